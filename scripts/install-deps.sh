@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the Debian packages lattice needs, only those that are missing.
+# usage: scripts/install-deps.sh [--bench]   (--bench adds PyTorch, NumPy and GNU time for bench/compare_torch.sh)
+# Fast and silent when everything is present; otherwise prints what it installs.
+set -euo pipefail
+
+packages=(build-essential cmake libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev
+          nlohmann-json3-dev openmpi-bin libopenmpi-dev bible-kjv)
+for arg in "$@"; do
+  case "$arg" in
+    --bench) packages+=(python3-torch python3-numpy time) ;;
+    -h|--help) sed -n '2,4s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    *) echo "install-deps: unknown argument '$arg' (expected --bench)" >&2; exit 2 ;;
+  esac
+done
+
+# One dpkg-query for all packages; those it does not know are simply absent from its output.
+installed=$(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null |
+            awk '$NF == "installed" && $(NF-1) == "ok" { print $1 }' || true)
+missing=()
+for p in "${packages[@]}"; do
+  grep -qxF "$p" <<<"$installed" || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: not root and no sudo; install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+
+echo "install-deps: installing ${missing[*]}"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+apt() { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -y "$@" </dev/null >>"$log" 2>&1; }
+if ! apt update || ! apt install "${missing[@]}"; then
+  cat "$log" >&2
+  echo "install-deps: apt-get failed (log above)" >&2
+  exit 1
+fi
+echo "install-deps: done"

@@ -1,0 +1,74 @@
+// HuggingFace safetensors files: read (validated) and write (atomic).
+//
+// Format: u64 little-endian header length N, then N bytes of UTF-8 JSON
+//   {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"key": "value", ...}}
+// (padded with spaces to 8-byte alignment), then the byte buffer. Offsets are relative to the
+// start of the buffer; tensors cover the buffer exactly (no overlaps, no holes), as the reference
+// implementation requires. Data is little-endian, row-major.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+// One tensor, read into memory.
+struct SafeTensor {
+  std::string dtype;           // safetensors dtype string: "F32", "BF16", "I32", ...
+  std::vector<int64_t> shape;  // row-major; empty = scalar
+  std::vector<uint8_t> bytes;  // numel * dtype size bytes
+
+  int64_t numel() const;
+};
+
+// Bytes per element of a safetensors dtype string ("F32" -> 4); throws lattice::Error for an
+// unknown dtype.
+size_t safetensors_dtype_size(const std::string& dtype);
+
+class SafetensorsFile {
+ public:
+  // Reads and validates the whole file; any problem is a one-line lattice::Error naming the file
+  // (and the tensor, where one is involved).
+  static SafetensorsFile read(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  const SafeTensor& get(const std::string& name) const;
+  // Copies of the data of an F32 / I32 tensor (error if the dtype differs).
+  std::vector<float> get_f32(const std::string& name) const;
+  std::vector<int32_t> get_i32(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  std::vector<std::string> names() const;  // sorted
+
+ private:
+  std::string path_;
+  std::map<std::string, SafeTensor> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+class SafetensorsWriter {
+ public:
+  // Copies `bytes` bytes from `data`; bytes must equal numel(shape) * dtype size.
+  void add(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+           const void* data, size_t bytes);
+  void add_f32(const std::string& name, const std::vector<int64_t>& shape, const float* data);
+  void set_metadata(const std::string& key, const std::string& value);
+  // Writes path + ".tmp", fsyncs it, renames it over path and fsyncs the directory, so `path` is
+  // either the old file or the complete new one.
+  void write(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Entry> entries_;  // data laid out in insertion order
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace lattice

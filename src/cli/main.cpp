@@ -1,0 +1,66 @@
+// lattice: GPT training in one native binary.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli/simple_flags.h"
+#include "cli/subcommands.h"
+#include "core/error.h"
+#include "data/preprocess.h"
+#include "train/arguments.h"
+#include "train/loss_plot.h"
+#include "train/trainer.h"
+
+namespace lattice {
+
+int cmd_train(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::fputs(train_help().c_str(), stdout);
+      return 0;
+    }
+  return run_training(parse_train_args(argc, argv, 2));
+}
+
+int cmd_plot(int argc, char** argv) {
+  SimpleFlags f = parse_simple_flags(argc, argv, 2, {"metrics-file", "output"}, {});
+  write_loss_plot_svg(f.required("metrics-file"), f.required("output"));
+  std::fprintf(stderr, "wrote %s\n", f.required("output").c_str());
+  return 0;
+}
+
+}  // namespace lattice
+
+namespace {
+
+const char* kUsage =
+    "usage: lattice <command> [flags]\n"
+    "commands:\n"
+    "  train       train a GPT model (lattice train --help lists the flags)\n"
+    "  preprocess  jsonl -> Megatron .bin/.idx dataset\n"
+    "  generate    sample text from a checkpoint\n"
+    "  plot        loss curve (SVG) from a --metrics-file\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "train") return lattice::cmd_train(argc, argv);
+    if (cmd == "preprocess") return lattice::run_preprocess(argc - 1, argv + 1);
+    if (cmd == "generate") return lattice::cmd_generate(argc, argv);
+    if (cmd == "plot") return lattice::cmd_plot(argc, argv);
+    std::fprintf(stderr, "lattice: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+    return 2;
+  } catch (const lattice::Error& e) {
+    std::fprintf(stderr, "lattice %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lattice %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}

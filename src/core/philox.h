@@ -1,0 +1,74 @@
+// Philox4x32-10 counter-based RNG (Salmon et al., "Parallel random numbers: as easy
+// as 1, 2, 3", SC'11). A draw depends only on (key, counter), never on which thread
+// or rank makes it: this is what makes dropout masks and initial values independent
+// of the thread count and of the parallel layout.
+#pragma once
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+namespace lattice {
+
+using PhiloxCounter = std::array<uint32_t, 4>;
+using PhiloxKey = std::array<uint32_t, 2>;
+
+inline PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = uint64_t(kM0) * ctr[0];
+    uint64_t p1 = uint64_t(kM1) * ctr[2];
+    ctr = {uint32_t(p1 >> 32) ^ ctr[1] ^ key[0], uint32_t(p1), uint32_t(p0 >> 32) ^ ctr[3] ^ key[1],
+           uint32_t(p0)};
+    key[0] += kW0;
+    key[1] += kW1;
+  }
+  return ctr;
+}
+
+// Uniform in [0, 1) with 24 bits of precision.
+inline float philox_uniform(uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
+
+// Uniform in (0, 1], for logs.
+inline double philox_uniform_open0(uint32_t hi, uint32_t lo) {
+  uint64_t bits = (uint64_t(hi) << 21) ^ uint64_t(lo);  // 53 bits
+  bits &= (uint64_t(1) << 53) - 1;
+  return (double(bits) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
+// A stream of independent draws addressed by a 64-bit element index.
+// key = (seed, stream), counter = (index / 4 low, high, tag0, tag1); each Philox call
+// yields the draws of four consecutive element indices.
+struct PhiloxStream {
+  uint64_t seed;
+  uint32_t stream;      // what the draws are for (a parameter name hash, a dropout site ...)
+  uint32_t tag0 = 0;    // e.g. iteration
+  uint32_t tag1 = 0;    // e.g. micro-batch
+
+  PhiloxCounter block(uint64_t block_index) const {
+    PhiloxCounter ctr = {uint32_t(block_index), uint32_t(block_index >> 32), tag0, tag1};
+    PhiloxKey key = {uint32_t(seed) ^ stream * 0x85EBCA6Bu, uint32_t(seed >> 32) ^ stream};
+    return philox4x32_10(ctr, key);
+  }
+  uint32_t u32(uint64_t index) const { return block(index >> 2)[index & 3]; }
+  float uniform(uint64_t index) const { return philox_uniform(u32(index)); }
+  // Standard normal for element `index` (Box-Muller on the two halves of a block).
+  double normal(uint64_t index) const {
+    PhiloxCounter r = block(index >> 1);
+    int half = int(index & 1);
+    double u1 = philox_uniform_open0(r[0], r[1]);
+    double u2 = philox_uniform_open0(r[2], r[3]);
+    double radius = std::sqrt(-2.0 * std::log(u1));
+    double angle = 6.283185307179586 * u2;
+    return half ? radius * std::sin(angle) : radius * std::cos(angle);
+  }
+};
+
+// FNV-1a, 32-bit: a stable hash for stream ids made from names.
+inline uint32_t fnv1a32(const char* s) {
+  uint32_t h = 2166136261u;
+  for (; *s; ++s) h = (h ^ uint8_t(*s)) * 16777619u;
+  return h;
+}
+
+}  // namespace lattice

@@ -1,0 +1,52 @@
+// Micro-batch sources for training: each sample is S+1 consecutive tokens (inputs
+// are tokens[0:S], labels tokens[1:S+1]); consecutive samples overlap by one token.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/indexed_dataset.h"
+
+namespace lattice {
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  // Writes sample `index` (S+1 tokens) into out.
+  virtual void sample(int64_t index, int32_t* out) const = 0;
+  virtual int64_t seq_length() const = 0;
+};
+
+// Samples in document order from an indexed dataset (all documents back to back,
+// sample i = tokens [i*S, i*S + S]); wraps around when the data is exhausted.
+// (The shuffled GPTDataset order is the data issue's.)
+class SequentialSamples : public SampleSource {
+ public:
+  SequentialSamples(std::shared_ptr<IndexedDataset> ds, int64_t seq_length);
+  void sample(int64_t index, int32_t* out) const override;
+  int64_t seq_length() const override { return S_; }
+
+ private:
+  std::shared_ptr<IndexedDataset> ds_;
+  int64_t S_;
+  std::vector<int64_t> seq_start_token_;  // cumulative token offset of each sequence
+  int64_t total_tokens_ = 0;
+};
+
+// Megatron's --mock-data: synthetic documents, deterministic in the index.
+class MockSamples : public SampleSource {
+ public:
+  MockSamples(int64_t vocab_size, int64_t seq_length, uint64_t seed);
+  void sample(int64_t index, int32_t* out) const override;
+  int64_t seq_length() const override { return S_; }
+
+ private:
+  int64_t V_, S_;
+  uint64_t seed_;
+};
+
+// Fills a micro-batch: tokens [B, S+1] from samples first_sample .. first_sample+B-1.
+void fill_micro_batch(const SampleSource& src, int64_t first_sample, int64_t B, int32_t* tokens);
+
+}  // namespace lattice

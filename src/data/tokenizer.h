@@ -1,0 +1,33 @@
+// Tokenizers. ByteTokenizer: ids 0..255 are the bytes, 256 is the end-of-document.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int64_t vocab_size() const = 0;   // unpadded
+  virtual int32_t eod() const = 0;
+  virtual const char* name() const = 0;
+};
+
+class ByteTokenizer : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return 257; }
+  int32_t eod() const override { return 256; }
+  const char* name() const override { return "ByteTokenizer"; }
+};
+
+// Builds the tokenizer named by --tokenizer-type (error names the flag on an unknown type).
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
+                                          const std::string& merge_file);
+
+}  // namespace lattice

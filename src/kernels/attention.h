@@ -1,0 +1,36 @@
+// Causal self-attention core (softmax(q k^T / sqrt(D)) v) with online softmax in
+// tiles, as FlashAttention computes it: no [B,H,T,T] tensor is ever stored; the only
+// saved statistic is the log-sum-exp per query row, O(B*H*T).
+//
+// Layout (Megatron's fused QKV, heads grouped): qkv [B, T, H, 3, D] where for each
+// head the q, k and v vectors of size D sit next to each other. out [B, T, H, D].
+#pragma once
+#include <cstdint>
+
+#include "core/philox.h"
+
+namespace lattice {
+
+struct AttentionShape {
+  int64_t B, T, H, D;
+};
+
+// Attention dropout (on the probabilities) is applied when p > 0: probability
+// element (b, h, i, j) is kept when stream.uniform(((b*H + h)*T + i)*T + j + first_index) >= p,
+// where b and h are global indices (first_index is added by the caller for layout
+// invariance; 0 in one process).
+struct AttentionDropout {
+  float p = 0.0f;
+  PhiloxStream stream{0, 0};
+  uint64_t first_index = 0;
+};
+
+// out: [B,T,H,D]   lse: [B,H,T] (log-sum-exp of the scaled scores of each query row)
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
+                       const AttentionDropout& drop);
+
+// dqkv: [B,T,H,3,D] written (not accumulated). Recomputes the probabilities from lse.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, const AttentionShape& s, const AttentionDropout& drop);
+
+}  // namespace lattice

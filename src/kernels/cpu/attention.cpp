@@ -1,0 +1,233 @@
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "blas/gemm.h"
+#include "core/error.h"
+#include "kernels/cpu/simd_math.h"
+
+namespace lattice {
+
+namespace {
+
+// Query and key tile sizes: a 64 x 64 score tile (16 KB) and its partners stay in L1/L2.
+constexpr int64_t kTile = 64;
+
+// Strided views into qkv [B,T,H,3,D] and out/dout [B,T,H,D] for one (b, h).
+struct HeadView {
+  int64_t ld_qkv, ld_out;  // row (t) strides
+  int64_t qkv_off, out_off;
+  int64_t D;
+  float* q(const float* qkv, int64_t t) const {
+    return const_cast<float*>(qkv) + qkv_off + t * ld_qkv;
+  }
+  float* k(const float* qkv, int64_t t) const { return q(qkv, t) + D; }
+  float* v(const float* qkv, int64_t t) const { return q(qkv, t) + 2 * D; }
+  float* o(const float* out, int64_t t) const {
+    return const_cast<float*>(out) + out_off + t * ld_out;
+  }
+};
+
+HeadView head_view(const AttentionShape& s, int64_t b, int64_t h) {
+  return {s.H * 3 * s.D, s.H * s.D, (b * s.T * s.H + h) * 3 * s.D, (b * s.T * s.H + h) * s.D, s.D};
+}
+
+// Index of probability (b, h, i, 0) in the dropout stream.
+uint64_t dropout_row_index(const AttentionShape& s, const AttentionDropout& drop, int64_t b,
+                           int64_t h, int64_t i) {
+  return uint64_t(((b * s.H + h) * s.T + i) * s.T) + drop.first_index;
+}
+
+void check_args(const AttentionShape& s, const AttentionDropout& drop) {
+  LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0)
+      << "attention: bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D;
+  LATTICE_CHECK(drop.p >= 0.0f && drop.p < 1.0f)
+      << "attention: dropout probability " << drop.p << " not in [0, 1)";
+}
+
+// Forward for one query tile [i0, i0+nq) of one head, over key tiles up to the
+// diagonal, with the online softmax; scratch holds S (kTile^2), O (kTile*D) and the
+// row statistics.
+void forward_tile(float* out, float* lse_bh, const float* qkv, const AttentionShape& s,
+                  const AttentionDropout& drop, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                  float* scratch) {
+  const HeadView hv = head_view(s, b, h);
+  const int64_t D = s.D;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const bool dropout = drop.p > 0.0f;
+  const float keep_scale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
+  float* S = scratch;                 // [kTile, kTile]
+  float* O = S + kTile * kTile;       // [kTile, D]
+  float* row_m = O + kTile * D;       // [kTile]
+  float* row_l = row_m + kTile;       // [kTile]
+  float* mask = row_l + kTile;        // [kTile]
+  for (int64_t r = 0; r < nq; ++r) {
+    row_m[r] = -INFINITY;
+    row_l[r] = 0.0f;
+  }
+  std::fill(O, O + nq * D, 0.0f);
+  const int64_t i1 = i0 + nq;
+  for (int64_t j0 = 0; j0 < i1; j0 += kTile) {
+    const int64_t nk = std::min(kTile, i1 - j0);
+    gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, hv.k(qkv, j0),
+             hv.ld_qkv, 0.0f, S, kTile);
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t i = i0 + r;
+      float* s_r = S + r * kTile;
+      const int64_t count = std::clamp<int64_t>(i - j0 + 1, 0, nk);  // causal: keys j <= i
+      float mx = row_m[r];
+      for (int64_t c = 0; c < count; ++c) mx = s_r[c] > mx ? s_r[c] : mx;
+      const float alpha = simd::exp(row_m[r] - mx);  // 0 on the first tile (-inf)
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < count; ++c) {
+        const float e = simd::exp(s_r[c] - mx);
+        s_r[c] = e;
+        sum += e;
+      }
+      for (int64_t c = count; c < nk; ++c) s_r[c] = 0.0f;
+      row_l[r] = row_l[r] * alpha + sum;
+      row_m[r] = mx;
+      float* o_r = O + r * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) o_r[d] *= alpha;
+      if (dropout && count > 0) {
+        simd::dropout_mask(mask, drop.stream, dropout_row_index(s, drop, b, h, i) + uint64_t(j0),
+                           count, drop.p, keep_scale);
+#pragma omp simd
+        for (int64_t c = 0; c < count; ++c) s_r[c] *= mask[c];
+      }
+    }
+    gemm_f32(Trans::N, Trans::N, nq, D, nk, 1.0f, S, kTile, hv.v(qkv, j0), hv.ld_qkv, 1.0f, O, D);
+  }
+  for (int64_t r = 0; r < nq; ++r) {
+    const float inv = 1.0f / row_l[r];
+    float* dst = hv.o(out, i0 + r);
+    const float* o_r = O + r * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) dst[d] = o_r[d] * inv;
+    lse_bh[i0 + r] = row_m[r] + std::log(row_l[r]);
+  }
+}
+
+// Backward for one head (FlashAttention-2 order: key tiles outer, query tiles inner,
+// so dK and dV of a key tile accumulate locally while dQ accumulates in place).
+void backward_head(float* dqkv, const float* dout, const float* qkv, const float* out,
+                   const float* lse_bh, const AttentionShape& s, const AttentionDropout& drop,
+                   int64_t b, int64_t h, float* scratch) {
+  const HeadView hv = head_view(s, b, h);
+  const int64_t T = s.T, D = s.D;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const bool dropout = drop.p > 0.0f;
+  const float keep_scale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
+  float* P = scratch;                 // [kTile, kTile] probabilities
+  float* dP = P + kTile * kTile;      // [kTile, kTile] dP, then dS
+  float* Pd = dP + kTile * kTile;     // [kTile, kTile] dropped probabilities
+  float* dK = Pd + kTile * kTile;     // [kTile, D]
+  float* dV = dK + kTile * D;         // [kTile, D]
+  float* Di = dV + kTile * D;         // [T]
+  float* mask = Di + T;               // [kTile]
+
+  for (int64_t i = 0; i < T; ++i) {
+    const float* o_i = hv.o(out, i);
+    const float* do_i = hv.o(dout, i);
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t d = 0; d < D; ++d) acc += o_i[d] * do_i[d];
+    Di[i] = acc;
+    std::fill(hv.q(dqkv, i), hv.q(dqkv, i) + D, 0.0f);
+  }
+
+  for (int64_t j0 = 0; j0 < T; j0 += kTile) {
+    const int64_t nk = std::min(kTile, T - j0);
+    std::fill(dK, dK + nk * D, 0.0f);
+    std::fill(dV, dV + nk * D, 0.0f);
+    for (int64_t i0 = (j0 / kTile) * kTile; i0 < T; i0 += kTile) {
+      const int64_t nq = std::min(kTile, T - i0);
+      gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, hv.k(qkv, j0),
+               hv.ld_qkv, 0.0f, P, kTile);
+      gemm_f32(Trans::N, Trans::T, nq, nk, D, 1.0f, hv.o(dout, i0), hv.ld_out, hv.v(qkv, j0),
+               hv.ld_qkv, 0.0f, dP, kTile);
+      for (int64_t r = 0; r < nq; ++r) {
+        const int64_t i = i0 + r;
+        const int64_t count = std::clamp<int64_t>(i - j0 + 1, 0, nk);
+        float* p_r = P + r * kTile;
+        float* dp_r = dP + r * kTile;
+        float* pd_r = Pd + r * kTile;
+        const float l = lse_bh[i], di = Di[i];
+#pragma omp simd
+        for (int64_t c = 0; c < count; ++c) p_r[c] = simd::exp(p_r[c] - l);
+        for (int64_t c = count; c < nk; ++c) p_r[c] = 0.0f;
+        if (dropout) {
+          if (count > 0)
+            simd::dropout_mask(mask, drop.stream,
+                               dropout_row_index(s, drop, b, h, i) + uint64_t(j0), count, drop.p,
+                               keep_scale);
+#pragma omp simd
+          for (int64_t c = 0; c < count; ++c) {
+            pd_r[c] = p_r[c] * mask[c];
+            dp_r[c] *= mask[c];
+          }
+          for (int64_t c = count; c < nk; ++c) pd_r[c] = 0.0f;
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < nk; ++c) dp_r[c] = p_r[c] * (dp_r[c] - di);  // dS
+      }
+      gemm_f32(Trans::T, Trans::N, nk, D, nq, 1.0f, dropout ? Pd : P, kTile, hv.o(dout, i0),
+               hv.ld_out, 1.0f, dV, D);
+      gemm_f32(Trans::N, Trans::N, nq, D, nk, scale, dP, kTile, hv.k(qkv, j0), hv.ld_qkv, 1.0f,
+               hv.q(dqkv, i0), hv.ld_qkv);
+      gemm_f32(Trans::T, Trans::N, nk, D, nq, scale, dP, kTile, hv.q(qkv, i0), hv.ld_qkv, 1.0f,
+               dK, D);
+    }
+    for (int64_t c = 0; c < nk; ++c) {
+      std::copy(dK + c * D, dK + (c + 1) * D, hv.k(dqkv, j0 + c));
+      std::copy(dV + c * D, dV + (c + 1) * D, hv.v(dqkv, j0 + c));
+    }
+  }
+}
+
+}  // namespace
+
+// Tasks are (b, h, query tile), longest first (a causal query tile's cost grows with
+// its index); each task writes its own rows, so the result is independent of the
+// schedule and thread count.
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
+                       const AttentionDropout& drop) {
+  check_args(s, drop);
+  const int64_t q_tiles = (s.T + kTile - 1) / kTile;
+  const int64_t tasks = s.B * s.H * q_tiles;
+  const size_t scratch_size = size_t(kTile * kTile + kTile * s.D + 3 * kTile);
+#pragma omp parallel
+  {
+    std::vector<float> scratch(scratch_size);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t qt = q_tiles - 1 - task / (s.B * s.H);
+      const int64_t bh = task % (s.B * s.H);
+      const int64_t b = bh / s.H, h = bh % s.H;
+      const int64_t i0 = qt * kTile;
+      forward_tile(out, lse + bh * s.T, qkv, s, drop, b, h, i0, std::min(kTile, s.T - i0),
+                   scratch.data());
+    }
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, const AttentionShape& s, const AttentionDropout& drop) {
+  check_args(s, drop);
+  const int64_t heads = s.B * s.H;
+  const size_t scratch_size = size_t(3 * kTile * kTile + 2 * kTile * s.D + s.T + kTile);
+#pragma omp parallel
+  {
+    std::vector<float> scratch(scratch_size);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < heads; ++bh)
+      backward_head(dqkv, dout, qkv, out, lse + bh * s.T, s, drop, bh / s.H, bh % s.H,
+                    scratch.data());
+  }
+}
+
+}  // namespace lattice

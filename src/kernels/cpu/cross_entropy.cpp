@@ -1,0 +1,103 @@
+#include "kernels/cross_entropy.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/cpu/simd_math.h"
+
+namespace lattice {
+
+namespace {
+
+constexpr int kLanes = 16;
+
+void check_targets(const int32_t* targets, int64_t N, int64_t V, int64_t Vp) {
+  LATTICE_CHECK(V > 0 && V <= Vp) << "cross entropy: V " << V << " not in [1, Vp = " << Vp << "]";
+  for (int64_t n = 0; n < N; ++n)
+    LATTICE_CHECK(targets[n] >= 0 && targets[n] < V)
+        << "cross entropy: target " << targets[n] << " of row " << n << " not in [0, " << V << ")";
+}
+
+float row_max(const float* __restrict x, int64_t V) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = -INFINITY;
+  int64_t v = 0;
+  for (; v + kLanes <= V; v += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = x[v + l] > acc[l] ? x[v + l] : acc[l];
+  float m = -INFINITY;
+  for (; v < V; ++v) m = x[v] > m ? x[v] : m;
+  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
+// Lane sums in float over blocks of 1024 columns, blocks summed in double: the error
+// stays at float rounding of a 64-term sum whatever V is.
+constexpr int64_t kBlock = 1024;
+
+// kStore: overwrite x with the exponentials (x is then written through the same
+// pointer it is read from, so no aliasing question arises).
+template <bool kStore, typename Ptr>
+double row_sum_exp(Ptr x, float max, int64_t V) {
+  double total = 0.0;
+  for (int64_t b0 = 0; b0 < V; b0 += kBlock) {
+    const int64_t b1 = b0 + kBlock < V ? b0 + kBlock : V;
+    float acc[kLanes] = {};
+    int64_t v = b0;
+    for (; v + kLanes <= b1; v += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float e = simd::exp(x[v + l] - max);
+        if constexpr (kStore) x[v + l] = e;
+        acc[l] += e;
+      }
+    float s = 0.0f;
+    for (; v < b1; ++v) {
+      const float e = simd::exp(x[v] - max);
+      if constexpr (kStore) x[v] = e;
+      s += e;
+    }
+    for (int l = 0; l < kLanes; ++l) s += acc[l];
+    total += double(s);
+  }
+  return total;
+}
+
+}  // namespace
+
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
+                           int64_t V, int64_t Vp) {
+  check_targets(targets, N, V, Vp);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * Vp;
+    const float m = row_max(x, V);
+    const double sum = row_sum_exp<false>(x, m, V);
+    losses[n] = float(std::log(sum) + double(m) - double(x[targets[n]]));
+  }
+}
+
+// Three sweeps of one row (max; exp stored in place with its sum; scale), each row
+// (V * 4 bytes, 200 KB for GPT-2) staying in L2 after the first, with one exp per
+// element.
+void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
+                                    const int32_t* targets, const float* loss_mask,
+                                    float grad_scale, int64_t N, int64_t V, int64_t Vp) {
+  check_targets(targets, N, V, Vp);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = logits_to_dlogits + n * Vp;
+    const int32_t t = targets[n];
+    const float x_t = x[t];
+    const float m = row_max(x, V);
+    const double sum = row_sum_exp<true>(x, m, V);
+    losses[n] = float(std::log(sum) + double(m) - double(x_t));
+    const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
+    const float k = float(double(scale) / sum);
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) x[v] *= k;
+    x[t] -= scale;
+#pragma omp simd
+    for (int64_t v = V; v < Vp; ++v) x[v] = 0.0f;
+  }
+}
+
+}  // namespace lattice

@@ -1,0 +1,52 @@
+#include "kernels/dropout.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/simd_math.h"
+
+namespace lattice {
+
+namespace {
+
+// Elements per task: a multiple of 4 (one Philox block), small enough to stay in L1.
+constexpr int64_t kChunk = 2048;
+
+// out[i] = keep(first_index + i) ? x[i] * scale : 0, in chunks; the mask depends on
+// the global index alone, so chunking and threads do not change it.
+void apply_mask(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
+                uint64_t first_index) {
+  LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "dropout probability " << p << " not in [0, 1)";
+  if (p == 0.0f) {
+    if (out != x) std::memcpy(out, x, size_t(n) * sizeof(float));
+    return;
+  }
+  const float scale = 1.0f / (1.0f - p);
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > 4 * kChunk)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t i0 = k * kChunk, len = std::min(n - i0, kChunk);
+    alignas(64) float mask[kChunk];
+    simd::dropout_mask(mask, stream, first_index + uint64_t(i0), len, p, scale);
+    const float* xs = x + i0;
+    float* os = out + i0;  // may alias xs: element i is read before it is written
+    // A select, not a product, so dropped infinities and NaNs become 0 as specified.
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) os[i] = mask[i] != 0.0f ? xs[i] * mask[i] : 0.0f;
+  }
+}
+
+}  // namespace
+
+void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
+                     uint64_t first_index) {
+  apply_mask(out, x, n, p, stream, first_index);
+}
+
+void dropout_backward(float* dx, const float* dout, int64_t n, float p,
+                      const PhiloxStream& stream, uint64_t first_index) {
+  apply_mask(dx, dout, n, p, stream, first_index);
+}
+
+}  // namespace lattice

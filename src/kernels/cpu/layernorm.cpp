@@ -1,0 +1,119 @@
+#include "kernels/layernorm.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lattice {
+
+namespace {
+
+constexpr int kLanes = 16;
+
+// Sum of x[0..C) with sixteen partial sums (vectorised; fixed order, so the result
+// depends only on the data).
+inline float lane_sum(const float* __restrict x, int64_t C) {
+  float acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= C; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[c + l];
+  float s = 0.0f;
+  for (; c < C; ++c) s += x[c];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+inline float lane_sum_sq_dev(const float* __restrict x, float mean, int64_t C) {
+  float acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= C; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float d = x[c + l] - mean;
+      acc[l] += d * d;
+    }
+  float s = 0.0f;
+  for (; c < C; ++c) s += (x[c] - mean) * (x[c] - mean);
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+}  // namespace
+
+// Two-pass statistics (mean, then the mean squared deviation): no cancellation for
+// inputs with a large mean.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps) {
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* __restrict x_n = x + n * C;
+    float* __restrict o_n = out + n * C;
+    const float m = lane_sum(x_n, C) / float(C);
+    const float var = lane_sum_sq_dev(x_n, m, C) / float(C);
+    const float r = 1.0f / std::sqrt(var + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o_n[c] = (x_n[c] - m) * r * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+// dx per row (parallel over rows); dw, db per column chunk summing rows in index
+// order (parallel over columns), so all three are independent of the thread count.
+void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N,
+                        int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* __restrict x_n = x + n * C;
+    const float* __restrict d_n = dout + n * C;
+    float* __restrict dx_n = dx + n * C;
+    const float m = mean[n], r = rstd[n];
+    float acc_g[kLanes] = {}, acc_gx[kLanes] = {};
+    int64_t c = 0;
+    for (; c + kLanes <= C; c += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float g = d_n[c + l] * w[c + l];
+        acc_g[l] += g;
+        acc_gx[l] += g * (x_n[c + l] - m) * r;
+      }
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    for (; c < C; ++c) {
+      const float g = d_n[c] * w[c];
+      sum_g += g;
+      sum_gx += g * (x_n[c] - m) * r;
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      sum_g += acc_g[l];
+      sum_gx += acc_gx[l];
+    }
+    const float mean_g = sum_g / float(C), mean_gx = sum_gx / float(C);
+#pragma omp simd
+    for (int64_t k = 0; k < C; ++k) {
+      const float xhat = (x_n[k] - m) * r;
+      dx_n[k] += r * (d_n[k] * w[k] - mean_g - xhat * mean_gx);
+    }
+  }
+
+  constexpr int64_t kChunk = 64;
+  const int64_t chunks = (C + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t c0 = k * kChunk, c1 = std::min(C, c0 + kChunk);
+    float acc_w[kChunk] = {}, acc_b[kChunk] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      const float* __restrict x_n = x + n * C;
+      const float* __restrict d_n = dout + n * C;
+      const float m = mean[n], r = rstd[n];
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) {
+        acc_w[c - c0] += d_n[c] * (x_n[c] - m) * r;
+        acc_b[c - c0] += d_n[c];
+      }
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      dw[c] += acc_w[c - c0];
+      db[c] += acc_b[c - c0];
+    }
+  }
+}
+
+}  // namespace lattice

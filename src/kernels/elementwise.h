@@ -1,0 +1,22 @@
+// Residual adds, bias, scaling: the small memory-bound ops.
+#pragma once
+#include <cstdint>
+
+namespace lattice {
+
+// out = a + b   (out may alias a or b)
+void add_forward(float* out, const float* a, const float* b, int64_t n);
+
+// y[i] += x[i]
+void accumulate(float* y, const float* x, int64_t n);
+
+// out[n,c] += bias[c]        out: [N,C]
+void bias_add(float* out, const float* bias, int64_t N, int64_t C);
+
+// dbias[c] += sum_n dout[n,c]   (deterministic)
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);
+
+// x *= s
+void scale_inplace(float* x, float s, int64_t n);
+
+}  // namespace lattice

@@ -1,0 +1,17 @@
+// LayerNorm over the last dim. N rows of C; statistics in fp32.
+#pragma once
+#include <cstdint>
+
+namespace lattice {
+
+// out = (x - mean) * rstd * w + b;  mean[N], rstd[N] saved for backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps);
+
+// dx += ...; dw += sum_n dout*xhat; db += sum_n dout      (all three accumulate)
+// Deterministic whatever the thread count.
+void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N,
+                        int64_t C);
+
+}  // namespace lattice

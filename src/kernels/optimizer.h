@@ -1,0 +1,22 @@
+// Optimizer update kernels over contiguous ranges of the flat parameter buffer.
+#pragma once
+#include <cstdint>
+
+namespace lattice {
+
+// AdamW (decoupled weight decay, bias-corrected), as torch.optim.AdamW and
+// Megatron's --optimizer adam compute it. step >= 1.
+//   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step);
+
+// SGD with momentum and L2 weight decay, as torch.optim.SGD (dampening 0, Megatron --optimizer sgd):
+//   g' = g + wd p;  buf = momentum * buf + g' (buf = g' on the first step);  p -= lr * buf
+void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
+                float momentum, float weight_decay, bool first_step);
+
+// sum of squares, accumulated in double (for the global gradient norm).
+double sum_of_squares(const float* x, int64_t n);
+
+}  // namespace lattice

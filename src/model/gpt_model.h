@@ -1,0 +1,93 @@
+// GPTModel: Megatron's GPT with learned absolute positions, pre-LayerNorm layers,
+// fused QKV -> core attention -> output projection, MLP fc1 -> GELU -> fc2, final
+// LayerNorm, and an output layer tied to the word embedding unless untied.
+// Explicit forward and backward; parameters in one ParamBuffer; activations in an
+// Arena sized once for (micro_batch_size, seq_length).
+//
+// Shapes: B micro-batch, T sequence, C hidden, H heads, D head dim, F ffn hidden,
+// V vocabulary (real), Vp padded vocabulary, L layers, N = B*T.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/arena.h"
+#include "model/transformer_config.h"
+#include "optim/param_buffer.h"
+
+namespace lattice {
+
+// Where a micro-batch sits in training; dropout masks are keyed by it.
+struct MicroBatchKey {
+  uint64_t seed = 1234;
+  int64_t iteration = 0;
+  int64_t micro_batch = 0;   // index of the micro-batch within the global batch
+  bool training = true;      // false: no dropout
+};
+
+class GPTModel {
+ public:
+  // Builds the parameter registry and allocates parameters, gradients and the
+  // activation arena for micro-batches of up to B x T tokens.
+  GPTModel(const TransformerConfig& config, int64_t B, int64_t T);
+  ~GPTModel();
+
+  const TransformerConfig& config() const { return cfg_; }
+  ParamBuffer& params() { return params_; }
+  const ParamBuffer& params() const { return params_; }
+  // Megatron's init: N(0, std) weights, output projections std/sqrt(2L), zero biases,
+  // LayerNorm weight 1.
+  void init_parameters(uint64_t seed);
+
+  // One micro-batch: forward, loss, backward. tokens: [B, T+1] (inputs tokens[:, :T],
+  // labels tokens[:, 1:]). loss_mask: [B, T] or null. Gradients are ACCUMULATED into
+  // the grad buffer, scaled by grad_scale (the caller passes 1/num_micro_batches).
+  // Returns the micro-batch's mean loss over its (masked) tokens.
+  double forward_backward(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,
+                          float grad_scale, const MicroBatchKey& key);
+
+  // Forward and loss only (evaluation). Returns the mean loss.
+  double forward_loss(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T);
+
+  // Logits for input tokens [B, T]: writes [B, T, Vp] into logits (caller-owned).
+  // Padded columns are left as computed; consumers use the first V.
+  void forward_logits(const int32_t* inputs, int64_t B, int64_t T, float* logits);
+
+  // Logits [Vp] of the last position of a single sequence inputs[0:T] (generation).
+  void forward_last_logits(const int32_t* inputs, int64_t T, float* logits);
+
+  // Bytes of activation memory one micro-batch of B x T needs (the arena size).
+  static size_t activation_bytes(const TransformerConfig& config, int64_t B, int64_t T);
+  size_t arena_bytes() const { return arena_.capacity(); }
+
+  // Forward FLOPs-relevant parameter count excluding position embeddings.
+  int64_t num_parameters() const { return params_.numel(); }
+
+ private:
+  struct Activations;
+  struct LayerParams {
+    int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  };
+
+  void register_parameters();
+  static void allocate_activations(Activations& a, Arena& arena, const TransformerConfig& cfg,
+                                   int64_t B, int64_t T);
+  // Runs embedding, layers and final norm; leaves final hidden states in acts.
+  void forward_hidden(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B,
+                      int64_t T, const MicroBatchKey& key);
+  void backward_hidden(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B,
+                       int64_t T, const MicroBatchKey& key);
+  const float* output_weight() const;
+  float* output_weight_grad();
+
+  TransformerConfig cfg_;
+  int64_t max_B_, max_T_;
+  ParamBuffer params_;
+  int wte_, wpe_, lnf_w_, lnf_b_, out_w_ = -1;
+  std::vector<LayerParams> layers_;
+  Arena arena_;
+  std::unique_ptr<Activations> acts_;
+  std::vector<int32_t> positions_, inputs_, targets_;  // [B*T] staging
+};
+
+}  // namespace lattice

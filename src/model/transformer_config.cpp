@@ -1,0 +1,42 @@
+#include "model/transformer_config.h"
+
+#include "core/error.h"
+
+namespace lattice {
+
+int64_t pad_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
+  int64_t multiple = divisible_by * tp;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+void TransformerConfig::finalize(int64_t tp) {
+  if (num_layers <= 0) LATTICE_FAIL() << "--num-layers must be positive, got " << num_layers;
+  if (hidden_size <= 0) LATTICE_FAIL() << "--hidden-size must be positive, got " << hidden_size;
+  if (num_attention_heads <= 0)
+    LATTICE_FAIL() << "--num-attention-heads must be positive, got " << num_attention_heads;
+  if (kv_channels == 0) {
+    if (hidden_size % num_attention_heads != 0)
+      LATTICE_FAIL() << "--num-attention-heads " << num_attention_heads
+                     << " does not divide --hidden-size " << hidden_size;
+    kv_channels = hidden_size / num_attention_heads;
+  }
+  if (kv_channels * num_attention_heads != hidden_size)
+    LATTICE_FAIL() << "--kv-channels " << kv_channels << " x --num-attention-heads "
+                   << num_attention_heads << " must equal --hidden-size " << hidden_size;
+  if (ffn_hidden_size == 0) ffn_hidden_size = 4 * hidden_size;
+  if (ffn_hidden_size <= 0) LATTICE_FAIL() << "--ffn-hidden-size must be positive";
+  if (vocab_size <= 0) LATTICE_FAIL() << "vocabulary size must be positive (--vocab-size or a tokenizer)";
+  if (make_vocab_size_divisible_by <= 0)
+    LATTICE_FAIL() << "--make-vocab-size-divisible-by must be positive";
+  if (padded_vocab_size == 0)
+    padded_vocab_size = pad_vocab_size(vocab_size, make_vocab_size_divisible_by, tp);
+  if (padded_vocab_size < vocab_size) LATTICE_FAIL() << "padded vocabulary smaller than the vocabulary";
+  if (max_position_embeddings <= 0)
+    LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
+  if (hidden_dropout < 0 || hidden_dropout >= 1)
+    LATTICE_FAIL() << "--hidden-dropout must be in [0, 1), got " << hidden_dropout;
+  if (attention_dropout < 0 || attention_dropout >= 1)
+    LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
+}
+
+}  // namespace lattice

@@ -1,0 +1,274 @@
+#include "train/arguments.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace lattice {
+namespace {
+
+enum class Kind { i64, u64, f32, f64, str, flag, list };
+
+struct Flag {
+  const char* name;  // without the leading --
+  Kind kind;
+  void* target;
+  const char* help;
+};
+
+// The flag table: one row per flag, Megatron's names and defaults (the defaults are
+// the TrainArgs member initialisers).
+std::vector<Flag> flag_table(TrainArgs& a) {
+  return {
+      {"num-layers", Kind::i64, &a.num_layers, "number of transformer layers"},
+      {"hidden-size", Kind::i64, &a.hidden_size, "transformer hidden size"},
+      {"num-attention-heads", Kind::i64, &a.num_attention_heads, "attention heads"},
+      {"ffn-hidden-size", Kind::i64, &a.ffn_hidden_size, "MLP hidden size (0: 4 x hidden size)"},
+      {"kv-channels", Kind::i64, &a.kv_channels, "head dim (0: hidden size / heads)"},
+      {"seq-length", Kind::i64, &a.seq_length, "sequence length"},
+      {"max-position-embeddings", Kind::i64, &a.max_position_embeddings, "position table size"},
+      {"position-embedding-type", Kind::str, &a.position_embedding_type, "learned_absolute"},
+      {"make-vocab-size-divisible-by", Kind::i64, &a.make_vocab_size_divisible_by,
+       "pad the vocabulary to a multiple of this (x TP)"},
+      {"hidden-dropout", Kind::f32, &a.hidden_dropout, "dropout after attention/MLP and embedding"},
+      {"attention-dropout", Kind::f32, &a.attention_dropout, "dropout on attention probabilities"},
+      {"init-method-std", Kind::f32, &a.init_method_std, "std of the normal initialisation"},
+      {"norm-epsilon", Kind::f32, &a.norm_epsilon, "LayerNorm epsilon"},
+      {"openai-gelu", Kind::flag, &a.openai_gelu, "tanh GELU instead of the erf form"},
+      {"untie-embeddings-and-output-weights", Kind::flag, &a.untie_embeddings_and_output_weights,
+       "separate output layer instead of the tied word embedding"},
+      {"micro-batch-size", Kind::i64, &a.micro_batch_size, "sequences per micro-batch"},
+      {"global-batch-size", Kind::i64, &a.global_batch_size,
+       "sequences per iteration (0: micro-batch size)"},
+      {"train-iters", Kind::i64, &a.train_iters, "iterations to train"},
+      {"log-interval", Kind::i64, &a.log_interval, "iterations between log lines"},
+      {"seed", Kind::u64, &a.seed, "random seed (initialisation, dropout)"},
+      {"optimizer", Kind::str, &a.optimizer, "adam (AdamW) or sgd"},
+      {"lr", Kind::f64, &a.lr, "learning rate"},
+      {"min-lr", Kind::f64, &a.min_lr, "minimum learning rate (used by the LR schedule)"},
+      {"weight-decay", Kind::f64, &a.weight_decay, "decoupled weight decay (not on biases/1-D)"},
+      {"adam-beta1", Kind::f32, &a.adam_beta1, "Adam beta1"},
+      {"adam-beta2", Kind::f32, &a.adam_beta2, "Adam beta2"},
+      {"adam-eps", Kind::f32, &a.adam_eps, "Adam epsilon"},
+      {"sgd-momentum", Kind::f32, &a.sgd_momentum, "SGD momentum"},
+      {"clip-grad", Kind::f32, &a.clip_grad, "global gradient-norm clipping (0: off)"},
+      {"tensor-model-parallel-size", Kind::i64, &a.tensor_model_parallel_size, "TP size"},
+      {"pipeline-model-parallel-size", Kind::i64, &a.pipeline_model_parallel_size, "PP size"},
+      {"mock-data", Kind::flag, &a.mock_data, "synthetic data instead of --data-path"},
+      {"data-path", Kind::list, &a.data_path, "prefix of a .bin/.idx dataset"},
+      {"vocab-size", Kind::i64, &a.vocab_size, "vocabulary size when no tokenizer is named"},
+      {"tokenizer-type", Kind::str, &a.tokenizer_type, "ByteTokenizer"},
+      {"vocab-file", Kind::str, &a.vocab_file, "tokenizer vocabulary file"},
+      {"merge-file", Kind::str, &a.merge_file, "tokenizer merges file"},
+      {"save", Kind::str, &a.save, "directory to save the final checkpoint in"},
+      {"metrics-file", Kind::str, &a.metrics_file, "write one JSON object per logged iteration"},
+      {"peak-tflops", Kind::f64, &a.peak_tflops,
+       "peak TFLOP/s for MFU (0: measured by a GEMM calibration)"},
+      {"num-threads", Kind::i64, &a.num_threads, "threads for kernels and BLAS (0: all cores)"},
+      {"log-throughput", Kind::flag, &a.log_throughput, "accepted for Megatron compatibility"},
+  };
+}
+
+std::string default_text(const Flag& f) {
+  std::ostringstream os;
+  switch (f.kind) {
+    case Kind::i64: os << *static_cast<int64_t*>(f.target); break;
+    case Kind::u64: os << *static_cast<uint64_t*>(f.target); break;
+    case Kind::f32: os << *static_cast<float*>(f.target); break;
+    case Kind::f64: os << *static_cast<double*>(f.target); break;
+    case Kind::str: {
+      auto& s = *static_cast<std::string*>(f.target);
+      os << (s.empty() ? "none" : s);
+      break;
+    }
+    case Kind::flag: os << "off"; break;
+    case Kind::list: os << "none"; break;
+  }
+  return os.str();
+}
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& v) {
+  errno = 0;
+  char* end = nullptr;
+  T out{};
+  if constexpr (std::is_same_v<T, int64_t>) {
+    out = std::strtoll(v.c_str(), &end, 10);
+  } else if constexpr (std::is_same_v<T, uint64_t>) {
+    if (!v.empty() && v[0] == '-') end = const_cast<char*>(v.c_str());
+    else out = std::strtoull(v.c_str(), &end, 10);
+  } else {
+    out = T(std::strtod(v.c_str(), &end));
+  }
+  if (v.empty() || errno != 0 || end == nullptr || *end != '\0')
+    LATTICE_FAIL() << "--" << flag << ": invalid value '" << v << "'";
+  return out;
+}
+
+bool is_flag_token(const std::string& s) {
+  // "-1" or "-1e-3" is a value, "--x" is a flag.
+  return s.size() > 2 && s[0] == '-' && s[1] == '-';
+}
+
+void validate(TrainArgs& a) {
+  auto positive = [](const char* flag, int64_t v) {
+    if (v <= 0) LATTICE_FAIL() << "--" << flag << " is required and must be positive (got " << v << ")";
+  };
+  positive("num-layers", a.num_layers);
+  positive("hidden-size", a.hidden_size);
+  positive("num-attention-heads", a.num_attention_heads);
+  positive("seq-length", a.seq_length);
+  positive("micro-batch-size", a.micro_batch_size);
+  positive("train-iters", a.train_iters);
+  positive("log-interval", a.log_interval);
+  if (a.max_position_embeddings == 0) a.max_position_embeddings = a.seq_length;
+  if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size;
+  if (a.global_batch_size < 0) LATTICE_FAIL() << "--global-batch-size must be positive";
+  if (a.global_batch_size % a.micro_batch_size != 0)
+    LATTICE_FAIL() << "--global-batch-size " << a.global_batch_size
+                   << " is not a multiple of --micro-batch-size " << a.micro_batch_size;
+  if (a.seq_length > a.max_position_embeddings)
+    LATTICE_FAIL() << "--seq-length " << a.seq_length << " exceeds --max-position-embeddings "
+                   << a.max_position_embeddings;
+  if (a.position_embedding_type != "learned_absolute")
+    LATTICE_FAIL() << "--position-embedding-type " << a.position_embedding_type
+                   << " is not supported (learned_absolute)";
+  if (a.tensor_model_parallel_size != 1 || a.pipeline_model_parallel_size != 1)
+    LATTICE_FAIL() << "--tensor-model-parallel-size and --pipeline-model-parallel-size must be 1 "
+                      "in a single-process run";
+  if (a.lr < 0) LATTICE_FAIL() << "--lr must be >= 0, got " << a.lr;
+  if (a.min_lr < 0) LATTICE_FAIL() << "--min-lr must be >= 0, got " << a.min_lr;
+  if (a.weight_decay < 0) LATTICE_FAIL() << "--weight-decay must be >= 0, got " << a.weight_decay;
+  if (a.clip_grad < 0) LATTICE_FAIL() << "--clip-grad must be >= 0, got " << a.clip_grad;
+  if (a.optimizer != "adam" && a.optimizer != "sgd")
+    LATTICE_FAIL() << "--optimizer must be adam or sgd, got " << a.optimizer;
+  if (a.mock_data && !a.data_path.empty())
+    LATTICE_FAIL() << "--mock-data and --data-path are exclusive";
+  if (!a.mock_data && a.data_path.empty())
+    LATTICE_FAIL() << "no training data: give --data-path PREFIX or --mock-data";
+  if (a.data_path.size() > 1)
+    LATTICE_FAIL() << "--data-path: blending several datasets is not supported yet; give one prefix";
+  if (a.tokenizer_type.empty() && a.vocab_size <= 0)
+    LATTICE_FAIL() << "--vocab-size is required when no --tokenizer-type is given";
+  if (a.num_threads < 0) LATTICE_FAIL() << "--num-threads must be >= 0";
+  // Model-shape checks (heads dividing hidden size, ...) live in TransformerConfig.
+  TransformerConfig cfg = a.transformer_config();
+  cfg.finalize(a.tensor_model_parallel_size);
+}
+
+}  // namespace
+
+TransformerConfig TrainArgs::transformer_config() const {
+  TransformerConfig c;
+  c.num_layers = num_layers;
+  c.hidden_size = hidden_size;
+  c.num_attention_heads = num_attention_heads;
+  c.ffn_hidden_size = ffn_hidden_size;
+  c.kv_channels = kv_channels;
+  c.vocab_size = tokenizer_type == "ByteTokenizer" ? 257 : vocab_size;
+  c.make_vocab_size_divisible_by = make_vocab_size_divisible_by;
+  c.max_position_embeddings = max_position_embeddings;
+  c.hidden_dropout = hidden_dropout;
+  c.attention_dropout = attention_dropout;
+  c.layernorm_epsilon = norm_epsilon;
+  c.init_method_std = init_method_std;
+  c.gelu = openai_gelu ? GeluKind::tanh : GeluKind::erf;
+  c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
+  return c;
+}
+
+OptimizerConfig TrainArgs::optimizer_config() const {
+  OptimizerConfig o;
+  o.optimizer = optimizer;
+  o.adam_beta1 = adam_beta1;
+  o.adam_beta2 = adam_beta2;
+  o.adam_eps = adam_eps;
+  o.sgd_momentum = sgd_momentum;
+  o.clip_grad = clip_grad;
+  return o;
+}
+
+std::string TrainArgs::to_json() const {
+  TrainArgs copy = *this;
+  nlohmann::json j;
+  for (const Flag& f : flag_table(copy)) {
+    std::string key = f.name;
+    switch (f.kind) {
+      case Kind::i64: j[key] = *static_cast<int64_t*>(f.target); break;
+      case Kind::u64: j[key] = *static_cast<uint64_t*>(f.target); break;
+      case Kind::f32: j[key] = *static_cast<float*>(f.target); break;
+      case Kind::f64: j[key] = *static_cast<double*>(f.target); break;
+      case Kind::str: j[key] = *static_cast<std::string*>(f.target); break;
+      case Kind::flag: j[key] = *static_cast<bool*>(f.target); break;
+      case Kind::list: j[key] = *static_cast<std::vector<std::string>*>(f.target); break;
+    }
+  }
+  return j.dump();
+}
+
+TrainArgs parse_train_args(int argc, char** argv, int first) {
+  TrainArgs a;
+  std::vector<Flag> table = flag_table(a);
+  std::set<std::string> seen;
+  for (int i = first; i < argc; ++i) {
+    std::string tok = argv[i];
+    if (!is_flag_token(tok)) LATTICE_FAIL() << "unexpected argument '" << tok << "' (flags start with --)";
+    std::string name = tok.substr(2);
+    std::string inline_value;
+    bool has_inline = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      inline_value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_inline = true;
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& f : table)
+      if (name == f.name) flag = &f;
+    if (!flag) LATTICE_FAIL() << "unknown flag --" << name << " (see lattice train --help)";
+    if (!seen.insert(name).second) LATTICE_FAIL() << "--" << name << " given twice";
+    if (flag->kind == Kind::flag) {
+      if (has_inline) LATTICE_FAIL() << "--" << name << " takes no value";
+      *static_cast<bool*>(flag->target) = true;
+      continue;
+    }
+    std::vector<std::string> values;
+    if (has_inline) values.push_back(inline_value);
+    while (i + 1 < argc && !is_flag_token(argv[i + 1]) &&
+           (values.empty() || flag->kind == Kind::list))
+      values.push_back(argv[++i]);
+    if (values.empty()) LATTICE_FAIL() << "--" << name << " needs a value";
+    const std::string& v = values[0];
+    switch (flag->kind) {
+      case Kind::i64: *static_cast<int64_t*>(flag->target) = parse_number<int64_t>(name, v); break;
+      case Kind::u64: *static_cast<uint64_t*>(flag->target) = parse_number<uint64_t>(name, v); break;
+      case Kind::f32: *static_cast<float*>(flag->target) = parse_number<float>(name, v); break;
+      case Kind::f64: *static_cast<double*>(flag->target) = parse_number<double>(name, v); break;
+      case Kind::str: *static_cast<std::string*>(flag->target) = v; break;
+      case Kind::list: *static_cast<std::vector<std::string>*>(flag->target) = values; break;
+      case Kind::flag: break;
+    }
+  }
+  validate(a);
+  return a;
+}
+
+std::string train_help() {
+  TrainArgs a;
+  std::ostringstream os;
+  os << "usage: lattice train [flags]\n\nFlags (Megatron-LM names; default in brackets):\n";
+  for (const Flag& f : flag_table(a)) {
+    std::string left = std::string("  --") + f.name;
+    if (f.kind != Kind::flag) left += f.kind == Kind::list ? " V [V ...]" : " V";
+    os << left;
+    for (size_t pad = left.size(); pad < 46; ++pad) os << ' ';
+    os << f.help << " [" << default_text(f) << "]\n";
+  }
+  return os.str();
+}
+
+}  // namespace lattice

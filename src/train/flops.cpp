@@ -1,0 +1,34 @@
+#include "train/flops.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "blas/gemm.h"
+#include "core/timer.h"
+
+namespace lattice {
+
+double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, int64_t s) {
+  const double h = double(cfg.hidden_size), L = double(cfg.num_layers);
+  const double q = double(cfg.kv_channels * cfg.num_attention_heads);
+  const double k = q, v = q;  // no grouped-query attention
+  const double ffn = double(cfg.ffn_hidden_size), ffn_mult = 2.0;
+  const double per_token =
+      L * (6 * h * ffn * ffn_mult + 6 * (h * (q + k + v) + q * h)) + 6 * h * double(cfg.padded_vocab_size);
+  return double(gbs) * double(s) * per_token + double(gbs) * double(s) * double(s) * 6 * q * L;
+}
+
+double measure_peak_tflops() {
+  const int64_t n = 1024;
+  std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
+  gemm_f32(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    Timer t;
+    gemm_f32(Trans::N, Trans::N, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    best = std::min(best, t.seconds());
+  }
+  return 2.0 * double(n) * double(n) * double(n) / best / 1e12;
+}
+
+}  // namespace lattice

@@ -1,0 +1,19 @@
+// Megatron's model FLOPs per iteration (training: forward + backward = 3x forward),
+// used for TFLOP/s and MFU.
+#pragma once
+#include <cstdint>
+
+#include "model/transformer_config.h"
+
+namespace lattice {
+
+// per_token = L*(6*h*ffn*ffn_mult + 6*(h*(q+k+v) + q*h)) + 6*h*V_padded
+// FLOPs = GBS*s*per_token + GBS*s*s*6*q*L   (causal attention, already halved)
+double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t global_batch_size,
+                                    int64_t seq_length);
+
+// Peak fp32 GEMM throughput of this machine in TFLOP/s, measured with a short
+// calibration (a few n=1024 sgemms through the BLAS facade); takes ~0.2 s.
+double measure_peak_tflops();
+
+}  // namespace lattice

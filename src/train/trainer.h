@@ -1,0 +1,20 @@
+// The trainer: `lattice train` after argument parsing.
+#pragma once
+#include "train/arguments.h"
+
+namespace lattice {
+
+// Trains as the arguments say; returns the process exit code.
+int run_training(const TrainArgs& args);
+
+// Megatron's log line for one logging interval.
+struct LogLine {
+  int64_t iteration, train_iters, consumed_samples, global_batch_size;
+  double elapsed_ms, tflops_per_gpu, learning_rate, lm_loss, loss_scale, grad_norm;
+  int64_t skipped_iterations, nan_iterations;
+  double tokens_per_sec, mfu_percent;
+};
+std::string format_log_line(const LogLine& l);
+std::string format_metrics_json(const LogLine& l);
+
+}  // namespace lattice

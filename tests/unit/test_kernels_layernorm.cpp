@@ -1,0 +1,89 @@
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+
+#include "kernels/layernorm.h"
+#include "kernels_test_util.h"
+
+namespace lattice {
+namespace {
+
+using testing::expect_close;
+using testing::numeric_grad;
+using testing::project;
+using testing::random_floats;
+using testing::to_double;
+
+std::vector<double> layernorm_ref(const std::vector<double>& x, const std::vector<double>& w,
+                                  const std::vector<double>& b, int64_t N, int64_t C, double eps) {
+  std::vector<double> out(N * C);
+  for (int64_t n = 0; n < N; ++n) {
+    double mean = 0.0, var = 0.0;
+    for (int64_t c = 0; c < C; ++c) mean += x[n * C + c];
+    mean /= double(C);
+    for (int64_t c = 0; c < C; ++c) var += (x[n * C + c] - mean) * (x[n * C + c] - mean);
+    var /= double(C);
+    const double rstd = 1.0 / std::sqrt(var + eps);
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = (x[n * C + c] - mean) * rstd * w[c] + b[c];
+  }
+  return out;
+}
+
+TEST(KernelLayerNorm, ForwardBackwardMatchFiniteDifferences) {
+  const int64_t N = 6, C = 37;  // C not a multiple of the vector width
+  const float eps = 1e-5f;
+  auto x = random_floats(N * C, 1, -2.0f, 3.0f), w = random_floats(C, 2, 0.5f, 1.5f);
+  auto b = random_floats(C, 3), R = random_floats(N * C, 4);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
+  const auto xd = to_double(x), wd = to_double(w), bd = to_double(b);
+  expect_close(out, layernorm_ref(xd, wd, bd, N, C, eps), 2e-6, "out");
+
+  auto gx = numeric_grad([&](const auto& v) { return project(layernorm_ref(v, wd, bd, N, C, eps), R); }, xd);
+  auto gw = numeric_grad([&](const auto& v) { return project(layernorm_ref(xd, v, bd, N, C, eps), R); }, wd);
+  auto gb = numeric_grad([&](const auto& v) { return project(layernorm_ref(xd, wd, v, N, C, eps), R); }, bd);
+  // All three accumulate: start from known values.
+  std::vector<float> dx(N * C, 0.25f), dw(C, -1.0f), db(C, 2.0f);
+  layernorm_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  for (auto& g : gx) g += 0.25;
+  for (auto& g : gw) g -= 1.0;
+  for (auto& g : gb) g += 2.0;
+  expect_close(dx, gx, 1e-4, "dx");
+  expect_close(dw, gw, 1e-4, "dw");
+  expect_close(db, gb, 1e-4, "db");
+}
+
+TEST(KernelLayerNorm, LargeMeanIsStable) {
+  const int64_t N = 2, C = 768;
+  auto x = random_floats(N * C, 5, 999.0f, 1001.0f);
+  std::vector<float> w(C, 1.0f), b(C, 0.0f), out(N * C), mean(N), rstd(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+  const auto ref = layernorm_ref(to_double(x), to_double(w), to_double(b), N, C, 1e-5);
+  expect_close(out, ref, 5e-4, "out");
+}
+
+TEST(KernelLayerNorm, BackwardIndependentOfThreadCount) {
+  const int64_t N = 128, C = 768;
+  auto x = random_floats(N * C, 6), w = random_floats(C, 7), b = random_floats(C, 8);
+  auto d = random_floats(N * C, 9);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
+    layernorm_backward(dx.data(), dw.data(), db.data(), d.data(), x.data(), w.data(), mean.data(),
+                       rstd.data(), N, C);
+    dx.insert(dx.end(), dw.begin(), dw.end());
+    dx.insert(dx.end(), db.begin(), db.end());
+    return dx;
+  };
+  const int saved = omp_get_max_threads();
+  auto one = run(1), two = run(2);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, two);
+}
+
+}  // namespace
+}  // namespace lattice
