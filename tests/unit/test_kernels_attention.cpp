@@ -60,6 +60,10 @@ struct Case {
   size_t fd_coords;  // finite-difference coordinates checked (0: all)
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "B=" << c.B << " T=" << c.T << " H=" << c.H << " D=" << c.D << " p=" << c.p;
+}
+
 class KernelAttention : public ::testing::TestWithParam<Case> {};
 
 TEST_P(KernelAttention, ForwardAndBackwardMatchDoubleReference) {

@@ -32,6 +32,8 @@ struct Case {
   int64_t N, V, Vp;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << "N=" << c.N << " V=" << c.V << " Vp=" << c.Vp; }
+
 class KernelCrossEntropy : public ::testing::TestWithParam<Case> {};
 
 TEST_P(KernelCrossEntropy, LossAndGradientMatchReference) {

@@ -8,7 +8,12 @@
 #include <cstring>
 
 #if defined(__AVX512F__)
+// gcc 12 reports its own _mm512_undefined_* placeholders as maybe-uninitialized
+// (GCC PR105593); the warning points into the intrinsics header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 #include "core/philox.h"

@@ -1,0 +1,108 @@
+// Initialisation and dropout are functions of (seed, name, global index): the thread
+// count never changes a number, and a parameter's initial value does not depend on
+// the rest of the model.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "blas/gemm.h"
+#include "data/gpt_batches.h"
+#include "model/gpt_model.h"
+#include "optim/optimizer.h"
+#include "train/train_step.h"
+
+namespace lattice {
+namespace {
+
+TransformerConfig small_config(int64_t layers, float dropout) {
+  TransformerConfig c;
+  c.num_layers = layers;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.vocab_size = 50;
+  c.max_position_embeddings = 16;
+  c.hidden_dropout = c.attention_dropout = dropout;
+  c.finalize();
+  return c;
+}
+
+std::vector<double> train_losses(int threads, float dropout, std::vector<float>* final_params) {
+  omp_set_num_threads(threads);
+  blas_set_num_threads(threads);
+  TransformerConfig c = small_config(2, dropout);
+  GPTModel model(c, 2, 16);
+  model.init_parameters(42);
+  Optimizer opt(model.params(), OptimizerConfig{});
+  MockSamples data(c.vocab_size, 16, 42);
+  StepConfig sc{2, 4, 16, 1.0, 42};
+  std::vector<double> losses;
+  for (int it = 0; it < 4; ++it) losses.push_back(train_step(model, opt, data, sc, it, 1e-3, 0.01).lm_loss);
+  final_params->assign(model.params().params(), model.params().params() + model.params().numel());
+  omp_set_num_threads(2);
+  blas_set_num_threads(2);
+  return losses;
+}
+
+TEST(ModelInvariance, ThreadCountDoesNotChangeTrainingWithDropout) {
+  std::vector<float> p1, p2;
+  std::vector<double> l1 = train_losses(1, 0.1f, &p1);
+  std::vector<double> l2 = train_losses(2, 0.1f, &p2);
+  EXPECT_EQ(l1, l2);
+  ASSERT_EQ(p1.size(), p2.size());
+  EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)));
+}
+
+TEST(ModelInvariance, DropoutChangesTheLoss) {
+  std::vector<float> p;
+  std::vector<double> with = train_losses(2, 0.1f, &p);
+  std::vector<double> without = train_losses(2, 0.0f, &p);
+  EXPECT_NE(with[0], without[0]);
+  EXPECT_NEAR(with[0], without[0], 0.5);  // same data and init: close, not equal
+}
+
+TEST(ModelInvariance, InitDependsOnlyOnSeedNameAndIndex) {
+  GPTModel a(small_config(2, 0), 1, 16), b(small_config(3, 0), 1, 16);
+  a.init_parameters(7);
+  b.init_parameters(7);
+  for (const char* name : {"embedding.word_embeddings.weight", "decoder.layers.1.self_attention.linear_qkv.weight",
+                           "decoder.layers.0.mlp.linear_fc1.weight"}) {
+    Tensor ta = a.params().param_tensor(name), tb = b.params().param_tensor(name);
+    ASSERT_EQ(ta.shape, tb.shape);
+    EXPECT_EQ(0, std::memcmp(ta.data, tb.data, ta.nbytes())) << name;
+  }
+  // Different names draw different values; init std is Megatron's.
+  Tensor q0 = a.params().param_tensor("decoder.layers.0.self_attention.linear_qkv.weight");
+  Tensor q1 = a.params().param_tensor("decoder.layers.1.self_attention.linear_qkv.weight");
+  EXPECT_NE(0, std::memcmp(q0.data, q1.data, q0.nbytes()));
+  auto stddev = [](const Tensor& t) {
+    double s = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) s += double(t.as<float>()[i]) * t.as<float>()[i];
+    return std::sqrt(s / double(t.numel()));
+  };
+  EXPECT_NEAR(stddev(q0), 0.02, 0.002);
+  EXPECT_NEAR(stddev(a.params().param_tensor("decoder.layers.0.mlp.linear_fc2.weight")), 0.02 / 2.0, 0.001);
+  EXPECT_EQ(a.params().param_tensor("decoder.layers.0.input_layernorm.weight").as<float>()[5], 1.0f);
+  EXPECT_EQ(a.params().param_tensor("decoder.layers.0.mlp.linear_fc1.bias").as<float>()[5], 0.0f);
+}
+
+TEST(ModelInvariance, PaddedVocabularyNeverChangesTheLoss) {
+  TransformerConfig c = small_config(1, 0);
+  GPTModel model(c, 2, 16);
+  model.init_parameters(3);
+  MockSamples data(c.vocab_size, 16, 3);
+  std::vector<int32_t> tokens(2 * 17);
+  fill_micro_batch(data, 0, 2, tokens.data());
+  const double before = model.forward_loss(tokens.data(), nullptr, 2, 16);
+  // Huge values in the padded rows of the tied embedding would dominate any softmax
+  // that included them.
+  Tensor wte = model.params().param_tensor("embedding.word_embeddings.weight");
+  for (int64_t v = c.vocab_size; v < c.padded_vocab_size; ++v)
+    for (int64_t k = 0; k < c.hidden_size; ++k) wte.as<float>()[v * c.hidden_size + k] = 100.0f;
+  EXPECT_EQ(before, model.forward_loss(tokens.data(), nullptr, 2, 16));
+}
+
+}  // namespace
+}  // namespace lattice

@@ -1,0 +1,101 @@
+// `lattice train` flag parsing: Megatron's names and defaults, and one-line errors
+// that name the flag for each invalid value or combination.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "train/arguments.h"
+
+namespace lattice {
+namespace {
+
+TrainArgs parse(std::vector<std::string> extra) {
+  std::vector<std::string> words = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
+                                    "--num-attention-heads", "4", "--seq-length", "16",
+                                    "--micro-batch-size", "2", "--train-iters", "3", "--mock-data",
+                                    "--vocab-size", "100"};
+  words.insert(words.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  return parse_train_args(int(argv.size()), argv.data(), 2);
+}
+
+std::string error_of(std::vector<std::string> extra) {
+  try {
+    parse(std::move(extra));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TrainArgs, MegatronDefaults) {
+  TrainArgs a = parse({});
+  EXPECT_EQ(a.global_batch_size, 2);  // defaults to the micro-batch size
+  EXPECT_EQ(a.max_position_embeddings, 16);
+  EXPECT_EQ(a.seed, 1234u);
+  EXPECT_EQ(a.log_interval, 100);
+  EXPECT_DOUBLE_EQ(a.weight_decay, 0.01);
+  EXPECT_FLOAT_EQ(a.adam_beta2, 0.999f);
+  EXPECT_FLOAT_EQ(a.clip_grad, 1.0f);
+  EXPECT_FLOAT_EQ(a.hidden_dropout, 0.1f);
+  EXPECT_EQ(a.make_vocab_size_divisible_by, 128);
+  TransformerConfig c = a.transformer_config();
+  c.finalize();
+  EXPECT_EQ(c.padded_vocab_size, 128);
+  EXPECT_EQ(c.ffn_hidden_size, 256);
+}
+
+TEST(TrainArgs, ValuesAndSwitches) {
+  TrainArgs a = parse({"--lr", "3e-4", "--global-batch-size", "8", "--openai-gelu", "--seed=7"});
+  EXPECT_DOUBLE_EQ(a.lr, 3e-4);
+  EXPECT_EQ(a.num_micro_batches(), 4);
+  EXPECT_TRUE(a.openai_gelu);
+  EXPECT_EQ(a.seed, 7u);
+}
+
+TEST(TrainArgs, ErrorsNameTheFlag) {
+  EXPECT_NE(error_of({"--bogus"}).find("unknown flag --bogus"), std::string::npos);
+  EXPECT_NE(error_of({"--lr"}).find("--lr needs a value"), std::string::npos);
+  EXPECT_NE(error_of({"--lr", "abc"}).find("--lr: invalid value 'abc'"), std::string::npos);
+  EXPECT_NE(error_of({"--global-batch-size", "5"}).find("not a multiple of --micro-batch-size"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--max-position-embeddings", "8"}).find("--seq-length 16 exceeds --max-position-embeddings 8"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--num-attention-heads", "4", "--hidden-size", "30"}).find("given twice"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--hidden-dropout", "1.5"}).find("--hidden-dropout"), std::string::npos);
+  EXPECT_NE(error_of({"--optimizer", "lamb"}).find("--optimizer"), std::string::npos);
+  EXPECT_NE(error_of({"--tensor-model-parallel-size", "2"}).find("--tensor-model-parallel-size"),
+            std::string::npos);
+}
+
+TEST(TrainArgs, HeadsMustDivideHidden) {
+  std::vector<std::string> words = {"lattice", "train", "--num-layers", "2", "--hidden-size", "30",
+                                    "--num-attention-heads", "4", "--seq-length", "16",
+                                    "--micro-batch-size", "2", "--train-iters", "3", "--mock-data",
+                                    "--vocab-size", "100"};
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  try {
+    parse_train_args(int(argv.size()), argv.data(), 2);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--num-attention-heads 4 does not divide --hidden-size 30"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TrainArgs, HelpListsEveryFlagWithDefault) {
+  std::string h = train_help();
+  EXPECT_NE(h.find("--num-layers"), std::string::npos);
+  EXPECT_NE(h.find("--weight-decay"), std::string::npos);
+  EXPECT_NE(h.find("[0.01]"), std::string::npos);
+  EXPECT_NE(h.find("--untie-embeddings-and-output-weights"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lattice
