@@ -4,7 +4,7 @@
 # Fast and silent when everything is present; otherwise prints what it installs.
 set -euo pipefail
 
-packages=(build-essential cmake libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev
+packages=(build-essential cmake libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev
           nlohmann-json3-dev openmpi-bin libopenmpi-dev bible-kjv)
 for arg in "$@"; do
   case "$arg" in

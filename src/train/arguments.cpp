@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/tokenizer.h"
 
 namespace lattice {
 namespace {
@@ -69,7 +70,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"metrics-file", Kind::str, &a.metrics_file, "write one JSON object per logged iteration"},
       {"peak-tflops", Kind::f64, &a.peak_tflops,
        "peak TFLOP/s for MFU (0: measured by a GEMM calibration)"},
-      {"num-threads", Kind::i64, &a.num_threads, "threads for kernels and BLAS (0: all cores)"},
+      {"num-threads", Kind::i64, &a.num_threads, "threads for kernels and GEMM (0: OMP_NUM_THREADS, else all cores)"},
       {"log-throughput", Kind::flag, &a.log_throughput, "accepted for Megatron compatibility"},
   };
 }
@@ -153,6 +154,8 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "no training data: give --data-path PREFIX or --mock-data";
   if (a.data_path.size() > 1)
     LATTICE_FAIL() << "--data-path: blending several datasets is not supported yet; give one prefix";
+  if (!a.tokenizer_type.empty())
+    make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file);  // names an unknown --tokenizer-type
   if (a.tokenizer_type.empty() && a.vocab_size <= 0)
     LATTICE_FAIL() << "--vocab-size is required when no --tokenizer-type is given";
   if (a.num_threads < 0) LATTICE_FAIL() << "--num-threads must be >= 0";

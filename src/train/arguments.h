@@ -42,7 +42,7 @@ struct TrainArgs {
   // output
   std::string save, metrics_file;
   double peak_tflops = 0;   // 0: measure with a GEMM calibration
-  int64_t num_threads = 0;  // 0: all cores
+  int64_t num_threads = 0;  // 0: OMP_NUM_THREADS, else all cores
   bool log_throughput = false;
 
   int64_t num_micro_batches() const { return global_batch_size / micro_batch_size; }

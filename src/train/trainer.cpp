@@ -63,7 +63,7 @@ std::unique_ptr<SampleSource> make_training_data(const TrainArgs& args, int64_t 
 }  // namespace
 
 int run_training(const TrainArgs& args) {
-  const int threads = args.num_threads > 0 ? int(args.num_threads) : omp_get_num_procs();
+  const int threads = args.num_threads > 0 ? int(args.num_threads) : omp_get_max_threads();
   omp_set_num_threads(threads);
   blas_set_num_threads(threads);
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace lattice::testing {
+namespace lattice::kernel_test {
 
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 gen(seed);
@@ -83,4 +83,4 @@ inline std::vector<size_t> sample_indices(size_t n, size_t count, uint32_t seed)
   return idx;
 }
 
-}  // namespace lattice::testing
+}  // namespace lattice::kernel_test

@@ -8,11 +8,11 @@
 namespace lattice {
 namespace {
 
-using testing::expect_close;
-using testing::numeric_grad;
-using testing::project;
-using testing::random_floats;
-using testing::to_double;
+using kernel_test::expect_close;
+using kernel_test::numeric_grad;
+using kernel_test::project;
+using kernel_test::random_floats;
+using kernel_test::to_double;
 
 double gelu_ref(double x, GeluKind kind) {
   if (kind == GeluKind::erf) return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));

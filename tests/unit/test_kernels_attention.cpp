@@ -10,11 +10,11 @@
 namespace lattice {
 namespace {
 
-using testing::expect_close;
-using testing::numeric_grad;
-using testing::project;
-using testing::random_floats;
-using testing::to_double;
+using kernel_test::expect_close;
+using kernel_test::numeric_grad;
+using kernel_test::project;
+using kernel_test::random_floats;
+using kernel_test::to_double;
 
 struct RefOut {
   std::vector<double> out, lse;
@@ -83,7 +83,7 @@ TEST_P(KernelAttention, ForwardAndBackwardMatchDoubleReference) {
   expect_close(out, ref.out, 1e-5, "out");
   expect_close(lse, ref.lse, 1e-5, "lse");
 
-  const auto which = c.fd_coords ? testing::sample_indices(size_t(n_qkv), c.fd_coords, 13)
+  const auto which = c.fd_coords ? kernel_test::sample_indices(size_t(n_qkv), c.fd_coords, 13)
                                  : std::vector<size_t>{};
   auto expected = numeric_grad(
       [&](const std::vector<double>& x) { return project(attention_ref(x, s, drop).out, R); },

@@ -10,10 +10,10 @@
 namespace lattice {
 namespace {
 
-using testing::expect_close;
-using testing::numeric_grad;
-using testing::random_floats;
-using testing::to_double;
+using kernel_test::expect_close;
+using kernel_test::numeric_grad;
+using kernel_test::random_floats;
+using kernel_test::to_double;
 
 // losses in double over the first V of Vp columns.
 std::vector<double> ce_ref(const std::vector<double>& logits, const std::vector<int32_t>& t,
@@ -54,7 +54,7 @@ TEST_P(KernelCrossEntropy, LossAndGradientMatchReference) {
   expect_close(losses, ref, 2e-6, "forward losses");
 
   // d/dlogits of sum_n loss_n * mask_n * grad_scale.
-  const std::vector<size_t> which = testing::sample_indices(size_t(N * Vp), 400, 2);
+  const std::vector<size_t> which = kernel_test::sample_indices(size_t(N * Vp), 400, 2);
   auto expected = numeric_grad(
       [&](const std::vector<double>& x) {
         auto l = ce_ref(x, targets, N, V, Vp);

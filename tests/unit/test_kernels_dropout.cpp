@@ -7,7 +7,7 @@
 namespace lattice {
 namespace {
 
-using testing::random_floats;
+using kernel_test::random_floats;
 
 TEST(KernelDropout, KeepsAboutOneMinusPAndScales) {
   const int64_t n = 200000;

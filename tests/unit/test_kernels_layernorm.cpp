@@ -9,11 +9,11 @@
 namespace lattice {
 namespace {
 
-using testing::expect_close;
-using testing::numeric_grad;
-using testing::project;
-using testing::random_floats;
-using testing::to_double;
+using kernel_test::expect_close;
+using kernel_test::numeric_grad;
+using kernel_test::project;
+using kernel_test::random_floats;
+using kernel_test::to_double;
 
 std::vector<double> layernorm_ref(const std::vector<double>& x, const std::vector<double>& w,
                                   const std::vector<double>& b, int64_t N, int64_t C, double eps) {

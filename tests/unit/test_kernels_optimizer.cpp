@@ -9,9 +9,9 @@
 namespace lattice {
 namespace {
 
-using testing::expect_close;
-using testing::random_floats;
-using testing::to_double;
+using kernel_test::expect_close;
+using kernel_test::random_floats;
+using kernel_test::to_double;
 
 TEST(KernelOptimizer, AdamWMatchesDoubleReferenceOverSteps) {
   const int64_t n = 40000;

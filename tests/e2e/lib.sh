@@ -1,0 +1,85 @@
+# Shared helpers for the end-to-end tests: source it from a test_*.sh script.
+#   source "$(dirname "$0")/lib.sh"; e2e_init "$@"
+# Gives LATTICE (the binary), SRC (the source dir), TMP (a temp dir removed on exit),
+# fail/check helpers that record failures, and e2e_finish, which exits non-zero if any failed.
+
+e2e_init() {
+  if [ $# -lt 1 ]; then
+    echo "usage: $0 <path to lattice binary> [source dir]" >&2
+    exit 2
+  fi
+  LATTICE=$(realpath "$1")
+  SRC=$(realpath "${2:-$(dirname "$0")/../..}")
+  if [ ! -x "$LATTICE" ]; then
+    echo "FAIL: $LATTICE is not an executable" >&2
+    exit 1
+  fi
+  TMP=$(mktemp -d "${TMPDIR:-/tmp}/lattice-e2e.XXXXXX")
+  trap 'rm -rf "$TMP"' EXIT
+  FAILURES=0
+  # Keep each run small and independent of the machine it runs on.
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+}
+
+fail() {
+  echo "FAIL: $*" >&2
+  FAILURES=$((FAILURES + 1))
+}
+
+pass() {
+  echo "ok: $*"
+}
+
+# Number of lines in a file, counting a last line without a newline.
+line_count() { awk 'END { print NR }' "$1"; }
+
+# expect_error NAME "PATTERN1|PATTERN2..." -- CMD ARGS...
+# Runs CMD; asserts a non-zero exit that is not a crash (< 126), exactly one line on stderr, and that the line contains every
+# '|'-separated fixed string in PATTERNS (case-insensitive).
+expect_error() {
+  local name=$1 patterns=$2
+  shift 2
+  [ "$1" = "--" ] && shift
+  local out="$TMP/.stdout" err="$TMP/.stderr" rc=0 cmd="$*"
+  "$@" >"$out" 2>"$err" || rc=$?
+  local ok=1
+  if [ "$rc" -eq 0 ]; then
+    fail "$name: exited 0, expected an error: $cmd"
+    ok=0
+  elif [ "$rc" -ge 126 ]; then
+    fail "$name: exit status $rc (crashed or could not run), expected a clean error exit: $cmd"
+    ok=0
+  fi
+  local n
+  n=$(line_count "$err")
+  if [ "$n" -ne 1 ]; then
+    fail "$name: stderr has $n lines, expected exactly 1: $cmd"
+    ok=0
+  fi
+  local p rest="$patterns|"
+  while [ -n "$rest" ]; do
+    p=${rest%%|*}
+    rest=${rest#*|}
+    [ -z "$p" ] && continue
+    if ! grep -qiF -- "$p" "$err"; then
+      fail "$name: stderr does not mention '$p': $cmd"
+      ok=0
+    fi
+  done
+  if [ "$ok" -eq 1 ]; then
+    pass "$name: $(head -n 1 "$err")"
+  else
+    echo "  exit status: $rc" >&2
+    echo "  stderr:" >&2
+    sed 's/^/    /' "$err" >&2
+  fi
+}
+
+e2e_finish() {
+  if [ "$FAILURES" -ne 0 ]; then
+    echo "$(basename "$0"): $FAILURES check(s) failed" >&2
+    exit 1
+  fi
+  echo "$(basename "$0"): all checks passed"
+  exit 0
+}

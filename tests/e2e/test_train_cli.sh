@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# lattice train as a user runs it: --help, Megatron's log line, --metrics-file, --save, generate
+# and plot on the result, and run-to-run determinism (same run twice; 1 vs 2 threads).
+#   bash tests/e2e/test_train_cli.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+TINY=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16
+      --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 4 --train-iters 3
+      --lr 1e-3 --min-lr 1e-4 --log-interval 1 --seed 1234)
+MOCK=(--mock-data --vocab-size 64)
+
+# run NAME CMD...: runs CMD with stdout/stderr in NAME.out/NAME.err; fails the test on non-zero exit.
+run() {
+  local name=$1
+  shift
+  if ! "$@" >"$name.out" 2>"$name.err"; then
+    fail "$name: exited non-zero: $*"
+    sed 's/^/    /' "$name.err" >&2
+    return 1
+  fi
+}
+
+# lm_loss values of a metrics file, one per line, exactly as written (no float round trip).
+losses() { grep -o '"lm_loss":[^,}]*' "$1"; }
+
+# ---- --help ----
+if run help "$LATTICE" train --help; then
+  for pat in '--num-layers' '--hidden-size' '--num-attention-heads' '--seq-length' '--lr' \
+             '--micro-batch-size' '--global-batch-size' '--train-iters' '--data-path' '--mock-data' \
+             '--save' '--metrics-file' '--num-threads' '--tokenizer-type'; do
+    grep -qF -- "$pat" help.out || fail "train --help does not list $pat"
+  done
+  grep -E -- '--weight-decay .*\[0\.01\]' help.out >/dev/null ||
+    fail "train --help does not show --weight-decay with its default [0.01]"
+  grep -E -- '--seed .*\[1234\]' help.out >/dev/null ||
+    fail "train --help does not show --seed with its default [1234]"
+  grep -E -- '--log-interval .*\[100\]' help.out >/dev/null ||
+    fail "train --help does not show --log-interval with its default [100]"
+  pass "train --help lists the flags with their defaults"
+fi
+
+# ---- a tiny mock-data run: log line, metrics file, checkpoint ----
+if run mock "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" --metrics-file metrics.jsonl --save ckpt; then
+  for pat in ' iteration        1/       3 | consumed samples:            4 |' \
+             ' iteration        3/       3 | consumed samples:           12 |' \
+             'elapsed time per iteration (ms):' 'learning rate:' 'global batch size:     4' \
+             'lm loss:' 'loss scale:' 'grad norm:' 'number of skipped iterations:' \
+             'number of nan iterations:' 'tokens per second:'; do
+    grep -qF -- "$pat" mock.out || fail "train log lacks '$pat'"
+  done
+  n=$(grep -c '^ iteration ' mock.out)
+  [ "$n" -eq 3 ] || fail "expected 3 log lines with --log-interval 1, got $n"
+  grep -E 'lm loss: [0-9]\.[0-9]{6}E[+-][0-9]{2} \|' mock.out >/dev/null ||
+    fail "lm loss is not printed in Megatron's %E format"
+  pass "train prints Megatron's log line"
+
+  if [ ! -f metrics.jsonl ]; then
+    fail "--metrics-file metrics.jsonl was not written"
+  else
+    n=$(line_count metrics.jsonl)
+    [ "$n" -eq 3 ] || fail "metrics.jsonl has $n lines, expected one per logged iteration (3)"
+    if ! python3 - metrics.jsonl <<'PY'; then
+import json, math, sys
+keys = ["iteration", "consumed_samples", "lm_loss", "learning_rate", "grad_norm", "loss_scale",
+        "elapsed_ms", "tokens_per_sec", "tflops_per_gpu"]
+rows = [json.loads(line) for line in open(sys.argv[1])]
+bad = []
+for i, r in enumerate(rows):
+    if not isinstance(r, dict):
+        bad.append(f"line {i + 1} is not a JSON object")
+        continue
+    missing = [k for k in keys if k not in r]
+    if missing:
+        bad.append(f"line {i + 1} lacks {missing}")
+        continue
+    nonnum = [k for k in keys if not isinstance(r[k], (int, float)) or not math.isfinite(r[k])]
+    if nonnum:
+        bad.append(f"line {i + 1}: not finite numbers: {nonnum}")
+if not bad:
+    if [r["iteration"] for r in rows] != [1, 2, 3]:
+        bad.append(f"iterations {[r['iteration'] for r in rows]}, expected [1, 2, 3]")
+    if [r["consumed_samples"] for r in rows] != [4, 8, 12]:
+        bad.append(f"consumed_samples {[r['consumed_samples'] for r in rows]}, expected [4, 8, 12]")
+    if not all(0 < r["lm_loss"] < 10 for r in rows):
+        bad.append("lm_loss out of range")
+for b in bad:
+    print("metrics.jsonl:", b, file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+      fail "metrics.jsonl does not hold the expected JSON objects"
+    else
+      pass "metrics file has one JSON object per logged iteration with the expected keys"
+    fi
+  fi
+
+  if [ ! -s ckpt/iter_0000003/model.safetensors ]; then
+    fail "--save ckpt did not write ckpt/iter_0000003/model.safetensors"
+  elif [ "$(tr -d '[:space:]' < ckpt/latest_checkpointed_iteration.txt 2>/dev/null)" != "3" ]; then
+    fail "ckpt/latest_checkpointed_iteration.txt does not contain 3"
+  else
+    pass "--save wrote iter_0000003/model.safetensors and latest_checkpointed_iteration.txt"
+  fi
+fi
+
+# ---- determinism: the same run twice gives identical losses ----
+DROP=(--hidden-dropout 0.1 --attention-dropout 0.1)
+run det1 "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}" --metrics-file det1.jsonl
+run det2 "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}" --metrics-file det2.jsonl
+if [ -s det1.jsonl ] && [ "$(losses det1.jsonl)" = "$(losses det2.jsonl)" ]; then
+  pass "the same run twice gives identical lm_loss values"
+else
+  fail "the same run twice gives different lm_loss values: $(losses det1.jsonl | tr '\n' ' ') vs $(losses det2.jsonl | tr '\n' ' ')"
+fi
+
+# ---- thread-count invariance (dropout on) ----
+# thread_invariance LABEL ARGS...: lm_loss must be the same with OMP_NUM_THREADS=1/2 and
+# --num-threads 1/2.
+thread_invariance() {
+  local label=$1 f got ref bad=0
+  shift
+  OMP_NUM_THREADS=1 run "$label-omp1" "$LATTICE" train "$@" --metrics-file "$label-omp1.jsonl"
+  OMP_NUM_THREADS=2 run "$label-omp2" "$LATTICE" train "$@" --metrics-file "$label-omp2.jsonl"
+  run "$label-nt1" "$LATTICE" train "$@" --num-threads 1 --metrics-file "$label-nt1.jsonl"
+  run "$label-nt2" "$LATTICE" train "$@" --num-threads 2 --metrics-file "$label-nt2.jsonl"
+  ref=$(losses "$label-nt1.jsonl" 2>/dev/null)
+  if [ -z "$ref" ]; then
+    fail "$label: thread-count runs wrote no lm_loss values"
+    return
+  fi
+  for f in omp1 omp2 nt2; do
+    got=$(losses "$label-$f.jsonl" 2>/dev/null)
+    if [ "$got" != "$ref" ]; then
+      fail "$label: lm_loss depends on the thread count: --num-threads 1: $(echo $ref) vs $f: $(echo $got)"
+      bad=1
+    fi
+  done
+  [ "$bad" -eq 0 ] && pass "$label: lm_loss identical with OMP_NUM_THREADS=1/2 and --num-threads 1/2"
+}
+thread_invariance tiny "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}"
+# A wider model, big enough that the GEMMs are split between threads.
+thread_invariance wide --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
+  --max-position-embeddings 32 --micro-batch-size 4 --global-batch-size 8 --train-iters 3 \
+  --lr 1e-3 --log-interval 1 --seed 7 --mock-data --vocab-size 64 "${DROP[@]}"
+
+# ---- train on a preprocessed ByteTokenizer dataset, then generate and plot ----
+for i in $(seq 1 20); do
+  printf '{"text": "ab ab abc %d: the quick brown fox jumps over the lazy dog"}\n' "$i"
+done > corpus.jsonl
+if run prep "$LATTICE" preprocess --input corpus.jsonl --json-keys text \
+     --tokenizer-type ByteTokenizer --output-prefix corpus --append-eod; then
+  if run bytetrain "$LATTICE" train "${TINY[@]}" --data-path corpus_text_document \
+       --tokenizer-type ByteTokenizer --save byteckpt --metrics-file byte.jsonl; then
+    run gen1 "$LATTICE" generate --load byteckpt --prompt "ab" --max-new-tokens 5 --seed 3
+    run gen2 "$LATTICE" generate --load byteckpt --prompt "ab" --max-new-tokens 5 --seed 3
+    if [ ! -s gen1.out ]; then
+      fail "generate printed nothing"
+    elif ! cmp -s gen1.out gen2.out; then
+      fail "generate with the same --seed gives different output: $(od -c gen1.out) vs $(od -c gen2.out)"
+    elif [ "$(head -c 2 gen1.out)" != "ab" ]; then
+      fail "generate output does not start with the prompt: $(od -c gen1.out | head -n 2)"
+    else
+      pass "generate is deterministic for a fixed --seed"
+    fi
+
+    if run plot "$LATTICE" plot --metrics-file byte.jsonl --output byte.svg; then
+      if [ -s byte.svg ] && grep -q '<svg' byte.svg && grep -q '</svg>' byte.svg; then
+        pass "plot wrote an SVG"
+      else
+        fail "plot did not write an SVG to byte.svg"
+      fi
+    fi
+  fi
+fi
+
+e2e_finish
