@@ -19,7 +19,7 @@ GLOBAL_BATCH_SIZE=${GLOBAL_BATCH_SIZE:-32}
 LR=${LR:-1e-3}
 MIN_LR=${MIN_LR:-1e-3}
 TRAIN_ITERS=${TRAIN_ITERS:-600}
-LOG_INTERVAL=${LOG_INTERVAL:-20}
+LOG_INTERVAL=${LOG_INTERVAL:-10}
 WEIGHT_DECAY=${WEIGHT_DECAY:-0.1}
 CLIP_GRAD=${CLIP_GRAD:-1.0}
 ADAM_BETA2=${ADAM_BETA2:-0.95}
@@ -28,6 +28,8 @@ SEED=${SEED:-1234}
 PROMPT=${PROMPT:-In the beginning}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-200}
 SAMPLE_SEED=${SAMPLE_SEED:-1}
+TEMPERATURE=${TEMPERATURE:-0.8}
+TOP_K=${TOP_K:-40}
 
 checkpoint=$RUN_DIR/checkpoint
 metrics=$RUN_DIR/metrics.jsonl
@@ -61,7 +63,7 @@ mkdir -p "$RUN_DIR"
 
 "$LATTICE" plot --metrics-file "$metrics" --output "$plot"
 "$LATTICE" generate --load "$checkpoint" --prompt "$PROMPT" --max-new-tokens "$MAX_NEW_TOKENS" \
-  --seed "$SAMPLE_SEED" | tee "$sample"
+  --temperature "$TEMPERATURE" --top-k "$TOP_K" --seed "$SAMPLE_SEED" | tee "$sample"
 
 echo
 echo "checkpoint: $checkpoint"
