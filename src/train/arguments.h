@@ -3,6 +3,7 @@
 // is one line naming the flag.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,40 @@ struct TrainArgs {
   std::vector<std::string> data_path;
   int64_t vocab_size = 0;
   std::string tokenizer_type, vocab_file, merge_file;
+  // data (Megatron's GPTDataset, blending, evaluation, document boundaries)
+  std::string split = "969,30,1";
+  std::string data_cache_path;
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  int64_t eval_interval = 1000, eval_iters = 100;
+  bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
+  // learning-rate and weight-decay schedule (OptimizerParamScheduler)
+  std::string lr_decay_style = "linear";
+  int64_t lr_decay_iters = 0, lr_decay_samples = 0;       // 0: unset
+  int64_t lr_warmup_iters = 0, lr_warmup_samples = 0;
+  double lr_warmup_fraction = 0;                           // 0: unset
+  double lr_warmup_init = 0;
+  std::string lr_wsd_decay_style = "exponential";
+  int64_t lr_wsd_decay_iters = 0, lr_wsd_decay_samples = 0;
+  int64_t train_samples = 0;                               // alternative to --train-iters
+  std::optional<double> start_weight_decay, end_weight_decay;
+  std::string weight_decay_incr_style = "constant";
+  std::optional<double> decoupled_lr, decoupled_min_lr;
+  // checkpointing
+  std::string load;
+  int64_t save_interval = 0;                               // 0: save only at the end
+  bool no_save_optim = false, no_save_rng = false, no_load_optim = false, no_load_rng = false;
+  bool finetune = false;
+  bool override_opt_param_scheduler = false, use_checkpoint_opt_param_scheduler = false;
+  int64_t keep_last_n = 0;                                 // 0: keep all
+  bool exit_signal_handler = false;
+  int64_t exit_interval = 0;
+  double exit_duration_in_mins = 0;
+  // distributed (data parallelism, distributed optimizer)
+  double distributed_timeout_minutes = 10;
+  bool use_distributed_optimizer = false, overlap_grad_reduce = false, overlap_param_gather = false;
+  int64_t ddp_bucket_size = 0;                             // 0: automatic
+  int64_t zero_stage = 1;
+  bool log_comm = false;
   // output
   std::string save, metrics_file;
   double peak_tflops = 0;   // 0: measure with a GEMM calibration
