@@ -1,47 +1,83 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "dist/comm.h"
 
 #include "kernels/elementwise.h"
 #include "kernels/optimizer.h"
 
 namespace lattice {
 
-double grad_norm(const ParamBuffer& params) {
-  return std::sqrt(sum_of_squares(params.grads(), params.numel()));
+namespace {
+
+ElementRanges or_whole(const ParamBuffer& params, const ElementRanges& ranges) {
+  return ranges.empty() ? ElementRanges{{0, params.numel()}} : ranges;
 }
 
-double clip_grad_norm(ParamBuffer& params, double max_norm) {
-  double norm = grad_norm(params);
+}  // namespace
+
+double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp) {
+  double sq = 0;
+  for (auto [b, e] : or_whole(params, ranges)) sq += sum_of_squares(params.grads() + b, e - b);
+  if (dp) dp->all_reduce(&sq, 1, ReduceOp::sum);
+  return std::sqrt(sq);
+}
+
+double clip_grad_norm(ParamBuffer& params, double max_norm, const ElementRanges& ranges, Comm* dp) {
+  double norm = grad_norm(params, ranges, dp);
   if (max_norm > 0) {
     double coeff = max_norm / (norm + 1e-6);
-    if (coeff < 1.0) scale_inplace(params.grads(), float(coeff), params.numel());
+    if (coeff < 1.0)
+      for (auto [b, e] : or_whole(params, ranges)) scale_inplace(params.grads() + b, float(coeff), e - b);
   }
   return norm;
 }
 
-Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config)
+Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const ElementRanges& owned)
     : params_(params), cfg_(config) {
   if (cfg_.optimizer != "adam" && cfg_.optimizer != "sgd")
     LATTICE_FAIL() << "--optimizer must be adam or sgd, got " << cfg_.optimizer;
-  const size_t bytes = size_t(params.numel()) * sizeof(float);
+  int64_t state = 0;
+  for (auto [rb, re] : or_whole(params, owned))
+    for (size_t k = 0; k < params.infos().size(); ++k) {
+      const ParamInfo& p = params.infos()[k];
+      const int64_t b = std::max(rb, p.offset), e = std::min(re, p.offset + p.numel);
+      if (b >= e) continue;
+      segments_.push_back(Segment{int(k), b, e, state});
+      state += e - b;
+    }
+  const size_t bytes = size_t(state) * sizeof(float);
   state1_ = Storage(bytes);
   if (cfg_.optimizer == "adam") state2_ = Storage(bytes);
 }
 
+void Optimizer::step(const OptimizerParamScheduler& scheduler) {
+  ++step_;
+  const auto& infos = params_.infos();
+  for (const Segment& s : segments_) {
+    const ParamInfo& p = infos[size_t(s.param)];
+    update(s, scheduler.lr_for(p), scheduler.wd_for(p));
+  }
+}
+
 void Optimizer::step(double lr, double weight_decay) {
   ++step_;
-  for (size_t k = 0; k < params_.infos().size(); ++k) {
-    const ParamInfo& p = params_.infos()[k];
-    const float wd = p.weight_decay ? float(weight_decay) : 0.0f;
-    float* w = params_.param(int(k));
-    const float* g = params_.grad(int(k));
-    if (cfg_.optimizer == "adam") {
-      adamw_update(w, g, state1() + p.offset, state2() + p.offset, p.numel, float(lr),
-                   cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, wd, step_);
-    } else {
-      sgd_update(w, g, state1() + p.offset, p.numel, float(lr), cfg_.sgd_momentum, wd, step_ == 1);
-    }
+  const auto& infos = params_.infos();
+  for (const Segment& s : segments_)
+    update(s, lr, infos[size_t(s.param)].weight_decay ? weight_decay : 0.0);
+}
+
+void Optimizer::update(const Segment& s, double lr, double weight_decay) {
+  float* w = params_.params() + s.begin;
+  const float* g = params_.grads() + s.begin;
+  const int64_t n = s.end - s.begin;
+  if (cfg_.optimizer == "adam") {
+    adamw_update(w, g, state1() + s.state_offset, state2() + s.state_offset, n, float(lr), cfg_.adam_beta1,
+                 cfg_.adam_beta2, cfg_.adam_eps, float(weight_decay), step_);
+  } else {
+    sgd_update(w, g, state1() + s.state_offset, n, float(lr), cfg_.sgd_momentum, float(weight_decay), step_ == 1);
   }
 }
 

@@ -5,8 +5,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/storage.h"
+#include "optim/opt_param_scheduler.h"
 #include "optim/param_buffer.h"
 
 namespace lattice {
@@ -20,29 +23,52 @@ struct OptimizerConfig {
   float clip_grad = 1.0f;          // 0 disables clipping
 };
 
-// L2 norm of all gradients (accumulated in double).
-double grad_norm(const ParamBuffer& params);
+// Element ranges [begin, end) of the flat buffer a rank updates. Empty: the whole buffer.
+// With the distributed optimizer each data-parallel rank owns its shard of every bucket.
+using ElementRanges = std::vector<std::pair<int64_t, int64_t>>;
 
-// Scales the gradients so their norm is at most max_norm: coeff = max_norm / (norm + 1e-6),
-// applied when < 1 (Megatron's and torch's rule). Returns the norm before clipping.
-double clip_grad_norm(ParamBuffer& params, double max_norm);
+class Comm;
+
+// L2 norm of the gradients in `ranges` (all when empty), accumulated in double; when
+// `dp` is given the squares are summed over its ranks (the ranges being a shard).
+double grad_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr);
+
+// Scales the gradients in `ranges` so the (global) norm is at most max_norm:
+// coeff = max_norm / (norm + 1e-6), applied when < 1 (Megatron's and torch's rule).
+// Returns the norm before clipping.
+double clip_grad_norm(ParamBuffer& params, double max_norm, const ElementRanges& ranges = {},
+                      Comm* dp = nullptr);
 
 class Optimizer {
  public:
-  Optimizer(ParamBuffer& params, const OptimizerConfig& config);
-  // One update with the given learning rate and weight decay (the scheduler's values;
-  // parameters without weight decay use 0).
+  // Keeps state for, and updates, only the elements in `owned` (all when empty).
+  Optimizer(ParamBuffer& params, const OptimizerConfig& config, const ElementRanges& owned = {});
+  // One update, each parameter with the learning rate and weight decay of its group in
+  // the scheduler's current state (decoupled lr, wd_mult 0 for biases and 1-D params).
+  void step(const OptimizerParamScheduler& scheduler);
+  // One update with one learning rate for all parameters and the given weight decay for
+  // those that take weight decay (a constant schedule).
   void step(double lr, double weight_decay);
   int64_t steps() const { return step_; }
-  // State tensors for checkpoints: Adam exp_avg / exp_avg_sq, or SGD momentum (second null).
+  // State tensors for checkpoints: Adam exp_avg / exp_avg_sq, or SGD momentum (second null),
+  // compact over the owned segments in order.
   float* state1() const { return state1_.as<float>(); }
   float* state2() const { return state2_.as<float>(); }
   size_t state_bytes() const { return state1_.size() + state2_.size(); }
   void set_steps(int64_t s) { step_ = s; }
 
  private:
+  // A piece of one parameter inside the owned ranges; its state lives at state_offset.
+  struct Segment {
+    int param;
+    int64_t begin, end, state_offset;
+  };
+
+  void update(const Segment& s, double lr, double weight_decay);
+
   ParamBuffer& params_;
   OptimizerConfig cfg_;
+  std::vector<Segment> segments_;
   Storage state1_, state2_;
   int64_t step_ = 0;
 };

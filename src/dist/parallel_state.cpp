@@ -1,0 +1,87 @@
+#include "dist/parallel_state.h"
+
+#include "core/error.h"
+#include "dist/mpi_comm.h"
+
+namespace lattice {
+
+ParallelLayout make_layout(int world, int tp, int pp) {
+  if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;
+  if (pp < 1) LATTICE_FAIL() << "--pipeline-model-parallel-size must be >= 1, got " << pp;
+  if (world % (tp * pp) != 0)
+    LATTICE_FAIL() << "world size " << world << " is not divisible by --tensor-model-parallel-size " << tp
+                   << " x --pipeline-model-parallel-size " << pp;
+  return ParallelLayout{world, tp, pp, world / (tp * pp)};
+}
+
+GroupPlan plan_groups(const ParallelLayout& l) {
+  auto rank_of = [&](int tp_r, int dp_r, int pp_r) { return tp_r + l.tp * (dp_r + l.dp * pp_r); };
+  GroupPlan g;
+  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
+    for (int dp_r = 0; dp_r < l.dp; ++dp_r) {
+      std::vector<int> grp;
+      for (int tp_r = 0; tp_r < l.tp; ++tp_r) grp.push_back(rank_of(tp_r, dp_r, pp_r));
+      g.tp.push_back(grp);
+    }
+  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
+    for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
+      std::vector<int> grp;
+      for (int dp_r = 0; dp_r < l.dp; ++dp_r) grp.push_back(rank_of(tp_r, dp_r, pp_r));
+      g.dp.push_back(grp);
+    }
+  for (int dp_r = 0; dp_r < l.dp; ++dp_r)
+    for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
+      std::vector<int> grp;
+      for (int pp_r = 0; pp_r < l.pp; ++pp_r) grp.push_back(rank_of(tp_r, dp_r, pp_r));
+      g.pp.push_back(grp);
+      if (l.pp > 1) g.embedding.push_back({grp.front(), grp.back()});
+    }
+  return g;
+}
+
+std::unique_ptr<ParallelState> ParallelState::single() {
+  auto s = std::make_unique<ParallelState>();
+  s->world_ = make_local_comm("world");
+  s->tp_ = make_local_comm("tp");
+  s->dp_ = make_local_comm("dp");
+  s->pp_ = make_local_comm("pp");
+  return s;
+}
+
+std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double timeout_seconds) {
+  if (!launched_by_mpirun()) {
+    make_layout(1, tp, pp);  // names the flag when tp or pp > 1 cannot fit one process
+    return single();
+  }
+  const int world = mpi_init_world();
+  set_comm_timeout_seconds(timeout_seconds);
+  auto s = std::make_unique<ParallelState>();
+  s->layout_ = make_layout(world, tp, pp);
+  s->world_rank_ = mpi_world_rank();
+  s->uses_mpi_ = true;
+  GroupPlan g = plan_groups(s->layout_);
+  std::vector<int> all;
+  for (int r = 0; r < world; ++r) all.push_back(r);
+  s->world_ = make_mpi_comm("world", {all});
+  s->tp_ = make_mpi_comm("tp", g.tp);
+  s->dp_ = make_mpi_comm("dp", g.dp);
+  s->pp_ = make_mpi_comm("pp", g.pp);
+  return s;
+}
+
+CommStats ParallelState::total_stats() const {
+  CommStats t;
+  for (const Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get()})
+    for (int i = 0; i < kNumCommOps; ++i) {
+      t.bytes[i] += c->stats().bytes[i];
+      t.calls[i] += c->stats().calls[i];
+      t.seconds[i] += c->stats().seconds[i];
+    }
+  return t;
+}
+
+void ParallelState::reset_stats() {
+  for (Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get()}) c->stats().reset();
+}
+
+}  // namespace lattice

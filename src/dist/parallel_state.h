@@ -1,0 +1,58 @@
+// ParallelState: the process groups of a run, in Megatron's rank order "tp-cp-ep-dp-pp"
+// (tensor-parallel rank varies fastest, so TP peers are neighbours):
+//   world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)        (cp = ep = 1)
+// One communicator per group: tp, dp, pp, and the embedding group (first and last
+// pipeline stage of the same tp/dp position). Every layer receives the groups it
+// needs; nothing reaches for a global.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "dist/comm.h"
+
+namespace lattice {
+
+struct ParallelLayout {
+  int world = 1, tp = 1, pp = 1, dp = 1;
+};
+
+// The layout for `world` ranks, or an error naming the flag that cannot work.
+ParallelLayout make_layout(int world, int tp, int pp);
+
+// Group membership (world ranks) for every group of each kind, in Megatron's order.
+struct GroupPlan {
+  std::vector<std::vector<int>> tp, dp, pp, embedding;
+};
+GroupPlan plan_groups(const ParallelLayout& layout);
+
+class ParallelState {
+ public:
+  // Builds the groups: over MPI when the process was launched by mpirun, else a
+  // one-process state (which needs tp = pp = 1).
+  static std::unique_ptr<ParallelState> create(int tp, int pp, double timeout_seconds);
+  // A one-process state without MPI (tests, the library quickstart).
+  static std::unique_ptr<ParallelState> single();
+
+  const ParallelLayout& layout() const { return layout_; }
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return layout_.world; }
+  int tp_rank() const { return tp_->rank(); }
+  int dp_rank() const { return dp_->rank(); }
+  int pp_rank() const { return pp_->rank(); }
+  Comm& world() { return *world_; }
+  Comm& tp() { return *tp_; }
+  Comm& dp() { return *dp_; }
+  Comm& pp() { return *pp_; }
+  bool uses_mpi() const { return uses_mpi_; }
+  // Sum of every group's counters.
+  CommStats total_stats() const;
+  void reset_stats();
+
+ private:
+  ParallelLayout layout_;
+  int world_rank_ = 0;
+  bool uses_mpi_ = false;
+  std::unique_ptr<Comm> world_, tp_, dp_, pp_;
+};
+
+}  // namespace lattice

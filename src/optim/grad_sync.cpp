@@ -1,0 +1,118 @@
+#include "optim/grad_sync.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "kernels/elementwise.h"
+
+namespace lattice {
+
+int64_t Bucket::shard_begin(int rank) const {
+  int64_t b = begin;
+  for (int r = 0; r < rank; ++r) b += shard_counts[size_t(r)];
+  return b;
+}
+
+int64_t default_bucket_elements(int dp) { return std::max<int64_t>(40000000, int64_t(1000000) * dp); }
+
+std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_elements, int dp) {
+  LATTICE_CHECK(bucket_elements > 0) << "--ddp-bucket-size must be positive";
+  const auto& infos = params.infos();
+  std::vector<Bucket> buckets;
+  Bucket cur;
+  cur.end = params.numel();
+  for (int i = int(infos.size()) - 1; i >= 0; --i) {
+    cur.params.push_back(i);
+    cur.begin = infos[size_t(i)].offset;
+    if (cur.end - cur.begin >= bucket_elements || i == 0) {
+      if (i == 0) cur.begin = 0;
+      cur.shard_counts = even_split(cur.end - cur.begin, dp);
+      buckets.push_back(cur);
+      Bucket next;
+      next.end = cur.begin;
+      cur = next;
+    }
+  }
+  return buckets;
+}
+
+GradSync::GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter)
+    : params_(params), dp_(dp), overlap_(overlap), reduce_scatter_(reduce_scatter) {
+  buckets_ = make_buckets(params, bucket_elements, dp.size());
+  bucket_of_param_.assign(params.infos().size(), -1);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (int p : buckets_[b].params) bucket_of_param_[size_t(p)] = int(b);
+  pending_.assign(buckets_.size(), 0);
+  started_.assign(buckets_.size(), false);
+  requests_.resize(buckets_.size());
+  int64_t owned = 0;
+  for (const Bucket& b : buckets_) owned += b.shard_counts[size_t(dp.rank())];
+  scratch_.resize(size_t(owned));
+}
+
+GradSync::~GradSync() = default;
+
+void GradSync::begin_backward(bool last) {
+  last_ = last;
+  if (!last) return;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = int(buckets_[b].params.size());
+    started_[b] = false;
+  }
+}
+
+void GradSync::grad_ready(int index) {
+  if (!last_ || !overlap_) return;
+  const int b = bucket_of_param_[size_t(index)];
+  if (--pending_[size_t(b)] == 0) start_bucket(size_t(b));
+  // Drive progress of the reductions in flight (MPI progresses inside its calls).
+  for (size_t k = 0; k < buckets_.size(); ++k)
+    if (started_[k] && requests_[k]) requests_[k]->test();
+}
+
+void GradSync::start_bucket(size_t b) {
+  const Bucket& bk = buckets_[b];
+  float* g = params_.grads() + bk.begin;
+  const int64_t n = bk.end - bk.begin;
+  if (dp_.size() > 1) scale_inplace(g, 1.0f / float(dp_.size()), n);  // Megatron's pre-scaling
+  if (reduce_scatter_) {
+    int64_t off = 0;
+    for (size_t k = 0; k < b; ++k) off += buckets_[k].shard_counts[size_t(dp_.rank())];
+    requests_[b] = dp_.ireduce_scatter(g, scratch_.data() + off, bk.shard_counts);
+  } else {
+    requests_[b] = dp_.iall_reduce(g, n);
+  }
+  started_[b] = true;
+}
+
+void GradSync::finish() {
+  Timer t;
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (!started_[b] || !overlap_) start_bucket(b);
+  int64_t off = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    requests_[b]->wait();
+    requests_[b].reset();
+    if (reduce_scatter_) {
+      const Bucket& bk = buckets_[b];
+      const int64_t n = bk.shard_counts[size_t(dp_.rank())];
+      std::memcpy(params_.grads() + bk.shard_begin(dp_.rank()), scratch_.data() + off, size_t(n) * sizeof(float));
+      off += n;
+    }
+    started_[b] = false;
+  }
+  exposed_seconds_ = t.seconds();
+}
+
+std::vector<std::pair<int64_t, int64_t>> GradSync::owned_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> r;
+  for (const Bucket& b : buckets_) {
+    const int64_t s = b.shard_begin(dp_.rank());
+    r.emplace_back(s, s + b.shard_counts[size_t(dp_.rank())]);
+  }
+  return r;
+}
+
+}  // namespace lattice

@@ -1,0 +1,66 @@
+// Data-parallel gradient synchronisation over the flat gradient buffer, as Megatron's
+// DistributedDataParallel: the buffer is cut into buckets (in backward order: the last
+// parameters first), gradients are pre-scaled by 1/DP, and each bucket is all-reduced
+// (or, with the distributed optimizer, reduce-scattered so that each DP rank ends with
+// the summed gradient of its shard of every bucket). With overlap, a bucket's
+// non-blocking reduction starts as soon as all of its gradients are final in the last
+// micro-batch's backward.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dist/comm.h"
+#include "optim/param_buffer.h"
+
+namespace lattice {
+
+struct Bucket {
+  int64_t begin = 0, end = 0;          // element range of the flat buffer
+  std::vector<int> params;             // parameter indices it covers
+  std::vector<int64_t> shard_counts;   // per DP rank: elements of [begin, end) it owns
+  int64_t shard_begin(int rank) const; // first element owned by `rank`
+};
+
+// Megatron's default bucket size: max(40M, 1M x DP) elements.
+int64_t default_bucket_elements(int dp);
+
+// Buckets over the buffer, walking parameters from the last registered to the first.
+std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_elements, int dp);
+
+class GradSync {
+ public:
+  GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter);
+  ~GradSync();
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Call before each micro-batch's backward; `last` marks the last micro-batch.
+  void begin_backward(bool last);
+  // The gradient of parameter `index` is final for this micro-batch (called from the
+  // model's backward). In the last micro-batch with overlap, completes buckets start.
+  void grad_ready(int index);
+  // Starts whatever has not started, and waits for every bucket's reduction.
+  void finish();
+  // Seconds spent waiting in finish() in the last step (communication not hidden).
+  double exposed_seconds() const { return exposed_seconds_; }
+  // Elements of the flat buffer this rank owns (the distributed optimizer's shard):
+  // one [begin, end) range per bucket.
+  std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
+
+ private:
+  void start_bucket(size_t b);
+
+  ParamBuffer& params_;
+  Comm& dp_;
+  bool overlap_, reduce_scatter_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_param_;
+  std::vector<int> pending_;        // per bucket: params not yet ready
+  std::vector<bool> started_;
+  std::vector<std::unique_ptr<CommRequest>> requests_;
+  std::vector<float> scratch_;      // reduce-scatter output staging
+  bool last_ = false;
+  double exposed_seconds_ = 0;
+};
+
+}  // namespace lattice
