@@ -12,8 +12,8 @@ TEST(DistGroups, MegatronOrderTpFastestThenDpThenPp) {
   GroupPlan g = plan_groups(make_layout(8, 2, 2));
   EXPECT_EQ(g.tp, (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
   EXPECT_EQ(g.dp, (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
-  EXPECT_EQ(g.pp, (std::vector<std::vector<int>>{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
-  EXPECT_EQ(g.embedding, (std::vector<std::vector<int>>{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
+  EXPECT_EQ(g.pp, (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(g.embedding, (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
 }
 
 TEST(DistGroups, PureDataParallel) {
