@@ -11,6 +11,8 @@
 
 namespace lattice {
 
+class DataParallel;
+
 struct StepConfig {
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 1;
@@ -22,10 +24,21 @@ struct StepConfig {
 struct StepResult {
   double lm_loss = 0;    // mean over micro-batches of each micro-batch's mean token loss
   double grad_norm = 0;  // before clipping
+  bool skipped = false;  // no update was applied (fp16 inf/nan); the LR scheduler must not step
 };
 
-// Runs iteration `iteration` (0-based) on samples [iteration*GBS, (iteration+1)*GBS).
+// Runs iteration `iteration` (0-based) on samples [iteration*GBS, (iteration+1)*GBS); each
+// parameter's learning rate and weight decay come from the scheduler's current state (the
+// caller steps the scheduler by GBS afterwards unless the result is skipped).
+// With `dp`, this rank runs its share of the global batch (data parallelism) and the
+// gradients are reduced over the data-parallel group before clipping.
 StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource& data,
-                      const StepConfig& cfg, int64_t iteration, double lr, double weight_decay);
+                      const StepConfig& cfg, int64_t iteration, const OptimizerParamScheduler& scheduler,
+                      DataParallel* dp = nullptr);
+
+// The same with a constant learning rate and weight decay (none on biases and 1-D params).
+StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource& data,
+                      const StepConfig& cfg, int64_t iteration, double lr, double weight_decay,
+                      DataParallel* dp = nullptr);
 
 }  // namespace lattice

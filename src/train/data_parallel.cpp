@@ -1,0 +1,47 @@
+#include "train/data_parallel.h"
+
+#include "core/error.h"
+
+namespace lattice {
+
+DataParallel::DataParallel(ParamBuffer& params, Comm& dp, const DataParallelConfig& cfg)
+    : params_(params),
+      dp_(dp),
+      cfg_(cfg),
+      sync_(params, dp, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(dp.size()),
+            cfg.overlap_grad_reduce, cfg.distributed_optimizer) {}
+
+int64_t DataParallel::first_sample(int64_t iteration, int64_t global_batch, int64_t micro_batch,
+                                   int64_t m) const {
+  return iteration * global_batch + m * micro_batch * size() + rank() * micro_batch;
+}
+
+ElementRanges DataParallel::owned_ranges() const {
+  if (!cfg_.distributed_optimizer) return {};
+  return sync_.owned_ranges();
+}
+
+void DataParallel::finish_grad_sync() { sync_.finish(); }
+
+double DataParallel::clip_grad_norm(double max_norm) {
+  if (cfg_.distributed_optimizer) return lattice::clip_grad_norm(params_, max_norm, sync_.owned_ranges(), &dp_);
+  return lattice::clip_grad_norm(params_, max_norm);
+}
+
+void DataParallel::start_param_gather() {
+  if (!cfg_.distributed_optimizer) return;
+  for (const Bucket& b : sync_.buckets())
+    gathers_.push_back(dp_.iall_gather(params_.params() + b.begin, b.shard_counts));
+}
+
+void DataParallel::finish_param_gather() {
+  for (auto& g : gathers_) g->wait();
+  gathers_.clear();
+}
+
+double DataParallel::average(double value) {
+  dp_.all_reduce(&value, 1, ReduceOp::sum);
+  return value / double(size());
+}
+
+}  // namespace lattice

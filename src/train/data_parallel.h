@@ -1,0 +1,61 @@
+// Data parallelism for the training step: which samples this DP rank takes, the
+// gradient reduction (all-reduce, or reduce-scatter with the distributed optimizer),
+// the gradient norm across shards, and the parameter all-gather after a sharded update.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dist/comm.h"
+#include "optim/grad_sync.h"
+#include "optim/optimizer.h"
+#include "optim/param_buffer.h"
+
+namespace lattice {
+
+struct DataParallelConfig {
+  bool distributed_optimizer = false;  // --use-distributed-optimizer (ZeRO-1)
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  int64_t bucket_elements = 0;         // 0: Megatron's default
+};
+
+class DataParallel {
+ public:
+  DataParallel(ParamBuffer& params, Comm& dp, const DataParallelConfig& cfg);
+
+  int rank() const { return dp_.rank(); }
+  int size() const { return dp_.size(); }
+  Comm& comm() { return dp_; }
+  const DataParallelConfig& config() const { return cfg_; }
+  GradSync& grad_sync() { return sync_; }
+
+  // Megatron's sampler: micro-step m of an iteration covers MBS x DP consecutive samples
+  // of the global batch, and DP rank r takes the r-th MBS of them. Returns the first
+  // sample of this rank's micro-batch, and the micro-batch's index in the global batch
+  // as a single process would number it (dropout masks are keyed by it).
+  int64_t first_sample(int64_t iteration, int64_t global_batch, int64_t micro_batch, int64_t m) const;
+  int64_t global_micro_batch_index(int64_t m) const { return m * size() + rank(); }
+
+  // The elements this rank's optimizer updates (its shard, or everything).
+  ElementRanges owned_ranges() const;
+
+  // After the last micro-batch's backward: finish the gradient reduction.
+  void finish_grad_sync();
+  // Global gradient norm (before clipping) with clipping applied to the owned elements.
+  double clip_grad_norm(double max_norm);
+  // After the optimizer step: all-gather the updated shards (distributed optimizer).
+  void start_param_gather();
+  void finish_param_gather();
+  // Mean of a per-rank value over the DP group (the logged loss).
+  double average(double value);
+
+ private:
+  ParamBuffer& params_;
+  Comm& dp_;
+  DataParallelConfig cfg_;
+  GradSync sync_;
+  std::vector<std::unique_ptr<CommRequest>> gathers_;
+};
+
+}  // namespace lattice

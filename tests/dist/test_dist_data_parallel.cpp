@@ -1,0 +1,158 @@
+// Data parallelism and the distributed optimizer against the single-process run, with
+// the communication volume read from the byte counters and the optimizer-state memory.
+// Runs under mpirun with 1, 2 and 4 ranks (DP = world size).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "data/gpt_batches.h"
+#include "dist/parallel_state.h"
+#include "model/gpt_model.h"
+#include "optim/optimizer.h"
+#include "train/data_parallel.h"
+#include "train/train_step.h"
+
+namespace lattice {
+namespace {
+
+constexpr int64_t kB = 2, kT = 16, kGBS = 8, kIters = 20;
+constexpr double kLr = 1e-3, kWd = 0.1;
+
+TransformerConfig config(float dropout) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.vocab_size = 64;
+  c.max_position_embeddings = kT;
+  c.hidden_dropout = c.attention_dropout = dropout;
+  c.finalize();
+  return c;
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<float> params;
+  size_t optimizer_state_bytes = 0;
+  int64_t numel = 0;
+  CommStats dp_stats;
+};
+
+// One run of kIters iterations; with `dp` set, data-parallel over the world.
+TrainRun train(float dropout, ParallelState* ps, const DataParallelConfig* dp_cfg) {
+  TransformerConfig c = config(dropout);
+  GPTModel model(c, kB, kT);
+  model.init_parameters(1234);
+  std::unique_ptr<DataParallel> dp;
+  if (dp_cfg) dp = std::make_unique<DataParallel>(model.params(), ps->dp(), *dp_cfg);
+  Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
+  MockSamples data(c.vocab_size, kT, 7);
+  StepConfig sc{kB, kGBS, kT, 1.0, 1234};
+  TrainRun run;
+  if (dp) dp->comm().stats().reset();
+  for (int64_t it = 0; it < kIters; ++it)
+    run.losses.push_back(train_step(model, opt, data, sc, it, kLr, kWd, dp.get()).lm_loss);
+  run.params.assign(model.params().params(), model.params().params() + model.params().numel());
+  run.optimizer_state_bytes = opt.state_bytes();
+  run.numel = model.params().numel();
+  if (dp) run.dp_stats = dp->comm().stats();
+  return run;
+}
+
+void expect_same_run(const TrainRun& got, const TrainRun& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::fabs(want.losses[i])) << "iteration " << i + 1;
+  double max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < want.params.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(double(want.params[i])));
+    max_err = std::max(max_err, std::fabs(double(got.params[i]) - double(want.params[i])));
+  }
+  EXPECT_LE(max_err, 1e-5 * max_ref) << "final parameters";
+}
+
+class DistDataParallel : public ::testing::TestWithParam<float> {
+ protected:
+  void SetUp() override { ps_ = ParallelState::create(1, 1, 120); }
+  std::unique_ptr<ParallelState> ps_;
+};
+
+TEST_P(DistDataParallel, AllReduceMatchesSingleProcess) {
+  TrainRun single = train(GetParam(), nullptr, nullptr);
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 4000;  // several buckets
+  TrainRun dp = train(GetParam(), ps_.get(), &cfg);
+  expect_same_run(dp, single);
+}
+
+TEST_P(DistDataParallel, OverlappedAllReduceMatchesSingleProcess) {
+  TrainRun single = train(GetParam(), nullptr, nullptr);
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 4000;
+  cfg.overlap_grad_reduce = true;
+  TrainRun dp = train(GetParam(), ps_.get(), &cfg);
+  expect_same_run(dp, single);
+}
+
+TEST_P(DistDataParallel, DistributedOptimizerMatchesSingleProcess) {
+  TrainRun single = train(GetParam(), nullptr, nullptr);
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 4000;
+  cfg.distributed_optimizer = true;
+  cfg.overlap_grad_reduce = true;
+  TrainRun dp = train(GetParam(), ps_.get(), &cfg);
+  expect_same_run(dp, single);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dropout, DistDataParallel, ::testing::Values(0.0f, 0.1f));
+
+TEST(DistDataParallelVolume, BytesPerStepAreTheGradientBuffer) {
+  auto ps = ParallelState::create(1, 1, 120);
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 4000;
+  TrainRun ddp = train(0.0f, ps.get(), &cfg);
+  const uint64_t buffer = uint64_t(ddp.numel) * 4;
+  // One all-reduce of the gradient buffer and one of the (double) loss per step.
+  EXPECT_EQ(ddp.dp_stats.bytes[int(CommOp::all_reduce)], uint64_t(kIters) * (buffer + 8));
+  EXPECT_EQ(ddp.dp_stats.bytes[int(CommOp::reduce_scatter)], 0u);
+
+  cfg.distributed_optimizer = true;
+  TrainRun zero = train(0.0f, ps.get(), &cfg);
+  // Reduce-scatter of the gradient buffer plus all-gather of the parameters; the
+  // all-reduces are the gradient norm and the loss (one double each).
+  EXPECT_EQ(zero.dp_stats.bytes[int(CommOp::reduce_scatter)], uint64_t(kIters) * buffer);
+  EXPECT_EQ(zero.dp_stats.bytes[int(CommOp::all_gather)], uint64_t(kIters) * buffer);
+  EXPECT_EQ(zero.dp_stats.bytes[int(CommOp::all_reduce)], uint64_t(kIters) * 16);
+}
+
+TEST(DistDataParallelMemory, OptimizerStateIsShardedOverDp) {
+  auto ps = ParallelState::create(1, 1, 120);
+  const int d = ps->dp().size();
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 4000;
+  cfg.distributed_optimizer = true;
+  TrainRun zero = train(0.0f, ps.get(), &cfg);
+  // Adam's two fp32 moments for this rank's 1/d of the buffer (shards differ by at most
+  // one element per bucket): fp32 params and grads 8 bytes + 8/d bytes per parameter.
+  const double per_rank = 8.0 * double(zero.numel) / d;
+  EXPECT_NEAR(double(zero.optimizer_state_bytes), per_rank, 8.0 * 64);
+  double total = double(zero.optimizer_state_bytes);
+  ps->dp().all_reduce(&total, 1, ReduceOp::sum);
+  EXPECT_EQ(total, 8.0 * double(zero.numel));
+}
+
+TEST(DistDataParallelIdentity, OneRankDistributedOptimizerIsBitIdentical) {
+  auto local = ParallelState::single();
+  TrainRun plain = train(0.1f, nullptr, nullptr);
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 4000;
+  cfg.distributed_optimizer = true;
+  TrainRun zero = train(0.1f, local.get(), &cfg);
+  EXPECT_EQ(plain.losses, zero.losses);
+  EXPECT_EQ(0, std::memcmp(plain.params.data(), zero.params.data(), plain.params.size() * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace lattice
