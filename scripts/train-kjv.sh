@@ -19,6 +19,8 @@ GLOBAL_BATCH_SIZE=${GLOBAL_BATCH_SIZE:-32}
 LR=${LR:-1e-3}
 MIN_LR=${MIN_LR:-1e-3}
 TRAIN_ITERS=${TRAIN_ITERS:-600}
+EVAL_INTERVAL=${EVAL_INTERVAL:-100}
+EVAL_ITERS=${EVAL_ITERS:-5}
 LOG_INTERVAL=${LOG_INTERVAL:-10}
 WEIGHT_DECAY=${WEIGHT_DECAY:-0.1}
 CLIP_GRAD=${CLIP_GRAD:-1.0}
@@ -56,7 +58,7 @@ mkdir -p "$RUN_DIR"
   --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE" \
   --lr "$LR" --min-lr "$MIN_LR" --train-iters "$TRAIN_ITERS" --log-interval "$LOG_INTERVAL" \
   --data-path "$dataset" --tokenizer-type ByteTokenizer \
-  --hidden-dropout 0 --attention-dropout 0 \
+  --hidden-dropout 0 --attention-dropout 0 --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS" \
   --weight-decay "$WEIGHT_DECAY" --clip-grad "$CLIP_GRAD" --adam-beta2 "$ADAM_BETA2" --seed "$SEED" \
   --save "$checkpoint" --metrics-file "$metrics" \
   "$@"

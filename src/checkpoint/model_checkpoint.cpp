@@ -1,74 +1,121 @@
 #include "checkpoint/model_checkpoint.h"
 
-#include <cstdio>
+#include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
-#include "checkpoint/safetensors.h"
 #include "core/error.h"
-
-namespace fs = std::filesystem;
 
 namespace lattice {
 namespace {
 
-constexpr const char* kFormatVersion = "1";
+using json = nlohmann::json;
 
-std::string iter_dir_name(int64_t iteration) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "iter_%07lld", (long long)iteration);
-  return buf;
-}
-
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) LATTICE_FAIL() << tmp.string() << ": cannot open for writing";
-    f << text;
-    f.flush();
-    if (!f) LATTICE_FAIL() << tmp.string() << ": write failed";
-  }
-  fs::rename(tmp, path);
-}
+// The recorded fields with the flag that sets each.
+struct ConfigField {
+  const char* name;
+  const char* flag;
+};
+constexpr ConfigField kConfigFields[] = {
+    {"num_layers", "--num-layers"},
+    {"hidden_size", "--hidden-size"},
+    {"num_attention_heads", "--num-attention-heads"},
+    {"ffn_hidden_size", "--ffn-hidden-size"},
+    {"kv_channels", "--kv-channels"},
+    {"vocab_size", "--vocab-size / --tokenizer-type"},
+    {"padded_vocab_size", "--make-vocab-size-divisible-by"},
+    {"max_position_embeddings", "--max-position-embeddings"},
+    {"layernorm_epsilon", "--norm-epsilon"},
+    {"openai_gelu", "--openai-gelu"},
+    {"untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights"},
+};
 
 }  // namespace
 
+json model_config_json(const TransformerConfig& c) {
+  return {{"num_layers", c.num_layers},
+          {"hidden_size", c.hidden_size},
+          {"num_attention_heads", c.num_attention_heads},
+          {"ffn_hidden_size", c.ffn_hidden_size},
+          {"kv_channels", c.kv_channels},
+          {"vocab_size", c.vocab_size},
+          {"padded_vocab_size", c.padded_vocab_size},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"layernorm_epsilon", c.layernorm_epsilon},
+          {"openai_gelu", c.gelu == GeluKind::tanh},
+          {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights}};
+}
+
+TransformerConfig model_config_from_json(const json& j, const std::string& where) {
+  for (const ConfigField& f : kConfigFields)
+    if (!j.contains(f.name)) LATTICE_FAIL() << where << ": model_config has no '" << f.name << "'";
+  TransformerConfig c;
+  try {
+    c.num_layers = j.at("num_layers");
+    c.hidden_size = j.at("hidden_size");
+    c.num_attention_heads = j.at("num_attention_heads");
+    c.ffn_hidden_size = j.at("ffn_hidden_size");
+    c.kv_channels = j.at("kv_channels");
+    c.vocab_size = j.at("vocab_size");
+    c.padded_vocab_size = j.at("padded_vocab_size");
+    c.max_position_embeddings = j.at("max_position_embeddings");
+    c.layernorm_epsilon = j.at("layernorm_epsilon");
+    c.gelu = j.at("openai_gelu").get<bool>() ? GeluKind::tanh : GeluKind::erf;
+    c.untie_embeddings_and_output_weights = j.at("untie_embeddings_and_output_weights");
+  } catch (const json::exception& e) {
+    LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
+  }
+  c.hidden_dropout = c.attention_dropout = 0;
+  c.finalize();
+  return c;
+}
+
+void check_model_config(const json& saved, const TransformerConfig& c, const std::string& where) {
+  const json now = model_config_json(c);
+  for (const ConfigField& f : kConfigFields) {
+    if (!saved.contains(f.name)) LATTICE_FAIL() << where << ": model_config has no '" << f.name << "'";
+    const json& a = saved[f.name];
+    const json& b = now[f.name];
+    // The epsilon is a float: compare it as one (the JSON holds its double widening).
+    const bool same = a.is_number_float() ? float(a.get<double>()) == float(b.get<double>()) : a == b;
+    if (!same)
+      LATTICE_FAIL() << where << ": the checkpoint's " << f.name << " is " << a.dump() << ", this run's is "
+                     << b.dump() << " (" << f.flag << ")";
+  }
+}
+
+void add_model_tensors(CheckpointWriter& w, const GPTModel& model) {
+  for (const ParamInfo& p : model.params().infos())
+    w.add_tensor(kModelFile, p.name, "F32", p.shape, model.params().params() + p.offset);
+}
+
+void load_model_tensors(const CheckpointReader& r, GPTModel& model) {
+  for (const ParamInfo& p : model.params().infos())
+    r.read_tensor(p.name, "F32", p.shape, model.params().params() + p.offset);
+}
+
 std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const GPTModel& model,
                                   const std::string& args_json) {
-  const TransformerConfig& c = model.config();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) LATTICE_FAIL() << "--save " << dir << ": cannot create directory: " << ec.message();
-  fs::path iter_dir = fs::path(dir) / iter_dir_name(iteration);
-  fs::create_directories(iter_dir, ec);
-  if (ec) LATTICE_FAIL() << iter_dir.string() << ": cannot create directory: " << ec.message();
+  CheckpointWriter w;
+  add_model_tensors(w, model);
+  CheckpointState s;
+  s.iteration = iteration;
+  s.model_config = model_config_json(model.config());
+  s.args = json::parse(args_json);
+  w.set_state(s);
+  return w.save(dir);
+}
 
-  SafetensorsWriter w;
-  for (const ParamInfo& p : model.params().infos())
-    w.add_f32(p.name, p.shape, model.params().params() + p.offset);
-  auto args = nlohmann::json::parse(args_json);
-  nlohmann::json config = {{"num_layers", c.num_layers},
-                           {"hidden_size", c.hidden_size},
-                           {"num_attention_heads", c.num_attention_heads},
-                           {"ffn_hidden_size", c.ffn_hidden_size},
-                           {"kv_channels", c.kv_channels},
-                           {"vocab_size", c.vocab_size},
-                           {"padded_vocab_size", c.padded_vocab_size},
-                           {"max_position_embeddings", c.max_position_embeddings},
-                           {"layernorm_epsilon", c.layernorm_epsilon},
-                           {"openai_gelu", c.gelu == GeluKind::tanh},
-                           {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights}};
-  w.set_metadata("format_version", kFormatVersion);
-  w.set_metadata("iteration", std::to_string(iteration));
-  w.set_metadata("config", config.dump());
-  w.set_metadata("args", args.dump());
-  w.write((iter_dir / "model.safetensors").string());
-  write_text_atomic(fs::path(dir) / "latest_checkpointed_iteration.txt", std::to_string(iteration) + "\n");
-  return iter_dir.string();
+LoadedModel load_model_checkpoint(const std::string& dir, int64_t B) {
+  CheckpointReader r = CheckpointReader::open(dir);
+  const CheckpointState& s = r.state();
+  TransformerConfig c = model_config_from_json(s.model_config, r.iter_dir());
+  LoadedModel out;
+  out.seq_length = s.args.value("seq-length", int64_t(0));
+  out.tokenizer_type = s.args.value("tokenizer-type", std::string());
+  out.iteration = s.iteration;
+  out.model = std::make_unique<GPTModel>(c, B, c.max_position_embeddings);
+  load_model_tensors(r, *out.model);
+  return out;
 }
 
 void load_parameters(GPTModel& model, const std::string& path) {
@@ -86,58 +133,6 @@ void load_parameters(GPTModel& model, const SafetensorsFile& f) {
     std::vector<float> v = f.get_f32(p.name);
     std::memcpy(model.params().params() + p.offset, v.data(), v.size() * sizeof(float));
   }
-}
-
-LoadedModel load_model_checkpoint(const std::string& dir, int64_t B) {
-  fs::path iter_dir = dir;
-  fs::path latest = fs::path(dir) / "latest_checkpointed_iteration.txt";
-  if (fs::exists(latest)) {
-    std::ifstream f(latest);
-    long long it = -1;
-    if (!(f >> it) || it < 0) LATTICE_FAIL() << latest.string() << ": not an iteration number";
-    iter_dir = fs::path(dir) / iter_dir_name(it);
-  }
-  fs::path file = iter_dir / "model.safetensors";
-  if (!fs::exists(file))
-    LATTICE_FAIL() << "--load " << dir << ": no checkpoint (" << file.string() << " does not exist)";
-  SafetensorsFile f = SafetensorsFile::read(file.string());
-  const auto& meta = f.metadata();
-  auto get = [&](const char* key) -> const std::string& {
-    auto it = meta.find(key);
-    if (it == meta.end()) LATTICE_FAIL() << file.string() << ": metadata has no " << key;
-    return it->second;
-  };
-  if (get("format_version") != kFormatVersion)
-    LATTICE_FAIL() << file.string() << ": checkpoint format version " << get("format_version")
-                   << ", this lattice reads " << kFormatVersion;
-  nlohmann::json cj, aj;
-  try {
-    cj = nlohmann::json::parse(get("config"));
-    aj = nlohmann::json::parse(get("args"));
-  } catch (const nlohmann::json::exception& e) {
-    LATTICE_FAIL() << file.string() << ": invalid config metadata: " << e.what();
-  }
-  TransformerConfig c;
-  c.num_layers = cj.at("num_layers");
-  c.hidden_size = cj.at("hidden_size");
-  c.num_attention_heads = cj.at("num_attention_heads");
-  c.ffn_hidden_size = cj.at("ffn_hidden_size");
-  c.kv_channels = cj.at("kv_channels");
-  c.vocab_size = cj.at("vocab_size");
-  c.padded_vocab_size = cj.at("padded_vocab_size");
-  c.max_position_embeddings = cj.at("max_position_embeddings");
-  c.layernorm_epsilon = cj.at("layernorm_epsilon");
-  c.gelu = cj.at("openai_gelu").get<bool>() ? GeluKind::tanh : GeluKind::erf;
-  c.untie_embeddings_and_output_weights = cj.at("untie_embeddings_and_output_weights");
-  c.hidden_dropout = c.attention_dropout = 0;
-  c.finalize();
-  LoadedModel out;
-  out.seq_length = aj.value("seq-length", int64_t(0));
-  out.tokenizer_type = aj.value("tokenizer-type", std::string());
-  out.iteration = std::stoll(get("iteration"));
-  out.model = std::make_unique<GPTModel>(c, B, c.max_position_embeddings);
-  load_parameters(*out.model, f);
-  return out;
 }
 
 }  // namespace lattice

@@ -1,18 +1,37 @@
-// Model weights checkpoint: DIR/iter_NNNNNNN/model.safetensors (every parameter under
-// its Megatron-Core name, the model config and the run's arguments in the metadata)
-// and DIR/latest_checkpointed_iteration.txt, written last. (Optimizer, scheduler, RNG
-// and data state join the checkpoint with the checkpoint issue.)
+// The model part of a checkpoint: every parameter under its Megatron-Core name in
+// model.safetensors, and the TransformerConfig fields that fix the model's shape in
+// checkpoint.json ("model_config"). `lattice generate` loads a model from a checkpoint
+// directory alone.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 
 namespace lattice {
 
-// Returns the iteration directory written.
+inline constexpr const char* kModelFile = "model.safetensors";
+
+// The shape-defining TransformerConfig fields, by their Megatron-Core names.
+nlohmann::json model_config_json(const TransformerConfig& c);
+// Inverse of model_config_json (dropout off: the config of an inference model); `where`
+// names the checkpoint in errors.
+TransformerConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
+// A one-line lattice::Error naming the first field (and its flag) in which the
+// checkpoint's model differs from `c`.
+void check_model_config(const nlohmann::json& saved, const TransformerConfig& c, const std::string& where);
+
+// Stages every parameter of `model` in model.safetensors (one whole-tensor piece each).
+void add_model_tensors(CheckpointWriter& w, const GPTModel& model);
+// Reads every parameter of `model` from the checkpoint (names and shapes must match).
+void load_model_tensors(const CheckpointReader& r, GPTModel& model);
+
+// A weights-only checkpoint DIR/iter_NNNNNNN (no optimizer, scheduler or RNG state);
+// returns the iteration directory.
 std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const GPTModel& model,
                                   const std::string& args_json);
 
@@ -27,7 +46,8 @@ struct LoadedModel {
 // into a model sized for micro-batches of B x seq_length.
 LoadedModel load_model_checkpoint(const std::string& dir, int64_t B = 1);
 
-// Copies every parameter of `model` from a safetensors file (names and shapes must match).
+// Copies every parameter of `model` from a plain safetensors file (names and shapes must
+// match): HuggingFace-style weight files and test fixtures.
 void load_parameters(GPTModel& model, const std::string& safetensors_path);
 void load_parameters(GPTModel& model, const SafetensorsFile& file);
 

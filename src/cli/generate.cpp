@@ -1,8 +1,22 @@
-// `lattice generate --load CKPT --prompt TEXT [--prompt-file F] [--max-new-tokens N]
-//  [--temperature T] [--top-k K] [--top-p P] [--seed S]`: samples text from a trained
-// model, streaming tokens to stdout as they are produced.
+// `lattice generate --load CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]
+//  [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer-type NAME]
+//  [--vocab-file F --merge-file F] [--no-kv-cache]`:
+// samples text from a trained model, streaming each token to stdout as it is produced.
+//
+// Decoding uses a KV cache (GPTInference): the prompt is prefilled once, then each new token
+// runs the layers on that token alone. --no-kv-cache recomputes a full forward over the
+// context for every token instead (the reference the cache is checked against, and the
+// benchmark baseline); both give the same text.
+//
+// Context: positions are absolute (learned), so the context holds at most
+// max_position_embeddings tokens. A longer prompt keeps its last max_position_embeddings
+// tokens; when generation fills the context, it restarts from the last half of it (one new
+// prefill), so long generations cost a prefill every max_position_embeddings/2 tokens.
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,68 +25,153 @@
 #include "cli/subcommands.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "model/gpt_inference.h"
 #include "model/sampling.h"
 
 namespace lattice {
 
 namespace {
 
-void generate_one(GPTModel& model, const Tokenizer& tok, const std::string& prompt,
-                  int64_t max_new_tokens, const SamplingConfig& sc, const PhiloxStream& stream) {
+using Clock = std::chrono::steady_clock;
+
+struct Timing {
+  int64_t prefill_tokens = 0, new_tokens = 0;
+  double prefill_s = 0, decode_s = 0;
+};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Logits of the next token after ids[start:], by the KV cache or by a full forward.
+class NextTokenLogits {
+ public:
+  NextTokenLogits(GPTModel& model, bool kv_cache) : model_(model) {
+    if (kv_cache) cache_ = std::make_unique<GPTInference>(model);
+  }
+
+  // Appends to the cache what it lacks of ids[start:] (everything, after the context moved).
+  // Returns the number of tokens run through the model (its prefill size).
+  int64_t compute(const std::vector<int32_t>& ids, int64_t start, float* logits) {
+    const int64_t T = int64_t(ids.size()) - start;
+    if (!cache_) {
+      model_.forward_last_logits(ids.data() + start, T, logits);
+      return T;
+    }
+    if (start != cached_start_) {
+      cache_->reset();
+      cached_start_ = start;
+    }
+    const int64_t n = T - cache_->length();
+    cache_->append(ids.data() + start + cache_->length(), n, logits);
+    return n;
+  }
+
+  void restart() { cached_start_ = -1; }
+
+ private:
+  GPTModel& model_;
+  std::unique_ptr<GPTInference> cache_;
+  int64_t cached_start_ = -1;
+};
+
+void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer& tok,
+                  const std::string& prompt, int64_t max_new_tokens, const SamplingConfig& sc,
+                  const PhiloxStream& stream, Timing& timing) {
   const TransformerConfig& c = model.config();
+  const int64_t P = c.max_position_embeddings;
   std::vector<int32_t> ids = tok.encode(prompt);
   if (ids.empty()) ids.push_back(tok.eod());
   std::vector<float> logits(static_cast<size_t>(c.padded_vocab_size));
   std::fputs(prompt.c_str(), stdout);
+  std::fflush(stdout);
+  next_logits.restart();
+  int64_t start = std::max<int64_t>(0, int64_t(ids.size()) - P);
+  auto t0 = Clock::now();
+  timing.prefill_tokens += next_logits.compute(ids, start, logits.data());
+  timing.prefill_s += seconds_since(t0);
+  t0 = Clock::now();
   for (int64_t n = 0; n < max_new_tokens; ++n) {
-    // Context: the last max_position_embeddings tokens.
-    const int64_t T = std::min<int64_t>(int64_t(ids.size()), c.max_position_embeddings);
-    model.forward_last_logits(ids.data() + ids.size() - T, T, logits.data());
-    int32_t next = sample_token(logits.data(), c.vocab_size, sc, stream, uint64_t(n));
+    const int32_t next = sample_token(logits.data(), c.vocab_size, sc, stream, uint64_t(n));
     if (next == tok.eod()) break;
     ids.push_back(next);
-    std::string piece = tok.decode({next});
+    const std::string piece = tok.decode({next});
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
+    ++timing.new_tokens;
+    if (n + 1 == max_new_tokens) break;  // no logits needed after the last token
+    if (int64_t(ids.size()) - start > P) start = int64_t(ids.size()) - std::max<int64_t>(1, P / 2);
+    next_logits.compute(ids, start, logits.data());
   }
+  timing.decode_s += seconds_since(t0);
   std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+int64_t integer_flag(const SimpleFlags& f, const std::string& name, int64_t fallback, int64_t min) {
+  const double v = f.number(name, double(fallback));
+  if (v != std::floor(v) || v < double(min))
+    LATTICE_FAIL() << "--" << name << " must be an integer >= " << min << ", got " << f.get(name, "");
+  return int64_t(v);
+}
+
+std::vector<std::string> read_prompts(const SimpleFlags& f) {
+  std::vector<std::string> prompts;
+  if (f.has("prompt")) prompts.push_back(f.get("prompt", ""));
+  if (f.has("prompt-file")) {
+    const std::string path = f.get("prompt-file", "");
+    std::ifstream in(path);
+    if (!in) LATTICE_FAIL() << "--prompt-file " << path << ": cannot open";
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) prompts.push_back(line);
+    if (in.bad()) LATTICE_FAIL() << "--prompt-file " << path << ": read failed";
+  }
+  if (prompts.empty()) LATTICE_FAIL() << "give --prompt TEXT or --prompt-file FILE (one prompt per non-empty line)";
+  return prompts;
 }
 
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
-  SimpleFlags f = parse_simple_flags(
-      argc, argv, 2, {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k", "top-p", "seed"},
-      {});
+  SimpleFlags f = parse_simple_flags(argc, argv, 2,
+                                     {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k",
+                                      "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file"},
+                                     {"no-kv-cache"});
   const std::string load = f.required("load");
-  std::vector<std::string> prompts;
-  if (f.has("prompt")) prompts.push_back(f.get("prompt", ""));
-  if (f.has("prompt-file")) {
-    std::ifstream in(f.get("prompt-file", ""));
-    if (!in) LATTICE_FAIL() << "--prompt-file " << f.get("prompt-file", "") << ": cannot open";
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty()) prompts.push_back(line);
-  }
-  if (prompts.empty()) LATTICE_FAIL() << "give --prompt TEXT or --prompt-file FILE";
+  const std::vector<std::string> prompts = read_prompts(f);
   SamplingConfig sc;
   sc.temperature = float(f.number("temperature", 1.0));
-  sc.top_k = int64_t(f.number("top-k", 0));
+  sc.top_k = integer_flag(f, "top-k", 0, 0);
   sc.top_p = float(f.number("top-p", 1.0));
-  if (sc.temperature < 0) LATTICE_FAIL() << "--temperature must be >= 0";
-  if (sc.top_k < 0) LATTICE_FAIL() << "--top-k must be >= 0";
+  if (!(sc.temperature >= 0)) LATTICE_FAIL() << "--temperature must be >= 0";
   if (!(sc.top_p > 0 && sc.top_p <= 1)) LATTICE_FAIL() << "--top-p must be in (0, 1]";
-  const int64_t max_new = int64_t(f.number("max-new-tokens", 100));
-  if (max_new < 0) LATTICE_FAIL() << "--max-new-tokens must be >= 0";
-  const uint64_t seed = uint64_t(f.number("seed", 1234));
+  const int64_t max_new = integer_flag(f, "max-new-tokens", 100, 0);
+  const uint64_t seed = uint64_t(integer_flag(f, "seed", 1234, 0));
 
   LoadedModel lm = load_model_checkpoint(load, 1);
-  if (lm.tokenizer_type.empty())
-    LATTICE_FAIL() << "--load " << load << ": the checkpoint names no tokenizer (trained on pre-tokenised data)";
-  auto tok = make_tokenizer(lm.tokenizer_type, "", "");
+  const std::string tok_type = f.get("tokenizer-type", lm.tokenizer_type);
+  if (tok_type.empty())
+    LATTICE_FAIL() << "--load " << load
+                   << ": the checkpoint names no tokenizer (trained on pre-tokenised data); give --tokenizer-type";
+  auto tok = make_tokenizer(tok_type, f.get("vocab-file", ""), f.get("merge-file", ""));
+  if (tok->vocab_size() > lm.model->config().vocab_size)
+    LATTICE_FAIL() << "--tokenizer-type " << tok_type << " has " << tok->vocab_size()
+                   << " tokens, more than the model's vocabulary of " << lm.model->config().vocab_size;
+
+  const bool kv_cache = !f.has("no-kv-cache");
+  NextTokenLogits next_logits(*lm.model, kv_cache);
+  Timing timing;
   for (size_t i = 0; i < prompts.size(); ++i) {
     PhiloxStream stream{seed, fnv1a32("generate"), uint32_t(i), 0};
-    generate_one(*lm.model, *tok, prompts[i], max_new, sc, stream);
+    generate_one(*lm.model, next_logits, *tok, prompts[i], max_new, sc, stream, timing);
   }
+  std::fprintf(stderr,
+               "generate: %zu prompt(s), prefill %lld tokens in %.1f ms, %lld new tokens in %.1f ms "
+               "(%.2f tokens/s, %s)\n",
+               prompts.size(), (long long)timing.prefill_tokens, timing.prefill_s * 1e3,
+               (long long)timing.new_tokens, timing.decode_s * 1e3,
+               timing.decode_s > 0 ? double(timing.new_tokens) / timing.decode_s : 0.0,
+               kv_cache ? "KV cache" : "full forward per token");
   return 0;
 }
 

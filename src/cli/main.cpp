@@ -3,9 +3,12 @@
 #include <cstring>
 #include <string>
 
+#include "cli/data_cmd.h"
 #include "cli/simple_flags.h"
 #include "cli/subcommands.h"
+#include "cli/tokenize.h"
 #include "core/error.h"
+#include "data/merge_datasets.h"
 #include "data/preprocess.h"
 #include "train/arguments.h"
 #include "train/loss_plot.h"
@@ -38,8 +41,12 @@ const char* kUsage =
     "commands:\n"
     "  train       train a GPT model (lattice train --help lists the flags)\n"
     "  preprocess  jsonl -> Megatron .bin/.idx dataset\n"
+    "  merge-datasets  concatenate .bin/.idx datasets into one\n"
     "  generate    sample text from a checkpoint\n"
-    "  plot        loss curve (SVG) from a --metrics-file\n";
+    "  convert     HuggingFace GPT-2 <-> lattice checkpoint\n"
+    "  data        inspect a dataset: 'data samples' (the training sample order), 'data info'\n"
+    "  plot        loss curve (SVG) from a --metrics-file\n"
+    "  schedule    the learning-rate/weight-decay schedule of a train command line (CSV, --plot SVG)\n";
 
 }  // namespace
 
@@ -52,8 +59,13 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") return lattice::cmd_train(argc, argv);
     if (cmd == "preprocess") return lattice::run_preprocess(argc - 1, argv + 1);
+    if (cmd == "merge-datasets") return lattice::run_merge_datasets(argc - 1, argv + 1);
+    if (cmd == "tokenize") return lattice::cmd_tokenize(argc - 1, argv + 1);
     if (cmd == "generate") return lattice::cmd_generate(argc, argv);
+    if (cmd == "convert") return lattice::cmd_convert(argc, argv);
+    if (cmd == "data") return lattice::cmd_data(argc, argv);
     if (cmd == "plot") return lattice::cmd_plot(argc, argv);
+    if (cmd == "schedule") return lattice::cmd_schedule(argc, argv);
     std::fprintf(stderr, "lattice: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const lattice::Error& e) {

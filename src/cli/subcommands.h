@@ -6,6 +6,8 @@ namespace lattice {
 
 int cmd_train(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_convert(int argc, char** argv);
 int cmd_plot(int argc, char** argv);
+int cmd_schedule(int argc, char** argv);
 
 }  // namespace lattice

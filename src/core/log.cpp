@@ -2,7 +2,14 @@
 
 namespace lattice {
 
+namespace {
+bool g_log_info = true;
+}
+
+void set_log_info_enabled(bool enabled) { g_log_info = enabled; }
+
 void log_info(const std::string& msg) {
+  if (!g_log_info) return;
   std::fputs(msg.c_str(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);

@@ -19,8 +19,9 @@ class SampleSource {
 };
 
 // Samples in document order from an indexed dataset (all documents back to back,
-// sample i = tokens [i*S, i*S + S]); wraps around when the data is exhausted.
-// (The shuffled GPTDataset order is the data issue's.)
+// sample i = tokens [i*S, i*S + S]); wraps around when the data is exhausted. Training
+// uses Megatron's shuffled order (GPTDataset, data/gpt_dataset.h); this stays for
+// library users who want the plain order.
 class SequentialSamples : public SampleSource {
  public:
   SequentialSamples(std::shared_ptr<IndexedDataset> ds, int64_t seq_length);

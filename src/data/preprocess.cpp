@@ -1,29 +1,33 @@
-// `lattice preprocess`: jsonl -> .bin/.idx. The input is streamed in chunks of lines; each
-// chunk is parsed and tokenized by --workers threads, then written in input order, so the
-// output does not depend on the worker count and memory stays bounded by the chunk size.
+// `lattice preprocess`: jsonl -> .bin/.idx. Three stages run at once:
+//   reader (1 thread)   the input, in line-aligned chunks of ~1 MB (plain or gzip)
+//   workers (--workers) parse + tokenize whole chunks (encode_chunk)
+//   writer (this thread) appends the encoded chunks to the datasets in input order
+// At most 2*workers+2 chunks are in flight (read and not yet written), which bounds memory
+// whatever the input size, and the output does not depend on the worker count.
 #include "data/preprocess.h"
 
-#include <sys/stat.h>
-
-#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <deque>
+#include <exception>
+#include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "core/error.h"
 #include "data/indexed_dataset.h"
+#include "data/preprocess_encode.h"
+#include "data/preprocess_progress.h"
+#include "data/preprocess_reader.h"
 #include "data/tokenizer.h"
 
 namespace lattice {
 
 namespace {
-
-constexpr size_t kChunkLines = 4096;
-constexpr size_t kChunkBytes = size_t(64) << 20;
 
 int parse_positive_int(const std::string& flag, const std::string& v) {
   size_t used = 0;
@@ -38,54 +42,102 @@ int parse_positive_int(const std::string& flag, const std::string& v) {
   return int(x);
 }
 
-// One document: per key, its sequences (Megatron's sentences).
-using EncodedDoc = std::vector<std::vector<std::vector<int32_t>>>;
-
-struct EncodedLine {
-  EncodedDoc doc;
-  std::optional<std::string> error;
+// The queues between the stages, under one lock (a chunk is ~1 MB of work: contention is nil).
+struct Pipeline {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<LineChunk> todo;             // read, waiting for a worker
+  std::map<int64_t, EncodedChunk> done;   // encoded, waiting for the writer
+  int64_t in_flight = 0;                  // read and not yet written
+  int64_t max_in_flight = 0;
+  int64_t chunks_read = 0;
+  bool reader_done = false;
+  bool stop = false;                      // the writer failed: everyone leaves
+  std::exception_ptr reader_error;
 };
 
-EncodedLine encode_line(const std::string& line, int64_t line_no, const PreprocessOptions& opt,
-                        const Tokenizer& tok) {
-  EncodedLine r;
-  const std::string where = opt.input + " line " + std::to_string(line_no) + ": ";
-  nlohmann::json j;
+void reader_loop(Pipeline& p, JsonlChunkReader& in, size_t chunk_bytes) {
   try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
-    r.error = where + "malformed JSON at column " + std::to_string(e.byte);
-    return r;
-  }
-  if (!j.is_object()) {
-    r.error = where + "expected a JSON object, got " + j.type_name();
-    return r;
-  }
-  r.doc.resize(opt.json_keys.size());
-  for (size_t k = 0; k < opt.json_keys.size(); ++k) {
-    const std::string& key = opt.json_keys[k];
-    auto it = j.find(key);
-    if (it == j.end()) {
-      r.error = where + "missing key '" + key + "' (from --json-keys)";
-      return r;
+    while (true) {
+      {
+        std::unique_lock lk(p.mu);
+        p.cv.wait(lk, [&] { return p.stop || p.in_flight < p.max_in_flight; });
+        if (p.stop) return;
+      }
+      LineChunk chunk;
+      if (!in.next(&chunk, chunk_bytes)) break;
+      std::lock_guard lk(p.mu);
+      p.todo.push_back(std::move(chunk));
+      ++p.in_flight;
+      ++p.chunks_read;
+      p.cv.notify_all();
     }
-    std::vector<const std::string*> sentences;
-    if (it->is_string()) {
-      sentences.push_back(it->get_ptr<const std::string*>());
-    } else if (it->is_array() && std::all_of(it->begin(), it->end(), [](const auto& e) { return e.is_string(); })) {
-      for (const auto& e : *it) sentences.push_back(e.template get_ptr<const std::string*>());
-    } else {
-      r.error = where + "key '" + key + "' is " + it->type_name() + ", expected a string or a list of strings";
-      return r;
-    }
-    auto& seqs = r.doc[k];
-    for (const std::string* s : sentences) {
-      std::vector<int32_t> ids = tok.encode(*s);
-      if (!ids.empty()) seqs.push_back(std::move(ids));
-    }
-    if (opt.append_eod && !seqs.empty()) seqs.back().push_back(tok.eod());
+  } catch (...) {
+    std::lock_guard lk(p.mu);
+    p.reader_error = std::current_exception();
   }
-  return r;
+  std::lock_guard lk(p.mu);
+  p.reader_done = true;
+  p.cv.notify_all();
+}
+
+void worker_loop(Pipeline& p, const PreprocessOptions& opt, const Tokenizer& tok) {
+  while (true) {
+    LineChunk chunk;
+    {
+      std::unique_lock lk(p.mu);
+      p.cv.wait(lk, [&] { return p.stop || !p.todo.empty() || p.reader_done; });
+      if (p.stop || p.todo.empty()) return;
+      chunk = std::move(p.todo.front());
+      p.todo.pop_front();
+    }
+    EncodedChunk enc;
+    try {
+      enc = encode_chunk(chunk, opt, tok);
+    } catch (const std::exception& e) {
+      enc.index = chunk.index;
+      enc.error = opt.input + " line " + std::to_string(chunk.first_line_no) + " onwards: " + e.what();
+    }
+    std::lock_guard lk(p.mu);
+    p.done.emplace(enc.index, std::move(enc));
+    p.cv.notify_all();
+  }
+}
+
+// Joins the threads on every way out of preprocess(), telling them to stop first.
+struct ThreadGroup {
+  Pipeline& p;
+  std::vector<std::thread> threads;
+  ~ThreadGroup() {
+    {
+      std::lock_guard lk(p.mu);
+      p.stop = true;
+    }
+    p.cv.notify_all();
+    for (auto& t : threads) t.join();
+  }
+};
+
+void write_chunk(const EncodedChunk& c, std::vector<std::unique_ptr<IndexedDatasetBuilder>>& builders,
+                 PreprocessStats& stats) {
+  for (size_t k = 0; k < builders.size(); ++k) {
+    const EncodedChunk::Key& key = c.keys[k];
+    const int32_t* tokens = key.tokens.data();
+    size_t seq = 0;
+    for (int32_t n_seqs : key.doc_seqs) {
+      for (int32_t s = 0; s < n_seqs; ++s, ++seq) {
+        builders[k]->add_item(tokens, key.seq_lengths[seq]);
+        tokens += key.seq_lengths[seq];
+      }
+      builders[k]->end_document();
+    }
+    stats.tokens += int64_t(key.tokens.size());
+  }
+  stats.documents += c.documents;
+  stats.empty_documents += c.empty_documents;
+  stats.input_bytes += c.input_bytes;
+  if (c.bad_lines && stats.bad_lines == 0) stats.first_bad_line = c.first_bad_line;
+  stats.bad_lines += c.bad_lines;
 }
 
 }  // namespace
@@ -103,6 +155,10 @@ PreprocessOptions parse_preprocess_args(int argc, char** argv) {
       if (inline_value) return *inline_value;
       if (i + 1 >= argc || std::strncmp(argv[i + 1], "--", 2) == 0) LATTICE_FAIL() << flag << ": missing value";
       return argv[++i];
+    };
+    auto a_switch = [&](bool* target) {
+      if (inline_value) LATTICE_FAIL() << flag << " takes no value";
+      *target = true;
     };
     if (flag == "--input") {
       opt.input = value();
@@ -125,8 +181,15 @@ PreprocessOptions parse_preprocess_args(int argc, char** argv) {
     } else if (flag == "--workers") {
       opt.workers = parse_positive_int("--workers", value());
     } else if (flag == "--append-eod") {
-      if (inline_value) LATTICE_FAIL() << "--append-eod takes no value";
-      opt.append_eod = true;
+      a_switch(&opt.append_eod);
+    } else if (flag == "--skip-bad-lines") {
+      a_switch(&opt.skip_bad_lines);
+    } else if (flag == "--keep-newlines") {
+      a_switch(&opt.keep_newlines);
+    } else if (flag == "--no-progress") {
+      bool off = false;
+      a_switch(&off);
+      opt.progress = false;
     } else {
       LATTICE_FAIL() << "unknown flag '" << argv[i] << "' (see lattice preprocess --help)";
     }
@@ -144,13 +207,10 @@ std::string preprocess_output_prefix(const PreprocessOptions& opt, const std::st
 
 PreprocessStats preprocess(const PreprocessOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
+  LATTICE_CHECK(opt.workers >= 1 && opt.chunk_bytes >= 1) << "preprocess: workers " << opt.workers << ", chunk bytes "
+                                                           << opt.chunk_bytes;
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(opt.tokenizer_type, opt.vocab_file, opt.merge_file);
-
-  struct stat st {};
-  if (::stat(opt.input.c_str(), &st) != 0) LATTICE_FAIL() << opt.input << ": cannot open: " << std::strerror(errno);
-  if (S_ISDIR(st.st_mode)) LATTICE_FAIL() << opt.input << ": is a directory, expected a .jsonl file";
-  std::ifstream in(opt.input, std::ios::binary);
-  if (!in) LATTICE_FAIL() << opt.input << ": cannot open: " << std::strerror(errno);
+  JsonlChunkReader in(opt.input);
 
   // Builders remove their temporary files if anything below throws.
   const IndexDTypeCode dtype = index_dtype_for_vocab(tok->vocab_size());
@@ -159,54 +219,38 @@ PreprocessStats preprocess(const PreprocessOptions& opt) {
     builders.push_back(std::make_unique<IndexedDatasetBuilder>(preprocess_output_prefix(opt, key), dtype));
 
   PreprocessStats stats;
-  std::vector<std::string> lines;
-  std::vector<int64_t> line_nos;
-  std::vector<EncodedLine> encoded;
-  int64_t line_no = 0;
-  std::string line;
-  bool eof = false;
-  while (!eof) {
-    lines.clear();
-    line_nos.clear();
-    size_t chunk_bytes = 0;
-    while (lines.size() < kChunkLines && chunk_bytes < kChunkBytes) {
-      if (!std::getline(in, line)) {
-        eof = true;
-        break;
-      }
-      ++line_no;
-      stats.input_bytes += int64_t(line.size()) + 1;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.find_first_not_of(" \t") == std::string::npos) continue;
-      chunk_bytes += line.size();
-      lines.push_back(std::move(line));
-      line_nos.push_back(line_no);
-    }
-    if (in.bad()) LATTICE_FAIL() << opt.input << ": read failed at line " << line_no + 1;
-
-    const int64_t n = int64_t(lines.size());
-    encoded.assign(size_t(n), EncodedLine{});
-#pragma omp parallel for num_threads(opt.workers) schedule(dynamic, 16)
-    for (int64_t i = 0; i < n; ++i) {
-      try {
-        encoded[i] = encode_line(lines[i], line_nos[i], opt, *tok);
-      } catch (const std::exception& e) {
-        encoded[i].error = opt.input + " line " + std::to_string(line_nos[i]) + ": " + e.what();
-      }
-    }
-
-    for (int64_t i = 0; i < n; ++i) {
-      if (encoded[i].error) LATTICE_FAIL() << *encoded[i].error;
-      for (size_t k = 0; k < builders.size(); ++k) {
-        for (const auto& seq : encoded[i].doc[k]) {
-          builders[k]->add_item(seq.data(), int64_t(seq.size()));
-          stats.tokens += int64_t(seq.size());
+  PreprocessProgress progress(in.file_bytes(), opt.progress);
+  Pipeline p;
+  p.max_in_flight = 2 * int64_t(opt.workers) + 2;
+  {
+    ThreadGroup threads{p, {}};
+    threads.threads.emplace_back(reader_loop, std::ref(p), std::ref(in), opt.chunk_bytes);
+    for (int w = 0; w < opt.workers; ++w)
+      threads.threads.emplace_back(worker_loop, std::ref(p), std::cref(opt), std::cref(*tok));
+    for (int64_t next = 0;; ++next) {
+      EncodedChunk chunk;
+      {
+        std::unique_lock lk(p.mu);
+        p.cv.wait(lk, [&] { return p.done.count(next) || p.reader_error || (p.reader_done && next == p.chunks_read); });
+        auto it = p.done.find(next);
+        if (it == p.done.end()) {
+          if (p.reader_error) std::rethrow_exception(p.reader_error);
+          break;  // every chunk written
         }
-        builders[k]->end_document();
+        chunk = std::move(it->second);
+        p.done.erase(it);
       }
-      ++stats.documents;
+      if (!chunk.error.empty()) LATTICE_FAIL() << chunk.error;
+      write_chunk(chunk, builders, stats);
+      {
+        std::lock_guard lk(p.mu);
+        --p.in_flight;
+      }
+      p.cv.notify_all();
+      progress.update(stats.documents, stats.input_bytes, in.bytes_read(), in.file_bytes_read());
     }
   }
+  progress.finish();
   for (auto& b : builders) b->finalize();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return stats;
@@ -214,8 +258,10 @@ PreprocessStats preprocess(const PreprocessOptions& opt) {
 
 namespace {
 const char* kUsage =
-    "usage: lattice preprocess --input F.jsonl [--json-keys KEY ...] --tokenizer-type ByteTokenizer\n"
-    "                          --output-prefix P [--append-eod] [--workers N] [--vocab-file F] [--merge-file F]\n"
+    "usage: lattice preprocess --input F.jsonl[.gz] [--json-keys KEY ...]\n"
+    "                          --tokenizer-type {ByteTokenizer,GPT2BPETokenizer} [--vocab-file F --merge-file F]\n"
+    "                          --output-prefix P [--append-eod] [--workers N] [--skip-bad-lines]\n"
+    "                          [--keep-newlines] [--no-progress]\n"
     "writes P_<KEY>_document.bin/.idx (Megatron's indexed dataset) for every key (default: text)\n";
 }  // namespace
 
@@ -233,9 +279,17 @@ int run_preprocess(int argc, char** argv) {
     std::string outputs;
     for (const std::string& key : opt.json_keys)
       outputs += (outputs.empty() ? "" : ", ") + preprocess_output_prefix(opt, key) + ".{bin,idx}";
-    std::fprintf(stderr, "lattice preprocess: %lld documents, %lld tokens, %.2f MB in %.2f s (%.2f MB/s) -> %s\n",
-                 (long long)s.documents, (long long)s.tokens, mb, s.seconds, s.seconds > 0 ? mb / s.seconds : 0.0,
-                 outputs.c_str());
+    std::string notes;
+    if (s.empty_documents) notes += ", " + PreprocessProgress::group_thousands(s.empty_documents) + " empty";
+    if (s.bad_lines)
+      notes += ", " + PreprocessProgress::group_thousands(s.bad_lines) + " bad lines skipped (first: " +
+               s.first_bad_line + ")";
+    std::fprintf(stderr,
+                 "lattice preprocess: %s documents%s, %s tokens, %.2f MB in %.2f s (%.2f MB/s, %d workers, "
+                 "peak RSS %.0f MB) -> %s\n",
+                 PreprocessProgress::group_thousands(s.documents).c_str(), notes.c_str(),
+                 PreprocessProgress::group_thousands(s.tokens).c_str(), mb, s.seconds,
+                 s.seconds > 0 ? mb / s.seconds : 0.0, opt.workers, peak_rss_mb(), outputs.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lattice preprocess: error: %s\n", e.what());

@@ -1,11 +1,14 @@
 // `lattice preprocess`: jsonl -> Megatron .bin/.idx, as Megatron's tools/preprocess_data.py.
-//   lattice preprocess --input F.jsonl --json-keys text [KEY ...] --tokenizer-type ByteTokenizer
-//                      --output-prefix P [--append-eod] [--workers N] [--vocab-file F --merge-file F]
+//   lattice preprocess --input F.jsonl[.gz] --json-keys text [KEY ...]
+//                      --tokenizer-type {ByteTokenizer,GPT2BPETokenizer} [--vocab-file F --merge-file F]
+//                      --output-prefix P [--append-eod] [--workers N] [--skip-bad-lines] [--keep-newlines]
 // writes P_<key>_document.bin/.idx for every key: one document per jsonl line; a string value
 // is one sequence, a list of strings is one sequence per non-empty string (Megatron's
 // sentences); with --append-eod the end-of-document id is appended to the last sequence of
 // every non-empty document. An empty document adds no sequence but still ends a document,
 // as Megatron's builder does. Blank lines are skipped.
+// The input is streamed (memory does not grow with its size), tokenized by N worker threads and
+// written in input order, so the output is the same for every N.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,12 +24,23 @@ struct PreprocessOptions {
   std::string output_prefix;
   bool append_eod = false;
   int workers = 1;
+  // A bad line (malformed JSON, invalid UTF-8, not an object, missing key, wrong value type) is
+  // an error naming its line; with skip_bad_lines it is counted, reported and left out.
+  bool skip_bad_lines = false;
+  // Megatron's --keep-newlines matters only with --split-sentences (NLTK), which lattice does not
+  // do: text is always tokenized whole, newlines included. Accepted so Megatron commands run.
+  bool keep_newlines = false;
+  bool progress = true;  // progress line on stderr (see preprocess_progress.h)
+  size_t chunk_bytes = size_t(1) << 20;  // input bytes per unit of work
 };
 
 struct PreprocessStats {
-  int64_t documents = 0;   // jsonl lines read (not blank)
-  int64_t tokens = 0;      // tokens written, over all keys
-  int64_t input_bytes = 0;
+  int64_t documents = 0;        // documents written (jsonl lines that are not blank or skipped)
+  int64_t empty_documents = 0;  // documents with no tokens under any key
+  int64_t tokens = 0;           // tokens written, over all keys
+  int64_t input_bytes = 0;      // uncompressed
+  int64_t bad_lines = 0;        // skipped with skip_bad_lines
+  std::string first_bad_line;   // the first skipped line's error
   double seconds = 0;
 };
 

@@ -1,8 +1,10 @@
 // Tokenizers. ByteTokenizer: ids 0..255 are the bytes, 256 is the end-of-document.
+// GPT2BPETokenizer (OpenAI's byte-level BPE): data/gpt2_bpe_tokenizer.h.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace lattice {
@@ -11,6 +13,11 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // Appends the ids of `text` to *out (no temporary vector on the preprocessing hot path).
+  virtual void encode_append(std::string_view text, std::vector<int32_t>* out) const {
+    const std::vector<int32_t> ids = encode(std::string(text));
+    out->insert(out->end(), ids.begin(), ids.end());
+  }
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual int64_t vocab_size() const = 0;   // unpadded
   virtual int32_t eod() const = 0;
@@ -20,13 +27,15 @@ class Tokenizer {
 class ByteTokenizer : public Tokenizer {
  public:
   std::vector<int32_t> encode(const std::string& text) const override;
+  void encode_append(std::string_view text, std::vector<int32_t>* out) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return 257; }
   int32_t eod() const override { return 256; }
   const char* name() const override { return "ByteTokenizer"; }
 };
 
-// Builds the tokenizer named by --tokenizer-type (error names the flag on an unknown type).
+// Builds the tokenizer named by --tokenizer-type: ByteTokenizer, or GPT2BPETokenizer from
+// --vocab-file and --merge-file. Errors name the flag (unknown type, missing or bad file).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
                                           const std::string& merge_file);
 

@@ -25,12 +25,18 @@ struct AttentionDropout {
   uint64_t first_index = 0;
 };
 
+// document_ids: [B,T] or null. When given, query i attends key j only when j <= i and
+// document_ids[b,i] == document_ids[b,j] (Megatron's --reset-attention-mask, without a
+// T x T mask): masked scores are -inf inside the tiles, and a key tile whose id range
+// misses the query tile's is skipped. Dropout indices are unchanged by the mask.
+
 // out: [B,T,H,D]   lse: [B,H,T] (log-sum-exp of the scaled scores of each query row)
 void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
-                       const AttentionDropout& drop);
+                       const AttentionDropout& drop, const int32_t* document_ids = nullptr);
 
 // dqkv: [B,T,H,3,D] written (not accumulated). Recomputes the probabilities from lse.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, const AttentionShape& s, const AttentionDropout& drop);
+                        const float* lse, const AttentionShape& s, const AttentionDropout& drop,
+                        const int32_t* document_ids = nullptr);
 
 }  // namespace lattice

@@ -71,6 +71,39 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T)
   positions_.resize(size_t(B * T));
   inputs_.resize(size_t(B * T));
   targets_.resize(size_t(B * T));
+  document_ids_.resize(size_t(B * T));
+  loss_mask_.resize(size_t(B * T));
+}
+
+void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
+  LATTICE_CHECK(d.eod >= 0 || !(d.eod_mask_loss || d.reset_position_ids || d.reset_attention_mask))
+      << "document boundaries need an end-of-document token id";
+  docs_ = d;
+}
+
+// Megatron's _get_ltor_masks_and_position_ids on the inputs: the token after an eod at t
+// starts a new document, so t+1 gets position 0 and the next document id.
+void GPTModel::compute_positions(const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T) {
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* in = tokens + b * token_stride;
+    int32_t doc = 0, start = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      positions_[size_t(b * T + t)] = docs_.reset_position_ids ? int32_t(t) - start : int32_t(t);
+      document_ids_[size_t(b * T + t)] = doc;
+      if (in[t] == docs_.eod) {
+        ++doc;
+        start = int32_t(t) + 1;
+      }
+    }
+  }
+}
+
+const float* GPTModel::effective_loss_mask(const float* loss_mask, int64_t B, int64_t T) {
+  if (!docs_.eod_mask_loss) return loss_mask;
+  const int64_t N = B * T;
+  for (int64_t i = 0; i < N; ++i)
+    loss_mask_[size_t(i)] = inputs_[size_t(i)] == docs_.eod ? 0.0f : (loss_mask ? loss_mask[i] : 1.0f);
+  return loss_mask_.data();
 }
 
 GPTModel::~GPTModel() = default;
@@ -167,10 +200,9 @@ void GPTModel::forward_hidden(Activations& a, const int32_t* tokens, int64_t tok
   // Inputs are tokens[b, 0:T] of rows with stride token_stride.
   std::vector<int32_t>& inputs = inputs_;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      inputs[b * T + t] = tokens[b * token_stride + t];
-      positions_[b * T + t] = int32_t(t);
-    }
+    for (int64_t t = 0; t < T; ++t) inputs[b * T + t] = tokens[b * token_stride + t];
+  compute_positions(tokens, token_stride, B, T);
+  const int32_t* doc_ids = docs_.reset_attention_mask ? document_ids_.data() : nullptr;
   embedding_forward(a.resid[0], inputs.data(), positions_.data(), params_.param(wte_),
                     params_.param(wpe_), N, C);
   PhiloxStream emb_stream{key.seed, dropout_stream("embedding.dropout"), uint32_t(key.iteration),
@@ -188,7 +220,7 @@ void GPTModel::forward_hidden(Activations& a, const int32_t* tokens, int64_t tok
                         PhiloxStream{key.seed, dropout_stream(layer_name(l, "core_attention.dropout")),
                                      uint32_t(key.iteration), uint32_t(key.micro_batch)},
                         0};
-    attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, H, D}, ad);
+    attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, H, D}, ad, doc_ids);
     // resid_mid = in + dropout(proj(attn))
     linear_forward(a.d_c1, x.attn, params_.param(p.proj_w), params_.param(p.proj_b), N, C, C);
     PhiloxStream s1{key.seed, dropout_stream(layer_name(l, "self_attention.dropout")),
@@ -221,6 +253,7 @@ void GPTModel::backward_hidden(Activations& a, const int32_t* tokens, int64_t to
   std::memset(a.d_resid, 0, size_t(N * C) * sizeof(float));
   layernorm_backward(a.d_resid, params_.grad(lnf_w_), params_.grad(lnf_b_), a.d_c2,
                      a.resid[cfg_.num_layers], params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, N, C);
+  grads_ready({lnf_w_, lnf_b_});
 
   for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
     const LayerParams& p = layers_[l];
@@ -246,11 +279,14 @@ void GPTModel::backward_hidden(Activations& a, const int32_t* tokens, int64_t to
                         PhiloxStream{key.seed, dropout_stream(layer_name(l, "core_attention.dropout")),
                                      uint32_t(key.iteration), uint32_t(key.micro_batch)},
                         0};
-    attention_backward(a.d_3c, a.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, H, D}, ad);
+    attention_backward(a.d_3c, a.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, H, D}, ad,
+                       docs_.reset_attention_mask ? document_ids_.data() : nullptr);
     linear_backward(a.d_c1, params_.grad(p.qkv_w), params_.grad(p.qkv_b), a.d_3c, x.ln1,
                     params_.param(p.qkv_w), N, C, 3 * C);
     layernorm_backward(a.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), a.d_c1,
                        a.resid[l], params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, N, C);
+    grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,
+                 p.fc1_b, p.fc2_w, p.fc2_b});
   }
   // Embedding: d_resid is d(embedding output after dropout).
   PhiloxStream emb_stream{key.seed, dropout_stream("embedding.dropout"), uint32_t(key.iteration),
@@ -261,6 +297,7 @@ void GPTModel::backward_hidden(Activations& a, const int32_t* tokens, int64_t to
     for (int64_t t = 0; t < T; ++t) inputs[b * T + t] = tokens[b * token_stride + t];
   embedding_backward(params_.grad(wte_), params_.grad(wpe_), a.d_resid, inputs.data(),
                      positions_.data(), N, C);
+  grads_ready({wpe_, wte_});
 }
 
 double GPTModel::forward_backward(const int32_t* tokens, const float* loss_mask, int64_t B,
@@ -273,6 +310,7 @@ double GPTModel::forward_backward(const int32_t* tokens, const float* loss_mask,
   std::vector<int32_t>& targets = targets_;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) targets[b * T + t] = tokens[b * (T + 1) + t + 1];
+  loss_mask = effective_loss_mask(loss_mask, B, T);
   double mask_sum = double(N);
   if (loss_mask) {
     mask_sum = 0;
@@ -286,12 +324,18 @@ double GPTModel::forward_backward(const int32_t* tokens, const float* loss_mask,
   loss = mask_sum > 0 ? loss / mask_sum : 0.0;
   // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout
   gemm_f32(Trans::T, Trans::N, Vp, C, N, 1.0f, a.logits, Vp, a.lnf, C, 1.0f, output_weight_grad(), C);
+  if (out_w_ >= 0) grads_ready({out_w_});
   gemm_f32(Trans::N, Trans::N, N, C, Vp, 1.0f, a.logits, Vp, output_weight(), C, 0.0f, a.d_c2, C);
   backward_hidden(a, tokens, T + 1, B, T, key);
   return loss;
 }
 
 double GPTModel::forward_loss(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T) {
+  const LossSum l = forward_loss_sum(tokens, loss_mask, B, T);
+  return l.count > 0 ? l.sum / l.count : 0.0;
+}
+
+LossSum GPTModel::forward_loss_sum(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T) {
   Activations& a = *acts_;
   const int64_t N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
@@ -302,13 +346,14 @@ double GPTModel::forward_loss(const int32_t* tokens, const float* loss_mask, int
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) targets[b * T + t] = tokens[b * (T + 1) + t + 1];
   cross_entropy_forward(a.losses, a.logits, targets.data(), N, V, Vp);
-  double loss = 0, mask_sum = 0;
+  loss_mask = effective_loss_mask(loss_mask, B, T);
+  LossSum l;
   for (int64_t i = 0; i < N; ++i) {
-    float m = loss_mask ? loss_mask[i] : 1.0f;
-    loss += double(a.losses[i]) * m;
-    mask_sum += m;
+    const float m = loss_mask ? loss_mask[i] : 1.0f;
+    l.sum += double(a.losses[i]) * m;
+    l.count += m;
   }
-  return mask_sum > 0 ? loss / mask_sum : 0.0;
+  return l;
 }
 
 void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float* logits) {

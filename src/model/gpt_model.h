@@ -8,6 +8,7 @@
 // V vocabulary (real), Vp padded vocabulary, L layers, N = B*T.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -23,6 +24,23 @@ struct MicroBatchKey {
   int64_t iteration = 0;
   int64_t micro_batch = 0;   // index of the micro-batch within the global batch
   bool training = true;      // false: no dropout
+};
+
+// Megatron's document-boundary options, computed from the input tokens of each
+// micro-batch (its _get_ltor_masks_and_position_ids): with eod the end-of-document id,
+//   eod_mask_loss:        no loss at positions whose INPUT token is eod
+//   reset_position_ids:   position ids restart at 0 after each eod
+//   reset_attention_mask: a token attends only tokens of its own document (ids passed
+//                         to the attention kernel; no T x T mask is built)
+struct DocumentBoundaries {
+  int32_t eod = -1;
+  bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
+};
+
+// Sum of the masked token losses and of the mask (Megatron reports evaluation losses
+// as sum / count over all tokens of all batches).
+struct LossSum {
+  double sum = 0, count = 0;
 };
 
 class GPTModel {
@@ -48,6 +66,17 @@ class GPTModel {
 
   // Forward and loss only (evaluation). Returns the mean loss.
   double forward_loss(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T);
+  // The same, as the sum of masked losses and the mask's sum (no dropout).
+  LossSum forward_loss_sum(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T);
+
+  // Called during backward with a parameter's index once its gradient is final for the
+  // micro-batch (data parallelism starts bucket reductions from it). Null: no calls.
+  void set_grad_ready_hook(std::function<void(int)> hook) { grad_ready_ = std::move(hook); }
+
+  // Applies to every later forward (training, evaluation, logits). Fails when an option
+  // is on without an eod id.
+  void set_document_boundaries(const DocumentBoundaries& d);
+  const DocumentBoundaries& document_boundaries() const { return docs_; }
 
   // Logits for input tokens [B, T]: writes [B, T, Vp] into logits (caller-owned).
   // Padded columns are left as computed; consumers use the first V.
@@ -77,6 +106,10 @@ class GPTModel {
                       int64_t T, const MicroBatchKey& key);
   void backward_hidden(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B,
                        int64_t T, const MicroBatchKey& key);
+  // Position ids (and document ids) of inputs tokens[b, 0:T] (rows of token_stride).
+  void compute_positions(const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T);
+  // The loss mask to use: loss_mask (or 1) times the eod mask; null when all ones.
+  const float* effective_loss_mask(const float* loss_mask, int64_t B, int64_t T);
   const float* output_weight() const;
   float* output_weight_grad();
 
@@ -85,9 +118,17 @@ class GPTModel {
   ParamBuffer params_;
   int wte_, wpe_, lnf_w_, lnf_b_, out_w_ = -1;
   std::vector<LayerParams> layers_;
+  std::function<void(int)> grad_ready_;
+  void grads_ready(std::initializer_list<int> indices) const {
+    if (grad_ready_)
+      for (int i : indices) grad_ready_(i);
+  }
   Arena arena_;
   std::unique_ptr<Activations> acts_;
   std::vector<int32_t> positions_, inputs_, targets_;  // [B*T] staging
+  DocumentBoundaries docs_;
+  std::vector<int32_t> document_ids_;  // [B*T] with reset_attention_mask
+  std::vector<float> loss_mask_;       // [B*T] with eod_mask_loss
 };
 
 }  // namespace lattice

@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/gpt_dataset.h"
 #include "data/tokenizer.h"
+#include "data/training_data.h"
 
 namespace lattice {
 namespace {
@@ -186,51 +188,8 @@ void reject_unimplemented(const TrainArgs& a) {
   auto reject = [](bool used, const char* flag) {
     if (used) LATTICE_FAIL() << "--" << flag << " is not implemented yet";
   };
-  reject(a.split != d.split, "split");
-  reject(!a.data_cache_path.empty(), "data-cache-path");
-  reject(!a.train_data_path.empty(), "train-data-path");
-  reject(!a.valid_data_path.empty(), "valid-data-path");
-  reject(!a.test_data_path.empty(), "test-data-path");
-  reject(a.eval_interval != d.eval_interval, "eval-interval");
-  reject(a.eval_iters != d.eval_iters, "eval-iters");
-  reject(a.eod_mask_loss, "eod-mask-loss");
-  reject(a.reset_position_ids, "reset-position-ids");
-  reject(a.reset_attention_mask, "reset-attention-mask");
-  reject(a.lr_decay_style != d.lr_decay_style, "lr-decay-style");
-  reject(a.lr_decay_iters != 0, "lr-decay-iters");
-  reject(a.lr_decay_samples != 0, "lr-decay-samples");
-  reject(a.lr_warmup_iters != 0, "lr-warmup-iters");
-  reject(a.lr_warmup_samples != 0, "lr-warmup-samples");
-  reject(a.lr_warmup_fraction != 0, "lr-warmup-fraction");
-  reject(a.lr_warmup_init != 0, "lr-warmup-init");
-  reject(a.lr_wsd_decay_style != d.lr_wsd_decay_style, "lr-wsd-decay-style");
-  reject(a.lr_wsd_decay_iters != 0, "lr-wsd-decay-iters");
-  reject(a.lr_wsd_decay_samples != 0, "lr-wsd-decay-samples");
   reject(a.train_samples != 0, "train-samples");
-  reject(a.start_weight_decay.has_value(), "start-weight-decay");
-  reject(a.end_weight_decay.has_value(), "end-weight-decay");
-  reject(a.weight_decay_incr_style != d.weight_decay_incr_style, "weight-decay-incr-style");
-  reject(a.decoupled_lr.has_value(), "decoupled-lr");
-  reject(a.decoupled_min_lr.has_value(), "decoupled-min-lr");
-  reject(!a.load.empty(), "load");
-  reject(a.save_interval != 0, "save-interval");
-  reject(a.no_save_optim, "no-save-optim");
-  reject(a.no_save_rng, "no-save-rng");
-  reject(a.no_load_optim, "no-load-optim");
-  reject(a.no_load_rng, "no-load-rng");
-  reject(a.finetune, "finetune");
-  reject(a.override_opt_param_scheduler, "override-opt_param-scheduler");
-  reject(a.use_checkpoint_opt_param_scheduler, "use-checkpoint-opt_param-scheduler");
-  reject(a.keep_last_n != 0, "keep-last-n");
-  reject(a.exit_signal_handler, "exit-signal-handler");
-  reject(a.exit_interval != 0, "exit-interval");
-  reject(a.exit_duration_in_mins != 0, "exit-duration-in-mins");
-  reject(a.use_distributed_optimizer, "use-distributed-optimizer");
-  reject(a.overlap_grad_reduce, "overlap-grad-reduce");
-  reject(a.overlap_param_gather, "overlap-param-gather");
-  reject(a.ddp_bucket_size != 0, "ddp-bucket-size");
   reject(a.zero_stage != d.zero_stage, "zero-stage");
-  reject(a.log_comm, "log-comm");
 }
 
 void validate(TrainArgs& a) {
@@ -258,27 +217,41 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "--position-embedding-type " << a.position_embedding_type
                    << " is not supported (learned_absolute)";
   if (a.tensor_model_parallel_size != 1 || a.pipeline_model_parallel_size != 1)
-    LATTICE_FAIL() << "--tensor-model-parallel-size and --pipeline-model-parallel-size must be 1 "
-                      "in a single-process run";
+    LATTICE_FAIL() << "--tensor-model-parallel-size and --pipeline-model-parallel-size other than 1 "
+                      "are not implemented yet";
+  if (a.ddp_bucket_size < 0) LATTICE_FAIL() << "--ddp-bucket-size must be >= 0, got " << a.ddp_bucket_size;
+  if (a.distributed_timeout_minutes <= 0)
+    LATTICE_FAIL() << "--distributed-timeout-minutes must be positive, got " << a.distributed_timeout_minutes;
   if (a.lr < 0) LATTICE_FAIL() << "--lr must be >= 0, got " << a.lr;
   if (a.min_lr < 0) LATTICE_FAIL() << "--min-lr must be >= 0, got " << a.min_lr;
   if (a.weight_decay < 0) LATTICE_FAIL() << "--weight-decay must be >= 0, got " << a.weight_decay;
   if (a.clip_grad < 0) LATTICE_FAIL() << "--clip-grad must be >= 0, got " << a.clip_grad;
   if (a.optimizer != "adam" && a.optimizer != "sgd")
     LATTICE_FAIL() << "--optimizer must be adam or sgd, got " << a.optimizer;
-  if (a.mock_data && !a.data_path.empty())
-    LATTICE_FAIL() << "--mock-data and --data-path are exclusive";
-  if (!a.mock_data && a.data_path.empty())
-    LATTICE_FAIL() << "no training data: give --data-path PREFIX or --mock-data";
-  if (a.data_path.size() > 1)
-    LATTICE_FAIL() << "--data-path: blending several datasets is not supported yet; give one prefix";
+  const bool split_paths = !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();
+  if (a.mock_data && (!a.data_path.empty() || split_paths))
+    LATTICE_FAIL() << "--mock-data and --data-path/--train-data-path are exclusive";
+  if (!a.data_path.empty() && split_paths)
+    LATTICE_FAIL() << "--data-path and --train-data-path/--valid-data-path/--test-data-path are exclusive";
+  if (!a.mock_data && a.data_path.empty() && a.train_data_path.empty())
+    LATTICE_FAIL() << "no training data: give --data-path PREFIX, --train-data-path PREFIX or --mock-data";
+  if (!a.data_path.empty()) parse_blend(a.data_path, "data-path");  // weights > 0, pairs
+  if (!a.train_data_path.empty()) parse_blend(a.train_data_path, "train-data-path");
+  if (!a.valid_data_path.empty()) parse_blend(a.valid_data_path, "valid-data-path");
+  if (!a.test_data_path.empty()) parse_blend(a.test_data_path, "test-data-path");
+  split_ranges(a.split, 0);  // names a malformed --split
+  if (a.eval_interval <= 0) LATTICE_FAIL() << "--eval-interval must be positive, got " << a.eval_interval;
+  if (a.eval_iters < 0) LATTICE_FAIL() << "--eval-iters must be >= 0, got " << a.eval_iters;
+  // Also names an unknown --tokenizer-type or a bad --vocab-file/--merge-file.
+  int64_t tokenizer_vocab_size = 0;
   if (!a.tokenizer_type.empty())
-    make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file);  // names an unknown --tokenizer-type
+    tokenizer_vocab_size = make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file)->vocab_size();
   if (a.tokenizer_type.empty() && a.vocab_size <= 0)
     LATTICE_FAIL() << "--vocab-size is required when no --tokenizer-type is given";
   if (a.num_threads < 0) LATTICE_FAIL() << "--num-threads must be >= 0";
   // Model-shape checks (heads dividing hidden size, ...) live in TransformerConfig.
   TransformerConfig cfg = a.transformer_config();
+  if (tokenizer_vocab_size > 0) cfg.vocab_size = tokenizer_vocab_size;
   cfg.finalize(a.tensor_model_parallel_size);
 }
 

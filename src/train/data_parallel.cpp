@@ -4,12 +4,17 @@
 
 namespace lattice {
 
-DataParallel::DataParallel(ParamBuffer& params, Comm& dp, const DataParallelConfig& cfg)
-    : params_(params),
+DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg)
+    : model_(model),
+      params_(model.params()),
       dp_(dp),
       cfg_(cfg),
-      sync_(params, dp, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(dp.size()),
-            cfg.overlap_grad_reduce, cfg.distributed_optimizer) {}
+      sync_(params_, dp, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(dp.size()),
+            cfg.overlap_grad_reduce, cfg.distributed_optimizer) {
+  model_.set_grad_ready_hook([this](int index) { sync_.grad_ready(index); });
+}
+
+DataParallel::~DataParallel() { model_.set_grad_ready_hook(nullptr); }
 
 int64_t DataParallel::first_sample(int64_t iteration, int64_t global_batch, int64_t micro_batch,
                                    int64_t m) const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dist/comm.h"
+#include "model/gpt_model.h"
 #include "optim/grad_sync.h"
 #include "optim/optimizer.h"
 #include "optim/param_buffer.h"
@@ -22,7 +23,9 @@ struct DataParallelConfig {
 
 class DataParallel {
  public:
-  DataParallel(ParamBuffer& params, Comm& dp, const DataParallelConfig& cfg);
+  // Connects the model's gradient-ready hook to the bucketed reduction.
+  DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg);
+  ~DataParallel();
 
   int rank() const { return dp_.rank(); }
   int size() const { return dp_.size(); }
@@ -51,6 +54,7 @@ class DataParallel {
   double average(double value);
 
  private:
+  GPTModel& model_;
   ParamBuffer& params_;
   Comm& dp_;
   DataParallelConfig cfg_;

@@ -2,20 +2,32 @@
 
 #include <omp.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 
 #include "blas/gemm.h"
-#include "checkpoint/model_checkpoint.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/durable_fs.h"
+#include "checkpoint/training_checkpoint.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/gpt_batches.h"
+#include "dist/parallel_state.h"
 #include "data/tokenizer.h"
+#include "data/training_data.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
+#include "train/evaluation.h"
+#include "train/data_parallel.h"
+#include "train/distributed_setup.h"
 #include "train/flops.h"
+#include "train/lr_schedule.h"
 #include "train/train_step.h"
 
 namespace lattice {
@@ -53,31 +65,140 @@ std::string format_metrics_json(const LogLine& l) {
 
 namespace {
 
-std::unique_ptr<SampleSource> make_training_data(const TrainArgs& args, int64_t vocab_size) {
-  if (args.mock_data) return std::make_unique<MockSamples>(vocab_size, args.seq_length, args.seed);
-  auto ds = std::make_shared<IndexedDataset>(args.data_path[0]);
-  ds->validate_token_ids(vocab_size);
-  return std::make_unique<SequentialSamples>(ds, args.seq_length);
+// --exit-signal-handler: the signal only raises a flag; the loop saves and exits after the
+// iteration in progress, so the checkpoint is a consistent one.
+volatile std::sig_atomic_t g_exit_signal = 0;
+extern "C" void on_exit_signal(int sig) { g_exit_signal = sig; }
+
+void install_exit_signal_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_exit_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// The checkpoint flags' own checks (before any compute).
+void check_checkpoint_flags(const TrainArgs& a) {
+  auto non_negative = [](const char* flag, double v) {
+    if (v < 0) LATTICE_FAIL() << "--" << flag << " must be >= 0, got " << v;
+  };
+  non_negative("save-interval", double(a.save_interval));
+  non_negative("keep-last-n", double(a.keep_last_n));
+  non_negative("exit-interval", double(a.exit_interval));
+  non_negative("exit-duration-in-mins", a.exit_duration_in_mins);
+  if (a.save.empty() && (a.save_interval > 0 || a.keep_last_n > 0 || a.no_save_optim || a.no_save_rng))
+    LATTICE_FAIL() << "--save-interval, --keep-last-n, --no-save-optim and --no-save-rng need --save DIR";
+  if (a.load.empty() && (a.no_load_optim || a.no_load_rng || a.finetune))
+    LATTICE_FAIL() << "--no-load-optim, --no-load-rng and --finetune need --load DIR";
+}
+
+// Loads --load's latest checkpoint (nothing when it holds none: training starts from
+// scratch, so `--save D --load D` auto-resumes) and returns where training continues.
+TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer& optimizer,
+                              OptimizerParamScheduler& scheduler) {
+  const TrainingProgress fresh{0, 0, args.seed};
+  if (args.load.empty()) return fresh;
+  TrainingLoadOptions o{args.load, args.optimizer, !args.no_load_optim, !args.no_load_rng, args.finetune};
+  std::optional<TrainingProgress> p = load_training_checkpoint(o, fresh, model, optimizer, scheduler);
+  if (!p) {
+    log_info("> no checkpoint in " + args.load + " (no " + std::string(kTrackerFile) + "): training from scratch");
+    return fresh;
+  }
+  // Samples are read by index = consumed samples = iteration x global batch size.
+  if (p->consumed_train_samples != p->iteration * args.global_batch_size)
+    LATTICE_FAIL() << "--load " << args.load << ": the checkpoint consumed " << p->consumed_train_samples
+                   << " samples in " << p->iteration << " iterations, which --global-batch-size "
+                   << args.global_batch_size << " does not continue (changing the global batch size on resume "
+                   << "is not supported)";
+  std::ostringstream os;
+  os << "> loaded checkpoint " << args.load << " (iteration " << p->iteration << ", consumed samples "
+     << p->consumed_train_samples << (args.finetune ? ", --finetune: weights only" : "")
+     << (args.no_load_optim ? ", --no-load-optim" : "") << (args.no_load_rng ? ", --no-load-rng" : "") << ")";
+  log_info(os.str());
+  return *p;
+}
+
+// Opens --metrics-file. A resumed run continues the file: lines of iterations after the
+// checkpoint (logged by a run that died before saving again) and a torn last line are
+// dropped, so the file reads as one uninterrupted run.
+std::ofstream open_metrics(const std::string& path, int64_t resumed_iteration) {
+  std::ofstream out;
+  if (path.empty()) return out;
+  if (resumed_iteration > 0) {
+    std::ifstream in(path);
+    std::string kept, line;
+    while (in && std::getline(in, line)) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("iteration") || !j["iteration"].is_number_integer() ||
+          j["iteration"].get<int64_t>() > resumed_iteration)
+        break;
+      kept += line + "\n";
+    }
+    write_file_atomic(path, kept);
+    out.open(path, std::ios::app);
+  } else {
+    out.open(path, std::ios::trunc);
+  }
+  if (!out) LATTICE_FAIL() << "--metrics-file " << path << ": cannot open for writing";
+  return out;
+}
+
+// Why the loop stops early, or "" to go on.
+std::string exit_reason(const TrainArgs& args, int64_t done, std::chrono::steady_clock::time_point start) {
+  if (g_exit_signal) return g_exit_signal == SIGINT ? "received SIGINT" : "received SIGTERM";
+  if (args.exit_interval > 0 && done % args.exit_interval == 0)
+    return "--exit-interval " + std::to_string(args.exit_interval);
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60.0;
+  if (args.exit_duration_in_mins > 0 && minutes > args.exit_duration_in_mins)
+    return "--exit-duration-in-mins " + std::to_string(args.exit_duration_in_mins);
+  return "";
 }
 
 }  // namespace
 
 int run_training(const TrainArgs& args) {
-  const int threads = args.num_threads > 0 ? int(args.num_threads) : omp_get_max_threads();
+  // The schedule first: a bad schedule flag fails before any compute.
+  OptimizerParamScheduler scheduler = get_optimizer_param_scheduler(args);
+  check_checkpoint_flags(args);
+  auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
+                                  args.distributed_timeout_minutes * 60.0);
+  set_log_info_enabled(ps->world_rank() == 0);
+  check_same_config_across_ranks(*ps, args.to_json());
+  const int threads = threads_per_rank(args.num_threads, *ps);
   omp_set_num_threads(threads);
   blas_set_num_threads(threads);
 
   TransformerConfig cfg = args.transformer_config();
+  int32_t eod = -1;
   if (!args.tokenizer_type.empty()) {
     auto tok = make_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file);
     cfg.vocab_size = tok->vocab_size();
+    eod = resolve_eod_token(args, tok.get(), cfg.vocab_size);
+  } else {
+    eod = resolve_eod_token(args, nullptr, cfg.vocab_size);
   }
   cfg.finalize(args.tensor_model_parallel_size);
-  auto data = make_training_data(args, cfg.vocab_size);
+  const TrainingData data = make_training_data(args, cfg.vocab_size);
+  if (!data.summary.empty()) log_info(data.summary.substr(0, data.summary.size() - 1));
 
   GPTModel model(cfg, args.micro_batch_size, args.seq_length);
   model.init_parameters(args.seed);
-  Optimizer optimizer(model.params(), args.optimizer_config());
+  model.set_document_boundaries(
+      DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids, args.reset_attention_mask});
+  if (args.use_distributed_optimizer && ps->dp().size() > 1 && (!args.save.empty() || !args.load.empty()))
+    LATTICE_FAIL() << "--save/--load with --use-distributed-optimizer over " << ps->dp().size()
+                   << " data-parallel ranks is not supported yet (the optimizer state is sharded)";
+  std::unique_ptr<DataParallel> dp;
+  if (ps->dp().size() > 1 || args.use_distributed_optimizer) {
+    DataParallelConfig dcfg;
+    dcfg.distributed_optimizer = args.use_distributed_optimizer;
+    dcfg.overlap_grad_reduce = args.overlap_grad_reduce;
+    dcfg.overlap_param_gather = args.overlap_param_gather;
+    dcfg.bucket_elements = args.ddp_bucket_size;
+    dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg);
+  }
+  Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{});
 
   const double flops = megatron_flops_per_iteration(cfg, args.global_batch_size, args.seq_length);
   const double peak = args.peak_tflops > 0 ? args.peak_tflops : measure_peak_tflops();
@@ -91,22 +212,58 @@ int run_training(const TrainArgs& args) {
                 2.0 * model.num_parameters() * 4 / 1e6, optimizer.state_bytes() / 1e6,
                 model.arena_bytes() / 1e6);
   log_info(hdr);
+  if (ps->world_size() > 1)
+    log_info("> parallel layout: world " + std::to_string(ps->world_size()) + " = tp " +
+             std::to_string(ps->layout().tp) + " x pp " + std::to_string(ps->layout().pp) + " x dp " +
+             std::to_string(ps->layout().dp) + ", " + std::to_string(threads) + " threads per rank");
+  MemoryFootprint mem;
+  mem.parameters = model.num_parameters();
+  mem.param_bytes = mem.grad_bytes = size_t(mem.parameters) * sizeof(float);
+  mem.optimizer_bytes = optimizer.state_bytes();
+  mem.owned_parameters = int64_t(optimizer.state_bytes() / (args.optimizer == "adam" ? 8 : 4));
+  mem.activation_bytes = model.arena_bytes();
+  log_info(format_memory_report(mem, ps->dp().size(), args.use_distributed_optimizer));
 
-  std::ofstream metrics;
-  if (!args.metrics_file.empty()) {
-    metrics.open(args.metrics_file, std::ios::trunc);
-    if (!metrics) LATTICE_FAIL() << "--metrics-file " << args.metrics_file << ": cannot open for writing";
-  }
+  // Load before anything is written: a bad checkpoint leaves every file as it was.
+  const TrainingProgress start = resume_point(args, model, optimizer, scheduler);
+  std::ofstream metrics = open_metrics(ps->world_rank() == 0 ? args.metrics_file : "", start.iteration);
+  if (args.exit_signal_handler) install_exit_signal_handler();
+
+  const TrainingSaveOptions save_opts{args.save,           args.optimizer, !args.no_save_optim,
+                                      !args.no_save_rng,   args.keep_last_n, args.to_json()};
+  int64_t last_saved = -1;
+  // Every data-parallel rank holds the same parameters and optimizer state: rank 0 writes.
+  auto save = [&](int64_t iteration) {
+    const TrainingProgress p{iteration, iteration * args.global_batch_size, start.seed};
+    if (ps->world_rank() == 0)
+      log_info("> saved checkpoint " + save_training_checkpoint(save_opts, p, model, optimizer, scheduler));
+    if (ps->world_size() > 1) ps->world().barrier();
+    last_saved = iteration;
+  };
+
+  // Megatron's valid iterator continues from one evaluation to the next; evaluations
+  // happen at every multiple of --eval-interval, so a resumed run starts it here.
+  const int64_t eval_samples = args.eval_iters * args.global_batch_size;
+  int64_t valid_pos = (start.iteration / args.eval_interval) * eval_samples;
+  auto run_eval = [&](const std::string& prefix, const char* key, const SampleSource& src,
+                      int64_t first, int64_t iteration) {
+    const EvalResult r = evaluate(model, src, first, args.eval_iters, args.global_batch_size,
+                                  args.micro_batch_size);
+    log_info(format_evaluation(prefix, r));
+    if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, key, r) << "\n" << std::flush;
+  };
 
   StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad,
-                      args.seed};
+                      start.seed};
+  const auto train_start = std::chrono::steady_clock::now();
   double interval_loss = 0, interval_ms = 0;
   int64_t interval_iters = 0;
   double last_norm = 0;
-  for (int64_t it = 0; it < args.train_iters; ++it) {
+  for (int64_t it = start.iteration; it < args.train_iters; ++it) {
     Timer timer;
-    // Constant learning rate for now (Megatron's schedules arrive with the scheduler).
-    StepResult r = train_step(model, optimizer, *data, step_cfg, it, args.lr, args.weight_decay);
+    StepResult r = train_step(model, optimizer, *data.train, step_cfg, it, scheduler, dp.get());
+    // Megatron steps the schedule by the samples consumed, and not after a skipped update.
+    if (!r.skipped) scheduler.step(args.global_batch_size);
     interval_ms += timer.ms();
     interval_loss += r.lm_loss;
     last_norm = r.grad_norm;
@@ -120,22 +277,38 @@ int run_training(const TrainArgs& args) {
       l.global_batch_size = args.global_batch_size;
       l.elapsed_ms = interval_ms / double(interval_iters);
       l.tflops_per_gpu = flops / (l.elapsed_ms / 1e3) / 1e12;
-      l.learning_rate = args.lr;
+      l.learning_rate = scheduler.get_lr();  // after the step, as Megatron logs it
       l.lm_loss = interval_loss / double(interval_iters);
       l.loss_scale = 1.0;
       l.grad_norm = last_norm;
       l.tokens_per_sec = double(args.global_batch_size * args.seq_length) / (l.elapsed_ms / 1e3);
       l.mfu_percent = 100.0 * l.tflops_per_gpu / peak;
       log_info(format_log_line(l));
+      if (args.log_comm) {
+        log_info(format_comm_report(ps->total_stats(), interval_iters,
+                                    dp ? dp->grad_sync().exposed_seconds() : 0.0));
+        ps->reset_stats();
+      }
       if (metrics.is_open()) metrics << format_metrics_json(l) << "\n" << std::flush;
       interval_loss = interval_ms = 0;
       interval_iters = 0;
     }
+    if (data.valid && done % args.eval_interval == 0) {
+      run_eval(eval_prefix(done), "val", *data.valid, valid_pos, done);
+      valid_pos += eval_samples;
+    }
+    if (!args.save.empty() && args.save_interval > 0 && done % args.save_interval == 0) save(done);
+    const std::string reason = exit_reason(args, done, train_start);
+    if (!reason.empty()) {
+      if (!args.save.empty() && last_saved != done) save(done);
+      log_info("> exiting after iteration " + std::to_string(done) + ": " + reason);
+      return 0;
+    }
   }
-  if (!args.save.empty()) {
-    std::string dir = save_model_checkpoint(args.save, args.train_iters, model, args.to_json());
-    log_info("> saved checkpoint " + dir);
-  }
+  if (!args.save.empty() && args.train_iters > start.iteration && last_saved != args.train_iters)
+    save(args.train_iters);
+  if (data.valid) run_eval(eval_prefix(args.train_iters, "validation"), "val", *data.valid, valid_pos, args.train_iters);
+  if (data.test) run_eval(eval_prefix(args.train_iters, "test"), "test", *data.test, 0, args.train_iters);
   return 0;
 }
 

@@ -46,7 +46,7 @@ TrainRun train(float dropout, ParallelState* ps, const DataParallelConfig* dp_cf
   GPTModel model(c, kB, kT);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
-  if (dp_cfg) dp = std::make_unique<DataParallel>(model.params(), ps->dp(), *dp_cfg);
+  if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
   Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
   MockSamples data(c.vocab_size, kT, 7);
   StepConfig sc{kB, kGBS, kT, 1.0, 1234};

@@ -11,7 +11,7 @@ cd "$TMP" || exit 1
 # A tiny model; each case adds the rest (repeating a flag is itself an error, so MODEL has no
 # --num-layers and no data flags).
 MODEL=(--hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16
-       --micro-batch-size 2 --train-iters 3 --lr 1e-3)
+       --micro-batch-size 2 --train-iters 3 --lr 1e-3 --eval-iters 0)
 MOCK=(--mock-data --vocab-size 64)
 
 # ---- lattice train: flags ----

@@ -9,7 +9,7 @@ cd "$TMP" || exit 1
 
 TINY=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16
       --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 4 --train-iters 3
-      --lr 1e-3 --min-lr 1e-4 --log-interval 1 --seed 1234)
+      --lr 1e-3 --min-lr 1e-4 --log-interval 1 --seed 1234 --eval-iters 0)
 MOCK=(--mock-data --vocab-size 64)
 
 # run NAME CMD...: runs CMD with stdout/stderr in NAME.out/NAME.err; fails the test on non-zero exit.

@@ -47,12 +47,29 @@ void check_args(const AttentionShape& s, const AttentionDropout& drop) {
       << "attention: dropout probability " << drop.p << " not in [0, 1)";
 }
 
+// Document masking: doc is [T] (this batch row's ids) or null. A query attends a key
+// only when their ids are equal, so a key tile is skipped outright when its id range
+// does not meet the query tile's (for ids that increase along the sequence, as
+// document ids do, that skips every tile of earlier documents).
+struct IdRange {
+  int32_t lo, hi;
+};
+IdRange id_range(const int32_t* doc, int64_t t0, int64_t n) {
+  IdRange r{doc[t0], doc[t0]};
+  for (int64_t t = t0 + 1; t < t0 + n; ++t) {
+    r.lo = std::min(r.lo, doc[t]);
+    r.hi = std::max(r.hi, doc[t]);
+  }
+  return r;
+}
+bool disjoint(const IdRange& a, const IdRange& b) { return a.hi < b.lo || b.hi < a.lo; }
+
 // Forward for one query tile [i0, i0+nq) of one head, over key tiles up to the
 // diagonal, with the online softmax; scratch holds S (kTile^2), O (kTile*D) and the
 // row statistics.
 void forward_tile(float* out, float* lse_bh, const float* qkv, const AttentionShape& s,
-                  const AttentionDropout& drop, int64_t b, int64_t h, int64_t i0, int64_t nq,
-                  float* scratch) {
+                  const AttentionDropout& drop, const int32_t* doc, int64_t b, int64_t h,
+                  int64_t i0, int64_t nq, float* scratch) {
   const HeadView hv = head_view(s, b, h);
   const int64_t D = s.D;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -69,17 +86,25 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const AttentionSh
   }
   std::fill(O, O + nq * D, 0.0f);
   const int64_t i1 = i0 + nq;
+  const IdRange q_ids = doc ? id_range(doc, i0, nq) : IdRange{0, 0};
   for (int64_t j0 = 0; j0 < i1; j0 += kTile) {
     const int64_t nk = std::min(kTile, i1 - j0);
+    if (doc && disjoint(q_ids, id_range(doc, j0, nk))) continue;
     gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, hv.k(qkv, j0),
              hv.ld_qkv, 0.0f, S, kTile);
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t i = i0 + r;
       float* s_r = S + r * kTile;
       const int64_t count = std::clamp<int64_t>(i - j0 + 1, 0, nk);  // causal: keys j <= i
+      if (doc)  // other documents' keys: -inf, so exp gives exactly 0
+        for (int64_t c = 0; c < count; ++c) s_r[c] = doc[j0 + c] == doc[i] ? s_r[c] : -INFINITY;
       float mx = row_m[r];
       for (int64_t c = 0; c < count; ++c) mx = s_r[c] > mx ? s_r[c] : mx;
-      const float alpha = simd::exp(row_m[r] - mx);  // 0 on the first tile (-inf)
+      if (mx == -INFINITY) {  // no key of this row's document so far: nothing to add
+        std::fill(s_r, s_r + nk, 0.0f);
+        continue;
+      }
+      const float alpha = simd::exp(row_m[r] - mx);  // 0 on the row's first live tile (-inf)
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t c = 0; c < count; ++c) {
@@ -116,7 +141,7 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const AttentionSh
 // so dK and dV of a key tile accumulate locally while dQ accumulates in place).
 void backward_head(float* dqkv, const float* dout, const float* qkv, const float* out,
                    const float* lse_bh, const AttentionShape& s, const AttentionDropout& drop,
-                   int64_t b, int64_t h, float* scratch) {
+                   const int32_t* doc, int64_t b, int64_t h, float* scratch) {
   const HeadView hv = head_view(s, b, h);
   const int64_t T = s.T, D = s.D;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -144,8 +169,10 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
     const int64_t nk = std::min(kTile, T - j0);
     std::fill(dK, dK + nk * D, 0.0f);
     std::fill(dV, dV + nk * D, 0.0f);
+    const IdRange k_ids = doc ? id_range(doc, j0, nk) : IdRange{0, 0};
     for (int64_t i0 = (j0 / kTile) * kTile; i0 < T; i0 += kTile) {
       const int64_t nq = std::min(kTile, T - i0);
+      if (doc && disjoint(k_ids, id_range(doc, i0, nq))) continue;
       gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, hv.k(qkv, j0),
                hv.ld_qkv, 0.0f, P, kTile);
       gemm_f32(Trans::N, Trans::T, nq, nk, D, 1.0f, hv.o(dout, i0), hv.ld_out, hv.v(qkv, j0),
@@ -159,6 +186,8 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
         const float l = lse_bh[i], di = Di[i];
 #pragma omp simd
         for (int64_t c = 0; c < count; ++c) p_r[c] = simd::exp(p_r[c] - l);
+        if (doc)
+          for (int64_t c = 0; c < count; ++c) p_r[c] = doc[j0 + c] == doc[i] ? p_r[c] : 0.0f;
         for (int64_t c = count; c < nk; ++c) p_r[c] = 0.0f;
         if (dropout) {
           if (count > 0)
@@ -195,7 +224,7 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
 // its index); each task writes its own rows, so the result is independent of the
 // schedule and thread count.
 void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
-                       const AttentionDropout& drop) {
+                       const AttentionDropout& drop, const int32_t* document_ids) {
   check_args(s, drop);
   const int64_t q_tiles = (s.T + kTile - 1) / kTile;
   const int64_t tasks = s.B * s.H * q_tiles;
@@ -209,14 +238,15 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
       const int64_t bh = task % (s.B * s.H);
       const int64_t b = bh / s.H, h = bh % s.H;
       const int64_t i0 = qt * kTile;
-      forward_tile(out, lse + bh * s.T, qkv, s, drop, b, h, i0, std::min(kTile, s.T - i0),
-                   scratch.data());
+      forward_tile(out, lse + bh * s.T, qkv, s, drop, document_ids ? document_ids + b * s.T : nullptr,
+                   b, h, i0, std::min(kTile, s.T - i0), scratch.data());
     }
   }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, const AttentionShape& s, const AttentionDropout& drop) {
+                        const float* lse, const AttentionShape& s, const AttentionDropout& drop,
+                        const int32_t* document_ids) {
   check_args(s, drop);
   const int64_t heads = s.B * s.H;
   const size_t scratch_size = size_t(3 * kTile * kTile + 2 * kTile * s.D + s.T + kTile);
@@ -224,9 +254,11 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   {
     std::vector<float> scratch(scratch_size);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < heads; ++bh)
-      backward_head(dqkv, dout, qkv, out, lse + bh * s.T, s, drop, bh / s.H, bh % s.H,
-                    scratch.data());
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / s.H;
+      backward_head(dqkv, dout, qkv, out, lse + bh * s.T, s, drop,
+                    document_ids ? document_ids + b * s.T : nullptr, b, bh % s.H, scratch.data());
+    }
   }
 }
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Generation speed of `lattice generate`: the KV cache against a full forward over the context for
+# every new token (--no-kv-cache), on a GPT-2 124M-shaped model (L=12 H=12 C=768, vocab 50257 padded
+# to 50304, 1024 positions) with random weights (one training step on mock data), prompt 16 tokens,
+# 128 new tokens, sampling at temperature 1 with a fixed seed (so both modes produce the same tokens).
+# The table gives what `generate` reports on stderr: prefill time and new tokens per second of the
+# decode loop (each new token: one sampling plus, except the last, one model step).
+#
+# usage: bench/generate_bench.sh
+# environment:
+#   LATTICE      the binary (default build/lattice)
+#   NEW_TOKENS   default 128              MODES  default "kv full" (kv: KV cache; full: --no-kv-cache)
+#   ROUNDS       runs of each mode, alternating (default 1); the table has one row per run
+#   KEEP=1       keep the work folder (checkpoint ~500 MB, logs; its path is printed)
+# Threads: whatever OMP_NUM_THREADS says (default: all cores), as for lattice train.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+LATTICE=${LATTICE:-build/lattice}
+NEW_TOKENS=${NEW_TOKENS:-128}
+MODES=${MODES:-kv full}
+ROUNDS=${ROUNDS:-1}
+PROMPT="The quick brown "   # 16 bytes = 16 ByteTokenizer tokens
+
+die() { echo "generate_bench: $*" >&2; exit 1; }
+[[ -x $LATTICE ]] || die "$LATTICE not found (make build)"
+LATTICE=$(realpath "$LATTICE")
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/lattice-genbench.XXXXXX")
+if [[ ${KEEP:-0} == 1 ]]; then echo "work folder: $WORK" >&2; else trap 'rm -rf "$WORK"' EXIT; fi
+
+# A 124M-shaped checkpoint. Trained on mock ids (no tokenizer), so generate is given ByteTokenizer:
+# the prompt is bytes, and sampled ids above 255 print nothing; the model's cost is GPT-2's.
+"$LATTICE" train --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 32 \
+  --max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 1 --train-iters 1 \
+  --lr 1e-4 --min-lr 1e-4 --mock-data --vocab-size 50257 --hidden-dropout 0 --attention-dropout 0 \
+  --peak-tflops 1 --seed 1234 --save "$WORK/ckpt" >"$WORK/train.log" 2>&1 ||
+  { cat "$WORK/train.log" >&2; die "train failed"; }
+
+printf '| mode | prompt tokens | new tokens | prefill ms | decode ms | ms per new token | new tokens/s |\n'
+printf '|---|---:|---:|---:|---:|---:|---:|\n'
+for ((r = 0; r < ROUNDS; ++r)); do
+  for mode in $MODES; do
+    case $mode in
+      kv) flags=() ; name="KV cache" ;;
+      full) flags=(--no-kv-cache) ; name="full forward per token" ;;
+      *) die "unknown mode '$mode' in MODES" ;;
+    esac
+    "$LATTICE" generate --load "$WORK/ckpt" --tokenizer-type ByteTokenizer --prompt "$PROMPT" \
+      --max-new-tokens "$NEW_TOKENS" --temperature 1 --seed 1 "${flags[@]}" \
+      >"$WORK/$mode.$r.out" 2>"$WORK/$mode.$r.err" || { cat "$WORK/$mode.$r.err" >&2; die "generate ($mode) failed"; }
+    # generate: 1 prompt(s), prefill 16 tokens in X ms, N new tokens in Y ms (Z tokens/s, ...)
+    line=$(grep '^generate:' "$WORK/$mode.$r.err") || die "no timing line from generate ($mode)"
+    read -r prompt_tokens prefill_ms new_tokens decode_ms < <(echo "$line" |
+      sed -E 's/.*prefill ([0-9]+) tokens in ([0-9.]+) ms, ([0-9]+) new tokens in ([0-9.]+) ms.*/\1 \2 \3 \4/')
+    [[ $new_tokens == "$NEW_TOKENS" ]] || echo "generate_bench: $mode stopped after $new_tokens tokens (end of document)" >&2
+    awk -v n="$name" -v p="$prompt_tokens" -v t="$new_tokens" -v pf="$prefill_ms" -v d="$decode_ms" \
+      'BEGIN { printf "| %s | %d | %d | %.1f | %.1f | %.2f | %.2f |\n", n, p, t, pf, d, d / t, t / (d / 1000) }'
+  done
+done
+if [[ " $MODES " == *" kv "* && " $MODES " == *" full "* ]]; then
+  cmp -s "$WORK/kv.0.out" "$WORK/full.0.out" && echo "(both modes generated the same tokens)" ||
+    echo "generate_bench: the two modes generated different tokens" >&2
+fi

@@ -1,0 +1,121 @@
+// Training checkpoints (docs/checkpoint-format.md):
+//   DIR/iter_NNNNNNN/checkpoint.json        format version, training state, tensor index,
+//                                           size and CRC-32 of every other file, its own CRC-32
+//   DIR/iter_NNNNNNN/model.safetensors      parameters (Megatron-Core names)
+//   DIR/iter_NNNNNNN/optimizer.safetensors  optimizer state ("optimizer.exp_avg.<param>", ...)
+//   DIR/latest_checkpointed_iteration.txt   the newest complete checkpoint, written last
+// Saving stages the iteration directory under a temporary name, fsyncs every file and the
+// directory, renames it into place and only then rewrites the tracker file, so a crash at
+// any instant leaves the previous checkpoint loadable. Loading verifies every checksum.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_index.h"
+#include "checkpoint/safetensors.h"
+
+namespace lattice {
+
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr const char* kCheckpointIndexFile = "checkpoint.json";
+inline constexpr const char* kTrackerFile = "latest_checkpointed_iteration.txt";
+
+// "iter_0000042"
+std::string iter_dir_name(int64_t iteration);
+
+// The iteration DIR/latest_checkpointed_iteration.txt names; nullopt when DIR or the file
+// does not exist; a lattice::Error naming the file when it is malformed.
+std::optional<int64_t> read_latest_iteration(const std::string& dir);
+
+// Whether PATH holds a checkpoint to open: a tracker file, or checkpoint.json (an
+// iteration directory). Says nothing about its integrity (CheckpointReader::open does).
+bool has_checkpoint(const std::string& path);
+
+// Optimizer bookkeeping beside its state tensors.
+struct OptimizerState {
+  std::string name;  // "adam" | "sgd"
+  int64_t step = 0;  // updates taken (Adam's bias correction)
+};
+
+// lattice's only random state in training: dropout masks come from a counter-based
+// Philox stream keyed by (seed, iteration, micro-batch), so the seed and the iteration
+// determine every future draw; nothing stateful needs saving.
+struct RngState {
+  uint64_t seed = 0;
+};
+
+// Everything a checkpoint holds besides tensors.
+struct CheckpointState {
+  int64_t iteration = 0;                 // completed iterations
+  int64_t consumed_train_samples = 0;    // data position: the next sample index
+  nlohmann::json model_config = nlohmann::json::object();
+  nlohmann::json args = nlohmann::json::object();  // the full argument set of the run
+  std::optional<OptimizerState> optimizer;          // absent: saved with --no-save-optim
+  std::optional<nlohmann::json> opt_param_scheduler;  // absent with --no-save-optim
+  std::optional<RngState> rng;                      // absent: saved with --no-save-rng
+};
+
+// Collects tensors and state, then writes one iteration directory.
+class CheckpointWriter {
+ public:
+  // A whole tensor: one piece covering its shape.
+  void add_tensor(const std::string& file, const std::string& name, const std::string& dtype,
+                  const std::vector<int64_t>& shape, const void* data);
+  // The box [offsets, offsets + lengths) of a global tensor; data is row-major of shape
+  // `lengths`.
+  void add_piece(const std::string& file, const std::string& name, const std::string& dtype,
+                 const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets,
+                 const std::vector<int64_t>& lengths, const void* data);
+  // The row-major element range [begin, end) of a global tensor (a shard of a flat
+  // buffer), stored as the few boxes that make it up; data holds end - begin elements.
+  void add_flat_range(const std::string& file, const std::string& name, const std::string& dtype,
+                      const std::vector<int64_t>& global_shape, int64_t begin, int64_t end, const void* data);
+  void set_state(const CheckpointState& state) { state_ = state; }
+
+  // Writes DIR/iter_NNNNNNN (state().iteration) atomically, then the tracker file; then
+  // removes all but the newest keep_last_n checkpoints (0 keeps all). Returns the
+  // iteration directory.
+  std::string save(const std::string& dir, int64_t keep_last_n = 0) const;
+
+ private:
+  std::map<std::string, SafetensorsWriter> files_;
+  CheckpointIndex index_;
+  CheckpointState state_;
+};
+
+// One verified checkpoint.
+class CheckpointReader {
+ public:
+  // PATH is a checkpoint directory (its tracker file names the iteration) or an
+  // iteration directory. Verifies checkpoint.json (its checksum, format version and
+  // index); each data file's size and checksum are verified when it is first read.
+  static CheckpointReader open(const std::string& path);
+
+  const std::string& iter_dir() const { return iter_dir_; }
+  const CheckpointState& state() const { return state_; }
+  const CheckpointIndex& index() const { return index_; }
+  bool has_tensor(const std::string& name) const { return index_.tensors.count(name) != 0; }
+  const TensorEntry& tensor(const std::string& name) const;
+
+  // The whole tensor into `out`; its dtype and global shape must be the given ones.
+  void read_tensor(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+                   void* out) const;
+  // The box [offsets, offsets + lengths) of the global tensor, row-major, into `out`.
+  void read_slice(const std::string& name, const std::string& dtype, const std::vector<int64_t>& offsets,
+                  const std::vector<int64_t>& lengths, void* out) const;
+
+ private:
+  const SafetensorsFile& file(const std::string& name) const;
+
+  std::string iter_dir_;
+  CheckpointState state_;
+  CheckpointIndex index_;
+  mutable std::map<std::string, std::shared_ptr<SafetensorsFile>> open_files_;
+};
+
+}  // namespace lattice

@@ -1,0 +1,363 @@
+#include "checkpoint/hf_gpt2.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace lattice {
+namespace {
+
+using json = nlohmann::json;
+
+// How a lattice parameter is stored in the HF file.
+enum class Layout {
+  same,        // identical shape and order (LayerNorm, position embeddings, biases)
+  transposed,  // Conv1D: HF [in, out] is lattice's [out, in] transposed
+  qkv_weight,  // HF [C, 3C] with columns [q | k | v]; lattice [3C, C] with rows [H, 3, D]
+  qkv_bias,    // HF [3C] as [q | k | v]; lattice [3C] as [H, 3, D]
+  vocab_rows,  // HF [V, C]; lattice [Vp, C], rows V..Vp-1 zero on import, dropped on export
+};
+
+struct TensorMap {
+  std::string lattice;  // Megatron-Core name
+  std::string hf;       // HF name without the "transformer." prefix (lm_head.weight has none)
+  Layout layout;
+};
+
+std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
+  std::vector<TensorMap> m = {
+      {"embedding.word_embeddings.weight", "wte.weight", Layout::vocab_rows},
+      {"embedding.position_embeddings.weight", "wpe.weight", Layout::same},
+  };
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string lat = "decoder.layers." + std::to_string(l) + ".";
+    const std::string hf = "h." + std::to_string(l) + ".";
+    m.push_back({lat + "input_layernorm.weight", hf + "ln_1.weight", Layout::same});
+    m.push_back({lat + "input_layernorm.bias", hf + "ln_1.bias", Layout::same});
+    m.push_back({lat + "self_attention.linear_qkv.weight", hf + "attn.c_attn.weight", Layout::qkv_weight});
+    m.push_back({lat + "self_attention.linear_qkv.bias", hf + "attn.c_attn.bias", Layout::qkv_bias});
+    m.push_back({lat + "self_attention.linear_proj.weight", hf + "attn.c_proj.weight", Layout::transposed});
+    m.push_back({lat + "self_attention.linear_proj.bias", hf + "attn.c_proj.bias", Layout::same});
+    m.push_back({lat + "pre_mlp_layernorm.weight", hf + "ln_2.weight", Layout::same});
+    m.push_back({lat + "pre_mlp_layernorm.bias", hf + "ln_2.bias", Layout::same});
+    m.push_back({lat + "mlp.linear_fc1.weight", hf + "mlp.c_fc.weight", Layout::transposed});
+    m.push_back({lat + "mlp.linear_fc1.bias", hf + "mlp.c_fc.bias", Layout::same});
+    m.push_back({lat + "mlp.linear_fc2.weight", hf + "mlp.c_proj.weight", Layout::transposed});
+    m.push_back({lat + "mlp.linear_fc2.bias", hf + "mlp.c_proj.bias", Layout::same});
+  }
+  m.push_back({"decoder.final_layernorm.weight", "ln_f.weight", Layout::same});
+  m.push_back({"decoder.final_layernorm.bias", "ln_f.bias", Layout::same});
+  if (c.untie_embeddings_and_output_weights)
+    m.push_back({"output_layer.weight", "lm_head.weight", Layout::vocab_rows});
+  return m;
+}
+
+// The HF shape of a lattice parameter of shape `s`.
+Shape hf_shape(const Shape& s, Layout layout, int64_t vocab_size) {
+  switch (layout) {
+    case Layout::transposed:
+    case Layout::qkv_weight: return {s[1], s[0]};
+    case Layout::vocab_rows: return {vocab_size, s[1]};
+    default: return s;
+  }
+}
+
+// Lattice linear_qkv row of HF c_attn output column col (C = H * D).
+int64_t qkv_row(int64_t col, int64_t C, int64_t D) {
+  const int64_t j = col / C, h = (col % C) / D, d = col % D;  // j: 0 q, 1 k, 2 v
+  return (h * 3 + j) * D + d;
+}
+
+// HF tensor data (hf_shape layout) -> lattice parameter `dst` of shape s.
+void to_lattice(float* dst, const float* src, const Shape& s, Layout layout, int64_t vocab_size,
+                int64_t D) {
+  switch (layout) {
+    case Layout::same: std::memcpy(dst, src, size_t(shape_numel(s)) * sizeof(float)); break;
+    case Layout::vocab_rows:
+      std::memcpy(dst, src, size_t(vocab_size * s[1]) * sizeof(float));
+      std::memset(dst + vocab_size * s[1], 0, size_t((s[0] - vocab_size) * s[1]) * sizeof(float));
+      break;
+    case Layout::transposed:  // src [in = s[1], out = s[0]]
+      for (int64_t o = 0; o < s[0]; ++o)
+        for (int64_t i = 0; i < s[1]; ++i) dst[o * s[1] + i] = src[i * s[0] + o];
+      break;
+    case Layout::qkv_weight: {  // src [C, 3C], dst [3C, C]
+      const int64_t C = s[1];
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t col = 0; col < 3 * C; ++col) dst[qkv_row(col, C, D) * C + i] = src[i * 3 * C + col];
+      break;
+    }
+    case Layout::qkv_bias: {
+      const int64_t C = s[0] / 3;
+      for (int64_t col = 0; col < 3 * C; ++col) dst[qkv_row(col, C, D)] = src[col];
+      break;
+    }
+  }
+}
+
+// Lattice parameter `src` of shape s -> HF tensor data (hf_shape layout).
+std::vector<float> to_hf(const float* src, const Shape& s, Layout layout, int64_t vocab_size, int64_t D) {
+  std::vector<float> out(size_t(shape_numel(hf_shape(s, layout, vocab_size))));
+  float* dst = out.data();
+  switch (layout) {
+    case Layout::same:
+    case Layout::vocab_rows: std::memcpy(dst, src, out.size() * sizeof(float)); break;
+    case Layout::transposed:
+      for (int64_t o = 0; o < s[0]; ++o)
+        for (int64_t i = 0; i < s[1]; ++i) dst[i * s[0] + o] = src[o * s[1] + i];
+      break;
+    case Layout::qkv_weight: {
+      const int64_t C = s[1];
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t col = 0; col < 3 * C; ++col) dst[i * 3 * C + col] = src[qkv_row(col, C, D) * C + i];
+      break;
+    }
+    case Layout::qkv_bias: {
+      const int64_t C = s[0] / 3;
+      for (int64_t col = 0; col < 3 * C; ++col) dst[col] = src[qkv_row(col, C, D)];
+      break;
+    }
+  }
+  return out;
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const int exp = (h >> 10) & 0x1f;
+  const uint32_t man = h & 0x3ff;
+  float v;
+  if (exp == 0) v = std::ldexp(float(man), -24);                                 // zero, subnormal
+  else if (exp == 31) v = man ? std::nanf("") : INFINITY;
+  else v = std::ldexp(float(man | 0x400), exp - 25);
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits |= sign;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+// A floating-point HF tensor as fp32 (F16 and BF16 widen exactly).
+std::vector<float> read_float_tensor(const SafetensorsFile& f, const std::string& name) {
+  const SafeTensor& t = f.get(name);
+  if (t.dtype == "F32") return f.get_f32(name);
+  std::vector<float> out(size_t(t.numel()));
+  const uint8_t* p = t.bytes.data();
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint16_t u = uint16_t(p[2 * i] | (p[2 * i + 1] << 8));
+    if (t.dtype == "BF16") {
+      const uint32_t bits = uint32_t(u) << 16;
+      std::memcpy(&out[i], &bits, 4);
+    } else if (t.dtype == "F16") {
+      out[i] = f16_to_f32(u);
+    } else {
+      LATTICE_FAIL() << f.path() << ": tensor " << name << " has dtype " << t.dtype
+                     << ", expected F32, F16 or BF16";
+    }
+  }
+  return out;
+}
+
+// Buffers older transformers versions save: the causal mask and its fill value.
+bool is_attention_buffer(const std::string& name) {
+  auto ends_with = [&](const char* s) {
+    const size_t n = std::strlen(s);
+    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+  };
+  return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+}
+
+int64_t config_int(const json& j, const std::string& what, const char* key) {
+  if (!j.contains(key)) LATTICE_FAIL() << what << ": missing " << key;
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
+    LATTICE_FAIL() << what << ": " << key << " must be a positive integer, got " << j[key].dump();
+  return j[key].get<int64_t>();
+}
+
+bool config_bool(const json& j, const std::string& what, const char* key, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) LATTICE_FAIL() << what << ": " << key << " must be true or false, got " << j[key].dump();
+  return j[key].get<bool>();
+}
+
+void write_text_atomic(const fs::path& path, const std::string& text) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) LATTICE_FAIL() << tmp.string() << ": cannot open for writing";
+    f << text;
+    f.flush();
+    if (!f) LATTICE_FAIL() << tmp.string() << ": write failed";
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) LATTICE_FAIL() << path.string() << ": cannot rename " << tmp.string() << ": " << ec.message();
+}
+
+}  // namespace
+
+TransformerConfig hf_gpt2_config(const json& j, const std::string& what, int64_t divisible_by) {
+  if (!j.is_object()) LATTICE_FAIL() << what << ": not a JSON object";
+  if (j.contains("model_type") && j["model_type"] != "gpt2")
+    LATTICE_FAIL() << what << ": model_type " << j["model_type"].dump() << " is not supported (gpt2)";
+  TransformerConfig c;
+  c.num_layers = config_int(j, what, "n_layer");
+  c.hidden_size = config_int(j, what, "n_embd");
+  c.num_attention_heads = config_int(j, what, "n_head");
+  c.max_position_embeddings = config_int(j, what, "n_positions");
+  c.vocab_size = config_int(j, what, "vocab_size");
+  if (j.contains("n_inner") && !j["n_inner"].is_null()) c.ffn_hidden_size = config_int(j, what, "n_inner");
+  if (c.hidden_size % c.num_attention_heads != 0)
+    LATTICE_FAIL() << what << ": n_head " << c.num_attention_heads << " does not divide n_embd " << c.hidden_size;
+  const std::string act = j.value("activation_function", std::string("gelu_new"));
+  // gelu_new and gelu_pytorch_tanh are the same tanh formula; gelu is the exact erf form.
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh") c.gelu = GeluKind::tanh;
+  else if (act == "gelu") c.gelu = GeluKind::erf;
+  else LATTICE_FAIL() << what << ": activation_function \"" << act << "\" is not supported (gelu_new, gelu_pytorch_tanh, gelu)";
+  if (j.contains("layer_norm_epsilon")) {
+    if (!j["layer_norm_epsilon"].is_number() || !(j["layer_norm_epsilon"].get<double>() > 0))
+      LATTICE_FAIL() << what << ": layer_norm_epsilon must be a positive number, got " << j["layer_norm_epsilon"].dump();
+    c.layernorm_epsilon = float(j["layer_norm_epsilon"].get<double>());
+  }
+  if (!config_bool(j, what, "scale_attn_weights", true))
+    LATTICE_FAIL() << what << ": scale_attn_weights false is not supported (lattice scales by 1/sqrt(head dim))";
+  if (config_bool(j, what, "scale_attn_by_inverse_layer_idx", false))
+    LATTICE_FAIL() << what << ": scale_attn_by_inverse_layer_idx true is not supported";
+  if (config_bool(j, what, "add_cross_attention", false))
+    LATTICE_FAIL() << what << ": add_cross_attention true is not supported";
+  c.untie_embeddings_and_output_weights = !config_bool(j, what, "tie_word_embeddings", true);
+  c.make_vocab_size_divisible_by = divisible_by;
+  c.hidden_dropout = c.attention_dropout = 0.0f;
+  c.finalize();
+  return c;
+}
+
+json hf_gpt2_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
+  // The shortest decimal that reads back as the same float, so 1e-5f is written as 1e-05
+  // (not its double expansion 9.99999974738e-06).
+  char eps[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(eps, sizeof eps, "%.*g", digits, double(c.layernorm_epsilon));
+    if (std::strtof(eps, nullptr) == c.layernorm_epsilon) break;
+  }
+  json j = {{"activation_function", c.gelu == GeluKind::tanh ? "gelu_new" : "gelu"},
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"attn_pdrop", 0.1},
+            {"bos_token_id", c.vocab_size - 1},
+            {"embd_pdrop", 0.1},
+            {"eos_token_id", c.vocab_size - 1},
+            {"initializer_range", 0.02},
+            {"layer_norm_epsilon", std::stod(eps)},
+            {"model_type", "gpt2"},
+            {"n_ctx", c.max_position_embeddings},
+            {"n_embd", c.hidden_size},
+            {"n_head", c.num_attention_heads},
+            {"n_inner", nullptr},
+            {"n_layer", c.num_layers},
+            {"n_positions", c.max_position_embeddings},
+            {"reorder_and_upcast_attn", false},
+            {"resid_pdrop", 0.1},
+            {"scale_attn_by_inverse_layer_idx", false},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+            {"torch_dtype", "float32"},
+            {"use_cache", true},
+            {"vocab_size", c.vocab_size}};
+  if (c.ffn_hidden_size != 4 * c.hidden_size) j["n_inner"] = c.ffn_hidden_size;
+  if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
+  return j;
+}
+
+void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& f) {
+  const TransformerConfig& c = model.config();
+  const std::string& path = f.path();
+  // Files saved from GPT2LMHeadModel name the body "transformer.*"; GPT-2's original
+  // checkpoints (saved from GPT2Model) have no prefix.
+  std::string prefix;
+  if (f.has("transformer.wte.weight")) prefix = "transformer.";
+  else if (!f.has("wte.weight")) LATTICE_FAIL() << path << ": missing tensor transformer.wte.weight (not a GPT-2 file?)";
+  auto full = [&](const std::string& hf) { return hf == "lm_head.weight" ? hf : prefix + hf; };
+
+  std::set<std::string> used;
+  for (const TensorMap& m : tensor_map(c)) {
+    const std::string name = full(m.hf);
+    const ParamInfo& p = model.params().info(m.lattice);
+    if (!f.has(name)) LATTICE_FAIL() << path << ": missing tensor " << name;
+    const Shape want = hf_shape(p.shape, m.layout, c.vocab_size);
+    if (f.get(name).shape != want)
+      LATTICE_FAIL() << path << ": tensor " << name << " has shape " << shape_str(f.get(name).shape)
+                     << ", config.json implies " << shape_str(want);
+    std::vector<float> v = read_float_tensor(f, name);
+    to_lattice(model.params().params() + p.offset, v.data(), p.shape, m.layout, c.vocab_size, c.kv_channels);
+    used.insert(name);
+  }
+  for (const std::string& name : f.names()) {
+    if (used.count(name) || is_attention_buffer(name)) continue;
+    if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights) {
+      // Tied: a stored lm_head must be wte itself, or the model is not the one config.json describes.
+      if (f.get(name).shape != f.get(full("wte.weight")).shape ||
+          read_float_tensor(f, name) != read_float_tensor(f, full("wte.weight")))
+        LATTICE_FAIL() << path << ": lm_head.weight differs from " << full("wte.weight")
+                       << " but config.json ties them (set tie_word_embeddings false)";
+      continue;
+    }
+    LATTICE_FAIL() << path << ": unexpected tensor " << name << " (config.json has n_layer " << c.num_layers << ")";
+  }
+}
+
+SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model) {
+  const TransformerConfig& c = model.config();
+  SafetensorsWriter w;
+  for (const TensorMap& m : tensor_map(c)) {
+    const ParamInfo& p = model.params().info(m.lattice);
+    std::vector<float> v = to_hf(model.params().params() + p.offset, p.shape, m.layout, c.vocab_size, c.kv_channels);
+    const std::string name = m.hf == "lm_head.weight" ? m.hf : "transformer." + m.hf;
+    w.add_f32(name, hf_shape(p.shape, m.layout, c.vocab_size), v.data());
+  }
+  w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+  return w;
+}
+
+HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+  const fs::path config_path = fs::path(dir) / "config.json";
+  const fs::path model_path = fs::path(dir) / "model.safetensors";
+  std::ifstream in(config_path);
+  if (!in) LATTICE_FAIL() << "--from-hf " << dir << ": cannot open " << config_path.string();
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    LATTICE_FAIL() << config_path.string() << ": invalid JSON: " << e.what();
+  }
+  TransformerConfig c = hf_gpt2_config(j, config_path.string(), divisible_by);
+  if (!fs::exists(model_path)) LATTICE_FAIL() << "--from-hf " << dir << ": " << model_path.string() << " does not exist";
+  SafetensorsFile f = SafetensorsFile::read(model_path.string());
+  HfGpt2Model out;
+  if (j.contains(kHfTokenizerKey)) {
+    if (!j[kHfTokenizerKey].is_string())
+      LATTICE_FAIL() << config_path.string() << ": " << kHfTokenizerKey << " must be a string";
+    out.tokenizer_type = j[kHfTokenizerKey].get<std::string>();
+  }
+  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
+  import_hf_gpt2_tensors(*out.model, f);
+  return out;
+}
+
+void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot create directory: " << ec.message();
+  export_hf_gpt2_tensors(model).write((fs::path(dir) / "model.safetensors").string());
+  write_text_atomic(fs::path(dir) / "config.json", hf_gpt2_config_json(model.config(), tokenizer_type).dump(2) + "\n");
+}
+
+}  // namespace lattice

@@ -1,0 +1,61 @@
+// HuggingFace GPT-2 (transformers' GPT2LMHeadModel: DIR/config.json + DIR/model.safetensors)
+// <-> lattice's GPTModel.
+//
+// The layouts differ in three ways, each handled in one place (hf_gpt2.cpp's tensor map):
+//  - HF's Conv1D stores weights [in, out]; lattice's Linear stores [out, in] (transposed).
+//  - HF's c_attn output is [q of all heads | k of all heads | v of all heads] (3 x C);
+//    Megatron's linear_qkv output is per head [q_h k_h v_h] (H x 3 x D).
+//  - HF's vocabulary is unpadded (wte [V, C]); lattice pads it to a multiple of
+//    --make-vocab-size-divisible-by with zero rows. Padded rows only produce logits of the
+//    padded ids, which are never sampled or scored, so they never affect real tokens; export
+//    trims them.
+// HF -> lattice -> HF reproduces every tensor bit for bit (the attn.bias / attn.masked_bias
+// buffers some files carry are constant masks and are not kept).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "checkpoint/safetensors.h"
+#include "model/gpt_model.h"
+
+namespace lattice {
+
+// Config key written by export (and read by import) so that a lattice model's tokenizer
+// survives the round trip; transformers keeps unknown config keys as attributes.
+inline constexpr const char* kHfTokenizerKey = "lattice_tokenizer_type";
+
+// config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of
+// divisible_by). Unsupported settings (another model_type or activation, cross attention,
+// unscaled or layer-scaled attention) are errors naming `what` (the file) and the key.
+TransformerConfig hf_gpt2_config(const nlohmann::json& config, const std::string& what,
+                                 int64_t divisible_by = 128);
+
+// TransformerConfig -> config.json as transformers writes GPT2Config (tokenizer_type: the
+// lattice tokenizer name, stored under kHfTokenizerKey when non-empty).
+nlohmann::json hf_gpt2_config_json(const TransformerConfig& c, const std::string& tokenizer_type);
+
+// Copies every parameter of `model` from HF tensors (model.config() must be the file's
+// config). Accepts names with or without the "transformer." prefix, F32/F16/BF16 data.
+// Every problem (missing, misshapen or unexpected tensor, an lm_head.weight that differs from
+// wte.weight in a tied model) is an error naming the file and the tensor.
+void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& file);
+
+// The model's parameters as HF tensors ("transformer." names, F32, vocabulary trimmed to
+// vocab_size, lm_head.weight only when untied), ready to write.
+SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model);
+
+struct HfGpt2Model {
+  std::unique_ptr<GPTModel> model;
+  std::string tokenizer_type;  // from kHfTokenizerKey, else "" (the caller decides)
+};
+
+// Reads DIR/config.json and DIR/model.safetensors into a model sized for 1 x seq_length
+// tokens (0: n_positions).
+HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
+
+// Writes DIR/model.safetensors and DIR/config.json (each atomically; DIR is created).
+void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type);
+
+}  // namespace lattice

@@ -1,0 +1,54 @@
+// A whole training run's checkpoint: the model, the optimizer state (moments and step
+// count), the learning-rate scheduler, the RNG seed, the data position and the arguments,
+// saved and restored with Megatron's options (--no-save-optim, --no-load-optim,
+// --no-load-rng, --finetune, ...). The trainer's only interface to checkpoints.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "model/gpt_model.h"
+#include "optim/opt_param_scheduler.h"
+#include "optim/optimizer.h"
+
+namespace lattice {
+
+// Where training stands after `iteration` completed iterations.
+struct TrainingProgress {
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0;  // the next sample index
+  uint64_t seed = 0;                   // keys the dropout stream
+};
+
+struct TrainingSaveOptions {
+  std::string dir;                // --save
+  std::string optimizer = "adam";  // --optimizer: names the state tensors
+  bool save_optim = true;         // !--no-save-optim (optimizer and scheduler)
+  bool save_rng = true;           // !--no-save-rng
+  int64_t keep_last_n = 0;        // --keep-last-n
+  std::string args_json;          // TrainArgs::to_json()
+};
+
+// Writes DIR/iter_NNNNNNN atomically and then the tracker file; returns the directory.
+std::string save_training_checkpoint(const TrainingSaveOptions& o, const TrainingProgress& p,
+                                     const GPTModel& model, const Optimizer& optimizer,
+                                     const OptimizerParamScheduler& scheduler);
+
+struct TrainingLoadOptions {
+  std::string dir;                 // --load
+  std::string optimizer = "adam";  // --optimizer
+  bool load_optim = true;          // !--no-load-optim (optimizer and scheduler, as Megatron)
+  bool load_rng = true;            // !--no-load-rng
+  bool finetune = false;           // --finetune: parameters only, progress restarts at 0
+};
+
+// Loads DIR's latest checkpoint (or DIR itself, an iteration directory) into the model, optimizer and scheduler and returns the
+// progress to resume from (`fresh` carries the command line's seed, used when the RNG
+// state is not loaded). Returns nullopt, touching nothing, when DIR holds no checkpoint
+// (neither a tracker file nor checkpoint.json): the run starts from scratch. Any damage or mismatch is a one-line
+// lattice::Error naming the file or field.
+std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptions& o, const TrainingProgress& fresh,
+                                                         GPTModel& model, Optimizer& optimizer,
+                                                         OptimizerParamScheduler& scheduler);
+
+}  // namespace lattice

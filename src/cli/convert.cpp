@@ -1,0 +1,88 @@
+// `lattice convert`: HuggingFace GPT-2 <-> lattice checkpoint.
+//   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--make-vocab-size-divisible-by N]
+//   lattice convert --load CKPT --to-hf DIR
+// The input is read and checked completely before anything is written, and an existing
+// checkpoint or HF model is never overwritten.
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/model_checkpoint.h"
+#include "cli/simple_flags.h"
+#include "cli/subcommands.h"
+#include "core/error.h"
+#include "data/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace lattice {
+
+namespace {
+
+// GPT-2's BPE vocabulary has exactly this many tokens; a HF model of that size uses it.
+constexpr int64_t kGpt2BpeVocabSize = 50257;
+
+void from_hf(const SimpleFlags& f) {
+  const std::string dir = f.required("from-hf"), save = f.required("save");
+  const double divisible = f.number("make-vocab-size-divisible-by", 128);
+  if (divisible < 1 || divisible != int64_t(divisible))
+    LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
+  if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
+    LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
+  HfGpt2Model hf = load_hf_gpt2(dir, int64_t(divisible), 1);
+  const TransformerConfig& c = hf.model->config();
+  // Tokenizer: the flag, else the one a lattice export recorded, else GPT-2's BPE when the
+  // vocabulary is GPT-2's.
+  std::string tokenizer = f.get("tokenizer-type", hf.tokenizer_type);
+  if (f.has("tokenizer-type")) {
+    // GPT2BPETokenizer needs its vocabulary files to be built; its size is known.
+    const int64_t tok_size = tokenizer == "GPT2BPETokenizer" ? kGpt2BpeVocabSize
+                                                             : make_tokenizer(tokenizer, "", "")->vocab_size();
+    if (tok_size > c.vocab_size)
+      LATTICE_FAIL() << "--tokenizer-type " << tokenizer << " has " << tok_size
+                     << " tokens, more than the model's vocab_size " << c.vocab_size;
+  } else if (tokenizer.empty() && c.vocab_size == kGpt2BpeVocabSize) {
+    tokenizer = "GPT2BPETokenizer";
+  }
+  const nlohmann::json args = {{"tokenizer-type", tokenizer},
+                               {"seq-length", c.max_position_embeddings},
+                               {"max-position-embeddings", c.max_position_embeddings},
+                               {"make-vocab-size-divisible-by", int64_t(divisible)},
+                               {"converted-from-hf", dir}};
+  const std::string written = save_model_checkpoint(save, 0, *hf.model, args.dump());
+  std::fprintf(stderr, "convert: %s -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
+               dir.c_str(), written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
+               (long long)c.vocab_size, (long long)c.padded_vocab_size,
+               tokenizer.empty() ? "none" : tokenizer.c_str());
+}
+
+void to_hf(const SimpleFlags& f) {
+  const std::string load = f.required("load"), dir = f.required("to-hf");
+  if (f.has("tokenizer-type") || f.has("make-vocab-size-divisible-by"))
+    LATTICE_FAIL() << "--tokenizer-type and --make-vocab-size-divisible-by apply to --from-hf only";
+  if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "config.json"))
+    LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
+  LoadedModel lm = load_model_checkpoint(load, 1);
+  save_hf_gpt2(dir, *lm.model, lm.tokenizer_type);
+  std::fprintf(stderr, "convert: %s (iteration %lld) -> %s\n", load.c_str(), (long long)lm.iteration, dir.c_str());
+}
+
+}  // namespace
+
+int cmd_convert(int argc, char** argv) {
+  SimpleFlags f = parse_simple_flags(argc, argv, 2,
+                                     {"from-hf", "to-hf", "load", "save", "tokenizer-type",
+                                      "make-vocab-size-divisible-by"},
+                                     {});
+  const bool from = f.has("from-hf"), to = f.has("to-hf");
+  if (from == to) LATTICE_FAIL() << "give either --from-hf DIR --save CKPT or --load CKPT --to-hf DIR";
+  if (from && f.has("load")) LATTICE_FAIL() << "--load goes with --to-hf, not --from-hf";
+  if (to && f.has("save")) LATTICE_FAIL() << "--save goes with --from-hf, not --to-hf";
+  if (from) from_hf(f);
+  else to_hf(f);
+  return 0;
+}
+
+}  // namespace lattice

@@ -1,0 +1,169 @@
+#include "data/training_data.h"
+
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/blended_dataset.h"
+#include "data/gpt_dataset.h"
+#include "data/gpt_index_cache.h"
+
+namespace lattice {
+
+SampleCounts megatron_sample_counts(int64_t train_iters, int64_t train_samples, int64_t eval_interval,
+                                    int64_t eval_iters, int64_t gbs) {
+  LATTICE_CHECK(gbs > 0 && eval_interval > 0 && eval_iters >= 0) << "sample counts: GBS " << gbs
+      << ", eval interval " << eval_interval << ", eval iters " << eval_iters;
+  SampleCounts c;
+  c.train = train_samples > 0 ? train_samples : train_iters * gbs;
+  const int64_t iters = train_samples > 0 ? train_samples / gbs : train_iters;
+  c.valid = (iters / eval_interval + 1) * eval_iters * gbs;
+  c.test = eval_iters * gbs;
+  return c;
+}
+
+BlendSpec parse_blend(const std::vector<std::string>& list, const char* flag) {
+  BlendSpec b;
+  if (list.size() == 1) {
+    b.prefixes = list;
+    return b;
+  }
+  if (list.empty() || list.size() % 2 != 0)
+    LATTICE_FAIL() << "--" << flag << ": expected one prefix or weight/prefix pairs (w1 p1 w2 p2 ...), got "
+                   << list.size() << " values";
+  for (size_t i = 0; i < list.size(); i += 2) {
+    char* end = nullptr;
+    const double w = std::strtod(list[i].c_str(), &end);
+    if (list[i].empty() || *end != '\0')
+      LATTICE_FAIL() << "--" << flag << ": '" << list[i] << "' is not a weight (expected w1 p1 w2 p2 ...)";
+    b.weights.push_back(w);
+    b.prefixes.push_back(list[i + 1]);
+  }
+  normalize_blend_weights(b.weights, flag);  // rejects weights <= 0 with the flag's name
+  return b;
+}
+
+namespace {
+
+struct Builder {
+  const TrainArgs& args;
+  int64_t vocab_size;
+  std::map<std::string, std::shared_ptr<const IndexedDataset>> open;
+
+  std::shared_ptr<const IndexedDataset> dataset(const std::string& prefix) {
+    auto it = open.find(prefix);
+    if (it != open.end()) return it->second;
+    auto ds = std::make_shared<IndexedDataset>(prefix);
+    if (vocab_size > 0) ds->validate_token_ids(vocab_size);
+    return open[prefix] = ds;
+  }
+
+  GPTDatasetConfig config() const {
+    GPTDatasetConfig c;
+    c.seq_length = args.seq_length;
+    c.random_seed = args.seed;
+    c.path_to_cache = args.data_cache_path;
+    return c;
+  }
+
+  // One split of a blend; `whole` uses every sequence (per-split data paths).
+  std::shared_ptr<const SampleSource> build(const BlendSpec& blend, Split split, int64_t n, bool whole,
+                                            const char* flag, std::string& summary) {
+    if (n == 0) return nullptr;
+    std::vector<std::shared_ptr<const GPTDataset>> parts;
+    const std::vector<double> w =
+        blend.weights.empty() ? std::vector<double>{} : normalize_blend_weights(blend.weights, flag);
+    const std::vector<int64_t> per =
+        w.empty() ? std::vector<int64_t>{n} : blend_samples_per_dataset(w, n);
+    for (size_t d = 0; d < blend.prefixes.size(); ++d) {
+      auto ds = dataset(blend.prefixes[d]);
+      SplitRange range{true, 0, ds->num_sequences()};
+      if (!whole) {
+        range = split_ranges(args.split, ds->num_sequences())[int(split)];
+        // Megatron builds no dataset for a split of weight 0 (its evaluation is skipped).
+        if (!range.present) {
+          if (split == Split::train)
+            LATTICE_FAIL() << "--split " << args.split << " gives the train split weight 0";
+          return nullptr;
+        }
+      }
+      parts.push_back(std::make_shared<GPTDataset>(ds, split, range, per[d], config()));
+      summary += std::string(" > ") + split_name(split) + ": " + blend.prefixes[d] + " sequences [" +
+                 std::to_string(range.begin) + ", " + std::to_string(range.end) + "), " +
+                 std::to_string(parts.back()->size()) + " samples" +
+                 (w.empty() ? "" : ", weight " + std::to_string(w[d])) +
+                 (parts.back()->loaded_from_cache() ? " (index cache hit)" : "") + "\n";
+    }
+    if (w.empty()) return parts[0];
+    return std::make_shared<BlendedDataset>(parts, w, n);
+  }
+};
+
+}  // namespace
+
+namespace {
+
+// One split; b keeps the datasets open (and their token ids checked once) across splits.
+std::shared_ptr<const SampleSource> build_split(Builder& b, Split split, int64_t n, std::string& out) {
+  const TrainArgs& args = b.args;
+  const int64_t vocab_size = b.vocab_size;
+  if (n == 0) return nullptr;
+  if (args.mock_data) {
+    // Each split its own synthetic stream, so evaluation never sees training samples.
+    static const char* names[3] = {"train", "valid", "test"};
+    const uint64_t seed = split == Split::train ? args.seed : args.seed ^ fnv1a64(names[int(split)], 5);
+    out += std::string(" > ") + split_name(split) + ": mock data\n";
+    return std::make_shared<MockSamples>(vocab_size, args.seq_length, seed);
+  }
+  const bool per_split = !args.train_data_path.empty() || !args.valid_data_path.empty() ||
+                         !args.test_data_path.empty();
+  if (per_split) {
+    if (!args.data_path.empty())
+      LATTICE_FAIL() << "--data-path and --train-data-path/--valid-data-path/--test-data-path are exclusive";
+    if (args.train_data_path.empty())
+      LATTICE_FAIL() << "--train-data-path is required with --valid-data-path/--test-data-path";
+    const std::vector<std::string>* lists[3] = {&args.train_data_path, &args.valid_data_path,
+                                                &args.test_data_path};
+    static const char* flags[3] = {"train-data-path", "valid-data-path", "test-data-path"};
+    const auto& list = *lists[int(split)];
+    if (list.empty()) return nullptr;  // Megatron: no --valid-data-path, no validation
+    return b.build(parse_blend(list, flags[int(split)]), split, n, true, flags[int(split)], out);
+  }
+  if (args.data_path.empty()) LATTICE_FAIL() << "no training data: give --data-path PREFIX or --mock-data";
+  const BlendSpec blend = parse_blend(args.data_path, "data-path");
+  split_ranges(args.split, 0);  // a malformed --split fails before any file is opened
+  return b.build(blend, split, n, false, "data-path", out);
+}
+
+}  // namespace
+
+std::shared_ptr<const SampleSource> make_split_data(const TrainArgs& args, int64_t vocab_size,
+                                                    Split split, int64_t n, std::string* summary) {
+  Builder b{args, vocab_size, {}};
+  std::string ignored;
+  return build_split(b, split, n, summary ? *summary : ignored);
+}
+
+TrainingData make_training_data(const TrainArgs& args, int64_t vocab_size) {
+  TrainingData t;
+  t.counts = megatron_sample_counts(args.train_iters, args.train_samples, args.eval_interval,
+                                    args.eval_iters, args.global_batch_size);
+  Builder b{args, vocab_size, {}};
+  t.train = build_split(b, Split::train, t.counts.train, t.summary);
+  t.valid = build_split(b, Split::valid, t.counts.valid, t.summary);
+  t.test = build_split(b, Split::test, t.counts.test, t.summary);
+  return t;
+}
+
+int32_t resolve_eod_token(const TrainArgs& args, const Tokenizer* tokenizer, int64_t vocab_size) {
+  int32_t eod = -1;
+  if (tokenizer) eod = tokenizer->eod();
+  else if (args.mock_data) eod = int32_t(vocab_size - 1);
+  if (eod < 0 && (args.eod_mask_loss || args.reset_position_ids || args.reset_attention_mask))
+    LATTICE_FAIL() << "--eod-mask-loss, --reset-position-ids and --reset-attention-mask need an "
+                      "end-of-document token: give --tokenizer-type";
+  return eod;
+}
+
+}  // namespace lattice

@@ -1,0 +1,145 @@
+#include "model/gpt_inference.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "model/linear.h"
+
+namespace lattice {
+
+GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model.config()) {
+  const ParamBuffer& pb = model.params();
+  auto p = [&](const std::string& name) -> const float* { return pb.params() + pb.info(name).offset; };
+  capacity_ = capacity > 0 ? capacity : cfg_.max_position_embeddings;
+  LATTICE_CHECK(capacity_ <= cfg_.max_position_embeddings)
+      << "KV cache of " << capacity_ << " tokens exceeds max_position_embeddings " << cfg_.max_position_embeddings;
+  LATTICE_CHECK(cfg_.kv_channels * cfg_.num_attention_heads == cfg_.hidden_size);
+  wte_ = p("embedding.word_embeddings.weight");
+  wpe_ = p("embedding.position_embeddings.weight");
+  lnf_w_ = p("decoder.final_layernorm.weight");
+  lnf_b_ = p("decoder.final_layernorm.bias");
+  out_w_ = cfg_.untie_embeddings_and_output_weights ? p("output_layer.weight") : wte_;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const std::string s = "decoder.layers." + std::to_string(l) + ".";
+    layers_.push_back({p(s + "input_layernorm.weight"), p(s + "input_layernorm.bias"),
+                       p(s + "self_attention.linear_qkv.weight"), p(s + "self_attention.linear_qkv.bias"),
+                       p(s + "self_attention.linear_proj.weight"), p(s + "self_attention.linear_proj.bias"),
+                       p(s + "pre_mlp_layernorm.weight"), p(s + "pre_mlp_layernorm.bias"),
+                       p(s + "mlp.linear_fc1.weight"), p(s + "mlp.linear_fc1.bias"),
+                       p(s + "mlp.linear_fc2.weight"), p(s + "mlp.linear_fc2.bias")});
+  }
+  const size_t cache = size_t(cfg_.num_layers * cfg_.hidden_size * capacity_);
+  k_cache_.resize(cache);
+  v_cache_.resize(cache);
+}
+
+void GPTInference::reserve_rows(int64_t n) {
+  if (n <= rows_) return;
+  const size_t C = size_t(cfg_.hidden_size), F = size_t(cfg_.ffn_hidden_size), N = size_t(n);
+  x_.resize(N * C);
+  ln_.resize(N * C);
+  attn_.resize(N * C);
+  tmp_.resize(N * C);
+  qkv_.resize(N * 3 * C);
+  fc_.resize(N * F);
+  mean_.resize(N);
+  rstd_.resize(N);
+  positions_.resize(N);
+  rows_ = n;
+}
+
+void GPTInference::cached_attention(float* attn, const float* qkv, int64_t n, int64_t l) {
+  const int64_t H = cfg_.num_attention_heads, D = cfg_.kv_channels, C = cfg_.hidden_size;
+  const int64_t Tmax = capacity_;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const int threads = omp_get_max_threads();
+  if (scores_.size() < size_t(threads * Tmax)) scores_.resize(size_t(threads * Tmax));
+  // One (query, head) pair per iteration, each summed by one thread in a fixed order: the
+  // result does not depend on the thread count.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t last = length_ + r;  // causal: keys 0..last
+      const float* q = qkv + r * 3 * C + h * 3 * D;
+      const float* k = k_cache_.data() + ((l * H + h) * Tmax) * D;  // [Tmax, D]
+      const float* v = v_cache_.data() + ((l * H + h) * Tmax) * D;
+      float* s = scores_.data() + int64_t(omp_get_thread_num()) * Tmax;
+      float mx = -INFINITY;
+      for (int64_t t = 0; t <= last; ++t) {
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < D; ++d) dot += q[d] * k[t * D + d];
+        s[t] = dot * scale;
+        mx = std::max(mx, s[t]);
+      }
+      float sum = 0.0f;
+      for (int64_t t = 0; t <= last; ++t) {
+        s[t] = std::exp(s[t] - mx);
+        sum += s[t];
+      }
+      float* o = attn + r * C + h * D;  // [n, H, D]
+      std::fill(o, o + D, 0.0f);
+      for (int64_t t = 0; t <= last; ++t) {
+        const float w = s[t];
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) o[d] += w * v[t * D + d];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+    }
+}
+
+void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
+  const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, H = cfg_.num_attention_heads;
+  const int64_t D = cfg_.kv_channels, Vp = cfg_.padded_vocab_size, Tmax = capacity_;
+  const float eps = cfg_.layernorm_epsilon;
+  LATTICE_CHECK(n > 0) << "append: no tokens";
+  if (length_ + n > capacity_)
+    LATTICE_FAIL() << "KV cache full: " << length_ << " + " << n << " tokens exceed its " << capacity_
+                   << " positions (max_position_embeddings " << cfg_.max_position_embeddings << ")";
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
+      LATTICE_FAIL() << "token id " << tokens[i] << " is outside the model's vocabulary [0, "
+                     << cfg_.vocab_size << ")";
+  reserve_rows(n);
+  float *x = x_.data(), *ln = ln_.data(), *qkv = qkv_.data(), *tmp = tmp_.data(), *fc = fc_.data();
+  for (int64_t i = 0; i < n; ++i) positions_[i] = int32_t(length_ + i);
+  embedding_forward(x, tokens, positions_.data(), wte_, wpe_, n, C);  // x: [n, C]
+
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const Layer& p = layers_[l];
+    layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps);
+    linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * C);  // [n, H, 3, D]
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const float* src = qkv + i * 3 * C + h * 3 * D;
+        const int64_t at = ((l * H + h) * Tmax + length_ + i) * D;
+        std::memcpy(k_cache_.data() + at, src + D, size_t(D) * sizeof(float));
+        std::memcpy(v_cache_.data() + at, src + 2 * D, size_t(D) * sizeof(float));
+      }
+    cached_attention(attn_.data(), qkv, n, l);
+    linear_forward(tmp, attn_.data(), p.proj_w, p.proj_b, n, C, C);
+    add_forward(x, x, tmp, n * C);
+    layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps);
+    linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, F);
+    gelu_forward(fc, fc, n * F, cfg_.gelu);
+    linear_forward(tmp, fc, p.fc2_w, p.fc2_b, n, F, C);
+    add_forward(x, x, tmp, n * C);
+  }
+  length_ += n;
+  // Only the rows whose logits are wanted go through the final norm and the output layer.
+  const int64_t first = all_positions ? 0 : n - 1, rows = n - first;
+  layernorm_forward(ln, mean_.data(), rstd_.data(), x + first * C, lnf_w_, lnf_b_, rows, C, eps);
+  linear_forward(logits, ln, out_w_, nullptr, rows, C, Vp);  // [rows, Vp]
+}
+
+}  // namespace lattice

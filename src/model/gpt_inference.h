@@ -1,0 +1,57 @@
+// GPTInference: autoregressive decoding with a KV cache over a GPTModel's parameters.
+//
+// The keys and values of every token already seen are kept per layer, so appending one
+// token runs the layers on that token alone: its linear layers cost O(C^2) and its
+// attention reads the T cached keys and values, O(T*C), instead of a full forward over
+// all T tokens. The prompt is appended in one call (prefill: the linear layers run as
+// GEMMs over all its tokens).
+//
+// Shapes: C hidden, H heads, D head dim, F ffn hidden, Vp padded vocabulary, L layers,
+// Tmax the cache capacity (<= max_position_embeddings: positions are absolute).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/gpt_model.h"
+
+namespace lattice {
+
+class GPTInference {
+ public:
+  // Reads the model's parameters (not copied: the model must outlive this and not be
+  // trained meanwhile). capacity: tokens the cache holds (0: max_position_embeddings).
+  explicit GPTInference(const GPTModel& model, int64_t capacity = 0);
+
+  int64_t length() const { return length_; }      // tokens in the cache
+  int64_t capacity() const { return capacity_; }
+  void reset() { length_ = 0; }
+
+  // Appends tokens[0:n] at positions length()..length()+n-1 and writes logits: [Vp] of the
+  // last appended token, or [n, Vp] of every appended token when all_positions. Padded
+  // columns (>= vocab_size) are left as computed. Errors if the cache would overflow or a
+  // token is outside [0, vocab_size).
+  void append(const int32_t* tokens, int64_t n, float* logits, bool all_positions = false);
+
+ private:
+  struct Layer {
+    const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
+    const float *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+  };
+  // Grows the scratch buffers to n rows.
+  void reserve_rows(int64_t n);
+  // attn[n, C] for queries qkv[n, H, 3, D] at positions length_..length_+n-1 over the cache
+  // of layer l (which already holds their own keys and values).
+  void cached_attention(float* attn, const float* qkv, int64_t n, int64_t l);
+
+  TransformerConfig cfg_;
+  int64_t capacity_ = 0, length_ = 0, rows_ = 0;
+  const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;
+  std::vector<Layer> layers_;
+  std::vector<float> k_cache_, v_cache_;  // [L, H, Tmax, D] each
+  // Scratch for up to rows_ tokens: [n, C] x4, [n, 3C], [n, F], [n] x2.
+  std::vector<float> x_, ln_, attn_, tmp_, qkv_, fc_, mean_, rstd_;
+  std::vector<float> scores_;             // [threads, Tmax]
+  std::vector<int32_t> positions_;        // [n]
+};
+
+}  // namespace lattice

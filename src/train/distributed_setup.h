@@ -1,0 +1,32 @@
+// The trainer's distributed plumbing: threads per rank, the start-up check that every
+// rank runs the same configuration, Megatron-style memory report, and the per-step
+// communication report of --log-comm.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "dist/parallel_state.h"
+
+namespace lattice {
+
+// Threads for this rank: --num-threads, else OMP_NUM_THREADS, else the node's cores
+// divided among the ranks on the node.
+int threads_per_rank(int64_t num_threads_flag, const ParallelState& ps);
+
+// Compares this rank's arguments (JSON) with rank 0's; on any difference the job ends
+// with a one-line error naming the rank and the first differing field.
+void check_same_config_across_ranks(ParallelState& ps, const std::string& args_json);
+
+struct MemoryFootprint {
+  int64_t parameters = 0;          // on this rank
+  int64_t owned_parameters = 0;    // whose optimizer state this rank keeps
+  size_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+};
+// "> memory per rank: ... bytes per parameter ..." (Megatron's report, with the bytes
+// per parameter of the distributed optimizer: 8 + 8/d for fp32).
+std::string format_memory_report(const MemoryFootprint& m, int dp_size, bool distributed_optimizer);
+
+// One line with the bytes and seconds of each collective since the last report.
+std::string format_comm_report(const CommStats& delta, int64_t iterations, double exposed_grad_sync_seconds);
+
+}  // namespace lattice

@@ -1,0 +1,55 @@
+#include "train/evaluation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+
+namespace lattice {
+
+double perplexity(double lm_loss) { return std::exp(std::min(20.0, lm_loss)); }
+
+EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_sample, int64_t iters,
+                    int64_t global_batch_size, int64_t micro_batch_size) {
+  LATTICE_CHECK(iters > 0 && micro_batch_size > 0 && global_batch_size % micro_batch_size == 0)
+      << "evaluate: iters " << iters << ", GBS " << global_batch_size << ", MBS " << micro_batch_size;
+  const int64_t B = micro_batch_size, T = source.seq_length();
+  std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
+  LossSum total;
+  for (int64_t it = 0; it < iters; ++it)
+    for (int64_t s = 0; s < global_batch_size; s += B) {
+      fill_micro_batch(source, first_sample + it * global_batch_size + s, B, tokens.data());
+      const LossSum l = model.forward_loss_sum(tokens.data(), nullptr, B, T);
+      total.sum += l.sum;
+      total.count += l.count;
+    }
+  EvalResult r;
+  r.tokens = total.count;
+  r.lm_loss = total.count > 0 ? total.sum / total.count : 0.0;
+  r.ppl = perplexity(r.lm_loss);
+  return r;
+}
+
+std::string eval_prefix(int64_t iteration, const char* end_of_training_set) {
+  std::string p = "iteration " + std::to_string(iteration);
+  if (end_of_training_set) p += std::string(" on ") + end_of_training_set + " set";
+  return p;
+}
+
+std::string format_evaluation(const std::string& prefix, const EvalResult& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "lm loss value: %.6E | lm loss PPL: %.6E | ", r.lm_loss, r.ppl);
+  const std::string line = " validation loss at " + prefix + " | " + buf;
+  const std::string dashes(line.size() + 1, '-');
+  return dashes + "\n" + line + "\n" + dashes;
+}
+
+std::string format_eval_metrics_json(int64_t iteration, const std::string& key, const EvalResult& r) {
+  nlohmann::json j = {{"iteration", iteration}, {key + "_loss", r.lm_loss}, {key + "_ppl", r.ppl}};
+  return j.dump();
+}
+
+}  // namespace lattice

@@ -1,0 +1,41 @@
+// Megatron's evaluation: forward only (no dropout) over `iters` global batches of a
+// validation or test SampleSource; the loss is the token-weighted mean over all of
+// them (sum of masked token losses / number of loss tokens) and PPL = exp(min(20, loss)).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "data/gpt_batches.h"
+#include "model/gpt_model.h"
+
+namespace lattice {
+
+struct EvalResult {
+  double lm_loss = 0, ppl = 0;
+  double tokens = 0;  // loss tokens counted
+};
+
+// Megatron's reported perplexity: exp(min(20, loss)).
+double perplexity(double lm_loss);
+
+// Samples first_sample .. first_sample + iters*global_batch_size - 1, in micro-batches of
+// micro_batch_size x model's seq_length. The caller advances first_sample by
+// iters*global_batch_size after each evaluation (Megatron's valid iterator continues).
+EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_sample, int64_t iters,
+                    int64_t global_batch_size, int64_t micro_batch_size);
+
+// Megatron's prefixes: "iteration N" every --eval-interval; after training
+// "iteration N on validation set" and "iteration N on test set".
+std::string eval_prefix(int64_t iteration, const char* end_of_training_set = nullptr);
+
+// Megatron's three-line block (no trailing newline):
+//   ----------------...
+//    validation loss at <prefix> | lm loss value: 3.456789E+00 | lm loss PPL: 3.170853E+01 |
+//   ----------------...
+// (the dash lines are one longer than the middle line, as Megatron prints them).
+std::string format_evaluation(const std::string& prefix, const EvalResult& r);
+
+// One metrics-file line: {"iteration":N,"<key>_loss":X,"<key>_ppl":Y}, key "val" or "test".
+std::string format_eval_metrics_json(int64_t iteration, const std::string& key, const EvalResult& r);
+
+}  // namespace lattice

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# lattice convert and generate as a user runs them: a trained checkpoint to HuggingFace GPT-2 and
+# back (same generations, byte-identical HF files on a second trip), the independent HF fixture in,
+# generation with the KV cache against a full forward per token (same text, also across context
+# shifts), determinism for a seed, --prompt-file, and bad input (one-line errors, nothing overwritten).
+#   bash tests/e2e/test_convert_generate.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+# run NAME CMD...: runs CMD with stdout/stderr in NAME.out/NAME.err; fails the test on non-zero exit.
+run() {
+  local name=$1
+  shift
+  if ! "$@" >"$name.out" 2>"$name.err"; then
+    fail "$name: exited non-zero: $*"
+    sed 's/^/    /' "$name.err" >&2
+    return 1
+  fi
+}
+
+# same NAME A B: the two files are byte-identical.
+same() {
+  if cmp -s "$2" "$3"; then pass "$1"; else fail "$1: $2 and $3 differ"; fi
+}
+
+# A tiny ByteTokenizer model (context 16, so 40 new tokens cross several context shifts).
+run train "$LATTICE" train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 \
+  --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 2 --train-iters 3 \
+  --lr 1e-2 --min-lr 1e-2 --log-interval 1 --seed 7 --mock-data --tokenizer-type ByteTokenizer --save ckpt || e2e_finish
+
+# ---- lattice -> HF -> lattice -> HF ----
+if run to_hf "$LATTICE" convert --load ckpt --to-hf hf; then
+  [ -s hf/model.safetensors ] && [ -s hf/config.json ] || fail "convert --to-hf wrote no model.safetensors/config.json"
+  for pat in '"model_type": "gpt2"' '"n_layer": 2' '"n_embd": 32' '"n_head": 4' '"n_positions": 16' \
+             '"vocab_size": 257' '"activation_function": "gelu"' '"lattice_tokenizer_type": "ByteTokenizer"'; do
+    grep -qF -- "$pat" hf/config.json || fail "hf/config.json lacks $pat"
+  done
+  grep -qF 'transformer.h.1.attn.c_attn.weight' hf/model.safetensors || fail "hf/model.safetensors lacks HF names"
+fi
+run from_hf "$LATTICE" convert --from-hf hf --save ckpt2 &&
+  run to_hf2 "$LATTICE" convert --load ckpt2 --to-hf hf2 &&
+  same "HF -> lattice -> HF gives byte-identical model.safetensors" hf/model.safetensors hf2/model.safetensors &&
+  same "HF -> lattice -> HF gives the same config.json" hf/config.json hf2/config.json
+
+GEN=(--prompt "In the beginning" --max-new-tokens 40 --temperature 0.9 --top-k 50 --seed 5)
+run gen_a "$LATTICE" generate --load ckpt "${GEN[@]}" &&
+  run gen_b "$LATTICE" generate --load ckpt2 "${GEN[@]}" &&
+  same "generations from the checkpoint and its HF round trip are identical" gen_a.out gen_b.out
+
+# ---- generate: determinism, KV cache vs full forward, prompt file ----
+if run gen_a2 "$LATTICE" generate --load ckpt "${GEN[@]}"; then
+  same "generate is deterministic for a fixed --seed" gen_a.out gen_a2.out
+  [ "$(head -c 16 gen_a.out)" = "In the beginning" ] || fail "output does not start with the prompt"
+  [ "$(wc -c <gen_a.out)" -gt 17 ] || fail "generate produced no tokens"
+  grep -q 'prefill 16 tokens.*new tokens.*tokens/s, KV cache' gen_a.err || fail "no timing line: $(cat gen_a.err)"
+fi
+run gen_seed "$LATTICE" generate --load ckpt --prompt "In the beginning" --max-new-tokens 40 \
+  --temperature 0.9 --top-k 50 --seed 6 &&
+  { cmp -s gen_a.out gen_seed.out && fail "--seed 5 and --seed 6 give the same text" || pass "another --seed gives other text"; }
+for args in "--temperature 0" "--temperature 1.0 --seed 9" "--temperature 0.7 --top-p 0.9 --seed 2"; do
+  # shellcheck disable=SC2086
+  run kv "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 40 $args &&
+    run full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 40 $args --no-kv-cache &&
+    same "KV cache and full forward give the same 40 tokens ($args, context 16)" kv.out full.out
+done
+grep -q 'full forward per token' full.err || fail "--no-kv-cache timing line: $(cat full.err)"
+
+printf 'In the beginning\n\nAnd God said\n' > prompts.txt
+if run pf "$LATTICE" generate --load ckpt --prompt-file prompts.txt --max-new-tokens 40 --temperature 0.9 \
+     --top-k 50 --seed 5; then
+  # The first prompt draws from the same stream as a single --prompt run with that seed.
+  [ "$(head -c "$(wc -c <gen_a.out)" pf.out)" = "$(cat gen_a.out)" ] &&
+    pass "--prompt-file: first prompt's text equals the --prompt run" ||
+    fail "--prompt-file: first prompt's text differs from the --prompt run"
+  grep -qF 'And God said' pf.out && pass "--prompt-file: second prompt generated" || fail "--prompt-file: no second prompt"
+  grep -q '^generate: 2 prompt(s)' pf.err || fail "--prompt-file: expected 2 prompts: $(cat pf.err)"
+fi
+run zero "$LATTICE" generate --load ckpt --prompt "xyz" --max-new-tokens 0 &&
+  { [ "$(cat zero.out)" = "xyz" ] && pass "--max-new-tokens 0 prints the prompt" || fail "--max-new-tokens 0: $(cat zero.out)"; }
+
+# ---- the independent HF fixture in ----
+FX="$SRC/tests/fixtures/hf_gpt2_tiny"
+if run fx "$LATTICE" convert --from-hf "$FX" --save fxckpt; then
+  grep -q 'vocab 101 padded to 128' fx.err || fail "fixture import: $(cat fx.err)"
+  # Back out: same config (the unit tests compare every tensor; the buffers are not kept).
+  if run fx_back "$LATTICE" convert --load fxckpt --to-hf fxhf; then
+    for key in n_layer n_embd n_head n_positions vocab_size activation_function; do
+      [ "$(grep "\"$key\"" "$FX/config.json")" = "$(grep "\"$key\"" fxhf/config.json)" ] ||
+        fail "fixture round trip changed config.json $key"
+    done
+  fi
+  expect_error "generate: converted model without a tokenizer" "names no tokenizer|--tokenizer-type" -- \
+    "$LATTICE" generate --load fxckpt --prompt hi
+  expect_error "generate: tokenizer larger than the model" "ByteTokenizer|257|101" -- \
+    "$LATTICE" generate --load fxckpt --prompt hi --tokenizer-type ByteTokenizer
+fi
+expect_error "convert: --tokenizer-type larger than the vocabulary" "ByteTokenizer|vocab_size 101" -- \
+  "$LATTICE" convert --from-hf "$FX" --save fx_tok --tokenizer-type ByteTokenizer
+[ -e fx_tok ] && fail "a failed convert created --save fx_tok"
+
+# ---- bad input ----
+expect_error "convert: no direction" "--from-hf|--to-hf" -- "$LATTICE" convert --save x
+expect_error "convert: both directions" "--from-hf|--to-hf" -- "$LATTICE" convert --from-hf hf --to-hf y --load ckpt
+expect_error "convert: missing --from-hf dir" "nothere|config.json" -- "$LATTICE" convert --from-hf nothere --save y
+[ -e y ] && fail "a failed convert created --save y"
+mkdir -p badhf && cp hf/model.safetensors badhf/ && echo '{"n_layer": 2, "n_embd": 32' > badhf/config.json
+expect_error "convert: corrupt config.json" "config.json|invalid JSON" -- "$LATTICE" convert --from-hf badhf --save y
+md5_before=$(md5sum hf/model.safetensors hf/config.json)
+expect_error "convert: --to-hf over an existing model" "already holds a model" -- \
+  "$LATTICE" convert --load ckpt2 --to-hf hf
+[ "$(md5sum hf/model.safetensors hf/config.json)" = "$md5_before" ] || fail "a refused --to-hf changed hf/"
+md5_before=$(md5sum ckpt/latest_checkpointed_iteration.txt)
+expect_error "convert: --save over an existing checkpoint" "already holds a checkpoint" -- \
+  "$LATTICE" convert --from-hf hf --save ckpt
+[ "$(md5sum ckpt/latest_checkpointed_iteration.txt)" = "$md5_before" ] || fail "a refused --save changed ckpt/"
+expect_error "generate: missing --prompt-file" "--prompt-file|nope.txt" -- \
+  "$LATTICE" generate --load ckpt --prompt-file nope.txt
+expect_error "generate: no prompt" "--prompt" -- "$LATTICE" generate --load ckpt
+expect_error "generate: negative --max-new-tokens" "--max-new-tokens" -- \
+  "$LATTICE" generate --load ckpt --prompt a --max-new-tokens -1
+expect_error "generate: --top-p 0" "--top-p" -- "$LATTICE" generate --load ckpt --prompt a --top-p 0
+expect_error "generate: fractional --top-k" "--top-k" -- "$LATTICE" generate --load ckpt --prompt a --top-k 1.5
+
+e2e_finish

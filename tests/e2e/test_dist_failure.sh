@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Failure under mpirun: a rank that stops answering ends the job within the timeout with a
+# message naming the rank; a killed rank ends the job; ranks with different flags are
+# refused at start-up. Each case is bounded in time.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+e2e_init "$@"
+
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1)
+TRAIN=(train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2
+       --global-batch-size 4 --mock-data --vocab-size 64 --log-interval 1 --eval-iters 0)
+
+# Runs a job in the background, waits for its first log line, signals rank 1, and checks
+# the job ends within `limit` seconds, non-zero, with `pattern` in its output.
+signal_rank1() {
+  local sig=$1 limit=$2 pattern=$3 name=$4
+  local log=$TMP/$name.log
+  "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 1000000 --distributed-timeout-minutes 0.1 \
+    > "$log" 2>&1 &
+  local job=$!
+  for _ in $(seq 1 300); do grep -q " iteration " "$log" && break; sleep 0.1; done
+  # The ranks are mpirun's children (never pkill by name: other tests run lattice too);
+  # rank 1 is the later of the two.
+  local victim
+  victim=$(pgrep -P "$job" -f "train --num-layers 1" | sort -n | tail -1)
+  [[ -n $victim ]] || { fail "$name: no rank process found under mpirun $job"; kill -KILL $job; wait $job; return; }
+  kill -"$sig" "$victim"
+  local start=$SECONDS rc=0
+  for _ in $(seq 1 $((limit * 10))); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $job 2>/dev/null; then
+    fail "$name: the job still runs $limit s after SIG$sig to one rank"
+    pkill -KILL -P "$job"; kill -KILL "$job"; wait $job
+    return
+  fi
+  wait $job || rc=$?
+  [[ $rc -ne 0 ]] || fail "$name: the job exited 0"
+  grep -Eq "$pattern" "$log" || fail "$name: no '$pattern' in the output: $(tail -3 "$log")"
+  pass "$name: job ended in $((SECONDS - start)) s, exit $rc"
+  kill -KILL "$victim" 2>/dev/null; true
+}
+
+signal_rank1 STOP 60 "rank 0: timed out .* waiting in .* on the .* group" hung-rank
+signal_rank1 KILL 60 "rank 1|process rank" killed-rank
+
+# Different flags on different ranks are refused before training (mpirun adds its own
+# banner to stderr, so the check is for lattice's line in it).
+rc=0
+"${MPIRUN[@]}" -np 1 "$LATTICE" "${TRAIN[@]}" --train-iters 2 --seed 1 : \
+  -np 1 "$LATTICE" "${TRAIN[@]}" --train-iters 2 --seed 2 > "$TMP/mismatch.log" 2>&1 || rc=$?
+if [[ $rc -ne 0 ]] && grep -q "rank 1 runs --seed 2 but rank 0 runs 1: every rank must get the same flags" "$TMP/mismatch.log" \
+   && ! grep -q " iteration " "$TMP/mismatch.log"; then
+  pass "mismatched flags refused: $(grep -m1 'every rank' "$TMP/mismatch.log")"
+else
+  fail "mismatched flags: exit $rc, output: $(tail -5 "$TMP/mismatch.log")"
+fi
+e2e_finish

@@ -1,0 +1,85 @@
+// The model part of a checkpoint: parameters round-trip bit for bit, a different model
+// shape is refused naming the field, and `generate`'s loader rebuilds the model.
+#include "checkpoint/model_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "ckpt_test_util.h"
+
+namespace lattice {
+namespace {
+
+using ckpt_test::error_of;
+
+TransformerConfig tiny_config() {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.vocab_size = 40;
+  c.max_position_embeddings = 8;
+  c.finalize();
+  return c;
+}
+
+std::vector<float> params_of(const GPTModel& m) {
+  return std::vector<float>(m.params().params(), m.params().params() + m.params().numel());
+}
+
+class CkptModel : public ckpt_test::TempDirTest {};
+
+TEST_F(CkptModel, ParametersRoundTripBitExact) {
+  const TransformerConfig c = tiny_config();
+  GPTModel saved(c, 1, 8), loaded(c, 1, 8);
+  saved.init_parameters(11);
+  loaded.init_parameters(12);
+  ASSERT_NE(params_of(saved), params_of(loaded));
+  CheckpointWriter w;
+  add_model_tensors(w, saved);
+  CheckpointState s;
+  s.iteration = 3;
+  s.model_config = model_config_json(c);
+  s.args = {{"seq-length", 8}, {"tokenizer-type", "ByteTokenizer"}};
+  w.set_state(s);
+  w.save(path("ckpt"));
+
+  CheckpointReader r = CheckpointReader::open(path("ckpt"));
+  check_model_config(r.state().model_config, c, r.iter_dir());
+  load_model_tensors(r, loaded);
+  const std::vector<float> a = params_of(saved), b = params_of(loaded);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+
+  LoadedModel lm = load_model_checkpoint(path("ckpt"), 1);
+  EXPECT_EQ(lm.iteration, 3);
+  EXPECT_EQ(lm.seq_length, 8);
+  EXPECT_EQ(lm.tokenizer_type, "ByteTokenizer");
+  EXPECT_EQ(lm.model->config().num_layers, 2);
+  EXPECT_EQ(lm.model->config().padded_vocab_size, c.padded_vocab_size);
+  EXPECT_EQ(params_of(*lm.model), a);
+}
+
+TEST(CkptModelConfig, MismatchNamesTheFieldAndFlag) {
+  const TransformerConfig c = tiny_config();
+  const nlohmann::json saved = model_config_json(c);
+  EXPECT_EQ(error_of([&] { check_model_config(saved, c, "ckpt/iter_0000001"); }), "");
+  TransformerConfig other = c;
+  other.hidden_size = 32;
+  std::string msg = error_of([&] { check_model_config(saved, other, "ckpt/iter_0000001"); });
+  EXPECT_NE(msg.find("ckpt/iter_0000001"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hidden_size is 16, this run's is 32 (--hidden-size)"), std::string::npos) << msg;
+  other = c;
+  other.layernorm_epsilon = 1e-6f;
+  msg = error_of([&] { check_model_config(saved, other, "x"); });
+  EXPECT_NE(msg.find("--norm-epsilon"), std::string::npos) << msg;
+  // The saved epsilon (a float widened to double in JSON) compares equal to itself.
+  const nlohmann::json reparsed = nlohmann::json::parse(saved.dump());
+  EXPECT_EQ(error_of([&] { check_model_config(reparsed, c, "x"); }), "");
+  EXPECT_EQ(model_config_from_json(reparsed, "x").layernorm_epsilon, c.layernorm_epsilon);
+}
+
+}  // namespace
+}  // namespace lattice

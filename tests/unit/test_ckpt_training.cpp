@@ -1,0 +1,207 @@
+// save_training_checkpoint / load_training_checkpoint at the library level: 6 iterations
+// straight equal 3 + save + load into fresh objects + 3, bit for bit (dropout on, warmup +
+// cosine schedule, weight decay, Adam and SGD); and Megatron's load options.
+#include "checkpoint/training_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "ckpt_test_util.h"
+#include "data/gpt_batches.h"
+#include "train/train_step.h"
+
+namespace lattice {
+namespace {
+
+using ckpt_test::error_of;
+
+constexpr int64_t kB = 2, kGBS = 4, kT = 8;
+
+TransformerConfig config() {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.vocab_size = 40;
+  c.max_position_embeddings = kT;
+  c.hidden_dropout = c.attention_dropout = 0.1f;
+  c.finalize();
+  return c;
+}
+
+OptimizerParamSchedulerOptions schedule(double max_lr = 1e-2) {
+  OptimizerParamSchedulerOptions o;
+  o.max_lr = max_lr;
+  o.min_lr = 1e-3;
+  o.lr_warmup_steps = 2 * kGBS;
+  o.lr_decay_steps = 10 * kGBS;
+  o.lr_decay_style = "cosine";
+  o.start_wd = o.end_wd = 0.1;
+  o.wd_incr_steps = 10 * kGBS;
+  return o;
+}
+
+// One run's objects.
+struct TrainRun {
+  explicit TrainRun(const std::string& optimizer, uint64_t init_seed = 5, double max_lr = 1e-2)
+      : model(config(), kB, kT), optimizer(model.params(), [&] {
+          OptimizerConfig oc;
+          oc.optimizer = optimizer;
+          return oc;
+        }()),
+        scheduler(schedule(max_lr)) {
+    model.init_parameters(init_seed);
+  }
+  void train(const MockSamples& data, int64_t first, int64_t last, uint64_t seed) {
+    StepConfig sc{kB, kGBS, kT, 1.0, seed};
+    for (int64_t it = first; it < last; ++it) {
+      StepResult r = train_step(model, optimizer, data, sc, it, scheduler);
+      losses.push_back(r.lm_loss);
+      scheduler.step(kGBS);
+    }
+  }
+  std::vector<float> params() const {
+    return {model.params().params(), model.params().params() + model.params().numel()};
+  }
+  std::vector<float> state(int k) const {
+    const float* s = k == 1 ? optimizer.state1() : optimizer.state2();
+    return {s, s + model.params().numel()};
+  }
+  GPTModel model;
+  Optimizer optimizer;
+  OptimizerParamScheduler scheduler;
+  std::vector<double> losses;
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class CkptTraining : public ckpt_test::TempDirTest {};
+
+TEST_F(CkptTraining, ResumeIsBitExactForAdamAndSgd) {
+  const MockSamples data(40, kT, 9);
+  for (const char* opt : {"adam", "sgd"}) {
+    SCOPED_TRACE(opt);
+    const std::string dir = path(std::string("ckpt_") + opt);
+    TrainRun straight(opt);
+    straight.train(data, 0, 6, 77);
+
+    TrainRun first(opt);
+    first.train(data, 0, 3, 77);
+    TrainingSaveOptions so;
+    so.dir = dir;
+    so.optimizer = opt;
+    so.args_json = R"({"seed": 77})";
+    save_training_checkpoint(so, TrainingProgress{3, 3 * kGBS, 77}, first.model, first.optimizer, first.scheduler);
+
+    TrainRun resumed(opt, /*init_seed=*/6);  // different initial weights: all must come from the checkpoint
+    TrainingLoadOptions lo;
+    lo.dir = dir;
+    lo.optimizer = opt;
+    std::optional<TrainingProgress> p =
+        load_training_checkpoint(lo, TrainingProgress{0, 0, 1}, resumed.model, resumed.optimizer, resumed.scheduler);
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->iteration, 3);
+    EXPECT_EQ(p->consumed_train_samples, 12);
+    EXPECT_EQ(p->seed, 77u);  // the checkpoint's, not the fresh run's
+    EXPECT_EQ(resumed.optimizer.steps(), 3);
+    EXPECT_EQ(resumed.scheduler.num_steps(), 12);
+    resumed.train(data, p->iteration, 6, p->seed);
+
+    std::vector<double> joined = first.losses;
+    joined.insert(joined.end(), resumed.losses.begin(), resumed.losses.end());
+    ASSERT_EQ(joined.size(), straight.losses.size());
+    for (size_t k = 0; k < joined.size(); ++k) EXPECT_EQ(joined[k], straight.losses[k]) << "iteration " << k + 1;
+    EXPECT_TRUE(same_bits(resumed.params(), straight.params()));
+    EXPECT_TRUE(same_bits(resumed.state(1), straight.state(1)));
+    if (std::string(opt) == "adam") EXPECT_TRUE(same_bits(resumed.state(2), straight.state(2)));
+    EXPECT_EQ(resumed.scheduler.get_lr(), straight.scheduler.get_lr());
+  }
+}
+
+TEST_F(CkptTraining, LoadOptions) {
+  const MockSamples data(40, kT, 9);
+  TrainRun saved("adam");
+  saved.train(data, 0, 2, 77);
+  TrainingSaveOptions so;
+  so.dir = path("ckpt");
+  so.args_json = "{}";
+  save_training_checkpoint(so, TrainingProgress{2, 8, 77}, saved.model, saved.optimizer, saved.scheduler);
+  TrainingLoadOptions lo;
+  lo.dir = path("ckpt");
+
+  {  // --no-load-optim --no-load-rng: weights and progress only
+    TrainRun r("adam", 6);
+    TrainingLoadOptions o = lo;
+    o.load_optim = o.load_rng = false;
+    auto p = load_training_checkpoint(o, TrainingProgress{0, 0, 1}, r.model, r.optimizer, r.scheduler);
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->iteration, 2);
+    EXPECT_EQ(p->seed, 1u);
+    EXPECT_EQ(r.optimizer.steps(), 0);
+    EXPECT_EQ(r.scheduler.num_steps(), 0);
+    EXPECT_TRUE(same_bits(r.params(), saved.params()));
+  }
+  {  // --finetune: weights only, progress restarts
+    TrainRun r("adam", 6);
+    TrainingLoadOptions o = lo;
+    o.finetune = true;
+    auto p = load_training_checkpoint(o, TrainingProgress{0, 0, 1}, r.model, r.optimizer, r.scheduler);
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->iteration, 0);
+    EXPECT_EQ(p->consumed_train_samples, 0);
+    EXPECT_EQ(r.optimizer.steps(), 0);
+    EXPECT_TRUE(same_bits(r.params(), saved.params()));
+  }
+  {  // an iteration directory loads directly
+    TrainRun r("adam", 6);
+    TrainingLoadOptions o = lo;
+    o.dir = path("ckpt/iter_0000002");
+    auto p = load_training_checkpoint(o, TrainingProgress{0, 0, 1}, r.model, r.optimizer, r.scheduler);
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->iteration, 2);
+    EXPECT_TRUE(same_bits(r.params(), saved.params()));
+  }
+  {  // another optimizer
+    TrainRun r("sgd", 6);
+    TrainingLoadOptions o = lo;
+    o.optimizer = "sgd";
+    std::string msg = error_of([&] { load_training_checkpoint(o, {}, r.model, r.optimizer, r.scheduler); });
+    EXPECT_NE(msg.find("--optimizer sgd"), std::string::npos) << msg;
+  }
+  {  // another --lr: the scheduler names the field; override takes the flags' value
+    TrainRun r("adam", 6, 2e-2);
+    std::string msg = error_of([&] { load_training_checkpoint(lo, {}, r.model, r.optimizer, r.scheduler); });
+    EXPECT_NE(msg.find("max_lr"), std::string::npos) << msg;
+  }
+  {  // no directory / no tracker: nothing to load, nothing touched
+    TrainRun r("adam", 6);
+    const std::vector<float> before = r.params();
+    TrainingLoadOptions o = lo;
+    o.dir = path("none");
+    EXPECT_FALSE(load_training_checkpoint(o, {}, r.model, r.optimizer, r.scheduler));
+    EXPECT_TRUE(same_bits(r.params(), before));
+  }
+  // A checkpoint saved without optimizer or RNG state needs the matching --no-load-* flag.
+  TrainingSaveOptions bare = so;
+  bare.dir = path("bare");
+  bare.save_optim = bare.save_rng = false;
+  save_training_checkpoint(bare, TrainingProgress{2, 8, 77}, saved.model, saved.optimizer, saved.scheduler);
+  TrainRun r("adam", 6);
+  TrainingLoadOptions o = lo;
+  o.dir = path("bare");
+  EXPECT_NE(error_of([&] { load_training_checkpoint(o, {}, r.model, r.optimizer, r.scheduler); }).find("--no-load-optim"),
+            std::string::npos);
+  o.load_optim = false;
+  EXPECT_NE(error_of([&] { load_training_checkpoint(o, {}, r.model, r.optimizer, r.scheduler); }).find("--no-load-rng"),
+            std::string::npos);
+  o.load_rng = false;
+  EXPECT_TRUE(load_training_checkpoint(o, {}, r.model, r.optimizer, r.scheduler));
+}
+
+}  // namespace
+}  // namespace lattice

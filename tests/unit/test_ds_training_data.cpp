@@ -1,0 +1,181 @@
+// make_training_data: Megatron's sample counts, --data-path (one prefix / a blend) with
+// --split, --train-/--valid-/--test-data-path, --mock-data, and bad input (missing .idx,
+// a split with no samples, blend weights <= 0).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "data/blended_dataset.h"
+#include "data/gpt_dataset.h"
+#include "data/training_data.h"
+#include "test_ds_test_util.h"
+
+namespace lattice {
+namespace {
+
+using ds_test::expect_error;
+using ds_test::temp_dir;
+using ds_test::write_dataset;
+
+std::vector<int32_t> lengths(int n, int seed) {
+  std::vector<int32_t> v;
+  for (int i = 0; i < n; ++i) v.push_back(1 + (i * 37 + seed * 11) % 23);
+  return v;
+}
+
+TrainArgs base_args(const std::string& dir) {
+  TrainArgs a;
+  a.seq_length = 8;
+  a.global_batch_size = 4;
+  a.micro_batch_size = 2;
+  a.train_iters = 10;
+  a.eval_interval = 4;
+  a.eval_iters = 2;
+  a.seed = 77;
+  a.split = "8,1,1";
+  a.data_cache_path = dir + "/cache";
+  return a;
+}
+
+std::vector<int32_t> take(const SampleSource& s, int64_t i) {
+  std::vector<int32_t> out(size_t(s.seq_length() + 1));
+  s.sample(i, out.data());
+  return out;
+}
+
+TEST(DsTrainingData, MegatronSampleCounts) {
+  const SampleCounts c = megatron_sample_counts(100, 0, 30, 5, 8);
+  EXPECT_EQ(c.train, 800);
+  EXPECT_EQ(c.valid, (100 / 30 + 1) * 5 * 8);
+  EXPECT_EQ(c.test, 40);
+  const SampleCounts none = megatron_sample_counts(100, 0, 30, 0, 8);
+  EXPECT_EQ(none.valid, 0);
+  EXPECT_EQ(none.test, 0);
+  EXPECT_EQ(megatron_sample_counts(0, 96, 5, 1, 8).train, 96);
+}
+
+TEST(DsTrainingData, SinglePrefixIsSplitLikeMegatron) {
+  const std::string dir = temp_dir();
+  const auto sizes = lengths(60, 1);
+  const std::string p = write_dataset(dir + "/a", sizes);
+  TrainArgs a = base_args(dir);
+  a.data_path = {p};
+  const TrainingData t = make_training_data(a, 1000);
+  ASSERT_TRUE(t.train && t.valid && t.test);
+  EXPECT_EQ(t.counts.train, 40);
+  EXPECT_EQ(t.counts.valid, (10 / 4 + 1) * 2 * 4);
+  EXPECT_EQ(t.counts.test, 8);
+  auto ds = std::make_shared<IndexedDataset>(p);
+  const auto ranges = split_ranges("8,1,1", 60);
+  GPTDatasetConfig cfg{8, 77, dir + "/other-cache"};
+  const GPTDataset train(ds, Split::train, ranges[0], 40, cfg), valid(ds, Split::valid, ranges[1], 24, cfg);
+  for (int64_t i : {0, 1, 17, 39}) EXPECT_EQ(take(*t.train, i), take(train, i)) << i;
+  for (int64_t i : {0, 5, 23}) EXPECT_EQ(take(*t.valid, i), take(valid, i)) << i;
+  EXPECT_NE(t.summary.find("valid"), std::string::npos);
+}
+
+TEST(DsTrainingData, WeightedDataPathIsABlend) {
+  const std::string dir = temp_dir();
+  const std::string pa = write_dataset(dir + "/a", lengths(40, 2));
+  const std::string pb = write_dataset(dir + "/b", lengths(70, 3));
+  TrainArgs a = base_args(dir);
+  a.data_path = {"0.25", pa, "0.75", pb};
+  const TrainingData t = make_training_data(a, 1000);
+  const auto* blend = dynamic_cast<const BlendedDataset*>(t.train.get());
+  ASSERT_NE(blend, nullptr);
+  EXPECT_EQ(blend->size(), 40);
+  // Each part is the GPTDataset Megatron builds: its own split, ceil(ceil(n*w)*1.005) samples.
+  const auto w = normalize_blend_weights({0.25, 0.75}, "data-path");
+  const auto per = blend_samples_per_dataset(w, 40);
+  GPTDatasetConfig cfg{8, 77, dir + "/other-cache"};
+  const GPTDataset ga(std::make_shared<IndexedDataset>(pa), Split::train, split_ranges("8,1,1", 40)[0], per[0], cfg);
+  const GPTDataset gb(std::make_shared<IndexedDataset>(pb), Split::train, split_ranges("8,1,1", 70)[0], per[1], cfg);
+  BlendingIndex order(w, 40);
+  for (int64_t s = 0; s < 40; ++s) {
+    const auto [d, k] = order.locate(s);
+    EXPECT_EQ(take(*t.train, s), take(d == 0 ? static_cast<const SampleSource&>(ga) : gb, k)) << s;
+  }
+}
+
+TEST(DsTrainingData, PerSplitDataPaths) {
+  const std::string dir = temp_dir();
+  const std::string pa = write_dataset(dir + "/a", lengths(30, 4));
+  const std::string pb = write_dataset(dir + "/b", lengths(5, 5));
+  TrainArgs a = base_args(dir);
+  a.train_data_path = {pa};
+  a.valid_data_path = {"1", pa, "1", pb};
+  const TrainingData t = make_training_data(a, 1000);
+  ASSERT_TRUE(t.train && t.valid);
+  EXPECT_EQ(t.test, nullptr);  // no --test-data-path: no test evaluation
+  // The train split uses every sequence of its dataset.
+  GPTDatasetConfig cfg{8, 77, dir + "/other-cache"};
+  const GPTDataset whole(std::make_shared<IndexedDataset>(pa), Split::train, SplitRange{true, 0, 30}, 40, cfg);
+  for (int64_t i : {0, 9, 39}) EXPECT_EQ(take(*t.train, i), take(whole, i));
+  EXPECT_NE(dynamic_cast<const BlendedDataset*>(t.valid.get()), nullptr);
+  a.data_path = {pa};
+  expect_error([&] { make_training_data(a, 1000); }, {"--data-path", "exclusive"});
+}
+
+TEST(DsTrainingData, ZeroWeightSplitIsSkippedLikeMegatron) {
+  const std::string dir = temp_dir();
+  TrainArgs a = base_args(dir);
+  a.data_path = {write_dataset(dir + "/a", lengths(20, 6))};
+  a.split = "100,0,0";
+  const TrainingData t = make_training_data(a, 1000);
+  EXPECT_TRUE(t.train);
+  EXPECT_EQ(t.valid, nullptr);
+  EXPECT_EQ(t.test, nullptr);
+  a.split = "0,1,0";
+  expect_error([&] { make_training_data(a, 1000); }, {"--split 0,1,0", "train split weight 0"});
+}
+
+TEST(DsTrainingData, MockSplitsAreDifferentStreams) {
+  TrainArgs a = base_args(temp_dir());
+  a.mock_data = true;
+  const TrainingData t = make_training_data(a, 64);
+  ASSERT_TRUE(t.train && t.valid && t.test);
+  EXPECT_NE(take(*t.train, 0), take(*t.valid, 0));
+  EXPECT_NE(take(*t.valid, 0), take(*t.test, 0));
+}
+
+TEST(DsTrainingData, BadInput) {
+  const std::string dir = temp_dir();
+  const std::string p = write_dataset(dir + "/a", lengths(10, 7));
+  TrainArgs a = base_args(dir);
+  // A prefix whose .idx is missing.
+  std::filesystem::remove(p + ".idx");
+  a.data_path = {p};
+  expect_error([&] { make_training_data(a, 1000); }, {p + ".idx", "cannot open"});
+  // A split with no samples: 10 sequences, the default split gives valid [10, 10).
+  const std::string q = write_dataset(dir + "/q", lengths(10, 8));
+  a.data_path = {q};
+  a.split = "969,30,1";
+  expect_error([&] { make_training_data(a, 1000); }, {q, "valid split", "no tokens", "--eval-iters 0"});
+  a.eval_iters = 0;  // no evaluation: the empty splits are not built
+  EXPECT_NO_THROW(make_training_data(a, 1000));
+  // Blend weights <= 0.
+  a.data_path = {"1", q, "0", q};
+  expect_error([&] { make_training_data(a, 1000); }, {"--data-path", "weight 0", "positive"});
+  a.data_path = {"-1", q};
+  expect_error([&] { make_training_data(a, 1000); }, {"--data-path", "weight -1"});
+  // Token ids beyond the vocabulary.
+  a.data_path = {q};
+  expect_error([&] { make_training_data(a, 100); }, {q});
+  a.split = "9,x";
+  expect_error([&] { make_training_data(a, 1000); }, {"--split"});
+}
+
+TEST(DsTrainingData, EodToken) {
+  TrainArgs a;
+  a.mock_data = true;
+  EXPECT_EQ(resolve_eod_token(a, nullptr, 64), 63);
+  ByteTokenizer tok;
+  a.mock_data = false;
+  EXPECT_EQ(resolve_eod_token(a, &tok, 257), 256);
+  EXPECT_EQ(resolve_eod_token(a, nullptr, 100), -1);
+  a.eod_mask_loss = true;
+  expect_error([&] { resolve_eod_token(a, nullptr, 100); }, {"--eod-mask-loss", "--tokenizer-type"});
+}
+
+}  // namespace
+}  // namespace lattice

@@ -1,0 +1,158 @@
+// KV-cache decoding (GPTInference) against GPTModel's full forward: the logits of every
+// position, whether the tokens arrive as one prefill, one at a time or in chunks; thread-count
+// invariance; overflow and bad tokens.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "checkpoint/hf_gpt2.h"
+#include "core/error.h"
+#include "model/gpt_inference.h"
+
+namespace lattice {
+namespace {
+
+std::unique_ptr<GPTModel> random_model(bool untie, GeluKind gelu) {
+  TransformerConfig c;
+  c.num_layers = 3;
+  c.hidden_size = 48;
+  c.num_attention_heads = 4;
+  c.vocab_size = 90;
+  c.max_position_embeddings = 40;
+  c.gelu = gelu;
+  c.untie_embeddings_and_output_weights = untie;
+  c.hidden_dropout = c.attention_dropout = 0;
+  c.finalize();
+  auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
+  // Larger than the training init so attention is far from uniform and the check has teeth.
+  std::mt19937 gen(untie ? 11 : 12);
+  std::normal_distribution<float> nd(0.0f, 0.2f);
+  for (int64_t i = 0; i < m->params().numel(); ++i) m->params().params()[i] = nd(gen);
+  return m;
+}
+
+std::vector<int32_t> some_tokens(int64_t T, int64_t V) {
+  std::vector<int32_t> t(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) t[i] = int32_t((i * 53 + 17) % V);
+  return t;
+}
+
+// Max |got - want| over the first V columns of each row, relative to max |want|.
+double rel_err(const float* got, const float* want, int64_t rows, int64_t V, int64_t Vp) {
+  double err = 0, scale = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t v = 0; v < V; ++v) {
+      scale = std::max(scale, std::fabs(double(want[r * Vp + v])));
+      err = std::max(err, std::fabs(double(got[r * Vp + v]) - want[r * Vp + v]));
+    }
+  return err / scale;
+}
+
+// Appends tokens in chunks of the given sizes (cycled); returns [T, Vp] logits of every position.
+std::vector<float> cached_logits(GPTInference& inf, const std::vector<int32_t>& tokens, int64_t Vp,
+                                 const std::vector<int64_t>& chunks) {
+  std::vector<float> out(tokens.size() * size_t(Vp));
+  int64_t at = 0;
+  for (size_t k = 0; at < int64_t(tokens.size()); ++k) {
+    const int64_t n = std::min<int64_t>(chunks[k % chunks.size()], int64_t(tokens.size()) - at);
+    inf.append(tokens.data() + at, n, out.data() + at * Vp, /*all_positions=*/true);
+    at += n;
+  }
+  return out;
+}
+
+void check_against_full_forward(GPTModel& model, int64_t T) {
+  const TransformerConfig& c = model.config();
+  const int64_t Vp = c.padded_vocab_size;
+  const std::vector<int32_t> tokens = some_tokens(T, c.vocab_size);
+  std::vector<float> full(size_t(T * Vp));
+  model.forward_logits(tokens.data(), 1, T, full.data());
+  for (const std::vector<int64_t>& chunks :
+       std::vector<std::vector<int64_t>>{{T}, {1}, {7, 1, 1, 3}}) {
+    GPTInference inf(model);
+    std::vector<float> got = cached_logits(inf, tokens, Vp, chunks);
+    EXPECT_EQ(inf.length(), T);
+    // Same math, different summation order (online-softmax tiles vs two passes, GEMM vs GEMV).
+    EXPECT_LE(rel_err(got.data(), full.data(), T, c.vocab_size, Vp), 1e-5)
+        << "chunks starting " << chunks[0];
+  }
+  // Only-last logits equal the last row of all-positions logits.
+  GPTInference inf(model);
+  std::vector<float> last(static_cast<size_t>(Vp));
+  inf.append(tokens.data(), T - 1, last.data());
+  inf.append(tokens.data() + T - 1, 1, last.data());
+  EXPECT_LE(rel_err(last.data(), full.data() + (T - 1) * Vp, 1, c.vocab_size, Vp), 1e-5);
+}
+
+TEST(HfInference, KvCacheLogitsEqualFullForward) {
+  for (bool untie : {false, true}) {
+    auto model = random_model(untie, untie ? GeluKind::erf : GeluKind::tanh);
+    check_against_full_forward(*model, model->config().max_position_embeddings);  // the whole context
+  }
+}
+
+TEST(HfInference, KvCacheOnHfFixtureModel) {
+  HfGpt2Model hf = load_hf_gpt2(std::string(LATTICE_SOURCE_DIR) + "/tests/fixtures/hf_gpt2_tiny");
+  check_against_full_forward(*hf.model, 16);
+}
+
+TEST(HfInference, ResetStartsOver) {
+  auto model = random_model(false, GeluKind::tanh);
+  const int64_t Vp = model->config().padded_vocab_size;
+  const std::vector<int32_t> a = some_tokens(9, model->config().vocab_size);
+  GPTInference inf(*model);
+  std::vector<float> first(static_cast<size_t>(Vp)), again(static_cast<size_t>(Vp));
+  inf.append(a.data(), 9, first.data());
+  inf.append(a.data(), 5, again.data());  // different context now
+  inf.reset();
+  inf.append(a.data(), 9, again.data());
+  for (int64_t v = 0; v < Vp; ++v) ASSERT_EQ(first[v], again[v]);
+}
+
+TEST(HfInference, ThreadCountInvariant) {
+  auto model = random_model(true, GeluKind::erf);
+  const int64_t T = 24, Vp = model->config().padded_vocab_size;
+  const std::vector<int32_t> tokens = some_tokens(T, model->config().vocab_size);
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<float>> runs;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    GPTInference inf(*model);
+    runs.push_back(cached_logits(inf, tokens, Vp, {5, 1}));
+  }
+  omp_set_num_threads(saved);
+  // Attention is per (query, head) in one thread; GEMMs use thread-count-invariant blocking.
+  EXPECT_TRUE(runs[0] == runs[1]);
+  EXPECT_TRUE(runs[0] == runs[2]);
+}
+
+TEST(HfInference, OverflowAndBadTokensAreErrors) {
+  auto model = random_model(false, GeluKind::tanh);
+  const TransformerConfig& c = model->config();
+  std::vector<float> logits(size_t(c.padded_vocab_size));
+  GPTInference inf(*model);
+  const std::vector<int32_t> tokens = some_tokens(c.max_position_embeddings, c.vocab_size);
+  inf.append(tokens.data(), c.max_position_embeddings, logits.data());
+  int32_t one = 1;
+  try {
+    inf.append(&one, 1, logits.data());
+    ADD_FAILURE() << "appending past max_position_embeddings did not fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV cache full"), std::string::npos) << e.what();
+  }
+  inf.reset();
+  int32_t bad = int32_t(c.vocab_size);  // a padded id: not a real token
+  try {
+    inf.append(&bad, 1, logits.data());
+    ADD_FAILURE() << "token id == vocab_size accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the model's vocabulary"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(inf.length(), 0) << "a rejected append must leave the cache as it was";
+}
+
+}  // namespace
+}  // namespace lattice
