@@ -15,11 +15,11 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 // momentum buffer (torch's names).
 struct StateSlot {
   const char* prefix;
-  float* data;
+  int slot;  // Optimizer::param_state slot
 };
-std::vector<StateSlot> state_slots(const std::string& optimizer, const Optimizer& opt) {
-  if (optimizer == "adam") return {{"optimizer.exp_avg.", opt.state1()}, {"optimizer.exp_avg_sq.", opt.state2()}};
-  return {{"optimizer.momentum_buffer.", opt.state1()}};
+std::vector<StateSlot> state_slots(const std::string& optimizer) {
+  if (optimizer == "adam") return {{"optimizer.exp_avg.", 1}, {"optimizer.exp_avg_sq.", 2}};
+  return {{"optimizer.momentum_buffer.", 1}};
 }
 
 }  // namespace
@@ -35,9 +35,12 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
   s.model_config = model_config_json(model.config());
   s.args = nlohmann::json::parse(o.args_json);
   if (o.save_optim) {
-    for (const StateSlot& slot : state_slots(o.optimizer, optimizer))
-      for (const ParamInfo& pi : model.params().infos())
-        w.add_tensor(kOptimizerFile, slot.prefix + pi.name, "F32", pi.shape, slot.data + pi.offset);
+    for (const StateSlot& slot : state_slots(o.optimizer))
+      for (size_t k = 0; k < model.params().infos().size(); ++k) {
+        const ParamInfo& pi = model.params().infos()[k];
+        w.add_tensor(kOptimizerFile, slot.prefix + pi.name, "F32", pi.shape,
+                     optimizer.param_state(slot.slot, int(k)));
+      }
     s.optimizer = OptimizerState{o.optimizer, optimizer.steps()};
     s.opt_param_scheduler = scheduler.state().to_json();
   }
@@ -71,9 +74,11 @@ std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptio
     if (s.optimizer->step < 0) LATTICE_FAIL() << where << ": negative optimizer step " << s.optimizer->step;
     // The scheduler first: its mismatch check changes nothing when it fails.
     scheduler.load_state(OptimizerParamSchedulerState::from_json(*s.opt_param_scheduler, where), where);
-    for (const StateSlot& slot : state_slots(o.optimizer, optimizer))
-      for (const ParamInfo& pi : model.params().infos())
-        r.read_tensor(slot.prefix + pi.name, "F32", pi.shape, slot.data + pi.offset);
+    for (const StateSlot& slot : state_slots(o.optimizer))
+      for (size_t k = 0; k < model.params().infos().size(); ++k) {
+        const ParamInfo& pi = model.params().infos()[k];
+        r.read_tensor(slot.prefix + pi.name, "F32", pi.shape, optimizer.param_state(slot.slot, int(k)));
+      }
     optimizer.set_steps(s.optimizer->step);
   }
   if (o.load_rng) {

@@ -53,6 +53,18 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
   if (cfg_.optimizer == "adam") state2_ = Storage(bytes);
 }
 
+float* Optimizer::param_state(int slot, int param) const {
+  LATTICE_CHECK(slot == 1 || (slot == 2 && state2_.data())) << "no optimizer state slot " << slot;
+  const ParamInfo& p = params_.infos().at(size_t(param));
+  for (const Segment& s : segments_)
+    if (s.param == param) {
+      LATTICE_CHECK(s.begin == p.offset && s.end == p.offset + p.numel)
+          << "optimizer state of " << p.name << " is sharded; this rank holds only a part";
+      return (slot == 1 ? state1() : state2()) + s.state_offset;
+    }
+  LATTICE_FAIL() << "optimizer state of " << p.name << " is not held by this rank";
+}
+
 void Optimizer::step(const OptimizerParamScheduler& scheduler) {
   ++step_;
   const auto& infos = params_.infos();

@@ -55,7 +55,12 @@ class Optimizer {
   float* state1() const { return state1_.as<float>(); }
   float* state2() const { return state2_.as<float>(); }
   size_t state_bytes() const { return state1_.size() + state2_.size(); }
+  int64_t state_numel() const { return int64_t(state1_.size() / sizeof(float)); }  // per slot
   void set_steps(int64_t s) { step_ = s; }
+  // The state of parameter `param` in slot 1 (exp_avg / momentum) or 2 (exp_avg_sq):
+  // numel floats, in the parameter's layout. Fails when this optimizer does not own the
+  // whole parameter (a distributed-optimizer shard).
+  float* param_state(int slot, int param) const;
 
  private:
   // A piece of one parameter inside the owned ranges; its state lives at state_offset.

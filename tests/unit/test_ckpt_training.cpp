@@ -5,10 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "ckpt_test_util.h"
 #include "data/gpt_batches.h"
 #include "train/train_step.h"
@@ -68,7 +73,7 @@ struct TrainRun {
   }
   std::vector<float> state(int k) const {
     const float* s = k == 1 ? optimizer.state1() : optimizer.state2();
-    return {s, s + model.params().numel()};
+    return {s, s + optimizer.state_numel()};
   }
   GPTModel model;
   Optimizer optimizer;
@@ -201,6 +206,45 @@ TEST_F(CkptTraining, LoadOptions) {
             std::string::npos);
   o.load_rng = false;
   EXPECT_TRUE(load_training_checkpoint(o, {}, r.model, r.optimizer, r.scheduler));
+}
+
+}  // namespace
+}  // namespace lattice
+
+namespace lattice {
+namespace {
+
+// The saved moments carry the right parameter's values: after one AdamW step without
+// clipping, exp_avg = (1 - beta1) * grad and exp_avg_sq = (1 - beta2) * grad^2 for every
+// tensor, read back by name from optimizer.safetensors.
+TEST(CkptOptimizerState, SavedMomentsBelongToTheirParameters) {
+  const std::string dir = ::testing::TempDir() + "/ckpt_moments_" + std::to_string(::getpid());
+  TransformerConfig c = config();
+  c.hidden_dropout = c.attention_dropout = 0.0f;
+  GPTModel model(c, kB, kT);
+  model.init_parameters(3);
+  Optimizer opt(model.params(), OptimizerConfig{});
+  OptimizerParamScheduler sched(schedule());
+  MockSamples data(c.vocab_size, kT, 3);
+  StepConfig sc{kB, kGBS, kT, /*clip_grad=*/0.0, 3};
+  train_step(model, opt, data, sc, 0, sched);
+  TrainingSaveOptions so;
+  so.dir = dir;
+  so.args_json = "{}";
+  const std::string iter_dir = save_training_checkpoint(so, TrainingProgress{1, kGBS, 3}, model, opt, sched);
+  SafetensorsFile f = SafetensorsFile::read(iter_dir + "/optimizer.safetensors");
+  for (size_t k = 0; k < model.params().infos().size(); ++k) {
+    const ParamInfo& p = model.params().infos()[k];
+    const float* g = model.params().grad(int(k));
+    std::vector<float> m = f.get_f32("optimizer.exp_avg." + p.name);
+    std::vector<float> v = f.get_f32("optimizer.exp_avg_sq." + p.name);
+    ASSERT_EQ(int64_t(m.size()), p.numel) << p.name;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      ASSERT_NEAR(m[size_t(i)], 0.1f * g[i], 1e-6f * (1 + std::fabs(g[i]))) << p.name << "[" << i << "]";
+      ASSERT_NEAR(v[size_t(i)], 0.001f * g[i] * g[i], 1e-6f * (1 + g[i] * g[i])) << p.name << "[" << i << "]";
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
