@@ -34,17 +34,22 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
   s.consumed_train_samples = p.consumed_train_samples;
   s.model_config = model_config_json(model.config());
   s.args = nlohmann::json::parse(o.args_json);
+  // Full optimizer tensors in the flat layout; with the distributed optimizer every
+  // rank fills in its shard and gather_state completes the rest.
+  std::vector<std::vector<float>> flats;
   if (o.save_optim) {
-    for (const StateSlot& slot : state_slots(o.optimizer))
-      for (size_t k = 0; k < model.params().infos().size(); ++k) {
-        const ParamInfo& pi = model.params().infos()[k];
-        w.add_tensor(kOptimizerFile, slot.prefix + pi.name, "F32", pi.shape,
-                     optimizer.param_state(slot.slot, int(k)));
-      }
+    for (const StateSlot& slot : state_slots(o.optimizer)) {
+      flats.emplace_back(static_cast<size_t>(model.params().numel()), 0.0f);
+      optimizer.export_state(slot.slot, flats.back().data());
+      if (o.gather_state) o.gather_state(flats.back().data());
+      for (const ParamInfo& pi : model.params().infos())
+        w.add_tensor(kOptimizerFile, slot.prefix + pi.name, "F32", pi.shape, flats.back().data() + pi.offset);
+    }
     s.optimizer = OptimizerState{o.optimizer, optimizer.steps()};
     s.opt_param_scheduler = scheduler.state().to_json();
   }
   if (o.save_rng) s.rng = RngState{p.seed};
+  if (!o.write) return "";
   w.set_state(s);
   return w.save(o.dir, o.keep_last_n);
 }
@@ -74,11 +79,12 @@ std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptio
     if (s.optimizer->step < 0) LATTICE_FAIL() << where << ": negative optimizer step " << s.optimizer->step;
     // The scheduler first: its mismatch check changes nothing when it fails.
     scheduler.load_state(OptimizerParamSchedulerState::from_json(*s.opt_param_scheduler, where), where);
-    for (const StateSlot& slot : state_slots(o.optimizer))
-      for (size_t k = 0; k < model.params().infos().size(); ++k) {
-        const ParamInfo& pi = model.params().infos()[k];
-        r.read_tensor(slot.prefix + pi.name, "F32", pi.shape, optimizer.param_state(slot.slot, int(k)));
-      }
+    std::vector<float> flat(static_cast<size_t>(model.params().numel()), 0.0f);
+    for (const StateSlot& slot : state_slots(o.optimizer)) {
+      for (const ParamInfo& pi : model.params().infos())
+        r.read_tensor(slot.prefix + pi.name, "F32", pi.shape, flat.data() + pi.offset);
+      optimizer.import_state(slot.slot, flat.data());  // this rank's shard of it
+    }
     optimizer.set_steps(s.optimizer->step);
   }
   if (o.load_rng) {

@@ -4,6 +4,7 @@
 // --no-load-rng, --finetune, ...). The trainer's only interface to checkpoints.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -27,9 +28,14 @@ struct TrainingSaveOptions {
   bool save_rng = true;           // !--no-save-rng
   int64_t keep_last_n = 0;        // --keep-last-n
   std::string args_json;          // TrainArgs::to_json()
+  // Distributed optimizer: completes a flat optimizer-state buffer in which this rank
+  // filled its shard (an all-gather over the data-parallel group). Null: nothing to do.
+  std::function<void(float*)> gather_state;
+  bool write = true;              // false on the ranks that only take part in the gather
 };
 
-// Writes DIR/iter_NNNNNNN atomically and then the tracker file; returns the directory.
+// Writes DIR/iter_NNNNNNN atomically and then the tracker file; returns the directory
+// (empty when !write).
 std::string save_training_checkpoint(const TrainingSaveOptions& o, const TrainingProgress& p,
                                      const GPTModel& model, const Optimizer& optimizer,
                                      const OptimizerParamScheduler& scheduler);

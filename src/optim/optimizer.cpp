@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "dist/comm.h"
 
@@ -53,16 +54,18 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
   if (cfg_.optimizer == "adam") state2_ = Storage(bytes);
 }
 
-float* Optimizer::param_state(int slot, int param) const {
+void Optimizer::export_state(int slot, float* flat) const {
   LATTICE_CHECK(slot == 1 || (slot == 2 && state2_.data())) << "no optimizer state slot " << slot;
-  const ParamInfo& p = params_.infos().at(size_t(param));
+  const float* st = slot == 1 ? state1() : state2();
   for (const Segment& s : segments_)
-    if (s.param == param) {
-      LATTICE_CHECK(s.begin == p.offset && s.end == p.offset + p.numel)
-          << "optimizer state of " << p.name << " is sharded; this rank holds only a part";
-      return (slot == 1 ? state1() : state2()) + s.state_offset;
-    }
-  LATTICE_FAIL() << "optimizer state of " << p.name << " is not held by this rank";
+    std::memcpy(flat + s.begin, st + s.state_offset, size_t(s.end - s.begin) * sizeof(float));
+}
+
+void Optimizer::import_state(int slot, const float* flat) {
+  LATTICE_CHECK(slot == 1 || (slot == 2 && state2_.data())) << "no optimizer state slot " << slot;
+  float* st = slot == 1 ? state1() : state2();
+  for (const Segment& s : segments_)
+    std::memcpy(st + s.state_offset, flat + s.begin, size_t(s.end - s.begin) * sizeof(float));
 }
 
 void Optimizer::step(const OptimizerParamScheduler& scheduler) {

@@ -57,10 +57,12 @@ class Optimizer {
   size_t state_bytes() const { return state1_.size() + state2_.size(); }
   int64_t state_numel() const { return int64_t(state1_.size() / sizeof(float)); }  // per slot
   void set_steps(int64_t s) { step_ = s; }
-  // The state of parameter `param` in slot 1 (exp_avg / momentum) or 2 (exp_avg_sq):
-  // numel floats, in the parameter's layout. Fails when this optimizer does not own the
-  // whole parameter (a distributed-optimizer shard).
-  float* param_state(int slot, int param) const;
+  // Slot 1 (exp_avg / momentum) or 2 (exp_avg_sq) in the flat buffer's layout: export
+  // writes the owned elements into `flat` (params().numel() floats; others untouched),
+  // import reads them from it. Checkpoints store full tensors this way, so a state
+  // saved under one data-parallel sharding loads under any other.
+  void export_state(int slot, float* flat) const;
+  void import_state(int slot, const float* flat);
 
  private:
   // A piece of one parameter inside the owned ranges; its state lives at state_offset.

@@ -44,6 +44,10 @@ void DataParallel::finish_param_gather() {
   gathers_.clear();
 }
 
+void DataParallel::gather_shards(float* flat) {
+  for (const Bucket& b : sync_.buckets()) dp_.all_gather(flat + b.begin, b.shard_counts);
+}
+
 double DataParallel::average(double value) {
   dp_.all_reduce(&value, 1, ReduceOp::sum);
   return value / double(size());

@@ -186,9 +186,6 @@ int run_training(const TrainArgs& args) {
   model.init_parameters(args.seed);
   model.set_document_boundaries(
       DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids, args.reset_attention_mask});
-  if (args.use_distributed_optimizer && ps->dp().size() > 1 && (!args.save.empty() || !args.load.empty()))
-    LATTICE_FAIL() << "--save/--load with --use-distributed-optimizer over " << ps->dp().size()
-                   << " data-parallel ranks is not supported yet (the optimizer state is sharded)";
   std::unique_ptr<DataParallel> dp;
   if (ps->dp().size() > 1 || args.use_distributed_optimizer) {
     DataParallelConfig dcfg;
@@ -229,14 +226,19 @@ int run_training(const TrainArgs& args) {
   std::ofstream metrics = open_metrics(ps->world_rank() == 0 ? args.metrics_file : "", start.iteration);
   if (args.exit_signal_handler) install_exit_signal_handler();
 
-  const TrainingSaveOptions save_opts{args.save,           args.optimizer, !args.no_save_optim,
+  const TrainingSaveOptions base_save_opts{args.save,           args.optimizer, !args.no_save_optim,
                                       !args.no_save_rng,   args.keep_last_n, args.to_json()};
   int64_t last_saved = -1;
-  // Every data-parallel rank holds the same parameters and optimizer state: rank 0 writes.
+  // Every data-parallel rank holds the same parameters: rank 0 writes. With the
+  // distributed optimizer the state shards are gathered first (a full, layout-free
+  // checkpoint that loads under any data-parallel size).
+  TrainingSaveOptions save_opts = base_save_opts;
+  save_opts.write = ps->world_rank() == 0;
+  if (dp && args.use_distributed_optimizer) save_opts.gather_state = [&](float* flat) { dp->gather_shards(flat); };
   auto save = [&](int64_t iteration) {
     const TrainingProgress p{iteration, iteration * args.global_batch_size, start.seed};
-    if (ps->world_rank() == 0)
-      log_info("> saved checkpoint " + save_training_checkpoint(save_opts, p, model, optimizer, scheduler));
+    const std::string dir = save_training_checkpoint(save_opts, p, model, optimizer, scheduler);
+    if (save_opts.write) log_info("> saved checkpoint " + dir);
     if (ps->world_size() > 1) ps->world().barrier();
     last_saved = iteration;
   };

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Checkpoints under data parallelism: a run saved at DP=4 with the distributed optimizer
+# (sharded Adam state) resumes at DP=2 and at DP=1, and the next losses equal an
+# uninterrupted single-process run's (to 1e-5 relative: only reduction order differs).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+e2e_init "$@"
+cd "$TMP"
+
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1)
+TRAIN=(train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1
+       --global-batch-size 8 --mock-data --vocab-size 64 --log-interval 1 --eval-iters 0 --lr 1e-3
+       --hidden-dropout 0.1 --attention-dropout 0.1 --seed 7)
+
+losses() { grep -o "lm loss: [0-9.E+-]*" "$1" | awk '{print $3}'; }
+
+OMP_NUM_THREADS=1 "$LATTICE" "${TRAIN[@]}" --train-iters 6 --save straight > straight.log 2>&1 || fail "straight run failed: $(tail -2 straight.log)"
+"${MPIRUN[@]}" -np 4 "$LATTICE" "${TRAIN[@]}" --train-iters 6 --exit-interval 3 --use-distributed-optimizer \
+  --save ckpt > dp4.log 2>&1 || fail "DP=4 run failed: $(tail -2 dp4.log)"
+[[ -f ckpt/latest_checkpointed_iteration.txt ]] || fail "DP=4 run wrote no checkpoint"
+
+compare() {  # NAME LOG: iterations 4..6 of LOG against the straight run's
+  local want got
+  want=$(losses straight.log | tail -3 | tr '\n' ' ')
+  got=$(losses "$2" | tr '\n' ' ')
+  if python3 -c "import sys; w=[float(x) for x in sys.argv[1].split()]; g=[float(x) for x in sys.argv[2].split()]; sys.exit(0 if len(w)==3 and len(g)==3 and all(abs(a-b)<=1e-5*abs(b) for a,b in zip(g,w)) else 1)" "$want" "$got"; then
+    pass "$1: losses $got equal the uninterrupted run's"
+  else
+    fail "$1: losses '$got', uninterrupted run '$want'"
+  fi
+  # Final parameters (which depend on the resumed Adam moments) against the straight run's.
+  if python3 - "$3/iter_0000006/model.safetensors" straight/iter_0000006/model.safetensors <<'PY'; then
+import json, struct, sys
+def read(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); base = 8 + n; out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        s, e = v["data_offsets"]
+        out[k] = struct.unpack("<%df" % ((e - s) // 4), b[base + s:base + e])
+    return out
+got, want = read(sys.argv[1]), read(sys.argv[2])
+scale = max(abs(x) for t in want.values() for x in t)
+err = max(abs(a - b) for k in want for a, b in zip(got[k], want[k]))
+print("max parameter error %.3g (scale %.3g)" % (err, scale))
+sys.exit(0 if err <= 1e-5 * scale else 1)
+PY
+    pass "$1: final parameters equal the uninterrupted run's"
+  else
+    fail "$1: final parameters differ from the uninterrupted run's"
+  fi
+}
+
+for np in 2 1; do
+  cp -r ckpt "ckpt$np"
+  "${MPIRUN[@]}" -np $np "$LATTICE" "${TRAIN[@]}" --train-iters 6 --use-distributed-optimizer --load "ckpt$np" --save "ckpt$np" \
+    > "resume$np.log" 2>&1 || fail "resume at DP=$np failed: $(tail -2 "resume$np.log")"
+  compare "DP=4 -> DP=$np" "resume$np.log" "ckpt$np"
+done
+e2e_finish
