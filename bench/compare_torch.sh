@@ -58,7 +58,7 @@ run_lattice() {  # shape round L H C B T
   /usr/bin/time -v -o "$base.time" "$LATTICE" train --mock-data --vocab-size "$VOCAB" \
     --num-layers "$3" --hidden-size "$5" --num-attention-heads "$4" \
     --seq-length "$7" --max-position-embeddings "$BLOCK" --micro-batch-size "$6" --global-batch-size "$6" \
-    --train-iters $((WARMUP + STEPS)) --log-interval 1 --hidden-dropout 0 --attention-dropout 0 \
+    --train-iters $((WARMUP + STEPS)) --log-interval 1 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 \
     --metrics-file "$base.metrics.jsonl" >"$base.out" 2>&1 ||
     { tail -n 20 "$base.out" >&2; die "lattice failed on shape $1 (log above)"; }
 }

@@ -50,7 +50,7 @@ mkdir -p "$RUN_DIR"
   --seq-length "$SEQ_LENGTH" --max-position-embeddings "$SEQ_LENGTH" \
   --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE" \
   --lr "$LR" --min-lr "$MIN_LR" --train-iters "$TRAIN_ITERS" --log-interval "$LOG_INTERVAL" \
-  --data-path "$dataset" "${tok[@]}" --hidden-dropout 0 --attention-dropout 0 \
+  --data-path "$dataset" "${tok[@]}" --hidden-dropout 0 --attention-dropout 0 --eval-interval 100 --eval-iters 5 \
   --weight-decay 0.1 --clip-grad 1.0 --adam-beta2 0.95 --seed "$SEED" \
   --save "$checkpoint" --metrics-file "$metrics" \
   "$@"

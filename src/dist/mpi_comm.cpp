@@ -29,13 +29,15 @@ void check_mpi(int rc, const char* what) {
 // Waits for an MPI request with the job's timeout; on timeout the job is aborted with
 // a message that names this rank, the group and the operation.
 void wait_request(MPI_Request& req, const std::string& group, CommOp op, CommStats& stats) {
+  // Open MPI progresses a non-blocking operation only inside its calls, so the wait
+  // polls without sleeping (a sleep between polls throttles large transfers); yield lets
+  // a peer rank sharing the core run.
   Timer t;
   int done = 0;
-  int spins = 0;
   while (true) {
     check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done) break;
-    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    std::this_thread::yield();
     if (t.seconds() > g_timeout_seconds) {
       std::ostringstream os;
       os << "rank " << mpi_world_rank() << ": timed out after " << t.seconds() << " s waiting in "
