@@ -188,7 +188,6 @@ void reject_unimplemented(const TrainArgs& a) {
   auto reject = [](bool used, const char* flag) {
     if (used) LATTICE_FAIL() << "--" << flag << " is not implemented yet";
   };
-  reject(a.train_samples != 0, "train-samples");
   reject(a.zero_stage != d.zero_stage, "zero-stage");
 }
 
@@ -202,10 +201,19 @@ void validate(TrainArgs& a) {
   positive("num-attention-heads", a.num_attention_heads);
   positive("seq-length", a.seq_length);
   positive("micro-batch-size", a.micro_batch_size);
-  positive("train-iters", a.train_iters);
+  if (a.train_samples != 0 && a.train_iters != 0)
+    LATTICE_FAIL() << "--train-iters and --train-samples are exclusive";
+  if (a.train_samples == 0) positive("train-iters", a.train_iters);
+  else positive("train-samples", a.train_samples);
   positive("log-interval", a.log_interval);
   if (a.max_position_embeddings == 0) a.max_position_embeddings = a.seq_length;
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size;
+  if (a.train_samples > 0) {  // Megatron's update_train_iters (constant batch size)
+    if (a.global_batch_size > 0 && a.train_samples < a.global_batch_size)
+      LATTICE_FAIL() << "--train-samples " << a.train_samples << " is less than one --global-batch-size "
+                     << a.global_batch_size;
+    if (a.global_batch_size > 0) a.train_iters = a.train_samples / a.global_batch_size;
+  }
   if (a.global_batch_size < 0) LATTICE_FAIL() << "--global-batch-size must be positive";
   if (a.global_batch_size % a.micro_batch_size != 0)
     LATTICE_FAIL() << "--global-batch-size " << a.global_batch_size

@@ -99,3 +99,43 @@ TEST(TrainArgs, HelpListsEveryFlagWithDefault) {
 
 }  // namespace
 }  // namespace lattice
+
+namespace lattice {
+namespace {
+
+TrainArgs parse_words(std::vector<std::string> words) {
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  return parse_train_args(int(argv.size()), argv.data(), 2);
+}
+
+std::vector<std::string> sample_based(std::vector<std::string> extra) {
+  std::vector<std::string> w = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
+                                "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size",
+                                "2", "--global-batch-size", "8", "--mock-data", "--vocab-size", "100"};
+  w.insert(w.end(), extra.begin(), extra.end());
+  return w;
+}
+
+TEST(TrainArgs, TrainSamplesSetsTheIterations) {
+  TrainArgs a = parse_words(sample_based({"--train-samples", "100", "--lr-decay-samples", "80"}));
+  EXPECT_EQ(a.train_iters, 12);  // Megatron: train_samples // global_batch_size
+  EXPECT_EQ(a.lr_decay_samples, 80);
+}
+
+TEST(TrainArgs, TrainSamplesErrors) {
+  auto err = [](std::vector<std::string> extra) {
+    try {
+      parse_words(sample_based(std::move(extra)));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err({"--train-samples", "100", "--train-iters", "5"}).find("exclusive"), std::string::npos);
+  EXPECT_NE(err({"--train-samples", "4"}).find("less than one --global-batch-size 8"), std::string::npos);
+  EXPECT_NE(err({}).find("--train-iters is required"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lattice
