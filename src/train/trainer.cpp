@@ -300,7 +300,14 @@ int run_training(const TrainArgs& args) {
       valid_pos += eval_samples;
     }
     if (!args.save.empty() && args.save_interval > 0 && done % args.save_interval == 0) save(done);
-    const std::string reason = exit_reason(args, done, train_start);
+    std::string reason = exit_reason(args, done, train_start);
+    // Ranks see a signal or the clock at different moments: they agree on exiting after
+    // the same iteration (one double per iteration), or the others would wait forever.
+    if (ps->world_size() > 1 && (args.exit_signal_handler || args.exit_duration_in_mins > 0)) {
+      double exiting = reason.empty() ? 0.0 : 1.0;
+      ps->world().all_reduce(&exiting, 1, ReduceOp::max);
+      if (exiting > 0 && reason.empty()) reason = "another rank is exiting";
+    }
     if (!reason.empty()) {
       if (!args.save.empty() && last_saved != done) save(done);
       log_info("> exiting after iteration " + std::to_string(done) + ": " + reason);

@@ -52,4 +52,22 @@ if [[ $rc -ne 0 ]] && grep -q "rank 1 runs --seed 2 but rank 0 runs 1: every ran
 else
   fail "mismatched flags: exit $rc, output: $(tail -5 "$TMP/mismatch.log")"
 fi
+# SIGTERM with --exit-signal-handler under mpirun: every rank stops after the same
+# iteration, rank 0 saves, and the job exits 0 (no rank left waiting in a collective).
+"${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 1000000 --exit-signal-handler --save "$TMP/sigckpt" \
+  > "$TMP/sigterm.log" 2>&1 &
+job=$!
+for _ in $(seq 1 300); do grep -q " iteration " "$TMP/sigterm.log" && break; sleep 0.1; done
+kill -TERM "$(pgrep -P "$job" -f "train --num-layers 1" | sort -n | tail -1)"
+rc=0
+for _ in $(seq 1 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+if kill -0 $job 2>/dev/null; then
+  fail "sigterm: the job still runs 30 s after SIGTERM to rank 1"; pkill -KILL -P "$job"; kill -KILL "$job"
+fi
+wait $job || rc=$?
+if [[ $rc -eq 0 ]] && grep -q "exiting after iteration" "$TMP/sigterm.log" && [[ -f $TMP/sigckpt/latest_checkpointed_iteration.txt ]]; then
+  pass "sigterm to one rank: all ranks stopped together, checkpoint at iteration $(cat "$TMP/sigckpt/latest_checkpointed_iteration.txt")"
+else
+  fail "sigterm: exit $rc, output: $(tail -3 "$TMP/sigterm.log")"
+fi
 e2e_finish
