@@ -14,20 +14,14 @@
 
 #include "core/error.h"
 #include "data/indexed_dataset.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace lattice;
 
 namespace {
 
-std::string temp_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path d = fs::path(::testing::TempDir()) /
-               ("lattice_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using test_util::temp_dir;
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

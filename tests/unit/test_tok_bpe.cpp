@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "data/gpt2_bpe_tokenizer.h"
 #include "data/tokenizer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace lattice;
@@ -63,19 +64,9 @@ struct Fixture {
 const std::vector<std::pair<std::string, std::string>> kMerges = {
     {"a", "b"}, {"b", "c"}, {"ab", "c"}, {"a", "a"}, {" ", "t"}, {"c", "a"}, {"aa", "a"}, {"ca", "b"}, {" t", "ab"}};
 
-std::string temp_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path d = fs::path(::testing::TempDir()) /
-               ("lattice_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using test_util::temp_dir;
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-}
+using test_util::write_text;
 
 std::string vocab_json(const std::vector<std::string>& tokens_bytes, bool with_eod = true) {
   std::string j = "{";

@@ -14,25 +14,16 @@
 #include "data/indexed_dataset.h"
 #include "data/merge_datasets.h"
 #include "data/preprocess.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace lattice;
 
 namespace {
 
-std::string temp_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path d = fs::path(::testing::TempDir()) /
-               ("lattice_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using test_util::temp_dir;
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-}
+using test_util::write_text;
 
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
