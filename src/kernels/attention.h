@@ -16,13 +16,17 @@ struct AttentionShape {
 };
 
 // Attention dropout (on the probabilities) is applied when p > 0: probability
-// element (b, h, i, j) is kept when stream.uniform(((b*H + h)*T + i)*T + j + first_index) >= p,
-// where b and h are global indices (first_index is added by the caller for layout
-// invariance; 0 in one process).
+// element (b, h, i, j) is kept when
+//   stream.uniform(((b*Hg + h0 + h)*T + i)*T + j + first_index) >= p,
+// with Hg the model's total heads and h0 the first head this rank computes (tensor
+// parallelism splits the heads; Hg = 0 means Hg = H, h0 = 0), so every layout draws the
+// single-process mask of each probability.
 struct AttentionDropout {
   float p = 0.0f;
   PhiloxStream stream{0, 0};
   uint64_t first_index = 0;
+  int64_t total_heads = 0;  // Hg (0: the shape's H)
+  int64_t head_offset = 0;  // h0
 };
 
 // document_ids: [B,T] or null. When given, query i attends key j only when j <= i and

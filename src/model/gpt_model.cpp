@@ -1,10 +1,12 @@
 #include "model/gpt_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "blas/gemm.h"
+#include "dist/comm.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -17,34 +19,37 @@
 namespace lattice {
 
 // Everything one micro-batch keeps between forward and backward, plus backward scratch.
+// Sizes per rank (see the header): "full" buffers have N rows, "shard" buffers Ns.
 struct GPTModel::Activations {
   struct Layer {
-    float* ln1;        // [N, C]
-    float* ln1_mean;   // [N]
-    float* ln1_rstd;   // [N]
-    float* qkv;        // [N, 3C]  ([B, T, H, 3, D])
-    float* attn;       // [N, C]   ([B, T, H, D])
-    float* lse;        // [B, H, T]
-    float* resid_mid;  // [N, C]   residual stream after the attention block
-    float* ln2;        // [N, C]
-    float* ln2_mean;   // [N]
-    float* ln2_rstd;   // [N]
-    float* fc1;        // [N, F]   pre-activation
-    float* gelu;       // [N, F]
+    float* ln1;        // [Ns, C]  (all-gathered into ln_full when a GEMM needs every row)
+    float* ln1_mean;   // [Ns]
+    float* ln1_rstd;   // [Ns]
+    float* qkv;        // [N, 3C/P]  ([B, T, Hl, 3, D])
+    float* attn;       // [N, C/P]   ([B, T, Hl, D])
+    float* lse;        // [B, Hl, T]
+    float* resid_mid;  // [Ns, C]  residual stream after the attention block
+    float* ln2;        // [Ns, C]
+    float* ln2_mean;   // [Ns]
+    float* ln2_rstd;   // [Ns]
+    float* fc1;        // [N, Fl]  pre-activation
+    float* gelu;       // [N, Fl]
   };
-  std::vector<float*> resid;  // L+1 x [N, C]: resid[l] is layer l's input
+  std::vector<float*> resid;  // L+1 x [Ns, C]: resid[l] is layer l's input
   std::vector<Layer> layers;
-  float* lnf;                 // [N, C]
-  float* lnf_mean;            // [N]
-  float* lnf_rstd;            // [N]
-  float* logits;              // [N, Vp]  (overwritten by dlogits)
+  float* lnf;                 // [N, C] full
+  float* lnf_mean;            // [Ns]
+  float* lnf_rstd;            // [Ns]
+  float* logits;              // [N, Vl]  (overwritten by dlogits)
   float* losses;              // [N]
-  // backward scratch
-  float* d_resid;             // [N, C]
+  // scratch
+  float* d_resid;             // [Ns, C]
+  float* d_s;                 // [Ns, C]  (sequence parallelism only)
+  float* ln_full;             // [N, C]   a LayerNorm output gathered from the shards (idem)
   float* d_c1;                // [N, C]
   float* d_c2;                // [N, C]
-  float* d_3c;                // [N, 3C]
-  float* d_f;                 // [N, F]
+  float* d_3c;                // [N, 3C/P]
+  float* d_f;                 // [N, Fl]
 };
 
 namespace {
@@ -56,23 +61,53 @@ std::string layer_name(int64_t l, const char* rest) {
 // Dropout stream ids, one per dropout site.
 uint32_t dropout_stream(const std::string& site) { return fnv1a32(site.c_str()); }
 
+PhiloxStream site_stream(const MicroBatchKey& key, const std::string& site) {
+  return PhiloxStream{key.seed, dropout_stream(site), uint32_t(key.iteration), uint32_t(key.micro_batch)};
+}
+
+void check_tensor_parallel(const TransformerConfig& c, const TensorParallel& tp, int64_t T) {
+  const int64_t P = tp.size();
+  if (c.num_attention_heads % P != 0)
+    LATTICE_FAIL() << "--num-attention-heads " << c.num_attention_heads
+                   << " is not divisible by --tensor-model-parallel-size " << P;
+  if (c.ffn_hidden_size % P != 0)
+    LATTICE_FAIL() << "--ffn-hidden-size " << c.ffn_hidden_size
+                   << " is not divisible by --tensor-model-parallel-size " << P;
+  if (c.padded_vocab_size % P != 0)
+    LATTICE_FAIL() << "the padded vocabulary " << c.padded_vocab_size
+                   << " is not divisible by --tensor-model-parallel-size " << P
+                   << " (--make-vocab-size-divisible-by)";
+  if (tp.sp() && T % P != 0)
+    LATTICE_FAIL() << "--seq-length " << T << " is not divisible by --tensor-model-parallel-size " << P
+                   << " (required by --sequence-parallel)";
+}
+
 }  // namespace
 
-GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T)
-    : cfg_(config), max_B_(B), max_T_(T) {
+GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp)
+    : cfg_(config), tp_(tp), max_B_(B), max_T_(T) {
   LATTICE_CHECK(cfg_.padded_vocab_size > 0) << "TransformerConfig::finalize() not called";
   LATTICE_CHECK(T <= cfg_.max_position_embeddings)
       << "--seq-length " << T << " exceeds --max-position-embeddings " << cfg_.max_position_embeddings;
+  check_tensor_parallel(cfg_, tp_, T);
+  const int64_t P = tp_.size();
+  Hl_ = cfg_.num_attention_heads / P;
+  Fl_ = cfg_.ffn_hidden_size / P;
+  Vl_ = cfg_.padded_vocab_size / P;
+  vocab_begin_ = Vl_ * tp_.rank();
+  vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_begin_, 0, Vl_);
   register_parameters();
   params_.allocate();
-  arena_ = Arena(activation_bytes(cfg_, B, T));
+  arena_ = Arena(activation_bytes(cfg_, B, T, tp_));
   acts_ = std::make_unique<Activations>();
-  allocate_activations(*acts_, arena_, cfg_, B, T);
+  allocate_activations(*acts_, arena_, cfg_, tp_, B, T);
   positions_.resize(size_t(B * T));
   inputs_.resize(size_t(B * T));
   targets_.resize(size_t(B * T));
   document_ids_.resize(size_t(B * T));
   loss_mask_.resize(size_t(B * T));
+  row_max_.resize(size_t(B * T));
+  ce_stats_.resize(size_t(2 * B * T));
 }
 
 void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
@@ -108,36 +143,40 @@ const float* GPTModel::effective_loss_mask(const float* loss_mask, int64_t B, in
 
 GPTModel::~GPTModel() = default;
 
+// Megatron's split of each weight: column-parallel (dim 0: QKV rows grouped per head,
+// fc1, the vocabulary rows of the embedding and output layer) and row-parallel (dim 1:
+// proj, fc2); norms, row-parallel biases and position embeddings are replicated.
 void GPTModel::register_parameters() {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Vp = cfg_.padded_vocab_size;
   const float std = cfg_.init_method_std;
   const float out_std = std / std::sqrt(2.0f * float(cfg_.num_layers));
-  wte_ = params_.add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
-  wpe_ = params_.add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C},
-                     ParamInit::normal, std);
+  const int r = tp_.rank(), P = tp_.size();
+  auto add = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split) {
+    return params_.add_tp(name, shape, init, s, split, r, P);
+  };
+  wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
+  wpe_ = add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C},
+             ParamInit::normal, std, -1);
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     LayerParams p;
-    p.ln1_w = params_.add(layer_name(l, "input_layernorm.weight"), {C}, ParamInit::ones, 0);
-    p.ln1_b = params_.add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0);
-    p.qkv_w = params_.add(layer_name(l, "self_attention.linear_qkv.weight"), {3 * C, C},
-                          ParamInit::normal, std, 0);
-    p.qkv_b = params_.add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * C},
-                          ParamInit::zeros, 0, 0);
-    p.proj_w = params_.add(layer_name(l, "self_attention.linear_proj.weight"), {C, C},
-                           ParamInit::normal, out_std, 1);
-    p.proj_b = params_.add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0);
-    p.ln2_w = params_.add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0);
-    p.ln2_b = params_.add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0);
-    p.fc1_w = params_.add(layer_name(l, "mlp.linear_fc1.weight"), {F, C}, ParamInit::normal, std, 0);
-    p.fc1_b = params_.add(layer_name(l, "mlp.linear_fc1.bias"), {F}, ParamInit::zeros, 0, 0);
-    p.fc2_w = params_.add(layer_name(l, "mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
-    p.fc2_b = params_.add(layer_name(l, "mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0);
+    p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
+    p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+    p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {3 * C, C}, ParamInit::normal, std, 0);
+    p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * C}, ParamInit::zeros, 0, 0);
+    p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, C}, ParamInit::normal, out_std, 1);
+    p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
+    p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
+    p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+    p.fc1_w = add(layer_name(l, "mlp.linear_fc1.weight"), {F, C}, ParamInit::normal, std, 0);
+    p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F}, ParamInit::zeros, 0, 0);
+    p.fc2_w = add(layer_name(l, "mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
+    p.fc2_b = add(layer_name(l, "mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1);
     layers_.push_back(p);
   }
-  lnf_w_ = params_.add("decoder.final_layernorm.weight", {C}, ParamInit::ones, 0);
-  lnf_b_ = params_.add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0);
+  lnf_w_ = add("decoder.final_layernorm.weight", {C}, ParamInit::ones, 0, -1);
+  lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
   if (cfg_.untie_embeddings_and_output_weights)
-    out_w_ = params_.add("output_layer.weight", {Vp, C}, ParamInit::normal, std, 0);
+    out_w_ = add("output_layer.weight", {Vp, C}, ParamInit::normal, std, 0);
 }
 
 void GPTModel::init_parameters(uint64_t seed) { params_.initialize(seed); }
@@ -146,188 +185,262 @@ const float* GPTModel::output_weight() const { return params_.param(out_w_ >= 0 
 float* GPTModel::output_weight_grad() { return params_.grad(out_w_ >= 0 ? out_w_ : wte_); }
 
 void GPTModel::allocate_activations(Activations& a, Arena& arena, const TransformerConfig& cfg,
-                                    int64_t B, int64_t T) {
-  const int64_t N = B * T, C = cfg.hidden_size, F = cfg.ffn_hidden_size;
-  const int64_t H = cfg.num_attention_heads, Vp = cfg.padded_vocab_size;
+                                    const TensorParallel& tp, int64_t B, int64_t T) {
+  const int64_t P = tp.size();
+  const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = C / P;
+  const int64_t Fl = cfg.ffn_hidden_size / P, Hl = cfg.num_attention_heads / P;
+  const int64_t Vl = cfg.padded_vocab_size / P;
   a.resid.clear();
   a.layers.clear();
-  for (int64_t l = 0; l <= cfg.num_layers; ++l) a.resid.push_back(arena.alloc_f32(N * C, "residual"));
+  for (int64_t l = 0; l <= cfg.num_layers; ++l) a.resid.push_back(arena.alloc_f32(Ns * C, "residual"));
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     Activations::Layer x;
-    x.ln1 = arena.alloc_f32(N * C, "input_layernorm");
-    x.ln1_mean = arena.alloc_f32(N);
-    x.ln1_rstd = arena.alloc_f32(N);
-    x.qkv = arena.alloc_f32(N * 3 * C, "linear_qkv");
-    x.attn = arena.alloc_f32(N * C, "core_attention");
-    x.lse = arena.alloc_f32(B * H * T, "attention lse");
-    x.resid_mid = arena.alloc_f32(N * C, "residual");
-    x.ln2 = arena.alloc_f32(N * C, "pre_mlp_layernorm");
-    x.ln2_mean = arena.alloc_f32(N);
-    x.ln2_rstd = arena.alloc_f32(N);
-    x.fc1 = arena.alloc_f32(N * F, "linear_fc1");
-    x.gelu = arena.alloc_f32(N * F, "gelu");
+    x.ln1 = arena.alloc_f32(Ns * C, "input_layernorm");
+    x.ln1_mean = arena.alloc_f32(Ns);
+    x.ln1_rstd = arena.alloc_f32(Ns);
+    x.qkv = arena.alloc_f32(N * 3 * Cl, "linear_qkv");
+    x.attn = arena.alloc_f32(N * Cl, "core_attention");
+    x.lse = arena.alloc_f32(B * Hl * T, "attention lse");
+    x.resid_mid = arena.alloc_f32(Ns * C, "residual");
+    x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
+    x.ln2_mean = arena.alloc_f32(Ns);
+    x.ln2_rstd = arena.alloc_f32(Ns);
+    x.fc1 = arena.alloc_f32(N * Fl, "linear_fc1");
+    x.gelu = arena.alloc_f32(N * Fl, "gelu");
     a.layers.push_back(x);
   }
   a.lnf = arena.alloc_f32(N * C, "final_layernorm");
-  a.lnf_mean = arena.alloc_f32(N);
-  a.lnf_rstd = arena.alloc_f32(N);
-  a.logits = arena.alloc_f32(N * Vp, "logits");
+  a.lnf_mean = arena.alloc_f32(Ns);
+  a.lnf_rstd = arena.alloc_f32(Ns);
+  a.logits = arena.alloc_f32(N * Vl, "logits");
   a.losses = arena.alloc_f32(N, "losses");
-  a.d_resid = arena.alloc_f32(N * C, "grad");
+  a.d_resid = arena.alloc_f32(Ns * C, "grad");
+  a.d_s = tp.sp() ? arena.alloc_f32(Ns * C, "grad") : nullptr;
+  a.ln_full = tp.sp() ? arena.alloc_f32(N * C, "gathered layernorm") : nullptr;
   a.d_c1 = arena.alloc_f32(N * C, "grad");
   a.d_c2 = arena.alloc_f32(N * C, "grad");
-  a.d_3c = arena.alloc_f32(N * 3 * C, "grad");
-  a.d_f = arena.alloc_f32(N * F, "grad");
+  a.d_3c = arena.alloc_f32(N * 3 * Cl, "grad");
+  a.d_f = arena.alloc_f32(N * Fl, "grad");
 }
 
-size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64_t T) {
+size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, const TensorParallel& tp) {
   Arena counter = Arena::counting();
   Activations a;
-  allocate_activations(a, counter, cfg, B, T);
+  allocate_activations(a, counter, cfg, tp, B, T);
   return counter.used();
+}
+
+// A LayerNorm output's rows of every token: the shard itself without sequence
+// parallelism, else the shard all-gathered into ln_full (again in backward, as Megatron
+// does, so that only the shard is kept between forward and backward).
+const float* GPTModel::all_rows(Activations& a, const float* shard, int64_t N) {
+  if (!tp_.sp()) return shard;
+  const int64_t C = cfg_.hidden_size;
+  std::memcpy(a.ln_full + tp_.shard_begin(N) * C, shard, size_t(tp_.shard_rows(N) * C) * sizeof(float));
+  gather_from_sequence_parallel_region(tp_, a.ln_full, N, C);
+  return a.ln_full;
 }
 
 void GPTModel::forward_hidden(Activations& a, const int32_t* tokens, int64_t token_stride,
                               int64_t B, int64_t T, const MicroBatchKey& key) {
   LATTICE_CHECK(B <= max_B_ && T <= max_T_)
       << "micro-batch " << B << "x" << T << " exceeds the model's " << max_B_ << "x" << max_T_;
-  const int64_t N = B * T, C = cfg_.hidden_size, F = cfg_.ffn_hidden_size;
-  const int64_t H = cfg_.num_attention_heads, D = cfg_.kv_channels;
+  const bool sp = tp_.sp();
+  LATTICE_CHECK(!sp || T == max_T_) << "sequence parallelism runs full-length sequences only";
+  const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = Hl_ * D;
+  const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
+  const uint64_t elem0 = uint64_t(row0 * C);  // dropout index of this rank's first element
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   const float eps = cfg_.layernorm_epsilon;
 
   // Inputs are tokens[b, 0:T] of rows with stride token_stride.
-  std::vector<int32_t>& inputs = inputs_;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) inputs[b * T + t] = tokens[b * token_stride + t];
+    for (int64_t t = 0; t < T; ++t) inputs_[size_t(b * T + t)] = tokens[b * token_stride + t];
   compute_positions(tokens, token_stride, B, T);
   const int32_t* doc_ids = docs_.reset_attention_mask ? document_ids_.data() : nullptr;
-  embedding_forward(a.resid[0], inputs.data(), positions_.data(), params_.param(wte_),
-                    params_.param(wpe_), N, C);
-  PhiloxStream emb_stream{key.seed, dropout_stream("embedding.dropout"), uint32_t(key.iteration),
-                          uint32_t(key.micro_batch)};
-  dropout_forward(a.resid[0], a.resid[0], N * C, p_hidden, emb_stream, 0);
 
+  // VocabParallelEmbedding: this rank's rows (zeros elsewhere), summed over the group
+  // (all-reduce, or reduce-scatter to the token shard), then positions and dropout.
+  float* emb = sp ? a.d_c1 : a.resid[0];
+  vocab_parallel_embedding_forward(emb, inputs_.data(), params_.param(wte_), vocab_begin_, Vl_, N, C);
+  reduce_from_tensor_parallel_region(tp_, emb, a.resid[0], N, C);
+  position_embedding_add(a.resid[0], positions_.data() + row0, params_.param(wpe_), Ns, C);
+  dropout_forward(a.resid[0], a.resid[0], Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
+
+  float* out_rows = sp ? a.d_s : a.d_c1;  // [Ns, C] output of a row-parallel linear
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    const LayerParams& p = layers_[l];
-    Activations::Layer& x = a.layers[l];
-    const float* in = a.resid[l];
-    layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, in, params_.param(p.ln1_w),
-                      params_.param(p.ln1_b), N, C, eps);
-    linear_forward(x.qkv, x.ln1, params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * C);
-    AttentionDropout ad{p_attn,
-                        PhiloxStream{key.seed, dropout_stream(layer_name(l, "core_attention.dropout")),
-                                     uint32_t(key.iteration), uint32_t(key.micro_batch)},
-                        0};
-    attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, H, D}, ad, doc_ids);
-    // resid_mid = in + dropout(proj(attn))
-    linear_forward(a.d_c1, x.attn, params_.param(p.proj_w), params_.param(p.proj_b), N, C, C);
-    PhiloxStream s1{key.seed, dropout_stream(layer_name(l, "self_attention.dropout")),
-                    uint32_t(key.iteration), uint32_t(key.micro_batch)};
-    dropout_forward(a.d_c1, a.d_c1, N * C, p_hidden, s1, 0);
-    add_forward(x.resid_mid, in, a.d_c1, N * C);
-    // out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
+    const LayerParams& p = layers_[size_t(l)];
+    Activations::Layer& x = a.layers[size_t(l)];
+    const float* in = a.resid[size_t(l)];
+    // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
+    layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, in, params_.param(p.ln1_w), params_.param(p.ln1_b), Ns,
+                      C, eps);
+    linear_forward(x.qkv, all_rows(a, x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl);
+    AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
+                        cfg_.num_attention_heads, Hl_ * tp_.rank()};
+    attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, Hl_, D}, ad, doc_ids);
+    row_parallel_linear_forward(tp_, out_rows, a.d_c1, x.attn, params_.param(p.proj_w),
+                                params_.param(p.proj_b), N, Cl, C);
+    dropout_forward(out_rows, out_rows, Ns * C, p_hidden,
+                    site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
+    add_forward(x.resid_mid, in, out_rows, Ns * C);
+    // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
     layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, params_.param(p.ln2_w),
-                      params_.param(p.ln2_b), N, C, eps);
-    linear_forward(x.fc1, x.ln2, params_.param(p.fc1_w), params_.param(p.fc1_b), N, C, F);
-    gelu_forward(x.gelu, x.fc1, N * F, cfg_.gelu);
-    linear_forward(a.d_c1, x.gelu, params_.param(p.fc2_w), params_.param(p.fc2_b), N, F, C);
-    PhiloxStream s2{key.seed, dropout_stream(layer_name(l, "mlp.dropout")), uint32_t(key.iteration),
-                    uint32_t(key.micro_batch)};
-    dropout_forward(a.d_c1, a.d_c1, N * C, p_hidden, s2, 0);
-    add_forward(a.resid[l + 1], x.resid_mid, a.d_c1, N * C);
+                      params_.param(p.ln2_b), Ns, C, eps);
+    linear_forward(x.fc1, all_rows(a, x.ln2, N), params_.param(p.fc1_w), params_.param(p.fc1_b), N, C, Fl_);
+    gelu_forward(x.gelu, x.fc1, N * Fl_, cfg_.gelu);
+    row_parallel_linear_forward(tp_, out_rows, a.d_c1, x.gelu, params_.param(p.fc2_w),
+                                params_.param(p.fc2_b), N, Fl_, C);
+    dropout_forward(out_rows, out_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+    add_forward(a.resid[size_t(l + 1)], x.resid_mid, out_rows, Ns * C);
   }
-  layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[cfg_.num_layers],
-                    params_.param(lnf_w_), params_.param(lnf_b_), N, C, eps);
+  layernorm_forward(a.lnf + row0 * C, a.lnf_mean, a.lnf_rstd, a.resid[size_t(cfg_.num_layers)],
+                    params_.param(lnf_w_), params_.param(lnf_b_), Ns, C, eps);
+  gather_from_sequence_parallel_region(tp_, a.lnf, N, C);
 }
 
-void GPTModel::backward_hidden(Activations& a, const int32_t* tokens, int64_t token_stride,
-                               int64_t B, int64_t T, const MicroBatchKey& key) {
-  const int64_t N = B * T, C = cfg_.hidden_size, F = cfg_.ffn_hidden_size;
-  const int64_t H = cfg_.num_attention_heads, D = cfg_.kv_channels;
+void GPTModel::backward_hidden(Activations& a, const float* d_lnf, int64_t B, int64_t T,
+                               const MicroBatchKey& key) {
+  const bool sp = tp_.sp();
+  const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = Hl_ * D;
+  const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
+  const uint64_t elem0 = uint64_t(row0 * C);
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
+  // A column-parallel layer's input gradient, reduced: full rows, or this rank's shard.
+  const float* d_ln = sp ? a.d_s : a.d_c1;
+  float* d_rows = sp ? a.d_s : a.d_c1;  // [Ns, C] gradient of a row-parallel output
 
-  // a.d_c2 holds d(lnf output). Final LayerNorm backward into d_resid.
-  std::memset(a.d_resid, 0, size_t(N * C) * sizeof(float));
-  layernorm_backward(a.d_resid, params_.grad(lnf_w_), params_.grad(lnf_b_), a.d_c2,
-                     a.resid[cfg_.num_layers], params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, N, C);
+  // Final LayerNorm backward into d_resid.
+  std::memset(a.d_resid, 0, size_t(Ns * C) * sizeof(float));
+  layernorm_backward(a.d_resid, params_.grad(lnf_w_), params_.grad(lnf_b_), d_lnf,
+                     a.resid[size_t(cfg_.num_layers)], params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C);
   grads_ready({lnf_w_, lnf_b_});
 
   for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
-    const LayerParams& p = layers_[l];
-    Activations::Layer& x = a.layers[l];
+    const LayerParams& p = layers_[size_t(l)];
+    Activations::Layer& x = a.layers[size_t(l)];
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
-    PhiloxStream s2{key.seed, dropout_stream(layer_name(l, "mlp.dropout")), uint32_t(key.iteration),
-                    uint32_t(key.micro_batch)};
-    dropout_backward(a.d_c1, a.d_resid, N * C, p_hidden, s2, 0);
-    linear_backward(a.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), a.d_c1, x.gelu,
-                    params_.param(p.fc2_w), N, F, C);
-    gelu_backward(a.d_f, x.fc1, a.d_f, N * F, cfg_.gelu);
-    linear_backward(a.d_c1, params_.grad(p.fc1_w), params_.grad(p.fc1_b), a.d_f, x.ln2,
-                    params_.param(p.fc1_w), N, C, F);
-    layernorm_backward(a.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), a.d_c1,
-                       x.resid_mid, params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, N, C);
+    dropout_backward(d_rows, a.d_resid, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+    row_parallel_linear_backward(tp_, a.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows, a.d_c2,
+                                 x.gelu, params_.param(p.fc2_w), N, Fl_, C);
+    gelu_backward(a.d_f, x.fc1, a.d_f, N * Fl_, cfg_.gelu);
+    column_parallel_linear_backward(tp_, a.d_c1, a.d_s, params_.grad(p.fc1_w), params_.grad(p.fc1_b), a.d_f,
+                                    all_rows(a, x.ln2, N), params_.param(p.fc1_w), N, C, Fl_);
+    layernorm_backward(a.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
+                       params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C);
     // Attention block: d_resid is now d(resid_mid).
-    PhiloxStream s1{key.seed, dropout_stream(layer_name(l, "self_attention.dropout")),
-                    uint32_t(key.iteration), uint32_t(key.micro_batch)};
-    dropout_backward(a.d_c1, a.d_resid, N * C, p_hidden, s1, 0);
-    linear_backward(a.d_c2, params_.grad(p.proj_w), params_.grad(p.proj_b), a.d_c1, x.attn,
-                    params_.param(p.proj_w), N, C, C);
-    AttentionDropout ad{p_attn,
-                        PhiloxStream{key.seed, dropout_stream(layer_name(l, "core_attention.dropout")),
-                                     uint32_t(key.iteration), uint32_t(key.micro_batch)},
-                        0};
-    attention_backward(a.d_3c, a.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, H, D}, ad,
+    dropout_backward(d_rows, a.d_resid, Ns * C, p_hidden,
+                     site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
+    row_parallel_linear_backward(tp_, a.d_c2, params_.grad(p.proj_w), params_.grad(p.proj_b), d_rows, a.d_c1,
+                                 x.attn, params_.param(p.proj_w), N, Cl, C);
+    AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
+                        cfg_.num_attention_heads, Hl_ * tp_.rank()};
+    attention_backward(a.d_3c, a.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
                        docs_.reset_attention_mask ? document_ids_.data() : nullptr);
-    linear_backward(a.d_c1, params_.grad(p.qkv_w), params_.grad(p.qkv_b), a.d_3c, x.ln1,
-                    params_.param(p.qkv_w), N, C, 3 * C);
-    layernorm_backward(a.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), a.d_c1,
-                       a.resid[l], params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, N, C);
+    column_parallel_linear_backward(tp_, a.d_c1, a.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), a.d_3c,
+                                    all_rows(a, x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl);
+    layernorm_backward(a.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[size_t(l)],
+                       params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C);
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,
                  p.fc1_b, p.fc2_w, p.fc2_b});
   }
-  // Embedding: d_resid is d(embedding output after dropout).
-  PhiloxStream emb_stream{key.seed, dropout_stream("embedding.dropout"), uint32_t(key.iteration),
-                          uint32_t(key.micro_batch)};
-  dropout_backward(a.d_resid, a.d_resid, N * C, p_hidden, emb_stream, 0);
-  std::vector<int32_t>& inputs = inputs_;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) inputs[b * T + t] = tokens[b * token_stride + t];
-  embedding_backward(params_.grad(wte_), params_.grad(wpe_), a.d_resid, inputs.data(),
-                     positions_.data(), N, C);
+  // Embedding: d_resid is d(embedding output after dropout); the lookup's backward needs
+  // every token's gradient (all-gathered from the shards with sequence parallelism).
+  dropout_backward(a.d_resid, a.d_resid, Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
+  const float* d_emb = a.d_resid;
+  if (sp) {
+    std::memcpy(a.d_c1 + row0 * C, a.d_resid, size_t(Ns * C) * sizeof(float));
+    gather_from_sequence_parallel_region(tp_, a.d_c1, N, C);
+    d_emb = a.d_c1;
+  }
+  embedding_backward(params_.grad(wte_), params_.grad(wpe_), d_emb, inputs_.data(), positions_.data(), N, C,
+                     vocab_begin_, Vl_);
   grads_ready({wpe_, wte_});
+}
+
+LossSum GPTModel::output_loss(Activations& a, const int32_t* tokens, const float* loss_mask, int64_t B,
+                              int64_t T, bool backward, float grad_scale) {
+  const int64_t N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size;
+  // logits[N, Vl] = lnf @ Wout_local^T (column-parallel over the vocabulary)
+  gemm_f32(Trans::N, Trans::T, N, Vl_, C, 1.0f, a.lnf, C, output_weight(), C, 0.0f, a.logits, Vl_);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t y = tokens[b * (T + 1) + t + 1];
+      LATTICE_CHECK(y >= 0 && y < V) << "label " << y << " at (" << b << ", " << t << ") not in [0, " << V << ")";
+      targets_[size_t(b * T + t)] = y;
+    }
+  loss_mask = effective_loss_mask(loss_mask, B, T);
+  // Vocab-parallel cross entropy: max, then sum of exponentials and target logit, each
+  // all-reduced over the group.
+  vocab_parallel_ce_max(row_max_.data(), a.logits, N, vocab_valid_, Vl_);
+  if (tp_.size() > 1) tp_.comm->all_reduce(row_max_.data(), N, ReduceOp::max);
+  vocab_parallel_ce_partials(ce_stats_.data(), a.logits, row_max_.data(), targets_.data(), vocab_begin_, N,
+                             vocab_valid_, Vl_, backward);
+  if (tp_.size() > 1) tp_.comm->all_reduce(ce_stats_.data(), 2 * N, ReduceOp::sum);
+  vocab_parallel_ce_loss(a.losses, ce_stats_.data(), row_max_.data(), N);
+  LossSum l;
+  for (int64_t i = 0; i < N; ++i) {
+    const float m = loss_mask ? loss_mask[i] : 1.0f;
+    l.sum += double(a.losses[i]) * m;
+    l.count += m;
+  }
+  if (backward) {
+    const float token_scale = l.count > 0 ? float(1.0 / l.count) : 0.0f;
+    vocab_parallel_ce_backward(a.logits, ce_stats_.data(), targets_.data(), loss_mask, grad_scale * token_scale,
+                               vocab_begin_, N, vocab_valid_, Vl_);
+  }
+  return l;
 }
 
 double GPTModel::forward_backward(const int32_t* tokens, const float* loss_mask, int64_t B,
                                   int64_t T, float grad_scale, const MicroBatchKey& key) {
   Activations& a = *acts_;
-  const int64_t N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size;
+  const int64_t N = B * T, C = cfg_.hidden_size;
   forward_hidden(a, tokens, T + 1, B, T, key);
-  // logits[N, Vp] = lnf @ Wout^T
-  gemm_f32(Trans::N, Trans::T, N, Vp, C, 1.0f, a.lnf, C, output_weight(), C, 0.0f, a.logits, Vp);
-  std::vector<int32_t>& targets = targets_;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) targets[b * T + t] = tokens[b * (T + 1) + t + 1];
-  loss_mask = effective_loss_mask(loss_mask, B, T);
-  double mask_sum = double(N);
-  if (loss_mask) {
-    mask_sum = 0;
-    for (int64_t i = 0; i < N; ++i) mask_sum += loss_mask[i];
-  }
-  const float token_scale = mask_sum > 0 ? float(1.0 / mask_sum) : 0.0f;
-  cross_entropy_forward_backward(a.logits, a.losses, targets.data(), loss_mask,
-                                 grad_scale * token_scale, N, V, Vp);
-  double loss = 0;
-  for (int64_t i = 0; i < N; ++i) loss += double(a.losses[i]) * (loss_mask ? loss_mask[i] : 1.0f);
-  loss = mask_sum > 0 ? loss / mask_sum : 0.0;
-  // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout
-  gemm_f32(Trans::T, Trans::N, Vp, C, N, 1.0f, a.logits, Vp, a.lnf, C, 1.0f, output_weight_grad(), C);
+  const LossSum l = output_loss(a, tokens, loss_mask, B, T, true, grad_scale);
+  // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary
+  // ranks: all-reduced, or reduce-scattered to the token shard)
+  gemm_f32(Trans::T, Trans::N, Vl_, C, N, 1.0f, a.logits, Vl_, a.lnf, C, 1.0f, output_weight_grad(), C);
   if (out_w_ >= 0) grads_ready({out_w_});
-  gemm_f32(Trans::N, Trans::N, N, C, Vp, 1.0f, a.logits, Vp, output_weight(), C, 0.0f, a.d_c2, C);
-  backward_hidden(a, tokens, T + 1, B, T, key);
-  return loss;
+  gemm_f32(Trans::N, Trans::N, N, C, Vl_, 1.0f, a.logits, Vl_, output_weight(), C, 0.0f, a.d_c2, C);
+  float* d_lnf = tp_.sp() ? a.d_s : a.d_c2;
+  reduce_from_tensor_parallel_region(tp_, a.d_c2, d_lnf, N, C);
+  backward_hidden(a, d_lnf, B, T, key);
+  return l.count > 0 ? l.sum / l.count : 0.0;
+}
+
+void GPTModel::finish_sequence_parallel_grads(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  if (!tp_.sp()) return;
+  // The LayerNorm parameters; the row-parallel biases and position embeddings get the
+  // gradient of every token on each rank (computed from all-gathered gradients).
+  std::vector<int> norms{lnf_w_, lnf_b_};
+  for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln1_b, p.ln2_w, p.ln2_b});
+  const std::vector<std::pair<int64_t, int64_t>> all{{0, params_.numel()}};
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int k : norms) {
+    const ParamInfo& pi = params_.infos()[size_t(k)];
+    for (auto [rb, re] : ranges.empty() ? all : ranges) {
+      const int64_t b = std::max(rb, pi.offset), e = std::min(re, pi.offset + pi.numel);
+      if (b < e) pieces.emplace_back(b, e);
+    }
+  }
+  int64_t n = 0;
+  for (auto [b, e] : pieces) n += e - b;
+  sp_grads_.resize(size_t(n));
+  float* g = params_.grads();
+  int64_t at = 0;
+  for (auto [b, e] : pieces) {
+    std::memcpy(sp_grads_.data() + at, g + b, size_t(e - b) * sizeof(float));
+    at += e - b;
+  }
+  tp_.comm->all_reduce(sp_grads_.data(), n, ReduceOp::sum);
+  at = 0;
+  for (auto [b, e] : pieces) {
+    std::memcpy(g + b, sp_grads_.data() + at, size_t(e - b) * sizeof(float));
+    at += e - b;
+  }
 }
 
 double GPTModel::forward_loss(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T) {
@@ -337,26 +450,14 @@ double GPTModel::forward_loss(const int32_t* tokens, const float* loss_mask, int
 
 LossSum GPTModel::forward_loss_sum(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T) {
   Activations& a = *acts_;
-  const int64_t N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
   key.training = false;
   forward_hidden(a, tokens, T + 1, B, T, key);
-  gemm_f32(Trans::N, Trans::T, N, Vp, C, 1.0f, a.lnf, C, output_weight(), C, 0.0f, a.logits, Vp);
-  std::vector<int32_t>& targets = targets_;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) targets[b * T + t] = tokens[b * (T + 1) + t + 1];
-  cross_entropy_forward(a.losses, a.logits, targets.data(), N, V, Vp);
-  loss_mask = effective_loss_mask(loss_mask, B, T);
-  LossSum l;
-  for (int64_t i = 0; i < N; ++i) {
-    const float m = loss_mask ? loss_mask[i] : 1.0f;
-    l.sum += double(a.losses[i]) * m;
-    l.count += m;
-  }
-  return l;
+  return output_loss(a, tokens, loss_mask, B, T, false, 1.0f);
 }
 
 void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float* logits) {
+  LATTICE_CHECK(tp_.size() == 1) << "forward_logits runs on one rank (convert the checkpoint to use it)";
   Activations& a = *acts_;
   const int64_t N = B * T, C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
@@ -366,6 +467,7 @@ void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float
 }
 
 void GPTModel::forward_last_logits(const int32_t* inputs, int64_t T, float* logits) {
+  LATTICE_CHECK(tp_.size() == 1) << "forward_last_logits runs on one rank";
   Activations& a = *acts_;
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;

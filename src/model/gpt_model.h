@@ -4,8 +4,16 @@
 // Explicit forward and backward; parameters in one ParamBuffer; activations in an
 // Arena sized once for (micro_batch_size, seq_length).
 //
+// Tensor parallelism (model/tensor_parallel.h) splits every layer over the group's P
+// ranks as Megatron does: QKV and fc1 column-parallel (heads and ffn split), proj and
+// fc2 row-parallel, the word embedding and output layer vocab-parallel with the
+// vocab-parallel cross entropy; with sequence parallelism the residual stream, the
+// LayerNorms, dropout and residual adds run on token shards. P = 1 is the same code.
+//
 // Shapes: B micro-batch, T sequence, C hidden, H heads, D head dim, F ffn hidden,
-// V vocabulary (real), Vp padded vocabulary, L layers, N = B*T.
+// V vocabulary (real), Vp padded vocabulary, L layers, N = B*T; on one of P ranks
+// Hl = H/P heads, Fl = F/P, Vl = Vp/P vocabulary rows, Ns = N/P token rows with
+// sequence parallelism (else N).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -13,6 +21,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer_config.h"
 #include "optim/param_buffer.h"
 
@@ -45,12 +54,14 @@ struct LossSum {
 
 class GPTModel {
  public:
-  // Builds the parameter registry and allocates parameters, gradients and the
-  // activation arena for micro-batches of up to B x T tokens.
-  GPTModel(const TransformerConfig& config, int64_t B, int64_t T);
+  // Builds the parameter registry (this rank's parts under tensor parallelism) and
+  // allocates parameters, gradients and the activation arena for micro-batches of up
+  // to B x T tokens.
+  GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp = {});
   ~GPTModel();
 
   const TransformerConfig& config() const { return cfg_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
   ParamBuffer& params() { return params_; }
   const ParamBuffer& params() const { return params_; }
   // Megatron's init: N(0, std) weights, output projections std/sqrt(2L), zero biases,
@@ -78,15 +89,23 @@ class GPTModel {
   void set_document_boundaries(const DocumentBoundaries& d);
   const DocumentBoundaries& document_boundaries() const { return docs_; }
 
+  // With sequence parallelism the LayerNorm gradients of each rank cover its token
+  // shard only; after the last micro-batch (and any data-parallel reduction) this
+  // all-reduces them over the tensor-parallel group within `ranges` of the buffer (the
+  // elements this rank's optimizer reads; empty: all). Nothing otherwise.
+  void finish_sequence_parallel_grads(const std::vector<std::pair<int64_t, int64_t>>& ranges);
+
   // Logits for input tokens [B, T]: writes [B, T, Vp] into logits (caller-owned).
-  // Padded columns are left as computed; consumers use the first V.
+  // Padded columns are left as computed; consumers use the first V. One rank only.
   void forward_logits(const int32_t* inputs, int64_t B, int64_t T, float* logits);
 
   // Logits [Vp] of the last position of a single sequence inputs[0:T] (generation).
   void forward_last_logits(const int32_t* inputs, int64_t T, float* logits);
 
-  // Bytes of activation memory one micro-batch of B x T needs (the arena size).
-  static size_t activation_bytes(const TransformerConfig& config, int64_t B, int64_t T);
+  // Bytes of activation memory one micro-batch of B x T needs (the arena size) on one
+  // rank of the given tensor-parallel layout.
+  static size_t activation_bytes(const TransformerConfig& config, int64_t B, int64_t T,
+                                 const TensorParallel& tp = {});
   size_t arena_bytes() const { return arena_.capacity(); }
 
   // Forward FLOPs-relevant parameter count excluding position embeddings.
@@ -100,12 +119,17 @@ class GPTModel {
 
   void register_parameters();
   static void allocate_activations(Activations& a, Arena& arena, const TransformerConfig& cfg,
-                                   int64_t B, int64_t T);
+                                   const TensorParallel& tp, int64_t B, int64_t T);
   // Runs embedding, layers and final norm; leaves final hidden states in acts.
   void forward_hidden(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B,
                       int64_t T, const MicroBatchKey& key);
-  void backward_hidden(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B,
-                       int64_t T, const MicroBatchKey& key);
+  const float* all_rows(Activations& a, const float* shard, int64_t N);
+  // d_lnf: gradient of the final LayerNorm's output rows of this rank ([Ns, C]).
+  void backward_hidden(Activations& a, const float* d_lnf, int64_t B, int64_t T, const MicroBatchKey& key);
+  // Output layer and vocab-parallel cross entropy on a.lnf; with `backward` the logits
+  // become their gradients (scaled by grad_scale / mask sum). Returns the masked sum.
+  LossSum output_loss(Activations& a, const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,
+                      bool backward, float grad_scale);
   // Position ids (and document ids) of inputs tokens[b, 0:T] (rows of token_stride).
   void compute_positions(const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T);
   // The loss mask to use: loss_mask (or 1) times the eod mask; null when all ones.
@@ -114,7 +138,10 @@ class GPTModel {
   float* output_weight_grad();
 
   TransformerConfig cfg_;
+  TensorParallel tp_;
   int64_t max_B_, max_T_;
+  int64_t Hl_, Fl_, Vl_;          // heads, ffn columns and vocabulary rows on this rank
+  int64_t vocab_begin_, vocab_valid_;  // first vocabulary row here; real (unpadded) rows here
   ParamBuffer params_;
   int wte_, wpe_, lnf_w_, lnf_b_, out_w_ = -1;
   std::vector<LayerParams> layers_;
@@ -129,6 +156,9 @@ class GPTModel {
   DocumentBoundaries docs_;
   std::vector<int32_t> document_ids_;  // [B*T] with reset_attention_mask
   std::vector<float> loss_mask_;       // [B*T] with eod_mask_loss
+  std::vector<float> row_max_;         // [B*T] cross entropy statistics
+  std::vector<double> ce_stats_;       // [B*T, 2]
+  std::vector<float> sp_grads_;        // sequence-parallel gradient staging
 };
 
 }  // namespace lattice

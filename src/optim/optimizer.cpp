@@ -19,15 +19,26 @@ ElementRanges or_whole(const ParamBuffer& params, const ElementRanges& ranges) {
 
 }  // namespace
 
-double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp) {
+double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp) {
   double sq = 0;
-  for (auto [b, e] : or_whole(params, ranges)) sq += sum_of_squares(params.grads() + b, e - b);
+  const bool skip_duplicates = tp && tp->size() > 1 && tp->rank() != 0;
+  for (auto [rb, re] : or_whole(params, ranges)) {
+    if (!skip_duplicates) {
+      sq += sum_of_squares(params.grads() + rb, re - rb);
+      continue;
+    }
+    for (const ParamInfo& p : params.infos()) {
+      const int64_t b = std::max(rb, p.offset), e = std::min(re, p.offset + p.numel);
+      if (b < e && !p.tp_duplicated) sq += sum_of_squares(params.grads() + b, e - b);
+    }
+  }
   if (dp) dp->all_reduce(&sq, 1, ReduceOp::sum);
+  if (tp && tp->size() > 1) tp->all_reduce(&sq, 1, ReduceOp::sum);
   return std::sqrt(sq);
 }
 
-double clip_grad_norm(ParamBuffer& params, double max_norm, const ElementRanges& ranges, Comm* dp) {
-  double norm = grad_norm(params, ranges, dp);
+double clip_grad_norm(ParamBuffer& params, double max_norm, const ElementRanges& ranges, Comm* dp, Comm* tp) {
+  double norm = grad_norm(params, ranges, dp, tp);
   if (max_norm > 0) {
     double coeff = max_norm / (norm + 1e-6);
     if (coeff < 1.0)

@@ -8,6 +8,20 @@ namespace lattice {
 
 int ParamBuffer::add(const std::string& name, const Shape& shape, ParamInit init, float init_std,
                      int tp_split_dim) {
+  return add_tp(name, shape, init, init_std, tp_split_dim, 0, 1);
+}
+
+int ParamBuffer::add_tp(const std::string& name, const Shape& global_shape, ParamInit init,
+                        float init_std, int tp_split_dim, int tp_rank, int tp_size) {
+  Shape shape = global_shape;
+  std::vector<int64_t> offsets(global_shape.size(), 0);
+  if (tp_split_dim >= 0 && tp_size > 1) {
+    LATTICE_CHECK(tp_split_dim < int(shape.size()) && shape[size_t(tp_split_dim)] % tp_size == 0)
+        << "parameter " << name << ": dim " << tp_split_dim << " of " << shape_str(global_shape)
+        << " does not split into " << tp_size << " tensor-parallel parts";
+    shape[size_t(tp_split_dim)] /= tp_size;
+    offsets[size_t(tp_split_dim)] = shape[size_t(tp_split_dim)] * tp_rank;
+  }
   LATTICE_CHECK(params_.data() == nullptr) << "parameter " << name << " added after allocate()";
   LATTICE_CHECK(!index_.count(name)) << "parameter " << name << " registered twice";
   ParamInfo p;
@@ -17,6 +31,9 @@ int ParamBuffer::add(const std::string& name, const Shape& shape, ParamInit init
   // 64-byte aligned start for every parameter (16 floats).
   p.offset = (numel_ + 15) / 16 * 16;
   p.tp_split_dim = tp_split_dim;
+  p.global_shape = global_shape;
+  p.global_offsets = offsets;
+  p.tp_duplicated = tp_split_dim < 0 && tp_size > 1;
   p.weight_decay = shape.size() >= 2;
   p.init = init;
   p.init_std = init_std;
@@ -42,8 +59,17 @@ void ParamBuffer::initialize(uint64_t seed) {
         break;
       case ParamInit::normal: {
         PhiloxStream stream{seed, fnv1a32(p.name.c_str())};
+        // Local element (row-major in the local box) -> global row-major index.
+        const int64_t inner = p.shape.empty() ? 1 : p.shape.back();
+        const int64_t g_inner = p.global_shape.empty() ? 1 : p.global_shape.back();
+        const int64_t row0 = p.shape.size() >= 2 ? p.global_offsets[p.shape.size() - 2] : 0;
+        const int64_t col0 = p.shape.empty() ? 0 : p.global_offsets.back();
+        LATTICE_CHECK(p.shape.size() <= 2) << "parameter " << p.name << ": init supports 1-D and 2-D tensors";
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < p.numel; ++i) w[i] = float(p.init_std * stream.normal(uint64_t(i)));
+        for (int64_t i = 0; i < p.numel; ++i) {
+          const int64_t g = (row0 + i / inner) * g_inner + col0 + i % inner;
+          w[i] = float(p.init_std * stream.normal(uint64_t(g)));
+        }
         break;
       }
     }

@@ -16,10 +16,17 @@ enum class ParamInit { normal, zeros, ones };
 
 struct ParamInfo {
   std::string name;        // Megatron-Core state-dict name, e.g. decoder.layers.0.mlp.linear_fc1.weight
-  Shape shape;
+  Shape shape;             // this rank's part
   int64_t offset = 0;      // elements from the buffer start
   int64_t numel = 0;
   int tp_split_dim = -1;   // dim tensor parallelism splits (0 column-parallel, 1 row-parallel), -1 none
+  // The whole (global) tensor and where this rank's part sits in it: the box
+  // [global_offsets, global_offsets + shape). Equal to shape and zeros without a split.
+  Shape global_shape;
+  std::vector<int64_t> global_offsets;
+  // A full copy held by every tensor-parallel rank (norms, row-parallel biases, position
+  // embeddings when TP > 1): counted once in the gradient norm.
+  bool tp_duplicated = false;
   bool weight_decay = true;  // false for biases and 1-D parameters
   ParamInit init = ParamInit::normal;
   float init_std = 0.0f;
@@ -30,10 +37,16 @@ class ParamBuffer {
   // Registers a parameter (before allocate()). Returns its index.
   int add(const std::string& name, const Shape& shape, ParamInit init, float init_std,
           int tp_split_dim = -1);
+  // Registers this rank's part of a tensor-parallel parameter: the global tensor of
+  // `global_shape` is cut into tp_size equal parts along tp_split_dim (-1: replicated)
+  // and this rank holds part tp_rank.
+  int add_tp(const std::string& name, const Shape& global_shape, ParamInit init, float init_std,
+             int tp_split_dim, int tp_rank, int tp_size);
   // Allocates the param and grad buffers (zeroed).
   void allocate();
-  // Sets every parameter to its initial value. Value of element i of parameter P is
-  // a function of (seed, P's name, i) only: layout- and thread-count-invariant.
+  // Sets every parameter to its initial value. The value of element g (row-major index
+  // in the GLOBAL tensor) of parameter P is a function of (seed, P's name, g) only:
+  // layout- and thread-count-invariant.
   void initialize(uint64_t seed);
 
   int64_t numel() const { return numel_; }

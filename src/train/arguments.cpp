@@ -62,6 +62,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"clip-grad", Kind::f32, &a.clip_grad, "global gradient-norm clipping (0: off)"},
       {"tensor-model-parallel-size", Kind::i64, &a.tensor_model_parallel_size, "TP size"},
       {"pipeline-model-parallel-size", Kind::i64, &a.pipeline_model_parallel_size, "PP size"},
+      {"sequence-parallel", Kind::flag, &a.sequence_parallel,
+       "LayerNorm, dropout and residual on token shards of the tensor-parallel group"},
       {"mock-data", Kind::flag, &a.mock_data, "synthetic data instead of --data-path"},
       {"data-path", Kind::list, &a.data_path, "prefix of a .bin/.idx dataset"},
       {"vocab-size", Kind::i64, &a.vocab_size, "vocabulary size when no tokenizer is named"},
@@ -224,9 +226,13 @@ void validate(TrainArgs& a) {
   if (a.position_embedding_type != "learned_absolute")
     LATTICE_FAIL() << "--position-embedding-type " << a.position_embedding_type
                    << " is not supported (learned_absolute)";
-  if (a.tensor_model_parallel_size != 1 || a.pipeline_model_parallel_size != 1)
-    LATTICE_FAIL() << "--tensor-model-parallel-size and --pipeline-model-parallel-size other than 1 "
-                      "are not implemented yet";
+  if (a.tensor_model_parallel_size < 1)
+    LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << a.tensor_model_parallel_size;
+  if (a.pipeline_model_parallel_size != 1)
+    LATTICE_FAIL() << "--pipeline-model-parallel-size other than 1 is not implemented yet";
+  if (a.sequence_parallel && a.seq_length % a.tensor_model_parallel_size != 0)
+    LATTICE_FAIL() << "--seq-length " << a.seq_length << " is not divisible by --tensor-model-parallel-size "
+                   << a.tensor_model_parallel_size << " (required by --sequence-parallel)";
   if (a.ddp_bucket_size < 0) LATTICE_FAIL() << "--ddp-bucket-size must be >= 0, got " << a.ddp_bucket_size;
   if (a.distributed_timeout_minutes <= 0)
     LATTICE_FAIL() << "--distributed-timeout-minutes must be positive, got " << a.distributed_timeout_minutes;

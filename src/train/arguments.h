@@ -35,6 +35,7 @@ struct TrainArgs {
   float clip_grad = 1.0f;
   // parallel layout (more than 1 arrives with the distributed issues)
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+  bool sequence_parallel = false;
   // data
   bool mock_data = false;
   std::vector<std::string> data_path;

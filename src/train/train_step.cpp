@@ -24,12 +24,15 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     r.lm_loss += model.forward_backward(tokens.data(), nullptr, B, T, 1.0f / float(num_micro), key);
   }
   r.lm_loss /= double(num_micro);
+  Comm* tp = model.tensor_parallel().comm;
   if (dp) {
     dp->finish_grad_sync();
+    model.finish_sequence_parallel_grads(dp->owned_ranges());
     r.lm_loss = dp->average(r.lm_loss);
-    r.grad_norm = dp->clip_grad_norm(cfg.clip_grad);
+    r.grad_norm = dp->clip_grad_norm(cfg.clip_grad, tp);
   } else {
-    r.grad_norm = clip_grad_norm(model.params(), cfg.clip_grad);
+    model.finish_sequence_parallel_grads({});
+    r.grad_norm = clip_grad_norm(model.params(), cfg.clip_grad, {}, nullptr, tp);
   }
   return r;
 }

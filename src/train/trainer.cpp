@@ -182,7 +182,7 @@ int run_training(const TrainArgs& args) {
   const TrainingData data = make_training_data(args, cfg.vocab_size);
   if (!data.summary.empty()) log_info(data.summary.substr(0, data.summary.size() - 1));
 
-  GPTModel model(cfg, args.micro_batch_size, args.seq_length);
+  GPTModel model(cfg, args.micro_batch_size, args.seq_length, TensorParallel{&ps->tp(), args.sequence_parallel});
   model.init_parameters(args.seed);
   model.set_document_boundaries(
       DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids, args.reset_attention_mask});

@@ -68,7 +68,17 @@ TEST(TrainArgs, ErrorsNameTheFlag) {
             std::string::npos);
   EXPECT_NE(error_of({"--hidden-dropout", "1.5"}).find("--hidden-dropout"), std::string::npos);
   EXPECT_NE(error_of({"--optimizer", "lamb"}).find("--optimizer"), std::string::npos);
-  EXPECT_NE(error_of({"--tensor-model-parallel-size", "2"}).find("--tensor-model-parallel-size"),
+  EXPECT_NE(error_of({"--tensor-model-parallel-size", "3"})
+                .find("--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--tensor-model-parallel-size", "2", "--ffn-hidden-size", "99"})
+                .find("--ffn-hidden-size 99 is not divisible by --tensor-model-parallel-size 2"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--tensor-model-parallel-size", "3", "--sequence-parallel"})
+                .find("--seq-length 16 is not divisible by --tensor-model-parallel-size 3 (required by "
+                      "--sequence-parallel)"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--tensor-model-parallel-size", "0"}).find("--tensor-model-parallel-size must be >= 1"),
             std::string::npos);
 }
 

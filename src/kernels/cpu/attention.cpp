@@ -37,7 +37,8 @@ HeadView head_view(const AttentionShape& s, int64_t b, int64_t h) {
 // Index of probability (b, h, i, 0) in the dropout stream.
 uint64_t dropout_row_index(const AttentionShape& s, const AttentionDropout& drop, int64_t b,
                            int64_t h, int64_t i) {
-  return uint64_t(((b * s.H + h) * s.T + i) * s.T) + drop.first_index;
+  const int64_t heads = drop.total_heads > 0 ? drop.total_heads : s.H;
+  return uint64_t(((b * heads + drop.head_offset + h) * s.T + i) * s.T) + drop.first_index;
 }
 
 void check_args(const AttentionShape& s, const AttentionDropout& drop) {

@@ -100,4 +100,42 @@ void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
   }
 }
 
+void vocab_parallel_ce_max(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) row_max_out[n] = valid > 0 ? row_max(logits + n * Vl, valid) : -INFINITY;
+}
+
+void vocab_parallel_ce_partials(double* stats, float* logits, const float* rmax, const int32_t* targets,
+                                int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl, bool store_exp) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = logits + n * Vl;
+    const int64_t t = int64_t(targets[n]) - vocab_begin;
+    stats[2 * n + 1] = t >= 0 && t < valid ? double(x[t]) : 0.0;
+    stats[2 * n] = store_exp ? row_sum_exp<true>(x, rmax[n], valid) : row_sum_exp<false>(x, rmax[n], valid);
+  }
+}
+
+void vocab_parallel_ce_loss(float* losses, const double* stats, const float* rmax, int64_t N) {
+  for (int64_t n = 0; n < N; ++n)
+    losses[n] = float(std::log(stats[2 * n]) + double(rmax[n]) - stats[2 * n + 1]);
+}
+
+void vocab_parallel_ce_backward(float* x_all, const double* stats, const int32_t* targets,
+                                const float* loss_mask, float grad_scale, int64_t vocab_begin,
+                                int64_t N, int64_t valid, int64_t Vl) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = x_all + n * Vl;
+    const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
+    const float k = float(double(scale) / stats[2 * n]);
+#pragma omp simd
+    for (int64_t v = 0; v < valid; ++v) x[v] *= k;
+    const int64_t t = int64_t(targets[n]) - vocab_begin;
+    if (t >= 0 && t < valid) x[t] -= scale;
+#pragma omp simd
+    for (int64_t v = valid; v < Vl; ++v) x[v] = 0.0f;
+  }
+}
+
 }  // namespace lattice

@@ -21,11 +21,38 @@ void embedding_forward(float* out, const int32_t* tokens, const int32_t* positio
   }
 }
 
+void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte_local,
+                                      int64_t vocab_begin, int64_t Vl, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C > 32768)
+  for (int64_t n = 0; n < N; ++n) {
+    float* __restrict o = out + n * C;
+    const int64_t row = int64_t(tokens[n]) - vocab_begin;
+    if (row >= 0 && row < Vl) {
+      const float* __restrict te = wte_local + row * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = te[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = 0.0f;
+    }
+  }
+}
+
+void position_embedding_add(float* out, const int32_t* positions, const float* wpe, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static) if (N * C > 32768)
+  for (int64_t n = 0; n < N; ++n) {
+    float* __restrict o = out + n * C;
+    const float* __restrict pe = wpe + int64_t(positions[n]) * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] += pe[c];
+  }
+}
+
 // Parallel over column chunks: every thread walks all rows in index order for its
 // own columns, so repeated tokens are summed in the same order whatever the thread
 // count, and no two threads touch the same element.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        const int32_t* positions, int64_t N, int64_t C) {
+                        const int32_t* positions, int64_t N, int64_t C, int64_t vocab_begin, int64_t Vl) {
   constexpr int64_t kChunk = 64;
   const int64_t chunks = (C + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (N * C > 32768)
@@ -33,9 +60,12 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
     const int64_t c0 = k * kChunk, c1 = std::min(C, c0 + kChunk);
     for (int64_t n = 0; n < N; ++n) {
       const float* __restrict d = dout + n * C;
-      float* __restrict te = dwte + int64_t(tokens[n]) * C;
+      const int64_t row = int64_t(tokens[n]) - vocab_begin;
+      if (Vl < 0 || (row >= 0 && row < Vl)) {
+        float* __restrict te = dwte + row * C;
 #pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) te[c] += d[c];
+        for (int64_t c = c0; c < c1; ++c) te[c] += d[c];
+      }
       if (dwpe) {
         float* __restrict pe = dwpe + int64_t(positions[n]) * C;
 #pragma omp simd

@@ -1,0 +1,198 @@
+// Tensor and sequence parallelism against the single-process run: losses and final
+// parameters over 20 iterations (dropout 0 and 0.1), the communication of one layer
+// read from the byte counters, and the per-rank memory. Runs under mpirun with 1, 2
+// and 4 ranks: TP = world size, and TP = 2 x DP = 2 with the distributed optimizer on 4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/gpt_batches.h"
+#include "dist/mpi_comm.h"
+#include "dist/parallel_state.h"
+#include "model/gpt_model.h"
+#include "optim/optimizer.h"
+#include "train/data_parallel.h"
+#include "train/train_step.h"
+
+namespace lattice {
+namespace {
+
+constexpr int64_t kB = 2, kT = 16, kGBS = 8, kIters = 20;
+constexpr double kLr = 1e-3, kWd = 0.1;
+
+// 50 real tokens padded to a multiple of 8 x TP (56 on one rank, 64 on 2 or 4), so the
+// vocabulary splits unevenly: with TP = 4 the last rank holds 2 real rows.
+TransformerConfig config(float dropout, int tp, int64_t layers = 2) {
+  TransformerConfig c;
+  c.num_layers = layers;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.vocab_size = 50;
+  c.make_vocab_size_divisible_by = 8;
+  c.max_position_embeddings = kT;
+  c.hidden_dropout = c.attention_dropout = dropout;
+  c.finalize(tp);
+  return c;
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<double> grad_norms; // before clipping (TP-duplicated parameters counted once)
+  std::vector<float> params;      // this rank's buffer
+  std::vector<ParamInfo> infos;   // its layout (global boxes)
+};
+
+TrainRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg) {
+  GPTModel model(config(dropout, tp.size()), kB, kT, tp);
+  model.init_parameters(1234);
+  std::unique_ptr<DataParallel> dp;
+  if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
+  Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
+  MockSamples data(model.config().vocab_size, kT, 7);
+  StepConfig sc{kB, kGBS, kT, 1.0, 1234};
+  TrainRun run;
+  for (int64_t it = 0; it < kIters; ++it) {
+    const StepResult r = train_step(model, opt, data, sc, it, kLr, kWd, dp.get());
+    run.losses.push_back(r.lm_loss);
+    run.grad_norms.push_back(r.grad_norm);
+  }
+  run.params.assign(model.params().params(), model.params().params() + model.params().numel());
+  run.infos = model.params().infos();
+  return run;
+}
+
+// Compares each parameter part of `got` (one rank's) with the same box of the single
+// run's whole tensor; vocabulary rows beyond the single run's padding are skipped.
+void expect_same_run(const TrainRun& got, const TrainRun& single) {
+  ASSERT_EQ(got.losses.size(), single.losses.size());
+  for (size_t i = 0; i < single.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], single.losses[i], 1e-5 * std::fabs(single.losses[i])) << "iteration " << i + 1;
+  for (size_t i = 0; i < single.grad_norms.size(); ++i)
+    EXPECT_NEAR(got.grad_norms[i], single.grad_norms[i], 1e-5 * single.grad_norms[i]) << "grad norm, iteration " << i + 1;
+  std::map<std::string, const ParamInfo*> whole;
+  for (const ParamInfo& p : single.infos) whole[p.name] = &p;
+  double max_ref = 0, max_err = 0;
+  int64_t compared = 0;
+  for (const ParamInfo& p : got.infos) {
+    const ParamInfo& w = *whole.at(p.name);
+    const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1, cols = p.shape.back();
+    const int64_t wcols = w.shape.back(), wrows = w.shape.size() == 2 ? w.shape[0] : 1;
+    const int64_t r0 = p.shape.size() == 2 ? p.global_offsets[0] : 0, c0 = p.global_offsets.back();
+    for (int64_t i = 0; i < rows && r0 + i < wrows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const double want = single.params[size_t(w.offset + (r0 + i) * wcols + c0 + j)];
+        const double have = got.params[size_t(p.offset + i * cols + j)];
+        max_ref = std::max(max_ref, std::fabs(want));
+        max_err = std::max(max_err, std::fabs(have - want));
+        ++compared;
+      }
+  }
+  EXPECT_GT(compared, 0);
+  EXPECT_LE(max_err, 1e-5 * max_ref) << "final parameters";
+}
+
+struct Layout {
+  bool sequence_parallel;
+  float dropout;
+};
+
+class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
+
+// TP = world size.
+TEST_P(DistTensorParallel, MatchesSingleProcess) {
+  auto ps = ParallelState::create(mpi_world_size(), 1, 120);
+  const Layout l = GetParam();
+  TrainRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr);
+  TrainRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr);
+  expect_same_run(tp, single);
+}
+
+// TP = 2 x DP = 2 with the distributed optimizer (4 ranks only).
+TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProcess) {
+  if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  auto ps = ParallelState::create(2, 1, 120);
+  const Layout l = GetParam();
+  TrainRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr);
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 3000;
+  cfg.distributed_optimizer = true;
+  cfg.overlap_grad_reduce = true;
+  TrainRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg);
+  expect_same_run(run, single);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
+                         ::testing::Values(Layout{false, 0.0f}, Layout{true, 0.0f}, Layout{false, 0.1f},
+                                           Layout{true, 0.1f}),
+                         [](const auto& info) {
+                           return std::string(info.param.sequence_parallel ? "SP" : "TP") +
+                                  (info.param.dropout > 0 ? "Dropout" : "NoDropout");
+                         });
+
+// The tensor-parallel group's counters over one micro-batch's forward and backward.
+CommStats one_micro_batch(ParallelState& ps, bool sp, int64_t layers) {
+  GPTModel model(config(0.0f, ps.tp().size(), layers), kB, kT, TensorParallel{&ps.tp(), sp});
+  model.init_parameters(1);
+  MockSamples data(model.config().vocab_size, kT, 3);
+  std::vector<int32_t> tokens(static_cast<size_t>(kB * (kT + 1)));
+  fill_micro_batch(data, 0, kB, tokens.data());
+  ps.tp().stats().reset();
+  model.forward_backward(tokens.data(), nullptr, kB, kT, 1.0f, MicroBatchKey{});
+  return ps.tp().stats();
+}
+
+// Per layer and micro-batch (the difference between 2 and 1 layers): Megatron's two
+// all-reduces of B x T x h forward and two backward; with sequence parallelism each
+// becomes an all-gather plus a reduce-scatter of the same tensor, and backward
+// all-gathers the two LayerNorm outputs again for the weight gradients (Megatron keeps
+// only their shards).
+TEST(DistTensorParallelVolume, CommunicationPerLayerIsMegatrons) {
+  auto ps = ParallelState::create(mpi_world_size(), 1, 120);
+  if (ps->tp().size() == 1) GTEST_SKIP() << "needs tensor parallelism";
+  const uint64_t act = uint64_t(kB * kT * 32) * sizeof(float);  // B x T x h fp32
+  auto per_layer = [&](bool sp, CommOp op) {
+    const CommStats one = one_micro_batch(*ps, sp, 1), two = one_micro_batch(*ps, sp, 2);
+    return std::pair<uint64_t, uint64_t>{two.bytes[int(op)] - one.bytes[int(op)],
+                                         two.calls[int(op)] - one.calls[int(op)]};
+  };
+  EXPECT_EQ(per_layer(false, CommOp::all_reduce), std::make_pair(4 * act, uint64_t(4)));
+  EXPECT_EQ(per_layer(false, CommOp::all_gather), std::make_pair(uint64_t(0), uint64_t(0)));
+  EXPECT_EQ(per_layer(true, CommOp::all_reduce), std::make_pair(uint64_t(0), uint64_t(0)));
+  EXPECT_EQ(per_layer(true, CommOp::reduce_scatter), std::make_pair(4 * act, uint64_t(4)));
+  EXPECT_EQ(per_layer(true, CommOp::all_gather), std::make_pair(6 * act, uint64_t(6)));
+}
+
+// Parameters per layer fall as 1/T except the replicated norms and row-parallel biases
+// (6h per layer); activations per layer fall as 1/T with sequence parallelism.
+TEST(DistTensorParallelMemory, PerRankMemoryFallsAsOneOverT) {
+  auto ps = ParallelState::create(mpi_world_size(), 1, 120);
+  const int P = ps->tp().size();
+  if (P == 1) GTEST_SKIP() << "needs tensor parallelism";
+  auto layer_params = [&](const TensorParallel& tp, bool duplicated) {
+    GPTModel m(config(0.0f, tp.size(), 1), kB, kT, tp);
+    int64_t n = 0;
+    for (const ParamInfo& p : m.params().infos())
+      if (p.name.rfind("decoder.layers.", 0) == 0 && p.tp_duplicated == duplicated) n += p.numel;
+    return n;
+  };
+  const TensorParallel one{}, split{&ps->tp(), false};
+  EXPECT_EQ(layer_params(one, true), 0);
+  EXPECT_EQ(layer_params(split, false) * P + layer_params(split, true), layer_params(one, false));
+  EXPECT_EQ(layer_params(split, true), 6 * 32);
+
+  auto per_layer = [&](const TensorParallel& tp) {
+    const TransformerConfig c1 = config(0.0f, tp.size(), 1), c2 = config(0.0f, tp.size(), 2);
+    // 8 x 16 tokens: every per-rank buffer is a whole number of 64-byte arena blocks.
+    return int64_t(GPTModel::activation_bytes(c2, 8, kT, tp)) - int64_t(GPTModel::activation_bytes(c1, 8, kT, tp));
+  };
+  const int64_t base = per_layer(one);
+  EXPECT_EQ(per_layer(TensorParallel{&ps->tp(), true}) * P, base);
+  EXPECT_GT(per_layer(TensorParallel{&ps->tp(), false}), base / P);
+}
+
+}  // namespace
+}  // namespace lattice
