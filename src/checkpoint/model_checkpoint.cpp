@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
+#include "checkpoint/tensor_parts.h"
 #include "core/error.h"
 
 namespace lattice {
@@ -73,6 +75,10 @@ void check_model_config(const json& saved, const TransformerConfig& c, const std
   const json now = model_config_json(c);
   for (const ConfigField& f : kConfigFields) {
     if (!saved.contains(f.name)) LATTICE_FAIL() << where << ": model_config has no '" << f.name << "'";
+    // The padding depends on the tensor-parallel size. With the same vocab_size (compared
+    // before it) the padding rows never affect a result: loading reads the rows both have
+    // and zeroes the rest.
+    if (std::string(f.name) == "padded_vocab_size") continue;
     const json& a = saved[f.name];
     const json& b = now[f.name];
     // The epsilon is a float: compare it as one (the JSON holds its double widening).
@@ -84,13 +90,12 @@ void check_model_config(const json& saved, const TransformerConfig& c, const std
 }
 
 void add_model_tensors(CheckpointWriter& w, const GPTModel& model) {
-  for (const ParamInfo& p : model.params().infos())
-    w.add_tensor(kModelFile, p.name, "F32", p.shape, model.params().params() + p.offset);
+  add_parts(w, kModelFile, param_parts(model.params().infos(), model.params().params(), model.tensor_parallel().rank()));
 }
 
 void load_model_tensors(const CheckpointReader& r, GPTModel& model) {
   for (const ParamInfo& p : model.params().infos())
-    r.read_tensor(p.name, "F32", p.shape, model.params().params() + p.offset);
+    read_param_part(r, p.name, p, model.params().params() + p.offset);
 }
 
 std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const GPTModel& model,

@@ -22,12 +22,16 @@ nlohmann::json model_config_json(const TransformerConfig& c);
 // names the checkpoint in errors.
 TransformerConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
 // A one-line lattice::Error naming the first field (and its flag) in which the
-// checkpoint's model differs from `c`.
+// checkpoint's model differs from `c`. padded_vocab_size may differ (it depends on the
+// tensor-parallel size; loading reslices the vocabulary rows).
 void check_model_config(const nlohmann::json& saved, const TransformerConfig& c, const std::string& where);
 
-// Stages every parameter of `model` in model.safetensors (one whole-tensor piece each).
+// Stages this rank's part of every parameter of `model` in model.safetensors, under the
+// global shapes (one whole-tensor piece each for a model on one rank).
 void add_model_tensors(CheckpointWriter& w, const GPTModel& model);
-// Reads every parameter of `model` from the checkpoint (names and shapes must match).
+// Reads this rank's box of every parameter of `model` from the checkpoint, whatever
+// tensor-parallel layout saved it (names and global shapes must match, but for the padded
+// vocabulary rows: tensor_parts.h).
 void load_model_tensors(const CheckpointReader& r, GPTModel& model);
 
 // A weights-only checkpoint DIR/iter_NNNNNNN (no optimizer, scheduler or RNG state);
@@ -43,7 +47,8 @@ struct LoadedModel {
 };
 
 // Loads the latest checkpoint of DIR (or DIR itself when it is an iter_* directory)
-// into a model sized for micro-batches of B x seq_length.
+// into a one-rank model sized for micro-batches of B x seq_length, with the checkpoint's
+// padded vocabulary (whatever tensor-parallel size saved it).
 LoadedModel load_model_checkpoint(const std::string& dir, int64_t B = 1);
 
 // Copies every parameter of `model` from a plain safetensors file (names and shapes must

@@ -1,15 +1,20 @@
 #include "checkpoint/training_checkpoint.h"
 
+#include <algorithm>
+#include <set>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/model_checkpoint.h"
+#include "checkpoint/part_gather.h"
 #include "core/error.h"
+#include "dist/comm.h"
 
 namespace lattice {
 namespace {
 
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr int kSaveTag = 3100;  // the part transfers of a save: one tag per buffer
 
 // The optimizer's state tensors by their checkpoint prefix: Adam's two moments, or SGD's
 // momentum buffer (torch's names).
@@ -27,23 +32,45 @@ std::vector<StateSlot> state_slots(const std::string& optimizer) {
 std::string save_training_checkpoint(const TrainingSaveOptions& o, const TrainingProgress& p,
                                      const GPTModel& model, const Optimizer& optimizer,
                                      const OptimizerParamScheduler& scheduler) {
+  const std::vector<ParamInfo>& infos = model.params().infos();
+  const int64_t n = model.params().numel();
+  const int tp_rank = model.tensor_parallel().rank();
+  const bool contribute = !o.parts_comm || o.contributors.empty() ||
+                          std::count(o.contributors.begin(), o.contributors.end(), o.parts_comm->rank()) != 0;
+  LATTICE_CHECK(!o.write || !o.parts_comm || o.contributors.empty() || o.contributors[0] == o.parts_comm->rank())
+      << "the checkpoint writer must be the first contributor";
   CheckpointWriter w;
-  add_model_tensors(w, model);
+  std::set<std::string> staged;  // name and box of every staged part
+  int tag = kSaveTag;
+  // Every contributor's parts of one buffer in the parameter layout, staged by the writer
+  // (which copies them) one rank at a time. A box another rank already gave is a copy of it
+  // (a tied embedding's copy on another pipeline stage): stored once.
+  auto stage = [&](const char* file, const std::string& prefix, const float* flat) {
+    gather_parts(o.parts_comm, o.contributors, param_parts(infos, flat, tp_rank, prefix), flat, n, tag++,
+                 [&](const std::vector<TensorPart>& parts) {
+                   if (!o.write) return;
+                   for (const TensorPart& t : parts) {
+                     nlohmann::json key = {t.name, t.offsets, t.lengths};
+                     if (staged.insert(key.dump()).second)
+                       w.add_piece(file, t.name, "F32", t.global_shape, t.offsets, t.lengths, t.data);
+                   }
+                 });
+  };
+  if (contribute) stage(kModelFile, "", model.params().params());
   CheckpointState s;
   s.iteration = p.iteration;
   s.consumed_train_samples = p.consumed_train_samples;
   s.model_config = model_config_json(model.config());
   s.args = nlohmann::json::parse(o.args_json);
-  // Full optimizer tensors in the flat layout; with the distributed optimizer every
-  // rank fills in its shard and gather_state completes the rest.
-  std::vector<std::vector<float>> flats;
   if (o.save_optim) {
+    // Each state tensor in the flat layout; with the distributed optimizer every rank fills
+    // in its shard and gather_state completes the rest.
+    std::vector<float> flat(static_cast<size_t>(n));
     for (const StateSlot& slot : state_slots(o.optimizer)) {
-      flats.emplace_back(static_cast<size_t>(model.params().numel()), 0.0f);
-      optimizer.export_state(slot.slot, flats.back().data());
-      if (o.gather_state) o.gather_state(flats.back().data());
-      for (const ParamInfo& pi : model.params().infos())
-        w.add_tensor(kOptimizerFile, slot.prefix + pi.name, "F32", pi.shape, flats.back().data() + pi.offset);
+      std::fill(flat.begin(), flat.end(), 0.0f);
+      optimizer.export_state(slot.slot, flat.data());
+      if (o.gather_state) o.gather_state(flat.data());
+      if (contribute) stage(kOptimizerFile, slot.prefix, flat.data());
     }
     s.optimizer = OptimizerState{o.optimizer, optimizer.steps()};
     s.opt_param_scheduler = scheduler.state().to_json();
@@ -81,8 +108,8 @@ std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptio
     scheduler.load_state(OptimizerParamSchedulerState::from_json(*s.opt_param_scheduler, where), where);
     std::vector<float> flat(static_cast<size_t>(model.params().numel()), 0.0f);
     for (const StateSlot& slot : state_slots(o.optimizer)) {
-      for (const ParamInfo& pi : model.params().infos())
-        r.read_tensor(slot.prefix + pi.name, "F32", pi.shape, flat.data() + pi.offset);
+      for (const ParamInfo& pi : model.params().infos())  // this rank's box of each
+        read_param_part(r, slot.prefix + pi.name, pi, flat.data() + pi.offset);
       optimizer.import_state(slot.slot, flat.data());  // this rank's shard of it
     }
     optimizer.set_steps(s.optimizer->step);

@@ -7,12 +7,15 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/gpt_model.h"
 #include "optim/opt_param_scheduler.h"
 #include "optim/optimizer.h"
 
 namespace lattice {
+
+class Comm;
 
 // Where training stands after `iteration` completed iterations.
 struct TrainingProgress {
@@ -31,11 +34,19 @@ struct TrainingSaveOptions {
   // Distributed optimizer: completes a flat optimizer-state buffer in which this rank
   // filled its shard (an all-gather over the data-parallel group). Null: nothing to do.
   std::function<void(float*)> gather_state;
-  bool write = true;              // false on the ranks that only take part in the gather
+  bool write = true;              // false on the ranks that only take part in the gathers
+  // Several ranks holding parts of the model (tensor parallelism): the ranks whose parts make
+  // the checkpoint, as ranks of parts_comm, the writer (write = true) first: data-parallel
+  // rank 0 of every tensor-parallel (and pipeline) position (the other data-parallel ranks
+  // hold copies).
+  // Each sends its parts to the writer (part_gather.h). Null / empty: this rank holds all.
+  Comm* parts_comm = nullptr;
+  std::vector<int> contributors;
 };
 
 // Writes DIR/iter_NNNNNNN atomically and then the tracker file; returns the directory
-// (empty when !write).
+// (empty when !write). Every tensor is stored under its global shape, as the pieces its
+// tensor-parallel ranks hold (docs/checkpoint-format.md). Collective: every rank calls it.
 std::string save_training_checkpoint(const TrainingSaveOptions& o, const TrainingProgress& p,
                                      const GPTModel& model, const Optimizer& optimizer,
                                      const OptimizerParamScheduler& scheduler);
@@ -48,7 +59,9 @@ struct TrainingLoadOptions {
   bool finetune = false;           // --finetune: parameters only, progress restarts at 0
 };
 
-// Loads DIR's latest checkpoint (or DIR itself, an iteration directory) into the model, optimizer and scheduler and returns the
+// Loads DIR's latest checkpoint (or DIR itself, an iteration directory) into the model,
+// optimizer and scheduler (each rank reads its own box of every tensor, so any
+// tensor-parallel layout loads any other's checkpoint) and returns the
 // progress to resume from (`fresh` carries the command line's seed, used when the RNG
 // state is not loaded). Returns nullopt, touching nothing, when DIR holds no checkpoint
 // (neither a tracker file nor checkpoint.json): the run starts from scratch. Any damage or mismatch is a one-line

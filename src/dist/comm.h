@@ -73,9 +73,17 @@ class Comm {
   CommStats& stats() { return stats_; }
   const CommStats& stats() const { return stats_; }
 
+  // What the caller is doing, for the timeout message of the operations it starts next
+  // (e.g. "stage 1, micro-batch 3: forward activations from stage 0"); empty: nothing.
+  void set_wait_context(std::string context) { context_ = std::move(context); }
+  const std::string& wait_context() const { return context_; }
+
  protected:
   explicit Comm(std::string name) : name_(std::move(name)) {}
+  // The group's name with the wait context, for messages.
+  std::string label() const { return context_.empty() ? name_ : name_ + " group (" + context_ + ")"; }
   std::string name_;
+  std::string context_;
   CommStats stats_;
 };
 

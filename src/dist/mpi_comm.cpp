@@ -41,8 +41,8 @@ void wait_request(MPI_Request& req, const std::string& group, CommOp op, CommSta
     if (t.seconds() > g_timeout_seconds) {
       std::ostringstream os;
       os << "rank " << mpi_world_rank() << ": timed out after " << t.seconds() << " s waiting in "
-         << comm_op_name(op) << " on the " << group
-         << " group (--distributed-timeout-minutes); a peer rank died or stopped answering";
+         << comm_op_name(op) << " on the " << group << (group.find(" group (") == std::string::npos ? " group" : "")
+         << " (--distributed-timeout-minutes); a peer rank died or stopped answering";
       abort_job(os.str());
     }
   }
@@ -117,7 +117,7 @@ class MpiComm : public Comm {
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, int(n), MPI_FLOAT, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
                              comm_, &r),
               "MPI_Iallreduce");
-    wait_request(r, name_, CommOp::all_reduce, stats_);
+    wait_request(r, label(), CommOp::all_reduce, stats_);
   }
   void all_reduce(double* data, int64_t n, ReduceOp op) override {
     stats_.add(CommOp::all_reduce, uint64_t(n) * 8);
@@ -125,13 +125,13 @@ class MpiComm : public Comm {
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, int(n), MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
                              comm_, &r),
               "MPI_Iallreduce");
-    wait_request(r, name_, CommOp::all_reduce, stats_);
+    wait_request(r, label(), CommOp::all_reduce, stats_);
   }
   std::unique_ptr<CommRequest> iall_reduce(float* data, int64_t n) override {
     stats_.add(CommOp::all_reduce, uint64_t(n) * 4);
     MPI_Request r;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, int(n), MPI_FLOAT, MPI_SUM, comm_, &r), "MPI_Iallreduce");
-    return std::make_unique<MpiRequest>(r, name_, CommOp::all_reduce, stats_);
+    return std::make_unique<MpiRequest>(r, label(), CommOp::all_reduce, stats_);
   }
   std::unique_ptr<CommRequest> ireduce_scatter(const float* send, float* recv,
                                                const std::vector<int64_t>& counts) override {
@@ -142,7 +142,7 @@ class MpiComm : public Comm {
     stats_.add(CommOp::reduce_scatter, uint64_t(total) * 4);
     MPI_Request r;
     check_mpi(MPI_Ireduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, comm_, &r), "MPI_Ireduce_scatter");
-    return std::make_unique<MpiRequest>(r, name_, CommOp::reduce_scatter, stats_, std::move(c));
+    return std::make_unique<MpiRequest>(r, label(), CommOp::reduce_scatter, stats_, std::move(c));
   }
   std::unique_ptr<CommRequest> iall_gather(float* data, const std::vector<int64_t>& counts) override {
     LATTICE_CHECK(int(counts.size()) == size_) << "all_gather needs one count per rank";
@@ -154,13 +154,13 @@ class MpiComm : public Comm {
     MPI_Request r;
     check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, c.data(), d.data(), MPI_FLOAT, comm_, &r),
               "MPI_Iallgatherv");
-    return std::make_unique<MpiRequest>(r, name_, CommOp::all_gather, stats_, std::move(c), std::move(d));
+    return std::make_unique<MpiRequest>(r, label(), CommOp::all_gather, stats_, std::move(c), std::move(d));
   }
   void broadcast(void* data, int64_t bytes, int root) override {
     stats_.add(CommOp::broadcast, uint64_t(bytes));
     MPI_Request r;
     check_mpi(MPI_Ibcast(data, int(bytes), MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
-    wait_request(r, name_, CommOp::broadcast, stats_);
+    wait_request(r, label(), CommOp::broadcast, stats_);
   }
   void send(const float* data, int64_t n, int dst, int tag) override { isend(data, n, dst, tag)->wait(); }
   void recv(float* data, int64_t n, int src, int tag) override { irecv(data, n, src, tag)->wait(); }
@@ -168,19 +168,19 @@ class MpiComm : public Comm {
     stats_.add(CommOp::send, uint64_t(n) * 4);
     MPI_Request r;
     check_mpi(MPI_Isend(data, int(n), MPI_FLOAT, dst, tag, comm_, &r), "MPI_Isend");
-    return std::make_unique<MpiRequest>(r, name_, CommOp::send, stats_);
+    return std::make_unique<MpiRequest>(r, label(), CommOp::send, stats_);
   }
   std::unique_ptr<CommRequest> irecv(float* data, int64_t n, int src, int tag) override {
     stats_.add(CommOp::recv, uint64_t(n) * 4);
     MPI_Request r;
     check_mpi(MPI_Irecv(data, int(n), MPI_FLOAT, src, tag, comm_, &r), "MPI_Irecv");
-    return std::make_unique<MpiRequest>(r, name_, CommOp::recv, stats_);
+    return std::make_unique<MpiRequest>(r, label(), CommOp::recv, stats_);
   }
   void barrier() override {
     stats_.add(CommOp::barrier, 0);
     MPI_Request r;
     check_mpi(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
-    wait_request(r, name_, CommOp::barrier, stats_);
+    wait_request(r, label(), CommOp::barrier, stats_);
   }
 
  private:
@@ -245,7 +245,11 @@ std::unique_ptr<Comm> make_mpi_comm(const std::string& name, const std::vector<s
         color = int(g);
         mine = groups[g];
       }
-  LATTICE_CHECK(color >= 0) << "rank " << me << " is in no " << name << " group";
+  if (color < 0) {  // a rank outside every group still takes part in the split
+    MPI_Comm none;
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, MPI_UNDEFINED, 0, &none), "MPI_Comm_split");
+    return nullptr;
+  }
   int key = 0;
   for (size_t i = 0; i < mine.size(); ++i)
     if (mine[i] == me) key = int(i);

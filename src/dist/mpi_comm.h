@@ -24,7 +24,7 @@ int mpi_local_size();
 void set_comm_timeout_seconds(double seconds);
 
 // A communicator over the given world ranks (every world rank must call this with the
-// same `groups` partition; returns the group containing this rank).
+// same `groups`; returns the group containing this rank, or null when it is in none).
 std::unique_ptr<Comm> make_mpi_comm(const std::string& name, const std::vector<std::vector<int>>& groups);
 
 // Aborts the whole job (all ranks) after printing `message` (one line) on stderr.

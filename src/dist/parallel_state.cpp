@@ -10,7 +10,8 @@ ParallelLayout make_layout(int world, int tp, int pp) {
   if (pp < 1) LATTICE_FAIL() << "--pipeline-model-parallel-size must be >= 1, got " << pp;
   if (world % (tp * pp) != 0)
     LATTICE_FAIL() << "world size " << world << " is not divisible by --tensor-model-parallel-size " << tp
-                   << " x --pipeline-model-parallel-size " << pp;
+                   << " x --pipeline-model-parallel-size " << pp << " (start a multiple of " << tp * pp
+                   << " processes, e.g. mpirun -np " << tp * pp << ")";
   return ParallelLayout{world, tp, pp, world / (tp * pp)};
 }
 
@@ -66,13 +67,15 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
   s->tp_ = make_mpi_comm("tp", g.tp);
   s->dp_ = make_mpi_comm("dp", g.dp);
   s->pp_ = make_mpi_comm("pp", g.pp);
+  if (!g.embedding.empty()) s->embedding_ = make_mpi_comm("embedding", g.embedding);
   return s;
 }
 
 CommStats ParallelState::total_stats() const {
   CommStats t;
-  for (const Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get()})
-    for (int i = 0; i < kNumCommOps; ++i) {
+  for (const Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get(), embedding_.get()})
+    if (c)
+      for (int i = 0; i < kNumCommOps; ++i) {
       t.bytes[i] += c->stats().bytes[i];
       t.calls[i] += c->stats().calls[i];
       t.seconds[i] += c->stats().seconds[i];
@@ -81,7 +84,8 @@ CommStats ParallelState::total_stats() const {
 }
 
 void ParallelState::reset_stats() {
-  for (Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get()}) c->stats().reset();
+  for (Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get(), embedding_.get()})
+    if (c) c->stats().reset();
 }
 
 }  // namespace lattice

@@ -43,6 +43,9 @@ class ParallelState {
   Comm& tp() { return *tp_; }
   Comm& dp() { return *dp_; }
   Comm& pp() { return *pp_; }
+  // The first and last pipeline stage of this rank's tp/dp position (they share the
+  // tied word embedding); null on the other stages and without pipelining.
+  Comm* embedding() { return embedding_.get(); }
   bool uses_mpi() const { return uses_mpi_; }
   // Sum of every group's counters.
   CommStats total_stats() const;
@@ -52,7 +55,7 @@ class ParallelState {
   ParallelLayout layout_;
   int world_rank_ = 0;
   bool uses_mpi_ = false;
-  std::unique_ptr<Comm> world_, tp_, dp_, pp_;
+  std::unique_ptr<Comm> world_, tp_, dp_, pp_, embedding_;
 };
 
 }  // namespace lattice

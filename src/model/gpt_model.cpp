@@ -18,8 +18,8 @@
 
 namespace lattice {
 
-// Everything one micro-batch keeps between forward and backward, plus backward scratch.
-// Sizes per rank (see the header): "full" buffers have N rows, "shard" buffers Ns.
+// Everything one micro-batch keeps between forward and backward on one chunk. Sizes per
+// rank (see the header): "full" buffers have N rows, "shard" buffers Ns.
 struct GPTModel::Activations {
   struct Layer {
     float* ln1;        // [Ns, C]  (all-gathered into ln_full when a GEMM needs every row)
@@ -35,14 +35,21 @@ struct GPTModel::Activations {
     float* fc1;        // [N, Fl]  pre-activation
     float* gelu;       // [N, Fl]
   };
-  std::vector<float*> resid;  // L+1 x [Ns, C]: resid[l] is layer l's input
+  std::vector<float*> resid;  // chunk layers + 1 x [Ns, C]: resid[i] is the chunk's layer i's input
   std::vector<Layer> layers;
-  float* lnf;                 // [N, C] full
-  float* lnf_mean;            // [Ns]
-  float* lnf_rstd;            // [Ns]
-  float* logits;              // [N, Vl]  (overwritten by dlogits)
-  float* losses;              // [N]
-  // scratch
+  // With the loss:
+  float* lnf = nullptr;       // [N, C] full
+  float* lnf_mean = nullptr;  // [Ns]
+  float* lnf_rstd = nullptr;  // [Ns]
+  float* logits = nullptr;    // [N, Vl]  (overwritten by dlogits)
+  float* losses = nullptr;    // [N]
+  // The micro-batch's token-derived inputs, [B*T] each.
+  std::vector<int32_t> inputs, positions, document_ids, targets;
+  std::vector<float> loss_mask;  // with eod_mask_loss
+};
+
+// Backward scratch shared by every chunk and slot (one step runs at a time).
+struct GPTModel::Scratch {
   float* d_resid;             // [Ns, C]
   float* d_s;                 // [Ns, C]  (sequence parallelism only)
   float* ln_full;             // [N, C]   a LayerNorm output gathered from the shards (idem)
@@ -82,10 +89,20 @@ void check_tensor_parallel(const TransformerConfig& c, const TensorParallel& tp,
                    << " (required by --sequence-parallel)";
 }
 
+ModelPlacement complete(ModelPlacement p, const TransformerConfig& c) {
+  if (p.chunks.empty()) p.chunks.push_back({0, c.num_layers});
+  LATTICE_CHECK(p.slots >= 1) << "a chunk needs at least one activation slot";
+  for (auto [b, e] : p.chunks)
+    LATTICE_CHECK(0 <= b && b <= e && e <= c.num_layers) << "chunk [" << b << ", " << e << ") outside the "
+                                                         << c.num_layers << " layers";
+  return p;
+}
+
 }  // namespace
 
-GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp)
-    : cfg_(config), tp_(tp), max_B_(B), max_T_(T) {
+GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp,
+                   const ModelPlacement& placement)
+    : cfg_(config), tp_(tp), place_(complete(placement, config)), max_B_(B), max_T_(T) {
   LATTICE_CHECK(cfg_.padded_vocab_size > 0) << "TransformerConfig::finalize() not called";
   LATTICE_CHECK(T <= cfg_.max_position_embeddings)
       << "--seq-length " << T << " exceeds --max-position-embeddings " << cfg_.max_position_embeddings;
@@ -98,17 +115,14 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_begin_, 0, Vl_);
   register_parameters();
   params_.allocate();
-  arena_ = Arena(activation_bytes(cfg_, B, T, tp_));
-  acts_ = std::make_unique<Activations>();
-  allocate_activations(*acts_, arena_, cfg_, tp_, B, T);
-  positions_.resize(size_t(B * T));
-  inputs_.resize(size_t(B * T));
-  targets_.resize(size_t(B * T));
-  document_ids_.resize(size_t(B * T));
-  loss_mask_.resize(size_t(B * T));
+  arena_ = Arena(activation_bytes(cfg_, B, T, tp_, place_));
+  scratch_ = std::make_unique<Scratch>();
+  allocate(acts_, *scratch_, arena_, cfg_, tp_, place_, B, T);
   row_max_.resize(size_t(B * T));
   ce_stats_.resize(size_t(2 * B * T));
 }
+
+GPTModel::~GPTModel() = default;
 
 void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
   LATTICE_CHECK(d.eod >= 0 || !(d.eod_mask_loss || d.reset_position_ids || d.reset_attention_mask))
@@ -118,13 +132,15 @@ void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
 
 // Megatron's _get_ltor_masks_and_position_ids on the inputs: the token after an eod at t
 // starts a new document, so t+1 gets position 0 and the next document id.
-void GPTModel::compute_positions(const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T) {
+void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T) {
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* in = tokens + b * token_stride;
     int32_t doc = 0, start = 0;
     for (int64_t t = 0; t < T; ++t) {
-      positions_[size_t(b * T + t)] = docs_.reset_position_ids ? int32_t(t) - start : int32_t(t);
-      document_ids_[size_t(b * T + t)] = doc;
+      const size_t i = size_t(b * T + t);
+      a.inputs[i] = in[t];
+      a.positions[i] = docs_.reset_position_ids ? int32_t(t) - start : int32_t(t);
+      a.document_ids[i] = doc;
       if (in[t] == docs_.eod) {
         ++doc;
         start = int32_t(t) + 1;
@@ -133,19 +149,20 @@ void GPTModel::compute_positions(const int32_t* tokens, int64_t token_stride, in
   }
 }
 
-const float* GPTModel::effective_loss_mask(const float* loss_mask, int64_t B, int64_t T) {
+const float* GPTModel::effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T) {
   if (!docs_.eod_mask_loss) return loss_mask;
   const int64_t N = B * T;
   for (int64_t i = 0; i < N; ++i)
-    loss_mask_[size_t(i)] = inputs_[size_t(i)] == docs_.eod ? 0.0f : (loss_mask ? loss_mask[i] : 1.0f);
-  return loss_mask_.data();
+    a.loss_mask[size_t(i)] = a.inputs[size_t(i)] == docs_.eod ? 0.0f : (loss_mask ? loss_mask[i] : 1.0f);
+  return a.loss_mask.data();
 }
-
-GPTModel::~GPTModel() = default;
 
 // Megatron's split of each weight: column-parallel (dim 0: QKV rows grouped per head,
 // fc1, the vocabulary rows of the embedding and output layer) and row-parallel (dim 1:
-// proj, fc2); norms, row-parallel biases and position embeddings are replicated.
+// proj, fc2); norms, row-parallel biases and position embeddings are replicated. Under
+// pipeline parallelism a stage registers its chunks' layers under their global numbers;
+// the last stage's output layer, when tied, is a copy of the word embedding under the
+// same name (initialised identically, kept equal by the embedding-group all-reduce).
 void GPTModel::register_parameters() {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Vp = cfg_.padded_vocab_size;
   const float std = cfg_.init_method_std;
@@ -154,29 +171,45 @@ void GPTModel::register_parameters() {
   auto add = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split) {
     return params_.add_tp(name, shape, init, s, split, r, P);
   };
-  wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
-  wpe_ = add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C},
-             ParamInit::normal, std, -1);
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    LayerParams p;
-    p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
-    p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-    p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {3 * C, C}, ParamInit::normal, std, 0);
-    p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * C}, ParamInit::zeros, 0, 0);
-    p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, C}, ParamInit::normal, out_std, 1);
-    p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
-    p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
-    p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-    p.fc1_w = add(layer_name(l, "mlp.linear_fc1.weight"), {F, C}, ParamInit::normal, std, 0);
-    p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F}, ParamInit::zeros, 0, 0);
-    p.fc2_w = add(layer_name(l, "mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
-    p.fc2_b = add(layer_name(l, "mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1);
-    layers_.push_back(p);
+  const bool tied = !cfg_.untie_embeddings_and_output_weights;
+  const bool split_pipeline = !(place_.pre_process && place_.post_process);
+  if (place_.pre_process) {
+    wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
+    wpe_ = add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C},
+               ParamInit::normal, std, -1);
+    if (tied && split_pipeline) shared_embedding_ = wte_;
   }
-  lnf_w_ = add("decoder.final_layernorm.weight", {C}, ParamInit::ones, 0, -1);
-  lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
-  if (cfg_.untie_embeddings_and_output_weights)
-    out_w_ = add("output_layer.weight", {Vp, C}, ParamInit::normal, std, 0);
+  for (auto [begin, end] : place_.chunks) {
+    chunk_first_.push_back(layers_.size());
+    for (int64_t l = begin; l < end; ++l) {
+      LayerParams p;
+      p.layer = l;
+      p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
+      p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+      p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {3 * C, C}, ParamInit::normal, std, 0);
+      p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * C}, ParamInit::zeros, 0, 0);
+      p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, C}, ParamInit::normal, out_std, 1);
+      p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
+      p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
+      p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+      p.fc1_w = add(layer_name(l, "mlp.linear_fc1.weight"), {F, C}, ParamInit::normal, std, 0);
+      p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F}, ParamInit::zeros, 0, 0);
+      p.fc2_w = add(layer_name(l, "mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
+      p.fc2_b = add(layer_name(l, "mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1);
+      layers_.push_back(p);
+    }
+  }
+  if (place_.post_process) {
+    lnf_w_ = add("decoder.final_layernorm.weight", {C}, ParamInit::ones, 0, -1);
+    lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
+    if (!tied) {
+      out_w_ = add("output_layer.weight", {Vp, C}, ParamInit::normal, std, 0);
+    } else if (!place_.pre_process) {
+      out_w_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
+      params_.mark_shared_embedding_copy(out_w_);
+      shared_embedding_ = out_w_;
+    }
+  }
 }
 
 void GPTModel::init_parameters(uint64_t seed) { params_.initialize(seed); }
@@ -184,103 +217,131 @@ void GPTModel::init_parameters(uint64_t seed) { params_.initialize(seed); }
 const float* GPTModel::output_weight() const { return params_.param(out_w_ >= 0 ? out_w_ : wte_); }
 float* GPTModel::output_weight_grad() { return params_.grad(out_w_ >= 0 ? out_w_ : wte_); }
 
-void GPTModel::allocate_activations(Activations& a, Arena& arena, const TransformerConfig& cfg,
-                                    const TensorParallel& tp, int64_t B, int64_t T) {
+void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& arena, const TransformerConfig& cfg,
+                        const TensorParallel& tp, const ModelPlacement& place, int64_t B, int64_t T) {
   const int64_t P = tp.size();
   const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = C / P;
   const int64_t Fl = cfg.ffn_hidden_size / P, Hl = cfg.num_attention_heads / P;
   const int64_t Vl = cfg.padded_vocab_size / P;
-  a.resid.clear();
-  a.layers.clear();
-  for (int64_t l = 0; l <= cfg.num_layers; ++l) a.resid.push_back(arena.alloc_f32(Ns * C, "residual"));
-  for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    Activations::Layer x;
-    x.ln1 = arena.alloc_f32(Ns * C, "input_layernorm");
-    x.ln1_mean = arena.alloc_f32(Ns);
-    x.ln1_rstd = arena.alloc_f32(Ns);
-    x.qkv = arena.alloc_f32(N * 3 * Cl, "linear_qkv");
-    x.attn = arena.alloc_f32(N * Cl, "core_attention");
-    x.lse = arena.alloc_f32(B * Hl * T, "attention lse");
-    x.resid_mid = arena.alloc_f32(Ns * C, "residual");
-    x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
-    x.ln2_mean = arena.alloc_f32(Ns);
-    x.ln2_rstd = arena.alloc_f32(Ns);
-    x.fc1 = arena.alloc_f32(N * Fl, "linear_fc1");
-    x.gelu = arena.alloc_f32(N * Fl, "gelu");
-    a.layers.push_back(x);
-  }
-  a.lnf = arena.alloc_f32(N * C, "final_layernorm");
-  a.lnf_mean = arena.alloc_f32(Ns);
-  a.lnf_rstd = arena.alloc_f32(Ns);
-  a.logits = arena.alloc_f32(N * Vl, "logits");
-  a.losses = arena.alloc_f32(N, "losses");
-  a.d_resid = arena.alloc_f32(Ns * C, "grad");
-  a.d_s = tp.sp() ? arena.alloc_f32(Ns * C, "grad") : nullptr;
-  a.ln_full = tp.sp() ? arena.alloc_f32(N * C, "gathered layernorm") : nullptr;
-  a.d_c1 = arena.alloc_f32(N * C, "grad");
-  a.d_c2 = arena.alloc_f32(N * C, "grad");
-  a.d_3c = arena.alloc_f32(N * 3 * Cl, "grad");
-  a.d_f = arena.alloc_f32(N * Fl, "grad");
+  acts.clear();
+  const int chunks = int(place.chunks.size());
+  for (int c = 0; c < chunks; ++c)
+    for (int s = 0; s < place.slots; ++s) {
+      Activations a;
+      const int64_t layers = place.chunks[size_t(c)].second - place.chunks[size_t(c)].first;
+      for (int64_t l = 0; l <= layers; ++l) a.resid.push_back(arena.alloc_f32(Ns * C, "residual"));
+      for (int64_t l = 0; l < layers; ++l) {
+        Activations::Layer x;
+        x.ln1 = arena.alloc_f32(Ns * C, "input_layernorm");
+        x.ln1_mean = arena.alloc_f32(Ns);
+        x.ln1_rstd = arena.alloc_f32(Ns);
+        x.qkv = arena.alloc_f32(N * 3 * Cl, "linear_qkv");
+        x.attn = arena.alloc_f32(N * Cl, "core_attention");
+        x.lse = arena.alloc_f32(B * Hl * T, "attention lse");
+        x.resid_mid = arena.alloc_f32(Ns * C, "residual");
+        x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
+        x.ln2_mean = arena.alloc_f32(Ns);
+        x.ln2_rstd = arena.alloc_f32(Ns);
+        x.fc1 = arena.alloc_f32(N * Fl, "linear_fc1");
+        x.gelu = arena.alloc_f32(N * Fl, "gelu");
+        a.layers.push_back(x);
+      }
+      if (place.post_process && c == chunks - 1) {
+        a.lnf = arena.alloc_f32(N * C, "final_layernorm");
+        a.lnf_mean = arena.alloc_f32(Ns);
+        a.lnf_rstd = arena.alloc_f32(Ns);
+        a.logits = arena.alloc_f32(N * Vl, "logits");
+        a.losses = arena.alloc_f32(N, "losses");
+      }
+      a.inputs.resize(size_t(N));
+      a.positions.resize(size_t(N));
+      a.document_ids.resize(size_t(N));
+      a.targets.resize(size_t(N));
+      a.loss_mask.resize(size_t(N));
+      acts.push_back(std::move(a));
+    }
+  sc.d_resid = arena.alloc_f32(Ns * C, "grad");
+  sc.d_s = tp.sp() ? arena.alloc_f32(Ns * C, "grad") : nullptr;
+  sc.ln_full = tp.sp() ? arena.alloc_f32(N * C, "gathered layernorm") : nullptr;
+  sc.d_c1 = arena.alloc_f32(N * C, "grad");
+  sc.d_c2 = arena.alloc_f32(N * C, "grad");
+  sc.d_3c = arena.alloc_f32(N * 3 * Cl, "grad");
+  sc.d_f = arena.alloc_f32(N * Fl, "grad");
 }
 
-size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, const TensorParallel& tp) {
+size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, const TensorParallel& tp,
+                                  const ModelPlacement& placement) {
   Arena counter = Arena::counting();
-  Activations a;
-  allocate_activations(a, counter, cfg, tp, B, T);
+  std::vector<Activations> acts;
+  Scratch sc;
+  allocate(acts, sc, counter, cfg, tp, complete(placement, cfg), B, T);
   return counter.used();
 }
+
+GPTModel::Activations& GPTModel::acts(int chunk, int slot) {
+  LATTICE_CHECK(chunk >= 0 && chunk < num_chunks() && slot >= 0 && slot < place_.slots)
+      << "no activations for chunk " << chunk << " slot " << slot;
+  return acts_[size_t(chunk * place_.slots + slot)];
+}
+
+float* GPTModel::input_buffer(int chunk, int slot) { return acts(chunk, slot).resid[0]; }
+const float* GPTModel::output(int chunk, int slot) const {
+  return acts_[size_t(chunk * place_.slots + slot)].resid.back();
+}
+float* GPTModel::output_grad_buffer() { return scratch_->d_resid; }
+const float* GPTModel::input_grad() const { return scratch_->d_resid; }
 
 // A LayerNorm output's rows of every token: the shard itself without sequence
 // parallelism, else the shard all-gathered into ln_full (again in backward, as Megatron
 // does, so that only the shard is kept between forward and backward).
-const float* GPTModel::all_rows(Activations& a, const float* shard, int64_t N) {
+const float* GPTModel::all_rows(const float* shard, int64_t N) {
   if (!tp_.sp()) return shard;
   const int64_t C = cfg_.hidden_size;
-  std::memcpy(a.ln_full + tp_.shard_begin(N) * C, shard, size_t(tp_.shard_rows(N) * C) * sizeof(float));
-  gather_from_sequence_parallel_region(tp_, a.ln_full, N, C);
-  return a.ln_full;
+  float* full = scratch_->ln_full;
+  std::memcpy(full + tp_.shard_begin(N) * C, shard, size_t(tp_.shard_rows(N) * C) * sizeof(float));
+  gather_from_sequence_parallel_region(tp_, full, N, C);
+  return full;
 }
 
-void GPTModel::forward_hidden(Activations& a, const int32_t* tokens, int64_t token_stride,
-                              int64_t B, int64_t T, const MicroBatchKey& key) {
+void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key) {
   LATTICE_CHECK(B <= max_B_ && T <= max_T_)
       << "micro-batch " << B << "x" << T << " exceeds the model's " << max_B_ << "x" << max_T_;
   const bool sp = tp_.sp();
   LATTICE_CHECK(!sp || T == max_T_) << "sequence parallelism runs full-length sequences only";
+  Scratch& sc = *scratch_;
   const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = Hl_ * D;
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
   const uint64_t elem0 = uint64_t(row0 * C);  // dropout index of this rank's first element
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   const float eps = cfg_.layernorm_epsilon;
+  const int32_t* doc_ids = docs_.reset_attention_mask ? a.document_ids.data() : nullptr;
 
-  // Inputs are tokens[b, 0:T] of rows with stride token_stride.
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) inputs_[size_t(b * T + t)] = tokens[b * token_stride + t];
-  compute_positions(tokens, token_stride, B, T);
-  const int32_t* doc_ids = docs_.reset_attention_mask ? document_ids_.data() : nullptr;
+  if (has_embedding(chunk)) {
+    // VocabParallelEmbedding: this rank's rows (zeros elsewhere), summed over the group
+    // (all-reduce, or reduce-scatter to the token shard), then positions and dropout.
+    float* emb = sp ? sc.d_c1 : a.resid[0];
+    vocab_parallel_embedding_forward(emb, a.inputs.data(), params_.param(wte_), vocab_begin_, Vl_, N, C);
+    reduce_from_tensor_parallel_region(tp_, emb, a.resid[0], N, C);
+    position_embedding_add(a.resid[0], a.positions.data() + row0, params_.param(wpe_), Ns, C);
+    dropout_forward(a.resid[0], a.resid[0], Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
+  }
 
-  // VocabParallelEmbedding: this rank's rows (zeros elsewhere), summed over the group
-  // (all-reduce, or reduce-scatter to the token shard), then positions and dropout.
-  float* emb = sp ? a.d_c1 : a.resid[0];
-  vocab_parallel_embedding_forward(emb, inputs_.data(), params_.param(wte_), vocab_begin_, Vl_, N, C);
-  reduce_from_tensor_parallel_region(tp_, emb, a.resid[0], N, C);
-  position_embedding_add(a.resid[0], positions_.data() + row0, params_.param(wpe_), Ns, C);
-  dropout_forward(a.resid[0], a.resid[0], Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
-
-  float* out_rows = sp ? a.d_s : a.d_c1;  // [Ns, C] output of a row-parallel linear
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
-    const LayerParams& p = layers_[size_t(l)];
-    Activations::Layer& x = a.layers[size_t(l)];
-    const float* in = a.resid[size_t(l)];
+  float* out_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] output of a row-parallel linear
+  const size_t first = chunk_first_[size_t(chunk)];
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    const LayerParams& p = layers_[first + i];
+    const int64_t l = p.layer;
+    Activations::Layer& x = a.layers[i];
+    const float* in = a.resid[i];
     // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
     layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, in, params_.param(p.ln1_w), params_.param(p.ln1_b), Ns,
                       C, eps);
-    linear_forward(x.qkv, all_rows(a, x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl);
+    linear_forward(x.qkv, all_rows(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl);
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
     attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, Hl_, D}, ad, doc_ids);
-    row_parallel_linear_forward(tp_, out_rows, a.d_c1, x.attn, params_.param(p.proj_w),
+    row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.attn, params_.param(p.proj_w),
                                 params_.param(p.proj_b), N, Cl, C);
     dropout_forward(out_rows, out_rows, Ns * C, p_hidden,
                     site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
@@ -288,74 +349,82 @@ void GPTModel::forward_hidden(Activations& a, const int32_t* tokens, int64_t tok
     // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
     layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, params_.param(p.ln2_w),
                       params_.param(p.ln2_b), Ns, C, eps);
-    linear_forward(x.fc1, all_rows(a, x.ln2, N), params_.param(p.fc1_w), params_.param(p.fc1_b), N, C, Fl_);
+    linear_forward(x.fc1, all_rows(x.ln2, N), params_.param(p.fc1_w), params_.param(p.fc1_b), N, C, Fl_);
     gelu_forward(x.gelu, x.fc1, N * Fl_, cfg_.gelu);
-    row_parallel_linear_forward(tp_, out_rows, a.d_c1, x.gelu, params_.param(p.fc2_w),
+    row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.gelu, params_.param(p.fc2_w),
                                 params_.param(p.fc2_b), N, Fl_, C);
     dropout_forward(out_rows, out_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
-    add_forward(a.resid[size_t(l + 1)], x.resid_mid, out_rows, Ns * C);
+    add_forward(a.resid[i + 1], x.resid_mid, out_rows, Ns * C);
   }
-  layernorm_forward(a.lnf + row0 * C, a.lnf_mean, a.lnf_rstd, a.resid[size_t(cfg_.num_layers)],
-                    params_.param(lnf_w_), params_.param(lnf_b_), Ns, C, eps);
-  gather_from_sequence_parallel_region(tp_, a.lnf, N, C);
+  if (has_loss(chunk)) {
+    layernorm_forward(a.lnf + row0 * C, a.lnf_mean, a.lnf_rstd, a.resid.back(), params_.param(lnf_w_),
+                      params_.param(lnf_b_), Ns, C, eps);
+    gather_from_sequence_parallel_region(tp_, a.lnf, N, C);
+  }
 }
 
-void GPTModel::backward_hidden(Activations& a, const float* d_lnf, int64_t B, int64_t T,
-                               const MicroBatchKey& key) {
+void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int64_t B, int64_t T,
+                              const MicroBatchKey& key) {
   const bool sp = tp_.sp();
+  Scratch& sc = *scratch_;
   const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = Hl_ * D;
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
   const uint64_t elem0 = uint64_t(row0 * C);
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   // A column-parallel layer's input gradient, reduced: full rows, or this rank's shard.
-  const float* d_ln = sp ? a.d_s : a.d_c1;
-  float* d_rows = sp ? a.d_s : a.d_c1;  // [Ns, C] gradient of a row-parallel output
+  const float* d_ln = sp ? sc.d_s : sc.d_c1;
+  float* d_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] gradient of a row-parallel output
 
-  // Final LayerNorm backward into d_resid.
-  std::memset(a.d_resid, 0, size_t(Ns * C) * sizeof(float));
-  layernorm_backward(a.d_resid, params_.grad(lnf_w_), params_.grad(lnf_b_), d_lnf,
-                     a.resid[size_t(cfg_.num_layers)], params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C);
-  grads_ready({lnf_w_, lnf_b_});
+  if (d_lnf) {
+    // Final LayerNorm backward into d_resid.
+    std::memset(sc.d_resid, 0, size_t(Ns * C) * sizeof(float));
+    layernorm_backward(sc.d_resid, params_.grad(lnf_w_), params_.grad(lnf_b_), d_lnf, a.resid.back(),
+                       params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C);
+    grads_ready({lnf_w_, lnf_b_});
+  }
 
-  for (int64_t l = cfg_.num_layers - 1; l >= 0; --l) {
-    const LayerParams& p = layers_[size_t(l)];
-    Activations::Layer& x = a.layers[size_t(l)];
+  const size_t first = chunk_first_[size_t(chunk)];
+  for (size_t i = a.layers.size(); i-- > 0;) {
+    const LayerParams& p = layers_[first + i];
+    const int64_t l = p.layer;
+    Activations::Layer& x = a.layers[i];
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
-    dropout_backward(d_rows, a.d_resid, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
-    row_parallel_linear_backward(tp_, a.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows, a.d_c2,
+    dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+    row_parallel_linear_backward(tp_, sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows, sc.d_c2,
                                  x.gelu, params_.param(p.fc2_w), N, Fl_, C);
-    gelu_backward(a.d_f, x.fc1, a.d_f, N * Fl_, cfg_.gelu);
-    column_parallel_linear_backward(tp_, a.d_c1, a.d_s, params_.grad(p.fc1_w), params_.grad(p.fc1_b), a.d_f,
-                                    all_rows(a, x.ln2, N), params_.param(p.fc1_w), N, C, Fl_);
-    layernorm_backward(a.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
+    gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu);
+    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), params_.grad(p.fc1_b), sc.d_f,
+                                    all_rows(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_);
+    layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
                        params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C);
     // Attention block: d_resid is now d(resid_mid).
-    dropout_backward(d_rows, a.d_resid, Ns * C, p_hidden,
+    dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden,
                      site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
-    row_parallel_linear_backward(tp_, a.d_c2, params_.grad(p.proj_w), params_.grad(p.proj_b), d_rows, a.d_c1,
+    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), params_.grad(p.proj_b), d_rows, sc.d_c1,
                                  x.attn, params_.param(p.proj_w), N, Cl, C);
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
-    attention_backward(a.d_3c, a.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
-                       docs_.reset_attention_mask ? document_ids_.data() : nullptr);
-    column_parallel_linear_backward(tp_, a.d_c1, a.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), a.d_3c,
-                                    all_rows(a, x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl);
-    layernorm_backward(a.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[size_t(l)],
+    attention_backward(sc.d_3c, sc.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
+                       docs_.reset_attention_mask ? a.document_ids.data() : nullptr);
+    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), sc.d_3c,
+                                    all_rows(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl);
+    layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[i],
                        params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C);
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,
                  p.fc1_b, p.fc2_w, p.fc2_b});
   }
+  if (!has_embedding(chunk)) return;  // d_resid is the gradient of the chunk's input
   // Embedding: d_resid is d(embedding output after dropout); the lookup's backward needs
   // every token's gradient (all-gathered from the shards with sequence parallelism).
-  dropout_backward(a.d_resid, a.d_resid, Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
-  const float* d_emb = a.d_resid;
+  dropout_backward(sc.d_resid, sc.d_resid, Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
+  const float* d_emb = sc.d_resid;
   if (sp) {
-    std::memcpy(a.d_c1 + row0 * C, a.d_resid, size_t(Ns * C) * sizeof(float));
-    gather_from_sequence_parallel_region(tp_, a.d_c1, N, C);
-    d_emb = a.d_c1;
+    std::memcpy(sc.d_c1 + row0 * C, sc.d_resid, size_t(Ns * C) * sizeof(float));
+    gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
+    d_emb = sc.d_c1;
   }
-  embedding_backward(params_.grad(wte_), params_.grad(wpe_), d_emb, inputs_.data(), positions_.data(), N, C,
+  embedding_backward(params_.grad(wte_), params_.grad(wpe_), d_emb, a.inputs.data(), a.positions.data(), N, C,
                      vocab_begin_, Vl_);
   grads_ready({wpe_, wte_});
 }
@@ -369,14 +438,14 @@ LossSum GPTModel::output_loss(Activations& a, const int32_t* tokens, const float
     for (int64_t t = 0; t < T; ++t) {
       const int32_t y = tokens[b * (T + 1) + t + 1];
       LATTICE_CHECK(y >= 0 && y < V) << "label " << y << " at (" << b << ", " << t << ") not in [0, " << V << ")";
-      targets_[size_t(b * T + t)] = y;
+      a.targets[size_t(b * T + t)] = y;
     }
-  loss_mask = effective_loss_mask(loss_mask, B, T);
+  loss_mask = effective_loss_mask(a, loss_mask, B, T);
   // Vocab-parallel cross entropy: max, then sum of exponentials and target logit, each
   // all-reduced over the group.
   vocab_parallel_ce_max(row_max_.data(), a.logits, N, vocab_valid_, Vl_);
   if (tp_.size() > 1) tp_.comm->all_reduce(row_max_.data(), N, ReduceOp::max);
-  vocab_parallel_ce_partials(ce_stats_.data(), a.logits, row_max_.data(), targets_.data(), vocab_begin_, N,
+  vocab_parallel_ce_partials(ce_stats_.data(), a.logits, row_max_.data(), a.targets.data(), vocab_begin_, N,
                              vocab_valid_, Vl_, backward);
   if (tp_.size() > 1) tp_.comm->all_reduce(ce_stats_.data(), 2 * N, ReduceOp::sum);
   vocab_parallel_ce_loss(a.losses, ce_stats_.data(), row_max_.data(), N);
@@ -388,26 +457,45 @@ LossSum GPTModel::output_loss(Activations& a, const int32_t* tokens, const float
   }
   if (backward) {
     const float token_scale = l.count > 0 ? float(1.0 / l.count) : 0.0f;
-    vocab_parallel_ce_backward(a.logits, ce_stats_.data(), targets_.data(), loss_mask, grad_scale * token_scale,
+    vocab_parallel_ce_backward(a.logits, ce_stats_.data(), a.targets.data(), loss_mask, grad_scale * token_scale,
                                vocab_begin_, N, vocab_valid_, Vl_);
   }
   return l;
 }
 
-double GPTModel::forward_backward(const int32_t* tokens, const float* loss_mask, int64_t B,
-                                  int64_t T, float grad_scale, const MicroBatchKey& key) {
-  Activations& a = *acts_;
+LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const float* loss_mask, int64_t B,
+                               int64_t T, float grad_scale, const MicroBatchKey& key) {
+  Activations& a = acts(chunk, slot);
+  prepare_inputs(a, tokens, T + 1, B, T);
+  forward_chunk(chunk, a, B, T, key);
+  if (!has_loss(chunk)) return {};
+  return output_loss(a, tokens, loss_mask, B, T, key.training, grad_scale);
+}
+
+void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const MicroBatchKey& key) {
+  Activations& a = acts(chunk, slot);
+  Scratch& sc = *scratch_;
   const int64_t N = B * T, C = cfg_.hidden_size;
-  forward_hidden(a, tokens, T + 1, B, T, key);
-  const LossSum l = output_loss(a, tokens, loss_mask, B, T, true, grad_scale);
-  // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary
-  // ranks: all-reduced, or reduce-scattered to the token shard)
-  gemm_f32(Trans::T, Trans::N, Vl_, C, N, 1.0f, a.logits, Vl_, a.lnf, C, 1.0f, output_weight_grad(), C);
-  if (out_w_ >= 0) grads_ready({out_w_});
-  gemm_f32(Trans::N, Trans::N, N, C, Vl_, 1.0f, a.logits, Vl_, output_weight(), C, 0.0f, a.d_c2, C);
-  float* d_lnf = tp_.sp() ? a.d_s : a.d_c2;
-  reduce_from_tensor_parallel_region(tp_, a.d_c2, d_lnf, N, C);
-  backward_hidden(a, d_lnf, B, T, key);
+  const float* d_lnf = nullptr;
+  if (has_loss(chunk)) {
+    // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary
+    // ranks: all-reduced, or reduce-scattered to the token shard)
+    gemm_f32(Trans::T, Trans::N, Vl_, C, N, 1.0f, a.logits, Vl_, a.lnf, C, 1.0f, output_weight_grad(), C);
+    if (out_w_ >= 0) grads_ready({out_w_});
+    gemm_f32(Trans::N, Trans::N, N, C, Vl_, 1.0f, a.logits, Vl_, output_weight(), C, 0.0f, sc.d_c2, C);
+    float* d = tp_.sp() ? sc.d_s : sc.d_c2;
+    reduce_from_tensor_parallel_region(tp_, sc.d_c2, d, N, C);
+    d_lnf = d;
+  }
+  backward_chunk(chunk, a, d_lnf, B, T, key);
+}
+
+double GPTModel::forward_backward(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,
+                                  float grad_scale, const MicroBatchKey& key) {
+  LATTICE_CHECK(num_chunks() == 1 && place_.pre_process && place_.post_process)
+      << "forward_backward runs a whole model; pipeline stages use forward_step/backward_step";
+  const LossSum l = forward_step(0, 0, tokens, loss_mask, B, T, grad_scale, key);
+  backward_step(0, 0, B, T, key);
   return l.count > 0 ? l.sum / l.count : 0.0;
 }
 
@@ -415,7 +503,8 @@ void GPTModel::finish_sequence_parallel_grads(const std::vector<std::pair<int64_
   if (!tp_.sp()) return;
   // The LayerNorm parameters; the row-parallel biases and position embeddings get the
   // gradient of every token on each rank (computed from all-gathered gradients).
-  std::vector<int> norms{lnf_w_, lnf_b_};
+  std::vector<int> norms;
+  if (lnf_w_ >= 0) norms.insert(norms.end(), {lnf_w_, lnf_b_});
   for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln1_b, p.ln2_w, p.ln2_b});
   const std::vector<std::pair<int64_t, int64_t>> all{{0, params_.numel()}};
   std::vector<std::pair<int64_t, int64_t>> pieces;
@@ -449,32 +538,35 @@ double GPTModel::forward_loss(const int32_t* tokens, const float* loss_mask, int
 }
 
 LossSum GPTModel::forward_loss_sum(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T) {
-  Activations& a = *acts_;
+  LATTICE_CHECK(num_chunks() == 1 && place_.pre_process && place_.post_process)
+      << "forward_loss_sum runs a whole model";
   MicroBatchKey key;
   key.training = false;
-  forward_hidden(a, tokens, T + 1, B, T, key);
-  return output_loss(a, tokens, loss_mask, B, T, false, 1.0f);
+  return forward_step(0, 0, tokens, loss_mask, B, T, 1.0f, key);
 }
 
 void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float* logits) {
-  LATTICE_CHECK(tp_.size() == 1) << "forward_logits runs on one rank (convert the checkpoint to use it)";
-  Activations& a = *acts_;
+  LATTICE_CHECK(tp_.size() == 1 && num_chunks() == 1 && place_.pre_process && place_.post_process)
+      << "forward_logits runs a whole model on one rank (convert the checkpoint to use it)";
+  Activations& a = acts(0, 0);
   const int64_t N = B * T, C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
   key.training = false;
-  forward_hidden(a, inputs, T, B, T, key);
+  prepare_inputs(a, inputs, T, B, T);
+  forward_chunk(0, a, B, T, key);
   gemm_f32(Trans::N, Trans::T, N, Vp, C, 1.0f, a.lnf, C, output_weight(), C, 0.0f, logits, Vp);
 }
 
 void GPTModel::forward_last_logits(const int32_t* inputs, int64_t T, float* logits) {
-  LATTICE_CHECK(tp_.size() == 1) << "forward_last_logits runs on one rank";
-  Activations& a = *acts_;
+  LATTICE_CHECK(tp_.size() == 1 && num_chunks() == 1 && place_.pre_process && place_.post_process)
+      << "forward_last_logits runs a whole model on one rank";
+  Activations& a = acts(0, 0);
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
   key.training = false;
-  forward_hidden(a, inputs, T, 1, T, key);
-  gemm_f32(Trans::N, Trans::T, 1, Vp, C, 1.0f, a.lnf + (T - 1) * C, C, output_weight(), C, 0.0f,
-           logits, Vp);
+  prepare_inputs(a, inputs, T, 1, T);
+  forward_chunk(0, a, 1, T, key);
+  gemm_f32(Trans::N, Trans::T, 1, Vp, C, 1.0f, a.lnf + (T - 1) * C, C, output_weight(), C, 0.0f, logits, Vp);
 }
 
 }  // namespace lattice

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/arena.h"
@@ -52,28 +53,60 @@ struct LossSum {
   double sum = 0, count = 0;
 };
 
+// Which part of the model this rank holds under pipeline parallelism: one or more
+// chunks of consecutive layers (Megatron's virtual pipeline stages, in the order the
+// schedule numbers them), the embedding in front of chunk 0 on the first stage, and the
+// final LayerNorm, output layer and loss after the last chunk on the last stage. The
+// default is the whole model.
+struct ModelPlacement {
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // [begin, end) global layers; empty: all
+  bool pre_process = true;   // embedding before chunk 0
+  bool post_process = true;  // final norm, output layer and loss after the last chunk
+  int slots = 1;             // micro-batches whose activations a chunk keeps at once
+};
+
 class GPTModel {
  public:
-  // Builds the parameter registry (this rank's parts under tensor parallelism) and
-  // allocates parameters, gradients and the activation arena for micro-batches of up
-  // to B x T tokens.
-  GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp = {});
+  // Builds the parameter registry (this rank's parts under tensor and pipeline
+  // parallelism) and allocates parameters, gradients and the activation arena for
+  // placement.slots micro-batches of up to B x T tokens per chunk.
+  GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp = {},
+           const ModelPlacement& placement = {});
   ~GPTModel();
 
   const TransformerConfig& config() const { return cfg_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const ModelPlacement& placement() const { return place_; }
+  int num_chunks() const { return int(place_.chunks.size()); }
   ParamBuffer& params() { return params_; }
   const ParamBuffer& params() const { return params_; }
   // Megatron's init: N(0, std) weights, output projections std/sqrt(2L), zero biases,
   // LayerNorm weight 1.
   void init_parameters(uint64_t seed);
 
-  // One micro-batch: forward, loss, backward. tokens: [B, T+1] (inputs tokens[:, :T],
-  // labels tokens[:, 1:]). loss_mask: [B, T] or null. Gradients are ACCUMULATED into
-  // the grad buffer, scaled by grad_scale (the caller passes 1/num_micro_batches).
-  // Returns the micro-batch's mean loss over its (masked) tokens.
+  // One micro-batch on a whole model: forward, loss, backward. tokens: [B, T+1] (inputs
+  // tokens[:, :T], labels tokens[:, 1:]). loss_mask: [B, T] or null. Gradients are
+  // ACCUMULATED into the grad buffer, scaled by grad_scale (the caller passes
+  // 1/num_micro_batches). Returns the micro-batch's mean loss over its (masked) tokens.
   double forward_backward(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,
                           float grad_scale, const MicroBatchKey& key);
+
+  // Pipeline steps on chunk `chunk`, keeping the micro-batch's activations in `slot`.
+  // Every chunk gets the micro-batch's tokens [B, T+1] (positions and document ids come
+  // from them). A chunk without the embedding reads its input [Ns, C] from
+  // input_buffer(chunk, slot), where the caller received it. Without the loss, the
+  // output [Ns, C] is at output(chunk, slot) afterwards; with it, the loss is computed
+  // and (when key.training) its gradient too, scaled by grad_scale / mask sum.
+  LossSum forward_step(int chunk, int slot, const int32_t* tokens, const float* loss_mask, int64_t B,
+                       int64_t T, float grad_scale, const MicroBatchKey& key);
+  float* input_buffer(int chunk, int slot);
+  const float* output(int chunk, int slot) const;
+  // Backward of the micro-batch in (chunk, slot). A chunk without the loss reads the
+  // gradient of its output [Ns, C] from output_grad_buffer(), where the caller received
+  // it; a chunk without the embedding leaves the gradient of its input at input_grad().
+  void backward_step(int chunk, int slot, int64_t B, int64_t T, const MicroBatchKey& key);
+  float* output_grad_buffer();
+  const float* input_grad() const;
 
   // Forward and loss only (evaluation). Returns the mean loss.
   double forward_loss(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T);
@@ -82,7 +115,19 @@ class GPTModel {
 
   // Called during backward with a parameter's index once its gradient is final for the
   // micro-batch (data parallelism starts bucket reductions from it). Null: no calls.
+  // The last stage's copy of a tied word embedding is not reported (see
+  // shared_embedding()): its gradient is final only after the embedding-group all-reduce.
   void set_grad_ready_hook(std::function<void(int)> hook) { grad_ready_ = std::move(hook); }
+
+  // The word embedding this rank shares with another pipeline stage (the first stage's
+  // embedding and the last stage's copy for the output layer, when tied and PP > 1),
+  // or -1. Its gradients are summed over the embedding group after backward.
+  int shared_embedding() const { return shared_embedding_; }
+  // Reports a parameter's gradient final to the hook (the shared embedding's, after the
+  // embedding-group all-reduce).
+  void report_grad_ready(int index) const {
+    if (grad_ready_) grad_ready_(index);
+  }
 
   // Applies to every later forward (training, evaluation, logits). Fails when an option
   // is on without an eod id.
@@ -102,60 +147,67 @@ class GPTModel {
   // Logits [Vp] of the last position of a single sequence inputs[0:T] (generation).
   void forward_last_logits(const int32_t* inputs, int64_t T, float* logits);
 
-  // Bytes of activation memory one micro-batch of B x T needs (the arena size) on one
-  // rank of the given tensor-parallel layout.
+  // Bytes of activation memory on one rank (the arena size): placement.slots
+  // micro-batches of B x T per chunk plus the shared backward scratch.
   static size_t activation_bytes(const TransformerConfig& config, int64_t B, int64_t T,
-                                 const TensorParallel& tp = {});
+                                 const TensorParallel& tp = {}, const ModelPlacement& placement = {});
   size_t arena_bytes() const { return arena_.capacity(); }
 
-  // Forward FLOPs-relevant parameter count excluding position embeddings.
+  // Parameters on this rank.
   int64_t num_parameters() const { return params_.numel(); }
 
  private:
   struct Activations;
+  struct Scratch;
   struct LayerParams {
+    int64_t layer;  // global layer index
     int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
 
   void register_parameters();
-  static void allocate_activations(Activations& a, Arena& arena, const TransformerConfig& cfg,
-                                   const TensorParallel& tp, int64_t B, int64_t T);
-  // Runs embedding, layers and final norm; leaves final hidden states in acts.
-  void forward_hidden(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B,
-                      int64_t T, const MicroBatchKey& key);
-  const float* all_rows(Activations& a, const float* shard, int64_t N);
-  // d_lnf: gradient of the final LayerNorm's output rows of this rank ([Ns, C]).
-  void backward_hidden(Activations& a, const float* d_lnf, int64_t B, int64_t T, const MicroBatchKey& key);
+  static void allocate(std::vector<Activations>& acts, Scratch& scratch, Arena& arena,
+                       const TransformerConfig& cfg, const TensorParallel& tp, const ModelPlacement& place,
+                       int64_t B, int64_t T);
+  Activations& acts(int chunk, int slot);
+  bool has_embedding(int chunk) const { return place_.pre_process && chunk == 0; }
+  bool has_loss(int chunk) const { return place_.post_process && chunk == num_chunks() - 1; }
+  // Token ids, positions and document ids of inputs tokens[b, 0:T] (rows of token_stride).
+  void prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T);
+  void forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key);
+  // d_lnf: gradient of the final LayerNorm's output rows of this rank ([Ns, C]), or null
+  // when the chunk has no final norm (the output gradient is then in scratch d_resid).
+  void backward_chunk(int chunk, Activations& a, const float* d_lnf, int64_t B, int64_t T,
+                      const MicroBatchKey& key);
   // Output layer and vocab-parallel cross entropy on a.lnf; with `backward` the logits
   // become their gradients (scaled by grad_scale / mask sum). Returns the masked sum.
   LossSum output_loss(Activations& a, const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,
                       bool backward, float grad_scale);
-  // Position ids (and document ids) of inputs tokens[b, 0:T] (rows of token_stride).
-  void compute_positions(const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T);
   // The loss mask to use: loss_mask (or 1) times the eod mask; null when all ones.
-  const float* effective_loss_mask(const float* loss_mask, int64_t B, int64_t T);
+  const float* effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T);
+  const float* all_rows(const float* shard, int64_t N);
   const float* output_weight() const;
   float* output_weight_grad();
+  void grads_ready(std::initializer_list<int> indices) const {
+    if (grad_ready_)
+      for (int i : indices)
+        if (i != shared_embedding_) grad_ready_(i);
+  }
 
   TransformerConfig cfg_;
   TensorParallel tp_;
+  ModelPlacement place_;
   int64_t max_B_, max_T_;
-  int64_t Hl_, Fl_, Vl_;          // heads, ffn columns and vocabulary rows on this rank
+  int64_t Hl_, Fl_, Vl_;               // heads, ffn columns and vocabulary rows on this rank
   int64_t vocab_begin_, vocab_valid_;  // first vocabulary row here; real (unpadded) rows here
   ParamBuffer params_;
-  int wte_, wpe_, lnf_w_, lnf_b_, out_w_ = -1;
-  std::vector<LayerParams> layers_;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, out_w_ = -1, shared_embedding_ = -1;
+  std::vector<LayerParams> layers_;    // every layer of every chunk, in chunk order
+  std::vector<size_t> chunk_first_;    // index in layers_ of each chunk's first layer
   std::function<void(int)> grad_ready_;
-  void grads_ready(std::initializer_list<int> indices) const {
-    if (grad_ready_)
-      for (int i : indices) grad_ready_(i);
-  }
   Arena arena_;
-  std::unique_ptr<Activations> acts_;
-  std::vector<int32_t> positions_, inputs_, targets_;  // [B*T] staging
+  std::vector<Activations> acts_;      // [chunk * slots + slot]
+  std::unique_ptr<Scratch> scratch_;
   DocumentBoundaries docs_;
-  std::vector<int32_t> document_ids_;  // [B*T] with reset_attention_mask
-  std::vector<float> loss_mask_;       // [B*T] with eod_mask_loss
   std::vector<float> row_max_;         // [B*T] cross entropy statistics
   std::vector<double> ce_stats_;       // [B*T, 2]
   std::vector<float> sp_grads_;        // sequence-parallel gradient staging

@@ -19,26 +19,31 @@ ElementRanges or_whole(const ParamBuffer& params, const ElementRanges& ranges) {
 
 }  // namespace
 
-double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp) {
+double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp) {
   double sq = 0;
-  const bool skip_duplicates = tp && tp->size() > 1 && tp->rank() != 0;
+  const bool skip_tp_duplicates = tp && tp->size() > 1 && tp->rank() != 0;
+  bool has_copy = false;
+  for (const ParamInfo& p : params.infos()) has_copy = has_copy || p.shared_embedding_copy;
   for (auto [rb, re] : or_whole(params, ranges)) {
-    if (!skip_duplicates) {
+    if (!skip_tp_duplicates && !has_copy) {
       sq += sum_of_squares(params.grads() + rb, re - rb);
       continue;
     }
     for (const ParamInfo& p : params.infos()) {
       const int64_t b = std::max(rb, p.offset), e = std::min(re, p.offset + p.numel);
-      if (b < e && !p.tp_duplicated) sq += sum_of_squares(params.grads() + b, e - b);
+      if (b < e && !(p.tp_duplicated && skip_tp_duplicates) && !p.shared_embedding_copy)
+        sq += sum_of_squares(params.grads() + b, e - b);
     }
   }
   if (dp) dp->all_reduce(&sq, 1, ReduceOp::sum);
   if (tp && tp->size() > 1) tp->all_reduce(&sq, 1, ReduceOp::sum);
+  if (pp && pp->size() > 1) pp->all_reduce(&sq, 1, ReduceOp::sum);
   return std::sqrt(sq);
 }
 
-double clip_grad_norm(ParamBuffer& params, double max_norm, const ElementRanges& ranges, Comm* dp, Comm* tp) {
-  double norm = grad_norm(params, ranges, dp, tp);
+double clip_grad_norm(ParamBuffer& params, double max_norm, const ElementRanges& ranges, Comm* dp, Comm* tp,
+                      Comm* pp) {
+  double norm = grad_norm(params, ranges, dp, tp, pp);
   if (max_norm > 0) {
     double coeff = max_norm / (norm + 1e-6);
     if (coeff < 1.0)

@@ -32,15 +32,17 @@ class Comm;
 // L2 norm of the gradients in `ranges` (all when empty), accumulated in double; when
 // `dp` is given the squares are summed over its ranks (the ranges being a shard); when
 // `tp` is given they are summed over the tensor-parallel group too, counting the
-// parameters every TP rank holds a copy of (ParamInfo::tp_duplicated) once.
+// parameters every TP rank holds a copy of (ParamInfo::tp_duplicated) once; with `pp`
+// over the pipeline stages, counting the tied embedding's copy on the last stage
+// (ParamInfo::shared_embedding_copy) not at all.
 double grad_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
-                 Comm* tp = nullptr);
+                 Comm* tp = nullptr, Comm* pp = nullptr);
 
 // Scales the gradients in `ranges` so the (global) norm is at most max_norm:
 // coeff = max_norm / (norm + 1e-6), applied when < 1 (Megatron's and torch's rule).
 // Returns the norm before clipping.
 double clip_grad_norm(ParamBuffer& params, double max_norm, const ElementRanges& ranges = {},
-                      Comm* dp = nullptr, Comm* tp = nullptr);
+                      Comm* dp = nullptr, Comm* tp = nullptr, Comm* pp = nullptr);
 
 class Optimizer {
  public:

@@ -27,6 +27,9 @@ struct ParamInfo {
   // A full copy held by every tensor-parallel rank (norms, row-parallel biases, position
   // embeddings when TP > 1): counted once in the gradient norm.
   bool tp_duplicated = false;
+  // The last pipeline stage's copy of the tied word embedding (the first stage holds the
+  // original): counted once in the gradient norm and saved once, by the first stage.
+  bool shared_embedding_copy = false;
   bool weight_decay = true;  // false for biases and 1-D parameters
   ParamInit init = ParamInit::normal;
   float init_std = 0.0f;
@@ -42,6 +45,7 @@ class ParamBuffer {
   // and this rank holds part tp_rank.
   int add_tp(const std::string& name, const Shape& global_shape, ParamInit init, float init_std,
              int tp_split_dim, int tp_rank, int tp_size);
+  void mark_shared_embedding_copy(int index) { infos_[size_t(index)].shared_embedding_copy = true; }
   // Allocates the param and grad buffers (zeroed).
   void allocate();
   // Sets every parameter to its initial value. The value of element g (row-major index

@@ -1,5 +1,7 @@
 #include "train/arguments.h"
 
+#include "pipeline/schedule.h"
+
 #include <cerrno>
 #include <cstdlib>
 #include <functional>
@@ -62,6 +64,13 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"clip-grad", Kind::f32, &a.clip_grad, "global gradient-norm clipping (0: off)"},
       {"tensor-model-parallel-size", Kind::i64, &a.tensor_model_parallel_size, "TP size"},
       {"pipeline-model-parallel-size", Kind::i64, &a.pipeline_model_parallel_size, "PP size"},
+      {"num-layers-per-virtual-pipeline-stage", Kind::i64, &a.num_layers_per_virtual_pipeline_stage,
+       "layers per model chunk: interleaved 1F1B with L / (PP x this) chunks per stage"},
+      {"decoder-first-pipeline-num-layers", Kind::i64, &a.decoder_first_pipeline_num_layers,
+       "layers on the first pipeline stage (0: even split)"},
+      {"decoder-last-pipeline-num-layers", Kind::i64, &a.decoder_last_pipeline_num_layers,
+       "layers on the last pipeline stage (0: even split)"},
+      {"dry-run", Kind::flag, &a.dry_run, "print the parallel layout and pipeline schedule, then exit"},
       {"sequence-parallel", Kind::flag, &a.sequence_parallel,
        "LayerNorm, dropout and residual on token shards of the tensor-parallel group"},
       {"mock-data", Kind::flag, &a.mock_data, "synthetic data instead of --data-path"},
@@ -228,8 +237,8 @@ void validate(TrainArgs& a) {
                    << " is not supported (learned_absolute)";
   if (a.tensor_model_parallel_size < 1)
     LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << a.tensor_model_parallel_size;
-  if (a.pipeline_model_parallel_size != 1)
-    LATTICE_FAIL() << "--pipeline-model-parallel-size other than 1 is not implemented yet";
+  make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
+                       a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);
   if (a.sequence_parallel && a.seq_length % a.tensor_model_parallel_size != 0)
     LATTICE_FAIL() << "--seq-length " << a.seq_length << " is not divisible by --tensor-model-parallel-size "
                    << a.tensor_model_parallel_size << " (required by --sequence-parallel)";

@@ -28,10 +28,10 @@ ElementRanges DataParallel::owned_ranges() const {
 
 void DataParallel::finish_grad_sync() { sync_.finish(); }
 
-double DataParallel::clip_grad_norm(double max_norm, Comm* tp) {
+double DataParallel::clip_grad_norm(double max_norm, Comm* tp, Comm* pp) {
   if (cfg_.distributed_optimizer)
-    return lattice::clip_grad_norm(params_, max_norm, sync_.owned_ranges(), &dp_, tp);
-  return lattice::clip_grad_norm(params_, max_norm, {}, nullptr, tp);
+    return lattice::clip_grad_norm(params_, max_norm, sync_.owned_ranges(), &dp_, tp, pp);
+  return lattice::clip_grad_norm(params_, max_norm, {}, nullptr, tp, pp);
 }
 
 void DataParallel::start_param_gather() {

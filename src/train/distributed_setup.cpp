@@ -57,7 +57,14 @@ std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt
                 (long long)m.owned_parameters, (long long)m.parameters,
                 dist_opt ? ", distributed optimizer" : "", m.activation_bytes / 1e6, per_param,
                 dist_opt ? 8.0 + 8.0 / dp : 16.0, dist_opt ? "8 + 8/d" : "16", dp);
-  return buf;
+  std::string s = buf;
+  if (m.tensor_parallel > 1) {
+    std::snprintf(buf, sizeof buf, "; tensor parallel %d: 1/%d of every layer's weights%s", m.tensor_parallel,
+                  m.tensor_parallel,
+                  m.sequence_parallel ? ", activations on 1/T of the tokens (sequence parallel)" : "");
+    s += buf;
+  }
+  return s;
 }
 
 std::string format_comm_report(const CommStats& d, int64_t iterations, double exposed) {

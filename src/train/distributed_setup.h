@@ -21,6 +21,8 @@ struct MemoryFootprint {
   int64_t parameters = 0;          // on this rank
   int64_t owned_parameters = 0;    // whose optimizer state this rank keeps
   size_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  int tensor_parallel = 1;         // T: weights (and, with sequence parallelism, activations) split T ways
+  bool sequence_parallel = false;
 };
 // "> memory per rank: ... bytes per parameter ..." (Megatron's report, with the bytes
 // per parameter of the distributed optimizer: 8 + 8/d for fp32).

@@ -1,5 +1,7 @@
 #include "train/evaluation.h"
 
+#include "pipeline/pipeline_runner.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,19 +15,29 @@ namespace lattice {
 double perplexity(double lm_loss) { return std::exp(std::min(20.0, lm_loss)); }
 
 EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_sample, int64_t iters,
-                    int64_t global_batch_size, int64_t micro_batch_size) {
+                    int64_t global_batch_size, int64_t micro_batch_size, PipelineRunner* pipeline) {
   LATTICE_CHECK(iters > 0 && micro_batch_size > 0 && global_batch_size % micro_batch_size == 0)
       << "evaluate: iters " << iters << ", GBS " << global_batch_size << ", MBS " << micro_batch_size;
   const int64_t B = micro_batch_size, T = source.seq_length();
   std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
   LossSum total;
-  for (int64_t it = 0; it < iters; ++it)
+  for (int64_t it = 0; it < iters; ++it) {
+    const int64_t first = first_sample + it * global_batch_size;
+    if (pipeline) {  // the micro-batches of the iteration through the pipeline stages
+      const LossSum l = pipeline->evaluate(
+          [&](int64_t m, int32_t* out) { fill_micro_batch(source, first + m * B, B, out); }, global_batch_size / B, B,
+          T);
+      total.sum += l.sum;
+      total.count += l.count;
+      continue;
+    }
     for (int64_t s = 0; s < global_batch_size; s += B) {
-      fill_micro_batch(source, first_sample + it * global_batch_size + s, B, tokens.data());
+      fill_micro_batch(source, first + s, B, tokens.data());
       const LossSum l = model.forward_loss_sum(tokens.data(), nullptr, B, T);
       total.sum += l.sum;
       total.count += l.count;
     }
+  }
   EvalResult r;
   r.tokens = total.count;
   r.lm_loss = total.count > 0 ? total.sum / total.count : 0.0;

@@ -10,6 +10,8 @@
 
 namespace lattice {
 
+class PipelineRunner;
+
 struct EvalResult {
   double lm_loss = 0, ppl = 0;
   double tokens = 0;  // loss tokens counted
@@ -21,8 +23,10 @@ double perplexity(double lm_loss);
 // Samples first_sample .. first_sample + iters*global_batch_size - 1, in micro-batches of
 // micro_batch_size x model's seq_length. The caller advances first_sample by
 // iters*global_batch_size after each evaluation (Megatron's valid iterator continues).
+// With `pipeline` the model is one stage and the runner passes the micro-batches through
+// the pipeline (the result is on every stage).
 EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_sample, int64_t iters,
-                    int64_t global_batch_size, int64_t micro_batch_size);
+                    int64_t global_batch_size, int64_t micro_batch_size, PipelineRunner* pipeline = nullptr);
 
 // Megatron's prefixes: "iteration N" every --eval-interval; after training
 // "iteration N on validation set" and "iteration N on test set".

@@ -1,6 +1,8 @@
-// One training iteration (no pipelining, one process): zero grads, forward-backward
-// over the micro-batches of the global batch (gradient accumulation), clip, optimizer
-// step. The building block of the trainer and of library users' own loops.
+// One training iteration: zero grads, forward-backward over this rank's micro-batches
+// of the global batch (gradient accumulation, through the pipeline schedule when the
+// model is one stage of several), gradient reductions (tied embedding over the first
+// and last stage, data parallelism, sequence-parallel norms), clip, optimizer step. The
+// building block of the trainer and of library users' own loops.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -12,6 +14,7 @@
 namespace lattice {
 
 class DataParallel;
+class PipelineRunner;
 
 struct StepConfig {
   int64_t micro_batch_size = 1;
@@ -31,14 +34,16 @@ struct StepResult {
 // parameter's learning rate and weight decay come from the scheduler's current state (the
 // caller steps the scheduler by GBS afterwards unless the result is skipped).
 // With `dp`, this rank runs its share of the global batch (data parallelism) and the
-// gradients are reduced over the data-parallel group before clipping.
+// gradients are reduced over the data-parallel group before clipping. With `pipeline`
+// the model is this rank's stage and the runner's schedule drives the micro-batches
+// (null: one stage).
 StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource& data,
                       const StepConfig& cfg, int64_t iteration, const OptimizerParamScheduler& scheduler,
-                      DataParallel* dp = nullptr);
+                      DataParallel* dp = nullptr, PipelineRunner* pipeline = nullptr);
 
 // The same with a constant learning rate and weight decay (none on biases and 1-D params).
 StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource& data,
                       const StepConfig& cfg, int64_t iteration, double lr, double weight_decay,
-                      DataParallel* dp = nullptr);
+                      DataParallel* dp = nullptr, PipelineRunner* pipeline = nullptr);
 
 }  // namespace lattice

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "data/training_data.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
+#include "pipeline/pipeline_runner.h"
 #include "train/evaluation.h"
 #include "train/data_parallel.h"
 #include "train/distributed_setup.h"
@@ -155,12 +157,49 @@ std::string exit_reason(const TrainArgs& args, int64_t done, std::chrono::steady
   return "";
 }
 
+PipelineLayout pipeline_layout(const TrainArgs& args) {
+  return make_pipeline_layout(args.num_layers, int(args.pipeline_model_parallel_size),
+                              args.num_layers_per_virtual_pipeline_stage, args.decoder_first_pipeline_num_layers,
+                              args.decoder_last_pipeline_num_layers);
+}
+
+// --dry-run: the layout and each stage's schedule, without training. The data-parallel
+// size is the one mpirun gives, or 1 in a single process.
+int print_dry_run(const TrainArgs& args) {
+  const int64_t tp = args.tensor_model_parallel_size, pp = args.pipeline_model_parallel_size;
+  const char* env = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const int64_t world = env ? std::atoll(env) : tp * pp;
+  const ParallelLayout layout = make_layout(int(world), int(tp), int(pp));
+  if (env && std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) != 0) return 0;
+  const PipelineLayout pipe = pipeline_layout(args);
+  const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * layout.dp);
+  if (num_micro * args.micro_batch_size * layout.dp != args.global_batch_size)
+    LATTICE_FAIL() << "--global-batch-size " << args.global_batch_size << " is not a multiple of --micro-batch-size "
+                   << args.micro_batch_size << " x data-parallel size " << layout.dp;
+  check_micro_batches(pipe, num_micro);
+  std::printf("> dry run: world %d = tp %d x pp %d x dp %d, %lld micro-batches of %lld per rank and iteration\n",
+              layout.world, layout.tp, layout.pp, layout.dp, (long long)num_micro, (long long)args.micro_batch_size);
+  for (int r = 0; r < pipe.stages; ++r) {
+    std::string chunks;
+    for (auto [b, e] : stage_layers(pipe, r))
+      chunks += (chunks.empty() ? "" : ", ") + std::string("layers ") + std::to_string(b) + "-" + std::to_string(e - 1);
+    const auto ops = pipeline_schedule(pipe, num_micro, r);
+    std::printf("  stage %d: %s%s%s; warmup %lld forwards, at most %d micro-batches of activations per chunk\n", r,
+                chunks.c_str(), r == 0 ? " + embedding" : "", r == pipe.stages - 1 ? " + output layer and loss" : "",
+                (long long)std::max<int64_t>(0, warmup_forwards(ops) - 1), max_in_flight(ops));
+  }
+  std::fputs(format_timeline(pipe, num_micro).c_str(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int run_training(const TrainArgs& args) {
   // The schedule first: a bad schedule flag fails before any compute.
   OptimizerParamScheduler scheduler = get_optimizer_param_scheduler(args);
   check_checkpoint_flags(args);
+  if (args.dry_run) return print_dry_run(args);
   auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
                                   args.distributed_timeout_minutes * 60.0);
   set_log_info_enabled(ps->world_rank() == 0);
@@ -182,7 +221,17 @@ int run_training(const TrainArgs& args) {
   const TrainingData data = make_training_data(args, cfg.vocab_size);
   if (!data.summary.empty()) log_info(data.summary.substr(0, data.summary.size() - 1));
 
-  GPTModel model(cfg, args.micro_batch_size, args.seq_length, TensorParallel{&ps->tp(), args.sequence_parallel});
+  // Pipeline parallelism: this rank's stage holds the chunks of stage_layers and keeps
+  // activations for as many micro-batches as its schedule has in flight.
+  const PipelineLayout pipe = pipeline_layout(args);
+  const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * ps->dp().size());
+  check_micro_batches(pipe, num_micro);
+  const int stage = ps->pp_rank();
+  const ModelPlacement placement{stage_layers(pipe, stage), stage == 0, stage == pipe.stages - 1,
+                                 max_in_flight(pipeline_schedule(pipe, num_micro, stage))};
+  GPTModel model(cfg, args.micro_batch_size, args.seq_length, TensorParallel{&ps->tp(), args.sequence_parallel},
+                 placement);
+  PipelineRunner pipeline(model, pipe, &ps->pp(), ps->embedding());
   model.init_parameters(args.seed);
   model.set_document_boundaries(
       DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids, args.reset_attention_mask});
@@ -219,6 +268,8 @@ int run_training(const TrainArgs& args) {
   mem.optimizer_bytes = optimizer.state_bytes();
   mem.owned_parameters = int64_t(optimizer.state_bytes() / (args.optimizer == "adam" ? 8 : 4));
   mem.activation_bytes = model.arena_bytes();
+  mem.tensor_parallel = ps->tp().size();
+  mem.sequence_parallel = model.tensor_parallel().sp();
   log_info(format_memory_report(mem, ps->dp().size(), args.use_distributed_optimizer));
 
   // Load before anything is written: a bad checkpoint leaves every file as it was.
@@ -226,14 +277,22 @@ int run_training(const TrainArgs& args) {
   std::ofstream metrics = open_metrics(ps->world_rank() == 0 ? args.metrics_file : "", start.iteration);
   if (args.exit_signal_handler) install_exit_signal_handler();
 
-  const TrainingSaveOptions base_save_opts{args.save,           args.optimizer, !args.no_save_optim,
-                                      !args.no_save_rng,   args.keep_last_n, args.to_json()};
   int64_t last_saved = -1;
-  // Every data-parallel rank holds the same parameters: rank 0 writes. With the
-  // distributed optimizer the state shards are gathered first (a full, layout-free
-  // checkpoint that loads under any data-parallel size).
-  TrainingSaveOptions save_opts = base_save_opts;
+  // Every data-parallel rank holds the same parameters: the ranks of data-parallel rank 0
+  // (one per tensor-parallel position) contribute their parts, sent to world rank 0, which
+  // writes. With the distributed optimizer the state shards are gathered first (a full,
+  // layout-free checkpoint that loads under any tensor- and data-parallel size).
+  TrainingSaveOptions save_opts;
+  save_opts.dir = args.save;
+  save_opts.optimizer = args.optimizer;
+  save_opts.save_optim = !args.no_save_optim;
+  save_opts.save_rng = !args.no_save_rng;
+  save_opts.keep_last_n = args.keep_last_n;
+  save_opts.args_json = args.to_json();
   save_opts.write = ps->world_rank() == 0;
+  save_opts.parts_comm = &ps->world();
+  for (const std::vector<int>& g : plan_groups(ps->layout()).dp) save_opts.contributors.push_back(g.front());
+  std::sort(save_opts.contributors.begin(), save_opts.contributors.end());  // world rank 0, the writer, first
   if (dp && args.use_distributed_optimizer) save_opts.gather_state = [&](float* flat) { dp->gather_shards(flat); };
   auto save = [&](int64_t iteration) {
     const TrainingProgress p{iteration, iteration * args.global_batch_size, start.seed};
@@ -250,7 +309,7 @@ int run_training(const TrainArgs& args) {
   auto run_eval = [&](const std::string& prefix, const char* key, const SampleSource& src,
                       int64_t first, int64_t iteration) {
     const EvalResult r = evaluate(model, src, first, args.eval_iters, args.global_batch_size,
-                                  args.micro_batch_size);
+                                  args.micro_batch_size, &pipeline);
     log_info(format_evaluation(prefix, r));
     if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, key, r) << "\n" << std::flush;
   };
@@ -261,12 +320,15 @@ int run_training(const TrainArgs& args) {
   double interval_loss = 0, interval_ms = 0;
   int64_t interval_iters = 0;
   double last_norm = 0;
+  double pipeline_seconds = 0, pipeline_compute = 0;  // this stage's schedule time, computing part
   for (int64_t it = start.iteration; it < args.train_iters; ++it) {
     Timer timer;
-    StepResult r = train_step(model, optimizer, *data.train, step_cfg, it, scheduler, dp.get());
+    StepResult r = train_step(model, optimizer, *data.train, step_cfg, it, scheduler, dp.get(), &pipeline);
     // Megatron steps the schedule by the samples consumed, and not after a skipped update.
     if (!r.skipped) scheduler.step(args.global_batch_size);
     interval_ms += timer.ms();
+    pipeline_seconds += pipeline.last_seconds();
+    pipeline_compute += pipeline.last_compute_seconds();
     interval_loss += r.lm_loss;
     last_norm = r.grad_norm;
     ++interval_iters;
@@ -290,7 +352,16 @@ int run_training(const TrainArgs& args) {
         log_info(format_comm_report(ps->total_stats(), interval_iters,
                                     dp ? dp->grad_sync().exposed_seconds() : 0.0));
         ps->reset_stats();
+        if (pipe.stages > 1) {
+          char buf[200];
+          std::snprintf(buf, sizeof buf,
+                        "> pipeline bubble on stage %d (measured, idle / schedule time): %.3f; theory %.3f",
+                        ps->pp_rank(), 1.0 - pipeline_compute / std::max(1e-12, pipeline_seconds),
+                        theoretical_bubble(pipe, num_micro));
+          log_info(buf);
+        }
       }
+      pipeline_seconds = pipeline_compute = 0;
       if (metrics.is_open()) metrics << format_metrics_json(l) << "\n" << std::flush;
       interval_loss = interval_ms = 0;
       interval_iters = 0;

@@ -6,22 +6,23 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 e2e_init "$@"
 
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1)
-TRAIN=(train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2
+TRAIN=(train --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2
        --global-batch-size 4 --mock-data --vocab-size 64 --log-interval 1 --eval-iters 0)
 
 # Runs a job in the background, waits for its first log line, signals rank 1, and checks
-# the job ends within `limit` seconds, non-zero, with `pattern` in its output.
+# the job ends within `limit` seconds, non-zero, with `pattern` in its output. Further
+# arguments go to lattice train.
 signal_rank1() {
   local sig=$1 limit=$2 pattern=$3 name=$4
   local log=$TMP/$name.log
-  "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 1000000 --distributed-timeout-minutes 0.1 \
+  "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 1000000 --distributed-timeout-minutes 0.1 "${@:5}" \
     > "$log" 2>&1 &
   local job=$!
   for _ in $(seq 1 300); do grep -q " iteration " "$log" && break; sleep 0.1; done
   # The ranks are mpirun's children (never pkill by name: other tests run lattice too);
   # rank 1 is the later of the two.
   local victim
-  victim=$(pgrep -P "$job" -f "train --num-layers 1" | sort -n | tail -1)
+  victim=$(pgrep -P "$job" -f "train --num-layers 2" | sort -n | tail -1)
   [[ -n $victim ]] || { fail "$name: no rank process found under mpirun $job"; kill -KILL $job; wait $job; return; }
   kill -"$sig" "$victim"
   local start=$SECONDS rc=0
@@ -40,6 +41,10 @@ signal_rank1() {
 
 signal_rank1 STOP 60 "rank 0: timed out .* waiting in .* on the .* group" hung-rank
 signal_rank1 KILL 60 "rank 1|process rank" killed-rank
+# A pipeline stage that stops answering: the other stage names itself, the micro-batch
+# and the transfer it waits for.
+signal_rank1 STOP 60 "rank [01]: timed out .* waiting in [a-z_]+ on the (pp|embedding) group \(stage [01](, micro-batch [0-9]+)?[,:] .*stage [01]\)" \
+  hung-pipeline-stage --pipeline-model-parallel-size 2
 
 # Different flags on different ranks are refused before training (mpirun adds its own
 # banner to stderr, so the check is for lattice's line in it).
@@ -58,7 +63,7 @@ fi
   > "$TMP/sigterm.log" 2>&1 &
 job=$!
 for _ in $(seq 1 300); do grep -q " iteration " "$TMP/sigterm.log" && break; sleep 0.1; done
-kill -TERM "$(pgrep -P "$job" -f "train --num-layers 1" | sort -n | tail -1)"
+kill -TERM "$(pgrep -P "$job" -f "train --num-layers 2" | sort -n | tail -1)"
 rc=0
 for _ in $(seq 1 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
 if kill -0 $job 2>/dev/null; then

@@ -81,5 +81,19 @@ TEST(CkptModelConfig, MismatchNamesTheFieldAndFlag) {
   EXPECT_EQ(model_config_from_json(reparsed, "x").layernorm_epsilon, c.layernorm_epsilon);
 }
 
+TEST(CkptModelConfig, PaddedVocabularyMayDifferButTheVocabularyMayNot) {
+  const TransformerConfig c = tiny_config();  // 40 tokens padded to 128
+  const nlohmann::json saved = model_config_json(c);
+  TransformerConfig tp4 = c;
+  tp4.padded_vocab_size = 0;
+  tp4.finalize(2);  // the padding of two tensor-parallel ranks
+  ASSERT_EQ(tp4.padded_vocab_size, 256);
+  EXPECT_EQ(error_of([&] { check_model_config(saved, tp4, "x"); }), "");
+  TransformerConfig other = tp4;
+  other.vocab_size = 41;
+  const std::string msg = error_of([&] { check_model_config(saved, other, "x"); });
+  EXPECT_NE(msg.find("vocab_size is 40, this run's is 41"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace lattice

@@ -1,0 +1,70 @@
+#include "checkpoint/tensor_parts.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace lattice {
+namespace {
+
+std::string dims_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+std::vector<TensorPart> param_parts(const std::vector<ParamInfo>& infos, const float* flat, int tp_rank,
+                                    const std::string& prefix) {
+  std::vector<TensorPart> parts;
+  parts.reserve(infos.size());
+  for (const ParamInfo& p : infos) {
+    if ((p.tp_duplicated && tp_rank != 0) || p.shared_embedding_copy) continue;  // saved once
+    TensorPart t;
+    t.name = prefix + p.name;
+    t.global_shape = p.global_shape;
+    t.lengths = p.shape;
+    t.offsets.assign(p.shape.size(), 0);
+    if (p.tp_split_dim >= 0 && p.shape != p.global_shape)
+      t.offsets[size_t(p.tp_split_dim)] = int64_t(tp_rank) * p.shape[size_t(p.tp_split_dim)];
+    t.data = flat + p.offset;
+    parts.push_back(std::move(t));
+  }
+  return parts;
+}
+
+void add_parts(CheckpointWriter& w, const std::string& file, const std::vector<TensorPart>& parts) {
+  for (const TensorPart& t : parts) w.add_piece(file, t.name, "F32", t.global_shape, t.offsets, t.lengths, t.data);
+}
+
+bool is_vocab_padded(const std::string& param_name) {
+  return param_name == "embedding.word_embeddings.weight" || param_name == "output_layer.weight";
+}
+
+void read_param_part(const CheckpointReader& r, const std::string& name, const ParamInfo& info, float* dst) {
+  const TensorEntry& e = r.tensor(name);
+  const bool vocab = is_vocab_padded(info.name) && !info.global_shape.empty();
+  bool same = e.shape.size() == info.global_shape.size();
+  for (size_t d = 0; same && d < e.shape.size(); ++d) same = e.shape[d] == info.global_shape[d] || (vocab && d == 0);
+  if (!same)
+    LATTICE_FAIL() << "checkpoint " << r.iter_dir() << ": tensor '" << name << "' has shape " << dims_str(e.shape)
+                   << ", the model expects " << dims_str(info.global_shape);
+  std::vector<int64_t> offsets = info.global_offsets, lengths = info.shape;
+  if (lengths.empty()) {  // a scalar
+    r.read_slice(name, "F32", offsets, lengths, dst);
+    return;
+  }
+  // Rows of the box that the checkpoint has (all of them but for a vocabulary tensor saved
+  // with less padding); dim 0 is outermost, so they are a prefix of dst.
+  const int64_t rows = std::clamp<int64_t>(e.shape[0] - offsets[0], 0, lengths[0]);
+  const int64_t row_elems = lengths[0] > 0 ? info.numel / lengths[0] : 0;
+  if (rows > 0) {
+    lengths[0] = rows;
+    r.read_slice(name, "F32", offsets, lengths, dst);
+  }
+  std::fill(dst + rows * row_elems, dst + info.numel, 0.0f);
+}
+
+}  // namespace lattice

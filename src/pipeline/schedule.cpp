@@ -1,0 +1,212 @@
+#include "pipeline/schedule.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "core/error.h"
+
+namespace lattice {
+
+PipelineLayout make_pipeline_layout(int64_t L, int P, int64_t per_virtual, int64_t first, int64_t last) {
+  PipelineLayout l;
+  l.stages = P;
+  l.num_layers = L;
+  if (P < 1) LATTICE_FAIL() << "--pipeline-model-parallel-size must be >= 1, got " << P;
+  if (first < 0 || last < 0)
+    LATTICE_FAIL() << "--decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers must be >= 0";
+  if (per_virtual < 0) LATTICE_FAIL() << "--num-layers-per-virtual-pipeline-stage must be >= 0";
+  if (per_virtual > 0) {
+    if (P < 2) LATTICE_FAIL() << "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1";
+    if (first > 0 || last > 0)
+      LATTICE_FAIL() << "--num-layers-per-virtual-pipeline-stage cannot be combined with "
+                        "--decoder-first/last-pipeline-num-layers";
+    if (L % (int64_t(P) * per_virtual) != 0)
+      LATTICE_FAIL() << "--num-layers " << L << " is not divisible by --pipeline-model-parallel-size " << P
+                     << " x --num-layers-per-virtual-pipeline-stage " << per_virtual;
+    l.virtual_stages = int(L / (int64_t(P) * per_virtual));
+    if (l.virtual_stages < 2)
+      LATTICE_FAIL() << "--num-layers-per-virtual-pipeline-stage " << per_virtual << " gives one chunk per stage ("
+                     << L << " layers / " << P << " stages); use at most " << L / (2 * int64_t(P))
+                     << " for interleaving";
+    return l;
+  }
+  if ((first > 0 || last > 0) && P < 2)
+    LATTICE_FAIL() << "--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1";
+  l.first_stage_layers = first;
+  l.last_stage_layers = last;
+  int64_t rest = L, middle = P;
+  if (first > 0) rest -= first, --middle;
+  if (last > 0) rest -= last, --middle;
+  if (rest < 0 || (middle == 0 && rest != 0))
+    LATTICE_FAIL() << "--decoder-first-pipeline-num-layers " << first << " and --decoder-last-pipeline-num-layers "
+                   << last << " do not fit --num-layers " << L << " on " << P << " stages";
+  if (middle > 0 && rest % middle != 0)
+    LATTICE_FAIL() << "--num-layers " << L << " is not divisible by --pipeline-model-parallel-size " << P
+                   << (first > 0 || last > 0 ? " (the layers left for the middle stages after "
+                                               "--decoder-first/last-pipeline-num-layers must split evenly)"
+                                             : "");
+  if (middle > 0 && rest / middle == 0)
+    LATTICE_FAIL() << "--num-layers " << L << " leaves a pipeline stage without layers (--pipeline-model-parallel-size "
+                   << P << ")";
+  return l;
+}
+
+std::vector<std::pair<int64_t, int64_t>> stage_layers(const PipelineLayout& l, int r) {
+  const int P = l.stages;
+  if (l.virtual_stages > 1) {
+    const int64_t per = l.num_layers / (int64_t(P) * l.virtual_stages);
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int v = 0; v < l.virtual_stages; ++v) {
+      const int64_t b = (int64_t(v) * P + r) * per;
+      out.push_back({b, b + per});
+    }
+    return out;
+  }
+  int64_t rest = l.num_layers, middle = P;
+  if (l.first_stage_layers > 0) rest -= l.first_stage_layers, --middle;
+  if (l.last_stage_layers > 0) rest -= l.last_stage_layers, --middle;
+  const int64_t per = middle > 0 ? rest / middle : 0;
+  auto count = [&](int s) {
+    if (s == 0 && l.first_stage_layers > 0) return l.first_stage_layers;
+    if (s == P - 1 && l.last_stage_layers > 0) return l.last_stage_layers;
+    return per;
+  };
+  int64_t b = 0;
+  for (int s = 0; s < r; ++s) b += count(s);
+  return {{b, b + count(r)}};
+}
+
+void check_micro_batches(const PipelineLayout& l, int64_t M) {
+  if (l.virtual_stages > 1 && M % l.stages != 0)
+    LATTICE_FAIL() << "interleaved pipelining needs the number of micro-batches (" << M
+                   << " = --global-batch-size / (--micro-batch-size x data-parallel size)) to be a multiple of "
+                      "--pipeline-model-parallel-size "
+                   << l.stages;
+}
+
+std::vector<PipelineOp> pipeline_schedule(const PipelineLayout& l, int64_t M, int r) {
+  const int P = l.stages, V = l.virtual_stages;
+  std::vector<PipelineOp> ops;
+  if (V == 1) {
+    const int64_t warmup = std::min<int64_t>(P - r - 1, M);
+    for (int64_t m = 0; m < warmup; ++m) ops.push_back({true, m, 0});
+    for (int64_t i = 0; i < M - warmup; ++i) {
+      ops.push_back({true, warmup + i, 0});
+      ops.push_back({false, i, 0});
+    }
+    for (int64_t m = M - warmup; m < M; ++m) ops.push_back({false, m, 0});
+    return ops;
+  }
+  check_micro_batches(l, M);
+  const int64_t total = M * V, group = int64_t(P) * V;
+  int64_t warmup = M == P ? total : std::min<int64_t>((P - r - 1) * 2 + int64_t(V - 1) * P, total);
+  auto micro = [&](int64_t k) { return (k / group) * P + k % P; };
+  auto chunk = [&](int64_t k, bool fwd) {
+    const int c = int((k % group) / P);
+    return fwd ? c : V - 1 - c;
+  };
+  for (int64_t k = 0; k < warmup; ++k) ops.push_back({true, micro(k), chunk(k, true)});
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    ops.push_back({true, micro(warmup + k), chunk(warmup + k, true)});
+    ops.push_back({false, micro(k), chunk(k, false)});
+  }
+  for (int64_t k = total - warmup; k < total; ++k) ops.push_back({false, micro(k), chunk(k, false)});
+  return ops;
+}
+
+int max_in_flight(const std::vector<PipelineOp>& ops) {
+  std::map<int, int> live, peak;
+  for (const PipelineOp& op : ops) {
+    int& n = live[op.chunk];
+    n += op.forward ? 1 : -1;
+    peak[op.chunk] = std::max(peak[op.chunk], n);
+  }
+  int m = 1;
+  for (auto [c, p] : peak) m = std::max(m, p);
+  return m;
+}
+
+int64_t warmup_forwards(const std::vector<PipelineOp>& ops) {
+  int64_t n = 0;
+  while (n < int64_t(ops.size()) && ops[size_t(n)].forward) ++n;
+  return n;
+}
+
+PipelineTimeline simulate_pipeline(const PipelineLayout& l, int64_t M) {
+  const int P = l.stages, V = l.virtual_stages;
+  const int S = P * V;  // virtual stages
+  std::vector<std::vector<PipelineOp>> ops(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r) ops[size_t(r)] = pipeline_schedule(l, M, r);
+  // done[kind][m][s]: the step at which the op finished (-1: not yet).
+  std::vector<std::vector<int64_t>> fdone(static_cast<size_t>(M), std::vector<int64_t>(size_t(S), -1));
+  std::vector<std::vector<int64_t>> bdone = fdone;
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  PipelineTimeline t;
+  t.cells.assign(size_t(P), {});
+  size_t remaining = 0;
+  for (auto& o : ops) remaining += o.size();
+  for (int64_t step = 0; remaining > 0; ++step) {
+    std::vector<std::pair<int, PipelineOp>> ran;
+    for (int r = 0; r < P; ++r) {
+      std::string cell;
+      if (next[size_t(r)] < ops[size_t(r)].size()) {
+        const PipelineOp& op = ops[size_t(r)][next[size_t(r)]];
+        const int s = op.chunk * P + r;
+        const size_t m = size_t(op.micro_batch);
+        const bool ready = op.forward ? (s == 0 || (fdone[m][size_t(s - 1)] >= 0 && fdone[m][size_t(s - 1)] < step))
+                                      : (s == S - 1 ? fdone[m][size_t(s)] >= 0 && fdone[m][size_t(s)] < step
+                                                    : bdone[m][size_t(s + 1)] >= 0 && bdone[m][size_t(s + 1)] < step);
+        if (ready) {
+          ran.push_back({r, op});
+          ++next[size_t(r)];
+          --remaining;
+          cell = std::string(op.forward ? "F" : "B") + std::to_string(op.micro_batch) +
+                 (V > 1 ? "." + std::to_string(op.chunk) : "");
+        }
+      }
+      t.cells[size_t(r)].push_back(cell);
+    }
+    LATTICE_CHECK(!ran.empty()) << "pipeline schedule deadlocks at step " << step;
+    for (auto& [r, op] : ran) (op.forward ? fdone : bdone)[size_t(op.micro_batch)][size_t(op.chunk * P + r)] = step;
+    t.steps = step + 1;
+  }
+  int64_t idle = 0;
+  for (auto& row : t.cells)
+    for (auto& c : row) idle += c.empty();
+  t.bubble_fraction = double(idle) / double(int64_t(P) * t.steps);
+  return t;
+}
+
+double theoretical_bubble(const PipelineLayout& l, int64_t M) {
+  const double P = l.stages, V = l.virtual_stages;
+  return (P - 1) / (V * double(M) + P - 1);
+}
+
+std::string format_timeline(const PipelineLayout& l, int64_t M) {
+  const PipelineTimeline t = simulate_pipeline(l, M);
+  size_t w = 2;
+  for (auto& row : t.cells)
+    for (auto& c : row) w = std::max(w, c.size());
+  std::string out;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "> pipeline schedule: %d stages, %d chunk(s) per stage, %lld micro-batches (%s); F = forward, "
+                "B = backward, one column per unit step\n",
+                l.stages, l.virtual_stages, (long long)M, l.virtual_stages > 1 ? "interleaved 1F1B" : "1F1B");
+  out += buf;
+  for (size_t r = 0; r < t.cells.size(); ++r) {
+    std::snprintf(buf, sizeof buf, "  stage %zu |", r);
+    out += buf;
+    for (auto& c : t.cells[r]) out += " " + (c.empty() ? std::string(w, '.') : c + std::string(w - c.size(), ' '));
+    out += "\n";
+  }
+  std::snprintf(buf, sizeof buf,
+                "> bubble fraction: %.3f (idle / all stage-steps, forward and backward one step each); "
+                "theory (P-1)/(%sM+P-1) = %.3f\n",
+                t.bubble_fraction, l.virtual_stages > 1 ? "V*" : "", theoretical_bubble(l, M));
+  out += buf;
+  return out;
+}
+
+}  // namespace lattice

@@ -1,0 +1,69 @@
+// Pipeline-parallel layouts and schedules (Megatron's): which layers each stage holds,
+// and the order in which a stage runs the forward and backward passes of the
+// micro-batches — 1F1B, or interleaved 1F1B with V model chunks (virtual stages) per
+// stage. Pure functions: the trainer runs them, `lattice train --dry-run` prints them.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lattice {
+
+struct PipelineLayout {
+  int stages = 1;                   // P = --pipeline-model-parallel-size
+  int virtual_stages = 1;           // V chunks per stage (interleaved when > 1)
+  int64_t num_layers = 0;
+  int64_t first_stage_layers = 0;   // --decoder-first-pipeline-num-layers (0: even split)
+  int64_t last_stage_layers = 0;    // --decoder-last-pipeline-num-layers (0: even split)
+};
+
+// The layout for the flags, or a one-line error naming the flag to change:
+// layers_per_virtual_stage = --num-layers-per-virtual-pipeline-stage (0: not interleaved).
+PipelineLayout make_pipeline_layout(int64_t num_layers, int stages, int64_t layers_per_virtual_stage,
+                                    int64_t first_stage_layers, int64_t last_stage_layers);
+
+// Global layer ranges [begin, end) of stage `stage`'s chunks, in chunk order. Even: L/P
+// consecutive layers per stage; uneven: the first and last stage take their counts and
+// the middle stages split the rest evenly; interleaved: stage r's chunk v holds the
+// (v*P + r)-th block of L/(P*V) layers.
+std::vector<std::pair<int64_t, int64_t>> stage_layers(const PipelineLayout& layout, int stage);
+
+struct PipelineOp {
+  bool forward = true;
+  int64_t micro_batch = 0;
+  int chunk = 0;
+};
+
+// Checks micro-batches against the layout (interleaving needs M % P == 0), with an error
+// that says what to change.
+void check_micro_batches(const PipelineLayout& layout, int64_t num_micro_batches);
+
+// Stage `stage`'s ops in order. 1F1B: warmup = min(P - r - 1, M) forwards, then pairs
+// of one forward and one backward, then the remaining backwards. Interleaved: over the
+// M*V virtual micro-batches, warmup = min((P - r - 1)*2 + (V - 1)*P, M*V) (all of them
+// when M == P); virtual micro-batch k is micro-batch (k / (P*V))*P + k % P of chunk
+// (k % (P*V)) / P in forward and of chunk V - 1 - that in backward.
+std::vector<PipelineOp> pipeline_schedule(const PipelineLayout& layout, int64_t num_micro_batches, int stage);
+
+// The most micro-batches any one chunk of `stage` holds activations for at once.
+int max_in_flight(const std::vector<PipelineOp>& ops);
+// Forwards run before the first backward (the schedule's warmup, plus the first pair).
+int64_t warmup_forwards(const std::vector<PipelineOp>& ops);
+
+// Simulated execution of every stage's schedule with unit-time forwards and backwards
+// and the data dependencies between stages.
+struct PipelineTimeline {
+  std::vector<std::vector<std::string>> cells;  // [stage][time step]: "F3", "B3" (chunk: "F3.1") or ""
+  int64_t steps = 0;
+  double bubble_fraction = 0;                   // idle cells / all cells
+};
+PipelineTimeline simulate_pipeline(const PipelineLayout& layout, int64_t num_micro_batches);
+
+// The theoretical bubble: (P - 1) / (M + P - 1), and (P - 1) / (V*M + P - 1) interleaved.
+double theoretical_bubble(const PipelineLayout& layout, int64_t num_micro_batches);
+
+// The timeline as text, one row per stage, for --dry-run.
+std::string format_timeline(const PipelineLayout& layout, int64_t num_micro_batches);
+
+}  // namespace lattice

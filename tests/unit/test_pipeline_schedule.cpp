@@ -1,0 +1,128 @@
+// Pipeline layouts and schedules: layer placement, Megatron's warmup counts, every
+// micro-batch's forward before its backward, the simulated bubble against
+// (P-1)/(M+P-1), and the errors that name the flag to change.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "core/error.h"
+#include "pipeline/schedule.h"
+
+namespace lattice {
+namespace {
+
+std::string error_of(int64_t L, int P, int64_t per_virtual, int64_t first, int64_t last) {
+  try {
+    make_pipeline_layout(L, P, per_virtual, first, last);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PipelineLayout, EvenUnevenAndInterleavedPlacement) {
+  const PipelineLayout even = make_pipeline_layout(8, 4, 0, 0, 0);
+  EXPECT_EQ(stage_layers(even, 0), (std::vector<std::pair<int64_t, int64_t>>{{0, 2}}));
+  EXPECT_EQ(stage_layers(even, 3), (std::vector<std::pair<int64_t, int64_t>>{{6, 8}}));
+  const PipelineLayout uneven = make_pipeline_layout(7, 4, 0, 1, 0);
+  EXPECT_EQ(stage_layers(uneven, 0), (std::vector<std::pair<int64_t, int64_t>>{{0, 1}}));
+  EXPECT_EQ(stage_layers(uneven, 1), (std::vector<std::pair<int64_t, int64_t>>{{1, 3}}));
+  EXPECT_EQ(stage_layers(uneven, 3), (std::vector<std::pair<int64_t, int64_t>>{{5, 7}}));
+  const PipelineLayout both = make_pipeline_layout(10, 4, 0, 1, 3);
+  EXPECT_EQ(stage_layers(both, 1), (std::vector<std::pair<int64_t, int64_t>>{{1, 4}}));
+  EXPECT_EQ(stage_layers(both, 3), (std::vector<std::pair<int64_t, int64_t>>{{7, 10}}));
+  // Interleaved: stage r, chunk v holds block v*P + r.
+  const PipelineLayout inter = make_pipeline_layout(8, 2, 2, 0, 0);
+  EXPECT_EQ(inter.virtual_stages, 2);
+  EXPECT_EQ(stage_layers(inter, 0), (std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {4, 6}}));
+  EXPECT_EQ(stage_layers(inter, 1), (std::vector<std::pair<int64_t, int64_t>>{{2, 4}, {6, 8}}));
+}
+
+TEST(PipelineLayout, ErrorsNameTheFlag) {
+  EXPECT_NE(error_of(6, 4, 0, 0, 0).find("--num-layers 6 is not divisible by --pipeline-model-parallel-size 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(8, 4, 3, 0, 0).find("--num-layers-per-virtual-pipeline-stage 3"), std::string::npos);
+  EXPECT_NE(error_of(8, 4, 2, 0, 0).find("one chunk per stage"), std::string::npos);
+  EXPECT_NE(error_of(8, 1, 1, 0, 0).find("needs --pipeline-model-parallel-size > 1"), std::string::npos);
+  EXPECT_NE(error_of(8, 2, 1, 1, 0).find("cannot be combined"), std::string::npos);
+  EXPECT_NE(error_of(8, 2, 0, 3, 3).find("do not fit"), std::string::npos);
+  EXPECT_NE(error_of(8, 4, 0, 1, 0).find("split evenly"), std::string::npos);
+  try {
+    check_micro_batches(make_pipeline_layout(8, 4, 1, 0, 0), 6);
+    ADD_FAILURE() << "6 micro-batches on 4 interleaved stages accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of --pipeline-model-parallel-size 4"), std::string::npos);
+  }
+}
+
+// Every (micro-batch, chunk) runs forward once and backward once, forward first.
+void expect_complete(const std::vector<PipelineOp>& ops, int64_t M, int V) {
+  std::set<std::pair<int64_t, int>> fwd, bwd;
+  for (const PipelineOp& op : ops) {
+    const std::pair<int64_t, int> k{op.micro_batch, op.chunk};
+    if (op.forward) {
+      EXPECT_TRUE(fwd.insert(k).second) << "forward twice";
+    } else {
+      EXPECT_TRUE(fwd.count(k)) << "backward of " << k.first << "." << k.second << " before its forward";
+      EXPECT_TRUE(bwd.insert(k).second) << "backward twice";
+    }
+  }
+  EXPECT_EQ(int64_t(fwd.size()), M * V);
+  EXPECT_EQ(int64_t(bwd.size()), M * V);
+}
+
+TEST(PipelineSchedule, OneFOneBWarmupAndInFlight) {
+  const PipelineLayout l = make_pipeline_layout(8, 4, 0, 0, 0);
+  for (int r = 0; r < 4; ++r) {
+    const auto ops = pipeline_schedule(l, 8, r);
+    expect_complete(ops, 8, 1);
+    EXPECT_EQ(warmup_forwards(ops) - 1, 4 - r - 1) << "stage " << r;
+    EXPECT_EQ(max_in_flight(ops), 4 - r) << "stage " << r;  // warmup + 1
+  }
+  // Fewer micro-batches than stages: warmup is capped at M.
+  const auto few = pipeline_schedule(l, 2, 0);
+  expect_complete(few, 2, 1);
+  EXPECT_EQ(max_in_flight(few), 2);
+}
+
+TEST(PipelineSchedule, InterleavedFollowsMegatron) {
+  const PipelineLayout l = make_pipeline_layout(8, 2, 2, 0, 0);  // P 2, V 2
+  const auto ops0 = pipeline_schedule(l, 4, 0);
+  expect_complete(ops0, 4, 2);
+  // warmup = (P - r - 1)*2 + (V - 1)*P = 4 on stage 0, 2 on stage 1.
+  EXPECT_EQ(warmup_forwards(ops0) - 1, 4);
+  EXPECT_EQ(warmup_forwards(pipeline_schedule(l, 4, 1)) - 1, 2);
+  // Virtual micro-batch order: chunk 0 of micro-batches 0,1, then chunk 1 of 0,1, ...
+  EXPECT_EQ(ops0[0].micro_batch, 0);
+  EXPECT_EQ(ops0[0].chunk, 0);
+  EXPECT_EQ(ops0[1].micro_batch, 1);
+  EXPECT_EQ(ops0[2].chunk, 1);
+  EXPECT_EQ(ops0[2].micro_batch, 0);
+  // The first backward is of the last chunk.
+  for (const PipelineOp& op : ops0)
+    if (!op.forward) {
+      EXPECT_EQ(op.chunk, 1);
+      break;
+    }
+  // M == P: everything is warmup.
+  EXPECT_EQ(warmup_forwards(pipeline_schedule(l, 2, 0)), 4);
+}
+
+TEST(PipelineSchedule, SimulatedBubbleIsTheTheory) {
+  for (int P : {2, 4})
+    for (int64_t M : {int64_t(1), int64_t(4), int64_t(8)}) {
+      const PipelineLayout l = make_pipeline_layout(8, P, 0, 0, 0);
+      EXPECT_NEAR(simulate_pipeline(l, M).bubble_fraction, double(P - 1) / double(M + P - 1), 1e-12)
+          << "P " << P << " M " << M;
+    }
+  const PipelineLayout inter = make_pipeline_layout(8, 2, 2, 0, 0);
+  EXPECT_NEAR(simulate_pipeline(inter, 8).bubble_fraction, theoretical_bubble(inter, 8), 1e-12);
+  EXPECT_LT(theoretical_bubble(inter, 8), theoretical_bubble(make_pipeline_layout(8, 2, 0, 0, 0), 8));
+  const std::string text = format_timeline(make_pipeline_layout(8, 4, 0, 0, 0), 8);
+  EXPECT_NE(text.find("stage 0 | F0 F1 F2 F3 .. .. .. B0 F4 B1"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace lattice
