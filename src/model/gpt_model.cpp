@@ -337,22 +337,24 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
     // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
     layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, in, params_.param(p.ln1_w), params_.param(p.ln1_b), Ns,
                       C, eps);
-    linear_forward(x.qkv, all_rows(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl);
+    linear_forward(x.qkv, all_rows(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
+                   site(p.qkv_w));
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
     attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, Hl_, D}, ad, doc_ids);
     row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.attn, params_.param(p.proj_w),
-                                params_.param(p.proj_b), N, Cl, C);
+                                params_.param(p.proj_b), N, Cl, C, site(p.proj_w));
     dropout_forward(out_rows, out_rows, Ns * C, p_hidden,
                     site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
     add_forward(x.resid_mid, in, out_rows, Ns * C);
     // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
     layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, params_.param(p.ln2_w),
                       params_.param(p.ln2_b), Ns, C, eps);
-    linear_forward(x.fc1, all_rows(x.ln2, N), params_.param(p.fc1_w), params_.param(p.fc1_b), N, C, Fl_);
+    linear_forward(x.fc1, all_rows(x.ln2, N), params_.param(p.fc1_w), params_.param(p.fc1_b), N, C, Fl_,
+                   site(p.fc1_w));
     gelu_forward(x.gelu, x.fc1, N * Fl_, cfg_.gelu);
     row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.gelu, params_.param(p.fc2_w),
-                                params_.param(p.fc2_b), N, Fl_, C);
+                                params_.param(p.fc2_b), N, Fl_, C, site(p.fc2_w));
     dropout_forward(out_rows, out_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
     add_forward(a.resid[i + 1], x.resid_mid, out_rows, Ns * C);
   }
@@ -392,23 +394,23 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
     dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
     row_parallel_linear_backward(tp_, sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows, sc.d_c2,
-                                 x.gelu, params_.param(p.fc2_w), N, Fl_, C);
+                                 x.gelu, params_.param(p.fc2_w), N, Fl_, C, site(p.fc2_w));
     gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), params_.grad(p.fc1_b), sc.d_f,
-                                    all_rows(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_);
+                                    all_rows(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_, site(p.fc1_w));
     layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
                        params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C);
     // Attention block: d_resid is now d(resid_mid).
     dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden,
                      site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
     row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), params_.grad(p.proj_b), d_rows, sc.d_c1,
-                                 x.attn, params_.param(p.proj_w), N, Cl, C);
+                                 x.attn, params_.param(p.proj_w), N, Cl, C, site(p.proj_w));
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
     attention_backward(sc.d_3c, sc.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
                        docs_.reset_attention_mask ? a.document_ids.data() : nullptr);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), sc.d_3c,
-                                    all_rows(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl);
+                                    all_rows(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, site(p.qkv_w));
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[i],
                        params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C);
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,
@@ -433,7 +435,7 @@ LossSum GPTModel::output_loss(Activations& a, const int32_t* tokens, const float
                               int64_t T, bool backward, float grad_scale) {
   const int64_t N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size;
   // logits[N, Vl] = lnf @ Wout_local^T (column-parallel over the vocabulary)
-  gemm_f32(Trans::N, Trans::T, N, Vl_, C, 1.0f, a.lnf, C, output_weight(), C, 0.0f, a.logits, Vl_);
+  linear_forward(a.logits, a.lnf, output_weight(), nullptr, N, C, Vl_, site(out_w_ >= 0 ? out_w_ : wte_));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       const int32_t y = tokens[b * (T + 1) + t + 1];
@@ -480,9 +482,9 @@ void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const Mi
   if (has_loss(chunk)) {
     // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary
     // ranks: all-reduced, or reduce-scattered to the token shard)
-    gemm_f32(Trans::T, Trans::N, Vl_, C, N, 1.0f, a.logits, Vl_, a.lnf, C, 1.0f, output_weight_grad(), C);
+    linear_backward(sc.d_c2, output_weight_grad(), nullptr, a.logits, a.lnf, output_weight(), N, C, Vl_, false,
+                    site(out_w_ >= 0 ? out_w_ : wte_));
     if (out_w_ >= 0) grads_ready({out_w_});
-    gemm_f32(Trans::N, Trans::N, N, C, Vl_, 1.0f, a.logits, Vl_, output_weight(), C, 0.0f, sc.d_c2, C);
     float* d = tp_.sp() ? sc.d_s : sc.d_c2;
     reduce_from_tensor_parallel_region(tp_, sc.d_c2, d, N, C);
     d_lnf = d;

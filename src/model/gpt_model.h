@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "model/linear.h"
 #include "model/tensor_parallel.h"
 #include "model/transformer_config.h"
 #include "optim/param_buffer.h"
@@ -129,6 +130,11 @@ class GPTModel {
     if (grad_ready_) grad_ready_(index);
   }
 
+  // Mixed precision: the policy every linear layer's GEMMs go through (null: fp32). Not
+  // owned; must outlive its use.
+  void set_gemm_policy(GemmPolicy* policy) { gemm_policy_ = policy; }
+  GemmPolicy* gemm_policy() const { return gemm_policy_; }
+
   // Applies to every later forward (training, evaluation, logits). Fails when an option
   // is on without an eod id.
   void set_document_boundaries(const DocumentBoundaries& d);
@@ -185,6 +191,7 @@ class GPTModel {
   // The loss mask to use: loss_mask (or 1) times the eod mask; null when all ones.
   const float* effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T);
   const float* all_rows(const float* shard, int64_t N);
+  GemmSite site(int param) const { return GemmSite{gemm_policy_, param}; }
   const float* output_weight() const;
   float* output_weight_grad();
   void grads_ready(std::initializer_list<int> indices) const {
@@ -204,6 +211,7 @@ class GPTModel {
   std::vector<LayerParams> layers_;    // every layer of every chunk, in chunk order
   std::vector<size_t> chunk_first_;    // index in layers_ of each chunk's first layer
   std::function<void(int)> grad_ready_;
+  GemmPolicy* gemm_policy_ = nullptr;
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]
   std::unique_ptr<Scratch> scratch_;

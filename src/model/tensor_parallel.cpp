@@ -31,21 +31,23 @@ void gather_from_sequence_parallel_region(const TensorParallel& tp, float* full,
 
 void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, float* dx_shard,
                                      float* dW, float* db, const float* dy, const float* x,
-                                     const float* W, int64_t N, int64_t in, int64_t out_local) {
-  linear_backward(dx_full, dW, db, dy, x, W, N, in, out_local);
+                                     const float* W, int64_t N, int64_t in, int64_t out_local,
+                                     const GemmSite& site) {
+  linear_backward(dx_full, dW, db, dy, x, W, N, in, out_local, false, site);
   reduce_from_tensor_parallel_region(tp, dx_full, tp.sp() ? dx_shard : dx_full, N, in);
 }
 
 void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* partial, const float* x,
-                                 const float* W, const float* b, int64_t N, int64_t in_local, int64_t out) {
-  linear_forward(partial, x, W, nullptr, N, in_local, out);
+                                 const float* W, const float* b, int64_t N, int64_t in_local, int64_t out,
+                                 const GemmSite& site) {
+  linear_forward(partial, x, W, nullptr, N, in_local, out, site);
   reduce_from_tensor_parallel_region(tp, partial, y, N, out);
   if (b) bias_add(y, b, tp.shard_rows(N), out);
 }
 
 void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, float* dW, float* db,
                                   const float* dy, float* dy_full, const float* x, const float* W,
-                                  int64_t N, int64_t in_local, int64_t out) {
+                                  int64_t N, int64_t in_local, int64_t out, const GemmSite& site) {
   const float* g = dy;
   if (tp.sp()) {
     const int64_t rows = tp.shard_rows(N);
@@ -53,7 +55,7 @@ void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, flo
     gather_from_sequence_parallel_region(tp, dy_full, N, out);
     g = dy_full;
   }
-  linear_backward(dx_local, dW, db, g, x, W, N, in_local, out);
+  linear_backward(dx_local, dW, db, g, x, W, N, in_local, out, false, site);
 }
 
 }  // namespace lattice

@@ -11,6 +11,8 @@
 #pragma once
 #include <cstdint>
 
+#include "model/linear.h"
+
 namespace lattice {
 
 class Comm;
@@ -46,13 +48,15 @@ void gather_from_sequence_parallel_region(const TensorParallel& tp, float* full,
 // input: no communication.)
 void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, float* dx_shard,
                                      float* dW, float* db, const float* dy, const float* x,
-                                     const float* W, int64_t N, int64_t in, int64_t out_local);
+                                     const float* W, int64_t N, int64_t in, int64_t out_local,
+                                     const GemmSite& site = {});
 
 // RowParallelLinear forward: partial [N, out] = x_local [N, in_local] W_local^T, reduced
 // (all-reduce in place, or reduce-scatter into y [N/T, out] with sequence parallelism),
 // then the bias added to the reduced rows. Without sequence parallelism y must be partial.
 void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* partial, const float* x,
-                                 const float* W, const float* b, int64_t N, int64_t in_local, int64_t out);
+                                 const float* W, const float* b, int64_t N, int64_t in_local, int64_t out,
+                                 const GemmSite& site = {});
 
 // RowParallelLinear backward: dy is [N, out] (replicated) or, with sequence parallelism,
 // this rank's [N/T, out] shard, all-gathered first into dy_full [N, out] (unused
@@ -60,6 +64,6 @@ void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* part
 // [out, in_local] accumulates; dx_local [N, in_local] is written.
 void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, float* dW, float* db,
                                   const float* dy, float* dy_full, const float* x, const float* W,
-                                  int64_t N, int64_t in_local, int64_t out);
+                                  int64_t N, int64_t in_local, int64_t out, const GemmSite& site = {});
 
 }  // namespace lattice

@@ -71,6 +71,22 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"decoder-last-pipeline-num-layers", Kind::i64, &a.decoder_last_pipeline_num_layers,
        "layers on the last pipeline stage (0: even split)"},
       {"dry-run", Kind::flag, &a.dry_run, "print the parallel layout and pipeline schedule, then exit"},
+      {"bf16", Kind::flag, &a.bf16, "bf16 mixed precision (fp32 main parameters and gradients)"},
+      {"fp16", Kind::flag, &a.fp16, "fp16 mixed precision with loss scaling"},
+      {"grad-reduce-in-bf16", Kind::flag, &a.grad_reduce_in_bf16, "data-parallel gradient reduction in bf16"},
+      {"loss-scale", Kind::f64, &a.loss_scale, "constant fp16 loss scale (0: dynamic)"},
+      {"initial-loss-scale", Kind::f64, &a.initial_loss_scale, "dynamic loss scale to start from"},
+      {"min-loss-scale", Kind::f64, &a.min_loss_scale, "dynamic loss scale floor"},
+      {"loss-scale-window", Kind::i64, &a.loss_scale_window, "iterations without overflow before the scale doubles"},
+      {"hysteresis", Kind::i64, &a.hysteresis, "overflows tolerated before the scale halves"},
+      {"fp8-format", Kind::str, &a.fp8_format, "fp8 linear layers: e4m3 | hybrid (e5m2 gradients)"},
+      {"fp8-margin", Kind::i64, &a.fp8_margin, "fp8 scaling margin (powers of 2)"},
+      {"fp8-amax-history-len", Kind::i64, &a.fp8_amax_history_len, "fp8 delayed-scaling amax history"},
+      {"fp8-amax-compute-algo", Kind::str, &a.fp8_amax_compute_algo, "fp8 amax from the history: most_recent | max"},
+      {"recompute-granularity", Kind::str, &a.recompute_granularity, "activation recomputation: full | selective"},
+      {"recompute-method", Kind::str, &a.recompute_method, "full recomputation: uniform | block"},
+      {"recompute-num-layers", Kind::i64, &a.recompute_num_layers, "layers per recomputed group (uniform) or recomputed layers per chunk (block)"},
+      {"log-memory", Kind::flag, &a.log_memory, "per-rank memory estimate at start-up and measured peak"},
       {"sequence-parallel", Kind::flag, &a.sequence_parallel,
        "LayerNorm, dropout and residual on token shards of the tensor-parallel group"},
       {"mock-data", Kind::flag, &a.mock_data, "synthetic data instead of --data-path"},
@@ -200,6 +216,13 @@ void reject_unimplemented(const TrainArgs& a) {
     if (used) LATTICE_FAIL() << "--" << flag << " is not implemented yet";
   };
   reject(a.zero_stage != d.zero_stage, "zero-stage");
+  reject(a.bf16, "bf16");
+  reject(a.fp16, "fp16");
+  reject(a.grad_reduce_in_bf16, "grad-reduce-in-bf16");
+  reject(a.loss_scale != d.loss_scale, "loss-scale");
+  reject(!a.fp8_format.empty(), "fp8-format");
+  reject(!a.recompute_granularity.empty(), "recompute-granularity");
+  reject(a.log_memory, "log-memory");
 }
 
 void validate(TrainArgs& a) {

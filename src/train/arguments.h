@@ -39,6 +39,19 @@ struct TrainArgs {
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   int64_t decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;  // 0: even split
   bool dry_run = false;
+  // Mixed precision (Megatron's flags and defaults).
+  bool bf16 = false, fp16 = false, grad_reduce_in_bf16 = false;
+  double loss_scale = 0;                 // 0: dynamic
+  double initial_loss_scale = 4294967296.0, min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000, hysteresis = 2;
+  std::string fp8_format;                // "" | e4m3 | hybrid
+  int64_t fp8_margin = 0, fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";  // most_recent | max
+  // Activation recomputation.
+  std::string recompute_granularity;     // "" | full | selective
+  std::string recompute_method;          // "" | uniform | block
+  int64_t recompute_num_layers = 0;
+  bool log_memory = false;
   // data
   bool mock_data = false;
   std::vector<std::string> data_path;
