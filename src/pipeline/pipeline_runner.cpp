@@ -135,7 +135,8 @@ double PipelineRunner::train(const Fetch& fetch, const std::function<MicroBatchK
     }
   }
   wait_sends();
-  if (pp_) pp_->set_wait_context("");
+  // What follows on this group (the loss, the gradient norm) still names the stage.
+  if (pp_) pp_->set_wait_context("stage " + std::to_string(r) + ": after the schedule's last micro-batch");
   total_seconds_ = total.seconds();
   return loss;
 }
@@ -170,7 +171,7 @@ LossSum PipelineRunner::evaluate(const Fetch& fetch, int64_t M, int64_t B, int64
     }
   wait_sends();
   if (pp_) {
-    pp_->set_wait_context("");
+    pp_->set_wait_context("stage " + std::to_string(r) + ": the evaluation loss from the last stage");
     double v[2] = {total.sum, total.count};
     pp_->all_reduce(v, 2, ReduceOp::sum);
     total.sum = v[0];
@@ -194,9 +195,10 @@ void PipelineRunner::finish_shared_embedding_grads() {
 double PipelineRunner::from_last_stage(double value) {
   if (!pp_) return value;
   double v = stage_ == layout_.stages - 1 ? value : 0.0;
+  const std::string before = pp_->wait_context();
   pp_->set_wait_context("stage " + std::to_string(stage_) + ": the loss from the last stage");
   pp_->all_reduce(&v, 1, ReduceOp::sum);
-  pp_->set_wait_context("");
+  pp_->set_wait_context(before);
   return v;
 }
 
