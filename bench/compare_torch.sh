@@ -9,7 +9,8 @@
 #            default "gpt2 small"
 #   STEPS    measured steps per run (default 5)      WARMUP  unmeasured steps before them (default 2)
 #   ROUNDS   runs of each system per shape (default 2)
-#   SYSTEMS  default "lattice torch"; "torch" alone runs the PyTorch half only
+#   SYSTEMS  default "lattice lattice_bf16 torch" (lattice_bf16: lattice with --bf16); "torch" alone runs the
+#            PyTorch half only
 #   LATTICE  the binary (default build/lattice)     TORCH_BENCH  default ../shared/bench/torch_gpt_bench.py
 #   PYTHON   an interpreter with torch (default /usr/bin/python3)
 #   KEEP=1   keep the run logs (their folder is printed)
@@ -22,7 +23,7 @@ SHAPES=${SHAPES:-gpt2 small}
 STEPS=${STEPS:-5}
 WARMUP=${WARMUP:-2}
 ROUNDS=${ROUNDS:-2}
-SYSTEMS=${SYSTEMS:-lattice torch}
+SYSTEMS=${SYSTEMS:-lattice lattice_bf16 torch}
 LATTICE=${LATTICE:-build/lattice}
 TORCH_BENCH=${TORCH_BENCH:-../shared/bench/torch_gpt_bench.py}
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -33,7 +34,7 @@ die() { echo "compare_torch: $*" >&2; exit 1; }
 [[ -x /usr/bin/time ]] || die "/usr/bin/time not found (apt-get install time, or scripts/install-deps.sh --bench)"
 for s in $SYSTEMS; do
   case $s in
-    lattice) [[ -x $LATTICE ]] || die "$LATTICE not found (make build)" ;;
+    lattice | lattice_bf16) [[ -x $LATTICE ]] || die "$LATTICE not found (make build)" ;;
     torch) [[ -f $TORCH_BENCH ]] || die "$TORCH_BENCH not found (set TORCH_BENCH)"
            "$PYTHON" -c 'import torch' 2>/dev/null || die "$PYTHON cannot import torch (apt-get install python3-torch)" ;;
     *) die "unknown system '$s' in SYSTEMS" ;;
@@ -53,15 +54,16 @@ dims() {
 }
 
 # Each run leaves $work/<shape>.<system>.<round>.{out,time}: the program's output and /usr/bin/time -v's report.
-run_lattice() {  # shape round L H C B T
-  local base=$work/$1.lattice.$2
+run_lattice() {  # shape round L H C B T [system name, extra flags...]
+  local base=$work/$1.${8:-lattice}.$2
   /usr/bin/time -v -o "$base.time" "$LATTICE" train --mock-data --vocab-size "$VOCAB" \
     --num-layers "$3" --hidden-size "$5" --num-attention-heads "$4" \
     --seq-length "$7" --max-position-embeddings "$BLOCK" --micro-batch-size "$6" --global-batch-size "$6" \
     --train-iters $((WARMUP + STEPS)) --log-interval 1 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 \
-    --metrics-file "$base.metrics.jsonl" >"$base.out" 2>&1 ||
+    --metrics-file "$base.metrics.jsonl" "${@:9}" >"$base.out" 2>&1 ||
     { tail -n 20 "$base.out" >&2; die "lattice failed on shape $1 (log above)"; }
 }
+run_lattice_bf16() { run_lattice "$@" lattice_bf16 --bf16; }
 run_torch() {  # shape round L H C B T
   local base=$work/$1.torch.$2
   OMP_WAIT_POLICY=PASSIVE /usr/bin/time -v -o "$base.time" "$PYTHON" "$TORCH_BENCH" "$3" "$4" "$5" "$6" "$7" \
@@ -122,7 +124,7 @@ for shape in shapes:
     for system in systems:
         steps, rss = [], 0.0
         for base in sorted(p[:-len(".out")] for p in glob.glob(f"{work}/{shape}.{system}.*.out")):
-            steps += lattice_steps_ms(base, B * T) if system == "lattice" else torch_steps_ms(base)
+            steps += lattice_steps_ms(base, B * T) if system.startswith("lattice") else torch_steps_ms(base)
             rss = max(rss, peak_rss_mb(base + ".time"))
         if not steps:
             sys.exit(f"compare_torch: no measured steps for {system} on {shape}")

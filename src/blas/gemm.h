@@ -12,6 +12,19 @@ enum class Trans : bool { N = false, T = true };
 void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// The same with A and B in bf16 (their 16-bit patterns, see kernels/cast.h) and C in
+// fp32: every product of two bf16 values is exact in fp32 and the products are
+// accumulated in fp32. On a CPU with AVX512-BF16 oneDNN's bf16 matmul computes it;
+// elsewhere A and B are widened to fp32 and go through gemm_f32 (the same numbers up to
+// accumulation order).
+void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// Whether gemm_bf16 runs on bf16 hardware instructions (false: the fp32 fallback).
+bool gemm_bf16_native();
+// Tests: force the fp32 fallback (false restores the detected choice).
+void gemm_bf16_force_fallback(bool force);
+
 // Which library and threading the facade uses, for logs and benchmarks.
 const char* blas_backend_name();
 

@@ -35,8 +35,15 @@ struct GPTModel::Activations {
     float* fc1;        // [N, Fl]  pre-activation
     float* gelu;       // [N, Fl]
   };
-  std::vector<float*> resid;  // chunk layers + 1 x [Ns, C]: resid[i] is the chunk's layer i's input
+  // resid[i] is the chunk's layer i's input, resid.back() its output; layers[i] the
+  // buffers of layer i. With recomputation some point into the shared Scratch (see
+  // allocate()): a recomputed layer's buffers and a group's inner residuals, or
+  // (selective) every layer's attn and lse.
+  std::vector<float*> resid;  // chunk layers + 1 x [Ns, C]
   std::vector<Layer> layers;
+  // Per layer: the first layer of the recomputed group it ends, else -1 (backward reruns
+  // that group's forward before the layer's backward).
+  std::vector<int64_t> recompute_from;
   // With the loss:
   float* lnf = nullptr;       // [N, C] full
   float* lnf_mean = nullptr;  // [Ns]
@@ -57,6 +64,11 @@ struct GPTModel::Scratch {
   float* d_c2;                // [N, C]
   float* d_3c;                // [N, 3C/P]
   float* d_f;                 // [N, Fl]
+  // Recomputation (shared by every chunk and slot: one group is live at a time).
+  std::vector<Activations::Layer> group;  // full: largest group x one layer's buffers
+  std::vector<float*> group_resid;        // full: (largest group - 1) x [Ns, C] inner residuals
+  float* attn = nullptr;                  // selective: [N, C/P] core-attention output
+  float* lse = nullptr;                   // selective: [B, Hl, T]
 };
 
 namespace {
@@ -89,6 +101,22 @@ void check_tensor_parallel(const TransformerConfig& c, const TensorParallel& tp,
                    << " (required by --sequence-parallel)";
 }
 
+// The recomputed groups [begin, end) of a chunk of `layers` layers (full recomputation;
+// none otherwise). uniform: every layer, in groups of N consecutive layers (the last
+// group may be shorter); block: the first N layers, each its own group. N is clamped to
+// the chunk's layers.
+std::vector<std::pair<int64_t, int64_t>> recompute_groups(const TransformerConfig& c, int64_t layers) {
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  if (c.recompute_granularity != "full") return groups;
+  const int64_t n = std::min(c.recompute_num_layers, layers);
+  if (c.recompute_method == "uniform") {
+    for (int64_t b = 0; b < layers; b += n) groups.emplace_back(b, std::min(b + n, layers));
+  } else {
+    for (int64_t i = 0; i < n; ++i) groups.emplace_back(i, i + 1);
+  }
+  return groups;
+}
+
 ModelPlacement complete(ModelPlacement p, const TransformerConfig& c) {
   if (p.chunks.empty()) p.chunks.push_back({0, c.num_layers});
   LATTICE_CHECK(p.slots >= 1) << "a chunk needs at least one activation slot";
@@ -104,6 +132,8 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
                    const ModelPlacement& placement)
     : cfg_(config), tp_(tp), place_(complete(placement, config)), max_B_(B), max_T_(T) {
   LATTICE_CHECK(cfg_.padded_vocab_size > 0) << "TransformerConfig::finalize() not called";
+  cfg_.check_recompute();
+  selective_ = cfg_.recompute_granularity == "selective";
   LATTICE_CHECK(T <= cfg_.max_position_embeddings)
       << "--seq-length " << T << " exceeds --max-position-embeddings " << cfg_.max_position_embeddings;
   check_tensor_parallel(cfg_, tp_, T);
@@ -217,34 +247,77 @@ void GPTModel::init_parameters(uint64_t seed) { params_.initialize(seed); }
 const float* GPTModel::output_weight() const { return params_.param(out_w_ >= 0 ? out_w_ : wte_); }
 float* GPTModel::output_weight_grad() { return params_.grad(out_w_ >= 0 ? out_w_ : wte_); }
 
+// Per chunk and slot: every residual and layer buffer, except what recomputation
+// drops. Full recomputation keeps of each recomputed group only its input (the group's
+// layers and inner residuals point into the shared Scratch group); selective keeps
+// every layer's buffers but attn and lse (one shared Scratch copy).
 void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& arena, const TransformerConfig& cfg,
                         const TensorParallel& tp, const ModelPlacement& place, int64_t B, int64_t T) {
   const int64_t P = tp.size();
   const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = C / P;
   const int64_t Fl = cfg.ffn_hidden_size / P, Hl = cfg.num_attention_heads / P;
   const int64_t Vl = cfg.padded_vocab_size / P;
-  acts.clear();
+  const bool selective = cfg.recompute_granularity == "selective";
+  auto alloc_layer = [&](bool attention) {
+    Activations::Layer x;
+    x.ln1 = arena.alloc_f32(Ns * C, "input_layernorm");
+    x.ln1_mean = arena.alloc_f32(Ns);
+    x.ln1_rstd = arena.alloc_f32(Ns);
+    x.qkv = arena.alloc_f32(N * 3 * Cl, "linear_qkv");
+    x.attn = attention ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
+    x.lse = attention ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
+    x.resid_mid = arena.alloc_f32(Ns * C, "residual");
+    x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
+    x.ln2_mean = arena.alloc_f32(Ns);
+    x.ln2_rstd = arena.alloc_f32(Ns);
+    x.fc1 = arena.alloc_f32(N * Fl, "linear_fc1");
+    x.gelu = arena.alloc_f32(N * Fl, "gelu");
+    return x;
+  };
   const int chunks = int(place.chunks.size());
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> groups;
+  int64_t largest = 0;
+  for (auto [begin, end] : place.chunks) {
+    groups.push_back(recompute_groups(cfg, end - begin));
+    for (auto [b, e] : groups.back()) largest = std::max(largest, e - b);
+  }
+  sc.group.clear();
+  sc.group_resid.clear();
+  for (int64_t j = 0; j < largest; ++j) sc.group.push_back(alloc_layer(true));
+  for (int64_t j = 1; j < largest; ++j) sc.group_resid.push_back(arena.alloc_f32(Ns * C, "residual"));
+  sc.attn = selective ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
+  sc.lse = selective ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
+
+  acts.clear();
   for (int c = 0; c < chunks; ++c)
     for (int s = 0; s < place.slots; ++s) {
       Activations a;
       const int64_t layers = place.chunks[size_t(c)].second - place.chunks[size_t(c)].first;
-      for (int64_t l = 0; l <= layers; ++l) a.resid.push_back(arena.alloc_f32(Ns * C, "residual"));
+      a.resid.resize(size_t(layers + 1));
+      a.layers.resize(size_t(layers));
+      a.recompute_from.assign(size_t(layers), -1);
+      std::vector<bool> shared_resid(size_t(layers + 1), false), shared_layer(size_t(layers), false);
+      for (auto [b, e] : groups[size_t(c)]) {
+        for (int64_t i = b; i < e; ++i) {
+          a.layers[size_t(i)] = sc.group[size_t(i - b)];
+          shared_layer[size_t(i)] = true;
+          if (i > b) {
+            a.resid[size_t(i)] = sc.group_resid[size_t(i - b - 1)];
+            shared_resid[size_t(i)] = true;
+          }
+        }
+        a.recompute_from[size_t(e - 1)] = b;
+      }
+      for (int64_t l = 0; l <= layers; ++l)
+        if (!shared_resid[size_t(l)]) a.resid[size_t(l)] = arena.alloc_f32(Ns * C, "residual");
       for (int64_t l = 0; l < layers; ++l) {
-        Activations::Layer x;
-        x.ln1 = arena.alloc_f32(Ns * C, "input_layernorm");
-        x.ln1_mean = arena.alloc_f32(Ns);
-        x.ln1_rstd = arena.alloc_f32(Ns);
-        x.qkv = arena.alloc_f32(N * 3 * Cl, "linear_qkv");
-        x.attn = arena.alloc_f32(N * Cl, "core_attention");
-        x.lse = arena.alloc_f32(B * Hl * T, "attention lse");
-        x.resid_mid = arena.alloc_f32(Ns * C, "residual");
-        x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
-        x.ln2_mean = arena.alloc_f32(Ns);
-        x.ln2_rstd = arena.alloc_f32(Ns);
-        x.fc1 = arena.alloc_f32(N * Fl, "linear_fc1");
-        x.gelu = arena.alloc_f32(N * Fl, "gelu");
-        a.layers.push_back(x);
+        if (shared_layer[size_t(l)]) continue;
+        Activations::Layer& x = a.layers[size_t(l)];
+        x = alloc_layer(!selective);
+        if (selective) {
+          x.attn = sc.attn;
+          x.lse = sc.lse;
+        }
       }
       if (place.post_process && c == chunks - 1) {
         a.lnf = arena.alloc_f32(N * C, "final_layernorm");
@@ -309,13 +382,10 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
   const bool sp = tp_.sp();
   LATTICE_CHECK(!sp || T == max_T_) << "sequence parallelism runs full-length sequences only";
   Scratch& sc = *scratch_;
-  const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = Hl_ * D;
+  const int64_t N = B * T, C = cfg_.hidden_size;
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
   const uint64_t elem0 = uint64_t(row0 * C);  // dropout index of this rank's first element
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
-  const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
-  const float eps = cfg_.layernorm_epsilon;
-  const int32_t* doc_ids = docs_.reset_attention_mask ? a.document_ids.data() : nullptr;
 
   if (has_embedding(chunk)) {
     // VocabParallelEmbedding: this rank's rows (zeros elsewhere), summed over the group
@@ -327,42 +397,60 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
     dropout_forward(a.resid[0], a.resid[0], Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
   }
 
-  float* out_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] output of a row-parallel linear
   const size_t first = chunk_first_[size_t(chunk)];
-  for (size_t i = 0; i < a.layers.size(); ++i) {
-    const LayerParams& p = layers_[first + i];
-    const int64_t l = p.layer;
-    Activations::Layer& x = a.layers[i];
-    const float* in = a.resid[i];
-    // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
-    layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, in, params_.param(p.ln1_w), params_.param(p.ln1_b), Ns,
-                      C, eps);
-    linear_forward(x.qkv, all_rows(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
-                   site(p.qkv_w));
-    AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
-                        cfg_.num_attention_heads, Hl_ * tp_.rank()};
-    attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, Hl_, D}, ad, doc_ids);
-    row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.attn, params_.param(p.proj_w),
-                                params_.param(p.proj_b), N, Cl, C, site(p.proj_w));
-    dropout_forward(out_rows, out_rows, Ns * C, p_hidden,
-                    site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
-    add_forward(x.resid_mid, in, out_rows, Ns * C);
-    // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
-    layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, params_.param(p.ln2_w),
-                      params_.param(p.ln2_b), Ns, C, eps);
-    linear_forward(x.fc1, all_rows(x.ln2, N), params_.param(p.fc1_w), params_.param(p.fc1_b), N, C, Fl_,
-                   site(p.fc1_w));
-    gelu_forward(x.gelu, x.fc1, N * Fl_, cfg_.gelu);
-    row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.gelu, params_.param(p.fc2_w),
-                                params_.param(p.fc2_b), N, Fl_, C, site(p.fc2_w));
-    dropout_forward(out_rows, out_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
-    add_forward(a.resid[i + 1], x.resid_mid, out_rows, Ns * C);
-  }
+  for (size_t i = 0; i < a.layers.size(); ++i) forward_layer(layers_[first + i], a, i, B, T, key, true);
   if (has_loss(chunk)) {
     layernorm_forward(a.lnf + row0 * C, a.lnf_mean, a.lnf_rstd, a.resid.back(), params_.param(lnf_w_),
-                      params_.param(lnf_b_), Ns, C, eps);
+                      params_.param(lnf_b_), Ns, C, cfg_.layernorm_epsilon);
     gather_from_sequence_parallel_region(tp_, a.lnf, N, C);
   }
+}
+
+void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
+                             const MicroBatchKey& key, bool output) {
+  const bool sp = tp_.sp();
+  Scratch& sc = *scratch_;
+  const int64_t N = B * T, C = cfg_.hidden_size, Cl = Hl_ * cfg_.kv_channels;
+  const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
+  const uint64_t elem0 = uint64_t(row0 * C);  // dropout index of this rank's first element
+  const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
+  const float eps = cfg_.layernorm_epsilon;
+  float* out_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] output of a row-parallel linear
+  const int64_t l = p.layer;
+  Activations::Layer& x = a.layers[i];
+  const float* in = a.resid[i];
+  // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
+  layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, in, params_.param(p.ln1_w), params_.param(p.ln1_b), Ns, C,
+                    eps);
+  linear_forward(x.qkv, all_rows(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
+                 site(p.qkv_w));
+  core_attention_forward(p, a, i, B, T, key);
+  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.attn, params_.param(p.proj_w), params_.param(p.proj_b), N,
+                              Cl, C, site(p.proj_w));
+  dropout_forward(out_rows, out_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "self_attention.dropout")),
+                  elem0);
+  add_forward(x.resid_mid, in, out_rows, Ns * C);
+  // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
+  layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, params_.param(p.ln2_w), params_.param(p.ln2_b), Ns,
+                    C, eps);
+  linear_forward(x.fc1, all_rows(x.ln2, N), params_.param(p.fc1_w), params_.param(p.fc1_b), N, C, Fl_,
+                 site(p.fc1_w));
+  gelu_forward(x.gelu, x.fc1, N * Fl_, cfg_.gelu);
+  if (!output) return;
+  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.gelu, params_.param(p.fc2_w), params_.param(p.fc2_b), N,
+                              Fl_, C, site(p.fc2_w));
+  dropout_forward(out_rows, out_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+  add_forward(a.resid[i + 1], x.resid_mid, out_rows, Ns * C);
+}
+
+void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
+                                      const MicroBatchKey& key) {
+  Activations::Layer& x = a.layers[i];
+  const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
+  AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
+                      cfg_.num_attention_heads, Hl_ * tp_.rank()};
+  attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, Hl_, cfg_.kv_channels}, ad,
+                    docs_.reset_attention_mask ? a.document_ids.data() : nullptr);
 }
 
 void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int64_t B, int64_t T,
@@ -391,6 +479,14 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     const LayerParams& p = layers_[first + i];
     const int64_t l = p.layer;
     Activations::Layer& x = a.layers[i];
+    // Full recomputation: the group's forward again from its kept input, into the shared
+    // group buffers (the last layer's output, already consumed, is not recomputed).
+    if (a.recompute_from[i] >= 0)
+      for (size_t j = size_t(a.recompute_from[i]); j <= i; ++j)
+        forward_layer(layers_[first + j], a, j, B, T, key, j < i);
+    // Selective recomputation: the core attention's output and statistics again from
+    // the kept qkv (the proj backward and the attention backward need them).
+    if (selective_) core_attention_forward(p, a, i, B, T, key);
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
     dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
     row_parallel_linear_backward(tp_, sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows, sc.d_c2,

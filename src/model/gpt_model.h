@@ -2,7 +2,9 @@
 // fused QKV -> core attention -> output projection, MLP fc1 -> GELU -> fc2, final
 // LayerNorm, and an output layer tied to the word embedding unless untied.
 // Explicit forward and backward; parameters in one ParamBuffer; activations in an
-// Arena sized once for (micro_batch_size, seq_length).
+// Arena sized once for (micro_batch_size, seq_length). Activation recomputation
+// (TransformerConfig::recompute_*) keeps less in it and reruns forward parts in
+// backward, with bit-identical results (docs/memory.md).
 //
 // Tensor parallelism (model/tensor_parallel.h) splits every layer over the group's P
 // ranks as Megatron does: QKV and fc1 column-parallel (heads and ffn split), proj and
@@ -154,7 +156,9 @@ class GPTModel {
   void forward_last_logits(const int32_t* inputs, int64_t T, float* logits);
 
   // Bytes of activation memory on one rank (the arena size): placement.slots
-  // micro-batches of B x T per chunk plus the shared backward scratch.
+  // micro-batches of B x T per chunk plus the shared backward scratch. With activation
+  // recomputation (config.recompute_*) a micro-batch keeps only what it does not
+  // recompute, plus one shared copy of a recomputed group's buffers (docs/memory.md).
   static size_t activation_bytes(const TransformerConfig& config, int64_t B, int64_t T,
                                  const TensorParallel& tp = {}, const ModelPlacement& placement = {});
   size_t arena_bytes() const { return arena_.capacity(); }
@@ -180,6 +184,13 @@ class GPTModel {
   // Token ids, positions and document ids of inputs tokens[b, 0:T] (rows of token_stride).
   void prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T);
   void forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key);
+  // Layer i of a chunk: a.resid[i] -> a.layers[i] -> a.resid[i + 1]. Without `output`
+  // it stops after the GELU (a recomputed group's last layer: backward needs no more).
+  void forward_layer(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
+                     const MicroBatchKey& key, bool output);
+  // Layer i's attn and lse from its qkv (forward, and selective recomputation in backward).
+  void core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
+                              const MicroBatchKey& key);
   // d_lnf: gradient of the final LayerNorm's output rows of this rank ([Ns, C]), or null
   // when the chunk has no final norm (the output gradient is then in scratch d_resid).
   void backward_chunk(int chunk, Activations& a, const float* d_lnf, int64_t B, int64_t T,
@@ -212,6 +223,7 @@ class GPTModel {
   std::vector<size_t> chunk_first_;    // index in layers_ of each chunk's first layer
   std::function<void(int)> grad_ready_;
   GemmPolicy* gemm_policy_ = nullptr;
+  bool selective_ = false;             // selective recomputation (core attention)
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]
   std::unique_ptr<Scratch> scratch_;

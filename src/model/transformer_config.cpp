@@ -1,5 +1,7 @@
 #include "model/transformer_config.h"
 
+#include <string>
+
 #include "core/error.h"
 
 namespace lattice {
@@ -47,6 +49,27 @@ void TransformerConfig::finalize(int64_t tp) {
     LATTICE_FAIL() << "--hidden-dropout must be in [0, 1), got " << hidden_dropout;
   if (attention_dropout < 0 || attention_dropout >= 1)
     LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
+  check_recompute();
+}
+
+// Megatron's rules: full needs a method and 1 <= recompute_num_layers <= num_layers;
+// selective takes neither a method nor a layer count.
+void TransformerConfig::check_recompute() const {
+  const std::string& g = recompute_granularity;
+  const std::string& m = recompute_method;
+  if (!g.empty() && g != "full" && g != "selective")
+    LATTICE_FAIL() << "--recompute-granularity must be full or selective, got '" << g << "'";
+  if (!m.empty() && m != "uniform" && m != "block")
+    LATTICE_FAIL() << "--recompute-method must be uniform or block, got '" << m << "'";
+  if (g == "full" && m.empty())
+    LATTICE_FAIL() << "--recompute-granularity full needs --recompute-method uniform or block";
+  if (g != "full" && !m.empty())
+    LATTICE_FAIL() << "--recompute-method " << m << " needs --recompute-granularity full";
+  if (g != "full" && recompute_num_layers != 0)
+    LATTICE_FAIL() << "--recompute-num-layers needs --recompute-granularity full";
+  if (g == "full" && (recompute_num_layers < 1 || recompute_num_layers > num_layers))
+    LATTICE_FAIL() << "--recompute-num-layers must be in [1, --num-layers " << num_layers << "] with --recompute-method "
+                   << m << ", got " << recompute_num_layers;
 }
 
 }  // namespace lattice

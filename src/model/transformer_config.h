@@ -23,10 +23,23 @@ struct TransformerConfig {
   float init_method_std = 0.02f;
   GeluKind gelu = GeluKind::erf;      // --openai-gelu -> tanh
   bool untie_embeddings_and_output_weights = false;
+  // Activation recomputation (docs/memory.md). It changes memory and time, never the
+  // math, so checkpoints do not record it.
+  //   full + uniform: each chunk's layers in groups of recompute_num_layers; only a
+  //                   group's input is kept, its forward reruns in backward
+  //   full + block:   the first recompute_num_layers layers of each chunk recomputed
+  //   selective:      the core attention's output and statistics recomputed
+  // recompute_num_layers is clamped to each chunk's layers (a pipeline stage may hold
+  // fewer than num_layers).
+  std::string recompute_granularity;  // "" | full | selective
+  std::string recompute_method;       // "" | uniform | block (full only)
+  int64_t recompute_num_layers = 0;   // >= 1 with full
 
   // Fills the derived fields (ffn, kv_channels, padded vocab) and checks the
   // combination; errors name the flag (e.g. --num-attention-heads).
   void finalize(int64_t tensor_model_parallel_size = 1);
+  // The recompute fields' part of finalize().
+  void check_recompute() const;
 };
 
 // Megatron's padding: ceil(V / (divisible_by * tp)) * (divisible_by * tp).

@@ -216,17 +216,29 @@ void reject_unimplemented(const TrainArgs& a) {
     if (used) LATTICE_FAIL() << "--" << flag << " is not implemented yet";
   };
   reject(a.zero_stage != d.zero_stage, "zero-stage");
-  reject(a.bf16, "bf16");
-  reject(a.fp16, "fp16");
   reject(a.grad_reduce_in_bf16, "grad-reduce-in-bf16");
-  reject(a.loss_scale != d.loss_scale, "loss-scale");
-  reject(!a.fp8_format.empty(), "fp8-format");
-  reject(!a.recompute_granularity.empty(), "recompute-granularity");
-  reject(a.log_memory, "log-memory");
+}
+
+// --bf16 / --fp16 / --fp8-format and the loss-scale flags.
+void validate_precision(const TrainArgs& a) {
+  const TrainArgs d;
+  if (a.bf16 && a.fp16) LATTICE_FAIL() << "--bf16 and --fp16 are exclusive";
+  if (!a.fp16 && (a.loss_scale != d.loss_scale || a.initial_loss_scale != d.initial_loss_scale ||
+                  a.min_loss_scale != d.min_loss_scale || a.loss_scale_window != d.loss_scale_window ||
+                  a.hysteresis != d.hysteresis))
+    LATTICE_FAIL() << "--loss-scale, --initial-loss-scale, --min-loss-scale, --loss-scale-window and --hysteresis "
+                      "need --fp16";
+  if (a.loss_scale < 0) LATTICE_FAIL() << "--loss-scale must be >= 0 (0: dynamic), got " << a.loss_scale;
+  if (!a.fp8_format.empty() && a.fp8_format != "e4m3" && a.fp8_format != "hybrid")
+    LATTICE_FAIL() << "--fp8-format must be e4m3 or hybrid, got '" << a.fp8_format << "'";
+  if (a.fp8_format.empty() && (a.fp8_margin != d.fp8_margin || a.fp8_amax_history_len != d.fp8_amax_history_len ||
+                               a.fp8_amax_compute_algo != d.fp8_amax_compute_algo))
+    LATTICE_FAIL() << "--fp8-margin, --fp8-amax-history-len and --fp8-amax-compute-algo need --fp8-format";
 }
 
 void validate(TrainArgs& a) {
   reject_unimplemented(a);
+  validate_precision(a);
   auto positive = [](const char* flag, int64_t v) {
     if (v <= 0) LATTICE_FAIL() << "--" << flag << " is required and must be positive (got " << v << ")";
   };
@@ -295,6 +307,11 @@ void validate(TrainArgs& a) {
   if (a.tokenizer_type.empty() && a.vocab_size <= 0)
     LATTICE_FAIL() << "--vocab-size is required when no --tokenizer-type is given";
   if (a.num_threads < 0) LATTICE_FAIL() << "--num-threads must be >= 0";
+  // fp8's delayed scaling records each GEMM input's amax; a recomputed forward would
+  // record them twice and quantize with moved scales.
+  if (a.recompute_granularity == "full" && !a.fp8_format.empty())
+    LATTICE_FAIL() << "--recompute-granularity full is not supported with --fp8-format (the recomputed forward "
+                      "would record fp8 amaxes twice); use --recompute-granularity selective";
   // Model-shape checks (heads dividing hidden size, ...) live in TransformerConfig.
   TransformerConfig cfg = a.transformer_config();
   if (tokenizer_vocab_size > 0) cfg.vocab_size = tokenizer_vocab_size;
@@ -319,6 +336,9 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.init_method_std = init_method_std;
   c.gelu = openai_gelu ? GeluKind::tanh : GeluKind::erf;
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
+  c.recompute_granularity = recompute_granularity;
+  c.recompute_method = recompute_method;
+  c.recompute_num_layers = recompute_num_layers;
   return c;
 }
 

@@ -67,6 +67,88 @@ std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt
   return s;
 }
 
+std::vector<double> gather_per_rank(ParallelState& ps, double value) {
+  std::vector<double> v(static_cast<size_t>(ps.world_size()), 0.0);
+  v[size_t(ps.world_rank())] = value;
+  if (ps.world_size() > 1) ps.world().all_reduce(v.data(), int64_t(v.size()), ReduceOp::sum);
+  return v;
+}
+
+namespace {
+
+double mb(size_t bytes) { return double(bytes) / 1e6; }
+
+// "4 weights + 4 gradients + 8 Adam = 16" or, sharded, "8 + (8 Adam + 4 staging)/d".
+std::string bytes_per_parameter(const MemoryLayout& m) {
+  const PrecisionBytes& p = m.precision;
+  const int opt = m.optimizer == "sgd" ? 4 : 8;
+  const char* name = m.optimizer == "sgd" ? "SGD" : "Adam";
+  std::string whole = std::to_string(p.main_params) + " main parameters";
+  if (p.weight_copy > 0) whole += " + " + std::to_string(p.weight_copy) + " weight copy";
+  whole += " + " + std::to_string(p.grads) + " gradients";
+  const int fixed = p.main_params + p.weight_copy + p.grads;
+  char buf[256];
+  if (m.distributed_optimizer)
+    std::snprintf(buf, sizeof buf, "%s + (%d %s + 4 gradient staging)/d = %d + %d/d bytes per parameter, d = %d",
+                  whole.c_str(), opt, name, fixed, opt + 4, m.dp);
+  else
+    std::snprintf(buf, sizeof buf, "%s + %d %s = %d bytes per parameter", whole.c_str(), opt, name, fixed + opt);
+  return buf;
+}
+
+}  // namespace
+
+std::string format_memory_estimate(const MemoryLayout& m, const std::vector<RankMemory>& ranks,
+                                   const std::string& baseline_note) {
+  std::string s = "> memory estimate per rank (MB): model state " + bytes_per_parameter(m) +
+                  "; activations = micro-batches in flight x one micro-batch + shared scratch; baseline = " +
+                  baseline_note + "\n";
+  char buf[640];
+  for (const RankMemory& r : ranks) {
+    std::snprintf(buf, sizeof buf,
+                  "  rank %d (tp %d, pp %d, dp %d): %.2fM parameters | parameters %.1f, ", r.world_rank, r.tp_rank,
+                  r.pp_rank, r.dp_rank, double(r.parameters) / 1e6, mb(r.param_bytes));
+    s += buf;
+    if (r.weight_copy_bytes > 0) {
+      std::snprintf(buf, sizeof buf, "weight copy %.1f, ", mb(r.weight_copy_bytes));
+      s += buf;
+    }
+    std::snprintf(buf, sizeof buf, "gradients %.1f, optimizer state %.1f (%.2fM owned)", mb(r.grad_bytes),
+                  mb(r.optimizer_bytes), double(r.owned_parameters) / 1e6);
+    s += buf;
+    if (r.grad_staging_bytes > 0) {
+      std::snprintf(buf, sizeof buf, ", gradient staging %.1f", mb(r.grad_staging_bytes));
+      s += buf;
+    }
+    if (r.comm_staging_bytes > 0) {
+      std::snprintf(buf, sizeof buf, ", MPI reduction copies %.1f", mb(r.comm_staging_bytes));
+      s += buf;
+    }
+    const size_t scratch = r.activation_bytes - size_t(r.activation_slots) * r.activation_bytes_per_micro_batch;
+    std::snprintf(buf, sizeof buf, " | activations %.1f (%d x %.1f + %.1f) | baseline %.1f | peak %.1f MB\n",
+                  mb(r.activation_bytes), r.activation_slots, mb(r.activation_bytes_per_micro_batch), mb(scratch),
+                  mb(r.baseline_bytes), mb(r.peak_bytes()));
+    s += buf;
+  }
+  s.pop_back();  // the last newline
+  return s;
+}
+
+std::string format_memory_measured(const std::vector<RankMemory>& ranks, const std::vector<double>& peak,
+                                   int64_t iterations) {
+  std::string s = "> memory after " + std::to_string(iterations) +
+                  " iteration(s): peak resident memory (VmHWM) of each rank beside its estimate\n";
+  char buf[200];
+  for (const RankMemory& r : ranks) {
+    const double got = peak[size_t(r.world_rank)], want = double(r.peak_bytes());
+    std::snprintf(buf, sizeof buf, "  rank %d: peak resident %.1f MB, estimate %.1f MB (%+.1f%%)\n", r.world_rank,
+                  got / 1e6, want / 1e6, 100.0 * (got - want) / want);
+    s += buf;
+  }
+  s.pop_back();  // the last newline
+  return s;
+}
+
 std::string format_comm_report(const CommStats& d, int64_t iterations, double exposed) {
   std::string s = "> communication per iteration:";
   char buf[160];

@@ -4,8 +4,10 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dist/parallel_state.h"
+#include "train/memory_estimate.h"
 
 namespace lattice {
 
@@ -27,6 +29,20 @@ struct MemoryFootprint {
 // "> memory per rank: ... bytes per parameter ..." (Megatron's report, with the bytes
 // per parameter of the distributed optimizer: 8 + 8/d for fp32).
 std::string format_memory_report(const MemoryFootprint& m, int dp_size, bool distributed_optimizer);
+
+// --log-memory: one value per world rank, known to every rank (each rank's value summed
+// into its own slot over the world group).
+std::vector<double> gather_per_rank(ParallelState& ps, double value);
+
+// --log-memory and --dry-run: the bytes-per-parameter formula, then one line per rank
+// with its estimate ("  rank R (tp T, pp P, dp D): ... -> peak X MB"). baseline_note says
+// where the baseline was measured.
+std::string format_memory_estimate(const MemoryLayout& layout, const std::vector<RankMemory>& ranks,
+                                   const std::string& baseline_note);
+// --log-memory after the first iterations: per rank "  rank R: peak resident X MB,
+// estimate Y MB (+Z%)", peak_resident[R] in bytes (VmHWM).
+std::string format_memory_measured(const std::vector<RankMemory>& ranks, const std::vector<double>& peak_resident,
+                                   int64_t iterations);
 
 // One line with the bytes and seconds of each collective since the last report.
 std::string format_comm_report(const CommStats& delta, int64_t iterations, double exposed_grad_sync_seconds);

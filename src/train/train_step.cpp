@@ -1,16 +1,44 @@
 #include "train/train_step.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <memory>
 
+#include "dist/comm.h"
+#include "model/mixed_precision.h"
+#include "optim/loss_scaler.h"
 #include "pipeline/pipeline_runner.h"
-
+#include "kernels/elementwise.h"
 #include "train/data_parallel.h"
 
 namespace lattice {
 namespace {
 
+// Whether any gradient of this rank is inf or nan.
+bool local_grads_non_finite(const ParamBuffer& params) {
+  const float* g = params.grads();
+  const int64_t n = params.numel();
+  int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+  for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(g[i]);
+  return bad != 0;
+}
+
+// fp16: divides the gradients by the loss scale and tells whether any rank found an
+// inf/nan (MAX over the tensor-, pipeline- and data-parallel groups: every rank).
+bool unscale_and_check(ParamBuffer& params, double scale, DataParallel* dp, Comm* tp, Comm* pp) {
+  bool bad = local_grads_non_finite(params);
+  double found = bad ? 1.0 : 0.0;
+  for (Comm* c : {tp, pp, dp ? &dp->comm() : nullptr})
+    if (c && c->size() > 1) c->all_reduce(&found, 1, ReduceOp::max);
+  if (found > 0) return true;
+  scale_inplace(params.grads(), float(1.0 / scale), params.numel());
+  return false;
+}
+
 // Zero grads, forward-backward over this rank's micro-batches, gradient reductions,
-// clip: everything before the update.
+// clip: everything before the update (with fp16, `skipped` when the gradients overflowed).
 StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, const StepConfig& cfg,
                                  int64_t iteration, DataParallel* dp, PipelineRunner* pipeline) {
   const int64_t B = cfg.micro_batch_size, T = cfg.seq_length;
@@ -22,6 +50,7 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     pipeline = one_stage.get();
   }
   if (dp) dp->finish_param_gather();  // the previous step's sharded update
+  if (cfg.precision) cfg.precision->refresh_weights();
   model.params().zero_grad();
   auto fetch = [&](int64_t m, int32_t* tokens) {
     const int64_t first = dp ? dp->first_sample(iteration, cfg.global_batch_size, B, m)
@@ -35,7 +64,9 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     if (dp) dp->grad_sync().begin_backward(last);
   };
   StepResult r;
-  r.lm_loss = pipeline->train(fetch, key_of, num_micro, B, T, 1.0f / float(num_micro), before_backward);
+  r.loss_scale = cfg.loss_scaler ? cfg.loss_scaler->scale() : 1.0;
+  r.lm_loss = pipeline->train(fetch, key_of, num_micro, B, T, float(r.loss_scale / double(num_micro)),
+                              before_backward);
   r.lm_loss = pipeline->from_last_stage(r.lm_loss / double(num_micro));
   pipeline->finish_shared_embedding_grads();
   Comm* tp = model.tensor_parallel().comm;
@@ -44,11 +75,19 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     dp->finish_grad_sync();
     model.finish_sequence_parallel_grads(dp->owned_ranges());
     r.lm_loss = dp->average(r.lm_loss);
-    r.grad_norm = dp->clip_grad_norm(cfg.clip_grad, tp, pp);
   } else {
     model.finish_sequence_parallel_grads({});
-    r.grad_norm = clip_grad_norm(model.params(), cfg.clip_grad, {}, nullptr, tp, pp);
   }
+  const auto& inject = cfg.inject_inf_iterations;
+  if (std::find(inject.begin(), inject.end(), iteration) != inject.end() && model.params().numel() > 0)
+    model.params().grads()[0] = std::numeric_limits<float>::infinity();
+  if (cfg.loss_scaler) {
+    r.skipped = unscale_and_check(model.params(), r.loss_scale, dp, tp, pp);
+    cfg.loss_scaler->update(r.skipped);
+    if (r.skipped) return r;
+  }
+  r.grad_norm = dp ? dp->clip_grad_norm(cfg.clip_grad, tp, pp)
+                   : clip_grad_norm(model.params(), cfg.clip_grad, {}, nullptr, tp, pp);
   return r;
 }
 
@@ -58,7 +97,8 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       const StepConfig& cfg, int64_t iteration, const OptimizerParamScheduler& scheduler,
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
-  optimizer.step(scheduler);
+  if (!r.skipped) optimizer.step(scheduler);
+  if (cfg.precision) cfg.precision->refresh_weights();
   if (dp) dp->start_param_gather();
   if (dp && !dp->config().overlap_param_gather) dp->finish_param_gather();
   return r;
@@ -68,7 +108,8 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       const StepConfig& cfg, int64_t iteration, double lr, double weight_decay,
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
-  optimizer.step(lr, weight_decay);
+  if (!r.skipped) optimizer.step(lr, weight_decay);
+  if (cfg.precision) cfg.precision->refresh_weights();
   if (dp) dp->start_param_gather();
   if (dp && !dp->config().overlap_param_gather) dp->finish_param_gather();
   return r;

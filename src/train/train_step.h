@@ -14,6 +14,8 @@
 namespace lattice {
 
 class DataParallel;
+class LossScaler;
+class MixedPrecisionPolicy;
 class PipelineRunner;
 
 struct StepConfig {
@@ -22,12 +24,22 @@ struct StepConfig {
   int64_t seq_length = 0;
   double clip_grad = 1.0;
   uint64_t seed = 1234;
+  // fp16 loss scaling (null: none). The loss gradient is multiplied by the scaler's scale and
+  // the gradients by 1/scale after their reductions; when any gradient on any rank is inf or
+  // nan the update is skipped (StepResult::skipped). The scaler is updated every step.
+  LossScaler* loss_scaler = nullptr;
+  // Mixed precision (null: fp32): told after each update that the main parameters changed.
+  MixedPrecisionPolicy* precision = nullptr;
+  // Test hook (no flag): at these iterations an inf is written into this rank's first
+  // gradient after backward, as an fp16 overflow would leave it.
+  std::vector<int64_t> inject_inf_iterations;
 };
 
 struct StepResult {
   double lm_loss = 0;    // mean over micro-batches of each micro-batch's mean token loss
   double grad_norm = 0;  // before clipping
   bool skipped = false;  // no update was applied (fp16 inf/nan); the LR scheduler must not step
+  double loss_scale = 1;  // the scale this step's gradients were computed with
 };
 
 // Runs iteration `iteration` (0-based) on samples [iteration*GBS, (iteration+1)*GBS); each

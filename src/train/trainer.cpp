@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -30,6 +31,8 @@
 #include "train/distributed_setup.h"
 #include "train/flops.h"
 #include "train/lr_schedule.h"
+#include "train/precision_setup.h"
+#include "train/memory_estimate.h"
 #include "train/train_step.h"
 
 namespace lattice {
@@ -163,6 +166,27 @@ PipelineLayout pipeline_layout(const TrainArgs& args) {
                               args.decoder_last_pipeline_num_layers);
 }
 
+// The inputs of the per-rank memory estimate (--log-memory, --dry-run). fp32 today;
+// --bf16 keeps a bf16 copy of the weights beside the fp32 parameters and gradients.
+MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, int dp, const PipelineLayout& pipe,
+                           int64_t num_micro) {
+  MemoryLayout m;
+  m.config = cfg;
+  m.micro_batch_size = args.micro_batch_size;
+  m.seq_length = args.seq_length;
+  m.tp = int(args.tensor_model_parallel_size);
+  m.pp = pipe.stages;
+  m.dp = dp;
+  m.sequence_parallel = args.sequence_parallel;
+  m.distributed_optimizer = args.use_distributed_optimizer;
+  m.ddp_bucket_size = args.ddp_bucket_size;
+  m.pipeline = pipe;
+  m.num_micro_batches = num_micro;
+  m.optimizer = args.optimizer;
+  if (args.bf16) m.precision.weight_copy = 2;
+  return m;
+}
+
 // --dry-run: the layout and each stage's schedule, without training. The data-parallel
 // size is the one mpirun gives, or 1 in a single process.
 int print_dry_run(const TrainArgs& args) {
@@ -189,6 +213,14 @@ int print_dry_run(const TrainArgs& args) {
                 (long long)std::max<int64_t>(0, warmup_forwards(ops) - 1), max_in_flight(ops));
   }
   std::fputs(format_timeline(pipe, num_micro).c_str(), stdout);
+  TransformerConfig cfg = args.transformer_config();
+  if (!args.tokenizer_type.empty())
+    cfg.vocab_size = make_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)->vocab_size();
+  cfg.finalize(tp);
+  const MemoryLayout mem = memory_layout(args, cfg, layout.dp, pipe, num_micro);
+  std::puts(format_memory_estimate(mem, estimate_all_ranks(mem, resident_bytes()),
+                                   "this dry run's resident memory (binary and libraries, no MPI: a run under "
+                                   "mpirun adds MPI's buffers)").c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -229,6 +261,7 @@ int run_training(const TrainArgs& args) {
   const int stage = ps->pp_rank();
   const ModelPlacement placement{stage_layers(pipe, stage), stage == 0, stage == pipe.stages - 1,
                                  max_in_flight(pipeline_schedule(pipe, num_micro, stage))};
+  const size_t baseline_bytes = resident_bytes();  // --log-memory: the process before the model exists
   GPTModel model(cfg, args.micro_batch_size, args.seq_length, TensorParallel{&ps->tp(), args.sequence_parallel},
                  placement);
   PipelineRunner pipeline(model, pipe, &ps->pp(), ps->embedding());
@@ -245,6 +278,10 @@ int run_training(const TrainArgs& args) {
     dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg);
   }
   Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{});
+  // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
+  const std::unique_ptr<MixedPrecisionPolicy> precision = make_precision_policy(args, &ps->tp());
+  if (precision) model.set_gemm_policy(precision.get());
+  const std::unique_ptr<LossScaler> loss_scaler = make_loss_scaler(args);
 
   const double flops = megatron_flops_per_iteration(cfg, args.global_batch_size, args.seq_length);
   const double peak = args.peak_tflops > 0 ? args.peak_tflops : measure_peak_tflops();
@@ -258,6 +295,7 @@ int run_training(const TrainArgs& args) {
                 2.0 * model.num_parameters() * 4 / 1e6, optimizer.state_bytes() / 1e6,
                 model.arena_bytes() / 1e6);
   log_info(hdr);
+  log_info(describe_precision(args, loss_scaler.get()));
   if (ps->world_size() > 1)
     log_info("> parallel layout: world " + std::to_string(ps->world_size()) + " = tp " +
              std::to_string(ps->layout().tp) + " x pp " + std::to_string(ps->layout().pp) + " x dp " +
@@ -271,6 +309,24 @@ int run_training(const TrainArgs& args) {
   mem.tensor_parallel = ps->tp().size();
   mem.sequence_parallel = model.tensor_parallel().sp();
   log_info(format_memory_report(mem, ps->dp().size(), args.use_distributed_optimizer));
+  // --log-memory: every rank's estimate (a function of the layout; each rank measured its
+  // own baseline), and after the first iterations each rank's measured peak beside it.
+  std::vector<RankMemory> memory_ranks;
+  if (args.log_memory) {
+    const MemoryLayout ml = memory_layout(args, cfg, ps->dp().size(), pipe, num_micro);
+    const std::vector<double> baselines = gather_per_rank(*ps, double(baseline_bytes));
+    for (int w = 0; w < ps->world_size(); ++w)
+      memory_ranks.push_back(estimate_rank_memory(ml, w, size_t(baselines[size_t(w)])));
+    log_info(format_memory_estimate(ml, memory_ranks,
+                                    "each rank's resident memory (VmRSS) at start-up before the model: binary, "
+                                    "libraries, oneDNN, MPI"));
+  }
+  bool memory_logged = false;
+  auto log_memory_peaks = [&](int64_t iterations) {
+    if (!args.log_memory || memory_logged) return;
+    memory_logged = true;
+    log_info(format_memory_measured(memory_ranks, gather_per_rank(*ps, double(peak_resident_bytes())), iterations));
+  };
 
   // Load before anything is written: a bad checkpoint leaves every file as it was.
   const TrainingProgress start = resume_point(args, model, optimizer, scheduler);
@@ -316,6 +372,10 @@ int run_training(const TrainArgs& args) {
 
   StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad,
                       start.seed};
+  step_cfg.loss_scaler = loss_scaler.get();
+  step_cfg.precision = precision.get();
+  step_cfg.inject_inf_iterations = test_inject_inf_iterations();
+  int64_t interval_skipped = 0, interval_nan = 0;
   const auto train_start = std::chrono::steady_clock::now();
   double interval_loss = 0, interval_ms = 0;
   int64_t interval_iters = 0;
@@ -329,7 +389,14 @@ int run_training(const TrainArgs& args) {
     interval_ms += timer.ms();
     pipeline_seconds += pipeline.last_seconds();
     pipeline_compute += pipeline.last_compute_seconds();
-    interval_loss += r.lm_loss;
+    // As Megatron: the loss is averaged over the applied iterations; a skipped one whose
+    // loss is inf/nan counts as a nan iteration.
+    if (r.skipped) {
+      ++interval_skipped;
+      if (!std::isfinite(r.lm_loss)) ++interval_nan;
+    } else {
+      interval_loss += r.lm_loss;
+    }
     last_norm = r.grad_norm;
     ++interval_iters;
     const int64_t done = it + 1;
@@ -342,8 +409,10 @@ int run_training(const TrainArgs& args) {
       l.elapsed_ms = interval_ms / double(interval_iters);
       l.tflops_per_gpu = flops / (l.elapsed_ms / 1e3) / 1e12;
       l.learning_rate = scheduler.get_lr();  // after the step, as Megatron logs it
-      l.lm_loss = interval_loss / double(interval_iters);
-      l.loss_scale = 1.0;
+      l.lm_loss = interval_loss / double(std::max<int64_t>(1, interval_iters - interval_skipped));
+      l.loss_scale = loss_scaler ? loss_scaler->scale() : 1.0;
+      l.skipped_iterations = interval_skipped;
+      l.nan_iterations = interval_nan;
       l.grad_norm = last_norm;
       l.tokens_per_sec = double(args.global_batch_size * args.seq_length) / (l.elapsed_ms / 1e3);
       l.mfu_percent = 100.0 * l.tflops_per_gpu / peak;
@@ -364,8 +433,9 @@ int run_training(const TrainArgs& args) {
       pipeline_seconds = pipeline_compute = 0;
       if (metrics.is_open()) metrics << format_metrics_json(l) << "\n" << std::flush;
       interval_loss = interval_ms = 0;
-      interval_iters = 0;
+      interval_iters = interval_skipped = interval_nan = 0;
     }
+    if (done - start.iteration == 3 || done == args.train_iters) log_memory_peaks(done - start.iteration);
     if (data.valid && done % args.eval_interval == 0) {
       run_eval(eval_prefix(done), "val", *data.valid, valid_pos, done);
       valid_pos += eval_samples;
@@ -381,6 +451,7 @@ int run_training(const TrainArgs& args) {
     }
     if (!reason.empty()) {
       if (!args.save.empty() && last_saved != done) save(done);
+      log_memory_peaks(done - start.iteration);
       log_info("> exiting after iteration " + std::to_string(done) + ": " + reason);
       return 0;
     }

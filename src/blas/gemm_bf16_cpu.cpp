@@ -1,0 +1,93 @@
+// bf16 GEMM: oneDNN's matmul primitive with bf16 source and weights and an fp32
+// destination (AVX512-BF16 dot-product instructions, fp32 accumulation), blocked for
+// threads as blas/blocking.h says. Strides express the transposes and leading
+// dimensions; beta != 0 is the matmul's sum post-op, alpha its output scale. oneDNN keeps
+// created primitives in its primitive cache, so each shape is JIT-compiled once.
+#include <dnnl.hpp>
+
+#include <atomic>
+#include <vector>
+
+#include "blas/blocking.h"
+#include "blas/gemm.h"
+#include "core/error.h"
+#include "kernels/cast.h"
+
+namespace lattice {
+namespace {
+
+std::atomic<bool> g_force_fallback{false};
+
+bool detect_native() {
+  const auto isa = dnnl_get_effective_cpu_isa();
+  return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+}
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+using dt = dnnl::memory::data_type;
+
+// C[M,N] = alpha op(A) op(B) + beta C through one matmul call (sequential inside OpenMP).
+void matmul_call(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  using dims = dnnl::memory::dims;
+  const dnnl::memory::desc a_md(dims{M, K}, dt::bf16, ta == Trans::N ? dims{lda, 1} : dims{1, lda});
+  const dnnl::memory::desc b_md(dims{K, N}, dt::bf16, tb == Trans::N ? dims{ldb, 1} : dims{1, ldb});
+  const dnnl::memory::desc c_md(dims{M, N}, dt::f32, dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(beta);
+    attr.set_post_ops(po);
+  }
+  dnnl::engine& eng = cpu_engine();
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
+  } catch (const dnnl::error& e) {
+    LATTICE_FAIL() << "oneDNN bf16 matmul unavailable for M=" << M << " N=" << N << " K=" << K << ": " << e.what();
+  }
+  dnnl::memory a(a_md, eng, const_cast<uint16_t*>(A)), b(b_md, eng, const_cast<uint16_t*>(B)), c(c_md, eng, C);
+  dnnl::stream s(eng);
+  dnnl::matmul(pd).execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  s.wait();
+}
+
+// op(X) rows x cols, X stored with leading dimension ld, widened to a dense fp32 copy of
+// the stored layout ([rows, cols] for N, [cols, rows] for T), leading dimension returned.
+int64_t widen(std::vector<float>& out, Trans t, int64_t rows, int64_t cols, const uint16_t* X, int64_t ld) {
+  const int64_t r = t == Trans::N ? rows : cols, c = t == Trans::N ? cols : rows;
+  out.resize(size_t(r * c));
+  for (int64_t i = 0; i < r; ++i) cast_bf16_to_fp32(out.data() + i * c, X + i * ld, c);
+  return c;
+}
+
+}  // namespace
+
+bool gemm_bf16_native() {
+  static const bool native = detect_native();
+  return native && !g_force_fallback.load();
+}
+
+void gemm_bf16_force_fallback(bool force) { g_force_fallback = force; }
+
+void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0 || !gemm_bf16_native()) {
+    std::vector<float> a, b;
+    const int64_t la = widen(a, ta, M, K, A, lda), lb = widen(b, tb, K, N, B, ldb);
+    gemm_f32(ta, tb, M, N, K, alpha, a.data(), la, b.data(), lb, beta, C, ldc);
+    return;
+  }
+  blas_detail::for_each_block(ta, tb, M, N, K, A, lda, B, ldb, C, ldc,
+                              [&](int64_t m, int64_t n, const uint16_t* a, const uint16_t* b, float* c) {
+    matmul_call(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+  });
+}
+
+}  // namespace lattice

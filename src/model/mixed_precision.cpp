@@ -1,0 +1,240 @@
+#include "model/mixed_precision.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "blas/gemm.h"
+#include "core/error.h"
+#include "dist/comm.h"
+
+namespace lattice {
+namespace {
+
+// Per-weight low-precision copies, re-made from the fp32 weight after refresh_weights.
+template <class T>
+class WeightCache {
+ public:
+  // The copy of weight `param` (n elements of W), converting when stale.
+  template <class Convert>
+  const T* get(int param, const float* W, int64_t n, const Convert& convert) {
+    if (param < 0) LATTICE_FAIL() << "mixed precision: a linear layer without a parameter index";
+    if (size_t(param) >= copies_.size()) {
+      copies_.resize(size_t(param) + 1);
+      fresh_.resize(size_t(param) + 1, false);
+    }
+    std::vector<T>& c = copies_[size_t(param)];
+    if (!fresh_[size_t(param)] || int64_t(c.size()) != n) {
+      c.resize(size_t(n));
+      convert(c.data(), W, n);
+      fresh_[size_t(param)] = true;
+    }
+    return c.data();
+  }
+  void invalidate() { std::fill(fresh_.begin(), fresh_.end(), false); }
+
+ private:
+  std::vector<std::vector<T>> copies_;
+  std::vector<bool> fresh_;
+};
+
+// bf16: bf16 patterns into gemm_bf16.
+class Bf16Policy final : public MixedPrecisionPolicy {
+ public:
+  const char* name() const override { return "bf16"; }
+  void refresh_weights() override { weights_.invalidate(); }
+
+  void forward(int param, float* y, const float* x, const float* W, int64_t N, int64_t in, int64_t out) override {
+    const uint16_t* Wb = weight(param, W, out * in);
+    const uint16_t* xb = operand(a_, x, N * in);
+    gemm_bf16(Trans::N, Trans::T, N, out, in, 1.0f, xb, in, Wb, in, 0.0f, y, out);
+    round_to_bf16(y, y, N * out);
+  }
+  void weight_grad(int, float* dW, const float* dy, const float* x, int64_t N, int64_t in, int64_t out) override {
+    const uint16_t* dyb = operand(a_, dy, N * out);
+    const uint16_t* xb = operand(b_, x, N * in);
+    gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f, dyb, out, xb, in, 1.0f, dW, in);
+  }
+  void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
+                  bool accumulate) override {
+    const uint16_t* Wb = weight(param, W, out * in);
+    const uint16_t* dyb = operand(a_, dy, N * out);
+    gemm_bf16(Trans::N, Trans::N, N, in, out, 1.0f, dyb, out, Wb, in, accumulate ? 1.0f : 0.0f, dx, in);
+    round_to_bf16(dx, dx, N * in);
+  }
+
+ private:
+  const uint16_t* weight(int param, const float* W, int64_t n) {
+    return weights_.get(param, W, n, [](uint16_t* o, const float* i, int64_t k) { cast_fp32_to_bf16(o, i, k); });
+  }
+  static const uint16_t* operand(std::vector<uint16_t>& buf, const float* v, int64_t n) {
+    buf.resize(size_t(n));
+    cast_fp32_to_bf16(buf.data(), v, n);
+    return buf.data();
+  }
+  WeightCache<uint16_t> weights_;
+  std::vector<uint16_t> a_, b_;
+};
+
+// fp16: fp16-rounded fp32 values into gemm_f32 (exact products, fp32 accumulation).
+class Fp16Policy final : public MixedPrecisionPolicy {
+ public:
+  const char* name() const override { return "fp16"; }
+  void refresh_weights() override { weights_.invalidate(); }
+
+  void forward(int param, float* y, const float* x, const float* W, int64_t N, int64_t in, int64_t out) override {
+    const float* Wh = weight(param, W, out * in);
+    const float* xh = operand(a_, x, N * in);
+    gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, xh, in, Wh, in, 0.0f, y, out);
+    round_to_fp16(y, y, N * out);
+  }
+  void weight_grad(int, float* dW, const float* dy, const float* x, int64_t N, int64_t in, int64_t out) override {
+    const float* dyh = operand(a_, dy, N * out);
+    const float* xh = operand(b_, x, N * in);
+    gemm_f32(Trans::T, Trans::N, out, in, N, 1.0f, dyh, out, xh, in, 1.0f, dW, in);
+  }
+  void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
+                  bool accumulate) override {
+    const float* Wh = weight(param, W, out * in);
+    const float* dyh = operand(a_, dy, N * out);
+    gemm_f32(Trans::N, Trans::N, N, in, out, 1.0f, dyh, out, Wh, in, accumulate ? 1.0f : 0.0f, dx, in);
+    round_to_fp16(dx, dx, N * in);
+  }
+
+ private:
+  const float* weight(int param, const float* W, int64_t n) {
+    return weights_.get(param, W, n, [](float* o, const float* i, int64_t k) { round_to_fp16(o, i, k); });
+  }
+  static const float* operand(std::vector<float>& buf, const float* v, int64_t n) {
+    buf.resize(size_t(n));
+    round_to_fp16(buf.data(), v, n);
+    return buf.data();
+  }
+  WeightCache<float> weights_;
+  std::vector<float> a_, b_;
+};
+
+// fp8 with delayed scaling; operands as bf16 patterns of the fp8 values (exact).
+class Fp8Policy final : public MixedPrecisionPolicy {
+ public:
+  Fp8Policy(const Fp8Recipe& r, Comm* tp) : recipe_(r), tp_(tp && tp->size() > 1 ? tp : nullptr) {}
+  const char* name() const override { return recipe_.backward == Fp8Format::e5m2 ? "fp8 hybrid" : "fp8 e4m3"; }
+  void refresh_weights() override { weights_.invalidate(); }
+
+  void forward(int param, float* y, const float* x, const float* W, int64_t N, int64_t in, int64_t out) override {
+    State& s = state(param);
+    const uint16_t* Wq = weight(s, param, W, out * in);
+    const float sx = s.x.scale();
+    const uint16_t* xq = quantize(a_, x, N * in, sx, recipe_.forward);
+    s.x.record(reduced_amax(x, N * in));
+    gemm_bf16(Trans::N, Trans::T, N, out, in, 1.0f / (sx * s.w_used), xq, in, Wq, in, 0.0f, y, out);
+  }
+  void weight_grad(int param, float* dW, const float* dy, const float* x, int64_t N, int64_t in,
+                   int64_t out) override {
+    State& s = state(param);
+    s.g_used = s.g.scale();
+    const uint16_t* gq = quantize(g_, dy, N * out, s.g_used, recipe_.backward);
+    s.g.record(reduced_amax(dy, N * out));
+    const float sx = s.x.scale();
+    const uint16_t* xq = quantize(a_, x, N * in, sx, recipe_.forward);
+    gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f / (s.g_used * sx), gq, out, xq, in, 1.0f, dW, in);
+    g_param_ = param;
+    g_ptr_ = dy;
+  }
+  void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
+                  bool accumulate) override {
+    State& s = state(param);
+    const uint16_t* Wq = weight(s, param, W, out * in);
+    // The output gradient as weight_grad quantized it (linear_backward calls it first).
+    const uint16_t* gq = g_.data();
+    float sg = s.g_used;
+    if (g_param_ != param || g_ptr_ != dy) {
+      sg = s.g.scale();
+      gq = quantize(g_, dy, N * out, sg, recipe_.backward);
+    }
+    gemm_bf16(Trans::N, Trans::N, N, in, out, 1.0f / (sg * s.w_used), gq, out, Wq, in, accumulate ? 1.0f : 0.0f,
+              dx, in);
+    g_param_ = -1;
+  }
+
+ private:
+  struct State {
+    DelayedScale x, w, g;
+    float w_used = 1.0f, g_used = 1.0f;  // the scales of the cached weight / last gradient
+  };
+  State& state(int param) {
+    if (param < 0) LATTICE_FAIL() << "fp8: a linear layer without a parameter index";
+    while (states_.size() <= size_t(param))
+      states_.push_back(State{DelayedScale(recipe_, recipe_.forward), DelayedScale(recipe_, recipe_.forward),
+                              DelayedScale(recipe_, recipe_.backward)});
+    return states_[size_t(param)];
+  }
+  // The weight on the fp8 grid with its current (delayed) scale; its amax enters the history.
+  const uint16_t* weight(State& s, int param, const float* W, int64_t n) {
+    return weights_.get(param, W, n, [&](uint16_t* o, const float* i, int64_t k) {
+      s.w_used = s.w.scale();
+      std::vector<float> q(static_cast<size_t>(k));
+      quantize_fp8(q.data(), i, k, s.w_used, recipe_.forward);
+      cast_fp32_to_bf16(o, q.data(), k);
+      s.w.record(reduced_amax(i, k));
+    });
+  }
+  const uint16_t* quantize(std::vector<uint16_t>& buf, const float* v, int64_t n, float scale, Fp8Format f) {
+    tmp_.resize(size_t(n));
+    quantize_fp8(tmp_.data(), v, n, scale, f);
+    buf.resize(size_t(n));
+    cast_fp32_to_bf16(buf.data(), tmp_.data(), n);  // exact: fp8 values are bf16 values
+    return buf.data();
+  }
+  float reduced_amax(const float* v, int64_t n) {
+    float a = abs_max(v, n);
+    if (tp_) tp_->all_reduce(&a, 1, ReduceOp::max);
+    return a;
+  }
+
+  Fp8Recipe recipe_;
+  Comm* tp_;
+  std::vector<State> states_;
+  WeightCache<uint16_t> weights_;
+  std::vector<uint16_t> a_, g_;
+  std::vector<float> tmp_;
+  int g_param_ = -1;
+  const float* g_ptr_ = nullptr;
+};
+
+}  // namespace
+
+void DelayedScale::record(float amax) {
+  history_.push_front(amax);
+  while (int64_t(history_.size()) > recipe_.amax_history_len) history_.pop_back();
+  float a = history_.front();
+  if (recipe_.amax_max)
+    for (float h : history_) a = std::isnan(h) || std::isnan(a) ? NAN : std::max(a, h);
+  if (!(a > 0) || !std::isfinite(a)) return;  // keep the scale
+  scale_ = float(double(fp8_max(format_)) / double(a) / std::ldexp(1.0, int(recipe_.margin)));
+}
+
+std::unique_ptr<MixedPrecisionPolicy> make_half_precision_policy(HalfFormat format) {
+  if (format == HalfFormat::bf16) return std::make_unique<Bf16Policy>();
+  return std::make_unique<Fp16Policy>();
+}
+
+Fp8Recipe make_fp8_recipe(const std::string& format, int64_t margin, int64_t amax_history_len,
+                          const std::string& amax_compute_algo) {
+  Fp8Recipe r;
+  if (format == "hybrid") r.backward = Fp8Format::e5m2;
+  else if (format != "e4m3") LATTICE_FAIL() << "--fp8-format must be e4m3 or hybrid, got '" << format << "'";
+  if (margin < 0) LATTICE_FAIL() << "--fp8-margin must be >= 0, got " << margin;
+  if (amax_history_len < 1) LATTICE_FAIL() << "--fp8-amax-history-len must be >= 1, got " << amax_history_len;
+  if (amax_compute_algo == "max") r.amax_max = true;
+  else if (amax_compute_algo != "most_recent")
+    LATTICE_FAIL() << "--fp8-amax-compute-algo must be most_recent or max, got '" << amax_compute_algo << "'";
+  r.margin = margin;
+  r.amax_history_len = amax_history_len;
+  return r;
+}
+
+std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp) {
+  return std::make_unique<Fp8Policy>(recipe, tp);
+}
+
+}  // namespace lattice

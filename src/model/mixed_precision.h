@@ -1,0 +1,75 @@
+// Mixed precision for the linear layers: GemmPolicy implementations (model/linear.h)
+// for --bf16, --fp16 and --fp8-format. The parameters themselves stay fp32 (they are
+// the optimizer's main parameters); each policy keeps its own low-precision copy of
+// every weight, re-made after each update (refresh_weights), and rounds the other GEMM
+// operand (activation or output gradient) to the format per GEMM. Products are
+// accumulated in fp32.
+//   bf16: weights and operands in bf16, oneDNN's bf16 matmul (blas gemm_bf16); the GEMM
+//         results (layer outputs y, input gradients dx) rounded to bf16.
+//   fp16: weights and operands rounded to fp16 (overflow -> inf, which the loss scaler
+//         detects), multiplied by the fp32 GEMM: a product of two fp16 values is exact
+//         in fp32, so this is fp16 arithmetic with fp32 accumulation. Results rounded to fp16.
+//   fp8:  operands quantized per tensor (x * scale onto the e4m3 / e5m2 grid, saturating)
+//         with delayed scaling: each tensor's scale comes from the amax history of its
+//         earlier uses, scale = fp8_max / amax / 2^margin (amax 0 or not finite: the scale
+//         is kept; before any history: 1). e4m3 forward; hybrid: e5m2 for the output
+//         gradients. fp8 values are exact in bf16, so the products run on gemm_bf16 and the
+//         fp32 sum is multiplied by 1 / (scale_a * scale_b). Outputs stay fp32. The amax of
+//         every tensor is MAX-reduced over the tensor-parallel group (the ranks that share
+//         the layer) before it enters the history, so all of them use the same scales.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cast.h"
+#include "model/linear.h"
+
+namespace lattice {
+
+class Comm;
+
+class MixedPrecisionPolicy : public GemmPolicy {
+ public:
+  // The main (fp32) parameters changed: the low-precision weight copies are re-made from
+  // them at their next use.
+  virtual void refresh_weights() = 0;
+  virtual const char* name() const = 0;
+};
+
+enum class HalfFormat { bf16, fp16 };
+std::unique_ptr<MixedPrecisionPolicy> make_half_precision_policy(HalfFormat format);
+
+struct Fp8Recipe {
+  Fp8Format forward = Fp8Format::e4m3;   // activations and weights
+  Fp8Format backward = Fp8Format::e4m3;  // output gradients (e5m2 with --fp8-format hybrid)
+  int64_t margin = 0;                    // --fp8-margin
+  int64_t amax_history_len = 1;          // --fp8-amax-history-len
+  bool amax_max = false;                 // --fp8-amax-compute-algo max (false: most_recent)
+};
+
+// The recipe for the flags; errors name the flag. format: e4m3 | hybrid.
+Fp8Recipe make_fp8_recipe(const std::string& format, int64_t margin, int64_t amax_history_len,
+                          const std::string& amax_compute_algo);
+
+// tp: the tensor-parallel group (null or size 1: no amax reduction).
+std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp);
+
+// Delayed scaling of one tensor: the amax history and the scale derived from it.
+class DelayedScale {
+ public:
+  explicit DelayedScale(const Fp8Recipe& r, Fp8Format f) : recipe_(r), format_(f) {}
+  float scale() const { return scale_; }
+  // Records the amax of the tensor's latest use and recomputes the scale.
+  void record(float amax);
+
+ private:
+  Fp8Recipe recipe_;
+  Fp8Format format_;
+  std::deque<float> history_;
+  float scale_ = 1.0f;
+};
+
+}  // namespace lattice

@@ -1,0 +1,203 @@
+#include "train/memory_estimate.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+#include "dist/comm.h"
+#include "model/gpt_model.h"
+#include "optim/grad_sync.h"
+#include "optim/param_buffer.h"
+
+namespace lattice {
+
+namespace {
+
+// A tensor-parallel group of `size` ranks that only answers rank() and size(): enough
+// for GPTModel::activation_bytes, which sizes the arena from the group's size. Any
+// transfer is a bug.
+class LayoutOnlyComm : public Comm {
+ public:
+  LayoutOnlyComm(int rank, int size) : Comm("tp (layout only)"), rank_(rank), size_(size) {
+    for (int r = 0; r < size; ++r) ranks_.push_back(r);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& world_ranks() const override { return ranks_; }
+  void all_reduce(float*, int64_t, ReduceOp) override { no_transfer(); }
+  void all_reduce(double*, int64_t, ReduceOp) override { no_transfer(); }
+  std::unique_ptr<CommRequest> iall_reduce(float*, int64_t) override { no_transfer(); }
+  std::unique_ptr<CommRequest> ireduce_scatter(const float*, float*, const std::vector<int64_t>&) override {
+    no_transfer();
+  }
+  std::unique_ptr<CommRequest> iall_gather(float*, const std::vector<int64_t>&) override { no_transfer(); }
+  void broadcast(void*, int64_t, int) override { no_transfer(); }
+  void send(const float*, int64_t, int, int) override { no_transfer(); }
+  void recv(float*, int64_t, int, int) override { no_transfer(); }
+  std::unique_ptr<CommRequest> isend(const float*, int64_t, int, int) override { no_transfer(); }
+  std::unique_ptr<CommRequest> irecv(float*, int64_t, int, int) override { no_transfer(); }
+  void barrier() override { no_transfer(); }
+
+ private:
+  [[noreturn]] static void no_transfer() { LATTICE_FAIL() << "the memory estimate's layout-only group cannot communicate"; }
+  int rank_, size_;
+  std::vector<int> ranks_;
+};
+
+// The parameters GPTModel registers for `place` on TP rank r of P, in its order and with
+// its split (column-parallel dim 0, row-parallel dim 1, replicated -1), so the flat
+// buffer's alignment padding and gradient buckets come out as the model's. Registry
+// only: nothing is allocated. (tests/unit/test_memory_estimate.cpp compares it with a
+// real model.)
+ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const ModelPlacement& place) {
+  ParamBuffer pb;
+  const int64_t C = c.hidden_size, F = c.ffn_hidden_size, Vp = c.padded_vocab_size;
+  auto add = [&](const std::string& name, const Shape& shape, int split) {
+    pb.add_tp(name, shape, ParamInit::zeros, 0, split, r, P);
+  };
+  const bool tied = !c.untie_embeddings_and_output_weights;
+  if (place.pre_process) {
+    add("embedding.word_embeddings.weight", {Vp, C}, 0);                          // [Vp/P, C]
+    add("embedding.position_embeddings.weight", {c.max_position_embeddings, C}, -1);
+  }
+  for (auto [begin, end] : place.chunks)
+    for (int64_t l = begin; l < end; ++l) {
+      const std::string p = "decoder.layers." + std::to_string(l) + ".";
+      add(p + "input_layernorm.weight", {C}, -1);
+      add(p + "input_layernorm.bias", {C}, -1);
+      add(p + "self_attention.linear_qkv.weight", {3 * C, C}, 0);  // [3C/P, C]
+      add(p + "self_attention.linear_qkv.bias", {3 * C}, 0);
+      add(p + "self_attention.linear_proj.weight", {C, C}, 1);     // [C, C/P]
+      add(p + "self_attention.linear_proj.bias", {C}, -1);
+      add(p + "pre_mlp_layernorm.weight", {C}, -1);
+      add(p + "pre_mlp_layernorm.bias", {C}, -1);
+      add(p + "mlp.linear_fc1.weight", {F, C}, 0);                 // [F/P, C]
+      add(p + "mlp.linear_fc1.bias", {F}, 0);
+      add(p + "mlp.linear_fc2.weight", {C, F}, 1);                 // [C, F/P]
+      add(p + "mlp.linear_fc2.bias", {C}, -1);
+    }
+  if (place.post_process) {
+    add("decoder.final_layernorm.weight", {C}, -1);
+    add("decoder.final_layernorm.bias", {C}, -1);
+    if (!tied) add("output_layer.weight", {Vp, C}, 0);
+    else if (!place.pre_process) add("embedding.word_embeddings.weight", {Vp, C}, 0);  // the last stage's copy
+  }
+  return pb;
+}
+
+// Elements of real parameters inside `ranges` (the optimizer keeps state for these; the
+// alignment padding between parameters has none).
+int64_t parameters_in(const ParamBuffer& pb, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  int64_t n = 0;
+  for (auto [rb, re] : ranges)
+    for (const ParamInfo& p : pb.infos()) n += std::max<int64_t>(0, std::min(re, p.offset + p.numel) - std::max(rb, p.offset));
+  return n;
+}
+
+// Children of `rank` in the binomial reduction tree over p ranks rooted at 0 (round r:
+// a rank divisible by 2^r receives from rank + 2^(r-1)).
+int binomial_children(int rank, int p) {
+  int children = 0;
+  for (int r = 1; (1 << (r - 1)) < p; ++r) {
+    if (rank % (1 << r) != 0) break;
+    if (rank + (1 << (r - 1)) < p) ++children;
+  }
+  return children;
+}
+
+int ceil_log2(int p) {
+  int r = 0;
+  while ((1 << r) < p) ++r;
+  return r;
+}
+
+// Copies of the gradient buffer the DP group's collective keeps on `rank` (see RankMemory).
+int comm_staging_copies(int rank, int dp, bool reduce_scatter) {
+  if (dp <= 1) return 0;
+  const int k = binomial_children(rank, dp);
+  if (reduce_scatter) return std::min(k, 2);
+  return (k > 0 || ceil_log2(dp) % 2 == 1) ? 1 : 0;
+}
+
+size_t status_field_bytes(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const size_t len = std::strlen(field);
+  while (std::getline(in, line))
+    if (line.compare(0, len, field) == 0 && line.size() > len && line[len] == ':') {
+      unsigned long long kb = 0;
+      if (std::sscanf(line.c_str() + len + 1, "%llu", &kb) == 1) return size_t(kb) * 1024;  // "VmRSS:  1234 kB"
+    }
+  return 0;
+}
+
+}  // namespace
+
+RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t baseline_bytes) {
+  LATTICE_CHECK(m.config.padded_vocab_size > 0) << "memory estimate: TransformerConfig::finalize() not called";
+  LATTICE_CHECK(m.pipeline.stages == m.pp) << "memory estimate: pipeline layout of " << m.pipeline.stages
+                                            << " stages for pp " << m.pp;
+  RankMemory r;
+  r.world_rank = world_rank;
+  r.tp_rank = world_rank % m.tp;
+  r.dp_rank = (world_rank / m.tp) % m.dp;
+  r.pp_rank = world_rank / (m.tp * m.dp);
+  r.baseline_bytes = baseline_bytes;
+
+  ModelPlacement place{stage_layers(m.pipeline, r.pp_rank), r.pp_rank == 0, r.pp_rank == m.pp - 1, 1};
+  place.slots = max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, r.pp_rank));
+  const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place);
+  r.buffer_elements = pb.numel();
+  r.parameters = parameters_in(pb, {{0, pb.numel()}});
+  if (m.distributed_optimizer) {
+    // The model's gradient buckets, reduce-scattered: this DP rank owns its even share of each.
+    const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(m.dp);
+    std::vector<std::pair<int64_t, int64_t>> owned;
+    for (const Bucket& b : make_buckets(pb, bucket, m.dp)) {
+      const int64_t s = b.shard_begin(r.dp_rank);
+      owned.emplace_back(s, s + b.shard_counts[size_t(r.dp_rank)]);
+      r.grad_staging_bytes += size_t(b.shard_counts[size_t(r.dp_rank)]) * sizeof(float);
+    }
+    r.owned_parameters = parameters_in(pb, owned);
+  } else {
+    r.owned_parameters = r.parameters;
+  }
+  const PrecisionBytes& p = m.precision;
+  r.param_bytes = size_t(r.buffer_elements) * size_t(p.main_params);
+  r.weight_copy_bytes = size_t(r.buffer_elements) * size_t(p.weight_copy);
+  r.grad_bytes = size_t(r.buffer_elements) * size_t(p.grads);
+  r.optimizer_bytes = size_t(r.owned_parameters) * (m.optimizer == "sgd" ? 4 : 8);
+  r.comm_staging_bytes = size_t(comm_staging_copies(r.dp_rank, m.dp, m.distributed_optimizer)) *
+                         size_t(r.buffer_elements) * size_t(p.grads);
+  // The tied word embedding's gradient, all-reduced in place between the first and last
+  // stage (a group of 2: one copy on both), at another moment than the DP reduction.
+  if (m.pp > 1 && !m.config.untie_embeddings_and_output_weights && (place.pre_process || place.post_process))
+    r.comm_staging_bytes = std::max(r.comm_staging_bytes, size_t(m.config.padded_vocab_size / m.tp) *
+                                                              size_t(m.config.hidden_size) * size_t(p.grads));
+
+  LayoutOnlyComm group(r.tp_rank, m.tp);
+  const TensorParallel tp{m.tp > 1 ? &group : nullptr, m.sequence_parallel};
+  const int64_t B = m.micro_batch_size, T = m.seq_length;
+  r.activation_slots = place.slots;
+  r.activation_bytes = GPTModel::activation_bytes(m.config, B, T, tp, place);
+  ModelPlacement one = place, two = place;
+  one.slots = 1;
+  two.slots = 2;
+  r.activation_bytes_per_micro_batch =
+      GPTModel::activation_bytes(m.config, B, T, tp, two) - GPTModel::activation_bytes(m.config, B, T, tp, one);
+  return r;
+}
+
+std::vector<RankMemory> estimate_all_ranks(const MemoryLayout& m, size_t baseline_bytes) {
+  std::vector<RankMemory> all;
+  for (int w = 0; w < m.tp * m.pp * m.dp; ++w) all.push_back(estimate_rank_memory(m, w, baseline_bytes));
+  return all;
+}
+
+size_t resident_bytes() { return status_field_bytes("VmRSS"); }
+size_t peak_resident_bytes() { return status_field_bytes("VmHWM"); }
+
+}  // namespace lattice

@@ -1,0 +1,86 @@
+// The memory of one rank, estimated from the parallel layout and the precision without
+// allocating the model (--log-memory, --dry-run; docs/memory.md). Megatron's accounting:
+//   model state = parameters x (weight bytes + gradient bytes) + owned parameters x
+//                 optimizer-state bytes, where a rank owns all of its parameters, or
+//                 1/DP of every gradient bucket with the distributed optimizer;
+//   activations = the stage's activation arena: micro-batches in flight under the
+//                 pipeline schedule x the bytes of one micro-batch, plus shared scratch;
+//   peak        = model state + activations + the process baseline (resident memory
+//                 before the model exists: binary, libraries, oneDNN, MPI).
+// fp32 today: 4 + 4 bytes per parameter plus Adam's 8 (SGD's 4) per owned one, i.e.
+// 16 -> 8 + 8/d with the distributed optimizer (d = DP).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/transformer_config.h"
+#include "pipeline/schedule.h"
+
+namespace lattice {
+
+// Bytes per parameter of each copy of the model's state. fp32: main 4, grads 4, no
+// copy. bf16 with fp32 main parameters and gradients: weight_copy 2 as well (18 bytes
+// per parameter with Adam, 10 + 8/d with the distributed optimizer, since lattice keeps
+// the fp32 parameters whole on every rank and all-gathers them after the update).
+struct PrecisionBytes {
+  int main_params = 4;   // the parameters the optimizer updates, whole on every rank
+  int weight_copy = 0;   // a lower-precision copy the GEMMs read (bf16: 2), 0 without
+  int grads = 4;         // the gradient buffer, whole on every rank
+};
+
+// Everything the estimate depends on; a pure function of the flags.
+struct MemoryLayout {
+  TransformerConfig config;               // finalized: padded vocabulary filled in
+  int64_t micro_batch_size = 1, seq_length = 0;
+  int tp = 1, pp = 1, dp = 1;
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  int64_t ddp_bucket_size = 0;            // elements per gradient bucket; 0: the default
+  PipelineLayout pipeline;                // stages == pp
+  int64_t num_micro_batches = 1;          // per rank and iteration
+  std::string optimizer = "adam";         // adam: 8 bytes of state per owned parameter, sgd: 4
+  PrecisionBytes precision;
+};
+
+struct RankMemory {
+  int world_rank = 0, tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  int64_t parameters = 0;        // this rank's parameter elements (its TP parts of its stage)
+  int64_t buffer_elements = 0;   // the flat buffer: parameters plus 64-byte alignment padding
+  int64_t owned_parameters = 0;  // elements whose optimizer state this rank keeps
+  size_t param_bytes = 0;        // buffer_elements x main_params
+  size_t weight_copy_bytes = 0;  // buffer_elements x weight_copy
+  size_t grad_bytes = 0;         // buffer_elements x grads
+  size_t optimizer_bytes = 0;    // owned_parameters x (8 Adam | 4 SGD)
+  size_t grad_staging_bytes = 0; // distributed optimizer: the reduce-scatter output, 4 per owned
+  // The MPI library's temporary copies of the gradient buckets during the data-parallel
+  // reduction (Open MPI's non-blocking collectives, libnbc: a binomial tree over the DP
+  // group; every bucket is in flight at once when the reduction finishes). Reduce-scatter:
+  // a rank that receives from k children holds min(k, 2) copies; in-place all-reduce: one
+  // copy on a rank that receives, and on every rank when ceil(log2 DP) is odd.
+  // With PP > 1 and tied embeddings the first and last stage also all-reduce the word
+  // embedding's gradient (one copy of it); the larger of the two counts.
+  size_t comm_staging_bytes = 0;
+  int activation_slots = 1;      // micro-batches a chunk keeps at once (the schedule's in-flight)
+  size_t activation_bytes_per_micro_batch = 0;  // one slot of every chunk
+  size_t activation_bytes = 0;   // the whole arena: slots x per micro-batch + shared scratch
+  size_t baseline_bytes = 0;     // resident before the model (measured, not estimated)
+
+  size_t model_state_bytes() const {
+    return param_bytes + weight_copy_bytes + grad_bytes + optimizer_bytes + grad_staging_bytes + comm_staging_bytes;
+  }
+  size_t peak_bytes() const { return model_state_bytes() + activation_bytes + baseline_bytes; }
+};
+
+// World rank -> (tp, dp, pp) ranks in Megatron's order: w = tp_rank + TP*(dp_rank + DP*pp_rank).
+RankMemory estimate_rank_memory(const MemoryLayout& layout, int world_rank, size_t baseline_bytes);
+// Every rank's estimate, in world-rank order, each with the same baseline.
+std::vector<RankMemory> estimate_all_ranks(const MemoryLayout& layout, size_t baseline_bytes);
+
+// This process's resident memory (VmRSS) and its peak so far (VmHWM) from
+// /proc/self/status, in bytes; 0 where the file or field is missing.
+size_t resident_bytes();
+size_t peak_resident_bytes();
+
+}  // namespace lattice

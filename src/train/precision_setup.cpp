@@ -1,0 +1,64 @@
+#include "train/precision_setup.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "blas/gemm.h"
+#include "core/error.h"
+
+namespace lattice {
+
+std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp) {
+  if (!args.fp8_format.empty())
+    return make_fp8_policy(make_fp8_recipe(args.fp8_format, args.fp8_margin, args.fp8_amax_history_len,
+                                           args.fp8_amax_compute_algo),
+                           tp);
+  if (args.bf16) return make_half_precision_policy(HalfFormat::bf16);
+  if (args.fp16) return make_half_precision_policy(HalfFormat::fp16);
+  return nullptr;
+}
+
+std::unique_ptr<LossScaler> make_loss_scaler(const TrainArgs& args) {
+  if (!args.fp16) return nullptr;
+  LossScalerConfig c;
+  c.dynamic = args.loss_scale == 0;
+  c.initial_scale = c.dynamic ? args.initial_loss_scale : args.loss_scale;
+  c.min_scale = args.min_loss_scale;
+  c.window = args.loss_scale_window;
+  c.hysteresis = args.hysteresis;
+  return std::make_unique<LossScaler>(c);
+}
+
+std::string describe_precision(const TrainArgs& args, const LossScaler* scaler) {
+  std::ostringstream os;
+  os << "> precision: ";
+  const bool half_gemm = args.bf16 || !args.fp8_format.empty();
+  if (!args.fp8_format.empty()) os << "fp8 " << args.fp8_format << " linear layers (delayed scaling), ";
+  if (args.bf16) os << "bf16";
+  else if (args.fp16) os << "fp16";
+  else if (args.fp8_format.empty()) os << "fp32";
+  else os << "fp32 elsewhere";
+  if (half_gemm) os << (gemm_bf16_native() ? "; GEMMs on AVX512-BF16" : "; GEMMs on the fp32 fallback");
+  if (args.bf16 || args.fp16) os << "; fp32 main parameters, gradients and optimizer";
+  if (scaler)
+    os << "; loss scale " << (args.loss_scale > 0 ? "constant " : "dynamic, initial ") << scaler->scale();
+  return os.str();
+}
+
+std::vector<int64_t> test_inject_inf_iterations() {
+  std::vector<int64_t> out;
+  const char* env = std::getenv("LATTICE_TEST_INJECT_INF_ITERS");
+  if (!env) return out;
+  std::stringstream ss(env);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0)
+      LATTICE_FAIL() << "LATTICE_TEST_INJECT_INF_ITERS: invalid iteration '" << item << "'";
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace lattice

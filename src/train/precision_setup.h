@@ -1,0 +1,32 @@
+// The trainer's mixed-precision objects from the flags: the linear layers' GEMM policy
+// (--bf16, --fp16, --fp8-format; none for fp32) and fp16's loss scaler (--loss-scale
+// constant, else dynamic from --initial-loss-scale, --min-loss-scale,
+// --loss-scale-window, --hysteresis).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/mixed_precision.h"
+#include "optim/loss_scaler.h"
+#include "train/arguments.h"
+
+namespace lattice {
+
+class Comm;
+
+// tp: the tensor-parallel group (fp8 reduces amax over it). Null without mixed precision.
+std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp);
+
+// Null unless --fp16.
+std::unique_ptr<LossScaler> make_loss_scaler(const TrainArgs& args);
+
+// One line for the log: "fp32", "bf16 (GEMMs on AVX512-BF16)", ...
+std::string describe_precision(const TrainArgs& args, const LossScaler* scaler);
+
+// Test hook: LATTICE_TEST_INJECT_INF_ITERS="3,4" (0-based iterations) makes those steps'
+// gradients overflow (StepConfig::inject_inf_iterations). Empty when unset.
+std::vector<int64_t> test_inject_inf_iterations();
+
+}  // namespace lattice

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Mixed precision through the CLI: flag errors, --bf16 / --fp8-format runs, and --fp16's
+# loss scaler with induced overflows (the LATTICE_TEST_INJECT_INF_ITERS test hook): the
+# steps are skipped and counted in the log, the scale backs off per the hysteresis rule,
+# the LR scheduler is not stepped on them, and training continues.
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+
+small=(train --mock-data --vocab-size 64 --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
+       --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 4 --log-interval 1 --eval-iters 0
+       --lr 1e-3 --lr-warmup-iters 4 --lr-decay-iters 100 --peak-tflops 1)
+
+expect_error "bf16 with fp16" "--bf16|--fp16|exclusive" -- "$LATTICE" "${small[@]}" --train-iters 2 --bf16 --fp16
+expect_error "fp8 format" "--fp8-format|e5m2" -- "$LATTICE" "${small[@]}" --train-iters 2 --fp8-format e5m2
+expect_error "loss scale without fp16" "--loss-scale|--fp16" -- "$LATTICE" "${small[@]}" --train-iters 2 --loss-scale 8
+expect_error "fp8 margin without fp8" "--fp8-margin|--fp8-format" -- "$LATTICE" "${small[@]}" --train-iters 2 --fp8-margin 1
+expect_error "amax algo" "--fp8-amax-compute-algo|mean" -- \
+  "$LATTICE" "${small[@]}" --train-iters 2 --fp8-format hybrid --fp8-amax-compute-algo mean
+expect_error "bad hook" "LATTICE_TEST_INJECT_INF_ITERS|x" -- \
+  env LATTICE_TEST_INJECT_INF_ITERS=x "$LATTICE" "${small[@]}" --train-iters 2 --fp16
+
+run() {  # name, extra args...
+  local name=$1
+  shift
+  if "$LATTICE" "${small[@]}" --metrics-file "$TMP/$name.jsonl" "$@" >"$TMP/$name.out" 2>&1; then
+    pass "$name ran"
+  else
+    fail "$name: exit status $? (log: $(tail -n 3 "$TMP/$name.out"))"
+  fi
+}
+run bf16 --train-iters 3 --bf16
+grep -q "precision: bf16" "$TMP/bf16.out" || fail "bf16: no precision line in the log"
+run fp8 --train-iters 3 --bf16 --fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max
+grep -q "fp8 hybrid" "$TMP/fp8.out" || fail "fp8: no precision line in the log"
+run clean --train-iters 6 --fp16 --initial-loss-scale 1024
+LATTICE_TEST_INJECT_INF_ITERS=1,2 run overflow --train-iters 6 --fp16 --initial-loss-scale 1024 --hysteresis 2
+grep -q "number of skipped iterations:   1" "$TMP/overflow.out" || fail "overflow: no skipped iteration in the log line"
+
+# iteration: (skipped, loss scale after the step); and the LR of iteration i equals the clean
+# run's at i - (skipped so far).
+python3 - "$TMP/overflow.jsonl" "$TMP/clean.jsonl" <<'PY' || fail "overflow: metrics differ from the expected (above)"
+import json, math, sys
+over = {r["iteration"]: r for r in map(json.loads, open(sys.argv[1]))}
+clean = {r["iteration"]: r for r in map(json.loads, open(sys.argv[2]))}
+want = {1: (0, 1024), 2: (1, 1024), 3: (1, 512), 4: (0, 512), 5: (0, 512), 6: (0, 512)}
+bad = 0
+skipped = 0
+for it, (sk, scale) in want.items():
+    r = over[it]
+    skipped += sk
+    got = (r["skipped_iterations"], r["loss_scale"])
+    if got != (sk, scale):
+        print(f"iteration {it}: (skipped, loss scale) {got}, want {(sk, scale)}"); bad += 1
+    ref = clean[it - skipped] if it - skipped >= 1 else None
+    if ref and r["learning_rate"] != ref["learning_rate"]:
+        print(f"iteration {it}: lr {r['learning_rate']}, want the clean run's at {it - skipped}: {ref['learning_rate']}"); bad += 1
+    if not sk and not math.isfinite(r["lm_loss"]):
+        print(f"iteration {it}: loss {r['lm_loss']}"); bad += 1
+if any(r["skipped_iterations"] or r["loss_scale"] != 1024 for r in clean.values()):
+    print("the clean fp16 run skipped or changed its scale"); bad += 1
+sys.exit(1 if bad else 0)
+PY
+
+e2e_finish

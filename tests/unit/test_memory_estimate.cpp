@@ -1,0 +1,281 @@
+// The per-rank memory estimate (--log-memory, --dry-run) against the real thing: a
+// GPTModel built with the same placement and tensor-parallel rank (a model's
+// construction never communicates, so a layout-only group of T ranks stands in for the
+// tensor-parallel group), its Optimizer over the shard the distributed optimizer owns,
+// and Megatron's per-rank parameter formula.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "dist/comm.h"
+#include "model/gpt_model.h"
+#include "optim/grad_sync.h"
+#include "optim/optimizer.h"
+#include "train/distributed_setup.h"
+#include "train/memory_estimate.h"
+
+namespace lattice {
+namespace {
+
+// Rank r of a group of n that never transfers anything (construction only).
+class LayoutGroup : public Comm {
+ public:
+  LayoutGroup(int rank, int size) : Comm("tp"), rank_(rank), size_(size), ranks_(static_cast<size_t>(size)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& world_ranks() const override { return ranks_; }
+  void all_reduce(float*, int64_t, ReduceOp) override { ADD_FAILURE() << "unexpected transfer"; }
+  void all_reduce(double*, int64_t, ReduceOp) override { ADD_FAILURE() << "unexpected transfer"; }
+  std::unique_ptr<CommRequest> iall_reduce(float*, int64_t) override { return fail(); }
+  std::unique_ptr<CommRequest> ireduce_scatter(const float*, float*, const std::vector<int64_t>&) override {
+    return fail();
+  }
+  std::unique_ptr<CommRequest> iall_gather(float*, const std::vector<int64_t>&) override { return fail(); }
+  void broadcast(void*, int64_t, int) override { ADD_FAILURE() << "unexpected transfer"; }
+  void send(const float*, int64_t, int, int) override { ADD_FAILURE() << "unexpected transfer"; }
+  void recv(float*, int64_t, int, int) override { ADD_FAILURE() << "unexpected transfer"; }
+  std::unique_ptr<CommRequest> isend(const float*, int64_t, int, int) override { return fail(); }
+  std::unique_ptr<CommRequest> irecv(float*, int64_t, int, int) override { return fail(); }
+  void barrier() override { ADD_FAILURE() << "unexpected transfer"; }
+
+ private:
+  std::unique_ptr<CommRequest> fail() {
+    ADD_FAILURE() << "unexpected transfer";
+    return nullptr;
+  }
+  int rank_, size_;
+  std::vector<int> ranks_;
+};
+
+TransformerConfig config(int64_t layers, bool untied, int64_t tp = 1) {
+  TransformerConfig c;
+  c.num_layers = layers;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.vocab_size = 300;  // padded to 384 (x tp)
+  c.max_position_embeddings = 32;
+  c.untie_embeddings_and_output_weights = untied;
+  c.finalize(tp);
+  return c;
+}
+
+MemoryLayout layout(const TransformerConfig& c, int tp, int pp, int dp, int64_t micro_batches) {
+  MemoryLayout m;
+  m.config = c;
+  m.micro_batch_size = 2;
+  m.seq_length = 16;
+  m.tp = tp;
+  m.pp = pp;
+  m.dp = dp;
+  m.pipeline = make_pipeline_layout(c.num_layers, pp, 0, 0, 0);
+  m.num_micro_batches = micro_batches;
+  return m;
+}
+
+// The model (and optimizer) of world rank w under m, built for real.
+struct RealRank {
+  std::unique_ptr<LayoutGroup> group;
+  std::unique_ptr<GPTModel> model;
+  std::unique_ptr<Optimizer> optimizer;
+  ElementRanges owned;
+};
+
+RealRank build(const MemoryLayout& m, int w) {
+  RealRank r;
+  const int tp_rank = w % m.tp, dp_rank = (w / m.tp) % m.dp, stage = w / (m.tp * m.dp);
+  const ModelPlacement place{stage_layers(m.pipeline, stage), stage == 0, stage == m.pp - 1,
+                             max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, stage))};
+  r.group = std::make_unique<LayoutGroup>(tp_rank, m.tp);
+  r.model = std::make_unique<GPTModel>(m.config, m.micro_batch_size, m.seq_length,
+                                       TensorParallel{m.tp > 1 ? r.group.get() : nullptr, m.sequence_parallel},
+                                       place);
+  if (m.distributed_optimizer) {
+    // As DataParallel/GradSync: this DP rank's shard of every bucket.
+    const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(m.dp);
+    for (const Bucket& b : make_buckets(r.model->params(), bucket, m.dp)) {
+      const int64_t s = b.shard_begin(dp_rank);
+      r.owned.emplace_back(s, s + b.shard_counts[size_t(dp_rank)]);
+    }
+  }
+  OptimizerConfig oc;
+  oc.optimizer = m.optimizer;
+  r.optimizer = std::make_unique<Optimizer>(r.model->params(), oc, r.owned);
+  return r;
+}
+
+int64_t real_elements(const GPTModel& model) {
+  int64_t n = 0;
+  for (const ParamInfo& p : model.params().infos()) n += p.numel;
+  return n;
+}
+
+void expect_matches(const MemoryLayout& m, int w) {
+  SCOPED_TRACE("world rank " + std::to_string(w));
+  const RankMemory e = estimate_rank_memory(m, w, 1000);
+  const RealRank real = build(m, w);
+  const GPTModel& model = *real.model;
+  EXPECT_EQ(e.buffer_elements, model.num_parameters());
+  EXPECT_EQ(e.parameters, real_elements(model));
+  EXPECT_EQ(e.param_bytes, size_t(model.num_parameters()) * sizeof(float));
+  EXPECT_EQ(e.grad_bytes, size_t(model.num_parameters()) * sizeof(float));
+  EXPECT_EQ(e.weight_copy_bytes, 0u);
+  EXPECT_EQ(e.owned_parameters, real.optimizer->state_numel());
+  EXPECT_EQ(e.optimizer_bytes, real.optimizer->state_bytes());
+  EXPECT_EQ(e.activation_slots, model.placement().slots);
+  EXPECT_EQ(e.activation_bytes, model.arena_bytes());
+  EXPECT_EQ(e.baseline_bytes, 1000u);
+  EXPECT_EQ(e.peak_bytes(), e.model_state_bytes() + e.activation_bytes + 1000);
+}
+
+TEST(MemoryEstimate, OneProcessEqualsTheModel) {
+  for (bool untied : {false, true})
+    for (const char* opt : {"adam", "sgd"}) {
+      MemoryLayout m = layout(config(3, untied), 1, 1, 1, 4);
+      m.optimizer = opt;
+      expect_matches(m, 0);
+      const RankMemory e = estimate_rank_memory(m, 0, 0);
+      EXPECT_EQ(e.activation_slots, 1);
+      EXPECT_EQ(e.grad_staging_bytes, 0u);
+      EXPECT_EQ(e.owned_parameters, e.parameters);
+    }
+}
+
+TEST(MemoryEstimate, PipelineStagesEqualTheirModels) {
+  for (bool untied : {false, true}) {
+    const MemoryLayout m = layout(config(8, untied), 1, 4, 1, 8);
+    int64_t total = 0;
+    for (int w = 0; w < 4; ++w) {
+      expect_matches(m, w);
+      total += estimate_rank_memory(m, w, 0).parameters;
+    }
+    // Stage r keeps P - r micro-batches in flight under 1F1B.
+    for (int w = 0; w < 4; ++w) EXPECT_EQ(estimate_rank_memory(m, w, 0).activation_slots, 4 - w);
+    // The stages hold the whole model, plus the last stage's copy of a tied embedding.
+    const RankMemory whole = estimate_rank_memory(layout(config(8, untied), 1, 1, 1, 8), 0, 0);
+    const TransformerConfig& c = m.config;
+    EXPECT_EQ(total, whole.parameters + (untied ? 0 : c.padded_vocab_size * c.hidden_size));
+  }
+  // Interleaved (2 chunks per stage) and uneven stages.
+  MemoryLayout inter = layout(config(8, false), 1, 2, 1, 4);
+  inter.pipeline = make_pipeline_layout(8, 2, 2, 0, 0);
+  MemoryLayout uneven = layout(config(7, true), 1, 1, 1, 6);
+  uneven.pp = 3;
+  uneven.pipeline = make_pipeline_layout(7, 3, 0, 1, 0);
+  for (int w = 0; w < 2; ++w) expect_matches(inter, w);
+  for (int w = 0; w < 3; ++w) expect_matches(uneven, w);
+}
+
+TEST(MemoryEstimate, TensorParallelRanksEqualTheirModels) {
+  for (int tp : {2, 4})
+    for (bool sp : {false, true}) {
+      MemoryLayout m = layout(config(2, false, tp), tp, 1, 1, 2);
+      m.sequence_parallel = sp;
+      for (int w = 0; w < tp; ++w) expect_matches(m, w);
+    }
+  MemoryLayout three_d = layout(config(4, true, 2), 2, 2, 2, 4);  // TP 2 x PP 2 x DP 2
+  three_d.sequence_parallel = true;
+  three_d.distributed_optimizer = true;
+  for (int w = 0; w < 8; ++w) expect_matches(three_d, w);
+}
+
+TEST(MemoryEstimate, TensorParallelParametersFollowTheFormula) {
+  // Per rank: L ((12h^2 + 7h)/T + 6h) with F = 4h, plus Vp h / T word embeddings and the
+  // replicated position embeddings and final LayerNorm.
+  for (int64_t T : {1, 2, 4}) {
+    const TransformerConfig c = config(3, false, T);
+    const int64_t h = c.hidden_size, L = c.num_layers;
+    const int64_t want = L * ((12 * h * h + 7 * h) / T + 6 * h) + c.padded_vocab_size * h / T +
+                         c.max_position_embeddings * h + 2 * h;
+    for (int r = 0; r < T; ++r)
+      EXPECT_EQ(estimate_rank_memory(layout(c, int(T), 1, 1, 1), r, 0).parameters, want) << "T " << T;
+  }
+}
+
+TEST(MemoryEstimate, DistributedOptimizerOwnsOneShardOfEveryBucket) {
+  for (int dp : {2, 3})
+    for (int64_t bucket : {int64_t(0), int64_t(5000)}) {  // one bucket, and several
+      MemoryLayout m = layout(config(3, false), 1, 1, dp, 1);
+      m.distributed_optimizer = true;
+      m.ddp_bucket_size = bucket;
+      int64_t owned = 0;
+      size_t staging = 0;
+      for (int w = 0; w < dp; ++w) {
+        expect_matches(m, w);
+        const RankMemory e = estimate_rank_memory(m, w, 0);
+        owned += e.owned_parameters;
+        staging += e.grad_staging_bytes;
+        // Adam: 8 bytes per owned parameter, about 8/d per parameter of the rank.
+        EXPECT_NEAR(double(e.optimizer_bytes) / double(e.parameters), 8.0 / dp, 0.05);
+      }
+      const RankMemory whole = estimate_rank_memory(m, 0, 0);
+      EXPECT_EQ(owned, whole.parameters);  // every parameter owned exactly once
+      EXPECT_EQ(staging, size_t(whole.buffer_elements) * sizeof(float));  // the buffer, split d ways
+    }
+}
+
+TEST(MemoryEstimate, MpiReductionCopiesFollowTheBinomialTree) {
+  // Reduce-scatter (distributed optimizer): min(children, 2) copies of the gradient
+  // buffer; in-place all-reduce: one copy on receivers, on every rank when ceil(log2 DP) is odd.
+  auto copies = [](int dp, bool dist_opt, int w) {
+    MemoryLayout m = layout(config(2, false), 1, 1, dp, 1);
+    m.distributed_optimizer = dist_opt;
+    const RankMemory e = estimate_rank_memory(m, w, 0);
+    EXPECT_EQ(e.comm_staging_bytes % (size_t(e.buffer_elements) * 4), 0u);
+    return int(e.comm_staging_bytes / (size_t(e.buffer_elements) * 4));
+  };
+  EXPECT_EQ(copies(1, true, 0), 0);
+  EXPECT_EQ(copies(1, false, 0), 0);
+  const std::vector<int> rs4{2, 0, 1, 0}, ar4{1, 0, 1, 0}, rs2{1, 0}, ar2{1, 1};
+  for (int w = 0; w < 4; ++w) EXPECT_EQ(copies(4, true, w), rs4[size_t(w)]) << w;
+  for (int w = 0; w < 4; ++w) EXPECT_EQ(copies(4, false, w), ar4[size_t(w)]) << w;
+  for (int w = 0; w < 2; ++w) EXPECT_EQ(copies(2, true, w), rs2[size_t(w)]) << w;
+  for (int w = 0; w < 2; ++w) EXPECT_EQ(copies(2, false, w), ar2[size_t(w)]) << w;
+}
+
+TEST(MemoryEstimate, PrecisionBytesScaleTheModelState) {
+  MemoryLayout m = layout(config(2, false), 1, 1, 1, 1);
+  const RankMemory fp32 = estimate_rank_memory(m, 0, 0);
+  m.precision.weight_copy = 2;  // bf16 weights beside fp32 main parameters and gradients
+  const RankMemory bf16 = estimate_rank_memory(m, 0, 0);
+  EXPECT_EQ(bf16.weight_copy_bytes, size_t(fp32.buffer_elements) * 2);
+  EXPECT_EQ(bf16.model_state_bytes(), fp32.model_state_bytes() + bf16.weight_copy_bytes);
+  // Megatron's fp32 count: 16 bytes per parameter (4 + 4 + 8), up to alignment padding.
+  EXPECT_NEAR(double(fp32.model_state_bytes()) / double(fp32.parameters), 16.0, 0.05);
+}
+
+TEST(MemoryEstimate, ActivationsAreSlotsTimesOneMicroBatchPlusScratch) {
+  const MemoryLayout m = layout(config(8, false), 1, 4, 1, 8);
+  const RankMemory first = estimate_rank_memory(m, 0, 0), second = estimate_rank_memory(m, 1, 0);
+  EXPECT_GT(first.activation_bytes_per_micro_batch, 0u);
+  EXPECT_EQ(first.activation_bytes_per_micro_batch, second.activation_bytes_per_micro_batch);  // same layers, no loss
+  EXPECT_GT(first.activation_bytes, size_t(first.activation_slots) * first.activation_bytes_per_micro_batch);
+  EXPECT_EQ(first.activation_bytes - second.activation_bytes, first.activation_bytes_per_micro_batch);
+}
+
+TEST(MemoryEstimate, WorldRanksFollowMegatronsOrder) {
+  const MemoryLayout m = layout(config(4, false, 2), 2, 2, 2, 2);
+  const std::vector<RankMemory> all = estimate_all_ranks(m, 0);
+  ASSERT_EQ(all.size(), 8u);
+  for (int w = 0; w < 8; ++w) {
+    const RankMemory& r = all[size_t(w)];
+    EXPECT_EQ(r.world_rank, w);
+    EXPECT_EQ(w, r.tp_rank + 2 * (r.dp_rank + 2 * r.pp_rank));
+  }
+  const std::string table = format_memory_estimate(m, all, "a note");
+  EXPECT_NE(table.find("rank 5 (tp 1, pp 1, dp 0)"), std::string::npos) << table;
+  EXPECT_NE(table.find("4 main parameters + 4 gradients + 8 Adam = 16 bytes per parameter"), std::string::npos);
+  std::vector<double> peaks(8, double(all[0].peak_bytes()) * 1.05);
+  const std::string measured = format_memory_measured(all, peaks, 3);
+  EXPECT_NE(measured.find("rank 7: peak resident"), std::string::npos) << measured;
+  EXPECT_NE(measured.find("(+5.0%)"), std::string::npos) << measured;
+}
+
+TEST(MemoryEstimate, ProcessMemoryIsReadFromProc) {
+  const size_t rss = resident_bytes(), peak = peak_resident_bytes();
+  EXPECT_GT(rss, 0u);
+  EXPECT_GE(peak, rss);
+}
+
+}  // namespace
+}  // namespace lattice

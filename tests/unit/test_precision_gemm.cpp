@@ -1,0 +1,235 @@
+// The bf16 GEMM against the fp32 GEMM on the same (bf16) numbers, and the mixed-precision
+// GEMM policies against the arithmetic they state.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "blas/gemm.h"
+#include "kernels/cast.h"
+#include "kernels_test_util.h"
+#include "model/mixed_precision.h"
+
+namespace lattice {
+namespace {
+
+using kernel_test::random_floats;
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  cast_fp32_to_bf16(b.data(), v.data(), int64_t(v.size()));
+  return b;
+}
+std::vector<float> widen(const std::vector<uint16_t>& b) {
+  std::vector<float> v(b.size());
+  cast_bf16_to_fp32(v.data(), b.data(), int64_t(b.size()));
+  return v;
+}
+
+struct Case {
+  Trans ta, tb;
+  int64_t M, N, K, pad;
+  float alpha, beta;
+};
+
+// Both GEMMs sum the same exact products in fp32, in different orders: the difference is
+// bounded by the fp32 accumulation error, K * 2^-24 * sum_k |a_k b_k| per element (x2 for
+// the two sums).
+void check_case(const Case& c, bool fallback) {
+  gemm_bf16_force_fallback(fallback);
+  const int64_t ar = c.ta == Trans::N ? c.M : c.K, ac = c.ta == Trans::N ? c.K : c.M;
+  const int64_t br = c.tb == Trans::N ? c.K : c.N, bc = c.tb == Trans::N ? c.N : c.K;
+  const int64_t lda = ac + c.pad, ldb = bc + c.pad, ldc = c.N + c.pad;
+  const auto A = to_bf16(random_floats(size_t(ar * lda), 1, -2, 2));
+  const auto B = to_bf16(random_floats(size_t(br * ldb), 2, -2, 2));
+  const auto C0 = random_floats(size_t(c.M * ldc), 3);
+  const auto Af = widen(A), Bf = widen(B);
+  std::vector<float> C = C0, R = C0, absprod(size_t(c.M * ldc), 0.0f), ones(size_t(c.M * ldc), 0.0f);
+  gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, C.data(), ldc);
+  gemm_f32(c.ta, c.tb, c.M, c.N, c.K, c.alpha, Af.data(), lda, Bf.data(), ldb, c.beta, R.data(), ldc);
+  std::vector<float> Aa(Af.size()), Ba(Bf.size());
+  for (size_t i = 0; i < Af.size(); ++i) Aa[i] = std::fabs(Af[i]);
+  for (size_t i = 0; i < Bf.size(); ++i) Ba[i] = std::fabs(Bf[i]);
+  gemm_f32(c.ta, c.tb, c.M, c.N, c.K, std::fabs(c.alpha), Aa.data(), lda, Ba.data(), ldb, 0.0f, absprod.data(), ldc);
+  for (int64_t i = 0; i < c.M; ++i)
+    for (int64_t j = 0; j < c.N; ++j) {
+      const size_t k = size_t(i * ldc + j);
+      const double bound = 2.0 * double(c.K + 2) * std::ldexp(1.0, -24) * (absprod[k] + std::fabs(c.beta * C0[k]));
+      ASSERT_LE(std::fabs(double(C[k]) - double(R[k])), bound)
+          << "M=" << c.M << " N=" << c.N << " K=" << c.K << " at " << i << "," << j << " fallback=" << fallback;
+    }
+  // The padding columns of C are untouched.
+  for (int64_t i = 0; i < c.M; ++i)
+    for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C[size_t(i * ldc + j)], C0[size_t(i * ldc + j)]);
+  gemm_bf16_force_fallback(false);
+}
+
+const std::vector<Case> kCases = {
+    {Trans::N, Trans::T, 7, 5, 3, 0, 1.0f, 0.0f},     {Trans::N, Trans::N, 33, 17, 65, 3, 1.0f, 1.0f},
+    {Trans::T, Trans::N, 16, 40, 24, 1, 0.5f, 1.0f},  {Trans::T, Trans::T, 9, 31, 12, 2, 1.0f, 0.25f},
+    {Trans::N, Trans::T, 256, 600, 96, 0, 1.0f, 0.0f},  // blocked over threads
+    {Trans::T, Trans::N, 768, 200, 64, 5, 1.0f, 1.0f},  // blocked over threads, split along M
+};
+
+TEST(PrecisionGemm, Bf16MatchesFp32OnBf16Numbers) {
+  for (const Case& c : kCases) check_case(c, false);
+}
+
+TEST(PrecisionGemm, FallbackMatchesFp32OnBf16Numbers) {
+  for (const Case& c : kCases) check_case(c, true);
+}
+
+TEST(PrecisionGemm, NativeOnThisCpuWhenItHasAvx512Bf16) {
+  // The development machine has AVX512-BF16; elsewhere this only reports the path.
+  std::printf("gemm_bf16 path: %s\n", gemm_bf16_native() ? "oneDNN bf16 matmul" : "fp32 fallback");
+  SUCCEED();
+}
+
+TEST(PrecisionGemm, Bf16ThreadCountInvariant) {
+  const int64_t M = 512, N = 384, K = 128;
+  const auto A = to_bf16(random_floats(size_t(M * K), 4)), B = to_bf16(random_floats(size_t(N * K), 5));
+  std::vector<float> c1(size_t(M * N)), c2(size_t(M * N));
+  omp_set_num_threads(1);
+  gemm_bf16(Trans::N, Trans::T, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, c1.data(), N);
+  omp_set_num_threads(2);
+  gemm_bf16(Trans::N, Trans::T, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, c2.data(), N);
+  EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)));
+}
+
+// Forward, weight gradient and input gradient of a policy, and the same computed with
+// gemm_f32 on operands prepared by `round` (values in the policy's format), results rounded
+// by `round_out` where the policy rounds them.
+struct LinearCase {
+  int64_t N = 24, in = 40, out = 56;
+  std::vector<float> x = random_floats(size_t(24 * 40), 11, -3, 3);
+  std::vector<float> W = random_floats(size_t(56 * 40), 12, -0.5, 0.5);
+  std::vector<float> dy = random_floats(size_t(24 * 56), 13, -1, 1);
+};
+
+template <class Round>
+std::vector<float> rounded(const std::vector<float>& v, Round r) {
+  std::vector<float> o(v.size());
+  r(o.data(), v.data(), int64_t(v.size()));
+  return o;
+}
+
+void expect_close_to_fp32(const std::vector<float>& got, const std::vector<float>& want, int64_t K) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-5 * double(K) * (1.0 + std::fabs(want[i]))) << i;
+}
+
+TEST(PrecisionPolicy, Fp16IsFp32ArithmeticOnFp16Values) {
+  LinearCase c;
+  auto p = make_half_precision_policy(HalfFormat::fp16);
+  const auto xh = rounded(c.x, round_to_fp16), Wh = rounded(c.W, round_to_fp16), dyh = rounded(c.dy, round_to_fp16);
+  std::vector<float> y(size_t(c.N * c.out)), ref(y.size());
+  p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+  gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, xh.data(), c.in, Wh.data(), c.in, 0.0f, ref.data(), c.out);
+  round_to_fp16(ref.data(), ref.data(), int64_t(ref.size()));
+  EXPECT_EQ(y, ref);
+  std::vector<float> dW(c.W.size(), 0.5f), dWref(c.W.size(), 0.5f);
+  p->weight_grad(0, dW.data(), c.dy.data(), c.x.data(), c.N, c.in, c.out);
+  gemm_f32(Trans::T, Trans::N, c.out, c.in, c.N, 1.0f, dyh.data(), c.out, xh.data(), c.in, 1.0f, dWref.data(), c.in);
+  EXPECT_EQ(dW, dWref);  // fp32 main gradient, not rounded
+  std::vector<float> dx(c.x.size()), dxref(c.x.size());
+  p->input_grad(0, dx.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out, false);
+  gemm_f32(Trans::N, Trans::N, c.N, c.in, c.out, 1.0f, dyh.data(), c.out, Wh.data(), c.in, 0.0f, dxref.data(), c.in);
+  round_to_fp16(dxref.data(), dxref.data(), int64_t(dxref.size()));
+  EXPECT_EQ(dx, dxref);
+}
+
+TEST(PrecisionPolicy, Fp16OverflowBecomesInf) {
+  LinearCase c;
+  auto p = make_half_precision_policy(HalfFormat::fp16);
+  c.dy[3] = 1e5f;  // beyond fp16's 65504
+  std::vector<float> dW(c.W.size(), 0.0f);
+  p->weight_grad(0, dW.data(), c.dy.data(), c.x.data(), c.N, c.in, c.out);
+  bool inf = false;
+  for (float v : dW) inf |= std::isinf(v);
+  EXPECT_TRUE(inf);
+}
+
+TEST(PrecisionPolicy, Bf16MatchesFp32OnBf16ValuesAndRefreshes) {
+  LinearCase c;
+  auto p = make_half_precision_policy(HalfFormat::bf16);
+  const auto xb = rounded(c.x, round_to_bf16), Wb = rounded(c.W, round_to_bf16);
+  std::vector<float> y(size_t(c.N * c.out)), ref(y.size());
+  p->forward(3, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+  gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, xb.data(), c.in, Wb.data(), c.in, 0.0f, ref.data(), c.out);
+  for (float& v : ref) v = bf16_to_fp32(fp32_to_bf16(v));
+  // Up to accumulation order, then one bf16 rounding: at most one bf16 ulp apart.
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_LE(std::fabs(y[i] - ref[i]), std::ldexp(std::fabs(ref[i]), -7) + 1e-6) << i;
+  // The weight copy is kept until refresh_weights.
+  std::vector<float> W2 = c.W;
+  for (float& v : W2) v *= 2.0f;
+  std::vector<float> y2(y.size()), y3(y.size());
+  p->forward(3, y2.data(), c.x.data(), W2.data(), c.N, c.in, c.out);
+  EXPECT_EQ(y2, y);
+  p->refresh_weights();
+  p->forward(3, y3.data(), c.x.data(), W2.data(), c.N, c.in, c.out);
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y3[i], 2.0f * y[i]) << i;  // scaling by 2 is exact
+}
+
+TEST(PrecisionPolicy, Fp8DelayedScaling) {
+  Fp8Recipe r;
+  r.amax_history_len = 3;
+  r.amax_max = true;
+  DelayedScale s(r, Fp8Format::e4m3);
+  EXPECT_EQ(s.scale(), 1.0f);  // no history yet
+  s.record(2.0f);
+  EXPECT_EQ(s.scale(), 224.0f);
+  s.record(4.0f);
+  EXPECT_EQ(s.scale(), 112.0f);
+  s.record(1.0f);
+  EXPECT_EQ(s.scale(), 112.0f);  // max over [1, 4, 2]
+  s.record(1.0f);
+  EXPECT_EQ(s.scale(), 112.0f);  // [1, 1, 4]
+  s.record(1.0f);
+  EXPECT_EQ(s.scale(), 448.0f);  // [1, 1, 1]
+  s.record(0.0f);
+  EXPECT_EQ(s.scale(), 448.0f);  // max still 1
+  Fp8Recipe m;
+  m.margin = 2;
+  DelayedScale t(m, Fp8Format::e5m2);
+  t.record(8.0f);
+  EXPECT_EQ(t.scale(), 57344.0f / 8.0f / 4.0f);
+  t.record(0.0f);  // amax 0: the scale is kept
+  EXPECT_EQ(t.scale(), 57344.0f / 8.0f / 4.0f);
+  t.record(std::numeric_limits<float>::infinity());
+  EXPECT_EQ(t.scale(), 57344.0f / 8.0f / 4.0f);
+  EXPECT_THROW(make_fp8_recipe("e5m2", 0, 1, "max"), std::exception);
+  EXPECT_THROW(make_fp8_recipe("hybrid", 0, 0, "max"), std::exception);
+  EXPECT_THROW(make_fp8_recipe("hybrid", 0, 1, "mean"), std::exception);
+  EXPECT_EQ(make_fp8_recipe("hybrid", 0, 1, "max").backward, Fp8Format::e5m2);
+}
+
+// fp8 forward: the inputs on the e4m3 grid with the delayed scales, exact products summed
+// in fp32, divided by both scales.
+TEST(PrecisionPolicy, Fp8ForwardIsScaledFp8Arithmetic) {
+  LinearCase c;
+  auto p = make_fp8_policy(make_fp8_recipe("hybrid", 0, 1, "most_recent"), nullptr);
+  std::vector<float> y(size_t(c.N * c.out));
+  p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);  // scales 1; records amaxes
+  const float sx = 448.0f / abs_max(c.x.data(), int64_t(c.x.size()));
+  const float sw = 448.0f / abs_max(c.W.data(), int64_t(c.W.size()));
+  p->refresh_weights();  // the weight is re-quantized with its delayed scale
+  p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+  std::vector<float> xq(c.x.size()), Wq(c.W.size()), ref(y.size());
+  quantize_fp8(xq.data(), c.x.data(), int64_t(xq.size()), sx, Fp8Format::e4m3);
+  quantize_fp8(Wq.data(), c.W.data(), int64_t(Wq.size()), sw, Fp8Format::e4m3);
+  gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, xq.data(), c.in, Wq.data(), c.in, 0.0f, ref.data(), c.out);
+  for (float& v : ref) v /= (sx * sw);
+  expect_close_to_fp32(y, ref, c.in);
+  // And close to the fp32 product (e4m3 has 3 mantissa bits: a few % per element).
+  std::vector<float> exact(y.size());
+  gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, c.x.data(), c.in, c.W.data(), c.in, 0.0f, exact.data(), c.out);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < y.size(); ++i) err += std::pow(y[i] - exact[i], 2), norm += std::pow(exact[i], 2);
+  EXPECT_LT(std::sqrt(err / norm), 0.05);
+}
+
+}  // namespace
+}  // namespace lattice
