@@ -1,5 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
+#include <cmath>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,6 +52,10 @@ json state_to_json(const CheckpointState& s) {
   if (s.optimizer) j["optimizer"] = {{"name", s.optimizer->name}, {"step", s.optimizer->step}};
   if (s.opt_param_scheduler) j["opt_param_scheduler"] = *s.opt_param_scheduler;
   if (s.rng) j["rng"] = {{"seed", s.rng->seed}, {"generator", "philox4x32-10(seed, iteration, micro_batch)"}};
+  if (s.loss_scaler)
+    j["loss_scaler"] = {{"scale", s.loss_scaler->scale},
+                        {"growth_tracker", s.loss_scaler->growth_tracker},
+                        {"hysteresis_tracker", s.loss_scaler->hysteresis_tracker}};
   return j;
 }
 
@@ -80,6 +86,14 @@ CheckpointState state_from_json(const json& j, const std::string& where) {
   }
   if (j.contains("opt_param_scheduler")) s.opt_param_scheduler = j["opt_param_scheduler"];
   if (j.contains("rng")) s.rng = RngState{field<uint64_t>(j["rng"], "seed", where + " rng")};
+  if (j.contains("loss_scaler")) {
+    const json& l = j["loss_scaler"];
+    const std::string w = where + " loss_scaler";
+    s.loss_scaler = LossScalerState{field<double>(l, "scale", w), field<int64_t>(l, "growth_tracker", w),
+                                    field<int64_t>(l, "hysteresis_tracker", w)};
+    if (!(s.loss_scaler->scale > 0) || !std::isfinite(s.loss_scaler->scale) || s.loss_scaler->growth_tracker < 0)
+      LATTICE_FAIL() << w << ": scale must be a positive finite number and growth_tracker >= 0";
+  }
   return s;
 }
 

@@ -18,6 +18,7 @@
 
 #include "checkpoint/checkpoint_index.h"
 #include "checkpoint/safetensors.h"
+#include "optim/loss_scaler.h"
 
 namespace lattice {
 
@@ -58,6 +59,7 @@ struct CheckpointState {
   std::optional<OptimizerState> optimizer;          // absent: saved with --no-save-optim
   std::optional<nlohmann::json> opt_param_scheduler;  // absent with --no-save-optim
   std::optional<RngState> rng;                      // absent: saved with --no-save-rng
+  std::optional<LossScalerState> loss_scaler;       // fp16's dynamic loss scaler (absent otherwise)
 };
 
 // Collects tensors and state, then writes one iteration directory.

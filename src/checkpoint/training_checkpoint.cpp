@@ -1,5 +1,7 @@
 #include "checkpoint/training_checkpoint.h"
 
+#include "optim/loss_scaler.h"
+
 #include <algorithm>
 #include <set>
 #include <vector>
@@ -73,6 +75,7 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
       if (contribute) stage(kOptimizerFile, slot.prefix, flat.data());
     }
     s.optimizer = OptimizerState{o.optimizer, optimizer.steps()};
+    if (o.loss_scaler && o.loss_scaler->dynamic()) s.loss_scaler = o.loss_scaler->state();
     s.opt_param_scheduler = scheduler.state().to_json();
   }
   if (o.save_rng) s.rng = RngState{p.seed};
@@ -113,6 +116,8 @@ std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptio
       optimizer.import_state(slot.slot, flat.data());  // this rank's shard of it
     }
     optimizer.set_steps(s.optimizer->step);
+    // A constant --loss-scale keeps the command line's value.
+    if (o.loss_scaler && o.loss_scaler->dynamic() && s.loss_scaler) o.loss_scaler->load_state(*s.loss_scaler);
   }
   if (o.load_rng) {
     if (!s.rng)

@@ -15,6 +15,8 @@
 
 namespace lattice {
 
+class LossScaler;
+
 class Comm;
 
 // Where training stands after `iteration` completed iterations.
@@ -34,7 +36,8 @@ struct TrainingSaveOptions {
   // Distributed optimizer: completes a flat optimizer-state buffer in which this rank
   // filled its shard (an all-gather over the data-parallel group). Null: nothing to do.
   std::function<void(float*)> gather_state;
-  bool write = true;              // false on the ranks that only take part in the gathers
+  bool write = true;              // false on the ranks that only take part in the gather
+  const LossScaler* loss_scaler = nullptr;  // fp16: its state is saved with the optimizers
   // Several ranks holding parts of the model (tensor parallelism): the ranks whose parts make
   // the checkpoint, as ranks of parts_comm, the writer (write = true) first: data-parallel
   // rank 0 of every tensor-parallel (and pipeline) position (the other data-parallel ranks
@@ -57,6 +60,9 @@ struct TrainingLoadOptions {
   bool load_optim = true;          // !--no-load-optim (optimizer and scheduler, as Megatron)
   bool load_rng = true;            // !--no-load-rng
   bool finetune = false;           // --finetune: parameters only, progress restarts at 0
+  // fp16: restored with the optimizer state when the checkpoint has it (a checkpoint
+  // from an fp32 or bf16 run leaves the scaler at its initial scale).
+  LossScaler* loss_scaler = nullptr;
 };
 
 // Loads DIR's latest checkpoint (or DIR itself, an iteration directory) into the model,

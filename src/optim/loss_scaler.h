@@ -31,6 +31,7 @@ class LossScaler {
   // Errors name the flag for invalid settings (scale <= 0, min > initial, window < 1, ...).
   explicit LossScaler(const LossScalerConfig& config);
   double scale() const { return scale_; }
+  bool dynamic() const { return cfg_.dynamic; }
   // After each step's inf/nan check (already reduced over every rank).
   void update(bool found_inf);
   LossScalerState state() const { return {scale_, growth_tracker_, hysteresis_tracker_}; }

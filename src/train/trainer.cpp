@@ -101,10 +101,11 @@ void check_checkpoint_flags(const TrainArgs& a) {
 // Loads --load's latest checkpoint (nothing when it holds none: training starts from
 // scratch, so `--save D --load D` auto-resumes) and returns where training continues.
 TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer& optimizer,
-                              OptimizerParamScheduler& scheduler) {
+                              OptimizerParamScheduler& scheduler, LossScaler* loss_scaler) {
   const TrainingProgress fresh{0, 0, args.seed};
   if (args.load.empty()) return fresh;
   TrainingLoadOptions o{args.load, args.optimizer, !args.no_load_optim, !args.no_load_rng, args.finetune};
+  o.loss_scaler = loss_scaler;
   std::optional<TrainingProgress> p = load_training_checkpoint(o, fresh, model, optimizer, scheduler);
   if (!p) {
     log_info("> no checkpoint in " + args.load + " (no " + std::string(kTrackerFile) + "): training from scratch");
@@ -329,7 +330,7 @@ int run_training(const TrainArgs& args) {
   };
 
   // Load before anything is written: a bad checkpoint leaves every file as it was.
-  const TrainingProgress start = resume_point(args, model, optimizer, scheduler);
+  const TrainingProgress start = resume_point(args, model, optimizer, scheduler, loss_scaler.get());
   std::ofstream metrics = open_metrics(ps->world_rank() == 0 ? args.metrics_file : "", start.iteration);
   if (args.exit_signal_handler) install_exit_signal_handler();
 
@@ -346,6 +347,7 @@ int run_training(const TrainArgs& args) {
   save_opts.keep_last_n = args.keep_last_n;
   save_opts.args_json = args.to_json();
   save_opts.write = ps->world_rank() == 0;
+  save_opts.loss_scaler = loss_scaler.get();
   save_opts.parts_comm = &ps->world();
   for (const std::vector<int>& g : plan_groups(ps->layout()).dp) save_opts.contributors.push_back(g.front());
   std::sort(save_opts.contributors.begin(), save_opts.contributors.end());  // world rank 0, the writer, first

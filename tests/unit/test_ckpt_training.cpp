@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "optim/loss_scaler.h"
+
 #include <unistd.h>
 
 #include <cmath>
@@ -245,6 +247,45 @@ TEST(CkptOptimizerState, SavedMomentsBelongToTheirParameters) {
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+// fp16's dynamic loss scaler resumes where it was (scale, growth and hysteresis trackers);
+// a checkpoint without scaler state (fp32/bf16) leaves the scaler at its initial scale.
+TEST_F(CkptTraining, DynamicLossScalerStateResumes) {
+  const MockSamples data(40, kT, 9);
+  TrainRun saved("adam");
+  saved.train(data, 0, 2, 77);
+  LossScaler scaler(LossScalerConfig{});
+  scaler.update(true);   // hysteresis 2 -> 1, scale kept
+  scaler.update(true);   // -> backs off to 2^31
+  scaler.update(false);  // growth tracker 1
+  TrainingSaveOptions so;
+  so.dir = path("fp16");
+  so.args_json = "{}";
+  so.loss_scaler = &scaler;
+  save_training_checkpoint(so, TrainingProgress{2, 8, 77}, saved.model, saved.optimizer, saved.scheduler);
+
+  TrainRun r("adam", 6);
+  LossScaler resumed(LossScalerConfig{});
+  TrainingLoadOptions lo;
+  lo.dir = path("fp16");
+  lo.loss_scaler = &resumed;
+  ASSERT_TRUE(load_training_checkpoint(lo, TrainingProgress{0, 0, 1}, r.model, r.optimizer, r.scheduler));
+  EXPECT_EQ(resumed.state().scale, scaler.state().scale);
+  EXPECT_EQ(resumed.state().scale, 2147483648.0);
+  EXPECT_EQ(resumed.state().growth_tracker, 1);
+  EXPECT_EQ(resumed.state().hysteresis_tracker, scaler.state().hysteresis_tracker);
+
+  // Saved without a scaler: a resumed fp16 run starts from its initial scale.
+  so.dir = path("fp32");
+  so.loss_scaler = nullptr;
+  save_training_checkpoint(so, TrainingProgress{2, 8, 77}, saved.model, saved.optimizer, saved.scheduler);
+  TrainRun r2("adam", 6);
+  LossScaler fresh(LossScalerConfig{});
+  lo.dir = path("fp32");
+  lo.loss_scaler = &fresh;
+  ASSERT_TRUE(load_training_checkpoint(lo, TrainingProgress{0, 0, 1}, r2.model, r2.optimizer, r2.scheduler));
+  EXPECT_EQ(fresh.scale(), 4294967296.0);
 }
 
 }  // namespace
