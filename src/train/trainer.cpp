@@ -286,12 +286,17 @@ int run_training(const TrainArgs& args) {
 
   const double flops = megatron_flops_per_iteration(cfg, args.global_batch_size, args.seq_length);
   const double peak = args.peak_tflops > 0 ? args.peak_tflops : measure_peak_tflops();
+  // As Megatron: under tensor or pipeline parallelism the count is this rank's part.
+  const std::string rank_part =
+      ps->layout().tp * ps->layout().pp > 1
+          ? " on this rank (tp " + std::to_string(ps->tp_rank()) + ", pp " + std::to_string(ps->pp_rank()) + ")"
+          : "";
   char hdr[512];
   std::snprintf(hdr, sizeof hdr,
-                "> lattice: %lld parameters (padded vocab %lld), %d threads, BLAS %s, peak %.3f "
+                "> lattice: %lld parameters%s (padded vocab %lld), %d threads, BLAS %s, peak %.3f "
                 "TFLOP/s (%s), memory: params+grads %.1f MB, optimizer state %.1f MB, activations "
                 "%.1f MB",
-                (long long)model.num_parameters(), (long long)cfg.padded_vocab_size, threads,
+                (long long)model.num_parameters(), rank_part.c_str(), (long long)cfg.padded_vocab_size, threads,
                 blas_backend_name(), peak, args.peak_tflops > 0 ? "--peak-tflops" : "measured",
                 2.0 * model.num_parameters() * 4 / 1e6, optimizer.state_bytes() / 1e6,
                 model.arena_bytes() / 1e6);
