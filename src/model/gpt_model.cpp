@@ -85,19 +85,9 @@ PhiloxStream site_stream(const MicroBatchKey& key, const std::string& site) {
 }
 
 void check_tensor_parallel(const TransformerConfig& c, const TensorParallel& tp, int64_t T) {
-  const int64_t P = tp.size();
-  if (c.num_attention_heads % P != 0)
-    LATTICE_FAIL() << "--num-attention-heads " << c.num_attention_heads
-                   << " is not divisible by --tensor-model-parallel-size " << P;
-  if (c.ffn_hidden_size % P != 0)
-    LATTICE_FAIL() << "--ffn-hidden-size " << c.ffn_hidden_size
-                   << " is not divisible by --tensor-model-parallel-size " << P;
-  if (c.padded_vocab_size % P != 0)
-    LATTICE_FAIL() << "the padded vocabulary " << c.padded_vocab_size
-                   << " is not divisible by --tensor-model-parallel-size " << P
-                   << " (--make-vocab-size-divisible-by)";
-  if (tp.sp() && T % P != 0)
-    LATTICE_FAIL() << "--seq-length " << T << " is not divisible by --tensor-model-parallel-size " << P
+  check_tensor_parallel_split(c, tp.size());
+  if (tp.sp() && T % tp.size() != 0)
+    LATTICE_FAIL() << "--seq-length " << T << " is not divisible by --tensor-model-parallel-size " << tp.size()
                    << " (required by --sequence-parallel)";
 }
 

@@ -11,6 +11,18 @@ int64_t pad_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
+void check_tensor_parallel_split(const TransformerConfig& c, int64_t tp) {
+  if (c.num_attention_heads % tp != 0)
+    LATTICE_FAIL() << "--num-attention-heads " << c.num_attention_heads
+                   << " is not divisible by --tensor-model-parallel-size " << tp;
+  if (c.ffn_hidden_size % tp != 0)
+    LATTICE_FAIL() << "--ffn-hidden-size " << c.ffn_hidden_size << " is not divisible by --tensor-model-parallel-size "
+                   << tp;
+  if (c.padded_vocab_size % tp != 0)
+    LATTICE_FAIL() << "the padded vocabulary " << c.padded_vocab_size
+                   << " is not divisible by --tensor-model-parallel-size " << tp << " (--make-vocab-size-divisible-by)";
+}
+
 void TransformerConfig::finalize(int64_t tp) {
   if (num_layers <= 0) LATTICE_FAIL() << "--num-layers must be positive, got " << num_layers;
   if (hidden_size <= 0) LATTICE_FAIL() << "--hidden-size must be positive, got " << hidden_size;
@@ -28,21 +40,13 @@ void TransformerConfig::finalize(int64_t tp) {
   if (ffn_hidden_size == 0) ffn_hidden_size = 4 * hidden_size;
   if (ffn_hidden_size <= 0) LATTICE_FAIL() << "--ffn-hidden-size must be positive";
   if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;
-  if (num_attention_heads % tp != 0)
-    LATTICE_FAIL() << "--num-attention-heads " << num_attention_heads
-                   << " is not divisible by --tensor-model-parallel-size " << tp;
-  if (ffn_hidden_size % tp != 0)
-    LATTICE_FAIL() << "--ffn-hidden-size " << ffn_hidden_size << " is not divisible by --tensor-model-parallel-size "
-                   << tp;
   if (vocab_size <= 0) LATTICE_FAIL() << "vocabulary size must be positive (--vocab-size or a tokenizer)";
   if (make_vocab_size_divisible_by <= 0)
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be positive";
   if (padded_vocab_size == 0)
     padded_vocab_size = pad_vocab_size(vocab_size, make_vocab_size_divisible_by, tp);
   if (padded_vocab_size < vocab_size) LATTICE_FAIL() << "padded vocabulary smaller than the vocabulary";
-  if (padded_vocab_size % tp != 0)
-    LATTICE_FAIL() << "the padded vocabulary " << padded_vocab_size << " is not divisible by --tensor-model-parallel-size "
-                   << tp << " (--make-vocab-size-divisible-by)";
+  check_tensor_parallel_split(*this, tp);
   if (max_position_embeddings <= 0)
     LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
   if (hidden_dropout < 0 || hidden_dropout >= 1)

@@ -42,6 +42,10 @@ struct TransformerConfig {
   void check_recompute() const;
 };
 
+// Heads, ffn columns and padded vocabulary split evenly over `tp` ranks, or an error
+// naming the flag.
+void check_tensor_parallel_split(const TransformerConfig& config, int64_t tp);
+
 // Megatron's padding: ceil(V / (divisible_by * tp)) * (divisible_by * tp).
 int64_t pad_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tensor_model_parallel_size);
 

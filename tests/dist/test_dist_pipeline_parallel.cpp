@@ -18,6 +18,7 @@
 #include "pipeline/pipeline_runner.h"
 #include "train/data_parallel.h"
 #include "train/train_step.h"
+#include "layout_run.h"
 
 namespace lattice {
 namespace {
@@ -48,16 +49,9 @@ TransformerConfig config(const Case& c, int tp) {
   return t;
 }
 
-struct TrainRun {
-  std::vector<double> losses, grad_norms;
-  std::vector<float> params;
-  std::vector<ParamInfo> infos;
-  int peak_activations = 0;
-  int64_t warmup = 0;
-};
 
 // `ps` null: the single-process reference.
-TrainRun train(const Case& c, ParallelState* ps, bool sequence_parallel, const DataParallelConfig* dp_cfg) {
+LayoutRun train(const Case& c, ParallelState* ps, bool sequence_parallel, const DataParallelConfig* dp_cfg) {
   const int P = ps ? ps->pp().size() : 1;
   const PipelineLayout layout =
       make_pipeline_layout(c.layers, P, ps ? c.per_virtual : 0, ps ? c.first : 0, ps ? c.last : 0);
@@ -77,7 +71,7 @@ TrainRun train(const Case& c, ParallelState* ps, bool sequence_parallel, const D
   Optimizer opt(model.params(), oc, dp ? dp->owned_ranges() : ElementRanges{});
   MockSamples data(model.config().vocab_size, kT, 7);
   StepConfig sc{kB, kGBS, kT, 1.0, 1234};
-  TrainRun run;
+  LayoutRun run;
   for (int64_t it = 0; it < kIters; ++it) {
     const StepResult r = train_step(model, opt, data, sc, it, kLr, kWd, dp.get(), &runner);
     run.losses.push_back(r.lm_loss);
@@ -88,39 +82,6 @@ TrainRun train(const Case& c, ParallelState* ps, bool sequence_parallel, const D
   run.peak_activations = runner.peak_activations();
   run.warmup = warmup_forwards(ops) - 1;
   return run;
-}
-
-// Each parameter part this rank holds against the same box of the single run's tensor
-// (vocabulary rows beyond the single run's padding skipped).
-void expect_same_run(const TrainRun& got, const TrainRun& single) {
-  ASSERT_EQ(got.losses.size(), single.losses.size());
-  for (size_t i = 0; i < single.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], single.losses[i], 1e-5 * std::fabs(single.losses[i])) << "iteration " << i + 1;
-    EXPECT_NEAR(got.grad_norms[i], single.grad_norms[i], 1e-5 * single.grad_norms[i]) << "grad norm " << i + 1;
-  }
-  std::map<std::string, const ParamInfo*> whole;
-  for (const ParamInfo& p : single.infos) whole[p.name] = &p;
-  double max_ref = 0, max_err = 0;
-  int64_t compared = 0;
-  std::string worst;
-  for (const ParamInfo& p : got.infos) {
-    ASSERT_TRUE(whole.count(p.name)) << p.name;
-    const ParamInfo& w = *whole.at(p.name);
-    const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1, cols = p.shape.back();
-    const int64_t wcols = w.shape.back(), wrows = w.shape.size() == 2 ? w.shape[0] : 1;
-    const int64_t r0 = p.shape.size() == 2 ? p.global_offsets[0] : 0, c0 = p.global_offsets.back();
-    for (int64_t i = 0; i < rows && r0 + i < wrows; ++i)
-      for (int64_t j = 0; j < cols; ++j) {
-        const double want = single.params[size_t(w.offset + (r0 + i) * wcols + c0 + j)];
-        const double have = got.params[size_t(p.offset + i * cols + j)];
-        max_ref = std::max(max_ref, std::fabs(want));
-        if (std::fabs(have - want) > max_err) worst = p.name + "[" + std::to_string(i) + "," + std::to_string(j) + "] " + std::to_string(have) + " vs " + std::to_string(want);
-        max_err = std::max(max_err, std::fabs(have - want));
-        ++compared;
-      }
-  }
-  EXPECT_GT(compared, 0);
-  EXPECT_LE(max_err, 1e-5 * max_ref) << "final parameters (largest difference at " << worst << ")";
 }
 
 class DistPipeline : public ::testing::TestWithParam<Case> {};
@@ -135,8 +96,8 @@ TEST_P(DistPipeline, MatchesSingleProcess) {
     GTEST_SKIP() << "layout does not fit " << world << " stages: " << e.what();
   }
   auto ps = ParallelState::create(1, world, 120);
-  const TrainRun single = train(c, nullptr, false, nullptr);
-  const TrainRun pp = train(c, ps.get(), false, nullptr);
+  const LayoutRun single = train(c, nullptr, false, nullptr);
+  const LayoutRun pp = train(c, ps.get(), false, nullptr);
   expect_same_run(pp, single);
   if (ps->pp_rank() == 0 && c.per_virtual == 0) {
     // 1F1B: stage 0 keeps at most warmup + 1 micro-batches of activations.
@@ -169,8 +130,8 @@ TEST_P(DistThreeD, MatchesSingleProcess) {
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
-  const TrainRun single = train(c, nullptr, false, nullptr);
-  const TrainRun run = train(c, ps.get(), true, &cfg);
+  const LayoutRun single = train(c, nullptr, false, nullptr);
+  const LayoutRun run = train(c, ps.get(), true, &cfg);
   expect_same_run(run, single);
 }
 

@@ -17,6 +17,7 @@
 #include "optim/optimizer.h"
 #include "train/data_parallel.h"
 #include "train/train_step.h"
+#include "layout_run.h"
 
 namespace lattice {
 namespace {
@@ -39,14 +40,8 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2) {
   return c;
 }
 
-struct TrainRun {
-  std::vector<double> losses;
-  std::vector<double> grad_norms; // before clipping (TP-duplicated parameters counted once)
-  std::vector<float> params;      // this rank's buffer
-  std::vector<ParamInfo> infos;   // its layout (global boxes)
-};
 
-TrainRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg) {
+LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg) {
   GPTModel model(config(dropout, tp.size()), kB, kT, tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
@@ -54,7 +49,7 @@ TrainRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const
   Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
   MockSamples data(model.config().vocab_size, kT, 7);
   StepConfig sc{kB, kGBS, kT, 1.0, 1234};
-  TrainRun run;
+  LayoutRun run;
   for (int64_t it = 0; it < kIters; ++it) {
     const StepResult r = train_step(model, opt, data, sc, it, kLr, kWd, dp.get());
     run.losses.push_back(r.lm_loss);
@@ -63,36 +58,6 @@ TrainRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const
   run.params.assign(model.params().params(), model.params().params() + model.params().numel());
   run.infos = model.params().infos();
   return run;
-}
-
-// Compares each parameter part of `got` (one rank's) with the same box of the single
-// run's whole tensor; vocabulary rows beyond the single run's padding are skipped.
-void expect_same_run(const TrainRun& got, const TrainRun& single) {
-  ASSERT_EQ(got.losses.size(), single.losses.size());
-  for (size_t i = 0; i < single.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], single.losses[i], 1e-5 * std::fabs(single.losses[i])) << "iteration " << i + 1;
-  for (size_t i = 0; i < single.grad_norms.size(); ++i)
-    EXPECT_NEAR(got.grad_norms[i], single.grad_norms[i], 1e-5 * single.grad_norms[i]) << "grad norm, iteration " << i + 1;
-  std::map<std::string, const ParamInfo*> whole;
-  for (const ParamInfo& p : single.infos) whole[p.name] = &p;
-  double max_ref = 0, max_err = 0;
-  int64_t compared = 0;
-  for (const ParamInfo& p : got.infos) {
-    const ParamInfo& w = *whole.at(p.name);
-    const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1, cols = p.shape.back();
-    const int64_t wcols = w.shape.back(), wrows = w.shape.size() == 2 ? w.shape[0] : 1;
-    const int64_t r0 = p.shape.size() == 2 ? p.global_offsets[0] : 0, c0 = p.global_offsets.back();
-    for (int64_t i = 0; i < rows && r0 + i < wrows; ++i)
-      for (int64_t j = 0; j < cols; ++j) {
-        const double want = single.params[size_t(w.offset + (r0 + i) * wcols + c0 + j)];
-        const double have = got.params[size_t(p.offset + i * cols + j)];
-        max_ref = std::max(max_ref, std::fabs(want));
-        max_err = std::max(max_err, std::fabs(have - want));
-        ++compared;
-      }
-  }
-  EXPECT_GT(compared, 0);
-  EXPECT_LE(max_err, 1e-5 * max_ref) << "final parameters";
 }
 
 struct Layout {
@@ -106,8 +71,8 @@ class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
 TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
-  TrainRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr);
-  TrainRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr);
+  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr);
   expect_same_run(tp, single);
 }
 
@@ -116,12 +81,12 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
-  TrainRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
-  TrainRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg);
+  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg);
   expect_same_run(run, single);
 }
 
