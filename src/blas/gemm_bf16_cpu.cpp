@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "blas/blocking.h"
+
+#include "core/device.h"
+#include "blas/gemm_cuda.h"
 #include "blas/gemm.h"
 #include "core/error.h"
 #include "kernels/cast.h"
@@ -77,6 +80,7 @@ void gemm_bf16_force_fallback(bool force) { g_force_fallback = force; }
 
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  LATTICE_KERNEL_ENTRY(cuda::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
   if (M == 0 || N == 0) return;
   if (K == 0 || !gemm_bf16_native()) {
     std::vector<float> a, b;

@@ -6,6 +6,9 @@
 #include <omp.h>
 
 #include "blas/blocking.h"
+
+#include "core/device.h"
+#include "blas/gemm_cuda.h"
 #include "blas/gemm.h"
 #include "core/error.h"
 
@@ -13,6 +16,7 @@ namespace lattice {
 
 void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  LATTICE_KERNEL_ENTRY(cuda::gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
   if (M == 0 || N == 0) return;
   blas_detail::for_each_block(ta, tb, M, N, K, A, lda, B, ldb, C, ldc,
                               [&](int64_t m, int64_t n, const float* a, const float* b, float* c) {

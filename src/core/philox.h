@@ -1,18 +1,21 @@
 // Philox4x32-10 counter-based RNG (Salmon et al., "Parallel random numbers: as easy
 // as 1, 2, 3", SC'11). A draw depends only on (key, counter), never on which thread
 // or rank makes it: this is what makes dropout masks and initial values independent
-// of the thread count and of the parallel layout.
+// of the thread count and of the parallel layout. The integer draws are LATTICE_HD, so
+// the CUDA kernels draw the same stream bit for bit.
 #pragma once
 #include <array>
 #include <cmath>
 #include <cstdint>
+
+#include "core/hd.h"
 
 namespace lattice {
 
 using PhiloxCounter = std::array<uint32_t, 4>;
 using PhiloxKey = std::array<uint32_t, 2>;
 
-inline PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey key) {
+LATTICE_HD inline PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey key) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
@@ -27,7 +30,7 @@ inline PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey key) {
 }
 
 // Uniform in [0, 1) with 24 bits of precision.
-inline float philox_uniform(uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
+LATTICE_HD inline float philox_uniform(uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
 
 // Uniform in (0, 1], for logs.
 inline double philox_uniform_open0(uint32_t hi, uint32_t lo) {
@@ -45,13 +48,13 @@ struct PhiloxStream {
   uint32_t tag0 = 0;    // e.g. iteration
   uint32_t tag1 = 0;    // e.g. micro-batch
 
-  PhiloxCounter block(uint64_t block_index) const {
+  LATTICE_HD PhiloxCounter block(uint64_t block_index) const {
     PhiloxCounter ctr = {uint32_t(block_index), uint32_t(block_index >> 32), tag0, tag1};
     PhiloxKey key = {uint32_t(seed) ^ stream * 0x85EBCA6Bu, uint32_t(seed >> 32) ^ stream};
     return philox4x32_10(ctr, key);
   }
-  uint32_t u32(uint64_t index) const { return block(index >> 2)[index & 3]; }
-  float uniform(uint64_t index) const { return philox_uniform(u32(index)); }
+  LATTICE_HD uint32_t u32(uint64_t index) const { return block(index >> 2)[index & 3]; }
+  LATTICE_HD float uniform(uint64_t index) const { return philox_uniform(u32(index)); }
   // Standard normal for element `index` (Box-Muller on the two halves of a block).
   double normal(uint64_t index) const {
     PhiloxCounter r = block(index >> 1);

@@ -51,6 +51,17 @@ class LocalComm : public Comm {
     stats_.add(CommOp::reduce_scatter, uint64_t(counts[0]) * 4);
     return std::make_unique<DoneRequest>();
   }
+  std::unique_ptr<CommRequest> iall_reduce_bf16(uint16_t*, int64_t n) override {
+    stats_.add(CommOp::all_reduce, uint64_t(n) * 2);
+    return std::make_unique<DoneRequest>();
+  }
+  std::unique_ptr<CommRequest> ireduce_scatter_bf16(const uint16_t* send, uint16_t* recv,
+                                                    const std::vector<int64_t>& counts) override {
+    LATTICE_CHECK(counts.size() == 1) << "reduce_scatter counts for 1 rank";
+    if (send != recv) std::memmove(recv, send, size_t(counts[0]) * sizeof(uint16_t));
+    stats_.add(CommOp::reduce_scatter, uint64_t(counts[0]) * 2);
+    return std::make_unique<DoneRequest>();
+  }
   std::unique_ptr<CommRequest> iall_gather(float*, const std::vector<int64_t>& counts) override {
     LATTICE_CHECK(counts.size() == 1) << "all_gather counts for 1 rank";
     stats_.add(CommOp::all_gather, uint64_t(counts[0]) * 4);
@@ -76,6 +87,14 @@ class LocalComm : public Comm {
 };
 
 }  // namespace
+
+std::unique_ptr<CommRequest> Comm::iall_reduce_bf16(uint16_t*, int64_t) {
+  LATTICE_FAIL() << "the " << name_ << " communicator has no bf16 all-reduce";
+}
+
+std::unique_ptr<CommRequest> Comm::ireduce_scatter_bf16(const uint16_t*, uint16_t*, const std::vector<int64_t>&) {
+  LATTICE_FAIL() << "the " << name_ << " communicator has no bf16 reduce-scatter";
+}
 
 std::unique_ptr<Comm> make_local_comm(const std::string& name, int world_rank) {
   return std::make_unique<LocalComm>(name, world_rank);

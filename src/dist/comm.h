@@ -57,6 +57,13 @@ class Comm {
                                                        const std::vector<int64_t>& counts) = 0;
   // data holds sum(counts) elements; each rank's piece (at its displacement) is sent to all.
   virtual std::unique_ptr<CommRequest> iall_gather(float* data, const std::vector<int64_t>& counts) = 0;
+  // bf16 forms of the two gradient reductions (--grad-reduce-in-bf16): elements are bf16
+  // bit patterns (kernels/cast.h); each pairwise sum is computed in fp32 and rounded to
+  // bf16, in the same order on every rank, so all ranks get the same bits. Half the bytes
+  // of the fp32 forms. A communicator without them fails, naming itself.
+  virtual std::unique_ptr<CommRequest> iall_reduce_bf16(uint16_t* data, int64_t n);
+  virtual std::unique_ptr<CommRequest> ireduce_scatter_bf16(const uint16_t* send, uint16_t* recv,
+                                                            const std::vector<int64_t>& counts);
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void send(const float* data, int64_t n, int dst, int tag) = 0;
   virtual void recv(float* data, int64_t n, int src, int tag) = 0;

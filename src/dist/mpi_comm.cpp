@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "kernels/cast.h"
 
 namespace lattice {
 namespace {
@@ -95,6 +96,24 @@ std::vector<int> displacements(const std::vector<int>& counts) {
   return d;
 }
 
+// MPI has no bf16 type: bf16 elements travel as MPI_UINT16_T and are summed by this
+// operation, each pair in fp32 rounded back to bf16. Declared non-commutative, so MPI
+// combines in rank order and every rank gets the same bits.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = fp32_to_bf16(bf16_to_fp32(a[i]) + bf16_to_fp32(b[i]));
+}
+
+MPI_Op bf16_sum_op() {
+  static MPI_Op op = [] {
+    MPI_Op o;
+    check_mpi(MPI_Op_create(bf16_sum, 0, &o), "MPI_Op_create");
+    return o;
+  }();
+  return op;
+}
+
 class MpiComm : public Comm {
  public:
   MpiComm(const std::string& name, MPI_Comm comm, std::vector<int> world_ranks)
@@ -142,6 +161,25 @@ class MpiComm : public Comm {
     stats_.add(CommOp::reduce_scatter, uint64_t(total) * 4);
     MPI_Request r;
     check_mpi(MPI_Ireduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, comm_, &r), "MPI_Ireduce_scatter");
+    return std::make_unique<MpiRequest>(r, label(), CommOp::reduce_scatter, stats_, std::move(c));
+  }
+  std::unique_ptr<CommRequest> iall_reduce_bf16(uint16_t* data, int64_t n) override {
+    LATTICE_CHECK(n < (int64_t(1) << 31)) << "message of " << n << " elements too large for MPI";
+    stats_.add(CommOp::all_reduce, uint64_t(n) * 2);
+    MPI_Request r;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, int(n), MPI_UINT16_T, bf16_sum_op(), comm_, &r), "MPI_Iallreduce");
+    return std::make_unique<MpiRequest>(r, label(), CommOp::all_reduce, stats_);
+  }
+  std::unique_ptr<CommRequest> ireduce_scatter_bf16(const uint16_t* send, uint16_t* recv,
+                                                    const std::vector<int64_t>& counts) override {
+    LATTICE_CHECK(int(counts.size()) == size_) << "reduce_scatter needs one count per rank";
+    std::vector<int> c = to_int_counts(counts);
+    int64_t total = 0;
+    for (int64_t x : counts) total += x;
+    stats_.add(CommOp::reduce_scatter, uint64_t(total) * 2);
+    MPI_Request r;
+    check_mpi(MPI_Ireduce_scatter(send, recv, c.data(), MPI_UINT16_T, bf16_sum_op(), comm_, &r),
+              "MPI_Ireduce_scatter");
     return std::make_unique<MpiRequest>(r, label(), CommOp::reduce_scatter, stats_, std::move(c));
   }
   std::unique_ptr<CommRequest> iall_gather(float* data, const std::vector<int64_t>& counts) override {

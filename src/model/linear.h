@@ -21,12 +21,19 @@ class GemmPolicy {
   // dx[N, in] = dy @ W (accumulated into dx when accumulate)
   virtual void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in,
                           int64_t out, bool accumulate) = 0;
+  // Rounds a GEMM result (y of forward, dx of input_grad) to the format layer outputs are
+  // kept in (bf16, fp16; nothing for fp32 outputs). linear_forward / linear_backward call
+  // it after the GEMM; for a partial sum that the tensor-parallel group reduces next, the
+  // parallel layer calls it on the reduced result instead, so every layout rounds the
+  // same full sums.
+  virtual void round_result(float* v, int64_t n) {}
 };
 
 // Where a linear layer's GEMMs go: the model's policy (null: fp32) and the weight's index.
 struct GemmSite {
   GemmPolicy* policy = nullptr;
   int param = -1;
+  bool partial_sum = false;  // the result is reduced over tensor parallelism before round_result
 };
 
 // y[N, out] = x[N, in] @ W[out, in]^T + b[out]   (b may be null)

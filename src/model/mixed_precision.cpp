@@ -47,8 +47,8 @@ class Bf16Policy final : public MixedPrecisionPolicy {
     const uint16_t* Wb = weight(param, W, out * in);
     const uint16_t* xb = operand(a_, x, N * in);
     gemm_bf16(Trans::N, Trans::T, N, out, in, 1.0f, xb, in, Wb, in, 0.0f, y, out);
-    round_to_bf16(y, y, N * out);
   }
+  void round_result(float* v, int64_t n) override { round_to_bf16(v, v, n); }
   void weight_grad(int, float* dW, const float* dy, const float* x, int64_t N, int64_t in, int64_t out) override {
     const uint16_t* dyb = operand(a_, dy, N * out);
     const uint16_t* xb = operand(b_, x, N * in);
@@ -59,7 +59,6 @@ class Bf16Policy final : public MixedPrecisionPolicy {
     const uint16_t* Wb = weight(param, W, out * in);
     const uint16_t* dyb = operand(a_, dy, N * out);
     gemm_bf16(Trans::N, Trans::N, N, in, out, 1.0f, dyb, out, Wb, in, accumulate ? 1.0f : 0.0f, dx, in);
-    round_to_bf16(dx, dx, N * in);
   }
 
  private:
@@ -85,8 +84,8 @@ class Fp16Policy final : public MixedPrecisionPolicy {
     const float* Wh = weight(param, W, out * in);
     const float* xh = operand(a_, x, N * in);
     gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, xh, in, Wh, in, 0.0f, y, out);
-    round_to_fp16(y, y, N * out);
   }
+  void round_result(float* v, int64_t n) override { round_to_fp16(v, v, n); }
   void weight_grad(int, float* dW, const float* dy, const float* x, int64_t N, int64_t in, int64_t out) override {
     const float* dyh = operand(a_, dy, N * out);
     const float* xh = operand(b_, x, N * in);
@@ -97,7 +96,6 @@ class Fp16Policy final : public MixedPrecisionPolicy {
     const float* Wh = weight(param, W, out * in);
     const float* dyh = operand(a_, dy, N * out);
     gemm_f32(Trans::N, Trans::N, N, in, out, 1.0f, dyh, out, Wh, in, accumulate ? 1.0f : 0.0f, dx, in);
-    round_to_fp16(dx, dx, N * in);
   }
 
  private:
@@ -114,9 +112,12 @@ class Fp16Policy final : public MixedPrecisionPolicy {
 };
 
 // fp8 with delayed scaling; operands as bf16 patterns of the fp8 values (exact).
+// Every use in a step quantizes with the scales the earlier steps' amaxes gave; the
+// step's amaxes are collected locally and enter the histories once, in finish_step.
 class Fp8Policy final : public MixedPrecisionPolicy {
  public:
-  Fp8Policy(const Fp8Recipe& r, Comm* tp) : recipe_(r), tp_(tp && tp->size() > 1 ? tp : nullptr) {}
+  Fp8Policy(const Fp8Recipe& r, Comm* tp, Comm* dp)
+      : recipe_(r), tp_(tp && tp->size() > 1 ? tp : nullptr), dp_(dp && dp->size() > 1 ? dp : nullptr) {}
   const char* name() const override { return recipe_.backward == Fp8Format::e5m2 ? "fp8 hybrid" : "fp8 e4m3"; }
   void refresh_weights() override { weights_.invalidate(); }
 
@@ -125,18 +126,18 @@ class Fp8Policy final : public MixedPrecisionPolicy {
     const uint16_t* Wq = weight(s, param, W, out * in);
     const float sx = s.x.scale();
     const uint16_t* xq = quantize(a_, x, N * in, sx, recipe_.forward);
-    s.x.record(reduced_amax(x, N * in));
+    note_amax(s.x_amax, x, N * in);
     gemm_bf16(Trans::N, Trans::T, N, out, in, 1.0f / (sx * s.w_used), xq, in, Wq, in, 0.0f, y, out);
   }
   void weight_grad(int param, float* dW, const float* dy, const float* x, int64_t N, int64_t in,
                    int64_t out) override {
     State& s = state(param);
-    s.g_used = s.g.scale();
-    const uint16_t* gq = quantize(g_, dy, N * out, s.g_used, recipe_.backward);
-    s.g.record(reduced_amax(dy, N * out));
+    const float sg = s.g.scale();
+    const uint16_t* gq = quantize(g_, dy, N * out, sg, recipe_.backward);
+    note_amax(s.g_amax, dy, N * out);
     const float sx = s.x.scale();
     const uint16_t* xq = quantize(a_, x, N * in, sx, recipe_.forward);
-    gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f / (s.g_used * sx), gq, out, xq, in, 1.0f, dW, in);
+    gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f / (sg * sx), gq, out, xq, in, 1.0f, dW, in);
     g_param_ = param;
     g_ptr_ = dy;
   }
@@ -144,38 +145,67 @@ class Fp8Policy final : public MixedPrecisionPolicy {
                   bool accumulate) override {
     State& s = state(param);
     const uint16_t* Wq = weight(s, param, W, out * in);
+    const float sg = s.g.scale();
     // The output gradient as weight_grad quantized it (linear_backward calls it first).
     const uint16_t* gq = g_.data();
-    float sg = s.g_used;
     if (g_param_ != param || g_ptr_ != dy) {
-      sg = s.g.scale();
       gq = quantize(g_, dy, N * out, sg, recipe_.backward);
+      note_amax(s.g_amax, dy, N * out);
     }
     gemm_bf16(Trans::N, Trans::N, N, in, out, 1.0f / (sg * s.w_used), gq, out, Wq, in, accumulate ? 1.0f : 0.0f,
               dx, in);
     g_param_ = -1;
   }
 
+  // The step's amax of every tensor, MAX-reduced over the ranks that share the tensor
+  // (tensor- and data-parallel groups: the same weights, the same global batch), enters
+  // its history; the next step's scales follow. One all-reduce per group per step.
+  void finish_step() override {
+    std::vector<float> amax;
+    amax.reserve(states_.size() * 3);
+    for (const State& s : states_) amax.insert(amax.end(), {s.x_amax, s.w_amax, s.g_amax});
+    for (Comm* c : {tp_, dp_})
+      if (c && !amax.empty()) c->all_reduce(amax.data(), int64_t(amax.size()), ReduceOp::max);
+    for (size_t i = 0; i < states_.size(); ++i) {
+      State& s = states_[i];
+      if (s.used) {
+        s.x.record(amax[3 * i]);
+        s.w.record(amax[3 * i + 1]);
+        s.g.record(amax[3 * i + 2]);
+      }
+      s.x_amax = s.w_amax = s.g_amax = 0.0f;
+    }
+  }
+
  private:
   struct State {
     DelayedScale x, w, g;
-    float w_used = 1.0f, g_used = 1.0f;  // the scales of the cached weight / last gradient
+    float w_used = 1.0f;                          // the scale of the cached weight
+    float x_amax = 0, w_amax = 0, g_amax = 0;     // this step's, so far (inf: a NaN or inf was seen)
+    bool used = false;
   };
   State& state(int param) {
     if (param < 0) LATTICE_FAIL() << "fp8: a linear layer without a parameter index";
     while (states_.size() <= size_t(param))
       states_.push_back(State{DelayedScale(recipe_, recipe_.forward), DelayedScale(recipe_, recipe_.forward),
                               DelayedScale(recipe_, recipe_.backward)});
+    states_[size_t(param)].used = true;
     return states_[size_t(param)];
   }
-  // The weight on the fp8 grid with its current (delayed) scale; its amax enters the history.
+  // NaN becomes inf, so that the MAX reduction keeps it (either keeps the scale).
+  static void note_amax(float& acc, const float* v, int64_t n) {
+    float a = abs_max(v, n);
+    if (std::isnan(a)) a = INFINITY;
+    acc = std::max(acc, a);
+  }
+  // The weight on the fp8 grid with its current (delayed) scale, made once per update.
   const uint16_t* weight(State& s, int param, const float* W, int64_t n) {
     return weights_.get(param, W, n, [&](uint16_t* o, const float* i, int64_t k) {
       s.w_used = s.w.scale();
       std::vector<float> q(static_cast<size_t>(k));
       quantize_fp8(q.data(), i, k, s.w_used, recipe_.forward);
       cast_fp32_to_bf16(o, q.data(), k);
-      s.w.record(reduced_amax(i, k));
+      note_amax(s.w_amax, i, k);
     });
   }
   const uint16_t* quantize(std::vector<uint16_t>& buf, const float* v, int64_t n, float scale, Fp8Format f) {
@@ -185,14 +215,10 @@ class Fp8Policy final : public MixedPrecisionPolicy {
     cast_fp32_to_bf16(buf.data(), tmp_.data(), n);  // exact: fp8 values are bf16 values
     return buf.data();
   }
-  float reduced_amax(const float* v, int64_t n) {
-    float a = abs_max(v, n);
-    if (tp_) tp_->all_reduce(&a, 1, ReduceOp::max);
-    return a;
-  }
 
   Fp8Recipe recipe_;
   Comm* tp_;
+  Comm* dp_;
   std::vector<State> states_;
   WeightCache<uint16_t> weights_;
   std::vector<uint16_t> a_, g_;
@@ -233,8 +259,8 @@ Fp8Recipe make_fp8_recipe(const std::string& format, int64_t margin, int64_t ama
   return r;
 }
 
-std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp) {
-  return std::make_unique<Fp8Policy>(recipe, tp);
+std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp, Comm* dp) {
+  return std::make_unique<Fp8Policy>(recipe, tp, dp);
 }
 
 }  // namespace lattice

@@ -10,13 +10,17 @@
 //         detects), multiplied by the fp32 GEMM: a product of two fp16 values is exact
 //         in fp32, so this is fp16 arithmetic with fp32 accumulation. Results rounded to fp16.
 //   fp8:  operands quantized per tensor (x * scale onto the e4m3 / e5m2 grid, saturating)
-//         with delayed scaling: each tensor's scale comes from the amax history of its
-//         earlier uses, scale = fp8_max / amax / 2^margin (amax 0 or not finite: the scale
-//         is kept; before any history: 1). e4m3 forward; hybrid: e5m2 for the output
-//         gradients. fp8 values are exact in bf16, so the products run on gemm_bf16 and the
-//         fp32 sum is multiplied by 1 / (scale_a * scale_b). Outputs stay fp32. The amax of
-//         every tensor is MAX-reduced over the tensor-parallel group (the ranks that share
-//         the layer) before it enters the history, so all of them use the same scales.
+//         with delayed scaling: each tensor's scale comes from the amax history of earlier
+//         steps, scale = fp8_max / amax / 2^margin (amax 0 or not finite: the scale is kept;
+//         before any history: 1). A tensor's amax for a step is the max over all its uses in
+//         the step (every micro-batch), MAX-reduced over the tensor- and data-parallel
+//         groups (the ranks that share the layer and the global batch) in finish_step, so
+//         every rank uses the same scales and every layout the single-process ones.
+//         e4m3 forward; hybrid: e5m2 for the output gradients. fp8 values are exact in
+//         bf16, so the products run on gemm_bf16 and the fp32 sum is multiplied by
+//         1 / (scale_a * scale_b). Outputs stay fp32.
+//   Results of a GEMM are rounded (bf16, fp16) after the tensor-parallel reduction of a
+//   partial sum, not per rank (GemmPolicy::round_result), so layouts agree.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -36,6 +40,10 @@ class MixedPrecisionPolicy : public GemmPolicy {
   // The main (fp32) parameters changed: the low-precision weight copies are re-made from
   // them at their next use.
   virtual void refresh_weights() = 0;
+  // After the last micro-batch's backward of a step (collective over the groups the
+  // policy was made with: every rank of them calls it). fp8: the step's amaxes enter the
+  // histories.
+  virtual void finish_step() {}
   virtual const char* name() const = 0;
 };
 
@@ -54,8 +62,9 @@ struct Fp8Recipe {
 Fp8Recipe make_fp8_recipe(const std::string& format, int64_t margin, int64_t amax_history_len,
                           const std::string& amax_compute_algo);
 
-// tp: the tensor-parallel group (null or size 1: no amax reduction).
-std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp);
+// tp, dp: the tensor- and data-parallel groups the amaxes are reduced over (null or size
+// 1: none).
+std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp, Comm* dp = nullptr);
 
 // Delayed scaling of one tensor: the amax history and the scale derived from it.
 class DelayedScale {

@@ -33,15 +33,22 @@ void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, f
                                      float* dW, float* db, const float* dy, const float* x,
                                      const float* W, int64_t N, int64_t in, int64_t out_local,
                                      const GemmSite& site) {
-  linear_backward(dx_full, dW, db, dy, x, W, N, in, out_local, false, site);
-  reduce_from_tensor_parallel_region(tp, dx_full, tp.sp() ? dx_shard : dx_full, N, in);
+  GemmSite partial = site;
+  partial.partial_sum = true;
+  linear_backward(dx_full, dW, db, dy, x, W, N, in, out_local, false, partial);
+  float* dx = tp.sp() ? dx_shard : dx_full;
+  reduce_from_tensor_parallel_region(tp, dx_full, dx, N, in);
+  if (site.policy) site.policy->round_result(dx, tp.shard_rows(N) * in);
 }
 
 void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* partial, const float* x,
                                  const float* W, const float* b, int64_t N, int64_t in_local, int64_t out,
                                  const GemmSite& site) {
-  linear_forward(partial, x, W, nullptr, N, in_local, out, site);
+  GemmSite partial_site = site;
+  partial_site.partial_sum = true;
+  linear_forward(partial, x, W, nullptr, N, in_local, out, partial_site);
   reduce_from_tensor_parallel_region(tp, partial, y, N, out);
+  if (site.policy) site.policy->round_result(y, tp.shard_rows(N) * out);
   if (b) bias_add(y, b, tp.shard_rows(N), out);
 }
 

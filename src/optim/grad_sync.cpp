@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 
 namespace lattice {
@@ -38,8 +39,9 @@ std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_eleme
   return buckets;
 }
 
-GradSync::GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter)
-    : params_(params), dp_(dp), overlap_(overlap), reduce_scatter_(reduce_scatter) {
+GradSync::GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter,
+                   bool reduce_in_bf16)
+    : params_(params), dp_(dp), overlap_(overlap), reduce_scatter_(reduce_scatter), bf16_(reduce_in_bf16) {
   buckets_ = make_buckets(params, bucket_elements, dp.size());
   bucket_of_param_.assign(params.infos().size(), -1);
   for (size_t b = 0; b < buckets_.size(); ++b)
@@ -49,7 +51,12 @@ GradSync::GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool 
   requests_.resize(buckets_.size());
   int64_t owned = 0;
   for (const Bucket& b : buckets_) owned += b.shard_counts[size_t(dp.rank())];
-  scratch_.resize(size_t(owned));
+  if (bf16_) {
+    bf16_send_.resize(size_t(params.numel()));
+    if (reduce_scatter_) bf16_recv_.resize(size_t(owned));
+  } else {
+    scratch_.resize(size_t(owned));
+  }
 }
 
 GradSync::~GradSync() = default;
@@ -76,10 +83,14 @@ void GradSync::start_bucket(size_t b) {
   const Bucket& bk = buckets_[b];
   float* g = params_.grads() + bk.begin;
   const int64_t n = bk.end - bk.begin;
-  if (dp_.size() > 1) scale_inplace(g, 1.0f / float(dp_.size()), n);  // Megatron's pre-scaling
-  if (reduce_scatter_) {
-    int64_t off = 0;
-    for (size_t k = 0; k < b; ++k) off += buckets_[k].shard_counts[size_t(dp_.rank())];
+  int64_t off = 0;  // this rank's shard of bucket b in the staging buffers
+  for (size_t k = 0; k < b && reduce_scatter_; ++k) off += buckets_[k].shard_counts[size_t(dp_.rank())];
+  if (bf16_) {
+    uint16_t* h = bf16_send_.data() + bk.begin;
+    cast_fp32_to_bf16(h, g, n);
+    requests_[b] = reduce_scatter_ ? dp_.ireduce_scatter_bf16(h, bf16_recv_.data() + off, bk.shard_counts)
+                                   : dp_.iall_reduce_bf16(h, n);
+  } else if (reduce_scatter_) {
     requests_[b] = dp_.ireduce_scatter(g, scratch_.data() + off, bk.shard_counts);
   } else {
     requests_[b] = dp_.iall_reduce(g, n);
@@ -95,11 +106,17 @@ void GradSync::finish() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     requests_[b]->wait();
     requests_[b].reset();
+    const Bucket& bk = buckets_[b];
     if (reduce_scatter_) {
-      const Bucket& bk = buckets_[b];
       const int64_t n = bk.shard_counts[size_t(dp_.rank())];
-      std::memcpy(params_.grads() + bk.shard_begin(dp_.rank()), scratch_.data() + off, size_t(n) * sizeof(float));
+      float* mine = params_.grads() + bk.shard_begin(dp_.rank());
+      if (bf16_)
+        cast_bf16_to_fp32(mine, bf16_recv_.data() + off, n);
+      else
+        std::memcpy(mine, scratch_.data() + off, size_t(n) * sizeof(float));
       off += n;
+    } else if (bf16_) {
+      cast_bf16_to_fp32(params_.grads() + bk.begin, bf16_send_.data() + bk.begin, bk.end - bk.begin);
     }
     started_[b] = false;
   }

@@ -1,10 +1,15 @@
 // Data-parallel gradient synchronisation over the flat gradient buffer, as Megatron's
 // DistributedDataParallel: the buffer is cut into buckets (in backward order: the last
-// parameters first), gradients are pre-scaled by 1/DP, and each bucket is all-reduced
-// (or, with the distributed optimizer, reduce-scattered so that each DP rank ends with
-// the summed gradient of its shard of every bucket). With overlap, a bucket's
+// parameters first), and each bucket is sum-all-reduced (or, with the distributed
+// optimizer, reduce-scattered so that each DP rank ends with the summed gradient of its
+// shard of every bucket). Where Megatron pre-scales the gradients by 1/DP, lattice puts
+// the 1/DP into the loss gradient's scale (train_step: 1/(micro-batches x DP)), so a
+// micro-batch's backward computes the same numbers under every layout (fp16 overflows
+// depend on magnitudes); the reduced gradient is the same average. With overlap, a bucket's
 // non-blocking reduction starts as soon as all of its gradients are final in the last
-// micro-batch's backward.
+// micro-batch's backward. With reduce_in_bf16 (--grad-reduce-in-bf16) gradients are
+// still accumulated in fp32; each bucket is rounded to bf16 for the reduction only (half
+// the bytes) and widened back into the fp32 buffer afterwards.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -30,7 +35,8 @@ std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_eleme
 
 class GradSync {
  public:
-  GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter);
+  GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter,
+           bool reduce_in_bf16 = false);
   ~GradSync();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -52,13 +58,15 @@ class GradSync {
 
   ParamBuffer& params_;
   Comm& dp_;
-  bool overlap_, reduce_scatter_;
+  bool overlap_, reduce_scatter_, bf16_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;
   std::vector<int> pending_;        // per bucket: params not yet ready
   std::vector<bool> started_;
   std::vector<std::unique_ptr<CommRequest>> requests_;
   std::vector<float> scratch_;      // reduce-scatter output staging
+  std::vector<uint16_t> bf16_send_; // bf16: the buffer's gradients, rounded [numel]
+  std::vector<uint16_t> bf16_recv_; // bf16 reduce-scatter output [owned elements]
   bool last_ = false;
   double exposed_seconds_ = 0;
 };

@@ -216,13 +216,13 @@ void reject_unimplemented(const TrainArgs& a) {
     if (used) LATTICE_FAIL() << "--" << flag << " is not implemented yet";
   };
   reject(a.zero_stage != d.zero_stage, "zero-stage");
-  reject(a.grad_reduce_in_bf16, "grad-reduce-in-bf16");
 }
 
 // --bf16 / --fp16 / --fp8-format and the loss-scale flags.
 void validate_precision(const TrainArgs& a) {
   const TrainArgs d;
   if (a.bf16 && a.fp16) LATTICE_FAIL() << "--bf16 and --fp16 are exclusive";
+  if (a.grad_reduce_in_bf16 && !a.bf16) LATTICE_FAIL() << "--grad-reduce-in-bf16 needs --bf16";
   if (!a.fp16 && (a.loss_scale != d.loss_scale || a.initial_loss_scale != d.initial_loss_scale ||
                   a.min_loss_scale != d.min_loss_scale || a.loss_scale_window != d.loss_scale_window ||
                   a.hysteresis != d.hysteresis))

@@ -10,7 +10,7 @@ DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& 
       dp_(dp),
       cfg_(cfg),
       sync_(params_, dp, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(dp.size()),
-            cfg.overlap_grad_reduce, cfg.distributed_optimizer) {
+            cfg.overlap_grad_reduce, cfg.distributed_optimizer, cfg.grad_reduce_in_bf16) {
   model_.set_grad_ready_hook([this](int index) { sync_.grad_ready(index); });
 }
 

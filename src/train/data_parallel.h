@@ -19,6 +19,7 @@ struct DataParallelConfig {
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
   int64_t bucket_elements = 0;         // 0: Megatron's default
+  bool grad_reduce_in_bf16 = false;    // --grad-reduce-in-bf16 (fp32 accumulation, bf16 reduction)
 };
 
 class DataParallel {

@@ -16,8 +16,8 @@ namespace lattice {
 
 class Comm;
 
-// tp: the tensor-parallel group (fp8 reduces amax over it). Null without mixed precision.
-std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp);
+// tp, dp: the tensor- and data-parallel groups (fp8 reduces each step's amaxes over them). Null without mixed precision.
+std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp, Comm* dp);
 
 // Null unless --fp16.
 std::unique_ptr<LossScaler> make_loss_scaler(const TrainArgs& args);

@@ -65,10 +65,13 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   };
   StepResult r;
   r.loss_scale = cfg.loss_scaler ? cfg.loss_scaler->scale() : 1.0;
-  r.lm_loss = pipeline->train(fetch, key_of, num_micro, B, T, float(r.loss_scale / double(num_micro)),
-                              before_backward);
+  // Each micro-batch's loss gradient carries 1/(micro-batches of the global batch): the
+  // DP reduction then sums (grad_sync.h), and backward is the same under every layout.
+  r.lm_loss = pipeline->train(fetch, key_of, num_micro, B, T,
+                              float(r.loss_scale / double(num_micro * dp_size)), before_backward);
   r.lm_loss = pipeline->from_last_stage(r.lm_loss / double(num_micro));
   pipeline->finish_shared_embedding_grads();
+  if (cfg.precision) cfg.precision->finish_step();
   Comm* tp = model.tensor_parallel().comm;
   Comm* pp = pipeline->pipeline_group();
   if (dp) {

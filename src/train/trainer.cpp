@@ -276,11 +276,12 @@ int run_training(const TrainArgs& args) {
     dcfg.overlap_grad_reduce = args.overlap_grad_reduce;
     dcfg.overlap_param_gather = args.overlap_param_gather;
     dcfg.bucket_elements = args.ddp_bucket_size;
+    dcfg.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
     dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg);
   }
   Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{});
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
-  const std::unique_ptr<MixedPrecisionPolicy> precision = make_precision_policy(args, &ps->tp());
+  const std::unique_ptr<MixedPrecisionPolicy> precision = make_precision_policy(args, &ps->tp(), &ps->dp());
   if (precision) model.set_gemm_policy(precision.get());
   const std::unique_ptr<LossScaler> loss_scaler = make_loss_scaler(args);
 

@@ -128,6 +128,8 @@ TEST(PrecisionPolicy, Fp16IsFp32ArithmeticOnFp16Values) {
   std::vector<float> y(size_t(c.N * c.out)), ref(y.size());
   p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
   gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, xh.data(), c.in, Wh.data(), c.in, 0.0f, ref.data(), c.out);
+  EXPECT_EQ(y, ref);  // the fp32 sum: rounding is round_result's (after any TP reduction)
+  p->round_result(y.data(), int64_t(y.size()));
   round_to_fp16(ref.data(), ref.data(), int64_t(ref.size()));
   EXPECT_EQ(y, ref);
   std::vector<float> dW(c.W.size(), 0.5f), dWref(c.W.size(), 0.5f);
@@ -136,6 +138,7 @@ TEST(PrecisionPolicy, Fp16IsFp32ArithmeticOnFp16Values) {
   EXPECT_EQ(dW, dWref);  // fp32 main gradient, not rounded
   std::vector<float> dx(c.x.size()), dxref(c.x.size());
   p->input_grad(0, dx.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out, false);
+  p->round_result(dx.data(), int64_t(dx.size()));
   gemm_f32(Trans::N, Trans::N, c.N, c.in, c.out, 1.0f, dyh.data(), c.out, Wh.data(), c.in, 0.0f, dxref.data(), c.in);
   round_to_fp16(dxref.data(), dxref.data(), int64_t(dxref.size()));
   EXPECT_EQ(dx, dxref);
@@ -158,6 +161,7 @@ TEST(PrecisionPolicy, Bf16MatchesFp32OnBf16ValuesAndRefreshes) {
   const auto xb = rounded(c.x, round_to_bf16), Wb = rounded(c.W, round_to_bf16);
   std::vector<float> y(size_t(c.N * c.out)), ref(y.size());
   p->forward(3, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+  p->round_result(y.data(), int64_t(y.size()));
   gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, xb.data(), c.in, Wb.data(), c.in, 0.0f, ref.data(), c.out);
   for (float& v : ref) v = bf16_to_fp32(fp32_to_bf16(v));
   // Up to accumulation order, then one bf16 rounding: at most one bf16 ulp apart.
@@ -167,9 +171,11 @@ TEST(PrecisionPolicy, Bf16MatchesFp32OnBf16ValuesAndRefreshes) {
   for (float& v : W2) v *= 2.0f;
   std::vector<float> y2(y.size()), y3(y.size());
   p->forward(3, y2.data(), c.x.data(), W2.data(), c.N, c.in, c.out);
+  p->round_result(y2.data(), int64_t(y2.size()));
   EXPECT_EQ(y2, y);
   p->refresh_weights();
   p->forward(3, y3.data(), c.x.data(), W2.data(), c.N, c.in, c.out);
+  p->round_result(y3.data(), int64_t(y3.size()));
   for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y3[i], 2.0f * y[i]) << i;  // scaling by 2 is exact
 }
 
@@ -212,9 +218,14 @@ TEST(PrecisionPolicy, Fp8ForwardIsScaledFp8Arithmetic) {
   LinearCase c;
   auto p = make_fp8_policy(make_fp8_recipe("hybrid", 0, 1, "most_recent"), nullptr);
   std::vector<float> y(size_t(c.N * c.out));
-  p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);  // scales 1; records amaxes
+  p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);  // scales 1; notes amaxes
+  std::vector<float> y1 = y;
+  // Within a step the scales stay: a second use computes the same.
+  p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+  EXPECT_EQ(y, y1);
   const float sx = 448.0f / abs_max(c.x.data(), int64_t(c.x.size()));
   const float sw = 448.0f / abs_max(c.W.data(), int64_t(c.W.size()));
+  p->finish_step();      // the step's amaxes enter the histories
   p->refresh_weights();  // the weight is re-quantized with its delayed scale
   p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
   std::vector<float> xq(c.x.size()), Wq(c.W.size()), ref(y.size());

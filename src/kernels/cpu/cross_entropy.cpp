@@ -1,5 +1,8 @@
 #include "kernels/cross_entropy.h"
 
+#include "core/device.h"
+#include "kernels/cuda/ops.h"
+
 #include <cmath>
 
 #include "core/error.h"
@@ -65,6 +68,7 @@ double row_sum_exp(Ptr x, float max, int64_t V) {
 
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp) {
+  LATTICE_KERNEL_ENTRY(cuda::cross_entropy_forward(losses, logits, targets, N, V, Vp));
   check_targets(targets, N, V, Vp);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -81,6 +85,7 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
 void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
                                     const int32_t* targets, const float* loss_mask,
                                     float grad_scale, int64_t N, int64_t V, int64_t Vp) {
+  LATTICE_KERNEL_ENTRY(cuda::cross_entropy_forward_backward(logits_to_dlogits, losses, targets, loss_mask, grad_scale, N, V, Vp));
   check_targets(targets, N, V, Vp);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -101,12 +106,14 @@ void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
 }
 
 void vocab_parallel_ce_max(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_max(row_max_out, logits, N, valid, Vl));
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) row_max_out[n] = valid > 0 ? row_max(logits + n * Vl, valid) : -INFINITY;
 }
 
 void vocab_parallel_ce_partials(double* stats, float* logits, const float* rmax, const int32_t* targets,
                                 int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl, bool store_exp) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_partials(stats, logits, rmax, targets, vocab_begin, N, valid, Vl, store_exp));
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     float* x = logits + n * Vl;
@@ -117,6 +124,7 @@ void vocab_parallel_ce_partials(double* stats, float* logits, const float* rmax,
 }
 
 void vocab_parallel_ce_loss(float* losses, const double* stats, const float* rmax, int64_t N) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_loss(losses, stats, rmax, N));
   for (int64_t n = 0; n < N; ++n)
     losses[n] = float(std::log(stats[2 * n]) + double(rmax[n]) - stats[2 * n + 1]);
 }
@@ -124,6 +132,7 @@ void vocab_parallel_ce_loss(float* losses, const double* stats, const float* rma
 void vocab_parallel_ce_backward(float* x_all, const double* stats, const int32_t* targets,
                                 const float* loss_mask, float grad_scale, int64_t vocab_begin,
                                 int64_t N, int64_t valid, int64_t Vl) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_backward(x_all, stats, targets, loss_mask, grad_scale, vocab_begin, N, valid, Vl));
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     float* x = x_all + n * Vl;

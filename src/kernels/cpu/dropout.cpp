@@ -1,5 +1,8 @@
 #include "kernels/dropout.h"
 
+#include "core/device.h"
+#include "kernels/cuda/ops.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -41,11 +44,13 @@ void apply_mask(float* out, const float* x, int64_t n, float p, const PhiloxStre
 
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
                      uint64_t first_index) {
+  LATTICE_KERNEL_ENTRY(cuda::dropout_forward(out, x, n, p, stream, first_index));
   apply_mask(out, x, n, p, stream, first_index);
 }
 
 void dropout_backward(float* dx, const float* dout, int64_t n, float p,
                       const PhiloxStream& stream, uint64_t first_index) {
+  LATTICE_KERNEL_ENTRY(cuda::dropout_backward(dx, dout, n, p, stream, first_index));
   apply_mask(dx, dout, n, p, stream, first_index);
 }
 

@@ -1,5 +1,8 @@
 #include "kernels/elementwise.h"
 
+#include "core/device.h"
+#include "kernels/cuda/ops.h"
+
 #include <algorithm>
 
 namespace lattice {
@@ -11,16 +14,19 @@ constexpr int64_t kColumnChunk = 64;
 }  // namespace
 
 void add_forward(float* out, const float* a, const float* b, int64_t n) {
+  LATTICE_KERNEL_ENTRY(cuda::add_forward(out, a, b, n));
 #pragma omp parallel for simd schedule(static) if (n > 32768)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 void accumulate(float* y, const float* x, int64_t n) {
+  LATTICE_KERNEL_ENTRY(cuda::accumulate(y, x, n));
 #pragma omp parallel for simd schedule(static) if (n > 32768)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
 void bias_add(float* out, const float* bias, int64_t N, int64_t C) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_add(out, bias, N, C));
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t n = 0; n < N; ++n) {
     float* __restrict o = out + n * C;
@@ -32,6 +38,7 @@ void bias_add(float* out, const float* bias, int64_t N, int64_t C) {
 // Parallel over column chunks; each column sums its rows in index order, so the
 // result does not depend on the thread count.
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_backward(dbias, dout, N, C));
   const int64_t chunks = (C + kColumnChunk - 1) / kColumnChunk;
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t k = 0; k < chunks; ++k) {
@@ -47,6 +54,7 @@ void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
 }
 
 void scale_inplace(float* x, float s, int64_t n) {
+  LATTICE_KERNEL_ENTRY(cuda::scale_inplace(x, s, n));
 #pragma omp parallel for simd schedule(static) if (n > 32768)
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }

@@ -1,11 +1,15 @@
 #include "kernels/embedding.h"
 
+#include "core/device.h"
+#include "kernels/cuda/ops.h"
+
 #include <algorithm>
 
 namespace lattice {
 
 void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
                        const float* wte, const float* wpe, int64_t N, int64_t C) {
+  LATTICE_KERNEL_ENTRY(cuda::embedding_forward(out, tokens, positions, wte, wpe, N, C));
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t n = 0; n < N; ++n) {
     float* __restrict o = out + n * C;
@@ -23,6 +27,7 @@ void embedding_forward(float* out, const int32_t* tokens, const int32_t* positio
 
 void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte_local,
                                       int64_t vocab_begin, int64_t Vl, int64_t N, int64_t C) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_embedding_forward(out, tokens, wte_local, vocab_begin, Vl, N, C));
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t n = 0; n < N; ++n) {
     float* __restrict o = out + n * C;
@@ -39,6 +44,7 @@ void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const f
 }
 
 void position_embedding_add(float* out, const int32_t* positions, const float* wpe, int64_t N, int64_t C) {
+  LATTICE_KERNEL_ENTRY(cuda::position_embedding_add(out, positions, wpe, N, C));
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t n = 0; n < N; ++n) {
     float* __restrict o = out + n * C;
@@ -53,6 +59,7 @@ void position_embedding_add(float* out, const int32_t* positions, const float* w
 // count, and no two threads touch the same element.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         const int32_t* positions, int64_t N, int64_t C, int64_t vocab_begin, int64_t Vl) {
+  LATTICE_KERNEL_ENTRY(cuda::embedding_backward(dwte, dwpe, dout, tokens, positions, N, C, vocab_begin, Vl));
   constexpr int64_t kChunk = 64;
   const int64_t chunks = (C + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (N * C > 32768)

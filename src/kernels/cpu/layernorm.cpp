@@ -1,5 +1,8 @@
 #include "kernels/layernorm.h"
 
+#include "core/device.h"
+#include "kernels/cuda/ops.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -42,6 +45,7 @@ inline float lane_sum_sq_dev(const float* __restrict x, float mean, int64_t C) {
 // inputs with a large mean.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C, float eps) {
+  LATTICE_KERNEL_ENTRY(cuda::layernorm_forward(out, mean, rstd, x, w, b, N, C, eps));
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const float* __restrict x_n = x + n * C;
@@ -61,6 +65,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t N,
                         int64_t C) {
+  LATTICE_KERNEL_ENTRY(cuda::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C));
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const float* __restrict x_n = x + n * C;

@@ -1,0 +1,157 @@
+#include "core/device.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "core/cuda_runtime.h"
+#include "core/error.h"
+
+namespace lattice {
+namespace {
+
+struct DeviceState {
+  Device device = Device::cpu;
+  bool emulate_requested = false;
+  bool emulated = false;
+  bool guard = false;  // emulation with PROT_NONE pages (one process)
+  int access_depth = 0;
+  std::map<void*, size_t> pages;  // emulated allocations (page-rounded sizes)
+};
+
+DeviceState& state() {
+  static DeviceState s;
+  return s;
+}
+
+size_t page_round(size_t bytes) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+void protect_all(int prot) {
+  for (const auto& [p, n] : state().pages)
+    LATTICE_CHECK(mprotect(p, n, prot) == 0) << "CUDA emulation: mprotect failed: " << std::strerror(errno);
+}
+
+bool single_process() {
+  const char* s = std::getenv("OMPI_COMM_WORLD_SIZE");
+  return !s || std::atoi(s) <= 1;
+}
+
+}  // namespace
+
+const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
+
+Device parse_device(const char* name) {
+  const std::string n = name ? name : "";
+  if (n == "cpu") return Device::cpu;
+  if (n == "cuda") return Device::cuda;
+  LATTICE_FAIL() << "--device must be cpu or cuda, got '" << n << "'";
+}
+
+Device current_device() { return state().device; }
+
+void set_cuda_emulation(bool on) { state().emulate_requested = on; }
+bool cuda_emulated() { return state().device == Device::cuda && state().emulated; }
+bool kernels_on_gpu() { return state().device == Device::cuda && !state().emulated; }
+
+void set_device(Device d, int local_rank) {
+  DeviceState& s = state();
+  LATTICE_CHECK(s.pages.empty()) << "set_device after device memory was allocated";
+  if (d == Device::cpu) {
+    s.device = Device::cpu;
+    s.emulated = s.guard = false;
+    return;
+  }
+  const char* env = std::getenv("LATTICE_EMULATE_CUDA");
+  if (s.emulate_requested || (env && std::string(env) == "1")) {
+    s.device = Device::cuda;
+    s.emulated = true;
+    s.guard = single_process();
+    return;
+  }
+  if (!cuda::available()) LATTICE_FAIL() << "--device cuda: " << cuda::unavailable_reason();
+  cuda::select_device(local_rank);
+  s.device = Device::cuda;
+  s.emulated = s.guard = false;
+}
+
+void* device_alloc(size_t bytes) {
+  DeviceState& s = state();
+  if (kernels_on_gpu()) return cuda::malloc_device(bytes);
+  if (s.device == Device::cuda) {  // emulation: whole pages, guarded
+    const size_t n = page_round(bytes ? bytes : 1);
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    LATTICE_CHECK(p != MAP_FAILED) << "CUDA emulation: cannot map " << bytes << " bytes";
+    if (s.guard && s.access_depth == 0) LATTICE_CHECK(mprotect(p, n, PROT_NONE) == 0) << "mprotect";
+    s.pages[p] = n;
+    return p;
+  }
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  LATTICE_CHECK(p != nullptr) << "out of memory allocating " << bytes << " bytes";
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+void device_free(void* p, size_t) {
+  if (!p) return;
+  DeviceState& s = state();
+  if (kernels_on_gpu()) return cuda::free_device(p);
+  auto it = s.pages.find(p);
+  if (it != s.pages.end()) {
+    munmap(it->first, it->second);
+    s.pages.erase(it);
+    return;
+  }
+  std::free(p);
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  if (kernels_on_gpu()) return cuda::copy_to_device(dst, src, bytes);
+  DeviceAccess a;
+  std::memcpy(dst, src, bytes);
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  if (kernels_on_gpu()) return cuda::copy_to_host(dst, src, bytes);
+  DeviceAccess a;
+  std::memcpy(dst, src, bytes);
+}
+
+void copy_on_device(void* dst, const void* src, size_t bytes) {
+  if (!bytes || dst == src) return;
+  if (kernels_on_gpu()) return cuda::copy_device_to_device(dst, src, bytes);
+  DeviceAccess a;
+  std::memmove(dst, src, bytes);
+}
+
+void zero_on_device(void* p, size_t bytes) {
+  if (!bytes) return;
+  if (kernels_on_gpu()) return cuda::memset_device(p, 0, bytes);
+  DeviceAccess a;
+  std::memset(p, 0, bytes);
+}
+
+void device_synchronize() {
+  if (kernels_on_gpu()) cuda::synchronize();
+}
+
+DeviceAccess::DeviceAccess() {
+  DeviceState& s = state();
+  if (s.guard && s.access_depth++ == 0) protect_all(PROT_READ | PROT_WRITE);
+}
+
+DeviceAccess::~DeviceAccess() {
+  DeviceState& s = state();
+  if (s.guard && --s.access_depth == 0) protect_all(PROT_NONE);
+}
+
+}  // namespace lattice

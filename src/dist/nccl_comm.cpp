@@ -1,0 +1,387 @@
+// NCCL implementation of Comm (dist/nccl_comm.h). Compiled by g++ into lattice_lib;
+// the body needs the CUDA backend.
+#include "dist/nccl_comm.h"
+
+#include "core/error.h"
+
+#if LATTICE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <deque>
+#include <sstream>
+#include <thread>
+
+#include "core/cuda_runtime.h"
+#include "core/timer.h"
+#include "dist/mpi_comm.h"
+#endif
+
+namespace lattice {
+
+#if LATTICE_WITH_CUDA
+
+namespace {
+
+double g_nccl_timeout_seconds = 600.0;
+bool g_force_grouped = false;  // tests: the per-rank grouped form even for equal counts
+
+#define LATTICE_NCCL_CUDART(call)                                                                 \
+  do {                                                                                            \
+    const cudaError_t err_ = (call);                                                              \
+    LATTICE_CHECK(err_ == cudaSuccess) << #call << ": " << cudaGetErrorString(err_);              \
+  } while (0)
+
+cudaStream_t compute() { return static_cast<cudaStream_t>(cuda::compute_stream()); }
+
+// A completion event, made when the operation is enqueued (or, for a send to itself,
+// when the matching receive is).
+struct Slot {
+  cudaEvent_t event = nullptr;
+  ~Slot() {
+    if (event) (void)cudaEventDestroy(event);
+  }
+};
+
+struct PendingSelfSend {
+  const float* data;
+  int64_t n;
+  std::shared_ptr<Slot> slot;
+};
+
+class NcclComm;
+
+class NcclRequest : public CommRequest {
+ public:
+  NcclRequest(NcclComm* comm, std::shared_ptr<Slot> slot, CommOp op, std::string label)
+      : comm_(comm), slot_(std::move(slot)), op_(op), label_(std::move(label)) {}
+  ~NcclRequest() override {
+    // Keep the compute stream ordered after the operation, without blocking the host.
+    if (!done_ && slot_->event) (void)cudaStreamWaitEvent(compute(), slot_->event, 0);
+  }
+  bool test() override;
+  void wait() override;
+
+ private:
+  NcclComm* comm_;
+  std::shared_ptr<Slot> slot_;
+  CommOp op_;
+  std::string label_;
+  bool done_ = false;
+};
+
+class NcclComm : public Comm {
+ public:
+  NcclComm(const std::string& name, ncclComm_t comm, int rank, int size, std::vector<int> world_ranks)
+      : Comm(name), comm_(comm), rank_(rank), size_(size), ranks_(std::move(world_ranks)) {
+    int least = 0, greatest = 0;  // communication gets the higher priority, so it is not starved
+    LATTICE_NCCL_CUDART(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    LATTICE_NCCL_CUDART(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    LATTICE_NCCL_CUDART(cudaMalloc(&scratch_, sizeof(float)));
+    LATTICE_NCCL_CUDART(cudaMemsetAsync(scratch_, 0, sizeof(float), stream_));
+  }
+  ~NcclComm() override {
+    if (!aborted_) {
+      (void)cudaStreamSynchronize(stream_);
+      (void)ncclCommDestroy(comm_);
+    }
+    (void)cudaFree(scratch_);
+    (void)cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& world_ranks() const override { return ranks_; }
+
+  void all_reduce(float* data, int64_t n, ReduceOp op) override {
+    stats_.add(CommOp::all_reduce, uint64_t(n) * 4);
+    issue_all_reduce(data, n, ncclFloat, op)->wait();
+  }
+  void all_reduce(double* data, int64_t n, ReduceOp op) override {
+    stats_.add(CommOp::all_reduce, uint64_t(n) * 8);
+    issue_all_reduce(data, n, ncclDouble, op)->wait();
+  }
+  std::unique_ptr<CommRequest> iall_reduce(float* data, int64_t n) override {
+    stats_.add(CommOp::all_reduce, uint64_t(n) * 4);
+    return issue_all_reduce(data, n, ncclFloat, ReduceOp::sum);
+  }
+
+  std::unique_ptr<CommRequest> ireduce_scatter(const float* send, float* recv,
+                                               const std::vector<int64_t>& counts) override {
+    const int64_t total = check_counts(counts, "reduce_scatter");
+    stats_.add(CommOp::reduce_scatter, uint64_t(total) * 4);
+    return issue(CommOp::reduce_scatter, [&] {
+      if (all_equal(counts) && !g_force_grouped) {
+        if (counts[0] > 0)
+          check(ncclReduceScatter(send, recv, size_t(counts[0]), ncclFloat, ncclSum, comm_, stream_),
+                "ncclReduceScatter");
+        return;
+      }
+      check(ncclGroupStart(), "ncclGroupStart");
+      int64_t displ = 0;
+      for (int r = 0; r < size_; ++r) {
+        // recv is only written on the root (r == rank); the others pass it unused.
+        if (counts[size_t(r)] > 0)
+          check(ncclReduce(send + displ, recv, size_t(counts[size_t(r)]), ncclFloat, ncclSum, r, comm_, stream_),
+                "ncclReduce");
+        displ += counts[size_t(r)];
+      }
+      check(ncclGroupEnd(), "ncclGroupEnd (reduce_scatter)");
+    });
+  }
+
+  std::unique_ptr<CommRequest> iall_gather(float* data, const std::vector<int64_t>& counts) override {
+    const int64_t total = check_counts(counts, "all_gather");
+    stats_.add(CommOp::all_gather, uint64_t(total) * 4);
+    return issue(CommOp::all_gather, [&] {
+      if (all_equal(counts) && !g_force_grouped) {
+        const size_t c = size_t(counts[0]);
+        // In place: this rank's piece already sits at data + rank * c.
+        if (c > 0) check(ncclAllGather(data + size_t(rank_) * c, data, c, ncclFloat, comm_, stream_), "ncclAllGather");
+        return;
+      }
+      check(ncclGroupStart(), "ncclGroupStart");
+      int64_t displ = 0;
+      for (int r = 0; r < size_; ++r) {
+        if (counts[size_t(r)] > 0)
+          check(ncclBroadcast(data + displ, data + displ, size_t(counts[size_t(r)]), ncclFloat, r, comm_, stream_),
+                "ncclBroadcast");
+        displ += counts[size_t(r)];
+      }
+      check(ncclGroupEnd(), "ncclGroupEnd (all_gather)");
+    });
+  }
+
+  void broadcast(void* data, int64_t bytes, int root) override {
+    LATTICE_CHECK(root >= 0 && root < size_) << "broadcast from rank " << root << " in the " << size_
+                                             << "-rank group " << name_;
+    stats_.add(CommOp::broadcast, uint64_t(bytes));
+    issue(CommOp::broadcast, [&] {
+      if (bytes > 0) check(ncclBroadcast(data, data, size_t(bytes), ncclUint8, root, comm_, stream_), "ncclBroadcast");
+    })->wait();
+  }
+
+  void send(const float* data, int64_t n, int dst, int tag) override {
+    LATTICE_CHECK(dst != rank_) << "send to itself (rank " << rank_ << ") in the " << name_
+                                << " group: a blocking send to itself cannot complete (use isend, then irecv)";
+    isend(data, n, dst, tag)->wait();
+  }
+  void recv(float* data, int64_t n, int src, int tag) override { irecv(data, n, src, tag)->wait(); }
+
+  std::unique_ptr<CommRequest> isend(const float* data, int64_t n, int dst, int tag) override {
+    check_peer(dst, tag, "isend to");
+    stats_.add(CommOp::send, uint64_t(n) * 4);
+    if (dst == rank_) {  // held until the matching irecv from itself
+      auto slot = std::make_shared<Slot>();
+      self_sends_.push_back({data, n, slot});
+      return std::make_unique<NcclRequest>(this, std::move(slot), CommOp::send, label());
+    }
+    return issue(CommOp::send, [&] {
+      if (n > 0) check(ncclSend(data, size_t(n), ncclFloat, dst, comm_, stream_), "ncclSend");
+    });
+  }
+
+  std::unique_ptr<CommRequest> irecv(float* data, int64_t n, int src, int tag) override {
+    check_peer(src, tag, "irecv from");
+    if (src == rank_) {
+      LATTICE_CHECK(!self_sends_.empty()) << "irecv from itself (rank " << rank_ << ") in the "
+                                          << group_text(label()) << " with no isend to itself posted before it";
+      LATTICE_CHECK(self_sends_.front().n == n) << "irecv of " << n << " floats from itself in the "
+                                                << group_text(label()) << " matches an isend of "
+                                                << self_sends_.front().n << " floats";
+      PendingSelfSend s = self_sends_.front();
+      self_sends_.pop_front();
+      stats_.add(CommOp::recv, uint64_t(n) * 4);
+      auto req = issue(CommOp::recv, [&] {
+        if (n == 0) return;
+        check(ncclGroupStart(), "ncclGroupStart");
+        check(ncclSend(s.data, size_t(n), ncclFloat, rank_, comm_, stream_), "ncclSend");
+        check(ncclRecv(data, size_t(n), ncclFloat, rank_, comm_, stream_), "ncclRecv");
+        check(ncclGroupEnd(), "ncclGroupEnd (send/recv to itself)");
+      });
+      // The held send completes with this group.
+      LATTICE_NCCL_CUDART(cudaEventCreateWithFlags(&s.slot->event, cudaEventDisableTiming));
+      LATTICE_NCCL_CUDART(cudaEventRecord(s.slot->event, stream_));
+      return req;
+    }
+    stats_.add(CommOp::recv, uint64_t(n) * 4);
+    return issue(CommOp::recv, [&] {
+      if (n > 0) check(ncclRecv(data, size_t(n), ncclFloat, src, comm_, stream_), "ncclRecv");
+    });
+  }
+
+  void barrier() override {
+    stats_.add(CommOp::barrier, 0);
+    issue(CommOp::barrier, [&] {
+      check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
+    })->wait();
+  }
+
+  // ---- used by NcclRequest ----
+
+  // Throws (or aborts the job) when NCCL reported an asynchronous error.
+  void check_async(CommOp op, const std::string& label) {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async);
+    if (rc == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) return;
+    const ncclResult_t bad = rc != ncclSuccess ? rc : async;
+    std::ostringstream os;
+    os << "rank " << world_rank() << ": NCCL error in " << comm_op_name(op) << " on the " << group_text(label)
+       << ": " << ncclGetErrorString(bad) << " (" << ncclGetLastError(comm_) << ")";
+    fail_and_abort(os.str());
+  }
+
+  [[noreturn]] void timed_out(CommOp op, const std::string& label, double seconds) {
+    std::ostringstream os;
+    os << "rank " << world_rank() << ": timed out after " << seconds << " s waiting in " << comm_op_name(op)
+       << " on the " << group_text(label)
+       << " (--distributed-timeout-minutes); a peer rank died or stopped answering";
+    fail_and_abort(os.str());
+  }
+
+  void add_seconds(CommOp op, double s) { stats_.seconds[int(op)] += s; }
+
+ private:
+  int world_rank() const { return ranks_.empty() ? rank_ : ranks_[size_t(rank_)]; }
+  static std::string group_text(const std::string& label) {
+    return label.find(" group (") == std::string::npos ? label + " group" : label;
+  }
+
+  // The communicator cannot be used after a timeout or an asynchronous error: abort it
+  // (this frees the GPU kernels waiting on dead peers), then end the job (under mpirun)
+  // or throw (one process).
+  [[noreturn]] void fail_and_abort(const std::string& message) {
+    if (!aborted_) {
+      aborted_ = true;
+      (void)ncclCommAbort(comm_);
+    }
+    if (launched_by_mpirun()) abort_job(message);
+    LATTICE_FAIL() << message;
+  }
+
+  void check(ncclResult_t rc, const char* what) {
+    if (rc == ncclSuccess) return;
+    LATTICE_FAIL() << "NCCL " << what << " on the " << group_text(label()) << ": " << ncclGetErrorString(rc) << " ("
+                   << ncclGetLastError(comm_) << ")";
+  }
+
+  int64_t check_counts(const std::vector<int64_t>& counts, const char* op) const {
+    LATTICE_CHECK(int(counts.size()) == size_) << op << " on the " << name_ << " group needs one count per rank ("
+                                               << size_ << "), got " << counts.size();
+    int64_t total = 0;
+    for (int64_t c : counts) {
+      LATTICE_CHECK(c >= 0) << op << " on the " << name_ << " group: negative count " << c;
+      total += c;
+    }
+    return total;
+  }
+
+  void check_peer(int peer, int tag, const char* what) const {
+    LATTICE_CHECK(peer >= 0 && peer < size_ && tag >= 0)
+        << what << " rank " << peer << " (tag " << tag << ") in the " << size_ << "-rank group " << name_;
+  }
+
+  static bool all_equal(const std::vector<int64_t>& c) {
+    for (int64_t x : c)
+      if (x != c[0]) return false;
+    return true;
+  }
+
+  // Orders the communication stream after the compute stream's queued work, enqueues
+  // the NCCL calls, records the completion event.
+  template <typename F>
+  std::unique_ptr<CommRequest> issue(CommOp op, F&& enqueue) {
+    LATTICE_CHECK(!aborted_) << "the " << name_ << " NCCL communicator was aborted after an earlier error";
+    cudaEvent_t ready = nullptr;
+    LATTICE_NCCL_CUDART(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    const cudaError_t rec = cudaEventRecord(ready, compute());
+    const cudaError_t wt = rec == cudaSuccess ? cudaStreamWaitEvent(stream_, ready, 0) : rec;
+    (void)cudaEventDestroy(ready);  // released once the wait is done
+    LATTICE_NCCL_CUDART(wt);
+    enqueue();
+    auto slot = std::make_shared<Slot>();
+    LATTICE_NCCL_CUDART(cudaEventCreateWithFlags(&slot->event, cudaEventDisableTiming));
+    LATTICE_NCCL_CUDART(cudaEventRecord(slot->event, stream_));
+    return std::make_unique<NcclRequest>(this, std::move(slot), op, label());
+  }
+
+  std::unique_ptr<CommRequest> issue_all_reduce(void* data, int64_t n, ncclDataType_t type, ReduceOp op) {
+    return issue(CommOp::all_reduce, [&] {
+      if (n > 0)
+        check(ncclAllReduce(data, data, size_t(n), type, op == ReduceOp::sum ? ncclSum : ncclMax, comm_, stream_),
+              "ncclAllReduce");
+    });
+  }
+
+  ncclComm_t comm_;
+  int rank_, size_;
+  std::vector<int> ranks_;
+  cudaStream_t stream_ = nullptr;
+  float* scratch_ = nullptr;  // the barrier's one element
+  bool aborted_ = false;
+  std::deque<PendingSelfSend> self_sends_;
+};
+
+bool NcclRequest::test() {
+  if (done_) return true;
+  if (!slot_->event) return false;  // a send to itself whose receive is not posted yet
+  const cudaError_t q = cudaEventQuery(slot_->event);
+  if (q == cudaErrorNotReady) {
+    comm_->check_async(op_, label_);
+    return false;
+  }
+  LATTICE_NCCL_CUDART(q);
+  done_ = true;
+  return true;
+}
+
+void NcclRequest::wait() {
+  if (done_) return;
+  LATTICE_CHECK(slot_->event) << "wait on an isend to itself in the " << label_
+                              << " before the matching irecv was posted: it could never complete";
+  LATTICE_NCCL_CUDART(cudaStreamWaitEvent(compute(), slot_->event, 0));
+  Timer t;
+  while (true) {
+    const cudaError_t q = cudaEventQuery(slot_->event);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) LATTICE_NCCL_CUDART(q);
+    comm_->check_async(op_, label_);
+    if (t.seconds() > g_nccl_timeout_seconds) comm_->timed_out(op_, label_, t.seconds());
+    std::this_thread::yield();
+  }
+  comm_->add_seconds(op_, t.seconds());
+  done_ = true;
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& group, const std::string& name) {
+  (void)cuda::compute_stream();  // selects the device (fails with the reason when there is none)
+  ncclUniqueId id{};
+  if (group.rank() == 0) {
+    const ncclResult_t rc = ncclGetUniqueId(&id);
+    LATTICE_CHECK(rc == ncclSuccess) << "NCCL communicator " << name << ": ncclGetUniqueId: " << ncclGetErrorString(rc);
+  }
+  group.broadcast(&id, int64_t(sizeof(id)), 0);
+  ncclComm_t comm = nullptr;
+  const ncclResult_t rc = ncclCommInitRank(&comm, group.size(), id, group.rank());
+  LATTICE_CHECK(rc == ncclSuccess) << "NCCL communicator " << name << " (rank " << group.rank() << " of "
+                                   << group.size() << "): ncclCommInitRank: " << ncclGetErrorString(rc);
+  return std::make_unique<NcclComm>(name, comm, group.rank(), group.size(), group.world_ranks());
+}
+
+void set_nccl_timeout_seconds(double seconds) { g_nccl_timeout_seconds = seconds; }
+void nccl_force_grouped_collectives(bool force) { g_force_grouped = force; }
+
+#else  // built without the CUDA backend
+
+std::unique_ptr<Comm> make_nccl_comm(Comm&, const std::string& name) {
+  LATTICE_FAIL() << "NCCL communicator " << name << ": lattice was built without the CUDA backend";
+}
+
+void set_nccl_timeout_seconds(double) {}
+void nccl_force_grouped_collectives(bool) {}
+
+#endif
+
+}  // namespace lattice

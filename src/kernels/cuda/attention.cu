@@ -1,0 +1,508 @@
+// Causal flash attention on the GPU, fp32, with the CPU kernel's definition
+// (kernels/attention.h): online softmax over key tiles held in shared memory, only the
+// log-sum-exp per query row saved, never a T x T tensor in global memory.
+//
+// Tiles are 32 query rows by 32 keys, so one warp lane stands for one key (or one query
+// row) of a tile, and a block of 4 warps gives each warp 8 rows (or 8 keys) of its tile.
+// Row statistics stay in registers, reductions over a tile's keys are warp shuffles,
+// and the output (or gradient) rows a warp owns stay in registers, each lane holding
+// the elements d = lane + 32*m (m < NC = ceil(D/32) <= 4).
+//
+//   forward      block = (query tile, b*H+h): loops over key tiles up to the diagonal.
+//   backward dKV block = (key tile, b*H+h): loops over query tiles from the diagonal
+//                on, accumulating dK and dV of its keys (FlashAttention-2 order).
+//   backward dQ  block = (query tile, b*H+h): loops over key tiles up to the diagonal,
+//                accumulating dQ of its rows.
+// Each output element has one owner block and a fixed summation order, so results are
+// the same run to run (no atomics). D_i = dO_i . O_i is recomputed where needed.
+//
+// A faster version would run the two products of each tile on tensor cores (bf16 MMA
+// with fp32 accumulation, larger tiles, K/V loads pipelined with cp.async/TMA), or call
+// cuDNN's SDPA through its graph API; which one to choose is for a measurement on the
+// GPU. This first version favours simplicity and exactness over speed.
+#include "kernels/cuda/attention.h"
+
+#include <cmath>
+
+#include "kernels/cuda/launch.cuh"
+
+namespace lattice::cuda {
+
+namespace {
+
+constexpr int kTile = 32;                      // query rows and keys per tile (= warp size)
+constexpr int kWarps = 4;
+constexpr int kThreads = kTile * kWarps;       // 128
+constexpr int kSlots = kTile / kWarps;         // rows (or keys) per warp: 8
+constexpr int kMaxD = 128;
+constexpr int kPad = kTile + 1;                // transposed tiles are [D][kPad]: no bank conflicts
+constexpr unsigned kFull = 0xffffffffu;
+
+// Everything a kernel needs besides the pointers (passed by value).
+struct Params {
+  int64_t B, T, H, D;
+  float scale;                 // 1/sqrt(D)
+  bool dropout;
+  uint32_t threshold;          // keep when (u32 >> 8) >= threshold, i.e. uniform >= p
+  float keep_scale;            // 1/(1-p)
+  PhiloxStream stream;
+  uint64_t first_index;
+  int64_t heads_total, head_offset;
+  const int32_t* doc;          // [B,T] or null
+};
+
+Params make_params(const AttentionShape& s, const AttentionDropout& drop, const int32_t* doc) {
+  LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0)
+      << "attention (CUDA): bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D;
+  LATTICE_CHECK(s.D <= kMaxD) << "attention (CUDA): head dim D=" << s.D << " exceeds " << kMaxD;
+  LATTICE_CHECK(s.B * s.H <= 65535) << "attention (CUDA): B*H=" << s.B * s.H
+                                    << " exceeds the grid's 65535";
+  LATTICE_CHECK(drop.p >= 0.0f && drop.p < 1.0f)
+      << "attention (CUDA): dropout probability " << drop.p << " not in [0, 1)";
+  Params p{};
+  p.B = s.B;
+  p.T = s.T;
+  p.H = s.H;
+  p.D = s.D;
+  p.scale = 1.0f / std::sqrt(float(s.D));
+  p.dropout = drop.p > 0.0f;
+  // The CPU's test: (u >> 8) >= ceil(p * 2^24), the same as uniform(u) >= p.
+  p.threshold = uint32_t(std::ceil(double(drop.p) * 16777216.0));
+  p.keep_scale = p.dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
+  p.stream = drop.stream;
+  p.first_index = drop.first_index;
+  p.heads_total = drop.total_heads > 0 ? drop.total_heads : s.H;
+  p.head_offset = drop.head_offset;
+  p.doc = doc;
+  return p;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+// Butterfly sum: lanes x and x^o add the same two values at every step, so every lane
+// ends with the same bits.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+struct IdRange {
+  int32_t lo, hi;
+};
+// The document-id range of rows [t0, t0+n) of batch row b (n <= 32), known to every lane.
+__device__ IdRange id_range(const Params& p, int64_t b, int64_t t0, int n) {
+  const int lane = threadIdx.x % 32;
+  const int32_t id = p.doc[b * p.T + t0 + (lane < n ? lane : 0)];
+  int32_t lo = id, hi = id;
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(kFull, lo, o));
+    hi = max(hi, __shfl_xor_sync(kFull, hi, o));
+  }
+  return {lo, hi};
+}
+// Rows of a tile that starts where `left` rows remain: min(kTile, left).
+__device__ __forceinline__ int tile_len(int64_t left) { return left < kTile ? int(left) : kTile; }
+__device__ __forceinline__ bool disjoint(IdRange a, IdRange b) { return a.hi < b.lo || b.hi < a.lo; }
+
+// Whether query i sees key j: causal, and the same document when ids are given.
+__device__ __forceinline__ bool visible(const Params& p, int64_t b, int64_t i, int64_t j) {
+  if (j > i) return false;
+  return !p.doc || p.doc[b * p.T + j] == p.doc[b * p.T + i];
+}
+
+// Dropout factor of probability (b, h, i, j): keep_scale or 0, the CPU's mask bit for bit.
+__device__ __forceinline__ float dropout_factor(const Params& p, int64_t b, int64_t h, int64_t i,
+                                                int64_t j) {
+  const uint64_t index =
+      uint64_t(((b * p.heads_total + p.head_offset + h) * p.T + i) * p.T) + p.first_index +
+      uint64_t(j);
+  return (p.stream.u32(index) >> 8) >= p.threshold ? p.keep_scale : 0.0f;
+}
+
+// Offsets of row t of head h in qkv [B,T,H,3,D] (q; k at +D, v at +2D) and out [B,T,H,D].
+__device__ __forceinline__ int64_t qkv_row(const Params& p, int64_t b, int64_t h, int64_t t) {
+  return ((b * p.T + t) * p.H + h) * 3 * p.D;
+}
+__device__ __forceinline__ int64_t out_row(const Params& p, int64_t b, int64_t h, int64_t t) {
+  return ((b * p.T + t) * p.H + h) * p.D;
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward. Shared: Q [kTile][D], Kt [D][kPad] (keys transposed), V [kTile][D].
+// Warp w owns query rows r = w + kWarps*k; lane c is key j0 + c of the current tile.
+template <int NC>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(float* out, float* lse, const float* qkv, Params p) {
+  extern __shared__ float smem[];
+  const int D = int(p.D);
+  float* Qs = smem;
+  float* Kt = Qs + kTile * D;
+  float* Vs = Kt + D * kPad;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t q_tiles = (p.T + kTile - 1) / kTile;
+  const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kTile;  // longest tiles first
+  const int nq = tile_len(p.T - i0);
+  const int64_t i1 = i0 + nq;
+
+  for (int e = threadIdx.x; e < nq * D; e += kThreads)
+    Qs[e] = qkv[qkv_row(p, b, h, i0 + e / D) + e % D];
+  const IdRange q_ids = p.doc ? id_range(p, b, i0, nq) : IdRange{0, 0};
+
+  float acc[kSlots][NC];
+  float row_m[kSlots], row_l[kSlots];
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    row_m[k] = -INFINITY;
+    row_l[k] = 0.0f;
+#pragma unroll
+    for (int m = 0; m < NC; ++m) acc[k][m] = 0.0f;
+  }
+
+  for (int64_t j0 = 0; j0 < i1; j0 += kTile) {
+    const int nk = tile_len(i1 - j0);
+    // Every thread computes the same range, so the skip is uniform over the block.
+    if (p.doc && disjoint(q_ids, id_range(p, b, j0, nk))) continue;
+    __syncthreads();  // the previous tile is no longer read
+    for (int e = threadIdx.x; e < nk * D; e += kThreads) {
+      const int c = e / D, d = e % D;
+      const int64_t row = qkv_row(p, b, h, j0 + c);
+      Kt[d * kPad + c] = qkv[row + D + d];
+      Vs[c * D + d] = qkv[row + 2 * D + d];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      const int r = warp + kWarps * k;
+      if (r >= nq) continue;  // uniform over the warp
+      const int64_t i = i0 + r, j = j0 + lane;
+      const bool live = lane < nk && visible(p, b, i, j);
+      float s = -INFINITY;
+      if (live) {
+        float dot = 0.0f;
+        for (int d = 0; d < D; ++d) dot += Qs[r * D + d] * Kt[d * kPad + lane];
+        s = dot * p.scale;
+      }
+      const float mx = fmaxf(row_m[k], warp_max(s));
+      if (mx == -INFINITY) continue;  // no visible key of this row so far (uniform)
+      const float alpha = expf(row_m[k] - mx);  // 0 on the row's first live tile
+      float e = live ? expf(s - mx) : 0.0f;
+      row_l[k] = row_l[k] * alpha + warp_sum(e);
+      row_m[k] = mx;
+      if (p.dropout && live) e *= dropout_factor(p, b, h, i, j);
+      float t[NC];
+#pragma unroll
+      for (int m = 0; m < NC; ++m) t[m] = 0.0f;
+      for (int c = 0; c < nk; ++c) {
+        const float pc = __shfl_sync(kFull, e, c);
+#pragma unroll
+        for (int m = 0; m < NC; ++m) {
+          const int d = lane + 32 * m;
+          if (d < D) t[m] += pc * Vs[c * D + d];
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < NC; ++m) acc[k][m] = acc[k][m] * alpha + t[m];
+    }
+  }
+
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int r = warp + kWarps * k;
+    if (r >= nq) continue;
+    const int64_t i = i0 + r;
+    const float inv = 1.0f / row_l[k];
+    float* dst = out + out_row(p, b, h, i);
+#pragma unroll
+    for (int m = 0; m < NC; ++m) {
+      const int d = lane + 32 * m;
+      if (d < D) dst[d] = acc[k][m] * inv;
+    }
+    if (lane == 0) lse[bh * p.T + i] = row_m[k] + logf(row_l[k]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward, dK and dV. Shared: K [kTile][D], V [kTile][D], Qt [D][kPad], dOt [D][kPad],
+// Di [kTile]. Warp w owns keys c = w + kWarps*k; lane r is query row i0 + r.
+template <int NC>
+__global__ void __launch_bounds__(kThreads)
+    backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, Params p) {
+  extern __shared__ float smem[];
+  const int D = int(p.D);
+  float* Ks = smem;
+  float* Vs = Ks + kTile * D;
+  float* Qt = Vs + kTile * D;
+  float* dOt = Qt + D * kPad;
+  float* Di = dOt + D * kPad;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t j0 = int64_t(blockIdx.x) * kTile;  // early key tiles see the most queries: first
+  const int nk = tile_len(p.T - j0);
+
+  for (int e = threadIdx.x; e < nk * D; e += kThreads) {
+    const int c = e / D, d = e % D;
+    const int64_t row = qkv_row(p, b, h, j0 + c);
+    Ks[c * D + d] = qkv[row + D + d];
+    Vs[c * D + d] = qkv[row + 2 * D + d];
+  }
+  const IdRange k_ids = p.doc ? id_range(p, b, j0, nk) : IdRange{0, 0};
+
+  float dk[kSlots][NC], dv[kSlots][NC];
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k)
+#pragma unroll
+    for (int m = 0; m < NC; ++m) dk[k][m] = dv[k][m] = 0.0f;
+
+  for (int64_t i0 = j0; i0 < p.T; i0 += kTile) {
+    const int nq = tile_len(p.T - i0);
+    if (p.doc && disjoint(k_ids, id_range(p, b, i0, nq))) continue;  // uniform
+    __syncthreads();  // the previous query tile is no longer read
+    for (int e = threadIdx.x; e < nq * D; e += kThreads) {
+      const int r = e / D, d = e % D;
+      Qt[d * kPad + r] = qkv[qkv_row(p, b, h, i0 + r) + d];
+      dOt[d * kPad + r] = dout[out_row(p, b, h, i0 + r) + d];
+    }
+    // D_i = dO_i . O_i for the tile's rows, one warp per row.
+    for (int r = warp; r < nq; r += kWarps) {
+      const int64_t o = out_row(p, b, h, i0 + r);
+      float acc = 0.0f;
+      for (int d = lane; d < D; d += 32) acc += out[o + d] * dout[o + d];
+      acc = warp_sum(acc);
+      if (lane == 0) Di[r] = acc;
+    }
+    __syncthreads();
+    const bool row_live = lane < nq;
+    const int64_t i = i0 + lane;
+    const float lse_i = row_live ? lse[bh * p.T + i] : 0.0f;
+    const float di = row_live ? Di[lane] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      const int c = warp + kWarps * k;
+      if (c >= nk) continue;  // uniform
+      const int64_t j = j0 + c;
+      const bool live = row_live && visible(p, b, i, j);
+      if (!__any_sync(kFull, live)) continue;
+      float pr = 0.0f, pd = 0.0f, ds = 0.0f;
+      if (live) {
+        float s = 0.0f, dp = 0.0f;
+        for (int d = 0; d < D; ++d) {
+          s += Qt[d * kPad + lane] * Ks[c * D + d];
+          dp += dOt[d * kPad + lane] * Vs[c * D + d];
+        }
+        pr = expf(s * p.scale - lse_i);
+        pd = pr;
+        if (p.dropout) {
+          const float f = dropout_factor(p, b, h, i, j);
+          pd = pr * f;
+          dp *= f;
+        }
+        ds = pr * (dp - di);
+      }
+      float tv[NC], tk[NC];
+#pragma unroll
+      for (int m = 0; m < NC; ++m) tv[m] = tk[m] = 0.0f;
+      for (int r = 0; r < nq; ++r) {
+        const float a = __shfl_sync(kFull, pd, r), g = __shfl_sync(kFull, ds, r);
+#pragma unroll
+        for (int m = 0; m < NC; ++m) {
+          const int d = lane + 32 * m;
+          if (d < D) {
+            tv[m] += a * dOt[d * kPad + r];
+            tk[m] += g * Qt[d * kPad + r];
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < NC; ++m) {
+        dv[k][m] += tv[m];
+        dk[k][m] += p.scale * tk[m];
+      }
+    }
+  }
+
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int c = warp + kWarps * k;
+    if (c >= nk) continue;
+    float* dst = dqkv + qkv_row(p, b, h, j0 + c);
+#pragma unroll
+    for (int m = 0; m < NC; ++m) {
+      const int d = lane + 32 * m;
+      if (d < D) {
+        dst[D + d] = dk[k][m];
+        dst[2 * D + d] = dv[k][m];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward, dQ. Shared: Q [kTile][D], dO [kTile][D], Kt [D][kPad], Vt [D][kPad].
+// Warp w owns query rows r = w + kWarps*k; lane c is key j0 + c of the current tile.
+template <int NC>
+__global__ void __launch_bounds__(kThreads)
+    backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
+                       const float* lse, Params p) {
+  extern __shared__ float smem[];
+  const int D = int(p.D);
+  float* Qs = smem;
+  float* dOs = Qs + kTile * D;
+  float* Kt = dOs + kTile * D;
+  float* Vt = Kt + D * kPad;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t q_tiles = (p.T + kTile - 1) / kTile;
+  const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kTile;  // longest tiles first
+  const int nq = tile_len(p.T - i0);
+  const int64_t i1 = i0 + nq;
+
+  for (int e = threadIdx.x; e < nq * D; e += kThreads) {
+    const int r = e / D, d = e % D;
+    Qs[e] = qkv[qkv_row(p, b, h, i0 + r) + d];
+    dOs[e] = dout[out_row(p, b, h, i0 + r) + d];
+  }
+  const IdRange q_ids = p.doc ? id_range(p, b, i0, nq) : IdRange{0, 0};
+  __syncthreads();
+
+  float dq[kSlots][NC], lse_r[kSlots], di_r[kSlots];
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int r = warp + kWarps * k;
+#pragma unroll
+    for (int m = 0; m < NC; ++m) dq[k][m] = 0.0f;
+    lse_r[k] = di_r[k] = 0.0f;
+    if (r >= nq) continue;
+    const int64_t o = out_row(p, b, h, i0 + r);
+    float acc = 0.0f;
+    for (int d = lane; d < D; d += 32) acc += out[o + d] * dOs[r * D + d];
+    di_r[k] = warp_sum(acc);
+    lse_r[k] = lse[bh * p.T + i0 + r];
+  }
+
+  for (int64_t j0 = 0; j0 < i1; j0 += kTile) {
+    const int nk = tile_len(i1 - j0);
+    if (p.doc && disjoint(q_ids, id_range(p, b, j0, nk))) continue;  // uniform
+    __syncthreads();  // the previous key tile is no longer read
+    for (int e = threadIdx.x; e < nk * D; e += kThreads) {
+      const int c = e / D, d = e % D;
+      const int64_t row = qkv_row(p, b, h, j0 + c);
+      Kt[d * kPad + c] = qkv[row + D + d];
+      Vt[d * kPad + c] = qkv[row + 2 * D + d];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      const int r = warp + kWarps * k;
+      if (r >= nq) continue;  // uniform
+      const int64_t i = i0 + r, j = j0 + lane;
+      const bool live = lane < nk && visible(p, b, i, j);
+      if (!__any_sync(kFull, live)) continue;
+      float ds = 0.0f;
+      if (live) {
+        float s = 0.0f, dp = 0.0f;
+        for (int d = 0; d < D; ++d) {
+          s += Qs[r * D + d] * Kt[d * kPad + lane];
+          dp += dOs[r * D + d] * Vt[d * kPad + lane];
+        }
+        const float pr = expf(s * p.scale - lse_r[k]);
+        if (p.dropout) dp *= dropout_factor(p, b, h, i, j);
+        ds = pr * (dp - di_r[k]);
+      }
+      float t[NC];
+#pragma unroll
+      for (int m = 0; m < NC; ++m) t[m] = 0.0f;
+      for (int c = 0; c < nk; ++c) {
+        const float g = __shfl_sync(kFull, ds, c);
+#pragma unroll
+        for (int m = 0; m < NC; ++m) {
+          const int d = lane + 32 * m;
+          if (d < D) t[m] += g * Kt[d * kPad + c];
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < NC; ++m) dq[k][m] += p.scale * t[m];
+    }
+  }
+
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    const int r = warp + kWarps * k;
+    if (r >= nq) continue;
+    float* dst = dqkv + qkv_row(p, b, h, i0 + r);
+#pragma unroll
+    for (int m = 0; m < NC; ++m) {
+      const int d = lane + 32 * m;
+      if (d < D) dst[d] = dq[k][m];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side: the dynamic shared memory (up to 66 KB at D = 128, above the default 48 KB)
+// is granted per kernel before each launch.
+template <typename Kernel>
+void allow_shared(Kernel kernel, size_t bytes, const char* what) {
+  int device = 0, optin = 0;
+  LATTICE_CUDA_CALL(cudaGetDevice(&device));
+  LATTICE_CUDA_CALL(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  LATTICE_CHECK(bytes <= size_t(optin)) << "attention (CUDA) " << what << ": needs " << bytes
+                                        << " bytes of shared memory, the device allows " << optin;
+  LATTICE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(bytes)));
+}
+
+unsigned tiles(int64_t T) { return unsigned((T + kTile - 1) / kTile); }
+
+template <int NC>
+void forward_nc(float* out, float* lse, const float* qkv, const Params& p) {
+  const size_t bytes = size_t(2 * kTile * p.D + p.D * kPad) * sizeof(float);
+  allow_shared(forward_kernel<NC>, bytes, "forward");
+  forward_kernel<NC><<<dim3(tiles(p.T), unsigned(p.B * p.H)), kThreads, bytes, stream()>>>(
+      out, lse, qkv, p);
+  LATTICE_CUDA_LAUNCHED("attention_forward");
+}
+
+template <int NC>
+void backward_nc(float* dqkv, const float* dout, const float* qkv, const float* out,
+                 const float* lse, const Params& p) {
+  const dim3 grid(tiles(p.T), unsigned(p.B * p.H));
+  const size_t dkv_bytes = size_t(2 * kTile * p.D + 2 * p.D * kPad + kTile) * sizeof(float);
+  allow_shared(backward_dkv_kernel<NC>, dkv_bytes, "backward dK/dV");
+  backward_dkv_kernel<NC><<<grid, kThreads, dkv_bytes, stream()>>>(dqkv, dout, qkv, out, lse, p);
+  LATTICE_CUDA_LAUNCHED("attention_backward (dK, dV)");
+  const size_t dq_bytes = size_t(2 * kTile * p.D + 2 * p.D * kPad) * sizeof(float);
+  allow_shared(backward_dq_kernel<NC>, dq_bytes, "backward dQ");
+  backward_dq_kernel<NC><<<grid, kThreads, dq_bytes, stream()>>>(dqkv, dout, qkv, out, lse, p);
+  LATTICE_CUDA_LAUNCHED("attention_backward (dQ)");
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
+                       const AttentionDropout& drop, const int32_t* document_ids) {
+  const Params p = make_params(s, drop, document_ids);
+  switch ((s.D + 31) / 32) {
+    case 1: forward_nc<1>(out, lse, qkv, p); break;
+    case 2: forward_nc<2>(out, lse, qkv, p); break;
+    case 3: forward_nc<3>(out, lse, qkv, p); break;
+    default: forward_nc<4>(out, lse, qkv, p); break;
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, const AttentionShape& s, const AttentionDropout& drop,
+                        const int32_t* document_ids) {
+  const Params p = make_params(s, drop, document_ids);
+  switch ((s.D + 31) / 32) {
+    case 1: backward_nc<1>(dqkv, dout, qkv, out, lse, p); break;
+    case 2: backward_nc<2>(dqkv, dout, qkv, out, lse, p); break;
+    case 3: backward_nc<3>(dqkv, dout, qkv, out, lse, p); break;
+    default: backward_nc<4>(dqkv, dout, qkv, out, lse, p); break;
+  }
+}
+
+}  // namespace lattice::cuda

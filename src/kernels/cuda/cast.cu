@@ -1,0 +1,100 @@
+// Format conversions on the GPU with the CPU's bit-level functions (kernels/cast_math.h):
+// the same bits on both. abs_max reduces the bit patterns of |x| with an integer max
+// (order-free, so exact and deterministic; NaN patterns sort above infinity).
+#include <limits>
+
+#include "kernels/cast_math.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/ops_reduce.cuh"
+
+namespace lattice::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 1024;
+
+#define LATTICE_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+__global__ void to_bf16_kernel(uint16_t* out, const float* in, int64_t n) {
+  LATTICE_GRID_STRIDE(i, n) out[i] = math::fp32_to_bf16(in[i]);
+}
+__global__ void from_bf16_kernel(float* out, const uint16_t* in, int64_t n) {
+  LATTICE_GRID_STRIDE(i, n) out[i] = math::bf16_to_fp32(in[i]);
+}
+__global__ void round_bf16_kernel(float* out, const float* in, int64_t n) {
+  LATTICE_GRID_STRIDE(i, n) out[i] = math::round_bf16(in[i]);
+}
+__global__ void round_fp16_kernel(float* out, const float* in, int64_t n) {
+  LATTICE_GRID_STRIDE(i, n) out[i] = math::fp16_to_fp32(math::fp32_to_fp16(in[i]));
+}
+__global__ void quantize_fp8_kernel(float* out, const float* in, int64_t n, float scale, Fp8Format f) {
+  LATTICE_GRID_STRIDE(i, n) out[i] = math::fp8_quantize(in[i], scale, f);
+}
+// *result = max over i of the bits of |in[i]| (unsigned compare = magnitude order).
+__global__ void abs_max_bits_kernel(unsigned* result, const float* in, int64_t n) {
+  unsigned m = 0;
+  LATTICE_GRID_STRIDE(i, n) {
+    const unsigned a = math::bits_from_float(in[i]) & 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+  m = block_reduce(m, MaxOp{}, 0u);
+  if (threadIdx.x == 0) atomicMax(result, m);  // integer max: the order does not matter
+}
+
+#undef LATTICE_GRID_STRIDE
+
+unsigned blocks_for(int64_t n) {
+  const unsigned b = grid_for(n, kThreads);
+  return b < kMaxBlocks ? b : kMaxBlocks;
+}
+
+}  // namespace
+
+void cast_fp32_to_bf16(uint16_t* out, const float* in, int64_t n) {
+  if (n <= 0) return;
+  to_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n);
+  LATTICE_CUDA_LAUNCHED("cast_fp32_to_bf16");
+}
+
+void cast_bf16_to_fp32(float* out, const uint16_t* in, int64_t n) {
+  if (n <= 0) return;
+  from_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n);
+  LATTICE_CUDA_LAUNCHED("cast_bf16_to_fp32");
+}
+
+void round_to_bf16(float* out, const float* in, int64_t n) {
+  if (n <= 0) return;
+  round_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n);
+  LATTICE_CUDA_LAUNCHED("round_to_bf16");
+}
+
+void round_to_fp16(float* out, const float* in, int64_t n) {
+  if (n <= 0) return;
+  round_fp16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n);
+  LATTICE_CUDA_LAUNCHED("round_to_fp16");
+}
+
+void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f) {
+  if (n <= 0) return;
+  quantize_fp8_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n, scale, f);
+  LATTICE_CUDA_LAUNCHED("quantize_fp8");
+}
+
+float abs_max(const float* in, int64_t n) {
+  if (n <= 0) return 0.0f;
+  unsigned* result = nullptr;
+  LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&result), sizeof(unsigned), stream()));
+  LATTICE_CUDA_CALL(cudaMemsetAsync(result, 0, sizeof(unsigned), stream()));
+  abs_max_bits_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(result, in, n);
+  LATTICE_CUDA_LAUNCHED("abs_max");
+  unsigned bits = 0;
+  LATTICE_CUDA_CALL(cudaMemcpyAsync(&bits, result, sizeof(unsigned), cudaMemcpyDeviceToHost, stream()));
+  LATTICE_CUDA_CALL(cudaFreeAsync(result, stream()));
+  LATTICE_CUDA_CALL(cudaStreamSynchronize(stream()));
+  return math::is_nan_bits(bits) ? std::numeric_limits<float>::quiet_NaN() : math::float_from_bits(bits);
+}
+
+}  // namespace lattice::cuda

@@ -1,0 +1,172 @@
+// Softmax cross entropy on the GPU: one block per row. The exponentials use the CPU's
+// exp (kernels/fast_math.h); their sum is accumulated in double per thread and reduced
+// in double in a fixed tree, so it is at least as accurate as the CPU's float lanes
+// summed in double, and the same from run to run.
+#include <cmath>
+
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/ops_reduce.cuh"
+#include "kernels/fast_math.h"
+
+namespace lattice::cuda {
+
+namespace {
+
+constexpr int kThreads = 512;
+
+__device__ float row_max(const float* x, int64_t V) {
+  float m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = x[v] > m ? x[v] : m;
+  return block_reduce(m, MaxOp{}, -INFINITY);
+}
+
+// sum_v exp(x[v] - max) over v < V; kStore overwrites x with the exponentials (each
+// thread writes only the columns it reads, and reads them again in the same order later).
+template <bool kStore>
+__device__ double row_sum_exp(float* x, float max, int64_t V) {
+  double s = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float e = math::exp(x[v] - max);
+    if constexpr (kStore) x[v] = e;
+    s += double(e);
+  }
+  return block_sum(s);
+}
+
+// x[v] = e[v] * k (- scale at the target) for v < valid, 0 for v in [valid, Vl).
+// __fmul_rn keeps the product rounded before the subtraction, as on the CPU.
+__device__ void scale_row(float* x, float k, float scale, int64_t t, int64_t valid, int64_t Vl) {
+  for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) {
+    float g = 0.0f;
+    if (v < valid) {
+      g = __fmul_rn(x[v], k);
+      if (v == t) g -= scale;
+    }
+    x[v] = g;
+  }
+}
+
+// losses[n] = logsumexp(x[n, :V]) - x[n, target]; kBackward: x becomes dlogits.
+template <bool kBackward>
+__global__ void cross_entropy_kernel(float* logits, float* losses, const int32_t* targets,
+                                     const float* loss_mask, float grad_scale, int64_t N, int64_t V,
+                                     int64_t Vp) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    float* x = logits + n * Vp;
+    const int64_t t = targets[n];
+    const bool valid_target = t >= 0 && t < V;
+    const float x_t = valid_target ? x[t] : 0.0f;  // read before any thread overwrites it
+    const float m = row_max(x, V);                 // (row_max synchronises the block)
+    const double sum = row_sum_exp<kBackward>(x, m, V);
+    if (threadIdx.x == 0)
+      losses[n] = valid_target ? float(log(sum) + double(m) - double(x_t)) : NAN;
+    if constexpr (kBackward) {
+      const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
+      const float k = float(double(scale) / sum);
+      scale_row(x, k, scale, valid_target ? t : -1, V, Vp);
+    }
+    __syncthreads();  // the next row's reductions reuse the shared scratch
+  }
+}
+
+__global__ void vp_max_kernel(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float m = row_max(logits + n * Vl, valid);
+    if (threadIdx.x == 0) row_max_out[n] = m;
+  }
+}
+
+template <bool kStore>
+__global__ void vp_partials_kernel(double* stats, float* logits, const float* rmax, const int32_t* targets,
+                                   int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    float* x = logits + n * Vl;
+    const int64_t t = int64_t(targets[n]) - vocab_begin;
+    if (threadIdx.x == 0) stats[2 * n + 1] = t >= 0 && t < valid ? double(x[t]) : 0.0;
+    __syncthreads();  // the target's logit is read before the exponentials overwrite it
+    const double sum = row_sum_exp<kStore>(x, rmax[n], valid);
+    if (threadIdx.x == 0) stats[2 * n] = sum;
+  }
+}
+
+__global__ void vp_loss_kernel(float* losses, const double* stats, const float* rmax, int64_t N) {
+  for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < N; n += int64_t(gridDim.x) * blockDim.x)
+    losses[n] = float(log(stats[2 * n]) + double(rmax[n]) - stats[2 * n + 1]);
+}
+
+__global__ void vp_backward_kernel(float* x_all, const double* stats, const int32_t* targets,
+                                   const float* loss_mask, float grad_scale, int64_t vocab_begin, int64_t N,
+                                   int64_t valid, int64_t Vl) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
+    const float k = float(double(scale) / stats[2 * n]);
+    const int64_t t = int64_t(targets[n]) - vocab_begin;
+    scale_row(x_all + n * Vl, k, scale, t >= 0 && t < valid ? t : -1, valid, Vl);
+  }
+}
+
+void check_shape(const char* what, int64_t V, int64_t Vp) {
+  LATTICE_CHECK(V > 0 && V <= Vp) << what << ": V " << V << " not in [1, Vp = " << Vp << "]";
+}
+
+}  // namespace
+
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
+                           int64_t V, int64_t Vp) {
+  check_shape("cross_entropy_forward", V, Vp);
+  if (N <= 0) return;
+  // The forward-only kernel never writes the logits.
+  cross_entropy_kernel<false><<<grid_rows(N), kThreads, 0, stream()>>>(const_cast<float*>(logits), losses,
+                                                                       targets, nullptr, 0.0f, N, V, Vp);
+  LATTICE_CUDA_LAUNCHED("cross_entropy_forward");
+}
+
+void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
+                                    const int32_t* targets, const float* loss_mask,
+                                    float grad_scale, int64_t N, int64_t V, int64_t Vp) {
+  check_shape("cross_entropy_forward_backward", V, Vp);
+  if (N <= 0) return;
+  cross_entropy_kernel<true><<<grid_rows(N), kThreads, 0, stream()>>>(logits_to_dlogits, losses, targets,
+                                                                      loss_mask, grad_scale, N, V, Vp);
+  LATTICE_CUDA_LAUNCHED("cross_entropy_forward_backward");
+}
+
+void vocab_parallel_ce_max(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl) {
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_max: valid " << valid << " not in [0, " << Vl << "]";
+  if (N <= 0) return;
+  vp_max_kernel<<<grid_rows(N), kThreads, 0, stream()>>>(row_max_out, logits, N, valid, Vl);
+  LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_max");
+}
+
+void vocab_parallel_ce_partials(double* stats, float* logits, const float* row_max,
+                                const int32_t* targets, int64_t vocab_begin, int64_t N,
+                                int64_t valid, int64_t Vl, bool store_exp) {
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_partials: valid " << valid << " not in [0, " << Vl << "]";
+  if (N <= 0) return;
+  if (store_exp)
+    vp_partials_kernel<true><<<grid_rows(N), kThreads, 0, stream()>>>(stats, logits, row_max, targets,
+                                                                      vocab_begin, N, valid, Vl);
+  else
+    vp_partials_kernel<false><<<grid_rows(N), kThreads, 0, stream()>>>(stats, logits, row_max, targets,
+                                                                       vocab_begin, N, valid, Vl);
+  LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_partials");
+}
+
+void vocab_parallel_ce_loss(float* losses, const double* stats, const float* row_max, int64_t N) {
+  if (N <= 0) return;
+  vp_loss_kernel<<<grid_for(N, 256), 256, 0, stream()>>>(losses, stats, row_max, N);
+  LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_loss");
+}
+
+void vocab_parallel_ce_backward(float* exp_to_dlogits, const double* stats, const int32_t* targets,
+                                const float* loss_mask, float grad_scale, int64_t vocab_begin,
+                                int64_t N, int64_t valid, int64_t Vl) {
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_backward: valid " << valid << " not in [0, " << Vl << "]";
+  if (N <= 0) return;
+  vp_backward_kernel<<<grid_rows(N), kThreads, 0, stream()>>>(exp_to_dlogits, stats, targets, loss_mask,
+                                                              grad_scale, vocab_begin, N, valid, Vl);
+  LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_backward");
+}
+
+}  // namespace lattice::cuda

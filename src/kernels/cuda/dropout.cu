@@ -1,0 +1,66 @@
+// Dropout on the GPU: one thread per Philox block (four consecutive global element
+// indices), drawing the same stream as the CPU (core/philox.h), so the masks match bit
+// for bit whatever the launch shape.
+#include <cmath>
+
+#include "core/philox.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace lattice::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// out[i] = (u32(first + i) >> 8) >= threshold ? x[i] * scale : 0   (a select, so dropped
+// infinities and NaNs become 0 as on the CPU; out may alias x).
+__global__ void dropout_kernel(float* out, const float* x, int64_t n, uint32_t threshold, float scale,
+                               PhiloxStream stream, uint64_t first_index, uint64_t first_block,
+                               int64_t blocks) {
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < blocks;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t blk = first_block + uint64_t(j);
+    const PhiloxCounter r = stream.block(blk);
+    for (int q = 0; q < 4; ++q) {
+      const uint64_t idx = (blk << 2) + uint64_t(q);
+      if (idx < first_index || idx >= first_index + uint64_t(n)) continue;
+      const int64_t i = int64_t(idx - first_index);
+      out[i] = (r[q] >> 8) >= threshold ? x[i] * scale : 0.0f;
+    }
+  }
+}
+
+void apply_mask(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
+                uint64_t first_index, const char* what) {
+  LATTICE_CHECK(p >= 0.0f && p < 1.0f) << what << ": dropout probability " << p << " not in [0, 1)";
+  if (n <= 0) return;
+  if (p == 0.0f) {
+    if (out != x)
+      LATTICE_CUDA_CALL(cudaMemcpyAsync(out, x, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, cuda::stream()));
+    return;
+  }
+  const float scale = 1.0f / (1.0f - p);
+  // keep = uniform(i) >= p  <=>  (u32 >> 8) >= ceil(p * 2^24), as the CPU mask computes it.
+  const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
+  const uint64_t first_block = first_index >> 2;
+  const uint64_t last_block = (first_index + uint64_t(n) - 1) >> 2;
+  const int64_t blocks = int64_t(last_block - first_block + 1);
+  dropout_kernel<<<grid_for(blocks, kThreads), kThreads, 0, cuda::stream()>>>(
+      out, x, n, threshold, scale, stream, first_index, first_block, blocks);
+  LATTICE_CUDA_LAUNCHED(what);
+}
+
+}  // namespace
+
+void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
+                     uint64_t first_index) {
+  apply_mask(out, x, n, p, stream, first_index, "dropout_forward");
+}
+
+void dropout_backward(float* dx, const float* dout, int64_t n, float p,
+                      const PhiloxStream& stream, uint64_t first_index) {
+  apply_mask(dx, dout, n, p, stream, first_index, "dropout_backward");
+}
+
+}  // namespace lattice::cuda

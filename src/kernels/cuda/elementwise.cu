@@ -1,0 +1,71 @@
+// Residual adds, bias, scaling on the GPU: grid-stride element loops; bias_backward
+// through the deterministic column sums.
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/ops_reduce.cuh"
+
+namespace lattice::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+#define LATTICE_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+  LATTICE_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void accumulate_kernel(float* y, const float* x, int64_t n) {
+  LATTICE_GRID_STRIDE(i, n) y[i] += x[i];
+}
+
+// out: [N, C]
+__global__ void bias_add_kernel(float* out, const float* bias, int64_t N, int64_t C) {
+  LATTICE_GRID_STRIDE(i, N * C) out[i] += bias[i % C];
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  LATTICE_GRID_STRIDE(i, n) x[i] *= s;
+}
+
+#undef LATTICE_GRID_STRIDE
+
+struct DoutAt {
+  const float* dout;
+  int64_t C;
+  __device__ void operator()(int64_t n, int64_t c, float v[1]) const { v[0] = dout[n * C + c]; }
+};
+
+}  // namespace
+
+void add_forward(float* out, const float* a, const float* b, int64_t n) {
+  if (n <= 0) return;
+  add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, a, b, n);
+  LATTICE_CUDA_LAUNCHED("add_forward");
+}
+
+void accumulate(float* y, const float* x, int64_t n) {
+  if (n <= 0) return;
+  accumulate_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(y, x, n);
+  LATTICE_CUDA_LAUNCHED("accumulate");
+}
+
+void bias_add(float* out, const float* bias, int64_t N, int64_t C) {
+  if (N <= 0 || C <= 0) return;
+  bias_add_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(out, bias, N, C);
+  LATTICE_CUDA_LAUNCHED("bias_add");
+}
+
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
+  column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}}, DoutAt{dout, C}, N, C, "bias_backward");
+}
+
+void scale_inplace(float* x, float s, int64_t n) {
+  if (n <= 0) return;
+  scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x, s, n);
+  LATTICE_CUDA_LAUNCHED("scale_inplace");
+}
+
+}  // namespace lattice::cuda

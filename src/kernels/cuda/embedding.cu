@@ -1,0 +1,94 @@
+// Token and position embeddings on the GPU. The backward gives each thread one column
+// and walks the rows in index order, so repeated tokens are summed in exactly the CPU's
+// order (bit-identical results) with no atomics.
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace lattice::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+#define LATTICE_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// out: [N, C]; wpe may be null.
+__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const int32_t* positions,
+                                         const float* wte, const float* wpe, int64_t N, int64_t C) {
+  LATTICE_GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i % C;
+    const float te = wte[int64_t(tokens[n]) * C + c];
+    out[i] = wpe ? te + wpe[int64_t(positions[n]) * C + c] : te;
+  }
+}
+
+__global__ void vocab_parallel_embedding_kernel(float* out, const int32_t* tokens, const float* wte_local,
+                                                int64_t vocab_begin, int64_t Vl, int64_t N, int64_t C) {
+  LATTICE_GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i % C;
+    const int64_t row = int64_t(tokens[n]) - vocab_begin;
+    out[i] = row >= 0 && row < Vl ? wte_local[row * C + c] : 0.0f;
+  }
+}
+
+__global__ void position_embedding_add_kernel(float* out, const int32_t* positions, const float* wpe,
+                                              int64_t N, int64_t C) {
+  LATTICE_GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i % C;
+    out[i] += wpe[int64_t(positions[n]) * C + c];
+  }
+}
+
+// One thread per column c, rows in index order.
+__global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                          const int32_t* positions, int64_t N, int64_t C,
+                                          int64_t vocab_begin, int64_t Vl) {
+  LATTICE_GRID_STRIDE(c, C) {
+    for (int64_t n = 0; n < N; ++n) {
+      const float d = dout[n * C + c];
+      const int64_t row = int64_t(tokens[n]) - vocab_begin;
+      if (Vl < 0 || (row >= 0 && row < Vl)) dwte[row * C + c] += d;
+      if (dwpe) dwpe[int64_t(positions[n]) * C + c] += d;
+    }
+  }
+}
+
+#undef LATTICE_GRID_STRIDE
+
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                       const float* wte, const float* wpe, int64_t N, int64_t C) {
+  if (N <= 0 || C <= 0) return;
+  embedding_forward_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(out, tokens, positions, wte,
+                                                                                 wpe, N, C);
+  LATTICE_CUDA_LAUNCHED("embedding_forward");
+}
+
+void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte_local,
+                                      int64_t vocab_begin, int64_t Vl, int64_t N, int64_t C) {
+  if (N <= 0 || C <= 0) return;
+  vocab_parallel_embedding_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(
+      out, tokens, wte_local, vocab_begin, Vl, N, C);
+  LATTICE_CUDA_LAUNCHED("vocab_parallel_embedding_forward");
+}
+
+void position_embedding_add(float* out, const int32_t* positions, const float* wpe, int64_t N,
+                            int64_t C) {
+  if (N <= 0 || C <= 0) return;
+  position_embedding_add_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(out, positions, wpe, N, C);
+  LATTICE_CUDA_LAUNCHED("position_embedding_add");
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        const int32_t* positions, int64_t N, int64_t C, int64_t vocab_begin,
+                        int64_t Vl) {
+  if (N <= 0 || C <= 0) return;
+  // 64-thread blocks spread the C columns over more SMs than 256-thread blocks would.
+  embedding_backward_kernel<<<grid_for(C, 64), 64, 0, stream()>>>(dwte, dwpe, dout, tokens, positions, N, C,
+                                                                  vocab_begin, Vl);
+  LATTICE_CUDA_LAUNCHED("embedding_backward");
+}
+
+}  // namespace lattice::cuda

@@ -1,0 +1,96 @@
+// LayerNorm on the GPU: one block per row for the statistics and dx; dw, db through
+// deterministic column sums (fixed row chunks, added in chunk order).
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/ops_reduce.cuh"
+
+namespace lattice::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Two-pass statistics as on the CPU (mean, then the mean squared deviation).
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x,
+                                         const float* w, const float* b, int64_t N, int64_t C,
+                                         float eps) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float* x_n = x + n * C;
+    float* o_n = out + n * C;
+    float s = 0.0f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += x_n[c];
+    const float m = block_sum(s) / float(C);
+    float q = 0.0f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float d = x_n[c] - m;
+      q += d * d;
+    }
+    const float var = block_sum(q) / float(C);
+    const float r = 1.0f / sqrtf(var + eps);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o_n[c] = (x_n[c] - m) * r * w[c] + b[c];
+    if (threadIdx.x == 0) {
+      mean[n] = m;
+      rstd[n] = r;
+    }
+  }
+}
+
+// dx[n, k] += r * (dout w - mean(dout w) - xhat * mean(dout w xhat))
+__global__ void layernorm_backward_dx_kernel(float* dx, const float* dout, const float* x,
+                                             const float* w, const float* mean, const float* rstd,
+                                             int64_t N, int64_t C) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float* x_n = x + n * C;
+    const float* d_n = dout + n * C;
+    float* dx_n = dx + n * C;
+    const float m = mean[n], r = rstd[n];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float g = d_n[c] * w[c];
+      sg += g;
+      sgx += g * (x_n[c] - m) * r;
+    }
+    const float mean_g = block_sum(sg) / float(C);
+    const float mean_gx = block_sum(sgx) / float(C);
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
+      const float xhat = (x_n[k] - m) * r;
+      dx_n[k] += r * (d_n[k] * w[k] - mean_g - xhat * mean_gx);
+    }
+  }
+}
+
+// (dout * xhat, dout) at (n, c) for the dw, db column sums.
+struct LayernormParamGrads {
+  const float* dout;
+  const float* x;
+  const float* mean;
+  const float* rstd;
+  int64_t C;
+  __device__ void operator()(int64_t n, int64_t c, float v[2]) const {
+    const float d = dout[n * C + c];
+    v[0] = d * (x[n * C + c] - mean[n]) * rstd[n];
+    v[1] = d;
+  }
+};
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps) {
+  if (N <= 0) return;
+  LATTICE_CHECK(C > 0) << "layernorm_forward: C " << C;
+  layernorm_forward_kernel<<<grid_rows(N), kThreads, 0, stream()>>>(out, mean, rstd, x, w, b, N, C, eps);
+  LATTICE_CUDA_LAUNCHED("layernorm_forward");
+}
+
+void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N,
+                        int64_t C) {
+  if (N <= 0 || C <= 0) return;
+  layernorm_backward_dx_kernel<<<grid_rows(N), kThreads, 0, stream()>>>(dx, dout, x, w, mean, rstd, N, C);
+  LATTICE_CUDA_LAUNCHED("layernorm_backward dx");
+  column_sums_accumulate<2>(ColumnOutputs{{dw, db}}, LayernormParamGrads{dout, x, mean, rstd, C}, N, C,
+                            "layernorm_backward dw/db");
+}
+
+}  // namespace lattice::cuda

@@ -1,0 +1,88 @@
+// Host-callable CUDA twins of the CPU kernels in kernels/*.h (all but attention and
+// GEMM): the same names and argument lists in namespace lattice::cuda, every pointer a
+// device pointer. Each launches on the rank's compute stream (cuda::compute_stream())
+// and returns without waiting, except sum_of_squares and abs_max, which return a host
+// value and so wait for their result. Results follow the CPU kernel's documented
+// definition (accumulate-vs-write, padding, dropout masks from the same Philox stream);
+// reductions run in a fixed order, so every result is the same from run to run.
+// No CUDA type appears here: plain C++ includes this header.
+#pragma once
+#include <cstdint>
+
+#include "core/philox.h"
+#include "kernels/activation.h"
+#include "kernels/cast.h"
+
+namespace lattice::cuda {
+
+// ---- layernorm.h
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N,
+                        int64_t C);
+
+// ---- activation.h
+void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind);
+void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind);
+
+// ---- dropout.h
+void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
+                     uint64_t first_index);
+void dropout_backward(float* dx, const float* dout, int64_t n, float p,
+                      const PhiloxStream& stream, uint64_t first_index);
+
+// ---- elementwise.h
+void add_forward(float* out, const float* a, const float* b, int64_t n);
+void accumulate(float* y, const float* x, int64_t n);
+void bias_add(float* out, const float* bias, int64_t N, int64_t C);
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);
+void scale_inplace(float* x, float s, int64_t n);
+
+// ---- embedding.h
+void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                       const float* wte, const float* wpe, int64_t N, int64_t C);
+void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte_local,
+                                      int64_t vocab_begin, int64_t Vl, int64_t N, int64_t C);
+void position_embedding_add(float* out, const int32_t* positions, const float* wpe, int64_t N,
+                            int64_t C);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        const int32_t* positions, int64_t N, int64_t C, int64_t vocab_begin = 0,
+                        int64_t Vl = -1);
+
+// ---- cross_entropy.h
+// The targets live on the device, so they are not checked on the host as the CPU kernel
+// does: a row whose target is outside [0, V) gets a NaN loss (and no -scale term in its
+// gradient) instead of an error, and nothing is read out of bounds.
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
+                           int64_t V, int64_t Vp);
+void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
+                                    const int32_t* targets, const float* loss_mask,
+                                    float grad_scale, int64_t N, int64_t V, int64_t Vp);
+void vocab_parallel_ce_max(float* row_max, const float* logits, int64_t N, int64_t valid, int64_t Vl);
+void vocab_parallel_ce_partials(double* stats, float* logits, const float* row_max,
+                                const int32_t* targets, int64_t vocab_begin, int64_t N,
+                                int64_t valid, int64_t Vl, bool store_exp);
+void vocab_parallel_ce_loss(float* losses, const double* stats, const float* row_max, int64_t N);
+void vocab_parallel_ce_backward(float* exp_to_dlogits, const double* stats, const int32_t* targets,
+                                const float* loss_mask, float grad_scale, int64_t vocab_begin,
+                                int64_t N, int64_t valid, int64_t Vl);
+
+// ---- optimizer.h
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step);
+void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
+                float momentum, float weight_decay, bool first_step);
+// Waits for the result (a host double).
+double sum_of_squares(const float* x, int64_t n);
+
+// ---- cast.h
+void cast_fp32_to_bf16(uint16_t* out, const float* in, int64_t n);
+void cast_bf16_to_fp32(float* out, const uint16_t* in, int64_t n);
+void round_to_bf16(float* out, const float* in, int64_t n);
+void round_to_fp16(float* out, const float* in, int64_t n);
+void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f);
+// Waits for the result (a host float).
+float abs_max(const float* in, int64_t n);
+
+}  // namespace lattice::cuda

@@ -1,0 +1,106 @@
+// Optimizer updates on the GPU with the CPU's per-element steps (kernels/optimizer_math.h),
+// and the sum of squares for the gradient norm, in double, in a fixed reduction order.
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/ops_reduce.cuh"
+#include "kernels/optimizer_math.h"
+
+namespace lattice::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+// Fixed, device-independent: the partial sums (and so the result) do not depend on
+// which GPU runs them.
+constexpr int kSumBlocks = 512;
+
+#define LATTICE_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, math::AdamwScalars s) {
+  LATTICE_GRID_STRIDE(i, n) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    math::adamw_step(pi, g[i], mi, vi, s);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+__global__ void sgd_kernel(float* p, const float* g, int64_t n, float lr, float weight_decay) {
+  LATTICE_GRID_STRIDE(i, n) {
+    float pi = p[i];
+    math::sgd_step(pi, g[i], lr, weight_decay);
+    p[i] = pi;
+  }
+}
+
+__global__ void sgd_momentum_kernel(float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
+                                    float weight_decay, bool first_step) {
+  LATTICE_GRID_STRIDE(i, n) {
+    float pi = p[i], bi = buf[i];
+    math::sgd_momentum_step(pi, g[i], bi, lr, momentum, weight_decay, first_step);
+    p[i] = pi;
+    buf[i] = bi;
+  }
+}
+
+// partial[blockIdx.x] = sum of x^2 over this block's grid-stride elements (double).
+__global__ void sum_sq_partial_kernel(double* partial, const float* x, int64_t n) {
+  double s = 0.0;
+  LATTICE_GRID_STRIDE(i, n) s += double(x[i]) * double(x[i]);
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// out[0] = sum of the kSumBlocks partials (one block).
+__global__ void sum_partials_kernel(double* out, const double* partial) {
+  double s = 0.0;
+  for (int i = threadIdx.x; i < kSumBlocks; i += blockDim.x) s += partial[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) out[0] = s;
+}
+
+#undef LATTICE_GRID_STRIDE
+
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step) {
+  LATTICE_CHECK(step >= 1) << "adamw_update: step " << step << " must be >= 1";
+  if (n <= 0) return;
+  const math::AdamwScalars s = math::adamw_scalars(lr, beta1, beta2, eps, weight_decay, step);
+  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(p, g, m, v, n, s);
+  LATTICE_CUDA_LAUNCHED("adamw_update");
+}
+
+void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
+                float momentum, float weight_decay, bool first_step) {
+  if (momentum == 0.0f || momentum_buf == nullptr) {
+    LATTICE_CHECK(momentum == 0.0f) << "sgd_update: momentum " << momentum << " needs a buffer";
+    if (n <= 0) return;
+    sgd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(p, g, n, lr, weight_decay);
+  } else {
+    if (n <= 0) return;
+    sgd_momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(p, g, momentum_buf, n, lr, momentum,
+                                                                          weight_decay, first_step);
+  }
+  LATTICE_CUDA_LAUNCHED("sgd_update");
+}
+
+double sum_of_squares(const float* x, int64_t n) {
+  if (n <= 0) return 0.0;
+  double* scratch = nullptr;  // [kSumBlocks partials, 1 result]
+  LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&scratch), (kSumBlocks + 1) * sizeof(double), stream()));
+  sum_sq_partial_kernel<<<kSumBlocks, kThreads, 0, stream()>>>(scratch, x, n);
+  LATTICE_CUDA_LAUNCHED("sum_of_squares");
+  sum_partials_kernel<<<1, kThreads, 0, stream()>>>(scratch + kSumBlocks, scratch);
+  LATTICE_CUDA_LAUNCHED("sum_of_squares (final)");
+  double result = 0.0;
+  LATTICE_CUDA_CALL(cudaMemcpyAsync(&result, scratch + kSumBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream()));
+  LATTICE_CUDA_CALL(cudaFreeAsync(scratch, stream()));
+  LATTICE_CUDA_CALL(cudaStreamSynchronize(stream()));
+  return result;
+}
+
+}  // namespace lattice::cuda

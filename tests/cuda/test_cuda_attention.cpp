@@ -1,0 +1,220 @@
+// CUDA flash attention against the CPU kernel on the same inputs: forward (out, lse) and
+// backward (dqkv), with and without dropout (tensor-parallel head numbering) and
+// document masks, for tile-aligned and ragged T, and D from 16 to 128.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/cuda_runtime.h"
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "kernels/attention.h"
+#include "kernels/cuda/attention.h"
+
+namespace lattice {
+namespace {
+
+using cuda_test::download;
+using cuda_test::upload;
+
+// Tolerance. Both sides compute in fp32; they differ in the order of every reduction
+// (tiles of 64 vs 32 keys, dot products and row sums split differently) and in exp
+// (the CPU's polynomial vs expf, a few ulp each). Those are rounding differences of
+// ~1e-7 relative per term, accumulated over at most T=128 keys and D=128 products, well
+// under 1e-5 of the row's scale. A wrong mask, a wrong dropout draw or a missed tile
+// changes an element by a whole probability term (>= 1e-3 of the row here).
+constexpr double kTol = 1e-5;
+
+struct Case {
+  int64_t B, T, H, D;
+};
+
+enum class Variant { kPlain, kDropout, kDocuments, kDocumentsDropout };
+
+struct Param {
+  Case c;
+  Variant v;
+};
+
+std::string name_of(const ::testing::TestParamInfo<Param>& info) {
+  const Case& c = info.param.c;
+  const char* v[] = {"plain", "dropout", "docs", "docs_dropout"};
+  std::ostringstream os;
+  os << "B" << c.B << "_T" << c.T << "_H" << c.H << "_D" << c.D << "_" << v[int(info.param.v)];
+  return os.str();
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// Non-decreasing document ids per batch row, a new document starting at a position with
+// probability 1/12 (so documents are shorter than a 32-row tile and some key tiles miss
+// a query tile's documents entirely); each batch row gets its own boundaries.
+std::vector<int32_t> document_ids(int64_t B, int64_t T, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> start(0, 11);
+  std::vector<int32_t> ids(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t id = 100 * int32_t(b);
+    for (int64_t t = 0; t < T; ++t) {
+      if (t > 0 && start(gen) == 0) ++id;
+      ids[size_t(b * T + t)] = id;
+    }
+  }
+  return ids;
+}
+
+// Compares a [rows, D] tensor (rows = the product of the leading dims) element by
+// element: |cuda - cpu| <= kTol * (1 + max |cpu| over the element's row of D). Prints
+// the first failures with their coordinates; NaN (an unwritten element) fails.
+void expect_rows_close(const std::vector<float>& cuda_v, const std::vector<float>& cpu_v,
+                       int64_t D, const std::string& what,
+                       const std::function<std::string(int64_t row)>& describe_row) {
+  ASSERT_EQ(cuda_v.size(), cpu_v.size()) << what;
+  const int64_t rows = int64_t(cpu_v.size()) / D;
+  int failures = 0;
+  double worst = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double row_max = 0.0;
+    for (int64_t d = 0; d < D; ++d) row_max = std::max(row_max, std::fabs(double(cpu_v[size_t(r * D + d)])));
+    const double tol = kTol * (1.0 + row_max);
+    for (int64_t d = 0; d < D; ++d) {
+      const double a = cuda_v[size_t(r * D + d)], e = cpu_v[size_t(r * D + d)];
+      const double err = std::fabs(a - e);
+      if (err / tol > worst || std::isnan(err)) worst = std::isnan(err) ? INFINITY : err / tol;
+      if (!(err <= tol) && ++failures <= 5)
+        ADD_FAILURE() << what << " " << describe_row(r) << " d=" << d << ": cuda " << a << " cpu "
+                      << e << " |diff| " << err << " > tol " << tol;
+    }
+  }
+  EXPECT_EQ(failures, 0) << what << ": " << failures << " elements out of tolerance (worst "
+                         << worst << " x tol)";
+}
+
+class CudaAttention : public ::testing::TestWithParam<Param> {};
+
+TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  const Case c = GetParam().c;
+  const Variant v = GetParam().v;
+  const AttentionShape s{c.B, c.T, c.H, c.D};
+  AttentionDropout drop;
+  if (v == Variant::kDropout || v == Variant::kDocumentsDropout) {
+    // As a tensor-parallel rank 1 of 2 sees it: this rank's H heads are heads
+    // [H, 2H) of 2H, and the stream starts past earlier draws.
+    drop.p = 0.1f;
+    drop.stream = PhiloxStream{2024, fnv1a32("attention-dropout"), 3, 1};
+    drop.first_index = 7;
+    drop.total_heads = 2 * c.H;
+    drop.head_offset = c.H;
+  }
+  std::vector<int32_t> docs;
+  if (v == Variant::kDocuments || v == Variant::kDocumentsDropout) docs = document_ids(c.B, c.T, 5);
+  const int32_t* docs_cpu = docs.empty() ? nullptr : docs.data();
+
+  const size_t n_qkv = size_t(c.B * c.T * c.H * 3 * c.D), n_out = size_t(c.B * c.T * c.H * c.D);
+  const size_t n_lse = size_t(c.B * c.H * c.T);
+  const auto qkv = random_floats(n_qkv, 11, -1.5f, 1.5f);
+  const auto dout = random_floats(n_out, 12, -1.0f, 1.0f);
+
+  // CPU reference.
+  std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv);
+  attention_forward(out.data(), lse.data(), qkv.data(), s, drop, docs_cpu);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s, drop, docs_cpu);
+
+  // CUDA, outputs first filled with NaN bytes so an element left unwritten fails.
+  auto d_qkv = upload(qkv);
+  auto d_dout = upload(dout);
+  const cuda::DeviceBuffer d_docs = docs.empty() ? cuda::DeviceBuffer() : upload(docs);
+  const int32_t* docs_gpu = docs.empty() ? nullptr : d_docs.as<int32_t>();
+  cuda::DeviceBuffer d_out(n_out * sizeof(float)), d_lse(n_lse * sizeof(float));
+  cuda::DeviceBuffer d_dqkv(n_qkv * sizeof(float));
+  cuda::memset_device(d_out.data(), 0xff, d_out.size());
+  cuda::memset_device(d_lse.data(), 0xff, d_lse.size());
+  cuda::memset_device(d_dqkv.data(), 0xff, d_dqkv.size());
+  cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, drop, docs_gpu);
+  const auto g_out = download<float>(d_out, n_out);
+  const auto g_lse = download<float>(d_lse, n_lse);
+  // The backward reads the CPU's out and lse, so it is checked on its own.
+  auto d_out_cpu = upload(out);
+  auto d_lse_cpu = upload(lse);
+  cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(),
+                           d_out_cpu.as<float>(), d_lse_cpu.as<float>(), s, drop, docs_gpu);
+  const auto g_dqkv = download<float>(d_dqkv, n_qkv);
+
+  const auto out_row = [&](int64_t r) {  // r over [B,T,H]
+    std::ostringstream os;
+    os << "(b=" << r / (c.T * c.H) << " t=" << (r / c.H) % c.T << " h=" << r % c.H << ")";
+    return os.str();
+  };
+  const auto lse_row = [&](int64_t r) {  // r over [B,H,T]
+    std::ostringstream os;
+    os << "(b=" << r / (c.H * c.T) << " h=" << (r / c.T) % c.H << " t=" << r % c.T << ")";
+    return os.str();
+  };
+  const auto qkv_row = [&](int64_t r) {  // r over [B,T,H,3]
+    const char* part[] = {"dq", "dk", "dv"};
+    std::ostringstream os;
+    os << part[r % 3] << " (b=" << r / (c.T * c.H * 3) << " t=" << (r / (c.H * 3)) % c.T
+       << " h=" << (r / 3) % c.H << ")";
+    return os.str();
+  };
+  expect_rows_close(g_out, out, c.D, "out", out_row);
+  expect_rows_close(g_lse, lse, 1, "lse", lse_row);
+  expect_rows_close(g_dqkv, dqkv, c.D, "dqkv", qkv_row);
+
+  // Deterministic: a second backward gives the same bits.
+  cuda::memset_device(d_dqkv.data(), 0xff, d_dqkv.size());
+  cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(),
+                           d_out_cpu.as<float>(), d_lse_cpu.as<float>(), s, drop, docs_gpu);
+  const auto again = download<float>(d_dqkv, n_qkv);
+  size_t differ = 0;
+  for (size_t k = 0; k < n_qkv; ++k)
+    differ += std::memcmp(&again[k], &g_dqkv[k], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0u) << "dqkv differs between two identical backward runs in " << differ
+                        << " elements";
+}
+
+std::vector<Param> params() {
+  const Case cases[] = {
+      {2, 37, 3, 16},  // ragged T (one full tile and a partial one), D in one warp chunk
+      {1, 128, 4, 64}, // the 124M/350M head dim, tile-aligned T
+      {2, 1, 2, 64},   // T = 1
+      {1, 70, 2, 128}, // the largest D, three tiles
+      {1, 45, 1, 40},  // one head, D not a multiple of 32
+  };
+  std::vector<Param> ps;
+  for (const Case& c : cases)
+    for (Variant v : {Variant::kPlain, Variant::kDropout, Variant::kDocuments,
+                      Variant::kDocumentsDropout})
+      ps.push_back({c, v});
+  return ps;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, ::testing::ValuesIn(params()), name_of);
+
+TEST(CudaAttentionArgs, HeadDimAbove128IsRefused) {
+  LATTICE_REQUIRE_CUDA();
+  const AttentionShape s{1, 4, 1, 160};
+  cuda::DeviceBuffer qkv(size_t(4 * 3 * 160) * sizeof(float)), out(size_t(4 * 160) * sizeof(float)),
+      lse(4 * sizeof(float));
+  EXPECT_THROW(cuda::attention_forward(out.as<float>(), lse.as<float>(), qkv.as<float>(), s,
+                                       AttentionDropout{}),
+               Error);
+}
+
+}  // namespace
+}  // namespace lattice

@@ -1,0 +1,683 @@
+// Every op's CUDA kernel against its CPU kernel, as one table: each entry names the op,
+// its shapes and its tolerance, and runs the CPU and the CUDA version on the same random
+// inputs (forward and backward, uneven sizes, vocab-parallel slices with padding). A
+// failure names the op, the shape, the output, the first bad elements and the largest
+// error. Without a GPU every entry reports skipped.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iomanip>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "kernels/activation.h"
+#include "kernels/cast.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/dropout.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/optimizer.h"
+
+namespace lattice {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda_test::download;
+using cuda_test::upload;
+
+// |gpu - cpu| <= atol + rtol |cpu| elementwise; NaN must meet NaN, infinities must be equal.
+// Zero tolerances demand the same value (bit-identical up to the sign of zero and NaN payloads;
+// expect_bits checks the bits themselves).
+struct Tol {
+  double rtol, atol;
+};
+
+struct OpCase {
+  std::string op;     // the kernel(s) compared
+  std::string shape;  // the sizes, as a test-name suffix
+  Tol tol;
+  std::function<void(const OpCase&)> run;
+};
+
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.op << " " << c.shape; }
+
+template <typename T>
+void expect_close(const OpCase& c, const std::string& output, const std::vector<T>& cpu,
+                  const std::vector<T>& gpu) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << c.op << " " << c.shape << " " << output << ": sizes differ";
+  size_t bad = 0, worst = 0;
+  double worst_err = 0.0;
+  std::ostringstream first;
+  first << std::setprecision(9);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double a = double(cpu[i]), b = double(gpu[i]);
+    bool ok;
+    if (std::isnan(a) || std::isnan(b)) {
+      ok = std::isnan(a) && std::isnan(b);
+    } else if (a == b) {
+      ok = true;
+    } else {
+      const double err = std::fabs(a - b);
+      ok = std::isfinite(err) && err <= c.tol.atol + c.tol.rtol * std::fabs(a);
+      if (!(err <= worst_err)) {
+        worst_err = err;
+        worst = i;
+      }
+    }
+    if (!ok) {
+      if (bad < 5) first << " [" << i << "] cpu " << a << " gpu " << b << ";";
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << c.op << " " << c.shape << ", output " << output << ": " << bad << " of "
+                     << cpu.size() << " elements beyond " << c.tol.atol << " + " << c.tol.rtol
+                     << " |cpu| (largest |error| " << worst_err << " at [" << worst << "]);"
+                     << first.str();
+}
+
+// The same bits (casts, copies, masks).
+void expect_bits(const OpCase& c, const std::string& output, const std::vector<float>& cpu,
+                 const std::vector<float>& gpu) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << c.op << " " << c.shape << " " << output << ": sizes differ";
+  size_t bad = 0;
+  std::ostringstream first;
+  first << std::setprecision(9) << std::hex;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &cpu[i], 4);
+    std::memcpy(&b, &gpu[i], 4);
+    if (a != b) {
+      if (bad < 5) first << " [" << std::dec << i << std::hex << "] cpu 0x" << a << " gpu 0x" << b << ";";
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << c.op << " " << c.shape << ", output " << output << ": " << bad << " of "
+                     << cpu.size() << " elements differ in their bits;" << first.str();
+}
+
+std::vector<float> rand_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<int32_t> rand_ints(size_t n, uint32_t seed, int32_t lo, int32_t hi_excl) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(lo, hi_excl - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = dist(gen);
+  return v;
+}
+
+// Values spanning many binades, with the special cases of the number formats.
+std::vector<float> cast_inputs(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> ex(-40, 20), sign(0, 1);
+  std::vector<float> v(n);
+  for (float& x : v) x = (sign(gen) ? -1.0f : 1.0f) * std::ldexp(mant(gen), ex(gen));
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float specials[] = {0.0f, -0.0f, inf, -inf, nan, -nan, 65504.0f, 65519.0f, 65520.0f, 65536.0f,
+                            5.96046448e-8f, 2.98023224e-8f, 2.9802326e-8f, 1e-8f, 6.1e-5f, 3.0e38f,
+                            3.4028235e38f, 1e-40f, -1e-45f, 448.0f, 449.0f, 464.0f, 480.0f, 57344.0f,
+                            61440.0f, 1.0f / 1024.0f, 1.0f / 512.0f * 1.0625f, 0.0009765625f * 3.0f};
+  const uint32_t tie_bits[] = {0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x7f7f8000u, 0x7f7fffffu, 0x00008000u};
+  size_t k = 0;
+  for (float s : specials) v[k++ % n] = s;
+  for (uint32_t b : tie_bits) std::memcpy(&v[k++ % n], &b, 4);
+  return v;
+}
+
+std::string shape_name(std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  std::string s;
+  for (const auto& [name, value] : dims) s += (s.empty() ? "" : "_") + std::string(name) + std::to_string(value);
+  return s;
+}
+
+// ---------------------------------------------------------------- layernorm
+
+void layernorm_cases(std::vector<OpCase>& t) {
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {300, 768}, {2, 1}}) {
+    // Row statistics summed over C in another order than the CPU's 16 lanes: ~1e-6 relative
+    // on O(1) values.
+    t.push_back({"layernorm_forward", shape_name({{"N", N}, {"C", C}}), {1e-5, 1e-5}, [N, C](const OpCase& c) {
+      const auto x = rand_floats(static_cast<size_t>(N * C), 1, -2.0f, 3.0f);
+      const auto w = rand_floats(static_cast<size_t>(C), 2), b = rand_floats(static_cast<size_t>(C), 3);
+      std::vector<float> out(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      auto dx = upload(x), dw = upload(w), db = upload(b);
+      DeviceBuffer dout(out.size() * 4), dmean(mean.size() * 4), drstd(rstd.size() * 4);
+      cuda::layernorm_forward(dout.as<float>(), dmean.as<float>(), drstd.as<float>(), dx.as<float>(),
+                              dw.as<float>(), db.as<float>(), N, C, 1e-5f);
+      expect_close(c, "out", out, download<float>(dout, out.size()));
+      expect_close(c, "mean", mean, download<float>(dmean, mean.size()));
+      expect_close(c, "rstd", rstd, download<float>(drstd, rstd.size()));
+    }});
+    // dx: two row sums of C terms; dw, db: column sums of N terms (in chunks of 256 rows on
+    // the GPU, lane by lane on the CPU), so the absolute error grows with N.
+    t.push_back({"layernorm_backward", shape_name({{"N", N}, {"C", C}}), {1e-5, 2e-5 + 1e-7 * double(N)},
+                 [N, C](const OpCase& c) {
+      const auto x = rand_floats(static_cast<size_t>(N * C), 4, -2.0f, 3.0f);
+      const auto w = rand_floats(static_cast<size_t>(C), 5), b = rand_floats(static_cast<size_t>(C), 6);
+      const auto dout = rand_floats(static_cast<size_t>(N * C), 7);
+      std::vector<float> out(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      // Non-zero starting gradients: all three outputs accumulate.
+      auto dx = rand_floats(static_cast<size_t>(N * C), 8), dw = rand_floats(static_cast<size_t>(C), 9), db = rand_floats(static_cast<size_t>(C), 10);
+      auto g_x = upload(x), g_w = upload(w), g_dout = upload(dout), g_mean = upload(mean), g_rstd = upload(rstd);
+      auto g_dx = upload(dx), g_dw = upload(dw), g_db = upload(db);
+      layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                         rstd.data(), N, C);
+      auto run_gpu = [&] {
+        cuda::layernorm_backward(g_dx.as<float>(), g_dw.as<float>(), g_db.as<float>(), g_dout.as<float>(),
+                                 g_x.as<float>(), g_w.as<float>(), g_mean.as<float>(), g_rstd.as<float>(), N, C);
+      };
+      run_gpu();
+      const auto gpu_dw = download<float>(g_dw, dw.size()), gpu_db = download<float>(g_db, db.size());
+      expect_close(c, "dx", dx, download<float>(g_dx, dx.size()));
+      expect_close(c, "dw", dw, gpu_dw);
+      expect_close(c, "db", db, gpu_db);
+      // Deterministic: a second accumulation from the same start gives the same bits.
+      cuda::copy_to_device(g_dw.data(), rand_floats(static_cast<size_t>(C), 9).data(), g_dw.size());
+      cuda::copy_to_device(g_db.data(), rand_floats(static_cast<size_t>(C), 10).data(), g_db.size());
+      run_gpu();
+      expect_bits(c, "dw (second run)", gpu_dw, download<float>(g_dw, dw.size()));
+      expect_bits(c, "db (second run)", gpu_db, download<float>(g_db, db.size()));
+    }});
+  }
+}
+
+// ---------------------------------------------------------------- activation
+
+void gelu_cases(std::vector<OpCase>& t) {
+  for (GeluKind kind : {GeluKind::erf, GeluKind::tanh}) {
+    const std::string k = kind == GeluKind::erf ? "erf" : "tanh";
+    for (int64_t n : {int64_t(37), int64_t(100003)}) {
+      // The same polynomials on both (kernels/activation_math.h); only FMA contraction
+      // differs (a few ulp), which 1 + erf(x) for x << 0 turns into absolute error.
+      t.push_back({"gelu_forward_" + k, shape_name({{"n", n}}), {1e-5, 1e-6}, [n, kind](const OpCase& c) {
+        const auto x = rand_floats(static_cast<size_t>(n), 11, -6.0f, 6.0f);
+        std::vector<float> out(x.size());
+        gelu_forward(out.data(), x.data(), n, kind);
+        auto gx = upload(x);
+        DeviceBuffer gout(out.size() * 4);
+        cuda::gelu_forward(gout.as<float>(), gx.as<float>(), n, kind);
+        expect_close(c, "out", out, download<float>(gout, out.size()));
+        cuda::gelu_forward(gx.as<float>(), gx.as<float>(), n, kind);  // in place
+        expect_close(c, "out (in place)", out, download<float>(gx, out.size()));
+      }});
+      t.push_back({"gelu_backward_" + k, shape_name({{"n", n}}), {1e-5, 1e-6}, [n, kind](const OpCase& c) {
+        const auto x = rand_floats(static_cast<size_t>(n), 12, -6.0f, 6.0f), dout = rand_floats(static_cast<size_t>(n), 13);
+        std::vector<float> dx(x.size(), 123.0f);  // written, not accumulated
+        gelu_backward(dx.data(), x.data(), dout.data(), n, kind);
+        auto gx = upload(x), gdout = upload(dout);
+        auto gdx = upload(std::vector<float>(x.size(), -7.0f));
+        cuda::gelu_backward(gdx.as<float>(), gx.as<float>(), gdout.as<float>(), n, kind);
+        expect_close(c, "dx", dx, download<float>(gdx, dx.size()));
+        cuda::gelu_backward(gdout.as<float>(), gx.as<float>(), gdout.as<float>(), n, kind);  // dx aliases dout
+        expect_close(c, "dx (in place)", dx, download<float>(gdout, dx.size()));
+      }});
+    }
+  }
+}
+
+// ---------------------------------------------------------------- dropout
+
+void dropout_cases(std::vector<OpCase>& t) {
+  struct D {
+    int64_t n;
+    uint64_t first;
+    float p;
+  };
+  for (D d : {D{37, 5, 0.1f}, D{100003, (uint64_t(1) << 33) + 3, 0.5f}, D{1000, 0, 0.0f}, D{4099, 2, 0.9f}}) {
+    const std::string shape = shape_name({{"n", d.n}, {"first", int64_t(d.first)}, {"p_pct", int64_t(d.p * 100)}});
+    // The same Philox draws and one multiply: the same bits.
+    for (bool backward : {false, true})
+      t.push_back({backward ? "dropout_backward" : "dropout_forward", shape, {0.0, 0.0}, [d, backward](const OpCase& c) {
+        const PhiloxStream stream{0x1234567890abcdefull, 77u, 3u, 9u};
+        auto x = rand_floats(static_cast<size_t>(d.n), 14, -4.0f, 4.0f);
+        x[0] = std::numeric_limits<float>::infinity();  // dropped infinities become 0
+        std::vector<float> out(x.size());
+        auto gx = upload(x);
+        DeviceBuffer gout(out.size() * 4);
+        if (backward) {
+          dropout_backward(out.data(), x.data(), d.n, d.p, stream, d.first);
+          cuda::dropout_backward(gout.as<float>(), gx.as<float>(), d.n, d.p, stream, d.first);
+        } else {
+          dropout_forward(out.data(), x.data(), d.n, d.p, stream, d.first);
+          cuda::dropout_forward(gout.as<float>(), gx.as<float>(), d.n, d.p, stream, d.first);
+        }
+        expect_bits(c, "out", out, download<float>(gout, out.size()));
+        cuda::dropout_forward(gx.as<float>(), gx.as<float>(), d.n, d.p, stream, d.first);  // in place
+        expect_bits(c, "out (in place)", out, download<float>(gx, out.size()));
+      }});
+  }
+}
+
+// ---------------------------------------------------------------- elementwise
+
+void elementwise_cases(std::vector<OpCase>& t) {
+  // One rounding each, as on the CPU: exact.
+  t.push_back({"add_forward", "n100003", {0.0, 0.0}, [](const OpCase& c) {
+    const int64_t n = 100003;
+    const auto a = rand_floats(static_cast<size_t>(n), 15), b = rand_floats(static_cast<size_t>(n), 16);
+    std::vector<float> out(a.size());
+    add_forward(out.data(), a.data(), b.data(), n);
+    auto ga = upload(a), gb = upload(b);
+    DeviceBuffer gout(out.size() * 4);
+    cuda::add_forward(gout.as<float>(), ga.as<float>(), gb.as<float>(), n);
+    expect_bits(c, "out", out, download<float>(gout, out.size()));
+    cuda::add_forward(ga.as<float>(), ga.as<float>(), gb.as<float>(), n);  // out aliases a
+    expect_bits(c, "out (aliasing a)", out, download<float>(ga, out.size()));
+  }});
+  t.push_back({"accumulate", "n37", {0.0, 0.0}, [](const OpCase& c) {
+    const int64_t n = 37;
+    auto y = rand_floats(static_cast<size_t>(n), 17);
+    const auto x = rand_floats(static_cast<size_t>(n), 18);
+    auto gy = upload(y), gx = upload(x);
+    accumulate(y.data(), x.data(), n);
+    cuda::accumulate(gy.as<float>(), gx.as<float>(), n);
+    expect_bits(c, "y", y, download<float>(gy, y.size()));
+  }});
+  t.push_back({"scale_inplace", "n100003", {0.0, 0.0}, [](const OpCase& c) {
+    const int64_t n = 100003;
+    auto x = rand_floats(static_cast<size_t>(n), 19);
+    auto gx = upload(x);
+    scale_inplace(x.data(), 0.37f, n);
+    cuda::scale_inplace(gx.as<float>(), 0.37f, n);
+    expect_bits(c, "x", x, download<float>(gx, x.size()));
+  }});
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {1000, 768}}) {
+    t.push_back({"bias_add", shape_name({{"N", N}, {"C", C}}), {0.0, 0.0}, [N, C](const OpCase& c) {
+      auto out = rand_floats(static_cast<size_t>(N * C), 20);
+      const auto bias = rand_floats(static_cast<size_t>(C), 21);
+      auto gout = upload(out), gbias = upload(bias);
+      bias_add(out.data(), bias.data(), N, C);
+      cuda::bias_add(gout.as<float>(), gbias.as<float>(), N, C);
+      expect_bits(c, "out", out, download<float>(gout, out.size()));
+    }});
+    // Column sums of N terms in [-1, 1], in another order than the CPU's.
+    t.push_back({"bias_backward", shape_name({{"N", N}, {"C", C}}), {1e-5, 1e-7 * double(N)}, [N, C](const OpCase& c) {
+      const auto dout = rand_floats(static_cast<size_t>(N * C), 22);
+      auto dbias = rand_floats(static_cast<size_t>(C), 23);  // accumulates
+      auto gdout = upload(dout), gdbias = upload(dbias);
+      bias_backward(dbias.data(), dout.data(), N, C);
+      cuda::bias_backward(gdbias.as<float>(), gdout.as<float>(), N, C);
+      const auto once = download<float>(gdbias, dbias.size());
+      expect_close(c, "dbias", dbias, once);
+      auto gdbias2 = upload(rand_floats(static_cast<size_t>(C), 23));
+      cuda::bias_backward(gdbias2.as<float>(), gdout.as<float>(), N, C);
+      expect_bits(c, "dbias (second run)", once, download<float>(gdbias2, dbias.size()));
+    }});
+  }
+}
+
+// ---------------------------------------------------------------- embedding
+
+void embedding_cases(std::vector<OpCase>& t) {
+  // Gathers and single adds; the backward sums rows in index order as the CPU does:
+  // all exact.
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {1000, 768}}) {
+    const int64_t V = 50, P = 40;
+    const std::string shape = shape_name({{"N", N}, {"C", C}, {"V", V}});
+    for (bool with_wpe : {true, false})
+      t.push_back({with_wpe ? "embedding_forward" : "embedding_forward_no_wpe", shape, {0.0, 0.0},
+                   [N, C, with_wpe](const OpCase& c) {
+        const auto tokens = rand_ints(static_cast<size_t>(N), 24, 0, V), positions = rand_ints(static_cast<size_t>(N), 25, 0, P);
+        const auto wte = rand_floats(static_cast<size_t>(V * C), 26), wpe = rand_floats(static_cast<size_t>(P * C), 27);
+        std::vector<float> out(static_cast<size_t>(N * C));
+        embedding_forward(out.data(), tokens.data(), positions.data(), wte.data(), with_wpe ? wpe.data() : nullptr, N, C);
+        auto gt = upload(tokens), gp = upload(positions), gwte = upload(wte), gwpe = upload(wpe);
+        DeviceBuffer gout(out.size() * 4);
+        cuda::embedding_forward(gout.as<float>(), gt.as<int32_t>(), gp.as<int32_t>(), gwte.as<float>(),
+                                with_wpe ? gwpe.as<float>() : nullptr, N, C);
+        expect_bits(c, "out", out, download<float>(gout, out.size()));
+      }});
+    // This rank holds rows [20, 37) of the table; tokens outside give zero rows.
+    t.push_back({"vocab_parallel_embedding_forward", shape + "_begin20_Vl17", {0.0, 0.0}, [N, C](const OpCase& c) {
+      const int64_t begin = 20, Vl = 17;
+      const auto tokens = rand_ints(static_cast<size_t>(N), 28, 0, V);
+      const auto wte_local = rand_floats(static_cast<size_t>(Vl * C), 29);
+      std::vector<float> out(static_cast<size_t>(N * C), 5.0f);
+      vocab_parallel_embedding_forward(out.data(), tokens.data(), wte_local.data(), begin, Vl, N, C);
+      auto gt = upload(tokens), gw = upload(wte_local);
+      auto gout = upload(std::vector<float>(out.size(), -5.0f));
+      cuda::vocab_parallel_embedding_forward(gout.as<float>(), gt.as<int32_t>(), gw.as<float>(), begin, Vl, N, C);
+      expect_bits(c, "out", out, download<float>(gout, out.size()));
+    }});
+    t.push_back({"position_embedding_add", shape, {0.0, 0.0}, [N, C](const OpCase& c) {
+      const auto positions = rand_ints(static_cast<size_t>(N), 30, 0, P);
+      const auto wpe = rand_floats(static_cast<size_t>(P * C), 31);
+      auto out = rand_floats(static_cast<size_t>(N * C), 32);
+      auto gp = upload(positions), gw = upload(wpe), gout = upload(out);
+      position_embedding_add(out.data(), positions.data(), wpe.data(), N, C);
+      cuda::position_embedding_add(gout.as<float>(), gp.as<int32_t>(), gw.as<float>(), N, C);
+      expect_bits(c, "out", out, download<float>(gout, out.size()));
+    }});
+    // Whole table (Vl = -1), with and without dwpe; and a vocab slice [32, 52) of a table
+    // padded past V = 50 (rows 50, 51 never hit), tokens outside the slice skipped.
+    struct B {
+      const char* name;
+      int64_t begin, Vl;
+      bool with_wpe;
+    };
+    for (B b : {B{"embedding_backward", 0, -1, true}, B{"embedding_backward_no_wpe", 0, -1, false},
+                B{"embedding_backward_vocab_slice", 32, 20, true}})
+      t.push_back({b.name, shape + "_begin" + std::to_string(b.begin) + "_Vl" + std::to_string(b.Vl < 0 ? V : b.Vl),
+                   {0.0, 0.0}, [N, C, b](const OpCase& c) {
+        const int64_t rows = b.Vl < 0 ? V : b.Vl;
+        const auto tokens = rand_ints(static_cast<size_t>(N), 33, 0, V), positions = rand_ints(static_cast<size_t>(N), 34, 0, P);
+        const auto dout = rand_floats(static_cast<size_t>(N * C), 35);
+        auto dwte = rand_floats(static_cast<size_t>(rows * C), 36), dwpe = rand_floats(static_cast<size_t>(P * C), 37);  // accumulate
+        auto gt = upload(tokens), gp = upload(positions), gd = upload(dout), gwte = upload(dwte), gwpe = upload(dwpe);
+        embedding_backward(dwte.data(), b.with_wpe ? dwpe.data() : nullptr, dout.data(), tokens.data(),
+                           positions.data(), N, C, b.begin, b.Vl);
+        cuda::embedding_backward(gwte.as<float>(), b.with_wpe ? gwpe.as<float>() : nullptr, gd.as<float>(),
+                                 gt.as<int32_t>(), gp.as<int32_t>(), N, C, b.begin, b.Vl);
+        expect_bits(c, "dwte", dwte, download<float>(gwte, dwte.size()));
+        expect_bits(c, "dwpe", dwpe, download<float>(gwpe, dwpe.size()));
+      }});
+  }
+}
+
+// ---------------------------------------------------------------- cross entropy
+
+void cross_entropy_cases(std::vector<OpCase>& t) {
+  struct S {
+    int64_t N, V, Vp;
+  };
+  for (S s : {S{37, 100, 128}, S{5, 50257, 50304}}) {
+    const std::string shape = shape_name({{"N", s.N}, {"V", s.V}, {"Vp", s.Vp}});
+    // The same exp polynomial; the sum of exponentials in float lanes (CPU) or double (GPU):
+    // ~1e-7 relative on the sum, so ~1e-6 on losses of O(10) and on the softmax.
+    t.push_back({"cross_entropy_forward", shape, {1e-5, 1e-5}, [s](const OpCase& c) {
+      const auto logits = rand_floats(static_cast<size_t>(s.N * s.Vp), 38, -8.0f, 8.0f);
+      const auto targets = rand_ints(static_cast<size_t>(s.N), 39, 0, int32_t(s.V));
+      std::vector<float> losses(static_cast<size_t>(s.N));
+      cross_entropy_forward(losses.data(), logits.data(), targets.data(), s.N, s.V, s.Vp);
+      auto gl = upload(logits), gt = upload(targets);
+      DeviceBuffer gloss(losses.size() * 4);
+      cuda::cross_entropy_forward(gloss.as<float>(), gl.as<float>(), gt.as<int32_t>(), s.N, s.V, s.Vp);
+      expect_close(c, "losses", losses, download<float>(gloss, losses.size()));
+      expect_bits(c, "logits (unchanged)", logits, download<float>(gl, logits.size()));
+    }});
+    for (bool masked : {false, true})
+      t.push_back({masked ? "cross_entropy_forward_backward_masked" : "cross_entropy_forward_backward", shape,
+                   {1e-5, 1e-9}, [s, masked](const OpCase& c) {
+        // atol 1e-9 is for dlogits (softmax * scale, down to ~1e-8); losses are checked
+        // with the forward's tolerance below.
+        auto logits = rand_floats(static_cast<size_t>(s.N * s.Vp), 40, -8.0f, 8.0f);
+        const auto targets = rand_ints(static_cast<size_t>(s.N), 41, 0, int32_t(s.V));
+        std::vector<float> mask(static_cast<size_t>(s.N));
+        for (int64_t n = 0; n < s.N; ++n) mask[static_cast<size_t>(n)] = n % 3 == 1 ? 0.0f : 1.0f;
+        const float grad_scale = 1.0f / float(s.N);
+        auto gl = upload(logits), gt = upload(targets), gm = upload(mask);
+        std::vector<float> losses(static_cast<size_t>(s.N));
+        DeviceBuffer gloss(losses.size() * 4);
+        cross_entropy_forward_backward(logits.data(), losses.data(), targets.data(), masked ? mask.data() : nullptr,
+                                       grad_scale, s.N, s.V, s.Vp);
+        cuda::cross_entropy_forward_backward(gl.as<float>(), gloss.as<float>(), gt.as<int32_t>(),
+                                             masked ? gm.as<float>() : nullptr, grad_scale, s.N, s.V, s.Vp);
+        const OpCase loss_tol{c.op, c.shape, {1e-5, 1e-5}, nullptr};
+        expect_close(loss_tol, "losses", losses, download<float>(gloss, losses.size()));
+        expect_close(c, "dlogits", logits, download<float>(gl, logits.size()));
+      }});
+  }
+
+  // Vocab-parallel: P ranks each hold Vl = Vp / P columns; the last holds padding (or,
+  // for V = 64 of Vp = 96, nothing real: valid = 0). The all-reduces are done by hand,
+  // separately for the CPU and the GPU results.
+  struct VP {
+    int64_t N, V, Vp, P;
+  };
+  for (VP s : {VP{37, 100, 108, 3}, VP{6, 64, 96, 3}, VP{4, 50257, 50304, 2}}) {
+    const std::string shape = shape_name({{"N", s.N}, {"V", s.V}, {"Vp", s.Vp}, {"P", s.P}});
+    for (bool masked : {false, true})
+      t.push_back({masked ? "vocab_parallel_ce_masked" : "vocab_parallel_ce", shape, {1e-5, 1e-9}, [s, masked](const OpCase& c) {
+        // Tolerances as for cross_entropy_forward_backward: the row maxima are exact, the
+        // sums of exponentials ~1e-7 relative, the losses ~1e-6, dlogits 1e-5 relative.
+        const OpCase exact{c.op, c.shape, {0.0, 0.0}, nullptr};
+        const OpCase loss_tol{c.op, c.shape, {1e-5, 1e-5}, nullptr};
+        const OpCase sum_tol{c.op, c.shape, {1e-6, 0.0}, nullptr};
+        const int64_t N = s.N, Vl = s.Vp / s.P;
+        const auto full = rand_floats(static_cast<size_t>(N * s.Vp), 42, -8.0f, 8.0f);
+        const auto targets = rand_ints(static_cast<size_t>(N), 43, 0, int32_t(s.V));
+        std::vector<float> mask(static_cast<size_t>(N));
+        for (int64_t n = 0; n < N; ++n) mask[static_cast<size_t>(n)] = n % 4 == 2 ? 0.0f : 1.0f;
+        const float grad_scale = 0.25f;
+        const float* mask_ptr = masked ? mask.data() : nullptr;
+        auto gt = upload(targets), gm = upload(mask);
+        std::vector<std::vector<float>> cpu_x(static_cast<size_t>(s.P));
+        std::vector<DeviceBuffer> gpu_x;
+        gpu_x.reserve(static_cast<size_t>(s.P));
+        std::vector<float> cpu_max(static_cast<size_t>(N), -INFINITY), gpu_max(static_cast<size_t>(N), -INFINITY);
+        DeviceBuffer grow(static_cast<size_t>(N) * 4);
+        for (int64_t r = 0; r < s.P; ++r) {
+          const int64_t begin = r * Vl, valid = std::clamp<int64_t>(s.V - begin, 0, Vl);
+          auto& x = cpu_x[static_cast<size_t>(r)];
+          x.resize(static_cast<size_t>(N * Vl));
+          for (int64_t n = 0; n < N; ++n)
+            std::copy_n(full.data() + n * s.Vp + begin, Vl, x.data() + n * Vl);
+          gpu_x.push_back(upload(x));
+          std::vector<float> m(static_cast<size_t>(N));
+          vocab_parallel_ce_max(m.data(), x.data(), N, valid, Vl);
+          cuda::vocab_parallel_ce_max(grow.as<float>(), gpu_x.back().as<float>(), N, valid, Vl);
+          const auto gm_r = download<float>(grow, static_cast<size_t>(N));
+          expect_close(exact, "row_max rank " + std::to_string(r), m, gm_r);
+          for (int64_t n = 0; n < N; ++n) {  // all-reduce MAX
+            cpu_max[static_cast<size_t>(n)] = std::max(cpu_max[static_cast<size_t>(n)], m[static_cast<size_t>(n)]);
+            gpu_max[static_cast<size_t>(n)] = std::max(gpu_max[static_cast<size_t>(n)], gm_r[static_cast<size_t>(n)]);
+          }
+        }
+        auto gmax = upload(gpu_max);
+        std::vector<double> cpu_stats(static_cast<size_t>(2 * N), 0.0), gpu_stats(static_cast<size_t>(2 * N), 0.0);
+        DeviceBuffer gstats_r(static_cast<size_t>(2 * N) * 8);
+        for (int64_t r = 0; r < s.P; ++r) {
+          const int64_t begin = r * Vl, valid = std::clamp<int64_t>(s.V - begin, 0, Vl);
+          std::vector<double> st(static_cast<size_t>(2 * N));
+          vocab_parallel_ce_partials(st.data(), cpu_x[static_cast<size_t>(r)].data(), cpu_max.data(), targets.data(), begin, N,
+                                     valid, Vl, true);
+          cuda::vocab_parallel_ce_partials(gstats_r.as<double>(), gpu_x[static_cast<size_t>(r)].as<float>(), gmax.as<float>(),
+                                           gt.as<int32_t>(), begin, N, valid, Vl, true);
+          const auto gst = download<double>(gstats_r, st.size());
+          expect_close(sum_tol, "stats rank " + std::to_string(r), st, gst);
+          // The stored exponentials: the same polynomial, a few ulp apart at most.
+          expect_close(loss_tol, "exp rank " + std::to_string(r), cpu_x[static_cast<size_t>(r)],
+                       download<float>(gpu_x[static_cast<size_t>(r)], cpu_x[static_cast<size_t>(r)].size()));
+          for (size_t i = 0; i < st.size(); ++i) {  // all-reduce SUM
+            cpu_stats[i] += st[i];
+            gpu_stats[i] += gst[i];
+          }
+        }
+        auto gstats = upload(gpu_stats);
+        std::vector<float> losses(static_cast<size_t>(N));
+        vocab_parallel_ce_loss(losses.data(), cpu_stats.data(), cpu_max.data(), N);
+        DeviceBuffer gloss(static_cast<size_t>(N) * 4);
+        cuda::vocab_parallel_ce_loss(gloss.as<float>(), gstats.as<double>(), gmax.as<float>(), N);
+        expect_close(loss_tol, "losses", losses, download<float>(gloss, losses.size()));
+        for (int64_t r = 0; r < s.P; ++r) {
+          const int64_t begin = r * Vl, valid = std::clamp<int64_t>(s.V - begin, 0, Vl);
+          vocab_parallel_ce_backward(cpu_x[static_cast<size_t>(r)].data(), cpu_stats.data(), targets.data(), mask_ptr, grad_scale,
+                                     begin, N, valid, Vl);
+          cuda::vocab_parallel_ce_backward(gpu_x[static_cast<size_t>(r)].as<float>(), gstats.as<double>(), gt.as<int32_t>(),
+                                           masked ? gm.as<float>() : nullptr, grad_scale, begin, N, valid, Vl);
+          expect_close(c, "dlogits rank " + std::to_string(r), cpu_x[static_cast<size_t>(r)],
+                       download<float>(gpu_x[static_cast<size_t>(r)], cpu_x[static_cast<size_t>(r)].size()));
+        }
+      }});
+  }
+}
+
+// ---------------------------------------------------------------- optimizer
+
+void optimizer_cases(std::vector<OpCase>& t) {
+  struct A {
+    float beta1;
+    int64_t step;
+  };
+  // The same per-element step and the same float scalars (kernels/optimizer_math.h); only
+  // FMA contraction differs: ~1 ulp of p, m, v.
+  for (A a : {A{0.9f, 1}, A{0.9f, 7}, A{0.3f, 3}}) {  // beta1 0.3: the other lerp form
+    t.push_back({"adamw_update", shape_name({{"n", 100003}, {"beta1_pct", int64_t(a.beta1 * 100)}, {"step", a.step}}),
+                 {2e-6, 1e-12}, [a](const OpCase& c) {
+      const int64_t n = 100003;
+      auto p = rand_floats(static_cast<size_t>(n), 44), m = rand_floats(static_cast<size_t>(n), 45, -0.1f, 0.1f);
+      auto v = rand_floats(static_cast<size_t>(n), 46, 0.0f, 0.01f);
+      const auto g = rand_floats(static_cast<size_t>(n), 47);
+      auto gp = upload(p), gm = upload(m), gv = upload(v), gg = upload(g);
+      adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, a.beta1, 0.95f, 1e-8f, 0.1f, a.step);
+      cuda::adamw_update(gp.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(), n, 1e-3f, a.beta1, 0.95f,
+                         1e-8f, 0.1f, a.step);
+      expect_close(c, "p", p, download<float>(gp, p.size()));
+      expect_close(c, "m", m, download<float>(gm, m.size()));
+      expect_close(c, "v", v, download<float>(gv, v.size()));
+    }});
+  }
+  struct S {
+    const char* name;
+    float momentum;
+    bool first;
+  };
+  for (S s : {S{"sgd_update_no_momentum", 0.0f, false}, S{"sgd_update_momentum_first_step", 0.9f, true},
+              S{"sgd_update_momentum", 0.9f, false}})
+    t.push_back({s.name, "n37", {2e-6, 1e-12}, [s](const OpCase& c) {
+      const int64_t n = 37;
+      auto p = rand_floats(static_cast<size_t>(n), 48), buf = rand_floats(static_cast<size_t>(n), 49);
+      const auto g = rand_floats(static_cast<size_t>(n), 50);
+      auto gp = upload(p), gbuf = upload(buf), gg = upload(g);
+      const bool has_buf = s.momentum != 0.0f;
+      sgd_update(p.data(), g.data(), has_buf ? buf.data() : nullptr, n, 0.01f, s.momentum, 0.1f, s.first);
+      cuda::sgd_update(gp.as<float>(), gg.as<float>(), has_buf ? gbuf.as<float>() : nullptr, n, 0.01f, s.momentum,
+                       0.1f, s.first);
+      expect_close(c, "p", p, download<float>(gp, p.size()));
+      expect_close(c, "momentum_buf", buf, download<float>(gbuf, buf.size()));
+    }});
+  // Double sums of float squares in another order: ~1e-15 relative.
+  for (int64_t n : {int64_t(37), int64_t(1000003)})
+    t.push_back({"sum_of_squares", shape_name({{"n", n}}), {1e-12, 0.0}, [n](const OpCase& c) {
+      const auto x = rand_floats(static_cast<size_t>(n), 51, -3.0f, 3.0f);
+      auto gx = upload(x);
+      const double cpu = sum_of_squares(x.data(), n);
+      const double gpu = cuda::sum_of_squares(gx.as<float>(), n);
+      expect_close(c, "sum", std::vector<double>{cpu}, std::vector<double>{gpu});
+      const double again = cuda::sum_of_squares(gx.as<float>(), n);
+      EXPECT_EQ(gpu, again) << c.op << " " << c.shape << ": not deterministic";
+    }});
+}
+
+// ---------------------------------------------------------------- cast
+
+void cast_cases(std::vector<OpCase>& t) {
+  // Bit manipulation with the shared functions (kernels/cast_math.h): the same bits.
+  for (int64_t n : {int64_t(37), int64_t(100003)}) {
+    const std::string shape = shape_name({{"n", n}});
+    t.push_back({"cast_fp32_to_bf16", shape, {0.0, 0.0}, [n](const OpCase& c) {
+      const auto in = cast_inputs(static_cast<size_t>(n), 52);
+      std::vector<uint16_t> out(in.size());
+      cast_fp32_to_bf16(out.data(), in.data(), n);
+      auto gin = upload(in);
+      DeviceBuffer gout(out.size() * 2);
+      cuda::cast_fp32_to_bf16(gout.as<uint16_t>(), gin.as<float>(), n);
+      const auto got = download<uint16_t>(gout, out.size());
+      size_t bad = 0;
+      for (size_t i = 0; i < out.size(); ++i)
+        if (out[i] != got[i] && bad++ < 5)
+          ADD_FAILURE() << c.op << " " << c.shape << ": [" << i << "] in " << in[i] << " cpu 0x" << std::hex
+                        << out[i] << " gpu 0x" << got[i];
+      EXPECT_EQ(bad, 0u) << c.op << " " << c.shape << ": bf16 bits differ";
+    }});
+    t.push_back({"cast_bf16_to_fp32", shape, {0.0, 0.0}, [n](const OpCase& c) {
+      std::vector<uint16_t> in(static_cast<size_t>(n));
+      std::mt19937 gen(53);
+      for (auto& h : in) h = uint16_t(gen());
+      std::vector<float> out(in.size());
+      cast_bf16_to_fp32(out.data(), in.data(), n);
+      auto gin = upload(in);
+      DeviceBuffer gout(out.size() * 4);
+      cuda::cast_bf16_to_fp32(gout.as<float>(), gin.as<uint16_t>(), n);
+      expect_bits(c, "out", out, download<float>(gout, out.size()));
+    }});
+    t.push_back({"round_to_bf16", shape, {0.0, 0.0}, [n](const OpCase& c) {
+      const auto in = cast_inputs(static_cast<size_t>(n), 54);
+      std::vector<float> out(in.size());
+      round_to_bf16(out.data(), in.data(), n);
+      auto gin = upload(in);
+      DeviceBuffer gout(out.size() * 4);
+      cuda::round_to_bf16(gout.as<float>(), gin.as<float>(), n);
+      expect_bits(c, "out", out, download<float>(gout, out.size()));
+      cuda::round_to_bf16(gin.as<float>(), gin.as<float>(), n);  // in place
+      expect_bits(c, "out (in place)", out, download<float>(gin, out.size()));
+    }});
+    t.push_back({"round_to_fp16", shape, {0.0, 0.0}, [n](const OpCase& c) {
+      const auto in = cast_inputs(static_cast<size_t>(n), 55);
+      std::vector<float> out(in.size());
+      round_to_fp16(out.data(), in.data(), n);
+      auto gin = upload(in);
+      DeviceBuffer gout(out.size() * 4);
+      cuda::round_to_fp16(gout.as<float>(), gin.as<float>(), n);
+      expect_bits(c, "out", out, download<float>(gout, out.size()));
+    }});
+    for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
+      for (float scale : {1.0f, 0.37f})
+        t.push_back({std::string("quantize_fp8_") + (f == Fp8Format::e4m3 ? "e4m3" : "e5m2"),
+                     shape + "_scale_pct" + std::to_string(int(scale * 100)), {0.0, 0.0}, [n, f, scale](const OpCase& c) {
+          const auto in = cast_inputs(static_cast<size_t>(n), 56);
+          std::vector<float> out(in.size());
+          quantize_fp8(out.data(), in.data(), n, scale, f);
+          auto gin = upload(in);
+          DeviceBuffer gout(out.size() * 4);
+          cuda::quantize_fp8(gout.as<float>(), gin.as<float>(), n, scale, f);
+          expect_bits(c, "out", out, download<float>(gout, out.size()));
+        }});
+    for (const char* special : {"finite", "inf", "nan"})
+      t.push_back({std::string("abs_max_") + special, shape, {0.0, 0.0}, [n, special](const OpCase& c) {
+        auto in = rand_floats(static_cast<size_t>(n), 57, -5.0f, 3.0f);
+        if (std::string(special) == "inf") in[static_cast<size_t>(n / 2)] = -std::numeric_limits<float>::infinity();
+        if (std::string(special) == "nan") in[static_cast<size_t>(n - 1)] = std::numeric_limits<float>::quiet_NaN();
+        auto gin = upload(in);
+        const float cpu = abs_max(in.data(), n), gpu = cuda::abs_max(gin.as<float>(), n);
+        expect_bits(c, "max", std::vector<float>{cpu}, std::vector<float>{gpu});
+      }});
+  }
+}
+
+std::vector<OpCase> op_table() {
+  std::vector<OpCase> t;
+  layernorm_cases(t);
+  gelu_cases(t);
+  dropout_cases(t);
+  elementwise_cases(t);
+  embedding_cases(t);
+  cross_entropy_cases(t);
+  optimizer_cases(t);
+  cast_cases(t);
+  return t;
+}
+
+class CudaOps : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(CudaOps, MatchesCpu) {
+  LATTICE_REQUIRE_CUDA();
+  const OpCase& c = GetParam();
+  c.run(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, CudaOps, ::testing::ValuesIn(op_table()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) {
+                           return info.param.op + "_" + info.param.shape;
+                         });
+
+}  // namespace
+}  // namespace lattice
