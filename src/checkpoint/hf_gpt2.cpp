@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "checkpoint/host_staging.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -288,6 +289,7 @@ void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& f) {
   auto full = [&](const std::string& hf) { return hf == "lm_head.weight" ? hf : prefix + hf; };
 
   std::set<std::string> used;
+  HostStaging params(model.params().params(), model.params().numel(), true);
   for (const TensorMap& m : tensor_map(c)) {
     const std::string name = full(m.hf);
     const ParamInfo& p = model.params().info(m.lattice);
@@ -297,7 +299,7 @@ void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& f) {
       LATTICE_FAIL() << path << ": tensor " << name << " has shape " << shape_str(f.get(name).shape)
                      << ", config.json implies " << shape_str(want);
     std::vector<float> v = read_float_tensor(f, name);
-    to_lattice(model.params().params() + p.offset, v.data(), p.shape, m.layout, c.vocab_size, c.kv_channels);
+    to_lattice(params.data() + p.offset, v.data(), p.shape, m.layout, c.vocab_size, c.kv_channels);
     used.insert(name);
   }
   for (const std::string& name : f.names()) {
@@ -312,14 +314,16 @@ void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& f) {
     }
     LATTICE_FAIL() << path << ": unexpected tensor " << name << " (config.json has n_layer " << c.num_layers << ")";
   }
+  params.upload(model.params().params());
 }
 
 SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model) {
   const TransformerConfig& c = model.config();
   SafetensorsWriter w;
+  const HostStaging params(model.params().params(), model.params().numel(), true);
   for (const TensorMap& m : tensor_map(c)) {
     const ParamInfo& p = model.params().info(m.lattice);
-    std::vector<float> v = to_hf(model.params().params() + p.offset, p.shape, m.layout, c.vocab_size, c.kv_channels);
+    std::vector<float> v = to_hf(params.data() + p.offset, p.shape, m.layout, c.vocab_size, c.kv_channels);
     const std::string name = m.hf == "lm_head.weight" ? m.hf : "transformer." + m.hf;
     w.add_f32(name, hf_shape(p.shape, m.layout, c.vocab_size), v.data());
   }

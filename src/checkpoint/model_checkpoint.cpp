@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "checkpoint/host_staging.h"
 #include "checkpoint/tensor_parts.h"
 #include "core/error.h"
 
@@ -90,12 +91,16 @@ void check_model_config(const json& saved, const TransformerConfig& c, const std
 }
 
 void add_model_tensors(CheckpointWriter& w, const GPTModel& model) {
-  add_parts(w, kModelFile, param_parts(model.params().infos(), model.params().params(), model.tensor_parallel().rank()));
+  // The writer copies the parts it is given, so the staged host copy may go after this.
+  const HostStaging params(model.params().params(), model.params().numel(), true);
+  add_parts(w, kModelFile, param_parts(model.params().infos(), params.data(), model.tensor_parallel().rank()));
 }
 
 void load_model_tensors(const CheckpointReader& r, GPTModel& model) {
-  for (const ParamInfo& p : model.params().infos())
-    read_param_part(r, p.name, p, model.params().params() + p.offset);
+  // Every parameter's box is read; the staged copy keeps the buffer's alignment padding.
+  HostStaging params(model.params().params(), model.params().numel(), true);
+  for (const ParamInfo& p : model.params().infos()) read_param_part(r, p.name, p, params.data() + p.offset);
+  params.upload(model.params().params());
 }
 
 std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const GPTModel& model,
@@ -129,6 +134,7 @@ void load_parameters(GPTModel& model, const std::string& path) {
 
 void load_parameters(GPTModel& model, const SafetensorsFile& f) {
   const std::string& path = f.path();
+  HostStaging params(model.params().params(), model.params().numel(), true);
   for (const ParamInfo& p : model.params().infos()) {
     if (!f.has(p.name)) LATTICE_FAIL() << path << ": missing tensor " << p.name;
     const SafeTensor& t = f.get(p.name);
@@ -136,8 +142,9 @@ void load_parameters(GPTModel& model, const SafetensorsFile& f) {
       LATTICE_FAIL() << path << ": tensor " << p.name << " has shape " << shape_str(t.shape)
                      << ", the model expects " << shape_str(p.shape);
     std::vector<float> v = f.get_f32(p.name);
-    std::memcpy(model.params().params() + p.offset, v.data(), v.size() * sizeof(float));
+    std::memcpy(params.data() + p.offset, v.data(), v.size() * sizeof(float));
   }
+  params.upload(model.params().params());
 }
 
 }  // namespace lattice

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/host_staging.h"
 #include "checkpoint/model_checkpoint.h"
 #include "checkpoint/part_gather.h"
 #include "core/error.h"
@@ -58,15 +59,17 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
                    }
                  });
   };
-  if (contribute) stage(kModelFile, "", model.params().params());
+  // The parameters on the host (on the CPU the buffer itself); the writer copies what it stages.
+  if (contribute) stage(kModelFile, "", HostStaging(model.params().params(), n, true).data());
   CheckpointState s;
   s.iteration = p.iteration;
   s.consumed_train_samples = p.consumed_train_samples;
   s.model_config = model_config_json(model.config());
   s.args = nlohmann::json::parse(o.args_json);
   if (o.save_optim) {
-    // Each state tensor in the flat layout; with the distributed optimizer every rank fills
-    // in its shard and gather_state completes the rest.
+    // Each state tensor in the flat layout (host memory: export_state copies the device's
+    // state out); with the distributed optimizer every rank fills in its shard and
+    // gather_state completes the rest.
     std::vector<float> flat(static_cast<size_t>(n));
     for (const StateSlot& slot : state_slots(o.optimizer)) {
       std::fill(flat.begin(), flat.end(), 0.0f);
@@ -113,7 +116,7 @@ std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptio
     for (const StateSlot& slot : state_slots(o.optimizer)) {
       for (const ParamInfo& pi : model.params().infos())  // this rank's box of each
         read_param_part(r, slot.prefix + pi.name, pi, flat.data() + pi.offset);
-      optimizer.import_state(slot.slot, flat.data());  // this rank's shard of it
+      optimizer.import_state(slot.slot, flat.data());  // this rank's shard of it (copied to the device)
     }
     optimizer.set_steps(s.optimizer->step);
     // A constant --loss-scale keeps the command line's value.

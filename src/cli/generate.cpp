@@ -1,7 +1,10 @@
 // `lattice generate --load CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]
 //  [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer-type NAME]
-//  [--vocab-file F --merge-file F] [--no-kv-cache]`:
+//  [--vocab-file F --merge-file F] [--no-kv-cache] [--device cpu|cuda]`:
 // samples text from a trained model, streaming each token to stdout as it is produced.
+// --device cuda keeps the model on the GPU (docs/cuda.md); tokens and logits cross to
+// the host once per step. The KV cache runs on the CPU only for now: on the GPU every
+// token takes a full forward (the same text; the summary line says so).
 //
 // Decoding uses a KV cache (GPTInference): the prompt is prefilled once, then each new token
 // runs the layers on that token alone. --no-kv-cache recomputes a full forward over the
@@ -23,6 +26,7 @@
 #include "checkpoint/model_checkpoint.h"
 #include "cli/simple_flags.h"
 #include "cli/subcommands.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "model/gpt_inference.h"
@@ -135,7 +139,7 @@ std::vector<std::string> read_prompts(const SimpleFlags& f) {
 int cmd_generate(int argc, char** argv) {
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k",
-                                      "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file"},
+                                      "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "device"},
                                      {"no-kv-cache"});
   const std::string load = f.required("load");
   const std::vector<std::string> prompts = read_prompts(f);
@@ -147,6 +151,8 @@ int cmd_generate(int argc, char** argv) {
   if (!(sc.top_p > 0 && sc.top_p <= 1)) LATTICE_FAIL() << "--top-p must be in (0, 1]";
   const int64_t max_new = integer_flag(f, "max-new-tokens", 100, 0);
   const uint64_t seed = uint64_t(integer_flag(f, "seed", 1234, 0));
+  const Device device = parse_device(f.get("device", "cpu").c_str());
+  set_device(device);  // before the model is allocated
 
   LoadedModel lm = load_model_checkpoint(load, 1);
   const std::string tok_type = f.get("tokenizer-type", lm.tokenizer_type);
@@ -158,7 +164,7 @@ int cmd_generate(int argc, char** argv) {
     LATTICE_FAIL() << "--tokenizer-type " << tok_type << " has " << tok->vocab_size()
                    << " tokens, more than the model's vocabulary of " << lm.model->config().vocab_size;
 
-  const bool kv_cache = !f.has("no-kv-cache");
+  const bool kv_cache = !f.has("no-kv-cache") && device == Device::cpu;
   NextTokenLogits next_logits(*lm.model, kv_cache);
   Timing timing;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -167,11 +173,15 @@ int cmd_generate(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "generate: %zu prompt(s), prefill %lld tokens in %.1f ms, %lld new tokens in %.1f ms "
-               "(%.2f tokens/s, %s)\n",
+               "(%.2f tokens/s, %s%s)\n",
                prompts.size(), (long long)timing.prefill_tokens, timing.prefill_s * 1e3,
                (long long)timing.new_tokens, timing.decode_s * 1e3,
                timing.decode_s > 0 ? double(timing.new_tokens) / timing.decode_s : 0.0,
-               kv_cache ? "KV cache" : "full forward per token");
+               kv_cache ? "KV cache" : "full forward per token",
+               device == Device::cpu ? ""
+               : f.has("no-kv-cache") ? (cuda_emulated() ? ", cuda emulated" : ", cuda")
+               : (cuda_emulated() ? ", cuda emulated: the KV cache runs on --device cpu only for now"
+                                  : ", cuda: the KV cache runs on --device cpu only for now"));
   return 0;
 }
 

@@ -115,7 +115,8 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void copy_device_to_device(void* dst, const void* src, size_t bytes) {
-  LATTICE_CUDART(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ready().stream));
+  // cudaMemcpyDefault: either side may also be host memory (unified addressing).
+  LATTICE_CUDART(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ready().stream));
 }
 
 void memset_device(void* p, int value, size_t bytes) {

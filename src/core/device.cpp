@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "core/cuda_runtime.h"
@@ -88,7 +89,9 @@ void* device_alloc(size_t bytes) {
     const size_t n = page_round(bytes ? bytes : 1);
     void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     LATTICE_CHECK(p != MAP_FAILED) << "CUDA emulation: cannot map " << bytes << " bytes";
-    if (s.guard && s.access_depth == 0) LATTICE_CHECK(mprotect(p, n, PROT_NONE) == 0) << "mprotect";
+    if (s.guard && s.access_depth == 0) {
+      LATTICE_CHECK(mprotect(p, n, PROT_NONE) == 0) << "CUDA emulation: mprotect failed: " << std::strerror(errno);
+    }
     s.pages[p] = n;
     return p;
   }
@@ -144,14 +147,25 @@ void device_synchronize() {
   if (kernels_on_gpu()) cuda::synchronize();
 }
 
+// Kernels nest (a CPU kernel may call the GEMM facade from its OpenMP threads), so the
+// depth is counted under a lock.
+static std::mutex& access_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 DeviceAccess::DeviceAccess() {
   DeviceState& s = state();
-  if (s.guard && s.access_depth++ == 0) protect_all(PROT_READ | PROT_WRITE);
+  if (!s.guard) return;
+  std::lock_guard<std::mutex> lock(access_mutex());
+  if (s.access_depth++ == 0) protect_all(PROT_READ | PROT_WRITE);
 }
 
 DeviceAccess::~DeviceAccess() {
   DeviceState& s = state();
-  if (s.guard && --s.access_depth == 0) protect_all(PROT_NONE);
+  if (!s.guard) return;
+  std::lock_guard<std::mutex> lock(access_mutex());
+  if (--s.access_depth == 0) protect_all(PROT_NONE);
 }
 
 }  // namespace lattice

@@ -1,5 +1,7 @@
 #include "dist/comm.h"
 
+#include "core/device.h"
+
 #include <cstring>
 
 #include "core/error.h"
@@ -47,7 +49,7 @@ class LocalComm : public Comm {
   std::unique_ptr<CommRequest> ireduce_scatter(const float* send, float* recv,
                                                const std::vector<int64_t>& counts) override {
     LATTICE_CHECK(counts.size() == 1) << "reduce_scatter counts for 1 rank";
-    if (send != recv) std::memmove(recv, send, size_t(counts[0]) * sizeof(float));
+    copy_on_device(recv, send, size_t(counts[0]) * sizeof(float));
     stats_.add(CommOp::reduce_scatter, uint64_t(counts[0]) * 4);
     return std::make_unique<DoneRequest>();
   }
@@ -58,7 +60,7 @@ class LocalComm : public Comm {
   std::unique_ptr<CommRequest> ireduce_scatter_bf16(const uint16_t* send, uint16_t* recv,
                                                     const std::vector<int64_t>& counts) override {
     LATTICE_CHECK(counts.size() == 1) << "reduce_scatter counts for 1 rank";
-    if (send != recv) std::memmove(recv, send, size_t(counts[0]) * sizeof(uint16_t));
+    copy_on_device(recv, send, size_t(counts[0]) * sizeof(uint16_t));
     stats_.add(CommOp::reduce_scatter, uint64_t(counts[0]) * 2);
     return std::make_unique<DoneRequest>();
   }

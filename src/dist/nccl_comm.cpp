@@ -86,6 +86,7 @@ class NcclComm : public Comm {
       (void)ncclCommDestroy(comm_);
     }
     (void)cudaFree(scratch_);
+    if (staging_) (void)cudaFree(staging_);
     (void)cudaStreamDestroy(stream_);
   }
 
@@ -93,21 +94,52 @@ class NcclComm : public Comm {
   int size() const override { return size_; }
   const std::vector<int>& world_ranks() const override { return ranks_; }
 
+  // The blocking operations also take host buffers (a loss, a norm, amaxes, a found-inf
+  // flag, a checkpoint piece): staged through device memory, so the callers above the
+  // kernels need not know which Comm they hold.
   void all_reduce(float* data, int64_t n, ReduceOp op) override {
     stats_.add(CommOp::all_reduce, uint64_t(n) * 4);
-    issue_all_reduce(data, n, ncclFloat, op)->wait();
+    Staged st(this, data, size_t(n) * 4);
+    issue_all_reduce(st.ptr(), n, ncclFloat, op)->wait();
   }
   void all_reduce(double* data, int64_t n, ReduceOp op) override {
     stats_.add(CommOp::all_reduce, uint64_t(n) * 8);
-    issue_all_reduce(data, n, ncclDouble, op)->wait();
+    Staged st(this, data, size_t(n) * 8);
+    issue_all_reduce(st.ptr(), n, ncclDouble, op)->wait();
   }
   std::unique_ptr<CommRequest> iall_reduce(float* data, int64_t n) override {
+    require_device(data, "iall_reduce");
     stats_.add(CommOp::all_reduce, uint64_t(n) * 4);
     return issue_all_reduce(data, n, ncclFloat, ReduceOp::sum);
+  }
+  std::unique_ptr<CommRequest> iall_reduce_bf16(uint16_t* data, int64_t n) override {
+    require_device(data, "iall_reduce_bf16");
+    stats_.add(CommOp::all_reduce, uint64_t(n) * 2);
+    return issue(CommOp::all_reduce, [&] {
+      if (n > 0) check(ncclAllReduce(data, data, size_t(n), ncclBfloat16, ncclSum, comm_, stream_), "ncclAllReduce");
+    });
+  }
+  std::unique_ptr<CommRequest> ireduce_scatter_bf16(const uint16_t* send, uint16_t* recv,
+                                                    const std::vector<int64_t>& counts) override {
+    require_device(send, "ireduce_scatter_bf16");
+    const int64_t total = check_counts(counts, "reduce_scatter");
+    stats_.add(CommOp::reduce_scatter, uint64_t(total) * 2);
+    return issue(CommOp::reduce_scatter, [&] {
+      check(ncclGroupStart(), "ncclGroupStart");
+      int64_t displ = 0;
+      for (int r = 0; r < size_; ++r) {
+        if (counts[size_t(r)] > 0)
+          check(ncclReduce(send + displ, recv, size_t(counts[size_t(r)]), ncclBfloat16, ncclSum, r, comm_, stream_),
+                "ncclReduce");
+        displ += counts[size_t(r)];
+      }
+      check(ncclGroupEnd(), "ncclGroupEnd (reduce_scatter bf16)");
+    });
   }
 
   std::unique_ptr<CommRequest> ireduce_scatter(const float* send, float* recv,
                                                const std::vector<int64_t>& counts) override {
+    require_device(send, "ireduce_scatter");
     const int64_t total = check_counts(counts, "reduce_scatter");
     stats_.add(CommOp::reduce_scatter, uint64_t(total) * 4);
     return issue(CommOp::reduce_scatter, [&] {
@@ -131,6 +163,7 @@ class NcclComm : public Comm {
   }
 
   std::unique_ptr<CommRequest> iall_gather(float* data, const std::vector<int64_t>& counts) override {
+    require_device(data, "iall_gather");
     const int64_t total = check_counts(counts, "all_gather");
     stats_.add(CommOp::all_gather, uint64_t(total) * 4);
     return issue(CommOp::all_gather, [&] {
@@ -156,8 +189,9 @@ class NcclComm : public Comm {
     LATTICE_CHECK(root >= 0 && root < size_) << "broadcast from rank " << root << " in the " << size_
                                              << "-rank group " << name_;
     stats_.add(CommOp::broadcast, uint64_t(bytes));
+    Staged st(this, data, size_t(bytes));
     issue(CommOp::broadcast, [&] {
-      if (bytes > 0) check(ncclBroadcast(data, data, size_t(bytes), ncclUint8, root, comm_, stream_), "ncclBroadcast");
+      if (bytes > 0) check(ncclBroadcast(st.ptr(), st.ptr(), size_t(bytes), ncclUint8, root, comm_, stream_), "ncclBroadcast");
     })->wait();
   }
 
@@ -169,6 +203,7 @@ class NcclComm : public Comm {
   void recv(float* data, int64_t n, int src, int tag) override { irecv(data, n, src, tag)->wait(); }
 
   std::unique_ptr<CommRequest> isend(const float* data, int64_t n, int dst, int tag) override {
+    require_device(data, "isend");
     check_peer(dst, tag, "isend to");
     stats_.add(CommOp::send, uint64_t(n) * 4);
     if (dst == rank_) {  // held until the matching irecv from itself
@@ -182,6 +217,7 @@ class NcclComm : public Comm {
   }
 
   std::unique_ptr<CommRequest> irecv(float* data, int64_t n, int src, int tag) override {
+    require_device(data, "irecv");
     check_peer(src, tag, "irecv from");
     if (src == rank_) {
       LATTICE_CHECK(!self_sends_.empty()) << "irecv from itself (rank " << rank_ << ") in the "
@@ -242,6 +278,46 @@ class NcclComm : public Comm {
   void add_seconds(CommOp op, double s) { stats_.seconds[int(op)] += s; }
 
  private:
+  static bool on_device(const void* p) {
+    if (!p) return true;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+  void require_device(const void* p, const char* op) const {
+    LATTICE_CHECK(on_device(p)) << "NCCL " << op << " on the " << name_
+                                << " group got a host buffer (the non-blocking operations take device memory)";
+  }
+  // A host buffer's bytes in device scratch for one blocking operation, copied back after.
+  class Staged {
+   public:
+    Staged(NcclComm* c, void* data, size_t bytes) : host_(on_device(data) ? nullptr : data), bytes_(bytes), ptr_(data) {
+      if (!host_ || !bytes) return;
+      if (c->staging_bytes_ < bytes) {
+        if (c->staging_) (void)cudaFree(c->staging_);
+        c->staging_ = nullptr;
+        LATTICE_NCCL_CUDART(cudaMalloc(&c->staging_, bytes));
+        c->staging_bytes_ = bytes;
+      }
+      ptr_ = c->staging_;
+      LATTICE_NCCL_CUDART(cudaMemcpyAsync(ptr_, host_, bytes, cudaMemcpyHostToDevice, compute()));
+    }
+    ~Staged() noexcept(false) {
+      if (!host_ || !bytes_) return;
+      LATTICE_NCCL_CUDART(cudaMemcpyAsync(host_, ptr_, bytes_, cudaMemcpyDeviceToHost, compute()));
+      LATTICE_NCCL_CUDART(cudaStreamSynchronize(compute()));
+    }
+    void* ptr() const { return ptr_; }
+
+   private:
+    void* host_;
+    size_t bytes_;
+    void* ptr_;
+  };
+
   int world_rank() const { return ranks_.empty() ? rank_ : ranks_[size_t(rank_)]; }
   static std::string group_text(const std::string& label) {
     return label.find(" group (") == std::string::npos ? label + " group" : label;
@@ -318,6 +394,8 @@ class NcclComm : public Comm {
   std::vector<int> ranks_;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;  // the barrier's one element
+  void* staging_ = nullptr;   // host buffers of blocking operations
+  size_t staging_bytes_ = 0;
   bool aborted_ = false;
   std::deque<PendingSelfSend> self_sends_;
 };

@@ -1,7 +1,9 @@
 #include "dist/parallel_state.h"
 
+#include "core/device.h"
 #include "core/error.h"
 #include "dist/mpi_comm.h"
+#include "dist/nccl_comm.h"
 
 namespace lattice {
 
@@ -68,6 +70,17 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
   s->dp_ = make_mpi_comm("dp", g.dp);
   s->pp_ = make_mpi_comm("pp", g.pp);
   if (!g.embedding.empty()) s->embedding_ = make_mpi_comm("embedding", g.embedding);
+  if (kernels_on_gpu()) {
+    // CUDA tensors travel over NCCL: one communicator per group, bootstrapped through the
+    // group's MPI communicator (kept for that); world stays MPI (host data only).
+    set_nccl_timeout_seconds(timeout_seconds);
+    for (auto* c : {&s->tp_, &s->dp_, &s->pp_, &s->embedding_}) {
+      if (!*c) continue;
+      std::unique_ptr<Comm> nccl = make_nccl_comm(**c, (*c)->name());
+      s->bootstrap_.push_back(std::move(*c));
+      *c = std::move(nccl);
+    }
+  }
   return s;
 }
 

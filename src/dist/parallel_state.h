@@ -3,7 +3,10 @@
 //   world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)        (cp = ep = 1)
 // One communicator per group: tp, dp, pp, and the embedding group (first and last
 // pipeline stage of the same tp/dp position). Every layer receives the groups it
-// needs; nothing reaches for a global.
+// needs; nothing reaches for a global. On CPUs every group is an MPI communicator; with
+// the kernels on a GPU (core/device.h: set_device before create) tp, dp, pp and
+// embedding are NCCL communicators (dist/nccl_comm.h; their blocking operations also
+// take host buffers) and world stays MPI.
 #pragma once
 #include <memory>
 #include <vector>
@@ -56,6 +59,7 @@ class ParallelState {
   int world_rank_ = 0;
   bool uses_mpi_ = false;
   std::unique_ptr<Comm> world_, tp_, dp_, pp_, embedding_;
+  std::vector<std::unique_ptr<Comm>> bootstrap_;  // the MPI groups the NCCL ones were made from
 };
 
 }  // namespace lattice

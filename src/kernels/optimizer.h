@@ -18,5 +18,7 @@ void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float 
 
 // sum of squares, accumulated in double (for the global gradient norm).
 double sum_of_squares(const float* x, int64_t n);
+// Whether any x[i] is inf or nan (the fp16 loss scaler's overflow check).
+bool any_non_finite(const float* x, int64_t n);
 
 }  // namespace lattice

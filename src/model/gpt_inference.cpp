@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
@@ -53,7 +54,7 @@ void GPTInference::reserve_rows(int64_t n) {
   fc_.resize(N * F);
   mean_.resize(N);
   rstd_.resize(N);
-  positions_.resize(N);
+  ids_.resize(2 * N);
   rows_ = n;
 }
 
@@ -111,23 +112,31 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
       LATTICE_FAIL() << "token id " << tokens[i] << " is outside the model's vocabulary [0, "
                      << cfg_.vocab_size << ")";
   reserve_rows(n);
-  float *x = x_.data(), *ln = ln_.data(), *qkv = qkv_.data(), *tmp = tmp_.data(), *fc = fc_.data();
-  for (int64_t i = 0; i < n; ++i) positions_[i] = int32_t(length_ + i);
-  embedding_forward(x, tokens, positions_.data(), wte_, wpe_, n, C);  // x: [n, C]
+  float *x = x_.data(), *ln = ln_.data(), *qkv = qkv_.device(), *tmp = tmp_.data(), *fc = fc_.data();
+  int32_t* ids = ids_.host();  // [tokens | positions]
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = tokens[i];
+    ids[n + i] = int32_t(length_ + i);
+  }
+  ids_.upload(size_t(2 * n));
+  embedding_forward(x, ids_.device(), ids_.device() + n, wte_, wpe_, n, C);  // x: [n, C]
 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps);
     linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * C);  // [n, H, 3, D]
+    qkv_.download(size_t(n * 3 * C));
+    const float* qkv_host = qkv_.host();
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = 0; h < H; ++h) {
-        const float* src = qkv + i * 3 * C + h * 3 * D;
+        const float* src = qkv_host + i * 3 * C + h * 3 * D;
         const int64_t at = ((l * H + h) * Tmax + length_ + i) * D;
         std::memcpy(k_cache_.data() + at, src + D, size_t(D) * sizeof(float));
         std::memcpy(v_cache_.data() + at, src + 2 * D, size_t(D) * sizeof(float));
       }
-    cached_attention(attn_.data(), qkv, n, l);
-    linear_forward(tmp, attn_.data(), p.proj_w, p.proj_b, n, C, C);
+    cached_attention(attn_.host(), qkv_host, n, l);
+    attn_.upload(size_t(n * C));
+    linear_forward(tmp, attn_.device(), p.proj_w, p.proj_b, n, C, C);
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps);
     linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, F);
@@ -139,7 +148,13 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   // Only the rows whose logits are wanted go through the final norm and the output layer.
   const int64_t first = all_positions ? 0 : n - 1, rows = n - first;
   layernorm_forward(ln, mean_.data(), rstd_.data(), x + first * C, lnf_w_, lnf_b_, rows, C, eps);
-  linear_forward(logits, ln, out_w_, nullptr, rows, C, Vp);  // [rows, Vp]
+  if (current_device() == Device::cpu) {
+    linear_forward(logits, ln, out_w_, nullptr, rows, C, Vp);  // [rows, Vp]
+    return;
+  }
+  float* out = logits_.resize(size_t(rows * Vp));
+  linear_forward(out, ln, out_w_, nullptr, rows, C, Vp);
+  copy_to_host(logits, out, size_t(rows * Vp) * sizeof(float));
 }
 
 }  // namespace lattice

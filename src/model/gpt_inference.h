@@ -6,12 +6,17 @@
 // all T tokens. The prompt is appended in one call (prefill: the linear layers run as
 // GEMMs over all its tokens).
 //
+// On a device (--device cuda) the layers' kernels run there; the cache and its attention
+// stay host loops for now: each layer's qkv comes back to the host (one copy) and the
+// attention output goes up (one copy). On the CPU nothing is copied.
+//
 // Shapes: C hidden, H heads, D head dim, F ffn hidden, Vp padded vocabulary, L layers,
 // Tmax the cache capacity (<= max_position_embeddings: positions are absolute).
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "core/storage.h"
 #include "model/gpt_model.h"
 
 namespace lattice {
@@ -47,11 +52,13 @@ class GPTInference {
   int64_t capacity_ = 0, length_ = 0, rows_ = 0;
   const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;
   std::vector<Layer> layers_;
-  std::vector<float> k_cache_, v_cache_;  // [L, H, Tmax, D] each
-  // Scratch for up to rows_ tokens: [n, C] x4, [n, 3C], [n, F], [n] x2.
-  std::vector<float> x_, ln_, attn_, tmp_, qkv_, fc_, mean_, rstd_;
+  std::vector<float> k_cache_, v_cache_;  // [L, H, Tmax, D] each (host)
+  // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2; qkv [n, 3C] and attn
+  // [n, C] with host copies; ids [2, n] tokens and positions; logits [n, Vp] (device runs).
+  DeviceArray<float> x_, ln_, tmp_, fc_, mean_, rstd_, logits_;
+  StagedArray<float> qkv_, attn_;
+  StagedArray<int32_t> ids_;
   std::vector<float> scores_;             // [threads, Tmax]
-  std::vector<int32_t> positions_;        // [n]
 };
 
 }  // namespace lattice

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "blas/gemm.h"
+#include "core/device.h"
 #include "dist/comm.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
@@ -50,9 +51,15 @@ struct GPTModel::Activations {
   float* lnf_rstd = nullptr;  // [Ns]
   float* logits = nullptr;    // [N, Vl]  (overwritten by dlogits)
   float* losses = nullptr;    // [N]
-  // The micro-batch's token-derived inputs, [B*T] each.
-  std::vector<int32_t> inputs, positions, document_ids, targets;
-  std::vector<float> loss_mask;  // with eod_mask_loss
+  // The micro-batch's token-derived inputs, [B*T] each (row stride n, the largest B*T):
+  // [inputs | positions | document ids | targets], filled on the host and uploaded at once.
+  StagedArray<int32_t> ids;
+  StagedArray<float> loss_mask;  // [B*T] a given mask times the eod mask
+  int64_t n = 0;
+  int32_t* inputs() const { return ids.device(); }
+  int32_t* positions() const { return ids.device() + n; }
+  int32_t* document_ids() const { return ids.device() + 2 * n; }
+  int32_t* targets() const { return ids.device() + 3 * n; }
 };
 
 // Backward scratch shared by every chunk and slot (one step runs at a time).
@@ -138,6 +145,11 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   arena_ = Arena(activation_bytes(cfg_, B, T, tp_, place_));
   scratch_ = std::make_unique<Scratch>();
   allocate(acts_, *scratch_, arena_, cfg_, tp_, place_, B, T);
+  for (Activations& a : acts_) {
+    a.n = B * T;
+    a.ids.resize(size_t(4 * B * T));
+    a.loss_mask.resize(size_t(B * T));
+  }
   row_max_.resize(size_t(B * T));
   ce_stats_.resize(size_t(2 * B * T));
 }
@@ -152,29 +164,45 @@ void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
 
 // Megatron's _get_ltor_masks_and_position_ids on the inputs: the token after an eod at t
 // starts a new document, so t+1 gets position 0 and the next document id.
-void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T) {
+void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T,
+                              bool labels) {
+  int32_t* h = a.ids.host();
+  int32_t *inputs = h, *positions = h + a.n, *document_ids = h + 2 * a.n, *targets = h + 3 * a.n;
+  const int64_t V = cfg_.vocab_size;
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* in = tokens + b * token_stride;
     int32_t doc = 0, start = 0;
     for (int64_t t = 0; t < T; ++t) {
       const size_t i = size_t(b * T + t);
-      a.inputs[i] = in[t];
-      a.positions[i] = docs_.reset_position_ids ? int32_t(t) - start : int32_t(t);
-      a.document_ids[i] = doc;
+      inputs[i] = in[t];
+      positions[i] = docs_.reset_position_ids ? int32_t(t) - start : int32_t(t);
+      document_ids[i] = doc;
       if (in[t] == docs_.eod) {
         ++doc;
         start = int32_t(t) + 1;
       }
+      if (labels) {
+        const int32_t y = in[t + 1];
+        LATTICE_CHECK(y >= 0 && y < V) << "label " << y << " at (" << b << ", " << t << ") not in [0, " << V << ")";
+        targets[i] = y;
+      }
     }
   }
+  a.ids.upload(size_t(4 * a.n));
 }
 
-const float* GPTModel::effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T) {
-  if (!docs_.eod_mask_loss) return loss_mask;
+const float* GPTModel::effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T,
+                                           const float*& host) {
+  host = loss_mask;
+  if (!docs_.eod_mask_loss && (!loss_mask || current_device() == Device::cpu)) return loss_mask;
   const int64_t N = B * T;
+  float* m = a.loss_mask.host();
+  const int32_t* inputs = a.ids.host();
   for (int64_t i = 0; i < N; ++i)
-    a.loss_mask[size_t(i)] = a.inputs[size_t(i)] == docs_.eod ? 0.0f : (loss_mask ? loss_mask[i] : 1.0f);
-  return a.loss_mask.data();
+    m[i] = docs_.eod_mask_loss && inputs[i] == docs_.eod ? 0.0f : (loss_mask ? loss_mask[i] : 1.0f);
+  a.loss_mask.upload(size_t(N));
+  host = m;
+  return a.loss_mask.device();
 }
 
 // Megatron's split of each weight: column-parallel (dim 0: QKV rows grouped per head,
@@ -316,11 +344,6 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
         a.logits = arena.alloc_f32(N * Vl, "logits");
         a.losses = arena.alloc_f32(N, "losses");
       }
-      a.inputs.resize(size_t(N));
-      a.positions.resize(size_t(N));
-      a.document_ids.resize(size_t(N));
-      a.targets.resize(size_t(N));
-      a.loss_mask.resize(size_t(N));
       acts.push_back(std::move(a));
     }
   sc.d_resid = arena.alloc_f32(Ns * C, "grad");
@@ -361,7 +384,7 @@ const float* GPTModel::all_rows(const float* shard, int64_t N) {
   if (!tp_.sp()) return shard;
   const int64_t C = cfg_.hidden_size;
   float* full = scratch_->ln_full;
-  std::memcpy(full + tp_.shard_begin(N) * C, shard, size_t(tp_.shard_rows(N) * C) * sizeof(float));
+  copy_on_device(full + tp_.shard_begin(N) * C, shard, size_t(tp_.shard_rows(N) * C) * sizeof(float));
   gather_from_sequence_parallel_region(tp_, full, N, C);
   return full;
 }
@@ -381,9 +404,9 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
     // VocabParallelEmbedding: this rank's rows (zeros elsewhere), summed over the group
     // (all-reduce, or reduce-scatter to the token shard), then positions and dropout.
     float* emb = sp ? sc.d_c1 : a.resid[0];
-    vocab_parallel_embedding_forward(emb, a.inputs.data(), params_.param(wte_), vocab_begin_, Vl_, N, C);
+    vocab_parallel_embedding_forward(emb, a.inputs(), params_.param(wte_), vocab_begin_, Vl_, N, C);
     reduce_from_tensor_parallel_region(tp_, emb, a.resid[0], N, C);
-    position_embedding_add(a.resid[0], a.positions.data() + row0, params_.param(wpe_), Ns, C);
+    position_embedding_add(a.resid[0], a.positions() + row0, params_.param(wpe_), Ns, C);
     dropout_forward(a.resid[0], a.resid[0], Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
   }
 
@@ -440,7 +463,7 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
   attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, Hl_, cfg_.kv_channels}, ad,
-                    docs_.reset_attention_mask ? a.document_ids.data() : nullptr);
+                    docs_.reset_attention_mask ? a.document_ids() : nullptr);
 }
 
 void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int64_t B, int64_t T,
@@ -458,7 +481,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
 
   if (d_lnf) {
     // Final LayerNorm backward into d_resid.
-    std::memset(sc.d_resid, 0, size_t(Ns * C) * sizeof(float));
+    zero_on_device(sc.d_resid, size_t(Ns * C) * sizeof(float));
     layernorm_backward(sc.d_resid, params_.grad(lnf_w_), params_.grad(lnf_b_), d_lnf, a.resid.back(),
                        params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C);
     grads_ready({lnf_w_, lnf_b_});
@@ -494,7 +517,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
     attention_backward(sc.d_3c, sc.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
-                       docs_.reset_attention_mask ? a.document_ids.data() : nullptr);
+                       docs_.reset_attention_mask ? a.document_ids() : nullptr);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), sc.d_3c,
                                     all_rows(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, site(p.qkv_w));
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[i],
@@ -508,44 +531,46 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
   dropout_backward(sc.d_resid, sc.d_resid, Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
   const float* d_emb = sc.d_resid;
   if (sp) {
-    std::memcpy(sc.d_c1 + row0 * C, sc.d_resid, size_t(Ns * C) * sizeof(float));
+    copy_on_device(sc.d_c1 + row0 * C, sc.d_resid, size_t(Ns * C) * sizeof(float));
     gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
     d_emb = sc.d_c1;
   }
-  embedding_backward(params_.grad(wte_), params_.grad(wpe_), d_emb, a.inputs.data(), a.positions.data(), N, C,
+  embedding_backward(params_.grad(wte_), params_.grad(wpe_), d_emb, a.inputs(), a.positions(), N, C,
                      vocab_begin_, Vl_);
   grads_ready({wpe_, wte_});
 }
 
-LossSum GPTModel::output_loss(Activations& a, const int32_t* tokens, const float* loss_mask, int64_t B,
-                              int64_t T, bool backward, float grad_scale) {
-  const int64_t N = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size;
+LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B, int64_t T, bool backward,
+                              float grad_scale) {
+  const int64_t N = B * T, C = cfg_.hidden_size;
   // logits[N, Vl] = lnf @ Wout_local^T (column-parallel over the vocabulary)
   linear_forward(a.logits, a.lnf, output_weight(), nullptr, N, C, Vl_, site(out_w_ >= 0 ? out_w_ : wte_));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      const int32_t y = tokens[b * (T + 1) + t + 1];
-      LATTICE_CHECK(y >= 0 && y < V) << "label " << y << " at (" << b << ", " << t << ") not in [0, " << V << ")";
-      a.targets[size_t(b * T + t)] = y;
-    }
-  loss_mask = effective_loss_mask(a, loss_mask, B, T);
+  const float* host_mask = nullptr;
+  loss_mask = effective_loss_mask(a, loss_mask, B, T, host_mask);
   // Vocab-parallel cross entropy: max, then sum of exponentials and target logit, each
   // all-reduced over the group.
   vocab_parallel_ce_max(row_max_.data(), a.logits, N, vocab_valid_, Vl_);
   if (tp_.size() > 1) tp_.comm->all_reduce(row_max_.data(), N, ReduceOp::max);
-  vocab_parallel_ce_partials(ce_stats_.data(), a.logits, row_max_.data(), a.targets.data(), vocab_begin_, N,
+  vocab_parallel_ce_partials(ce_stats_.data(), a.logits, row_max_.data(), a.targets(), vocab_begin_, N,
                              vocab_valid_, Vl_, backward);
   if (tp_.size() > 1) tp_.comm->all_reduce(ce_stats_.data(), 2 * N, ReduceOp::sum);
   vocab_parallel_ce_loss(a.losses, ce_stats_.data(), row_max_.data(), N);
+  // The token losses on the host (one copy on a device), summed there with the mask.
+  const float* losses = a.losses;
+  if (current_device() != Device::cpu) {
+    losses_host_.resize(size_t(N));
+    copy_to_host(losses_host_.data(), a.losses, size_t(N) * sizeof(float));
+    losses = losses_host_.data();
+  }
   LossSum l;
   for (int64_t i = 0; i < N; ++i) {
-    const float m = loss_mask ? loss_mask[i] : 1.0f;
-    l.sum += double(a.losses[i]) * m;
+    const float m = host_mask ? host_mask[i] : 1.0f;
+    l.sum += double(losses[i]) * m;
     l.count += m;
   }
   if (backward) {
     const float token_scale = l.count > 0 ? float(1.0 / l.count) : 0.0f;
-    vocab_parallel_ce_backward(a.logits, ce_stats_.data(), a.targets.data(), loss_mask, grad_scale * token_scale,
+    vocab_parallel_ce_backward(a.logits, ce_stats_.data(), a.targets(), loss_mask, grad_scale * token_scale,
                                vocab_begin_, N, vocab_valid_, Vl_);
   }
   return l;
@@ -554,10 +579,10 @@ LossSum GPTModel::output_loss(Activations& a, const int32_t* tokens, const float
 LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const float* loss_mask, int64_t B,
                                int64_t T, float grad_scale, const MicroBatchKey& key) {
   Activations& a = acts(chunk, slot);
-  prepare_inputs(a, tokens, T + 1, B, T);
+  prepare_inputs(a, tokens, T + 1, B, T, has_loss(chunk));
   forward_chunk(chunk, a, B, T, key);
   if (!has_loss(chunk)) return {};
-  return output_loss(a, tokens, loss_mask, B, T, key.training, grad_scale);
+  return output_loss(a, loss_mask, B, T, key.training, grad_scale);
 }
 
 void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const MicroBatchKey& key) {
@@ -609,13 +634,13 @@ void GPTModel::finish_sequence_parallel_grads(const std::vector<std::pair<int64_
   float* g = params_.grads();
   int64_t at = 0;
   for (auto [b, e] : pieces) {
-    std::memcpy(sp_grads_.data() + at, g + b, size_t(e - b) * sizeof(float));
+    copy_on_device(sp_grads_.data() + at, g + b, size_t(e - b) * sizeof(float));
     at += e - b;
   }
   tp_.comm->all_reduce(sp_grads_.data(), n, ReduceOp::sum);
   at = 0;
   for (auto [b, e] : pieces) {
-    std::memcpy(g + b, sp_grads_.data() + at, size_t(e - b) * sizeof(float));
+    copy_on_device(g + b, sp_grads_.data() + at, size_t(e - b) * sizeof(float));
     at += e - b;
   }
 }
@@ -640,9 +665,12 @@ void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float
   const int64_t N = B * T, C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
   key.training = false;
-  prepare_inputs(a, inputs, T, B, T);
+  prepare_inputs(a, inputs, T, B, T, false);
   forward_chunk(0, a, B, T, key);
-  gemm_f32(Trans::N, Trans::T, N, Vp, C, 1.0f, a.lnf, C, output_weight(), C, 0.0f, logits, Vp);
+  // On a device into the micro-batch's logits buffer ([N, Vp] with one rank), then one copy.
+  const bool on_cpu = current_device() == Device::cpu;
+  gemm_f32(Trans::N, Trans::T, N, Vp, C, 1.0f, a.lnf, C, output_weight(), C, 0.0f, on_cpu ? logits : a.logits, Vp);
+  if (!on_cpu) copy_to_host(logits, a.logits, size_t(N * Vp) * sizeof(float));
 }
 
 void GPTModel::forward_last_logits(const int32_t* inputs, int64_t T, float* logits) {
@@ -652,9 +680,12 @@ void GPTModel::forward_last_logits(const int32_t* inputs, int64_t T, float* logi
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
   key.training = false;
-  prepare_inputs(a, inputs, T, 1, T);
+  prepare_inputs(a, inputs, T, 1, T, false);
   forward_chunk(0, a, 1, T, key);
-  gemm_f32(Trans::N, Trans::T, 1, Vp, C, 1.0f, a.lnf + (T - 1) * C, C, output_weight(), C, 0.0f, logits, Vp);
+  const bool on_cpu = current_device() == Device::cpu;
+  gemm_f32(Trans::N, Trans::T, 1, Vp, C, 1.0f, a.lnf + (T - 1) * C, C, output_weight(), C, 0.0f,
+           on_cpu ? logits : a.logits, Vp);
+  if (!on_cpu) copy_to_host(logits, a.logits, size_t(Vp) * sizeof(float));
 }
 
 }  // namespace lattice

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/storage.h"
 #include "model/linear.h"
 #include "model/tensor_parallel.h"
 #include "model/transformer_config.h"
@@ -148,11 +149,11 @@ class GPTModel {
   // elements this rank's optimizer reads; empty: all). Nothing otherwise.
   void finish_sequence_parallel_grads(const std::vector<std::pair<int64_t, int64_t>>& ranges);
 
-  // Logits for input tokens [B, T]: writes [B, T, Vp] into logits (caller-owned).
-  // Padded columns are left as computed; consumers use the first V. One rank only.
+  // Logits for input tokens [B, T]: writes [B, T, Vp] into logits (a caller-owned host
+  // array). Padded columns are left as computed; consumers use the first V. One rank only.
   void forward_logits(const int32_t* inputs, int64_t B, int64_t T, float* logits);
 
-  // Logits [Vp] of the last position of a single sequence inputs[0:T] (generation).
+  // Logits [Vp] (host array) of the last position of a single sequence inputs[0:T] (generation).
   void forward_last_logits(const int32_t* inputs, int64_t T, float* logits);
 
   // Bytes of activation memory on one rank (the arena size): placement.slots
@@ -181,8 +182,11 @@ class GPTModel {
   Activations& acts(int chunk, int slot);
   bool has_embedding(int chunk) const { return place_.pre_process && chunk == 0; }
   bool has_loss(int chunk) const { return place_.post_process && chunk == num_chunks() - 1; }
-  // Token ids, positions and document ids of inputs tokens[b, 0:T] (rows of token_stride).
-  void prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T);
+  // Token ids, positions and document ids of inputs tokens[b, 0:T] (rows of token_stride;
+  // a host array), with `labels` the targets tokens[b, 1:T+1] too: computed on the host,
+  // then one upload into the micro-batch's device buffers.
+  void prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T,
+                      bool labels);
   void forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key);
   // Layer i of a chunk: a.resid[i] -> a.layers[i] -> a.resid[i + 1]. Without `output`
   // it stops after the GELU (a recomputed group's last layer: backward needs no more).
@@ -197,10 +201,12 @@ class GPTModel {
                       const MicroBatchKey& key);
   // Output layer and vocab-parallel cross entropy on a.lnf; with `backward` the logits
   // become their gradients (scaled by grad_scale / mask sum). Returns the masked sum.
-  LossSum output_loss(Activations& a, const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,
-                      bool backward, float grad_scale);
-  // The loss mask to use: loss_mask (or 1) times the eod mask; null when all ones.
-  const float* effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T);
+  LossSum output_loss(Activations& a, const float* loss_mask, int64_t B, int64_t T, bool backward,
+                      float grad_scale);
+  // The loss mask to use: loss_mask (a host array, or 1) times the eod mask; null when all
+  // ones. Sets `host` to its host copy (null when all ones).
+  const float* effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T,
+                                   const float*& host);
   const float* all_rows(const float* shard, int64_t N);
   GemmSite site(int param) const { return GemmSite{gemm_policy_, param}; }
   const float* output_weight() const;
@@ -228,9 +234,10 @@ class GPTModel {
   std::vector<Activations> acts_;      // [chunk * slots + slot]
   std::unique_ptr<Scratch> scratch_;
   DocumentBoundaries docs_;
-  std::vector<float> row_max_;         // [B*T] cross entropy statistics
-  std::vector<double> ce_stats_;       // [B*T, 2]
-  std::vector<float> sp_grads_;        // sequence-parallel gradient staging
+  DeviceArray<float> row_max_;         // [B*T] cross entropy statistics
+  DeviceArray<double> ce_stats_;       // [B*T, 2]
+  DeviceArray<float> sp_grads_;        // sequence-parallel gradient staging
+  std::vector<float> losses_host_;     // [B*T] the token losses read back (device runs)
 };
 
 }  // namespace lattice

@@ -5,12 +5,14 @@
 
 #include "blas/gemm.h"
 #include "core/error.h"
+#include "core/storage.h"
 #include "dist/comm.h"
 
 namespace lattice {
 namespace {
 
-// Per-weight low-precision copies, re-made from the fp32 weight after refresh_weights.
+// Per-weight low-precision copies (device memory), re-made from the fp32 weight after
+// refresh_weights.
 template <class T>
 class WeightCache {
  public:
@@ -20,11 +22,13 @@ class WeightCache {
     if (param < 0) LATTICE_FAIL() << "mixed precision: a linear layer without a parameter index";
     if (size_t(param) >= copies_.size()) {
       copies_.resize(size_t(param) + 1);
+      numel_.resize(size_t(param) + 1, -1);
       fresh_.resize(size_t(param) + 1, false);
     }
-    std::vector<T>& c = copies_[size_t(param)];
-    if (!fresh_[size_t(param)] || int64_t(c.size()) != n) {
+    DeviceArray<T>& c = copies_[size_t(param)];
+    if (!fresh_[size_t(param)] || numel_[size_t(param)] != n) {
       c.resize(size_t(n));
+      numel_[size_t(param)] = n;
       convert(c.data(), W, n);
       fresh_[size_t(param)] = true;
     }
@@ -33,7 +37,8 @@ class WeightCache {
   void invalidate() { std::fill(fresh_.begin(), fresh_.end(), false); }
 
  private:
-  std::vector<std::vector<T>> copies_;
+  std::vector<DeviceArray<T>> copies_;
+  std::vector<int64_t> numel_;
   std::vector<bool> fresh_;
 };
 
@@ -65,13 +70,13 @@ class Bf16Policy final : public MixedPrecisionPolicy {
   const uint16_t* weight(int param, const float* W, int64_t n) {
     return weights_.get(param, W, n, [](uint16_t* o, const float* i, int64_t k) { cast_fp32_to_bf16(o, i, k); });
   }
-  static const uint16_t* operand(std::vector<uint16_t>& buf, const float* v, int64_t n) {
+  static const uint16_t* operand(DeviceArray<uint16_t>& buf, const float* v, int64_t n) {
     buf.resize(size_t(n));
     cast_fp32_to_bf16(buf.data(), v, n);
     return buf.data();
   }
   WeightCache<uint16_t> weights_;
-  std::vector<uint16_t> a_, b_;
+  DeviceArray<uint16_t> a_, b_;  // operand scratch
 };
 
 // fp16: fp16-rounded fp32 values into gemm_f32 (exact products, fp32 accumulation).
@@ -102,13 +107,13 @@ class Fp16Policy final : public MixedPrecisionPolicy {
   const float* weight(int param, const float* W, int64_t n) {
     return weights_.get(param, W, n, [](float* o, const float* i, int64_t k) { round_to_fp16(o, i, k); });
   }
-  static const float* operand(std::vector<float>& buf, const float* v, int64_t n) {
+  static const float* operand(DeviceArray<float>& buf, const float* v, int64_t n) {
     buf.resize(size_t(n));
     round_to_fp16(buf.data(), v, n);
     return buf.data();
   }
   WeightCache<float> weights_;
-  std::vector<float> a_, b_;
+  DeviceArray<float> a_, b_;  // operand scratch
 };
 
 // fp8 with delayed scaling; operands as bf16 patterns of the fp8 values (exact).
@@ -202,13 +207,13 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   const uint16_t* weight(State& s, int param, const float* W, int64_t n) {
     return weights_.get(param, W, n, [&](uint16_t* o, const float* i, int64_t k) {
       s.w_used = s.w.scale();
-      std::vector<float> q(static_cast<size_t>(k));
-      quantize_fp8(q.data(), i, k, s.w_used, recipe_.forward);
-      cast_fp32_to_bf16(o, q.data(), k);
+      float* q = wq_.resize(size_t(k));
+      quantize_fp8(q, i, k, s.w_used, recipe_.forward);
+      cast_fp32_to_bf16(o, q, k);
       note_amax(s.w_amax, i, k);
     });
   }
-  const uint16_t* quantize(std::vector<uint16_t>& buf, const float* v, int64_t n, float scale, Fp8Format f) {
+  const uint16_t* quantize(DeviceArray<uint16_t>& buf, const float* v, int64_t n, float scale, Fp8Format f) {
     tmp_.resize(size_t(n));
     quantize_fp8(tmp_.data(), v, n, scale, f);
     buf.resize(size_t(n));
@@ -221,8 +226,8 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   Comm* dp_;
   std::vector<State> states_;
   WeightCache<uint16_t> weights_;
-  std::vector<uint16_t> a_, g_;
-  std::vector<float> tmp_;
+  DeviceArray<uint16_t> a_, g_;  // quantized operands (bf16 patterns of fp8 values)
+  DeviceArray<float> tmp_, wq_;  // fp8 values of an operand, of a weight
   int g_param_ = -1;
   const float* g_ptr_ = nullptr;
 };

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "dist/comm.h"
 #include "kernels/elementwise.h"
@@ -58,7 +59,7 @@ void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, flo
   const float* g = dy;
   if (tp.sp()) {
     const int64_t rows = tp.shard_rows(N);
-    std::memcpy(dy_full + tp.shard_begin(N) * out, dy, size_t(rows * out) * sizeof(float));
+    copy_on_device(dy_full + tp.shard_begin(N) * out, dy, size_t(rows * out) * sizeof(float));
     gather_from_sequence_parallel_region(tp, dy_full, N, out);
     g = dy_full;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "kernels/cast.h"
@@ -113,7 +114,7 @@ void GradSync::finish() {
       if (bf16_)
         cast_bf16_to_fp32(mine, bf16_recv_.data() + off, n);
       else
-        std::memcpy(mine, scratch_.data() + off, size_t(n) * sizeof(float));
+        copy_on_device(mine, scratch_.data() + off, size_t(n) * sizeof(float));
       off += n;
     } else if (bf16_) {
       cast_bf16_to_fp32(params_.grads() + bk.begin, bf16_send_.data() + bk.begin, bk.end - bk.begin);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/storage.h"
 #include "dist/comm.h"
 #include "optim/param_buffer.h"
 
@@ -64,9 +65,10 @@ class GradSync {
   std::vector<int> pending_;        // per bucket: params not yet ready
   std::vector<bool> started_;
   std::vector<std::unique_ptr<CommRequest>> requests_;
-  std::vector<float> scratch_;      // reduce-scatter output staging
-  std::vector<uint16_t> bf16_send_; // bf16: the buffer's gradients, rounded [numel]
-  std::vector<uint16_t> bf16_recv_; // bf16 reduce-scatter output [owned elements]
+  // Device staging buffers.
+  DeviceArray<float> scratch_;      // reduce-scatter output staging
+  DeviceArray<uint16_t> bf16_send_; // bf16: the buffer's gradients, rounded [numel]
+  DeviceArray<uint16_t> bf16_recv_; // bf16 reduce-scatter output [owned elements]
   bool last_ = false;
   double exposed_seconds_ = 0;
 };

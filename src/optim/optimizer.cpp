@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/device.h"
 #include "dist/comm.h"
 
 #include "kernels/elementwise.h"
@@ -74,14 +75,14 @@ void Optimizer::export_state(int slot, float* flat) const {
   LATTICE_CHECK(slot == 1 || (slot == 2 && state2_.data())) << "no optimizer state slot " << slot;
   const float* st = slot == 1 ? state1() : state2();
   for (const Segment& s : segments_)
-    std::memcpy(flat + s.begin, st + s.state_offset, size_t(s.end - s.begin) * sizeof(float));
+    copy_to_host(flat + s.begin, st + s.state_offset, size_t(s.end - s.begin) * sizeof(float));
 }
 
 void Optimizer::import_state(int slot, const float* flat) {
   LATTICE_CHECK(slot == 1 || (slot == 2 && state2_.data())) << "no optimizer state slot " << slot;
   float* st = slot == 1 ? state1() : state2();
   for (const Segment& s : segments_)
-    std::memcpy(st + s.state_offset, flat + s.begin, size_t(s.end - s.begin) * sizeof(float));
+    copy_to_device(st + s.state_offset, flat + s.begin, size_t(s.end - s.begin) * sizeof(float));
 }
 
 void Optimizer::step(const OptimizerParamScheduler& scheduler) {

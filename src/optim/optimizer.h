@@ -55,15 +55,15 @@ class Optimizer {
   // those that take weight decay (a constant schedule).
   void step(double lr, double weight_decay);
   int64_t steps() const { return step_; }
-  // State tensors for checkpoints: Adam exp_avg / exp_avg_sq, or SGD momentum (second null),
-  // compact over the owned segments in order.
+  // State tensors (device memory): Adam exp_avg / exp_avg_sq, or SGD momentum (second
+  // null), compact over the owned segments in order.
   float* state1() const { return state1_.as<float>(); }
   float* state2() const { return state2_.as<float>(); }
   size_t state_bytes() const { return state1_.size() + state2_.size(); }
   int64_t state_numel() const { return int64_t(state1_.size() / sizeof(float)); }  // per slot
   void set_steps(int64_t s) { step_ = s; }
   // Slot 1 (exp_avg / momentum) or 2 (exp_avg_sq) in the flat buffer's layout: export
-  // writes the owned elements into `flat` (params().numel() floats; others untouched),
+  // writes the owned elements into the host array `flat` (params().numel() floats; others untouched),
   // import reads them from it. Checkpoints store full tensors this way, so a state
   // saved under one data-parallel sharding loads under any other.
   void export_state(int slot, float* flat) const;

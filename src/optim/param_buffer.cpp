@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "core/device.h"
+
 #include "core/philox.h"
 
 namespace lattice {
@@ -49,9 +51,13 @@ void ParamBuffer::allocate() {
 }
 
 void ParamBuffer::initialize(uint64_t seed) {
+  // Drawn on the host, then one upload (on the CPU the buffer itself is the host copy).
+  const bool on_cpu = current_device() == Device::cpu;
+  std::vector<float> staging(on_cpu ? 0 : size_t(numel_));
+  float* host = on_cpu ? params() : staging.data();
   for (size_t k = 0; k < infos_.size(); ++k) {
     const ParamInfo& p = infos_[k];
-    float* w = param(int(k));
+    float* w = host + p.offset;
     switch (p.init) {
       case ParamInit::zeros: std::memset(w, 0, p.numel * sizeof(float)); break;
       case ParamInit::ones:
@@ -74,6 +80,7 @@ void ParamBuffer::initialize(uint64_t seed) {
       }
     }
   }
+  if (!on_cpu) upload_params(staging.data());
 }
 
 const ParamInfo& ParamBuffer::info(const std::string& name) const {
@@ -92,6 +99,29 @@ Tensor ParamBuffer::grad_tensor(const std::string& name) const {
   return Tensor(grads() + p.offset, p.shape);
 }
 
-void ParamBuffer::zero_grad() { std::memset(grads(), 0, size_t(numel_) * sizeof(float)); }
+void ParamBuffer::zero_grad() { zero_on_device(grads(), size_t(numel_) * sizeof(float)); }
+
+void ParamBuffer::download_params(std::vector<float>& out) const {
+  out.resize(size_t(numel_));
+  copy_to_host(out.data(), params(), size_t(numel_) * sizeof(float));
+}
+void ParamBuffer::upload_params(const float* in) { copy_to_device(params(), in, size_t(numel_) * sizeof(float)); }
+void ParamBuffer::download_grads(std::vector<float>& out) const {
+  out.resize(size_t(numel_));
+  copy_to_host(out.data(), grads(), size_t(numel_) * sizeof(float));
+}
+void ParamBuffer::upload_grads(const float* in) { copy_to_device(grads(), in, size_t(numel_) * sizeof(float)); }
+void ParamBuffer::read_param(int index, float* out) const {
+  copy_to_host(out, param(index), size_t(infos_[size_t(index)].numel) * sizeof(float));
+}
+void ParamBuffer::write_param(int index, const float* in) {
+  copy_to_device(param(index), in, size_t(infos_[size_t(index)].numel) * sizeof(float));
+}
+void ParamBuffer::read_grad(int index, float* out) const {
+  copy_to_host(out, grad(index), size_t(infos_[size_t(index)].numel) * sizeof(float));
+}
+void ParamBuffer::write_grad(int index, const float* in) {
+  copy_to_device(grad(index), in, size_t(infos_[size_t(index)].numel) * sizeof(float));
+}
 
 }  // namespace lattice

@@ -58,6 +58,8 @@ class ParamBuffer {
   const ParamInfo& info(const std::string& name) const;
   bool has(const std::string& name) const { return index_.count(name) != 0; }
 
+  // Device pointers (core/device.h): for kernels and collectives. Host code moves data
+  // with the copies below.
   float* params() const { return params_.as<float>(); }
   float* grads() const { return grads_.as<float>(); }
   float* param(int index) const { return params() + infos_[index].offset; }
@@ -66,6 +68,17 @@ class ParamBuffer {
   Tensor grad_tensor(const std::string& name) const;
 
   void zero_grad();
+
+  // Host copies of the whole buffers (numel() floats; `out` is resized) or of one
+  // parameter's elements (info.numel floats), for initialisation, checkpoints and tests.
+  void download_params(std::vector<float>& out) const;
+  void upload_params(const float* in);
+  void download_grads(std::vector<float>& out) const;
+  void upload_grads(const float* in);
+  void read_param(int index, float* out) const;
+  void write_param(int index, const float* in);
+  void read_grad(int index, float* out) const;
+  void write_grad(int index, const float* in);
 
  private:
   std::vector<ParamInfo> infos_;

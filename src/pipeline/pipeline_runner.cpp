@@ -4,14 +4,16 @@
 #include <cstring>
 #include <string>
 
+#include "core/device.h"
 #include "core/error.h"
+#include "core/storage.h"
 #include "core/timer.h"
 #include "dist/comm.h"
 
 namespace lattice {
 
 struct PipelineRunner::SendBuffer {
-  std::vector<float> data;
+  DeviceArray<float> data;  // device memory, like the model's gradient it copies
   std::unique_ptr<CommRequest> request;
 };
 
@@ -125,7 +127,7 @@ double PipelineRunner::train(const Fetch& fetch, const std::function<MicroBatchK
       compute_seconds_ += compute.seconds();
       if (s > 0) {
         float* buf = grad_send_buffer(size_t(rows));
-        std::memcpy(buf, model_.input_grad(), size_t(rows) * sizeof(float));
+        copy_on_device(buf, model_.input_grad(), size_t(rows) * sizeof(float));
         context("sending backward gradients to", m, (s - 1) % P);
         for (auto& b : grad_sends_)
           if (b->data.data() == buf) b->request = pp_->isend(buf, rows, (s - 1) % P, backward_tag(m, s, S));

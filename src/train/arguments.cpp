@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "data/gpt_dataset.h"
 #include "data/tokenizer.h"
@@ -156,6 +157,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"metrics-file", Kind::str, &a.metrics_file, "write one JSON object per logged iteration"},
       {"peak-tflops", Kind::f64, &a.peak_tflops,
        "peak TFLOP/s for MFU (0: measured by a GEMM calibration)"},
+      {"device", Kind::str, &a.device, "where tensors live and kernels run: cpu or cuda (one GPU per process)"},
       {"num-threads", Kind::i64, &a.num_threads, "threads for kernels and GEMM (0: OMP_NUM_THREADS, else all cores)"},
       {"log-throughput", Kind::flag, &a.log_throughput, "accepted for Megatron compatibility"},
   };
@@ -307,6 +309,7 @@ void validate(TrainArgs& a) {
   if (a.tokenizer_type.empty() && a.vocab_size <= 0)
     LATTICE_FAIL() << "--vocab-size is required when no --tokenizer-type is given";
   if (a.num_threads < 0) LATTICE_FAIL() << "--num-threads must be >= 0";
+  parse_device(a.device.c_str());  // names --device
   // fp8's delayed scaling records each GEMM input's amax; a recomputed forward would
   // record them twice and quantize with moved scales.
   if (a.recompute_granularity == "full" && !a.fp8_format.empty())

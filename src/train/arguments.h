@@ -91,6 +91,8 @@ struct TrainArgs {
   int64_t ddp_bucket_size = 0;                             // 0: automatic
   int64_t zero_stage = 1;
   bool log_comm = false;
+  // device: cpu, or cuda (one GPU per process; docs/cuda.md)
+  std::string device = "cpu";
   // output
   std::string save, metrics_file;
   double peak_tflops = 0;   // 0: measure with a GEMM calibration

@@ -1,6 +1,8 @@
 #include "train/data_parallel.h"
 
+#include "core/device.h"
 #include "core/error.h"
+#include "core/storage.h"
 
 namespace lattice {
 
@@ -46,7 +48,20 @@ void DataParallel::finish_param_gather() {
 }
 
 void DataParallel::gather_shards(float* flat) {
-  for (const Bucket& b : sync_.buckets()) dp_.all_gather(flat + b.begin, b.shard_counts);
+  if (current_device() == Device::cpu) {
+    for (const Bucket& b : sync_.buckets()) dp_.all_gather(flat + b.begin, b.shard_counts);
+    return;
+  }
+  // flat is host memory (a checkpoint's staging) and the group may be NCCL, which gathers
+  // device memory: each bucket goes through a device buffer.
+  DeviceArray<float> staging;
+  for (const Bucket& b : sync_.buckets()) {
+    const size_t n = size_t(b.end - b.begin);
+    float* d = staging.resize(n);
+    copy_to_device(d, flat + b.begin, n * sizeof(float));
+    dp_.all_gather(d, b.shard_counts);
+    copy_to_host(flat + b.begin, d, n * sizeof(float));
+  }
 }
 
 double DataParallel::average(double value) {

@@ -52,7 +52,7 @@ class DataParallel {
   // After the optimizer step: all-gather the updated shards (distributed optimizer).
   void start_param_gather();
   void finish_param_gather();
-  // Completes a flat buffer (the parameter layout) of which each rank filled its shard.
+  // Completes a flat host buffer (the parameter layout) of which each rank filled its shard.
   void gather_shards(float* flat);
   // Mean of a per-rank value over the DP group (the logged loss).
   double average(double value);

@@ -7,10 +7,21 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/cuda_runtime.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "dist/mpi_comm.h"
 
 namespace lattice {
+
+std::string select_rank_device(const std::string& device_flag) {
+  const Device d = parse_device(device_flag.c_str());
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  set_device(d, local ? std::atoi(local) : 0);
+  if (d == Device::cpu) return "> device: cpu";
+  if (cuda_emulated()) return "> device: cuda (emulated on the CPU)";
+  return "> device: cuda " + std::to_string(cuda::current_device()) + ": " + cuda::device_description();
+}
 
 int threads_per_rank(int64_t num_threads_flag, const ParallelState& ps) {
   if (num_threads_flag > 0) return int(num_threads_flag);
@@ -135,14 +146,15 @@ std::string format_memory_estimate(const MemoryLayout& m, const std::vector<Rank
 }
 
 std::string format_memory_measured(const std::vector<RankMemory>& ranks, const std::vector<double>& peak,
-                                   int64_t iterations) {
-  std::string s = "> memory after " + std::to_string(iterations) +
-                  " iteration(s): peak resident memory (VmHWM) of each rank beside its estimate\n";
+                                   int64_t iterations, bool device) {
+  std::string s = "> memory after " + std::to_string(iterations) + " iteration(s): " +
+                  (device ? "device memory in use (cudaMemGetInfo)" : "peak resident memory (VmHWM)") +
+                  " of each rank beside its estimate\n";
   char buf[200];
   for (const RankMemory& r : ranks) {
     const double got = peak[size_t(r.world_rank)], want = double(r.peak_bytes());
-    std::snprintf(buf, sizeof buf, "  rank %d: peak resident %.1f MB, estimate %.1f MB (%+.1f%%)\n", r.world_rank,
-                  got / 1e6, want / 1e6, 100.0 * (got - want) / want);
+    std::snprintf(buf, sizeof buf, "  rank %d: %s %.1f MB, estimate %.1f MB (%+.1f%%)\n", r.world_rank,
+                  device ? "device memory" : "peak resident", got / 1e6, want / 1e6, 100.0 * (got - want) / want);
     s += buf;
   }
   s.pop_back();  // the last newline

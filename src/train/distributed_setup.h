@@ -11,6 +11,12 @@
 
 namespace lattice {
 
+// --device: selects this process's device before anything is allocated (with cuda the
+// GPU of its node-local rank, OMPI_COMM_WORLD_LOCAL_RANK, or the CPU emulation) and
+// returns the line the trainer logs ("> device: ..."). Fails with set_device's reason,
+// naming --device, when no GPU can be used.
+std::string select_rank_device(const std::string& device_flag);
+
 // Threads for this rank: --num-threads, else OMP_NUM_THREADS, else the node's cores
 // divided among the ranks on the node.
 int threads_per_rank(int64_t num_threads_flag, const ParallelState& ps);
@@ -41,8 +47,10 @@ std::string format_memory_estimate(const MemoryLayout& layout, const std::vector
                                    const std::string& baseline_note);
 // --log-memory after the first iterations: per rank "  rank R: peak resident X MB,
 // estimate Y MB (+Z%)", peak_resident[R] in bytes (VmHWM).
+// With `device` (--device cuda on a GPU) the values are each rank's device memory in
+// use (device_used_bytes) and the lines say so: "  rank R: device memory X MB, ...".
 std::string format_memory_measured(const std::vector<RankMemory>& ranks, const std::vector<double>& peak_resident,
-                                   int64_t iterations);
+                                   int64_t iterations, bool device = false);
 
 // One line with the bytes and seconds of each collective since the last report.
 std::string format_comm_report(const CommStats& delta, int64_t iterations, double exposed_grad_sync_seconds);

@@ -13,7 +13,9 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t global
                                     int64_t seq_length);
 
 // Peak fp32 GEMM throughput of this machine in TFLOP/s, measured with a short
-// calibration (n=1024 sgemms through the GEMM facade for ~0.4 s, best call).
+// calibration (n=1024 sgemms through the GEMM facade for ~0.4 s, best call; on a GPU
+// n=4096 sgemms on device buffers). A bf16 run on a GPU compares against its dense bf16
+// peak instead: give --peak-tflops (989 on an H100/H200).
 double measure_peak_tflops();
 
 }  // namespace lattice

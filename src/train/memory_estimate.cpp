@@ -6,11 +6,16 @@
 #include <fstream>
 #include <string>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "dist/comm.h"
 #include "model/gpt_model.h"
 #include "optim/grad_sync.h"
 #include "optim/param_buffer.h"
+
+#if LATTICE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace lattice {
 
@@ -199,5 +204,17 @@ std::vector<RankMemory> estimate_all_ranks(const MemoryLayout& m, size_t baselin
 
 size_t resident_bytes() { return status_field_bytes("VmRSS"); }
 size_t peak_resident_bytes() { return status_field_bytes("VmHWM"); }
+
+size_t device_used_bytes() {
+#if LATTICE_WITH_CUDA
+  if (!kernels_on_gpu()) return 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  LATTICE_CHECK(err == cudaSuccess) << "cudaMemGetInfo: " << cudaGetErrorString(err);
+  return total_bytes - free_bytes;
+#else
+  return 0;
+#endif
+}
 
 }  // namespace lattice

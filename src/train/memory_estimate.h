@@ -82,5 +82,11 @@ std::vector<RankMemory> estimate_all_ranks(const MemoryLayout& layout, size_t ba
 // /proc/self/status, in bytes; 0 where the file or field is missing.
 size_t resident_bytes();
 size_t peak_resident_bytes();
+// Device memory in use on this process's GPU (cudaMemGetInfo: total - free, the CUDA
+// context and every allocation of this and other processes on it); 0 unless the
+// kernels run on a GPU. The --log-memory baseline and measurement under --device cuda
+// (device buffers are allocated once, so the value after the first iterations is the
+// peak).
+size_t device_used_bytes();
 
 }  // namespace lattice

@@ -5,25 +5,20 @@
 #include <limits>
 #include <memory>
 
+#include "core/device.h"
 #include "dist/comm.h"
 #include "model/mixed_precision.h"
 #include "optim/loss_scaler.h"
 #include "pipeline/pipeline_runner.h"
 #include "kernels/elementwise.h"
+#include "kernels/optimizer.h"
 #include "train/data_parallel.h"
 
 namespace lattice {
 namespace {
 
-// Whether any gradient of this rank is inf or nan.
-bool local_grads_non_finite(const ParamBuffer& params) {
-  const float* g = params.grads();
-  const int64_t n = params.numel();
-  int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static)
-  for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(g[i]);
-  return bad != 0;
-}
+// Whether any gradient of this rank is inf or nan (a kernel: the grads are device memory).
+bool local_grads_non_finite(const ParamBuffer& params) { return any_non_finite(params.grads(), params.numel()); }
 
 // fp16: divides the gradients by the loss scale and tells whether any rank found an
 // inf/nan (MAX over the tensor-, pipeline- and data-parallel groups: every rank).
@@ -82,8 +77,10 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     model.finish_sequence_parallel_grads({});
   }
   const auto& inject = cfg.inject_inf_iterations;
-  if (std::find(inject.begin(), inject.end(), iteration) != inject.end() && model.params().numel() > 0)
-    model.params().grads()[0] = std::numeric_limits<float>::infinity();
+  if (std::find(inject.begin(), inject.end(), iteration) != inject.end() && model.params().numel() > 0) {
+    const float inf = std::numeric_limits<float>::infinity();
+    copy_to_device(model.params().grads(), &inf, sizeof(float));
+  }
   if (cfg.loss_scaler) {
     r.skipped = unscale_and_check(model.params(), r.loss_scale, dp, tp, pp);
     cfg.loss_scaler->update(r.skipped);

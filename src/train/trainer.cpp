@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/durable_fs.h"
 #include "checkpoint/training_checkpoint.h"
+#include "core/device.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "data/gpt_batches.h"
@@ -233,9 +234,12 @@ int run_training(const TrainArgs& args) {
   OptimizerParamScheduler scheduler = get_optimizer_param_scheduler(args);
   check_checkpoint_flags(args);
   if (args.dry_run) return print_dry_run(args);
+  // --device first: nothing may be allocated on a device before it is chosen.
+  const std::string device_line = select_rank_device(args.device);
   auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
                                   args.distributed_timeout_minutes * 60.0);
   set_log_info_enabled(ps->world_rank() == 0);
+  log_info(device_line);
   check_same_config_across_ranks(*ps, args.to_json());
   const int threads = threads_per_rank(args.num_threads, *ps);
   omp_set_num_threads(threads);
@@ -262,7 +266,9 @@ int run_training(const TrainArgs& args) {
   const int stage = ps->pp_rank();
   const ModelPlacement placement{stage_layers(pipe, stage), stage == 0, stage == pipe.stages - 1,
                                  max_in_flight(pipeline_schedule(pipe, num_micro, stage))};
-  const size_t baseline_bytes = resident_bytes();  // --log-memory: the process before the model exists
+  // --log-memory: the process (on a GPU, the device) before the model exists.
+  const bool device_memory = kernels_on_gpu();
+  const size_t baseline_bytes = device_memory ? device_used_bytes() : resident_bytes();
   GPTModel model(cfg, args.micro_batch_size, args.seq_length, TensorParallel{&ps->tp(), args.sequence_parallel},
                  placement);
   PipelineRunner pipeline(model, pipe, &ps->pp(), ps->embedding());
@@ -325,14 +331,18 @@ int run_training(const TrainArgs& args) {
     for (int w = 0; w < ps->world_size(); ++w)
       memory_ranks.push_back(estimate_rank_memory(ml, w, size_t(baselines[size_t(w)])));
     log_info(format_memory_estimate(ml, memory_ranks,
-                                    "each rank's resident memory (VmRSS) at start-up before the model: binary, "
-                                    "libraries, oneDNN, MPI"));
+                                    device_memory
+                                        ? "each rank's device memory in use at start-up before the model: the CUDA "
+                                          "context"
+                                        : "each rank's resident memory (VmRSS) at start-up before the model: binary, "
+                                          "libraries, oneDNN, MPI"));
   }
   bool memory_logged = false;
   auto log_memory_peaks = [&](int64_t iterations) {
     if (!args.log_memory || memory_logged) return;
     memory_logged = true;
-    log_info(format_memory_measured(memory_ranks, gather_per_rank(*ps, double(peak_resident_bytes())), iterations));
+    const double measured = double(device_memory ? device_used_bytes() : peak_resident_bytes());
+    log_info(format_memory_measured(memory_ranks, gather_per_rank(*ps, measured), iterations, device_memory));
   };
 
   // Load before anything is written: a bad checkpoint leaves every file as it was.

@@ -575,6 +575,21 @@ void optimizer_cases(std::vector<OpCase>& t) {
       const double again = cuda::sum_of_squares(gx.as<float>(), n);
       EXPECT_EQ(gpu, again) << c.op << " " << c.shape << ": not deterministic";
     }});
+  // A yes/no answer: exact. The bad element sits in the middle and at the last index.
+  for (int64_t n : {int64_t(37), int64_t(1000003)})
+    for (const char* special : {"finite", "inf", "nan", "last_inf"})
+      t.push_back({std::string("any_non_finite_") + special, shape_name({{"n", n}}), {0.0, 0.0},
+                   [n, special](const OpCase& c) {
+        auto x = rand_floats(static_cast<size_t>(n), 58, -3.0f, 3.0f);
+        const std::string sp = special;
+        if (sp == "inf") x[static_cast<size_t>(n / 2)] = -std::numeric_limits<float>::infinity();
+        if (sp == "nan") x[static_cast<size_t>(n / 2)] = std::numeric_limits<float>::quiet_NaN();
+        if (sp == "last_inf") x[static_cast<size_t>(n - 1)] = std::numeric_limits<float>::infinity();
+        auto gx = upload(x);
+        const bool cpu = any_non_finite(x.data(), n), gpu = cuda::any_non_finite(gx.as<float>(), n);
+        EXPECT_EQ(cpu, sp != "finite") << c.op << " " << c.shape << ": CPU kernel";
+        EXPECT_EQ(gpu, cpu) << c.op << " " << c.shape << ": cpu " << cpu << " gpu " << gpu;
+      }});
 }
 
 // ---------------------------------------------------------------- cast

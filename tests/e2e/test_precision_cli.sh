@@ -16,6 +16,8 @@ expect_error "loss scale without fp16" "--loss-scale|--fp16" -- "$LATTICE" "${sm
 expect_error "fp8 margin without fp8" "--fp8-margin|--fp8-format" -- "$LATTICE" "${small[@]}" --train-iters 2 --fp8-margin 1
 expect_error "amax algo" "--fp8-amax-compute-algo|mean" -- \
   "$LATTICE" "${small[@]}" --train-iters 2 --fp8-format hybrid --fp8-amax-compute-algo mean
+expect_error "bf16 reduction without bf16" "--grad-reduce-in-bf16|--bf16" -- \
+  "$LATTICE" "${small[@]}" --train-iters 2 --grad-reduce-in-bf16
 expect_error "bad hook" "LATTICE_TEST_INJECT_INF_ITERS|x" -- \
   env LATTICE_TEST_INJECT_INF_ITERS=x "$LATTICE" "${small[@]}" --train-iters 2 --fp16
 
@@ -32,6 +34,24 @@ run bf16 --train-iters 3 --bf16
 grep -q "precision: bf16" "$TMP/bf16.out" || fail "bf16: no precision line in the log"
 run fp8 --train-iters 3 --bf16 --fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max
 grep -q "fp8 hybrid" "$TMP/fp8.out" || fail "fp8: no precision line in the log"
+# --grad-reduce-in-bf16 on 2 data-parallel ranks with the distributed optimizer: runs, and its
+# loss stays within bf16 rounding of the fp32-reduced run.
+for mode in fp32reduce bf16reduce; do
+  extra=()
+  [ "$mode" = bf16reduce ] && extra=(--grad-reduce-in-bf16)
+  if mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" "${small[@]}" --train-iters 4 --bf16 \
+      --use-distributed-optimizer --metrics-file "$TMP/$mode.jsonl" "${extra[@]}" >"$TMP/$mode.out" 2>&1; then
+    pass "$mode ran on 2 ranks"
+  else
+    fail "$mode on 2 ranks: exit status $? (log: $(tail -n 3 "$TMP/$mode.out"))"
+  fi
+done
+python3 - "$TMP/fp32reduce.jsonl" "$TMP/bf16reduce.jsonl" <<'PY' || fail "grad-reduce-in-bf16: losses (above)"
+import json, sys
+a, b = ([json.loads(l)["lm_loss"] for l in open(p) if "lm_loss" in l] for p in sys.argv[1:3])
+print("fp32-reduced", a, "bf16-reduced", b)
+sys.exit(0 if len(a) == len(b) == 4 and all(abs(x - y) <= 1e-2 * abs(x) for x, y in zip(a, b)) else 1)
+PY
 run clean --train-iters 6 --fp16 --initial-loss-scale 1024
 LATTICE_TEST_INJECT_INF_ITERS=1,2 run overflow --train-iters 6 --fp16 --initial-loss-scale 1024 --hysteresis 2
 grep -q "number of skipped iterations:   1" "$TMP/overflow.out" || fail "overflow: no skipped iteration in the log line"

@@ -69,4 +69,12 @@ double sum_of_squares(const float* x, int64_t n) {
   return total;
 }
 
+bool any_non_finite(const float* x, int64_t n) {
+  LATTICE_KERNEL_ENTRY(cuda::any_non_finite(x, n));
+  int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+  for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
+  return bad != 0;
+}
+
 }  // namespace lattice

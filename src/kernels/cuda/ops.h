@@ -1,7 +1,7 @@
 // Host-callable CUDA twins of the CPU kernels in kernels/*.h (all but attention and
 // GEMM): the same names and argument lists in namespace lattice::cuda, every pointer a
 // device pointer. Each launches on the rank's compute stream (cuda::compute_stream())
-// and returns without waiting, except sum_of_squares and abs_max, which return a host
+// and returns without waiting, except sum_of_squares, any_non_finite and abs_max, which return a host
 // value and so wait for their result. Results follow the CPU kernel's documented
 // definition (accumulate-vs-write, padding, dropout masks from the same Philox stream);
 // reductions run in a fixed order, so every result is the same from run to run.
@@ -75,6 +75,8 @@ void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float 
                 float momentum, float weight_decay, bool first_step);
 // Waits for the result (a host double).
 double sum_of_squares(const float* x, int64_t n);
+// Waits for the result (a host bool).
+bool any_non_finite(const float* x, int64_t n);
 
 // ---- cast.h
 void cast_fp32_to_bf16(uint16_t* out, const float* in, int64_t n);

@@ -61,6 +61,14 @@ __global__ void sum_partials_kernel(double* out, const double* partial) {
   if (threadIdx.x == 0) out[0] = s;
 }
 
+// *flag |= 1 when an element is inf or nan (an integer OR: order-free).
+__global__ void non_finite_kernel(int* flag, const float* x, int64_t n) {
+  int bad = 0;
+  LATTICE_GRID_STRIDE(i, n) bad |= !isfinite(x[i]);
+  bad = block_reduce(bad, MaxOp{}, 0);
+  if (threadIdx.x == 0 && bad) atomicOr(flag, 1);
+}
+
 #undef LATTICE_GRID_STRIDE
 
 }  // namespace
@@ -101,6 +109,21 @@ double sum_of_squares(const float* x, int64_t n) {
   LATTICE_CUDA_CALL(cudaFreeAsync(scratch, stream()));
   LATTICE_CUDA_CALL(cudaStreamSynchronize(stream()));
   return result;
+}
+
+bool any_non_finite(const float* x, int64_t n) {
+  if (n <= 0) return false;
+  int* flag = nullptr;
+  LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&flag), sizeof(int), stream()));
+  LATTICE_CUDA_CALL(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
+  const int64_t blocks = grid_for(n, kThreads);
+  non_finite_kernel<<<unsigned(blocks < kSumBlocks ? blocks : kSumBlocks), kThreads, 0, stream()>>>(flag, x, n);
+  LATTICE_CUDA_LAUNCHED("any_non_finite");
+  int result = 0;
+  LATTICE_CUDA_CALL(cudaMemcpyAsync(&result, flag, sizeof(int), cudaMemcpyDeviceToHost, stream()));
+  LATTICE_CUDA_CALL(cudaFreeAsync(flag, stream()));
+  LATTICE_CUDA_CALL(cudaStreamSynchronize(stream()));
+  return result != 0;
 }
 
 }  // namespace lattice::cuda

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# GPT-2 training throughput on one GPU: lattice train --device cuda --bf16 against PyTorch (bf16
+# autocast, fused AdamW, flash attention: bench/torch_gpt_bench_cuda.py), shape by shape, on mock
+# data, dropout 0, T=1024. Each run does WARMUP unmeasured iterations, then STEPS timed ones.
+# lattice's numbers are its own log's (--metrics-file: elapsed time per iteration and Megatron's
+# model-FLOP count, src/train/flops.h); PyTorch's script counts FLOPs with the same formula. MFU
+# is against PEAK TFLOP/s (989: H100/H200 dense bf16).
+#
+# usage: bench/gpu_bench.sh [SUMMARY_FILE]     (the table is printed and, if given, written there)
+# environment:
+#   LATTICE   the binary (default build-gpu/lattice)       PYTHON  interpreter with torch (default python3)
+#   SHAPES    from 124m (L12 H12 C768), 350m (L24 H16 C1024), tiny (L2 H2 C64); default "124m 350m"
+#   MBS       micro-batch = global batch (default 8)       SEQ     sequence length (default 1024)
+#   WARMUP    default 3     STEPS  default 10              PEAK    default 989
+#   STEP_TIMEOUT  seconds per run (default 150)            LOGDIR  where the run logs go (default a temp dir)
+#   SYSTEMS   default "lattice torch"
+# A run that fails or times out is reported in its row; the others still run. Exit status 0 when
+# every run gave its numbers.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+LATTICE=${LATTICE:-build-gpu/lattice}
+PYTHON=${PYTHON:-python3}
+SHAPES=${SHAPES:-124m 350m}
+MBS=${MBS:-8}
+SEQ=${SEQ:-1024}
+WARMUP=${WARMUP:-3}
+STEPS=${STEPS:-10}
+PEAK=${PEAK:-989}
+STEP_TIMEOUT=${STEP_TIMEOUT:-150}
+SYSTEMS=${SYSTEMS:-lattice torch}
+SUMMARY=${1:-}
+VOCAB=50257
+LOGDIR=${LOGDIR:-$(mktemp -d)}
+mkdir -p "$LOGDIR"
+
+dims() {  # shape -> "L H C"
+  case $1 in
+    124m) echo "12 12 768" ;;
+    350m) echo "24 16 1024" ;;
+    tiny) echo "2 2 64" ;;  # a smoke test of the script itself
+    *) echo "gpu_bench: unknown shape '$1' (124m, 350m or tiny)" >&2; return 1 ;;
+  esac
+}
+
+# lattice's measured iterations from its metrics file -> "tokens/s TFLOP/s MFU ms".
+lattice_numbers() {
+  "$PYTHON" - "$1" "$WARMUP" "$MBS" "$SEQ" "$PEAK" <<'PY'
+import json, sys
+path, warmup, b, t, peak = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+rows = [json.loads(l) for l in open(path) if l.strip()]
+rows = [r for r in rows if "elapsed_ms" in r and r["iteration"] > warmup]
+if not rows:
+    sys.exit("no measured iterations in " + path)
+ms = sum(r["elapsed_ms"] for r in rows) / len(rows)
+flops = sum(r["tflops_per_gpu"] * r["elapsed_ms"] for r in rows) / len(rows)  # TFLOP/s x ms = the count
+tflops = flops / ms
+print(f"{b * t / (ms / 1e3):.0f} {tflops:.1f} {100 * tflops / peak:.1f} {ms:.1f}")
+PY
+}
+
+run_lattice() {  # shape L H C -> row fields or FAILED
+  local log=$LOGDIR/$1.lattice
+  timeout "$STEP_TIMEOUT" "$LATTICE" train --device cuda --bf16 --mock-data --vocab-size "$VOCAB" \
+    --num-layers "$2" --num-attention-heads "$3" --hidden-size "$4" --seq-length "$SEQ" \
+    --max-position-embeddings "$SEQ" --micro-batch-size "$MBS" --global-batch-size "$MBS" \
+    --train-iters $((WARMUP + STEPS)) --log-interval 1 --lr 1e-4 --hidden-dropout 0 --attention-dropout 0 \
+    --eval-iters 0 --peak-tflops "$PEAK" --metrics-file "$log.jsonl" >"$log.out" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "gpu_bench: lattice $1 failed (exit $rc$([ $rc -eq 124 ] && echo ": timed out after ${STEP_TIMEOUT}s")); last lines:" >&2
+    tail -n 8 "$log.out" | sed 's/^/    /' >&2
+    echo "FAILED(exit-$rc)"
+    return
+  fi
+  lattice_numbers "$log.jsonl" 2>>"$log.out" || echo "FAILED(no-metrics)"
+}
+
+run_torch() {  # shape L H C -> row fields or FAILED
+  local log=$LOGDIR/$1.torch
+  timeout "$STEP_TIMEOUT" "$PYTHON" bench/torch_gpt_bench_cuda.py --layers "$2" --heads "$3" --hidden "$4" \
+    --seq "$SEQ" --batch "$MBS" --vocab "$VOCAB" --warmup "$WARMUP" --steps "$STEPS" --peak-tflops "$PEAK" \
+    >"$log.out" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "gpu_bench: torch $1 failed (exit $rc$([ $rc -eq 124 ] && echo ": timed out after ${STEP_TIMEOUT}s")); last lines:" >&2
+    tail -n 8 "$log.out" | sed 's/^/    /' >&2
+    echo "FAILED(exit-$rc)"
+    return
+  fi
+  # "torch: tokens/s X | TFLOP/s Y | MFU Z% | step ms W | ..."
+  sed -n 's/^torch: tokens\/s \([0-9.]*\) | TFLOP\/s \([0-9.]*\) | MFU \([0-9.]*\)% | step ms \([0-9.]*\).*/\1 \2 \3 \4/p' \
+    "$log.out" | tail -n 1 | grep . || echo "FAILED(no-summary)"
+}
+
+# "tokens/s TFLOP/s MFU ms" -> aligned columns; FAILED(...) as it is.
+fmt() {
+  if [[ $1 =~ ^[0-9] ]]; then
+    local tps tf mfu ms
+    read -r tps tf mfu ms <<<"$1"
+    printf '%-9s %-8s %-6s %s' "$tps" "$tf" "$mfu%" "$ms"
+  else
+    printf '%s' "$1"
+  fi
+}
+
+# The table is written row by row (to SUMMARY_FILE when given): a run killed later leaves the rows so far.
+table=${SUMMARY:-$(mktemp)}
+{
+  echo "GPT-2 bf16 training, one GPU, B=$MBS T=$SEQ, mock data, dropout 0, $WARMUP warm-up + $STEPS timed iterations;"
+  echo "TFLOP/s by Megatron's model-FLOP count, MFU against $PEAK TFLOP/s."
+} >"$table"
+printf '%-6s | %-40s | %-40s | %s\n' "shape" "lattice --device cuda --bf16" "PyTorch bf16 (eager, flash, fused AdamW)" \
+  "lattice/torch" >>"$table"
+printf '%-6s | %-40s | %-40s | %s\n' "" "tokens/s  TFLOP/s  MFU    ms/iter" "tokens/s  TFLOP/s  MFU    ms/iter" \
+  "tokens/s" >>"$table"
+failures=0
+for shape in $SHAPES; do
+  d=$(dims "$shape") || { failures=$((failures + 1)); continue; }
+  read -r L H C <<<"$d"
+  lat="skipped"; tor="skipped"
+  for s in $SYSTEMS; do
+    echo "gpu_bench: $shape (L$L H$H C$C, B=$MBS T=$SEQ): $s" >&2
+    case $s in
+      lattice) lat=$(run_lattice "$shape" "$L" "$H" "$C") ;;
+      torch) tor=$(run_torch "$shape" "$L" "$H" "$C") ;;
+    esac
+  done
+  [[ $lat =~ ^FAILED || $tor =~ ^FAILED ]] && failures=$((failures + 1))
+  ratio="-"
+  if [[ $lat =~ ^[0-9] && $tor =~ ^[0-9] ]]; then
+    ratio=$(awk -v a="${lat%% *}" -v b="${tor%% *}" 'BEGIN { printf "%.2fx", a / b }')
+  fi
+  printf '%-6s | %-40s | %-40s | %s\n' "$shape" "$(fmt "$lat")" "$(fmt "$tor")" "$ratio" >>"$table"
+done
+cat "$table"
+echo "logs: $LOGDIR"
+[ -n "$SUMMARY" ] || rm -f "$table"
+[ "$failures" -eq 0 ]

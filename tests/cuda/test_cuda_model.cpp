@@ -1,0 +1,236 @@
+// The whole model on the GPU against the CPU backend: one micro-batch's loss and every
+// gradient, a 20-iteration fp32 training run (losses and final parameters), and a
+// 200-iteration bf16 run (Slow). Each run selects its device with set_device, builds
+// its model, downloads what the comparison needs and frees all its device memory before
+// the next run switches devices. Without a GPU every test reports skipped with the reason
+// (the same code path is checked bit for bit by the CUDA emulation in
+// tests/e2e/test_device_emulation.sh).
+//
+// Shapes: B micro-batch, T sequence, C hidden, L layers, V vocabulary (padded to Vp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "cuda_test_util.h"
+#include "data/gpt_batches.h"
+#include "model/gpt_model.h"
+#include "model/mixed_precision.h"
+#include "optim/optimizer.h"
+#include "train/train_step.h"
+
+namespace lattice {
+namespace {
+
+// fp32 tolerance, relative to each tensor's largest CPU value (gradients) or norm
+// (parameters), and to the loss. Both backends compute in fp32 with fp32 accumulation,
+// but in different orders (cuBLASLt's and the CUDA kernels' reductions vs oneDNN's and
+// the CPU kernels'): each reduction of K terms differs by ~sqrt(K) x 6e-8 relative, a
+// few 1e-7 after K <= 256 and the chain of two layers' backward, i.e. ~1e-6. 1e-4
+// leaves two orders of magnitude for that while any real error (a wrong index, scale,
+// mask or missing term) is O(1e-2) or more. TF32 GEMMs (1e-3 relative) fail it, as they
+// must in an fp32 run.
+constexpr double kFp32Tol = 1e-4;
+
+TransformerConfig small_config(float dropout) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.vocab_size = 96;  // padded to 128: the padding rows are checked too
+  c.make_vocab_size_divisible_by = 128;
+  c.max_position_embeddings = 32;
+  c.hidden_dropout = c.attention_dropout = dropout;
+  c.finalize();
+  return c;
+}
+
+constexpr int64_t kB = 2, kT = 32;
+constexpr uint64_t kSeed = 1234;
+
+// Selects `d` for a run and, on leaving, the device that was current before (the other
+// CUDA tests of this binary call the kernels directly and expect the GPU).
+class DeviceFor {
+ public:
+  explicit DeviceFor(Device d) : before_(current_device()) { set_device(d, 0); }
+  ~DeviceFor() {
+    device_synchronize();
+    set_device(before_, 0);
+  }
+
+ private:
+  Device before_;
+};
+
+struct GradRun {
+  double loss = 0;
+  std::vector<float> grads, params;
+};
+
+// One micro-batch's forward and backward on device d (grad_scale 1, no dropout).
+GradRun grads_on(Device d, const TransformerConfig& cfg) {
+  DeviceFor on(d);
+  GradRun r;
+  {
+    GPTModel model(cfg, kB, kT);
+    model.init_parameters(kSeed);
+    MockSamples data(cfg.vocab_size, kT, kSeed);
+    std::vector<int32_t> tokens(static_cast<size_t>(kB * (kT + 1)));
+    fill_micro_batch(data, 0, kB, tokens.data());
+    model.params().zero_grad();
+    r.loss = model.forward_backward(tokens.data(), nullptr, kB, kT, 1.0f, MicroBatchKey{kSeed, 0, 0, true});
+    device_synchronize();
+    model.params().download_grads(r.grads);
+    model.params().download_params(r.params);
+  }  // the model's device memory is freed here, before the device changes back
+  return r;
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<float> params;
+};
+
+// `iters` iterations of Adam (constant lr, weight decay 0.01, clip 1.0) on mock data with
+// 2 micro-batches per step, on device d; bf16 through the half-precision GEMM policy.
+TrainRun train_on(Device d, const TransformerConfig& cfg, int64_t iters, bool bf16, double lr) {
+  DeviceFor on(d);
+  TrainRun r;
+  {
+    GPTModel model(cfg, kB, kT);
+    model.init_parameters(kSeed);
+    std::unique_ptr<MixedPrecisionPolicy> policy;
+    if (bf16) {
+      policy = make_half_precision_policy(HalfFormat::bf16);
+      model.set_gemm_policy(policy.get());
+    }
+    OptimizerConfig oc;  // Megatron's defaults: AdamW, betas 0.9/0.999, eps 1e-8, clip 1.0
+    Optimizer optimizer(model.params(), oc);
+    MockSamples data(cfg.vocab_size, kT, kSeed);
+    StepConfig sc;
+    sc.micro_batch_size = kB;
+    sc.global_batch_size = 2 * kB;
+    sc.seq_length = kT;
+    sc.clip_grad = 1.0;
+    sc.seed = kSeed;
+    sc.precision = policy.get();
+    for (int64_t it = 0; it < iters; ++it)
+      r.losses.push_back(train_step(model, optimizer, data, sc, it, lr, 0.01).lm_loss);
+    device_synchronize();
+    model.params().download_params(r.params);
+  }
+  return r;
+}
+
+// Per parameter tensor: max |gpu - cpu| over the tensor, relative to max |cpu| (scale
+// "max") or ||gpu - cpu|| / ||cpu|| (scale "l2"). Reports the worst tensor and element.
+struct TensorDiff {
+  std::string name;
+  double rel = 0;
+  int64_t worst = -1;
+  float cpu = 0, gpu = 0;
+};
+
+std::vector<TensorDiff> compare_tensors(const TransformerConfig& cfg, const std::vector<float>& cpu,
+                                        const std::vector<float>& gpu, bool l2) {
+  GPTModel layout(cfg, 1, 1);  // the CPU is current here: only the registry is used
+  std::vector<TensorDiff> out;
+  for (const ParamInfo& p : layout.params().infos()) {
+    TensorDiff t;
+    t.name = p.name;
+    double max_ref = 0, max_diff = 0, sq_ref = 0, sq_diff = 0;
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      const double ref = cpu[size_t(i)], got = gpu[size_t(i)];
+      const double diff = std::isfinite(got) ? std::fabs(got - ref) : INFINITY;
+      max_ref = std::max(max_ref, std::fabs(ref));
+      sq_ref += ref * ref;
+      sq_diff += diff * diff;
+      if (t.worst < 0 || diff > max_diff) {
+        max_diff = diff;
+        t.worst = i - p.offset;
+        t.cpu = float(ref);
+        t.gpu = float(got);
+      }
+    }
+    if (l2) t.rel = sq_ref > 0 ? std::sqrt(sq_diff / sq_ref) : std::sqrt(sq_diff);
+    else t.rel = max_ref > 0 ? max_diff / max_ref : max_diff;
+    out.push_back(t);
+  }
+  return out;
+}
+
+void expect_tensors_close(const char* what, const std::vector<TensorDiff>& diffs, double tol) {
+  double worst = 0;
+  for (const TensorDiff& t : diffs) {
+    worst = std::max(worst, t.rel);
+    EXPECT_LE(t.rel, tol) << what << " " << t.name << ": relative difference " << t.rel << " (element " << t.worst
+                          << ": cuda " << t.gpu << ", cpu " << t.cpu << ")";
+  }
+  std::printf("[ info ] %s: %zu tensors, worst relative difference %.3g (tolerance %.0e)\n", what, diffs.size(),
+              worst, tol);
+}
+
+TEST(CudaModel, LossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  const TransformerConfig cfg = small_config(0.0f);
+  const GradRun cpu = grads_on(Device::cpu, cfg);
+  const GradRun gpu = grads_on(Device::cuda, cfg);
+  ASSERT_EQ(cpu.grads.size(), gpu.grads.size());
+  // The same initialisation on both (a function of seed, name and index; a device-side
+  // Box-Muller may round its log/cos in the last bit): 1e-6 of each tensor's scale.
+  expect_tensors_close("initial parameter", compare_tensors(cfg, cpu.params, gpu.params, false), 1e-6);
+  EXPECT_LE(std::fabs(gpu.loss - cpu.loss), kFp32Tol * std::fabs(cpu.loss))
+      << "loss: cuda " << gpu.loss << ", cpu " << cpu.loss;
+  std::printf("[ info ] loss: cuda %.9g, cpu %.9g\n", gpu.loss, cpu.loss);
+  expect_tensors_close("gradient", compare_tensors(cfg, cpu.grads, gpu.grads, false), kFp32Tol);
+}
+
+// With dropout on: the masks are the same Philox draws on both devices. lr 1e-4: Adam's
+// update m/(sqrt(v)+eps) turns a gradient's last-bit difference into a relative update
+// difference of the same size, but the update is a small part of each parameter after
+// 20 steps (20 x 1e-4 against weights of std 0.02), so the final parameters agree to
+// well within 1e-4 when every step does.
+TEST(CudaModel, TwentyIterationsFp32MatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  const TransformerConfig cfg = small_config(0.1f);
+  const TrainRun cpu = train_on(Device::cpu, cfg, 20, false, 1e-4);
+  const TrainRun gpu = train_on(Device::cuda, cfg, 20, false, 1e-4);
+  ASSERT_EQ(cpu.losses.size(), gpu.losses.size());
+  for (size_t i = 0; i < cpu.losses.size(); ++i)
+    EXPECT_LE(std::fabs(gpu.losses[i] - cpu.losses[i]), kFp32Tol * std::fabs(cpu.losses[i]))
+        << "iteration " << i + 1 << ": loss cuda " << gpu.losses[i] << ", cpu " << cpu.losses[i];
+  std::printf("[ info ] loss after 20 iterations: cuda %.9g, cpu %.9g (first %.6g)\n", gpu.losses.back(),
+              cpu.losses.back(), cpu.losses.front());
+  expect_tensors_close("final parameter (L2)", compare_tensors(cfg, cpu.params, gpu.params, true), kFp32Tol);
+}
+
+// bf16 GEMMs round differently on the two backends (cuBLASLt vs the CPU's bf16 GEMM), and
+// 200 steps make the runs' paths drift apart; the training must still reach the same
+// loss: the mean of the last 20 losses within 2%, after it fell well below the start.
+TEST(CudaModel, Bf16TwoHundredIterationsSlow) {
+  LATTICE_REQUIRE_CUDA();
+  const TransformerConfig cfg = small_config(0.1f);
+  const TrainRun cpu = train_on(Device::cpu, cfg, 200, true, 1e-3);
+  const TrainRun gpu = train_on(Device::cuda, cfg, 200, true, 1e-3);
+  ASSERT_EQ(cpu.losses.size(), 200u);
+  ASSERT_EQ(gpu.losses.size(), 200u);
+  auto tail_mean = [](const std::vector<double>& l) {
+    double s = 0;
+    for (size_t i = l.size() - 20; i < l.size(); ++i) s += l[i];
+    return s / 20.0;
+  };
+  const double c = tail_mean(cpu.losses), g = tail_mean(gpu.losses);
+  std::printf("[ info ] bf16 mean loss of iterations 181-200: cuda %.6f, cpu %.6f (first: cuda %.6f, cpu %.6f)\n", g,
+              c, gpu.losses.front(), cpu.losses.front());
+  ASSERT_TRUE(std::isfinite(g)) << "the bf16 run on the GPU diverged";
+  EXPECT_LT(c, 0.9 * cpu.losses.front()) << "the CPU run did not train: the comparison would say nothing";
+  EXPECT_LE(std::fabs(g - c), 0.02 * c) << "bf16 loss after 200 iterations: cuda " << g << ", cpu " << c;
+}
+
+}  // namespace
+}  // namespace lattice
