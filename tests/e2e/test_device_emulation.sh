@@ -158,6 +158,16 @@ if command -v mpirun >/dev/null 2>&1; then
   run dp_emu "${MPIRUN[@]}" -x LATTICE_EMULATE_CUDA=1 "$LATTICE" train "${BASE[@]}" "${MOCK[@]}" --train-iters 3 \
     --device cuda
   same "two ranks with --device cuda (emulated) log the CPU's losses" dp_cpu.out dp_emu.out
+  # Tensor (with sequence) and pipeline parallelism: the model's device copies and staging
+  # between ranks (vocab-parallel loss, SP gathers, stage sends, the shared embedding).
+  for layout in "tp --tensor-model-parallel-size 2 --sequence-parallel" "pp --pipeline-model-parallel-size 2"; do
+    name=${layout%% *}
+    read -r -a flags <<<"${layout#* }"
+    run "${name}_cpu" "${MPIRUN[@]}" "$LATTICE" train "${BASE[@]}" "${MOCK[@]}" --train-iters 3 "${flags[@]}" --device cpu
+    run "${name}_emu" "${MPIRUN[@]}" -x LATTICE_EMULATE_CUDA=1 "$LATTICE" train "${BASE[@]}" "${MOCK[@]}" \
+      --train-iters 3 "${flags[@]}" --device cuda
+    same "$name on two ranks with --device cuda (emulated) logs the CPU's losses" "${name}_cpu.out" "${name}_emu.out"
+  done
 fi
 
 # ---- errors ----
