@@ -17,68 +17,15 @@
 #endif
 
 #include "core/philox.h"
+#include "kernels/fast_math.h"
 
 namespace lattice::simd {
 
-inline float bits_to_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// exp(x), Cephes' polynomial after a Cody-Waite reduction by ln 2. Relative error
-// below 2e-7 on [-87, 88]; returns 0 below -87.3 (softmax needs no subnormals).
-inline float exp(float x) {
-  x = x > 88.3762626647949f ? 88.3762626647949f : x;
-  const bool underflow = x < -87.33654f;
-  x = underflow ? -87.33654f : x;
-  // Round x / ln2 to the nearest integer with the 1.5 * 2^23 trick.
-  const float shifter = 12582912.0f;
-  const float t = x * 1.44269504088896341f + shifter;
-  const float n = t - shifter;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t e = int32_t(n) + 127;
-  const float scale = bits_to_float(uint32_t(e) << 23);
-  return underflow ? 0.0f : y * scale;
-}
-
-// erf(x): the odd/even rational approximation used by Eigen and XLA for float
-// (absolute error ~1e-7 on the clamped range [-4, 4], where erf is +-1 in float).
-inline float erf(float x) {
-  x = x > 4.0f ? 4.0f : (x < -4.0f ? -4.0f : x);
-  const float x2 = x * x;
-  float p = -2.72614225801306e-10f;
-  p = p * x2 + 2.77068142495902e-08f;
-  p = p * x2 + -2.10102402082508e-06f;
-  p = p * x2 + -5.69250639462346e-05f;
-  p = p * x2 + -7.34990630326855e-04f;
-  p = p * x2 + -2.95459980854025e-03f;
-  p = p * x2 + -1.60960333262415e-02f;
-  p = p * x;
-  float q = -1.45660718464996e-05f;
-  q = q * x2 + -2.13374055278905e-04f;
-  q = q * x2 + -1.68282697438203e-03f;
-  q = q * x2 + -7.37332916720468e-03f;
-  q = q * x2 + -1.42647390514189e-02f;
-  return p / q;
-}
-
-// tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)). Absolute error ~1e-7 (relative error
-// grows near 0, which GELU's 0.5 x (1 + tanh) does not see).
-inline float tanh(float x) {
-  float ax = x < 0.0f ? -x : x;
-  ax = ax > 9.0f ? 9.0f : ax;  // tanh(9) rounds to 1 in float
-  const float t = 1.0f - 2.0f / (lattice::simd::exp(2.0f * ax) + 1.0f);
-  return x < 0.0f ? -t : t;
-}
+// exp, erf, tanh: the scalar polynomials of kernels/fast_math.h (shared with the CUDA
+// kernels); plain float code that gcc vectorises.
+using math::erf;
+using math::exp;
+using math::tanh;
 
 namespace detail {
 
