@@ -164,7 +164,7 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
     for (const Bucket& b : make_buckets(pb, bucket, m.dp)) {
       const int64_t s = b.shard_begin(r.dp_rank);
       owned.emplace_back(s, s + b.shard_counts[size_t(r.dp_rank)]);
-      r.grad_staging_bytes += size_t(b.shard_counts[size_t(r.dp_rank)]) * sizeof(float);
+      r.grad_staging_bytes += size_t(b.shard_counts[size_t(r.dp_rank)]) * (m.grad_reduce_in_bf16 ? 2 : 4);
     }
     r.owned_parameters = parameters_in(pb, owned);
   } else {
@@ -175,8 +175,11 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   r.weight_copy_bytes = size_t(r.buffer_elements) * size_t(p.weight_copy);
   r.grad_bytes = size_t(r.buffer_elements) * size_t(p.grads);
   r.optimizer_bytes = size_t(r.owned_parameters) * (m.optimizer == "sgd" ? 4 : 8);
+  // --grad-reduce-in-bf16: the buckets' bf16 copy (GradSync), which is also what MPI copies.
+  const bool bf16_reduce = m.grad_reduce_in_bf16 && (m.dp > 1 || m.distributed_optimizer);
+  if (bf16_reduce) r.grad_staging_bytes += size_t(r.buffer_elements) * 2;
   r.comm_staging_bytes = size_t(comm_staging_copies(r.dp_rank, m.dp, m.distributed_optimizer)) *
-                         size_t(r.buffer_elements) * size_t(p.grads);
+                         size_t(r.buffer_elements) * size_t(bf16_reduce ? 2 : p.grads);
   // The tied word embedding's gradient, all-reduced in place between the first and last
   // stage (a group of 2: one copy on both), at another moment than the DP reduction.
   if (m.pp > 1 && !m.config.untie_embeddings_and_output_weights && (place.pre_process || place.post_process))

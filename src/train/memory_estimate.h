@@ -37,6 +37,7 @@ struct MemoryLayout {
   int tp = 1, pp = 1, dp = 1;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  bool grad_reduce_in_bf16 = false;       // bf16 copies of the buckets for the DP reduction
   int64_t ddp_bucket_size = 0;            // elements per gradient bucket; 0: the default
   PipelineLayout pipeline;                // stages == pp
   int64_t num_micro_batches = 1;          // per rank and iteration
@@ -54,6 +55,8 @@ struct RankMemory {
   size_t grad_bytes = 0;         // buffer_elements x grads
   size_t optimizer_bytes = 0;    // owned_parameters x (8 Adam | 4 SGD)
   size_t grad_staging_bytes = 0; // distributed optimizer: the reduce-scatter output, 4 per owned
+                                 // (--grad-reduce-in-bf16: 2 per owned, plus 2 per element for
+                                 // the buffer's bf16 copy whenever data parallelism runs)
   // The MPI library's temporary copies of the gradient buckets during the data-parallel
   // reduction (Open MPI's non-blocking collectives, libnbc: a binomial tree over the DP
   // group; every bucket is in flight at once when the reduction finishes). Reduce-scatter:

@@ -181,6 +181,7 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.dp = dp;
   m.sequence_parallel = args.sequence_parallel;
   m.distributed_optimizer = args.use_distributed_optimizer;
+  m.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
   m.ddp_bucket_size = args.ddp_bucket_size;
   m.pipeline = pipe;
   m.num_micro_batches = num_micro;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# --log-memory: in five layouts (one process; DP 2 with the distributed optimizer; TP 2;
-# PP 2 with 4 micro-batches; TP 2 x PP 2) every rank's measured peak resident memory
+# --log-memory: in six layouts (one process; DP 2 with the distributed optimizer, in fp32 and
+# with --bf16 --grad-reduce-in-bf16; TP 2; PP 2 with 4 micro-batches; TP 2 x PP 2) every rank's measured peak resident memory
 # (VmHWM) after the first iterations is within 10% of its estimate, on a model whose
 # parameters, gradients and Adam state dominate the process baseline. --dry-run prints
 # the same estimate for every rank without training.
@@ -57,6 +57,8 @@ run() {  # NAME RANKS FLAGS... (default model: 8 layers of 512)
 
 run one 1 --global-batch-size 1
 run dp2_distopt 2 --global-batch-size 2 --use-distributed-optimizer
+# bf16 weight copies, and the buckets' bf16 copies of --grad-reduce-in-bf16.
+run dp2_bf16_reduce 2 --global-batch-size 2 --use-distributed-optimizer --bf16 --grad-reduce-in-bf16
 run tp2 2 --global-batch-size 1 --tensor-model-parallel-size 2
 run pp2 2 --global-batch-size 4 --pipeline-model-parallel-size 2
 run tp2_pp2 4 "${WIDE[@]}" --global-batch-size 2 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel
