@@ -42,6 +42,53 @@ uint32_t document_crc(const json& doc_without_crc) {
   return crc32_bytes(s.data(), s.size());
 }
 
+// fp8's three scaled tensors of a weight, in Fp8ScalingState's order.
+constexpr const char* kFp8Tensors[3] = {"input", "weight", "output_grad"};
+
+template <typename T>
+T field(const json& j, const char* key, const std::string& where);
+
+}  // namespace
+
+json fp8_state_to_json(const std::map<std::string, Fp8ScalingState>& states) {
+  json f = json::object();
+  for (const auto& [name, st] : states) {
+    json w = json::object();
+    for (int k = 0; k < 3; ++k) {
+      json h = json::array();
+      for (float a : st.amax_history[size_t(k)]) h.push_back(std::isfinite(a) ? json(a) : json(nullptr));
+      w[kFp8Tensors[k]] = {{"amax_history", h}, {"scale", st.scale[size_t(k)]}};
+    }
+    f[name] = w;
+  }
+  return f;
+}
+
+std::map<std::string, Fp8ScalingState> fp8_state_from_json(const json& f, const std::string& where) {
+  if (!f.is_object()) LATTICE_FAIL() << where << ": fp8 must be a JSON object";
+  std::map<std::string, Fp8ScalingState> states;
+  for (const auto& [name, w] : f.items()) {
+    Fp8ScalingState st;
+    for (int k = 0; k < 3; ++k) {
+      const std::string at = where + " fp8 " + name + " " + kFp8Tensors[k];
+      const json t = field<json>(w, kFp8Tensors[k], at);
+      st.scale[size_t(k)] = field<float>(t, "scale", at);
+      if (!(st.scale[size_t(k)] > 0) || !std::isfinite(st.scale[size_t(k)]))
+        LATTICE_FAIL() << at << ": scale must be a positive finite number";
+      const json h = field<json>(t, "amax_history", at);
+      if (!h.is_array()) LATTICE_FAIL() << at << ": amax_history must be an array";
+      for (const json& a : h) {
+        if (!a.is_null() && !a.is_number()) LATTICE_FAIL() << at << ": amax_history holds a non-number";
+        st.amax_history[size_t(k)].push_back(a.is_null() ? INFINITY : a.get<float>());
+      }
+    }
+    states[name] = st;
+  }
+  return states;
+}
+
+namespace {
+
 json state_to_json(const CheckpointState& s) {
   json j = {{"format", kFormatName},
             {"format_version", kCheckpointFormatVersion},
@@ -56,6 +103,7 @@ json state_to_json(const CheckpointState& s) {
     j["loss_scaler"] = {{"scale", s.loss_scaler->scale},
                         {"growth_tracker", s.loss_scaler->growth_tracker},
                         {"hysteresis_tracker", s.loss_scaler->hysteresis_tracker}};
+  if (!s.fp8.empty()) j["fp8"] = fp8_state_to_json(s.fp8);
   return j;
 }
 
@@ -94,6 +142,7 @@ CheckpointState state_from_json(const json& j, const std::string& where) {
     if (!(s.loss_scaler->scale > 0) || !std::isfinite(s.loss_scaler->scale) || s.loss_scaler->growth_tracker < 0)
       LATTICE_FAIL() << w << ": scale must be a positive finite number and growth_tracker >= 0";
   }
+  if (j.contains("fp8")) s.fp8 = fp8_state_from_json(j["fp8"], where);
   return s;
 }
 

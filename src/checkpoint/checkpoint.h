@@ -18,6 +18,7 @@
 
 #include "checkpoint/checkpoint_index.h"
 #include "checkpoint/safetensors.h"
+#include "model/mixed_precision.h"
 #include "optim/loss_scaler.h"
 
 namespace lattice {
@@ -60,7 +61,15 @@ struct CheckpointState {
   std::optional<nlohmann::json> opt_param_scheduler;  // absent with --no-save-optim
   std::optional<RngState> rng;                      // absent: saved with --no-save-rng
   std::optional<LossScalerState> loss_scaler;       // fp16's dynamic loss scaler (absent otherwise)
+  // fp8's delayed scaling, by weight name (empty without --fp8-format). An amax history
+  // entry that was not finite is stored as null.
+  std::map<std::string, Fp8ScalingState> fp8;
 };
+
+// fp8 scaling states by weight name as checkpoint.json's "fp8" object, and back (errors
+// name `where` and the field).
+nlohmann::json fp8_state_to_json(const std::map<std::string, Fp8ScalingState>& states);
+std::map<std::string, Fp8ScalingState> fp8_state_from_json(const nlohmann::json& f, const std::string& where);
 
 // Collects tensors and state, then writes one iteration directory.
 class CheckpointWriter {

@@ -79,6 +79,10 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
     }
     s.optimizer = OptimizerState{o.optimizer, optimizer.steps()};
     if (o.loss_scaler && o.loss_scaler->dynamic()) s.loss_scaler = o.loss_scaler->state();
+    if (o.precision) {
+      for (const auto& [index, st] : o.precision->scaling_state()) s.fp8[infos[size_t(index)].name] = st;
+      if (o.merge_fp8) o.merge_fp8(s.fp8);
+    }
     s.opt_param_scheduler = scheduler.state().to_json();
   }
   if (o.save_rng) s.rng = RngState{p.seed};
@@ -121,6 +125,13 @@ std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptio
     optimizer.set_steps(s.optimizer->step);
     // A constant --loss-scale keeps the command line's value.
     if (o.loss_scaler && o.loss_scaler->dynamic() && s.loss_scaler) o.loss_scaler->load_state(*s.loss_scaler);
+    if (o.precision) {
+      const std::vector<ParamInfo>& infos = model.params().infos();
+      for (size_t i = 0; i < infos.size(); ++i) {
+        auto it = s.fp8.find(infos[i].name);
+        if (it != s.fp8.end()) o.precision->load_scaling_state(int(i), it->second);
+      }
+    }
   }
   if (o.load_rng) {
     if (!s.rng)

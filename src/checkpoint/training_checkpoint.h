@@ -5,11 +5,13 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "model/gpt_model.h"
+#include "model/mixed_precision.h"
 #include "optim/opt_param_scheduler.h"
 #include "optim/optimizer.h"
 
@@ -38,6 +40,11 @@ struct TrainingSaveOptions {
   std::function<void(float*)> gather_state;
   bool write = true;              // false on the ranks that only take part in the gather
   const LossScaler* loss_scaler = nullptr;  // fp16: its state is saved with the optimizers
+  // fp8: its scaling state is saved with the optimizers, by weight name. Under pipeline
+  // parallelism each stage holds its own weights' state: merge_fp8 (collective, on every
+  // rank) completes the writer's map with the other stages'. Null: this rank's alone.
+  const MixedPrecisionPolicy* precision = nullptr;
+  std::function<void(std::map<std::string, Fp8ScalingState>&)> merge_fp8;
   // Several ranks holding parts of the model (tensor parallelism): the ranks whose parts make
   // the checkpoint, as ranks of parts_comm, the writer (write = true) first: data-parallel
   // rank 0 of every tensor-parallel (and pipeline) position (the other data-parallel ranks
@@ -63,6 +70,9 @@ struct TrainingLoadOptions {
   // fp16: restored with the optimizer state when the checkpoint has it (a checkpoint
   // from an fp32 or bf16 run leaves the scaler at its initial scale).
   LossScaler* loss_scaler = nullptr;
+  // fp8: the saved scaling state of each of this rank's weights, with the optimizer state
+  // (a weight the checkpoint has none for keeps its fresh state).
+  MixedPrecisionPolicy* precision = nullptr;
 };
 
 // Loads DIR's latest checkpoint (or DIR itself, an iteration directory) into the model,

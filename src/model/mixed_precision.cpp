@@ -162,6 +162,27 @@ class Fp8Policy final : public MixedPrecisionPolicy {
     g_param_ = -1;
   }
 
+  std::map<int, Fp8ScalingState> scaling_state() const override {
+    std::map<int, Fp8ScalingState> m;
+    for (size_t i = 0; i < states_.size(); ++i) {
+      const State& s = states_[i];
+      if (!s.used) continue;
+      Fp8ScalingState& o = m[int(i)];
+      const DelayedScale* d[3] = {&s.x, &s.w, &s.g};
+      for (int k = 0; k < 3; ++k) {
+        o.amax_history[size_t(k)] = d[k]->history();
+        o.scale[size_t(k)] = d[k]->scale();
+      }
+    }
+    return m;
+  }
+  void load_scaling_state(int param, const Fp8ScalingState& st) override {
+    State& s = state(param);
+    DelayedScale* d[3] = {&s.x, &s.w, &s.g};
+    for (int k = 0; k < 3; ++k) d[k]->restore(st.amax_history[size_t(k)], st.scale[size_t(k)]);
+    weights_.invalidate();  // re-quantized with the restored weight scale
+  }
+
   // The step's amax of every tensor, MAX-reduced over the ranks that share the tensor
   // (tensor- and data-parallel groups: the same weights, the same global batch), enters
   // its history; the next step's scales follow. One all-reduce per group per step.
@@ -242,6 +263,12 @@ void DelayedScale::record(float amax) {
     for (float h : history_) a = std::isnan(h) || std::isnan(a) ? NAN : std::max(a, h);
   if (!(a > 0) || !std::isfinite(a)) return;  // keep the scale
   scale_ = float(double(fp8_max(format_)) / double(a) / std::ldexp(1.0, int(recipe_.margin)));
+}
+
+void DelayedScale::restore(const std::vector<float>& history, float scale) {
+  history_.assign(history.begin(), history.end());
+  while (int64_t(history_.size()) > recipe_.amax_history_len) history_.pop_back();
+  scale_ = scale;
 }
 
 std::unique_ptr<MixedPrecisionPolicy> make_half_precision_policy(HalfFormat format) {

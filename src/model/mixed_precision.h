@@ -22,8 +22,10 @@
 //   Results of a GEMM are rounded (bf16, fp16) after the tensor-parallel reduction of a
 //   partial sum, not per rank (GemmPolicy::round_result), so layouts agree.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +37,13 @@ namespace lattice {
 
 class Comm;
 
+// fp8's delayed-scaling state of one weight (checkpoints): for its input, weight and output
+// gradient (in that order) the amax history, most recent first, and the current scale.
+struct Fp8ScalingState {
+  std::array<std::vector<float>, 3> amax_history;
+  std::array<float, 3> scale{1.0f, 1.0f, 1.0f};
+};
+
 class MixedPrecisionPolicy : public GemmPolicy {
  public:
   // The main (fp32) parameters changed: the low-precision weight copies are re-made from
@@ -45,6 +54,10 @@ class MixedPrecisionPolicy : public GemmPolicy {
   // histories.
   virtual void finish_step() {}
   virtual const char* name() const = 0;
+  // fp8: the scaling state of every weight used so far, by parameter index (empty for the
+  // other formats), and its restoration (a resumed run continues with the saved scales).
+  virtual std::map<int, Fp8ScalingState> scaling_state() const { return {}; }
+  virtual void load_scaling_state(int param, const Fp8ScalingState& state) {}
 };
 
 enum class HalfFormat { bf16, fp16 };
@@ -73,6 +86,9 @@ class DelayedScale {
   float scale() const { return scale_; }
   // Records the amax of the tensor's latest use and recomputes the scale.
   void record(float amax);
+  std::vector<float> history() const { return {history_.begin(), history_.end()}; }
+  // A saved state (checkpoints): the history (cut to the recipe's length) and the scale.
+  void restore(const std::vector<float>& history, float scale);
 
  private:
   Fp8Recipe recipe_;

@@ -102,11 +102,13 @@ void check_checkpoint_flags(const TrainArgs& a) {
 // Loads --load's latest checkpoint (nothing when it holds none: training starts from
 // scratch, so `--save D --load D` auto-resumes) and returns where training continues.
 TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer& optimizer,
-                              OptimizerParamScheduler& scheduler, LossScaler* loss_scaler) {
+                              OptimizerParamScheduler& scheduler, LossScaler* loss_scaler,
+                              MixedPrecisionPolicy* precision) {
   const TrainingProgress fresh{0, 0, args.seed};
   if (args.load.empty()) return fresh;
   TrainingLoadOptions o{args.load, args.optimizer, !args.no_load_optim, !args.no_load_rng, args.finetune};
   o.loss_scaler = loss_scaler;
+  o.precision = precision;
   std::optional<TrainingProgress> p = load_training_checkpoint(o, fresh, model, optimizer, scheduler);
   if (!p) {
     log_info("> no checkpoint in " + args.load + " (no " + std::string(kTrackerFile) + "): training from scratch");
@@ -347,7 +349,7 @@ int run_training(const TrainArgs& args) {
   };
 
   // Load before anything is written: a bad checkpoint leaves every file as it was.
-  const TrainingProgress start = resume_point(args, model, optimizer, scheduler, loss_scaler.get());
+  const TrainingProgress start = resume_point(args, model, optimizer, scheduler, loss_scaler.get(), precision.get());
   std::ofstream metrics = open_metrics(ps->world_rank() == 0 ? args.metrics_file : "", start.iteration);
   if (args.exit_signal_handler) install_exit_signal_handler();
 
@@ -365,6 +367,25 @@ int run_training(const TrainArgs& args) {
   save_opts.args_json = args.to_json();
   save_opts.write = ps->world_rank() == 0;
   save_opts.loss_scaler = loss_scaler.get();
+  save_opts.precision = precision.get();
+  // fp8 state of the other pipeline stages: each stage's first rank (tp 0, dp 0; the
+  // state is the same on every rank of a stage) broadcasts its weights' state over world.
+  save_opts.merge_fp8 = [&](std::map<std::string, Fp8ScalingState>& states) {
+    const ParallelLayout& l = ps->layout();
+    if (l.pp == 1) return;
+    for (int stage = 0; stage < l.pp; ++stage) {
+      const int root = stage * l.tp * l.dp;
+      std::string text = ps->world_rank() == root ? fp8_state_to_json(states).dump() : std::string();
+      int64_t bytes = int64_t(text.size());
+      ps->world().broadcast(&bytes, int64_t(sizeof bytes), root);
+      text.resize(size_t(bytes));
+      ps->world().broadcast(text.data(), bytes, root);
+      if (ps->world_rank() != root)
+        for (auto& [name, st] : fp8_state_from_json(nlohmann::json::parse(text), "fp8 state of stage " +
+                                                                                   std::to_string(stage)))
+          states[name] = st;
+    }
+  };
   save_opts.parts_comm = &ps->world();
   for (const std::vector<int>& g : plan_groups(ps->layout()).dp) save_opts.contributors.push_back(g.front());
   std::sort(save_opts.contributors.begin(), save_opts.contributors.end());  // world rank 0, the writer, first

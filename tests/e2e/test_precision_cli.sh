@@ -52,6 +52,28 @@ a, b = ([json.loads(l)["lm_loss"] for l in open(p) if "lm_loss" in l] for p in s
 print("fp32-reduced", a, "bf16-reduced", b)
 sys.exit(0 if len(a) == len(b) == 4 and all(abs(x - y) <= 1e-2 * abs(x) for x, y in zip(a, b)) else 1)
 PY
+# fp8's scaling state is saved and resumed, here across two pipeline stages (each holds its
+# own weights' state; the checkpoint gathers both): 4 iterations straight equal 2 + resume + 2.
+fp8pp=(--bf16 --fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max
+       --pipeline-model-parallel-size 2)
+MPI2=(mpirun --allow-run-as-root --oversubscribe -np 2)
+if "${MPI2[@]}" "$LATTICE" "${small[@]}" "${fp8pp[@]}" --train-iters 4 --save-interval 2 --save "$TMP/fp8ckpt" \
+     --metrics-file "$TMP/fp8_straight.jsonl" >"$TMP/fp8_straight.out" 2>&1 &&
+   "${MPI2[@]}" "$LATTICE" "${small[@]}" "${fp8pp[@]}" --train-iters 4 --load "$TMP/fp8ckpt/iter_0000002" \
+     --metrics-file "$TMP/fp8_resumed.jsonl" >"$TMP/fp8_resumed.out" 2>&1; then
+  pass "fp8 with PP 2: the straight run (saving at 2) and the run resumed from iteration 2 ran"
+  grep -q '"decoder.layers.1.mlp.linear_fc2.weight"' "$TMP"/fp8ckpt/iter_0000002/checkpoint.json ||
+    fail "fp8: no scaling state of the second stage's layer in checkpoint.json"
+  python3 - "$TMP/fp8_straight.jsonl" "$TMP/fp8_resumed.jsonl" <<'PY' || fail "fp8 resume: losses differ (above)"
+import json, sys
+a = {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(sys.argv[1])) if "lm_loss" in r}
+b = {r["iteration"]: r["lm_loss"] for r in map(json.loads, open(sys.argv[2])) if "lm_loss" in r}
+print("straight", a, "resumed", b)
+sys.exit(0 if b and all(a[i] == b[i] for i in b) and set(b) == {3, 4} else 1)
+PY
+else
+  fail "fp8 with PP 2: a run failed ($(tail -n 3 "$TMP"/fp8_*.out))"
+fi
 run clean --train-iters 6 --fp16 --initial-loss-scale 1024
 LATTICE_TEST_INJECT_INF_ITERS=1,2 run overflow --train-iters 6 --fp16 --initial-loss-scale 1024 --hysteresis 2
 grep -q "number of skipped iterations:   1" "$TMP/overflow.out" || fail "overflow: no skipped iteration in the log line"
