@@ -7,7 +7,8 @@
 // per step and MAX-reduced over the ranks that share a tensor, and the fp16 overflow
 // check is reduced over every group. Also --grad-reduce-in-bf16: half the
 // reduce-scatter bytes, and the run stays within bf16 rounding of the fp32-reduced one.
-// Runs under mpirun with 2 ranks (TP 2, PP 2, DP 2) and 4 (TP 2 x PP 2, TP 2 x DP 2, PP 2 x DP 2).
+// Runs under mpirun with 2 ranks (TP 2, PP 2, DP 2), 4 (TP 2 x PP 2, TP 2 x DP 2, PP 2 x DP 2)
+// and 8 (TP 2 x PP 2 x DP 2).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -169,6 +170,28 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) {
       return std::string(precision_name(std::get<0>(info.param))) + std::get<1>(info.param).name;
     });
+
+// TP 2 x PP 2 x DP 2 with sequence parallelism (8 ranks; the dist.np8 run takes the
+// tests named ThreeD).
+class DistPrecisionThreeD : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(DistPrecisionThreeD, MatchesSingleProcess) {
+  if (mpi_world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
+  const Precision prec = GetParam();
+  auto ps = ParallelState::create(2, 2, 120);
+  const PrecisionRun single = train(prec, nullptr, false);
+  const PrecisionRun run = train(prec, ps.get(), true);
+  const RunDifference d = expect_same_run(run, single, tolerance(prec));
+  if (mpi_world_rank() == 0)
+    std::printf("%s TPxPPxDP on 8 ranks: largest relative difference: loss %.2g, grad norm %.2g, parameters %.2g\n",
+                precision_name(prec), d.loss, d.grad_norm, d.params);
+  EXPECT_EQ(run.skipped, single.skipped);
+  EXPECT_EQ(run.final_loss_scale, single.final_loss_scale);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, DistPrecisionThreeD,
+                         ::testing::Values(Precision::bf16, Precision::fp16, Precision::fp8),
+                         [](const auto& info) { return std::string(precision_name(info.param)); });
 
 // --grad-reduce-in-bf16 at DP 2 with the distributed optimizer: the gradient
 // reduce-scatter moves half the bytes of the fp32 one, and the run stays within bf16
