@@ -3,8 +3,7 @@
 //  [--vocab-file F --merge-file F] [--no-kv-cache] [--device cpu|cuda]`:
 // samples text from a trained model, streaming each token to stdout as it is produced.
 // --device cuda keeps the model on the GPU (docs/cuda.md); tokens and logits cross to
-// the host once per step. With the KV cache the layers run on the GPU and the cached
-// attention of the one new token on the host (its qkv down, its output up, per layer).
+// the host once per step; the KV cache and its attention stay on the GPU.
 //
 // Decoding uses a KV cache (GPTInference): the prompt is prefilled once, then each new token
 // runs the layers on that token alone. --no-kv-cache recomputes a full forward over the

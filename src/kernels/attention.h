@@ -43,4 +43,14 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids = nullptr);
 
+// Decoding with a KV cache (generation), one layer. k_cache, v_cache: [H, Tmax, D]; the n
+// new tokens sit at positions past .. past+n-1 and their qkv is [n, H, 3, D].
+// kv_cache_append: k_cache[h, past + r, :] = k of qkv[r, h], v likewise.
+void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,
+                     int64_t D, int64_t Tmax);
+// out [n, H, D]: query r attends cache rows 0 .. past + r (causal), softmax(q k^T / sqrt(D)) v;
+// each (query, head) is summed in one fixed order (the result does not depend on threads).
+void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
+                              int64_t past, int64_t H, int64_t D, int64_t Tmax);
+
 }  // namespace lattice

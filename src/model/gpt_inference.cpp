@@ -10,6 +10,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "kernels/activation.h"
+#include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
@@ -58,47 +59,6 @@ void GPTInference::reserve_rows(int64_t n) {
   rows_ = n;
 }
 
-void GPTInference::cached_attention(float* attn, const float* qkv, int64_t n, int64_t l) {
-  const int64_t H = cfg_.num_attention_heads, D = cfg_.kv_channels, C = cfg_.hidden_size;
-  const int64_t Tmax = capacity_;
-  const float scale = 1.0f / std::sqrt(float(D));
-  const int threads = omp_get_max_threads();
-  if (scores_.size() < size_t(threads * Tmax)) scores_.resize(size_t(threads * Tmax));
-  // One (query, head) pair per iteration, each summed by one thread in a fixed order: the
-  // result does not depend on the thread count.
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t last = length_ + r;  // causal: keys 0..last
-      const float* q = qkv + r * 3 * C + h * 3 * D;
-      const float* k = k_cache_.data() + ((l * H + h) * Tmax) * D;  // [Tmax, D]
-      const float* v = v_cache_.data() + ((l * H + h) * Tmax) * D;
-      float* s = scores_.data() + int64_t(omp_get_thread_num()) * Tmax;
-      float mx = -INFINITY;
-      for (int64_t t = 0; t <= last; ++t) {
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += q[d] * k[t * D + d];
-        s[t] = dot * scale;
-        mx = std::max(mx, s[t]);
-      }
-      float sum = 0.0f;
-      for (int64_t t = 0; t <= last; ++t) {
-        s[t] = std::exp(s[t] - mx);
-        sum += s[t];
-      }
-      float* o = attn + r * C + h * D;  // [n, H, D]
-      std::fill(o, o + D, 0.0f);
-      for (int64_t t = 0; t <= last; ++t) {
-        const float w = s[t];
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) o[d] += w * v[t * D + d];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
-    }
-}
-
 void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, H = cfg_.num_attention_heads;
   const int64_t D = cfg_.kv_channels, Vp = cfg_.padded_vocab_size, Tmax = capacity_;
@@ -112,7 +72,8 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
       LATTICE_FAIL() << "token id " << tokens[i] << " is outside the model's vocabulary [0, "
                      << cfg_.vocab_size << ")";
   reserve_rows(n);
-  float *x = x_.data(), *ln = ln_.data(), *qkv = qkv_.device(), *tmp = tmp_.data(), *fc = fc_.data();
+  float *x = x_.data(), *ln = ln_.data(), *qkv = qkv_.data(), *tmp = tmp_.data(), *fc = fc_.data();
+  float* attn = attn_.data();
   int32_t* ids = ids_.host();  // [tokens | positions]
   for (int64_t i = 0; i < n; ++i) {
     ids[i] = tokens[i];
@@ -125,18 +86,11 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps);
     linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * C);  // [n, H, 3, D]
-    qkv_.download(size_t(n * 3 * C));
-    const float* qkv_host = qkv_.host();
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        const float* src = qkv_host + i * 3 * C + h * 3 * D;
-        const int64_t at = ((l * H + h) * Tmax + length_ + i) * D;
-        std::memcpy(k_cache_.data() + at, src + D, size_t(D) * sizeof(float));
-        std::memcpy(v_cache_.data() + at, src + 2 * D, size_t(D) * sizeof(float));
-      }
-    cached_attention(attn_.host(), qkv_host, n, l);
-    attn_.upload(size_t(n * C));
-    linear_forward(tmp, attn_.device(), p.proj_w, p.proj_b, n, C, C);
+    const int64_t layer_cache = l * H * Tmax * D;
+    kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, H, D, Tmax);
+    cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_, H,
+                             D, Tmax);
+    linear_forward(tmp, attn, p.proj_w, p.proj_b, n, C, C);
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps);
     linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, F);

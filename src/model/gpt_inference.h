@@ -6,9 +6,9 @@
 // all T tokens. The prompt is appended in one call (prefill: the linear layers run as
 // GEMMs over all its tokens).
 //
-// On a device (--device cuda) the layers' kernels run there; the cache and its attention
-// stay host loops for now: each layer's qkv comes back to the host (one copy) and the
-// attention output goes up (one copy). On the CPU nothing is copied.
+// The cache lives in device memory and its append and attention are kernels
+// (kv_cache_append, cached_attention_forward in kernels/attention.h), so on a device
+// (--device cuda) only the tokens go up and the logits come back.
 //
 // Shapes: C hidden, H heads, D head dim, F ffn hidden, Vp padded vocabulary, L layers,
 // Tmax the cache capacity (<= max_position_embeddings: positions are absolute).
@@ -44,21 +44,16 @@ class GPTInference {
   };
   // Grows the scratch buffers to n rows.
   void reserve_rows(int64_t n);
-  // attn[n, C] for queries qkv[n, H, 3, D] at positions length_..length_+n-1 over the cache
-  // of layer l (which already holds their own keys and values).
-  void cached_attention(float* attn, const float* qkv, int64_t n, int64_t l);
 
   TransformerConfig cfg_;
   int64_t capacity_ = 0, length_ = 0, rows_ = 0;
   const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;
   std::vector<Layer> layers_;
-  std::vector<float> k_cache_, v_cache_;  // [L, H, Tmax, D] each (host)
-  // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2; qkv [n, 3C] and attn
-  // [n, C] with host copies; ids [2, n] tokens and positions; logits [n, Vp] (device runs).
-  DeviceArray<float> x_, ln_, tmp_, fc_, mean_, rstd_, logits_;
-  StagedArray<float> qkv_, attn_;
+  DeviceArray<float> k_cache_, v_cache_;  // [L, H, Tmax, D] each
+  // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2, qkv [n, 3C], attn
+  // [n, C]; ids [2, n] tokens and positions (from the host); logits [n, Vp] (device runs).
+  DeviceArray<float> x_, ln_, tmp_, fc_, mean_, rstd_, logits_, qkv_, attn_;
   StagedArray<int32_t> ids_;
-  std::vector<float> scores_;             // [threads, Tmax]
 };
 
 }  // namespace lattice

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <array>
 #include <functional>
 #include <iomanip>
 #include <limits>
@@ -21,6 +22,8 @@
 #include "kernels/activation.h"
 #include "kernels/cast.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/attention.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
@@ -668,6 +671,33 @@ void cast_cases(std::vector<OpCase>& t) {
   }
 }
 
+// KV-cache decoding: append the new tokens' k and v (a copy: bit-identical), then their
+// cached attention. The GPU sums each dot product and the output over the keys in the same
+// order as the CPU but exponentiates with expf (CPU: std::exp) and may contract to FMA:
+// ~1e-6 relative.
+void decode_attention_cases(std::vector<OpCase>& t) {
+  for (auto [n, past, H, D] : std::vector<std::array<int64_t, 4>>{{1, 0, 2, 16}, {1, 37, 3, 64}, {5, 20, 2, 40}}) {
+    const int64_t Tmax = past + n + 3;
+    const std::string shape = shape_name({{"n", n}, {"past", past}, {"H", H}, {"D", D}});
+    t.push_back({"decode_attention", shape, {1e-5, 1e-6},
+                 [=](const OpCase& c) {
+      const auto qkv = rand_floats(static_cast<size_t>(n * H * 3 * D), 71);
+      auto kc = rand_floats(static_cast<size_t>(H * Tmax * D), 72), vc = rand_floats(kc.size(), 73);
+      auto gq = upload(qkv), gk = upload(kc), gv = upload(vc);
+      kv_cache_append(kc.data(), vc.data(), qkv.data(), n, past, H, D, Tmax);
+      cuda::kv_cache_append(gk.as<float>(), gv.as<float>(), gq.as<float>(), n, past, H, D, Tmax);
+      expect_bits(c, "k_cache", kc, download<float>(gk, kc.size()));
+      expect_bits(c, "v_cache", vc, download<float>(gv, vc.size()));
+      std::vector<float> out(static_cast<size_t>(n * H * D));
+      cached_attention_forward(out.data(), qkv.data(), kc.data(), vc.data(), n, past, H, D, Tmax);
+      DeviceBuffer gout(out.size() * 4);
+      cuda::cached_attention_forward(gout.as<float>(), gq.as<float>(), gk.as<float>(), gv.as<float>(), n, past, H, D,
+                                     Tmax);
+      expect_close(c, "out", out, download<float>(gout, out.size()));
+    }});
+  }
+}
+
 std::vector<OpCase> op_table() {
   std::vector<OpCase> t;
   layernorm_cases(t);
@@ -678,6 +708,7 @@ std::vector<OpCase> op_table() {
   cross_entropy_cases(t);
   optimizer_cases(t);
   cast_cases(t);
+  decode_attention_cases(t);
   return t;
 }
 

@@ -19,4 +19,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids = nullptr);
 
+// KV-cache decoding (kernels/attention.h), device pointers.
+void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,
+                     int64_t D, int64_t Tmax);
+void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
+                              int64_t past, int64_t H, int64_t D, int64_t Tmax);
+
 }  // namespace lattice::cuda

@@ -1,0 +1,64 @@
+// KV-cache decoding attention on the CPU (kernels/attention.h).
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/device.h"
+#include "kernels/cuda/attention.h"
+
+namespace lattice {
+
+void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,
+                     int64_t D, int64_t Tmax) {
+  LATTICE_KERNEL_ENTRY(cuda::kv_cache_append(k_cache, v_cache, qkv, n, past, H, D, Tmax));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* src = qkv + (r * H + h) * 3 * D;
+      const int64_t at = (h * Tmax + past + r) * D;
+      std::memcpy(k_cache + at, src + D, size_t(D) * sizeof(float));
+      std::memcpy(v_cache + at, src + 2 * D, size_t(D) * sizeof(float));
+    }
+}
+
+void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
+                              int64_t past, int64_t H, int64_t D, int64_t Tmax) {
+  LATTICE_KERNEL_ENTRY(cuda::cached_attention_forward(out, qkv, k_cache, v_cache, n, past, H, D, Tmax));
+  const float scale = 1.0f / std::sqrt(float(D));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      static thread_local std::vector<float> s;  // scores of this (query, head)
+      const int64_t last = past + r;             // causal: keys 0..last
+      if (s.size() < size_t(last + 1)) s.resize(size_t(Tmax));
+      const float* q = qkv + (r * H + h) * 3 * D;
+      const float* k = k_cache + h * Tmax * D;  // [Tmax, D]
+      const float* v = v_cache + h * Tmax * D;
+      float mx = -INFINITY;
+      for (int64_t t = 0; t <= last; ++t) {
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < D; ++d) dot += q[d] * k[t * D + d];
+        s[size_t(t)] = dot * scale;
+        mx = std::max(mx, s[size_t(t)]);
+      }
+      float sum = 0.0f;
+      for (int64_t t = 0; t <= last; ++t) {
+        s[size_t(t)] = std::exp(s[size_t(t)] - mx);
+        sum += s[size_t(t)];
+      }
+      float* o = out + (r * H + h) * D;
+      std::fill(o, o + D, 0.0f);
+      for (int64_t t = 0; t <= last; ++t) {
+        const float w = s[size_t(t)];
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) o[d] += w * v[t * D + d];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+    }
+}
+
+}  // namespace lattice

@@ -1,0 +1,80 @@
+// KV-cache decoding attention on the GPU (kernels/attention.h): one block per (query,
+// head); the scores in shared memory, block-wide max and sum in a fixed order, then each
+// output element summed over the keys in order by one thread. Decoding is memory-bound on
+// the cache reads; this is the simple form (a split-K version would spread long contexts).
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops_reduce.cuh"
+
+namespace lattice::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+
+__global__ void kv_cache_append_kernel(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,
+                                       int64_t H, int64_t D, int64_t Tmax) {
+  const int64_t total = n * H * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = i % D, h = (i / D) % H, r = i / (D * H);
+    const float* src = qkv + (r * H + h) * 3 * D;
+    const int64_t at = (h * Tmax + past + r) * D + d;
+    k_cache[at] = src[D + d];
+    v_cache[at] = src[2 * D + d];
+  }
+}
+
+__global__ void cached_attention_kernel(float* out, const float* qkv, const float* k_cache, const float* v_cache,
+                                        int64_t past, int64_t H, int64_t D, int64_t Tmax, float scale) {
+  extern __shared__ float s[];  // [past + r + 1] scores
+  const int64_t r = blockIdx.x / H, h = blockIdx.x % H;
+  const int64_t last = past + r;
+  const float* q = qkv + (r * H + h) * 3 * D;
+  const float* k = k_cache + h * Tmax * D;
+  const float* v = v_cache + h * Tmax * D;
+  float mx = -INFINITY;
+  for (int64_t t = threadIdx.x; t <= last; t += blockDim.x) {
+    float dot = 0.0f;
+    for (int64_t d = 0; d < D; ++d) dot += q[d] * k[t * D + d];
+    s[t] = dot * scale;
+    mx = fmaxf(mx, s[t]);
+  }
+  mx = block_reduce(mx, MaxOp{}, -INFINITY);
+  float sum = 0.0f;
+  for (int64_t t = threadIdx.x; t <= last; t += blockDim.x) {
+    s[t] = expf(s[t] - mx);
+    sum += s[t];
+  }
+  sum = block_sum(sum);  // also orders the writes of s before the reads below
+  const float inv = 1.0f / sum;
+  float* o = out + (r * H + h) * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t t = 0; t <= last; ++t) acc += s[t] * v[t * D + d];
+    o[d] = acc * inv;
+  }
+}
+
+}  // namespace
+
+void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,
+                     int64_t D, int64_t Tmax) {
+  if (n <= 0) return;
+  LATTICE_CHECK(past + n <= Tmax) << "kv_cache_append: " << past << " + " << n << " rows exceed " << Tmax;
+  kv_cache_append_kernel<<<grid_for(n * H * D, 256), 256, 0, stream()>>>(k_cache, v_cache, qkv, n, past, H, D, Tmax);
+  LATTICE_CUDA_LAUNCHED("kv_cache_append");
+}
+
+void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
+                              int64_t past, int64_t H, int64_t D, int64_t Tmax) {
+  if (n <= 0) return;
+  const size_t shared = size_t(past + n) * sizeof(float);
+  LATTICE_CHECK(shared <= 48 * 1024) << "cached_attention_forward: a context of " << past + n
+                                     << " tokens exceeds this kernel's 12288";
+  LATTICE_CHECK(n * H < (int64_t(1) << 31)) << "cached_attention_forward: too many (query, head) pairs";
+  cached_attention_kernel<<<unsigned(n * H), kThreads, shared, stream()>>>(out, qkv, k_cache, v_cache, past, H, D,
+                                                                          Tmax, 1.0f / sqrtf(float(D)));
+  LATTICE_CUDA_LAUNCHED("cached_attention_forward");
+}
+
+}  // namespace lattice::cuda
