@@ -42,78 +42,62 @@ class WeightCache {
   std::vector<bool> fresh_;
 };
 
-// bf16: bf16 patterns into gemm_bf16.
-class Bf16Policy final : public MixedPrecisionPolicy {
- public:
-  const char* name() const override { return "bf16"; }
-  void refresh_weights() override { weights_.invalidate(); }
-
-  void forward(int param, float* y, const float* x, const float* W, int64_t N, int64_t in, int64_t out) override {
-    const uint16_t* Wb = weight(param, W, out * in);
-    const uint16_t* xb = operand(a_, x, N * in);
-    gemm_bf16(Trans::N, Trans::T, N, out, in, 1.0f, xb, in, Wb, in, 0.0f, y, out);
+// The two 16-bit formats: how an operand is stored (Elem), made from fp32 (convert), and
+// multiplied (gemm: products exact in fp32, fp32 accumulation), and how a result rounds.
+struct Bf16Format {  // bf16 patterns into gemm_bf16
+  using Elem = uint16_t;
+  static constexpr const char* name = "bf16";
+  static void convert(uint16_t* o, const float* i, int64_t n) { cast_fp32_to_bf16(o, i, n); }
+  static void round(float* v, int64_t n) { round_to_bf16(v, v, n); }
+  static void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+                   const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
   }
-  void round_result(float* v, int64_t n) override { round_to_bf16(v, v, n); }
-  void weight_grad(int, float* dW, const float* dy, const float* x, int64_t N, int64_t in, int64_t out) override {
-    const uint16_t* dyb = operand(a_, dy, N * out);
-    const uint16_t* xb = operand(b_, x, N * in);
-    gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f, dyb, out, xb, in, 1.0f, dW, in);
+};
+struct Fp16Format {  // fp16-rounded fp32 values into gemm_f32
+  using Elem = float;
+  static constexpr const char* name = "fp16";
+  static void convert(float* o, const float* i, int64_t n) { round_to_fp16(o, i, n); }
+  static void round(float* v, int64_t n) { round_to_fp16(v, v, n); }
+  static void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    gemm_f32(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
   }
-  void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
-                  bool accumulate) override {
-    const uint16_t* Wb = weight(param, W, out * in);
-    const uint16_t* dyb = operand(a_, dy, N * out);
-    gemm_bf16(Trans::N, Trans::N, N, in, out, 1.0f, dyb, out, Wb, in, accumulate ? 1.0f : 0.0f, dx, in);
-  }
-
- private:
-  const uint16_t* weight(int param, const float* W, int64_t n) {
-    return weights_.get(param, W, n, [](uint16_t* o, const float* i, int64_t k) { cast_fp32_to_bf16(o, i, k); });
-  }
-  static const uint16_t* operand(DeviceArray<uint16_t>& buf, const float* v, int64_t n) {
-    buf.resize(size_t(n));
-    cast_fp32_to_bf16(buf.data(), v, n);
-    return buf.data();
-  }
-  WeightCache<uint16_t> weights_;
-  DeviceArray<uint16_t> a_, b_;  // operand scratch
 };
 
-// fp16: fp16-rounded fp32 values into gemm_f32 (exact products, fp32 accumulation).
-class Fp16Policy final : public MixedPrecisionPolicy {
+// bf16 / fp16: weights (cached per update) and operands in the format, fp32 sums.
+template <class Format>
+class HalfPolicy final : public MixedPrecisionPolicy {
+  using Elem = typename Format::Elem;
+
  public:
-  const char* name() const override { return "fp16"; }
+  const char* name() const override { return Format::name; }
   void refresh_weights() override { weights_.invalidate(); }
 
   void forward(int param, float* y, const float* x, const float* W, int64_t N, int64_t in, int64_t out) override {
-    const float* Wh = weight(param, W, out * in);
-    const float* xh = operand(a_, x, N * in);
-    gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, xh, in, Wh, in, 0.0f, y, out);
+    const Elem* Wh = weights_.get(param, W, out * in, Format::convert);
+    Format::gemm(Trans::N, Trans::T, N, out, in, operand(a_, x, N * in), in, Wh, in, 0.0f, y, out);
   }
-  void round_result(float* v, int64_t n) override { round_to_fp16(v, v, n); }
+  void round_result(float* v, int64_t n) override { Format::round(v, n); }
   void weight_grad(int, float* dW, const float* dy, const float* x, int64_t N, int64_t in, int64_t out) override {
-    const float* dyh = operand(a_, dy, N * out);
-    const float* xh = operand(b_, x, N * in);
-    gemm_f32(Trans::T, Trans::N, out, in, N, 1.0f, dyh, out, xh, in, 1.0f, dW, in);
+    Format::gemm(Trans::T, Trans::N, out, in, N, operand(a_, dy, N * out), out, operand(b_, x, N * in), in, 1.0f,
+                 dW, in);
   }
   void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
                   bool accumulate) override {
-    const float* Wh = weight(param, W, out * in);
-    const float* dyh = operand(a_, dy, N * out);
-    gemm_f32(Trans::N, Trans::N, N, in, out, 1.0f, dyh, out, Wh, in, accumulate ? 1.0f : 0.0f, dx, in);
+    const Elem* Wh = weights_.get(param, W, out * in, Format::convert);
+    Format::gemm(Trans::N, Trans::N, N, in, out, operand(a_, dy, N * out), out, Wh, in, accumulate ? 1.0f : 0.0f,
+                 dx, in);
   }
 
  private:
-  const float* weight(int param, const float* W, int64_t n) {
-    return weights_.get(param, W, n, [](float* o, const float* i, int64_t k) { round_to_fp16(o, i, k); });
-  }
-  static const float* operand(DeviceArray<float>& buf, const float* v, int64_t n) {
+  static const Elem* operand(DeviceArray<Elem>& buf, const float* v, int64_t n) {
     buf.resize(size_t(n));
-    round_to_fp16(buf.data(), v, n);
+    Format::convert(buf.data(), v, n);
     return buf.data();
   }
-  WeightCache<float> weights_;
-  DeviceArray<float> a_, b_;  // operand scratch
+  WeightCache<Elem> weights_;
+  DeviceArray<Elem> a_, b_;  // operand scratch
 };
 
 // fp8 with delayed scaling; operands as bf16 patterns of the fp8 values (exact).
@@ -272,8 +256,8 @@ void DelayedScale::restore(const std::vector<float>& history, float scale) {
 }
 
 std::unique_ptr<MixedPrecisionPolicy> make_half_precision_policy(HalfFormat format) {
-  if (format == HalfFormat::bf16) return std::make_unique<Bf16Policy>();
-  return std::make_unique<Fp16Policy>();
+  if (format == HalfFormat::bf16) return std::make_unique<HalfPolicy<Bf16Format>>();
+  return std::make_unique<HalfPolicy<Fp16Format>>();
 }
 
 Fp8Recipe make_fp8_recipe(const std::string& format, int64_t margin, int64_t amax_history_len,
