@@ -14,8 +14,14 @@
 #   WARMUP    default 3     STEPS  default 10              PEAK    default 989
 #   STEP_TIMEOUT  seconds per run (default 150)            LOGDIR  where the run logs go (default a temp dir)
 #   SYSTEMS   default "lattice torch"
+#   PROFILE   1 (default): after the table, one more lattice run of the first shape with
+#             --profile-ops and WARMUP+3 iterations (its own STEP_TIMEOUT); its per-op table is
+#             printed and appended to SUMMARY_FILE. 0: no profile run. With PROFILE=1 and
+#             PROFILE_FP32_ATTENTION=1 (default) a second profile run has LATTICE_CUDA_ATTENTION=fp32
+#             (the fp32 attention kernels instead of the tensor-core ones): the attention rows of the
+#             two tables are the measurement that chooses between them.
 # A run that fails or times out is reported in its row; the others still run. Exit status 0 when
-# every run gave its numbers.
+# every benchmark run gave its numbers (the profile run's failure is reported, never counted).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -29,6 +35,8 @@ STEPS=${STEPS:-10}
 PEAK=${PEAK:-989}
 STEP_TIMEOUT=${STEP_TIMEOUT:-150}
 SYSTEMS=${SYSTEMS:-lattice torch}
+PROFILE=${PROFILE:-1}
+PROFILE_FP32_ATTENTION=${PROFILE_FP32_ATTENTION:-1}
 SUMMARY=${1:-}
 VOCAB=50257
 LOGDIR=${LOGDIR:-$(mktemp -d)}
@@ -59,13 +67,19 @@ print(f"{b * t / (ms / 1e3):.0f} {tflops:.1f} {100 * tflops / peak:.1f} {ms:.1f}
 PY
 }
 
+lattice_train() {  # L H C ITERS [more flags] -> runs lattice train on the GPU under STEP_TIMEOUT
+  local L=$1 H=$2 C=$3 iters=$4
+  shift 4
+  timeout "$STEP_TIMEOUT" "$LATTICE" train --device cuda --bf16 --mock-data --vocab-size "$VOCAB" \
+    --num-layers "$L" --num-attention-heads "$H" --hidden-size "$C" --seq-length "$SEQ" \
+    --max-position-embeddings "$SEQ" --micro-batch-size "$MBS" --global-batch-size "$MBS" \
+    --train-iters "$iters" --log-interval 1 --lr 1e-4 --hidden-dropout 0 --attention-dropout 0 \
+    --eval-iters 0 --peak-tflops "$PEAK" "$@"
+}
+
 run_lattice() {  # shape L H C -> row fields or FAILED
   local log=$LOGDIR/$1.lattice
-  timeout "$STEP_TIMEOUT" "$LATTICE" train --device cuda --bf16 --mock-data --vocab-size "$VOCAB" \
-    --num-layers "$2" --num-attention-heads "$3" --hidden-size "$4" --seq-length "$SEQ" \
-    --max-position-embeddings "$SEQ" --micro-batch-size "$MBS" --global-batch-size "$MBS" \
-    --train-iters $((WARMUP + STEPS)) --log-interval 1 --lr 1e-4 --hidden-dropout 0 --attention-dropout 0 \
-    --eval-iters 0 --peak-tflops "$PEAK" --metrics-file "$log.jsonl" >"$log.out" 2>&1
+  lattice_train "$2" "$3" "$4" $((WARMUP + STEPS)) --metrics-file "$log.jsonl" >"$log.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
     echo "gpu_bench: lattice $1 failed (exit $rc$([ $rc -eq 124 ] && echo ": timed out after ${STEP_TIMEOUT}s")); last lines:" >&2
@@ -134,6 +148,37 @@ for shape in $SHAPES; do
   printf '%-6s | %-40s | %-40s | %s\n' "$shape" "$(fmt "$lat")" "$(fmt "$tor")" "$ratio" >>"$table"
 done
 cat "$table"
+
+# The per-op profile of lattice on the first shape: the log lines of its --profile-ops table.
+profile_lattice() {  # shape L H C ATTENTION(auto|fp32) -> the table, or one line saying why there is none
+  local log=$LOGDIR/$1.profile-$5
+  LATTICE_CUDA_ATTENTION=$5 lattice_train "$2" "$3" "$4" $((WARMUP + 3)) --profile-ops >"$log.out" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "gpu_bench: lattice --profile-ops $1 failed (exit $rc$([ $rc -eq 124 ] && echo ": timed out after ${STEP_TIMEOUT}s")); last lines:" >&2
+    tail -n 8 "$log.out" | sed 's/^/    /' >&2
+    echo "profile run failed (exit $rc$([ $rc -eq 124 ] && echo ", timed out after ${STEP_TIMEOUT}s")); log: $log.out"
+    return
+  fi
+  sed -n '/^> op profile/,/^> op time per iteration/p' "$log.out" | grep . ||
+    echo "profile run printed no table; log: $log.out"
+}
+
+first_shape=${SHAPES%% *}
+if [ "$PROFILE" = 1 ] && [[ " $SYSTEMS " == *" lattice "* ]] && d=$(dims "$first_shape" 2>/dev/null); then
+  read -r L H C <<<"$d"
+  echo "gpu_bench: $first_shape (L$L H$H C$C, B=$MBS T=$SEQ): lattice --profile-ops" >&2
+  attentions=auto
+  [ "$PROFILE_FP32_ATTENTION" = 1 ] && attentions="auto fp32"
+  for attn in $attentions; do
+    profile=$(profile_lattice "$first_shape" "$L" "$H" "$C" "$attn")
+    {
+      echo
+      echo "Where lattice's time goes, $first_shape: LATTICE_CUDA_ATTENTION=$attn lattice train --profile-ops, $((WARMUP + 3)) iterations (the first is warm-up);"
+      echo "$profile"
+    } | tee -a "$table"
+  done
+fi
 echo "logs: $LOGDIR"
 [ -n "$SUMMARY" ] || rm -f "$table"
 [ "$failures" -eq 0 ]

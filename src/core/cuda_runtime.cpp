@@ -1,5 +1,6 @@
 #include "core/cuda_runtime.h"
 
+#include <cstdint>
 #include <sstream>
 
 #include "core/error.h"
@@ -70,6 +71,14 @@ void select_device(int local_rank) {
   }
   s.device = d;
   if (!s.stream) LATTICE_CUDART(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  // The kernels' stream-ordered scratch (cudaMallocAsync: column sums, reductions) comes
+  // from the device's default pool. Its default release threshold (0) hands the pool's
+  // memory back to the driver at every synchronisation (each loss read), so the next
+  // iteration maps it again; keep it instead.
+  cudaMemPool_t pool = nullptr;
+  LATTICE_CUDART(cudaDeviceGetDefaultMemPool(&pool, d));
+  uint64_t keep = UINT64_MAX;
+  LATTICE_CUDART(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
 }
 
 int current_device() { return ready().device; }
@@ -94,7 +103,7 @@ void* malloc_device(size_t bytes) {
     LATTICE_FAIL() << "CUDA: cannot allocate " << bytes << " bytes (" << (free_b >> 20) << " MiB free of "
                    << (total_b >> 20) << " MiB): " << cudaGetErrorString(err);
   }
-  LATTICE_CUDART(cudaMemsetAsync(p, 0, bytes, ready().stream));
+  if (bytes) LATTICE_CUDART(cudaMemsetAsync(p, 0, bytes, ready().stream));
   return p;
 }
 

@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <memory>
 
+#include "core/op_profiler.h"
+
 namespace lattice {
 
 enum class Device { cpu, cuda };
@@ -68,11 +70,19 @@ inline DevicePtr make_device_buffer(size_t bytes) { return DevicePtr(device_allo
 
 // At the top of every kernel with a CUDA twin (same name and arguments in
 // namespace lattice::cuda): on a GPU the twin runs; otherwise the CPU code below it,
-// with device memory accessible.
+// with device memory accessible. Under --profile-ops each call is timed under the
+// kernel's name (core/op_profiler.h): the twin's launch by CUDA events on the compute
+// stream, the CPU code by the wall clock until the function returns.
 #if LATTICE_WITH_CUDA
-#define LATTICE_KERNEL_ENTRY(cuda_call)         \
-  if (::lattice::kernels_on_gpu()) return cuda_call; \
+#define LATTICE_KERNEL_ENTRY(cuda_call)                                         \
+  if (::lattice::kernels_on_gpu()) {                                            \
+    ::lattice::OpTimer lattice_op_timer_(__func__, ::lattice::OpClock::gpu);    \
+    return cuda_call;                                                           \
+  }                                                                             \
+  ::lattice::OpTimer lattice_op_timer_(__func__);                               \
   ::lattice::DeviceAccess lattice_device_access_
 #else
-#define LATTICE_KERNEL_ENTRY(cuda_call) ::lattice::DeviceAccess lattice_device_access_
+#define LATTICE_KERNEL_ENTRY(cuda_call)           \
+  ::lattice::OpTimer lattice_op_timer_(__func__); \
+  ::lattice::DeviceAccess lattice_device_access_
 #endif

@@ -8,3 +8,11 @@
 #else
 #define LATTICE_HD
 #endif
+
+// Loop unrolling for shared host-device code: #pragma unroll in nvcc's device pass,
+// nothing in host compilers.
+#if defined(__CUDA_ARCH__)
+#define LATTICE_UNROLL _Pragma("unroll")
+#else
+#define LATTICE_UNROLL
+#endif

@@ -86,7 +86,7 @@ class NcclComm : public Comm {
       (void)ncclCommDestroy(comm_);
     }
     (void)cudaFree(scratch_);
-    if (staging_) (void)cudaFree(staging_);
+    if (staging_) (void)cudaFreeAsync(staging_, compute());
     (void)cudaStreamDestroy(stream_);
   }
 
@@ -297,9 +297,13 @@ class NcclComm : public Comm {
     Staged(NcclComm* c, void* data, size_t bytes) : host_(on_device(data) ? nullptr : data), bytes_(bytes), ptr_(data) {
       if (!host_ || !bytes) return;
       if (c->staging_bytes_ < bytes) {
-        if (c->staging_) (void)cudaFree(c->staging_);
+        // Stream-ordered (the previous use is complete): cudaFree would synchronise the whole
+        // device, waiting on other communicators' kernels, which can wait on peers that wait
+        // on this rank (NCCL's documented cudaFree hang).
+        if (c->staging_) LATTICE_NCCL_CUDART(cudaFreeAsync(c->staging_, compute()));
         c->staging_ = nullptr;
-        LATTICE_NCCL_CUDART(cudaMalloc(&c->staging_, bytes));
+        c->staging_bytes_ = 0;
+        LATTICE_NCCL_CUDART(cudaMallocAsync(&c->staging_, bytes, compute()));
         c->staging_bytes_ = bytes;
       }
       ptr_ = c->staging_;

@@ -29,6 +29,14 @@ struct AttentionDropout {
   int64_t head_offset = 0;  // h0
 };
 
+// How the two products of the attention are computed on a GPU. fp32: in fp32 (CUDA
+// cores), like the CPU. bf16 / fp16 (runs with --bf16 or fp8 / --fp16): on tensor cores,
+// FlashAttention-2's arithmetic: q, k, v, dO, the probabilities and the score gradients
+// are rounded to the format where they enter a product; sums, softmax statistics and
+// outputs stay fp32. The CPU computes in fp32 whatever the value; the environment
+// variable LATTICE_CUDA_ATTENTION=fp32 makes the GPU do so too (for comparisons).
+enum class AttentionMath { fp32, bf16, fp16 };
+
 // document_ids: [B,T] or null. When given, query i attends key j only when j <= i and
 // document_ids[b,i] == document_ids[b,j] (Megatron's --reset-attention-mask, without a
 // T x T mask): masked scores are -inf inside the tiles, and a key tile whose id range
@@ -36,12 +44,13 @@ struct AttentionDropout {
 
 // out: [B,T,H,D]   lse: [B,H,T] (log-sum-exp of the scaled scores of each query row)
 void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
-                       const AttentionDropout& drop, const int32_t* document_ids = nullptr);
+                       const AttentionDropout& drop, const int32_t* document_ids = nullptr,
+                       AttentionMath math = AttentionMath::fp32);
 
 // dqkv: [B,T,H,3,D] written (not accumulated). Recomputes the probabilities from lse.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids = nullptr);
+                        const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32);
 
 // Decoding with a KV cache (generation), one layer. k_cache, v_cache: [H, Tmax, D]; the n
 // new tokens sit at positions past .. past+n-1 and their qkv is [n, H, 3, D].

@@ -463,7 +463,7 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
   attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, Hl_, cfg_.kv_channels}, ad,
-                    docs_.reset_attention_mask ? a.document_ids() : nullptr);
+                    docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_);
 }
 
 void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int64_t B, int64_t T,
@@ -517,7 +517,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
     attention_backward(sc.d_3c, sc.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
-                       docs_.reset_attention_mask ? a.document_ids() : nullptr);
+                       docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), sc.d_3c,
                                     all_rows(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, site(p.qkv_w));
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[i],

@@ -25,6 +25,7 @@
 
 #include "core/arena.h"
 #include "core/storage.h"
+#include "kernels/attention.h"
 #include "model/linear.h"
 #include "model/tensor_parallel.h"
 #include "model/transformer_config.h"
@@ -137,6 +138,9 @@ class GPTModel {
   // owned; must outlive its use.
   void set_gemm_policy(GemmPolicy* policy) { gemm_policy_ = policy; }
   GemmPolicy* gemm_policy() const { return gemm_policy_; }
+  // How a GPU computes the core attention (kernels/attention.h; the CPU always in fp32):
+  // bf16 / fp16 tensor cores in half-precision runs.
+  void set_attention_math(AttentionMath math) { attention_math_ = math; }
 
   // Applies to every later forward (training, evaluation, logits). Fails when an option
   // is on without an eod id.
@@ -229,6 +233,7 @@ class GPTModel {
   std::vector<size_t> chunk_first_;    // index in layers_ of each chunk's first layer
   std::function<void(int)> grad_ready_;
   GemmPolicy* gemm_policy_ = nullptr;
+  AttentionMath attention_math_ = AttentionMath::fp32;
   bool selective_ = false;             // selective recomputation (core attention)
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]

@@ -160,6 +160,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"device", Kind::str, &a.device, "where tensors live and kernels run: cpu or cuda (one GPU per process)"},
       {"num-threads", Kind::i64, &a.num_threads, "threads for kernels and GEMM (0: OMP_NUM_THREADS, else all cores)"},
       {"log-throughput", Kind::flag, &a.log_throughput, "accepted for Megatron compatibility"},
+      {"profile-ops", Kind::flag, &a.profile_ops,
+       "time every kernel after the first iteration; a table of calls and ms per iteration at the end"},
   };
 }
 
@@ -263,6 +265,8 @@ void validate(TrainArgs& a) {
     if (a.global_batch_size > 0) a.train_iters = a.train_samples / a.global_batch_size;
   }
   if (a.global_batch_size < 0) LATTICE_FAIL() << "--global-batch-size must be positive";
+  if (a.profile_ops && a.train_iters < 2)
+    LATTICE_FAIL() << "--profile-ops needs 2 or more iterations (the first is warm-up), got " << a.train_iters;
   if (a.global_batch_size % a.micro_batch_size != 0)
     LATTICE_FAIL() << "--global-batch-size " << a.global_batch_size
                    << " is not a multiple of --micro-batch-size " << a.micro_batch_size;

@@ -18,6 +18,12 @@ std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& arg
   return nullptr;
 }
 
+AttentionMath attention_math(const TrainArgs& args) {
+  if (args.bf16 || !args.fp8_format.empty()) return AttentionMath::bf16;
+  if (args.fp16) return AttentionMath::fp16;
+  return AttentionMath::fp32;
+}
+
 std::unique_ptr<LossScaler> make_loss_scaler(const TrainArgs& args) {
   if (!args.fp16) return nullptr;
   LossScalerConfig c;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "model/mixed_precision.h"
 #include "optim/loss_scaler.h"
 #include "train/arguments.h"
@@ -18,6 +19,10 @@ class Comm;
 
 // tp, dp: the tensor- and data-parallel groups (fp8 reduces each step's amaxes over them). Null without mixed precision.
 std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp, Comm* dp);
+
+// The core attention's math on a GPU: bf16 with --bf16 or --fp8-format, fp16 with
+// --fp16, else fp32.
+AttentionMath attention_math(const TrainArgs& args);
 
 // Null unless --fp16.
 std::unique_ptr<LossScaler> make_loss_scaler(const TrainArgs& args);

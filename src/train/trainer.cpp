@@ -34,6 +34,7 @@
 #include "train/lr_schedule.h"
 #include "train/precision_setup.h"
 #include "train/memory_estimate.h"
+#include "train/op_profile_report.h"
 #include "train/train_step.h"
 
 namespace lattice {
@@ -292,6 +293,7 @@ int run_training(const TrainArgs& args) {
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
   const std::unique_ptr<MixedPrecisionPolicy> precision = make_precision_policy(args, &ps->tp(), &ps->dp());
   if (precision) model.set_gemm_policy(precision.get());
+  model.set_attention_math(attention_math(args));
   const std::unique_ptr<LossScaler> loss_scaler = make_loss_scaler(args);
 
   const double flops = megatron_flops_per_iteration(cfg, args.global_batch_size, args.seq_length);
@@ -421,12 +423,16 @@ int run_training(const TrainArgs& args) {
   int64_t interval_iters = 0;
   double last_norm = 0;
   double pipeline_seconds = 0, pipeline_compute = 0;  // this stage's schedule time, computing part
+  OpProfileWindow op_profile(args.profile_ops);
   for (int64_t it = start.iteration; it < args.train_iters; ++it) {
     Timer timer;
+    op_profile.before_step();
     StepResult r = train_step(model, optimizer, *data.train, step_cfg, it, scheduler, dp.get(), &pipeline);
     // Megatron steps the schedule by the samples consumed, and not after a skipped update.
     if (!r.skipped) scheduler.step(args.global_batch_size);
-    interval_ms += timer.ms();
+    const double step_ms = timer.ms();
+    op_profile.after_step(step_ms);
+    interval_ms += step_ms;
     pipeline_seconds += pipeline.last_seconds();
     pipeline_compute += pipeline.last_compute_seconds();
     // As Megatron: the loss is averaged over the applied iterations; a skipped one whose
@@ -492,10 +498,12 @@ int run_training(const TrainArgs& args) {
     if (!reason.empty()) {
       if (!args.save.empty() && last_saved != done) save(done);
       log_memory_peaks(done - start.iteration);
+      op_profile.log_report();
       log_info("> exiting after iteration " + std::to_string(done) + ": " + reason);
       return 0;
     }
   }
+  op_profile.log_report();
   if (!args.save.empty() && args.train_iters > start.iteration && last_saved != args.train_iters)
     save(args.train_iters);
   if (data.valid) run_eval(eval_prefix(args.train_iters, "validation"), "val", *data.valid, valid_pos, args.train_iters);

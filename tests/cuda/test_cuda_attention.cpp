@@ -17,7 +17,9 @@
 #include "core/error.h"
 #include "cuda_test_util.h"
 #include "kernels/attention.h"
+#include "kernels/cast_math.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_mma.h"
 
 namespace lattice {
 namespace {
@@ -205,6 +207,174 @@ std::vector<Param> params() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention, ::testing::ValuesIn(params()), name_of);
+
+// ---------------------------------------------------------------------------------------
+// The tensor-core kernels (AttentionMath bf16 / fp16). Their definition: q, k, v and dO
+// rounded to the format, the products' other operands (P, dS) rounded where they enter a
+// product, fp32 sums. The reference is the CPU's fp32 kernel on q, k, v, dO rounded to
+// the format first, so what is left is the rounding of P and dS: a relative error of at
+// most u (the unit roundoff: bf16 2^-8, fp16 2^-11) per term, about u/sqrt(3) rms, which
+// the norm of each tensor's error averages over thousands of elements. The bound on
+// |gpu - ref| / |ref| (Frobenius norms, per tensor) is 2u; a wrong fragment layout, mask,
+// tile or dropout draw moves whole terms (errors of 10% and more). lse comes from fp32
+// scores of the rounded inputs: within the fp32 tolerance kTol of the reference.
+enum class Format { kBf16, kFp16 };
+
+struct MmaParam {
+  Case c;
+  Variant v;
+  Format f;
+};
+
+std::string mma_name_of(const ::testing::TestParamInfo<MmaParam>& info) {
+  const Case& c = info.param.c;
+  const char* v[] = {"plain", "dropout", "docs", "docs_dropout"};
+  std::ostringstream os;
+  os << (info.param.f == Format::kBf16 ? "bf16" : "fp16") << "_B" << c.B << "_T" << c.T << "_H" << c.H << "_D"
+     << c.D << "_" << v[int(info.param.v)];
+  return os.str();
+}
+
+std::vector<float> rounded(std::vector<float> v, Format f) {
+  for (float& x : v) x = f == Format::kBf16 ? math::round_bf16(x) : math::fp16_to_fp32(math::fp32_to_fp16(x));
+  return v;
+}
+
+// Frobenius norm of (a - b) over b's, for the elements where `pick` is true.
+double relative_error(const std::vector<float>& a, const std::vector<float>& b,
+                      const std::function<bool(size_t)>& pick) {
+  double err = 0.0, ref = 0.0;
+  for (size_t k = 0; k < b.size(); ++k) {
+    if (!pick(k)) continue;
+    const double d = double(a[k]) - double(b[k]);
+    err += d * d;
+    ref += double(b[k]) * double(b[k]);
+  }
+  return std::isnan(err) ? INFINITY : std::sqrt(err / std::max(ref, 1e-300));
+}
+
+class CudaAttentionMma : public ::testing::TestWithParam<MmaParam> {};
+
+TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
+  LATTICE_REQUIRE_CUDA();
+  const Case c = GetParam().c;
+  const Variant v = GetParam().v;
+  const Format f = GetParam().f;
+  const AttentionMath math = f == Format::kBf16 ? AttentionMath::bf16 : AttentionMath::fp16;
+  const double u = f == Format::kBf16 ? 1.0 / 256 : 1.0 / 2048;
+  const AttentionShape s{c.B, c.T, c.H, c.D};
+  AttentionDropout drop;
+  if (v == Variant::kDropout || v == Variant::kDocumentsDropout) {
+    drop.p = 0.1f;
+    drop.stream = PhiloxStream{2024, fnv1a32("attention-dropout"), 3, 1};
+    drop.first_index = 7;
+    drop.total_heads = 2 * c.H;
+    drop.head_offset = c.H;
+  }
+  std::vector<int32_t> docs;
+  if (v == Variant::kDocuments || v == Variant::kDocumentsDropout) docs = document_ids(c.B, c.T, 5);
+  const int32_t* docs_cpu = docs.empty() ? nullptr : docs.data();
+
+  const size_t n_qkv = size_t(c.B * c.T * c.H * 3 * c.D), n_out = size_t(c.B * c.T * c.H * c.D);
+  const size_t n_lse = size_t(c.B * c.H * c.T);
+  const auto qkv = random_floats(n_qkv, 21, -1.5f, 1.5f);
+  const auto dout = random_floats(n_out, 22, -1.0f, 1.0f);
+  const auto qkv_r = rounded(qkv, f), dout_r = rounded(dout, f);
+
+  std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv);
+  attention_forward(out.data(), lse.data(), qkv_r.data(), s, drop, docs_cpu);
+  attention_backward(dqkv.data(), dout_r.data(), qkv_r.data(), out.data(), lse.data(), s, drop, docs_cpu);
+
+  auto d_qkv = upload(qkv);  // unrounded: the kernel rounds
+  auto d_dout = upload(dout);
+  ASSERT_TRUE(cuda::attention_mma_supported(s, d_qkv.data(), d_dout.data(), d_qkv.data()))
+      << "the tensor-core kernels do not take D=" << c.D << " on this GPU";
+  const cuda::DeviceBuffer d_docs = docs.empty() ? cuda::DeviceBuffer() : upload(docs);
+  const int32_t* docs_gpu = docs.empty() ? nullptr : d_docs.as<int32_t>();
+  cuda::DeviceBuffer d_out(n_out * sizeof(float)), d_lse(n_lse * sizeof(float));
+  cuda::DeviceBuffer d_dqkv(n_qkv * sizeof(float));
+  cuda::memset_device(d_out.data(), 0xff, d_out.size());
+  cuda::memset_device(d_lse.data(), 0xff, d_lse.size());
+  cuda::memset_device(d_dqkv.data(), 0xff, d_dqkv.size());
+  cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, drop, docs_gpu, math);
+  const auto g_out = download<float>(d_out, n_out);
+  const auto g_lse = download<float>(d_lse, n_lse);
+  auto d_out_cpu = upload(out);
+  auto d_lse_cpu = upload(lse);
+  cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out_cpu.as<float>(),
+                           d_lse_cpu.as<float>(), s, drop, docs_gpu, math);
+  const auto g_dqkv = download<float>(d_dqkv, n_qkv);
+
+  const auto all = [](size_t) { return true; };
+  const auto part = [&](int which) {  // dq, dk or dv elements of dqkv [B,T,H,3,D]
+    return [&, which](size_t k) { return int((k / size_t(c.D)) % 3) == which; };
+  };
+  const double e_out = relative_error(g_out, out, all);
+  const double e_dq = relative_error(g_dqkv, dqkv, part(0));
+  const double e_dk = relative_error(g_dqkv, dqkv, part(1));
+  const double e_dv = relative_error(g_dqkv, dqkv, part(2));
+  std::printf("[ info ] attention mma %s: relative error out %.2e dq %.2e dk %.2e dv %.2e (bound %.2e)\n",
+              mma_name_of({GetParam(), 0}).c_str(), e_out, e_dq, e_dk, e_dv, 2 * u);
+  EXPECT_LE(e_out, 2 * u) << "out";
+  EXPECT_LE(e_dq, 2 * u) << "dq";
+  EXPECT_LE(e_dk, 2 * u) << "dk";
+  EXPECT_LE(e_dv, 2 * u) << "dv";
+  const auto lse_row = [&](int64_t r) {
+    std::ostringstream os;
+    os << "(b=" << r / (c.H * c.T) << " h=" << (r / c.T) % c.H << " t=" << r % c.T << ")";
+    return os.str();
+  };
+  expect_rows_close(g_lse, lse, 1, "lse", lse_row);
+  // Every element written (the outputs started as NaN).
+  EXPECT_EQ(std::count_if(g_out.begin(), g_out.end(), [](float x) { return std::isnan(x); }), 0) << "out";
+  EXPECT_EQ(std::count_if(g_dqkv.begin(), g_dqkv.end(), [](float x) { return std::isnan(x); }), 0) << "dqkv";
+
+  // Deterministic: a second backward gives the same bits.
+  cuda::memset_device(d_dqkv.data(), 0xff, d_dqkv.size());
+  cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out_cpu.as<float>(),
+                           d_lse_cpu.as<float>(), s, drop, docs_gpu, math);
+  const auto again = download<float>(d_dqkv, n_qkv);
+  EXPECT_EQ(std::memcmp(again.data(), g_dqkv.data(), n_qkv * sizeof(float)), 0)
+      << "dqkv differs between two identical backward runs";
+}
+
+std::vector<MmaParam> mma_params() {
+  const Case cases[] = {
+      {2, 37, 3, 64},   // ragged T inside one 64-row tile
+      {1, 128, 4, 64},  // two tiles, aligned
+      {2, 1, 2, 64},    // T = 1
+      {1, 200, 2, 128}, // the largest D, four tiles, the last ragged
+      {1, 97, 1, 128},  // one head; key tiles of 32 and 64 both ragged
+  };
+  std::vector<MmaParam> ps;
+  for (Format f : {Format::kBf16, Format::kFp16})
+    for (const Case& c : cases)
+      for (Variant v : {Variant::kPlain, Variant::kDropout, Variant::kDocuments, Variant::kDocumentsDropout})
+        ps.push_back({c, v, f});
+  return ps;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionMma, ::testing::ValuesIn(mma_params()), mma_name_of);
+
+// Head dims the tensor-core kernels do not take fall back to the fp32 kernels: bf16 math
+// with D=40 gives the CPU's fp32 result (to kTol).
+TEST(CudaAttentionMmaFallback, OtherHeadDimsRunInFp32) {
+  LATTICE_REQUIRE_CUDA();
+  const Case c{1, 45, 2, 40};
+  const AttentionShape s{c.B, c.T, c.H, c.D};
+  const size_t n_qkv = size_t(c.B * c.T * c.H * 3 * c.D), n_out = size_t(c.B * c.T * c.H * c.D);
+  const size_t n_lse = size_t(c.B * c.H * c.T);
+  const auto qkv = random_floats(n_qkv, 31, -1.5f, 1.5f);
+  std::vector<float> out(n_out), lse(n_lse);
+  attention_forward(out.data(), lse.data(), qkv.data(), s, AttentionDropout{});
+  auto d_qkv = upload(qkv);
+  EXPECT_FALSE(cuda::attention_mma_supported(s, d_qkv.data(), d_qkv.data(), d_qkv.data()));
+  cuda::DeviceBuffer d_out(n_out * sizeof(float)), d_lse(n_lse * sizeof(float));
+  cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, AttentionDropout{}, nullptr,
+                          AttentionMath::bf16);
+  const auto g_out = download<float>(d_out, n_out);
+  expect_rows_close(g_out, out, c.D, "out", [](int64_t r) { return "row " + std::to_string(r); });
+}
 
 TEST(CudaAttentionArgs, HeadDimAbove128IsRefused) {
   LATTICE_REQUIRE_CUDA();

@@ -258,6 +258,31 @@ TEST(CudaGemm, MisalignedPointers) {
                       [&](int64_t i, int64_t j) { return kRel * s[size_t(i * c.N + j)]; }));
 }
 
+// bf16 operands one element in (2-byte alignment: a bf16 slice at an odd offset of a flat
+// buffer), for every Trans combination.
+TEST(CudaGemm, MisalignedBf16Pointers) {
+  LATTICE_REQUIRE_CUDA();
+  uint32_t seed = 650;
+  for (const Case& c : trans_cases(0.75f, 0.5f)) {
+    Operands o(c, seed += 10);
+    const std::vector<uint16_t> A16 = to_bf16(o.A), B16 = to_bf16(o.B);
+    const std::vector<float> want = cpu_gemm(c, o);
+    const std::vector<double> s = error_scale(c, o);
+    std::vector<uint16_t> A1(A16.size() + 1), B1(B16.size() + 1);
+    std::vector<float> C1(o.C.size() + 1);
+    std::copy(A16.begin(), A16.end(), A1.begin() + 1);
+    std::copy(B16.begin(), B16.end(), B1.begin() + 1);
+    std::copy(o.C.begin(), o.C.end(), C1.begin() + 1);
+    auto dA = upload(A1), dB = upload(B1), dC = upload(C1);
+    cuda::gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, dA.as<uint16_t>() + 1, o.lda, dB.as<uint16_t>() + 1, o.ldb,
+                    c.beta, dC.as<float>() + 1, o.ldc);
+    const std::vector<float> got1 = download<float>(dC, C1.size());
+    const std::vector<float> got(got1.begin() + 1, got1.end());
+    EXPECT_TRUE(compare("gemm_bf16 misaligned " + c.name(), c.M, c.N, o.ldc, got, want, o.C,
+                        [&](int64_t i, int64_t j) { return kRel * s[size_t(i * c.N + j)]; }));
+  }
+}
+
 // The hot loop: a repeated shape reuses its plan (no new heuristic query).
 TEST(CudaGemm, PlansAreCachedPerShape) {
   LATTICE_REQUIRE_CUDA();

@@ -108,6 +108,7 @@ TrainRun train_on(Device d, const TransformerConfig& cfg, int64_t iters, bool bf
     if (bf16) {
       policy = make_half_precision_policy(HalfFormat::bf16);
       model.set_gemm_policy(policy.get());
+      model.set_attention_math(AttentionMath::bf16);  // as the trainer sets it for --bf16
     }
     OptimizerConfig oc;  // Megatron's defaults: AdamW, betas 0.9/0.999, eps 1e-8, clip 1.0
     Optimizer optimizer(model.params(), oc);
@@ -212,9 +213,17 @@ TEST(CudaModel, TwentyIterationsFp32MatchCpu) {
 // bf16 GEMMs round differently on the two backends (cuBLASLt vs the CPU's bf16 GEMM), and
 // 200 steps make the runs' paths drift apart; the training must still reach the same
 // loss: the mean of the last 20 losses within 2%, after it fell well below the start.
+// Head dim 64 (2 heads of a hidden size of 128), so the GPU's attention runs on tensor
+// cores in bf16 as in a --bf16 training run.
 TEST(CudaModel, Bf16TwoHundredIterationsSlow) {
   LATTICE_REQUIRE_CUDA();
-  const TransformerConfig cfg = small_config(0.1f);
+  TransformerConfig cfg = small_config(0.1f);
+  cfg.hidden_size = 128;
+  cfg.num_attention_heads = 2;
+  cfg.ffn_hidden_size = 0;
+  cfg.kv_channels = 0;
+  cfg.finalize();
+  ASSERT_EQ(cfg.kv_channels, 64);
   const TrainRun cpu = train_on(Device::cpu, cfg, 200, true, 1e-3);
   const TrainRun gpu = train_on(Device::cuda, cfg, 200, true, 1e-3);
   ASSERT_EQ(cpu.losses.size(), 200u);

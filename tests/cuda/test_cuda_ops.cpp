@@ -676,7 +676,9 @@ void cast_cases(std::vector<OpCase>& t) {
 // order as the CPU but exponentiates with expf (CPU: std::exp) and may contract to FMA:
 // ~1e-6 relative.
 void decode_attention_cases(std::vector<OpCase>& t) {
-  for (auto [n, past, H, D] : std::vector<std::array<int64_t, 4>>{{1, 0, 2, 16}, {1, 37, 3, 64}, {5, 20, 2, 40}}) {
+  // The last: 13002 scores (52 KB) exceed the 48 KiB of shared memory a launch gets by default.
+  for (auto [n, past, H, D] :
+       std::vector<std::array<int64_t, 4>>{{1, 0, 2, 16}, {1, 37, 3, 64}, {5, 20, 2, 40}, {2, 13000, 1, 8}}) {
     const int64_t Tmax = past + n + 3;
     const std::string shape = shape_name({{"n", n}, {"past", past}, {"H", H}, {"D", D}});
     t.push_back({"decode_attention", shape, {1e-5, 1e-6},
@@ -698,6 +700,59 @@ void decode_attention_cases(std::vector<OpCase>& t) {
   }
 }
 
+// ---------------------------------------------------------------- odd offsets
+
+// Views that start one element into their buffers (a slice of a flat buffer at an odd
+// offset): kernels must not assume more than the element's own alignment.
+void odd_offset_cases(std::vector<OpCase>& t) {
+  const int64_t n = 100003;
+  t.push_back({"add_forward_odd_offset", shape_name({{"n", n}}), {0.0, 0.0}, [n](const OpCase& c) {
+    const auto a = rand_floats(static_cast<size_t>(n + 1), 61), b = rand_floats(static_cast<size_t>(n + 1), 62);
+    std::vector<float> out(static_cast<size_t>(n));
+    add_forward(out.data(), a.data() + 1, b.data() + 1, n);
+    auto ga = upload(a), gb = upload(b);
+    DeviceBuffer gout(static_cast<size_t>(n + 1) * 4);
+    cuda::add_forward(gout.as<float>() + 1, ga.as<float>() + 1, gb.as<float>() + 1, n);
+    const auto got = download<float>(gout, static_cast<size_t>(n + 1));
+    expect_bits(c, "out", out, std::vector<float>(got.begin() + 1, got.end()));
+  }});
+  t.push_back({"gelu_forward_odd_offset", shape_name({{"n", n}}), {1e-5, 1e-6}, [n](const OpCase& c) {
+    const auto x = rand_floats(static_cast<size_t>(n + 1), 63, -6.0f, 6.0f);
+    std::vector<float> out(static_cast<size_t>(n));
+    gelu_forward(out.data(), x.data() + 1, n, GeluKind::tanh);
+    auto gx = upload(x);
+    DeviceBuffer gout(static_cast<size_t>(n + 1) * 4);
+    cuda::gelu_forward(gout.as<float>() + 1, gx.as<float>() + 1, n, GeluKind::tanh);
+    const auto got = download<float>(gout, static_cast<size_t>(n + 1));
+    expect_close(c, "out", out, std::vector<float>(got.begin() + 1, got.end()));
+  }});
+  t.push_back({"cast_fp32_to_bf16_odd_offset", shape_name({{"n", n}}), {0.0, 0.0}, [n](const OpCase& c) {
+    const auto in = cast_inputs(static_cast<size_t>(n + 1), 64);
+    std::vector<uint16_t> out(static_cast<size_t>(n));
+    cast_fp32_to_bf16(out.data(), in.data() + 1, n);
+    auto gin = upload(in);
+    DeviceBuffer gout(static_cast<size_t>(n + 1) * 2);
+    cuda::cast_fp32_to_bf16(gout.as<uint16_t>() + 1, gin.as<float>() + 1, n);
+    const auto got = download<uint16_t>(gout, static_cast<size_t>(n + 1));
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), got.begin() + 1)) << c.op << " " << c.shape << ": bf16 bits differ";
+  }});
+  // Rows of 50257 logits (an odd row length: every other row starts at an odd offset).
+  t.push_back({"cross_entropy_forward_backward_odd_rows", shape_name({{"N", 7}, {"V", 50257}, {"Vp", 50257}}),
+               {1e-5, 1e-9}, [](const OpCase& c) {
+    const int64_t N = 7, V = 50257;
+    auto logits = rand_floats(static_cast<size_t>(N * V), 65, -8.0f, 8.0f);
+    const auto targets = rand_ints(static_cast<size_t>(N), 66, 0, int32_t(V));
+    auto gl = upload(logits), gt = upload(targets);
+    std::vector<float> losses(static_cast<size_t>(N));
+    DeviceBuffer gloss(losses.size() * 4);
+    cross_entropy_forward_backward(logits.data(), losses.data(), targets.data(), nullptr, 0.5f, N, V, V);
+    cuda::cross_entropy_forward_backward(gl.as<float>(), gloss.as<float>(), gt.as<int32_t>(), nullptr, 0.5f, N, V, V);
+    const OpCase loss_tol{c.op, c.shape, {1e-5, 1e-5}, nullptr};
+    expect_close(loss_tol, "losses", losses, download<float>(gloss, losses.size()));
+    expect_close(c, "dlogits", logits, download<float>(gl, logits.size()));
+  }});
+}
+
 std::vector<OpCase> op_table() {
   std::vector<OpCase> t;
   layernorm_cases(t);
@@ -709,6 +764,7 @@ std::vector<OpCase> op_table() {
   optimizer_cases(t);
   cast_cases(t);
   decode_attention_cases(t);
+  odd_offset_cases(t);
   return t;
 }
 

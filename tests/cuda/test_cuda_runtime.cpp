@@ -36,5 +36,19 @@ TEST(CudaRuntime, RoundTripThroughDeviceMemory) {
   for (float v : back) ASSERT_EQ(v, 0.0f);
 }
 
+// An empty buffer (a tensor of zero elements) allocates and frees without an error, and
+// leaves the stream usable.
+TEST(CudaRuntime, ZeroByteAllocation) {
+  LATTICE_REQUIRE_CUDA();
+  void* p = cuda::malloc_device(0);
+  cuda::synchronize();
+  cuda::free_device(p);
+  std::vector<float> host{1.0f, 2.0f}, back(2);
+  cuda::DeviceBuffer d(host.size() * sizeof(float));
+  cuda::copy_to_device(d.data(), host.data(), d.size());
+  cuda::copy_to_host(back.data(), d.data(), d.size());
+  EXPECT_EQ(host, back);
+}
+
 }  // namespace
 }  // namespace lattice

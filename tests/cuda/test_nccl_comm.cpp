@@ -15,6 +15,7 @@
 #include "cuda_test_util.h"
 #include "dist/comm.h"
 #include "dist/nccl_comm.h"
+#include "kernels/cast.h"
 
 namespace lattice {
 namespace {
@@ -119,6 +120,62 @@ TEST(NcclComm, OneRankCollectivesOnDeviceBuffers) {
   EXPECT_EQ(s.bytes[int(CommOp::barrier)], 0u);
   EXPECT_EQ(s.calls[int(CommOp::barrier)], 1u);
   EXPECT_EQ(s.calls[int(CommOp::send)] + s.calls[int(CommOp::recv)], 0u);
+}
+
+// The blocking operations on HOST buffers (a loss, a norm, amaxes, the found-inf flag):
+// staged through device memory and copied back. A small call, then larger ones (the
+// staging buffer grows, stream-ordered), then a small one again; every value must come
+// back unchanged (one rank) and the counters count the host buffers as device ones.
+TEST(NcclComm, BlockingOperationsOnHostBuffers) {
+  LATTICE_REQUIRE_CUDA();
+  auto local = make_local_comm("dp");
+  auto comm = make_one_rank(*local, "dp");
+  uint64_t bytes = 0;
+  for (size_t n : {size_t(1), size_t(1000), size_t(300000), size_t(3)}) {
+    std::vector<float> x = ramp(n, 0.5f);
+    const std::vector<float> want = x;
+    comm->all_reduce(x.data(), int64_t(n), ReduceOp::sum);
+    EXPECT_SAME(x, want, "host all_reduce sum of " + std::to_string(n));
+    comm->all_reduce(x.data(), int64_t(n), ReduceOp::max);
+    EXPECT_SAME(x, want, "host all_reduce max of " + std::to_string(n));
+    std::vector<double> d(n);
+    for (size_t i = 0; i < n; ++i) d[i] = 1.0 / double(i + 7);
+    const std::vector<double> dwant = d;
+    comm->all_reduce(d.data(), int64_t(n), ReduceOp::sum);
+    EXPECT_EQ(d, dwant) << "host all_reduce double of " << n;
+    bytes += n * 4 * 2 + n * 8;
+  }
+  std::vector<uint8_t> b(777);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = uint8_t(i * 13 + 1);
+  const std::vector<uint8_t> bwant = b;
+  comm->broadcast(b.data(), int64_t(b.size()), 0);
+  EXPECT_EQ(b, bwant) << "host broadcast";
+  // The compute stream is usable afterwards, and device buffers still take the direct path.
+  auto dev = upload(ramp(64, 2.0f));
+  comm->all_reduce(dev.as<float>(), 64, ReduceOp::sum);
+  EXPECT_SAME(download<float>(dev, 64), ramp(64, 2.0f), "device all_reduce after host ones");
+  EXPECT_EQ(comm->stats().bytes[int(CommOp::all_reduce)], bytes + 64 * 4);
+  EXPECT_EQ(comm->stats().bytes[int(CommOp::broadcast)], 777u);
+}
+
+// --grad-reduce-in-bf16: the bf16 all-reduce and reduce-scatter (one rank: identities on
+// the bit patterns), counted at 2 bytes an element.
+TEST(NcclComm, Bf16Reductions) {
+  LATTICE_REQUIRE_CUDA();
+  auto local = make_local_comm("dp");
+  auto comm = make_one_rank(*local, "dp");
+  const size_t n = 1001;
+  const std::vector<float> x = ramp(n, 0.125f);
+  std::vector<uint16_t> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = fp32_to_bf16(x[i]);
+  auto d = upload(h);
+  comm->iall_reduce_bf16(d.as<uint16_t>(), int64_t(n))->wait();
+  EXPECT_EQ(download<uint16_t>(d, n), h) << "iall_reduce_bf16";
+  cuda::DeviceBuffer recv(n * sizeof(uint16_t));
+  comm->ireduce_scatter_bf16(d.as<uint16_t>(), recv.as<uint16_t>(), {int64_t(n)})->wait();
+  EXPECT_EQ(download<uint16_t>(recv, n), h) << "ireduce_scatter_bf16";
+  EXPECT_EQ(comm->stats().bytes[int(CommOp::all_reduce)], uint64_t(n * 2));
+  EXPECT_EQ(comm->stats().bytes[int(CommOp::reduce_scatter)], uint64_t(n * 2));
 }
 
 // The per-rank grouped form (ncclReduce / ncclBroadcast per rank, used for unequal counts).

@@ -228,8 +228,8 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
 // its index); each task writes its own rows, so the result is independent of the
 // schedule and thread count.
 void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
-                       const AttentionDropout& drop, const int32_t* document_ids) {
-  LATTICE_KERNEL_ENTRY(cuda::attention_forward(out, lse, qkv, s, drop, document_ids));
+                       const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math) {
+  LATTICE_KERNEL_ENTRY(cuda::attention_forward(out, lse, qkv, s, drop, document_ids, math));
   check_args(s, drop);
   const int64_t q_tiles = (s.T + kTile - 1) / kTile;
   const int64_t tasks = s.B * s.H * q_tiles;
@@ -251,8 +251,8 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids) {
-  LATTICE_KERNEL_ENTRY(cuda::attention_backward(dqkv, dout, qkv, out, lse, s, drop, document_ids));
+                        const int32_t* document_ids, AttentionMath math) {
+  LATTICE_KERNEL_ENTRY(cuda::attention_backward(dqkv, dout, qkv, out, lse, s, drop, document_ids, math));
   check_args(s, drop);
   const int64_t heads = s.B * s.H;
   const size_t scratch_size = size_t(3 * kTile * kTile + 2 * kTile * s.D + s.T + kTile);

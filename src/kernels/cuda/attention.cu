@@ -23,59 +23,25 @@
 #include "kernels/cuda/attention.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace lattice::cuda {
 
 namespace {
 
+using namespace attention_detail;
+
 constexpr int kTile = 32;                      // query rows and keys per tile (= warp size)
 constexpr int kWarps = 4;
 constexpr int kThreads = kTile * kWarps;       // 128
 constexpr int kSlots = kTile / kWarps;         // rows (or keys) per warp: 8
-constexpr int kMaxD = 128;
 constexpr int kPad = kTile + 1;                // transposed tiles are [D][kPad]: no bank conflicts
 constexpr unsigned kFull = 0xffffffffu;
-
-// Everything a kernel needs besides the pointers (passed by value).
-struct Params {
-  int64_t B, T, H, D;
-  float scale;                 // 1/sqrt(D)
-  bool dropout;
-  uint32_t threshold;          // keep when (u32 >> 8) >= threshold, i.e. uniform >= p
-  float keep_scale;            // 1/(1-p)
-  PhiloxStream stream;
-  uint64_t first_index;
-  int64_t heads_total, head_offset;
-  const int32_t* doc;          // [B,T] or null
-};
-
-Params make_params(const AttentionShape& s, const AttentionDropout& drop, const int32_t* doc) {
-  LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0)
-      << "attention (CUDA): bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D;
-  LATTICE_CHECK(s.D <= kMaxD) << "attention (CUDA): head dim D=" << s.D << " exceeds " << kMaxD;
-  LATTICE_CHECK(s.B * s.H <= 65535) << "attention (CUDA): B*H=" << s.B * s.H
-                                    << " exceeds the grid's 65535";
-  LATTICE_CHECK(drop.p >= 0.0f && drop.p < 1.0f)
-      << "attention (CUDA): dropout probability " << drop.p << " not in [0, 1)";
-  Params p{};
-  p.B = s.B;
-  p.T = s.T;
-  p.H = s.H;
-  p.D = s.D;
-  p.scale = 1.0f / std::sqrt(float(s.D));
-  p.dropout = drop.p > 0.0f;
-  // The CPU's test: (u >> 8) >= ceil(p * 2^24), the same as uniform(u) >= p.
-  p.threshold = uint32_t(std::ceil(double(drop.p) * 16777216.0));
-  p.keep_scale = p.dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
-  p.stream = drop.stream;
-  p.first_index = drop.first_index;
-  p.heads_total = drop.total_heads > 0 ? drop.total_heads : s.H;
-  p.head_offset = drop.head_offset;
-  p.doc = doc;
-  return p;
-}
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
@@ -105,29 +71,6 @@ __device__ IdRange id_range(const Params& p, int64_t b, int64_t t0, int n) {
 // Rows of a tile that starts where `left` rows remain: min(kTile, left).
 __device__ __forceinline__ int tile_len(int64_t left) { return left < kTile ? int(left) : kTile; }
 __device__ __forceinline__ bool disjoint(IdRange a, IdRange b) { return a.hi < b.lo || b.hi < a.lo; }
-
-// Whether query i sees key j: causal, and the same document when ids are given.
-__device__ __forceinline__ bool visible(const Params& p, int64_t b, int64_t i, int64_t j) {
-  if (j > i) return false;
-  return !p.doc || p.doc[b * p.T + j] == p.doc[b * p.T + i];
-}
-
-// Dropout factor of probability (b, h, i, j): keep_scale or 0, the CPU's mask bit for bit.
-__device__ __forceinline__ float dropout_factor(const Params& p, int64_t b, int64_t h, int64_t i,
-                                                int64_t j) {
-  const uint64_t index =
-      uint64_t(((b * p.heads_total + p.head_offset + h) * p.T + i) * p.T) + p.first_index +
-      uint64_t(j);
-  return (p.stream.u32(index) >> 8) >= p.threshold ? p.keep_scale : 0.0f;
-}
-
-// Offsets of row t of head h in qkv [B,T,H,3,D] (q; k at +D, v at +2D) and out [B,T,H,D].
-__device__ __forceinline__ int64_t qkv_row(const Params& p, int64_t b, int64_t h, int64_t t) {
-  return ((b * p.T + t) * p.H + h) * 3 * p.D;
-}
-__device__ __forceinline__ int64_t out_row(const Params& p, int64_t b, int64_t h, int64_t t) {
-  return ((b * p.T + t) * p.H + h) * p.D;
-}
 
 // ---------------------------------------------------------------------------------------
 // Forward. Shared: Q [kTile][D], Kt [D][kPad] (keys transposed), V [kTile][D].
@@ -442,19 +385,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------------------------------
-// Host side: the dynamic shared memory (up to 66 KB at D = 128, above the default 48 KB)
-// is granted per kernel before each launch.
-template <typename Kernel>
-void allow_shared(Kernel kernel, size_t bytes, const char* what) {
-  int device = 0, optin = 0;
-  LATTICE_CUDA_CALL(cudaGetDevice(&device));
-  LATTICE_CUDA_CALL(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  LATTICE_CHECK(bytes <= size_t(optin)) << "attention (CUDA) " << what << ": needs " << bytes
-                                        << " bytes of shared memory, the device allows " << optin;
-  LATTICE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(bytes)));
-}
-
+// Host side.
 unsigned tiles(int64_t T) { return unsigned((T + kTile - 1) / kTile); }
 
 template <int NC>
@@ -480,10 +411,25 @@ void backward_nc(float* dqkv, const float* dout, const float* qkv, const float* 
   LATTICE_CUDA_LAUNCHED("attention_backward (dQ)");
 }
 
+// Whether LATTICE_CUDA_ATTENTION=fp32 asks for the fp32 kernels whatever the math.
+bool fp32_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("LATTICE_CUDA_ATTENTION");
+    if (!v || !*v) return false;
+    const std::string s(v);
+    LATTICE_CHECK(s == "fp32" || s == "auto")
+        << "LATTICE_CUDA_ATTENTION=" << s << ": expected fp32 (the fp32 kernels always) or auto";
+    return s == "fp32";
+  }();
+  return forced;
+}
+
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
-                       const AttentionDropout& drop, const int32_t* document_ids) {
+                       const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math) {
+  if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv, out, out))
+    return attention_forward_mma(out, lse, qkv, s, drop, document_ids, math);
   const Params p = make_params(s, drop, document_ids);
   switch ((s.D + 31) / 32) {
     case 1: forward_nc<1>(out, lse, qkv, p); break;
@@ -495,7 +441,9 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids) {
+                        const int32_t* document_ids, AttentionMath math) {
+  if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv, dout, dqkv))
+    return attention_backward_mma(dqkv, dout, qkv, out, lse, s, drop, document_ids, math);
   const Params p = make_params(s, drop, document_ids);
   switch ((s.D + 31) / 32) {
     case 1: backward_nc<1>(dqkv, dout, qkv, out, lse, p); break;

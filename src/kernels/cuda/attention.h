@@ -5,6 +5,8 @@
 //
 // qkv [B,T,H,3,D]   out, dout [B,T,H,D]   lse [B,H,T]   document_ids [B,T] or null
 // dqkv [B,T,H,3,D] is written (not accumulated). Results are deterministic (no atomics).
+// math bf16 / fp16 runs the tensor-core kernels (attention_mma.h) where they apply, else
+// (and with LATTICE_CUDA_ATTENTION=fp32) the fp32 kernels of attention.cu.
 #pragma once
 #include <cstdint>
 
@@ -13,11 +15,12 @@
 namespace lattice::cuda {
 
 void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
-                       const AttentionDropout& drop, const int32_t* document_ids = nullptr);
+                       const AttentionDropout& drop, const int32_t* document_ids = nullptr,
+                       AttentionMath math = AttentionMath::fp32);
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids = nullptr);
+                        const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32);
 
 // KV-cache decoding (kernels/attention.h), device pointers.
 void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,

@@ -55,6 +55,29 @@ __global__ void cached_attention_kernel(float* out, const float* qkv, const floa
   }
 }
 
+// The launch's dynamic shared memory (the scores, past + n floats) must fit beside the
+// kernel's static reduction scratch: by default both together get 48 KiB; above that the
+// kernel opts in, once, to the device's per-block maximum (227 KiB on Hopper).
+void reserve_scores(size_t bytes, int64_t context) {
+  static int allowed = -1;       // dynamic bytes the kernel may use without a new opt-in
+  static size_t max_dynamic = 0;  // the device's per-block maximum less the static scratch
+  if (allowed < 0) {
+    cudaFuncAttributes attr{};
+    LATTICE_CUDA_CALL(cudaFuncGetAttributes(&attr, cached_attention_kernel));
+    int optin = 0;
+    LATTICE_CUDA_CALL(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
+    allowed = attr.maxDynamicSharedSizeBytes;
+    max_dynamic = size_t(optin) - attr.sharedSizeBytes;
+  }
+  LATTICE_CHECK(bytes <= max_dynamic) << "cached_attention_forward: a context of " << context << " tokens needs "
+                                      << bytes << " bytes of shared memory; this GPU allows " << max_dynamic;
+  if (bytes > size_t(allowed)) {
+    LATTICE_CUDA_CALL(cudaFuncSetAttribute(cached_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(max_dynamic)));
+    allowed = int(max_dynamic);
+  }
+}
+
 }  // namespace
 
 void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,
@@ -69,8 +92,7 @@ void cached_attention_forward(float* out, const float* qkv, const float* k_cache
                               int64_t past, int64_t H, int64_t D, int64_t Tmax) {
   if (n <= 0) return;
   const size_t shared = size_t(past + n) * sizeof(float);
-  LATTICE_CHECK(shared <= 48 * 1024) << "cached_attention_forward: a context of " << past + n
-                                     << " tokens exceeds this kernel's 12288";
+  reserve_scores(shared, past + n);
   LATTICE_CHECK(n * H < (int64_t(1) << 31)) << "cached_attention_forward: too many (query, head) pairs";
   cached_attention_kernel<<<unsigned(n * H), kThreads, shared, stream()>>>(out, qkv, k_cache, v_cache, past, H, D,
                                                                           Tmax, 1.0f / sqrtf(float(D)));

@@ -2,6 +2,7 @@
 // and walks the rows in index order, so repeated tokens are summed in exactly the CPU's
 // order (bit-identical results) with no atomics.
 #include "kernels/cuda/launch.cuh"
+#include "kernels/embedding_math.h"
 #include "kernels/cuda/ops.h"
 
 namespace lattice::cuda {
@@ -40,17 +41,15 @@ __global__ void position_embedding_add_kernel(float* out, const int32_t* positio
   }
 }
 
-// One thread per column c, rows in index order.
+// blockIdx.y 0: the token embedding's gradient, 1: the position embedding's.
 __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                                           const int32_t* positions, int64_t N, int64_t C,
                                           int64_t vocab_begin, int64_t Vl) {
   LATTICE_GRID_STRIDE(c, C) {
-    for (int64_t n = 0; n < N; ++n) {
-      const float d = dout[n * C + c];
-      const int64_t row = int64_t(tokens[n]) - vocab_begin;
-      if (Vl < 0 || (row >= 0 && row < Vl)) dwte[row * C + c] += d;
-      if (dwpe) dwpe[int64_t(positions[n]) * C + c] += d;
-    }
+    if (blockIdx.y == 0)
+      math::scatter_add_rows(dwte, dout, tokens, N, C, vocab_begin, Vl, c);
+    else
+      math::scatter_add_rows(dwpe, dout, positions, N, C, 0, -1, c);
   }
 }
 
@@ -86,8 +85,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                         int64_t Vl) {
   if (N <= 0 || C <= 0) return;
   // 64-thread blocks spread the C columns over more SMs than 256-thread blocks would.
-  embedding_backward_kernel<<<grid_for(C, 64), 64, 0, stream()>>>(dwte, dwpe, dout, tokens, positions, N, C,
-                                                                  vocab_begin, Vl);
+  const dim3 grid(grid_for(C, 64), dwpe ? 2u : 1u);
+  embedding_backward_kernel<<<grid, 64, 0, stream()>>>(dwte, dwpe, dout, tokens, positions, N, C, vocab_begin,
+                                                       Vl);
   LATTICE_CUDA_LAUNCHED("embedding_backward");
 }
 

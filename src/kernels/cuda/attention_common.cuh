@@ -1,0 +1,91 @@
+// Shared by the CUDA attention kernels (.cu only): the kernels' parameters, the mask and
+// dropout of kernels/attention.h's definition, the qkv/out row offsets, and the host's
+// shared-memory opt-in. The fp32 kernels (attention.cu) and the tensor-core kernels
+// (attention_mma.cu) draw the same masks from the same Philox indices.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace lattice::cuda::attention_detail {
+
+constexpr int kMaxD = 128;  // the largest head dim the kernels take
+
+// Everything a kernel needs besides the pointers (passed by value).
+struct Params {
+  int64_t B, T, H, D;
+  float scale;                 // 1/sqrt(D)
+  bool dropout;
+  uint32_t threshold;          // keep when (u32 >> 8) >= threshold, i.e. uniform >= p
+  float keep_scale;            // 1/(1-p)
+  PhiloxStream stream;
+  uint64_t first_index;
+  int64_t heads_total, head_offset;
+  const int32_t* doc;          // [B,T] or null
+};
+
+inline Params make_params(const AttentionShape& s, const AttentionDropout& drop, const int32_t* doc) {
+  LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0)
+      << "attention (CUDA): bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D;
+  LATTICE_CHECK(s.D <= kMaxD) << "attention (CUDA): head dim D=" << s.D << " exceeds " << kMaxD;
+  LATTICE_CHECK(s.B * s.H <= 65535) << "attention (CUDA): B*H=" << s.B * s.H
+                                    << " exceeds the grid's 65535";
+  LATTICE_CHECK(drop.p >= 0.0f && drop.p < 1.0f)
+      << "attention (CUDA): dropout probability " << drop.p << " not in [0, 1)";
+  Params p{};
+  p.B = s.B;
+  p.T = s.T;
+  p.H = s.H;
+  p.D = s.D;
+  p.scale = 1.0f / std::sqrt(float(s.D));
+  p.dropout = drop.p > 0.0f;
+  // The CPU's test: (u >> 8) >= ceil(p * 2^24), the same as uniform(u) >= p.
+  p.threshold = uint32_t(std::ceil(double(drop.p) * 16777216.0));
+  p.keep_scale = p.dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
+  p.stream = drop.stream;
+  p.first_index = drop.first_index;
+  p.heads_total = drop.total_heads > 0 ? drop.total_heads : s.H;
+  p.head_offset = drop.head_offset;
+  p.doc = doc;
+  return p;
+}
+
+// Whether query i sees key j: causal, and the same document when ids are given.
+__device__ __forceinline__ bool visible(const Params& p, int64_t b, int64_t i, int64_t j) {
+  if (j > i) return false;
+  return !p.doc || p.doc[b * p.T + j] == p.doc[b * p.T + i];
+}
+
+// Dropout factor of probability (b, h, i, j): keep_scale or 0, the CPU's mask bit for bit.
+__device__ __forceinline__ float dropout_factor(const Params& p, int64_t b, int64_t h, int64_t i,
+                                                int64_t j) {
+  const uint64_t index =
+      uint64_t(((b * p.heads_total + p.head_offset + h) * p.T + i) * p.T) + p.first_index +
+      uint64_t(j);
+  return (p.stream.u32(index) >> 8) >= p.threshold ? p.keep_scale : 0.0f;
+}
+
+// Offsets of row t of head h in qkv [B,T,H,3,D] (q; k at +D, v at +2D) and out [B,T,H,D].
+__device__ __forceinline__ int64_t qkv_row(const Params& p, int64_t b, int64_t h, int64_t t) {
+  return ((b * p.T + t) * p.H + h) * 3 * p.D;
+}
+__device__ __forceinline__ int64_t out_row(const Params& p, int64_t b, int64_t h, int64_t t) {
+  return ((b * p.T + t) * p.H + h) * p.D;
+}
+
+// Host side: dynamic shared memory above the default 48 KB is granted per kernel before
+// each launch (fails with the need and the device's limit).
+template <typename Kernel>
+inline void allow_shared(Kernel kernel, size_t bytes, const char* what) {
+  int device = 0, optin = 0;
+  LATTICE_CUDA_CALL(cudaGetDevice(&device));
+  LATTICE_CUDA_CALL(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  LATTICE_CHECK(bytes <= size_t(optin)) << "attention (CUDA) " << what << ": needs " << bytes
+                                        << " bytes of shared memory, the device allows " << optin;
+  LATTICE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(bytes)));
+}
+
+}  // namespace lattice::cuda::attention_detail

@@ -1,0 +1,453 @@
+// The tensor-core flash attention's kernels (attention_mma.cu has the design and the
+// launches), templated on the operand format F, which provides
+//   float F::round(float)                      the value rounded to the format
+//   uint32_t F::pack(float lo, float hi)       two rounded values, lo in the low half
+//   void F::mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+//                                              d += a b, mma.m16n8k16 fragments
+// attention_mma.cu instantiates them with the PTX mma.sync; the unit test
+// tests/unit/test_attention_mma_emulated.cpp runs the same code on the CPU under a SIMT
+// emulation with a software mma of the PTX ISA's fragment layout, so the indexing, masks,
+// online softmax and dropout here are checked without a GPU. Only CUDA built-ins a C++
+// compiler can be given (threadIdx, blockIdx, __syncthreads, __shfl_xor_sync and the
+// LATTICE_DYNAMIC_SMEM declaration) are used.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/attention_common.cuh"
+
+#ifndef LATTICE_DYNAMIC_SMEM
+#define LATTICE_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+namespace lattice::cuda::attention_mma_detail {
+
+using namespace attention_detail;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Two 16-bit values at an even element offset of shared memory, as one register.
+__device__ __forceinline__ uint32_t ld2(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// The A fragment of rows r0..r0+15, columns k0..k0+15 of a row-major [rows][ld] tile.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const uint16_t* s, int ld, int r0, int k0, int g,
+                                       int q) {
+  a[0] = ld2(s + (r0 + g) * ld + k0 + 2 * q);
+  a[1] = ld2(s + (r0 + g + 8) * ld + k0 + 2 * q);
+  a[2] = ld2(s + (r0 + g) * ld + k0 + 8 + 2 * q);
+  a[3] = ld2(s + (r0 + g + 8) * ld + k0 + 8 + 2 * q);
+}
+// The B fragment of columns n0..n0+7, k k0..k0+15, from a tile stored [n][ld] (each
+// column's k values contiguous): B[k][n] = s[n0 + n][k0 + k].
+__device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const uint16_t* s, int ld, int n0, int k0,
+                                       int g, int q) {
+  b0 = ld2(s + (n0 + g) * ld + k0 + 2 * q);
+  b1 = ld2(s + (n0 + g) * ld + k0 + 8 + 2 * q);
+}
+// The A fragment over 16 columns 16kk.. made of the C fragments of n-tiles 2kk, 2kk+1.
+template <typename F>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = F::pack(c0[0], c0[1]);
+  a[1] = F::pack(c0[2], c0[3]);
+  a[2] = F::pack(c1[0], c1[1]);
+  a[3] = F::pack(c1[2], c1[3]);
+}
+
+// Rows t0..t0+rows-1 of one part (0 q, 1 k, 2 v) of head h in qkv [B,T,H,3,D] (or of a
+// [B,T,H,D] tensor when part < 0) into shared memory as 16-bit values: row-major
+// dst[r * ld + d] and/or transposed dst_t[d * ld_t + r] (either may be null). Rows past
+// T are zeros (a masked probability is 0, and 0 x garbage could be NaN).
+template <typename F, int D>
+__device__ void load_rows(uint16_t* dst, int ld, uint16_t* dst_t, int ld_t, const float* src, const Params& p,
+                          int64_t b, int64_t h, int64_t t0, int rows, int part) {
+  constexpr int V = D / 4;  // float4 per row
+  for (int e = threadIdx.x; e < rows * V; e += kThreads) {
+    const int r = e / V, d = (e % V) * 4;
+    const int64_t t = t0 + r;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (t < p.T) {
+      const int64_t off = part >= 0 ? qkv_row(p, b, h, t) + int64_t(part) * D : out_row(p, b, h, t);
+      v = *reinterpret_cast<const float4*>(src + off + d);
+    }
+    const uint32_t lo = F::pack(v.x, v.y), hi = F::pack(v.z, v.w);
+    if (dst) *reinterpret_cast<uint2*>(dst + r * ld + d) = make_uint2(lo, hi);
+    if (dst_t) {
+      dst_t[(d + 0) * ld_t + r] = uint16_t(lo & 0xffffu);
+      dst_t[(d + 1) * ld_t + r] = uint16_t(lo >> 16);
+      dst_t[(d + 2) * ld_t + r] = uint16_t(hi & 0xffffu);
+      dst_t[(d + 3) * ld_t + r] = uint16_t(hi >> 16);
+    }
+  }
+}
+
+// Whether probability (i, j) exists: both inside the sequence, causal, same document.
+__device__ __forceinline__ bool live(const Params& p, int64_t b, int64_t i, int64_t j) {
+  return i < p.T && j < p.T && visible(p, b, i, j);
+}
+
+// Max and sum over the 4 lanes of a quad (the lanes holding one row of a C fragment).
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward. Shared: Qs [64][D+8], Ks [64][D+8], Vt [D][64+8].
+constexpr int kFwdRows = 64, kFwdKeys = 64;
+
+template <int D>
+constexpr size_t forward_smem() {
+  return size_t(kFwdRows * (D + 8) + kFwdKeys * (D + 8) + D * (kFwdKeys + 8)) * sizeof(uint16_t);
+}
+
+template <typename F, int D>
+__global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float* lse, const float* qkv, Params p) {
+  constexpr int LD = D + 8, LDV = kFwdKeys + 8, KD = D / 16, ND = D / 8, NS = kFwdKeys / 8;
+  LATTICE_DYNAMIC_SMEM(smem_raw);
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* Ks = Qs + kFwdRows * LD;
+  uint16_t* Vt = Ks + kFwdKeys * LD;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t q_tiles = (p.T + kFwdRows - 1) / kFwdRows;
+  const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kFwdRows;  // longest tiles first
+  const int64_t i1 = i0 + kFwdRows < p.T ? i0 + kFwdRows : p.T;
+  const int r0 = warp * 16;
+  const int64_t row[2] = {i0 + r0 + g, i0 + r0 + g + 8};  // this lane's two query rows
+
+  load_rows<F, D>(Qs, LD, nullptr, 0, qkv, p, b, h, i0, kFwdRows, 0);
+  __syncthreads();
+  uint32_t qf[KD][4];
+#pragma unroll
+  for (int kc = 0; kc < KD; ++kc) load_a(qf[kc], Qs, LD, r0, kc * 16, g, q);
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};  // running max of the row's scores, log2 domain
+  float l[2] = {0.0f, 0.0f};            // this lane's part of the row's sum of exp2(s - m)
+  const float scale2 = p.scale * kLog2e;
+
+  for (int64_t j0 = 0; j0 < i1; j0 += kFwdKeys) {
+    __syncthreads();  // the previous tile is no longer read
+    load_rows<F, D>(Ks, LD, nullptr, 0, qkv, p, b, h, j0, kFwdKeys, 1);
+    load_rows<F, D>(nullptr, 0, Vt, LDV, qkv, p, b, h, j0, kFwdKeys, 2);
+    __syncthreads();
+    if (j0 > i0 + r0 + 15) continue;  // every key after every row of this warp (uniform)
+
+    float s[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < KD; ++kc) {
+        uint32_t b0, b1;
+        load_b(b0, b1, Ks, LD, n * 8, kc * 16, g, q);
+        F::mma(s[n], qf[kc], b0, b1);
+      }
+    }
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t j = j0 + n * 8 + 2 * q + (e & 1);
+        s[n][e] = live(p, b, row[e >> 1], j) ? s[n][e] * scale2 : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+      }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = quad_max(mx[r]);
+      base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // no live key so far: exp2(-inf - 0) = 0
+      const float alpha = exp2f(m[r] - base[r]);    // 0 on the row's first live tile
+      m[r] = mx[r];
+      l[r] *= alpha;
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        o[n][2 * r] *= alpha;
+        o[n][2 * r + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pr = exp2f(s[n][e] - base[e >> 1]);
+        l[e >> 1] += pr;
+        if (p.dropout && pr != 0.0f) pr *= dropout_factor(p, b, h, row[e >> 1], j0 + n * 8 + 2 * q + (e & 1));
+        s[n][e] = pr;
+      }
+#pragma unroll
+    for (int kk = 0; kk < kFwdKeys / 16; ++kk) {
+      uint32_t a[4];
+      c_to_a<F>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        uint32_t b0, b1;
+        load_b(b0, b1, Vt, LDV, n * 8, kk * 16, g, q);
+        F::mma(o[n], a, b0, b1);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = quad_sum(l[r]);
+    if (row[r] >= p.T) continue;
+    const float inv = 1.0f / sum;
+    float* dst = out + out_row(p, b, h, row[r]);
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8 + 2 * q) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    if (q == 0) lse[bh * p.T + row[r]] = (m[r] + log2f(sum)) * kLn2;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// D_i = dO_i . O_i for every row (b, h, i), into di [B*H, T], with dO rounded to the
+// format as everywhere else; one warp per row.
+template <typename F>
+__global__ void __launch_bounds__(kThreads) row_dot_kernel(float* di, const float* dout, const float* out, Params p) {
+  const int64_t rows = p.B * p.H * p.T;
+  const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t bh = r / p.T, t = r % p.T, b = bh / p.H, h = bh % p.H;
+  const int64_t o = out_row(p, b, h, t);
+  float acc = 0.0f;
+  for (int d = lane; d < p.D; d += 32) acc += out[o + d] * F::round(dout[o + d]);
+  for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+  if (lane == 0) di[r] = acc;
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward dK, dV. Shared: Ks, Vs [64][D+8]; per query tile Qs, dOs [32][D+8],
+// Qt, dOt [D][32+8], lse and D_i [32].
+constexpr int kKvKeys = 64, kKvRows = 32;
+
+template <int D>
+constexpr size_t dkv_smem() {
+  return size_t(2 * kKvKeys * (D + 8) + 2 * kKvRows * (D + 8) + 2 * D * (kKvRows + 8)) * sizeof(uint16_t) +
+         2 * kKvRows * sizeof(float);
+}
+
+template <typename F, int D>
+__global__ void __launch_bounds__(kThreads)
+    mma_backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* di,
+                            Params p) {
+  constexpr int LD = D + 8, LDT = kKvRows + 8, KD = D / 16, ND = D / 8, NQ = kKvRows / 8;
+  LATTICE_DYNAMIC_SMEM(smem_raw);
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* Vs = Ks + kKvKeys * LD;
+  uint16_t* Qs = Vs + kKvKeys * LD;
+  uint16_t* dOs = Qs + kKvRows * LD;
+  uint16_t* Qt = dOs + kKvRows * LD;
+  uint16_t* dOt = Qt + D * LDT;
+  float* lse_s = reinterpret_cast<float*>(dOt + D * LDT);
+  float* di_s = lse_s + kKvRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t j0 = int64_t(blockIdx.x) * kKvKeys;  // early key tiles see the most queries: first
+  const int c0 = warp * 16;
+  const int64_t key[2] = {j0 + c0 + g, j0 + c0 + g + 8};  // this lane's two keys (rows of S^T)
+
+  load_rows<F, D>(Ks, LD, nullptr, 0, qkv, p, b, h, j0, kKvKeys, 1);
+  load_rows<F, D>(Vs, LD, nullptr, 0, qkv, p, b, h, j0, kKvKeys, 2);
+
+  float dk[ND][4], dv[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
+  const float scale2 = p.scale * kLog2e;
+
+  for (int64_t i0 = j0; i0 < p.T; i0 += kKvRows) {
+    __syncthreads();  // the previous query tile is no longer read
+    load_rows<F, D>(Qs, LD, Qt, LDT, qkv, p, b, h, i0, kKvRows, 0);
+    load_rows<F, D>(dOs, LD, dOt, LDT, dout, p, b, h, i0, kKvRows, -1);
+    for (int r = threadIdx.x; r < kKvRows; r += kThreads) {
+      const bool in = i0 + r < p.T;
+      lse_s[r] = in ? lse[bh * p.T + i0 + r] * kLog2e : 0.0f;
+      di_s[r] = in ? di[bh * p.T + i0 + r] : 0.0f;
+    }
+    __syncthreads();
+    if (j0 + c0 > i0 + kKvRows - 1) continue;  // every query before every key of this warp (uniform)
+
+    float st[NQ][4], dpt[NQ][4];  // S^T and dP^T: rows = this warp's keys, columns = queries
+#pragma unroll
+    for (int n = 0; n < NQ; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KD; ++kc) {
+      uint32_t ak[4], av[4];
+      load_a(ak, Ks, LD, c0, kc * 16, g, q);
+      load_a(av, Vs, LD, c0, kc * 16, g, q);
+#pragma unroll
+      for (int n = 0; n < NQ; ++n) {
+        uint32_t b0, b1;
+        load_b(b0, b1, Qs, LD, n * 8, kc * 16, g, q);
+        F::mma(st[n], ak, b0, b1);
+        load_b(b0, b1, dOs, LD, n * 8, kc * 16, g, q);
+        F::mma(dpt[n], av, b0, b1);
+      }
+    }
+    // st <- P^T with dropout (for dV), dpt <- dS^T.
+#pragma unroll
+    for (int n = 0; n < NQ; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + 2 * q + (e & 1);  // query column in the tile
+        const int64_t i = i0 + c, j = key[e >> 1];
+        float pr = 0.0f, dp = dpt[n][e];
+        if (live(p, b, i, j)) pr = exp2f(st[n][e] * scale2 - lse_s[c]);
+        float pd = pr;
+        if (p.dropout && pr != 0.0f) {
+          const float f = dropout_factor(p, b, h, i, j);
+          pd = pr * f;
+          dp *= f;
+        }
+        st[n][e] = pd;
+        dpt[n][e] = pr * (dp - di_s[c]);
+      }
+#pragma unroll
+    for (int kk = 0; kk < kKvRows / 16; ++kk) {
+      uint32_t ap[4], ads[4];
+      c_to_a<F>(ap, st[2 * kk], st[2 * kk + 1]);
+      c_to_a<F>(ads, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        uint32_t b0, b1;
+        load_b(b0, b1, dOt, LDT, n * 8, kk * 16, g, q);
+        F::mma(dv[n], ap, b0, b1);
+        load_b(b0, b1, Qt, LDT, n * 8, kk * 16, g, q);
+        F::mma(dk[n], ads, b0, b1);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (key[r] >= p.T) continue;
+    float* dst = dqkv + qkv_row(p, b, h, key[r]);
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      const int d = n * 8 + 2 * q;
+      *reinterpret_cast<float2*>(dst + D + d) = make_float2(p.scale * dk[n][2 * r], p.scale * dk[n][2 * r + 1]);
+      *reinterpret_cast<float2*>(dst + 2 * D + d) = make_float2(dv[n][2 * r], dv[n][2 * r + 1]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward dQ. Shared: Qs, dOs [64][D+8]; per key tile Ks, Vs [32][D+8], Kt [D][32+8].
+constexpr int kDqRows = 64, kDqKeys = 32;
+
+template <int D>
+constexpr size_t dq_smem() {
+  return size_t(2 * kDqRows * (D + 8) + 2 * kDqKeys * (D + 8) + D * (kDqKeys + 8)) * sizeof(uint16_t);
+}
+
+template <typename F, int D>
+__global__ void __launch_bounds__(kThreads)
+    mma_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* di,
+                           Params p) {
+  constexpr int LD = D + 8, LDT = kDqKeys + 8, KD = D / 16, ND = D / 8, NK = kDqKeys / 8;
+  LATTICE_DYNAMIC_SMEM(smem_raw);
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* dOs = Qs + kDqRows * LD;
+  uint16_t* Ks = dOs + kDqRows * LD;
+  uint16_t* Vs = Ks + kDqKeys * LD;
+  uint16_t* Kt = Vs + kDqKeys * LD;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t q_tiles = (p.T + kDqRows - 1) / kDqRows;
+  const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kDqRows;  // longest tiles first
+  const int64_t i1 = i0 + kDqRows < p.T ? i0 + kDqRows : p.T;
+  const int r0 = warp * 16;
+  const int64_t row[2] = {i0 + r0 + g, i0 + r0 + g + 8};
+  float lse_r[2], di_r[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool in = row[r] < p.T;
+    lse_r[r] = in ? lse[bh * p.T + row[r]] * kLog2e : 0.0f;
+    di_r[r] = in ? di[bh * p.T + row[r]] : 0.0f;
+  }
+
+  load_rows<F, D>(Qs, LD, nullptr, 0, qkv, p, b, h, i0, kDqRows, 0);
+  load_rows<F, D>(dOs, LD, nullptr, 0, dout, p, b, h, i0, kDqRows, -1);
+
+  float dq[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+  const float scale2 = p.scale * kLog2e;
+
+  for (int64_t j0 = 0; j0 < i1; j0 += kDqKeys) {
+    __syncthreads();  // the previous key tile is no longer read (and Qs, dOs are in)
+    load_rows<F, D>(Ks, LD, Kt, LDT, qkv, p, b, h, j0, kDqKeys, 1);
+    load_rows<F, D>(Vs, LD, nullptr, 0, qkv, p, b, h, j0, kDqKeys, 2);
+    __syncthreads();
+    if (j0 > i0 + r0 + 15) continue;  // every key after every row of this warp (uniform)
+
+    float s[NK][4], dp[NK][4];
+#pragma unroll
+    for (int n = 0; n < NK; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KD; ++kc) {
+      uint32_t aq[4], ao[4];
+      load_a(aq, Qs, LD, r0, kc * 16, g, q);
+      load_a(ao, dOs, LD, r0, kc * 16, g, q);
+#pragma unroll
+      for (int n = 0; n < NK; ++n) {
+        uint32_t b0, b1;
+        load_b(b0, b1, Ks, LD, n * 8, kc * 16, g, q);
+        F::mma(s[n], aq, b0, b1);
+        load_b(b0, b1, Vs, LD, n * 8, kc * 16, g, q);
+        F::mma(dp[n], ao, b0, b1);
+      }
+    }
+    // s <- dS
+#pragma unroll
+    for (int n = 0; n < NK; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t i = row[e >> 1], j = j0 + n * 8 + 2 * q + (e & 1);
+        float pr = 0.0f, g_p = dp[n][e];
+        if (live(p, b, i, j)) pr = exp2f(s[n][e] * scale2 - lse_r[e >> 1]);
+        if (p.dropout && pr != 0.0f) g_p *= dropout_factor(p, b, h, i, j);
+        s[n][e] = pr * (g_p - di_r[e >> 1]);
+      }
+#pragma unroll
+    for (int kk = 0; kk < kDqKeys / 16; ++kk) {
+      uint32_t a[4];
+      c_to_a<F>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        uint32_t b0, b1;
+        load_b(b0, b1, Kt, LDT, n * 8, kk * 16, g, q);
+        F::mma(dq[n], a, b0, b1);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= p.T) continue;
+    float* dst = dqkv + qkv_row(p, b, h, row[r]);
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8 + 2 * q) = make_float2(p.scale * dq[n][2 * r], p.scale * dq[n][2 * r + 1]);
+  }
+}
+
+}  // namespace lattice::cuda::attention_mma_detail
