@@ -79,15 +79,21 @@ class HalfPolicy final : public MixedPrecisionPolicy {
     Format::gemm(Trans::N, Trans::T, N, out, in, operand(a_, x, N * in), in, Wh, in, 0.0f, y, out);
   }
   void round_result(float* v, int64_t n) override { Format::round(v, n); }
-  void weight_grad(int, float* dW, const float* dy, const float* x, int64_t N, int64_t in, int64_t out) override {
-    Format::gemm(Trans::T, Trans::N, out, in, N, operand(a_, dy, N * out), out, operand(b_, x, N * in), in, 1.0f,
+  void weight_grad(int param, float* dW, const float* dy, const float* x, int64_t N, int64_t in,
+                   int64_t out) override {
+    Format::gemm(Trans::T, Trans::N, out, in, N, operand(g_, dy, N * out), out, operand(b_, x, N * in), in, 1.0f,
                  dW, in);
+    g_of_ = {param, dy, N * out};
   }
   void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
                   bool accumulate) override {
     const Elem* Wh = weights_.get(param, W, out * in, Format::convert);
-    Format::gemm(Trans::N, Trans::N, N, in, out, operand(a_, dy, N * out), out, Wh, in, accumulate ? 1.0f : 0.0f,
-                 dx, in);
+    // The output gradient as weight_grad converted it (linear_backward calls it first,
+    // on the same dy): the same values, not converted twice.
+    const bool same = g_of_.param == param && g_of_.dy == dy && g_of_.n == N * out;
+    const Elem* g = same ? g_.data() : operand(g_, dy, N * out);
+    g_of_ = {};
+    Format::gemm(Trans::N, Trans::N, N, in, out, g, out, Wh, in, accumulate ? 1.0f : 0.0f, dx, in);
   }
 
  private:
@@ -97,7 +103,13 @@ class HalfPolicy final : public MixedPrecisionPolicy {
     return buf.data();
   }
   WeightCache<Elem> weights_;
-  DeviceArray<Elem> a_, b_;  // operand scratch
+  DeviceArray<Elem> a_, b_;  // operand scratch (forward's x, weight_grad's x)
+  DeviceArray<Elem> g_;      // the output gradient dy of the last weight_grad
+  struct {
+    int param = -1;
+    const float* dy = nullptr;
+    int64_t n = 0;
+  } g_of_;                   // what g_ holds until input_grad uses it
 };
 
 // fp8 with delayed scaling; operands as bf16 patterns of the fp8 values (exact).

@@ -8,16 +8,15 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "../attention_test_data.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "cuda_test_util.h"
 #include "kernels/attention.h"
-#include "kernels/cast_math.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_mma.h"
 
@@ -26,6 +25,7 @@ namespace {
 
 using cuda_test::download;
 using cuda_test::upload;
+using namespace attention_test;
 
 // Tolerance. Both sides compute in fp32; they differ in the order of every reduction
 // (tiles of 64 vs 32 keys, dot products and row sums split differently) and in exp
@@ -52,31 +52,6 @@ std::string name_of(const ::testing::TestParamInfo<Param>& info) {
   std::ostringstream os;
   os << "B" << c.B << "_T" << c.T << "_H" << c.H << "_D" << c.D << "_" << v[int(info.param.v)];
   return os.str();
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-// Non-decreasing document ids per batch row, a new document starting at a position with
-// probability 1/12 (so documents are shorter than a 32-row tile and some key tiles miss
-// a query tile's documents entirely); each batch row gets its own boundaries.
-std::vector<int32_t> document_ids(int64_t B, int64_t T, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int> start(0, 11);
-  std::vector<int32_t> ids(static_cast<size_t>(B * T));
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t id = 100 * int32_t(b);
-    for (int64_t t = 0; t < T; ++t) {
-      if (t > 0 && start(gen) == 0) ++id;
-      ids[size_t(b * T + t)] = id;
-    }
-  }
-  return ids;
 }
 
 // Compares a [rows, D] tensor (rows = the product of the leading dims) element by
@@ -235,24 +210,6 @@ std::string mma_name_of(const ::testing::TestParamInfo<MmaParam>& info) {
   return os.str();
 }
 
-std::vector<float> rounded(std::vector<float> v, Format f) {
-  for (float& x : v) x = f == Format::kBf16 ? math::round_bf16(x) : math::fp16_to_fp32(math::fp32_to_fp16(x));
-  return v;
-}
-
-// Frobenius norm of (a - b) over b's, for the elements where `pick` is true.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b,
-                      const std::function<bool(size_t)>& pick) {
-  double err = 0.0, ref = 0.0;
-  for (size_t k = 0; k < b.size(); ++k) {
-    if (!pick(k)) continue;
-    const double d = double(a[k]) - double(b[k]);
-    err += d * d;
-    ref += double(b[k]) * double(b[k]);
-  }
-  return std::isnan(err) ? INFINITY : std::sqrt(err / std::max(ref, 1e-300));
-}
-
 class CudaAttentionMma : public ::testing::TestWithParam<MmaParam> {};
 
 TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
@@ -279,11 +236,8 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
   const size_t n_lse = size_t(c.B * c.H * c.T);
   const auto qkv = random_floats(n_qkv, 21, -1.5f, 1.5f);
   const auto dout = random_floats(n_out, 22, -1.0f, 1.0f);
-  const auto qkv_r = rounded(qkv, f), dout_r = rounded(dout, f);
-
-  std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv);
-  attention_forward(out.data(), lse.data(), qkv_r.data(), s, drop, docs_cpu);
-  attention_backward(dqkv.data(), dout_r.data(), qkv_r.data(), out.data(), lse.data(), s, drop, docs_cpu);
+  const RoundedReference ref = rounded_reference(qkv, dout, s, drop, docs_cpu, f == Format::kFp16);
+  const std::vector<float>&out = ref.out, &lse = ref.lse;
 
   auto d_qkv = upload(qkv);  // unrounded: the kernel rounds
   auto d_dout = upload(dout);
@@ -305,14 +259,8 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
                            d_lse_cpu.as<float>(), s, drop, docs_gpu, math);
   const auto g_dqkv = download<float>(d_dqkv, n_qkv);
 
-  const auto all = [](size_t) { return true; };
-  const auto part = [&](int which) {  // dq, dk or dv elements of dqkv [B,T,H,3,D]
-    return [&, which](size_t k) { return int((k / size_t(c.D)) % 3) == which; };
-  };
-  const double e_out = relative_error(g_out, out, all);
-  const double e_dq = relative_error(g_dqkv, dqkv, part(0));
-  const double e_dk = relative_error(g_dqkv, dqkv, part(1));
-  const double e_dv = relative_error(g_dqkv, dqkv, part(2));
+  const Errors err = errors(g_out, g_dqkv, ref, c.D);
+  const double e_out = err.out, e_dq = err.dq, e_dk = err.dk, e_dv = err.dv;
   std::printf("[ info ] attention mma %s: relative error out %.2e dq %.2e dk %.2e dv %.2e (bound %.2e)\n",
               mma_name_of({GetParam(), 0}).c_str(), e_out, e_dq, e_dk, e_dv, 2 * u);
   EXPECT_LE(e_out, 2 * u) << "out";

@@ -24,12 +24,12 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../attention_test_data.h"
 #include "kernels/attention.h"
 #include "kernels/cast_math.h"
 
@@ -180,6 +180,7 @@ namespace {
 
 using namespace cuda::attention_detail;
 using namespace cuda::attention_mma_detail;
+using namespace attention_test;
 
 // The operand formats of attention_mma.cu, with the software mma.
 template <emu::Op kOp>
@@ -235,42 +236,6 @@ std::string name_of(const ::testing::TestParamInfo<Case>& info) {
   return os.str();
 }
 
-std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-// Documents of about 12 tokens (shorter than a tile), per batch row.
-std::vector<int32_t> document_ids(int64_t B, int64_t T) {
-  std::mt19937 gen(5);
-  std::uniform_int_distribution<int> start(0, 11);
-  std::vector<int32_t> ids(static_cast<size_t>(B * T));
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t id = 100 * int32_t(b);
-    for (int64_t t = 0; t < T; ++t) {
-      if (t > 0 && start(gen) == 0) ++id;
-      ids[size_t(b * T + t)] = id;
-    }
-  }
-  return ids;
-}
-
-// |a - b| / |b| (Frobenius) over the elements `pick` selects; NaN anywhere -> infinity.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b,
-                      const std::function<bool(size_t)>& pick) {
-  double err = 0.0, ref = 0.0;
-  for (size_t k = 0; k < b.size(); ++k) {
-    if (!pick(k)) continue;
-    const double d = double(a[k]) - double(b[k]);
-    err += d * d;
-    ref += double(b[k]) * double(b[k]);
-  }
-  return std::isnan(err) ? INFINITY : std::sqrt(err / std::max(ref, 1e-300));
-}
-
 class AttentionMmaEmulated : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionMmaEmulated, ForwardAndBackwardMatchRoundedCpu) {
@@ -284,7 +249,7 @@ TEST_P(AttentionMmaEmulated, ForwardAndBackwardMatchRoundedCpu) {
     drop.total_heads = 2 * c.H;
     drop.head_offset = c.H;
   }
-  const std::vector<int32_t> docs = c.docs ? document_ids(c.B, c.T) : std::vector<int32_t>();
+  const std::vector<int32_t> docs = c.docs ? document_ids(c.B, c.T, 5) : std::vector<int32_t>();
   const int32_t* doc = docs.empty() ? nullptr : docs.data();
   const double u = c.fp16 ? 1.0 / 2048 : 1.0 / 256;
 
@@ -292,16 +257,8 @@ TEST_P(AttentionMmaEmulated, ForwardAndBackwardMatchRoundedCpu) {
   const size_t n_lse = size_t(c.B * c.H * c.T);
   const auto qkv = random_floats(n_qkv, 21, -1.5f, 1.5f);
   const auto dout = random_floats(n_out, 22, -1.0f, 1.0f);
-  auto round_all = [&](std::vector<float> v) {
-    for (float& x : v) x = c.fp16 ? math::fp16_to_fp32(math::fp32_to_fp16(x)) : math::round_bf16(x);
-    return v;
-  };
-  const auto qkv_r = round_all(qkv), dout_r = round_all(dout);
-
-  // Reference: the CPU's fp32 kernel on the rounded inputs.
-  std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv);
-  attention_forward(out.data(), lse.data(), qkv_r.data(), s, drop, doc);
-  attention_backward(dqkv.data(), dout_r.data(), qkv_r.data(), out.data(), lse.data(), s, drop, doc);
+  const RoundedReference ref = rounded_reference(qkv, dout, s, drop, doc, c.fp16);
+  const std::vector<float>&out = ref.out, &lse = ref.lse;
 
   // The kernels, outputs starting as NaN so an element left unwritten fails.
   const Params p = make_params(s, drop, doc);
@@ -324,12 +281,8 @@ TEST_P(AttentionMmaEmulated, ForwardAndBackwardMatchRoundedCpu) {
     }
   }
 
-  const auto all = [](size_t) { return true; };
-  const auto part = [&](int which) {  // dq, dk or dv of dqkv [B,T,H,3,D]
-    return [&, which](size_t k) { return int((k / size_t(c.D)) % 3) == which; };
-  };
-  const double r_out = relative_error(e_out, out, all), r_dq = relative_error(e_dqkv, dqkv, part(0));
-  const double r_dk = relative_error(e_dqkv, dqkv, part(1)), r_dv = relative_error(e_dqkv, dqkv, part(2));
+  const Errors e = errors(e_out, e_dqkv, ref, c.D);
+  const double r_out = e.out, r_dq = e.dq, r_dk = e.dk, r_dv = e.dv;
   std::printf("[ info ] emulated tensor-core attention %s: relative error out %.2e dq %.2e dk %.2e dv %.2e "
               "(bound %.2e)\n",
               name_of({c, 0}).c_str(), r_out, r_dq, r_dk, r_dv, 2 * u);
