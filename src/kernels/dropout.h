@@ -17,4 +17,12 @@ void dropout_forward(float* out, const float* x, int64_t n, float p, const Philo
 void dropout_backward(float* dx, const float* dout, int64_t n, float p,
                       const PhiloxStream& stream, uint64_t first_index);
 
+// Megatron's bias-dropout-add after a row-parallel linear layer, in one pass:
+//   out[n,c] = residual[n,c] + dropout(y[n,c] + bias[c])
+// with dropout_forward's mask of element n*C + c (index first_index + n*C + c). The same
+// fp32 operations, in the same order, as bias_add, dropout_forward and add_forward one after
+// the other: the same bits. bias may be null; out may alias residual or y.
+void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index);
+
 }  // namespace lattice

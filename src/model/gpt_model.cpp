@@ -438,11 +438,11 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   linear_forward(x.qkv, all_rows(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
                  site(p.qkv_w));
   core_attention_forward(p, a, i, B, T, key);
-  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.attn, params_.param(p.proj_w), params_.param(p.proj_b), N,
-                              Cl, C, site(p.proj_w));
-  dropout_forward(out_rows, out_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "self_attention.dropout")),
-                  elem0);
-  add_forward(x.resid_mid, in, out_rows, Ns * C);
+  // The projection's bias, dropout and residual add in one pass (Megatron's bias_dropout_add).
+  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.attn, params_.param(p.proj_w), nullptr, N, Cl, C,
+                              site(p.proj_w));
+  bias_dropout_add_forward(x.resid_mid, in, out_rows, params_.param(p.proj_b), Ns, C, p_hidden,
+                           site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
   layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, params_.param(p.ln2_w), params_.param(p.ln2_b), Ns,
                     C, eps);
@@ -450,10 +450,10 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                  site(p.fc1_w));
   gelu_forward(x.gelu, x.fc1, N * Fl_, cfg_.gelu);
   if (!output) return;
-  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.gelu, params_.param(p.fc2_w), params_.param(p.fc2_b), N,
-                              Fl_, C, site(p.fc2_w));
-  dropout_forward(out_rows, out_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
-  add_forward(a.resid[i + 1], x.resid_mid, out_rows, Ns * C);
+  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.gelu, params_.param(p.fc2_w), nullptr, N, Fl_, C,
+                              site(p.fc2_w));
+  bias_dropout_add_forward(a.resid[i + 1], x.resid_mid, out_rows, params_.param(p.fc2_b), Ns, C, p_hidden,
+                           site_stream(key, layer_name(l, "mlp.dropout")), elem0);
 }
 
 void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,

@@ -267,6 +267,32 @@ void dropout_cases(std::vector<OpCase>& t) {
         expect_bits(c, "out (in place)", out, download<float>(gx, out.size()));
       }});
   }
+  // The fused bias-dropout-add: the same draws and explicitly rounded add, multiply, add.
+  struct F {
+    int64_t N, C;
+    uint64_t first;
+    float p;
+  };
+  for (F f : {F{37, 77, 5, 0.1f}, F{1024, 768, (uint64_t(1) << 33) + 1, 0.1f}, F{9, 33, 0, 0.0f}}) {
+    const std::string shape = shape_name({{"N", f.N}, {"C", f.C}, {"first", int64_t(f.first)},
+                                          {"p_pct", int64_t(f.p * 100)}});
+    t.push_back({"bias_dropout_add_forward", shape, {0.0, 0.0}, [f](const OpCase& c) {
+      const PhiloxStream stream{0x1234567890abcdefull, 78u, 3u, 9u};
+      const size_t n = size_t(f.N * f.C);
+      const auto y = rand_floats(n, 15, -4.0f, 4.0f), residual = rand_floats(n, 16, -1.0f, 1.0f);
+      const auto bias = rand_floats(size_t(f.C), 17, -0.5f, 0.5f);
+      std::vector<float> out(n);
+      bias_dropout_add_forward(out.data(), residual.data(), y.data(), bias.data(), f.N, f.C, f.p, stream, f.first);
+      auto gy = upload(y), gres = upload(residual), gbias = upload(bias);
+      DeviceBuffer gout(n * 4);
+      cuda::bias_dropout_add_forward(gout.as<float>(), gres.as<float>(), gy.as<float>(), gbias.as<float>(), f.N,
+                                     f.C, f.p, stream, f.first);
+      expect_bits(c, "out", out, download<float>(gout, n));
+      cuda::bias_dropout_add_forward(gres.as<float>(), gres.as<float>(), gy.as<float>(), gbias.as<float>(), f.N,
+                                     f.C, f.p, stream, f.first);  // in place on the residual
+      expect_bits(c, "out (in place)", out, download<float>(gres, n));
+    }});
+  }
 }
 
 // ---------------------------------------------------------------- elementwise

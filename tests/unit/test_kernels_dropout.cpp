@@ -1,7 +1,11 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cstring>
+#include <vector>
+
 #include "kernels/dropout.h"
+#include "kernels/elementwise.h"
 #include "kernels_test_util.h"
 
 namespace lattice {
@@ -104,6 +108,50 @@ TEST(KernelDropout, ZeroProbabilityCopiesAndInPlaceWorks) {
   dropout_forward(ref.data(), x.data(), n, 0.4f, s, 0);
   dropout_forward(y.data(), y.data(), n, 0.4f, s, 0);
   EXPECT_EQ(y, ref);
+}
+
+// The fused bias-dropout-add is bias_add, dropout_forward and add_forward one after the
+// other, bit for bit: ragged chunks (N*C not a multiple of the 2048-element chunk, C not
+// dividing it), a first index inside a Philox block, p = 0 (no mask), no bias, in place
+// on the residual, and several thread counts.
+TEST(KernelDropout, BiasDropoutAddIsTheThreeKernelsBitForBit) {
+  struct Case {
+    int64_t N, C;
+    float p;
+    uint64_t first;
+    bool bias, in_place;
+  };
+  const PhiloxStream stream{99, fnv1a32("mlp.dropout"), 4, 2};
+  const int threads_before = omp_get_max_threads();
+  for (const Case k : {Case{37, 77, 0.1f, 5, true, false}, Case{300, 96, 0.5f, 0, true, true},
+                       Case{9, 33, 0.0f, 3, true, false}, Case{50, 64, 0.2f, 1, false, false}}) {
+    for (int threads : {1, 3}) {
+      omp_set_num_threads(threads);
+      const int64_t n = k.N * k.C;
+      const auto y = random_floats(size_t(n), 1, -3.0f, 3.0f);
+      const auto residual = random_floats(size_t(n), 2, -1.0f, 1.0f);
+      const auto bias = random_floats(size_t(k.C), 3, -0.5f, 0.5f);
+      // Unfused.
+      std::vector<float> t = y, ref(static_cast<size_t>(n));
+      if (k.bias) bias_add(t.data(), bias.data(), k.N, k.C);
+      dropout_forward(t.data(), t.data(), n, k.p, stream, k.first);
+      add_forward(ref.data(), residual.data(), t.data(), n);
+      // Fused.
+      std::vector<float> out = k.in_place ? residual : std::vector<float>(static_cast<size_t>(n), 7.0f);
+      bias_dropout_add_forward(out.data(), k.in_place ? out.data() : residual.data(), y.data(),
+                               k.bias ? bias.data() : nullptr, k.N, k.C, k.p, stream, k.first);
+      ASSERT_EQ(0, std::memcmp(out.data(), ref.data(), size_t(n) * sizeof(float)))
+          << "N=" << k.N << " C=" << k.C << " p=" << k.p << " threads=" << threads;
+      if (k.p > 0.0f) {
+        // The case tests something: some elements dropped (out == residual), most kept.
+        int64_t dropped = 0;
+        for (int64_t i = 0; i < n; ++i) dropped += out[size_t(i)] == residual[size_t(i)];
+        EXPECT_GT(dropped, 0);
+        EXPECT_LT(dropped, n);
+      }
+    }
+  }
+  omp_set_num_threads(threads_before);
 }
 
 }  // namespace

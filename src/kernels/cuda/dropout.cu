@@ -51,7 +51,44 @@ void apply_mask(float* out, const float* x, int64_t n, float p, const PhiloxStre
   LATTICE_CUDA_LAUNCHED(what);
 }
 
+// out[i] = residual[i] + dropout(y[i] + bias[i % C]), one thread per Philox block as above.
+// Explicitly rounded operations (no contraction into an FMA), so the bits are those of
+// bias_add, dropout and add_forward run one after the other.
+__global__ void bias_dropout_add_kernel(float* out, const float* residual, const float* y, const float* bias,
+                                        int64_t C, int64_t n, bool dropout, uint32_t threshold, float scale,
+                                        PhiloxStream stream, uint64_t first_index, uint64_t first_block,
+                                        int64_t blocks) {
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < blocks;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t blk = first_block + uint64_t(j);
+    PhiloxCounter r{};
+    if (dropout) r = stream.block(blk);
+    for (int q = 0; q < 4; ++q) {
+      const uint64_t idx = (blk << 2) + uint64_t(q);
+      if (idx < first_index || idx >= first_index + uint64_t(n)) continue;
+      const int64_t i = int64_t(idx - first_index);
+      float v = bias ? __fadd_rn(y[i], bias[i % C]) : y[i];
+      if (dropout) v = (r[q] >> 8) >= threshold ? __fmul_rn(v, scale) : 0.0f;
+      out[i] = __fadd_rn(residual[i], v);
+    }
+  }
+}
+
 }  // namespace
+
+void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index) {
+  LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "bias_dropout_add: dropout probability " << p << " not in [0, 1)";
+  const int64_t n = N * C;
+  if (n <= 0) return;
+  const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+  const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
+  const uint64_t first_block = first_index >> 2;
+  const int64_t blocks = int64_t(((first_index + uint64_t(n) - 1) >> 2) - first_block + 1);
+  bias_dropout_add_kernel<<<grid_for(blocks, kThreads), kThreads, 0, cuda::stream()>>>(
+      out, residual, y, bias, C, n, p > 0.0f, threshold, scale, stream, first_index, first_block, blocks);
+  LATTICE_CUDA_LAUNCHED("bias_dropout_add_forward");
+}
 
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
                      uint64_t first_index) {

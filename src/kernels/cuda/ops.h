@@ -31,6 +31,8 @@ void dropout_forward(float* out, const float* x, int64_t n, float p, const Philo
                      uint64_t first_index);
 void dropout_backward(float* dx, const float* dout, int64_t n, float p,
                       const PhiloxStream& stream, uint64_t first_index);
+void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index);
 
 // ---- elementwise.h
 void add_forward(float* out, const float* a, const float* b, int64_t n);
