@@ -40,6 +40,18 @@ inline std::vector<int32_t> document_ids(int64_t B, int64_t T, uint32_t seed) {
   return ids;
 }
 
+// Attention dropout p = 0.1 as tensor-parallel rank 1 of 2 sees it: this rank's H heads
+// are heads [H, 2H) of 2H, and the stream starts past earlier draws.
+inline AttentionDropout tensor_parallel_rank1_dropout(int64_t H) {
+  AttentionDropout drop;
+  drop.p = 0.1f;
+  drop.stream = PhiloxStream{2024, fnv1a32("attention-dropout"), 3, 1};
+  drop.first_index = 7;
+  drop.total_heads = 2 * H;
+  drop.head_offset = H;
+  return drop;
+}
+
 // The values rounded to fp16 (else bf16), kept in fp32.
 inline std::vector<float> rounded(std::vector<float> v, bool fp16) {
   for (float& x : v) x = fp16 ? math::fp16_to_fp32(math::fp32_to_fp16(x)) : math::round_bf16(x);

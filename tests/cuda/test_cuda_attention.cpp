@@ -89,15 +89,7 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
   const Variant v = GetParam().v;
   const AttentionShape s{c.B, c.T, c.H, c.D};
   AttentionDropout drop;
-  if (v == Variant::kDropout || v == Variant::kDocumentsDropout) {
-    // As a tensor-parallel rank 1 of 2 sees it: this rank's H heads are heads
-    // [H, 2H) of 2H, and the stream starts past earlier draws.
-    drop.p = 0.1f;
-    drop.stream = PhiloxStream{2024, fnv1a32("attention-dropout"), 3, 1};
-    drop.first_index = 7;
-    drop.total_heads = 2 * c.H;
-    drop.head_offset = c.H;
-  }
+  if (v == Variant::kDropout || v == Variant::kDocumentsDropout) drop = tensor_parallel_rank1_dropout(c.H);
   std::vector<int32_t> docs;
   if (v == Variant::kDocuments || v == Variant::kDocumentsDropout) docs = document_ids(c.B, c.T, 5);
   const int32_t* docs_cpu = docs.empty() ? nullptr : docs.data();
@@ -221,13 +213,7 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
   const double u = f == Format::kBf16 ? 1.0 / 256 : 1.0 / 2048;
   const AttentionShape s{c.B, c.T, c.H, c.D};
   AttentionDropout drop;
-  if (v == Variant::kDropout || v == Variant::kDocumentsDropout) {
-    drop.p = 0.1f;
-    drop.stream = PhiloxStream{2024, fnv1a32("attention-dropout"), 3, 1};
-    drop.first_index = 7;
-    drop.total_heads = 2 * c.H;
-    drop.head_offset = c.H;
-  }
+  if (v == Variant::kDropout || v == Variant::kDocumentsDropout) drop = tensor_parallel_rank1_dropout(c.H);
   std::vector<int32_t> docs;
   if (v == Variant::kDocuments || v == Variant::kDocumentsDropout) docs = document_ids(c.B, c.T, 5);
   const int32_t* docs_cpu = docs.empty() ? nullptr : docs.data();

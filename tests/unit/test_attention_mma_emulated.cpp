@@ -242,13 +242,7 @@ TEST_P(AttentionMmaEmulated, ForwardAndBackwardMatchRoundedCpu) {
   const Case c = GetParam();
   const AttentionShape s{c.B, c.T, c.H, c.D};
   AttentionDropout drop;
-  if (c.dropout) {  // as tensor-parallel rank 1 of 2 sees it
-    drop.p = 0.1f;
-    drop.stream = PhiloxStream{2024, fnv1a32("attention-dropout"), 3, 1};
-    drop.first_index = 7;
-    drop.total_heads = 2 * c.H;
-    drop.head_offset = c.H;
-  }
+  if (c.dropout) drop = tensor_parallel_rank1_dropout(c.H);
   const std::vector<int32_t> docs = c.docs ? document_ids(c.B, c.T, 5) : std::vector<int32_t>();
   const int32_t* doc = docs.empty() ? nullptr : docs.data();
   const double u = c.fp16 ? 1.0 / 2048 : 1.0 / 256;

@@ -67,8 +67,20 @@ void bias_dropout_add_forward(float* out, const float* residual, const float* y,
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t i0 = k * kChunk, len = std::min(n - i0, kChunk);
     alignas(64) float v[kChunk];
-    for (int64_t i = 0, c = i0 % C; i < len; ++i, c = c + 1 == C ? 0 : c + 1)
-      v[i] = bias ? y[i0 + i] + bias[c] : y[i0 + i];
+    // v = y + bias, row segment by row segment (each one vectorizes).
+    for (int64_t i = 0, c = i0 % C; i < len; c = 0) {
+      const int64_t seg = std::min(len - i, C - c);
+      const float* __restrict ys = y + i0 + i;
+      float* __restrict vs = v + i;
+      if (bias) {
+        const float* __restrict bs = bias + c;
+#pragma omp simd
+        for (int64_t j = 0; j < seg; ++j) vs[j] = ys[j] + bs[j];
+      } else {
+        std::memcpy(vs, ys, size_t(seg) * sizeof(float));
+      }
+      i += seg;
+    }
     if (p > 0.0f) {
       alignas(64) float mask[kChunk];
       simd::dropout_mask(mask, stream, first_index + uint64_t(i0), len, p, scale);
