@@ -77,13 +77,23 @@ lattice_train() {  # L H C ITERS [more flags] -> runs lattice train on the GPU u
     --eval-iters 0 --peak-tflops "$PEAK" "$@"
 }
 
+# why_failed RC: " (exit RC)" or " (exit 124: timed out after Ns)".
+why_failed() {
+  echo " (exit $1$([ "$1" -eq 124 ] && echo ": timed out after ${STEP_TIMEOUT}s"))"
+}
+
+# report_failure WHAT RC LOG: a run's failure and the end of its log, on stderr.
+report_failure() {
+  echo "gpu_bench: $1 failed$(why_failed "$2"); last lines:" >&2
+  tail -n 8 "$3" | sed 's/^/    /' >&2
+}
+
 run_lattice() {  # shape L H C -> row fields or FAILED
   local log=$LOGDIR/$1.lattice
   lattice_train "$2" "$3" "$4" $((WARMUP + STEPS)) --metrics-file "$log.jsonl" >"$log.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
-    echo "gpu_bench: lattice $1 failed (exit $rc$([ $rc -eq 124 ] && echo ": timed out after ${STEP_TIMEOUT}s")); last lines:" >&2
-    tail -n 8 "$log.out" | sed 's/^/    /' >&2
+    report_failure "lattice $1" "$rc" "$log.out"
     echo "FAILED(exit-$rc)"
     return
   fi
@@ -97,8 +107,7 @@ run_torch() {  # shape L H C -> row fields or FAILED
     >"$log.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
-    echo "gpu_bench: torch $1 failed (exit $rc$([ $rc -eq 124 ] && echo ": timed out after ${STEP_TIMEOUT}s")); last lines:" >&2
-    tail -n 8 "$log.out" | sed 's/^/    /' >&2
+    report_failure "torch $1" "$rc" "$log.out"
     echo "FAILED(exit-$rc)"
     return
   fi
@@ -155,9 +164,8 @@ profile_lattice() {  # shape L H C ATTENTION(auto|fp32) -> the table, or one lin
   LATTICE_CUDA_ATTENTION=$5 lattice_train "$2" "$3" "$4" $((WARMUP + 3)) --profile-ops >"$log.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
-    echo "gpu_bench: lattice --profile-ops $1 failed (exit $rc$([ $rc -eq 124 ] && echo ": timed out after ${STEP_TIMEOUT}s")); last lines:" >&2
-    tail -n 8 "$log.out" | sed 's/^/    /' >&2
-    echo "profile run failed (exit $rc$([ $rc -eq 124 ] && echo ", timed out after ${STEP_TIMEOUT}s")); log: $log.out"
+    report_failure "lattice --profile-ops $1" "$rc" "$log.out"
+    echo "profile run failed$(why_failed "$rc"); log: $log.out"
     return
   fi
   sed -n '/^> op profile/,/^> op time per iteration/p' "$log.out" | grep . ||

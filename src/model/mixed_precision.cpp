@@ -42,6 +42,27 @@ class WeightCache {
   std::vector<bool> fresh_;
 };
 
+// The output gradient dy that weight_grad converted last, for input_grad of the same
+// linear layer to reuse (linear_backward calls weight_grad, then input_grad, on one dy):
+// the same values, not converted twice. Forgotten once input_grad has used it.
+class LastOutputGrad {
+ public:
+  void remember(int param, const float* dy, int64_t n) { held_ = {param, dy, n}; }
+  // Whether the buffer holds this dy's conversion; forgets it either way.
+  bool take(int param, const float* dy, int64_t n) {
+    const bool same = held_.param == param && held_.dy == dy && held_.n == n;
+    held_ = {};
+    return same;
+  }
+
+ private:
+  struct {
+    int param = -1;
+    const float* dy = nullptr;
+    int64_t n = 0;
+  } held_;
+};
+
 // The two 16-bit formats: how an operand is stored (Elem), made from fp32 (convert), and
 // multiplied (gemm: products exact in fp32, fp32 accumulation), and how a result rounds.
 struct Bf16Format {  // bf16 patterns into gemm_bf16
@@ -83,16 +104,14 @@ class HalfPolicy final : public MixedPrecisionPolicy {
                    int64_t out) override {
     Format::gemm(Trans::T, Trans::N, out, in, N, operand(g_, dy, N * out), out, operand(b_, x, N * in), in, 1.0f,
                  dW, in);
-    g_of_ = {param, dy, N * out};
+    g_last_.remember(param, dy, N * out);
   }
   void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
                   bool accumulate) override {
     const Elem* Wh = weights_.get(param, W, out * in, Format::convert);
     // The output gradient as weight_grad converted it (linear_backward calls it first,
     // on the same dy): the same values, not converted twice.
-    const bool same = g_of_.param == param && g_of_.dy == dy && g_of_.n == N * out;
-    const Elem* g = same ? g_.data() : operand(g_, dy, N * out);
-    g_of_ = {};
+    const Elem* g = g_last_.take(param, dy, N * out) ? g_.data() : operand(g_, dy, N * out);
     Format::gemm(Trans::N, Trans::N, N, in, out, g, out, Wh, in, accumulate ? 1.0f : 0.0f, dx, in);
   }
 
@@ -105,11 +124,7 @@ class HalfPolicy final : public MixedPrecisionPolicy {
   WeightCache<Elem> weights_;
   DeviceArray<Elem> a_, b_;  // operand scratch (forward's x, weight_grad's x)
   DeviceArray<Elem> g_;      // the output gradient dy of the last weight_grad
-  struct {
-    int param = -1;
-    const float* dy = nullptr;
-    int64_t n = 0;
-  } g_of_;                   // what g_ holds until input_grad uses it
+  LastOutputGrad g_last_;    // whether g_ still holds it
 };
 
 // fp8 with delayed scaling; operands as bf16 patterns of the fp8 values (exact).
@@ -139,8 +154,7 @@ class Fp8Policy final : public MixedPrecisionPolicy {
     const float sx = s.x.scale();
     const uint16_t* xq = quantize(a_, x, N * in, sx, recipe_.forward);
     gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f / (sg * sx), gq, out, xq, in, 1.0f, dW, in);
-    g_param_ = param;
-    g_ptr_ = dy;
+    g_last_.remember(param, dy, N * out);
   }
   void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
                   bool accumulate) override {
@@ -149,13 +163,12 @@ class Fp8Policy final : public MixedPrecisionPolicy {
     const float sg = s.g.scale();
     // The output gradient as weight_grad quantized it (linear_backward calls it first).
     const uint16_t* gq = g_.data();
-    if (g_param_ != param || g_ptr_ != dy) {
+    if (!g_last_.take(param, dy, N * out)) {
       gq = quantize(g_, dy, N * out, sg, recipe_.backward);
       note_amax(s.g_amax, dy, N * out);
     }
     gemm_bf16(Trans::N, Trans::N, N, in, out, 1.0f / (sg * s.w_used), gq, out, Wq, in, accumulate ? 1.0f : 0.0f,
               dx, in);
-    g_param_ = -1;
   }
 
   std::map<int, Fp8ScalingState> scaling_state() const override {
@@ -245,8 +258,7 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   WeightCache<uint16_t> weights_;
   DeviceArray<uint16_t> a_, g_;  // quantized operands (bf16 patterns of fp8 values)
   DeviceArray<float> tmp_, wq_;  // fp8 values of an operand, of a weight
-  int g_param_ = -1;
-  const float* g_ptr_ = nullptr;
+  LastOutputGrad g_last_;        // whether g_ holds the last weight_grad's dy
 };
 
 }  // namespace

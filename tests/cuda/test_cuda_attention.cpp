@@ -81,6 +81,45 @@ void expect_rows_close(const std::vector<float>& cuda_v, const std::vector<float
                          << worst << " x tol)";
 }
 
+// The CUDA attention on the host inputs: forward (out, lse) and, from the CPU's out and lse
+// (so it is checked on its own), backward twice (dqkv and dqkv_again: a deterministic
+// kernel gives the same bits). Outputs start as NaN bytes, so an element left unwritten fails.
+struct GpuAttention {
+  std::vector<float> out, lse, dqkv, dqkv_again;
+};
+GpuAttention run_on_gpu(const std::vector<float>& qkv, const std::vector<float>& dout,
+                        const std::vector<float>& cpu_out, const std::vector<float>& cpu_lse,
+                        const std::vector<int32_t>& docs, const AttentionShape& s, const AttentionDropout& drop,
+                        AttentionMath math) {
+  auto d_qkv = upload(qkv);
+  auto d_dout = upload(dout);
+  const cuda::DeviceBuffer d_docs = docs.empty() ? cuda::DeviceBuffer() : upload(docs);
+  const int32_t* doc = docs.empty() ? nullptr : d_docs.as<int32_t>();
+  cuda::DeviceBuffer d_out(cpu_out.size() * sizeof(float)), d_lse(cpu_lse.size() * sizeof(float));
+  cuda::DeviceBuffer d_dqkv(qkv.size() * sizeof(float));
+  cuda::memset_device(d_out.data(), 0xff, d_out.size());
+  cuda::memset_device(d_lse.data(), 0xff, d_lse.size());
+  GpuAttention g;
+  cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, drop, doc, math);
+  g.out = download<float>(d_out, cpu_out.size());
+  g.lse = download<float>(d_lse, cpu_lse.size());
+  auto d_out_cpu = upload(cpu_out);
+  auto d_lse_cpu = upload(cpu_lse);
+  for (std::vector<float>* dqkv : {&g.dqkv, &g.dqkv_again}) {
+    cuda::memset_device(d_dqkv.data(), 0xff, d_dqkv.size());
+    cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out_cpu.as<float>(),
+                             d_lse_cpu.as<float>(), s, drop, doc, math);
+    *dqkv = download<float>(d_dqkv, qkv.size());
+  }
+  return g;
+}
+
+void expect_same_bits(const std::vector<float>& again, const std::vector<float>& first) {
+  size_t differ = 0;
+  for (size_t k = 0; k < first.size(); ++k) differ += std::memcmp(&again[k], &first[k], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0u) << "dqkv differs between two identical backward runs in " << differ << " elements";
+}
+
 class CudaAttention : public ::testing::TestWithParam<Param> {};
 
 TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
@@ -104,25 +143,8 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
   attention_forward(out.data(), lse.data(), qkv.data(), s, drop, docs_cpu);
   attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s, drop, docs_cpu);
 
-  // CUDA, outputs first filled with NaN bytes so an element left unwritten fails.
-  auto d_qkv = upload(qkv);
-  auto d_dout = upload(dout);
-  const cuda::DeviceBuffer d_docs = docs.empty() ? cuda::DeviceBuffer() : upload(docs);
-  const int32_t* docs_gpu = docs.empty() ? nullptr : d_docs.as<int32_t>();
-  cuda::DeviceBuffer d_out(n_out * sizeof(float)), d_lse(n_lse * sizeof(float));
-  cuda::DeviceBuffer d_dqkv(n_qkv * sizeof(float));
-  cuda::memset_device(d_out.data(), 0xff, d_out.size());
-  cuda::memset_device(d_lse.data(), 0xff, d_lse.size());
-  cuda::memset_device(d_dqkv.data(), 0xff, d_dqkv.size());
-  cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, drop, docs_gpu);
-  const auto g_out = download<float>(d_out, n_out);
-  const auto g_lse = download<float>(d_lse, n_lse);
-  // The backward reads the CPU's out and lse, so it is checked on its own.
-  auto d_out_cpu = upload(out);
-  auto d_lse_cpu = upload(lse);
-  cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(),
-                           d_out_cpu.as<float>(), d_lse_cpu.as<float>(), s, drop, docs_gpu);
-  const auto g_dqkv = download<float>(d_dqkv, n_qkv);
+  const GpuAttention g = run_on_gpu(qkv, dout, out, lse, docs, s, drop, AttentionMath::fp32);
+  const std::vector<float>&g_out = g.out, &g_lse = g.lse, &g_dqkv = g.dqkv;
 
   const auto out_row = [&](int64_t r) {  // r over [B,T,H]
     std::ostringstream os;
@@ -145,16 +167,7 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
   expect_rows_close(g_lse, lse, 1, "lse", lse_row);
   expect_rows_close(g_dqkv, dqkv, c.D, "dqkv", qkv_row);
 
-  // Deterministic: a second backward gives the same bits.
-  cuda::memset_device(d_dqkv.data(), 0xff, d_dqkv.size());
-  cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(),
-                           d_out_cpu.as<float>(), d_lse_cpu.as<float>(), s, drop, docs_gpu);
-  const auto again = download<float>(d_dqkv, n_qkv);
-  size_t differ = 0;
-  for (size_t k = 0; k < n_qkv; ++k)
-    differ += std::memcmp(&again[k], &g_dqkv[k], sizeof(float)) != 0;
-  EXPECT_EQ(differ, 0u) << "dqkv differs between two identical backward runs in " << differ
-                        << " elements";
+  expect_same_bits(g.dqkv_again, g.dqkv);
 }
 
 std::vector<Param> params() {
@@ -219,31 +232,19 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
   const int32_t* docs_cpu = docs.empty() ? nullptr : docs.data();
 
   const size_t n_qkv = size_t(c.B * c.T * c.H * 3 * c.D), n_out = size_t(c.B * c.T * c.H * c.D);
-  const size_t n_lse = size_t(c.B * c.H * c.T);
   const auto qkv = random_floats(n_qkv, 21, -1.5f, 1.5f);
   const auto dout = random_floats(n_out, 22, -1.0f, 1.0f);
   const RoundedReference ref = rounded_reference(qkv, dout, s, drop, docs_cpu, f == Format::kFp16);
   const std::vector<float>&out = ref.out, &lse = ref.lse;
 
-  auto d_qkv = upload(qkv);  // unrounded: the kernel rounds
-  auto d_dout = upload(dout);
-  ASSERT_TRUE(cuda::attention_mma_supported(s, d_qkv.data(), d_dout.data(), d_qkv.data()))
-      << "the tensor-core kernels do not take D=" << c.D << " on this GPU";
-  const cuda::DeviceBuffer d_docs = docs.empty() ? cuda::DeviceBuffer() : upload(docs);
-  const int32_t* docs_gpu = docs.empty() ? nullptr : d_docs.as<int32_t>();
-  cuda::DeviceBuffer d_out(n_out * sizeof(float)), d_lse(n_lse * sizeof(float));
-  cuda::DeviceBuffer d_dqkv(n_qkv * sizeof(float));
-  cuda::memset_device(d_out.data(), 0xff, d_out.size());
-  cuda::memset_device(d_lse.data(), 0xff, d_lse.size());
-  cuda::memset_device(d_dqkv.data(), 0xff, d_dqkv.size());
-  cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, drop, docs_gpu, math);
-  const auto g_out = download<float>(d_out, n_out);
-  const auto g_lse = download<float>(d_lse, n_lse);
-  auto d_out_cpu = upload(out);
-  auto d_lse_cpu = upload(lse);
-  cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out_cpu.as<float>(),
-                           d_lse_cpu.as<float>(), s, drop, docs_gpu, math);
-  const auto g_dqkv = download<float>(d_dqkv, n_qkv);
+  {
+    auto d_qkv = upload(qkv);
+    ASSERT_TRUE(cuda::attention_mma_supported(s, d_qkv.data(), d_qkv.data(), d_qkv.data()))
+        << "the tensor-core kernels do not take D=" << c.D << " on this GPU";
+  }
+  // Unrounded inputs: the kernels round.
+  const GpuAttention g = run_on_gpu(qkv, dout, out, lse, docs, s, drop, math);
+  const std::vector<float>&g_out = g.out, &g_lse = g.lse, &g_dqkv = g.dqkv;
 
   const Errors err = errors(g_out, g_dqkv, ref, c.D);
   const double e_out = err.out, e_dq = err.dq, e_dk = err.dk, e_dv = err.dv;
@@ -263,13 +264,7 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
   EXPECT_EQ(std::count_if(g_out.begin(), g_out.end(), [](float x) { return std::isnan(x); }), 0) << "out";
   EXPECT_EQ(std::count_if(g_dqkv.begin(), g_dqkv.end(), [](float x) { return std::isnan(x); }), 0) << "dqkv";
 
-  // Deterministic: a second backward gives the same bits.
-  cuda::memset_device(d_dqkv.data(), 0xff, d_dqkv.size());
-  cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out_cpu.as<float>(),
-                           d_lse_cpu.as<float>(), s, drop, docs_gpu, math);
-  const auto again = download<float>(d_dqkv, n_qkv);
-  EXPECT_EQ(std::memcmp(again.data(), g_dqkv.data(), n_qkv * sizeof(float)), 0)
-      << "dqkv differs between two identical backward runs";
+  expect_same_bits(g.dqkv_again, g.dqkv);
 }
 
 std::vector<MmaParam> mma_params() {

@@ -51,45 +51,43 @@ using namespace attention_detail;
 using namespace attention_mma_detail;
 
 // ---------------------------------------------------------------------------------------
-// The 16-bit operand formats.
-struct Bf16 {
-  __device__ static float round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+// The 16-bit operand formats: bf16 (kFp16 false) or fp16.
+#define LATTICE_MMA_M16N8K16(type)                                                                   \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 {%0,%1,%2,%3}, "          \
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                            \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
+template <bool kFp16>
+struct Half16 {
+  __device__ static float round(float x) {
+    if constexpr (kFp16) return __half2float(__float2half_rn(x));
+    else return __bfloat162float(__float2bfloat16_rn(x));
+  }
   __device__ static uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+    uint32_t bits;
+    if constexpr (kFp16) {
+      const __half2 v = __floats2half2_rn(lo, hi);
+      memcpy(&bits, &v, sizeof bits);
+    } else {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      memcpy(&bits, &v, sizeof bits);
+    }
+    return bits;
   }
   // d += a b (16 x 8 x 16)
   __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (kFp16) LATTICE_MMA_M16N8K16("f16");
+    else LATTICE_MMA_M16N8K16("bf16");
 #else
     __trap();  // the host never launches these kernels below sm_80
 #endif
   }
 };
-
-struct Fp16 {
-  __device__ static float round(float x) { return __half2float(__float2half_rn(x)); }
-  __device__ static uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();
-#endif
-  }
-};
+#undef LATTICE_MMA_M16N8K16
+using Bf16 = Half16<false>;
+using Fp16 = Half16<true>;
 
 // ---------------------------------------------------------------------------------------
 // Host side.
