@@ -13,6 +13,16 @@
       GTEST_SKIP() << "no GPU here: " << ::lattice::cuda::unavailable_reason();    \
   } while (0)
 
+// Skips a test that only a real GPU can answer (its speed, the asynchrony of its streams)
+// when the binary runs under the SIMT emulation (lattice_simt_tests, tests/simt/).
+#if LATTICE_SIMT_TESTS
+#define LATTICE_SKIP_UNDER_SIMT(why) GTEST_SKIP() << "under the SIMT emulation: " << why
+#else
+#define LATTICE_SKIP_UNDER_SIMT(why) \
+  do {                               \
+  } while (0)
+#endif
+
 namespace lattice::cuda_test {
 
 // A device copy of a host vector.

@@ -251,8 +251,23 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
   std::printf("[ info ] attention mma %s: relative error out %.2e dq %.2e dk %.2e dv %.2e (bound %.2e)\n",
               mma_name_of({GetParam(), 0}).c_str(), e_out, e_dq, e_dk, e_dv, 2 * u);
   EXPECT_LE(e_out, 2 * u) << "out";
-  EXPECT_LE(e_dq, 2 * u) << "dq";
-  EXPECT_LE(e_dk, 2 * u) << "dk";
+  if (c.T == 1) {
+    // One key per query: P = 1, dS = P (dP - dO . o) = 0 since o = v, so dq and dk are zero
+    // in exact arithmetic and both sides' values are rounding noise (the reference's is not
+    // a scale to measure against): they must be negligible against dv, the layer's gradient.
+    const auto part_norm = [&](const std::vector<float>& x, int which) {
+      double s2 = 0.0;
+      for (size_t k = 0; k < x.size(); ++k)
+        if (int((k / size_t(c.D)) % 3) == which) s2 += double(x[k]) * double(x[k]);
+      return std::sqrt(s2);
+    };
+    const double dv_norm = part_norm(ref.dqkv, 2);
+    EXPECT_LE(part_norm(g_dqkv, 0), 2 * u * dv_norm) << "dq, zero in exact arithmetic for T = 1";
+    EXPECT_LE(part_norm(g_dqkv, 1), 2 * u * dv_norm) << "dk, zero in exact arithmetic for T = 1";
+  } else {
+    EXPECT_LE(e_dq, 2 * u) << "dq";
+    EXPECT_LE(e_dk, 2 * u) << "dk";
+  }
   EXPECT_LE(e_dv, 2 * u) << "dv";
   const auto lse_row = [&](int64_t r) {
     std::ostringstream os;

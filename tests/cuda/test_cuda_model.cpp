@@ -137,8 +137,18 @@ struct TensorDiff {
   float cpu = 0, gpu = 0;
 };
 
+// The key part of linear_qkv.bias ([H, 3, D]: k is part 1 of each head's three). Its gradient
+// is zero in exact arithmetic (adding b_k to every key shifts each query's scores by the
+// same q . b_k, which the softmax ignores), so what the two backends compute for it is
+// rounding noise of opposite signs, and Adam, which normalizes a gradient by its own
+// magnitude, turns either into full lr-sized steps: after training, these values are two
+// random walks, not a result to compare.
+bool is_key_bias(const ParamInfo& p, int64_t i, int64_t head_dim) {
+  return p.name.find("linear_qkv.bias") != std::string::npos && ((i - p.offset) / head_dim) % 3 == 1;
+}
+
 std::vector<TensorDiff> compare_tensors(const TransformerConfig& cfg, const std::vector<float>& cpu,
-                                        const std::vector<float>& gpu, bool l2) {
+                                        const std::vector<float>& gpu, bool l2, bool skip_key_bias = false) {
   GPTModel layout(cfg, 1, 1);  // the CPU is current here: only the registry is used
   std::vector<TensorDiff> out;
   for (const ParamInfo& p : layout.params().infos()) {
@@ -146,6 +156,7 @@ std::vector<TensorDiff> compare_tensors(const TransformerConfig& cfg, const std:
     t.name = p.name;
     double max_ref = 0, max_diff = 0, sq_ref = 0, sq_diff = 0;
     for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      if (skip_key_bias && is_key_bias(p, i, cfg.kv_channels)) continue;
       const double ref = cpu[size_t(i)], got = gpu[size_t(i)];
       const double diff = std::isfinite(got) ? std::fabs(got - ref) : INFINITY;
       max_ref = std::max(max_ref, std::fabs(ref));
@@ -207,7 +218,8 @@ TEST(CudaModel, TwentyIterationsFp32MatchCpu) {
         << "iteration " << i + 1 << ": loss cuda " << gpu.losses[i] << ", cpu " << cpu.losses[i];
   std::printf("[ info ] loss after 20 iterations: cuda %.9g, cpu %.9g (first %.6g)\n", gpu.losses.back(),
               cpu.losses.back(), cpu.losses.front());
-  expect_tensors_close("final parameter (L2)", compare_tensors(cfg, cpu.params, gpu.params, true), kFp32Tol);
+  expect_tensors_close("final parameter (L2, without the key bias)",
+                       compare_tensors(cfg, cpu.params, gpu.params, true, /*skip_key_bias=*/true), kFp32Tol);
 }
 
 // bf16 GEMMs round differently on the two backends (cuBLASLt vs the CPU's bf16 GEMM), and
@@ -217,6 +229,8 @@ TEST(CudaModel, TwentyIterationsFp32MatchCpu) {
 // cores in bf16 as in a --bf16 training run.
 TEST(CudaModel, Bf16TwoHundredIterationsSlow) {
   LATTICE_REQUIRE_CUDA();
+  LATTICE_SKIP_UNDER_SIMT("200 iterations take minutes there; the op tables and TwentyIterationsFp32MatchCpu cover "
+                          "the same kernels");
   TransformerConfig cfg = small_config(0.1f);
   cfg.hidden_size = 128;
   cfg.num_attention_heads = 2;

@@ -250,12 +250,12 @@ __global__ void bias_epilogue_kernel(float* X, int64_t ldx, const float* bias, i
 
 template <typename T>
 void scale(T* C, int64_t ldc, int64_t M, int64_t N, float beta) {
-  scale_kernel<T><<<grid_for(M * N, 256), 256, 0, stream()>>>(C, ldc, M, N, beta);
+  launch(scale_kernel<T>, grid_for(M * N, 256), 256, 0, C, ldc, M, N, beta);
   LATTICE_CUDA_LAUNCHED("gemm scale (K = 0)");
 }
 
 void bias_epilogue(float* X, int64_t ldx, const float* bias, int64_t M, int64_t N, float* C, int64_t ldc, bool gelu) {
-  bias_epilogue_kernel<<<grid_for(M * N, 256), 256, 0, stream()>>>(X, ldx, bias, M, N, C, ldc, gelu);
+  launch(bias_epilogue_kernel, grid_for(M * N, 256), 256, 0, X, ldx, bias, M, N, C, ldc, gelu);
   LATTICE_CUDA_LAUNCHED("gemm bias epilogue");
 }
 

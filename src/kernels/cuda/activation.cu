@@ -27,18 +27,18 @@ __global__ void gelu_backward_kernel(float* dx, const float* x, const float* dou
 void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind) {
   if (n <= 0) return;
   if (kind == GeluKind::erf)
-    gelu_forward_kernel<GeluKind::erf><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, x, n);
+    launch(gelu_forward_kernel<GeluKind::erf>, grid_for(n, kThreads), kThreads, 0, out, x, n);
   else
-    gelu_forward_kernel<GeluKind::tanh><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, x, n);
+    launch(gelu_forward_kernel<GeluKind::tanh>, grid_for(n, kThreads), kThreads, 0, out, x, n);
   LATTICE_CUDA_LAUNCHED("gelu_forward");
 }
 
 void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind) {
   if (n <= 0) return;
   if (kind == GeluKind::erf)
-    gelu_backward_kernel<GeluKind::erf><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(dx, x, dout, n);
+    launch(gelu_backward_kernel<GeluKind::erf>, grid_for(n, kThreads), kThreads, 0, dx, x, dout, n);
   else
-    gelu_backward_kernel<GeluKind::tanh><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(dx, x, dout, n);
+    launch(gelu_backward_kernel<GeluKind::tanh>, grid_for(n, kThreads), kThreads, 0, dx, x, dout, n);
   LATTICE_CUDA_LAUNCHED("gelu_backward");
 }
 

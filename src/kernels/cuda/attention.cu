@@ -78,7 +78,7 @@ __device__ __forceinline__ bool disjoint(IdRange a, IdRange b) { return a.hi < b
 template <int NC>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(float* out, float* lse, const float* qkv, Params p) {
-  extern __shared__ float smem[];
+  LATTICE_DYNAMIC_SHARED(float, smem);
   const int D = int(p.D);
   float* Qs = smem;
   float* Kt = Qs + kTile * D;
@@ -174,7 +174,7 @@ template <int NC>
 __global__ void __launch_bounds__(kThreads)
     backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, Params p) {
-  extern __shared__ float smem[];
+  LATTICE_DYNAMIC_SHARED(float, smem);
   const int D = int(p.D);
   float* Ks = smem;
   float* Vs = Ks + kTile * D;
@@ -290,7 +290,7 @@ template <int NC>
 __global__ void __launch_bounds__(kThreads)
     backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
                        const float* lse, Params p) {
-  extern __shared__ float smem[];
+  LATTICE_DYNAMIC_SHARED(float, smem);
   const int D = int(p.D);
   float* Qs = smem;
   float* dOs = Qs + kTile * D;
@@ -392,7 +392,7 @@ template <int NC>
 void forward_nc(float* out, float* lse, const float* qkv, const Params& p) {
   const size_t bytes = size_t(2 * kTile * p.D + p.D * kPad) * sizeof(float);
   allow_shared(forward_kernel<NC>, bytes, "forward");
-  forward_kernel<NC><<<dim3(tiles(p.T), unsigned(p.B * p.H)), kThreads, bytes, stream()>>>(
+  launch(forward_kernel<NC>, dim3(tiles(p.T), unsigned(p.B * p.H)), kThreads, bytes,
       out, lse, qkv, p);
   LATTICE_CUDA_LAUNCHED("attention_forward");
 }
@@ -403,11 +403,11 @@ void backward_nc(float* dqkv, const float* dout, const float* qkv, const float* 
   const dim3 grid(tiles(p.T), unsigned(p.B * p.H));
   const size_t dkv_bytes = size_t(2 * kTile * p.D + 2 * p.D * kPad + kTile) * sizeof(float);
   allow_shared(backward_dkv_kernel<NC>, dkv_bytes, "backward dK/dV");
-  backward_dkv_kernel<NC><<<grid, kThreads, dkv_bytes, stream()>>>(dqkv, dout, qkv, out, lse, p);
+  launch(backward_dkv_kernel<NC>, grid, kThreads, dkv_bytes, dqkv, dout, qkv, out, lse, p);
   LATTICE_CUDA_LAUNCHED("attention_backward (dK, dV)");
   const size_t dq_bytes = size_t(2 * kTile * p.D + 2 * p.D * kPad) * sizeof(float);
   allow_shared(backward_dq_kernel<NC>, dq_bytes, "backward dQ");
-  backward_dq_kernel<NC><<<grid, kThreads, dq_bytes, stream()>>>(dqkv, dout, qkv, out, lse, p);
+  launch(backward_dq_kernel<NC>, grid, kThreads, dq_bytes, dqkv, dout, qkv, out, lse, p);
   LATTICE_CUDA_LAUNCHED("attention_backward (dQ)");
 }
 

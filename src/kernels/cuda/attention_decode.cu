@@ -26,7 +26,7 @@ __global__ void kv_cache_append_kernel(float* k_cache, float* v_cache, const flo
 
 __global__ void cached_attention_kernel(float* out, const float* qkv, const float* k_cache, const float* v_cache,
                                         int64_t past, int64_t H, int64_t D, int64_t Tmax, float scale) {
-  extern __shared__ float s[];  // [past + r + 1] scores
+  LATTICE_DYNAMIC_SHARED(float, s);  // [past + r + 1] scores
   const int64_t r = blockIdx.x / H, h = blockIdx.x % H;
   const int64_t last = past + r;
   const float* q = qkv + (r * H + h) * 3 * D;
@@ -84,7 +84,7 @@ void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n
                      int64_t D, int64_t Tmax) {
   if (n <= 0) return;
   LATTICE_CHECK(past + n <= Tmax) << "kv_cache_append: " << past << " + " << n << " rows exceed " << Tmax;
-  kv_cache_append_kernel<<<grid_for(n * H * D, 256), 256, 0, stream()>>>(k_cache, v_cache, qkv, n, past, H, D, Tmax);
+  launch(kv_cache_append_kernel, grid_for(n * H * D, 256), 256, 0, k_cache, v_cache, qkv, n, past, H, D, Tmax);
   LATTICE_CUDA_LAUNCHED("kv_cache_append");
 }
 
@@ -94,7 +94,7 @@ void cached_attention_forward(float* out, const float* qkv, const float* k_cache
   const size_t shared = size_t(past + n) * sizeof(float);
   reserve_scores(shared, past + n);
   LATTICE_CHECK(n * H < (int64_t(1) << 31)) << "cached_attention_forward: too many (query, head) pairs";
-  cached_attention_kernel<<<unsigned(n * H), kThreads, shared, stream()>>>(out, qkv, k_cache, v_cache, past, H, D,
+  launch(cached_attention_kernel, unsigned(n * H), kThreads, shared, out, qkv, k_cache, v_cache, past, H, D,
                                                                           Tmax, 1.0f / sqrtf(float(D)));
   LATTICE_CUDA_LAUNCHED("cached_attention_forward");
 }

@@ -29,8 +29,8 @@
 // to run. Head dims 64 and 128; attention.cu falls back to its fp32 kernels otherwise.
 //
 // The kernels are in attention_mma_kernels.cuh, templated on the operand format; this
-// file gives them the PTX mma.sync and launches them. tests/unit/test_attention_mma_emulated.cpp
-// runs the same kernels on the CPU under a SIMT emulation (software mma by the layout above).
+// file gives them the PTX mma.sync and launches them. Under the SIMT emulation (tests/simt/)
+// the same kernels run on the CPU, with a software mma by the layout above.
 #include "kernels/cuda/attention_mma.h"
 
 #include <cuda_bf16.h>
@@ -80,6 +80,8 @@ struct Half16 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     if constexpr (kFp16) LATTICE_MMA_M16N8K16("f16");
     else LATTICE_MMA_M16N8K16("bf16");
+#elif LATTICE_CUDA_SIMT
+    ::lattice::simt::mma_m16n8k16(kFp16, d, a, b0, b1);  // tests/simt: the same fragments in software
 #else
     __trap();  // the host never launches these kernels below sm_80
 #endif
@@ -97,7 +99,7 @@ template <typename F, int D>
 void forward_typed(float* out, float* lse, const float* qkv, const Params& p) {
   constexpr size_t bytes = forward_smem<D>();
   allow_shared(mma_forward_kernel<F, D>, bytes, "forward (tensor cores)");
-  mma_forward_kernel<F, D><<<dim3(tiles(p.T, kFwdRows), unsigned(p.B * p.H)), kThreads, bytes, stream()>>>(
+  launch(mma_forward_kernel<F, D>, dim3(tiles(p.T, kFwdRows), unsigned(p.B * p.H)), kThreads, bytes,
       out, lse, qkv, p);
   LATTICE_CUDA_LAUNCHED("attention_forward (tensor cores)");
 }
@@ -119,18 +121,16 @@ void backward_typed(float* dqkv, const float* dout, const float* qkv, const floa
                     const Params& p) {
   float* di = di_scratch(p.B * p.H * p.T);
   const int64_t rows = p.B * p.H * p.T;
-  row_dot_kernel<F><<<unsigned((rows + kWarps - 1) / kWarps), kThreads, 0, stream()>>>(di, dout, out, p);
+  launch(row_dot_kernel<F>, unsigned((rows + kWarps - 1) / kWarps), kThreads, 0, di, dout, out, p);
   LATTICE_CUDA_LAUNCHED("attention_backward (D_i)");
   constexpr size_t kv_bytes = dkv_smem<D>();
   allow_shared(mma_backward_dkv_kernel<F, D>, kv_bytes, "backward dK/dV (tensor cores)");
-  mma_backward_dkv_kernel<F, D>
-      <<<dim3(tiles(p.T, kKvKeys), unsigned(p.B * p.H)), kThreads, kv_bytes, stream()>>>(dqkv, dout, qkv, lse,
+  launch(mma_backward_dkv_kernel<F, D>, dim3(tiles(p.T, kKvKeys), unsigned(p.B * p.H)), kThreads, kv_bytes, dqkv, dout, qkv, lse,
                                                                                           di, p);
   LATTICE_CUDA_LAUNCHED("attention_backward (dK, dV; tensor cores)");
   constexpr size_t q_bytes = dq_smem<D>();
   allow_shared(mma_backward_dq_kernel<F, D>, q_bytes, "backward dQ (tensor cores)");
-  mma_backward_dq_kernel<F, D>
-      <<<dim3(tiles(p.T, kDqRows), unsigned(p.B * p.H)), kThreads, q_bytes, stream()>>>(dqkv, dout, qkv, lse, di,
+  launch(mma_backward_dq_kernel<F, D>, dim3(tiles(p.T, kDqRows), unsigned(p.B * p.H)), kThreads, q_bytes, dqkv, dout, qkv, lse, di,
                                                                                          p);
   LATTICE_CUDA_LAUNCHED("attention_backward (dQ; tensor cores)");
 }

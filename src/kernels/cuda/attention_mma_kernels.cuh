@@ -4,21 +4,14 @@
 //   uint32_t F::pack(float lo, float hi)       two rounded values, lo in the low half
 //   void F::mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 //                                              d += a b, mma.m16n8k16 fragments
-// attention_mma.cu instantiates them with the PTX mma.sync; the unit test
-// tests/unit/test_attention_mma_emulated.cpp runs the same code on the CPU under a SIMT
-// emulation with a software mma of the PTX ISA's fragment layout, so the indexing, masks,
-// online softmax and dropout here are checked without a GPU. Only CUDA built-ins a C++
-// compiler can be given (threadIdx, blockIdx, __syncthreads, __shfl_xor_sync and the
-// LATTICE_DYNAMIC_SMEM declaration) are used.
+// attention_mma.cu instantiates them with the PTX mma.sync (under the SIMT emulation,
+// tests/simt/, with a software mma of the PTX ISA's fragment layout, so the indexing,
+// masks, online softmax and dropout here are checked without a GPU).
 #pragma once
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/attention_common.cuh"
-
-#ifndef LATTICE_DYNAMIC_SMEM
-#define LATTICE_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
-#endif
 
 namespace lattice::cuda::attention_mma_detail {
 
@@ -110,7 +103,7 @@ constexpr size_t forward_smem() {
 template <typename F, int D>
 __global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float* lse, const float* qkv, Params p) {
   constexpr int LD = D + 8, LDV = kFwdKeys + 8, KD = D / 16, ND = D / 8, NS = kFwdKeys / 8;
-  LATTICE_DYNAMIC_SMEM(smem_raw);
+  LATTICE_DYNAMIC_SHARED(unsigned char, smem_raw);
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* Ks = Qs + kFwdRows * LD;
   uint16_t* Vt = Ks + kFwdKeys * LD;
@@ -244,7 +237,7 @@ __global__ void __launch_bounds__(kThreads)
     mma_backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* di,
                             Params p) {
   constexpr int LD = D + 8, LDT = kKvRows + 8, KD = D / 16, ND = D / 8, NQ = kKvRows / 8;
-  LATTICE_DYNAMIC_SMEM(smem_raw);
+  LATTICE_DYNAMIC_SHARED(unsigned char, smem_raw);
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* Vs = Ks + kKvKeys * LD;
   uint16_t* Qs = Vs + kKvKeys * LD;
@@ -361,7 +354,7 @@ __global__ void __launch_bounds__(kThreads)
     mma_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* di,
                            Params p) {
   constexpr int LD = D + 8, LDT = kDqKeys + 8, KD = D / 16, ND = D / 8, NK = kDqKeys / 8;
-  LATTICE_DYNAMIC_SMEM(smem_raw);
+  LATTICE_DYNAMIC_SHARED(unsigned char, smem_raw);
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* dOs = Qs + kDqRows * LD;
   uint16_t* Ks = dOs + kDqRows * LD;

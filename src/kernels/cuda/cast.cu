@@ -55,31 +55,31 @@ unsigned blocks_for(int64_t n) {
 
 void cast_fp32_to_bf16(uint16_t* out, const float* in, int64_t n) {
   if (n <= 0) return;
-  to_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n);
+  launch(to_bf16_kernel, grid_for(n, kThreads), kThreads, 0, out, in, n);
   LATTICE_CUDA_LAUNCHED("cast_fp32_to_bf16");
 }
 
 void cast_bf16_to_fp32(float* out, const uint16_t* in, int64_t n) {
   if (n <= 0) return;
-  from_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n);
+  launch(from_bf16_kernel, grid_for(n, kThreads), kThreads, 0, out, in, n);
   LATTICE_CUDA_LAUNCHED("cast_bf16_to_fp32");
 }
 
 void round_to_bf16(float* out, const float* in, int64_t n) {
   if (n <= 0) return;
-  round_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n);
+  launch(round_bf16_kernel, grid_for(n, kThreads), kThreads, 0, out, in, n);
   LATTICE_CUDA_LAUNCHED("round_to_bf16");
 }
 
 void round_to_fp16(float* out, const float* in, int64_t n) {
   if (n <= 0) return;
-  round_fp16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n);
+  launch(round_fp16_kernel, grid_for(n, kThreads), kThreads, 0, out, in, n);
   LATTICE_CUDA_LAUNCHED("round_to_fp16");
 }
 
 void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f) {
   if (n <= 0) return;
-  quantize_fp8_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, in, n, scale, f);
+  launch(quantize_fp8_kernel, grid_for(n, kThreads), kThreads, 0, out, in, n, scale, f);
   LATTICE_CUDA_LAUNCHED("quantize_fp8");
 }
 
@@ -88,7 +88,7 @@ float abs_max(const float* in, int64_t n) {
   unsigned* result = nullptr;
   LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&result), sizeof(unsigned), stream()));
   LATTICE_CUDA_CALL(cudaMemsetAsync(result, 0, sizeof(unsigned), stream()));
-  abs_max_bits_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(result, in, n);
+  launch(abs_max_bits_kernel, blocks_for(n), kThreads, 0, result, in, n);
   LATTICE_CUDA_LAUNCHED("abs_max");
   unsigned bits = 0;
   LATTICE_CUDA_CALL(cudaMemcpyAsync(&bits, result, sizeof(unsigned), cudaMemcpyDeviceToHost, stream()));

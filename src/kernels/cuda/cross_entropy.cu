@@ -117,7 +117,7 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
   check_shape("cross_entropy_forward", V, Vp);
   if (N <= 0) return;
   // The forward-only kernel never writes the logits.
-  cross_entropy_kernel<false><<<grid_rows(N), kThreads, 0, stream()>>>(const_cast<float*>(logits), losses,
+  launch(cross_entropy_kernel<false>, grid_rows(N), kThreads, 0, const_cast<float*>(logits), losses,
                                                                        targets, nullptr, 0.0f, N, V, Vp);
   LATTICE_CUDA_LAUNCHED("cross_entropy_forward");
 }
@@ -127,7 +127,7 @@ void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
                                     float grad_scale, int64_t N, int64_t V, int64_t Vp) {
   check_shape("cross_entropy_forward_backward", V, Vp);
   if (N <= 0) return;
-  cross_entropy_kernel<true><<<grid_rows(N), kThreads, 0, stream()>>>(logits_to_dlogits, losses, targets,
+  launch(cross_entropy_kernel<true>, grid_rows(N), kThreads, 0, logits_to_dlogits, losses, targets,
                                                                       loss_mask, grad_scale, N, V, Vp);
   LATTICE_CUDA_LAUNCHED("cross_entropy_forward_backward");
 }
@@ -135,7 +135,7 @@ void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
 void vocab_parallel_ce_max(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl) {
   LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_max: valid " << valid << " not in [0, " << Vl << "]";
   if (N <= 0) return;
-  vp_max_kernel<<<grid_rows(N), kThreads, 0, stream()>>>(row_max_out, logits, N, valid, Vl);
+  launch(vp_max_kernel, grid_rows(N), kThreads, 0, row_max_out, logits, N, valid, Vl);
   LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_max");
 }
 
@@ -145,17 +145,17 @@ void vocab_parallel_ce_partials(double* stats, float* logits, const float* row_m
   LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_partials: valid " << valid << " not in [0, " << Vl << "]";
   if (N <= 0) return;
   if (store_exp)
-    vp_partials_kernel<true><<<grid_rows(N), kThreads, 0, stream()>>>(stats, logits, row_max, targets,
+    launch(vp_partials_kernel<true>, grid_rows(N), kThreads, 0, stats, logits, row_max, targets,
                                                                       vocab_begin, N, valid, Vl);
   else
-    vp_partials_kernel<false><<<grid_rows(N), kThreads, 0, stream()>>>(stats, logits, row_max, targets,
+    launch(vp_partials_kernel<false>, grid_rows(N), kThreads, 0, stats, logits, row_max, targets,
                                                                        vocab_begin, N, valid, Vl);
   LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_partials");
 }
 
 void vocab_parallel_ce_loss(float* losses, const double* stats, const float* row_max, int64_t N) {
   if (N <= 0) return;
-  vp_loss_kernel<<<grid_for(N, 256), 256, 0, stream()>>>(losses, stats, row_max, N);
+  launch(vp_loss_kernel, grid_for(N, 256), 256, 0, losses, stats, row_max, N);
   LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_loss");
 }
 
@@ -164,7 +164,7 @@ void vocab_parallel_ce_backward(float* exp_to_dlogits, const double* stats, cons
                                 int64_t N, int64_t valid, int64_t Vl) {
   LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_backward: valid " << valid << " not in [0, " << Vl << "]";
   if (N <= 0) return;
-  vp_backward_kernel<<<grid_rows(N), kThreads, 0, stream()>>>(exp_to_dlogits, stats, targets, loss_mask,
+  launch(vp_backward_kernel, grid_rows(N), kThreads, 0, exp_to_dlogits, stats, targets, loss_mask,
                                                               grad_scale, vocab_begin, N, valid, Vl);
   LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_backward");
 }

@@ -46,7 +46,7 @@ void apply_mask(float* out, const float* x, int64_t n, float p, const PhiloxStre
   const uint64_t first_block = first_index >> 2;
   const uint64_t last_block = (first_index + uint64_t(n) - 1) >> 2;
   const int64_t blocks = int64_t(last_block - first_block + 1);
-  dropout_kernel<<<grid_for(blocks, kThreads), kThreads, 0, cuda::stream()>>>(
+  launch(dropout_kernel, grid_for(blocks, kThreads), kThreads, 0,
       out, x, n, threshold, scale, stream, first_index, first_block, blocks);
   LATTICE_CUDA_LAUNCHED(what);
 }
@@ -85,7 +85,7 @@ void bias_dropout_add_forward(float* out, const float* residual, const float* y,
   const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
   const uint64_t first_block = first_index >> 2;
   const int64_t blocks = int64_t(((first_index + uint64_t(n) - 1) >> 2) - first_block + 1);
-  bias_dropout_add_kernel<<<grid_for(blocks, kThreads), kThreads, 0, cuda::stream()>>>(
+  launch(bias_dropout_add_kernel, grid_for(blocks, kThreads), kThreads, 0,
       out, residual, y, bias, C, n, p > 0.0f, threshold, scale, stream, first_index, first_block, blocks);
   LATTICE_CUDA_LAUNCHED("bias_dropout_add_forward");
 }

@@ -42,19 +42,19 @@ struct DoutAt {
 
 void add_forward(float* out, const float* a, const float* b, int64_t n) {
   if (n <= 0) return;
-  add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out, a, b, n);
+  launch(add_kernel, grid_for(n, kThreads), kThreads, 0, out, a, b, n);
   LATTICE_CUDA_LAUNCHED("add_forward");
 }
 
 void accumulate(float* y, const float* x, int64_t n) {
   if (n <= 0) return;
-  accumulate_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(y, x, n);
+  launch(accumulate_kernel, grid_for(n, kThreads), kThreads, 0, y, x, n);
   LATTICE_CUDA_LAUNCHED("accumulate");
 }
 
 void bias_add(float* out, const float* bias, int64_t N, int64_t C) {
   if (N <= 0 || C <= 0) return;
-  bias_add_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(out, bias, N, C);
+  launch(bias_add_kernel, grid_for(N * C, kThreads), kThreads, 0, out, bias, N, C);
   LATTICE_CUDA_LAUNCHED("bias_add");
 }
 
@@ -64,7 +64,7 @@ void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
 
 void scale_inplace(float* x, float s, int64_t n) {
   if (n <= 0) return;
-  scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x, s, n);
+  launch(scale_kernel, grid_for(n, kThreads), kThreads, 0, x, s, n);
   LATTICE_CUDA_LAUNCHED("scale_inplace");
 }
 

@@ -60,7 +60,7 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float*
 void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
                        const float* wte, const float* wpe, int64_t N, int64_t C) {
   if (N <= 0 || C <= 0) return;
-  embedding_forward_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(out, tokens, positions, wte,
+  launch(embedding_forward_kernel, grid_for(N * C, kThreads), kThreads, 0, out, tokens, positions, wte,
                                                                                  wpe, N, C);
   LATTICE_CUDA_LAUNCHED("embedding_forward");
 }
@@ -68,7 +68,7 @@ void embedding_forward(float* out, const int32_t* tokens, const int32_t* positio
 void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* wte_local,
                                       int64_t vocab_begin, int64_t Vl, int64_t N, int64_t C) {
   if (N <= 0 || C <= 0) return;
-  vocab_parallel_embedding_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(
+  launch(vocab_parallel_embedding_kernel, grid_for(N * C, kThreads), kThreads, 0,
       out, tokens, wte_local, vocab_begin, Vl, N, C);
   LATTICE_CUDA_LAUNCHED("vocab_parallel_embedding_forward");
 }
@@ -76,7 +76,7 @@ void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const f
 void position_embedding_add(float* out, const int32_t* positions, const float* wpe, int64_t N,
                             int64_t C) {
   if (N <= 0 || C <= 0) return;
-  position_embedding_add_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(out, positions, wpe, N, C);
+  launch(position_embedding_add_kernel, grid_for(N * C, kThreads), kThreads, 0, out, positions, wpe, N, C);
   LATTICE_CUDA_LAUNCHED("position_embedding_add");
 }
 
@@ -86,7 +86,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   if (N <= 0 || C <= 0) return;
   // 64-thread blocks spread the C columns over more SMs than 256-thread blocks would.
   const dim3 grid(grid_for(C, 64), dwpe ? 2u : 1u);
-  embedding_backward_kernel<<<grid, 64, 0, stream()>>>(dwte, dwpe, dout, tokens, positions, N, C, vocab_begin,
+  launch(embedding_backward_kernel, grid, 64, 0, dwte, dwpe, dout, tokens, positions, N, C, vocab_begin,
                                                        Vl);
   LATTICE_CUDA_LAUNCHED("embedding_backward");
 }

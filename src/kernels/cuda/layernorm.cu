@@ -79,7 +79,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
                        const float* b, int64_t N, int64_t C, float eps) {
   if (N <= 0) return;
   LATTICE_CHECK(C > 0) << "layernorm_forward: C " << C;
-  layernorm_forward_kernel<<<grid_rows(N), kThreads, 0, stream()>>>(out, mean, rstd, x, w, b, N, C, eps);
+  launch(layernorm_forward_kernel, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
   LATTICE_CUDA_LAUNCHED("layernorm_forward");
 }
 
@@ -87,7 +87,7 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
                         const float* w, const float* mean, const float* rstd, int64_t N,
                         int64_t C) {
   if (N <= 0 || C <= 0) return;
-  layernorm_backward_dx_kernel<<<grid_rows(N), kThreads, 0, stream()>>>(dx, dout, x, w, mean, rstd, N, C);
+  launch(layernorm_backward_dx_kernel, grid_rows(N), kThreads, 0, dx, dout, x, w, mean, rstd, N, C);
   LATTICE_CUDA_LAUNCHED("layernorm_backward dx");
   column_sums_accumulate<2>(ColumnOutputs{{dw, db}}, LayernormParamGrads{dout, x, mean, rstd, C}, N, C,
                             "layernorm_backward dw/db");

@@ -103,10 +103,10 @@ void column_sums_accumulate(ColumnOutputs outs, F f, int64_t N, int64_t C, const
   float* partial = nullptr;
   LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&partial),
                                     size_t(chunks * K * C) * sizeof(float), stream()));
-  column_partials_kernel<K><<<dim3(unsigned(tiles), unsigned(chunks)), dim3(kColTile, kRowLanes), 0, stream()>>>(
+  launch(column_partials_kernel<K, F>, dim3(unsigned(tiles), unsigned(chunks)), dim3(kColTile, kRowLanes), 0,
       partial, f, N, C);
   LATTICE_CUDA_LAUNCHED(what);
-  column_finish_kernel<K><<<grid_for(C, 256), 256, 0, stream()>>>(outs, partial, chunks, C);
+  launch(column_finish_kernel<K>, grid_for(C, 256), 256, 0, outs, partial, chunks, C);
   LATTICE_CUDA_LAUNCHED(what);
   LATTICE_CUDA_CALL(cudaFreeAsync(partial, stream()));
 }

@@ -78,7 +78,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float
   LATTICE_CHECK(step >= 1) << "adamw_update: step " << step << " must be >= 1";
   if (n <= 0) return;
   const math::AdamwScalars s = math::adamw_scalars(lr, beta1, beta2, eps, weight_decay, step);
-  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(p, g, m, v, n, s);
+  launch(adamw_kernel, grid_for(n, kThreads), kThreads, 0, p, g, m, v, n, s);
   LATTICE_CUDA_LAUNCHED("adamw_update");
 }
 
@@ -87,10 +87,10 @@ void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float 
   if (momentum == 0.0f || momentum_buf == nullptr) {
     LATTICE_CHECK(momentum == 0.0f) << "sgd_update: momentum " << momentum << " needs a buffer";
     if (n <= 0) return;
-    sgd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(p, g, n, lr, weight_decay);
+    launch(sgd_kernel, grid_for(n, kThreads), kThreads, 0, p, g, n, lr, weight_decay);
   } else {
     if (n <= 0) return;
-    sgd_momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(p, g, momentum_buf, n, lr, momentum,
+    launch(sgd_momentum_kernel, grid_for(n, kThreads), kThreads, 0, p, g, momentum_buf, n, lr, momentum,
                                                                           weight_decay, first_step);
   }
   LATTICE_CUDA_LAUNCHED("sgd_update");
@@ -100,9 +100,9 @@ double sum_of_squares(const float* x, int64_t n) {
   if (n <= 0) return 0.0;
   double* scratch = nullptr;  // [kSumBlocks partials, 1 result]
   LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&scratch), (kSumBlocks + 1) * sizeof(double), stream()));
-  sum_sq_partial_kernel<<<kSumBlocks, kThreads, 0, stream()>>>(scratch, x, n);
+  launch(sum_sq_partial_kernel, kSumBlocks, kThreads, 0, scratch, x, n);
   LATTICE_CUDA_LAUNCHED("sum_of_squares");
-  sum_partials_kernel<<<1, kThreads, 0, stream()>>>(scratch + kSumBlocks, scratch);
+  launch(sum_partials_kernel, 1, kThreads, 0, scratch + kSumBlocks, scratch);
   LATTICE_CUDA_LAUNCHED("sum_of_squares (final)");
   double result = 0.0;
   LATTICE_CUDA_CALL(cudaMemcpyAsync(&result, scratch + kSumBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream()));
@@ -117,7 +117,7 @@ bool any_non_finite(const float* x, int64_t n) {
   LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&flag), sizeof(int), stream()));
   LATTICE_CUDA_CALL(cudaMemsetAsync(flag, 0, sizeof(int), stream()));
   const int64_t blocks = grid_for(n, kThreads);
-  non_finite_kernel<<<unsigned(blocks < kSumBlocks ? blocks : kSumBlocks), kThreads, 0, stream()>>>(flag, x, n);
+  launch(non_finite_kernel, unsigned(blocks < kSumBlocks ? blocks : kSumBlocks), kThreads, 0, flag, x, n);
   LATTICE_CUDA_LAUNCHED("any_non_finite");
   int result = 0;
   LATTICE_CUDA_CALL(cudaMemcpyAsync(&result, flag, sizeof(int), cudaMemcpyDeviceToHost, stream()));
