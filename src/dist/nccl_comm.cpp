@@ -8,7 +8,12 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <cstring>
+#include <tuple>
 #include <deque>
+#include <map>
+#include <utility>
 #include <sstream>
 #include <thread>
 
@@ -51,6 +56,18 @@ struct PendingSelfSend {
 
 class NcclComm;
 
+// A one-way point-to-point channel between two ranks of a group: a NCCL communicator of
+// the two (the sender is its rank 0, the receiver rank 1) with a stream of its own. NCCL
+// runs a communicator's operations in order and a send blocks until the peer's receive
+// runs: on one communicator per group, a pipeline stage's send of activations to the next
+// stage would hold back its own receive of that stage's gradients, queued behind it, while
+// the next stage, sending those gradients, waits for it in turn (1F1B deadlocks so). On a
+// channel per direction a send waits only for its own receive, as an MPI send does.
+struct Channel {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
 class NcclRequest : public CommRequest {
  public:
   NcclRequest(NcclComm* comm, std::shared_ptr<Slot> slot, CommOp op, std::string label)
@@ -81,6 +98,14 @@ class NcclComm : public Comm {
     LATTICE_NCCL_CUDART(cudaMemsetAsync(scratch_, 0, sizeof(float), stream_));
   }
   ~NcclComm() override {
+    for (auto* m : {&to_, &from_})
+      for (auto& [peer, ch] : *m) {
+        if (!aborted_) {
+          (void)cudaStreamSynchronize(ch.stream);
+          (void)ncclCommDestroy(ch.comm);
+        }
+        (void)cudaStreamDestroy(ch.stream);
+      }
     if (!aborted_) {
       (void)cudaStreamSynchronize(stream_);
       (void)ncclCommDestroy(comm_);
@@ -88,6 +113,16 @@ class NcclComm : public Comm {
     (void)cudaFree(scratch_);
     if (staging_) (void)cudaFreeAsync(staging_, compute());
     (void)cudaStreamDestroy(stream_);
+  }
+
+  // The channel for sends to `peer` (outgoing) or receives from it.
+  void add_channel(int peer, bool outgoing, ncclComm_t comm) {
+    Channel ch;
+    ch.comm = comm;
+    int least = 0, greatest = 0;
+    LATTICE_NCCL_CUDART(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    LATTICE_NCCL_CUDART(cudaStreamCreateWithPriority(&ch.stream, cudaStreamNonBlocking, greatest));
+    (outgoing ? to_ : from_)[peer] = ch;
   }
 
   int rank() const override { return rank_; }
@@ -211,7 +246,12 @@ class NcclComm : public Comm {
       self_sends_.push_back({data, n, slot});
       return std::make_unique<NcclRequest>(this, std::move(slot), CommOp::send, label());
     }
-    return issue(CommOp::send, [&] {
+    auto ch = to_.find(dst);
+    if (ch != to_.end())
+      return issue(CommOp::send, [&] {
+        if (n > 0) check(ncclSend(data, size_t(n), ncclFloat, 1, ch->second.comm, ch->second.stream), "ncclSend");
+      }, ch->second.stream);
+    return issue(CommOp::send, [&] {  // no channel: on the group's communicator (see nccl_comm.h)
       if (n > 0) check(ncclSend(data, size_t(n), ncclFloat, dst, comm_, stream_), "ncclSend");
     });
   }
@@ -241,6 +281,11 @@ class NcclComm : public Comm {
       return req;
     }
     stats_.add(CommOp::recv, uint64_t(n) * 4);
+    auto ch = from_.find(src);
+    if (ch != from_.end())
+      return issue(CommOp::recv, [&] {
+        if (n > 0) check(ncclRecv(data, size_t(n), ncclFloat, 0, ch->second.comm, ch->second.stream), "ncclRecv");
+      }, ch->second.stream);
     return issue(CommOp::recv, [&] {
       if (n > 0) check(ncclRecv(data, size_t(n), ncclFloat, src, comm_, stream_), "ncclRecv");
     });
@@ -334,6 +379,8 @@ class NcclComm : public Comm {
     if (!aborted_) {
       aborted_ = true;
       (void)ncclCommAbort(comm_);
+      for (auto* m : {&to_, &from_})
+        for (auto& [peer, ch] : *m) (void)ncclCommAbort(ch.comm);
     }
     if (launched_by_mpirun()) abort_job(message);
     LATTICE_FAIL() << message;
@@ -370,18 +417,19 @@ class NcclComm : public Comm {
   // Orders the communication stream after the compute stream's queued work, enqueues
   // the NCCL calls, records the completion event.
   template <typename F>
-  std::unique_ptr<CommRequest> issue(CommOp op, F&& enqueue) {
+  std::unique_ptr<CommRequest> issue(CommOp op, F&& enqueue, cudaStream_t on = nullptr) {
+    if (!on) on = stream_;
     LATTICE_CHECK(!aborted_) << "the " << name_ << " NCCL communicator was aborted after an earlier error";
     cudaEvent_t ready = nullptr;
     LATTICE_NCCL_CUDART(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     const cudaError_t rec = cudaEventRecord(ready, compute());
-    const cudaError_t wt = rec == cudaSuccess ? cudaStreamWaitEvent(stream_, ready, 0) : rec;
+    const cudaError_t wt = rec == cudaSuccess ? cudaStreamWaitEvent(on, ready, 0) : rec;
     (void)cudaEventDestroy(ready);  // released once the wait is done
     LATTICE_NCCL_CUDART(wt);
     enqueue();
     auto slot = std::make_shared<Slot>();
     LATTICE_NCCL_CUDART(cudaEventCreateWithFlags(&slot->event, cudaEventDisableTiming));
-    LATTICE_NCCL_CUDART(cudaEventRecord(slot->event, stream_));
+    LATTICE_NCCL_CUDART(cudaEventRecord(slot->event, on));
     return std::make_unique<NcclRequest>(this, std::move(slot), op, label());
   }
 
@@ -402,6 +450,7 @@ class NcclComm : public Comm {
   size_t staging_bytes_ = 0;
   bool aborted_ = false;
   std::deque<PendingSelfSend> self_sends_;
+  std::map<int, Channel> to_, from_;  // point-to-point channels by peer (group rank)
 };
 
 bool NcclRequest::test() {
@@ -437,19 +486,68 @@ void NcclRequest::wait() {
 
 }  // namespace
 
-std::unique_ptr<Comm> make_nccl_comm(Comm& group, const std::string& name) {
+namespace {
+
+ncclComm_t init_comm(const std::string& name, int size, const ncclUniqueId& id, int rank) {
+  ncclComm_t comm = nullptr;
+  const ncclResult_t rc = ncclCommInitRank(&comm, size, id, rank);
+  LATTICE_CHECK(rc == ncclSuccess) << "NCCL communicator " << name << " (rank " << rank << " of " << size
+                                   << "): ncclCommInitRank: " << ncclGetErrorString(rc);
+  return comm;
+}
+
+ncclUniqueId new_id(const std::string& name) {
+  ncclUniqueId id{};
+  const ncclResult_t rc = ncclGetUniqueId(&id);
+  LATTICE_CHECK(rc == ncclSuccess) << "NCCL communicator " << name << ": ncclGetUniqueId: " << ncclGetErrorString(rc);
+  return id;
+}
+
+// The channels of a group's ring neighbours (a -> a+1 and a -> a-1, modulo the size): every
+// member walks the same list of ordered pairs and joins those it is in, so each pair's
+// two ranks create it together, and the lowest pair not yet created always has both its
+// ranks at it (no cycle of waits). The sender makes the id and sends it to the receiver
+// through the group's host communicator.
+void add_neighbour_channels(Comm& group, NcclComm& comm, const std::string& name) {
+  const int P = group.size(), me = group.rank();
+  std::vector<std::pair<int, int>> pairs;
+  for (int a = 0; a < P; ++a)
+    for (int b : {(a + 1) % P, (a + P - 1) % P})
+      if (a != b && std::find(pairs.begin(), pairs.end(), std::make_pair(a, b)) == pairs.end()) pairs.push_back({a, b});
+  std::sort(pairs.begin(), pairs.end(), [](const std::pair<int, int>& x, const std::pair<int, int>& y) {
+    return std::make_tuple(std::min(x.first, x.second), std::max(x.first, x.second), x.first) <
+           std::make_tuple(std::min(y.first, y.second), std::max(y.first, y.second), y.first);
+  });
+  constexpr int kFloats = int((sizeof(ncclUniqueId) + sizeof(float) - 1) / sizeof(float));
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const auto [a, b] = pairs[i];
+    if (me != a && me != b) continue;
+    const std::string what = name + " channel " + std::to_string(a) + "->" + std::to_string(b);
+    float buf[kFloats] = {};
+    ncclUniqueId id{};
+    if (me == a) {
+      id = new_id(what);
+      std::memcpy(buf, &id, sizeof id);
+      group.send(buf, kFloats, b, int(i));
+    } else {
+      group.recv(buf, kFloats, a, int(i));
+      std::memcpy(&id, buf, sizeof id);
+    }
+    comm.add_channel(me == a ? b : a, me == a, init_comm(what, 2, id, me == a ? 0 : 1));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& group, const std::string& name, bool point_to_point) {
   (void)cuda::compute_stream();  // selects the device (fails with the reason when there is none)
   ncclUniqueId id{};
-  if (group.rank() == 0) {
-    const ncclResult_t rc = ncclGetUniqueId(&id);
-    LATTICE_CHECK(rc == ncclSuccess) << "NCCL communicator " << name << ": ncclGetUniqueId: " << ncclGetErrorString(rc);
-  }
+  if (group.rank() == 0) id = new_id(name);
   group.broadcast(&id, int64_t(sizeof(id)), 0);
-  ncclComm_t comm = nullptr;
-  const ncclResult_t rc = ncclCommInitRank(&comm, group.size(), id, group.rank());
-  LATTICE_CHECK(rc == ncclSuccess) << "NCCL communicator " << name << " (rank " << group.rank() << " of "
-                                   << group.size() << "): ncclCommInitRank: " << ncclGetErrorString(rc);
-  return std::make_unique<NcclComm>(name, comm, group.rank(), group.size(), group.world_ranks());
+  ncclComm_t comm = init_comm(name, group.size(), id, group.rank());
+  auto nccl = std::make_unique<NcclComm>(name, comm, group.rank(), group.size(), group.world_ranks());
+  if (point_to_point && group.size() > 1) add_neighbour_channels(group, *nccl, name);
+  return nccl;
 }
 
 void set_nccl_timeout_seconds(double seconds) { g_nccl_timeout_seconds = seconds; }
@@ -457,7 +555,7 @@ void nccl_force_grouped_collectives(bool force) { g_force_grouped = force; }
 
 #else  // built without the CUDA backend
 
-std::unique_ptr<Comm> make_nccl_comm(Comm&, const std::string& name) {
+std::unique_ptr<Comm> make_nccl_comm(Comm&, const std::string& name, bool) {
   LATTICE_FAIL() << "NCCL communicator " << name << ": lattice was built without the CUDA backend";
 }
 

@@ -22,13 +22,18 @@
 //   buffer into a padded layout each call); NCCL runs the group as one launch.
 // - iall_gather: ncclAllGather (in place) when all counts are equal; otherwise one
 //   in-place ncclBroadcast per rank (root r sends piece r) inside a group.
-// - send/recv: ncclSend/ncclRecv. NCCL has no tags: the messages between two ranks match
-//   in the order they are issued (tags are only checked to be non-negative). A send and
-//   a receive that cross between the same two ranks at the same time must not both be
-//   pending alone on the stream (NCCL would deadlock on large messages): issue the
-//   receive side first on one of them, as the pipeline schedule does. A send to itself
-//   is held until the matching irecv from itself, then both run as one NCCL group (a
-//   blocking send to itself fails: nothing could receive it).
+// - send/recv: ncclSend/ncclRecv. NCCL has no tags: the messages from one rank to another
+//   match in the order they are issued (tags are only checked to be non-negative; the
+//   pipeline schedule sends and receives in the same order on both sides). NCCL runs a
+//   communicator's operations in order and a send blocks until its receive runs, so on the
+//   group's one communicator a send pending to a peer holds back this rank's receives from
+//   that peer: two pipeline stages exchanging activations and gradients deadlock (1F1B
+//   does). A group made with point_to_point (the pipeline group) has a channel per
+//   direction between ring neighbours (a NCCL communicator of the two ranks, with its own
+//   stream), so a send waits only for its own receive, as an MPI send does; other pairs
+//   use the group's communicator. A send to itself is held until the matching irecv from
+//   itself, then both run as one NCCL group (a blocking send to itself fails: nothing
+//   could receive it).
 // - barrier: an all-reduce of one float.
 #pragma once
 #include <memory>
@@ -43,7 +48,8 @@ namespace lattice {
 // others (counted in `group`'s stats, hence not const). Every member must call this.
 // The device is the one cuda::select_device chose (device 0 when none was selected).
 // Fails with "built without the CUDA backend" in a CPU-only build.
-std::unique_ptr<Comm> make_nccl_comm(Comm& group, const std::string& name);
+// point_to_point: also the channels between ring neighbours (above), for send/recv.
+std::unique_ptr<Comm> make_nccl_comm(Comm& group, const std::string& name, bool point_to_point = false);
 
 // Seconds a wait on a NCCL operation may last (--distributed-timeout-minutes); the
 // same default as the MPI Comm (600 s).

@@ -76,7 +76,8 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
     set_nccl_timeout_seconds(timeout_seconds);
     for (auto* c : {&s->tp_, &s->dp_, &s->pp_, &s->embedding_}) {
       if (!*c) continue;
-      std::unique_ptr<Comm> nccl = make_nccl_comm(**c, (*c)->name());
+      // The pipeline group sends and receives between neighbouring stages: its channels.
+      std::unique_ptr<Comm> nccl = make_nccl_comm(**c, (*c)->name(), /*point_to_point=*/c == &s->pp_);
       s->bootstrap_.push_back(std::move(*c));
       *c = std::move(nccl);
     }
