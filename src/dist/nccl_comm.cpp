@@ -300,15 +300,21 @@ class NcclComm : public Comm {
 
   // ---- used by NcclRequest ----
 
-  // Throws (or aborts the job) when NCCL reported an asynchronous error.
+  // Throws (or aborts the job) when NCCL reported an asynchronous error on the group's
+  // communicator or on one of its point-to-point channels.
   void check_async(CommOp op, const std::string& label) {
+    check_async_on(comm_, op, label);
+    for (auto* m : {&to_, &from_})
+      for (auto& [peer, ch] : *m) check_async_on(ch.comm, op, label);
+  }
+  void check_async_on(ncclComm_t comm, CommOp op, const std::string& label) {
     ncclResult_t async = ncclSuccess;
-    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async);
+    const ncclResult_t rc = ncclCommGetAsyncError(comm, &async);
     if (rc == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) return;
     const ncclResult_t bad = rc != ncclSuccess ? rc : async;
     std::ostringstream os;
     os << "rank " << world_rank() << ": NCCL error in " << comm_op_name(op) << " on the " << group_text(label)
-       << ": " << ncclGetErrorString(bad) << " (" << ncclGetLastError(comm_) << ")";
+       << ": " << ncclGetErrorString(bad) << " (" << ncclGetLastError(comm) << ")";
     fail_and_abort(os.str());
   }
 

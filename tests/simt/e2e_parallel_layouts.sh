@@ -2,12 +2,14 @@
 # The trainer's whole GPU path, without a GPU: `lattice-simt train --device cuda` (the CLI on
 # the SIMT emulation: lattice's CUDA kernels, cuBLASLt and NCCL calls run on the CPU, NCCL's
 # communicators over MPI; docs/cuda.md) against `lattice train --device cpu`, for each
-# parallel layout: one rank in fp32 with dropout and in bf16; under mpirun, tensor parallel,
+# parallel layout: one rank in fp32 with dropout, in bf16, fp16 (loss scaling), fp8 and with
+# full activation recomputation; under mpirun, tensor parallel,
 # data parallel with the distributed optimizer and bf16 gradient reduction, pipeline
 # parallel (1F1B, and interleaved), and tensor x pipeline on 4 ranks. Every iteration's loss
 # and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in different
-# orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or more); bf16
-# to 1e-2 (the GEMMs round differently). A hang (a deadlock between ranks) fails at the
+# orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or more); bf16,
+# fp16 and fp8 to 1e-3 (the GEMMs and the attention round at different places: 2e-5
+# measured over 3 iterations, against a unit roundoff of 4e-3 in bf16). A hang (a deadlock between ranks) fails at the
 # time limit.
 #   bash tests/simt/e2e_parallel_layouts.sh <lattice> <source dir> <lattice-simt>
 set -u -o pipefail
@@ -70,11 +72,14 @@ layout() {
 }
 
 layout one-rank-fp32 1 1e-5
-layout one-rank-bf16 1 1e-2 --bf16
+layout one-rank-bf16 1 1e-3 --bf16
+layout one-rank-fp16 1 1e-3 --fp16 --initial-loss-scale 4096
+layout one-rank-fp8 1 1e-3 --bf16 --fp8-format hybrid
+layout one-rank-recompute 1 1e-5 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 if command -v mpirun >/dev/null 2>&1; then
   layout tensor-parallel-2 2 1e-5 --tensor-model-parallel-size 2 --sequence-parallel
   layout data-parallel-2-distributed-optimizer 2 1e-5 --use-distributed-optimizer --overlap-grad-reduce
-  layout data-parallel-2-bf16-reduce 2 1e-2 --bf16 --grad-reduce-in-bf16
+  layout data-parallel-2-bf16-reduce 2 1e-3 --bf16 --grad-reduce-in-bf16
   layout pipeline-2 2 1e-5 --pipeline-model-parallel-size 2
   layout pipeline-2-interleaved 2 1e-5 --pipeline-model-parallel-size 2 --num-layers 4 \
     --num-layers-per-virtual-pipeline-stage 1
