@@ -3,14 +3,15 @@
 # the SIMT emulation: lattice's CUDA kernels, cuBLASLt and NCCL calls run on the CPU, NCCL's
 # communicators over MPI; docs/cuda.md) against `lattice train --device cpu`, for each
 # parallel layout: one rank in fp32 with dropout, in bf16, fp16 (loss scaling), fp8 and with
-# full activation recomputation; under mpirun, tensor parallel,
+# full activation recomputation, and on a corpus: the validation loss, and generation from
+# the CPU's checkpoint (with the KV cache and without); under mpirun, tensor parallel,
 # data parallel with the distributed optimizer and bf16 gradient reduction, pipeline
 # parallel (1F1B, and interleaved), and tensor x pipeline on 4 ranks. Every iteration's loss
 # and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in different
 # orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or more); bf16,
 # fp16 and fp8 to 1e-3 (the GEMMs and the attention round at different places: 2e-5
-# measured over 3 iterations, against a unit roundoff of 4e-3 in bf16). A hang (a deadlock between ranks) fails at the
-# time limit.
+# measured over 3 iterations, against a unit roundoff of 4e-3 in bf16). A hang (a deadlock
+# between ranks) fails at the time limit.
 #   bash tests/simt/e2e_parallel_layouts.sh <lattice> <source dir> <lattice-simt>
 set -u -o pipefail
 source "$(dirname "$0")/../e2e/lib.sh"
@@ -88,5 +89,50 @@ else
   fail "mpirun not found: the parallel layouts were not run"
 fi
 grep -h "device: cuda" one-rank-fp32-simt.log >/dev/null || fail "the emulated run did not select a CUDA device"
+
+# ---- a corpus: validation losses, a checkpoint, generation (the KV cache's kernels) ----
+for i in $(seq 1 40); do
+  printf '{"text": "ab ab abc %d: the quick brown fox jumps over the lazy dog"}\n' "$i"
+done >corpus.jsonl
+if "$LATTICE" preprocess --input corpus.jsonl --json-keys text --tokenizer-type ByteTokenizer \
+     --output-prefix corpus --append-eod >prep.log 2>&1; then
+  CORPUS=(--num-layers 2 --data-path corpus_text_document --tokenizer-type ByteTokenizer --split 90,10,0
+          --eval-interval 3 --eval-iters 1)
+  TRAIN=(train --hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16
+         --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --train-iters 3 --log-interval 1 --seed 1234
+         --peak-tflops 1 --num-threads 1 "${CORPUS[@]}")
+  if "$LATTICE" "${TRAIN[@]}" --device cpu --save ckpt >corpus-cpu.log 2>&1 &&
+     timeout "$LIMIT" "$SIMT" "${TRAIN[@]}" --device cuda >corpus-simt.log 2>&1; then
+    # The validation losses (during training and at the end): the same count, within 1e-5.
+    vloss() { grep 'validation loss' "$1" | grep -o 'lm loss value: [0-9.E+-]*' | awk '{print $NF}'; }
+    worst=$(paste <(vloss corpus-cpu.log) <(vloss corpus-simt.log) |
+      awk 'NF != 2 { bad = 1 } { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; n++ }
+           END { if (bad || n < 2) print "mismatch"; else printf "%.2e\n", w }')
+    if [ "$worst" != "mismatch" ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }'; then
+      pass "validation losses on the emulated GPU within $worst relative of the CPU's"
+    else
+      fail "validation losses differ ($worst): $(vloss corpus-simt.log | tr '\n' ' ') vs the CPU's $(vloss corpus-cpu.log | tr '\n' ' ')"
+    fi
+    for mode in kv full; do
+      extra=()
+      [ "$mode" = full ] && extra=(--no-kv-cache)
+      GEN=(generate --load ckpt --prompt "ab ab" --max-new-tokens 24 --temperature 0.8 --top-k 20 --seed 5 "${extra[@]}")
+      if "$LATTICE" "${GEN[@]}" --device cpu >gen-cpu-$mode.out 2>gen-cpu-$mode.err &&
+         timeout "$LIMIT" "$SIMT" "${GEN[@]}" --device cuda >gen-simt-$mode.out 2>gen-simt-$mode.err; then
+        if [ "$(wc -c <gen-cpu-$mode.out)" -gt 6 ] && cmp -s gen-cpu-$mode.out gen-simt-$mode.out; then
+          pass "generate --device cuda ($mode) prints the CPU's text"
+        else
+          fail "generate --device cuda ($mode): '$(cat gen-simt-$mode.out)' vs the CPU's '$(cat gen-cpu-$mode.out)'"
+        fi
+      else
+        fail "generate ($mode) failed: $(tail -n 2 gen-simt-$mode.err gen-cpu-$mode.err)"
+      fi
+    done
+  else
+    fail "training on the corpus failed: $(tail -n 3 corpus-cpu.log corpus-simt.log)"
+  fi
+else
+  fail "preprocess failed: $(tail -n 3 prep.log)"
+fi
 
 e2e_finish
