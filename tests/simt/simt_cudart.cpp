@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <string>
 
@@ -28,7 +27,6 @@ constexpr int kDefaultDynamicShared = 49152;  // without cudaFuncSetAttribute
 constexpr size_t kTotalMemory = size_t(64) << 30;
 
 struct State {
-  std::mutex mu;
   std::map<uintptr_t, size_t> allocations;  // base -> bytes
   size_t in_use = 0;
   std::map<const void*, int> max_dynamic_shared;  // per kernel
