@@ -56,6 +56,15 @@ struct PendingSelfSend {
 
 class NcclComm;
 
+// A stream for communication, at the highest priority so that it is not starved by compute.
+cudaStream_t communication_stream() {
+  int least = 0, greatest = 0;
+  LATTICE_NCCL_CUDART(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s = nullptr;
+  LATTICE_NCCL_CUDART(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+  return s;
+}
+
 // A one-way point-to-point channel between two ranks of a group: a NCCL communicator of
 // the two (the sender is its rank 0, the receiver rank 1) with a stream of its own. NCCL
 // runs a communicator's operations in order and a send blocks until the peer's receive
@@ -91,9 +100,7 @@ class NcclComm : public Comm {
  public:
   NcclComm(const std::string& name, ncclComm_t comm, int rank, int size, std::vector<int> world_ranks)
       : Comm(name), comm_(comm), rank_(rank), size_(size), ranks_(std::move(world_ranks)) {
-    int least = 0, greatest = 0;  // communication gets the higher priority, so it is not starved
-    LATTICE_NCCL_CUDART(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    LATTICE_NCCL_CUDART(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    stream_ = communication_stream();
     LATTICE_NCCL_CUDART(cudaMalloc(&scratch_, sizeof(float)));
     LATTICE_NCCL_CUDART(cudaMemsetAsync(scratch_, 0, sizeof(float), stream_));
   }
@@ -119,9 +126,7 @@ class NcclComm : public Comm {
   void add_channel(int peer, bool outgoing, ncclComm_t comm) {
     Channel ch;
     ch.comm = comm;
-    int least = 0, greatest = 0;
-    LATTICE_NCCL_CUDART(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    LATTICE_NCCL_CUDART(cudaStreamCreateWithPriority(&ch.stream, cudaStreamNonBlocking, greatest));
+    ch.stream = communication_stream();
     (outgoing ? to_ : from_)[peer] = ch;
   }
 

@@ -195,6 +195,12 @@ ncclResult_t run_collective(const Op& o) {
 int g_group_depth = 0;
 std::vector<Op> g_queue;
 
+// LATTICE_SIMT_NCCL_TRACE=1: every operation and group completion on stderr.
+bool tracing() {
+  static const bool on = std::getenv("LATTICE_SIMT_NCCL_TRACE") != nullptr;
+  return on;
+}
+
 // Sends in flight: their data copied at the send, freed when MPI completes them.
 struct InFlight {
   MPI_Request request;
@@ -262,12 +268,12 @@ ncclResult_t run_group() {
                           self_recvs[i]->count * type_bytes(self_recvs[i]->type)));
   if (!reqs.empty()) MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
   if (!g_in_flight.empty()) progress_sends();
-  if (std::getenv("LATTICE_SIMT_NCCL_TRACE")) std::fprintf(stderr, "[simt nccl] ... done (%zu ops)\n", ops.size());
+  if (tracing()) std::fprintf(stderr, "[simt nccl] ... done (%zu ops)\n", ops.size());
   return rc;
 }
 
 ncclResult_t submit(const Op& o) {
-  if (std::getenv("LATTICE_SIMT_NCCL_TRACE")) {
+  if (tracing()) {
     int me = 0;
     if (mpi_running()) MPI_Comm_rank(MPI_COMM_WORLD, &me);
     std::fprintf(stderr, "[simt nccl] world %d comm %p (rank %d of %d): op %d count %zu peer %d%s\n", me,

@@ -335,6 +335,12 @@ struct Problem {
     bias.fill_random(rng);
   }
 
+  // D's storage holding C's values (for C == D in place).
+  void copy_c_into_d() {
+    for (int64_t col = 0; col < n; ++col)
+      for (int64_t row = 0; row < m; ++row) d.set(row, col, c.get(row, col));
+  }
+
   Reference expected(float alpha, float beta, uint32_t epilogue) const {
     return reference(transa, transb, alpha, beta, a, b, &c, &bias, epilogue, m, n, k, cd_type);
   }
@@ -503,10 +509,7 @@ TEST(SimtCublasLt, BetaZeroDoesNotReadC) {
 
 TEST(SimtCublasLt, InPlaceWithCEqualToD) {
   Problem p(CUBLAS_OP_T, CUBLAS_OP_T, 5, 3, 4, CUDA_R_16BF, CUDA_R_32F);
-  // C := D's storage holding the values of p.c.
-  for (int64_t j = 0; j < p.n; ++j) {
-    for (int64_t i = 0; i < p.m; ++i) p.d.set(i, j, p.c.get(i, j));
-  }
+  p.copy_c_into_d();  // C := D's storage holding the values of p.c
   const Reference ref = p.expected(1.0f, 2.0f, CUBLASLT_EPILOGUE_RELU_BIAS);
   Call call = prepare(p, CUBLASLT_EPILOGUE_RELU_BIAS);
   call.c = call.d;
@@ -528,9 +531,7 @@ TEST(SimtCublasLt, InPlaceWithCEqualToD) {
 
 TEST(SimtCublasLt, NullCdescMeansDdesc) {
   Problem p(CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, CUDA_R_32F, CUDA_R_32F);
-  for (int64_t j = 0; j < p.n; ++j) {
-    for (int64_t i = 0; i < p.m; ++i) p.d.set(i, j, p.c.get(i, j));
-  }
+  p.copy_c_into_d();
   const Reference ref = p.expected(1.0f, 1.0f, CUBLASLT_EPILOGUE_DEFAULT);
   Call call = prepare(p, CUBLASLT_EPILOGUE_DEFAULT);
   call.c = nullptr;
