@@ -20,6 +20,14 @@ void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, 
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// C = bf16(alpha * op(A) op(B)) as bf16 patterns [M, N] (row-major, dense), written at the
+// start of `buffer`, which must hold M * N floats: on the CPU the fp32 product is computed
+// there with gemm_bf16 and then packed in place (the same bits as gemm_bf16 followed by
+// cast_fp32_to_bf16); on a GPU the GEMM writes bf16 directly, half the memory traffic of an
+// fp32 result. Returns the bf16 result (buffer, reinterpreted).
+uint16_t* gemm_bf16_packed_out(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                               int64_t lda, const uint16_t* B, int64_t ldb, float* buffer);
+
 // Whether gemm_bf16 runs on bf16 hardware instructions (false: the fp32 fallback).
 bool gemm_bf16_native();
 // Tests: force the fp32 fallback (false restores the detected choice).

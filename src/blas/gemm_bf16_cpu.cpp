@@ -5,7 +5,9 @@
 // created primitives in its primitive cache, so each shape is JIT-compiled once.
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "blas/blocking.h"
@@ -15,6 +17,7 @@
 #include "blas/gemm.h"
 #include "core/error.h"
 #include "kernels/cast.h"
+#include "kernels/cast_math.h"
 
 namespace lattice {
 namespace {
@@ -69,6 +72,26 @@ int64_t widen(std::vector<float>& out, Trans t, int64_t rows, int64_t cols, cons
   return c;
 }
 
+// Packs n fp32 values at the start of buf into n bf16 values at its start, in place.
+// Chunk k of kPack values is read from bytes [4 k S, 4 (k + 1) S) and written to
+// [2 k S, 2 (k + 1) S): for k >= 1 that lies below its own source and within chunks already
+// read, so the chunks run in order (each one in parallel); chunk 0 goes through a copy.
+void pack_bf16_in_place(float* buf, int64_t n) {
+  constexpr int64_t kPack = int64_t(1) << 18;
+  uint16_t* out = reinterpret_cast<uint16_t*>(buf);
+  const int64_t first = std::min(n, kPack);
+  std::vector<uint16_t> head(static_cast<size_t>(first));
+  for (int64_t i = 0; i < first; ++i) head[size_t(i)] = math::fp32_to_bf16(buf[i]);
+  std::memcpy(out, head.data(), size_t(first) * sizeof(uint16_t));
+  for (int64_t b = kPack; b < n; b += kPack) {
+    const int64_t e = std::min(n, b + kPack);
+    const float* __restrict in = buf + b;
+    uint16_t* __restrict o = out + b;
+#pragma omp parallel for simd schedule(static) if (e - b > 32768)
+    for (int64_t i = 0; i < e - b; ++i) o[i] = math::fp32_to_bf16(in[i]);
+  }
+}
+
 }  // namespace
 
 bool gemm_bf16_native() {
@@ -92,6 +115,15 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
                               [&](int64_t m, int64_t n, const uint16_t* a, const uint16_t* b, float* c) {
     matmul_call(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
   });
+}
+
+uint16_t* gemm_bf16_packed_out(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                               int64_t lda, const uint16_t* B, int64_t ldb, float* buffer) {
+  uint16_t* out = reinterpret_cast<uint16_t*>(buffer);
+  LATTICE_KERNEL_ENTRY((cuda::gemm_bf16_out(ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, out, N), out));
+  gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, buffer, N);
+  pack_bf16_in_place(buffer, M * N);
+  return out;
 }
 
 }  // namespace lattice

@@ -11,6 +11,10 @@ namespace lattice {
 
 enum class Fp8Format { e4m3, e5m2 };
 
+// The format a GEMM result is rounded to when a fused kernel reads it: the mixed-precision
+// policy's layer-output format (GemmPolicy::result_rounding); none for fp32 results.
+enum class Rounding : uint8_t { none, bf16, fp16 };
+
 // Largest finite value: e4m3 448 (no infinities), e5m2 57344.
 float fp8_max(Fp8Format f);
 
@@ -30,6 +34,8 @@ void cast_bf16_to_fp32(float* out, const uint16_t* in, int64_t n);
 // out[i] = bf16(in[i]) / fp16(in[i]) as fp32 (out may alias in).
 void round_to_bf16(float* out, const float* in, int64_t n);
 void round_to_fp16(float* out, const float* in, int64_t n);
+// round_to_bf16 / round_to_fp16 by r; none copies (nothing when out == in).
+void round_to(float* out, const float* in, int64_t n, Rounding r);
 // out[i] = fp8_quantize(in[i], scale, f): the fp8 numbers (dequantize by 1/scale; out may
 // alias in).
 void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f);

@@ -3,6 +3,7 @@
 // addition of the fp8 subnormal step), so both give the same bits.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "core/hd.h"
 #include "kernels/cast.h"
@@ -57,6 +58,26 @@ LATTICE_HD inline float fp16_to_fp32(uint16_t h) {
   if (e == 0x1f) return float_from_bits(sign | 0x7f800000u | (m << 13));
   if (e == 0) return (sign ? -1.0f : 1.0f) * (float(m) * pow2(-24));  // exact
   return float_from_bits(sign | ((e - 15 + 127) << 23) | (m << 13));
+}
+
+// x rounded to the format, as fp32 (kernels that round a GEMM result as they read it).
+template <Rounding R>
+LATTICE_HD inline float round_as(float x) {
+  if constexpr (R == Rounding::bf16) return round_bf16(x);
+  else if constexpr (R == Rounding::fp16) return fp16_to_fp32(fp32_to_fp16(x));
+  else return x;
+}
+LATTICE_HD inline float round_as(float x, Rounding r) {
+  return r == Rounding::bf16 ? round_as<Rounding::bf16>(x) : r == Rounding::fp16 ? round_as<Rounding::fp16>(x) : x;
+}
+
+// f(std::integral_constant<Rounding, R>{}) for r's R: kernels resolve the format once,
+// outside their loops (host code).
+template <class F>
+decltype(auto) dispatch_rounding(Rounding r, F&& f) {
+  if (r == Rounding::bf16) return f(std::integral_constant<Rounding, Rounding::bf16>{});
+  if (r == Rounding::fp16) return f(std::integral_constant<Rounding, Rounding::fp16>{});
+  return f(std::integral_constant<Rounding, Rounding::none>{});
 }
 
 struct Fp8Spec {

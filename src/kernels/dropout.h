@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/philox.h"
+#include "kernels/cast.h"
 
 namespace lattice {
 
@@ -18,11 +19,13 @@ void dropout_backward(float* dx, const float* dout, int64_t n, float p,
                       const PhiloxStream& stream, uint64_t first_index);
 
 // Megatron's bias-dropout-add after a row-parallel linear layer, in one pass:
-//   out[n,c] = residual[n,c] + dropout(y[n,c] + bias[c])
-// with dropout_forward's mask of element n*C + c (index first_index + n*C + c). The same
-// fp32 operations, in the same order, as bias_add, dropout_forward and add_forward one after
-// the other: the same bits. bias may be null; out may alias residual or y.
+//   out[n,c] = residual[n,c] + dropout(round(y[n,c]) + bias[c])
+// with dropout_forward's mask of element n*C + c (index first_index + n*C + c), round the
+// GEMM result's rounding (GemmSite::caller_rounds). The same fp32 operations, in the same
+// order, as round_to, bias_add, dropout_forward and add_forward one after the other: the
+// same bits. bias may be null; out may alias residual or y.
 void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
-                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index);
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
+                              Rounding round_y = Rounding::none);
 
 }  // namespace lattice

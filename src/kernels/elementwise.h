@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cast.h"
+
 namespace lattice {
 
 // out = a + b   (out may alias a or b)
@@ -10,8 +12,9 @@ void add_forward(float* out, const float* a, const float* b, int64_t n);
 // y[i] += x[i]
 void accumulate(float* y, const float* x, int64_t n);
 
-// out[n,c] += bias[c]        out: [N,C]
-void bias_add(float* out, const float* bias, int64_t N, int64_t C);
+// out[n,c] = round(out[n,c]) + bias[c]        out: [N,C]
+// round: a GEMM result's rounding (GemmPolicy::result_rounding), fused into the same pass.
+void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding round_out = Rounding::none);
 
 // dbias[c] += sum_n dout[n,c]   (deterministic)
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);

@@ -49,7 +49,7 @@ struct GPTModel::Activations {
   float* lnf = nullptr;       // [N, C] full
   float* lnf_mean = nullptr;  // [Ns]
   float* lnf_rstd = nullptr;  // [Ns]
-  float* logits = nullptr;    // [N, Vl]  (overwritten by dlogits)
+  float* logits = nullptr;    // [N, Vl]  (overwritten by dlogits; bf16 [N, Vl] at its start with bf16_logits())
   float* losses = nullptr;    // [N]
   // The micro-batch's token-derived inputs, [B*T] each (row stride n, the largest B*T):
   // [inputs | positions | document ids | targets], filled on the host and uploaded at once.
@@ -438,22 +438,26 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   linear_forward(x.qkv, all_rows(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
                  site(p.qkv_w));
   core_attention_forward(p, a, i, B, T, key);
-  // The projection's bias, dropout and residual add in one pass (Megatron's bias_dropout_add).
+  // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
+  // bias_dropout_add).
   row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.attn, params_.param(p.proj_w), nullptr, N, Cl, C,
-                              site(p.proj_w));
+                              site(p.proj_w).rounded_by_caller());
   bias_dropout_add_forward(x.resid_mid, in, out_rows, params_.param(p.proj_b), Ns, C, p_hidden,
-                           site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
+                           site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
+                           rounding(site(p.proj_w)));
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
   layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, params_.param(p.ln2_w), params_.param(p.ln2_b), Ns,
                     C, eps);
-  linear_forward(x.fc1, all_rows(x.ln2, N), params_.param(p.fc1_w), params_.param(p.fc1_b), N, C, Fl_,
-                 site(p.fc1_w));
-  gelu_forward(x.gelu, x.fc1, N * Fl_, cfg_.gelu);
+  // fc1's rounding, bias and GELU in one pass (Megatron's bias_gelu): x.fc1 keeps the
+  // pre-activation for gelu_backward.
+  linear_forward(x.fc1, all_rows(x.ln2, N), params_.param(p.fc1_w), nullptr, N, C, Fl_,
+                 site(p.fc1_w).rounded_by_caller());
+  bias_gelu_forward(x.fc1, x.gelu, x.fc1, params_.param(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
   if (!output) return;
   row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.gelu, params_.param(p.fc2_w), nullptr, N, Fl_, C,
-                              site(p.fc2_w));
+                              site(p.fc2_w).rounded_by_caller());
   bias_dropout_add_forward(a.resid[i + 1], x.resid_mid, out_rows, params_.param(p.fc2_b), Ns, C, p_hidden,
-                           site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+                           site_stream(key, layer_name(l, "mlp.dropout")), elem0, rounding(site(p.fc2_w)));
 }
 
 void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
@@ -502,9 +506,10 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     if (selective_) core_attention_forward(p, a, i, B, T, key);
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
     dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+    // fc2's input gradient rounded inside gelu_backward (one pass).
     row_parallel_linear_backward(tp_, sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows, sc.d_c2,
-                                 x.gelu, params_.param(p.fc2_w), N, Fl_, C, site(p.fc2_w));
-    gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu);
+                                 x.gelu, params_.param(p.fc2_w), N, Fl_, C, site(p.fc2_w).rounded_by_caller());
+    gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), params_.grad(p.fc1_b), sc.d_f,
                                     all_rows(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_, site(p.fc1_w));
     layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
@@ -544,15 +549,29 @@ LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B,
                               float grad_scale) {
   const int64_t N = B * T, C = cfg_.hidden_size;
   // logits[N, Vl] = lnf @ Wout_local^T (column-parallel over the vocabulary)
-  linear_forward(a.logits, a.lnf, output_weight(), nullptr, N, C, Vl_, site(out_w_ >= 0 ? out_w_ : wte_));
+  const GemmSite out_site = site(out_w_ >= 0 ? out_w_ : wte_);
+  const bool bf16 = bf16_logits();
   const float* host_mask = nullptr;
   loss_mask = effective_loss_mask(a, loss_mask, B, T, host_mask);
   // Vocab-parallel cross entropy: max, then sum of exponentials and target logit, each
-  // all-reduced over the group.
-  vocab_parallel_ce_max(row_max_.data(), a.logits, N, vocab_valid_, Vl_);
+  // all-reduced over the group. The logits are either bf16 (the bf16 policy: the GEMM
+  // writes them so, half the traffic), or fp32 rounded by the policy as the cross entropy
+  // reads them (one pass over the [N, Vl] logits fewer than rounding them first).
+  const uint16_t* logits16 = nullptr;
+  if (bf16) {
+    logits16 = gemm_policy_->forward_bf16(out_site.param, a.logits, a.lnf, output_weight(), N, C, Vl_);
+    vocab_parallel_ce_max_bf16(row_max_.data(), logits16, N, vocab_valid_, Vl_);
+  } else {
+    linear_forward(a.logits, a.lnf, output_weight(), nullptr, N, C, Vl_, out_site.rounded_by_caller());
+    vocab_parallel_ce_max(row_max_.data(), a.logits, N, vocab_valid_, Vl_, rounding(out_site));
+  }
   if (tp_.size() > 1) tp_.comm->all_reduce(row_max_.data(), N, ReduceOp::max);
-  vocab_parallel_ce_partials(ce_stats_.data(), a.logits, row_max_.data(), a.targets(), vocab_begin_, N,
-                             vocab_valid_, Vl_, backward);
+  if (bf16)
+    vocab_parallel_ce_partials_bf16(ce_stats_.data(), logits16, row_max_.data(), a.targets(), vocab_begin_, N,
+                                    vocab_valid_, Vl_);
+  else
+    vocab_parallel_ce_partials(ce_stats_.data(), a.logits, row_max_.data(), a.targets(), vocab_begin_, N,
+                               vocab_valid_, Vl_, backward, rounding(out_site));
   if (tp_.size() > 1) tp_.comm->all_reduce(ce_stats_.data(), 2 * N, ReduceOp::sum);
   vocab_parallel_ce_loss(a.losses, ce_stats_.data(), row_max_.data(), N);
   // The token losses on the host (one copy on a device), summed there with the mask.
@@ -570,8 +589,13 @@ LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B,
   }
   if (backward) {
     const float token_scale = l.count > 0 ? float(1.0 / l.count) : 0.0f;
-    vocab_parallel_ce_backward(a.logits, ce_stats_.data(), a.targets(), loss_mask, grad_scale * token_scale,
-                               vocab_begin_, N, vocab_valid_, Vl_);
+    if (bf16)
+      vocab_parallel_ce_backward_bf16(reinterpret_cast<uint16_t*>(a.logits), row_max_.data(), ce_stats_.data(),
+                                      a.targets(), loss_mask, grad_scale * token_scale, vocab_begin_, N,
+                                      vocab_valid_, Vl_);
+    else
+      vocab_parallel_ce_backward(a.logits, ce_stats_.data(), a.targets(), loss_mask, grad_scale * token_scale,
+                                 vocab_begin_, N, vocab_valid_, Vl_);
   }
   return l;
 }
@@ -593,8 +617,16 @@ void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const Mi
   if (has_loss(chunk)) {
     // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary
     // ranks: all-reduced, or reduce-scattered to the token shard)
-    linear_backward(sc.d_c2, output_weight_grad(), nullptr, a.logits, a.lnf, output_weight(), N, C, Vl_, false,
-                    site(out_w_ >= 0 ? out_w_ : wte_));
+    const GemmSite out_site = site(out_w_ >= 0 ? out_w_ : wte_);
+    if (bf16_logits()) {  // dlogits in bf16 (output_loss)
+      const uint16_t* dlogits = reinterpret_cast<const uint16_t*>(a.logits);
+      gemm_policy_->weight_grad_bf16(out_site.param, output_weight_grad(), dlogits, a.lnf, N, C, Vl_);
+      gemm_policy_->input_grad_bf16(out_site.param, sc.d_c2, dlogits, output_weight(), N, C, Vl_, false);
+      gemm_policy_->round_result(sc.d_c2, N * C);
+    } else {
+      linear_backward(sc.d_c2, output_weight_grad(), nullptr, a.logits, a.lnf, output_weight(), N, C, Vl_, false,
+                      out_site);
+    }
     if (out_w_ >= 0) grads_ready({out_w_});
     float* d = tp_.sp() ? sc.d_s : sc.d_c2;
     reduce_from_tensor_parallel_region(tp_, sc.d_c2, d, N, C);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/device.h"
 #include "core/storage.h"
 #include "kernels/attention.h"
 #include "model/linear.h"
@@ -141,6 +142,13 @@ class GPTModel {
   // How a GPU computes the core attention (kernels/attention.h; the CPU always in fp32):
   // bf16 / fp16 tensor cores in half-precision runs.
   void set_attention_math(AttentionMath math) { attention_math_ = math; }
+  // Whether a policy with bf16 results (GemmPolicy::bf16_results) keeps the output layer's
+  // logits and their gradient in bf16. The same values either way; bf16 halves their memory
+  // traffic but makes the cross entropy's backward recompute the exponentials instead of
+  // reading them, which a GPU's bandwidth pays for and a CPU's arithmetic does not. On by
+  // default with --device cuda (also under the CUDA emulation, whose tests compare it with
+  // the CPU's path bit for bit), off with --device cpu; tests switch it.
+  void set_bf16_logits(bool on) { bf16_logits_on_ = on; }
 
   // Applies to every later forward (training, evaluation, logits). Fails when an option
   // is on without an eod id.
@@ -213,6 +221,8 @@ class GPTModel {
                                    const float*& host);
   const float* all_rows(const float* shard, int64_t N);
   GemmSite site(int param) const { return GemmSite{gemm_policy_, param}; }
+  // The output layer's logits and their gradient in bf16 (set_bf16_logits).
+  bool bf16_logits() const { return bf16_logits_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   const float* output_weight() const;
   float* output_weight_grad();
   void grads_ready(std::initializer_list<int> indices) const {
@@ -234,6 +244,7 @@ class GPTModel {
   std::function<void(int)> grad_ready_;
   GemmPolicy* gemm_policy_ = nullptr;
   AttentionMath attention_math_ = AttentionMath::fp32;
+  bool bf16_logits_on_ = current_device() != Device::cpu;
   bool selective_ = false;             // selective recomputation (core attention)
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]

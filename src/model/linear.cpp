@@ -1,18 +1,31 @@
 #include "model/linear.h"
 
 #include "blas/gemm.h"
+#include "core/error.h"
 #include "kernels/elementwise.h"
 
 namespace lattice {
 
+const uint16_t* GemmPolicy::forward_bf16(int, float*, const float*, const float*, int64_t, int64_t, int64_t) {
+  LATTICE_FAIL() << "mixed precision: this policy has no bf16 results";
+}
+void GemmPolicy::weight_grad_bf16(int, float*, const uint16_t*, const float*, int64_t, int64_t, int64_t) {
+  LATTICE_FAIL() << "mixed precision: this policy has no bf16 output gradients";
+}
+void GemmPolicy::input_grad_bf16(int, float*, const uint16_t*, const float*, int64_t, int64_t, int64_t, bool) {
+  LATTICE_FAIL() << "mixed precision: this policy has no bf16 output gradients";
+}
+
 void linear_forward(float* y, const float* x, const float* W, const float* b, int64_t N,
                     int64_t in, int64_t out, const GemmSite& site) {
-  if (site.policy) {
+  LATTICE_CHECK(!(site.caller_rounds && b)) << "linear_forward: a bias with a result the caller rounds";
+  if (site.policy)
     site.policy->forward(site.param, y, x, W, N, in, out);
-    if (!site.partial_sum) site.policy->round_result(y, N * out);
-  } else
+  else
     gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
-  if (b) bias_add(y, b, N, out);
+  const Rounding r = site.partial_sum || site.caller_rounds ? Rounding::none : rounding(site);
+  if (b) bias_add(y, b, N, out, r);  // y = round(y) + b in one pass
+  else if (r != Rounding::none) round_to(y, y, N * out, r);
 }
 
 void linear_backward(float* dx, float* dW, float* db, const float* dy, const float* x,
@@ -26,7 +39,7 @@ void linear_backward(float* dx, float* dW, float* db, const float* dy, const flo
   if (!dx) return;
   if (site.policy) {
     site.policy->input_grad(site.param, dx, dy, W, N, in, out, accumulate_dx);
-    if (!site.partial_sum) site.policy->round_result(dx, N * in);
+    if (!site.partial_sum && !site.caller_rounds) site.policy->round_result(dx, N * in);
   } else
     gemm_f32(Trans::N, Trans::N, N, in, out, 1.0f, dy, out, W, in, accumulate_dx ? 1.0f : 0.0f, dx, in);
 }

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cast.h"
+
 namespace lattice {
 
 // Mixed precision for the linear layers: a policy decides in which format a GEMM's inputs
@@ -21,12 +23,27 @@ class GemmPolicy {
   // dx[N, in] = dy @ W (accumulated into dx when accumulate)
   virtual void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in,
                           int64_t out, bool accumulate) = 0;
-  // Rounds a GEMM result (y of forward, dx of input_grad) to the format layer outputs are
-  // kept in (bf16, fp16; nothing for fp32 outputs). linear_forward / linear_backward call
-  // it after the GEMM; for a partial sum that the tensor-parallel group reduces next, the
-  // parallel layer calls it on the reduced result instead, so every layout rounds the
-  // same full sums.
-  virtual void round_result(float* v, int64_t n) {}
+  // The format a GEMM result (y of forward, dx of input_grad) is rounded to, the format
+  // layer outputs are kept in (bf16, fp16; none for fp32 outputs). linear_forward /
+  // linear_backward round after the GEMM (fused with the bias where there is one); for a
+  // partial sum that the tensor-parallel group reduces next, the parallel layer rounds the
+  // reduced result instead, so every layout rounds the same full sums.
+  virtual Rounding result_rounding() const { return Rounding::none; }
+  void round_result(float* v, int64_t n) const { round_to(v, v, n, result_rounding()); }
+
+  // Results stored as bf16 (the bf16 policy; the others fail): the output layer's logits are
+  // written and their gradient read as bf16 patterns, half the memory traffic of fp32.
+  virtual bool bf16_results() const { return false; }
+  // y = round_result(x W^T) as bf16 [N, out], packed at the start of y_buffer (which holds
+  // N * out floats; blas gemm_bf16_packed_out). Returns the bf16 result.
+  virtual const uint16_t* forward_bf16(int param, float* y_buffer, const float* x, const float* W, int64_t N,
+                                       int64_t in, int64_t out);
+  // weight_grad / input_grad with the output gradient already in bf16 (the values they would
+  // convert an fp32 dy to).
+  virtual void weight_grad_bf16(int param, float* dW, const uint16_t* dy, const float* x, int64_t N, int64_t in,
+                                int64_t out);
+  virtual void input_grad_bf16(int param, float* dx, const uint16_t* dy, const float* W, int64_t N, int64_t in,
+                               int64_t out, bool accumulate);
 };
 
 // Where a linear layer's GEMMs go: the model's policy (null: fp32) and the weight's index.
@@ -34,14 +51,31 @@ struct GemmSite {
   GemmPolicy* policy = nullptr;
   int param = -1;
   bool partial_sum = false;  // the result is reduced over tensor parallelism before round_result
+  // The result is left unrounded (and without bias): the caller's next kernel rounds it as
+  // it reads it, fused with what follows (bias_gelu_forward, bias_dropout_add_forward,
+  // gelu_backward, the cross entropy), with rounding(site).
+  bool caller_rounds = false;
+
+  GemmSite rounded_by_caller() const {
+    GemmSite s = *this;
+    s.caller_rounds = true;
+    return s;
+  }
 };
 
-// y[N, out] = x[N, in] @ W[out, in]^T + b[out]   (b may be null)
+// The rounding a site's results get: the policy's, none without one.
+inline Rounding rounding(const GemmSite& site) {
+  return site.policy ? site.policy->result_rounding() : Rounding::none;
+}
+
+// y[N, out] = round(x[N, in] @ W[out, in]^T) + b[out]   (b may be null; round: the site's
+// rounding, in one pass with the bias; with caller_rounds neither, and b must be null)
 void linear_forward(float* y, const float* x, const float* W, const float* b, int64_t N,
                     int64_t in, int64_t out, const GemmSite& site = {});
 
 // dW[out, in] += dy^T @ x;  db[out] += sum_n dy;  dx[N, in] = dy @ W (written, or
-// accumulated when accumulate_dx). dx may be null when the input needs no gradient.
+// accumulated when accumulate_dx), rounded unless partial_sum or caller_rounds. dx may be
+// null when the input needs no gradient.
 void linear_backward(float* dx, float* dW, float* db, const float* dy, const float* x,
                      const float* W, int64_t N, int64_t in, int64_t out, bool accumulate_dx = false,
                      const GemmSite& site = {});

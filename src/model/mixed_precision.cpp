@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "blas/gemm.h"
 #include "core/error.h"
@@ -68,8 +69,8 @@ class LastOutputGrad {
 struct Bf16Format {  // bf16 patterns into gemm_bf16
   using Elem = uint16_t;
   static constexpr const char* name = "bf16";
+  static constexpr Rounding rounding = Rounding::bf16;
   static void convert(uint16_t* o, const float* i, int64_t n) { cast_fp32_to_bf16(o, i, n); }
-  static void round(float* v, int64_t n) { round_to_bf16(v, v, n); }
   static void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
                    const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
@@ -78,8 +79,8 @@ struct Bf16Format {  // bf16 patterns into gemm_bf16
 struct Fp16Format {  // fp16-rounded fp32 values into gemm_f32
   using Elem = float;
   static constexpr const char* name = "fp16";
+  static constexpr Rounding rounding = Rounding::fp16;
   static void convert(float* o, const float* i, int64_t n) { round_to_fp16(o, i, n); }
-  static void round(float* v, int64_t n) { round_to_fp16(v, v, n); }
   static void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                    const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     gemm_f32(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
@@ -99,7 +100,36 @@ class HalfPolicy final : public MixedPrecisionPolicy {
     const Elem* Wh = weights_.get(param, W, out * in, Format::convert);
     Format::gemm(Trans::N, Trans::T, N, out, in, operand(a_, x, N * in), in, Wh, in, 0.0f, y, out);
   }
-  void round_result(float* v, int64_t n) override { Format::round(v, n); }
+  Rounding result_rounding() const override { return Format::rounding; }
+
+  static constexpr bool kBf16 = std::is_same_v<Format, Bf16Format>;
+  bool bf16_results() const override { return kBf16; }
+  const uint16_t* forward_bf16(int param, float* y_buffer, const float* x, const float* W, int64_t N, int64_t in,
+                               int64_t out) override {
+    if constexpr (kBf16) {
+      const uint16_t* Wh = weights_.get(param, W, out * in, Format::convert);
+      return gemm_bf16_packed_out(Trans::N, Trans::T, N, out, in, 1.0f, operand(a_, x, N * in), in, Wh, in,
+                                  y_buffer);
+    } else {
+      return GemmPolicy::forward_bf16(param, y_buffer, x, W, N, in, out);
+    }
+  }
+  void weight_grad_bf16(int param, float* dW, const uint16_t* dy, const float* x, int64_t N, int64_t in,
+                        int64_t out) override {
+    if constexpr (kBf16)
+      gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, operand(b_, x, N * in), in, 1.0f, dW, in);
+    else
+      GemmPolicy::weight_grad_bf16(param, dW, dy, x, N, in, out);
+  }
+  void input_grad_bf16(int param, float* dx, const uint16_t* dy, const float* W, int64_t N, int64_t in, int64_t out,
+                       bool accumulate) override {
+    if constexpr (kBf16) {
+      const uint16_t* Wh = weights_.get(param, W, out * in, Format::convert);
+      gemm_bf16(Trans::N, Trans::N, N, in, out, 1.0f, dy, out, Wh, in, accumulate ? 1.0f : 0.0f, dx, in);
+    } else {
+      GemmPolicy::input_grad_bf16(param, dx, dy, W, N, in, out, accumulate);
+    }
+  }
   void weight_grad(int param, float* dW, const float* dy, const float* x, int64_t N, int64_t in,
                    int64_t out) override {
     Format::gemm(Trans::T, Trans::N, out, in, N, operand(g_, dy, N * out), out, operand(b_, x, N * in), in, 1.0f,

@@ -39,7 +39,7 @@ void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, f
   linear_backward(dx_full, dW, db, dy, x, W, N, in, out_local, false, partial);
   float* dx = tp.sp() ? dx_shard : dx_full;
   reduce_from_tensor_parallel_region(tp, dx_full, dx, N, in);
-  if (site.policy) site.policy->round_result(dx, tp.shard_rows(N) * in);
+  if (site.policy && !site.caller_rounds) site.policy->round_result(dx, tp.shard_rows(N) * in);
 }
 
 void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* partial, const float* x,
@@ -49,8 +49,10 @@ void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* part
   partial_site.partial_sum = true;
   linear_forward(partial, x, W, nullptr, N, in_local, out, partial_site);
   reduce_from_tensor_parallel_region(tp, partial, y, N, out);
-  if (site.policy) site.policy->round_result(y, tp.shard_rows(N) * out);
-  if (b) bias_add(y, b, tp.shard_rows(N), out);
+  LATTICE_CHECK(!(site.caller_rounds && b)) << "row_parallel_linear_forward: a bias with a result the caller rounds";
+  const Rounding r = site.caller_rounds ? Rounding::none : rounding(site);
+  if (b) bias_add(y, b, tp.shard_rows(N), out, r);  // y = round(y) + b in one pass
+  else if (r != Rounding::none) round_to(y, y, tp.shard_rows(N) * out, r);
 }
 
 void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, float* dW, float* db,

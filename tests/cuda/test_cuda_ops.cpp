@@ -202,6 +202,12 @@ void layernorm_cases(std::vector<OpCase>& t) {
   }
 }
 
+// The GEMM-result roundings the fused kernels take (kernels/cast.h), as a name suffix.
+constexpr Rounding kRoundings[] = {Rounding::none, Rounding::bf16, Rounding::fp16};
+std::string rounding_suffix(Rounding r) {
+  return r == Rounding::bf16 ? "_round_bf16" : r == Rounding::fp16 ? "_round_fp16" : "";
+}
+
 // ---------------------------------------------------------------- activation
 
 void gelu_cases(std::vector<OpCase>& t) {
@@ -221,18 +227,41 @@ void gelu_cases(std::vector<OpCase>& t) {
         cuda::gelu_forward(gx.as<float>(), gx.as<float>(), n, kind);  // in place
         expect_close(c, "out (in place)", out, download<float>(gx, out.size()));
       }});
-      t.push_back({"gelu_backward_" + k, shape_name({{"n", n}}), {1e-5, 1e-6}, [n, kind](const OpCase& c) {
-        const auto x = rand_floats(static_cast<size_t>(n), 12, -6.0f, 6.0f), dout = rand_floats(static_cast<size_t>(n), 13);
-        std::vector<float> dx(x.size(), 123.0f);  // written, not accumulated
-        gelu_backward(dx.data(), x.data(), dout.data(), n, kind);
-        auto gx = upload(x), gdout = upload(dout);
-        auto gdx = upload(std::vector<float>(x.size(), -7.0f));
-        cuda::gelu_backward(gdx.as<float>(), gx.as<float>(), gdout.as<float>(), n, kind);
-        expect_close(c, "dx", dx, download<float>(gdx, dx.size()));
-        cuda::gelu_backward(gdout.as<float>(), gx.as<float>(), gdout.as<float>(), n, kind);  // dx aliases dout
-        expect_close(c, "dx (in place)", dx, download<float>(gdout, dx.size()));
-      }});
+      for (Rounding r : kRoundings)
+        t.push_back({"gelu_backward_" + k + rounding_suffix(r), shape_name({{"n", n}}), {1e-5, 1e-6},
+                     [n, kind, r](const OpCase& c) {
+          const auto x = rand_floats(static_cast<size_t>(n), 12, -6.0f, 6.0f), dout = rand_floats(static_cast<size_t>(n), 13);
+          std::vector<float> dx(x.size(), 123.0f);  // written, not accumulated
+          gelu_backward(dx.data(), x.data(), dout.data(), n, kind, r);
+          auto gx = upload(x), gdout = upload(dout);
+          auto gdx = upload(std::vector<float>(x.size(), -7.0f));
+          cuda::gelu_backward(gdx.as<float>(), gx.as<float>(), gdout.as<float>(), n, kind, r);
+          expect_close(c, "dx", dx, download<float>(gdx, dx.size()));
+          cuda::gelu_backward(gdout.as<float>(), gx.as<float>(), gdout.as<float>(), n, kind, r);  // dx aliases dout
+          expect_close(c, "dx (in place)", dx, download<float>(gdout, dx.size()));
+        }});
     }
+    // bias_gelu: the rounding and the bias add are exact operations (the same bits), the
+    // GELU as gelu_forward's.
+    for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {256, 3072}})
+      for (Rounding r : kRoundings)
+        for (bool bias : {true, false})
+          t.push_back({"bias_gelu_forward_" + k + rounding_suffix(r) + (bias ? "" : "_no_bias"),
+                       shape_name({{"N", N}, {"C", C}}), {1e-5, 1e-6}, [N, C, kind, r, bias](const OpCase& c) {
+            const size_t n = size_t(N * C);
+            const auto y = rand_floats(n, 24, -6.0f, 6.0f), b = rand_floats(size_t(C), 25, -0.5f, 0.5f);
+            std::vector<float> pre(n), out(n);
+            bias_gelu_forward(pre.data(), out.data(), y.data(), bias ? b.data() : nullptr, N, C, kind, r);
+            auto gy = upload(y), gb = upload(b);
+            DeviceBuffer gpre(n * 4), gout(n * 4);
+            const float* gbias = bias ? gb.as<float>() : nullptr;
+            cuda::bias_gelu_forward(gpre.as<float>(), gout.as<float>(), gy.as<float>(), gbias, N, C, kind, r);
+            expect_bits(c, "pre", pre, download<float>(gpre, n));
+            expect_close(c, "out", out, download<float>(gout, n));
+            cuda::bias_gelu_forward(gy.as<float>(), gout.as<float>(), gy.as<float>(), gbias, N, C, kind, r);  // pre aliases y
+            expect_bits(c, "pre (in place)", pre, download<float>(gy, n));
+            expect_close(c, "out (in place)", out, download<float>(gout, n));
+          }});
   }
 }
 
@@ -273,26 +302,27 @@ void dropout_cases(std::vector<OpCase>& t) {
     uint64_t first;
     float p;
   };
-  for (F f : {F{37, 77, 5, 0.1f}, F{1024, 768, (uint64_t(1) << 33) + 1, 0.1f}, F{9, 33, 0, 0.0f}}) {
-    const std::string shape = shape_name({{"N", f.N}, {"C", f.C}, {"first", int64_t(f.first)},
-                                          {"p_pct", int64_t(f.p * 100)}});
-    t.push_back({"bias_dropout_add_forward", shape, {0.0, 0.0}, [f](const OpCase& c) {
-      const PhiloxStream stream{0x1234567890abcdefull, 78u, 3u, 9u};
-      const size_t n = size_t(f.N * f.C);
-      const auto y = rand_floats(n, 15, -4.0f, 4.0f), residual = rand_floats(n, 16, -1.0f, 1.0f);
-      const auto bias = rand_floats(size_t(f.C), 17, -0.5f, 0.5f);
-      std::vector<float> out(n);
-      bias_dropout_add_forward(out.data(), residual.data(), y.data(), bias.data(), f.N, f.C, f.p, stream, f.first);
-      auto gy = upload(y), gres = upload(residual), gbias = upload(bias);
-      DeviceBuffer gout(n * 4);
-      cuda::bias_dropout_add_forward(gout.as<float>(), gres.as<float>(), gy.as<float>(), gbias.as<float>(), f.N,
-                                     f.C, f.p, stream, f.first);
-      expect_bits(c, "out", out, download<float>(gout, n));
-      cuda::bias_dropout_add_forward(gres.as<float>(), gres.as<float>(), gy.as<float>(), gbias.as<float>(), f.N,
-                                     f.C, f.p, stream, f.first);  // in place on the residual
-      expect_bits(c, "out (in place)", out, download<float>(gres, n));
-    }});
-  }
+  for (F f : {F{37, 77, 5, 0.1f}, F{1024, 768, (uint64_t(1) << 33) + 1, 0.1f}, F{9, 33, 0, 0.0f}})
+    for (Rounding r : kRoundings) {
+      const std::string shape = shape_name({{"N", f.N}, {"C", f.C}, {"first", int64_t(f.first)},
+                                            {"p_pct", int64_t(f.p * 100)}});
+      t.push_back({"bias_dropout_add_forward" + rounding_suffix(r), shape, {0.0, 0.0}, [f, r](const OpCase& c) {
+        const PhiloxStream stream{0x1234567890abcdefull, 78u, 3u, 9u};
+        const size_t n = size_t(f.N * f.C);
+        const auto y = rand_floats(n, 15, -4.0f, 4.0f), residual = rand_floats(n, 16, -1.0f, 1.0f);
+        const auto bias = rand_floats(size_t(f.C), 17, -0.5f, 0.5f);
+        std::vector<float> out(n);
+        bias_dropout_add_forward(out.data(), residual.data(), y.data(), bias.data(), f.N, f.C, f.p, stream, f.first, r);
+        auto gy = upload(y), gres = upload(residual), gbias = upload(bias);
+        DeviceBuffer gout(n * 4);
+        cuda::bias_dropout_add_forward(gout.as<float>(), gres.as<float>(), gy.as<float>(), gbias.as<float>(), f.N,
+                                       f.C, f.p, stream, f.first, r);
+        expect_bits(c, "out", out, download<float>(gout, n));
+        cuda::bias_dropout_add_forward(gres.as<float>(), gres.as<float>(), gy.as<float>(), gbias.as<float>(), f.N,
+                                       f.C, f.p, stream, f.first, r);  // in place on the residual
+        expect_bits(c, "out (in place)", out, download<float>(gres, n));
+      }});
+    }
 }
 
 // ---------------------------------------------------------------- elementwise
@@ -329,14 +359,15 @@ void elementwise_cases(std::vector<OpCase>& t) {
     expect_bits(c, "x", x, download<float>(gx, x.size()));
   }});
   for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {1000, 768}}) {
-    t.push_back({"bias_add", shape_name({{"N", N}, {"C", C}}), {0.0, 0.0}, [N, C](const OpCase& c) {
-      auto out = rand_floats(static_cast<size_t>(N * C), 20);
-      const auto bias = rand_floats(static_cast<size_t>(C), 21);
-      auto gout = upload(out), gbias = upload(bias);
-      bias_add(out.data(), bias.data(), N, C);
-      cuda::bias_add(gout.as<float>(), gbias.as<float>(), N, C);
-      expect_bits(c, "out", out, download<float>(gout, out.size()));
-    }});
+    for (Rounding r : kRoundings)
+      t.push_back({"bias_add" + rounding_suffix(r), shape_name({{"N", N}, {"C", C}}), {0.0, 0.0}, [N, C, r](const OpCase& c) {
+        auto out = rand_floats(static_cast<size_t>(N * C), 20);
+        const auto bias = rand_floats(static_cast<size_t>(C), 21);
+        auto gout = upload(out), gbias = upload(bias);
+        bias_add(out.data(), bias.data(), N, C, r);
+        cuda::bias_add(gout.as<float>(), gbias.as<float>(), N, C, r);
+        expect_bits(c, "out", out, download<float>(gout, out.size()));
+      }});
     // Column sums of N terms in [-1, 1], in another order than the CPU's.
     t.push_back({"bias_backward", shape_name({{"N", N}, {"C", C}}), {1e-5, 1e-7 * double(N)}, [N, C](const OpCase& c) {
       const auto dout = rand_floats(static_cast<size_t>(N * C), 22);
@@ -473,8 +504,14 @@ void cross_entropy_cases(std::vector<OpCase>& t) {
   };
   for (VP s : {VP{37, 100, 108, 3}, VP{6, 64, 96, 3}, VP{4, 50257, 50304, 2}}) {
     const std::string shape = shape_name({{"N", s.N}, {"V", s.V}, {"Vp", s.Vp}, {"P", s.P}});
-    for (bool masked : {false, true})
-      t.push_back({masked ? "vocab_parallel_ce_masked" : "vocab_parallel_ce", shape, {1e-5, 1e-9}, [s, masked](const OpCase& c) {
+    struct Variant {
+      bool masked;
+      Rounding r;  // the logits read as an unrounded GEMM result
+    };
+    for (Variant vt : {Variant{false, Rounding::none}, Variant{true, Rounding::none}, Variant{true, Rounding::bf16},
+                       Variant{false, Rounding::fp16}})
+      t.push_back({std::string(vt.masked ? "vocab_parallel_ce_masked" : "vocab_parallel_ce") + rounding_suffix(vt.r),
+                   shape, {1e-5, 1e-9}, [s, masked = vt.masked, rnd = vt.r](const OpCase& c) {
         // Tolerances as for cross_entropy_forward_backward: the row maxima are exact, the
         // sums of exponentials ~1e-7 relative, the losses ~1e-6, dlogits 1e-5 relative.
         const OpCase exact{c.op, c.shape, {0.0, 0.0}, nullptr};
@@ -501,8 +538,8 @@ void cross_entropy_cases(std::vector<OpCase>& t) {
             std::copy_n(full.data() + n * s.Vp + begin, Vl, x.data() + n * Vl);
           gpu_x.push_back(upload(x));
           std::vector<float> m(static_cast<size_t>(N));
-          vocab_parallel_ce_max(m.data(), x.data(), N, valid, Vl);
-          cuda::vocab_parallel_ce_max(grow.as<float>(), gpu_x.back().as<float>(), N, valid, Vl);
+          vocab_parallel_ce_max(m.data(), x.data(), N, valid, Vl, rnd);
+          cuda::vocab_parallel_ce_max(grow.as<float>(), gpu_x.back().as<float>(), N, valid, Vl, rnd);
           const auto gm_r = download<float>(grow, static_cast<size_t>(N));
           expect_close(exact, "row_max rank " + std::to_string(r), m, gm_r);
           for (int64_t n = 0; n < N; ++n) {  // all-reduce MAX
@@ -517,9 +554,9 @@ void cross_entropy_cases(std::vector<OpCase>& t) {
           const int64_t begin = r * Vl, valid = std::clamp<int64_t>(s.V - begin, 0, Vl);
           std::vector<double> st(static_cast<size_t>(2 * N));
           vocab_parallel_ce_partials(st.data(), cpu_x[static_cast<size_t>(r)].data(), cpu_max.data(), targets.data(), begin, N,
-                                     valid, Vl, true);
+                                     valid, Vl, true, rnd);
           cuda::vocab_parallel_ce_partials(gstats_r.as<double>(), gpu_x[static_cast<size_t>(r)].as<float>(), gmax.as<float>(),
-                                           gt.as<int32_t>(), begin, N, valid, Vl, true);
+                                           gt.as<int32_t>(), begin, N, valid, Vl, true, rnd);
           const auto gst = download<double>(gstats_r, st.size());
           expect_close(sum_tol, "stats rank " + std::to_string(r), st, gst);
           // The stored exponentials: the same polynomial, a few ulp apart at most.
@@ -547,6 +584,51 @@ void cross_entropy_cases(std::vector<OpCase>& t) {
         }
       }});
   }
+}
+
+// The cross entropy on bf16 logits (the bf16 output layer): each side's three kernels on one
+// vocabulary slice. The maxima are exact; the sums of exponentials as for the fp32 kernels;
+// the bf16 dlogits within one bf16 ulp (2^-8 relative), as the GPU's exponentials and sums
+// differ from the CPU's in the last fp32 bits before the rounding.
+void cross_entropy_bf16_cases(std::vector<OpCase>& t) {
+  struct S {
+    int64_t N, Vl, valid, begin;
+  };
+  for (S s : {S{37, 108, 100, 0}, S{5, 25152, 25105, 25152}, S{6, 96, 0, 96}})
+    t.push_back({"vocab_parallel_ce_bf16", shape_name({{"N", s.N}, {"Vl", s.Vl}, {"valid", s.valid}, {"begin", s.begin}}),
+                 {1.0 / 128, 1e-12}, [s](const OpCase& c) {
+      const OpCase exact{c.op, c.shape, {0.0, 0.0}, nullptr};
+      const OpCase sum_tol{c.op, c.shape, {1e-6, 0.0}, nullptr};
+      const size_t n = size_t(s.N * s.Vl);
+      const auto f = rand_floats(n, 44, -8.0f, 8.0f);
+      std::vector<uint16_t> x(n);
+      cast_fp32_to_bf16(x.data(), f.data(), int64_t(n));
+      auto targets = rand_ints(size_t(s.N), 45, int32_t(s.begin), int32_t(s.begin + std::max<int64_t>(s.valid, 1)));
+      targets[0] = int32_t(s.begin + s.Vl + 3);  // another slice's
+      std::vector<float> mask(size_t(s.N), 1.0f);
+      mask[1 % s.N] = 0.0f;
+      auto gx = upload(x), gt = upload(targets), gm = upload(mask);
+      std::vector<float> m(size_t(s.N));
+      vocab_parallel_ce_max_bf16(m.data(), x.data(), s.N, s.valid, s.Vl);
+      DeviceBuffer gmax(size_t(s.N) * 4), gstats(size_t(2 * s.N) * 8);
+      cuda::vocab_parallel_ce_max_bf16(gmax.as<float>(), gx.as<uint16_t>(), s.N, s.valid, s.Vl);
+      expect_close(exact, "row_max", m, download<float>(gmax, m.size()));
+      std::vector<double> st(size_t(2 * s.N));
+      vocab_parallel_ce_partials_bf16(st.data(), x.data(), m.data(), targets.data(), s.begin, s.N, s.valid, s.Vl);
+      cuda::vocab_parallel_ce_partials_bf16(gstats.as<double>(), gx.as<uint16_t>(), gmax.as<float>(), gt.as<int32_t>(),
+                                            s.begin, s.N, s.valid, s.Vl);
+      expect_close(sum_tol, "stats", st, download<double>(gstats, st.size()));
+      if (s.valid == 0) return;  // (no sum to divide by)
+      vocab_parallel_ce_backward_bf16(x.data(), m.data(), st.data(), targets.data(), mask.data(), 0.5f, s.begin, s.N,
+                                      s.valid, s.Vl);
+      cuda::vocab_parallel_ce_backward_bf16(gx.as<uint16_t>(), gmax.as<float>(), gstats.as<double>(), gt.as<int32_t>(),
+                                            gm.as<float>(), 0.5f, s.begin, s.N, s.valid, s.Vl);
+      std::vector<float> d(n), gd(n);
+      cast_bf16_to_fp32(d.data(), x.data(), int64_t(n));
+      const auto g16 = download<uint16_t>(gx, n);
+      cast_bf16_to_fp32(gd.data(), g16.data(), int64_t(n));
+      expect_close(c, "dlogits", d, gd);
+    }});
 }
 
 // ---------------------------------------------------------------- optimizer
@@ -787,6 +869,7 @@ std::vector<OpCase> op_table() {
   elementwise_cases(t);
   embedding_cases(t);
   cross_entropy_cases(t);
+  cross_entropy_bf16_cases(t);
   optimizer_cases(t);
   cast_cases(t);
   decode_attention_cases(t);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "blas/gemm.h"
+#include "core/error.h"
 #include "kernels/cast.h"
 #include "kernels_test_util.h"
 #include "model/mixed_precision.h"
@@ -142,6 +143,70 @@ TEST(PrecisionPolicy, Fp16IsFp32ArithmeticOnFp16Values) {
   gemm_f32(Trans::N, Trans::N, c.N, c.in, c.out, 1.0f, dyh.data(), c.out, Wh.data(), c.in, 0.0f, dxref.data(), c.in);
   round_to_fp16(dxref.data(), dxref.data(), int64_t(dxref.size()));
   EXPECT_EQ(dx, dxref);
+}
+
+// linear_forward rounds the GEMM result, then adds the bias (one pass); a site whose caller
+// rounds (GemmSite::caller_rounds) gets the fp32 sum and cannot take a bias; linear_backward
+// rounds dx unless the caller does.
+TEST(PrecisionPolicy, LinearRoundsBeforeTheBiasUnlessTheCallerRounds) {
+  LinearCase c;
+  const auto b = random_floats(size_t(c.out), 14, -0.5, 0.5);
+  for (HalfFormat f : {HalfFormat::bf16, HalfFormat::fp16}) {
+    auto p = make_half_precision_policy(f);
+    const GemmSite site{p.get(), 0};
+    std::vector<float> sum(size_t(c.N * c.out)), y(sum.size()), unrounded(sum.size());
+    p->forward(0, sum.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+    std::vector<float> ref = sum;
+    p->round_result(ref.data(), int64_t(ref.size()));
+    EXPECT_NE(ref, sum);  // the rounding does something here
+    for (int64_t n = 0; n < c.N; ++n)
+      for (int64_t o = 0; o < c.out; ++o) ref[size_t(n * c.out + o)] += b[size_t(o)];
+    linear_forward(y.data(), c.x.data(), c.W.data(), b.data(), c.N, c.in, c.out, site);
+    EXPECT_EQ(y, ref);
+    linear_forward(unrounded.data(), c.x.data(), c.W.data(), nullptr, c.N, c.in, c.out, site.rounded_by_caller());
+    EXPECT_EQ(unrounded, sum);
+    EXPECT_EQ(rounding(site), f == HalfFormat::bf16 ? Rounding::bf16 : Rounding::fp16);
+    EXPECT_THROW(linear_forward(y.data(), c.x.data(), c.W.data(), b.data(), c.N, c.in, c.out,
+                                site.rounded_by_caller()),
+                 Error);
+    std::vector<float> dW(c.W.size(), 0.0f), dx(c.x.size()), dx_sum(c.x.size());
+    linear_backward(dx.data(), dW.data(), nullptr, c.dy.data(), c.x.data(), c.W.data(), c.N, c.in, c.out, false, site);
+    linear_backward(dx_sum.data(), dW.data(), nullptr, c.dy.data(), c.x.data(), c.W.data(), c.N, c.in, c.out, false,
+                    site.rounded_by_caller());
+    p->round_result(dx_sum.data(), int64_t(dx_sum.size()));
+    EXPECT_EQ(dx, dx_sum);
+  }
+  EXPECT_EQ(rounding(GemmSite{}), Rounding::none);
+}
+
+// The bf16 results of the bf16 policy (the output layer's logits): the forward's rounded
+// result packed as bf16, and the backward GEMMs from a bf16 output gradient, the same bits as
+// the fp32-result path. The other formats have none.
+TEST(PrecisionPolicy, Bf16ResultsAreTheRoundedResults) {
+  LinearCase c;
+  auto p = make_half_precision_policy(HalfFormat::bf16);
+  ASSERT_TRUE(p->bf16_results());
+  std::vector<float> y(size_t(c.N * c.out)), buffer(y.size());
+  p->forward(2, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+  std::vector<uint16_t> ref(y.size());
+  cast_fp32_to_bf16(ref.data(), y.data(), int64_t(y.size()));
+  const uint16_t* y16 = p->forward_bf16(2, buffer.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+  EXPECT_EQ(0, std::memcmp(y16, ref.data(), ref.size() * sizeof(uint16_t)));
+  std::vector<uint16_t> dy16(c.dy.size());
+  cast_fp32_to_bf16(dy16.data(), c.dy.data(), int64_t(c.dy.size()));
+  std::vector<float> dW(c.W.size(), 0.25f), dW16(dW), dx(c.x.size(), 1.0f), dx16(dx);
+  p->weight_grad(2, dW.data(), c.dy.data(), c.x.data(), c.N, c.in, c.out);
+  p->input_grad(2, dx.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out, true);
+  p->weight_grad_bf16(2, dW16.data(), dy16.data(), c.x.data(), c.N, c.in, c.out);
+  p->input_grad_bf16(2, dx16.data(), dy16.data(), c.W.data(), c.N, c.in, c.out, true);
+  EXPECT_EQ(dW16, dW);
+  EXPECT_EQ(dx16, dx);
+  std::unique_ptr<MixedPrecisionPolicy> others[] = {make_half_precision_policy(HalfFormat::fp16),
+                                                    make_fp8_policy(Fp8Recipe{}, nullptr)};
+  for (auto& q : others) {
+    EXPECT_FALSE(q->bf16_results()) << q->name();
+    EXPECT_THROW(q->forward_bf16(0, buffer.data(), c.x.data(), c.W.data(), c.N, c.in, c.out), Error) << q->name();
+  }
 }
 
 TEST(PrecisionPolicy, Fp16OverflowBecomesInf) {

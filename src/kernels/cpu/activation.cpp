@@ -1,9 +1,12 @@
 #include "kernels/activation.h"
 
+#include <algorithm>
+
 #include "core/device.h"
 #include "kernels/cuda/ops.h"
 
 #include "kernels/activation_math.h"
+#include "kernels/cast_math.h"
 
 namespace lattice {
 
@@ -23,15 +26,67 @@ void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind) {
   }
 }
 
-void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind) {
-  LATTICE_KERNEL_ENTRY(cuda::gelu_backward(dx, x, dout, n, kind));
-  if (kind == GeluKind::erf) {
+void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind, Rounding round_dout) {
+  LATTICE_KERNEL_ENTRY(cuda::gelu_backward(dx, x, dout, n, kind, round_dout));
+  if (round_dout == Rounding::none) {
+    if (kind == GeluKind::erf) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) dx[i] = math::gelu_erf_backward(x[i], dout[i]);
-  } else {
+      for (int64_t i = 0; i < n; ++i) dx[i] = math::gelu_erf_backward(x[i], dout[i]);
+    } else {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) dx[i] = math::gelu_tanh_backward(x[i], dout[i]);
+      for (int64_t i = 0; i < n; ++i) dx[i] = math::gelu_tanh_backward(x[i], dout[i]);
+    }
+    return;
   }
+  // Chunks of dout rounded into an L1 buffer first (a loop of its own, so that both loops
+  // vectorize), then the same element math.
+  constexpr int64_t kChunk = 2048;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  math::dispatch_rounding(round_dout, [&](auto r) {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t i0 = k * kChunk, len = std::min(kChunk, n - i0);
+      alignas(64) float d[kChunk];
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) d[j] = math::round_as<r.value>(dout[i0 + j]);
+      const float* xs = x + i0;
+      float* dxs = dx + i0;  // may alias dout: its chunk was read into d
+      if (kind == GeluKind::erf) {
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) dxs[j] = math::gelu_erf_backward(xs[j], d[j]);
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) dxs[j] = math::gelu_tanh_backward(xs[j], d[j]);
+      }
+    }
+  });
+}
+
+void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
+                       GeluKind kind, Rounding round_y) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_forward(pre, out, y, bias, N, C, kind, round_y));
+  math::dispatch_rounding(round_y, [&](auto r) {
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+    for (int64_t row = 0; row < N; ++row) {
+      const float* ys = y + row * C;
+      float* ps = pre + row * C;  // may alias ys: element c is read before it is written
+      float* __restrict os = out + row * C;
+      if (bias) {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) ps[c] = math::round_as<r.value>(ys[c]) + bias[c];
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) ps[c] = math::round_as<r.value>(ys[c]);
+      }
+      if (kind == GeluKind::erf) {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) os[c] = math::gelu_erf(ps[c]);
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) os[c] = math::gelu_tanh(ps[c]);
+      }
+    }
+  });
 }
 
 }  // namespace lattice

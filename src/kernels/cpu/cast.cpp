@@ -66,6 +66,12 @@ void round_to_fp16(float* out, const float* in, int64_t n) {
   });
 }
 
+void round_to(float* out, const float* in, int64_t n, Rounding r) {
+  if (r == Rounding::bf16) round_to_bf16(out, in, n);
+  else if (r == Rounding::fp16) round_to_fp16(out, in, n);
+  else if (out != in) copy_on_device(out, in, size_t(n) * sizeof(float));
+}
+
 void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f) {
   LATTICE_KERNEL_ENTRY(cuda::quantize_fp8(out, in, n, scale, f));
   parallel_chunks(n, [&](int64_t b, int64_t e) {

@@ -3,9 +3,13 @@
 #include "core/device.h"
 #include "kernels/cuda/ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
+#include "kernels/cast_math.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace lattice {
@@ -64,6 +68,56 @@ double row_sum_exp(Ptr x, float max, int64_t V) {
   return total;
 }
 
+// Logits that are not plain fp32 values: fp32 GEMM results to be rounded by R, or bf16
+// patterns. Each block of kBlock columns is staged as fp32 values in a buffer (a loop that
+// vectorizes on its own), then goes through the fp32 code above: the same operations in
+// the same order as on logits rounded (widened) beforehand.
+template <Rounding R>
+void stage(float* buf, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) buf[j] = math::round_as<R>(x[j]);
+}
+template <Rounding R>
+void stage(float* buf, const uint16_t* x, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) buf[j] = math::bf16_to_fp32(x[j]);
+}
+
+template <Rounding R, class T>
+float staged_row_max(const T* x, int64_t V) {
+  if constexpr (R == Rounding::none && std::is_same_v<T, float>) {
+    return row_max(x, V);
+  } else {
+    alignas(64) float buf[kBlock];
+    float m = -INFINITY;
+    for (int64_t b0 = 0; b0 < V; b0 += kBlock) {
+      const int64_t len = std::min(kBlock, V - b0);
+      stage<R>(buf, x + b0, len);
+      const float bm = row_max(buf, len);
+      m = bm > m ? bm : m;
+    }
+    return m;
+  }
+}
+
+// kStore (fp32 logits only): the exponentials overwrite the logits.
+template <bool kStore, Rounding R, class T>
+double staged_row_sum_exp(T* x, float max, int64_t V) {
+  if constexpr (R == Rounding::none && std::is_same_v<T, float>) {
+    return row_sum_exp<kStore>(x, max, V);
+  } else {
+    alignas(64) float buf[kBlock];
+    double total = 0.0;
+    for (int64_t b0 = 0; b0 < V; b0 += kBlock) {
+      const int64_t len = std::min(kBlock, V - b0);
+      stage<R>(buf, x + b0, len);
+      total += row_sum_exp<kStore>(buf, max, len);  // one block: the same float sum
+      if constexpr (kStore) std::memcpy(x + b0, buf, size_t(len) * sizeof(float));
+    }
+    return total;
+  }
+}
+
 }  // namespace
 
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
@@ -105,22 +159,31 @@ void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
   }
 }
 
-void vocab_parallel_ce_max(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl) {
-  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_max(row_max_out, logits, N, valid, Vl));
+void vocab_parallel_ce_max(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl,
+                           Rounding round_logits) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_max(row_max_out, logits, N, valid, Vl, round_logits));
+  math::dispatch_rounding(round_logits, [&](auto r) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) row_max_out[n] = valid > 0 ? row_max(logits + n * Vl, valid) : -INFINITY;
+    for (int64_t n = 0; n < N; ++n)
+      row_max_out[n] = valid > 0 ? staged_row_max<r.value>(logits + n * Vl, valid) : -INFINITY;
+  });
 }
 
 void vocab_parallel_ce_partials(double* stats, float* logits, const float* rmax, const int32_t* targets,
-                                int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl, bool store_exp) {
-  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_partials(stats, logits, rmax, targets, vocab_begin, N, valid, Vl, store_exp));
+                                int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl, bool store_exp,
+                                Rounding round_logits) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_partials(stats, logits, rmax, targets, vocab_begin, N, valid, Vl,
+                                                        store_exp, round_logits));
+  math::dispatch_rounding(round_logits, [&](auto r) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    float* x = logits + n * Vl;
-    const int64_t t = int64_t(targets[n]) - vocab_begin;
-    stats[2 * n + 1] = t >= 0 && t < valid ? double(x[t]) : 0.0;
-    stats[2 * n] = store_exp ? row_sum_exp<true>(x, rmax[n], valid) : row_sum_exp<false>(x, rmax[n], valid);
-  }
+    for (int64_t n = 0; n < N; ++n) {
+      float* x = logits + n * Vl;
+      const int64_t t = int64_t(targets[n]) - vocab_begin;
+      stats[2 * n + 1] = t >= 0 && t < valid ? double(math::round_as<r.value>(x[t])) : 0.0;
+      stats[2 * n] = store_exp ? staged_row_sum_exp<true, r.value>(x, rmax[n], valid)
+                               : staged_row_sum_exp<false, r.value>(x, rmax[n], valid);
+    }
+  });
 }
 
 void vocab_parallel_ce_loss(float* losses, const double* stats, const float* rmax, int64_t N) {
@@ -144,6 +207,58 @@ void vocab_parallel_ce_backward(float* x_all, const double* stats, const int32_t
     if (t >= 0 && t < valid) x[t] -= scale;
 #pragma omp simd
     for (int64_t v = valid; v < Vl; ++v) x[v] = 0.0f;
+  }
+}
+
+void vocab_parallel_ce_max_bf16(float* row_max_out, const uint16_t* logits, int64_t N, int64_t valid, int64_t Vl) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_max_bf16(row_max_out, logits, N, valid, Vl));
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_max_bf16: valid " << valid << " not in [0, " << Vl << "]";
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    row_max_out[n] = valid > 0 ? staged_row_max<Rounding::none>(logits + n * Vl, valid) : -INFINITY;
+}
+
+void vocab_parallel_ce_partials_bf16(double* stats, const uint16_t* logits, const float* rmax,
+                                     const int32_t* targets, int64_t vocab_begin, int64_t N, int64_t valid,
+                                     int64_t Vl) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_partials_bf16(stats, logits, rmax, targets, vocab_begin, N, valid, Vl));
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_partials_bf16: valid " << valid << " not in [0, " << Vl << "]";
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint16_t* x = logits + n * Vl;
+    const int64_t t = int64_t(targets[n]) - vocab_begin;
+    stats[2 * n + 1] = t >= 0 && t < valid ? double(math::bf16_to_fp32(x[t])) : 0.0;
+    stats[2 * n] = staged_row_sum_exp<false, Rounding::none>(x, rmax[n], valid);
+  }
+}
+
+// Block by block through an fp32 row segment, in the fp32 kernels' steps (the exponentials
+// as row_sum_exp makes them; times k; the target's -scale), then rounded to bf16.
+void vocab_parallel_ce_backward_bf16(uint16_t* x_all, const float* rmax, const double* stats,
+                                     const int32_t* targets, const float* loss_mask, float grad_scale,
+                                     int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_backward_bf16(x_all, rmax, stats, targets, loss_mask, grad_scale,
+                                                             vocab_begin, N, valid, Vl));
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_backward_bf16: valid " << valid << " not in [0, " << Vl << "]";
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    uint16_t* x = x_all + n * Vl;
+    const float m = rmax[n];
+    const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
+    const float k = float(double(scale) / stats[2 * n]);
+    const int64_t t = int64_t(targets[n]) - vocab_begin;
+    alignas(64) float g[kBlock];
+    for (int64_t b0 = 0; b0 < valid; b0 += kBlock) {
+      const int64_t len = std::min(kBlock, valid - b0);
+      stage<Rounding::none>(g, x + b0, len);
+      for (int64_t j = 0; j < len; ++j) g[j] = simd::exp(g[j] - m);
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) g[j] *= k;
+      if (t >= b0 && t < b0 + len) g[t - b0] -= scale;
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) x[b0 + j] = math::fp32_to_bf16(g[j]);
+    }
+    for (int64_t v = valid; v < Vl; ++v) x[v] = 0;
   }
 }
 

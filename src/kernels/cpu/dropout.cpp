@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/cast_math.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace lattice {
@@ -55,41 +56,46 @@ void dropout_backward(float* dx, const float* dout, int64_t n, float p,
 }
 
 // Chunks of kChunk elements, each through three L1-resident steps that round like the
-// separate kernels: v = y + bias; v = keep ? v * scale : 0; out = residual + v.
+// separate kernels: v = round(y) + bias; v = keep ? v * scale : 0; out = residual + v.
 void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
-                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index));
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
+                              Rounding round_y) {
+  LATTICE_KERNEL_ENTRY(
+      cuda::bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index, round_y));
   LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "bias_dropout_add: dropout probability " << p << " not in [0, 1)";
   const int64_t n = N * C;
   const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
+  math::dispatch_rounding(round_y, [&](auto r) {
 #pragma omp parallel for schedule(static) if (n > 4 * kChunk)
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t i0 = k * kChunk, len = std::min(n - i0, kChunk);
-    alignas(64) float v[kChunk];
-    // v = y + bias, row segment by row segment (each one vectorizes).
-    for (int64_t i = 0, c = i0 % C; i < len; c = 0) {
-      const int64_t seg = std::min(len - i, C - c);
-      const float* __restrict ys = y + i0 + i;
-      float* __restrict vs = v + i;
-      if (bias) {
-        const float* __restrict bs = bias + c;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t i0 = k * kChunk, len = std::min(n - i0, kChunk);
+      alignas(64) float v[kChunk];
+      // v = round(y) + bias, row segment by row segment (each one vectorizes).
+      for (int64_t i = 0, c = i0 % C; i < len; c = 0) {
+        const int64_t seg = std::min(len - i, C - c);
+        const float* __restrict ys = y + i0 + i;
+        float* __restrict vs = v + i;
+        if (bias) {
+          const float* __restrict bs = bias + c;
 #pragma omp simd
-        for (int64_t j = 0; j < seg; ++j) vs[j] = ys[j] + bs[j];
-      } else {
-        std::memcpy(vs, ys, size_t(seg) * sizeof(float));
+          for (int64_t j = 0; j < seg; ++j) vs[j] = math::round_as<r.value>(ys[j]) + bs[j];
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < seg; ++j) vs[j] = math::round_as<r.value>(ys[j]);
+        }
+        i += seg;
       }
-      i += seg;
-    }
-    if (p > 0.0f) {
-      alignas(64) float mask[kChunk];
-      simd::dropout_mask(mask, stream, first_index + uint64_t(i0), len, p, scale);
+      if (p > 0.0f) {
+        alignas(64) float mask[kChunk];
+        simd::dropout_mask(mask, stream, first_index + uint64_t(i0), len, p, scale);
 #pragma omp simd
-      for (int64_t i = 0; i < len; ++i) v[i] = mask[i] != 0.0f ? v[i] * mask[i] : 0.0f;
-    }
+        for (int64_t i = 0; i < len; ++i) v[i] = mask[i] != 0.0f ? v[i] * mask[i] : 0.0f;
+      }
 #pragma omp simd
-    for (int64_t i = 0; i < len; ++i) out[i0 + i] = residual[i0 + i] + v[i];
-  }
+      for (int64_t i = 0; i < len; ++i) out[i0 + i] = residual[i0 + i] + v[i];
+    }
+  });
 }
 
 }  // namespace lattice

@@ -3,6 +3,8 @@
 #include "core/device.h"
 #include "kernels/cuda/ops.h"
 
+#include "kernels/cast_math.h"
+
 #include <algorithm>
 
 namespace lattice {
@@ -25,14 +27,16 @@ void accumulate(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
-void bias_add(float* out, const float* bias, int64_t N, int64_t C) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_add(out, bias, N, C));
+void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding round_out) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_add(out, bias, N, C, round_out));
+  math::dispatch_rounding(round_out, [&](auto r) {
 #pragma omp parallel for schedule(static) if (N * C > 32768)
-  for (int64_t n = 0; n < N; ++n) {
-    float* __restrict o = out + n * C;
+    for (int64_t n = 0; n < N; ++n) {
+      float* __restrict o = out + n * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] += bias[c];
-  }
+      for (int64_t c = 0; c < C; ++c) o[c] = math::round_as<r.value>(o[c]) + bias[c];
+    }
+  });
 }
 
 // Parallel over column chunks; each column sums its rows in index order, so the

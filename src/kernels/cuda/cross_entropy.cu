@@ -4,6 +4,7 @@
 // summed in double, and the same from run to run.
 #include <cmath>
 
+#include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ops_reduce.cuh"
@@ -15,19 +16,28 @@ namespace {
 
 constexpr int kThreads = 512;
 
-__device__ float row_max(const float* x, int64_t V) {
+// A logit as the kernels read it: an fp32 value rounded by r (the GEMM result's rounding,
+// none when rounded already), or a bf16 pattern widened.
+__device__ inline float load(const float* x, int64_t i, Rounding r) { return math::round_as(x[i], r); }
+__device__ inline float load(const uint16_t* x, int64_t i, Rounding) { return math::bf16_to_fp32(x[i]); }
+
+template <class T>
+__device__ float row_max(const T* x, int64_t V, Rounding r = Rounding::none) {
   float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = x[v] > m ? x[v] : m;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float xv = load(x, v, r);
+    m = xv > m ? xv : m;
+  }
   return block_reduce(m, MaxOp{}, -INFINITY);
 }
 
 // sum_v exp(x[v] - max) over v < V; kStore overwrites x with the exponentials (each
 // thread writes only the columns it reads, and reads them again in the same order later).
-template <bool kStore>
-__device__ double row_sum_exp(float* x, float max, int64_t V) {
+template <bool kStore, class T>
+__device__ double row_sum_exp(T* x, float max, int64_t V, Rounding r = Rounding::none) {
   double s = 0.0;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float e = math::exp(x[v] - max);
+    const float e = math::exp(load(x, v, r) - max);
     if constexpr (kStore) x[v] = e;
     s += double(e);
   }
@@ -70,22 +80,23 @@ __global__ void cross_entropy_kernel(float* logits, float* losses, const int32_t
   }
 }
 
-__global__ void vp_max_kernel(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl) {
+__global__ void vp_max_kernel(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl,
+                              Rounding r) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    const float m = row_max(logits + n * Vl, valid);
+    const float m = row_max(logits + n * Vl, valid, r);
     if (threadIdx.x == 0) row_max_out[n] = m;
   }
 }
 
 template <bool kStore>
 __global__ void vp_partials_kernel(double* stats, float* logits, const float* rmax, const int32_t* targets,
-                                   int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl) {
+                                   int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl, Rounding r) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     float* x = logits + n * Vl;
     const int64_t t = int64_t(targets[n]) - vocab_begin;
-    if (threadIdx.x == 0) stats[2 * n + 1] = t >= 0 && t < valid ? double(x[t]) : 0.0;
+    if (threadIdx.x == 0) stats[2 * n + 1] = t >= 0 && t < valid ? double(math::round_as(x[t], r)) : 0.0;
     __syncthreads();  // the target's logit is read before the exponentials overwrite it
-    const double sum = row_sum_exp<kStore>(x, rmax[n], valid);
+    const double sum = row_sum_exp<kStore>(x, rmax[n], valid, r);
     if (threadIdx.x == 0) stats[2 * n] = sum;
   }
 }
@@ -103,6 +114,47 @@ __global__ void vp_backward_kernel(float* x_all, const double* stats, const int3
     const float k = float(double(scale) / stats[2 * n]);
     const int64_t t = int64_t(targets[n]) - vocab_begin;
     scale_row(x_all + n * Vl, k, scale, t >= 0 && t < valid ? t : -1, valid, Vl);
+  }
+}
+
+__global__ void vp_max_bf16_kernel(float* row_max_out, const uint16_t* logits, int64_t N, int64_t valid, int64_t Vl) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float m = row_max(logits + n * Vl, valid);
+    if (threadIdx.x == 0) row_max_out[n] = m;
+  }
+}
+
+__global__ void vp_partials_bf16_kernel(double* stats, const uint16_t* logits, const float* rmax,
+                                        const int32_t* targets, int64_t vocab_begin, int64_t N, int64_t valid,
+                                        int64_t Vl) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const uint16_t* x = logits + n * Vl;
+    const int64_t t = int64_t(targets[n]) - vocab_begin;
+    if (threadIdx.x == 0) stats[2 * n + 1] = t >= 0 && t < valid ? double(math::bf16_to_fp32(x[t])) : 0.0;
+    const double sum = row_sum_exp<false>(x, rmax[n], valid);
+    if (threadIdx.x == 0) stats[2 * n] = sum;
+  }
+}
+
+// The fp32 backward's value for each column (the exponential as row_sum_exp makes it, times
+// k with __fmul_rn, the target's -scale), rounded to bf16 in place; one block per row.
+__global__ void vp_backward_bf16_kernel(uint16_t* x_all, const float* rmax, const double* stats,
+                                        const int32_t* targets, const float* loss_mask, float grad_scale,
+                                        int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    uint16_t* x = x_all + n * Vl;
+    const float m = rmax[n];
+    const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
+    const float k = float(double(scale) / stats[2 * n]);
+    const int64_t t = int64_t(targets[n]) - vocab_begin;
+    for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) {
+      float g = 0.0f;
+      if (v < valid) {
+        g = __fmul_rn(math::exp(math::bf16_to_fp32(x[v]) - m), k);
+        if (v == t) g -= scale;
+      }
+      x[v] = math::fp32_to_bf16(g);
+    }
   }
 }
 
@@ -132,24 +184,25 @@ void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
   LATTICE_CUDA_LAUNCHED("cross_entropy_forward_backward");
 }
 
-void vocab_parallel_ce_max(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl) {
+void vocab_parallel_ce_max(float* row_max_out, const float* logits, int64_t N, int64_t valid, int64_t Vl,
+                           Rounding round_logits) {
   LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_max: valid " << valid << " not in [0, " << Vl << "]";
   if (N <= 0) return;
-  launch(vp_max_kernel, grid_rows(N), kThreads, 0, row_max_out, logits, N, valid, Vl);
+  launch(vp_max_kernel, grid_rows(N), kThreads, 0, row_max_out, logits, N, valid, Vl, round_logits);
   LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_max");
 }
 
 void vocab_parallel_ce_partials(double* stats, float* logits, const float* row_max,
                                 const int32_t* targets, int64_t vocab_begin, int64_t N,
-                                int64_t valid, int64_t Vl, bool store_exp) {
+                                int64_t valid, int64_t Vl, bool store_exp, Rounding round_logits) {
   LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_partials: valid " << valid << " not in [0, " << Vl << "]";
   if (N <= 0) return;
   if (store_exp)
-    launch(vp_partials_kernel<true>, grid_rows(N), kThreads, 0, stats, logits, row_max, targets,
-                                                                      vocab_begin, N, valid, Vl);
+    launch(vp_partials_kernel<true>, grid_rows(N), kThreads, 0, stats, logits, row_max, targets, vocab_begin, N,
+           valid, Vl, round_logits);
   else
-    launch(vp_partials_kernel<false>, grid_rows(N), kThreads, 0, stats, logits, row_max, targets,
-                                                                       vocab_begin, N, valid, Vl);
+    launch(vp_partials_kernel<false>, grid_rows(N), kThreads, 0, stats, logits, row_max, targets, vocab_begin, N,
+           valid, Vl, round_logits);
   LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_partials");
 }
 
@@ -167,6 +220,33 @@ void vocab_parallel_ce_backward(float* exp_to_dlogits, const double* stats, cons
   launch(vp_backward_kernel, grid_rows(N), kThreads, 0, exp_to_dlogits, stats, targets, loss_mask,
                                                               grad_scale, vocab_begin, N, valid, Vl);
   LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_backward");
+}
+
+void vocab_parallel_ce_max_bf16(float* row_max_out, const uint16_t* logits, int64_t N, int64_t valid, int64_t Vl) {
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_max_bf16: valid " << valid << " not in [0, " << Vl << "]";
+  if (N <= 0) return;
+  launch(vp_max_bf16_kernel, grid_rows(N), kThreads, 0, row_max_out, logits, N, valid, Vl);
+  LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_max_bf16");
+}
+
+void vocab_parallel_ce_partials_bf16(double* stats, const uint16_t* logits, const float* row_max,
+                                     const int32_t* targets, int64_t vocab_begin, int64_t N, int64_t valid,
+                                     int64_t Vl) {
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_partials_bf16: valid " << valid << " not in [0, " << Vl << "]";
+  if (N <= 0) return;
+  launch(vp_partials_bf16_kernel, grid_rows(N), kThreads, 0, stats, logits, row_max, targets, vocab_begin, N, valid,
+         Vl);
+  LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_partials_bf16");
+}
+
+void vocab_parallel_ce_backward_bf16(uint16_t* logits_to_dlogits, const float* row_max, const double* stats,
+                                     const int32_t* targets, const float* loss_mask, float grad_scale,
+                                     int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl) {
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_backward_bf16: valid " << valid << " not in [0, " << Vl << "]";
+  if (N <= 0) return;
+  launch(vp_backward_bf16_kernel, grid_rows(N), kThreads, 0, logits_to_dlogits, row_max, stats, targets, loss_mask,
+         grad_scale, vocab_begin, N, valid, Vl);
+  LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_backward_bf16");
 }
 
 }  // namespace lattice::cuda

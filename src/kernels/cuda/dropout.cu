@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/philox.h"
+#include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -51,13 +52,13 @@ void apply_mask(float* out, const float* x, int64_t n, float p, const PhiloxStre
   LATTICE_CUDA_LAUNCHED(what);
 }
 
-// out[i] = residual[i] + dropout(y[i] + bias[i % C]), one thread per Philox block as above.
+// out[i] = residual[i] + dropout(round(y[i]) + bias[i % C]), one thread per Philox block as above.
 // Explicitly rounded operations (no contraction into an FMA), so the bits are those of
 // bias_add, dropout and add_forward run one after the other.
 __global__ void bias_dropout_add_kernel(float* out, const float* residual, const float* y, const float* bias,
                                         int64_t C, int64_t n, bool dropout, uint32_t threshold, float scale,
                                         PhiloxStream stream, uint64_t first_index, uint64_t first_block,
-                                        int64_t blocks) {
+                                        int64_t blocks, Rounding round_y) {
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < blocks;
        j += int64_t(gridDim.x) * blockDim.x) {
     const uint64_t blk = first_block + uint64_t(j);
@@ -67,7 +68,8 @@ __global__ void bias_dropout_add_kernel(float* out, const float* residual, const
       const uint64_t idx = (blk << 2) + uint64_t(q);
       if (idx < first_index || idx >= first_index + uint64_t(n)) continue;
       const int64_t i = int64_t(idx - first_index);
-      float v = bias ? __fadd_rn(y[i], bias[i % C]) : y[i];
+      const float yi = math::round_as(y[i], round_y);
+      float v = bias ? __fadd_rn(yi, bias[i % C]) : yi;
       if (dropout) v = (r[q] >> 8) >= threshold ? __fmul_rn(v, scale) : 0.0f;
       out[i] = __fadd_rn(residual[i], v);
     }
@@ -77,7 +79,8 @@ __global__ void bias_dropout_add_kernel(float* out, const float* residual, const
 }  // namespace
 
 void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
-                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index) {
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
+                              Rounding round_y) {
   LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "bias_dropout_add: dropout probability " << p << " not in [0, 1)";
   const int64_t n = N * C;
   if (n <= 0) return;
@@ -86,7 +89,7 @@ void bias_dropout_add_forward(float* out, const float* residual, const float* y,
   const uint64_t first_block = first_index >> 2;
   const int64_t blocks = int64_t(((first_index + uint64_t(n) - 1) >> 2) - first_block + 1);
   launch(bias_dropout_add_kernel, grid_for(blocks, kThreads), kThreads, 0,
-      out, residual, y, bias, C, n, p > 0.0f, threshold, scale, stream, first_index, first_block, blocks);
+      out, residual, y, bias, C, n, p > 0.0f, threshold, scale, stream, first_index, first_block, blocks, round_y);
   LATTICE_CUDA_LAUNCHED("bias_dropout_add_forward");
 }
 

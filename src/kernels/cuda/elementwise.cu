@@ -1,5 +1,6 @@
 // Residual adds, bias, scaling on the GPU: grid-stride element loops; bias_backward
 // through the deterministic column sums.
+#include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ops_reduce.cuh"
@@ -21,9 +22,9 @@ __global__ void accumulate_kernel(float* y, const float* x, int64_t n) {
   LATTICE_GRID_STRIDE(i, n) y[i] += x[i];
 }
 
-// out: [N, C]
-__global__ void bias_add_kernel(float* out, const float* bias, int64_t N, int64_t C) {
-  LATTICE_GRID_STRIDE(i, N * C) out[i] += bias[i % C];
+// out: [N, C]; out = round(out) + bias
+__global__ void bias_add_kernel(float* out, const float* bias, int64_t N, int64_t C, Rounding r) {
+  LATTICE_GRID_STRIDE(i, N * C) out[i] = math::round_as(out[i], r) + bias[i % C];
 }
 
 __global__ void scale_kernel(float* x, float s, int64_t n) {
@@ -52,9 +53,9 @@ void accumulate(float* y, const float* x, int64_t n) {
   LATTICE_CUDA_LAUNCHED("accumulate");
 }
 
-void bias_add(float* out, const float* bias, int64_t N, int64_t C) {
+void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding round_out) {
   if (N <= 0 || C <= 0) return;
-  launch(bias_add_kernel, grid_for(N * C, kThreads), kThreads, 0, out, bias, N, C);
+  launch(bias_add_kernel, grid_for(N * C, kThreads), kThreads, 0, out, bias, N, C, round_out);
   LATTICE_CUDA_LAUNCHED("bias_add");
 }
 

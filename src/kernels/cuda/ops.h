@@ -24,7 +24,10 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
 
 // ---- activation.h
 void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind);
-void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind);
+void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind,
+                   Rounding round_dout = Rounding::none);
+void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
+                       GeluKind kind, Rounding round_y);
 
 // ---- dropout.h
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
@@ -32,12 +35,13 @@ void dropout_forward(float* out, const float* x, int64_t n, float p, const Philo
 void dropout_backward(float* dx, const float* dout, int64_t n, float p,
                       const PhiloxStream& stream, uint64_t first_index);
 void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
-                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index);
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
+                              Rounding round_y = Rounding::none);
 
 // ---- elementwise.h
 void add_forward(float* out, const float* a, const float* b, int64_t n);
 void accumulate(float* y, const float* x, int64_t n);
-void bias_add(float* out, const float* bias, int64_t N, int64_t C);
+void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding round_out = Rounding::none);
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);
 void scale_inplace(float* x, float s, int64_t n);
 
@@ -61,11 +65,20 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
 void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
                                     const int32_t* targets, const float* loss_mask,
                                     float grad_scale, int64_t N, int64_t V, int64_t Vp);
-void vocab_parallel_ce_max(float* row_max, const float* logits, int64_t N, int64_t valid, int64_t Vl);
+void vocab_parallel_ce_max(float* row_max, const float* logits, int64_t N, int64_t valid, int64_t Vl,
+                           Rounding round_logits = Rounding::none);
 void vocab_parallel_ce_partials(double* stats, float* logits, const float* row_max,
                                 const int32_t* targets, int64_t vocab_begin, int64_t N,
-                                int64_t valid, int64_t Vl, bool store_exp);
+                                int64_t valid, int64_t Vl, bool store_exp,
+                                Rounding round_logits = Rounding::none);
 void vocab_parallel_ce_loss(float* losses, const double* stats, const float* row_max, int64_t N);
+void vocab_parallel_ce_max_bf16(float* row_max, const uint16_t* logits, int64_t N, int64_t valid, int64_t Vl);
+void vocab_parallel_ce_partials_bf16(double* stats, const uint16_t* logits, const float* row_max,
+                                     const int32_t* targets, int64_t vocab_begin, int64_t N, int64_t valid,
+                                     int64_t Vl);
+void vocab_parallel_ce_backward_bf16(uint16_t* logits_to_dlogits, const float* row_max, const double* stats,
+                                     const int32_t* targets, const float* loss_mask, float grad_scale,
+                                     int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl);
 void vocab_parallel_ce_backward(float* exp_to_dlogits, const double* stats, const int32_t* targets,
                                 const float* loss_mask, float grad_scale, int64_t vocab_begin,
                                 int64_t N, int64_t valid, int64_t Vl);

@@ -1,0 +1,108 @@
+// The output layer's bf16 path (GemmPolicy::bf16_results): the GEMM's result packed as bf16
+// (gemm_bf16_packed_out) and the vocab-parallel cross entropy on bf16 logits give, bit for
+// bit, what the fp32 path gives after rounding: gemm_bf16 then cast_fp32_to_bf16, and the
+// fp32 cross-entropy kernels on the widened logits, whose dlogits cast to bf16 are the bf16
+// backward's.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "blas/gemm.h"
+#include "kernels/cast.h"
+#include "kernels/cross_entropy.h"
+#include "kernels_test_util.h"
+
+namespace lattice {
+namespace {
+
+using kernel_test::random_floats;
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  cast_fp32_to_bf16(o.data(), v.data(), int64_t(v.size()));
+  return o;
+}
+
+std::vector<float> widen(const std::vector<uint16_t>& v) {
+  std::vector<float> o(v.size());
+  cast_bf16_to_fp32(o.data(), v.data(), int64_t(v.size()));
+  return o;
+}
+
+template <class T>
+bool same_bits(const T* a, const T* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(T)) == 0;
+}
+
+// Sizes below and above the in-place packing's chunk (2^18 values), ragged K, both
+// transposes of A; the oneDNN bf16 path where the CPU has it and the fp32 fallback.
+TEST(Bf16Logits, PackedGemmIsTheRoundedFp32Result) {
+  struct Shape {
+    int64_t M, N, K;
+    Trans ta;
+  };
+  for (bool fallback : {false, true}) {
+    gemm_bf16_force_fallback(fallback);
+    for (Shape s : {Shape{7, 13, 5, Trans::N}, Shape{300, 1001, 67, Trans::N}, Shape{611, 1100, 33, Trans::T}}) {
+      const auto A = to_bf16(random_floats(size_t(s.M * s.K), 1, -2, 2));
+      const auto B = to_bf16(random_floats(size_t(s.N * s.K), 2, -2, 2));
+      const int64_t lda = s.ta == Trans::N ? s.K : s.M;
+      std::vector<float> ref(size_t(s.M * s.N));
+      gemm_bf16(s.ta, Trans::T, s.M, s.N, s.K, 0.5f, A.data(), lda, B.data(), s.K, 0.0f, ref.data(), s.N);
+      const auto ref16 = to_bf16(ref);
+      std::vector<float> buffer(ref.size(), NAN);
+      const uint16_t* out =
+          gemm_bf16_packed_out(s.ta, Trans::T, s.M, s.N, s.K, 0.5f, A.data(), lda, B.data(), s.K, buffer.data());
+      EXPECT_EQ(static_cast<const void*>(out), static_cast<const void*>(buffer.data()));
+      EXPECT_TRUE(same_bits(out, ref16.data(), ref16.size()))
+          << s.M << "x" << s.N << "x" << s.K << (fallback ? " (fallback)" : "");
+    }
+  }
+  gemm_bf16_force_fallback(false);
+}
+
+// Two vocabulary slices of rows with padding in the second; a target outside the slice;
+// a masked row; 1 and 3 threads.
+TEST(Bf16Logits, CrossEntropyMatchesTheFp32KernelsOnTheWidenedLogits) {
+  const int64_t N = 11, Vl = 1500;
+  const auto targets = [&] {
+    std::vector<int32_t> t(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) t[size_t(n)] = int32_t(n == 4 ? 3 : 1500 + (n * 131) % 1400);
+    return t;
+  }();
+  std::vector<float> mask(static_cast<size_t>(N), 1.0f);
+  mask[2] = 0.0f;
+  const int before = omp_get_max_threads();
+  for (int threads : {1, 3})
+    for (const auto [begin, valid] : {std::pair<int64_t, int64_t>{0, Vl}, {1500, 1400}}) {
+      omp_set_num_threads(threads);
+      const std::string what = "slice at " + std::to_string(begin) + ", " + std::to_string(threads) + " threads";
+      const auto logits16 = to_bf16(random_floats(size_t(N * Vl), 3, -12, 12));
+      std::vector<float> x = widen(logits16);
+      std::vector<float> max32(static_cast<size_t>(N)), max16(static_cast<size_t>(N));
+      vocab_parallel_ce_max(max32.data(), x.data(), N, valid, Vl);
+      vocab_parallel_ce_max_bf16(max16.data(), logits16.data(), N, valid, Vl);
+      EXPECT_TRUE(same_bits(max16.data(), max32.data(), max32.size())) << what;
+      std::vector<double> st32(static_cast<size_t>(2 * N)), st16(st32.size());
+      vocab_parallel_ce_partials(st32.data(), x.data(), max32.data(), targets.data(), begin, N, valid, Vl, true);
+      vocab_parallel_ce_partials_bf16(st16.data(), logits16.data(), max16.data(), targets.data(), begin, N, valid, Vl);
+      EXPECT_TRUE(same_bits(st16.data(), st32.data(), st32.size())) << what;
+      vocab_parallel_ce_backward(x.data(), st32.data(), targets.data(), mask.data(), 0.37f, begin, N, valid, Vl);
+      std::vector<uint16_t> d16 = logits16;
+      vocab_parallel_ce_backward_bf16(d16.data(), max16.data(), st16.data(), targets.data(), mask.data(), 0.37f, begin,
+                                      N, valid, Vl);
+      const auto ref = to_bf16(x);
+      EXPECT_TRUE(same_bits(d16.data(), ref.data(), ref.size())) << what;
+      int64_t nonzero = 0;  // the case tests something: most gradients are not zero
+      for (uint16_t v : d16) nonzero += (v & 0x7fff) != 0;
+      EXPECT_GT(nonzero, N * valid / 2) << what;
+    }
+  omp_set_num_threads(before);
+}
+
+}  // namespace
+}  // namespace lattice

@@ -1,0 +1,169 @@
+// The GEMM-result rounding fused into the kernels that read the result (GemmSite::
+// caller_rounds): bias_add, bias_gelu_forward, bias_dropout_add_forward, gelu_backward and
+// the vocab-parallel cross entropy each give, bit for bit, what round_to followed by the
+// unfused kernel gives, for every format, thread count and aliasing. Each case also checks
+// that the rounding changed something (the unrounded inputs give other bits), so a kernel
+// that ignored its rounding argument would fail.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/philox.h"
+#include "kernels/activation.h"
+#include "kernels/cast.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/dropout.h"
+#include "kernels/elementwise.h"
+#include "kernels_test_util.h"
+
+namespace lattice {
+namespace {
+
+using kernel_test::random_floats;
+
+std::string name(Rounding r) { return r == Rounding::bf16 ? "bf16" : r == Rounding::fp16 ? "fp16" : "none"; }
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+std::vector<float> rounded(std::vector<float> v, Rounding r) {
+  round_to(v.data(), v.data(), int64_t(v.size()), r);
+  return v;
+}
+
+// Runs body(rounding, threads) for every format and 1 and 3 threads, restoring the thread count.
+template <class F>
+void for_each_case(F body) {
+  const int before = omp_get_max_threads();
+  for (Rounding r : {Rounding::none, Rounding::bf16, Rounding::fp16})
+    for (int threads : {1, 3}) {
+      omp_set_num_threads(threads);
+      body(r, threads);
+    }
+  omp_set_num_threads(before);
+}
+
+// N * C above the kernels' parallel thresholds, C not a multiple of the vector width.
+constexpr int64_t kN = 97, kC = 403;
+
+TEST(KernelFusedRounding, BiasAddRoundsFirst) {
+  const auto y = random_floats(size_t(kN * kC), 1, -4.0f, 4.0f), b = random_floats(size_t(kC), 2);
+  for_each_case([&](Rounding r, int threads) {
+    std::vector<float> ref = rounded(y, r), out = y;
+    bias_add(ref.data(), b.data(), kN, kC);
+    bias_add(out.data(), b.data(), kN, kC, r);
+    EXPECT_TRUE(same_bits(out, ref)) << name(r) << ", " << threads << " threads";
+    std::vector<float> unrounded = y;
+    bias_add(unrounded.data(), b.data(), kN, kC);
+    EXPECT_EQ(r == Rounding::none, same_bits(out, unrounded)) << name(r);
+  });
+}
+
+TEST(KernelFusedRounding, BiasGeluIsRoundBiasGelu) {
+  const auto y = random_floats(size_t(kN * kC), 3, -6.0f, 6.0f), b = random_floats(size_t(kC), 4, -0.5f, 0.5f);
+  for (GeluKind kind : {GeluKind::erf, GeluKind::tanh})
+    for (bool bias : {true, false})
+      for_each_case([&](Rounding r, int threads) {
+        const std::string what = name(r) + (kind == GeluKind::erf ? " erf" : " tanh") + (bias ? "" : " no bias") +
+                                 ", " + std::to_string(threads) + " threads";
+        std::vector<float> pre_ref = rounded(y, r), out_ref(y.size());
+        if (bias) bias_add(pre_ref.data(), b.data(), kN, kC);
+        gelu_forward(out_ref.data(), pre_ref.data(), int64_t(y.size()), kind);
+        std::vector<float> pre(y.size()), out(y.size());
+        bias_gelu_forward(pre.data(), out.data(), y.data(), bias ? b.data() : nullptr, kN, kC, kind, r);
+        EXPECT_TRUE(same_bits(pre, pre_ref)) << what;
+        EXPECT_TRUE(same_bits(out, out_ref)) << what;
+        std::vector<float> in_place = y;  // pre aliases y, as the model calls it
+        bias_gelu_forward(in_place.data(), out.data(), in_place.data(), bias ? b.data() : nullptr, kN, kC, kind, r);
+        EXPECT_TRUE(same_bits(in_place, pre_ref)) << what << " (in place)";
+        EXPECT_TRUE(same_bits(out, out_ref)) << what << " (in place)";
+        EXPECT_EQ(r == Rounding::none && !bias, same_bits(pre, y)) << what;
+      });
+}
+
+TEST(KernelFusedRounding, GeluBackwardRoundsTheOutputGradient) {
+  const int64_t n = kN * kC;
+  const auto x = random_floats(size_t(n), 5, -6.0f, 6.0f), dout = random_floats(size_t(n), 6, -3.0f, 3.0f);
+  for (GeluKind kind : {GeluKind::erf, GeluKind::tanh})
+    for_each_case([&](Rounding r, int threads) {
+      std::vector<float> ref = rounded(dout, r), dx(size_t(n), 7.0f);
+      gelu_backward(ref.data(), x.data(), ref.data(), n, kind);
+      gelu_backward(dx.data(), x.data(), dout.data(), n, kind, r);
+      EXPECT_TRUE(same_bits(dx, ref)) << name(r) << ", " << threads << " threads";
+      std::vector<float> in_place = dout;  // dx aliases dout, as the model calls it
+      gelu_backward(in_place.data(), x.data(), in_place.data(), n, kind, r);
+      EXPECT_TRUE(same_bits(in_place, ref)) << name(r) << " (in place)";
+      std::vector<float> unrounded(static_cast<size_t>(n));
+      gelu_backward(unrounded.data(), x.data(), dout.data(), n, kind);
+      EXPECT_EQ(r == Rounding::none, same_bits(dx, unrounded)) << name(r);
+    });
+}
+
+TEST(KernelFusedRounding, BiasDropoutAddRoundsTheGemmResult) {
+  const auto y = random_floats(size_t(kN * kC), 7, -4.0f, 4.0f), res = random_floats(size_t(kN * kC), 8);
+  const auto b = random_floats(size_t(kC), 9, -0.5f, 0.5f);
+  const PhiloxStream stream{7, 11, 2, 1};
+  for (float p : {0.0f, 0.1f})
+    for_each_case([&](Rounding r, int threads) {
+      const std::vector<float> yr = rounded(y, r);
+      std::vector<float> ref(y.size()), out(y.size());
+      bias_dropout_add_forward(ref.data(), res.data(), yr.data(), b.data(), kN, kC, p, stream, 3);
+      bias_dropout_add_forward(out.data(), res.data(), y.data(), b.data(), kN, kC, p, stream, 3, r);
+      EXPECT_TRUE(same_bits(out, ref)) << name(r) << " p=" << p << ", " << threads << " threads";
+      std::vector<float> in_place = res;  // out aliases the residual
+      bias_dropout_add_forward(in_place.data(), in_place.data(), y.data(), nullptr, kN, kC, p, stream, 3, r);
+      bias_dropout_add_forward(ref.data(), res.data(), yr.data(), nullptr, kN, kC, p, stream, 3);
+      EXPECT_TRUE(same_bits(in_place, ref)) << name(r) << " p=" << p << " (no bias, in place)";
+      bias_dropout_add_forward(ref.data(), res.data(), y.data(), b.data(), kN, kC, p, stream, 3);
+      EXPECT_EQ(r == Rounding::none, same_bits(out, ref)) << name(r);
+    });
+}
+
+// Two vocabulary slices with padding in the last, one target outside this rank's slice.
+TEST(KernelFusedRounding, VocabParallelCrossEntropyReadsRoundedLogits) {
+  const int64_t N = 13, Vl = 1100, valid = 1037, begin = 1100;
+  const auto logits = random_floats(size_t(N * Vl), 10, -9.0f, 9.0f);
+  std::vector<int32_t> targets(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) targets[size_t(n)] = int32_t(n == 5 ? 17 : begin + (n * 97) % valid);
+  for_each_case([&](Rounding r, int threads) {
+    const std::string what = name(r) + ", " + std::to_string(threads) + " threads";
+    std::vector<float> ref_x = rounded(logits, r), x = logits;
+    std::vector<float> ref_max(static_cast<size_t>(N)), mx(static_cast<size_t>(N));
+    vocab_parallel_ce_max(ref_max.data(), ref_x.data(), N, valid, Vl);
+    vocab_parallel_ce_max(mx.data(), x.data(), N, valid, Vl, r);
+    EXPECT_TRUE(same_bits(mx, ref_max)) << what;
+    // Forward only (evaluation): the logits stay as they were.
+    std::vector<double> ref_stats(static_cast<size_t>(2 * N)), stats(static_cast<size_t>(2 * N));
+    vocab_parallel_ce_partials(ref_stats.data(), ref_x.data(), ref_max.data(), targets.data(), begin, N, valid, Vl,
+                               false);
+    vocab_parallel_ce_partials(stats.data(), x.data(), mx.data(), targets.data(), begin, N, valid, Vl, false, r);
+    EXPECT_TRUE(same_bits(stats, ref_stats)) << what;
+    EXPECT_TRUE(same_bits(x, logits)) << what << ": the forward-only pass wrote the logits";
+    // With the exponentials stored for backward.
+    vocab_parallel_ce_partials(ref_stats.data(), ref_x.data(), ref_max.data(), targets.data(), begin, N, valid, Vl,
+                               true);
+    vocab_parallel_ce_partials(stats.data(), x.data(), mx.data(), targets.data(), begin, N, valid, Vl, true, r);
+    EXPECT_TRUE(same_bits(stats, ref_stats)) << what;
+    for (int64_t n = 0; n < N; ++n)  // (the padding columns are not read, and not written)
+      EXPECT_EQ(0, std::memcmp(x.data() + n * Vl, ref_x.data() + n * Vl, size_t(valid) * sizeof(float)))
+          << what << ": stored exponentials of row " << n;
+    if (r != Rounding::none) {
+      std::vector<float> plain_max(static_cast<size_t>(N));
+      vocab_parallel_ce_max(plain_max.data(), logits.data(), N, valid, Vl);
+      std::vector<double> plain_stats(static_cast<size_t>(2 * N));
+      std::vector<float> plain_x = logits;
+      vocab_parallel_ce_partials(plain_stats.data(), plain_x.data(), plain_max.data(), targets.data(), begin, N,
+                                 valid, Vl, false);
+      EXPECT_FALSE(same_bits(stats, plain_stats)) << what << ": rounding changed nothing";
+    }
+  });
+}
+
+}  // namespace
+}  // namespace lattice
