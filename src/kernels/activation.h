@@ -24,5 +24,8 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
 // bias may be null.
 void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
                        GeluKind kind, Rounding round_y);
+// The same with out in bf16 (its patterns), for the next GEMM's bf16 input.
+void bias_gelu_forward_bf16(float* pre, uint16_t* out, const float* y, const float* bias, int64_t N, int64_t C,
+                            GeluKind kind, Rounding round_y);
 
 }  // namespace lattice

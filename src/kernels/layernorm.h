@@ -8,6 +8,11 @@ namespace lattice {
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C, float eps);
 
+// The same with out in bf16 (its patterns): bf16 of layernorm_forward's out, for a GEMM
+// that reads its input in bf16 (model/linear.h LinearInput).
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
+                            const float* b, int64_t N, int64_t C, float eps);
+
 // dx += ...; dw += sum_n dout*xhat; db += sum_n dout      (all three accumulate)
 // Deterministic whatever the thread count.
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,

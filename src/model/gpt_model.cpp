@@ -379,14 +379,26 @@ const float* GPTModel::input_grad() const { return scratch_->d_resid; }
 
 // A LayerNorm output's rows of every token: the shard itself without sequence
 // parallelism, else the shard all-gathered into ln_full (again in backward, as Megatron
-// does, so that only the shard is kept between forward and backward).
-const float* GPTModel::all_rows(const float* shard, int64_t N) {
-  if (!tp_.sp()) return shard;
+// does, so that only the shard is kept between forward and backward). bf16 rows are
+// gathered as fp32 values of half the count (the same bytes; C is even then).
+LinearInput GPTModel::ln_input(const float* shard, int64_t N) {
   const int64_t C = cfg_.hidden_size;
+  if (!tp_.sp()) return input(shard);
   float* full = scratch_->ln_full;
-  copy_on_device(full + tp_.shard_begin(N) * C, shard, size_t(tp_.shard_rows(N) * C) * sizeof(float));
-  gather_from_sequence_parallel_region(tp_, full, N, C);
-  return full;
+  const size_t elem = bf16_inputs() ? sizeof(uint16_t) : sizeof(float);
+  copy_on_device(reinterpret_cast<char*>(full) + size_t(tp_.shard_begin(N) * C) * elem, shard,
+                 size_t(tp_.shard_rows(N) * C) * elem);
+  gather_from_sequence_parallel_region(tp_, full, N, bf16_inputs() ? C / 2 : C);
+  return input(full);
+}
+
+void GPTModel::layernorm_input(float* out, float* mean, float* rstd, const float* x, int w, int b, int64_t rows) {
+  const int64_t C = cfg_.hidden_size;
+  if (bf16_inputs())
+    layernorm_forward_bf16(reinterpret_cast<uint16_t*>(out), mean, rstd, x, params_.param(w), params_.param(b), rows,
+                           C, cfg_.layernorm_epsilon);
+  else
+    layernorm_forward(out, mean, rstd, x, params_.param(w), params_.param(b), rows, C, cfg_.layernorm_epsilon);
 }
 
 void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key) {
@@ -413,9 +425,10 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
   const size_t first = chunk_first_[size_t(chunk)];
   for (size_t i = 0; i < a.layers.size(); ++i) forward_layer(layers_[first + i], a, i, B, T, key, true);
   if (has_loss(chunk)) {
-    layernorm_forward(a.lnf + row0 * C, a.lnf_mean, a.lnf_rstd, a.resid.back(), params_.param(lnf_w_),
-                      params_.param(lnf_b_), Ns, C, cfg_.layernorm_epsilon);
-    gather_from_sequence_parallel_region(tp_, a.lnf, N, C);
+    // (bf16: row0's bf16 values start at a.lnf's byte 2 row0 C, which is float row0 C / 2)
+    layernorm_input(bf16_inputs() ? a.lnf + row0 * C / 2 : a.lnf + row0 * C, a.lnf_mean, a.lnf_rstd,
+                    a.resid.back(), lnf_w_, lnf_b_, Ns);
+    gather_from_sequence_parallel_region(tp_, a.lnf, N, bf16_inputs() ? C / 2 : C);
   }
 }
 
@@ -427,15 +440,13 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
   const uint64_t elem0 = uint64_t(row0 * C);  // dropout index of this rank's first element
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
-  const float eps = cfg_.layernorm_epsilon;
   float* out_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] output of a row-parallel linear
   const int64_t l = p.layer;
   Activations::Layer& x = a.layers[i];
   const float* in = a.resid[i];
   // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
-  layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, in, params_.param(p.ln1_w), params_.param(p.ln1_b), Ns, C,
-                    eps);
-  linear_forward(x.qkv, all_rows(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
+  layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, in, p.ln1_w, p.ln1_b, Ns);
+  linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
                  site(p.qkv_w));
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
@@ -446,15 +457,18 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                            site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
                            rounding(site(p.proj_w)));
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
-  layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, params_.param(p.ln2_w), params_.param(p.ln2_b), Ns,
-                    C, eps);
+  layernorm_input(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, p.ln2_w, p.ln2_b, Ns);
   // fc1's rounding, bias and GELU in one pass (Megatron's bias_gelu): x.fc1 keeps the
   // pre-activation for gelu_backward.
-  linear_forward(x.fc1, all_rows(x.ln2, N), params_.param(p.fc1_w), nullptr, N, C, Fl_,
+  linear_forward(x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), nullptr, N, C, Fl_,
                  site(p.fc1_w).rounded_by_caller());
-  bias_gelu_forward(x.fc1, x.gelu, x.fc1, params_.param(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
+  if (bf16_inputs())  // (the GELU output made as fc2's bf16 input)
+    bias_gelu_forward_bf16(x.fc1, reinterpret_cast<uint16_t*>(x.gelu), x.fc1, params_.param(p.fc1_b), N, Fl_,
+                           cfg_.gelu, rounding(site(p.fc1_w)));
+  else
+    bias_gelu_forward(x.fc1, x.gelu, x.fc1, params_.param(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
   if (!output) return;
-  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.gelu, params_.param(p.fc2_w), nullptr, N, Fl_, C,
+  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, input(x.gelu), params_.param(p.fc2_w), nullptr, N, Fl_, C,
                               site(p.fc2_w).rounded_by_caller());
   bias_dropout_add_forward(a.resid[i + 1], x.resid_mid, out_rows, params_.param(p.fc2_b), Ns, C, p_hidden,
                            site_stream(key, layer_name(l, "mlp.dropout")), elem0, rounding(site(p.fc2_w)));
@@ -508,10 +522,10 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
     // fc2's input gradient rounded inside gelu_backward (one pass).
     row_parallel_linear_backward(tp_, sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows, sc.d_c2,
-                                 x.gelu, params_.param(p.fc2_w), N, Fl_, C, site(p.fc2_w).rounded_by_caller());
+                                 input(x.gelu), params_.param(p.fc2_w), N, Fl_, C, site(p.fc2_w).rounded_by_caller());
     gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), params_.grad(p.fc1_b), sc.d_f,
-                                    all_rows(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_, site(p.fc1_w));
+                                    ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_, site(p.fc1_w));
     layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
                        params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C);
     // Attention block: d_resid is now d(resid_mid).
@@ -524,7 +538,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     attention_backward(sc.d_3c, sc.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
                        docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), sc.d_3c,
-                                    all_rows(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, site(p.qkv_w));
+                                    ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, site(p.qkv_w));
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[i],
                        params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C);
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,
@@ -559,10 +573,10 @@ LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B,
   // reads them (one pass over the [N, Vl] logits fewer than rounding them first).
   const uint16_t* logits16 = nullptr;
   if (bf16) {
-    logits16 = gemm_policy_->forward_bf16(out_site.param, a.logits, a.lnf, output_weight(), N, C, Vl_);
+    logits16 = gemm_policy_->forward_bf16(out_site.param, a.logits, input(a.lnf), output_weight(), N, C, Vl_);
     vocab_parallel_ce_max_bf16(row_max_.data(), logits16, N, vocab_valid_, Vl_);
   } else {
-    linear_forward(a.logits, a.lnf, output_weight(), nullptr, N, C, Vl_, out_site.rounded_by_caller());
+    linear_forward(a.logits, input(a.lnf), output_weight(), nullptr, N, C, Vl_, out_site.rounded_by_caller());
     vocab_parallel_ce_max(row_max_.data(), a.logits, N, vocab_valid_, Vl_, rounding(out_site));
   }
   if (tp_.size() > 1) tp_.comm->all_reduce(row_max_.data(), N, ReduceOp::max);
@@ -620,12 +634,12 @@ void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const Mi
     const GemmSite out_site = site(out_w_ >= 0 ? out_w_ : wte_);
     if (bf16_logits()) {  // dlogits in bf16 (output_loss)
       const uint16_t* dlogits = reinterpret_cast<const uint16_t*>(a.logits);
-      gemm_policy_->weight_grad_bf16(out_site.param, output_weight_grad(), dlogits, a.lnf, N, C, Vl_);
+      gemm_policy_->weight_grad_bf16(out_site.param, output_weight_grad(), dlogits, input(a.lnf), N, C, Vl_);
       gemm_policy_->input_grad_bf16(out_site.param, sc.d_c2, dlogits, output_weight(), N, C, Vl_, false);
       gemm_policy_->round_result(sc.d_c2, N * C);
     } else {
-      linear_backward(sc.d_c2, output_weight_grad(), nullptr, a.logits, a.lnf, output_weight(), N, C, Vl_, false,
-                      out_site);
+      linear_backward(sc.d_c2, output_weight_grad(), nullptr, a.logits, input(a.lnf), output_weight(), N, C, Vl_,
+                      false, out_site);
     }
     if (out_w_ >= 0) grads_ready({out_w_});
     float* d = tp_.sp() ? sc.d_s : sc.d_c2;
@@ -693,6 +707,7 @@ LossSum GPTModel::forward_loss_sum(const int32_t* tokens, const float* loss_mask
 void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float* logits) {
   LATTICE_CHECK(tp_.size() == 1 && num_chunks() == 1 && place_.pre_process && place_.post_process)
       << "forward_logits runs a whole model on one rank (convert the checkpoint to use it)";
+  const Fp32Inputs fp32_inputs(bf16_inputs_on_);  // the final LayerNorm's output in fp32 for gemm_f32
   Activations& a = acts(0, 0);
   const int64_t N = B * T, C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
@@ -708,6 +723,7 @@ void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float
 void GPTModel::forward_last_logits(const int32_t* inputs, int64_t T, float* logits) {
   LATTICE_CHECK(tp_.size() == 1 && num_chunks() == 1 && place_.pre_process && place_.post_process)
       << "forward_last_logits runs a whole model on one rank";
+  const Fp32Inputs fp32_inputs(bf16_inputs_on_);
   Activations& a = acts(0, 0);
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;

@@ -149,6 +149,10 @@ class GPTModel {
   // default with --device cuda (also under the CUDA emulation, whose tests compare it with
   // the CPU's path bit for bit), off with --device cpu; tests switch it.
   void set_bf16_logits(bool on) { bf16_logits_on_ = on; }
+  // Whether, with such a policy, the kernels that make the linear layers' inputs (LayerNorm,
+  // bias_gelu) write them in bf16 for the GEMMs (bf16_inputs). On by default (it saves a
+  // conversion pass per GEMM on both devices); tests switch it.
+  void set_bf16_inputs(bool on) { bf16_inputs_on_ = on; }
 
   // Applies to every later forward (training, evaluation, logits). Fails when an option
   // is on without an eod id.
@@ -219,8 +223,36 @@ class GPTModel {
   // ones. Sets `host` to its host copy (null when all ones).
   const float* effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T,
                                    const float*& host);
-  const float* all_rows(const float* shard, int64_t N);
+  // A LayerNorm output shard [Ns, C] as the next linear layer's input: every token's rows
+  // (all-gathered with sequence parallelism), in bf16 with bf16_inputs().
+  LinearInput ln_input(const float* shard, int64_t N);
+  // LayerNorm of rows x [rows, C] into a linear layer's input buffer (fp32, or bf16 with
+  // bf16_inputs(): the GEMM then reads it without a conversion).
+  void layernorm_input(float* out, float* mean, float* rstd, const float* x, int w, int b, int64_t rows);
+  // A buffer a kernel wrote for a linear layer's input (ln_input for LayerNorm outputs).
+  LinearInput input(const float* x) const {
+    return bf16_inputs() ? LinearInput::in_bf16(reinterpret_cast<const uint16_t*>(x)) : LinearInput(x);
+  }
   GemmSite site(int param) const { return GemmSite{gemm_policy_, param}; }
+  // The linear layers' inputs made in bf16 by the kernels that produce them (LayerNorm,
+  // bias_gelu) for a policy with bf16_results: no conversion pass per GEMM, and the same values
+  // (the policy would convert fp32 inputs to exactly these). The buffers keep their fp32 size.
+  bool bf16_inputs() const {
+    return bf16_inputs_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !(tp_.sp() && cfg_.hidden_size % 2);
+  }
+  // While alive, the linear layers' inputs are made in fp32 (the logits of forward_logits
+  // come from gemm_f32 on the final LayerNorm's fp32 output, as without bf16 inputs).
+  class Fp32Inputs {
+   public:
+    explicit Fp32Inputs(bool& on) : on_(on), was_(on) { on_ = false; }
+    ~Fp32Inputs() { on_ = was_; }
+    Fp32Inputs(const Fp32Inputs&) = delete;
+    Fp32Inputs& operator=(const Fp32Inputs&) = delete;
+
+   private:
+    bool& on_;
+    bool was_;
+  };
   // The output layer's logits and their gradient in bf16 (set_bf16_logits).
   bool bf16_logits() const { return bf16_logits_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   const float* output_weight() const;
@@ -245,6 +277,7 @@ class GPTModel {
   GemmPolicy* gemm_policy_ = nullptr;
   AttentionMath attention_math_ = AttentionMath::fp32;
   bool bf16_logits_on_ = current_device() != Device::cpu;
+  bool bf16_inputs_on_ = true;
   bool selective_ = false;             // selective recomputation (core attention)
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]

@@ -6,35 +6,40 @@
 
 namespace lattice {
 
-const uint16_t* GemmPolicy::forward_bf16(int, float*, const float*, const float*, int64_t, int64_t, int64_t) {
+const float* LinearInput::fp32(const char* where) const {
+  LATTICE_CHECK(f32) << where << ": a bf16 linear input where fp32 values are needed";
+  return f32;
+}
+
+const uint16_t* GemmPolicy::forward_bf16(int, float*, LinearInput, const float*, int64_t, int64_t, int64_t) {
   LATTICE_FAIL() << "mixed precision: this policy has no bf16 results";
 }
-void GemmPolicy::weight_grad_bf16(int, float*, const uint16_t*, const float*, int64_t, int64_t, int64_t) {
+void GemmPolicy::weight_grad_bf16(int, float*, const uint16_t*, LinearInput, int64_t, int64_t, int64_t) {
   LATTICE_FAIL() << "mixed precision: this policy has no bf16 output gradients";
 }
 void GemmPolicy::input_grad_bf16(int, float*, const uint16_t*, const float*, int64_t, int64_t, int64_t, bool) {
   LATTICE_FAIL() << "mixed precision: this policy has no bf16 output gradients";
 }
 
-void linear_forward(float* y, const float* x, const float* W, const float* b, int64_t N,
+void linear_forward(float* y, LinearInput x, const float* W, const float* b, int64_t N,
                     int64_t in, int64_t out, const GemmSite& site) {
   LATTICE_CHECK(!(site.caller_rounds && b)) << "linear_forward: a bias with a result the caller rounds";
   if (site.policy)
     site.policy->forward(site.param, y, x, W, N, in, out);
   else
-    gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+    gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, x.fp32("linear_forward"), in, W, in, 0.0f, y, out);
   const Rounding r = site.partial_sum || site.caller_rounds ? Rounding::none : rounding(site);
   if (b) bias_add(y, b, N, out, r);  // y = round(y) + b in one pass
   else if (r != Rounding::none) round_to(y, y, N * out, r);
 }
 
-void linear_backward(float* dx, float* dW, float* db, const float* dy, const float* x,
+void linear_backward(float* dx, float* dW, float* db, const float* dy, LinearInput x,
                      const float* W, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
                      const GemmSite& site) {
   if (site.policy)
     site.policy->weight_grad(site.param, dW, dy, x, N, in, out);
   else
-    gemm_f32(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+    gemm_f32(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, x.fp32("linear_backward"), in, 1.0f, dW, in);
   if (db) bias_backward(db, dy, N, out);
   if (!dx) return;
   if (site.policy) {

@@ -8,6 +8,22 @@
 
 namespace lattice {
 
+// A linear layer's input x [N, in] as a GEMM operand: fp32 values, or the same values
+// already in bf16 (their patterns), as the kernel that made them wrote them (LayerNorm,
+// bias_gelu) for a policy with bf16_results: its GEMM then reads them without a conversion.
+struct LinearInput {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  LinearInput(const float* x) : f32(x) {}  // NOLINT: fp32 inputs convert implicitly
+  static LinearInput in_bf16(const uint16_t* x) {
+    LinearInput i(nullptr);
+    i.bf16 = x;
+    return i;
+  }
+  // The fp32 values; fails for a bf16 input (a GEMM path without bf16 operands).
+  const float* fp32(const char* where) const;
+};
+
 // Mixed precision for the linear layers: a policy decides in which format a GEMM's inputs
 // enter the product (bf16, fp16, fp8 with per-tensor scales, ...; products accumulated in
 // fp32). `param` names the weight's parameter (per-tensor state such as fp8 scales is kept
@@ -16,9 +32,9 @@ class GemmPolicy {
  public:
   virtual ~GemmPolicy() = default;
   // y[N, out] = x[N, in] @ W[out, in]^T
-  virtual void forward(int param, float* y, const float* x, const float* W, int64_t N, int64_t in, int64_t out) = 0;
+  virtual void forward(int param, float* y, LinearInput x, const float* W, int64_t N, int64_t in, int64_t out) = 0;
   // dW[out, in] += dy^T @ x
-  virtual void weight_grad(int param, float* dW, const float* dy, const float* x, int64_t N, int64_t in,
+  virtual void weight_grad(int param, float* dW, const float* dy, LinearInput x, int64_t N, int64_t in,
                            int64_t out) = 0;
   // dx[N, in] = dy @ W (accumulated into dx when accumulate)
   virtual void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in,
@@ -36,11 +52,11 @@ class GemmPolicy {
   virtual bool bf16_results() const { return false; }
   // y = round_result(x W^T) as bf16 [N, out], packed at the start of y_buffer (which holds
   // N * out floats; blas gemm_bf16_packed_out). Returns the bf16 result.
-  virtual const uint16_t* forward_bf16(int param, float* y_buffer, const float* x, const float* W, int64_t N,
+  virtual const uint16_t* forward_bf16(int param, float* y_buffer, LinearInput x, const float* W, int64_t N,
                                        int64_t in, int64_t out);
   // weight_grad / input_grad with the output gradient already in bf16 (the values they would
   // convert an fp32 dy to).
-  virtual void weight_grad_bf16(int param, float* dW, const uint16_t* dy, const float* x, int64_t N, int64_t in,
+  virtual void weight_grad_bf16(int param, float* dW, const uint16_t* dy, LinearInput x, int64_t N, int64_t in,
                                 int64_t out);
   virtual void input_grad_bf16(int param, float* dx, const uint16_t* dy, const float* W, int64_t N, int64_t in,
                                int64_t out, bool accumulate);
@@ -70,13 +86,13 @@ inline Rounding rounding(const GemmSite& site) {
 
 // y[N, out] = round(x[N, in] @ W[out, in]^T) + b[out]   (b may be null; round: the site's
 // rounding, in one pass with the bias; with caller_rounds neither, and b must be null)
-void linear_forward(float* y, const float* x, const float* W, const float* b, int64_t N,
+void linear_forward(float* y, LinearInput x, const float* W, const float* b, int64_t N,
                     int64_t in, int64_t out, const GemmSite& site = {});
 
 // dW[out, in] += dy^T @ x;  db[out] += sum_n dy;  dx[N, in] = dy @ W (written, or
 // accumulated when accumulate_dx), rounded unless partial_sum or caller_rounds. dx may be
 // null when the input needs no gradient.
-void linear_backward(float* dx, float* dW, float* db, const float* dy, const float* x,
+void linear_backward(float* dx, float* dW, float* db, const float* dy, LinearInput x,
                      const float* W, int64_t N, int64_t in, int64_t out, bool accumulate_dx = false,
                      const GemmSite& site = {});
 

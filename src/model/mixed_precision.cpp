@@ -96,28 +96,28 @@ class HalfPolicy final : public MixedPrecisionPolicy {
   const char* name() const override { return Format::name; }
   void refresh_weights() override { weights_.invalidate(); }
 
-  void forward(int param, float* y, const float* x, const float* W, int64_t N, int64_t in, int64_t out) override {
+  void forward(int param, float* y, LinearInput x, const float* W, int64_t N, int64_t in, int64_t out) override {
     const Elem* Wh = weights_.get(param, W, out * in, Format::convert);
-    Format::gemm(Trans::N, Trans::T, N, out, in, operand(a_, x, N * in), in, Wh, in, 0.0f, y, out);
+    Format::gemm(Trans::N, Trans::T, N, out, in, input(a_, x, N * in), in, Wh, in, 0.0f, y, out);
   }
   Rounding result_rounding() const override { return Format::rounding; }
 
   static constexpr bool kBf16 = std::is_same_v<Format, Bf16Format>;
   bool bf16_results() const override { return kBf16; }
-  const uint16_t* forward_bf16(int param, float* y_buffer, const float* x, const float* W, int64_t N, int64_t in,
+  const uint16_t* forward_bf16(int param, float* y_buffer, LinearInput x, const float* W, int64_t N, int64_t in,
                                int64_t out) override {
     if constexpr (kBf16) {
       const uint16_t* Wh = weights_.get(param, W, out * in, Format::convert);
-      return gemm_bf16_packed_out(Trans::N, Trans::T, N, out, in, 1.0f, operand(a_, x, N * in), in, Wh, in,
+      return gemm_bf16_packed_out(Trans::N, Trans::T, N, out, in, 1.0f, input(a_, x, N * in), in, Wh, in,
                                   y_buffer);
     } else {
       return GemmPolicy::forward_bf16(param, y_buffer, x, W, N, in, out);
     }
   }
-  void weight_grad_bf16(int param, float* dW, const uint16_t* dy, const float* x, int64_t N, int64_t in,
+  void weight_grad_bf16(int param, float* dW, const uint16_t* dy, LinearInput x, int64_t N, int64_t in,
                         int64_t out) override {
     if constexpr (kBf16)
-      gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, operand(b_, x, N * in), in, 1.0f, dW, in);
+      gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, input(b_, x, N * in), in, 1.0f, dW, in);
     else
       GemmPolicy::weight_grad_bf16(param, dW, dy, x, N, in, out);
   }
@@ -130,9 +130,9 @@ class HalfPolicy final : public MixedPrecisionPolicy {
       GemmPolicy::input_grad_bf16(param, dx, dy, W, N, in, out, accumulate);
     }
   }
-  void weight_grad(int param, float* dW, const float* dy, const float* x, int64_t N, int64_t in,
+  void weight_grad(int param, float* dW, const float* dy, LinearInput x, int64_t N, int64_t in,
                    int64_t out) override {
-    Format::gemm(Trans::T, Trans::N, out, in, N, operand(g_, dy, N * out), out, operand(b_, x, N * in), in, 1.0f,
+    Format::gemm(Trans::T, Trans::N, out, in, N, operand(g_, dy, N * out), out, input(b_, x, N * in), in, 1.0f,
                  dW, in);
     g_last_.remember(param, dy, N * out);
   }
@@ -146,6 +146,13 @@ class HalfPolicy final : public MixedPrecisionPolicy {
   }
 
  private:
+  // A layer input in the format: bf16 inputs as they are (bf16 only), fp32 ones converted.
+  static const Elem* input(DeviceArray<Elem>& buf, LinearInput x, int64_t n) {
+    if constexpr (kBf16) {
+      if (x.bf16) return x.bf16;
+    }
+    return operand(buf, x.fp32(Format::name), n);
+  }
   static const Elem* operand(DeviceArray<Elem>& buf, const float* v, int64_t n) {
     buf.resize(size_t(n));
     Format::convert(buf.data(), v, n);
@@ -167,22 +174,23 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   const char* name() const override { return recipe_.backward == Fp8Format::e5m2 ? "fp8 hybrid" : "fp8 e4m3"; }
   void refresh_weights() override { weights_.invalidate(); }
 
-  void forward(int param, float* y, const float* x, const float* W, int64_t N, int64_t in, int64_t out) override {
+  void forward(int param, float* y, LinearInput x, const float* W, int64_t N, int64_t in, int64_t out) override {
     State& s = state(param);
     const uint16_t* Wq = weight(s, param, W, out * in);
     const float sx = s.x.scale();
-    const uint16_t* xq = quantize(a_, x, N * in, sx, recipe_.forward);
-    note_amax(s.x_amax, x, N * in);
+    const float* xf = x.fp32("fp8");
+    const uint16_t* xq = quantize(a_, xf, N * in, sx, recipe_.forward);
+    note_amax(s.x_amax, xf, N * in);
     gemm_bf16(Trans::N, Trans::T, N, out, in, 1.0f / (sx * s.w_used), xq, in, Wq, in, 0.0f, y, out);
   }
-  void weight_grad(int param, float* dW, const float* dy, const float* x, int64_t N, int64_t in,
+  void weight_grad(int param, float* dW, const float* dy, LinearInput x, int64_t N, int64_t in,
                    int64_t out) override {
     State& s = state(param);
     const float sg = s.g.scale();
     const uint16_t* gq = quantize(g_, dy, N * out, sg, recipe_.backward);
     note_amax(s.g_amax, dy, N * out);
     const float sx = s.x.scale();
-    const uint16_t* xq = quantize(a_, x, N * in, sx, recipe_.forward);
+    const uint16_t* xq = quantize(a_, x.fp32("fp8"), N * in, sx, recipe_.forward);
     gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f / (sg * sx), gq, out, xq, in, 1.0f, dW, in);
     g_last_.remember(param, dy, N * out);
   }

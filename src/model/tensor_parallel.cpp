@@ -31,7 +31,7 @@ void gather_from_sequence_parallel_region(const TensorParallel& tp, float* full,
 }
 
 void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, float* dx_shard,
-                                     float* dW, float* db, const float* dy, const float* x,
+                                     float* dW, float* db, const float* dy, LinearInput x,
                                      const float* W, int64_t N, int64_t in, int64_t out_local,
                                      const GemmSite& site) {
   GemmSite partial = site;
@@ -42,7 +42,7 @@ void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, f
   if (site.policy && !site.caller_rounds) site.policy->round_result(dx, tp.shard_rows(N) * in);
 }
 
-void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* partial, const float* x,
+void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* partial, LinearInput x,
                                  const float* W, const float* b, int64_t N, int64_t in_local, int64_t out,
                                  const GemmSite& site) {
   GemmSite partial_site = site;
@@ -56,7 +56,7 @@ void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* part
 }
 
 void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, float* dW, float* db,
-                                  const float* dy, float* dy_full, const float* x, const float* W,
+                                  const float* dy, float* dy_full, LinearInput x, const float* W,
                                   int64_t N, int64_t in_local, int64_t out, const GemmSite& site) {
   const float* g = dy;
   if (tp.sp()) {

@@ -47,14 +47,14 @@ void gather_from_sequence_parallel_region(const TensorParallel& tp, float* full,
 // dx_shard [N/T, in] with sequence parallelism. (Forward is linear_forward on the full
 // input: no communication.)
 void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, float* dx_shard,
-                                     float* dW, float* db, const float* dy, const float* x,
+                                     float* dW, float* db, const float* dy, LinearInput x,
                                      const float* W, int64_t N, int64_t in, int64_t out_local,
                                      const GemmSite& site = {});
 
 // RowParallelLinear forward: partial [N, out] = x_local [N, in_local] W_local^T, reduced
 // (all-reduce in place, or reduce-scatter into y [N/T, out] with sequence parallelism),
 // then the bias added to the reduced rows. Without sequence parallelism y must be partial.
-void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* partial, const float* x,
+void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* partial, LinearInput x,
                                  const float* W, const float* b, int64_t N, int64_t in_local, int64_t out,
                                  const GemmSite& site = {});
 
@@ -63,7 +63,7 @@ void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* part
 // otherwise). db [out] gets the bias gradient of all N rows on every rank; dW
 // [out, in_local] accumulates; dx_local [N, in_local] is written.
 void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, float* dW, float* db,
-                                  const float* dy, float* dy_full, const float* x, const float* W,
+                                  const float* dy, float* dy_full, LinearInput x, const float* W,
                                   int64_t N, int64_t in_local, int64_t out, const GemmSite& site = {});
 
 }  // namespace lattice

@@ -168,6 +168,28 @@ void layernorm_cases(std::vector<OpCase>& t) {
       expect_close(c, "mean", mean, download<float>(dmean, mean.size()));
       expect_close(c, "rstd", rstd, download<float>(drstd, rstd.size()));
     }});
+    // The bf16 output (a GEMM's input): within one bf16 ulp (2^-8 relative), as the fp32
+    // values before the rounding differ by ~1e-6.
+    t.push_back({"layernorm_forward_bf16", shape_name({{"N", N}, {"C", C}}), {1.0 / 128, 1e-5},
+                 [N, C](const OpCase& c) {
+      const auto x = rand_floats(static_cast<size_t>(N * C), 1, -2.0f, 3.0f);
+      const auto w = rand_floats(static_cast<size_t>(C), 2), b = rand_floats(static_cast<size_t>(C), 3);
+      std::vector<uint16_t> out(static_cast<size_t>(N * C));
+      std::vector<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+      layernorm_forward_bf16(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      auto dx = upload(x), dw = upload(w), db = upload(b);
+      DeviceBuffer dout(out.size() * 2), dmean(mean.size() * 4), drstd(rstd.size() * 4);
+      cuda::layernorm_forward_bf16(dout.as<uint16_t>(), dmean.as<float>(), drstd.as<float>(), dx.as<float>(),
+                                   dw.as<float>(), db.as<float>(), N, C, 1e-5f);
+      std::vector<float> o(out.size()), g(out.size());
+      const auto gout = download<uint16_t>(dout, out.size());
+      cast_bf16_to_fp32(o.data(), out.data(), int64_t(o.size()));
+      cast_bf16_to_fp32(g.data(), gout.data(), int64_t(g.size()));
+      expect_close(c, "out", o, g);
+      const OpCase stats{c.op, c.shape, {1e-5, 1e-5}, nullptr};
+      expect_close(stats, "mean", mean, download<float>(dmean, mean.size()));
+      expect_close(stats, "rstd", rstd, download<float>(drstd, rstd.size()));
+    }});
     // dx: two row sums of C terms; dw, db: column sums of N terms (in chunks of 256 rows on
     // the GPU, lane by lane on the CPU), so the absolute error grows with N.
     t.push_back({"layernorm_backward", shape_name({{"N", N}, {"C", C}}), {1e-5, 2e-5 + 1e-7 * double(N)},
@@ -261,6 +283,19 @@ void gelu_cases(std::vector<OpCase>& t) {
             cuda::bias_gelu_forward(gy.as<float>(), gout.as<float>(), gy.as<float>(), gbias, N, C, kind, r);  // pre aliases y
             expect_bits(c, "pre (in place)", pre, download<float>(gy, n));
             expect_close(c, "out (in place)", out, download<float>(gout, n));
+            // The bf16 output (fc2's input): within one bf16 ulp of the CPU's.
+            std::vector<uint16_t> out16(n);
+            bias_gelu_forward_bf16(pre.data(), out16.data(), y.data(), bias ? b.data() : nullptr, N, C, kind, r);
+            auto gy2 = upload(y);
+            DeviceBuffer gout16(n * 2);
+            cuda::bias_gelu_forward_bf16(gpre.as<float>(), gout16.as<uint16_t>(), gy2.as<float>(), gbias, N, C, kind, r);
+            expect_bits(c, "pre (bf16 out)", pre, download<float>(gpre, n));
+            std::vector<float> o16(n), g16(n);
+            const auto got16 = download<uint16_t>(gout16, n);
+            cast_bf16_to_fp32(o16.data(), out16.data(), int64_t(n));
+            cast_bf16_to_fp32(g16.data(), got16.data(), int64_t(n));
+            const OpCase bf16_tol{c.op, c.shape, {1.0 / 128, 1e-6}, nullptr};
+            expect_close(bf16_tol, "out (bf16)", o16, g16);
           }});
   }
 }

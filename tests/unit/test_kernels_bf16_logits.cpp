@@ -1,8 +1,10 @@
-// The output layer's bf16 path (GemmPolicy::bf16_results): the GEMM's result packed as bf16
-// (gemm_bf16_packed_out) and the vocab-parallel cross entropy on bf16 logits give, bit for
-// bit, what the fp32 path gives after rounding: gemm_bf16 then cast_fp32_to_bf16, and the
-// fp32 cross-entropy kernels on the widened logits, whose dlogits cast to bf16 are the bf16
-// backward's.
+// The bf16 storage of the bf16 policy (GemmPolicy::bf16_results) gives, bit for bit, what
+// the fp32 path gives after its conversions:
+// - the output layer: the GEMM's result packed as bf16 (gemm_bf16_packed_out) is gemm_bf16
+//   then cast_fp32_to_bf16; the vocab-parallel cross entropy on bf16 logits is the fp32
+//   kernels' on the widened logits, and its bf16 dlogits are theirs cast to bf16;
+// - the linear layers' inputs: layernorm_forward_bf16 and bias_gelu_forward_bf16 write the
+//   bf16 casts of layernorm_forward's and bias_gelu_forward's outputs.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -12,8 +14,10 @@
 #include <vector>
 
 #include "blas/gemm.h"
+#include "kernels/activation.h"
 #include "kernels/cast.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/layernorm.h"
 #include "kernels_test_util.h"
 
 namespace lattice {
@@ -101,6 +105,36 @@ TEST(Bf16Logits, CrossEntropyMatchesTheFp32KernelsOnTheWidenedLogits) {
       for (uint16_t v : d16) nonzero += (v & 0x7fff) != 0;
       EXPECT_GT(nonzero, N * valid / 2) << what;
     }
+  omp_set_num_threads(before);
+}
+
+// Rows above the kernels' parallel thresholds, C not a multiple of the vector width.
+TEST(Bf16Inputs, LayerNormAndBiasGeluWriteTheCastsOfTheirFp32Outputs) {
+  const int64_t N = 131, C = 389;
+  const auto x = random_floats(size_t(N * C), 5, -3, 3), w = random_floats(size_t(C), 6, 0.5f, 1.5f);
+  const auto b = random_floats(size_t(C), 7, -0.2f, 0.2f);
+  const int before = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<float> out(x.size()), mean(static_cast<size_t>(N)), rstd(mean), mean16(mean), rstd16(mean);
+    std::vector<uint16_t> out16(x.size());
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    layernorm_forward_bf16(out16.data(), mean16.data(), rstd16.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    const auto ref = to_bf16(out);
+    EXPECT_TRUE(same_bits(out16.data(), ref.data(), ref.size())) << threads << " threads";
+    EXPECT_TRUE(same_bits(mean16.data(), mean.data(), mean.size()));
+    EXPECT_TRUE(same_bits(rstd16.data(), rstd.data(), rstd.size()));
+    for (GeluKind kind : {GeluKind::erf, GeluKind::tanh})
+      for (Rounding r : {Rounding::none, Rounding::bf16}) {
+        std::vector<float> pre(x.size()), g(x.size()), pre16(x.size());
+        std::vector<uint16_t> g16(x.size());
+        bias_gelu_forward(pre.data(), g.data(), x.data(), b.data(), N, C, kind, r);
+        bias_gelu_forward_bf16(pre16.data(), g16.data(), x.data(), b.data(), N, C, kind, r);
+        const auto gref = to_bf16(g);
+        EXPECT_TRUE(same_bits(pre16.data(), pre.data(), pre.size()));
+        EXPECT_TRUE(same_bits(g16.data(), gref.data(), gref.size())) << threads << " threads";
+      }
+  }
   omp_set_num_threads(before);
 }
 

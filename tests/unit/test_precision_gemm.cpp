@@ -201,12 +201,26 @@ TEST(PrecisionPolicy, Bf16ResultsAreTheRoundedResults) {
   p->input_grad_bf16(2, dx16.data(), dy16.data(), c.W.data(), c.N, c.in, c.out, true);
   EXPECT_EQ(dW16, dW);
   EXPECT_EQ(dx16, dx);
+  // Inputs already in bf16 (LinearInput::in_bf16): the same results as converting fp32 ones.
+  std::vector<uint16_t> x16(c.x.size());
+  cast_fp32_to_bf16(x16.data(), c.x.data(), int64_t(c.x.size()));
+  const LinearInput xb = LinearInput::in_bf16(x16.data());
+  std::vector<float> y_in(y.size()), dW_in(c.W.size(), 0.25f), dW_ref(c.W.size(), 0.25f);
+  p->forward(2, y_in.data(), xb, c.W.data(), c.N, c.in, c.out);
+  EXPECT_EQ(y_in, y);
+  const uint16_t* y16_in = p->forward_bf16(2, buffer.data(), xb, c.W.data(), c.N, c.in, c.out);
+  EXPECT_EQ(0, std::memcmp(y16_in, ref.data(), ref.size() * sizeof(uint16_t)));
+  p->weight_grad(2, dW_in.data(), c.dy.data(), xb, c.N, c.in, c.out);
+  p->weight_grad(2, dW_ref.data(), c.dy.data(), c.x.data(), c.N, c.in, c.out);
+  EXPECT_EQ(dW_in, dW_ref);
   std::unique_ptr<MixedPrecisionPolicy> others[] = {make_half_precision_policy(HalfFormat::fp16),
                                                     make_fp8_policy(Fp8Recipe{}, nullptr)};
   for (auto& q : others) {
     EXPECT_FALSE(q->bf16_results()) << q->name();
     EXPECT_THROW(q->forward_bf16(0, buffer.data(), c.x.data(), c.W.data(), c.N, c.in, c.out), Error) << q->name();
+    EXPECT_THROW(q->forward(0, y.data(), xb, c.W.data(), c.N, c.in, c.out), Error) << q->name();
   }
+  EXPECT_THROW(linear_forward(y.data(), xb, c.W.data(), nullptr, c.N, c.in, c.out), Error);  // fp32 GEMM
 }
 
 TEST(PrecisionPolicy, Fp16OverflowBecomesInf) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "data/gpt_batches.h"
@@ -92,18 +93,24 @@ TEST(PrecisionTraining, LossesFollowFp32) {
 // Overflows induced at iterations 2, 3 and 4 with hysteresis 2: the first leaves the scale
 // (hysteresis tracker 2 -> 1), the next two halve it; those steps leave the parameters
 // untouched and training continues; after `window` clean steps the scale doubles.
-// The output layer's bf16 logits (GPTModel::set_bf16_logits, on by default on GPUs) give
-// the same training as the fp32 logits path, bit for bit: every loss, gradient norm and
-// final parameter, with dropout and an evaluation forward in between.
-TEST(PrecisionTraining, Bf16LogitsTrainBitIdentically) {
+// The bf16 storage choices of the model (GPTModel::set_bf16_logits, on by default on GPUs;
+// set_bf16_inputs, the linear layers' inputs written in bf16 by LayerNorm and bias_gelu, on
+// by default) give the same training as fp32 logits and inputs, bit for bit: every loss,
+// gradient norm and final parameter, with dropout and an evaluation forward in between.
+TEST(PrecisionTraining, Bf16StorageTrainsBitIdentically) {
   TransformerConfig cfg = config();
   cfg.hidden_dropout = cfg.attention_dropout = 0.1f;
-  std::vector<float> params[2];
-  std::vector<double> losses[2];
-  for (int on = 0; on < 2; ++on) {
+  struct Run {
+    bool logits, inputs;
+    std::vector<double> metrics;
+    std::vector<float> params;
+  };
+  std::vector<Run> runs = {{false, false, {}, {}}, {true, false, {}, {}}, {false, true, {}, {}}, {true, true, {}, {}}};
+  for (Run& run : runs) {
     GPTModel model(cfg, 4, kSeq);
     model.init_parameters(7);
-    model.set_bf16_logits(on == 1);
+    model.set_bf16_logits(run.logits);
+    model.set_bf16_inputs(run.inputs);
     Optimizer opt(model.params(), OptimizerConfig{});
     auto policy = make_half_precision_policy(HalfFormat::bf16);
     model.set_gemm_policy(policy.get());
@@ -114,15 +121,18 @@ TEST(PrecisionTraining, Bf16LogitsTrainBitIdentically) {
     for (int64_t b = 0; b < 4; ++b) data.sample(1000 + b, tokens.data() + b * (kSeq + 1));
     for (int it = 0; it < 4; ++it) {
       const StepResult r = train_step(model, opt, data, sc, it, 3e-3, 0.0);
-      losses[on].insert(losses[on].end(), {r.lm_loss, r.grad_norm});
-      losses[on].push_back(model.forward_loss(tokens.data(), nullptr, 4, kSeq));
+      run.metrics.insert(run.metrics.end(), {r.lm_loss, r.grad_norm});
+      run.metrics.push_back(model.forward_loss(tokens.data(), nullptr, 4, kSeq));
     }
-    params[on].assign(model.params().params(), model.params().params() + model.params().numel());
+    run.params.assign(model.params().params(), model.params().params() + model.params().numel());
   }
-  ASSERT_EQ(losses[0].size(), losses[1].size());
-  for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_EQ(losses[0][i], losses[1][i]) << i;
-  ASSERT_EQ(params[0].size(), params[1].size());
-  EXPECT_EQ(0, std::memcmp(params[0].data(), params[1].data(), params[0].size() * sizeof(float)));
+  for (const Run& run : runs) {
+    const std::string what = std::string("logits ") + (run.logits ? "bf16" : "fp32") + ", inputs " +
+                             (run.inputs ? "bf16" : "fp32");
+    EXPECT_EQ(run.metrics, runs[0].metrics) << what;
+    ASSERT_EQ(run.params.size(), runs[0].params.size());
+    EXPECT_EQ(0, std::memcmp(run.params.data(), runs[0].params.data(), run.params.size() * sizeof(float))) << what;
+  }
 }
 
 TEST(PrecisionTraining, OverflowStepsAreSkippedAndTheScaleBacksOff) {

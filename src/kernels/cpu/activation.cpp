@@ -62,15 +62,19 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
   });
 }
 
-void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
-                       GeluKind kind, Rounding round_y) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_forward(pre, out, y, bias, N, C, kind, round_y));
+namespace {
+inline void store(float* o, int64_t i, float v) { o[i] = v; }
+inline void store(uint16_t* o, int64_t i, float v) { o[i] = math::fp32_to_bf16(v); }
+
+template <class T>
+void bias_gelu_rows(float* pre, T* out, const float* y, const float* bias, int64_t N, int64_t C, GeluKind kind,
+                    Rounding round_y) {
   math::dispatch_rounding(round_y, [&](auto r) {
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
     for (int64_t row = 0; row < N; ++row) {
       const float* ys = y + row * C;
       float* ps = pre + row * C;  // may alias ys: element c is read before it is written
-      float* __restrict os = out + row * C;
+      T* __restrict os = out + row * C;
       if (bias) {
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) ps[c] = math::round_as<r.value>(ys[c]) + bias[c];
@@ -80,13 +84,26 @@ void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias
       }
       if (kind == GeluKind::erf) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) os[c] = math::gelu_erf(ps[c]);
+        for (int64_t c = 0; c < C; ++c) store(os, c, math::gelu_erf(ps[c]));
       } else {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) os[c] = math::gelu_tanh(ps[c]);
+        for (int64_t c = 0; c < C; ++c) store(os, c, math::gelu_tanh(ps[c]));
       }
     }
   });
+}
+}  // namespace
+
+void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
+                       GeluKind kind, Rounding round_y) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_forward(pre, out, y, bias, N, C, kind, round_y));
+  bias_gelu_rows(pre, out, y, bias, N, C, kind, round_y);
+}
+
+void bias_gelu_forward_bf16(float* pre, uint16_t* out, const float* y, const float* bias, int64_t N, int64_t C,
+                            GeluKind kind, Rounding round_y) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_forward_bf16(pre, out, y, bias, N, C, kind, round_y));
+  bias_gelu_rows(pre, out, y, bias, N, C, kind, round_y);
 }
 
 }  // namespace lattice

@@ -2,6 +2,7 @@
 
 #include "core/device.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cast_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -43,21 +44,39 @@ inline float lane_sum_sq_dev(const float* __restrict x, float mean, int64_t C) {
 
 // Two-pass statistics (mean, then the mean squared deviation): no cancellation for
 // inputs with a large mean.
-void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t N, int64_t C, float eps) {
-  LATTICE_KERNEL_ENTRY(cuda::layernorm_forward(out, mean, rstd, x, w, b, N, C, eps));
+namespace {
+// Output element stores: fp32, or bf16 patterns of the same value.
+inline void store(float* o, int64_t i, float v) { o[i] = v; }
+inline void store(uint16_t* o, int64_t i, float v) { o[i] = math::fp32_to_bf16(v); }
+
+template <class T>
+void layernorm_rows(T* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t N,
+                    int64_t C, float eps) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const float* __restrict x_n = x + n * C;
-    float* __restrict o_n = out + n * C;
+    T* __restrict o_n = out + n * C;
     const float m = lane_sum(x_n, C) / float(C);
     const float var = lane_sum_sq_dev(x_n, m, C) / float(C);
     const float r = 1.0f / std::sqrt(var + eps);
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o_n[c] = (x_n[c] - m) * r * w[c] + b[c];
+    for (int64_t c = 0; c < C; ++c) store(o_n, c, (x_n[c] - m) * r * w[c] + b[c]);
     mean[n] = m;
     rstd[n] = r;
   }
+}
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps) {
+  LATTICE_KERNEL_ENTRY(cuda::layernorm_forward(out, mean, rstd, x, w, b, N, C, eps));
+  layernorm_rows(out, mean, rstd, x, w, b, N, C, eps);
+}
+
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
+                            const float* b, int64_t N, int64_t C, float eps) {
+  LATTICE_KERNEL_ENTRY(cuda::layernorm_forward_bf16(out, mean, rstd, x, w, b, N, C, eps));
+  layernorm_rows(out, mean, rstd, x, w, b, N, C, eps);
 }
 
 // dx per row (parallel over rows); dw, db per column chunk summing rows in index

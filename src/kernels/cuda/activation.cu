@@ -24,15 +24,18 @@ __global__ void gelu_backward_kernel(float* dx, const float* x, const float* dou
   }
 }
 
-// pre = round(y) + bias (pre may alias y), out = gelu(pre); y, pre, out: [N, C]
-template <GeluKind kKind>
-__global__ void bias_gelu_kernel(float* pre, float* out, const float* y, const float* bias, int64_t C, int64_t n,
+__device__ inline void store(float* o, int64_t i, float v) { o[i] = v; }
+__device__ inline void store(uint16_t* o, int64_t i, float v) { o[i] = math::fp32_to_bf16(v); }
+
+// pre = round(y) + bias (pre may alias y), out = gelu(pre) in fp32 or bf16; y, pre, out: [N, C]
+template <GeluKind kKind, class T>
+__global__ void bias_gelu_kernel(float* pre, T* out, const float* y, const float* bias, int64_t C, int64_t n,
                                  Rounding r) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float v = math::round_as(y[i], r);
     if (bias) v = __fadd_rn(v, bias[i % C]);
     pre[i] = v;
-    out[i] = kKind == GeluKind::erf ? math::gelu_erf(v) : math::gelu_tanh(v);
+    store(out, i, kKind == GeluKind::erf ? math::gelu_erf(v) : math::gelu_tanh(v));
   }
 }
 
@@ -56,15 +59,29 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
   LATTICE_CUDA_LAUNCHED("gelu_backward");
 }
 
-void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
-                       GeluKind kind, Rounding round_y) {
+namespace {
+template <class T>
+void launch_bias_gelu(float* pre, T* out, const float* y, const float* bias, int64_t N, int64_t C, GeluKind kind,
+                      Rounding round_y) {
   const int64_t n = N * C;
   if (n <= 0) return;
   if (kind == GeluKind::erf)
-    launch(bias_gelu_kernel<GeluKind::erf>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n, round_y);
+    launch(bias_gelu_kernel<GeluKind::erf, T>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n, round_y);
   else
-    launch(bias_gelu_kernel<GeluKind::tanh>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n, round_y);
+    launch(bias_gelu_kernel<GeluKind::tanh, T>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n, round_y);
+}
+}  // namespace
+
+void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
+                       GeluKind kind, Rounding round_y) {
+  launch_bias_gelu(pre, out, y, bias, N, C, kind, round_y);
   LATTICE_CUDA_LAUNCHED("bias_gelu_forward");
+}
+
+void bias_gelu_forward_bf16(float* pre, uint16_t* out, const float* y, const float* bias, int64_t N, int64_t C,
+                            GeluKind kind, Rounding round_y) {
+  launch_bias_gelu(pre, out, y, bias, N, C, kind, round_y);
+  LATTICE_CUDA_LAUNCHED("bias_gelu_forward_bf16");
 }
 
 }  // namespace lattice::cuda

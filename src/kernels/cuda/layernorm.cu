@@ -1,5 +1,6 @@
 // LayerNorm on the GPU: one block per row for the statistics and dx; dw, db through
 // deterministic column sums (fixed row chunks, added in chunk order).
+#include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ops_reduce.cuh"
@@ -10,13 +11,18 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Two-pass statistics as on the CPU (mean, then the mean squared deviation).
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x,
+__device__ inline void store(float* o, int64_t i, float v) { o[i] = v; }
+__device__ inline void store(uint16_t* o, int64_t i, float v) { o[i] = math::fp32_to_bf16(v); }
+
+// Two-pass statistics as on the CPU (mean, then the mean squared deviation); out in fp32 or
+// bf16.
+template <class T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const float* x,
                                          const float* w, const float* b, int64_t N, int64_t C,
                                          float eps) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* x_n = x + n * C;
-    float* o_n = out + n * C;
+    T* o_n = out + n * C;
     float s = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += x_n[c];
     const float m = block_sum(s) / float(C);
@@ -27,7 +33,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     }
     const float var = block_sum(q) / float(C);
     const float r = 1.0f / sqrtf(var + eps);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o_n[c] = (x_n[c] - m) * r * w[c] + b[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store(o_n, c, (x_n[c] - m) * r * w[c] + b[c]);
     if (threadIdx.x == 0) {
       mean[n] = m;
       rstd[n] = r;
@@ -79,8 +85,16 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
                        const float* b, int64_t N, int64_t C, float eps) {
   if (N <= 0) return;
   LATTICE_CHECK(C > 0) << "layernorm_forward: C " << C;
-  launch(layernorm_forward_kernel, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
+  launch(layernorm_forward_kernel<float>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
   LATTICE_CUDA_LAUNCHED("layernorm_forward");
+}
+
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
+                            const float* b, int64_t N, int64_t C, float eps) {
+  if (N <= 0) return;
+  LATTICE_CHECK(C > 0) << "layernorm_forward_bf16: C " << C;
+  launch(layernorm_forward_kernel<uint16_t>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
+  LATTICE_CUDA_LAUNCHED("layernorm_forward_bf16");
 }
 
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,

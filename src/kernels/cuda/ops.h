@@ -18,6 +18,8 @@ namespace lattice::cuda {
 // ---- layernorm.h
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C, float eps);
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
+                            const float* b, int64_t N, int64_t C, float eps);
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t N,
                         int64_t C);
@@ -28,6 +30,8 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
                    Rounding round_dout = Rounding::none);
 void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
                        GeluKind kind, Rounding round_y);
+void bias_gelu_forward_bf16(float* pre, uint16_t* out, const float* y, const float* bias, int64_t N, int64_t C,
+                            GeluKind kind, Rounding round_y);
 
 // ---- dropout.h
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
