@@ -60,6 +60,10 @@ LATTICE_HD inline float fp16_to_fp32(uint16_t h) {
   return float_from_bits(sign | ((e - 15 + 127) << 23) | (m << 13));
 }
 
+// o[i] = v, or its bf16 pattern for a bf16 array (kernels that write either format).
+LATTICE_HD inline void store_as(float* o, int64_t i, float v) { o[i] = v; }
+LATTICE_HD inline void store_as(uint16_t* o, int64_t i, float v) { o[i] = fp32_to_bf16(v); }
+
 // x rounded to the format, as fp32 (kernels that round a GEMM result as they read it).
 template <Rounding R>
 LATTICE_HD inline float round_as(float x) {

@@ -63,9 +63,6 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
 }
 
 namespace {
-inline void store(float* o, int64_t i, float v) { o[i] = v; }
-inline void store(uint16_t* o, int64_t i, float v) { o[i] = math::fp32_to_bf16(v); }
-
 template <class T>
 void bias_gelu_rows(float* pre, T* out, const float* y, const float* bias, int64_t N, int64_t C, GeluKind kind,
                     Rounding round_y) {
@@ -84,10 +81,10 @@ void bias_gelu_rows(float* pre, T* out, const float* y, const float* bias, int64
       }
       if (kind == GeluKind::erf) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) store(os, c, math::gelu_erf(ps[c]));
+        for (int64_t c = 0; c < C; ++c) math::store_as(os, c, math::gelu_erf(ps[c]));
       } else {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) store(os, c, math::gelu_tanh(ps[c]));
+        for (int64_t c = 0; c < C; ++c) math::store_as(os, c, math::gelu_tanh(ps[c]));
       }
     }
   });

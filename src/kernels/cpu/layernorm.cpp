@@ -42,13 +42,9 @@ inline float lane_sum_sq_dev(const float* __restrict x, float mean, int64_t C) {
 
 }  // namespace
 
-// Two-pass statistics (mean, then the mean squared deviation): no cancellation for
-// inputs with a large mean.
 namespace {
-// Output element stores: fp32, or bf16 patterns of the same value.
-inline void store(float* o, int64_t i, float v) { o[i] = v; }
-inline void store(uint16_t* o, int64_t i, float v) { o[i] = math::fp32_to_bf16(v); }
-
+// Two-pass statistics (mean, then the mean squared deviation): no cancellation for
+// inputs with a large mean. out in fp32 or bf16.
 template <class T>
 void layernorm_rows(T* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t N,
                     int64_t C, float eps) {
@@ -60,7 +56,7 @@ void layernorm_rows(T* out, float* mean, float* rstd, const float* x, const floa
     const float var = lane_sum_sq_dev(x_n, m, C) / float(C);
     const float r = 1.0f / std::sqrt(var + eps);
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) store(o_n, c, (x_n[c] - m) * r * w[c] + b[c]);
+    for (int64_t c = 0; c < C; ++c) math::store_as(o_n, c, (x_n[c] - m) * r * w[c] + b[c]);
     mean[n] = m;
     rstd[n] = r;
   }

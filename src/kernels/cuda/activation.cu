@@ -24,9 +24,6 @@ __global__ void gelu_backward_kernel(float* dx, const float* x, const float* dou
   }
 }
 
-__device__ inline void store(float* o, int64_t i, float v) { o[i] = v; }
-__device__ inline void store(uint16_t* o, int64_t i, float v) { o[i] = math::fp32_to_bf16(v); }
-
 // pre = round(y) + bias (pre may alias y), out = gelu(pre) in fp32 or bf16; y, pre, out: [N, C]
 template <GeluKind kKind, class T>
 __global__ void bias_gelu_kernel(float* pre, T* out, const float* y, const float* bias, int64_t C, int64_t n,
@@ -35,7 +32,7 @@ __global__ void bias_gelu_kernel(float* pre, T* out, const float* y, const float
     float v = math::round_as(y[i], r);
     if (bias) v = __fadd_rn(v, bias[i % C]);
     pre[i] = v;
-    store(out, i, kKind == GeluKind::erf ? math::gelu_erf(v) : math::gelu_tanh(v));
+    math::store_as(out, i, kKind == GeluKind::erf ? math::gelu_erf(v) : math::gelu_tanh(v));
   }
 }
 

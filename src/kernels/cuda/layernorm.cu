@@ -11,9 +11,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ inline void store(float* o, int64_t i, float v) { o[i] = v; }
-__device__ inline void store(uint16_t* o, int64_t i, float v) { o[i] = math::fp32_to_bf16(v); }
-
 // Two-pass statistics as on the CPU (mean, then the mean squared deviation); out in fp32 or
 // bf16.
 template <class T>
@@ -33,7 +30,7 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
     }
     const float var = block_sum(q) / float(C);
     const float r = 1.0f / sqrtf(var + eps);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store(o_n, c, (x_n[c] - m) * r * w[c] + b[c]);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) math::store_as(o_n, c, (x_n[c] - m) * r * w[c] + b[c]);
     if (threadIdx.x == 0) {
       mean[n] = m;
       rstd[n] = r;
@@ -81,20 +78,25 @@ struct LayernormParamGrads {
 
 }  // namespace
 
+namespace {
+template <class T>
+void launch_layernorm_forward(T* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                              int64_t N, int64_t C, float eps, const char* what) {
+  if (N <= 0) return;
+  LATTICE_CHECK(C > 0) << what << ": C " << C;
+  launch(layernorm_forward_kernel<T>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
+  LATTICE_CUDA_LAUNCHED(what);
+}
+}  // namespace
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C, float eps) {
-  if (N <= 0) return;
-  LATTICE_CHECK(C > 0) << "layernorm_forward: C " << C;
-  launch(layernorm_forward_kernel<float>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
-  LATTICE_CUDA_LAUNCHED("layernorm_forward");
+  launch_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, "layernorm_forward");
 }
 
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
                             const float* b, int64_t N, int64_t C, float eps) {
-  if (N <= 0) return;
-  LATTICE_CHECK(C > 0) << "layernorm_forward_bf16: C " << C;
-  launch(layernorm_forward_kernel<uint16_t>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
-  LATTICE_CUDA_LAUNCHED("layernorm_forward_bf16");
+  launch_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, "layernorm_forward_bf16");
 }
 
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
