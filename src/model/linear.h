@@ -47,8 +47,9 @@ class GemmPolicy {
   virtual Rounding result_rounding() const { return Rounding::none; }
   void round_result(float* v, int64_t n) const { round_to(v, v, n, result_rounding()); }
 
-  // Results stored as bf16 (the bf16 policy; the others fail): the output layer's logits are
-  // written and their gradient read as bf16 patterns, half the memory traffic of fp32.
+  // bf16 storage (the bf16 policy; the others fail): the output layer's logits written and
+  // their gradient read as bf16 patterns, half the memory traffic of fp32; and inputs taken
+  // in bf16 (LinearInput::in_bf16) by forward, weight_grad and the functions below.
   virtual bool bf16_results() const { return false; }
   // y = round_result(x W^T) as bf16 [N, out], packed at the start of y_buffer (which holds
   // N * out floats; blas gemm_bf16_packed_out). Returns the bf16 result.
