@@ -379,17 +379,22 @@ const float* GPTModel::input_grad() const { return scratch_->d_resid; }
 
 // A LayerNorm output's rows of every token: the shard itself without sequence
 // parallelism, else the shard all-gathered into ln_full (again in backward, as Megatron
-// does, so that only the shard is kept between forward and backward). bf16 rows are
-// gathered as fp32 values of half the count (the same bytes; C is even then).
+// does, so that only the shard is kept between forward and backward), fp32 or bf16.
 LinearInput GPTModel::ln_input(const float* shard, int64_t N) {
   const int64_t C = cfg_.hidden_size;
   if (!tp_.sp()) return input(shard);
   float* full = scratch_->ln_full;
-  const size_t elem = bf16_inputs() ? sizeof(uint16_t) : sizeof(float);
-  copy_on_device(reinterpret_cast<char*>(full) + size_t(tp_.shard_begin(N) * C) * elem, shard,
-                 size_t(tp_.shard_rows(N) * C) * elem);
-  gather_from_sequence_parallel_region(tp_, full, N, bf16_inputs() ? C / 2 : C);
+  copy_on_device(input_row(full, tp_.shard_begin(N)), shard, size_t(tp_.shard_rows(N) * C) * input_bytes());
+  gather_input_rows(full, N);
   return input(full);
+}
+
+float* GPTModel::input_row(float* buf, int64_t row) const {
+  return reinterpret_cast<float*>(reinterpret_cast<char*>(buf) + size_t(row * cfg_.hidden_size) * input_bytes());
+}
+
+void GPTModel::gather_input_rows(float* full, int64_t N) {
+  gather_from_sequence_parallel_region(tp_, full, N, bf16_inputs() ? cfg_.hidden_size / 2 : cfg_.hidden_size);
 }
 
 void GPTModel::layernorm_input(float* out, float* mean, float* rstd, const float* x, int w, int b, int64_t rows) {
@@ -425,10 +430,8 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
   const size_t first = chunk_first_[size_t(chunk)];
   for (size_t i = 0; i < a.layers.size(); ++i) forward_layer(layers_[first + i], a, i, B, T, key, true);
   if (has_loss(chunk)) {
-    // (bf16: row0's bf16 values start at a.lnf's byte 2 row0 C, which is float row0 C / 2)
-    layernorm_input(bf16_inputs() ? a.lnf + row0 * C / 2 : a.lnf + row0 * C, a.lnf_mean, a.lnf_rstd,
-                    a.resid.back(), lnf_w_, lnf_b_, Ns);
-    gather_from_sequence_parallel_region(tp_, a.lnf, N, bf16_inputs() ? C / 2 : C);
+    layernorm_input(input_row(a.lnf, row0), a.lnf_mean, a.lnf_rstd, a.resid.back(), lnf_w_, lnf_b_, Ns);
+    gather_input_rows(a.lnf, N);
   }
 }
 

@@ -229,6 +229,12 @@ class GPTModel {
   // LayerNorm of rows x [rows, C] into a linear layer's input buffer (fp32, or bf16 with
   // bf16_inputs(): the GEMM then reads it without a conversion).
   void layernorm_input(float* out, float* mean, float* rstd, const float* x, int w, int b, int64_t rows);
+  // Bytes per element of the linear layers' inputs (2 with bf16_inputs(), else 4), row `row`
+  // of such an input in buf, and the all-gather of an input's shards (sequence parallelism;
+  // bf16 rows as fp32 values of half the count: the same bytes, C even).
+  size_t input_bytes() const { return bf16_inputs() ? sizeof(uint16_t) : sizeof(float); }
+  float* input_row(float* buf, int64_t row) const;
+  void gather_input_rows(float* full, int64_t N);
   // A buffer a kernel wrote for a linear layer's input (ln_input for LayerNorm outputs).
   LinearInput input(const float* x) const {
     return bf16_inputs() ? LinearInput::in_bf16(reinterpret_cast<const uint16_t*>(x)) : LinearInput(x);

@@ -21,6 +21,11 @@ void GemmPolicy::input_grad_bf16(int, float*, const uint16_t*, const float*, int
   LATTICE_FAIL() << "mixed precision: this policy has no bf16 output gradients";
 }
 
+void round_and_add_bias(float* y, const float* b, int64_t rows, int64_t out, Rounding r) {
+  if (b) bias_add(y, b, rows, out, r);
+  else if (r != Rounding::none) round_to(y, y, rows * out, r);
+}
+
 void linear_forward(float* y, LinearInput x, const float* W, const float* b, int64_t N,
                     int64_t in, int64_t out, const GemmSite& site) {
   LATTICE_CHECK(!(site.caller_rounds && b)) << "linear_forward: a bias with a result the caller rounds";
@@ -29,8 +34,7 @@ void linear_forward(float* y, LinearInput x, const float* W, const float* b, int
   else
     gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, x.fp32("linear_forward"), in, W, in, 0.0f, y, out);
   const Rounding r = site.partial_sum || site.caller_rounds ? Rounding::none : rounding(site);
-  if (b) bias_add(y, b, N, out, r);  // y = round(y) + b in one pass
-  else if (r != Rounding::none) round_to(y, y, N * out, r);
+  round_and_add_bias(y, b, N, out, r);
 }
 
 void linear_backward(float* dx, float* dW, float* db, const float* dy, LinearInput x,

@@ -85,6 +85,10 @@ inline Rounding rounding(const GemmSite& site) {
   return site.policy ? site.policy->result_rounding() : Rounding::none;
 }
 
+// y[rows, out] = round(y) + b[out] in one pass (b may be null; r none: only the bias): the
+// epilogue of a linear layer's forward, after any tensor-parallel reduction.
+void round_and_add_bias(float* y, const float* b, int64_t rows, int64_t out, Rounding r);
+
 // y[N, out] = round(x[N, in] @ W[out, in]^T) + b[out]   (b may be null; round: the site's
 // rounding, in one pass with the bias; with caller_rounds neither, and b must be null)
 void linear_forward(float* y, LinearInput x, const float* W, const float* b, int64_t N,

@@ -97,8 +97,8 @@ class HalfPolicy final : public MixedPrecisionPolicy {
   void refresh_weights() override { weights_.invalidate(); }
 
   void forward(int param, float* y, LinearInput x, const float* W, int64_t N, int64_t in, int64_t out) override {
-    const Elem* Wh = weights_.get(param, W, out * in, Format::convert);
-    Format::gemm(Trans::N, Trans::T, N, out, in, input(a_, x, N * in), in, Wh, in, 0.0f, y, out);
+    Format::gemm(Trans::N, Trans::T, N, out, in, input(a_, x, N * in), in, weight(param, W, out * in), in, 0.0f, y,
+                 out);
   }
   Rounding result_rounding() const override { return Format::rounding; }
 
@@ -106,46 +106,50 @@ class HalfPolicy final : public MixedPrecisionPolicy {
   bool bf16_results() const override { return kBf16; }
   const uint16_t* forward_bf16(int param, float* y_buffer, LinearInput x, const float* W, int64_t N, int64_t in,
                                int64_t out) override {
-    if constexpr (kBf16) {
-      const uint16_t* Wh = weights_.get(param, W, out * in, Format::convert);
-      return gemm_bf16_packed_out(Trans::N, Trans::T, N, out, in, 1.0f, input(a_, x, N * in), in, Wh, in,
-                                  y_buffer);
-    } else {
+    if constexpr (kBf16)
+      return gemm_bf16_packed_out(Trans::N, Trans::T, N, out, in, 1.0f, input(a_, x, N * in), in,
+                                  weight(param, W, out * in), in, y_buffer);
+    else
       return GemmPolicy::forward_bf16(param, y_buffer, x, W, N, in, out);
-    }
   }
   void weight_grad_bf16(int param, float* dW, const uint16_t* dy, LinearInput x, int64_t N, int64_t in,
                         int64_t out) override {
     if constexpr (kBf16)
-      gemm_bf16(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, input(b_, x, N * in), in, 1.0f, dW, in);
+      weight_grad_from(dW, dy, x, N, in, out);
     else
       GemmPolicy::weight_grad_bf16(param, dW, dy, x, N, in, out);
   }
   void input_grad_bf16(int param, float* dx, const uint16_t* dy, const float* W, int64_t N, int64_t in, int64_t out,
                        bool accumulate) override {
-    if constexpr (kBf16) {
-      const uint16_t* Wh = weights_.get(param, W, out * in, Format::convert);
-      gemm_bf16(Trans::N, Trans::N, N, in, out, 1.0f, dy, out, Wh, in, accumulate ? 1.0f : 0.0f, dx, in);
-    } else {
+    if constexpr (kBf16)
+      input_grad_from(param, dx, dy, W, N, in, out, accumulate);
+    else
       GemmPolicy::input_grad_bf16(param, dx, dy, W, N, in, out, accumulate);
-    }
   }
   void weight_grad(int param, float* dW, const float* dy, LinearInput x, int64_t N, int64_t in,
                    int64_t out) override {
-    Format::gemm(Trans::T, Trans::N, out, in, N, operand(g_, dy, N * out), out, input(b_, x, N * in), in, 1.0f,
-                 dW, in);
+    weight_grad_from(dW, operand(g_, dy, N * out), x, N, in, out);
     g_last_.remember(param, dy, N * out);
   }
   void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
                   bool accumulate) override {
-    const Elem* Wh = weights_.get(param, W, out * in, Format::convert);
     // The output gradient as weight_grad converted it (linear_backward calls it first,
     // on the same dy): the same values, not converted twice.
     const Elem* g = g_last_.take(param, dy, N * out) ? g_.data() : operand(g_, dy, N * out);
-    Format::gemm(Trans::N, Trans::N, N, in, out, g, out, Wh, in, accumulate ? 1.0f : 0.0f, dx, in);
+    input_grad_from(param, dx, g, W, N, in, out, accumulate);
   }
 
  private:
+  const Elem* weight(int param, const float* W, int64_t n) { return weights_.get(param, W, n, Format::convert); }
+  // dW += g^T x and dx = g W (accumulated when accumulate), g the output gradient in the format.
+  void weight_grad_from(float* dW, const Elem* g, LinearInput x, int64_t N, int64_t in, int64_t out) {
+    Format::gemm(Trans::T, Trans::N, out, in, N, g, out, input(b_, x, N * in), in, 1.0f, dW, in);
+  }
+  void input_grad_from(int param, float* dx, const Elem* g, const float* W, int64_t N, int64_t in, int64_t out,
+                       bool accumulate) {
+    Format::gemm(Trans::N, Trans::N, N, in, out, g, out, weight(param, W, out * in), in, accumulate ? 1.0f : 0.0f,
+                 dx, in);
+  }
   // A layer input in the format: bf16 inputs as they are (bf16 only), fp32 ones converted.
   static const Elem* input(DeviceArray<Elem>& buf, LinearInput x, int64_t n) {
     if constexpr (kBf16) {

@@ -50,9 +50,7 @@ void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* part
   linear_forward(partial, x, W, nullptr, N, in_local, out, partial_site);
   reduce_from_tensor_parallel_region(tp, partial, y, N, out);
   LATTICE_CHECK(!(site.caller_rounds && b)) << "row_parallel_linear_forward: a bias with a result the caller rounds";
-  const Rounding r = site.caller_rounds ? Rounding::none : rounding(site);
-  if (b) bias_add(y, b, tp.shard_rows(N), out, r);  // y = round(y) + b in one pass
-  else if (r != Rounding::none) round_to(y, y, tp.shard_rows(N) * out, r);
+  round_and_add_bias(y, b, tp.shard_rows(N), out, site.caller_rounds ? Rounding::none : rounding(site));
 }
 
 void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, float* dW, float* db,
