@@ -12,20 +12,14 @@
 #include "data/gpt_batches.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenizer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace lattice;
 
 namespace {
 
-std::string temp_prefix(const std::string& name) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path d = fs::path(::testing::TempDir()) /
-               ("lattice_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return (d / name).string();
-}
+std::string temp_prefix(const std::string& name) { return (fs::path(test_util::temp_dir()) / name).string(); }
 
 // Sequences [0..4], [], [5..6], [7..11]: the concatenation is 0..11.
 std::shared_ptr<IndexedDataset> counting_dataset() {

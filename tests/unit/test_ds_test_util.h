@@ -13,19 +13,12 @@
 
 #include "core/error.h"
 #include "data/indexed_dataset.h"
+#include "test_util.h"
 
 namespace lattice::ds_test {
 
-// A fresh directory per test.
-inline std::string temp_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::filesystem::path d = std::filesystem::path(::testing::TempDir()) /
-                            ("lattice_" + std::string(info->test_suite_name()) + "_" + info->name() +
-                             "_" + std::to_string(getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
-}
+// A fresh directory per test (removed when the test passes).
+inline std::string temp_dir() { return test_util::temp_dir(); }
 
 // The reference script's tokens: token(sequence s, position p) = (s*131 + p*7) % 1000.
 inline int32_t ref_token(int64_t s, int64_t p) { return int32_t((s * 131 + p * 7) % 1000); }
