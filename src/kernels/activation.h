@@ -24,8 +24,21 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
 // bias may be null.
 void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
                        GeluKind kind, Rounding round_y);
-// The same with out in bf16 (its patterns), for the next GEMM's bf16 input.
-void bias_gelu_forward_bf16(float* pre, uint16_t* out, const float* y, const float* bias, int64_t N, int64_t C,
-                            GeluKind kind, Rounding round_y);
+
+// bias_gelu on a bf16 GEMM result (the bf16 policy's fc1, blas gemm_bf16_packed_out):
+// y [N, C] holds round(x W^T) as bf16 patterns; out = bf16(gelu(y + bias)). No
+// pre-activation is stored: bias_gelu_backward_packed recomputes y + bias (exact in fp32, as
+// bias_gelu_forward computes it). The same bits as bias_gelu_forward (its output cast to bf16) with
+// Rounding::bf16 on the fp32 result, with half the bytes read and none for `pre` written.
+// bias may be null.
+void bias_gelu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t C,
+                              GeluKind kind);
+// dx = gelu'(y + bias) * round(dout), y [N, C] and bias as in bias_gelu_forward_packed: the
+// same bits as gelu_backward on the pre-activation bias_gelu_forward keeps. dx may alias
+// dout. dx_bf16, when not null, gets dx's bf16 cast too (fc1's output gradient as its GEMMs
+// read it, made here instead of by a conversion pass); it may alias y.
+void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
+                               int64_t C, GeluKind kind, Rounding round_dout = Rounding::none,
+                               uint16_t* dx_bf16 = nullptr);
 
 }  // namespace lattice

@@ -63,6 +63,9 @@ LATTICE_HD inline float fp16_to_fp32(uint16_t h) {
 // o[i] = v, or its bf16 pattern for a bf16 array (kernels that write either format).
 LATTICE_HD inline void store_as(float* o, int64_t i, float v) { o[i] = v; }
 LATTICE_HD inline void store_as(uint16_t* o, int64_t i, float v) { o[i] = fp32_to_bf16(v); }
+// x[i] as fp32, from an fp32 array or a bf16 one (kernels that read either format).
+LATTICE_HD inline float load_as(const float* x, int64_t i) { return x[i]; }
+LATTICE_HD inline float load_as(const uint16_t* x, int64_t i) { return bf16_to_fp32(x[i]); }
 
 // x rounded to the format, as fp32 (kernels that round a GEMM result as they read it).
 template <Rounding R>

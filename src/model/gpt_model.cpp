@@ -26,14 +26,15 @@ struct GPTModel::Activations {
     float* ln1;        // [Ns, C]  (all-gathered into ln_full when a GEMM needs every row)
     float* ln1_mean;   // [Ns]
     float* ln1_rstd;   // [Ns]
-    float* qkv;        // [N, 3C/P]  ([B, T, Hl, 3, D])
+    float* qkv;        // [N, 3C/P]  ([B, T, Hl, 3, D]; bf16_qkv(): the bf16 GEMM result, without the bias)
     float* attn;       // [N, C/P]   ([B, T, Hl, D])
     float* lse;        // [B, Hl, T]
     float* resid_mid;  // [Ns, C]  residual stream after the attention block
     float* ln2;        // [Ns, C]
     float* ln2_mean;   // [Ns]
     float* ln2_rstd;   // [Ns]
-    float* fc1;        // [N, Fl]  pre-activation
+    float* fc1;        // [N, Fl]  pre-activation (bf16_inputs(): fc1's bf16 GEMM result, without the bias;
+                       //          in backward, then its output gradient in bf16)
     float* gelu;       // [N, Fl]
   };
   // resid[i] is the chunk's layer i's input, resid.back() its output; layers[i] the
@@ -449,8 +450,11 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   const float* in = a.resid[i];
   // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
   layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, in, p.ln1_w, p.ln1_b, Ns);
-  linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
-                 site(p.qkv_w));
+  if (bf16_qkv())  // round(x W^T) in bf16; the attention adds the bias (qkv_input)
+    gemm_policy_->forward_bf16(p.qkv_w, x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl);
+  else
+    linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
+                   site(p.qkv_w));
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add).
@@ -461,20 +465,29 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                            rounding(site(p.proj_w)));
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
   layernorm_input(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, p.ln2_w, p.ln2_b, Ns);
-  // fc1's rounding, bias and GELU in one pass (Megatron's bias_gelu): x.fc1 keeps the
-  // pre-activation for gelu_backward.
-  linear_forward(x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), nullptr, N, C, Fl_,
-                 site(p.fc1_w).rounded_by_caller());
-  if (bf16_inputs())  // (the GELU output made as fc2's bf16 input)
-    bias_gelu_forward_bf16(x.fc1, reinterpret_cast<uint16_t*>(x.gelu), x.fc1, params_.param(p.fc1_b), N, Fl_,
-                           cfg_.gelu, rounding(site(p.fc1_w)));
-  else
+  // fc1's rounding, bias and GELU in one pass (Megatron's bias_gelu). With bf16 inputs the
+  // GEMM writes its rounded result in bf16 into x.fc1 and the GELU output is fc2's bf16
+  // input; the backward adds the bias again (bias_gelu_backward_packed). Otherwise x.fc1
+  // keeps the fp32 pre-activation for gelu_backward.
+  if (bf16_inputs()) {
+    const uint16_t* y = gemm_policy_->forward_bf16(p.fc1_w, x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C,
+                                                   Fl_);
+    bias_gelu_forward_packed(reinterpret_cast<uint16_t*>(x.gelu), y, params_.param(p.fc1_b), N, Fl_, cfg_.gelu);
+  } else {
+    linear_forward(x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), nullptr, N, C, Fl_,
+                   site(p.fc1_w).rounded_by_caller());
     bias_gelu_forward(x.fc1, x.gelu, x.fc1, params_.param(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
+  }
   if (!output) return;
   row_parallel_linear_forward(tp_, out_rows, sc.d_c1, input(x.gelu), params_.param(p.fc2_w), nullptr, N, Fl_, C,
                               site(p.fc2_w).rounded_by_caller());
   bias_dropout_add_forward(a.resid[i + 1], x.resid_mid, out_rows, params_.param(p.fc2_b), Ns, C, p_hidden,
                            site_stream(key, layer_name(l, "mlp.dropout")), elem0, rounding(site(p.fc2_w)));
+}
+
+QkvInput GPTModel::qkv_input(const LayerParams& p, const float* qkv) const {
+  if (!bf16_qkv()) return QkvInput(qkv);
+  return QkvInput::packed(reinterpret_cast<const uint16_t*>(qkv), params_.param(p.qkv_b));
 }
 
 void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
@@ -483,7 +496,7 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
-  attention_forward(x.attn, x.lse, x.qkv, AttentionShape{B, T, Hl_, cfg_.kv_channels}, ad,
+  attention_forward(x.attn, x.lse, qkv_input(p, x.qkv), AttentionShape{B, T, Hl_, cfg_.kv_channels}, ad,
                     docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_);
 }
 
@@ -526,9 +539,16 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     // fc2's input gradient rounded inside gelu_backward (one pass).
     row_parallel_linear_backward(tp_, sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows, sc.d_c2,
                                  input(x.gelu), params_.param(p.fc2_w), N, Fl_, C, site(p.fc2_w).rounded_by_caller());
-    gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
+    // With bf16 inputs fc1's output gradient is also made in bf16, for its GEMMs, in the place
+    // of fc1's bf16 result (read for the last time by the same kernel).
+    uint16_t* d_f16 = bf16_inputs() ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
+    if (d_f16)
+      bias_gelu_backward_packed(sc.d_f, d_f16, params_.param(p.fc1_b), sc.d_f, N, Fl_, cfg_.gelu,
+                                rounding(site(p.fc2_w)), d_f16);
+    else
+      gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), params_.grad(p.fc1_b), sc.d_f,
-                                    ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_, site(p.fc1_w));
+                                    ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_, site(p.fc1_w), d_f16);
     layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
                        params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C);
     // Attention block: d_resid is now d(resid_mid).
@@ -538,7 +558,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
                                  x.attn, params_.param(p.proj_w), N, Cl, C, site(p.proj_w));
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
-    attention_backward(sc.d_3c, sc.d_c2, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
+    attention_backward(sc.d_3c, sc.d_c2, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
                        docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), sc.d_3c,
                                     ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, site(p.qkv_w));

@@ -39,15 +39,22 @@ void linear_forward(float* y, LinearInput x, const float* W, const float* b, int
 
 void linear_backward(float* dx, float* dW, float* db, const float* dy, LinearInput x,
                      const float* W, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
-                     const GemmSite& site) {
-  if (site.policy)
+                     const GemmSite& site, const uint16_t* dy_bf16) {
+  LATTICE_CHECK(!dy_bf16 || (site.policy && site.policy->bf16_results()))
+      << "linear_backward: a bf16 output gradient without a bf16 policy";
+  if (dy_bf16)
+    site.policy->weight_grad_bf16(site.param, dW, dy_bf16, x, N, in, out);
+  else if (site.policy)
     site.policy->weight_grad(site.param, dW, dy, x, N, in, out);
   else
     gemm_f32(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, x.fp32("linear_backward"), in, 1.0f, dW, in);
   if (db) bias_backward(db, dy, N, out);
   if (!dx) return;
   if (site.policy) {
-    site.policy->input_grad(site.param, dx, dy, W, N, in, out, accumulate_dx);
+    if (dy_bf16)
+      site.policy->input_grad_bf16(site.param, dx, dy_bf16, W, N, in, out, accumulate_dx);
+    else
+      site.policy->input_grad(site.param, dx, dy, W, N, in, out, accumulate_dx);
     if (!site.partial_sum && !site.caller_rounds) site.policy->round_result(dx, N * in);
   } else
     gemm_f32(Trans::N, Trans::N, N, in, out, 1.0f, dy, out, W, in, accumulate_dx ? 1.0f : 0.0f, dx, in);

@@ -33,10 +33,10 @@ void gather_from_sequence_parallel_region(const TensorParallel& tp, float* full,
 void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, float* dx_shard,
                                      float* dW, float* db, const float* dy, LinearInput x,
                                      const float* W, int64_t N, int64_t in, int64_t out_local,
-                                     const GemmSite& site) {
+                                     const GemmSite& site, const uint16_t* dy_bf16) {
   GemmSite partial = site;
   partial.partial_sum = true;
-  linear_backward(dx_full, dW, db, dy, x, W, N, in, out_local, false, partial);
+  linear_backward(dx_full, dW, db, dy, x, W, N, in, out_local, false, partial, dy_bf16);
   float* dx = tp.sp() ? dx_shard : dx_full;
   reduce_from_tensor_parallel_region(tp, dx_full, dx, N, in);
   if (site.policy && !site.caller_rounds) site.policy->round_result(dx, tp.shard_rows(N) * in);

@@ -45,11 +45,11 @@ void gather_from_sequence_parallel_region(const TensorParallel& tp, float* full,
 // dx_full [N, in] = dy W_local is this rank's partial input gradient, then reduced as
 // the f operator's backward: all-reduced in place, or reduce-scattered into
 // dx_shard [N/T, in] with sequence parallelism. (Forward is linear_forward on the full
-// input: no communication.)
+// input: no communication.) dy_bf16: as in linear_backward.
 void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, float* dx_shard,
                                      float* dW, float* db, const float* dy, LinearInput x,
                                      const float* W, int64_t N, int64_t in, int64_t out_local,
-                                     const GemmSite& site = {});
+                                     const GemmSite& site = {}, const uint16_t* dy_bf16 = nullptr);
 
 // RowParallelLinear forward: partial [N, out] = x_local [N, in_local] W_local^T, reduced
 // (all-reduce in place, or reduce-scatter into y [N/T, out] with sequence parallelism),

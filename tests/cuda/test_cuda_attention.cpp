@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "cuda_test_util.h"
 #include "kernels/attention.h"
+#include "kernels/cast.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_mma.h"
 
@@ -318,6 +319,48 @@ TEST(CudaAttentionMmaFallback, OtherHeadDimsRunInFp32) {
                           AttentionMath::bf16);
   const auto g_out = download<float>(d_out, n_out);
   expect_rows_close(g_out, out, c.D, "out", [](int64_t r) { return "row " + std::to_string(r); });
+}
+
+// A packed input (the QKV layer's bf16 GEMM result y and its bias, QkvInput::packed) gives
+// the bits of the fp32 input y + bias in every kernel: the fp32 ones (math fp32, and bf16
+// with D = 40) and the tensor-core ones; with dropout and documents, with and without bias.
+TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
+  LATTICE_REQUIRE_CUDA();
+  for (AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16, AttentionMath::fp16})
+    for (const Case& c : {Case{2, 37, 3, 64}, Case{1, 45, 2, 40}, Case{1, 97, 1, 128}})
+      for (bool with_bias : {true, false}) {
+        const std::string what = "math " + std::to_string(int(math)) + " B" + std::to_string(c.B) + " T" +
+                                 std::to_string(c.T) + " H" + std::to_string(c.H) + " D" + std::to_string(c.D) +
+                                 (with_bias ? "" : " no bias");
+        const AttentionShape s{c.B, c.T, c.H, c.D};
+        const AttentionDropout drop = tensor_parallel_rank1_dropout(c.H);
+        const auto docs = document_ids(c.B, c.T, 5);
+        const size_t n_qkv = size_t(c.B * c.T * c.H * 3 * c.D), n_out = size_t(c.B * c.T * c.H * c.D);
+        const size_t n_lse = size_t(c.B * c.H * c.T), row = size_t(c.H * 3 * c.D);
+        std::vector<uint16_t> y(n_qkv);
+        cast_fp32_to_bf16(y.data(), random_floats(n_qkv, 41, -1.5f, 1.5f).data(), int64_t(n_qkv));
+        const auto bias = random_floats(row, 42, -0.5f, 0.5f);
+        std::vector<float> wide(n_qkv);
+        for (size_t k = 0; k < n_qkv; ++k) wide[k] = bf16_to_fp32(y[k]) + (with_bias ? bias[k % row] : 0.0f);
+        const auto dout = random_floats(n_out, 43, -1.0f, 1.0f);
+        auto d_wide = upload(wide), d_y = upload(y), d_bias = upload(bias), d_dout = upload(dout), d_docs = upload(docs);
+        const QkvInput packed = QkvInput::packed(d_y.as<uint16_t>(), with_bias ? d_bias.as<float>() : nullptr);
+        std::vector<float> results[2][3];
+        for (int k = 0; k < 2; ++k) {
+          const QkvInput in = k == 0 ? QkvInput(d_wide.as<float>()) : packed;
+          cuda::DeviceBuffer d_out(n_out * 4), d_lse(n_lse * 4), d_dqkv(n_qkv * 4);
+          cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), in, s, drop, d_docs.as<int32_t>(), math);
+          cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), in, d_out.as<float>(), d_lse.as<float>(), s,
+                                   drop, d_docs.as<int32_t>(), math);
+          results[k][0] = download<float>(d_out, n_out);
+          results[k][1] = download<float>(d_lse, n_lse);
+          results[k][2] = download<float>(d_dqkv, n_qkv);
+        }
+        const char* names[] = {"out", "lse", "dqkv"};
+        for (int t = 0; t < 3; ++t)
+          EXPECT_EQ(0, std::memcmp(results[0][t].data(), results[1][t].data(), results[0][t].size() * 4))
+              << what << ": " << names[t] << " differs between the packed and the fp32 input";
+      }
 }
 
 TEST(CudaAttentionArgs, HeadDimAbove128IsRefused) {

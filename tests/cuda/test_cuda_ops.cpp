@@ -283,20 +283,63 @@ void gelu_cases(std::vector<OpCase>& t) {
             cuda::bias_gelu_forward(gy.as<float>(), gout.as<float>(), gy.as<float>(), gbias, N, C, kind, r);  // pre aliases y
             expect_bits(c, "pre (in place)", pre, download<float>(gy, n));
             expect_close(c, "out (in place)", out, download<float>(gout, n));
-            // The bf16 output (fc2's input): within one bf16 ulp of the CPU's.
-            std::vector<uint16_t> out16(n);
-            bias_gelu_forward_bf16(pre.data(), out16.data(), y.data(), bias ? b.data() : nullptr, N, C, kind, r);
-            auto gy2 = upload(y);
-            DeviceBuffer gout16(n * 2);
-            cuda::bias_gelu_forward_bf16(gpre.as<float>(), gout16.as<uint16_t>(), gy2.as<float>(), gbias, N, C, kind, r);
-            expect_bits(c, "pre (bf16 out)", pre, download<float>(gpre, n));
-            std::vector<float> o16(n), g16(n);
-            const auto got16 = download<uint16_t>(gout16, n);
-            cast_bf16_to_fp32(o16.data(), out16.data(), int64_t(n));
-            cast_bf16_to_fp32(g16.data(), got16.data(), int64_t(n));
-            const OpCase bf16_tol{c.op, c.shape, {1.0 / 128, 1e-6}, nullptr};
-            expect_close(bf16_tol, "out (bf16)", o16, g16);
           }});
+    // bias_gelu on fc1's bf16 GEMM result (the bf16 policy): the output, fc2's bf16 input,
+    // within one bf16 ulp of the CPU's; the backward's pre-activation is recomputed exactly
+    // (y + bias), the GELU derivative as gelu_backward's.
+    for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {256, 3072}})
+      for (bool bias : {true, false}) {
+        const std::string shape = shape_name({{"N", N}, {"C", C}});
+        t.push_back({"bias_gelu_forward_packed_" + k + (bias ? "" : "_no_bias"), shape, {1.0 / 128, 1e-6},
+                     [N, C, kind, bias](const OpCase& c) {
+          const size_t n = size_t(N * C);
+          std::vector<uint16_t> y(n), out(n);
+          cast_fp32_to_bf16(y.data(), rand_floats(n, 26, -6.0f, 6.0f).data(), int64_t(n));
+          const auto b = rand_floats(size_t(C), 27, -0.5f, 0.5f);
+          bias_gelu_forward_packed(out.data(), y.data(), bias ? b.data() : nullptr, N, C, kind);
+          auto gy = upload(y), gb = upload(b);
+          DeviceBuffer gout(n * 2);
+          cuda::bias_gelu_forward_packed(gout.as<uint16_t>(), gy.as<uint16_t>(), bias ? gb.as<float>() : nullptr, N,
+                                         C, kind);
+          std::vector<float> want(n), got(n);
+          const auto got16 = download<uint16_t>(gout, n);
+          cast_bf16_to_fp32(want.data(), out.data(), int64_t(n));
+          cast_bf16_to_fp32(got.data(), got16.data(), int64_t(n));
+          expect_close(c, "out (bf16)", want, got);
+        }});
+        for (Rounding r : kRoundings)
+          t.push_back({"bias_gelu_backward_packed_" + k + rounding_suffix(r) + (bias ? "" : "_no_bias"), shape,
+                       {1e-5, 1e-6}, [N, C, kind, r, bias](const OpCase& c) {
+            const size_t n = size_t(N * C);
+            std::vector<uint16_t> y(n);
+            cast_fp32_to_bf16(y.data(), rand_floats(n, 28, -6.0f, 6.0f).data(), int64_t(n));
+            const auto b = rand_floats(size_t(C), 29, -0.5f, 0.5f), dout = rand_floats(n, 30);
+            std::vector<float> dx(n, 123.0f);  // written, not accumulated
+            bias_gelu_backward_packed(dx.data(), y.data(), bias ? b.data() : nullptr, dout.data(), N, C, kind, r);
+            auto gy = upload(y), gb = upload(b), gdout = upload(dout);
+            auto gdx = upload(std::vector<float>(n, -7.0f));
+            const float* gbias = bias ? gb.as<float>() : nullptr;
+            cuda::bias_gelu_backward_packed(gdx.as<float>(), gy.as<uint16_t>(), gbias, gdout.as<float>(), N, C, kind, r);
+            expect_close(c, "dx", dx, download<float>(gdx, n));
+            cuda::bias_gelu_backward_packed(gdout.as<float>(), gy.as<uint16_t>(), gbias, gdout.as<float>(), N, C, kind,
+                                            r);  // dx aliases dout
+            expect_close(c, "dx (in place)", dx, download<float>(gdout, n));
+            // dx also in bf16, written over y (fc1's gradient in the place of its result):
+            // within one bf16 ulp of the CPU's cast.
+            auto gdout2 = upload(dout);
+            cuda::bias_gelu_backward_packed(gdx.as<float>(), gy.as<uint16_t>(), gbias, gdout2.as<float>(), N, C, kind, r,
+                                            gy.as<uint16_t>());
+            expect_close(c, "dx (with the bf16 one)", dx, download<float>(gdx, n));
+            std::vector<uint16_t> dx16(n);
+            cast_fp32_to_bf16(dx16.data(), dx.data(), int64_t(n));
+            std::vector<float> want(n), got(n);
+            const auto got16 = download<uint16_t>(gy, n);
+            cast_bf16_to_fp32(want.data(), dx16.data(), int64_t(n));
+            cast_bf16_to_fp32(got.data(), got16.data(), int64_t(n));
+            const OpCase bf16_tol{c.op, c.shape, {1.0 / 128, 1e-6}, nullptr};
+            expect_close(bf16_tol, "dx (bf16)", want, got);
+          }});
+      }
   }
 }
 

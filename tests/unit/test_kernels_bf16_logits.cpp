@@ -3,22 +3,30 @@
 // - the output layer: the GEMM's result packed as bf16 (gemm_bf16_packed_out) is gemm_bf16
 //   then cast_fp32_to_bf16; the vocab-parallel cross entropy on bf16 logits is the fp32
 //   kernels' on the widened logits, and its bf16 dlogits are theirs cast to bf16;
-// - the linear layers' inputs: layernorm_forward_bf16 and bias_gelu_forward_bf16 write the
-//   bf16 casts of layernorm_forward's and bias_gelu_forward's outputs.
+// - the linear layers' inputs: layernorm_forward_bf16 and bias_gelu_forward_packed (on fc1's
+//   bf16 GEMM result) write the bf16 casts of layernorm_forward's and bias_gelu_forward's
+//   outputs, and bias_gelu_backward_packed gives gelu_backward's gradient on bias_gelu_forward's
+//   pre-activation;
+// - the QKV layer: the core attention on the bf16 GEMM result and its bias
+//   (QkvInput::packed) is the attention on bias_add's fp32 qkv.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "blas/gemm.h"
 #include "kernels/activation.h"
+#include "kernels/attention.h"
 #include "kernels/cast.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
 #include "kernels/layernorm.h"
 #include "kernels_test_util.h"
+#include "../attention_test_data.h"
 
 namespace lattice {
 namespace {
@@ -108,34 +116,95 @@ TEST(Bf16Logits, CrossEntropyMatchesTheFp32KernelsOnTheWidenedLogits) {
   omp_set_num_threads(before);
 }
 
-// Rows above the kernels' parallel thresholds, C not a multiple of the vector width.
-TEST(Bf16Inputs, LayerNormAndBiasGeluWriteTheCastsOfTheirFp32Outputs) {
-  const int64_t N = 131, C = 389;
-  const auto x = random_floats(size_t(N * C), 5, -3, 3), w = random_floats(size_t(C), 6, 0.5f, 1.5f);
-  const auto b = random_floats(size_t(C), 7, -0.2f, 0.2f);
-  const int before = omp_get_max_threads();
-  for (int threads : {1, 3}) {
-    omp_set_num_threads(threads);
-    std::vector<float> out(x.size()), mean(static_cast<size_t>(N)), rstd(mean), mean16(mean), rstd16(mean);
-    std::vector<uint16_t> out16(x.size());
-    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-    layernorm_forward_bf16(out16.data(), mean16.data(), rstd16.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-    const auto ref = to_bf16(out);
-    EXPECT_TRUE(same_bits(out16.data(), ref.data(), ref.size())) << threads << " threads";
-    EXPECT_TRUE(same_bits(mean16.data(), mean.data(), mean.size()));
-    EXPECT_TRUE(same_bits(rstd16.data(), rstd.data(), rstd.size()));
-    for (GeluKind kind : {GeluKind::erf, GeluKind::tanh})
-      for (Rounding r : {Rounding::none, Rounding::bf16}) {
-        std::vector<float> pre(x.size()), g(x.size()), pre16(x.size());
-        std::vector<uint16_t> g16(x.size());
-        bias_gelu_forward(pre.data(), g.data(), x.data(), b.data(), N, C, kind, r);
-        bias_gelu_forward_bf16(pre16.data(), g16.data(), x.data(), b.data(), N, C, kind, r);
-        const auto gref = to_bf16(g);
-        EXPECT_TRUE(same_bits(pre16.data(), pre.data(), pre.size()));
-        EXPECT_TRUE(same_bits(g16.data(), gref.data(), gref.size())) << threads << " threads";
-      }
+// Rows above the kernels' parallel thresholds, C not a multiple of the vector width, and
+// rows longer than bias_gelu's column chunk (2048).
+TEST(Bf16Inputs, LayerNormAndBiasGeluGiveTheBitsOfTheFp32Path) {
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{131, 389}, {19, 4501}}) {
+    const auto x = random_floats(size_t(N * C), 5, -3, 3), w = random_floats(size_t(C), 6, 0.5f, 1.5f);
+    const auto b = random_floats(size_t(C), 7, -0.2f, 0.2f);
+    const int before = omp_get_max_threads();
+    for (int threads : {1, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> out(x.size()), mean(static_cast<size_t>(N)), rstd(mean), mean16(mean), rstd16(mean);
+      std::vector<uint16_t> out16(x.size());
+      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      layernorm_forward_bf16(out16.data(), mean16.data(), rstd16.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      const auto ref = to_bf16(out);
+      EXPECT_TRUE(same_bits(out16.data(), ref.data(), ref.size())) << threads << " threads";
+      EXPECT_TRUE(same_bits(mean16.data(), mean.data(), mean.size()));
+      EXPECT_TRUE(same_bits(rstd16.data(), rstd.data(), rstd.size()));
+      // fc1: y is the GEMM's fp32 result, y16 the same result packed as bf16.
+      const auto y16 = to_bf16(x);
+      const auto dout = random_floats(x.size(), 8, -2, 2);
+      for (GeluKind kind : {GeluKind::erf, GeluKind::tanh})
+        for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+          const std::string what = std::string(kind == GeluKind::erf ? "erf" : "tanh") + (bias ? "" : " no bias") +
+                                   ", " + std::to_string(threads) + " threads";
+          std::vector<float> pre(x.size()), g(x.size());
+          std::vector<uint16_t> g16(x.size(), 0x7fc1);
+          bias_gelu_forward(pre.data(), g.data(), x.data(), bias, N, C, kind, Rounding::bf16);
+          bias_gelu_forward_packed(g16.data(), y16.data(), bias, N, C, kind);
+          const auto gref = to_bf16(g);
+          EXPECT_TRUE(same_bits(g16.data(), gref.data(), gref.size())) << what;
+          for (Rounding r : {Rounding::none, Rounding::bf16}) {
+            std::vector<float> dx(x.size(), 5.0f), dx16(x.size(), -5.0f), in_place = dout;
+            gelu_backward(dx.data(), pre.data(), dout.data(), N * C, kind, r);
+            bias_gelu_backward_packed(dx16.data(), y16.data(), bias, dout.data(), N, C, kind, r);
+            EXPECT_TRUE(same_bits(dx16.data(), dx.data(), dx.size())) << what;
+            bias_gelu_backward_packed(in_place.data(), y16.data(), bias, in_place.data(), N, C, kind, r);
+            EXPECT_TRUE(same_bits(in_place.data(), dx.data(), dx.size())) << what << " (dx aliases dout)";
+            // fc1's bf16 output gradient too, in the place of its bf16 result (as the model has it).
+            std::vector<uint16_t> y_then_dx16 = y16;
+            std::vector<float> dx_b(x.size(), 5.0f);
+            bias_gelu_backward_packed(dx_b.data(), y_then_dx16.data(), bias, dout.data(), N, C, kind, r,
+                                      y_then_dx16.data());
+            const auto dx16_ref = to_bf16(dx);
+            EXPECT_TRUE(same_bits(dx_b.data(), dx.data(), dx.size())) << what << " (with the bf16 gradient)";
+            EXPECT_TRUE(same_bits(y_then_dx16.data(), dx16_ref.data(), dx16_ref.size())) << what << " (bf16 gradient)";
+          }
+        }
+      // The pre-activation matters: a backward without the bias differs.
+      std::vector<float> with(x.size()), without(x.size());
+      bias_gelu_backward_packed(with.data(), y16.data(), b.data(), dout.data(), N, C, GeluKind::erf);
+      bias_gelu_backward_packed(without.data(), y16.data(), nullptr, dout.data(), N, C, GeluKind::erf);
+      EXPECT_FALSE(same_bits(with.data(), without.data(), with.size()));
+    }
+    omp_set_num_threads(before);
   }
-  omp_set_num_threads(before);
+}
+
+// With dropout and documents (the whole kernel), with and without the bias.
+TEST(Bf16Qkv, AttentionOnThePackedResultIsTheAttentionOnTheBiasAddedOne) {
+  const AttentionShape s{2, 70, 3, 16};
+  const auto drop = attention_test::tensor_parallel_rank1_dropout(s.H);
+  const auto docs = attention_test::document_ids(s.B, s.T, 5);
+  const int64_t rows = s.B * s.T, row = s.H * 3 * s.D, n_out = rows * s.H * s.D;
+  const auto y16 = to_bf16(random_floats(size_t(rows * row), 9, -1.5f, 1.5f));
+  const auto bias = random_floats(size_t(row), 10, -0.5f, 0.5f), dout = random_floats(size_t(n_out), 11, -1, 1);
+  for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
+    // The fp32 path: the GEMM's fp32 result, rounded, plus the bias (linear_forward).
+    auto qkv = widen(y16);
+    if (b) bias_add(qkv.data(), b, rows, row, Rounding::bf16);
+    else round_to(qkv.data(), qkv.data(), rows * row, Rounding::bf16);
+    std::vector<float> out[2], lse[2], dqkv[2];
+    for (int k = 0; k < 2; ++k) {
+      const QkvInput in = k == 0 ? QkvInput(qkv.data()) : QkvInput::packed(y16.data(), b);
+      out[k].assign(size_t(n_out), NAN);
+      lse[k].assign(size_t(s.B * s.H * s.T), NAN);
+      dqkv[k].assign(size_t(rows * row), NAN);
+      attention_forward(out[k].data(), lse[k].data(), in, s, drop, docs.data());
+      attention_backward(dqkv[k].data(), dout.data(), in, out[k].data(), lse[k].data(), s, drop, docs.data());
+    }
+    const std::string what = b ? "with bias" : "without bias";
+    EXPECT_TRUE(same_bits(out[1].data(), out[0].data(), out[0].size())) << what;
+    EXPECT_TRUE(same_bits(lse[1].data(), lse[0].data(), lse[0].size())) << what;
+    EXPECT_TRUE(same_bits(dqkv[1].data(), dqkv[0].data(), dqkv[0].size())) << what;
+  }
+  // The bias is used: without it the result differs.
+  std::vector<float> with(static_cast<size_t>(n_out)), without(with), l(static_cast<size_t>(s.B * s.H * s.T));
+  attention_forward(with.data(), l.data(), QkvInput::packed(y16.data(), bias.data()), s, drop, docs.data());
+  attention_forward(without.data(), l.data(), QkvInput::packed(y16.data(), nullptr), s, drop, docs.data());
+  EXPECT_FALSE(same_bits(with.data(), without.data(), with.size()));
 }
 
 }  // namespace

@@ -90,27 +90,27 @@ TEST(PrecisionTraining, LossesFollowFp32) {
   EXPECT_NEAR(fp8, fp32, 0.05 * fp32);
 }
 
-// Overflows induced at iterations 2, 3 and 4 with hysteresis 2: the first leaves the scale
-// (hysteresis tracker 2 -> 1), the next two halve it; those steps leave the parameters
-// untouched and training continues; after `window` clean steps the scale doubles.
-// The bf16 storage choices of the model (GPTModel::set_bf16_logits, on by default on GPUs;
-// set_bf16_inputs, the linear layers' inputs written in bf16 by LayerNorm and bias_gelu, on
-// by default) give the same training as fp32 logits and inputs, bit for bit: every loss,
-// gradient norm and final parameter, with dropout and an evaluation forward in between.
+// The bf16 storage choices of the model (GPTModel::set_bf16_logits and set_bf16_qkv, on by
+// default on GPUs; set_bf16_inputs, the linear layers' inputs written in bf16 by LayerNorm
+// and bias_gelu and fc1's result kept in bf16, on by default) give the same training as
+// fp32 logits, inputs and qkv, bit for bit: every loss, gradient norm and final parameter,
+// with dropout and an evaluation forward in between.
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdentically) {
   TransformerConfig cfg = config();
   cfg.hidden_dropout = cfg.attention_dropout = 0.1f;
   struct Run {
-    bool logits, inputs;
+    bool logits, inputs, qkv;
     std::vector<double> metrics;
     std::vector<float> params;
   };
-  std::vector<Run> runs = {{false, false, {}, {}}, {true, false, {}, {}}, {false, true, {}, {}}, {true, true, {}, {}}};
+  std::vector<Run> runs = {{false, false, false, {}, {}}, {true, false, false, {}, {}}, {false, true, false, {}, {}},
+                           {false, false, true, {}, {}}, {true, true, true, {}, {}}};
   for (Run& run : runs) {
     GPTModel model(cfg, 4, kSeq);
     model.init_parameters(7);
     model.set_bf16_logits(run.logits);
     model.set_bf16_inputs(run.inputs);
+    model.set_bf16_qkv(run.qkv);
     Optimizer opt(model.params(), OptimizerConfig{});
     auto policy = make_half_precision_policy(HalfFormat::bf16);
     model.set_gemm_policy(policy.get());
@@ -128,13 +128,16 @@ TEST(PrecisionTraining, Bf16StorageTrainsBitIdentically) {
   }
   for (const Run& run : runs) {
     const std::string what = std::string("logits ") + (run.logits ? "bf16" : "fp32") + ", inputs " +
-                             (run.inputs ? "bf16" : "fp32");
+                             (run.inputs ? "bf16" : "fp32") + ", qkv " + (run.qkv ? "bf16" : "fp32");
     EXPECT_EQ(run.metrics, runs[0].metrics) << what;
     ASSERT_EQ(run.params.size(), runs[0].params.size());
     EXPECT_EQ(0, std::memcmp(run.params.data(), runs[0].params.data(), run.params.size() * sizeof(float))) << what;
   }
 }
 
+// Overflows induced at iterations 2, 3 and 4 with hysteresis 2: the first leaves the scale
+// (hysteresis tracker 2 -> 1), the next two halve it; those steps leave the parameters
+// untouched and training continues; after `window` clean steps the scale doubles.
 TEST(PrecisionTraining, OverflowStepsAreSkippedAndTheScaleBacksOff) {
   GPTModel model(config(), 4, kSeq);
   model.init_parameters(7);

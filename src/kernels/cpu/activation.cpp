@@ -97,10 +97,71 @@ void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias
   bias_gelu_rows(pre, out, y, bias, N, C, kind, round_y);
 }
 
-void bias_gelu_forward_bf16(float* pre, uint16_t* out, const float* y, const float* bias, int64_t N, int64_t C,
-                            GeluKind kind, Rounding round_y) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_forward_bf16(pre, out, y, bias, N, C, kind, round_y));
-  bias_gelu_rows(pre, out, y, bias, N, C, kind, round_y);
+namespace {
+// f(row, c0, len, v) for every row and chunk of columns of a [N, C] bf16 GEMM result y,
+// v = y[row, c0..c0+len) + bias[c0..) in fp32 (as bias_gelu_rows computes the
+// pre-activation), in an L1 buffer.
+constexpr int64_t kColumnChunk = 2048;
+template <class F>
+void for_packed_pre_activation(const uint16_t* y, const float* bias, int64_t N, int64_t C, const F& f) {
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+  for (int64_t row = 0; row < N; ++row)
+    for (int64_t c0 = 0; c0 < C; c0 += kColumnChunk) {
+      const int64_t len = std::min(kColumnChunk, C - c0);
+      const uint16_t* ys = y + row * C + c0;
+      alignas(64) float v[kColumnChunk];
+      if (bias) {
+        const float* bs = bias + c0;
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]) + bs[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]);
+      }
+      f(row * C + c0, len, v);
+    }
+}
+}  // namespace
+
+void bias_gelu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t C,
+                              GeluKind kind) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_forward_packed(out, y, bias, N, C, kind));
+  for_packed_pre_activation(y, bias, N, C, [&](int64_t i0, int64_t len, const float* v) {
+    uint16_t* os = out + i0;
+    if (kind == GeluKind::erf) {
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) os[j] = math::fp32_to_bf16(math::gelu_erf(v[j]));
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) os[j] = math::fp32_to_bf16(math::gelu_tanh(v[j]));
+    }
+  });
+}
+
+void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
+                               int64_t C, GeluKind kind, Rounding round_dout, uint16_t* dx_bf16) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_backward_packed(dx, y, bias, dout, N, C, kind, round_dout, dx_bf16));
+  math::dispatch_rounding(round_dout, [&](auto r) {
+    for_packed_pre_activation(y, bias, N, C, [&](int64_t i0, int64_t len, const float* v) {
+      alignas(64) float d[kColumnChunk];
+      const float* ds = dout + i0;
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) d[j] = math::round_as<decltype(r)::value>(ds[j]);
+      float* dxs = dx + i0;  // may alias dout: its chunk was read into d
+      if (kind == GeluKind::erf) {
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) dxs[j] = math::gelu_erf_backward(v[j], d[j]);
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) dxs[j] = math::gelu_tanh_backward(v[j], d[j]);
+      }
+      if (dx_bf16) {  // may alias y: its chunk was read into v
+        uint16_t* os = dx_bf16 + i0;
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) os[j] = math::fp32_to_bf16(dxs[j]);
+      }
+    });
+  });
 }
 
 }  // namespace lattice

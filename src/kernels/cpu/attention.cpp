@@ -9,6 +9,8 @@
 
 #include "blas/gemm.h"
 #include "core/error.h"
+#include "kernels/cast.h"
+#include "kernels/cast_math.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace lattice {
@@ -67,6 +69,33 @@ IdRange id_range(const int32_t* doc, int64_t t0, int64_t n) {
   return r;
 }
 bool disjoint(const IdRange& a, const IdRange& b) { return a.hi < b.lo || b.hi < a.lo; }
+
+// The fp32 qkv of a packed input (y + bias, as bias_add computes it), in a buffer of the
+// calling thread kept between calls; an fp32 input as it is. The CPU kernels multiply
+// strided fp32 views of qkv, so a packed input is widened once per call.
+const float* fp32_qkv(const QkvInput& qkv, const AttentionShape& s) {
+  if (qkv.fp32) return qkv.fp32;
+  LATTICE_CHECK(qkv.bf16) << "attention: no qkv input";
+  thread_local std::vector<float> widened;
+  const int64_t row = s.H * 3 * s.D, rows = s.B * s.T;
+  widened.resize(size_t(rows * row));
+  const uint16_t* y = qkv.bf16;
+  const float* bias = qkv.bias;
+  float* w = widened.data();
+#pragma omp parallel for schedule(static) if (rows * row > 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* ys = y + r * row;
+    float* ws = w + r * row;
+    if (bias) {
+#pragma omp simd
+      for (int64_t c = 0; c < row; ++c) ws[c] = math::bf16_to_fp32(ys[c]) + bias[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < row; ++c) ws[c] = math::bf16_to_fp32(ys[c]);
+    }
+  }
+  return w;
+}
 
 // Forward for one query tile [i0, i0+nq) of one head, over key tiles up to the
 // diagonal, with the online softmax; scratch holds S (kTile^2), O (kTile*D) and the
@@ -227,10 +256,11 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
 // Tasks are (b, h, query tile), longest first (a causal query tile's cost grows with
 // its index); each task writes its own rows, so the result is independent of the
 // schedule and thread count.
-void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
+void attention_forward(float* out, float* lse, const QkvInput& qkv_in, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math) {
-  LATTICE_KERNEL_ENTRY(cuda::attention_forward(out, lse, qkv, s, drop, document_ids, math));
+  LATTICE_KERNEL_ENTRY(cuda::attention_forward(out, lse, qkv_in, s, drop, document_ids, math));
   check_args(s, drop);
+  const float* qkv = fp32_qkv(qkv_in, s);
   const int64_t q_tiles = (s.T + kTile - 1) / kTile;
   const int64_t tasks = s.B * s.H * q_tiles;
   const size_t scratch_size = size_t(kTile * kTile + kTile * s.D + 3 * kTile);
@@ -249,11 +279,12 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+void attention_backward(float* dqkv, const float* dout, const QkvInput& qkv_in, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids, AttentionMath math) {
-  LATTICE_KERNEL_ENTRY(cuda::attention_backward(dqkv, dout, qkv, out, lse, s, drop, document_ids, math));
+  LATTICE_KERNEL_ENTRY(cuda::attention_backward(dqkv, dout, qkv_in, out, lse, s, drop, document_ids, math));
   check_args(s, drop);
+  const float* qkv = fp32_qkv(qkv_in, s);
   const int64_t heads = s.B * s.H;
   const size_t scratch_size = size_t(3 * kTile * kTile + 2 * kTile * s.D + s.T + kTile);
 #pragma omp parallel

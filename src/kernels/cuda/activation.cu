@@ -16,22 +16,31 @@ __global__ void gelu_forward_kernel(float* out, const float* x, int64_t n) {
     out[i] = kKind == GeluKind::erf ? math::gelu_erf(x[i]) : math::gelu_tanh(x[i]);
 }
 
-template <GeluKind kKind>
-__global__ void gelu_backward_kernel(float* dx, const float* x, const float* dout, int64_t n, Rounding r) {
+// dx = gelu'(x + bias) * round(dout): x the fp32 pre-activation (bias null), or a bf16
+// GEMM result with its bias [C] (bias_gelu_backward_packed); dx may alias dout, dx16 (dx in
+// bf16, or null) may alias x.
+template <GeluKind kKind, class Tx>
+__global__ void gelu_backward_kernel(float* dx, uint16_t* dx16, const Tx* x, const float* bias, int64_t C,
+                                     const float* dout, int64_t n, Rounding r) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = math::load_as(x, i);
+    if (bias) v = __fadd_rn(v, bias[i % C]);
     const float d = math::round_as(dout[i], r);
-    dx[i] = kKind == GeluKind::erf ? math::gelu_erf_backward(x[i], d) : math::gelu_tanh_backward(x[i], d);
+    const float g = kKind == GeluKind::erf ? math::gelu_erf_backward(v, d) : math::gelu_tanh_backward(v, d);
+    dx[i] = g;
+    if (dx16) dx16[i] = math::fp32_to_bf16(g);
   }
 }
 
-// pre = round(y) + bias (pre may alias y), out = gelu(pre) in fp32 or bf16; y, pre, out: [N, C]
-template <GeluKind kKind, class T>
-__global__ void bias_gelu_kernel(float* pre, T* out, const float* y, const float* bias, int64_t C, int64_t n,
+// pre = round(y) + bias (pre may alias y; null: not stored), out = gelu(pre) in fp32 or
+// bf16; y (fp32, or a bf16 GEMM result with r none), pre, out: [N, C]
+template <GeluKind kKind, class Tin, class Tout>
+__global__ void bias_gelu_kernel(float* pre, Tout* out, const Tin* y, const float* bias, int64_t C, int64_t n,
                                  Rounding r) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float v = math::round_as(y[i], r);
+    float v = math::round_as(math::load_as(y, i), r);
     if (bias) v = __fadd_rn(v, bias[i % C]);
-    pre[i] = v;
+    if (pre) pre[i] = v;
     math::store_as(out, i, kKind == GeluKind::erf ? math::gelu_erf(v) : math::gelu_tanh(v));
   }
 }
@@ -47,25 +56,43 @@ void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind) {
   LATTICE_CUDA_LAUNCHED("gelu_forward");
 }
 
-void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind, Rounding round_dout) {
+namespace {
+template <class Tx>
+void launch_gelu_backward(float* dx, uint16_t* dx16, const Tx* x, const float* bias, int64_t C, const float* dout,
+                          int64_t n, GeluKind kind, Rounding round_dout) {
   if (n <= 0) return;
   if (kind == GeluKind::erf)
-    launch(gelu_backward_kernel<GeluKind::erf>, grid_for(n, kThreads), kThreads, 0, dx, x, dout, n, round_dout);
+    launch(gelu_backward_kernel<GeluKind::erf, Tx>, grid_for(n, kThreads), kThreads, 0, dx, dx16, x, bias, C, dout,
+           n, round_dout);
   else
-    launch(gelu_backward_kernel<GeluKind::tanh>, grid_for(n, kThreads), kThreads, 0, dx, x, dout, n, round_dout);
+    launch(gelu_backward_kernel<GeluKind::tanh, Tx>, grid_for(n, kThreads), kThreads, 0, dx, dx16, x, bias, C, dout,
+           n, round_dout);
+}
+}  // namespace
+
+void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind, Rounding round_dout) {
+  launch_gelu_backward(dx, static_cast<uint16_t*>(nullptr), x, nullptr, 1, dout, n, kind, round_dout);
   LATTICE_CUDA_LAUNCHED("gelu_backward");
 }
 
+void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
+                               int64_t C, GeluKind kind, Rounding round_dout, uint16_t* dx_bf16) {
+  launch_gelu_backward(dx, dx_bf16, y, bias, C, dout, N * C, kind, round_dout);
+  LATTICE_CUDA_LAUNCHED("bias_gelu_backward_packed");
+}
+
 namespace {
-template <class T>
-void launch_bias_gelu(float* pre, T* out, const float* y, const float* bias, int64_t N, int64_t C, GeluKind kind,
+template <class Tin, class Tout>
+void launch_bias_gelu(float* pre, Tout* out, const Tin* y, const float* bias, int64_t N, int64_t C, GeluKind kind,
                       Rounding round_y) {
   const int64_t n = N * C;
   if (n <= 0) return;
   if (kind == GeluKind::erf)
-    launch(bias_gelu_kernel<GeluKind::erf, T>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n, round_y);
+    launch(bias_gelu_kernel<GeluKind::erf, Tin, Tout>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n,
+           round_y);
   else
-    launch(bias_gelu_kernel<GeluKind::tanh, T>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n, round_y);
+    launch(bias_gelu_kernel<GeluKind::tanh, Tin, Tout>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n,
+           round_y);
 }
 }  // namespace
 
@@ -75,10 +102,10 @@ void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias
   LATTICE_CUDA_LAUNCHED("bias_gelu_forward");
 }
 
-void bias_gelu_forward_bf16(float* pre, uint16_t* out, const float* y, const float* bias, int64_t N, int64_t C,
-                            GeluKind kind, Rounding round_y) {
-  launch_bias_gelu(pre, out, y, bias, N, C, kind, round_y);
-  LATTICE_CUDA_LAUNCHED("bias_gelu_forward_bf16");
+void bias_gelu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t C,
+                              GeluKind kind) {
+  launch_bias_gelu(static_cast<float*>(nullptr), out, y, bias, N, C, kind, Rounding::none);
+  LATTICE_CUDA_LAUNCHED("bias_gelu_forward_packed");
 }
 
 }  // namespace lattice::cuda

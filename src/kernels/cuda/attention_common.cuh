@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/attention.h"
+#include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace lattice::cuda::attention_detail {
@@ -73,6 +74,16 @@ __device__ __forceinline__ int64_t qkv_row(const Params& p, int64_t b, int64_t h
 }
 __device__ __forceinline__ int64_t out_row(const Params& p, int64_t b, int64_t h, int64_t t) {
   return ((b * p.T + t) * p.H + h) * p.D;
+}
+
+// Element d of part `part` (0 q, 1 k, 2 v) of the qkv row at offset `row` (qkv_row(p, b, h,
+// t)) of head h: the fp32 value, or a packed input's y + bias (the fp32 sum bias_add makes).
+__device__ __forceinline__ float qkv_at(const QkvInput& in, const Params& p, int64_t row, int64_t h, int part,
+                                        int64_t d) {
+  const int64_t i = row + part * p.D + d;
+  if (in.fp32) return in.fp32[i];
+  const float y = math::bf16_to_fp32(in.bf16[i]);
+  return in.bias ? __fadd_rn(y, in.bias[(h * 3 + part) * p.D + d]) : y;
 }
 
 // Host side: dynamic shared memory above the default 48 KB is granted per kernel before

@@ -49,21 +49,38 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], c
   a[3] = F::pack(c1[2], c1[3]);
 }
 
-// Rows t0..t0+rows-1 of one part (0 q, 1 k, 2 v) of head h in qkv [B,T,H,3,D] (or of a
-// [B,T,H,D] tensor when part < 0) into shared memory as 16-bit values: row-major
-// dst[r * ld + d] and/or transposed dst_t[d * ld_t + r] (either may be null). Rows past
-// T are zeros (a masked probability is 0, and 0 x garbage could be NaN).
+// Elements d..d+3 of the row at offset off of src: fp32, or a packed qkv input's y + bias
+// (the fp32 sums bias_add makes; bias_at: the bias of element d), as qkv_at reads them.
+__device__ __forceinline__ float4 load4(const QkvInput& src, int64_t off, const float* bias_at) {
+  if (src.fp32) return *reinterpret_cast<const float4*>(src.fp32 + off);
+  const uint2 y = *reinterpret_cast<const uint2*>(src.bf16 + off);
+  float4 v = make_float4(math::bf16_to_fp32(uint16_t(y.x & 0xffffu)), math::bf16_to_fp32(uint16_t(y.x >> 16)),
+                         math::bf16_to_fp32(uint16_t(y.y & 0xffffu)), math::bf16_to_fp32(uint16_t(y.y >> 16)));
+  if (bias_at) {
+    v.x = __fadd_rn(v.x, bias_at[0]);
+    v.y = __fadd_rn(v.y, bias_at[1]);
+    v.z = __fadd_rn(v.z, bias_at[2]);
+    v.w = __fadd_rn(v.w, bias_at[3]);
+  }
+  return v;
+}
+
+// Rows t0..t0+rows-1 of one part (0 q, 1 k, 2 v) of head h in qkv [B,T,H,3,D] (fp32 or
+// packed; or of an fp32 [B,T,H,D] tensor when part < 0) into shared memory as 16-bit
+// values: row-major dst[r * ld + d] and/or transposed dst_t[d * ld_t + r] (either may be
+// null). Rows past T are zeros (a masked probability is 0, and 0 x garbage could be NaN).
 template <typename F, int D>
-__device__ void load_rows(uint16_t* dst, int ld, uint16_t* dst_t, int ld_t, const float* src, const Params& p,
+__device__ void load_rows(uint16_t* dst, int ld, uint16_t* dst_t, int ld_t, const QkvInput& src, const Params& p,
                           int64_t b, int64_t h, int64_t t0, int rows, int part) {
   constexpr int V = D / 4;  // float4 per row
+  const float* bias = part >= 0 && !src.fp32 && src.bias ? src.bias + (h * 3 + part) * D : nullptr;
   for (int e = threadIdx.x; e < rows * V; e += kThreads) {
     const int r = e / V, d = (e % V) * 4;
     const int64_t t = t0 + r;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (t < p.T) {
       const int64_t off = part >= 0 ? qkv_row(p, b, h, t) + int64_t(part) * D : out_row(p, b, h, t);
-      v = *reinterpret_cast<const float4*>(src + off + d);
+      v = load4(src, off + d, bias ? bias + d : nullptr);
     }
     const uint32_t lo = F::pack(v.x, v.y), hi = F::pack(v.z, v.w);
     if (dst) *reinterpret_cast<uint2*>(dst + r * ld + d) = make_uint2(lo, hi);
@@ -101,7 +118,7 @@ constexpr size_t forward_smem() {
 }
 
 template <typename F, int D>
-__global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float* lse, const float* qkv, Params p) {
+__global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float* lse, QkvInput qkv, Params p) {
   constexpr int LD = D + 8, LDV = kFwdKeys + 8, KD = D / 16, ND = D / 8, NS = kFwdKeys / 8;
   LATTICE_DYNAMIC_SHARED(unsigned char, smem_raw);
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);
@@ -234,7 +251,7 @@ constexpr size_t dkv_smem() {
 
 template <typename F, int D>
 __global__ void __launch_bounds__(kThreads)
-    mma_backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* di,
+    mma_backward_dkv_kernel(float* dqkv, const float* dout, QkvInput qkv, const float* lse, const float* di,
                             Params p) {
   constexpr int LD = D + 8, LDT = kKvRows + 8, KD = D / 16, ND = D / 8, NQ = kKvRows / 8;
   LATTICE_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -351,7 +368,7 @@ constexpr size_t dq_smem() {
 
 template <typename F, int D>
 __global__ void __launch_bounds__(kThreads)
-    mma_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* di,
+    mma_backward_dq_kernel(float* dqkv, const float* dout, QkvInput qkv, const float* lse, const float* di,
                            Params p) {
   constexpr int LD = D + 8, LDT = kDqKeys + 8, KD = D / 16, ND = D / 8, NK = kDqKeys / 8;
   LATTICE_DYNAMIC_SHARED(unsigned char, smem_raw);

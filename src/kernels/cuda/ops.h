@@ -30,8 +30,11 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
                    Rounding round_dout = Rounding::none);
 void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
                        GeluKind kind, Rounding round_y);
-void bias_gelu_forward_bf16(float* pre, uint16_t* out, const float* y, const float* bias, int64_t N, int64_t C,
-                            GeluKind kind, Rounding round_y);
+void bias_gelu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t C,
+                              GeluKind kind);
+void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
+                               int64_t C, GeluKind kind, Rounding round_dout = Rounding::none,
+                               uint16_t* dx_bf16 = nullptr);
 
 // ---- dropout.h
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
