@@ -40,5 +40,9 @@ void bias_gelu_forward_packed(uint16_t* out, const uint16_t* y, const float* bia
 void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
                                int64_t C, GeluKind kind, Rounding round_dout = Rounding::none,
                                uint16_t* dx_bf16 = nullptr);
+// The same with dout in bf16: fc2's input gradient as its GEMM wrote it, rounded
+// (GemmSite::input_grad_in_bf16); the values of the fp32 form with round_dout bf16.
+void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const uint16_t* dout, int64_t N,
+                               int64_t C, GeluKind kind, uint16_t* dx_bf16 = nullptr);
 
 }  // namespace lattice

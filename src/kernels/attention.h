@@ -38,21 +38,24 @@ struct AttentionDropout {
 // variable LATTICE_CUDA_ATTENTION=fp32 makes the GPU do so too (for comparisons).
 enum class AttentionMath { fp32, bf16, fp16 };
 
-// The attention's input qkv [B,T,H,3,D]: fp32 values, or the QKV layer's bf16 GEMM result
-// y (the bf16 policy, blas gemm_bf16_packed_out) with the layer's bias [H*3*D], standing for
-// qkv = y + bias computed in fp32: the values bias_add would store, read at half the bytes
-// and without the bias pass. Implicit from an fp32 pointer.
-struct QkvInput {
+// An fp32 operand of the attention (qkv [B,T,H,3,D], or the output gradient dout
+// [B,T,H,D]), or the same values as a linear layer's bf16 GEMM result (the bf16 policy, blas
+// gemm_bf16_packed_out / GemmPolicy::input_grad_packed): for qkv, the QKV layer's result y
+// with the layer's bias [H*3*D], standing for y + bias computed in fp32 (the values
+// bias_add would store, read at half the bytes and without the bias pass); for dout, the
+// projection's input gradient as its GEMM wrote it rounded. Implicit from an fp32 pointer.
+struct AttentionOperand {
   const float* fp32 = nullptr;
-  const uint16_t* bf16 = nullptr;  // y, when fp32 is null
-  const float* bias = nullptr;     // with bf16; null: no bias
-  LATTICE_HD QkvInput(const float* qkv) : fp32(qkv) {}  // NOLINT(google-explicit-constructor)
-  static QkvInput packed(const uint16_t* y, const float* bias) {
-    QkvInput in(nullptr);
+  const uint16_t* bf16 = nullptr;  // when fp32 is null
+  const float* bias = nullptr;     // with bf16, qkv only; null: no bias
+  LATTICE_HD AttentionOperand(const float* x) : fp32(x) {}  // NOLINT(google-explicit-constructor)
+  static AttentionOperand packed(const uint16_t* y, const float* bias) {
+    AttentionOperand in(nullptr);
     in.bf16 = y;
     in.bias = bias;
     return in;
   }
+  static AttentionOperand in_bf16(const uint16_t* x) { return packed(x, nullptr); }
   const void* data() const { return fp32 ? static_cast<const void*>(fp32) : static_cast<const void*>(bf16); }
 };
 
@@ -62,12 +65,12 @@ struct QkvInput {
 // misses the query tile's is skipped. Dropout indices are unchanged by the mask.
 
 // out: [B,T,H,D]   lse: [B,H,T] (log-sum-exp of the scaled scores of each query row)
-void attention_forward(float* out, float* lse, const QkvInput& qkv, const AttentionShape& s,
+void attention_forward(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids = nullptr,
                        AttentionMath math = AttentionMath::fp32);
 
 // dqkv: [B,T,H,3,D] written (not accumulated). Recomputes the probabilities from lse.
-void attention_backward(float* dqkv, const float* dout, const QkvInput& qkv, const float* out,
+void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32);
 

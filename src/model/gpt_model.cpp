@@ -35,7 +35,7 @@ struct GPTModel::Activations {
     float* ln2_rstd;   // [Ns]
     float* fc1;        // [N, Fl]  pre-activation (bf16_inputs(): fc1's bf16 GEMM result, without the bias;
                        //          in backward, then its output gradient in bf16)
-    float* gelu;       // [N, Fl]
+    float* gelu;       // [N, Fl]  (bf16_inputs(): bf16; in backward, then fc2's input gradient in bf16)
   };
   // resid[i] is the chunk's layer i's input, resid.back() its output; layers[i] the
   // buffers of layer i. With recomputation some point into the shared Scratch (see
@@ -485,9 +485,9 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                            site_stream(key, layer_name(l, "mlp.dropout")), elem0, rounding(site(p.fc2_w)));
 }
 
-QkvInput GPTModel::qkv_input(const LayerParams& p, const float* qkv) const {
-  if (!bf16_qkv()) return QkvInput(qkv);
-  return QkvInput::packed(reinterpret_cast<const uint16_t*>(qkv), params_.param(p.qkv_b));
+AttentionOperand GPTModel::qkv_input(const LayerParams& p, const float* qkv) const {
+  if (!bf16_qkv()) return AttentionOperand(qkv);
+  return AttentionOperand::packed(reinterpret_cast<const uint16_t*>(qkv), params_.param(p.qkv_b));
 }
 
 void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
@@ -536,34 +536,48 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     if (selective_) core_attention_forward(p, a, i, B, T, key);
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
     dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
-    // fc2's input gradient rounded inside gelu_backward (one pass).
-    row_parallel_linear_backward(tp_, sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows, sc.d_c2,
-                                 input(x.gelu), params_.param(p.fc2_w), N, Fl_, C, site(p.fc2_w).rounded_by_caller());
-    // With bf16 inputs fc1's output gradient is also made in bf16, for its GEMMs, in the place
-    // of fc1's bf16 result (read for the last time by the same kernel).
-    uint16_t* d_f16 = bf16_inputs() ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
-    if (d_f16)
-      bias_gelu_backward_packed(sc.d_f, d_f16, params_.param(p.fc1_b), sc.d_f, N, Fl_, cfg_.gelu,
-                                rounding(site(p.fc2_w)), d_f16);
+    // fc2's input gradient, rounded as the GELU backward reads it (one pass). With bf16
+    // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
+    // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
+    // gradient in bf16 too, for fc1's GEMMs, in the place of fc1's bf16 result (read there
+    // for the last time). The fp32 one (sc.d_f) is for fc1's bias gradient.
+    const bool bf16 = bf16_inputs();
+    row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows,
+                                 sc.d_c2, input(x.gelu), params_.param(p.fc2_w), N, Fl_, C,
+                                 bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller());
+    uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
+    if (bf16)
+      bias_gelu_backward_packed(sc.d_f, d_f16, params_.param(p.fc1_b), reinterpret_cast<const uint16_t*>(x.gelu), N,
+                                Fl_, cfg_.gelu, d_f16);
     else
       gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), params_.grad(p.fc1_b), sc.d_f,
-                                    ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_, site(p.fc1_w), d_f16);
+                                    ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_,
+                                    site(p.fc1_w).rounded_by_caller(), d_f16);
+    // The input gradient rounded as the LayerNorm backward reads it (one pass fewer).
     layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
-                       params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C);
+                       params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, rounding(site(p.fc1_w)));
     // Attention block: d_resid is now d(resid_mid).
     dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden,
                      site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
+    // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
+    // and the attention backward reads it as it is (no rounding pass, half the bytes).
+    const bool bf16_d_attn = bf16_qkv();
     row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), params_.grad(p.proj_b), d_rows, sc.d_c1,
-                                 x.attn, params_.param(p.proj_w), N, Cl, C, site(p.proj_w));
+                                 x.attn, params_.param(p.proj_w), N, Cl, C,
+                                 bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w));
+    const AttentionOperand d_attn = bf16_d_attn
+                                        ? AttentionOperand::in_bf16(reinterpret_cast<const uint16_t*>(sc.d_c2))
+                                        : AttentionOperand(sc.d_c2);
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
-    attention_backward(sc.d_3c, sc.d_c2, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
+    attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
                        docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), sc.d_3c,
-                                    ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, site(p.qkv_w));
+                                    ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl,
+                                    site(p.qkv_w).rounded_by_caller());
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[i],
-                       params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C);
+                       params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, rounding(site(p.qkv_w)));
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,
                  p.fc1_b, p.fc2_w, p.fc2_b});
   }

@@ -153,10 +153,12 @@ class GPTModel {
   // bias_gelu) write them in bf16 for the GEMMs (bf16_inputs). On by default (it saves a
   // conversion pass per GEMM on both devices); tests switch it.
   void set_bf16_inputs(bool on) { bf16_inputs_on_ = on; }
-  // Whether, with such a policy, the QKV layer's GEMM writes its result in bf16 and the core
-  // attention adds the bias as it reads it (QkvInput::packed): the same values, with no bias
-  // pass and half the bytes written and read. On by default with --device cuda; off with
-  // --device cpu, whose attention widens the input to fp32 again for its GEMMs; tests switch it.
+  // Whether, with such a policy, the core attention's operands are kept in bf16: the QKV
+  // layer's GEMM writes its result in bf16 and the attention adds the bias as it reads it
+  // (AttentionOperand::packed), and the projection's GEMM writes its input gradient rounded
+  // in bf16 for the attention backward: the same values, with no bias or rounding pass and
+  // half the bytes written and read. On by default with --device cuda; off with --device
+  // cpu, whose attention widens them to fp32 again for its GEMMs; tests switch it.
   void set_bf16_qkv(bool on) { bf16_qkv_on_ = on; }
 
   // Applies to every later forward (training, evaluation, logits). Fails when an option
@@ -268,7 +270,7 @@ class GPTModel {
   bool bf16_logits() const { return bf16_logits_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
   bool bf16_qkv() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
-  QkvInput qkv_input(const LayerParams& p, const float* qkv) const;
+  AttentionOperand qkv_input(const LayerParams& p, const float* qkv) const;
   const float* output_weight() const;
   float* output_weight_grad();
   void grads_ready(std::initializer_list<int> indices) const {

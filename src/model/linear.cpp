@@ -20,6 +20,9 @@ void GemmPolicy::weight_grad_bf16(int, float*, const uint16_t*, LinearInput, int
 void GemmPolicy::input_grad_bf16(int, float*, const uint16_t*, const float*, int64_t, int64_t, int64_t, bool) {
   LATTICE_FAIL() << "mixed precision: this policy has no bf16 output gradients";
 }
+const uint16_t* GemmPolicy::input_grad_packed(int, float*, const float*, const float*, int64_t, int64_t, int64_t) {
+  LATTICE_FAIL() << "mixed precision: this policy has no bf16 results";
+}
 
 void round_and_add_bias(float* y, const float* b, int64_t rows, int64_t out, Rounding r) {
   if (b) bias_add(y, b, rows, out, r);
@@ -50,6 +53,12 @@ void linear_backward(float* dx, float* dW, float* db, const float* dy, LinearInp
     gemm_f32(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, x.fp32("linear_backward"), in, 1.0f, dW, in);
   if (db) bias_backward(db, dy, N, out);
   if (!dx) return;
+  if (site.packed_input_grad) {
+    LATTICE_CHECK(site.policy && site.policy->bf16_results() && site.caller_rounds && !accumulate_dx && !dy_bf16)
+        << "linear_backward: a packed input gradient needs a bf16 policy, caller rounding and a written dy";
+    site.policy->input_grad_packed(site.param, dx, dy, W, N, in, out);
+    return;
+  }
   if (site.policy) {
     if (dy_bf16)
       site.policy->input_grad_bf16(site.param, dx, dy_bf16, W, N, in, out, accumulate_dx);

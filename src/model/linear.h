@@ -61,6 +61,10 @@ class GemmPolicy {
                                 int64_t out);
   virtual void input_grad_bf16(int param, float* dx, const uint16_t* dy, const float* W, int64_t N, int64_t in,
                                int64_t out, bool accumulate);
+  // dx = round_result(dy W) as bf16 [N, in], packed at the start of dx_buffer (N * in
+  // floats), for a caller that reads the rounded input gradient as bf16. Returns it.
+  virtual const uint16_t* input_grad_packed(int param, float* dx_buffer, const float* dy, const float* W, int64_t N,
+                                            int64_t in, int64_t out);
 };
 
 // Where a linear layer's GEMMs go: the model's policy (null: fp32) and the weight's index.
@@ -72,10 +76,19 @@ struct GemmSite {
   // it reads it, fused with what follows (bias_gelu_forward, bias_dropout_add_forward,
   // gelu_backward, the cross entropy), with rounding(site).
   bool caller_rounds = false;
+  // (with caller_rounds, a policy with bf16_results) linear_backward writes the input
+  // gradient rounded, as bf16 patterns packed at the start of dx (input_grad_packed), for a
+  // caller that reads it so.
+  bool packed_input_grad = false;
 
   GemmSite rounded_by_caller() const {
     GemmSite s = *this;
     s.caller_rounds = true;
+    return s;
+  }
+  GemmSite input_grad_in_bf16() const {
+    GemmSite s = rounded_by_caller();
+    s.packed_input_grad = true;
     return s;
   }
 };

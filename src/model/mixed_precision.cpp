@@ -126,6 +126,14 @@ class HalfPolicy final : public MixedPrecisionPolicy {
     else
       GemmPolicy::input_grad_bf16(param, dx, dy, W, N, in, out, accumulate);
   }
+  const uint16_t* input_grad_packed(int param, float* dx_buffer, const float* dy, const float* W, int64_t N,
+                                    int64_t in, int64_t out) override {
+    if constexpr (kBf16)
+      return gemm_bf16_packed_out(Trans::N, Trans::N, N, in, out, 1.0f, output_grad(param, dy, N * out), out,
+                                  weight(param, W, out * in), in, dx_buffer);
+    else
+      return GemmPolicy::input_grad_packed(param, dx_buffer, dy, W, N, in, out);
+  }
   void weight_grad(int param, float* dW, const float* dy, LinearInput x, int64_t N, int64_t in,
                    int64_t out) override {
     weight_grad_from(dW, operand(g_, dy, N * out), x, N, in, out);
@@ -133,14 +141,16 @@ class HalfPolicy final : public MixedPrecisionPolicy {
   }
   void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
                   bool accumulate) override {
-    // The output gradient as weight_grad converted it (linear_backward calls it first,
-    // on the same dy): the same values, not converted twice.
-    const Elem* g = g_last_.take(param, dy, N * out) ? g_.data() : operand(g_, dy, N * out);
-    input_grad_from(param, dx, g, W, N, in, out, accumulate);
+    input_grad_from(param, dx, output_grad(param, dy, N * out), W, N, in, out, accumulate);
   }
 
  private:
   const Elem* weight(int param, const float* W, int64_t n) { return weights_.get(param, W, n, Format::convert); }
+  // The output gradient dy in the format for an input gradient: as weight_grad converted it
+  // (linear_backward calls it first, on the same dy): the same values, not converted twice.
+  const Elem* output_grad(int param, const float* dy, int64_t n) {
+    return g_last_.take(param, dy, n) ? g_.data() : operand(g_, dy, n);
+  }
   // dW += g^T x and dx = g W (accumulated when accumulate), g the output gradient in the format.
   void weight_grad_from(float* dW, const Elem* g, LinearInput x, int64_t N, int64_t in, int64_t out) {
     Format::gemm(Trans::T, Trans::N, out, in, N, g, out, input(b_, x, N * in), in, 1.0f, dW, in);

@@ -321,8 +321,8 @@ TEST(CudaAttentionMmaFallback, OtherHeadDimsRunInFp32) {
   expect_rows_close(g_out, out, c.D, "out", [](int64_t r) { return "row " + std::to_string(r); });
 }
 
-// A packed input (the QKV layer's bf16 GEMM result y and its bias, QkvInput::packed) gives
-// the bits of the fp32 input y + bias in every kernel: the fp32 ones (math fp32, and bf16
+// bf16 operands (the QKV layer's GEMM result y with its bias, AttentionOperand::packed, and
+// a bf16 output gradient) give the bits of their fp32 values (y + bias) in every kernel: the fp32 ones (math fp32, and bf16
 // with D = 40) and the tensor-core ones; with dropout and documents, with and without bias.
 TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
   LATTICE_REQUIRE_CUDA();
@@ -342,16 +342,22 @@ TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
         const auto bias = random_floats(row, 42, -0.5f, 0.5f);
         std::vector<float> wide(n_qkv);
         for (size_t k = 0; k < n_qkv; ++k) wide[k] = bf16_to_fp32(y[k]) + (with_bias ? bias[k % row] : 0.0f);
-        const auto dout = random_floats(n_out, 43, -1.0f, 1.0f);
+        std::vector<uint16_t> dout16(n_out);
+        cast_fp32_to_bf16(dout16.data(), random_floats(n_out, 43, -1.0f, 1.0f).data(), int64_t(n_out));
+        std::vector<float> dout(n_out);
+        cast_bf16_to_fp32(dout.data(), dout16.data(), int64_t(n_out));
         auto d_wide = upload(wide), d_y = upload(y), d_bias = upload(bias), d_dout = upload(dout), d_docs = upload(docs);
-        const QkvInput packed = QkvInput::packed(d_y.as<uint16_t>(), with_bias ? d_bias.as<float>() : nullptr);
+        auto d_dout16 = upload(dout16);
+        const AttentionOperand packed = AttentionOperand::packed(d_y.as<uint16_t>(), with_bias ? d_bias.as<float>() : nullptr);
         std::vector<float> results[2][3];
         for (int k = 0; k < 2; ++k) {
-          const QkvInput in = k == 0 ? QkvInput(d_wide.as<float>()) : packed;
+          const AttentionOperand in = k == 0 ? AttentionOperand(d_wide.as<float>()) : packed;
+          const AttentionOperand d =
+              k == 0 ? AttentionOperand(d_dout.as<float>()) : AttentionOperand::in_bf16(d_dout16.as<uint16_t>());
           cuda::DeviceBuffer d_out(n_out * 4), d_lse(n_lse * 4), d_dqkv(n_qkv * 4);
           cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), in, s, drop, d_docs.as<int32_t>(), math);
-          cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), in, d_out.as<float>(), d_lse.as<float>(), s,
-                                   drop, d_docs.as<int32_t>(), math);
+          cuda::attention_backward(d_dqkv.as<float>(), d, in, d_out.as<float>(), d_lse.as<float>(), s, drop,
+                                   d_docs.as<int32_t>(), math);
           results[k][0] = download<float>(d_out, n_out);
           results[k][1] = download<float>(d_lse, n_lse);
           results[k][2] = download<float>(d_dqkv, n_qkv);

@@ -149,6 +149,12 @@ std::string shape_name(std::initializer_list<std::pair<const char*, int64_t>> di
   return s;
 }
 
+// The GEMM-result roundings the fused kernels take (kernels/cast.h), as a name suffix.
+constexpr Rounding kRoundings[] = {Rounding::none, Rounding::bf16, Rounding::fp16};
+std::string rounding_suffix(Rounding r) {
+  return r == Rounding::bf16 ? "_round_bf16" : r == Rounding::fp16 ? "_round_fp16" : "";
+}
+
 // ---------------------------------------------------------------- layernorm
 
 void layernorm_cases(std::vector<OpCase>& t) {
@@ -192,8 +198,9 @@ void layernorm_cases(std::vector<OpCase>& t) {
     }});
     // dx: two row sums of C terms; dw, db: column sums of N terms (in chunks of 256 rows on
     // the GPU, lane by lane on the CPU), so the absolute error grows with N.
-    t.push_back({"layernorm_backward", shape_name({{"N", N}, {"C", C}}), {1e-5, 2e-5 + 1e-7 * double(N)},
-                 [N, C](const OpCase& c) {
+    for (Rounding r : kRoundings)
+      t.push_back({"layernorm_backward" + rounding_suffix(r), shape_name({{"N", N}, {"C", C}}),
+                   {1e-5, 2e-5 + 1e-7 * double(N)}, [N, C, r](const OpCase& c) {
       const auto x = rand_floats(static_cast<size_t>(N * C), 4, -2.0f, 3.0f);
       const auto w = rand_floats(static_cast<size_t>(C), 5), b = rand_floats(static_cast<size_t>(C), 6);
       const auto dout = rand_floats(static_cast<size_t>(N * C), 7);
@@ -204,10 +211,10 @@ void layernorm_cases(std::vector<OpCase>& t) {
       auto g_x = upload(x), g_w = upload(w), g_dout = upload(dout), g_mean = upload(mean), g_rstd = upload(rstd);
       auto g_dx = upload(dx), g_dw = upload(dw), g_db = upload(db);
       layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
-                         rstd.data(), N, C);
+                         rstd.data(), N, C, r);
       auto run_gpu = [&] {
         cuda::layernorm_backward(g_dx.as<float>(), g_dw.as<float>(), g_db.as<float>(), g_dout.as<float>(),
-                                 g_x.as<float>(), g_w.as<float>(), g_mean.as<float>(), g_rstd.as<float>(), N, C);
+                                 g_x.as<float>(), g_w.as<float>(), g_mean.as<float>(), g_rstd.as<float>(), N, C, r);
       };
       run_gpu();
       const auto gpu_dw = download<float>(g_dw, dw.size()), gpu_db = download<float>(g_db, db.size());
@@ -222,12 +229,6 @@ void layernorm_cases(std::vector<OpCase>& t) {
       expect_bits(c, "db (second run)", gpu_db, download<float>(g_db, db.size()));
     }});
   }
-}
-
-// The GEMM-result roundings the fused kernels take (kernels/cast.h), as a name suffix.
-constexpr Rounding kRoundings[] = {Rounding::none, Rounding::bf16, Rounding::fp16};
-std::string rounding_suffix(Rounding r) {
-  return r == Rounding::bf16 ? "_round_bf16" : r == Rounding::fp16 ? "_round_fp16" : "";
 }
 
 // ---------------------------------------------------------------- activation
@@ -338,6 +339,19 @@ void gelu_cases(std::vector<OpCase>& t) {
             cast_bf16_to_fp32(got.data(), got16.data(), int64_t(n));
             const OpCase bf16_tol{c.op, c.shape, {1.0 / 128, 1e-6}, nullptr};
             expect_close(bf16_tol, "dx (bf16)", want, got);
+            if (r == Rounding::bf16) {
+              // dout in bf16 (fc2's input gradient as its GEMM wrote it rounded): the same dx.
+              std::vector<uint16_t> dout16(n);
+              cast_fp32_to_bf16(dout16.data(), dout.data(), int64_t(n));
+              auto gy3 = upload(y), gdout16 = upload(dout16);
+              cuda::bias_gelu_backward_packed(gdx.as<float>(), gy3.as<uint16_t>(), gbias, gdout16.as<uint16_t>(), N, C,
+                                              kind, gy3.as<uint16_t>());
+              expect_close(c, "dx (bf16 dout)", dx, download<float>(gdx, n));
+              std::vector<float> got3(n);
+              const auto got3_16 = download<uint16_t>(gy3, n);
+              cast_bf16_to_fp32(got3.data(), got3_16.data(), int64_t(n));
+              expect_close(bf16_tol, "dx (bf16 dout, bf16)", want, got3);
+            }
           }});
       }
   }

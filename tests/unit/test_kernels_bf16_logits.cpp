@@ -7,8 +7,9 @@
 //   bf16 GEMM result) write the bf16 casts of layernorm_forward's and bias_gelu_forward's
 //   outputs, and bias_gelu_backward_packed gives gelu_backward's gradient on bias_gelu_forward's
 //   pre-activation;
-// - the QKV layer: the core attention on the bf16 GEMM result and its bias
-//   (QkvInput::packed) is the attention on bias_add's fp32 qkv.
+// - the core attention's operands: on the QKV layer's bf16 GEMM result and its bias
+//   (AttentionOperand::packed) and a bf16 output gradient, it is the attention on bias_add's
+//   fp32 qkv and the fp32 gradient.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -161,6 +162,15 @@ TEST(Bf16Inputs, LayerNormAndBiasGeluGiveTheBitsOfTheFp32Path) {
             const auto dx16_ref = to_bf16(dx);
             EXPECT_TRUE(same_bits(dx_b.data(), dx.data(), dx.size())) << what << " (with the bf16 gradient)";
             EXPECT_TRUE(same_bits(y_then_dx16.data(), dx16_ref.data(), dx16_ref.size())) << what << " (bf16 gradient)";
+            if (r == Rounding::bf16) {
+              // dout itself in bf16 (fc2's input gradient as its GEMM wrote it rounded).
+              const auto dout16 = to_bf16(dout);
+              std::vector<uint16_t> y2 = y16;
+              std::vector<float> dx_c(x.size(), 5.0f);
+              bias_gelu_backward_packed(dx_c.data(), y2.data(), bias, dout16.data(), N, C, kind, y2.data());
+              EXPECT_TRUE(same_bits(dx_c.data(), dx.data(), dx.size())) << what << " (bf16 dout)";
+              EXPECT_TRUE(same_bits(y2.data(), dx16_ref.data(), dx16_ref.size())) << what << " (bf16 dout, bf16 gradient)";
+            }
           }
         }
       // The pre-activation matters: a backward without the bias differs.
@@ -174,13 +184,16 @@ TEST(Bf16Inputs, LayerNormAndBiasGeluGiveTheBitsOfTheFp32Path) {
 }
 
 // With dropout and documents (the whole kernel), with and without the bias.
-TEST(Bf16Qkv, AttentionOnThePackedResultIsTheAttentionOnTheBiasAddedOne) {
+TEST(Bf16Qkv, AttentionOnBf16OperandsIsTheAttentionOnTheirFp32Values) {
   const AttentionShape s{2, 70, 3, 16};
   const auto drop = attention_test::tensor_parallel_rank1_dropout(s.H);
   const auto docs = attention_test::document_ids(s.B, s.T, 5);
   const int64_t rows = s.B * s.T, row = s.H * 3 * s.D, n_out = rows * s.H * s.D;
   const auto y16 = to_bf16(random_floats(size_t(rows * row), 9, -1.5f, 1.5f));
-  const auto bias = random_floats(size_t(row), 10, -0.5f, 0.5f), dout = random_floats(size_t(n_out), 11, -1, 1);
+  const auto bias = random_floats(size_t(row), 10, -0.5f, 0.5f);
+  // The output gradient as the projection's GEMM writes it rounded: bf16, or its fp32 values.
+  const auto dout16 = to_bf16(random_floats(size_t(n_out), 11, -1, 1));
+  const auto dout = widen(dout16);
   for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
     // The fp32 path: the GEMM's fp32 result, rounded, plus the bias (linear_forward).
     auto qkv = widen(y16);
@@ -188,12 +201,13 @@ TEST(Bf16Qkv, AttentionOnThePackedResultIsTheAttentionOnTheBiasAddedOne) {
     else round_to(qkv.data(), qkv.data(), rows * row, Rounding::bf16);
     std::vector<float> out[2], lse[2], dqkv[2];
     for (int k = 0; k < 2; ++k) {
-      const QkvInput in = k == 0 ? QkvInput(qkv.data()) : QkvInput::packed(y16.data(), b);
+      const AttentionOperand in = k == 0 ? AttentionOperand(qkv.data()) : AttentionOperand::packed(y16.data(), b);
+      const AttentionOperand d = k == 0 ? AttentionOperand(dout.data()) : AttentionOperand::in_bf16(dout16.data());
       out[k].assign(size_t(n_out), NAN);
       lse[k].assign(size_t(s.B * s.H * s.T), NAN);
       dqkv[k].assign(size_t(rows * row), NAN);
       attention_forward(out[k].data(), lse[k].data(), in, s, drop, docs.data());
-      attention_backward(dqkv[k].data(), dout.data(), in, out[k].data(), lse[k].data(), s, drop, docs.data());
+      attention_backward(dqkv[k].data(), d, in, out[k].data(), lse[k].data(), s, drop, docs.data());
     }
     const std::string what = b ? "with bias" : "without bias";
     EXPECT_TRUE(same_bits(out[1].data(), out[0].data(), out[0].size())) << what;
@@ -202,8 +216,8 @@ TEST(Bf16Qkv, AttentionOnThePackedResultIsTheAttentionOnTheBiasAddedOne) {
   }
   // The bias is used: without it the result differs.
   std::vector<float> with(static_cast<size_t>(n_out)), without(with), l(static_cast<size_t>(s.B * s.H * s.T));
-  attention_forward(with.data(), l.data(), QkvInput::packed(y16.data(), bias.data()), s, drop, docs.data());
-  attention_forward(without.data(), l.data(), QkvInput::packed(y16.data(), nullptr), s, drop, docs.data());
+  attention_forward(with.data(), l.data(), AttentionOperand::packed(y16.data(), bias.data()), s, drop, docs.data());
+  attention_forward(without.data(), l.data(), AttentionOperand::packed(y16.data(), nullptr), s, drop, docs.data());
   EXPECT_FALSE(same_bits(with.data(), without.data(), with.size()));
 }
 

@@ -1,6 +1,6 @@
 // The GEMM-result rounding fused into the kernels that read the result (GemmSite::
-// caller_rounds): bias_add, bias_gelu_forward, bias_dropout_add_forward, gelu_backward and
-// the vocab-parallel cross entropy each give, bit for bit, what round_to followed by the
+// caller_rounds): bias_add, bias_gelu_forward, bias_dropout_add_forward, gelu_backward,
+// layernorm_backward and the vocab-parallel cross entropy each give, bit for bit, what round_to followed by the
 // unfused kernel gives, for every format, thread count and aliasing. Each case also checks
 // that the rounding changed something (the unrounded inputs give other bits), so a kernel
 // that ignored its rounding argument would fail.
@@ -18,6 +18,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
+#include "kernels/layernorm.h"
 #include "kernels_test_util.h"
 
 namespace lattice {
@@ -123,6 +124,33 @@ TEST(KernelFusedRounding, BiasDropoutAddRoundsTheGemmResult) {
       bias_dropout_add_forward(ref.data(), res.data(), y.data(), b.data(), kN, kC, p, stream, 3);
       EXPECT_EQ(r == Rounding::none, same_bits(out, ref)) << name(r);
     });
+}
+
+// The input gradient a column-parallel layer hands to the LayerNorm before it (all three
+// outputs accumulate, from non-zero starts).
+TEST(KernelFusedRounding, LayerNormBackwardRoundsTheOutputGradient) {
+  const auto x = random_floats(size_t(kN * kC), 11, -2.0f, 3.0f), w = random_floats(size_t(kC), 12);
+  const auto b = random_floats(size_t(kC), 13), dout = random_floats(size_t(kN * kC), 14, -3.0f, 3.0f);
+  std::vector<float> y(x.size()), mean(static_cast<size_t>(kN)), rstd(mean);
+  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), kN, kC, 1e-5f);
+  const auto dx0 = random_floats(x.size(), 15), dw0 = random_floats(w.size(), 16), db0 = random_floats(w.size(), 17);
+  for_each_case([&](Rounding r, int threads) {
+    const std::vector<float> dr = rounded(dout, r);
+    std::vector<float> dx_ref = dx0, dw_ref = dw0, db_ref = db0, dx = dx0, dw = dw0, db = db0;
+    layernorm_backward(dx_ref.data(), dw_ref.data(), db_ref.data(), dr.data(), x.data(), w.data(), mean.data(),
+                       rstd.data(), kN, kC);
+    layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                       kN, kC, r);
+    const std::string what = name(r) + ", " + std::to_string(threads) + " threads";
+    EXPECT_TRUE(same_bits(dx, dx_ref)) << what;
+    EXPECT_TRUE(same_bits(dw, dw_ref)) << what;
+    EXPECT_TRUE(same_bits(db, db_ref)) << what;
+    std::vector<float> dx_u = dx0, dw_u = dw0, db_u = db0;
+    layernorm_backward(dx_u.data(), dw_u.data(), db_u.data(), dout.data(), x.data(), w.data(), mean.data(),
+                       rstd.data(), kN, kC);
+    EXPECT_EQ(r == Rounding::none, same_bits(dx, dx_u)) << what;
+    EXPECT_EQ(r == Rounding::none, same_bits(db, db_u)) << what;
+  });
 }
 
 // Two vocabulary slices with padding in the last, one target outside this rank's slice.

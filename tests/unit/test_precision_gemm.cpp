@@ -201,6 +201,19 @@ TEST(PrecisionPolicy, Bf16ResultsAreTheRoundedResults) {
   p->input_grad_bf16(2, dx16.data(), dy16.data(), c.W.data(), c.N, c.in, c.out, true);
   EXPECT_EQ(dW16, dW);
   EXPECT_EQ(dx16, dx);
+  // The input gradient written rounded in bf16 (input_grad_packed): input_grad, then cast;
+  // alone and after weight_grad on the same dy (whose conversion it reuses).
+  std::vector<float> dx_w(c.x.size()), dx_buffer(c.x.size()), dW_w(c.W.size(), 0.0f);
+  p->input_grad(2, dx_w.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out, false);
+  std::vector<uint16_t> dx_ref(dx_w.size());
+  cast_fp32_to_bf16(dx_ref.data(), dx_w.data(), int64_t(dx_w.size()));
+  const uint16_t* dx_packed = p->input_grad_packed(2, dx_buffer.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out);
+  EXPECT_EQ(static_cast<const void*>(dx_packed), static_cast<const void*>(dx_buffer.data()));
+  EXPECT_EQ(0, std::memcmp(dx_packed, dx_ref.data(), dx_ref.size() * sizeof(uint16_t)));
+  std::fill(dx_buffer.begin(), dx_buffer.end(), 7.0f);
+  p->weight_grad(2, dW_w.data(), c.dy.data(), c.x.data(), c.N, c.in, c.out);
+  dx_packed = p->input_grad_packed(2, dx_buffer.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out);
+  EXPECT_EQ(0, std::memcmp(dx_packed, dx_ref.data(), dx_ref.size() * sizeof(uint16_t)));
   // Inputs already in bf16 (LinearInput::in_bf16): the same results as converting fp32 ones.
   std::vector<uint16_t> x16(c.x.size());
   cast_fp32_to_bf16(x16.data(), c.x.data(), int64_t(c.x.size()));
@@ -218,6 +231,7 @@ TEST(PrecisionPolicy, Bf16ResultsAreTheRoundedResults) {
   for (auto& q : others) {
     EXPECT_FALSE(q->bf16_results()) << q->name();
     EXPECT_THROW(q->forward_bf16(0, buffer.data(), c.x.data(), c.W.data(), c.N, c.in, c.out), Error) << q->name();
+    EXPECT_THROW(q->input_grad_packed(0, buffer.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out), Error) << q->name();
     EXPECT_THROW(q->forward(0, y.data(), xb, c.W.data(), c.N, c.in, c.out), Error) << q->name();
   }
   EXPECT_THROW(linear_forward(y.data(), xb, c.W.data(), nullptr, c.N, c.in, c.out), Error);  // fp32 GEMM

@@ -138,15 +138,17 @@ void bias_gelu_forward_packed(uint16_t* out, const uint16_t* y, const float* bia
   });
 }
 
-void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
-                               int64_t C, GeluKind kind, Rounding round_dout, uint16_t* dx_bf16) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_backward_packed(dx, y, bias, dout, N, C, kind, round_dout, dx_bf16));
+namespace {
+// dout fp32 (rounded by round_dout as it is read) or bf16 (round_dout none).
+template <class Td>
+void bias_gelu_backward_rows(float* dx, const uint16_t* y, const float* bias, const Td* dout, int64_t N, int64_t C,
+                             GeluKind kind, Rounding round_dout, uint16_t* dx_bf16) {
   math::dispatch_rounding(round_dout, [&](auto r) {
     for_packed_pre_activation(y, bias, N, C, [&](int64_t i0, int64_t len, const float* v) {
       alignas(64) float d[kColumnChunk];
-      const float* ds = dout + i0;
+      const Td* ds = dout + i0;
 #pragma omp simd
-      for (int64_t j = 0; j < len; ++j) d[j] = math::round_as<decltype(r)::value>(ds[j]);
+      for (int64_t j = 0; j < len; ++j) d[j] = math::round_as<decltype(r)::value>(math::load_as(ds, j));
       float* dxs = dx + i0;  // may alias dout: its chunk was read into d
       if (kind == GeluKind::erf) {
 #pragma omp simd
@@ -162,6 +164,19 @@ void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, 
       }
     });
   });
+}
+}  // namespace
+
+void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
+                               int64_t C, GeluKind kind, Rounding round_dout, uint16_t* dx_bf16) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_backward_packed(dx, y, bias, dout, N, C, kind, round_dout, dx_bf16));
+  bias_gelu_backward_rows(dx, y, bias, dout, N, C, kind, round_dout, dx_bf16);
+}
+
+void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const uint16_t* dout, int64_t N,
+                               int64_t C, GeluKind kind, uint16_t* dx_bf16) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_backward_packed(dx, y, bias, dout, N, C, kind, dx_bf16));
+  bias_gelu_backward_rows(dx, y, bias, dout, N, C, kind, Rounding::none, dx_bf16);
 }
 
 }  // namespace lattice

@@ -70,18 +70,16 @@ IdRange id_range(const int32_t* doc, int64_t t0, int64_t n) {
 }
 bool disjoint(const IdRange& a, const IdRange& b) { return a.hi < b.lo || b.hi < a.lo; }
 
-// The fp32 qkv of a packed input (y + bias, as bias_add computes it), in a buffer of the
-// calling thread kept between calls; an fp32 input as it is. The CPU kernels multiply
-// strided fp32 views of qkv, so a packed input is widened once per call.
-const float* fp32_qkv(const QkvInput& qkv, const AttentionShape& s) {
-  if (qkv.fp32) return qkv.fp32;
-  LATTICE_CHECK(qkv.bf16) << "attention: no qkv input";
-  thread_local std::vector<float> widened;
-  const int64_t row = s.H * 3 * s.D, rows = s.B * s.T;
-  widened.resize(size_t(rows * row));
-  const uint16_t* y = qkv.bf16;
-  const float* bias = qkv.bias;
-  float* w = widened.data();
+// The fp32 values of an operand: an fp32 one as it is; a bf16 one (with its bias, for qkv)
+// widened into `buffer` (rows of `row` values; y + bias, as bias_add computes it). The CPU
+// kernels multiply strided fp32 views, so a bf16 operand is widened once per call.
+const float* fp32_values(const AttentionOperand& in, int64_t rows, int64_t row, std::vector<float>& buffer) {
+  if (in.fp32) return in.fp32;
+  LATTICE_CHECK(in.bf16) << "attention: an operand without data";
+  buffer.resize(size_t(rows * row));
+  const uint16_t* y = in.bf16;
+  const float* bias = in.bias;
+  float* w = buffer.data();
 #pragma omp parallel for schedule(static) if (rows * row > 32768)
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* ys = y + r * row;
@@ -95,6 +93,15 @@ const float* fp32_qkv(const QkvInput& qkv, const AttentionShape& s) {
     }
   }
   return w;
+}
+const float* fp32_qkv(const AttentionOperand& qkv, const AttentionShape& s) {
+  thread_local std::vector<float> buffer;
+  return fp32_values(qkv, s.B * s.T, s.H * 3 * s.D, buffer);
+}
+const float* fp32_dout(const AttentionOperand& dout, const AttentionShape& s) {
+  LATTICE_CHECK(!dout.bias) << "attention: an output gradient with a bias";
+  thread_local std::vector<float> buffer;
+  return fp32_values(dout, s.B * s.T, s.H * s.D, buffer);
 }
 
 // Forward for one query tile [i0, i0+nq) of one head, over key tiles up to the
@@ -256,7 +263,7 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
 // Tasks are (b, h, query tile), longest first (a causal query tile's cost grows with
 // its index); each task writes its own rows, so the result is independent of the
 // schedule and thread count.
-void attention_forward(float* out, float* lse, const QkvInput& qkv_in, const AttentionShape& s,
+void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math) {
   LATTICE_KERNEL_ENTRY(cuda::attention_forward(out, lse, qkv_in, s, drop, document_ids, math));
   check_args(s, drop);
@@ -279,12 +286,13 @@ void attention_forward(float* out, float* lse, const QkvInput& qkv_in, const Att
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const QkvInput& qkv_in, const float* out,
-                        const float* lse, const AttentionShape& s, const AttentionDropout& drop,
+void attention_backward(float* dqkv, const AttentionOperand& dout_in, const AttentionOperand& qkv_in,
+                        const float* out, const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids, AttentionMath math) {
-  LATTICE_KERNEL_ENTRY(cuda::attention_backward(dqkv, dout, qkv_in, out, lse, s, drop, document_ids, math));
+  LATTICE_KERNEL_ENTRY(cuda::attention_backward(dqkv, dout_in, qkv_in, out, lse, s, drop, document_ids, math));
   check_args(s, drop);
   const float* qkv = fp32_qkv(qkv_in, s);
+  const float* dout = fp32_dout(dout_in, s);
   const int64_t heads = s.B * s.H;
   const size_t scratch_size = size_t(3 * kTile * kTile + 2 * kTile * s.D + s.T + kTile);
 #pragma omp parallel

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace lattice {
 
@@ -77,14 +78,24 @@ void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float
 
 // dx per row (parallel over rows); dw, db per column chunk summing rows in index
 // order (parallel over columns), so all three are independent of the thread count.
-void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C) {
-  LATTICE_KERNEL_ENTRY(cuda::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C));
+namespace {
+template <Rounding R>
+void layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                             const float* mean, const float* rstd, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const float* __restrict x_n = x + n * C;
     const float* __restrict d_n = dout + n * C;
+    if constexpr (R != Rounding::none) {
+      // The row's gradient rounded into a buffer first: the loops below are then the same
+      // code as for a gradient rounded by a pass of its own (the same bits).
+      thread_local std::vector<float> rounded;
+      rounded.resize(size_t(C));
+      float* __restrict rs = rounded.data();
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) rs[c] = math::round_as<R>(d_n[c]);
+      d_n = rs;
+    }
     float* __restrict dx_n = dx + n * C;
     const float m = mean[n], r = rstd[n];
     float acc_g[kLanes] = {}, acc_gx[kLanes] = {};
@@ -125,8 +136,9 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
       const float m = mean[n], r = rstd[n];
 #pragma omp simd
       for (int64_t c = c0; c < c1; ++c) {
-        acc_w[c - c0] += d_n[c] * (x_n[c] - m) * r;
-        acc_b[c - c0] += d_n[c];
+        const float d = math::round_as<R>(d_n[c]);
+        acc_w[c - c0] += d * (x_n[c] - m) * r;
+        acc_b[c - c0] += d;
       }
     }
     for (int64_t c = c0; c < c1; ++c) {
@@ -134,6 +146,16 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
       db[c] += acc_b[c - c0];
     }
   }
+}
+}  // namespace
+
+void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N,
+                        int64_t C, Rounding round_dout) {
+  LATTICE_KERNEL_ENTRY(cuda::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, round_dout));
+  math::dispatch_rounding(round_dout, [&](auto r) {
+    layernorm_backward_rows<decltype(r)::value>(dx, dw, db, dout, x, w, mean, rstd, N, C);
+  });
 }
 
 }  // namespace lattice

@@ -19,13 +19,13 @@ __global__ void gelu_forward_kernel(float* out, const float* x, int64_t n) {
 // dx = gelu'(x + bias) * round(dout): x the fp32 pre-activation (bias null), or a bf16
 // GEMM result with its bias [C] (bias_gelu_backward_packed); dx may alias dout, dx16 (dx in
 // bf16, or null) may alias x.
-template <GeluKind kKind, class Tx>
+template <GeluKind kKind, class Tx, class Td>
 __global__ void gelu_backward_kernel(float* dx, uint16_t* dx16, const Tx* x, const float* bias, int64_t C,
-                                     const float* dout, int64_t n, Rounding r) {
+                                     const Td* dout, int64_t n, Rounding r) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float v = math::load_as(x, i);
     if (bias) v = __fadd_rn(v, bias[i % C]);
-    const float d = math::round_as(dout[i], r);
+    const float d = math::round_as(math::load_as(dout, i), r);
     const float g = kKind == GeluKind::erf ? math::gelu_erf_backward(v, d) : math::gelu_tanh_backward(v, d);
     dx[i] = g;
     if (dx16) dx16[i] = math::fp32_to_bf16(g);
@@ -57,16 +57,16 @@ void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind) {
 }
 
 namespace {
-template <class Tx>
-void launch_gelu_backward(float* dx, uint16_t* dx16, const Tx* x, const float* bias, int64_t C, const float* dout,
+template <class Tx, class Td>
+void launch_gelu_backward(float* dx, uint16_t* dx16, const Tx* x, const float* bias, int64_t C, const Td* dout,
                           int64_t n, GeluKind kind, Rounding round_dout) {
   if (n <= 0) return;
   if (kind == GeluKind::erf)
-    launch(gelu_backward_kernel<GeluKind::erf, Tx>, grid_for(n, kThreads), kThreads, 0, dx, dx16, x, bias, C, dout,
-           n, round_dout);
+    launch(gelu_backward_kernel<GeluKind::erf, Tx, Td>, grid_for(n, kThreads), kThreads, 0, dx, dx16, x, bias, C,
+           dout, n, round_dout);
   else
-    launch(gelu_backward_kernel<GeluKind::tanh, Tx>, grid_for(n, kThreads), kThreads, 0, dx, dx16, x, bias, C, dout,
-           n, round_dout);
+    launch(gelu_backward_kernel<GeluKind::tanh, Tx, Td>, grid_for(n, kThreads), kThreads, 0, dx, dx16, x, bias, C,
+           dout, n, round_dout);
 }
 }  // namespace
 
@@ -78,6 +78,12 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
 void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
                                int64_t C, GeluKind kind, Rounding round_dout, uint16_t* dx_bf16) {
   launch_gelu_backward(dx, dx_bf16, y, bias, C, dout, N * C, kind, round_dout);
+  LATTICE_CUDA_LAUNCHED("bias_gelu_backward_packed");
+}
+
+void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const uint16_t* dout, int64_t N,
+                               int64_t C, GeluKind kind, uint16_t* dx_bf16) {
+  launch_gelu_backward(dx, dx_bf16, y, bias, C, dout, N * C, kind, Rounding::none);
   LATTICE_CUDA_LAUNCHED("bias_gelu_backward_packed");
 }
 

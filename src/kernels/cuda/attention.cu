@@ -77,7 +77,7 @@ __device__ __forceinline__ bool disjoint(IdRange a, IdRange b) { return a.hi < b
 // Warp w owns query rows r = w + kWarps*k; lane c is key j0 + c of the current tile.
 template <int NC>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(float* out, float* lse, QkvInput qkv, Params p) {
+    forward_kernel(float* out, float* lse, AttentionOperand qkv, Params p) {
   LATTICE_DYNAMIC_SHARED(float, smem);
   const int D = int(p.D);
   float* Qs = smem;
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kThreads)
 // Di [kTile]. Warp w owns keys c = w + kWarps*k; lane r is query row i0 + r.
 template <int NC>
 __global__ void __launch_bounds__(kThreads)
-    backward_dkv_kernel(float* dqkv, const float* dout, QkvInput qkv, const float* out,
+    backward_dkv_kernel(float* dqkv, AttentionOperand dout, AttentionOperand qkv, const float* out,
                         const float* lse, Params p) {
   LATTICE_DYNAMIC_SHARED(float, smem);
   const int D = int(p.D);
@@ -207,13 +207,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = threadIdx.x; e < nq * D; e += kThreads) {
       const int r = e / D, d = e % D;
       Qt[d * kPad + r] = qkv_at(qkv, p, qkv_row(p, b, h, i0 + r), h, 0, d);
-      dOt[d * kPad + r] = dout[out_row(p, b, h, i0 + r) + d];
+      dOt[d * kPad + r] = operand_at(dout, out_row(p, b, h, i0 + r) + d);
     }
     // D_i = dO_i . O_i for the tile's rows, one warp per row.
     for (int r = warp; r < nq; r += kWarps) {
       const int64_t o = out_row(p, b, h, i0 + r);
       float acc = 0.0f;
-      for (int d = lane; d < D; d += 32) acc += out[o + d] * dout[o + d];
+      for (int d = lane; d < D; d += 32) acc += out[o + d] * operand_at(dout, o + d);
       acc = warp_sum(acc);
       if (lane == 0) Di[r] = acc;
     }
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads)
 // Warp w owns query rows r = w + kWarps*k; lane c is key j0 + c of the current tile.
 template <int NC>
 __global__ void __launch_bounds__(kThreads)
-    backward_dq_kernel(float* dqkv, const float* dout, QkvInput qkv, const float* out,
+    backward_dq_kernel(float* dqkv, AttentionOperand dout, AttentionOperand qkv, const float* out,
                        const float* lse, Params p) {
   LATTICE_DYNAMIC_SHARED(float, smem);
   const int D = int(p.D);
@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int e = threadIdx.x; e < nq * D; e += kThreads) {
     const int r = e / D, d = e % D;
     Qs[e] = qkv_at(qkv, p, qkv_row(p, b, h, i0 + r), h, 0, d);
-    dOs[e] = dout[out_row(p, b, h, i0 + r) + d];
+    dOs[e] = operand_at(dout, out_row(p, b, h, i0 + r) + d);
   }
   const IdRange q_ids = p.doc ? id_range(p, b, i0, nq) : IdRange{0, 0};
   __syncthreads();
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(kThreads)
 unsigned tiles(int64_t T) { return unsigned((T + kTile - 1) / kTile); }
 
 template <int NC>
-void forward_nc(float* out, float* lse, QkvInput qkv, const Params& p) {
+void forward_nc(float* out, float* lse, const AttentionOperand& qkv, const Params& p) {
   const size_t bytes = size_t(2 * kTile * p.D + p.D * kPad) * sizeof(float);
   allow_shared(forward_kernel<NC>, bytes, "forward");
   launch(forward_kernel<NC>, dim3(tiles(p.T), unsigned(p.B * p.H)), kThreads, bytes,
@@ -398,7 +398,7 @@ void forward_nc(float* out, float* lse, QkvInput qkv, const Params& p) {
 }
 
 template <int NC>
-void backward_nc(float* dqkv, const float* dout, QkvInput qkv, const float* out,
+void backward_nc(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                  const float* lse, const Params& p) {
   const dim3 grid(tiles(p.T), unsigned(p.B * p.H));
   const size_t dkv_bytes = size_t(2 * kTile * p.D + 2 * p.D * kPad + kTile) * sizeof(float);
@@ -426,7 +426,7 @@ bool fp32_forced() {
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const QkvInput& qkv, const AttentionShape& s,
+void attention_forward(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math) {
   if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), out, out))
     return attention_forward_mma(out, lse, qkv, s, drop, document_ids, math);
@@ -439,10 +439,10 @@ void attention_forward(float* out, float* lse, const QkvInput& qkv, const Attent
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const QkvInput& qkv, const float* out,
+void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids, AttentionMath math) {
-  if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), dout, dqkv))
+  if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), dout.data(), dqkv))
     return attention_backward_mma(dqkv, dout, qkv, out, lse, s, drop, document_ids, math);
   const Params p = make_params(s, drop, document_ids);
   switch ((s.D + 31) / 32) {

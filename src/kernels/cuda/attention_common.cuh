@@ -76,9 +76,14 @@ __device__ __forceinline__ int64_t out_row(const Params& p, int64_t b, int64_t h
   return ((b * p.T + t) * p.H + h) * p.D;
 }
 
+// Element i of an operand without a bias (the output gradient): fp32, or widened from bf16.
+__device__ __forceinline__ float operand_at(const AttentionOperand& in, int64_t i) {
+  return in.fp32 ? in.fp32[i] : math::bf16_to_fp32(in.bf16[i]);
+}
+
 // Element d of part `part` (0 q, 1 k, 2 v) of the qkv row at offset `row` (qkv_row(p, b, h,
 // t)) of head h: the fp32 value, or a packed input's y + bias (the fp32 sum bias_add makes).
-__device__ __forceinline__ float qkv_at(const QkvInput& in, const Params& p, int64_t row, int64_t h, int part,
+__device__ __forceinline__ float qkv_at(const AttentionOperand& in, const Params& p, int64_t row, int64_t h, int part,
                                         int64_t d) {
   const int64_t i = row + part * p.D + d;
   if (in.fp32) return in.fp32[i];

@@ -96,7 +96,7 @@ using Fp16 = Half16<true>;
 unsigned tiles(int64_t T, int rows) { return unsigned((T + rows - 1) / rows); }
 
 template <typename F, int D>
-void forward_typed(float* out, float* lse, const QkvInput& qkv, const Params& p) {
+void forward_typed(float* out, float* lse, const AttentionOperand& qkv, const Params& p) {
   constexpr size_t bytes = forward_smem<D>();
   allow_shared(mma_forward_kernel<F, D>, bytes, "forward (tensor cores)");
   launch(mma_forward_kernel<F, D>, dim3(tiles(p.T, kFwdRows), unsigned(p.B * p.H)), kThreads, bytes,
@@ -117,7 +117,7 @@ float* di_scratch(int64_t n) {
 }
 
 template <typename F, int D>
-void backward_typed(float* dqkv, const float* dout, const QkvInput& qkv, const float* out, const float* lse,
+void backward_typed(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out, const float* lse,
                     const Params& p) {
   float* di = di_scratch(p.B * p.H * p.T);
   const int64_t rows = p.B * p.H * p.T;
@@ -150,7 +150,7 @@ bool attention_mma_supported(const AttentionShape& s, const void* a, const void*
   return major >= 8 && (s.D == 64 || s.D == 128) && aligned16(a) && aligned16(b) && aligned16(c);
 }
 
-void attention_forward_mma(float* out, float* lse, const QkvInput& qkv, const AttentionShape& s,
+void attention_forward_mma(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                            const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math) {
   const Params p = make_params(s, drop, document_ids);
   const bool half = math == AttentionMath::fp16;
@@ -160,7 +160,7 @@ void attention_forward_mma(float* out, float* lse, const QkvInput& qkv, const At
     half ? forward_typed<Fp16, 128>(out, lse, qkv, p) : forward_typed<Bf16, 128>(out, lse, qkv, p);
 }
 
-void attention_backward_mma(float* dqkv, const float* dout, const QkvInput& qkv, const float* out, const float* lse,
+void attention_backward_mma(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out, const float* lse,
                             const AttentionShape& s, const AttentionDropout& drop, const int32_t* document_ids,
                             AttentionMath math) {
   const Params p = make_params(s, drop, document_ids);

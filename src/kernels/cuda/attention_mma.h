@@ -12,10 +12,10 @@ namespace lattice::cuda {
 // this device.
 bool attention_mma_supported(const AttentionShape& s, const void* a, const void* b, const void* c);
 
-void attention_forward_mma(float* out, float* lse, const QkvInput& qkv, const AttentionShape& s,
+void attention_forward_mma(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                            const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math);
 
-void attention_backward_mma(float* dqkv, const float* dout, const QkvInput& qkv, const float* out, const float* lse,
+void attention_backward_mma(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out, const float* lse,
                             const AttentionShape& s, const AttentionDropout& drop, const int32_t* document_ids,
                             AttentionMath math);
 

@@ -51,7 +51,7 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], c
 
 // Elements d..d+3 of the row at offset off of src: fp32, or a packed qkv input's y + bias
 // (the fp32 sums bias_add makes; bias_at: the bias of element d), as qkv_at reads them.
-__device__ __forceinline__ float4 load4(const QkvInput& src, int64_t off, const float* bias_at) {
+__device__ __forceinline__ float4 load4(const AttentionOperand& src, int64_t off, const float* bias_at) {
   if (src.fp32) return *reinterpret_cast<const float4*>(src.fp32 + off);
   const uint2 y = *reinterpret_cast<const uint2*>(src.bf16 + off);
   float4 v = make_float4(math::bf16_to_fp32(uint16_t(y.x & 0xffffu)), math::bf16_to_fp32(uint16_t(y.x >> 16)),
@@ -66,11 +66,11 @@ __device__ __forceinline__ float4 load4(const QkvInput& src, int64_t off, const 
 }
 
 // Rows t0..t0+rows-1 of one part (0 q, 1 k, 2 v) of head h in qkv [B,T,H,3,D] (fp32 or
-// packed; or of an fp32 [B,T,H,D] tensor when part < 0) into shared memory as 16-bit
+// packed; or of a [B,T,H,D] tensor, fp32 or bf16, when part < 0) into shared memory as 16-bit
 // values: row-major dst[r * ld + d] and/or transposed dst_t[d * ld_t + r] (either may be
 // null). Rows past T are zeros (a masked probability is 0, and 0 x garbage could be NaN).
 template <typename F, int D>
-__device__ void load_rows(uint16_t* dst, int ld, uint16_t* dst_t, int ld_t, const QkvInput& src, const Params& p,
+__device__ void load_rows(uint16_t* dst, int ld, uint16_t* dst_t, int ld_t, const AttentionOperand& src, const Params& p,
                           int64_t b, int64_t h, int64_t t0, int rows, int part) {
   constexpr int V = D / 4;  // float4 per row
   const float* bias = part >= 0 && !src.fp32 && src.bias ? src.bias + (h * 3 + part) * D : nullptr;
@@ -118,7 +118,7 @@ constexpr size_t forward_smem() {
 }
 
 template <typename F, int D>
-__global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float* lse, QkvInput qkv, Params p) {
+__global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float* lse, AttentionOperand qkv, Params p) {
   constexpr int LD = D + 8, LDV = kFwdKeys + 8, KD = D / 16, ND = D / 8, NS = kFwdKeys / 8;
   LATTICE_DYNAMIC_SHARED(unsigned char, smem_raw);
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float
 // D_i = dO_i . O_i for every row (b, h, i), into di [B*H, T], with dO rounded to the
 // format as everywhere else; one warp per row.
 template <typename F>
-__global__ void __launch_bounds__(kThreads) row_dot_kernel(float* di, const float* dout, const float* out, Params p) {
+__global__ void __launch_bounds__(kThreads) row_dot_kernel(float* di, AttentionOperand dout, const float* out, Params p) {
   const int64_t rows = p.B * p.H * p.T;
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= rows) return;
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kThreads) row_dot_kernel(float* di, const floa
   const int64_t bh = r / p.T, t = r % p.T, b = bh / p.H, h = bh % p.H;
   const int64_t o = out_row(p, b, h, t);
   float acc = 0.0f;
-  for (int d = lane; d < p.D; d += 32) acc += out[o + d] * F::round(dout[o + d]);
+  for (int d = lane; d < p.D; d += 32) acc += out[o + d] * F::round(operand_at(dout, o + d));
   for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
   if (lane == 0) di[r] = acc;
 }
@@ -251,7 +251,7 @@ constexpr size_t dkv_smem() {
 
 template <typename F, int D>
 __global__ void __launch_bounds__(kThreads)
-    mma_backward_dkv_kernel(float* dqkv, const float* dout, QkvInput qkv, const float* lse, const float* di,
+    mma_backward_dkv_kernel(float* dqkv, AttentionOperand dout, AttentionOperand qkv, const float* lse, const float* di,
                             Params p) {
   constexpr int LD = D + 8, LDT = kKvRows + 8, KD = D / 16, ND = D / 8, NQ = kKvRows / 8;
   LATTICE_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -368,7 +368,7 @@ constexpr size_t dq_smem() {
 
 template <typename F, int D>
 __global__ void __launch_bounds__(kThreads)
-    mma_backward_dq_kernel(float* dqkv, const float* dout, QkvInput qkv, const float* lse, const float* di,
+    mma_backward_dq_kernel(float* dqkv, AttentionOperand dout, AttentionOperand qkv, const float* lse, const float* di,
                            Params p) {
   constexpr int LD = D + 8, LDT = kDqKeys + 8, KD = D / 16, ND = D / 8, NK = kDqKeys / 8;
   LATTICE_DYNAMIC_SHARED(unsigned char, smem_raw);

@@ -39,9 +39,10 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
 }
 
 // dx[n, k] += r * (dout w - mean(dout w) - xhat * mean(dout w xhat))
+// (dout rounded as it is read: round_dout)
 __global__ void layernorm_backward_dx_kernel(float* dx, const float* dout, const float* x,
                                              const float* w, const float* mean, const float* rstd,
-                                             int64_t N, int64_t C) {
+                                             int64_t N, int64_t C, Rounding round_dout) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* x_n = x + n * C;
     const float* d_n = dout + n * C;
@@ -49,7 +50,7 @@ __global__ void layernorm_backward_dx_kernel(float* dx, const float* dout, const
     const float m = mean[n], r = rstd[n];
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float g = d_n[c] * w[c];
+      const float g = math::round_as(d_n[c], round_dout) * w[c];
       sg += g;
       sgx += g * (x_n[c] - m) * r;
     }
@@ -57,7 +58,7 @@ __global__ void layernorm_backward_dx_kernel(float* dx, const float* dout, const
     const float mean_gx = block_sum(sgx) / float(C);
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
       const float xhat = (x_n[k] - m) * r;
-      dx_n[k] += r * (d_n[k] * w[k] - mean_g - xhat * mean_gx);
+      dx_n[k] += r * (math::round_as(d_n[k], round_dout) * w[k] - mean_g - xhat * mean_gx);
     }
   }
 }
@@ -69,8 +70,9 @@ struct LayernormParamGrads {
   const float* mean;
   const float* rstd;
   int64_t C;
+  Rounding round_dout;
   __device__ void operator()(int64_t n, int64_t c, float v[2]) const {
-    const float d = dout[n * C + c];
+    const float d = math::round_as(dout[n * C + c], round_dout);
     v[0] = d * (x[n * C + c] - mean[n]) * rstd[n];
     v[1] = d;
   }
@@ -101,11 +103,11 @@ void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float
 
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C) {
+                        int64_t C, Rounding round_dout) {
   if (N <= 0 || C <= 0) return;
-  launch(layernorm_backward_dx_kernel, grid_rows(N), kThreads, 0, dx, dout, x, w, mean, rstd, N, C);
+  launch(layernorm_backward_dx_kernel, grid_rows(N), kThreads, 0, dx, dout, x, w, mean, rstd, N, C, round_dout);
   LATTICE_CUDA_LAUNCHED("layernorm_backward dx");
-  column_sums_accumulate<2>(ColumnOutputs{{dw, db}}, LayernormParamGrads{dout, x, mean, rstd, C}, N, C,
+  column_sums_accumulate<2>(ColumnOutputs{{dw, db}}, LayernormParamGrads{dout, x, mean, rstd, C, round_dout}, N, C,
                             "layernorm_backward dw/db");
 }
 

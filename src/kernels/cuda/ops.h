@@ -22,7 +22,7 @@ void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float
                             const float* b, int64_t N, int64_t C, float eps);
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C);
+                        int64_t C, Rounding round_dout = Rounding::none);
 
 // ---- activation.h
 void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind);
@@ -35,6 +35,8 @@ void bias_gelu_forward_packed(uint16_t* out, const uint16_t* y, const float* bia
 void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
                                int64_t C, GeluKind kind, Rounding round_dout = Rounding::none,
                                uint16_t* dx_bf16 = nullptr);
+void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const uint16_t* dout, int64_t N,
+                               int64_t C, GeluKind kind, uint16_t* dx_bf16 = nullptr);
 
 // ---- dropout.h
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
