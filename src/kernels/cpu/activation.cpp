@@ -12,6 +12,18 @@ namespace lattice {
 
 namespace {
 constexpr int64_t kParallelMin = 32768;
+
+// dx[j] = gelu'(x[j]) * d[j] over one chunk (d already rounded; dx may alias what was read
+// into d).
+inline void gelu_backward_chunk(float* dx, const float* x, const float* d, int64_t len, GeluKind kind) {
+  if (kind == GeluKind::erf) {
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j) dx[j] = math::gelu_erf_backward(x[j], d[j]);
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j) dx[j] = math::gelu_tanh_backward(x[j], d[j]);
+  }
+}
 }  // namespace
 
 // The element math lives in kernels/activation_math.h, shared with the CUDA kernels.
@@ -49,15 +61,7 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
       alignas(64) float d[kChunk];
 #pragma omp simd
       for (int64_t j = 0; j < len; ++j) d[j] = math::round_as<r.value>(dout[i0 + j]);
-      const float* xs = x + i0;
-      float* dxs = dx + i0;  // may alias dout: its chunk was read into d
-      if (kind == GeluKind::erf) {
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) dxs[j] = math::gelu_erf_backward(xs[j], d[j]);
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) dxs[j] = math::gelu_tanh_backward(xs[j], d[j]);
-      }
+      gelu_backward_chunk(dx + i0, x + i0, d, len, kind);  // dx may alias dout: its chunk is in d
     }
   });
 }
@@ -149,14 +153,8 @@ void bias_gelu_backward_rows(float* dx, const uint16_t* y, const float* bias, co
       const Td* ds = dout + i0;
 #pragma omp simd
       for (int64_t j = 0; j < len; ++j) d[j] = math::round_as<decltype(r)::value>(math::load_as(ds, j));
-      float* dxs = dx + i0;  // may alias dout: its chunk was read into d
-      if (kind == GeluKind::erf) {
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) dxs[j] = math::gelu_erf_backward(v[j], d[j]);
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) dxs[j] = math::gelu_tanh_backward(v[j], d[j]);
-      }
+      float* dxs = dx + i0;
+      gelu_backward_chunk(dxs, v, d, len, kind);  // dx may alias dout: its chunk is in d
       if (dx_bf16) {  // may alias y: its chunk was read into v
         uint16_t* os = dx_bf16 + i0;
 #pragma omp simd
