@@ -70,9 +70,12 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
                        AttentionMath math = AttentionMath::fp32);
 
 // dqkv: [B,T,H,3,D] written (not accumulated). Recomputes the probabilities from lse.
+// dqkv_bf16, when not null, gets dqkv's bf16 cast too (the QKV layer's output gradient as
+// its GEMMs read it, made here instead of by a conversion pass).
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32);
+                        const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32,
+                        uint16_t* dqkv_bf16 = nullptr);
 
 // Decoding with a KV cache (generation), one layer. k_cache, v_cache: [H, Tmax, D]; the n
 // new tokens sit at positions past .. past+n-1 and their qkv is [n, H, 3, D].

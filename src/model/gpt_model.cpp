@@ -571,11 +571,16 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
                                         : AttentionOperand(sc.d_c2);
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
+    // With bf16 qkv the attention backward also writes the QKV layer's output gradient in
+    // bf16 for its GEMMs, into sc.d_f (free again: fc1's backward is done; it holds the
+    // [N, 3Cl] bf16 values when ffn_hidden_size >= 1.5 hidden_size); the fp32 one is for
+    // the bias gradient.
+    uint16_t* d_3c16 = bf16_d_attn && 3 * Cl <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
     attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
-                       docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_);
+                       docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), sc.d_3c,
                                     ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl,
-                                    site(p.qkv_w).rounded_by_caller());
+                                    site(p.qkv_w).rounded_by_caller(), d_3c16);
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[i],
                        params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, rounding(site(p.qkv_w)));
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,

@@ -322,8 +322,9 @@ TEST(CudaAttentionMmaFallback, OtherHeadDimsRunInFp32) {
 }
 
 // bf16 operands (the QKV layer's GEMM result y with its bias, AttentionOperand::packed, and
-// a bf16 output gradient) give the bits of their fp32 values (y + bias) in every kernel: the fp32 ones (math fp32, and bf16
-// with D = 40) and the tensor-core ones; with dropout and documents, with and without bias.
+// a bf16 output gradient) give the bits of their fp32 values (y + bias) in every kernel: the
+// fp32 ones (math fp32, and bf16 with D = 40) and the tensor-core ones; with dropout and
+// documents, with and without bias. The optional bf16 dqkv is the cast of the fp32 one.
 TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
   LATTICE_REQUIRE_CUDA();
   for (AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16, AttentionMath::fp16})
@@ -350,6 +351,7 @@ TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
         auto d_dout16 = upload(dout16);
         const AttentionOperand packed = AttentionOperand::packed(d_y.as<uint16_t>(), with_bias ? d_bias.as<float>() : nullptr);
         std::vector<float> results[2][3];
+        cuda::DeviceBuffer d_dqkv16(n_qkv * 2);
         for (int k = 0; k < 2; ++k) {
           const AttentionOperand in = k == 0 ? AttentionOperand(d_wide.as<float>()) : packed;
           const AttentionOperand d =
@@ -357,11 +359,16 @@ TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
           cuda::DeviceBuffer d_out(n_out * 4), d_lse(n_lse * 4), d_dqkv(n_qkv * 4);
           cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), in, s, drop, d_docs.as<int32_t>(), math);
           cuda::attention_backward(d_dqkv.as<float>(), d, in, d_out.as<float>(), d_lse.as<float>(), s, drop,
-                                   d_docs.as<int32_t>(), math);
+                                   d_docs.as<int32_t>(), math, k == 1 ? d_dqkv16.as<uint16_t>() : nullptr);
           results[k][0] = download<float>(d_out, n_out);
           results[k][1] = download<float>(d_lse, n_lse);
           results[k][2] = download<float>(d_dqkv, n_qkv);
         }
+        // The bf16 output gradient the second run also wrote: the cast of its fp32 one.
+        std::vector<uint16_t> want16(n_qkv);
+        cast_fp32_to_bf16(want16.data(), results[1][2].data(), int64_t(n_qkv));
+        const auto got16 = download<uint16_t>(d_dqkv16, n_qkv);
+        EXPECT_EQ(0, std::memcmp(got16.data(), want16.data(), n_qkv * 2)) << what << ": the bf16 dqkv";
         const char* names[] = {"out", "lse", "dqkv"};
         for (int t = 0; t < 3; ++t)
           EXPECT_EQ(0, std::memcmp(results[0][t].data(), results[1][t].data(), results[0][t].size() * 4))

@@ -288,8 +288,9 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
 
 void attention_backward(float* dqkv, const AttentionOperand& dout_in, const AttentionOperand& qkv_in,
                         const float* out, const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids, AttentionMath math) {
-  LATTICE_KERNEL_ENTRY(cuda::attention_backward(dqkv, dout_in, qkv_in, out, lse, s, drop, document_ids, math));
+                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16) {
+  LATTICE_KERNEL_ENTRY(
+      cuda::attention_backward(dqkv, dout_in, qkv_in, out, lse, s, drop, document_ids, math, dqkv_bf16));
   check_args(s, drop);
   const float* qkv = fp32_qkv(qkv_in, s);
   const float* dout = fp32_dout(dout_in, s);
@@ -305,6 +306,10 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
                     document_ids ? document_ids + b * s.T : nullptr, b, bh % s.H, scratch.data());
     }
   }
+  if (!dqkv_bf16) return;
+  const int64_t n = s.B * s.T * s.H * 3 * s.D;
+#pragma omp parallel for simd schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; ++i) dqkv_bf16[i] = math::fp32_to_bf16(dqkv[i]);
 }
 
 }  // namespace lattice

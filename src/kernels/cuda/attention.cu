@@ -271,13 +271,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < kSlots; ++k) {
     const int c = warp + kWarps * k;
     if (c >= nk) continue;
-    float* dst = dqkv + qkv_row(p, b, h, j0 + c);
+    const int64_t row = qkv_row(p, b, h, j0 + c);
 #pragma unroll
     for (int m = 0; m < NC; ++m) {
       const int d = lane + 32 * m;
       if (d < D) {
-        dst[D + d] = dk[k][m];
-        dst[2 * D + d] = dv[k][m];
+        store_dqkv(dqkv, p, row + D + d, dk[k][m]);
+        store_dqkv(dqkv, p, row + 2 * D + d, dv[k][m]);
       }
     }
   }
@@ -375,11 +375,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < kSlots; ++k) {
     const int r = warp + kWarps * k;
     if (r >= nq) continue;
-    float* dst = dqkv + qkv_row(p, b, h, i0 + r);
+    const int64_t row = qkv_row(p, b, h, i0 + r);
 #pragma unroll
     for (int m = 0; m < NC; ++m) {
       const int d = lane + 32 * m;
-      if (d < D) dst[d] = dq[k][m];
+      if (d < D) store_dqkv(dqkv, p, row + d, dq[k][m]);
     }
   }
 }
@@ -441,10 +441,11 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids, AttentionMath math) {
+                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16) {
   if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), dout.data(), dqkv))
-    return attention_backward_mma(dqkv, dout, qkv, out, lse, s, drop, document_ids, math);
-  const Params p = make_params(s, drop, document_ids);
+    return attention_backward_mma(dqkv, dout, qkv, out, lse, s, drop, document_ids, math, dqkv_bf16);
+  Params p = make_params(s, drop, document_ids);
+  p.dqkv16 = dqkv_bf16;
   switch ((s.D + 31) / 32) {
     case 1: backward_nc<1>(dqkv, dout, qkv, out, lse, p); break;
     case 2: backward_nc<2>(dqkv, dout, qkv, out, lse, p); break;

@@ -25,6 +25,7 @@ struct Params {
   uint64_t first_index;
   int64_t heads_total, head_offset;
   const int32_t* doc;          // [B,T] or null
+  uint16_t* dqkv16 = nullptr;  // backward: dqkv's bf16 cast too, or null
 };
 
 inline Params make_params(const AttentionShape& s, const AttentionDropout& drop, const int32_t* doc) {
@@ -74,6 +75,12 @@ __device__ __forceinline__ int64_t qkv_row(const Params& p, int64_t b, int64_t h
 }
 __device__ __forceinline__ int64_t out_row(const Params& p, int64_t b, int64_t h, int64_t t) {
   return ((b * p.T + t) * p.H + h) * p.D;
+}
+
+// dqkv[i] = v, and its bf16 cast when the backward writes one.
+__device__ __forceinline__ void store_dqkv(float* dqkv, const Params& p, int64_t i, float v) {
+  dqkv[i] = v;
+  if (p.dqkv16) p.dqkv16[i] = math::fp32_to_bf16(v);
 }
 
 // Element i of an operand without a bias (the output gradient): fp32, or widened from bf16.

@@ -162,8 +162,9 @@ void attention_forward_mma(float* out, float* lse, const AttentionOperand& qkv, 
 
 void attention_backward_mma(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out, const float* lse,
                             const AttentionShape& s, const AttentionDropout& drop, const int32_t* document_ids,
-                            AttentionMath math) {
-  const Params p = make_params(s, drop, document_ids);
+                            AttentionMath math, uint16_t* dqkv_bf16) {
+  Params p = make_params(s, drop, document_ids);
+  p.dqkv16 = dqkv_bf16;
   const bool half = math == AttentionMath::fp16;
   if (s.D == 64)
     half ? backward_typed<Fp16, 64>(dqkv, dout, qkv, out, lse, p) : backward_typed<Bf16, 64>(dqkv, dout, qkv, out, lse, p);

@@ -17,6 +17,6 @@ void attention_forward_mma(float* out, float* lse, const AttentionOperand& qkv, 
 
 void attention_backward_mma(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out, const float* lse,
                             const AttentionShape& s, const AttentionDropout& drop, const int32_t* document_ids,
-                            AttentionMath math);
+                            AttentionMath math, uint16_t* dqkv_bf16);
 
 }  // namespace lattice::cuda

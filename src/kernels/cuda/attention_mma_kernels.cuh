@@ -65,6 +65,12 @@ __device__ __forceinline__ float4 load4(const AttentionOperand& src, int64_t off
   return v;
 }
 
+// Two gradient values and their bf16 casts at an even element offset (the backward's
+// optional bf16 dqkv).
+__device__ __forceinline__ void store_bf16x2(uint16_t* dst, float2 v) {
+  *reinterpret_cast<uint32_t*>(dst) = uint32_t(math::fp32_to_bf16(v.x)) | (uint32_t(math::fp32_to_bf16(v.y)) << 16);
+}
+
 // Rows t0..t0+rows-1 of one part (0 q, 1 k, 2 v) of head h in qkv [B,T,H,3,D] (fp32 or
 // packed; or of a [B,T,H,D] tensor, fp32 or bf16, when part < 0) into shared memory as 16-bit
 // values: row-major dst[r * ld + d] and/or transposed dst_t[d * ld_t + r] (either may be
@@ -347,12 +353,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= p.T) continue;
-    float* dst = dqkv + qkv_row(p, b, h, key[r]);
+    const int64_t row = qkv_row(p, b, h, key[r]);
+    float* dst = dqkv + row;
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
       const int d = n * 8 + 2 * q;
-      *reinterpret_cast<float2*>(dst + D + d) = make_float2(p.scale * dk[n][2 * r], p.scale * dk[n][2 * r + 1]);
-      *reinterpret_cast<float2*>(dst + 2 * D + d) = make_float2(dv[n][2 * r], dv[n][2 * r + 1]);
+      const float2 k2 = make_float2(p.scale * dk[n][2 * r], p.scale * dk[n][2 * r + 1]);
+      const float2 v2 = make_float2(dv[n][2 * r], dv[n][2 * r + 1]);
+      *reinterpret_cast<float2*>(dst + D + d) = k2;
+      *reinterpret_cast<float2*>(dst + 2 * D + d) = v2;
+      if (p.dqkv16) {
+        store_bf16x2(p.dqkv16 + row + D + d, k2);
+        store_bf16x2(p.dqkv16 + row + 2 * D + d, v2);
+      }
     }
   }
 }
@@ -453,10 +466,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= p.T) continue;
-    float* dst = dqkv + qkv_row(p, b, h, row[r]);
+    const int64_t off = qkv_row(p, b, h, row[r]);
+    float* dst = dqkv + off;
 #pragma unroll
-    for (int n = 0; n < ND; ++n)
-      *reinterpret_cast<float2*>(dst + n * 8 + 2 * q) = make_float2(p.scale * dq[n][2 * r], p.scale * dq[n][2 * r + 1]);
+    for (int n = 0; n < ND; ++n) {
+      const float2 q2 = make_float2(p.scale * dq[n][2 * r], p.scale * dq[n][2 * r + 1]);
+      *reinterpret_cast<float2*>(dst + n * 8 + 2 * q) = q2;
+      if (p.dqkv16) store_bf16x2(p.dqkv16 + off + n * 8 + 2 * q, q2);
+    }
   }
 }
 
