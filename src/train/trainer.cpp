@@ -412,8 +412,12 @@ int run_training(const TrainArgs& args) {
     if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, key, r) << "\n" << std::flush;
   };
 
-  StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad,
-                      start.seed};
+  StepConfig step_cfg;
+  step_cfg.micro_batch_size = args.micro_batch_size;
+  step_cfg.global_batch_size = args.global_batch_size;
+  step_cfg.seq_length = args.seq_length;
+  step_cfg.clip_grad = args.clip_grad;
+  step_cfg.seed = start.seed;
   step_cfg.loss_scaler = loss_scaler.get();
   step_cfg.precision = precision.get();
   step_cfg.inject_inf_iterations = test_inject_inf_iterations();
