@@ -412,15 +412,8 @@ int run_training(const TrainArgs& args) {
     if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, key, r) << "\n" << std::flush;
   };
 
-  StepConfig step_cfg;
-  step_cfg.micro_batch_size = args.micro_batch_size;
-  step_cfg.global_batch_size = args.global_batch_size;
-  step_cfg.seq_length = args.seq_length;
-  step_cfg.clip_grad = args.clip_grad;
-  step_cfg.seed = start.seed;
-  step_cfg.loss_scaler = loss_scaler.get();
-  step_cfg.precision = precision.get();
-  step_cfg.inject_inf_iterations = test_inject_inf_iterations();
+  const StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad, start.seed,
+                            loss_scaler.get(), precision.get(), test_inject_inf_iterations()};
   int64_t interval_skipped = 0, interval_nan = 0;
   const auto train_start = std::chrono::steady_clock::now();
   double interval_loss = 0, interval_ms = 0;

@@ -66,16 +66,15 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
   });
 }
 
-namespace {
-template <class T>
-void bias_gelu_rows(float* pre, T* out, const float* y, const float* bias, int64_t N, int64_t C, GeluKind kind,
-                    Rounding round_y) {
+void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
+                       GeluKind kind, Rounding round_y) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_forward(pre, out, y, bias, N, C, kind, round_y));
   math::dispatch_rounding(round_y, [&](auto r) {
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
     for (int64_t row = 0; row < N; ++row) {
       const float* ys = y + row * C;
       float* ps = pre + row * C;  // may alias ys: element c is read before it is written
-      T* __restrict os = out + row * C;
+      float* __restrict os = out + row * C;
       if (bias) {
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) ps[c] = math::round_as<r.value>(ys[c]) + bias[c];
@@ -85,25 +84,18 @@ void bias_gelu_rows(float* pre, T* out, const float* y, const float* bias, int64
       }
       if (kind == GeluKind::erf) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) math::store_as(os, c, math::gelu_erf(ps[c]));
+        for (int64_t c = 0; c < C; ++c) os[c] = math::gelu_erf(ps[c]);
       } else {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) math::store_as(os, c, math::gelu_tanh(ps[c]));
+        for (int64_t c = 0; c < C; ++c) os[c] = math::gelu_tanh(ps[c]);
       }
     }
   });
 }
-}  // namespace
-
-void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t C,
-                       GeluKind kind, Rounding round_y) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_forward(pre, out, y, bias, N, C, kind, round_y));
-  bias_gelu_rows(pre, out, y, bias, N, C, kind, round_y);
-}
 
 namespace {
 // f(row, c0, len, v) for every row and chunk of columns of a [N, C] bf16 GEMM result y,
-// v = y[row, c0..c0+len) + bias[c0..) in fp32 (as bias_gelu_rows computes the
+// v = y[row, c0..c0+len) + bias[c0..) in fp32 (as bias_gelu_forward computes the
 // pre-activation), in an L1 buffer.
 constexpr int64_t kColumnChunk = 2048;
 template <class F>
