@@ -65,9 +65,11 @@ struct AttentionOperand {
 // misses the query tile's is skipped. Dropout indices are unchanged by the mask.
 
 // out: [B,T,H,D]   lse: [B,H,T] (log-sum-exp of the scaled scores of each query row)
+// out_bf16, when not null, gets out's bf16 cast too ([B,T,H,D]: the projection's input as its
+// GEMMs read it, made here instead of by a conversion pass before each of them).
 void attention_forward(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids = nullptr,
-                       AttentionMath math = AttentionMath::fp32);
+                       AttentionMath math = AttentionMath::fp32, uint16_t* out_bf16 = nullptr);
 
 // dqkv: [B,T,H,3,D] written (not accumulated). Recomputes the probabilities from lse.
 // dqkv_bf16, when not null, gets dqkv's bf16 cast too (the QKV layer's output gradient as

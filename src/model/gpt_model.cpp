@@ -26,7 +26,8 @@ struct GPTModel::Activations {
     float* ln1;        // [Ns, C]  (all-gathered into ln_full when a GEMM needs every row)
     float* ln1_mean;   // [Ns]
     float* ln1_rstd;   // [Ns]
-    float* qkv;        // [N, 3C/P]  ([B, T, Hl, 3, D]; bf16_qkv(): the bf16 GEMM result, without the bias)
+    float* qkv;        // [N, 3C/P]  ([B, T, Hl, 3, D]; bf16_qkv(): the bf16 GEMM result, without the bias,
+                       //             followed by attn's bf16 cast [N, C/P], the projection's input)
     float* attn;       // [N, C/P]   ([B, T, Hl, D])
     float* lse;        // [B, Hl, T]
     float* resid_mid;  // [Ns, C]  residual stream after the attention block
@@ -458,8 +459,8 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add).
-  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, x.attn, params_.param(p.proj_w), nullptr, N, Cl, C,
-                              site(p.proj_w).rounded_by_caller());
+  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, proj_input(x.qkv, x.attn, N), params_.param(p.proj_w),
+                              nullptr, N, Cl, C, site(p.proj_w).rounded_by_caller());
   bias_dropout_add_forward(x.resid_mid, in, out_rows, params_.param(p.proj_b), Ns, C, p_hidden,
                            site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
                            rounding(site(p.proj_w)));
@@ -485,6 +486,23 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                            site_stream(key, layer_name(l, "mlp.dropout")), elem0, rounding(site(p.fc2_w)));
 }
 
+uint16_t* GPTModel::attn_bf16(float* qkv, int64_t N) const {
+  if (!bf16_qkv()) return nullptr;
+  return reinterpret_cast<uint16_t*>(qkv) + N * 3 * Hl_ * cfg_.kv_channels;
+}
+
+LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const {
+  if (uint16_t* attn16 = attn_bf16(qkv, N)) return LinearInput::in_bf16(attn16);
+  return LinearInput(attn);
+}
+
+const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p, const PhiloxStream& stream,
+                                               uint64_t first_index) const {
+  if (p == 0.0f) return scratch_->d_resid;
+  dropout_backward(d_rows, scratch_->d_resid, n, p, stream, first_index);
+  return d_rows;
+}
+
 AttentionOperand GPTModel::qkv_input(const LayerParams& p, const float* qkv) const {
   if (!bf16_qkv()) return AttentionOperand(qkv);
   return AttentionOperand::packed(reinterpret_cast<const uint16_t*>(qkv), params_.param(p.qkv_b));
@@ -497,7 +515,8 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
   attention_forward(x.attn, x.lse, qkv_input(p, x.qkv), AttentionShape{B, T, Hl_, cfg_.kv_channels}, ad,
-                    docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_);
+                    docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_,
+                    attn_bf16(x.qkv, B * T));
 }
 
 void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int64_t B, int64_t T,
@@ -535,14 +554,15 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     // the kept qkv (the proj backward and the attention backward need them).
     if (selective_) core_attention_forward(p, a, i, B, T, key);
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
-    dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+    const float* d_fc2 =
+        hidden_dropout_backward(d_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
     // fc2's input gradient, rounded as the GELU backward reads it (one pass). With bf16
     // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
     // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
     // gradient in bf16 too, for fc1's GEMMs, in the place of fc1's bf16 result (read there
     // for the last time). The fp32 one (sc.d_f) is for fc1's bias gradient.
     const bool bf16 = bf16_inputs();
-    row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_rows,
+    row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_fc2,
                                  sc.d_c2, input(x.gelu), params_.param(p.fc2_w), N, Fl_, C,
                                  bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller());
     uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
@@ -558,13 +578,13 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
                        params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, rounding(site(p.fc1_w)));
     // Attention block: d_resid is now d(resid_mid).
-    dropout_backward(d_rows, sc.d_resid, Ns * C, p_hidden,
-                     site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
+    const float* d_proj = hidden_dropout_backward(
+        d_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
     // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
     // and the attention backward reads it as it is (no rounding pass, half the bytes).
     const bool bf16_d_attn = bf16_qkv();
-    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), params_.grad(p.proj_b), d_rows, sc.d_c1,
-                                 x.attn, params_.param(p.proj_w), N, Cl, C,
+    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), params_.grad(p.proj_b), d_proj, sc.d_c1,
+                                 proj_input(x.qkv, x.attn, N), params_.param(p.proj_w), N, Cl, C,
                                  bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w));
     const AttentionOperand d_attn = bf16_d_attn
                                         ? AttentionOperand::in_bf16(reinterpret_cast<const uint16_t*>(sc.d_c2))

@@ -271,6 +271,17 @@ class GPTModel {
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
   bool bf16_qkv() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   AttentionOperand qkv_input(const LayerParams& p, const float* qkv) const;
+  // With bf16_qkv(): the core attention's output in bf16 as well, written by the attention
+  // forward behind the bf16 qkv in its buffer (whose fp32 size leaves room), which the
+  // projection's GEMMs read (forward and weight gradient) without converting attn each time.
+  // qkv, attn: a layer's buffers (Activations::Layer).
+  uint16_t* attn_bf16(float* qkv, int64_t N) const;
+  LinearInput proj_input(float* qkv, const float* attn, int64_t N) const;
+  // The gradient of a row-parallel layer's output ([Ns, C]) from d_resid, the residual
+  // stream's: dropout's backward into d_rows, or without dropout (p == 0, the identity)
+  // d_resid itself, not copied (a read and a write of [Ns, C] fewer).
+  const float* hidden_dropout_backward(float* d_rows, int64_t n, float p, const PhiloxStream& stream,
+                                       uint64_t first_index) const;
   const float* output_weight() const;
   float* output_weight_grad();
   void grads_ready(std::initializer_list<int> indices) const {

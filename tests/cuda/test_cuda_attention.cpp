@@ -351,13 +351,14 @@ TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
         auto d_dout16 = upload(dout16);
         const AttentionOperand packed = AttentionOperand::packed(d_y.as<uint16_t>(), with_bias ? d_bias.as<float>() : nullptr);
         std::vector<float> results[2][3];
-        cuda::DeviceBuffer d_dqkv16(n_qkv * 2);
+        cuda::DeviceBuffer d_dqkv16(n_qkv * 2), d_out16(n_out * 2);
         for (int k = 0; k < 2; ++k) {
           const AttentionOperand in = k == 0 ? AttentionOperand(d_wide.as<float>()) : packed;
           const AttentionOperand d =
               k == 0 ? AttentionOperand(d_dout.as<float>()) : AttentionOperand::in_bf16(d_dout16.as<uint16_t>());
           cuda::DeviceBuffer d_out(n_out * 4), d_lse(n_lse * 4), d_dqkv(n_qkv * 4);
-          cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), in, s, drop, d_docs.as<int32_t>(), math);
+          cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), in, s, drop, d_docs.as<int32_t>(), math,
+                                  k == 1 ? d_out16.as<uint16_t>() : nullptr);
           cuda::attention_backward(d_dqkv.as<float>(), d, in, d_out.as<float>(), d_lse.as<float>(), s, drop,
                                    d_docs.as<int32_t>(), math, k == 1 ? d_dqkv16.as<uint16_t>() : nullptr);
           results[k][0] = download<float>(d_out, n_out);
@@ -369,6 +370,11 @@ TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
         cast_fp32_to_bf16(want16.data(), results[1][2].data(), int64_t(n_qkv));
         const auto got16 = download<uint16_t>(d_dqkv16, n_qkv);
         EXPECT_EQ(0, std::memcmp(got16.data(), want16.data(), n_qkv * 2)) << what << ": the bf16 dqkv";
+        // And the bf16 output the forward wrote: the cast of its fp32 output.
+        std::vector<uint16_t> want_out16(n_out);
+        cast_fp32_to_bf16(want_out16.data(), results[1][0].data(), int64_t(n_out));
+        const auto got_out16 = download<uint16_t>(d_out16, n_out);
+        EXPECT_EQ(0, std::memcmp(got_out16.data(), want_out16.data(), n_out * 2)) << what << ": the bf16 out";
         const char* names[] = {"out", "lse", "dqkv"};
         for (int t = 0; t < 3; ++t)
           EXPECT_EQ(0, std::memcmp(results[0][t].data(), results[1][t].data(), results[0][t].size() * 4))

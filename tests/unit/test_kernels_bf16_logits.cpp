@@ -200,17 +200,21 @@ TEST(Bf16Qkv, AttentionOnBf16OperandsIsTheAttentionOnTheirFp32Values) {
     if (b) bias_add(qkv.data(), b, rows, row, Rounding::bf16);
     else round_to(qkv.data(), qkv.data(), rows * row, Rounding::bf16);
     std::vector<float> out[2], lse[2], dqkv[2];
-    std::vector<uint16_t> dqkv16(size_t(rows * row), 0x7fc1);
+    std::vector<uint16_t> dqkv16(size_t(rows * row), 0x7fc1), out16(size_t(n_out), 0x7fc1);
     for (int k = 0; k < 2; ++k) {
       const AttentionOperand in = k == 0 ? AttentionOperand(qkv.data()) : AttentionOperand::packed(y16.data(), b);
       const AttentionOperand d = k == 0 ? AttentionOperand(dout.data()) : AttentionOperand::in_bf16(dout16.data());
       out[k].assign(size_t(n_out), NAN);
       lse[k].assign(size_t(s.B * s.H * s.T), NAN);
       dqkv[k].assign(size_t(rows * row), NAN);
-      attention_forward(out[k].data(), lse[k].data(), in, s, drop, docs.data());
+      attention_forward(out[k].data(), lse[k].data(), in, s, drop, docs.data(), AttentionMath::fp32,
+                        k == 1 ? out16.data() : nullptr);
       attention_backward(dqkv[k].data(), d, in, out[k].data(), lse[k].data(), s, drop, docs.data(),
                          AttentionMath::fp32, k == 1 ? dqkv16.data() : nullptr);
     }
+    // The projection's input in bf16 too: the cast of the fp32 output.
+    const auto out16_ref = to_bf16(out[0]);
+    EXPECT_TRUE(same_bits(out16.data(), out16_ref.data(), out16_ref.size())) << (b ? "with bias" : "without bias");
     // The QKV layer's output gradient in bf16 too: the cast of the fp32 one.
     const auto dqkv16_ref = to_bf16(dqkv[0]);
     EXPECT_TRUE(same_bits(dqkv16.data(), dqkv16_ref.data(), dqkv16_ref.size())) << (b ? "with bias" : "without bias");

@@ -104,6 +104,12 @@ const float* fp32_dout(const AttentionOperand& dout, const AttentionShape& s) {
   return fp32_values(dout, s.B * s.T, s.H * s.D, buffer);
 }
 
+// o[i] = bf16(x[i]) for i < n: the bf16 cast a kernel writes next to an fp32 result.
+void store_bf16_cast(uint16_t* o, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; ++i) o[i] = math::fp32_to_bf16(x[i]);
+}
+
 // Forward for one query tile [i0, i0+nq) of one head, over key tiles up to the
 // diagonal, with the online softmax; scratch holds S (kTile^2), O (kTile*D) and the
 // row statistics.
@@ -264,8 +270,9 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
 // its index); each task writes its own rows, so the result is independent of the
 // schedule and thread count.
 void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, const AttentionShape& s,
-                       const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math) {
-  LATTICE_KERNEL_ENTRY(cuda::attention_forward(out, lse, qkv_in, s, drop, document_ids, math));
+                       const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math,
+                       uint16_t* out_bf16) {
+  LATTICE_KERNEL_ENTRY(cuda::attention_forward(out, lse, qkv_in, s, drop, document_ids, math, out_bf16));
   check_args(s, drop);
   const float* qkv = fp32_qkv(qkv_in, s);
   const int64_t q_tiles = (s.T + kTile - 1) / kTile;
@@ -284,6 +291,7 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
                    b, h, i0, std::min(kTile, s.T - i0), scratch.data());
     }
   }
+  if (out_bf16) store_bf16_cast(out_bf16, out, s.B * s.T * s.H * s.D);
 }
 
 void attention_backward(float* dqkv, const AttentionOperand& dout_in, const AttentionOperand& qkv_in,
@@ -306,10 +314,7 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
                     document_ids ? document_ids + b * s.T : nullptr, b, bh % s.H, scratch.data());
     }
   }
-  if (!dqkv_bf16) return;
-  const int64_t n = s.B * s.T * s.H * 3 * s.D;
-#pragma omp parallel for simd schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; ++i) dqkv_bf16[i] = math::fp32_to_bf16(dqkv[i]);
+  if (dqkv_bf16) store_bf16_cast(dqkv_bf16, dqkv, s.B * s.T * s.H * 3 * s.D);
 }
 
 }  // namespace lattice

@@ -157,11 +157,15 @@ __global__ void __launch_bounds__(kThreads)
     if (r >= nq) continue;
     const int64_t i = i0 + r;
     const float inv = 1.0f / row_l[k];
-    float* dst = out + out_row(p, b, h, i);
+    const int64_t row = out_row(p, b, h, i);
 #pragma unroll
     for (int m = 0; m < NC; ++m) {
       const int d = lane + 32 * m;
-      if (d < D) dst[d] = acc[k][m] * inv;
+      if (d < D) {
+        const float v = acc[k][m] * inv;
+        out[row + d] = v;
+        if (p.out16) p.out16[row + d] = math::fp32_to_bf16(v);
+      }
     }
     if (lane == 0) lse[bh * p.T + i] = row_m[k] + logf(row_l[k]);
   }
@@ -427,10 +431,12 @@ bool fp32_forced() {
 }  // namespace
 
 void attention_forward(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
-                       const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math) {
+                       const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math,
+                       uint16_t* out_bf16) {
   if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), out, out))
-    return attention_forward_mma(out, lse, qkv, s, drop, document_ids, math);
-  const Params p = make_params(s, drop, document_ids);
+    return attention_forward_mma(out, lse, qkv, s, drop, document_ids, math, out_bf16);
+  Params p = make_params(s, drop, document_ids);
+  p.out16 = out_bf16;
   switch ((s.D + 31) / 32) {
     case 1: forward_nc<1>(out, lse, qkv, p); break;
     case 2: forward_nc<2>(out, lse, qkv, p); break;

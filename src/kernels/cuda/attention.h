@@ -16,7 +16,7 @@ namespace lattice::cuda {
 
 void attention_forward(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids = nullptr,
-                       AttentionMath math = AttentionMath::fp32);
+                       AttentionMath math = AttentionMath::fp32, uint16_t* out_bf16 = nullptr);
 
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,

@@ -26,6 +26,7 @@ struct Params {
   int64_t heads_total, head_offset;
   const int32_t* doc;          // [B,T] or null
   uint16_t* dqkv16 = nullptr;  // backward: dqkv's bf16 cast too, or null
+  uint16_t* out16 = nullptr;   // forward: out's bf16 cast too, or null
 };
 
 inline Params make_params(const AttentionShape& s, const AttentionDropout& drop, const int32_t* doc) {

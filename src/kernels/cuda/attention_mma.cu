@@ -151,8 +151,10 @@ bool attention_mma_supported(const AttentionShape& s, const void* a, const void*
 }
 
 void attention_forward_mma(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
-                           const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math) {
-  const Params p = make_params(s, drop, document_ids);
+                           const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math,
+                           uint16_t* out_bf16) {
+  Params p = make_params(s, drop, document_ids);
+  p.out16 = out_bf16;
   const bool half = math == AttentionMath::fp16;
   if (s.D == 64)
     half ? forward_typed<Fp16, 64>(out, lse, qkv, p) : forward_typed<Bf16, 64>(out, lse, qkv, p);

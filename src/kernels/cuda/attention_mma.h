@@ -13,7 +13,8 @@ namespace lattice::cuda {
 bool attention_mma_supported(const AttentionShape& s, const void* a, const void* b, const void* c);
 
 void attention_forward_mma(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
-                           const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math);
+                           const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math,
+                           uint16_t* out_bf16);
 
 void attention_backward_mma(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out, const float* lse,
                             const AttentionShape& s, const AttentionDropout& drop, const int32_t* document_ids,

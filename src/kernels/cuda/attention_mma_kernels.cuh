@@ -219,10 +219,13 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float
     const float sum = quad_sum(l[r]);
     if (row[r] >= p.T) continue;
     const float inv = 1.0f / sum;
-    float* dst = out + out_row(p, b, h, row[r]);
+    const int64_t off = out_row(p, b, h, row[r]);
 #pragma unroll
-    for (int n = 0; n < ND; ++n)
-      *reinterpret_cast<float2*>(dst + n * 8 + 2 * q) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    for (int n = 0; n < ND; ++n) {
+      const float2 o2 = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      *reinterpret_cast<float2*>(out + off + n * 8 + 2 * q) = o2;
+      if (p.out16) store_bf16x2(p.out16 + off + n * 8 + 2 * q, o2);
+    }
     if (q == 0) lse[bh * p.T + row[r]] = (m[r] + log2f(sum)) * kLn2;
   }
 }
