@@ -44,5 +44,12 @@ void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, 
 // (GemmSite::input_grad_in_bf16); the values of the fp32 form with round_dout bf16.
 void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const uint16_t* dout, int64_t N,
                                int64_t C, GeluKind kind, uint16_t* dx_bf16 = nullptr);
+// fc1's backward on bf16 operands with its bias gradient and no fp32 gradient stored: with
+// d = gelu'(y + bias) * dout as the bf16-dout form above computes it, dx_bf16 = bf16(d) and
+// dbias[c] += sum_n d[n, c], the bits bias_backward gives on the fp32 d (each column summed
+// over n in order on the CPU; the GPU's column-sum blocking on the GPU). The fp32 d, [N, C]
+// written and read again for the bias alone, never goes to memory. dx_bf16 may alias y.
+void bias_gelu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
+                                     const uint16_t* dout, int64_t N, int64_t C, GeluKind kind);
 
 }  // namespace lattice

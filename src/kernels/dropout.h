@@ -27,5 +27,9 @@ void dropout_backward(float* dx, const float* dout, int64_t n, float p,
 void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
                               int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
                               Rounding round_y = Rounding::none);
+// The same with y the GEMM's result as bf16 patterns (gemm_bf16_packed_out: round(y) already,
+// read at half the bytes): the bits of the fp32 overload on y's fp32 values with round_y bf16.
+void bias_dropout_add_forward(float* out, const float* residual, const uint16_t* y, const float* bias, int64_t N,
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index);
 
 }  // namespace lattice

@@ -8,13 +8,17 @@ namespace lattice {
 // Megatron's --optimizer adam compute it. step >= 1.
 //   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
+// grad_scale (gradient clipping's coefficient): the update uses g * grad_scale, rounded as a
+// product of its own, the bits scale_inplace(g, grad_scale) would store before the update,
+// without that pass over the gradients (g is not changed).
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t step);
+                  float beta2, float eps, float weight_decay, int64_t step, float grad_scale = 1.0f);
 
 // SGD with momentum and L2 weight decay, as torch.optim.SGD (dampening 0, Megatron --optimizer sgd):
 //   g' = g + wd p;  buf = momentum * buf + g' (buf = g' on the first step);  p -= lr * buf
+// grad_scale as for adamw_update.
 void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, bool first_step);
+                float momentum, float weight_decay, bool first_step, float grad_scale = 1.0f);
 
 // sum of squares, accumulated in double (for the global gradient norm).
 double sum_of_squares(const float* x, int64_t n);

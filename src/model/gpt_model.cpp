@@ -459,11 +459,8 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add).
-  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, proj_input(x.qkv, x.attn, N), params_.param(p.proj_w),
-                              nullptr, N, Cl, C, site(p.proj_w).rounded_by_caller());
-  bias_dropout_add_forward(x.resid_mid, in, out_rows, params_.param(p.proj_b), Ns, C, p_hidden,
-                           site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
-                           rounding(site(p.proj_w)));
+  row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
+                      site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
   layernorm_input(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, p.ln2_w, p.ln2_b, Ns);
   // fc1's rounding, bias and GELU in one pass (Megatron's bias_gelu). With bf16 inputs the
@@ -480,10 +477,22 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     bias_gelu_forward(x.fc1, x.gelu, x.fc1, params_.param(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
   }
   if (!output) return;
-  row_parallel_linear_forward(tp_, out_rows, sc.d_c1, input(x.gelu), params_.param(p.fc2_w), nullptr, N, Fl_, C,
-                              site(p.fc2_w).rounded_by_caller());
-  bias_dropout_add_forward(a.resid[i + 1], x.resid_mid, out_rows, params_.param(p.fc2_b), Ns, C, p_hidden,
-                           site_stream(key, layer_name(l, "mlp.dropout")), elem0, rounding(site(p.fc2_w)));
+  row_parallel_output(a.resid[i + 1], x.resid_mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
+                      site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+}
+
+void GPTModel::row_parallel_output(float* out, const float* residual, float* y, LinearInput x, int w, int b,
+                                   int64_t N, int64_t in_local, float p, const PhiloxStream& stream,
+                                   uint64_t first_index) {
+  const int64_t C = cfg_.hidden_size, Ns = tp_.shard_rows(N);
+  if (bf16_row_outputs()) {
+    const uint16_t* y16 = gemm_policy_->forward_bf16(w, y, x, params_.param(w), N, in_local, C);
+    bias_dropout_add_forward(out, residual, y16, params_.param(b), Ns, C, p, stream, first_index);
+    return;
+  }
+  row_parallel_linear_forward(tp_, y, scratch_->d_c1, x, params_.param(w), nullptr, N, in_local, C,
+                              site(w).rounded_by_caller());
+  bias_dropout_add_forward(out, residual, y, params_.param(b), Ns, C, p, stream, first_index, rounding(site(w)));
 }
 
 uint16_t* GPTModel::attn_bf16(float* qkv, int64_t N) const {
@@ -559,20 +568,20 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     // fc2's input gradient, rounded as the GELU backward reads it (one pass). With bf16
     // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
     // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
-    // gradient in bf16 too, for fc1's GEMMs, in the place of fc1's bf16 result (read there
-    // for the last time). The fp32 one (sc.d_f) is for fc1's bias gradient.
+    // gradient in bf16 only, for fc1's GEMMs, in the place of fc1's bf16 result (read there
+    // for the last time), summing fc1's bias gradient as it goes (no fp32 gradient stored).
     const bool bf16 = bf16_inputs();
     row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_fc2,
                                  sc.d_c2, input(x.gelu), params_.param(p.fc2_w), N, Fl_, C,
                                  bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller());
     uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
     if (bf16)
-      bias_gelu_backward_packed(sc.d_f, d_f16, params_.param(p.fc1_b), reinterpret_cast<const uint16_t*>(x.gelu), N,
-                                Fl_, cfg_.gelu, d_f16);
+      bias_gelu_backward_packed_dbias(d_f16, params_.grad(p.fc1_b), d_f16, params_.param(p.fc1_b),
+                                      reinterpret_cast<const uint16_t*>(x.gelu), N, Fl_, cfg_.gelu);
     else
       gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
-    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), params_.grad(p.fc1_b), sc.d_f,
-                                    ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_,
+    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), bf16 ? nullptr : params_.grad(p.fc1_b),
+                                    bf16 ? nullptr : sc.d_f, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_,
                                     site(p.fc1_w).rounded_by_caller(), d_f16);
     // The input gradient rounded as the LayerNorm backward reads it (one pass fewer).
     layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,

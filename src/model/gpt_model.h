@@ -274,6 +274,14 @@ class GPTModel {
   // With bf16_qkv(): the core attention's output in bf16 as well, written by the attention
   // forward behind the bf16 qkv in its buffer (whose fp32 size leaves room), which the
   // projection's GEMMs read (forward and weight gradient) without converting attn each time.
+  // The row-parallel layers' (projection, fc2) results in bf16 as the GEMM writes them, with
+  // bf16_qkv(): only without tensor parallelism, where no reduction of partial sums comes
+  // between the GEMM and the rounding (bias_dropout_add then reads half the bytes).
+  bool bf16_row_outputs() const { return bf16_qkv() && tp_.size() == 1; }
+  // out = residual + dropout(round(x W^T) + bias) for row-parallel layer w (bias b), through
+  // y ([Ns, C] scratch; [N, C] rows without sequence parallelism): Megatron's bias_dropout_add.
+  void row_parallel_output(float* out, const float* residual, float* y, LinearInput x, int w, int b, int64_t N,
+                           int64_t in_local, float p, const PhiloxStream& stream, uint64_t first_index);
   // qkv, attn: a layer's buffers (Activations::Layer).
   uint16_t* attn_bf16(float* qkv, int64_t N) const;
   LinearInput proj_input(float* qkv, const float* attn, int64_t N) const;

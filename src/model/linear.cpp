@@ -45,6 +45,8 @@ void linear_backward(float* dx, float* dW, float* db, const float* dy, LinearInp
                      const GemmSite& site, const uint16_t* dy_bf16) {
   LATTICE_CHECK(!dy_bf16 || (site.policy && site.policy->bf16_results()))
       << "linear_backward: a bf16 output gradient without a bf16 policy";
+  LATTICE_CHECK(dy || (dy_bf16 && !db && !site.packed_input_grad))
+      << "linear_backward: without the fp32 output gradient, a bf16 one and no bias gradient";
   if (dy_bf16)
     site.policy->weight_grad_bf16(site.param, dW, dy_bf16, x, N, in, out);
   else if (site.policy)

@@ -111,7 +111,8 @@ void linear_forward(float* y, LinearInput x, const float* W, const float* b, int
 // accumulated when accumulate_dx), rounded unless partial_sum or caller_rounds. dx may be
 // null when the input needs no gradient. dy_bf16, when not null, is dy's bf16 cast made by
 // the kernel that produced dy (a policy with bf16_results only): the two GEMMs read it, the
-// bias gradient still sums the fp32 dy; the same bits as converting dy here.
+// bias gradient still sums the fp32 dy; the same bits as converting dy here. dy may be null
+// with dy_bf16 when no bias gradient is asked for here (db null: the producer summed it).
 void linear_backward(float* dx, float* dW, float* db, const float* dy, LinearInput x,
                      const float* W, int64_t N, int64_t in, int64_t out, bool accumulate_dx = false,
                      const GemmSite& site = {}, const uint16_t* dy_bf16 = nullptr);

@@ -42,15 +42,10 @@ double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* d
   return std::sqrt(sq);
 }
 
-double clip_grad_norm(ParamBuffer& params, double max_norm, const ElementRanges& ranges, Comm* dp, Comm* tp,
-                      Comm* pp) {
-  double norm = grad_norm(params, ranges, dp, tp, pp);
-  if (max_norm > 0) {
-    double coeff = max_norm / (norm + 1e-6);
-    if (coeff < 1.0)
-      for (auto [b, e] : or_whole(params, ranges)) scale_inplace(params.grads() + b, float(coeff), e - b);
-  }
-  return norm;
+float clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0f;
+  const double coeff = max_norm / (norm + 1e-6);
+  return coeff < 1.0 ? float(coeff) : 1.0f;
 }
 
 Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const ElementRanges& owned)
@@ -85,31 +80,32 @@ void Optimizer::import_state(int slot, const float* flat) {
     copy_to_device(st + s.state_offset, flat + s.begin, size_t(s.end - s.begin) * sizeof(float));
 }
 
-void Optimizer::step(const OptimizerParamScheduler& scheduler) {
+void Optimizer::step(const OptimizerParamScheduler& scheduler, float grad_scale) {
   ++step_;
   const auto& infos = params_.infos();
   for (const Segment& s : segments_) {
     const ParamInfo& p = infos[size_t(s.param)];
-    update(s, scheduler.lr_for(p), scheduler.wd_for(p));
+    update(s, scheduler.lr_for(p), scheduler.wd_for(p), grad_scale);
   }
 }
 
-void Optimizer::step(double lr, double weight_decay) {
+void Optimizer::step(double lr, double weight_decay, float grad_scale) {
   ++step_;
   const auto& infos = params_.infos();
   for (const Segment& s : segments_)
-    update(s, lr, infos[size_t(s.param)].weight_decay ? weight_decay : 0.0);
+    update(s, lr, infos[size_t(s.param)].weight_decay ? weight_decay : 0.0, grad_scale);
 }
 
-void Optimizer::update(const Segment& s, double lr, double weight_decay) {
+void Optimizer::update(const Segment& s, double lr, double weight_decay, float grad_scale) {
   float* w = params_.params() + s.begin;
   const float* g = params_.grads() + s.begin;
   const int64_t n = s.end - s.begin;
   if (cfg_.optimizer == "adam") {
     adamw_update(w, g, state1() + s.state_offset, state2() + s.state_offset, n, float(lr), cfg_.adam_beta1,
-                 cfg_.adam_beta2, cfg_.adam_eps, float(weight_decay), step_);
+                 cfg_.adam_beta2, cfg_.adam_eps, float(weight_decay), step_, grad_scale);
   } else {
-    sgd_update(w, g, state1() + s.state_offset, n, float(lr), cfg_.sgd_momentum, float(weight_decay), step_ == 1);
+    sgd_update(w, g, state1() + s.state_offset, n, float(lr), cfg_.sgd_momentum, float(weight_decay), step_ == 1,
+               grad_scale);
   }
 }
 

@@ -38,11 +38,11 @@ class Comm;
 double grad_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
                  Comm* tp = nullptr, Comm* pp = nullptr);
 
-// Scales the gradients in `ranges` so the (global) norm is at most max_norm:
-// coeff = max_norm / (norm + 1e-6), applied when < 1 (Megatron's and torch's rule).
-// Returns the norm before clipping.
-double clip_grad_norm(ParamBuffer& params, double max_norm, const ElementRanges& ranges = {},
-                      Comm* dp = nullptr, Comm* tp = nullptr, Comm* pp = nullptr);
+// Gradient clipping's coefficient for a global norm: max_norm / (norm + 1e-6) when that is
+// below 1 (Megatron's and torch's rule), else 1 (no clipping; max_norm <= 0: never). The
+// optimizer applies it as it reads the gradients (Optimizer::step's grad_scale): the bits of
+// scaling them in place first, without that pass.
+float clip_coefficient(double norm, double max_norm);
 
 class Optimizer {
  public:
@@ -50,10 +50,11 @@ class Optimizer {
   Optimizer(ParamBuffer& params, const OptimizerConfig& config, const ElementRanges& owned = {});
   // One update, each parameter with the learning rate and weight decay of its group in
   // the scheduler's current state (decoupled lr, wd_mult 0 for biases and 1-D params).
-  void step(const OptimizerParamScheduler& scheduler);
+  // grad_scale multiplies every gradient as it is read (clip_coefficient; 1: none).
+  void step(const OptimizerParamScheduler& scheduler, float grad_scale = 1.0f);
   // One update with one learning rate for all parameters and the given weight decay for
   // those that take weight decay (a constant schedule).
-  void step(double lr, double weight_decay);
+  void step(double lr, double weight_decay, float grad_scale = 1.0f);
   int64_t steps() const { return step_; }
   // State tensors (device memory): Adam exp_avg / exp_avg_sq, or SGD momentum (second
   // null), compact over the owned segments in order.
@@ -76,7 +77,7 @@ class Optimizer {
     int64_t begin, end, state_offset;
   };
 
-  void update(const Segment& s, double lr, double weight_decay);
+  void update(const Segment& s, double lr, double weight_decay, float grad_scale);
 
   ParamBuffer& params_;
   OptimizerConfig cfg_;

@@ -30,10 +30,9 @@ ElementRanges DataParallel::owned_ranges() const {
 
 void DataParallel::finish_grad_sync() { sync_.finish(); }
 
-double DataParallel::clip_grad_norm(double max_norm, Comm* tp, Comm* pp) {
-  if (cfg_.distributed_optimizer)
-    return lattice::clip_grad_norm(params_, max_norm, sync_.owned_ranges(), &dp_, tp, pp);
-  return lattice::clip_grad_norm(params_, max_norm, {}, nullptr, tp, pp);
+double DataParallel::grad_norm(Comm* tp, Comm* pp) {
+  if (cfg_.distributed_optimizer) return lattice::grad_norm(params_, sync_.owned_ranges(), &dp_, tp, pp);
+  return lattice::grad_norm(params_, {}, nullptr, tp, pp);
 }
 
 void DataParallel::start_param_gather() {

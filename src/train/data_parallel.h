@@ -46,9 +46,9 @@ class DataParallel {
 
   // After the last micro-batch's backward: finish the gradient reduction.
   void finish_grad_sync();
-  // Global gradient norm (before clipping) with clipping applied to the owned elements;
-  // `tp`, `pp`: the tensor- and pipeline-parallel groups the norm also sums over.
-  double clip_grad_norm(double max_norm, Comm* tp = nullptr, Comm* pp = nullptr);
+  // Global gradient norm over the owned elements' ranks; `tp`, `pp`: the tensor- and
+  // pipeline-parallel groups the norm also sums over.
+  double grad_norm(Comm* tp = nullptr, Comm* pp = nullptr);
   // After the optimizer step: all-gather the updated shards (distributed optimizer).
   void start_param_gather();
   void finish_param_gather();

@@ -86,8 +86,8 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     cfg.loss_scaler->update(r.skipped);
     if (r.skipped) return r;
   }
-  r.grad_norm = dp ? dp->clip_grad_norm(cfg.clip_grad, tp, pp)
-                   : clip_grad_norm(model.params(), cfg.clip_grad, {}, nullptr, tp, pp);
+  r.grad_norm = dp ? dp->grad_norm(tp, pp) : grad_norm(model.params(), {}, nullptr, tp, pp);
+  r.grad_scale = clip_coefficient(r.grad_norm, cfg.clip_grad);
   return r;
 }
 
@@ -97,7 +97,7 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       const StepConfig& cfg, int64_t iteration, const OptimizerParamScheduler& scheduler,
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
-  if (!r.skipped) optimizer.step(scheduler);
+  if (!r.skipped) optimizer.step(scheduler, r.grad_scale);
   if (cfg.precision) cfg.precision->refresh_weights();
   if (dp) dp->start_param_gather();
   if (dp && !dp->config().overlap_param_gather) dp->finish_param_gather();
@@ -108,7 +108,7 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       const StepConfig& cfg, int64_t iteration, double lr, double weight_decay,
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
-  if (!r.skipped) optimizer.step(lr, weight_decay);
+  if (!r.skipped) optimizer.step(lr, weight_decay, r.grad_scale);
   if (cfg.precision) cfg.precision->refresh_weights();
   if (dp) dp->start_param_gather();
   if (dp && !dp->config().overlap_param_gather) dp->finish_param_gather();

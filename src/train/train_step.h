@@ -38,6 +38,7 @@ struct StepConfig {
 struct StepResult {
   double lm_loss = 0;    // mean over micro-batches of each micro-batch's mean token loss
   double grad_norm = 0;  // before clipping
+  float grad_scale = 1;  // clipping's coefficient, applied by the optimizer as it reads the gradients
   bool skipped = false;  // no update was applied (fp16 inf/nan); the LR scheduler must not step
   double loss_scale = 1;  // the scale this step's gradients were computed with
 };

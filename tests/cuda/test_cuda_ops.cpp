@@ -351,6 +351,26 @@ void gelu_cases(std::vector<OpCase>& t) {
               const auto got3_16 = download<uint16_t>(gy3, n);
               cast_bf16_to_fp32(got3.data(), got3_16.data(), int64_t(n));
               expect_close(bf16_tol, "dx (bf16 dout, bf16)", want, got3);
+              if (bias) {
+                // The form that sums the bias gradient as it goes: its bf16 gradient is the one
+                // just made, bit for bit, and its dbias the GPU's bias_backward of the fp32
+                // gradient (the same column sums), near the CPU's.
+                const auto db0 = rand_floats(size_t(C), 31, -1.0f, 1.0f);
+                std::vector<float> db = db0;
+                bias_backward(db.data(), dx.data(), N, C);
+                auto gdb = upload(db0), gdb_ref = upload(db0), gy4 = upload(y);
+                cuda::bias_backward(gdb_ref.as<float>(), gdx.as<float>(), N, C);
+                cuda::bias_gelu_backward_packed_dbias(gy4.as<uint16_t>(), gdb.as<float>(), gy4.as<uint16_t>(), gbias,
+                                                      gdout16.as<uint16_t>(), N, C, kind);
+                std::vector<float> got4(n);
+                const auto got4_16 = download<uint16_t>(gy4, n);
+                cast_bf16_to_fp32(got4.data(), got4_16.data(), int64_t(n));
+                expect_bits(c, "dx (dbias form, bf16)", got3, got4);
+                expect_bits(c, "dbias (against bias_backward)", download<float>(gdb_ref, size_t(C)),
+                            download<float>(gdb, size_t(C)));
+                const OpCase sum_tol{c.op, c.shape, {1e-4, 2e-6 * double(N)}, nullptr};  // sums of N near terms
+                expect_close(sum_tol, "dbias", db, download<float>(gdb, size_t(C)));
+              }
             }
           }});
       }
@@ -415,6 +435,28 @@ void dropout_cases(std::vector<OpCase>& t) {
         expect_bits(c, "out (in place)", out, download<float>(gres, n));
       }});
     }
+  // The GEMM result as bf16 patterns (no tensor parallelism): the CPU's bf16 overload.
+  for (F f : {F{37, 77, 5, 0.1f}, F{1024, 768, (uint64_t(1) << 33) + 1, 0.1f}, F{9, 33, 0, 0.0f}}) {
+    const std::string shape = shape_name({{"N", f.N}, {"C", f.C}, {"first", int64_t(f.first)},
+                                          {"p_pct", int64_t(f.p * 100)}});
+    t.push_back({"bias_dropout_add_forward_packed", shape, {0.0, 0.0}, [f](const OpCase& c) {
+      const PhiloxStream stream{0x1234567890abcdefull, 78u, 3u, 9u};
+      const size_t n = size_t(f.N * f.C);
+      std::vector<uint16_t> y(n);
+      cast_fp32_to_bf16(y.data(), rand_floats(n, 15, -4.0f, 4.0f).data(), int64_t(n));
+      const auto residual = rand_floats(n, 16, -1.0f, 1.0f), bias = rand_floats(size_t(f.C), 17, -0.5f, 0.5f);
+      std::vector<float> out(n);
+      bias_dropout_add_forward(out.data(), residual.data(), y.data(), bias.data(), f.N, f.C, f.p, stream, f.first);
+      auto gy = upload(y), gres = upload(residual), gbias = upload(bias);
+      DeviceBuffer gout(n * 4);
+      cuda::bias_dropout_add_forward(gout.as<float>(), gres.as<float>(), gy.as<uint16_t>(), gbias.as<float>(), f.N,
+                                     f.C, f.p, stream, f.first);
+      expect_bits(c, "out", out, download<float>(gout, n));
+      cuda::bias_dropout_add_forward(gres.as<float>(), gres.as<float>(), gy.as<uint16_t>(), gbias.as<float>(), f.N,
+                                     f.C, f.p, stream, f.first);  // in place on the residual
+      expect_bits(c, "out (in place)", out, download<float>(gres, n));
+    }});
+  }
 }
 
 // ---------------------------------------------------------------- elementwise
@@ -748,6 +790,30 @@ void optimizer_cases(std::vector<OpCase>& t) {
       expect_close(c, "v", v, download<float>(gv, v.size()));
     }});
   }
+  // Gradient clipping's coefficient applied as the update reads g: near the CPU's, and on the
+  // GPU the bits of scale_inplace followed by the unscaled update, with g unchanged.
+  t.push_back({"adamw_update_grad_scale", "n100003", {2e-6, 1e-12}, [](const OpCase& c) {
+    const int64_t n = 100003;
+    const float scale = 0.3719f;
+    auto p = rand_floats(static_cast<size_t>(n), 44), m = rand_floats(static_cast<size_t>(n), 45, -0.1f, 0.1f);
+    auto v = rand_floats(static_cast<size_t>(n), 46, 0.0f, 0.01f);
+    const auto g = rand_floats(static_cast<size_t>(n), 47);
+    auto gp = upload(p), gm = upload(m), gv = upload(v), gg = upload(g);
+    auto gp2 = upload(p), gm2 = upload(m), gv2 = upload(v), gg2 = upload(g);
+    adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, scale);
+    cuda::adamw_update(gp.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                       0.1f, 3, scale);
+    expect_close(c, "p", p, download<float>(gp, p.size()));
+    expect_close(c, "m", m, download<float>(gm, m.size()));
+    expect_close(c, "v", v, download<float>(gv, v.size()));
+    expect_bits(c, "g (unchanged)", g, download<float>(gg, g.size()));
+    cuda::scale_inplace(gg2.as<float>(), scale, n);
+    cuda::adamw_update(gp2.as<float>(), gg2.as<float>(), gm2.as<float>(), gv2.as<float>(), n, 1e-3f, 0.9f, 0.95f,
+                       1e-8f, 0.1f, 3);
+    expect_bits(c, "p (against scale_inplace)", download<float>(gp2, p.size()), download<float>(gp, p.size()));
+    expect_bits(c, "m (against scale_inplace)", download<float>(gm2, m.size()), download<float>(gm, m.size()));
+    expect_bits(c, "v (against scale_inplace)", download<float>(gv2, v.size()), download<float>(gv, v.size()));
+  }});
   struct S {
     const char* name;
     float momentum;

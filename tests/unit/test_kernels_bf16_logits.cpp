@@ -170,6 +170,17 @@ TEST(Bf16Inputs, LayerNormAndBiasGeluGiveTheBitsOfTheFp32Path) {
               bias_gelu_backward_packed(dx_c.data(), y2.data(), bias, dout16.data(), N, C, kind, y2.data());
               EXPECT_TRUE(same_bits(dx_c.data(), dx.data(), dx.size())) << what << " (bf16 dout)";
               EXPECT_TRUE(same_bits(y2.data(), dx16_ref.data(), dx16_ref.size())) << what << " (bf16 dout, bf16 gradient)";
+              // And with the bias gradient summed as it goes, no fp32 gradient stored: the
+              // bits of bias_backward on the fp32 one, accumulated onto what dbias held.
+              if (bias) {
+                const auto db0 = random_floats(size_t(C), 9, -1, 1);
+                std::vector<float> db_ref = db0, db = db0;
+                bias_backward(db_ref.data(), dx.data(), N, C);
+                std::vector<uint16_t> y3 = y16;
+                bias_gelu_backward_packed_dbias(y3.data(), db.data(), y3.data(), bias, dout16.data(), N, C, kind);
+                EXPECT_TRUE(same_bits(y3.data(), dx16_ref.data(), dx16_ref.size())) << what << " (dbias form)";
+                EXPECT_TRUE(same_bits(db.data(), db_ref.data(), db.size())) << what << " (dbias)";
+              }
             }
           }
         }

@@ -25,13 +25,9 @@ namespace lattice {
 namespace {
 
 using kernel_test::random_floats;
+using kernel_test::same_bits;
 
 std::string name(Rounding r) { return r == Rounding::bf16 ? "bf16" : r == Rounding::fp16 ? "fp16" : "none"; }
-
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 std::vector<float> rounded(std::vector<float> v, Rounding r) {
   round_to(v.data(), v.data(), int64_t(v.size()), r);
@@ -124,6 +120,31 @@ TEST(KernelFusedRounding, BiasDropoutAddRoundsTheGemmResult) {
       bias_dropout_add_forward(ref.data(), res.data(), y.data(), b.data(), kN, kC, p, stream, 3);
       EXPECT_EQ(r == Rounding::none, same_bits(out, ref)) << name(r);
     });
+}
+
+// The GEMM result as bf16 patterns (gemm_bf16_packed_out, no tensor parallelism): the bits of
+// the fp32 result rounded to bf16 by the kernel, with and without bias, and in place.
+TEST(KernelFusedRounding, BiasDropoutAddReadsTheBf16GemmResult) {
+  const auto y = random_floats(size_t(kN * kC), 7, -4.0f, 4.0f), res = random_floats(size_t(kN * kC), 8);
+  const auto b = random_floats(size_t(kC), 9, -0.5f, 0.5f);
+  std::vector<uint16_t> y16(y.size());
+  cast_fp32_to_bf16(y16.data(), y.data(), int64_t(y.size()));
+  const PhiloxStream stream{7, 11, 2, 1};
+  for (float p : {0.0f, 0.1f})
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {
+        std::vector<float> ref(y.size()), out(y.size(), NAN), in_place = res;
+        bias_dropout_add_forward(ref.data(), res.data(), y.data(), bias, kN, kC, p, stream, 3, Rounding::bf16);
+        bias_dropout_add_forward(out.data(), res.data(), y16.data(), bias, kN, kC, p, stream, 3);
+        const std::string what = std::string(bias ? "bias" : "no bias") + " p=" + std::to_string(p) + ", " +
+                                 std::to_string(threads) + " threads";
+        EXPECT_TRUE(same_bits(out, ref)) << what;
+        bias_dropout_add_forward(in_place.data(), in_place.data(), y16.data(), bias, kN, kC, p, stream, 3);
+        EXPECT_TRUE(same_bits(in_place, ref)) << what << " (in place)";
+      }
+    }
+  omp_set_num_threads(2);
 }
 
 // The input gradient a column-parallel layer hands to the LayerNorm before it (all three

@@ -2,7 +2,9 @@
 #include <omp.h>
 
 #include <cmath>
+#include <string>
 
+#include "kernels/elementwise.h"
 #include "kernels/optimizer.h"
 #include "kernels_test_util.h"
 
@@ -11,6 +13,7 @@ namespace {
 
 using kernel_test::expect_close;
 using kernel_test::random_floats;
+using kernel_test::same_bits;
 using kernel_test::to_double;
 
 TEST(KernelOptimizer, AdamWMatchesDoubleReferenceOverSteps) {
@@ -65,6 +68,43 @@ TEST(KernelOptimizer, SgdMomentumMatchesDoubleReference) {
   }
   expect_close(p, pd, 1e-5, "p");
   expect_close(buf, bd, 1e-5, "buf");
+}
+
+// Gradient clipping's coefficient applied as the update reads the gradients: the bits of
+// scaling them in place first (scale_inplace), g left as it was; for both optimizers, on a
+// length that is not a multiple of the kernel's chunk, with one and two threads.
+TEST(KernelOptimizer, GradScaleGivesTheBitsOfScaledGradients) {
+  const int64_t n = 40001;
+  const float scale = 0.3719f;
+  const auto g = random_floats(n, 5, -2.0f, 2.0f), p0 = random_floats(n, 6);
+  const auto m0 = random_floats(n, 7, -0.1f, 0.1f), v0 = random_floats(n, 8, 0.0f, 0.01f);
+  auto scaled = g;
+  scale_inplace(scaled.data(), scale, n);
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    const std::string what = std::to_string(threads) + " threads";
+    auto p = p0, m = m0, v = v0, pr = p0, mr = m0, vr = v0, gin = g;
+    adamw_update(p.data(), gin.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, scale);
+    adamw_update(pr.data(), scaled.data(), mr.data(), vr.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    EXPECT_TRUE(same_bits(p, pr) && same_bits(m, mr) && same_bits(v, vr)) << "adamw, " << what;
+    EXPECT_TRUE(same_bits(gin, g)) << "adamw changed g, " << what;
+    for (float momentum : {0.0f, 0.9f}) {
+      auto ps = p0, buf = m0, psr = p0, bufr = m0;
+      float* b = momentum != 0.0f ? buf.data() : nullptr;
+      float* br = momentum != 0.0f ? bufr.data() : nullptr;
+      sgd_update(ps.data(), gin.data(), b, n, 0.05f, momentum, 0.01f, false, scale);
+      sgd_update(psr.data(), scaled.data(), br, n, 0.05f, momentum, 0.01f, false);
+      EXPECT_TRUE(same_bits(ps, psr) && same_bits(buf, bufr)) << "sgd momentum " << momentum << ", " << what;
+    }
+    // And a scale of 1 is no scaling at all.
+    auto p1 = p0, m1 = m0, v1 = v0, p1r = p0, m1r = m0, v1r = v0;
+    adamw_update(p1.data(), g.data(), m1.data(), v1.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f);
+    adamw_update(p1r.data(), g.data(), m1r.data(), v1r.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    EXPECT_TRUE(same_bits(p1, p1r) && same_bits(m1, m1r) && same_bits(v1, v1r)) << what;
+    // The scale does change the update (the test could fail).
+    EXPECT_FALSE(same_bits(p, p1)) << what;
+  }
+  omp_set_num_threads(2);
 }
 
 TEST(KernelOptimizer, SgdWithoutMomentum) {

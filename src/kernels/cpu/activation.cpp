@@ -169,4 +169,43 @@ void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, 
   bias_gelu_backward_rows(dx, y, bias, dout, N, C, kind, Rounding::none, dx_bf16);
 }
 
+// Columns in blocks (the tasks), each block's rows in order: every column's sum runs over
+// n = 0..N-1 as bias_backward's does, so the bits are the same for any blocking. Each row
+// segment goes through the bf16-dout form's element math.
+void bias_gelu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
+                                     const uint16_t* dout, int64_t N, int64_t C, GeluKind kind) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_gelu_backward_packed_dbias(dx_bf16, dbias, y, bias, dout, N, C, kind));
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (C + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t c0 = k * kBlock, len = std::min(kBlock, C - c0);
+    alignas(64) float acc[kBlock] = {};
+    alignas(64) float v[kBlock], d[kBlock], g[kBlock];
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t i0 = n * C + c0;
+      const uint16_t* ys = y + i0;
+      const uint16_t* ds = dout + i0;
+      if (bias) {
+        const float* bs = bias + c0;
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]) + bs[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]);
+      }
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) d[j] = math::bf16_to_fp32(ds[j]);
+      gelu_backward_chunk(g, v, d, len, kind);
+      uint16_t* os = dx_bf16 + i0;  // may alias y: its segment is in v
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) {
+        os[j] = math::fp32_to_bf16(g[j]);
+        acc[j] += g[j];
+      }
+    }
+    for (int64_t j = 0; j < len; ++j) dbias[c0 + j] += acc[j];
+  }
+}
+
 }  // namespace lattice

@@ -55,13 +55,14 @@ void dropout_backward(float* dx, const float* dout, int64_t n, float p,
   apply_mask(dx, dout, n, p, stream, first_index);
 }
 
-// Chunks of kChunk elements, each through three L1-resident steps that round like the
-// separate kernels: v = round(y) + bias; v = keep ? v * scale : 0; out = residual + v.
-void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
-                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
-                              Rounding round_y) {
-  LATTICE_KERNEL_ENTRY(
-      cuda::bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index, round_y));
+namespace {
+
+// out = residual + dropout(round(y) + bias), y fp32 or bf16 (math::load_as). Chunks of kChunk
+// elements, each through three L1-resident steps that round like the separate kernels:
+// v = round(y) + bias; v = keep ? v * scale : 0; out = residual + v.
+template <typename Y>
+void bias_dropout_add_rows(float* out, const float* residual, const Y* y, const float* bias, int64_t N, int64_t C,
+                           float p, const PhiloxStream& stream, uint64_t first_index, Rounding round_y) {
   LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "bias_dropout_add: dropout probability " << p << " not in [0, 1)";
   const int64_t n = N * C;
   const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
@@ -74,15 +75,15 @@ void bias_dropout_add_forward(float* out, const float* residual, const float* y,
       // v = round(y) + bias, row segment by row segment (each one vectorizes).
       for (int64_t i = 0, c = i0 % C; i < len; c = 0) {
         const int64_t seg = std::min(len - i, C - c);
-        const float* __restrict ys = y + i0 + i;
+        const Y* __restrict ys = y + i0 + i;
         float* __restrict vs = v + i;
         if (bias) {
           const float* __restrict bs = bias + c;
 #pragma omp simd
-          for (int64_t j = 0; j < seg; ++j) vs[j] = math::round_as<r.value>(ys[j]) + bs[j];
+          for (int64_t j = 0; j < seg; ++j) vs[j] = math::round_as<r.value>(math::load_as(ys, j)) + bs[j];
         } else {
 #pragma omp simd
-          for (int64_t j = 0; j < seg; ++j) vs[j] = math::round_as<r.value>(ys[j]);
+          for (int64_t j = 0; j < seg; ++j) vs[j] = math::round_as<r.value>(math::load_as(ys, j));
         }
         i += seg;
       }
@@ -96,6 +97,22 @@ void bias_dropout_add_forward(float* out, const float* residual, const float* y,
       for (int64_t i = 0; i < len; ++i) out[i0 + i] = residual[i0 + i] + v[i];
     }
   });
+}
+
+}  // namespace
+
+void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
+                              Rounding round_y) {
+  LATTICE_KERNEL_ENTRY(
+      cuda::bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index, round_y));
+  bias_dropout_add_rows(out, residual, y, bias, N, C, p, stream, first_index, round_y);
+}
+
+void bias_dropout_add_forward(float* out, const float* residual, const uint16_t* y, const float* bias, int64_t N,
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index));
+  bias_dropout_add_rows(out, residual, y, bias, N, C, p, stream, first_index, Rounding::none);
 }
 
 }  // namespace lattice

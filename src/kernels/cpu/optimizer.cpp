@@ -14,6 +14,28 @@ namespace lattice {
 
 namespace {
 constexpr int64_t kParallelMin = 16384;
+constexpr int64_t kUpdateChunk = 2048;  // elements per task: an L1-resident gradient buffer
+
+// step(i0, len, g): the update of elements [i0, i0 + len) from their gradients g[0, len),
+// chunk by chunk. With grad_scale != 1 the chunk's g * grad_scale is first stored in a
+// buffer, so each product is rounded on its own (the bits scale_inplace would store) and
+// never contracted into the update's FMAs.
+template <class Step>
+void for_scaled_grads(const float* g, int64_t n, float grad_scale, Step step) {
+  const int64_t chunks = (n + kUpdateChunk - 1) / kUpdateChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t i0 = k * kUpdateChunk, len = std::min(n - i0, kUpdateChunk);
+    alignas(64) float scaled[kUpdateChunk];
+    const float* gk = g + i0;
+    if (grad_scale != 1.0f) {
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) scaled[i] = gk[i] * grad_scale;
+      gk = scaled;
+    }
+    step(i0, len, gk);
+  }
+}
 }  // namespace
 
 // The operation order and the scalar precision follow torch.optim.AdamW's
@@ -22,27 +44,37 @@ constexpr int64_t kParallelMin = 16384;
 // p - step_size * m / (sqrt(v) / sqrt(bc2) + eps). The scalars and the element step live
 // in kernels/optimizer_math.h, shared with the CUDA kernels.
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t step) {
-  LATTICE_KERNEL_ENTRY(cuda::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step));
+                  float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
+  LATTICE_KERNEL_ENTRY(cuda::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale));
   LATTICE_CHECK(step >= 1) << "adamw_update: step " << step << " must be >= 1";
   const math::AdamwScalars s = math::adamw_scalars(lr, beta1, beta2, eps, weight_decay, step);
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) math::adamw_step(p[i], g[i], m[i], v[i], s);
+  for_scaled_grads(g, n, grad_scale, [&](int64_t i0, int64_t len, const float* gs) {
+    float *ps = p + i0, *ms = m + i0, *vs = v + i0;
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) math::adamw_step(ps[i], gs[i], ms[i], vs[i], s);
+  });
 }
 
 // momentum_buf may be null when momentum == 0 (torch keeps no buffer then).
 void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, bool first_step) {
-  LATTICE_KERNEL_ENTRY(cuda::sgd_update(p, g, momentum_buf, n, lr, momentum, weight_decay, first_step));
+                float momentum, float weight_decay, bool first_step, float grad_scale) {
+  LATTICE_KERNEL_ENTRY(
+      cuda::sgd_update(p, g, momentum_buf, n, lr, momentum, weight_decay, first_step, grad_scale));
   if (momentum == 0.0f || momentum_buf == nullptr) {
     LATTICE_CHECK(momentum == 0.0f) << "sgd_update: momentum " << momentum << " needs a buffer";
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) math::sgd_step(p[i], g[i], lr, weight_decay);
+    for_scaled_grads(g, n, grad_scale, [&](int64_t i0, int64_t len, const float* gs) {
+      float* ps = p + i0;
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) math::sgd_step(ps[i], gs[i], lr, weight_decay);
+    });
     return;
   }
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i)
-    math::sgd_momentum_step(p[i], g[i], momentum_buf[i], lr, momentum, weight_decay, first_step);
+  for_scaled_grads(g, n, grad_scale, [&](int64_t i0, int64_t len, const float* gs) {
+    float *ps = p + i0, *bs = momentum_buf + i0;
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i)
+      math::sgd_momentum_step(ps[i], gs[i], bs[i], lr, momentum, weight_decay, first_step);
+  });
 }
 
 // Fixed chunks summed in index order: the result does not depend on the thread count.

@@ -3,6 +3,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/ops_reduce.cuh"
 
 namespace lattice::cuda {
 
@@ -19,18 +20,41 @@ __global__ void gelu_forward_kernel(float* out, const float* x, int64_t n) {
 // dx = gelu'(x + bias) * round(dout): x the fp32 pre-activation (bias null), or a bf16
 // GEMM result with its bias [C] (bias_gelu_backward_packed); dx may alias dout, dx16 (dx in
 // bf16, or null) may alias x.
+// Element i of that gradient (column c = i % C).
+template <GeluKind kKind, class Tx, class Td>
+__device__ __forceinline__ float gelu_backward_at(const Tx* x, const float* bias, int64_t c, const Td* dout,
+                                                  int64_t i, Rounding r) {
+  float v = math::load_as(x, i);
+  if (bias) v = __fadd_rn(v, bias[c]);
+  const float d = math::round_as(math::load_as(dout, i), r);
+  return kKind == GeluKind::erf ? math::gelu_erf_backward(v, d) : math::gelu_tanh_backward(v, d);
+}
+
 template <GeluKind kKind, class Tx, class Td>
 __global__ void gelu_backward_kernel(float* dx, uint16_t* dx16, const Tx* x, const float* bias, int64_t C,
                                      const Td* dout, int64_t n, Rounding r) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float v = math::load_as(x, i);
-    if (bias) v = __fadd_rn(v, bias[i % C]);
-    const float d = math::round_as(math::load_as(dout, i), r);
-    const float g = kKind == GeluKind::erf ? math::gelu_erf_backward(v, d) : math::gelu_tanh_backward(v, d);
+    const float g = gelu_backward_at<kKind>(x, bias, i % C, dout, i, r);
     dx[i] = g;
     if (dx16) dx16[i] = math::fp32_to_bf16(g);
   }
 }
+
+// The column sums' element (n, c) of bias_gelu_backward_packed_dbias: the gradient, whose
+// bf16 cast it stores (each element is visited once).
+template <GeluKind kKind>
+struct GeluBackwardColumn {
+  uint16_t* dx16;
+  const uint16_t* y;
+  const float* bias;
+  const uint16_t* dout;
+  int64_t C;
+  __device__ void operator()(int64_t n, int64_t c, float v[1]) const {
+    const int64_t i = n * C + c;
+    v[0] = gelu_backward_at<kKind>(y, bias, c, dout, i, Rounding::none);
+    dx16[i] = math::fp32_to_bf16(v[0]);
+  }
+};
 
 // pre = round(y) + bias (pre may alias y; null: not stored), out = gelu(pre) in fp32 or
 // bf16; y (fp32, or a bf16 GEMM result with r none), pre, out: [N, C]
@@ -85,6 +109,19 @@ void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, 
                                int64_t C, GeluKind kind, uint16_t* dx_bf16) {
   launch_gelu_backward(dx, dx_bf16, y, bias, C, dout, N * C, kind, Rounding::none);
   LATTICE_CUDA_LAUNCHED("bias_gelu_backward_packed");
+}
+
+// The bias_backward column sums (the same blocking, so the same bits) of the gradient
+// computed in place of reading it.
+void bias_gelu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
+                                     const uint16_t* dout, int64_t N, int64_t C, GeluKind kind) {
+  const char* what = "bias_gelu_backward_packed_dbias";
+  if (kind == GeluKind::erf)
+    column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}},
+                              GeluBackwardColumn<GeluKind::erf>{dx_bf16, y, bias, dout, C}, N, C, what);
+  else
+    column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}},
+                              GeluBackwardColumn<GeluKind::tanh>{dx_bf16, y, bias, dout, C}, N, C, what);
 }
 
 namespace {

@@ -52,10 +52,11 @@ void apply_mask(float* out, const float* x, int64_t n, float p, const PhiloxStre
   LATTICE_CUDA_LAUNCHED(what);
 }
 
-// out[i] = residual[i] + dropout(round(y[i]) + bias[i % C]), one thread per Philox block as above.
-// Explicitly rounded operations (no contraction into an FMA), so the bits are those of
-// bias_add, dropout and add_forward run one after the other.
-__global__ void bias_dropout_add_kernel(float* out, const float* residual, const float* y, const float* bias,
+// out[i] = residual[i] + dropout(round(y[i]) + bias[i % C]), one thread per Philox block as above;
+// y fp32, or bf16 (already rounded: round_y none). Explicitly rounded operations (no contraction
+// into an FMA), so the bits are those of bias_add, dropout and add_forward run one after the other.
+template <typename Y>
+__global__ void bias_dropout_add_kernel(float* out, const float* residual, const Y* y, const float* bias,
                                         int64_t C, int64_t n, bool dropout, uint32_t threshold, float scale,
                                         PhiloxStream stream, uint64_t first_index, uint64_t first_block,
                                         int64_t blocks, Rounding round_y) {
@@ -68,7 +69,7 @@ __global__ void bias_dropout_add_kernel(float* out, const float* residual, const
       const uint64_t idx = (blk << 2) + uint64_t(q);
       if (idx < first_index || idx >= first_index + uint64_t(n)) continue;
       const int64_t i = int64_t(idx - first_index);
-      const float yi = math::round_as(y[i], round_y);
+      const float yi = math::round_as(math::load_as(y, i), round_y);
       float v = bias ? __fadd_rn(yi, bias[i % C]) : yi;
       if (dropout) v = (r[q] >> 8) >= threshold ? __fmul_rn(v, scale) : 0.0f;
       out[i] = __fadd_rn(residual[i], v);
@@ -78,9 +79,11 @@ __global__ void bias_dropout_add_kernel(float* out, const float* residual, const
 
 }  // namespace
 
-void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
-                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
-                              Rounding round_y) {
+namespace {
+
+template <typename Y>
+void launch_bias_dropout_add(float* out, const float* residual, const Y* y, const float* bias, int64_t N, int64_t C,
+                             float p, const PhiloxStream& stream, uint64_t first_index, Rounding round_y) {
   LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "bias_dropout_add: dropout probability " << p << " not in [0, 1)";
   const int64_t n = N * C;
   if (n <= 0) return;
@@ -88,9 +91,22 @@ void bias_dropout_add_forward(float* out, const float* residual, const float* y,
   const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
   const uint64_t first_block = first_index >> 2;
   const int64_t blocks = int64_t(((first_index + uint64_t(n) - 1) >> 2) - first_block + 1);
-  launch(bias_dropout_add_kernel, grid_for(blocks, kThreads), kThreads, 0,
+  launch(bias_dropout_add_kernel<Y>, grid_for(blocks, kThreads), kThreads, 0,
       out, residual, y, bias, C, n, p > 0.0f, threshold, scale, stream, first_index, first_block, blocks, round_y);
   LATTICE_CUDA_LAUNCHED("bias_dropout_add_forward");
+}
+
+}  // namespace
+
+void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
+                              Rounding round_y) {
+  launch_bias_dropout_add(out, residual, y, bias, N, C, p, stream, first_index, round_y);
+}
+
+void bias_dropout_add_forward(float* out, const float* residual, const uint16_t* y, const float* bias, int64_t N,
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index) {
+  launch_bias_dropout_add(out, residual, y, bias, N, C, p, stream, first_index, Rounding::none);
 }
 
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,

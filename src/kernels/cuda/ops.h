@@ -35,6 +35,8 @@ void bias_gelu_forward_packed(uint16_t* out, const uint16_t* y, const float* bia
 void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const float* dout, int64_t N,
                                int64_t C, GeluKind kind, Rounding round_dout = Rounding::none,
                                uint16_t* dx_bf16 = nullptr);
+void bias_gelu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
+                                     const uint16_t* dout, int64_t N, int64_t C, GeluKind kind);
 void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const uint16_t* dout, int64_t N,
                                int64_t C, GeluKind kind, uint16_t* dx_bf16 = nullptr);
 
@@ -46,6 +48,8 @@ void dropout_backward(float* dx, const float* dout, int64_t n, float p,
 void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
                               int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
                               Rounding round_y = Rounding::none);
+void bias_dropout_add_forward(float* out, const float* residual, const uint16_t* y, const float* bias, int64_t N,
+                              int64_t C, float p, const PhiloxStream& stream, uint64_t first_index);
 
 // ---- elementwise.h
 void add_forward(float* out, const float* a, const float* b, int64_t n);
@@ -94,9 +98,9 @@ void vocab_parallel_ce_backward(float* exp_to_dlogits, const double* stats, cons
 
 // ---- optimizer.h
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t step);
+                  float beta2, float eps, float weight_decay, int64_t step, float grad_scale = 1.0f);
 void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, bool first_step);
+                float momentum, float weight_decay, bool first_step, float grad_scale = 1.0f);
 // Waits for the result (a host double).
 double sum_of_squares(const float* x, int64_t n);
 // Waits for the result (a host bool).

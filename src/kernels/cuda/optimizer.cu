@@ -17,29 +17,36 @@ constexpr int kSumBlocks = 512;
 #define LATTICE_GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, math::AdamwScalars s) {
+// g[i] * scale rounded on its own (never contracted into the update's FMAs): the value
+// scale_inplace would have stored; g[i] itself when scale is 1.
+__device__ __forceinline__ float scaled_grad(const float* g, int64_t i, float scale) {
+  return scale == 1.0f ? g[i] : __fmul_rn(g[i], scale);
+}
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, math::AdamwScalars s,
+                             float grad_scale) {
   LATTICE_GRID_STRIDE(i, n) {
     float pi = p[i], mi = m[i], vi = v[i];
-    math::adamw_step(pi, g[i], mi, vi, s);
+    math::adamw_step(pi, scaled_grad(g, i, grad_scale), mi, vi, s);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
   }
 }
 
-__global__ void sgd_kernel(float* p, const float* g, int64_t n, float lr, float weight_decay) {
+__global__ void sgd_kernel(float* p, const float* g, int64_t n, float lr, float weight_decay, float grad_scale) {
   LATTICE_GRID_STRIDE(i, n) {
     float pi = p[i];
-    math::sgd_step(pi, g[i], lr, weight_decay);
+    math::sgd_step(pi, scaled_grad(g, i, grad_scale), lr, weight_decay);
     p[i] = pi;
   }
 }
 
 __global__ void sgd_momentum_kernel(float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
-                                    float weight_decay, bool first_step) {
+                                    float weight_decay, bool first_step, float grad_scale) {
   LATTICE_GRID_STRIDE(i, n) {
     float pi = p[i], bi = buf[i];
-    math::sgd_momentum_step(pi, g[i], bi, lr, momentum, weight_decay, first_step);
+    math::sgd_momentum_step(pi, scaled_grad(g, i, grad_scale), bi, lr, momentum, weight_decay, first_step);
     p[i] = pi;
     buf[i] = bi;
   }
@@ -74,24 +81,24 @@ __global__ void non_finite_kernel(int* flag, const float* x, int64_t n) {
 }  // namespace
 
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t step) {
+                  float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
   LATTICE_CHECK(step >= 1) << "adamw_update: step " << step << " must be >= 1";
   if (n <= 0) return;
   const math::AdamwScalars s = math::adamw_scalars(lr, beta1, beta2, eps, weight_decay, step);
-  launch(adamw_kernel, grid_for(n, kThreads), kThreads, 0, p, g, m, v, n, s);
+  launch(adamw_kernel, grid_for(n, kThreads), kThreads, 0, p, g, m, v, n, s, grad_scale);
   LATTICE_CUDA_LAUNCHED("adamw_update");
 }
 
 void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, bool first_step) {
+                float momentum, float weight_decay, bool first_step, float grad_scale) {
   if (momentum == 0.0f || momentum_buf == nullptr) {
     LATTICE_CHECK(momentum == 0.0f) << "sgd_update: momentum " << momentum << " needs a buffer";
     if (n <= 0) return;
-    launch(sgd_kernel, grid_for(n, kThreads), kThreads, 0, p, g, n, lr, weight_decay);
+    launch(sgd_kernel, grid_for(n, kThreads), kThreads, 0, p, g, n, lr, weight_decay, grad_scale);
   } else {
     if (n <= 0) return;
     launch(sgd_momentum_kernel, grid_for(n, kThreads), kThreads, 0, p, g, momentum_buf, n, lr, momentum,
-                                                                          weight_decay, first_step);
+           weight_decay, first_step, grad_scale);
   }
   LATTICE_CUDA_LAUNCHED("sgd_update");
 }
