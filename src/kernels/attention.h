@@ -74,10 +74,15 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 // dqkv: [B,T,H,3,D] written (not accumulated). Recomputes the probabilities from lse.
 // dqkv_bf16, when not null, gets dqkv's bf16 cast too (the QKV layer's output gradient as
 // its GEMMs read it, made here instead of by a conversion pass).
+// dbias, when not null, accumulates the QKV layer's bias gradient, the column sums of dqkv
+// over its B*T rows: dbias[(h*3 + part)*D + d] += sum_(b,t) dqkv[b,t,h,part,d]. dqkv is then
+// scratch: the tensor-core kernels sum each tile's rows as they finish it and never store
+// the fp32 dqkv (its [B*T, 3*H*D] values written and read again for the bias alone); the
+// others write it and sum it as bias_backward does (the same bits as calling it after).
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32,
-                        uint16_t* dqkv_bf16 = nullptr);
+                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr);
 
 // Decoding with a KV cache (generation), one layer. k_cache, v_cache: [H, Tmax, D]; the n
 // new tokens sit at positions past .. past+n-1 and their qkv is [n, H, 3, D].

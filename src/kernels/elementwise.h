@@ -18,6 +18,9 @@ void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding roun
 
 // dbias[c] += sum_n dout[n,c]   (deterministic)
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);
+// bias_backward (its bits) that also writes dout's bf16 cast, dout_bf16 [N, C]: a linear
+// layer's output gradient as its GEMMs read it, with one read of dout for both.
+void bias_backward_cast_bf16(float* dbias, uint16_t* dout_bf16, const float* dout, int64_t N, int64_t C);
 
 // x *= s
 void scale_inplace(float* x, float s, int64_t n);

@@ -505,6 +505,14 @@ LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const
   return LinearInput(attn);
 }
 
+uint16_t* GPTModel::row_output_grad_bf16(int b, const float* dy, int64_t N) {
+  const int64_t C = cfg_.hidden_size;
+  if (!bf16_inputs() || tp_.sp() || C > 2 * Fl_) return nullptr;
+  uint16_t* dy16 = reinterpret_cast<uint16_t*>(scratch_->d_f);
+  bias_backward_cast_bf16(params_.grad(b), dy16, dy, N, C);
+  return dy16;
+}
+
 const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p, const PhiloxStream& stream,
                                                uint64_t first_index) const {
   if (p == 0.0f) return scratch_->d_resid;
@@ -571,9 +579,12 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     // gradient in bf16 only, for fc1's GEMMs, in the place of fc1's bf16 result (read there
     // for the last time), summing fc1's bias gradient as it goes (no fp32 gradient stored).
     const bool bf16 = bf16_inputs();
-    row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w), params_.grad(p.fc2_b), d_fc2,
-                                 sc.d_c2, input(x.gelu), params_.param(p.fc2_w), N, Fl_, C,
-                                 bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller());
+    const uint16_t* d_fc2_16 = row_output_grad_bf16(p.fc2_b, d_fc2, N);
+    row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w),
+                                 d_fc2_16 ? nullptr : params_.grad(p.fc2_b), d_fc2, sc.d_c2, input(x.gelu),
+                                 params_.param(p.fc2_w), N, Fl_, C,
+                                 bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller(),
+                                 d_fc2_16);
     uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
     if (bf16)
       bias_gelu_backward_packed_dbias(d_f16, params_.grad(p.fc1_b), d_f16, params_.param(p.fc1_b),
@@ -592,22 +603,25 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
     // and the attention backward reads it as it is (no rounding pass, half the bytes).
     const bool bf16_d_attn = bf16_qkv();
-    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), params_.grad(p.proj_b), d_proj, sc.d_c1,
-                                 proj_input(x.qkv, x.attn, N), params_.param(p.proj_w), N, Cl, C,
-                                 bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w));
+    const uint16_t* d_proj16 = row_output_grad_bf16(p.proj_b, d_proj, N);
+    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), d_proj16 ? nullptr : params_.grad(p.proj_b),
+                                 d_proj, sc.d_c1, proj_input(x.qkv, x.attn, N), params_.param(p.proj_w), N, Cl, C,
+                                 bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w), d_proj16);
     const AttentionOperand d_attn = bf16_d_attn
                                         ? AttentionOperand::in_bf16(reinterpret_cast<const uint16_t*>(sc.d_c2))
                                         : AttentionOperand(sc.d_c2);
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
-    // With bf16 qkv the attention backward also writes the QKV layer's output gradient in
-    // bf16 for its GEMMs, into sc.d_f (free again: fc1's backward is done; it holds the
-    // [N, 3Cl] bf16 values when ffn_hidden_size >= 1.5 hidden_size); the fp32 one is for
-    // the bias gradient.
+    // With bf16 qkv the attention backward writes the QKV layer's output gradient in bf16
+    // for its GEMMs, into sc.d_f (free again: fc1's backward is done; it holds the [N, 3Cl]
+    // bf16 values when ffn_hidden_size >= 1.5 hidden_size), and sums the bias gradient from
+    // the fp32 one (which its tensor-core kernels then never store in sc.d_3c).
     uint16_t* d_3c16 = bf16_d_attn && 3 * Cl <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
+    float* d_qkv_b = d_3c16 ? params_.grad(p.qkv_b) : nullptr;
     attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
-                       docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16);
-    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), params_.grad(p.qkv_b), sc.d_3c,
+                       docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
+    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
+                                    d_qkv_b ? nullptr : params_.grad(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
                                     ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl,
                                     site(p.qkv_w).rounded_by_caller(), d_3c16);
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[i],

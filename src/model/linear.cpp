@@ -20,7 +20,8 @@ void GemmPolicy::weight_grad_bf16(int, float*, const uint16_t*, LinearInput, int
 void GemmPolicy::input_grad_bf16(int, float*, const uint16_t*, const float*, int64_t, int64_t, int64_t, bool) {
   LATTICE_FAIL() << "mixed precision: this policy has no bf16 output gradients";
 }
-const uint16_t* GemmPolicy::input_grad_packed(int, float*, const float*, const float*, int64_t, int64_t, int64_t) {
+const uint16_t* GemmPolicy::input_grad_packed(int, float*, const float*, const uint16_t*, const float*, int64_t,
+                                              int64_t, int64_t) {
   LATTICE_FAIL() << "mixed precision: this policy has no bf16 results";
 }
 
@@ -45,7 +46,7 @@ void linear_backward(float* dx, float* dW, float* db, const float* dy, LinearInp
                      const GemmSite& site, const uint16_t* dy_bf16) {
   LATTICE_CHECK(!dy_bf16 || (site.policy && site.policy->bf16_results()))
       << "linear_backward: a bf16 output gradient without a bf16 policy";
-  LATTICE_CHECK(dy || (dy_bf16 && !db && !site.packed_input_grad))
+  LATTICE_CHECK(dy || (dy_bf16 && !db))
       << "linear_backward: without the fp32 output gradient, a bf16 one and no bias gradient";
   if (dy_bf16)
     site.policy->weight_grad_bf16(site.param, dW, dy_bf16, x, N, in, out);
@@ -56,9 +57,9 @@ void linear_backward(float* dx, float* dW, float* db, const float* dy, LinearInp
   if (db) bias_backward(db, dy, N, out);
   if (!dx) return;
   if (site.packed_input_grad) {
-    LATTICE_CHECK(site.policy && site.policy->bf16_results() && site.caller_rounds && !accumulate_dx && !dy_bf16)
-        << "linear_backward: a packed input gradient needs a bf16 policy, caller rounding and a written dy";
-    site.policy->input_grad_packed(site.param, dx, dy, W, N, in, out);
+    LATTICE_CHECK(site.policy && site.policy->bf16_results() && site.caller_rounds && !accumulate_dx)
+        << "linear_backward: a packed input gradient needs a bf16 policy and caller rounding";
+    site.policy->input_grad_packed(site.param, dx, dy, dy_bf16, W, N, in, out);
     return;
   }
   if (site.policy) {

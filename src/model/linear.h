@@ -62,9 +62,10 @@ class GemmPolicy {
   virtual void input_grad_bf16(int param, float* dx, const uint16_t* dy, const float* W, int64_t N, int64_t in,
                                int64_t out, bool accumulate);
   // dx = round_result(dy W) as bf16 [N, in], packed at the start of dx_buffer (N * in
-  // floats), for a caller that reads the rounded input gradient as bf16. Returns it.
-  virtual const uint16_t* input_grad_packed(int param, float* dx_buffer, const float* dy, const float* W, int64_t N,
-                                            int64_t in, int64_t out);
+  // floats), for a caller that reads the rounded input gradient as bf16. Returns it. dy_bf16:
+  // dy's bf16 cast when the caller has it (else dy is converted, or weight_grad's kept).
+  virtual const uint16_t* input_grad_packed(int param, float* dx_buffer, const float* dy, const uint16_t* dy_bf16,
+                                            const float* W, int64_t N, int64_t in, int64_t out);
 };
 
 // Where a linear layer's GEMMs go: the model's policy (null: fp32) and the weight's index.

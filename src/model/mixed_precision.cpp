@@ -126,13 +126,15 @@ class HalfPolicy final : public MixedPrecisionPolicy {
     else
       GemmPolicy::input_grad_bf16(param, dx, dy, W, N, in, out, accumulate);
   }
-  const uint16_t* input_grad_packed(int param, float* dx_buffer, const float* dy, const float* W, int64_t N,
-                                    int64_t in, int64_t out) override {
-    if constexpr (kBf16)
-      return gemm_bf16_packed_out(Trans::N, Trans::N, N, in, out, 1.0f, output_grad(param, dy, N * out), out,
-                                  weight(param, W, out * in), in, dx_buffer);
-    else
-      return GemmPolicy::input_grad_packed(param, dx_buffer, dy, W, N, in, out);
+  const uint16_t* input_grad_packed(int param, float* dx_buffer, const float* dy, const uint16_t* dy_bf16,
+                                    const float* W, int64_t N, int64_t in, int64_t out) override {
+    if constexpr (kBf16) {
+      const uint16_t* g = dy_bf16 ? dy_bf16 : output_grad(param, dy, N * out);
+      return gemm_bf16_packed_out(Trans::N, Trans::N, N, in, out, 1.0f, g, out, weight(param, W, out * in), in,
+                                  dx_buffer);
+    } else {
+      return GemmPolicy::input_grad_packed(param, dx_buffer, dy, dy_bf16, W, N, in, out);
+    }
   }
   void weight_grad(int param, float* dW, const float* dy, LinearInput x, int64_t N, int64_t in,
                    int64_t out) override {

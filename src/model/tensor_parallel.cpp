@@ -55,7 +55,9 @@ void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* part
 
 void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, float* dW, float* db,
                                   const float* dy, float* dy_full, LinearInput x, const float* W,
-                                  int64_t N, int64_t in_local, int64_t out, const GemmSite& site) {
+                                  int64_t N, int64_t in_local, int64_t out, const GemmSite& site,
+                                  const uint16_t* dy_bf16) {
+  LATTICE_CHECK(!(dy_bf16 && tp.sp())) << "row_parallel_linear_backward: a bf16 output gradient of a shard";
   const float* g = dy;
   if (tp.sp()) {
     const int64_t rows = tp.shard_rows(N);
@@ -63,7 +65,7 @@ void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, flo
     gather_from_sequence_parallel_region(tp, dy_full, N, out);
     g = dy_full;
   }
-  linear_backward(dx_local, dW, db, g, x, W, N, in_local, out, false, site);
+  linear_backward(dx_local, dW, db, g, x, W, N, in_local, out, false, site, dy_bf16);
 }
 
 }  // namespace lattice

@@ -61,9 +61,11 @@ void row_parallel_linear_forward(const TensorParallel& tp, float* y, float* part
 // RowParallelLinear backward: dy is [N, out] (replicated) or, with sequence parallelism,
 // this rank's [N/T, out] shard, all-gathered first into dy_full [N, out] (unused
 // otherwise). db [out] gets the bias gradient of all N rows on every rank; dW
-// [out, in_local] accumulates; dx_local [N, in_local] is written.
+// [out, in_local] accumulates; dx_local [N, in_local] is written. dy_bf16 (without sequence
+// parallelism only): dy's bf16 cast for the GEMMs, as linear_backward takes it.
 void row_parallel_linear_backward(const TensorParallel& tp, float* dx_local, float* dW, float* db,
                                   const float* dy, float* dy_full, LinearInput x, const float* W,
-                                  int64_t N, int64_t in_local, int64_t out, const GemmSite& site = {});
+                                  int64_t N, int64_t in_local, int64_t out, const GemmSite& site = {},
+                                  const uint16_t* dy_bf16 = nullptr);
 
 }  // namespace lattice

@@ -20,6 +20,7 @@
 #include "kernels/cast.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/ops.h"
 
 namespace lattice {
 namespace {
@@ -380,6 +381,61 @@ TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
           EXPECT_EQ(0, std::memcmp(results[0][t].data(), results[1][t].data(), results[0][t].size() * 4))
               << what << ": " << names[t] << " differs between the packed and the fp32 input";
       }
+}
+
+// The QKV bias gradient summed by the backward (dbias): the column sums of the fp32 dqkv a
+// backward without it writes. The fp32 kernels (math fp32, and D = 40) write dqkv and sum it
+// with bias_backward: the same bits. The tensor-core kernels sum each 64-row tile as they
+// finish it and never store dqkv: the same sums in another order, within the float bound of
+// a sum of that many terms (rows x 2^-24 x the column's sum of magnitudes; a missing or extra
+// row is off by about 1/rows of it). The bf16 dqkv is unchanged; T spans one to three tiles.
+TEST(CudaAttentionBiasGrad, SumsTheFp32Gradient) {
+  LATTICE_REQUIRE_CUDA();
+  for (AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16, AttentionMath::fp16})
+    for (const Case& c : {Case{2, 37, 3, 64}, Case{1, 45, 2, 40}, Case{1, 97, 1, 128}, Case{2, 150, 2, 64}}) {
+      const std::string what = "math " + std::to_string(int(math)) + " B" + std::to_string(c.B) + " T" +
+                               std::to_string(c.T) + " H" + std::to_string(c.H) + " D" + std::to_string(c.D);
+      const AttentionShape s{c.B, c.T, c.H, c.D};
+      const AttentionDropout drop = tensor_parallel_rank1_dropout(c.H);
+      const auto docs = document_ids(c.B, c.T, 5);
+      const int64_t rows = c.B * c.T, cols = c.H * 3 * c.D;
+      const size_t n_qkv = size_t(rows * cols), n_out = size_t(c.B * c.T * c.H * c.D), n_lse = size_t(c.B * c.H * c.T);
+      auto d_qkv = upload(random_floats(n_qkv, 51, -1.5f, 1.5f)), d_dout = upload(random_floats(n_out, 52, -1.0f, 1.0f));
+      auto d_docs = upload(docs);
+      cuda::DeviceBuffer d_out(n_out * 4), d_lse(n_lse * 4), d_dqkv(n_qkv * 4), d_dqkv16(n_qkv * 2),
+          d_dqkv16_b(n_qkv * 2);
+      cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, drop, d_docs.as<int32_t>(),
+                              math);
+      cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out.as<float>(),
+                               d_lse.as<float>(), s, drop, d_docs.as<int32_t>(), math, d_dqkv16.as<uint16_t>());
+      const auto dqkv = download<float>(d_dqkv, n_qkv);
+      const auto db0 = random_floats(size_t(cols), 53, -1.0f, 1.0f);
+      auto d_db_ref = upload(db0), d_db = upload(db0);
+      cuda::bias_backward(d_db_ref.as<float>(), d_dqkv.as<float>(), rows, cols);
+      cuda::DeviceBuffer d_scratch(n_qkv * 4);
+      cuda::attention_backward(d_scratch.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out.as<float>(),
+                               d_lse.as<float>(), s, drop, d_docs.as<int32_t>(), math, d_dqkv16_b.as<uint16_t>(),
+                               d_db.as<float>());
+      const auto db_ref = download<float>(d_db_ref, size_t(cols)), db = download<float>(d_db, size_t(cols));
+      const auto g16 = download<uint16_t>(d_dqkv16, n_qkv), g16_b = download<uint16_t>(d_dqkv16_b, n_qkv);
+      EXPECT_EQ(0, std::memcmp(g16.data(), g16_b.data(), n_qkv * 2)) << what << ": the bf16 dqkv";
+      const bool tensor_cores = math != AttentionMath::fp32 && (c.D == 64 || c.D == 128);
+      if (!tensor_cores) {
+        EXPECT_EQ(0, std::memcmp(db.data(), db_ref.data(), db.size() * 4)) << what << ": dbias";
+        continue;
+      }
+      int bad = 0;
+      for (int64_t j = 0; j < cols; ++j) {
+        double magnitude = std::fabs(db0[size_t(j)]);
+        for (int64_t r = 0; r < rows; ++r) magnitude += std::fabs(dqkv[size_t(r * cols + j)]);
+        if (std::fabs(double(db[size_t(j)]) - double(db_ref[size_t(j)])) > double(rows) * 0x1p-24 * magnitude &&
+            bad++ < 3)
+          ADD_FAILURE() << what << ": dbias[" << j << "] " << db[size_t(j)] << ", column sum " << db_ref[size_t(j)];
+      }
+      EXPECT_EQ(bad, 0) << what;
+      // The sums have a term per row: a wrong tile or row count shows far above that bound.
+      EXPECT_NE(0, std::memcmp(db.data(), db0.data(), db.size() * 4)) << what;
+    }
 }
 
 TEST(CudaAttentionArgs, HeadDimAbove128IsRefused) {

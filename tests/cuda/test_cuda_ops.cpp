@@ -514,6 +514,15 @@ void elementwise_cases(std::vector<OpCase>& t) {
       auto gdbias2 = upload(rand_floats(static_cast<size_t>(C), 23));
       cuda::bias_backward(gdbias2.as<float>(), gdout.as<float>(), N, C);
       expect_bits(c, "dbias (second run)", once, download<float>(gdbias2, dbias.size()));
+      // With the bf16 cast written in the same pass: the GPU's bias_backward bits and the cast.
+      auto gdbias3 = upload(rand_floats(static_cast<size_t>(C), 23));
+      DeviceBuffer gcast(size_t(N * C) * 2);
+      cuda::bias_backward_cast_bf16(gdbias3.as<float>(), gcast.as<uint16_t>(), gdout.as<float>(), N, C);
+      expect_bits(c, "dbias (with the cast)", once, download<float>(gdbias3, dbias.size()));
+      std::vector<uint16_t> cast(static_cast<size_t>(N * C));
+      cast_fp32_to_bf16(cast.data(), dout.data(), N * C);
+      const auto got = download<uint16_t>(gcast, cast.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), cast.data(), cast.size() * 2)) << c.op << " " << c.shape << ": the cast";
     }});
   }
 }

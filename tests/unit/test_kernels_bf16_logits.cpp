@@ -229,6 +229,13 @@ TEST(Bf16Qkv, AttentionOnBf16OperandsIsTheAttentionOnTheirFp32Values) {
     // The QKV layer's output gradient in bf16 too: the cast of the fp32 one.
     const auto dqkv16_ref = to_bf16(dqkv[0]);
     EXPECT_TRUE(same_bits(dqkv16.data(), dqkv16_ref.data(), dqkv16_ref.size())) << (b ? "with bias" : "without bias");
+    // And the bias gradient summed by the backward: bias_backward's bits on the fp32 dqkv.
+    const auto db0 = random_floats(size_t(row), 12);
+    std::vector<float> db = db0, db_ref = db0, dqkv_c(size_t(rows * row));
+    bias_backward(db_ref.data(), dqkv[0].data(), rows, row);
+    attention_backward(dqkv_c.data(), AttentionOperand::in_bf16(dout16.data()), AttentionOperand::packed(y16.data(), b),
+                       out[1].data(), lse[1].data(), s, drop, docs.data(), AttentionMath::fp32, nullptr, db.data());
+    EXPECT_TRUE(same_bits(db.data(), db_ref.data(), db.size())) << (b ? "with bias" : "without bias") << ": dbias";
     const std::string what = b ? "with bias" : "without bias";
     EXPECT_TRUE(same_bits(out[1].data(), out[0].data(), out[0].size())) << what;
     EXPECT_TRUE(same_bits(lse[1].data(), lse[0].data(), lse[0].size())) << what;

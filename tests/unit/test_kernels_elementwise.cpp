@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include "kernels/cast.h"
 #include "kernels/elementwise.h"
 #include "kernels_test_util.h"
 
@@ -11,6 +12,7 @@ using kernel_test::expect_close;
 using kernel_test::numeric_grad;
 using kernel_test::project;
 using kernel_test::random_floats;
+using kernel_test::same_bits;
 using kernel_test::to_double;
 
 TEST(KernelElementwise, AddAccumulateScale) {
@@ -60,6 +62,28 @@ TEST(KernelElementwise, BiasBackwardIndependentOfThreadCount) {
   bias_backward(two.data(), d.data(), N, C);
   omp_set_num_threads(saved);
   EXPECT_EQ(one, two);
+}
+
+// The bias gradient with the output gradient's bf16 cast written in the same pass: the bits
+// of bias_backward (accumulated onto what dbias held) and of cast_fp32_to_bf16, with one and
+// two threads, C not a multiple of the column chunk.
+TEST(KernelElementwise, BiasBackwardCastIsBiasBackwardAndTheCast) {
+  const int64_t N = 300, C = 701;
+  const auto d = random_floats(N * C, 7, -3.0f, 3.0f), db0 = random_floats(C, 8);
+  std::vector<uint16_t> cast_ref(size_t(N * C));
+  cast_fp32_to_bf16(cast_ref.data(), d.data(), N * C);
+  std::vector<float> db_ref = db0;
+  bias_backward(db_ref.data(), d.data(), N, C);
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    std::vector<float> db = db0;
+    std::vector<uint16_t> cast(size_t(N * C), 0x7fc1);
+    bias_backward_cast_bf16(db.data(), cast.data(), d.data(), N, C);
+    EXPECT_TRUE(same_bits(db, db_ref)) << threads << " threads";
+    EXPECT_TRUE(same_bits(cast, cast_ref)) << threads << " threads";
+  }
+  omp_set_num_threads(saved);
 }
 
 }  // namespace

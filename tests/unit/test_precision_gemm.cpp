@@ -207,12 +207,17 @@ TEST(PrecisionPolicy, Bf16ResultsAreTheRoundedResults) {
   p->input_grad(2, dx_w.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out, false);
   std::vector<uint16_t> dx_ref(dx_w.size());
   cast_fp32_to_bf16(dx_ref.data(), dx_w.data(), int64_t(dx_w.size()));
-  const uint16_t* dx_packed = p->input_grad_packed(2, dx_buffer.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out);
+  const uint16_t* dx_packed =
+      p->input_grad_packed(2, dx_buffer.data(), c.dy.data(), nullptr, c.W.data(), c.N, c.in, c.out);
   EXPECT_EQ(static_cast<const void*>(dx_packed), static_cast<const void*>(dx_buffer.data()));
   EXPECT_EQ(0, std::memcmp(dx_packed, dx_ref.data(), dx_ref.size() * sizeof(uint16_t)));
   std::fill(dx_buffer.begin(), dx_buffer.end(), 7.0f);
   p->weight_grad(2, dW_w.data(), c.dy.data(), c.x.data(), c.N, c.in, c.out);
-  dx_packed = p->input_grad_packed(2, dx_buffer.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out);
+  dx_packed = p->input_grad_packed(2, dx_buffer.data(), c.dy.data(), nullptr, c.W.data(), c.N, c.in, c.out);
+  EXPECT_EQ(0, std::memcmp(dx_packed, dx_ref.data(), dx_ref.size() * sizeof(uint16_t)));
+  // And from dy's bf16 cast made by the caller (no fp32 dy read): the same bits.
+  std::fill(dx_buffer.begin(), dx_buffer.end(), 7.0f);
+  dx_packed = p->input_grad_packed(2, dx_buffer.data(), nullptr, dy16.data(), c.W.data(), c.N, c.in, c.out);
   EXPECT_EQ(0, std::memcmp(dx_packed, dx_ref.data(), dx_ref.size() * sizeof(uint16_t)));
   // Inputs already in bf16 (LinearInput::in_bf16): the same results as converting fp32 ones.
   std::vector<uint16_t> x16(c.x.size());
@@ -231,7 +236,8 @@ TEST(PrecisionPolicy, Bf16ResultsAreTheRoundedResults) {
   for (auto& q : others) {
     EXPECT_FALSE(q->bf16_results()) << q->name();
     EXPECT_THROW(q->forward_bf16(0, buffer.data(), c.x.data(), c.W.data(), c.N, c.in, c.out), Error) << q->name();
-    EXPECT_THROW(q->input_grad_packed(0, buffer.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out), Error) << q->name();
+    EXPECT_THROW(q->input_grad_packed(0, buffer.data(), c.dy.data(), nullptr, c.W.data(), c.N, c.in, c.out), Error)
+        << q->name();
     EXPECT_THROW(q->forward(0, y.data(), xb, c.W.data(), c.N, c.in, c.out), Error) << q->name();
   }
   EXPECT_THROW(linear_forward(y.data(), xb, c.W.data(), nullptr, c.N, c.in, c.out), Error);  // fp32 GEMM

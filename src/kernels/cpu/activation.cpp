@@ -98,22 +98,27 @@ namespace {
 // v = y[row, c0..c0+len) + bias[c0..) in fp32 (as bias_gelu_forward computes the
 // pre-activation), in an L1 buffer.
 constexpr int64_t kColumnChunk = 2048;
+
+// v[j] = ys[j] + bs[j] in fp32 for j < len (bs null: no bias): the pre-activation
+// bias_gelu_forward computes, from a segment of a bf16 GEMM result.
+inline void pre_activation_segment(float* v, const uint16_t* ys, const float* bs, int64_t len) {
+  if (bs) {
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]) + bs[j];
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]);
+  }
+}
+
 template <class F>
 void for_packed_pre_activation(const uint16_t* y, const float* bias, int64_t N, int64_t C, const F& f) {
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
   for (int64_t row = 0; row < N; ++row)
     for (int64_t c0 = 0; c0 < C; c0 += kColumnChunk) {
       const int64_t len = std::min(kColumnChunk, C - c0);
-      const uint16_t* ys = y + row * C + c0;
       alignas(64) float v[kColumnChunk];
-      if (bias) {
-        const float* bs = bias + c0;
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]) + bs[j];
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]);
-      }
+      pre_activation_segment(v, y + row * C + c0, bias ? bias + c0 : nullptr, len);
       f(row * C + c0, len, v);
     }
 }
@@ -184,16 +189,8 @@ void bias_gelu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint
     alignas(64) float v[kBlock], d[kBlock], g[kBlock];
     for (int64_t n = 0; n < N; ++n) {
       const int64_t i0 = n * C + c0;
-      const uint16_t* ys = y + i0;
       const uint16_t* ds = dout + i0;
-      if (bias) {
-        const float* bs = bias + c0;
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]) + bs[j];
-      } else {
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]);
-      }
+      pre_activation_segment(v, y + i0, bias ? bias + c0 : nullptr, len);
 #pragma omp simd
       for (int64_t j = 0; j < len; ++j) d[j] = math::bf16_to_fp32(ds[j]);
       gelu_backward_chunk(g, v, d, len, kind);

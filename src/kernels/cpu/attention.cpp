@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "kernels/cast.h"
 #include "kernels/cast_math.h"
+#include "kernels/elementwise.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace lattice {
@@ -296,9 +297,9 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
 
 void attention_backward(float* dqkv, const AttentionOperand& dout_in, const AttentionOperand& qkv_in,
                         const float* out, const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16) {
+                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias) {
   LATTICE_KERNEL_ENTRY(
-      cuda::attention_backward(dqkv, dout_in, qkv_in, out, lse, s, drop, document_ids, math, dqkv_bf16));
+      cuda::attention_backward(dqkv, dout_in, qkv_in, out, lse, s, drop, document_ids, math, dqkv_bf16, dbias));
   check_args(s, drop);
   const float* qkv = fp32_qkv(qkv_in, s);
   const float* dout = fp32_dout(dout_in, s);
@@ -315,6 +316,7 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
     }
   }
   if (dqkv_bf16) store_bf16_cast(dqkv_bf16, dqkv, s.B * s.T * s.H * 3 * s.D);
+  if (dbias) bias_backward(dbias, dqkv, s.B * s.T, s.H * 3 * s.D);
 }
 
 }  // namespace lattice

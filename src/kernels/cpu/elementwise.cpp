@@ -41,8 +41,11 @@ void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding roun
 
 // Parallel over column chunks; each column sums its rows in index order, so the
 // result does not depend on the thread count.
-void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_backward(dbias, dout, N, C));
+namespace {
+
+// dbias[c] += sum_n dout[n, c], each column summed over n in order (any column blocking
+// gives the same bits); with dout16, dout's bf16 cast stored on the way.
+void column_sums_of_rows(float* dbias, uint16_t* dout16, const float* dout, int64_t N, int64_t C) {
   const int64_t chunks = (C + kColumnChunk - 1) / kColumnChunk;
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t k = 0; k < chunks; ++k) {
@@ -52,9 +55,26 @@ void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
       const float* __restrict d = dout + n * C;
 #pragma omp simd
       for (int64_t c = c0; c < c1; ++c) acc[c - c0] += d[c];
+      if (dout16) {
+        uint16_t* __restrict o = dout16 + n * C;
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) o[c] = math::fp32_to_bf16(d[c]);
+      }
     }
     for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
   }
+}
+
+}  // namespace
+
+void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_backward(dbias, dout, N, C));
+  column_sums_of_rows(dbias, nullptr, dout, N, C);
+}
+
+void bias_backward_cast_bf16(float* dbias, uint16_t* dout_bf16, const float* dout, int64_t N, int64_t C) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_backward_cast_bf16(dbias, dout_bf16, dout, N, C));
+  column_sums_of_rows(dbias, dout_bf16, dout, N, C);
 }
 
 void scale_inplace(float* x, float s, int64_t n) {

@@ -29,6 +29,7 @@
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops.h"
 
 namespace lattice::cuda {
 
@@ -447,9 +448,9 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16) {
+                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias) {
   if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), dout.data(), dqkv))
-    return attention_backward_mma(dqkv, dout, qkv, out, lse, s, drop, document_ids, math, dqkv_bf16);
+    return attention_backward_mma(dqkv, dout, qkv, out, lse, s, drop, document_ids, math, dqkv_bf16, dbias);
   Params p = make_params(s, drop, document_ids);
   p.dqkv16 = dqkv_bf16;
   switch ((s.D + 31) / 32) {
@@ -458,6 +459,7 @@ void attention_backward(float* dqkv, const AttentionOperand& dout, const Attenti
     case 3: backward_nc<3>(dqkv, dout, qkv, out, lse, p); break;
     default: backward_nc<4>(dqkv, dout, qkv, out, lse, p); break;
   }
+  if (dbias) bias_backward(dbias, dqkv, s.B * s.T, s.H * 3 * s.D);
 }
 
 }  // namespace lattice::cuda

@@ -21,7 +21,7 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32,
-                        uint16_t* dqkv_bf16 = nullptr);
+                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr);
 
 // KV-cache decoding (kernels/attention.h), device pointers.
 void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,

@@ -27,6 +27,9 @@ struct Params {
   const int32_t* doc;          // [B,T] or null
   uint16_t* dqkv16 = nullptr;  // backward: dqkv's bf16 cast too, or null
   uint16_t* out16 = nullptr;   // forward: out's bf16 cast too, or null
+  // backward (tensor cores): instead of storing dqkv, each block's column sums of its 64
+  // rows, [B * ceil(T / 64)][H * 3 * D] (the QKV bias gradient's partial sums), or null
+  float* dbias_partial = nullptr;
 };
 
 inline Params make_params(const AttentionShape& s, const AttentionDropout& drop, const int32_t* doc) {

@@ -42,6 +42,7 @@
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_mma_kernels.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ops_reduce.cuh"
 
 namespace lattice::cuda {
 
@@ -118,7 +119,13 @@ float* di_scratch(int64_t n) {
 
 template <typename F, int D>
 void backward_typed(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out, const float* lse,
-                    const Params& p) {
+                    const Params& p_in, float* dbias) {
+  // With dbias: the kernels' per-tile column sums, then their sums over the tiles in order.
+  Params p = p_in;
+  const int64_t partial_rows = p.B * int64_t(tiles(p.T, kKvKeys)), cols = p.H * 3 * D;
+  if (dbias)
+    LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&p.dbias_partial),
+                                      size_t(partial_rows * cols) * sizeof(float), stream()));
   float* di = di_scratch(p.B * p.H * p.T);
   const int64_t rows = p.B * p.H * p.T;
   launch(row_dot_kernel<F>, unsigned((rows + kWarps - 1) / kWarps), kThreads, 0, di, dout, out, p);
@@ -133,6 +140,11 @@ void backward_typed(float* dqkv, const AttentionOperand& dout, const AttentionOp
   launch(mma_backward_dq_kernel<F, D>, dim3(tiles(p.T, kDqRows), unsigned(p.B * p.H)), kThreads, q_bytes, dqkv, dout, qkv, lse, di,
                                                                                          p);
   LATTICE_CUDA_LAUNCHED("attention_backward (dQ; tensor cores)");
+  if (!dbias) return;
+  launch(column_finish_kernel<1>, grid_for(cols, 256), 256, 0, ColumnOutputs{{dbias, nullptr}}, p.dbias_partial,
+         partial_rows, cols);
+  LATTICE_CUDA_LAUNCHED("attention_backward (QKV bias gradient)");
+  LATTICE_CUDA_CALL(cudaFreeAsync(p.dbias_partial, stream()));
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -164,15 +176,16 @@ void attention_forward_mma(float* out, float* lse, const AttentionOperand& qkv, 
 
 void attention_backward_mma(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out, const float* lse,
                             const AttentionShape& s, const AttentionDropout& drop, const int32_t* document_ids,
-                            AttentionMath math, uint16_t* dqkv_bf16) {
+                            AttentionMath math, uint16_t* dqkv_bf16, float* dbias) {
   Params p = make_params(s, drop, document_ids);
   p.dqkv16 = dqkv_bf16;
   const bool half = math == AttentionMath::fp16;
   if (s.D == 64)
-    half ? backward_typed<Fp16, 64>(dqkv, dout, qkv, out, lse, p) : backward_typed<Bf16, 64>(dqkv, dout, qkv, out, lse, p);
+    half ? backward_typed<Fp16, 64>(dqkv, dout, qkv, out, lse, p, dbias)
+         : backward_typed<Bf16, 64>(dqkv, dout, qkv, out, lse, p, dbias);
   else
-    half ? backward_typed<Fp16, 128>(dqkv, dout, qkv, out, lse, p)
-         : backward_typed<Bf16, 128>(dqkv, dout, qkv, out, lse, p);
+    half ? backward_typed<Fp16, 128>(dqkv, dout, qkv, out, lse, p, dbias)
+         : backward_typed<Bf16, 128>(dqkv, dout, qkv, out, lse, p, dbias);
 }
 
 }  // namespace lattice::cuda

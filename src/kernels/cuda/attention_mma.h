@@ -18,6 +18,6 @@ void attention_forward_mma(float* out, float* lse, const AttentionOperand& qkv, 
 
 void attention_backward_mma(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out, const float* lse,
                             const AttentionShape& s, const AttentionDropout& drop, const int32_t* document_ids,
-                            AttentionMath math, uint16_t* dqkv_bf16);
+                            AttentionMath math, uint16_t* dqkv_bf16, float* dbias);
 
 }  // namespace lattice::cuda

@@ -65,6 +65,38 @@ __device__ __forceinline__ float4 load4(const AttentionOperand& src, int64_t off
   return v;
 }
 
+// The column sums of a backward block's 64 rows of one part (q, k or v) of dqkv, as the
+// block holds them in C fragments: warp w rows 16w..16w+15, this lane rows g and g + 8 (those
+// with valid[r]) and columns n*8 + 2q + {0, 1}, the stored value being factor * v[n][2r + j]
+// (rounded on its own, as when stored). The lane's two rows, then the 8 lanes of each q
+// (xor shuffles), then the 4 warps in order, into dst[0, ND * 8): one owner and a fixed order
+// per sum. Every thread of the block calls it (it synchronizes); red is block shared memory.
+template <int ND>
+__device__ __forceinline__ void block_column_sums(float* dst, const float (&v)[ND][4], float factor,
+                                                  const bool (&valid)[2], float (&red)[kWarps][ND * 8]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q = lane % 4;
+#pragma unroll
+  for (int n = 0; n < ND; ++n)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float top = valid[0] ? __fmul_rn(factor, v[n][j]) : 0.0f;
+      const float bottom = valid[1] ? __fmul_rn(factor, v[n][2 + j]) : 0.0f;
+      float s = __fadd_rn(top, bottom);
+      s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4));
+      s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 8));
+      s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 16));
+      if (lane < 4) red[warp][n * 8 + 2 * q + j] = s;
+    }
+  __syncthreads();
+  for (int d = threadIdx.x; d < ND * 8; d += kThreads) {
+    float s = red[0][d];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) s = __fadd_rn(s, red[w][d]);
+    dst[d] = s;
+  }
+  __syncthreads();  // red may be written again
+}
+
 // Two gradient values and their bf16 casts at an even element offset (the backward's
 // optional bf16 dqkv).
 __device__ __forceinline__ void store_bf16x2(uint16_t* dst, float2 v) {
@@ -363,13 +395,23 @@ __global__ void __launch_bounds__(kThreads)
       const int d = n * 8 + 2 * q;
       const float2 k2 = make_float2(p.scale * dk[n][2 * r], p.scale * dk[n][2 * r + 1]);
       const float2 v2 = make_float2(dv[n][2 * r], dv[n][2 * r + 1]);
-      *reinterpret_cast<float2*>(dst + D + d) = k2;
-      *reinterpret_cast<float2*>(dst + 2 * D + d) = v2;
+      if (!p.dbias_partial) {
+        *reinterpret_cast<float2*>(dst + D + d) = k2;
+        *reinterpret_cast<float2*>(dst + 2 * D + d) = v2;
+      }
       if (p.dqkv16) {
         store_bf16x2(p.dqkv16 + row + D + d, k2);
         store_bf16x2(p.dqkv16 + row + 2 * D + d, v2);
       }
     }
+  }
+  if (p.dbias_partial) {  // the bias gradient's share of this tile's keys, for k and v
+    __shared__ float red[kWarps][D];
+    const bool valid[2] = {key[0] < p.T, key[1] < p.T};
+    const int64_t tile = b * ((p.T + kKvKeys - 1) / kKvKeys) + int64_t(blockIdx.x);
+    float* dst = p.dbias_partial + tile * p.H * 3 * D + h * 3 * D;
+    block_column_sums<ND>(dst + D, dk, p.scale, valid, red);
+    block_column_sums<ND>(dst + 2 * D, dv, 1.0f, valid, red);
   }
 }
 
@@ -474,9 +516,16 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
       const float2 q2 = make_float2(p.scale * dq[n][2 * r], p.scale * dq[n][2 * r + 1]);
-      *reinterpret_cast<float2*>(dst + n * 8 + 2 * q) = q2;
+      if (!p.dbias_partial) *reinterpret_cast<float2*>(dst + n * 8 + 2 * q) = q2;
       if (p.dqkv16) store_bf16x2(p.dqkv16 + off + n * 8 + 2 * q, q2);
     }
+  }
+  if (p.dbias_partial) {  // the bias gradient's share of this tile's rows, for q
+    static_assert(kDqRows == kKvKeys, "both backward kernels' tiles index the same partial rows");
+    __shared__ float red[kWarps][D];
+    const bool valid[2] = {row[0] < p.T, row[1] < p.T};
+    const int64_t tile = b * q_tiles + i0 / kDqRows;
+    block_column_sums<ND>(p.dbias_partial + tile * p.H * 3 * D + h * 3 * D, dq, p.scale, valid, red);
   }
 }
 

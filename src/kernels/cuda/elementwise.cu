@@ -39,6 +39,17 @@ struct DoutAt {
   __device__ void operator()(int64_t n, int64_t c, float v[1]) const { v[0] = dout[n * C + c]; }
 };
 
+// The same element, whose bf16 cast it also stores (each element is visited once).
+struct DoutAtCast {
+  const float* dout;
+  uint16_t* dout16;
+  int64_t C;
+  __device__ void operator()(int64_t n, int64_t c, float v[1]) const {
+    v[0] = dout[n * C + c];
+    dout16[n * C + c] = math::fp32_to_bf16(v[0]);
+  }
+};
+
 }  // namespace
 
 void add_forward(float* out, const float* a, const float* b, int64_t n) {
@@ -61,6 +72,11 @@ void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding roun
 
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
   column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}}, DoutAt{dout, C}, N, C, "bias_backward");
+}
+
+void bias_backward_cast_bf16(float* dbias, uint16_t* dout_bf16, const float* dout, int64_t N, int64_t C) {
+  column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}}, DoutAtCast{dout, dout_bf16, C}, N, C,
+                            "bias_backward_cast_bf16");
 }
 
 void scale_inplace(float* x, float s, int64_t n) {

@@ -56,6 +56,7 @@ void add_forward(float* out, const float* a, const float* b, int64_t n);
 void accumulate(float* y, const float* x, int64_t n);
 void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding round_out = Rounding::none);
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);
+void bias_backward_cast_bf16(float* dbias, uint16_t* dout_bf16, const float* dout, int64_t N, int64_t C);
 void scale_inplace(float* x, float s, int64_t n);
 
 // ---- embedding.h
