@@ -48,7 +48,8 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float
   LATTICE_KERNEL_ENTRY(cuda::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale));
   LATTICE_CHECK(step >= 1) << "adamw_update: step " << step << " must be >= 1";
   const math::AdamwScalars s = math::adamw_scalars(lr, beta1, beta2, eps, weight_decay, step);
-  for_scaled_grads(g, n, grad_scale, [&](int64_t i0, int64_t len, const float* gs) {
+  // Captures by value: the scalars stay in registers (a reference could alias the stores).
+  for_scaled_grads(g, n, grad_scale, [=](int64_t i0, int64_t len, const float* gs) {
     float *ps = p + i0, *ms = m + i0, *vs = v + i0;
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) math::adamw_step(ps[i], gs[i], ms[i], vs[i], s);
@@ -62,14 +63,14 @@ void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float 
       cuda::sgd_update(p, g, momentum_buf, n, lr, momentum, weight_decay, first_step, grad_scale));
   if (momentum == 0.0f || momentum_buf == nullptr) {
     LATTICE_CHECK(momentum == 0.0f) << "sgd_update: momentum " << momentum << " needs a buffer";
-    for_scaled_grads(g, n, grad_scale, [&](int64_t i0, int64_t len, const float* gs) {
+    for_scaled_grads(g, n, grad_scale, [=](int64_t i0, int64_t len, const float* gs) {
       float* ps = p + i0;
 #pragma omp simd
       for (int64_t i = 0; i < len; ++i) math::sgd_step(ps[i], gs[i], lr, weight_decay);
     });
     return;
   }
-  for_scaled_grads(g, n, grad_scale, [&](int64_t i0, int64_t len, const float* gs) {
+  for_scaled_grads(g, n, grad_scale, [=](int64_t i0, int64_t len, const float* gs) {
     float *ps = p + i0, *bs = momentum_buf + i0;
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i)
