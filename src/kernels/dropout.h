@@ -27,6 +27,13 @@ void dropout_backward(float* dx, const float* dout, int64_t n, float p,
 void bias_dropout_add_forward(float* out, const float* residual, const float* y, const float* bias, int64_t N,
                               int64_t C, float p, const PhiloxStream& stream, uint64_t first_index,
                               Rounding round_y = Rounding::none);
+// dropout_backward's dx = keep ? dout / (1 - p) : 0 (dropout_forward's mask of element
+// first_index + n*C + c), not stored: its column sums dbias[c] += sum_n dx[n, c] and its bf16
+// cast dx_bf16 [N, C], the bits of dropout_backward followed by bias_backward_cast_bf16 (a
+// row-parallel layer's output and bias gradients from the residual stream's, read once).
+void dropout_backward_bias_cast_bf16(float* dbias, uint16_t* dx_bf16, const float* dout, int64_t N, int64_t C,
+                                     float p, const PhiloxStream& stream, uint64_t first_index);
+
 // The same with y the GEMM's result as bf16 patterns (gemm_bf16_packed_out: round(y) already,
 // read at half the bytes): the bits of the fp32 overload on y's fp32 values with round_y bf16.
 void bias_dropout_add_forward(float* out, const float* residual, const uint16_t* y, const float* bias, int64_t N,

@@ -505,12 +505,17 @@ LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const
   return LinearInput(attn);
 }
 
-uint16_t* GPTModel::row_output_grad_bf16(int b, const float* dy, int64_t N) {
+GPTModel::RowOutputGrad GPTModel::row_output_grad(float* d_rows, int b, int64_t N, float p,
+                                                  const PhiloxStream& stream, uint64_t first_index) {
   const int64_t C = cfg_.hidden_size;
-  if (!bf16_inputs() || tp_.sp() || C > 2 * Fl_) return nullptr;
+  if (!bf16_inputs() || tp_.sp() || C > 2 * Fl_)
+    return RowOutputGrad{hidden_dropout_backward(d_rows, tp_.shard_rows(N) * C, p, stream, first_index), nullptr};
   uint16_t* dy16 = reinterpret_cast<uint16_t*>(scratch_->d_f);
-  bias_backward_cast_bf16(params_.grad(b), dy16, dy, N, C);
-  return dy16;
+  if (p == 0.0f)
+    bias_backward_cast_bf16(params_.grad(b), dy16, scratch_->d_resid, N, C);
+  else
+    dropout_backward_bias_cast_bf16(params_.grad(b), dy16, scratch_->d_resid, N, C, p, stream, first_index);
+  return RowOutputGrad{nullptr, dy16};
 }
 
 const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p, const PhiloxStream& stream,
@@ -571,20 +576,19 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     // the kept qkv (the proj backward and the attention backward need them).
     if (selective_) core_attention_forward(p, a, i, B, T, key);
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
-    const float* d_fc2 =
-        hidden_dropout_backward(d_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+    const RowOutputGrad d_fc2 =
+        row_output_grad(d_rows, p.fc2_b, N, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
     // fc2's input gradient, rounded as the GELU backward reads it (one pass). With bf16
     // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
     // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
     // gradient in bf16 only, for fc1's GEMMs, in the place of fc1's bf16 result (read there
     // for the last time), summing fc1's bias gradient as it goes (no fp32 gradient stored).
     const bool bf16 = bf16_inputs();
-    const uint16_t* d_fc2_16 = row_output_grad_bf16(p.fc2_b, d_fc2, N);
     row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w),
-                                 d_fc2_16 ? nullptr : params_.grad(p.fc2_b), d_fc2, sc.d_c2, input(x.gelu),
+                                 d_fc2.bf16 ? nullptr : params_.grad(p.fc2_b), d_fc2.fp32, sc.d_c2, input(x.gelu),
                                  params_.param(p.fc2_w), N, Fl_, C,
                                  bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller(),
-                                 d_fc2_16);
+                                 d_fc2.bf16);
     uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
     if (bf16)
       bias_gelu_backward_packed_dbias(d_f16, params_.grad(p.fc1_b), d_f16, params_.param(p.fc1_b),
@@ -598,15 +602,14 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
                        params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, rounding(site(p.fc1_w)));
     // Attention block: d_resid is now d(resid_mid).
-    const float* d_proj = hidden_dropout_backward(
-        d_rows, Ns * C, p_hidden, site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
+    const RowOutputGrad d_proj = row_output_grad(d_rows, p.proj_b, N, p_hidden,
+                                                 site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
     // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
     // and the attention backward reads it as it is (no rounding pass, half the bytes).
     const bool bf16_d_attn = bf16_qkv();
-    const uint16_t* d_proj16 = row_output_grad_bf16(p.proj_b, d_proj, N);
-    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), d_proj16 ? nullptr : params_.grad(p.proj_b),
-                                 d_proj, sc.d_c1, proj_input(x.qkv, x.attn, N), params_.param(p.proj_w), N, Cl, C,
-                                 bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w), d_proj16);
+    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), d_proj.bf16 ? nullptr : params_.grad(p.proj_b),
+                                 d_proj.fp32, sc.d_c1, proj_input(x.qkv, x.attn, N), params_.param(p.proj_w), N, Cl,
+                                 C, bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w), d_proj.bf16);
     const AttentionOperand d_attn = bf16_d_attn
                                         ? AttentionOperand::in_bf16(reinterpret_cast<const uint16_t*>(sc.d_c2))
                                         : AttentionOperand(sc.d_c2);

@@ -282,12 +282,19 @@ class GPTModel {
   // y ([Ns, C] scratch; [N, C] rows without sequence parallelism): Megatron's bias_dropout_add.
   void row_parallel_output(float* out, const float* residual, float* y, LinearInput x, int w, int b, int64_t N,
                            int64_t in_local, float p, const PhiloxStream& stream, uint64_t first_index);
-  // With bf16 inputs and without sequence parallelism: the output gradient dy [N, C] of a
-  // row-parallel layer (projection, fc2; bias b) in bf16 for its GEMMs, written into scratch
-  // d_f (free in the bf16 backward until the attention backward's bf16 dqkv) in one pass with
-  // the bias gradient (bias_backward_cast_bf16); else null (the GEMMs convert dy and
-  // linear_backward sums the bias).
-  uint16_t* row_output_grad_bf16(int b, const float* dy, int64_t N);
+  // The output gradient of a row-parallel layer (projection, fc2; bias b), [Ns, C], from
+  // the residual stream's gradient d_resid through the layer's dropout. With bf16 inputs and
+  // without sequence parallelism only in bf16 (.bf16, in scratch d_f: free in the bf16
+  // backward until the attention backward's bf16 dqkv), made in one pass with the bias
+  // gradient, which is then summed (bias_backward_cast_bf16, or with dropout
+  // dropout_backward_bias_cast_bf16); else in fp32 (.fp32, hidden_dropout_backward's) for the
+  // GEMMs to convert and linear_backward to sum.
+  struct RowOutputGrad {
+    const float* fp32 = nullptr;
+    const uint16_t* bf16 = nullptr;
+  };
+  RowOutputGrad row_output_grad(float* d_rows, int b, int64_t N, float p, const PhiloxStream& stream,
+                                uint64_t first_index);
   // qkv, attn: a layer's buffers (Activations::Layer).
   uint16_t* attn_bf16(float* qkv, int64_t N) const;
   LinearInput proj_input(float* qkv, const float* attn, int64_t N) const;

@@ -435,6 +435,37 @@ void dropout_cases(std::vector<OpCase>& t) {
         expect_bits(c, "out (in place)", out, download<float>(gres, n));
       }});
     }
+  // A row-parallel layer's output and bias gradients through dropout in one pass: on the GPU
+  // the bits of dropout_backward then bias_backward_cast_bf16; near the CPU's (column sums
+  // in another order; the cast within one bf16 ulp).
+  for (F f : {F{37, 77, 5, 0.1f}, F{1024, 768, (uint64_t(1) << 33) + 1, 0.1f}}) {
+    const std::string shape = shape_name({{"N", f.N}, {"C", f.C}, {"first", int64_t(f.first)},
+                                          {"p_pct", int64_t(f.p * 100)}});
+    t.push_back({"dropout_backward_bias_cast_bf16", shape, {1e-5, 1e-7 * double(f.N)}, [f](const OpCase& c) {
+      const PhiloxStream stream{0x1234567890abcdefull, 78u, 3u, 9u};
+      const size_t n = size_t(f.N * f.C);
+      const auto dout = rand_floats(n, 18, -2.0f, 2.0f), db0 = rand_floats(size_t(f.C), 19);
+      std::vector<float> db = db0;
+      std::vector<uint16_t> cast(n);
+      dropout_backward_bias_cast_bf16(db.data(), cast.data(), dout.data(), f.N, f.C, f.p, stream, f.first);
+      auto gdout = upload(dout), gdb = upload(db0), gdb_ref = upload(db0);
+      DeviceBuffer gdx(n * 4), gcast(n * 2), gcast_ref(n * 2);
+      cuda::dropout_backward_bias_cast_bf16(gdb.as<float>(), gcast.as<uint16_t>(), gdout.as<float>(), f.N, f.C, f.p,
+                                            stream, f.first);
+      cuda::dropout_backward(gdx.as<float>(), gdout.as<float>(), int64_t(n), f.p, stream, f.first);
+      cuda::bias_backward_cast_bf16(gdb_ref.as<float>(), gcast_ref.as<uint16_t>(), gdx.as<float>(), f.N, f.C);
+      const auto got_db = download<float>(gdb, db.size());
+      expect_bits(c, "dbias (against the two kernels)", download<float>(gdb_ref, db.size()), got_db);
+      const auto got = download<uint16_t>(gcast, n), want = download<uint16_t>(gcast_ref, n);
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * 2)) << c.op << " " << c.shape << ": the cast";
+      expect_close(c, "dbias", db, got_db);
+      std::vector<float> cpu(n), gpu(n);
+      cast_bf16_to_fp32(cpu.data(), cast.data(), int64_t(n));
+      cast_bf16_to_fp32(gpu.data(), got.data(), int64_t(n));
+      const OpCase bf16_tol{c.op, c.shape, {1.0 / 128, 0.0}, nullptr};
+      expect_close(bf16_tol, "dx (bf16)", cpu, gpu);
+    }});
+  }
   // The GEMM result as bf16 patterns (no tensor parallelism): the CPU's bf16 overload.
   for (F f : {F{37, 77, 5, 0.1f}, F{1024, 768, (uint64_t(1) << 33) + 1, 0.1f}, F{9, 33, 0, 0.0f}}) {
     const std::string shape = shape_name({{"N", f.N}, {"C", f.C}, {"first", int64_t(f.first)},

@@ -12,6 +12,7 @@ namespace lattice {
 namespace {
 
 using kernel_test::random_floats;
+using kernel_test::same_bits;
 
 TEST(KernelDropout, KeepsAboutOneMinusPAndScales) {
   const int64_t n = 200000;
@@ -114,6 +115,29 @@ TEST(KernelDropout, ZeroProbabilityCopiesAndInPlaceWorks) {
 // other, bit for bit: ragged chunks (N*C not a multiple of the 2048-element chunk, C not
 // dividing it), a first index inside a Philox block, p = 0 (no mask), no bias, in place
 // on the residual, and several thread counts.
+// A row-parallel layer's output and bias gradients from the residual stream's gradient in
+// one pass: the bits of dropout_backward, then bias_backward_cast_bf16 (dbias accumulated
+// onto what it held), for an unaligned first index, C not a multiple of the column chunk,
+// one and two threads, and p = 0.
+TEST(KernelDropout, BackwardBiasCastIsDropoutBackwardThenBiasBackwardCast) {
+  const int64_t N = 150, C = 203;
+  const auto dout = random_floats(size_t(N * C), 21, -2.0f, 2.0f), db0 = random_floats(size_t(C), 22);
+  const PhiloxStream stream{99, 5, 3, 1};
+  const int saved = omp_get_max_threads();
+  for (float p : {0.1f, 0.0f})
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      std::vector<float> dx(dout.size()), db_ref = db0, db = db0;
+      std::vector<uint16_t> cast_ref(dout.size()), cast(dout.size(), 0x7fc1);
+      dropout_backward(dx.data(), dout.data(), N * C, p, stream, 7);
+      bias_backward_cast_bf16(db_ref.data(), cast_ref.data(), dx.data(), N, C);
+      dropout_backward_bias_cast_bf16(db.data(), cast.data(), dout.data(), N, C, p, stream, 7);
+      EXPECT_TRUE(same_bits(db, db_ref)) << "p=" << p << ", " << threads << " threads";
+      EXPECT_TRUE(same_bits(cast, cast_ref)) << "p=" << p << ", " << threads << " threads";
+    }
+  omp_set_num_threads(saved);
+}
+
 TEST(KernelDropout, BiasDropoutAddIsTheThreeKernelsBitForBit) {
   struct Case {
     int64_t N, C;

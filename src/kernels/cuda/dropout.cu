@@ -7,6 +7,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/ops_reduce.cuh"
 
 namespace lattice::cuda {
 
@@ -107,6 +108,37 @@ void bias_dropout_add_forward(float* out, const float* residual, const float* y,
 void bias_dropout_add_forward(float* out, const float* residual, const uint16_t* y, const float* bias, int64_t N,
                               int64_t C, float p, const PhiloxStream& stream, uint64_t first_index) {
   launch_bias_dropout_add(out, residual, y, bias, N, C, p, stream, first_index, Rounding::none);
+}
+
+namespace {
+
+// The column sums' element (n, c): dropout_kernel's value for element n * C + c, whose bf16
+// cast it stores (each element is visited once).
+struct DropoutGradColumn {
+  const float* dout;
+  uint16_t* dx16;
+  int64_t C;
+  uint32_t threshold;
+  float scale;
+  PhiloxStream stream;
+  uint64_t first_index;
+  __device__ void operator()(int64_t n, int64_t c, float v[1]) const {
+    const int64_t i = n * C + c;
+    v[0] = (stream.u32(first_index + uint64_t(i)) >> 8) >= threshold ? dout[i] * scale : 0.0f;
+    dx16[i] = math::fp32_to_bf16(v[0]);
+  }
+};
+
+}  // namespace
+
+void dropout_backward_bias_cast_bf16(float* dbias, uint16_t* dx_bf16, const float* dout, int64_t N, int64_t C,
+                                     float p, const PhiloxStream& stream, uint64_t first_index) {
+  LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "dropout_backward: dropout probability " << p << " not in [0, 1)";
+  const float scale = 1.0f / (1.0f - p);
+  const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
+  column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}},
+                            DropoutGradColumn{dout, dx_bf16, C, threshold, scale, stream, first_index}, N, C,
+                            "dropout_backward_bias_cast_bf16");
 }
 
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,

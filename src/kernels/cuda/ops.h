@@ -50,6 +50,8 @@ void bias_dropout_add_forward(float* out, const float* residual, const float* y,
                               Rounding round_y = Rounding::none);
 void bias_dropout_add_forward(float* out, const float* residual, const uint16_t* y, const float* bias, int64_t N,
                               int64_t C, float p, const PhiloxStream& stream, uint64_t first_index);
+void dropout_backward_bias_cast_bf16(float* dbias, uint16_t* dx_bf16, const float* dout, int64_t N, int64_t C,
+                                     float p, const PhiloxStream& stream, uint64_t first_index);
 
 // ---- elementwise.h
 void add_forward(float* out, const float* a, const float* b, int64_t n);
