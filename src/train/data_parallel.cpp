@@ -31,8 +31,7 @@ ElementRanges DataParallel::owned_ranges() const {
 void DataParallel::finish_grad_sync() { sync_.finish(); }
 
 double DataParallel::grad_norm(Comm* tp, Comm* pp) {
-  if (cfg_.distributed_optimizer) return lattice::grad_norm(params_, sync_.owned_ranges(), &dp_, tp, pp);
-  return lattice::grad_norm(params_, {}, nullptr, tp, pp);
+  return lattice::grad_norm(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp);
 }
 
 void DataParallel::start_param_gather() {

@@ -7,6 +7,7 @@
 
 #include "kernels/activation_math.h"
 #include "kernels/cast_math.h"
+#include "kernels/cpu/row_sums.h"
 
 namespace lattice {
 
@@ -99,18 +100,6 @@ namespace {
 // pre-activation), in an L1 buffer.
 constexpr int64_t kColumnChunk = 2048;
 
-// v[j] = ys[j] + bs[j] in fp32 for j < len (bs null: no bias): the pre-activation
-// bias_gelu_forward computes, from a segment of a bf16 GEMM result.
-inline void pre_activation_segment(float* v, const uint16_t* ys, const float* bs, int64_t len) {
-  if (bs) {
-#pragma omp simd
-    for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]) + bs[j];
-  } else {
-#pragma omp simd
-    for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(ys[j]);
-  }
-}
-
 template <class F>
 void for_packed_pre_activation(const uint16_t* y, const float* bias, int64_t N, int64_t C, const F& f) {
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
@@ -118,7 +107,7 @@ void for_packed_pre_activation(const uint16_t* y, const float* bias, int64_t N, 
     for (int64_t c0 = 0; c0 < C; c0 += kColumnChunk) {
       const int64_t len = std::min(kColumnChunk, C - c0);
       alignas(64) float v[kColumnChunk];
-      pre_activation_segment(v, y + row * C + c0, bias ? bias + c0 : nullptr, len);
+      cpu::widen_with_bias(v, y + row * C + c0, bias ? bias + c0 : nullptr, len);
       f(row * C + c0, len, v);
     }
 }
@@ -174,35 +163,22 @@ void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, 
   bias_gelu_backward_rows(dx, y, bias, dout, N, C, kind, Rounding::none, dx_bf16);
 }
 
-// Columns in blocks (the tasks), each block's rows in order: every column's sum runs over
-// n = 0..N-1 as bias_backward's does, so the bits are the same for any blocking. Each row
-// segment goes through the bf16-dout form's element math.
+// cpu::column_sums over the gradient computed row segment by row segment (the bf16-dout
+// form's element math): bias_backward's bits on the fp32 gradient, which is not stored.
 void bias_gelu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
                                      const uint16_t* dout, int64_t N, int64_t C, GeluKind kind) {
   LATTICE_KERNEL_ENTRY(cuda::bias_gelu_backward_packed_dbias(dx_bf16, dbias, y, bias, dout, N, C, kind));
-  constexpr int64_t kBlock = 256;
-  const int64_t blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
-  for (int64_t k = 0; k < blocks; ++k) {
-    const int64_t c0 = k * kBlock, len = std::min(kBlock, C - c0);
-    alignas(64) float acc[kBlock] = {};
-    alignas(64) float v[kBlock], d[kBlock], g[kBlock];
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t i0 = n * C + c0;
-      const uint16_t* ds = dout + i0;
-      pre_activation_segment(v, y + i0, bias ? bias + c0 : nullptr, len);
+  // dx_bf16 may alias y: a row segment of y is read (into v) before its cast is stored.
+  cpu::column_sums(dbias, dx_bf16, N, C, [&](int64_t n, int64_t c0, int64_t len, float* g) {
+    alignas(64) float v[cpu::kSumColumns], d[cpu::kSumColumns];
+    const int64_t i0 = n * C + c0;
+    cpu::widen_with_bias(v, y + i0, bias ? bias + c0 : nullptr, len);
+    const uint16_t* ds = dout + i0;
 #pragma omp simd
-      for (int64_t j = 0; j < len; ++j) d[j] = math::bf16_to_fp32(ds[j]);
-      gelu_backward_chunk(g, v, d, len, kind);
-      uint16_t* os = dx_bf16 + i0;  // may alias y: its segment is in v
-#pragma omp simd
-      for (int64_t j = 0; j < len; ++j) {
-        os[j] = math::fp32_to_bf16(g[j]);
-        acc[j] += g[j];
-      }
-    }
-    for (int64_t j = 0; j < len; ++j) dbias[c0 + j] += acc[j];
-  }
+    for (int64_t j = 0; j < len; ++j) d[j] = math::bf16_to_fp32(ds[j]);
+    gelu_backward_chunk(g, v, d, len, kind);
+    return static_cast<const float*>(g);
+  });
 }
 
 }  // namespace lattice

@@ -12,6 +12,7 @@
 #include "kernels/cast.h"
 #include "kernels/cast_math.h"
 #include "kernels/elementwise.h"
+#include "kernels/cpu/row_sums.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace lattice {
@@ -82,17 +83,7 @@ const float* fp32_values(const AttentionOperand& in, int64_t rows, int64_t row, 
   const float* bias = in.bias;
   float* w = buffer.data();
 #pragma omp parallel for schedule(static) if (rows * row > 32768)
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* ys = y + r * row;
-    float* ws = w + r * row;
-    if (bias) {
-#pragma omp simd
-      for (int64_t c = 0; c < row; ++c) ws[c] = math::bf16_to_fp32(ys[c]) + bias[c];
-    } else {
-#pragma omp simd
-      for (int64_t c = 0; c < row; ++c) ws[c] = math::bf16_to_fp32(ys[c]);
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r) cpu::widen_with_bias(w + r * row, y + r * row, bias, row);
   return w;
 }
 const float* fp32_qkv(const AttentionOperand& qkv, const AttentionShape& s) {
@@ -103,12 +94,6 @@ const float* fp32_dout(const AttentionOperand& dout, const AttentionShape& s) {
   LATTICE_CHECK(!dout.bias) << "attention: an output gradient with a bias";
   thread_local std::vector<float> buffer;
   return fp32_values(dout, s.B * s.T, s.H * s.D, buffer);
-}
-
-// o[i] = bf16(x[i]) for i < n: the bf16 cast a kernel writes next to an fp32 result.
-void store_bf16_cast(uint16_t* o, const float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; ++i) o[i] = math::fp32_to_bf16(x[i]);
 }
 
 // Forward for one query tile [i0, i0+nq) of one head, over key tiles up to the
@@ -292,7 +277,7 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
                    b, h, i0, std::min(kTile, s.T - i0), scratch.data());
     }
   }
-  if (out_bf16) store_bf16_cast(out_bf16, out, s.B * s.T * s.H * s.D);
+  if (out_bf16) cast_fp32_to_bf16(out_bf16, out, s.B * s.T * s.H * s.D);
 }
 
 void attention_backward(float* dqkv, const AttentionOperand& dout_in, const AttentionOperand& qkv_in,
@@ -315,7 +300,7 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
                     document_ids ? document_ids + b * s.T : nullptr, b, bh % s.H, scratch.data());
     }
   }
-  if (dqkv_bf16) store_bf16_cast(dqkv_bf16, dqkv, s.B * s.T * s.H * 3 * s.D);
+  if (dqkv_bf16) cast_fp32_to_bf16(dqkv_bf16, dqkv, s.B * s.T * s.H * 3 * s.D);
   if (dbias) bias_backward(dbias, dqkv, s.B * s.T, s.H * 3 * s.D);
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "kernels/cast_math.h"
+#include "kernels/cpu/row_sums.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace lattice {
@@ -115,35 +116,24 @@ void bias_dropout_add_forward(float* out, const float* residual, const uint16_t*
   bias_dropout_add_rows(out, residual, y, bias, N, C, p, stream, first_index, Rounding::none);
 }
 
-// Columns in chunks (the tasks), each chunk's rows in order, as bias_backward sums them;
-// each row segment masked as apply_mask masks it (dropout_mask of the segment's indices,
-// then the same select and product): the bits of dropout_backward and bias_backward_cast_bf16.
+// cpu::column_sums over row segments masked as apply_mask masks them (dropout_mask of the
+// segment's indices, then the same select and product): the bits of dropout_backward and
+// bias_backward_cast_bf16, without the masked gradient stored.
 void dropout_backward_bias_cast_bf16(float* dbias, uint16_t* dx_bf16, const float* dout, int64_t N, int64_t C,
                                      float p, const PhiloxStream& stream, uint64_t first_index) {
   LATTICE_KERNEL_ENTRY(
       cuda::dropout_backward_bias_cast_bf16(dbias, dx_bf16, dout, N, C, p, stream, first_index));
   LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "dropout_backward: dropout probability " << p << " not in [0, 1)";
-  constexpr int64_t kColumns = 64;
   const float scale = 1.0f / (1.0f - p);
-  const int64_t chunks = (C + kColumns - 1) / kColumns;
-#pragma omp parallel for schedule(static) if (N * C > 4 * kChunk)
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t c0 = k * kColumns, len = std::min(C - c0, kColumns);
-    alignas(64) float acc[kColumns] = {}, mask[kColumns];
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t i0 = n * C + c0;
-      simd::dropout_mask(mask, stream, first_index + uint64_t(i0), len, p, scale);
-      const float* __restrict d = dout + i0;
-      uint16_t* __restrict o = dx_bf16 + i0;
+  cpu::column_sums(dbias, dx_bf16, N, C, [&](int64_t n, int64_t c0, int64_t len, float* x) {
+    alignas(64) float mask[cpu::kSumColumns];
+    const int64_t i0 = n * C + c0;
+    simd::dropout_mask(mask, stream, first_index + uint64_t(i0), len, p, scale);
+    const float* d = dout + i0;
 #pragma omp simd
-      for (int64_t j = 0; j < len; ++j) {
-        const float x = mask[j] != 0.0f ? d[j] * mask[j] : 0.0f;
-        acc[j] += x;
-        o[j] = math::fp32_to_bf16(x);
-      }
-    }
-    for (int64_t j = 0; j < len; ++j) dbias[c0 + j] += acc[j];
-  }
+    for (int64_t j = 0; j < len; ++j) x[j] = mask[j] != 0.0f ? d[j] * mask[j] : 0.0f;
+    return static_cast<const float*>(x);
+  });
 }
 
 }  // namespace lattice

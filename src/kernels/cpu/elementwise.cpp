@@ -7,13 +7,9 @@
 
 #include <algorithm>
 
-namespace lattice {
+#include "kernels/cpu/row_sums.h"
 
-namespace {
-// Columns per task in the column-parallel reductions: a multiple of the vector width,
-// large enough to amortise the task, small enough to spread C = 768 over the cores.
-constexpr int64_t kColumnChunk = 64;
-}  // namespace
+namespace lattice {
 
 void add_forward(float* out, const float* a, const float* b, int64_t n) {
   LATTICE_KERNEL_ENTRY(cuda::add_forward(out, a, b, n));
@@ -39,42 +35,16 @@ void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding roun
   });
 }
 
-// Parallel over column chunks; each column sums its rows in index order, so the
+// Column chunks, each column summing its rows in index order (cpu::column_sums): the
 // result does not depend on the thread count.
-namespace {
-
-// dbias[c] += sum_n dout[n, c], each column summed over n in order (any column blocking
-// gives the same bits); with dout16, dout's bf16 cast stored on the way.
-void column_sums_of_rows(float* dbias, uint16_t* dout16, const float* dout, int64_t N, int64_t C) {
-  const int64_t chunks = (C + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for schedule(static) if (N * C > 32768)
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t c0 = k * kColumnChunk, c1 = std::min(C, c0 + kColumnChunk);
-    float acc[kColumnChunk] = {};
-    for (int64_t n = 0; n < N; ++n) {
-      const float* __restrict d = dout + n * C;
-#pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += d[c];
-      if (dout16) {
-        uint16_t* __restrict o = dout16 + n * C;
-#pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) o[c] = math::fp32_to_bf16(d[c]);
-      }
-    }
-    for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
-  }
-}
-
-}  // namespace
-
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C) {
   LATTICE_KERNEL_ENTRY(cuda::bias_backward(dbias, dout, N, C));
-  column_sums_of_rows(dbias, nullptr, dout, N, C);
+  cpu::column_sums(dbias, nullptr, N, C, [&](int64_t n, int64_t c0, int64_t, float*) { return dout + n * C + c0; });
 }
 
 void bias_backward_cast_bf16(float* dbias, uint16_t* dout_bf16, const float* dout, int64_t N, int64_t C) {
   LATTICE_KERNEL_ENTRY(cuda::bias_backward_cast_bf16(dbias, dout_bf16, dout, N, C));
-  column_sums_of_rows(dbias, dout_bf16, dout, N, C);
+  cpu::column_sums(dbias, dout_bf16, N, C, [&](int64_t n, int64_t c0, int64_t, float*) { return dout + n * C + c0; });
 }
 
 void scale_inplace(float* x, float s, int64_t n) {
