@@ -506,16 +506,32 @@ LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const
 }
 
 GPTModel::RowOutputGrad GPTModel::row_output_grad(float* d_rows, int b, int64_t N, float p,
-                                                  const PhiloxStream& stream, uint64_t first_index) {
+                                                  const PhiloxStream& stream, uint64_t first_index, bool made) {
   const int64_t C = cfg_.hidden_size;
-  if (!bf16_inputs() || tp_.sp() || C > 2 * Fl_)
+  if (!bf16_row_output_grads())
     return RowOutputGrad{hidden_dropout_backward(d_rows, tp_.shard_rows(N) * C, p, stream, first_index), nullptr};
   uint16_t* dy16 = reinterpret_cast<uint16_t*>(scratch_->d_f);
-  if (p == 0.0f)
+  if (made)
+    LATTICE_CHECK(residual_grad_out(b, p).bf16 == dy16) << "row_output_grad: made by a LayerNorm backward it can't be";
+  else if (p == 0.0f)
     bias_backward_cast_bf16(params_.grad(b), dy16, scratch_->d_resid, N, C);
   else
     dropout_backward_bias_cast_bf16(params_.grad(b), dy16, scratch_->d_resid, N, C, p, stream, first_index);
   return RowOutputGrad{nullptr, dy16};
+}
+
+ResidualGradOut GPTModel::residual_grad_out(int b, float p) const {
+  if (!bf16_row_output_grads() || p != 0.0f) return {};
+  return ResidualGradOut{reinterpret_cast<uint16_t*>(scratch_->d_f), params_.grad(b)};
+}
+
+GemmSite GPTModel::ln_grad_site(int w) const {
+  return bf16_ln_grads() ? site(w).input_grad_in_bf16() : site(w).rounded_by_caller();
+}
+
+LayerNormDout GPTModel::ln_dout(const float* d, int w) const {
+  if (bf16_ln_grads()) return LayerNormDout::in_bf16(reinterpret_cast<const uint16_t*>(d));
+  return LayerNormDout(d, rounding(site(w)));
 }
 
 const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p, const PhiloxStream& stream,
@@ -541,7 +557,7 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
                     attn_bf16(x.qkv, B * T));
 }
 
-void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int64_t B, int64_t T,
+void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_lnf, int64_t B, int64_t T,
                               const MicroBatchKey& key) {
   const bool sp = tp_.sp();
   Scratch& sc = *scratch_;
@@ -554,15 +570,21 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
   const float* d_ln = sp ? sc.d_s : sc.d_c1;
   float* d_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] gradient of a row-parallel output
 
+  const size_t first = chunk_first_[size_t(chunk)];
+  // Whether the LayerNorm backward that made d_resid made the next row-parallel layer's
+  // output gradient too (residual_grad_out).
+  bool d_rows_made = false;
   if (d_lnf) {
     // Final LayerNorm backward into d_resid.
     zero_on_device(sc.d_resid, size_t(Ns * C) * sizeof(float));
-    layernorm_backward(sc.d_resid, params_.grad(lnf_w_), params_.grad(lnf_b_), d_lnf, a.resid.back(),
-                       params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C);
+    const ResidualGradOut next =
+        a.layers.empty() ? ResidualGradOut{} : residual_grad_out(layers_[first + a.layers.size() - 1].fc2_b, p_hidden);
+    layernorm_backward(sc.d_resid, params_.grad(lnf_w_), params_.grad(lnf_b_), *d_lnf, a.resid.back(),
+                       params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C, next);
+    d_rows_made = next.bf16 != nullptr;
     grads_ready({lnf_w_, lnf_b_});
   }
 
-  const size_t first = chunk_first_[size_t(chunk)];
   for (size_t i = a.layers.size(); i-- > 0;) {
     const LayerParams& p = layers_[first + i];
     const int64_t l = p.layer;
@@ -576,8 +598,8 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
     // the kept qkv (the proj backward and the attention backward need them).
     if (selective_) core_attention_forward(p, a, i, B, T, key);
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
-    const RowOutputGrad d_fc2 =
-        row_output_grad(d_rows, p.fc2_b, N, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+    const RowOutputGrad d_fc2 = row_output_grad(d_rows, p.fc2_b, N, p_hidden,
+                                                site_stream(key, layer_name(l, "mlp.dropout")), elem0, d_rows_made);
     // fc2's input gradient, rounded as the GELU backward reads it (one pass). With bf16
     // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
     // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
@@ -597,13 +619,17 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
       gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), bf16 ? nullptr : params_.grad(p.fc1_b),
                                     bf16 ? nullptr : sc.d_f, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_,
-                                    site(p.fc1_w).rounded_by_caller(), d_f16);
-    // The input gradient rounded as the LayerNorm backward reads it (one pass fewer).
-    layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), d_ln, x.resid_mid,
-                       params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, rounding(site(p.fc1_w)));
-    // Attention block: d_resid is now d(resid_mid).
-    const RowOutputGrad d_proj = row_output_grad(d_rows, p.proj_b, N, p_hidden,
-                                                 site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
+                                    ln_grad_site(p.fc1_w), d_f16);
+    // The input gradient rounded as the LayerNorm backward reads it (one pass fewer), or
+    // already rounded, in bf16 (ln_dout); d_resid becomes d(resid_mid), and with it the
+    // projection's output gradient may be made (residual_grad_out).
+    const ResidualGradOut proj_grad = residual_grad_out(p.proj_b, p_hidden);
+    layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), ln_dout(d_ln, p.fc1_w), x.resid_mid,
+                       params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad);
+    // Attention block.
+    const RowOutputGrad d_proj =
+        row_output_grad(d_rows, p.proj_b, N, p_hidden, site_stream(key, layer_name(l, "self_attention.dropout")),
+                        elem0, proj_grad.bf16 != nullptr);
     // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
     // and the attention backward reads it as it is (no rounding pass, half the bytes).
     const bool bf16_d_attn = bf16_qkv();
@@ -625,10 +651,14 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const float* d_lnf, int
                        docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
                                     d_qkv_b ? nullptr : params_.grad(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
-                                    ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl,
-                                    site(p.qkv_w).rounded_by_caller(), d_3c16);
-    layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), d_ln, a.resid[i],
-                       params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, rounding(site(p.qkv_w)));
+                                    ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, ln_grad_site(p.qkv_w),
+                                    d_3c16);
+    // d_resid becomes d(layer input): the output gradient of the previous layer's fc2 (made
+    // here with residual_grad_out), or the chunk's input gradient after the first layer.
+    const ResidualGradOut fc2_grad = i > 0 ? residual_grad_out(layers_[first + i - 1].fc2_b, p_hidden) : ResidualGradOut{};
+    layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), ln_dout(d_ln, p.qkv_w), a.resid[i],
+                       params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad);
+    d_rows_made = fc2_grad.bf16 != nullptr;
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,
                  p.fc1_b, p.fc2_w, p.fc2_b});
   }
@@ -715,26 +745,30 @@ void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const Mi
   Activations& a = acts(chunk, slot);
   Scratch& sc = *scratch_;
   const int64_t N = B * T, C = cfg_.hidden_size;
-  const float* d_lnf = nullptr;
-  if (has_loss(chunk)) {
-    // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary
-    // ranks: all-reduced, or reduce-scattered to the token shard)
-    const GemmSite out_site = site(out_w_ >= 0 ? out_w_ : wte_);
-    if (bf16_logits()) {  // dlogits in bf16 (output_loss)
-      const uint16_t* dlogits = reinterpret_cast<const uint16_t*>(a.logits);
-      gemm_policy_->weight_grad_bf16(out_site.param, output_weight_grad(), dlogits, input(a.lnf), N, C, Vl_);
+  if (!has_loss(chunk)) return backward_chunk(chunk, a, nullptr, B, T, key);
+  // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary ranks:
+  // all-reduced, or reduce-scattered to the token shard). Without tensor parallelism and
+  // with dlogits in bf16, d(lnf) is written rounded, in bf16, for the final LayerNorm's
+  // backward to read so (bf16_ln_grads).
+  const GemmSite out_site = site(out_w_ >= 0 ? out_w_ : wte_);
+  LayerNormDout d_lnf(tp_.sp() ? sc.d_s : sc.d_c2);
+  if (bf16_logits()) {  // dlogits in bf16 (output_loss)
+    const uint16_t* dlogits = reinterpret_cast<const uint16_t*>(a.logits);
+    gemm_policy_->weight_grad_bf16(out_site.param, output_weight_grad(), dlogits, input(a.lnf), N, C, Vl_);
+    if (bf16_ln_grads()) {
+      d_lnf = LayerNormDout::in_bf16(
+          gemm_policy_->input_grad_packed(out_site.param, sc.d_c2, nullptr, dlogits, output_weight(), N, C, Vl_));
+    } else {
       gemm_policy_->input_grad_bf16(out_site.param, sc.d_c2, dlogits, output_weight(), N, C, Vl_, false);
       gemm_policy_->round_result(sc.d_c2, N * C);
-    } else {
-      linear_backward(sc.d_c2, output_weight_grad(), nullptr, a.logits, input(a.lnf), output_weight(), N, C, Vl_,
-                      false, out_site);
     }
-    if (out_w_ >= 0) grads_ready({out_w_});
-    float* d = tp_.sp() ? sc.d_s : sc.d_c2;
-    reduce_from_tensor_parallel_region(tp_, sc.d_c2, d, N, C);
-    d_lnf = d;
+  } else {
+    linear_backward(sc.d_c2, output_weight_grad(), nullptr, a.logits, input(a.lnf), output_weight(), N, C, Vl_, false,
+                    out_site);
   }
-  backward_chunk(chunk, a, d_lnf, B, T, key);
+  if (out_w_ >= 0) grads_ready({out_w_});
+  if (!d_lnf.bf16) reduce_from_tensor_parallel_region(tp_, sc.d_c2, tp_.sp() ? sc.d_s : sc.d_c2, N, C);
+  backward_chunk(chunk, a, &d_lnf, B, T, key);
 }
 
 double GPTModel::forward_backward(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,

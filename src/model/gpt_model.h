@@ -27,6 +27,7 @@
 #include "core/device.h"
 #include "core/storage.h"
 #include "kernels/attention.h"
+#include "kernels/layernorm.h"
 #include "model/linear.h"
 #include "model/tensor_parallel.h"
 #include "model/transformer_config.h"
@@ -220,7 +221,7 @@ class GPTModel {
                               const MicroBatchKey& key);
   // d_lnf: gradient of the final LayerNorm's output rows of this rank ([Ns, C]), or null
   // when the chunk has no final norm (the output gradient is then in scratch d_resid).
-  void backward_chunk(int chunk, Activations& a, const float* d_lnf, int64_t B, int64_t T,
+  void backward_chunk(int chunk, Activations& a, const LayerNormDout* d_lnf, int64_t B, int64_t T,
                       const MicroBatchKey& key);
   // Output layer and vocab-parallel cross entropy on a.lnf; with `backward` the logits
   // become their gradients (scaled by grad_scale / mask sum). Returns the masked sum.
@@ -293,8 +294,24 @@ class GPTModel {
     const float* fp32 = nullptr;
     const uint16_t* bf16 = nullptr;
   };
+  // made: the LayerNorm backward before it wrote .bf16 and the bias gradient already
+  // (residual_grad_out).
   RowOutputGrad row_output_grad(float* d_rows, int b, int64_t N, float p, const PhiloxStream& stream,
-                                uint64_t first_index);
+                                uint64_t first_index, bool made = false);
+  bool bf16_row_output_grads() const { return bf16_inputs() && !tp_.sp() && cfg_.hidden_size <= 2 * Fl_; }
+  // Without dropout (p = 0) on row_output_grad's bf16 path the output gradient is d_resid
+  // itself: the LayerNorm backward that makes d_resid also writes its bf16 cast and sums
+  // the bias gradient (of bias b) as it goes (layernorm_backward's ResidualGradOut), and
+  // row_output_grad then has nothing to read. Empty (nothing made there) otherwise.
+  ResidualGradOut residual_grad_out(int b, float p) const;
+  // Without tensor parallelism the column-parallel layers' (QKV, fc1) input gradients are
+  // written rounded, in bf16, by their GEMMs (no reduction comes between the GEMM and the
+  // rounding), and the LayerNorm backward before them reads them so: half the bytes written
+  // and read. ln_grad_site: the input-gradient site of such a layer's weight w; ln_dout: the
+  // LayerNorm backward's operand for the gradient it left in d (rounded as read otherwise).
+  bool bf16_ln_grads() const { return bf16_inputs() && tp_.size() == 1; }
+  GemmSite ln_grad_site(int w) const;
+  LayerNormDout ln_dout(const float* d, int w) const;
   // qkv, attn: a layer's buffers (Activations::Layer).
   uint16_t* attn_bf16(float* qkv, int64_t N) const;
   LinearInput proj_input(float* qkv, const float* attn, int64_t N) const;

@@ -34,6 +34,8 @@ void column_parallel_linear_backward(const TensorParallel& tp, float* dx_full, f
                                      float* dW, float* db, const float* dy, LinearInput x,
                                      const float* W, int64_t N, int64_t in, int64_t out_local,
                                      const GemmSite& site, const uint16_t* dy_bf16) {
+  LATTICE_CHECK(!site.packed_input_grad || tp.size() == 1)
+      << "column_parallel_linear_backward: a bf16 input gradient that the tensor-parallel group reduces";
   GemmSite partial = site;
   partial.partial_sum = true;
   linear_backward(dx_full, dW, db, dy, x, W, N, in, out_local, false, partial, dy_bf16);

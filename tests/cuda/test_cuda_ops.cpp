@@ -158,7 +158,9 @@ std::string rounding_suffix(Rounding r) {
 // ---------------------------------------------------------------- layernorm
 
 void layernorm_cases(std::vector<OpCase>& t) {
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {300, 768}, {2, 1}}) {
+  // C: one, two or three (768) columns a thread in the fused backward, 6 (1300), and past
+  // its 8 (2100: the unfused kernels).
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {300, 768}, {2, 1}, {45, 1300}, {19, 2100}}) {
     // Row statistics summed over C in another order than the CPU's 16 lanes: ~1e-6 relative
     // on O(1) values.
     t.push_back({"layernorm_forward", shape_name({{"N", N}, {"C", C}}), {1e-5, 1e-5}, [N, C](const OpCase& c) {
@@ -196,37 +198,82 @@ void layernorm_cases(std::vector<OpCase>& t) {
       expect_close(stats, "mean", mean, download<float>(dmean, mean.size()));
       expect_close(stats, "rstd", rstd, download<float>(drstd, rstd.size()));
     }});
-    // dx: two row sums of C terms; dw, db: column sums of N terms (in chunks of 256 rows on
-    // the GPU, lane by lane on the CPU), so the absolute error grows with N.
-    for (Rounding r : kRoundings)
-      t.push_back({"layernorm_backward" + rounding_suffix(r), shape_name({{"N", N}, {"C", C}}),
-                   {1e-5, 2e-5 + 1e-7 * double(N)}, [N, C, r](const OpCase& c) {
+    // dx: two row sums of C terms; dw, db: column sums of N terms (per block of 16 rows, then
+    // the blocks in order, on the GPU; lane by lane on the CPU), so the absolute error grows
+    // with N. Forms: dout fp32 (rounded as read), or bf16; with or without the next layer's
+    // bf16 output gradient and bias gradient (ResidualGradOut) made from the new dx.
+    struct Form {
+      std::string name;
+      Rounding round;
+      bool bf16_dout, next;
+    };
+    std::vector<Form> forms;
+    for (Rounding r : kRoundings) forms.push_back({rounding_suffix(r), r, false, false});
+    forms.push_back({"_bf16_dout_next", Rounding::none, true, true});
+    forms.push_back({"_next", Rounding::bf16, false, true});
+    for (const Form& f : forms)
+      t.push_back({"layernorm_backward" + f.name, shape_name({{"N", N}, {"C", C}}), {1e-5, 2e-5 + 1e-7 * double(N)},
+                   [N, C, f](const OpCase& c) {
       const auto x = rand_floats(static_cast<size_t>(N * C), 4, -2.0f, 3.0f);
       const auto w = rand_floats(static_cast<size_t>(C), 5), b = rand_floats(static_cast<size_t>(C), 6);
       const auto dout = rand_floats(static_cast<size_t>(N * C), 7);
+      std::vector<uint16_t> dout16(dout.size());
+      cast_fp32_to_bf16(dout16.data(), dout.data(), int64_t(dout.size()));
       std::vector<float> out(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
       layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-      // Non-zero starting gradients: all three outputs accumulate.
+      // Non-zero starting gradients: every output accumulates.
       auto dx = rand_floats(static_cast<size_t>(N * C), 8), dw = rand_floats(static_cast<size_t>(C), 9), db = rand_floats(static_cast<size_t>(C), 10);
-      auto g_x = upload(x), g_w = upload(w), g_dout = upload(dout), g_mean = upload(mean), g_rstd = upload(rstd);
-      auto g_dx = upload(dx), g_dw = upload(dw), g_db = upload(db);
-      layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
-                         rstd.data(), N, C, r);
+      auto dnext = rand_floats(static_cast<size_t>(C), 11);
+      const auto dx0 = dx, dnext0 = dnext;
+      std::vector<uint16_t> next16(f.next ? dx.size() : 0);
+      auto g_x = upload(x), g_w = upload(w), g_dout = upload(dout), g_dout16 = upload(dout16), g_mean = upload(mean);
+      auto g_rstd = upload(rstd), g_dx = upload(dx), g_dw = upload(dw), g_db = upload(db), g_dnext = upload(dnext);
+      DeviceBuffer g_next16(next16.size() * 2);
+      layernorm_backward(dx.data(), dw.data(), db.data(),
+                         f.bf16_dout ? LayerNormDout::in_bf16(dout16.data()) : LayerNormDout(dout.data(), f.round),
+                         x.data(), w.data(), mean.data(), rstd.data(), N, C,
+                         f.next ? ResidualGradOut{next16.data(), dnext.data()} : ResidualGradOut{});
       auto run_gpu = [&] {
-        cuda::layernorm_backward(g_dx.as<float>(), g_dw.as<float>(), g_db.as<float>(), g_dout.as<float>(),
-                                 g_x.as<float>(), g_w.as<float>(), g_mean.as<float>(), g_rstd.as<float>(), N, C, r);
+        cuda::layernorm_backward(
+            g_dx.as<float>(), g_dw.as<float>(), g_db.as<float>(),
+            f.bf16_dout ? LayerNormDout::in_bf16(g_dout16.as<uint16_t>()) : LayerNormDout(g_dout.as<float>(), f.round),
+            g_x.as<float>(), g_w.as<float>(), g_mean.as<float>(), g_rstd.as<float>(), N, C,
+            f.next ? ResidualGradOut{g_next16.as<uint16_t>(), g_dnext.as<float>()} : ResidualGradOut{});
       };
       run_gpu();
+      const auto gpu_dx = download<float>(g_dx, dx.size());
       const auto gpu_dw = download<float>(g_dw, dw.size()), gpu_db = download<float>(g_db, db.size());
-      expect_close(c, "dx", dx, download<float>(g_dx, dx.size()));
+      const auto gpu_dnext = download<float>(g_dnext, dnext.size());
+      expect_close(c, "dx", dx, gpu_dx);
       expect_close(c, "dw", dw, gpu_dw);
       expect_close(c, "db", db, gpu_db);
+      if (f.next) {
+        expect_close(c, "next bias grad", dnext, gpu_dnext);
+        // The cast is of the GPU's own dx, to the bit.
+        std::vector<uint16_t> cast(gpu_dx.size());
+        cast_fp32_to_bf16(cast.data(), gpu_dx.data(), int64_t(cast.size()));
+        EXPECT_EQ(cast, download<uint16_t>(g_next16, next16.size())) << c.op << " " << c.shape << ": the bf16 cast";
+        // And the sums are of the GPU's dx, in some order: within N x 2^-24 of each column's
+        // sum of magnitudes of the exact sum of that dx (a bound no misplaced row meets).
+        for (int64_t col = 0; col < C; ++col) {
+          double exact = dnext0[size_t(col)], mag = std::fabs(double(dnext0[size_t(col)]));
+          for (int64_t n = 0; n < N; ++n) {
+            exact += gpu_dx[size_t(n * C + col)];
+            mag += std::fabs(double(gpu_dx[size_t(n * C + col)]));
+          }
+          EXPECT_LE(std::fabs(gpu_dnext[size_t(col)] - exact), double(N + 1) * std::ldexp(1.0, -24) * mag)
+              << c.op << " " << c.shape << ": column " << col;
+        }
+      }
       // Deterministic: a second accumulation from the same start gives the same bits.
       cuda::copy_to_device(g_dw.data(), rand_floats(static_cast<size_t>(C), 9).data(), g_dw.size());
       cuda::copy_to_device(g_db.data(), rand_floats(static_cast<size_t>(C), 10).data(), g_db.size());
+      cuda::copy_to_device(g_dnext.data(), dnext0.data(), g_dnext.size());
+      cuda::copy_to_device(g_dx.data(), dx0.data(), g_dx.size());
       run_gpu();
       expect_bits(c, "dw (second run)", gpu_dw, download<float>(g_dw, dw.size()));
       expect_bits(c, "db (second run)", gpu_db, download<float>(g_db, db.size()));
+      expect_bits(c, "next bias grad (second run)", gpu_dnext, download<float>(g_dnext, dnext.size()));
     }});
   }
 }

@@ -160,8 +160,8 @@ TEST(KernelFusedRounding, LayerNormBackwardRoundsTheOutputGradient) {
     std::vector<float> dx_ref = dx0, dw_ref = dw0, db_ref = db0, dx = dx0, dw = dw0, db = db0;
     layernorm_backward(dx_ref.data(), dw_ref.data(), db_ref.data(), dr.data(), x.data(), w.data(), mean.data(),
                        rstd.data(), kN, kC);
-    layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
-                       kN, kC, r);
+    layernorm_backward(dx.data(), dw.data(), db.data(), LayerNormDout(dout.data(), r), x.data(), w.data(),
+                       mean.data(), rstd.data(), kN, kC);
     const std::string what = name(r) + ", " + std::to_string(threads) + " threads";
     EXPECT_TRUE(same_bits(dx, dx_ref)) << what;
     EXPECT_TRUE(same_bits(dw, dw_ref)) << what;
@@ -172,6 +172,43 @@ TEST(KernelFusedRounding, LayerNormBackwardRoundsTheOutputGradient) {
     EXPECT_EQ(r == Rounding::none, same_bits(dx, dx_u)) << what;
     EXPECT_EQ(r == Rounding::none, same_bits(db, db_u)) << what;
   });
+}
+
+// The same with the gradient already rounded, in bf16 (a GEMM that wrote it so), and with
+// the residual gradient's outputs for the row-parallel layer before (ResidualGradOut): the
+// bits of the fp32 form rounded to bf16, then bias_backward_cast_bf16 on the new dx.
+TEST(KernelFusedRounding, LayerNormBackwardReadsBf16AndMakesTheNextLayersGradient) {
+  const auto x = random_floats(size_t(kN * kC), 21, -2.0f, 3.0f), w = random_floats(size_t(kC), 22);
+  const auto b = random_floats(size_t(kC), 23), dout = random_floats(size_t(kN * kC), 24, -3.0f, 3.0f);
+  std::vector<float> y(x.size()), mean(static_cast<size_t>(kN)), rstd(mean);
+  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), kN, kC, 1e-5f);
+  std::vector<uint16_t> dout16(dout.size());
+  cast_fp32_to_bf16(dout16.data(), dout.data(), int64_t(dout.size()));
+  const auto dx0 = random_floats(x.size(), 25), dw0 = random_floats(w.size(), 26), db0 = random_floats(w.size(), 27);
+  const auto dnext0 = random_floats(w.size(), 28);
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    const std::string what = std::to_string(threads) + " threads";
+    std::vector<float> dx_ref = dx0, dw_ref = dw0, db_ref = db0, dnext_ref = dnext0;
+    layernorm_backward(dx_ref.data(), dw_ref.data(), db_ref.data(), LayerNormDout(dout.data(), Rounding::bf16),
+                       x.data(), w.data(), mean.data(), rstd.data(), kN, kC);
+    std::vector<uint16_t> next16_ref(x.size());
+    bias_backward_cast_bf16(dnext_ref.data(), next16_ref.data(), dx_ref.data(), kN, kC);
+    for (bool next : {false, true}) {
+      std::vector<float> dx = dx0, dw = dw0, db = db0, dnext = dnext0;
+      std::vector<uint16_t> next16(x.size());
+      layernorm_backward(dx.data(), dw.data(), db.data(), LayerNormDout::in_bf16(dout16.data()), x.data(), w.data(),
+                         mean.data(), rstd.data(), kN, kC,
+                         next ? ResidualGradOut{next16.data(), dnext.data()} : ResidualGradOut{});
+      EXPECT_TRUE(same_bits(dx, dx_ref)) << what;
+      EXPECT_TRUE(same_bits(dw, dw_ref)) << what;
+      EXPECT_TRUE(same_bits(db, db_ref)) << what;
+      if (!next) continue;
+      EXPECT_TRUE(same_bits(dnext, dnext_ref)) << what;
+      EXPECT_EQ(next16, next16_ref) << what;
+    }
+  }
+  omp_set_num_threads(2);
 }
 
 // Two vocabulary slices with padding in the last, one target outside this rank's slice.

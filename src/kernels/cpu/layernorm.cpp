@@ -1,11 +1,14 @@
 #include "kernels/layernorm.h"
 
 #include "core/device.h"
+#include "core/error.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cast_math.h"
+#include "kernels/cpu/row_sums.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace lattice {
@@ -79,22 +82,37 @@ void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float
 // dx per row (parallel over rows); dw, db per column chunk summing rows in index
 // order (parallel over columns), so all three are independent of the thread count.
 namespace {
+// dout[i] as the backward reads it: an fp32 value rounded by R, or a bf16 pattern.
 template <Rounding R>
-void layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+inline float dout_at(const float* d, int64_t i) {
+  return math::round_as<R>(d[i]);
+}
+template <Rounding R>
+inline float dout_at(const uint16_t* d, int64_t i) {
+  return math::bf16_to_fp32(d[i]);
+}
+
+template <Rounding R, class T>
+void layernorm_backward_rows(float* dx, float* dw, float* db, const T* dout, const float* x, const float* w,
                              const float* mean, const float* rstd, int64_t N, int64_t C) {
+  constexpr bool kConverted = R != Rounding::none || !std::is_same_v<T, float>;
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const float* __restrict x_n = x + n * C;
-    const float* __restrict d_n = dout + n * C;
-    if constexpr (R != Rounding::none) {
-      // The row's gradient rounded into a buffer first: the loops below are then the same
-      // code as for a gradient rounded by a pass of its own (the same bits).
+    const float* __restrict d_n = nullptr;
+    if constexpr (kConverted) {
+      // The row's gradient rounded (or widened from bf16) into a buffer first: the loops
+      // below are then the same code as for a gradient rounded by a pass of its own (the
+      // same bits).
       thread_local std::vector<float> rounded;
       rounded.resize(size_t(C));
       float* __restrict rs = rounded.data();
+      const T* __restrict src = dout + n * C;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) rs[c] = math::round_as<R>(d_n[c]);
+      for (int64_t c = 0; c < C; ++c) rs[c] = dout_at<R>(src, c);
       d_n = rs;
+    } else {
+      d_n = dout + n * C;
     }
     float* __restrict dx_n = dx + n * C;
     const float m = mean[n], r = rstd[n];
@@ -132,11 +150,11 @@ void layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout,
     float acc_w[kChunk] = {}, acc_b[kChunk] = {};
     for (int64_t n = 0; n < N; ++n) {
       const float* __restrict x_n = x + n * C;
-      const float* __restrict d_n = dout + n * C;
+      const T* __restrict d_n = dout + n * C;
       const float m = mean[n], r = rstd[n];
 #pragma omp simd
       for (int64_t c = c0; c < c1; ++c) {
-        const float d = math::round_as<R>(d_n[c]);
+        const float d = dout_at<R>(d_n, c);
         acc_w[c - c0] += d * (x_n[c] - m) * r;
         acc_b[c - c0] += d;
       }
@@ -149,13 +167,21 @@ void layernorm_backward_rows(float* dx, float* dw, float* db, const float* dout,
 }
 }  // namespace
 
-void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, Rounding round_dout) {
-  LATTICE_KERNEL_ENTRY(cuda::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, round_dout));
-  math::dispatch_rounding(round_dout, [&](auto r) {
-    layernorm_backward_rows<decltype(r)::value>(dx, dw, db, dout, x, w, mean, rstd, N, C);
-  });
+void layernorm_backward(float* dx, float* dw, float* db, LayerNormDout dout, const float* x, const float* w,
+                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next) {
+  LATTICE_CHECK((dout.f32 == nullptr) != (dout.bf16 == nullptr)) << "layernorm_backward: one output gradient";
+  LATTICE_CHECK((next.bf16 == nullptr) == (next.bias_grad == nullptr))
+      << "layernorm_backward: the residual gradient's bf16 cast and bias gradient go together";
+  LATTICE_KERNEL_ENTRY(cuda::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, next));
+  if (dout.bf16)
+    layernorm_backward_rows<Rounding::none>(dx, dw, db, dout.bf16, x, w, mean, rstd, N, C);
+  else
+    math::dispatch_rounding(dout.round, [&](auto r) {
+      layernorm_backward_rows<decltype(r)::value>(dx, dw, db, dout.f32, x, w, mean, rstd, N, C);
+    });
+  // The next layer's bias gradient and bf16 output gradient: bias_backward_cast_bf16 on dx.
+  if (next.bf16)
+    cpu::column_sums(next.bias_grad, next.bf16, N, C, [&](int64_t n, int64_t c0, int64_t, float*) { return dx + n * C + c0; });
 }
 
 }  // namespace lattice

@@ -1,5 +1,6 @@
-// LayerNorm on the GPU: one block per row for the statistics and dx; dw, db through
-// deterministic column sums (fixed row chunks, added in chunk order).
+// LayerNorm on the GPU: forward one block per row; backward one block per 16 rows, dx row
+// by row with the dw, db (and the next layer's bias) sums kept per thread, then added
+// block by block through the deterministic column sums (fixed order: no float atomics).
 #include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
@@ -38,19 +39,102 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
   }
 }
 
-// dx[n, k] += r * (dout w - mean(dout w) - xhat * mean(dout w xhat))
-// (dout rounded as it is read: round_dout)
-__global__ void layernorm_backward_dx_kernel(float* dx, const float* dout, const float* x,
-                                             const float* w, const float* mean, const float* rstd,
-                                             int64_t N, int64_t C, Rounding round_dout) {
+// dout[i] as the backward reads it: fp32 rounded as read, or a bf16 pattern.
+__device__ __forceinline__ float dout_at(const float* d, int64_t i, Rounding r) { return math::round_as(d[i], r); }
+__device__ __forceinline__ float dout_at(const uint16_t* d, int64_t i, Rounding) { return math::bf16_to_fp32(d[i]); }
+
+// The fused backward: each block takes kBwdRows consecutive rows, one after the other, each
+// thread the columns threadIdx.x + kThreads v (v < V). Per row, as a block per row would:
+//   dx[n, k] += r * (dout w - mean(dout w) - xhat * mean(dout w xhat))
+// (with the bf16 cast of the result when next_bf16), while the thread adds the row's
+// dout * xhat, dout (and, with next_bf16, the new dx) to its columns' sums. A block writes
+// its sums to partial[block][K][C]; column_sums_accumulate then adds the blocks in order.
+// One read of dout and x instead of two, and none of dx for the next bias gradient.
+constexpr int kBwdRows = 16;
+constexpr int kBwdMaxV = 8;  // columns per thread: C <= 2048; wider rows take bwd_unfused
+
+template <int V, class T>
+__global__ void __launch_bounds__(kThreads)
+    layernorm_backward_fused_kernel(float* dx, uint16_t* next_bf16, float* partial, const T* dout, Rounding round_dout,
+                                    const float* x, const float* w, const float* mean, const float* rstd, int64_t N,
+                                    int64_t C, int K) {
+  const int64_t r0 = int64_t(blockIdx.x) * kBwdRows, r1 = r0 + kBwdRows < N ? r0 + kBwdRows : N;
+  float wv[V], acc_w[V], acc_b[V], acc_dx[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int64_t c = threadIdx.x + int64_t(kThreads) * v;
+    wv[v] = c < C ? w[c] : 0.0f;
+    acc_w[v] = acc_b[v] = acc_dx[v] = 0.0f;
+  }
+  for (int64_t n = r0; n < r1; ++n) {
+    const float m = mean[n], r = rstd[n];
+    float d[V], xv[V];
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int64_t c = threadIdx.x + int64_t(kThreads) * v;
+      d[v] = xv[v] = 0.0f;
+      if (c < C) {
+        d[v] = dout_at(dout, n * C + c, round_dout);
+        xv[v] = x[n * C + c];
+        const float g = d[v] * wv[v];
+        sg += g;
+        sgx += g * (xv[v] - m) * r;
+      }
+    }
+    const float mean_g = block_sum(sg) / float(C);
+    const float mean_gx = block_sum(sgx) / float(C);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int64_t c = threadIdx.x + int64_t(kThreads) * v;
+      if (c >= C) continue;
+      const float xhat = (xv[v] - m) * r;
+      const float g = dx[n * C + c] + r * (d[v] * wv[v] - mean_g - xhat * mean_gx);
+      dx[n * C + c] = g;
+      acc_w[v] += d[v] * (xv[v] - m) * r;
+      acc_b[v] += d[v];
+      if (next_bf16) {
+        next_bf16[n * C + c] = math::fp32_to_bf16(g);
+        acc_dx[v] += g;
+      }
+    }
+  }
+  float* out = partial + int64_t(blockIdx.x) * K * C;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int64_t c = threadIdx.x + int64_t(kThreads) * v;
+    if (c >= C) continue;
+    out[c] = acc_w[v];
+    out[C + c] = acc_b[v];
+    if (K == 3) out[2 * C + c] = acc_dx[v];
+  }
+}
+
+// The blocks' sums as the rows of a [blocks, K*C] array, for column_sums_accumulate.
+template <int K>
+struct PartialSums {
+  const float* partial;
+  int64_t C;
+  __device__ void operator()(int64_t n, int64_t c, float v[K]) const {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = partial[(n * K + k) * C + c];
+  }
+};
+
+// Rows wider than kBwdMaxV * kThreads: dx by one block per row, then dw, db through the
+// column sums (reading dout and x again), then the next layer's gradients from dx.
+template <class T>
+__global__ void layernorm_backward_dx_kernel(float* dx, const T* dout, const float* x, const float* w,
+                                             const float* mean, const float* rstd, int64_t N, int64_t C,
+                                             Rounding round_dout) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* x_n = x + n * C;
-    const float* d_n = dout + n * C;
+    const T* d_n = dout + n * C;
     float* dx_n = dx + n * C;
     const float m = mean[n], r = rstd[n];
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float g = math::round_as(d_n[c], round_dout) * w[c];
+      const float g = dout_at(d_n, c, round_dout) * w[c];
       sg += g;
       sgx += g * (x_n[c] - m) * r;
     }
@@ -58,25 +142,81 @@ __global__ void layernorm_backward_dx_kernel(float* dx, const float* dout, const
     const float mean_gx = block_sum(sgx) / float(C);
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
       const float xhat = (x_n[k] - m) * r;
-      dx_n[k] += r * (math::round_as(d_n[k], round_dout) * w[k] - mean_g - xhat * mean_gx);
+      dx_n[k] += r * (dout_at(d_n, k, round_dout) * w[k] - mean_g - xhat * mean_gx);
     }
   }
 }
 
 // (dout * xhat, dout) at (n, c) for the dw, db column sums.
+template <class T>
 struct LayernormParamGrads {
-  const float* dout;
+  const T* dout;
   const float* x;
   const float* mean;
   const float* rstd;
   int64_t C;
   Rounding round_dout;
   __device__ void operator()(int64_t n, int64_t c, float v[2]) const {
-    const float d = math::round_as(dout[n * C + c], round_dout);
+    const float d = dout_at(dout, n * C + c, round_dout);
     v[0] = d * (x[n * C + c] - mean[n]) * rstd[n];
     v[1] = d;
   }
 };
+
+template <class T>
+void backward_unfused(float* dx, float* dw, float* db, const T* dout, Rounding round_dout, const float* x,
+                      const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                      ResidualGradOut next) {
+  launch(layernorm_backward_dx_kernel<T>, grid_rows(N), kThreads, 0, dx, dout, x, w, mean, rstd, N, C, round_dout);
+  LATTICE_CUDA_LAUNCHED("layernorm_backward dx");
+  column_sums_accumulate<2>(ColumnOutputs{{dw, db}}, LayernormParamGrads<T>{dout, x, mean, rstd, C, round_dout}, N,
+                            C, "layernorm_backward dw/db");
+  if (next.bf16) bias_backward_cast_bf16(next.bias_grad, next.bf16, dx, N, C);
+}
+
+template <int V, class T>
+void backward_fused(float* dx, float* dw, float* db, const T* dout, Rounding round_dout, const float* x,
+                    const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                    ResidualGradOut next) {
+  const int K = next.bf16 ? 3 : 2;
+  const int64_t blocks = (N + kBwdRows - 1) / kBwdRows;
+  LATTICE_CHECK(blocks <= 2147483647) << "layernorm_backward: N " << N << " too large";
+  float* partial = nullptr;
+  LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&partial), size_t(blocks * K * C) * sizeof(float),
+                                    stream()));
+  launch(layernorm_backward_fused_kernel<V, T>, unsigned(blocks), kThreads, 0, dx, next.bf16, partial, dout,
+         round_dout, x, w, mean, rstd, N, C, K);
+  LATTICE_CUDA_LAUNCHED("layernorm_backward");
+  if (K == 3)
+    column_sums_accumulate<3>(ColumnOutputs{{dw, db, next.bias_grad}}, PartialSums<3>{partial, C}, blocks, C,
+                              "layernorm_backward column sums");
+  else
+    column_sums_accumulate<2>(ColumnOutputs{{dw, db}}, PartialSums<2>{partial, C}, blocks, C,
+                              "layernorm_backward column sums");
+  LATTICE_CUDA_CALL(cudaFreeAsync(partial, stream()));
+}
+
+template <class T>
+void backward_typed(float* dx, float* dw, float* db, const T* dout, Rounding round_dout, const float* x,
+                    const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                    ResidualGradOut next) {
+  switch ((C + kThreads - 1) / kThreads) {
+#define LATTICE_LN_BWD_CASE(V) \
+  case V:                      \
+    return backward_fused<V>(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next);
+    LATTICE_LN_BWD_CASE(1)
+    LATTICE_LN_BWD_CASE(2)
+    LATTICE_LN_BWD_CASE(3)
+    LATTICE_LN_BWD_CASE(4)
+    LATTICE_LN_BWD_CASE(5)
+    LATTICE_LN_BWD_CASE(6)
+    LATTICE_LN_BWD_CASE(7)
+    LATTICE_LN_BWD_CASE(8)
+#undef LATTICE_LN_BWD_CASE
+    default:
+      return backward_unfused(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next);
+  }
+}
 
 }  // namespace
 
@@ -101,14 +241,14 @@ void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float
   launch_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, "layernorm_forward_bf16");
 }
 
-void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, Rounding round_dout) {
+void layernorm_backward(float* dx, float* dw, float* db, LayerNormDout dout, const float* x, const float* w,
+                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next) {
   if (N <= 0 || C <= 0) return;
-  launch(layernorm_backward_dx_kernel, grid_rows(N), kThreads, 0, dx, dout, x, w, mean, rstd, N, C, round_dout);
-  LATTICE_CUDA_LAUNCHED("layernorm_backward dx");
-  column_sums_accumulate<2>(ColumnOutputs{{dw, db}}, LayernormParamGrads{dout, x, mean, rstd, C, round_dout}, N, C,
-                            "layernorm_backward dw/db");
+  static_assert(kBwdMaxV == 8, "backward_typed's cases");
+  if (dout.bf16)
+    backward_typed(dx, dw, db, dout.bf16, Rounding::none, x, w, mean, rstd, N, C, next);
+  else
+    backward_typed(dx, dw, db, dout.f32, dout.round, x, w, mean, rstd, N, C, next);
 }
 
 }  // namespace lattice::cuda

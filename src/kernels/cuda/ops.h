@@ -12,6 +12,7 @@
 #include "core/philox.h"
 #include "kernels/activation.h"
 #include "kernels/cast.h"
+#include "kernels/layernorm.h"
 
 namespace lattice::cuda {
 
@@ -20,9 +21,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
                        const float* b, int64_t N, int64_t C, float eps);
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
                             const float* b, int64_t N, int64_t C, float eps);
-void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, Rounding round_dout = Rounding::none);
+void layernorm_backward(float* dx, float* dw, float* db, LayerNormDout dout, const float* x, const float* w,
+                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next = {});
 
 // ---- activation.h
 void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind);

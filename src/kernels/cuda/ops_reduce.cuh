@@ -76,7 +76,7 @@ __global__ void column_partials_kernel(float* partial, F f, int64_t N, int64_t C
 }
 
 struct ColumnOutputs {
-  float* out[2];
+  float* out[3];
 };
 
 template <int K>
@@ -91,11 +91,11 @@ __global__ void column_finish_kernel(ColumnOutputs outs, const float* partial, i
     }
 }
 
-// outs.out[k][c] += sum_n f(n, c)[k], k < K <= 2, f a __device__ functor
+// outs.out[k][c] += sum_n f(n, c)[k], k < K <= 3, f a __device__ functor
 // void(int64_t n, int64_t c, float v[K]).
 template <int K, typename F>
 void column_sums_accumulate(ColumnOutputs outs, F f, int64_t N, int64_t C, const char* what) {
-  static_assert(K >= 1 && K <= 2, "column_sums_accumulate: one or two outputs");
+  static_assert(K >= 1 && K <= 3, "column_sums_accumulate: one to three outputs");
   if (N <= 0 || C <= 0) return;
   const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   const int64_t tiles = (C + kColTile - 1) / kColTile;
