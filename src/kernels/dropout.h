@@ -7,6 +7,7 @@
 
 #include "core/philox.h"
 #include "kernels/cast.h"
+#include "kernels/layernorm.h"
 
 namespace lattice {
 
@@ -38,5 +39,16 @@ void dropout_backward_bias_cast_bf16(float* dbias, uint16_t* dx_bf16, const floa
 // read at half the bytes): the bits of the fp32 overload on y's fp32 values with round_y bf16.
 void bias_dropout_add_forward(float* out, const float* residual, const uint16_t* y, const float* bias, int64_t N,
                               int64_t C, float p, const PhiloxStream& stream, uint64_t first_index);
+
+// bias_dropout_add_forward followed by the LayerNorm that reads its out (layernorm_forward
+// into ln.f32, or layernorm_forward_bf16 into ln.bf16), in one pass over the rows: each row's
+// sum is written and normalized without being read back. The bits of the two calls. y fp32
+// rounded by round_y, or (second form) bf16 patterns.
+void bias_dropout_add_layernorm_forward(float* out, const float* residual, const float* y, const float* bias,
+                                        int64_t N, int64_t C, float p, const PhiloxStream& stream,
+                                        uint64_t first_index, Rounding round_y, const LayerNormOut& ln);
+void bias_dropout_add_layernorm_forward(float* out, const float* residual, const uint16_t* y, const float* bias,
+                                        int64_t N, int64_t C, float p, const PhiloxStream& stream,
+                                        uint64_t first_index, const LayerNormOut& ln);
 
 }  // namespace lattice

@@ -15,6 +15,19 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
                             const float* b, int64_t N, int64_t C, float eps);
 
+// A LayerNorm's output as a kernel that also makes its input writes it (dropout.h's
+// bias_dropout_add_layernorm_forward): out in fp32 or bf16 (one of f32, bf16), the row
+// statistics mean, rstd [N], and the LayerNorm's parameters w, b [C] and epsilon.
+struct LayerNormOut {
+  float* f32 = nullptr;
+  uint16_t* bf16 = nullptr;
+  float* mean = nullptr;
+  float* rstd = nullptr;
+  const float* w = nullptr;
+  const float* b = nullptr;
+  float eps = 1e-5f;
+};
+
 // The output gradient a LayerNorm backward reads: fp32, rounded as it is read (round: a
 // GEMM result, the input gradient of the next layer's linear, GemmSite::caller_rounds; the
 // same bits as rounding it in a pass of its own first), or the bf16 patterns such a GEMM

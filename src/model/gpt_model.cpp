@@ -429,16 +429,44 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
     dropout_forward(a.resid[0], a.resid[0], Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
   }
 
+  // Each layer's output goes with the next LayerNorm (the next layer's LN1, the final one).
   const size_t first = chunk_first_[size_t(chunk)];
-  for (size_t i = 0; i < a.layers.size(); ++i) forward_layer(layers_[first + i], a, i, B, T, key, true);
+  for (size_t i = 0; i < a.layers.size(); ++i)
+    forward_layer(layers_[first + i], a, i, B, T, key, true, i > 0, next_norm(chunk, a, i + 1, row0));
   if (has_loss(chunk)) {
-    layernorm_input(input_row(a.lnf, row0), a.lnf_mean, a.lnf_rstd, a.resid.back(), lnf_w_, lnf_b_, Ns);
+    if (a.layers.empty())
+      layernorm_input(input_row(a.lnf, row0), a.lnf_mean, a.lnf_rstd, a.resid.back(), lnf_w_, lnf_b_, Ns);
     gather_input_rows(a.lnf, N);
   }
 }
 
+LayerNormOut GPTModel::layernorm_out(const NextNorm& n) const {
+  LayerNormOut ln;
+  if (bf16_inputs())
+    ln.bf16 = reinterpret_cast<uint16_t*>(n.out);
+  else
+    ln.f32 = n.out;
+  ln.mean = n.mean;
+  ln.rstd = n.rstd;
+  ln.w = params_.param(n.w);
+  ln.b = params_.param(n.b);
+  ln.eps = cfg_.layernorm_epsilon;
+  return ln;
+}
+
+std::optional<GPTModel::NextNorm> GPTModel::next_norm(int chunk, Activations& a, size_t i, int64_t row0) {
+  if (i < a.layers.size()) {
+    const LayerParams& p = layers_[chunk_first_[size_t(chunk)] + i];
+    Activations::Layer& x = a.layers[i];
+    return NextNorm{x.ln1, x.ln1_mean, x.ln1_rstd, p.ln1_w, p.ln1_b};
+  }
+  if (!has_loss(chunk)) return std::nullopt;
+  return NextNorm{input_row(a.lnf, row0), a.lnf_mean, a.lnf_rstd, lnf_w_, lnf_b_};
+}
+
 void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
-                             const MicroBatchKey& key, bool output) {
+                             const MicroBatchKey& key, bool output, bool ln1_made,
+                             const std::optional<NextNorm>& after) {
   const bool sp = tp_.sp();
   Scratch& sc = *scratch_;
   const int64_t N = B * T, C = cfg_.hidden_size, Cl = Hl_ * cfg_.kv_channels;
@@ -450,7 +478,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   Activations::Layer& x = a.layers[i];
   const float* in = a.resid[i];
   // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
-  layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, in, p.ln1_w, p.ln1_b, Ns);
+  if (!ln1_made) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, in, p.ln1_w, p.ln1_b, Ns);
   if (bf16_qkv())  // round(x W^T) in bf16; the attention adds the bias (qkv_input)
     gemm_policy_->forward_bf16(p.qkv_w, x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl);
   else
@@ -458,11 +486,11 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                    site(p.qkv_w));
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
-  // bias_dropout_add).
-  row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
-                      site_stream(key, layer_name(l, "self_attention.dropout")), elem0);
+  // bias_dropout_add), with LN2 of the result.
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
-  layernorm_input(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, p.ln2_w, p.ln2_b, Ns);
+  row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
+                      site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
+                      NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   // fc1's rounding, bias and GELU in one pass (Megatron's bias_gelu). With bf16 inputs the
   // GEMM writes its rounded result in bf16 into x.fc1 and the GELU output is fc2's bf16
   // input; the backward adds the bias again (bias_gelu_backward_packed). Otherwise x.fc1
@@ -478,21 +506,29 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   }
   if (!output) return;
   row_parallel_output(a.resid[i + 1], x.resid_mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
-                      site_stream(key, layer_name(l, "mlp.dropout")), elem0);
+                      site_stream(key, layer_name(l, "mlp.dropout")), elem0, after);
 }
 
 void GPTModel::row_parallel_output(float* out, const float* residual, float* y, LinearInput x, int w, int b,
                                    int64_t N, int64_t in_local, float p, const PhiloxStream& stream,
-                                   uint64_t first_index) {
+                                   uint64_t first_index, const std::optional<NextNorm>& norm) {
   const int64_t C = cfg_.hidden_size, Ns = tp_.shard_rows(N);
+  const LayerNormOut ln = norm ? layernorm_out(*norm) : LayerNormOut{};
   if (bf16_row_outputs()) {
     const uint16_t* y16 = gemm_policy_->forward_bf16(w, y, x, params_.param(w), N, in_local, C);
-    bias_dropout_add_forward(out, residual, y16, params_.param(b), Ns, C, p, stream, first_index);
+    if (norm)
+      bias_dropout_add_layernorm_forward(out, residual, y16, params_.param(b), Ns, C, p, stream, first_index, ln);
+    else
+      bias_dropout_add_forward(out, residual, y16, params_.param(b), Ns, C, p, stream, first_index);
     return;
   }
   row_parallel_linear_forward(tp_, y, scratch_->d_c1, x, params_.param(w), nullptr, N, in_local, C,
                               site(w).rounded_by_caller());
-  bias_dropout_add_forward(out, residual, y, params_.param(b), Ns, C, p, stream, first_index, rounding(site(w)));
+  if (norm)
+    bias_dropout_add_layernorm_forward(out, residual, y, params_.param(b), Ns, C, p, stream, first_index,
+                                       rounding(site(w)), ln);
+  else
+    bias_dropout_add_forward(out, residual, y, params_.param(b), Ns, C, p, stream, first_index, rounding(site(w)));
 }
 
 uint16_t* GPTModel::attn_bf16(float* qkv, int64_t N) const {
@@ -593,7 +629,8 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // group buffers (the last layer's output, already consumed, is not recomputed).
     if (a.recompute_from[i] >= 0)
       for (size_t j = size_t(a.recompute_from[i]); j <= i; ++j)
-        forward_layer(layers_[first + j], a, j, B, T, key, j < i);
+        forward_layer(layers_[first + j], a, j, B, T, key, j < i, j > size_t(a.recompute_from[i]),
+                      j < i ? next_norm(chunk, a, j + 1, row0) : std::nullopt);
     // Selective recomputation: the core attention's output and statistics again from
     // the kept qkv (the proj backward and the attention backward need them).
     if (selective_) core_attention_forward(p, a, i, B, T, key);
@@ -689,9 +726,20 @@ LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B,
   // all-reduced over the group. The logits are either bf16 (the bf16 policy: the GEMM
   // writes them so, half the traffic), or fp32 rounded by the policy as the cross entropy
   // reads them (one pass over the [N, Vl] logits fewer than rounding them first).
+  // The masked token count first: the backward's scale 1/count is known before any kernel.
+  LossSum l;
+  for (int64_t i = 0; i < N; ++i) l.count += host_mask ? host_mask[i] : 1.0f;
+  const float token_scale = l.count > 0 ? float(1.0 / l.count) : 0.0f;
   const uint16_t* logits16 = nullptr;
   if (bf16) {
     logits16 = gemm_policy_->forward_bf16(out_site.param, a.logits, input(a.lnf), output_weight(), N, C, Vl_);
+    if (tp_.size() == 1) {
+      // Nothing to all-reduce between the steps: max, sums, losses and the backward in one
+      // pass over the logits.
+      vocab_parallel_ce_fused_bf16(a.losses, reinterpret_cast<uint16_t*>(a.logits), row_max_.data(), ce_stats_.data(),
+                                   a.targets(), backward, loss_mask, grad_scale * token_scale, N, vocab_valid_, Vl_);
+      return sum_losses(a, N, host_mask, l);
+    }
     vocab_parallel_ce_max_bf16(row_max_.data(), logits16, N, vocab_valid_, Vl_);
   } else {
     linear_forward(a.logits, input(a.lnf), output_weight(), nullptr, N, C, Vl_, out_site.rounded_by_caller());
@@ -706,21 +754,7 @@ LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B,
                                vocab_valid_, Vl_, backward, rounding(out_site));
   if (tp_.size() > 1) tp_.comm->all_reduce(ce_stats_.data(), 2 * N, ReduceOp::sum);
   vocab_parallel_ce_loss(a.losses, ce_stats_.data(), row_max_.data(), N);
-  // The token losses on the host (one copy on a device), summed there with the mask.
-  const float* losses = a.losses;
-  if (current_device() != Device::cpu) {
-    losses_host_.resize(size_t(N));
-    copy_to_host(losses_host_.data(), a.losses, size_t(N) * sizeof(float));
-    losses = losses_host_.data();
-  }
-  LossSum l;
-  for (int64_t i = 0; i < N; ++i) {
-    const float m = host_mask ? host_mask[i] : 1.0f;
-    l.sum += double(losses[i]) * m;
-    l.count += m;
-  }
   if (backward) {
-    const float token_scale = l.count > 0 ? float(1.0 / l.count) : 0.0f;
     if (bf16)
       vocab_parallel_ce_backward_bf16(reinterpret_cast<uint16_t*>(a.logits), row_max_.data(), ce_stats_.data(),
                                       a.targets(), loss_mask, grad_scale * token_scale, vocab_begin_, N,
@@ -729,6 +763,18 @@ LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B,
       vocab_parallel_ce_backward(a.logits, ce_stats_.data(), a.targets(), loss_mask, grad_scale * token_scale,
                                  vocab_begin_, N, vocab_valid_, Vl_);
   }
+  return sum_losses(a, N, host_mask, l);
+}
+
+// The token losses on the host (one copy on a device), summed there with the mask.
+LossSum GPTModel::sum_losses(Activations& a, int64_t N, const float* host_mask, LossSum l) {
+  const float* losses = a.losses;
+  if (current_device() != Device::cpu) {
+    losses_host_.resize(size_t(N));
+    copy_to_host(losses_host_.data(), a.losses, size_t(N) * sizeof(float));
+    losses = losses_host_.data();
+  }
+  for (int64_t i = 0; i < N; ++i) l.sum += double(losses[i]) * (host_mask ? host_mask[i] : 1.0f);
   return l;
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -212,10 +213,27 @@ class GPTModel {
   void prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T,
                       bool labels);
   void forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key);
+  // The LayerNorm that reads a row-parallel layer's output next, made in one pass with it
+  // (bias_dropout_add_layernorm_forward): LN2 after the projection; after fc2 the next
+  // layer's LN1 or the final LayerNorm. out (this rank's rows, a linear layer's input as
+  // layernorm_input writes it), mean, rstd: its buffers; w, b: its parameters.
+  struct NextNorm {
+    float* out;
+    float* mean;
+    float* rstd;
+    int w, b;
+  };
+  // LN1 of chunk layer i (first: the chunk's first layer), or with i past the chunk's last
+  // layer the final LayerNorm; null where there is none (a pipeline stage's last layer).
+  std::optional<NextNorm> next_norm(int chunk, Activations& a, size_t i, int64_t row0);
+  // The kernels' description of it (fp32 or bf16 output, as layernorm_input writes it).
+  LayerNormOut layernorm_out(const NextNorm& n) const;
   // Layer i of a chunk: a.resid[i] -> a.layers[i] -> a.resid[i + 1]. Without `output`
   // it stops after the GELU (a recomputed group's last layer: backward needs no more).
+  // ln1_made: its LN1 was made with the previous layer's output (next_norm); `after`: the
+  // LayerNorm to make with its output.
   void forward_layer(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
-                     const MicroBatchKey& key, bool output);
+                     const MicroBatchKey& key, bool output, bool ln1_made, const std::optional<NextNorm>& after);
   // Layer i's attn and lse from its qkv (forward, and selective recomputation in backward).
   void core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
                               const MicroBatchKey& key);
@@ -227,6 +245,8 @@ class GPTModel {
   // become their gradients (scaled by grad_scale / mask sum). Returns the masked sum.
   LossSum output_loss(Activations& a, const float* loss_mask, int64_t B, int64_t T, bool backward,
                       float grad_scale);
+  // l with the sum of the N token losses in a.losses, masked by host_mask (null: all ones).
+  LossSum sum_losses(Activations& a, int64_t N, const float* host_mask, LossSum l);
   // The loss mask to use: loss_mask (a host array, or 1) times the eod mask; null when all
   // ones. Sets `host` to its host copy (null when all ones).
   const float* effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T,
@@ -281,8 +301,10 @@ class GPTModel {
   bool bf16_row_outputs() const { return bf16_qkv() && tp_.size() == 1; }
   // out = residual + dropout(round(x W^T) + bias) for row-parallel layer w (bias b), through
   // y ([Ns, C] scratch; [N, C] rows without sequence parallelism): Megatron's bias_dropout_add.
+  // With `norm`, that LayerNorm of out as well, in the same pass.
   void row_parallel_output(float* out, const float* residual, float* y, LinearInput x, int w, int b, int64_t N,
-                           int64_t in_local, float p, const PhiloxStream& stream, uint64_t first_index);
+                           int64_t in_local, float p, const PhiloxStream& stream, uint64_t first_index,
+                           const std::optional<NextNorm>& norm);
   // The output gradient of a row-parallel layer (projection, fc2; bias b), [Ns, C], from
   // the residual stream's gradient d_resid through the layer's dropout. With bf16 inputs and
   // without sequence parallelism only in bf16 (.bf16, in scratch d_f: free in the bf16

@@ -535,6 +535,95 @@ void dropout_cases(std::vector<OpCase>& t) {
       expect_bits(c, "out (in place)", out, download<float>(gres, n));
     }});
   }
+  // bias_dropout_add with the LayerNorm of its result (the next layer's input): on the GPU
+  // the bits of bias_dropout_add_forward then layernorm_forward(_bf16); near the CPU's (the
+  // sum exact, the LayerNorm's row sums in another order). y fp32 (rounded as read) or bf16;
+  // the LayerNorm's output fp32 or bf16; C up to 8 columns a thread (1300), and past (2100:
+  // the two kernels).
+  struct L {
+    int64_t N, C;
+    uint64_t first;
+    float p;
+  };
+  for (L f : {L{37, 77, 5, 0.1f}, L{300, 768, (uint64_t(1) << 33) + 1, 0.1f}, L{9, 1300, 0, 0.0f},
+              L{5, 2100, 3, 0.1f}})
+    for (int form = 0; form < 3; ++form) {  // y fp32 + ln fp32; y fp32 rounded bf16 + ln bf16; y bf16 + ln bf16
+      const std::string name = form == 0 ? "" : form == 1 ? "_round_bf16_ln_bf16" : "_packed_ln_bf16";
+      const std::string shape = shape_name({{"N", f.N}, {"C", f.C}, {"first", int64_t(f.first)},
+                                            {"p_pct", int64_t(f.p * 100)}});
+      t.push_back({"bias_dropout_add_layernorm_forward" + name, shape, {1e-5, 1e-5}, [f, form](const OpCase& c) {
+        const PhiloxStream stream{0x1234567890abcdefull, 79u, 3u, 9u};
+        const size_t n = size_t(f.N * f.C);
+        const auto y = rand_floats(n, 20, -4.0f, 4.0f), residual = rand_floats(n, 21, -1.0f, 1.0f);
+        std::vector<uint16_t> y16(n);
+        cast_fp32_to_bf16(y16.data(), y.data(), int64_t(n));
+        const auto bias = rand_floats(size_t(f.C), 22, -0.5f, 0.5f), w = rand_floats(size_t(f.C), 23);
+        const auto b = rand_floats(size_t(f.C), 24);
+        const Rounding r = form == 1 ? Rounding::bf16 : Rounding::none;
+        const bool ln16 = form > 0;
+        // The CPU.
+        std::vector<float> out(n), ln(n), mean(size_t(f.N)), rstd(size_t(f.N));
+        std::vector<uint16_t> ln_b(n);
+        LayerNormOut cpu_ln{ln16 ? nullptr : ln.data(), ln16 ? ln_b.data() : nullptr, mean.data(), rstd.data(),
+                            w.data(), b.data(), 1e-5f};
+        if (form == 2)
+          bias_dropout_add_layernorm_forward(out.data(), residual.data(), y16.data(), bias.data(), f.N, f.C, f.p,
+                                             stream, f.first, cpu_ln);
+        else
+          bias_dropout_add_layernorm_forward(out.data(), residual.data(), y.data(), bias.data(), f.N, f.C, f.p,
+                                             stream, f.first, r, cpu_ln);
+        // The GPU, fused and as the two kernels.
+        auto gy = upload(y), gy16 = upload(y16), gres = upload(residual), gbias = upload(bias), gw = upload(w);
+        auto gb = upload(b);
+        DeviceBuffer gout(n * 4), gln(n * 4), gmean(size_t(f.N) * 4), grstd(size_t(f.N) * 4);
+        DeviceBuffer rout(n * 4), rln(n * 4), rmean(size_t(f.N) * 4), rrstd(size_t(f.N) * 4);
+        auto ln_out = [&](DeviceBuffer& o, DeviceBuffer& m, DeviceBuffer& s) {
+          return LayerNormOut{ln16 ? nullptr : o.as<float>(), ln16 ? o.as<uint16_t>() : nullptr, m.as<float>(),
+                              s.as<float>(), gw.as<float>(), gb.as<float>(), 1e-5f};
+        };
+        if (form == 2) {
+          cuda::bias_dropout_add_layernorm_forward(gout.as<float>(), gres.as<float>(), gy16.as<uint16_t>(),
+                                                   gbias.as<float>(), f.N, f.C, f.p, stream, f.first,
+                                                   ln_out(gln, gmean, grstd));
+          cuda::bias_dropout_add_forward(rout.as<float>(), gres.as<float>(), gy16.as<uint16_t>(), gbias.as<float>(),
+                                         f.N, f.C, f.p, stream, f.first);
+        } else {
+          cuda::bias_dropout_add_layernorm_forward(gout.as<float>(), gres.as<float>(), gy.as<float>(),
+                                                   gbias.as<float>(), f.N, f.C, f.p, stream, f.first, r,
+                                                   ln_out(gln, gmean, grstd));
+          cuda::bias_dropout_add_forward(rout.as<float>(), gres.as<float>(), gy.as<float>(), gbias.as<float>(), f.N,
+                                         f.C, f.p, stream, f.first, r);
+        }
+        if (ln16)
+          cuda::layernorm_forward_bf16(rln.as<uint16_t>(), rmean.as<float>(), rrstd.as<float>(), rout.as<float>(),
+                                       gw.as<float>(), gb.as<float>(), f.N, f.C, 1e-5f);
+        else
+          cuda::layernorm_forward(rln.as<float>(), rmean.as<float>(), rrstd.as<float>(), rout.as<float>(),
+                                  gw.as<float>(), gb.as<float>(), f.N, f.C, 1e-5f);
+        const auto got_out = download<float>(gout, n);
+        expect_bits(c, "out", out, got_out);
+        expect_bits(c, "out (against the two kernels)", download<float>(rout, n), got_out);
+        expect_bits(c, "mean (against the two kernels)", download<float>(rmean, size_t(f.N)),
+                    download<float>(gmean, size_t(f.N)));
+        expect_bits(c, "rstd (against the two kernels)", download<float>(rrstd, size_t(f.N)),
+                    download<float>(grstd, size_t(f.N)));
+        expect_close(c, "mean", mean, download<float>(gmean, size_t(f.N)));
+        expect_close(c, "rstd", rstd, download<float>(grstd, size_t(f.N)));
+        std::vector<float> cpu(n), gpu(n), ref(n);
+        if (ln16) {
+          const auto got = download<uint16_t>(gln, n), want = download<uint16_t>(rln, n);
+          EXPECT_EQ(got, want) << c.op << " " << c.shape << ": the LayerNorm against the two kernels";
+          cast_bf16_to_fp32(cpu.data(), ln_b.data(), int64_t(n));
+          cast_bf16_to_fp32(gpu.data(), got.data(), int64_t(n));
+          const OpCase bf16_tol{c.op, c.shape, {1.0 / 128, 1e-5}, nullptr};
+          expect_close(bf16_tol, "ln (bf16)", cpu, gpu);
+        } else {
+          const auto got = download<float>(gln, n);
+          expect_bits(c, "ln (against the two kernels)", download<float>(rln, n), got);
+          expect_close(c, "ln", ln, got);
+        }
+      }});
+    }
 }
 
 // ---------------------------------------------------------------- elementwise
@@ -850,6 +939,62 @@ void cross_entropy_bf16_cases(std::vector<OpCase>& t) {
       cast_bf16_to_fp32(gd.data(), g16.data(), int64_t(n));
       expect_close(c, "dlogits", d, gd);
     }});
+  // The whole vocabulary on one rank: the fused pass against the GPU's four kernels, bit for
+  // bit (also without the backward, as in evaluation), and against the CPU as above.
+  for (S s : {S{37, 108, 100, 0}, S{5, 50304, 50257, 0}, S{3, 96, 1, 0}})
+    for (bool backward : {true, false})
+      t.push_back({std::string("vocab_parallel_ce_fused_bf16") + (backward ? "" : "_forward"),
+                   shape_name({{"N", s.N}, {"Vl", s.Vl}, {"valid", s.valid}}), {1.0 / 128, 1e-12},
+                   [s, backward](const OpCase& c) {
+        const OpCase sum_tol{c.op, c.shape, {1e-6, 0.0}, nullptr};
+        const OpCase loss_tol{c.op, c.shape, {1e-6, 1e-6}, nullptr};
+        const size_t n = size_t(s.N * s.Vl);
+        std::vector<uint16_t> x(n);
+        cast_fp32_to_bf16(x.data(), rand_floats(n, 46, -8.0f, 8.0f).data(), int64_t(n));
+        auto targets = rand_ints(size_t(s.N), 47, 0, int32_t(s.valid));
+        targets[0] = int32_t(s.Vl + 3);  // outside the vocabulary: no target logit
+        std::vector<float> mask(size_t(s.N), 1.0f);
+        mask[1 % s.N] = 0.0f;
+        const size_t N = size_t(s.N);
+        // The CPU.
+        std::vector<float> m(N), loss(N);
+        std::vector<double> st(2 * N);
+        std::vector<uint16_t> cx = x;
+        vocab_parallel_ce_fused_bf16(loss.data(), cx.data(), m.data(), st.data(), targets.data(), backward, mask.data(),
+                                     0.5f, s.N, s.valid, s.Vl);
+        // The GPU, fused and as the four kernels.
+        auto gx = upload(x), rx = upload(x), gt = upload(targets), gm = upload(mask);
+        DeviceBuffer gmax(N * 4), gstats(2 * N * 8), gloss(N * 4), rmax(N * 4), rstats(2 * N * 8), rloss(N * 4);
+        cuda::vocab_parallel_ce_fused_bf16(gloss.as<float>(), gx.as<uint16_t>(), gmax.as<float>(), gstats.as<double>(),
+                                           gt.as<int32_t>(), backward, gm.as<float>(), 0.5f, s.N, s.valid, s.Vl);
+        cuda::vocab_parallel_ce_max_bf16(rmax.as<float>(), rx.as<uint16_t>(), s.N, s.valid, s.Vl);
+        cuda::vocab_parallel_ce_partials_bf16(rstats.as<double>(), rx.as<uint16_t>(), rmax.as<float>(),
+                                              gt.as<int32_t>(), 0, s.N, s.valid, s.Vl);
+        cuda::vocab_parallel_ce_loss(rloss.as<float>(), rstats.as<double>(), rmax.as<float>(), s.N);
+        if (backward)
+          cuda::vocab_parallel_ce_backward_bf16(rx.as<uint16_t>(), rmax.as<float>(), rstats.as<double>(),
+                                                gt.as<int32_t>(), gm.as<float>(), 0.5f, 0, s.N, s.valid, s.Vl);
+        const auto got_max = download<float>(gmax, N), got_loss = download<float>(gloss, N);
+        const auto got_stats = download<double>(gstats, 2 * N);
+        const auto got_x = download<uint16_t>(gx, n);
+        expect_bits(c, "row_max (against the four kernels)", download<float>(rmax, N), got_max);
+        expect_bits(c, "losses (against the four kernels)", download<float>(rloss, N), got_loss);
+        const auto want_stats = download<double>(rstats, 2 * N);
+        EXPECT_EQ(0, std::memcmp(want_stats.data(), got_stats.data(), 2 * N * 8))
+            << c.op << " " << c.shape << ": stats against the four kernels";
+        EXPECT_EQ(download<uint16_t>(rx, n), got_x) << c.op << " " << c.shape << ": dlogits against the four kernels";
+        expect_bits(c, "row_max", m, got_max);
+        expect_close(sum_tol, "stats", st, got_stats);
+        expect_close(loss_tol, "losses", loss, got_loss);
+        if (!backward) {
+          EXPECT_EQ(x, got_x) << c.op << " " << c.shape << ": the forward wrote the logits";
+          return;
+        }
+        std::vector<float> d(n), gd(n);
+        cast_bf16_to_fp32(d.data(), cx.data(), int64_t(n));
+        cast_bf16_to_fp32(gd.data(), got_x.data(), int64_t(n));
+        expect_close(c, "dlogits", d, gd);
+      }});
 }
 
 // ---------------------------------------------------------------- optimizer

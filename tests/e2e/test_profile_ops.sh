@@ -26,9 +26,13 @@ sed -n '/^> op profile/,/^> op time per iteration/p' profile.out | sed '1,2d;$d'
 
 # calls/iter of an op ("" when it has no row).
 calls() { awk -v op="$1" '$1 == op { print $2 }' rows.txt; }
-# Per iteration: 2 micro-batches x (2 LayerNorms in the layer + the final one).
-[ "$(calls layernorm_forward)" = "6.0" ] && pass "layernorm_forward: 6.0 calls per iteration" ||
-  fail "layernorm_forward calls/iter '$(calls layernorm_forward)', expected 6.0"
+# Per iteration: 2 micro-batches x (2 LayerNorms in the layer + the final one); the
+# LayerNorms after a bias-dropout-add run with it (bias_dropout_add_layernorm_forward).
+[ "$(calls layernorm_forward)" = "2.0" ] && pass "layernorm_forward: 2.0 calls per iteration (the first LN1)" ||
+  fail "layernorm_forward calls/iter '$(calls layernorm_forward)', expected 2.0"
+[ "$(calls bias_dropout_add_layernorm_forward)" = "4.0" ] &&
+  pass "bias_dropout_add_layernorm_forward: 4.0 calls per iteration (LN2, the final one)" ||
+  fail "bias_dropout_add_layernorm_forward calls/iter '$(calls bias_dropout_add_layernorm_forward)', expected 4.0"
 [ "$(calls layernorm_backward)" = "6.0" ] && pass "layernorm_backward: 6.0 calls per iteration" ||
   fail "layernorm_backward calls/iter '$(calls layernorm_backward)', expected 6.0"
 gemm=$(calls gemm_f32)

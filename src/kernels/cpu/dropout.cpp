@@ -1,4 +1,5 @@
 #include "kernels/dropout.h"
+#include "kernels/layernorm.h"
 
 #include "core/device.h"
 #include "kernels/cuda/ops.h"
@@ -114,6 +115,35 @@ void bias_dropout_add_forward(float* out, const float* residual, const uint16_t*
                               int64_t C, float p, const PhiloxStream& stream, uint64_t first_index) {
   LATTICE_KERNEL_ENTRY(cuda::bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index));
   bias_dropout_add_rows(out, residual, y, bias, N, C, p, stream, first_index, Rounding::none);
+}
+
+namespace {
+void layernorm_of(const float* x, int64_t N, int64_t C, const LayerNormOut& ln) {
+  LATTICE_CHECK((ln.f32 == nullptr) != (ln.bf16 == nullptr)) << "bias_dropout_add_layernorm_forward: one output";
+  if (ln.bf16)
+    layernorm_forward_bf16(ln.bf16, ln.mean, ln.rstd, x, ln.w, ln.b, N, C, ln.eps);
+  else
+    layernorm_forward(ln.f32, ln.mean, ln.rstd, x, ln.w, ln.b, N, C, ln.eps);
+}
+}  // namespace
+
+// The CPU runs the two kernels (the rows stay in cache between them for small rows anyway).
+void bias_dropout_add_layernorm_forward(float* out, const float* residual, const float* y, const float* bias,
+                                        int64_t N, int64_t C, float p, const PhiloxStream& stream,
+                                        uint64_t first_index, Rounding round_y, const LayerNormOut& ln) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_dropout_add_layernorm_forward(out, residual, y, bias, N, C, p, stream, first_index,
+                                                                round_y, ln));
+  bias_dropout_add_rows(out, residual, y, bias, N, C, p, stream, first_index, round_y);
+  layernorm_of(out, N, C, ln);
+}
+
+void bias_dropout_add_layernorm_forward(float* out, const float* residual, const uint16_t* y, const float* bias,
+                                        int64_t N, int64_t C, float p, const PhiloxStream& stream,
+                                        uint64_t first_index, const LayerNormOut& ln) {
+  LATTICE_KERNEL_ENTRY(
+      cuda::bias_dropout_add_layernorm_forward(out, residual, y, bias, N, C, p, stream, first_index, ln));
+  bias_dropout_add_rows(out, residual, y, bias, N, C, p, stream, first_index, Rounding::none);
+  layernorm_of(out, N, C, ln);
 }
 
 // cpu::column_sums over row segments masked as apply_mask masks them (dropout_mask of the

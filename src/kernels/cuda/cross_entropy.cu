@@ -162,6 +162,41 @@ void check_shape(const char* what, int64_t V, int64_t Vp) {
   LATTICE_CHECK(V > 0 && V <= Vp) << what << ": V " << V << " not in [1, Vp = " << Vp << "]";
 }
 
+// vp_max_bf16_kernel, vp_partials_bf16_kernel, vp_loss_kernel and (backward)
+// vp_backward_bf16_kernel for one row after the other, in one block: the same code on the same
+// values, so the same bits; the row is read from memory once (the later passes over it hit
+// the cache).
+__global__ void vp_fused_bf16_kernel(float* losses, uint16_t* x_all, float* rmax_out, double* stats,
+                                     const int32_t* targets, bool backward, const float* loss_mask, float grad_scale,
+                                     int64_t N, int64_t valid, int64_t Vl) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    uint16_t* x = x_all + n * Vl;
+    const float m = row_max(x, valid);
+    const int64_t t = int64_t(targets[n]);
+    const double target_logit = t >= 0 && t < valid ? double(math::bf16_to_fp32(x[t])) : 0.0;
+    // (row_sum_exp's block sum is a barrier: every read of x[t] comes before the writes below)
+    const double sum = row_sum_exp<false>(x, m, valid);
+    if (threadIdx.x == 0) {
+      rmax_out[n] = m;
+      stats[2 * n] = sum;
+      stats[2 * n + 1] = target_logit;
+      losses[n] = float(log(sum) + double(m) - target_logit);
+    }
+    if (!backward) continue;
+    const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
+    const float k = float(double(scale) / sum);
+    for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) {
+      float g = 0.0f;
+      if (v < valid) {
+        g = __fmul_rn(math::exp(math::bf16_to_fp32(x[v]) - m), k);
+        if (v == t) g -= scale;
+      }
+      x[v] = math::fp32_to_bf16(g);
+    }
+    __syncthreads();  // every write of this row before the next row's reads (a grid-stride loop)
+  }
+}
+
 }  // namespace
 
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t N,
@@ -247,6 +282,16 @@ void vocab_parallel_ce_backward_bf16(uint16_t* logits_to_dlogits, const float* r
   launch(vp_backward_bf16_kernel, grid_rows(N), kThreads, 0, logits_to_dlogits, row_max, stats, targets, loss_mask,
          grad_scale, vocab_begin, N, valid, Vl);
   LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_backward_bf16");
+}
+
+void vocab_parallel_ce_fused_bf16(float* losses, uint16_t* logits_to_dlogits, float* row_max, double* stats,
+                                  const int32_t* targets, bool backward, const float* loss_mask, float grad_scale,
+                                  int64_t N, int64_t valid, int64_t Vl) {
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_fused_bf16: valid " << valid << " not in [0, " << Vl << "]";
+  if (N <= 0) return;
+  launch(vp_fused_bf16_kernel, grid_rows(N), kThreads, 0, losses, logits_to_dlogits, row_max, stats, targets, backward,
+         loss_mask, grad_scale, N, valid, Vl);
+  LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_fused_bf16");
 }
 
 }  // namespace lattice::cuda

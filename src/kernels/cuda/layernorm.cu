@@ -1,6 +1,12 @@
-// LayerNorm on the GPU: forward one block per row; backward one block per 16 rows, dx row
-// by row with the dw, db (and the next layer's bias) sums kept per thread, then added
+// LayerNorm on the GPU. Forward: one block per row, held in registers (and, fused with the
+// bias-dropout-add that makes the row, never read back). Backward: one block per 16 rows, dx
+// row by row with the dw, db (and the next layer's bias) sums kept per thread, then added
 // block by block through the deterministic column sums (fixed order: no float atomics).
+#include <cmath>
+#include <type_traits>
+#include <utility>
+
+#include "core/philox.h"
 #include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
@@ -12,12 +18,75 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Two-pass statistics as on the CPU (mean, then the mean squared deviation); out in fp32 or
-// bf16.
+// Rows of up to kMaxV * kThreads columns are held in registers, thread t the columns
+// t + kThreads v (v < V): read once, and the same code whichever kernel made the row.
+constexpr int kMaxV = 8;
+
+// f(std::integral_constant<int, V>{}) with V = the columns per thread of rows of C; false
+// (f not called) for rows wider than kMaxV * kThreads.
+template <int V = 1, class F>
+bool with_columns_per_thread(int64_t C, F&& f) {
+  if constexpr (V > kMaxV) {
+    return false;
+  } else {
+    if ((C + kThreads - 1) / kThreads == V) {
+      f(std::integral_constant<int, V>{});
+      return true;
+    }
+    return with_columns_per_thread<V + 1>(C, f);
+  }
+}
+
+// Two-pass statistics as on the CPU (mean, then the mean squared deviation) of the row this
+// block holds (v[k]: column threadIdx.x + kThreads k), and the normalized row into o_n, fp32 or
+// bf16. Every thread of the block calls it.
+template <int V, class O>
+__device__ __forceinline__ void normalize_row(O* o_n, float* mean_n, float* rstd_n, const float (&v)[V],
+                                              const float* w, const float* b, int64_t C, float eps) {
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+    if (threadIdx.x + int64_t(kThreads) * k < C) s += v[k];
+  const float m = block_sum(s) / float(C);
+  float q = 0.0f;
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+    if (threadIdx.x + int64_t(kThreads) * k < C) {
+      const float d = v[k] - m;
+      q += d * d;
+    }
+  const float var = block_sum(q) / float(C);
+  const float r = 1.0f / sqrtf(var + eps);
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = threadIdx.x + int64_t(kThreads) * k;
+    if (c < C) math::store_as(o_n, c, (v[k] - m) * r * w[c] + b[c]);
+  }
+  if (threadIdx.x == 0) {
+    *mean_n = m;
+    *rstd_n = r;
+  }
+}
+
+template <int V, class T>
+__global__ void __launch_bounds__(kThreads) layernorm_forward_kernel(T* out, float* mean, float* rstd, const float* x,
+                                                                     const float* w, const float* b, int64_t N,
+                                                                     int64_t C, float eps) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    float v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = threadIdx.x + int64_t(kThreads) * k;
+      v[k] = c < C ? x[n * C + c] : 0.0f;
+    }
+    normalize_row(out + n * C, mean + n, rstd + n, v, w, b, C, eps);
+  }
+}
+
+// The same for wider rows, read from memory three times.
 template <class T>
-__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const float* x,
-                                         const float* w, const float* b, int64_t N, int64_t C,
-                                         float eps) {
+__global__ void layernorm_forward_wide_kernel(T* out, float* mean, float* rstd, const float* x, const float* w,
+                                              const float* b, int64_t N, int64_t C, float eps) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* x_n = x + n * C;
     T* o_n = out + n * C;
@@ -39,6 +108,38 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
   }
 }
 
+// bias_dropout_add_kernel's sums (dropout.cu: the same explicitly rounded operations and
+// Philox draws, the block of element i drawn for it alone) kept in registers, written, and
+// normalized by normalize_row as layernorm_forward_kernel normalizes the row it reads back:
+// the same bits.
+template <int V, class Y, class O>
+__global__ void __launch_bounds__(kThreads)
+    bias_dropout_add_layernorm_kernel(float* out, O* ln_out, float* mean, float* rstd, const float* residual,
+                                      const Y* y, const float* bias, const float* w, const float* b, int64_t N,
+                                      int64_t C, float eps, bool dropout, uint32_t threshold, float scale,
+                                      PhiloxStream stream, uint64_t first_index, Rounding round_y) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    float v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = threadIdx.x + int64_t(kThreads) * k;
+      v[k] = 0.0f;
+      if (c >= C) continue;
+      const int64_t i = n * C + c;
+      const float yi = math::round_as(math::load_as(y, i), round_y);
+      float t = bias ? __fadd_rn(yi, bias[c]) : yi;
+      if (dropout) {
+        const uint64_t idx = first_index + uint64_t(i);
+        const PhiloxCounter r = stream.block(idx >> 2);
+        t = (r[int(idx & 3u)] >> 8) >= threshold ? __fmul_rn(t, scale) : 0.0f;
+      }
+      v[k] = __fadd_rn(residual[i], t);
+      out[i] = v[k];
+    }
+    normalize_row(ln_out + n * C, mean + n, rstd + n, v, w, b, C, eps);
+  }
+}
+
 // dout[i] as the backward reads it: fp32 rounded as read, or a bf16 pattern.
 __device__ __forceinline__ float dout_at(const float* d, int64_t i, Rounding r) { return math::round_as(d[i], r); }
 __device__ __forceinline__ float dout_at(const uint16_t* d, int64_t i, Rounding) { return math::bf16_to_fp32(d[i]); }
@@ -51,7 +152,6 @@ __device__ __forceinline__ float dout_at(const uint16_t* d, int64_t i, Rounding)
 // its sums to partial[block][K][C]; column_sums_accumulate then adds the blocks in order.
 // One read of dout and x instead of two, and none of dx for the next bias gradient.
 constexpr int kBwdRows = 16;
-constexpr int kBwdMaxV = 8;  // columns per thread: C <= 2048; wider rows take bwd_unfused
 
 template <int V, class T>
 __global__ void __launch_bounds__(kThreads)
@@ -121,7 +221,7 @@ struct PartialSums {
   }
 };
 
-// Rows wider than kBwdMaxV * kThreads: dx by one block per row, then dw, db through the
+// Rows wider than kMaxV * kThreads: dx by one block per row, then dw, db through the
 // column sums (reading dout and x again), then the next layer's gradients from dx.
 template <class T>
 __global__ void layernorm_backward_dx_kernel(float* dx, const T* dout, const float* x, const float* w,
@@ -200,22 +300,10 @@ template <class T>
 void backward_typed(float* dx, float* dw, float* db, const T* dout, Rounding round_dout, const float* x,
                     const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
                     ResidualGradOut next) {
-  switch ((C + kThreads - 1) / kThreads) {
-#define LATTICE_LN_BWD_CASE(V) \
-  case V:                      \
-    return backward_fused<V>(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next);
-    LATTICE_LN_BWD_CASE(1)
-    LATTICE_LN_BWD_CASE(2)
-    LATTICE_LN_BWD_CASE(3)
-    LATTICE_LN_BWD_CASE(4)
-    LATTICE_LN_BWD_CASE(5)
-    LATTICE_LN_BWD_CASE(6)
-    LATTICE_LN_BWD_CASE(7)
-    LATTICE_LN_BWD_CASE(8)
-#undef LATTICE_LN_BWD_CASE
-    default:
-      return backward_unfused(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next);
-  }
+  const bool held = with_columns_per_thread(C, [&](auto v) {
+    backward_fused<decltype(v)::value>(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next);
+  });
+  if (!held) backward_unfused(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next);
 }
 
 }  // namespace
@@ -226,7 +314,11 @@ void launch_layernorm_forward(T* out, float* mean, float* rstd, const float* x, 
                               int64_t N, int64_t C, float eps, const char* what) {
   if (N <= 0) return;
   LATTICE_CHECK(C > 0) << what << ": C " << C;
-  launch(layernorm_forward_kernel<T>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
+  const bool held = with_columns_per_thread(C, [&](auto v) {
+    launch(layernorm_forward_kernel<decltype(v)::value, T>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C,
+           eps);
+  });
+  if (!held) launch(layernorm_forward_wide_kernel<T>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
   LATTICE_CUDA_LAUNCHED(what);
 }
 }  // namespace
@@ -241,10 +333,60 @@ void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float
   launch_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, "layernorm_forward_bf16");
 }
 
+namespace {
+template <int V, class Y, class O>
+void launch_bdal(float* out, O* ln_out, const float* residual, const Y* y, const float* bias, int64_t N, int64_t C,
+                 float p, const PhiloxStream& stream, uint64_t first_index, Rounding round_y, const LayerNormOut& ln) {
+  const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+  const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
+  launch(bias_dropout_add_layernorm_kernel<V, Y, O>, grid_rows(N), kThreads, 0, out, ln_out, ln.mean, ln.rstd,
+         residual, y, bias, ln.w, ln.b, N, C, ln.eps, p > 0.0f, threshold, scale, stream, first_index, round_y);
+  LATTICE_CUDA_LAUNCHED("bias_dropout_add_layernorm_forward");
+}
+
+template <class Y, class O>
+void bdal_typed(float* out, O* ln_out, const float* residual, const Y* y, const float* bias, int64_t N, int64_t C,
+                float p, const PhiloxStream& stream, uint64_t first_index, Rounding round_y, const LayerNormOut& ln) {
+  const bool held = with_columns_per_thread(C, [&](auto v) {
+    launch_bdal<decltype(v)::value>(out, ln_out, residual, y, bias, N, C, p, stream, first_index, round_y, ln);
+  });
+  if (held) return;
+  // Wider rows: the two kernels.
+  if constexpr (std::is_same_v<Y, float>)
+    bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index, round_y);
+  else
+    bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index);
+  launch_layernorm_forward(ln_out, ln.mean, ln.rstd, out, ln.w, ln.b, N, C, ln.eps, "layernorm_forward");
+}
+
+template <class Y>
+void bdal(float* out, const float* residual, const Y* y, const float* bias, int64_t N, int64_t C, float p,
+          const PhiloxStream& stream, uint64_t first_index, Rounding round_y, const LayerNormOut& ln) {
+  LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "bias_dropout_add: dropout probability " << p << " not in [0, 1)";
+  LATTICE_CHECK((ln.f32 == nullptr) != (ln.bf16 == nullptr)) << "bias_dropout_add_layernorm_forward: one output";
+  if (N <= 0 || C <= 0) return;
+  if (ln.bf16)
+    bdal_typed(out, ln.bf16, residual, y, bias, N, C, p, stream, first_index, round_y, ln);
+  else
+    bdal_typed(out, ln.f32, residual, y, bias, N, C, p, stream, first_index, round_y, ln);
+}
+}  // namespace
+
+void bias_dropout_add_layernorm_forward(float* out, const float* residual, const float* y, const float* bias,
+                                        int64_t N, int64_t C, float p, const PhiloxStream& stream,
+                                        uint64_t first_index, Rounding round_y, const LayerNormOut& ln) {
+  bdal(out, residual, y, bias, N, C, p, stream, first_index, round_y, ln);
+}
+
+void bias_dropout_add_layernorm_forward(float* out, const float* residual, const uint16_t* y, const float* bias,
+                                        int64_t N, int64_t C, float p, const PhiloxStream& stream,
+                                        uint64_t first_index, const LayerNormOut& ln) {
+  bdal(out, residual, y, bias, N, C, p, stream, first_index, Rounding::none, ln);
+}
+
 void layernorm_backward(float* dx, float* dw, float* db, LayerNormDout dout, const float* x, const float* w,
                         const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next) {
   if (N <= 0 || C <= 0) return;
-  static_assert(kBwdMaxV == 8, "backward_typed's cases");
   if (dout.bf16)
     backward_typed(dx, dw, db, dout.bf16, Rounding::none, x, w, mean, rstd, N, C, next);
   else

@@ -50,6 +50,12 @@ void bias_dropout_add_forward(float* out, const float* residual, const float* y,
                               Rounding round_y = Rounding::none);
 void bias_dropout_add_forward(float* out, const float* residual, const uint16_t* y, const float* bias, int64_t N,
                               int64_t C, float p, const PhiloxStream& stream, uint64_t first_index);
+void bias_dropout_add_layernorm_forward(float* out, const float* residual, const float* y, const float* bias,
+                                        int64_t N, int64_t C, float p, const PhiloxStream& stream,
+                                        uint64_t first_index, Rounding round_y, const LayerNormOut& ln);
+void bias_dropout_add_layernorm_forward(float* out, const float* residual, const uint16_t* y, const float* bias,
+                                        int64_t N, int64_t C, float p, const PhiloxStream& stream,
+                                        uint64_t first_index, const LayerNormOut& ln);
 void dropout_backward_bias_cast_bf16(float* dbias, uint16_t* dx_bf16, const float* dout, int64_t N, int64_t C,
                                      float p, const PhiloxStream& stream, uint64_t first_index);
 
@@ -95,6 +101,9 @@ void vocab_parallel_ce_partials_bf16(double* stats, const uint16_t* logits, cons
 void vocab_parallel_ce_backward_bf16(uint16_t* logits_to_dlogits, const float* row_max, const double* stats,
                                      const int32_t* targets, const float* loss_mask, float grad_scale,
                                      int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl);
+void vocab_parallel_ce_fused_bf16(float* losses, uint16_t* logits_to_dlogits, float* row_max, double* stats,
+                                  const int32_t* targets, bool backward, const float* loss_mask, float grad_scale,
+                                  int64_t N, int64_t valid, int64_t Vl);
 void vocab_parallel_ce_backward(float* exp_to_dlogits, const double* stats, const int32_t* targets,
                                 const float* loss_mask, float grad_scale, int64_t vocab_begin,
                                 int64_t N, int64_t valid, int64_t Vl);
