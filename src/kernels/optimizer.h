@@ -14,6 +14,19 @@ namespace lattice {
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step, float grad_scale = 1.0f);
 
+// One range of the flat buffers for adamw_update_ranges: p[begin, begin + n) and g likewise,
+// m and v from state_offset, with this range's learning rate and weight decay.
+struct AdamwRange {
+  int64_t begin = 0, n = 0, state_offset = 0;
+  float lr = 0.0f, weight_decay = 0.0f;
+};
+// adamw_update on each range (ranges: a host array of count), in one pass: the bits of the
+// calls one by one, with one kernel launch on a GPU instead of one per range (a model's
+// parameters: the LayerNorms' and biases' ranges are small, and their launches would cost
+// more than their bytes).
+void adamw_update_ranges(float* p, const float* g, float* m, float* v, const AdamwRange* ranges, int64_t count,
+                         float beta1, float beta2, float eps, int64_t step, float grad_scale = 1.0f);
+
 // SGD with momentum and L2 weight decay, as torch.optim.SGD (dampening 0, Megatron --optimizer sgd):
 //   g' = g + wd p;  buf = momentum * buf + g' (buf = g' on the first step);  p -= lr * buf
 // grad_scale as for adamw_update.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "core/device.h"
 #include "dist/comm.h"
@@ -81,31 +83,44 @@ void Optimizer::import_state(int slot, const float* flat) {
 }
 
 void Optimizer::step(const OptimizerParamScheduler& scheduler, float grad_scale) {
-  ++step_;
   const auto& infos = params_.infos();
-  for (const Segment& s : segments_) {
-    const ParamInfo& p = infos[size_t(s.param)];
-    update(s, scheduler.lr_for(p), scheduler.wd_for(p), grad_scale);
-  }
+  update(
+      [&](const Segment& s) {
+        const ParamInfo& p = infos[size_t(s.param)];
+        return std::pair<double, double>(scheduler.lr_for(p), scheduler.wd_for(p));
+      },
+      grad_scale);
 }
 
 void Optimizer::step(double lr, double weight_decay, float grad_scale) {
-  ++step_;
   const auto& infos = params_.infos();
-  for (const Segment& s : segments_)
-    update(s, lr, infos[size_t(s.param)].weight_decay ? weight_decay : 0.0, grad_scale);
+  update(
+      [&](const Segment& s) {
+        return std::pair<double, double>(lr, infos[size_t(s.param)].weight_decay ? weight_decay : 0.0);
+      },
+      grad_scale);
 }
 
-void Optimizer::update(const Segment& s, double lr, double weight_decay, float grad_scale) {
-  float* w = params_.params() + s.begin;
-  const float* g = params_.grads() + s.begin;
-  const int64_t n = s.end - s.begin;
+template <class LrWd>
+void Optimizer::update(const LrWd& lr_wd, float grad_scale) {
+  ++step_;
+  float* w = params_.params();
+  const float* g = params_.grads();
   if (cfg_.optimizer == "adam") {
-    adamw_update(w, g, state1() + s.state_offset, state2() + s.state_offset, n, float(lr), cfg_.adam_beta1,
-                 cfg_.adam_beta2, cfg_.adam_eps, float(weight_decay), step_, grad_scale);
-  } else {
-    sgd_update(w, g, state1() + s.state_offset, n, float(lr), cfg_.sgd_momentum, float(weight_decay), step_ == 1,
-               grad_scale);
+    std::vector<AdamwRange> ranges;
+    ranges.reserve(segments_.size());
+    for (const Segment& s : segments_) {
+      const auto [lr, wd] = lr_wd(s);
+      ranges.push_back(AdamwRange{s.begin, s.end - s.begin, s.state_offset, float(lr), float(wd)});
+    }
+    adamw_update_ranges(w, g, state1(), state2(), ranges.data(), int64_t(ranges.size()), cfg_.adam_beta1,
+                        cfg_.adam_beta2, cfg_.adam_eps, step_, grad_scale);
+    return;
+  }
+  for (const Segment& s : segments_) {
+    const auto [lr, wd] = lr_wd(s);
+    sgd_update(w + s.begin, g + s.begin, state1() + s.state_offset, s.end - s.begin, float(lr), cfg_.sgd_momentum,
+               float(wd), step_ == 1, grad_scale);
   }
 }
 

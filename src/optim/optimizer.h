@@ -77,7 +77,10 @@ class Optimizer {
     int64_t begin, end, state_offset;
   };
 
-  void update(const Segment& s, double lr, double weight_decay, float grad_scale);
+  // One update of every segment, segment k with lr_wd(k) = {learning rate, weight decay}:
+  // AdamW in one call over all segments (adamw_update_ranges), SGD segment by segment.
+  template <class LrWd>
+  void update(const LrWd& lr_wd, float grad_scale);
 
   ParamBuffer& params_;
   OptimizerConfig cfg_;

@@ -1022,6 +1022,36 @@ void optimizer_cases(std::vector<OpCase>& t) {
       expect_close(c, "v", v, download<float>(gv, v.size()));
     }});
   }
+  // Several ranges of one buffer in one launch: ranges smaller than a block's chunk, larger,
+  // empty, out of order, with gaps and their own learning rates and weight decays; state at
+  // other offsets. On the GPU the bits of adamw_update range by range; near the CPU's.
+  t.push_back({"adamw_update_ranges", "n20000_ranges6", {2e-6, 1e-12}, [](const OpCase& c) {
+    const int64_t n = 20000;
+    const std::vector<AdamwRange> ranges = {{5000, 7001, 0, 1e-3f, 0.1f},   {0, 3, 7001, 2e-3f, 0.0f},
+                                            {3, 0, 7004, 1e-3f, 0.1f},      {12001, 1024, 7004, 5e-4f, 0.0f},
+                                            {13025, 1, 8028, 1e-3f, 0.2f},  {17000, 2999, 8029, 3e-3f, 0.05f}};
+    const int64_t states = 8029 + 2999;
+    auto p = rand_floats(static_cast<size_t>(n), 48), g = rand_floats(static_cast<size_t>(n), 49);
+    auto m = rand_floats(static_cast<size_t>(states), 50, -0.1f, 0.1f);
+    auto v = rand_floats(static_cast<size_t>(states), 51, 0.0f, 0.01f);
+    auto gp = upload(p), gm = upload(m), gv = upload(v), gg = upload(g);
+    auto rp = upload(p), rm = upload(m), rv = upload(v);
+    adamw_update_ranges(p.data(), g.data(), m.data(), v.data(), ranges.data(), int64_t(ranges.size()), 0.9f, 0.95f,
+                        1e-8f, 4, 0.5f);
+    cuda::adamw_update_ranges(gp.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(), ranges.data(),
+                              int64_t(ranges.size()), 0.9f, 0.95f, 1e-8f, 4, 0.5f);
+    for (const AdamwRange& r : ranges)
+      cuda::adamw_update(rp.as<float>() + r.begin, gg.as<float>() + r.begin, rm.as<float>() + r.state_offset,
+                         rv.as<float>() + r.state_offset, r.n, r.lr, 0.9f, 0.95f, 1e-8f, r.weight_decay, 4, 0.5f);
+    const auto got_p = download<float>(gp, p.size()), got_m = download<float>(gm, m.size());
+    const auto got_v = download<float>(gv, v.size());
+    expect_bits(c, "p (against range by range)", download<float>(rp, p.size()), got_p);
+    expect_bits(c, "m (against range by range)", download<float>(rm, m.size()), got_m);
+    expect_bits(c, "v (against range by range)", download<float>(rv, v.size()), got_v);
+    expect_close(c, "p", p, got_p);
+    expect_close(c, "m", m, got_m);
+    expect_close(c, "v", v, got_v);
+  }});
   // Gradient clipping's coefficient applied as the update reads g: near the CPU's, and on the
   // GPU the bits of scale_inplace followed by the unscaled update, with g unchanged.
   t.push_back({"adamw_update_grad_scale", "n100003", {2e-6, 1e-12}, [](const OpCase& c) {

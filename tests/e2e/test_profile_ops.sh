@@ -38,8 +38,9 @@ calls() { awk -v op="$1" '$1 == op { print $2 }' rows.txt; }
 gemm=$(calls gemm_f32)
 [ "$gemm" = "30.0" ] && pass "gemm_f32: $gemm calls per iteration" ||
   fail "gemm_f32 calls/iter '$gemm', expected 30.0 (2 micro-batches x 5 GEMMs forward, 10 backward)"
-# The optimizer runs once per iteration.
-[ "$(calls adamw_update)" != "" ] && pass "adamw_update has a row" || fail "no adamw_update row"
+# The optimizer: one AdamW call over every parameter's range.
+[ "$(calls adamw_update_ranges)" = "1.0" ] && pass "adamw_update_ranges: 1.0 call per iteration" ||
+  fail "adamw_update_ranges calls/iter '$(calls adamw_update_ranges)', expected 1.0"
 
 # Sorted by time, the shares add up to 100%, and the total matches the rows.
 if awk '{ ms = $3; pct = $4; sub(/%/, "", pct)

@@ -56,6 +56,16 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float
   });
 }
 
+void adamw_update_ranges(float* p, const float* g, float* m, float* v, const AdamwRange* ranges, int64_t count,
+                         float beta1, float beta2, float eps, int64_t step, float grad_scale) {
+  LATTICE_KERNEL_ENTRY(cuda::adamw_update_ranges(p, g, m, v, ranges, count, beta1, beta2, eps, step, grad_scale));
+  for (int64_t k = 0; k < count; ++k) {
+    const AdamwRange& r = ranges[k];
+    adamw_update(p + r.begin, g + r.begin, m + r.state_offset, v + r.state_offset, r.n, r.lr, beta1, beta2, eps,
+                 r.weight_decay, step, grad_scale);
+  }
+}
+
 // momentum_buf may be null when momentum == 0 (torch keeps no buffer then).
 void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, bool first_step, float grad_scale) {

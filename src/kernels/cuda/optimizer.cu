@@ -1,5 +1,7 @@
 // Optimizer updates on the GPU with the CPU's per-element steps (kernels/optimizer_math.h),
 // and the sum of squares for the gradient norm, in double, in a fixed reduction order.
+#include <vector>
+
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ops_reduce.cuh"
@@ -31,6 +33,39 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
+  }
+}
+
+// adamw_update_ranges: the ranges' blocks one after the other, kRangeChunk elements a block;
+// block_begin[k] is range k's first block (ascending; block_begin[count] the total).
+constexpr int64_t kRangeChunk = 4 * kThreads;
+
+struct DeviceAdamwRange {
+  int64_t begin, n, state_offset, block_begin;
+  math::AdamwScalars s;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    adamw_ranges_kernel(float* p, const float* g, float* m, float* v, const DeviceAdamwRange* ranges, int64_t count,
+                        float grad_scale) {
+  // The range of this block: the last whose first block is at or before it.
+  int64_t lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (ranges[mid].block_begin <= int64_t(blockIdx.x)) lo = mid; else hi = mid - 1;
+  }
+  const DeviceAdamwRange& r = ranges[lo];
+  const math::AdamwScalars s = r.s;
+  const int64_t i0 = (int64_t(blockIdx.x) - r.block_begin) * kRangeChunk;
+  for (int64_t j = threadIdx.x; j < kRangeChunk; j += kThreads) {
+    const int64_t i = i0 + j;
+    if (i >= r.n) break;
+    const int64_t e = r.begin + i, st = r.state_offset + i;
+    float pi = p[e], mi = m[st], vi = v[st];
+    math::adamw_step(pi, scaled_grad(g, e, grad_scale), mi, vi, s);
+    p[e] = pi;
+    m[st] = mi;
+    v[st] = vi;
   }
 }
 
@@ -87,6 +122,38 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float
   const math::AdamwScalars s = math::adamw_scalars(lr, beta1, beta2, eps, weight_decay, step);
   launch(adamw_kernel, grid_for(n, kThreads), kThreads, 0, p, g, m, v, n, s, grad_scale);
   LATTICE_CUDA_LAUNCHED("adamw_update");
+}
+
+void adamw_update_ranges(float* p, const float* g, float* m, float* v, const AdamwRange* ranges, int64_t count,
+                         float beta1, float beta2, float eps, int64_t step, float grad_scale) {
+  LATTICE_CHECK(step >= 1) << "adamw_update_ranges: step " << step << " must be >= 1";
+  // The ranges with their blocks and scalars, uploaded into a buffer kept for the next step
+  // (the process's one device; the stream orders the next upload after this kernel).
+  static std::vector<DeviceAdamwRange> table;
+  static void* buffer = nullptr;
+  static size_t capacity = 0;
+  table.clear();
+  int64_t blocks = 0;
+  for (int64_t k = 0; k < count; ++k) {
+    const AdamwRange& r = ranges[k];
+    if (r.n <= 0) continue;
+    table.push_back({r.begin, r.n, r.state_offset, blocks,
+                     math::adamw_scalars(r.lr, beta1, beta2, eps, r.weight_decay, step)});
+    blocks += (r.n + kRangeChunk - 1) / kRangeChunk;
+  }
+  if (table.empty()) return;
+  LATTICE_CHECK(blocks <= 2147483647) << "adamw_update_ranges: " << blocks << " blocks";
+  const size_t bytes = table.size() * sizeof(DeviceAdamwRange);
+  if (bytes > capacity) {
+    if (buffer) free_device(buffer);  // free_device synchronizes: the last kernel is done with it
+    buffer = malloc_device(bytes);
+    capacity = bytes;
+  }
+  // A pageable source: the copy is staged before the call returns, so table may change after.
+  LATTICE_CUDA_CALL(cudaMemcpyAsync(buffer, table.data(), bytes, cudaMemcpyHostToDevice, stream()));
+  launch(adamw_ranges_kernel, unsigned(blocks), kThreads, 0, p, g, m, v, static_cast<DeviceAdamwRange*>(buffer),
+         int64_t(table.size()), grad_scale);
+  LATTICE_CUDA_LAUNCHED("adamw_update_ranges");
 }
 
 void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
