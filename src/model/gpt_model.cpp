@@ -62,6 +62,11 @@ struct GPTModel::Activations {
   int32_t* positions() const { return ids.device() + n; }
   int32_t* document_ids() const { return ids.device() + 2 * n; }
   int32_t* targets() const { return ids.device() + 3 * n; }
+  // For the embedding's backward on a GPU: the inputs' rows grouped by token and by position
+  // (kernels/embedding.h), [token groups | position groups] with room for 2n + 1 entries each,
+  // made on the host by prepare_inputs; groups points into it (empty: none made).
+  StagedArray<int32_t> row_groups;
+  EmbeddingRowGroups groups;
 };
 
 // Backward scratch shared by every chunk and slot (one step runs at a time).
@@ -150,6 +155,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   for (Activations& a : acts_) {
     a.n = B * T;
     a.ids.resize(size_t(4 * B * T));
+    if (current_device() != Device::cpu) a.row_groups.resize(size_t(2 * (2 * B * T + 1)));
     a.loss_mask.resize(size_t(B * T));
   }
   row_max_.resize(size_t(B * T));
@@ -167,7 +173,7 @@ void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
 // Megatron's _get_ltor_masks_and_position_ids on the inputs: the token after an eod at t
 // starts a new document, so t+1 gets position 0 and the next document id.
 void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T,
-                              bool labels) {
+                              bool labels, bool group_rows) {
   int32_t* h = a.ids.host();
   int32_t *inputs = h, *positions = h + a.n, *document_ids = h + 2 * a.n, *targets = h + 3 * a.n;
   const int64_t V = cfg_.vocab_size;
@@ -191,6 +197,16 @@ void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t tok
     }
   }
   a.ids.upload(size_t(4 * a.n));
+  a.groups = {};
+  if (!group_rows) return;
+  const int64_t N = B * T, room = 2 * N + 1;
+  int32_t* g = a.row_groups.host();
+  const int64_t tokens_count = group_rows_by_index(inputs, N, g);
+  const int64_t positions_count = group_rows_by_index(positions, N, g + room);
+  a.row_groups.upload(size_t(2 * room));
+  const int32_t* d = a.row_groups.device();
+  a.groups.tokens = RowGroups{d, d + N, tokens_count};
+  a.groups.positions = RowGroups{d + room, d + room + N, positions_count};
 }
 
 const float* GPTModel::effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T,
@@ -710,7 +726,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     d_emb = sc.d_c1;
   }
   embedding_backward(params_.grad(wte_), params_.grad(wpe_), d_emb, a.inputs(), a.positions(), N, C,
-                     vocab_begin_, Vl_);
+                     vocab_begin_, Vl_, a.groups);
   grads_ready({wpe_, wte_});
 }
 
@@ -781,7 +797,8 @@ LossSum GPTModel::sum_losses(Activations& a, int64_t N, const float* host_mask, 
 LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const float* loss_mask, int64_t B,
                                int64_t T, float grad_scale, const MicroBatchKey& key) {
   Activations& a = acts(chunk, slot);
-  prepare_inputs(a, tokens, T + 1, B, T, has_loss(chunk));
+  prepare_inputs(a, tokens, T + 1, B, T, has_loss(chunk),
+                 has_embedding(chunk) && key.training && current_device() != Device::cpu);
   forward_chunk(chunk, a, B, T, key);
   if (!has_loss(chunk)) return {};
   return output_loss(a, loss_mask, B, T, key.training, grad_scale);

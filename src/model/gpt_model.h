@@ -28,6 +28,7 @@
 #include "core/device.h"
 #include "core/storage.h"
 #include "kernels/attention.h"
+#include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "model/linear.h"
 #include "model/tensor_parallel.h"
@@ -209,9 +210,10 @@ class GPTModel {
   bool has_loss(int chunk) const { return place_.post_process && chunk == num_chunks() - 1; }
   // Token ids, positions and document ids of inputs tokens[b, 0:T] (rows of token_stride;
   // a host array), with `labels` the targets tokens[b, 1:T+1] too: computed on the host,
-  // then one upload into the micro-batch's device buffers.
+  // then one upload into the micro-batch's device buffers. group_rows: also the rows
+  // grouped by token and by position for the embedding's backward (a.groups; on a GPU).
   void prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T,
-                      bool labels);
+                      bool labels, bool group_rows = false);
   void forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key);
   // The LayerNorm that reads a row-parallel layer's output next, made in one pass with it
   // (bias_dropout_add_layernorm_forward): LN2 after the projection; after fc2 the next

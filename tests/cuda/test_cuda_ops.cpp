@@ -738,13 +738,19 @@ void embedding_cases(std::vector<OpCase>& t) {
     }});
     // Whole table (Vl = -1), with and without dwpe; and a vocab slice [32, 52) of a table
     // padded past V = 50 (rows 50, 51 never hit), tokens outside the slice skipped.
+    // Each also with the rows grouped by token and position (group_rows_by_index: a block
+    // per group), and with tokens grouped but not positions.
     struct B {
       const char* name;
       int64_t begin, Vl;
       bool with_wpe;
+      int grouped;  // 0: no groups; 1: tokens and positions; 2: tokens only
     };
-    for (B b : {B{"embedding_backward", 0, -1, true}, B{"embedding_backward_no_wpe", 0, -1, false},
-                B{"embedding_backward_vocab_slice", 32, 20, true}})
+    for (B b : {B{"embedding_backward", 0, -1, true, 0}, B{"embedding_backward_no_wpe", 0, -1, false, 0},
+                B{"embedding_backward_vocab_slice", 32, 20, true, 0}, B{"embedding_backward_grouped", 0, -1, true, 1},
+                B{"embedding_backward_grouped_no_wpe", 0, -1, false, 1},
+                B{"embedding_backward_grouped_vocab_slice", 32, 20, true, 1},
+                B{"embedding_backward_grouped_tokens", 32, 20, true, 2}})
       t.push_back({b.name, shape + "_begin" + std::to_string(b.begin) + "_Vl" + std::to_string(b.Vl < 0 ? V : b.Vl),
                    {0.0, 0.0}, [N, C, b](const OpCase& c) {
         const int64_t rows = b.Vl < 0 ? V : b.Vl;
@@ -754,8 +760,16 @@ void embedding_cases(std::vector<OpCase>& t) {
         auto gt = upload(tokens), gp = upload(positions), gd = upload(dout), gwte = upload(dwte), gwpe = upload(dwpe);
         embedding_backward(dwte.data(), b.with_wpe ? dwpe.data() : nullptr, dout.data(), tokens.data(),
                            positions.data(), N, C, b.begin, b.Vl);
+        std::vector<int32_t> groups(size_t(2 * (2 * N + 1)));
+        const int64_t token_groups = group_rows_by_index(tokens.data(), N, groups.data());
+        const int64_t position_groups = group_rows_by_index(positions.data(), N, groups.data() + 2 * N + 1);
+        auto gg = upload(groups);
+        const int32_t* g = gg.as<int32_t>();
+        EmbeddingRowGroups rg;
+        if (b.grouped > 0) rg.tokens = RowGroups{g, g + N, token_groups};
+        if (b.grouped == 1) rg.positions = RowGroups{g + 2 * N + 1, g + 3 * N + 1, position_groups};
         cuda::embedding_backward(gwte.as<float>(), b.with_wpe ? gwpe.as<float>() : nullptr, gd.as<float>(),
-                                 gt.as<int32_t>(), gp.as<int32_t>(), N, C, b.begin, b.Vl);
+                                 gt.as<int32_t>(), gp.as<int32_t>(), N, C, b.begin, b.Vl, rg);
         expect_bits(c, "dwte", dwte, download<float>(gwte, dwte.size()));
         expect_bits(c, "dwpe", dwpe, download<float>(gwpe, dwpe.size()));
       }});

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/embedding.h"
 #include "kernels_test_util.h"
 
@@ -12,6 +15,46 @@ using kernel_test::numeric_grad;
 using kernel_test::project;
 using kernel_test::random_floats;
 using kernel_test::to_double;
+
+// group_rows_by_index: every row once, grouped by value in increasing order, each group's rows
+// in index order; the starts bound the groups. spread: the distance between values.
+void expect_rows_grouped(int32_t spread) {
+  const int64_t N = 1000;
+  std::vector<int32_t> idx(N);
+  for (int64_t n = 0; n < N; ++n) idx[size_t(n)] = spread * int32_t((n * 7919 + 13) % 97 == 0 ? 5 : (n * 31 + 7) % 61);
+  idx[3] = 0;
+  idx[4] = -spread;
+  std::vector<int32_t> out(size_t(2 * N + 1), -1);
+  const int64_t count = group_rows_by_index(idx.data(), N, out.data());
+  std::vector<int32_t> sorted = idx;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(count, int64_t(std::unique(sorted.begin(), sorted.end()) - sorted.begin()));
+  const int32_t* order = out.data();
+  const int32_t* starts = out.data() + N;
+  ASSERT_EQ(starts[0], 0);
+  ASSERT_EQ(starts[count], N);
+  std::vector<bool> seen(size_t(N), false);
+  for (int64_t k = 0; k < count; ++k) {
+    ASSERT_LT(starts[k], starts[k + 1]) << "group " << k << " is empty";
+    const int32_t value = idx[size_t(order[starts[k]])];
+    if (k > 0) EXPECT_LT(idx[size_t(order[starts[k - 1]])], value) << "groups out of order at " << k;
+    for (int32_t j = starts[k]; j < starts[k + 1]; ++j) {
+      ASSERT_GE(order[j], 0);
+      ASSERT_LT(order[j], N);
+      EXPECT_EQ(idx[size_t(order[j])], value) << "row " << order[j] << " in the group of " << value;
+      if (j > starts[k]) EXPECT_LT(order[j - 1], order[j]) << "rows out of index order in the group of " << value;
+      EXPECT_FALSE(seen[size_t(order[j])]) << "row " << order[j] << " twice";
+      seen[size_t(order[j])] = true;
+    }
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), true), N);
+}
+
+// Values in a narrow range (a counting sort) and spread wide (a sort of the pairs).
+TEST(KernelEmbedding, GroupRowsByIndexIsAStableSortWithGroupStarts) {
+  expect_rows_grouped(1);
+  expect_rows_grouped(1000000);
+}
 
 TEST(KernelEmbedding, ForwardAndBackwardMatchReference) {
   const int64_t V = 11, P = 9, C = 70, N = 40;

@@ -12,6 +12,7 @@
 #include "core/philox.h"
 #include "kernels/activation.h"
 #include "kernels/cast.h"
+#include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
 
@@ -77,7 +78,7 @@ void position_embedding_add(float* out, const int32_t* positions, const float* w
                             int64_t C);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         const int32_t* positions, int64_t N, int64_t C, int64_t vocab_begin = 0,
-                        int64_t Vl = -1);
+                        int64_t Vl = -1, const EmbeddingRowGroups& groups = {});
 
 // ---- cross_entropy.h
 // The targets live on the device, so they are not checked on the host as the CPU kernel
