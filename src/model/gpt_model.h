@@ -331,9 +331,11 @@ class GPTModel {
   // Without tensor parallelism the column-parallel layers' (QKV, fc1) input gradients are
   // written rounded, in bf16, by their GEMMs (no reduction comes between the GEMM and the
   // rounding), and the LayerNorm backward before them reads them so: half the bytes written
-  // and read. ln_grad_site: the input-gradient site of such a layer's weight w; ln_dout: the
-  // LayerNorm backward's operand for the gradient it left in d (rounded as read otherwise).
-  bool bf16_ln_grads() const { return bf16_inputs() && tp_.size() == 1; }
+  // and read. With bf16_qkv() (the GPU's storage choices): the CPU's GEMM would write fp32
+  // and pack it after, which costs it more than the rounding as read. ln_grad_site: the
+  // input-gradient site of such a layer's weight w; ln_dout: the LayerNorm backward's
+  // operand for the gradient it left in d (rounded as read otherwise).
+  bool bf16_ln_grads() const { return bf16_qkv() && bf16_inputs() && tp_.size() == 1; }
   GemmSite ln_grad_site(int w) const;
   LayerNormDout ln_dout(const float* d, int w) const;
   // qkv, attn: a layer's buffers (Activations::Layer).
