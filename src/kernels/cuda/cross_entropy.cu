@@ -138,24 +138,26 @@ __global__ void vp_partials_bf16_kernel(double* stats, const uint16_t* logits, c
 
 // The fp32 backward's value for each column (the exponential as row_sum_exp makes it, times
 // k with __fmul_rn, the target's -scale), rounded to bf16 in place; one block per row.
+// Row x of max m, sum of exponentials sum, target column t (outside [0, valid): none).
+__device__ void backward_row_bf16(uint16_t* x, float m, double sum, int64_t t, float scale, int64_t valid,
+                                  int64_t Vl) {
+  const float k = float(double(scale) / sum);
+  for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) {
+    float g = 0.0f;
+    if (v < valid) {
+      g = __fmul_rn(math::exp(math::bf16_to_fp32(x[v]) - m), k);
+      if (v == t) g -= scale;
+    }
+    x[v] = math::fp32_to_bf16(g);
+  }
+}
+
 __global__ void vp_backward_bf16_kernel(uint16_t* x_all, const float* rmax, const double* stats,
                                         const int32_t* targets, const float* loss_mask, float grad_scale,
                                         int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl) {
-  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    uint16_t* x = x_all + n * Vl;
-    const float m = rmax[n];
-    const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
-    const float k = float(double(scale) / stats[2 * n]);
-    const int64_t t = int64_t(targets[n]) - vocab_begin;
-    for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) {
-      float g = 0.0f;
-      if (v < valid) {
-        g = __fmul_rn(math::exp(math::bf16_to_fp32(x[v]) - m), k);
-        if (v == t) g -= scale;
-      }
-      x[v] = math::fp32_to_bf16(g);
-    }
-  }
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x)
+    backward_row_bf16(x_all + n * Vl, rmax[n], stats[2 * n], int64_t(targets[n]) - vocab_begin,
+                      grad_scale * (loss_mask ? loss_mask[n] : 1.0f), valid, Vl);
 }
 
 void check_shape(const char* what, int64_t V, int64_t Vp) {
@@ -183,17 +185,7 @@ __global__ void vp_fused_bf16_kernel(float* losses, uint16_t* x_all, float* rmax
       losses[n] = float(log(sum) + double(m) - target_logit);
     }
     if (!backward) continue;
-    const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
-    const float k = float(double(scale) / sum);
-    for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) {
-      float g = 0.0f;
-      if (v < valid) {
-        g = __fmul_rn(math::exp(math::bf16_to_fp32(x[v]) - m), k);
-        if (v == t) g -= scale;
-      }
-      x[v] = math::fp32_to_bf16(g);
-    }
-    __syncthreads();  // every write of this row before the next row's reads (a grid-stride loop)
+    backward_row_bf16(x, m, sum, t, grad_scale * (loss_mask ? loss_mask[n] : 1.0f), valid, Vl);
   }
 }
 
