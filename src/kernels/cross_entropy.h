@@ -42,6 +42,15 @@ void vocab_parallel_ce_backward(float* exp_to_dlogits, const double* stats, cons
                                 const float* loss_mask, float grad_scale, int64_t vocab_begin,
                                 int64_t N, int64_t valid, int64_t Vl);
 
+// With the whole vocabulary on one rank (nothing to all-reduce between the steps): steps 1,
+// 2 (vocab_begin 0; the exponentials stored with `backward`) and 3, and with `backward` the
+// backward, row by row. Its bits are those of the four calls one after the other, with
+// row_max and stats left as they leave them; the CPU sweeps the logits through memory once
+// instead of three times (a GPU runs the four kernels).
+void vocab_parallel_ce_fused(float* losses, float* logits_to_dlogits, float* row_max, double* stats,
+                             const int32_t* targets, bool backward, const float* loss_mask, float grad_scale,
+                             int64_t N, int64_t valid, int64_t Vl, Rounding round_logits = Rounding::none);
+
 // The same on bf16 logits (their 16-bit patterns, [N, Vl] dense, as the bf16 policy's output
 // layer writes them: GemmPolicy::forward_bf16), for the same results as the fp32 kernels on
 // the widened values. Steps 1 and 2 read them (nothing is stored); the backward rewrites

@@ -759,6 +759,11 @@ LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B,
     vocab_parallel_ce_max_bf16(row_max_.data(), logits16, N, vocab_valid_, Vl_);
   } else {
     linear_forward(a.logits, input(a.lnf), output_weight(), nullptr, N, C, Vl_, out_site.rounded_by_caller());
+    if (tp_.size() == 1) {
+      vocab_parallel_ce_fused(a.losses, a.logits, row_max_.data(), ce_stats_.data(), a.targets(), backward, loss_mask,
+                              grad_scale * token_scale, N, vocab_valid_, Vl_, rounding(out_site));
+      return sum_losses(a, N, host_mask, l);
+    }
     vocab_parallel_ce_max(row_max_.data(), a.logits, N, vocab_valid_, Vl_, rounding(out_site));
   }
   if (tp_.size() > 1) tp_.comm->all_reduce(row_max_.data(), N, ReduceOp::max);

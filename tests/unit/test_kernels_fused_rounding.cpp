@@ -251,5 +251,38 @@ TEST(KernelFusedRounding, VocabParallelCrossEntropyReadsRoundedLogits) {
   });
 }
 
+// The whole vocabulary on one rank, row by row in one call: the bits of the four calls, for
+// every rounding, with and without the backward (a target outside the vocabulary, padding).
+TEST(KernelFusedRounding, VocabParallelCrossEntropyFusedIsTheFourSteps) {
+  const int64_t N = 13, Vl = 1100, valid = 1037;
+  const auto logits = random_floats(size_t(N * Vl), 20, -9.0f, 9.0f);
+  std::vector<int32_t> targets(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) targets[size_t(n)] = int32_t(n == 5 ? valid + 3 : (n * 97) % valid);
+  std::vector<float> mask(static_cast<size_t>(N), 1.0f);
+  mask[2] = 0.0f;
+  for_each_case([&](Rounding r, int threads) {
+    for (bool backward : {false, true}) {
+      const std::string what = name(r) + ", " + std::to_string(threads) + " threads, backward " + std::to_string(backward);
+      std::vector<float> ref_x = logits, ref_max(static_cast<size_t>(N)), ref_loss(static_cast<size_t>(N));
+      std::vector<double> ref_stats(static_cast<size_t>(2 * N));
+      vocab_parallel_ce_max(ref_max.data(), ref_x.data(), N, valid, Vl, r);
+      vocab_parallel_ce_partials(ref_stats.data(), ref_x.data(), ref_max.data(), targets.data(), 0, N, valid, Vl,
+                                 backward, r);
+      vocab_parallel_ce_loss(ref_loss.data(), ref_stats.data(), ref_max.data(), N);
+      if (backward)
+        vocab_parallel_ce_backward(ref_x.data(), ref_stats.data(), targets.data(), mask.data(), 0.25f, 0, N, valid,
+                                   Vl);
+      std::vector<float> x = logits, mx(static_cast<size_t>(N)), loss(static_cast<size_t>(N));
+      std::vector<double> stats(static_cast<size_t>(2 * N));
+      vocab_parallel_ce_fused(loss.data(), x.data(), mx.data(), stats.data(), targets.data(), backward, mask.data(),
+                              0.25f, N, valid, Vl, r);
+      EXPECT_TRUE(same_bits(mx, ref_max)) << what;
+      EXPECT_TRUE(same_bits(stats, ref_stats)) << what;
+      EXPECT_TRUE(same_bits(loss, ref_loss)) << what;
+      EXPECT_TRUE(same_bits(x, ref_x)) << what << ": the logits or their gradient";
+    }
+  });
+}
+
 }  // namespace
 }  // namespace lattice

@@ -192,22 +192,54 @@ void vocab_parallel_ce_loss(float* losses, const double* stats, const float* rma
     losses[n] = float(std::log(stats[2 * n]) + double(rmax[n]) - stats[2 * n + 1]);
 }
 
+namespace {
+// One row of the backward: the exponentials x[0, valid) (of sum `sum`) into dlogits, the
+// target column t (outside [0, valid): none) less the scale, the padding zeroed.
+void backward_row(float* __restrict x, double sum, int64_t t, float scale, int64_t valid, int64_t Vl) {
+  const float k = float(double(scale) / sum);
+#pragma omp simd
+  for (int64_t v = 0; v < valid; ++v) x[v] *= k;
+  if (t >= 0 && t < valid) x[t] -= scale;
+#pragma omp simd
+  for (int64_t v = valid; v < Vl; ++v) x[v] = 0.0f;
+}
+}  // namespace
+
 void vocab_parallel_ce_backward(float* x_all, const double* stats, const int32_t* targets,
                                 const float* loss_mask, float grad_scale, int64_t vocab_begin,
                                 int64_t N, int64_t valid, int64_t Vl) {
   LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_backward(x_all, stats, targets, loss_mask, grad_scale, vocab_begin, N, valid, Vl));
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    float* x = x_all + n * Vl;
-    const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);
-    const float k = float(double(scale) / stats[2 * n]);
-#pragma omp simd
-    for (int64_t v = 0; v < valid; ++v) x[v] *= k;
-    const int64_t t = int64_t(targets[n]) - vocab_begin;
-    if (t >= 0 && t < valid) x[t] -= scale;
-#pragma omp simd
-    for (int64_t v = valid; v < Vl; ++v) x[v] = 0.0f;
-  }
+  for (int64_t n = 0; n < N; ++n)
+    backward_row(x_all + n * Vl, stats[2 * n], int64_t(targets[n]) - vocab_begin,
+                 grad_scale * (loss_mask ? loss_mask[n] : 1.0f), valid, Vl);
+}
+
+// Row by row, each row's passes one after the other while it is in the cache (200 KB for
+// GPT-2's vocabulary): the same per-row code as the four kernels, so the same bits, and
+// one sweep of the [N, Vl] logits through memory instead of three.
+void vocab_parallel_ce_fused(float* losses, float* logits_to_dlogits, float* row_max, double* stats,
+                             const int32_t* targets, bool backward, const float* loss_mask, float grad_scale,
+                             int64_t N, int64_t valid, int64_t Vl, Rounding round_logits) {
+  LATTICE_KERNEL_ENTRY(cuda::vocab_parallel_ce_fused(losses, logits_to_dlogits, row_max, stats, targets, backward,
+                                                     loss_mask, grad_scale, N, valid, Vl, round_logits));
+  LATTICE_CHECK(valid >= 0 && valid <= Vl) << "vocab_parallel_ce_fused: valid " << valid << " not in [0, " << Vl << "]";
+  math::dispatch_rounding(round_logits, [&](auto r) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      float* x = logits_to_dlogits + n * Vl;
+      const float m = valid > 0 ? staged_row_max<r.value>(x, valid) : -INFINITY;
+      const int64_t t = int64_t(targets[n]);
+      const double target_logit = t >= 0 && t < valid ? double(math::round_as<r.value>(x[t])) : 0.0;
+      const double sum = backward ? staged_row_sum_exp<true, r.value>(x, m, valid)
+                                  : staged_row_sum_exp<false, r.value>(x, m, valid);
+      row_max[n] = m;
+      stats[2 * n] = sum;
+      stats[2 * n + 1] = target_logit;
+      losses[n] = float(std::log(sum) + double(m) - target_logit);
+      if (backward) backward_row(x, sum, t, grad_scale * (loss_mask ? loss_mask[n] : 1.0f), valid, Vl);
+    }
+  });
 }
 
 void vocab_parallel_ce_max_bf16(float* row_max_out, const uint16_t* logits, int64_t N, int64_t valid, int64_t Vl) {

@@ -286,4 +286,15 @@ void vocab_parallel_ce_fused_bf16(float* losses, uint16_t* logits_to_dlogits, fl
   LATTICE_CUDA_LAUNCHED("vocab_parallel_ce_fused_bf16");
 }
 
+// The four kernels (the bf16 logits, GPUs' path, have their fused kernel).
+void vocab_parallel_ce_fused(float* losses, float* logits_to_dlogits, float* row_max, double* stats,
+                             const int32_t* targets, bool backward, const float* loss_mask, float grad_scale,
+                             int64_t N, int64_t valid, int64_t Vl, Rounding round_logits) {
+  vocab_parallel_ce_max(row_max, logits_to_dlogits, N, valid, Vl, round_logits);
+  vocab_parallel_ce_partials(stats, logits_to_dlogits, row_max, targets, 0, N, valid, Vl, backward, round_logits);
+  vocab_parallel_ce_loss(losses, stats, row_max, N);
+  if (backward)
+    vocab_parallel_ce_backward(logits_to_dlogits, stats, targets, loss_mask, grad_scale, 0, N, valid, Vl);
+}
+
 }  // namespace lattice::cuda

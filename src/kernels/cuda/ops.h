@@ -103,6 +103,9 @@ void vocab_parallel_ce_partials_bf16(double* stats, const uint16_t* logits, cons
 void vocab_parallel_ce_backward_bf16(uint16_t* logits_to_dlogits, const float* row_max, const double* stats,
                                      const int32_t* targets, const float* loss_mask, float grad_scale,
                                      int64_t vocab_begin, int64_t N, int64_t valid, int64_t Vl);
+void vocab_parallel_ce_fused(float* losses, float* logits_to_dlogits, float* row_max, double* stats,
+                             const int32_t* targets, bool backward, const float* loss_mask, float grad_scale,
+                             int64_t N, int64_t valid, int64_t Vl, Rounding round_logits = Rounding::none);
 void vocab_parallel_ce_fused_bf16(float* losses, uint16_t* logits_to_dlogits, float* row_max, double* stats,
                                   const int32_t* targets, bool backward, const float* loss_mask, float grad_scale,
                                   int64_t N, int64_t valid, int64_t Vl);
