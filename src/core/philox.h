@@ -32,6 +32,10 @@ LATTICE_HD inline PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey key) 
 // Uniform in [0, 1) with 24 bits of precision.
 LATTICE_HD inline float philox_uniform(uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
 
+// Dropout's keep test in integers: uniform(x) >= p  <=>  (x >> 8) >= dropout_threshold(p),
+// ceil(p * 2^24) (host code; every kernel that draws a mask compares against it).
+inline uint32_t dropout_threshold(float p) { return uint32_t(std::ceil(double(p) * 16777216.0)); }
+
 // Uniform in (0, 1], for logs.
 inline double philox_uniform_open0(uint32_t hi, uint32_t lo) {
   uint64_t bits = (uint64_t(hi) << 21) ^ uint64_t(lo);  // 53 bits

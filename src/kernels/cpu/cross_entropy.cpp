@@ -294,7 +294,7 @@ void vocab_parallel_ce_backward_bf16(uint16_t* x_all, const float* rmax, const d
   }
 }
 
-// The CPU runs the four kernels (no memory traffic to save in cache-sized row blocks).
+// The CPU runs the four kernels (bf16 logits are the GPU's choice; the CPU keeps fp32 ones).
 void vocab_parallel_ce_fused_bf16(float* losses, uint16_t* logits_to_dlogits, float* row_max, double* stats,
                                   const int32_t* targets, bool backward, const float* loss_mask, float grad_scale,
                                   int64_t N, int64_t valid, int64_t Vl) {

@@ -139,7 +139,7 @@ inline void philox_u32(uint32_t* u, const PhiloxStream& stream, uint64_t first, 
 inline void dropout_mask(float* m, const PhiloxStream& stream, uint64_t first, int64_t count,
                          float p, float scale) {
   constexpr int64_t kBatch = 256;
-  const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
+  const uint32_t threshold = dropout_threshold(p);
   alignas(64) uint32_t u[kBatch];
   for (int64_t k0 = 0; k0 < count; k0 += kBatch) {
     const int64_t len = count - k0 < kBatch ? count - k0 : kBatch;

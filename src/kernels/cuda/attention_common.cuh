@@ -48,7 +48,7 @@ inline Params make_params(const AttentionShape& s, const AttentionDropout& drop,
   p.scale = 1.0f / std::sqrt(float(s.D));
   p.dropout = drop.p > 0.0f;
   // The CPU's test: (u >> 8) >= ceil(p * 2^24), the same as uniform(u) >= p.
-  p.threshold = uint32_t(std::ceil(double(drop.p) * 16777216.0));
+  p.threshold = dropout_threshold(drop.p);
   p.keep_scale = p.dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
   p.stream = drop.stream;
   p.first_index = drop.first_index;

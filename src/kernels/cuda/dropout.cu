@@ -44,7 +44,7 @@ void apply_mask(float* out, const float* x, int64_t n, float p, const PhiloxStre
   }
   const float scale = 1.0f / (1.0f - p);
   // keep = uniform(i) >= p  <=>  (u32 >> 8) >= ceil(p * 2^24), as the CPU mask computes it.
-  const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
+  const uint32_t threshold = dropout_threshold(p);
   const uint64_t first_block = first_index >> 2;
   const uint64_t last_block = (first_index + uint64_t(n) - 1) >> 2;
   const int64_t blocks = int64_t(last_block - first_block + 1);
@@ -89,7 +89,7 @@ void launch_bias_dropout_add(float* out, const float* residual, const Y* y, cons
   const int64_t n = N * C;
   if (n <= 0) return;
   const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-  const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
+  const uint32_t threshold = dropout_threshold(p);
   const uint64_t first_block = first_index >> 2;
   const int64_t blocks = int64_t(((first_index + uint64_t(n) - 1) >> 2) - first_block + 1);
   launch(bias_dropout_add_kernel<Y>, grid_for(blocks, kThreads), kThreads, 0,
@@ -135,7 +135,7 @@ void dropout_backward_bias_cast_bf16(float* dbias, uint16_t* dx_bf16, const floa
                                      float p, const PhiloxStream& stream, uint64_t first_index) {
   LATTICE_CHECK(p >= 0.0f && p < 1.0f) << "dropout_backward: dropout probability " << p << " not in [0, 1)";
   const float scale = 1.0f / (1.0f - p);
-  const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
+  const uint32_t threshold = dropout_threshold(p);
   column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}},
                             DropoutGradColumn{dout, dx_bf16, C, threshold, scale, stream, first_index}, N, C,
                             "dropout_backward_bias_cast_bf16");

@@ -5,6 +5,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/embedding_math.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/ops_reduce.cuh"
 
 namespace lattice::cuda {
 
@@ -103,14 +104,13 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                         int64_t Vl, const EmbeddingRowGroups& groups) {
   if (N <= 0 || C <= 0) return;
   const bool by_token = groups.tokens.count > 0, by_position = !dwpe || groups.positions.count > 0;
-  auto grid = [](int64_t count) { return unsigned(count < 65535 * 16 ? count : 65535 * 16); };
   if (by_token) {
-    launch(grouped_scatter_kernel, grid(groups.tokens.count), 256, 0, dwte, dout, tokens, groups.tokens, C,
+    launch(grouped_scatter_kernel, grid_rows(groups.tokens.count), 256, 0, dwte, dout, tokens, groups.tokens, C,
            vocab_begin, Vl);
     LATTICE_CUDA_LAUNCHED("embedding_backward (tokens)");
   }
   if (dwpe && by_position) {
-    launch(grouped_scatter_kernel, grid(groups.positions.count), 256, 0, dwpe, dout, positions, groups.positions, C,
+    launch(grouped_scatter_kernel, grid_rows(groups.positions.count), 256, 0, dwpe, dout, positions, groups.positions, C,
            int64_t(0), int64_t(-1));
     LATTICE_CUDA_LAUNCHED("embedding_backward (positions)");
   }

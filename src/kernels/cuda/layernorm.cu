@@ -338,7 +338,7 @@ template <int V, class Y, class O>
 void launch_bdal(float* out, O* ln_out, const float* residual, const Y* y, const float* bias, int64_t N, int64_t C,
                  float p, const PhiloxStream& stream, uint64_t first_index, Rounding round_y, const LayerNormOut& ln) {
   const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-  const uint32_t threshold = uint32_t(std::ceil(double(p) * 16777216.0));
+  const uint32_t threshold = dropout_threshold(p);
   launch(bias_dropout_add_layernorm_kernel<V, Y, O>, grid_rows(N), kThreads, 0, out, ln_out, ln.mean, ln.rstd,
          residual, y, bias, ln.w, ln.b, N, C, ln.eps, p > 0.0f, threshold, scale, stream, first_index, round_y);
   LATTICE_CUDA_LAUNCHED("bias_dropout_add_layernorm_forward");
