@@ -3,7 +3,8 @@
 // differently for different thread counts, which changes the last bits. lattice instead
 // cuts C into blocks whose shapes depend only on the problem, and runs one
 // single-threaded call per block (oneDNN runs sequentially inside an OpenMP parallel
-// region). Every element is then computed by the same call whatever the thread count.
+// region); a small product is one call on one thread. Every element is then computed by
+// the same call whatever the thread count.
 #pragma once
 #include <omp.h>
 
@@ -19,12 +20,32 @@ constexpr int64_t kMinParallelWork = int64_t(1) << 21;
 // Target block extent along the split dimension.
 constexpr int64_t kBlock = 512;
 
+// Runs the BLAS calls of its scope on the calling thread alone (OpenMP's thread count
+// for regions started by this thread is 1 until the scope ends).
+class SingleThreaded {
+ public:
+  SingleThreaded() : threads_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~SingleThreaded() { omp_set_num_threads(threads_); }
+  SingleThreaded(const SingleThreaded&) = delete;
+  SingleThreaded& operator=(const SingleThreaded&) = delete;
+
+ private:
+  int threads_;
+};
+
 // Calls call(ta, tb, M', N', K, A', B', C') for each block of C (all of C at once for small
 // products). T is the element type of A and B.
 template <class T, class Call>
 void for_each_block(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
                     const T* B, int64_t ldb, float* C, int64_t ldc, const Call& call) {
-  if (M * N * K < kMinParallelWork || omp_in_parallel()) {
+  if (omp_in_parallel()) {
+    call(M, N, A, B, C);
+    return;
+  }
+  if (M * N * K < kMinParallelWork) {
+    // One thread: the BLAS must not split a small product's K reduction among threads
+    // either (oneDNN's AVX2 sgemm does, for some shapes).
+    const SingleThreaded one;
     call(M, N, A, B, C);
     return;
   }

@@ -88,15 +88,44 @@ TEST(PrecisionGemm, NativeOnThisCpuWhenItHasAvx512Bf16) {
   SUCCEED();
 }
 
+// Products above and below blocking.h's parallel threshold, including the weight-gradient
+// shape (A transposed, small M x N, long K) that oneDNN's AVX2 sgemm splits along K when it
+// is given two threads.
+struct ThreadShape {
+  Trans ta, tb;
+  int64_t M, N, K;
+};
+const ThreadShape kThreadShapes[] = {{Trans::N, Trans::T, 512, 384, 128}, {Trans::N, Trans::N, 32, 96, 32},
+                                     {Trans::T, Trans::N, 32, 96, 64},    {Trans::T, Trans::N, 16, 16, 4096},
+                                     {Trans::T, Trans::N, 64, 48, 600},   {Trans::N, Trans::T, 8, 8, 30000}};
+
+TEST(PrecisionGemm, Fp32ThreadCountInvariant) {
+  for (const ThreadShape& t : kThreadShapes) {
+    const int64_t lda = t.ta == Trans::N ? t.K : t.M, ldb = t.tb == Trans::N ? t.N : t.K;
+    const auto A = random_floats(size_t(t.M * t.K), 6), B = random_floats(size_t(t.N * t.K), 7);
+    std::vector<float> c1(size_t(t.M * t.N)), c2(size_t(t.M * t.N));
+    omp_set_num_threads(1);
+    gemm_f32(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c1.data(), t.N);
+    omp_set_num_threads(2);
+    gemm_f32(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c2.data(), t.N);
+    EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)))
+        << "M=" << t.M << " N=" << t.N << " K=" << t.K;
+    EXPECT_EQ(2, omp_get_max_threads()) << "the thread count is restored after the call";
+  }
+}
+
 TEST(PrecisionGemm, Bf16ThreadCountInvariant) {
-  const int64_t M = 512, N = 384, K = 128;
-  const auto A = to_bf16(random_floats(size_t(M * K), 4)), B = to_bf16(random_floats(size_t(N * K), 5));
-  std::vector<float> c1(size_t(M * N)), c2(size_t(M * N));
-  omp_set_num_threads(1);
-  gemm_bf16(Trans::N, Trans::T, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, c1.data(), N);
-  omp_set_num_threads(2);
-  gemm_bf16(Trans::N, Trans::T, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, c2.data(), N);
-  EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)));
+  for (const ThreadShape& t : kThreadShapes) {
+    const int64_t lda = t.ta == Trans::N ? t.K : t.M, ldb = t.tb == Trans::N ? t.N : t.K;
+    const auto A = to_bf16(random_floats(size_t(t.M * t.K), 8)), B = to_bf16(random_floats(size_t(t.N * t.K), 9));
+    std::vector<float> c1(size_t(t.M * t.N)), c2(size_t(t.M * t.N));
+    omp_set_num_threads(1);
+    gemm_bf16(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c1.data(), t.N);
+    omp_set_num_threads(2);
+    gemm_bf16(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c2.data(), t.N);
+    EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)))
+        << "M=" << t.M << " N=" << t.N << " K=" << t.K;
+  }
 }
 
 // Forward, weight gradient and input gradient of a policy, and the same computed with
