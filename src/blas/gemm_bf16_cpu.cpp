@@ -64,11 +64,19 @@ void matmul_call(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alph
 }
 
 // op(X) rows x cols, X stored with leading dimension ld, widened to a dense fp32 copy of
-// the stored layout ([rows, cols] for N, [cols, rows] for T), leading dimension returned.
+// the stored layout ([rows, cols] for N, [cols, rows] for T) in `out`, which is kept from
+// call to call (grow-only: no page faults once it has its size); leading dimension returned.
 int64_t widen(std::vector<float>& out, Trans t, int64_t rows, int64_t cols, const uint16_t* X, int64_t ld) {
   const int64_t r = t == Trans::N ? rows : cols, c = t == Trans::N ? cols : rows;
-  out.resize(size_t(r * c));
-  for (int64_t i = 0; i < r; ++i) cast_bf16_to_fp32(out.data() + i * c, X + i * ld, c);
+  if (out.size() < size_t(r * c)) out.resize(size_t(r * c));
+  float* o = out.data();
+  if (ld == c) {
+    cast_bf16_to_fp32(o, X, r * c);
+    return c;
+  }
+#pragma omp parallel for schedule(static) if (r * c > 32768)
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) o[i * c + j] = math::bf16_to_fp32(X[i * ld + j]);
   return c;
 }
 
@@ -106,7 +114,9 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
   LATTICE_KERNEL_ENTRY(cuda::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
   if (M == 0 || N == 0) return;
   if (K == 0 || !gemm_bf16_native()) {
-    std::vector<float> a, b;
+    // Without bf16 instructions: the same products in fp32 (each a bf16 x bf16 product,
+    // exact in fp32), from widened copies kept per thread.
+    thread_local std::vector<float> a, b;
     const int64_t la = widen(a, ta, M, K, A, lda), lb = widen(b, tb, K, N, B, ldb);
     gemm_f32(ta, tb, M, N, K, alpha, a.data(), la, b.data(), lb, beta, C, ldc);
     return;
