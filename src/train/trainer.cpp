@@ -80,6 +80,7 @@ extern "C" void on_exit_signal(int sig) { g_exit_signal = sig; }
 void install_exit_signal_handler() {
   struct sigaction sa {};
   sa.sa_handler = on_exit_signal;
+  sa.sa_flags = SA_RESTART;  // a read or write the signal interrupts resumes, never fails with EINTR
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
