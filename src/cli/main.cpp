@@ -7,6 +7,7 @@
 #include "cli/simple_flags.h"
 #include "cli/subcommands.h"
 #include "cli/tokenize.h"
+#include "core/crash_report.h"
 #include "core/error.h"
 #include "data/merge_datasets.h"
 #include "data/preprocess.h"
@@ -56,6 +57,9 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  std::string program = "lattice ";
+  program += cmd;
+  lattice::install_crash_report(program.c_str());
   try {
     if (cmd == "train") return lattice::cmd_train(argc, argv);
     if (cmd == "preprocess") return lattice::run_preprocess(argc - 1, argv + 1);

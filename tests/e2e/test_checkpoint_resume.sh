@@ -128,7 +128,7 @@ if [ "$rc" -eq 0 ] && [ -s sigint/latest_checkpointed_iteration.txt ]; then
   pass "SIGINT with --exit-signal-handler saved and exited 0"
 else
   fail "SIGINT with --exit-signal-handler: exit status $rc, tracker $(cat sigint/latest_checkpointed_iteration.txt 2>&1)"
-  tail -n 5 sigint.err | sed 's/^/    /' >&2
+  tail -n 40 sigint.err | sed 's/^/    /' >&2
 fi
 
 # ---- load options ----
