@@ -99,33 +99,30 @@ const ThreadShape kThreadShapes[] = {{Trans::N, Trans::T, 512, 384, 128}, {Trans
                                      {Trans::T, Trans::N, 32, 96, 64},    {Trans::T, Trans::N, 16, 16, 4096},
                                      {Trans::T, Trans::N, 64, 48, 600},   {Trans::N, Trans::T, 8, 8, 30000}};
 
-TEST(PrecisionGemm, Fp32ThreadCountInvariant) {
+// Runs gemm (a gemm_f32 or gemm_bf16) on every shape with 1 and then 2 threads: the same bits,
+// and the caller's thread count as it was.
+template <class Elem, class Gemm, class Make>
+void expect_thread_count_invariant(const Gemm& gemm, const Make& make) {
   for (const ThreadShape& t : kThreadShapes) {
     const int64_t lda = t.ta == Trans::N ? t.K : t.M, ldb = t.tb == Trans::N ? t.N : t.K;
-    const auto A = random_floats(size_t(t.M * t.K), 6), B = random_floats(size_t(t.N * t.K), 7);
+    const std::vector<Elem> A = make(random_floats(size_t(t.M * t.K), 6)), B = make(random_floats(size_t(t.N * t.K), 7));
     std::vector<float> c1(size_t(t.M * t.N)), c2(size_t(t.M * t.N));
     omp_set_num_threads(1);
-    gemm_f32(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c1.data(), t.N);
+    gemm(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c1.data(), t.N);
     omp_set_num_threads(2);
-    gemm_f32(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c2.data(), t.N);
+    gemm(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c2.data(), t.N);
     EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)))
         << "M=" << t.M << " N=" << t.N << " K=" << t.K;
     EXPECT_EQ(2, omp_get_max_threads()) << "the thread count is restored after the call";
   }
 }
 
+TEST(PrecisionGemm, Fp32ThreadCountInvariant) {
+  expect_thread_count_invariant<float>(gemm_f32, [](std::vector<float> v) { return v; });
+}
+
 TEST(PrecisionGemm, Bf16ThreadCountInvariant) {
-  for (const ThreadShape& t : kThreadShapes) {
-    const int64_t lda = t.ta == Trans::N ? t.K : t.M, ldb = t.tb == Trans::N ? t.N : t.K;
-    const auto A = to_bf16(random_floats(size_t(t.M * t.K), 8)), B = to_bf16(random_floats(size_t(t.N * t.K), 9));
-    std::vector<float> c1(size_t(t.M * t.N)), c2(size_t(t.M * t.N));
-    omp_set_num_threads(1);
-    gemm_bf16(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c1.data(), t.N);
-    omp_set_num_threads(2);
-    gemm_bf16(t.ta, t.tb, t.M, t.N, t.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, c2.data(), t.N);
-    EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)))
-        << "M=" << t.M << " N=" << t.N << " K=" << t.K;
-  }
+  expect_thread_count_invariant<uint16_t>(gemm_bf16, to_bf16);
 }
 
 // Forward, weight gradient and input gradient of a policy, and the same computed with
