@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,8 @@ struct Layout {
 };
 
 struct PrecisionRun : LayoutRun {
+  // fp8: every weight's delayed-scaling state after the first step, by parameter name.
+  std::map<std::string, Fp8ScalingState> fp8_after_first;
   int skipped = 0;
   double final_loss_scale = 1;
   CommStats dp_stats;
@@ -112,6 +115,9 @@ PrecisionRun train(Precision prec, ParallelState* ps, bool sequence_parallel, bo
     run.losses.push_back(r.lm_loss);
     run.grad_norms.push_back(r.skipped ? 0.0 : r.grad_norm);
     run.skipped += r.skipped ? 1 : 0;
+    if (it == 0 && prec == Precision::fp8)
+      for (const auto& [param, state] : policy->scaling_state())
+        run.fp8_after_first[model.params().infos()[size_t(param)].name] = state;
   }
   if (dp) dp->finish_param_gather();
   if (scaler) run.final_loss_scale = scaler->scale();
@@ -139,6 +145,22 @@ RunTolerance tolerance(Precision p) {
   return RunTolerance{u / 8, grad_norm, 1e-2};
 }
 
+// The first step's fp8 amaxes, MAX-reduced over the ranks that share a tensor (a weight's
+// shards, a batch's micro-batches), are the single process's: the scales they give agree
+// to the rounding of the tensor-parallel reductions (the amax of a reassociated sum, ~1e-7;
+// bound 1e-5). A rank that kept its own amax would be off by the spread of the amaxes
+// between ranks, percents. Checked before the runs drift apart.
+void expect_same_fp8_scales(const PrecisionRun& run, const PrecisionRun& single) {
+  EXPECT_FALSE(run.fp8_after_first.empty());
+  for (const auto& [name, st] : run.fp8_after_first) {
+    ASSERT_TRUE(single.fp8_after_first.count(name)) << name;
+    const Fp8ScalingState& want = single.fp8_after_first.at(name);
+    for (int k = 0; k < 3; ++k)
+      EXPECT_NEAR(st.scale[size_t(k)], want.scale[size_t(k)], 1e-5 * std::fabs(want.scale[size_t(k)]))
+          << name << " scale " << k << " (input, weight, output gradient) after the first step";
+  }
+}
+
 const char* precision_name(Precision p) {
   return p == Precision::bf16 ? "Bf16" : p == Precision::fp16 ? "Fp16" : "Fp8Hybrid";
 }
@@ -160,6 +182,7 @@ TEST_P(DistPrecisionLayouts, MatchesSingleProcess) {
                 precision_name(prec), layout.name.c_str(), world, d.loss, d.grad_norm, d.params);
   EXPECT_EQ(run.skipped, single.skipped);
   EXPECT_EQ(run.final_loss_scale, single.final_loss_scale);
+  if (prec == Precision::fp8) expect_same_fp8_scales(run, single);
   if (prec == Precision::fp16) {
     EXPECT_GT(single.skipped, 0) << "the test's initial loss scale should overflow at first";
     EXPECT_LT(single.skipped, kIters / 2);
@@ -192,6 +215,7 @@ TEST_P(DistPrecisionThreeD, MatchesSingleProcess) {
                 precision_name(prec), d.loss, d.grad_norm, d.params);
   EXPECT_EQ(run.skipped, single.skipped);
   EXPECT_EQ(run.final_loss_scale, single.final_loss_scale);
+  if (prec == Precision::fp8) expect_same_fp8_scales(run, single);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, DistPrecisionThreeD,
