@@ -36,7 +36,11 @@ for s in $SYSTEMS; do
   case $s in
     lattice | lattice_bf16) [[ -x $LATTICE ]] || die "$LATTICE not found (make build)" ;;
     torch) [[ -f $TORCH_BENCH ]] || die "$TORCH_BENCH not found (set TORCH_BENCH)"
-           "$PYTHON" -c 'import torch' 2>/dev/null || die "$PYTHON cannot import torch (apt-get install python3-torch)" ;;
+           "$PYTHON" -c 'import torch' 2>/dev/null || die "$PYTHON cannot import torch (apt-get install python3-torch)"
+           # Debian's PyTorch multiplies through libblas.so.3: the reference BLAS unless OpenBLAS is installed.
+           torch_blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)
+           [[ $torch_blas == */blas/libblas.so.3* ]] &&
+             echo "compare_torch: warning: PyTorch's BLAS is the reference BLAS ($torch_blas), 30x slower than OpenBLAS: scripts/install-deps.sh --bench installs OpenBLAS" >&2 ;;
     *) die "unknown system '$s' in SYSTEMS" ;;
   esac
 done
@@ -81,7 +85,7 @@ for shape in $SHAPES; do
   done
 done
 
-echo "Measured $(date -u +%F) on $(nproc) CPUs: $STEPS steps after $WARMUP warm-up, $ROUNDS rounds per system."
+echo "Measured $(date -u +%F) on $(nproc) CPUs: $STEPS steps after $WARMUP warm-up, $ROUNDS rounds per system${torch_blas:+; PyTorch multiplies with $torch_blas}."
 echo
 # The table, from the logs: step times of the measured steps of every round, their median, and peak RSS.
 "$PYTHON" - "$work" "$WARMUP" "$SHAPES" "$SYSTEMS" <<'EOF'
