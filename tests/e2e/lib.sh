@@ -33,6 +33,17 @@ pass() {
 # Number of lines in a file, counting a last line without a newline.
 line_count() { awk 'END { print NR }' "$1"; }
 
+# wait_for FILE PATTERN [SECONDS]: polls (up to SECONDS, default 10) for a line in FILE
+# matching the ERE PATTERN; non-zero if none came.
+wait_for() {
+  local i
+  for i in $(seq 1 $((${3:-10} * 200))); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    sleep 0.005
+  done
+  return 1
+}
+
 # expect_error NAME "PATTERN1|PATTERN2..." -- CMD ARGS...
 # Runs CMD; asserts a non-zero exit that is not a crash (< 126), exactly one line on stderr, and that the line contains every
 # '|'-separated fixed string in PATTERNS (case-insensitive).

@@ -25,16 +25,6 @@ ARGS=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16
 
 tracker() { cat ck/latest_checkpointed_iteration.txt 2>/dev/null || echo none; }
 
-# wait_for FILE PATTERN: polls up to 10 s for a line in FILE matching the ERE PATTERN.
-wait_for() {
-  local i
-  for i in $(seq 1 2000); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    sleep 0.005
-  done
-  return 1
-}
-
 start=$(date +%s)
 mid_save=0
 bad=0

@@ -82,10 +82,7 @@ fi
 "$LATTICE" train "${BASE[@]}" --train-iters 100000 --exit-signal-handler --save sig \
   --metrics-file sig.jsonl >sig1.out 2>sig1.err &
 pid=$!
-for _ in $(seq 1 3000); do
-  [ "$(line_count sig.jsonl 2>/dev/null || echo 0)" -ge 3 ] && break
-  sleep 0.01
-done
+wait_for sig.jsonl '"iteration":3[,}]' 30
 kill -TERM "$pid"
 rc=0
 wait "$pid" || rc=$?
@@ -117,10 +114,7 @@ fi
 "$LATTICE" train "${BASE[@]}" --train-iters 100000 --exit-signal-handler --save sigint \
   --metrics-file sigint.jsonl >sigint.out 2>sigint.err &
 pid=$!
-for _ in $(seq 1 3000); do
-  [ "$(line_count sigint.jsonl 2>/dev/null || echo 0)" -ge 1 ] && break
-  sleep 0.01
-done
+wait_for sigint.jsonl '"iteration"' 30
 kill -INT "$pid"
 rc=0
 wait "$pid" || rc=$?

@@ -19,11 +19,8 @@ crash() {
   local sig=$1 num=$2 what=$3
   rm -f m.jsonl
   "$LATTICE" train "${ARGS[@]}" --metrics-file m.jsonl >out 2>err &
-  local pid=$! i
-  for i in $(seq 1 1000); do
-    [ "$(line_count m.jsonl 2>/dev/null || echo 0)" -ge 1 ] && break
-    sleep 0.01
-  done
+  local pid=$!
+  wait_for m.jsonl '"iteration"' 30
   kill -s "$sig" "$pid"
   local rc=0
   wait "$pid" || rc=$?

@@ -18,7 +18,7 @@ signal_rank1() {
   "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 1000000 --distributed-timeout-minutes 0.1 "${@:5}" \
     > "$log" 2>&1 &
   local job=$!
-  for _ in $(seq 1 300); do grep -q " iteration " "$log" && break; sleep 0.1; done
+  wait_for "$log" " iteration " 30
   # The ranks are mpirun's children (never pkill by name: other tests run lattice too);
   # rank 1 is the later of the two.
   local victim
@@ -62,7 +62,7 @@ fi
 "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 1000000 --exit-signal-handler --save "$TMP/sigckpt" \
   > "$TMP/sigterm.log" 2>&1 &
 job=$!
-for _ in $(seq 1 300); do grep -q " iteration " "$TMP/sigterm.log" && break; sleep 0.1; done
+wait_for "$TMP/sigterm.log" " iteration " 30
 kill -TERM "$(pgrep -P "$job" -f "train --num-layers 2" | sort -n | tail -1)"
 rc=0
 for _ in $(seq 1 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done

@@ -136,9 +136,10 @@ __global__ void vp_partials_bf16_kernel(double* stats, const uint16_t* logits, c
   }
 }
 
-// The fp32 backward's value for each column (the exponential as row_sum_exp makes it, times
-// k with __fmul_rn, the target's -scale), rounded to bf16 in place; one block per row.
-// Row x of max m, sum of exponentials sum, target column t (outside [0, valid): none).
+// One row's backward, by the block: row x (max m, sum of exponentials sum, target column t;
+// outside [0, valid): none) becomes the fp32 backward's value for each column (the
+// exponential as row_sum_exp makes it, times k with __fmul_rn, the target's -scale),
+// rounded to bf16 in place.
 __device__ void backward_row_bf16(uint16_t* x, float m, double sum, int64_t t, float scale, int64_t valid,
                                   int64_t Vl) {
   const float k = float(double(scale) / sum);
