@@ -1,5 +1,6 @@
 #include "core/crash_report.h"
 
+#include <dlfcn.h>
 #include <execinfo.h>
 #include <signal.h>
 #include <unistd.h>
@@ -12,7 +13,8 @@ namespace {
 constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 char g_program[64] = "lattice";
 
-// Only async-signal-safe calls below: write, backtrace_symbols_fd, sigaction, raise.
+// Only async-signal-safe calls below: write, backtrace_symbols_fd, sigaction, raise, and
+// dladdr (not on POSIX's list, but what backtrace_symbols_fd itself does for every frame).
 void write_str(const char* s) {
   const size_t n = std::strlen(s);
   size_t done = 0;
@@ -42,6 +44,16 @@ extern "C" void on_fatal_signal(int sig) {
   void* frames[64];
   const int n = backtrace(frames, 64);
   backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  // A frame in no loaded file is code generated at run time (oneDNN's JIT GEMM kernels):
+  // it has no unwind information, so the stack ends there, before lattice's own frames.
+  for (int i = 0; i < n; ++i) {
+    Dl_info info;
+    if (dladdr(frames[i], &info) == 0) {
+      write_str("(the stack ends in code generated at run time, such as oneDNN's JIT kernels:"
+                " its callers cannot be shown)\n");
+      break;
+    }
+  }
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
