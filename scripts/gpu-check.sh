@@ -15,6 +15,7 @@
 #   limits (seconds): DEADLINE 470 for the whole script; per step CONFIGURE_TIMEOUT 60,
 #   BUILD_TIMEOUT 240, TEST_TIMEOUT 100, BENCH_TIMEOUT 250 (each cut to what is left of the
 #   deadline); the benchmark's own limit per run: STEP_TIMEOUT, default 45
+#   TEST_CASE_TIMEOUT (default 60): one GPU test, after which it counts as hung (scripts/gtest_resilient.py)
 # Every step runs under its limit; a step that fails is reported and the summary still printed.
 # Exit status: 0 when every step passed.
 set -uo pipefail
@@ -118,12 +119,18 @@ elif step configure "$CONFIGURE_TIMEOUT" "$LOGS/configure.log" \
 fi
 
 if [ "$built" -eq 2 ]; then
-  # The gtest binary directly (no build tree here): its [ info ] lines give the measured differences.
+  # The gtest binary (no build tree here; its [ info ] lines give the measured differences),
+  # through scripts/gtest_resilient.py: a test that crashes, hangs (TEST_CASE_TIMEOUT, default
+  # 60 s) or leaves the CUDA context unusable is reported as failed and the others run on in
+  # a new process, so one faulting kernel does not hide every later test's result.
   step "cuda tests" "$TEST_TIMEOUT" "$LOGS/cuda-tests.log" \
-    bash -c "cd '$ROOT' && '$BUNDLE/gpu-bundle/bin/lattice_cuda_tests' --gtest_color=no"
-  tests_line=$(grep -E '^\[  PASSED  \]|FAILED TEST' "$LOGS/cuda-tests.log" | tr '\n' ' ')
-  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$LOGS/cuda-tests.log")
-  failed_names=$(sed -n 's/^\[  FAILED  \] \([^ ,]*\).*/\1/p' "$LOGS/cuda-tests.log" | sort -u | tr '\n' ' ')
+    bash -c "cd '$ROOT' && python3 scripts/gtest_resilient.py --test-timeout ${TEST_CASE_TIMEOUT:-60} \
+             --deadline $((TEST_TIMEOUT - 10)) '$BUNDLE/gpu-bundle/bin/lattice_cuda_tests' --gtest_color=no"
+  # Its summary: the lines after its "[==========] ... (scripts/gtest_resilient.py)" line.
+  sed -n '/(scripts\/gtest_resilient.py)$/,$p' "$LOGS/cuda-tests.log" > "$LOGS/cuda-tests-summary.txt"
+  tests_line=$(grep -E '^\[==========\]|^\[  PASSED  \]|FAILED TEST|^\[  NOT RUN \] [0-9]' "$LOGS/cuda-tests-summary.txt" | tr '\n' ' ')
+  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$LOGS/cuda-tests-summary.txt")
+  failed_names=$(sed -n 's/^\[  FAILED  \] \([^ ,]*[^ ,0-9][^ ,]*\)\( .*\)\{0,1\}$/\1/p' "$LOGS/cuda-tests-summary.txt" | sort -u | tr '\n' ' ')
   RESULTS+=("  gtest|${tests_line:-no result line}; skipped: ${skipped:-0}${failed_names:+; failed: $failed_names}|")
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     LOGDIR=$LOGS/bench LATTICE=$BUNDLE/gpu-bundle/bin/lattice PYTHON=$PYTHON \

@@ -136,6 +136,15 @@ void synchronize() { LATTICE_CUDART(cudaStreamSynchronize(ready().stream)); }
 
 void* compute_stream() { return ready().stream; }
 
+std::string context_error() {
+  const State& s = state();
+  if (s.count == 0 || s.device < 0) return "";
+  if (cudaDeviceSynchronize() == cudaSuccess) return "";
+  (void)cudaGetLastError();  // a non-sticky error ends here; a sticky one stays
+  const cudaError_t err = cudaDeviceSynchronize();
+  return err == cudaSuccess ? "" : cudaGetErrorString(err);
+}
+
 #else  // built without the CUDA backend
 
 namespace {
@@ -156,6 +165,7 @@ void copy_device_to_device(void*, const void*, size_t) { unavailable(); }
 void memset_device(void*, int, size_t) { unavailable(); }
 void synchronize() { unavailable(); }
 void* compute_stream() { unavailable(); }
+std::string context_error() { return ""; }
 
 #endif
 

@@ -36,6 +36,11 @@ void memset_device(void* p, int value, size_t bytes);
 void synchronize();
 // The compute stream (a cudaStream_t) of this rank.
 void* compute_stream();
+// Empty while the CUDA context works (or no GPU is used); else the error that broke it.
+// A kernel that faults (an illegal address, a trap) leaves a "sticky" error, after which
+// every CUDA call of the process fails; a non-sticky error still pending (a bad launch
+// configuration) is cleared, so the next call does not report it.
+std::string context_error();
 
 // Owning device buffer (tests, benchmarks, staging).
 class DeviceBuffer {
