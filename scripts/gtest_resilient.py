@@ -155,19 +155,15 @@ def main():
     print(f"[==========] {len(tests)} tests, {len(tests) - len(not_run)} reported, in {processes} "
           f"process(es), {time.monotonic() - t0:.0f} s (scripts/gtest_resilient.py)")
     print(f"[  PASSED  ] {len(passed)} tests.")
-    if skipped:
-        print(f"[  SKIPPED ] {len(skipped)} tests, listed below:")
-        for t in skipped:
-            print(f"[  SKIPPED ] {t}")
-    if failed:
-        print(f"[  FAILED  ] {len(failed)} tests, listed below:")
-        for t in failed:
-            detail = results[t][1]
-            print(f"[  FAILED  ] {t}" + (f" ({detail})" if detail else ""))
-    if not_run:
-        print(f"[  NOT RUN ] {len(not_run)} tests (the deadline, or the binary stopped reporting), listed below:")
-        for t in not_run:
-            print(f"[  NOT RUN ] {t}")
+    def listing(tag, names, what, describe=lambda t: t):
+        if names:
+            print(f"[{tag}] {len(names)} tests{what}, listed below:")
+            for t in names:
+                print(f"[{tag}] {describe(t)}")
+
+    listing("  SKIPPED ", skipped, "")
+    listing("  FAILED  ", failed, "", lambda t: t + (f" ({results[t][1]})" if results[t][1] else ""))
+    listing("  NOT RUN ", not_run, " (the deadline, or the binary stopped reporting)")
     if failed:
         print(f"\n{len(failed)} FAILED TEST{'S' if len(failed) > 1 else ''}")
     return 0 if not failed and not not_run else 1
