@@ -1,8 +1,9 @@
-// Microbenchmarks of the CPU kernels that are bound by memory rather than by the GEMMs
-// (Google Benchmark): the optimizer update, the gradient norm, the GELU and dropout passes,
-// each at the size it has in the 124M model (B=4, T=64), with the bytes each moves, so the
-// reported bytes_per_second compares with the machine's memory bandwidth (a plain copy,
-// Copy, is the reference). docs/benchmarks.md, "Memory-bound kernels", has the results.
+// Microbenchmarks of the CPU kernels other than the GEMMs (Google Benchmark): the optimizer
+// update, the gradient norm, the GELU passes, LayerNorm, the fused cross entropy, each at the
+// size it has in the 124M model (B=4, T=64), with the bytes each moves, so the reported
+// bytes_per_second compares with the machine's memory bandwidth (a plain copy, Copy, is the
+// reference); and one layer's causal attention at T=64 and T=1024 (GFLOP/s).
+// docs/benchmarks.md, "Memory-bound kernels", has the results.
 //   build/kernel_bench [--benchmark_filter=Adamw] [--benchmark_repetitions=5]
 #include <benchmark/benchmark.h>
 
@@ -12,6 +13,9 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
 
 namespace {
@@ -88,6 +92,74 @@ void BiasGeluForward(benchmark::State& st) {
   st.SetBytesProcessed(st.iterations() * n * 12);
 }
 BENCHMARK(BiasGeluForward)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+
+// LayerNorm forward and backward over the residual stream [B*T, C] = [256, 768].
+void LayerNorm(benchmark::State& st) {
+  const int64_t N = 4 * 64, C = 768, n = N * C;
+  const bool backward = st.range(0) != 0;
+  std::vector<float> x = random_vector(n, 1.0f, 1), w = random_vector(C, 0.1f, 2), b = random_vector(C, 0.1f, 3);
+  std::vector<float> out(static_cast<size_t>(n)), mean(N), rstd(N), dout = random_vector(n, 1.0f, 4),
+      dx(static_cast<size_t>(n)), dw(C), db(C);
+  lattice::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+  for (auto _ : st) {
+    if (backward)
+      lattice::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                                  rstd.data(), N, C);
+    else
+      lattice::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    benchmark::DoNotOptimize(backward ? dx.data() : out.data());
+  }
+  st.SetBytesProcessed(st.iterations() * n * (backward ? 12 : 8));
+}
+BENCHMARK(LayerNorm)->Arg(0)->Arg(1)->ArgName("backward")->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The cross entropy over the output layer's logits [B*T, 50304] (whole vocabulary on one rank),
+// forward and backward in one call: reads the logits, writes their gradient in place.
+void CrossEntropyFused(benchmark::State& st) {
+  const int64_t N = 4 * 64, V = 50257, Vl = 50304, n = N * Vl;
+  const std::vector<float> logits = random_vector(n, 1.0f, 1);
+  std::vector<float> work(static_cast<size_t>(n)), losses(N), row_max(N);
+  std::vector<double> stats(2 * N);
+  std::vector<int32_t> targets(N);
+  for (int64_t i = 0; i < N; ++i) targets[size_t(i)] = int32_t((i * 7919) % V);
+  for (auto _ : st) {
+    st.PauseTiming();
+    work = logits;
+    st.ResumeTiming();
+    lattice::vocab_parallel_ce_fused(losses.data(), work.data(), row_max.data(), stats.data(), targets.data(), true,
+                                     nullptr, 1.0f / float(N), N, V, Vl);
+    benchmark::DoNotOptimize(work.data());
+  }
+  st.SetBytesProcessed(st.iterations() * n * 8);
+}
+BENCHMARK(CrossEntropyFused)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Causal attention of one layer, 12 heads of 64, B=4, forward or backward, at T = 64 or 1024;
+// reported in GFLOP/s of its products (causal: half of each T x T product).
+void Attention(benchmark::State& st) {
+  const int64_t T = st.range(0), B = 4, H = 12, D = 64;
+  const bool backward = st.range(1) != 0;
+  const lattice::AttentionShape shape{B, T, H, D};
+  const int64_t tokens = B * T;
+  const std::vector<float> qkv = random_vector(tokens * H * 3 * D, 1.0f, 1), dout = random_vector(tokens * H * D, 1.0f, 2);
+  std::vector<float> out(static_cast<size_t>(tokens * H * D)), lse(static_cast<size_t>(B * H * T)),
+      dqkv(static_cast<size_t>(tokens * H * 3 * D));
+  const lattice::AttentionDropout no_dropout;
+  lattice::attention_forward(out.data(), lse.data(), qkv.data(), shape, no_dropout);
+  for (auto _ : st) {
+    if (backward)
+      lattice::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), shape, no_dropout);
+    else
+      lattice::attention_forward(out.data(), lse.data(), qkv.data(), shape, no_dropout);
+    benchmark::DoNotOptimize(backward ? dqkv.data() : out.data());
+  }
+  // 2 products of B H T^2 D / 2 multiply-adds forward, 5 backward.
+  const double flops = (backward ? 5.0 : 2.0) * B * H * double(T) * double(T) * D;
+  st.counters["GFLOP"] = benchmark::Counter(flops * double(st.iterations()) / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(Attention)->Args({64, 0})->Args({64, 1})->Args({1024, 0})->Args({1024, 1})->ArgNames({"T", "backward"})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
