@@ -130,7 +130,8 @@ if [ "$built" -eq 2 ]; then
   sed -n '/(scripts\/gtest_resilient.py)$/,$p' "$LOGS/cuda-tests.log" > "$LOGS/cuda-tests-summary.txt"
   tests_line=$(grep -E '^\[==========\]|^\[  PASSED  \]|FAILED TEST|^\[  NOT RUN \] [0-9]' "$LOGS/cuda-tests-summary.txt" | tr '\n' ' ')
   skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$LOGS/cuda-tests-summary.txt")
-  failed_names=$(sed -n 's/^\[  FAILED  \] \([^ ,]*[^ ,0-9][^ ,]*\)\( .*\)\{0,1\}$/\1/p' "$LOGS/cuda-tests-summary.txt" | sort -u | tr '\n' ' ')
+  failed_names=$(grep -v 'listed below:$' "$LOGS/cuda-tests-summary.txt" |
+                 sed -n 's/^\[  FAILED  \] \([^ ]*\).*/\1/p' | sort -u | tr '\n' ' ')
   RESULTS+=("  gtest|${tests_line:-no result line}; skipped: ${skipped:-0}${failed_names:+; failed: $failed_names}|")
   if [ "${SKIP_BENCH:-0}" != 1 ]; then
     LOGDIR=$LOGS/bench LATTICE=$BUNDLE/gpu-bundle/bin/lattice PYTHON=$PYTHON \
