@@ -10,11 +10,13 @@
 # environment:
 #   LATTICE   the binary (default build-gpu/lattice)       PYTHON  interpreter with torch (default python3)
 #   SHAPES    from 124m (L12 H12 C768), 350m (L24 H16 C1024), tiny (L2 H2 C64); default "124m 350m"
-#   MBS       micro-batch = global batch (default 8)       SEQ     sequence length (default 1024)
+#   MBS       micro-batch sizes, each its own row with micro-batch = global batch (default "8 32":
+#             the small batch shows fixed per-step costs, the larger one what the GEMMs sustain)
+#   SEQ       sequence length (default 1024)
 #   WARMUP    default 3     STEPS  default 10              PEAK    default 989
 #   STEP_TIMEOUT  seconds per run (default 150)            LOGDIR  where the run logs go (default a temp dir)
 #   SYSTEMS   default "lattice torch"
-#   PROFILE   1 (default): after the table, one more lattice run of the first shape with
+#   PROFILE   1 (default): after the table, one more lattice run of the first shape and B with
 #             --profile-ops and WARMUP+3 iterations (its own STEP_TIMEOUT); its per-op table is
 #             printed and appended to SUMMARY_FILE. 0: no profile run. With PROFILE=1 and
 #             PROFILE_FP32_ATTENTION=1 (default) a second profile run has LATTICE_CUDA_ATTENTION=fp32
@@ -28,7 +30,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 LATTICE=${LATTICE:-build-gpu/lattice}
 PYTHON=${PYTHON:-python3}
 SHAPES=${SHAPES:-124m 350m}
-MBS=${MBS:-8}
+MBS=${MBS:-8 32}
 SEQ=${SEQ:-1024}
 WARMUP=${WARMUP:-3}
 STEPS=${STEPS:-10}
@@ -51,9 +53,9 @@ dims() {  # shape -> "L H C"
   esac
 }
 
-# lattice's measured iterations from its metrics file -> "tokens/s TFLOP/s MFU ms".
+# lattice's measured iterations from its metrics file, B -> "tokens/s TFLOP/s MFU ms".
 lattice_numbers() {
-  "$PYTHON" - "$1" "$WARMUP" "$MBS" "$SEQ" "$PEAK" <<'PY'
+  "$PYTHON" - "$1" "$WARMUP" "$2" "$SEQ" "$PEAK" <<'PY'
 import json, sys
 path, warmup, b, t, peak = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 rows = [json.loads(l) for l in open(path) if l.strip()]
@@ -67,12 +69,12 @@ print(f"{b * t / (ms / 1e3):.0f} {tflops:.1f} {100 * tflops / peak:.1f} {ms:.1f}
 PY
 }
 
-lattice_train() {  # L H C ITERS [more flags] -> runs lattice train on the GPU under STEP_TIMEOUT
-  local L=$1 H=$2 C=$3 iters=$4
-  shift 4
+lattice_train() {  # L H C B ITERS [more flags] -> runs lattice train on the GPU under STEP_TIMEOUT
+  local L=$1 H=$2 C=$3 B=$4 iters=$5
+  shift 5
   timeout "$STEP_TIMEOUT" "$LATTICE" train --device cuda --bf16 --mock-data --vocab-size "$VOCAB" \
     --num-layers "$L" --num-attention-heads "$H" --hidden-size "$C" --seq-length "$SEQ" \
-    --max-position-embeddings "$SEQ" --micro-batch-size "$MBS" --global-batch-size "$MBS" \
+    --max-position-embeddings "$SEQ" --micro-batch-size "$B" --global-batch-size "$B" \
     --train-iters "$iters" --log-interval 1 --lr 1e-4 --hidden-dropout 0 --attention-dropout 0 \
     --eval-iters 0 --peak-tflops "$PEAK" "$@"
 }
@@ -88,26 +90,26 @@ report_failure() {
   tail -n 8 "$3" | sed 's/^/    /' >&2
 }
 
-run_lattice() {  # shape L H C -> row fields or FAILED
-  local log=$LOGDIR/$1.lattice
-  lattice_train "$2" "$3" "$4" $((WARMUP + STEPS)) --metrics-file "$log.jsonl" >"$log.out" 2>&1
+run_lattice() {  # shape L H C B -> row fields or FAILED
+  local log=$LOGDIR/$1.b$5.lattice
+  lattice_train "$2" "$3" "$4" "$5" $((WARMUP + STEPS)) --metrics-file "$log.jsonl" >"$log.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
-    report_failure "lattice $1" "$rc" "$log.out"
+    report_failure "lattice $1 B=$5" "$rc" "$log.out"
     echo "FAILED(exit-$rc)"
     return
   fi
-  lattice_numbers "$log.jsonl" 2>>"$log.out" || echo "FAILED(no-metrics)"
+  lattice_numbers "$log.jsonl" "$5" 2>>"$log.out" || echo "FAILED(no-metrics)"
 }
 
-run_torch() {  # shape L H C -> row fields or FAILED
-  local log=$LOGDIR/$1.torch
+run_torch() {  # shape L H C B -> row fields or FAILED
+  local log=$LOGDIR/$1.b$5.torch
   timeout "$STEP_TIMEOUT" "$PYTHON" bench/torch_gpt_bench_cuda.py --layers "$2" --heads "$3" --hidden "$4" \
-    --seq "$SEQ" --batch "$MBS" --vocab "$VOCAB" --warmup "$WARMUP" --steps "$STEPS" --peak-tflops "$PEAK" \
+    --seq "$SEQ" --batch "$5" --vocab "$VOCAB" --warmup "$WARMUP" --steps "$STEPS" --peak-tflops "$PEAK" \
     >"$log.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
-    report_failure "torch $1" "$rc" "$log.out"
+    report_failure "torch $1 B=$5" "$rc" "$log.out"
     echo "FAILED(exit-$rc)"
     return
   fi
@@ -130,38 +132,40 @@ fmt() {
 # The table is written row by row (to SUMMARY_FILE when given): a run killed later leaves the rows so far.
 table=${SUMMARY:-$(mktemp)}
 {
-  echo "GPT-2 bf16 training, one GPU, B=$MBS T=$SEQ, mock data, dropout 0, $WARMUP warm-up + $STEPS timed iterations;"
+  echo "GPT-2 bf16 training, one GPU, T=$SEQ, micro-batch B = global batch, mock data, dropout 0, $WARMUP warm-up + $STEPS timed iterations;"
   echo "TFLOP/s by Megatron's model-FLOP count, MFU against $PEAK TFLOP/s."
 } >"$table"
-printf '%-6s | %-40s | %-40s | %s\n' "shape" "lattice --device cuda --bf16" "PyTorch bf16 (eager, flash, fused AdamW)" \
+printf '%-6s %4s | %-40s | %-40s | %s\n' "shape" "B" "lattice --device cuda --bf16" "PyTorch bf16 (eager, flash, fused AdamW)" \
   "lattice/torch" >>"$table"
-printf '%-6s | %-40s | %-40s | %s\n' "" "tokens/s  TFLOP/s  MFU    ms/iter" "tokens/s  TFLOP/s  MFU    ms/iter" \
+printf '%-6s %4s | %-40s | %-40s | %s\n' "" "" "tokens/s  TFLOP/s  MFU    ms/iter" "tokens/s  TFLOP/s  MFU    ms/iter" \
   "tokens/s" >>"$table"
 failures=0
 for shape in $SHAPES; do
   d=$(dims "$shape") || { failures=$((failures + 1)); continue; }
   read -r L H C <<<"$d"
-  lat="skipped"; tor="skipped"
-  for s in $SYSTEMS; do
-    echo "gpu_bench: $shape (L$L H$H C$C, B=$MBS T=$SEQ): $s" >&2
-    case $s in
-      lattice) lat=$(run_lattice "$shape" "$L" "$H" "$C") ;;
-      torch) tor=$(run_torch "$shape" "$L" "$H" "$C") ;;
-    esac
+  for B in $MBS; do
+    lat="skipped"; tor="skipped"
+    for s in $SYSTEMS; do
+      echo "gpu_bench: $shape (L$L H$H C$C, B=$B T=$SEQ): $s" >&2
+      case $s in
+        lattice) lat=$(run_lattice "$shape" "$L" "$H" "$C" "$B") ;;
+        torch) tor=$(run_torch "$shape" "$L" "$H" "$C" "$B") ;;
+      esac
+    done
+    [[ $lat =~ ^FAILED || $tor =~ ^FAILED ]] && failures=$((failures + 1))
+    ratio="-"
+    if [[ $lat =~ ^[0-9] && $tor =~ ^[0-9] ]]; then
+      ratio=$(awk -v a="${lat%% *}" -v b="${tor%% *}" 'BEGIN { printf "%.2fx", a / b }')
+    fi
+    printf '%-6s %4s | %-40s | %-40s | %s\n' "$shape" "$B" "$(fmt "$lat")" "$(fmt "$tor")" "$ratio" >>"$table"
   done
-  [[ $lat =~ ^FAILED || $tor =~ ^FAILED ]] && failures=$((failures + 1))
-  ratio="-"
-  if [[ $lat =~ ^[0-9] && $tor =~ ^[0-9] ]]; then
-    ratio=$(awk -v a="${lat%% *}" -v b="${tor%% *}" 'BEGIN { printf "%.2fx", a / b }')
-  fi
-  printf '%-6s | %-40s | %-40s | %s\n' "$shape" "$(fmt "$lat")" "$(fmt "$tor")" "$ratio" >>"$table"
 done
 cat "$table"
 
-# The per-op profile of lattice on the first shape: the log lines of its --profile-ops table.
-profile_lattice() {  # shape L H C ATTENTION(auto|fp32) -> the table, or one line saying why there is none
-  local log=$LOGDIR/$1.profile-$5
-  LATTICE_CUDA_ATTENTION=$5 lattice_train "$2" "$3" "$4" $((WARMUP + 3)) --profile-ops >"$log.out" 2>&1
+# The per-op profile of lattice on the first shape and micro-batch size: the log lines of its --profile-ops table.
+profile_lattice() {  # shape L H C B ATTENTION(auto|fp32) -> the table, or one line saying why there is none
+  local log=$LOGDIR/$1.b$5.profile-$6
+  LATTICE_CUDA_ATTENTION=$6 lattice_train "$2" "$3" "$4" "$5" $((WARMUP + 3)) --profile-ops >"$log.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
     report_failure "lattice --profile-ops $1" "$rc" "$log.out"
@@ -173,16 +177,17 @@ profile_lattice() {  # shape L H C ATTENTION(auto|fp32) -> the table, or one lin
 }
 
 first_shape=${SHAPES%% *}
+first_b=${MBS%% *}
 if [ "$PROFILE" = 1 ] && [[ " $SYSTEMS " == *" lattice "* ]] && d=$(dims "$first_shape" 2>/dev/null); then
   read -r L H C <<<"$d"
-  echo "gpu_bench: $first_shape (L$L H$H C$C, B=$MBS T=$SEQ): lattice --profile-ops" >&2
+  echo "gpu_bench: $first_shape (L$L H$H C$C, B=$first_b T=$SEQ): lattice --profile-ops" >&2
   attentions=auto
   [ "$PROFILE_FP32_ATTENTION" = 1 ] && attentions="auto fp32"
   for attn in $attentions; do
-    profile=$(profile_lattice "$first_shape" "$L" "$H" "$C" "$attn")
+    profile=$(profile_lattice "$first_shape" "$L" "$H" "$C" "$first_b" "$attn")
     {
       echo
-      echo "Where lattice's time goes, $first_shape: LATTICE_CUDA_ATTENTION=$attn lattice train --profile-ops, $((WARMUP + 3)) iterations (the first is warm-up);"
+      echo "Where lattice's time goes, $first_shape B=$first_b: LATTICE_CUDA_ATTENTION=$attn lattice train --profile-ops, $((WARMUP + 3)) iterations (the first is warm-up);"
       echo "$profile"
     } | tee -a "$table"
   done

@@ -13,7 +13,7 @@
 #   JOBS        build parallelism (default nproc)        PYTHON interpreter with torch (default python3)
 #   SKIP_BENCH=1  tests only                              OUT    if set, logs and summary go to $OUT/gpu-check/
 #   limits (seconds): DEADLINE 470 for the whole script; per step CONFIGURE_TIMEOUT 60,
-#   BUILD_TIMEOUT 240, TEST_TIMEOUT 100, BENCH_TIMEOUT 250 (each cut to what is left of the
+#   BUILD_TIMEOUT 240, TEST_TIMEOUT 100, BENCH_TIMEOUT 330 (each cut to what is left of the
 #   deadline); the benchmark's own limit per run: STEP_TIMEOUT, default 45
 #   TEST_CASE_TIMEOUT (default 60): one GPU test, after which it counts as hung (scripts/gtest_resilient.py)
 # Every step runs under its limit; a step that fails is reported and the summary still printed.
@@ -30,7 +30,7 @@ DEADLINE=${DEADLINE:-470}
 CONFIGURE_TIMEOUT=${CONFIGURE_TIMEOUT:-60}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-240}
 TEST_TIMEOUT=${TEST_TIMEOUT:-100}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-250}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-330}
 export STEP_TIMEOUT=${STEP_TIMEOUT:-45}
 if [ -n "${OUT:-}" ]; then LOGS=$OUT/gpu-check; else LOGS=$ROOT/$BUILD/gpu-check; fi
 mkdir -p "$LOGS"
