@@ -113,7 +113,7 @@ int cmd_samples(int argc, char** argv) {
   std::string line;
   for (int64_t i = 0; i < n; ++i) {
     src->sample(i, buf.data());
-    line = "[";
+    line.assign(1, '[');
     for (size_t k = 0; k < buf.size(); ++k) {
       if (k) line += ',';
       line += std::to_string(buf[k]);

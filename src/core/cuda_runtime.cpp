@@ -100,8 +100,11 @@ void* malloc_device(size_t bytes) {
     (void)cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     (void)cudaMemGetInfo(&free_b, &total_b);
-    LATTICE_FAIL() << "CUDA: cannot allocate " << bytes << " bytes (" << (free_b >> 20) << " MiB free of "
-                   << (total_b >> 20) << " MiB): " << cudaGetErrorString(err);
+    std::ostringstream os;
+    os << "CUDA: cannot allocate " << describe_bytes(bytes) << " (" << (free_b >> 20) << " MiB free of "
+       << (total_b >> 20) << " MiB): " << cudaGetErrorString(err);
+    if (err == cudaErrorMemoryAllocation) throw OutOfMemory(os.str());
+    LATTICE_FAIL() << os.str();
   }
   if (bytes) LATTICE_CUDART(cudaMemsetAsync(p, 0, bytes, ready().stream));
   return p;

@@ -7,10 +7,12 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 
 #include "core/cuda_runtime.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace lattice {
 namespace {
@@ -32,6 +34,20 @@ DeviceState& state() {
 size_t page_round(size_t bytes) {
   const size_t page = size_t(sysconf(_SC_PAGESIZE));
   return (bytes + page - 1) / page * page;
+}
+
+// Host memory (the CPU's buffers and the emulation's pages): an allocation larger than what
+// the machine can still hold fails here, as an OutOfMemory, instead of succeeding (Linux
+// over-commits) and getting the process killed when its pages are zeroed. Only large
+// buffers are checked (reading /proc costs a few microseconds).
+void check_host_memory(size_t bytes) {
+  if (bytes < (size_t(64) << 20)) return;
+  const HostMemory m = host_memory_available();
+  if (bytes <= m.available) return;
+  std::ostringstream os;
+  os << "cannot allocate " << describe_bytes(bytes) << ": out of memory (" << describe_bytes(m.available, false)
+     << " available: " << m.source << ")";
+  throw OutOfMemory(os.str());
 }
 
 void protect_all(int prot) {
@@ -87,8 +103,9 @@ void* device_alloc(size_t bytes) {
   if (kernels_on_gpu()) return cuda::malloc_device(bytes);
   if (s.device == Device::cuda) {  // emulation: whole pages, guarded
     const size_t n = page_round(bytes ? bytes : 1);
+    check_host_memory(n);
     void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    LATTICE_CHECK(p != MAP_FAILED) << "CUDA emulation: cannot map " << bytes << " bytes";
+    if (p == MAP_FAILED) throw OutOfMemory("CUDA emulation: cannot map " + describe_bytes(n) + ": out of memory");
     if (s.guard && s.access_depth == 0) {
       LATTICE_CHECK(mprotect(p, n, PROT_NONE) == 0) << "CUDA emulation: mprotect failed: " << std::strerror(errno);
     }
@@ -96,8 +113,9 @@ void* device_alloc(size_t bytes) {
     return p;
   }
   const size_t rounded = (bytes + 63) / 64 * 64;
+  check_host_memory(rounded);
   void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-  LATTICE_CHECK(p != nullptr) << "out of memory allocating " << bytes << " bytes";
+  if (p == nullptr) throw OutOfMemory("cannot allocate " + describe_bytes(rounded) + ": out of memory");
   std::memset(p, 0, rounded);
   return p;
 }

@@ -12,6 +12,30 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
+// A buffer the device (host memory, or a GPU's) cannot hold. Thrown by device_alloc; the
+// owners of the large buffers rethrow it naming what they allocate (with_context), and the
+// command line adds what a user can change.
+class OutOfMemory : public Error {
+ public:
+  explicit OutOfMemory(const std::string& msg) : Error(msg) {}
+  // "WHAT: <this message>", still an OutOfMemory.
+  OutOfMemory with_context(const std::string& what) const {
+    std::string msg = what;
+    msg += ": ";
+    msg += this->what();
+    return OutOfMemory(msg);
+  }
+};
+// "12.35 GB", or with exact "12.35 GB (12345678901 bytes)"
+inline std::string describe_bytes(size_t bytes, bool exact = true) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(2);
+  os << double(bytes) / 1e9 << " GB";
+  if (exact) os << " (" << bytes << " bytes)";
+  return os.str();
+}
+
 namespace detail {
 // Collects a message with operator<< and throws lattice::Error when destroyed.
 class ErrorBuilder {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 #include <string>
 
 #include "blas/gemm.h"
@@ -149,7 +150,13 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_begin_, 0, Vl_);
   register_parameters();
   params_.allocate();
-  arena_ = Arena(activation_bytes(cfg_, B, T, tp_, place_));
+  try {
+    arena_ = Arena(activation_bytes(cfg_, B, T, tp_, place_));
+  } catch (const OutOfMemory& e) {
+    std::ostringstream what;
+    what << "the activations (micro-batch " << B << " x " << T << " tokens, " << place_.slots << " in flight)";
+    throw e.with_context(what.str());
+  }
   scratch_ = std::make_unique<Scratch>();
   allocate(acts_, *scratch_, arena_, cfg_, tp_, place_, B, T);
   for (Activations& a : acts_) {

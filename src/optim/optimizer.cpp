@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -64,8 +65,14 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
       state += e - b;
     }
   const size_t bytes = size_t(state) * sizeof(float);
-  state1_ = Storage(bytes);
-  if (cfg_.optimizer == "adam") state2_ = Storage(bytes);
+  try {
+    state1_ = Storage(bytes);
+    if (cfg_.optimizer == "adam") state2_ = Storage(bytes);
+  } catch (const OutOfMemory& e) {
+    std::ostringstream what;
+    what << "the optimizer state (" << state << " parameters)";
+    throw e.with_context(what.str());
+  }
 }
 
 void Optimizer::export_state(int slot, float* flat) const {

@@ -1,6 +1,7 @@
 #include "optim/param_buffer.h"
 
 #include <cstring>
+#include <sstream>
 
 #include "core/device.h"
 
@@ -46,8 +47,14 @@ int ParamBuffer::add_tp(const std::string& name, const Shape& global_shape, Para
 }
 
 void ParamBuffer::allocate() {
-  params_ = Storage(size_t(numel_) * sizeof(float));
-  grads_ = Storage(size_t(numel_) * sizeof(float));
+  try {
+    params_ = Storage(size_t(numel_) * sizeof(float));
+    grads_ = Storage(size_t(numel_) * sizeof(float));
+  } catch (const OutOfMemory& e) {
+    std::ostringstream what;
+    what << "the parameters and gradients (" << numel_ << " fp32 elements each)";
+    throw e.with_context(what.str());
+  }
 }
 
 void ParamBuffer::initialize(uint64_t seed) {

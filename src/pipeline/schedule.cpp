@@ -161,8 +161,12 @@ PipelineTimeline simulate_pipeline(const PipelineLayout& l, int64_t M) {
           ran.push_back({r, op});
           ++next[size_t(r)];
           --remaining;
-          cell = std::string(op.forward ? "F" : "B") + std::to_string(op.micro_batch) +
-                 (V > 1 ? "." + std::to_string(op.chunk) : "");
+          cell.assign(1, op.forward ? 'F' : 'B');
+          cell += std::to_string(op.micro_batch);
+          if (V > 1) {
+            cell += '.';
+            cell += std::to_string(op.chunk);
+          }
         }
       }
       t.cells[size_t(r)].push_back(cell);
@@ -198,7 +202,15 @@ std::string format_timeline(const PipelineLayout& l, int64_t M) {
   for (size_t r = 0; r < t.cells.size(); ++r) {
     std::snprintf(buf, sizeof buf, "  stage %zu |", r);
     out += buf;
-    for (auto& c : t.cells[r]) out += " " + (c.empty() ? std::string(w, '.') : c + std::string(w - c.size(), ' '));
+    for (auto& c : t.cells[r]) {
+      out += ' ';
+      if (c.empty()) {
+        out.append(w, '.');
+      } else {
+        out += c;
+        out.append(w - c.size(), ' ');
+      }
+    }
     out += "\n";
   }
   std::snprintf(buf, sizeof buf,

@@ -133,6 +133,16 @@ for p in "$TMP/ckpt_never" "$TMP/metrics_never.jsonl"; do
   if [ -e "$p" ]; then fail "a failed train created $p"; else pass "failed train did not create $(basename "$p")"; fi
 done
 
+# ---- lattice train: more than the machine holds ----
+# The logits of 2 x 2^20 tokens over a 65536-token vocabulary (0.5 TB): an error naming the
+# buffer and what to change, never the OOM killer.
+expect_error "activations larger than the machine" "the activations (micro-batch 2 x 1048576 tokens|out of memory|--micro-batch-size|--recompute-granularity" -- \
+  "$LATTICE" train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 1048576 \
+  --max-position-embeddings 1048576 --micro-batch-size 2 --train-iters 1 --lr 1e-3 --eval-iters 0 \
+  --mock-data --vocab-size 65536 --save "$TMP/ckpt_oom"
+[ -e "$TMP/ckpt_oom" ] && fail "a train out of memory created its --save directory" ||
+  pass "out of memory: no --save directory"
+
 # ---- top level ----
 rc=0
 "$LATTICE" bogus-command >/dev/null 2>top.err || rc=$?
