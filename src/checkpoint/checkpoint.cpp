@@ -285,21 +285,29 @@ std::string CheckpointWriter::save(const std::string& dir, int64_t keep_last_n) 
   fs::create_directory(staged, ec);
   if (ec) LATTICE_FAIL() << staged.string() << ": cannot create directory: " << ec.message();
 
-  CheckpointIndex index = index_;
-  for (const auto& [file, writer] : files_) {
-    const std::string path = (staged / file).string();
-    writer.write(path);
-    const FileChecksum cs = checksum_file(path);
-    index.files[file] = FileEntry{cs.bytes, cs.crc32};
+  // A save that fails (a full disk, a write error) removes what it staged: the space goes
+  // back to the user, and the checkpoints already published stay as they were.
+  try {
+    CheckpointIndex index = index_;
+    for (const auto& [file, writer] : files_) {
+      const std::string path = (staged / file).string();
+      writer.write(path);
+      const FileChecksum cs = checksum_file(path);
+      index.files[file] = FileEntry{cs.bytes, cs.crc32};
+    }
+    json doc = state_to_json(state_);
+    doc["files"] = index.files_json();
+    doc["tensors"] = index.tensors_json();
+    // What we write must be what we accept.
+    CheckpointIndex::from_json(doc["tensors"], doc["files"], (staged / kCheckpointIndexFile).string());
+    doc["index_crc32"] = crc32_hex(document_crc(doc));
+    const std::string text = doc.dump(1) + "\n";
+    write_file_synced((staged / kCheckpointIndexFile).string(), text.data(), text.size());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(staged, ignored);
+    throw;
   }
-  json doc = state_to_json(state_);
-  doc["files"] = index.files_json();
-  doc["tensors"] = index.tensors_json();
-  // What we write must be what we accept.
-  CheckpointIndex::from_json(doc["tensors"], doc["files"], (staged / kCheckpointIndexFile).string());
-  doc["index_crc32"] = crc32_hex(document_crc(doc));
-  const std::string text = doc.dump(1) + "\n";
-  write_file_synced((staged / kCheckpointIndexFile).string(), text.data(), text.size());
 
   const fs::path target = root / name;
   publish_dir(staged.string(), target.string());

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <csignal>
 #include <cstring>
 #include <iterator>
 #include <numeric>
@@ -223,6 +226,32 @@ TEST_F(CkptSaveLoad, LeftoversOfACrashedSaveAreIgnoredThenCleared) {
   save_sample(path("ckpt"), 3);
   EXPECT_FALSE(fs::exists(path("ckpt/.tmp.iter_0000003/model.safetensors")));
   EXPECT_EQ(CheckpointReader::open(path("ckpt")).state().iteration, 3);
+}
+
+// A save that fails part way (here the file-size limit, RLIMIT_FSIZE, stops its second
+// file as a full disk would) names the file, removes everything it staged, and leaves the
+// published checkpoints and the tracker as they were.
+TEST_F(CkptSaveLoad, AFailedSaveRemovesWhatItStaged) {
+  save_sample(path("ckpt"), 2);
+  CheckpointWriter w;
+  std::vector<float> small = iota_f(12, 0), big = iota_f(size_t(1) << 16, 0);  // 256 KB
+  w.add_tensor("model.safetensors", "w", "F32", {3, 4}, small.data());
+  w.add_tensor("optimizer.safetensors", "optimizer.exp_avg.w", "F32", {int64_t(big.size())}, big.data());
+  w.set_state(sample_state(3));
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  rlimit limited = saved;
+  limited.rlim_cur = 64 << 10;
+  void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  const std::string err = error_of([&] { w.save(path("ckpt")); });
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(err.find("optimizer.safetensors"), std::string::npos) << err;
+  for (const auto& e : fs::directory_iterator(path("ckpt")))
+    EXPECT_EQ(e.path().filename().string().rfind(".tmp", 0), std::string::npos) << e.path() << " left behind";
+  EXPECT_FALSE(fs::exists(path("ckpt/iter_0000003")));
+  EXPECT_EQ(CheckpointReader::open(path("ckpt")).state().iteration, 2);
 }
 
 // Each corruption gives one line naming the damaged file, and reading never writes.
