@@ -76,8 +76,9 @@ int main(int argc, char** argv) {
     // What a user can change: the activations scale with the micro-batch and shrink with
     // recomputation; the model state splits across tensor, pipeline and data-parallel ranks.
     const char* advice = cmd == "train"
-                             ? "; lower --micro-batch-size, recompute activations (--recompute-granularity selective, or "
-                               "full with --recompute-method uniform --recompute-num-layers 1), or split the model (--tensor-model-parallel-size, --pipeline-model-parallel-size, "
+                             ? "; lower --micro-batch-size, recompute activations (--recompute-granularity selective, "
+                               "or full with --recompute-method uniform --recompute-num-layers 1), or split the model "
+                               "(--tensor-model-parallel-size, --pipeline-model-parallel-size, "
                                "--use-distributed-optimizer); --dry-run prints each rank's estimate"
                              : "";
     std::fprintf(stderr, "lattice %s: error: %s%s\n", cmd.c_str(), e.what(), advice);

@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-
 namespace lattice {
 namespace {
 
@@ -52,10 +51,14 @@ std::pair<std::string, std::string> cgroup_limit_and_use() {
     if (at != std::string::npos) v1 = line.substr(at + 8);
   }
   std::vector<std::pair<std::string, std::string>> candidates;
-  if (!v2.empty()) candidates.push_back({"/sys/fs/cgroup" + v2 + "/memory.max", "/sys/fs/cgroup" + v2 + "/memory.current"});
+  if (!v2.empty()) {
+    const std::string d = "/sys/fs/cgroup" + v2;
+    candidates.push_back({d + "/memory.max", d + "/memory.current"});
+  }
   if (!v1.empty()) {
     const std::string dirs[] = {"/sys/fs/cgroup/memory" + v1, "/sys/fs/cgroup/memory"};
-    for (const std::string& d : dirs) candidates.push_back({d + "/memory.limit_in_bytes", d + "/memory.usage_in_bytes"});
+    for (const std::string& d : dirs)
+      candidates.push_back({d + "/memory.limit_in_bytes", d + "/memory.usage_in_bytes"});
   }
   for (const auto& [max_path, use_path] : candidates) {
     std::string max = read_text(max_path), use = read_text(use_path);

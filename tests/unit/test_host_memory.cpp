@@ -87,9 +87,9 @@ TEST(HostMemory, OwnersNameTheirBuffers) {
   ParamBuffer params;
   params.add("huge", Shape{huge}, ParamInit::zeros, 0.0f);
   std::string msg = out_of_memory_message([&] { params.allocate(); });
-  EXPECT_EQ(msg.rfind("the parameters and gradients (" + std::to_string(huge) + " fp32 elements each): cannot allocate", 0),
-            0u)
-      << msg;
+  const std::string params_want =
+      "the parameters and gradients (" + std::to_string(huge) + " fp32 elements each): cannot allocate";
+  EXPECT_EQ(msg.rfind(params_want, 0), 0u) << msg;
 
   TransformerConfig c;
   c.num_layers = 1;
@@ -98,12 +98,11 @@ TEST(HostMemory, OwnersNameTheirBuffers) {
   c.vocab_size = 1000;
   c.max_position_embeddings = 64;
   c.finalize();
-  msg = out_of_memory_message([&] { GPTModel model(c, int64_t(1) << 28, 64); });
-  EXPECT_EQ(msg.rfind("the activations (micro-batch " + std::to_string(int64_t(1) << 28) + " x 64 tokens, 1 in flight): "
-                      "cannot allocate",
-                      0),
-            0u)
-      << msg;
+  const int64_t B = int64_t(1) << 28;
+  msg = out_of_memory_message([&] { GPTModel model(c, B, 64); });
+  const std::string activations_want =
+      "the activations (micro-batch " + std::to_string(B) + " x 64 tokens, 1 in flight): cannot allocate";
+  EXPECT_EQ(msg.rfind(activations_want, 0), 0u) << msg;
 }
 
 }  // namespace
