@@ -50,6 +50,14 @@ void check_host_memory(size_t bytes) {
   throw OutOfMemory(os.str());
 }
 
+bool huge_pages_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LATTICE_HUGE_PAGES");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 void protect_all(int prot) {
   for (const auto& [p, n] : state().pages)
     LATTICE_CHECK(mprotect(p, n, prot) == 0) << "CUDA emulation: mprotect failed: " << std::strerror(errno);
@@ -112,11 +120,20 @@ void* device_alloc(size_t bytes) {
     s.pages[p] = n;
     return p;
   }
+  // Large buffers (parameters, gradients, optimizer state, the activation arena) start on a
+  // 2 MB boundary and are advised as transparent huge pages: the kernels stream through
+  // them, and with 4 KB pages every 4 KB is a TLB miss and a stop of the hardware
+  // prefetcher. Where THP is "madvise" (Debian's and Ubuntu's default) nothing else would
+  // give them huge pages. LATTICE_HUGE_PAGES=0 turns the advice off.
+  constexpr size_t kHugePage = size_t(2) << 20;
   const size_t rounded = (bytes + 63) / 64 * 64;
-  check_host_memory(rounded);
-  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-  if (p == nullptr) throw OutOfMemory("cannot allocate " + describe_bytes(rounded) + ": out of memory");
-  std::memset(p, 0, rounded);
+  const bool huge = rounded >= 8 * kHugePage && huge_pages_enabled();
+  const size_t n = huge ? (rounded + kHugePage - 1) / kHugePage * kHugePage : (rounded ? rounded : 64);
+  check_host_memory(n);
+  void* p = std::aligned_alloc(huge ? kHugePage : 64, n);
+  if (p == nullptr) throw OutOfMemory("cannot allocate " + describe_bytes(n) + ": out of memory");
+  if (huge) (void)madvise(p, n, MADV_HUGEPAGE);  // advice only: without THP it changes nothing
+  std::memset(p, 0, n);
   return p;
 }
 

@@ -3,6 +3,7 @@
 // outside a kernel or a copy faults.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -50,6 +51,19 @@ TEST(Device, CpuMemoryAndCopies) {
   copy_to_device(d.get(), host.data(), n * sizeof(float));
   copy_to_host(back.data(), d.get(), n * sizeof(float));
   EXPECT_EQ(host, back);
+}
+
+// Large CPU buffers start on a 2 MB boundary (advised as transparent huge pages), zeroed.
+TEST(Device, LargeCpuBuffersOnHugePageBoundaries) {
+  ASSERT_EQ(current_device(), Device::cpu);
+  const char* env = std::getenv("LATTICE_HUGE_PAGES");
+  if (env && std::string(env) == "0") GTEST_SKIP() << "LATTICE_HUGE_PAGES=0";
+  const size_t bytes = (size_t(32) << 20) + 100;
+  DevicePtr d = make_device_buffer(bytes);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(d.get()) % (size_t(2) << 20), 0u);
+  const auto* b = static_cast<const unsigned char*>(d.get());
+  for (size_t i = 0; i < bytes; i += 4093) ASSERT_EQ(b[i], 0) << i;
+  ASSERT_EQ(b[bytes - 1], 0);
 }
 
 class EmulatedCuda : public ::testing::Test {
