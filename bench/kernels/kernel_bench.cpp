@@ -93,7 +93,6 @@ void BiasGeluForward(benchmark::State& st) {
 }
 BENCHMARK(BiasGeluForward)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
-
 // LayerNorm forward and backward over the residual stream [B*T, C] = [256, 768].
 void LayerNorm(benchmark::State& st) {
   const int64_t N = 4 * 64, C = 768, n = N * C;
