@@ -11,7 +11,10 @@
 # orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or more); bf16,
 # fp16 and fp8 to 1e-3 (the GEMMs and the attention round at different places: 2e-5
 # measured over 3 iterations, against a unit roundoff of 4e-3 in bf16). A hang (a deadlock
-# between ranks) fails at the time limit.
+# between ranks) fails at the time limit. The layouts of several ranks run on the emulation
+# twice, in both orders of its streams' independent work (tests/simt/simt_streams.h:
+# reads-early catches a read not ordered after its writer, writes-early a buffer written
+# before the NCCL operation reading it has completed).
 #   bash tests/simt/e2e_parallel_layouts.sh <lattice> <source dir> <lattice-simt>
 set -u -o pipefail
 source "$(dirname "$0")/../e2e/lib.sh"
@@ -45,21 +48,22 @@ run() {
 # field FILE KEY: the values of "KEY" in a JSONL file, one per line
 field() { grep -o "\"$2\":[^,}]*" "$1" | cut -d: -f2; }
 
-# agree NAME TOL: NAME-cpu and NAME-simt have the same iterations, losses and gradient norms within TOL (relative)
+# agree NAME TOL [RUN]: NAME-cpu and NAME-RUN (NAME-simt) have the same iterations, losses and
+# gradient norms within TOL (relative)
 agree() {
-  local name=$1 tol=$2 key worst
+  local name=$1 tol=$2 other=$1-${3:-simt} key worst
   for key in lm_loss grad_norm; do
-    worst=$(paste <(field "$name-cpu.jsonl" $key) <(field "$name-simt.jsonl" $key) |
+    worst=$(paste <(field "$name-cpu.jsonl" $key) <(field "$other.jsonl" $key) |
       awk -v tol="$tol" 'NF != 2 || $1 == "" { bad = 1 }
         { d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; r = d / (a > 0 ? a : 1); if (r > w) w = r; n++ }
         END { if (bad || n != 3) print "mismatch"; else printf "%.2e\n", w }')
     if [ "$worst" = "mismatch" ]; then
-      fail "$name: $key: the runs logged different iterations"
+      fail "$other: $key: the runs logged different iterations"
     elif awk -v w="$worst" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then
-      pass "$name: $key over 3 iterations within $worst relative (tolerance $tol)"
+      pass "$other: $key over 3 iterations within $worst relative (tolerance $tol)"
     else
-      fail "$name: $key differs by $worst relative (tolerance $tol)"
-      paste <(field "$name-cpu.jsonl" $key) <(field "$name-simt.jsonl" $key) | sed 's/^/    cpu, simt: /' >&2
+      fail "$other: $key differs by $worst relative (tolerance $tol)"
+      paste <(field "$name-cpu.jsonl" $key) <(field "$other.jsonl" $key) | sed 's/^/    cpu, simt: /' >&2
     fi
   done
 }
@@ -69,7 +73,12 @@ layout() {
   local name=$1 ranks=$2 tol=$3
   shift 3
   [[ " $* " == *" --num-layers "* ]] || set -- --num-layers 2 "$@"
-  run "$name-cpu" "$ranks" "$LATTICE" cpu "$@" && run "$name-simt" "$ranks" "$SIMT" cuda "$@" && agree "$name" "$tol"
+  run "$name-cpu" "$ranks" "$LATTICE" cpu "$@" || return 1
+  run "$name-simt" "$ranks" "$SIMT" cuda "$@" && agree "$name" "$tol"
+  if [ "$ranks" -gt 1 ]; then
+    LATTICE_SIMT_STREAMS=writes-early run "$name-simt-writes-early" "$ranks" "$SIMT" cuda "$@" &&
+      agree "$name" "$tol" simt-writes-early
+  fi
 }
 
 layout one-rank-fp32 1 1e-5

@@ -1,5 +1,5 @@
 // cuBLASLt emulated on the host, for the SIMT emulation build: "device" memory is host
-// memory and every call is synchronous. It replaces src/blas/cuda/cublaslt_api.cpp (the
+// memory, and a matmul runs in its stream's order (simt_streams.h). It replaces src/blas/cuda/cublaslt_api.cpp (the
 // dlopen loader) and fills the same function table. Only the subset lattice's GEMM needs:
 // column-major fp32 / bf16 / fp16 matrices, CUBLAS_COMPUTE_32F with fp32 alpha and beta in
 // host memory, and the DEFAULT / BIAS / RELU(_BIAS) / GELU(_BIAS) / GELU_AUX(_BIAS)
@@ -30,6 +30,7 @@
 
 #include "blas/cuda/cublaslt_api.h"
 #include "kernels/cast_math.h"
+#include "simt_streams.h"
 
 // The handle type is an opaque struct the header leaves incomplete; the emulation's handle
 // is this.
@@ -606,7 +607,7 @@ cublasStatus_t matmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const 
                       cublasLtMatrixLayout_t a_desc, const void* B, cublasLtMatrixLayout_t b_desc,
                       const void* beta, const void* C, cublasLtMatrixLayout_t c_desc, void* D,
                       cublasLtMatrixLayout_t d_desc, const cublasLtMatmulAlgo_t* algo_handle, void* workspace,
-                      size_t workspace_size, cudaStream_t /*stream: every call is synchronous*/) {
+                      size_t workspace_size, cudaStream_t stream) {
   // [h] cublasLtMatmul: NOT_INITIALIZED "if cuBLASLt handle has not been initialized";
   // INVALID_VALUE "if the parameters are unexpectedly NULL, in conflict or in an impossible
   // configuration" ([UG 3.4.17]); NOT_SUPPORTED for what is not implemented.
@@ -707,7 +708,9 @@ cublasStatus_t matmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const 
         if (overlaps(bias, span_of(d.aux, aux_layout))) return CUBLAS_STATUS_INVALID_VALUE;
       }
     }
-    compute(p, alpha_value, A, B, beta_value, C, D);
+    // Run in stream order (simt_streams.h), from the values read now: the descriptors,
+    // alpha and beta (host pointers) may change once the call has returned.
+    lattice::simt::enqueue(stream, [=] { compute(p, alpha_value, A, B, beta_value, C, D); });
   }
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -1,23 +1,27 @@
 // The SIMT emulation's CUDA runtime: the runtime API functions lattice calls, on the CPU.
 // Linked instead of libcudart into the emulation's tests. One "device" (sm_90, 227 KiB of
-// opt-in shared memory per block); device memory is host memory; streams and events exist
-// but every operation completes before it returns. What it checks as the GPU would:
-// launch configurations (block and grid limits, dynamic shared memory against the
-// kernel's limit, 48 KiB unless raised by cudaFuncSetAttribute), copies and memsets
-// inside a device allocation, frees of allocated pointers only. New allocations are
-// filled with NaN bytes (cudaMalloc does not zero; lattice's device_alloc must).
+// opt-in shared memory per block); device memory is host memory. Streams and events are
+// simt_streams.h's: a stream's operations run in order when something waits for them
+// (copies from pageable host memory read their source when enqueued and copies to it
+// complete before they return, as CUDA's do). What it checks as the GPU would: launch
+// configurations (block and grid limits, dynamic shared memory against the kernel's
+// limit, 48 KiB unless raised by cudaFuncSetAttribute), copies and memsets inside a device
+// allocation, frees of allocated pointers only. New allocations are filled with NaN bytes
+// (cudaMalloc does not zero; lattice's device_alloc must).
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "simt_state.h"
+#include "simt_streams.h"
 
 namespace lattice::simt {
 namespace {
@@ -62,11 +66,25 @@ std::string hex(const void* p) {
   return o.str();
 }
 
-struct Event {
-  std::chrono::steady_clock::time_point at;
-};
-struct Stream {};
 struct MemPool {};
+
+// A kernel's failure, returned by every synchronization after it (sticky, as on the GPU).
+cudaError_t sticky() { return state().last == cudaErrorLaunchFailure ? cudaErrorLaunchFailure : cudaSuccess; }
+
+// Frees a device allocation (already known to be one).
+void release(void* p) {
+  State& s = state();
+  auto it = s.allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == s.allocations.end()) return;
+  s.in_use -= it->second;
+  s.allocations.erase(it);
+  std::free(p);
+}
+
+cudaError_t check_free(void* p, const char* what) {
+  if (state().allocations.count(reinterpret_cast<uintptr_t>(p))) return cudaSuccess;
+  return fail(cudaErrorInvalidDevicePointer, std::string(what) + " of " + hex(p) + ", not an allocation's start");
+}
 
 }  // namespace
 
@@ -175,7 +193,10 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  lattice::simt::drain_all();
+  return lattice::simt::sticky();
+}
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   *total_bytes = lattice::simt::kTotalMemory;
@@ -197,30 +218,31 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void* p) {
-  auto& s = state();
   if (!p) return cudaSuccess;
-  auto it = s.allocations.find(reinterpret_cast<uintptr_t>(p));
-  if (it == s.allocations.end())
-    return fail(cudaErrorInvalidDevicePointer, "cudaFree of " + lattice::simt::hex(p) + ", not an allocation's start");
-  s.in_use -= it->second;
-  s.allocations.erase(it);
-  std::free(p);
+  if (const cudaError_t e = lattice::simt::check_free(p, "cudaFree"); e != cudaSuccess) return e;
+  lattice::simt::drain_all();  // cudaFree synchronizes the device
+  lattice::simt::release(p);
   return cudaSuccess;
 }
 
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  if (!p) return cudaSuccess;
+  if (const cudaError_t e = lattice::simt::check_free(p, "cudaFreeAsync"); e != cudaSuccess) return e;
+  lattice::simt::enqueue(stream, [p] { lattice::simt::release(p); });
+  return cudaSuccess;
+}
 
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   if (!lattice::simt::on_device(p, bytes))
     return fail(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(bytes) + " bytes at " +
                                            lattice::simt::hex(p) + " outside a device allocation");
-  std::memset(p, value, bytes);
+  lattice::simt::enqueue(stream, [=] { std::memset(p, value, bytes); });
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
   using lattice::simt::on_device;
   if (bytes == 0) return cudaSuccess;
   const bool dst_dev = on_device(dst, bytes), src_dev = on_device(src, bytes);
@@ -239,7 +261,25 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                                            std::to_string(bytes) + " bytes from " + lattice::simt::hex(src) + " to " +
                                            lattice::simt::hex(dst) + ": a device side outside an allocation, or a " +
                                            "host pointer where the kind says device");
-  std::memmove(dst, src, bytes);
+  // Host memory here is pageable (lattice pins none): a copy from it reads the source
+  // before returning, a copy to it completes before returning.
+  if (!src_dev) {
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                                static_cast<const unsigned char*>(src) + bytes);
+    if (!dst_dev) {
+      lattice::simt::drain(stream);
+      std::memmove(dst, staged->data(), bytes);
+      return lattice::simt::sticky();
+    }
+    lattice::simt::enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    return cudaSuccess;
+  }
+  if (!dst_dev) {
+    lattice::simt::drain(stream);
+    std::memmove(dst, src, bytes);
+    return lattice::simt::sticky();
+  }
+  lattice::simt::enqueue(stream, [=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }
 
@@ -254,41 +294,49 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-  *s = reinterpret_cast<cudaStream_t>(new lattice::simt::Stream);
+  *s = lattice::simt::create_stream();
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int) {
   return cudaStreamCreateWithFlags(s, flags);
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete reinterpret_cast<lattice::simt::Stream*>(s);
+  lattice::simt::destroy_stream(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   // A kernel's failure surfaces at the next synchronization, as on the GPU.
-  auto& s = state();
-  return s.last == cudaErrorLaunchFailure ? s.last : cudaSuccess;
+  lattice::simt::drain(s);
+  return lattice::simt::sticky();
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  lattice::simt::wait_event(s, e);
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = reinterpret_cast<cudaEvent_t>(new lattice::simt::Event{});
+  *e = lattice::simt::create_event();
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete reinterpret_cast<lattice::simt::Event*>(e);
+  lattice::simt::destroy_event(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  reinterpret_cast<lattice::simt::Event*>(e)->at = std::chrono::steady_clock::now();
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  lattice::simt::record_event(e, s);
   return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  return lattice::simt::query_event(e) ? lattice::simt::sticky() : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  lattice::simt::synchronize_event(e);
+  return lattice::simt::sticky();
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
-  const auto a = reinterpret_cast<lattice::simt::Event*>(start)->at, b = reinterpret_cast<lattice::simt::Event*>(stop)->at;
-  *ms = std::chrono::duration<float, std::milli>(b - a).count();
+  if (!lattice::simt::event_completed(start) || !lattice::simt::event_completed(stop)) return cudaErrorNotReady;
+  *ms = lattice::simt::elapsed_ms(start, stop);
   return cudaSuccess;
 }
 

@@ -6,8 +6,9 @@
 // emulation (with LATTICE_CUDA_SIMT=1). It gives the device built-ins the kernels use:
 // threadIdx, blockIdx, blockDim, gridDim, __shared__, __syncthreads, the warp shuffles,
 // the atomics, the _rn intrinsics, __trap, and the tensor cores' mma.m16n8k16 in
-// software. A launch (kernels/cuda/launch.cuh: launch()) runs every thread of every block
-// as a fiber on the calling thread (simt_scheduler.cpp): a block at a time, its threads in a
+// software. A launch (kernels/cuda/launch.cuh: launch()) is queued on its stream
+// (simt_streams.h); when the stream's work runs, every thread of every block runs as a
+// fiber on the calling thread (simt_scheduler.cpp): a block at a time, its threads in a
 // shuffled order, each until it finishes or waits at __syncthreads or a warp-wide operation; a
 // warp's operation completes when all its lanes have arrived, a barrier when all the
 // block's threads have. What the emulation catches besides wrong results: a __syncthreads
@@ -50,9 +51,12 @@ struct WarpRegs {
 // result once all of them have arrived.
 WarpRegs warp_op(WarpOp op, unsigned mask, int arg, int width, const WarpRegs& mine);
 
-// Runs body (one thread's kernel call) as every thread of the grid. Launch errors (as the
-// GPU would give them) go to cudaGetLastError().
-void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+// Queues body (one thread's kernel call, its arguments copied as a launch copies them) on
+// the stream, to run as every thread of the grid when the stream's work runs
+// (simt_streams.h). A configuration the GPU rejects goes to cudaGetLastError() at once; a
+// failure while running, at the next synchronization.
+void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            std::function<void()> body);
 
 // __trap(): the kernel stops; the launch reports it through cudaGetLastError().
 [[noreturn]] void trap();

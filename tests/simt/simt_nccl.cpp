@@ -5,8 +5,12 @@
 // A communicator: ncclGetUniqueId records the calling world rank and a counter; in
 // ncclCommInitRank every member sends its world rank to that rank, which answers with the
 // members in rank order, and MPI_Comm_create_group (collective over the members only)
-// makes the communicator. Operations run when issued (every stream is synchronous in the
-// emulation); between ncclGroupStart and ncclGroupEnd they are queued and run at the end.
+// makes the communicator. Operations run when issued, between ncclGroupStart and
+// ncclGroupEnd at the end: first the stream's queued work runs (simt_streams.h: the
+// kernels that make the data, and what the stream waits for), then the operation reads its
+// data and communicates, and its results are written in the stream's order, when the
+// stream's work runs on (so a kernel not ordered after the operation by an event reads what
+// was there before, as it could on a GPU).
 // A send does not block the host (NCCL's blocks its stream, not the host): its data is
 // copied (what the stream would send at this point) and sent by a nonblocking MPI send,
 // completed in the background and at the communicator's destruction; a receive returns
@@ -26,10 +30,13 @@
 #include <cstring>
 #include <iterator>
 #include <list>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cast_math.h"
+#include "simt_streams.h"
 
 namespace lattice::simt {
 namespace {
@@ -151,7 +158,16 @@ struct Op {
   ncclRedOp_t op;
   int peer;  // root or peer
   Comm* comm;
+  cudaStream_t stream;
 };
+
+// Writes `data` to `dst` when the stream's work reaches this point: where the GPU's
+// operation would write it.
+void deliver(cudaStream_t stream, void* dst, std::vector<char> data) {
+  if (data.empty()) return;
+  auto d = std::make_shared<std::vector<char>>(std::move(data));
+  enqueue(stream, [dst, d] { std::memcpy(dst, d->data(), d->size()); });
+}
 
 ncclResult_t run_collective(const Op& o) {
   Comm* c = o.comm;
@@ -161,7 +177,10 @@ ncclResult_t run_collective(const Op& o) {
   switch (o.kind) {
     case Op::all_reduce: {
       const auto all = gather_all(o.sendbuf, bytes, c);
-      return reduce_parts(o.recvbuf, parts_of(all, bytes, 0, c->size), o.count, o.type, o.op, c);
+      std::vector<char> result(bytes);
+      const ncclResult_t rc = reduce_parts(result.data(), parts_of(all, bytes, 0, c->size), o.count, o.type, o.op, c);
+      if (rc == ncclSuccess) deliver(o.stream, o.recvbuf, std::move(result));
+      return rc;
     }
     case Op::reduce: {
       if (o.peer < 0 || o.peer >= c->size) return refuse(c, "reduce to rank " + std::to_string(o.peer));
@@ -169,27 +188,73 @@ ncclResult_t run_collective(const Op& o) {
       if (c->size == 1) std::memcpy(all.data(), o.sendbuf, bytes);
       else MPI_Gather(o.sendbuf, int(bytes), MPI_BYTE, all.data(), int(bytes), MPI_BYTE, o.peer, c->mpi);
       if (c->rank != o.peer) return ncclSuccess;
-      return reduce_parts(o.recvbuf, parts_of(all, bytes, 0, c->size), o.count, o.type, o.op, c);
+      std::vector<char> result(bytes);
+      const ncclResult_t rc = reduce_parts(result.data(), parts_of(all, bytes, 0, c->size), o.count, o.type, o.op, c);
+      if (rc == ncclSuccess) deliver(o.stream, o.recvbuf, std::move(result));
+      return rc;
     }
     case Op::reduce_scatter: {  // count per rank
       const auto all = gather_all(o.sendbuf, bytes * size_t(c->size), c);
-      return reduce_parts(o.recvbuf, parts_of(all, bytes * size_t(c->size), bytes * size_t(c->rank), c->size),
-                          o.count, o.type, o.op, c);
+      std::vector<char> result(bytes);
+      const ncclResult_t rc = reduce_parts(
+          result.data(), parts_of(all, bytes * size_t(c->size), bytes * size_t(c->rank), c->size), o.count, o.type,
+          o.op, c);
+      if (rc == ncclSuccess) deliver(o.stream, o.recvbuf, std::move(result));
+      return rc;
     }
     case Op::all_gather: {  // count per rank; send may be recv's own piece (in place)
       const std::vector<char> mine(static_cast<const char*>(o.sendbuf), static_cast<const char*>(o.sendbuf) + bytes);
-      const auto all = gather_all(mine.data(), bytes, c);
-      std::memcpy(o.recvbuf, all.data(), all.size());
+      deliver(o.stream, o.recvbuf, gather_all(mine.data(), bytes, c));
       return ncclSuccess;
     }
     case Op::broadcast: {
       if (o.peer < 0 || o.peer >= c->size) return refuse(c, "broadcast from rank " + std::to_string(o.peer));
-      if (c->rank == o.peer && o.sendbuf != o.recvbuf) std::memmove(o.recvbuf, o.sendbuf, bytes);
-      if (c->size > 1) MPI_Bcast(o.recvbuf, int(bytes), MPI_BYTE, o.peer, c->mpi);
+      std::vector<char> data(bytes);
+      if (c->rank == o.peer && bytes) std::memcpy(data.data(), o.sendbuf, bytes);
+      if (c->size > 1) MPI_Bcast(data.data(), int(bytes), MPI_BYTE, o.peer, c->mpi);
+      deliver(o.stream, o.recvbuf, std::move(data));
       return ncclSuccess;
     }
     default: return refuse(c, "not a collective");
   }
+}
+
+// The bytes the operation reads on this rank (none for a receive, or a broadcast's
+// non-root ranks).
+size_t input_bytes(const Op& o) {
+  const size_t bytes = o.count * type_bytes(o.type);
+  switch (o.kind) {
+    case Op::recv: return 0;
+    case Op::broadcast: return o.comm->rank == o.peer ? bytes : 0;
+    case Op::reduce_scatter: return bytes * size_t(o.comm->size);
+    default: return bytes;
+  }
+}
+
+// The emulation reads an operation's input when it is enqueued; a GPU reads it while the
+// stream runs the operation. A write to the input before the operation has completed on its
+// stream -- one not ordered after the operation's event, say a kernel on the compute stream
+// refilling a buffer still being sent -- would change what a GPU sends. Queued on the
+// operation's stream before its results: when the stream gets there, the input must still
+// hold what was read. (A writer ordered after the operation makes its stream run the
+// operation's first, so only unordered writes are caught.)
+void guard_input(const Op& o) {
+  const size_t bytes = input_bytes(o);
+  if (bytes == 0) return;
+  const auto* p = static_cast<const char*>(o.sendbuf);
+  auto read = std::make_shared<std::vector<char>>(p, p + bytes);
+  static const char* const kNames[] = {"all-reduce", "reduce", "reduce-scatter", "all-gather", "broadcast", "send"};
+  const char* name = kNames[o.kind];
+  enqueue(o.stream, [p, read, name] {
+    if (std::memcmp(p, read->data(), read->size()) == 0) return;
+    size_t at = 0;
+    while (p[at] == (*read)[at]) ++at;
+    std::fprintf(stderr,
+                 "SIMT emulation: the input of an NCCL %s (%zu bytes at %p) was written at byte %zu "
+                 "before the operation completed on its stream: a write not ordered after the operation's event\n",
+                 name, read->size(), static_cast<const void*>(p), at);
+    std::abort();
+  });
 }
 
 int g_group_depth = 0;
@@ -231,11 +296,16 @@ void finish_sends(MPI_Comm comm) {
 ncclResult_t run_group() {
   std::vector<Op> ops;
   ops.swap(g_queue);
+  // The data the operations read is what their streams' work so far makes.
+  for (const Op& o : ops) drain(o.stream);
+  for (const Op& o : ops) guard_input(o);
   // A communicator runs its operations in order: what receives or reduces here starts
   // after this rank's earlier sends on the same communicator have been received.
   for (const Op& o : ops)
     if (o.kind != Op::send && o.comm->size > 1) finish_sends(o.comm->mpi);
   std::vector<MPI_Request> reqs;
+  std::vector<std::pair<const Op*, std::vector<char>>> received;  // reserved: MPI writes into them
+  received.reserve(ops.size());
   std::vector<const Op*> self_sends, self_recvs;
   ncclResult_t rc = ncclSuccess;
   for (const Op& o : ops) {
@@ -254,7 +324,8 @@ ncclResult_t run_group() {
         MPI_Isend(f.data.data(), int(bytes), MPI_BYTE, o.peer, 0, c->mpi, &f.request);
       } else {
         reqs.emplace_back();
-        MPI_Irecv(o.recvbuf, int(bytes), MPI_BYTE, o.peer, 0, c->mpi, &reqs.back());
+        auto& [op, data] = received.emplace_back(&o, std::vector<char>(bytes));
+        MPI_Irecv(data.data(), int(bytes), MPI_BYTE, o.peer, 0, c->mpi, &reqs.back());
       }
     } else if (rc == ncclSuccess) {
       rc = run_collective(o);
@@ -262,11 +333,14 @@ ncclResult_t run_group() {
   }
   // Sends to itself match its receives in order.
   if (self_sends.size() != self_recvs.size()) rc = refuse(nullptr, "sends to itself and receives from itself differ");
-  for (size_t i = 0; i < self_sends.size() && i < self_recvs.size(); ++i)
-    std::memmove(self_recvs[i]->recvbuf, self_sends[i]->sendbuf,
-                 std::min(self_sends[i]->count * type_bytes(self_sends[i]->type),
-                          self_recvs[i]->count * type_bytes(self_recvs[i]->type)));
+  for (size_t i = 0; i < self_sends.size() && i < self_recvs.size(); ++i) {
+    const auto* from = static_cast<const char*>(self_sends[i]->sendbuf);
+    const size_t bytes = std::min(self_sends[i]->count * type_bytes(self_sends[i]->type),
+                                  self_recvs[i]->count * type_bytes(self_recvs[i]->type));
+    deliver(self_recvs[i]->stream, self_recvs[i]->recvbuf, std::vector<char>(from, from + bytes));
+  }
   if (!reqs.empty()) MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+  for (auto& [op, data] : received) deliver(op->stream, op->recvbuf, std::move(data));
   if (!g_in_flight.empty()) progress_sends();
   if (tracing()) std::fprintf(stderr, "[simt nccl] ... done (%zu ops)\n", ops.size());
   return rc;
@@ -392,29 +466,37 @@ ncclResult_t ncclGroupEnd() {
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
-                           ncclComm_t c, cudaStream_t) {
-  return lattice::simt::submit({Op::all_reduce, send, recv, count, t, op, 0, reinterpret_cast<Comm*>(c)});
+                           ncclComm_t c, cudaStream_t stream) {
+  return lattice::simt::submit({Op::all_reduce, send, recv, count, t, op, 0, reinterpret_cast<Comm*>(c),
+                                 stream});
 }
 ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, int root,
-                        ncclComm_t c, cudaStream_t) {
-  return lattice::simt::submit({Op::reduce, send, recv, count, t, op, root, reinterpret_cast<Comm*>(c)});
+                        ncclComm_t c, cudaStream_t stream) {
+  return lattice::simt::submit({Op::reduce, send, recv, count, t, op, root, reinterpret_cast<Comm*>(c),
+                                 stream});
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
-                               ncclComm_t c, cudaStream_t) {
-  return lattice::simt::submit({Op::reduce_scatter, send, recv, count, t, op, 0, reinterpret_cast<Comm*>(c)});
+                               ncclComm_t c, cudaStream_t stream) {
+  return lattice::simt::submit({Op::reduce_scatter, send, recv, count, t, op, 0, reinterpret_cast<Comm*>(c),
+                                 stream});
 }
-ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t) {
-  return lattice::simt::submit({Op::all_gather, send, recv, count, t, ncclSum, 0, reinterpret_cast<Comm*>(c)});
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t c,
+                           cudaStream_t stream) {
+  return lattice::simt::submit({Op::all_gather, send, recv, count, t, ncclSum, 0, reinterpret_cast<Comm*>(c),
+                                 stream});
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t c,
-                           cudaStream_t) {
-  return lattice::simt::submit({Op::broadcast, send, recv, count, t, ncclSum, root, reinterpret_cast<Comm*>(c)});
+                           cudaStream_t stream) {
+  return lattice::simt::submit({Op::broadcast, send, recv, count, t, ncclSum, root, reinterpret_cast<Comm*>(c),
+                                 stream});
 }
-ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
-  return lattice::simt::submit({Op::send, send, nullptr, count, t, ncclSum, peer, reinterpret_cast<Comm*>(c)});
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
+  return lattice::simt::submit({Op::send, send, nullptr, count, t, ncclSum, peer, reinterpret_cast<Comm*>(c),
+                                 stream});
 }
-ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
-  return lattice::simt::submit({Op::recv, nullptr, recv, count, t, ncclSum, peer, reinterpret_cast<Comm*>(c)});
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
+  return lattice::simt::submit({Op::recv, nullptr, recv, count, t, ncclSum, peer, reinterpret_cast<Comm*>(c),
+                                 stream});
 }
 
 }  // extern "C"

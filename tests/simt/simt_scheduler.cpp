@@ -1,12 +1,12 @@
-// The SIMT emulation's scheduler (simt_device.h): a kernel launch runs each block's threads
-// as fibers on the calling thread (a stack each, switched by a few instructions: see
+// The SIMT emulation's scheduler (simt_device.h): a kernel launch, when its stream's work
+// runs (simt_streams.h), runs each block's threads as fibers on the calling thread (a stack each, switched by a few instructions: see
 // switch_stack; glibc's swapcontext makes a system call per switch). A round runs every
 // runnable thread, in a shuffled order, until it finishes or waits; then the waits are settled:
 // a warp-wide operation completes when every lane of its mask has arrived (the results
 // computed from all the lanes' operands), __syncthreads when every thread of the block that
 // has not exited has arrived. A round that settles nothing while threads still wait is a
-// deadlock (a barrier or shuffle some threads never reach): the launch fails naming the
-// block and what each warp waits for.
+// deadlock (a barrier or shuffle some threads never reach): the launch fails (reported at
+// the next synchronization) naming the block and what each warp waits for.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -15,11 +15,13 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cast_math.h"
 #include "simt_device.h"
 #include "simt_state.h"
+#include "simt_streams.h"
 
 namespace lattice::simt {
 
@@ -357,19 +359,13 @@ WarpRegs warp_op(WarpOp op, unsigned mask, int arg, int width, const WarpRegs& m
   return self().out;
 }
 
-void trap() {
-  g_block->trapped = true;
-  yield();
-  std::abort();  // never resumed
-}
+namespace {
 
-void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+// Runs every block of a launch (its configuration already checked), a block at a time;
+// a block's failure fails the launch.
+void run_grid(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
-  std::string error = launch_config_error(kernel, grid, block, shared_bytes);
-  if (!error.empty()) {
-    record_launch_error(cudaErrorInvalidConfiguration, error);
-    return;
-  }
+  std::string error;
   Block b;
   b.threads.resize(threads);
   b.order.resize(threads);
@@ -392,6 +388,24 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cons
       }
   g_block = outer;
   if (!error.empty()) record_launch_error(cudaErrorLaunchFailure, error);
+}
+
+}  // namespace
+
+void trap() {
+  g_block->trapped = true;
+  yield();
+  std::abort();  // never resumed
+}
+
+void launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+            std::function<void()> body) {
+  const std::string error = launch_config_error(kernel, grid, block, shared_bytes);
+  if (!error.empty()) {
+    record_launch_error(cudaErrorInvalidConfiguration, error);
+    return;
+  }
+  enqueue(stream, [=] { run_grid(kernel, grid, block, shared_bytes, body); });
 }
 
 }  // namespace lattice::simt

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cublasLt.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
@@ -363,8 +364,10 @@ Call prepare(const Problem& p, uint32_t epilogue) {
 
 cublasStatus_t matmul(const Call& call, float alpha, float beta, const void* A, const void* B, const void* C, void* D,
                       const cublasLtMatmulAlgo_t* algo, void* workspace = nullptr, size_t workspace_size = 0) {
-  return lt().Matmul(handle(), call.desc, &alpha, A, call.a, B, call.b, &beta, C, call.c, D, call.d, algo, workspace,
-                     workspace_size, nullptr);
+  const cublasStatus_t status = lt().Matmul(handle(), call.desc, &alpha, A, call.a, B, call.b, &beta, C, call.c, D,
+                                            call.d, algo, workspace, workspace_size, nullptr);
+  (void)cudaStreamSynchronize(nullptr);  // the matmul runs in stream order: wait for it
+  return status;
 }
 
 // Queries the heuristic (default preference) and runs the problem with its algorithm.

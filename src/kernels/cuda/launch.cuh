@@ -3,8 +3,8 @@
 // order.
 //
 // Under the SIMT emulation (LATTICE_CUDA_SIMT, tests/simt/) the .cu files are compiled as
-// host C++ and every launch runs the kernel's threads on the CPU (tests/simt/simt_device.h
-// gives the device built-ins); that is why kernels are launched through launch() and
+// host C++ and every launch queues the kernel, its arguments copied, to run its threads on
+// the CPU in stream order (tests/simt/simt_device.h gives the device built-ins); that is why kernels are launched through launch() and
 // dynamic shared memory is declared with LATTICE_DYNAMIC_SHARED.
 #pragma once
 #include <cuda_runtime.h>
@@ -24,8 +24,8 @@ inline cudaStream_t stream() { return static_cast<cudaStream_t>(compute_stream()
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, Args&&... args) {
 #if LATTICE_CUDA_SIMT
-  ::lattice::simt::launch(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes,
-                          [&] { kernel(args...); });
+  ::lattice::simt::launch(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, stream(),
+                          [kernel, args...] { kernel(args...); });
 #else
   kernel<<<grid, block, shared_bytes, stream()>>>(std::forward<Args>(args)...);
 #endif
