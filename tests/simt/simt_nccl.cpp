@@ -166,7 +166,10 @@ struct Op {
 void deliver(cudaStream_t stream, void* dst, std::vector<char> data) {
   if (data.empty()) return;
   auto d = std::make_shared<std::vector<char>>(std::move(data));
-  enqueue(stream, [dst, d] { std::memcpy(dst, d->data(), d->size()); });
+  enqueue(stream, [stream, dst, d] {
+    verify_checks_before_write(stream, dst, d->size());
+    std::memcpy(dst, d->data(), d->size());
+  });
 }
 
 ncclResult_t run_collective(const Op& o) {
@@ -232,12 +235,11 @@ size_t input_bytes(const Op& o) {
 }
 
 // The emulation reads an operation's input when it is enqueued; a GPU reads it while the
-// stream runs the operation. A write to the input before the operation has completed on its
-// stream -- one not ordered after the operation's event, say a kernel on the compute stream
-// refilling a buffer still being sent -- would change what a GPU sends. Queued on the
-// operation's stream before its results: when the stream gets there, the input must still
-// hold what was read. (A writer ordered after the operation makes its stream run the
-// operation's first, so only unordered writes are caught.)
+// stream runs the operation, which may be long after (a send waits for its receiver). A
+// write to the input before the operation has completed -- one not ordered after the
+// operation's event, say a kernel on the compute stream refilling a buffer still being sent
+// -- would change what a GPU sends. So the input must still hold what was read when the
+// operation is known complete (simt_streams.h: enqueue_check), or the process ends.
 void guard_input(const Op& o) {
   const size_t bytes = input_bytes(o);
   if (bytes == 0) return;
@@ -245,7 +247,7 @@ void guard_input(const Op& o) {
   auto read = std::make_shared<std::vector<char>>(p, p + bytes);
   static const char* const kNames[] = {"all-reduce", "reduce", "reduce-scatter", "all-gather", "broadcast", "send"};
   const char* name = kNames[o.kind];
-  enqueue(o.stream, [p, read, name] {
+  enqueue_check(o.stream, p, bytes, [p, read, name] {
     if (std::memcmp(p, read->data(), read->size()) == 0) return;
     size_t at = 0;
     while (p[at] == (*read)[at]) ++at;
@@ -297,7 +299,7 @@ ncclResult_t run_group() {
   std::vector<Op> ops;
   ops.swap(g_queue);
   // The data the operations read is what their streams' work so far makes.
-  for (const Op& o : ops) drain(o.stream);
+  for (const Op& o : ops) drain_for_operation(o.stream);
   for (const Op& o : ops) guard_input(o);
   // A communicator runs its operations in order: what receives or reduces here starts
   // after this rank's earlier sends on the same communicator have been received.

@@ -18,10 +18,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One queued operation: work to run, or a wait until another stream has run `until`
-// operations (a cudaStreamWaitEvent, on the event's recording at the time of the call).
+// A check that an operation's input, [ptr, ptr + bytes), still holds what it read
+// (enqueue_check).
+struct Check {
+  const char* ptr = nullptr;
+  size_t bytes = 0;
+  std::function<void()> verify;
+};
+
+// One queued operation: work to run, a check, or a wait until another stream has run
+// `until` operations (a cudaStreamWaitEvent, on the event's recording at the time of the
+// call).
 struct Item {
   std::function<void()> work;
+  std::shared_ptr<Check> check;
   uint64_t wait_stream = 0;
   uint64_t until = 0;
 };
@@ -30,7 +40,9 @@ struct Stream {
   uint64_t id = 0;
   std::deque<Item> pending;
   uint64_t enqueued = 0, done = 0;  // operations so far; the first `done` have run
-  bool running = false;  // one of its operations is running
+  bool running = false;             // one of its operations is running
+  // Checks passed over by drain_for_operation, by position: not yet known complete.
+  std::vector<std::pair<uint64_t, std::shared_ptr<Check>>> outstanding;
 };
 
 // What an event recorded: a stream's position, and the time its work got there. Shared
@@ -76,14 +88,34 @@ StreamOrder& order() {
   return o;
 }
 
+// Runs the outstanding checks the predicate selects.
+template <typename Select>
+void verify_outstanding(Stream& s, Select select) {
+  auto& o = s.outstanding;
+  for (auto it = o.begin(); it != o.end();) {
+    if (select(it->first, *it->second)) {
+      it->second->verify();
+      it = o.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 // Runs the stream's work until `until` operations have run. A stream is only ever waited
 // for up to positions recorded before the wait was enqueued, so the recursion ends.
-void run_until(uint64_t id, uint64_t until) {
+// `observed`: whoever asks learns that the work up to `until` is complete (a
+// synchronization, an event waited for), so the input checks up to there are due;
+// otherwise (an NCCL operation about to read what its stream makes) they stay outstanding.
+void run_until(uint64_t id, uint64_t until, bool observed = true) {
   Registry& r = registry();
   auto it = r.streams.find(id);
   if (it == r.streams.end()) return;  // destroyed: its work has run
   Stream& s = *it->second;
-  if (s.done >= until) return;
+  if (s.done >= until) {
+    if (observed) verify_outstanding(s, [until](uint64_t pos, const Check&) { return pos <= until; });
+    return;
+  }
   if (s.running) {
     std::fprintf(stderr, "SIMT emulation: streams wait on each other in a cycle (stream %llu)\n",
                  static_cast<unsigned long long>(id));
@@ -103,10 +135,12 @@ void run_until(uint64_t id, uint64_t until) {
     s.pending.pop_front();
     s.running = true;
     if (item.work) item.work();
+    else if (item.check) s.outstanding.emplace_back(s.done + 1, std::move(item.check));
     else run_until(item.wait_stream, item.until);
     s.running = false;
     ++s.done;
   }
+  if (observed) verify_outstanding(s, [until](uint64_t pos, const Check&) { return pos <= until; });
 }
 
 void push(Stream& s, Item item) {
@@ -139,6 +173,27 @@ void drain(cudaStream_t stream) {
   std::lock_guard lock(registry().mutex);
   Stream& s = *stream_of(stream);
   run_until(s.id, s.enqueued);
+}
+
+void drain_for_operation(cudaStream_t stream) {
+  std::lock_guard lock(registry().mutex);
+  Stream& s = *stream_of(stream);
+  run_until(s.id, s.enqueued, /*observed=*/false);
+}
+
+void enqueue_check(cudaStream_t stream, const void* ptr, size_t bytes, std::function<void()> verify) {
+  std::lock_guard lock(registry().mutex);
+  Item item;
+  item.check = std::make_shared<Check>(Check{static_cast<const char*>(ptr), bytes, std::move(verify)});
+  push(*stream_of(stream), std::move(item));
+}
+
+void verify_checks_before_write(cudaStream_t stream, const void* dst, size_t bytes) {
+  std::lock_guard lock(registry().mutex);
+  const char* begin = static_cast<const char*>(dst);
+  verify_outstanding(*stream_of(stream), [begin, bytes](uint64_t, const Check& c) {
+    return begin < c.ptr + c.bytes && c.ptr < begin + bytes;
+  });
 }
 
 void drain_all() {
@@ -184,7 +239,9 @@ void record_event(cudaEvent_t event, cudaStream_t stream) {
 void wait_event(cudaStream_t stream, cudaEvent_t event) {
   std::lock_guard lock(registry().mutex);
   const auto& rec = reinterpret_cast<Event*>(event)->last;
-  if (!rec || complete(*rec)) return;  // CUDA: waiting on an unrecorded event is a no-op
+  if (!rec) return;  // CUDA: waiting on an unrecorded event is a no-op
+  // Queued even when the work has run: reaching it makes the input checks up to the
+  // event due (an NCCL operation's, passed over when the next one read its input).
   Item wait;
   wait.wait_stream = rec->stream;
   wait.until = rec->position;
@@ -194,7 +251,11 @@ void wait_event(cudaStream_t stream, cudaEvent_t event) {
 bool query_event(cudaEvent_t event) {
   std::lock_guard lock(registry().mutex);
   const auto& rec = reinterpret_cast<Event*>(event)->last;
-  if (!rec || complete(*rec)) return true;
+  if (!rec) return true;
+  if (complete(*rec)) {
+    run_until(rec->stream, rec->position);  // the input checks up to the event are due
+    return true;
+  }
   if (!rec->reported_not_ready) {
     rec->reported_not_ready = true;
     return false;

@@ -20,6 +20,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -31,6 +32,18 @@ void enqueue(cudaStream_t stream, std::function<void()> work);
 void drain(cudaStream_t stream);
 // Runs every stream's queued work.
 void drain_all();
+
+// An operation's input check (simt_nccl.cpp): `verify` tests that the input still holds what
+// the operation read when it was enqueued, and is due once the operation is known complete
+// -- a synchronization on its stream, an event after it waited for -- or its stream is about
+// to write over the input itself. Until then a GPU may still be reading the input.
+void enqueue_check(cudaStream_t stream, const void* ptr, size_t bytes, std::function<void()> verify);
+// drain() before an operation reads what its stream's work makes. The checks it passes stay
+// outstanding: the operations before may still be running on a GPU.
+void drain_for_operation(cudaStream_t stream);
+// Runs the stream's outstanding checks of inputs that overlap [dst, dst + bytes), before
+// the stream writes there.
+void verify_checks_before_write(cudaStream_t stream, const void* dst, size_t bytes);
 enum class StreamOrder { reads_early, writes_early, sync };
 StreamOrder stream_order();
 // Whether operations run when enqueued (LATTICE_SIMT_STREAMS=sync).

@@ -259,12 +259,14 @@ TEST_F(SimtStreams, WritesEarlyRunsWhatAStreamWaitsForFirst) {
 }
 
 // A pipeline stage's pattern: a send of a buffer, the buffer refilled for the next
-// micro-batch without waiting for the send, then the next send (which waits for the compute
-// stream). In reads-early order the first send's check runs before the refill; in
-// writes-early order the refill runs first and the check ends the process.
-TEST_F(SimtStreamsDeathTest, WritesEarlyCatchesABufferRefilledBeforeItsSendCompleted) {
+// micro-batch, then the next send (which waits for the compute stream). Refilled without
+// waiting for the first send's event, the buffer may change while a GPU still sends it
+// (its receiver may be late): the first send's check is due when its completion is known (at
+// the device synchronization), not when the next send reads its own input, and ends the
+// process in either order. Refilled after waiting for the event, all is well.
+TEST_F(SimtStreamsDeathTest, ABufferRefilledBeforeItsSendCompletedEndsTheProcess) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  auto refill_while_sending = [](StreamOrder order) {
+  auto refill_while_sending = [](StreamOrder order, bool wait_for_the_send) {
     set_stream_order(order);
     ncclUniqueId id;
     (void)ncclGetUniqueId(&id);
@@ -272,6 +274,7 @@ TEST_F(SimtStreamsDeathTest, WritesEarlyCatchesABufferRefilledBeforeItsSendCompl
     (void)ncclCommInitRank(&comm, 1, id, 0);
     Stream compute, channel;
     DeviceFloats out(4), got(4), next(4);
+    Event sent;
     auto send_out = [&](float* into) {
       Event ready;
       (void)cudaEventRecord(ready.e, compute.s);
@@ -280,17 +283,21 @@ TEST_F(SimtStreamsDeathTest, WritesEarlyCatchesABufferRefilledBeforeItsSendCompl
       (void)ncclSend(out.p, 4, ncclFloat32, 0, comm, channel.s);
       (void)ncclRecv(into, 4, ncclFloat32, 0, comm, channel.s);
       (void)ncclGroupEnd();
+      (void)cudaEventRecord(sent.e, channel.s);
     };
     fill(out, 1.0f, compute.s);
     send_out(got.p);
-    fill(out, 2.0f, compute.s);  // no wait on the send's event
+    if (wait_for_the_send) (void)cudaStreamWaitEvent(compute.s, sent.e, 0);
+    fill(out, 2.0f, compute.s);
     send_out(next.p);
     (void)cudaDeviceSynchronize();
     (void)ncclCommDestroy(comm);
-    return got.p[0];
+    return got.p[0] + next.p[0];
   };
-  EXPECT_EQ(refill_while_sending(StreamOrder::reads_early), 1.0f);
-  EXPECT_DEATH(refill_while_sending(StreamOrder::writes_early), "input of an NCCL send \\(16 bytes");
+  for (StreamOrder order : {StreamOrder::reads_early, StreamOrder::writes_early}) {
+    EXPECT_EQ(refill_while_sending(order, true), 3.0f);
+    EXPECT_DEATH(refill_while_sending(order, false), "input of an NCCL send \\(16 bytes");
+  }
 }
 
 }  // namespace
