@@ -393,7 +393,14 @@ int run_training(const TrainArgs& args) {
   for (const std::vector<int>& g : plan_groups(ps->layout()).dp) save_opts.contributors.push_back(g.front());
   std::sort(save_opts.contributors.begin(), save_opts.contributors.end());  // world rank 0, the writer, first
   if (dp && args.use_distributed_optimizer) save_opts.gather_state = [&](float* flat) { dp->gather_shards(flat); };
+  // With --overlap-param-gather a step ends with its parameter all-gather in flight (the
+  // next step's forward waits for it). Evaluations and checkpoints read the parameters, so
+  // they wait for it first, as Megatron disables its forward pre-hook around them.
+  auto settle_params = [&] {
+    if (dp) dp->finish_param_gather();
+  };
   auto save = [&](int64_t iteration) {
+    settle_params();
     const TrainingProgress p{iteration, iteration * args.global_batch_size, start.seed};
     const std::string dir = save_training_checkpoint(save_opts, p, model, optimizer, scheduler);
     if (save_opts.write) log_info("> saved checkpoint " + dir);
@@ -407,6 +414,7 @@ int run_training(const TrainArgs& args) {
   int64_t valid_pos = (start.iteration / args.eval_interval) * eval_samples;
   auto run_eval = [&](const std::string& prefix, const char* key, const SampleSource& src,
                       int64_t first, int64_t iteration) {
+    settle_params();
     const EvalResult r = evaluate(model, src, first, args.eval_iters, args.global_batch_size,
                                   args.micro_batch_size, &pipeline);
     log_info(format_evaluation(prefix, r));

@@ -2,6 +2,8 @@
 # Checkpoints under data parallelism: a run saved at DP=4 with the distributed optimizer
 # (sharded Adam state) resumes at DP=2 and at DP=1, and the next losses equal an
 # uninterrupted single-process run's (to 1e-5 relative: only reduction order differs).
+# With --overlap-param-gather, where the last step's parameter all-gather is still in flight
+# when the iteration ends, the evaluations and the checkpoints are those of the run without.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 e2e_init "$@"
 cd "$TMP"
@@ -56,5 +58,33 @@ for np in 2 1; do
   "${MPIRUN[@]}" -np $np "$LATTICE" "${TRAIN[@]}" --train-iters 6 --use-distributed-optimizer --load "ckpt$np" --save "ckpt$np" \
     > "resume$np.log" 2>&1 || fail "resume at DP=$np failed: $(tail -2 "resume$np.log")"
   compare "DP=4 -> DP=$np" "resume$np.log" "ckpt$np"
+done
+# --overlap-param-gather: the evaluations during training and the checkpoints read the
+# parameters the step's all-gather is still writing; they must wait for it (the run's next
+# forward would), and so equal the run without the overlap, bit for bit (the same ranks
+# reduce in the same order).
+GATHER=(train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1
+        --global-batch-size 8 --mock-data --vocab-size 64 --log-interval 1 --lr 1e-3 --hidden-dropout 0.1
+        --attention-dropout 0.1 --seed 7 --train-iters 4 --eval-interval 2 --eval-iters 1
+        --use-distributed-optimizer --save-interval 2)
+vlosses() { grep -o 'lm loss value: [0-9.E+-]*' "$1" | awk '{print $4}' | tr '\n' ' '; }
+"${MPIRUN[@]}" -np 2 "$LATTICE" "${GATHER[@]}" --save gather-off > gather-off.log 2>&1 ||
+  fail "DP=2 run failed: $(tail -2 gather-off.log)"
+"${MPIRUN[@]}" -np 2 "$LATTICE" "${GATHER[@]}" --save gather-on --overlap-param-gather > gather-on.log 2>&1 ||
+  fail "DP=2 run with --overlap-param-gather failed: $(tail -2 gather-on.log)"
+off=$(vlosses gather-off.log)
+on=$(vlosses gather-on.log)
+if [ "$(wc -w <<<"$off")" -eq 4 ] && [ "$on" = "$off" ]; then
+  pass "--overlap-param-gather: the validation and test losses are the run's without ($on)"
+else
+  fail "--overlap-param-gather: validation and test losses '$on', without the overlap '$off'"
+fi
+for it in 2 4; do
+  f=iter_000000$it/model.safetensors
+  if [ -f "gather-off/$f" ] && cmp -s "gather-off/$f" "gather-on/$f"; then
+    pass "--overlap-param-gather: the checkpoint of iteration $it has the parameters of the run without"
+  else
+    fail "--overlap-param-gather: gather-on/$f differs from gather-off/$f"
+  fi
 done
 e2e_finish

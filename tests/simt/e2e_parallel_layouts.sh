@@ -5,8 +5,9 @@
 # parallel layout: one rank in fp32 with dropout, in bf16, fp16 (loss scaling), fp8 and with
 # full activation recomputation, and on a corpus: the validation loss, and generation from
 # the CPU's checkpoint (with the KV cache and without); under mpirun, tensor parallel,
-# data parallel with the distributed optimizer and bf16 gradient reduction, pipeline
-# parallel (1F1B, and interleaved), and tensor x pipeline on 4 ranks. Every iteration's loss
+# data parallel with the distributed optimizer (overlapped reduction and parameter gather)
+# and bf16 gradient reduction, pipeline parallel (1F1B, and interleaved), and tensor x
+# pipeline on 4 ranks. Every iteration's loss
 # and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in different
 # orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or more); bf16,
 # fp16 and fp8 to 1e-3 (the GEMMs and the attention round at different places: 2e-5
@@ -88,7 +89,8 @@ layout one-rank-fp8 1 1e-3 --bf16 --fp8-format hybrid
 layout one-rank-recompute 1 1e-5 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 if command -v mpirun >/dev/null 2>&1; then
   layout tensor-parallel-2 2 1e-5 --tensor-model-parallel-size 2 --sequence-parallel
-  layout data-parallel-2-distributed-optimizer 2 1e-5 --use-distributed-optimizer --overlap-grad-reduce
+  layout data-parallel-2-distributed-optimizer 2 1e-5 --use-distributed-optimizer --overlap-grad-reduce \
+    --overlap-param-gather
   layout data-parallel-2-bf16-reduce 2 1e-3 --bf16 --grad-reduce-in-bf16
   layout pipeline-2 2 1e-5 --pipeline-model-parallel-size 2
   layout pipeline-2-interleaved 2 1e-5 --pipeline-model-parallel-size 2 --num-layers 4 \
