@@ -127,7 +127,7 @@ void run_until(uint64_t id, uint64_t until, bool observed = true) {
     for (uint64_t pos = s.done; pos < until; ++pos) {
       if (pos < s.done) continue;  // run meanwhile (a stream waited for waits on this one)
       const Item& item = s.pending[size_t(pos - s.done)];
-      if (!item.work) run_until(item.wait_stream, item.until);
+      if (!item.work && !item.check) run_until(item.wait_stream, item.until);
     }
   }
   while (s.done < until) {
@@ -166,7 +166,9 @@ void set_stream_order(StreamOrder o) {
 
 void enqueue(cudaStream_t stream, std::function<void()> work) {
   std::lock_guard lock(registry().mutex);
-  push(*stream_of(stream), Item{std::move(work)});
+  Item item;
+  item.work = std::move(work);
+  push(*stream_of(stream), std::move(item));
 }
 
 void drain(cudaStream_t stream) {
@@ -233,7 +235,9 @@ void record_event(cudaEvent_t event, cudaStream_t stream) {
   rec->stream = s.id;
   rec->position = s.enqueued + 1;
   reinterpret_cast<Event*>(event)->last = rec;
-  push(s, Item{[rec] { rec->at = Clock::now(); }});
+  Item stamp;
+  stamp.work = [rec] { rec->at = Clock::now(); };
+  push(s, std::move(stamp));
 }
 
 void wait_event(cudaStream_t stream, cudaEvent_t event) {
