@@ -189,6 +189,7 @@ class Fp8Policy final : public MixedPrecisionPolicy {
       : recipe_(r), tp_(tp && tp->size() > 1 ? tp : nullptr), dp_(dp && dp->size() > 1 ? dp : nullptr) {}
   const char* name() const override { return recipe_.backward == Fp8Format::e5m2 ? "fp8 hybrid" : "fp8 e4m3"; }
   void refresh_weights() override { weights_.invalidate(); }
+  void set_training(bool training) override { training_ = training; }
 
   void forward(int param, float* y, LinearInput x, const float* W, int64_t N, int64_t in, int64_t out) override {
     State& s = state(param);
@@ -281,8 +282,10 @@ class Fp8Policy final : public MixedPrecisionPolicy {
     states_[size_t(param)].used = true;
     return states_[size_t(param)];
   }
-  // NaN becomes inf, so that the MAX reduction keeps it (either keeps the scale).
-  static void note_amax(float& acc, const float* v, int64_t n) {
+  // NaN becomes inf, so that the MAX reduction keeps it (either keeps the scale). Not
+  // while evaluating.
+  void note_amax(float& acc, const float* v, int64_t n) const {
+    if (!training_) return;
     float a = abs_max(v, n);
     if (std::isnan(a)) a = INFINITY;
     acc = std::max(acc, a);
@@ -313,6 +316,7 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   DeviceArray<uint16_t> a_, g_;  // quantized operands (bf16 patterns of fp8 values)
   DeviceArray<float> tmp_, wq_;  // fp8 values of an operand, of a weight
   LastOutputGrad g_last_;        // whether g_ holds the last weight_grad's dy
+  bool training_ = true;         // false while evaluating: no amax is noted
 };
 
 }  // namespace

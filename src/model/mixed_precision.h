@@ -53,6 +53,10 @@ class MixedPrecisionPolicy : public GemmPolicy {
   // policy was made with: every rank of them calls it). fp8: the step's amaxes enter the
   // histories.
   virtual void finish_step() {}
+  // Evaluation (false) between the training steps: fp8's forward passes quantize with the
+  // current scales but note no amax, so evaluating never changes the training run (nor
+  // leaves amaxes a checkpoint would not hold). True again for training.
+  virtual void set_training(bool training) {}
   virtual const char* name() const = 0;
   // fp8: the scaling state of every weight used so far, by parameter index (empty for the
   // other formats), and its restoration (a resumed run continues with the saved scales).

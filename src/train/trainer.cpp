@@ -415,8 +415,10 @@ int run_training(const TrainArgs& args) {
   auto run_eval = [&](const std::string& prefix, const char* key, const SampleSource& src,
                       int64_t first, int64_t iteration) {
     settle_params();
+    if (precision) precision->set_training(false);
     const EvalResult r = evaluate(model, src, first, args.eval_iters, args.global_batch_size,
                                   args.micro_batch_size, &pipeline);
+    if (precision) precision->set_training(true);
     log_info(format_evaluation(prefix, r));
     if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, key, r) << "\n" << std::flush;
   };

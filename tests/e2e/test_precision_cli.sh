@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Mixed precision through the CLI: flag errors, --bf16 / --fp8-format runs, and --fp16's
+# Mixed precision through the CLI: flag errors, --bf16 / --fp8-format runs (evaluations leave
+# fp8's scaling alone), and --fp16's
 # loss scaler with induced overflows (the LATTICE_TEST_INJECT_INF_ITERS test hook): the
 # steps are skipped and counted in the log, the scale backs off per the hysteresis rule,
 # the LR scheduler is not stepped on them, and training continues.
@@ -34,6 +35,28 @@ run bf16 --train-iters 3 --bf16
 grep -q "precision: bf16" "$TMP/bf16.out" || fail "bf16: no precision line in the log"
 run fp8 --train-iters 3 --bf16 --fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max
 grep -q "fp8 hybrid" "$TMP/fp8.out" || fail "fp8: no precision line in the log"
+# Evaluations between the steps quantize with the current fp8 scales but note no amax: with an
+# evaluation after every iteration, the training losses and gradient norms are those of the
+# run without, bit for bit (the evaluations' amaxes used to enter the next step's history).
+evaluating=("${small[@]}")
+for i in "${!evaluating[@]}"; do [ "${evaluating[$i]}" = --eval-iters ] && evaluating[$((i + 1))]=2; done
+run fp8_quiet --train-iters 4 --bf16 --fp8-format hybrid
+if "$LATTICE" "${evaluating[@]}" --eval-interval 1 --train-iters 4 --bf16 --fp8-format hybrid \
+     --metrics-file "$TMP/fp8_eval.jsonl" >"$TMP/fp8_eval.out" 2>&1; then
+  if python3 - "$TMP/fp8_quiet.jsonl" "$TMP/fp8_eval.jsonl" <<'PY'; then
+import json, sys
+a, b = ([(r["lm_loss"], r["grad_norm"]) for r in map(json.loads, open(p)) if "lm_loss" in r] for p in sys.argv[1:3])
+evals = sum(1 for l in open(sys.argv[2]) if "val_loss" in l)
+print("without evaluations", a, "with", b, "evaluations", evals)
+sys.exit(0 if len(a) == 4 and a == b and evals >= 4 else 1)
+PY
+    pass "fp8: evaluating after every iteration leaves the training run unchanged"
+  else
+    fail "fp8: evaluations changed the training run (above)"
+  fi
+else
+  fail "fp8 with evaluations: exit status $? (log: $(tail -n 3 "$TMP/fp8_eval.out"))"
+fi
 # --grad-reduce-in-bf16 on 2 data-parallel ranks with the distributed optimizer: runs, and its
 # loss stays within bf16 rounding of the fp32-reduced run.
 for mode in fp32reduce bf16reduce; do
