@@ -261,23 +261,18 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                                            std::to_string(bytes) + " bytes from " + lattice::simt::hex(src) + " to " +
                                            lattice::simt::hex(dst) + ": a device side outside an allocation, or a " +
                                            "host pointer where the kind says device");
-  // Host memory here is pageable (lattice pins none): a copy from it reads the source
-  // before returning, a copy to it completes before returning.
-  if (!src_dev) {
-    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
-                                                                static_cast<const unsigned char*>(src) + bytes);
-    if (!dst_dev) {
-      lattice::simt::drain(stream);
-      std::memmove(dst, staged->data(), bytes);
-      return lattice::simt::sticky();
-    }
-    lattice::simt::enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
-    return cudaSuccess;
-  }
+  // Host memory here is pageable (lattice pins none): a copy to it completes before
+  // returning, a copy from it reads the source before returning.
   if (!dst_dev) {
     lattice::simt::drain(stream);
     std::memmove(dst, src, bytes);
     return lattice::simt::sticky();
+  }
+  if (!src_dev) {
+    const auto* from = static_cast<const unsigned char*>(src);
+    auto staged = std::make_shared<std::vector<unsigned char>>(from, from + bytes);
+    lattice::simt::enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    return cudaSuccess;
   }
   lattice::simt::enqueue(stream, [=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;

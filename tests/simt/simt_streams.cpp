@@ -157,7 +157,6 @@ bool complete(const Recording& rec) {
 
 }  // namespace
 
-bool synchronous_streams() { return order() == StreamOrder::sync; }
 StreamOrder stream_order() { return order(); }
 void set_stream_order(StreamOrder o) {
   drain_all();

@@ -44,10 +44,9 @@ void drain_for_operation(cudaStream_t stream);
 // Runs the stream's outstanding checks of inputs that overlap [dst, dst + bytes), before
 // the stream writes there.
 void verify_checks_before_write(cudaStream_t stream, const void* dst, size_t bytes);
+// The order of independent work (LATTICE_SIMT_STREAMS, above), and changing it.
 enum class StreamOrder { reads_early, writes_early, sync };
 StreamOrder stream_order();
-// Whether operations run when enqueued (LATTICE_SIMT_STREAMS=sync).
-bool synchronous_streams();
 // For tests: another order from now on (the queued work runs first).
 void set_stream_order(StreamOrder order);
 
