@@ -72,6 +72,20 @@ void to_hf(const SimpleFlags& f) {
 }  // namespace
 
 int cmd_convert(int argc, char** argv) {
+  if (help_requested(argc, argv, 2)) {
+    std::fputs(
+        "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--make-vocab-size-divisible-by N]\n"
+        "       lattice convert --load CKPT --to-hf DIR\n"
+        "HuggingFace GPT-2 (config.json, model.safetensors) <-> lattice checkpoint. The input is read and\n"
+        "checked completely before anything is written; an existing checkpoint or HF model is never\n"
+        "overwritten.\n"
+        "  --tokenizer-type NAME              the tokenizer recorded in the checkpoint\n"
+        "                                     [the one a lattice export recorded, else\n"
+        "                                     GPT2BPETokenizer for a 50257-token model]\n"
+        "  --make-vocab-size-divisible-by N   pad the vocabulary to a multiple of N [128]\n",
+        stdout);
+    return 0;
+  }
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"from-hf", "to-hf", "load", "save", "tokenizer-type",
                                       "make-vocab-size-divisible-by"},

@@ -136,6 +136,26 @@ std::vector<std::string> read_prompts(const SimpleFlags& f) {
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
+  if (help_requested(argc, argv, 2)) {
+    std::fputs(
+        "usage: lattice generate --load CKPT (--prompt TEXT | --prompt-file F) [flags]\n"
+        "Samples text from a checkpoint (any parallel layout), streaming it to stdout.\n"
+        "  --load DIR                 checkpoint directory (its latest iteration)\n"
+        "  --prompt TEXT              the prompt\n"
+        "  --prompt-file F            one prompt per non-empty line\n"
+        "  --max-new-tokens N         tokens to generate per prompt [100]\n"
+        "  --temperature T            softmax temperature; 0: greedy [1]\n"
+        "  --top-k K                  sample among the K likeliest tokens (0: all) [0]\n"
+        "  --top-p P                  nucleus sampling: the likeliest tokens up to mass P [1]\n"
+        "  --seed S                   sampling seed [1234]\n"
+        "  --tokenizer-type NAME      ByteTokenizer or GPT2BPETokenizer [the checkpoint's]\n"
+        "  --vocab-file F             GPT-2 BPE vocabulary (vocab.json) [the checkpoint's]\n"
+        "  --merge-file F             GPT-2 BPE merges (merges.txt) [the checkpoint's]\n"
+        "  --no-kv-cache              recompute the whole context for every token\n"
+        "  --device cpu|cuda          where the model runs [cpu]\n",
+        stdout);
+    return 0;
+  }
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k",
                                       "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "device"},

@@ -27,6 +27,12 @@ int cmd_train(int argc, char** argv) {
 }
 
 int cmd_plot(int argc, char** argv) {
+  if (help_requested(argc, argv, 2)) {
+    std::fputs("usage: lattice plot --metrics-file F.jsonl --output F.svg\n"
+               "The loss curve (training, and validation where evaluated) of a lattice train --metrics-file.\n",
+               stdout);
+    return 0;
+  }
   SimpleFlags f = parse_simple_flags(argc, argv, 2, {"metrics-file", "output"}, {});
   write_loss_plot_svg(f.required("metrics-file"), f.required("output"));
   std::fprintf(stderr, "wrote %s\n", f.required("output").c_str());
@@ -47,14 +53,19 @@ const char* kUsage =
     "  convert     HuggingFace GPT-2 <-> lattice checkpoint\n"
     "  data        inspect a dataset: 'data samples' (the training sample order), 'data info'\n"
     "  plot        loss curve (SVG) from a --metrics-file\n"
-    "  schedule    the learning-rate/weight-decay schedule of a train command line (CSV, --plot SVG)\n";
+    "  schedule    the learning-rate/weight-decay schedule of a train command line (CSV, --plot SVG)\n"
+    "'lattice <command> --help' lists a command's flags; 'lattice --version' prints the version.\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::printf("lattice %s\n", LATTICE_VERSION);
+    return 0;
   }
   const std::string cmd = argv[1];
   std::string program = "lattice ";

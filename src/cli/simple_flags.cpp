@@ -29,6 +29,14 @@ double SimpleFlags::number(const std::string& name, double fallback) const {
   return v;
 }
 
+bool help_requested(int argc, char** argv, int first) {
+  for (int i = first; i < argc; ++i) {
+    const std::string tok = argv[i];
+    if (tok == "--help" || tok == "-h") return true;
+  }
+  return false;
+}
+
 SimpleFlags parse_simple_flags(int argc, char** argv, int first, const std::set<std::string>& known_values,
                                const std::set<std::string>& known_switches) {
   SimpleFlags f;
@@ -42,7 +50,7 @@ SimpleFlags parse_simple_flags(int argc, char** argv, int first, const std::set<
       if (i + 1 >= argc) LATTICE_FAIL() << "--" << name << " needs a value";
       f.values[name] = argv[++i];
     } else {
-      LATTICE_FAIL() << "unknown flag --" << name;
+      LATTICE_FAIL() << "unknown flag --" << name << " (lattice " << argv[first - 1] << " --help lists the flags)";
     }
   }
   return f;

@@ -17,8 +17,13 @@ struct SimpleFlags {
   double number(const std::string& name, double fallback) const;
 };
 
+// True when argv[first..] holds --help or -h: the subcommand prints its usage to stdout and
+// exits 0, whatever else the line holds.
+bool help_requested(int argc, char** argv, int first);
+
 // known_values: flags that take a value; known_switches: flags without one. Names
-// without the leading "--". Throws lattice::Error for unknown flags and missing values.
+// without the leading "--". Throws lattice::Error for unknown flags and missing values
+// (naming `lattice <argv[1]> --help` for the list).
 SimpleFlags parse_simple_flags(int argc, char** argv, int first, const std::set<std::string>& known_values,
                                const std::set<std::string>& known_switches);
 

@@ -40,6 +40,28 @@ if run help "$LATTICE" train --help; then
   grep -E -- '--log-interval .*\[100\]' help.out >/dev/null ||
     fail "train --help does not show --log-interval with its default [100]"
   pass "train --help lists the flags with their defaults"
+
+# ---- every command answers --help (stdout, exit 0) and --version ----
+for cmd in train preprocess merge-datasets generate convert data plot schedule; do
+  if run "help-$cmd" "$LATTICE" "$cmd" --help && grep -q "^usage: lattice $cmd" "help-$cmd.out"; then
+    pass "$cmd --help"
+  else
+    fail "$cmd --help printed no 'usage: lattice $cmd' line on stdout"
+  fi
+done
+for flag in --load --prompt --prompt-file --max-new-tokens --temperature --top-k --top-p --seed \
+            --tokenizer-type --vocab-file --merge-file --no-kv-cache --device; do
+  grep -qF -- "  $flag " help-generate.out || fail "generate --help does not list $flag"
+done
+for flag in --from-hf --to-hf --load --save --tokenizer-type --make-vocab-size-divisible-by; do
+  grep -qF -- "$flag" help-convert.out || fail "convert --help does not list $flag"
+done
+expect_error "generate: unknown flag" "--bogus|lattice generate --help" -- "$LATTICE" generate --bogus 1
+if run version "$LATTICE" --version && grep -qE '^lattice [0-9]+\.[0-9]+\.[0-9]+$' version.out; then
+  pass "--version: $(cat version.out)"
+else
+  fail "--version printed '$(cat version.out)'"
+fi
 fi
 
 # ---- a tiny mock-data run: log line, metrics file, checkpoint ----
