@@ -29,6 +29,9 @@
 #include "cuda_test_util.h"
 #include "kernels/activation.h"
 #include "kernels/cast.h"
+#if LATTICE_SIMT_TESTS
+#include "../simt/simt_state.h"  // set_cublaslt_refuses_epilogues
+#endif
 
 namespace lattice {
 namespace {
@@ -236,6 +239,26 @@ TEST(CudaGemm, EmptyInnerDimensionScalesC) {
   cuda::gemm_f32(Trans::N, Trans::N, M, N, 0, 1.0f, dA.as<float>(), 1, dB.as<float>(), N, 0.5f, dC.as<float>(), ldc);
   const std::vector<float> got = download<float>(dC, C.size());
   EXPECT_TRUE(compare("gemm_f32 K=0", M, N, ldc, got, want, C, [](int64_t, int64_t) { return 0.0; }));
+
+  // A bf16 C: halving is exact in bf16 (the values are normal), a NaN stays a NaN, and
+  // beta = 0 clears C, NaNs included (as cuBLASLt does not read C when beta is 0).
+  std::vector<float> Cf = random_vec(size_t(M * ldc), 501), want16 = Cf;
+  std::vector<uint16_t> C16 = to_bf16(Cf);
+  C16[3] = 0x7fc1;  // a NaN in the product's block (row 0, column 3)
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) want16[size_t(i * ldc + j)] = 0.5f * Cf[size_t(i * ldc + j)];
+  auto d16 = upload(C16);
+  cuda::gemm_bf16_out(Trans::N, Trans::N, M, N, 0, 1.0f, nullptr, 1, nullptr, N, 0.5f, d16.as<uint16_t>(), ldc);
+  std::vector<uint16_t> got16 = download<uint16_t>(d16, C16.size());
+  EXPECT_TRUE(std::isnan(bf16_to_fp32(got16[3]))) << "bf16 K=0: the NaN became " << bf16_to_fp32(got16[3]);
+  got16[3] = fp32_to_bf16(want16[3]);
+  std::vector<float> got16f(got16.size());
+  for (size_t i = 0; i < got16.size(); ++i) got16f[i] = bf16_to_fp32(got16[i]);
+  EXPECT_TRUE(compare("gemm_bf16_out K=0 beta=0.5", M, N, ldc, got16f, want16, Cf, [](int64_t, int64_t) { return 0.0; }));
+  cuda::gemm_bf16_out(Trans::N, Trans::N, M, N, 0, 1.0f, nullptr, 1, nullptr, N, 0.0f, d16.as<uint16_t>(), ldc);
+  got16 = download<uint16_t>(d16, C16.size());
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) EXPECT_EQ(got16[size_t(i * ldc + j)], 0) << "bf16 K=0 beta=0 at " << i << "," << j;
 }
 
 // Misaligned pointers (one element in) must still be handled (the plan is keyed by alignment).
@@ -300,32 +323,38 @@ TEST(CudaGemm, PlansAreCachedPerShape) {
   EXPECT_EQ(cuda::gemm_plan_cache_size(), plans) << "a repeated GEMM shape made a new plan";
 }
 
-// Bias per output feature (bias[N]) added to every row: S gains |bias_j|.
+// Bias per output feature (bias[N]) added to every row: S gains |bias_j|. Returns whether
+// the unfused epilogue ran.
+bool check_bias(const Case& c, uint32_t seed) {
+  Operands o(c, seed);
+  const std::vector<uint16_t> A16 = to_bf16(o.A), B16 = to_bf16(o.B);
+  const std::vector<float> bias = random_vec(size_t(c.N), seed + 5);
+  std::vector<float> want = cpu_gemm(c, o);  // beta = 0
+  for (int64_t i = 0; i < c.M; ++i)
+    for (int64_t j = 0; j < c.N; ++j) want[size_t(i * o.ldc + j)] += bias[size_t(j)];
+  o.C.assign(o.C.size(), 0.0f);
+  const std::vector<double> s = error_scale(c, o);
+  std::vector<float> init = random_vec(o.C.size(), seed + 6);  // overwritten (padding kept)
+  auto dA = upload(A16), dB = upload(B16), dC = upload(init), dbias = upload(bias);
+  const int64_t fallbacks = cuda::gemm_epilogue_fallbacks();
+  cuda::gemm_bf16_bias(c.ta, c.tb, c.M, c.N, c.K, dA.as<uint16_t>(), o.lda, dB.as<uint16_t>(), o.ldb,
+                       dbias.as<float>(), dC.as<float>(), o.ldc);
+  const std::vector<float> got = download<float>(dC, init.size());
+  const bool fell_back = cuda::gemm_epilogue_fallbacks() != fallbacks;
+  EXPECT_TRUE(compare("gemm_bf16_bias " + c.name() + (fell_back ? " (unfused)" : " (fused)"), c.M, c.N, o.ldc, got,
+                      want, init, [&](int64_t i, int64_t j) {
+                        return kRel * (s[size_t(i * c.N + j)] + std::fabs(double(bias[size_t(j)])));
+                      }));
+  return fell_back;
+}
+
 TEST(CudaGemm, Bf16BiasMatchesCpu) {
   LATTICE_REQUIRE_CUDA();
   std::vector<Case> cs = trans_cases(1.0f, 0.0f);
   cs.push_back({Trans::N, Trans::T, 64, 128, 256, 0, 0, 0, 1.0f, 0.0f});  // the Linear layer's layout, aligned
   uint32_t seed = 800;
-  for (const Case& c : cs) {
-    Operands o(c, seed += 10);
-    const std::vector<uint16_t> A16 = to_bf16(o.A), B16 = to_bf16(o.B);
-    const std::vector<float> bias = random_vec(size_t(c.N), seed + 5);
-    std::vector<float> want = cpu_gemm(c, o);  // beta = 0
-    for (int64_t i = 0; i < c.M; ++i)
-      for (int64_t j = 0; j < c.N; ++j) want[size_t(i * o.ldc + j)] += bias[size_t(j)];
-    o.C.assign(o.C.size(), 0.0f);
-    const std::vector<double> s = error_scale(c, o);
-    std::vector<float> init = random_vec(o.C.size(), seed + 6);  // overwritten (padding kept)
-    auto dA = upload(A16), dB = upload(B16), dC = upload(init), dbias = upload(bias);
-    const int64_t fallbacks = cuda::gemm_epilogue_fallbacks();
-    cuda::gemm_bf16_bias(c.ta, c.tb, c.M, c.N, c.K, dA.as<uint16_t>(), o.lda, dB.as<uint16_t>(), o.ldb,
-                         dbias.as<float>(), dC.as<float>(), o.ldc);
-    const std::vector<float> got = download<float>(dC, init.size());
-    EXPECT_TRUE(compare("gemm_bf16_bias " + c.name(), c.M, c.N, o.ldc, got, want, init, [&](int64_t i, int64_t j) {
-      return kRel * (s[size_t(i * c.N + j)] + std::fabs(double(bias[size_t(j)])));
-    }));
-    if (cuda::gemm_epilogue_fallbacks() != fallbacks) std::printf("  gemm_bf16_bias %s: unfused epilogue\n", c.name().c_str());
-  }
+  for (const Case& c : cs)
+    if (check_bias(c, seed += 10)) std::printf("  gemm_bf16_bias %s: unfused epilogue\n", c.name().c_str());
 }
 
 // pre = op(A) op(B) + bias (checked as gemm_bf16_bias), C = gelu_tanh(pre). The GELU
@@ -382,6 +411,23 @@ TEST(CudaGemm, Bf16BiasGeluMatchesCpu) {
   }
   check_bias_gelu({Trans::N, Trans::T, 64, 128, 256, 0, 0, 0, 1.0f, 0.0f}, 128, seed + 10, false);
 }
+
+#if LATTICE_SIMT_TESTS
+// A cuBLASLt whose heuristic has no fused kernel for an epilogue (the emulation refuses
+// them on request): both epilogue GEMMs run the plain GEMM and lattice's own epilogue
+// kernel, with the fused path's results. Shapes of their own, so no cached plan answers.
+TEST(CudaGemm, UnfusedEpiloguesWhenCublasLtHasNoKernel) {
+  LATTICE_REQUIRE_CUDA();
+  simt::set_cublaslt_refuses_epilogues(true);
+  uint32_t seed = 950;
+  for (Case c : trans_cases(1.0f, 0.0f)) {
+    c.M += 2;  // 39 rows: shapes no other test plans
+    EXPECT_TRUE(check_bias(c, seed += 10)) << c.name() << ": the fused epilogue ran";
+    check_bias_gelu(c, 72, seed += 10, true);
+  }
+  simt::set_cublaslt_refuses_epilogues(false);
+}
+#endif
 
 TEST(CudaGemm, BadLeadingDimensionNamesTheShape) {
   LATTICE_REQUIRE_CUDA();

@@ -877,6 +877,15 @@ void cross_entropy_cases(std::vector<OpCase>& t) {
         for (int64_t r = 0; r < s.P; ++r) {
           const int64_t begin = r * Vl, valid = std::clamp<int64_t>(s.V - begin, 0, Vl);
           std::vector<double> st(static_cast<size_t>(2 * N));
+          // Evaluation first (no backward, store_exp false): the same sums, and the logits
+          // as the CPU leaves them (rounded in place where rnd says, no exponentials).
+          vocab_parallel_ce_partials(st.data(), cpu_x[static_cast<size_t>(r)].data(), cpu_max.data(), targets.data(), begin, N,
+                                     valid, Vl, false, rnd);
+          cuda::vocab_parallel_ce_partials(gstats_r.as<double>(), gpu_x[static_cast<size_t>(r)].as<float>(), gmax.as<float>(),
+                                           gt.as<int32_t>(), begin, N, valid, Vl, false, rnd);
+          expect_close(sum_tol, "evaluation stats rank " + std::to_string(r), st, download<double>(gstats_r, st.size()));
+          expect_close(exact, "evaluation logits rank " + std::to_string(r), cpu_x[static_cast<size_t>(r)],
+                       download<float>(gpu_x[static_cast<size_t>(r)], cpu_x[static_cast<size_t>(r)].size()));
           vocab_parallel_ce_partials(st.data(), cpu_x[static_cast<size_t>(r)].data(), cpu_max.data(), targets.data(), begin, N,
                                      valid, Vl, true, rnd);
           cuda::vocab_parallel_ce_partials(gstats_r.as<double>(), gpu_x[static_cast<size_t>(r)].as<float>(), gmax.as<float>(),

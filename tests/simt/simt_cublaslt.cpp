@@ -19,6 +19,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -30,6 +31,7 @@
 
 #include "blas/cuda/cublaslt_api.h"
 #include "kernels/cast_math.h"
+#include "simt_state.h"
 #include "simt_streams.h"
 
 // The handle type is an opaque struct the header leaves incomplete; the emulation's handle
@@ -578,6 +580,8 @@ cublasStatus_t preference_set_attribute(cublasLtMatmulPreference_t pref_handle,
   return status;
 }
 
+std::atomic<bool> refuse_epilogues{false};  // set_cublaslt_refuses_epilogues
+
 cublasStatus_t algo_get_heuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
                                   cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
                                   cublasLtMatmulPreference_t pref_handle, int requested,
@@ -593,6 +597,8 @@ cublasStatus_t algo_get_heuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t 
   if (const cublasStatus_t status = validate_problem(desc, a, b, c, d, p); status != CUBLAS_STATUS_SUCCESS) {
     return status;
   }
+  // A heuristic without a kernel for the request answers success with no result.
+  if (refuse_epilogues.load() && p.desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_SUCCESS;
   cublasLtMatmulHeuristicResult_t& r = results[0];
   std::memset(&r, 0, sizeof r);
   store(&r.algo, make_algo(p, pref));
@@ -740,3 +746,9 @@ const CublasLtApi& cublaslt() {
 }
 
 }  // namespace lattice::cuda
+
+namespace lattice::simt {
+
+void set_cublaslt_refuses_epilogues(bool refuse) { cuda::refuse_epilogues.store(refuse); }
+
+}  // namespace lattice::simt

@@ -15,4 +15,9 @@ void record_launch_error(cudaError_t code, const std::string& detail);
 // The kernel as a launch error names it.
 std::string kernel_name(const void* kernel);
 
+// While set, the emulated cuBLASLt heuristic finds no algorithm for a matmul with an
+// epilogue (as a real cuBLASLt may for a shape or alignment it has no fused kernel for),
+// so the caller's unfused path runs. Off by default.
+void set_cublaslt_refuses_epilogues(bool refuse);
+
 }  // namespace lattice::simt
