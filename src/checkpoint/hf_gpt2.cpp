@@ -357,6 +357,9 @@ HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t s
 }
 
 void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type) {
+  if (model.config().rope())
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model uses the rotary embedding "
+                   << "(--position-embedding-type rope); HuggingFace GPT-2 has learned absolute positions only";
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot create directory: " << ec.message();

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "checkpoint/host_staging.h"
 #include "checkpoint/tensor_parts.h"
@@ -32,6 +33,32 @@ constexpr ConfigField kConfigFields[] = {
     {"untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights"},
 };
 
+// Fields added later, with the value a checkpoint without them had.
+struct OptionalField {
+  const char* name;
+  const char* flag;
+  json fallback;
+};
+const std::vector<OptionalField>& optional_fields() {
+  static const std::vector<OptionalField> fields = {
+      {"position_embedding_type", "--position-embedding-type", "learned_absolute"},
+      {"rotary_percent", "--rotary-percent", 1.0},
+      {"rotary_base", "--rotary-base", 10000.0},
+      {"rotary_interleaved", "--rotary-interleaved", false},
+      {"rotary_seq_len_interpolation_factor", "--rotary-seq-len-interpolation-factor", 0.0},
+  };
+  return fields;
+}
+
+json field_or_fallback(const json& j, const OptionalField& f) { return j.contains(f.name) ? j.at(f.name) : f.fallback; }
+
+// Two recorded values the same (floats compared as floats: the JSON holds their double widening).
+bool same_value(const json& a, const json& b) {
+  if (a.is_number() && b.is_number() && (a.is_number_float() || b.is_number_float()))
+    return float(a.get<double>()) == float(b.get<double>());
+  return a == b;
+}
+
 }  // namespace
 
 json model_config_json(const TransformerConfig& c) {
@@ -45,7 +72,12 @@ json model_config_json(const TransformerConfig& c) {
           {"max_position_embeddings", c.max_position_embeddings},
           {"layernorm_epsilon", c.layernorm_epsilon},
           {"openai_gelu", c.gelu == GeluKind::tanh},
-          {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights}};
+          {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights},
+          {"position_embedding_type", c.position_embedding_type},
+          {"rotary_percent", c.rotary_percent},
+          {"rotary_base", c.rotary_base},
+          {"rotary_interleaved", c.rotary_interleaved},
+          {"rotary_seq_len_interpolation_factor", c.rotary_seq_len_interpolation_factor}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -64,6 +96,12 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.layernorm_epsilon = j.at("layernorm_epsilon");
     c.gelu = j.at("openai_gelu").get<bool>() ? GeluKind::tanh : GeluKind::erf;
     c.untie_embeddings_and_output_weights = j.at("untie_embeddings_and_output_weights");
+    const auto& opt = optional_fields();
+    c.position_embedding_type = field_or_fallback(j, opt[0]).get<std::string>();
+    c.rotary_percent = field_or_fallback(j, opt[1]).get<double>();
+    c.rotary_base = field_or_fallback(j, opt[2]).get<float>();
+    c.rotary_interleaved = field_or_fallback(j, opt[3]).get<bool>();
+    c.rotary_seq_len_interpolation_factor = field_or_fallback(j, opt[4]).get<float>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }
@@ -82,9 +120,14 @@ void check_model_config(const json& saved, const TransformerConfig& c, const std
     if (std::string(f.name) == "padded_vocab_size") continue;
     const json& a = saved[f.name];
     const json& b = now[f.name];
-    // The epsilon is a float: compare it as one (the JSON holds its double widening).
-    const bool same = a.is_number_float() ? float(a.get<double>()) == float(b.get<double>()) : a == b;
-    if (!same)
+    if (!same_value(a, b))
+      LATTICE_FAIL() << where << ": the checkpoint's " << f.name << " is " << a.dump() << ", this run's is "
+                     << b.dump() << " (" << f.flag << ")";
+  }
+  for (const OptionalField& f : optional_fields()) {
+    const json a = field_or_fallback(saved, f);
+    const json& b = now[f.name];
+    if (!same_value(a, b))
       LATTICE_FAIL() << where << ": the checkpoint's " << f.name << " is " << a.dump() << ", this run's is "
                      << b.dump() << " (" << f.flag << ")";
   }

@@ -14,6 +14,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
+#include "kernels/rope.h"
 #include "model/linear.h"
 
 namespace lattice {
@@ -26,7 +27,8 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
       << "KV cache of " << capacity_ << " tokens exceeds max_position_embeddings " << cfg_.max_position_embeddings;
   LATTICE_CHECK(cfg_.kv_channels * cfg_.num_attention_heads == cfg_.hidden_size);
   wte_ = p("embedding.word_embeddings.weight");
-  wpe_ = p("embedding.position_embeddings.weight");
+  wpe_ = cfg_.rope() ? nullptr : p("embedding.position_embeddings.weight");
+  rope_ = model.rope_table();
   lnf_w_ = p("decoder.final_layernorm.weight");
   lnf_b_ = p("decoder.final_layernorm.bias");
   out_w_ = cfg_.untie_embeddings_and_output_weights ? p("output_layer.weight") : wte_;
@@ -86,6 +88,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps);
     linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * C);  // [n, H, 3, D]
+    if (rope_) rope_forward(qkv, *rope_, n, n, length_, H, D);  // q and k at their positions in the context
     const int64_t layer_cache = l * H * Tmax * D;
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, H, D, Tmax);
     cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_, H,

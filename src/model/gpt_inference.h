@@ -11,7 +11,8 @@
 // (--device cuda) only the tokens go up and the logits come back.
 //
 // Shapes: C hidden, H heads, D head dim, F ffn hidden, Vp padded vocabulary, L layers,
-// Tmax the cache capacity (<= max_position_embeddings: positions are absolute).
+// Tmax the cache capacity (<= max_position_embeddings: positions are absolute, learned or
+// rotary; the cache holds the rotated keys).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -47,7 +48,8 @@ class GPTInference {
 
   TransformerConfig cfg_;
   int64_t capacity_ = 0, length_ = 0, rows_ = 0;
-  const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;
+  const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;  // wpe_ null with the rotary embedding
+  const RopeTable* rope_ = nullptr;                      // the model's, with the rotary embedding
   std::vector<Layer> layers_;
   DeviceArray<float> k_cache_, v_cache_;  // [L, H, Tmax, D] each
   // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2, qkv [n, 3C], attn

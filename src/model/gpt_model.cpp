@@ -16,6 +16,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
+#include "kernels/rope.h"
 #include "model/linear.h"
 
 namespace lattice {
@@ -150,6 +151,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_begin_, 0, Vl_);
   register_parameters();
   params_.allocate();
+  if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
   try {
     arena_ = Arena(activation_bytes(cfg_, B, T, tp_, place_));
   } catch (const OutOfMemory& e) {
@@ -248,8 +250,9 @@ void GPTModel::register_parameters() {
   const bool split_pipeline = !(place_.pre_process && place_.post_process);
   if (place_.pre_process) {
     wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
-    wpe_ = add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C},
-               ParamInit::normal, std, -1);
+    if (!cfg_.rope())
+      wpe_ = add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C},
+                 ParamInit::normal, std, -1);
     if (tied && split_pipeline) shared_embedding_ = wte_;
   }
   for (auto [begin, end] : place_.chunks) {
@@ -448,7 +451,7 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
     float* emb = sp ? sc.d_c1 : a.resid[0];
     vocab_parallel_embedding_forward(emb, a.inputs(), params_.param(wte_), vocab_begin_, Vl_, N, C);
     reduce_from_tensor_parallel_region(tp_, emb, a.resid[0], N, C);
-    position_embedding_add(a.resid[0], a.positions() + row0, params_.param(wpe_), Ns, C);
+    if (wpe_ >= 0) position_embedding_add(a.resid[0], a.positions() + row0, params_.param(wpe_), Ns, C);
     dropout_forward(a.resid[0], a.resid[0], Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
   }
 
@@ -507,6 +510,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   else
     linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
                    site(p.qkv_w));
+  if (rope_) rope_forward(x.qkv, rope_->table(), N, T, 0, Hl_, cfg_.kv_channels);  // q, k rotated in place
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add), with LN2 of the result.
@@ -709,6 +713,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     float* d_qkv_b = d_3c16 ? params_.grad(p.qkv_b) : nullptr;
     attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
                        docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
+    if (rope_) rope_backward(sc.d_3c, rope_->table(), N, T, Hl_, D);  // d(q, k) before the rotation
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
                                     d_qkv_b ? nullptr : params_.grad(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
                                     ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, ln_grad_site(p.qkv_w),
@@ -732,7 +737,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
     d_emb = sc.d_c1;
   }
-  embedding_backward(params_.grad(wte_), params_.grad(wpe_), d_emb, a.inputs(), a.positions(), N, C,
+  embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : nullptr, d_emb, a.inputs(), a.positions(), N, C,
                      vocab_begin_, Vl_, a.groups);
   grads_ready({wpe_, wte_});
 }

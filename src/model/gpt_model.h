@@ -31,6 +31,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "model/linear.h"
+#include "model/rotary_embedding.h"
 #include "model/tensor_parallel.h"
 #include "model/transformer_config.h"
 #include "optim/param_buffer.h"
@@ -193,6 +194,10 @@ class GPTModel {
   // Parameters on this rank.
   int64_t num_parameters() const { return params_.numel(); }
 
+  // The rotary embedding's table (positions 0..max_position_embeddings-1), or null with
+  // learned absolute positions.
+  const RopeTable* rope_table() const { return rope_ ? &rope_->table() : nullptr; }
+
  private:
   struct Activations;
   struct Scratch;
@@ -292,7 +297,9 @@ class GPTModel {
   // The output layer's logits and their gradient in bf16 (set_bf16_logits).
   bool bf16_logits() const { return bf16_logits_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
-  bool bf16_qkv() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
+  // Not with the rotary embedding, which rotates the fp32 q and k (with their bias) in place
+  // before the attention reads them.
+  bool bf16_qkv() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !rope_; }
   AttentionOperand qkv_input(const LayerParams& p, const float* qkv) const;
   // With bf16_qkv(): the core attention's output in bf16 as well, written by the attention
   // forward behind the bf16 qkv in its buffer (whose fp32 size leaves room), which the
@@ -351,7 +358,7 @@ class GPTModel {
   void grads_ready(std::initializer_list<int> indices) const {
     if (grad_ready_)
       for (int i : indices)
-        if (i != shared_embedding_) grad_ready_(i);
+        if (i >= 0 && i != shared_embedding_) grad_ready_(i);
   }
 
   TransformerConfig cfg_;
@@ -375,6 +382,7 @@ class GPTModel {
   std::vector<Activations> acts_;      // [chunk * slots + slot]
   std::unique_ptr<Scratch> scratch_;
   DocumentBoundaries docs_;
+  std::unique_ptr<RotaryEmbedding> rope_;  // with --position-embedding-type rope
   DeviceArray<float> row_max_;         // [B*T] cross entropy statistics
   DeviceArray<double> ce_stats_;       // [B*T, 2]
   DeviceArray<float> sp_grads_;        // sequence-parallel gradient staging

@@ -1,5 +1,6 @@
 #include "model/transformer_config.h"
 
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -49,11 +50,30 @@ void TransformerConfig::finalize(int64_t tp) {
   check_tensor_parallel_split(*this, tp);
   if (max_position_embeddings <= 0)
     LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
+  check_position_embedding();
   if (hidden_dropout < 0 || hidden_dropout >= 1)
     LATTICE_FAIL() << "--hidden-dropout must be in [0, 1), got " << hidden_dropout;
   if (attention_dropout < 0 || attention_dropout >= 1)
     LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
   check_recompute();
+}
+
+void TransformerConfig::check_position_embedding() const {
+  if (position_embedding_type != "learned_absolute" && position_embedding_type != "rope")
+    LATTICE_FAIL() << "--position-embedding-type must be learned_absolute or rope, got '" << position_embedding_type
+                   << "'";
+  if (!rope()) return;
+  if (!(rotary_percent > 0.0 && rotary_percent <= 1.0))
+    LATTICE_FAIL() << "--rotary-percent must be in (0, 1], got " << rotary_percent;
+  const int64_t dims = int64_t(double(kv_channels) * rotary_percent);
+  if (dims < 2 || dims % 2 != 0)
+    LATTICE_FAIL() << "--rotary-percent " << rotary_percent << " of --kv-channels " << kv_channels << " rotates "
+                   << dims << " dims per head; the rotation needs an even number, at least 2";
+  if (!(rotary_base > 1.0f && std::isfinite(rotary_base)))
+    LATTICE_FAIL() << "--rotary-base must be a finite number greater than 1, got " << rotary_base;
+  if (rotary_seq_len_interpolation_factor < 0.0f || !std::isfinite(rotary_seq_len_interpolation_factor))
+    LATTICE_FAIL() << "--rotary-seq-len-interpolation-factor must be positive, got "
+                   << rotary_seq_len_interpolation_factor;
 }
 
 // Megatron's rules: full needs a method and 1 <= recompute_num_layers <= num_layers;

@@ -22,6 +22,14 @@ struct TransformerConfig {
   float layernorm_epsilon = 1e-5f;
   float init_method_std = 0.02f;
   GeluKind gelu = GeluKind::erf;      // --openai-gelu -> tanh
+  // Positions: a learned table added to the embedding (learned_absolute), or the rotary
+  // embedding of q and k in every layer (rope; model/rotary_embedding.h, kernels/rope.h).
+  std::string position_embedding_type = "learned_absolute";
+  double rotary_percent = 1.0;        // share of each head's dims rotated (double: Megatron's int(D * percent))
+  float rotary_base = 10000.0f;
+  bool rotary_interleaved = false;    // pairs (2d, 2d+1) instead of (d, d + R/2)
+  float rotary_seq_len_interpolation_factor = 0.0f;  // 0: none (positions divided by it)
+  bool rope() const { return position_embedding_type == "rope"; }
   bool untie_embeddings_and_output_weights = false;
   // Activation recomputation (docs/memory.md). It changes memory and time, never the
   // math, so checkpoints do not record it.
@@ -40,6 +48,8 @@ struct TransformerConfig {
   void finalize(int64_t tensor_model_parallel_size = 1);
   // The recompute fields' part of finalize().
   void check_recompute() const;
+  // The position embedding fields' part of finalize().
+  void check_position_embedding() const;
 };
 
 // Heads, ffn columns and padded vocabulary split evenly over `tp` ranks, or an error

@@ -38,7 +38,14 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"kv-channels", Kind::i64, &a.kv_channels, "head dim (0: hidden size / heads)"},
       {"seq-length", Kind::i64, &a.seq_length, "sequence length"},
       {"max-position-embeddings", Kind::i64, &a.max_position_embeddings, "position table size"},
-      {"position-embedding-type", Kind::str, &a.position_embedding_type, "learned_absolute"},
+      {"position-embedding-type", Kind::str, &a.position_embedding_type,
+       "learned_absolute (a learned table) or rope (rotary embedding of q and k)"},
+      {"rotary-percent", Kind::f64, &a.rotary_percent, "with rope: share of each head's dims rotated"},
+      {"rotary-base", Kind::f32, &a.rotary_base, "with rope: the base of the rotation frequencies"},
+      {"rotary-interleaved", Kind::flag, &a.rotary_interleaved,
+       "with rope: rotate the pairs (2i, 2i+1) instead of (i, i + dims/2)"},
+      {"rotary-seq-len-interpolation-factor", Kind::f32, &a.rotary_seq_len_interpolation_factor,
+       "with rope: positions divided by this (0: none)"},
       {"make-vocab-size-divisible-by", Kind::i64, &a.make_vocab_size_divisible_by,
        "pad the vocabulary to a multiple of this (x TP)"},
       {"hidden-dropout", Kind::f32, &a.hidden_dropout, "dropout after attention/MLP and embedding"},
@@ -274,9 +281,6 @@ void validate(TrainArgs& a) {
   if (a.seq_length > a.max_position_embeddings)
     LATTICE_FAIL() << "--seq-length " << a.seq_length << " exceeds --max-position-embeddings "
                    << a.max_position_embeddings;
-  if (a.position_embedding_type != "learned_absolute")
-    LATTICE_FAIL() << "--position-embedding-type " << a.position_embedding_type
-                   << " is not supported (learned_absolute)";
   if (a.tensor_model_parallel_size < 1)
     LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << a.tensor_model_parallel_size;
   make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
@@ -344,6 +348,11 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.init_method_std = init_method_std;
   c.gelu = openai_gelu ? GeluKind::tanh : GeluKind::erf;
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
+  c.position_embedding_type = position_embedding_type;
+  c.rotary_percent = rotary_percent;
+  c.rotary_base = rotary_base;
+  c.rotary_interleaved = rotary_interleaved;
+  c.rotary_seq_len_interpolation_factor = rotary_seq_len_interpolation_factor;
   c.recompute_granularity = recompute_granularity;
   c.recompute_method = recompute_method;
   c.recompute_num_layers = recompute_num_layers;

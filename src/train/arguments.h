@@ -23,6 +23,9 @@ struct TrainArgs {
   bool openai_gelu = false;
   bool untie_embeddings_and_output_weights = false;
   std::string position_embedding_type = "learned_absolute";
+  double rotary_percent = 1.0;
+  float rotary_base = 10000.0f, rotary_seq_len_interpolation_factor = 0.0f;
+  bool rotary_interleaved = false;
   // batch and iterations
   int64_t micro_batch_size = 0, global_batch_size = 0, train_iters = 0;
   int64_t log_interval = 100;

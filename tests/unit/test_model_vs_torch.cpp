@@ -1,6 +1,7 @@
 // The whole model against an independent PyTorch implementation
 // (tests/fixtures/make_gpt_fixture.py): logits, loss, every gradient, and the losses
-// and final parameters of 10 AdamW steps with gradient accumulation and clipping.
+// and final parameters of 10 AdamW steps with gradient accumulation and clipping; with
+// learned positions (tied and untied, both GELUs) and with the rotary embedding.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,6 +41,11 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
                                           f.metadata().at("untie_embeddings_and_output_weights") == "1";
   c.gelu = f.metadata().count("openai_gelu") && f.metadata().at("openai_gelu") == "1" ? GeluKind::tanh
                                                                                       : GeluKind::erf;
+  if (f.metadata().count("position_embedding_type")) {
+    c.position_embedding_type = f.metadata().at("position_embedding_type");
+    c.rotary_percent = meta_double(f, "rotary_percent");
+    c.rotary_base = float(meta_double(f, "rotary_base"));
+  }
   c.finalize();
   return c;
 }
@@ -136,7 +142,8 @@ TEST_P(ModelVsTorch, TenAdamSteps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
-                         ::testing::Values("gpt_tiny.safetensors", "gpt_tiny_untied_tanh.safetensors"));
+                         ::testing::Values("gpt_tiny.safetensors", "gpt_tiny_untied_tanh.safetensors",
+                                           "gpt_tiny_rope.safetensors"));
 
 }  // namespace
 }  // namespace lattice

@@ -15,6 +15,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
+#include "kernels/rope.h"
 
 namespace lattice::cuda {
 
@@ -124,6 +125,10 @@ void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float 
 double sum_of_squares(const float* x, int64_t n);
 // Waits for the result (a host bool).
 bool any_non_finite(const float* x, int64_t n);
+
+// ---- rope.h
+void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int64_t pos0, int64_t H, int64_t D);
+void rope_backward(float* dqkv, const RopeTable& table, int64_t N, int64_t T, int64_t H, int64_t D);
 
 // ---- cast.h
 void cast_fp32_to_bf16(uint16_t* out, const float* in, int64_t n);

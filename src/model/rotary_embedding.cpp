@@ -1,0 +1,35 @@
+#include "model/rotary_embedding.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+
+namespace lattice {
+
+int64_t rotary_dims(const TransformerConfig& c) {
+  return int64_t(double(c.kv_channels) * c.rotary_percent);
+}
+
+RotaryEmbedding::RotaryEmbedding(const TransformerConfig& c, int64_t positions) {
+  const int64_t R = rotary_dims(c), half = R / 2;
+  LATTICE_CHECK(R >= 2 && R % 2 == 0 && R <= c.kv_channels && positions >= 1)
+      << "rotary embedding of " << R << " dims of " << c.kv_channels << " for " << positions << " positions";
+  const float factor = c.rotary_seq_len_interpolation_factor > 0 ? c.rotary_seq_len_interpolation_factor : 1.0f;
+  std::vector<float> inv_freq(static_cast<size_t>(half)), cos_h(static_cast<size_t>(positions * half)), sin_h(cos_h.size());
+  for (int64_t d = 0; d < half; ++d)
+    inv_freq[size_t(d)] = 1.0f / std::pow(c.rotary_base, float(2 * d) / float(R));
+  for (int64_t t = 0; t < positions; ++t) {
+    const float pos = float(t) / factor;
+    for (int64_t d = 0; d < half; ++d) {
+      const float angle = pos * inv_freq[size_t(d)];
+      cos_h[size_t(t * half + d)] = float(std::cos(double(angle)));
+      sin_h[size_t(t * half + d)] = float(std::sin(double(angle)));
+    }
+  }
+  copy_to_device(cos_.resize(cos_h.size()), cos_h.data(), cos_h.size() * sizeof(float));
+  copy_to_device(sin_.resize(sin_h.size()), sin_h.data(), sin_h.size() * sizeof(float));
+  table_ = RopeTable{cos_.data(), sin_.data(), positions, half, c.rotary_interleaved};
+}
+
+}  // namespace lattice

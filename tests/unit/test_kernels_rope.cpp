@@ -1,0 +1,184 @@
+// The rotary position embedding (kernels/rope.h, model/rotary_embedding.h): the table
+// against Megatron's definition, the forward against a double-precision rotation written
+// here, the backward against finite differences, and what the rotation must leave alone.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/rope.h"
+#include "kernels_test_util.h"
+#include "model/rotary_embedding.h"
+
+namespace lattice {
+namespace {
+
+using kernel_test::expect_close;
+using kernel_test::numeric_grad;
+using kernel_test::project;
+using kernel_test::random_floats;
+
+struct Case {
+  int64_t B, T, H, D;
+  double percent;
+  bool interleaved;
+  float factor;  // interpolation factor (0: none)
+  int64_t pos0;  // forward only
+};
+
+TransformerConfig config_for(const Case& c, int64_t positions) {
+  TransformerConfig cfg;
+  cfg.num_layers = 1;
+  cfg.num_attention_heads = c.H;
+  cfg.hidden_size = c.H * c.D;
+  cfg.vocab_size = 64;
+  cfg.max_position_embeddings = positions;
+  cfg.position_embedding_type = "rope";
+  cfg.rotary_percent = c.percent;
+  cfg.rotary_interleaved = c.interleaved;
+  cfg.rotary_seq_len_interpolation_factor = c.factor;
+  cfg.finalize();
+  return cfg;
+}
+
+// The rotation of qkv [B*T, H, 3, D] in double, angles from Megatron's formula evaluated in
+// double: angle(t, d) = (t / factor) / base^(2d / R).
+std::vector<double> reference_forward(const Case& c, std::vector<double> x, int64_t pos0) {
+  const int64_t R = int64_t(double(c.D) * c.percent), half = R / 2;
+  const double factor = c.factor > 0 ? c.factor : 1.0;
+  for (int64_t n = 0; n < c.B * c.T; ++n)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int part = 0; part < 2; ++part) {
+        double* v = x.data() + ((n * c.H + h) * 3 + part) * c.D;
+        for (int64_t d = 0; d < half; ++d) {
+          const double a = double(pos0 + n % c.T) / factor / std::pow(10000.0, double(2 * d) / double(R));
+          const int64_t i = c.interleaved ? 2 * d : d, j = c.interleaved ? 2 * d + 1 : d + half;
+          const double p = v[i], q = v[j];
+          v[i] = p * std::cos(a) - q * std::sin(a);
+          v[j] = q * std::cos(a) + p * std::sin(a);
+        }
+      }
+  return x;
+}
+
+std::string name_of(const Case& c) {
+  return "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
+         std::to_string(c.D) + " percent " + std::to_string(c.percent) + (c.interleaved ? " interleaved" : "") +
+         " factor " + std::to_string(c.factor) + " pos0 " + std::to_string(c.pos0);
+}
+
+const Case kCases[] = {
+    {2, 5, 3, 8, 1.0, false, 0.0f, 0},   // every dim rotated, rotate_half pairs
+    {1, 7, 2, 16, 0.5, false, 0.0f, 0},  // half the dims, the rest passed through
+    {2, 4, 2, 12, 1.0, true, 0.0f, 0},   // interleaved pairs
+    {1, 6, 1, 10, 0.4, true, 2.0f, 0},   // interleaved, 4 of 10 dims, positions halved
+    {1, 3, 2, 8, 1.0, false, 0.0f, 29},  // generation: positions 29..31 of a 32-row table
+};
+
+TEST(KernelRope, ForwardMatchesTheRotationInDouble) {
+  for (const Case& c : kCases) {
+    const RotaryEmbedding rope(config_for(c, 32), 32);
+    std::vector<float> x = random_floats(size_t(c.B * c.T * c.H * 3 * c.D), 11, -2.0f, 2.0f);
+    const std::vector<double> want = reference_forward(c, kernel_test::to_double(x), c.pos0);
+    rope_forward(x.data(), rope.table(), c.B * c.T, c.T, c.pos0, c.H, c.D);
+    // fp32 angles (Megatron's) against double ones: up to t * 2^-24 radians apart.
+    expect_close(x, want, 3e-6, "rope_forward " + name_of(c));
+  }
+}
+
+TEST(KernelRope, VAndTheDimsPastTheRotatedOnesAreUntouched) {
+  const Case c{2, 5, 3, 10, 0.6, false, 0.0f, 0};  // 6 of 10 dims rotated
+  const RotaryEmbedding rope(config_for(c, 8), 8);
+  const std::vector<float> x0 = random_floats(size_t(c.B * c.T * c.H * 3 * c.D), 12);
+  std::vector<float> x = x0;
+  rope_forward(x.data(), rope.table(), c.B * c.T, c.T, 0, c.H, c.D);
+  int changed_rotated = 0;
+  for (size_t e = 0; e < x.size(); ++e) {
+    const int64_t d = int64_t(e) % c.D, part = (int64_t(e) / c.D) % 3;
+    if (part == 2 || d >= 6)
+      ASSERT_EQ(x[e], x0[e]) << "element " << e << " (part " << part << ", dim " << d << ") changed";
+    else
+      changed_rotated += x[e] != x0[e];
+  }
+  EXPECT_GT(changed_rotated, 0);
+  // Position 0 is the identity (cos 1, sin 0).
+  for (int64_t e = 0; e < c.H * 3 * c.D; ++e) EXPECT_EQ(x[size_t(e)], x0[size_t(e)]) << "position 0, element " << e;
+}
+
+// rope_forward is linear in qkv, so sum(R * rope(x)) has the gradient rope_backward(R):
+// checked by central differences of the double reference.
+TEST(KernelRope, BackwardMatchesFiniteDifferences) {
+  for (Case c : kCases) {
+    c.pos0 = 0;
+    const RotaryEmbedding rope(config_for(c, 32), 32);
+    const size_t n = size_t(c.B * c.T * c.H * 3 * c.D);
+    const std::vector<float> x = random_floats(n, 13), R = random_floats(n, 14);
+    std::vector<float> grad = R;
+    rope_backward(grad.data(), rope.table(), c.B * c.T, c.T, c.H, c.D);
+    auto f = [&](const std::vector<double>& xd) { return project(reference_forward(c, xd, 0), R); };
+    const std::vector<double> want = numeric_grad(f, kernel_test::to_double(x));
+    expect_close(grad, want, 1e-5, "rope_backward " + name_of(c));
+  }
+}
+
+TEST(KernelRope, TableIsMegatronsFp32Angles) {
+  const Case c{1, 1, 1, 8, 1.0, false, 4.0f, 0};
+  const RotaryEmbedding rope(config_for(c, 64), 64);
+  const RopeTable& t = rope.table();
+  ASSERT_EQ(t.half, 4);
+  ASSERT_EQ(t.positions, 64);
+  for (int64_t pos = 0; pos < 64; ++pos)
+    for (int64_t d = 0; d < 4; ++d) {
+      const float inv_freq = 1.0f / std::pow(10000.0f, float(2 * d) / 8.0f);
+      const float angle = (float(pos) / 4.0f) * inv_freq;
+      EXPECT_EQ(t.cos[pos * 4 + d], float(std::cos(double(angle)))) << pos << "," << d;
+      EXPECT_EQ(t.sin[pos * 4 + d], float(std::sin(double(angle)))) << pos << "," << d;
+    }
+}
+
+TEST(KernelRope, PositionsPastTheTableAreRefused) {
+  const Case c{1, 4, 1, 8, 1.0, false, 0.0f, 0};
+  const RotaryEmbedding rope(config_for(c, 4), 4);
+  std::vector<float> x(size_t(4 * 3 * 8), 1.0f);
+  EXPECT_THROW(rope_forward(x.data(), rope.table(), 4, 4, 1, 1, 8), Error);
+  EXPECT_NO_THROW(rope_forward(x.data(), rope.table(), 4, 4, 0, 1, 8));
+}
+
+TEST(KernelRope, ConfigurationErrorsNameTheFlag) {
+  auto error_of = [](double percent, float base, float factor) {
+    const Case c{1, 1, 2, 10, percent, false, factor, 0};
+    try {
+      TransformerConfig cfg = config_for(c, 8);
+      cfg.rotary_base = base;
+      cfg.finalize();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of(0.5, 10000.0f, 0.0f).find("--rotary-percent 0.5 of --kv-channels 10 rotates 5 dims"),
+            std::string::npos);
+  EXPECT_NE(error_of(0.0, 10000.0f, 0.0f).find("--rotary-percent must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(error_of(1.5, 10000.0f, 0.0f).find("--rotary-percent must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(error_of(1.0, 1.0f, 0.0f).find("--rotary-base"), std::string::npos);
+  EXPECT_NE(error_of(1.0, 10000.0f, -1.0f).find("--rotary-seq-len-interpolation-factor"), std::string::npos);
+  EXPECT_EQ(error_of(0.2, 10000.0f, 0.0f), "");  // 2 of 10 dims
+  EXPECT_EQ(error_of(0.6, 10000.0f, 0.0f), "");  // 6 of 10: 10 x 0.6 is 6.000000000000001 in double
+  EXPECT_NE(error_of(0.7, 10000.0f, 0.0f).find("rotates 7 dims"), std::string::npos);  // Megatron's int(7.000000000000001)
+
+  TransformerConfig cfg = config_for(Case{1, 1, 2, 8, 1.0, false, 0.0f, 0}, 8);
+  cfg.position_embedding_type = "alibi";
+  try {
+    cfg.finalize();
+    FAIL() << "alibi accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--position-embedding-type must be learned_absolute or rope"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lattice
