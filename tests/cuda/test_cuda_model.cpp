@@ -202,6 +202,24 @@ TEST(CudaModel, LossAndEveryGradientMatchCpu) {
   expect_tensors_close("gradient", compare_tensors(cfg, cpu.grads, gpu.grads, false), kFp32Tol);
 }
 
+// The rotary embedding (half of each head's dims, interleaved pairs) in place of learned
+// positions: the same loss and gradients on both devices.
+TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.position_embedding_type = "rope";
+  cfg.rotary_percent = 0.5;
+  cfg.rotary_interleaved = true;
+  cfg.finalize();
+  const GradRun cpu = grads_on(Device::cpu, cfg);
+  const GradRun gpu = grads_on(Device::cuda, cfg);
+  ASSERT_EQ(cpu.grads.size(), gpu.grads.size());
+  EXPECT_LE(std::fabs(gpu.loss - cpu.loss), kFp32Tol * std::fabs(cpu.loss))
+      << "loss: cuda " << gpu.loss << ", cpu " << cpu.loss;
+  std::printf("[ info ] rope loss: cuda %.9g, cpu %.9g\n", gpu.loss, cpu.loss);
+  expect_tensors_close("rope gradient", compare_tensors(cfg, cpu.grads, gpu.grads, false), kFp32Tol);
+}
+
 // With dropout on: the masks are the same Philox draws on both devices. lr 1e-4: Adam's
 // update m/(sqrt(v)+eps) turns a gradient's last-bit difference into a relative update
 // difference of the same size, but the update is a small part of each parameter after

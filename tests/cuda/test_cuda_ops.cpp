@@ -30,6 +30,8 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
+#include "kernels/rope.h"
+#include "model/rotary_embedding.h"
 
 namespace lattice {
 namespace {
@@ -1251,6 +1253,54 @@ void decode_attention_cases(std::vector<OpCase>& t) {
   }
 }
 
+// ---------------------------------------------------------------- rotary embedding
+
+// The table made on the host (the CPU's), then uploaded for the GPU: both rotate with the same
+// cos and sin. Each pair's rotation is two products and a sum; nvcc and the host compiler may
+// contract them into fused multiply-adds differently: a few ulp of the larger term.
+void rope_cases(std::vector<OpCase>& t) {
+  struct S {
+    int64_t N, T, pos0, H, D;
+    double percent;
+    bool interleaved;
+  };
+  for (S s : {S{64, 32, 0, 12, 64, 1.0, false}, S{21, 7, 0, 3, 80, 0.5, true}, S{5, 5, 40, 2, 16, 1.0, false}}) {
+    const std::string shape = shape_name({{"N", s.N}, {"T", s.T}, {"pos0", s.pos0}, {"H", s.H}, {"D", s.D}}) +
+                              (s.percent < 1.0 ? "_partial" : "") + (s.interleaved ? "_interleaved" : "");
+    t.push_back({"rope_forward_backward", shape, {1e-6, 1e-7}, [s](const OpCase& c) {
+      TransformerConfig cfg;
+      cfg.num_layers = 1;
+      cfg.num_attention_heads = s.H;
+      cfg.hidden_size = s.H * s.D;
+      cfg.vocab_size = 64;
+      cfg.max_position_embeddings = s.pos0 + s.T;
+      cfg.position_embedding_type = "rope";
+      cfg.rotary_percent = s.percent;
+      cfg.rotary_interleaved = s.interleaved;
+      cfg.finalize();
+      const RotaryEmbedding host(cfg, cfg.max_position_embeddings);
+      const RopeTable& ht = host.table();
+      const size_t entries = size_t(ht.positions * ht.half);
+      auto gcos = upload(std::vector<float>(ht.cos, ht.cos + entries));
+      auto gsin = upload(std::vector<float>(ht.sin, ht.sin + entries));
+      RopeTable gt = ht;
+      gt.cos = gcos.as<float>();
+      gt.sin = gsin.as<float>();
+      auto x = rand_floats(static_cast<size_t>(s.N * s.H * 3 * s.D), 81);
+      auto gx = upload(x);
+      rope_forward(x.data(), ht, s.N, s.T, s.pos0, s.H, s.D);
+      cuda::rope_forward(gx.as<float>(), gt, s.N, s.T, s.pos0, s.H, s.D);
+      expect_close(c, "qkv", x, download<float>(gx, x.size()));
+      if (s.pos0 != 0) return;  // the backward serves training: positions from 0
+      auto g = rand_floats(x.size(), 82);
+      auto gg = upload(g);
+      rope_backward(g.data(), ht, s.N, s.T, s.H, s.D);
+      cuda::rope_backward(gg.as<float>(), gt, s.N, s.T, s.H, s.D);
+      expect_close(c, "dqkv", g, download<float>(gg, g.size()));
+    }});
+  }
+}
+
 // ---------------------------------------------------------------- odd offsets
 
 // Views that start one element into their buffers (a slice of a flat buffer at an odd
@@ -1316,6 +1366,7 @@ std::vector<OpCase> op_table() {
   optimizer_cases(t);
   cast_cases(t);
   decode_attention_cases(t);
+  rope_cases(t);
   odd_offset_cases(t);
   return t;
 }

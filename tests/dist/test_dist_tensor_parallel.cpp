@@ -1,5 +1,6 @@
 // Tensor and sequence parallelism against the single-process run: losses and final
-// parameters over 20 iterations (dropout 0 and 0.1), the communication of one layer
+// parameters over 20 iterations (dropout 0 and 0.1; learned positions and the rotary
+// embedding), the communication of one layer
 // read from the byte counters, and the per-rank memory. Runs under mpirun with 1, 2
 // and 4 ranks: TP = world size, and TP = 2 x DP = 2 with the distributed optimizer on 4.
 #include <gtest/gtest.h>
@@ -27,8 +28,9 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 
 // 50 real tokens padded to a multiple of 8 x TP (56 on one rank, 64 on 2 or 4), so the
 // vocabulary splits unevenly: with TP = 4 the last rank holds 2 real rows.
-TransformerConfig config(float dropout, int tp, int64_t layers = 2) {
+TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false) {
   TransformerConfig c;
+  if (rope) c.position_embedding_type = "rope";
   c.num_layers = layers;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
@@ -41,8 +43,9 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2) {
 }
 
 
-LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg) {
-  GPTModel model(config(dropout, tp.size()), kB, kT, tp);
+LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
+                bool rope = false) {
+  GPTModel model(config(dropout, tp.size(), 2, rope), kB, kT, tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
@@ -63,6 +66,7 @@ LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, cons
 struct Layout {
   bool sequence_parallel;
   float dropout;
+  bool rope = false;  // the rotary embedding (each rank rotates its heads' q and k)
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -71,8 +75,8 @@ class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
 TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr);
-  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope);
+  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope);
   expect_same_run(tp, single);
 }
 
@@ -81,21 +85,21 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
-  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg);
+  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope);
   expect_same_run(run, single);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                          ::testing::Values(Layout{false, 0.0f}, Layout{true, 0.0f}, Layout{false, 0.1f},
-                                           Layout{true, 0.1f}),
+                                           Layout{true, 0.1f}, Layout{true, 0.1f, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
-                                  (info.param.dropout > 0 ? "Dropout" : "NoDropout");
+                                  (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

@@ -123,4 +123,31 @@ expect_error "generate: negative --max-new-tokens" "--max-new-tokens" -- \
 expect_error "generate: --top-p 0" "--top-p" -- "$LATTICE" generate --load ckpt --prompt a --top-p 0
 expect_error "generate: fractional --top-k" "--top-k" -- "$LATTICE" generate --load ckpt --prompt a --top-k 1.5
 
+# ---- the rotary embedding: no HF GPT-2 form; resuming needs the same position embedding ----
+ROPE=(train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16
+      --micro-batch-size 2 --global-batch-size 2 --lr 1e-2 --log-interval 1 --seed 7 --mock-data
+      --tokenizer-type ByteTokenizer --position-embedding-type rope --rotary-percent 0.5)
+if run rope_train "$LATTICE" "${ROPE[@]}" --train-iters 3 --exit-interval 2 --save ckpt-rope; then
+  grep -qF 'embedding.position_embeddings' ckpt-rope/iter_0000002/*.json &&
+    fail "a rope checkpoint lists position_embeddings"
+  expect_error "convert: rope model to HF GPT-2" "--to-hf|rotary|learned absolute positions" -- \
+    "$LATTICE" convert --load ckpt-rope --to-hf hf-rope
+  [ -e hf-rope ] && fail "convert --to-hf of a rope model left hf-rope behind"
+  expect_error "resume: rope checkpoint, learned positions" "position_embedding_type|--position-embedding-type" -- \
+    "$LATTICE" train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 \
+    --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 2 --lr 1e-2 --seed 7 --mock-data \
+    --tokenizer-type ByteTokenizer --train-iters 3 --load ckpt-rope
+  expect_error "resume: another --rotary-percent" "rotary_percent|--rotary-percent" -- \
+    "$LATTICE" "${ROPE[@]/0.5/1.0}" --train-iters 3 --load ckpt-rope
+  if run rope_resume "$LATTICE" "${ROPE[@]}" --train-iters 3 --load ckpt-rope --save ckpt-rope &&
+     run rope_gen "$LATTICE" generate --load ckpt-rope --prompt "ab" --max-new-tokens 40 --seed 3 &&
+     run rope_gen_full "$LATTICE" generate --load ckpt-rope --prompt "ab" --max-new-tokens 40 --seed 3 --no-kv-cache; then
+    same "rope: generate with the KV cache prints what full recomputation prints" rope_gen.out rope_gen_full.out
+  fi
+fi
+expect_error "--position-embedding-type alibi" "--position-embedding-type|alibi" -- \
+  "$LATTICE" "${ROPE[@]/rope/alibi}" --train-iters 1
+expect_error "--rotary-percent rotating an odd number of dims" "--rotary-percent|rotates 5 dims|even" -- \
+  "$LATTICE" "${ROPE[@]/0.5/0.625}" --train-iters 1
+
 e2e_finish

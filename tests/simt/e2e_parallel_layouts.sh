@@ -2,12 +2,12 @@
 # The trainer's whole GPU path, without a GPU: `lattice-simt train --device cuda` (the CLI on
 # the SIMT emulation: lattice's CUDA kernels, cuBLASLt and NCCL calls run on the CPU, NCCL's
 # communicators over MPI; docs/cuda.md) against `lattice train --device cpu`, for each
-# parallel layout: one rank in fp32 with dropout, in bf16, fp16 (loss scaling), fp8 and with
-# full activation recomputation, and on a corpus: the validation loss, and generation from
+# parallel layout: one rank in fp32 with dropout, in bf16, fp16 (loss scaling), fp8, with
+# full activation recomputation and with the rotary embedding (bf16), and on a corpus: the validation loss, and generation from
 # the CPU's checkpoint (with the KV cache and without); under mpirun, tensor parallel,
 # data parallel with the distributed optimizer (overlapped reduction and parameter gather)
 # and bf16 gradient reduction, pipeline parallel (1F1B, and interleaved), and tensor x
-# pipeline on 4 ranks. Every iteration's loss
+# pipeline on 4 ranks (with the rotary embedding). Every iteration's loss
 # and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in different
 # orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or more); bf16,
 # fp16 and fp8 to 1e-3 (the GEMMs and the attention round at different places: 2e-5
@@ -86,6 +86,7 @@ layout one-rank-fp32 1 1e-5
 layout one-rank-bf16 1 1e-3 --bf16
 layout one-rank-fp16 1 1e-3 --fp16 --initial-loss-scale 4096
 layout one-rank-fp8 1 1e-3 --bf16 --fp8-format hybrid
+layout one-rank-bf16-rope 1 1e-3 --bf16 --position-embedding-type rope --rotary-percent 0.5
 layout one-rank-recompute 1 1e-5 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 if command -v mpirun >/dev/null 2>&1; then
   layout tensor-parallel-2 2 1e-5 --tensor-model-parallel-size 2 --sequence-parallel
@@ -95,7 +96,8 @@ if command -v mpirun >/dev/null 2>&1; then
   layout pipeline-2 2 1e-5 --pipeline-model-parallel-size 2
   layout pipeline-2-interleaved 2 1e-5 --pipeline-model-parallel-size 2 --num-layers 4 \
     --num-layers-per-virtual-pipeline-stage 1
-  layout tensor-2-pipeline-2 4 1e-5 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+  layout tensor-2-pipeline-2-rope 4 1e-5 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+    --position-embedding-type rope
 else
   fail "mpirun not found: the parallel layouts were not run"
 fi
@@ -141,6 +143,24 @@ if "$LATTICE" preprocess --input corpus.jsonl --json-keys text --tokenizer-type 
     done
   else
     fail "training on the corpus failed: $(tail -n 3 corpus-cpu.log corpus-simt.log)"
+  fi
+  # With the rotary embedding: the KV cache's keys rotated at their positions in the context.
+  if "$LATTICE" "${TRAIN[@]}" --device cpu --position-embedding-type rope --save ckpt-rope >corpus-rope.log 2>&1; then
+    GEN=(generate --load ckpt-rope --prompt "ab ab" --max-new-tokens 24 --temperature 0.8 --top-k 20 --seed 5)
+    if "$LATTICE" "${GEN[@]}" --device cpu >gen-rope-cpu.out 2>gen-rope-cpu.err &&
+       "$LATTICE" "${GEN[@]}" --device cpu --no-kv-cache >gen-rope-full.out 2>gen-rope-full.err &&
+       timeout "$LIMIT" "$SIMT" "${GEN[@]}" --device cuda >gen-rope-simt.out 2>gen-rope-simt.err; then
+      if [ "$(wc -c <gen-rope-cpu.out)" -gt 6 ] && cmp -s gen-rope-cpu.out gen-rope-simt.out &&
+         cmp -s gen-rope-cpu.out gen-rope-full.out; then
+        pass "rope: generate --device cuda (kv) prints the CPU's text, which the CPU's full recomputation prints too"
+      else
+        fail "rope generate: cuda '$(cat gen-rope-simt.out)', cpu '$(cat gen-rope-cpu.out)', cpu full '$(cat gen-rope-full.out)'"
+      fi
+    else
+      fail "rope generate failed: $(tail -n 2 gen-rope-simt.err gen-rope-cpu.err gen-rope-full.err)"
+    fi
+  else
+    fail "training with the rotary embedding failed: $(tail -n 3 corpus-rope.log)"
   fi
 else
   fail "preprocess failed: $(tail -n 3 prep.log)"

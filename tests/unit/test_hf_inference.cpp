@@ -15,8 +15,12 @@
 namespace lattice {
 namespace {
 
-std::unique_ptr<GPTModel> random_model(bool untie, GeluKind gelu) {
+std::unique_ptr<GPTModel> random_model(bool untie, GeluKind gelu, bool rope = false) {
   TransformerConfig c;
+  if (rope) {
+    c.position_embedding_type = "rope";
+    c.rotary_percent = 0.5;
+  }
   c.num_layers = 3;
   c.hidden_size = 48;
   c.num_attention_heads = 4;
@@ -92,6 +96,14 @@ TEST(HfInference, KvCacheLogitsEqualFullForward) {
     auto model = random_model(untie, untie ? GeluKind::erf : GeluKind::tanh);
     check_against_full_forward(*model, model->config().max_position_embeddings);  // the whole context
   }
+}
+
+// With the rotary embedding the cache holds keys rotated at their positions; each appended
+// chunk's q and k are rotated at positions length()..length()+n-1.
+TEST(HfInference, KvCacheLogitsEqualFullForwardWithRotaryEmbedding) {
+  auto model = random_model(false, GeluKind::erf, true);
+  ASSERT_NE(model->rope_table(), nullptr);
+  check_against_full_forward(*model, model->config().max_position_embeddings);
 }
 
 TEST(HfInference, KvCacheOnHfFixtureModel) {

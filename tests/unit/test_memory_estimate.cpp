@@ -141,6 +141,17 @@ TEST(MemoryEstimate, OneProcessEqualsTheModel) {
     }
 }
 
+// The rotary embedding has no position table: the estimate registers none either.
+TEST(MemoryEstimate, RotaryEmbeddingEqualsTheModel) {
+  TransformerConfig c = config(3, false);
+  c.position_embedding_type = "rope";
+  c.finalize();
+  const MemoryLayout m = layout(c, 1, 1, 1, 4);
+  expect_matches(m, 0);
+  const RankMemory learned = estimate_rank_memory(layout(config(3, false), 1, 1, 1, 4), 0, 0);
+  EXPECT_EQ(estimate_rank_memory(m, 0, 0).parameters, learned.parameters - c.max_position_embeddings * c.hidden_size);
+}
+
 TEST(MemoryEstimate, PipelineStagesEqualTheirModels) {
   for (bool untied : {false, true}) {
     const MemoryLayout m = layout(config(8, untied), 1, 4, 1, 8);
