@@ -299,15 +299,17 @@ class GPTModel {
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
   // Not with the rotary embedding, which rotates the fp32 q and k (with their bias) in place
   // before the attention reads them.
-  bool bf16_qkv() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !rope_; }
+  bool bf16_qkv() const { return bf16_attention_operands() && !rope_; }
+  // set_bf16_qkv's switch with a policy that has bf16 results (the rotary embedding aside).
+  bool bf16_attention_operands() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   AttentionOperand qkv_input(const LayerParams& p, const float* qkv) const;
   // With bf16_qkv(): the core attention's output in bf16 as well, written by the attention
   // forward behind the bf16 qkv in its buffer (whose fp32 size leaves room), which the
   // projection's GEMMs read (forward and weight gradient) without converting attn each time.
   // The row-parallel layers' (projection, fc2) results in bf16 as the GEMM writes them, with
-  // bf16_qkv(): only without tensor parallelism, where no reduction of partial sums comes
+  // set_bf16_qkv's switch (the rotary embedding too): only without tensor parallelism, where no reduction of partial sums comes
   // between the GEMM and the rounding (bias_dropout_add then reads half the bytes).
-  bool bf16_row_outputs() const { return bf16_qkv() && tp_.size() == 1; }
+  bool bf16_row_outputs() const { return bf16_attention_operands() && tp_.size() == 1; }
   // out = residual + dropout(round(x W^T) + bias) for row-parallel layer w (bias b), through
   // y ([Ns, C] scratch; [N, C] rows without sequence parallelism): Megatron's bias_dropout_add.
   // With `norm`, that LayerNorm of out as well, in the same pass.

@@ -96,9 +96,13 @@ TEST(PrecisionTraining, LossesFollowFp32) {
 // fp32 logits, inputs and qkv, bit for bit: every loss, gradient norm and final parameter,
 // with an evaluation forward in between; with dropout, and without (where the LayerNorm
 // backward makes the row-parallel layers' bf16 output gradient and bias gradient).
-void expect_bf16_storage_trains_bit_identically(float dropout) {
+void expect_bf16_storage_trains_bit_identically(float dropout, bool rope = false) {
   TransformerConfig cfg = config();
   cfg.hidden_dropout = cfg.attention_dropout = dropout;
+  if (rope) {  // the qkv switch then keeps qkv in fp32 but the row-parallel outputs in bf16
+    cfg.position_embedding_type = "rope";
+    cfg.finalize();
+  }
   struct Run {
     bool logits, inputs, qkv;
     std::vector<double> metrics;
@@ -138,6 +142,9 @@ void expect_bf16_storage_trains_bit_identically(float dropout) {
 
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdentically) { expect_bf16_storage_trains_bit_identically(0.1f); }
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithoutDropout) { expect_bf16_storage_trains_bit_identically(0.0f); }
+TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithRotaryEmbedding) {
+  expect_bf16_storage_trains_bit_identically(0.1f, true);
+}
 
 // Overflows induced at iterations 2, 3 and 4 with hysteresis 2: the first leaves the scale
 // (hysteresis tracker 2 -> 1), the next two halve it; those steps leave the parameters
