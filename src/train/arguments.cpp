@@ -163,6 +163,18 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "1: shard the optimizer state (2, the gradients too, is not implemented)"},
       {"log-comm", Kind::flag, &a.log_comm, "report communication bytes and time per step"},
       {"metrics-file", Kind::str, &a.metrics_file, "write one JSON object per logged iteration"},
+      {"tensorboard-dir", Kind::str, &a.tensorboard_dir, "write TensorBoard event files (Megatron's scalars) here"},
+      {"tensorboard-log-interval", Kind::i64, &a.tensorboard_log_interval,
+       "iterations between TensorBoard scalars"},
+      {"tensorboard-queue-size", Kind::i64, &a.tensorboard_queue_size,
+       "TensorBoard events held before a write (accepted; lattice writes at every log point)"},
+      {"log-validation-ppl-to-tensorboard", Kind::flag, &a.log_validation_ppl_to_tensorboard,
+       "also the validation perplexity"},
+      {"log-timers-to-tensorboard", Kind::flag, &a.log_timers_to_tensorboard,
+       "also the iteration time (seconds) at every --log-interval"},
+      {"no-log-loss-scale-to-tensorboard", Kind::flag, &a.no_log_loss_scale_to_tensorboard,
+       "leave the loss scale out"},
+      {"log-world-size-to-tensorboard", Kind::flag, &a.log_world_size_to_tensorboard, "also the world size"},
       {"peak-tflops", Kind::f64, &a.peak_tflops,
        "peak TFLOP/s for MFU (0: measured by a GEMM calibration)"},
       {"device", Kind::str, &a.device, "where tensors live and kernels run: cpu or cuda (one GPU per process)"},
@@ -264,6 +276,12 @@ void validate(TrainArgs& a) {
   if (a.train_samples == 0) positive("train-iters", a.train_iters);
   else positive("train-samples", a.train_samples);
   positive("log-interval", a.log_interval);
+  positive("tensorboard-log-interval", a.tensorboard_log_interval);
+  positive("tensorboard-queue-size", a.tensorboard_queue_size);
+  if (a.tensorboard_dir.empty() && (a.log_validation_ppl_to_tensorboard || a.log_timers_to_tensorboard ||
+                                    a.log_world_size_to_tensorboard))
+    LATTICE_FAIL() << "--log-validation-ppl-to-tensorboard, --log-timers-to-tensorboard and "
+                      "--log-world-size-to-tensorboard need --tensorboard-dir DIR";
   if (a.max_position_embeddings == 0) a.max_position_embeddings = a.seq_length;
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size;
   if (a.train_samples > 0) {  // Megatron's update_train_iters (constant batch size)

@@ -98,6 +98,11 @@ struct TrainArgs {
   std::string device = "cpu";
   // output
   std::string save, metrics_file;
+  // TensorBoard (train/tensorboard_log.h): Megatron's scalars every --tensorboard-log-interval
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1, tensorboard_queue_size = 1000;
+  bool log_validation_ppl_to_tensorboard = false, log_timers_to_tensorboard = false;
+  bool no_log_loss_scale_to_tensorboard = false, log_world_size_to_tensorboard = false;
   double peak_tflops = 0;   // 0: measure with a GEMM calibration
   int64_t num_threads = 0;  // 0: OMP_NUM_THREADS, else all cores
   bool log_throughput = false;

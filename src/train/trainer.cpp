@@ -35,6 +35,7 @@
 #include "train/precision_setup.h"
 #include "train/memory_estimate.h"
 #include "train/op_profile_report.h"
+#include "train/tensorboard_log.h"
 #include "train/train_step.h"
 
 namespace lattice {
@@ -354,6 +355,8 @@ int run_training(const TrainArgs& args) {
   // Load before anything is written: a bad checkpoint leaves every file as it was.
   const TrainingProgress start = resume_point(args, model, optimizer, scheduler, loss_scaler.get(), precision.get());
   std::ofstream metrics = open_metrics(ps->world_rank() == 0 ? args.metrics_file : "", start.iteration);
+  TensorBoardLog tensorboard(args, ps->world_rank() == 0);
+  if (tensorboard.active()) log_info("> TensorBoard events: " + tensorboard.path());
   if (args.exit_signal_handler) install_exit_signal_handler();
 
   int64_t last_saved = -1;
@@ -421,6 +424,8 @@ int run_training(const TrainArgs& args) {
     if (precision) precision->set_training(true);
     log_info(format_evaluation(prefix, r));
     if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, key, r) << "\n" << std::flush;
+    tensorboard.evaluation(std::string(key) == "val" ? "validation" : key, iteration,
+                           iteration * args.global_batch_size, r);
   };
 
   const StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad, start.seed,
@@ -454,6 +459,9 @@ int run_training(const TrainArgs& args) {
     last_norm = r.grad_norm;
     ++interval_iters;
     const int64_t done = it + 1;
+    tensorboard.iteration({done, done * args.global_batch_size, args.global_batch_size, ps->world_size(),
+                           scheduler.get_lr(), r.lm_loss, loss_scaler ? loss_scaler->scale() : 1.0, r.grad_norm,
+                           r.skipped});
     if (done % args.log_interval == 0 || done == args.train_iters) {
       LogLine l{};
       l.iteration = done;
@@ -471,6 +479,7 @@ int run_training(const TrainArgs& args) {
       l.tokens_per_sec = double(args.global_batch_size * args.seq_length) / (l.elapsed_ms / 1e3);
       l.mfu_percent = 100.0 * l.tflops_per_gpu / peak;
       log_info(format_log_line(l));
+      tensorboard.iteration_time(done, l.elapsed_ms / 1e3);
       if (args.log_comm) {
         log_info(format_comm_report(ps->total_stats(), interval_iters,
                                     dp ? dp->grad_sync().exposed_seconds() : 0.0));
