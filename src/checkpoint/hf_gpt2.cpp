@@ -357,6 +357,10 @@ HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t s
 }
 
 void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type) {
+  if (model.config().attention_width() != model.config().hidden_size)
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's --kv-channels " << model.config().kv_channels << " x "
+                   << model.config().num_attention_heads << " heads is not its hidden size "
+                   << model.config().hidden_size << "; HuggingFace GPT-2's attention is as wide as its hidden size";
   if (model.config().rope())
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model uses the rotary embedding "
                    << "(--position-embedding-type rope); HuggingFace GPT-2 has learned absolute positions only";

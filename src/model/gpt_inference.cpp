@@ -25,7 +25,6 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   capacity_ = capacity > 0 ? capacity : cfg_.max_position_embeddings;
   LATTICE_CHECK(capacity_ <= cfg_.max_position_embeddings)
       << "KV cache of " << capacity_ << " tokens exceeds max_position_embeddings " << cfg_.max_position_embeddings;
-  LATTICE_CHECK(cfg_.kv_channels * cfg_.num_attention_heads == cfg_.hidden_size);
   wte_ = p("embedding.word_embeddings.weight");
   wpe_ = cfg_.rope() ? nullptr : p("embedding.position_embeddings.weight");
   rope_ = model.rope_table();
@@ -41,7 +40,7 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
                        p(s + "mlp.linear_fc1.weight"), p(s + "mlp.linear_fc1.bias"),
                        p(s + "mlp.linear_fc2.weight"), p(s + "mlp.linear_fc2.bias")});
   }
-  const size_t cache = size_t(cfg_.num_layers * cfg_.hidden_size * capacity_);
+  const size_t cache = size_t(cfg_.num_layers * cfg_.attention_width() * capacity_);
   k_cache_.resize(cache);
   v_cache_.resize(cache);
 }
@@ -49,11 +48,12 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
 void GPTInference::reserve_rows(int64_t n) {
   if (n <= rows_) return;
   const size_t C = size_t(cfg_.hidden_size), F = size_t(cfg_.ffn_hidden_size), N = size_t(n);
+  const size_t Q = size_t(cfg_.attention_width());
   x_.resize(N * C);
   ln_.resize(N * C);
-  attn_.resize(N * C);
+  attn_.resize(N * Q);
   tmp_.resize(N * C);
-  qkv_.resize(N * 3 * C);
+  qkv_.resize(N * 3 * Q);
   fc_.resize(N * F);
   mean_.resize(N);
   rstd_.resize(N);
@@ -63,7 +63,7 @@ void GPTInference::reserve_rows(int64_t n) {
 
 void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, H = cfg_.num_attention_heads;
-  const int64_t D = cfg_.kv_channels, Vp = cfg_.padded_vocab_size, Tmax = capacity_;
+  const int64_t D = cfg_.kv_channels, Q = cfg_.attention_width(), Vp = cfg_.padded_vocab_size, Tmax = capacity_;
   const float eps = cfg_.layernorm_epsilon;
   LATTICE_CHECK(n > 0) << "append: no tokens";
   if (length_ + n > capacity_)
@@ -87,13 +87,13 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps);
-    linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * C);  // [n, H, 3, D]
+    linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * Q);  // [n, H, 3, D]
     if (rope_) rope_forward(qkv, *rope_, n, n, length_, H, D);  // q and k at their positions in the context
     const int64_t layer_cache = l * H * Tmax * D;
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, H, D, Tmax);
     cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_, H,
                              D, Tmax);
-    linear_forward(tmp, attn, p.proj_w, p.proj_b, n, C, C);
+    linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps);
     linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, F);

@@ -240,6 +240,7 @@ const float* GPTModel::effective_loss_mask(Activations& a, const float* loss_mas
 // same name (initialised identically, kept equal by the embedding-group all-reduce).
 void GPTModel::register_parameters() {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Vp = cfg_.padded_vocab_size;
+  const int64_t Q = cfg_.attention_width();
   const float std = cfg_.init_method_std;
   const float out_std = std / std::sqrt(2.0f * float(cfg_.num_layers));
   const int r = tp_.rank(), P = tp_.size();
@@ -262,9 +263,9 @@ void GPTModel::register_parameters() {
       p.layer = l;
       p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
       p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-      p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {3 * C, C}, ParamInit::normal, std, 0);
-      p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * C}, ParamInit::zeros, 0, 0);
-      p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, C}, ParamInit::normal, out_std, 1);
+      p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {3 * Q, C}, ParamInit::normal, std, 0);
+      p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * Q}, ParamInit::zeros, 0, 0);
+      p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
       p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
       p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
@@ -300,7 +301,7 @@ float* GPTModel::output_weight_grad() { return params_.grad(out_w_ >= 0 ? out_w_
 void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& arena, const TransformerConfig& cfg,
                         const TensorParallel& tp, const ModelPlacement& place, int64_t B, int64_t T) {
   const int64_t P = tp.size();
-  const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = C / P;
+  const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = cfg.attention_width() / P;
   const int64_t Fl = cfg.ffn_hidden_size / P, Hl = cfg.num_attention_heads / P;
   const int64_t Vl = cfg.padded_vocab_size / P;
   const bool selective = cfg.recompute_granularity == "selective";
@@ -378,7 +379,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   sc.d_s = tp.sp() ? arena.alloc_f32(Ns * C, "grad") : nullptr;
   sc.ln_full = tp.sp() ? arena.alloc_f32(N * C, "gathered layernorm") : nullptr;
   sc.d_c1 = arena.alloc_f32(N * C, "grad");
-  sc.d_c2 = arena.alloc_f32(N * C, "grad");
+  sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
   sc.d_3c = arena.alloc_f32(N * 3 * Cl, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
 }

@@ -35,9 +35,7 @@ void TransformerConfig::finalize(int64_t tp) {
                      << " does not divide --hidden-size " << hidden_size;
     kv_channels = hidden_size / num_attention_heads;
   }
-  if (kv_channels * num_attention_heads != hidden_size)
-    LATTICE_FAIL() << "--kv-channels " << kv_channels << " x --num-attention-heads "
-                   << num_attention_heads << " must equal --hidden-size " << hidden_size;
+  if (kv_channels <= 0) LATTICE_FAIL() << "--kv-channels must be positive, got " << kv_channels;
   if (ffn_hidden_size == 0) ffn_hidden_size = 4 * hidden_size;
   if (ffn_hidden_size <= 0) LATTICE_FAIL() << "--ffn-hidden-size must be positive";
   if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;

@@ -12,7 +12,10 @@ struct TransformerConfig {
   int64_t hidden_size = 0;
   int64_t num_attention_heads = 0;
   int64_t ffn_hidden_size = 0;        // 0 -> 4 * hidden_size
-  int64_t kv_channels = 0;            // 0 -> hidden_size / num_attention_heads
+  int64_t kv_channels = 0;            // head dim; 0 -> hidden_size / num_attention_heads
+  // The attention's width: q, k and v each [heads x kv_channels] (Megatron's
+  // query_projection_size); the hidden size unless --kv-channels says otherwise.
+  int64_t attention_width() const { return kv_channels * num_attention_heads; }
   int64_t vocab_size = 0;             // real (unpadded) vocabulary
   int64_t padded_vocab_size = 0;      // 0 -> padded by make_vocab_size_divisible_by
   int64_t make_vocab_size_divisible_by = 128;

@@ -59,7 +59,7 @@ class LayoutOnlyComm : public Comm {
 // real model.)
 ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const ModelPlacement& place) {
   ParamBuffer pb;
-  const int64_t C = c.hidden_size, F = c.ffn_hidden_size, Vp = c.padded_vocab_size;
+  const int64_t C = c.hidden_size, F = c.ffn_hidden_size, Vp = c.padded_vocab_size, Q = c.attention_width();
   auto add = [&](const std::string& name, const Shape& shape, int split) {
     pb.add_tp(name, shape, ParamInit::zeros, 0, split, r, P);
   };
@@ -73,9 +73,9 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       const std::string p = "decoder.layers." + std::to_string(l) + ".";
       add(p + "input_layernorm.weight", {C}, -1);
       add(p + "input_layernorm.bias", {C}, -1);
-      add(p + "self_attention.linear_qkv.weight", {3 * C, C}, 0);  // [3C/P, C]
-      add(p + "self_attention.linear_qkv.bias", {3 * C}, 0);
-      add(p + "self_attention.linear_proj.weight", {C, C}, 1);     // [C, C/P]
+      add(p + "self_attention.linear_qkv.weight", {3 * Q, C}, 0);  // [3Q/P, C], Q = heads x kv_channels
+      add(p + "self_attention.linear_qkv.bias", {3 * Q}, 0);
+      add(p + "self_attention.linear_proj.weight", {C, Q}, 1);     // [C, Q/P]
       add(p + "self_attention.linear_proj.bias", {C}, -1);
       add(p + "pre_mlp_layernorm.weight", {C}, -1);
       add(p + "pre_mlp_layernorm.bias", {C}, -1);

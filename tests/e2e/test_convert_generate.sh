@@ -145,6 +145,15 @@ if run rope_train "$LATTICE" "${ROPE[@]}" --train-iters 3 --exit-interval 2 --sa
     same "rope: generate with the KV cache prints what full recomputation prints" rope_gen.out rope_gen_full.out
   fi
 fi
+# ---- --kv-channels other than hidden / heads: trains, generates, has no GPT-2 form ----
+if run kv_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --kv-channels 16 --train-iters 2 --save ckpt-kv; then
+  expect_error "convert: --kv-channels 16 x 4 heads to HF GPT-2" "--to-hf|--kv-channels 16|hidden size 32" -- \
+    "$LATTICE" convert --load ckpt-kv --to-hf hf-kv
+  [ -e hf-kv ] && fail "convert --to-hf of a --kv-channels model left hf-kv behind"
+  run kv_gen "$LATTICE" generate --load ckpt-kv --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run kv_gen_full "$LATTICE" generate --load ckpt-kv --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--kv-channels 16: generate with the KV cache prints what full recomputation prints" kv_gen.out kv_gen_full.out
+fi
 expect_error "--position-embedding-type alibi" "--position-embedding-type|alibi" -- \
   "$LATTICE" "${ROPE[@]/rope/alibi}" --train-iters 1
 expect_error "--rotary-percent rotating an odd number of dims" "--rotary-percent|rotates 5 dims|even" -- \

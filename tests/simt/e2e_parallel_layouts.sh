@@ -7,7 +7,7 @@
 # the CPU's checkpoint (with the KV cache and without); under mpirun, tensor parallel,
 # data parallel with the distributed optimizer (overlapped reduction and parameter gather)
 # and bf16 gradient reduction, pipeline parallel (1F1B, and interleaved), and tensor x
-# pipeline on 4 ranks (with the rotary embedding). Every iteration's loss
+# pipeline on 4 ranks (with the rotary embedding, and an attention twice the hidden size). Every iteration's loss
 # and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in different
 # orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or more); bf16,
 # fp16 and fp8 to 1e-3 (the GEMMs and the attention round at different places: 2e-5
@@ -97,7 +97,7 @@ if command -v mpirun >/dev/null 2>&1; then
   layout pipeline-2-interleaved 2 1e-5 --pipeline-model-parallel-size 2 --num-layers 4 \
     --num-layers-per-virtual-pipeline-stage 1
   layout tensor-2-pipeline-2-rope 4 1e-5 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
-    --position-embedding-type rope
+    --position-embedding-type rope --kv-channels 32
 else
   fail "mpirun not found: the parallel layouts were not run"
 fi

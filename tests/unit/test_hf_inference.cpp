@@ -17,9 +17,10 @@ namespace {
 
 std::unique_ptr<GPTModel> random_model(bool untie, GeluKind gelu, bool rope = false) {
   TransformerConfig c;
-  if (rope) {
+  if (rope) {  // and heads of 20 dims: 4 x 20 against a hidden size of 48
     c.position_embedding_type = "rope";
     c.rotary_percent = 0.5;
+    c.kv_channels = 20;
   }
   c.num_layers = 3;
   c.hidden_size = 48;

@@ -141,6 +141,16 @@ TEST(MemoryEstimate, OneProcessEqualsTheModel) {
     }
 }
 
+// --kv-channels wider than hidden / heads: the attention's weights and activations grow.
+TEST(MemoryEstimate, WideAttentionEqualsTheModel) {
+  for (int P : {1, 2}) {
+    TransformerConfig c = config(3, false, P);
+    c.kv_channels = 3 * c.hidden_size / c.num_attention_heads;
+    c.finalize(P);
+    expect_matches(layout(c, P, 1, 1, 4), 0);
+  }
+}
+
 // The rotary embedding has no position table: the estimate registers none either.
 TEST(MemoryEstimate, RotaryEmbeddingEqualsTheModel) {
   TransformerConfig c = config(3, false);
