@@ -46,6 +46,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"rotary_base", "--rotary-base", 10000.0},
       {"rotary_interleaved", "--rotary-interleaved", false},
       {"rotary_seq_len_interpolation_factor", "--rotary-seq-len-interpolation-factor", 0.0},
+      {"add_bias_linear", "--disable-bias-linear", true},
   };
   return fields;
 }
@@ -77,7 +78,8 @@ json model_config_json(const TransformerConfig& c) {
           {"rotary_percent", c.rotary_percent},
           {"rotary_base", c.rotary_base},
           {"rotary_interleaved", c.rotary_interleaved},
-          {"rotary_seq_len_interpolation_factor", c.rotary_seq_len_interpolation_factor}};
+          {"rotary_seq_len_interpolation_factor", c.rotary_seq_len_interpolation_factor},
+          {"add_bias_linear", c.add_bias_linear}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -102,6 +104,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.rotary_base = field_or_fallback(j, opt[2]).get<float>();
     c.rotary_interleaved = field_or_fallback(j, opt[3]).get<bool>();
     c.rotary_seq_len_interpolation_factor = field_or_fallback(j, opt[4]).get<float>();
+    c.add_bias_linear = field_or_fallback(j, opt[5]).get<bool>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }

@@ -22,6 +22,8 @@ namespace lattice {
 GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model.config()) {
   const ParamBuffer& pb = model.params();
   auto p = [&](const std::string& name) -> const float* { return pb.params() + pb.info(name).offset; };
+  // A linear layer's bias, or null without biases (--disable-bias-linear): linear_forward adds none.
+  auto bias = [&](const std::string& name) -> const float* { return cfg_.add_bias_linear ? p(name) : nullptr; };
   capacity_ = capacity > 0 ? capacity : cfg_.max_position_embeddings;
   LATTICE_CHECK(capacity_ <= cfg_.max_position_embeddings)
       << "KV cache of " << capacity_ << " tokens exceeds max_position_embeddings " << cfg_.max_position_embeddings;
@@ -34,11 +36,11 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const std::string s = "decoder.layers." + std::to_string(l) + ".";
     layers_.push_back({p(s + "input_layernorm.weight"), p(s + "input_layernorm.bias"),
-                       p(s + "self_attention.linear_qkv.weight"), p(s + "self_attention.linear_qkv.bias"),
-                       p(s + "self_attention.linear_proj.weight"), p(s + "self_attention.linear_proj.bias"),
+                       p(s + "self_attention.linear_qkv.weight"), bias(s + "self_attention.linear_qkv.bias"),
+                       p(s + "self_attention.linear_proj.weight"), bias(s + "self_attention.linear_proj.bias"),
                        p(s + "pre_mlp_layernorm.weight"), p(s + "pre_mlp_layernorm.bias"),
-                       p(s + "mlp.linear_fc1.weight"), p(s + "mlp.linear_fc1.bias"),
-                       p(s + "mlp.linear_fc2.weight"), p(s + "mlp.linear_fc2.bias")});
+                       p(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
+                       p(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias")});
   }
   const size_t cache = size_t(cfg_.num_layers * cfg_.attention_width() * capacity_);
   k_cache_.resize(cache);

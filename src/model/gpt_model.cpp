@@ -77,13 +77,13 @@ struct GPTModel::Scratch {
   float* d_s;                 // [Ns, C]  (sequence parallelism only)
   float* ln_full;             // [N, C]   a LayerNorm output gathered from the shards (idem)
   float* d_c1;                // [N, C]
-  float* d_c2;                // [N, C]
-  float* d_3c;                // [N, 3C/P]
+  float* d_c2;                // [N, max(C, Q/P)]  (Q = heads x kv_channels)
+  float* d_3c;                // [N, 3Q/P]
   float* d_f;                 // [N, Fl]
   // Recomputation (shared by every chunk and slot: one group is live at a time).
   std::vector<Activations::Layer> group;  // full: largest group x one layer's buffers
   std::vector<float*> group_resid;        // full: (largest group - 1) x [Ns, C] inner residuals
-  float* attn = nullptr;                  // selective: [N, C/P] core-attention output
+  float* attn = nullptr;                  // selective: [N, Q/P] core-attention output
   float* lse = nullptr;                   // selective: [B, Hl, T]
 };
 
@@ -152,6 +152,11 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   register_parameters();
   params_.allocate();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
+  if (!cfg_.add_bias_linear) {  // zeros for the fused kernels that add a bias; a sink for those that sum one
+    const size_t n = size_t(std::max({3 * Hl_ * cfg_.kv_channels, Fl_, cfg_.hidden_size}));
+    no_bias_.resize(n);
+    bias_grad_sink_.resize(n);
+  }
   try {
     arena_ = Arena(activation_bytes(cfg_, B, T, tp_, place_));
   } catch (const OutOfMemory& e) {
@@ -248,6 +253,7 @@ void GPTModel::register_parameters() {
     return params_.add_tp(name, shape, init, s, split, r, P);
   };
   const bool tied = !cfg_.untie_embeddings_and_output_weights;
+  const bool bias = cfg_.add_bias_linear;
   const bool split_pipeline = !(place_.pre_process && place_.post_process);
   if (place_.pre_process) {
     wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
@@ -264,15 +270,15 @@ void GPTModel::register_parameters() {
       p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
       p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
       p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {3 * Q, C}, ParamInit::normal, std, 0);
-      p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * Q}, ParamInit::zeros, 0, 0);
+      if (bias) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * Q}, ParamInit::zeros, 0, 0);
       p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
-      p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
+      if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
       p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
       p.fc1_w = add(layer_name(l, "mlp.linear_fc1.weight"), {F, C}, ParamInit::normal, std, 0);
-      p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F}, ParamInit::zeros, 0, 0);
+      if (bias) p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F}, ParamInit::zeros, 0, 0);
       p.fc2_w = add(layer_name(l, "mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
-      p.fc2_b = add(layer_name(l, "mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1);
+      if (bias) p.fc2_b = add(layer_name(l, "mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1);
       layers_.push_back(p);
     }
   }
@@ -509,7 +515,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   if (bf16_qkv())  // round(x W^T) in bf16; the attention adds the bias (qkv_input)
     gemm_policy_->forward_bf16(p.qkv_w, x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl);
   else
-    linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), params_.param(p.qkv_b), N, C, 3 * Cl,
+    linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, 3 * Cl,
                    site(p.qkv_w));
   if (rope_) rope_forward(x.qkv, rope_->table(), N, T, 0, Hl_, cfg_.kv_channels);  // q, k rotated in place
   core_attention_forward(p, a, i, B, T, key);
@@ -526,11 +532,11 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   if (bf16_inputs()) {
     const uint16_t* y = gemm_policy_->forward_bf16(p.fc1_w, x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C,
                                                    Fl_);
-    bias_gelu_forward_packed(reinterpret_cast<uint16_t*>(x.gelu), y, params_.param(p.fc1_b), N, Fl_, cfg_.gelu);
+    bias_gelu_forward_packed(reinterpret_cast<uint16_t*>(x.gelu), y, bias(p.fc1_b), N, Fl_, cfg_.gelu);
   } else {
     linear_forward(x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), nullptr, N, C, Fl_,
                    site(p.fc1_w).rounded_by_caller());
-    bias_gelu_forward(x.fc1, x.gelu, x.fc1, params_.param(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
+    bias_gelu_forward(x.fc1, x.gelu, x.fc1, bias(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
   }
   if (!output) return;
   row_parallel_output(a.resid[i + 1], x.resid_mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
@@ -545,18 +551,18 @@ void GPTModel::row_parallel_output(float* out, const float* residual, float* y, 
   if (bf16_row_outputs()) {
     const uint16_t* y16 = gemm_policy_->forward_bf16(w, y, x, params_.param(w), N, in_local, C);
     if (norm)
-      bias_dropout_add_layernorm_forward(out, residual, y16, params_.param(b), Ns, C, p, stream, first_index, ln);
+      bias_dropout_add_layernorm_forward(out, residual, y16, bias(b), Ns, C, p, stream, first_index, ln);
     else
-      bias_dropout_add_forward(out, residual, y16, params_.param(b), Ns, C, p, stream, first_index);
+      bias_dropout_add_forward(out, residual, y16, bias(b), Ns, C, p, stream, first_index);
     return;
   }
   row_parallel_linear_forward(tp_, y, scratch_->d_c1, x, params_.param(w), nullptr, N, in_local, C,
                               site(w).rounded_by_caller());
   if (norm)
-    bias_dropout_add_layernorm_forward(out, residual, y, params_.param(b), Ns, C, p, stream, first_index,
+    bias_dropout_add_layernorm_forward(out, residual, y, bias(b), Ns, C, p, stream, first_index,
                                        rounding(site(w)), ln);
   else
-    bias_dropout_add_forward(out, residual, y, params_.param(b), Ns, C, p, stream, first_index, rounding(site(w)));
+    bias_dropout_add_forward(out, residual, y, bias(b), Ns, C, p, stream, first_index, rounding(site(w)));
 }
 
 uint16_t* GPTModel::attn_bf16(float* qkv, int64_t N) const {
@@ -578,15 +584,15 @@ GPTModel::RowOutputGrad GPTModel::row_output_grad(float* d_rows, int b, int64_t 
   if (made)
     LATTICE_CHECK(residual_grad_out(b, p).bf16 == dy16) << "row_output_grad: made by a LayerNorm backward it can't be";
   else if (p == 0.0f)
-    bias_backward_cast_bf16(params_.grad(b), dy16, scratch_->d_resid, N, C);
+    bias_backward_cast_bf16(bias_grad(b), dy16, scratch_->d_resid, N, C);
   else
-    dropout_backward_bias_cast_bf16(params_.grad(b), dy16, scratch_->d_resid, N, C, p, stream, first_index);
+    dropout_backward_bias_cast_bf16(bias_grad(b), dy16, scratch_->d_resid, N, C, p, stream, first_index);
   return RowOutputGrad{nullptr, dy16};
 }
 
 ResidualGradOut GPTModel::residual_grad_out(int b, float p) const {
   if (!bf16_row_output_grads() || p != 0.0f) return {};
-  return ResidualGradOut{reinterpret_cast<uint16_t*>(scratch_->d_f), params_.grad(b)};
+  return ResidualGradOut{reinterpret_cast<uint16_t*>(scratch_->d_f), bias_grad(b)};
 }
 
 GemmSite GPTModel::ln_grad_site(int w) const {
@@ -607,7 +613,7 @@ const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p
 
 AttentionOperand GPTModel::qkv_input(const LayerParams& p, const float* qkv) const {
   if (!bf16_qkv()) return AttentionOperand(qkv);
-  return AttentionOperand::packed(reinterpret_cast<const uint16_t*>(qkv), params_.param(p.qkv_b));
+  return AttentionOperand::packed(reinterpret_cast<const uint16_t*>(qkv), bias_or_null(p.qkv_b));
 }
 
 void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
@@ -672,17 +678,17 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // for the last time), summing fc1's bias gradient as it goes (no fp32 gradient stored).
     const bool bf16 = bf16_inputs();
     row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w),
-                                 d_fc2.bf16 ? nullptr : params_.grad(p.fc2_b), d_fc2.fp32, sc.d_c2, input(x.gelu),
+                                 d_fc2.bf16 ? nullptr : bias_grad_or_null(p.fc2_b), d_fc2.fp32, sc.d_c2, input(x.gelu),
                                  params_.param(p.fc2_w), N, Fl_, C,
                                  bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller(),
                                  d_fc2.bf16);
     uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
     if (bf16)
-      bias_gelu_backward_packed_dbias(d_f16, params_.grad(p.fc1_b), d_f16, params_.param(p.fc1_b),
+      bias_gelu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias(p.fc1_b),
                                       reinterpret_cast<const uint16_t*>(x.gelu), N, Fl_, cfg_.gelu);
     else
       gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
-    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), bf16 ? nullptr : params_.grad(p.fc1_b),
+    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), bf16 ? nullptr : bias_grad_or_null(p.fc1_b),
                                     bf16 ? nullptr : sc.d_f, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_,
                                     ln_grad_site(p.fc1_w), d_f16);
     // The input gradient rounded as the LayerNorm backward reads it (one pass fewer), or
@@ -698,7 +704,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
     // and the attention backward reads it as it is (no rounding pass, half the bytes).
     const bool bf16_d_attn = bf16_qkv();
-    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), d_proj.bf16 ? nullptr : params_.grad(p.proj_b),
+    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), d_proj.bf16 ? nullptr : bias_grad_or_null(p.proj_b),
                                  d_proj.fp32, sc.d_c1, proj_input(x.qkv, x.attn, N), params_.param(p.proj_w), N, Cl,
                                  C, bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w), d_proj.bf16);
     const AttentionOperand d_attn = bf16_d_attn
@@ -711,12 +717,12 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // bf16 values when ffn_hidden_size >= 1.5 hidden_size), and sums the bias gradient from
     // the fp32 one (which its tensor-core kernels then never store in sc.d_3c).
     uint16_t* d_3c16 = bf16_d_attn && 3 * Cl <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
-    float* d_qkv_b = d_3c16 ? params_.grad(p.qkv_b) : nullptr;
+    float* d_qkv_b = d_3c16 ? bias_grad_or_null(p.qkv_b) : nullptr;
     attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
                        docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
     if (rope_) rope_backward(sc.d_3c, rope_->table(), N, T, Hl_, D);  // d(q, k) before the rotation
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
-                                    d_qkv_b ? nullptr : params_.grad(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
+                                    d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
                                     ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, ln_grad_site(p.qkv_w),
                                     d_3c16);
     // d_resid becomes d(layer input): the output gradient of the previous layer's fc2 (made

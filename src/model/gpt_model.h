@@ -203,7 +203,9 @@ class GPTModel {
   struct Scratch;
   struct LayerParams {
     int64_t layer;  // global layer index
-    int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+    // parameter indices; -1: none (the linear biases with --disable-bias-linear)
+    int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc1_w = -1,
+        fc1_b = -1, fc2_w = -1, fc2_b = -1;
   };
 
   void register_parameters();
@@ -357,6 +359,13 @@ class GPTModel {
                                        uint64_t first_index) const;
   const float* output_weight() const;
   float* output_weight_grad();
+  // A linear layer's bias b, or null when it has none (--disable-bias-linear), for the
+  // kernels that take null for no bias; bias() gives zeros instead to the fused kernels
+  // that always add one, and bias_grad() a sink (never read) to those that always sum one.
+  const float* bias_or_null(int b) const { return b >= 0 ? params_.param(b) : nullptr; }
+  float* bias_grad_or_null(int b) const { return b >= 0 ? params_.grad(b) : nullptr; }
+  const float* bias(int b) const { return b >= 0 ? params_.param(b) : no_bias_.data(); }
+  float* bias_grad(int b) const { return b >= 0 ? params_.grad(b) : bias_grad_sink_.data(); }
   void grads_ready(std::initializer_list<int> indices) const {
     if (grad_ready_)
       for (int i : indices)
@@ -385,6 +394,7 @@ class GPTModel {
   std::unique_ptr<Scratch> scratch_;
   DocumentBoundaries docs_;
   std::unique_ptr<RotaryEmbedding> rope_;  // with --position-embedding-type rope
+  DeviceArray<float> no_bias_, bias_grad_sink_;  // with --disable-bias-linear (zeroed when allocated)
   DeviceArray<float> row_max_;         // [B*T] cross entropy statistics
   DeviceArray<double> ce_stats_;       // [B*T, 2]
   DeviceArray<float> sp_grads_;        // sequence-parallel gradient staging

@@ -55,6 +55,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"openai-gelu", Kind::flag, &a.openai_gelu, "tanh GELU instead of the erf form"},
       {"untie-embeddings-and-output-weights", Kind::flag, &a.untie_embeddings_and_output_weights,
        "separate output layer instead of the tied word embedding"},
+      {"disable-bias-linear", Kind::flag, &a.disable_bias_linear,
+       "no biases in the linear layers (QKV, projection, fc1, fc2)"},
       {"micro-batch-size", Kind::i64, &a.micro_batch_size, "sequences per micro-batch"},
       {"global-batch-size", Kind::i64, &a.global_batch_size,
        "sequences per iteration (0: micro-batch size)"},
@@ -366,6 +368,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.init_method_std = init_method_std;
   c.gelu = openai_gelu ? GeluKind::tanh : GeluKind::erf;
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
+  c.add_bias_linear = !disable_bias_linear;
   c.position_embedding_type = position_embedding_type;
   c.rotary_percent = rotary_percent;
   c.rotary_base = rotary_base;

@@ -22,6 +22,7 @@ struct TrainArgs {
   float init_method_std = 0.02f, norm_epsilon = 1e-5f;
   bool openai_gelu = false;
   bool untie_embeddings_and_output_weights = false;
+  bool disable_bias_linear = false;
   std::string position_embedding_type = "learned_absolute";
   double rotary_percent = 1.0;
   float rotary_base = 10000.0f, rotary_seq_len_interpolation_factor = 0.0f;

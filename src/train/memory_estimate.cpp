@@ -74,15 +74,15 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       add(p + "input_layernorm.weight", {C}, -1);
       add(p + "input_layernorm.bias", {C}, -1);
       add(p + "self_attention.linear_qkv.weight", {3 * Q, C}, 0);  // [3Q/P, C], Q = heads x kv_channels
-      add(p + "self_attention.linear_qkv.bias", {3 * Q}, 0);
+      if (c.add_bias_linear) add(p + "self_attention.linear_qkv.bias", {3 * Q}, 0);
       add(p + "self_attention.linear_proj.weight", {C, Q}, 1);     // [C, Q/P]
-      add(p + "self_attention.linear_proj.bias", {C}, -1);
+      if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
       add(p + "pre_mlp_layernorm.weight", {C}, -1);
       add(p + "pre_mlp_layernorm.bias", {C}, -1);
       add(p + "mlp.linear_fc1.weight", {F, C}, 0);                 // [F/P, C]
-      add(p + "mlp.linear_fc1.bias", {F}, 0);
+      if (c.add_bias_linear) add(p + "mlp.linear_fc1.bias", {F}, 0);
       add(p + "mlp.linear_fc2.weight", {C, F}, 1);                 // [C, F/P]
-      add(p + "mlp.linear_fc2.bias", {C}, -1);
+      if (c.add_bias_linear) add(p + "mlp.linear_fc2.bias", {C}, -1);
     }
   if (place.post_process) {
     add("decoder.final_layernorm.weight", {C}, -1);

@@ -30,9 +30,10 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // vocabulary splits unevenly: with TP = 4 the last rank holds 2 real rows.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false) {
   TransformerConfig c;
-  if (rope) {  // with an attention twice as wide as the hidden size
+  if (rope) {  // with an attention twice as wide as the hidden size, and no linear biases
     c.position_embedding_type = "rope";
     c.kv_channels = 16;
+    c.add_bias_linear = false;
   }
   c.num_layers = layers;
   c.hidden_size = 32;
@@ -69,7 +70,8 @@ LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, cons
 struct Layout {
   bool sequence_parallel;
   float dropout;
-  bool rope = false;  // the rotary embedding (each rank rotates its heads' q and k), --kv-channels 16
+  bool rope = false;  // the rotary embedding (each rank rotates its heads' q and k), --kv-channels 16,
+                      // --disable-bias-linear
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};

@@ -154,6 +154,19 @@ if run kv_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --kv-channels 16 -
     run kv_gen_full "$LATTICE" generate --load ckpt-kv --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
     same "--kv-channels 16: generate with the KV cache prints what full recomputation prints" kv_gen.out kv_gen_full.out
 fi
+# ---- --disable-bias-linear: trains, resumes only so, generates, has no GPT-2 form ----
+NOBIAS=("${ROPE[@]/rope/learned_absolute}" --disable-bias-linear)
+if run nobias_train "$LATTICE" "${NOBIAS[@]}" --train-iters 3 --exit-interval 2 --save ckpt-nobias; then
+  grep -qF 'linear_qkv.bias' ckpt-nobias/iter_0000002/*.json && fail "a --disable-bias-linear checkpoint lists linear_qkv.bias"
+  expect_error "convert: no linear biases to HF GPT-2" "--to-hf|--disable-bias-linear" -- \
+    "$LATTICE" convert --load ckpt-nobias --to-hf hf-nobias
+  expect_error "resume: no-bias checkpoint, with biases" "add_bias_linear|--disable-bias-linear" -- \
+    "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --train-iters 3 --load ckpt-nobias
+  run nobias_resume "$LATTICE" "${NOBIAS[@]}" --train-iters 3 --load ckpt-nobias --save ckpt-nobias &&
+    run nobias_gen "$LATTICE" generate --load ckpt-nobias --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run nobias_gen_full "$LATTICE" generate --load ckpt-nobias --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--disable-bias-linear: generate with the KV cache prints what full recomputation prints" nobias_gen.out nobias_gen_full.out
+fi
 expect_error "--position-embedding-type alibi" "--position-embedding-type|alibi" -- \
   "$LATTICE" "${ROPE[@]/rope/alibi}" --train-iters 1
 expect_error "--rotary-percent rotating an odd number of dims" "--rotary-percent|rotates 5 dims|even" -- \

@@ -3,19 +3,20 @@
 # the SIMT emulation: lattice's CUDA kernels, cuBLASLt and NCCL calls run on the CPU, NCCL's
 # communicators over MPI; docs/cuda.md) against `lattice train --device cpu`, for each
 # parallel layout: one rank in fp32 with dropout, in bf16, fp16 (loss scaling), fp8, with
-# full activation recomputation and with the rotary embedding (bf16), and on a corpus: the validation loss, and generation from
-# the CPU's checkpoint (with the KV cache and without); under mpirun, tensor parallel,
-# data parallel with the distributed optimizer (overlapped reduction and parameter gather)
-# and bf16 gradient reduction, pipeline parallel (1F1B, and interleaved), and tensor x
-# pipeline on 4 ranks (with the rotary embedding, and an attention twice the hidden size). Every iteration's loss
-# and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in different
-# orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or more); bf16,
-# fp16 and fp8 to 1e-3 (the GEMMs and the attention round at different places: 2e-5
-# measured over 3 iterations, against a unit roundoff of 4e-3 in bf16). A hang (a deadlock
-# between ranks) fails at the time limit. The layouts of several ranks run on the emulation
-# twice, in both orders of its streams' independent work (tests/simt/simt_streams.h:
-# reads-early catches a read not ordered after its writer, writes-early a buffer written
-# before the NCCL operation reading it has completed).
+# full activation recomputation and with the rotary embedding (bf16), and on a corpus: the
+# validation loss, and generation from the CPU's checkpoint (with the KV cache and without;
+# learned positions and rotary); under mpirun, tensor parallel, data parallel with the
+# distributed optimizer (overlapped reduction and parameter gather) and bf16 gradient
+# reduction (without linear biases), pipeline parallel (1F1B, and interleaved), and tensor x
+# pipeline on 4 ranks (rotary, with an attention twice the hidden size). Every iteration's
+# loss and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in
+# different orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or
+# more); bf16, fp16 and fp8 to 1e-3 (the GEMMs and the attention round at different places:
+# 2e-5 measured over 3 iterations, against a unit roundoff of 4e-3 in bf16). A hang (a
+# deadlock between ranks) fails at the time limit. The layouts of several ranks run on the
+# emulation twice, in both orders of its streams' independent work
+# (tests/simt/simt_streams.h: reads-early catches a read not ordered after its writer,
+# writes-early a buffer written before the NCCL operation reading it has completed).
 #   bash tests/simt/e2e_parallel_layouts.sh <lattice> <source dir> <lattice-simt>
 set -u -o pipefail
 source "$(dirname "$0")/../e2e/lib.sh"
@@ -92,7 +93,7 @@ if command -v mpirun >/dev/null 2>&1; then
   layout tensor-parallel-2 2 1e-5 --tensor-model-parallel-size 2 --sequence-parallel
   layout data-parallel-2-distributed-optimizer 2 1e-5 --use-distributed-optimizer --overlap-grad-reduce \
     --overlap-param-gather
-  layout data-parallel-2-bf16-reduce 2 1e-3 --bf16 --grad-reduce-in-bf16
+  layout data-parallel-2-bf16-reduce-no-bias 2 1e-3 --bf16 --grad-reduce-in-bf16 --disable-bias-linear
   layout pipeline-2 2 1e-5 --pipeline-model-parallel-size 2
   layout pipeline-2-interleaved 2 1e-5 --pipeline-model-parallel-size 2 --num-layers 4 \
     --num-layers-per-virtual-pipeline-stage 1

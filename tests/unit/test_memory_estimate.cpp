@@ -141,6 +141,18 @@ TEST(MemoryEstimate, OneProcessEqualsTheModel) {
     }
 }
 
+// --disable-bias-linear: the four linear biases are not registered.
+TEST(MemoryEstimate, NoLinearBiasesEqualsTheModel) {
+  for (int P : {1, 2}) {
+    TransformerConfig c = config(3, false, P);
+    c.add_bias_linear = false;
+    expect_matches(layout(c, P, 1, 1, 4), 0);
+    const int64_t with = estimate_rank_memory(layout(config(3, false, P), P, 1, 1, 4), 0, 0).parameters;
+    const int64_t without = estimate_rank_memory(layout(c, P, 1, 1, 4), 0, 0).parameters;
+    EXPECT_EQ(with - without, 3 * (3 * c.hidden_size / P + c.hidden_size + c.ffn_hidden_size / P + c.hidden_size));
+  }
+}
+
 // --kv-channels wider than hidden / heads: the attention's weights and activations grow.
 TEST(MemoryEstimate, WideAttentionEqualsTheModel) {
   for (int P : {1, 2}) {

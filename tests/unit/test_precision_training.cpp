@@ -96,13 +96,12 @@ TEST(PrecisionTraining, LossesFollowFp32) {
 // fp32 logits, inputs and qkv, bit for bit: every loss, gradient norm and final parameter,
 // with an evaluation forward in between; with dropout, and without (where the LayerNorm
 // backward makes the row-parallel layers' bf16 output gradient and bias gradient).
-void expect_bf16_storage_trains_bit_identically(float dropout, bool rope = false) {
+void expect_bf16_storage_trains_bit_identically(float dropout, bool rope = false, bool bias = true) {
   TransformerConfig cfg = config();
   cfg.hidden_dropout = cfg.attention_dropout = dropout;
-  if (rope) {  // the qkv switch then keeps qkv in fp32 but the row-parallel outputs in bf16
-    cfg.position_embedding_type = "rope";
-    cfg.finalize();
-  }
+  if (rope) cfg.position_embedding_type = "rope";  // the qkv switch keeps qkv in fp32, row outputs in bf16
+  cfg.add_bias_linear = bias;  // without biases the fused kernels add zeros and sum into a sink
+  cfg.finalize();
   struct Run {
     bool logits, inputs, qkv;
     std::vector<double> metrics;
@@ -144,6 +143,10 @@ TEST(PrecisionTraining, Bf16StorageTrainsBitIdentically) { expect_bf16_storage_t
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithoutDropout) { expect_bf16_storage_trains_bit_identically(0.0f); }
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithRotaryEmbedding) {
   expect_bf16_storage_trains_bit_identically(0.1f, true);
+}
+TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithoutLinearBiases) {
+  expect_bf16_storage_trains_bit_identically(0.1f, false, false);
+  expect_bf16_storage_trains_bit_identically(0.0f, false, false);
 }
 
 // Overflows induced at iterations 2, 3 and 4 with hysteresis 2: the first leaves the scale
