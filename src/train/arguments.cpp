@@ -182,6 +182,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"device", Kind::str, &a.device, "where tensors live and kernels run: cpu or cuda (one GPU per process)"},
       {"num-threads", Kind::i64, &a.num_threads, "threads for kernels and GEMM (0: OMP_NUM_THREADS, else all cores)"},
       {"log-throughput", Kind::flag, &a.log_throughput, "accepted for Megatron compatibility"},
+      {"attention-backend", Kind::str, &a.attention_backend,
+       "flash, fused, unfused, local or auto: accepted for Megatron compatibility (lattice's own flash attention)"},
       {"profile-ops", Kind::flag, &a.profile_ops,
        "time every kernel after the first iteration; a table of calls and ms per iteration at the end"},
   };
@@ -315,6 +317,10 @@ void validate(TrainArgs& a) {
   if (a.min_lr < 0) LATTICE_FAIL() << "--min-lr must be >= 0, got " << a.min_lr;
   if (a.weight_decay < 0) LATTICE_FAIL() << "--weight-decay must be >= 0, got " << a.weight_decay;
   if (a.clip_grad < 0) LATTICE_FAIL() << "--clip-grad must be >= 0, got " << a.clip_grad;
+  if (a.attention_backend != "auto" && a.attention_backend != "flash" && a.attention_backend != "fused" &&
+      a.attention_backend != "unfused" && a.attention_backend != "local")
+    LATTICE_FAIL() << "--attention-backend must be flash, fused, unfused, local or auto, got '" << a.attention_backend
+                   << "'";
   if (a.optimizer != "adam" && a.optimizer != "sgd")
     LATTICE_FAIL() << "--optimizer must be adam or sgd, got " << a.optimizer;
   const bool split_paths = !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();

@@ -107,6 +107,7 @@ struct TrainArgs {
   double peak_tflops = 0;   // 0: measure with a GEMM calibration
   int64_t num_threads = 0;  // 0: OMP_NUM_THREADS, else all cores
   bool log_throughput = false;
+  std::string attention_backend = "auto";  // accepted: lattice's attention is its own flash kernel
   bool profile_ops = false;  // per-op time table at the end (train/op_profile_report.h)
 
   int64_t num_micro_batches() const { return global_batch_size / micro_batch_size; }

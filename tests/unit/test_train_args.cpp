@@ -82,6 +82,28 @@ TEST(TrainArgs, ErrorsNameTheFlag) {
             std::string::npos);
 }
 
+// Flags of Megatron's model and logging options, as its example scripts pass them.
+TEST(TrainArgs, MegatronModelAndLoggingFlags) {
+  TrainArgs a = parse({"--attention-backend", "auto", "--position-embedding-type", "rope", "--rotary-percent", "0.5",
+                       "--rotary-base", "500000", "--rotary-interleaved", "--disable-bias-linear", "--kv-channels",
+                       "32", "--tensorboard-dir", "/tmp/tb", "--tensorboard-log-interval", "5",
+                       "--log-validation-ppl-to-tensorboard"});
+  EXPECT_EQ(a.attention_backend, "auto");
+  EXPECT_EQ(a.tensorboard_dir, "/tmp/tb");
+  EXPECT_EQ(a.tensorboard_log_interval, 5);
+  TransformerConfig c = a.transformer_config();
+  c.finalize();
+  EXPECT_TRUE(c.rope());
+  EXPECT_DOUBLE_EQ(c.rotary_percent, 0.5);
+  EXPECT_FLOAT_EQ(c.rotary_base, 500000.0f);
+  EXPECT_TRUE(c.rotary_interleaved);
+  EXPECT_FALSE(c.add_bias_linear);
+  EXPECT_EQ(c.attention_width(), 128);  // 4 heads x 32, against a hidden size of 64
+  EXPECT_NE(error_of({"--attention-backend", "magic"}).find("--attention-backend must be"), std::string::npos);
+  EXPECT_NE(error_of({"--tensorboard-log-interval", "0"}).find("--tensorboard-log-interval"), std::string::npos);
+  EXPECT_NE(error_of({"--log-timers-to-tensorboard"}).find("need --tensorboard-dir"), std::string::npos);
+}
+
 TEST(TrainArgs, HeadsMustDivideHidden) {
   std::vector<std::string> words = {"lattice", "train", "--num-layers", "2", "--hidden-size", "30",
                                     "--num-attention-heads", "4", "--seq-length", "16",
