@@ -1,5 +1,7 @@
 #include "data/training_data.h"
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -149,6 +151,10 @@ TrainingData make_training_data(const TrainArgs& args, int64_t vocab_size) {
   TrainingData t;
   t.counts = megatron_sample_counts(args.train_iters, args.train_samples, args.eval_interval,
                                     args.eval_iters, args.global_batch_size);
+  if (args.rampup()) {  // the ramp's iterations (update_train_iters); its last batch may pass --train-samples
+    t.counts.train = std::max(t.counts.train, args.consumed_after(args.train_iters));
+    t.counts.valid = (args.train_iters / args.eval_interval + 1) * args.eval_iters * args.global_batch_size;
+  }
   Builder b{args, vocab_size, {}};
   t.train = build_split(b, Split::train, t.counts.train, t.summary);
   t.valid = build_split(b, Split::valid, t.counts.valid, t.summary);

@@ -129,6 +129,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"lr-wsd-decay-iters", Kind::i64, &a.lr_wsd_decay_iters, "WSD decay iterations"},
       {"lr-wsd-decay-samples", Kind::i64, &a.lr_wsd_decay_samples, "WSD decay samples"},
       {"train-samples", Kind::i64, &a.train_samples, "samples to train (instead of --train-iters)"},
+      {"rampup-batch-size", Kind::list, &a.rampup_batch_size,
+       "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT over SAMPLES samples "
+       "(with --train-samples)"},
       {"start-weight-decay", Kind::opt_f64, &a.start_weight_decay, "weight decay at the start"},
       {"end-weight-decay", Kind::opt_f64, &a.end_weight_decay, "weight decay at the end"},
       {"weight-decay-incr-style", Kind::str, &a.weight_decay_incr_style,
@@ -288,11 +291,23 @@ void validate(TrainArgs& a) {
                       "--log-world-size-to-tensorboard need --tensorboard-dir DIR";
   if (a.max_position_embeddings == 0) a.max_position_embeddings = a.seq_length;
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size;
-  if (a.train_samples > 0) {  // Megatron's update_train_iters (constant batch size)
-    if (a.global_batch_size > 0 && a.train_samples < a.global_batch_size)
-      LATTICE_FAIL() << "--train-samples " << a.train_samples << " is less than one --global-batch-size "
-                     << a.global_batch_size;
-    if (a.global_batch_size > 0) a.train_iters = a.train_samples / a.global_batch_size;
+  if (!a.rampup_batch_size.empty()) {
+    if (a.rampup_batch_size.size() != 3)
+      LATTICE_FAIL() << "--rampup-batch-size takes 3 values (START INCREMENT SAMPLES), got "
+                     << a.rampup_batch_size.size();
+    if (a.train_samples == 0)
+      LATTICE_FAIL() << "--rampup-batch-size needs sample-based training (--train-samples, not --train-iters), "
+                        "as Megatron's";
+    for (const std::string& v : a.rampup_batch_size) (void)parse_number<int64_t>("rampup-batch-size", v);
+    (void)a.rampup();  // checks the values
+  }
+  if (a.train_samples > 0) {  // Megatron's update_train_iters
+    if (a.global_batch_size > 0 && a.train_samples < a.batch_size_at(0))
+      LATTICE_FAIL() << "--train-samples " << a.train_samples << " is less than one "
+                     << (a.rampup() ? "first global batch of --rampup-batch-size " : "--global-batch-size ")
+                     << a.batch_size_at(0);
+    if (a.global_batch_size > 0)
+      a.train_iters = a.rampup() ? a.rampup()->train_iters(a.train_samples) : a.train_samples / a.global_batch_size;
   }
   if (a.global_batch_size < 0) LATTICE_FAIL() << "--global-batch-size must be positive";
   if (a.profile_ops && a.train_iters < 2)
@@ -357,6 +372,23 @@ void validate(TrainArgs& a) {
 }
 
 }  // namespace
+
+std::optional<BatchSizeRampup> TrainArgs::rampup() const {
+  if (rampup_batch_size.size() != 3) return std::nullopt;
+  return BatchSizeRampup(parse_number<int64_t>("rampup-batch-size", rampup_batch_size[0]),
+                         parse_number<int64_t>("rampup-batch-size", rampup_batch_size[1]),
+                         parse_number<int64_t>("rampup-batch-size", rampup_batch_size[2]), global_batch_size);
+}
+
+int64_t TrainArgs::batch_size_at(int64_t consumed) const {
+  const std::optional<BatchSizeRampup> r = rampup();
+  return r ? r->batch_size(consumed) : global_batch_size;
+}
+
+int64_t TrainArgs::consumed_after(int64_t iterations) const {
+  const std::optional<BatchSizeRampup> r = rampup();
+  return r ? r->consumed_after(iterations) : iterations * global_batch_size;
+}
 
 TransformerConfig TrainArgs::transformer_config() const {
   TransformerConfig c;

@@ -9,6 +9,7 @@
 
 #include "model/transformer_config.h"
 #include "optim/optimizer.h"
+#include "train/batch_size_rampup.h"
 
 namespace lattice {
 
@@ -76,6 +77,7 @@ struct TrainArgs {
   std::string lr_wsd_decay_style = "exponential";
   int64_t lr_wsd_decay_iters = 0, lr_wsd_decay_samples = 0;
   int64_t train_samples = 0;                               // alternative to --train-iters
+  std::vector<std::string> rampup_batch_size;  // START INCREMENT SAMPLES (train/batch_size_rampup.h)
   std::optional<double> start_weight_decay, end_weight_decay;
   std::string weight_decay_incr_style = "constant";
   std::optional<double> decoupled_lr, decoupled_min_lr;
@@ -111,6 +113,12 @@ struct TrainArgs {
   bool profile_ops = false;  // per-op time table at the end (train/op_profile_report.h)
 
   int64_t num_micro_batches() const { return global_batch_size / micro_batch_size; }
+  // --rampup-batch-size's ramp, if given.
+  std::optional<BatchSizeRampup> rampup() const;
+  // The global batch size of the iteration that starts after `consumed` samples, and the
+  // samples consumed by the first `iterations` iterations (iterations x global without a ramp).
+  int64_t batch_size_at(int64_t consumed) const;
+  int64_t consumed_after(int64_t iterations) const;
   TransformerConfig transformer_config() const;
   OptimizerConfig optimizer_config() const;
   // The arguments as `--flag value` pairs (for checkpoints and `generate`).

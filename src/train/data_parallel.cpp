@@ -18,9 +18,8 @@ DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& 
 
 DataParallel::~DataParallel() { model_.set_grad_ready_hook(nullptr); }
 
-int64_t DataParallel::first_sample(int64_t iteration, int64_t global_batch, int64_t micro_batch,
-                                   int64_t m) const {
-  return iteration * global_batch + m * micro_batch * size() + rank() * micro_batch;
+int64_t DataParallel::first_sample(int64_t step_first, int64_t micro_batch, int64_t m) const {
+  return step_first + m * micro_batch * size() + rank() * micro_batch;
 }
 
 ElementRanges DataParallel::owned_ranges() const {

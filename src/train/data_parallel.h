@@ -36,9 +36,10 @@ class DataParallel {
 
   // Megatron's sampler: micro-step m of an iteration covers MBS x DP consecutive samples
   // of the global batch, and DP rank r takes the r-th MBS of them. Returns the first
-  // sample of this rank's micro-batch, and the micro-batch's index in the global batch
-  // as a single process would number it (dropout masks are keyed by it).
-  int64_t first_sample(int64_t iteration, int64_t global_batch, int64_t micro_batch, int64_t m) const;
+  // sample of this rank's micro-batch (the global batch starting at sample `step_first`),
+  // and the micro-batch's index in the global batch as a single process would number it
+  // (dropout masks are keyed by it).
+  int64_t first_sample(int64_t step_first, int64_t micro_batch, int64_t m) const;
   int64_t global_micro_batch_index(int64_t m) const { return m * size() + rank(); }
 
   // The elements this rank's optimizer updates (its shard, or everything).

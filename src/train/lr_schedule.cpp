@@ -78,9 +78,12 @@ std::vector<ScheduleRow> schedule_rows(const TrainArgs& args) {
   OptimizerParamScheduler sched = get_optimizer_param_scheduler(args);
   std::vector<ScheduleRow> rows;
   rows.reserve(size_t(args.train_iters) + 1);
+  int64_t consumed = 0;
   for (int64_t it = 0; it <= args.train_iters; ++it) {
     rows.push_back({it, sched.num_steps(), sched.get_lr(), sched.get_wd(), sched.get_decoupled_lr()});
-    sched.step(args.global_batch_size);
+    const int64_t batch = args.batch_size_at(consumed);  // --rampup-batch-size: the step's own batch
+    sched.step(batch);
+    consumed += batch;
   }
   return rows;
 }

@@ -47,9 +47,9 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   if (dp) dp->finish_param_gather();  // the previous step's sharded update
   if (cfg.precision) cfg.precision->refresh_weights();
   model.params().zero_grad();
+  const int64_t step_first = cfg.first_sample >= 0 ? cfg.first_sample : iteration * cfg.global_batch_size;
   auto fetch = [&](int64_t m, int32_t* tokens) {
-    const int64_t first = dp ? dp->first_sample(iteration, cfg.global_batch_size, B, m)
-                             : iteration * cfg.global_batch_size + m * B;
+    const int64_t first = dp ? dp->first_sample(step_first, B, m) : step_first + m * B;
     fill_micro_batch(data, first, B, tokens);
   };
   auto key_of = [&](int64_t m) {

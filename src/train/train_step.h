@@ -33,6 +33,9 @@ struct StepConfig {
   // Test hook (no flag): at these iterations an inf is written into this rank's first
   // gradient after backward, as an fp16 overflow would leave it.
   std::vector<int64_t> inject_inf_iterations;
+  // The step's first sample: the samples consumed before it (-1: iteration x global batch
+  // size; --rampup-batch-size changes the batch size from step to step).
+  int64_t first_sample = -1;
 };
 
 struct StepResult {

@@ -118,11 +118,12 @@ TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer&
     return fresh;
   }
   // Samples are read by index = consumed samples = iteration x global batch size.
-  if (p->consumed_train_samples != p->iteration * args.global_batch_size)
+  if (p->consumed_train_samples != args.consumed_after(p->iteration))
     LATTICE_FAIL() << "--load " << args.load << ": the checkpoint consumed " << p->consumed_train_samples
                    << " samples in " << p->iteration << " iterations, which --global-batch-size "
-                   << args.global_batch_size << " does not continue (changing the global batch size on resume "
-                   << "is not supported)";
+                   << args.global_batch_size << (args.rampup() ? " with --rampup-batch-size" : "")
+                   << " does not continue (" << args.consumed_after(p->iteration)
+                   << "; changing the global batch size on resume is not supported)";
   std::ostringstream os;
   os << "> loaded checkpoint " << args.load << " (iteration " << p->iteration << ", consumed samples "
      << p->consumed_train_samples << (args.finetune ? ", --finetune: weights only" : "")
@@ -270,8 +271,22 @@ int run_training(const TrainArgs& args) {
   const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * ps->dp().size());
   check_micro_batches(pipe, num_micro);
   const int stage = ps->pp_rank();
-  const ModelPlacement placement{stage_layers(pipe, stage), stage == 0, stage == pipe.stages - 1,
-                                 max_in_flight(pipeline_schedule(pipe, num_micro, stage))};
+  int in_flight = max_in_flight(pipeline_schedule(pipe, num_micro, stage));
+  if (const std::optional<BatchSizeRampup> ramp = args.rampup()) {
+    // Every batch of the ramp splits into micro-batches of every data-parallel rank, and the
+    // activations kept fit the largest number in flight of any of them.
+    const int64_t unit = args.micro_batch_size * ps->dp().size();
+    for (int64_t b : ramp->batch_sizes()) {
+      if (b % unit != 0)
+        LATTICE_FAIL() << "--rampup-batch-size: the global batch size " << b << " is not a multiple of "
+                       << "--micro-batch-size " << args.micro_batch_size << " x data-parallel size " << ps->dp().size();
+      check_micro_batches(pipe, b / unit);
+      in_flight = std::max(in_flight, max_in_flight(pipeline_schedule(pipe, b / unit, stage)));
+    }
+    log_info("> " + ramp->describe() + ": " + std::to_string(args.train_iters) + " iterations for " +
+             std::to_string(args.train_samples) + " samples");
+  }
+  const ModelPlacement placement{stage_layers(pipe, stage), stage == 0, stage == pipe.stages - 1, in_flight};
   // --log-memory: the process (on a GPU, the device) before the model exists.
   const bool device_memory = kernels_on_gpu();
   const size_t baseline_bytes = device_memory ? device_used_bytes() : resident_bytes();
@@ -404,7 +419,7 @@ int run_training(const TrainArgs& args) {
   };
   auto save = [&](int64_t iteration) {
     settle_params();
-    const TrainingProgress p{iteration, iteration * args.global_batch_size, start.seed};
+    const TrainingProgress p{iteration, args.consumed_after(iteration), start.seed};
     const std::string dir = save_training_checkpoint(save_opts, p, model, optimizer, scheduler);
     if (save_opts.write) log_info("> saved checkpoint " + dir);
     if (ps->world_size() > 1) ps->world().barrier();
@@ -424,13 +439,14 @@ int run_training(const TrainArgs& args) {
     if (precision) precision->set_training(true);
     log_info(format_evaluation(prefix, r));
     if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, key, r) << "\n" << std::flush;
-    tensorboard.evaluation(std::string(key) == "val" ? "validation" : key, iteration,
-                           iteration * args.global_batch_size, r);
+    tensorboard.evaluation(std::string(key) == "val" ? "validation" : key, iteration, args.consumed_after(iteration),
+                           r);
   };
 
   const StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad, start.seed,
                             loss_scaler.get(), precision.get(), test_inject_inf_iterations()};
-  int64_t interval_skipped = 0, interval_nan = 0;
+  int64_t interval_skipped = 0, interval_nan = 0, interval_samples = 0;
+  int64_t consumed = args.consumed_after(start.iteration);
   const auto train_start = std::chrono::steady_clock::now();
   double interval_loss = 0, interval_ms = 0;
   int64_t interval_iters = 0;
@@ -440,9 +456,16 @@ int run_training(const TrainArgs& args) {
   for (int64_t it = start.iteration; it < args.train_iters; ++it) {
     Timer timer;
     op_profile.before_step();
-    StepResult r = train_step(model, optimizer, *data.train, step_cfg, it, scheduler, dp.get(), &pipeline);
+    // --rampup-batch-size: this step's global batch, from the samples consumed so far.
+    const int64_t batch = args.batch_size_at(consumed);
+    StepConfig cfg_now = step_cfg;
+    cfg_now.global_batch_size = batch;
+    cfg_now.first_sample = consumed;
+    StepResult r = train_step(model, optimizer, *data.train, cfg_now, it, scheduler, dp.get(), &pipeline);
+    consumed += batch;
+    interval_samples += batch;
     // Megatron steps the schedule by the samples consumed, and not after a skipped update.
-    if (!r.skipped) scheduler.step(args.global_batch_size);
+    if (!r.skipped) scheduler.step(batch);
     const double step_ms = timer.ms();
     op_profile.after_step(step_ms);
     interval_ms += step_ms;
@@ -459,24 +482,26 @@ int run_training(const TrainArgs& args) {
     last_norm = r.grad_norm;
     ++interval_iters;
     const int64_t done = it + 1;
-    tensorboard.iteration({done, done * args.global_batch_size, args.global_batch_size, ps->world_size(),
+    tensorboard.iteration({done, consumed, batch, ps->world_size(),
                            scheduler.get_lr(), r.lm_loss, loss_scaler ? loss_scaler->scale() : 1.0, r.grad_norm,
                            r.skipped});
     if (done % args.log_interval == 0 || done == args.train_iters) {
       LogLine l{};
       l.iteration = done;
       l.train_iters = args.train_iters;
-      l.consumed_samples = done * args.global_batch_size;
-      l.global_batch_size = args.global_batch_size;
+      l.consumed_samples = consumed;
+      l.global_batch_size = batch;
       l.elapsed_ms = interval_ms / double(interval_iters);
-      l.tflops_per_gpu = flops / (l.elapsed_ms / 1e3) / 1e12;
+      // The FLOPs grow with the batch: the interval's mean batch against the global one.
+      const double mean_batch = double(interval_samples) / double(interval_iters);
+      l.tflops_per_gpu = flops * mean_batch / double(args.global_batch_size) / (l.elapsed_ms / 1e3) / 1e12;
       l.learning_rate = scheduler.get_lr();  // after the step, as Megatron logs it
       l.lm_loss = interval_loss / double(std::max<int64_t>(1, interval_iters - interval_skipped));
       l.loss_scale = loss_scaler ? loss_scaler->scale() : 1.0;
       l.skipped_iterations = interval_skipped;
       l.nan_iterations = interval_nan;
       l.grad_norm = last_norm;
-      l.tokens_per_sec = double(args.global_batch_size * args.seq_length) / (l.elapsed_ms / 1e3);
+      l.tokens_per_sec = mean_batch * double(args.seq_length) / (l.elapsed_ms / 1e3);
       l.mfu_percent = 100.0 * l.tflops_per_gpu / peak;
       log_info(format_log_line(l));
       tensorboard.iteration_time(done, l.elapsed_ms / 1e3);
@@ -496,7 +521,7 @@ int run_training(const TrainArgs& args) {
       pipeline_seconds = pipeline_compute = 0;
       if (metrics.is_open()) metrics << format_metrics_json(l) << "\n" << std::flush;
       interval_loss = interval_ms = 0;
-      interval_iters = interval_skipped = interval_nan = 0;
+      interval_iters = interval_skipped = interval_nan = interval_samples = 0;
     }
     if (done - start.iteration == 3 || done == args.train_iters) log_memory_peaks(done - start.iteration);
     if (data.valid && done % args.eval_interval == 0) {
