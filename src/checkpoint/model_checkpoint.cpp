@@ -52,6 +52,12 @@ const std::vector<OptionalField>& optional_fields() {
 }
 
 json field_or_fallback(const json& j, const OptionalField& f) { return j.contains(f.name) ? j.at(f.name) : f.fallback; }
+// The same, by the field's name.
+json optional_field(const json& j, const std::string& name) {
+  for (const OptionalField& f : optional_fields())
+    if (name == f.name) return field_or_fallback(j, f);
+  LATTICE_FAIL() << "model_config: no optional field '" << name << "'";
+}
 
 // Two recorded values the same (floats compared as floats: the JSON holds their double widening).
 bool same_value(const json& a, const json& b) {
@@ -98,13 +104,12 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.layernorm_epsilon = j.at("layernorm_epsilon");
     c.gelu = j.at("openai_gelu").get<bool>() ? GeluKind::tanh : GeluKind::erf;
     c.untie_embeddings_and_output_weights = j.at("untie_embeddings_and_output_weights");
-    const auto& opt = optional_fields();
-    c.position_embedding_type = field_or_fallback(j, opt[0]).get<std::string>();
-    c.rotary_percent = field_or_fallback(j, opt[1]).get<double>();
-    c.rotary_base = field_or_fallback(j, opt[2]).get<float>();
-    c.rotary_interleaved = field_or_fallback(j, opt[3]).get<bool>();
-    c.rotary_seq_len_interpolation_factor = field_or_fallback(j, opt[4]).get<float>();
-    c.add_bias_linear = field_or_fallback(j, opt[5]).get<bool>();
+    c.position_embedding_type = optional_field(j, "position_embedding_type").get<std::string>();
+    c.rotary_percent = optional_field(j, "rotary_percent").get<double>();
+    c.rotary_base = optional_field(j, "rotary_base").get<float>();
+    c.rotary_interleaved = optional_field(j, "rotary_interleaved").get<bool>();
+    c.rotary_seq_len_interpolation_factor = optional_field(j, "rotary_seq_len_interpolation_factor").get<float>();
+    c.add_bias_linear = optional_field(j, "add_bias_linear").get<bool>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }
@@ -115,25 +120,20 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
 
 void check_model_config(const json& saved, const TransformerConfig& c, const std::string& where) {
   const json now = model_config_json(c);
+  auto expect_same = [&](const json& a, const json& b, const char* name, const char* flag) {
+    if (!same_value(a, b))
+      LATTICE_FAIL() << where << ": the checkpoint's " << name << " is " << a.dump() << ", this run's is " << b.dump()
+                     << " (" << flag << ")";
+  };
   for (const ConfigField& f : kConfigFields) {
     if (!saved.contains(f.name)) LATTICE_FAIL() << where << ": model_config has no '" << f.name << "'";
     // The padding depends on the tensor-parallel size. With the same vocab_size (compared
     // before it) the padding rows never affect a result: loading reads the rows both have
     // and zeroes the rest.
     if (std::string(f.name) == "padded_vocab_size") continue;
-    const json& a = saved[f.name];
-    const json& b = now[f.name];
-    if (!same_value(a, b))
-      LATTICE_FAIL() << where << ": the checkpoint's " << f.name << " is " << a.dump() << ", this run's is "
-                     << b.dump() << " (" << f.flag << ")";
+    expect_same(saved[f.name], now[f.name], f.name, f.flag);
   }
-  for (const OptionalField& f : optional_fields()) {
-    const json a = field_or_fallback(saved, f);
-    const json& b = now[f.name];
-    if (!same_value(a, b))
-      LATTICE_FAIL() << where << ": the checkpoint's " << f.name << " is " << a.dump() << ", this run's is "
-                     << b.dump() << " (" << f.flag << ")";
-  }
+  for (const OptionalField& f : optional_fields()) expect_same(field_or_fallback(saved, f), now[f.name], f.name, f.flag);
 }
 
 void add_model_tensors(CheckpointWriter& w, const GPTModel& model) {

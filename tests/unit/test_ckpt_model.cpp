@@ -81,6 +81,35 @@ TEST(CkptModelConfig, MismatchNamesTheFieldAndFlag) {
   EXPECT_EQ(model_config_from_json(reparsed, "x").layernorm_epsilon, c.layernorm_epsilon);
 }
 
+// A checkpoint written before the position embedding, rotary and bias fields existed reads as
+// learned positions with biases; against a run that uses them, the error names the flag.
+TEST(CkptModelConfig, FieldsAddedLaterReadAsTheirOldMeaning) {
+  const TransformerConfig c = tiny_config();
+  nlohmann::json old = model_config_json(c);
+  for (const char* f : {"position_embedding_type", "rotary_percent", "rotary_base", "rotary_interleaved",
+                        "rotary_seq_len_interpolation_factor", "add_bias_linear"})
+    ASSERT_EQ(old.erase(f), 1u) << f;
+  const TransformerConfig read = model_config_from_json(old, "x");
+  EXPECT_FALSE(read.rope());
+  EXPECT_TRUE(read.add_bias_linear);
+  EXPECT_EQ(error_of([&] { check_model_config(old, c, "x"); }), "");
+  TransformerConfig rope = c;
+  rope.position_embedding_type = "rope";
+  std::string msg = error_of([&] { check_model_config(old, rope, "x"); });
+  EXPECT_NE(msg.find("position_embedding_type is \"learned_absolute\", this run's is \"rope\" "
+                     "(--position-embedding-type)"),
+            std::string::npos)
+      << msg;
+  TransformerConfig no_bias = c;
+  no_bias.add_bias_linear = false;
+  msg = error_of([&] { check_model_config(old, no_bias, "x"); });
+  EXPECT_NE(msg.find("(--disable-bias-linear)"), std::string::npos) << msg;
+  // Written now, they round-trip.
+  const nlohmann::json now = nlohmann::json::parse(model_config_json(rope).dump());
+  EXPECT_TRUE(model_config_from_json(now, "x").rope());
+  EXPECT_EQ(error_of([&] { check_model_config(now, rope, "x"); }), "");
+}
+
 TEST(CkptModelConfig, PaddedVocabularyMayDifferButTheVocabularyMayNot) {
   const TransformerConfig c = tiny_config();  // 40 tokens padded to 128
   const nlohmann::json saved = model_config_json(c);
