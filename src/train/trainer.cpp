@@ -117,7 +117,8 @@ TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer&
     log_info("> no checkpoint in " + args.load + " (no " + std::string(kTrackerFile) + "): training from scratch");
     return fresh;
   }
-  // Samples are read by index = consumed samples = iteration x global batch size.
+  // Samples are read by index = consumed samples = iteration x global batch size (or the sum
+  // of the --rampup-batch-size batches so far).
   if (p->consumed_train_samples != args.consumed_after(p->iteration))
     LATTICE_FAIL() << "--load " << args.load << ": the checkpoint consumed " << p->consumed_train_samples
                    << " samples in " << p->iteration << " iterations, which --global-batch-size "
