@@ -197,6 +197,22 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   return m;
 }
 
+// --rampup-batch-size: each batch of the ramp in micro-batches per rank, checked: every batch
+// splits into micro-batches of every data-parallel rank, and the pipeline schedule takes it.
+std::vector<int64_t> ramp_micro_batches(const TrainArgs& args, const BatchSizeRampup& ramp, const PipelineLayout& pipe,
+                                        int64_t dp) {
+  const int64_t unit = args.micro_batch_size * dp;
+  std::vector<int64_t> out;
+  for (int64_t b : ramp.batch_sizes()) {
+    if (b % unit != 0)
+      LATTICE_FAIL() << "--rampup-batch-size: the global batch size " << b << " is not a multiple of "
+                     << "--micro-batch-size " << args.micro_batch_size << " x data-parallel size " << dp;
+    check_micro_batches(pipe, b / unit);
+    out.push_back(b / unit);
+  }
+  return out;
+}
+
 // --dry-run: the layout and each stage's schedule, without training. The data-parallel
 // size is the one mpirun gives, or 1 in a single process.
 int print_dry_run(const TrainArgs& args) {
@@ -213,6 +229,13 @@ int print_dry_run(const TrainArgs& args) {
   check_micro_batches(pipe, num_micro);
   std::printf("> dry run: world %d = tp %d x pp %d x dp %d, %lld micro-batches of %lld per rank and iteration\n",
               layout.world, layout.tp, layout.pp, layout.dp, (long long)num_micro, (long long)args.micro_batch_size);
+  if (const std::optional<BatchSizeRampup> ramp = args.rampup()) {
+    std::string sizes;
+    for (int64_t m : ramp_micro_batches(args, *ramp, pipe, layout.dp))
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(m);
+    std::printf("> %s: %lld iterations; micro-batches per rank and iteration along the ramp: %s\n",
+                ramp->describe().c_str(), (long long)args.train_iters, sizes.c_str());
+  }
   for (int r = 0; r < pipe.stages; ++r) {
     std::string chunks;
     for (auto [b, e] : stage_layers(pipe, r))
@@ -276,14 +299,8 @@ int run_training(const TrainArgs& args) {
   if (const std::optional<BatchSizeRampup> ramp = args.rampup()) {
     // Every batch of the ramp splits into micro-batches of every data-parallel rank, and the
     // activations kept fit the largest number in flight of any of them.
-    const int64_t unit = args.micro_batch_size * ps->dp().size();
-    for (int64_t b : ramp->batch_sizes()) {
-      if (b % unit != 0)
-        LATTICE_FAIL() << "--rampup-batch-size: the global batch size " << b << " is not a multiple of "
-                       << "--micro-batch-size " << args.micro_batch_size << " x data-parallel size " << ps->dp().size();
-      check_micro_batches(pipe, b / unit);
-      in_flight = std::max(in_flight, max_in_flight(pipeline_schedule(pipe, b / unit, stage)));
-    }
+    for (int64_t m : ramp_micro_batches(args, *ramp, pipe, ps->dp().size()))
+      in_flight = std::max(in_flight, max_in_flight(pipeline_schedule(pipe, m, stage)));
     log_info("> " + ramp->describe() + ": " + std::to_string(args.train_iters) + " iterations for " +
              std::to_string(args.train_samples) + " samples");
   }

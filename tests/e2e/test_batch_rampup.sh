@@ -39,6 +39,14 @@ else
   fail "the ramp-up run failed: $(tail -n 3 one.log)"
 fi
 
+# ---- --dry-run shows the ramp's micro-batches ----
+if "$LATTICE" "${RAMP[@]}" --dry-run >dry.out 2>&1 &&
+   grep -qF "micro-batches per rank and iteration along the ramp: 4, 6, 8" dry.out; then
+  pass "--dry-run: micro-batches along the ramp 4, 6, 8"
+else
+  fail "--dry-run with a ramp: $(head -n 3 dry.out)"
+fi
+
 # ---- layouts: the same losses and gradient norms as one process ----
 same_run() {  # NAME: NAME.jsonl against one.jsonl, 1e-5 relative
   for key in lm_loss grad_norm; do
