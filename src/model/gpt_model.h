@@ -1,5 +1,6 @@
-// GPTModel: Megatron's GPT with learned absolute positions, pre-LayerNorm layers,
-// fused QKV -> core attention -> output projection, MLP fc1 -> GELU -> fc2, final
+// GPTModel: Megatron's GPT with learned absolute positions (or the rotary embedding of q
+// and k), pre-LayerNorm layers, fused QKV -> core attention -> output projection (heads x
+// kv_channels wide), MLP fc1 -> GELU -> fc2 (biases unless --disable-bias-linear), final
 // LayerNorm, and an output layer tied to the word embedding unless untied.
 // Explicit forward and backward; parameters in one ParamBuffer; activations in an
 // Arena sized once for (micro_batch_size, seq_length). Activation recomputation
@@ -309,8 +310,9 @@ class GPTModel {
   // forward behind the bf16 qkv in its buffer (whose fp32 size leaves room), which the
   // projection's GEMMs read (forward and weight gradient) without converting attn each time.
   // The row-parallel layers' (projection, fc2) results in bf16 as the GEMM writes them, with
-  // set_bf16_qkv's switch (the rotary embedding too): only without tensor parallelism, where no reduction of partial sums comes
-  // between the GEMM and the rounding (bias_dropout_add then reads half the bytes).
+  // set_bf16_qkv's switch (with the rotary embedding too): only without tensor parallelism,
+  // where no reduction of partial sums comes between the GEMM and the rounding
+  // (bias_dropout_add then reads half the bytes).
   bool bf16_row_outputs() const { return bf16_attention_operands() && tp_.size() == 1; }
   // out = residual + dropout(round(x W^T) + bias) for row-parallel layer w (bias b), through
   // y ([Ns, C] scratch; [N, C] rows without sequence parallelism): Megatron's bias_dropout_add.
