@@ -361,6 +361,9 @@ void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::stri
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's --kv-channels " << model.config().kv_channels << " x "
                    << model.config().num_attention_heads << " heads is not its hidden size "
                    << model.config().hidden_size << "; HuggingFace GPT-2's attention is as wide as its hidden size";
+  if (model.config().rmsnorm())
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model uses RMSNorm (--normalization RMSNorm); "
+                   << "HuggingFace GPT-2 has LayerNorm";
   if (!model.config().add_bias_linear)
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has no linear biases (--disable-bias-linear); "
                    << "HuggingFace GPT-2 has them";

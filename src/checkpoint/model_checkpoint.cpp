@@ -47,6 +47,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"rotary_interleaved", "--rotary-interleaved", false},
       {"rotary_seq_len_interpolation_factor", "--rotary-seq-len-interpolation-factor", 0.0},
       {"add_bias_linear", "--disable-bias-linear", true},
+      {"normalization", "--normalization", "LayerNorm"},
   };
   return fields;
 }
@@ -85,7 +86,8 @@ json model_config_json(const TransformerConfig& c) {
           {"rotary_base", c.rotary_base},
           {"rotary_interleaved", c.rotary_interleaved},
           {"rotary_seq_len_interpolation_factor", c.rotary_seq_len_interpolation_factor},
-          {"add_bias_linear", c.add_bias_linear}};
+          {"add_bias_linear", c.add_bias_linear},
+          {"normalization", c.normalization}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -110,6 +112,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.rotary_interleaved = optional_field(j, "rotary_interleaved").get<bool>();
     c.rotary_seq_len_interpolation_factor = optional_field(j, "rotary_seq_len_interpolation_factor").get<float>();
     c.add_bias_linear = optional_field(j, "add_bias_linear").get<bool>();
+    c.normalization = optional_field(j, "normalization").get<std::string>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }

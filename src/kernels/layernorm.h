@@ -6,14 +6,22 @@
 
 namespace lattice {
 
+// Megatron's --normalization: LayerNorm, or RMSNorm, which subtracts no mean: out = x * rstd *
+// w + b with rstd = 1 / sqrt(mean(x^2) + eps) (the model passes zeros for b: RMSNorm has no
+// bias). RMSNorm saves mean = 0, so xhat = (x - mean) * rstd holds for both, and its backward
+// drops LayerNorm's mean(dout w) term.
+enum class Normalization { layernorm, rmsnorm };
+
 // out = (x - mean) * rstd * w + b;  mean[N], rstd[N] saved for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t N, int64_t C, float eps);
+                       const float* b, int64_t N, int64_t C, float eps,
+                       Normalization kind = Normalization::layernorm);
 
 // The same with out in bf16 (its patterns): bf16 of layernorm_forward's out, for a GEMM
 // that reads its input in bf16 (model/linear.h LinearInput).
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
-                            const float* b, int64_t N, int64_t C, float eps);
+                            const float* b, int64_t N, int64_t C, float eps,
+                            Normalization kind = Normalization::layernorm);
 
 // A LayerNorm's output as a kernel that also makes its input writes it (dropout.h's
 // bias_dropout_add_layernorm_forward): out in fp32 or bf16 (one of f32, bf16), the row
@@ -26,6 +34,7 @@ struct LayerNormOut {
   const float* w = nullptr;
   const float* b = nullptr;
   float eps = 1e-5f;
+  Normalization kind = Normalization::layernorm;
 };
 
 // The output gradient a LayerNorm backward reads: fp32, rounded as it is read (round: a
@@ -60,6 +69,7 @@ struct ResidualGradOut {
 // dx += ...; dw += sum_n dout*xhat; db += sum_n dout      (all three accumulate)
 // Deterministic whatever the thread count.
 void layernorm_backward(float* dx, float* dw, float* db, LayerNormDout dout, const float* x, const float* w,
-                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next = {});
+                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next = {},
+                        Normalization kind = Normalization::layernorm);
 
 }  // namespace lattice

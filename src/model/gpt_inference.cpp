@@ -31,14 +31,20 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   wpe_ = cfg_.rope() ? nullptr : p("embedding.position_embeddings.weight");
   rope_ = model.rope_table();
   lnf_w_ = p("decoder.final_layernorm.weight");
-  lnf_b_ = p("decoder.final_layernorm.bias");
+  if (cfg_.rmsnorm()) {  // no norm biases: zeros for the LayerNorm kernel
+    zero_bias_.resize(size_t(cfg_.hidden_size));
+    lnf_b_ = zero_bias_.data();
+  } else {
+    lnf_b_ = p("decoder.final_layernorm.bias");
+  }
+  auto norm_bias = [&](const std::string& name) -> const float* { return cfg_.rmsnorm() ? lnf_b_ : p(name); };
   out_w_ = cfg_.untie_embeddings_and_output_weights ? p("output_layer.weight") : wte_;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const std::string s = "decoder.layers." + std::to_string(l) + ".";
-    layers_.push_back({p(s + "input_layernorm.weight"), p(s + "input_layernorm.bias"),
+    layers_.push_back({p(s + "input_layernorm.weight"), norm_bias(s + "input_layernorm.bias"),
                        p(s + "self_attention.linear_qkv.weight"), bias(s + "self_attention.linear_qkv.bias"),
                        p(s + "self_attention.linear_proj.weight"), bias(s + "self_attention.linear_proj.bias"),
-                       p(s + "pre_mlp_layernorm.weight"), p(s + "pre_mlp_layernorm.bias"),
+                       p(s + "pre_mlp_layernorm.weight"), norm_bias(s + "pre_mlp_layernorm.bias"),
                        p(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
                        p(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias")});
   }
@@ -67,6 +73,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, H = cfg_.num_attention_heads;
   const int64_t D = cfg_.kv_channels, Q = cfg_.attention_width(), Vp = cfg_.padded_vocab_size, Tmax = capacity_;
   const float eps = cfg_.layernorm_epsilon;
+  const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
   LATTICE_CHECK(n > 0) << "append: no tokens";
   if (length_ + n > capacity_)
     LATTICE_FAIL() << "KV cache full: " << length_ << " + " << n << " tokens exceed its " << capacity_
@@ -88,7 +95,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const Layer& p = layers_[l];
-    layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps);
+    layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
     linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * Q);  // [n, H, 3, D]
     if (rope_) rope_forward(qkv, *rope_, n, n, length_, H, D);  // q and k at their positions in the context
     const int64_t layer_cache = l * H * Tmax * D;
@@ -97,7 +104,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
                              D, Tmax);
     linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
     add_forward(x, x, tmp, n * C);
-    layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps);
+    layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);
     linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, F);
     gelu_forward(fc, fc, n * F, cfg_.gelu);
     linear_forward(tmp, fc, p.fc2_w, p.fc2_b, n, F, C);
@@ -106,7 +113,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   length_ += n;
   // Only the rows whose logits are wanted go through the final norm and the output layer.
   const int64_t first = all_positions ? 0 : n - 1, rows = n - first;
-  layernorm_forward(ln, mean_.data(), rstd_.data(), x + first * C, lnf_w_, lnf_b_, rows, C, eps);
+  layernorm_forward(ln, mean_.data(), rstd_.data(), x + first * C, lnf_w_, lnf_b_, rows, C, eps, norm);
   if (current_device() == Device::cpu) {
     linear_forward(logits, ln, out_w_, nullptr, rows, C, Vp);  // [rows, Vp]
     return;

@@ -50,6 +50,7 @@ class GPTInference {
   int64_t capacity_ = 0, length_ = 0, rows_ = 0;
   const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;  // wpe_ null with the rotary embedding
   const RopeTable* rope_ = nullptr;                      // the model's, with the rotary embedding
+  DeviceArray<float> zero_bias_;                         // [C] zeros: the norms' bias with RMSNorm
   std::vector<Layer> layers_;
   DeviceArray<float> k_cache_, v_cache_;  // [L, H, Tmax, D] each
   // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2, qkv [n, 3Q], attn

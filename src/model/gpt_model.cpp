@@ -152,7 +152,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   register_parameters();
   params_.allocate();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
-  if (!cfg_.add_bias_linear) {  // zeros for the fused kernels that add a bias; a sink for those that sum one
+  if (!cfg_.add_bias_linear || cfg_.rmsnorm()) {  // zeros for the kernels that add a bias; a sink for those that sum one
     const size_t n = size_t(std::max({3 * Hl_ * cfg_.kv_channels, Fl_, cfg_.hidden_size}));
     no_bias_.resize(n);
     bias_grad_sink_.resize(n);
@@ -254,6 +254,7 @@ void GPTModel::register_parameters() {
   };
   const bool tied = !cfg_.untie_embeddings_and_output_weights;
   const bool bias = cfg_.add_bias_linear;
+  const bool norm_bias = !cfg_.rmsnorm();  // RMSNorm has a weight only
   const bool split_pipeline = !(place_.pre_process && place_.post_process);
   if (place_.pre_process) {
     wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
@@ -268,13 +269,13 @@ void GPTModel::register_parameters() {
       LayerParams p;
       p.layer = l;
       p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
-      p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+      if (norm_bias) p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
       p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {3 * Q, C}, ParamInit::normal, std, 0);
       if (bias) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * Q}, ParamInit::zeros, 0, 0);
       p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
       if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
-      p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+      if (norm_bias) p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
       p.fc1_w = add(layer_name(l, "mlp.linear_fc1.weight"), {F, C}, ParamInit::normal, std, 0);
       if (bias) p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F}, ParamInit::zeros, 0, 0);
       p.fc2_w = add(layer_name(l, "mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
@@ -284,7 +285,7 @@ void GPTModel::register_parameters() {
   }
   if (place_.post_process) {
     lnf_w_ = add("decoder.final_layernorm.weight", {C}, ParamInit::ones, 0, -1);
-    lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
+    if (norm_bias) lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
     if (!tied) {
       out_w_ = add("output_layer.weight", {Vp, C}, ParamInit::normal, std, 0);
     } else if (!place_.pre_process) {
@@ -435,10 +436,11 @@ void GPTModel::gather_input_rows(float* full, int64_t N) {
 void GPTModel::layernorm_input(float* out, float* mean, float* rstd, const float* x, int w, int b, int64_t rows) {
   const int64_t C = cfg_.hidden_size;
   if (bf16_inputs())
-    layernorm_forward_bf16(reinterpret_cast<uint16_t*>(out), mean, rstd, x, params_.param(w), params_.param(b), rows,
-                           C, cfg_.layernorm_epsilon);
+    layernorm_forward_bf16(reinterpret_cast<uint16_t*>(out), mean, rstd, x, params_.param(w), bias(b), rows, C,
+                           cfg_.layernorm_epsilon, normalization());
   else
-    layernorm_forward(out, mean, rstd, x, params_.param(w), params_.param(b), rows, C, cfg_.layernorm_epsilon);
+    layernorm_forward(out, mean, rstd, x, params_.param(w), bias(b), rows, C, cfg_.layernorm_epsilon,
+                      normalization());
 }
 
 void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key) {
@@ -482,8 +484,9 @@ LayerNormOut GPTModel::layernorm_out(const NextNorm& n) const {
   ln.mean = n.mean;
   ln.rstd = n.rstd;
   ln.w = params_.param(n.w);
-  ln.b = params_.param(n.b);
+  ln.b = bias(n.b);  // zeros with RMSNorm
   ln.eps = cfg_.layernorm_epsilon;
+  ln.kind = normalization();
   return ln;
 }
 
@@ -649,8 +652,8 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     zero_on_device(sc.d_resid, size_t(Ns * C) * sizeof(float));
     const ResidualGradOut next =
         a.layers.empty() ? ResidualGradOut{} : residual_grad_out(layers_[first + a.layers.size() - 1].fc2_b, p_hidden);
-    layernorm_backward(sc.d_resid, params_.grad(lnf_w_), params_.grad(lnf_b_), *d_lnf, a.resid.back(),
-                       params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C, next);
+    layernorm_backward(sc.d_resid, params_.grad(lnf_w_), bias_grad(lnf_b_), *d_lnf, a.resid.back(),
+                       params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C, next, normalization());
     d_rows_made = next.bf16 != nullptr;
     grads_ready({lnf_w_, lnf_b_});
   }
@@ -695,8 +698,8 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // already rounded, in bf16 (ln_dout); d_resid becomes d(resid_mid), and with it the
     // projection's output gradient may be made (residual_grad_out).
     const ResidualGradOut proj_grad = residual_grad_out(p.proj_b, p_hidden);
-    layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), params_.grad(p.ln2_b), ln_dout(d_ln, p.fc1_w), x.resid_mid,
-                       params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad);
+    layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), ln_dout(d_ln, p.fc1_w), x.resid_mid,
+                       params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
     // Attention block.
     const RowOutputGrad d_proj =
         row_output_grad(d_rows, p.proj_b, N, p_hidden, site_stream(key, layer_name(l, "self_attention.dropout")),
@@ -728,8 +731,8 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // d_resid becomes d(layer input): the output gradient of the previous layer's fc2 (made
     // here with residual_grad_out), or the chunk's input gradient after the first layer.
     const ResidualGradOut fc2_grad = i > 0 ? residual_grad_out(layers_[first + i - 1].fc2_b, p_hidden) : ResidualGradOut{};
-    layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), params_.grad(p.ln1_b), ln_dout(d_ln, p.qkv_w), a.resid[i],
-                       params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad);
+    layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), bias_grad(p.ln1_b), ln_dout(d_ln, p.qkv_w), a.resid[i],
+                       params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad, normalization());
     d_rows_made = fc2_grad.bf16 != nullptr;
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,
                  p.fc1_b, p.fc2_w, p.fc2_b});
@@ -877,6 +880,7 @@ void GPTModel::finish_sequence_parallel_grads(const std::vector<std::pair<int64_
   const std::vector<std::pair<int64_t, int64_t>> all{{0, params_.numel()}};
   std::vector<std::pair<int64_t, int64_t>> pieces;
   for (int k : norms) {
+    if (k < 0) continue;  // RMSNorm: no bias
     const ParamInfo& pi = params_.infos()[size_t(k)];
     for (auto [rb, re] : ranges.empty() ? all : ranges) {
       const int64_t b = std::max(rb, pi.offset), e = std::min(re, pi.offset + pi.numel);

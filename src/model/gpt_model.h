@@ -204,7 +204,8 @@ class GPTModel {
   struct Scratch;
   struct LayerParams {
     int64_t layer;  // global layer index
-    // parameter indices; -1: none (the linear biases with --disable-bias-linear)
+    // parameter indices; -1: none (the linear biases with --disable-bias-linear, the norms'
+    // biases with RMSNorm)
     int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc1_w = -1,
         fc1_b = -1, fc2_w = -1, fc2_b = -1;
   };
@@ -364,6 +365,10 @@ class GPTModel {
   // A linear layer's bias b, or null when it has none (--disable-bias-linear), for the
   // kernels that take null for no bias; bias() gives zeros instead to the fused kernels
   // that always add one, and bias_grad() a sink (never read) to those that always sum one.
+  // A LayerNorm's kind (--normalization); RMSNorm has no bias parameter (bias(-1): zeros).
+  Normalization normalization() const {
+    return cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
+  }
   const float* bias_or_null(int b) const { return b >= 0 ? params_.param(b) : nullptr; }
   float* bias_grad_or_null(int b) const { return b >= 0 ? params_.grad(b) : nullptr; }
   const float* bias(int b) const { return b >= 0 ? params_.param(b) : no_bias_.data(); }
@@ -396,7 +401,7 @@ class GPTModel {
   std::unique_ptr<Scratch> scratch_;
   DocumentBoundaries docs_;
   std::unique_ptr<RotaryEmbedding> rope_;  // with --position-embedding-type rope
-  DeviceArray<float> no_bias_, bias_grad_sink_;  // with --disable-bias-linear (zeroed when allocated)
+  DeviceArray<float> no_bias_, bias_grad_sink_;  // with --disable-bias-linear or RMSNorm (zeroed when allocated)
   DeviceArray<float> row_max_;         // [B*T] cross entropy statistics
   DeviceArray<double> ce_stats_;       // [B*T, 2]
   DeviceArray<float> sp_grads_;        // sequence-parallel gradient staging

@@ -49,6 +49,8 @@ void TransformerConfig::finalize(int64_t tp) {
   if (max_position_embeddings <= 0)
     LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
   check_position_embedding();
+  if (normalization != "LayerNorm" && normalization != "RMSNorm")
+    LATTICE_FAIL() << "--normalization must be LayerNorm or RMSNorm, got '" << normalization << "'";
   if (hidden_dropout < 0 || hidden_dropout >= 1)
     LATTICE_FAIL() << "--hidden-dropout must be in [0, 1), got " << hidden_dropout;
   if (attention_dropout < 0 || attention_dropout >= 1)

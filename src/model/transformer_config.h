@@ -35,6 +35,8 @@ struct TransformerConfig {
   bool rope() const { return position_embedding_type == "rope"; }
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;        // --disable-bias-linear: no biases in QKV, proj, fc1, fc2
+  std::string normalization = "LayerNorm";  // or RMSNorm (weight only), Megatron's --normalization
+  bool rmsnorm() const { return normalization == "RMSNorm"; }
   // Activation recomputation (docs/memory.md). It changes memory and time, never the
   // math, so checkpoints do not record it.
   //   full + uniform: each chunk's layers in groups of recompute_num_layers; only a

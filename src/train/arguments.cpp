@@ -55,6 +55,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"openai-gelu", Kind::flag, &a.openai_gelu, "tanh GELU instead of the erf form"},
       {"untie-embeddings-and-output-weights", Kind::flag, &a.untie_embeddings_and_output_weights,
        "separate output layer instead of the tied word embedding"},
+      {"normalization", Kind::str, &a.normalization, "LayerNorm or RMSNorm (no mean subtracted, no bias)"},
       {"disable-bias-linear", Kind::flag, &a.disable_bias_linear,
        "no biases in the linear layers (QKV, projection, fc1, fc2)"},
       {"micro-batch-size", Kind::i64, &a.micro_batch_size, "sequences per micro-batch"},
@@ -407,6 +408,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.gelu = openai_gelu ? GeluKind::tanh : GeluKind::erf;
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
   c.add_bias_linear = !disable_bias_linear;
+  c.normalization = normalization;
   c.position_embedding_type = position_embedding_type;
   c.rotary_percent = rotary_percent;
   c.rotary_base = rotary_base;

@@ -24,6 +24,7 @@ struct TrainArgs {
   bool openai_gelu = false;
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
+  std::string normalization = "LayerNorm";
   std::string position_embedding_type = "learned_absolute";
   double rotary_percent = 1.0;
   float rotary_base = 10000.0f, rotary_seq_len_interpolation_factor = 0.0f;

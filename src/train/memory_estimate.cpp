@@ -72,13 +72,13 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
     for (int64_t l = begin; l < end; ++l) {
       const std::string p = "decoder.layers." + std::to_string(l) + ".";
       add(p + "input_layernorm.weight", {C}, -1);
-      add(p + "input_layernorm.bias", {C}, -1);
+      if (!c.rmsnorm()) add(p + "input_layernorm.bias", {C}, -1);
       add(p + "self_attention.linear_qkv.weight", {3 * Q, C}, 0);  // [3Q/P, C], Q = heads x kv_channels
       if (c.add_bias_linear) add(p + "self_attention.linear_qkv.bias", {3 * Q}, 0);
       add(p + "self_attention.linear_proj.weight", {C, Q}, 1);     // [C, Q/P]
       if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
       add(p + "pre_mlp_layernorm.weight", {C}, -1);
-      add(p + "pre_mlp_layernorm.bias", {C}, -1);
+      if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
       add(p + "mlp.linear_fc1.weight", {F, C}, 0);                 // [F/P, C]
       if (c.add_bias_linear) add(p + "mlp.linear_fc1.bias", {F}, 0);
       add(p + "mlp.linear_fc2.weight", {C, F}, 1);                 // [C, F/P]
@@ -86,7 +86,7 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
     }
   if (place.post_process) {
     add("decoder.final_layernorm.weight", {C}, -1);
-    add("decoder.final_layernorm.bias", {C}, -1);
+    if (!c.rmsnorm()) add("decoder.final_layernorm.bias", {C}, -1);
     if (!tied) add("output_layer.weight", {Vp, C}, 0);
     else if (!place.pre_process) add("embedding.word_embeddings.weight", {Vp, C}, 0);  // the last stage's copy
   }

@@ -203,8 +203,8 @@ TEST(CudaModel, LossAndEveryGradientMatchCpu) {
 }
 
 // The rotary embedding (half of each head's dims, interleaved pairs) in place of learned
-// positions, heads of 32 dims (4 x 32: wider than the hidden size), no linear biases: the
-// same loss and gradients on both devices.
+// positions, heads of 32 dims (4 x 32: wider than the hidden size), no linear biases, RMSNorm:
+// the same loss and gradients on both devices.
 TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
   LATTICE_REQUIRE_CUDA();
   TransformerConfig cfg = small_config(0.0f);
@@ -213,6 +213,7 @@ TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
   cfg.rotary_interleaved = true;
   cfg.kv_channels = 32;  // q, k, v 128 wide against a hidden size of 64
   cfg.add_bias_linear = false;
+  cfg.normalization = "RMSNorm";
   cfg.finalize();
   const GradRun cpu = grads_on(Device::cpu, cfg);
   const GradRun gpu = grads_on(Device::cuda, cfg);

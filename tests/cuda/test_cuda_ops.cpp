@@ -165,15 +165,17 @@ void layernorm_cases(std::vector<OpCase>& t) {
   for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {300, 768}, {2, 1}, {45, 1300}, {19, 2100}}) {
     // Row statistics summed over C in another order than the CPU's 16 lanes: ~1e-6 relative
     // on O(1) values.
-    t.push_back({"layernorm_forward", shape_name({{"N", N}, {"C", C}}), {1e-5, 1e-5}, [N, C](const OpCase& c) {
+    for (Normalization kind : {Normalization::layernorm, Normalization::rmsnorm})
+      t.push_back({kind == Normalization::rmsnorm ? "rmsnorm_forward" : "layernorm_forward",
+                   shape_name({{"N", N}, {"C", C}}), {1e-5, 1e-5}, [N, C, kind](const OpCase& c) {
       const auto x = rand_floats(static_cast<size_t>(N * C), 1, -2.0f, 3.0f);
       const auto w = rand_floats(static_cast<size_t>(C), 2), b = rand_floats(static_cast<size_t>(C), 3);
       std::vector<float> out(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
-      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f, kind);
       auto dx = upload(x), dw = upload(w), db = upload(b);
       DeviceBuffer dout(out.size() * 4), dmean(mean.size() * 4), drstd(rstd.size() * 4);
       cuda::layernorm_forward(dout.as<float>(), dmean.as<float>(), drstd.as<float>(), dx.as<float>(),
-                              dw.as<float>(), db.as<float>(), N, C, 1e-5f);
+                              dw.as<float>(), db.as<float>(), N, C, 1e-5f, kind);
       expect_close(c, "out", out, download<float>(dout, out.size()));
       expect_close(c, "mean", mean, download<float>(dmean, mean.size()));
       expect_close(c, "rstd", rstd, download<float>(drstd, rstd.size()));
@@ -208,11 +210,14 @@ void layernorm_cases(std::vector<OpCase>& t) {
       std::string name;
       Rounding round;
       bool bf16_dout, next;
+      Normalization kind = Normalization::layernorm;
     };
     std::vector<Form> forms;
     for (Rounding r : kRoundings) forms.push_back({rounding_suffix(r), r, false, false});
     forms.push_back({"_bf16_dout_next", Rounding::none, true, true});
     forms.push_back({"_next", Rounding::bf16, false, true});
+    forms.push_back({"_rmsnorm", Rounding::none, false, false, Normalization::rmsnorm});
+    forms.push_back({"_rmsnorm_bf16_dout_next", Rounding::none, true, true, Normalization::rmsnorm});
     for (const Form& f : forms)
       t.push_back({"layernorm_backward" + f.name, shape_name({{"N", N}, {"C", C}}), {1e-5, 2e-5 + 1e-7 * double(N)},
                    [N, C, f](const OpCase& c) {
@@ -222,7 +227,7 @@ void layernorm_cases(std::vector<OpCase>& t) {
       std::vector<uint16_t> dout16(dout.size());
       cast_fp32_to_bf16(dout16.data(), dout.data(), int64_t(dout.size()));
       std::vector<float> out(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
-      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f, f.kind);
       // Non-zero starting gradients: every output accumulates.
       auto dx = rand_floats(static_cast<size_t>(N * C), 8), dw = rand_floats(static_cast<size_t>(C), 9), db = rand_floats(static_cast<size_t>(C), 10);
       auto dnext = rand_floats(static_cast<size_t>(C), 11);
@@ -234,13 +239,13 @@ void layernorm_cases(std::vector<OpCase>& t) {
       layernorm_backward(dx.data(), dw.data(), db.data(),
                          f.bf16_dout ? LayerNormDout::in_bf16(dout16.data()) : LayerNormDout(dout.data(), f.round),
                          x.data(), w.data(), mean.data(), rstd.data(), N, C,
-                         f.next ? ResidualGradOut{next16.data(), dnext.data()} : ResidualGradOut{});
+                         f.next ? ResidualGradOut{next16.data(), dnext.data()} : ResidualGradOut{}, f.kind);
       auto run_gpu = [&] {
         cuda::layernorm_backward(
             g_dx.as<float>(), g_dw.as<float>(), g_db.as<float>(),
             f.bf16_dout ? LayerNormDout::in_bf16(g_dout16.as<uint16_t>()) : LayerNormDout(g_dout.as<float>(), f.round),
             g_x.as<float>(), g_w.as<float>(), g_mean.as<float>(), g_rstd.as<float>(), N, C,
-            f.next ? ResidualGradOut{g_next16.as<uint16_t>(), g_dnext.as<float>()} : ResidualGradOut{});
+            f.next ? ResidualGradOut{g_next16.as<uint16_t>(), g_dnext.as<float>()} : ResidualGradOut{}, f.kind);
       };
       run_gpu();
       const auto gpu_dx = download<float>(g_dx, dx.size());
@@ -549,8 +554,12 @@ void dropout_cases(std::vector<OpCase>& t) {
   };
   for (L f : {L{37, 77, 5, 0.1f}, L{300, 768, (uint64_t(1) << 33) + 1, 0.1f}, L{9, 1300, 0, 0.0f},
               L{5, 2100, 3, 0.1f}})
-    for (int form = 0; form < 3; ++form) {  // y fp32 + ln fp32; y fp32 rounded bf16 + ln bf16; y bf16 + ln bf16
-      const std::string name = form == 0 ? "" : form == 1 ? "_round_bf16_ln_bf16" : "_packed_ln_bf16";
+    for (int form = 0; form < 4; ++form) {  // y fp32 + ln fp32; y fp32 rounded bf16 + ln bf16; y bf16 + ln bf16;
+                                            // y fp32 + RMSNorm fp32
+      const std::string name = form == 0   ? ""
+                               : form == 1 ? "_round_bf16_ln_bf16"
+                               : form == 2 ? "_packed_ln_bf16"
+                                           : "_rmsnorm";
       const std::string shape = shape_name({{"N", f.N}, {"C", f.C}, {"first", int64_t(f.first)},
                                             {"p_pct", int64_t(f.p * 100)}});
       t.push_back({"bias_dropout_add_layernorm_forward" + name, shape, {1e-5, 1e-5}, [f, form](const OpCase& c) {
@@ -562,12 +571,13 @@ void dropout_cases(std::vector<OpCase>& t) {
         const auto bias = rand_floats(size_t(f.C), 22, -0.5f, 0.5f), w = rand_floats(size_t(f.C), 23);
         const auto b = rand_floats(size_t(f.C), 24);
         const Rounding r = form == 1 ? Rounding::bf16 : Rounding::none;
-        const bool ln16 = form > 0;
+        const bool ln16 = form == 1 || form == 2;
+        const Normalization kind = form == 3 ? Normalization::rmsnorm : Normalization::layernorm;
         // The CPU.
         std::vector<float> out(n), ln(n), mean(size_t(f.N)), rstd(size_t(f.N));
         std::vector<uint16_t> ln_b(n);
         LayerNormOut cpu_ln{ln16 ? nullptr : ln.data(), ln16 ? ln_b.data() : nullptr, mean.data(), rstd.data(),
-                            w.data(), b.data(), 1e-5f};
+                            w.data(), b.data(), 1e-5f, kind};
         if (form == 2)
           bias_dropout_add_layernorm_forward(out.data(), residual.data(), y16.data(), bias.data(), f.N, f.C, f.p,
                                              stream, f.first, cpu_ln);
@@ -581,7 +591,7 @@ void dropout_cases(std::vector<OpCase>& t) {
         DeviceBuffer rout(n * 4), rln(n * 4), rmean(size_t(f.N) * 4), rrstd(size_t(f.N) * 4);
         auto ln_out = [&](DeviceBuffer& o, DeviceBuffer& m, DeviceBuffer& s) {
           return LayerNormOut{ln16 ? nullptr : o.as<float>(), ln16 ? o.as<uint16_t>() : nullptr, m.as<float>(),
-                              s.as<float>(), gw.as<float>(), gb.as<float>(), 1e-5f};
+                              s.as<float>(), gw.as<float>(), gb.as<float>(), 1e-5f, kind};
         };
         if (form == 2) {
           cuda::bias_dropout_add_layernorm_forward(gout.as<float>(), gres.as<float>(), gy16.as<uint16_t>(),
@@ -598,10 +608,10 @@ void dropout_cases(std::vector<OpCase>& t) {
         }
         if (ln16)
           cuda::layernorm_forward_bf16(rln.as<uint16_t>(), rmean.as<float>(), rrstd.as<float>(), rout.as<float>(),
-                                       gw.as<float>(), gb.as<float>(), f.N, f.C, 1e-5f);
+                                       gw.as<float>(), gb.as<float>(), f.N, f.C, 1e-5f, kind);
         else
           cuda::layernorm_forward(rln.as<float>(), rmean.as<float>(), rrstd.as<float>(), rout.as<float>(),
-                                  gw.as<float>(), gb.as<float>(), f.N, f.C, 1e-5f);
+                                  gw.as<float>(), gb.as<float>(), f.N, f.C, 1e-5f, kind);
         const auto got_out = download<float>(gout, n);
         expect_bits(c, "out", out, got_out);
         expect_bits(c, "out (against the two kernels)", download<float>(rout, n), got_out);

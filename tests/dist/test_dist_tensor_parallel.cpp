@@ -30,10 +30,11 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // vocabulary splits unevenly: with TP = 4 the last rank holds 2 real rows.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false) {
   TransformerConfig c;
-  if (rope) {  // with an attention twice as wide as the hidden size, and no linear biases
+  if (rope) {  // with an attention twice as wide as the hidden size, no linear biases, RMSNorm
     c.position_embedding_type = "rope";
     c.kv_channels = 16;
     c.add_bias_linear = false;
+    c.normalization = "RMSNorm";
   }
   c.num_layers = layers;
   c.hidden_size = 32;
@@ -71,7 +72,7 @@ struct Layout {
   bool sequence_parallel;
   float dropout;
   bool rope = false;  // the rotary embedding (each rank rotates its heads' q and k), --kv-channels 16,
-                      // --disable-bias-linear
+                      // --disable-bias-linear, RMSNorm
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};

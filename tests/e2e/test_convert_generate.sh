@@ -145,14 +145,17 @@ if run rope_train "$LATTICE" "${ROPE[@]}" --train-iters 3 --exit-interval 2 --sa
     same "rope: generate with the KV cache prints what full recomputation prints" rope_gen.out rope_gen_full.out
   fi
 fi
-# ---- --kv-channels other than hidden / heads: trains, generates, has no GPT-2 form ----
-if run kv_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --kv-channels 16 --train-iters 2 --save ckpt-kv; then
+# ---- --kv-channels other than hidden / heads, with RMSNorm: trains, generates, has no GPT-2 form ----
+if run kv_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --kv-channels 16 --normalization RMSNorm --train-iters 2 \
+     --save ckpt-kv; then
+  expect_error "resume: RMSNorm checkpoint, LayerNorm run" "normalization|--normalization" -- \
+    "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --kv-channels 16 --train-iters 3 --load ckpt-kv
   expect_error "convert: --kv-channels 16 x 4 heads to HF GPT-2" "--to-hf|--kv-channels 16|hidden size 32" -- \
     "$LATTICE" convert --load ckpt-kv --to-hf hf-kv
   [ -e hf-kv ] && fail "convert --to-hf of a --kv-channels model left hf-kv behind"
   run kv_gen "$LATTICE" generate --load ckpt-kv --prompt "ab" --max-new-tokens 30 --seed 3 &&
     run kv_gen_full "$LATTICE" generate --load ckpt-kv --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
-    same "--kv-channels 16: generate with the KV cache prints what full recomputation prints" kv_gen.out kv_gen_full.out
+    same "--kv-channels 16, RMSNorm: generate with the KV cache prints what full recomputation prints" kv_gen.out kv_gen_full.out
 fi
 # ---- --disable-bias-linear: trains, resumes only so, generates, has no GPT-2 form ----
 NOBIAS=("${ROPE[@]/rope/learned_absolute}" --disable-bias-linear)
@@ -166,6 +169,12 @@ if run nobias_train "$LATTICE" "${NOBIAS[@]}" --train-iters 3 --exit-interval 2 
     run nobias_gen "$LATTICE" generate --load ckpt-nobias --prompt "ab" --max-new-tokens 30 --seed 3 &&
     run nobias_gen_full "$LATTICE" generate --load ckpt-nobias --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
     same "--disable-bias-linear: generate with the KV cache prints what full recomputation prints" nobias_gen.out nobias_gen_full.out
+fi
+expect_error "--normalization ScaleNorm" "--normalization|ScaleNorm" -- "$LATTICE" "${ROPE[@]}" --normalization ScaleNorm \
+  --train-iters 1
+if run rms_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --normalization RMSNorm --train-iters 1 --save ckpt-rms; then
+  grep -qF 'input_layernorm.bias' ckpt-rms/iter_0000001/*.json && fail "an RMSNorm checkpoint lists input_layernorm.bias"
+  expect_error "convert: RMSNorm to HF GPT-2" "--to-hf|RMSNorm" -- "$LATTICE" convert --load ckpt-rms --to-hf hf-rms
 fi
 expect_error "--position-embedding-type alibi" "--position-embedding-type|alibi" -- \
   "$LATTICE" "${ROPE[@]/rope/alibi}" --train-iters 1

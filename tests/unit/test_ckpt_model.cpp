@@ -87,11 +87,12 @@ TEST(CkptModelConfig, FieldsAddedLaterReadAsTheirOldMeaning) {
   const TransformerConfig c = tiny_config();
   nlohmann::json old = model_config_json(c);
   for (const char* f : {"position_embedding_type", "rotary_percent", "rotary_base", "rotary_interleaved",
-                        "rotary_seq_len_interpolation_factor", "add_bias_linear"})
+                        "rotary_seq_len_interpolation_factor", "add_bias_linear", "normalization"})
     ASSERT_EQ(old.erase(f), 1u) << f;
   const TransformerConfig read = model_config_from_json(old, "x");
   EXPECT_FALSE(read.rope());
   EXPECT_TRUE(read.add_bias_linear);
+  EXPECT_FALSE(read.rmsnorm());
   EXPECT_EQ(error_of([&] { check_model_config(old, c, "x"); }), "");
   TransformerConfig rope = c;
   rope.position_embedding_type = "rope";

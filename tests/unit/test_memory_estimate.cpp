@@ -153,6 +153,16 @@ TEST(MemoryEstimate, NoLinearBiasesEqualsTheModel) {
   }
 }
 
+// RMSNorm: the norms' biases are not registered.
+TEST(MemoryEstimate, RmsNormEqualsTheModel) {
+  TransformerConfig c = config(3, false, 2);
+  c.normalization = "RMSNorm";
+  const MemoryLayout m = layout(c, 2, 1, 1, 4);
+  expect_matches(m, 0);
+  const int64_t with = estimate_rank_memory(layout(config(3, false, 2), 2, 1, 1, 4), 0, 0).parameters;
+  EXPECT_EQ(with - estimate_rank_memory(m, 0, 0).parameters, (2 * 3 + 1) * c.hidden_size);
+}
+
 // --kv-channels wider than hidden / heads: the attention's weights and activations grow.
 TEST(MemoryEstimate, WideAttentionEqualsTheModel) {
   for (int P : {1, 2}) {

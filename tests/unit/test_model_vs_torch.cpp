@@ -2,8 +2,8 @@
 // (tests/fixtures/make_gpt_fixture.py): logits, loss, every gradient, and the losses
 // and final parameters of 10 AdamW steps with gradient accumulation and clipping; with
 // learned positions (tied and untied, both GELUs), with the rotary embedding, and with an
-// attention wider than the hidden size (--kv-channels 24 x 4 heads, hidden 64), and without
-// the linear layers' biases (--disable-bias-linear).
+// attention wider than the hidden size (--kv-channels 24 x 4 heads, hidden 64), without the
+// linear layers' biases (--disable-bias-linear), and with RMSNorm (--normalization RMSNorm).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,6 +45,7 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
                                                                                       : GeluKind::erf;
   if (f.metadata().count("kv_channels")) c.kv_channels = meta_int(f, "kv_channels");
   if (f.metadata().count("add_bias_linear")) c.add_bias_linear = meta_int(f, "add_bias_linear") != 0;
+  if (f.metadata().count("normalization")) c.normalization = f.metadata().at("normalization");
   if (f.metadata().count("position_embedding_type")) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
     c.rotary_percent = meta_double(f, "rotary_percent");
@@ -148,7 +149,7 @@ TEST_P(ModelVsTorch, TenAdamSteps) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                          ::testing::Values("gpt_tiny.safetensors", "gpt_tiny_untied_tanh.safetensors",
                                            "gpt_tiny_rope.safetensors", "gpt_tiny_kv24.safetensors",
-                                           "gpt_tiny_nobias.safetensors"));
+                                           "gpt_tiny_nobias.safetensors", "gpt_tiny_rmsnorm.safetensors"));
 
 }  // namespace
 }  // namespace lattice

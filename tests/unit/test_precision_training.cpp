@@ -96,11 +96,13 @@ TEST(PrecisionTraining, LossesFollowFp32) {
 // fp32 logits, inputs and qkv, bit for bit: every loss, gradient norm and final parameter,
 // with an evaluation forward in between; with dropout, and without (where the LayerNorm
 // backward makes the row-parallel layers' bf16 output gradient and bias gradient).
-void expect_bf16_storage_trains_bit_identically(float dropout, bool rope = false, bool bias = true) {
+void expect_bf16_storage_trains_bit_identically(float dropout, bool rope = false, bool bias = true,
+                                                bool rmsnorm = false) {
   TransformerConfig cfg = config();
   cfg.hidden_dropout = cfg.attention_dropout = dropout;
   if (rope) cfg.position_embedding_type = "rope";  // the qkv switch keeps qkv in fp32, row outputs in bf16
   cfg.add_bias_linear = bias;  // without biases the fused kernels add zeros and sum into a sink
+  if (rmsnorm) cfg.normalization = "RMSNorm";
   cfg.finalize();
   struct Run {
     bool logits, inputs, qkv;
@@ -147,6 +149,10 @@ TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithRotaryEmbedding) {
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithoutLinearBiases) {
   expect_bf16_storage_trains_bit_identically(0.1f, false, false);
   expect_bf16_storage_trains_bit_identically(0.0f, false, false);
+}
+TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithRmsNorm) {
+  expect_bf16_storage_trains_bit_identically(0.1f, false, true, true);
+  expect_bf16_storage_trains_bit_identically(0.0f, false, true, true);
 }
 
 // Overflows induced at iterations 2, 3 and 4 with hysteresis 2: the first leaves the scale

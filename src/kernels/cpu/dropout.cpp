@@ -121,9 +121,9 @@ namespace {
 void layernorm_of(const float* x, int64_t N, int64_t C, const LayerNormOut& ln) {
   LATTICE_CHECK((ln.f32 == nullptr) != (ln.bf16 == nullptr)) << "bias_dropout_add_layernorm_forward: one output";
   if (ln.bf16)
-    layernorm_forward_bf16(ln.bf16, ln.mean, ln.rstd, x, ln.w, ln.b, N, C, ln.eps);
+    layernorm_forward_bf16(ln.bf16, ln.mean, ln.rstd, x, ln.w, ln.b, N, C, ln.eps, ln.kind);
   else
-    layernorm_forward(ln.f32, ln.mean, ln.rstd, x, ln.w, ln.b, N, C, ln.eps);
+    layernorm_forward(ln.f32, ln.mean, ln.rstd, x, ln.w, ln.b, N, C, ln.eps, ln.kind);
 }
 }  // namespace
 

@@ -51,12 +51,12 @@ namespace {
 // inputs with a large mean. out in fp32 or bf16.
 template <class T>
 void layernorm_rows(T* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t N,
-                    int64_t C, float eps) {
+                    int64_t C, float eps, bool rms) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const float* __restrict x_n = x + n * C;
     T* __restrict o_n = out + n * C;
-    const float m = lane_sum(x_n, C) / float(C);
+    const float m = rms ? 0.0f : lane_sum(x_n, C) / float(C);  // RMSNorm: no mean
     const float var = lane_sum_sq_dev(x_n, m, C) / float(C);
     const float r = 1.0f / std::sqrt(var + eps);
 #pragma omp simd
@@ -68,15 +68,15 @@ void layernorm_rows(T* out, float* mean, float* rstd, const float* x, const floa
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t N, int64_t C, float eps) {
-  LATTICE_KERNEL_ENTRY(cuda::layernorm_forward(out, mean, rstd, x, w, b, N, C, eps));
-  layernorm_rows(out, mean, rstd, x, w, b, N, C, eps);
+                       const float* b, int64_t N, int64_t C, float eps, Normalization kind) {
+  LATTICE_KERNEL_ENTRY(cuda::layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, kind));
+  layernorm_rows(out, mean, rstd, x, w, b, N, C, eps, kind == Normalization::rmsnorm);
 }
 
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
-                            const float* b, int64_t N, int64_t C, float eps) {
-  LATTICE_KERNEL_ENTRY(cuda::layernorm_forward_bf16(out, mean, rstd, x, w, b, N, C, eps));
-  layernorm_rows(out, mean, rstd, x, w, b, N, C, eps);
+                            const float* b, int64_t N, int64_t C, float eps, Normalization kind) {
+  LATTICE_KERNEL_ENTRY(cuda::layernorm_forward_bf16(out, mean, rstd, x, w, b, N, C, eps, kind));
+  layernorm_rows(out, mean, rstd, x, w, b, N, C, eps, kind == Normalization::rmsnorm);
 }
 
 // dx per row (parallel over rows); dw, db per column chunk summing rows in index
@@ -94,7 +94,7 @@ inline float dout_at(const uint16_t* d, int64_t i) {
 
 template <Rounding R, class T>
 void layernorm_backward_rows(float* dx, float* dw, float* db, const T* dout, const float* x, const float* w,
-                             const float* mean, const float* rstd, int64_t N, int64_t C) {
+                             const float* mean, const float* rstd, int64_t N, int64_t C, bool rms) {
   constexpr bool kConverted = R != Rounding::none || !std::is_same_v<T, float>;
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
@@ -134,7 +134,7 @@ void layernorm_backward_rows(float* dx, float* dw, float* db, const T* dout, con
       sum_g += acc_g[l];
       sum_gx += acc_gx[l];
     }
-    const float mean_g = sum_g / float(C), mean_gx = sum_gx / float(C);
+    const float mean_g = rms ? 0.0f : sum_g / float(C), mean_gx = sum_gx / float(C);  // RMSNorm: no mean term
 #pragma omp simd
     for (int64_t k = 0; k < C; ++k) {
       const float xhat = (x_n[k] - m) * r;
@@ -168,16 +168,18 @@ void layernorm_backward_rows(float* dx, float* dw, float* db, const T* dout, con
 }  // namespace
 
 void layernorm_backward(float* dx, float* dw, float* db, LayerNormDout dout, const float* x, const float* w,
-                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next) {
+                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next,
+                        Normalization kind) {
+  const bool rms = kind == Normalization::rmsnorm;
   LATTICE_CHECK((dout.f32 == nullptr) != (dout.bf16 == nullptr)) << "layernorm_backward: one output gradient";
   LATTICE_CHECK((next.bf16 == nullptr) == (next.bias_grad == nullptr))
       << "layernorm_backward: the residual gradient's bf16 cast and bias gradient go together";
-  LATTICE_KERNEL_ENTRY(cuda::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, next));
+  LATTICE_KERNEL_ENTRY(cuda::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, next, kind));
   if (dout.bf16)
-    layernorm_backward_rows<Rounding::none>(dx, dw, db, dout.bf16, x, w, mean, rstd, N, C);
+    layernorm_backward_rows<Rounding::none>(dx, dw, db, dout.bf16, x, w, mean, rstd, N, C, rms);
   else
     math::dispatch_rounding(dout.round, [&](auto r) {
-      layernorm_backward_rows<decltype(r)::value>(dx, dw, db, dout.f32, x, w, mean, rstd, N, C);
+      layernorm_backward_rows<decltype(r)::value>(dx, dw, db, dout.f32, x, w, mean, rstd, N, C, rms);
     });
   // The next layer's bias gradient and bf16 output gradient: bias_backward_cast_bf16 on dx.
   if (next.bf16)

@@ -37,17 +37,17 @@ bool with_columns_per_thread(int64_t C, F&& f) {
   }
 }
 
-// Two-pass statistics as on the CPU (mean, then the mean squared deviation) of the row this
-// block holds (v[k]: column threadIdx.x + kThreads k), and the normalized row into o_n, fp32 or
-// bf16. Every thread of the block calls it.
+// Two-pass statistics as on the CPU (mean, then the mean squared deviation; with rms the mean
+// is 0: RMSNorm) of the row this block holds (v[k]: column threadIdx.x + kThreads k), and the
+// normalized row into o_n, fp32 or bf16. Every thread of the block calls it.
 template <int V, class O>
 __device__ __forceinline__ void normalize_row(O* o_n, float* mean_n, float* rstd_n, const float (&v)[V],
-                                              const float* w, const float* b, int64_t C, float eps) {
+                                              const float* w, const float* b, int64_t C, float eps, bool rms) {
   float s = 0.0f;
 #pragma unroll
   for (int k = 0; k < V; ++k)
     if (threadIdx.x + int64_t(kThreads) * k < C) s += v[k];
-  const float m = block_sum(s) / float(C);
+  const float m = rms ? 0.0f : block_sum(s) / float(C);  // RMSNorm: no mean (uniform over the block)
   float q = 0.0f;
 #pragma unroll
   for (int k = 0; k < V; ++k)
@@ -71,7 +71,7 @@ __device__ __forceinline__ void normalize_row(O* o_n, float* mean_n, float* rstd
 template <int V, class T>
 __global__ void __launch_bounds__(kThreads) layernorm_forward_kernel(T* out, float* mean, float* rstd, const float* x,
                                                                      const float* w, const float* b, int64_t N,
-                                                                     int64_t C, float eps) {
+                                                                     int64_t C, float eps, bool rms) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     float v[V];
 #pragma unroll
@@ -79,20 +79,20 @@ __global__ void __launch_bounds__(kThreads) layernorm_forward_kernel(T* out, flo
       const int64_t c = threadIdx.x + int64_t(kThreads) * k;
       v[k] = c < C ? x[n * C + c] : 0.0f;
     }
-    normalize_row(out + n * C, mean + n, rstd + n, v, w, b, C, eps);
+    normalize_row(out + n * C, mean + n, rstd + n, v, w, b, C, eps, rms);
   }
 }
 
 // The same for wider rows, read from memory three times.
 template <class T>
 __global__ void layernorm_forward_wide_kernel(T* out, float* mean, float* rstd, const float* x, const float* w,
-                                              const float* b, int64_t N, int64_t C, float eps) {
+                                              const float* b, int64_t N, int64_t C, float eps, bool rms) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* x_n = x + n * C;
     T* o_n = out + n * C;
     float s = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += x_n[c];
-    const float m = block_sum(s) / float(C);
+    const float m = rms ? 0.0f : block_sum(s) / float(C);
     float q = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       const float d = x_n[c] - m;
@@ -116,7 +116,7 @@ template <int V, class Y, class O>
 __global__ void __launch_bounds__(kThreads)
     bias_dropout_add_layernorm_kernel(float* out, O* ln_out, float* mean, float* rstd, const float* residual,
                                       const Y* y, const float* bias, const float* w, const float* b, int64_t N,
-                                      int64_t C, float eps, bool dropout, uint32_t threshold, float scale,
+                                      int64_t C, float eps, bool rms, bool dropout, uint32_t threshold, float scale,
                                       PhiloxStream stream, uint64_t first_index, Rounding round_y) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     float v[V];
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads)
       v[k] = __fadd_rn(residual[i], t);
       out[i] = v[k];
     }
-    normalize_row(ln_out + n * C, mean + n, rstd + n, v, w, b, C, eps);
+    normalize_row(ln_out + n * C, mean + n, rstd + n, v, w, b, C, eps, rms);
   }
 }
 
@@ -157,7 +157,7 @@ template <int V, class T>
 __global__ void __launch_bounds__(kThreads)
     layernorm_backward_fused_kernel(float* dx, uint16_t* next_bf16, float* partial, const T* dout, Rounding round_dout,
                                     const float* x, const float* w, const float* mean, const float* rstd, int64_t N,
-                                    int64_t C, int K) {
+                                    int64_t C, int K, bool rms) {
   const int64_t r0 = int64_t(blockIdx.x) * kBwdRows, r1 = r0 + kBwdRows < N ? r0 + kBwdRows : N;
   float wv[V], acc_w[V], acc_b[V], acc_dx[V];
 #pragma unroll
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads)
         sgx += g * (xv[v] - m) * r;
       }
     }
-    const float mean_g = block_sum(sg) / float(C);
+    const float mean_g = rms ? 0.0f : block_sum(sg) / float(C);  // RMSNorm: no mean term
     const float mean_gx = block_sum(sgx) / float(C);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
@@ -226,7 +226,7 @@ struct PartialSums {
 template <class T>
 __global__ void layernorm_backward_dx_kernel(float* dx, const T* dout, const float* x, const float* w,
                                              const float* mean, const float* rstd, int64_t N, int64_t C,
-                                             Rounding round_dout) {
+                                             Rounding round_dout, bool rms) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* x_n = x + n * C;
     const T* d_n = dout + n * C;
@@ -238,7 +238,7 @@ __global__ void layernorm_backward_dx_kernel(float* dx, const T* dout, const flo
       sg += g;
       sgx += g * (x_n[c] - m) * r;
     }
-    const float mean_g = block_sum(sg) / float(C);
+    const float mean_g = rms ? 0.0f : block_sum(sg) / float(C);
     const float mean_gx = block_sum(sgx) / float(C);
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
       const float xhat = (x_n[k] - m) * r;
@@ -266,8 +266,9 @@ struct LayernormParamGrads {
 template <class T>
 void backward_unfused(float* dx, float* dw, float* db, const T* dout, Rounding round_dout, const float* x,
                       const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                      ResidualGradOut next) {
-  launch(layernorm_backward_dx_kernel<T>, grid_rows(N), kThreads, 0, dx, dout, x, w, mean, rstd, N, C, round_dout);
+                      ResidualGradOut next, bool rms) {
+  launch(layernorm_backward_dx_kernel<T>, grid_rows(N), kThreads, 0, dx, dout, x, w, mean, rstd, N, C, round_dout,
+         rms);
   LATTICE_CUDA_LAUNCHED("layernorm_backward dx");
   column_sums_accumulate<2>(ColumnOutputs{{dw, db}}, LayernormParamGrads<T>{dout, x, mean, rstd, C, round_dout}, N,
                             C, "layernorm_backward dw/db");
@@ -277,7 +278,7 @@ void backward_unfused(float* dx, float* dw, float* db, const T* dout, Rounding r
 template <int V, class T>
 void backward_fused(float* dx, float* dw, float* db, const T* dout, Rounding round_dout, const float* x,
                     const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                    ResidualGradOut next) {
+                    ResidualGradOut next, bool rms) {
   const int K = next.bf16 ? 3 : 2;
   const int64_t blocks = (N + kBwdRows - 1) / kBwdRows;
   LATTICE_CHECK(blocks <= 2147483647) << "layernorm_backward: N " << N << " too large";
@@ -285,7 +286,7 @@ void backward_fused(float* dx, float* dw, float* db, const T* dout, Rounding rou
   LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&partial), size_t(blocks * K * C) * sizeof(float),
                                     stream()));
   launch(layernorm_backward_fused_kernel<V, T>, unsigned(blocks), kThreads, 0, dx, next.bf16, partial, dout,
-         round_dout, x, w, mean, rstd, N, C, K);
+         round_dout, x, w, mean, rstd, N, C, K, rms);
   LATTICE_CUDA_LAUNCHED("layernorm_backward");
   if (K == 3)
     column_sums_accumulate<3>(ColumnOutputs{{dw, db, next.bias_grad}}, PartialSums<3>{partial, C}, blocks, C,
@@ -299,11 +300,11 @@ void backward_fused(float* dx, float* dw, float* db, const T* dout, Rounding rou
 template <class T>
 void backward_typed(float* dx, float* dw, float* db, const T* dout, Rounding round_dout, const float* x,
                     const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                    ResidualGradOut next) {
+                    ResidualGradOut next, bool rms) {
   const bool held = with_columns_per_thread(C, [&](auto v) {
-    backward_fused<decltype(v)::value>(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next);
+    backward_fused<decltype(v)::value>(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next, rms);
   });
-  if (!held) backward_unfused(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next);
+  if (!held) backward_unfused(dx, dw, db, dout, round_dout, x, w, mean, rstd, N, C, next, rms);
 }
 
 }  // namespace
@@ -311,26 +312,28 @@ void backward_typed(float* dx, float* dw, float* db, const T* dout, Rounding rou
 namespace {
 template <class T>
 void launch_layernorm_forward(T* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                              int64_t N, int64_t C, float eps, const char* what) {
+                              int64_t N, int64_t C, float eps, bool rms, const char* what) {
   if (N <= 0) return;
   LATTICE_CHECK(C > 0) << what << ": C " << C;
   const bool held = with_columns_per_thread(C, [&](auto v) {
     launch(layernorm_forward_kernel<decltype(v)::value, T>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C,
-           eps);
+           eps, rms);
   });
-  if (!held) launch(layernorm_forward_wide_kernel<T>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps);
+  if (!held)
+    launch(layernorm_forward_wide_kernel<T>, grid_rows(N), kThreads, 0, out, mean, rstd, x, w, b, N, C, eps, rms);
   LATTICE_CUDA_LAUNCHED(what);
 }
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t N, int64_t C, float eps) {
-  launch_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, "layernorm_forward");
+                       const float* b, int64_t N, int64_t C, float eps, Normalization kind) {
+  launch_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, kind == Normalization::rmsnorm, "layernorm_forward");
 }
 
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
-                            const float* b, int64_t N, int64_t C, float eps) {
-  launch_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, "layernorm_forward_bf16");
+                            const float* b, int64_t N, int64_t C, float eps, Normalization kind) {
+  launch_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps, kind == Normalization::rmsnorm,
+                           "layernorm_forward_bf16");
 }
 
 namespace {
@@ -340,7 +343,8 @@ void launch_bdal(float* out, O* ln_out, const float* residual, const Y* y, const
   const float scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
   const uint32_t threshold = dropout_threshold(p);
   launch(bias_dropout_add_layernorm_kernel<V, Y, O>, grid_rows(N), kThreads, 0, out, ln_out, ln.mean, ln.rstd,
-         residual, y, bias, ln.w, ln.b, N, C, ln.eps, p > 0.0f, threshold, scale, stream, first_index, round_y);
+         residual, y, bias, ln.w, ln.b, N, C, ln.eps, ln.kind == Normalization::rmsnorm, p > 0.0f, threshold, scale,
+         stream, first_index, round_y);
   LATTICE_CUDA_LAUNCHED("bias_dropout_add_layernorm_forward");
 }
 
@@ -356,7 +360,8 @@ void bdal_typed(float* out, O* ln_out, const float* residual, const Y* y, const 
     bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index, round_y);
   else
     bias_dropout_add_forward(out, residual, y, bias, N, C, p, stream, first_index);
-  launch_layernorm_forward(ln_out, ln.mean, ln.rstd, out, ln.w, ln.b, N, C, ln.eps, "layernorm_forward");
+  launch_layernorm_forward(ln_out, ln.mean, ln.rstd, out, ln.w, ln.b, N, C, ln.eps, ln.kind == Normalization::rmsnorm,
+                           "layernorm_forward");
 }
 
 template <class Y>
@@ -385,12 +390,14 @@ void bias_dropout_add_layernorm_forward(float* out, const float* residual, const
 }
 
 void layernorm_backward(float* dx, float* dw, float* db, LayerNormDout dout, const float* x, const float* w,
-                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next) {
+                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next,
+                        Normalization kind) {
   if (N <= 0 || C <= 0) return;
+  const bool rms = kind == Normalization::rmsnorm;
   if (dout.bf16)
-    backward_typed(dx, dw, db, dout.bf16, Rounding::none, x, w, mean, rstd, N, C, next);
+    backward_typed(dx, dw, db, dout.bf16, Rounding::none, x, w, mean, rstd, N, C, next, rms);
   else
-    backward_typed(dx, dw, db, dout.f32, dout.round, x, w, mean, rstd, N, C, next);
+    backward_typed(dx, dw, db, dout.f32, dout.round, x, w, mean, rstd, N, C, next, rms);
 }
 
 }  // namespace lattice::cuda

@@ -21,11 +21,14 @@ namespace lattice::cuda {
 
 // ---- layernorm.h
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t N, int64_t C, float eps);
+                       const float* b, int64_t N, int64_t C, float eps,
+                       Normalization kind = Normalization::layernorm);
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x, const float* w,
-                            const float* b, int64_t N, int64_t C, float eps);
+                            const float* b, int64_t N, int64_t C, float eps,
+                            Normalization kind = Normalization::layernorm);
 void layernorm_backward(float* dx, float* dw, float* db, LayerNormDout dout, const float* x, const float* w,
-                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next = {});
+                        const float* mean, const float* rstd, int64_t N, int64_t C, ResidualGradOut next = {},
+                        Normalization kind = Normalization::layernorm);
 
 // ---- activation.h
 void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind);
