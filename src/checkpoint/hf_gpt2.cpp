@@ -367,6 +367,9 @@ void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::stri
   if (!model.config().add_bias_linear)
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has no linear biases (--disable-bias-linear); "
                    << "HuggingFace GPT-2 has them";
+  if (model.config().swiglu)
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has a SwiGLU MLP (--swiglu); "
+                   << "HuggingFace GPT-2's MLP is fc -> GELU -> proj";
   if (model.config().rope())
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model uses the rotary embedding "
                    << "(--position-embedding-type rope); HuggingFace GPT-2 has learned absolute positions only";

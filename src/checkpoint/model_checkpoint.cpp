@@ -48,6 +48,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"rotary_seq_len_interpolation_factor", "--rotary-seq-len-interpolation-factor", 0.0},
       {"add_bias_linear", "--disable-bias-linear", true},
       {"normalization", "--normalization", "LayerNorm"},
+      {"swiglu", "--swiglu", false},
   };
   return fields;
 }
@@ -87,7 +88,8 @@ json model_config_json(const TransformerConfig& c) {
           {"rotary_interleaved", c.rotary_interleaved},
           {"rotary_seq_len_interpolation_factor", c.rotary_seq_len_interpolation_factor},
           {"add_bias_linear", c.add_bias_linear},
-          {"normalization", c.normalization}};
+          {"normalization", c.normalization},
+          {"swiglu", c.swiglu}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -113,6 +115,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.rotary_seq_len_interpolation_factor = optional_field(j, "rotary_seq_len_interpolation_factor").get<float>();
     c.add_bias_linear = optional_field(j, "add_bias_linear").get<bool>();
     c.normalization = optional_field(j, "normalization").get<std::string>();
+    c.swiglu = optional_field(j, "swiglu").get<bool>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }

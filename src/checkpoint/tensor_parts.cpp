@@ -22,15 +22,15 @@ std::vector<TensorPart> param_parts(const std::vector<ParamInfo>& infos, const f
   parts.reserve(infos.size());
   for (const ParamInfo& p : infos) {
     if ((p.tp_duplicated && tp_rank != 0) || p.shared_embedding_copy) continue;  // saved once
-    TensorPart t;
-    t.name = prefix + p.name;
-    t.global_shape = p.global_shape;
-    t.lengths = p.shape;
-    t.offsets.assign(p.shape.size(), 0);
-    if (p.tp_split_dim >= 0 && p.shape != p.global_shape)
-      t.offsets[size_t(p.tp_split_dim)] = int64_t(tp_rank) * p.shape[size_t(p.tp_split_dim)];
-    t.data = flat + p.offset;
-    parts.push_back(std::move(t));
+    for (const ParamBox& box : param_boxes(p, tp_rank)) {
+      TensorPart t;
+      t.name = prefix + p.name;
+      t.global_shape = p.global_shape;
+      t.offsets = box.offsets;
+      t.lengths = box.lengths;
+      t.data = flat + p.offset + box.local_offset;
+      parts.push_back(std::move(t));
+    }
   }
   return parts;
 }
@@ -51,6 +51,11 @@ void read_param_part(const CheckpointReader& r, const std::string& name, const P
   if (!same)
     LATTICE_FAIL() << "checkpoint " << r.iter_dir() << ": tensor '" << name << "' has shape " << dims_str(e.shape)
                    << ", the model expects " << dims_str(info.global_shape);
+  if (info.tp_blocks > 1) {  // every box whole (only the vocabulary tensors' dim 0 may differ)
+    for (const ParamBox& box : param_boxes(info, param_tp_rank(info)))
+      r.read_slice(name, "F32", box.offsets, box.lengths, dst + box.local_offset);
+    return;
+  }
   std::vector<int64_t> offsets = info.global_offsets, lengths = info.shape;
   if (lengths.empty()) {  // a scalar
     r.read_slice(name, "F32", offsets, lengths, dst);

@@ -33,7 +33,8 @@ struct TensorPart {
 // The parts that tensor-parallel rank `tp_rank`, holding `infos`, contributes from `flat`
 // (a buffer in the infos' layout), named prefix + parameter name. Rank r's part of a split
 // tensor sits at offset r * (local extent) along the split dim (parts are equal, so every
-// rank's boxes follow from any rank's infos); a tp_duplicated tensor (a full copy on every
+// rank's boxes follow from any rank's infos; a blocked tensor, ParamInfo::tp_blocks, gives
+// one part per block: param_boxes); a tp_duplicated tensor (a full copy on every
 // rank) is contributed by tp rank 0 only, and the last pipeline stage's copy of a tied word
 // embedding (shared_embedding_copy) not at all: the first stage saves it.
 std::vector<TensorPart> param_parts(const std::vector<ParamInfo>& infos, const float* flat, int tp_rank,

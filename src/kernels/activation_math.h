@@ -35,4 +35,15 @@ LATTICE_HD inline float gelu_tanh_backward(float v, float dout) {
   return (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du) * dout;
 }
 
+// SwiGLU (Megatron's --swiglu): silu(g) u = g sigmoid(g) u for a gate g and an up-projection u.
+LATTICE_HD inline float sigmoid(float v) { return 1.0f / (1.0f + math::exp(-v)); }
+LATTICE_HD inline float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+// Its gradients times dout: dg = dout u silu'(g), silu'(g) = s (1 + g (1 - s)) with
+// s = sigmoid(g); du = dout silu(g).
+LATTICE_HD inline void swiglu_backward(float g, float u, float dout, float& dg, float& du) {
+  const float s = sigmoid(g);
+  dg = dout * u * (s * (1.0f + g * (1.0f - s)));
+  du = dout * (g * s);
+}
+
 }  // namespace lattice::math

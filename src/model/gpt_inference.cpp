@@ -15,6 +15,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
+#include "kernels/swiglu.h"
 #include "model/linear.h"
 
 namespace lattice {
@@ -62,7 +63,8 @@ void GPTInference::reserve_rows(int64_t n) {
   attn_.resize(N * Q);
   tmp_.resize(N * C);
   qkv_.resize(N * 3 * Q);
-  fc_.resize(N * F);
+  fc_.resize(N * size_t(cfg_.fc1_width()));
+  if (cfg_.swiglu) act_.resize(N * F);
   mean_.resize(N);
   rstd_.resize(N);
   ids_.resize(2 * N);
@@ -105,9 +107,15 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);
-    linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, F);
-    gelu_forward(fc, fc, n * F, cfg_.gelu);
-    linear_forward(tmp, fc, p.fc2_w, p.fc2_b, n, F, C);
+    linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, cfg_.fc1_width());
+    float* act = fc;
+    if (cfg_.swiglu) {  // fc [n, 2F] (with its bias) -> act [n, F]
+      act = act_.data();
+      bias_swiglu_forward(fc, act, fc, nullptr, n, F, Rounding::none);
+    } else {
+      gelu_forward(fc, fc, n * F, cfg_.gelu);
+    }
+    linear_forward(tmp, act, p.fc2_w, p.fc2_b, n, F, C);
     add_forward(x, x, tmp, n * C);
   }
   length_ += n;

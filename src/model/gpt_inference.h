@@ -55,7 +55,7 @@ class GPTInference {
   DeviceArray<float> k_cache_, v_cache_;  // [L, H, Tmax, D] each
   // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2, qkv [n, 3Q], attn
   // [n, Q] (Q = H x D); ids [2, n] tokens and positions (from the host); logits [n, Vp] (device runs).
-  DeviceArray<float> x_, ln_, tmp_, fc_, mean_, rstd_, logits_, qkv_, attn_;
+  DeviceArray<float> x_, ln_, tmp_, fc_, act_, mean_, rstd_, logits_, qkv_, attn_;  // act_: SwiGLU's [n, F]
   StagedArray<int32_t> ids_;
 };
 

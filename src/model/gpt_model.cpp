@@ -17,6 +17,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
+#include "kernels/swiglu.h"
 #include "model/linear.h"
 
 namespace lattice {
@@ -36,9 +37,10 @@ struct GPTModel::Activations {
     float* ln2;        // [Ns, C]
     float* ln2_mean;   // [Ns]
     float* ln2_rstd;   // [Ns]
-    float* fc1;        // [N, Fl]  pre-activation (bf16_inputs(): fc1's bf16 GEMM result, without the bias;
-                       //          in backward, then its output gradient in bf16)
-    float* gelu;       // [N, Fl]  (bf16_inputs(): bf16; in backward, then fc2's input gradient in bf16)
+    float* fc1;        // [N, F1l] pre-activation (bf16_inputs(): fc1's bf16 GEMM result, without the bias;
+                       //          in backward, then its output gradient: in bf16, or in fp32 with SwiGLU)
+    float* gelu;       // [N, Fl]  the activation, GELU or SwiGLU (bf16_inputs(): bf16; in backward, then
+                       //          fc2's input gradient in bf16)
   };
   // resid[i] is the chunk's layer i's input, resid.back() its output; layers[i] the
   // buffers of layer i. With recomputation some point into the shared Scratch (see
@@ -153,7 +155,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   params_.allocate();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
   if (!cfg_.add_bias_linear || cfg_.rmsnorm()) {  // zeros for the kernels that add a bias; a sink for those that sum one
-    const size_t n = size_t(std::max({3 * Hl_ * cfg_.kv_channels, Fl_, cfg_.hidden_size}));
+    const size_t n = size_t(std::max({3 * Hl_ * cfg_.kv_channels, fc1_local(), cfg_.hidden_size}));
     no_bias_.resize(n);
     bias_grad_sink_.resize(n);
   }
@@ -249,9 +251,12 @@ void GPTModel::register_parameters() {
   const float std = cfg_.init_method_std;
   const float out_std = std / std::sqrt(2.0f * float(cfg_.num_layers));
   const int r = tp_.rank(), P = tp_.size();
-  auto add = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split) {
-    return params_.add_tp(name, shape, init, s, split, r, P);
+  auto add = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split, int blocks = 1) {
+    return params_.add_tp(name, shape, init, s, split, r, P, blocks);
   };
+  // With SwiGLU fc1 is the gate's rows then the up projection's, each split over the ranks.
+  const int64_t F1 = cfg_.fc1_width();
+  const int fc1_blocks = cfg_.swiglu ? 2 : 1;
   const bool tied = !cfg_.untie_embeddings_and_output_weights;
   const bool bias = cfg_.add_bias_linear;
   const bool norm_bias = !cfg_.rmsnorm();  // RMSNorm has a weight only
@@ -276,8 +281,8 @@ void GPTModel::register_parameters() {
       if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
       if (norm_bias) p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-      p.fc1_w = add(layer_name(l, "mlp.linear_fc1.weight"), {F, C}, ParamInit::normal, std, 0);
-      if (bias) p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F}, ParamInit::zeros, 0, 0);
+      p.fc1_w = add(layer_name(l, "mlp.linear_fc1.weight"), {F1, C}, ParamInit::normal, std, 0, fc1_blocks);
+      if (bias) p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F1}, ParamInit::zeros, 0, 0, fc1_blocks);
       p.fc2_w = add(layer_name(l, "mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
       if (bias) p.fc2_b = add(layer_name(l, "mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1);
       layers_.push_back(p);
@@ -309,7 +314,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
                         const TensorParallel& tp, const ModelPlacement& place, int64_t B, int64_t T) {
   const int64_t P = tp.size();
   const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = cfg.attention_width() / P;
-  const int64_t Fl = cfg.ffn_hidden_size / P, Hl = cfg.num_attention_heads / P;
+  const int64_t Fl = cfg.ffn_hidden_size / P, F1l = cfg.fc1_width() / P, Hl = cfg.num_attention_heads / P;
   const int64_t Vl = cfg.padded_vocab_size / P;
   const bool selective = cfg.recompute_granularity == "selective";
   auto alloc_layer = [&](bool attention) {
@@ -324,7 +329,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
     x.ln2_mean = arena.alloc_f32(Ns);
     x.ln2_rstd = arena.alloc_f32(Ns);
-    x.fc1 = arena.alloc_f32(N * Fl, "linear_fc1");
+    x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");
     x.gelu = arena.alloc_f32(N * Fl, "gelu");
     return x;
   };
@@ -528,18 +533,26 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
                       site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
-  // fc1's rounding, bias and GELU in one pass (Megatron's bias_gelu). With bf16 inputs the
-  // GEMM writes its rounded result in bf16 into x.fc1 and the GELU output is fc2's bf16
-  // input; the backward adds the bias again (bias_gelu_backward_packed). Otherwise x.fc1
-  // keeps the fp32 pre-activation for gelu_backward.
+  // fc1's rounding, bias and GELU (or SwiGLU) in one pass (Megatron's bias_gelu, bias_swiglu).
+  // With bf16 inputs the GEMM writes its rounded result in bf16 into x.fc1 and the activation
+  // is fc2's bf16 input; the backward adds the bias again (bias_gelu_backward_packed).
+  // Otherwise x.fc1 keeps the fp32 pre-activation for the backward.
+  const int64_t F1l = fc1_local();
   if (bf16_inputs()) {
     const uint16_t* y = gemm_policy_->forward_bf16(p.fc1_w, x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C,
-                                                   Fl_);
-    bias_gelu_forward_packed(reinterpret_cast<uint16_t*>(x.gelu), y, bias(p.fc1_b), N, Fl_, cfg_.gelu);
+                                                   F1l);
+    uint16_t* act = reinterpret_cast<uint16_t*>(x.gelu);
+    if (cfg_.swiglu)
+      bias_swiglu_forward_packed(act, y, bias_or_null(p.fc1_b), N, Fl_);
+    else
+      bias_gelu_forward_packed(act, y, bias(p.fc1_b), N, Fl_, cfg_.gelu);
   } else {
-    linear_forward(x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), nullptr, N, C, Fl_,
+    linear_forward(x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), nullptr, N, C, F1l,
                    site(p.fc1_w).rounded_by_caller());
-    bias_gelu_forward(x.fc1, x.gelu, x.fc1, bias(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
+    if (cfg_.swiglu)
+      bias_swiglu_forward(x.fc1, x.gelu, x.fc1, bias_or_null(p.fc1_b), N, Fl_, rounding(site(p.fc1_w)));
+    else
+      bias_gelu_forward(x.fc1, x.gelu, x.fc1, bias(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
   }
   if (!output) return;
   row_parallel_output(a.resid[i + 1], x.resid_mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
@@ -674,7 +687,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
     const RowOutputGrad d_fc2 = row_output_grad(d_rows, p.fc2_b, N, p_hidden,
                                                 site_stream(key, layer_name(l, "mlp.dropout")), elem0, d_rows_made);
-    // fc2's input gradient, rounded as the GELU backward reads it (one pass). With bf16
+    // fc2's input gradient, rounded as the GELU (SwiGLU) backward reads it (one pass). With bf16
     // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
     // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
     // gradient in bf16 only, for fc1's GEMMs, in the place of fc1's bf16 result (read there
@@ -685,14 +698,22 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
                                  params_.param(p.fc2_w), N, Fl_, C,
                                  bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller(),
                                  d_fc2.bf16);
+    // SwiGLU's fp32 gradient [N, F1l] is twice fc2's input gradient: it goes over its
+    // pre-activation in x.fc1 instead.
+    const int64_t F1l = fc1_local();
     uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
-    if (bf16)
-      bias_gelu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias(p.fc1_b),
-                                      reinterpret_cast<const uint16_t*>(x.gelu), N, Fl_, cfg_.gelu);
+    float* d_f1 = cfg_.swiglu ? x.fc1 : sc.d_f;
+    const uint16_t* d_act16 = reinterpret_cast<const uint16_t*>(x.gelu);
+    if (bf16 && cfg_.swiglu)
+      bias_swiglu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias_or_null(p.fc1_b), d_act16, N, Fl_);
+    else if (bf16)
+      bias_gelu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias(p.fc1_b), d_act16, N, Fl_, cfg_.gelu);
+    else if (cfg_.swiglu)
+      swiglu_backward(d_f1, x.fc1, sc.d_f, N, Fl_, rounding(site(p.fc2_w)));
     else
       gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), bf16 ? nullptr : bias_grad_or_null(p.fc1_b),
-                                    bf16 ? nullptr : sc.d_f, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, Fl_,
+                                    bf16 ? nullptr : d_f1, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, F1l,
                                     ln_grad_site(p.fc1_w), d_f16);
     // The input gradient rounded as the LayerNorm backward reads it (one pass fewer), or
     // already rounded, in bf16 (ln_dout); d_resid becomes d(resid_mid), and with it the

@@ -1,6 +1,6 @@
 // GPTModel: Megatron's GPT with learned absolute positions (or the rotary embedding of q
 // and k), pre-LayerNorm layers, fused QKV -> core attention -> output projection (heads x
-// kv_channels wide), MLP fc1 -> GELU -> fc2 (biases unless --disable-bias-linear), final
+// kv_channels wide), MLP fc1 -> GELU (or SwiGLU) -> fc2 (biases unless --disable-bias-linear), final
 // LayerNorm, and an output layer tied to the word embedding unless untied.
 // Explicit forward and backward; parameters in one ParamBuffer; activations in an
 // Arena sized once for (micro_batch_size, seq_length). Activation recomputation
@@ -13,9 +13,10 @@
 // vocab-parallel cross entropy; with sequence parallelism the residual stream, the
 // LayerNorms, dropout and residual adds run on token shards. P = 1 is the same code.
 //
-// Shapes: B micro-batch, T sequence, C hidden, H heads, D head dim, F ffn hidden,
+// Shapes: B micro-batch, T sequence, C hidden, H heads, D head dim, F ffn hidden (F1 = fc1's
+// outputs: F, or 2F with SwiGLU),
 // V vocabulary (real), Vp padded vocabulary, L layers, N = B*T; on one of P ranks
-// Hl = H/P heads, Fl = F/P, Vl = Vp/P vocabulary rows, Ns = N/P token rows with
+// Hl = H/P heads, Fl = F/P, F1l = F1/P, Vl = Vp/P vocabulary rows, Ns = N/P token rows with
 // sequence parallelism (else N).
 #pragma once
 #include <cstdint>
@@ -384,6 +385,8 @@ class GPTModel {
   ModelPlacement place_;
   int64_t max_B_, max_T_;
   int64_t Hl_, Fl_, Vl_;               // heads, ffn columns and vocabulary rows on this rank
+  // fc1's output columns on this rank: Fl_, or the gate's and the up projection's with SwiGLU.
+  int64_t fc1_local() const { return cfg_.fc1_width() / tp_.size(); }
   int64_t vocab_begin_, vocab_valid_;  // first vocabulary row here; real (unpadded) rows here
   ParamBuffer params_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, out_w_ = -1, shared_embedding_ = -1;

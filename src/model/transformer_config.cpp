@@ -36,7 +36,14 @@ void TransformerConfig::finalize(int64_t tp) {
     kv_channels = hidden_size / num_attention_heads;
   }
   if (kv_channels <= 0) LATTICE_FAIL() << "--kv-channels must be positive, got " << kv_channels;
-  if (ffn_hidden_size == 0) ffn_hidden_size = 4 * hidden_size;
+  // Megatron's default; with SwiGLU two thirds of it, rounded down to a multiple of 64, so that
+  // the MLP has about as many parameters with its three matrices.
+  if (ffn_hidden_size == 0) {
+    ffn_hidden_size = swiglu ? 4 * hidden_size * 2 / 3 / 64 * 64 : 4 * hidden_size;
+    if (ffn_hidden_size == 0)
+      LATTICE_FAIL() << "--swiglu's default --ffn-hidden-size (8/3 of --hidden-size " << hidden_size
+                     << ", rounded down to a multiple of 64) is 0; give --ffn-hidden-size";
+  }
   if (ffn_hidden_size <= 0) LATTICE_FAIL() << "--ffn-hidden-size must be positive";
   if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;
   if (vocab_size <= 0) LATTICE_FAIL() << "vocabulary size must be positive (--vocab-size or a tokenizer)";

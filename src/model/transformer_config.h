@@ -11,7 +11,7 @@ struct TransformerConfig {
   int64_t num_layers = 0;
   int64_t hidden_size = 0;
   int64_t num_attention_heads = 0;
-  int64_t ffn_hidden_size = 0;        // 0 -> 4 * hidden_size
+  int64_t ffn_hidden_size = 0;        // 0 -> 4 * hidden_size (with swiglu: int(8 hidden / 3 / 64) * 64)
   int64_t kv_channels = 0;            // head dim; 0 -> hidden_size / num_attention_heads
   // The attention's width: q, k and v each [heads x kv_channels] (Megatron's
   // query_projection_size); the hidden size unless --kv-channels says otherwise.
@@ -25,6 +25,11 @@ struct TransformerConfig {
   float layernorm_epsilon = 1e-5f;
   float init_method_std = 0.02f;
   GeluKind gelu = GeluKind::erf;      // --openai-gelu -> tanh
+  // --swiglu: the MLP's activation is silu(gate) * up (Megatron's gated_linear_unit with
+  // silu) instead of GELU; fc1 makes both, so it is [2 ffn, hidden] (kernels/swiglu.h).
+  bool swiglu = false;
+  // fc1's output width: ffn_hidden_size, or both SwiGLU projections.
+  int64_t fc1_width() const { return swiglu ? 2 * ffn_hidden_size : ffn_hidden_size; }
   // Positions: a learned table added to the embedding (learned_absolute), or the rotary
   // embedding of q and k in every layer (rope; model/rotary_embedding.h, kernels/rope.h).
   std::string position_embedding_type = "learned_absolute";

@@ -15,15 +15,18 @@ int ParamBuffer::add(const std::string& name, const Shape& shape, ParamInit init
 }
 
 int ParamBuffer::add_tp(const std::string& name, const Shape& global_shape, ParamInit init,
-                        float init_std, int tp_split_dim, int tp_rank, int tp_size) {
+                        float init_std, int tp_split_dim, int tp_rank, int tp_size, int blocks) {
   Shape shape = global_shape;
   std::vector<int64_t> offsets(global_shape.size(), 0);
+  LATTICE_CHECK(blocks == 1 || (blocks > 1 && tp_split_dim == 0 && !shape.empty() && shape[0] % blocks == 0))
+      << "parameter " << name << ": " << blocks << " blocks of " << shape_str(global_shape) << " along dim "
+      << tp_split_dim;
   if (tp_split_dim >= 0 && tp_size > 1) {
-    LATTICE_CHECK(tp_split_dim < int(shape.size()) && shape[size_t(tp_split_dim)] % tp_size == 0)
+    LATTICE_CHECK(tp_split_dim < int(shape.size()) && shape[size_t(tp_split_dim)] % (int64_t(tp_size) * blocks) == 0)
         << "parameter " << name << ": dim " << tp_split_dim << " of " << shape_str(global_shape)
-        << " does not split into " << tp_size << " tensor-parallel parts";
+        << " does not split into " << tp_size << " tensor-parallel parts" << (blocks > 1 ? " per block" : "");
     shape[size_t(tp_split_dim)] /= tp_size;
-    offsets[size_t(tp_split_dim)] = shape[size_t(tp_split_dim)] * tp_rank;
+    offsets[size_t(tp_split_dim)] = shape[size_t(tp_split_dim)] / blocks * tp_rank;
   }
   LATTICE_CHECK(params_.data() == nullptr) << "parameter " << name << " added after allocate()";
   LATTICE_CHECK(!index_.count(name)) << "parameter " << name << " registered twice";
@@ -37,6 +40,7 @@ int ParamBuffer::add_tp(const std::string& name, const Shape& global_shape, Para
   p.global_shape = global_shape;
   p.global_offsets = offsets;
   p.tp_duplicated = tp_split_dim < 0 && tp_size > 1;
+  p.tp_blocks = blocks;
   p.weight_decay = shape.size() >= 2;
   p.init = init;
   p.init_std = init_std;
@@ -72,22 +76,51 @@ void ParamBuffer::initialize(uint64_t seed) {
         break;
       case ParamInit::normal: {
         PhiloxStream stream{seed, fnv1a32(p.name.c_str())};
-        // Local element (row-major in the local box) -> global row-major index.
-        const int64_t inner = p.shape.empty() ? 1 : p.shape.back();
-        const int64_t g_inner = p.global_shape.empty() ? 1 : p.global_shape.back();
-        const int64_t row0 = p.shape.size() >= 2 ? p.global_offsets[p.shape.size() - 2] : 0;
-        const int64_t col0 = p.shape.empty() ? 0 : p.global_offsets.back();
+        // Local element (row-major in each of the local boxes) -> global row-major index.
         LATTICE_CHECK(p.shape.size() <= 2) << "parameter " << p.name << ": init supports 1-D and 2-D tensors";
+        const int64_t g_inner = p.global_shape.empty() ? 1 : p.global_shape.back();
+        for (const ParamBox& box : param_boxes(p, param_tp_rank(p))) {
+          const int64_t inner = box.lengths.empty() ? 1 : box.lengths.back();
+          const int64_t row0 = box.lengths.size() >= 2 ? box.offsets[0] : 0;
+          const int64_t col0 = box.lengths.empty() ? 0 : box.offsets.back();
+          const int64_t n = shape_numel(box.lengths);
+          float* wb = w + box.local_offset;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < p.numel; ++i) {
-          const int64_t g = (row0 + i / inner) * g_inner + col0 + i % inner;
-          w[i] = float(p.init_std * stream.normal(uint64_t(g)));
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t g = (row0 + i / inner) * g_inner + col0 + i % inner;
+            wb[i] = float(p.init_std * stream.normal(uint64_t(g)));
+          }
         }
         break;
       }
     }
   }
   if (!on_cpu) upload_params(staging.data());
+}
+
+int param_tp_rank(const ParamInfo& p) {
+  if (p.tp_split_dim < 0 || p.shape == p.global_shape) return 0;
+  const size_t d = size_t(p.tp_split_dim);
+  return int(p.global_offsets[d] / (p.shape[d] / p.tp_blocks));
+}
+
+std::vector<ParamBox> param_boxes(const ParamInfo& p, int tp_rank) {
+  const bool split = p.tp_split_dim >= 0 && p.shape != p.global_shape;
+  const int blocks = p.tp_blocks;
+  std::vector<ParamBox> boxes;
+  ParamBox box;
+  box.lengths = p.shape;
+  box.offsets.assign(p.shape.size(), 0);
+  if (!split) return {box};  // the whole tensor (blocks and all)
+  const size_t d = size_t(p.tp_split_dim);
+  box.lengths[d] = p.shape[d] / blocks;  // this rank's share of one block
+  const int64_t block_elems = shape_numel(box.lengths), global_block = p.global_shape[d] / blocks;
+  for (int k = 0; k < blocks; ++k) {
+    box.offsets[d] = k * global_block + (split ? int64_t(tp_rank) * box.lengths[d] : 0);
+    box.local_offset = k * block_elems;  // blocks are along dim 0: contiguous in the local part
+    boxes.push_back(box);
+  }
+  return boxes;
 }
 
 const ParamInfo& ParamBuffer::info(const std::string& name) const {

@@ -27,6 +27,11 @@ struct ParamInfo {
   // A full copy held by every tensor-parallel rank (norms, row-parallel biases, position
   // embeddings when TP > 1): counted once in the gradient norm.
   bool tp_duplicated = false;
+  // Dim 0 holds tp_blocks equal blocks, each split over the tensor-parallel ranks (SwiGLU's
+  // fc1, weight [2F, C] and bias [2F]: the gate's rows, then the up projection's, as Megatron
+  // shards them). This rank's part is its share of every block, in block order, so it is
+  // tp_blocks boxes of the global tensor (param_boxes); global_offsets is the first one's.
+  int tp_blocks = 1;
   // The last pipeline stage's copy of the tied word embedding (the first stage holds the
   // original): counted once in the gradient norm and saved once, by the first stage.
   bool shared_embedding_copy = false;
@@ -34,6 +39,20 @@ struct ParamInfo {
   ParamInit init = ParamInit::normal;
   float init_std = 0.0f;
 };
+
+// One box of a parameter's global tensor held by a tensor-parallel rank: the elements
+// [local_offset, local_offset + prod(lengths)) of its local part (row-major) are the box
+// [offsets, offsets + lengths) of the global tensor.
+struct ParamBox {
+  int64_t local_offset = 0;
+  std::vector<int64_t> offsets, lengths;
+};
+
+// The boxes that tensor-parallel rank tp_rank holds of parameter p (any rank's info gives
+// every rank's boxes: the parts are equal). One box, unless p.tp_blocks > 1.
+std::vector<ParamBox> param_boxes(const ParamInfo& p, int tp_rank);
+// The rank whose part p describes (its global_offsets).
+int param_tp_rank(const ParamInfo& p);
 
 class ParamBuffer {
  public:
@@ -43,8 +62,10 @@ class ParamBuffer {
   // Registers this rank's part of a tensor-parallel parameter: the global tensor of
   // `global_shape` is cut into tp_size equal parts along tp_split_dim (-1: replicated)
   // and this rank holds part tp_rank.
+  // blocks > 1 (split dim 0 only): the tensor is `blocks` blocks along dim 0, each cut into
+  // tp_size parts, and this rank holds part tp_rank of each (ParamInfo::tp_blocks).
   int add_tp(const std::string& name, const Shape& global_shape, ParamInit init, float init_std,
-             int tp_split_dim, int tp_rank, int tp_size);
+             int tp_split_dim, int tp_rank, int tp_size, int blocks = 1);
   void mark_shared_embedding_copy(int index) { infos_[size_t(index)].shared_embedding_copy = true; }
   // Allocates the param and grad buffers (zeroed).
   void allocate();

@@ -34,7 +34,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"num-layers", Kind::i64, &a.num_layers, "number of transformer layers"},
       {"hidden-size", Kind::i64, &a.hidden_size, "transformer hidden size"},
       {"num-attention-heads", Kind::i64, &a.num_attention_heads, "attention heads"},
-      {"ffn-hidden-size", Kind::i64, &a.ffn_hidden_size, "MLP hidden size (0: 4 x hidden size)"},
+      {"ffn-hidden-size", Kind::i64, &a.ffn_hidden_size, "MLP hidden size (0: 4 x hidden size; with --swiglu int(8/3 hidden / 64) x 64)"},
       {"kv-channels", Kind::i64, &a.kv_channels, "head dim (0: hidden size / heads)"},
       {"seq-length", Kind::i64, &a.seq_length, "sequence length"},
       {"max-position-embeddings", Kind::i64, &a.max_position_embeddings, "position table size"},
@@ -53,6 +53,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"init-method-std", Kind::f32, &a.init_method_std, "std of the normal initialisation"},
       {"norm-epsilon", Kind::f32, &a.norm_epsilon, "LayerNorm epsilon"},
       {"openai-gelu", Kind::flag, &a.openai_gelu, "tanh GELU instead of the erf form"},
+      {"swiglu", Kind::flag, &a.swiglu, "SwiGLU MLP: silu(gate) x up from fc1 [2 ffn, hidden] (default ffn 8/3 hidden)"},
       {"untie-embeddings-and-output-weights", Kind::flag, &a.untie_embeddings_and_output_weights,
        "separate output layer instead of the tied word embedding"},
       {"normalization", Kind::str, &a.normalization, "LayerNorm or RMSNorm (no mean subtracted, no bias)"},
@@ -405,7 +406,9 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.attention_dropout = attention_dropout;
   c.layernorm_epsilon = norm_epsilon;
   c.init_method_std = init_method_std;
+  if (swiglu && openai_gelu) LATTICE_FAIL() << "--openai-gelu and --swiglu: the SwiGLU MLP has no GELU; give one of them";
   c.gelu = openai_gelu ? GeluKind::tanh : GeluKind::erf;
+  c.swiglu = swiglu;
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
   c.add_bias_linear = !disable_bias_linear;
   c.normalization = normalization;

@@ -22,6 +22,7 @@ struct TrainArgs {
   float hidden_dropout = 0.1f, attention_dropout = 0.1f;
   float init_method_std = 0.02f, norm_epsilon = 1e-5f;
   bool openai_gelu = false;
+  bool swiglu = false;
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
   std::string normalization = "LayerNorm";

@@ -79,8 +79,8 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
       add(p + "pre_mlp_layernorm.weight", {C}, -1);
       if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
-      add(p + "mlp.linear_fc1.weight", {F, C}, 0);                 // [F/P, C]
-      if (c.add_bias_linear) add(p + "mlp.linear_fc1.bias", {F}, 0);
+      add(p + "mlp.linear_fc1.weight", {c.fc1_width(), C}, 0);     // [F1/P, C], F1 = F (2F with SwiGLU)
+      if (c.add_bias_linear) add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, 0);
       add(p + "mlp.linear_fc2.weight", {C, F}, 1);                 // [C, F/P]
       if (c.add_bias_linear) add(p + "mlp.linear_fc2.bias", {C}, -1);
     }

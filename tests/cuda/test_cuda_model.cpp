@@ -203,8 +203,8 @@ TEST(CudaModel, LossAndEveryGradientMatchCpu) {
 }
 
 // The rotary embedding (half of each head's dims, interleaved pairs) in place of learned
-// positions, heads of 32 dims (4 x 32: wider than the hidden size), no linear biases, RMSNorm:
-// the same loss and gradients on both devices.
+// positions, heads of 32 dims (4 x 32: wider than the hidden size), no linear biases, RMSNorm,
+// SwiGLU: the same loss and gradients on both devices.
 TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
   LATTICE_REQUIRE_CUDA();
   TransformerConfig cfg = small_config(0.0f);
@@ -214,6 +214,7 @@ TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
   cfg.kv_channels = 32;  // q, k, v 128 wide against a hidden size of 64
   cfg.add_bias_linear = false;
   cfg.normalization = "RMSNorm";
+  cfg.swiglu = true;
   cfg.finalize();
   const GradRun cpu = grads_on(Device::cpu, cfg);
   const GradRun gpu = grads_on(Device::cuda, cfg);
@@ -222,6 +223,22 @@ TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
       << "loss: cuda " << gpu.loss << ", cpu " << cpu.loss;
   std::printf("[ info ] rope loss: cuda %.9g, cpu %.9g\n", gpu.loss, cpu.loss);
   expect_tensors_close("rope gradient", compare_tensors(cfg, cpu.grads, gpu.grads, false), kFp32Tol);
+}
+
+// SwiGLU with the linear layers' biases (fc1's bias is the gate's and the up projection's):
+// the same loss and gradients on both devices.
+TEST(CudaModel, SwigluLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.swiglu = true;
+  cfg.ffn_hidden_size = 96;
+  cfg.finalize();
+  const GradRun cpu = grads_on(Device::cpu, cfg);
+  const GradRun gpu = grads_on(Device::cuda, cfg);
+  ASSERT_EQ(cpu.grads.size(), gpu.grads.size());
+  EXPECT_LE(std::fabs(gpu.loss - cpu.loss), kFp32Tol * std::fabs(cpu.loss))
+      << "loss: cuda " << gpu.loss << ", cpu " << cpu.loss;
+  expect_tensors_close("swiglu gradient", compare_tensors(cfg, cpu.grads, gpu.grads, false), kFp32Tol);
 }
 
 // With dropout on: the masks are the same Philox draws on both devices. lr 1e-4: Adam's

@@ -55,18 +55,21 @@ inline RunDifference expect_same_run(const LayoutRun& got, const LayoutRun& sing
     EXPECT_TRUE(whole.count(p.name)) << p.name;
     if (!whole.count(p.name)) return d;
     const ParamInfo& w = *whole.at(p.name);
-    const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1, cols = p.shape.back();
-    const int64_t wcols = w.shape.back(), wrows = w.shape.size() == 2 ? w.shape[0] : 1;
-    const int64_t r0 = p.shape.size() == 2 ? p.global_offsets[0] : 0, c0 = p.global_offsets.back();
-    for (int64_t i = 0; i < rows && r0 + i < wrows; ++i)
-      for (int64_t j = 0; j < cols; ++j) {
-        const double want = single.params[size_t(w.offset + (r0 + i) * wcols + c0 + j)];
-        const double have = got.params[size_t(p.offset + i * cols + j)];
-        max_ref = std::max(max_ref, std::fabs(want));
-        if (std::fabs(have - want) > max_err) worst = p.name;
-        max_err = std::max(max_err, std::fabs(have - want));
-        ++compared;
-      }
+    for (const ParamBox& box : param_boxes(p, param_tp_rank(p))) {  // one, or one per block (SwiGLU's fc1)
+      const bool matrix = box.lengths.size() == 2;
+      const int64_t rows = matrix ? box.lengths[0] : 1, cols = box.lengths.back();
+      const int64_t wcols = w.shape.back(), wrows = w.shape.size() == 2 ? w.shape[0] : 1;
+      const int64_t r0 = matrix ? box.offsets[0] : 0, c0 = box.offsets.back();
+      for (int64_t i = 0; i < rows && r0 + i < wrows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          const double want = single.params[size_t(w.offset + (r0 + i) * wcols + c0 + j)];
+          const double have = got.params[size_t(p.offset + box.local_offset + i * cols + j)];
+          max_ref = std::max(max_ref, std::fabs(want));
+          if (std::fabs(have - want) > max_err) worst = p.name;
+          max_err = std::max(max_err, std::fabs(have - want));
+          ++compared;
+        }
+    }
   }
   EXPECT_GT(compared, 0);
   EXPECT_LE(max_err, tol.params * max_ref) << "final parameters (largest difference in " << worst << ")";

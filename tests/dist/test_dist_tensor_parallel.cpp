@@ -28,14 +28,18 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 
 // 50 real tokens padded to a multiple of 8 x TP (56 on one rank, 64 on 2 or 4), so the
 // vocabulary splits unevenly: with TP = 4 the last rank holds 2 real rows.
-TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false) {
+// swiglu: SwiGLU's fc1 (its weight and bias each the gate's and the up projection's rows,
+// both split over the ranks), ffn 64 (the default for hidden 32).
+TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false) {
   TransformerConfig c;
-  if (rope) {  // with an attention twice as wide as the hidden size, no linear biases, RMSNorm
+  if (rope) {  // with an attention twice as wide as the hidden size, no linear biases, RMSNorm, SwiGLU
     c.position_embedding_type = "rope";
     c.kv_channels = 16;
     c.add_bias_linear = false;
     c.normalization = "RMSNorm";
+    c.swiglu = true;
   }
+  if (swiglu) c.swiglu = true;
   c.num_layers = layers;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
@@ -49,8 +53,8 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 
 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
-                bool rope = false) {
-  GPTModel model(config(dropout, tp.size(), 2, rope), kB, kT, tp);
+                bool rope = false, bool swiglu = false) {
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu), kB, kT, tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
@@ -72,7 +76,8 @@ struct Layout {
   bool sequence_parallel;
   float dropout;
   bool rope = false;  // the rotary embedding (each rank rotates its heads' q and k), --kv-channels 16,
-                      // --disable-bias-linear, RMSNorm
+                      // --disable-bias-linear, RMSNorm, SwiGLU
+  bool swiglu = false;  // SwiGLU with the linear layers' biases
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -81,8 +86,8 @@ class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
 TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope);
-  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu);
+  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu);
   expect_same_run(tp, single);
 }
 
@@ -91,21 +96,23 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
-  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope);
+  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu);
   expect_same_run(run, single);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                          ::testing::Values(Layout{false, 0.0f}, Layout{true, 0.0f}, Layout{false, 0.1f},
-                                           Layout{true, 0.1f}, Layout{true, 0.1f, true}),
+                                           Layout{true, 0.1f}, Layout{true, 0.1f, true},
+                                           Layout{false, 0.1f, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
-                                  (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "");
+                                  (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
+                                  (info.param.swiglu ? "Swiglu" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

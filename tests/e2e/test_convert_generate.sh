@@ -176,6 +176,31 @@ if run rms_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --normalization R
   grep -qF 'input_layernorm.bias' ckpt-rms/iter_0000001/*.json && fail "an RMSNorm checkpoint lists input_layernorm.bias"
   expect_error "convert: RMSNorm to HF GPT-2" "--to-hf|RMSNorm" -- "$LATTICE" convert --load ckpt-rms --to-hf hf-rms
 fi
+# ---- --swiglu (with rope, RMSNorm, no linear biases, untied: a Llama-style model): trains, resumes only
+# so, generates, has no GPT-2 form ----
+GELU_LLAMA=("${ROPE[@]}" --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights
+            --ffn-hidden-size 96)
+LLAMA=("${GELU_LLAMA[@]}" --swiglu)
+expect_error "--swiglu with --openai-gelu" "--openai-gelu and --swiglu" -- "$LATTICE" "${LLAMA[@]}" --openai-gelu \
+  --train-iters 1
+if run llama_train "$LATTICE" "${LLAMA[@]}" --train-iters 3 --exit-interval 2 --save ckpt-llama; then
+  grep -q '"swiglu": *true' ckpt-llama/iter_0000002/*.json || fail "the SwiGLU checkpoint does not record swiglu"
+  expect_error "resume: SwiGLU checkpoint, GELU run" "swiglu|--swiglu" -- \
+    "$LATTICE" "${GELU_LLAMA[@]}" --train-iters 3 --load ckpt-llama
+  expect_error "convert: Llama-style model to HF GPT-2" "--to-hf|HuggingFace GPT-2" -- \
+    "$LATTICE" convert --load ckpt-llama --to-hf hf-llama
+  [ -e hf-llama ] && fail "convert --to-hf of a Llama-style model left hf-llama behind"
+  if run llama_resume "$LATTICE" "${LLAMA[@]}" --train-iters 3 --load ckpt-llama --save ckpt-llama &&
+     run llama_gen "$LATTICE" generate --load ckpt-llama --prompt "ab" --max-new-tokens 30 --seed 3 &&
+     run llama_gen_full "$LATTICE" generate --load ckpt-llama --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache; then
+    same "SwiGLU: generate with the KV cache prints what full recomputation prints" llama_gen.out llama_gen_full.out
+  fi
+fi
+if run swiglu_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --swiglu --train-iters 1 --save ckpt-swiglu; then
+  expect_error "convert: SwiGLU model to HF GPT-2" "--to-hf|SwiGLU|--swiglu" -- \
+    "$LATTICE" convert --load ckpt-swiglu --to-hf hf-swiglu
+  [ -e hf-swiglu ] && fail "convert --to-hf of a SwiGLU model left hf-swiglu behind"
+fi
 expect_error "--position-embedding-type alibi" "--position-embedding-type|alibi" -- \
   "$LATTICE" "${ROPE[@]/rope/alibi}" --train-iters 1
 expect_error "--rotary-percent rotating an odd number of dims" "--rotary-percent|rotates 5 dims|even" -- \

@@ -93,6 +93,74 @@ TEST_F(CkptTensorParts, SavedAtOneLayoutLoadsAtAnother) {
   }
 }
 
+// SwiGLU's fc1 (ParamInfo::tp_blocks = 2): weight [8, 3] and bias [8], the gate's 4 rows
+// then the up projection's 4, each block split over the P ranks.
+std::unique_ptr<ParamBuffer> make_blocked(int r, int P) {
+  auto b = std::make_unique<ParamBuffer>();
+  b->add_tp("decoder.layers.0.mlp.linear_fc1.weight", {8, 3}, ParamInit::normal, 1.0f, 0, r, P, 2);
+  b->add_tp("decoder.layers.0.mlp.linear_fc1.bias", {8}, ParamInit::normal, 1.0f, 0, r, P, 2);
+  b->allocate();
+  b->initialize(5);
+  return b;
+}
+
+TEST_F(CkptTensorParts, BlockedTensorsHoldTheRanksShareOfEachBlockAndLoadAtAnyLayout) {
+  auto whole = make_blocked(0, 1);
+  const float* w1 = whole->params() + whole->infos()[0].offset;  // [8, 3]
+  const float* b1 = whole->params() + whole->infos()[1].offset;  // [8]
+  EXPECT_EQ(param_parts(whole->infos(), whole->params(), 0).size(), 2u);  // one box each on one rank
+  // Rank 1 of 2 holds rows [2, 4) of the gate and [6, 8) of the up projection, in that order,
+  // with the values the whole tensor has there (initialisation is layout-invariant).
+  auto b = make_blocked(1, 2);
+  const ParamInfo& wi = b->infos()[0];
+  EXPECT_EQ(wi.shape, (Shape{4, 3}));
+  EXPECT_EQ(param_tp_rank(wi), 1);
+  const float* w = b->params() + wi.offset;
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t c = 0; c < 3; ++c) {
+      const int64_t g = i < 2 ? 2 + i : 6 + (i - 2);
+      EXPECT_EQ(w[i * 3 + c], w1[g * 3 + c]) << "local row " << i;
+    }
+  const float* bias = b->params() + b->infos()[1].offset;
+  EXPECT_EQ(std::vector<float>(bias, bias + 4), (std::vector<float>{b1[2], b1[3], b1[6], b1[7]}));
+  const std::vector<TensorPart> parts = param_parts(b->infos(), b->params(), 1);
+  ASSERT_EQ(parts.size(), 4u);
+  EXPECT_EQ(parts[0].offsets, (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(parts[0].lengths, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(parts[1].offsets, (std::vector<int64_t>{6, 0}));
+  EXPECT_EQ(parts[1].data, w + 6);
+  EXPECT_EQ(parts[3].offsets, (std::vector<int64_t>{6}));
+  EXPECT_EQ(parts[3].data, bias + 2);
+  // Rank 1's boxes from rank 0's infos.
+  auto b0 = make_blocked(0, 2);
+  const std::vector<TensorPart> from0 = param_parts(b0->infos(), b->params(), 1);
+  ASSERT_EQ(from0.size(), 4u);
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(from0[k].offsets, parts[k].offsets);
+
+  for (int saved : {1, 2, 4}) {
+    const std::string dir = path("blocked" + std::to_string(saved));
+    CheckpointWriter wr;
+    for (int r = 0; r < saved; ++r) {
+      auto s = make_blocked(r, saved);
+      add_parts(wr, kFile, param_parts(s->infos(), s->params(), r));
+    }
+    wr.set_state(CheckpointState{});
+    wr.save(dir);
+    CheckpointReader rd = CheckpointReader::open(dir);
+    EXPECT_EQ(rd.tensor("decoder.layers.0.mlp.linear_fc1.weight").pieces.size(), size_t(saved == 1 ? 1 : 2 * saved));
+    for (int P : {1, 2, 4})
+      for (int rank = 0; rank < P; ++rank) {
+        auto want = make_blocked(rank, P);
+        for (const ParamInfo& p : want->infos()) {
+          std::vector<float> v(static_cast<size_t>(p.numel), -1.0f);
+          read_param_part(rd, p.name, p, v.data());
+          EXPECT_EQ(v, std::vector<float>(want->params() + p.offset, want->params() + p.offset + p.numel))
+              << p.name << " saved at " << saved << ", read by rank " << rank << " of " << P;
+        }
+      }
+  }
+}
+
 TEST_F(CkptTensorParts, VocabularyRowsResliceAcrossPaddings) {
   save_layout(path("ckpt"), 2, 8);  // 8 padded rows
   CheckpointReader r = CheckpointReader::open(path("ckpt"));

@@ -163,6 +163,18 @@ TEST(MemoryEstimate, RmsNormEqualsTheModel) {
   EXPECT_EQ(with - estimate_rank_memory(m, 0, 0).parameters, (2 * 3 + 1) * c.hidden_size);
 }
 
+// SwiGLU: fc1's weight and bias twice as tall, and its activation buffer twice as wide.
+TEST(MemoryEstimate, SwigluEqualsTheModel) {
+  for (int P : {1, 2}) {
+    TransformerConfig c = config(3, false, P);
+    c.swiglu = true;
+    expect_matches(layout(c, P, 1, 1, 4), 0);
+    const int64_t with = estimate_rank_memory(layout(c, P, 1, 1, 4), 0, 0).parameters;
+    const int64_t without = estimate_rank_memory(layout(config(3, false, P), P, 1, 1, 4), 0, 0).parameters;
+    EXPECT_EQ(with - without, 3 * (c.ffn_hidden_size / P) * (c.hidden_size + 1));
+  }
+}
+
 // --kv-channels wider than hidden / heads: the attention's weights and activations grow.
 TEST(MemoryEstimate, WideAttentionEqualsTheModel) {
   for (int P : {1, 2}) {

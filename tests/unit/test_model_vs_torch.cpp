@@ -46,6 +46,7 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   if (f.metadata().count("kv_channels")) c.kv_channels = meta_int(f, "kv_channels");
   if (f.metadata().count("add_bias_linear")) c.add_bias_linear = meta_int(f, "add_bias_linear") != 0;
   if (f.metadata().count("normalization")) c.normalization = f.metadata().at("normalization");
+  c.swiglu = f.metadata().count("swiglu") && f.metadata().at("swiglu") == "1";
   if (f.metadata().count("position_embedding_type")) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
     c.rotary_percent = meta_double(f, "rotary_percent");
@@ -149,7 +150,8 @@ TEST_P(ModelVsTorch, TenAdamSteps) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                          ::testing::Values("gpt_tiny.safetensors", "gpt_tiny_untied_tanh.safetensors",
                                            "gpt_tiny_rope.safetensors", "gpt_tiny_kv24.safetensors",
-                                           "gpt_tiny_nobias.safetensors", "gpt_tiny_rmsnorm.safetensors"));
+                                           "gpt_tiny_nobias.safetensors", "gpt_tiny_rmsnorm.safetensors",
+                                           "gpt_tiny_swiglu.safetensors"));
 
 }  // namespace
 }  // namespace lattice

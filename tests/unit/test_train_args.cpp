@@ -104,6 +104,37 @@ TEST(TrainArgs, MegatronModelAndLoggingFlags) {
   EXPECT_NE(error_of({"--log-timers-to-tensorboard"}).find("need --tensorboard-dir"), std::string::npos);
 }
 
+// --swiglu: Megatron's default ffn for it, int(4 h 2 / 3 / 64) * 64, unless given; no GELU flag.
+TEST(TrainArgs, SwigluAndItsDefaultFfnHiddenSize) {
+  TransformerConfig c = parse({"--swiglu"}).transformer_config();
+  c.finalize();
+  EXPECT_TRUE(c.swiglu);
+  EXPECT_EQ(c.ffn_hidden_size, 128);  // 8 x 64 / 3 = 170.7 -> 128
+  EXPECT_EQ(c.fc1_width(), 256);
+  TransformerConfig big;
+  big.num_layers = 1;
+  big.hidden_size = 4096;
+  big.num_attention_heads = 32;
+  big.vocab_size = 100;
+  big.max_position_embeddings = 16;
+  big.swiglu = true;
+  big.finalize();
+  EXPECT_EQ(big.ffn_hidden_size, 10880);
+  c = parse({"--swiglu", "--ffn-hidden-size", "100"}).transformer_config();
+  c.finalize();
+  EXPECT_EQ(c.ffn_hidden_size, 100);
+  EXPECT_NE(error_of({"--swiglu", "--openai-gelu"}).find("--openai-gelu and --swiglu"), std::string::npos);
+  big.hidden_size = 16;  // 8 x 16 / 3 = 42: no multiple of 64
+  big.num_attention_heads = 4;
+  big.ffn_hidden_size = big.kv_channels = 0;
+  try {
+    big.finalize();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("give --ffn-hidden-size"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TrainArgs, HeadsMustDivideHidden) {
   std::vector<std::string> words = {"lattice", "train", "--num-layers", "2", "--hidden-size", "30",
                                     "--num-attention-heads", "4", "--seq-length", "16",

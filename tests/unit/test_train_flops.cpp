@@ -19,6 +19,9 @@ TEST(TrainFlops, MegatronTestVector) {
   c.finalize();
   ASSERT_EQ(c.padded_vocab_size, 50304);
   EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 736050020352.0);
+  // SwiGLU: ffn_mult 3 (three ffn x h matrices per layer) instead of 2.
+  c.swiglu = true;
+  EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 761819824128.0);
 }
 
 }  // namespace
