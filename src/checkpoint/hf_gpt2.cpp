@@ -367,6 +367,9 @@ void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::stri
   if (!model.config().add_bias_linear)
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has no linear biases (--disable-bias-linear); "
                    << "HuggingFace GPT-2 has them";
+  if (model.config().grouped_query_attention())
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has grouped-query attention (--num-query-groups "
+                   << model.config().num_query_groups << "); HuggingFace GPT-2 gives every head its own key and value";
   if (model.config().swiglu)
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has a SwiGLU MLP (--swiglu); "
                    << "HuggingFace GPT-2's MLP is fc -> GELU -> proj";

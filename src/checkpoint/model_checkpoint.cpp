@@ -49,11 +49,18 @@ const std::vector<OptionalField>& optional_fields() {
       {"add_bias_linear", "--disable-bias-linear", true},
       {"normalization", "--normalization", "LayerNorm"},
       {"swiglu", "--swiglu", false},
+      {"num_query_groups", "--num-query-groups", nullptr},  // null: as many as the saved heads
   };
   return fields;
 }
 
-json field_or_fallback(const json& j, const OptionalField& f) { return j.contains(f.name) ? j.at(f.name) : f.fallback; }
+json field_or_fallback(const json& j, const OptionalField& f) {
+  if (j.contains(f.name)) return j.at(f.name);
+  // Before grouped-query attention every head had its own key and value.
+  if (f.fallback.is_null() && std::string(f.name) == "num_query_groups" && j.contains("num_attention_heads"))
+    return j.at("num_attention_heads");
+  return f.fallback;
+}
 // The same, by the field's name.
 json optional_field(const json& j, const std::string& name) {
   for (const OptionalField& f : optional_fields())
@@ -89,7 +96,8 @@ json model_config_json(const TransformerConfig& c) {
           {"rotary_seq_len_interpolation_factor", c.rotary_seq_len_interpolation_factor},
           {"add_bias_linear", c.add_bias_linear},
           {"normalization", c.normalization},
-          {"swiglu", c.swiglu}};
+          {"swiglu", c.swiglu},
+          {"num_query_groups", c.num_query_groups}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -116,6 +124,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.add_bias_linear = optional_field(j, "add_bias_linear").get<bool>();
     c.normalization = optional_field(j, "normalization").get<std::string>();
     c.swiglu = optional_field(j, "swiglu").get<bool>();
+    c.num_query_groups = optional_field(j, "num_query_groups").get<int64_t>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }

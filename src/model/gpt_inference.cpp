@@ -13,6 +13,7 @@
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/gqa.h"
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -63,6 +64,7 @@ void GPTInference::reserve_rows(int64_t n) {
   attn_.resize(N * Q);
   tmp_.resize(N * C);
   qkv_.resize(N * 3 * Q);
+  if (cfg_.grouped_query_attention()) groups_.resize(N * size_t(cfg_.qkv_width()));
   fc_.resize(N * size_t(cfg_.fc1_width()));
   if (cfg_.swiglu) act_.resize(N * F);
   mean_.resize(N);
@@ -98,7 +100,13 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
-    linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * Q);  // [n, H, 3, D]
+    if (cfg_.grouped_query_attention()) {  // [n, G, H/G + 2, D] -> [n, H, 3, D]
+      const int64_t G = cfg_.num_query_groups;
+      linear_forward(groups_.data(), ln, p.qkv_w, p.qkv_b, n, C, cfg_.qkv_width());
+      gqa_expand(qkv, groups_.data(), n, G, H / G, D);
+    } else {
+      linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * Q);  // [n, H, 3, D]
+    }
     if (rope_) rope_forward(qkv, *rope_, n, n, length_, H, D);  // q and k at their positions in the context
     const int64_t layer_cache = l * H * Tmax * D;
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, H, D, Tmax);

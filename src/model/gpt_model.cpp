@@ -15,6 +15,7 @@
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/gqa.h"
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -81,6 +82,9 @@ struct GPTModel::Scratch {
   float* d_c1;                // [N, C]
   float* d_c2;                // [N, max(C, Q/P)]  (Q = heads x kv_channels)
   float* d_3c;                // [N, 3Q/P]
+  // Grouped-query attention: the QKV layer's output in its grouped layout [N, W/P] (W = q, k
+  // and v of every group; kernels/gqa.h), expanded into a layer's qkv; in backward its gradient.
+  float* qkv_groups = nullptr;
   float* d_f;                 // [N, Fl]
   // Recomputation (shared by every chunk and slot: one group is live at a time).
   std::vector<Activations::Layer> group;  // full: largest group x one layer's buffers
@@ -148,6 +152,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   const int64_t P = tp_.size();
   Hl_ = cfg_.num_attention_heads / P;
   Fl_ = cfg_.ffn_hidden_size / P;
+  Gl_ = cfg_.num_query_groups / P;
   Vl_ = cfg_.padded_vocab_size / P;
   vocab_begin_ = Vl_ * tp_.rank();
   vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_begin_, 0, Vl_);
@@ -247,7 +252,7 @@ const float* GPTModel::effective_loss_mask(Activations& a, const float* loss_mas
 // same name (initialised identically, kept equal by the embedding-group all-reduce).
 void GPTModel::register_parameters() {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Vp = cfg_.padded_vocab_size;
-  const int64_t Q = cfg_.attention_width();
+  const int64_t Q = cfg_.attention_width(), W = cfg_.qkv_width();
   const float std = cfg_.init_method_std;
   const float out_std = std / std::sqrt(2.0f * float(cfg_.num_layers));
   const int r = tp_.rank(), P = tp_.size();
@@ -275,8 +280,9 @@ void GPTModel::register_parameters() {
       p.layer = l;
       p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
       if (norm_bias) p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-      p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {3 * Q, C}, ParamInit::normal, std, 0);
-      if (bias) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {3 * Q}, ParamInit::zeros, 0, 0);
+      // [W, C]: per query group its heads' q, then its k and v (W = 3Q without grouping: per head q, k, v)
+      p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
+      if (bias) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
       p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
       if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
@@ -393,6 +399,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   sc.d_c1 = arena.alloc_f32(N * C, "grad");
   sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
   sc.d_3c = arena.alloc_f32(N * 3 * Cl, "grad");
+  sc.qkv_groups = cfg.grouped_query_attention() ? arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv groups") : nullptr;
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
 }
 
@@ -520,11 +527,16 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   const float* in = a.resid[i];
   // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
   if (!ln1_made) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, in, p.ln1_w, p.ln1_b, Ns);
-  if (bf16_qkv())  // round(x W^T) in bf16; the attention adds the bias (qkv_input)
+  if (bf16_qkv()) {  // round(x W^T) in bf16; the attention adds the bias (qkv_input)
     gemm_policy_->forward_bf16(p.qkv_w, x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl);
-  else
+  } else if (float* groups = sc.qkv_groups) {  // grouped-query attention: each group's k and v to its heads
+    linear_forward(groups, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, qkv_local(),
+                   site(p.qkv_w));
+    gqa_expand(x.qkv, groups, N, Gl_, Hl_ / Gl_, cfg_.kv_channels);
+  } else {
     linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, 3 * Cl,
                    site(p.qkv_w));
+  }
   if (rope_) rope_forward(x.qkv, rope_->table(), N, T, 0, Hl_, cfg_.kv_channels);  // q, k rotated in place
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
@@ -745,9 +757,14 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
                        docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
     if (rope_) rope_backward(sc.d_3c, rope_->table(), N, T, Hl_, D);  // d(q, k) before the rotation
+    float* d_qkv = sc.d_3c;
+    if (sc.qkv_groups) {  // grouped-query attention: the heads' k and v gradients summed per group
+      gqa_reduce(sc.qkv_groups, sc.d_3c, N, Gl_, Hl_ / Gl_, D);
+      d_qkv = sc.qkv_groups;
+    }
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
-                                    d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
-                                    ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl, ln_grad_site(p.qkv_w),
+                                    d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : d_qkv,
+                                    ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(), ln_grad_site(p.qkv_w),
                                     d_3c16);
     // d_resid becomes d(layer input): the output gradient of the previous layer's fc2 (made
     // here with residual_grad_out), or the chunk's input gradient after the first layer.

@@ -1,6 +1,6 @@
 // GPTModel: Megatron's GPT with learned absolute positions (or the rotary embedding of q
-// and k), pre-LayerNorm layers, fused QKV -> core attention -> output projection (heads x
-// kv_channels wide), MLP fc1 -> GELU (or SwiGLU) -> fc2 (biases unless --disable-bias-linear), final
+// and k), pre-LayerNorm layers, fused QKV (grouped-query with --num-query-groups) -> core
+// attention -> output projection (heads x kv_channels wide), MLP fc1 -> GELU (or SwiGLU) -> fc2 (biases unless --disable-bias-linear), final
 // LayerNorm, and an output layer tied to the word embedding unless untied.
 // Explicit forward and backward; parameters in one ParamBuffer; activations in an
 // Arena sized once for (micro_batch_size, seq_length). Activation recomputation
@@ -304,7 +304,8 @@ class GPTModel {
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
   // Not with the rotary embedding, which rotates the fp32 q and k (with their bias) in place
   // before the attention reads them.
-  bool bf16_qkv() const { return bf16_attention_operands() && !rope_; }
+  // Nor with grouped-query attention, whose grouped GEMM result is expanded (kernels/gqa.h).
+  bool bf16_qkv() const { return bf16_attention_operands() && !rope_ && !cfg_.grouped_query_attention(); }
   // set_bf16_qkv's switch with a policy that has bf16 results (the rotary embedding aside).
   bool bf16_attention_operands() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   AttentionOperand qkv_input(const LayerParams& p, const float* qkv) const;
@@ -385,6 +386,10 @@ class GPTModel {
   ModelPlacement place_;
   int64_t max_B_, max_T_;
   int64_t Hl_, Fl_, Vl_;               // heads, ffn columns and vocabulary rows on this rank
+  int64_t Gl_;                         // query groups on this rank (Hl_ without grouping)
+  // The QKV layer's output columns on this rank: 3 Hl D, or with grouped-query attention
+  // (Hl + 2 Gl) D.
+  int64_t qkv_local() const { return cfg_.qkv_width() / tp_.size(); }
   // fc1's output columns on this rank: Fl_, or the gate's and the up projection's with SwiGLU.
   int64_t fc1_local() const { return cfg_.fc1_width() / tp_.size(); }
   int64_t vocab_begin_, vocab_valid_;  // first vocabulary row here; real (unpadded) rows here

@@ -16,6 +16,9 @@ void check_tensor_parallel_split(const TransformerConfig& c, int64_t tp) {
   if (c.num_attention_heads % tp != 0)
     LATTICE_FAIL() << "--num-attention-heads " << c.num_attention_heads
                    << " is not divisible by --tensor-model-parallel-size " << tp;
+  if (c.num_query_groups % tp != 0)
+    LATTICE_FAIL() << "--num-query-groups " << c.num_query_groups << " is not divisible by --tensor-model-parallel-size "
+                   << tp;
   if (c.ffn_hidden_size % tp != 0)
     LATTICE_FAIL() << "--ffn-hidden-size " << c.ffn_hidden_size << " is not divisible by --tensor-model-parallel-size "
                    << tp;
@@ -36,6 +39,10 @@ void TransformerConfig::finalize(int64_t tp) {
     kv_channels = hidden_size / num_attention_heads;
   }
   if (kv_channels <= 0) LATTICE_FAIL() << "--kv-channels must be positive, got " << kv_channels;
+  if (num_query_groups == 0) num_query_groups = num_attention_heads;
+  if (num_query_groups < 0 || num_attention_heads % num_query_groups != 0)
+    LATTICE_FAIL() << "--num-query-groups " << num_query_groups << " does not divide --num-attention-heads "
+                   << num_attention_heads;
   // Megatron's default; with SwiGLU two thirds of it, rounded down to a multiple of 64, so that
   // the MLP has about as many parameters with its three matrices.
   if (ffn_hidden_size == 0) {

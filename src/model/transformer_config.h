@@ -16,6 +16,14 @@ struct TransformerConfig {
   // The attention's width: q, k and v each [heads x kv_channels] (Megatron's
   // query_projection_size); the hidden size unless --kv-channels says otherwise.
   int64_t attention_width() const { return kv_channels * num_attention_heads; }
+  // Grouped-query attention (--group-query-attention --num-query-groups): the heads share
+  // num_query_groups keys and values, heads / groups query heads per group (kernels/gqa.h);
+  // 0 -> num_attention_heads, every head its own key and value.
+  int64_t num_query_groups = 0;
+  bool grouped_query_attention() const { return num_query_groups != num_attention_heads; }
+  // The QKV layer's output: q for every head, k and v for every group (Megatron's
+  // query_projection_size + 2 kv_projection_size); 3 attention_width() without grouping.
+  int64_t qkv_width() const { return kv_channels * (num_attention_heads + 2 * num_query_groups); }
   int64_t vocab_size = 0;             // real (unpadded) vocabulary
   int64_t padded_vocab_size = 0;      // 0 -> padded by make_vocab_size_divisible_by
   int64_t make_vocab_size_divisible_by = 128;

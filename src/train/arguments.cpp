@@ -53,6 +53,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"init-method-std", Kind::f32, &a.init_method_std, "std of the normal initialisation"},
       {"norm-epsilon", Kind::f32, &a.norm_epsilon, "LayerNorm epsilon"},
       {"openai-gelu", Kind::flag, &a.openai_gelu, "tanh GELU instead of the erf form"},
+      {"group-query-attention", Kind::flag, &a.group_query_attention,
+       "grouped-query attention: --num-query-groups keys and values shared by the heads"},
+      {"num-query-groups", Kind::i64, &a.num_query_groups, "key/value heads with --group-query-attention"},
       {"swiglu", Kind::flag, &a.swiglu, "SwiGLU MLP: silu(gate) x up from fc1 [2 ffn, hidden] (default ffn 8/3 hidden)"},
       {"untie-embeddings-and-output-weights", Kind::flag, &a.untie_embeddings_and_output_weights,
        "separate output layer instead of the tied word embedding"},
@@ -409,6 +412,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   if (swiglu && openai_gelu) LATTICE_FAIL() << "--openai-gelu and --swiglu: the SwiGLU MLP has no GELU; give one of them";
   c.gelu = openai_gelu ? GeluKind::tanh : GeluKind::erf;
   c.swiglu = swiglu;
+  c.num_query_groups = group_query_attention ? num_query_groups : 0;  // Megatron ignores it without the switch
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
   c.add_bias_linear = !disable_bias_linear;
   c.normalization = normalization;

@@ -23,6 +23,8 @@ struct TrainArgs {
   float init_method_std = 0.02f, norm_epsilon = 1e-5f;
   bool openai_gelu = false;
   bool swiglu = false;
+  bool group_query_attention = false;
+  int64_t num_query_groups = 1;
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
   std::string normalization = "LayerNorm";

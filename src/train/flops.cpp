@@ -12,7 +12,7 @@ namespace lattice {
 double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, int64_t s) {
   const double h = double(cfg.hidden_size), L = double(cfg.num_layers);
   const double q = double(cfg.kv_channels * cfg.num_attention_heads);
-  const double k = q, v = q;  // no grouped-query attention
+  const double k = double(cfg.kv_channels * cfg.num_query_groups), v = k;  // q's width without grouping
   const double ffn = double(cfg.ffn_hidden_size), ffn_mult = cfg.swiglu ? 3.0 : 2.0;  // SwiGLU: three matrices
   const double per_token =
       L * (6 * h * ffn * ffn_mult + 6 * (h * (q + k + v) + q * h)) + 6 * h * double(cfg.padded_vocab_size);

@@ -73,8 +73,8 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       const std::string p = "decoder.layers." + std::to_string(l) + ".";
       add(p + "input_layernorm.weight", {C}, -1);
       if (!c.rmsnorm()) add(p + "input_layernorm.bias", {C}, -1);
-      add(p + "self_attention.linear_qkv.weight", {3 * Q, C}, 0);  // [3Q/P, C], Q = heads x kv_channels
-      if (c.add_bias_linear) add(p + "self_attention.linear_qkv.bias", {3 * Q}, 0);
+      add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), C}, 0);  // [W/P, C], W = 3Q without grouping
+      if (c.add_bias_linear) add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, 0);
       add(p + "self_attention.linear_proj.weight", {C, Q}, 1);     // [C, Q/P]
       if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
       add(p + "pre_mlp_layernorm.weight", {C}, -1);

@@ -204,7 +204,7 @@ TEST(CudaModel, LossAndEveryGradientMatchCpu) {
 
 // The rotary embedding (half of each head's dims, interleaved pairs) in place of learned
 // positions, heads of 32 dims (4 x 32: wider than the hidden size), no linear biases, RMSNorm,
-// SwiGLU: the same loss and gradients on both devices.
+// SwiGLU, 2 query groups (grouped-query attention): the same loss and gradients on both devices.
 TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
   LATTICE_REQUIRE_CUDA();
   TransformerConfig cfg = small_config(0.0f);
@@ -215,6 +215,7 @@ TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
   cfg.add_bias_linear = false;
   cfg.normalization = "RMSNorm";
   cfg.swiglu = true;
+  cfg.num_query_groups = 2;
   cfg.finalize();
   const GradRun cpu = grads_on(Device::cpu, cfg);
   const GradRun gpu = grads_on(Device::cuda, cfg);

@@ -28,6 +28,7 @@
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/gqa.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
 #include "kernels/rope.h"
@@ -507,6 +508,32 @@ void swiglu_cases(std::vector<OpCase>& t) {
         expect_close(sum_tol, "dbias", db, download<float>(gdb, size_t(2 * F)));
       }});
     }
+}
+
+// ---------------------------------------------------------------- gqa
+
+// Grouped-query attention's layout changes: copies (the same bits) and the key/value gradients'
+// sums over a group's heads in head order (the same bits too: the same additions in the same
+// order). R = 1 (no grouping), 2, and 8 heads per group.
+void gqa_cases(std::vector<OpCase>& t) {
+  struct G {
+    int64_t N, G, R, D;
+  };
+  for (const G g : {G{5, 4, 1, 16}, G{37, 2, 2, 64}, G{256, 2, 8, 128}})
+    t.push_back({"gqa_expand_reduce", shape_name({{"N", g.N}, {"G", g.G}, {"R", g.R}, {"D", g.D}}), {0, 0},
+                 [g](const OpCase& c) {
+      const size_t grouped = size_t(g.N * g.G * (g.R + 2) * g.D), heads = size_t(g.N * g.G * g.R * 3 * g.D);
+      const auto x = rand_floats(grouped, 50), dy = rand_floats(heads, 51);
+      std::vector<float> y(heads), dx(grouped);
+      gqa_expand(y.data(), x.data(), g.N, g.G, g.R, g.D);
+      gqa_reduce(dx.data(), dy.data(), g.N, g.G, g.R, g.D);
+      auto gx = upload(x), gdy = upload(dy);
+      auto gy = upload(std::vector<float>(heads, -7.0f)), gdx = upload(std::vector<float>(grouped, -7.0f));
+      cuda::gqa_expand(gy.as<float>(), gx.as<float>(), g.N, g.G, g.R, g.D);
+      cuda::gqa_reduce(gdx.as<float>(), gdy.as<float>(), g.N, g.G, g.R, g.D);
+      expect_bits(c, "qkv", y, download<float>(gy, heads));
+      expect_bits(c, "dgroups", dx, download<float>(gdx, grouped));
+    }});
 }
 
 // ---------------------------------------------------------------- dropout
@@ -1447,6 +1474,7 @@ std::vector<OpCase> op_table() {
   layernorm_cases(t);
   gelu_cases(t);
   swiglu_cases(t);
+  gqa_cases(t);
   dropout_cases(t);
   elementwise_cases(t);
   embedding_cases(t);

@@ -32,9 +32,13 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // both split over the ranks), ffn 64 (the default for hidden 32).
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false) {
   TransformerConfig c;
-  if (rope) {  // with an attention twice as wide as the hidden size, no linear biases, RMSNorm, SwiGLU
+  c.num_attention_heads = 4;
+  if (rope) {  // an attention twice as wide as the hidden size (8 heads of 8 sharing 4 keys and values:
+               // grouped-query attention, whole groups per rank), no linear biases, RMSNorm, SwiGLU
     c.position_embedding_type = "rope";
-    c.kv_channels = 16;
+    c.num_attention_heads = 8;
+    c.num_query_groups = 4;
+    c.kv_channels = 8;
     c.add_bias_linear = false;
     c.normalization = "RMSNorm";
     c.swiglu = true;
@@ -42,7 +46,6 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
   if (swiglu) c.swiglu = true;
   c.num_layers = layers;
   c.hidden_size = 32;
-  c.num_attention_heads = 4;
   c.vocab_size = 50;
   c.make_vocab_size_divisible_by = 8;
   c.max_position_embeddings = kT;
@@ -75,8 +78,8 @@ LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, cons
 struct Layout {
   bool sequence_parallel;
   float dropout;
-  bool rope = false;  // the rotary embedding (each rank rotates its heads' q and k), --kv-channels 16,
-                      // --disable-bias-linear, RMSNorm, SwiGLU
+  bool rope = false;  // the rotary embedding (each rank rotates its heads' q and k), 8 heads of 8 in 4
+                      // query groups, --disable-bias-linear, RMSNorm, SwiGLU
   bool swiglu = false;  // SwiGLU with the linear layers' biases
 };
 

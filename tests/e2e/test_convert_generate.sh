@@ -176,10 +176,10 @@ if run rms_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --normalization R
   grep -qF 'input_layernorm.bias' ckpt-rms/iter_0000001/*.json && fail "an RMSNorm checkpoint lists input_layernorm.bias"
   expect_error "convert: RMSNorm to HF GPT-2" "--to-hf|RMSNorm" -- "$LATTICE" convert --load ckpt-rms --to-hf hf-rms
 fi
-# ---- --swiglu (with rope, RMSNorm, no linear biases, untied: a Llama-style model): trains, resumes only
-# so, generates, has no GPT-2 form ----
+# ---- --swiglu (with rope, RMSNorm, no linear biases, untied, 2 query groups of 2 heads: a Llama-style
+# model): trains, resumes only so, generates, has no GPT-2 form ----
 GELU_LLAMA=("${ROPE[@]}" --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights
-            --ffn-hidden-size 96)
+            --ffn-hidden-size 96 --group-query-attention --num-query-groups 2)
 LLAMA=("${GELU_LLAMA[@]}" --swiglu)
 expect_error "--swiglu with --openai-gelu" "--openai-gelu and --swiglu" -- "$LATTICE" "${LLAMA[@]}" --openai-gelu \
   --train-iters 1
@@ -187,6 +187,9 @@ if run llama_train "$LATTICE" "${LLAMA[@]}" --train-iters 3 --exit-interval 2 --
   grep -q '"swiglu": *true' ckpt-llama/iter_0000002/*.json || fail "the SwiGLU checkpoint does not record swiglu"
   expect_error "resume: SwiGLU checkpoint, GELU run" "swiglu|--swiglu" -- \
     "$LATTICE" "${GELU_LLAMA[@]}" --train-iters 3 --load ckpt-llama
+  expect_error "resume: 2 query groups, now one per head" "num_query_groups is 2|--num-query-groups" -- \
+    "$LATTICE" "${ROPE[@]}" --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights \
+    --ffn-hidden-size 96 --swiglu --train-iters 3 --load ckpt-llama
   expect_error "convert: Llama-style model to HF GPT-2" "--to-hf|HuggingFace GPT-2" -- \
     "$LATTICE" convert --load ckpt-llama --to-hf hf-llama
   [ -e hf-llama ] && fail "convert --to-hf of a Llama-style model left hf-llama behind"
@@ -196,6 +199,14 @@ if run llama_train "$LATTICE" "${LLAMA[@]}" --train-iters 3 --exit-interval 2 --
     same "SwiGLU: generate with the KV cache prints what full recomputation prints" llama_gen.out llama_gen_full.out
   fi
 fi
+if run gqa_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --group-query-attention --train-iters 1 \
+     --save ckpt-gqa; then
+  expect_error "convert: grouped-query attention to HF GPT-2" "--to-hf|grouped-query attention|--num-query-groups 1" -- \
+    "$LATTICE" convert --load ckpt-gqa --to-hf hf-gqa
+  [ -e hf-gqa ] && fail "convert --to-hf of a grouped-query model left hf-gqa behind"
+fi
+expect_error "--num-query-groups 3 of 4 heads" "--num-query-groups 3|--num-attention-heads 4" -- \
+  "$LATTICE" "${ROPE[@]}" --group-query-attention --num-query-groups 3 --train-iters 1
 if run swiglu_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --swiglu --train-iters 1 --save ckpt-swiglu; then
   expect_error "convert: SwiGLU model to HF GPT-2" "--to-hf|SwiGLU|--swiglu" -- \
     "$LATTICE" convert --load ckpt-swiglu --to-hf hf-swiglu

@@ -87,13 +87,16 @@ TEST(CkptModelConfig, FieldsAddedLaterReadAsTheirOldMeaning) {
   const TransformerConfig c = tiny_config();
   nlohmann::json old = model_config_json(c);
   for (const char* f : {"position_embedding_type", "rotary_percent", "rotary_base", "rotary_interleaved",
-                        "rotary_seq_len_interpolation_factor", "add_bias_linear", "normalization", "swiglu"})
+                        "rotary_seq_len_interpolation_factor", "add_bias_linear", "normalization", "swiglu",
+                        "num_query_groups"})
     ASSERT_EQ(old.erase(f), 1u) << f;
   const TransformerConfig read = model_config_from_json(old, "x");
   EXPECT_FALSE(read.rope());
   EXPECT_TRUE(read.add_bias_linear);
   EXPECT_FALSE(read.rmsnorm());
   EXPECT_FALSE(read.swiglu);
+  EXPECT_FALSE(read.grouped_query_attention());
+  EXPECT_EQ(read.num_query_groups, c.num_attention_heads);
   EXPECT_EQ(error_of([&] { check_model_config(old, c, "x"); }), "");
   TransformerConfig rope = c;
   rope.position_embedding_type = "rope";
@@ -110,6 +113,13 @@ TEST(CkptModelConfig, FieldsAddedLaterReadAsTheirOldMeaning) {
   swiglu.swiglu = true;
   msg = error_of([&] { check_model_config(old, swiglu, "x"); });
   EXPECT_NE(msg.find("swiglu is false, this run's is true (--swiglu)"), std::string::npos) << msg;
+  TransformerConfig gqa = c;
+  gqa.num_query_groups = 1;
+  msg = error_of([&] { check_model_config(old, gqa, "x"); });
+  EXPECT_NE(msg.find("num_query_groups is " + std::to_string(c.num_attention_heads) +
+                     ", this run's is 1 (--num-query-groups)"),
+            std::string::npos)
+      << msg;
   // Written now, they round-trip.
   const nlohmann::json now = nlohmann::json::parse(model_config_json(rope).dump());
   EXPECT_TRUE(model_config_from_json(now, "x").rope());

@@ -175,6 +175,19 @@ TEST(MemoryEstimate, SwigluEqualsTheModel) {
   }
 }
 
+// Grouped-query attention: the QKV weight and bias (Q + 2 x groups x kv_channels) shrink; the
+// grouped QKV output's scratch is counted among the activations.
+TEST(MemoryEstimate, GroupedQueryAttentionEqualsTheModel) {
+  for (int P : {1, 2}) {
+    TransformerConfig c = config(3, false, P);
+    c.num_query_groups = 2;
+    expect_matches(layout(c, P, 1, 1, 4), 0);
+    const int64_t with = estimate_rank_memory(layout(c, P, 1, 1, 4), 0, 0).parameters;
+    const int64_t without = estimate_rank_memory(layout(config(3, false, P), P, 1, 1, 4), 0, 0).parameters;
+    EXPECT_EQ(without - with, 3 * 2 * (4 - 2) * c.kv_channels / P * (c.hidden_size + 1));
+  }
+}
+
 // --kv-channels wider than hidden / heads: the attention's weights and activations grow.
 TEST(MemoryEstimate, WideAttentionEqualsTheModel) {
   for (int P : {1, 2}) {

@@ -3,7 +3,8 @@
 // and final parameters of 10 AdamW steps with gradient accumulation and clipping; with
 // learned positions (tied and untied, both GELUs), with the rotary embedding, and with an
 // attention wider than the hidden size (--kv-channels 24 x 4 heads, hidden 64), without the
-// linear layers' biases (--disable-bias-linear), and with RMSNorm (--normalization RMSNorm).
+// linear layers' biases (--disable-bias-linear), with RMSNorm (--normalization RMSNorm), with
+// SwiGLU (--swiglu), and with grouped-query attention (--num-query-groups 2 of 4 heads).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,6 +48,7 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   if (f.metadata().count("add_bias_linear")) c.add_bias_linear = meta_int(f, "add_bias_linear") != 0;
   if (f.metadata().count("normalization")) c.normalization = f.metadata().at("normalization");
   c.swiglu = f.metadata().count("swiglu") && f.metadata().at("swiglu") == "1";
+  if (f.metadata().count("num_query_groups")) c.num_query_groups = meta_int(f, "num_query_groups");
   if (f.metadata().count("position_embedding_type")) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
     c.rotary_percent = meta_double(f, "rotary_percent");
@@ -151,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                          ::testing::Values("gpt_tiny.safetensors", "gpt_tiny_untied_tanh.safetensors",
                                            "gpt_tiny_rope.safetensors", "gpt_tiny_kv24.safetensors",
                                            "gpt_tiny_nobias.safetensors", "gpt_tiny_rmsnorm.safetensors",
-                                           "gpt_tiny_swiglu.safetensors"));
+                                           "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors"));
 
 }  // namespace
 }  // namespace lattice

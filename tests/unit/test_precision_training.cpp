@@ -97,13 +97,14 @@ TEST(PrecisionTraining, LossesFollowFp32) {
 // with an evaluation forward in between; with dropout, and without (where the LayerNorm
 // backward makes the row-parallel layers' bf16 output gradient and bias gradient).
 void expect_bf16_storage_trains_bit_identically(float dropout, bool rope = false, bool bias = true,
-                                                bool rmsnorm = false, bool swiglu = false) {
+                                                bool rmsnorm = false, bool swiglu = false, int64_t groups = 0) {
   TransformerConfig cfg = config();
   cfg.hidden_dropout = cfg.attention_dropout = dropout;
   if (rope) cfg.position_embedding_type = "rope";  // the qkv switch keeps qkv in fp32, row outputs in bf16
   cfg.add_bias_linear = bias;  // without biases the fused kernels add zeros and sum into a sink
   if (rmsnorm) cfg.normalization = "RMSNorm";
   cfg.swiglu = swiglu;  // bf16 inputs: fc1's bf16 result in, the packed SwiGLU kernels
+  cfg.num_query_groups = groups;  // grouped-query attention: the qkv switch keeps qkv in fp32
   cfg.finalize();
   struct Run {
     bool logits, inputs, qkv;
@@ -154,6 +155,9 @@ TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithoutLinearBiases) {
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithRmsNorm) {
   expect_bf16_storage_trains_bit_identically(0.1f, false, true, true);
   expect_bf16_storage_trains_bit_identically(0.0f, false, true, true);
+}
+TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithGroupedQueryAttention) {
+  expect_bf16_storage_trains_bit_identically(0.1f, true, true, false, false, 2);
 }
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithSwiglu) {
   expect_bf16_storage_trains_bit_identically(0.1f, false, true, false, true);

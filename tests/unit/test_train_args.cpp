@@ -126,12 +126,38 @@ TEST(TrainArgs, SwigluAndItsDefaultFfnHiddenSize) {
   EXPECT_NE(error_of({"--swiglu", "--openai-gelu"}).find("--openai-gelu and --swiglu"), std::string::npos);
   big.hidden_size = 16;  // 8 x 16 / 3 = 42: no multiple of 64
   big.num_attention_heads = 4;
-  big.ffn_hidden_size = big.kv_channels = 0;
+  big.ffn_hidden_size = big.kv_channels = big.num_query_groups = 0;
   try {
     big.finalize();
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("give --ffn-hidden-size"), std::string::npos) << e.what();
+  }
+}
+
+// --group-query-attention --num-query-groups (Megatron's default 1; ignored without the switch).
+TEST(TrainArgs, GroupedQueryAttention) {
+  TransformerConfig c = parse({"--num-query-groups", "2"}).transformer_config();
+  c.finalize();
+  EXPECT_FALSE(c.grouped_query_attention());
+  c = parse({"--group-query-attention"}).transformer_config();
+  c.finalize();
+  EXPECT_EQ(c.num_query_groups, 1);
+  EXPECT_EQ(c.qkv_width(), 64 + 2 * 16);
+  c = parse({"--group-query-attention", "--num-query-groups", "2"}).transformer_config();
+  c.finalize(2);
+  EXPECT_EQ(c.qkv_width(), 64 + 2 * 2 * 16);
+  EXPECT_NE(error_of({"--group-query-attention", "--num-query-groups", "3"})
+                .find("--num-query-groups 3 does not divide --num-attention-heads 4"),
+            std::string::npos);
+  c = parse({"--group-query-attention", "--num-query-groups", "2"}).transformer_config();
+  try {
+    c.finalize(4);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"),
+              std::string::npos)
+        << e.what();
   }
 }
 

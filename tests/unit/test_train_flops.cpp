@@ -22,6 +22,10 @@ TEST(TrainFlops, MegatronTestVector) {
   // SwiGLU: ffn_mult 3 (three ffn x h matrices per layer) instead of 2.
   c.swiglu = true;
   EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 761819824128.0);
+  // Grouped-query attention: k and v kv_channels x groups wide.
+  c.swiglu = false;
+  c.num_query_groups = 2;
+  EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 726386343936.0);
 }
 
 }  // namespace

@@ -52,6 +52,10 @@ void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, 
 void bias_swiglu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
                                        const uint16_t* dout, int64_t N, int64_t F);
 
+// ---- gqa.h
+void gqa_expand(float* qkv, const float* groups, int64_t N, int64_t G, int64_t R, int64_t D);
+void gqa_reduce(float* dgroups, const float* dqkv, int64_t N, int64_t G, int64_t R, int64_t D);
+
 // ---- dropout.h
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
                      uint64_t first_index);
