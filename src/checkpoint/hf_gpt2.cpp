@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "checkpoint/host_staging.h"
@@ -18,6 +19,9 @@ namespace lattice {
 namespace {
 
 using json = nlohmann::json;
+using hf::config_bool;
+using hf::config_int;
+using hf::read_float_tensor;
 
 // How a lattice parameter is stored in the HF file.
 enum class Layout {
@@ -131,42 +135,6 @@ std::vector<float> to_hf(const float* src, const Shape& s, Layout layout, int64_
   return out;
 }
 
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16;
-  const int exp = (h >> 10) & 0x1f;
-  const uint32_t man = h & 0x3ff;
-  float v;
-  if (exp == 0) v = std::ldexp(float(man), -24);                                 // zero, subnormal
-  else if (exp == 31) v = man ? std::nanf("") : INFINITY;
-  else v = std::ldexp(float(man | 0x400), exp - 25);
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  bits |= sign;
-  std::memcpy(&v, &bits, 4);
-  return v;
-}
-
-// A floating-point HF tensor as fp32 (F16 and BF16 widen exactly).
-std::vector<float> read_float_tensor(const SafetensorsFile& f, const std::string& name) {
-  const SafeTensor& t = f.get(name);
-  if (t.dtype == "F32") return f.get_f32(name);
-  std::vector<float> out(size_t(t.numel()));
-  const uint8_t* p = t.bytes.data();
-  for (size_t i = 0; i < out.size(); ++i) {
-    const uint16_t u = uint16_t(p[2 * i] | (p[2 * i + 1] << 8));
-    if (t.dtype == "BF16") {
-      const uint32_t bits = uint32_t(u) << 16;
-      std::memcpy(&out[i], &bits, 4);
-    } else if (t.dtype == "F16") {
-      out[i] = f16_to_f32(u);
-    } else {
-      LATTICE_FAIL() << f.path() << ": tensor " << name << " has dtype " << t.dtype
-                     << ", expected F32, F16 or BF16";
-    }
-  }
-  return out;
-}
-
 // Buffers older transformers versions save: the causal mask and its fill value.
 bool is_attention_buffer(const std::string& name) {
   auto ends_with = [&](const char* s) {
@@ -174,34 +142,6 @@ bool is_attention_buffer(const std::string& name) {
     return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
   };
   return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
-}
-
-int64_t config_int(const json& j, const std::string& what, const char* key) {
-  if (!j.contains(key)) LATTICE_FAIL() << what << ": missing " << key;
-  if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
-    LATTICE_FAIL() << what << ": " << key << " must be a positive integer, got " << j[key].dump();
-  return j[key].get<int64_t>();
-}
-
-bool config_bool(const json& j, const std::string& what, const char* key, bool fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_boolean()) LATTICE_FAIL() << what << ": " << key << " must be true or false, got " << j[key].dump();
-  return j[key].get<bool>();
-}
-
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) LATTICE_FAIL() << tmp.string() << ": cannot open for writing";
-    f << text;
-    f.flush();
-    if (!f) LATTICE_FAIL() << tmp.string() << ": write failed";
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) LATTICE_FAIL() << path.string() << ": cannot rename " << tmp.string() << ": " << ec.message();
 }
 
 }  // namespace
@@ -243,13 +183,6 @@ TransformerConfig hf_gpt2_config(const json& j, const std::string& what, int64_t
 }
 
 json hf_gpt2_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
-  // The shortest decimal that reads back as the same float, so 1e-5f is written as 1e-05
-  // (not its double expansion 9.99999974738e-06).
-  char eps[32];
-  for (int digits = 1; digits <= 9; ++digits) {
-    std::snprintf(eps, sizeof eps, "%.*g", digits, double(c.layernorm_epsilon));
-    if (std::strtof(eps, nullptr) == c.layernorm_epsilon) break;
-  }
   json j = {{"activation_function", c.gelu == GeluKind::tanh ? "gelu_new" : "gelu"},
             {"architectures", {"GPT2LMHeadModel"}},
             {"attn_pdrop", 0.1},
@@ -257,7 +190,7 @@ json hf_gpt2_config_json(const TransformerConfig& c, const std::string& tokenize
             {"embd_pdrop", 0.1},
             {"eos_token_id", c.vocab_size - 1},
             {"initializer_range", 0.02},
-            {"layer_norm_epsilon", std::stod(eps)},
+            {"layer_norm_epsilon", hf::shortest_float(c.layernorm_epsilon)},
             {"model_type", "gpt2"},
             {"n_ctx", c.max_position_embeddings},
             {"n_embd", c.hidden_size},
@@ -332,55 +265,41 @@ SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model) {
 }
 
 HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
-  const fs::path config_path = fs::path(dir) / "config.json";
-  const fs::path model_path = fs::path(dir) / "model.safetensors";
-  std::ifstream in(config_path);
-  if (!in) LATTICE_FAIL() << "--from-hf " << dir << ": cannot open " << config_path.string();
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    LATTICE_FAIL() << config_path.string() << ": invalid JSON: " << e.what();
-  }
-  TransformerConfig c = hf_gpt2_config(j, config_path.string(), divisible_by);
-  if (!fs::exists(model_path)) LATTICE_FAIL() << "--from-hf " << dir << ": " << model_path.string() << " does not exist";
-  SafetensorsFile f = SafetensorsFile::read(model_path.string());
+  const json j = hf::read_config(dir);
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  TransformerConfig c = hf_gpt2_config(j, config_path, divisible_by);
+  SafetensorsFile f = hf::read_model_file(dir);
   HfGpt2Model out;
-  if (j.contains(kHfTokenizerKey)) {
-    if (!j[kHfTokenizerKey].is_string())
-      LATTICE_FAIL() << config_path.string() << ": " << kHfTokenizerKey << " must be a string";
-    out.tokenizer_type = j[kHfTokenizerKey].get<std::string>();
-  }
+  out.tokenizer_type = hf::recorded_tokenizer(j, config_path);
   out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
   import_hf_gpt2_tensors(*out.model, f);
   return out;
 }
 
+std::string hf_gpt2_mismatch(const TransformerConfig& c) {
+  std::ostringstream why;
+  if (c.attention_width() != c.hidden_size)
+    why << "--kv-channels " << c.kv_channels << " x " << c.num_attention_heads << " heads, not its hidden size "
+        << c.hidden_size << " (HuggingFace GPT-2's attention is as wide as its hidden size)";
+  else if (c.rmsnorm())
+    why << "RMSNorm (--normalization RMSNorm; HuggingFace GPT-2 has LayerNorm)";
+  else if (!c.add_bias_linear)
+    why << "no linear biases (--disable-bias-linear; HuggingFace GPT-2 has them)";
+  else if (c.grouped_query_attention())
+    why << "grouped-query attention (--num-query-groups " << c.num_query_groups
+        << "; HuggingFace GPT-2 gives every head its own key and value)";
+  else if (c.swiglu)
+    why << "a SwiGLU MLP (--swiglu; HuggingFace GPT-2's MLP is fc -> GELU -> proj)";
+  else if (c.rope())
+    why << "the rotary embedding (--position-embedding-type rope; HuggingFace GPT-2 has learned absolute positions "
+           "only)";
+  return why.str();
+}
+
 void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type) {
-  if (model.config().attention_width() != model.config().hidden_size)
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's --kv-channels " << model.config().kv_channels << " x "
-                   << model.config().num_attention_heads << " heads is not its hidden size "
-                   << model.config().hidden_size << "; HuggingFace GPT-2's attention is as wide as its hidden size";
-  if (model.config().rmsnorm())
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model uses RMSNorm (--normalization RMSNorm); "
-                   << "HuggingFace GPT-2 has LayerNorm";
-  if (!model.config().add_bias_linear)
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has no linear biases (--disable-bias-linear); "
-                   << "HuggingFace GPT-2 has them";
-  if (model.config().grouped_query_attention())
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has grouped-query attention (--num-query-groups "
-                   << model.config().num_query_groups << "); HuggingFace GPT-2 gives every head its own key and value";
-  if (model.config().swiglu)
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has a SwiGLU MLP (--swiglu); "
-                   << "HuggingFace GPT-2's MLP is fc -> GELU -> proj";
-  if (model.config().rope())
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model uses the rotary embedding "
-                   << "(--position-embedding-type rope); HuggingFace GPT-2 has learned absolute positions only";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot create directory: " << ec.message();
-  export_hf_gpt2_tensors(model).write((fs::path(dir) / "model.safetensors").string());
-  write_text_atomic(fs::path(dir) / "config.json", hf_gpt2_config_json(model.config(), tokenizer_type).dump(2) + "\n");
+  const std::string why = hf_gpt2_mismatch(model.config());
+  if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
+  hf::write_model_folder(dir, export_hf_gpt2_tensors(model), hf_gpt2_config_json(model.config(), tokenizer_type));
 }
 
 }  // namespace lattice

@@ -17,14 +17,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "checkpoint/hf_common.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 
 namespace lattice {
-
-// Config key written by export (and read by import) so that a lattice model's tokenizer
-// survives the round trip; transformers keeps unknown config keys as attributes.
-inline constexpr const char* kHfTokenizerKey = "lattice_tokenizer_type";
 
 // config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of
 // divisible_by). Unsupported settings (another model_type or activation, cross attention,
@@ -46,16 +43,18 @@ void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& file);
 // vocab_size, lm_head.weight only when untied), ready to write.
 SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model);
 
-struct HfGpt2Model {
-  std::unique_ptr<GPTModel> model;
-  std::string tokenizer_type;  // from kHfTokenizerKey, else "" (the caller decides)
-};
+using HfGpt2Model = HfModel;
 
 // Reads DIR/config.json and DIR/model.safetensors into a model sized for 1 x seq_length
 // tokens (0: n_positions).
 HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
 
-// Writes DIR/model.safetensors and DIR/config.json (each atomically; DIR is created).
+// Why a lattice model has no HF GPT-2 form ("" when it has one): an attention other than the
+// hidden size wide, RMSNorm, no linear biases, grouped-query attention, SwiGLU, rope.
+std::string hf_gpt2_mismatch(const TransformerConfig& c);
+
+// Writes DIR/model.safetensors and DIR/config.json (each atomically; DIR is created); a model
+// without a GPT-2 form is an error naming DIR and the reason, and nothing is written.
 void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type);
 
 }  // namespace lattice

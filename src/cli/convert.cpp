@@ -1,4 +1,4 @@
-// `lattice convert`: HuggingFace GPT-2 <-> lattice checkpoint.
+// `lattice convert`: HuggingFace GPT-2 or Llama <-> lattice checkpoint.
 //   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--make-vocab-size-divisible-by N]
 //   lattice convert --load CKPT --to-hf DIR
 // The input is read and checked completely before anything is written, and an existing
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "checkpoint/hf_gpt2.h"
+#include "checkpoint/hf_llama.h"
 #include "checkpoint/model_checkpoint.h"
 #include "cli/simple_flags.h"
 #include "cli/subcommands.h"
@@ -31,11 +32,13 @@ void from_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
-  HfGpt2Model hf = load_hf_gpt2(dir, int64_t(divisible), 1);
-  const TransformerConfig& c = hf.model->config();
+  // config.json's model_type says which: Llama, else GPT-2.
+  const bool llama = is_hf_llama_config(hf::read_config(dir));
+  HfModel in = llama ? load_hf_llama(dir, int64_t(divisible), 1) : load_hf_gpt2(dir, int64_t(divisible), 1);
+  const TransformerConfig& c = in.model->config();
   // Tokenizer: the flag, else the one a lattice export recorded, else GPT-2's BPE when the
   // vocabulary is GPT-2's.
-  std::string tokenizer = f.get("tokenizer-type", hf.tokenizer_type);
+  std::string tokenizer = f.get("tokenizer-type", in.tokenizer_type);
   if (f.has("tokenizer-type")) {
     // GPT2BPETokenizer needs its vocabulary files to be built; its size is known.
     const int64_t tok_size = tokenizer == "GPT2BPETokenizer" ? kGpt2BpeVocabSize
@@ -51,9 +54,9 @@ void from_hf(const SimpleFlags& f) {
                                {"max-position-embeddings", c.max_position_embeddings},
                                {"make-vocab-size-divisible-by", int64_t(divisible)},
                                {"converted-from-hf", dir}};
-  const std::string written = save_model_checkpoint(save, 0, *hf.model, args.dump());
-  std::fprintf(stderr, "convert: %s -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
-               dir.c_str(), written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
+  const std::string written = save_model_checkpoint(save, 0, *in.model, args.dump());
+  std::fprintf(stderr, "convert: %s (%s) -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
+               dir.c_str(), llama ? "Llama" : "GPT-2", written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
                (long long)c.vocab_size, (long long)c.padded_vocab_size,
                tokenizer.empty() ? "none" : tokenizer.c_str());
 }
@@ -65,8 +68,18 @@ void to_hf(const SimpleFlags& f) {
   if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "config.json"))
     LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
   LoadedModel lm = load_model_checkpoint(load, 1);
-  save_hf_gpt2(dir, *lm.model, lm.tokenizer_type);
-  std::fprintf(stderr, "convert: %s (iteration %lld) -> %s\n", load.c_str(), (long long)lm.iteration, dir.c_str());
+  // GPT-2 when the model has its form, else Llama when it has that one, else neither.
+  const TransformerConfig& c = lm.model->config();
+  const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
+  if (!not_gpt2.empty() && !not_llama.empty())
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", and "
+                   << not_llama << ": neither HuggingFace GPT-2 nor Llama";
+  if (not_gpt2.empty())
+    save_hf_gpt2(dir, *lm.model, lm.tokenizer_type);
+  else
+    save_hf_llama(dir, *lm.model, lm.tokenizer_type);
+  std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s)\n", load.c_str(), (long long)lm.iteration, dir.c_str(),
+               not_gpt2.empty() ? "GPT-2" : "Llama");
 }
 
 }  // namespace
@@ -76,9 +89,11 @@ int cmd_convert(int argc, char** argv) {
     std::fputs(
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR\n"
-        "HuggingFace GPT-2 (config.json, model.safetensors) <-> lattice checkpoint. The input is read and\n"
-        "checked completely before anything is written; an existing checkpoint or HF model is never\n"
-        "overwritten.\n"
+        "HuggingFace GPT-2 or Llama (config.json, model.safetensors) <-> lattice checkpoint: --from-hf\n"
+        "reads config.json's model_type; --to-hf writes GPT-2 when the model has its form (learned\n"
+        "positions, LayerNorm, GELU, biases), else Llama (rope, RMSNorm, SwiGLU, no biases). The input is\n"
+        "read and checked completely before anything is written; an existing checkpoint or HF model is\n"
+        "never overwritten.\n"
         "  --tokenizer-type NAME              the tokenizer recorded in the checkpoint\n"
         "                                     [the one a lattice export recorded, else\n"
         "                                     GPT2BPETokenizer for a 50257-token model]\n"

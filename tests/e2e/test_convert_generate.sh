@@ -178,7 +178,7 @@ if run rms_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --normalization R
 fi
 # ---- --swiglu (with rope, RMSNorm, no linear biases, untied, 2 query groups of 2 heads: a Llama-style
 # model): trains, resumes only so, generates, has no GPT-2 form ----
-GELU_LLAMA=("${ROPE[@]}" --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights
+GELU_LLAMA=("${ROPE[@]/0.5/1}" --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights
             --ffn-hidden-size 96 --group-query-attention --num-query-groups 2)
 LLAMA=("${GELU_LLAMA[@]}" --swiglu)
 expect_error "--swiglu with --openai-gelu" "--openai-gelu and --swiglu" -- "$LATTICE" "${LLAMA[@]}" --openai-gelu \
@@ -188,11 +188,18 @@ if run llama_train "$LATTICE" "${LLAMA[@]}" --train-iters 3 --exit-interval 2 --
   expect_error "resume: SwiGLU checkpoint, GELU run" "swiglu|--swiglu" -- \
     "$LATTICE" "${GELU_LLAMA[@]}" --train-iters 3 --load ckpt-llama
   expect_error "resume: 2 query groups, now one per head" "num_query_groups is 2|--num-query-groups" -- \
-    "$LATTICE" "${ROPE[@]}" --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights \
+    "$LATTICE" "${ROPE[@]/0.5/1}" --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights \
     --ffn-hidden-size 96 --swiglu --train-iters 3 --load ckpt-llama
-  expect_error "convert: Llama-style model to HF GPT-2" "--to-hf|HuggingFace GPT-2" -- \
-    "$LATTICE" convert --load ckpt-llama --to-hf hf-llama
-  [ -e hf-llama ] && fail "convert --to-hf of a Llama-style model left hf-llama behind"
+  # It has a HuggingFace Llama form: out and back, the same model generates the same text.
+  if run llama_to_hf "$LATTICE" convert --load ckpt-llama --to-hf hf-llama; then
+    grep -q '"model_type": "llama"' hf-llama/config.json || fail "convert --to-hf of a Llama-style model wrote no Llama config"
+    grep -q '"num_key_value_heads": 2' hf-llama/config.json || fail "hf-llama/config.json lost the query groups"
+    run llama_from_hf "$LATTICE" convert --from-hf hf-llama --save ckpt-llama-back &&
+      run llama_gen_back "$LATTICE" generate --load ckpt-llama-back --prompt "ab" --max-new-tokens 30 --seed 3 &&
+      run llama_gen_orig "$LATTICE" generate --load ckpt-llama --prompt "ab" --max-new-tokens 30 --seed 3 &&
+      same "Llama: generated text after lattice -> HF Llama -> lattice equals the original's" llama_gen_back.out \
+        llama_gen_orig.out
+  fi
   if run llama_resume "$LATTICE" "${LLAMA[@]}" --train-iters 3 --load ckpt-llama --save ckpt-llama &&
      run llama_gen "$LATTICE" generate --load ckpt-llama --prompt "ab" --max-new-tokens 30 --seed 3 &&
      run llama_gen_full "$LATTICE" generate --load ckpt-llama --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache; then
@@ -201,10 +208,22 @@ if run llama_train "$LATTICE" "${LLAMA[@]}" --train-iters 3 --exit-interval 2 --
 fi
 if run gqa_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --group-query-attention --train-iters 1 \
      --save ckpt-gqa; then
-  expect_error "convert: grouped-query attention to HF GPT-2" "--to-hf|grouped-query attention|--num-query-groups 1" -- \
+  expect_error "convert: grouped-query attention, no other Llama setting" \
+    "--to-hf|grouped-query attention|--num-query-groups 1|neither HuggingFace GPT-2 nor Llama|learned absolute" -- \
     "$LATTICE" convert --load ckpt-gqa --to-hf hf-gqa
   [ -e hf-gqa ] && fail "convert --to-hf of a grouped-query model left hf-gqa behind"
 fi
+# A HuggingFace Llama folder in: the independent fixture (grouped-query, head_dim 16, untied).
+if run llama_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_llama_tiny" --save ckpt-hf-llama; then
+  grep -q 'Llama' llama_fixture.err || fail "convert did not say it read a Llama model"
+  grep -q '"num_query_groups": *2' ckpt-hf-llama/iter_0000000/*.json || fail "the converted Llama lost its query groups"
+fi
+mkdir -p badllama && cp "$SRC/tests/fixtures/hf_llama_tiny/model.safetensors" badllama/ &&
+  sed 's/"rope_scaling": null/"rope_scaling": {"factor": 2.0, "rope_type": "linear"}/' \
+    "$SRC/tests/fixtures/hf_llama_tiny/config.json" > badllama/config.json
+expect_error "convert: Llama with rope_scaling" "badllama/config.json|rope_scaling" -- \
+  "$LATTICE" convert --from-hf badllama --save ckpt-badllama
+[ -e ckpt-badllama ] && fail "a refused Llama convert created --save ckpt-badllama"
 expect_error "--num-query-groups 3 of 4 heads" "--num-query-groups 3|--num-attention-heads 4" -- \
   "$LATTICE" "${ROPE[@]}" --group-query-attention --num-query-groups 3 --train-iters 1
 if run swiglu_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --swiglu --train-iters 1 --save ckpt-swiglu; then

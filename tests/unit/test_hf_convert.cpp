@@ -14,25 +14,16 @@
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "hf_test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace lattice {
 namespace {
 
-std::string fixture(const char* name) { return std::string(LATTICE_SOURCE_DIR) + "/tests/fixtures/" + name; }
-
-// A fresh empty directory under the build tree, removed by the destructor.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) {
-    path = fs::path(LATTICE_BINARY_DIR) / "test_tmp" / ("hf_" + name);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string str() const { return path.string(); }
-};
+using hf_test::fixture;
+using hf_test::TempDir;
+using hf_test::Tensors;
 
 // The lattice logits of the fixture's token sequence, the expected [T, V] logits, and V.
 void check_fixture_logits(const char* dir) {
@@ -193,35 +184,9 @@ TEST(HfConvert, TensorLayout) {
   EXPECT_EQ(f.metadata().at("format"), "pt");
 }
 
-// Copies a fixture dir to a temp dir, applying `edit_tensors` to its tensors and `edit_config`
-// to its config.json.
-struct Tensors {
-  std::vector<std::pair<std::string, SafeTensor>> list;
-  SafeTensor* find(const std::string& n) {
-    for (auto& [name, t] : list)
-      if (name == n) return &t;
-    return nullptr;
-  }
-  void erase(const std::string& n) {
-    std::erase_if(list, [&](const auto& e) { return e.first == n; });
-  }
-};
-
 std::string corrupted(const std::string& tag, const std::function<void(Tensors&)>& edit_tensors,
                       const std::function<void(nlohmann::json&)>& edit_config, TempDir& tmp) {
-  const std::string src = fixture("hf_gpt2_tiny");
-  SafetensorsFile f = SafetensorsFile::read(src + "/model.safetensors");
-  Tensors ts;
-  for (const std::string& n : f.names()) ts.list.push_back({n, f.get(n)});
-  if (edit_tensors) edit_tensors(ts);
-  SafetensorsWriter w;
-  for (auto& [name, t] : ts.list) w.add(name, t.dtype, t.shape, t.bytes.data(), t.bytes.size());
-  w.write(tmp.str() + "/model.safetensors");
-  std::ifstream in(src + "/config.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  if (edit_config) edit_config(j);
-  std::ofstream(tmp.str() + "/config.json") << j.dump(2);
-  return tmp.str();
+  return hf_test::rewritten_fixture("hf_gpt2_tiny", edit_tensors, edit_config, tmp);
 }
 
 void expect_error(const std::string& dir, const std::vector<std::string>& needles) {

@@ -1,0 +1,135 @@
+#include "checkpoint/hf_common.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace lattice::hf {
+
+namespace {
+
+using json = nlohmann::json;
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const int exp = (h >> 10) & 0x1f;
+  const uint32_t man = h & 0x3ff;
+  float v;
+  if (exp == 0) v = std::ldexp(float(man), -24);                                 // zero, subnormal
+  else if (exp == 31) v = man ? std::nanf("") : INFINITY;
+  else v = std::ldexp(float(man | 0x400), exp - 25);
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits |= sign;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+void write_text_atomic(const fs::path& path, const std::string& text) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) LATTICE_FAIL() << tmp.string() << ": cannot open for writing";
+    f << text;
+    f.flush();
+    if (!f) LATTICE_FAIL() << tmp.string() << ": write failed";
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) LATTICE_FAIL() << path.string() << ": cannot rename " << tmp.string() << ": " << ec.message();
+}
+
+}  // namespace
+
+std::vector<float> read_float_tensor(const SafetensorsFile& f, const std::string& name) {
+  const SafeTensor& t = f.get(name);
+  if (t.dtype == "F32") return f.get_f32(name);
+  std::vector<float> out(size_t(t.numel()));
+  const uint8_t* p = t.bytes.data();
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint16_t u = uint16_t(p[2 * i] | (p[2 * i + 1] << 8));
+    if (t.dtype == "BF16") {
+      const uint32_t bits = uint32_t(u) << 16;
+      std::memcpy(&out[i], &bits, 4);
+    } else if (t.dtype == "F16") {
+      out[i] = f16_to_f32(u);
+    } else {
+      LATTICE_FAIL() << f.path() << ": tensor " << name << " has dtype " << t.dtype
+                     << ", expected F32, F16 or BF16";
+    }
+  }
+  return out;
+}
+
+int64_t config_int(const json& j, const std::string& what, const char* key) {
+  if (!j.contains(key)) LATTICE_FAIL() << what << ": missing " << key;
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
+    LATTICE_FAIL() << what << ": " << key << " must be a positive integer, got " << j[key].dump();
+  return j[key].get<int64_t>();
+}
+
+bool config_bool(const json& j, const std::string& what, const char* key, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) LATTICE_FAIL() << what << ": " << key << " must be true or false, got " << j[key].dump();
+  return j[key].get<bool>();
+}
+
+double config_positive(const json& j, const std::string& what, const char* key, double fallback) {
+  if (!j.contains(key)) return fallback;
+  if (!j[key].is_number() || !(j[key].get<double>() > 0) || !std::isfinite(j[key].get<double>()))
+    LATTICE_FAIL() << what << ": " << key << " must be a positive number, got " << j[key].dump();
+  return j[key].get<double>();
+}
+
+double shortest_float(float v) {
+  char s[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(s, sizeof s, "%.*g", digits, double(v));
+    if (std::strtof(s, nullptr) == v) break;
+  }
+  return std::stod(s);
+}
+
+json read_config(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "config.json";
+  std::ifstream in(path);
+  if (!in) LATTICE_FAIL() << "--from-hf " << dir << ": cannot open " << path.string();
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    LATTICE_FAIL() << path.string() << ": invalid JSON: " << e.what();
+  }
+  if (!j.is_object()) LATTICE_FAIL() << path.string() << ": not a JSON object";
+  return j;
+}
+
+std::string recorded_tokenizer(const json& j, const std::string& what) {
+  if (!j.contains(kHfTokenizerKey)) return "";
+  if (!j[kHfTokenizerKey].is_string()) LATTICE_FAIL() << what << ": " << kHfTokenizerKey << " must be a string";
+  return j[kHfTokenizerKey].get<std::string>();
+}
+
+SafetensorsFile read_model_file(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "model.safetensors";
+  if (!fs::exists(path)) LATTICE_FAIL() << "--from-hf " << dir << ": " << path.string() << " does not exist";
+  return SafetensorsFile::read(path.string());
+}
+
+void write_model_folder(const std::string& dir, const SafetensorsWriter& tensors, const json& config) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot create directory: " << ec.message();
+  tensors.write((fs::path(dir) / "model.safetensors").string());
+  write_text_atomic(fs::path(dir) / "config.json", config.dump(2) + "\n");
+}
+
+}  // namespace lattice::hf

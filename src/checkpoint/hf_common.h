@@ -1,0 +1,52 @@
+// What the HuggingFace formats (checkpoint/hf_gpt2.h, checkpoint/hf_llama.h) share: reading
+// config.json values and float tensors of any HF dtype, writing config.json atomically, and the
+// model folder's two files.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+#include "model/gpt_model.h"
+
+namespace lattice {
+
+// Config key written by export (and read by import) so that a lattice model's tokenizer
+// survives the round trip; transformers keeps unknown config keys as attributes.
+inline constexpr const char* kHfTokenizerKey = "lattice_tokenizer_type";
+
+// A model read from a HuggingFace folder.
+struct HfModel {
+  std::unique_ptr<GPTModel> model;
+  std::string tokenizer_type;  // from kHfTokenizerKey, else "" (the caller decides)
+};
+
+namespace hf {
+
+// A floating-point HF tensor as fp32 (F16 and BF16 widen exactly); another dtype is an error
+// naming the file and the tensor.
+std::vector<float> read_float_tensor(const SafetensorsFile& f, const std::string& name);
+
+// config.json values: a positive integer (required), a boolean (fallback when absent or null),
+// a positive number (fallback when absent). Errors name `what` (the file) and the key.
+int64_t config_int(const nlohmann::json& j, const std::string& what, const char* key);
+bool config_bool(const nlohmann::json& j, const std::string& what, const char* key, bool fallback);
+double config_positive(const nlohmann::json& j, const std::string& what, const char* key, double fallback);
+
+// The shortest decimal that reads back as the same float (1e-5f is written as 1e-05, not as
+// its double expansion 9.99999974738e-06), as a JSON number.
+double shortest_float(float v);
+
+// DIR/config.json parsed (errors name the file).
+nlohmann::json read_config(const std::string& dir);
+// The tokenizer a lattice export recorded in config.json, else "".
+std::string recorded_tokenizer(const nlohmann::json& config, const std::string& what);
+// DIR/model.safetensors (an error naming it when it is missing).
+SafetensorsFile read_model_file(const std::string& dir);
+// Writes DIR/model.safetensors and DIR/config.json (each atomically; DIR is created).
+void write_model_folder(const std::string& dir, const SafetensorsWriter& tensors, const nlohmann::json& config);
+
+}  // namespace hf
+}  // namespace lattice

@@ -1,0 +1,265 @@
+#include "checkpoint/hf_llama.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "checkpoint/host_staging.h"
+#include "core/error.h"
+
+namespace lattice {
+namespace {
+
+using json = nlohmann::json;
+
+// Rows [row0, row0 + rows) of the HF tensor `hf`; rows < 0: all of them.
+struct RowBlock {
+  std::string hf;
+  int64_t row0 = 0, rows = -1;
+};
+
+// A lattice parameter and the HF rows that make it, in order. vocab: the HF tensor has
+// vocab_size rows, the lattice one padded_vocab_size (the rest zero on import, dropped on export).
+struct TensorMap {
+  std::string lattice;
+  std::vector<RowBlock> blocks;
+  bool vocab = false;
+};
+
+std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
+  const int64_t D = c.kv_channels, G = c.num_query_groups, R = c.num_attention_heads / G;
+  std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string lat = "decoder.layers." + std::to_string(l) + ".";
+    const std::string hf = "model.layers." + std::to_string(l) + ".";
+    m.push_back({lat + "input_layernorm.weight", {{hf + "input_layernorm.weight"}}});
+    TensorMap qkv{lat + "self_attention.linear_qkv.weight", {}};
+    for (int64_t g = 0; g < G; ++g) {  // the group's heads' queries, then its key and value
+      qkv.blocks.push_back({hf + "self_attn.q_proj.weight", g * R * D, R * D});
+      qkv.blocks.push_back({hf + "self_attn.k_proj.weight", g * D, D});
+      qkv.blocks.push_back({hf + "self_attn.v_proj.weight", g * D, D});
+    }
+    m.push_back(qkv);
+    m.push_back({lat + "self_attention.linear_proj.weight", {{hf + "self_attn.o_proj.weight"}}});
+    m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight"}}});
+    m.push_back({lat + "mlp.linear_fc1.weight", {{hf + "mlp.gate_proj.weight"}, {hf + "mlp.up_proj.weight"}}});
+    m.push_back({lat + "mlp.linear_fc2.weight", {{hf + "mlp.down_proj.weight"}}});
+  }
+  m.push_back({"decoder.final_layernorm.weight", {{"model.norm.weight"}}});
+  if (c.untie_embeddings_and_output_weights) m.push_back({"output_layer.weight", {{"lm_head.weight"}}, true});
+  return m;
+}
+
+// Every HF tensor of the model with the shape its config implies.
+std::map<std::string, Shape> hf_shapes(const TransformerConfig& c) {
+  const int64_t C = c.hidden_size, V = c.vocab_size, F = c.ffn_hidden_size;
+  const int64_t Q = c.attention_width(), KV = c.kv_channels * c.num_query_groups;
+  std::map<std::string, Shape> s = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string hf = "model.layers." + std::to_string(l) + ".";
+    s[hf + "input_layernorm.weight"] = {C};
+    s[hf + "self_attn.q_proj.weight"] = {Q, C};
+    s[hf + "self_attn.k_proj.weight"] = {KV, C};
+    s[hf + "self_attn.v_proj.weight"] = {KV, C};
+    s[hf + "self_attn.o_proj.weight"] = {C, Q};
+    s[hf + "post_attention_layernorm.weight"] = {C};
+    s[hf + "mlp.gate_proj.weight"] = {F, C};
+    s[hf + "mlp.up_proj.weight"] = {F, C};
+    s[hf + "mlp.down_proj.weight"] = {C, F};
+  }
+  if (c.untie_embeddings_and_output_weights) s["lm_head.weight"] = {V, C};
+  return s;
+}
+
+bool ends_with(const std::string& s, const char* tail) {
+  const size_t n = std::strlen(tail);
+  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+}
+
+}  // namespace
+
+bool is_hf_llama_config(const json& j) {
+  if (!j.is_object()) return false;
+  if (j.contains("model_type")) return j["model_type"] == "llama";
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const json& a : j["architectures"])
+      if (a == "LlamaForCausalLM") return true;
+  return false;
+}
+
+TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
+  if (!is_hf_llama_config(j))
+    LATTICE_FAIL() << what << ": not a Llama config (model_type " << j.value("model_type", json()).dump() << ")";
+  TransformerConfig c;
+  c.num_layers = hf::config_int(j, what, "num_hidden_layers");
+  c.hidden_size = hf::config_int(j, what, "hidden_size");
+  c.num_attention_heads = hf::config_int(j, what, "num_attention_heads");
+  c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
+  c.vocab_size = hf::config_int(j, what, "vocab_size");
+  c.max_position_embeddings = hf::config_int(j, what, "max_position_embeddings");
+  c.num_query_groups = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                           ? hf::config_int(j, what, "num_key_value_heads")
+                           : c.num_attention_heads;
+  if (c.num_attention_heads % c.num_query_groups != 0)
+    LATTICE_FAIL() << what << ": num_key_value_heads " << c.num_query_groups << " does not divide num_attention_heads "
+                   << c.num_attention_heads;
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    c.kv_channels = hf::config_int(j, what, "head_dim");
+  } else if (c.hidden_size % c.num_attention_heads != 0) {
+    LATTICE_FAIL() << what << ": num_attention_heads " << c.num_attention_heads << " does not divide hidden_size "
+                   << c.hidden_size << " (and no head_dim)";
+  }
+  const std::string act = j.value("hidden_act", std::string("silu"));
+  if (act != "silu") LATTICE_FAIL() << what << ": hidden_act \"" << act << "\" is not supported (silu: SwiGLU)";
+  if (hf::config_bool(j, what, "attention_bias", false))
+    LATTICE_FAIL() << what << ": attention_bias true is not supported (lattice's Llama has no linear biases)";
+  if (hf::config_bool(j, what, "mlp_bias", false))
+    LATTICE_FAIL() << what << ": mlp_bias true is not supported (lattice's Llama has no linear biases)";
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    LATTICE_FAIL() << what << ": rope_scaling " << j["rope_scaling"].dump()
+                   << " is not supported (the rotary embedding without scaling only)";
+  c.position_embedding_type = "rope";
+  c.rotary_percent = 1.0;
+  c.rotary_interleaved = false;
+  c.rotary_base = float(hf::config_positive(j, what, "rope_theta", 10000.0));
+  c.normalization = "RMSNorm";
+  c.layernorm_epsilon = float(hf::config_positive(j, what, "rms_norm_eps", 1e-6));  // LlamaConfig's default
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
+  c.make_vocab_size_divisible_by = divisible_by;
+  c.hidden_dropout = c.attention_dropout = 0.0f;
+  c.finalize();
+  return c;
+}
+
+json hf_llama_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
+  json j = {{"architectures", {"LlamaForCausalLM"}},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"head_dim", c.kv_channels},
+            {"hidden_act", "silu"},
+            {"hidden_size", c.hidden_size},
+            {"initializer_range", 0.02},
+            {"intermediate_size", c.ffn_hidden_size},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"mlp_bias", false},
+            {"model_type", "llama"},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_hidden_layers", c.num_layers},
+            {"num_key_value_heads", c.num_query_groups},
+            {"pretraining_tp", 1},
+            {"rms_norm_eps", hf::shortest_float(c.layernorm_epsilon)},
+            {"rope_scaling", nullptr},
+            {"rope_theta", hf::shortest_float(c.rotary_base)},
+            {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+            {"torch_dtype", "float32"},
+            {"use_cache", true},
+            {"vocab_size", c.vocab_size}};
+  if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
+  return j;
+}
+
+std::string hf_llama_mismatch(const TransformerConfig& c) {
+  if (!c.rope()) return "learned absolute positions (HuggingFace Llama has the rotary embedding)";
+  if (c.rotary_percent != 1.0) {
+    std::ostringstream s;
+    s << "--rotary-percent " << c.rotary_percent << " (HuggingFace Llama rotates every dim)";
+    return s.str();
+  }
+  if (c.rotary_interleaved) return "--rotary-interleaved (HuggingFace Llama rotates rotate_half pairs)";
+  if (c.rotary_seq_len_interpolation_factor != 0.0f)
+    return "--rotary-seq-len-interpolation-factor (HuggingFace Llama without rope_scaling has none)";
+  if (!c.rmsnorm()) return "LayerNorm (HuggingFace Llama has RMSNorm)";
+  if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";
+  if (c.add_bias_linear) return "linear biases (HuggingFace Llama has none: --disable-bias-linear)";
+  return "";
+}
+
+void import_hf_llama_tensors(GPTModel& model, const SafetensorsFile& f) {
+  const TransformerConfig& c = model.config();
+  const std::string& path = f.path();
+  const std::map<std::string, Shape> shapes = hf_shapes(c);
+  for (const auto& [name, shape] : shapes) {
+    if (!f.has(name)) LATTICE_FAIL() << path << ": missing tensor " << name;
+    if (f.get(name).shape != shape)
+      LATTICE_FAIL() << path << ": tensor " << name << " has shape " << shape_str(f.get(name).shape)
+                     << ", config.json implies " << shape_str(shape);
+  }
+  for (const std::string& name : f.names()) {
+    if (shapes.count(name) || ends_with(name, ".self_attn.rotary_emb.inv_freq")) continue;
+    if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights) {
+      // Tied: a stored lm_head must be embed_tokens itself, or the model is not the one config.json describes.
+      if (f.get(name).shape != f.get("model.embed_tokens.weight").shape ||
+          hf::read_float_tensor(f, name) != hf::read_float_tensor(f, "model.embed_tokens.weight"))
+        LATTICE_FAIL() << path << ": lm_head.weight differs from model.embed_tokens.weight but config.json ties them "
+                       << "(tie_word_embeddings true)";
+      continue;
+    }
+    LATTICE_FAIL() << path << ": unexpected tensor " << name << " (config.json has num_hidden_layers " << c.num_layers
+                   << ")";
+  }
+  std::map<std::string, std::vector<float>> data;  // each HF tensor read once, when first needed
+  HostStaging params(model.params().params(), model.params().numel(), true);
+  for (const TensorMap& m : tensor_map(c)) {
+    const ParamInfo& p = model.params().info(m.lattice);
+    float* dst = params.data() + p.offset;
+    const int64_t row = p.shape.size() == 2 ? p.shape[1] : 1;  // elements per row
+    int64_t at = 0;                                              // rows filled
+    for (const RowBlock& b : m.blocks) {
+      auto it = data.find(b.hf);
+      if (it == data.end()) it = data.emplace(b.hf, hf::read_float_tensor(f, b.hf)).first;
+      const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
+      std::memcpy(dst + at * row, it->second.data() + b.row0 * row, size_t(rows * row) * sizeof(float));
+      at += rows;
+    }
+    LATTICE_CHECK(m.vocab ? at <= p.shape[0] : at * row == p.numel) << m.lattice << ": the HF rows do not fill it";
+    std::fill(dst + at * row, dst + p.numel, 0.0f);  // padded vocabulary rows
+  }
+  params.upload(model.params().params());
+}
+
+SafetensorsWriter export_hf_llama_tensors(const GPTModel& model) {
+  const TransformerConfig& c = model.config();
+  const std::map<std::string, Shape> shapes = hf_shapes(c);
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, shape] : shapes) out[name].resize(size_t(shape_numel(shape)));
+  const HostStaging params(model.params().params(), model.params().numel(), true);
+  for (const TensorMap& m : tensor_map(c)) {
+    const ParamInfo& p = model.params().info(m.lattice);
+    const float* src = params.data() + p.offset;
+    const int64_t row = p.shape.size() == 2 ? p.shape[1] : 1;
+    int64_t at = 0;
+    for (const RowBlock& b : m.blocks) {
+      const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
+      std::memcpy(out.at(b.hf).data() + b.row0 * row, src + at * row, size_t(rows * row) * sizeof(float));
+      at += rows;
+    }
+  }
+  SafetensorsWriter w;
+  for (const auto& [name, shape] : shapes) w.add_f32(name, shape, out.at(name).data());
+  w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+  return w;
+}
+
+HfModel load_hf_llama(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+  const json j = hf::read_config(dir);
+  const std::string config_path = dir + "/config.json";
+  const TransformerConfig c = hf_llama_config(j, config_path, divisible_by);
+  const SafetensorsFile f = hf::read_model_file(dir);
+  HfModel out;
+  out.tokenizer_type = hf::recorded_tokenizer(j, config_path);
+  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
+  import_hf_llama_tensors(*out.model, f);
+  return out;
+}
+
+void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type) {
+  const std::string why = hf_llama_mismatch(model.config());
+  if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
+  hf::write_model_folder(dir, export_hf_llama_tensors(model), hf_llama_config_json(model.config(), tokenizer_type));
+}
+
+}  // namespace lattice

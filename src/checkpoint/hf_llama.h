@@ -1,0 +1,61 @@
+// HuggingFace Llama (transformers' LlamaForCausalLM: DIR/config.json + DIR/model.safetensors)
+// <-> lattice's GPTModel with Megatron's Llama settings: --position-embedding-type rope
+// (rotate_half over the whole head, --rotary-base = rope_theta), --normalization RMSNorm,
+// --swiglu, --disable-bias-linear, grouped-query attention (num_key_value_heads), usually
+// --untie-embeddings-and-output-weights.
+//
+// HF's Linear weights are [out, in] like lattice's, so the layouts differ only where lattice
+// fuses tensors (each handled in hf_llama.cpp's tensor map, as blocks of rows):
+//  - linear_qkv [(H + 2G) D, C] is, per query group g, the rows of q_proj for the group's
+//    H/G heads, then k_proj's and v_proj's rows for the group (Megatron's grouped layout);
+//  - linear_fc1 [2F, C] is gate_proj's rows, then up_proj's;
+//  - the vocabulary is unpadded in HF (embed_tokens [V, C]) and padded in lattice (zero rows,
+//    dropped on export), as for GPT-2 (checkpoint/hf_gpt2.h).
+// HF -> lattice -> HF reproduces every tensor bit for bit (the rotary_emb.inv_freq buffers some
+// files carry are a function of the config and are not kept).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "checkpoint/hf_common.h"
+#include "checkpoint/safetensors.h"
+#include "model/gpt_model.h"
+
+namespace lattice {
+
+// Whether config.json describes a Llama model (model_type "llama", or LlamaForCausalLM among
+// its architectures).
+bool is_hf_llama_config(const nlohmann::json& config);
+
+// config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by).
+// Settings lattice cannot reproduce (rope_scaling, attention or MLP biases, another activation,
+// a head_dim other than hidden / heads that the checkpoint's shapes contradict) are errors naming
+// `what` (the file) and the key.
+TransformerConfig hf_llama_config(const nlohmann::json& config, const std::string& what, int64_t divisible_by = 128);
+
+// TransformerConfig -> config.json as transformers writes LlamaConfig (tokenizer_type stored under
+// kHfTokenizerKey when non-empty).
+nlohmann::json hf_llama_config_json(const TransformerConfig& c, const std::string& tokenizer_type);
+
+// Why a lattice model has no HF Llama form ("" when it has one): the settings above, all of
+// them, with rotary_percent 1, the pairs not interleaved and no position interpolation.
+std::string hf_llama_mismatch(const TransformerConfig& c);
+
+// Copies every parameter of `model` from HF tensors (model.config() must be the file's config).
+// F32/F16/BF16 data. Every problem (missing, misshapen or unexpected tensor, an lm_head.weight
+// that differs from embed_tokens in a tied model) is an error naming the file and the tensor.
+void import_hf_llama_tensors(GPTModel& model, const SafetensorsFile& file);
+
+// The model's parameters as HF tensors (F32, vocabulary trimmed to vocab_size, lm_head.weight
+// only when untied).
+SafetensorsWriter export_hf_llama_tensors(const GPTModel& model);
+
+// Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings).
+HfModel load_hf_llama(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
+
+// Writes DIR/model.safetensors and DIR/config.json; a model without a Llama form
+// (hf_llama_mismatch) is an error naming DIR and the reason, and nothing is written.
+void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type);
+
+}  // namespace lattice

@@ -1,0 +1,315 @@
+// HuggingFace Llama <-> lattice: logits against an independent HF-layout Llama
+// (tests/fixtures/make_hf_llama_fixture.py: grouped-query attention with a head_dim wider than
+// hidden / heads, untied; and one key per head, tied, LlamaConfig's defaults), the round trips in
+// both directions, the tensor layout spelled out, and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/hf_llama.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "hf_test_util.h"
+
+namespace lattice {
+namespace {
+
+using hf_test::fixture;
+using hf_test::TempDir;
+using hf_test::Tensors;
+
+void check_fixture_logits(const char* dir) {
+  HfModel hf = load_hf_llama(fixture(dir));
+  const TransformerConfig& c = hf.model->config();
+  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
+  const std::vector<int32_t> tokens = ref.get_i32("tokens");
+  const std::vector<float> want = ref.get_f32("logits");
+  const int64_t T = int64_t(tokens.size()), V = c.vocab_size, Vp = c.padded_vocab_size;
+  ASSERT_EQ(int64_t(want.size()), T * V);
+  ASSERT_GT(Vp, V) << "the fixture should exercise vocabulary padding";
+  std::vector<float> logits(size_t(T * Vp));
+  hf.model->forward_logits(tokens.data(), 1, T, logits.data());
+  double max_err = 0, max_ref = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t v = 0; v < V; ++v) {
+      max_ref = std::max(max_ref, std::fabs(double(want[t * V + v])));
+      max_err = std::max(max_err, std::fabs(double(logits[t * Vp + v]) - want[t * V + v]));
+    }
+  EXPECT_GT(max_ref, 0.5) << "fixture logits too small to be a meaningful check";
+  EXPECT_LE(max_err, 1e-5) << dir << ": logits differ from the independent HF-layout model";
+}
+
+TEST(HfLlama, GroupedUntiedModelMatchesIndependentLogits) {
+  check_fixture_logits("hf_llama_tiny");
+  const TransformerConfig c = load_hf_llama(fixture("hf_llama_tiny")).model->config();
+  EXPECT_TRUE(c.rope() && c.rmsnorm() && c.swiglu && !c.add_bias_linear);
+  EXPECT_EQ(c.num_query_groups, 2);
+  EXPECT_EQ(c.kv_channels, 16);  // head_dim: 4 heads of 16 against hidden_size 32
+  EXPECT_EQ(c.rotary_base, 500000.0f);
+  EXPECT_EQ(c.layernorm_epsilon, 1e-5f);
+  EXPECT_TRUE(c.untie_embeddings_and_output_weights);
+}
+
+TEST(HfLlama, TiedModelWithConfigDefaultsMatchesIndependentLogits) {
+  check_fixture_logits("hf_llama_tiny_tied");
+  const TransformerConfig c = load_hf_llama(fixture("hf_llama_tiny_tied")).model->config();
+  EXPECT_FALSE(c.grouped_query_attention());
+  EXPECT_EQ(c.rotary_base, 10000.0f);     // LlamaConfig's rope_theta
+  EXPECT_EQ(c.layernorm_epsilon, 1e-6f);  // LlamaConfig's rms_norm_eps
+  EXPECT_FALSE(c.untie_embeddings_and_output_weights);
+}
+
+TEST(HfLlama, HfToLatticeToHfIsIdentity) {
+  for (const char* dir : {"hf_llama_tiny", "hf_llama_tiny_tied"}) {
+    TempDir out(std::string("llama_rt_") + dir);
+    HfModel hf = load_hf_llama(fixture(dir));
+    save_hf_llama(out.str() + "/hf", *hf.model, "");
+    SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
+    SafetensorsFile b = SafetensorsFile::read(out.str() + "/hf/model.safetensors");
+    size_t compared = 0;
+    for (const std::string& name : a.names()) {
+      if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+      ASSERT_TRUE(b.has(name)) << name;
+      EXPECT_EQ(a.get(name).shape, b.get(name).shape) << name;
+      EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name << " differs after the round trip";
+      ++compared;
+    }
+    EXPECT_EQ(compared, b.names().size()) << "the export has tensors the original does not";
+    std::ifstream ia(fixture(dir) + "/config.json"), ib(out.str() + "/hf/config.json");
+    const nlohmann::json ja = nlohmann::json::parse(ia), jb = nlohmann::json::parse(ib);
+    for (const char* key : {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                            "intermediate_size", "vocab_size", "max_position_embeddings", "model_type", "hidden_act",
+                            "tie_word_embeddings"})
+      EXPECT_EQ(ja[key], jb[key]) << dir << ": config.json " << key;
+    EXPECT_EQ(ja.value("rope_theta", 10000.0), jb["rope_theta"].get<double>()) << dir;
+    EXPECT_EQ(ja.value("rms_norm_eps", 1e-6), jb["rms_norm_eps"].get<double>()) << dir;
+    EXPECT_EQ(ja.value("head_dim", 8), jb["head_dim"]) << dir;
+  }
+}
+
+// A Llama-style model with every parameter (padded rows too) random, so any misplaced element
+// shows: 4 heads of 8 in 2 query groups against hidden size 24, ffn 20.
+std::unique_ptr<GPTModel> random_llama(bool untie) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 24;
+  c.num_attention_heads = 4;
+  c.kv_channels = 8;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 20;
+  c.vocab_size = 70;
+  c.make_vocab_size_divisible_by = 32;
+  c.max_position_embeddings = 12;
+  c.position_embedding_type = "rope";
+  c.rotary_base = 20000.0f;
+  c.normalization = "RMSNorm";
+  c.layernorm_epsilon = 1e-6f;
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = untie;
+  c.hidden_dropout = c.attention_dropout = 0;
+  c.finalize();
+  auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
+  std::mt19937 gen(untie ? 9 : 10);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  for (int64_t i = 0; i < m->params().numel(); ++i) m->params().params()[i] = nd(gen);
+  return m;
+}
+
+TEST(HfLlama, LatticeToHfToLatticeKeepsEveryRealParameterAndLogit) {
+  for (bool untie : {false, true}) {
+    auto model = random_llama(untie);
+    const TransformerConfig& c = model->config();
+    EXPECT_EQ(hf_llama_mismatch(c), "");
+    EXPECT_NE(hf_gpt2_mismatch(c), "");
+    TempDir out(untie ? "llama_l2h_untied" : "llama_l2h_tied");
+    save_hf_llama(out.str(), *model, "ByteTokenizer");
+    HfModel back = load_hf_llama(out.str(), c.make_vocab_size_divisible_by);
+    EXPECT_EQ(back.tokenizer_type, "ByteTokenizer");
+    const TransformerConfig& b = back.model->config();
+    EXPECT_EQ(b.padded_vocab_size, c.padded_vocab_size);
+    EXPECT_EQ(b.num_query_groups, c.num_query_groups);
+    EXPECT_EQ(b.kv_channels, c.kv_channels);
+    EXPECT_EQ(b.ffn_hidden_size, c.ffn_hidden_size);
+    EXPECT_EQ(b.rotary_base, c.rotary_base);
+    EXPECT_EQ(b.layernorm_epsilon, c.layernorm_epsilon);
+    EXPECT_EQ(b.untie_embeddings_and_output_weights, untie);
+    for (const ParamInfo& p : model->params().infos()) {
+      const float* x = model->params().params() + p.offset;
+      const float* y = back.model->params().params() + back.model->params().info(p.name).offset;
+      const bool vocab = p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
+      const int64_t real = vocab ? c.vocab_size * c.hidden_size : p.numel;
+      for (int64_t i = 0; i < real; ++i) ASSERT_EQ(x[i], y[i]) << p.name << " element " << i;
+      for (int64_t i = real; i < p.numel; ++i) ASSERT_EQ(y[i], 0.0f) << p.name << " padded element " << i;
+    }
+    const int64_t T = c.max_position_embeddings, Vp = c.padded_vocab_size;
+    std::vector<int32_t> tokens(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) tokens[t] = int32_t((t * 37 + 5) % c.vocab_size);
+    std::vector<float> la(size_t(T * Vp)), lb(size_t(T * Vp));
+    model->forward_logits(tokens.data(), 1, T, la.data());
+    back.model->forward_logits(tokens.data(), 1, T, lb.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t v = 0; v < c.vocab_size; ++v) ASSERT_EQ(la[t * Vp + v], lb[t * Vp + v]) << t << "," << v;
+  }
+}
+
+// The layout itself, spelled out: linear_qkv row (g (R + 2) + r) D + d is q_proj row (g R + r) D + d
+// for the group's R query heads, then k_proj's and v_proj's rows g D + d; linear_fc1 is gate_proj
+// over up_proj.
+TEST(HfLlama, TensorLayout) {
+  auto model = random_llama(true);
+  const TransformerConfig& c = model->config();
+  const int64_t C = c.hidden_size, D = c.kv_channels, G = c.num_query_groups, R = c.num_attention_heads / G;
+  const int64_t F = c.ffn_hidden_size;
+  TempDir out("llama_layout");
+  export_hf_llama_tensors(*model).write(out.str() + "/model.safetensors");
+  SafetensorsFile f = SafetensorsFile::read(out.str() + "/model.safetensors");
+  const ParamBuffer& pb = model->params();
+  auto lat = [&](const std::string& n) { return pb.params() + pb.info(n).offset; };
+  const float* qkv = lat("decoder.layers.1.self_attention.linear_qkv.weight");  // [(H + 2G) D, C]
+  const std::vector<float> q = f.get_f32("model.layers.1.self_attn.q_proj.weight");
+  const std::vector<float> k = f.get_f32("model.layers.1.self_attn.k_proj.weight");
+  const std::vector<float> v = f.get_f32("model.layers.1.self_attn.v_proj.weight");
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t i = 0; i < C; ++i) {
+        for (int64_t r = 0; r < R; ++r)
+          ASSERT_EQ(q[((g * R + r) * D + d) * C + i], qkv[((g * (R + 2) + r) * D + d) * C + i]);
+        ASSERT_EQ(k[(g * D + d) * C + i], qkv[((g * (R + 2) + R) * D + d) * C + i]);
+        ASSERT_EQ(v[(g * D + d) * C + i], qkv[((g * (R + 2) + R + 1) * D + d) * C + i]);
+      }
+  const float* fc1 = lat("decoder.layers.0.mlp.linear_fc1.weight");  // [2F, C]
+  const std::vector<float> gate = f.get_f32("model.layers.0.mlp.gate_proj.weight");
+  const std::vector<float> up = f.get_f32("model.layers.0.mlp.up_proj.weight");
+  for (int64_t o = 0; o < F; ++o)
+    for (int64_t i = 0; i < C; ++i) {
+      ASSERT_EQ(gate[o * C + i], fc1[o * C + i]);
+      ASSERT_EQ(up[o * C + i], fc1[(F + o) * C + i]);
+    }
+  EXPECT_EQ(f.get("model.embed_tokens.weight").shape, (Shape{c.vocab_size, C}));
+  EXPECT_EQ(f.get("lm_head.weight").shape, (Shape{c.vocab_size, C}));
+  EXPECT_EQ(f.get("model.layers.0.self_attn.o_proj.weight").shape, (Shape{C, c.attention_width()}));
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+}
+
+TEST(HfLlama, ModelsWithoutALlamaFormAreNamed) {
+  TransformerConfig c = random_llama(true)->config();
+  auto why = [&](auto edit) {
+    TransformerConfig e = c;
+    edit(e);
+    return hf_llama_mismatch(e);
+  };
+  EXPECT_NE(why([](TransformerConfig& e) { e.rotary_percent = 0.5; }).find("--rotary-percent 0.5"), std::string::npos);
+  EXPECT_NE(why([](TransformerConfig& e) { e.rotary_interleaved = true; }).find("--rotary-interleaved"),
+            std::string::npos);
+  EXPECT_NE(why([](TransformerConfig& e) { e.normalization = "LayerNorm"; }).find("LayerNorm"), std::string::npos);
+  EXPECT_NE(why([](TransformerConfig& e) { e.swiglu = false; }).find("GELU"), std::string::npos);
+  EXPECT_NE(why([](TransformerConfig& e) { e.add_bias_linear = true; }).find("--disable-bias-linear"),
+            std::string::npos);
+  EXPECT_NE(why([](TransformerConfig& e) { e.position_embedding_type = "learned_absolute"; }).find("learned"),
+            std::string::npos);
+  TempDir out("llama_refused");
+  TransformerConfig biased = c;
+  biased.add_bias_linear = true;
+  GPTModel m(biased, 1, 4);
+  try {
+    save_hf_llama(out.str() + "/x", m, "");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--to-hf " + out.str() + "/x"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(out.path / "x")) << "a refused export wrote something";
+}
+
+std::string corrupted(const std::function<void(Tensors&)>& edit_tensors,
+                      const std::function<void(nlohmann::json&)>& edit_config, TempDir& tmp) {
+  return hf_test::rewritten_fixture("hf_llama_tiny", edit_tensors, edit_config, tmp);
+}
+
+void expect_error(const std::string& dir, const std::vector<std::string>& needles) {
+  try {
+    load_hf_llama(dir);
+    ADD_FAILURE() << "no error; expected one mentioning " << needles[0];
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+}
+
+TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
+  const std::string k1 = "model.layers.1.self_attn.k_proj.weight";
+  {
+    TempDir t("llama_missing");
+    expect_error(corrupted([&](Tensors& ts) { ts.erase(k1); }, nullptr, t),
+                 {"model.safetensors", "missing tensor " + k1});
+  }
+  {
+    TempDir t("llama_shape");  // k_proj as wide as q_proj: num_key_value_heads says otherwise
+    expect_error(corrupted([&](Tensors& ts) { ts.find(k1)->shape = {64, 16}; }, nullptr, t),
+                 {k1, "[64, 16]", "config.json implies [32, 32]"});
+  }
+  {
+    TempDir t("llama_layers");
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["num_hidden_layers"] = 1; }, t),
+                 {"unexpected tensor model.layers.1.", "num_hidden_layers 1"});
+  }
+  {
+    TempDir t("llama_kv");
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["num_key_value_heads"] = 3; }, t),
+                 {"config.json", "num_key_value_heads 3 does not divide num_attention_heads 4"});
+  }
+  {
+    TempDir t("llama_kv_shapes");  // one key per head: k_proj would be [64, 32]
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["num_key_value_heads"] = 4; }, t),
+                 {"self_attn.k_proj.weight has shape [32, 32]", "config.json implies [64, 32]"});
+  }
+  {
+    TempDir t("llama_scaling");
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
+                           t),
+                 {"config.json", "rope_scaling", "linear"});
+  }
+  {
+    TempDir t("llama_bias");
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["attention_bias"] = true; }, t),
+                 {"config.json", "attention_bias"});
+  }
+  {
+    TempDir t("llama_act");
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["hidden_act"] = "gelu"; }, t),
+                 {"config.json", "hidden_act", "gelu"});
+  }
+  {
+    TempDir t("llama_theta");
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["rope_theta"] = -1; }, t),
+                 {"config.json", "rope_theta must be a positive number"});
+  }
+  {
+    TempDir t("llama_no_key");
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j.erase("intermediate_size"); }, t),
+                 {"config.json", "missing intermediate_size"});
+  }
+  {
+    TempDir t("llama_tied_head");  // tied, but the stored lm_head is not embed_tokens
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["tie_word_embeddings"] = true; }, t),
+                 {"lm_head.weight differs from model.embed_tokens.weight"});
+  }
+  {
+    TempDir t("llama_dtype");
+    expect_error(corrupted([](Tensors& ts) { ts.find("model.norm.weight")->dtype = "I32"; }, nullptr, t),
+                 {"model.norm.weight", "I32"});
+  }
+  {
+    TempDir t("llama_not_llama");
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "mistral"; }, t),
+                 {"config.json", "not a Llama config", "mistral"});
+  }
+}
+
+}  // namespace
+}  // namespace lattice
