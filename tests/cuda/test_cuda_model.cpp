@@ -202,6 +202,17 @@ TEST(CudaModel, LossAndEveryGradientMatchCpu) {
   expect_tensors_close("gradient", compare_tensors(cfg, cpu.grads, gpu.grads, false), kFp32Tol);
 }
 
+// One micro-batch's loss and every gradient of `cfg` on both devices, within kFp32Tol.
+void expect_loss_and_gradients_match(const TransformerConfig& cfg, const std::string& what) {
+  const GradRun cpu = grads_on(Device::cpu, cfg);
+  const GradRun gpu = grads_on(Device::cuda, cfg);
+  ASSERT_EQ(cpu.grads.size(), gpu.grads.size());
+  EXPECT_LE(std::fabs(gpu.loss - cpu.loss), kFp32Tol * std::fabs(cpu.loss))
+      << what << " loss: cuda " << gpu.loss << ", cpu " << cpu.loss;
+  std::printf("[ info ] %s loss: cuda %.9g, cpu %.9g\n", what.c_str(), gpu.loss, cpu.loss);
+  expect_tensors_close((what + " gradient").c_str(), compare_tensors(cfg, cpu.grads, gpu.grads, false), kFp32Tol);
+}
+
 // The rotary embedding (half of each head's dims, interleaved pairs) in place of learned
 // positions, heads of 32 dims (4 x 32: wider than the hidden size), no linear biases, RMSNorm,
 // SwiGLU, 2 query groups (grouped-query attention): the same loss and gradients on both devices.
@@ -217,13 +228,7 @@ TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
   cfg.swiglu = true;
   cfg.num_query_groups = 2;
   cfg.finalize();
-  const GradRun cpu = grads_on(Device::cpu, cfg);
-  const GradRun gpu = grads_on(Device::cuda, cfg);
-  ASSERT_EQ(cpu.grads.size(), gpu.grads.size());
-  EXPECT_LE(std::fabs(gpu.loss - cpu.loss), kFp32Tol * std::fabs(cpu.loss))
-      << "loss: cuda " << gpu.loss << ", cpu " << cpu.loss;
-  std::printf("[ info ] rope loss: cuda %.9g, cpu %.9g\n", gpu.loss, cpu.loss);
-  expect_tensors_close("rope gradient", compare_tensors(cfg, cpu.grads, gpu.grads, false), kFp32Tol);
+  expect_loss_and_gradients_match(cfg, "rope");
 }
 
 // SwiGLU with the linear layers' biases (fc1's bias is the gate's and the up projection's):
@@ -234,12 +239,7 @@ TEST(CudaModel, SwigluLossAndEveryGradientMatchCpu) {
   cfg.swiglu = true;
   cfg.ffn_hidden_size = 96;
   cfg.finalize();
-  const GradRun cpu = grads_on(Device::cpu, cfg);
-  const GradRun gpu = grads_on(Device::cuda, cfg);
-  ASSERT_EQ(cpu.grads.size(), gpu.grads.size());
-  EXPECT_LE(std::fabs(gpu.loss - cpu.loss), kFp32Tol * std::fabs(cpu.loss))
-      << "loss: cuda " << gpu.loss << ", cpu " << cpu.loss;
-  expect_tensors_close("swiglu gradient", compare_tensors(cfg, cpu.grads, gpu.grads, false), kFp32Tol);
+  expect_loss_and_gradients_match(cfg, "swiglu");
 }
 
 // With dropout on: the masks are the same Philox draws on both devices. lr 1e-4: Adam's

@@ -9,7 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "checkpoint/safetensors.h"
+#include "model/gpt_model.h"
 
 namespace lattice::hf_test {
 
@@ -59,6 +62,29 @@ inline std::string rewritten_fixture(const std::string& name, const std::functio
   if (edit_config) edit_config(j);
   std::ofstream(tmp.str() + "/config.json") << j.dump(2);
   return tmp.str();
+}
+
+// `back` (a model converted out and in again) holds every parameter of `model` bit for bit but the
+// padded vocabulary rows, which are zero; and since padded rows never touch the logits of real
+// tokens, those are bit-identical.
+inline void expect_same_model(GPTModel& model, GPTModel& back) {
+  const TransformerConfig& c = model.config();
+  for (const ParamInfo& p : model.params().infos()) {
+    const float* x = model.params().params() + p.offset;
+    const float* y = back.params().params() + back.params().info(p.name).offset;
+    const bool vocab = p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
+    const int64_t real = vocab ? c.vocab_size * c.hidden_size : p.numel;
+    for (int64_t i = 0; i < real; ++i) ASSERT_EQ(x[i], y[i]) << p.name << " element " << i;
+    for (int64_t i = real; i < p.numel; ++i) ASSERT_EQ(y[i], 0.0f) << p.name << " padded element " << i;
+  }
+  const int64_t T = c.max_position_embeddings, Vp = c.padded_vocab_size;
+  std::vector<int32_t> tokens(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) tokens[size_t(t)] = int32_t((t * 37 + 5) % c.vocab_size);
+  std::vector<float> la(size_t(T * Vp)), lb(size_t(T * Vp));
+  model.forward_logits(tokens.data(), 1, T, la.data());
+  back.forward_logits(tokens.data(), 1, T, lb.data());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t v = 0; v < c.vocab_size; ++v) ASSERT_EQ(la[size_t(t * Vp + v)], lb[size_t(t * Vp + v)]) << t << "," << v;
 }
 
 }  // namespace lattice::hf_test
