@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "core/error.h"
 
@@ -120,8 +121,48 @@ std::string recorded_tokenizer(const json& j, const std::string& what) {
 
 SafetensorsFile read_model_file(const std::string& dir) {
   const fs::path path = fs::path(dir) / "model.safetensors";
-  if (!fs::exists(path)) LATTICE_FAIL() << "--from-hf " << dir << ": " << path.string() << " does not exist";
-  return SafetensorsFile::read(path.string());
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(path) || !fs::exists(index_path)) {
+    if (!fs::exists(path))
+      LATTICE_FAIL() << "--from-hf " << dir << ": " << path.string() << " does not exist (nor " << index_path.filename().string()
+                     << ")";
+    return SafetensorsFile::read(path.string());
+  }
+  // A sharded model: the index's weight_map names each tensor's file.
+  const std::string what = index_path.string();
+  std::ifstream in(index_path);
+  json index;
+  try {
+    index = json::parse(in);
+  } catch (const json::exception& e) {
+    LATTICE_FAIL() << what << ": invalid JSON: " << e.what();
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object() ||
+      index["weight_map"].empty())
+    LATTICE_FAIL() << what << ": no weight_map (tensor name -> shard file)";
+  std::map<std::string, std::vector<std::string>> by_file;  // shard -> its tensors
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    const std::string f = file.is_string() ? file.get<std::string>() : "";
+    if (f.empty() || f.find('/') != std::string::npos || f[0] == '.')
+      LATTICE_FAIL() << what << ": tensor " << name << " maps to " << file.dump() << ", not a file in " << dir;
+    by_file[f].push_back(name);
+  }
+  for (const auto& [file, names] : by_file)
+    if (!fs::exists(fs::path(dir) / file))
+      LATTICE_FAIL() << what << ": shard " << (fs::path(dir) / file).string() << " does not exist";
+  std::vector<SafetensorsFile> shards;
+  for (const auto& [file, names] : by_file) {
+    const fs::path shard = fs::path(dir) / file;
+    shards.push_back(SafetensorsFile::read(shard.string()));
+    const SafetensorsFile& s = shards.back();
+    for (const std::string& name : names)
+      if (!s.has(name)) LATTICE_FAIL() << shard.string() << ": no tensor " << name << " (" << what << " puts it there)";
+    if (s.names().size() != names.size())
+      for (const std::string& name : s.names())
+        if (index["weight_map"].value(name, std::string()) != file)
+          LATTICE_FAIL() << shard.string() << ": tensor " << name << " is not in " << what << "'s weight_map for it";
+  }
+  return SafetensorsFile::combine(what, std::move(shards));
 }
 
 void write_model_folder(const std::string& dir, const SafetensorsWriter& tensors, const json& config) {

@@ -43,7 +43,9 @@ double shortest_float(float v);
 nlohmann::json read_config(const std::string& dir);
 // The tokenizer a lattice export recorded in config.json, else "".
 std::string recorded_tokenizer(const nlohmann::json& config, const std::string& what);
-// DIR/model.safetensors (an error naming it when it is missing).
+// DIR/model.safetensors, or a model sharded as transformers' save_pretrained shards it
+// (DIR/model.safetensors.index.json, whose weight_map names each tensor's file) as one view;
+// a missing or inconsistent file is an error naming it.
 SafetensorsFile read_model_file(const std::string& dir);
 // Writes DIR/model.safetensors and DIR/config.json (each atomically; DIR is created).
 void write_model_folder(const std::string& dir, const SafetensorsWriter& tensors, const nlohmann::json& config);

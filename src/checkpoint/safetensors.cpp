@@ -262,6 +262,22 @@ std::vector<int32_t> SafetensorsFile::get_i32(const std::string& name) const {
   return out;
 }
 
+SafetensorsFile SafetensorsFile::combine(const std::string& path, std::vector<SafetensorsFile> parts) {
+  SafetensorsFile out;
+  out.path_ = path;
+  std::map<std::string, std::string> from;  // tensor -> the part that gave it
+  for (SafetensorsFile& part : parts) {
+    if (out.metadata_.empty()) out.metadata_ = part.metadata_;
+    for (auto& [name, t] : part.tensors_) {
+      if (auto it = from.find(name); it != from.end())
+        LATTICE_FAIL() << path << ": tensor " << name << " is in both " << it->second << " and " << part.path_;
+      from[name] = part.path_;
+      out.tensors_[name] = std::move(t);
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
   out.reserve(tensors_.size());

@@ -33,6 +33,9 @@ class SafetensorsFile {
   // Reads and validates the whole file; any problem is a one-line lattice::Error naming the file
   // (and the tensor, where one is involved).
   static SafetensorsFile read(const std::string& path);
+  // One view of several files (a model sharded over them): every tensor of `parts`, whose names
+  // must not repeat (an error naming both files), and the first part's metadata; path() is `path`.
+  static SafetensorsFile combine(const std::string& path, std::vector<SafetensorsFile> parts);
 
   const std::string& path() const { return path_; }
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -208,6 +210,83 @@ TEST(HfLlama, ModelsWithoutALlamaFormAreNamed) {
     EXPECT_NE(std::string(e.what()).find("--to-hf " + out.str() + "/x"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists(out.path / "x")) << "a refused export wrote something";
+}
+
+// The fixture sharded as save_pretrained shards a large model: layer 0 in one file, the rest in
+// another, and model.safetensors.index.json's weight_map naming each tensor's file. `edit` may
+// change the map (tensor -> file) before it is written.
+std::string sharded_fixture(TempDir& tmp, const std::function<void(nlohmann::json&)>& edit = nullptr) {
+  const SafetensorsFile f = SafetensorsFile::read(fixture("hf_llama_tiny") + "/model.safetensors");
+  SafetensorsWriter a, b;
+  nlohmann::json map = nlohmann::json::object();
+  for (const std::string& name : f.names()) {
+    const bool first = name.find("layers.0.") != std::string::npos;
+    const SafeTensor& t = f.get(name);
+    (first ? a : b).add(name, t.dtype, t.shape, t.bytes.data(), t.bytes.size());
+    map[name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  a.write(tmp.str() + "/model-00001-of-00002.safetensors");
+  b.write(tmp.str() + "/model-00002-of-00002.safetensors");
+  if (edit) edit(map);
+  std::ofstream(tmp.str() + "/model.safetensors.index.json")
+      << nlohmann::json{{"metadata", {{"total_size", 114000}}}, {"weight_map", map}}.dump(2);
+  std::filesystem::copy_file(fixture("hf_llama_tiny") + "/config.json", tmp.str() + "/config.json");
+  return tmp.str();
+}
+
+TEST(HfLlama, ShardedModelLoadsAsTheWholeFile) {
+  TempDir t("llama_sharded");
+  HfModel whole = load_hf_llama(fixture("hf_llama_tiny"));
+  HfModel sharded = load_hf_llama(sharded_fixture(t));
+  ASSERT_EQ(whole.model->params().numel(), sharded.model->params().numel());
+  EXPECT_EQ(0, std::memcmp(whole.model->params().params(), sharded.model->params().params(),
+                           size_t(whole.model->params().numel()) * sizeof(float)));
+}
+
+TEST(HfLlama, InconsistentShardIndexIsAnErrorNamingTheFile) {
+  auto expect_msg = [](const std::string& dir, const std::vector<std::string>& needles) {
+    try {
+      load_hf_llama(dir);
+      ADD_FAILURE() << "no error; expected one mentioning " << needles[0];
+    } catch (const Error& e) {
+      for (const std::string& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+    }
+  };
+  {
+    TempDir t("llama_shard_missing");
+    expect_msg(sharded_fixture(t, [](nlohmann::json& m) { m["model.norm.weight"] = "model-00003-of-00002.safetensors"; }),
+               {"model-00003-of-00002.safetensors does not exist"});
+  }
+  {
+    TempDir t("llama_shard_wrong");  // a tensor of the second shard mapped to the first
+    expect_msg(sharded_fixture(t, [](nlohmann::json& m) { m["model.norm.weight"] = "model-00001-of-00002.safetensors"; }),
+               {"model-00001-of-00002.safetensors: no tensor model.norm.weight"});
+  }
+  {
+    TempDir t("llama_shard_unlisted");  // a tensor no entry of the map names
+    expect_msg(sharded_fixture(t, [](nlohmann::json& m) { m.erase("model.norm.weight"); }),
+               {"model-00002-of-00002.safetensors: tensor model.norm.weight is not in"});
+  }
+  {
+    TempDir t("llama_shard_twice");  // the same tensor in two shards
+    const std::string dir = sharded_fixture(t);
+    std::vector<SafetensorsFile> parts;
+    parts.push_back(SafetensorsFile::read(dir + "/model-00001-of-00002.safetensors"));
+    parts.push_back(SafetensorsFile::read(dir + "/model-00001-of-00002.safetensors"));
+    try {
+      SafetensorsFile::combine("index", std::move(parts));
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("index: tensor model.layers.0."), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is in both"), std::string::npos) << e.what();
+    }
+  }
+  {
+    TempDir t("llama_shard_escape");
+    expect_msg(sharded_fixture(t, [](nlohmann::json& m) { m["model.norm.weight"] = "../x.safetensors"; }),
+               {"model.safetensors.index.json", "not a file in"});
+  }
 }
 
 std::string corrupted(const std::function<void(Tensors&)>& edit_tensors,
