@@ -117,9 +117,15 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     LATTICE_FAIL() << what << ": attention_bias true is not supported (lattice's Llama has no linear biases)";
   if (hf::config_bool(j, what, "mlp_bias", false))
     LATTICE_FAIL() << what << ": mlp_bias true is not supported (lattice's Llama has no linear biases)";
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    LATTICE_FAIL() << what << ": rope_scaling " << j["rope_scaling"].dump()
-                   << " is not supported (the rotary embedding without scaling only)";
+  // Linear scaling (positions divided by its factor) is Megatron's --rotary-seq-len-interpolation-factor.
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& s = j["rope_scaling"];
+    const std::string type = s.is_object() ? s.value("rope_type", s.value("type", std::string())) : "";
+    if (type != "linear")
+      LATTICE_FAIL() << what << ": rope_scaling " << s.dump() << " is not supported (none, or linear)";
+    c.rotary_seq_len_interpolation_factor = float(hf::config_positive(s, what + " rope_scaling", "factor", 0.0));
+    if (c.rotary_seq_len_interpolation_factor <= 0.0f) LATTICE_FAIL() << what << ": rope_scaling has no factor";
+  }
   c.position_embedding_type = "rope";
   c.rotary_percent = 1.0;
   c.rotary_interleaved = false;
@@ -152,12 +158,14 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
             {"num_key_value_heads", c.num_query_groups},
             {"pretraining_tp", 1},
             {"rms_norm_eps", hf::shortest_float(c.layernorm_epsilon)},
-            {"rope_scaling", nullptr},
+            {"rope_scaling", nullptr},  // or linear scaling, below
             {"rope_theta", hf::shortest_float(c.rotary_base)},
             {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
             {"torch_dtype", "float32"},
             {"use_cache", true},
             {"vocab_size", c.vocab_size}};
+  if (c.rotary_seq_len_interpolation_factor > 0.0f)
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", hf::shortest_float(c.rotary_seq_len_interpolation_factor)}};
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
@@ -170,8 +178,6 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
     return s.str();
   }
   if (c.rotary_interleaved) return "--rotary-interleaved (HuggingFace Llama rotates rotate_half pairs)";
-  if (c.rotary_seq_len_interpolation_factor != 0.0f)
-    return "--rotary-seq-len-interpolation-factor (HuggingFace Llama without rope_scaling has none)";
   if (!c.rmsnorm()) return "LayerNorm (HuggingFace Llama has RMSNorm)";
   if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";
   if (c.add_bias_linear) return "linear biases (HuggingFace Llama has none: --disable-bias-linear)";

@@ -29,9 +29,9 @@ namespace lattice {
 bool is_hf_llama_config(const nlohmann::json& config);
 
 // config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by).
-// Settings lattice cannot reproduce (rope_scaling, attention or MLP biases, another activation,
-// a head_dim other than hidden / heads that the checkpoint's shapes contradict) are errors naming
-// `what` (the file) and the key.
+// rope_scaling linear is --rotary-seq-len-interpolation-factor. Settings lattice cannot reproduce
+// (another rope_scaling, attention or MLP biases, another activation) are errors naming `what`
+// (the file) and the key.
 TransformerConfig hf_llama_config(const nlohmann::json& config, const std::string& what, int64_t divisible_by = 128);
 
 // TransformerConfig -> config.json as transformers writes LlamaConfig (tokenizer_type stored under
@@ -39,7 +39,7 @@ TransformerConfig hf_llama_config(const nlohmann::json& config, const std::strin
 nlohmann::json hf_llama_config_json(const TransformerConfig& c, const std::string& tokenizer_type);
 
 // Why a lattice model has no HF Llama form ("" when it has one): the settings above, all of
-// them, with rotary_percent 1, the pairs not interleaved and no position interpolation.
+// them, with rotary_percent 1 and the pairs not interleaved.
 std::string hf_llama_mismatch(const TransformerConfig& c);
 
 // Copies every parameter of `model` from HF tensors (model.config() must be the file's config).

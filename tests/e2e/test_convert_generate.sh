@@ -219,9 +219,9 @@ if run llama_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_llama_
   grep -q '"num_query_groups": *2' ckpt-hf-llama/iter_0000000/*.json || fail "the converted Llama lost its query groups"
 fi
 mkdir -p badllama && cp "$SRC/tests/fixtures/hf_llama_tiny/model.safetensors" badllama/ &&
-  sed 's/"rope_scaling": null/"rope_scaling": {"factor": 2.0, "rope_type": "linear"}/' \
+  sed 's/"rope_scaling": null/"rope_scaling": {"factor": 2.0, "rope_type": "dynamic"}/' \
     "$SRC/tests/fixtures/hf_llama_tiny/config.json" > badllama/config.json
-expect_error "convert: Llama with rope_scaling" "badllama/config.json|rope_scaling" -- \
+expect_error "convert: Llama with dynamic rope_scaling" "badllama/config.json|rope_scaling|dynamic" -- \
   "$LATTICE" convert --from-hf badllama --save ckpt-badllama
 [ -e ckpt-badllama ] && fail "a refused Llama convert created --save ckpt-badllama"
 expect_error "--num-query-groups 3 of 4 heads" "--num-query-groups 3|--num-attention-heads 4" -- \

@@ -1,6 +1,6 @@
 // HuggingFace Llama <-> lattice: logits against an independent HF-layout Llama
 // (tests/fixtures/make_hf_llama_fixture.py: grouped-query attention with a head_dim wider than
-// hidden / heads, untied; and one key per head, tied, LlamaConfig's defaults), the round trips in
+// hidden / heads, untied; one key per head, tied, LlamaConfig's defaults; linear rope scaling), the round trips in
 // both directions, the tensor layout spelled out, and bad input.
 #include <gtest/gtest.h>
 
@@ -65,8 +65,14 @@ TEST(HfLlama, TiedModelWithConfigDefaultsMatchesIndependentLogits) {
   EXPECT_FALSE(c.untie_embeddings_and_output_weights);
 }
 
+// rope_scaling linear (factor 4): lattice's --rotary-seq-len-interpolation-factor.
+TEST(HfLlama, LinearRopeScalingMatchesIndependentLogits) {
+  check_fixture_logits("hf_llama_tiny_scaled");
+  EXPECT_EQ(load_hf_llama(fixture("hf_llama_tiny_scaled")).model->config().rotary_seq_len_interpolation_factor, 4.0f);
+}
+
 TEST(HfLlama, HfToLatticeToHfIsIdentity) {
-  for (const char* dir : {"hf_llama_tiny", "hf_llama_tiny_tied"}) {
+  for (const char* dir : {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled"}) {
     TempDir out(std::string("llama_rt_") + dir);
     HfModel hf = load_hf_llama(fixture(dir));
     save_hf_llama(out.str() + "/hf", *hf.model, "");
@@ -85,7 +91,7 @@ TEST(HfLlama, HfToLatticeToHfIsIdentity) {
     const nlohmann::json ja = nlohmann::json::parse(ia), jb = nlohmann::json::parse(ib);
     for (const char* key : {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                             "intermediate_size", "vocab_size", "max_position_embeddings", "model_type", "hidden_act",
-                            "tie_word_embeddings"})
+                            "tie_word_embeddings", "rope_scaling"})
       EXPECT_EQ(ja[key], jb[key]) << dir << ": config.json " << key;
     EXPECT_EQ(ja.value("rope_theta", 10000.0), jb["rope_theta"].get<double>()) << dir;
     EXPECT_EQ(ja.value("rms_norm_eps", 1e-6), jb["rms_norm_eps"].get<double>()) << dir;
@@ -334,9 +340,15 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   }
   {
     TempDir t("llama_scaling");
-    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}}; },
                            t),
-                 {"config.json", "rope_scaling", "linear"});
+                 {"config.json", "rope_scaling", "dynamic", "none, or linear"});
+  }
+  {
+    TempDir t("llama_scaling_factor");
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", -2.0}}; },
+                           t),
+                 {"config.json rope_scaling", "factor must be a positive number"});
   }
   {
     TempDir t("llama_bias");
