@@ -33,8 +33,18 @@ void PrintTo(const Recompute& r, std::ostream* os) {
   *os << "'" << r.granularity << "' '" << r.method << "' " << r.num_layers;
 }
 
-TransformerConfig config(const Recompute& r, float dropout = 0.1f) {
+// llama: the rotary embedding, RMSNorm, SwiGLU, 2 query groups of 2 heads, no linear biases
+// (the grouped QKV output's scratch and SwiGLU's wider fc1 recomputed too).
+TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = false) {
   TransformerConfig c;
+  if (llama) {
+    c.position_embedding_type = "rope";
+    c.normalization = "RMSNorm";
+    c.swiglu = true;
+    c.ffn_hidden_size = 48;
+    c.num_query_groups = 2;
+    c.add_bias_linear = false;
+  }
   c.num_layers = kLayers;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
@@ -54,8 +64,8 @@ struct TrainRun {
   std::vector<float> params;
 };
 
-TrainRun train(const Recompute& r) {
-  GPTModel model(config(r), kB, kT);
+TrainRun train(const Recompute& r, bool llama = false) {
+  GPTModel model(config(r, 0.1f, llama), kB, kT);
   model.init_parameters(1234);
   Optimizer opt(model.params(), OptimizerConfig{});
   MockSamples data(model.config().vocab_size, kT, 7);
@@ -89,6 +99,19 @@ TEST_P(ModelRecompute, TrainingIsBitIdentical) {
   EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), base.params.size() * sizeof(float)), 0)
       << "final parameters differ";
   // The run trained: the loss moved.
+  EXPECT_NE(base.losses.front(), base.losses.back());
+}
+
+TEST(ModelRecomputeLlama, TrainingIsBitIdentical) {
+  const TrainRun base = train(kNone, true);
+  for (const Recompute& r : {Recompute{"full", "uniform", 2}, Recompute{"full", "block", 3}, Recompute{"selective", "", 0}}) {
+    const TrainRun got = train(r, true);
+    EXPECT_EQ(got.losses, base.losses) << r.granularity << " " << r.method;
+    EXPECT_EQ(got.grad_norms, base.grad_norms) << r.granularity << " " << r.method;
+    ASSERT_EQ(got.params.size(), base.params.size());
+    EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), base.params.size() * sizeof(float)), 0)
+        << r.granularity << " " << r.method << ": final parameters differ";
+  }
   EXPECT_NE(base.losses.front(), base.losses.back());
 }
 
