@@ -1,6 +1,8 @@
 // Helpers for the HuggingFace conversion tests: fixture paths, temporary folders, and fixture
 // folders rewritten with edited tensors or config.json (for the bad-input tests).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -85,6 +87,29 @@ inline void expect_same_model(GPTModel& model, GPTModel& back) {
   back.forward_logits(tokens.data(), 1, T, lb.data());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t v = 0; v < c.vocab_size; ++v) ASSERT_EQ(la[size_t(t * Vp + v)], lb[size_t(t * Vp + v)]) << t << "," << v;
+}
+
+// The model's logits of the fixture folder `dir`'s token sequence against its
+// expected_logits.safetensors (`tokens` [T], `logits` [T, V] from the fixture script's own
+// forward pass): within 1e-5, with a padded vocabulary.
+inline void expect_fixture_logits(GPTModel& model, const std::string& dir) {
+  const TransformerConfig& c = model.config();
+  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
+  const std::vector<int32_t> tokens = ref.get_i32("tokens");
+  const std::vector<float> want = ref.get_f32("logits");
+  const int64_t T = int64_t(tokens.size()), V = c.vocab_size, Vp = c.padded_vocab_size;
+  ASSERT_EQ(int64_t(want.size()), T * V);
+  ASSERT_GT(Vp, V) << "the fixture should exercise vocabulary padding";
+  std::vector<float> logits(size_t(T * Vp));
+  model.forward_logits(tokens.data(), 1, T, logits.data());
+  double max_err = 0, max_ref = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t v = 0; v < V; ++v) {
+      max_ref = std::max(max_ref, std::fabs(double(want[size_t(t * V + v)])));
+      max_err = std::max(max_err, std::fabs(double(logits[size_t(t * Vp + v)]) - want[size_t(t * V + v)]));
+    }
+  EXPECT_GT(max_ref, 0.5) << "fixture logits too small to be a meaningful check";
+  EXPECT_LE(max_err, 1e-5) << dir << ": logits differ from the independent HF-layout model";
 }
 
 }  // namespace lattice::hf_test

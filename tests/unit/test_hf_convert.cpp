@@ -25,30 +25,16 @@ using hf_test::fixture;
 using hf_test::TempDir;
 using hf_test::Tensors;
 
-// The lattice logits of the fixture's token sequence, the expected [T, V] logits, and V.
+// The fixture's logits (hf_test::expect_fixture_logits), and its padded vocabulary rows zero.
 void check_fixture_logits(const char* dir) {
   HfGpt2Model hf = load_hf_gpt2(fixture(dir));
-  const TransformerConfig& c = hf.model->config();
-  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
-  const std::vector<int32_t> tokens = ref.get_i32("tokens");
-  const std::vector<float> want = ref.get_f32("logits");
-  const int64_t T = int64_t(tokens.size()), V = c.vocab_size, Vp = c.padded_vocab_size;
-  ASSERT_EQ(int64_t(want.size()), T * V);
-  ASSERT_GT(Vp, V) << "the fixture should exercise vocabulary padding";
-  std::vector<float> logits(size_t(T * Vp));
-  hf.model->forward_logits(tokens.data(), 1, T, logits.data());
-  double max_err = 0, max_ref = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t v = 0; v < V; ++v) {
-      max_ref = std::max(max_ref, std::fabs(double(want[t * V + v])));
-      max_err = std::max(max_err, std::fabs(double(logits[t * Vp + v]) - want[t * V + v]));
-    }
-  EXPECT_GT(max_ref, 0.5) << "fixture logits too small to be a meaningful check";
-  EXPECT_LE(max_err, 1e-5) << dir << ": logits differ from the independent HF-layout model";
+  hf_test::expect_fixture_logits(*hf.model, dir);
   // Padded vocabulary rows are zero.
+  const TransformerConfig& c = hf.model->config();
   const ParamInfo& wte = hf.model->params().info("embedding.word_embeddings.weight");
   const float* w = hf.model->params().params() + wte.offset;
-  for (int64_t i = V * c.hidden_size; i < Vp * c.hidden_size; ++i) ASSERT_EQ(w[i], 0.0f) << "padded wte row";
+  for (int64_t i = c.vocab_size * c.hidden_size; i < c.padded_vocab_size * c.hidden_size; ++i)
+    ASSERT_EQ(w[i], 0.0f) << "padded wte row";
 }
 
 TEST(HfConvert, TiedGeluNewMatchesIndependentLogits) {

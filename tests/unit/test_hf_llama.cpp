@@ -26,23 +26,7 @@ using hf_test::Tensors;
 
 void check_fixture_logits(const char* dir) {
   HfModel hf = load_hf_llama(fixture(dir));
-  const TransformerConfig& c = hf.model->config();
-  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
-  const std::vector<int32_t> tokens = ref.get_i32("tokens");
-  const std::vector<float> want = ref.get_f32("logits");
-  const int64_t T = int64_t(tokens.size()), V = c.vocab_size, Vp = c.padded_vocab_size;
-  ASSERT_EQ(int64_t(want.size()), T * V);
-  ASSERT_GT(Vp, V) << "the fixture should exercise vocabulary padding";
-  std::vector<float> logits(size_t(T * Vp));
-  hf.model->forward_logits(tokens.data(), 1, T, logits.data());
-  double max_err = 0, max_ref = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t v = 0; v < V; ++v) {
-      max_ref = std::max(max_ref, std::fabs(double(want[t * V + v])));
-      max_err = std::max(max_err, std::fabs(double(logits[t * Vp + v]) - want[t * V + v]));
-    }
-  EXPECT_GT(max_ref, 0.5) << "fixture logits too small to be a meaningful check";
-  EXPECT_LE(max_err, 1e-5) << dir << ": logits differ from the independent HF-layout model";
+  hf_test::expect_fixture_logits(*hf.model, dir);
 }
 
 TEST(HfLlama, GroupedUntiedModelMatchesIndependentLogits) {
