@@ -88,17 +88,22 @@ inline RoundedReference rounded_reference(const std::vector<float>& qkv, const s
   return r;
 }
 
-// Relative errors of out and of dq, dk, dv (the parts of dqkv [B,T,H,3,D]).
+// Whether element k of a qkv [B,T,G,R+2,D] is a query (which 0), a key (1) or a value (2).
+inline std::function<bool(size_t)> part_of(const QkvLayout& L, int which) {
+  return [L, which](size_t k) {
+    const int64_t R = L.R(), in_group = int64_t(k) / L.D % L.slots() % (R + 2);
+    return (in_group < R ? 0 : in_group == R ? 1 : 2) == which;
+  };
+}
+
+// Relative errors of out and of dq, dk, dv (the parts of dqkv [B,T,G,R+2,D]).
 struct Errors {
   double out, dq, dk, dv;
 };
 inline Errors errors(const std::vector<float>& out, const std::vector<float>& dqkv, const RoundedReference& ref,
-                     int64_t D) {
-  const auto part = [D](int which) {
-    return [D, which](size_t k) { return int((k / size_t(D)) % 3) == which; };
-  };
-  return {relative_error(out, ref.out, [](size_t) { return true; }), relative_error(dqkv, ref.dqkv, part(0)),
-          relative_error(dqkv, ref.dqkv, part(1)), relative_error(dqkv, ref.dqkv, part(2))};
+                     const QkvLayout& L) {
+  return {relative_error(out, ref.out, [](size_t) { return true; }), relative_error(dqkv, ref.dqkv, part_of(L, 0)),
+          relative_error(dqkv, ref.dqkv, part_of(L, 1)), relative_error(dqkv, ref.dqkv, part_of(L, 2))};
 }
 
 }  // namespace lattice::attention_test

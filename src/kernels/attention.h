@@ -2,18 +2,24 @@
 // tiles, as FlashAttention computes it: no [B,H,T,T] tensor is ever stored; the only
 // saved statistic is the log-sum-exp per query row, O(B*H*T).
 //
-// Layout (Megatron's fused QKV, heads grouped): qkv [B, T, H, 3, D] where for each
-// head the q, k and v vectors of size D sit next to each other. out [B, T, H, D].
+// Layout (Megatron's fused QKV, kernels/qkv_layout.h): qkv [B, T, G, R + 2, D], per token and
+// group the group's R = H / G query vectors, then its key and value; without grouped-query
+// attention (G = H) [B, T, H, 3, D], each head's q, k and v side by side. out [B, T, H, D].
+// A group's key and value are read in place by its R heads (no per-head copy), and their
+// gradients are summed over the heads inside the backward.
 #pragma once
 #include <cstdint>
 
 #include "core/hd.h"
 #include "core/philox.h"
+#include "kernels/qkv_layout.h"
 
 namespace lattice {
 
 struct AttentionShape {
   int64_t B, T, H, D;
+  int64_t G = 0;  // key/value heads (query groups), dividing H; 0: H (no grouping)
+  LATTICE_HD QkvLayout layout() const { return {H, G > 0 ? G : H, D}; }
 };
 
 // Attention dropout (on the probabilities) is applied when p > 0: probability
@@ -38,10 +44,10 @@ struct AttentionDropout {
 // variable LATTICE_CUDA_ATTENTION=fp32 makes the GPU do so too (for comparisons).
 enum class AttentionMath { fp32, bf16, fp16 };
 
-// An fp32 operand of the attention (qkv [B,T,H,3,D], or the output gradient dout
+// An fp32 operand of the attention (qkv [B,T,G,R+2,D], or the output gradient dout
 // [B,T,H,D]), or the same values as a linear layer's bf16 GEMM result (the bf16 policy, blas
 // gemm_bf16_packed_out / GemmPolicy::input_grad_packed): for qkv, the QKV layer's result y
-// with the layer's bias [H*3*D], standing for y + bias computed in fp32 (the values
+// with the layer's bias [(H+2G)*D], standing for y + bias computed in fp32 (the values
 // bias_add would store, read at half the bytes and without the bias pass); for dout, the
 // projection's input gradient as its GEMM wrote it rounded. Implicit from an fp32 pointer.
 struct AttentionOperand {
@@ -71,11 +77,12 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
                        const AttentionDropout& drop, const int32_t* document_ids = nullptr,
                        AttentionMath math = AttentionMath::fp32, uint16_t* out_bf16 = nullptr);
 
-// dqkv: [B,T,H,3,D] written (not accumulated). Recomputes the probabilities from lse.
+// dqkv: [B,T,G,R+2,D] written (not accumulated); a group's key (value) gradient is the sum of
+// its R heads' (added in head order per key tile). Recomputes the probabilities from lse.
 // dqkv_bf16, when not null, gets dqkv's bf16 cast too (the QKV layer's output gradient as
 // its GEMMs read it, made here instead of by a conversion pass).
 // dbias, when not null, accumulates the QKV layer's bias gradient, the column sums of dqkv
-// over its B*T rows: dbias[(h*3 + part)*D + d] += sum_(b,t) dqkv[b,t,h,part,d]. dqkv is then
+// over its B*T rows: dbias[slot*D + d] += sum_(b,t) dqkv[b,t,slot,d]. dqkv is then
 // scratch: the tensor-core kernels sum each tile's rows as they finish it and never store
 // the fp32 dqkv (its [B*T, 3*H*D] values written and read again for the bias alone); the
 // others write it and sum it as bias_backward does (the same bits as calling it after).
@@ -84,14 +91,17 @@ void attention_backward(float* dqkv, const AttentionOperand& dout, const Attenti
                         const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32,
                         uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr);
 
-// Decoding with a KV cache (generation), one layer. k_cache, v_cache: [H, Tmax, D]; the n
-// new tokens sit at positions past .. past+n-1 and their qkv is [n, H, 3, D].
-// kv_cache_append: k_cache[h, past + r, :] = k of qkv[r, h], v likewise.
-void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,
-                     int64_t D, int64_t Tmax);
-// out [n, H, D]: query r attends cache rows 0 .. past + r (causal), softmax(q k^T / sqrt(D)) v;
-// each (query, head) is summed in one fixed order (the result does not depend on threads).
+// Decoding with a KV cache (generation), one layer. k_cache, v_cache: [G, Tmax, D], one row
+// per key/value head (a group's, shared by its R query heads); the n new tokens sit at
+// positions past .. past+n-1 and their qkv is [n, G, R+2, D] (layout.H query heads, layout.G
+// groups, layout.D).
+// kv_cache_append: k_cache[g, past + r, :] = group g's key of token r, v likewise.
+void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,
+                     const QkvLayout& layout, int64_t Tmax);
+// out [n, H, D]: query r of head h attends its group's cache rows 0 .. past + r (causal),
+// softmax(q k^T / sqrt(D)) v; each (query, head) is summed in one fixed order (the result does
+// not depend on threads).
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, int64_t H, int64_t D, int64_t Tmax);
+                              int64_t past, const QkvLayout& layout, int64_t Tmax);
 
 }  // namespace lattice

@@ -1,6 +1,7 @@
-// Rotary position embedding (RoPE; Megatron's --position-embedding-type rope): the q and k
-// parts of a fused qkv [N, H, 3, D] (kernels/attention.h's layout) rotated in place, pair by
-// pair, by angles that grow with the token's position; v is left as it is.
+// Rotary position embedding (RoPE; Megatron's --position-embedding-type rope): the queries and
+// keys of a fused qkv [N, G, R + 2, D] (kernels/qkv_layout.h: H query vectors and G keys per
+// token) rotated in place, pair by pair, by angles that grow with the token's position; the
+// values are left as they are.
 //
 // Row n is token t = n % T of its sequence, at position pos0 + t (Megatron numbers the
 // positions 0..T-1 whatever --reset-position-ids says; pos0 > 0 is generation with a KV
@@ -13,6 +14,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/qkv_layout.h"
+
 namespace lattice {
 
 struct RopeTable {
@@ -23,11 +26,18 @@ struct RopeTable {
   bool interleaved = false;
 };
 
-// qkv [N, H, 3, D]: q and k rotated in place.
-void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int64_t pos0, int64_t H, int64_t D);
+// The H + G rotated vectors of a token: vector v is slot rope_slot(layout, v), the query or key
+// of group v / (R + 1).
+LATTICE_HD inline int64_t rope_slot(const QkvLayout& layout, int64_t v) {
+  const int64_t per_group = layout.R() + 1;
+  return v / per_group * (per_group + 1) + v % per_group;
+}
+
+// qkv [N, G, R + 2, D]: queries and keys rotated in place.
+void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int64_t pos0, const QkvLayout& layout);
 
 // The gradient of rope_forward (positions pos0 = 0): dqkv's q and k parts rotated back (the
-// transpose of each pair's rotation: the angle negated), in place; v's gradient untouched.
-void rope_backward(float* dqkv, const RopeTable& table, int64_t N, int64_t T, int64_t H, int64_t D);
+// transpose of each pair's rotation: the angle negated), in place; the values' gradients untouched.
+void rope_backward(float* dqkv, const RopeTable& table, int64_t N, int64_t T, const QkvLayout& layout);
 
 }  // namespace lattice

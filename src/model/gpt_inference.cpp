@@ -13,7 +13,6 @@
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
-#include "kernels/gqa.h"
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -50,7 +49,8 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
                        p(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
                        p(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias")});
   }
-  const size_t cache = size_t(cfg_.num_layers * cfg_.attention_width() * capacity_);
+  // One cache row per key/value head: grouped-query attention keeps G, not H, keys per token.
+  const size_t cache = size_t(cfg_.num_layers * cfg_.num_query_groups * cfg_.kv_channels * capacity_);
   k_cache_.resize(cache);
   v_cache_.resize(cache);
 }
@@ -63,8 +63,7 @@ void GPTInference::reserve_rows(int64_t n) {
   ln_.resize(N * C);
   attn_.resize(N * Q);
   tmp_.resize(N * C);
-  qkv_.resize(N * 3 * Q);
-  if (cfg_.grouped_query_attention()) groups_.resize(N * size_t(cfg_.qkv_width()));
+  qkv_.resize(N * size_t(cfg_.qkv_width()));
   fc_.resize(N * size_t(cfg_.fc1_width()));
   if (cfg_.swiglu) act_.resize(N * F);
   mean_.resize(N);
@@ -76,6 +75,7 @@ void GPTInference::reserve_rows(int64_t n) {
 void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, H = cfg_.num_attention_heads;
   const int64_t D = cfg_.kv_channels, Q = cfg_.attention_width(), Vp = cfg_.padded_vocab_size, Tmax = capacity_;
+  const QkvLayout layout{H, cfg_.num_query_groups, D};
   const float eps = cfg_.layernorm_epsilon;
   const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
   LATTICE_CHECK(n > 0) << "append: no tokens";
@@ -100,18 +100,12 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
-    if (cfg_.grouped_query_attention()) {  // [n, G, H/G + 2, D] -> [n, H, 3, D]
-      const int64_t G = cfg_.num_query_groups;
-      linear_forward(groups_.data(), ln, p.qkv_w, p.qkv_b, n, C, cfg_.qkv_width());
-      gqa_expand(qkv, groups_.data(), n, G, H / G, D);
-    } else {
-      linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, 3 * Q);  // [n, H, 3, D]
-    }
-    if (rope_) rope_forward(qkv, *rope_, n, n, length_, H, D);  // q and k at their positions in the context
-    const int64_t layer_cache = l * H * Tmax * D;
-    kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, H, D, Tmax);
-    cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_, H,
-                             D, Tmax);
+    linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D]
+    if (rope_) rope_forward(qkv, *rope_, n, n, length_, layout);  // q and k at their positions in the context
+    const int64_t layer_cache = l * layout.G * Tmax * D;
+    kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
+    cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
+                             layout, Tmax);
     linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);

@@ -52,11 +52,11 @@ class GPTInference {
   const RopeTable* rope_ = nullptr;                      // the model's, with the rotary embedding
   DeviceArray<float> zero_bias_;                         // [C] zeros: the norms' bias with RMSNorm
   std::vector<Layer> layers_;
-  DeviceArray<float> k_cache_, v_cache_;  // [L, H, Tmax, D] each
-  // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2, qkv [n, 3Q], attn
-  // [n, Q] (Q = H x D); ids [2, n] tokens and positions (from the host); logits [n, Vp] (device runs).
-  // act_: SwiGLU's [n, F]; groups_: grouped-query attention's QKV output [n, W] before gqa_expand
-  DeviceArray<float> x_, ln_, tmp_, fc_, act_, groups_, mean_, rstd_, logits_, qkv_, attn_;
+  DeviceArray<float> k_cache_, v_cache_;  // [L, G, Tmax, D] each (G = H without grouped-query attention)
+  // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2, qkv [n, W] (kernels/qkv_layout.h;
+  // W = 3Q without grouping), attn [n, Q] (Q = H x D); ids [2, n] tokens and positions (from the
+  // host); logits [n, Vp] (device runs). act_: SwiGLU's [n, F].
+  DeviceArray<float> x_, ln_, tmp_, fc_, act_, mean_, rstd_, logits_, qkv_, attn_;
   StagedArray<int32_t> ids_;
 };
 

@@ -15,7 +15,6 @@
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
-#include "kernels/gqa.h"
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -30,7 +29,8 @@ struct GPTModel::Activations {
     float* ln1;        // [Ns, C]  (all-gathered into ln_full when a GEMM needs every row)
     float* ln1_mean;   // [Ns]
     float* ln1_rstd;   // [Ns]
-    float* qkv;        // [N, 3C/P]  ([B, T, Hl, 3, D]; bf16_qkv(): the bf16 GEMM result, without the bias,
+    float* qkv;        // [N, W/P]   ([B, T, Gl, Hl/Gl + 2, D], kernels/qkv_layout.h; W = 3C without grouped-
+                       //             query attention; bf16_qkv(): the bf16 GEMM result, without the bias,
                        //             followed by attn's bf16 cast [N, C/P], the projection's input)
     float* attn;       // [N, C/P]   ([B, T, Hl, D])
     float* lse;        // [B, Hl, T]
@@ -81,10 +81,7 @@ struct GPTModel::Scratch {
   float* ln_full;             // [N, C]   a LayerNorm output gathered from the shards (idem)
   float* d_c1;                // [N, C]
   float* d_c2;                // [N, max(C, Q/P)]  (Q = heads x kv_channels)
-  float* d_3c;                // [N, 3Q/P]
-  // Grouped-query attention: the QKV layer's output in its grouped layout [N, W/P] (W = q, k
-  // and v of every group; kernels/gqa.h), expanded into a layer's qkv; in backward its gradient.
-  float* qkv_groups = nullptr;
+  float* d_3c;                // [N, W/P]  the QKV layer's output gradient (W = 3Q without grouping)
   float* d_f;                 // [N, Fl]
   // Recomputation (shared by every chunk and slot: one group is live at a time).
   std::vector<Activations::Layer> group;  // full: largest group x one layer's buffers
@@ -160,7 +157,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   params_.allocate();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
   if (!cfg_.add_bias_linear || cfg_.rmsnorm()) {  // zeros for the kernels that add a bias; a sink for those that sum one
-    const size_t n = size_t(std::max({3 * Hl_ * cfg_.kv_channels, fc1_local(), cfg_.hidden_size}));
+    const size_t n = size_t(std::max({qkv_local(), fc1_local(), cfg_.hidden_size}));
     no_bias_.resize(n);
     bias_grad_sink_.resize(n);
   }
@@ -328,7 +325,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     x.ln1 = arena.alloc_f32(Ns * C, "input_layernorm");
     x.ln1_mean = arena.alloc_f32(Ns);
     x.ln1_rstd = arena.alloc_f32(Ns);
-    x.qkv = arena.alloc_f32(N * 3 * Cl, "linear_qkv");
+    x.qkv = arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv");
     x.attn = attention ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
     x.lse = attention ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
     x.resid_mid = arena.alloc_f32(Ns * C, "residual");
@@ -398,8 +395,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   sc.ln_full = tp.sp() ? arena.alloc_f32(N * C, "gathered layernorm") : nullptr;
   sc.d_c1 = arena.alloc_f32(N * C, "grad");
   sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
-  sc.d_3c = arena.alloc_f32(N * 3 * Cl, "grad");
-  sc.qkv_groups = cfg.grouped_query_attention() ? arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv groups") : nullptr;
+  sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
 }
 
@@ -528,16 +524,12 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
   if (!ln1_made) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, in, p.ln1_w, p.ln1_b, Ns);
   if (bf16_qkv()) {  // round(x W^T) in bf16; the attention adds the bias (qkv_input)
-    gemm_policy_->forward_bf16(p.qkv_w, x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, 3 * Cl);
-  } else if (float* groups = sc.qkv_groups) {  // grouped-query attention: each group's k and v to its heads
-    linear_forward(groups, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, qkv_local(),
-                   site(p.qkv_w));
-    gqa_expand(x.qkv, groups, N, Gl_, Hl_ / Gl_, cfg_.kv_channels);
+    gemm_policy_->forward_bf16(p.qkv_w, x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local());
   } else {
-    linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, 3 * Cl,
+    linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, qkv_local(),
                    site(p.qkv_w));
   }
-  if (rope_) rope_forward(x.qkv, rope_->table(), N, T, 0, Hl_, cfg_.kv_channels);  // q, k rotated in place
+  if (rope_) rope_forward(x.qkv, rope_->table(), N, T, 0, qkv_layout());  // queries, keys rotated in place
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add), with LN2 of the result.
@@ -595,7 +587,7 @@ void GPTModel::row_parallel_output(float* out, const float* residual, float* y, 
 
 uint16_t* GPTModel::attn_bf16(float* qkv, int64_t N) const {
   if (!bf16_qkv()) return nullptr;
-  return reinterpret_cast<uint16_t*>(qkv) + N * 3 * Hl_ * cfg_.kv_channels;
+  return reinterpret_cast<uint16_t*>(qkv) + N * qkv_local();
 }
 
 LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const {
@@ -650,7 +642,7 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
-  attention_forward(x.attn, x.lse, qkv_input(p, x.qkv), AttentionShape{B, T, Hl_, cfg_.kv_channels}, ad,
+  attention_forward(x.attn, x.lse, qkv_input(p, x.qkv), AttentionShape{B, T, Hl_, cfg_.kv_channels, Gl_}, ad,
                     docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_,
                     attn_bf16(x.qkv, B * T));
 }
@@ -749,21 +741,17 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
     // With bf16 qkv the attention backward writes the QKV layer's output gradient in bf16
-    // for its GEMMs, into sc.d_f (free again: fc1's backward is done; it holds the [N, 3Cl]
-    // bf16 values when ffn_hidden_size >= 1.5 hidden_size), and sums the bias gradient from
-    // the fp32 one (which its tensor-core kernels then never store in sc.d_3c).
-    uint16_t* d_3c16 = bf16_d_attn && 3 * Cl <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
+    // for its GEMMs, into sc.d_f (free again: fc1's backward is done; it holds the [N, W/P]
+    // bf16 values when W/P <= 2 Fl, e.g. ffn_hidden_size >= 1.5 hidden_size without grouping),
+    // and sums the bias gradient from the fp32 one (which its tensor-core kernels then never
+    // store in sc.d_3c).
+    uint16_t* d_3c16 = bf16_d_attn && qkv_local() <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
     float* d_qkv_b = d_3c16 ? bias_grad_or_null(p.qkv_b) : nullptr;
-    attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D}, ad,
+    attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_}, ad,
                        docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
-    if (rope_) rope_backward(sc.d_3c, rope_->table(), N, T, Hl_, D);  // d(q, k) before the rotation
-    float* d_qkv = sc.d_3c;
-    if (sc.qkv_groups) {  // grouped-query attention: the heads' k and v gradients summed per group
-      gqa_reduce(sc.qkv_groups, sc.d_3c, N, Gl_, Hl_ / Gl_, D);
-      d_qkv = sc.qkv_groups;
-    }
+    if (rope_) rope_backward(sc.d_3c, rope_->table(), N, T, qkv_layout());  // d(q, k) before the rotation
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
-                                    d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : d_qkv,
+                                    d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
                                     ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(), ln_grad_site(p.qkv_w),
                                     d_3c16);
     // d_resid becomes d(layer input): the output gradient of the previous layer's fc2 (made

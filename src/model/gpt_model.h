@@ -304,8 +304,7 @@ class GPTModel {
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
   // Not with the rotary embedding, which rotates the fp32 q and k (with their bias) in place
   // before the attention reads them.
-  // Nor with grouped-query attention, whose grouped GEMM result is expanded (kernels/gqa.h).
-  bool bf16_qkv() const { return bf16_attention_operands() && !rope_ && !cfg_.grouped_query_attention(); }
+  bool bf16_qkv() const { return bf16_attention_operands() && !rope_; }
   // set_bf16_qkv's switch with a policy that has bf16 results (the rotary embedding aside).
   bool bf16_attention_operands() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   AttentionOperand qkv_input(const LayerParams& p, const float* qkv) const;
@@ -390,6 +389,7 @@ class GPTModel {
   // The QKV layer's output columns on this rank: 3 Hl D, or with grouped-query attention
   // (Hl + 2 Gl) D.
   int64_t qkv_local() const { return cfg_.qkv_width() / tp_.size(); }
+  QkvLayout qkv_layout() const { return {Hl_, Gl_, cfg_.kv_channels}; }  // this rank's qkv (kernels/qkv_layout.h)
   // fc1's output columns on this rank: Fl_, or the gate's and the up projection's with SwiGLU.
   int64_t fc1_local() const { return cfg_.fc1_width() / tp_.size(); }
   int64_t vocab_begin_, vocab_valid_;  // first vocabulary row here; real (unpadded) rows here

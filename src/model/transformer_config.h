@@ -17,7 +17,7 @@ struct TransformerConfig {
   // query_projection_size); the hidden size unless --kv-channels says otherwise.
   int64_t attention_width() const { return kv_channels * num_attention_heads; }
   // Grouped-query attention (--group-query-attention --num-query-groups): the heads share
-  // num_query_groups keys and values, heads / groups query heads per group (kernels/gqa.h);
+  // num_query_groups keys and values, heads / groups query heads per group (kernels/qkv_layout.h);
   // 0 -> num_attention_heads, every head its own key and value.
   int64_t num_query_groups = 0;
   bool grouped_query_attention() const { return num_query_groups != num_attention_heads; }

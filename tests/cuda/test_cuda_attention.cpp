@@ -39,6 +39,7 @@ constexpr double kTol = 1e-5;
 
 struct Case {
   int64_t B, T, H, D;
+  int64_t G = 0;  // query groups (grouped-query attention); 0: H
 };
 
 enum class Variant { kPlain, kDropout, kDocuments, kDocumentsDropout };
@@ -52,7 +53,8 @@ std::string name_of(const ::testing::TestParamInfo<Param>& info) {
   const Case& c = info.param.c;
   const char* v[] = {"plain", "dropout", "docs", "docs_dropout"};
   std::ostringstream os;
-  os << "B" << c.B << "_T" << c.T << "_H" << c.H << "_D" << c.D << "_" << v[int(info.param.v)];
+  os << "B" << c.B << "_T" << c.T << "_H" << c.H << (c.G ? "_G" + std::to_string(c.G) : "") << "_D" << c.D << "_"
+     << v[int(info.param.v)];
   return os.str();
 }
 
@@ -128,14 +130,14 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
   LATTICE_REQUIRE_CUDA();
   const Case c = GetParam().c;
   const Variant v = GetParam().v;
-  const AttentionShape s{c.B, c.T, c.H, c.D};
+  const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
   AttentionDropout drop;
   if (v == Variant::kDropout || v == Variant::kDocumentsDropout) drop = tensor_parallel_rank1_dropout(c.H);
   std::vector<int32_t> docs;
   if (v == Variant::kDocuments || v == Variant::kDocumentsDropout) docs = document_ids(c.B, c.T, 5);
   const int32_t* docs_cpu = docs.empty() ? nullptr : docs.data();
 
-  const size_t n_qkv = size_t(c.B * c.T * c.H * 3 * c.D), n_out = size_t(c.B * c.T * c.H * c.D);
+  const size_t n_qkv = size_t(c.B * c.T * s.layout().width()), n_out = size_t(c.B * c.T * c.H * c.D);
   const size_t n_lse = size_t(c.B * c.H * c.T);
   const auto qkv = random_floats(n_qkv, 11, -1.5f, 1.5f);
   const auto dout = random_floats(n_out, 12, -1.0f, 1.0f);
@@ -158,11 +160,12 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
     os << "(b=" << r / (c.H * c.T) << " h=" << (r / c.T) % c.H << " t=" << r % c.T << ")";
     return os.str();
   };
-  const auto qkv_row = [&](int64_t r) {  // r over [B,T,H,3]
-    const char* part[] = {"dq", "dk", "dv"};
+  const QkvLayout L = s.layout();
+  const auto qkv_row = [&](int64_t r) {  // r over [B,T,G,R+2]
+    const int64_t slot = r % L.slots(), R = L.R(), in_group = slot % (R + 2);
     std::ostringstream os;
-    os << part[r % 3] << " (b=" << r / (c.T * c.H * 3) << " t=" << (r / (c.H * 3)) % c.T
-       << " h=" << (r / 3) % c.H << ")";
+    os << (in_group < R ? "dq" : in_group == R ? "dk" : "dv") << " (b=" << r / (c.T * L.slots())
+       << " t=" << (r / L.slots()) % c.T << " group=" << slot / (R + 2) << " slot=" << in_group << ")";
     return os.str();
   };
   expect_rows_close(g_out, out, c.D, "out", out_row);
@@ -180,6 +183,8 @@ std::vector<Param> params() {
       {1, 70, 2, 128}, // the largest D, three tiles
       {1, 45, 1, 40},  // one head, D not a multiple of 32
       {1, 33, 2, 80},  // three warp chunks of D (2560 hidden / 32 heads), the last half used
+      {2, 37, 4, 16, 2},  // grouped-query attention: 2 groups of 2 heads
+      {1, 70, 6, 64, 1},  // multi-query: one key and value for 6 heads
   };
   std::vector<Param> ps;
   for (const Case& c : cases)
@@ -213,8 +218,8 @@ std::string mma_name_of(const ::testing::TestParamInfo<MmaParam>& info) {
   const Case& c = info.param.c;
   const char* v[] = {"plain", "dropout", "docs", "docs_dropout"};
   std::ostringstream os;
-  os << (info.param.f == Format::kBf16 ? "bf16" : "fp16") << "_B" << c.B << "_T" << c.T << "_H" << c.H << "_D"
-     << c.D << "_" << v[int(info.param.v)];
+  os << (info.param.f == Format::kBf16 ? "bf16" : "fp16") << "_B" << c.B << "_T" << c.T << "_H" << c.H
+     << (c.G ? "_G" + std::to_string(c.G) : "") << "_D" << c.D << "_" << v[int(info.param.v)];
   return os.str();
 }
 
@@ -227,14 +232,14 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
   const Format f = GetParam().f;
   const AttentionMath math = f == Format::kBf16 ? AttentionMath::bf16 : AttentionMath::fp16;
   const double u = f == Format::kBf16 ? 1.0 / 256 : 1.0 / 2048;
-  const AttentionShape s{c.B, c.T, c.H, c.D};
+  const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
   AttentionDropout drop;
   if (v == Variant::kDropout || v == Variant::kDocumentsDropout) drop = tensor_parallel_rank1_dropout(c.H);
   std::vector<int32_t> docs;
   if (v == Variant::kDocuments || v == Variant::kDocumentsDropout) docs = document_ids(c.B, c.T, 5);
   const int32_t* docs_cpu = docs.empty() ? nullptr : docs.data();
 
-  const size_t n_qkv = size_t(c.B * c.T * c.H * 3 * c.D), n_out = size_t(c.B * c.T * c.H * c.D);
+  const size_t n_qkv = size_t(c.B * c.T * s.layout().width()), n_out = size_t(c.B * c.T * c.H * c.D);
   const auto qkv = random_floats(n_qkv, 21, -1.5f, 1.5f);
   const auto dout = random_floats(n_out, 22, -1.0f, 1.0f);
   const RoundedReference ref = rounded_reference(qkv, dout, s, drop, docs_cpu, f == Format::kFp16);
@@ -249,7 +254,7 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
   const GpuAttention g = run_on_gpu(qkv, dout, out, lse, docs, s, drop, math);
   const std::vector<float>&g_out = g.out, &g_lse = g.lse, &g_dqkv = g.dqkv;
 
-  const Errors err = errors(g_out, g_dqkv, ref, c.D);
+  const Errors err = errors(g_out, g_dqkv, ref, s.layout());
   const double e_out = err.out, e_dq = err.dq, e_dk = err.dk, e_dv = err.dv;
   std::printf("[ info ] attention mma %s: relative error out %.2e dq %.2e dk %.2e dv %.2e (bound %.2e)\n",
               mma_name_of({GetParam(), 0}).c_str(), e_out, e_dq, e_dk, e_dv, 2 * u);
@@ -259,9 +264,10 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
     // in exact arithmetic and both sides' values are rounding noise (the reference's is not
     // a scale to measure against): they must be negligible against dv, the layer's gradient.
     const auto part_norm = [&](const std::vector<float>& x, int which) {
+      const auto in_part = part_of(s.layout(), which);
       double s2 = 0.0;
       for (size_t k = 0; k < x.size(); ++k)
-        if (int((k / size_t(c.D)) % 3) == which) s2 += double(x[k]) * double(x[k]);
+        if (in_part(k)) s2 += double(x[k]) * double(x[k]);
       return std::sqrt(s2);
     };
     const double dv_norm = part_norm(ref.dqkv, 2);
@@ -292,6 +298,8 @@ std::vector<MmaParam> mma_params() {
       {2, 1, 2, 64},    // T = 1
       {1, 200, 2, 128}, // the largest D, four tiles, the last ragged
       {1, 97, 1, 128},  // one head; key tiles of 32 and 64 both ragged
+      {2, 70, 8, 64, 2},   // grouped-query attention: 2 groups of 4 heads
+      {1, 97, 3, 128, 1},  // multi-query, ragged tiles
   };
   std::vector<MmaParam> ps;
   for (Format f : {Format::kBf16, Format::kFp16})
@@ -308,8 +316,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionMma, ::testing::ValuesIn(mma_param
 TEST(CudaAttentionMmaFallback, OtherHeadDimsRunInFp32) {
   LATTICE_REQUIRE_CUDA();
   const Case c{1, 45, 2, 40};
-  const AttentionShape s{c.B, c.T, c.H, c.D};
-  const size_t n_qkv = size_t(c.B * c.T * c.H * 3 * c.D), n_out = size_t(c.B * c.T * c.H * c.D);
+  const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
+  const size_t n_qkv = size_t(c.B * c.T * s.layout().width()), n_out = size_t(c.B * c.T * c.H * c.D);
   const size_t n_lse = size_t(c.B * c.H * c.T);
   const auto qkv = random_floats(n_qkv, 31, -1.5f, 1.5f);
   std::vector<float> out(n_out), lse(n_lse);
@@ -330,16 +338,16 @@ TEST(CudaAttentionMmaFallback, OtherHeadDimsRunInFp32) {
 TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
   LATTICE_REQUIRE_CUDA();
   for (AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16, AttentionMath::fp16})
-    for (const Case& c : {Case{2, 37, 3, 64}, Case{1, 45, 2, 40}, Case{1, 97, 1, 128}})
+    for (const Case& c : {Case{2, 37, 3, 64}, Case{1, 45, 2, 40}, Case{1, 97, 1, 128}, Case{2, 37, 4, 64, 2}})
       for (bool with_bias : {true, false}) {
         const std::string what = "math " + std::to_string(int(math)) + " B" + std::to_string(c.B) + " T" +
                                  std::to_string(c.T) + " H" + std::to_string(c.H) + " D" + std::to_string(c.D) +
                                  (with_bias ? "" : " no bias");
-        const AttentionShape s{c.B, c.T, c.H, c.D};
+        const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
         const AttentionDropout drop = tensor_parallel_rank1_dropout(c.H);
         const auto docs = document_ids(c.B, c.T, 5);
-        const size_t n_qkv = size_t(c.B * c.T * c.H * 3 * c.D), n_out = size_t(c.B * c.T * c.H * c.D);
-        const size_t n_lse = size_t(c.B * c.H * c.T), row = size_t(c.H * 3 * c.D);
+        const size_t n_qkv = size_t(c.B * c.T * s.layout().width()), n_out = size_t(c.B * c.T * c.H * c.D);
+        const size_t n_lse = size_t(c.B * c.H * c.T), row = size_t(s.layout().width());
         std::vector<uint16_t> y(n_qkv);
         cast_fp32_to_bf16(y.data(), random_floats(n_qkv, 41, -1.5f, 1.5f).data(), int64_t(n_qkv));
         const auto bias = random_floats(row, 42, -0.5f, 0.5f);
@@ -393,13 +401,14 @@ TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
 TEST(CudaAttentionBiasGrad, SumsTheFp32Gradient) {
   LATTICE_REQUIRE_CUDA();
   for (AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16, AttentionMath::fp16})
-    for (const Case& c : {Case{2, 37, 3, 64}, Case{1, 45, 2, 40}, Case{1, 97, 1, 128}, Case{2, 150, 2, 64}}) {
+    for (const Case& c : {Case{2, 37, 3, 64}, Case{1, 45, 2, 40}, Case{1, 97, 1, 128}, Case{2, 150, 2, 64},
+                          Case{2, 150, 6, 64, 2}, Case{1, 45, 4, 40, 1}}) {
       const std::string what = "math " + std::to_string(int(math)) + " B" + std::to_string(c.B) + " T" +
                                std::to_string(c.T) + " H" + std::to_string(c.H) + " D" + std::to_string(c.D);
-      const AttentionShape s{c.B, c.T, c.H, c.D};
+      const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
       const AttentionDropout drop = tensor_parallel_rank1_dropout(c.H);
       const auto docs = document_ids(c.B, c.T, 5);
-      const int64_t rows = c.B * c.T, cols = c.H * 3 * c.D;
+      const int64_t rows = c.B * c.T, cols = s.layout().width();
       const size_t n_qkv = size_t(rows * cols), n_out = size_t(c.B * c.T * c.H * c.D), n_lse = size_t(c.B * c.H * c.T);
       auto d_qkv = upload(random_floats(n_qkv, 51, -1.5f, 1.5f)), d_dout = upload(random_floats(n_out, 52, -1.0f, 1.0f));
       auto d_docs = upload(docs);

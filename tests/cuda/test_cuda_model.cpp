@@ -242,6 +242,17 @@ TEST(CudaModel, SwigluLossAndEveryGradientMatchCpu) {
   expect_loss_and_gradients_match(cfg, "swiglu");
 }
 
+// Grouped-query attention with learned positions and the QKV layer's bias: 4 heads in 2 groups,
+// each group's key and value read in place and their gradients summed over the group's heads:
+// the same loss and gradients on both devices.
+TEST(CudaModel, GroupedQueryAttentionLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.num_query_groups = 2;
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "grouped-query attention");
+}
+
 // With dropout on: the masks are the same Philox draws on both devices. lr 1e-4: Adam's
 // update m/(sqrt(v)+eps) turns a gradient's last-bit difference into a relative update
 // difference of the same size, but the update is a small part of each parameter after

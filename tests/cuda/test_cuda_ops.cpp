@@ -28,7 +28,6 @@
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
-#include "kernels/gqa.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
 #include "kernels/rope.h"
@@ -508,32 +507,6 @@ void swiglu_cases(std::vector<OpCase>& t) {
         expect_close(sum_tol, "dbias", db, download<float>(gdb, size_t(2 * F)));
       }});
     }
-}
-
-// ---------------------------------------------------------------- gqa
-
-// Grouped-query attention's layout changes: copies (the same bits) and the key/value gradients'
-// sums over a group's heads in head order (the same bits too: the same additions in the same
-// order). R = 1 (no grouping), 2, and 8 heads per group.
-void gqa_cases(std::vector<OpCase>& t) {
-  struct G {
-    int64_t N, G, R, D;
-  };
-  for (const G g : {G{5, 4, 1, 16}, G{37, 2, 2, 64}, G{256, 2, 8, 128}})
-    t.push_back({"gqa_expand_reduce", shape_name({{"N", g.N}, {"G", g.G}, {"R", g.R}, {"D", g.D}}), {0, 0},
-                 [g](const OpCase& c) {
-      const size_t grouped = size_t(g.N * g.G * (g.R + 2) * g.D), heads = size_t(g.N * g.G * g.R * 3 * g.D);
-      const auto x = rand_floats(grouped, 50), dy = rand_floats(heads, 51);
-      std::vector<float> y(heads), dx(grouped);
-      gqa_expand(y.data(), x.data(), g.N, g.G, g.R, g.D);
-      gqa_reduce(dx.data(), dy.data(), g.N, g.G, g.R, g.D);
-      auto gx = upload(x), gdy = upload(dy);
-      auto gy = upload(std::vector<float>(heads, -7.0f)), gdx = upload(std::vector<float>(grouped, -7.0f));
-      cuda::gqa_expand(gy.as<float>(), gx.as<float>(), g.N, g.G, g.R, g.D);
-      cuda::gqa_reduce(gdx.as<float>(), gdy.as<float>(), g.N, g.G, g.R, g.D);
-      expect_bits(c, "qkv", y, download<float>(gy, heads));
-      expect_bits(c, "dgroups", dx, download<float>(gdx, grouped));
-    }});
 }
 
 // ---------------------------------------------------------------- dropout
@@ -1339,29 +1312,30 @@ void cast_cases(std::vector<OpCase>& t) {
   }
 }
 
-// KV-cache decoding: append the new tokens' k and v (a copy: bit-identical), then their
+// KV-cache decoding: append the new tokens' keys and values (a copy: bit-identical), then their
 // cached attention. The GPU sums each dot product and the output over the keys in the same
 // order as the CPU but exponentiates with expf (CPU: std::exp) and may contract to FMA:
-// ~1e-6 relative.
+// ~1e-6 relative. G < H: grouped-query attention, a cache row per group.
 void decode_attention_cases(std::vector<OpCase>& t) {
   // The last: 13002 scores (52 KB) exceed the 48 KiB of shared memory a launch gets by default.
-  for (auto [n, past, H, D] :
-       std::vector<std::array<int64_t, 4>>{{1, 0, 2, 16}, {1, 37, 3, 64}, {5, 20, 2, 40}, {2, 13000, 1, 8}}) {
+  for (auto [n, past, H, G, D] : std::vector<std::array<int64_t, 5>>{
+           {1, 0, 2, 2, 16}, {1, 37, 3, 3, 64}, {5, 20, 2, 2, 40}, {2, 13000, 1, 1, 8}, {3, 30, 8, 2, 64}, {1, 9, 4, 1, 32}}) {
     const int64_t Tmax = past + n + 3;
-    const std::string shape = shape_name({{"n", n}, {"past", past}, {"H", H}, {"D", D}});
+    const QkvLayout L{H, G, D};
+    const std::string shape = shape_name({{"n", n}, {"past", past}, {"H", H}, {"G", G}, {"D", D}});
     t.push_back({"decode_attention", shape, {1e-5, 1e-6},
                  [=](const OpCase& c) {
-      const auto qkv = rand_floats(static_cast<size_t>(n * H * 3 * D), 71);
-      auto kc = rand_floats(static_cast<size_t>(H * Tmax * D), 72), vc = rand_floats(kc.size(), 73);
+      const auto qkv = rand_floats(static_cast<size_t>(n * L.width()), 71);
+      auto kc = rand_floats(static_cast<size_t>(G * Tmax * D), 72), vc = rand_floats(kc.size(), 73);
       auto gq = upload(qkv), gk = upload(kc), gv = upload(vc);
-      kv_cache_append(kc.data(), vc.data(), qkv.data(), n, past, H, D, Tmax);
-      cuda::kv_cache_append(gk.as<float>(), gv.as<float>(), gq.as<float>(), n, past, H, D, Tmax);
+      kv_cache_append(kc.data(), vc.data(), qkv.data(), n, past, L, Tmax);
+      cuda::kv_cache_append(gk.as<float>(), gv.as<float>(), gq.as<float>(), n, past, L, Tmax);
       expect_bits(c, "k_cache", kc, download<float>(gk, kc.size()));
       expect_bits(c, "v_cache", vc, download<float>(gv, vc.size()));
       std::vector<float> out(static_cast<size_t>(n * H * D));
-      cached_attention_forward(out.data(), qkv.data(), kc.data(), vc.data(), n, past, H, D, Tmax);
+      cached_attention_forward(out.data(), qkv.data(), kc.data(), vc.data(), n, past, L, Tmax);
       DeviceBuffer gout(out.size() * 4);
-      cuda::cached_attention_forward(gout.as<float>(), gq.as<float>(), gk.as<float>(), gv.as<float>(), n, past, H, D,
+      cuda::cached_attention_forward(gout.as<float>(), gq.as<float>(), gk.as<float>(), gv.as<float>(), n, past, L,
                                      Tmax);
       expect_close(c, "out", out, download<float>(gout, out.size()));
     }});
@@ -1378,11 +1352,14 @@ void rope_cases(std::vector<OpCase>& t) {
     int64_t N, T, pos0, H, D;
     double percent;
     bool interleaved;
+    int64_t G = 0;  // query groups (0: H)
   };
-  for (S s : {S{64, 32, 0, 12, 64, 1.0, false}, S{21, 7, 0, 3, 80, 0.5, true}, S{5, 5, 40, 2, 16, 1.0, false}}) {
-    const std::string shape = shape_name({{"N", s.N}, {"T", s.T}, {"pos0", s.pos0}, {"H", s.H}, {"D", s.D}}) +
+  for (S s : {S{64, 32, 0, 12, 64, 1.0, false}, S{21, 7, 0, 3, 80, 0.5, true}, S{5, 5, 40, 2, 16, 1.0, false},
+              S{32, 16, 0, 8, 64, 1.0, false, 2}, S{6, 6, 20, 4, 32, 0.5, true, 1}}) {
+    const QkvLayout L{s.H, s.G > 0 ? s.G : s.H, s.D};
+    const std::string shape = shape_name({{"N", s.N}, {"T", s.T}, {"pos0", s.pos0}, {"H", s.H}, {"G", L.G}, {"D", s.D}}) +
                               (s.percent < 1.0 ? "_partial" : "") + (s.interleaved ? "_interleaved" : "");
-    t.push_back({"rope_forward_backward", shape, {1e-6, 1e-7}, [s](const OpCase& c) {
+    t.push_back({"rope_forward_backward", shape, {1e-6, 1e-7}, [s, L](const OpCase& c) {
       TransformerConfig cfg;
       cfg.num_layers = 1;
       cfg.num_attention_heads = s.H;
@@ -1401,16 +1378,16 @@ void rope_cases(std::vector<OpCase>& t) {
       RopeTable gt = ht;
       gt.cos = gcos.as<float>();
       gt.sin = gsin.as<float>();
-      auto x = rand_floats(static_cast<size_t>(s.N * s.H * 3 * s.D), 81);
+      auto x = rand_floats(static_cast<size_t>(s.N * L.width()), 81);
       auto gx = upload(x);
-      rope_forward(x.data(), ht, s.N, s.T, s.pos0, s.H, s.D);
-      cuda::rope_forward(gx.as<float>(), gt, s.N, s.T, s.pos0, s.H, s.D);
+      rope_forward(x.data(), ht, s.N, s.T, s.pos0, L);
+      cuda::rope_forward(gx.as<float>(), gt, s.N, s.T, s.pos0, L);
       expect_close(c, "qkv", x, download<float>(gx, x.size()));
       if (s.pos0 != 0) return;  // the backward serves training: positions from 0
       auto g = rand_floats(x.size(), 82);
       auto gg = upload(g);
-      rope_backward(g.data(), ht, s.N, s.T, s.H, s.D);
-      cuda::rope_backward(gg.as<float>(), gt, s.N, s.T, s.H, s.D);
+      rope_backward(g.data(), ht, s.N, s.T, L);
+      cuda::rope_backward(gg.as<float>(), gt, s.N, s.T, L);
       expect_close(c, "dqkv", g, download<float>(gg, g.size()));
     }});
   }
@@ -1474,7 +1451,6 @@ std::vector<OpCase> op_table() {
   layernorm_cases(t);
   gelu_cases(t);
   swiglu_cases(t);
-  gqa_cases(t);
   dropout_cases(t);
   elementwise_cases(t);
   embedding_cases(t);

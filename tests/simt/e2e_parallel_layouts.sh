@@ -4,7 +4,7 @@
 # communicators over MPI; docs/cuda.md) against `lattice train --device cpu`, for each
 # parallel layout: one rank in fp32 with dropout, in bf16, fp16 (loss scaling), fp8, with
 # full activation recomputation and with the rotary embedding (bf16, with multi-query attention: one
-# query group), and on a corpus: the
+# query group), with grouped-query attention on the tensor-core kernels (bf16), and on a corpus: the
 # validation loss, and generation from the CPU's checkpoint (with the KV cache and without;
 # learned positions and rotary); under mpirun, tensor parallel, data parallel with the
 # distributed optimizer (overlapped reduction and parameter gather) and bf16 gradient
@@ -89,6 +89,10 @@ layout one-rank-bf16 1 1e-3 --bf16
 layout one-rank-fp16 1 1e-3 --fp16 --initial-loss-scale 4096
 layout one-rank-fp8 1 1e-3 --bf16 --fp8-format hybrid
 layout one-rank-bf16-rope-gqa 1 1e-3 --bf16 --position-embedding-type rope --rotary-percent 0.5 \
+  --group-query-attention --num-query-groups 1
+# grouped-query attention read in place by the tensor-core kernels (head dim 64), the packed bf16
+# qkv with its bias
+layout one-rank-bf16-gqa-tensor-cores 1 1e-3 --bf16 --kv-channels 64 \
   --group-query-attention --num-query-groups 1
 layout one-rank-recompute 1 1e-5 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 if command -v mpirun >/dev/null 2>&1; then

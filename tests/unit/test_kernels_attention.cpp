@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <string>
 
 #include "kernels/attention.h"
 #include "kernels_test_util.h"
@@ -20,13 +21,16 @@ struct RefOut {
   std::vector<double> out, lse;
 };
 
-// Naive causal softmax attention in double, with the documented dropout mask.
+// Naive causal softmax attention in double, with the documented dropout mask. qkv is Megatron's
+// grouped layout [B, T, G, H/G + 2, D]: head h reads query h % (H/G) of group h / (H/G), and the
+// group's key and value (after its queries), written out here from the layout's definition.
 RefOut attention_ref(const std::vector<double>& qkv, const AttentionShape& s,
                      const AttentionDropout& drop) {
-  const int64_t B = s.B, T = s.T, H = s.H, D = s.D;
+  const int64_t B = s.B, T = s.T, H = s.H, D = s.D, G = s.G > 0 ? s.G : s.H, R = H / G;
   RefOut r{std::vector<double>(B * T * H * D, 0.0), std::vector<double>(B * H * T, 0.0)};
   auto at = [&](int64_t b, int64_t t, int64_t h, int64_t which, int64_t d) {
-    return qkv[(((b * T + t) * H + h) * 3 + which) * D + d];
+    const int64_t g = h / R, slot = which == 0 ? h % R : R + which - 1;
+    return qkv[(((b * T + t) * G + g) * (R + 2) + slot) * D + d];
   };
   std::vector<double> p(T);
   for (int64_t b = 0; b < B; ++b)
@@ -58,22 +62,23 @@ struct Case {
   int64_t B, T, H, D;
   float p;
   size_t fd_coords;  // finite-difference coordinates checked (0: all)
+  int64_t G = 0;     // query groups (0: H, no grouping)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << "B=" << c.B << " T=" << c.T << " H=" << c.H << " D=" << c.D << " p=" << c.p;
+  *os << "B=" << c.B << " T=" << c.T << " H=" << c.H << " D=" << c.D << " p=" << c.p << " G=" << c.G;
 }
 
 class KernelAttention : public ::testing::TestWithParam<Case> {};
 
 TEST_P(KernelAttention, ForwardAndBackwardMatchDoubleReference) {
   const Case c = GetParam();
-  const AttentionShape s{c.B, c.T, c.H, c.D};
+  const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
   AttentionDropout drop;
   drop.p = c.p;
   drop.stream = PhiloxStream{2024, fnv1a32("attention-dropout"), 3, 1};
   drop.first_index = c.p > 0 ? 5 : 0;
-  const int64_t n_qkv = c.B * c.T * c.H * 3 * c.D, n_out = c.B * c.T * c.H * c.D;
+  const int64_t n_qkv = c.B * c.T * s.layout().width(), n_out = c.B * c.T * c.H * c.D;
   auto qkv = random_floats(size_t(n_qkv), 11, -1.5f, 1.5f);
   auto R = random_floats(size_t(n_out), 12);
 
@@ -98,11 +103,16 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{1, 1, 1, 4, 0.0f, 0}, Case{1, 5, 2, 4, 0.0f, 0},
                       Case{2, 70, 2, 8, 0.0f, 200}, Case{1, 130, 1, 8, 0.0f, 200},
                       Case{1, 5, 2, 4, 0.3f, 0}, Case{2, 70, 2, 8, 0.1f, 200},
-                      Case{1, 130, 1, 8, 0.2f, 200}, Case{1, 64, 1, 16, 0.0f, 150}),
+                      Case{1, 130, 1, 8, 0.2f, 200}, Case{1, 64, 1, 16, 0.0f, 150},
+                      // grouped-query attention: each group's key and value gradients summed
+                      // over its heads (finite differences over the grouped qkv)
+                      Case{1, 5, 4, 4, 0.0f, 0, 2}, Case{2, 70, 4, 8, 0.1f, 250, 2},
+                      Case{1, 130, 3, 8, 0.0f, 250, 1}, Case{1, 6, 6, 4, 0.3f, 0, 3}),
     [](const auto& info) {
       const Case& c = info.param;
       std::ostringstream name;
-      name << "B" << c.B << "T" << c.T << "H" << c.H << "D" << c.D << (c.p > 0 ? "Dropout" : "");
+      name << "B" << c.B << "T" << c.T << "H" << c.H << "D" << c.D << (c.G ? "G" + std::to_string(c.G) : "")
+           << (c.p > 0 ? "Dropout" : "");
       return name.str();
     });
 
@@ -118,11 +128,11 @@ TEST(KernelAttentionWide, ForwardMatchesNaiveSoftmaxAttention) {
 }
 
 TEST(KernelAttentionWide, IndependentOfThreadCount) {
-  const AttentionShape s{2, 150, 2, 16};
+  const AttentionShape s{2, 150, 4, 16, 2};
   AttentionDropout drop;
   drop.p = 0.1f;
   drop.stream = PhiloxStream{5, 6, 7, 8};
-  const int64_t n_qkv = s.B * s.T * s.H * 3 * s.D, n_out = s.B * s.T * s.H * s.D;
+  const int64_t n_qkv = s.B * s.T * s.layout().width(), n_out = s.B * s.T * s.H * s.D;
   auto qkv = random_floats(size_t(n_qkv), 31), dout = random_floats(size_t(n_out), 32);
   auto run = [&](int threads) {
     omp_set_num_threads(threads);

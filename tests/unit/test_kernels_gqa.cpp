@@ -1,101 +1,156 @@
-// Grouped-query attention's layout changes (kernels/gqa.h): gqa_expand gives each head its
-// group's query, key and value (checked element by element against the layouts' definitions),
-// is the identity without grouping, and gqa_reduce is its adjoint (<expand x, y> = <x, reduce y>
-// in double: the gradient of a linear map), summing the key and value gradients in head order.
-#include "kernels/gqa.h"
-
+// Grouped-query attention in the kernels (kernels/qkv_layout.h): the attention and the KV cache
+// read a group's key and value in place, in Megatron's grouped layout [N, G, R + 2, D]. Checked
+// against the definition HuggingFace's repeat_kv spells out: the same attention over an expanded
+// qkv [N, H, 3, D] in which every head gets its own copy of its group's key and value, with the
+// key and value gradients of a group the sum of its heads' (the adjoint of the copy).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <ostream>
+#include <string>
 #include <vector>
 
+#include "../attention_test_data.h"
+#include "core/error.h"
+#include "kernels/attention.h"
 #include "kernels_test_util.h"
 
 namespace lattice {
 namespace {
 
 using kernel_test::random_floats;
-using kernel_test::same_bits;
 
-struct GqaShape {
-  int64_t N, G, R, D;
-};
-void PrintTo(const GqaShape& s, std::ostream* os) {
-  *os << "N=" << s.N << " G=" << s.G << " R=" << s.R << " D=" << s.D;
-}
-
-class KernelGqa : public ::testing::TestWithParam<GqaShape> {};
-
-TEST_P(KernelGqa, ExpandCopiesEachGroupsVectorsToItsHeads) {
-  const auto [N, G, R, D] = GetParam();
-  const auto groups = random_floats(size_t(N * G * (R + 2) * D), 1);
-  std::vector<float> qkv(size_t(N * G * R * 3 * D), -1.0f);
-  gqa_expand(qkv.data(), groups.data(), N, G, R, D);
+// qkv [N, H, 3, D] from grouped [N, G, R + 2, D]: head h = g R + r gets query r of group g and
+// the group's key and value.
+std::vector<float> expand(const std::vector<float>& grouped, int64_t N, const QkvLayout& L) {
+  const int64_t R = L.H / L.G, D = L.D;
+  std::vector<float> qkv(size_t(N * L.H * 3 * D));
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t h = 0; h < G * R; ++h)
-      for (int64_t part = 0; part < 3; ++part)
-        for (int64_t d = 0; d < D; ++d) {
-          const int64_t g = h / R, slot = part == 0 ? h % R : R + part - 1;
-          ASSERT_EQ(qkv[size_t(((n * G * R + h) * 3 + part) * D + d)],
-                    groups[size_t(((n * G + g) * (R + 2) + slot) * D + d)])
-              << "n " << n << " head " << h << " part " << part << " d " << d;
-        }
+    for (int64_t h = 0; h < L.H; ++h)
+      for (int part = 0; part < 3; ++part) {
+        const int64_t slot = (h / R) * (R + 2) + (part == 0 ? h % R : R + part - 1);
+        for (int64_t d = 0; d < D; ++d)
+          qkv[size_t(((n * L.H + h) * 3 + part) * D + d)] = grouped[size_t((n * L.slots() + slot) * D + d)];
+      }
+  return qkv;
 }
 
-TEST_P(KernelGqa, ReduceIsTheAdjointOfExpand) {
-  const auto [N, G, R, D] = GetParam();
-  const auto x = random_floats(size_t(N * G * (R + 2) * D), 2);
-  const auto y = random_floats(size_t(N * G * R * 3 * D), 3);
-  std::vector<float> ex(y.size()), ry(x.size(), 99.0f);  // written, not accumulated
-  gqa_expand(ex.data(), x.data(), N, G, R, D);
-  gqa_reduce(ry.data(), y.data(), N, G, R, D);
-  double lhs = 0, rhs = 0, scale = 0;
-  for (size_t i = 0; i < y.size(); ++i) lhs += double(ex[i]) * y[i];
-  for (size_t i = 0; i < x.size(); ++i) {
-    rhs += double(x[i]) * ry[i];
-    scale += std::fabs(double(x[i]) * ry[i]);
-  }
-  EXPECT_NEAR(lhs, rhs, 1e-6 * scale);
-  // A group's key gradient by hand: its R heads' in order.
-  for (int64_t d = 0; d < D; ++d) {
-    float s = y[size_t(1 * D + d)];
-    for (int64_t r = 1; r < R; ++r) s += y[size_t((r * 3 + 1) * D + d)];
-    EXPECT_EQ(ry[size_t(R * D + d)], s) << d;
+// The adjoint of expand: a group's key (value) gradient is the sum of its heads', in double.
+std::vector<double> reduce(const std::vector<float>& dqkv, int64_t N, const QkvLayout& L) {
+  const int64_t R = L.H / L.G, D = L.D;
+  std::vector<double> grouped(size_t(N * L.width()), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < L.H; ++h)
+      for (int part = 0; part < 3; ++part) {
+        const int64_t slot = (h / R) * (R + 2) + (part == 0 ? h % R : R + part - 1);
+        for (int64_t d = 0; d < D; ++d)
+          grouped[size_t((n * L.slots() + slot) * D + d)] += dqkv[size_t(((n * L.H + h) * 3 + part) * D + d)];
+      }
+  return grouped;
+}
+
+struct GqaCase {
+  int64_t B, T, H, G, D;
+  bool dropout, documents;
+};
+
+std::string name_of(const GqaCase& c) {
+  return "B" + std::to_string(c.B) + "T" + std::to_string(c.T) + "H" + std::to_string(c.H) + "G" +
+         std::to_string(c.G) + "D" + std::to_string(c.D) + (c.dropout ? "Dropout" : "") +
+         (c.documents ? "Documents" : "");
+}
+
+void PrintTo(const GqaCase& c, std::ostream* os) { *os << name_of(c); }
+
+class KernelGqaAttention : public ::testing::TestWithParam<GqaCase> {};
+
+// The forward reads exactly the values the expanded layout holds, in the same order: the same
+// bits. The backward's query gradients likewise; each key and value gradient is the heads' sum,
+// added per key tile inside the kernel (not after it), so it equals the sum of the expanded
+// run's gradients to rounding.
+TEST_P(KernelGqaAttention, EqualsMultiHeadAttentionOverRepeatedKeysAndValues) {
+  const GqaCase c = GetParam();
+  const AttentionShape grouped{c.B, c.T, c.H, c.D, c.G}, expanded{c.B, c.T, c.H, c.D};
+  const QkvLayout L = grouped.layout();
+  const int64_t N = c.B * c.T, n_out = N * c.H * c.D;
+  AttentionDropout drop;
+  if (c.dropout) drop = attention_test::tensor_parallel_rank1_dropout(c.H);
+  const std::vector<int32_t> docs = attention_test::document_ids(c.B, c.T, 5);
+  const int32_t* doc = c.documents ? docs.data() : nullptr;
+  const std::vector<float> qkv = random_floats(size_t(N * L.width()), 41, -1.5f, 1.5f);
+  const std::vector<float> dout = random_floats(size_t(n_out), 42);
+  const std::vector<float> qkv_x = expand(qkv, N, L);
+
+  std::vector<float> out(static_cast<size_t>(n_out)), lse(static_cast<size_t>(c.B * c.H * c.T));
+  std::vector<float> out_x(out.size()), lse_x(lse.size());
+  attention_forward(out.data(), lse.data(), qkv.data(), grouped, drop, doc);
+  attention_forward(out_x.data(), lse_x.data(), qkv_x.data(), expanded, drop, doc);
+  EXPECT_TRUE(kernel_test::same_bits(out, out_x)) << name_of(c) << ": out";
+  EXPECT_TRUE(kernel_test::same_bits(lse, lse_x)) << name_of(c) << ": lse";
+
+  std::vector<float> dqkv(qkv.size(), 7.0f), dqkv_x(qkv_x.size());  // written, not accumulated
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), grouped, drop, doc);
+  attention_backward(dqkv_x.data(), dout.data(), qkv_x.data(), out_x.data(), lse_x.data(), expanded, drop, doc);
+  const std::vector<double> want = reduce(dqkv_x, N, L);
+  const int64_t R = L.H / L.G;
+  double max_abs = 0;
+  for (double v : want) max_abs = std::max(max_abs, std::fabs(v));
+  for (size_t e = 0; e < dqkv.size(); ++e) {
+    const int64_t slot = int64_t(e) / L.D % L.slots();
+    if (slot % (R + 2) < R)  // a query: one head's gradient, the same bits
+      ASSERT_EQ(dqkv[e], float(want[e])) << name_of(c) << ": query gradient, element " << e;
+    else
+      ASSERT_NEAR(dqkv[e], want[e], 2e-6 * max_abs) << name_of(c) << ": key/value gradient, element " << e;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, KernelGqa,
-                         ::testing::Values(GqaShape{3, 2, 3, 5}, GqaShape{2, 1, 4, 8}, GqaShape{4, 3, 1, 4}),
-                         [](const auto& info) {
-                           const GqaShape& s = info.param;
-                           return "N" + std::to_string(s.N) + "G" + std::to_string(s.G) + "R" + std::to_string(s.R) +
-                                  "D" + std::to_string(s.D);
-                         });
+INSTANTIATE_TEST_SUITE_P(Shapes, KernelGqaAttention,
+                         ::testing::Values(GqaCase{1, 5, 4, 2, 4, false, false},   // 2 groups of 2
+                                           GqaCase{2, 70, 6, 2, 8, true, false},   // 2 groups of 3, dropout
+                                           GqaCase{1, 130, 4, 1, 16, false, true}, // multi-query, documents
+                                           GqaCase{2, 66, 3, 3, 8, true, true}),   // no grouping (G = H)
+                         [](const auto& info) { return name_of(info.param); });
 
-TEST(KernelGqaLayouts, WithoutGroupingBothAreTheIdentity) {
-  const int64_t N = 5, H = 4, D = 6;
-  const auto x = random_floats(size_t(N * H * 3 * D), 4);
-  std::vector<float> a(x.size()), b(x.size());
-  gqa_expand(a.data(), x.data(), N, H, 1, D);
-  gqa_reduce(b.data(), x.data(), N, H, 1, D);
-  EXPECT_TRUE(same_bits(a, x));
-  EXPECT_TRUE(same_bits(b, x));
+// Generation: the KV cache holds one row per group (G x D per token, not H x D), filled from the
+// grouped qkv as chunks of tokens arrive; the cached attention over it gives the full causal
+// attention's outputs.
+TEST(KernelGqaDecode, CachePerGroupMatchesTheFullAttention) {
+  const int64_t T = 9, H = 6, G = 2, D = 8, Tmax = 12;
+  const QkvLayout L{H, G, D};
+  const std::vector<float> qkv = random_floats(size_t(T * L.width()), 43, -1.5f, 1.5f);
+  std::vector<float> full(size_t(T * H * D)), lse(size_t(H * T));
+  attention_forward(full.data(), lse.data(), qkv.data(), AttentionShape{1, T, H, D, G}, AttentionDropout{});
+
+  std::vector<float> k_cache(size_t(G * Tmax * D), NAN), v_cache(k_cache.size(), NAN), out(full.size(), NAN);
+  int64_t past = 0;
+  for (int64_t n : {4, 1, 3, 1}) {  // a prompt, then tokens one or a few at a time
+    const float* rows = qkv.data() + past * L.width();
+    kv_cache_append(k_cache.data(), v_cache.data(), rows, n, past, L, Tmax);
+    cached_attention_forward(out.data() + past * H * D, rows, k_cache.data(), v_cache.data(), n, past, L, Tmax);
+    past += n;
+  }
+  ASSERT_EQ(past, T);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t d = 0; d < D; ++d) {
+        const size_t at = size_t((g * Tmax + t) * D + d);
+        ASSERT_EQ(k_cache[at], qkv[size_t(t * L.width() + L.kv_slot(g, 1) * D + d)]) << "key t " << t << " g " << g;
+        ASSERT_EQ(v_cache[at], qkv[size_t(t * L.width() + L.kv_slot(g, 2) * D + d)]) << "value t " << t << " g " << g;
+      }
+  for (size_t e = 0; e < full.size(); ++e) ASSERT_NEAR(out[e], full[e], 2e-6) << "output element " << e;
 }
 
-// Enough elements for the parallel loops: the bits of the rows done one at a time.
-TEST(KernelGqaLayouts, LargeInputsGiveTheRowByRowBits) {
-  const int64_t N = 64, G = 4, R = 4, D = 64;
-  const auto x = random_floats(size_t(N * G * (R + 2) * D), 5), y = random_floats(size_t(N * G * R * 3 * D), 6);
-  std::vector<float> ex(y.size()), ry(x.size());
-  gqa_expand(ex.data(), x.data(), N, G, R, D);
-  gqa_reduce(ry.data(), y.data(), N, G, R, D);
-  for (int64_t n = 0; n < N; n += 21) {
-    std::vector<float> e1(static_cast<size_t>(G * R * 3 * D)), r1(static_cast<size_t>(G * (R + 2) * D));
-    gqa_expand(e1.data(), x.data() + n * G * (R + 2) * D, 1, G, R, D);
-    gqa_reduce(r1.data(), y.data() + n * G * R * 3 * D, 1, G, R, D);
-    EXPECT_TRUE(same_bits(e1, std::vector<float>(ex.begin() + n * G * R * 3 * D, ex.begin() + (n + 1) * G * R * 3 * D)));
-    EXPECT_TRUE(same_bits(r1, std::vector<float>(ry.begin() + n * G * (R + 2) * D, ry.begin() + (n + 1) * G * (R + 2) * D)));
-  }
+TEST(KernelGqaDecode, AppendPastTheCacheIsRefused) {
+  const QkvLayout L{4, 2, 4};
+  std::vector<float> qkv(size_t(3 * L.width()), 1.0f), k(size_t(2 * 4 * 4)), v(k.size());
+  EXPECT_THROW(kv_cache_append(k.data(), v.data(), qkv.data(), 3, 2, L, 4), Error);
+}
+
+TEST(KernelGqaAttentionShape, GroupsMustDivideTheHeads) {
+  std::vector<float> qkv(size_t(2 * (4 + 2 * 3) * 4)), out(size_t(2 * 4 * 4)), lse(8);
+  EXPECT_THROW(attention_forward(out.data(), lse.data(), qkv.data(), AttentionShape{1, 2, 4, 4, 3}, AttentionDropout{}),
+               Error);
 }
 
 }  // namespace

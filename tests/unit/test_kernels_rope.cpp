@@ -26,6 +26,9 @@ struct Case {
   bool interleaved;
   float factor;  // interpolation factor (0: none)
   int64_t pos0;  // forward only
+  int64_t G = 0;  // query groups (kernels/qkv_layout.h); 0: H
+  QkvLayout layout() const { return {H, G > 0 ? G : H, D}; }
+  size_t size() const { return size_t(B * T * layout().width()); }
 };
 
 TransformerConfig config_for(const Case& c, int64_t positions) {
@@ -43,15 +46,18 @@ TransformerConfig config_for(const Case& c, int64_t positions) {
   return cfg;
 }
 
-// The rotation of qkv [B*T, H, 3, D] in double, angles from Megatron's formula evaluated in
-// double: angle(t, d) = (t / factor) / base^(2d / R).
+// The rotation of qkv [B*T, G, H/G + 2, D] in double, angles from Megatron's formula evaluated
+// in double: angle(t, d) = (t / factor) / base^(2d / R). Every head's query and every group's key
+// (the group's slot after its queries) are rotated.
 std::vector<double> reference_forward(const Case& c, std::vector<double> x, int64_t pos0) {
   const int64_t R = int64_t(double(c.D) * c.percent), half = R / 2;
   const double factor = c.factor > 0 ? c.factor : 1.0;
+  const QkvLayout L = c.layout();
+  const int64_t per_group = L.H / L.G;
   for (int64_t n = 0; n < c.B * c.T; ++n)
-    for (int64_t h = 0; h < c.H; ++h)
-      for (int part = 0; part < 2; ++part) {
-        double* v = x.data() + ((n * c.H + h) * 3 + part) * c.D;
+    for (int64_t g = 0; g < L.G; ++g)
+      for (int64_t slot = 0; slot <= per_group; ++slot) {  // the group's queries, then its key
+        double* v = x.data() + (n * L.slots() + g * (per_group + 2) + slot) * c.D;
         for (int64_t d = 0; d < half; ++d) {
           const double a = double(pos0 + n % c.T) / factor / std::pow(10000.0, double(2 * d) / double(R));
           const int64_t i = c.interleaved ? 2 * d : d, j = c.interleaved ? 2 * d + 1 : d + half;
@@ -64,7 +70,8 @@ std::vector<double> reference_forward(const Case& c, std::vector<double> x, int6
 }
 
 std::string name_of(const Case& c) {
-  return "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " D" +
+  return "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " G" +
+         std::to_string(c.layout().G) + " D" +
          std::to_string(c.D) + " percent " + std::to_string(c.percent) + (c.interleaved ? " interleaved" : "") +
          " factor " + std::to_string(c.factor) + " pos0 " + std::to_string(c.pos0);
 }
@@ -75,36 +82,41 @@ const Case kCases[] = {
     {2, 4, 2, 12, 1.0, true, 0.0f, 0},   // interleaved pairs
     {1, 6, 1, 10, 0.4, true, 2.0f, 0},   // interleaved, 4 of 10 dims, positions halved
     {1, 3, 2, 8, 1.0, false, 0.0f, 29},  // generation: positions 29..31 of a 32-row table
+    {2, 5, 6, 8, 1.0, false, 0.0f, 0, 2},   // grouped-query attention: 2 groups of 3 heads
+    {1, 4, 4, 8, 0.5, true, 0.0f, 27, 1},   // one group of 4 heads (multi-query), generation
 };
 
 TEST(KernelRope, ForwardMatchesTheRotationInDouble) {
   for (const Case& c : kCases) {
     const RotaryEmbedding rope(config_for(c, 32), 32);
-    std::vector<float> x = random_floats(size_t(c.B * c.T * c.H * 3 * c.D), 11, -2.0f, 2.0f);
+    std::vector<float> x = random_floats(c.size(), 11, -2.0f, 2.0f);
     const std::vector<double> want = reference_forward(c, kernel_test::to_double(x), c.pos0);
-    rope_forward(x.data(), rope.table(), c.B * c.T, c.T, c.pos0, c.H, c.D);
+    rope_forward(x.data(), rope.table(), c.B * c.T, c.T, c.pos0, c.layout());
     // fp32 angles (Megatron's) against double ones: up to t * 2^-24 radians apart.
     expect_close(x, want, 3e-6, "rope_forward " + name_of(c));
   }
 }
 
-TEST(KernelRope, VAndTheDimsPastTheRotatedOnesAreUntouched) {
-  const Case c{2, 5, 3, 10, 0.6, false, 0.0f, 0};  // 6 of 10 dims rotated
-  const RotaryEmbedding rope(config_for(c, 8), 8);
-  const std::vector<float> x0 = random_floats(size_t(c.B * c.T * c.H * 3 * c.D), 12);
-  std::vector<float> x = x0;
-  rope_forward(x.data(), rope.table(), c.B * c.T, c.T, 0, c.H, c.D);
-  int changed_rotated = 0;
-  for (size_t e = 0; e < x.size(); ++e) {
-    const int64_t d = int64_t(e) % c.D, part = (int64_t(e) / c.D) % 3;
-    if (part == 2 || d >= 6)
-      ASSERT_EQ(x[e], x0[e]) << "element " << e << " (part " << part << ", dim " << d << ") changed";
-    else
-      changed_rotated += x[e] != x0[e];
+TEST(KernelRope, ValuesAndTheDimsPastTheRotatedOnesAreUntouched) {
+  for (const Case& c : {Case{2, 5, 3, 10, 0.6, false, 0.0f, 0}, Case{2, 5, 6, 10, 0.6, false, 0.0f, 0, 2}}) {
+    const RotaryEmbedding rope(config_for(c, 8), 8);  // 6 of 10 dims rotated
+    const QkvLayout L = c.layout();
+    const std::vector<float> x0 = random_floats(c.size(), 12);
+    std::vector<float> x = x0;
+    rope_forward(x.data(), rope.table(), c.B * c.T, c.T, 0, L);
+    int changed_rotated = 0;
+    for (size_t e = 0; e < x.size(); ++e) {
+      const int64_t d = int64_t(e) % c.D, slot = (int64_t(e) / c.D) % L.slots();
+      const bool value = slot % (L.H / L.G + 2) == L.H / L.G + 1;
+      if (value || d >= 6)
+        ASSERT_EQ(x[e], x0[e]) << name_of(c) << ": element " << e << " (slot " << slot << ", dim " << d << ") changed";
+      else
+        changed_rotated += x[e] != x0[e];
+    }
+    EXPECT_GT(changed_rotated, 0);
+    // Position 0 is the identity (cos 1, sin 0).
+    for (int64_t e = 0; e < L.width(); ++e) EXPECT_EQ(x[size_t(e)], x0[size_t(e)]) << "position 0, element " << e;
   }
-  EXPECT_GT(changed_rotated, 0);
-  // Position 0 is the identity (cos 1, sin 0).
-  for (int64_t e = 0; e < c.H * 3 * c.D; ++e) EXPECT_EQ(x[size_t(e)], x0[size_t(e)]) << "position 0, element " << e;
 }
 
 // rope_forward is linear in qkv, so sum(R * rope(x)) has the gradient rope_backward(R):
@@ -113,10 +125,10 @@ TEST(KernelRope, BackwardMatchesFiniteDifferences) {
   for (Case c : kCases) {
     c.pos0 = 0;
     const RotaryEmbedding rope(config_for(c, 32), 32);
-    const size_t n = size_t(c.B * c.T * c.H * 3 * c.D);
+    const size_t n = c.size();
     const std::vector<float> x = random_floats(n, 13), R = random_floats(n, 14);
     std::vector<float> grad = R;
-    rope_backward(grad.data(), rope.table(), c.B * c.T, c.T, c.H, c.D);
+    rope_backward(grad.data(), rope.table(), c.B * c.T, c.T, c.layout());
     auto f = [&](const std::vector<double>& xd) { return project(reference_forward(c, xd, 0), R); };
     const std::vector<double> want = numeric_grad(f, kernel_test::to_double(x));
     expect_close(grad, want, 1e-5, "rope_backward " + name_of(c));
@@ -142,8 +154,8 @@ TEST(KernelRope, PositionsPastTheTableAreRefused) {
   const Case c{1, 4, 1, 8, 1.0, false, 0.0f, 0};
   const RotaryEmbedding rope(config_for(c, 4), 4);
   std::vector<float> x(size_t(4 * 3 * 8), 1.0f);
-  EXPECT_THROW(rope_forward(x.data(), rope.table(), 4, 4, 1, 1, 8), Error);
-  EXPECT_NO_THROW(rope_forward(x.data(), rope.table(), 4, 4, 0, 1, 8));
+  EXPECT_THROW(rope_forward(x.data(), rope.table(), 4, 4, 1, QkvLayout{1, 1, 8}), Error);
+  EXPECT_NO_THROW(rope_forward(x.data(), rope.table(), 4, 4, 0, QkvLayout{1, 1, 8}));
 }
 
 TEST(KernelRope, ConfigurationErrorsNameTheFlag) {

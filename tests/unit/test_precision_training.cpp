@@ -104,7 +104,7 @@ void expect_bf16_storage_trains_bit_identically(float dropout, bool rope = false
   cfg.add_bias_linear = bias;  // without biases the fused kernels add zeros and sum into a sink
   if (rmsnorm) cfg.normalization = "RMSNorm";
   cfg.swiglu = swiglu;  // bf16 inputs: fc1's bf16 result in, the packed SwiGLU kernels
-  cfg.num_query_groups = groups;  // grouped-query attention: the qkv switch keeps qkv in fp32
+  cfg.num_query_groups = groups;  // grouped-query attention: the bf16 qkv in its grouped layout
   cfg.finalize();
   struct Run {
     bool logits, inputs, qkv;
@@ -157,7 +157,9 @@ TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithRmsNorm) {
   expect_bf16_storage_trains_bit_identically(0.0f, false, true, true);
 }
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithGroupedQueryAttention) {
-  expect_bf16_storage_trains_bit_identically(0.1f, true, true, false, false, 2);
+  expect_bf16_storage_trains_bit_identically(0.1f, true, true, false, false, 2);   // rope: qkv kept in fp32
+  expect_bf16_storage_trains_bit_identically(0.1f, false, true, false, false, 2);  // the packed bf16 qkv and bias
+  expect_bf16_storage_trains_bit_identically(0.0f, false, false, false, false, 1);
 }
 TEST(PrecisionTraining, Bf16StorageTrainsBitIdenticallyWithSwiglu) {
   expect_bf16_storage_trains_bit_identically(0.1f, false, true, false, true);

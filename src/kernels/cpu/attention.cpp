@@ -22,23 +22,22 @@ namespace {
 // Query and key tile sizes: a 64 x 64 score tile (16 KB) and its partners stay in L1/L2.
 constexpr int64_t kTile = 64;
 
-// Strided views into qkv [B,T,H,3,D] and out/dout [B,T,H,D] for one (b, h).
+// Strided views into qkv [B,T,G,R+2,D] and out/dout [B,T,H,D] for one (b, h): head h's
+// query, its group's key and value, its output rows.
 struct HeadView {
-  int64_t ld_qkv, ld_out;  // row (t) strides
-  int64_t qkv_off, out_off;
+  int64_t ld_qkv, ld_out;     // row (t) strides
+  int64_t q_off, k_off, out_off;
   int64_t D;
-  float* q(const float* qkv, int64_t t) const {
-    return const_cast<float*>(qkv) + qkv_off + t * ld_qkv;
-  }
-  float* k(const float* qkv, int64_t t) const { return q(qkv, t) + D; }
-  float* v(const float* qkv, int64_t t) const { return q(qkv, t) + 2 * D; }
-  float* o(const float* out, int64_t t) const {
-    return const_cast<float*>(out) + out_off + t * ld_out;
-  }
+  float* q(const float* qkv, int64_t t) const { return const_cast<float*>(qkv) + q_off + t * ld_qkv; }
+  float* k(const float* qkv, int64_t t) const { return const_cast<float*>(qkv) + k_off + t * ld_qkv; }
+  float* v(const float* qkv, int64_t t) const { return k(qkv, t) + D; }
+  float* o(const float* out, int64_t t) const { return const_cast<float*>(out) + out_off + t * ld_out; }
 };
 
 HeadView head_view(const AttentionShape& s, int64_t b, int64_t h) {
-  return {s.H * 3 * s.D, s.H * s.D, (b * s.T * s.H + h) * 3 * s.D, (b * s.T * s.H + h) * s.D, s.D};
+  const QkvLayout L = s.layout();
+  const int64_t ld = L.width(), token0 = b * s.T * ld;
+  return {ld, s.H * s.D, token0 + L.slot(h, 0) * s.D, token0 + L.slot(h, 1) * s.D, (b * s.T * s.H + h) * s.D, s.D};
 }
 
 // Index of probability (b, h, i, 0) in the dropout stream.
@@ -49,8 +48,8 @@ uint64_t dropout_row_index(const AttentionShape& s, const AttentionDropout& drop
 }
 
 void check_args(const AttentionShape& s, const AttentionDropout& drop) {
-  LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0)
-      << "attention: bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D;
+  LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0 && s.G >= 0 && (s.G == 0 || s.H % s.G == 0))
+      << "attention: bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " G=" << s.G;
   LATTICE_CHECK(drop.p >= 0.0f && drop.p < 1.0f)
       << "attention: dropout probability " << drop.p << " not in [0, 1)";
 }
@@ -88,7 +87,7 @@ const float* fp32_values(const AttentionOperand& in, int64_t rows, int64_t row, 
 }
 const float* fp32_qkv(const AttentionOperand& qkv, const AttentionShape& s) {
   thread_local std::vector<float> buffer;
-  return fp32_values(qkv, s.B * s.T, s.H * 3 * s.D, buffer);
+  return fp32_values(qkv, s.B * s.T, s.layout().width(), buffer);
 }
 const float* fp32_dout(const AttentionOperand& dout, const AttentionShape& s) {
   LATTICE_CHECK(!dout.bias) << "attention: an output gradient with a bias";
@@ -169,13 +168,13 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const AttentionSh
   }
 }
 
-// Backward for one head (FlashAttention-2 order: key tiles outer, query tiles inner,
-// so dK and dV of a key tile accumulate locally while dQ accumulates in place).
-void backward_head(float* dqkv, const float* dout, const float* qkv, const float* out,
-                   const float* lse_bh, const AttentionShape& s, const AttentionDropout& drop,
-                   const int32_t* doc, int64_t b, int64_t h, float* scratch) {
-  const HeadView hv = head_view(s, b, h);
-  const int64_t T = s.T, D = s.D;
+// Backward for one group of heads (FlashAttention-2 order: key tiles outer, then the group's
+// heads, then query tiles, so dK and dV of a key tile accumulate locally over every head that
+// reads them while each head's dQ accumulates in place). Without grouping a group is one head.
+void backward_group(float* dqkv, const float* dout, const float* qkv, const float* out,
+                    const float* lse, const AttentionShape& s, const AttentionDropout& drop,
+                    const int32_t* doc, int64_t b, int64_t g, float* scratch) {
+  const int64_t T = s.T, D = s.D, R = s.layout().R();
   const float scale = 1.0f / std::sqrt(float(D));
   const bool dropout = drop.p > 0.0f;
   const float keep_scale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
@@ -184,68 +183,77 @@ void backward_head(float* dqkv, const float* dout, const float* qkv, const float
   float* Pd = dP + kTile * kTile;     // [kTile, kTile] dropped probabilities
   float* dK = Pd + kTile * kTile;     // [kTile, D]
   float* dV = dK + kTile * D;         // [kTile, D]
-  float* Di = dV + kTile * D;         // [T]
-  float* mask = Di + T;               // [kTile]
+  float* mask = dV + kTile * D;       // [kTile]
+  float* Di = mask + kTile;           // [R, T]
 
-  for (int64_t i = 0; i < T; ++i) {
-    const float* o_i = hv.o(out, i);
-    const float* do_i = hv.o(dout, i);
-    float acc = 0.0f;
+  for (int64_t r = 0; r < R; ++r) {
+    const HeadView hv = head_view(s, b, g * R + r);
+    for (int64_t i = 0; i < T; ++i) {
+      const float* o_i = hv.o(out, i);
+      const float* do_i = hv.o(dout, i);
+      float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-    for (int64_t d = 0; d < D; ++d) acc += o_i[d] * do_i[d];
-    Di[i] = acc;
-    std::fill(hv.q(dqkv, i), hv.q(dqkv, i) + D, 0.0f);
+      for (int64_t d = 0; d < D; ++d) acc += o_i[d] * do_i[d];
+      Di[r * T + i] = acc;
+      std::fill(hv.q(dqkv, i), hv.q(dqkv, i) + D, 0.0f);
+    }
   }
 
+  const HeadView kv = head_view(s, b, g * R);  // the group's key and value
   for (int64_t j0 = 0; j0 < T; j0 += kTile) {
     const int64_t nk = std::min(kTile, T - j0);
     std::fill(dK, dK + nk * D, 0.0f);
     std::fill(dV, dV + nk * D, 0.0f);
     const IdRange k_ids = doc ? id_range(doc, j0, nk) : IdRange{0, 0};
-    for (int64_t i0 = (j0 / kTile) * kTile; i0 < T; i0 += kTile) {
-      const int64_t nq = std::min(kTile, T - i0);
-      if (doc && disjoint(k_ids, id_range(doc, i0, nq))) continue;
-      gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, hv.k(qkv, j0),
-               hv.ld_qkv, 0.0f, P, kTile);
-      gemm_f32(Trans::N, Trans::T, nq, nk, D, 1.0f, hv.o(dout, i0), hv.ld_out, hv.v(qkv, j0),
-               hv.ld_qkv, 0.0f, dP, kTile);
-      for (int64_t r = 0; r < nq; ++r) {
-        const int64_t i = i0 + r;
-        const int64_t count = std::clamp<int64_t>(i - j0 + 1, 0, nk);
-        float* p_r = P + r * kTile;
-        float* dp_r = dP + r * kTile;
-        float* pd_r = Pd + r * kTile;
-        const float l = lse_bh[i], di = Di[i];
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t h = g * R + r;
+      const HeadView hv = head_view(s, b, h);
+      const float* lse_bh = lse + (b * s.H + h) * T;
+      for (int64_t i0 = (j0 / kTile) * kTile; i0 < T; i0 += kTile) {
+        const int64_t nq = std::min(kTile, T - i0);
+        if (doc && disjoint(k_ids, id_range(doc, i0, nq))) continue;
+        gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, kv.k(qkv, j0),
+                 hv.ld_qkv, 0.0f, P, kTile);
+        gemm_f32(Trans::N, Trans::T, nq, nk, D, 1.0f, hv.o(dout, i0), hv.ld_out, kv.v(qkv, j0),
+                 hv.ld_qkv, 0.0f, dP, kTile);
+        for (int64_t q = 0; q < nq; ++q) {
+          const int64_t i = i0 + q;
+          const int64_t count = std::clamp<int64_t>(i - j0 + 1, 0, nk);
+          float* p_r = P + q * kTile;
+          float* dp_r = dP + q * kTile;
+          float* pd_r = Pd + q * kTile;
+          const float l = lse_bh[i], di = Di[r * T + i];
 #pragma omp simd
-        for (int64_t c = 0; c < count; ++c) p_r[c] = simd::exp(p_r[c] - l);
-        if (doc)
-          for (int64_t c = 0; c < count; ++c) p_r[c] = doc[j0 + c] == doc[i] ? p_r[c] : 0.0f;
-        for (int64_t c = count; c < nk; ++c) p_r[c] = 0.0f;
-        if (dropout) {
-          if (count > 0)
-            simd::dropout_mask(mask, drop.stream,
-                               dropout_row_index(s, drop, b, h, i) + uint64_t(j0), count, drop.p,
-                               keep_scale);
+          for (int64_t c = 0; c < count; ++c) p_r[c] = simd::exp(p_r[c] - l);
+          if (doc)
+            for (int64_t c = 0; c < count; ++c) p_r[c] = doc[j0 + c] == doc[i] ? p_r[c] : 0.0f;
+          for (int64_t c = count; c < nk; ++c) p_r[c] = 0.0f;
+          if (dropout) {
+            if (count > 0)
+              simd::dropout_mask(mask, drop.stream,
+                                 dropout_row_index(s, drop, b, h, i) + uint64_t(j0), count, drop.p,
+                                 keep_scale);
 #pragma omp simd
-          for (int64_t c = 0; c < count; ++c) {
-            pd_r[c] = p_r[c] * mask[c];
-            dp_r[c] *= mask[c];
+            for (int64_t c = 0; c < count; ++c) {
+              pd_r[c] = p_r[c] * mask[c];
+              dp_r[c] *= mask[c];
+            }
+            for (int64_t c = count; c < nk; ++c) pd_r[c] = 0.0f;
           }
-          for (int64_t c = count; c < nk; ++c) pd_r[c] = 0.0f;
-        }
 #pragma omp simd
-        for (int64_t c = 0; c < nk; ++c) dp_r[c] = p_r[c] * (dp_r[c] - di);  // dS
+          for (int64_t c = 0; c < nk; ++c) dp_r[c] = p_r[c] * (dp_r[c] - di);  // dS
+        }
+        gemm_f32(Trans::T, Trans::N, nk, D, nq, 1.0f, dropout ? Pd : P, kTile, hv.o(dout, i0),
+                 hv.ld_out, 1.0f, dV, D);
+        gemm_f32(Trans::N, Trans::N, nq, D, nk, scale, dP, kTile, kv.k(qkv, j0), hv.ld_qkv, 1.0f,
+                 hv.q(dqkv, i0), hv.ld_qkv);
+        gemm_f32(Trans::T, Trans::N, nk, D, nq, scale, dP, kTile, hv.q(qkv, i0), hv.ld_qkv, 1.0f,
+                 dK, D);
       }
-      gemm_f32(Trans::T, Trans::N, nk, D, nq, 1.0f, dropout ? Pd : P, kTile, hv.o(dout, i0),
-               hv.ld_out, 1.0f, dV, D);
-      gemm_f32(Trans::N, Trans::N, nq, D, nk, scale, dP, kTile, hv.k(qkv, j0), hv.ld_qkv, 1.0f,
-               hv.q(dqkv, i0), hv.ld_qkv);
-      gemm_f32(Trans::T, Trans::N, nk, D, nq, scale, dP, kTile, hv.q(qkv, i0), hv.ld_qkv, 1.0f,
-               dK, D);
     }
     for (int64_t c = 0; c < nk; ++c) {
-      std::copy(dK + c * D, dK + (c + 1) * D, hv.k(dqkv, j0 + c));
-      std::copy(dV + c * D, dV + (c + 1) * D, hv.v(dqkv, j0 + c));
+      std::copy(dK + c * D, dK + (c + 1) * D, kv.k(dqkv, j0 + c));
+      std::copy(dV + c * D, dV + (c + 1) * D, kv.v(dqkv, j0 + c));
     }
   }
 }
@@ -280,6 +288,8 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
   if (out_bf16) cast_fp32_to_bf16(out_bf16, out, s.B * s.T * s.H * s.D);
 }
 
+// Tasks are (b, group): a group's key and value gradients are summed over its heads inside
+// one task, in a fixed order, so again the result does not depend on the schedule.
 void attention_backward(float* dqkv, const AttentionOperand& dout_in, const AttentionOperand& qkv_in,
                         const float* out, const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias) {
@@ -288,20 +298,21 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
   check_args(s, drop);
   const float* qkv = fp32_qkv(qkv_in, s);
   const float* dout = fp32_dout(dout_in, s);
-  const int64_t heads = s.B * s.H;
-  const size_t scratch_size = size_t(3 * kTile * kTile + 2 * kTile * s.D + s.T + kTile);
+  const QkvLayout L = s.layout();
+  const int64_t groups = s.B * L.G;
+  const size_t scratch_size = size_t(3 * kTile * kTile + 2 * kTile * s.D + kTile + L.R() * s.T);
 #pragma omp parallel
   {
     std::vector<float> scratch(scratch_size);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < heads; ++bh) {
-      const int64_t b = bh / s.H;
-      backward_head(dqkv, dout, qkv, out, lse + bh * s.T, s, drop,
-                    document_ids ? document_ids + b * s.T : nullptr, b, bh % s.H, scratch.data());
+    for (int64_t bg = 0; bg < groups; ++bg) {
+      const int64_t b = bg / L.G;
+      backward_group(dqkv, dout, qkv, out, lse, s, drop, document_ids ? document_ids + b * s.T : nullptr, b,
+                     bg % L.G, scratch.data());
     }
   }
-  if (dqkv_bf16) cast_fp32_to_bf16(dqkv_bf16, dqkv, s.B * s.T * s.H * 3 * s.D);
-  if (dbias) bias_backward(dbias, dqkv, s.B * s.T, s.H * 3 * s.D);
+  if (dqkv_bf16) cast_fp32_to_bf16(dqkv_bf16, dqkv, s.B * s.T * L.width());
+  if (dbias) bias_backward(dbias, dqkv, s.B * s.T, L.width());
 }
 
 }  // namespace lattice

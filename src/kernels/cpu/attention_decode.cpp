@@ -7,25 +7,29 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "kernels/cuda/attention.h"
 
 namespace lattice {
 
-void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,
-                     int64_t D, int64_t Tmax) {
-  LATTICE_KERNEL_ENTRY(cuda::kv_cache_append(k_cache, v_cache, qkv, n, past, H, D, Tmax));
+void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,
+                     const QkvLayout& L, int64_t Tmax) {
+  LATTICE_CHECK(past + n <= Tmax) << "kv_cache_append: " << past << " + " << n << " rows exceed " << Tmax;
+  LATTICE_KERNEL_ENTRY(cuda::kv_cache_append(k_cache, v_cache, qkv, n, past, L, Tmax));
+  const int64_t D = L.D;
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* src = qkv + (r * H + h) * 3 * D;
-      const int64_t at = (h * Tmax + past + r) * D;
-      std::memcpy(k_cache + at, src + D, size_t(D) * sizeof(float));
-      std::memcpy(v_cache + at, src + 2 * D, size_t(D) * sizeof(float));
+    for (int64_t g = 0; g < L.G; ++g) {
+      const float* row = qkv + r * L.width();
+      const int64_t at = (g * Tmax + past + r) * D;
+      std::memcpy(k_cache + at, row + L.kv_slot(g, 1) * D, size_t(D) * sizeof(float));
+      std::memcpy(v_cache + at, row + L.kv_slot(g, 2) * D, size_t(D) * sizeof(float));
     }
 }
 
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, int64_t H, int64_t D, int64_t Tmax) {
-  LATTICE_KERNEL_ENTRY(cuda::cached_attention_forward(out, qkv, k_cache, v_cache, n, past, H, D, Tmax));
+                              int64_t past, const QkvLayout& L, int64_t Tmax) {
+  LATTICE_KERNEL_ENTRY(cuda::cached_attention_forward(out, qkv, k_cache, v_cache, n, past, L, Tmax));
+  const int64_t H = L.H, D = L.D, R = L.R();
   const float scale = 1.0f / std::sqrt(float(D));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t r = 0; r < n; ++r)
@@ -33,9 +37,9 @@ void cached_attention_forward(float* out, const float* qkv, const float* k_cache
       static thread_local std::vector<float> s;  // scores of this (query, head)
       const int64_t last = past + r;             // causal: keys 0..last
       if (s.size() < size_t(last + 1)) s.resize(size_t(Tmax));
-      const float* q = qkv + (r * H + h) * 3 * D;
-      const float* k = k_cache + h * Tmax * D;  // [Tmax, D]
-      const float* v = v_cache + h * Tmax * D;
+      const float* q = qkv + r * L.width() + L.slot(h, 0) * D;
+      const float* k = k_cache + (h / R) * Tmax * D;  // [Tmax, D], the group's
+      const float* v = v_cache + (h / R) * Tmax * D;
       float mx = -INFINITY;
       for (int64_t t = 0; t <= last; ++t) {
         float dot = 0.0f;

@@ -9,8 +9,9 @@
 // the elements d = lane + 32*m (m < NC = ceil(D/32) <= 4).
 //
 //   forward      block = (query tile, b*H+h): loops over key tiles up to the diagonal.
-//   backward dKV block = (key tile, b*H+h): loops over query tiles from the diagonal
-//                on, accumulating dK and dV of its keys (FlashAttention-2 order).
+//   backward dKV block = (key tile, b*G+g): for each head of group g, loops over query
+//                tiles from the diagonal on, accumulating dK and dV of the group's keys
+//                (FlashAttention-2 order; a group is one head without grouped-query attention).
 //   backward dQ  block = (query tile, b*H+h): loops over key tiles up to the diagonal,
 //                accumulating dQ of its rows.
 // Each output element has one owner block and a fixed summation order, so results are
@@ -86,13 +87,14 @@ __global__ void __launch_bounds__(kThreads)
   float* Vs = Kt + D * kPad;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t sq = p.L.slot(h, 0), sk = p.L.slot(h, 1);  // the head's query, its group's key (value: sk + 1)
   const int64_t q_tiles = (p.T + kTile - 1) / kTile;
   const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kTile;  // longest tiles first
   const int nq = tile_len(p.T - i0);
   const int64_t i1 = i0 + nq;
 
   for (int e = threadIdx.x; e < nq * D; e += kThreads)
-    Qs[e] = qkv_at(qkv, p, qkv_row(p, b, h, i0 + e / D), h, 0, e % D);
+    Qs[e] = qkv_at(qkv, p, qkv_row(p, b, i0 + e / D), sq, e % D);
   const IdRange q_ids = p.doc ? id_range(p, b, i0, nq) : IdRange{0, 0};
 
   float acc[kSlots][NC];
@@ -112,9 +114,9 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // the previous tile is no longer read
     for (int e = threadIdx.x; e < nk * D; e += kThreads) {
       const int c = e / D, d = e % D;
-      const int64_t row = qkv_row(p, b, h, j0 + c);
-      Kt[d * kPad + c] = qkv_at(qkv, p, row, h, 1, d);
-      Vs[c * D + d] = qkv_at(qkv, p, row, h, 2, d);
+      const int64_t row = qkv_row(p, b, j0 + c);
+      Kt[d * kPad + c] = qkv_at(qkv, p, row, sk, d);
+      Vs[c * D + d] = qkv_at(qkv, p, row, sk + 1, d);
     }
     __syncthreads();
 #pragma unroll
@@ -173,8 +175,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------------------------------
-// Backward, dK and dV. Shared: K [kTile][D], V [kTile][D], Qt [D][kPad], dOt [D][kPad],
-// Di [kTile]. Warp w owns keys c = w + kWarps*k; lane r is query row i0 + r.
+// Backward, dK and dV, one block per (key tile, b*G+g): the group's key and value tile is loaded
+// once and its gradient summed over the group's heads (in head order, query tiles in order
+// within a head). Shared: K [kTile][D], V [kTile][D], Qt [D][kPad], dOt [D][kPad], Di [kTile].
+// Warp w owns keys c = w + kWarps*k; lane r is query row i0 + r.
 template <int NC>
 __global__ void __launch_bounds__(kThreads)
     backward_dkv_kernel(float* dqkv, AttentionOperand dout, AttentionOperand qkv, const float* out,
@@ -187,15 +191,16 @@ __global__ void __launch_bounds__(kThreads)
   float* dOt = Qt + D * kPad;
   float* Di = dOt + D * kPad;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t bg = blockIdx.y, b = bg / p.L.G, g = bg % p.L.G, R = p.L.R();
+  const int64_t sk = p.L.kv_slot(g, 1);  // the group's key (value: sk + 1)
   const int64_t j0 = int64_t(blockIdx.x) * kTile;  // early key tiles see the most queries: first
   const int nk = tile_len(p.T - j0);
 
   for (int e = threadIdx.x; e < nk * D; e += kThreads) {
     const int c = e / D, d = e % D;
-    const int64_t row = qkv_row(p, b, h, j0 + c);
-    Ks[c * D + d] = qkv_at(qkv, p, row, h, 1, d);
-    Vs[c * D + d] = qkv_at(qkv, p, row, h, 2, d);
+    const int64_t row = qkv_row(p, b, j0 + c);
+    Ks[c * D + d] = qkv_at(qkv, p, row, sk, d);
+    Vs[c * D + d] = qkv_at(qkv, p, row, sk + 1, d);
   }
   const IdRange k_ids = p.doc ? id_range(p, b, j0, nk) : IdRange{0, 0};
 
@@ -205,69 +210,72 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int m = 0; m < NC; ++m) dk[k][m] = dv[k][m] = 0.0f;
 
-  for (int64_t i0 = j0; i0 < p.T; i0 += kTile) {
-    const int nq = tile_len(p.T - i0);
-    if (p.doc && disjoint(k_ids, id_range(p, b, i0, nq))) continue;  // uniform
-    __syncthreads();  // the previous query tile is no longer read
-    for (int e = threadIdx.x; e < nq * D; e += kThreads) {
-      const int r = e / D, d = e % D;
-      Qt[d * kPad + r] = qkv_at(qkv, p, qkv_row(p, b, h, i0 + r), h, 0, d);
-      dOt[d * kPad + r] = operand_at(dout, out_row(p, b, h, i0 + r) + d);
-    }
-    // D_i = dO_i . O_i for the tile's rows, one warp per row.
-    for (int r = warp; r < nq; r += kWarps) {
-      const int64_t o = out_row(p, b, h, i0 + r);
-      float acc = 0.0f;
-      for (int d = lane; d < D; d += 32) acc += out[o + d] * operand_at(dout, o + d);
-      acc = warp_sum(acc);
-      if (lane == 0) Di[r] = acc;
-    }
-    __syncthreads();
-    const bool row_live = lane < nq;
-    const int64_t i = i0 + lane;
-    const float lse_i = row_live ? lse[bh * p.T + i] : 0.0f;
-    const float di = row_live ? Di[lane] : 0.0f;
-#pragma unroll
-    for (int k = 0; k < kSlots; ++k) {
-      const int c = warp + kWarps * k;
-      if (c >= nk) continue;  // uniform
-      const int64_t j = j0 + c;
-      const bool live = row_live && visible(p, b, i, j);
-      if (!__any_sync(kFull, live)) continue;
-      float pr = 0.0f, pd = 0.0f, ds = 0.0f;
-      if (live) {
-        float s = 0.0f, dp = 0.0f;
-        for (int d = 0; d < D; ++d) {
-          s += Qt[d * kPad + lane] * Ks[c * D + d];
-          dp += dOt[d * kPad + lane] * Vs[c * D + d];
-        }
-        pr = expf(s * p.scale - lse_i);
-        pd = pr;
-        if (p.dropout) {
-          const float f = dropout_factor(p, b, h, i, j);
-          pd = pr * f;
-          dp *= f;
-        }
-        ds = pr * (dp - di);
+  for (int64_t h = g * R; h < (g + 1) * R; ++h) {
+    const int64_t bh = b * p.H + h, sq = p.L.slot(h, 0);
+    for (int64_t i0 = j0; i0 < p.T; i0 += kTile) {
+      const int nq = tile_len(p.T - i0);
+      if (p.doc && disjoint(k_ids, id_range(p, b, i0, nq))) continue;  // uniform
+      __syncthreads();  // the previous query tile is no longer read
+      for (int e = threadIdx.x; e < nq * D; e += kThreads) {
+        const int r = e / D, d = e % D;
+        Qt[d * kPad + r] = qkv_at(qkv, p, qkv_row(p, b, i0 + r), sq, d);
+        dOt[d * kPad + r] = operand_at(dout, out_row(p, b, h, i0 + r) + d);
       }
-      float tv[NC], tk[NC];
+      // D_i = dO_i . O_i for the tile's rows, one warp per row.
+      for (int r = warp; r < nq; r += kWarps) {
+        const int64_t o = out_row(p, b, h, i0 + r);
+        float acc = 0.0f;
+        for (int d = lane; d < D; d += 32) acc += out[o + d] * operand_at(dout, o + d);
+        acc = warp_sum(acc);
+        if (lane == 0) Di[r] = acc;
+      }
+      __syncthreads();
+      const bool row_live = lane < nq;
+      const int64_t i = i0 + lane;
+      const float lse_i = row_live ? lse[bh * p.T + i] : 0.0f;
+      const float di = row_live ? Di[lane] : 0.0f;
 #pragma unroll
-      for (int m = 0; m < NC; ++m) tv[m] = tk[m] = 0.0f;
-      for (int r = 0; r < nq; ++r) {
-        const float a = __shfl_sync(kFull, pd, r), g = __shfl_sync(kFull, ds, r);
+      for (int k = 0; k < kSlots; ++k) {
+        const int c = warp + kWarps * k;
+        if (c >= nk) continue;  // uniform
+        const int64_t j = j0 + c;
+        const bool live = row_live && visible(p, b, i, j);
+        if (!__any_sync(kFull, live)) continue;
+        float pr = 0.0f, pd = 0.0f, ds = 0.0f;
+        if (live) {
+          float s = 0.0f, dp = 0.0f;
+          for (int d = 0; d < D; ++d) {
+            s += Qt[d * kPad + lane] * Ks[c * D + d];
+            dp += dOt[d * kPad + lane] * Vs[c * D + d];
+          }
+          pr = expf(s * p.scale - lse_i);
+          pd = pr;
+          if (p.dropout) {
+            const float f = dropout_factor(p, b, h, i, j);
+            pd = pr * f;
+            dp *= f;
+          }
+          ds = pr * (dp - di);
+        }
+        float tv[NC], tk[NC];
 #pragma unroll
-        for (int m = 0; m < NC; ++m) {
-          const int d = lane + 32 * m;
-          if (d < D) {
-            tv[m] += a * dOt[d * kPad + r];
-            tk[m] += g * Qt[d * kPad + r];
+        for (int m = 0; m < NC; ++m) tv[m] = tk[m] = 0.0f;
+        for (int r = 0; r < nq; ++r) {
+          const float a = __shfl_sync(kFull, pd, r), gs = __shfl_sync(kFull, ds, r);
+#pragma unroll
+          for (int m = 0; m < NC; ++m) {
+            const int d = lane + 32 * m;
+            if (d < D) {
+              tv[m] += a * dOt[d * kPad + r];
+              tk[m] += gs * Qt[d * kPad + r];
+            }
           }
         }
-      }
 #pragma unroll
-      for (int m = 0; m < NC; ++m) {
-        dv[k][m] += tv[m];
-        dk[k][m] += p.scale * tk[m];
+        for (int m = 0; m < NC; ++m) {
+          dv[k][m] += tv[m];
+          dk[k][m] += p.scale * tk[m];
+        }
       }
     }
   }
@@ -276,13 +284,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < kSlots; ++k) {
     const int c = warp + kWarps * k;
     if (c >= nk) continue;
-    const int64_t row = qkv_row(p, b, h, j0 + c);
+    const int64_t row = qkv_row(p, b, j0 + c) + sk * D;
 #pragma unroll
     for (int m = 0; m < NC; ++m) {
       const int d = lane + 32 * m;
       if (d < D) {
-        store_dqkv(dqkv, p, row + D + d, dk[k][m]);
-        store_dqkv(dqkv, p, row + 2 * D + d, dv[k][m]);
+        store_dqkv(dqkv, p, row + d, dk[k][m]);
+        store_dqkv(dqkv, p, row + D + d, dv[k][m]);
       }
     }
   }
@@ -303,6 +311,7 @@ __global__ void __launch_bounds__(kThreads)
   float* Vt = Kt + D * kPad;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t sq = p.L.slot(h, 0), sk = p.L.slot(h, 1);  // the head's query, its group's key (value: sk + 1)
   const int64_t q_tiles = (p.T + kTile - 1) / kTile;
   const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kTile;  // longest tiles first
   const int nq = tile_len(p.T - i0);
@@ -310,7 +319,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int e = threadIdx.x; e < nq * D; e += kThreads) {
     const int r = e / D, d = e % D;
-    Qs[e] = qkv_at(qkv, p, qkv_row(p, b, h, i0 + r), h, 0, d);
+    Qs[e] = qkv_at(qkv, p, qkv_row(p, b, i0 + r), sq, d);
     dOs[e] = operand_at(dout, out_row(p, b, h, i0 + r) + d);
   }
   const IdRange q_ids = p.doc ? id_range(p, b, i0, nq) : IdRange{0, 0};
@@ -337,9 +346,9 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // the previous key tile is no longer read
     for (int e = threadIdx.x; e < nk * D; e += kThreads) {
       const int c = e / D, d = e % D;
-      const int64_t row = qkv_row(p, b, h, j0 + c);
-      Kt[d * kPad + c] = qkv_at(qkv, p, row, h, 1, d);
-      Vt[d * kPad + c] = qkv_at(qkv, p, row, h, 2, d);
+      const int64_t row = qkv_row(p, b, j0 + c);
+      Kt[d * kPad + c] = qkv_at(qkv, p, row, sk, d);
+      Vt[d * kPad + c] = qkv_at(qkv, p, row, sk + 1, d);
     }
     __syncthreads();
 #pragma unroll
@@ -380,7 +389,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < kSlots; ++k) {
     const int r = warp + kWarps * k;
     if (r >= nq) continue;
-    const int64_t row = qkv_row(p, b, h, i0 + r);
+    const int64_t row = qkv_row(p, b, i0 + r) + sq * D;
 #pragma unroll
     for (int m = 0; m < NC; ++m) {
       const int d = lane + 32 * m;
@@ -408,7 +417,8 @@ void backward_nc(float* dqkv, const AttentionOperand& dout, const AttentionOpera
   const dim3 grid(tiles(p.T), unsigned(p.B * p.H));
   const size_t dkv_bytes = size_t(2 * kTile * p.D + 2 * p.D * kPad + kTile) * sizeof(float);
   allow_shared(backward_dkv_kernel<NC>, dkv_bytes, "backward dK/dV");
-  launch(backward_dkv_kernel<NC>, grid, kThreads, dkv_bytes, dqkv, dout, qkv, out, lse, p);
+  launch(backward_dkv_kernel<NC>, dim3(tiles(p.T), unsigned(p.B * p.L.G)), kThreads, dkv_bytes, dqkv, dout, qkv, out,
+         lse, p);
   LATTICE_CUDA_LAUNCHED("attention_backward (dK, dV)");
   const size_t dq_bytes = size_t(2 * kTile * p.D + 2 * p.D * kPad) * sizeof(float);
   allow_shared(backward_dq_kernel<NC>, dq_bytes, "backward dQ");
@@ -459,7 +469,7 @@ void attention_backward(float* dqkv, const AttentionOperand& dout, const Attenti
     case 3: backward_nc<3>(dqkv, dout, qkv, out, lse, p); break;
     default: backward_nc<4>(dqkv, dout, qkv, out, lse, p); break;
   }
-  if (dbias) bias_backward(dbias, dqkv, s.B * s.T, s.H * 3 * s.D);
+  if (dbias) bias_backward(dbias, dqkv, s.B * s.T, s.layout().width());
 }
 
 }  // namespace lattice::cuda

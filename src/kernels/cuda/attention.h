@@ -3,8 +3,8 @@
 // the same Philox indices). Pointers are device pointers; launches are asynchronous on
 // cuda::compute_stream(). fp32 in and out (qkv also packed: AttentionOperand); head dim D <= 128.
 //
-// qkv [B,T,H,3,D]   out, dout [B,T,H,D]   lse [B,H,T]   document_ids [B,T] or null
-// dqkv [B,T,H,3,D] is written (not accumulated). Results are deterministic (no atomics).
+// qkv [B,T,G,R+2,D]   out, dout [B,T,H,D]   lse [B,H,T]   document_ids [B,T] or null
+// dqkv [B,T,G,R+2,D] is written (not accumulated). Results are deterministic (no atomics).
 // math bf16 / fp16 runs the tensor-core kernels (attention_mma.h) where they apply, else
 // (and with LATTICE_CUDA_ATTENTION=fp32) the fp32 kernels of attention.cu.
 #pragma once
@@ -24,9 +24,9 @@ void attention_backward(float* dqkv, const AttentionOperand& dout, const Attenti
                         uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr);
 
 // KV-cache decoding (kernels/attention.h), device pointers.
-void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,
-                     int64_t D, int64_t Tmax);
+void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,
+                     const QkvLayout& layout, int64_t Tmax);
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, int64_t H, int64_t D, int64_t Tmax);
+                              int64_t past, const QkvLayout& layout, int64_t Tmax);
 
 }  // namespace lattice::cuda

@@ -17,6 +17,7 @@ constexpr int kMaxD = 128;  // the largest head dim the kernels take
 // Everything a kernel needs besides the pointers (passed by value).
 struct Params {
   int64_t B, T, H, D;
+  QkvLayout L;                 // qkv's layout (H query heads in L.G groups)
   float scale;                 // 1/sqrt(D)
   bool dropout;
   uint32_t threshold;          // keep when (u32 >> 8) >= threshold, i.e. uniform >= p
@@ -28,13 +29,13 @@ struct Params {
   uint16_t* dqkv16 = nullptr;  // backward: dqkv's bf16 cast too, or null
   uint16_t* out16 = nullptr;   // forward: out's bf16 cast too, or null
   // backward (tensor cores): instead of storing dqkv, each block's column sums of its 64
-  // rows, [B * ceil(T / 64)][H * 3 * D] (the QKV bias gradient's partial sums), or null
+  // rows, [B * ceil(T / 64)][(H + 2G) * D] (the QKV bias gradient's partial sums), or null
   float* dbias_partial = nullptr;
 };
 
 inline Params make_params(const AttentionShape& s, const AttentionDropout& drop, const int32_t* doc) {
-  LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0)
-      << "attention (CUDA): bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D;
+  LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0 && s.G >= 0 && (s.G == 0 || s.H % s.G == 0))
+      << "attention (CUDA): bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " G=" << s.G;
   LATTICE_CHECK(s.D <= kMaxD) << "attention (CUDA): head dim D=" << s.D << " exceeds " << kMaxD;
   LATTICE_CHECK(s.B * s.H <= 65535) << "attention (CUDA): B*H=" << s.B * s.H
                                     << " exceeds the grid's 65535";
@@ -45,6 +46,7 @@ inline Params make_params(const AttentionShape& s, const AttentionDropout& drop,
   p.T = s.T;
   p.H = s.H;
   p.D = s.D;
+  p.L = s.layout();
   p.scale = 1.0f / std::sqrt(float(s.D));
   p.dropout = drop.p > 0.0f;
   // The CPU's test: (u >> 8) >= ceil(p * 2^24), the same as uniform(u) >= p.
@@ -73,10 +75,11 @@ __device__ __forceinline__ float dropout_factor(const Params& p, int64_t b, int6
   return (p.stream.u32(index) >> 8) >= p.threshold ? p.keep_scale : 0.0f;
 }
 
-// Offsets of row t of head h in qkv [B,T,H,3,D] (q; k at +D, v at +2D) and out [B,T,H,D].
-__device__ __forceinline__ int64_t qkv_row(const Params& p, int64_t b, int64_t h, int64_t t) {
-  return ((b * p.T + t) * p.H + h) * 3 * p.D;
+// Offset of token t's row in qkv [B,T,G,R+2,D]: slot s (QkvLayout::slot) at + s * D.
+__device__ __forceinline__ int64_t qkv_row(const Params& p, int64_t b, int64_t t) {
+  return (b * p.T + t) * p.L.width();
 }
+// Offset of row t of head h in out [B,T,H,D].
 __device__ __forceinline__ int64_t out_row(const Params& p, int64_t b, int64_t h, int64_t t) {
   return ((b * p.T + t) * p.H + h) * p.D;
 }
@@ -92,14 +95,14 @@ __device__ __forceinline__ float operand_at(const AttentionOperand& in, int64_t 
   return in.fp32 ? in.fp32[i] : math::bf16_to_fp32(in.bf16[i]);
 }
 
-// Element d of part `part` (0 q, 1 k, 2 v) of the qkv row at offset `row` (qkv_row(p, b, h,
-// t)) of head h: the fp32 value, or a packed input's y + bias (the fp32 sum bias_add makes).
-__device__ __forceinline__ float qkv_at(const AttentionOperand& in, const Params& p, int64_t row, int64_t h, int part,
+// Element d of slot `slot` of the qkv row at offset `row` (qkv_row(p, b, t)): the fp32 value,
+// or a packed input's y + bias (the fp32 sum bias_add makes).
+__device__ __forceinline__ float qkv_at(const AttentionOperand& in, const Params& p, int64_t row, int64_t slot,
                                         int64_t d) {
-  const int64_t i = row + part * p.D + d;
+  const int64_t i = row + slot * p.D + d;
   if (in.fp32) return in.fp32[i];
   const float y = math::bf16_to_fp32(in.bf16[i]);
-  return in.bias ? __fadd_rn(y, in.bias[(h * 3 + part) * p.D + d]) : y;
+  return in.bias ? __fadd_rn(y, in.bias[slot * p.D + d]) : y;
 }
 
 // Host side: dynamic shared memory above the default 48 KB is granted per kernel before

@@ -12,26 +12,29 @@ namespace {
 
 constexpr int kThreads = 128;
 
+// One thread per element of the n x G new cache rows (group g's key and value of token r).
 __global__ void kv_cache_append_kernel(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,
-                                       int64_t H, int64_t D, int64_t Tmax) {
-  const int64_t total = n * H * D;
+                                       QkvLayout L, int64_t Tmax) {
+  const int64_t D = L.D, total = n * L.G * D;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = i % D, h = (i / D) % H, r = i / (D * H);
-    const float* src = qkv + (r * H + h) * 3 * D;
-    const int64_t at = (h * Tmax + past + r) * D + d;
-    k_cache[at] = src[D + d];
-    v_cache[at] = src[2 * D + d];
+    const int64_t d = i % D, g = (i / D) % L.G, r = i / (D * L.G);
+    const float* src = qkv + r * L.width() + L.kv_slot(g, 1) * D;  // the group's key; its value at + D
+    const int64_t at = (g * Tmax + past + r) * D + d;
+    k_cache[at] = src[d];
+    v_cache[at] = src[D + d];
   }
 }
 
+// One block per (query r, head h), reading head h's group's cache rows.
 __global__ void cached_attention_kernel(float* out, const float* qkv, const float* k_cache, const float* v_cache,
-                                        int64_t past, int64_t H, int64_t D, int64_t Tmax, float scale) {
+                                        int64_t past, QkvLayout L, int64_t Tmax, float scale) {
   LATTICE_DYNAMIC_SHARED(float, s);  // [past + r + 1] scores
-  const int64_t r = blockIdx.x / H, h = blockIdx.x % H;
+  const int64_t H = L.H, D = L.D;
+  const int64_t r = blockIdx.x / H, h = blockIdx.x % H, g = h / L.R();
   const int64_t last = past + r;
-  const float* q = qkv + (r * H + h) * 3 * D;
-  const float* k = k_cache + h * Tmax * D;
-  const float* v = v_cache + h * Tmax * D;
+  const float* q = qkv + r * L.width() + L.slot(h, 0) * D;
+  const float* k = k_cache + g * Tmax * D;
+  const float* v = v_cache + g * Tmax * D;
   float mx = -INFINITY;
   for (int64_t t = threadIdx.x; t <= last; t += blockDim.x) {
     float dot = 0.0f;
@@ -80,22 +83,24 @@ void reserve_scores(size_t bytes, int64_t context) {
 
 }  // namespace
 
-void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past, int64_t H,
-                     int64_t D, int64_t Tmax) {
+void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,
+                     const QkvLayout& layout, int64_t Tmax) {
   if (n <= 0) return;
   LATTICE_CHECK(past + n <= Tmax) << "kv_cache_append: " << past << " + " << n << " rows exceed " << Tmax;
-  launch(kv_cache_append_kernel, grid_for(n * H * D, 256), 256, 0, k_cache, v_cache, qkv, n, past, H, D, Tmax);
+  launch(kv_cache_append_kernel, grid_for(n * layout.G * layout.D, 256), 256, 0, k_cache, v_cache, qkv, n, past,
+         layout, Tmax);
   LATTICE_CUDA_LAUNCHED("kv_cache_append");
 }
 
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, int64_t H, int64_t D, int64_t Tmax) {
+                              int64_t past, const QkvLayout& layout, int64_t Tmax) {
+  const int64_t H = layout.H;
   if (n <= 0) return;
   const size_t shared = size_t(past + n) * sizeof(float);
   reserve_scores(shared, past + n);
   LATTICE_CHECK(n * H < (int64_t(1) << 31)) << "cached_attention_forward: too many (query, head) pairs";
-  launch(cached_attention_kernel, unsigned(n * H), kThreads, shared, out, qkv, k_cache, v_cache, past, H, D,
-                                                                          Tmax, 1.0f / sqrtf(float(D)));
+  launch(cached_attention_kernel, unsigned(n * H), kThreads, shared, out, qkv, k_cache, v_cache, past, layout, Tmax,
+         1.0f / sqrtf(float(layout.D)));
   LATTICE_CUDA_LAUNCHED("cached_attention_forward");
 }
 

@@ -122,7 +122,7 @@ void backward_typed(float* dqkv, const AttentionOperand& dout, const AttentionOp
                     const Params& p_in, float* dbias) {
   // With dbias: the kernels' per-tile column sums, then their sums over the tiles in order.
   Params p = p_in;
-  const int64_t partial_rows = p.B * int64_t(tiles(p.T, kKvKeys)), cols = p.H * 3 * D;
+  const int64_t partial_rows = p.B * int64_t(tiles(p.T, kKvKeys)), cols = p.L.width();
   if (dbias)
     LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&p.dbias_partial),
                                       size_t(partial_rows * cols) * sizeof(float), stream()));
@@ -132,8 +132,8 @@ void backward_typed(float* dqkv, const AttentionOperand& dout, const AttentionOp
   LATTICE_CUDA_LAUNCHED("attention_backward (D_i)");
   constexpr size_t kv_bytes = dkv_smem<D>();
   allow_shared(mma_backward_dkv_kernel<F, D>, kv_bytes, "backward dK/dV (tensor cores)");
-  launch(mma_backward_dkv_kernel<F, D>, dim3(tiles(p.T, kKvKeys), unsigned(p.B * p.H)), kThreads, kv_bytes, dqkv, dout, qkv, lse,
-                                                                                          di, p);
+  launch(mma_backward_dkv_kernel<F, D>, dim3(tiles(p.T, kKvKeys), unsigned(p.B * p.L.G)), kThreads, kv_bytes, dqkv, dout,
+         qkv, lse, di, p);
   LATTICE_CUDA_LAUNCHED("attention_backward (dK, dV; tensor cores)");
   constexpr size_t q_bytes = dq_smem<D>();
   allow_shared(mma_backward_dq_kernel<F, D>, q_bytes, "backward dQ (tensor cores)");

@@ -103,21 +103,21 @@ __device__ __forceinline__ void store_bf16x2(uint16_t* dst, float2 v) {
   *reinterpret_cast<uint32_t*>(dst) = uint32_t(math::fp32_to_bf16(v.x)) | (uint32_t(math::fp32_to_bf16(v.y)) << 16);
 }
 
-// Rows t0..t0+rows-1 of one part (0 q, 1 k, 2 v) of head h in qkv [B,T,H,3,D] (fp32 or
-// packed; or of a [B,T,H,D] tensor, fp32 or bf16, when part < 0) into shared memory as 16-bit
+// Rows t0..t0+rows-1 of one slot of qkv [B,T,G,R+2,D] (fp32 or packed; QkvLayout::slot), or
+// when slot < 0 of head h of a [B,T,H,D] tensor (fp32 or bf16), into shared memory as 16-bit
 // values: row-major dst[r * ld + d] and/or transposed dst_t[d * ld_t + r] (either may be
 // null). Rows past T are zeros (a masked probability is 0, and 0 x garbage could be NaN).
 template <typename F, int D>
 __device__ void load_rows(uint16_t* dst, int ld, uint16_t* dst_t, int ld_t, const AttentionOperand& src, const Params& p,
-                          int64_t b, int64_t h, int64_t t0, int rows, int part) {
+                          int64_t b, int64_t h, int64_t t0, int rows, int64_t slot) {
   constexpr int V = D / 4;  // float4 per row
-  const float* bias = part >= 0 && !src.fp32 && src.bias ? src.bias + (h * 3 + part) * D : nullptr;
+  const float* bias = slot >= 0 && !src.fp32 && src.bias ? src.bias + slot * D : nullptr;
   for (int e = threadIdx.x; e < rows * V; e += kThreads) {
     const int r = e / V, d = (e % V) * 4;
     const int64_t t = t0 + r;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (t < p.T) {
-      const int64_t off = part >= 0 ? qkv_row(p, b, h, t) + int64_t(part) * D : out_row(p, b, h, t);
+      const int64_t off = slot >= 0 ? qkv_row(p, b, t) + slot * D : out_row(p, b, h, t);
       v = load4(src, off + d, bias ? bias + d : nullptr);
     }
     const uint32_t lo = F::pack(v.x, v.y), hi = F::pack(v.z, v.w);
@@ -164,13 +164,14 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float
   uint16_t* Vt = Ks + kFwdKeys * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t sq = p.L.slot(h, 0), sk = p.L.slot(h, 1);  // the head's query, its group's key (value: sk + 1)
   const int64_t q_tiles = (p.T + kFwdRows - 1) / kFwdRows;
   const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kFwdRows;  // longest tiles first
   const int64_t i1 = i0 + kFwdRows < p.T ? i0 + kFwdRows : p.T;
   const int r0 = warp * 16;
   const int64_t row[2] = {i0 + r0 + g, i0 + r0 + g + 8};  // this lane's two query rows
 
-  load_rows<F, D>(Qs, LD, nullptr, 0, qkv, p, b, h, i0, kFwdRows, 0);
+  load_rows<F, D>(Qs, LD, nullptr, 0, qkv, p, b, h, i0, kFwdRows, sq);
   __syncthreads();
   uint32_t qf[KD][4];
 #pragma unroll
@@ -185,8 +186,8 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float
 
   for (int64_t j0 = 0; j0 < i1; j0 += kFwdKeys) {
     __syncthreads();  // the previous tile is no longer read
-    load_rows<F, D>(Ks, LD, nullptr, 0, qkv, p, b, h, j0, kFwdKeys, 1);
-    load_rows<F, D>(nullptr, 0, Vt, LDV, qkv, p, b, h, j0, kFwdKeys, 2);
+    load_rows<F, D>(Ks, LD, nullptr, 0, qkv, p, b, h, j0, kFwdKeys, sk);
+    load_rows<F, D>(nullptr, 0, Vt, LDV, qkv, p, b, h, j0, kFwdKeys, sk + 1);
     __syncthreads();
     if (j0 > i0 + r0 + 15) continue;  // every key after every row of this warp (uniform)
 
@@ -305,13 +306,14 @@ __global__ void __launch_bounds__(kThreads)
   float* lse_s = reinterpret_cast<float*>(dOt + D * LDT);
   float* di_s = lse_s + kKvRows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t bg = blockIdx.y, b = bg / p.L.G, group = bg % p.L.G, R = p.L.R();
+  const int64_t sk = p.L.kv_slot(group, 1);  // the group's key (value: sk + 1)
   const int64_t j0 = int64_t(blockIdx.x) * kKvKeys;  // early key tiles see the most queries: first
   const int c0 = warp * 16;
   const int64_t key[2] = {j0 + c0 + g, j0 + c0 + g + 8};  // this lane's two keys (rows of S^T)
 
-  load_rows<F, D>(Ks, LD, nullptr, 0, qkv, p, b, h, j0, kKvKeys, 1);
-  load_rows<F, D>(Vs, LD, nullptr, 0, qkv, p, b, h, j0, kKvKeys, 2);
+  load_rows<F, D>(Ks, LD, nullptr, 0, qkv, p, b, 0, j0, kKvKeys, sk);
+  load_rows<F, D>(Vs, LD, nullptr, 0, qkv, p, b, 0, j0, kKvKeys, sk + 1);
 
   float dk[ND][4], dv[ND][4];
 #pragma unroll
@@ -320,67 +322,70 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
   const float scale2 = p.scale * kLog2e;
 
-  for (int64_t i0 = j0; i0 < p.T; i0 += kKvRows) {
-    __syncthreads();  // the previous query tile is no longer read
-    load_rows<F, D>(Qs, LD, Qt, LDT, qkv, p, b, h, i0, kKvRows, 0);
-    load_rows<F, D>(dOs, LD, dOt, LDT, dout, p, b, h, i0, kKvRows, -1);
-    for (int r = threadIdx.x; r < kKvRows; r += kThreads) {
-      const bool in = i0 + r < p.T;
-      lse_s[r] = in ? lse[bh * p.T + i0 + r] * kLog2e : 0.0f;
-      di_s[r] = in ? di[bh * p.T + i0 + r] : 0.0f;
-    }
-    __syncthreads();
-    if (j0 + c0 > i0 + kKvRows - 1) continue;  // every query before every key of this warp (uniform)
+  for (int64_t h = group * R; h < (group + 1) * R; ++h) {
+    const int64_t bh = b * p.H + h, sq = p.L.slot(h, 0);
+    for (int64_t i0 = j0; i0 < p.T; i0 += kKvRows) {
+      __syncthreads();  // the previous query tile is no longer read
+      load_rows<F, D>(Qs, LD, Qt, LDT, qkv, p, b, h, i0, kKvRows, sq);
+      load_rows<F, D>(dOs, LD, dOt, LDT, dout, p, b, h, i0, kKvRows, -1);
+      for (int r = threadIdx.x; r < kKvRows; r += kThreads) {
+        const bool in = i0 + r < p.T;
+        lse_s[r] = in ? lse[bh * p.T + i0 + r] * kLog2e : 0.0f;
+        di_s[r] = in ? di[bh * p.T + i0 + r] : 0.0f;
+      }
+      __syncthreads();
+      if (j0 + c0 > i0 + kKvRows - 1) continue;  // every query before every key of this warp (uniform)
 
-    float st[NQ][4], dpt[NQ][4];  // S^T and dP^T: rows = this warp's keys, columns = queries
+      float st[NQ][4], dpt[NQ][4];  // S^T and dP^T: rows = this warp's keys, columns = queries
 #pragma unroll
-    for (int n = 0; n < NQ; ++n)
+      for (int n = 0; n < NQ; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
 #pragma unroll
-    for (int kc = 0; kc < KD; ++kc) {
-      uint32_t ak[4], av[4];
-      load_a(ak, Ks, LD, c0, kc * 16, g, q);
-      load_a(av, Vs, LD, c0, kc * 16, g, q);
+      for (int kc = 0; kc < KD; ++kc) {
+        uint32_t ak[4], av[4];
+        load_a(ak, Ks, LD, c0, kc * 16, g, q);
+        load_a(av, Vs, LD, c0, kc * 16, g, q);
 #pragma unroll
-      for (int n = 0; n < NQ; ++n) {
-        uint32_t b0, b1;
-        load_b(b0, b1, Qs, LD, n * 8, kc * 16, g, q);
-        F::mma(st[n], ak, b0, b1);
-        load_b(b0, b1, dOs, LD, n * 8, kc * 16, g, q);
-        F::mma(dpt[n], av, b0, b1);
-      }
-    }
-    // st <- P^T with dropout (for dV), dpt <- dS^T.
-#pragma unroll
-    for (int n = 0; n < NQ; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = n * 8 + 2 * q + (e & 1);  // query column in the tile
-        const int64_t i = i0 + c, j = key[e >> 1];
-        float pr = 0.0f, dp = dpt[n][e];
-        if (live(p, b, i, j)) pr = exp2f(st[n][e] * scale2 - lse_s[c]);
-        float pd = pr;
-        if (p.dropout && pr != 0.0f) {
-          const float f = dropout_factor(p, b, h, i, j);
-          pd = pr * f;
-          dp *= f;
+        for (int n = 0; n < NQ; ++n) {
+          uint32_t b0, b1;
+          load_b(b0, b1, Qs, LD, n * 8, kc * 16, g, q);
+          F::mma(st[n], ak, b0, b1);
+          load_b(b0, b1, dOs, LD, n * 8, kc * 16, g, q);
+          F::mma(dpt[n], av, b0, b1);
         }
-        st[n][e] = pd;
-        dpt[n][e] = pr * (dp - di_s[c]);
       }
+      // st <- P^T with dropout (for dV), dpt <- dS^T.
 #pragma unroll
-    for (int kk = 0; kk < kKvRows / 16; ++kk) {
-      uint32_t ap[4], ads[4];
-      c_to_a<F>(ap, st[2 * kk], st[2 * kk + 1]);
-      c_to_a<F>(ads, dpt[2 * kk], dpt[2 * kk + 1]);
+      for (int n = 0; n < NQ; ++n)
 #pragma unroll
-      for (int n = 0; n < ND; ++n) {
-        uint32_t b0, b1;
-        load_b(b0, b1, dOt, LDT, n * 8, kk * 16, g, q);
-        F::mma(dv[n], ap, b0, b1);
-        load_b(b0, b1, Qt, LDT, n * 8, kk * 16, g, q);
-        F::mma(dk[n], ads, b0, b1);
+        for (int e = 0; e < 4; ++e) {
+          const int c = n * 8 + 2 * q + (e & 1);  // query column in the tile
+          const int64_t i = i0 + c, j = key[e >> 1];
+          float pr = 0.0f, dp = dpt[n][e];
+          if (live(p, b, i, j)) pr = exp2f(st[n][e] * scale2 - lse_s[c]);
+          float pd = pr;
+          if (p.dropout && pr != 0.0f) {
+            const float f = dropout_factor(p, b, h, i, j);
+            pd = pr * f;
+            dp *= f;
+          }
+          st[n][e] = pd;
+          dpt[n][e] = pr * (dp - di_s[c]);
+        }
+#pragma unroll
+      for (int kk = 0; kk < kKvRows / 16; ++kk) {
+        uint32_t ap[4], ads[4];
+        c_to_a<F>(ap, st[2 * kk], st[2 * kk + 1]);
+        c_to_a<F>(ads, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+          uint32_t b0, b1;
+          load_b(b0, b1, dOt, LDT, n * 8, kk * 16, g, q);
+          F::mma(dv[n], ap, b0, b1);
+          load_b(b0, b1, Qt, LDT, n * 8, kk * 16, g, q);
+          F::mma(dk[n], ads, b0, b1);
+        }
       }
     }
   }
@@ -388,7 +393,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= p.T) continue;
-    const int64_t row = qkv_row(p, b, h, key[r]);
+    const int64_t row = qkv_row(p, b, key[r]) + sk * D;
     float* dst = dqkv + row;
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
@@ -396,12 +401,12 @@ __global__ void __launch_bounds__(kThreads)
       const float2 k2 = make_float2(p.scale * dk[n][2 * r], p.scale * dk[n][2 * r + 1]);
       const float2 v2 = make_float2(dv[n][2 * r], dv[n][2 * r + 1]);
       if (!p.dbias_partial) {
-        *reinterpret_cast<float2*>(dst + D + d) = k2;
-        *reinterpret_cast<float2*>(dst + 2 * D + d) = v2;
+        *reinterpret_cast<float2*>(dst + d) = k2;
+        *reinterpret_cast<float2*>(dst + D + d) = v2;
       }
       if (p.dqkv16) {
-        store_bf16x2(p.dqkv16 + row + D + d, k2);
-        store_bf16x2(p.dqkv16 + row + 2 * D + d, v2);
+        store_bf16x2(p.dqkv16 + row + d, k2);
+        store_bf16x2(p.dqkv16 + row + D + d, v2);
       }
     }
   }
@@ -409,9 +414,9 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ float red[kWarps][D];
     const bool valid[2] = {key[0] < p.T, key[1] < p.T};
     const int64_t tile = b * ((p.T + kKvKeys - 1) / kKvKeys) + int64_t(blockIdx.x);
-    float* dst = p.dbias_partial + tile * p.H * 3 * D + h * 3 * D;
-    block_column_sums<ND>(dst + D, dk, p.scale, valid, red);
-    block_column_sums<ND>(dst + 2 * D, dv, 1.0f, valid, red);
+    float* dst = p.dbias_partial + tile * p.L.width() + sk * D;
+    block_column_sums<ND>(dst, dk, p.scale, valid, red);
+    block_column_sums<ND>(dst + D, dv, 1.0f, valid, red);
   }
 }
 
@@ -437,6 +442,7 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* Kt = Vs + kDqKeys * LD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const int64_t sq = p.L.slot(h, 0), sk = p.L.slot(h, 1);  // the head's query, its group's key (value: sk + 1)
   const int64_t q_tiles = (p.T + kDqRows - 1) / kDqRows;
   const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kDqRows;  // longest tiles first
   const int64_t i1 = i0 + kDqRows < p.T ? i0 + kDqRows : p.T;
@@ -450,7 +456,7 @@ __global__ void __launch_bounds__(kThreads)
     di_r[r] = in ? di[bh * p.T + row[r]] : 0.0f;
   }
 
-  load_rows<F, D>(Qs, LD, nullptr, 0, qkv, p, b, h, i0, kDqRows, 0);
+  load_rows<F, D>(Qs, LD, nullptr, 0, qkv, p, b, h, i0, kDqRows, sq);
   load_rows<F, D>(dOs, LD, nullptr, 0, dout, p, b, h, i0, kDqRows, -1);
 
   float dq[ND][4];
@@ -460,8 +466,8 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t j0 = 0; j0 < i1; j0 += kDqKeys) {
     __syncthreads();  // the previous key tile is no longer read (and Qs, dOs are in)
-    load_rows<F, D>(Ks, LD, Kt, LDT, qkv, p, b, h, j0, kDqKeys, 1);
-    load_rows<F, D>(Vs, LD, nullptr, 0, qkv, p, b, h, j0, kDqKeys, 2);
+    load_rows<F, D>(Ks, LD, Kt, LDT, qkv, p, b, h, j0, kDqKeys, sk);
+    load_rows<F, D>(Vs, LD, nullptr, 0, qkv, p, b, h, j0, kDqKeys, sk + 1);
     __syncthreads();
     if (j0 > i0 + r0 + 15) continue;  // every key after every row of this warp (uniform)
 
@@ -511,7 +517,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= p.T) continue;
-    const int64_t off = qkv_row(p, b, h, row[r]);
+    const int64_t off = qkv_row(p, b, row[r]) + sq * D;
     float* dst = dqkv + off;
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
@@ -525,7 +531,7 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ float red[kWarps][D];
     const bool valid[2] = {row[0] < p.T, row[1] < p.T};
     const int64_t tile = b * q_tiles + i0 / kDqRows;
-    block_column_sums<ND>(p.dbias_partial + tile * p.H * 3 * D + h * 3 * D, dq, p.scale, valid, red);
+    block_column_sums<ND>(p.dbias_partial + tile * p.L.width() + sq * D, dq, p.scale, valid, red);
   }
 }
 

@@ -52,10 +52,6 @@ void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, 
 void bias_swiglu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
                                        const uint16_t* dout, int64_t N, int64_t F);
 
-// ---- gqa.h
-void gqa_expand(float* qkv, const float* groups, int64_t N, int64_t G, int64_t R, int64_t D);
-void gqa_reduce(float* dgroups, const float* dqkv, int64_t N, int64_t G, int64_t R, int64_t D);
-
 // ---- dropout.h
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,
                      uint64_t first_index);
@@ -140,8 +136,8 @@ double sum_of_squares(const float* x, int64_t n);
 bool any_non_finite(const float* x, int64_t n);
 
 // ---- rope.h
-void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int64_t pos0, int64_t H, int64_t D);
-void rope_backward(float* dqkv, const RopeTable& table, int64_t N, int64_t T, int64_t H, int64_t D);
+void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int64_t pos0, const QkvLayout& layout);
+void rope_backward(float* dqkv, const RopeTable& table, int64_t N, int64_t T, const QkvLayout& layout);
 
 // ---- cast.h
 void cast_fp32_to_bf16(uint16_t* out, const float* in, int64_t n);
