@@ -117,14 +117,26 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     LATTICE_FAIL() << what << ": attention_bias true is not supported (lattice's Llama has no linear biases)";
   if (hf::config_bool(j, what, "mlp_bias", false))
     LATTICE_FAIL() << what << ": mlp_bias true is not supported (lattice's Llama has no linear biases)";
-  // Linear scaling (positions divided by its factor) is Megatron's --rotary-seq-len-interpolation-factor.
+  // Linear scaling (positions divided by its factor) is Megatron's --rotary-seq-len-interpolation-factor;
+  // llama3 (Llama 3.1's frequency-dependent scaling) is --use-rope-scaling with its four values.
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const json& s = j["rope_scaling"];
     const std::string type = s.is_object() ? s.value("rope_type", s.value("type", std::string())) : "";
-    if (type != "linear")
-      LATTICE_FAIL() << what << ": rope_scaling " << s.dump() << " is not supported (none, or linear)";
-    c.rotary_seq_len_interpolation_factor = float(hf::config_positive(s, what + " rope_scaling", "factor", 0.0));
-    if (c.rotary_seq_len_interpolation_factor <= 0.0f) LATTICE_FAIL() << what << ": rope_scaling has no factor";
+    const std::string where = what + " rope_scaling";
+    if (type == "linear") {
+      c.rotary_seq_len_interpolation_factor = float(hf::config_positive(s, where, "factor", 0.0));
+      if (c.rotary_seq_len_interpolation_factor <= 0.0f) LATTICE_FAIL() << what << ": rope_scaling has no factor";
+    } else if (type == "llama3") {
+      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+        if (!s.contains(key)) LATTICE_FAIL() << what << ": rope_scaling llama3 has no " << key;
+      c.use_rope_scaling = true;
+      c.rope_scaling_factor = float(hf::config_positive(s, where, "factor", 0.0));
+      c.rope_scaling_low_freq_factor = float(hf::config_positive(s, where, "low_freq_factor", 0.0));
+      c.rope_scaling_high_freq_factor = float(hf::config_positive(s, where, "high_freq_factor", 0.0));
+      c.rope_scaling_original_max_position_embeddings = hf::config_int(s, where, "original_max_position_embeddings");
+    } else {
+      LATTICE_FAIL() << what << ": rope_scaling " << s.dump() << " is not supported (none, linear or llama3)";
+    }
   }
   c.position_embedding_type = "rope";
   c.rotary_percent = 1.0;
@@ -166,6 +178,12 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
             {"vocab_size", c.vocab_size}};
   if (c.rotary_seq_len_interpolation_factor > 0.0f)
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", hf::shortest_float(c.rotary_seq_len_interpolation_factor)}};
+  if (c.use_rope_scaling)
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", hf::shortest_float(c.rope_scaling_factor)},
+                         {"low_freq_factor", hf::shortest_float(c.rope_scaling_low_freq_factor)},
+                         {"high_freq_factor", hf::shortest_float(c.rope_scaling_high_freq_factor)},
+                         {"original_max_position_embeddings", c.rope_scaling_original_max_position_embeddings}};
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
@@ -181,6 +199,8 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   if (!c.rmsnorm()) return "LayerNorm (HuggingFace Llama has RMSNorm)";
   if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";
   if (c.add_bias_linear) return "linear biases (HuggingFace Llama has none: --disable-bias-linear)";
+  if (c.use_rope_scaling && c.rotary_seq_len_interpolation_factor > 0.0f)
+    return "--use-rope-scaling with --rotary-seq-len-interpolation-factor (HuggingFace's rope_scaling is one or the other)";
   return "";
 }
 

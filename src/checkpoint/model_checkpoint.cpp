@@ -50,6 +50,11 @@ const std::vector<OptionalField>& optional_fields() {
       {"normalization", "--normalization", "LayerNorm"},
       {"swiglu", "--swiglu", false},
       {"num_query_groups", "--num-query-groups", nullptr},  // null: as many as the saved heads
+      {"use_rope_scaling", "--use-rope-scaling", false},
+      {"rope_scaling_factor", "--rope-scaling-factor", 8.0},
+      {"rope_scaling_low_freq_factor", "--rope-scaling-low-freq-factor", 1.0},
+      {"rope_scaling_high_freq_factor", "--rope-scaling-high-freq-factor", 4.0},
+      {"rope_scaling_original_max_position_embeddings", "--rope-scaling-original-max-position-embeddings", 8192},
   };
   return fields;
 }
@@ -97,7 +102,12 @@ json model_config_json(const TransformerConfig& c) {
           {"add_bias_linear", c.add_bias_linear},
           {"normalization", c.normalization},
           {"swiglu", c.swiglu},
-          {"num_query_groups", c.num_query_groups}};
+          {"num_query_groups", c.num_query_groups},
+          {"use_rope_scaling", c.use_rope_scaling},
+          {"rope_scaling_factor", c.rope_scaling_factor},
+          {"rope_scaling_low_freq_factor", c.rope_scaling_low_freq_factor},
+          {"rope_scaling_high_freq_factor", c.rope_scaling_high_freq_factor},
+          {"rope_scaling_original_max_position_embeddings", c.rope_scaling_original_max_position_embeddings}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -125,6 +135,12 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.normalization = optional_field(j, "normalization").get<std::string>();
     c.swiglu = optional_field(j, "swiglu").get<bool>();
     c.num_query_groups = optional_field(j, "num_query_groups").get<int64_t>();
+    c.use_rope_scaling = optional_field(j, "use_rope_scaling").get<bool>();
+    c.rope_scaling_factor = optional_field(j, "rope_scaling_factor").get<float>();
+    c.rope_scaling_low_freq_factor = optional_field(j, "rope_scaling_low_freq_factor").get<float>();
+    c.rope_scaling_high_freq_factor = optional_field(j, "rope_scaling_high_freq_factor").get<float>();
+    c.rope_scaling_original_max_position_embeddings =
+        optional_field(j, "rope_scaling_original_max_position_embeddings").get<int64_t>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }

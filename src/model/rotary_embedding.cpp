@@ -7,6 +7,17 @@
 
 namespace lattice {
 
+float llama3_scaled_frequency(float f, const TransformerConfig& c) {
+  const float factor = c.rope_scaling_factor, low = c.rope_scaling_low_freq_factor;
+  const float high = c.rope_scaling_high_freq_factor;
+  const float old_context = float(c.rope_scaling_original_max_position_embeddings);
+  const float wavelen = 2.0f * float(M_PI) / f;
+  if (wavelen < old_context / high) return f;
+  if (wavelen > old_context / low) return f / factor;
+  const float smooth = (old_context / wavelen - low) / (high - low);
+  return (1.0f - smooth) * f / factor + smooth * f;
+}
+
 int64_t rotary_dims(const TransformerConfig& c) {
   return int64_t(double(c.kv_channels) * c.rotary_percent);
 }
@@ -19,6 +30,8 @@ RotaryEmbedding::RotaryEmbedding(const TransformerConfig& c, int64_t positions) 
   std::vector<float> inv_freq(static_cast<size_t>(half)), cos_h(static_cast<size_t>(positions * half)), sin_h(cos_h.size());
   for (int64_t d = 0; d < half; ++d)
     inv_freq[size_t(d)] = 1.0f / std::pow(c.rotary_base, float(2 * d) / float(R));
+  if (c.use_rope_scaling)
+    for (float& f : inv_freq) f = llama3_scaled_frequency(f, c);
   for (int64_t t = 0; t < positions; ++t) {
     const float pos = float(t) / factor;
     for (int64_t d = 0; d < half; ++d) {

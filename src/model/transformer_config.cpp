@@ -76,6 +76,8 @@ void TransformerConfig::check_position_embedding() const {
   if (position_embedding_type != "learned_absolute" && position_embedding_type != "rope")
     LATTICE_FAIL() << "--position-embedding-type must be learned_absolute or rope, got '" << position_embedding_type
                    << "'";
+  if (use_rope_scaling && !rope())
+    LATTICE_FAIL() << "--use-rope-scaling needs --position-embedding-type rope";
   if (!rope()) return;
   if (!(rotary_percent > 0.0 && rotary_percent <= 1.0))
     LATTICE_FAIL() << "--rotary-percent must be in (0, 1], got " << rotary_percent;
@@ -88,6 +90,17 @@ void TransformerConfig::check_position_embedding() const {
   if (rotary_seq_len_interpolation_factor < 0.0f || !std::isfinite(rotary_seq_len_interpolation_factor))
     LATTICE_FAIL() << "--rotary-seq-len-interpolation-factor must be positive, got "
                    << rotary_seq_len_interpolation_factor;
+  if (!use_rope_scaling) return;
+  if (!(rope_scaling_factor > 0.0f && std::isfinite(rope_scaling_factor)))
+    LATTICE_FAIL() << "--rope-scaling-factor must be a finite positive number, got " << rope_scaling_factor;
+  if (!(rope_scaling_low_freq_factor > 0.0f && std::isfinite(rope_scaling_high_freq_factor) &&
+        rope_scaling_high_freq_factor > rope_scaling_low_freq_factor))
+    LATTICE_FAIL() << "--rope-scaling-low-freq-factor " << rope_scaling_low_freq_factor
+                   << " and --rope-scaling-high-freq-factor " << rope_scaling_high_freq_factor
+                   << ": both positive, the high one greater";
+  if (rope_scaling_original_max_position_embeddings < 1)
+    LATTICE_FAIL() << "--rope-scaling-original-max-position-embeddings must be positive, got "
+                   << rope_scaling_original_max_position_embeddings;
 }
 
 // Megatron's rules: full needs a method and 1 <= recompute_num_layers <= num_layers;

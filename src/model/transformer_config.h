@@ -45,6 +45,13 @@ struct TransformerConfig {
   float rotary_base = 10000.0f;
   bool rotary_interleaved = false;    // pairs (2d, 2d+1) instead of (d, d + R/2)
   float rotary_seq_len_interpolation_factor = 0.0f;  // 0: none (positions divided by it)
+  // Llama 3.1's frequency-dependent scaling of the rotary frequencies (Megatron's --use-rope-scaling
+  // --rope-scaling-factor; model/rotary_embedding.h). Megatron fixes the other three at Llama 3.1's
+  // values; lattice takes them as flags too, for HuggingFace models with others.
+  bool use_rope_scaling = false;
+  float rope_scaling_factor = 8.0f;
+  float rope_scaling_low_freq_factor = 1.0f, rope_scaling_high_freq_factor = 4.0f;
+  int64_t rope_scaling_original_max_position_embeddings = 8192;
   bool rope() const { return position_embedding_type == "rope"; }
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;        // --disable-bias-linear: no biases in QKV, proj, fc1, fc2

@@ -46,6 +46,16 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "with rope: rotate the pairs (2i, 2i+1) instead of (i, i + dims/2)"},
       {"rotary-seq-len-interpolation-factor", Kind::f32, &a.rotary_seq_len_interpolation_factor,
        "with rope: positions divided by this (0: none)"},
+      {"use-rope-scaling", Kind::flag, &a.use_rope_scaling,
+       "with rope: Llama 3.1's frequency-dependent scaling of the rotary frequencies"},
+      {"rope-scaling-factor", Kind::f32, &a.rope_scaling_factor,
+       "with --use-rope-scaling: long wavelengths' stretch factor"},
+      {"rope-scaling-low-freq-factor", Kind::f32, &a.rope_scaling_low_freq_factor,
+       "with --use-rope-scaling: wavelengths above original context / this are stretched"},
+      {"rope-scaling-high-freq-factor", Kind::f32, &a.rope_scaling_high_freq_factor,
+       "with --use-rope-scaling: wavelengths below original context / this are kept"},
+      {"rope-scaling-original-max-position-embeddings", Kind::i64,
+       &a.rope_scaling_original_max_position_embeddings, "with --use-rope-scaling: the original context"},
       {"make-vocab-size-divisible-by", Kind::i64, &a.make_vocab_size_divisible_by,
        "pad the vocabulary to a multiple of this (x TP)"},
       {"hidden-dropout", Kind::f32, &a.hidden_dropout, "dropout after attention/MLP and embedding"},
@@ -421,6 +431,11 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.rotary_base = rotary_base;
   c.rotary_interleaved = rotary_interleaved;
   c.rotary_seq_len_interpolation_factor = rotary_seq_len_interpolation_factor;
+  c.use_rope_scaling = use_rope_scaling;
+  c.rope_scaling_factor = rope_scaling_factor;
+  c.rope_scaling_low_freq_factor = rope_scaling_low_freq_factor;
+  c.rope_scaling_high_freq_factor = rope_scaling_high_freq_factor;
+  c.rope_scaling_original_max_position_embeddings = rope_scaling_original_max_position_embeddings;
   c.recompute_granularity = recompute_granularity;
   c.recompute_method = recompute_method;
   c.recompute_num_layers = recompute_num_layers;

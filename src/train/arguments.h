@@ -32,6 +32,9 @@ struct TrainArgs {
   double rotary_percent = 1.0;
   float rotary_base = 10000.0f, rotary_seq_len_interpolation_factor = 0.0f;
   bool rotary_interleaved = false;
+  bool use_rope_scaling = false;
+  float rope_scaling_factor = 8.0f, rope_scaling_low_freq_factor = 1.0f, rope_scaling_high_freq_factor = 4.0f;
+  int64_t rope_scaling_original_max_position_embeddings = 8192;
   // batch and iterations
   int64_t micro_batch_size = 0, global_batch_size = 0, train_iters = 0;
   int64_t log_interval = 100;

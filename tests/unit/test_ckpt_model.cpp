@@ -88,7 +88,9 @@ TEST(CkptModelConfig, FieldsAddedLaterReadAsTheirOldMeaning) {
   nlohmann::json old = model_config_json(c);
   for (const char* f : {"position_embedding_type", "rotary_percent", "rotary_base", "rotary_interleaved",
                         "rotary_seq_len_interpolation_factor", "add_bias_linear", "normalization", "swiglu",
-                        "num_query_groups"})
+                        "num_query_groups", "use_rope_scaling", "rope_scaling_factor",
+                        "rope_scaling_low_freq_factor", "rope_scaling_high_freq_factor",
+                        "rope_scaling_original_max_position_embeddings"})
     ASSERT_EQ(old.erase(f), 1u) << f;
   const TransformerConfig read = model_config_from_json(old, "x");
   EXPECT_FALSE(read.rope());
@@ -97,6 +99,7 @@ TEST(CkptModelConfig, FieldsAddedLaterReadAsTheirOldMeaning) {
   EXPECT_FALSE(read.swiglu);
   EXPECT_FALSE(read.grouped_query_attention());
   EXPECT_EQ(read.num_query_groups, c.num_attention_heads);
+  EXPECT_FALSE(read.use_rope_scaling);
   EXPECT_EQ(error_of([&] { check_model_config(old, c, "x"); }), "");
   TransformerConfig rope = c;
   rope.position_embedding_type = "rope";

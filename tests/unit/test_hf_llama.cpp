@@ -55,8 +55,27 @@ TEST(HfLlama, LinearRopeScalingMatchesIndependentLogits) {
   EXPECT_EQ(load_hf_llama(fixture("hf_llama_tiny_scaled")).model->config().rotary_seq_len_interpolation_factor, 4.0f);
 }
 
+// rope_scaling llama3 (Llama 3.1's frequency-dependent scaling; original context 32 so that the
+// fixture's 8 frequencies fall in all three bands): --use-rope-scaling and its four values; written
+// back as the same rope_scaling.
+TEST(HfLlama, Llama3RopeScalingMatchesIndependentLogits) {
+  check_fixture_logits("hf_llama_tiny_llama3");
+  HfModel hf = load_hf_llama(fixture("hf_llama_tiny_llama3"));
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_TRUE(c.use_rope_scaling);
+  EXPECT_EQ(c.rope_scaling_factor, 8.0f);
+  EXPECT_EQ(c.rope_scaling_low_freq_factor, 1.0f);
+  EXPECT_EQ(c.rope_scaling_high_freq_factor, 4.0f);
+  EXPECT_EQ(c.rope_scaling_original_max_position_embeddings, 32);
+  const nlohmann::json written = hf_llama_config_json(c, "");
+  const nlohmann::json want = {{"rope_type", "llama3"},       {"factor", 8.0},
+                               {"low_freq_factor", 1.0},      {"high_freq_factor", 4.0},
+                               {"original_max_position_embeddings", 32}};
+  EXPECT_EQ(written["rope_scaling"], want);
+}
+
 TEST(HfLlama, HfToLatticeToHfIsIdentity) {
-  for (const char* dir : {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled"}) {
+  for (const char* dir : {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3"}) {
     TempDir out(std::string("llama_rt_") + dir);
     HfModel hf = load_hf_llama(fixture(dir));
     save_hf_llama(out.str() + "/hf", *hf.model, "");
@@ -326,13 +345,19 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
     TempDir t("llama_scaling");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}}; },
                            t),
-                 {"config.json", "rope_scaling", "dynamic", "none, or linear"});
+                 {"config.json", "rope_scaling", "dynamic", "none, linear or llama3"});
   }
   {
     TempDir t("llama_scaling_factor");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", -2.0}}; },
                            t),
                  {"config.json rope_scaling", "factor must be a positive number"});
+  }
+  {
+    TempDir t("llama_llama3_incomplete");  // llama3 needs all four values
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; },
+                           t),
+                 {"config.json", "rope_scaling llama3 has no low_freq_factor"});
   }
   {
     TempDir t("llama_bias");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -190,6 +191,70 @@ TEST(KernelRope, ConfigurationErrorsNameTheFlag) {
               std::string::npos)
         << e.what();
   }
+}
+
+// --use-rope-scaling (Llama 3.1's scaling): each table frequency, read back from position 1's
+// angle, against the three bands written out here in double: with base 10000 over 16 dims the 8
+// wavelengths are 2 pi 10000^(d/8) (6.3, 20, 63, 199, 628, 1987, 6283, 19869); with low 1 and high
+// 4 and the original context 1024, d <= 3 (under 256) are kept, d = 4 interpolated and d >= 5
+// (over 1024) divided by the factor; with the original context 32768, d <= 6 kept, d = 7
+// interpolated.
+TEST(KernelRope, Llama3ScalingKeepsStretchesAndInterpolatesByWavelength) {
+  for (int64_t original : {1024, 32768}) {
+    TransformerConfig cfg = config_for(Case{1, 1, 1, 16, 1.0, false, 0.0f, 0}, 4);
+    cfg.use_rope_scaling = true;
+    cfg.rope_scaling_factor = 8.0f;
+    cfg.rope_scaling_original_max_position_embeddings = original;
+    cfg.finalize();
+    const RotaryEmbedding rope(cfg, 4);
+    const RopeTable& t = rope.table();
+    int kept = 0, stretched = 0, interpolated = 0;
+    for (int64_t d = 0; d < 8; ++d) {
+      const double f = std::pow(10000.0, -double(2 * d) / 16.0), wavelen = 2 * M_PI / f;
+      double want = f;
+      if (wavelen > double(original)) {
+        want = f / 8.0;
+        ++stretched;
+      } else if (wavelen >= double(original) / 4.0) {
+        const double smooth = (double(original) / wavelen - 1.0) / 3.0;
+        want = (1.0 - smooth) * f / 8.0 + smooth * f;
+        ++interpolated;
+      } else {
+        ++kept;
+      }
+      const double got = std::atan2(double(t.sin[t.half + d]), double(t.cos[t.half + d]));  // position 1
+      EXPECT_NEAR(got, want, 2e-6 * want + 1e-9) << "original " << original << ", d " << d;
+    }
+    EXPECT_EQ(kept, original == 1024 ? 4 : 7) << original;
+    EXPECT_EQ(interpolated, 1) << original;
+    EXPECT_EQ(stretched, original == 1024 ? 3 : 0) << original;
+  }
+}
+
+TEST(KernelRope, Llama3ScalingErrorsNameTheFlag) {
+  auto error_of = [](const std::function<void(TransformerConfig&)>& edit) {
+    TransformerConfig cfg = config_for(Case{1, 1, 2, 8, 1.0, false, 0.0f, 0}, 8);
+    cfg.use_rope_scaling = true;
+    edit(cfg);
+    try {
+      cfg.finalize();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of([](TransformerConfig&) {}), "");
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.position_embedding_type = "learned_absolute"; })
+                .find("--use-rope-scaling needs --position-embedding-type rope"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.rope_scaling_factor = 0.0f; }).find("--rope-scaling-factor"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.rope_scaling_high_freq_factor = 0.5f; })
+                .find("--rope-scaling-high-freq-factor 0.5"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.rope_scaling_original_max_position_embeddings = 0; })
+                .find("--rope-scaling-original-max-position-embeddings"),
+            std::string::npos);
 }
 
 }  // namespace
