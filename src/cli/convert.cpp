@@ -1,5 +1,6 @@
 // `lattice convert`: HuggingFace GPT-2 or Llama <-> lattice checkpoint.
-//   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--make-vocab-size-divisible-by N]
+//   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
+//                   [--make-vocab-size-divisible-by N]
 //   lattice convert --load CKPT --to-hf DIR
 // The input is read and checked completely before anything is written, and an existing
 // checkpoint or HF model is never overwritten.
@@ -36,24 +37,41 @@ void from_hf(const SimpleFlags& f) {
   const bool llama = is_hf_llama_config(hf::read_config(dir));
   HfModel in = llama ? load_hf_llama(dir, int64_t(divisible), 1) : load_hf_gpt2(dir, int64_t(divisible), 1);
   const TransformerConfig& c = in.model->config();
-  // Tokenizer: the flag, else the one a lattice export recorded, else GPT-2's BPE when the
+  // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
+  // tokenizer.json (HuggingFaceTokenizer) when lattice reads it, else GPT-2's BPE when the
   // vocabulary is GPT-2's.
-  std::string tokenizer = f.get("tokenizer-type", in.tokenizer_type);
-  if (f.has("tokenizer-type")) {
-    // GPT2BPETokenizer needs its vocabulary files to be built; its size is known.
-    const int64_t tok_size = tokenizer == "GPT2BPETokenizer" ? kGpt2BpeVocabSize
-                                                             : make_tokenizer(tokenizer, "", "")->vocab_size();
-    if (tok_size > c.vocab_size)
-      LATTICE_FAIL() << "--tokenizer-type " << tokenizer << " has " << tok_size
-                     << " tokens, more than the model's vocab_size " << c.vocab_size;
-  } else if (tokenizer.empty() && c.vocab_size == kGpt2BpeVocabSize) {
-    tokenizer = "GPT2BPETokenizer";
+  TokenizerSpec tok{f.get("tokenizer-type", in.tokenizer_type), "", "", f.get("tokenizer-model", "")};
+  const bool folder_tokenizer = fs::exists(fs::path(dir) / "tokenizer.json");
+  if (tok.type == "HuggingFaceTokenizer" && tok.model.empty()) {
+    if (!folder_tokenizer)
+      LATTICE_FAIL() << "--from-hf " << dir << ": no tokenizer.json for HuggingFaceTokenizer; give --tokenizer-model";
+    tok.model = dir;
   }
-  const nlohmann::json args = {{"tokenizer-type", tokenizer},
-                               {"seq-length", c.max_position_embeddings},
-                               {"max-position-embeddings", c.max_position_embeddings},
-                               {"make-vocab-size-divisible-by", int64_t(divisible)},
-                               {"converted-from-hf", dir}};
+  if (tok.type.empty() && folder_tokenizer && !f.has("tokenizer-model")) {
+    try {
+      make_tokenizer({"HuggingFaceTokenizer", "", "", dir});
+      tok = {"HuggingFaceTokenizer", "", "", dir};
+    } catch (const Error& e) {
+      std::fprintf(stderr, "convert: %s/tokenizer.json is not recorded as the tokenizer: %s\n", dir.c_str(), e.what());
+    }
+  }
+  if (!tok.model.empty()) tok.model = fs::absolute(tok.model).lexically_normal().string();
+  if (f.has("tokenizer-type") || f.has("tokenizer-model") || tok.type == "HuggingFaceTokenizer") {
+    // GPT2BPETokenizer needs its vocabulary files to be built; its size is known.
+    const int64_t tok_size = tok.type == "GPT2BPETokenizer" ? kGpt2BpeVocabSize : make_tokenizer(tok)->vocab_size();
+    if (tok_size > c.vocab_size)
+      LATTICE_FAIL() << "--tokenizer-type " << tok.type << " has " << tok_size
+                     << " tokens, more than the model's vocab_size " << c.vocab_size;
+  } else if (tok.type.empty() && c.vocab_size == kGpt2BpeVocabSize) {
+    tok.type = "GPT2BPETokenizer";
+  }
+  const std::string& tokenizer = tok.type;
+  nlohmann::json args = {{"tokenizer-type", tokenizer},
+                         {"seq-length", c.max_position_embeddings},
+                         {"max-position-embeddings", c.max_position_embeddings},
+                         {"make-vocab-size-divisible-by", int64_t(divisible)},
+                         {"converted-from-hf", dir}};
+  if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
   const std::string written = save_model_checkpoint(save, 0, *in.model, args.dump());
   std::fprintf(stderr, "convert: %s (%s) -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
                dir.c_str(), llama ? "Llama" : "GPT-2", written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
@@ -63,8 +81,8 @@ void from_hf(const SimpleFlags& f) {
 
 void to_hf(const SimpleFlags& f) {
   const std::string load = f.required("load"), dir = f.required("to-hf");
-  if (f.has("tokenizer-type") || f.has("make-vocab-size-divisible-by"))
-    LATTICE_FAIL() << "--tokenizer-type and --make-vocab-size-divisible-by apply to --from-hf only";
+  if (f.has("tokenizer-type") || f.has("tokenizer-model") || f.has("make-vocab-size-divisible-by"))
+    LATTICE_FAIL() << "--tokenizer-type, --tokenizer-model and --make-vocab-size-divisible-by apply to --from-hf only";
   if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "config.json"))
     LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
   LoadedModel lm = load_model_checkpoint(load, 1);
@@ -78,6 +96,20 @@ void to_hf(const SimpleFlags& f) {
     save_hf_gpt2(dir, *lm.model, lm.tokenizer_type);
   else
     save_hf_llama(dir, *lm.model, lm.tokenizer_type);
+  // A HuggingFace tokenizer travels with the model, so the folder loads as HuggingFace's.
+  if (lm.tokenizer.type == "HuggingFaceTokenizer" && !lm.tokenizer.model.empty()) {
+    const fs::path model = lm.tokenizer.model;
+    const fs::path json_file = fs::is_directory(model) ? model / "tokenizer.json" : model;
+    const std::pair<fs::path, const char*> files[] = {{json_file, "tokenizer.json"},
+                                                      {json_file.parent_path() / "tokenizer_config.json", "tokenizer_config.json"},
+                                                      {json_file.parent_path() / "special_tokens_map.json", "special_tokens_map.json"}};
+    for (const auto& [from, name] : files) {
+      std::error_code ec;
+      if (!fs::exists(from)) continue;
+      fs::copy_file(from, fs::path(dir) / name, ec);
+      if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot copy " << from.string() << ": " << ec.message();
+    }
+  }
   std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s)\n", load.c_str(), (long long)lm.iteration, dir.c_str(),
                not_gpt2.empty() ? "GPT-2" : "Llama");
 }
@@ -87,7 +119,8 @@ void to_hf(const SimpleFlags& f) {
 int cmd_convert(int argc, char** argv) {
   if (help_requested(argc, argv, 2)) {
     std::fputs(
-        "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--make-vocab-size-divisible-by N]\n"
+        "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
+        "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR\n"
         "HuggingFace GPT-2 or Llama (config.json, model.safetensors) <-> lattice checkpoint: --from-hf\n"
         "reads config.json's model_type; --to-hf writes GPT-2 when the model has its form (learned\n"
@@ -96,13 +129,16 @@ int cmd_convert(int argc, char** argv) {
         "never overwritten.\n"
         "  --tokenizer-type NAME              the tokenizer recorded in the checkpoint\n"
         "                                     [the one a lattice export recorded, else\n"
-        "                                     GPT2BPETokenizer for a 50257-token model]\n"
+        "                                     HuggingFaceTokenizer when DIR has a tokenizer.json\n"
+        "                                     lattice reads, else GPT2BPETokenizer for a\n"
+        "                                     50257-token model]\n"
+        "  --tokenizer-model PATH             HuggingFaceTokenizer's tokenizer.json or its folder [DIR]\n"
         "  --make-vocab-size-divisible-by N   pad the vocabulary to a multiple of N [128]\n",
         stdout);
     return 0;
   }
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
-                                     {"from-hf", "to-hf", "load", "save", "tokenizer-type",
+                                     {"from-hf", "to-hf", "load", "save", "tokenizer-type", "tokenizer-model",
                                       "make-vocab-size-divisible-by"},
                                      {});
   const bool from = f.has("from-hf"), to = f.has("to-hf");

@@ -1,6 +1,6 @@
 // `lattice generate --load CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]
 //  [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer-type NAME]
-//  [--vocab-file F --merge-file F] [--no-kv-cache] [--device cpu|cuda]`:
+//  [--vocab-file F --merge-file F | --tokenizer-model PATH] [--no-kv-cache] [--device cpu|cuda]`:
 // samples text from a trained model, streaming each token to stdout as it is produced.
 // --device cuda keeps the model on the GPU (docs/cuda.md); tokens and logits cross to
 // the host once per step; the KV cache and its attention stay on the GPU.
@@ -148,9 +148,10 @@ int cmd_generate(int argc, char** argv) {
         "  --top-k K                  sample among the K likeliest tokens (0: all) [0]\n"
         "  --top-p P                  nucleus sampling: the likeliest tokens up to mass P [1]\n"
         "  --seed S                   sampling seed [1234]\n"
-        "  --tokenizer-type NAME      ByteTokenizer or GPT2BPETokenizer [the checkpoint's]\n"
+        "  --tokenizer-type NAME      ByteTokenizer, GPT2BPETokenizer or HuggingFaceTokenizer [the checkpoint's]\n"
         "  --vocab-file F             GPT-2 BPE vocabulary (vocab.json) [the checkpoint's]\n"
         "  --merge-file F             GPT-2 BPE merges (merges.txt) [the checkpoint's]\n"
+        "  --tokenizer-model PATH     HuggingFace tokenizer.json or its folder [the checkpoint's]\n"
         "  --no-kv-cache              recompute the whole context for every token\n"
         "  --device cpu|cuda          where the model runs [cpu]\n",
         stdout);
@@ -158,7 +159,8 @@ int cmd_generate(int argc, char** argv) {
   }
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k",
-                                      "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "device"},
+                                      "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
+                                      "device"},
                                      {"no-kv-cache"});
   const std::string load = f.required("load");
   const std::vector<std::string> prompts = read_prompts(f);
@@ -174,13 +176,19 @@ int cmd_generate(int argc, char** argv) {
   set_device(device);  // before the model is allocated
 
   LoadedModel lm = load_model_checkpoint(load, 1);
-  const std::string tok_type = f.get("tokenizer-type", lm.tokenizer_type);
-  if (tok_type.empty())
+  // The checkpoint's tokenizer flags; --tokenizer-type names another (with its own files), and
+  // --vocab-file, --merge-file and --tokenizer-model replace the recorded paths.
+  TokenizerSpec spec = lm.tokenizer;
+  if (f.has("tokenizer-type")) spec = {f.get("tokenizer-type", ""), "", "", ""};
+  spec.vocab_file = f.get("vocab-file", spec.vocab_file);
+  spec.merge_file = f.get("merge-file", spec.merge_file);
+  spec.model = f.get("tokenizer-model", spec.model);
+  if (spec.type.empty())
     LATTICE_FAIL() << "--load " << load
                    << ": the checkpoint names no tokenizer (trained on pre-tokenised data); give --tokenizer-type";
-  auto tok = make_tokenizer(tok_type, f.get("vocab-file", ""), f.get("merge-file", ""));
+  auto tok = make_tokenizer(spec);
   if (tok->vocab_size() > lm.model->config().vocab_size)
-    LATTICE_FAIL() << "--tokenizer-type " << tok_type << " has " << tok->vocab_size()
+    LATTICE_FAIL() << "--tokenizer-type " << spec.type << " has " << tok->vocab_size()
                    << " tokens, more than the model's vocabulary of " << lm.model->config().vocab_size;
 
   const bool kv_cache = !f.has("no-kv-cache");

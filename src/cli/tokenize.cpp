@@ -1,4 +1,5 @@
-// lattice tokenize --tokenizer-type T [--vocab-file F --merge-file F] [--jsonl] [--append-eod] [--decode]
+// lattice tokenize --tokenizer-type T [--vocab-file F --merge-file F | --tokenizer-model PATH] [--jsonl]
+//                  [--append-eod] [--decode]
 //   default   all of stdin is one text; prints its ids on one line, separated by spaces
 //   --jsonl   every stdin line is a JSON string; prints one line of ids per input line
 //   --decode  stdin holds ids (any white space between them); writes the decoded bytes
@@ -34,8 +35,9 @@ void print_ids(const std::vector<int32_t>& ids) {
 
 int cmd_tokenize(int argc, char** argv) {
   const SimpleFlags f =
-      parse_simple_flags(argc, argv, 1, {"tokenizer-type", "vocab-file", "merge-file"}, {"jsonl", "append-eod", "decode"});
-  const auto tok = make_tokenizer(f.required("tokenizer-type"), f.get("vocab-file", ""), f.get("merge-file", ""));
+      parse_simple_flags(argc, argv, 1, {"tokenizer-type", "vocab-file", "merge-file", "tokenizer-model"}, {"jsonl", "append-eod", "decode"});
+  const auto tok = make_tokenizer(
+      {f.required("tokenizer-type"), f.get("vocab-file", ""), f.get("merge-file", ""), f.get("tokenizer-model", "")});
   std::ios::sync_with_stdio(false);
   if (f.has("decode")) {
     std::vector<int32_t> ids;

@@ -3,16 +3,16 @@
 //                               alphabet; 50257 entries, "<|endoftext|>" = 50256 for GPT-2
 //   merges.txt (--merge-file):  "#version" line, then one merge "<left> <right>" per line, by rank
 // encode: pre-tokenise (gpt2_pretokenizer.h), then BPE each piece from its bytes, merging the
-// lowest-ranked adjacent pair first (leftmost on ties), as OpenAI's encoder.py. Pieces are cached
-// per thread (most words repeat). Special tokens in the text are plain text: "<|endoftext|>"
+// lowest-ranked adjacent pair first (leftmost on ties), as OpenAI's encoder.py (data/byte_level_bpe.h;
+// pieces are cached per thread). Special tokens in the text are plain text: "<|endoftext|>"
 // encodes to 7 ordinary tokens; eod() is the id documents are ended with.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
+#include "data/byte_level_bpe.h"
 #include "data/tokenizer.h"
 
 namespace lattice {
@@ -30,24 +30,20 @@ class GPT2BPETokenizer : public Tokenizer {
   void encode_append(std::string_view text, std::vector<int32_t>* out) const override;
   // The bytes of the tokens back to back; throws on an id outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const override;
-  int64_t vocab_size() const override { return int64_t(id_to_bytes_.size()); }
+  int64_t vocab_size() const override { return bpe_.num_ids(); }
   int32_t eod() const override { return eod_; }
   const char* name() const override { return "GPT2BPETokenizer"; }
-  int64_t num_merges() const { return int64_t(merges_.size()); }
+  int64_t num_merges() const { return bpe_.num_merges(); }
 
   // BPE of one pre-tokenised piece, without the cache; appends to *out.
-  void bpe(std::string_view piece, std::vector<int32_t>* out) const;
+  void bpe(std::string_view piece, std::vector<int32_t>* out) const { bpe_.bpe(piece, out); }
 
  private:
   void load_vocab(const std::string& vocab_file);
   void load_merges(const std::string& merge_file);
 
-  std::vector<std::string> id_to_bytes_;        // [V] raw bytes of each token
-  std::unordered_map<std::string, int32_t> bytes_to_id_;
-  int32_t byte_ids_[256];                       // id of each single byte
-  std::unordered_map<uint64_t, uint64_t> merges_;  // (left << 32 | right) -> (rank << 32 | merged id)
+  ByteLevelBpe bpe_;
   int32_t eod_ = -1;
-  uint64_t instance_ = 0;                       // tells this tokenizer's per-thread cache apart
 };
 
 }  // namespace lattice

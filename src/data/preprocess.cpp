@@ -176,6 +176,8 @@ PreprocessOptions parse_preprocess_args(int argc, char** argv) {
       opt.vocab_file = value();
     } else if (flag == "--merge-file") {
       opt.merge_file = value();
+    } else if (flag == "--tokenizer-model") {
+      opt.tokenizer_model = value();
     } else if (flag == "--output-prefix") {
       opt.output_prefix = value();
     } else if (flag == "--workers") {
@@ -209,7 +211,7 @@ PreprocessStats preprocess(const PreprocessOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   LATTICE_CHECK(opt.workers >= 1 && opt.chunk_bytes >= 1) << "preprocess: workers " << opt.workers << ", chunk bytes "
                                                            << opt.chunk_bytes;
-  const std::unique_ptr<Tokenizer> tok = make_tokenizer(opt.tokenizer_type, opt.vocab_file, opt.merge_file);
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer({opt.tokenizer_type, opt.vocab_file, opt.merge_file, opt.tokenizer_model});
   JsonlChunkReader in(opt.input);
 
   // Builders remove their temporary files if anything below throws.
@@ -259,7 +261,8 @@ PreprocessStats preprocess(const PreprocessOptions& opt) {
 namespace {
 const char* kUsage =
     "usage: lattice preprocess --input F.jsonl[.gz] [--json-keys KEY ...]\n"
-    "                          --tokenizer-type {ByteTokenizer,GPT2BPETokenizer} [--vocab-file F --merge-file F]\n"
+    "                          --tokenizer-type {ByteTokenizer,GPT2BPETokenizer,HuggingFaceTokenizer}\n"
+    "                          [--vocab-file F --merge-file F | --tokenizer-model PATH]\n"
     "                          --output-prefix P [--append-eod] [--workers N] [--skip-bad-lines]\n"
     "                          [--keep-newlines] [--no-progress]\n"
     "writes P_<KEY>_document.bin/.idx (Megatron's indexed dataset) for every key (default: text)\n";

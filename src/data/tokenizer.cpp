@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "data/gpt2_bpe_tokenizer.h"
+#include "data/hf_tokenizer.h"
 
 namespace lattice {
 
@@ -25,16 +26,34 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
-                                          const std::string& merge_file) {
-  if (type == "ByteTokenizer") return std::make_unique<ByteTokenizer>();
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec) {
+  const std::string& type = spec.type;
+  auto refuse = [&](const std::string& value, const char* flag, const char* belongs_to) {
+    if (!value.empty())
+      LATTICE_FAIL() << flag << " does not apply to --tokenizer-type " << type << " (it belongs to " << belongs_to << ")";
+  };
+  if (type == "ByteTokenizer") {
+    refuse(spec.vocab_file, "--vocab-file", "GPT2BPETokenizer");
+    refuse(spec.merge_file, "--merge-file", "GPT2BPETokenizer");
+    refuse(spec.model, "--tokenizer-model", "HuggingFaceTokenizer");
+    return std::make_unique<ByteTokenizer>();
+  }
   if (type == "GPT2BPETokenizer") {
-    if (vocab_file.empty()) LATTICE_FAIL() << "--vocab-file is required with --tokenizer-type GPT2BPETokenizer";
-    if (merge_file.empty()) LATTICE_FAIL() << "--merge-file is required with --tokenizer-type GPT2BPETokenizer";
-    return std::make_unique<GPT2BPETokenizer>(vocab_file, merge_file);
+    refuse(spec.model, "--tokenizer-model", "HuggingFaceTokenizer");
+    if (spec.vocab_file.empty()) LATTICE_FAIL() << "--vocab-file is required with --tokenizer-type GPT2BPETokenizer";
+    if (spec.merge_file.empty()) LATTICE_FAIL() << "--merge-file is required with --tokenizer-type GPT2BPETokenizer";
+    return std::make_unique<GPT2BPETokenizer>(spec.vocab_file, spec.merge_file);
+  }
+  if (type == "HuggingFaceTokenizer") {
+    refuse(spec.vocab_file, "--vocab-file", "GPT2BPETokenizer");
+    refuse(spec.merge_file, "--merge-file", "GPT2BPETokenizer");
+    if (spec.model.empty())
+      LATTICE_FAIL() << "--tokenizer-model is required with --tokenizer-type HuggingFaceTokenizer (tokenizer.json or "
+                        "the folder that holds it)";
+    return std::make_unique<HuggingFaceTokenizer>(spec.model);
   }
   LATTICE_FAIL() << "--tokenizer-type: unknown tokenizer '" << type
-                 << "' (supported: ByteTokenizer, GPT2BPETokenizer)";
+                 << "' (supported: ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer)";
 }
 
 }  // namespace lattice

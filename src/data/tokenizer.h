@@ -1,5 +1,6 @@
 // Tokenizers. ByteTokenizer: ids 0..255 are the bytes, 256 is the end-of-document.
 // GPT2BPETokenizer (OpenAI's byte-level BPE): data/gpt2_bpe_tokenizer.h.
+// HuggingFaceTokenizer (tokenizer.json, byte-level BPE: Llama 3 and others): data/hf_tokenizer.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -34,9 +35,17 @@ class ByteTokenizer : public Tokenizer {
   const char* name() const override { return "ByteTokenizer"; }
 };
 
-// Builds the tokenizer named by --tokenizer-type: ByteTokenizer, or GPT2BPETokenizer from
-// --vocab-file and --merge-file. Errors name the flag (unknown type, missing or bad file).
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
-                                          const std::string& merge_file);
+// The tokenizer flags (Megatron's names).
+struct TokenizerSpec {
+  std::string type;        // --tokenizer-type
+  std::string vocab_file;  // --vocab-file (GPT2BPETokenizer)
+  std::string merge_file;  // --merge-file (GPT2BPETokenizer)
+  std::string model;       // --tokenizer-model (HuggingFaceTokenizer: tokenizer.json or its folder)
+};
+
+// Builds the tokenizer named by --tokenizer-type: ByteTokenizer; GPT2BPETokenizer from
+// --vocab-file and --merge-file; HuggingFaceTokenizer from --tokenizer-model. Errors name the flag
+// (unknown type, missing, superfluous or bad file).
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec);
 
 }  // namespace lattice

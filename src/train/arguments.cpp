@@ -120,6 +120,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"tokenizer-type", Kind::str, &a.tokenizer_type, "ByteTokenizer"},
       {"vocab-file", Kind::str, &a.vocab_file, "tokenizer vocabulary file"},
       {"merge-file", Kind::str, &a.merge_file, "tokenizer merges file"},
+      {"tokenizer-model", Kind::str, &a.tokenizer_model, "HuggingFaceTokenizer: tokenizer.json or its folder"},
       {"split", Kind::str, &a.split, "train,valid,test proportions of --data-path"},
       {"data-cache-path", Kind::str, &a.data_cache_path, "where dataset index files are cached"},
       {"train-data-path", Kind::list, &a.train_data_path, "training data ([w1] p1 [w2 p2 ...])"},
@@ -370,7 +371,7 @@ void validate(TrainArgs& a) {
   // Also names an unknown --tokenizer-type or a bad --vocab-file/--merge-file.
   int64_t tokenizer_vocab_size = 0;
   if (!a.tokenizer_type.empty())
-    tokenizer_vocab_size = make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file)->vocab_size();
+    tokenizer_vocab_size = make_tokenizer(a.tokenizer_spec())->vocab_size();
   if (a.tokenizer_type.empty() && a.vocab_size <= 0)
     LATTICE_FAIL() << "--vocab-size is required when no --tokenizer-type is given";
   if (a.num_threads < 0) LATTICE_FAIL() << "--num-threads must be >= 0";

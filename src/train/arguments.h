@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "model/transformer_config.h"
 #include "optim/optimizer.h"
 #include "train/batch_size_rampup.h"
@@ -68,7 +69,7 @@ struct TrainArgs {
   bool mock_data = false;
   std::vector<std::string> data_path;
   int64_t vocab_size = 0;
-  std::string tokenizer_type, vocab_file, merge_file;
+  std::string tokenizer_type, vocab_file, merge_file, tokenizer_model;
   // data (Megatron's GPTDataset, blending, evaluation, document boundaries)
   std::string split = "969,30,1";
   std::string data_cache_path;
@@ -127,6 +128,7 @@ struct TrainArgs {
   int64_t batch_size_at(int64_t consumed) const;
   int64_t consumed_after(int64_t iterations) const;
   TransformerConfig transformer_config() const;
+  TokenizerSpec tokenizer_spec() const { return {tokenizer_type, vocab_file, merge_file, tokenizer_model}; }
   OptimizerConfig optimizer_config() const;
   // The arguments as `--flag value` pairs (for checkpoints and `generate`).
   std::string to_json() const;

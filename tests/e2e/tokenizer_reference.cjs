@@ -10,6 +10,7 @@
 "use strict";
 const fs = require("fs");
 const path = require("path");
+const { expectIndexedDataset } = require("./indexed_dataset_reference.cjs");
 const [npmDir, mode, ...args] = process.argv.slice(2);
 const mod = (name) => require(path.join(path.resolve(npmDir), "node_modules", name));
 const enc = mod("tiktoken").get_encoding("gpt2");
@@ -37,43 +38,13 @@ if (mode === "vectors") {
   process.stdout.write(encode(fs.readFileSync(args[0], "utf8")).join(" ") + "\n");
 } else if (mode === "dataset") {
   const [jsonl, prefix] = args;
-  const lengths = [];
-  const tokens = [];
-  const docIndices = [0];
-  for (const line of fs.readFileSync(jsonl, "utf8").split("\n")) {
-    if (!line.trim()) continue;
-    const ids = encode(JSON.parse(line).text);
-    if (ids.length) {
-      ids.push(EOD);
-      lengths.push(ids.length);
-      for (const t of ids) tokens.push(t);
-    }
-    docIndices.push(lengths.length);
+  const docs = fs.readFileSync(jsonl, "utf8").split("\n").filter((l) => l.trim())
+    .map((l) => encode(JSON.parse(l).text)).map((ids) => (ids.length ? [...ids, EOD] : ids));
+  try {
+    process.stdout.write(expectIndexedDataset(prefix, docs, "u16") + "\n");
+  } catch (e) {
+    fail(e.message);
   }
-  // .idx: magic, u64 version 1, u8 dtype 8 (u16), u64 S, u64 D+1, i32[S], i64[S] byte offsets, i64[D+1]
-  const S = lengths.length, D1 = docIndices.length;
-  const idx = Buffer.alloc(9 + 8 + 1 + 8 + 8 + 4 * S + 8 * S + 8 * D1);
-  let o = 0;
-  o += idx.write("MMIDIDX\0\0", o, "latin1");
-  idx.writeBigUInt64LE(1n, o); o += 8;
-  idx.writeUInt8(8, o); o += 1;
-  idx.writeBigUInt64LE(BigInt(S), o); o += 8;
-  idx.writeBigUInt64LE(BigInt(D1), o); o += 8;
-  for (const n of lengths) { idx.writeInt32LE(n, o); o += 4; }
-  let offset = 0n;
-  for (const n of lengths) { idx.writeBigInt64LE(offset, o); o += 8; offset += BigInt(2 * n); }
-  for (const d of docIndices) { idx.writeBigInt64LE(BigInt(d), o); o += 8; }
-  const bin = Buffer.from(Uint16Array.from(tokens).buffer);
-  const compare = (name, want) => {
-    const got = fs.readFileSync(name);
-    if (got.equals(want)) return;
-    let i = 0;
-    while (i < got.length && i < want.length && got[i] === want[i]) ++i;
-    fail(`${name}: differs from the reference at byte ${i} (size ${got.length}, reference ${want.length})`);
-  };
-  compare(prefix + ".bin", bin);
-  compare(prefix + ".idx", idx);
-  process.stdout.write(`${D1 - 1} documents, ${tokens.length} tokens: identical\n`);
 } else {
   fail("unknown mode '" + mode + "' (vectors, text, dataset)");
 }

@@ -56,17 +56,21 @@ TEST(DataTokenizer, ByteTokenizerRoundTrip) {
 }
 
 TEST(DataTokenizer, Factory) {
-  auto tok = make_tokenizer("ByteTokenizer", "", "");
+  auto tok = make_tokenizer({"ByteTokenizer", "", ""});
   ASSERT_TRUE(tok);
   EXPECT_STREQ(tok->name(), "ByteTokenizer");
   try {
-    make_tokenizer("NoSuchTokenizer", "", "");
+    make_tokenizer({"NoSuchTokenizer", "", ""});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--tokenizer-type"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("NoSuchTokenizer"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(make_tokenizer("GPT2BPETokenizer", "v.json", "m.txt"), Error);
+  EXPECT_THROW(make_tokenizer({"GPT2BPETokenizer", "v.json", "m.txt"}), Error);
+  // A file flag of another tokenizer is refused, naming it.
+  EXPECT_THROW(make_tokenizer({"ByteTokenizer", "v.json", "", ""}), Error);
+  EXPECT_THROW(make_tokenizer({"GPT2BPETokenizer", "v.json", "m.txt", "tok.json"}), Error);
+  EXPECT_THROW(make_tokenizer({"HuggingFaceTokenizer", "", "", ""}), Error);
 }
 
 TEST(DataSamples, SequentialDocumentOrder) {

@@ -216,13 +216,13 @@ TEST(TokBpe, MissingFilesNameTheFlag) {
   msg = error_of(f.vocab, f.dir + "/nope.txt");
   EXPECT_HAS(msg, "--merge-file " + f.dir + "/nope.txt: cannot open");
   try {
-    make_tokenizer("GPT2BPETokenizer", "", f.merges);
+    make_tokenizer({"GPT2BPETokenizer", "", f.merges});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_HAS(std::string(e.what()), "--vocab-file is required");
   }
   try {
-    make_tokenizer("GPT2BPETokenizer", f.vocab, "");
+    make_tokenizer({"GPT2BPETokenizer", f.vocab, ""});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_HAS(std::string(e.what()), "--merge-file is required");

@@ -1,0 +1,71 @@
+// HuggingFaceTokenizer (Megatron's --tokenizer-type HuggingFaceTokenizer --tokenizer-model PATH):
+// a byte-level BPE tokenizer read from HuggingFace's tokenizer.json, as Llama 3, GPT-2 and most
+// recent vocabularies ship it. PATH is the folder that holds tokenizer.json, or the file itself.
+// What is read, and how it encodes (as HuggingFace's tokenizers library does):
+//   added_tokens    found in the text first, longest match at the leftmost place; lstrip/rstrip
+//                   take the white space beside them. Each is its own id.
+//   pre_tokenizer   cuts the text between them into pieces: ByteLevel (use_regex: GPT-2's pattern;
+//                   add_prefix_space), Split (a regex or string pattern; behaviour Isolated,
+//                   Removed, MergedWithPrevious, MergedWithNext or Contiguous; invert), Digits,
+//                   or a Sequence of these (Llama 3: Split on its regex, then ByteLevel).
+//   model           BPE over each piece's bytes: vocab, merges ("a b" strings or [a, b] pairs)
+//                   by rank, ignore_merges (a piece that is a token is that token).
+//   post_processor  TemplateProcessing's single sequence: the ids before and after the text
+//                   (Llama 3's <|begin_of_text|>); ByteLevel (no change to ids); a Sequence.
+//   decoder         ByteLevel: tokens back to their bytes, added tokens to their text.
+// The end-of-document id (Megatron's tokenizer.eod) is eos_token of tokenizer_config.json, else
+// of special_tokens_map.json, beside tokenizer.json. The vocabulary size is the highest id + 1.
+// Anything else (a normalizer, another model, BPE dropout, byte fallback, another pre-tokenizer,
+// processor or decoder) is refused at load with one line naming the file and the key.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "data/byte_level_bpe.h"
+#include "data/regex.h"
+#include "data/tokenizer.h"
+
+namespace lattice {
+
+class HuggingFaceTokenizer : public Tokenizer {
+ public:
+  // Throws lattice::Error naming --tokenizer-model, the file and what is wrong.
+  explicit HuggingFaceTokenizer(const std::string& path);
+  ~HuggingFaceTokenizer() override;
+
+  // HuggingFace's encode(text) (add_special_tokens on): the template's ids around the text's.
+  std::vector<int32_t> encode(const std::string& text) const override;
+  void encode_append(std::string_view text, std::vector<int32_t>* out) const override;
+  // The tokens' bytes back to back, added tokens as their text; throws on an unknown id.
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return vocab_size_; }
+  int32_t eod() const override { return eod_; }
+  const char* name() const override { return "HuggingFaceTokenizer"; }
+
+  // One pre-tokenizer step (tokenizer.json's pre_tokenizer, flattened); defined in the .cpp.
+  struct Step;
+  struct AddedToken {
+    int32_t id;
+    std::string content;
+    bool lstrip, rstrip;
+  };
+
+ private:
+  void encode_text(std::string_view text, std::vector<int32_t>* out) const;  // no added tokens in it
+
+  ByteLevelBpe bpe_;
+  std::vector<AddedToken> added_;       // longest content first
+  bool first_bytes_[256] = {};          // the first bytes of the added tokens
+  std::unordered_map<int32_t, std::string> added_text_;  // id -> content
+  std::vector<std::unique_ptr<Step>> steps_;
+  bool add_prefix_space_ = false;       // a leading ByteLevel pre-tokenizer's
+  std::vector<int32_t> prefix_ids_, suffix_ids_;  // TemplateProcessing's single sequence
+  int64_t vocab_size_ = 0;
+  int32_t eod_ = -1;
+};
+
+}  // namespace lattice
