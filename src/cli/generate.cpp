@@ -94,11 +94,16 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
   timing.prefill_tokens += next_logits.compute(ids, start, logits.data());
   timing.prefill_s += seconds_since(t0);
   t0 = Clock::now();
+  // Each new token is printed as what it adds to the decoded text, so that tokenizers whose
+  // decode joins tokens (NullTokenizer's spaces) stream as they decode.
+  std::string shown = tok.decode(ids);
   for (int64_t n = 0; n < max_new_tokens; ++n) {
     const int32_t next = sample_token(logits.data(), c.vocab_size, sc, stream, uint64_t(n));
     if (next == tok.eod()) break;
     ids.push_back(next);
-    const std::string piece = tok.decode({next});
+    std::string all = tok.decode(ids);
+    const std::string piece = all.compare(0, shown.size(), shown) == 0 ? all.substr(shown.size()) : tok.decode({next});
+    shown = std::move(all);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     ++timing.new_tokens;
@@ -148,10 +153,11 @@ int cmd_generate(int argc, char** argv) {
         "  --top-k K                  sample among the K likeliest tokens (0: all) [0]\n"
         "  --top-p P                  nucleus sampling: the likeliest tokens up to mass P [1]\n"
         "  --seed S                   sampling seed [1234]\n"
-        "  --tokenizer-type NAME      ByteTokenizer, GPT2BPETokenizer or HuggingFaceTokenizer [the checkpoint's]\n"
+        "  --tokenizer-type NAME      ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer [the checkpoint's]\n"
         "  --vocab-file F             GPT-2 BPE vocabulary (vocab.json) [the checkpoint's]\n"
         "  --merge-file F             GPT-2 BPE merges (merges.txt) [the checkpoint's]\n"
         "  --tokenizer-model PATH     HuggingFace tokenizer.json or its folder [the checkpoint's]\n"
+        "  --vocab-size N             NullTokenizer's ids (N: the end of document) [the checkpoint's]\n"
         "  --no-kv-cache              recompute the whole context for every token\n"
         "  --device cpu|cuda          where the model runs [cpu]\n",
         stdout);
@@ -160,7 +166,7 @@ int cmd_generate(int argc, char** argv) {
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k",
                                       "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
-                                      "device"},
+                                      "vocab-size", "device"},
                                      {"no-kv-cache"});
   const std::string load = f.required("load");
   const std::vector<std::string> prompts = read_prompts(f);
@@ -179,10 +185,11 @@ int cmd_generate(int argc, char** argv) {
   // The checkpoint's tokenizer flags; --tokenizer-type names another (with its own files), and
   // --vocab-file, --merge-file and --tokenizer-model replace the recorded paths.
   TokenizerSpec spec = lm.tokenizer;
-  if (f.has("tokenizer-type")) spec = {f.get("tokenizer-type", ""), "", "", ""};
+  if (f.has("tokenizer-type")) spec = {f.get("tokenizer-type", ""), "", "", "", 0};
   spec.vocab_file = f.get("vocab-file", spec.vocab_file);
   spec.merge_file = f.get("merge-file", spec.merge_file);
   spec.model = f.get("tokenizer-model", spec.model);
+  spec.vocab_size = integer_flag(f, "vocab-size", spec.vocab_size, 0);
   if (spec.type.empty())
     LATTICE_FAIL() << "--load " << load
                    << ": the checkpoint names no tokenizer (trained on pre-tokenised data); give --tokenizer-type";

@@ -1,4 +1,4 @@
-// lattice tokenize --tokenizer-type T [--vocab-file F --merge-file F | --tokenizer-model PATH] [--jsonl]
+// lattice tokenize --tokenizer-type T [--vocab-file F --merge-file F | --tokenizer-model PATH | --vocab-size N] [--jsonl]
 //                  [--append-eod] [--decode]
 //   default   all of stdin is one text; prints its ids on one line, separated by spaces
 //   --jsonl   every stdin line is a JSON string; prints one line of ids per input line
@@ -35,9 +35,12 @@ void print_ids(const std::vector<int32_t>& ids) {
 
 int cmd_tokenize(int argc, char** argv) {
   const SimpleFlags f =
-      parse_simple_flags(argc, argv, 1, {"tokenizer-type", "vocab-file", "merge-file", "tokenizer-model"}, {"jsonl", "append-eod", "decode"});
-  const auto tok = make_tokenizer(
-      {f.required("tokenizer-type"), f.get("vocab-file", ""), f.get("merge-file", ""), f.get("tokenizer-model", "")});
+      parse_simple_flags(argc, argv, 1, {"tokenizer-type", "vocab-file", "merge-file", "tokenizer-model", "vocab-size"}, {"jsonl", "append-eod", "decode"});
+  const double vocab_size = f.number("vocab-size", 0);
+  if (vocab_size < 0 || vocab_size != double(int64_t(vocab_size)))
+    LATTICE_FAIL() << "--vocab-size must be a positive integer, got " << f.get("vocab-size", "");
+  const auto tok = make_tokenizer({f.required("tokenizer-type"), f.get("vocab-file", ""), f.get("merge-file", ""),
+                                   f.get("tokenizer-model", ""), int64_t(vocab_size)});
   std::ios::sync_with_stdio(false);
   if (f.has("decode")) {
     std::vector<int32_t> ids;

@@ -1,29 +1,12 @@
 // GPT-2 byte-level BPE: loading vocab.json/merges.txt, encode (data/byte_level_bpe.h), decode.
 #include "data/gpt2_bpe_tokenizer.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
 #include "data/gpt2_pretokenizer.h"
 
 namespace lattice {
-
-namespace {
-
-std::string read_file(const std::string& flag, const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) LATTICE_FAIL() << flag << " " << path << ": cannot open: " << std::strerror(errno);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) LATTICE_FAIL() << flag << " " << path << ": read failed";
-  return ss.str();
-}
-
-}  // namespace
 
 GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file) {
   load_vocab(vocab_file);
@@ -34,7 +17,7 @@ void GPT2BPETokenizer::load_vocab(const std::string& vocab_file) {
   const std::string where = "--vocab-file " + vocab_file;
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_file("--vocab-file", vocab_file));
+    j = nlohmann::json::parse(read_tokenizer_file(vocab_file, "--vocab-file " + vocab_file));
   } catch (const nlohmann::json::parse_error& e) {
     LATTICE_FAIL() << where << ": not valid JSON (byte " << e.byte << "); expected GPT-2's vocab.json";
   }
@@ -69,7 +52,7 @@ void GPT2BPETokenizer::load_vocab(const std::string& vocab_file) {
 
 void GPT2BPETokenizer::load_merges(const std::string& merge_file) {
   const std::string where = "--merge-file " + merge_file;
-  const std::string text = read_file("--merge-file", merge_file);
+  const std::string text = read_tokenizer_file(merge_file, "--merge-file " + merge_file);
   std::string left, right;
   int64_t line_no = 0;
   for (size_t pos = 0; pos < text.size();) {

@@ -2,13 +2,9 @@
 #include "data/hf_tokenizer.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
 #include "data/gpt2_pretokenizer.h"
@@ -95,18 +91,9 @@ struct HuggingFaceTokenizer::Step {
 
 namespace {
 
-std::string read_text_file(const std::string& path, const std::string& what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) LATTICE_FAIL() << what << ": cannot open: " << std::strerror(errno);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) LATTICE_FAIL() << what << ": read failed";
-  return ss.str();
-}
-
 json parse_json_file(const std::string& path, const std::string& what) {
   try {
-    return json::parse(read_text_file(path, what));
+    return json::parse(read_tokenizer_file(path, what));
   } catch (const json::parse_error& e) {
     LATTICE_FAIL() << what << ": not valid JSON (byte " << e.byte << ")";
   }

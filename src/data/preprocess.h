@@ -1,7 +1,7 @@
 // `lattice preprocess`: jsonl -> Megatron .bin/.idx, as Megatron's tools/preprocess_data.py.
 //   lattice preprocess --input F.jsonl[.gz] --json-keys text [KEY ...]
-//                      --tokenizer-type {ByteTokenizer,GPT2BPETokenizer,HuggingFaceTokenizer}
-//                      [--vocab-file F --merge-file F | --tokenizer-model PATH]
+//                      --tokenizer-type {ByteTokenizer,GPT2BPETokenizer,HuggingFaceTokenizer,NullTokenizer}
+//                      [--vocab-file F --merge-file F | --tokenizer-model PATH | --vocab-size N]
 //                      --output-prefix P [--append-eod] [--workers N] [--skip-bad-lines] [--keep-newlines]
 // writes P_<key>_document.bin/.idx for every key: one document per jsonl line; a string value
 // is one sequence, a list of strings is one sequence per non-empty string (Megatron's
@@ -23,6 +23,7 @@ struct PreprocessOptions {
   std::string tokenizer_type;
   std::string vocab_file, merge_file;
   std::string tokenizer_model;  // --tokenizer-model (HuggingFaceTokenizer)
+  int64_t vocab_size = 0;       // --vocab-size (NullTokenizer)
   std::string output_prefix;
   bool append_eod = false;
   int workers = 1;

@@ -1,4 +1,6 @@
 // Tokenizers. ByteTokenizer: ids 0..255 are the bytes, 256 is the end-of-document.
+// NullTokenizer (Megatron's, for text that is already token ids): the text is ids separated by
+// white space, --vocab-size N of them (0..N-1), and N is the end-of-document (N + 1 in all).
 // GPT2BPETokenizer (OpenAI's byte-level BPE): data/gpt2_bpe_tokenizer.h.
 // HuggingFaceTokenizer (tokenizer.json, byte-level BPE: Llama 3 and others): data/hf_tokenizer.h.
 #pragma once
@@ -35,16 +37,38 @@ class ByteTokenizer : public Tokenizer {
   const char* name() const override { return "ByteTokenizer"; }
 };
 
+class NullTokenizer : public Tokenizer {
+ public:
+  explicit NullTokenizer(int64_t vocab_size) : n_(vocab_size) {}
+  // Throws naming the word that is not an id in 0..N (the end of document included).
+  std::vector<int32_t> encode(const std::string& text) const override;
+  void encode_append(std::string_view text, std::vector<int32_t>* out) const override;
+  // The ids in decimal, separated by single spaces.
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return n_ + 1; }
+  int32_t eod() const override { return int32_t(n_); }
+  const char* name() const override { return "NullTokenizer"; }
+
+ private:
+  int64_t n_;
+};
+
+// A tokenizer file's whole content; `what` (the flag and the path) starts the error when it
+// cannot be opened or read.
+std::string read_tokenizer_file(const std::string& path, const std::string& what);
+
 // The tokenizer flags (Megatron's names).
 struct TokenizerSpec {
   std::string type;        // --tokenizer-type
   std::string vocab_file;  // --vocab-file (GPT2BPETokenizer)
   std::string merge_file;  // --merge-file (GPT2BPETokenizer)
   std::string model;       // --tokenizer-model (HuggingFaceTokenizer: tokenizer.json or its folder)
+  int64_t vocab_size = 0;  // --vocab-size (NullTokenizer: ids 0..N-1, N the end of document)
 };
 
 // Builds the tokenizer named by --tokenizer-type: ByteTokenizer; GPT2BPETokenizer from
-// --vocab-file and --merge-file; HuggingFaceTokenizer from --tokenizer-model. Errors name the flag
+// --vocab-file and --merge-file; HuggingFaceTokenizer from --tokenizer-model; NullTokenizer of
+// --vocab-size. Errors name the flag
 // (unknown type, missing, superfluous or bad file).
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec);
 

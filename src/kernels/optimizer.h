@@ -37,5 +37,7 @@ void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float 
 double sum_of_squares(const float* x, int64_t n);
 // Whether any x[i] is inf or nan (the fp16 loss scaler's overflow check).
 bool any_non_finite(const float* x, int64_t n);
+// How many x[i] are zero (+0 or -0): Megatron's --log-num-zeros-in-grad.
+int64_t count_zeros(const float* x, int64_t n);
 
 }  // namespace lattice

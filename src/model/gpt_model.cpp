@@ -793,7 +793,7 @@ LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B,
   // The masked token count first: the backward's scale 1/count is known before any kernel.
   LossSum l;
   for (int64_t i = 0; i < N; ++i) l.count += host_mask ? host_mask[i] : 1.0f;
-  const float token_scale = l.count > 0 ? float(1.0 / l.count) : 0.0f;
+  const float token_scale = loss_gradient_of_sum_ ? 1.0f : l.count > 0 ? float(1.0 / l.count) : 0.0f;
   const uint16_t* logits16 = nullptr;
   if (bf16) {
     logits16 = gemm_policy_->forward_bf16(out_site.param, a.logits, input(a.lnf), output_weight(), N, C, Vl_);

@@ -108,7 +108,8 @@ class GPTModel {
   // from them). A chunk without the embedding reads its input [Ns, C] from
   // input_buffer(chunk, slot), where the caller received it. Without the loss, the
   // output [Ns, C] is at output(chunk, slot) afterwards; with it, the loss is computed
-  // and (when key.training) its gradient too, scaled by grad_scale / mask sum.
+  // and (when key.training) its gradient too, scaled by grad_scale / mask sum (by grad_scale
+  // alone after set_loss_gradient_of_sum(true): the gradient of the summed token losses).
   LossSum forward_step(int chunk, int slot, const int32_t* tokens, const float* loss_mask, int64_t B,
                        int64_t T, float grad_scale, const MicroBatchKey& key);
   float* input_buffer(int chunk, int slot);
@@ -170,6 +171,9 @@ class GPTModel {
   // Applies to every later forward (training, evaluation, logits). Fails when an option
   // is on without an eod id.
   void set_document_boundaries(const DocumentBoundaries& d);
+  // Megatron's --calculate-per-token-loss: the training loss gradient is that of the sum of the
+  // micro-batch's token losses, not of their mean (the step divides by the global token count).
+  void set_loss_gradient_of_sum(bool on) { loss_gradient_of_sum_ = on; }
   const DocumentBoundaries& document_boundaries() const { return docs_; }
 
   // With sequence parallelism the LayerNorm gradients of each rank cover its token
@@ -408,6 +412,7 @@ class GPTModel {
   std::vector<Activations> acts_;      // [chunk * slots + slot]
   std::unique_ptr<Scratch> scratch_;
   DocumentBoundaries docs_;
+  bool loss_gradient_of_sum_ = false;
   std::unique_ptr<RotaryEmbedding> rope_;  // with --position-embedding-type rope
   DeviceArray<float> no_bias_, bias_grad_sink_;  // with --disable-bias-linear or RMSNorm (zeroed when allocated)
   DeviceArray<float> row_max_;         // [B*T] cross entropy statistics

@@ -23,26 +23,50 @@ ElementRanges or_whole(const ParamBuffer& params, const ElementRanges& ranges) {
 
 }  // namespace
 
-double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp) {
-  double sq = 0;
+// sum over the elements of `ranges` of `of(begin, end)`, each element of the model counted once
+// over the groups (see grad_norm), summed over dp, tp and pp. `params_only`: never over the
+// buffer's alignment gaps between parameters (zeros: they add nothing to a sum of squares, but
+// they would to a count of zeros).
+template <typename Of>
+double model_sum(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp,
+                 bool params_only, Of of) {
+  double total = 0;
   const bool skip_tp_duplicates = tp && tp->size() > 1 && tp->rank() != 0;
   bool has_copy = false;
   for (const ParamInfo& p : params.infos()) has_copy = has_copy || p.shared_embedding_copy;
   for (auto [rb, re] : or_whole(params, ranges)) {
-    if (!skip_tp_duplicates && !has_copy) {
-      sq += sum_of_squares(params.grads() + rb, re - rb);
+    if (!skip_tp_duplicates && !has_copy && !params_only) {
+      total += of(rb, re);
       continue;
     }
     for (const ParamInfo& p : params.infos()) {
       const int64_t b = std::max(rb, p.offset), e = std::min(re, p.offset + p.numel);
-      if (b < e && !(p.tp_duplicated && skip_tp_duplicates) && !p.shared_embedding_copy)
-        sq += sum_of_squares(params.grads() + b, e - b);
+      if (b < e && !(p.tp_duplicated && skip_tp_duplicates) && !p.shared_embedding_copy) total += of(b, e);
     }
   }
-  if (dp) dp->all_reduce(&sq, 1, ReduceOp::sum);
-  if (tp && tp->size() > 1) tp->all_reduce(&sq, 1, ReduceOp::sum);
-  if (pp && pp->size() > 1) pp->all_reduce(&sq, 1, ReduceOp::sum);
-  return std::sqrt(sq);
+  if (dp) dp->all_reduce(&total, 1, ReduceOp::sum);
+  if (tp && tp->size() > 1) tp->all_reduce(&total, 1, ReduceOp::sum);
+  if (pp && pp->size() > 1) pp->all_reduce(&total, 1, ReduceOp::sum);
+  return total;
+}
+
+double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp) {
+  const float* g = params.grads();
+  return std::sqrt(
+      model_sum(params, ranges, dp, tp, pp, false, [g](int64_t b, int64_t e) { return sum_of_squares(g + b, e - b); }));
+}
+
+double params_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp) {
+  const float* p = params.params();
+  return std::sqrt(
+      model_sum(params, ranges, dp, tp, pp, false, [p](int64_t b, int64_t e) { return sum_of_squares(p + b, e - b); }));
+}
+
+int64_t count_zero_grads(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp) {
+  const float* g = params.grads();
+  // A double sum of integer counts: exact below 2^53 elements.
+  return int64_t(model_sum(params, ranges, dp, tp, pp, true,
+                           [g](int64_t b, int64_t e) { return double(count_zeros(g + b, e - b)); }));
 }
 
 float clip_coefficient(double norm, double max_norm) {

@@ -37,6 +37,12 @@ class Comm;
 // (ParamInfo::shared_embedding_copy) not at all.
 double grad_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
                  Comm* tp = nullptr, Comm* pp = nullptr);
+// The same for the (fp32) parameters: Megatron's --log-params-norm.
+double params_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
+                   Comm* tp = nullptr, Comm* pp = nullptr);
+// How many gradients are zero, counted as grad_norm counts: Megatron's --log-num-zeros-in-grad.
+int64_t count_zero_grads(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
+                         Comm* tp = nullptr, Comm* pp = nullptr);
 
 // Gradient clipping's coefficient for a global norm: max_norm / (norm + 1e-6) when that is
 // below 1 (Megatron's and torch's rule), else 1 (no clipping; max_norm <= 0: never). The

@@ -59,7 +59,7 @@ float* PipelineRunner::grad_send_buffer(size_t n) {
   return grad_sends_.back()->data.data();
 }
 
-double PipelineRunner::train(const Fetch& fetch, const std::function<MicroBatchKey(int64_t)>& key_of, int64_t M,
+PipelineRunner::Losses PipelineRunner::train(const Fetch& fetch, const std::function<MicroBatchKey(int64_t)>& key_of, int64_t M,
                              int64_t B, int64_t T, float grad_scale,
                              const std::function<void(bool)>& before_backward) {
   const int P = layout_.stages, S = P * layout_.virtual_stages, r = stage_;
@@ -82,7 +82,7 @@ double PipelineRunner::train(const Fetch& fetch, const std::function<MicroBatchK
   peak_ = 0;
   compute_seconds_ = 0;
   Timer total;
-  double loss = 0;
+  Losses loss;
   auto context = [&](const char* what, int64_t m, int peer) {
     if (pp_)
       pp_->set_wait_context("stage " + std::to_string(r) + ", micro-batch " + std::to_string(m) + ": " + what +
@@ -109,7 +109,9 @@ double PipelineRunner::train(const Fetch& fetch, const std::function<MicroBatchK
       const LossSum l = model_.forward_step(c, slot, tokens_[k].data(), nullptr, B, T, grad_scale, key_of(m));
       compute_seconds_ += compute.seconds();
       if (s == S - 1) {
-        loss += l.count > 0 ? l.sum / l.count : 0.0;
+        loss.sum_of_means += l.count > 0 ? l.sum / l.count : 0.0;
+        loss.tokens.sum += l.sum;
+        loss.tokens.count += l.count;
       } else {
         context("sending forward activations to", m, (s + 1) % P);
         activation_sends_[k] = pp_->isend(model_.output(c, slot), rows, (s + 1) % P, forward_tag(m, s + 1, S));
@@ -195,13 +197,17 @@ void PipelineRunner::finish_shared_embedding_grads() {
 }
 
 double PipelineRunner::from_last_stage(double value) {
-  if (!pp_) return value;
-  double v = stage_ == layout_.stages - 1 ? value : 0.0;
+  from_last_stage(&value, 1);
+  return value;
+}
+
+void PipelineRunner::from_last_stage(double* values, int n) {
+  if (!pp_) return;
+  if (stage_ != layout_.stages - 1) std::fill(values, values + n, 0.0);
   const std::string before = pp_->wait_context();
   pp_->set_wait_context("stage " + std::to_string(stage_) + ": the loss from the last stage");
-  pp_->all_reduce(&v, 1, ReduceOp::sum);
+  pp_->all_reduce(values, n, ReduceOp::sum);
   pp_->set_wait_context(before);
-  return v;
 }
 
 }  // namespace lattice

@@ -28,11 +28,17 @@ class PipelineRunner {
   // Fills tokens [B, T+1] of this rank's micro-batch m.
   using Fetch = std::function<void(int64_t m, int32_t* tokens)>;
 
+  // What train() returns: on the last stage the sum over the micro-batches of each one's mean
+  // token loss, and the sums of their masked token losses and mask (zeros on the others).
+  struct Losses {
+    double sum_of_means = 0;
+    LossSum tokens;
+  };
+
   // Forward and backward of M micro-batches (gradients accumulated, scaled by
   // grad_scale); before_backward(last) runs before each backward, last marking this
-  // stage's final one. Returns the sum of the micro-batches' mean losses on the last
-  // stage (0 on the others).
-  double train(const Fetch& fetch, const std::function<MicroBatchKey(int64_t m)>& key_of, int64_t M, int64_t B,
+  // stage's final one.
+  Losses train(const Fetch& fetch, const std::function<MicroBatchKey(int64_t m)>& key_of, int64_t M, int64_t B,
                int64_t T, float grad_scale, const std::function<void(bool last)>& before_backward);
 
   // Forward only (no dropout) over M micro-batches; the masked loss sums on the last
@@ -45,6 +51,8 @@ class PipelineRunner {
 
   // Losses live on the last stage: the value there, on every stage.
   double from_last_stage(double value);
+  // The same for n values at once (one collective).
+  void from_last_stage(double* values, int n);
 
   // The most micro-batches whose activations one chunk held at once in the last train().
   int peak_activations() const { return peak_; }

@@ -116,7 +116,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "LayerNorm, dropout and residual on token shards of the tensor-parallel group"},
       {"mock-data", Kind::flag, &a.mock_data, "synthetic data instead of --data-path"},
       {"data-path", Kind::list, &a.data_path, "prefix of a .bin/.idx dataset"},
-      {"vocab-size", Kind::i64, &a.vocab_size, "vocabulary size when no tokenizer is named"},
+      {"vocab-size", Kind::i64, &a.vocab_size,
+       "vocabulary size when no tokenizer is named; NullTokenizer's ids (its end of document is this id)"},
       {"tokenizer-type", Kind::str, &a.tokenizer_type, "ByteTokenizer"},
       {"vocab-file", Kind::str, &a.vocab_file, "tokenizer vocabulary file"},
       {"merge-file", Kind::str, &a.merge_file, "tokenizer merges file"},
@@ -129,6 +130,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"eval-interval", Kind::i64, &a.eval_interval, "iterations between validation evaluations"},
       {"eval-iters", Kind::i64, &a.eval_iters, "batches per evaluation"},
       {"eod-mask-loss", Kind::flag, &a.eod_mask_loss, "no loss on end-of-document tokens"},
+      {"calculate-per-token-loss", Kind::flag, &a.calculate_per_token_loss,
+       "loss and gradient: the global batch's token losses summed and divided by its token count"},
       {"reset-position-ids", Kind::flag, &a.reset_position_ids, "positions restart after each EOD"},
       {"reset-attention-mask", Kind::flag, &a.reset_attention_mask,
        "attention does not cross document boundaries"},
@@ -201,6 +204,39 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"device", Kind::str, &a.device, "where tensors live and kernels run: cpu or cuda (one GPU per process)"},
       {"num-threads", Kind::i64, &a.num_threads, "threads for kernels and GEMM (0: OMP_NUM_THREADS, else all cores)"},
       {"log-throughput", Kind::flag, &a.log_throughput, "accepted for Megatron compatibility"},
+      {"log-params-norm", Kind::flag, &a.log_params_norm, "the parameters' L2 norm in the log line and TensorBoard"},
+      {"log-num-zeros-in-grad", Kind::flag, &a.log_num_zeros_in_grad,
+       "the number of zero gradients in the log line and TensorBoard"},
+      // Implementation choices of Megatron's (TrainArgs::MegatronImplementationFlags): no-ops.
+      {"use-mcore-models", Kind::flag, &a.implementation.use_mcore_models, "accepted: lattice has one model implementation"},
+      {"transformer-impl", Kind::str, &a.implementation.transformer_impl,
+       "local or transformer_engine: accepted, lattice's layers are its own"},
+      {"use-flash-attn", Kind::flag, &a.implementation.use_flash_attn, "accepted: lattice's attention is a flash attention"},
+      {"attention-softmax-in-fp32", Kind::flag, &a.implementation.attention_softmax_in_fp32,
+       "accepted: lattice's attention softmax is always fp32"},
+      {"no-masked-softmax-fusion", Kind::flag, &a.implementation.no_masked_softmax_fusion, "accepted (fusion choices change no math)"},
+      {"no-bias-gelu-fusion", Kind::flag, &a.implementation.no_bias_gelu_fusion, "accepted (fusion choices change no math)"},
+      {"no-bias-dropout-fusion", Kind::flag, &a.implementation.no_bias_dropout_fusion, "accepted (fusion choices change no math)"},
+      {"no-bias-swiglu-fusion", Kind::flag, &a.implementation.no_bias_swiglu_fusion, "accepted (fusion choices change no math)"},
+      {"no-rope-fusion", Kind::flag, &a.implementation.no_rope_fusion, "accepted (fusion choices change no math)"},
+      {"no-gradient-accumulation-fusion", Kind::flag, &a.implementation.no_gradient_accumulation_fusion,
+       "accepted (fusion choices change no math)"},
+      {"no-async-tensor-model-parallel-allreduce", Kind::flag, &a.implementation.no_async_tensor_model_parallel_allreduce,
+       "accepted (a scheduling choice)"},
+      {"overlap-p2p-communication", Kind::flag, &a.implementation.overlap_p2p_communication,
+       "accepted: pipeline activations are always sent asynchronously"},
+      {"manual-gc", Kind::flag, &a.implementation.manual_gc, "accepted: no garbage collector"},
+      {"distributed-backend", Kind::str, &a.implementation.distributed_backend,
+       "nccl or gloo: accepted; lattice uses NCCL for GPU tensors and MPI for CPU ones"},
+      {"num-workers", Kind::i64, &a.implementation.num_workers, "accepted: samples are read in-process from mmap"},
+      {"timing-log-level", Kind::i64, &a.implementation.timing_log_level,
+       "0, 1 or 2: accepted; --log-timers-to-tensorboard and --profile-ops give lattice's timings"},
+      {"use-rotary-position-embeddings", Kind::flag, &a.use_rotary_position_embeddings,
+       "Megatron's older spelling of --position-embedding-type rope"},
+      {"no-position-embedding", Kind::flag, &a.no_position_embedding,
+       "no learned position table (only with rope, which has none)"},
+      {"exit-on-missing-checkpoint", Kind::flag, &a.exit_on_missing_checkpoint,
+       "with --load: fail when it holds no checkpoint instead of training from scratch"},
       {"attention-backend", Kind::str, &a.attention_backend,
        "flash, fused, unfused, local or auto: accepted for Megatron compatibility (lattice's own flash attention)"},
       {"profile-ops", Kind::flag, &a.profile_ops,
@@ -348,6 +384,24 @@ void validate(TrainArgs& a) {
   if (a.min_lr < 0) LATTICE_FAIL() << "--min-lr must be >= 0, got " << a.min_lr;
   if (a.weight_decay < 0) LATTICE_FAIL() << "--weight-decay must be >= 0, got " << a.weight_decay;
   if (a.clip_grad < 0) LATTICE_FAIL() << "--clip-grad must be >= 0, got " << a.clip_grad;
+  const TrainArgs::MegatronImplementationFlags& impl = a.implementation;
+  if (impl.transformer_impl != "local" && impl.transformer_impl != "transformer_engine")
+    LATTICE_FAIL() << "--transformer-impl must be local or transformer_engine, got '" << impl.transformer_impl << "'";
+  if (impl.distributed_backend != "nccl" && impl.distributed_backend != "gloo")
+    LATTICE_FAIL() << "--distributed-backend must be nccl or gloo, got '" << impl.distributed_backend << "'";
+  if (impl.num_workers < 0) LATTICE_FAIL() << "--num-workers must be >= 0, got " << impl.num_workers;
+  if (impl.timing_log_level < 0 || impl.timing_log_level > 2)
+    LATTICE_FAIL() << "--timing-log-level must be 0, 1 or 2, got " << impl.timing_log_level;
+  if (a.use_rotary_position_embeddings) {
+    if (a.position_embedding_type != "learned_absolute" && a.position_embedding_type != "rope")
+      LATTICE_FAIL() << "--use-rotary-position-embeddings contradicts --position-embedding-type "
+                     << a.position_embedding_type;
+    a.position_embedding_type = "rope";
+  }
+  if (a.no_position_embedding && a.position_embedding_type != "rope")
+    LATTICE_FAIL() << "--no-position-embedding needs --position-embedding-type rope (lattice has no model without "
+                      "position information)";
+  if (a.exit_on_missing_checkpoint && a.load.empty()) LATTICE_FAIL() << "--exit-on-missing-checkpoint needs --load";
   if (a.attention_backend != "auto" && a.attention_backend != "flash" && a.attention_backend != "fused" &&
       a.attention_backend != "unfused" && a.attention_backend != "local")
     LATTICE_FAIL() << "--attention-backend must be flash, fused, unfused, local or auto, got '" << a.attention_backend

@@ -76,6 +76,7 @@ struct TrainArgs {
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   int64_t eval_interval = 1000, eval_iters = 100;
   bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
+  bool calculate_per_token_loss = false;
   // learning-rate and weight-decay schedule (OptimizerParamScheduler)
   std::string lr_decay_style = "linear";
   int64_t lr_decay_iters = 0, lr_decay_samples = 0;       // 0: unset
@@ -117,7 +118,22 @@ struct TrainArgs {
   double peak_tflops = 0;   // 0: measure with a GEMM calibration
   int64_t num_threads = 0;  // 0: OMP_NUM_THREADS, else all cores
   bool log_throughput = false;
+  bool log_params_norm = false, log_num_zeros_in_grad = false;
   std::string attention_backend = "auto";  // accepted: lattice's attention is its own flash kernel
+  // Megatron flags that choose between implementations lattice does not have (fused kernels or
+  // not, Transformer Engine or local layers, data-loader processes, timers): accepted so that
+  // Megatron's command lines run, and they change nothing (docs/megatron-differences.md).
+  struct MegatronImplementationFlags {
+    bool use_mcore_models = false, use_flash_attn = false, attention_softmax_in_fp32 = false;
+    bool no_masked_softmax_fusion = false, no_bias_gelu_fusion = false, no_bias_dropout_fusion = false;
+    bool no_bias_swiglu_fusion = false, no_rope_fusion = false, no_gradient_accumulation_fusion = false;
+    bool no_async_tensor_model_parallel_allreduce = false, overlap_p2p_communication = false, manual_gc = false;
+    std::string transformer_impl = "transformer_engine", distributed_backend = "nccl";
+    int64_t num_workers = 2, timing_log_level = 0;
+  } implementation;
+  bool use_rotary_position_embeddings = false;  // Megatron's older spelling of --position-embedding-type rope
+  bool no_position_embedding = false;           // no learned position table: with rope, as rope is
+  bool exit_on_missing_checkpoint = false;      // --load without a checkpoint is an error
   bool profile_ops = false;  // per-op time table at the end (train/op_profile_report.h)
 
   int64_t num_micro_batches() const { return global_batch_size / micro_batch_size; }
@@ -128,7 +144,7 @@ struct TrainArgs {
   int64_t batch_size_at(int64_t consumed) const;
   int64_t consumed_after(int64_t iterations) const;
   TransformerConfig transformer_config() const;
-  TokenizerSpec tokenizer_spec() const { return {tokenizer_type, vocab_file, merge_file, tokenizer_model}; }
+  TokenizerSpec tokenizer_spec() const { return {tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size}; }
   OptimizerConfig optimizer_config() const;
   // The arguments as `--flag value` pairs (for checkpoints and `generate`).
   std::string to_json() const;

@@ -33,6 +33,16 @@ double DataParallel::grad_norm(Comm* tp, Comm* pp) {
   return lattice::grad_norm(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp);
 }
 
+// The owned shards with the distributed optimizer: right after the update they are the only
+// current parameters (the others arrive with the next gather).
+double DataParallel::params_norm(Comm* tp, Comm* pp) {
+  return lattice::params_norm(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp);
+}
+
+int64_t DataParallel::count_zero_grads(Comm* tp, Comm* pp) {
+  return lattice::count_zero_grads(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp);
+}
+
 void DataParallel::start_param_gather() {
   if (!cfg_.distributed_optimizer) return;
   for (const Bucket& b : sync_.buckets())

@@ -50,6 +50,9 @@ class DataParallel {
   // Global gradient norm over the owned elements' ranks; `tp`, `pp`: the tensor- and
   // pipeline-parallel groups the norm also sums over.
   double grad_norm(Comm* tp = nullptr, Comm* pp = nullptr);
+  // The parameters' norm and the zero gradients, counted the same way (optimizer.h).
+  double params_norm(Comm* tp = nullptr, Comm* pp = nullptr);
+  int64_t count_zero_grads(Comm* tp = nullptr, Comm* pp = nullptr);
   // After the optimizer step: all-gather the updated shards (distributed optimizer).
   void start_param_gather();
   void finish_param_gather();

@@ -29,6 +29,8 @@ void TensorBoardLog::iteration(const TrainingScalars& s) {
   if (loss_scale_) pair("loss-scale", s.loss_scale, s.iteration, s.consumed_samples);
   if (world_size_) pair("world-size", double(s.world_size), s.iteration, s.consumed_samples);
   if (!s.skipped) pair("grad-norm", s.grad_norm, s.iteration, s.consumed_samples);
+  if (s.num_zeros_in_grad >= 0) pair("num-zeros", s.num_zeros_in_grad, s.iteration, s.consumed_samples);
+  if (s.params_norm >= 0) pair("params-norm", s.params_norm, s.iteration, s.consumed_samples);
   writer_->flush();
 }
 

@@ -23,6 +23,7 @@ struct TrainingScalars {
   int64_t iteration = 0, consumed_samples = 0, batch_size = 0, world_size = 1;
   double learning_rate = 0, lm_loss = 0, loss_scale = 1, grad_norm = 0;
   bool skipped = false;  // no lm loss then
+  double num_zeros_in_grad = -1, params_norm = -1;  // written when >= 0
 };
 
 class TensorBoardLog {

@@ -20,7 +20,8 @@ namespace {
 // Whether any gradient of this rank is inf or nan (a kernel: the grads are device memory).
 bool local_grads_non_finite(const ParamBuffer& params) { return any_non_finite(params.grads(), params.numel()); }
 
-// fp16: divides the gradients by the loss scale and tells whether any rank found an
+// fp16: divides the gradients by `scale` (the loss scale, times the token count with per-token
+// loss) and tells whether any rank found an
 // inf/nan (MAX over the tensor-, pipeline- and data-parallel groups: every rank).
 bool unscale_and_check(ParamBuffer& params, double scale, DataParallel* dp, Comm* tp, Comm* pp) {
   bool bad = local_grads_non_finite(params);
@@ -47,6 +48,7 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   if (dp) dp->finish_param_gather();  // the previous step's sharded update
   if (cfg.precision) cfg.precision->refresh_weights();
   model.params().zero_grad();
+  model.set_loss_gradient_of_sum(cfg.per_token_loss);
   const int64_t step_first = cfg.first_sample >= 0 ? cfg.first_sample : iteration * cfg.global_batch_size;
   auto fetch = [&](int64_t m, int32_t* tokens) {
     const int64_t first = dp ? dp->first_sample(step_first, B, m) : step_first + m * B;
@@ -62,9 +64,17 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   r.loss_scale = cfg.loss_scaler ? cfg.loss_scaler->scale() : 1.0;
   // Each micro-batch's loss gradient carries 1/(micro-batches of the global batch): the
   // DP reduction then sums (grad_sync.h), and backward is the same under every layout.
-  r.lm_loss = pipeline->train(fetch, key_of, num_micro, B, T,
-                              float(r.loss_scale / double(num_micro * dp_size)), before_backward);
-  r.lm_loss = pipeline->from_last_stage(r.lm_loss / double(num_micro));
+  // Per-token loss: each token's gradient carries the loss scale alone, and the reduced
+  // gradients are divided by the global batch's token count below (Megatron's order).
+  const double loss_grad_scale = cfg.per_token_loss ? r.loss_scale : r.loss_scale / double(num_micro * dp_size);
+  const PipelineRunner::Losses losses =
+      pipeline->train(fetch, key_of, num_micro, B, T, float(loss_grad_scale), before_backward);
+  // {mean of the micro-batches' means, token loss sum, token count}, on every stage; only the
+  // ones the loss needs travel (the first, or the last two).
+  double sums[3] = {losses.sum_of_means / double(num_micro), losses.tokens.sum, losses.tokens.count};
+  double* needed = cfg.per_token_loss ? sums + 1 : sums;
+  const int num_needed = cfg.per_token_loss ? 2 : 1;
+  pipeline->from_last_stage(needed, num_needed);
   pipeline->finish_shared_embedding_grads();
   if (cfg.precision) cfg.precision->finish_step();
   Comm* tp = model.tensor_parallel().comm;
@@ -72,23 +82,40 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   if (dp) {
     dp->finish_grad_sync();
     model.finish_sequence_parallel_grads(dp->owned_ranges());
-    r.lm_loss = dp->average(r.lm_loss);
+    dp->comm().all_reduce(needed, num_needed, ReduceOp::sum);
+    sums[0] /= double(dp->size());
   } else {
     model.finish_sequence_parallel_grads({});
   }
+  // The global batch's token count divides the per-token gradients (none when every token is
+  // masked: the gradients are zero, and stay so).
+  const double tokens = cfg.per_token_loss && sums[2] > 0 ? sums[2] : 1.0;
+  r.lm_loss = cfg.per_token_loss ? sums[1] / tokens : sums[0];
   const auto& inject = cfg.inject_inf_iterations;
   if (std::find(inject.begin(), inject.end(), iteration) != inject.end() && model.params().numel() > 0) {
     const float inf = std::numeric_limits<float>::infinity();
     copy_to_device(model.params().grads(), &inf, sizeof(float));
   }
   if (cfg.loss_scaler) {
-    r.skipped = unscale_and_check(model.params(), r.loss_scale, dp, tp, pp);
+    r.skipped = unscale_and_check(model.params(), r.loss_scale * tokens, dp, tp, pp);
     cfg.loss_scaler->update(r.skipped);
     if (r.skipped) return r;
+  } else if (tokens != 1.0) {
+    scale_inplace(model.params().grads(), float(1.0 / tokens), model.params().numel());
   }
   r.grad_norm = dp ? dp->grad_norm(tp, pp) : grad_norm(model.params(), {}, nullptr, tp, pp);
   r.grad_scale = clip_coefficient(r.grad_norm, cfg.clip_grad);
+  if (cfg.log_num_zeros_in_grad)
+    r.num_zeros_in_grad = dp ? dp->count_zero_grads(tp, pp) : count_zero_grads(model.params(), {}, nullptr, tp, pp);
   return r;
+}
+
+// After the update: the parameters' norm when asked for.
+void measure_params(GPTModel& model, const StepConfig& cfg, DataParallel* dp, PipelineRunner* pipeline, StepResult& r) {
+  if (!cfg.log_params_norm) return;
+  Comm* tp = model.tensor_parallel().comm;
+  Comm* pp = pipeline ? pipeline->pipeline_group() : nullptr;
+  r.params_norm = dp ? dp->params_norm(tp, pp) : params_norm(model.params(), {}, nullptr, tp, pp);
 }
 
 }  // namespace
@@ -98,6 +125,7 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
   if (!r.skipped) optimizer.step(scheduler, r.grad_scale);
+  measure_params(model, cfg, dp, pipeline, r);
   if (cfg.precision) cfg.precision->refresh_weights();
   if (dp) dp->start_param_gather();
   if (dp && !dp->config().overlap_param_gather) dp->finish_param_gather();
@@ -109,6 +137,7 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
   if (!r.skipped) optimizer.step(lr, weight_decay, r.grad_scale);
+  measure_params(model, cfg, dp, pipeline, r);
   if (cfg.precision) cfg.precision->refresh_weights();
   if (dp) dp->start_param_gather();
   if (dp && !dp->config().overlap_param_gather) dp->finish_param_gather();

@@ -36,14 +36,26 @@ struct StepConfig {
   // The step's first sample: the samples consumed before it (-1: iteration x global batch
   // size; --rampup-batch-size changes the batch size from step to step).
   int64_t first_sample = -1;
+  // Megatron's --calculate-per-token-loss: the step's loss is the sum of its token losses over
+  // all micro-batches and data-parallel ranks divided by their token count, and so is its
+  // gradient (otherwise: the mean over micro-batches of each micro-batch's mean token loss).
+  // The same with any split of the global batch into micro-batches and ranks, also when
+  // --eod-mask-loss leaves micro-batches with different token counts.
+  bool per_token_loss = false;
+  // Megatron's --log-num-zeros-in-grad and --log-params-norm: StepResult's num_zeros_in_grad
+  // (the reduced, unscaled gradients before clipping) and params_norm (after the update).
+  bool log_num_zeros_in_grad = false, log_params_norm = false;
 };
 
 struct StepResult {
-  double lm_loss = 0;    // mean over micro-batches of each micro-batch's mean token loss
+  double lm_loss = 0;    // mean over micro-batches of each micro-batch's mean token loss (per_token_loss:
+                         // the global batch's mean token loss)
   double grad_norm = 0;  // before clipping
   float grad_scale = 1;  // clipping's coefficient, applied by the optimizer as it reads the gradients
   bool skipped = false;  // no update was applied (fp16 inf/nan); the LR scheduler must not step
   double loss_scale = 1;  // the scale this step's gradients were computed with
+  int64_t num_zeros_in_grad = -1;  // with StepConfig::log_num_zeros_in_grad (-1: not counted)
+  double params_norm = -1;         // with StepConfig::log_params_norm (-1: not computed)
 };
 
 // Runs iteration `iteration` (0-based) on samples [iteration*GBS, (iteration+1)*GBS); each

@@ -41,16 +41,21 @@
 namespace lattice {
 
 std::string format_log_line(const LogLine& l) {
+  // Megatron's order: ... | grad norm | num zeros | params norm | number of skipped iterations ...
+  char optional[128] = "";
+  int n = 0;
+  if (l.num_zeros_in_grad >= 0) n += std::snprintf(optional + n, sizeof optional - n, " num zeros: %.1f |", l.num_zeros_in_grad);
+  if (l.params_norm >= 0) std::snprintf(optional + n, sizeof optional - n, " params norm: %.3f |", l.params_norm);
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): "
                 "%.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch "
-                "size: %5lld | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | number of skipped "
+                "size: %5lld | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f |%s number of skipped "
                 "iterations: %3lld | number of nan iterations: %3lld | tokens per second: %.1f | MFU: "
                 "%.1f%% |",
                 (long long)l.iteration, (long long)l.train_iters, (long long)l.consumed_samples,
                 l.elapsed_ms, l.tflops_per_gpu, l.learning_rate, (long long)l.global_batch_size,
-                l.lm_loss, l.loss_scale, l.grad_norm, (long long)l.skipped_iterations,
+                l.lm_loss, l.loss_scale, l.grad_norm, optional, (long long)l.skipped_iterations,
                 (long long)l.nan_iterations, l.tokens_per_sec, l.mfu_percent);
   return buf;
 }
@@ -68,6 +73,8 @@ std::string format_metrics_json(const LogLine& l) {
                       {"mfu_percent", l.mfu_percent},
                       {"skipped_iterations", l.skipped_iterations},
                       {"nan_iterations", l.nan_iterations}};
+  if (l.num_zeros_in_grad >= 0) j["num_zeros_in_grad"] = l.num_zeros_in_grad;
+  if (l.params_norm >= 0) j["params_norm"] = l.params_norm;
   return j.dump();
 }
 
@@ -114,6 +121,9 @@ TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer&
   o.precision = precision;
   std::optional<TrainingProgress> p = load_training_checkpoint(o, fresh, model, optimizer, scheduler);
   if (!p) {
+    if (args.exit_on_missing_checkpoint)
+      LATTICE_FAIL() << "--load " << args.load << ": no checkpoint (no " << kTrackerFile
+                     << ") and --exit-on-missing-checkpoint";
     log_info("> no checkpoint in " + args.load + " (no " + std::string(kTrackerFile) + "): training from scratch");
     return fresh;
   }
@@ -461,14 +471,18 @@ int run_training(const TrainArgs& args) {
                            r);
   };
 
-  const StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad, start.seed,
-                            loss_scaler.get(), precision.get(), test_inject_inf_iterations()};
+  StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad, start.seed,
+                      loss_scaler.get(), precision.get(), test_inject_inf_iterations()};
+  step_cfg.per_token_loss = args.calculate_per_token_loss;
+  step_cfg.log_num_zeros_in_grad = args.log_num_zeros_in_grad;
+  step_cfg.log_params_norm = args.log_params_norm;
   int64_t interval_skipped = 0, interval_nan = 0, interval_samples = 0;
   int64_t consumed = args.consumed_after(start.iteration);
   const auto train_start = std::chrono::steady_clock::now();
   double interval_loss = 0, interval_ms = 0;
   int64_t interval_iters = 0;
   double last_norm = 0;
+  StepResult last;  // the interval's last step (its zeros count and parameter norm are logged)
   double pipeline_seconds = 0, pipeline_compute = 0;  // this stage's schedule time, computing part
   OpProfileWindow op_profile(args.profile_ops);
   for (int64_t it = start.iteration; it < args.train_iters; ++it) {
@@ -498,11 +512,12 @@ int run_training(const TrainArgs& args) {
       interval_loss += r.lm_loss;
     }
     last_norm = r.grad_norm;
+    last = r;
     ++interval_iters;
     const int64_t done = it + 1;
     tensorboard.iteration({done, consumed, batch, ps->world_size(),
                            scheduler.get_lr(), r.lm_loss, loss_scaler ? loss_scaler->scale() : 1.0, r.grad_norm,
-                           r.skipped});
+                           r.skipped, double(r.num_zeros_in_grad), r.params_norm});
     if (done % args.log_interval == 0 || done == args.train_iters) {
       LogLine l{};
       l.iteration = done;
@@ -519,6 +534,8 @@ int run_training(const TrainArgs& args) {
       l.skipped_iterations = interval_skipped;
       l.nan_iterations = interval_nan;
       l.grad_norm = last_norm;
+      l.num_zeros_in_grad = double(last.num_zeros_in_grad);
+      l.params_norm = last.params_norm;
       l.tokens_per_sec = mean_batch * double(args.seq_length) / (l.elapsed_ms / 1e3);
       l.mfu_percent = 100.0 * l.tflops_per_gpu / peak;
       log_info(format_log_line(l));

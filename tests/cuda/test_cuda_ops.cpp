@@ -1219,6 +1219,19 @@ void optimizer_cases(std::vector<OpCase>& t) {
       const double again = cuda::sum_of_squares(gx.as<float>(), n);
       EXPECT_EQ(gpu, again) << c.op << " " << c.shape << ": not deterministic";
     }});
+  // A count: exact. Zeros of both signs, scattered, plus a run at the end.
+  for (int64_t n : {int64_t(37), int64_t(1000003)})
+    t.push_back({"count_zeros", shape_name({{"n", n}}), {0.0, 0.0}, [n](const OpCase& c) {
+      auto x = rand_floats(static_cast<size_t>(n), 59, -3.0f, 3.0f);
+      int64_t want = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (i % 7 == 3 || i >= n - 5) x[static_cast<size_t>(i)] = (i % 2) ? -0.0f : 0.0f;
+        want += x[static_cast<size_t>(i)] == 0.0f;
+      }
+      auto gx = upload(x);
+      EXPECT_EQ(count_zeros(x.data(), n), want) << c.op << " " << c.shape << ": CPU kernel";
+      EXPECT_EQ(cuda::count_zeros(gx.as<float>(), n), want) << c.op << " " << c.shape;
+    }});
   // A yes/no answer: exact. The bad element sits in the middle and at the last index.
   for (int64_t n : {int64_t(37), int64_t(1000003)})
     for (const char* special : {"finite", "inf", "nan", "last_inf"})

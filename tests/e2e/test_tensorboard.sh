@@ -37,7 +37,8 @@ metric() { grep "\"iteration\":$2[,}]" metrics.jsonl | grep -o "\"$1\":[^,}]*" |
 same_f32() { node -e 'const [a, b] = process.argv.slice(1).map(Number); process.exit(Math.fround(a) === Math.fround(b) ? 0 : 1)' "$1" "$2"; }
 
 if "$LATTICE" "${TRAIN[@]}" --metrics-file metrics.jsonl --tensorboard-dir tb --log-timers-to-tensorboard \
-     --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --save ckpt --exit-interval 4 >run1.log 2>&1; then
+     --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --log-params-norm --log-num-zeros-in-grad \
+     --save ckpt --exit-interval 4 >run1.log 2>&1; then
   files=(tb/events.out.tfevents.*)
   [ "${#files[@]}" -eq 1 ] || fail "expected one event file in tb, found ${#files[@]}"
   grep -qF "> TensorBoard events: ${files[0]}" run1.log || fail "the log does not name the event file"
@@ -45,7 +46,8 @@ if "$LATTICE" "${TRAIN[@]}" --metrics-file metrics.jsonl --tensorboard-dir tb --
     [ "$(head -n 1 events.txt)" = "brain.Event:2" ] || fail "first record: '$(head -n 1 events.txt)', want brain.Event:2"
     bad=0
     for it in 1 2 3 4; do
-      for pair in "lm loss=lm_loss" "learning-rate=learning_rate" "grad-norm=grad_norm" "loss-scale=loss_scale"; do
+      for pair in "lm loss=lm_loss" "learning-rate=learning_rate" "grad-norm=grad_norm" "loss-scale=loss_scale" \
+                  "params-norm=params_norm" "num-zeros=num_zeros_in_grad"; do
         tag=${pair%%=*} key=${pair#*=}
         want=$(metric "$key" $it) got=$(value "$tag" $it events.txt) got_s=$(value "$tag vs samples" $((it * 4)) events.txt)
         if [ -z "$got" ] || [ -z "$got_s" ] || ! same_f32 "$got" "$want" || ! same_f32 "$got_s" "$want"; then
@@ -57,7 +59,11 @@ if "$LATTICE" "${TRAIN[@]}" --metrics-file metrics.jsonl --tensorboard-dir tb --
       [ "$(value world-size $it events.txt)" = 1 ] || { fail "iteration $it: world-size"; bad=1; }
       [ -n "$(value iteration-time $it events.txt)" ] || { fail "iteration $it: no iteration-time"; bad=1; }
     done
-    [ "$bad" = 0 ] && pass "iterations 1-4: lm loss, learning rate, grad norm, loss scale as the metrics file, at the iteration and the samples"
+    [ "$bad" = 0 ] && pass "iterations 1-4: lm loss, learning rate, grad norm, loss scale, params norm, num zeros as the metrics file, at the iteration and the samples"
+    line=$(grep -m 1 ' iteration        1/' run1.log)
+    [[ $line == *"| grad norm: "*" | num zeros: "*" | params norm: "*" | number of skipped iterations:"* ]] &&
+      pass "the log line has Megatron's num zeros and params norm: ${line#*grad norm}" ||
+      fail "the log line lacks num zeros / params norm in Megatron's place: $line"
     want=$(grep '"val_loss"' metrics.jsonl | grep '"iteration":3,' | grep -o '"val_loss":[^,}]*' | cut -d: -f2)
     got=$(value "lm loss validation" 3 events.txt)
     if [ -n "$want" ] && [ -n "$got" ] && same_f32 "$got" "$want" && [ -n "$(value "lm loss validation ppl" 3 events.txt)" ] &&

@@ -137,6 +137,67 @@ else
   fail "the same run twice gives different lm_loss values: $(losses det1.jsonl | tr '\n' ' ') vs $(losses det2.jsonl | tr '\n' ' ')"
 fi
 
+# ---- --calculate-per-token-loss: the loss does not depend on the micro-batch size ----
+# Mock documents have different lengths, so --eod-mask-loss leaves micro-batches of 1 sample
+# different token counts: the default mean of means moves with the split, the token mean does not.
+PT=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16
+    --global-batch-size 4 --train-iters 3 --lr 1e-3 --log-interval 1 --seed 7 --mock-data --vocab-size 64
+    --hidden-dropout 0 --attention-dropout 0 --eod-mask-loss)
+# max_rel_diff A B: the largest relative difference between the lm_loss values of two metrics files.
+max_rel_diff() { paste <(losses "$1" | cut -d: -f2) <(losses "$2" | cut -d: -f2) |
+                 awk '{ d = ($1 - $2) / $2; d = d < 0 ? -d : d; if (d > m) m = d } END { printf "%.2e", m + 0 }'; }
+for mbs in 1 4; do
+  run "pt$mbs" "$LATTICE" train "${PT[@]}" --micro-batch-size $mbs --calculate-per-token-loss --metrics-file "pt$mbs.jsonl"
+  run "mean$mbs" "$LATTICE" train "${PT[@]}" --micro-batch-size $mbs --metrics-file "mean$mbs.jsonl"
+done
+d=$(max_rel_diff pt1.jsonl pt4.jsonl) m=$(max_rel_diff mean1.jsonl mean4.jsonl)
+awk -v d="$d" -v m="$m" 'BEGIN { exit !(d < 1e-5 && m > 1e-4) }' &&
+  pass "--calculate-per-token-loss: micro-batches of 1 and 4 give the same losses ($d; mean of means: $m)" ||
+  fail "--calculate-per-token-loss: losses differ by $d between micro-batches of 1 and 4 (mean of means: $m)"
+
+# ---- Megatron's implementation flags change nothing; its older rope spelling is rope ----
+IMPL=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn --attention-softmax-in-fp32
+      --no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion --no-bias-swiglu-fusion --no-rope-fusion
+      --no-gradient-accumulation-fusion --no-async-tensor-model-parallel-allreduce --overlap-p2p-communication
+      --manual-gc --distributed-backend nccl --num-workers 8 --timing-log-level 2)
+run impl "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}" "${IMPL[@]}" --metrics-file impl.jsonl
+[ -s impl.jsonl ] && [ "$(losses impl.jsonl)" = "$(losses det1.jsonl)" ] &&
+  pass "Megatron's implementation flags leave the losses identical" ||
+  fail "Megatron's implementation flags changed the losses: $(losses impl.jsonl | tr '\n' ' ')"
+ROPE=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16
+      --micro-batch-size 2 --global-batch-size 4 --train-iters 2 --lr 1e-3 --log-interval 1 --seed 3 --eval-iters 0
+      --mock-data --vocab-size 64)
+run rope_new "$LATTICE" train "${ROPE[@]}" --position-embedding-type rope --metrics-file rope_new.jsonl
+run rope_old "$LATTICE" train "${ROPE[@]}" --use-rotary-position-embeddings --no-position-embedding --metrics-file rope_old.jsonl
+[ -s rope_old.jsonl ] && [ "$(losses rope_old.jsonl)" = "$(losses rope_new.jsonl)" ] &&
+  pass "--use-rotary-position-embeddings --no-position-embedding is --position-embedding-type rope" ||
+  fail "--use-rotary-position-embeddings differs from --position-embedding-type rope"
+expect_error "--no-position-embedding without rope" "--no-position-embedding|rope" -- \
+  "$LATTICE" train "${ROPE[@]}" --no-position-embedding
+expect_error "--transformer-impl value" "--transformer-impl|fast" -- "$LATTICE" train "${ROPE[@]}" --transformer-impl fast
+expect_error "--exit-on-missing-checkpoint" "--load|nockpt|--exit-on-missing-checkpoint" -- \
+  "$LATTICE" train "${ROPE[@]}" --load nockpt --exit-on-missing-checkpoint
+
+# ---- NullTokenizer: text that is token ids, preprocessed, trained on and generated from ----
+printf '{"text": "3 1 4 1 5 9 2 6 5 3 5"}\n{"text": "2 7 1 8 2 8"}\n' >ids.jsonl
+NULLTOK=(--tokenizer-type NullTokenizer --vocab-size 12)
+if run null_pre "$LATTICE" preprocess --input ids.jsonl --output-prefix ids "${NULLTOK[@]}" --append-eod --no-progress &&
+   run null_samples "$LATTICE" data samples --data-path ids_text_document --seq-length 18 --num-samples 1 --split 100,0,0; then
+  [ "$(cat null_samples.out)" = "[3,1,4,1,5,9,2,6,5,3,5,12,2,7,1,8,2,8,12]" ] &&
+    pass "preprocess with NullTokenizer: the ids as written, 12 (--vocab-size) ending each document" ||
+    fail "preprocess with NullTokenizer: sample $(cat null_samples.out)"
+fi
+run null_train "$LATTICE" train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 4 \
+  --max-position-embeddings 8 --micro-batch-size 1 --global-batch-size 1 --train-iters 2 --lr 1e-3 --eval-iters 0 \
+  --data-path ids_text_document --split 100,0,0 "${NULLTOK[@]}" --save null_ckpt &&
+  run null_gen "$LATTICE" generate --load null_ckpt --prompt "3 1 4" --max-new-tokens 3 --temperature 0 &&
+  { grep -Eq '^3 1 4( [0-9]+){1,3}$' null_gen.out && pass "generate with NullTokenizer: $(cat null_gen.out)" ||
+    fail "generate with NullTokenizer: '$(cat null_gen.out)'"; }
+expect_error "NullTokenizer without --vocab-size" "--vocab-size|NullTokenizer" -- \
+  "$LATTICE" preprocess --input ids.jsonl --output-prefix nope --tokenizer-type NullTokenizer
+expect_error "NullTokenizer: a word that is not an id" "line 1|'13'|0..12" -- \
+  "$LATTICE" preprocess --input <(echo '{"text": "1 13"}') --output-prefix nope "${NULLTOK[@]}"
+
 # ---- thread-count invariance (dropout on) ----
 # thread_invariance LABEL ARGS...: lm_loss must be the same with OMP_NUM_THREADS=1/2 and
 # --num-threads 1/2.

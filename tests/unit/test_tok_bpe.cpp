@@ -20,31 +20,8 @@ using namespace lattice;
 
 namespace {
 
-// GPT-2's bytes_to_unicode(), as encoder.py writes it, giving UTF-8 strings.
-std::string byte_char(int b) {
-  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-  int cp = b;
-  if (!printable) {
-    int n = 0;
-    for (int c = 0; c < b; ++c)
-      if (!((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF))) ++n;
-    cp = 256 + n;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s.push_back(char(cp));
-  } else {
-    s.push_back(char(0xC0 | (cp >> 6)));
-    s.push_back(char(0x80 | (cp & 0x3F)));
-  }
-  return s;
-}
-
-std::string spell(const std::string& bytes) {
-  std::string s;
-  for (unsigned char c : bytes) s += byte_char(c);
-  return s;
-}
+using test_util::byte_char;
+using test_util::spell;
 
 std::string json_escape(const std::string& s) {
   std::string o;

@@ -23,29 +23,8 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
-// GPT-2's bytes_to_unicode() of one byte, as UTF-8.
-std::string byte_char(int b) {
-  auto printable = [](int c) { return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF); };
-  int cp = b;
-  if (!printable(b)) {
-    cp = 256;
-    for (int c = 0; c < b; ++c) cp += printable(c) ? 0 : 1;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s.push_back(char(cp));
-  } else {
-    s.push_back(char(0xC0 | (cp >> 6)));
-    s.push_back(char(0x80 | (cp & 0x3F)));
-  }
-  return s;
-}
-
-std::string spell(const std::string& bytes) {
-  std::string s;
-  for (unsigned char c : bytes) s += byte_char(c);
-  return s;
-}
+using test_util::byte_char;
+using test_util::spell;
 
 // Ids 0..255: the bytes; then the words, from 256 on.
 const std::vector<std::string> kWords = {"the", "-", "final", "countdown", "the-", "final-", "-final", "-countdown",

@@ -11,6 +11,33 @@
 
 namespace lattice::test_util {
 
+// GPT-2's bytes_to_unicode() of one byte as UTF-8, transcribed from OpenAI's encoder.py (the
+// tests' own copy of the byte-level alphabet vocab.json, merges.txt and tokenizer.json spell
+// tokens in): printable Latin-1 bytes as themselves, the others as 256 + k.
+inline std::string byte_char(int b) {
+  auto printable = [](int c) { return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF); };
+  int cp = b;
+  if (!printable(b)) {
+    cp = 256;
+    for (int c = 0; c < b; ++c) cp += printable(c) ? 0 : 1;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(char(cp));
+  } else {
+    s.push_back(char(0xC0 | (cp >> 6)));
+    s.push_back(char(0x80 | (cp & 0x3F)));
+  }
+  return s;
+}
+
+// A byte string spelt in that alphabet.
+inline std::string spell(const std::string& bytes) {
+  std::string s;
+  for (unsigned char c : bytes) s += byte_char(c);
+  return s;
+}
+
 // The directories temp_dir made, removed when the test process exits (ctest runs each test
 // in a process of its own) unless a test failed: then they stay for a look.
 class TempDirs {

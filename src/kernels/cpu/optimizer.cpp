@@ -120,4 +120,12 @@ bool any_non_finite(const float* x, int64_t n) {
   return bad != 0;
 }
 
+int64_t count_zeros(const float* x, int64_t n) {
+  LATTICE_KERNEL_ENTRY(cuda::count_zeros(x, n));
+  int64_t zeros = 0;
+#pragma omp parallel for reduction(+ : zeros) schedule(static)
+  for (int64_t i = 0; i < n; ++i) zeros += x[i] == 0.0f;
+  return zeros;
+}
+
 }  // namespace lattice

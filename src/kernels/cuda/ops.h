@@ -134,6 +134,8 @@ void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float 
 double sum_of_squares(const float* x, int64_t n);
 // Waits for the result (a host bool).
 bool any_non_finite(const float* x, int64_t n);
+// Waits for the result (a host count).
+int64_t count_zeros(const float* x, int64_t n);
 
 // ---- rope.h
 void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int64_t pos0, const QkvLayout& layout);

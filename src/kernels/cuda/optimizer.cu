@@ -111,6 +111,14 @@ __global__ void non_finite_kernel(int* flag, const float* x, int64_t n) {
   if (threadIdx.x == 0 && bad) atomicOr(flag, 1);
 }
 
+// *count += the zeros among x (an integer sum: order-free).
+__global__ void count_zeros_kernel(unsigned long long* count, const float* x, int64_t n) {
+  unsigned long long zeros = 0;
+  LATTICE_GRID_STRIDE(i, n) zeros += x[i] == 0.0f;
+  zeros = block_sum(zeros);
+  if (threadIdx.x == 0 && zeros) atomicAdd(count, zeros);
+}
+
 #undef LATTICE_GRID_STRIDE
 
 }  // namespace
@@ -183,6 +191,21 @@ double sum_of_squares(const float* x, int64_t n) {
   LATTICE_CUDA_CALL(cudaFreeAsync(scratch, stream()));
   LATTICE_CUDA_CALL(cudaStreamSynchronize(stream()));
   return result;
+}
+
+int64_t count_zeros(const float* x, int64_t n) {
+  if (n <= 0) return 0;
+  unsigned long long* count = nullptr;
+  LATTICE_CUDA_CALL(cudaMallocAsync(reinterpret_cast<void**>(&count), sizeof(*count), stream()));
+  LATTICE_CUDA_CALL(cudaMemsetAsync(count, 0, sizeof(*count), stream()));
+  const int64_t blocks = grid_for(n, kThreads);
+  launch(count_zeros_kernel, unsigned(blocks < kSumBlocks ? blocks : kSumBlocks), kThreads, 0, count, x, n);
+  LATTICE_CUDA_LAUNCHED("count_zeros");
+  unsigned long long result = 0;
+  LATTICE_CUDA_CALL(cudaMemcpyAsync(&result, count, sizeof(result), cudaMemcpyDeviceToHost, stream()));
+  LATTICE_CUDA_CALL(cudaFreeAsync(count, stream()));
+  LATTICE_CUDA_CALL(cudaStreamSynchronize(stream()));
+  return int64_t(result);
 }
 
 bool any_non_finite(const float* x, int64_t n) {
