@@ -71,9 +71,4 @@ void DataParallel::gather_shards(float* flat) {
   }
 }
 
-double DataParallel::average(double value) {
-  dp_.all_reduce(&value, 1, ReduceOp::sum);
-  return value / double(size());
-}
-
 }  // namespace lattice

@@ -58,8 +58,6 @@ class DataParallel {
   void finish_param_gather();
   // Completes a flat host buffer (the parameter layout) of which each rank filled its shard.
   void gather_shards(float* flat);
-  // Mean of a per-rank value over the DP group (the logged loss).
-  double average(double value);
 
  private:
   GPTModel& model_;
