@@ -47,9 +47,10 @@ void from_hf(const SimpleFlags& f) {
       LATTICE_FAIL() << "--from-hf " << dir << ": no tokenizer.json for HuggingFaceTokenizer; give --tokenizer-model";
     tok.model = dir;
   }
+  int64_t tok_size = -1;  // the tokenizer's vocabulary, once it has been built
   if (tok.type.empty() && folder_tokenizer && !f.has("tokenizer-model")) {
     try {
-      make_tokenizer({"HuggingFaceTokenizer", "", "", dir});
+      tok_size = make_tokenizer({"HuggingFaceTokenizer", "", "", dir})->vocab_size();
       tok = {"HuggingFaceTokenizer", "", "", dir};
     } catch (const Error& e) {
       std::fprintf(stderr, "convert: %s/tokenizer.json is not recorded as the tokenizer: %s\n", dir.c_str(), e.what());
@@ -58,7 +59,7 @@ void from_hf(const SimpleFlags& f) {
   if (!tok.model.empty()) tok.model = fs::absolute(tok.model).lexically_normal().string();
   if (f.has("tokenizer-type") || f.has("tokenizer-model") || tok.type == "HuggingFaceTokenizer") {
     // GPT2BPETokenizer needs its vocabulary files to be built; its size is known.
-    const int64_t tok_size = tok.type == "GPT2BPETokenizer" ? kGpt2BpeVocabSize : make_tokenizer(tok)->vocab_size();
+    if (tok_size < 0) tok_size = tok.type == "GPT2BPETokenizer" ? kGpt2BpeVocabSize : make_tokenizer(tok)->vocab_size();
     if (tok_size > c.vocab_size)
       LATTICE_FAIL() << "--tokenizer-type " << tok.type << " has " << tok_size
                      << " tokens, more than the model's vocab_size " << c.vocab_size;
