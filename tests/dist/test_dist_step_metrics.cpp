@@ -46,6 +46,11 @@ MetricsRun train(ParallelState* ps, const std::string& layout) {
   c.max_position_embeddings = 2 * kT;  // positions never seen: zero gradients
   c.untie_embeddings_and_output_weights = true;
   c.hidden_dropout = c.attention_dropout = 0.0f;
+  // No linear biases: the key bias's gradient is zero in exact arithmetic (a softmax does not
+  // change when every score of a query moves by q.b), so whether rounding leaves an element of
+  // it at exactly 0 depends on each layout's summation order. The norms' replicated parameters
+  // are still there (the LayerNorms).
+  c.add_bias_linear = false;
   c.finalize(tp.size());
   const int P = pp_on ? ps->pp().size() : 1;
   const PipelineLayout layout_pp = make_pipeline_layout(kLayers, P, 0, 0, 0);
