@@ -38,26 +38,39 @@ void from_hf(const SimpleFlags& f) {
   HfModel in = llama ? load_hf_llama(dir, int64_t(divisible), 1) : load_hf_gpt2(dir, int64_t(divisible), 1);
   const TransformerConfig& c = in.model->config();
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
-  // tokenizer.json (HuggingFaceTokenizer) when lattice reads it, else GPT-2's BPE when the
-  // vocabulary is GPT-2's.
+  // tokenizer.json (HuggingFaceTokenizer) when lattice reads it, else its tokenizer.model
+  // (Llama2Tokenizer: HuggingFace's LlamaTokenizer starts every text with <s> as it does), else
+  // GPT-2's BPE when the vocabulary is GPT-2's. A type that reads --tokenizer-model takes the
+  // folder's file when the flag is not given.
   TokenizerSpec tok{f.get("tokenizer-type", in.tokenizer_type), "", "", f.get("tokenizer-model", "")};
-  const bool folder_tokenizer = fs::exists(fs::path(dir) / "tokenizer.json");
-  if (tok.type == "HuggingFaceTokenizer" && tok.model.empty()) {
-    if (!folder_tokenizer)
-      LATTICE_FAIL() << "--from-hf " << dir << ": no tokenizer.json for HuggingFaceTokenizer; give --tokenizer-model";
+  const bool folder_json = fs::exists(fs::path(dir) / "tokenizer.json");
+  const bool folder_model = fs::exists(fs::path(dir) / "tokenizer.model");
+  const bool sentencepiece = tok.type == "SentencePieceTokenizer" || tok.type == "GPTSentencePieceTokenizer" ||
+                             tok.type == "Llama2Tokenizer";
+  if ((tok.type == "HuggingFaceTokenizer" || sentencepiece) && tok.model.empty()) {
+    const char* file = sentencepiece ? "tokenizer.model" : "tokenizer.json";
+    if (!(sentencepiece ? folder_model : folder_json))
+      LATTICE_FAIL() << "--from-hf " << dir << ": no " << file << " for " << tok.type << "; give --tokenizer-model";
     tok.model = dir;
   }
   int64_t tok_size = -1;  // the tokenizer's vocabulary, once it has been built
-  if (tok.type.empty() && folder_tokenizer && !f.has("tokenizer-model")) {
-    try {
-      tok_size = make_tokenizer({"HuggingFaceTokenizer", "", "", dir})->vocab_size();
-      tok = {"HuggingFaceTokenizer", "", "", dir};
-    } catch (const Error& e) {
-      std::fprintf(stderr, "convert: %s/tokenizer.json is not recorded as the tokenizer: %s\n", dir.c_str(), e.what());
+  if (tok.type.empty() && !f.has("tokenizer-model")) {
+    // The folder's own files, tokenizer.json first; what cannot be read is said and skipped.
+    for (const char* type : {"HuggingFaceTokenizer", "Llama2Tokenizer"}) {
+      const bool json = std::string(type) == "HuggingFaceTokenizer";
+      if (!(json ? folder_json : folder_model)) continue;
+      try {
+        tok_size = make_tokenizer({type, "", "", dir})->vocab_size();
+        tok = {type, "", "", dir};
+        break;
+      } catch (const Error& e) {
+        std::fprintf(stderr, "convert: %s/%s is not recorded as the tokenizer: %s\n", dir.c_str(),
+                     json ? "tokenizer.json" : "tokenizer.model", e.what());
+      }
     }
   }
   if (!tok.model.empty()) tok.model = fs::absolute(tok.model).lexically_normal().string();
-  if (f.has("tokenizer-type") || f.has("tokenizer-model") || tok.type == "HuggingFaceTokenizer") {
+  if (f.has("tokenizer-type") || f.has("tokenizer-model") || !tok.model.empty()) {
     // GPT2BPETokenizer needs its vocabulary files to be built; its size is known.
     if (tok_size < 0) tok_size = tok.type == "GPT2BPETokenizer" ? kGpt2BpeVocabSize : make_tokenizer(tok)->vocab_size();
     if (tok_size > c.vocab_size)
@@ -97,17 +110,22 @@ void to_hf(const SimpleFlags& f) {
     save_hf_gpt2(dir, *lm.model, lm.tokenizer_type);
   else
     save_hf_llama(dir, *lm.model, lm.tokenizer_type);
-  // A HuggingFace tokenizer travels with the model, so the folder loads as HuggingFace's.
-  if (lm.tokenizer.type == "HuggingFaceTokenizer" && !lm.tokenizer.model.empty()) {
+  // A HuggingFace or SentencePiece tokenizer travels with the model (tokenizer.json or
+  // tokenizer.model, and the configuration files beside it), so the folder loads as HuggingFace's.
+  const std::string& type = lm.tokenizer.type;
+  const bool sentencepiece =
+      type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer";
+  if ((type == "HuggingFaceTokenizer" || sentencepiece) && !lm.tokenizer.model.empty()) {
     const fs::path model = lm.tokenizer.model;
-    const fs::path json_file = fs::is_directory(model) ? model / "tokenizer.json" : model;
-    const std::pair<fs::path, const char*> files[] = {{json_file, "tokenizer.json"},
-                                                      {json_file.parent_path() / "tokenizer_config.json", "tokenizer_config.json"},
-                                                      {json_file.parent_path() / "special_tokens_map.json", "special_tokens_map.json"}};
-    for (const auto& [from, name] : files) {
+    const char* name = sentencepiece ? "tokenizer.model" : "tokenizer.json";
+    const fs::path file = fs::is_directory(model) ? model / name : model;
+    const std::pair<fs::path, const char*> files[] = {{file, name},
+                                                      {file.parent_path() / "tokenizer_config.json", "tokenizer_config.json"},
+                                                      {file.parent_path() / "special_tokens_map.json", "special_tokens_map.json"}};
+    for (const auto& [from, to] : files) {
       std::error_code ec;
       if (!fs::exists(from)) continue;
-      fs::copy_file(from, fs::path(dir) / name, ec);
+      fs::copy_file(from, fs::path(dir) / to, ec);
       if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot copy " << from.string() << ": " << ec.message();
     }
   }
@@ -131,9 +149,11 @@ int cmd_convert(int argc, char** argv) {
         "  --tokenizer-type NAME              the tokenizer recorded in the checkpoint\n"
         "                                     [the one a lattice export recorded, else\n"
         "                                     HuggingFaceTokenizer when DIR has a tokenizer.json\n"
-        "                                     lattice reads, else GPT2BPETokenizer for a\n"
+        "                                     lattice reads, else Llama2Tokenizer when it has a\n"
+        "                                     tokenizer.model, else GPT2BPETokenizer for a\n"
         "                                     50257-token model]\n"
-        "  --tokenizer-model PATH             HuggingFaceTokenizer's tokenizer.json or its folder [DIR]\n"
+        "  --tokenizer-model PATH             tokenizer.json (HuggingFaceTokenizer) or tokenizer.model\n"
+        "                                     (the SentencePiece types), or its folder [DIR]\n"
         "  --make-vocab-size-divisible-by N   pad the vocabulary to a multiple of N [128]\n",
         stdout);
     return 0;

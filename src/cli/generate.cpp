@@ -153,10 +153,12 @@ int cmd_generate(int argc, char** argv) {
         "  --top-k K                  sample among the K likeliest tokens (0: all) [0]\n"
         "  --top-p P                  nucleus sampling: the likeliest tokens up to mass P [1]\n"
         "  --seed S                   sampling seed [1234]\n"
-        "  --tokenizer-type NAME      ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer [the checkpoint's]\n"
+        "  --tokenizer-type NAME      ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer,\n"
+        "                             GPTSentencePieceTokenizer, Llama2Tokenizer, NullTokenizer [the checkpoint's]\n"
         "  --vocab-file F             GPT-2 BPE vocabulary (vocab.json) [the checkpoint's]\n"
         "  --merge-file F             GPT-2 BPE merges (merges.txt) [the checkpoint's]\n"
-        "  --tokenizer-model PATH     HuggingFace tokenizer.json or its folder [the checkpoint's]\n"
+        "  --tokenizer-model PATH     HuggingFace tokenizer.json, a SentencePiece model, or their folder [the checkpoint's]\n"
+        "  --vocab-extra-ids N        SentencePieceTokenizer's <extra_id_*> tokens [the checkpoint's]\n"
         "  --vocab-size N             NullTokenizer's ids (N: the end of document) [the checkpoint's]\n"
         "  --no-kv-cache              recompute the whole context for every token\n"
         "  --device cpu|cuda          where the model runs [cpu]\n",
@@ -166,7 +168,7 @@ int cmd_generate(int argc, char** argv) {
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k",
                                       "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
-                                      "vocab-size", "device"},
+                                      "vocab-size", "vocab-extra-ids", "device"},
                                      {"no-kv-cache"});
   const std::string load = f.required("load");
   const std::vector<std::string> prompts = read_prompts(f);
@@ -185,11 +187,12 @@ int cmd_generate(int argc, char** argv) {
   // The checkpoint's tokenizer flags; --tokenizer-type names another (with its own files), and
   // --vocab-file, --merge-file and --tokenizer-model replace the recorded paths.
   TokenizerSpec spec = lm.tokenizer;
-  if (f.has("tokenizer-type")) spec = {f.get("tokenizer-type", ""), "", "", "", 0};
+  if (f.has("tokenizer-type")) spec = {f.get("tokenizer-type", ""), "", "", "", 0, 0};
   spec.vocab_file = f.get("vocab-file", spec.vocab_file);
   spec.merge_file = f.get("merge-file", spec.merge_file);
   spec.model = f.get("tokenizer-model", spec.model);
   spec.vocab_size = integer_flag(f, "vocab-size", spec.vocab_size, 0);
+  spec.vocab_extra_ids = integer_flag(f, "vocab-extra-ids", spec.vocab_extra_ids, 0);
   if (spec.type.empty())
     LATTICE_FAIL() << "--load " << load
                    << ": the checkpoint names no tokenizer (trained on pre-tokenised data); give --tokenizer-type";

@@ -1,4 +1,5 @@
-// lattice tokenize --tokenizer-type T [--vocab-file F --merge-file F | --tokenizer-model PATH | --vocab-size N] [--jsonl]
+// lattice tokenize --tokenizer-type T [--vocab-file F --merge-file F | --tokenizer-model PATH [--vocab-extra-ids N]
+//                  | --vocab-size N] [--jsonl]
 //                  [--append-eod] [--decode]
 //   default   all of stdin is one text; prints its ids on one line, separated by spaces
 //   --jsonl   every stdin line is a JSON string; prints one line of ids per input line
@@ -35,12 +36,15 @@ void print_ids(const std::vector<int32_t>& ids) {
 
 int cmd_tokenize(int argc, char** argv) {
   const SimpleFlags f =
-      parse_simple_flags(argc, argv, 1, {"tokenizer-type", "vocab-file", "merge-file", "tokenizer-model", "vocab-size"}, {"jsonl", "append-eod", "decode"});
+      parse_simple_flags(argc, argv, 1, {"tokenizer-type", "vocab-file", "merge-file", "tokenizer-model", "vocab-size", "vocab-extra-ids"}, {"jsonl", "append-eod", "decode"});
   const double vocab_size = f.number("vocab-size", 0);
   if (vocab_size < 0 || vocab_size != double(int64_t(vocab_size)))
     LATTICE_FAIL() << "--vocab-size must be a positive integer, got " << f.get("vocab-size", "");
+  const double extra_ids = f.number("vocab-extra-ids", 0);
+  if (extra_ids < 0 || extra_ids != double(int64_t(extra_ids)))
+    LATTICE_FAIL() << "--vocab-extra-ids must be a non-negative integer, got " << f.get("vocab-extra-ids", "");
   const auto tok = make_tokenizer({f.required("tokenizer-type"), f.get("vocab-file", ""), f.get("merge-file", ""),
-                                   f.get("tokenizer-model", ""), int64_t(vocab_size)});
+                                   f.get("tokenizer-model", ""), int64_t(vocab_size), int64_t(extra_ids)});
   std::ios::sync_with_stdio(false);
   if (f.has("decode")) {
     std::vector<int32_t> ids;

@@ -180,6 +180,9 @@ PreprocessOptions parse_preprocess_args(int argc, char** argv) {
       opt.tokenizer_model = value();
     } else if (flag == "--vocab-size") {
       opt.vocab_size = parse_positive_int("--vocab-size", value());
+    } else if (flag == "--vocab-extra-ids") {
+      const std::string v = value();
+      opt.vocab_extra_ids = v == "0" ? 0 : parse_positive_int("--vocab-extra-ids", v);
     } else if (flag == "--output-prefix") {
       opt.output_prefix = value();
     } else if (flag == "--workers") {
@@ -213,7 +216,8 @@ PreprocessStats preprocess(const PreprocessOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   LATTICE_CHECK(opt.workers >= 1 && opt.chunk_bytes >= 1) << "preprocess: workers " << opt.workers << ", chunk bytes "
                                                            << opt.chunk_bytes;
-  const std::unique_ptr<Tokenizer> tok = make_tokenizer({opt.tokenizer_type, opt.vocab_file, opt.merge_file, opt.tokenizer_model, opt.vocab_size});
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(
+      {opt.tokenizer_type, opt.vocab_file, opt.merge_file, opt.tokenizer_model, opt.vocab_size, opt.vocab_extra_ids});
   JsonlChunkReader in(opt.input);
 
   // Builders remove their temporary files if anything below throws.
@@ -263,8 +267,11 @@ PreprocessStats preprocess(const PreprocessOptions& opt) {
 namespace {
 const char* kUsage =
     "usage: lattice preprocess --input F.jsonl[.gz] [--json-keys KEY ...]\n"
-    "                          --tokenizer-type {ByteTokenizer,GPT2BPETokenizer,HuggingFaceTokenizer,NullTokenizer}\n"
-    "                          [--vocab-file F --merge-file F | --tokenizer-model PATH | --vocab-size N]\n"
+    "                          --tokenizer-type {ByteTokenizer,GPT2BPETokenizer,HuggingFaceTokenizer,\n"
+    "                                            SentencePieceTokenizer,GPTSentencePieceTokenizer,Llama2Tokenizer,\n"
+    "                                            NullTokenizer}\n"
+    "                          [--vocab-file F --merge-file F | --tokenizer-model PATH [--vocab-extra-ids N]\n"
+    "                           | --vocab-size N]\n"
     "                          --output-prefix P [--append-eod] [--workers N] [--skip-bad-lines]\n"
     "                          [--keep-newlines] [--no-progress]\n"
     "writes P_<KEY>_document.bin/.idx (Megatron's indexed dataset) for every key (default: text)\n";

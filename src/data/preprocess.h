@@ -22,8 +22,9 @@ struct PreprocessOptions {
   std::vector<std::string> json_keys;
   std::string tokenizer_type;
   std::string vocab_file, merge_file;
-  std::string tokenizer_model;  // --tokenizer-model (HuggingFaceTokenizer)
+  std::string tokenizer_model;  // --tokenizer-model (HuggingFaceTokenizer, the SentencePiece types)
   int64_t vocab_size = 0;       // --vocab-size (NullTokenizer)
+  int64_t vocab_extra_ids = 0;  // --vocab-extra-ids (SentencePieceTokenizer)
   std::string output_prefix;
   bool append_eod = false;
   int workers = 1;

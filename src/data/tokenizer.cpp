@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "data/gpt2_bpe_tokenizer.h"
 #include "data/hf_tokenizer.h"
+#include "data/sentencepiece_tokenizer.h"
 
 namespace lattice {
 
@@ -81,41 +82,55 @@ std::string NullTokenizer::decode(const std::vector<int32_t>& ids) const {
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec) {
   const std::string& type = spec.type;
-  auto refuse = [&](const std::string& value, const char* flag, const char* belongs_to) {
-    if (!value.empty())
+  auto refuse = [&](bool given, const char* flag, const char* belongs_to) {
+    if (given)
       LATTICE_FAIL() << flag << " does not apply to --tokenizer-type " << type << " (it belongs to " << belongs_to << ")";
   };
-  if (type == "ByteTokenizer") {
-    refuse(spec.vocab_file, "--vocab-file", "GPT2BPETokenizer");
-    refuse(spec.merge_file, "--merge-file", "GPT2BPETokenizer");
-    refuse(spec.model, "--tokenizer-model", "HuggingFaceTokenizer");
-    return std::make_unique<ByteTokenizer>();
+  const bool sentencepiece =
+      type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer";
+  const bool known = type == "ByteTokenizer" || type == "GPT2BPETokenizer" || type == "HuggingFaceTokenizer" ||
+                     type == "NullTokenizer" || sentencepiece;
+  if (!known)
+    LATTICE_FAIL() << "--tokenizer-type: unknown tokenizer '" << type
+                   << "' (supported: ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
+                      "GPTSentencePieceTokenizer, Llama2Tokenizer, NullTokenizer)";
+  // Each file or size flag belongs to some types; given to another it is an error, so that a
+  // forgotten --tokenizer-type does not silently train on another tokenizer.
+  if (type != "GPT2BPETokenizer") {
+    refuse(!spec.vocab_file.empty(), "--vocab-file", "GPT2BPETokenizer");
+    refuse(!spec.merge_file.empty(), "--merge-file", "GPT2BPETokenizer");
   }
+  if (type != "HuggingFaceTokenizer" && !sentencepiece)
+    refuse(!spec.model.empty(), "--tokenizer-model", "HuggingFaceTokenizer and the SentencePiece tokenizers");
+  if (type != "SentencePieceTokenizer")
+    refuse(spec.vocab_extra_ids != 0, "--vocab-extra-ids", "SentencePieceTokenizer");
+
+  if (type == "ByteTokenizer") return std::make_unique<ByteTokenizer>();
   if (type == "GPT2BPETokenizer") {
-    refuse(spec.model, "--tokenizer-model", "HuggingFaceTokenizer");
     if (spec.vocab_file.empty()) LATTICE_FAIL() << "--vocab-file is required with --tokenizer-type GPT2BPETokenizer";
     if (spec.merge_file.empty()) LATTICE_FAIL() << "--merge-file is required with --tokenizer-type GPT2BPETokenizer";
     return std::make_unique<GPT2BPETokenizer>(spec.vocab_file, spec.merge_file);
   }
   if (type == "HuggingFaceTokenizer") {
-    refuse(spec.vocab_file, "--vocab-file", "GPT2BPETokenizer");
-    refuse(spec.merge_file, "--merge-file", "GPT2BPETokenizer");
     if (spec.model.empty())
       LATTICE_FAIL() << "--tokenizer-model is required with --tokenizer-type HuggingFaceTokenizer (tokenizer.json or "
                         "the folder that holds it)";
     return std::make_unique<HuggingFaceTokenizer>(spec.model);
   }
-  if (type == "NullTokenizer") {
-    refuse(spec.vocab_file, "--vocab-file", "GPT2BPETokenizer");
-    refuse(spec.merge_file, "--merge-file", "GPT2BPETokenizer");
-    refuse(spec.model, "--tokenizer-model", "HuggingFaceTokenizer");
-    if (spec.vocab_size <= 0 || spec.vocab_size >= INT32_MAX)
-      LATTICE_FAIL() << "--vocab-size N (1.." << INT32_MAX - 1
-                     << ") is required with --tokenizer-type NullTokenizer (ids 0..N-1; N is the end of document)";
-    return std::make_unique<NullTokenizer>(spec.vocab_size);
+  if (sentencepiece) {
+    if (spec.model.empty())
+      LATTICE_FAIL() << "--tokenizer-model is required with --tokenizer-type " << type
+                     << " (a SentencePiece model file, or the folder that holds tokenizer.model)";
+    const auto kind = type == "Llama2Tokenizer"             ? SentencePieceTokenizer::Kind::kLlama2
+                      : type == "GPTSentencePieceTokenizer" ? SentencePieceTokenizer::Kind::kGptSentencePiece
+                                                            : SentencePieceTokenizer::Kind::kSentencePiece;
+    return std::make_unique<SentencePieceTokenizer>(kind, spec.model, spec.vocab_extra_ids);
   }
-  LATTICE_FAIL() << "--tokenizer-type: unknown tokenizer '" << type
-                 << "' (supported: ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer)";
+  // NullTokenizer
+  if (spec.vocab_size <= 0 || spec.vocab_size >= INT32_MAX)
+    LATTICE_FAIL() << "--vocab-size N (1.." << INT32_MAX - 1
+                   << ") is required with --tokenizer-type NullTokenizer (ids 0..N-1; N is the end of document)";
+  return std::make_unique<NullTokenizer>(spec.vocab_size);
 }
 
 }  // namespace lattice

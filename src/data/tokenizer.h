@@ -3,6 +3,8 @@
 // white space, --vocab-size N of them (0..N-1), and N is the end-of-document (N + 1 in all).
 // GPT2BPETokenizer (OpenAI's byte-level BPE): data/gpt2_bpe_tokenizer.h.
 // HuggingFaceTokenizer (tokenizer.json, byte-level BPE: Llama 3 and others): data/hf_tokenizer.h.
+// SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer (a SentencePiece model file:
+// Llama 2, Mistral, T5, ...): data/sentencepiece_tokenizer.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -62,14 +64,16 @@ struct TokenizerSpec {
   std::string type;        // --tokenizer-type
   std::string vocab_file;  // --vocab-file (GPT2BPETokenizer)
   std::string merge_file;  // --merge-file (GPT2BPETokenizer)
-  std::string model;       // --tokenizer-model (HuggingFaceTokenizer: tokenizer.json or its folder)
+  std::string model;       // --tokenizer-model (HuggingFaceTokenizer: tokenizer.json or its folder;
+                           // the SentencePiece types: tokenizer.model or its folder)
   int64_t vocab_size = 0;  // --vocab-size (NullTokenizer: ids 0..N-1, N the end of document)
+  int64_t vocab_extra_ids = 0;  // --vocab-extra-ids (SentencePieceTokenizer: <extra_id_0..N-1>)
 };
 
 // Builds the tokenizer named by --tokenizer-type: ByteTokenizer; GPT2BPETokenizer from
-// --vocab-file and --merge-file; HuggingFaceTokenizer from --tokenizer-model; NullTokenizer of
-// --vocab-size. Errors name the flag
-// (unknown type, missing, superfluous or bad file).
+// --vocab-file and --merge-file; HuggingFaceTokenizer and the SentencePiece types from
+// --tokenizer-model; NullTokenizer of --vocab-size. Errors name the flag (unknown type, missing,
+// superfluous or bad file).
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec);
 
 }  // namespace lattice

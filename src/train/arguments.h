@@ -70,6 +70,7 @@ struct TrainArgs {
   std::vector<std::string> data_path;
   int64_t vocab_size = 0;
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model;
+  int64_t vocab_extra_ids = 0;  // --vocab-extra-ids (SentencePieceTokenizer)
   // data (Megatron's GPTDataset, blending, evaluation, document boundaries)
   std::string split = "969,30,1";
   std::string data_cache_path;
@@ -144,7 +145,9 @@ struct TrainArgs {
   int64_t batch_size_at(int64_t consumed) const;
   int64_t consumed_after(int64_t iterations) const;
   TransformerConfig transformer_config() const;
-  TokenizerSpec tokenizer_spec() const { return {tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size}; }
+  TokenizerSpec tokenizer_spec() const {
+    return {tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size, vocab_extra_ids};
+  }
   OptimizerConfig optimizer_config() const;
   // The arguments as `--flag value` pairs (for checkpoints and `generate`).
   std::string to_json() const;
