@@ -5,11 +5,48 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
 
 #include "core/error.h"
 #include "data/gpt2_pretokenizer.h"
 
 namespace lattice {
+
+namespace {
+
+// ICU's normalizer for the form (a process-wide instance ICU owns).
+const icu::Normalizer2& icu_normalizer(HuggingFaceTokenizer::Normalization form) {
+  UErrorCode err = U_ZERO_ERROR;
+  const icu::Normalizer2* n = nullptr;
+  switch (form) {
+    case HuggingFaceTokenizer::Normalization::nfc: n = icu::Normalizer2::getNFCInstance(err); break;
+    case HuggingFaceTokenizer::Normalization::nfd: n = icu::Normalizer2::getNFDInstance(err); break;
+    case HuggingFaceTokenizer::Normalization::nfkc: n = icu::Normalizer2::getNFKCInstance(err); break;
+    case HuggingFaceTokenizer::Normalization::nfkd: n = icu::Normalizer2::getNFKDInstance(err); break;
+    case HuggingFaceTokenizer::Normalization::none: break;
+  }
+  if (!n || U_FAILURE(err)) LATTICE_FAIL() << "HuggingFaceTokenizer: ICU's Unicode normalizer is not available: " << u_errorName(err);
+  return *n;
+}
+
+// `text` in the normalization form, into *out; false (and *out untouched) when it already is.
+bool normalize_utf8(const icu::Normalizer2& n, std::string_view text, std::string* out) {
+  bool ascii = true;
+  for (char c : text) ascii = ascii && static_cast<unsigned char>(c) < 0x80;
+  if (ascii) return false;  // ASCII is in every normalization form
+  UErrorCode err = U_ZERO_ERROR;
+  const icu::StringPiece piece(text.data(), int32_t(text.size()));
+  if (n.isNormalizedUTF8(piece, err) && U_SUCCESS(err)) return false;
+  err = U_ZERO_ERROR;
+  out->clear();
+  icu::StringByteSink<std::string> sink(out);
+  n.normalizeUTF8(0, piece, sink, nullptr, err);
+  if (U_FAILURE(err)) LATTICE_FAIL() << "HuggingFaceTokenizer: Unicode normalization failed: " << u_errorName(err);
+  return true;
+}
+
+}  // namespace
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -173,18 +210,17 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
       if (content.empty()) LATTICE_FAIL() << at << " " << t["id"] << ": empty content";
       if (flag_of(t, "single_word", false, at))
         LATTICE_FAIL() << at << " '" << content << "': single_word is not supported";
+      // HuggingFace's default: special tokens are found in the raw text, the others normalized.
+      const bool special = flag_of(t, "special", false, at);
       added_.push_back({int32_t(t["id"].get<int64_t>()), content, flag_of(t, "lstrip", false, at),
-                        flag_of(t, "rstrip", false, at)});
+                        flag_of(t, "rstrip", false, at), flag_of(t, "normalized", !special, at)});
       max_id = std::max<int64_t>(max_id, added_.back().id);
     }
   }
   // Longest first: a scan that tries them in this order finds the longest match.
   std::stable_sort(added_.begin(), added_.end(),
                    [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-  for (const AddedToken& t : added_) {
-    first_bytes_[static_cast<unsigned char>(t.content[0])] = true;
-    added_text_.emplace(t.id, t.content);
-  }
+  for (const AddedToken& t : added_) added_text_.emplace(t.id, t.content);
   auto added_id = [&](const std::string& content) {
     for (const AddedToken& t : added_)
       if (t.content == content) return t.id;
@@ -253,15 +289,43 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
     bpe_.add_merge(a, b, merged);  // a repeated pair keeps its first (lowest) rank, as HuggingFace's
   }
 
-  // Normalizer: none.
-  if (const std::string t = type_of(j.value("normalizer", json()), where + ": normalizer"); !t.empty()) {
-    const json& n = j["normalizer"];
-    const bool empty_sequence = t == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() &&
-                                n["normalizers"].empty();
-    if (!empty_sequence)
-      LATTICE_FAIL() << where << ": normalizer " << t << " is not supported (lattice's HuggingFaceTokenizer "
-                     << "takes tokenizers without a normalizer)";
+  // Normalizer: none, or one Unicode normalization form (alone or a Sequence of one).
+  if (std::string t = type_of(j.value("normalizer", json()), where + ": normalizer"); !t.empty()) {
+    const json* n = &j["normalizer"];
+    std::string at = where + ": normalizer";
+    if (t == "Sequence") {
+      if (!n->contains("normalizers") || !(*n)["normalizers"].is_array())
+        LATTICE_FAIL() << at << ".normalizers: missing or not a list";
+      const json& list = (*n)["normalizers"];
+      if (list.size() > 1)
+        LATTICE_FAIL() << at << ": a Sequence of " << list.size()
+                       << " normalizers is not supported (lattice's HuggingFaceTokenizer takes one: NFC, NFD, NFKC or NFKD)";
+      at += ".normalizers[0]";
+      n = list.empty() ? nullptr : &list[0];
+      t = n ? type_of(*n, at) : std::string();
+    }
+    static const std::pair<const char*, Normalization> forms[] = {
+        {"NFC", Normalization::nfc}, {"NFD", Normalization::nfd}, {"NFKC", Normalization::nfkc}, {"NFKD", Normalization::nfkd}};
+    for (const auto& [name, form] : forms)
+      if (t == name) normalization_ = form;
+    if (!t.empty() && normalization_ == Normalization::none)
+      LATTICE_FAIL() << at << ": normalizer " << t
+                     << " is not supported (lattice's HuggingFaceTokenizer takes NFC, NFD, NFKC or NFKD)";
   }
+  // The two passes of added tokens. A normalized token is found in normalized text, so as its
+  // normalized content (as HuggingFace's).
+  for (AddedToken t : added_) {
+    AddedSet& set = t.normalized ? added_normalized_ : added_raw_;
+    std::string normalized;
+    if (t.normalized && normalization_ != Normalization::none &&
+        normalize_utf8(icu_normalizer(normalization_), t.content, &normalized))
+      t.content = normalized;
+    set.tokens.push_back(t);
+    set.first_bytes[static_cast<unsigned char>(t.content[0])] = true;
+  }
+  for (AddedSet* set : {&added_raw_, &added_normalized_})
+    std::stable_sort(set->tokens.begin(), set->tokens.end(),
+                     [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
 
   // Pre-tokenizer, flattened into steps.
   std::vector<const json*> pre;
@@ -400,19 +464,19 @@ void HuggingFaceTokenizer::encode_text(std::string_view text, std::vector<int32_
   for (std::string_view p : pieces) bpe_.encode_piece(p, out);
 }
 
-void HuggingFaceTokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) const {
-  out->insert(out->end(), prefix_ids_.begin(), prefix_ids_.end());
-  // The added tokens first: at each place the longest that matches; the text between them is
-  // pre-tokenised and BPE-encoded on its own. lstrip/rstrip take the white space beside them.
+template <class Gap>
+void HuggingFaceTokenizer::split_added(std::string_view text, const AddedSet& set, std::vector<int32_t>* out,
+                                       Gap&& gap) const {
+  // At each place the longest token that matches; lstrip/rstrip take the white space beside it.
   auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
-  size_t done = 0;  // text[0, done) is encoded
-  for (size_t pos = 0; pos < text.size() && !added_.empty();) {
-    if (!first_bytes_[static_cast<unsigned char>(text[pos])]) {
+  size_t done = 0;  // text[0, done) is handled
+  for (size_t pos = 0; pos < text.size() && !set.tokens.empty();) {
+    if (!set.first_bytes[static_cast<unsigned char>(text[pos])]) {
       ++pos;
       continue;
     }
     const AddedToken* hit = nullptr;
-    for (const AddedToken& t : added_)
+    for (const AddedToken& t : set.tokens)
       if (text.compare(pos, t.content.size(), t.content) == 0) {
         hit = &t;
         break;
@@ -426,11 +490,28 @@ void HuggingFaceTokenizer::encode_append(std::string_view text, std::vector<int3
       while (begin > done && is_space(text[begin - 1])) --begin;
     if (hit->rstrip)
       while (end < text.size() && is_space(text[end])) ++end;
-    encode_text(text.substr(done, begin - done), out);
+    gap(text.substr(done, begin - done));
     out->push_back(hit->id);
     done = pos = end;
   }
-  encode_text(text.substr(done), out);
+  gap(text.substr(done));
+}
+
+
+void HuggingFaceTokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) const {
+  out->insert(out->end(), prefix_ids_.begin(), prefix_ids_.end());
+  // As HuggingFace's: the added tokens that are not normalized are found in the text as given;
+  // each stretch between them is normalized, then the normalized added tokens are found in it,
+  // and what lies between those is pre-tokenised and BPE-encoded.
+  auto encode_stretch = [&](std::string_view raw) {
+    if (raw.empty()) return;
+    thread_local std::string normalized;
+    std::string_view s = raw;
+    if (normalization_ != Normalization::none && normalize_utf8(icu_normalizer(normalization_), raw, &normalized))
+      s = normalized;
+    split_added(s, added_normalized_, out, [&](std::string_view piece) { encode_text(piece, out); });
+  };
+  split_added(text, added_raw_, out, encode_stretch);
   out->insert(out->end(), suffix_ids_.begin(), suffix_ids_.end());
 }
 

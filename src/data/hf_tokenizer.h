@@ -3,7 +3,11 @@
 // recent vocabularies ship it. PATH is the folder that holds tokenizer.json, or the file itself.
 // What is read, and how it encodes (as HuggingFace's tokenizers library does):
 //   added_tokens    found in the text first, longest match at the leftmost place; lstrip/rstrip
-//                   take the white space beside them. Each is its own id.
+//                   take the white space beside them. Each is its own id. As HuggingFace's, those
+//                   with "normalized": false are found in the text as given, then the rest in the
+//                   normalized text between them.
+//   normalizer      NFC, NFD, NFKC or NFKD (Unicode normalization, by ICU; Qwen2's NFC), alone or
+//                   as a Sequence of one.
 //   pre_tokenizer   cuts the text between them into pieces: ByteLevel (use_regex: GPT-2's pattern;
 //                   add_prefix_space), Split (a regex or string pattern; behaviour Isolated,
 //                   Removed, MergedWithPrevious, MergedWithNext or Contiguous; invert), Digits,
@@ -15,8 +19,8 @@
 //   decoder         ByteLevel: tokens back to their bytes, added tokens to their text.
 // The end-of-document id (Megatron's tokenizer.eod) is eos_token of tokenizer_config.json, else
 // of special_tokens_map.json, beside tokenizer.json. The vocabulary size is the highest id + 1.
-// Anything else (a normalizer, another model, BPE dropout, byte fallback, another pre-tokenizer,
-// processor or decoder) is refused at load with one line naming the file and the key.
+// Anything else (another normalizer, another model, BPE dropout, byte fallback, another
+// pre-tokenizer, processor or decoder) is refused at load with one line naming the file and the key.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -52,14 +56,25 @@ class HuggingFaceTokenizer : public Tokenizer {
     int32_t id;
     std::string content;
     bool lstrip, rstrip;
+    bool normalized;  // found in the normalized text (after the others, which are found in the raw text)
   };
+  enum class Normalization { none, nfc, nfd, nfkc, nfkd };
 
  private:
+  // The added tokens of one pass, longest first, and the bytes they start with.
+  struct AddedSet {
+    std::vector<AddedToken> tokens;
+    bool first_bytes[256] = {};
+  };
+  // Splits `text` on `set`'s tokens: each token's id to *out, each stretch between them to gap().
+  template <class Gap>
+  void split_added(std::string_view text, const AddedSet& set, std::vector<int32_t>* out, Gap&& gap) const;
   void encode_text(std::string_view text, std::vector<int32_t>* out) const;  // no added tokens in it
 
   ByteLevelBpe bpe_;
   std::vector<AddedToken> added_;       // longest content first
-  bool first_bytes_[256] = {};          // the first bytes of the added tokens
+  AddedSet added_raw_, added_normalized_;  // the two passes: "normalized" false, then true
+  Normalization normalization_ = Normalization::none;
   std::unordered_map<int32_t, std::string> added_text_;  // id -> content
   std::vector<std::unique_ptr<Step>> steps_;
   bool add_prefix_space_ = false;       // a leading ByteLevel pre-tokenizer's

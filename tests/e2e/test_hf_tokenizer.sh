@@ -36,6 +36,23 @@ for v in "Llama 3 (cl100k):$L3" "GPT-2:$G2"; do
     fail "$name: vectors: reference or lattice failed"; cat "$TMP/vec.note" >&2
   fi
 done
+# Qwen2-style: an NFC normalizer, its own regex, normalized and raw added tokens, against
+# HuggingFace's implementation, on the vectors and on text written to need normalizing.
+Q2="$TMP/qwen2"
+node "$SRC/tests/e2e/make_hf_tokenizer.cjs" "$NPM_DIR" "$Q2" qwen2 || fail "make_hf_tokenizer.cjs qwen2 failed"
+cat "$VECTORS" "$SRC/tests/fixtures/normalization_vectors.jsonl" >"$TMP/vec_nfc.jsonl"
+if ref "$Q2" vectors "$TMP/vec_nfc.jsonl" >"$TMP/vec.ref" 2>"$TMP/vec.note" &&
+   "$LATTICE" tokenize --jsonl --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$Q2" <"$TMP/vec_nfc.jsonl" >"$TMP/vec.out"; then
+  cmp -s "$TMP/vec.ref" "$TMP/vec.out" &&
+    pass "Qwen2-style (NFC): $(line_count "$TMP/vec_nfc.jsonl") vectors, same ids as HuggingFace's" ||
+    { fail "Qwen2-style (NFC): vectors differ from HuggingFace's (line: vector):"; diff "$TMP/vec.ref" "$TMP/vec.out" | head -n 20 >&2; }
+else
+  fail "Qwen2-style (NFC): vectors: reference or lattice failed"; cat "$TMP/vec.note" >&2
+fi
+got=$(printf 'x<|im_start|>cafe\xcc\x81' | "$LATTICE" tokenize --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$Q2")
+[ "$got" = "87 100264 100300" ] && pass "Qwen2-style: raw and normalized added tokens: $got" ||
+  fail "x<|im_start|>cafe + U+0301: got '$got', want 87 100264 100300"
+
 got=$(printf 'Hello world<|endoftext|>' | "$LATTICE" tokenize "${HF3[@]}")
 [ "$got" = "100277 9906 1917 100257" ] && pass "template and special token: $got" ||
   fail "Hello world<|endoftext|>: got '$got', want 100277 9906 1917 100257"
@@ -105,18 +122,18 @@ else
 fi
 
 # 5. Bad tokenizer folders: one line naming the file and the key; nothing written.
-mkdir -p cut nfc noeos regex
+mkdir -p cut replace noeos regex
 head -c 5000 "$L3/tokenizer.json" >cut/tokenizer.json
-cp "$L3/tokenizer_config.json" cut/ && cp "$L3/tokenizer_config.json" nfc/ && cp "$L3/tokenizer_config.json" regex/
-node -e 'const fs=require("fs"); const [src, nfc, regex]=process.argv.slice(1); const j=JSON.parse(fs.readFileSync(src));
-  fs.writeFileSync(nfc, JSON.stringify({...j, normalizer: {type: "NFC"}}));
+cp "$L3/tokenizer_config.json" cut/ && cp "$L3/tokenizer_config.json" replace/ && cp "$L3/tokenizer_config.json" regex/
+node -e 'const fs=require("fs"); const [src, replace, regex]=process.argv.slice(1); const j=JSON.parse(fs.readFileSync(src));
+  fs.writeFileSync(replace, JSON.stringify({...j, normalizer: {type: "Replace", pattern: {String: " "}, content: "\u2581"}}));
   j.pre_tokenizer.pretokenizers[0].pattern.Regex = "(?i:'"'"'s|[";
-  fs.writeFileSync(regex, JSON.stringify(j));' "$L3/tokenizer.json" nfc/tokenizer.json regex/tokenizer.json
+  fs.writeFileSync(regex, JSON.stringify(j));' "$L3/tokenizer.json" replace/tokenizer.json regex/tokenizer.json
 cp "$L3/tokenizer.json" noeos/
 expect_error "truncated tokenizer.json" "--tokenizer-model|cut/tokenizer.json|not valid JSON" -- \
   "$LATTICE" preprocess --input kjv.jsonl --tokenizer-type HuggingFaceTokenizer --tokenizer-model cut --output-prefix failed
-expect_error "normalizer NFC" "nfc/tokenizer.json|normalizer NFC|not supported" -- \
-  "$LATTICE" preprocess --input kjv.jsonl --tokenizer-type HuggingFaceTokenizer --tokenizer-model nfc --output-prefix failed
+expect_error "normalizer Replace" "replace/tokenizer.json|normalizer Replace|not supported" -- \
+  "$LATTICE" preprocess --input kjv.jsonl --tokenizer-type HuggingFaceTokenizer --tokenizer-model replace --output-prefix failed
 expect_error "no eos_token" "noeos/tokenizer.json|eos_token" -- \
   "$LATTICE" preprocess --input kjv.jsonl --tokenizer-type HuggingFaceTokenizer --tokenizer-model noeos --output-prefix failed
 expect_error "a Split regex that does not compile" "regex/tokenizer.json|pre_tokenizer.pretokenizers[0].pattern|does not compile" -- \

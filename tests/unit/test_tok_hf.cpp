@@ -231,7 +231,15 @@ TEST(TokHf, RefusedComponentsNameTheirKey) {
     const char* message;
   };
   const std::vector<Case> cases = {
-      {"normalizer", [](json& t) { t["normalizer"] = {{"type", "NFKC"}}; }, "normalizer NFKC is not supported"},
+      {"normalizer", [](json& t) { t["normalizer"] = {{"type", "Lowercase"}}; }, "normalizer Lowercase is not supported"},
+      {"normalizer in a sequence",
+       [](json& t) { t["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "Strip"}}}}}; },
+       "normalizer.normalizers[0]: normalizer Strip is not supported"},
+      {"Llama 2's normalizers",
+       [](json& t) {
+         t["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}}, {{"type", "Replace"}}}}};
+       },
+       "a Sequence of 2 normalizers is not supported"},
       {"model type", [](json& t) { t["model"]["type"] = "WordPiece"; }, "model.type is WordPiece"},
       {"dropout", [](json& t) { t["model"]["dropout"] = 0.1; }, "model.dropout is set"},
       {"byte fallback", [](json& t) { t["model"]["byte_fallback"] = true; }, "model.byte_fallback is true"},
@@ -279,4 +287,45 @@ TEST(TokHf, RefusedComponentsNameTheirKey) {
   }
   // No eos_token anywhere.
   EXPECT_NE(load_error(base_tokenizer(), nullptr).find("no eos_token"), std::string::npos);
+}
+
+namespace {
+const std::string kComposed = "caf\xC3\xA9", kDecomposed = "cafe\xCC\x81";  // café as NFC and as NFD
+}  // namespace
+
+TEST(TokHf, UnicodeNormalizersAsHuggingFace) {
+  const std::string ligature = "\xEF\xAC\x81";  // U+FB01, the fi ligature
+  auto with = [&](const json& normalizer) {
+    json t = base_tokenizer();
+    t["normalizer"] = normalizer;
+    return load(t);
+  };
+  EXPECT_EQ(with({{"type", "NFC"}})->encode(kDecomposed), bytes_of(kComposed));
+  EXPECT_EQ(with({{"type", "NFC"}})->encode(ligature), bytes_of(ligature));  // NFC keeps compatibility characters
+  EXPECT_EQ(with({{"type", "NFD"}})->encode(kComposed), bytes_of(kDecomposed));
+  EXPECT_EQ(with({{"type", "NFKC"}})->encode(ligature + kDecomposed), bytes_of("fi" + kComposed));
+  EXPECT_EQ(with({{"type", "NFKD"}})->encode(kComposed + ligature), bytes_of(kDecomposed + "fi"));
+  // A Sequence of one normalizer is that normalizer; without one the text is taken as given.
+  EXPECT_EQ(with({{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}}}})->encode(kDecomposed), bytes_of(kComposed));
+  EXPECT_EQ(with(nullptr)->encode(kDecomposed), bytes_of(kDecomposed));
+  // Text that is already normalized, ASCII or not, encodes as without a normalizer.
+  const std::string text = "the-final " + kComposed + " \xE6\x97\xA5\xE6\x9C\xAC";
+  EXPECT_EQ(with({{"type", "NFC"}})->encode(text), with(nullptr)->encode(text));
+}
+
+TEST(TokHf, NormalizedAddedTokensAreFoundInTheNormalizedText) {
+  json t = base_tokenizer();
+  t["normalizer"] = {{"type", "NFC"}};
+  // 302: not special and so normalized (HuggingFace's default), written decomposed: it is found as
+  // its NFC form in the normalized text. 303: "normalized": false, written decomposed: found in the
+  // text as given, before the normalization.
+  t["added_tokens"].push_back({{"id", 302}, {"content", kDecomposed}, {"special", false}});
+  t["added_tokens"].push_back({{"id", 303}, {"content", "x" + kDecomposed}, {"special", true}, {"normalized", false}});
+  const auto tok = load(t);
+  EXPECT_EQ(tok->encode(kComposed), Ids{302});
+  EXPECT_EQ(tok->encode(kDecomposed), Ids{302});
+  EXPECT_EQ(tok->encode("x" + kDecomposed), Ids{303});
+  EXPECT_EQ(tok->encode("x" + kComposed), cat({bytes_of("x"), {302}}));
+  EXPECT_EQ(tok->encode("<eos>x" + kDecomposed + kComposed), (Ids{300, 303, 302}));
+  EXPECT_EQ(tok->decode({302, 303}), kDecomposed + "x" + kDecomposed);  // added tokens decode as written
 }
