@@ -42,6 +42,15 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
       qkv.blocks.push_back({hf + "self_attn.v_proj.weight", g * D, D});
     }
     m.push_back(qkv);
+    if (c.add_qkv_bias) {  // Qwen2: q_proj, k_proj and v_proj have biases, in the same grouped order
+      TensorMap bias{lat + "self_attention.linear_qkv.bias", {}};
+      for (int64_t g = 0; g < G; ++g) {
+        bias.blocks.push_back({hf + "self_attn.q_proj.bias", g * R * D, R * D});
+        bias.blocks.push_back({hf + "self_attn.k_proj.bias", g * D, D});
+        bias.blocks.push_back({hf + "self_attn.v_proj.bias", g * D, D});
+      }
+      m.push_back(bias);
+    }
     m.push_back({lat + "self_attention.linear_proj.weight", {{hf + "self_attn.o_proj.weight"}}});
     m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight"}}});
     m.push_back({lat + "mlp.linear_fc1.weight", {{hf + "mlp.gate_proj.weight"}, {hf + "mlp.up_proj.weight"}}});
@@ -63,6 +72,11 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c) {
     s[hf + "self_attn.q_proj.weight"] = {Q, C};
     s[hf + "self_attn.k_proj.weight"] = {KV, C};
     s[hf + "self_attn.v_proj.weight"] = {KV, C};
+    if (c.add_qkv_bias) {
+      s[hf + "self_attn.q_proj.bias"] = {Q};
+      s[hf + "self_attn.k_proj.bias"] = {KV};
+      s[hf + "self_attn.v_proj.bias"] = {KV};
+    }
     s[hf + "self_attn.o_proj.weight"] = {C, Q};
     s[hf + "post_attention_layernorm.weight"] = {C};
     s[hf + "mlp.gate_proj.weight"] = {F, C};
@@ -80,18 +94,32 @@ bool ends_with(const std::string& s, const char* tail) {
 
 }  // namespace
 
-bool is_hf_llama_config(const json& j) {
-  if (!j.is_object()) return false;
-  if (j.contains("model_type")) return j["model_type"] == "llama";
+namespace {
+
+// "llama" or "qwen2" from model_type (else architectures), "" for neither.
+std::string llama_family(const json& j) {
+  if (!j.is_object()) return "";
+  if (j.contains("model_type"))
+    return j["model_type"] == "llama" ? "llama" : j["model_type"] == "qwen2" ? "qwen2" : "";
   if (j.contains("architectures") && j["architectures"].is_array())
-    for (const json& a : j["architectures"])
-      if (a == "LlamaForCausalLM") return true;
-  return false;
+    for (const json& a : j["architectures"]) {
+      if (a == "LlamaForCausalLM") return "llama";
+      if (a == "Qwen2ForCausalLM") return "qwen2";
+    }
+  return "";
 }
 
+}  // namespace
+
+bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
+
+const char* hf_llama_family_name(const TransformerConfig& c) { return c.add_qkv_bias ? "Qwen2" : "Llama"; }
+
 TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
-  if (!is_hf_llama_config(j))
-    LATTICE_FAIL() << what << ": not a Llama config (model_type " << j.value("model_type", json()).dump() << ")";
+  const std::string family = llama_family(j);
+  if (family.empty())
+    LATTICE_FAIL() << what << ": not a Llama or Qwen2 config (model_type " << j.value("model_type", json()).dump() << ")";
+  const bool qwen2 = family == "qwen2";
   TransformerConfig c;
   c.num_layers = hf::config_int(j, what, "num_hidden_layers");
   c.hidden_size = hf::config_int(j, what, "hidden_size");
@@ -105,7 +133,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   if (c.num_attention_heads % c.num_query_groups != 0)
     LATTICE_FAIL() << what << ": num_key_value_heads " << c.num_query_groups << " does not divide num_attention_heads "
                    << c.num_attention_heads;
-  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+  if (!qwen2 && j.contains("head_dim") && !j["head_dim"].is_null()) {
     c.kv_channels = hf::config_int(j, what, "head_dim");
   } else if (c.hidden_size % c.num_attention_heads != 0) {
     LATTICE_FAIL() << what << ": num_attention_heads " << c.num_attention_heads << " does not divide hidden_size "
@@ -113,10 +141,13 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   }
   const std::string act = j.value("hidden_act", std::string("silu"));
   if (act != "silu") LATTICE_FAIL() << what << ": hidden_act \"" << act << "\" is not supported (silu: SwiGLU)";
-  if (hf::config_bool(j, what, "attention_bias", false))
+  if (!qwen2 && hf::config_bool(j, what, "attention_bias", false))
     LATTICE_FAIL() << what << ": attention_bias true is not supported (lattice's Llama has no linear biases)";
-  if (hf::config_bool(j, what, "mlp_bias", false))
+  if (!qwen2 && hf::config_bool(j, what, "mlp_bias", false))
     LATTICE_FAIL() << what << ": mlp_bias true is not supported (lattice's Llama has no linear biases)";
+  // Qwen2's sliding window: lattice's attention is full causal attention.
+  if (qwen2 && hf::config_bool(j, what, "use_sliding_window", false))
+    LATTICE_FAIL() << what << ": use_sliding_window true is not supported (lattice's attention is full causal)";
   // Linear scaling (positions divided by its factor) is Megatron's --rotary-seq-len-interpolation-factor;
   // llama3 (Llama 3.1's frequency-dependent scaling) is --use-rope-scaling with its four values.
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
@@ -146,6 +177,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   c.layernorm_epsilon = float(hf::config_positive(j, what, "rms_norm_eps", 1e-6));  // LlamaConfig's default
   c.swiglu = true;
   c.add_bias_linear = false;
+  c.add_qkv_bias = qwen2;
   c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
   c.make_vocab_size_divisible_by = divisible_by;
   c.hidden_dropout = c.attention_dropout = 0.0f;
@@ -184,6 +216,15 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
                          {"low_freq_factor", hf::shortest_float(c.rope_scaling_low_freq_factor)},
                          {"high_freq_factor", hf::shortest_float(c.rope_scaling_high_freq_factor)},
                          {"original_max_position_embeddings", c.rope_scaling_original_max_position_embeddings}};
+  if (c.add_qkv_bias) {
+    // Qwen2Config: the biases are implied; head_dim is hidden / heads (hf_llama_mismatch checks it).
+    for (const char* key : {"attention_bias", "head_dim", "mlp_bias", "pretraining_tp"}) j.erase(key);
+    j["architectures"] = {"Qwen2ForCausalLM"};
+    j["model_type"] = "qwen2";
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = c.max_position_embeddings;
+    j["max_window_layers"] = c.num_layers;
+  }
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
@@ -198,7 +239,10 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   if (c.rotary_interleaved) return "--rotary-interleaved (HuggingFace Llama rotates rotate_half pairs)";
   if (!c.rmsnorm()) return "LayerNorm (HuggingFace Llama has RMSNorm)";
   if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";
-  if (c.add_bias_linear) return "linear biases (HuggingFace Llama has none: --disable-bias-linear)";
+  if (c.add_bias_linear)
+    return "linear biases (HuggingFace Llama has none, Qwen2 QKV's only: --disable-bias-linear [--add-qkv-bias])";
+  if (c.add_qkv_bias && c.kv_channels * c.num_attention_heads != c.hidden_size)
+    return "--kv-channels other than hidden / heads with --add-qkv-bias (HuggingFace Qwen2 has no head_dim)";
   if (c.use_rope_scaling && c.rotary_seq_len_interpolation_factor > 0.0f)
     return "--use-rope-scaling with --rotary-seq-len-interpolation-factor (HuggingFace's rope_scaling is one or the other)";
   return "";

@@ -1,4 +1,5 @@
-// HuggingFace Llama (transformers' LlamaForCausalLM: DIR/config.json + DIR/model.safetensors)
+// HuggingFace Llama (transformers' LlamaForCausalLM: DIR/config.json + DIR/model.safetensors),
+// and Qwen2 (Qwen2ForCausalLM: Llama with q/k/v biases, --add-qkv-bias),
 // <-> lattice's GPTModel with Megatron's Llama settings: --position-embedding-type rope
 // (rotate_half over the whole head, --rotary-base = rope_theta), --normalization RMSNorm,
 // --swiglu, --disable-bias-linear, grouped-query attention (num_key_value_heads), usually
@@ -25,8 +26,12 @@
 namespace lattice {
 
 // Whether config.json describes a Llama model (model_type "llama", or LlamaForCausalLM among
-// its architectures).
+// its architectures) or a Qwen2 one ("qwen2", Qwen2ForCausalLM): Llama with biases on q_proj,
+// k_proj and v_proj (lattice's --add-qkv-bias), head_dim hidden / heads, no sliding window.
 bool is_hf_llama_config(const nlohmann::json& config);
+
+// "Qwen2" for a model with --add-qkv-bias, else "Llama": the form export writes.
+const char* hf_llama_family_name(const TransformerConfig& c);
 
 // config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by).
 // rope_scaling linear is --rotary-seq-len-interpolation-factor. Settings lattice cannot reproduce

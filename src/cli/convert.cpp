@@ -1,4 +1,4 @@
-// `lattice convert`: HuggingFace GPT-2 or Llama <-> lattice checkpoint.
+// `lattice convert`: HuggingFace GPT-2, Llama or Qwen2 <-> lattice checkpoint.
 //   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
 //                   [--make-vocab-size-divisible-by N]
 //   lattice convert --load CKPT --to-hf DIR
@@ -88,7 +88,7 @@ void from_hf(const SimpleFlags& f) {
   if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
   const std::string written = save_model_checkpoint(save, 0, *in.model, args.dump());
   std::fprintf(stderr, "convert: %s (%s) -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
-               dir.c_str(), llama ? "Llama" : "GPT-2", written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
+               dir.c_str(), llama ? hf_llama_family_name(c) : "GPT-2", written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
                (long long)c.vocab_size, (long long)c.padded_vocab_size,
                tokenizer.empty() ? "none" : tokenizer.c_str());
 }
@@ -130,7 +130,7 @@ void to_hf(const SimpleFlags& f) {
     }
   }
   std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s)\n", load.c_str(), (long long)lm.iteration, dir.c_str(),
-               not_gpt2.empty() ? "GPT-2" : "Llama");
+               not_gpt2.empty() ? "GPT-2" : hf_llama_family_name(c));
 }
 
 }  // namespace
@@ -141,9 +141,10 @@ int cmd_convert(int argc, char** argv) {
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR\n"
-        "HuggingFace GPT-2 or Llama (config.json, model.safetensors) <-> lattice checkpoint: --from-hf\n"
-        "reads config.json's model_type; --to-hf writes GPT-2 when the model has its form (learned\n"
-        "positions, LayerNorm, GELU, biases), else Llama (rope, RMSNorm, SwiGLU, no biases). The input is\n"
+        "HuggingFace GPT-2, Llama or Qwen2 (config.json, model.safetensors) <-> lattice checkpoint:\n"
+        "--from-hf reads config.json's model_type; --to-hf writes GPT-2 when the model has its form\n"
+        "(learned positions, LayerNorm, GELU, biases), else Llama (rope, RMSNorm, SwiGLU, no biases), or\n"
+        "Qwen2 for such a model with --add-qkv-bias. The input is\n"
         "read and checked completely before anything is written; an existing checkpoint or HF model is\n"
         "never overwritten.\n"
         "  --tokenizer-type NAME              the tokenizer recorded in the checkpoint\n"

@@ -43,7 +43,8 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const std::string s = "decoder.layers." + std::to_string(l) + ".";
     layers_.push_back({p(s + "input_layernorm.weight"), norm_bias(s + "input_layernorm.bias"),
-                       p(s + "self_attention.linear_qkv.weight"), bias(s + "self_attention.linear_qkv.bias"),
+                       p(s + "self_attention.linear_qkv.weight"),
+                       cfg_.qkv_bias() ? p(s + "self_attention.linear_qkv.bias") : nullptr,
                        p(s + "self_attention.linear_proj.weight"), bias(s + "self_attention.linear_proj.bias"),
                        p(s + "pre_mlp_layernorm.weight"), norm_bias(s + "pre_mlp_layernorm.bias"),
                        p(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),

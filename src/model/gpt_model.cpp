@@ -279,7 +279,7 @@ void GPTModel::register_parameters() {
       if (norm_bias) p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
       // [W, C]: per query group its heads' q, then its k and v (W = 3Q without grouping: per head q, k, v)
       p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
-      if (bias) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
+      if (cfg_.qkv_bias()) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
       p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
       if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);

@@ -55,6 +55,8 @@ struct TransformerConfig {
   bool rope() const { return position_embedding_type == "rope"; }
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;        // --disable-bias-linear: no biases in QKV, proj, fc1, fc2
+  bool add_qkv_bias = false;          // --add-qkv-bias: QKV's bias even without the others (Qwen2)
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   std::string normalization = "LayerNorm";  // or RMSNorm (weight only), Megatron's --normalization
   bool rmsnorm() const { return normalization == "RMSNorm"; }
   // Activation recomputation (docs/memory.md). It changes memory and time, never the

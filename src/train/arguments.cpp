@@ -72,6 +72,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"normalization", Kind::str, &a.normalization, "LayerNorm or RMSNorm (no mean subtracted, no bias)"},
       {"disable-bias-linear", Kind::flag, &a.disable_bias_linear,
        "no biases in the linear layers (QKV, projection, fc1, fc2)"},
+      {"add-qkv-bias", Kind::flag, &a.add_qkv_bias, "a bias in the QKV layer even with --disable-bias-linear (Qwen2)"},
       {"micro-batch-size", Kind::i64, &a.micro_batch_size, "sequences per micro-batch"},
       {"global-batch-size", Kind::i64, &a.global_batch_size,
        "sequences per iteration (0: micro-batch size)"},
@@ -482,6 +483,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.num_query_groups = group_query_attention ? num_query_groups : 0;  // Megatron ignores it without the switch
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
   c.add_bias_linear = !disable_bias_linear;
+  c.add_qkv_bias = add_qkv_bias;
   c.normalization = normalization;
   c.position_embedding_type = position_embedding_type;
   c.rotary_percent = rotary_percent;

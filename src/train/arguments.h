@@ -28,6 +28,7 @@ struct TrainArgs {
   int64_t num_query_groups = 1;
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
+  bool add_qkv_bias = false;
   std::string normalization = "LayerNorm";
   std::string position_embedding_type = "learned_absolute";
   double rotary_percent = 1.0;

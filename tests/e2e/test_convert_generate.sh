@@ -206,6 +206,34 @@ if run llama_train "$LATTICE" "${LLAMA[@]}" --train-iters 3 --exit-interval 2 --
     same "SwiGLU: generate with the KV cache prints what full recomputation prints" llama_gen.out llama_gen_full.out
   fi
 fi
+# ---- --add-qkv-bias (a Llama-style model with QKV's bias only, tied: a Qwen2-style model) ----
+NO_QKV_BIAS=("${ROPE[@]/0.5/1}" --normalization RMSNorm --disable-bias-linear --ffn-hidden-size 96 --swiglu
+             --group-query-attention --num-query-groups 2)
+QWEN2=("${NO_QKV_BIAS[@]}" --add-qkv-bias)
+if run qwen2_train "$LATTICE" "${QWEN2[@]}" --train-iters 2 --save ckpt-qwen2; then
+  grep -qF 'linear_qkv.bias' ckpt-qwen2/iter_0000002/*.json || fail "an --add-qkv-bias checkpoint has no linear_qkv.bias"
+  grep -qF 'linear_proj.bias' ckpt-qwen2/iter_0000002/*.json && fail "an --add-qkv-bias checkpoint lists linear_proj.bias"
+  expect_error "resume: QKV-bias checkpoint without --add-qkv-bias" "add_qkv_bias|--add-qkv-bias" -- \
+    "$LATTICE" "${NO_QKV_BIAS[@]}" --train-iters 3 --load ckpt-qwen2
+  # Its HuggingFace form is Qwen2: out and back, the same model generates the same text.
+  if run qwen2_to_hf "$LATTICE" convert --load ckpt-qwen2 --to-hf hf-qwen2; then
+    grep -q '"model_type": "qwen2"' hf-qwen2/config.json || fail "convert --to-hf of an --add-qkv-bias model wrote no Qwen2 config"
+    grep -q 'Qwen2' qwen2_to_hf.err || fail "convert --to-hf did not say it wrote Qwen2"
+    run qwen2_from_hf "$LATTICE" convert --from-hf hf-qwen2 --save ckpt-qwen2-back &&
+      run qwen2_gen_back "$LATTICE" generate --load ckpt-qwen2-back --prompt "ab" --max-new-tokens 30 --seed 3 &&
+      run qwen2_gen_orig "$LATTICE" generate --load ckpt-qwen2 --prompt "ab" --max-new-tokens 30 --seed 3 &&
+      run qwen2_gen_full "$LATTICE" generate --load ckpt-qwen2 --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+      same "Qwen2: generated text after lattice -> HF Qwen2 -> lattice equals the original's" qwen2_gen_back.out \
+        qwen2_gen_orig.out &&
+      same "--add-qkv-bias: generate with the KV cache prints what full recomputation prints" qwen2_gen_orig.out \
+        qwen2_gen_full.out
+  fi
+fi
+# A HuggingFace Qwen2 folder in: the independent fixture (q/k/v biases, tied).
+if run qwen2_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_qwen2_tiny" --save ckpt-hf-qwen2; then
+  grep -q 'Qwen2' qwen2_fixture.err || fail "convert did not say it read a Qwen2 model"
+  grep -q '"add_qkv_bias": *true' ckpt-hf-qwen2/iter_0000000/*.json || fail "the converted Qwen2 lost its QKV bias"
+fi
 if run gqa_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --group-query-attention --train-iters 1 \
      --save ckpt-gqa; then
   expect_error "convert: grouped-query attention, no other Llama setting" \

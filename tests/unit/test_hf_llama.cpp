@@ -1,7 +1,8 @@
-// HuggingFace Llama <-> lattice: logits against an independent HF-layout Llama
+// HuggingFace Llama and Qwen2 <-> lattice: logits against an independent HF-layout Llama
 // (tests/fixtures/make_hf_llama_fixture.py: grouped-query attention with a head_dim wider than
-// hidden / heads, untied; one key per head, tied, LlamaConfig's defaults; linear rope scaling), the round trips in
-// both directions, the tensor layout spelled out, and bad input.
+// hidden / heads, untied; one key per head, tied, LlamaConfig's defaults; linear rope scaling;
+// Qwen2's q/k/v biases), the round trips in both directions, the tensor layout spelled out, and
+// bad input.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,6 +50,18 @@ TEST(HfLlama, TiedModelWithConfigDefaultsMatchesIndependentLogits) {
   EXPECT_FALSE(c.untie_embeddings_and_output_weights);
 }
 
+// Qwen2: Llama with biases on q_proj, k_proj and v_proj, which are --add-qkv-bias's linear_qkv.bias.
+TEST(HfLlama, Qwen2ModelMatchesIndependentLogits) {
+  check_fixture_logits("hf_qwen2_tiny");
+  const TransformerConfig c = load_hf_llama(fixture("hf_qwen2_tiny")).model->config();
+  EXPECT_TRUE(c.rope() && c.rmsnorm() && c.swiglu && !c.add_bias_linear && c.add_qkv_bias);
+  EXPECT_EQ(c.num_query_groups, 2);
+  EXPECT_EQ(c.kv_channels, 8);
+  EXPECT_EQ(c.rotary_base, 1000000.0f);
+  EXPECT_FALSE(c.untie_embeddings_and_output_weights);
+  EXPECT_STREQ(hf_llama_family_name(c), "Qwen2");
+}
+
 // rope_scaling linear (factor 4): lattice's --rotary-seq-len-interpolation-factor.
 TEST(HfLlama, LinearRopeScalingMatchesIndependentLogits) {
   check_fixture_logits("hf_llama_tiny_scaled");
@@ -75,7 +88,8 @@ TEST(HfLlama, Llama3RopeScalingMatchesIndependentLogits) {
 }
 
 TEST(HfLlama, HfToLatticeToHfIsIdentity) {
-  for (const char* dir : {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3"}) {
+  for (const char* dir :
+       {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3", "hf_qwen2_tiny"}) {
     TempDir out(std::string("llama_rt_") + dir);
     HfModel hf = load_hf_llama(fixture(dir));
     save_hf_llama(out.str() + "/hf", *hf.model, "");
@@ -94,22 +108,26 @@ TEST(HfLlama, HfToLatticeToHfIsIdentity) {
     const nlohmann::json ja = nlohmann::json::parse(ia), jb = nlohmann::json::parse(ib);
     for (const char* key : {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                             "intermediate_size", "vocab_size", "max_position_embeddings", "model_type", "hidden_act",
-                            "tie_word_embeddings", "rope_scaling"})
+                            "tie_word_embeddings", "rope_scaling", "architectures"})
       EXPECT_EQ(ja[key], jb[key]) << dir << ": config.json " << key;
     EXPECT_EQ(ja.value("rope_theta", 10000.0), jb["rope_theta"].get<double>()) << dir;
     EXPECT_EQ(ja.value("rms_norm_eps", 1e-6), jb["rms_norm_eps"].get<double>()) << dir;
-    EXPECT_EQ(ja.value("head_dim", 8), jb["head_dim"]) << dir;
+    if (ja["model_type"] == "qwen2")
+      EXPECT_FALSE(jb.contains("head_dim")) << dir << ": Qwen2Config has no head_dim";
+    else
+      EXPECT_EQ(ja.value("head_dim", 8), jb["head_dim"]) << dir;
   }
 }
 
 // A Llama-style model with every parameter (padded rows too) random, so any misplaced element
 // shows: 4 heads of 8 in 2 query groups against hidden size 24, ffn 20.
-std::unique_ptr<GPTModel> random_llama(bool untie) {
+// qkv_bias: Qwen2's form (--add-qkv-bias), with heads of 6 = hidden / heads as Qwen2 has them.
+std::unique_ptr<GPTModel> random_llama(bool untie, bool qkv_bias = false) {
   TransformerConfig c;
   c.num_layers = 2;
   c.hidden_size = 24;
   c.num_attention_heads = 4;
-  c.kv_channels = 8;
+  c.kv_channels = qkv_bias ? 6 : 8;
   c.num_query_groups = 2;
   c.ffn_hidden_size = 20;
   c.vocab_size = 70;
@@ -121,11 +139,12 @@ std::unique_ptr<GPTModel> random_llama(bool untie) {
   c.layernorm_epsilon = 1e-6f;
   c.swiglu = true;
   c.add_bias_linear = false;
+  c.add_qkv_bias = qkv_bias;
   c.untie_embeddings_and_output_weights = untie;
   c.hidden_dropout = c.attention_dropout = 0;
   c.finalize();
   auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
-  std::mt19937 gen(untie ? 9 : 10);
+  std::mt19937 gen(untie ? 9 : qkv_bias ? 11 : 10);
   std::normal_distribution<float> nd(0.0f, 0.3f);
   for (int64_t i = 0; i < m->params().numel(); ++i) m->params().params()[i] = nd(gen);
   return m;
@@ -151,6 +170,37 @@ TEST(HfLlama, LatticeToHfToLatticeKeepsEveryRealParameterAndLogit) {
     EXPECT_EQ(b.untie_embeddings_and_output_weights, untie);
     hf_test::expect_same_model(*model, *back.model);
   }
+}
+
+TEST(HfLlama, Qwen2LatticeToHfToLatticeKeepsTheQkvBias) {
+  auto model = random_llama(false, true);
+  const TransformerConfig& c = model->config();
+  EXPECT_EQ(hf_llama_mismatch(c), "");
+  TempDir out("qwen2_l2h");
+  save_hf_llama(out.str(), *model, "");
+  std::ifstream cf(out.str() + "/config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["model_type"], "qwen2");
+  EXPECT_EQ(j["architectures"][0], "Qwen2ForCausalLM");
+  HfModel back = load_hf_llama(out.str(), c.make_vocab_size_divisible_by);
+  EXPECT_TRUE(back.model->config().add_qkv_bias);
+  hf_test::expect_same_model(*model, *back.model);
+  // linear_qkv.bias [(H + 2G) D]: per group its heads' q_proj.bias, then k_proj's and v_proj's.
+  SafetensorsFile f = SafetensorsFile::read(out.str() + "/model.safetensors");
+  const ParamBuffer& pb = model->params();
+  const float* qkv = pb.params() + pb.info("decoder.layers.1.self_attention.linear_qkv.bias").offset;
+  const std::vector<float> q = f.get_f32("model.layers.1.self_attn.q_proj.bias");
+  const std::vector<float> k = f.get_f32("model.layers.1.self_attn.k_proj.bias");
+  const std::vector<float> v = f.get_f32("model.layers.1.self_attn.v_proj.bias");
+  const int64_t D = c.kv_channels, G = c.num_query_groups, R = c.num_attention_heads / G;
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < D; ++d) {
+      for (int64_t r = 0; r < R; ++r) ASSERT_EQ(q[(g * R + r) * D + d], qkv[(g * (R + 2) + r) * D + d]);
+      ASSERT_EQ(k[g * D + d], qkv[(g * (R + 2) + R) * D + d]);
+      ASSERT_EQ(v[g * D + d], qkv[(g * (R + 2) + R + 1) * D + d]);
+    }
+  EXPECT_FALSE(f.has("model.layers.0.self_attn.o_proj.bias"));
+  EXPECT_FALSE(f.has("model.layers.0.mlp.down_proj.bias"));
 }
 
 // The layout itself, spelled out: linear_qkv row (g (R + 2) + r) D + d is q_proj row (g R + r) D + d
@@ -208,6 +258,8 @@ TEST(HfLlama, ModelsWithoutALlamaFormAreNamed) {
             std::string::npos);
   EXPECT_NE(why([](TransformerConfig& e) { e.position_embedding_type = "learned_absolute"; }).find("learned"),
             std::string::npos);
+  // Qwen2 computes head_dim as hidden / heads: the 4 heads of 8 against hidden 24 have no Qwen2 form.
+  EXPECT_NE(why([](TransformerConfig& e) { e.add_qkv_bias = true; }).find("--kv-channels"), std::string::npos);
   TempDir out("llama_refused");
   TransformerConfig biased = c;
   biased.add_bias_linear = true;
@@ -365,6 +417,18 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
                  {"config.json", "attention_bias"});
   }
   {
+    TempDir t("qwen2_sliding");
+    expect_error(hf_test::rewritten_fixture("hf_qwen2_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["use_sliding_window"] = true; }, t),
+                 {"config.json", "use_sliding_window"});
+  }
+  {
+    TempDir t("qwen2_no_bias");
+    const std::string q0 = "model.layers.0.self_attn.q_proj.bias";
+    expect_error(hf_test::rewritten_fixture("hf_qwen2_tiny", [&](Tensors& ts) { ts.erase(q0); }, nullptr, t),
+                 {"model.safetensors", "missing tensor " + q0});
+  }
+  {
     TempDir t("llama_act");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["hidden_act"] = "gelu"; }, t),
                  {"config.json", "hidden_act", "gelu"});
@@ -392,7 +456,7 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   {
     TempDir t("llama_not_llama");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "mistral"; }, t),
-                 {"config.json", "not a Llama config", "mistral"});
+                 {"config.json", "not a Llama or Qwen2 config", "mistral"});
   }
 }
 
