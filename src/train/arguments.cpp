@@ -2,6 +2,7 @@
 
 #include "pipeline/schedule.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <functional>
@@ -9,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "data/gpt_dataset.h"
@@ -163,6 +165,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"save", Kind::str, &a.save, "directory to save checkpoints in"},
       {"save-interval", Kind::i64, &a.save_interval, "iterations between checkpoints (0: at the end)"},
       {"load", Kind::str, &a.load, "checkpoint directory to resume from"},
+      {"use-checkpoint-args", Kind::flag, &a.use_checkpoint_args,
+       "model and tokenizer flags not given here are the --load checkpoint's"},
       {"no-save-optim", Kind::flag, &a.no_save_optim, "do not save the optimizer state"},
       {"no-save-rng", Kind::flag, &a.no_save_rng, "do not save the RNG state"},
       {"no-load-optim", Kind::flag, &a.no_load_optim, "do not load the optimizer state"},
@@ -535,6 +539,103 @@ std::string TrainArgs::to_json() const {
   return j.dump();
 }
 
+namespace {
+
+// --use-checkpoint-args: the model's flags from the checkpoint's model_config (every checkpoint,
+// a converted one too, has it) and the tokenizer's and sequence's from the arguments it recorded,
+// as (flag, value) pairs; a switch appears only when on.
+std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const CheckpointState& s) {
+  using json = nlohmann::json;
+  const json& m = s.model_config;
+  std::vector<std::pair<std::string, json>> out;
+  auto from_model = [&](const char* flag, const char* field) {
+    if (m.contains(field) && !m[field].is_null()) out.emplace_back(flag, m[field]);
+  };
+  auto on = [&](const char* flag, bool value) {
+    if (value) out.emplace_back(flag, true);
+  };
+  from_model("num-layers", "num_layers");
+  from_model("hidden-size", "hidden_size");
+  from_model("num-attention-heads", "num_attention_heads");
+  from_model("ffn-hidden-size", "ffn_hidden_size");
+  from_model("kv-channels", "kv_channels");
+  from_model("max-position-embeddings", "max_position_embeddings");
+  from_model("norm-epsilon", "layernorm_epsilon");
+  on("openai-gelu", m.value("openai_gelu", false));
+  on("untie-embeddings-and-output-weights", m.value("untie_embeddings_and_output_weights", false));
+  from_model("position-embedding-type", "position_embedding_type");
+  from_model("rotary-percent", "rotary_percent");
+  from_model("rotary-base", "rotary_base");
+  on("rotary-interleaved", m.value("rotary_interleaved", false));
+  if (m.value("rotary_seq_len_interpolation_factor", 0.0) > 0.0)
+    from_model("rotary-seq-len-interpolation-factor", "rotary_seq_len_interpolation_factor");
+  on("disable-bias-linear", !m.value("add_bias_linear", true));
+  on("add-qkv-bias", m.value("add_qkv_bias", false));
+  from_model("normalization", "normalization");
+  on("swiglu", m.value("swiglu", false));
+  if (m.contains("num_query_groups") && m["num_query_groups"].is_number_integer() &&
+      m["num_query_groups"] != m.value("num_attention_heads", json())) {
+    out.emplace_back("group-query-attention", true);
+    from_model("num-query-groups", "num_query_groups");
+  }
+  if (m.value("use_rope_scaling", false)) {
+    out.emplace_back("use-rope-scaling", true);
+    from_model("rope-scaling-factor", "rope_scaling_factor");
+    from_model("rope-scaling-low-freq-factor", "rope_scaling_low_freq_factor");
+    from_model("rope-scaling-high-freq-factor", "rope_scaling_high_freq_factor");
+    from_model("rope-scaling-original-max-position-embeddings", "rope_scaling_original_max_position_embeddings");
+  }
+  for (const char* flag : {"seq-length", "make-vocab-size-divisible-by", "tokenizer-type", "vocab-file", "merge-file",
+                           "tokenizer-model", "vocab-extra-ids", "vocab-size"}) {
+    if (!s.args.contains(flag)) continue;
+    const json& v = s.args[flag];
+    const bool unset = v.is_null() || (v.is_string() && v.get<std::string>().empty()) ||
+                       (v.is_number() && v.get<double>() == 0);
+    if (!unset) out.emplace_back(flag, v);
+  }
+  // Pre-tokenised data (or a converted model without a tokenizer): the model's vocabulary.
+  const bool tokenizer = s.args.contains("tokenizer-type") && s.args["tokenizer-type"].is_string() &&
+                         !s.args["tokenizer-type"].get<std::string>().empty();
+  const bool vocab = std::any_of(out.begin(), out.end(), [](const auto& f) { return f.first == "vocab-size"; });
+  if (!tokenizer && !vocab) from_model("vocab-size", "vocab_size");
+  return out;
+}
+
+// Sets each flag the command line did not give to the checkpoint's value.
+void apply_checkpoint_args(TrainArgs& a, const std::vector<Flag>& table, const std::set<std::string>& given) {
+  if (a.load.empty()) LATTICE_FAIL() << "--use-checkpoint-args needs --load (the checkpoint whose flags to take)";
+  std::vector<std::pair<std::string, nlohmann::json>> flags;
+  try {
+    flags = checkpoint_flags(CheckpointReader::open(a.load).state());
+  } catch (const Error& e) {
+    LATTICE_FAIL() << "--use-checkpoint-args: --load " << e.what();
+  }
+  for (const auto& [name, v] : flags) {
+    if (given.count(name)) continue;  // the command line's own value (the load checks it against the model)
+    const Flag* flag = nullptr;
+    for (const Flag& f : table)
+      if (name == f.name) flag = &f;
+    LATTICE_CHECK(flag) << "no flag --" << name;
+    try {
+      switch (flag->kind) {
+        case Kind::i64: *static_cast<int64_t*>(flag->target) = v.get<int64_t>(); break;
+        case Kind::u64: *static_cast<uint64_t*>(flag->target) = v.get<uint64_t>(); break;
+        case Kind::f32: *static_cast<float*>(flag->target) = v.get<float>(); break;
+        case Kind::f64: *static_cast<double*>(flag->target) = v.get<double>(); break;
+        case Kind::opt_f64: *static_cast<std::optional<double>*>(flag->target) = v.get<double>(); break;
+        case Kind::str: *static_cast<std::string*>(flag->target) = v.get<std::string>(); break;
+        case Kind::flag: *static_cast<bool*>(flag->target) = v.get<bool>(); break;
+        case Kind::list: *static_cast<std::vector<std::string>*>(flag->target) = v.get<std::vector<std::string>>(); break;
+      }
+    } catch (const nlohmann::json::exception&) {
+      LATTICE_FAIL() << "--use-checkpoint-args: --load " << a.load << " records --" << name << " as " << v.dump()
+                     << ", which is not a valid value";
+    }
+  }
+}
+
+}  // namespace
+
 TrainArgs parse_train_args(int argc, char** argv, int first) {
   TrainArgs a;
   std::vector<Flag> table = flag_table(a);
@@ -580,6 +681,7 @@ TrainArgs parse_train_args(int argc, char** argv, int first) {
       case Kind::flag: break;
     }
   }
+  if (a.use_checkpoint_args) apply_checkpoint_args(a, table, seen);
   validate(a);
   return a;
 }

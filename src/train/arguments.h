@@ -29,6 +29,7 @@ struct TrainArgs {
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
   bool add_qkv_bias = false;
+  bool use_checkpoint_args = false;  // --use-checkpoint-args: unspecified model flags from --load
   std::string normalization = "LayerNorm";
   std::string position_embedding_type = "learned_absolute";
   double rotary_percent = 1.0;

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# --use-checkpoint-args (Megatron's): the model and tokenizer flags a run does not give are the
+# --load checkpoint's. A resume with only the training flags continues exactly as a resume with
+# every flag (the same losses, bit for bit); a flag given on the command line is kept, and one that
+# contradicts the checkpoint's model is the load's one-line error; a checkpoint converted from
+# HuggingFace (which records no training flags) fine-tunes from its model_config alone.
+#   bash tests/e2e/test_use_checkpoint_args.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+run() {
+  local name=$1
+  shift
+  if ! "$@" >"$name.out" 2>"$name.err"; then
+    fail "$name: exited non-zero: $*"
+    sed 's/^/    /' "$name.err" >&2
+    return 1
+  fi
+}
+losses() { grep -o '"lm_loss":[^,}]*' "$1"; }
+
+# A model far from the defaults: rope (half the dims, base 20000), RMSNorm, SwiGLU, 2 query groups,
+# no linear biases, untied, its own head width and epsilon, ByteTokenizer.
+MODEL=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --kv-channels 16 --ffn-hidden-size 64
+       --seq-length 16 --max-position-embeddings 32 --position-embedding-type rope --rotary-percent 0.5
+       --rotary-base 20000 --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --group-query-attention
+       --num-query-groups 2 --disable-bias-linear --untie-embeddings-and-output-weights
+       --tokenizer-type ByteTokenizer)
+RUN=(--micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --log-interval 1 --seed 5 --mock-data --eval-iters 0)
+
+run first "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 4 --exit-interval 2 --save ckpt || { e2e_finish; }
+run all_flags "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 4 --load ckpt --save ckpt_all \
+  --metrics-file all.jsonl
+if run ckpt_args "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 4 --load ckpt --save ckpt_args \
+     --metrics-file args.jsonl; then
+  [ "$(losses args.jsonl | wc -l)" -eq 2 ] && [ "$(losses args.jsonl)" = "$(losses all.jsonl)" ] &&
+    pass "--use-checkpoint-args: iterations 3-4 have the losses of the resume with every flag: $(losses args.jsonl | tr '\n' ' ')" ||
+    fail "--use-checkpoint-args: losses $(losses args.jsonl | tr '\n' ' ') differ from $(losses all.jsonl | tr '\n' ' ')"
+  grep -q '"swiglu": *true' ckpt_args/iter_0000004/*.json && grep -q '"num_query_groups": *2' ckpt_args/iter_0000004/*.json &&
+    pass "the saved model is the checkpoint's (SwiGLU, 2 query groups)" ||
+    fail "the checkpoint saved under --use-checkpoint-args lost the model's settings"
+fi
+
+# A flag given on the command line is kept: the same value is fine, another is the load's error.
+run same_flag "$LATTICE" train --use-checkpoint-args --num-layers 2 "${RUN[@]}" --train-iters 4 --load ckpt &&
+  pass "--use-checkpoint-args with --num-layers given as the checkpoint has it"
+expect_error "a given flag that contradicts the checkpoint" "ckpt|num_layers|--num-layers" -- \
+  "$LATTICE" train --use-checkpoint-args --num-layers 3 "${RUN[@]}" --train-iters 4 --load ckpt
+expect_error "--use-checkpoint-args without --load" "--use-checkpoint-args|--load" -- \
+  "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 3
+expect_error "--use-checkpoint-args with a --load that is no checkpoint" "--use-checkpoint-args|--load|$TMP/empty|checkpoint" -- \
+  "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 3 --load "$TMP/empty"
+
+# A HuggingFace Llama converted to lattice: no training flags recorded, the model from model_config
+# (grouped-query attention, head_dim 16, rope_theta 500000, untied, vocabulary 101 without a tokenizer).
+if run convert "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_llama_tiny" --save ckpt_hf; then
+  if run finetune "$LATTICE" train --use-checkpoint-args --load ckpt_hf --finetune "${RUN[@]}" --seq-length 16 \
+       --train-iters 2 --save ckpt_ft; then
+    grep -q '"rotary_base": *500000' ckpt_ft/iter_0000002/*.json && grep -q '"kv_channels": *16' ckpt_ft/iter_0000002/*.json &&
+      pass "--use-checkpoint-args --finetune of a converted HF Llama trains its model" ||
+      fail "the fine-tuned converted Llama does not have the HF model's settings"
+  fi
+fi
+
+e2e_finish
