@@ -431,8 +431,10 @@ void validate(TrainArgs& a) {
   if (a.eval_iters < 0) LATTICE_FAIL() << "--eval-iters must be >= 0, got " << a.eval_iters;
   // Also names an unknown --tokenizer-type or a bad --vocab-file/--merge-file.
   int64_t tokenizer_vocab_size = 0;
-  if (!a.tokenizer_type.empty())
-    tokenizer_vocab_size = make_tokenizer(a.tokenizer_spec())->vocab_size();
+  if (!a.tokenizer_type.empty()) {
+    a.tokenizer = make_tokenizer(a.tokenizer_spec());
+    tokenizer_vocab_size = a.tokenizer->vocab_size();
+  }
   if (a.tokenizer_type.empty() && a.vocab_size <= 0)
     LATTICE_FAIL() << "--vocab-size is required when no --tokenizer-type is given";
   if (a.num_threads < 0) LATTICE_FAIL() << "--num-threads must be >= 0";

@@ -3,6 +3,7 @@
 // is one line naming the flag.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,6 +74,13 @@ struct TrainArgs {
   int64_t vocab_size = 0;
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model;
   int64_t vocab_extra_ids = 0;  // --vocab-extra-ids (SentencePieceTokenizer)
+  // The tokenizer --tokenizer-type names, built once when parse_train_args validates the flags
+  // (a Llama 3 tokenizer.json takes ~1 s to load); null without a tokenizer or before validation.
+  std::shared_ptr<const Tokenizer> tokenizer;
+  // `tokenizer`, or one built from the flags when it is null.
+  std::shared_ptr<const Tokenizer> get_tokenizer() const {
+    return tokenizer ? tokenizer : std::shared_ptr<const Tokenizer>(make_tokenizer(tokenizer_spec()));
+  }
   // data (Megatron's GPTDataset, blending, evaluation, document boundaries)
   std::string split = "969,30,1";
   std::string data_cache_path;

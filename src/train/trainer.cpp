@@ -257,8 +257,7 @@ int print_dry_run(const TrainArgs& args) {
   }
   std::fputs(format_timeline(pipe, num_micro).c_str(), stdout);
   TransformerConfig cfg = args.transformer_config();
-  if (!args.tokenizer_type.empty())
-    cfg.vocab_size = make_tokenizer(args.tokenizer_spec())->vocab_size();
+  if (!args.tokenizer_type.empty()) cfg.vocab_size = args.get_tokenizer()->vocab_size();
   cfg.finalize(tp);
   const MemoryLayout mem = memory_layout(args, cfg, layout.dp, pipe, num_micro);
   std::puts(format_memory_estimate(mem, estimate_all_ranks(mem, resident_bytes()),
@@ -289,7 +288,7 @@ int run_training(const TrainArgs& args) {
   TransformerConfig cfg = args.transformer_config();
   int32_t eod = -1;
   if (!args.tokenizer_type.empty()) {
-    auto tok = make_tokenizer(args.tokenizer_spec());
+    const auto tok = args.get_tokenizer();
     cfg.vocab_size = tok->vocab_size();
     eod = resolve_eod_token(args, tok.get(), cfg.vocab_size);
   } else {
