@@ -204,7 +204,9 @@ LoadedModel load_model_checkpoint(const std::string& dir, int64_t B) {
   out.tokenizer_type = s.args.value("tokenizer-type", std::string());
   out.tokenizer = {out.tokenizer_type, s.args.value("vocab-file", std::string()),
                    s.args.value("merge-file", std::string()), s.args.value("tokenizer-model", std::string()),
-                   s.args.value("vocab-size", int64_t(0)), s.args.value("vocab-extra-ids", int64_t(0))};
+                   s.args.value("vocab-size", int64_t(0)), s.args.value("vocab-extra-ids", int64_t(0)),
+                   s.args.value("tiktoken-pattern", std::string()), s.args.value("tiktoken-num-special-tokens", int64_t(0)),
+                   s.args.value("tiktoken-special-tokens", std::vector<std::string>())};
   out.iteration = s.iteration;
   out.model = std::make_unique<GPTModel>(c, B, c.max_position_embeddings);
   load_model_tensors(r, *out.model);

@@ -159,6 +159,8 @@ int cmd_generate(int argc, char** argv) {
         "  --merge-file F             GPT-2 BPE merges (merges.txt) [the checkpoint's]\n"
         "  --tokenizer-model PATH     HuggingFace tokenizer.json, a SentencePiece model, or their folder [the checkpoint's]\n"
         "  --vocab-extra-ids N        SentencePieceTokenizer's <extra_id_*> tokens [the checkpoint's]\n"
+        "  --tiktoken-pattern, --tiktoken-num-special-tokens, --tiktoken-special-tokens \"T ...\"\n"
+        "                             TikTokenizer's settings [the checkpoint's]\n"
         "  --vocab-size N             NullTokenizer's ids (N: the end of document) [the checkpoint's]\n"
         "  --no-kv-cache              recompute the whole context for every token\n"
         "  --device cpu|cuda          where the model runs [cpu]\n",
@@ -168,7 +170,8 @@ int cmd_generate(int argc, char** argv) {
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k",
                                       "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
-                                      "vocab-size", "vocab-extra-ids", "device"},
+                                      "vocab-size", "vocab-extra-ids", "tiktoken-pattern",
+                                      "tiktoken-num-special-tokens", "tiktoken-special-tokens", "device"},
                                      {"no-kv-cache"});
   const std::string load = f.required("load");
   const std::vector<std::string> prompts = read_prompts(f);
@@ -187,12 +190,15 @@ int cmd_generate(int argc, char** argv) {
   // The checkpoint's tokenizer flags; --tokenizer-type names another (with its own files), and
   // --vocab-file, --merge-file and --tokenizer-model replace the recorded paths.
   TokenizerSpec spec = lm.tokenizer;
-  if (f.has("tokenizer-type")) spec = {f.get("tokenizer-type", ""), "", "", "", 0, 0};
+  if (f.has("tokenizer-type")) spec = TokenizerSpec{f.get("tokenizer-type", "")};
   spec.vocab_file = f.get("vocab-file", spec.vocab_file);
   spec.merge_file = f.get("merge-file", spec.merge_file);
   spec.model = f.get("tokenizer-model", spec.model);
   spec.vocab_size = integer_flag(f, "vocab-size", spec.vocab_size, 0);
   spec.vocab_extra_ids = integer_flag(f, "vocab-extra-ids", spec.vocab_extra_ids, 0);
+  spec.tiktoken_pattern = f.get("tiktoken-pattern", spec.tiktoken_pattern);
+  spec.tiktoken_num_special_tokens = integer_flag(f, "tiktoken-num-special-tokens", spec.tiktoken_num_special_tokens, 0);
+  if (f.has("tiktoken-special-tokens")) spec.tiktoken_special_tokens = f.words("tiktoken-special-tokens");
   if (spec.type.empty())
     LATTICE_FAIL() << "--load " << load
                    << ": the checkpoint names no tokenizer (trained on pre-tokenised data); give --tokenizer-type";

@@ -1,11 +1,20 @@
 #include "cli/simple_flags.h"
 
+#include <sstream>
+
 #include <cerrno>
 #include <cstdlib>
 
 #include "core/error.h"
 
 namespace lattice {
+
+std::vector<std::string> SimpleFlags::words(const std::string& name) const {
+  std::vector<std::string> out;
+  std::istringstream in(get(name, ""));
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
 
 std::string SimpleFlags::get(const std::string& name, const std::string& fallback) const {
   auto it = values.find(name);

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace lattice {
 
@@ -15,6 +16,8 @@ struct SimpleFlags {
   std::string get(const std::string& name, const std::string& fallback) const;
   std::string required(const std::string& name) const;
   double number(const std::string& name, double fallback) const;
+  // The value's white-space separated words (none when the flag is absent).
+  std::vector<std::string> words(const std::string& name) const;
 };
 
 // True when argv[first..] holds --help or -h: the subcommand prints its usage to stdout and

@@ -36,7 +36,8 @@ void print_ids(const std::vector<int32_t>& ids) {
 
 int cmd_tokenize(int argc, char** argv) {
   const SimpleFlags f =
-      parse_simple_flags(argc, argv, 1, {"tokenizer-type", "vocab-file", "merge-file", "tokenizer-model", "vocab-size", "vocab-extra-ids"}, {"jsonl", "append-eod", "decode"});
+      parse_simple_flags(argc, argv, 1, {"tokenizer-type", "vocab-file", "merge-file", "tokenizer-model", "vocab-size", "vocab-extra-ids",
+                          "tiktoken-pattern", "tiktoken-num-special-tokens", "tiktoken-special-tokens"}, {"jsonl", "append-eod", "decode"});
   const double vocab_size = f.number("vocab-size", 0);
   if (vocab_size < 0 || vocab_size != double(int64_t(vocab_size)))
     LATTICE_FAIL() << "--vocab-size must be a positive integer, got " << f.get("vocab-size", "");
@@ -44,7 +45,9 @@ int cmd_tokenize(int argc, char** argv) {
   if (extra_ids < 0 || extra_ids != double(int64_t(extra_ids)))
     LATTICE_FAIL() << "--vocab-extra-ids must be a non-negative integer, got " << f.get("vocab-extra-ids", "");
   const auto tok = make_tokenizer({f.required("tokenizer-type"), f.get("vocab-file", ""), f.get("merge-file", ""),
-                                   f.get("tokenizer-model", ""), int64_t(vocab_size), int64_t(extra_ids)});
+                                   f.get("tokenizer-model", ""), int64_t(vocab_size), int64_t(extra_ids),
+                                   f.get("tiktoken-pattern", ""), int64_t(f.number("tiktoken-num-special-tokens", 0)),
+                                   f.words("tiktoken-special-tokens")});
   std::ios::sync_with_stdio(false);
   if (f.has("decode")) {
     std::vector<int32_t> ids;

@@ -101,6 +101,11 @@ bool ByteLevelBpe::add_merge(int32_t left, int32_t right, int32_t merged) {
   return true;
 }
 
+bool ByteLevelBpe::add_merge_ranked(int32_t left, int32_t right, int32_t merged, uint32_t rank) {
+  const uint64_t key = (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
+  return merges_.emplace(key, (uint64_t(rank) << 32) | uint32_t(merged)).second;
+}
+
 int ByteLevelBpe::index_bytes() {
   for (int b = 0; b < 256; ++b) {
     byte_ids_[b] = find(std::string(1, char(b)));

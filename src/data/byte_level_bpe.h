@@ -38,6 +38,10 @@ class ByteLevelBpe {
   // The pair (left, right) merges into `merged`, with the next rank (the order of the calls).
   // False when the pair already has a merge.
   bool add_merge(int32_t left, int32_t right, int32_t merged);
+  // The pair merges into `merged` with the given rank; pairs may share a rank (tiktoken's rule:
+  // every split of a token into two tokens has that token's rank, so among them the leftmost
+  // merges first). Not to be mixed with add_merge. False when the pair already has a merge.
+  bool add_merge_ranked(int32_t left, int32_t right, int32_t merged, uint32_t rank);
   // After the tokens: looks up the 256 single bytes. Returns the first byte without a token, or
   // -1 when all have one.
   int index_bytes();
@@ -45,7 +49,7 @@ class ByteLevelBpe {
   void set_whole_piece_first(bool on) { whole_piece_first_ = on; }
 
   int64_t num_ids() const { return int64_t(id_to_bytes_.size()); }  // highest id + 1
-  int64_t num_merges() const { return next_rank_; }
+  int64_t num_merges() const { return int64_t(merges_.size()); }
   bool has_id(int32_t id) const { return id >= 0 && id < int32_t(id_to_bytes_.size()) && has_id_[size_t(id)]; }
   const std::string& bytes_of(int32_t id) const { return id_to_bytes_[size_t(id)]; }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <climits>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -29,7 +30,8 @@ namespace lattice {
 
 namespace {
 
-int parse_positive_int(const std::string& flag, const std::string& v) {
+// A value in 1..max (--workers: 4096; the tokenizers' sizes: up to int32).
+int parse_positive_int(const std::string& flag, const std::string& v, long max = 4096) {
   size_t used = 0;
   long x = 0;
   try {
@@ -37,7 +39,7 @@ int parse_positive_int(const std::string& flag, const std::string& v) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != v.size() || v.empty() || x < 1 || x > 4096)
+  if (used != v.size() || v.empty() || x < 1 || x > max)
     LATTICE_FAIL() << flag << ": expected a positive integer, got '" << v << "'";
   return int(x);
 }
@@ -179,10 +181,22 @@ PreprocessOptions parse_preprocess_args(int argc, char** argv) {
     } else if (flag == "--tokenizer-model") {
       opt.tokenizer_model = value();
     } else if (flag == "--vocab-size") {
-      opt.vocab_size = parse_positive_int("--vocab-size", value());
+      opt.vocab_size = parse_positive_int("--vocab-size", value(), INT32_MAX - 1);
     } else if (flag == "--vocab-extra-ids") {
       const std::string v = value();
-      opt.vocab_extra_ids = v == "0" ? 0 : parse_positive_int("--vocab-extra-ids", v);
+      opt.vocab_extra_ids = v == "0" ? 0 : parse_positive_int("--vocab-extra-ids", v, 1000000);
+    } else if (flag == "--tiktoken-pattern") {
+      opt.tiktoken_pattern = value();
+    } else if (flag == "--tiktoken-num-special-tokens") {
+      opt.tiktoken_num_special_tokens = parse_positive_int("--tiktoken-num-special-tokens", value(), INT32_MAX - 1);
+    } else if (flag == "--tiktoken-special-tokens") {
+      opt.tiktoken_special_tokens.clear();
+      if (inline_value) {
+        opt.tiktoken_special_tokens.push_back(*inline_value);
+      } else {
+        while (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) opt.tiktoken_special_tokens.push_back(argv[++i]);
+      }
+      if (opt.tiktoken_special_tokens.empty()) LATTICE_FAIL() << "--tiktoken-special-tokens: missing value";
     } else if (flag == "--output-prefix") {
       opt.output_prefix = value();
     } else if (flag == "--workers") {
@@ -217,7 +231,8 @@ PreprocessStats preprocess(const PreprocessOptions& opt) {
   LATTICE_CHECK(opt.workers >= 1 && opt.chunk_bytes >= 1) << "preprocess: workers " << opt.workers << ", chunk bytes "
                                                            << opt.chunk_bytes;
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(
-      {opt.tokenizer_type, opt.vocab_file, opt.merge_file, opt.tokenizer_model, opt.vocab_size, opt.vocab_extra_ids});
+      {opt.tokenizer_type, opt.vocab_file, opt.merge_file, opt.tokenizer_model, opt.vocab_size, opt.vocab_extra_ids,
+       opt.tiktoken_pattern, opt.tiktoken_num_special_tokens, opt.tiktoken_special_tokens});
   JsonlChunkReader in(opt.input);
 
   // Builders remove their temporary files if anything below throws.
@@ -269,9 +284,11 @@ const char* kUsage =
     "usage: lattice preprocess --input F.jsonl[.gz] [--json-keys KEY ...]\n"
     "                          --tokenizer-type {ByteTokenizer,GPT2BPETokenizer,HuggingFaceTokenizer,\n"
     "                                            SentencePieceTokenizer,GPTSentencePieceTokenizer,Llama2Tokenizer,\n"
-    "                                            NullTokenizer}\n"
+    "                                            TikTokenizer,NullTokenizer}\n"
     "                          [--vocab-file F --merge-file F | --tokenizer-model PATH [--vocab-extra-ids N]\n"
     "                           | --vocab-size N]\n"
+    "                          [TikTokenizer: --tiktoken-pattern v1|v2 [--tiktoken-num-special-tokens N]\n"
+    "                           [--tiktoken-special-tokens T ...] [--vocab-size N]]\n"
     "                          --output-prefix P [--append-eod] [--workers N] [--skip-bad-lines]\n"
     "                          [--keep-newlines] [--no-progress]\n"
     "writes P_<KEY>_document.bin/.idx (Megatron's indexed dataset) for every key (default: text)\n";

@@ -25,6 +25,9 @@ struct PreprocessOptions {
   std::string tokenizer_model;  // --tokenizer-model (HuggingFaceTokenizer, the SentencePiece types)
   int64_t vocab_size = 0;       // --vocab-size (NullTokenizer)
   int64_t vocab_extra_ids = 0;  // --vocab-extra-ids (SentencePieceTokenizer)
+  std::string tiktoken_pattern;  // TikTokenizer's --tiktoken-pattern, -num-special-tokens, -special-tokens
+  int64_t tiktoken_num_special_tokens = 0;
+  std::vector<std::string> tiktoken_special_tokens;
   std::string output_prefix;
   bool append_eod = false;
   int workers = 1;

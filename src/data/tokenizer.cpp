@@ -10,6 +10,7 @@
 #include "data/gpt2_bpe_tokenizer.h"
 #include "data/hf_tokenizer.h"
 #include "data/sentencepiece_tokenizer.h"
+#include "data/tiktoken_tokenizer.h"
 
 namespace lattice {
 
@@ -89,21 +90,26 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec) {
   const bool sentencepiece =
       type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer";
   const bool known = type == "ByteTokenizer" || type == "GPT2BPETokenizer" || type == "HuggingFaceTokenizer" ||
-                     type == "NullTokenizer" || sentencepiece;
+                     type == "NullTokenizer" || type == "TikTokenizer" || sentencepiece;
   if (!known)
     LATTICE_FAIL() << "--tokenizer-type: unknown tokenizer '" << type
                    << "' (supported: ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
-                      "GPTSentencePieceTokenizer, Llama2Tokenizer, NullTokenizer)";
+                      "GPTSentencePieceTokenizer, Llama2Tokenizer, TikTokenizer, NullTokenizer)";
   // Each file or size flag belongs to some types; given to another it is an error, so that a
   // forgotten --tokenizer-type does not silently train on another tokenizer.
   if (type != "GPT2BPETokenizer") {
     refuse(!spec.vocab_file.empty(), "--vocab-file", "GPT2BPETokenizer");
     refuse(!spec.merge_file.empty(), "--merge-file", "GPT2BPETokenizer");
   }
-  if (type != "HuggingFaceTokenizer" && !sentencepiece)
-    refuse(!spec.model.empty(), "--tokenizer-model", "HuggingFaceTokenizer and the SentencePiece tokenizers");
+  if (type != "HuggingFaceTokenizer" && type != "TikTokenizer" && !sentencepiece)
+    refuse(!spec.model.empty(), "--tokenizer-model", "HuggingFaceTokenizer, TikTokenizer and the SentencePiece tokenizers");
   if (type != "SentencePieceTokenizer")
     refuse(spec.vocab_extra_ids != 0, "--vocab-extra-ids", "SentencePieceTokenizer");
+  if (type != "TikTokenizer") {
+    refuse(!spec.tiktoken_pattern.empty(), "--tiktoken-pattern", "TikTokenizer");
+    refuse(spec.tiktoken_num_special_tokens != 0, "--tiktoken-num-special-tokens", "TikTokenizer");
+    refuse(!spec.tiktoken_special_tokens.empty(), "--tiktoken-special-tokens", "TikTokenizer");
+  }
 
   if (type == "ByteTokenizer") return std::make_unique<ByteTokenizer>();
   if (type == "GPT2BPETokenizer") {
@@ -125,6 +131,15 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec) {
                       : type == "GPTSentencePieceTokenizer" ? SentencePieceTokenizer::Kind::kGptSentencePiece
                                                             : SentencePieceTokenizer::Kind::kSentencePiece;
     return std::make_unique<SentencePieceTokenizer>(kind, spec.model, spec.vocab_extra_ids);
+  }
+  if (type == "TikTokenizer") {
+    if (spec.model.empty())
+      LATTICE_FAIL() << "--tokenizer-model is required with --tokenizer-type TikTokenizer (its JSON vocabulary)";
+    if (spec.tiktoken_pattern.empty())
+      LATTICE_FAIL() << "--tiktoken-pattern v1|v2 is required with --tokenizer-type TikTokenizer";
+    return std::make_unique<TikTokenizer>(spec.model, spec.tiktoken_pattern, spec.vocab_size,
+                                          spec.tiktoken_num_special_tokens ? spec.tiktoken_num_special_tokens : 1000,
+                                          spec.tiktoken_special_tokens);
   }
   // NullTokenizer
   if (spec.vocab_size <= 0 || spec.vocab_size >= INT32_MAX)

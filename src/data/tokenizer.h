@@ -5,6 +5,8 @@
 // HuggingFaceTokenizer (tokenizer.json, byte-level BPE: Llama 3 and others): data/hf_tokenizer.h.
 // SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer (a SentencePiece model file:
 // Llama 2, Mistral, T5, ...): data/sentencepiece_tokenizer.h.
+// TikTokenizer (tiktoken's algorithm over a JSON list of ranked byte strings: Nemotron, Mistral's
+// tekken): data/tiktoken_tokenizer.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -61,13 +63,19 @@ std::string read_tokenizer_file(const std::string& path, const std::string& what
 
 // The tokenizer flags (Megatron's names).
 struct TokenizerSpec {
-  std::string type;        // --tokenizer-type
-  std::string vocab_file;  // --vocab-file (GPT2BPETokenizer)
-  std::string merge_file;  // --merge-file (GPT2BPETokenizer)
-  std::string model;       // --tokenizer-model (HuggingFaceTokenizer: tokenizer.json or its folder;
-                           // the SentencePiece types: tokenizer.model or its folder)
+  std::string type = {};        // --tokenizer-type
+  std::string vocab_file = {};  // --vocab-file (GPT2BPETokenizer)
+  std::string merge_file = {};  // --merge-file (GPT2BPETokenizer)
+  std::string model = {};       // --tokenizer-model (HuggingFaceTokenizer: tokenizer.json or its folder;
+                                // the SentencePiece types: tokenizer.model or its folder;
+                                // TikTokenizer: its JSON vocabulary)
   int64_t vocab_size = 0;  // --vocab-size (NullTokenizer: ids 0..N-1, N the end of document)
   int64_t vocab_extra_ids = 0;  // --vocab-extra-ids (SentencePieceTokenizer: <extra_id_0..N-1>)
+  // TikTokenizer: --tiktoken-pattern (v1 or v2), --tiktoken-num-special-tokens (0: Megatron's
+  // 1000), --tiktoken-special-tokens (empty: <unk> <s> </s>); --vocab-size (0: 131072).
+  std::string tiktoken_pattern = {};
+  int64_t tiktoken_num_special_tokens = 0;
+  std::vector<std::string> tiktoken_special_tokens = {};
 };
 
 // Builds the tokenizer named by --tokenizer-type: ByteTokenizer; GPT2BPETokenizer from

@@ -127,6 +127,11 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"tokenizer-model", Kind::str, &a.tokenizer_model,
        "HuggingFaceTokenizer: tokenizer.json or its folder; the SentencePiece tokenizers: tokenizer.model or its folder"},
       {"vocab-extra-ids", Kind::i64, &a.vocab_extra_ids, "SentencePieceTokenizer: <extra_id_0..N-1> added to the vocabulary"},
+      {"tiktoken-pattern", Kind::str, &a.tiktoken_pattern, "TikTokenizer: Megatron's pre-tokenizer pattern v1 or v2"},
+      {"tiktoken-num-special-tokens", Kind::i64, &a.tiktoken_num_special_tokens,
+       "TikTokenizer: ids before the vocabulary's ranks (0: 1000)"},
+      {"tiktoken-special-tokens", Kind::list, &a.tiktoken_special_tokens,
+       "TikTokenizer: the first special tokens (default <unk> <s> </s>)"},
       {"split", Kind::str, &a.split, "train,valid,test proportions of --data-path"},
       {"data-cache-path", Kind::str, &a.data_cache_path, "where dataset index files are cached"},
       {"train-data-path", Kind::list, &a.train_data_path, "training data ([w1] p1 [w2 p2 ...])"},
@@ -588,10 +593,11 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     from_model("rope-scaling-original-max-position-embeddings", "rope_scaling_original_max_position_embeddings");
   }
   for (const char* flag : {"seq-length", "make-vocab-size-divisible-by", "tokenizer-type", "vocab-file", "merge-file",
-                           "tokenizer-model", "vocab-extra-ids", "vocab-size"}) {
+                           "tokenizer-model", "vocab-extra-ids", "vocab-size", "tiktoken-pattern",
+                           "tiktoken-num-special-tokens", "tiktoken-special-tokens"}) {
     if (!s.args.contains(flag)) continue;
     const json& v = s.args[flag];
-    const bool unset = v.is_null() || (v.is_string() && v.get<std::string>().empty()) ||
+    const bool unset = v.is_null() || (v.is_string() && v.get<std::string>().empty()) || (v.is_array() && v.empty()) ||
                        (v.is_number() && v.get<double>() == 0);
     if (!unset) out.emplace_back(flag, v);
   }

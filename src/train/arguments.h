@@ -74,6 +74,9 @@ struct TrainArgs {
   int64_t vocab_size = 0;
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model;
   int64_t vocab_extra_ids = 0;  // --vocab-extra-ids (SentencePieceTokenizer)
+  std::string tiktoken_pattern;  // TikTokenizer's flags (data/tokenizer.h's TokenizerSpec)
+  int64_t tiktoken_num_special_tokens = 0;
+  std::vector<std::string> tiktoken_special_tokens;
   // The tokenizer --tokenizer-type names, built once when parse_train_args validates the flags
   // (a Llama 3 tokenizer.json takes ~1 s to load); null without a tokenizer or before validation.
   std::shared_ptr<const Tokenizer> tokenizer;
@@ -156,7 +159,8 @@ struct TrainArgs {
   int64_t consumed_after(int64_t iterations) const;
   TransformerConfig transformer_config() const;
   TokenizerSpec tokenizer_spec() const {
-    return {tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size, vocab_extra_ids};
+    return {tokenizer_type,   vocab_file, merge_file, tokenizer_model, vocab_size, vocab_extra_ids, tiktoken_pattern,
+            tiktoken_num_special_tokens, tiktoken_special_tokens};
   }
   OptimizerConfig optimizer_config() const;
   // The arguments as `--flag value` pairs (for checkpoints and `generate`).
