@@ -96,15 +96,19 @@ bool ends_with(const std::string& s, const char* tail) {
 
 namespace {
 
-// "llama" or "qwen2" from model_type (else architectures), "" for neither.
+// "llama", "qwen2" or "mistral" from model_type (else architectures), "" for none of them.
 std::string llama_family(const json& j) {
   if (!j.is_object()) return "";
-  if (j.contains("model_type"))
-    return j["model_type"] == "llama" ? "llama" : j["model_type"] == "qwen2" ? "qwen2" : "";
+  if (j.contains("model_type")) {
+    for (const char* family : {"llama", "qwen2", "mistral"})
+      if (j["model_type"] == family) return family;
+    return "";
+  }
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const json& a : j["architectures"]) {
       if (a == "LlamaForCausalLM") return "llama";
       if (a == "Qwen2ForCausalLM") return "qwen2";
+      if (a == "MistralForCausalLM") return "mistral";
     }
   return "";
 }
@@ -118,7 +122,8 @@ const char* hf_llama_family_name(const TransformerConfig& c) { return c.add_qkv_
 TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
   const std::string family = llama_family(j);
   if (family.empty())
-    LATTICE_FAIL() << what << ": not a Llama or Qwen2 config (model_type " << j.value("model_type", json()).dump() << ")";
+    LATTICE_FAIL() << what << ": not a Llama, Qwen2 or Mistral config (model_type " << j.value("model_type", json()).dump()
+                   << ")";
   const bool qwen2 = family == "qwen2";
   TransformerConfig c;
   c.num_layers = hf::config_int(j, what, "num_hidden_layers");
@@ -148,6 +153,11 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   // Qwen2's sliding window: lattice's attention is full causal attention.
   if (qwen2 && hf::config_bool(j, what, "use_sliding_window", false))
     LATTICE_FAIL() << what << ": use_sliding_window true is not supported (lattice's attention is full causal)";
+  // Mistral's sliding window: none (null, Mistral 7B v0.2 on) or no narrower than the context.
+  if (family == "mistral" && j.contains("sliding_window") && !j["sliding_window"].is_null() &&
+      hf::config_int(j, what, "sliding_window") < c.max_position_embeddings)
+    LATTICE_FAIL() << what << ": sliding_window " << j["sliding_window"].dump() << " below max_position_embeddings "
+                   << c.max_position_embeddings << " is not supported (lattice's attention is full causal)";
   // Linear scaling (positions divided by its factor) is Megatron's --rotary-seq-len-interpolation-factor;
   // llama3 (Llama 3.1's frequency-dependent scaling) is --use-rope-scaling with its four values.
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {

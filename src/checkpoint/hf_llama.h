@@ -1,5 +1,6 @@
 // HuggingFace Llama (transformers' LlamaForCausalLM: DIR/config.json + DIR/model.safetensors),
-// and Qwen2 (Qwen2ForCausalLM: Llama with q/k/v biases, --add-qkv-bias),
+// Qwen2 (Qwen2ForCausalLM: Llama with q/k/v biases, --add-qkv-bias) and Mistral
+// (MistralForCausalLM without a sliding window narrower than the context: Llama's model),
 // <-> lattice's GPTModel with Megatron's Llama settings: --position-embedding-type rope
 // (rotate_half over the whole head, --rotary-base = rope_theta), --normalization RMSNorm,
 // --swiglu, --disable-bias-linear, grouped-query attention (num_key_value_heads), usually

@@ -34,7 +34,10 @@ void from_hf(const SimpleFlags& f) {
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
   // config.json's model_type says which: Llama, else GPT-2.
-  const bool llama = is_hf_llama_config(hf::read_config(dir));
+  const nlohmann::json config = hf::read_config(dir);
+  const bool llama = is_hf_llama_config(config);
+  const std::string model_type = config.is_object() ? config.value("model_type", std::string()) : "";
+  const char* family = !llama ? "GPT-2" : model_type == "qwen2" ? "Qwen2" : model_type == "mistral" ? "Mistral" : "Llama";
   HfModel in = llama ? load_hf_llama(dir, int64_t(divisible), 1) : load_hf_gpt2(dir, int64_t(divisible), 1);
   const TransformerConfig& c = in.model->config();
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
@@ -88,7 +91,7 @@ void from_hf(const SimpleFlags& f) {
   if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
   const std::string written = save_model_checkpoint(save, 0, *in.model, args.dump());
   std::fprintf(stderr, "convert: %s (%s) -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
-               dir.c_str(), llama ? hf_llama_family_name(c) : "GPT-2", written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
+               dir.c_str(), family, written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
                (long long)c.vocab_size, (long long)c.padded_vocab_size,
                tokenizer.empty() ? "none" : tokenizer.c_str());
 }
@@ -141,7 +144,7 @@ int cmd_convert(int argc, char** argv) {
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR\n"
-        "HuggingFace GPT-2, Llama or Qwen2 (config.json, model.safetensors) <-> lattice checkpoint:\n"
+        "HuggingFace GPT-2, Llama, Qwen2 or Mistral (config.json, model.safetensors) <-> lattice checkpoint:\n"
         "--from-hf reads config.json's model_type; --to-hf writes GPT-2 when the model has its form\n"
         "(learned positions, LayerNorm, GELU, biases), else Llama (rope, RMSNorm, SwiGLU, no biases), or\n"
         "Qwen2 for such a model with --add-qkv-bias. The input is\n"

@@ -229,6 +229,11 @@ if run qwen2_train "$LATTICE" "${QWEN2[@]}" --train-iters 2 --save ckpt-qwen2; t
         qwen2_gen_full.out
   fi
 fi
+# A HuggingFace Mistral folder in (sliding_window null): Llama's model, one key/value head.
+if run mistral_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_mistral_tiny" --save ckpt-hf-mistral; then
+  grep -q 'Mistral' mistral_fixture.err || fail "convert did not say it read a Mistral model"
+  grep -q '"num_query_groups": *1' ckpt-hf-mistral/iter_0000000/*.json || fail "the converted Mistral lost its query group"
+fi
 # A HuggingFace Qwen2 folder in: the independent fixture (q/k/v biases, tied).
 if run qwen2_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_qwen2_tiny" --save ckpt-hf-qwen2; then
   grep -q 'Qwen2' qwen2_fixture.err || fail "convert did not say it read a Qwen2 model"

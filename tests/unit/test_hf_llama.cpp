@@ -62,6 +62,28 @@ TEST(HfLlama, Qwen2ModelMatchesIndependentLogits) {
   EXPECT_STREQ(hf_llama_family_name(c), "Qwen2");
 }
 
+// Mistral (sliding_window null): Llama's layers under another model_type; exported back as Llama,
+// every tensor the same bits.
+TEST(HfLlama, MistralModelMatchesIndependentLogitsAndExportsAsLlama) {
+  check_fixture_logits("hf_mistral_tiny");
+  HfModel hf = load_hf_llama(fixture("hf_mistral_tiny"));
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_TRUE(c.rope() && c.rmsnorm() && c.swiglu && !c.add_bias_linear && !c.add_qkv_bias);
+  EXPECT_EQ(c.num_query_groups, 1);
+  EXPECT_EQ(c.kv_channels, 16);
+  TempDir out("mistral_rt");
+  save_hf_llama(out.str(), *hf.model, "");
+  std::ifstream cf(out.str() + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(cf)["model_type"], "llama");
+  SafetensorsFile a = SafetensorsFile::read(fixture("hf_mistral_tiny") + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(out.str() + "/model.safetensors");
+  EXPECT_EQ(a.names().size(), b.names().size());
+  for (const std::string& name : a.names()) {
+    ASSERT_TRUE(b.has(name)) << name;
+    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name;
+  }
+}
+
 // rope_scaling linear (factor 4): lattice's --rotary-seq-len-interpolation-factor.
 TEST(HfLlama, LinearRopeScalingMatchesIndependentLogits) {
   check_fixture_logits("hf_llama_tiny_scaled");
@@ -423,6 +445,18 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
                  {"config.json", "use_sliding_window"});
   }
   {
+    TempDir t("mistral_sliding");  // Mistral 7B v0.1: a 4096-token window in a 32768-token context
+    expect_error(hf_test::rewritten_fixture("hf_mistral_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["sliding_window"] = 16; }, t),
+                 {"config.json", "sliding_window 16 below max_position_embeddings 64"});
+  }
+  {
+    TempDir t("mistral_window_wide");  // a window as wide as the context is no window
+    const std::string dir =
+        hf_test::rewritten_fixture("hf_mistral_tiny", nullptr, [](nlohmann::json& j) { j["sliding_window"] = 64; }, t);
+    EXPECT_EQ(load_hf_llama(dir).model->config().num_query_groups, 1);
+  }
+  {
     TempDir t("qwen2_no_bias");
     const std::string q0 = "model.layers.0.self_attn.q_proj.bias";
     expect_error(hf_test::rewritten_fixture("hf_qwen2_tiny", [&](Tensors& ts) { ts.erase(q0); }, nullptr, t),
@@ -455,8 +489,8 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   }
   {
     TempDir t("llama_not_llama");
-    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "mistral"; }, t),
-                 {"config.json", "not a Llama or Qwen2 config", "mistral"});
+    expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "gemma"; }, t),
+                 {"config.json", "not a Llama, Qwen2 or Mistral config", "gemma"});
   }
 }
 
