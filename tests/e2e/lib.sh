@@ -30,6 +30,18 @@ pass() {
   echo "ok: $*"
 }
 
+# run NAME CMD...: runs CMD with stdout/stderr in NAME.out/NAME.err (in the current directory);
+# on a non-zero exit fails the test, shows NAME.err and returns 1.
+run() {
+  local name=$1
+  shift
+  if ! "$@" >"$name.out" 2>"$name.err"; then
+    fail "$name: exited non-zero: $*"
+    sed 's/^/    /' "$name.err" >&2
+    return 1
+  fi
+}
+
 # Number of lines in a file, counting a last line without a newline.
 line_count() { awk 'END { print NR }' "$1"; }
 

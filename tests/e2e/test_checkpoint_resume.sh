@@ -21,16 +21,6 @@ BASE=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16
       --hidden-dropout 0.1 --attention-dropout 0.1 --log-interval 1 --seed 1234 --peak-tflops 1 --num-threads 1
       --mock-data --vocab-size 64)
 
-run() {
-  local name=$1
-  shift
-  if ! "$@" >"$name.out" 2>"$name.err"; then
-    fail "$name: exited non-zero: $*"
-    sed 's/^/    /' "$name.err" >&2
-    return 1
-  fi
-}
-
 # The deterministic fields of a metrics file, one line per logged iteration.
 numbers() {
   "$PY" -c '

@@ -9,17 +9,6 @@ source "$(dirname "$0")/lib.sh"
 e2e_init "$@"
 cd "$TMP" || exit 1
 
-# run NAME CMD...: runs CMD with stdout/stderr in NAME.out/NAME.err; fails the test on non-zero exit.
-run() {
-  local name=$1
-  shift
-  if ! "$@" >"$name.out" 2>"$name.err"; then
-    fail "$name: exited non-zero: $*"
-    sed 's/^/    /' "$name.err" >&2
-    return 1
-  fi
-}
-
 # same NAME A B: the two files are byte-identical.
 same() {
   if cmp -s "$2" "$3"; then pass "$1"; else fail "$1: $2 and $3 differ"; fi

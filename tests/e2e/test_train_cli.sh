@@ -12,17 +12,6 @@ TINY=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16
       --lr 1e-3 --min-lr 1e-4 --log-interval 1 --seed 1234 --eval-iters 0)
 MOCK=(--mock-data --vocab-size 64)
 
-# run NAME CMD...: runs CMD with stdout/stderr in NAME.out/NAME.err; fails the test on non-zero exit.
-run() {
-  local name=$1
-  shift
-  if ! "$@" >"$name.out" 2>"$name.err"; then
-    fail "$name: exited non-zero: $*"
-    sed 's/^/    /' "$name.err" >&2
-    return 1
-  fi
-}
-
 # lm_loss values of a metrics file, one per line, exactly as written (no float round trip).
 losses() { grep -o '"lm_loss":[^,}]*' "$1"; }
 

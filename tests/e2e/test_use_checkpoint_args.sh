@@ -10,15 +10,6 @@ source "$(dirname "$0")/lib.sh"
 e2e_init "$@"
 cd "$TMP" || exit 1
 
-run() {
-  local name=$1
-  shift
-  if ! "$@" >"$name.out" 2>"$name.err"; then
-    fail "$name: exited non-zero: $*"
-    sed 's/^/    /' "$name.err" >&2
-    return 1
-  fi
-}
 losses() { grep -o '"lm_loss":[^,}]*' "$1"; }
 
 # A model far from the defaults: rope (half the dims, base 20000), RMSNorm, SwiGLU, 2 query groups,

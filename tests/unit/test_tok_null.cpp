@@ -8,21 +8,10 @@
 
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "test_util.h"
 
 using namespace lattice;
-
-namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+using lattice::test_util::error_of;
 
 TEST(TokNull, IdsSeparatedByWhiteSpace) {
   const auto tok = make_tokenizer({"NullTokenizer", "", "", "", 10});

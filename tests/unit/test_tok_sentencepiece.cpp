@@ -20,18 +20,10 @@
 #include "test_util.h"
 
 using namespace lattice;
+using lattice::test_util::error_of;
 using lattice::test_util::temp_dir;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A small English corpus: enough distinct words for a few hundred pieces.
 std::string corpus_file(const std::string& dir) {

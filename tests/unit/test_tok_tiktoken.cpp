@@ -17,6 +17,7 @@
 #include "test_util.h"
 
 using namespace lattice;
+using lattice::test_util::error_of;
 
 namespace {
 
@@ -79,15 +80,6 @@ std::vector<int32_t> reference_piece(const std::map<std::string, int32_t>& ranks
   std::vector<int32_t> ids;
   for (const std::string& p : parts) ids.push_back(ranks.at(p));
   return ids;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -5,9 +5,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <system_error>
 #include <vector>
+
+#include "core/error.h"
 
 namespace lattice::test_util {
 
@@ -75,6 +78,16 @@ inline std::string temp_dir() {
 inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f << text;
+}
+
+// The message of the lattice::Error that f() throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace lattice::test_util
