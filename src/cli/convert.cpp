@@ -1,4 +1,4 @@
-// `lattice convert`: HuggingFace GPT-2, Llama or Qwen2 <-> lattice checkpoint.
+// `lattice convert`: HuggingFace GPT-2, Llama, Qwen2 or Mistral <-> lattice checkpoint.
 //   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
 //                   [--make-vocab-size-divisible-by N]
 //   lattice convert --load CKPT --to-hf DIR
@@ -15,6 +15,7 @@
 #include "cli/simple_flags.h"
 #include "cli/subcommands.h"
 #include "core/error.h"
+#include "data/sentencepiece_tokenizer.h"
 #include "data/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -33,7 +34,7 @@ void from_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
-  // config.json's model_type says which: Llama, else GPT-2.
+  // config.json's model_type says which: the Llama family (Llama, Qwen2, Mistral), else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
   const bool llama = is_hf_llama_config(config);
   const std::string model_type = config.is_object() ? config.value("model_type", std::string()) : "";
@@ -48,8 +49,7 @@ void from_hf(const SimpleFlags& f) {
   TokenizerSpec tok{f.get("tokenizer-type", in.tokenizer_type), "", "", f.get("tokenizer-model", "")};
   const bool folder_json = fs::exists(fs::path(dir) / "tokenizer.json");
   const bool folder_model = fs::exists(fs::path(dir) / "tokenizer.model");
-  const bool sentencepiece = tok.type == "SentencePieceTokenizer" || tok.type == "GPTSentencePieceTokenizer" ||
-                             tok.type == "Llama2Tokenizer";
+  const bool sentencepiece = SentencePieceTokenizer::is_type(tok.type);
   if ((tok.type == "HuggingFaceTokenizer" || sentencepiece) && tok.model.empty()) {
     const char* file = sentencepiece ? "tokenizer.model" : "tokenizer.json";
     if (!(sentencepiece ? folder_model : folder_json))
@@ -116,8 +116,7 @@ void to_hf(const SimpleFlags& f) {
   // A HuggingFace or SentencePiece tokenizer travels with the model (tokenizer.json or
   // tokenizer.model, and the configuration files beside it), so the folder loads as HuggingFace's.
   const std::string& type = lm.tokenizer.type;
-  const bool sentencepiece =
-      type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer";
+  const bool sentencepiece = SentencePieceTokenizer::is_type(type);
   if ((type == "HuggingFaceTokenizer" || sentencepiece) && !lm.tokenizer.model.empty()) {
     const fs::path model = lm.tokenizer.model;
     const char* name = sentencepiece ? "tokenizer.model" : "tokenizer.json";

@@ -51,6 +51,10 @@ class SentencePieceTokenizer : public Tokenizer {
 
   // The model file actually read (a folder's tokenizer.model).
   const std::string& model_file() const { return file_; }
+  // Whether --tokenizer-type `type` is one of the three.
+  static bool is_type(const std::string& type) {
+    return type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer";
+  }
 
  private:
   void encode_model(std::string_view text, std::vector<int32_t>* out) const;  // the library alone

@@ -87,8 +87,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& spec) {
     if (given)
       LATTICE_FAIL() << flag << " does not apply to --tokenizer-type " << type << " (it belongs to " << belongs_to << ")";
   };
-  const bool sentencepiece =
-      type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer";
+  const bool sentencepiece = SentencePieceTokenizer::is_type(type);
   const bool known = type == "ByteTokenizer" || type == "GPT2BPETokenizer" || type == "HuggingFaceTokenizer" ||
                      type == "NullTokenizer" || type == "TikTokenizer" || sentencepiece;
   if (!known)
