@@ -1,5 +1,6 @@
 // lattice tokenize --tokenizer-type T [--vocab-file F --merge-file F | --tokenizer-model PATH [--vocab-extra-ids N]
-//                  | --vocab-size N] [--jsonl]
+//                  | --vocab-size N] [--tiktoken-pattern v1|v2 --tiktoken-num-special-tokens N
+//                  --tiktoken-special-tokens "T ..."] [--jsonl]
 //                  [--append-eod] [--decode]
 //   default   all of stdin is one text; prints its ids on one line, separated by spaces
 //   --jsonl   every stdin line is a JSON string; prints one line of ids per input line
