@@ -177,6 +177,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"no-load-optim", Kind::flag, &a.no_load_optim, "do not load the optimizer state"},
       {"no-load-rng", Kind::flag, &a.no_load_rng, "do not load the RNG state"},
       {"finetune", Kind::flag, &a.finetune, "load weights only; iteration restarts at 0"},
+      {"skip-train", Kind::flag, &a.skip_train,
+       "no training: evaluate the --load checkpoint on the validation and test splits, save nothing"},
       {"override-opt_param-scheduler", Kind::flag, &a.override_opt_param_scheduler,
        "take the schedule from the flags, not the checkpoint"},
       {"use-checkpoint-opt_param-scheduler", Kind::flag, &a.use_checkpoint_opt_param_scheduler,

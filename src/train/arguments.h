@@ -31,6 +31,7 @@ struct TrainArgs {
   bool disable_bias_linear = false;
   bool add_qkv_bias = false;
   bool use_checkpoint_args = false;  // --use-checkpoint-args: unspecified model flags from --load
+  bool skip_train = false;           // --skip-train: evaluate the loaded model only
   std::string normalization = "LayerNorm";
   std::string position_embedding_type = "learned_absolute";
   double rotary_percent = 1.0;

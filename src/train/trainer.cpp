@@ -484,7 +484,9 @@ int run_training(const TrainArgs& args) {
   StepResult last;  // the interval's last step (its zeros count and parameter norm are logged)
   double pipeline_seconds = 0, pipeline_compute = 0;  // this stage's schedule time, computing part
   OpProfileWindow op_profile(args.profile_ops);
-  for (int64_t it = start.iteration; it < args.train_iters; ++it) {
+  // --skip-train (Megatron's): no step and no checkpoint; the evaluations below at the loaded iteration.
+  const int64_t end_iteration = args.skip_train ? start.iteration : args.train_iters;
+  for (int64_t it = start.iteration; it < end_iteration; ++it) {
     Timer timer;
     op_profile.before_step();
     // --rampup-batch-size: this step's global batch, from the samples consumed so far.
@@ -580,10 +582,9 @@ int run_training(const TrainArgs& args) {
     }
   }
   op_profile.log_report();
-  if (!args.save.empty() && args.train_iters > start.iteration && last_saved != args.train_iters)
-    save(args.train_iters);
-  if (data.valid) run_eval(eval_prefix(args.train_iters, "validation"), "val", *data.valid, valid_pos, args.train_iters);
-  if (data.test) run_eval(eval_prefix(args.train_iters, "test"), "test", *data.test, 0, args.train_iters);
+  if (!args.save.empty() && end_iteration > start.iteration && last_saved != end_iteration) save(end_iteration);
+  if (data.valid) run_eval(eval_prefix(end_iteration, "validation"), "val", *data.valid, valid_pos, end_iteration);
+  if (data.test) run_eval(eval_prefix(end_iteration, "test"), "test", *data.test, 0, end_iteration);
   return 0;
 }
 

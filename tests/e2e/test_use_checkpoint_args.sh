@@ -34,6 +34,23 @@ if run ckpt_args "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iter
     fail "the checkpoint saved under --use-checkpoint-args lost the model's settings"
 fi
 
+# --skip-train: the evaluations of the end of training, on a checkpoint, without training. The run that
+# trains from iteration 2 to 4 evaluates at 4; --skip-train on the checkpoint it saved evaluates the same.
+EVAL=(--micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --log-interval 1 --seed 5 --mock-data --eval-iters 2)
+if run eval_trained "$LATTICE" train --use-checkpoint-args "${EVAL[@]}" --train-iters 4 --load ckpt --save ckpt_eval \
+     --metrics-file eval_trained.jsonl &&
+   run eval_only "$LATTICE" train --use-checkpoint-args "${EVAL[@]}" --train-iters 4 --load ckpt_eval --skip-train \
+     --save ckpt_skip --metrics-file eval_only.jsonl; then
+  want=$(grep -o '"\(val\|test\)_loss":[^,}]*' eval_trained.jsonl | tr '\n' ' ')
+  got=$(grep -o '"\(val\|test\)_loss":[^,}]*' eval_only.jsonl | tr '\n' ' ')
+  [ -n "$want" ] && [ "$got" = "$want" ] && pass "--skip-train evaluates the checkpoint as the end of its training did: $got" ||
+    fail "--skip-train: '$got', want '$want'"
+  grep -q 'iteration 4 on validation set' eval_only.out && grep -q 'iteration 4 on test set' eval_only.out ||
+    fail "--skip-train did not print the evaluations at iteration 4"
+  grep -q '"lm_loss"' eval_only.jsonl && fail "--skip-train trained (its metrics file has an lm_loss line)"
+  [ -e ckpt_skip ] && fail "--skip-train saved a checkpoint"
+fi
+
 # A flag given on the command line is kept: the same value is fine, another is the load's error.
 run same_flag "$LATTICE" train --use-checkpoint-args --num-layers 2 "${RUN[@]}" --train-iters 4 --load ckpt &&
   pass "--use-checkpoint-args with --num-layers given as the checkpoint has it"
