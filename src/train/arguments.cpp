@@ -245,6 +245,27 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"num-workers", Kind::i64, &a.implementation.num_workers, "accepted: samples are read in-process from mmap"},
       {"timing-log-level", Kind::i64, &a.implementation.timing_log_level,
        "0, 1 or 2: accepted; --log-timers-to-tensorboard and --profile-ops give lattice's timings"},
+      {"accumulate-allreduce-grads-in-fp32", Kind::flag, &a.implementation.accumulate_allreduce_grads_in_fp32,
+       "accepted: gradients are fp32 and reduced in fp32 (unless --grad-reduce-in-bf16)"},
+      {"cross-entropy-loss-fusion", Kind::flag, &a.implementation.cross_entropy_loss_fusion,
+       "accepted: the cross entropy is always one fused kernel"},
+      {"no-persist-layer-norm", Kind::flag, &a.implementation.no_persist_layer_norm, "accepted (fusion choices change no math)"},
+      {"use-cpu-initialization", Kind::flag, &a.implementation.use_cpu_initialization,
+       "accepted: initial values do not depend on where they are made"},
+      {"no-create-attention-mask-in-dataloader", Kind::flag, &a.implementation.no_create_attention_mask_in_dataloader,
+       "accepted: the attention is causal by construction (no mask tensor)"},
+      {"mmap-bin-files", Kind::flag, &a.implementation.mmap_bin_files, "accepted: .bin files are read through mmap"},
+      {"no-mmap-bin-files", Kind::flag, &a.implementation.no_mmap_bin_files, "accepted: the same samples either way"},
+      {"num-dataset-builder-threads", Kind::i64, &a.implementation.num_dataset_builder_threads,
+       "accepted: the dataset indices are built in-process"},
+      {"deterministic-mode", Kind::flag, &a.implementation.deterministic_mode,
+       "accepted: lattice's runs are always deterministic"},
+      {"apply-query-key-layer-scaling", Kind::flag, &a.implementation.apply_query_key_layer_scaling,
+       "accepted: it guards fp16 attention scores, which lattice computes in fp32"},
+      {"no-query-key-layer-scaling", Kind::flag, &a.implementation.no_query_key_layer_scaling, "accepted (see above)"},
+      {"empty-unused-memory-level", Kind::i64, &a.implementation.empty_unused_memory_level,
+       "0, 1 or 2: accepted (lattice's activation memory is one arena)"},
+      {"async-save", Kind::flag, &a.implementation.async_save, "accepted: checkpoints are written as they are saved"},
       {"use-rotary-position-embeddings", Kind::flag, &a.use_rotary_position_embeddings,
        "Megatron's older spelling of --position-embedding-type rope"},
       {"no-position-embedding", Kind::flag, &a.no_position_embedding,
@@ -406,6 +427,16 @@ void validate(TrainArgs& a) {
   if (impl.num_workers < 0) LATTICE_FAIL() << "--num-workers must be >= 0, got " << impl.num_workers;
   if (impl.timing_log_level < 0 || impl.timing_log_level > 2)
     LATTICE_FAIL() << "--timing-log-level must be 0, 1 or 2, got " << impl.timing_log_level;
+  if (impl.accumulate_allreduce_grads_in_fp32 && a.grad_reduce_in_bf16)
+    LATTICE_FAIL() << "--accumulate-allreduce-grads-in-fp32 and --grad-reduce-in-bf16 contradict each other";
+  if (impl.mmap_bin_files && impl.no_mmap_bin_files)
+    LATTICE_FAIL() << "--mmap-bin-files and --no-mmap-bin-files contradict each other";
+  if (impl.apply_query_key_layer_scaling && impl.no_query_key_layer_scaling)
+    LATTICE_FAIL() << "--apply-query-key-layer-scaling and --no-query-key-layer-scaling contradict each other";
+  if (impl.num_dataset_builder_threads < 1)
+    LATTICE_FAIL() << "--num-dataset-builder-threads must be >= 1, got " << impl.num_dataset_builder_threads;
+  if (impl.empty_unused_memory_level < 0 || impl.empty_unused_memory_level > 2)
+    LATTICE_FAIL() << "--empty-unused-memory-level must be 0, 1 or 2, got " << impl.empty_unused_memory_level;
   if (a.use_rotary_position_embeddings) {
     if (a.position_embedding_type != "learned_absolute" && a.position_embedding_type != "rope")
       LATTICE_FAIL() << "--use-rotary-position-embeddings contradicts --position-embedding-type "

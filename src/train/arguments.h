@@ -143,8 +143,12 @@ struct TrainArgs {
     bool no_masked_softmax_fusion = false, no_bias_gelu_fusion = false, no_bias_dropout_fusion = false;
     bool no_bias_swiglu_fusion = false, no_rope_fusion = false, no_gradient_accumulation_fusion = false;
     bool no_async_tensor_model_parallel_allreduce = false, overlap_p2p_communication = false, manual_gc = false;
+    bool accumulate_allreduce_grads_in_fp32 = false, cross_entropy_loss_fusion = false, no_persist_layer_norm = false;
+    bool use_cpu_initialization = false, no_create_attention_mask_in_dataloader = false, mmap_bin_files = false;
+    bool no_mmap_bin_files = false, deterministic_mode = false, apply_query_key_layer_scaling = false;
+    bool no_query_key_layer_scaling = false, async_save = false;
     std::string transformer_impl = "transformer_engine", distributed_backend = "nccl";
-    int64_t num_workers = 2, timing_log_level = 0;
+    int64_t num_workers = 2, timing_log_level = 0, num_dataset_builder_threads = 1, empty_unused_memory_level = 0;
   } implementation;
   bool use_rotary_position_embeddings = false;  // Megatron's older spelling of --position-embedding-type rope
   bool no_position_embedding = false;           // no learned position table: with rope, as rope is

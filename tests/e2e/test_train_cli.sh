@@ -148,7 +148,10 @@ awk -v d="$d" -v m="$m" 'BEGIN { exit !(d < 1e-5 && m > 1e-4) }' &&
 IMPL=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn --attention-softmax-in-fp32
       --no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion --no-bias-swiglu-fusion --no-rope-fusion
       --no-gradient-accumulation-fusion --no-async-tensor-model-parallel-allreduce --overlap-p2p-communication
-      --manual-gc --distributed-backend nccl --num-workers 8 --timing-log-level 2)
+      --manual-gc --distributed-backend nccl --num-workers 8 --timing-log-level 2 --accumulate-allreduce-grads-in-fp32
+      --cross-entropy-loss-fusion --no-persist-layer-norm --use-cpu-initialization --no-create-attention-mask-in-dataloader
+      --no-mmap-bin-files --num-dataset-builder-threads 4 --deterministic-mode --apply-query-key-layer-scaling
+      --empty-unused-memory-level 1 --async-save)
 run impl "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}" "${IMPL[@]}" --metrics-file impl.jsonl
 [ -s impl.jsonl ] && [ "$(losses impl.jsonl)" = "$(losses det1.jsonl)" ] &&
   pass "Megatron's implementation flags leave the losses identical" ||
@@ -164,6 +167,10 @@ run rope_old "$LATTICE" train "${ROPE[@]}" --use-rotary-position-embeddings --no
 expect_error "--no-position-embedding without rope" "--no-position-embedding|rope" -- \
   "$LATTICE" train "${ROPE[@]}" --no-position-embedding
 expect_error "--transformer-impl value" "--transformer-impl|fast" -- "$LATTICE" train "${ROPE[@]}" --transformer-impl fast
+expect_error "fp32 and bf16 gradient reduction" "--accumulate-allreduce-grads-in-fp32|--grad-reduce-in-bf16" -- \
+  "$LATTICE" train "${ROPE[@]}" --bf16 --accumulate-allreduce-grads-in-fp32 --grad-reduce-in-bf16
+expect_error "--empty-unused-memory-level value" "--empty-unused-memory-level|3" -- \
+  "$LATTICE" train "${ROPE[@]}" --empty-unused-memory-level 3
 expect_error "--exit-on-missing-checkpoint" "--load|nockpt|--exit-on-missing-checkpoint" -- \
   "$LATTICE" train "${ROPE[@]}" --load nockpt --exit-on-missing-checkpoint
 
