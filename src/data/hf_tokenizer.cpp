@@ -174,9 +174,13 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
   std::error_code ec;
   const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "tokenizer.json" : fs::path(path);
   const std::string where = "--tokenizer-model " + file.string();
+  // A SentencePiece model beside (or instead of) tokenizer.json is read by Llama2Tokenizer.
+  const bool sentencepiece_beside = fs::exists(file.parent_path() / "tokenizer.model", ec);
+  const char* use_sentencepiece = "; its tokenizer.model is read by --tokenizer-type Llama2Tokenizer";
   if (!fs::exists(file, ec))
     LATTICE_FAIL() << "--tokenizer-model " << path << ": no such file"
-                   << (file.string() != path ? " (no tokenizer.json in the folder)" : "");
+                   << (file.string() != path ? " (no tokenizer.json in the folder)" : "")
+                   << (sentencepiece_beside ? use_sentencepiece : "");
   const json j = parse_json_file(file.string(), where);
   if (!j.is_object()) LATTICE_FAIL() << where << ": expected a JSON object (HuggingFace's tokenizer.json)";
 
@@ -190,7 +194,8 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
       !(model["dropout"].is_number() && model["dropout"].get<double>() == 0))
     LATTICE_FAIL() << where << ": model.dropout is set; BPE dropout samples its merges, which a data pipeline must not";
   if (flag_of(model, "byte_fallback", false, where + ": model"))
-    LATTICE_FAIL() << where << ": model.byte_fallback is true (a SentencePiece-style vocabulary); lattice reads "
+    LATTICE_FAIL() << where << ": model.byte_fallback is true (a SentencePiece-style vocabulary"
+                   << (sentencepiece_beside ? use_sentencepiece : "") << "); lattice reads "
                    << "byte-level BPE tokenizers only";
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())

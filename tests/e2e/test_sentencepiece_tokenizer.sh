@@ -142,6 +142,13 @@ expect_error "--vocab-extra-ids with Llama2Tokenizer" "--vocab-extra-ids|Llama2T
   "$LATTICE" tokenize "${L2[@]}" --vocab-extra-ids 4
 expect_error "--vocab-file with SentencePieceTokenizer" "--vocab-file|does not apply" -- \
   "$LATTICE" tokenize --tokenizer-type SentencePieceTokenizer --tokenizer-model t5.model --vocab-file x.json
+# A Llama 2-style folder given as HuggingFaceTokenizer: the error points to Llama2Tokenizer.
+mkdir -p l2only l2both && cp llama2.model l2only/tokenizer.model && cp llama2.model l2both/tokenizer.model
+printf '{"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []}}' >l2both/tokenizer.json
+expect_error "HuggingFaceTokenizer on a folder with tokenizer.model only" "l2only|no tokenizer.json|Llama2Tokenizer" -- \
+  "$LATTICE" tokenize --tokenizer-type HuggingFaceTokenizer --tokenizer-model l2only
+expect_error "HuggingFaceTokenizer on Llama 2's byte-fallback tokenizer.json" "l2both/tokenizer.json|byte_fallback|Llama2Tokenizer" -- \
+  "$LATTICE" tokenize --tokenizer-type HuggingFaceTokenizer --tokenizer-model l2both
 ls -d failed* >/dev/null 2>&1 && fail "a failed run left files: $(ls -d failed*)" || pass "failed runs left no files"
 
 e2e_finish
