@@ -119,6 +119,11 @@ bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
 
 const char* hf_llama_family_name(const TransformerConfig& c) { return c.add_qkv_bias ? "Qwen2" : "Llama"; }
 
+std::string hf_llama_family_name(const json& config) {
+  const std::string f = llama_family(config);
+  return f == "qwen2" ? "Qwen2" : f == "mistral" ? "Mistral" : f == "llama" ? "Llama" : "";
+}
+
 TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
   const std::string family = llama_family(j);
   if (family.empty())

@@ -33,6 +33,8 @@ bool is_hf_llama_config(const nlohmann::json& config);
 
 // "Qwen2" for a model with --add-qkv-bias, else "Llama": the form export writes.
 const char* hf_llama_family_name(const TransformerConfig& c);
+// "Llama", "Qwen2" or "Mistral": the family config.json describes ("" for none of them).
+std::string hf_llama_family_name(const nlohmann::json& config);
 
 // config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by).
 // rope_scaling linear is --rotary-seq-len-interpolation-factor. Settings lattice cannot reproduce

@@ -37,8 +37,7 @@ void from_hf(const SimpleFlags& f) {
   // config.json's model_type says which: the Llama family (Llama, Qwen2, Mistral), else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
   const bool llama = is_hf_llama_config(config);
-  const std::string model_type = config.is_object() ? config.value("model_type", std::string()) : "";
-  const char* family = !llama ? "GPT-2" : model_type == "qwen2" ? "Qwen2" : model_type == "mistral" ? "Mistral" : "Llama";
+  const std::string family = llama ? hf_llama_family_name(config) : "GPT-2";
   HfModel in = llama ? load_hf_llama(dir, int64_t(divisible), 1) : load_hf_gpt2(dir, int64_t(divisible), 1);
   const TransformerConfig& c = in.model->config();
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
@@ -91,7 +90,7 @@ void from_hf(const SimpleFlags& f) {
   if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
   const std::string written = save_model_checkpoint(save, 0, *in.model, args.dump());
   std::fprintf(stderr, "convert: %s (%s) -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
-               dir.c_str(), family, written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
+               dir.c_str(), family.c_str(), written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
                (long long)c.vocab_size, (long long)c.padded_vocab_size,
                tokenizer.empty() ? "none" : tokenizer.c_str());
 }

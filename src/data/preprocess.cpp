@@ -158,6 +158,17 @@ PreprocessOptions parse_preprocess_args(int argc, char** argv) {
       if (i + 1 >= argc || std::strncmp(argv[i + 1], "--", 2) == 0) LATTICE_FAIL() << flag << ": missing value";
       return argv[++i];
     };
+    // A list flag: its inline value, else the words up to the next flag; at least one.
+    auto values = [&]() -> std::vector<std::string> {
+      std::vector<std::string> v;
+      if (inline_value) {
+        v.push_back(*inline_value);
+      } else {
+        while (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) v.push_back(argv[++i]);
+      }
+      if (v.empty()) LATTICE_FAIL() << flag << ": missing value";
+      return v;
+    };
     auto a_switch = [&](bool* target) {
       if (inline_value) LATTICE_FAIL() << flag << " takes no value";
       *target = true;
@@ -165,13 +176,7 @@ PreprocessOptions parse_preprocess_args(int argc, char** argv) {
     if (flag == "--input") {
       opt.input = value();
     } else if (flag == "--json-keys") {
-      opt.json_keys.clear();
-      if (inline_value) {
-        opt.json_keys.push_back(*inline_value);
-      } else {
-        while (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) opt.json_keys.push_back(argv[++i]);
-      }
-      if (opt.json_keys.empty()) LATTICE_FAIL() << "--json-keys: missing value";
+      opt.json_keys = values();
     } else if (flag == "--tokenizer-type") {
       opt.tokenizer_type = value();
     } else if (flag == "--vocab-file") {
@@ -190,13 +195,7 @@ PreprocessOptions parse_preprocess_args(int argc, char** argv) {
     } else if (flag == "--tiktoken-num-special-tokens") {
       opt.tiktoken_num_special_tokens = parse_positive_int("--tiktoken-num-special-tokens", value(), INT32_MAX - 1);
     } else if (flag == "--tiktoken-special-tokens") {
-      opt.tiktoken_special_tokens.clear();
-      if (inline_value) {
-        opt.tiktoken_special_tokens.push_back(*inline_value);
-      } else {
-        while (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) opt.tiktoken_special_tokens.push_back(argv[++i]);
-      }
-      if (opt.tiktoken_special_tokens.empty()) LATTICE_FAIL() << "--tiktoken-special-tokens: missing value";
+      opt.tiktoken_special_tokens = values();
     } else if (flag == "--output-prefix") {
       opt.output_prefix = value();
     } else if (flag == "--workers") {
