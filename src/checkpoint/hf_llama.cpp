@@ -51,6 +51,10 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
       }
       m.push_back(bias);
     }
+    if (c.qk_layernorm) {  // Qwen3: q_norm and k_norm, RMSNorm weights [head_dim]
+      m.push_back({lat + "self_attention.q_layernorm.weight", {{hf + "self_attn.q_norm.weight"}}});
+      m.push_back({lat + "self_attention.k_layernorm.weight", {{hf + "self_attn.k_norm.weight"}}});
+    }
     m.push_back({lat + "self_attention.linear_proj.weight", {{hf + "self_attn.o_proj.weight"}}});
     m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight"}}});
     m.push_back({lat + "mlp.linear_fc1.weight", {{hf + "mlp.gate_proj.weight"}, {hf + "mlp.up_proj.weight"}}});
@@ -77,6 +81,10 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c) {
       s[hf + "self_attn.k_proj.bias"] = {KV};
       s[hf + "self_attn.v_proj.bias"] = {KV};
     }
+    if (c.qk_layernorm) {
+      s[hf + "self_attn.q_norm.weight"] = {c.kv_channels};
+      s[hf + "self_attn.k_norm.weight"] = {c.kv_channels};
+    }
     s[hf + "self_attn.o_proj.weight"] = {C, Q};
     s[hf + "post_attention_layernorm.weight"] = {C};
     s[hf + "mlp.gate_proj.weight"] = {F, C};
@@ -96,11 +104,11 @@ bool ends_with(const std::string& s, const char* tail) {
 
 namespace {
 
-// "llama", "qwen2" or "mistral" from model_type (else architectures), "" for none of them.
+// "llama", "qwen2", "qwen3" or "mistral" from model_type (else architectures), "" for none of them.
 std::string llama_family(const json& j) {
   if (!j.is_object()) return "";
   if (j.contains("model_type")) {
-    for (const char* family : {"llama", "qwen2", "mistral"})
+    for (const char* family : {"llama", "qwen2", "qwen3", "mistral"})
       if (j["model_type"] == family) return family;
     return "";
   }
@@ -108,6 +116,7 @@ std::string llama_family(const json& j) {
     for (const json& a : j["architectures"]) {
       if (a == "LlamaForCausalLM") return "llama";
       if (a == "Qwen2ForCausalLM") return "qwen2";
+      if (a == "Qwen3ForCausalLM") return "qwen3";
       if (a == "MistralForCausalLM") return "mistral";
     }
   return "";
@@ -117,19 +126,21 @@ std::string llama_family(const json& j) {
 
 bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
 
-const char* hf_llama_family_name(const TransformerConfig& c) { return c.add_qkv_bias ? "Qwen2" : "Llama"; }
+const char* hf_llama_family_name(const TransformerConfig& c) {
+  return c.qk_layernorm ? "Qwen3" : c.add_qkv_bias ? "Qwen2" : "Llama";
+}
 
 std::string hf_llama_family_name(const json& config) {
   const std::string f = llama_family(config);
-  return f == "qwen2" ? "Qwen2" : f == "mistral" ? "Mistral" : f == "llama" ? "Llama" : "";
+  return f == "qwen2" ? "Qwen2" : f == "qwen3" ? "Qwen3" : f == "mistral" ? "Mistral" : f == "llama" ? "Llama" : "";
 }
 
 TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
   const std::string family = llama_family(j);
   if (family.empty())
-    LATTICE_FAIL() << what << ": not a Llama, Qwen2 or Mistral config (model_type " << j.value("model_type", json()).dump()
+    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen3 or Mistral config (model_type " << j.value("model_type", json()).dump()
                    << ")";
-  const bool qwen2 = family == "qwen2";
+  const bool qwen2 = family == "qwen2", qwen3 = family == "qwen3";
   TransformerConfig c;
   c.num_layers = hf::config_int(j, what, "num_hidden_layers");
   c.hidden_size = hf::config_int(j, what, "hidden_size");
@@ -152,11 +163,12 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   const std::string act = j.value("hidden_act", std::string("silu"));
   if (act != "silu") LATTICE_FAIL() << what << ": hidden_act \"" << act << "\" is not supported (silu: SwiGLU)";
   if (!qwen2 && hf::config_bool(j, what, "attention_bias", false))
-    LATTICE_FAIL() << what << ": attention_bias true is not supported (lattice's Llama has no linear biases)";
+    LATTICE_FAIL() << what << ": attention_bias true is not supported (lattice's Llama has no linear biases"
+                   << (qwen3 ? "; Qwen3's also biases o_proj" : "") << ")";
   if (!qwen2 && hf::config_bool(j, what, "mlp_bias", false))
     LATTICE_FAIL() << what << ": mlp_bias true is not supported (lattice's Llama has no linear biases)";
-  // Qwen2's sliding window: lattice's attention is full causal attention.
-  if (qwen2 && hf::config_bool(j, what, "use_sliding_window", false))
+  // Qwen2's and Qwen3's sliding window: lattice's attention is full causal attention.
+  if ((qwen2 || qwen3) && hf::config_bool(j, what, "use_sliding_window", false))
     LATTICE_FAIL() << what << ": use_sliding_window true is not supported (lattice's attention is full causal)";
   // Mistral's sliding window: none (null, Mistral 7B v0.2 on) or no narrower than the context.
   if (family == "mistral" && j.contains("sliding_window") && !j["sliding_window"].is_null() &&
@@ -193,6 +205,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   c.swiglu = true;
   c.add_bias_linear = false;
   c.add_qkv_bias = qwen2;
+  c.qk_layernorm = qwen3;  // q_norm, k_norm: RMSNorm of each head with rms_norm_eps
   c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
   c.make_vocab_size_divisible_by = divisible_by;
   c.hidden_dropout = c.attention_dropout = 0.0f;
@@ -240,6 +253,14 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
     j["sliding_window"] = c.max_position_embeddings;
     j["max_window_layers"] = c.num_layers;
   }
+  if (c.qk_layernorm) {  // Qwen3Config: head_dim and attention_bias kept
+    for (const char* key : {"mlp_bias", "pretraining_tp"}) j.erase(key);
+    j["architectures"] = {"Qwen3ForCausalLM"};
+    j["model_type"] = "qwen3";
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_layers;
+  }
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
@@ -256,6 +277,8 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";
   if (c.add_bias_linear)
     return "linear biases (HuggingFace Llama has none, Qwen2 QKV's only: --disable-bias-linear [--add-qkv-bias])";
+  if (c.qk_layernorm && c.add_qkv_bias)
+    return "--qk-layernorm with --add-qkv-bias (HuggingFace Qwen3's attention_bias also biases o_proj)";
   if (c.add_qkv_bias && c.kv_channels * c.num_attention_heads != c.hidden_size)
     return "--kv-channels other than hidden / heads with --add-qkv-bias (HuggingFace Qwen2 has no head_dim)";
   if (c.use_rope_scaling && c.rotary_seq_len_interpolation_factor > 0.0f)

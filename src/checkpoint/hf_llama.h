@@ -1,6 +1,7 @@
 // HuggingFace Llama (transformers' LlamaForCausalLM: DIR/config.json + DIR/model.safetensors),
-// Qwen2 (Qwen2ForCausalLM: Llama with q/k/v biases, --add-qkv-bias) and Mistral
-// (MistralForCausalLM without a sliding window narrower than the context: Llama's model),
+// Qwen2 (Qwen2ForCausalLM: Llama with q/k/v biases, --add-qkv-bias), Qwen3 (Qwen3ForCausalLM:
+// Llama with q_norm and k_norm, --qk-layernorm) and Mistral (MistralForCausalLM without a
+// sliding window narrower than the context: Llama's model),
 // <-> lattice's GPTModel with Megatron's Llama settings: --position-embedding-type rope
 // (rotate_half over the whole head, --rotary-base = rope_theta), --normalization RMSNorm,
 // --swiglu, --disable-bias-linear, grouped-query attention (num_key_value_heads), usually
@@ -27,13 +28,16 @@
 namespace lattice {
 
 // Whether config.json describes a Llama model (model_type "llama", or LlamaForCausalLM among
-// its architectures) or a Qwen2 one ("qwen2", Qwen2ForCausalLM): Llama with biases on q_proj,
-// k_proj and v_proj (lattice's --add-qkv-bias), head_dim hidden / heads, no sliding window.
+// its architectures), a Qwen2 one ("qwen2", Qwen2ForCausalLM): Llama with biases on q_proj,
+// k_proj and v_proj (lattice's --add-qkv-bias), head_dim hidden / heads, no sliding window; a
+// Qwen3 one ("qwen3", Qwen3ForCausalLM): Llama with q_norm and k_norm (--qk-layernorm), no
+// attention biases, no sliding window; or a Mistral one.
 bool is_hf_llama_config(const nlohmann::json& config);
 
-// "Qwen2" for a model with --add-qkv-bias, else "Llama": the form export writes.
+// "Qwen3" for a model with --qk-layernorm, "Qwen2" for one with --add-qkv-bias, else "Llama":
+// the form export writes.
 const char* hf_llama_family_name(const TransformerConfig& c);
-// "Llama", "Qwen2" or "Mistral": the family config.json describes ("" for none of them).
+// "Llama", "Qwen2", "Qwen3" or "Mistral": the family config.json describes ("" for none of them).
 std::string hf_llama_family_name(const nlohmann::json& config);
 
 // config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by).

@@ -48,6 +48,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"rotary_seq_len_interpolation_factor", "--rotary-seq-len-interpolation-factor", 0.0},
       {"add_bias_linear", "--disable-bias-linear", true},
       {"add_qkv_bias", "--add-qkv-bias", false},
+      {"qk_layernorm", "--qk-layernorm", false},
       {"normalization", "--normalization", "LayerNorm"},
       {"swiglu", "--swiglu", false},
       {"num_query_groups", "--num-query-groups", nullptr},  // null: as many as the saved heads
@@ -102,6 +103,7 @@ json model_config_json(const TransformerConfig& c) {
           {"rotary_seq_len_interpolation_factor", c.rotary_seq_len_interpolation_factor},
           {"add_bias_linear", c.add_bias_linear},
           {"add_qkv_bias", c.add_qkv_bias},
+          {"qk_layernorm", c.qk_layernorm},
           {"normalization", c.normalization},
           {"swiglu", c.swiglu},
           {"num_query_groups", c.num_query_groups},
@@ -135,6 +137,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.rotary_seq_len_interpolation_factor = optional_field(j, "rotary_seq_len_interpolation_factor").get<float>();
     c.add_bias_linear = optional_field(j, "add_bias_linear").get<bool>();
     c.add_qkv_bias = optional_field(j, "add_qkv_bias").get<bool>();
+    c.qk_layernorm = optional_field(j, "qk_layernorm").get<bool>();
     c.normalization = optional_field(j, "normalization").get<std::string>();
     c.swiglu = optional_field(j, "swiglu").get<bool>();
     c.num_query_groups = optional_field(j, "num_query_groups").get<int64_t>();

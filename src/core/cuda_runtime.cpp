@@ -131,6 +131,11 @@ void copy_device_to_device(void* dst, const void* src, size_t bytes) {
   LATTICE_CUDART(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ready().stream));
 }
 
+void copy_rows_device_to_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                                size_t rows) {
+  LATTICE_CUDART(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDefault, ready().stream));
+}
+
 void memset_device(void* p, int value, size_t bytes) {
   LATTICE_CUDART(cudaMemsetAsync(p, value, bytes, ready().stream));
 }
@@ -165,6 +170,7 @@ void free_device(void*) {}
 void copy_to_device(void*, const void*, size_t) { unavailable(); }
 void copy_to_host(void*, const void*, size_t) { unavailable(); }
 void copy_device_to_device(void*, const void*, size_t) { unavailable(); }
+void copy_rows_device_to_device(void*, size_t, const void*, size_t, size_t, size_t) { unavailable(); }
 void memset_device(void*, int, size_t) { unavailable(); }
 void synchronize() { unavailable(); }
 void* compute_stream() { unavailable(); }

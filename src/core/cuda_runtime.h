@@ -31,6 +31,9 @@ void free_device(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_device_to_device(void* dst, const void* src, size_t bytes);
+// rows blocks of width bytes, at dst_pitch and src_pitch bytes from one to the next (cudaMemcpy2D).
+void copy_rows_device_to_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                                size_t rows);
 void memset_device(void* p, int value, size_t bytes);
 // Waits for the compute stream.
 void synchronize();

@@ -171,6 +171,18 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
   std::memmove(dst, src, bytes);
 }
 
+void copy_rows_on_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows) {
+  if (!width || !rows) return;
+  LATTICE_CHECK(width <= dst_pitch && width <= src_pitch)
+      << "copy_rows_on_device: width " << width << " exceeds a pitch (" << dst_pitch << ", " << src_pitch << ")";
+  if (kernels_on_gpu()) return cuda::copy_rows_device_to_device(dst, dst_pitch, src, src_pitch, width, rows);
+  DeviceAccess a;
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+#pragma omp parallel for schedule(static) if (rows * width > (1 << 16))
+  for (int64_t r = 0; r < int64_t(rows); ++r) std::memcpy(d + size_t(r) * dst_pitch, s + size_t(r) * src_pitch, width);
+}
+
 void zero_on_device(void* p, size_t bytes) {
   if (!bytes) return;
   if (kernels_on_gpu()) return cuda::memset_device(p, 0, bytes);

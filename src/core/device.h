@@ -44,6 +44,9 @@ void device_free(void* p, size_t bytes);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
+// A strided copy on the device: `rows` blocks of `width` bytes, block r from src + r src_pitch
+// to dst + r dst_pitch (cudaMemcpy2D's arguments; the blocks must not overlap).
+void copy_rows_on_device(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows);
 void zero_on_device(void* p, size_t bytes);
 // Waits for the device's queued work (a no-op on the CPU).
 void device_synchronize();

@@ -17,6 +17,7 @@
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "model/linear.h"
+#include "model/qk_layernorm.h"
 
 namespace lattice {
 
@@ -33,7 +34,7 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   rope_ = model.rope_table();
   lnf_w_ = p("decoder.final_layernorm.weight");
   if (cfg_.rmsnorm()) {  // no norm biases: zeros for the LayerNorm kernel
-    zero_bias_.resize(size_t(cfg_.hidden_size));
+    zero_bias_.resize(size_t(std::max(cfg_.hidden_size, cfg_.kv_channels)));  // the final norm's, q and k norms'
     lnf_b_ = zero_bias_.data();
   } else {
     lnf_b_ = p("decoder.final_layernorm.bias");
@@ -42,13 +43,17 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   out_w_ = cfg_.untie_embeddings_and_output_weights ? p("output_layer.weight") : wte_;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const std::string s = "decoder.layers." + std::to_string(l) + ".";
+    QkNormParams qk;
+    if (cfg_.qk_layernorm)
+      qk = {p(s + "self_attention.q_layernorm.weight"), norm_bias(s + "self_attention.q_layernorm.bias"),
+            p(s + "self_attention.k_layernorm.weight"), norm_bias(s + "self_attention.k_layernorm.bias")};
     layers_.push_back({p(s + "input_layernorm.weight"), norm_bias(s + "input_layernorm.bias"),
                        p(s + "self_attention.linear_qkv.weight"),
                        cfg_.qkv_bias() ? p(s + "self_attention.linear_qkv.bias") : nullptr,
                        p(s + "self_attention.linear_proj.weight"), bias(s + "self_attention.linear_proj.bias"),
                        p(s + "pre_mlp_layernorm.weight"), norm_bias(s + "pre_mlp_layernorm.bias"),
                        p(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
-                       p(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias")});
+                       p(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias"), qk});
   }
   // One cache row per key/value head: grouped-query attention keeps G, not H, keys per token.
   const size_t cache = size_t(cfg_.num_layers * cfg_.num_query_groups * cfg_.kv_channels * capacity_);
@@ -67,6 +72,13 @@ void GPTInference::reserve_rows(int64_t n) {
   qkv_.resize(N * size_t(cfg_.qkv_width()));
   fc_.resize(N * size_t(cfg_.fc1_width()));
   if (cfg_.swiglu) act_.resize(N * F);
+  if (cfg_.qk_layernorm) {
+    const size_t rows = N * size_t(cfg_.num_attention_heads + cfg_.num_query_groups);
+    qk_raw_.resize(rows * size_t(cfg_.kv_channels));
+    qk_out_.resize(rows * size_t(cfg_.kv_channels));
+    qk_mean_.resize(rows);
+    qk_rstd_.resize(rows);
+  }
   mean_.resize(N);
   rstd_.resize(N);
   ids_.resize(2 * N);
@@ -102,6 +114,9 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
     linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D]
+    if (cfg_.qk_layernorm)
+      qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
+                           eps, norm);
     if (rope_) rope_forward(qkv, *rope_, n, n, length_, layout);  // q and k at their positions in the context
     const int64_t layer_cache = l * layout.G * Tmax * D;
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);

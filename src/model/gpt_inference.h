@@ -42,6 +42,7 @@ class GPTInference {
   struct Layer {
     const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
     const float *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    QkNormParams qk_norm;  // --qk-layernorm's (null without it)
   };
   // Grows the scratch buffers to n rows.
   void reserve_rows(int64_t n);
@@ -57,6 +58,9 @@ class GPTInference {
   // W = 3Q without grouping), attn [n, Q] (Q = H x D); ids [2, n] tokens and positions (from the
   // host); logits [n, Vp] (device runs). act_: SwiGLU's [n, F].
   DeviceArray<float> x_, ln_, tmp_, fc_, act_, mean_, rstd_, logits_, qkv_, attn_;
+  // --qk-layernorm: the gathered queries and keys [n (H + G), D] before and after their norm, and
+  // their statistics [n (H + G)] (model/qk_layernorm.h).
+  DeviceArray<float> qk_raw_, qk_out_, qk_mean_, qk_rstd_;
   StagedArray<int32_t> ids_;
 };
 

@@ -32,6 +32,9 @@ struct GPTModel::Activations {
     float* qkv;        // [N, W/P]   ([B, T, Gl, Hl/Gl + 2, D], kernels/qkv_layout.h; W = 3C without grouped-
                        //             query attention; bf16_qkv(): the bf16 GEMM result, without the bias,
                        //             followed by attn's bf16 cast [N, C/P], the projection's input)
+    float* qk_raw = nullptr;   // --qk-layernorm: [N (Hl + Gl), D] the queries and keys before their norm,
+    float* qk_mean = nullptr;  //   [N (Hl + Gl)] their statistics (model/qk_layernorm.h); qkv holds
+    float* qk_rstd = nullptr;  //   them normalized (and rotated)
     float* attn;       // [N, C/P]   ([B, T, Hl, D])
     float* lse;        // [B, Hl, T]
     float* resid_mid;  // [Ns, C]  residual stream after the attention block
@@ -83,6 +86,8 @@ struct GPTModel::Scratch {
   float* d_c2;                // [N, max(C, Q/P)]  (Q = heads x kv_channels)
   float* d_3c;                // [N, W/P]  the QKV layer's output gradient (W = 3Q without grouping)
   float* d_f;                 // [N, Fl]
+  float* qk_tmp = nullptr;    // --qk-layernorm: [N (Hl + Gl), D] the norm's output, then its output gradient
+  float* qk_dx = nullptr;     //   [N (Hl + Gl), D] its input gradient
   // Recomputation (shared by every chunk and slot: one group is live at a time).
   std::vector<Activations::Layer> group;  // full: largest group x one layer's buffers
   std::vector<float*> group_resid;        // full: (largest group - 1) x [Ns, C] inner residuals
@@ -280,6 +285,13 @@ void GPTModel::register_parameters() {
       // [W, C]: per query group its heads' q, then its k and v (W = 3Q without grouping: per head q, k, v)
       p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
       if (cfg_.qkv_bias()) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
+      if (cfg_.qk_layernorm) {  // [D] each, shared by every query (key) head: replicated
+        const int64_t D = cfg_.kv_channels;
+        p.q_norm_w = add(layer_name(l, "self_attention.q_layernorm.weight"), {D}, ParamInit::ones, 0, -1);
+        if (norm_bias) p.q_norm_b = add(layer_name(l, "self_attention.q_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
+        p.k_norm_w = add(layer_name(l, "self_attention.k_layernorm.weight"), {D}, ParamInit::ones, 0, -1);
+        if (norm_bias) p.k_norm_b = add(layer_name(l, "self_attention.k_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
+      }
       p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
       if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
@@ -318,6 +330,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   const int64_t P = tp.size();
   const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = cfg.attention_width() / P;
   const int64_t Fl = cfg.ffn_hidden_size / P, F1l = cfg.fc1_width() / P, Hl = cfg.num_attention_heads / P;
+  const int64_t Gl = cfg.num_query_groups / P;
   const int64_t Vl = cfg.padded_vocab_size / P;
   const bool selective = cfg.recompute_granularity == "selective";
   auto alloc_layer = [&](bool attention) {
@@ -326,6 +339,11 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     x.ln1_mean = arena.alloc_f32(Ns);
     x.ln1_rstd = arena.alloc_f32(Ns);
     x.qkv = arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv");
+    if (cfg.qk_layernorm) {
+      x.qk_raw = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
+      x.qk_mean = arena.alloc_f32(N * (Hl + Gl));
+      x.qk_rstd = arena.alloc_f32(N * (Hl + Gl));
+    }
     x.attn = attention ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
     x.lse = attention ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
     x.resid_mid = arena.alloc_f32(Ns * C, "residual");
@@ -397,6 +415,10 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
   sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
+  if (cfg.qk_layernorm) {
+    sc.qk_tmp = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
+    sc.qk_dx = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "grad");
+  }
 }
 
 size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, const TensorParallel& tp,
@@ -529,6 +551,9 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, qkv_local(),
                    site(p.qkv_w));
   }
+  if (cfg_.qk_layernorm)  // queries, keys normalized in place (their inputs kept)
+    qk_layernorm_forward(x.qkv, x.qk_raw, x.qk_mean, x.qk_rstd, sc.qk_tmp, qk_norm_params(p), N, qkv_layout(),
+                         cfg_.layernorm_epsilon, normalization());
   if (rope_) rope_forward(x.qkv, rope_->table(), N, T, 0, qkv_layout());  // queries, keys rotated in place
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
@@ -629,6 +654,14 @@ const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p
   if (p == 0.0f) return scratch_->d_resid;
   dropout_backward(d_rows, scratch_->d_resid, n, p, stream, first_index);
   return d_rows;
+}
+
+QkNormParams GPTModel::qk_norm_params(const LayerParams& p) const {
+  return QkNormParams{params_.param(p.q_norm_w), bias(p.q_norm_b), params_.param(p.k_norm_w), bias(p.k_norm_b)};
+}
+
+QkNormGrads GPTModel::qk_norm_grads(const LayerParams& p) const {
+  return QkNormGrads{params_.grad(p.q_norm_w), bias_grad(p.q_norm_b), params_.grad(p.k_norm_w), bias_grad(p.k_norm_b)};
 }
 
 AttentionOperand GPTModel::qkv_input(const LayerParams& p, const float* qkv) const {
@@ -750,6 +783,9 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_}, ad,
                        docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
     if (rope_) rope_backward(sc.d_3c, rope_->table(), N, T, qkv_layout());  // d(q, k) before the rotation
+    if (cfg_.qk_layernorm)  // d(q, k) before their norm
+      qk_layernorm_backward(sc.d_3c, qk_norm_grads(p), x.qk_raw, x.qk_mean, x.qk_rstd, qk_norm_params(p), sc.qk_tmp,
+                            sc.qk_dx, N, qkv_layout(), normalization());
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
                                     d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
                                     ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(), ln_grad_site(p.qkv_w),
@@ -760,8 +796,8 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), bias_grad(p.ln1_b), ln_dout(d_ln, p.qkv_w), a.resid[i],
                        params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad, normalization());
     d_rows_made = fc2_grad.bf16 != nullptr;
-    grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.proj_w, p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w,
-                 p.fc1_b, p.fc2_w, p.fc2_b});
+    grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b, p.proj_w,
+                 p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b});
   }
   if (!has_embedding(chunk)) return;  // d_resid is the gradient of the chunk's input
   // Embedding: d_resid is d(embedding output after dropout); the lookup's backward needs
@@ -896,13 +932,18 @@ double GPTModel::forward_backward(const int32_t* tokens, const float* loss_mask,
   return l.count > 0 ? l.sum / l.count : 0.0;
 }
 
-void GPTModel::finish_sequence_parallel_grads(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
-  if (!tp_.sp()) return;
-  // The LayerNorm parameters; the row-parallel biases and position embeddings get the
-  // gradient of every token on each rank (computed from all-gathered gradients).
+void GPTModel::finish_tensor_parallel_grads(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  if (tp_.size() == 1) return;
+  // With sequence parallelism the LayerNorm parameters (the row-parallel biases and position
+  // embeddings get the gradient of every token on each rank, computed from all-gathered
+  // gradients); with --qk-layernorm q_layernorm and k_layernorm (each rank's heads).
   std::vector<int> norms;
-  if (lnf_w_ >= 0) norms.insert(norms.end(), {lnf_w_, lnf_b_});
-  for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln1_b, p.ln2_w, p.ln2_b});
+  if (tp_.sp()) {
+    if (lnf_w_ >= 0) norms.insert(norms.end(), {lnf_w_, lnf_b_});
+    for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln1_b, p.ln2_w, p.ln2_b});
+  }
+  for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b});
+  if (std::all_of(norms.begin(), norms.end(), [](int k) { return k < 0; })) return;
   const std::vector<std::pair<int64_t, int64_t>> all{{0, params_.numel()}};
   std::vector<std::pair<int64_t, int64_t>> pieces;
   for (int k : norms) {

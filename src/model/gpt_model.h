@@ -33,6 +33,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "model/linear.h"
+#include "model/qk_layernorm.h"
 #include "model/rotary_embedding.h"
 #include "model/tensor_parallel.h"
 #include "model/transformer_config.h"
@@ -176,11 +177,13 @@ class GPTModel {
   void set_loss_gradient_of_sum(bool on) { loss_gradient_of_sum_ = on; }
   const DocumentBoundaries& document_boundaries() const { return docs_; }
 
-  // With sequence parallelism the LayerNorm gradients of each rank cover its token
-  // shard only; after the last micro-batch (and any data-parallel reduction) this
-  // all-reduces them over the tensor-parallel group within `ranges` of the buffer (the
-  // elements this rank's optimizer reads; empty: all). Nothing otherwise.
-  void finish_sequence_parallel_grads(const std::vector<std::pair<int64_t, int64_t>>& ranges);
+  // The replicated parameters whose gradient each tensor-parallel rank sums over its part of
+  // the work only: with sequence parallelism the LayerNorms' (a token shard each), with
+  // --qk-layernorm q_layernorm's and k_layernorm's (the rank's heads). After the last
+  // micro-batch (and any data-parallel reduction) this all-reduces them over the
+  // tensor-parallel group within `ranges` of the buffer (the elements this rank's optimizer
+  // reads; empty: all). Nothing with one rank.
+  void finish_tensor_parallel_grads(const std::vector<std::pair<int64_t, int64_t>>& ranges);
 
   // Logits for input tokens [B, T]: writes [B, T, Vp] into logits (a caller-owned host
   // array). Padded columns are left as computed; consumers use the first V. One rank only.
@@ -213,7 +216,12 @@ class GPTModel {
     // biases with RMSNorm)
     int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc1_w = -1,
         fc1_b = -1, fc2_w = -1, fc2_b = -1;
+    // --qk-layernorm's q_layernorm and k_layernorm (-1 without it; the biases with RMSNorm)
+    int q_norm_w = -1, q_norm_b = -1, k_norm_w = -1, k_norm_b = -1;
   };
+  // --qk-layernorm's parameters and gradients of layer p (model/qk_layernorm.h).
+  QkNormParams qk_norm_params(const LayerParams& p) const;
+  QkNormGrads qk_norm_grads(const LayerParams& p) const;
 
   void register_parameters();
   static void allocate(std::vector<Activations>& acts, Scratch& scratch, Arena& arena,
@@ -308,7 +316,7 @@ class GPTModel {
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
   // Not with the rotary embedding, which rotates the fp32 q and k (with their bias) in place
   // before the attention reads them.
-  bool bf16_qkv() const { return bf16_attention_operands() && !rope_; }
+  bool bf16_qkv() const { return bf16_attention_operands() && !rope_ && !cfg_.qk_layernorm; }
   // set_bf16_qkv's switch with a policy that has bf16 results (the rotary embedding aside).
   bool bf16_attention_operands() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   AttentionOperand qkv_input(const LayerParams& p, const float* qkv) const;

@@ -59,6 +59,9 @@ struct TransformerConfig {
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   std::string normalization = "LayerNorm";  // or RMSNorm (weight only), Megatron's --normalization
   bool rmsnorm() const { return normalization == "RMSNorm"; }
+  // --qk-layernorm: each query and key head normalized over its kv_channels values before the
+  // rotary embedding (q_layernorm, k_layernorm: the normalization above; model/qk_layernorm.h).
+  bool qk_layernorm = false;
   // Activation recomputation (docs/memory.md). It changes memory and time, never the
   // math, so checkpoints do not record it.
   //   full + uniform: each chunk's layers in groups of recompute_num_layers; only a

@@ -75,6 +75,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"disable-bias-linear", Kind::flag, &a.disable_bias_linear,
        "no biases in the linear layers (QKV, projection, fc1, fc2)"},
       {"add-qkv-bias", Kind::flag, &a.add_qkv_bias, "a bias in the QKV layer even with --disable-bias-linear (Qwen2)"},
+      {"qk-layernorm", Kind::flag, &a.qk_layernorm,
+       "normalize each query and key head (--normalization over --kv-channels) before the rotary embedding (Qwen3)"},
       {"micro-batch-size", Kind::i64, &a.micro_batch_size, "sequences per micro-batch"},
       {"global-batch-size", Kind::i64, &a.global_batch_size,
        "sequences per iteration (0: micro-batch size)"},
@@ -528,6 +530,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
   c.add_bias_linear = !disable_bias_linear;
   c.add_qkv_bias = add_qkv_bias;
+  c.qk_layernorm = qk_layernorm;
   c.normalization = normalization;
   c.position_embedding_type = position_embedding_type;
   c.rotary_percent = rotary_percent;
@@ -611,6 +614,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     from_model("rotary-seq-len-interpolation-factor", "rotary_seq_len_interpolation_factor");
   on("disable-bias-linear", !m.value("add_bias_linear", true));
   on("add-qkv-bias", m.value("add_qkv_bias", false));
+  on("qk-layernorm", m.value("qk_layernorm", false));
   from_model("normalization", "normalization");
   on("swiglu", m.value("swiglu", false));
   if (m.contains("num_query_groups") && m["num_query_groups"].is_number_integer() &&

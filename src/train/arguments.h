@@ -30,6 +30,7 @@ struct TrainArgs {
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
   bool add_qkv_bias = false;
+  bool qk_layernorm = false;
   bool use_checkpoint_args = false;  // --use-checkpoint-args: unspecified model flags from --load
   bool skip_train = false;           // --skip-train: evaluate the loaded model only
   std::string normalization = "LayerNorm";

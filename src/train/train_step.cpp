@@ -81,11 +81,11 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   Comm* pp = pipeline->pipeline_group();
   if (dp) {
     dp->finish_grad_sync();
-    model.finish_sequence_parallel_grads(dp->owned_ranges());
+    model.finish_tensor_parallel_grads(dp->owned_ranges());
     dp->comm().all_reduce(needed, num_needed, ReduceOp::sum);
     sums[0] /= double(dp->size());
   } else {
-    model.finish_sequence_parallel_grads({});
+    model.finish_tensor_parallel_grads({});
   }
   // The global batch's token count divides the per-token gradients (none when every token is
   // masked: the gradients are zero, and stay so).

@@ -253,6 +253,27 @@ TEST(CudaModel, GroupedQueryAttentionLossAndEveryGradientMatchCpu) {
   expect_loss_and_gradients_match(cfg, "grouped-query attention");
 }
 
+// --qk-layernorm (model/qk_layernorm.h: strided copies and the LayerNorm kernels over every
+// query and key head): LayerNorm with its biases, grouped-query attention and the rotary
+// embedding (with learned positions the key norm's bias adds the same to every score of a
+// query: its gradient is zero up to rounding, nothing to compare); RMSNorm with learned
+// positions. The same loss and gradients on both devices.
+TEST(CudaModel, QkLayernormLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.qk_layernorm = true;
+  cfg.num_query_groups = 2;
+  cfg.position_embedding_type = "rope";
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "qk-layernorm rope");
+  cfg = small_config(0.0f);
+  cfg.qk_layernorm = true;
+  cfg.normalization = "RMSNorm";
+  cfg.add_bias_linear = false;
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "qk-layernorm rmsnorm");
+}
+
 // With dropout on: the masks are the same Philox draws on both devices. lr 1e-4: Adam's
 // update m/(sqrt(v)+eps) turns a gradient's last-bit difference into a relative update
 // difference of the same size, but the update is a small part of each parameter after

@@ -29,8 +29,12 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // 50 real tokens padded to a multiple of 8 x TP (56 on one rank, 64 on 2 or 4), so the
 // vocabulary splits unevenly: with TP = 4 the last rank holds 2 real rows.
 // swiglu: SwiGLU's fc1 (its weight and bias each the gate's and the up projection's rows,
-// both split over the ranks), ffn 64 (the default for hidden 32).
-TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false) {
+// both split over the ranks), ffn 64 (the default for hidden 32). qk_layernorm: --qk-layernorm
+// (each rank normalizes its heads' queries and keys; the replicated norms' gradients all-reduced),
+// always with the rotary embedding: with learned positions the key norm's bias adds the same to
+// every score of a query, so its gradient is zero up to rounding, which Adam amplifies.
+TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false,
+                         bool qk_layernorm = false) {
   TransformerConfig c;
   c.num_attention_heads = 4;
   if (rope) {  // an attention twice as wide as the hidden size (8 heads of 8 sharing 4 keys and values:
@@ -44,6 +48,8 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
     c.swiglu = true;
   }
   if (swiglu) c.swiglu = true;
+  c.qk_layernorm = qk_layernorm;
+  if (qk_layernorm) c.position_embedding_type = "rope";  // LayerNorm's biases kept without `rope`
   c.num_layers = layers;
   c.hidden_size = 32;
   c.vocab_size = 50;
@@ -56,8 +62,8 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 
 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
-                bool rope = false, bool swiglu = false) {
-  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu), kB, kT, tp);
+                bool rope = false, bool swiglu = false, bool qk_layernorm = false) {
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_layernorm), kB, kT, tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
@@ -81,6 +87,7 @@ struct Layout {
   bool rope = false;  // the rotary embedding (each rank rotates its heads' q and k), 8 heads of 8 in 4
                       // query groups, --disable-bias-linear, RMSNorm, SwiGLU
   bool swiglu = false;  // SwiGLU with the linear layers' biases
+  bool qk_layernorm = false;  // --qk-layernorm
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -89,8 +96,8 @@ class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
 TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu);
-  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm);
+  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_layernorm);
   expect_same_run(tp, single);
 }
 
@@ -99,23 +106,24 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
-  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu);
+  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_layernorm);
   expect_same_run(run, single);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                          ::testing::Values(Layout{false, 0.0f}, Layout{true, 0.0f}, Layout{false, 0.1f},
                                            Layout{true, 0.1f}, Layout{true, 0.1f, true},
-                                           Layout{false, 0.1f, false, true}),
+                                           Layout{false, 0.1f, false, true}, Layout{false, 0.0f, false, false, true},
+                                           Layout{true, 0.1f, true, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
-                                  (info.param.swiglu ? "Swiglu" : "");
+                                  (info.param.swiglu ? "Swiglu" : "") + (info.param.qk_layernorm ? "QkLayernorm" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

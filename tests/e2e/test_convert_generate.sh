@@ -218,6 +218,33 @@ if run qwen2_train "$LATTICE" "${QWEN2[@]}" --train-iters 2 --save ckpt-qwen2; t
         qwen2_gen_full.out
   fi
 fi
+# ---- --qk-layernorm (a Llama-style model whose query and key heads are normalized: a Qwen3-style model) ----
+QWEN3=("${NO_QKV_BIAS[@]}" --qk-layernorm --kv-channels 16)
+if run qwen3_train "$LATTICE" "${QWEN3[@]}" --train-iters 2 --save ckpt-qwen3; then
+  grep -qF 'self_attention.k_layernorm.weight' ckpt-qwen3/iter_0000002/*.json ||
+    fail "a --qk-layernorm checkpoint has no k_layernorm.weight"
+  expect_error "resume: --qk-layernorm checkpoint without --qk-layernorm" "qk_layernorm|--qk-layernorm" -- \
+    "$LATTICE" "${NO_QKV_BIAS[@]}" --kv-channels 16 --train-iters 3 --load ckpt-qwen3
+  # Its HuggingFace form is Qwen3: out and back, the same model generates the same text, with and
+  # without the KV cache.
+  if run qwen3_to_hf "$LATTICE" convert --load ckpt-qwen3 --to-hf hf-qwen3; then
+    grep -q '"model_type": "qwen3"' hf-qwen3/config.json || fail "convert --to-hf of a --qk-layernorm model wrote no Qwen3 config"
+    grep -q 'Qwen3' qwen3_to_hf.err || fail "convert --to-hf did not say it wrote Qwen3"
+    run qwen3_from_hf "$LATTICE" convert --from-hf hf-qwen3 --save ckpt-qwen3-back &&
+      run qwen3_gen_back "$LATTICE" generate --load ckpt-qwen3-back --prompt "ab" --max-new-tokens 30 --seed 3 &&
+      run qwen3_gen_orig "$LATTICE" generate --load ckpt-qwen3 --prompt "ab" --max-new-tokens 30 --seed 3 &&
+      run qwen3_gen_full "$LATTICE" generate --load ckpt-qwen3 --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+      same "Qwen3: generated text after lattice -> HF Qwen3 -> lattice equals the original's" qwen3_gen_back.out \
+        qwen3_gen_orig.out &&
+      same "--qk-layernorm: generate with the KV cache prints what full recomputation prints" qwen3_gen_orig.out \
+        qwen3_gen_full.out
+  fi
+fi
+# A HuggingFace Qwen3 folder in: the independent fixture (q_norm, k_norm, head_dim 16, tied).
+if run qwen3_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_qwen3_tiny" --save ckpt-hf-qwen3; then
+  grep -q 'Qwen3' qwen3_fixture.err || fail "convert did not say it read a Qwen3 model"
+  grep -q '"qk_layernorm": *true' ckpt-hf-qwen3/iter_0000000/*.json || fail "the converted Qwen3 lost --qk-layernorm"
+fi
 # A HuggingFace Mistral folder in (sliding_window null): Llama's model, one key/value head.
 if run mistral_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_mistral_tiny" --save ckpt-hf-mistral; then
   grep -q 'Mistral' mistral_fixture.err || fail "convert did not say it read a Mistral model"

@@ -278,6 +278,29 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return cudaSuccess;
 }
 
+// Device to device only (what lattice's strided copies do): `height` rows of `width` bytes.
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+  using lattice::simt::on_device;
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (width > dpitch || width > spitch)
+    return fail(cudaErrorInvalidPitchValue, "cudaMemcpy2DAsync: width " + std::to_string(width) +
+                                                " exceeds a pitch (" + std::to_string(dpitch) + ", " +
+                                                std::to_string(spitch) + ")");
+  const size_t dst_span = (height - 1) * dpitch + width, src_span = (height - 1) * spitch + width;
+  if (!(kind == cudaMemcpyDeviceToDevice || kind == cudaMemcpyDefault) || !on_device(dst, dst_span) ||
+      !on_device(src, src_span))
+    return fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync (kind " + std::to_string(int(kind)) + ") of " +
+                                           std::to_string(height) + " x " + std::to_string(width) + " bytes from " +
+                                           lattice::simt::hex(src) + " to " + lattice::simt::hex(dst) +
+                                           ": the emulation copies within device allocations only");
+  lattice::simt::enqueue(stream, [=] {
+    for (size_t r = 0; r < height; ++r)
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  });
+  return cudaSuccess;
+}
+
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   *a = cudaPointerAttributes{};
   const bool dev = lattice::simt::is_device_pointer(p);

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -15,7 +16,8 @@
 namespace lattice {
 namespace {
 
-std::unique_ptr<GPTModel> random_model(bool untie, GeluKind gelu, bool rope = false) {
+std::unique_ptr<GPTModel> random_model(bool untie, GeluKind gelu, bool rope = false,
+                                       const std::function<void(TransformerConfig&)>& more = nullptr) {
   TransformerConfig c;
   if (rope) {  // and heads of 20 dims: 4 x 20 against a hidden size of 48
     c.position_embedding_type = "rope";
@@ -30,6 +32,7 @@ std::unique_ptr<GPTModel> random_model(bool untie, GeluKind gelu, bool rope = fa
   c.gelu = gelu;
   c.untie_embeddings_and_output_weights = untie;
   c.hidden_dropout = c.attention_dropout = 0;
+  if (more) more(c);
   c.finalize();
   auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
   // Larger than the training init so attention is far from uniform and the check has teeth.
@@ -105,6 +108,19 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithRotaryEmbedding) {
   auto model = random_model(false, GeluKind::erf, true);
   ASSERT_NE(model->rope_table(), nullptr);
   check_against_full_forward(*model, model->config().max_position_embeddings);
+}
+
+// --qk-layernorm: each appended chunk's queries and keys normalized before their rotation (the
+// cache holds the normalized, rotated keys); LayerNorm with grouped-query attention, and RMSNorm.
+TEST(HfInference, KvCacheLogitsEqualFullForwardWithQkLayernorm) {
+  for (const char* norm : {"LayerNorm", "RMSNorm"}) {
+    auto model = random_model(false, GeluKind::erf, true, [&](TransformerConfig& c) {
+      c.qk_layernorm = true;
+      c.normalization = norm;
+      c.num_query_groups = 2;
+    });
+    check_against_full_forward(*model, model->config().max_position_embeddings);
+  }
 }
 
 TEST(HfInference, KvCacheOnHfFixtureModel) {

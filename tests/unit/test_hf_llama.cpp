@@ -62,6 +62,19 @@ TEST(HfLlama, Qwen2ModelMatchesIndependentLogits) {
   EXPECT_STREQ(hf_llama_family_name(c), "Qwen2");
 }
 
+// Qwen3: Llama with q_norm and k_norm, which are --qk-layernorm's q_layernorm and k_layernorm
+// (RMSNorm of every head, before the rotation); head_dim wider than hidden / heads.
+TEST(HfLlama, Qwen3ModelMatchesIndependentLogits) {
+  check_fixture_logits("hf_qwen3_tiny");
+  const TransformerConfig c = load_hf_llama(fixture("hf_qwen3_tiny")).model->config();
+  EXPECT_TRUE(c.rope() && c.rmsnorm() && c.swiglu && !c.add_bias_linear && !c.add_qkv_bias && c.qk_layernorm);
+  EXPECT_EQ(c.num_query_groups, 2);
+  EXPECT_EQ(c.kv_channels, 16);
+  EXPECT_EQ(c.layernorm_epsilon, 1e-6f);
+  EXPECT_FALSE(c.untie_embeddings_and_output_weights);
+  EXPECT_STREQ(hf_llama_family_name(c), "Qwen3");
+}
+
 // Mistral (sliding_window null): Llama's layers under another model_type; exported back as Llama,
 // every tensor the same bits.
 TEST(HfLlama, MistralModelMatchesIndependentLogitsAndExportsAsLlama) {
@@ -111,7 +124,8 @@ TEST(HfLlama, Llama3RopeScalingMatchesIndependentLogits) {
 
 TEST(HfLlama, HfToLatticeToHfIsIdentity) {
   for (const char* dir :
-       {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3", "hf_qwen2_tiny"}) {
+       {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3", "hf_qwen2_tiny",
+        "hf_qwen3_tiny"}) {
     TempDir out(std::string("llama_rt_") + dir);
     HfModel hf = load_hf_llama(fixture(dir));
     save_hf_llama(out.str() + "/hf", *hf.model, "");
@@ -143,8 +157,9 @@ TEST(HfLlama, HfToLatticeToHfIsIdentity) {
 
 // A Llama-style model with every parameter (padded rows too) random, so any misplaced element
 // shows: 4 heads of 8 in 2 query groups against hidden size 24, ffn 20.
-// qkv_bias: Qwen2's form (--add-qkv-bias), with heads of 6 = hidden / heads as Qwen2 has them.
-std::unique_ptr<GPTModel> random_llama(bool untie, bool qkv_bias = false) {
+// qkv_bias: Qwen2's form (--add-qkv-bias), with heads of 6 = hidden / heads as Qwen2 has them;
+// qk_layernorm: Qwen3's (--qk-layernorm).
+std::unique_ptr<GPTModel> random_llama(bool untie, bool qkv_bias = false, bool qk_layernorm = false) {
   TransformerConfig c;
   c.num_layers = 2;
   c.hidden_size = 24;
@@ -162,11 +177,12 @@ std::unique_ptr<GPTModel> random_llama(bool untie, bool qkv_bias = false) {
   c.swiglu = true;
   c.add_bias_linear = false;
   c.add_qkv_bias = qkv_bias;
+  c.qk_layernorm = qk_layernorm;
   c.untie_embeddings_and_output_weights = untie;
   c.hidden_dropout = c.attention_dropout = 0;
   c.finalize();
   auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
-  std::mt19937 gen(untie ? 9 : qkv_bias ? 11 : 10);
+  std::mt19937 gen(untie ? 9 : qkv_bias ? 11 : qk_layernorm ? 12 : 10);
   std::normal_distribution<float> nd(0.0f, 0.3f);
   for (int64_t i = 0; i < m->params().numel(); ++i) m->params().params()[i] = nd(gen);
   return m;
@@ -223,6 +239,37 @@ TEST(HfLlama, Qwen2LatticeToHfToLatticeKeepsTheQkvBias) {
     }
   EXPECT_FALSE(f.has("model.layers.0.self_attn.o_proj.bias"));
   EXPECT_FALSE(f.has("model.layers.0.mlp.down_proj.bias"));
+}
+
+// Qwen3: q_layernorm.weight and k_layernorm.weight are q_norm.weight and k_norm.weight as they
+// are; config.json is Qwen3Config's (head_dim kept, no biases). --qk-layernorm with
+// --add-qkv-bias has no Qwen3 form (its attention_bias also biases o_proj).
+TEST(HfLlama, Qwen3LatticeToHfToLatticeKeepsTheQkNorms) {
+  auto model = random_llama(false, false, true);
+  const TransformerConfig& c = model->config();
+  EXPECT_EQ(hf_llama_mismatch(c), "");
+  TempDir out("qwen3_l2h");
+  save_hf_llama(out.str(), *model, "");
+  std::ifstream cf(out.str() + "/config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["model_type"], "qwen3");
+  EXPECT_EQ(j["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(j["head_dim"], c.kv_channels);
+  EXPECT_EQ(j["attention_bias"], false);
+  HfModel back = load_hf_llama(out.str(), c.make_vocab_size_divisible_by);
+  EXPECT_TRUE(back.model->config().qk_layernorm);
+  hf_test::expect_same_model(*model, *back.model);
+  SafetensorsFile f = SafetensorsFile::read(out.str() + "/model.safetensors");
+  const ParamBuffer& pb = model->params();
+  for (const char* part : {"q", "k"}) {
+    const std::string lat = std::string("decoder.layers.1.self_attention.") + part + "_layernorm.weight";
+    const std::vector<float> hf = f.get_f32(std::string("model.layers.1.self_attn.") + part + "_norm.weight");
+    ASSERT_EQ(int64_t(hf.size()), c.kv_channels);
+    EXPECT_TRUE(std::equal(hf.begin(), hf.end(), pb.params() + pb.info(lat).offset)) << lat;
+  }
+  TransformerConfig both = c;
+  both.add_qkv_bias = true;
+  EXPECT_NE(hf_llama_mismatch(both).find("--qk-layernorm with --add-qkv-bias"), std::string::npos);
 }
 
 // The layout itself, spelled out: linear_qkv row (g (R + 2) + r) D + d is q_proj row (g R + r) D + d
@@ -457,6 +504,36 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
     EXPECT_EQ(load_hf_llama(dir).model->config().num_query_groups, 1);
   }
   {
+    TempDir t("qwen3_sliding");
+    expect_error(hf_test::rewritten_fixture("hf_qwen3_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["use_sliding_window"] = true; }, t),
+                 {"config.json", "use_sliding_window"});
+  }
+  {
+    TempDir t("qwen3_bias");
+    expect_error(hf_test::rewritten_fixture("hf_qwen3_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["attention_bias"] = true; }, t),
+                 {"config.json", "attention_bias", "o_proj"});
+  }
+  {
+    TempDir t("qwen3_no_norm");
+    const std::string k1 = "model.layers.1.self_attn.k_norm.weight";
+    expect_error(hf_test::rewritten_fixture("hf_qwen3_tiny", [&](Tensors& ts) { ts.erase(k1); }, nullptr, t),
+                 {"model.safetensors", "missing tensor " + k1});
+  }
+  {
+    TempDir t("qwen3_norm_shape");  // q_norm over the whole projection (OLMo 2's form), not a head
+    const std::string q0 = "model.layers.0.self_attn.q_norm.weight";
+    expect_error(hf_test::rewritten_fixture("hf_qwen3_tiny",
+                                            [&](Tensors& ts) {
+                                              auto it = ts.find(q0);
+                                              it->shape = {64};
+                                              it->bytes.resize(64 * 4);
+                                            },
+                                            nullptr, t),
+                 {"model.safetensors", q0, "[64]", "[16]"});
+  }
+  {
     TempDir t("qwen2_no_bias");
     const std::string q0 = "model.layers.0.self_attn.q_proj.bias";
     expect_error(hf_test::rewritten_fixture("hf_qwen2_tiny", [&](Tensors& ts) { ts.erase(q0); }, nullptr, t),
@@ -490,7 +567,7 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   {
     TempDir t("llama_not_llama");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "gemma"; }, t),
-                 {"config.json", "not a Llama, Qwen2 or Mistral config", "gemma"});
+                 {"config.json", "not a Llama, Qwen2, Qwen3 or Mistral config", "gemma"});
   }
 }
 

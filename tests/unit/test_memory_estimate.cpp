@@ -198,6 +198,22 @@ TEST(MemoryEstimate, WideAttentionEqualsTheModel) {
   }
 }
 
+// --qk-layernorm: per layer q_layernorm's and k_layernorm's weight and bias [kv_channels]
+// (replicated), weights only with RMSNorm; the norms' kept inputs and scratch among the activations.
+TEST(MemoryEstimate, QkLayernormEqualsTheModel) {
+  for (int P : {1, 2})
+    for (const char* norm : {"LayerNorm", "RMSNorm"}) {
+      TransformerConfig base = config(3, false, P);
+      base.normalization = norm;
+      TransformerConfig c = base;
+      c.qk_layernorm = true;
+      expect_matches(layout(c, P, 1, 1, 4), 0);
+      const int64_t with = estimate_rank_memory(layout(c, P, 1, 1, 4), 0, 0).parameters;
+      const int64_t without = estimate_rank_memory(layout(base, P, 1, 1, 4), 0, 0).parameters;
+      EXPECT_EQ(with - without, 3 * 2 * (c.rmsnorm() ? 1 : 2) * c.kv_channels) << norm << ", P " << P;
+    }
+}
+
 // The rotary embedding has no position table: the estimate registers none either.
 TEST(MemoryEstimate, RotaryEmbeddingEqualsTheModel) {
   TransformerConfig c = config(3, false);

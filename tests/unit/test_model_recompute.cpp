@@ -33,8 +33,9 @@ void PrintTo(const Recompute& r, std::ostream* os) {
   *os << "'" << r.granularity << "' '" << r.method << "' " << r.num_layers;
 }
 
-// llama: the rotary embedding, RMSNorm, SwiGLU, 2 query groups of 2 heads, no linear biases
-// (the grouped QKV output's scratch and SwiGLU's wider fc1 recomputed too).
+// llama: the rotary embedding, RMSNorm, SwiGLU, 2 query groups of 2 heads, no linear biases,
+// --qk-layernorm (Qwen3's form: the grouped QKV output's scratch, SwiGLU's wider fc1 and the
+// query and key norms' kept inputs recomputed too).
 TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = false) {
   TransformerConfig c;
   if (llama) {
@@ -44,6 +45,7 @@ TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = 
     c.ffn_hidden_size = 48;
     c.num_query_groups = 2;
     c.add_bias_linear = false;
+    c.qk_layernorm = true;
   }
   c.num_layers = kLayers;
   c.hidden_size = 32;

@@ -49,6 +49,7 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   if (f.metadata().count("normalization")) c.normalization = f.metadata().at("normalization");
   c.swiglu = f.metadata().count("swiglu") && f.metadata().at("swiglu") == "1";
   if (f.metadata().count("num_query_groups")) c.num_query_groups = meta_int(f, "num_query_groups");
+  c.qk_layernorm = f.metadata().count("qk_layernorm") && f.metadata().at("qk_layernorm") == "1";
   if (f.metadata().count("position_embedding_type")) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
     c.rotary_percent = meta_double(f, "rotary_percent");
@@ -153,7 +154,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                          ::testing::Values("gpt_tiny.safetensors", "gpt_tiny_untied_tanh.safetensors",
                                            "gpt_tiny_rope.safetensors", "gpt_tiny_kv24.safetensors",
                                            "gpt_tiny_nobias.safetensors", "gpt_tiny_rmsnorm.safetensors",
-                                           "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors"));
+                                           "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors",
+                                           "gpt_tiny_rope_gqa2_qknorm.safetensors"));
 
 }  // namespace
 }  // namespace lattice
