@@ -28,6 +28,15 @@ struct TensorMap {
   bool vocab = false;
 };
 
+// The HF names of a mixture-of-experts layer: Qwen3-MoE's (with --qk-layernorm) or Mixtral's.
+struct MoeNames {
+  const char *router, *experts, *gate, *up, *down;
+};
+MoeNames moe_names(const TransformerConfig& c) {
+  if (c.qk_layernorm) return {"mlp.gate.weight", "mlp.experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+  return {"block_sparse_moe.gate.weight", "block_sparse_moe.experts.", "w1.weight", "w3.weight", "w2.weight"};
+}
+
 std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
   const int64_t D = c.kv_channels, G = c.num_query_groups, R = c.num_attention_heads / G;
   std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
@@ -57,6 +66,17 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
     }
     m.push_back({lat + "self_attention.linear_proj.weight", {{hf + "self_attn.o_proj.weight"}}});
     m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight"}}});
+    if (c.moe()) {  // Mixtral's block_sparse_moe (w1 gate, w3 up, w2 down) or Qwen3-MoE's mlp
+      const MoeNames n = moe_names(c);
+      m.push_back({lat + "mlp.router.weight", {{hf + n.router}}});
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = hf + n.experts + std::to_string(e) + ".";
+        const std::string le = lat + "mlp.experts.local_experts." + std::to_string(e) + ".";
+        m.push_back({le + "linear_fc1.weight", {{x + n.gate}, {x + n.up}}});
+        m.push_back({le + "linear_fc2.weight", {{x + n.down}}});
+      }
+      continue;
+    }
     m.push_back({lat + "mlp.linear_fc1.weight", {{hf + "mlp.gate_proj.weight"}, {hf + "mlp.up_proj.weight"}}});
     m.push_back({lat + "mlp.linear_fc2.weight", {{hf + "mlp.down_proj.weight"}}});
   }
@@ -87,6 +107,18 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c) {
     }
     s[hf + "self_attn.o_proj.weight"] = {C, Q};
     s[hf + "post_attention_layernorm.weight"] = {C};
+    if (c.moe()) {
+      const MoeNames n = moe_names(c);
+      const int64_t Fe = c.moe_ffn_hidden_size;
+      s[hf + n.router] = {c.num_experts, C};
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = hf + n.experts + std::to_string(e) + ".";
+        s[x + n.gate] = {Fe, C};
+        s[x + n.up] = {Fe, C};
+        s[x + n.down] = {C, Fe};
+      }
+      continue;
+    }
     s[hf + "mlp.gate_proj.weight"] = {F, C};
     s[hf + "mlp.up_proj.weight"] = {F, C};
     s[hf + "mlp.down_proj.weight"] = {C, F};
@@ -108,7 +140,7 @@ namespace {
 std::string llama_family(const json& j) {
   if (!j.is_object()) return "";
   if (j.contains("model_type")) {
-    for (const char* family : {"llama", "qwen2", "qwen3", "mistral"})
+    for (const char* family : {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral"})
       if (j["model_type"] == family) return family;
     return "";
   }
@@ -117,6 +149,8 @@ std::string llama_family(const json& j) {
       if (a == "LlamaForCausalLM") return "llama";
       if (a == "Qwen2ForCausalLM") return "qwen2";
       if (a == "Qwen3ForCausalLM") return "qwen3";
+      if (a == "Qwen3MoeForCausalLM") return "qwen3_moe";
+      if (a == "MixtralForCausalLM") return "mixtral";
       if (a == "MistralForCausalLM") return "mistral";
     }
   return "";
@@ -127,20 +161,28 @@ std::string llama_family(const json& j) {
 bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
 
 const char* hf_llama_family_name(const TransformerConfig& c) {
+  if (c.moe()) return c.qk_layernorm ? "Qwen3-MoE" : "Mixtral";
   return c.qk_layernorm ? "Qwen3" : c.add_qkv_bias ? "Qwen2" : "Llama";
 }
 
 std::string hf_llama_family_name(const json& config) {
   const std::string f = llama_family(config);
-  return f == "qwen2" ? "Qwen2" : f == "qwen3" ? "Qwen3" : f == "mistral" ? "Mistral" : f == "llama" ? "Llama" : "";
+  return f == "qwen2"       ? "Qwen2"
+         : f == "qwen3"     ? "Qwen3"
+         : f == "qwen3_moe" ? "Qwen3-MoE"
+         : f == "mistral"   ? "Mistral"
+         : f == "mixtral"   ? "Mixtral"
+         : f == "llama"     ? "Llama"
+                            : "";
 }
 
 TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
   const std::string family = llama_family(j);
   if (family.empty())
-    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen3 or Mistral config (model_type " << j.value("model_type", json()).dump()
+    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral or Mixtral config (model_type " << j.value("model_type", json()).dump()
                    << ")";
-  const bool qwen2 = family == "qwen2", qwen3 = family == "qwen3";
+  const bool qwen2 = family == "qwen2", qwen3 = family == "qwen3" || family == "qwen3_moe";
+  const bool qwen3_moe = family == "qwen3_moe", mixtral = family == "mixtral";
   TransformerConfig c;
   c.num_layers = hf::config_int(j, what, "num_hidden_layers");
   c.hidden_size = hf::config_int(j, what, "hidden_size");
@@ -170,8 +212,8 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   // Qwen2's and Qwen3's sliding window: lattice's attention is full causal attention.
   if ((qwen2 || qwen3) && hf::config_bool(j, what, "use_sliding_window", false))
     LATTICE_FAIL() << what << ": use_sliding_window true is not supported (lattice's attention is full causal)";
-  // Mistral's sliding window: none (null, Mistral 7B v0.2 on) or no narrower than the context.
-  if (family == "mistral" && j.contains("sliding_window") && !j["sliding_window"].is_null() &&
+  // Mistral's (and Mixtral's) sliding window: none (null, Mistral 7B v0.2 on) or no narrower than the context.
+  if ((family == "mistral" || mixtral) && j.contains("sliding_window") && !j["sliding_window"].is_null() &&
       hf::config_int(j, what, "sliding_window") < c.max_position_embeddings)
     LATTICE_FAIL() << what << ": sliding_window " << j["sliding_window"].dump() << " below max_position_embeddings "
                    << c.max_position_embeddings << " is not supported (lattice's attention is full causal)";
@@ -206,6 +248,26 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   c.add_bias_linear = false;
   c.add_qkv_bias = qwen2;
   c.qk_layernorm = qwen3;  // q_norm, k_norm: RMSNorm of each head with rms_norm_eps
+  if (mixtral) {  // every layer's MLP: num_local_experts experts of intermediate_size, top num_experts_per_tok
+    c.num_experts = hf::config_int(j, what, "num_local_experts");
+    c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
+    c.moe_ffn_hidden_size = c.ffn_hidden_size;
+  }
+  if (qwen3_moe) {
+    c.num_experts = hf::config_int(j, what, "num_experts");
+    c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
+    c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
+    // lattice's router renormalizes the chosen experts' probabilities (the softmax over their logits)
+    if (!hf::config_bool(j, what, "norm_topk_prob", false))
+      LATTICE_FAIL() << what << ": norm_topk_prob false is not supported (lattice weighs a token's experts by the "
+                     << "softmax over their logits: norm_topk_prob true)";
+    if (j.contains("decoder_sparse_step") && hf::config_int(j, what, "decoder_sparse_step") != 1)
+      LATTICE_FAIL() << what << ": decoder_sparse_step " << j["decoder_sparse_step"].dump()
+                     << " is not supported (every layer a mixture of experts: 1)";
+    if (j.contains("mlp_only_layers") && !(j["mlp_only_layers"].is_array() && j["mlp_only_layers"].empty()))
+      LATTICE_FAIL() << what << ": mlp_only_layers " << j["mlp_only_layers"].dump()
+                     << " is not supported (every layer a mixture of experts: [])";
+  }
   c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
   c.make_vocab_size_divisible_by = divisible_by;
   c.hidden_dropout = c.attention_dropout = 0.0f;
@@ -261,6 +323,28 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
   }
+  if (c.moe() && c.qk_layernorm) {  // Qwen3MoeConfig
+    j["architectures"] = {"Qwen3MoeForCausalLM"};
+    j["model_type"] = "qwen3_moe";
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.moe_router_topk;
+    j["moe_intermediate_size"] = c.moe_ffn_hidden_size;
+    j["norm_topk_prob"] = true;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
+    j["router_aux_loss_coef"] = 0.001;
+    j["output_router_logits"] = false;
+  } else if (c.moe()) {  // MixtralConfig: intermediate_size is each expert's
+    for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(key);
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["model_type"] = "mixtral";
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.moe_router_topk;
+    j["intermediate_size"] = c.moe_ffn_hidden_size;
+    j["sliding_window"] = nullptr;
+    j["router_aux_loss_coef"] = 0.02;
+    j["output_router_logits"] = false;
+  }
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
@@ -277,6 +361,8 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";
   if (c.add_bias_linear)
     return "linear biases (HuggingFace Llama has none, Qwen2 QKV's only: --disable-bias-linear [--add-qkv-bias])";
+  if (c.moe() && c.add_qkv_bias)
+    return "--num-experts with --add-qkv-bias (HuggingFace Mixtral and Qwen3-MoE have no QKV biases)";
   if (c.qk_layernorm && c.add_qkv_bias)
     return "--qk-layernorm with --add-qkv-bias (HuggingFace Qwen3's attention_bias also biases o_proj)";
   if (c.add_qkv_bias && c.kv_channels * c.num_attention_heads != c.hidden_size)

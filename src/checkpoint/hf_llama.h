@@ -1,7 +1,9 @@
 // HuggingFace Llama (transformers' LlamaForCausalLM: DIR/config.json + DIR/model.safetensors),
 // Qwen2 (Qwen2ForCausalLM: Llama with q/k/v biases, --add-qkv-bias), Qwen3 (Qwen3ForCausalLM:
-// Llama with q_norm and k_norm, --qk-layernorm) and Mistral (MistralForCausalLM without a
-// sliding window narrower than the context: Llama's model),
+// Llama with q_norm and k_norm, --qk-layernorm), Mistral (MistralForCausalLM without a
+// sliding window narrower than the context: Llama's model) and the mixtures of experts Mixtral
+// (MixtralForCausalLM: block_sparse_moe's router and experts w1 w3 w2, --num-experts) and
+// Qwen3-MoE (Qwen3MoeForCausalLM: Qwen3 with mlp.gate and mlp.experts, norm_topk_prob true),
 // <-> lattice's GPTModel with Megatron's Llama settings: --position-embedding-type rope
 // (rotate_half over the whole head, --rotary-base = rope_theta), --normalization RMSNorm,
 // --swiglu, --disable-bias-linear, grouped-query attention (num_key_value_heads), usually
@@ -31,13 +33,14 @@ namespace lattice {
 // its architectures), a Qwen2 one ("qwen2", Qwen2ForCausalLM): Llama with biases on q_proj,
 // k_proj and v_proj (lattice's --add-qkv-bias), head_dim hidden / heads, no sliding window; a
 // Qwen3 one ("qwen3", Qwen3ForCausalLM): Llama with q_norm and k_norm (--qk-layernorm), no
-// attention biases, no sliding window; or a Mistral one.
+// attention biases, no sliding window; a Mistral, Mixtral or Qwen3-MoE one.
 bool is_hf_llama_config(const nlohmann::json& config);
 
-// "Qwen3" for a model with --qk-layernorm, "Qwen2" for one with --add-qkv-bias, else "Llama":
-// the form export writes.
+// "Mixtral" for a model with --num-experts ("Qwen3-MoE" with --qk-layernorm too), "Qwen3" for one
+// with --qk-layernorm, "Qwen2" for one with --add-qkv-bias, else "Llama": the form export writes.
 const char* hf_llama_family_name(const TransformerConfig& c);
-// "Llama", "Qwen2", "Qwen3" or "Mistral": the family config.json describes ("" for none of them).
+// "Llama", "Qwen2", "Qwen3", "Qwen3-MoE", "Mistral" or "Mixtral": the family config.json describes
+// ("" for none of them).
 std::string hf_llama_family_name(const nlohmann::json& config);
 
 // config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by).

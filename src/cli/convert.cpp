@@ -1,4 +1,5 @@
-// `lattice convert`: HuggingFace GPT-2, Llama, Qwen2, Qwen3 or Mistral <-> lattice checkpoint.
+// `lattice convert`: HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral or Qwen3-MoE <->
+// lattice checkpoint.
 //   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
 //                   [--make-vocab-size-divisible-by N]
 //   lattice convert --load CKPT --to-hf DIR
@@ -34,7 +35,8 @@ void from_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
-  // config.json's model_type says which: the Llama family (Llama, Qwen2, Qwen3, Mistral), else GPT-2.
+  // config.json's model_type says which: the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral,
+  // Qwen3-MoE), else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
   const bool llama = is_hf_llama_config(config);
   const std::string family = llama ? hf_llama_family_name(config) : "GPT-2";
@@ -142,10 +144,11 @@ int cmd_convert(int argc, char** argv) {
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR\n"
-        "HuggingFace GPT-2, Llama, Qwen2, Qwen3 or Mistral (config.json, model.safetensors) <-> lattice\n"
-        "checkpoint: --from-hf reads config.json's model_type; --to-hf writes GPT-2 when the model has its\n"
-        "form (learned positions, LayerNorm, GELU, biases), else Llama (rope, RMSNorm, SwiGLU, no biases),\n"
-        "Qwen2 for such a model with --add-qkv-bias, Qwen3 for one with --qk-layernorm. The input is\n"
+        "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral or Qwen3-MoE (config.json,\n"
+        "model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's model_type; --to-hf\n"
+        "writes GPT-2 when the model has its form (learned positions, LayerNorm, GELU, biases), else Llama\n"
+        "(rope, RMSNorm, SwiGLU, no biases), Qwen2 for such a model with --add-qkv-bias, Qwen3 for one with\n"
+        "--qk-layernorm, Mixtral for one with --num-experts (Qwen3-MoE with both). The input is\n"
         "read and checked completely before anything is written; an existing checkpoint or HF model is\n"
         "never overwritten.\n"
         "  --tokenizer-type NAME              the tokenizer recorded in the checkpoint\n"

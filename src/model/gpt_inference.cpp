@@ -47,18 +47,41 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     if (cfg_.qk_layernorm)
       qk = {p(s + "self_attention.q_layernorm.weight"), norm_bias(s + "self_attention.q_layernorm.bias"),
             p(s + "self_attention.k_layernorm.weight"), norm_bias(s + "self_attention.k_layernorm.bias")};
+    MoeWeights moe;
+    if (cfg_.moe()) {
+      moe.router = p(s + "mlp.router.weight");
+      for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+        const std::string x = s + "mlp.experts.local_experts." + std::to_string(e) + ".";
+        moe.fc1.push_back(p(x + "linear_fc1.weight"));
+        moe.fc2.push_back(p(x + "linear_fc2.weight"));
+      }
+      moe.fc1_site.resize(moe.fc1.size());
+      moe.fc2_site.resize(moe.fc2.size());
+    }
+    auto dense = [&](const std::string& name) -> const float* { return cfg_.moe() ? nullptr : p(name); };
     layers_.push_back({p(s + "input_layernorm.weight"), norm_bias(s + "input_layernorm.bias"),
                        p(s + "self_attention.linear_qkv.weight"),
                        cfg_.qkv_bias() ? p(s + "self_attention.linear_qkv.bias") : nullptr,
                        p(s + "self_attention.linear_proj.weight"), bias(s + "self_attention.linear_proj.bias"),
                        p(s + "pre_mlp_layernorm.weight"), norm_bias(s + "pre_mlp_layernorm.bias"),
-                       p(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
-                       p(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias"), qk});
+                       dense(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
+                       dense(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias"), qk, moe});
   }
   // One cache row per key/value head: grouped-query attention keeps G, not H, keys per token.
   const size_t cache = size_t(cfg_.num_layers * cfg_.num_query_groups * cfg_.kv_channels * capacity_);
   k_cache_.resize(cache);
   v_cache_.resize(cache);
+}
+
+MoeShape GPTInference::moe_shape() const {
+  MoeShape s;
+  s.E = cfg_.num_experts;
+  s.k = cfg_.moe_router_topk;
+  s.C = cfg_.hidden_size;
+  s.F = cfg_.moe_ffn_hidden_size;
+  s.swiglu = cfg_.swiglu;
+  s.gelu = cfg_.gelu;
+  return s;
 }
 
 void GPTInference::reserve_rows(int64_t n) {
@@ -72,6 +95,10 @@ void GPTInference::reserve_rows(int64_t n) {
   qkv_.resize(N * size_t(cfg_.qkv_width()));
   fc_.resize(N * size_t(cfg_.fc1_width()));
   if (cfg_.swiglu) act_.resize(N * F);
+  if (cfg_.moe()) {
+    const MoeShape s = moe_shape();
+    moe_state_carve(moe_, moe_buf_.resize(size_t(moe_state_floats(n, s))), n, s);
+  }
   if (cfg_.qk_layernorm) {
     const size_t rows = N * size_t(cfg_.num_attention_heads + cfg_.num_query_groups);
     qk_raw_.resize(rows * size_t(cfg_.kv_channels));
@@ -125,6 +152,11 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);
+    if (cfg_.moe()) {
+      moe_forward(tmp, ln, moe_, p.moe, n, moe_shape());
+      add_forward(x, x, tmp, n * C);
+      continue;
+    }
     linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, cfg_.fc1_width());
     float* act = fc;
     if (cfg_.swiglu) {  // fc [n, 2F] (with its bias) -> act [n, F]

@@ -19,6 +19,7 @@
 
 #include "core/storage.h"
 #include "model/gpt_model.h"
+#include "model/moe_layer.h"
 
 namespace lattice {
 
@@ -43,9 +44,11 @@ class GPTInference {
     const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
     const float *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
     QkNormParams qk_norm;  // --qk-layernorm's (null without it)
+    MoeWeights moe;        // --num-experts' (fc1_w, fc2_w null)
   };
   // Grows the scratch buffers to n rows.
   void reserve_rows(int64_t n);
+  MoeShape moe_shape() const;
 
   TransformerConfig cfg_;
   int64_t capacity_ = 0, length_ = 0, rows_ = 0;
@@ -61,6 +64,9 @@ class GPTInference {
   // --qk-layernorm: the gathered queries and keys [n (H + G), D] before and after their norm, and
   // their statistics [n (H + G)] (model/qk_layernorm.h).
   DeviceArray<float> qk_raw_, qk_out_, qk_mean_, qk_rstd_;
+  // --num-experts: the MoE layer's buffers for n tokens (model/moe_layer.h), reused by every layer.
+  DeviceArray<float> moe_buf_;
+  MoeState moe_;
   StagedArray<int32_t> ids_;
 };
 

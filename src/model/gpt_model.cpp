@@ -45,6 +45,8 @@ struct GPTModel::Activations {
                        //          in backward, then its output gradient: in bf16, or in fp32 with SwiGLU)
     float* gelu;       // [N, Fl]  the activation, GELU or SwiGLU (bf16_inputs(): bf16; in backward, then
                        //          fc2's input gradient in bf16)
+    // --num-experts (fc1 and gelu null): the MoE layer's kept buffers and routing (model/moe_layer.h)
+    std::shared_ptr<MoeState> moe;
   };
   // resid[i] is the chunk's layer i's input, resid.back() its output; layers[i] the
   // buffers of layer i. With recomputation some point into the shared Scratch (see
@@ -66,6 +68,7 @@ struct GPTModel::Activations {
   StagedArray<int32_t> ids;
   StagedArray<float> loss_mask;  // [B*T] a given mask times the eod mask
   int64_t n = 0;
+  float grad_scale = 1.0f;  // forward_step's: the scale of the micro-batch's loss gradient (the MoE aux loss's too)
   int32_t* inputs() const { return ids.device(); }
   int32_t* positions() const { return ids.device() + n; }
   int32_t* document_ids() const { return ids.device() + 2 * n; }
@@ -86,6 +89,7 @@ struct GPTModel::Scratch {
   float* d_c2;                // [N, max(C, Q/P)]  (Q = heads x kv_channels)
   float* d_3c;                // [N, W/P]  the QKV layer's output gradient (W = 3Q without grouping)
   float* d_f;                 // [N, Fl]
+  MoeScratch moe;             // --num-experts: the MoE backward's scratch
   float* qk_tmp = nullptr;    // --qk-layernorm: [N (Hl + Gl), D] the norm's output, then its output gradient
   float* qk_dx = nullptr;     //   [N (Hl + Gl), D] its input gradient
   // Recomputation (shared by every chunk and slot: one group is live at a time).
@@ -99,6 +103,22 @@ namespace {
 
 std::string layer_name(int64_t l, const char* rest) {
   return "decoder.layers." + std::to_string(l) + "." + rest;
+}
+
+std::string expert_name(int64_t l, int64_t e, const char* rest) {
+  return "decoder.layers." + std::to_string(l) + ".mlp.experts.local_experts." + std::to_string(e) + "." + rest;
+}
+
+MoeShape moe_shape_of(const TransformerConfig& c) {
+  MoeShape s;
+  s.E = c.num_experts;
+  s.k = c.moe_router_topk;
+  s.C = c.hidden_size;
+  s.F = c.moe_ffn_hidden_size;
+  s.swiglu = c.swiglu;
+  s.gelu = c.gelu;
+  s.aux_loss_coeff = c.moe_aux_loss_coeff;
+  return s;
 }
 
 // Dropout stream ids, one per dropout site.
@@ -296,6 +316,16 @@ void GPTModel::register_parameters() {
       if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
       if (norm_bias) p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+      if (cfg_.moe()) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts (no biases)
+        const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.swiglu ? 2 * Fe : Fe;
+        p.router_w = add(layer_name(l, "mlp.router.weight"), {cfg_.num_experts, C}, ParamInit::normal, std, -1);
+        for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+          p.expert_fc1.push_back(add(expert_name(l, e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
+          p.expert_fc2.push_back(add(expert_name(l, e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
+        }
+        layers_.push_back(p);
+        continue;
+      }
       p.fc1_w = add(layer_name(l, "mlp.linear_fc1.weight"), {F1, C}, ParamInit::normal, std, 0, fc1_blocks);
       if (bias) p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F1}, ParamInit::zeros, 0, 0, fc1_blocks);
       p.fc2_w = add(layer_name(l, "mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
@@ -350,6 +380,12 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
     x.ln2_mean = arena.alloc_f32(Ns);
     x.ln2_rstd = arena.alloc_f32(Ns);
+    if (cfg.moe()) {
+      x.fc1 = x.gelu = nullptr;
+      x.moe = std::make_shared<MoeState>();
+      moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, moe_shape_of(cfg)), "moe"), N, moe_shape_of(cfg));
+      return x;
+    }
     x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");
     x.gelu = arena.alloc_f32(N * Fl, "gelu");
     return x;
@@ -415,6 +451,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
   sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
+  if (cfg.moe())
+    moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, moe_shape_of(cfg)), "grad"), N, moe_shape_of(cfg));
   if (cfg.qk_layernorm) {
     sc.qk_tmp = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
     sc.qk_dx = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "grad");
@@ -562,6 +600,18 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
                       site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
+  if (cfg_.moe()) {  // the MoE layer's output y [N, C] (no tensor parallelism: Ns = N), then as fc2's
+    moe_forward(out_rows, x.ln2, *x.moe, moe_weights(p), N, moe_shape());
+    if (!output) return;
+    const PhiloxStream stream = site_stream(key, layer_name(l, "mlp.dropout"));
+    if (after)
+      bias_dropout_add_layernorm_forward(a.resid[i + 1], x.resid_mid, out_rows, bias(-1), Ns, C, p_hidden, stream, elem0,
+                                         Rounding::none, layernorm_out(*after));
+    else
+      bias_dropout_add_forward(a.resid[i + 1], x.resid_mid, out_rows, bias(-1), Ns, C, p_hidden, stream, elem0,
+                               Rounding::none);
+    return;
+  }
   // fc1's rounding, bias and GELU (or SwiGLU) in one pass (Megatron's bias_gelu, bias_swiglu).
   // With bf16 inputs the GEMM writes its rounded result in bf16 into x.fc1 and the activation
   // is fc2's bf16 input; the backward adds the bias again (bias_gelu_backward_packed).
@@ -656,6 +706,31 @@ const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p
   return d_rows;
 }
 
+MoeShape GPTModel::moe_shape() const { return moe_shape_of(cfg_); }
+
+MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
+  MoeWeights w;
+  w.router = params_.param(p.router_w);
+  w.router_site = site(p.router_w);
+  for (size_t e = 0; e < p.expert_fc1.size(); ++e) {
+    w.fc1.push_back(params_.param(p.expert_fc1[e]));
+    w.fc2.push_back(params_.param(p.expert_fc2[e]));
+    w.fc1_site.push_back(site(p.expert_fc1[e]));
+    w.fc2_site.push_back(site(p.expert_fc2[e]));
+  }
+  return w;
+}
+
+MoeGrads GPTModel::moe_grads(const LayerParams& p) const {
+  MoeGrads g;
+  g.router = params_.grad(p.router_w);
+  for (size_t e = 0; e < p.expert_fc1.size(); ++e) {
+    g.fc1.push_back(params_.grad(p.expert_fc1[e]));
+    g.fc2.push_back(params_.grad(p.expert_fc2[e]));
+  }
+  return g;
+}
+
 QkNormParams GPTModel::qk_norm_params(const LayerParams& p) const {
   return QkNormParams{params_.param(p.q_norm_w), bias(p.q_norm_b), params_.param(p.k_norm_w), bias(p.k_norm_b)};
 }
@@ -721,43 +796,57 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // Selective recomputation: the core attention's output and statistics again from
     // the kept qkv (the proj backward and the attention backward need them).
     if (selective_) core_attention_forward(p, a, i, B, T, key);
-    // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
-    const RowOutputGrad d_fc2 = row_output_grad(d_rows, p.fc2_b, N, p_hidden,
-                                                site_stream(key, layer_name(l, "mlp.dropout")), elem0, d_rows_made);
-    // fc2's input gradient, rounded as the GELU (SwiGLU) backward reads it (one pass). With bf16
-    // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
-    // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
-    // gradient in bf16 only, for fc1's GEMMs, in the place of fc1's bf16 result (read there
-    // for the last time), summing fc1's bias gradient as it goes (no fp32 gradient stored).
-    const bool bf16 = bf16_inputs();
-    row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w),
-                                 d_fc2.bf16 ? nullptr : bias_grad_or_null(p.fc2_b), d_fc2.fp32, sc.d_c2, input(x.gelu),
-                                 params_.param(p.fc2_w), N, Fl_, C,
-                                 bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller(),
-                                 d_fc2.bf16);
-    // SwiGLU's fp32 gradient [N, F1l] is twice fc2's input gradient: it goes over its
-    // pre-activation in x.fc1 instead.
-    const int64_t F1l = fc1_local();
-    uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
-    float* d_f1 = cfg_.swiglu ? x.fc1 : sc.d_f;
-    const uint16_t* d_act16 = reinterpret_cast<const uint16_t*>(x.gelu);
-    if (bf16 && cfg_.swiglu)
-      bias_swiglu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias_or_null(p.fc1_b), d_act16, N, Fl_);
-    else if (bf16)
-      bias_gelu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias(p.fc1_b), d_act16, N, Fl_, cfg_.gelu);
-    else if (cfg_.swiglu)
-      swiglu_backward(d_f1, x.fc1, sc.d_f, N, Fl_, rounding(site(p.fc2_w)));
-    else
-      gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
-    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), bf16 ? nullptr : bias_grad_or_null(p.fc1_b),
-                                    bf16 ? nullptr : d_f1, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, F1l,
-                                    ln_grad_site(p.fc1_w), d_f16);
-    // The input gradient rounded as the LayerNorm backward reads it (one pass fewer), or
-    // already rounded, in bf16 (ln_dout); d_resid becomes d(resid_mid), and with it the
-    // projection's output gradient may be made (residual_grad_out).
     const ResidualGradOut proj_grad = residual_grad_out(p.proj_b, p_hidden);
-    layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), ln_dout(d_ln, p.fc1_w), x.resid_mid,
-                       params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
+    if (cfg_.moe()) {
+      // MoE layer: its output gradient (through the MLP's dropout) [N, C], its input gradient into
+      // d_c2 (free until the projection's backward), then LN2's backward as for the dense MLP.
+      const RowOutputGrad d_out = row_output_grad(d_rows, -1, N, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")),
+                                                  elem0, d_rows_made);
+      MoeGrads g = moe_grads(p);
+      moe_backward(sc.d_c2, d_out.fp32, x.ln2, *x.moe, moe_weights(p), g, sc.moe, N, moe_shape(), a.grad_scale);
+      layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), LayerNormDout(sc.d_c2), x.resid_mid,
+                         params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
+      grads_ready(std::vector<int>{p.router_w});
+      grads_ready(p.expert_fc1);
+      grads_ready(p.expert_fc2);
+    } else {
+      // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
+      const RowOutputGrad d_fc2 = row_output_grad(d_rows, p.fc2_b, N, p_hidden,
+                                                  site_stream(key, layer_name(l, "mlp.dropout")), elem0, d_rows_made);
+      // fc2's input gradient, rounded as the GELU (SwiGLU) backward reads it (one pass). With bf16
+      // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
+      // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
+      // gradient in bf16 only, for fc1's GEMMs, in the place of fc1's bf16 result (read there
+      // for the last time), summing fc1's bias gradient as it goes (no fp32 gradient stored).
+      const bool bf16 = bf16_inputs();
+      row_parallel_linear_backward(tp_, bf16 ? x.gelu : sc.d_f, params_.grad(p.fc2_w),
+                                   d_fc2.bf16 ? nullptr : bias_grad_or_null(p.fc2_b), d_fc2.fp32, sc.d_c2, input(x.gelu),
+                                   params_.param(p.fc2_w), N, Fl_, C,
+                                   bf16 ? site(p.fc2_w).input_grad_in_bf16() : site(p.fc2_w).rounded_by_caller(),
+                                   d_fc2.bf16);
+      // SwiGLU's fp32 gradient [N, F1l] is twice fc2's input gradient: it goes over its
+      // pre-activation in x.fc1 instead.
+      const int64_t F1l = fc1_local();
+      uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
+      float* d_f1 = cfg_.swiglu ? x.fc1 : sc.d_f;
+      const uint16_t* d_act16 = reinterpret_cast<const uint16_t*>(x.gelu);
+      if (bf16 && cfg_.swiglu)
+        bias_swiglu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias_or_null(p.fc1_b), d_act16, N, Fl_);
+      else if (bf16)
+        bias_gelu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias(p.fc1_b), d_act16, N, Fl_, cfg_.gelu);
+      else if (cfg_.swiglu)
+        swiglu_backward(d_f1, x.fc1, sc.d_f, N, Fl_, rounding(site(p.fc2_w)));
+      else
+        gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
+      column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), bf16 ? nullptr : bias_grad_or_null(p.fc1_b),
+                                      bf16 ? nullptr : d_f1, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C, F1l,
+                                      ln_grad_site(p.fc1_w), d_f16);
+      // The input gradient rounded as the LayerNorm backward reads it (one pass fewer), or
+      // already rounded, in bf16 (ln_dout); d_resid becomes d(resid_mid), and with it the
+      // projection's output gradient may be made (residual_grad_out).
+      layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), ln_dout(d_ln, p.fc1_w), x.resid_mid,
+                         params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
+    }
     // Attention block.
     const RowOutputGrad d_proj =
         row_output_grad(d_rows, p.proj_b, N, p_hidden, site_stream(key, layer_name(l, "self_attention.dropout")),
@@ -888,6 +977,7 @@ LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const
   Activations& a = acts(chunk, slot);
   prepare_inputs(a, tokens, T + 1, B, T, has_loss(chunk),
                  has_embedding(chunk) && key.training && current_device() != Device::cpu);
+  a.grad_scale = grad_scale;
   forward_chunk(chunk, a, B, T, key);
   if (!has_loss(chunk)) return {};
   return output_loss(a, loss_mask, B, T, key.training, grad_scale);

@@ -33,6 +33,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "model/linear.h"
+#include "model/moe_layer.h"
 #include "model/qk_layernorm.h"
 #include "model/rotary_embedding.h"
 #include "model/tensor_parallel.h"
@@ -218,7 +219,14 @@ class GPTModel {
         fc1_b = -1, fc2_w = -1, fc2_b = -1;
     // --qk-layernorm's q_layernorm and k_layernorm (-1 without it; the biases with RMSNorm)
     int q_norm_w = -1, q_norm_b = -1, k_norm_w = -1, k_norm_b = -1;
+    // --num-experts: the router and each expert's fc1 and fc2 (fc1_w, fc2_w are then -1)
+    int router_w = -1;
+    std::vector<int> expert_fc1, expert_fc2;
   };
+  // --num-experts: the MoE layer's shape, weights and gradients of layer p (model/moe_layer.h).
+  MoeShape moe_shape() const;
+  MoeWeights moe_weights(const LayerParams& p) const;
+  MoeGrads moe_grads(const LayerParams& p) const;
   // --qk-layernorm's parameters and gradients of layer p (model/qk_layernorm.h).
   QkNormParams qk_norm_params(const LayerParams& p) const;
   QkNormGrads qk_norm_grads(const LayerParams& p) const;
@@ -296,7 +304,8 @@ class GPTModel {
   // bias_gelu) for a policy with bf16_results: no conversion pass per GEMM, and the same values
   // (the policy would convert fp32 inputs to exactly these). The buffers keep their fp32 size.
   bool bf16_inputs() const {
-    return bf16_inputs_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !(tp_.sp() && cfg_.hidden_size % 2);
+    return bf16_inputs_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !(tp_.sp() && cfg_.hidden_size % 2) &&
+           !cfg_.moe();  // the MoE layer reads and writes fp32 rows
   }
   // While alive, the linear layers' inputs are made in fp32 (the logits of forward_logits
   // come from gemm_f32 on the final LayerNorm's fp32 output, as without bf16 inputs).
@@ -318,7 +327,9 @@ class GPTModel {
   // before the attention reads them.
   bool bf16_qkv() const { return bf16_attention_operands() && !rope_ && !cfg_.qk_layernorm; }
   // set_bf16_qkv's switch with a policy that has bf16 results (the rotary embedding aside).
-  bool bf16_attention_operands() const { return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
+  bool bf16_attention_operands() const {
+    return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !cfg_.moe();
+  }
   AttentionOperand qkv_input(const LayerParams& p, const float* qkv) const;
   // With bf16_qkv(): the core attention's output in bf16 as well, written by the attention
   // forward behind the bf16 qkv in its buffer (whose fp32 size leaves room), which the
@@ -387,6 +398,11 @@ class GPTModel {
   const float* bias(int b) const { return b >= 0 ? params_.param(b) : no_bias_.data(); }
   float* bias_grad(int b) const { return b >= 0 ? params_.grad(b) : bias_grad_sink_.data(); }
   void grads_ready(std::initializer_list<int> indices) const {
+    if (grad_ready_)
+      for (int i : indices)
+        if (i >= 0 && i != shared_embedding_) grad_ready_(i);
+  }
+  void grads_ready(const std::vector<int>& indices) const {
     if (grad_ready_)
       for (int i : indices)
         if (i >= 0 && i != shared_embedding_) grad_ready_(i);

@@ -13,6 +13,9 @@ int64_t pad_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
 }
 
 void check_tensor_parallel_split(const TransformerConfig& c, int64_t tp) {
+  if (c.moe() && tp > 1)
+    LATTICE_FAIL() << "--num-experts with --tensor-model-parallel-size " << tp
+                   << " is not supported (mixture-of-experts layers run without tensor parallelism)";
   if (c.num_attention_heads % tp != 0)
     LATTICE_FAIL() << "--num-attention-heads " << c.num_attention_heads
                    << " is not divisible by --tensor-model-parallel-size " << tp;
@@ -70,6 +73,20 @@ void TransformerConfig::finalize(int64_t tp) {
   if (attention_dropout < 0 || attention_dropout >= 1)
     LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
   check_recompute();
+  check_moe();
+}
+
+void TransformerConfig::check_moe() {
+  if (num_experts < 0) LATTICE_FAIL() << "--num-experts must be positive, got " << num_experts;
+  if (!moe()) return;
+  if (moe_ffn_hidden_size == 0) moe_ffn_hidden_size = ffn_hidden_size;
+  if (moe_ffn_hidden_size < 0) LATTICE_FAIL() << "--moe-ffn-hidden-size must be positive, got " << moe_ffn_hidden_size;
+  if (moe_router_topk < 1 || moe_router_topk > num_experts)
+    LATTICE_FAIL() << "--moe-router-topk must be in [1, --num-experts " << num_experts << "], got " << moe_router_topk;
+  if (!(moe_aux_loss_coeff >= 0.0f && std::isfinite(moe_aux_loss_coeff)))
+    LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << moe_aux_loss_coeff;
+  if (add_bias_linear)
+    LATTICE_FAIL() << "--num-experts needs --disable-bias-linear (lattice's experts have no biases)";
 }
 
 void TransformerConfig::check_position_embedding() const {

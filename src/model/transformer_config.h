@@ -62,6 +62,16 @@ struct TransformerConfig {
   // --qk-layernorm: each query and key head normalized over its kv_channels values before the
   // rotary embedding (q_layernorm, k_layernorm: the normalization above; model/qk_layernorm.h).
   bool qk_layernorm = false;
+  // Mixture of experts (--num-experts E; 0: the dense MLP): every layer's MLP is E experts, each
+  // token sent to its moe_router_topk best (model/moe_layer.h), experts of moe_ffn_hidden_size
+  // (0 -> ffn_hidden_size); moe_aux_loss_coeff weighs the load-balancing loss's gradient.
+  int64_t num_experts = 0;
+  int64_t moe_router_topk = 2;
+  int64_t moe_ffn_hidden_size = 0;
+  float moe_aux_loss_coeff = 0.0f;
+  bool moe() const { return num_experts > 0; }
+  // The MoE part of finalize().
+  void check_moe();
   // Activation recomputation (docs/memory.md). It changes memory and time, never the
   // math, so checkpoints do not record it.
   //   full + uniform: each chunk's layers in groups of recompute_num_layers; only a

@@ -75,6 +75,14 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"disable-bias-linear", Kind::flag, &a.disable_bias_linear,
        "no biases in the linear layers (QKV, projection, fc1, fc2)"},
       {"add-qkv-bias", Kind::flag, &a.add_qkv_bias, "a bias in the QKV layer even with --disable-bias-linear (Qwen2)"},
+      {"num-experts", Kind::i64, &a.num_experts,
+       "experts of every layer's mixture-of-experts MLP (0: the dense MLP; needs --disable-bias-linear)"},
+      {"moe-router-topk", Kind::i64, &a.moe_router_topk, "experts each token is routed to (default 2)"},
+      {"moe-ffn-hidden-size", Kind::i64, &a.moe_ffn_hidden_size, "each expert's ffn size (0: --ffn-hidden-size)"},
+      {"moe-aux-loss-coeff", Kind::f32, &a.moe_aux_loss_coeff,
+       "weight of the load-balancing loss's gradient (0: none; Megatron's aux_loss)"},
+      {"moe-router-load-balancing-type", Kind::str, &a.moe_router_load_balancing_type,
+       "aux_loss (the load-balancing loss, weighted by --moe-aux-loss-coeff) or none"},
       {"qk-layernorm", Kind::flag, &a.qk_layernorm,
        "normalize each query and key head (--normalization over --kv-channels) before the rotary embedding (Qwen3)"},
       {"micro-batch-size", Kind::i64, &a.micro_batch_size, "sequences per micro-batch"},
@@ -359,6 +367,11 @@ void validate_precision(const TrainArgs& a) {
 void validate(TrainArgs& a) {
   reject_unimplemented(a);
   validate_precision(a);
+  const std::string& lb = a.moe_router_load_balancing_type;
+  if (lb != "aux_loss" && lb != "none")
+    LATTICE_FAIL() << "--moe-router-load-balancing-type " << lb
+                   << " is not supported (aux_loss or none; Megatron's sinkhorn, seq_aux_loss and global_aux_loss are not"
+                   << " implemented)";
   auto positive = [](const char* flag, int64_t v) {
     if (v <= 0) LATTICE_FAIL() << "--" << flag << " is required and must be positive (got " << v << ")";
   };
@@ -531,6 +544,10 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.add_bias_linear = !disable_bias_linear;
   c.add_qkv_bias = add_qkv_bias;
   c.qk_layernorm = qk_layernorm;
+  c.num_experts = num_experts;
+  c.moe_router_topk = moe_router_topk;
+  c.moe_ffn_hidden_size = moe_ffn_hidden_size;
+  c.moe_aux_loss_coeff = moe_router_load_balancing_type == "none" ? 0.0f : moe_aux_loss_coeff;
   c.normalization = normalization;
   c.position_embedding_type = position_embedding_type;
   c.rotary_percent = rotary_percent;
@@ -615,6 +632,11 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   on("disable-bias-linear", !m.value("add_bias_linear", true));
   on("add-qkv-bias", m.value("add_qkv_bias", false));
   on("qk-layernorm", m.value("qk_layernorm", false));
+  if (m.value("num_experts", 0) > 0) {
+    from_model("num-experts", "num_experts");
+    from_model("moe-router-topk", "moe_router_topk");
+    from_model("moe-ffn-hidden-size", "moe_ffn_hidden_size");
+  }
   from_model("normalization", "normalization");
   on("swiglu", m.value("swiglu", false));
   if (m.contains("num_query_groups") && m["num_query_groups"].is_number_integer() &&

@@ -31,6 +31,11 @@ struct TrainArgs {
   bool disable_bias_linear = false;
   bool add_qkv_bias = false;
   bool qk_layernorm = false;
+  int64_t num_experts = 0;
+  int64_t moe_router_topk = 2;
+  int64_t moe_ffn_hidden_size = 0;
+  float moe_aux_loss_coeff = 0.0f;
+  std::string moe_router_load_balancing_type = "aux_loss";
   bool use_checkpoint_args = false;  // --use-checkpoint-args: unspecified model flags from --load
   bool skip_train = false;           // --skip-train: evaluate the loaded model only
   std::string normalization = "LayerNorm";

@@ -13,7 +13,9 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
   const double h = double(cfg.hidden_size), L = double(cfg.num_layers);
   const double q = double(cfg.kv_channels * cfg.num_attention_heads);
   const double k = double(cfg.kv_channels * cfg.num_query_groups), v = k;  // q's width without grouping
-  const double ffn = double(cfg.ffn_hidden_size), ffn_mult = cfg.swiglu ? 3.0 : 2.0;  // SwiGLU: three matrices
+  // With experts, each token's k experts (Megatron counts no router FLOPs).
+  const double ffn = cfg.moe() ? double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk) : double(cfg.ffn_hidden_size);
+  const double ffn_mult = cfg.swiglu ? 3.0 : 2.0;  // SwiGLU: three matrices
   const double per_token =
       L * (6 * h * ffn * ffn_mult + 6 * (h * (q + k + v) + q * h)) + 6 * h * double(cfg.padded_vocab_size);
   return double(gbs) * double(s) * per_token + double(gbs) * double(s) * double(s) * 6 * q * L;

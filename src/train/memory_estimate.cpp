@@ -84,6 +84,16 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
       add(p + "pre_mlp_layernorm.weight", {C}, -1);
       if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
+      if (c.moe()) {  // router [E, C], each expert's fc1 [F1e, C] and fc2 [C, Fe] (no tensor parallelism)
+        add(p + "mlp.router.weight", {c.num_experts, C}, -1);
+        const int64_t Fe = c.moe_ffn_hidden_size;
+        for (int64_t e = 0; e < c.num_experts; ++e) {
+          const std::string x = p + "mlp.experts.local_experts." + std::to_string(e) + ".";
+          add(x + "linear_fc1.weight", {c.swiglu ? 2 * Fe : Fe, C}, 0);
+          add(x + "linear_fc2.weight", {C, Fe}, 1);
+        }
+        continue;
+      }
       add(p + "mlp.linear_fc1.weight", {c.fc1_width(), C}, 0);     // [F1/P, C], F1 = F (2F with SwiGLU)
       if (c.add_bias_linear) add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, 0);
       add(p + "mlp.linear_fc2.weight", {C, F}, 1);                 // [C, F/P]

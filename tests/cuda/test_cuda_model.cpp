@@ -274,6 +274,24 @@ TEST(CudaModel, QkLayernormLossAndEveryGradientMatchCpu) {
   expect_loss_and_gradients_match(cfg, "qk-layernorm rmsnorm");
 }
 
+// --num-experts: 4 experts, top-2, with the load-balancing loss, GELU and SwiGLU: the routing
+// (on the host from the logits each device computes), the gathers and combines, every expert's
+// GEMMs: the same loss and gradients on both devices.
+TEST(CudaModel, MixtureOfExpertsLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  for (bool swiglu : {false, true}) {
+    TransformerConfig cfg = small_config(0.0f);
+    cfg.num_experts = 4;
+    cfg.moe_router_topk = 2;
+    cfg.moe_ffn_hidden_size = 48;
+    cfg.moe_aux_loss_coeff = 0.01f;
+    cfg.add_bias_linear = false;
+    cfg.swiglu = swiglu;
+    cfg.finalize();
+    expect_loss_and_gradients_match(cfg, swiglu ? "moe swiglu" : "moe");
+  }
+}
+
 // With dropout on: the masks are the same Philox draws on both devices. lr 1e-4: Adam's
 // update m/(sqrt(v)+eps) turns a gradient's last-bit difference into a relative update
 // difference of the same size, but the update is a small part of each parameter after

@@ -29,6 +29,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
+#include "kernels/moe.h"
 #include "kernels/optimizer.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -1360,6 +1361,40 @@ void decode_attention_cases(std::vector<OpCase>& t) {
 // The table made on the host (the CPU's), then uploaded for the GPU: both rotate with the same
 // cos and sin. Each pair's rotation is two products and a sum; nvcc and the host compiler may
 // contract them into fused multiply-adds differently: a few ulp of the larger term.
+// The MoE gather and combines: the same bits (one thread per output element, the same order of
+// the k terms); the probability gradients are dot products of C terms summed in another order
+// (a shuffle tree against the CPU's loop): within 1e-7 C absolute (|terms| <= 1).
+void moe_cases(std::vector<OpCase>& t) {
+  for (auto [N, k, C] : {std::array<int64_t, 3>{37, 2, 96}, std::array<int64_t, 3>{5, 3, 1000}}) {
+    t.push_back({"moe_gather_combine", shape_name({{"N", N}, {"k", k}, {"C", C}}), {1e-5, 1e-7 * double(C)}, [N, k, C](const OpCase& c) {
+      const int64_t S = N * k;
+      std::vector<int32_t> slot_of(static_cast<size_t>(S)), rows(static_cast<size_t>(S));
+      for (int64_t i = 0; i < S; ++i) {
+        const int32_t s = int32_t(i * 7 % S);  // 7 is prime to S here: a permutation
+        slot_of[size_t(i)] = s;
+        rows[size_t(s)] = int32_t(i / k);
+      }
+      const auto x = rand_floats(size_t(N * C), 91), ye = rand_floats(size_t(S * C), 92);
+      const auto w = rand_floats(size_t(S), 93), dout = rand_floats(size_t(N * C), 94);
+      std::vector<float> xe(static_cast<size_t>(S * C)), out(static_cast<size_t>(N * C)), d_ye(static_cast<size_t>(S * C)),
+          d_w(static_cast<size_t>(S));
+      moe_gather_rows(xe.data(), x.data(), rows.data(), S, C);
+      moe_combine(out.data(), ye.data(), slot_of.data(), w.data(), N, k, C, false);
+      moe_combine_backward(d_ye.data(), d_w.data(), dout.data(), ye.data(), w.data(), rows.data(), S, C);
+      auto gx = upload(x), gye = upload(ye), gw = upload(w), gd = upload(dout), grows = upload(rows), gslot = upload(slot_of);
+      DeviceBuffer gxe(xe.size() * 4), gout(out.size() * 4), gdye(d_ye.size() * 4), gdw(d_w.size() * 4);
+      cuda::moe_gather_rows(gxe.as<float>(), gx.as<float>(), grows.as<int32_t>(), S, C);
+      cuda::moe_combine(gout.as<float>(), gye.as<float>(), gslot.as<int32_t>(), gw.as<float>(), N, k, C, false);
+      cuda::moe_combine_backward(gdye.as<float>(), gdw.as<float>(), gd.as<float>(), gye.as<float>(), gw.as<float>(),
+                                 grows.as<int32_t>(), S, C);
+      expect_bits(c, "xe", xe, download<float>(gxe, xe.size()));
+      expect_bits(c, "out", out, download<float>(gout, out.size()));
+      expect_bits(c, "d_ye", d_ye, download<float>(gdye, d_ye.size()));
+      expect_close(c, "d_w", d_w, download<float>(gdw, d_w.size()));
+    }});
+  }
+}
+
 void rope_cases(std::vector<OpCase>& t) {
   struct S {
     int64_t N, T, pos0, H, D;
@@ -1473,6 +1508,7 @@ std::vector<OpCase> op_table() {
   cast_cases(t);
   decode_attention_cases(t);
   rope_cases(t);
+  moe_cases(t);
   odd_offset_cases(t);
   return t;
 }

@@ -33,6 +33,7 @@ struct Case {
   bool untie = false;
   float dropout = 0.0f;
   float adam_eps = 1e-8f;
+  int64_t experts = 0;  // --num-experts (top-2, the load-balancing loss, no linear biases)
 };
 
 TransformerConfig config(const Case& c, int tp) {
@@ -45,6 +46,12 @@ TransformerConfig config(const Case& c, int tp) {
   t.max_position_embeddings = kT;
   t.hidden_dropout = t.attention_dropout = c.dropout;
   t.untie_embeddings_and_output_weights = c.untie;
+  if (c.experts > 0) {
+    t.num_experts = c.experts;
+    t.moe_router_topk = 2;
+    t.moe_aux_loss_coeff = 0.01f;
+    t.add_bias_linear = false;
+  }
   t.finalize(tp);
   return t;
 }
@@ -112,8 +119,24 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"Untied", 4, 0, 0, 0, true, 0.1f},
                       Case{"Interleaved", 4, 1, 0, 0, false, 0.0f},
                       Case{"InterleavedDropout", 4, 1, 0, 0, false, 0.1f},
-                      Case{"UnevenFirst", 7, 0, 1, 0, false, 0.0f}, Case{"UnevenLast", 7, 0, 0, 1, false, 0.1f}),
+                      Case{"UnevenFirst", 7, 0, 1, 0, false, 0.0f}, Case{"UnevenLast", 7, 0, 0, 1, false, 0.1f},
+                      Case{"MixtureOfExpertsInterleavedDropout", 4, 1, 0, 0, false, 0.1f, 1e-8f, 4}),
     [](const auto& info) { return info.param.name; });
+
+// Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel
+// rank routes its own micro-batches (the load-balancing loss per micro-batch, as on one rank).
+TEST(DistPipelineMoe, WithDataParallelDistributedOptimizerMatchesSingleProcess) {
+  if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  auto ps = ParallelState::create(1, 2, 120);
+  Case c{"MoE", 4, 0, 0, 0, false, 0.1f, 1e-8f, 4};
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 3000;
+  cfg.distributed_optimizer = true;
+  cfg.overlap_grad_reduce = true;
+  const LayoutRun single = train(c, nullptr, false, nullptr);
+  const LayoutRun run = train(c, ps.get(), false, &cfg);
+  expect_same_run(run, single);
+}
 
 // TP 2 x PP 2 x DP 2 with sequence parallelism and the distributed optimizer (8 ranks).
 class DistThreeD : public ::testing::TestWithParam<float> {};

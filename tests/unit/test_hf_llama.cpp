@@ -75,6 +75,28 @@ TEST(HfLlama, Qwen3ModelMatchesIndependentLogits) {
   EXPECT_STREQ(hf_llama_family_name(c), "Qwen3");
 }
 
+// Mixtral: Llama whose MLPs are block_sparse_moe layers (router gate, experts' w1 w3 w2): lattice's
+// --num-experts with SwiGLU experts; softmax over every expert, the top k renormalized, is the
+// softmax over the top k logits, lattice's routing.
+TEST(HfLlama, MixtralModelMatchesIndependentLogits) {
+  check_fixture_logits("hf_mixtral_tiny");
+  const TransformerConfig c = load_hf_llama(fixture("hf_mixtral_tiny")).model->config();
+  EXPECT_TRUE(c.moe() && c.swiglu && !c.qk_layernorm);
+  EXPECT_EQ(c.num_experts, 4);
+  EXPECT_EQ(c.moe_router_topk, 2);
+  EXPECT_EQ(c.moe_ffn_hidden_size, 24);
+  EXPECT_STREQ(hf_llama_family_name(c), "Mixtral");
+}
+
+// Qwen3-MoE: Qwen3's attention with mlp.gate and mlp.experts (norm_topk_prob true).
+TEST(HfLlama, Qwen3MoeModelMatchesIndependentLogits) {
+  check_fixture_logits("hf_qwen3_moe_tiny");
+  const TransformerConfig c = load_hf_llama(fixture("hf_qwen3_moe_tiny")).model->config();
+  EXPECT_TRUE(c.moe() && c.qk_layernorm);
+  EXPECT_EQ(c.moe_ffn_hidden_size, 20);
+  EXPECT_STREQ(hf_llama_family_name(c), "Qwen3-MoE");
+}
+
 // Mistral (sliding_window null): Llama's layers under another model_type; exported back as Llama,
 // every tensor the same bits.
 TEST(HfLlama, MistralModelMatchesIndependentLogitsAndExportsAsLlama) {
@@ -125,7 +147,7 @@ TEST(HfLlama, Llama3RopeScalingMatchesIndependentLogits) {
 TEST(HfLlama, HfToLatticeToHfIsIdentity) {
   for (const char* dir :
        {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3", "hf_qwen2_tiny",
-        "hf_qwen3_tiny"}) {
+        "hf_qwen3_tiny", "hf_mixtral_tiny", "hf_qwen3_moe_tiny"}) {
     TempDir out(std::string("llama_rt_") + dir);
     HfModel hf = load_hf_llama(fixture(dir));
     save_hf_llama(out.str() + "/hf", *hf.model, "");
@@ -144,8 +166,10 @@ TEST(HfLlama, HfToLatticeToHfIsIdentity) {
     const nlohmann::json ja = nlohmann::json::parse(ia), jb = nlohmann::json::parse(ib);
     for (const char* key : {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                             "intermediate_size", "vocab_size", "max_position_embeddings", "model_type", "hidden_act",
-                            "tie_word_embeddings", "rope_scaling", "architectures"})
-      EXPECT_EQ(ja[key], jb[key]) << dir << ": config.json " << key;
+                            "tie_word_embeddings", "rope_scaling", "architectures"})  // absent: null
+      EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << dir << ": config.json " << key;
+    for (const char* key : {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size"})
+      EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << dir << ": config.json " << key;
     EXPECT_EQ(ja.value("rope_theta", 10000.0), jb["rope_theta"].get<double>()) << dir;
     EXPECT_EQ(ja.value("rms_norm_eps", 1e-6), jb["rms_norm_eps"].get<double>()) << dir;
     if (ja["model_type"] == "qwen2")
@@ -159,7 +183,8 @@ TEST(HfLlama, HfToLatticeToHfIsIdentity) {
 // shows: 4 heads of 8 in 2 query groups against hidden size 24, ffn 20.
 // qkv_bias: Qwen2's form (--add-qkv-bias), with heads of 6 = hidden / heads as Qwen2 has them;
 // qk_layernorm: Qwen3's (--qk-layernorm).
-std::unique_ptr<GPTModel> random_llama(bool untie, bool qkv_bias = false, bool qk_layernorm = false) {
+std::unique_ptr<GPTModel> random_llama(bool untie, bool qkv_bias = false, bool qk_layernorm = false,
+                                       int64_t experts = 0) {
   TransformerConfig c;
   c.num_layers = 2;
   c.hidden_size = 24;
@@ -178,6 +203,8 @@ std::unique_ptr<GPTModel> random_llama(bool untie, bool qkv_bias = false, bool q
   c.add_bias_linear = false;
   c.add_qkv_bias = qkv_bias;
   c.qk_layernorm = qk_layernorm;
+  c.num_experts = experts;  // of width 14, top-2
+  c.moe_ffn_hidden_size = 14;
   c.untie_embeddings_and_output_weights = untie;
   c.hidden_dropout = c.attention_dropout = 0;
   c.finalize();
@@ -270,6 +297,31 @@ TEST(HfLlama, Qwen3LatticeToHfToLatticeKeepsTheQkNorms) {
   TransformerConfig both = c;
   both.add_qkv_bias = true;
   EXPECT_NE(hf_llama_mismatch(both).find("--qk-layernorm with --add-qkv-bias"), std::string::npos);
+}
+
+// Mixture of experts: exported as Mixtral, or with --qk-layernorm as Qwen3-MoE; back, the same
+// model (every expert's fc1 the gate's rows over the up projection's, as the dense MLP's).
+TEST(HfLlama, MixtureOfExpertsLatticeToHfToLatticeKeepsEveryExpert) {
+  for (bool qk : {false, true}) {
+    auto model = random_llama(true, false, qk, 3);
+    const TransformerConfig& c = model->config();
+    EXPECT_EQ(hf_llama_mismatch(c), "");
+    TempDir out(qk ? "qwen3_moe_l2h" : "mixtral_l2h");
+    save_hf_llama(out.str(), *model, "");
+    std::ifstream cf(out.str() + "/config.json");
+    const nlohmann::json j = nlohmann::json::parse(cf);
+    EXPECT_EQ(j["model_type"], qk ? "qwen3_moe" : "mixtral");
+    HfModel back = load_hf_llama(out.str(), c.make_vocab_size_divisible_by);
+    EXPECT_EQ(back.model->config().num_experts, 3);
+    EXPECT_EQ(back.model->config().moe_ffn_hidden_size, 14);
+    hf_test::expect_same_model(*model, *back.model);
+    SafetensorsFile f = SafetensorsFile::read(out.str() + "/model.safetensors");
+    const std::string x = qk ? "model.layers.1.mlp.experts.2." : "model.layers.1.block_sparse_moe.experts.2.";
+    const std::vector<float> up = f.get_f32(x + (qk ? "up_proj.weight" : "w3.weight"));
+    const ParamBuffer& pb = model->params();
+    const float* fc1 = pb.params() + pb.info("decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.weight").offset;
+    EXPECT_TRUE(std::equal(up.begin(), up.end(), fc1 + 14 * c.hidden_size)) << "the up projection is fc1's second half";
+  }
 }
 
 // The layout itself, spelled out: linear_qkv row (g (R + 2) + r) D + d is q_proj row (g R + r) D + d
@@ -504,6 +556,24 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
     EXPECT_EQ(load_hf_llama(dir).model->config().num_query_groups, 1);
   }
   {
+    TempDir t("qwen3_moe_unnormalized");  // weights = the softmax over every expert, not renormalized
+    expect_error(hf_test::rewritten_fixture("hf_qwen3_moe_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["norm_topk_prob"] = false; }, t),
+                 {"config.json", "norm_topk_prob"});
+  }
+  {
+    TempDir t("qwen3_moe_dense_layers");
+    expect_error(hf_test::rewritten_fixture("hf_qwen3_moe_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["mlp_only_layers"] = {1}; }, t),
+                 {"config.json", "mlp_only_layers"});
+  }
+  {
+    TempDir t("mixtral_no_expert");
+    const std::string w2 = "model.layers.1.block_sparse_moe.experts.3.w2.weight";
+    expect_error(hf_test::rewritten_fixture("hf_mixtral_tiny", [&](Tensors& ts) { ts.erase(w2); }, nullptr, t),
+                 {"model.safetensors", "missing tensor " + w2});
+  }
+  {
     TempDir t("qwen3_sliding");
     expect_error(hf_test::rewritten_fixture("hf_qwen3_tiny", nullptr,
                                             [](nlohmann::json& j) { j["use_sliding_window"] = true; }, t),
@@ -567,7 +637,7 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   {
     TempDir t("llama_not_llama");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "gemma"; }, t),
-                 {"config.json", "not a Llama, Qwen2, Qwen3 or Mistral config", "gemma"});
+                 {"config.json", "not a Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral or Mixtral config", "gemma"});
   }
 }
 

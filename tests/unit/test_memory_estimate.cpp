@@ -214,6 +214,26 @@ TEST(MemoryEstimate, QkLayernormEqualsTheModel) {
     }
 }
 
+// --num-experts: per layer the router [E, C] and E experts' fc1 and fc2 in place of the MLP's
+// (no biases); the MoE layer's kept buffers and scratch among the activations.
+TEST(MemoryEstimate, MixtureOfExpertsEqualsTheModel) {
+  for (bool swiglu : {false, true}) {
+    TransformerConfig base = config(3, false);
+    base.add_bias_linear = false;
+    base.swiglu = swiglu;
+    TransformerConfig c = base;
+    c.num_experts = 4;
+    c.moe_ffn_hidden_size = 24;
+    c.finalize();
+    expect_matches(layout(c, 1, 1, 1, 4), 0);
+    const int64_t with = estimate_rank_memory(layout(c, 1, 1, 1, 4), 0, 0).parameters;
+    base.finalize();
+    const int64_t without = estimate_rank_memory(layout(base, 1, 1, 1, 4), 0, 0).parameters;
+    const int64_t C = c.hidden_size, mats = swiglu ? 3 : 2;
+    EXPECT_EQ(with - without, 3 * (4 * C + 4 * mats * 24 * C - mats * base.ffn_hidden_size * C)) << swiglu;
+  }
+}
+
 // The rotary embedding has no position table: the estimate registers none either.
 TEST(MemoryEstimate, RotaryEmbeddingEqualsTheModel) {
   TransformerConfig c = config(3, false);

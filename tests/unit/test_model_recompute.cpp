@@ -34,8 +34,9 @@ void PrintTo(const Recompute& r, std::ostream* os) {
 }
 
 // llama: the rotary embedding, RMSNorm, SwiGLU, 2 query groups of 2 heads, no linear biases,
-// --qk-layernorm (Qwen3's form: the grouped QKV output's scratch, SwiGLU's wider fc1 and the
-// query and key norms' kept inputs recomputed too).
+// --qk-layernorm, 4 experts of which each token takes 2 (a Qwen3-MoE-like model: the grouped QKV
+// output's scratch, the query and key norms' kept inputs and the MoE layer's routing, gathered
+// rows and expert activations recomputed too).
 TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = false) {
   TransformerConfig c;
   if (llama) {
@@ -46,6 +47,9 @@ TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = 
     c.num_query_groups = 2;
     c.add_bias_linear = false;
     c.qk_layernorm = true;
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_aux_loss_coeff = 0.01f;
   }
   c.num_layers = kLayers;
   c.hidden_size = 32;

@@ -50,6 +50,12 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   c.swiglu = f.metadata().count("swiglu") && f.metadata().at("swiglu") == "1";
   if (f.metadata().count("num_query_groups")) c.num_query_groups = meta_int(f, "num_query_groups");
   c.qk_layernorm = f.metadata().count("qk_layernorm") && f.metadata().at("qk_layernorm") == "1";
+  if (f.metadata().count("num_experts")) {
+    c.num_experts = meta_int(f, "num_experts");
+    c.moe_router_topk = meta_int(f, "moe_router_topk");
+    c.moe_ffn_hidden_size = meta_int(f, "moe_ffn_hidden_size");
+    c.moe_aux_loss_coeff = float(meta_double(f, "moe_aux_loss_coeff"));
+  }
   if (f.metadata().count("position_embedding_type")) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
     c.rotary_percent = meta_double(f, "rotary_percent");
@@ -155,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_rope.safetensors", "gpt_tiny_kv24.safetensors",
                                            "gpt_tiny_nobias.safetensors", "gpt_tiny_rmsnorm.safetensors",
                                            "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors",
-                                           "gpt_tiny_rope_gqa2_qknorm.safetensors"));
+                                           "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_nobias_moe4.safetensors"));
 
 }  // namespace
 }  // namespace lattice

@@ -141,6 +141,13 @@ int64_t count_zeros(const float* x, int64_t n);
 void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int64_t pos0, const QkvLayout& layout);
 void rope_backward(float* dqkv, const RopeTable& table, int64_t N, int64_t T, const QkvLayout& layout);
 
+// ---- moe.h
+void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C);
+void moe_combine(float* out, const float* ye, const int32_t* slot_of, const float* w, int64_t N, int64_t k, int64_t C,
+                 bool accumulate);
+void moe_combine_backward(float* d_ye, float* d_w, const float* dout, const float* ye, const float* w,
+                          const int32_t* rows, int64_t S, int64_t C);
+
 // ---- cast.h
 void cast_fp32_to_bf16(uint16_t* out, const float* in, int64_t n);
 void cast_bf16_to_fp32(float* out, const uint16_t* in, int64_t n);

@@ -1,0 +1,200 @@
+#include "model/moe_layer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "kernels/moe.h"
+#include "kernels/swiglu.h"
+
+namespace lattice {
+namespace {
+
+// Pieces of a carved buffer start at multiples of 16 floats (64 bytes).
+int64_t padded(int64_t n) { return (n + 15) / 16 * 16; }
+
+}  // namespace
+
+int64_t moe_state_floats(int64_t N, const MoeShape& s) {
+  const int64_t S = N * s.k;
+  return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.C) + padded(S * s.F1()) +
+         padded(S * s.F);
+}
+
+void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
+  const int64_t S = N * s.k;
+  auto take = [&](int64_t n) {
+    float* p = buf;
+    buf += padded(n);
+    return p;
+  };
+  st.logits = take(N * s.E);
+  st.rows = reinterpret_cast<int32_t*>(take(S));
+  st.slot_of = reinterpret_cast<int32_t*>(take(N * s.k));
+  st.gate = take(S);
+  st.xe = take(S * s.C);
+  st.h = take(S * s.F1());
+  st.act = take(S * s.F);
+  st.ye = take(S * s.C);
+}
+
+int64_t moe_scratch_floats(int64_t N, const MoeShape& s) {
+  const int64_t S = N * s.k;
+  return padded(S * s.C) + padded(S * s.F) + padded(S * s.F1()) + padded(S) + padded(N * s.E);
+}
+
+void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s) {
+  const int64_t S = N * s.k;
+  auto take = [&](int64_t n) {
+    float* p = buf;
+    buf += padded(n);
+    return p;
+  };
+  sc.d_ye = take(S * s.C);
+  sc.d_act = take(S * s.F);
+  sc.d_h = take(S * s.F1());
+  sc.d_gate = take(S);
+  sc.d_logits = take(N * s.E);
+}
+
+void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s) {
+  const int64_t E = s.E, k = s.k, S = N * k;
+  LATTICE_CHECK(k >= 1 && k <= E) << "moe_route: top-" << k << " of " << E << " experts";
+  st.choice.resize(size_t(S));
+  st.gate_host.resize(size_t(S));
+  std::vector<int64_t> counts(size_t(E), 0);
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < N; ++t) {
+    const float* l = logits + t * E;
+    for (int64_t e = 0; e < E; ++e) {
+      if (!std::isfinite(l[e]))
+        LATTICE_FAIL() << "MoE router: logit " << l[e] << " of token " << t << " for expert " << e
+                       << " (the layer's input or the router's weight is not finite)";
+      order[size_t(e)] = int32_t(e);
+    }
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    // softmax over the chosen logits, in fp32 (the largest first)
+    const float m = l[order[0]];
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(l[order[size_t(j)]] - m);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = order[size_t(j)];
+      st.choice[size_t(t * k + j)] = e;
+      st.gate_host[size_t(t * k + j)] = std::exp(l[e] - m) / sum;
+      ++counts[size_t(e)];
+    }
+  }
+  st.offsets.assign(size_t(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) st.offsets[size_t(e + 1)] = st.offsets[size_t(e)] + counts[size_t(e)];
+  // Slots grouped by expert, tokens in order within one.
+  std::vector<int32_t> rows(static_cast<size_t>(S)), slot_of(static_cast<size_t>(S));
+  std::vector<float> gate(static_cast<size_t>(S));
+  std::vector<int64_t> cursor(st.offsets.begin(), st.offsets.end() - 1);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t slot = cursor[size_t(st.choice[size_t(t * k + j)])]++;
+      rows[size_t(slot)] = int32_t(t);
+      slot_of[size_t(t * k + j)] = int32_t(slot);
+      gate[size_t(slot)] = st.gate_host[size_t(t * k + j)];
+    }
+  copy_to_device(st.rows, rows.data(), size_t(S) * sizeof(int32_t));
+  copy_to_device(st.slot_of, slot_of.data(), size_t(S) * sizeof(int32_t));
+  copy_to_device(st.gate, gate.data(), size_t(S) * sizeof(float));
+  st.slot_of_host = std::move(slot_of);
+  // The load-balancing loss: softmax over every expert, weighted by the experts' token counts.
+  st.scores.resize(size_t(N * E));
+  double aux = 0.0;
+  for (int64_t t = 0; t < N; ++t) {
+    const float* l = logits + t * E;
+    float* p = st.scores.data() + t * E;
+    const float m = *std::max_element(l, l + E);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
+    for (int64_t e = 0; e < E; ++e) {
+      p[e] /= sum;
+      aux += double(p[e]) * double(counts[size_t(e)]);
+    }
+  }
+  st.aux_loss = s.aux_loss_coeff > 0.0f && N > 0
+                    ? aux * double(s.aux_loss_coeff) * double(E) / (double(k) * double(N) * double(N))
+                    : 0.0;
+}
+
+void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
+  const int64_t E = s.E, C = s.C, F = s.F, F1 = s.F1(), S = N * s.k;
+  LATTICE_CHECK(int64_t(w.fc1.size()) == E && int64_t(w.fc2.size()) == E) << "moe_forward: " << E << " experts' weights";
+  linear_forward(st.logits, x, w.router, nullptr, N, C, E, w.router_site);
+  std::vector<float> logits(size_t(N * E));
+  copy_to_host(logits.data(), st.logits, logits.size() * sizeof(float));
+  moe_route(st, logits.data(), N, s);
+  moe_gather_rows(st.xe, x, st.rows, S, C);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
+    if (n > 0) linear_forward(st.h + o * F1, st.xe + o * C, w.fc1[size_t(e)], nullptr, n, C, F1, w.fc1_site[size_t(e)]);
+  }
+  if (s.swiglu)
+    bias_swiglu_forward(st.h, st.act, st.h, nullptr, S, F, Rounding::none);
+  else
+    gelu_forward(st.act, st.h, S * F, s.gelu);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
+    if (n > 0) linear_forward(st.ye + o * C, st.act + o * F, w.fc2[size_t(e)], nullptr, n, F, C, w.fc2_site[size_t(e)]);
+  }
+  moe_combine(y, st.ye, st.slot_of, st.gate, N, s.k, C, false);
+}
+
+void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
+                  const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale) {
+  const int64_t E = s.E, k = s.k, C = s.C, F = s.F, F1 = s.F1(), S = N * k;
+  moe_combine_backward(sc.d_ye, sc.d_gate, dy, st.ye, st.gate, st.rows, S, C);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
+    if (n > 0)
+      linear_backward(sc.d_act + o * F, g.fc2[size_t(e)], nullptr, sc.d_ye + o * C, st.act + o * F, w.fc2[size_t(e)], n,
+                      F, C, false, w.fc2_site[size_t(e)]);
+  }
+  if (s.swiglu)
+    swiglu_backward(sc.d_h, st.h, sc.d_act, S, F);
+  else
+    gelu_backward(sc.d_h, st.h, sc.d_act, S * F, s.gelu);
+  float* d_xe = sc.d_ye;  // fc2's output gradients are read: the experts' input gradients go there
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
+    if (n > 0)
+      linear_backward(d_xe + o * C, g.fc1[size_t(e)], nullptr, sc.d_h + o * F1, st.xe + o * C, w.fc1[size_t(e)], n, C,
+                      F1, false, w.fc1_site[size_t(e)]);
+  }
+  moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
+  // The router: the gate softmax's backward over each token's k experts, and the
+  // load-balancing loss's through the softmax over all E.
+  std::vector<float> d_gate(static_cast<size_t>(S)), d_logits(static_cast<size_t>(N * E), 0.0f);
+  copy_to_host(d_gate.data(), sc.d_gate, d_gate.size() * sizeof(float));
+  for (int64_t t = 0; t < N; ++t) {
+    float dot = 0.0f;
+    for (int64_t j = 0; j < k; ++j)
+      dot += st.gate_host[size_t(t * k + j)] * d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
+    for (int64_t j = 0; j < k; ++j) {
+      const float q = st.gate_host[size_t(t * k + j)], dq = d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
+      d_logits[size_t(t * E + st.choice[size_t(t * k + j)])] = q * (dq - dot);
+    }
+  }
+  if (s.aux_loss_coeff > 0.0f && N > 0) {
+    // d aux / d p[t, e] = c count_e, the same for every token.
+    const double c = double(aux_grad_scale) * double(s.aux_loss_coeff) * double(E) / (double(k) * double(N) * double(N));
+    for (int64_t t = 0; t < N; ++t) {
+      const float* p = st.scores.data() + t * E;
+      double pg = 0.0;
+      for (int64_t e = 0; e < E; ++e) pg += double(p[e]) * c * double(st.offsets[size_t(e + 1)] - st.offsets[size_t(e)]);
+      for (int64_t e = 0; e < E; ++e) {
+        const double ge = c * double(st.offsets[size_t(e + 1)] - st.offsets[size_t(e)]);
+        d_logits[size_t(t * E + e)] += float(double(p[e]) * (ge - pg));
+      }
+    }
+  }
+  copy_to_device(sc.d_logits, d_logits.data(), d_logits.size() * sizeof(float));
+  linear_backward(dx, g.router, nullptr, sc.d_logits, x, w.router, N, C, E, true, w.router_site);
+}
+
+}  // namespace lattice

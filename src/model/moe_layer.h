@@ -1,0 +1,96 @@
+// A mixture-of-experts MLP (Megatron-Core's MoELayer with its TopKRouter and SequentialMLP;
+// --num-experts E, --moe-router-topk k): in place of the dense MLP, a router linear layer
+// [E, C] scores every token, each token goes to its k best experts, and its output is the sum
+// of those experts' MLP outputs weighted by the router's probabilities.
+//
+// Routing (Megatron's defaults: softmax after the top-k, dropless):
+//   logits = x Wr^T [N, E];  idx = the k largest logits of a token (ties: the lower expert),
+//   gate = softmax over those k logits (fp32);  y[t] = sum_j gate[t, j] expert_idx[t,j](x[t]).
+// Each expert is the model's MLP (fc1 [F1, C], GELU or SwiGLU, fc2 [C, F]; F = the expert's ffn
+// size, --moe-ffn-hidden-size) without biases. The load-balancing loss (--moe-aux-loss-coeff a,
+// Megatron's switch_load_balancing_loss_func) a E / (k N^2) sum_e (sum_t p[t, e]) count_e, with
+// p the softmax over all E logits and count_e the tokens routed to expert e, adds its gradient
+// to the router's (scaled as the micro-batch's loss gradient is); it is reported, not added to
+// the language-model loss.
+//
+// The routing itself (top-k, softmax, the permutation) runs on the host over the [N, E]
+// logits (copied from the GPU: E values per token); the tokens' rows move on the device
+// (kernels/moe.h). The S = N k slots are grouped by expert, token order within an expert, so
+// each expert's GEMMs read one contiguous block of rows.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "model/linear.h"
+
+namespace lattice {
+
+struct MoeShape {
+  int64_t E = 0, k = 0, C = 0, F = 0;  // experts, experts per token, hidden size, expert ffn size
+  bool swiglu = false;
+  GeluKind gelu = GeluKind::erf;
+  float aux_loss_coeff = 0.0f;
+  int64_t F1() const { return swiglu ? 2 * F : F; }  // fc1's outputs
+};
+
+// The layer's weights, with their GEMM sites (model/linear.h), and their gradients (accumulated).
+struct MoeWeights {
+  const float* router = nullptr;             // [E, C]
+  std::vector<const float*> fc1, fc2;        // per expert [F1, C], [C, F]
+  GemmSite router_site;
+  std::vector<GemmSite> fc1_site, fc2_site;
+};
+struct MoeGrads {
+  float* router = nullptr;
+  std::vector<float*> fc1, fc2;
+};
+
+// What the forward keeps for the backward: device buffers for N tokens (moe_state_floats of
+// them, carved by moe_state_carve) and the routing on the host.
+struct MoeState {
+  float* logits = nullptr;    // [N, E] the router's logits
+  int32_t* rows = nullptr;    // [S] the token of each slot
+  int32_t* slot_of = nullptr; // [N, k] the slot of each token's j-th expert
+  float* gate = nullptr;      // [S] the router probability of each slot
+  float* xe = nullptr;        // [S, C] the experts' inputs
+  float* h = nullptr;         // [S, F1] fc1's outputs
+  float* act = nullptr;       // [S, F] the activation (fc2's input)
+  float* ye = nullptr;        // [S, C] fc2's outputs
+  // host
+  std::vector<int64_t> offsets;    // [E + 1] each expert's first slot
+  std::vector<int32_t> choice;     // [N, k] the experts chosen, best first
+  std::vector<float> gate_host;    // [N, k] their probabilities
+  std::vector<int32_t> slot_of_host;  // [N, k] slot_of
+  std::vector<float> scores;       // [N, E] softmax over every expert (the load-balancing loss)
+  double aux_loss = 0.0;           // the load-balancing loss of the last forward
+};
+
+// Floats of device memory MoeState needs for N tokens, and the carving of such a buffer.
+int64_t moe_state_floats(int64_t N, const MoeShape& s);
+void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s);
+
+// Scratch of the backward: floats for N tokens, and its carving.
+struct MoeScratch {
+  float* d_ye = nullptr;      // [S, C] (then the experts' input gradients)
+  float* d_act = nullptr;     // [S, F]
+  float* d_h = nullptr;       // [S, F1]
+  float* d_gate = nullptr;    // [S]
+  float* d_logits = nullptr;  // [N, E]
+};
+int64_t moe_scratch_floats(int64_t N, const MoeShape& s);
+void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s);
+
+// The routing of host logits [N, E] into st's host fields and device index buffers (the
+// exported pieces are separately testable).
+void moe_route(MoeState& st, const float* logits_host, int64_t N, const MoeShape& s);
+
+// y [N, C] = the layer's output for x [N, C] (fp32 rows).
+void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s);
+
+// dx [N, C] = the input gradient (written) from dy [N, C]; g accumulates the weights' gradients.
+// aux_grad_scale: the factor the micro-batch's loss gradient carries (its grad_scale).
+void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
+                  const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale);
+
+}  // namespace lattice

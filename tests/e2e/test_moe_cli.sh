@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Mixture of experts from the command line (--num-experts, --moe-router-topk, --moe-ffn-hidden-size,
+# --moe-aux-loss-coeff): a model trains and its loss falls; the checkpoint records the experts and a
+# resume without them is a one-line error naming the flag; --use-checkpoint-args resumes it;
+# generate prints the same text with and without the KV cache; bad combinations are one-line
+# errors naming the flag, with nothing written; the model goes to HuggingFace Mixtral (Qwen3-MoE with
+# --qk-layernorm) and back generating the same text, and the independent fixtures come in.
+#   bash tests/e2e/test_moe_cli.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+BASE=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+      --position-embedding-type rope --normalization RMSNorm --swiglu --tokenizer-type ByteTokenizer)
+DENSE=("${BASE[@]}" --disable-bias-linear)
+EXPERTS=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48)
+MOE=("${DENSE[@]}" "${EXPERTS[@]}" --moe-aux-loss-coeff 0.01)
+RUN=(--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --seed 3 --mock-data --eval-iters 0)
+
+losses() { grep -o '"lm_loss":[^,}]*' "$1" | cut -d: -f2; }
+
+if run train "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 24 --exit-interval 20 --save ckpt \
+     --metrics-file m.jsonl; then
+  first=$(losses m.jsonl | head -n 1)
+  last=$(losses m.jsonl | tail -n 1)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.2) }' &&
+    pass "a 4-expert model trains: lm loss $first -> $last" || fail "the MoE model's loss did not fall: $first -> $last"
+  grep -q '"num_experts": *4' ckpt/iter_0000020/*.json && grep -qF 'mlp.experts.local_experts.3.linear_fc2.weight' \
+    ckpt/iter_0000020/*.json && pass "the checkpoint records 4 experts and their weights" ||
+    fail "the checkpoint lost the experts"
+  expect_error "resume without --num-experts" "num_experts|--num-experts" -- \
+    "$LATTICE" train "${DENSE[@]}" "${RUN[@]}" --train-iters 24 --load ckpt
+  run resume_args "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --moe-aux-loss-coeff 0.01 --train-iters 24 \
+    --load ckpt --save ckpt2 && grep -q '"num_experts": *4' ckpt2/iter_0000024/*.json &&
+    pass "--use-checkpoint-args resumes the MoE model"
+  run gen "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 &&
+    run gen_full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 --no-kv-cache &&
+    { cmp -s gen.out gen_full.out && pass "generate with the KV cache prints what full recomputation prints" ||
+        fail "generate differs with and without the KV cache"; }
+  # Its HuggingFace form is Mixtral: out and back, the same text.
+  if run to_hf "$LATTICE" convert --load ckpt --to-hf hf-mixtral; then
+    grep -q '"model_type": "mixtral"' hf-mixtral/config.json && grep -q '"num_local_experts": 4' hf-mixtral/config.json &&
+      pass "convert --to-hf wrote a Mixtral config with 4 experts" || fail "convert --to-hf of a MoE model wrote no Mixtral config"
+    run from_hf "$LATTICE" convert --from-hf hf-mixtral --save ckpt-back &&
+      run gen_back "$LATTICE" generate --load ckpt-back --prompt "ab" --max-new-tokens 24 --seed 2 &&
+      { cmp -s gen.out gen_back.out && pass "lattice -> HF Mixtral -> lattice generates the same text" ||
+          fail "the model generates other text after the Mixtral round trip"; }
+  fi
+fi
+# The independent HuggingFace fixtures in (tests/fixtures/make_hf_llama_fixture.py).
+for f in hf_mixtral_tiny hf_qwen3_moe_tiny; do
+  run "$f" "$LATTICE" convert --from-hf "$SRC/tests/fixtures/$f" --save "ckpt-$f" &&
+    grep -q '"num_experts": *4' "ckpt-$f"/iter_0000000/*.json && pass "$f converts: $(tail -n 1 "$f.err")" ||
+    fail "$f did not convert with its experts"
+done
+expect_error "experts with linear biases" "--num-experts|--disable-bias-linear" -- \
+  "$LATTICE" train "${BASE[@]}" "${EXPERTS[@]}" "${RUN[@]}" --train-iters 1 --save bad1
+expect_error "top-k above the experts" "--moe-router-topk|5" -- \
+  "$LATTICE" train "${DENSE[@]}" --num-experts 4 --moe-router-topk 5 "${RUN[@]}" --train-iters 1 --save bad2
+expect_error "a negative load-balancing coefficient" "--moe-aux-loss-coeff" -- \
+  "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-aux-loss-coeff -1 "${RUN[@]}" --train-iters 1 --save bad3
+expect_error "an unimplemented load-balancing type" "--moe-router-load-balancing-type|sinkhorn" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type sinkhorn "${RUN[@]}" --train-iters 1 --save bad4
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] && fail "a refused run left a checkpoint behind"
+e2e_finish

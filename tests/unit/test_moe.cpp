@@ -1,0 +1,253 @@
+// The mixture-of-experts pieces (kernels/moe.h, model/moe_layer.h): the gather and combine
+// kernels against loops written here, the routing (top-k with its tie rule, the softmax over
+// the chosen logits, the slots grouped by expert, the load-balancing loss against its formula),
+// the layer's gradients against finite differences, and the configuration's errors. The whole
+// model against PyTorch is test_model_vs_torch.cpp's gpt_tiny_nobias_moe4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/moe.h"
+#include "kernels_test_util.h"
+#include "model/moe_layer.h"
+#include "model/transformer_config.h"
+
+namespace lattice {
+namespace {
+
+using kernel_test::random_floats;
+
+TEST(Moe, GatherAndCombineKernelsMatchLoops) {
+  const int64_t N = 5, k = 2, C = 7, S = N * k;
+  const std::vector<float> x = random_floats(size_t(N * C), 1), ye = random_floats(size_t(S * C), 2);
+  const std::vector<float> w = random_floats(size_t(S), 3), dout = random_floats(size_t(N * C), 4);
+  // token t's j-th slot: a permutation of the slots
+  std::vector<int32_t> slot_of(static_cast<size_t>(S)), rows(static_cast<size_t>(S));
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t s = int32_t((t * k + j) * 3 % S);
+      slot_of[size_t(t * k + j)] = s;
+      rows[size_t(s)] = int32_t(t);
+    }
+  std::vector<float> xe(static_cast<size_t>(S * C));
+  moe_gather_rows(xe.data(), x.data(), rows.data(), S, C);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(xe[size_t(s * C + c)], x[size_t(rows[size_t(s)] * C + c)]);
+  std::vector<float> out(size_t(N * C), 5.0f), acc = out;
+  moe_combine(out.data(), ye.data(), slot_of.data(), w.data(), N, k, C, false);
+  moe_combine(acc.data(), ye.data(), slot_of.data(), nullptr, N, k, C, true);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      float want = 0.0f, want_acc = 5.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t s = slot_of[size_t(t * k + j)];
+        want += w[size_t(s)] * ye[size_t(s * C + c)];
+        want_acc += ye[size_t(s * C + c)];
+      }
+      ASSERT_EQ(out[size_t(t * C + c)], want);
+      ASSERT_EQ(acc[size_t(t * C + c)], want_acc);
+    }
+  std::vector<float> d_ye(static_cast<size_t>(S * C)), d_w(static_cast<size_t>(S));
+  moe_combine_backward(d_ye.data(), d_w.data(), dout.data(), ye.data(), w.data(), rows.data(), S, C);
+  for (int64_t s = 0; s < S; ++s) {
+    double dot = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const float d = dout[size_t(rows[size_t(s)] * C + c)];
+      ASSERT_EQ(d_ye[size_t(s * C + c)], w[size_t(s)] * d);
+      dot += double(d) * ye[size_t(s * C + c)];
+    }
+    EXPECT_NEAR(d_w[size_t(s)], dot, 1e-6);
+  }
+}
+
+MoeShape shape(int64_t E, int64_t k, float aux = 0.0f) {
+  MoeShape s;
+  s.E = E;
+  s.k = k;
+  s.C = 6;
+  s.F = 5;
+  s.aux_loss_coeff = aux;
+  return s;
+}
+
+struct Routed {
+  std::vector<float> buf;
+  MoeState st;
+  Routed(const std::vector<float>& logits, int64_t N, const MoeShape& s) : buf(size_t(moe_state_floats(N, s))) {
+    moe_state_carve(st, buf.data(), N, s);
+    moe_route(st, logits.data(), N, s);
+  }
+};
+
+// Top-k of the logits, the lower expert first at a tie; softmax over the k chosen; slots by
+// expert, tokens in order within one.
+TEST(Moe, RoutingPicksTheTopKAndGroupsTheSlotsByExpert) {
+  const int64_t N = 3, E = 4, k = 2;
+  const std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f,   // a tie: experts 1 then 2
+                                     3.0f, 0.0f, 1.0f, 2.5f,    // 0, 3
+                                     -2.0f, 1.5f, -3.0f, 0.0f};  // 1, 3
+  Routed r(logits, N, shape(E, k));
+  EXPECT_EQ(r.st.choice, (std::vector<int32_t>{1, 2, 0, 3, 1, 3}));
+  EXPECT_FLOAT_EQ(r.st.gate_host[0], 0.5f);
+  EXPECT_FLOAT_EQ(r.st.gate_host[2], 1.0f / (1.0f + std::exp(-0.5f)));
+  EXPECT_FLOAT_EQ(r.st.gate_host[4] + r.st.gate_host[5], 1.0f);
+  EXPECT_EQ(r.st.offsets, (std::vector<int64_t>{0, 1, 3, 4, 6}));  // counts 1, 2, 1, 2
+  const std::vector<int32_t> rows(r.st.rows, r.st.rows + N * k);
+  EXPECT_EQ(rows, (std::vector<int32_t>{1, 0, 2, 0, 1, 2}));
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t s = r.st.slot_of[t * k + j];
+      EXPECT_EQ(rows[size_t(s)], t);
+      EXPECT_EQ(r.st.gate[s], r.st.gate_host[size_t(t * k + j)]);
+      EXPECT_TRUE(s >= r.st.offsets[size_t(r.st.choice[size_t(t * k + j)])] &&
+                  s < r.st.offsets[size_t(r.st.choice[size_t(t * k + j)]) + 1]);
+    }
+}
+
+// Megatron's switch_load_balancing_loss_func: a E / (k N^2) sum_e (sum_t softmax(l_t)[e]) count_e.
+TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
+  const int64_t N = 4, E = 3, k = 1;
+  const std::vector<float> logits = random_floats(size_t(N * E), 9, -2.0f, 2.0f);
+  Routed r(logits, N, shape(E, k, 0.1f));
+  double want = 0;
+  std::vector<double> count(static_cast<size_t>(E), 0.0), psum(static_cast<size_t>(E), 0.0);
+  for (int64_t t = 0; t < N; ++t) {
+    double z = 0;
+    int64_t best = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      z += std::exp(double(logits[size_t(t * E + e)]));
+      if (logits[size_t(t * E + e)] > logits[size_t(t * E + best)]) best = e;
+    }
+    for (int64_t e = 0; e < E; ++e) psum[size_t(e)] += std::exp(double(logits[size_t(t * E + e)])) / z;
+    count[size_t(best)] += 1;
+  }
+  for (int64_t e = 0; e < E; ++e) want += psum[size_t(e)] * count[size_t(e)];
+  want *= 0.1 * double(E) / (double(k) * double(N * N));
+  EXPECT_NEAR(r.st.aux_loss, want, 1e-6);
+}
+
+TEST(Moe, NonFiniteLogitsAreAnError) {
+  std::vector<float> logits = {1.0f, NAN, 0.0f, 2.0f};
+  try {
+    Routed r(logits, 2, shape(2, 1));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+  }
+}
+
+// The layer's input and weight gradients against central differences of its forward (with the
+// load-balancing loss's gradient: the objective is sum(R y) + aux).
+TEST(Moe, LayerGradientsMatchFiniteDifferences) {
+  for (bool swiglu : {false, true}) {
+    MoeShape s = shape(3, 2, 0.5f);
+    s.swiglu = swiglu;
+    const int64_t N = 4, C = s.C, F = s.F, F1 = s.F1(), E = s.E;
+    std::vector<float> x = random_floats(size_t(N * C), 11, -1.5f, 1.5f), R = random_floats(size_t(N * C), 12);
+    std::vector<float> router = random_floats(size_t(E * C), 13);
+    std::vector<std::vector<float>> fc1, fc2;
+    for (int64_t e = 0; e < E; ++e) {
+      fc1.push_back(random_floats(size_t(F1 * C), uint32_t(20 + e)));
+      fc2.push_back(random_floats(size_t(C * F), uint32_t(30 + e)));
+    }
+    auto weights = [&] {
+      MoeWeights w;
+      w.router = router.data();
+      for (int64_t e = 0; e < E; ++e) {
+        w.fc1.push_back(fc1[size_t(e)].data());
+        w.fc2.push_back(fc2[size_t(e)].data());
+      }
+      w.fc1_site.resize(size_t(E));
+      w.fc2_site.resize(size_t(E));
+      return w;
+    };
+    std::vector<float> buf(static_cast<size_t>(moe_state_floats(N, s)));
+    MoeState st;
+    moe_state_carve(st, buf.data(), N, s);
+    auto objective = [&] {
+      std::vector<float> y(static_cast<size_t>(N * C));
+      moe_forward(y.data(), x.data(), st, weights(), N, s);
+      double f = st.aux_loss;
+      for (size_t i = 0; i < y.size(); ++i) f += double(y[i]) * R[i];
+      return f;
+    };
+    objective();
+    std::vector<float> dx(static_cast<size_t>(N * C)), g_router(router.size(), 0.0f);
+    std::vector<std::vector<float>> g1, g2;
+    MoeGrads g;
+    g.router = g_router.data();
+    for (int64_t e = 0; e < E; ++e) {
+      g1.emplace_back(fc1[size_t(e)].size(), 0.0f);
+      g2.emplace_back(fc2[size_t(e)].size(), 0.0f);
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      g.fc1.push_back(g1[size_t(e)].data());
+      g.fc2.push_back(g2[size_t(e)].data());
+    }
+    std::vector<float> sbuf(static_cast<size_t>(moe_scratch_floats(N, s)));
+    MoeScratch sc;
+    moe_scratch_carve(sc, sbuf.data(), N, s);
+    moe_backward(dx.data(), R.data(), x.data(), st, weights(), g, sc, N, s, 1.0f);
+    // Central differences in fp32 arithmetic with a step large enough for it (the routing
+    // stays the same: no near-ties in this data).
+    auto check = [&](std::vector<float>& v, const std::vector<float>& got, const std::string& what) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        const float v0 = v[i], h = 1e-2f;
+        v[i] = v0 + h;
+        const double fp = objective();
+        v[i] = v0 - h;
+        const double fm = objective();
+        v[i] = v0;
+        const double want = (fp - fm) / (2.0 * h);
+        EXPECT_NEAR(got[i], want, 2e-3 * (1.0 + std::fabs(want))) << what << "[" << i << "] swiglu " << swiglu;
+      }
+    };
+    check(x, dx, "dx");
+    check(router, g_router, "router");
+    for (int64_t e = 0; e < E; ++e) {
+      check(fc1[size_t(e)], g1[size_t(e)], "fc1 of expert " + std::to_string(e));
+      check(fc2[size_t(e)], g2[size_t(e)], "fc2 of expert " + std::to_string(e));
+    }
+  }
+}
+
+TEST(Moe, ConfigurationErrorsNameTheFlag) {
+  auto config = [] {
+    TransformerConfig c;
+    c.num_layers = 1;
+    c.hidden_size = 16;
+    c.num_attention_heads = 2;
+    c.vocab_size = 32;
+    c.max_position_embeddings = 8;
+    c.num_experts = 4;
+    c.add_bias_linear = false;
+    return c;
+  };
+  auto expect_error = [](TransformerConfig c, int64_t tp, const std::string& needle) {
+    try {
+      c.finalize(tp);
+      ADD_FAILURE() << "no error; expected " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  TransformerConfig ok = config();
+  ok.finalize();
+  EXPECT_EQ(ok.moe_ffn_hidden_size, ok.ffn_hidden_size);
+  TransformerConfig c = config();
+  c.add_bias_linear = true;
+  expect_error(c, 1, "--disable-bias-linear");
+  c = config();
+  c.moe_router_topk = 5;
+  expect_error(c, 1, "--moe-router-topk");
+  c = config();
+  c.moe_aux_loss_coeff = -1.0f;
+  expect_error(c, 1, "--moe-aux-loss-coeff");
+  expect_error(config(), 2, "--tensor-model-parallel-size 2");
+}
+
+}  // namespace
+}  // namespace lattice
