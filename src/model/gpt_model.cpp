@@ -534,8 +534,13 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
 
   // Each layer's output goes with the next LayerNorm (the next layer's LN1, the final one).
   const size_t first = chunk_first_[size_t(chunk)];
-  for (size_t i = 0; i < a.layers.size(); ++i)
+  for (size_t i = 0; i < a.layers.size(); ++i) {
     forward_layer(layers_[first + i], a, i, B, T, key, true, i > 0, next_norm(chunk, a, i + 1, row0));
+    if (key.training && a.layers[i].moe) {  // each training forward once (not the recomputations)
+      load_balancing_.sum += a.layers[i].moe->balance;
+      load_balancing_.count += 1;
+    }
+  }
   if (has_loss(chunk)) {
     if (a.layers.empty())
       layernorm_input(input_row(a.lnf, row0), a.lnf_mean, a.lnf_rstd, a.resid.back(), lnf_w_, lnf_b_, Ns);

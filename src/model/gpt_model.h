@@ -178,6 +178,15 @@ class GPTModel {
   void set_loss_gradient_of_sum(bool on) { loss_gradient_of_sum_ = on; }
   const DocumentBoundaries& document_boundaries() const { return docs_; }
 
+  // --num-experts: the load-balancing losses (over the coefficient: 1 when the experts are evenly
+  // loaded) of every MoE layer of this rank's training forwards since the last call, summed, and
+  // their count; the call starts a new sum.
+  LossSum take_load_balancing_losses() {
+    const LossSum l = load_balancing_;
+    load_balancing_ = {};
+    return l;
+  }
+
   // The replicated parameters whose gradient each tensor-parallel rank sums over its part of
   // the work only: with sequence parallelism the LayerNorms' (a token shard each), with
   // --qk-layernorm q_layernorm's and k_layernorm's (the rank's heads). After the last
@@ -432,6 +441,7 @@ class GPTModel {
   bool bf16_inputs_on_ = true;
   bool bf16_qkv_on_ = current_device() != Device::cpu;
   bool selective_ = false;             // selective recomputation (core attention)
+  LossSum load_balancing_;             // take_load_balancing_losses'
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]
   std::unique_ptr<Scratch> scratch_;

@@ -117,9 +117,8 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s) 
       aux += double(p[e]) * double(counts[size_t(e)]);
     }
   }
-  st.aux_loss = s.aux_loss_coeff > 0.0f && N > 0
-                    ? aux * double(s.aux_loss_coeff) * double(E) / (double(k) * double(N) * double(N))
-                    : 0.0;
+  st.balance = N > 0 ? aux * double(E) / (double(k) * double(N) * double(N)) : 0.0;
+  st.aux_loss = st.balance * double(s.aux_loss_coeff);
 }
 
 void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {

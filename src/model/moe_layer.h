@@ -63,7 +63,8 @@ struct MoeState {
   std::vector<float> gate_host;    // [N, k] their probabilities
   std::vector<int32_t> slot_of_host;  // [N, k] slot_of
   std::vector<float> scores;       // [N, E] softmax over every expert (the load-balancing loss)
-  double aux_loss = 0.0;           // the load-balancing loss of the last forward
+  double balance = 0.0;            // E / (k N^2) sum_e (sum_t p[t, e]) count_e of the last forward (1: even)
+  double aux_loss = 0.0;           // the load-balancing loss of the last forward: balance x the coefficient
 };
 
 // Floats of device memory MoeState needs for N tokens, and the carving of such a buffer.

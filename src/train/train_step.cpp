@@ -87,6 +87,13 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   } else {
     model.finish_tensor_parallel_grads({});
   }
+  if (model.config().moe()) {  // every MoE layer of every stage, micro-batch and data-parallel rank
+    const LossSum lb = model.take_load_balancing_losses();
+    double v[2] = {lb.sum, lb.count};
+    if (pp) pp->all_reduce(v, 2, ReduceOp::sum);
+    if (dp) dp->comm().all_reduce(v, 2, ReduceOp::sum);
+    r.load_balancing_loss = v[1] > 0 ? v[0] / v[1] : 0.0;
+  }
   // The global batch's token count divides the per-token gradients (none when every token is
   // masked: the gradients are zero, and stay so).
   const double tokens = cfg.per_token_loss && sums[2] > 0 ? sums[2] : 1.0;

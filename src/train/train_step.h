@@ -56,6 +56,10 @@ struct StepResult {
   double loss_scale = 1;  // the scale this step's gradients were computed with
   int64_t num_zeros_in_grad = -1;  // with StepConfig::log_num_zeros_in_grad (-1: not counted)
   double params_norm = -1;         // with StepConfig::log_params_norm (-1: not computed)
+  // --num-experts: the load-balancing loss over its coefficient (1: the experts evenly loaded),
+  // averaged over the MoE layers, micro-batches and data-parallel ranks, as Megatron logs it
+  // (-1: no experts).
+  double load_balancing_loss = -1;
 };
 
 // Runs iteration `iteration` (0-based) on samples [iteration*GBS, (iteration+1)*GBS); each

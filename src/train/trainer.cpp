@@ -46,16 +46,19 @@ std::string format_log_line(const LogLine& l) {
   int n = 0;
   if (l.num_zeros_in_grad >= 0) n += std::snprintf(optional + n, sizeof optional - n, " num zeros: %.1f |", l.num_zeros_in_grad);
   if (l.params_norm >= 0) std::snprintf(optional + n, sizeof optional - n, " params norm: %.3f |", l.params_norm);
+  // Megatron's MoE losses follow the lm loss.
+  char moe[64] = "";
+  if (l.load_balancing_loss >= 0) std::snprintf(moe, sizeof moe, " load_balancing_loss: %.6E |", l.load_balancing_loss);
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): "
                 "%.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch "
-                "size: %5lld | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f |%s number of skipped "
+                "size: %5lld | lm loss: %.6E |%s loss scale: %.1f | grad norm: %.3f |%s number of skipped "
                 "iterations: %3lld | number of nan iterations: %3lld | tokens per second: %.1f | MFU: "
                 "%.1f%% |",
                 (long long)l.iteration, (long long)l.train_iters, (long long)l.consumed_samples,
                 l.elapsed_ms, l.tflops_per_gpu, l.learning_rate, (long long)l.global_batch_size,
-                l.lm_loss, l.loss_scale, l.grad_norm, optional, (long long)l.skipped_iterations,
+                l.lm_loss, moe, l.loss_scale, l.grad_norm, optional, (long long)l.skipped_iterations,
                 (long long)l.nan_iterations, l.tokens_per_sec, l.mfu_percent);
   return buf;
 }
@@ -75,6 +78,7 @@ std::string format_metrics_json(const LogLine& l) {
                       {"nan_iterations", l.nan_iterations}};
   if (l.num_zeros_in_grad >= 0) j["num_zeros_in_grad"] = l.num_zeros_in_grad;
   if (l.params_norm >= 0) j["params_norm"] = l.params_norm;
+  if (l.load_balancing_loss >= 0) j["load_balancing_loss"] = l.load_balancing_loss;
   return j.dump();
 }
 
@@ -478,7 +482,7 @@ int run_training(const TrainArgs& args) {
   int64_t interval_skipped = 0, interval_nan = 0, interval_samples = 0;
   int64_t consumed = args.consumed_after(start.iteration);
   const auto train_start = std::chrono::steady_clock::now();
-  double interval_loss = 0, interval_ms = 0;
+  double interval_loss = 0, interval_ms = 0, interval_balance = 0;
   int64_t interval_iters = 0;
   double last_norm = 0;
   StepResult last;  // the interval's last step (its zeros count and parameter norm are logged)
@@ -511,6 +515,7 @@ int run_training(const TrainArgs& args) {
       if (!std::isfinite(r.lm_loss)) ++interval_nan;
     } else {
       interval_loss += r.lm_loss;
+      interval_balance += r.load_balancing_loss;
     }
     last_norm = r.grad_norm;
     last = r;
@@ -531,6 +536,8 @@ int run_training(const TrainArgs& args) {
       l.tflops_per_gpu = flops * mean_batch / double(args.global_batch_size) / (l.elapsed_ms / 1e3) / 1e12;
       l.learning_rate = scheduler.get_lr();  // after the step, as Megatron logs it
       l.lm_loss = interval_loss / double(std::max<int64_t>(1, interval_iters - interval_skipped));
+      if (last.load_balancing_loss >= 0)
+        l.load_balancing_loss = interval_balance / double(std::max<int64_t>(1, interval_iters - interval_skipped));
       l.loss_scale = loss_scaler ? loss_scaler->scale() : 1.0;
       l.skipped_iterations = interval_skipped;
       l.nan_iterations = interval_nan;
@@ -556,7 +563,7 @@ int run_training(const TrainArgs& args) {
       }
       pipeline_seconds = pipeline_compute = 0;
       if (metrics.is_open()) metrics << format_metrics_json(l) << "\n" << std::flush;
-      interval_loss = interval_ms = 0;
+      interval_loss = interval_ms = interval_balance = 0;
       interval_iters = interval_skipped = interval_nan = interval_samples = 0;
     }
     if (done - start.iteration == 3 || done == args.train_iters) log_memory_peaks(done - start.iteration);

@@ -14,6 +14,7 @@ struct LogLine {
   int64_t skipped_iterations, nan_iterations;
   double tokens_per_sec, mfu_percent;
   double num_zeros_in_grad = -1, params_norm = -1;  // logged when >= 0 (--log-num-zeros-in-grad, --log-params-norm)
+  double load_balancing_loss = -1;                  // logged when >= 0 (--num-experts)
 };
 std::string format_log_line(const LogLine& l);
 std::string format_metrics_json(const LogLine& l);

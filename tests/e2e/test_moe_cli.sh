@@ -26,6 +26,11 @@ if run train "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 24 --exit-in
   last=$(losses m.jsonl | tail -n 1)
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.2) }' &&
     pass "a 4-expert model trains: lm loss $first -> $last" || fail "the MoE model's loss did not fall: $first -> $last"
+  # Megatron's log: the load-balancing loss over its coefficient after the lm loss (1: evenly loaded).
+  lb=$(grep -o '"load_balancing_loss":[^,}]*' m.jsonl | tail -n 1 | cut -d: -f2)
+  grep -q 'lm loss: [^|]*| load_balancing_loss: [0-9.E+-]* |' train.out && [ -n "$lb" ] &&
+    awk -v v="$lb" 'BEGIN { exit !(v >= 0.5 && v <= 4) }' &&
+    pass "the log and the metrics carry the load-balancing loss ($lb)" || fail "no load-balancing loss logged ($lb)"
   grep -q '"num_experts": *4' ckpt/iter_0000020/*.json && grep -qF 'mlp.experts.local_experts.3.linear_fc2.weight' \
     ckpt/iter_0000020/*.json && pass "the checkpoint records 4 experts and their weights" ||
     fail "the checkpoint lost the experts"
