@@ -73,17 +73,6 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   v_cache_.resize(cache);
 }
 
-MoeShape GPTInference::moe_shape() const {
-  MoeShape s;
-  s.E = cfg_.num_experts;
-  s.k = cfg_.moe_router_topk;
-  s.C = cfg_.hidden_size;
-  s.F = cfg_.moe_ffn_hidden_size;
-  s.swiglu = cfg_.swiglu;
-  s.gelu = cfg_.gelu;
-  return s;
-}
-
 void GPTInference::reserve_rows(int64_t n) {
   if (n <= rows_) return;
   const size_t C = size_t(cfg_.hidden_size), F = size_t(cfg_.ffn_hidden_size), N = size_t(n);
@@ -96,7 +85,7 @@ void GPTInference::reserve_rows(int64_t n) {
   fc_.resize(N * size_t(cfg_.fc1_width()));
   if (cfg_.swiglu) act_.resize(N * F);
   if (cfg_.moe()) {
-    const MoeShape s = moe_shape();
+    const MoeShape s = lattice::moe_shape(cfg_);
     moe_state_carve(moe_, moe_buf_.resize(size_t(moe_state_floats(n, s))), n, s);
   }
   if (cfg_.qk_layernorm) {
@@ -153,7 +142,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);
     if (cfg_.moe()) {
-      moe_forward(tmp, ln, moe_, p.moe, n, moe_shape());
+      moe_forward(tmp, ln, moe_, p.moe, n, lattice::moe_shape(cfg_));
       add_forward(x, x, tmp, n * C);
       continue;
     }

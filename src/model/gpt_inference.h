@@ -48,7 +48,6 @@ class GPTInference {
   };
   // Grows the scratch buffers to n rows.
   void reserve_rows(int64_t n);
-  MoeShape moe_shape() const;
 
   TransformerConfig cfg_;
   int64_t capacity_ = 0, length_ = 0, rows_ = 0;

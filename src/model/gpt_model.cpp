@@ -109,17 +109,6 @@ std::string expert_name(int64_t l, int64_t e, const char* rest) {
   return "decoder.layers." + std::to_string(l) + ".mlp.experts.local_experts." + std::to_string(e) + "." + rest;
 }
 
-MoeShape moe_shape_of(const TransformerConfig& c) {
-  MoeShape s;
-  s.E = c.num_experts;
-  s.k = c.moe_router_topk;
-  s.C = c.hidden_size;
-  s.F = c.moe_ffn_hidden_size;
-  s.swiglu = c.swiglu;
-  s.gelu = c.gelu;
-  s.aux_loss_coeff = c.moe_aux_loss_coeff;
-  return s;
-}
 
 // Dropout stream ids, one per dropout site.
 uint32_t dropout_stream(const std::string& site) { return fnv1a32(site.c_str()); }
@@ -383,7 +372,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     if (cfg.moe()) {
       x.fc1 = x.gelu = nullptr;
       x.moe = std::make_shared<MoeState>();
-      moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, moe_shape_of(cfg)), "moe"), N, moe_shape_of(cfg));
+      const MoeShape ms = lattice::moe_shape(cfg);
+      moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, ms), "moe"), N, ms);
       return x;
     }
     x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");
@@ -452,7 +442,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe())
-    moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, moe_shape_of(cfg)), "grad"), N, moe_shape_of(cfg));
+    moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, lattice::moe_shape(cfg)), "grad"), N,
+                      lattice::moe_shape(cfg));
   if (cfg.qk_layernorm) {
     sc.qk_tmp = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
     sc.qk_dx = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "grad");
@@ -711,7 +702,7 @@ const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p
   return d_rows;
 }
 
-MoeShape GPTModel::moe_shape() const { return moe_shape_of(cfg_); }
+MoeShape GPTModel::moe_shape() const { return lattice::moe_shape(cfg_); }
 
 MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
   MoeWeights w;

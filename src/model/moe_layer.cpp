@@ -14,7 +14,30 @@ namespace {
 // Pieces of a carved buffer start at multiples of 16 floats (64 bytes).
 int64_t padded(int64_t n) { return (n + 15) / 16 * 16; }
 
+// Hands out consecutive padded pieces of a buffer.
+struct Carver {
+  float* at;
+  float* take(int64_t n) {
+    float* p = at;
+    at += padded(n);
+    return p;
+  }
+  int32_t* take_ints(int64_t n) { return reinterpret_cast<int32_t*>(take(n)); }
+};
+
 }  // namespace
+
+MoeShape moe_shape(const TransformerConfig& c) {
+  MoeShape s;
+  s.E = c.num_experts;
+  s.k = c.moe_router_topk;
+  s.C = c.hidden_size;
+  s.F = c.moe_ffn_hidden_size;
+  s.swiglu = c.swiglu;
+  s.gelu = c.gelu;
+  s.aux_loss_coeff = c.moe_aux_loss_coeff;
+  return s;
+}
 
 int64_t moe_state_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
@@ -24,19 +47,15 @@ int64_t moe_state_floats(int64_t N, const MoeShape& s) {
 
 void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
-  auto take = [&](int64_t n) {
-    float* p = buf;
-    buf += padded(n);
-    return p;
-  };
-  st.logits = take(N * s.E);
-  st.rows = reinterpret_cast<int32_t*>(take(S));
-  st.slot_of = reinterpret_cast<int32_t*>(take(N * s.k));
-  st.gate = take(S);
-  st.xe = take(S * s.C);
-  st.h = take(S * s.F1());
-  st.act = take(S * s.F);
-  st.ye = take(S * s.C);
+  Carver c{buf};
+  st.logits = c.take(N * s.E);
+  st.rows = c.take_ints(S);
+  st.slot_of = c.take_ints(N * s.k);
+  st.gate = c.take(S);
+  st.xe = c.take(S * s.C);
+  st.h = c.take(S * s.F1());
+  st.act = c.take(S * s.F);
+  st.ye = c.take(S * s.C);
 }
 
 int64_t moe_scratch_floats(int64_t N, const MoeShape& s) {
@@ -46,16 +65,12 @@ int64_t moe_scratch_floats(int64_t N, const MoeShape& s) {
 
 void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
-  auto take = [&](int64_t n) {
-    float* p = buf;
-    buf += padded(n);
-    return p;
-  };
-  sc.d_ye = take(S * s.C);
-  sc.d_act = take(S * s.F);
-  sc.d_h = take(S * s.F1());
-  sc.d_gate = take(S);
-  sc.d_logits = take(N * s.E);
+  Carver c{buf};
+  sc.d_ye = c.take(S * s.C);
+  sc.d_act = c.take(S * s.F);
+  sc.d_h = c.take(S * s.F1());
+  sc.d_gate = c.take(S);
+  sc.d_logits = c.take(N * s.E);
 }
 
 void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s) {

@@ -23,6 +23,7 @@
 
 #include "kernels/activation.h"
 #include "model/linear.h"
+#include "model/transformer_config.h"
 
 namespace lattice {
 
@@ -33,6 +34,9 @@ struct MoeShape {
   float aux_loss_coeff = 0.0f;
   int64_t F1() const { return swiglu ? 2 * F : F; }  // fc1's outputs
 };
+
+// A model's MoE layer shape (num_experts, moe_router_topk, moe_ffn_hidden_size, ...).
+MoeShape moe_shape(const TransformerConfig& c);
 
 // The layer's weights, with their GEMM sites (model/linear.h), and their gradients (accumulated).
 struct MoeWeights {
