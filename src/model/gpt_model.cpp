@@ -372,7 +372,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     if (cfg.moe()) {
       x.fc1 = x.gelu = nullptr;
       x.moe = std::make_shared<MoeState>();
-      const MoeShape ms = lattice::moe_shape(cfg);
+      const MoeShape ms = lattice::moe_shape(cfg, P);
       moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, ms), "moe"), N, ms);
       return x;
     }
@@ -442,8 +442,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe())
-    moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, lattice::moe_shape(cfg)), "grad"), N,
-                      lattice::moe_shape(cfg));
+    moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, lattice::moe_shape(cfg, P)), "grad"), N,
+                      lattice::moe_shape(cfg, P));
   if (cfg.qk_layernorm) {
     sc.qk_tmp = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
     sc.qk_dx = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "grad");
@@ -596,8 +596,10 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
                       site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
-  if (cfg_.moe()) {  // the MoE layer's output y [N, C] (no tensor parallelism: Ns = N), then as fc2's
-    moe_forward(out_rows, x.ln2, *x.moe, moe_weights(p), N, moe_shape());
+  if (cfg_.moe()) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
+                    // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
+    moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), N, moe_shape());
+    reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
     if (!output) return;
     const PhiloxStream stream = site_stream(key, layer_name(l, "mlp.dropout"));
     if (after)
@@ -702,7 +704,7 @@ const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p
   return d_rows;
 }
 
-MoeShape GPTModel::moe_shape() const { return lattice::moe_shape(cfg_); }
+MoeShape GPTModel::moe_shape() const { return lattice::moe_shape(cfg_, tp_.size()); }
 
 MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
   MoeWeights w;
@@ -794,13 +796,24 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     if (selective_) core_attention_forward(p, a, i, B, T, key);
     const ResidualGradOut proj_grad = residual_grad_out(p.proj_b, p_hidden);
     if (cfg_.moe()) {
-      // MoE layer: its output gradient (through the MLP's dropout) [N, C], its input gradient into
-      // d_c2 (free until the projection's backward), then LN2's backward as for the dense MLP.
+      // MoE layer: its output gradient (through the MLP's dropout) [Ns, C], every token's (all-gathered
+      // into d_c1 with sequence parallelism); its partial input gradient [N, C] into d_c2 (free
+      // until the projection's backward), reduced as a column-parallel layer's (all-reduced, or
+      // reduce-scattered into d_s), then LN2's backward as for the dense MLP.
       const RowOutputGrad d_out = row_output_grad(d_rows, -1, N, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")),
                                                   elem0, d_rows_made);
+      const float* dy = d_out.fp32;
+      if (sp) {
+        copy_on_device(sc.d_c1 + row0 * C, d_out.fp32, size_t(Ns * C) * sizeof(float));
+        gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
+        dy = sc.d_c1;
+      }
       MoeGrads g = moe_grads(p);
-      moe_backward(sc.d_c2, d_out.fp32, x.ln2, *x.moe, moe_weights(p), g, sc.moe, N, moe_shape(), a.grad_scale);
-      layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), LayerNormDout(sc.d_c2), x.resid_mid,
+      moe_backward(sc.d_c2, dy, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), g, sc.moe, N, moe_shape(), a.grad_scale,
+                   tp_.comm, tp_.rank() == 0);
+      float* d_ln2 = sp ? sc.d_s : sc.d_c2;
+      reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);
+      layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), LayerNormDout(d_ln2), x.resid_mid,
                          params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
       grads_ready(std::vector<int>{p.router_w});
       grads_ready(p.expert_fc1);

@@ -5,6 +5,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "dist/comm.h"
 #include "kernels/moe.h"
 #include "kernels/swiglu.h"
 
@@ -27,12 +28,12 @@ struct Carver {
 
 }  // namespace
 
-MoeShape moe_shape(const TransformerConfig& c) {
+MoeShape moe_shape(const TransformerConfig& c, int64_t tp) {
   MoeShape s;
   s.E = c.num_experts;
   s.k = c.moe_router_topk;
   s.C = c.hidden_size;
-  s.F = c.moe_ffn_hidden_size;
+  s.F = c.moe_ffn_hidden_size / tp;
   s.swiglu = c.swiglu;
   s.gelu = c.gelu;
   s.aux_loss_coeff = c.moe_aux_loss_coeff;
@@ -160,9 +161,11 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
 }
 
 void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
-                  const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale) {
+                  const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale, Comm* tp,
+                  bool router_input_grad) {
   const int64_t E = s.E, k = s.k, C = s.C, F = s.F, F1 = s.F1(), S = N * k;
   moe_combine_backward(sc.d_ye, sc.d_gate, dy, st.ye, st.gate, st.rows, S, C);
+  if (tp && tp->size() > 1) tp->all_reduce(sc.d_gate, S, ReduceOp::sum);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
     if (n > 0)
@@ -208,7 +211,8 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
     }
   }
   copy_to_device(sc.d_logits, d_logits.data(), d_logits.size() * sizeof(float));
-  linear_backward(dx, g.router, nullptr, sc.d_logits, x, w.router, N, C, E, true, w.router_site);
+  linear_backward(router_input_grad ? dx : nullptr, g.router, nullptr, sc.d_logits, x, w.router, N, C, E, true,
+                  w.router_site);
 }
 
 }  // namespace lattice

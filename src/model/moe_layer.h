@@ -27,6 +27,8 @@
 
 namespace lattice {
 
+class Comm;
+
 struct MoeShape {
   int64_t E = 0, k = 0, C = 0, F = 0;  // experts, experts per token, hidden size, expert ffn size
   bool swiglu = false;
@@ -35,8 +37,9 @@ struct MoeShape {
   int64_t F1() const { return swiglu ? 2 * F : F; }  // fc1's outputs
 };
 
-// A model's MoE layer shape (num_experts, moe_router_topk, moe_ffn_hidden_size, ...).
-MoeShape moe_shape(const TransformerConfig& c);
+// A model's MoE layer shape (num_experts, moe_router_topk, moe_ffn_hidden_size, ...) on one of tp
+// tensor-parallel ranks: each expert's ffn split over them (F = moe_ffn_hidden_size / tp).
+MoeShape moe_shape(const TransformerConfig& c, int64_t tp = 1);
 
 // The layer's weights, with their GEMM sites (model/linear.h), and their gradients (accumulated).
 struct MoeWeights {
@@ -95,7 +98,15 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
 
 // dx [N, C] = the input gradient (written) from dy [N, C]; g accumulates the weights' gradients.
 // aux_grad_scale: the factor the micro-batch's loss gradient carries (its grad_scale).
+//
+// Tensor parallelism (Megatron's: each expert's fc1 column-parallel, fc2 row-parallel, the router
+// replicated; every rank routes the same full rows the same way): y and dx are this rank's
+// partial sums (the caller reduces them as a row-parallel output and a column-parallel input
+// gradient), the gates' gradients are all-reduced over `tp` (the dot products of the partial
+// outputs) before the router's backward, and the router's input gradient, the same on every
+// rank, is added on the rank with router_input_grad only.
 void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
-                  const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale);
+                  const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale, Comm* tp = nullptr,
+                  bool router_input_grad = true);
 
 }  // namespace lattice

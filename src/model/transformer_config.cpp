@@ -13,9 +13,9 @@ int64_t pad_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
 }
 
 void check_tensor_parallel_split(const TransformerConfig& c, int64_t tp) {
-  if (c.moe() && tp > 1)
-    LATTICE_FAIL() << "--num-experts with --tensor-model-parallel-size " << tp
-                   << " is not supported (mixture-of-experts layers run without tensor parallelism)";
+  if (c.moe() && c.moe_ffn_hidden_size % tp != 0)
+    LATTICE_FAIL() << "--moe-ffn-hidden-size " << c.moe_ffn_hidden_size
+                   << " is not divisible by --tensor-model-parallel-size " << tp;
   if (c.num_attention_heads % tp != 0)
     LATTICE_FAIL() << "--num-attention-heads " << c.num_attention_heads
                    << " is not divisible by --tensor-model-parallel-size " << tp;
@@ -62,6 +62,7 @@ void TransformerConfig::finalize(int64_t tp) {
   if (padded_vocab_size == 0)
     padded_vocab_size = pad_vocab_size(vocab_size, make_vocab_size_divisible_by, tp);
   if (padded_vocab_size < vocab_size) LATTICE_FAIL() << "padded vocabulary smaller than the vocabulary";
+  check_moe();
   check_tensor_parallel_split(*this, tp);
   if (max_position_embeddings <= 0)
     LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
@@ -73,7 +74,6 @@ void TransformerConfig::finalize(int64_t tp) {
   if (attention_dropout < 0 || attention_dropout >= 1)
     LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
   check_recompute();
-  check_moe();
 }
 
 void TransformerConfig::check_moe() {

@@ -34,7 +34,7 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // always with the rotary embedding: with learned positions the key norm's bias adds the same to
 // every score of a query, so its gradient is zero up to rounding, which Adam amplifies.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false,
-                         bool qk_layernorm = false) {
+                         bool qk_layernorm = false, bool moe = false) {
   TransformerConfig c;
   c.num_attention_heads = 4;
   if (rope) {  // an attention twice as wide as the hidden size (8 heads of 8 sharing 4 keys and values:
@@ -50,6 +50,13 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
   if (swiglu) c.swiglu = true;
   c.qk_layernorm = qk_layernorm;
   if (qk_layernorm) c.position_embedding_type = "rope";  // LayerNorm's biases kept without `rope`
+  if (moe) {  // 4 experts of ffn 64 (each split over the ranks), top-2, the load-balancing loss
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 64;
+    c.moe_aux_loss_coeff = 0.01f;
+    c.add_bias_linear = false;
+  }
   c.num_layers = layers;
   c.hidden_size = 32;
   c.vocab_size = 50;
@@ -62,8 +69,8 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 
 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
-                bool rope = false, bool swiglu = false, bool qk_layernorm = false) {
-  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_layernorm), kB, kT, tp);
+                bool rope = false, bool swiglu = false, bool qk_layernorm = false, bool moe = false) {
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_layernorm, moe), kB, kT, tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
@@ -88,6 +95,7 @@ struct Layout {
                       // query groups, --disable-bias-linear, RMSNorm, SwiGLU
   bool swiglu = false;  // SwiGLU with the linear layers' biases
   bool qk_layernorm = false;  // --qk-layernorm
+  bool moe = false;           // --num-experts 4 (Megatron's TP split of every expert)
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -96,8 +104,8 @@ class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
 TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm);
-  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_layernorm);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe);
+  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe);
   expect_same_run(tp, single);
 }
 
@@ -106,12 +114,12 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
-  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_layernorm);
+  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_layernorm, l.moe);
   expect_same_run(run, single);
 }
 
@@ -119,11 +127,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                          ::testing::Values(Layout{false, 0.0f}, Layout{true, 0.0f}, Layout{false, 0.1f},
                                            Layout{true, 0.1f}, Layout{true, 0.1f, true},
                                            Layout{false, 0.1f, false, true}, Layout{false, 0.0f, false, false, true},
-                                           Layout{true, 0.1f, true, false, true}),
+                                           Layout{true, 0.1f, true, false, true},
+                                           Layout{false, 0.1f, false, true, false, true},
+                                           Layout{true, 0.0f, true, false, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
-                                  (info.param.swiglu ? "Swiglu" : "") + (info.param.qk_layernorm ? "QkLayernorm" : "");
+                                  (info.param.swiglu ? "Swiglu" : "") + (info.param.qk_layernorm ? "QkLayernorm" : "") + (info.param.moe ? "Moe" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

@@ -226,6 +226,10 @@ TEST(MemoryEstimate, MixtureOfExpertsEqualsTheModel) {
     c.moe_ffn_hidden_size = 24;
     c.finalize();
     expect_matches(layout(c, 1, 1, 1, 4), 0);
+    TransformerConfig c2 = c;  // every expert's fc1 and fc2 split over 2 tensor-parallel ranks
+    c2.padded_vocab_size = 0;
+    c2.finalize(2);
+    expect_matches(layout(c2, 2, 1, 1, 4), 0);
     const int64_t with = estimate_rank_memory(layout(c, 1, 1, 1, 4), 0, 0).parameters;
     base.finalize();
     const int64_t without = estimate_rank_memory(layout(base, 1, 1, 1, 4), 0, 0).parameters;

@@ -246,7 +246,9 @@ TEST(Moe, ConfigurationErrorsNameTheFlag) {
   c = config();
   c.moe_aux_loss_coeff = -1.0f;
   expect_error(c, 1, "--moe-aux-loss-coeff");
-  expect_error(config(), 2, "--tensor-model-parallel-size 2");
+  c = config();
+  c.moe_ffn_hidden_size = 3;  // each expert's ffn splits over the tensor-parallel ranks
+  expect_error(c, 2, "--moe-ffn-hidden-size 3 is not divisible by --tensor-model-parallel-size 2");
 }
 
 }  // namespace
