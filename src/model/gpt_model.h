@@ -1,7 +1,9 @@
 // GPTModel: Megatron's GPT with learned absolute positions (or the rotary embedding of q
-// and k), pre-LayerNorm layers, fused QKV (grouped-query with --num-query-groups) -> core
-// attention -> output projection (heads x kv_channels wide), MLP fc1 -> GELU (or SwiGLU) -> fc2 (biases unless --disable-bias-linear), final
-// LayerNorm, and an output layer tied to the word embedding unless untied.
+// and k), pre-LayerNorm layers, fused QKV (grouped-query with --num-query-groups; per-head
+// query and key norms with --qk-layernorm) -> core attention -> output projection (heads x
+// kv_channels wide), MLP fc1 -> GELU (or SwiGLU) -> fc2 (biases unless --disable-bias-linear;
+// a mixture of such experts with --num-experts, model/moe_layer.h), final LayerNorm, and an
+// output layer tied to the word embedding unless untied.
 // Explicit forward and backward; parameters in one ParamBuffer; activations in an
 // Arena sized once for (micro_batch_size, seq_length). Activation recomputation
 // (TransformerConfig::recompute_*) keeps less in it and reruns forward parts in
