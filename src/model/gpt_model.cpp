@@ -815,7 +815,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);
       layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), LayerNormDout(d_ln2), x.resid_mid,
                          params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
-      grads_ready(std::vector<int>{p.router_w});
+      grads_ready({p.router_w});
       grads_ready(p.expert_fc1);
       grads_ready(p.expert_fc2);
     } else {

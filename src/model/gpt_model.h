@@ -408,11 +408,6 @@ class GPTModel {
   float* bias_grad_or_null(int b) const { return b >= 0 ? params_.grad(b) : nullptr; }
   const float* bias(int b) const { return b >= 0 ? params_.param(b) : no_bias_.data(); }
   float* bias_grad(int b) const { return b >= 0 ? params_.grad(b) : bias_grad_sink_.data(); }
-  void grads_ready(std::initializer_list<int> indices) const {
-    if (grad_ready_)
-      for (int i : indices)
-        if (i >= 0 && i != shared_embedding_) grad_ready_(i);
-  }
   void grads_ready(const std::vector<int>& indices) const {
     if (grad_ready_)
       for (int i : indices)
