@@ -257,10 +257,9 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     c.num_experts = hf::config_int(j, what, "num_experts");
     c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
     c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
-    // lattice's router renormalizes the chosen experts' probabilities (the softmax over their logits)
-    if (!hf::config_bool(j, what, "norm_topk_prob", false))
-      LATTICE_FAIL() << what << ": norm_topk_prob false is not supported (lattice weighs a token's experts by the "
-                     << "softmax over their logits: norm_topk_prob true)";
+    // norm_topk_prob true: the chosen experts' probabilities renormalized (the softmax over their
+    // logits, lattice's default); false: as the softmax over all experts gave them
+    c.moe_router_pre_softmax = !hf::config_bool(j, what, "norm_topk_prob", false);
     if (j.contains("decoder_sparse_step") && hf::config_int(j, what, "decoder_sparse_step") != 1)
       LATTICE_FAIL() << what << ": decoder_sparse_step " << j["decoder_sparse_step"].dump()
                      << " is not supported (every layer a mixture of experts: 1)";
@@ -329,7 +328,7 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.moe_router_topk;
     j["moe_intermediate_size"] = c.moe_ffn_hidden_size;
-    j["norm_topk_prob"] = true;
+    j["norm_topk_prob"] = !c.moe_router_pre_softmax;
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = json::array();
     j["router_aux_loss_coef"] = 0.001;
@@ -363,6 +362,11 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
     return "linear biases (HuggingFace Llama has none, Qwen2 QKV's only: --disable-bias-linear [--add-qkv-bias])";
   if (c.moe() && c.add_qkv_bias)
     return "--num-experts with --add-qkv-bias (HuggingFace Mixtral and Qwen3-MoE have no QKV biases)";
+  if (c.moe() && c.moe_router_topk_scaling_factor != 1.0f)
+    return "--moe-router-topk-scaling-factor (HuggingFace Mixtral and Qwen3-MoE do not scale the gates)";
+  if (c.moe() && c.moe_router_pre_softmax && !c.qk_layernorm)
+    return "--moe-router-pre-softmax without --qk-layernorm (HuggingFace Mixtral renormalizes the chosen experts' "
+           "probabilities; Qwen3-MoE's norm_topk_prob false needs --qk-layernorm)";
   if (c.qk_layernorm && c.add_qkv_bias)
     return "--qk-layernorm with --add-qkv-bias (HuggingFace Qwen3's attention_bias also biases o_proj)";
   if (c.add_qkv_bias && c.kv_channels * c.num_attention_heads != c.hidden_size)

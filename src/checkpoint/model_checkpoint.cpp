@@ -52,6 +52,8 @@ const std::vector<OptionalField>& optional_fields() {
       {"num_experts", "--num-experts", 0},
       {"moe_router_topk", "--moe-router-topk", 2},
       {"moe_ffn_hidden_size", "--moe-ffn-hidden-size", 0},
+      {"moe_router_pre_softmax", "--moe-router-pre-softmax", false},
+      {"moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", 1.0},
       {"normalization", "--normalization", "LayerNorm"},
       {"swiglu", "--swiglu", false},
       {"num_query_groups", "--num-query-groups", nullptr},  // null: as many as the saved heads
@@ -110,6 +112,8 @@ json model_config_json(const TransformerConfig& c) {
           {"num_experts", c.num_experts},
           {"moe_router_topk", c.moe_router_topk},
           {"moe_ffn_hidden_size", c.moe_ffn_hidden_size},
+          {"moe_router_pre_softmax", c.moe_router_pre_softmax},
+          {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor},
           {"normalization", c.normalization},
           {"swiglu", c.swiglu},
           {"num_query_groups", c.num_query_groups},
@@ -147,6 +151,8 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.num_experts = optional_field(j, "num_experts").get<int64_t>();
     c.moe_router_topk = optional_field(j, "moe_router_topk").get<int64_t>();
     c.moe_ffn_hidden_size = optional_field(j, "moe_ffn_hidden_size").get<int64_t>();
+    c.moe_router_pre_softmax = optional_field(j, "moe_router_pre_softmax").get<bool>();
+    c.moe_router_topk_scaling_factor = optional_field(j, "moe_router_topk_scaling_factor").get<float>();
     c.normalization = optional_field(j, "normalization").get<std::string>();
     c.swiglu = optional_field(j, "swiglu").get<bool>();
     c.num_query_groups = optional_field(j, "num_query_groups").get<int64_t>();

@@ -37,6 +37,8 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp) {
   s.swiglu = c.swiglu;
   s.gelu = c.gelu;
   s.aux_loss_coeff = c.moe_aux_loss_coeff;
+  s.pre_softmax = c.moe_router_pre_softmax;
+  s.scale = c.moe_router_topk_scaling_factor;
   return s;
 }
 
@@ -81,6 +83,16 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s) 
   st.gate_host.resize(size_t(S));
   std::vector<int64_t> counts(size_t(E), 0);
   std::vector<int32_t> order(static_cast<size_t>(E));
+  // softmax over every expert: the load-balancing loss's, and the gates with pre_softmax
+  st.scores.resize(size_t(N * E));
+  for (int64_t t = 0; t < N; ++t) {
+    const float* l = logits + t * E;
+    float* p = st.scores.data() + t * E;
+    const float m = *std::max_element(l, l + E);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
+    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+  }
   for (int64_t t = 0; t < N; ++t) {
     const float* l = logits + t * E;
     for (int64_t e = 0; e < E; ++e) {
@@ -91,14 +103,15 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s) 
     }
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-    // softmax over the chosen logits, in fp32 (the largest first)
+    // softmax over the chosen logits, in fp32 (the largest first), or the one over all
     const float m = l[order[0]];
     float sum = 0.0f;
     for (int64_t j = 0; j < k; ++j) sum += std::exp(l[order[size_t(j)]] - m);
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = order[size_t(j)];
+      const float q = s.pre_softmax ? st.scores[size_t(t * E + e)] : std::exp(l[e] - m) / sum;
       st.choice[size_t(t * k + j)] = e;
-      st.gate_host[size_t(t * k + j)] = std::exp(l[e] - m) / sum;
+      st.gate_host[size_t(t * k + j)] = s.scale == 1.0f ? q : q * s.scale;
       ++counts[size_t(e)];
     }
   }
@@ -120,19 +133,9 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s) 
   copy_to_device(st.gate, gate.data(), size_t(S) * sizeof(float));
   st.slot_of_host = std::move(slot_of);
   // The load-balancing loss: softmax over every expert, weighted by the experts' token counts.
-  st.scores.resize(size_t(N * E));
   double aux = 0.0;
-  for (int64_t t = 0; t < N; ++t) {
-    const float* l = logits + t * E;
-    float* p = st.scores.data() + t * E;
-    const float m = *std::max_element(l, l + E);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
-    for (int64_t e = 0; e < E; ++e) {
-      p[e] /= sum;
-      aux += double(p[e]) * double(counts[size_t(e)]);
-    }
-  }
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t e = 0; e < E; ++e) aux += double(st.scores[size_t(t * E + e)]) * double(counts[size_t(e)]);
   st.balance = N > 0 ? aux * double(E) / (double(k) * double(N) * double(N)) : 0.0;
   st.aux_loss = st.balance * double(s.aux_loss_coeff);
 }
@@ -184,17 +187,23 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
                       F1, false, w.fc1_site[size_t(e)]);
   }
   moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
-  // The router: the gate softmax's backward over each token's k experts, and the
-  // load-balancing loss's through the softmax over all E.
+  // The router: the gates' softmax's backward (over each token's k experts, or with
+  // pre_softmax over all E, only the chosen ones' probabilities having a gradient), and the
+  // load-balancing loss's through the softmax over all E. q = gate / scale, dq = d_gate scale:
+  // q dq = gate d_gate.
   std::vector<float> d_gate(static_cast<size_t>(S)), d_logits(static_cast<size_t>(N * E), 0.0f);
   copy_to_host(d_gate.data(), sc.d_gate, d_gate.size() * sizeof(float));
   for (int64_t t = 0; t < N; ++t) {
     float dot = 0.0f;
     for (int64_t j = 0; j < k; ++j)
       dot += st.gate_host[size_t(t * k + j)] * d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
+    if (s.pre_softmax) {  // d l_e = p_e (dp_e - sum_chosen p dp), dp_e = 0 unless e is chosen
+      const float* p = st.scores.data() + t * E;
+      for (int64_t e = 0; e < E; ++e) d_logits[size_t(t * E + e)] = -p[e] * dot;
+    }
     for (int64_t j = 0; j < k; ++j) {
-      const float q = st.gate_host[size_t(t * k + j)], dq = d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
-      d_logits[size_t(t * E + st.choice[size_t(t * k + j)])] = q * (dq - dot);
+      const float g = st.gate_host[size_t(t * k + j)], dg = d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
+      d_logits[size_t(t * E + st.choice[size_t(t * k + j)])] += g * dg - (s.pre_softmax ? 0.0f : g * dot / s.scale);
     }
   }
   if (s.aux_loss_coeff > 0.0f && N > 0) {

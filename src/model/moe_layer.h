@@ -3,9 +3,11 @@
 // [E, C] scores every token, each token goes to its k best experts, and its output is the sum
 // of those experts' MLP outputs weighted by the router's probabilities.
 //
-// Routing (Megatron's defaults: softmax after the top-k, dropless):
+// Routing (dropless; Megatron's default softmax after the top-k):
 //   logits = x Wr^T [N, E];  idx = the k largest logits of a token (ties: the lower expert),
-//   gate = softmax over those k logits (fp32);  y[t] = sum_j gate[t, j] expert_idx[t,j](x[t]).
+//   gate = softmax over those k logits (fp32)  (--moe-router-pre-softmax: softmax over all E
+//   logits at idx, not renormalized), times --moe-router-topk-scaling-factor;
+//   y[t] = sum_j gate[t, j] expert_idx[t,j](x[t]).
 // Each expert is the model's MLP (fc1 [F1, C], GELU or SwiGLU, fc2 [C, F]; F = the expert's ffn
 // size, --moe-ffn-hidden-size) without biases. The load-balancing loss (--moe-aux-loss-coeff a,
 // Megatron's switch_load_balancing_loss_func) a E / (k N^2) sum_e (sum_t p[t, e]) count_e, with
@@ -34,6 +36,8 @@ struct MoeShape {
   bool swiglu = false;
   GeluKind gelu = GeluKind::erf;
   float aux_loss_coeff = 0.0f;
+  bool pre_softmax = false;  // --moe-router-pre-softmax: gates from the softmax over all E logits
+  float scale = 1.0f;        // --moe-router-topk-scaling-factor
   int64_t F1() const { return swiglu ? 2 * F : F; }  // fc1's outputs
 };
 
@@ -67,7 +71,7 @@ struct MoeState {
   // host
   std::vector<int64_t> offsets;    // [E + 1] each expert's first slot
   std::vector<int32_t> choice;     // [N, k] the experts chosen, best first
-  std::vector<float> gate_host;    // [N, k] their probabilities
+  std::vector<float> gate_host;    // [N, k] their gates (probabilities times the scaling factor)
   std::vector<int32_t> slot_of_host;  // [N, k] slot_of
   std::vector<float> scores;       // [N, E] softmax over every expert (the load-balancing loss)
   double balance = 0.0;            // E / (k N^2) sum_e (sum_t p[t, e]) count_e of the last forward (1: even)

@@ -85,6 +85,9 @@ void TransformerConfig::check_moe() {
     LATTICE_FAIL() << "--moe-router-topk must be in [1, --num-experts " << num_experts << "], got " << moe_router_topk;
   if (!(moe_aux_loss_coeff >= 0.0f && std::isfinite(moe_aux_loss_coeff)))
     LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << moe_aux_loss_coeff;
+  if (!(moe_router_topk_scaling_factor > 0.0f && std::isfinite(moe_router_topk_scaling_factor)))
+    LATTICE_FAIL() << "--moe-router-topk-scaling-factor must be a finite number > 0, got "
+                   << moe_router_topk_scaling_factor;
   if (add_bias_linear)
     LATTICE_FAIL() << "--num-experts needs --disable-bias-linear (lattice's experts have no biases)";
 }

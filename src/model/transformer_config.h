@@ -69,6 +69,12 @@ struct TransformerConfig {
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;
   float moe_aux_loss_coeff = 0.0f;
+  // The router's gates (Megatron's topk_softmax_with_capacity): by default softmax over the k
+  // largest logits; --moe-router-pre-softmax: softmax over all E, then the k largest of those
+  // probabilities, not renormalized (HuggingFace's norm_topk_prob false); either way times
+  // --moe-router-topk-scaling-factor (1: none).
+  bool moe_router_pre_softmax = false;
+  float moe_router_topk_scaling_factor = 1.0f;
   bool moe() const { return num_experts > 0; }
   // The MoE part of finalize().
   void check_moe();

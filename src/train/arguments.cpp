@@ -83,6 +83,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "weight of the load-balancing loss's gradient (0: none; Megatron's aux_loss)"},
       {"moe-router-load-balancing-type", Kind::str, &a.moe_router_load_balancing_type,
        "aux_loss (the load-balancing loss, weighted by --moe-aux-loss-coeff) or none"},
+      {"moe-router-pre-softmax", Kind::flag, &a.moe_router_pre_softmax,
+       "gates: softmax over every expert, then the top-k of those (default: softmax over the top-k logits)"},
+      {"moe-router-topk-scaling-factor", Kind::f32, &a.moe_router_topk_scaling_factor,
+       "multiplies the chosen experts' gates (default 1)"},
       {"qk-layernorm", Kind::flag, &a.qk_layernorm,
        "normalize each query and key head (--normalization over --kv-channels) before the rotary embedding (Qwen3)"},
       {"micro-batch-size", Kind::i64, &a.micro_batch_size, "sequences per micro-batch"},
@@ -547,6 +551,8 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.num_experts = num_experts;
   c.moe_router_topk = moe_router_topk;
   c.moe_ffn_hidden_size = moe_ffn_hidden_size;
+  c.moe_router_pre_softmax = moe_router_pre_softmax;
+  c.moe_router_topk_scaling_factor = moe_router_topk_scaling_factor;
   c.moe_aux_loss_coeff = moe_router_load_balancing_type == "none" ? 0.0f : moe_aux_loss_coeff;
   c.normalization = normalization;
   c.position_embedding_type = position_embedding_type;
@@ -636,6 +642,9 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     from_model("num-experts", "num_experts");
     from_model("moe-router-topk", "moe_router_topk");
     from_model("moe-ffn-hidden-size", "moe_ffn_hidden_size");
+    on("moe-router-pre-softmax", m.value("moe_router_pre_softmax", false));
+    if (m.value("moe_router_topk_scaling_factor", 1.0) != 1.0)
+      from_model("moe-router-topk-scaling-factor", "moe_router_topk_scaling_factor");
   }
   from_model("normalization", "normalization");
   on("swiglu", m.value("swiglu", false));

@@ -35,6 +35,8 @@ struct TrainArgs {
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;
   float moe_aux_loss_coeff = 0.0f;
+  bool moe_router_pre_softmax = false;
+  float moe_router_topk_scaling_factor = 1.0f;
   std::string moe_router_load_balancing_type = "aux_loss";
   bool use_checkpoint_args = false;  // --use-checkpoint-args: unspecified model flags from --load
   bool skip_train = false;           // --skip-train: evaluate the loaded model only

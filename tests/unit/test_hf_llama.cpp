@@ -557,9 +557,10 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   }
   {
     TempDir t("qwen3_moe_unnormalized");  // weights = the softmax over every expert, not renormalized
-    expect_error(hf_test::rewritten_fixture("hf_qwen3_moe_tiny", nullptr,
-                                            [](nlohmann::json& j) { j["norm_topk_prob"] = false; }, t),
-                 {"config.json", "norm_topk_prob"});
+    const std::string dir = hf_test::rewritten_fixture("hf_qwen3_moe_tiny", nullptr,
+                                                       [](nlohmann::json& j) { j["norm_topk_prob"] = false; }, t);
+    EXPECT_TRUE(load_hf_llama(dir).model->config().moe_router_pre_softmax);
+    EXPECT_FALSE(load_hf_llama(fixture("hf_qwen3_moe_tiny")).model->config().moe_router_pre_softmax);
   }
   {
     TempDir t("qwen3_moe_dense_layers");

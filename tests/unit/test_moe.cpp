@@ -107,6 +107,31 @@ TEST(Moe, RoutingPicksTheTopKAndGroupsTheSlotsByExpert) {
     }
 }
 
+// --moe-router-pre-softmax: the gates are the softmax over all E at the k chosen (the same
+// experts), not renormalized; --moe-router-topk-scaling-factor multiplies either kind.
+TEST(Moe, PreSoftmaxAndScalingFactorGates) {
+  const int64_t N = 2, E = 4, k = 2;
+  const std::vector<float> logits = {0.5f, 2.0f, 1.0f, -1.0f, 3.0f, 0.0f, 1.0f, 2.5f};
+  MoeShape s = shape(E, k);
+  s.pre_softmax = true;
+  s.scale = 2.5f;
+  Routed pre(logits, N, s);
+  s.pre_softmax = false;
+  Routed post(logits, N, s);
+  EXPECT_EQ(pre.st.choice, (std::vector<int32_t>{1, 2, 0, 3}));
+  EXPECT_EQ(post.st.choice, pre.st.choice);
+  for (int64_t t = 0; t < N; ++t) {
+    double z = 0;
+    for (int64_t e = 0; e < E; ++e) z += std::exp(double(logits[size_t(t * E + e)]));
+    const double l0 = logits[size_t(t * E + pre.st.choice[size_t(t * k)])];
+    const double l1 = logits[size_t(t * E + pre.st.choice[size_t(t * k + 1)])];
+    EXPECT_NEAR(pre.st.gate_host[size_t(t * k)], 2.5 * std::exp(l0) / z, 1e-6);
+    EXPECT_NEAR(pre.st.gate_host[size_t(t * k + 1)], 2.5 * std::exp(l1) / z, 1e-6);
+    EXPECT_NEAR(post.st.gate_host[size_t(t * k)], 2.5 / (1.0 + std::exp(l1 - l0)), 1e-6);
+    EXPECT_NEAR(post.st.gate_host[size_t(t * k + 1)], 2.5 / (1.0 + std::exp(l0 - l1)), 1e-6);
+  }
+}
+
 // Megatron's switch_load_balancing_loss_func: a E / (k N^2) sum_e (sum_t softmax(l_t)[e]) count_e.
 TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
   const int64_t N = 4, E = 3, k = 1;
@@ -142,9 +167,17 @@ TEST(Moe, NonFiniteLogitsAreAnError) {
 // The layer's input and weight gradients against central differences of its forward (with the
 // load-balancing loss's gradient: the objective is sum(R y) + aux).
 TEST(Moe, LayerGradientsMatchFiniteDifferences) {
-  for (bool swiglu : {false, true}) {
+  struct Variant {
+    bool swiglu, pre_softmax;
+    float scale;
+  };
+  for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
+                          Variant{true, true, 2.5f}, Variant{false, false, 1.5f}}) {
+    const bool swiglu = var.swiglu;
     MoeShape s = shape(3, 2, 0.5f);
     s.swiglu = swiglu;
+    s.pre_softmax = var.pre_softmax;
+    s.scale = var.scale;
     const int64_t N = 4, C = s.C, F = s.F, F1 = s.F1(), E = s.E;
     std::vector<float> x = random_floats(size_t(N * C), 11, -1.5f, 1.5f), R = random_floats(size_t(N * C), 12);
     std::vector<float> router = random_floats(size_t(E * C), 13);
@@ -202,7 +235,8 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
         const double fm = objective();
         v[i] = v0;
         const double want = (fp - fm) / (2.0 * h);
-        EXPECT_NEAR(got[i], want, 2e-3 * (1.0 + std::fabs(want))) << what << "[" << i << "] swiglu " << swiglu;
+        EXPECT_NEAR(got[i], want, 2e-3 * (1.0 + std::fabs(want)))
+            << what << "[" << i << "] swiglu " << swiglu << " pre-softmax " << var.pre_softmax << " scale " << var.scale;
       }
     };
     check(x, dx, "dx");
@@ -246,6 +280,9 @@ TEST(Moe, ConfigurationErrorsNameTheFlag) {
   c = config();
   c.moe_aux_loss_coeff = -1.0f;
   expect_error(c, 1, "--moe-aux-loss-coeff");
+  c = config();
+  c.moe_router_topk_scaling_factor = 0.0f;
+  expect_error(c, 1, "--moe-router-topk-scaling-factor");
   c = config();
   c.moe_ffn_hidden_size = 3;  // each expert's ffn splits over the tensor-parallel ranks
   expect_error(c, 2, "--moe-ffn-hidden-size 3 is not divisible by --tensor-model-parallel-size 2");
