@@ -1,5 +1,6 @@
 #include "checkpoint/hf_llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -66,7 +67,7 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
     }
     m.push_back({lat + "self_attention.linear_proj.weight", {{hf + "self_attn.o_proj.weight"}}});
     m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight"}}});
-    if (c.moe()) {  // Mixtral's block_sparse_moe (w1 gate, w3 up, w2 down) or Qwen3-MoE's mlp
+    if (c.moe_layer(l)) {  // Mixtral's block_sparse_moe (w1 gate, w3 up, w2 down) or Qwen3-MoE's mlp
       const MoeNames n = moe_names(c);
       m.push_back({lat + "mlp.router.weight", {{hf + n.router}}});
       for (int64_t e = 0; e < c.num_experts; ++e) {
@@ -107,7 +108,7 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c) {
     }
     s[hf + "self_attn.o_proj.weight"] = {C, Q};
     s[hf + "post_attention_layernorm.weight"] = {C};
-    if (c.moe()) {
+    if (c.moe_layer(l)) {
       const MoeNames n = moe_names(c);
       const int64_t Fe = c.moe_ffn_hidden_size;
       s[hf + n.router] = {c.num_experts, C};
@@ -154,6 +155,25 @@ std::string llama_family(const json& j) {
       if (a == "MistralForCausalLM") return "mistral";
     }
   return "";
+}
+
+// Qwen-MoE's sparse layers (modeling_qwen2_moe, modeling_qwen3_moe): layer l is a mixture of
+// experts unless it is in mlp_only_layers, when (l + 1) % decoder_sparse_step == 0 (default 1).
+std::vector<int> qwen_moe_layers(const json& j, const std::string& what, int64_t layers) {
+  const int64_t step = j.contains("decoder_sparse_step") ? hf::config_int(j, what, "decoder_sparse_step") : 1;
+  std::vector<int> pattern(static_cast<size_t>(layers), 0);
+  for (int64_t l = 0; l < layers; ++l) pattern[size_t(l)] = (l + 1) % step == 0 ? 1 : 0;
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    const json& dense = j["mlp_only_layers"];
+    if (!dense.is_array()) LATTICE_FAIL() << what << ": mlp_only_layers " << dense.dump() << " is not a list";
+    for (const json& l : dense) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= layers)
+        LATTICE_FAIL() << what << ": mlp_only_layers entry " << l.dump() << " is not a layer in [0, " << layers << ")";
+      pattern[size_t(l.get<int64_t>())] = 0;
+    }
+  }
+  if (std::all_of(pattern.begin(), pattern.end(), [](int v) { return v == 1; })) pattern.clear();
+  return pattern;
 }
 
 }  // namespace
@@ -260,12 +280,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     // norm_topk_prob true: the chosen experts' probabilities renormalized (the softmax over their
     // logits, lattice's default); false: as the softmax over all experts gave them
     c.moe_router_pre_softmax = !hf::config_bool(j, what, "norm_topk_prob", false);
-    if (j.contains("decoder_sparse_step") && hf::config_int(j, what, "decoder_sparse_step") != 1)
-      LATTICE_FAIL() << what << ": decoder_sparse_step " << j["decoder_sparse_step"].dump()
-                     << " is not supported (every layer a mixture of experts: 1)";
-    if (j.contains("mlp_only_layers") && !(j["mlp_only_layers"].is_array() && j["mlp_only_layers"].empty()))
-      LATTICE_FAIL() << what << ": mlp_only_layers " << j["mlp_only_layers"].dump()
-                     << " is not supported (every layer a mixture of experts: [])";
+    c.moe_layer_pattern = qwen_moe_layers(j, what, c.num_layers);
   }
   c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
   c.make_vocab_size_divisible_by = divisible_by;
@@ -331,6 +346,8 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
     j["norm_topk_prob"] = !c.moe_router_pre_softmax;
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = json::array();
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      if (!c.moe_layer(l)) j["mlp_only_layers"].push_back(l);
     j["router_aux_loss_coef"] = 0.001;
     j["output_router_logits"] = false;
   } else if (c.moe()) {  // MixtralConfig: intermediate_size is each expert's
@@ -364,6 +381,9 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
     return "--num-experts with --add-qkv-bias (HuggingFace Mixtral and Qwen3-MoE have no QKV biases)";
   if (c.moe() && c.moe_router_topk_scaling_factor != 1.0f)
     return "--moe-router-topk-scaling-factor (HuggingFace Mixtral and Qwen3-MoE do not scale the gates)";
+  if (c.moe() && !c.moe_layer_pattern.empty() && !c.qk_layernorm)
+    return "--moe-layer-freq without --qk-layernorm (HuggingFace Mixtral's every layer is a mixture of experts; "
+           "Qwen3-MoE's mlp_only_layers needs --qk-layernorm)";
   if (c.moe() && c.moe_router_pre_softmax && !c.qk_layernorm)
     return "--moe-router-pre-softmax without --qk-layernorm (HuggingFace Mixtral renormalizes the chosen experts' "
            "probabilities; Qwen3-MoE's norm_topk_prob false needs --qk-layernorm)";

@@ -53,6 +53,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"moe_router_topk", "--moe-router-topk", 2},
       {"moe_ffn_hidden_size", "--moe-ffn-hidden-size", 0},
       {"moe_router_pre_softmax", "--moe-router-pre-softmax", false},
+      {"moe_layer_freq", "--moe-layer-freq", json::array()},
       {"moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", 1.0},
       {"normalization", "--normalization", "LayerNorm"},
       {"swiglu", "--swiglu", false},
@@ -113,6 +114,7 @@ json model_config_json(const TransformerConfig& c) {
           {"moe_router_topk", c.moe_router_topk},
           {"moe_ffn_hidden_size", c.moe_ffn_hidden_size},
           {"moe_router_pre_softmax", c.moe_router_pre_softmax},
+          {"moe_layer_freq", c.moe_layer_pattern},
           {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor},
           {"normalization", c.normalization},
           {"swiglu", c.swiglu},
@@ -152,6 +154,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.moe_router_topk = optional_field(j, "moe_router_topk").get<int64_t>();
     c.moe_ffn_hidden_size = optional_field(j, "moe_ffn_hidden_size").get<int64_t>();
     c.moe_router_pre_softmax = optional_field(j, "moe_router_pre_softmax").get<bool>();
+    c.moe_layer_pattern = optional_field(j, "moe_layer_freq").get<std::vector<int>>();
     c.moe_router_topk_scaling_factor = optional_field(j, "moe_router_topk_scaling_factor").get<float>();
     c.normalization = optional_field(j, "normalization").get<std::string>();
     c.swiglu = optional_field(j, "swiglu").get<bool>();

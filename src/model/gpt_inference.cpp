@@ -48,7 +48,8 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
       qk = {p(s + "self_attention.q_layernorm.weight"), norm_bias(s + "self_attention.q_layernorm.bias"),
             p(s + "self_attention.k_layernorm.weight"), norm_bias(s + "self_attention.k_layernorm.bias")};
     MoeWeights moe;
-    if (cfg_.moe()) {
+    const bool moe_layer = cfg_.moe_layer(l);
+    if (moe_layer) {
       moe.router = p(s + "mlp.router.weight");
       for (int64_t e = 0; e < cfg_.num_experts; ++e) {
         const std::string x = s + "mlp.experts.local_experts." + std::to_string(e) + ".";
@@ -58,7 +59,7 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
       moe.fc1_site.resize(moe.fc1.size());
       moe.fc2_site.resize(moe.fc2.size());
     }
-    auto dense = [&](const std::string& name) -> const float* { return cfg_.moe() ? nullptr : p(name); };
+    auto dense = [&](const std::string& name) -> const float* { return moe_layer ? nullptr : p(name); };
     layers_.push_back({p(s + "input_layernorm.weight"), norm_bias(s + "input_layernorm.bias"),
                        p(s + "self_attention.linear_qkv.weight"),
                        cfg_.qkv_bias() ? p(s + "self_attention.linear_qkv.bias") : nullptr,
@@ -141,7 +142,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);
-    if (cfg_.moe()) {
+    if (cfg_.moe_layer(l)) {
       moe_forward(tmp, ln, moe_, p.moe, n, lattice::moe_shape(cfg_));
       add_forward(x, x, tmp, n * C);
       continue;

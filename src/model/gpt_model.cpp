@@ -305,7 +305,7 @@ void GPTModel::register_parameters() {
       if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
       if (norm_bias) p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-      if (cfg_.moe()) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts (no biases)
+      if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts (no biases)
         const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.swiglu ? 2 * Fe : Fe;
         p.router_w = add(layer_name(l, "mlp.router.weight"), {cfg_.num_experts, C}, ParamInit::normal, std, -1);
         for (int64_t e = 0; e < cfg_.num_experts; ++e) {
@@ -352,7 +352,9 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   const int64_t Gl = cfg.num_query_groups / P;
   const int64_t Vl = cfg.padded_vocab_size / P;
   const bool selective = cfg.recompute_granularity == "selective";
-  auto alloc_layer = [&](bool attention) {
+  // moe, dense: the layer buffers of an MoE layer, of a dense MLP's (a recomputation group's
+  // shared layer may serve both kinds).
+  auto alloc_layer = [&](bool attention, bool moe, bool dense) {
     Activations::Layer x;
     x.ln1 = arena.alloc_f32(Ns * C, "input_layernorm");
     x.ln1_mean = arena.alloc_f32(Ns);
@@ -369,15 +371,15 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
     x.ln2_mean = arena.alloc_f32(Ns);
     x.ln2_rstd = arena.alloc_f32(Ns);
-    if (cfg.moe()) {
-      x.fc1 = x.gelu = nullptr;
+    if (moe) {
       x.moe = std::make_shared<MoeState>();
       const MoeShape ms = lattice::moe_shape(cfg, P);
       moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, ms), "moe"), N, ms);
-      return x;
     }
-    x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");
-    x.gelu = arena.alloc_f32(N * Fl, "gelu");
+    if (dense) {
+      x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");
+      x.gelu = arena.alloc_f32(N * Fl, "gelu");
+    }
     return x;
   };
   const int chunks = int(place.chunks.size());
@@ -387,9 +389,18 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     groups.push_back(recompute_groups(cfg, end - begin));
     for (auto [b, e] : groups.back()) largest = std::max(largest, e - b);
   }
+  // The kinds of layer each shared group layer serves (the j-th of some group of some chunk).
+  std::vector<bool> group_moe(size_t(largest), false), group_dense(size_t(largest), false);
+  for (int c = 0; c < chunks; ++c)
+    for (auto [b, e] : groups[size_t(c)])
+      for (int64_t i = b; i < e; ++i) {
+        const bool moe = cfg.moe_layer(place.chunks[size_t(c)].first + i);
+        group_moe[size_t(i - b)] = group_moe[size_t(i - b)] || moe;
+        group_dense[size_t(i - b)] = group_dense[size_t(i - b)] || !moe;
+      }
   sc.group.clear();
   sc.group_resid.clear();
-  for (int64_t j = 0; j < largest; ++j) sc.group.push_back(alloc_layer(true));
+  for (int64_t j = 0; j < largest; ++j) sc.group.push_back(alloc_layer(true, group_moe[size_t(j)], group_dense[size_t(j)]));
   for (int64_t j = 1; j < largest; ++j) sc.group_resid.push_back(arena.alloc_f32(Ns * C, "residual"));
   sc.attn = selective ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
   sc.lse = selective ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
@@ -419,7 +430,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
       for (int64_t l = 0; l < layers; ++l) {
         if (shared_layer[size_t(l)]) continue;
         Activations::Layer& x = a.layers[size_t(l)];
-        x = alloc_layer(!selective);
+        const bool moe = cfg.moe_layer(place.chunks[size_t(c)].first + l);
+        x = alloc_layer(!selective, moe, !moe);
         if (selective) {
           x.attn = sc.attn;
           x.lse = sc.lse;
@@ -527,7 +539,7 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
   const size_t first = chunk_first_[size_t(chunk)];
   for (size_t i = 0; i < a.layers.size(); ++i) {
     forward_layer(layers_[first + i], a, i, B, T, key, true, i > 0, next_norm(chunk, a, i + 1, row0));
-    if (key.training && a.layers[i].moe) {  // each training forward once (not the recomputations)
+    if (key.training && cfg_.moe_layer(layers_[first + i].layer)) {  // each training forward once (not the recomputations)
       load_balancing_.sum += a.layers[i].moe->balance;
       load_balancing_.count += 1;
     }
@@ -596,7 +608,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
                       site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
-  if (cfg_.moe()) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
+  if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
                     // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
     moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), N, moe_shape());
     reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
@@ -795,7 +807,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // the kept qkv (the proj backward and the attention backward need them).
     if (selective_) core_attention_forward(p, a, i, B, T, key);
     const ResidualGradOut proj_grad = residual_grad_out(p.proj_b, p_hidden);
-    if (cfg_.moe()) {
+    if (cfg_.moe_layer(l)) {
       // MoE layer: its output gradient (through the MLP's dropout) [Ns, C], every token's (all-gathered
       // into d_c1 with sequence parallelism); its partial input gradient [N, C] into d_c2 (free
       // until the projection's backward), reduced as a column-parallel layer's (all-reduced, or

@@ -1,5 +1,7 @@
 #include "model/transformer_config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <string>
 
@@ -78,7 +80,10 @@ void TransformerConfig::finalize(int64_t tp) {
 
 void TransformerConfig::check_moe() {
   if (num_experts < 0) LATTICE_FAIL() << "--num-experts must be positive, got " << num_experts;
-  if (!moe()) return;
+  if (!moe()) {
+    moe_layer_pattern.clear();
+    return;
+  }
   if (moe_ffn_hidden_size == 0) moe_ffn_hidden_size = ffn_hidden_size;
   if (moe_ffn_hidden_size < 0) LATTICE_FAIL() << "--moe-ffn-hidden-size must be positive, got " << moe_ffn_hidden_size;
   if (moe_router_topk < 1 || moe_router_topk > num_experts)
@@ -90,6 +95,12 @@ void TransformerConfig::check_moe() {
                    << moe_router_topk_scaling_factor;
   if (add_bias_linear)
     LATTICE_FAIL() << "--num-experts needs --disable-bias-linear (lattice's experts have no biases)";
+  if (!moe_layer_pattern.empty() && int64_t(moe_layer_pattern.size()) != num_layers)
+    LATTICE_FAIL() << "--moe-layer-freq has " << moe_layer_pattern.size() << " entries for --num-layers " << num_layers;
+  for (int v : moe_layer_pattern)
+    if (v != 0 && v != 1) LATTICE_FAIL() << "--moe-layer-freq entries must be 0 or 1, got " << v;
+  if (std::all_of(moe_layer_pattern.begin(), moe_layer_pattern.end(), [](int v) { return v == 1; }))
+    moe_layer_pattern.clear();  // every layer: the canonical empty pattern
 }
 
 void TransformerConfig::check_position_embedding() const {
@@ -141,6 +152,105 @@ void TransformerConfig::check_recompute() const {
   if (g == "full" && (recompute_num_layers < 1 || recompute_num_layers > num_layers))
     LATTICE_FAIL() << "--recompute-num-layers must be in [1, --num-layers " << num_layers << "] with --recompute-method "
                    << m << ", got " << recompute_num_layers;
+}
+
+namespace {
+
+// A recursive-descent reader of --moe-layer-freq's list expressions:
+//   expr := term ('+' term)*    term := atom ('*' integer)*    atom := '[' [integer (',' integer)*] ']' | '(' expr ')'
+class LayerFreqParser {
+ public:
+  explicit LayerFreqParser(const std::string& s) : s_(s) {}
+  std::vector<int> parse() {
+    std::vector<int> v = expr();
+    skip();
+    if (i_ != s_.size()) fail("unexpected '" + s_.substr(i_, 1) + "'");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const {
+    LATTICE_FAIL() << "--moe-layer-freq '" << s_ << "': " << why << " at character " << i_ + 1
+                   << " (an integer, or a list expression such as [1,0,1] or ([0]*1+[1]*23))";
+  }
+  void skip() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool eat(char c) {
+    skip();
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  int64_t integer() {
+    skip();
+    const size_t start = i_;
+    while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    if (i_ == start || i_ - start > 9) fail("expected a non-negative integer");
+    return std::stoll(s_.substr(start, i_ - start));
+  }
+  std::vector<int> expr() {
+    std::vector<int> v = term();
+    while (eat('+')) {
+      const std::vector<int> w = term();
+      v.insert(v.end(), w.begin(), w.end());
+    }
+    return v;
+  }
+  std::vector<int> term() {
+    std::vector<int> v = atom();
+    while (eat('*')) {
+      const int64_t n = integer();
+      if (n * int64_t(v.size()) > 1000000) fail("a list longer than 1000000 layers");
+      std::vector<int> r;
+      for (int64_t j = 0; j < n; ++j) r.insert(r.end(), v.begin(), v.end());
+      v = std::move(r);
+    }
+    return v;
+  }
+  std::vector<int> atom() {
+    if (eat('(')) {
+      std::vector<int> v = expr();
+      if (!eat(')')) fail("expected ')'");
+      return v;
+    }
+    if (!eat('[')) fail("expected '[' or '('");
+    std::vector<int> v;
+    if (eat(']')) return v;
+    do {
+      const int64_t x = integer();
+      if (x > 1) fail("an entry other than 0 or 1");
+      v.push_back(int(x));
+    } while (eat(','));
+    if (!eat(']')) fail("expected ']'");
+    return v;
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+std::vector<int> TransformerConfig::parse_moe_layer_freq(const std::string& value, int64_t num_layers) {
+  std::string s = value;
+  while (s.size() >= 2 && (s.front() == '\'' || s.front() == '"') && s.back() == s.front()) s = s.substr(1, s.size() - 2);
+  std::vector<int> pattern;
+  const bool integer = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  if (integer) {
+    if (s.size() > 9 || std::stoll(s) < 1) LATTICE_FAIL() << "--moe-layer-freq must be a positive integer or a list, got '" << value << "'";
+    const int64_t n = std::stoll(s);
+    for (int64_t l = 0; l < num_layers; ++l) pattern.push_back(l % n == 0 ? 1 : 0);
+  } else {
+    pattern = LayerFreqParser(s).parse();
+    if (int64_t(pattern.size()) != num_layers)
+      LATTICE_FAIL() << "--moe-layer-freq '" << value << "' has " << pattern.size() << " entries for --num-layers "
+                     << num_layers;
+  }
+  if (std::all_of(pattern.begin(), pattern.end(), [](int v) { return v == 1; })) pattern.clear();
+  return pattern;
 }
 
 }  // namespace lattice

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/activation.h"
 
@@ -75,7 +76,13 @@ struct TransformerConfig {
   // --moe-router-topk-scaling-factor (1: none).
   bool moe_router_pre_softmax = false;
   float moe_router_topk_scaling_factor = 1.0f;
+  // --moe-layer-freq: which layers are MoE layers (1) and which have the dense MLP (0), one
+  // entry per layer; empty: every layer (parse_moe_layer_freq reads Megatron's forms).
+  std::vector<int> moe_layer_pattern;
   bool moe() const { return num_experts > 0; }
+  bool moe_layer(int64_t layer) const {
+    return moe() && (moe_layer_pattern.empty() || moe_layer_pattern[size_t(layer)] != 0);
+  }
   // The MoE part of finalize().
   void check_moe();
   // Activation recomputation (docs/memory.md). It changes memory and time, never the
@@ -93,6 +100,11 @@ struct TransformerConfig {
   // Fills the derived fields (ffn, kv_channels, padded vocab) and checks the
   // combination; errors name the flag (e.g. --num-attention-heads).
   void finalize(int64_t tensor_model_parallel_size = 1);
+  // --moe-layer-freq's value for num_layers layers: an integer N (every N-th layer, from layer 0,
+  // is an MoE layer), or a Python list expression of 0s and 1s, one per layer, such as
+  // "[1,0,1,1]" or "([0]*1+[1]*23)" (lists, `+`, `*` and parentheses; quotes around it are
+  // dropped). Returns the pattern, empty when every layer is an MoE layer; errors name the flag.
+  static std::vector<int> parse_moe_layer_freq(const std::string& value, int64_t num_layers);
   // The recompute fields' part of finalize().
   void check_recompute() const;
   // The position embedding fields' part of finalize().

@@ -11,10 +11,14 @@ namespace lattice {
 
 double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, int64_t s) {
   const double h = double(cfg.hidden_size), L = double(cfg.num_layers);
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.moe_layer(l) ? 1 : 0;
   const double q = double(cfg.kv_channels * cfg.num_attention_heads);
   const double k = double(cfg.kv_channels * cfg.num_query_groups), v = k;  // q's width without grouping
-  // With experts, each token's k experts (Megatron counts no router FLOPs).
-  const double ffn = cfg.moe() ? double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk) : double(cfg.ffn_hidden_size);
+  // With experts, each token's k experts in the MoE layers (Megatron counts no router FLOPs):
+  // the MLP width averaged over the layers.
+  const double ffn = (double(moe_layers) * double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk) +
+                      double(cfg.num_layers - moe_layers) * double(cfg.ffn_hidden_size)) / L;
   const double ffn_mult = cfg.swiglu ? 3.0 : 2.0;  // SwiGLU: three matrices
   const double per_token =
       L * (6 * h * ffn * ffn_mult + 6 * (h * (q + k + v) + q * h)) + 6 * h * double(cfg.padded_vocab_size);

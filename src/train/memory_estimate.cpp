@@ -84,7 +84,7 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
       add(p + "pre_mlp_layernorm.weight", {C}, -1);
       if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
-      if (c.moe()) {  // router [E, C], each expert's fc1 [F1e, C] and fc2 [C, Fe] (no tensor parallelism)
+      if (c.moe_layer(l)) {  // router [E, C], each expert's fc1 [F1e, C] and fc2 [C, Fe] (no tensor parallelism)
         add(p + "mlp.router.weight", {c.num_experts, C}, -1);
         const int64_t Fe = c.moe_ffn_hidden_size;
         for (int64_t e = 0; e < c.num_experts; ++e) {

@@ -34,6 +34,7 @@ struct Case {
   float dropout = 0.0f;
   float adam_eps = 1e-8f;
   int64_t experts = 0;  // --num-experts (top-2, the load-balancing loss, no linear biases)
+  std::vector<int> moe_layers = {};  // --moe-layer-freq's pattern (empty: every layer)
 };
 
 TransformerConfig config(const Case& c, int tp) {
@@ -51,6 +52,7 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_router_topk = 2;
     t.moe_aux_loss_coeff = 0.01f;
     t.add_bias_linear = false;
+    t.moe_layer_pattern = c.moe_layers;
   }
   t.finalize(tp);
   return t;
@@ -125,10 +127,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel
 // rank routes its own micro-batches (the load-balancing loss per micro-batch, as on one rank).
+// --moe-layer-freq [1,0,0,1]: each stage holds an MoE layer and a dense one.
 TEST(DistPipelineMoe, WithDataParallelDistributedOptimizerMatchesSingleProcess) {
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(1, 2, 120);
-  Case c{"MoE", 4, 0, 0, 0, false, 0.1f, 1e-8f, 4};
+  Case c{"MoE", 4, 0, 0, 0, false, 0.1f, 1e-8f, 4, {1, 0, 0, 1}};
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;

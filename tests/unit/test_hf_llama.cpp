@@ -563,10 +563,22 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
     EXPECT_FALSE(load_hf_llama(fixture("hf_qwen3_moe_tiny")).model->config().moe_router_pre_softmax);
   }
   {
-    TempDir t("qwen3_moe_dense_layers");
+    TempDir t("qwen3_moe_dense_layers");  // layer 1 dense: its experts are not its tensors
     expect_error(hf_test::rewritten_fixture("hf_qwen3_moe_tiny", nullptr,
                                             [](nlohmann::json& j) { j["mlp_only_layers"] = {1}; }, t),
-                 {"config.json", "mlp_only_layers"});
+                 {"model.safetensors", "missing tensor model.layers.1.mlp."});
+  }
+  {
+    TempDir t("qwen3_moe_dense_layer_range");
+    expect_error(hf_test::rewritten_fixture("hf_qwen3_moe_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["mlp_only_layers"] = {7}; }, t),
+                 {"config.json", "mlp_only_layers entry 7 is not a layer in [0, 2)"});
+  }
+  {
+    TempDir t("qwen3_moe_sparse_step");
+    expect_error(hf_test::rewritten_fixture("hf_qwen3_moe_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["decoder_sparse_step"] = 0; }, t),
+                 {"config.json", "decoder_sparse_step must be a positive integer, got 0"});
   }
   {
     TempDir t("mixtral_no_expert");

@@ -34,9 +34,10 @@ void PrintTo(const Recompute& r, std::ostream* os) {
 }
 
 // llama: the rotary embedding, RMSNorm, SwiGLU, 2 query groups of 2 heads, no linear biases,
-// --qk-layernorm, 4 experts of which each token takes 2 (a Qwen3-MoE-like model: the grouped QKV
-// output's scratch, the query and key norms' kept inputs and the MoE layer's routing, gathered
-// rows and expert activations recomputed too).
+// --qk-layernorm, 4 experts of which each token takes 2 in every layer but the second (a
+// Qwen3-MoE-like model with --moe-layer-freq: the grouped QKV output's scratch, the query and key
+// norms' kept inputs and the MoE layer's routing, gathered rows and expert activations
+// recomputed too, a recomputation group's shared layers serving both kinds of MLP).
 TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = false) {
   TransformerConfig c;
   if (llama) {
@@ -50,6 +51,8 @@ TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = 
     c.num_experts = 4;
     c.moe_router_topk = 2;
     c.moe_aux_loss_coeff = 0.01f;
+    c.moe_layer_pattern.assign(size_t(kLayers), 1);
+    c.moe_layer_pattern[1] = 0;
   }
   c.num_layers = kLayers;
   c.hidden_size = 32;

@@ -288,5 +288,54 @@ TEST(Moe, ConfigurationErrorsNameTheFlag) {
   expect_error(c, 2, "--moe-ffn-hidden-size 3 is not divisible by --tensor-model-parallel-size 2");
 }
 
+// --moe-layer-freq's forms (Megatron's: an integer N, every N-th layer from layer 0; or a Python
+// list expression of one 0 or 1 per layer).
+TEST(Moe, LayerFrequencyForms) {
+  using V = std::vector<int>;
+  EXPECT_EQ(TransformerConfig::parse_moe_layer_freq("1", 4), V{});  // every layer: the empty pattern
+  EXPECT_EQ(TransformerConfig::parse_moe_layer_freq("2", 5), (V{1, 0, 1, 0, 1}));
+  EXPECT_EQ(TransformerConfig::parse_moe_layer_freq("[1,0, 1,1]", 4), (V{1, 0, 1, 1}));
+  EXPECT_EQ(TransformerConfig::parse_moe_layer_freq("([0]*1+[1]*3)", 4), (V{0, 1, 1, 1}));
+  EXPECT_EQ(TransformerConfig::parse_moe_layer_freq("'([0]*1+[1]*3)'", 4), (V{0, 1, 1, 1}));  // shell quotes kept
+  EXPECT_EQ(TransformerConfig::parse_moe_layer_freq("[0,1]*2+([1]+[0])", 6), (V{0, 1, 0, 1, 1, 0}));
+  auto expect_error = [](const std::string& value, int64_t layers, const std::string& needle) {
+    try {
+      TransformerConfig::parse_moe_layer_freq(value, layers);
+      ADD_FAILURE() << value << ": no error; expected " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--moe-layer-freq"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error("[1,0,1]", 4, "3 entries for --num-layers 4");
+  expect_error("[1,2,1,1]", 4, "other than 0 or 1");
+  expect_error("0", 4, "positive integer");
+  expect_error("[1,0]*2)", 4, "unexpected ')'");
+  expect_error("([1]*4", 4, "expected ')'");
+  expect_error("[1,0,]", 2, "expected a non-negative integer");
+  expect_error("[1]*x", 4, "expected a non-negative integer");
+  expect_error("range(4)", 4, "expected '[' or '('");
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.vocab_size = 32;
+  c.max_position_embeddings = 8;
+  c.num_experts = 4;
+  c.add_bias_linear = false;
+  c.moe_layer_pattern = {0, 1};
+  c.finalize();
+  EXPECT_FALSE(c.moe_layer(0));
+  EXPECT_TRUE(c.moe_layer(1));
+  c.moe_layer_pattern = {1, 1, 0};
+  try {
+    c.finalize();
+    ADD_FAILURE() << "no error for 3 entries and 2 layers";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--moe-layer-freq has 3 entries for --num-layers 2"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lattice
