@@ -29,12 +29,14 @@ struct TensorMap {
   bool vocab = false;
 };
 
-// The HF names of a mixture-of-experts layer: Qwen3-MoE's (with --qk-layernorm) or Mixtral's.
+// The HF names of a mixture-of-experts layer: Qwen3-MoE's (with --qk-layernorm) and Qwen2-MoE's
+// (with --add-qkv-bias), or Mixtral's.
 struct MoeNames {
   const char *router, *experts, *gate, *up, *down;
 };
 MoeNames moe_names(const TransformerConfig& c) {
-  if (c.qk_layernorm) return {"mlp.gate.weight", "mlp.experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+  if (c.qk_layernorm || c.add_qkv_bias)
+    return {"mlp.gate.weight", "mlp.experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
   return {"block_sparse_moe.gate.weight", "block_sparse_moe.experts.", "w1.weight", "w3.weight", "w2.weight"};
 }
 
@@ -75,6 +77,12 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
         const std::string le = lat + "mlp.experts.local_experts." + std::to_string(e) + ".";
         m.push_back({le + "linear_fc1.weight", {{x + n.gate}, {x + n.up}}});
         m.push_back({le + "linear_fc2.weight", {{x + n.down}}});
+      }
+      if (c.moe_shared_expert_intermediate_size > 0) {  // Qwen2-MoE's shared_expert and its gate
+        const std::string x = hf + "mlp.shared_expert.", ls = lat + "mlp.shared_experts.";
+        m.push_back({ls + "linear_fc1.weight", {{x + "gate_proj.weight"}, {x + "up_proj.weight"}}});
+        m.push_back({ls + "linear_fc2.weight", {{x + "down_proj.weight"}}});
+        m.push_back({ls + "gate_weight", {{hf + "mlp.shared_expert_gate.weight"}}});
       }
       continue;
     }
@@ -118,6 +126,12 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c) {
         s[x + n.up] = {Fe, C};
         s[x + n.down] = {C, Fe};
       }
+      if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
+        s[hf + "mlp.shared_expert.gate_proj.weight"] = {Fs, C};
+        s[hf + "mlp.shared_expert.up_proj.weight"] = {Fs, C};
+        s[hf + "mlp.shared_expert.down_proj.weight"] = {C, Fs};
+        s[hf + "mlp.shared_expert_gate.weight"] = {1, C};
+      }
       continue;
     }
     s[hf + "mlp.gate_proj.weight"] = {F, C};
@@ -141,7 +155,7 @@ namespace {
 std::string llama_family(const json& j) {
   if (!j.is_object()) return "";
   if (j.contains("model_type")) {
-    for (const char* family : {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral"})
+    for (const char* family : {"llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mistral", "mixtral"})
       if (j["model_type"] == family) return family;
     return "";
   }
@@ -151,6 +165,7 @@ std::string llama_family(const json& j) {
       if (a == "Qwen2ForCausalLM") return "qwen2";
       if (a == "Qwen3ForCausalLM") return "qwen3";
       if (a == "Qwen3MoeForCausalLM") return "qwen3_moe";
+      if (a == "Qwen2MoeForCausalLM") return "qwen2_moe";
       if (a == "MixtralForCausalLM") return "mixtral";
       if (a == "MistralForCausalLM") return "mistral";
     }
@@ -181,7 +196,7 @@ std::vector<int> qwen_moe_layers(const json& j, const std::string& what, int64_t
 bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
 
 const char* hf_llama_family_name(const TransformerConfig& c) {
-  if (c.moe()) return c.qk_layernorm ? "Qwen3-MoE" : "Mixtral";
+  if (c.moe()) return c.qk_layernorm ? "Qwen3-MoE" : c.add_qkv_bias ? "Qwen2-MoE" : "Mixtral";
   return c.qk_layernorm ? "Qwen3" : c.add_qkv_bias ? "Qwen2" : "Llama";
 }
 
@@ -190,6 +205,7 @@ std::string hf_llama_family_name(const json& config) {
   return f == "qwen2"       ? "Qwen2"
          : f == "qwen3"     ? "Qwen3"
          : f == "qwen3_moe" ? "Qwen3-MoE"
+         : f == "qwen2_moe" ? "Qwen2-MoE"
          : f == "mistral"   ? "Mistral"
          : f == "mixtral"   ? "Mixtral"
          : f == "llama"     ? "Llama"
@@ -199,9 +215,10 @@ std::string hf_llama_family_name(const json& config) {
 TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
   const std::string family = llama_family(j);
   if (family.empty())
-    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral or Mixtral config (model_type " << j.value("model_type", json()).dump()
-                   << ")";
-  const bool qwen2 = family == "qwen2", qwen3 = family == "qwen3" || family == "qwen3_moe";
+    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral or Mixtral config (model_type "
+                   << j.value("model_type", json()).dump() << ")";
+  const bool qwen2_moe = family == "qwen2_moe";
+  const bool qwen2 = family == "qwen2" || qwen2_moe, qwen3 = family == "qwen3" || family == "qwen3_moe";
   const bool qwen3_moe = family == "qwen3_moe", mixtral = family == "mixtral";
   TransformerConfig c;
   c.num_layers = hf::config_int(j, what, "num_hidden_layers");
@@ -273,7 +290,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
     c.moe_ffn_hidden_size = c.ffn_hidden_size;
   }
-  if (qwen3_moe) {
+  if (qwen3_moe || qwen2_moe) {
     c.num_experts = hf::config_int(j, what, "num_experts");
     c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
     c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
@@ -281,6 +298,10 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     // logits, lattice's default); false: as the softmax over all experts gave them
     c.moe_router_pre_softmax = !hf::config_bool(j, what, "norm_topk_prob", false);
     c.moe_layer_pattern = qwen_moe_layers(j, what, c.num_layers);
+  }
+  if (qwen2_moe) {  // every sparse layer's shared_expert (gated by shared_expert_gate) beside the routed ones
+    c.moe_shared_expert_intermediate_size = hf::config_int(j, what, "shared_expert_intermediate_size");
+    c.moe_shared_expert_gate = true;
   }
   c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
   c.make_vocab_size_divisible_by = divisible_by;
@@ -350,6 +371,20 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
       if (!c.moe_layer(l)) j["mlp_only_layers"].push_back(l);
     j["router_aux_loss_coef"] = 0.001;
     j["output_router_logits"] = false;
+  } else if (c.moe() && c.add_qkv_bias) {  // Qwen2MoeConfig (on Qwen2's): intermediate_size is the dense layers'
+    j["architectures"] = {"Qwen2MoeForCausalLM"};
+    j["model_type"] = "qwen2_moe";
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.moe_router_topk;
+    j["moe_intermediate_size"] = c.moe_ffn_hidden_size;
+    j["shared_expert_intermediate_size"] = c.moe_shared_expert_intermediate_size;
+    j["norm_topk_prob"] = !c.moe_router_pre_softmax;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      if (!c.moe_layer(l)) j["mlp_only_layers"].push_back(l);
+    j["router_aux_loss_coef"] = 0.001;
+    j["output_router_logits"] = false;
   } else if (c.moe()) {  // MixtralConfig: intermediate_size is each expert's
     for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(key);
     j["architectures"] = {"MixtralForCausalLM"};
@@ -377,16 +412,21 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";
   if (c.add_bias_linear)
     return "linear biases (HuggingFace Llama has none, Qwen2 QKV's only: --disable-bias-linear [--add-qkv-bias])";
-  if (c.moe() && c.add_qkv_bias)
-    return "--num-experts with --add-qkv-bias (HuggingFace Mixtral and Qwen3-MoE have no QKV biases)";
+  if (c.moe() && c.add_qkv_bias && !(c.moe_shared_expert_intermediate_size > 0 && c.moe_shared_expert_gate))
+    return "--num-experts with --add-qkv-bias but without gated shared experts (HuggingFace Qwen2-MoE has them: "
+           "--moe-shared-expert-intermediate-size with --moe-shared-expert-gate; Mixtral and Qwen3-MoE have no QKV "
+           "biases)";
+  if (c.moe() && c.moe_shared_expert_intermediate_size > 0 && !(c.add_qkv_bias && c.moe_shared_expert_gate))
+    return "shared experts without --add-qkv-bias and --moe-shared-expert-gate (HuggingFace Qwen2-MoE's shared "
+           "expert is gated and its attention has QKV biases; Mixtral and Qwen3-MoE have none)";
   if (c.moe() && c.moe_router_topk_scaling_factor != 1.0f)
-    return "--moe-router-topk-scaling-factor (HuggingFace Mixtral and Qwen3-MoE do not scale the gates)";
-  if (c.moe() && !c.moe_layer_pattern.empty() && !c.qk_layernorm)
-    return "--moe-layer-freq without --qk-layernorm (HuggingFace Mixtral's every layer is a mixture of experts; "
-           "Qwen3-MoE's mlp_only_layers needs --qk-layernorm)";
-  if (c.moe() && c.moe_router_pre_softmax && !c.qk_layernorm)
-    return "--moe-router-pre-softmax without --qk-layernorm (HuggingFace Mixtral renormalizes the chosen experts' "
-           "probabilities; Qwen3-MoE's norm_topk_prob false needs --qk-layernorm)";
+    return "--moe-router-topk-scaling-factor (HuggingFace Mixtral, Qwen2-MoE and Qwen3-MoE do not scale the gates)";
+  if (c.moe() && !c.moe_layer_pattern.empty() && !c.qk_layernorm && !c.add_qkv_bias)
+    return "--moe-layer-freq in a Mixtral-style model (HuggingFace Mixtral's every layer is a mixture of experts; "
+           "Qwen3-MoE's and Qwen2-MoE's mlp_only_layers need --qk-layernorm or --add-qkv-bias)";
+  if (c.moe() && c.moe_router_pre_softmax && !c.qk_layernorm && !c.add_qkv_bias)
+    return "--moe-router-pre-softmax in a Mixtral-style model (HuggingFace Mixtral renormalizes the chosen experts' "
+           "probabilities; Qwen3-MoE's and Qwen2-MoE's norm_topk_prob false need --qk-layernorm or --add-qkv-bias)";
   if (c.qk_layernorm && c.add_qkv_bias)
     return "--qk-layernorm with --add-qkv-bias (HuggingFace Qwen3's attention_bias also biases o_proj)";
   if (c.add_qkv_bias && c.kv_channels * c.num_attention_heads != c.hidden_size)

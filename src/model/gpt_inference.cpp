@@ -58,6 +58,11 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
       }
       moe.fc1_site.resize(moe.fc1.size());
       moe.fc2_site.resize(moe.fc2.size());
+      if (cfg_.moe_shared_expert_intermediate_size > 0) {
+        moe.shared_fc1 = p(s + "mlp.shared_experts.linear_fc1.weight");
+        moe.shared_fc2 = p(s + "mlp.shared_experts.linear_fc2.weight");
+        if (cfg_.moe_shared_expert_gate) moe.shared_gate = p(s + "mlp.shared_experts.gate_weight");
+      }
     }
     auto dense = [&](const std::string& name) -> const float* { return moe_layer ? nullptr : p(name); };
     layers_.push_back({p(s + "input_layernorm.weight"), norm_bias(s + "input_layernorm.bias"),

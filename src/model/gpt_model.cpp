@@ -312,6 +312,13 @@ void GPTModel::register_parameters() {
           p.expert_fc1.push_back(add(expert_name(l, e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
           p.expert_fc2.push_back(add(expert_name(l, e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
         }
+        if (const int64_t Fs = cfg_.moe_shared_expert_intermediate_size; Fs > 0) {  // SharedExpertMLP
+          p.shared_fc1 = add(layer_name(l, "mlp.shared_experts.linear_fc1.weight"), {cfg_.swiglu ? 2 * Fs : Fs, C},
+                             ParamInit::normal, std, 0, fc1_blocks);
+          p.shared_fc2 = add(layer_name(l, "mlp.shared_experts.linear_fc2.weight"), {C, Fs}, ParamInit::normal, out_std, 1);
+          if (cfg_.moe_shared_expert_gate)
+            p.shared_gate = add(layer_name(l, "mlp.shared_experts.gate_weight"), {1, C}, ParamInit::normal, std, -1);
+        }
         layers_.push_back(p);
         continue;
       }
@@ -728,6 +735,16 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
     w.fc1_site.push_back(site(p.expert_fc1[e]));
     w.fc2_site.push_back(site(p.expert_fc2[e]));
   }
+  if (p.shared_fc1 >= 0) {
+    w.shared_fc1 = params_.param(p.shared_fc1);
+    w.shared_fc2 = params_.param(p.shared_fc2);
+    w.shared_fc1_site = site(p.shared_fc1);
+    w.shared_fc2_site = site(p.shared_fc2);
+  }
+  if (p.shared_gate >= 0) {
+    w.shared_gate = params_.param(p.shared_gate);
+    w.shared_gate_site = site(p.shared_gate);
+  }
   return w;
 }
 
@@ -738,6 +755,11 @@ MoeGrads GPTModel::moe_grads(const LayerParams& p) const {
     g.fc1.push_back(params_.grad(p.expert_fc1[e]));
     g.fc2.push_back(params_.grad(p.expert_fc2[e]));
   }
+  if (p.shared_fc1 >= 0) {
+    g.shared_fc1 = params_.grad(p.shared_fc1);
+    g.shared_fc2 = params_.grad(p.shared_fc2);
+  }
+  if (p.shared_gate >= 0) g.shared_gate = params_.grad(p.shared_gate);
   return g;
 }
 
@@ -830,6 +852,8 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       grads_ready({p.router_w});
       grads_ready(p.expert_fc1);
       grads_ready(p.expert_fc2);
+      for (int s : {p.shared_fc1, p.shared_fc2, p.shared_gate})
+        if (s >= 0) grads_ready({s});
     } else {
       // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
       const RowOutputGrad d_fc2 = row_output_grad(d_rows, p.fc2_b, N, p_hidden,

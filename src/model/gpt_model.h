@@ -233,6 +233,8 @@ class GPTModel {
     // --num-experts: the router and each expert's fc1 and fc2 (fc1_w, fc2_w are then -1)
     int router_w = -1;
     std::vector<int> expert_fc1, expert_fc2;
+    // --moe-shared-expert-intermediate-size: the shared experts' fc1, fc2 and (gate) gate weight
+    int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;
   };
   // --num-experts: the MoE layer's shape, weights and gradients of layer p (model/moe_layer.h).
   MoeShape moe_shape() const;

@@ -26,6 +26,64 @@ struct Carver {
   int32_t* take_ints(int64_t n) { return reinterpret_cast<int32_t*>(take(n)); }
 };
 
+// The MLP activation of rows [n, F] from fc1's outputs [n, F1] (GELU, or SwiGLU's halves).
+void activation_forward(float* act, float* h, int64_t n, int64_t F, const MoeShape& s) {
+  if (s.swiglu)
+    bias_swiglu_forward(h, act, h, nullptr, n, F, Rounding::none);
+  else
+    gelu_forward(act, h, n * F, s.gelu);
+}
+void activation_backward(float* d_h, const float* h, const float* d_act, int64_t n, int64_t F, const MoeShape& s) {
+  if (s.swiglu)
+    swiglu_backward(d_h, h, d_act, n, F);
+  else
+    gelu_backward(d_h, h, d_act, n * F, s.gelu);
+}
+
+// y [N, C] += s[t] shared(x[t]) (s = 1 without the gate).
+void shared_experts_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
+  const int64_t C = s.C;
+  std::vector<int32_t> ident(static_cast<size_t>(N));
+  for (int64_t t = 0; t < N; ++t) ident[size_t(t)] = int32_t(t);
+  copy_to_device(st.ident, ident.data(), ident.size() * sizeof(int32_t));
+  linear_forward(st.hs, x, w.shared_fc1, nullptr, N, C, s.Fs1(), w.shared_fc1_site);
+  activation_forward(st.acts, st.hs, N, s.Fs, s);
+  linear_forward(st.ys, st.acts, w.shared_fc2, nullptr, N, s.Fs, C, w.shared_fc2_site);
+  if (s.shared_gate) {  // sigmoid(x . g) per token, in fp32 on the host
+    linear_forward(st.sgate, x, w.shared_gate, nullptr, N, C, 1, w.shared_gate_site);
+    std::vector<float> g(static_cast<size_t>(N));
+    copy_to_host(g.data(), st.sgate, g.size() * sizeof(float));
+    for (float& v : g) v = 1.0f / (1.0f + std::exp(-v));
+    copy_to_device(st.sgate, g.data(), g.size() * sizeof(float));
+  }
+  moe_combine(y, st.ys, st.ident, s.shared_gate ? st.sgate : nullptr, N, 1, C, true);
+}
+
+// The shared experts' backward from dy [N, C]: dx [N, C] accumulates their input gradient (the
+// gate's on the router_input_grad rank only), g their weights' gradients.
+void shared_experts_backward(float* dx, const float* dy, const float* x, const MoeState& st, const MoeWeights& w,
+                             MoeGrads& g, const MoeScratch& sc, int64_t N, const MoeShape& s, Comm* tp,
+                             bool router_input_grad) {
+  const int64_t C = s.C;
+  const float* d_ys = dy;
+  if (s.shared_gate) {  // d ys = s dy; d s = dot(dy, ys) (partial sums under TP); d logit = d s s (1 - s)
+    moe_combine_backward(sc.d_ys, sc.d_sgate, dy, st.ys, st.sgate, st.ident, N, C);
+    if (tp && tp->size() > 1) tp->all_reduce(sc.d_sgate, N, ReduceOp::sum);
+    std::vector<float> gate(static_cast<size_t>(N)), d(static_cast<size_t>(N));
+    copy_to_host(gate.data(), st.sgate, gate.size() * sizeof(float));
+    copy_to_host(d.data(), sc.d_sgate, d.size() * sizeof(float));
+    for (int64_t t = 0; t < N; ++t) d[size_t(t)] *= gate[size_t(t)] * (1.0f - gate[size_t(t)]);
+    copy_to_device(sc.d_sgate, d.data(), d.size() * sizeof(float));
+    d_ys = sc.d_ys;
+  }
+  linear_backward(sc.d_acts, g.shared_fc2, nullptr, d_ys, st.acts, w.shared_fc2, N, s.Fs, C, false, w.shared_fc2_site);
+  activation_backward(sc.d_hs, st.hs, sc.d_acts, N, s.Fs, s);
+  linear_backward(dx, g.shared_fc1, nullptr, sc.d_hs, x, w.shared_fc1, N, C, s.Fs1(), true, w.shared_fc1_site);
+  if (s.shared_gate)
+    linear_backward(router_input_grad ? dx : nullptr, g.shared_gate, nullptr, sc.d_sgate, x, w.shared_gate, N, C, 1,
+                    true, w.shared_gate_site);
+}
+
 }  // namespace
 
 MoeShape moe_shape(const TransformerConfig& c, int64_t tp) {
@@ -39,13 +97,16 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp) {
   s.aux_loss_coeff = c.moe_aux_loss_coeff;
   s.pre_softmax = c.moe_router_pre_softmax;
   s.scale = c.moe_router_topk_scaling_factor;
+  s.Fs = c.moe_shared_expert_intermediate_size / tp;
+  s.shared_gate = c.moe_shared_expert_gate;
   return s;
 }
 
 int64_t moe_state_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
+  const int64_t shared = s.Fs > 0 ? padded(N * s.Fs1()) + padded(N * s.Fs) + padded(N * s.C) + 2 * padded(N) : 0;
   return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.C) + padded(S * s.F1()) +
-         padded(S * s.F);
+         padded(S * s.F) + shared;
 }
 
 void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
@@ -59,11 +120,19 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
   st.h = c.take(S * s.F1());
   st.act = c.take(S * s.F);
   st.ye = c.take(S * s.C);
+  if (s.Fs > 0) {
+    st.hs = c.take(N * s.Fs1());
+    st.acts = c.take(N * s.Fs);
+    st.ys = c.take(N * s.C);
+    st.sgate = c.take(N);
+    st.ident = c.take_ints(N);
+  }
 }
 
 int64_t moe_scratch_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
-  return padded(S * s.C) + padded(S * s.F) + padded(S * s.F1()) + padded(S) + padded(N * s.E);
+  const int64_t shared = s.Fs > 0 ? padded(N * s.C) + padded(N * s.Fs) + padded(N * s.Fs1()) + padded(N) : 0;
+  return padded(S * s.C) + padded(S * s.F) + padded(S * s.F1()) + padded(S) + padded(N * s.E) + shared;
 }
 
 void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s) {
@@ -74,6 +143,12 @@ void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s)
   sc.d_h = c.take(S * s.F1());
   sc.d_gate = c.take(S);
   sc.d_logits = c.take(N * s.E);
+  if (s.Fs > 0) {
+    sc.d_ys = c.take(N * s.C);
+    sc.d_acts = c.take(N * s.Fs);
+    sc.d_hs = c.take(N * s.Fs1());
+    sc.d_sgate = c.take(N);
+  }
 }
 
 void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s) {
@@ -152,15 +227,13 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
     const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
     if (n > 0) linear_forward(st.h + o * F1, st.xe + o * C, w.fc1[size_t(e)], nullptr, n, C, F1, w.fc1_site[size_t(e)]);
   }
-  if (s.swiglu)
-    bias_swiglu_forward(st.h, st.act, st.h, nullptr, S, F, Rounding::none);
-  else
-    gelu_forward(st.act, st.h, S * F, s.gelu);
+  activation_forward(st.act, st.h, S, F, s);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
     if (n > 0) linear_forward(st.ye + o * C, st.act + o * F, w.fc2[size_t(e)], nullptr, n, F, C, w.fc2_site[size_t(e)]);
   }
   moe_combine(y, st.ye, st.slot_of, st.gate, N, s.k, C, false);
+  if (s.Fs > 0) shared_experts_forward(y, x, st, w, N, s);
 }
 
 void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
@@ -175,10 +248,7 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
       linear_backward(sc.d_act + o * F, g.fc2[size_t(e)], nullptr, sc.d_ye + o * C, st.act + o * F, w.fc2[size_t(e)], n,
                       F, C, false, w.fc2_site[size_t(e)]);
   }
-  if (s.swiglu)
-    swiglu_backward(sc.d_h, st.h, sc.d_act, S, F);
-  else
-    gelu_backward(sc.d_h, st.h, sc.d_act, S * F, s.gelu);
+  activation_backward(sc.d_h, st.h, sc.d_act, S, F, s);
   float* d_xe = sc.d_ye;  // fc2's output gradients are read: the experts' input gradients go there
   for (int64_t e = 0; e < E; ++e) {
     const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
@@ -187,6 +257,7 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
                       F1, false, w.fc1_site[size_t(e)]);
   }
   moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
+  if (s.Fs > 0) shared_experts_backward(dx, dy, x, st, w, g, sc, N, s, tp, router_input_grad);
   // The router: the gates' softmax's backward (over each token's k experts, or with
   // pre_softmax over all E, only the chosen ones' probabilities having a gradient), and the
   // load-balancing loss's through the softmax over all E. q = gate / scale, dq = d_gate scale:

@@ -19,6 +19,11 @@
 // logits (copied from the GPU: E values per token); the tokens' rows move on the device
 // (kernels/moe.h). The S = N k slots are grouped by expert, token order within an expert, so
 // each expert's GEMMs read one contiguous block of rows.
+//
+// Shared experts (--moe-shared-expert-intermediate-size Fs; Megatron-Core's SharedExpertMLP):
+// one more MLP (fc1 [Fs1, C], fc2 [C, Fs], no biases) on every token, its output added to the
+// routed ones: y[t] += s[t] shared(x[t]), s[t] = sigmoid(x[t] . g) with --moe-shared-expert-gate
+// (g [1, C]; the sigmoid on the host with the routing), else 1.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -38,11 +43,15 @@ struct MoeShape {
   float aux_loss_coeff = 0.0f;
   bool pre_softmax = false;  // --moe-router-pre-softmax: gates from the softmax over all E logits
   float scale = 1.0f;        // --moe-router-topk-scaling-factor
+  int64_t Fs = 0;            // the shared experts' ffn size (0: none)
+  bool shared_gate = false;  // --moe-shared-expert-gate
   int64_t F1() const { return swiglu ? 2 * F : F; }  // fc1's outputs
+  int64_t Fs1() const { return swiglu ? 2 * Fs : Fs; }
 };
 
 // A model's MoE layer shape (num_experts, moe_router_topk, moe_ffn_hidden_size, ...) on one of tp
-// tensor-parallel ranks: each expert's ffn split over them (F = moe_ffn_hidden_size / tp).
+// tensor-parallel ranks: each expert's ffn split over them (F = moe_ffn_hidden_size / tp), the
+// shared experts' too (Fs = moe_shared_expert_intermediate_size / tp).
 MoeShape moe_shape(const TransformerConfig& c, int64_t tp = 1);
 
 // The layer's weights, with their GEMM sites (model/linear.h), and their gradients (accumulated).
@@ -51,10 +60,17 @@ struct MoeWeights {
   std::vector<const float*> fc1, fc2;        // per expert [F1, C], [C, F]
   GemmSite router_site;
   std::vector<GemmSite> fc1_site, fc2_site;
+  const float* shared_fc1 = nullptr;         // [Fs1, C] the shared experts (Fs > 0)
+  const float* shared_fc2 = nullptr;         // [C, Fs]
+  const float* shared_gate = nullptr;        // [1, C] (shared_gate)
+  GemmSite shared_fc1_site, shared_fc2_site, shared_gate_site;
 };
 struct MoeGrads {
   float* router = nullptr;
   std::vector<float*> fc1, fc2;
+  float* shared_fc1 = nullptr;
+  float* shared_fc2 = nullptr;
+  float* shared_gate = nullptr;
 };
 
 // What the forward keeps for the backward: device buffers for N tokens (moe_state_floats of
@@ -68,6 +84,11 @@ struct MoeState {
   float* h = nullptr;         // [S, F1] fc1's outputs
   float* act = nullptr;       // [S, F] the activation (fc2's input)
   float* ye = nullptr;        // [S, C] fc2's outputs
+  float* hs = nullptr;        // [N, Fs1] the shared experts' fc1 outputs (Fs > 0)
+  float* acts = nullptr;      // [N, Fs] their activation
+  float* ys = nullptr;        // [N, C] their fc2 outputs
+  float* sgate = nullptr;     // [N] their gate sigmoid(x . g) (shared_gate)
+  int32_t* ident = nullptr;   // [N] 0, 1, ..., N - 1 (the shared output's combine)
   // host
   std::vector<int64_t> offsets;    // [E + 1] each expert's first slot
   std::vector<int32_t> choice;     // [N, k] the experts chosen, best first
@@ -89,6 +110,10 @@ struct MoeScratch {
   float* d_h = nullptr;       // [S, F1]
   float* d_gate = nullptr;    // [S]
   float* d_logits = nullptr;  // [N, E]
+  float* d_ys = nullptr;      // [N, C] the shared experts' (Fs > 0)
+  float* d_acts = nullptr;    // [N, Fs]
+  float* d_hs = nullptr;      // [N, Fs1]
+  float* d_sgate = nullptr;   // [N] (shared_gate): the gate's, then its logit's gradient
 };
 int64_t moe_scratch_floats(int64_t N, const MoeShape& s);
 void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s);
@@ -108,7 +133,8 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
 // partial sums (the caller reduces them as a row-parallel output and a column-parallel input
 // gradient), the gates' gradients are all-reduced over `tp` (the dot products of the partial
 // outputs) before the router's backward, and the router's input gradient, the same on every
-// rank, is added on the rank with router_input_grad only.
+// rank, is added on the rank with router_input_grad only. The shared experts split as the dense
+// MLP does; their gate, replicated, as the router.
 void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
                   const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale, Comm* tp = nullptr,
                   bool router_input_grad = true);

@@ -15,6 +15,9 @@ int64_t pad_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
 }
 
 void check_tensor_parallel_split(const TransformerConfig& c, int64_t tp) {
+  if (c.moe() && c.moe_shared_expert_intermediate_size % tp != 0)
+    LATTICE_FAIL() << "--moe-shared-expert-intermediate-size " << c.moe_shared_expert_intermediate_size
+                   << " is not divisible by --tensor-model-parallel-size " << tp;
   if (c.moe() && c.moe_ffn_hidden_size % tp != 0)
     LATTICE_FAIL() << "--moe-ffn-hidden-size " << c.moe_ffn_hidden_size
                    << " is not divisible by --tensor-model-parallel-size " << tp;
@@ -90,6 +93,11 @@ void TransformerConfig::check_moe() {
     LATTICE_FAIL() << "--moe-router-topk must be in [1, --num-experts " << num_experts << "], got " << moe_router_topk;
   if (!(moe_aux_loss_coeff >= 0.0f && std::isfinite(moe_aux_loss_coeff)))
     LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << moe_aux_loss_coeff;
+  if (moe_shared_expert_intermediate_size < 0)
+    LATTICE_FAIL() << "--moe-shared-expert-intermediate-size must be positive, got "
+                   << moe_shared_expert_intermediate_size;
+  if (moe_shared_expert_gate && moe_shared_expert_intermediate_size == 0)
+    LATTICE_FAIL() << "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size";
   if (!(moe_router_topk_scaling_factor > 0.0f && std::isfinite(moe_router_topk_scaling_factor)))
     LATTICE_FAIL() << "--moe-router-topk-scaling-factor must be a finite number > 0, got "
                    << moe_router_topk_scaling_factor;

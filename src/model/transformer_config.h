@@ -76,6 +76,11 @@ struct TransformerConfig {
   // --moe-router-topk-scaling-factor (1: none).
   bool moe_router_pre_softmax = false;
   float moe_router_topk_scaling_factor = 1.0f;
+  // Shared experts (--moe-shared-expert-intermediate-size S; 0: none): an MLP of width S every
+  // token goes through, added to the routed experts' output (Megatron-Core's SharedExpertMLP);
+  // --moe-shared-expert-gate scales it by sigmoid(x . g) per token (Qwen2-MoE).
+  int64_t moe_shared_expert_intermediate_size = 0;
+  bool moe_shared_expert_gate = false;
   // --moe-layer-freq: which layers are MoE layers (1) and which have the dense MLP (0), one
   // entry per layer; empty: every layer (parse_moe_layer_freq reads Megatron's forms).
   std::vector<int> moe_layer_pattern;

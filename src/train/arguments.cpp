@@ -85,6 +85,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "aux_loss (the load-balancing loss, weighted by --moe-aux-loss-coeff) or none"},
       {"moe-layer-freq", Kind::str, &a.moe_layer_freq,
        "which layers are MoE layers: every N-th (an integer, default 1) or a list such as ([0]*1+[1]*23)"},
+      {"moe-shared-expert-intermediate-size", Kind::i64, &a.moe_shared_expert_intermediate_size,
+       "width of the shared experts' MLP every token also goes through (0: none)"},
+      {"moe-shared-expert-gate", Kind::flag, &a.moe_shared_expert_gate,
+       "scale the shared experts' output by a sigmoid gate per token (Qwen2-MoE)"},
       {"moe-router-pre-softmax", Kind::flag, &a.moe_router_pre_softmax,
        "gates: softmax over every expert, then the top-k of those (default: softmax over the top-k logits)"},
       {"moe-router-topk-scaling-factor", Kind::f32, &a.moe_router_topk_scaling_factor,
@@ -554,6 +558,8 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_router_topk = moe_router_topk;
   c.moe_ffn_hidden_size = moe_ffn_hidden_size;
   c.moe_router_pre_softmax = moe_router_pre_softmax;
+  c.moe_shared_expert_intermediate_size = moe_shared_expert_intermediate_size;
+  c.moe_shared_expert_gate = moe_shared_expert_gate;
   if (num_experts > 0) c.moe_layer_pattern = TransformerConfig::parse_moe_layer_freq(moe_layer_freq, num_layers);
   c.moe_router_topk_scaling_factor = moe_router_topk_scaling_factor;
   c.moe_aux_loss_coeff = moe_router_load_balancing_type == "none" ? 0.0f : moe_aux_loss_coeff;
@@ -646,6 +652,9 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     from_model("moe-router-topk", "moe_router_topk");
     from_model("moe-ffn-hidden-size", "moe_ffn_hidden_size");
     on("moe-router-pre-softmax", m.value("moe_router_pre_softmax", false));
+    if (m.value("moe_shared_expert_intermediate_size", 0) > 0)
+      from_model("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size");
+    on("moe-shared-expert-gate", m.value("moe_shared_expert_gate", false));
     if (m.contains("moe_layer_freq") && m["moe_layer_freq"].is_array() && !m["moe_layer_freq"].empty())
       out.emplace_back("moe-layer-freq", json(m["moe_layer_freq"].dump()));
     if (m.value("moe_router_topk_scaling_factor", 1.0) != 1.0)

@@ -37,6 +37,8 @@ struct TrainArgs {
   float moe_aux_loss_coeff = 0.0f;
   bool moe_router_pre_softmax = false;
   std::string moe_layer_freq = "1";
+  int64_t moe_shared_expert_intermediate_size = 0;
+  bool moe_shared_expert_gate = false;
   float moe_router_topk_scaling_factor = 1.0f;
   std::string moe_router_load_balancing_type = "aux_loss";
   bool use_checkpoint_args = false;  // --use-checkpoint-args: unspecified model flags from --load

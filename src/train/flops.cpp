@@ -15,9 +15,11 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
   for (int64_t l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.moe_layer(l) ? 1 : 0;
   const double q = double(cfg.kv_channels * cfg.num_attention_heads);
   const double k = double(cfg.kv_channels * cfg.num_query_groups), v = k;  // q's width without grouping
-  // With experts, each token's k experts in the MoE layers (Megatron counts no router FLOPs):
+  // With experts, each token's k experts and the shared experts in the MoE layers (Megatron
+  // counts no router or gate FLOPs):
   // the MLP width averaged over the layers.
-  const double ffn = (double(moe_layers) * double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk) +
+  const double ffn = (double(moe_layers) * double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk +
+                                                 cfg.moe_shared_expert_intermediate_size) +
                       double(cfg.num_layers - moe_layers) * double(cfg.ffn_hidden_size)) / L;
   const double ffn_mult = cfg.swiglu ? 3.0 : 2.0;  // SwiGLU: three matrices
   const double per_token =

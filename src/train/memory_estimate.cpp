@@ -92,6 +92,11 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
           add(x + "linear_fc1.weight", {c.swiglu ? 2 * Fe : Fe, C}, 0);
           add(x + "linear_fc2.weight", {C, Fe}, 1);
         }
+        if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
+          add(p + "mlp.shared_experts.linear_fc1.weight", {c.swiglu ? 2 * Fs : Fs, C}, 0);
+          add(p + "mlp.shared_experts.linear_fc2.weight", {C, Fs}, 1);
+          if (c.moe_shared_expert_gate) add(p + "mlp.shared_experts.gate_weight", {1, C}, -1);
+        }
         continue;
       }
       add(p + "mlp.linear_fc1.weight", {c.fc1_width(), C}, 0);     // [F1/P, C], F1 = F (2F with SwiGLU)

@@ -292,6 +292,26 @@ TEST(CudaModel, MixtureOfExpertsLossAndEveryGradientMatchCpu) {
   }
 }
 
+// Shared experts with their sigmoid gate, pre-softmax gates, the first layer dense
+// (--moe-layer-freq): a Qwen2-MoE-like layer on both devices.
+TEST(CudaModel, SharedExpertsLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.moe_ffn_hidden_size = 48;
+  cfg.moe_aux_loss_coeff = 0.01f;
+  cfg.moe_router_pre_softmax = true;
+  cfg.moe_shared_expert_intermediate_size = 64;
+  cfg.moe_shared_expert_gate = true;
+  cfg.moe_layer_pattern.assign(size_t(cfg.num_layers), 1);
+  cfg.moe_layer_pattern[0] = 0;
+  cfg.add_bias_linear = false;
+  cfg.swiglu = true;
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "moe shared experts");
+}
+
 // With dropout on: the masks are the same Philox draws on both devices. lr 1e-4: Adam's
 // update m/(sqrt(v)+eps) turns a gradient's last-bit difference into a relative update
 // difference of the same size, but the update is a small part of each parameter after

@@ -50,11 +50,14 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
   if (swiglu) c.swiglu = true;
   c.qk_layernorm = qk_layernorm;
   if (qk_layernorm) c.position_embedding_type = "rope";  // LayerNorm's biases kept without `rope`
-  if (moe) {  // 4 experts of ffn 64 (each split over the ranks), top-2, the load-balancing loss
+  if (moe) {  // 4 experts of ffn 64 (each split over the ranks), top-2, the load-balancing loss,
+              // gated shared experts of ffn 32 (split too, the gate replicated)
     c.num_experts = 4;
     c.moe_router_topk = 2;
     c.moe_ffn_hidden_size = 64;
     c.moe_aux_loss_coeff = 0.01f;
+    c.moe_shared_expert_intermediate_size = 32;
+    c.moe_shared_expert_gate = true;
     c.add_bias_linear = false;
   }
   c.num_layers = layers;

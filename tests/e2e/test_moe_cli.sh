@@ -4,7 +4,10 @@
 # resume without them is a one-line error naming the flag; --use-checkpoint-args resumes it;
 # generate prints the same text with and without the KV cache; bad combinations are one-line
 # errors naming the flag, with nothing written; the model goes to HuggingFace Mixtral (Qwen3-MoE with
-# --qk-layernorm) and back generating the same text, and the independent fixtures come in.
+# --qk-layernorm) and back generating the same text, and the independent fixtures come in. A
+# Qwen2-MoE-style model (--add-qkv-bias, gated shared experts, pre-softmax gates, a dense first
+# layer by --moe-layer-freq) trains, resumes by --use-checkpoint-args, and goes to HuggingFace
+# Qwen2-MoE and back generating the same text.
 #   bash tests/e2e/test_moe_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -53,8 +56,25 @@ if run train "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 24 --exit-in
           fail "the model generates other text after the Mixtral round trip"; }
   fi
 fi
+QWEN2MOE=("${MOE[@]}" --add-qkv-bias --moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate
+          --moe-router-pre-softmax --moe-layer-freq '([0]*1+[1]*1)')
+if run q2_train "$LATTICE" train "${QWEN2MOE[@]}" "${RUN[@]}" --train-iters 6 --exit-interval 4 --save q2ckpt; then
+  grep -qF 'mlp.shared_experts.gate_weight' q2ckpt/iter_0000004/*.json &&
+    ! grep -qF 'decoder.layers.0.mlp.router.weight' q2ckpt/iter_0000004/*.json &&
+    grep -qF 'decoder.layers.0.mlp.linear_fc1.weight' q2ckpt/iter_0000004/*.json &&
+    pass "a Qwen2-MoE-style checkpoint: gated shared experts, layer 0 dense" || fail "the Qwen2-MoE-style checkpoint's tensors"
+  run q2_resume "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --moe-aux-loss-coeff 0.01 --train-iters 6 \
+    --load q2ckpt --save q2ckpt && pass "--use-checkpoint-args resumes the shared experts and the layer pattern"
+  run q2_gen "$LATTICE" generate --load q2ckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+    run q2_to_hf "$LATTICE" convert --load q2ckpt --to-hf hf-q2 &&
+    grep -q '"model_type": "qwen2_moe"' hf-q2/config.json && grep -q '"norm_topk_prob": false' hf-q2/config.json &&
+    run q2_from_hf "$LATTICE" convert --from-hf hf-q2 --save q2back &&
+    run q2_gen_back "$LATTICE" generate --load q2back --prompt "ab" --max-new-tokens 16 --seed 2 &&
+    { cmp -s q2_gen.out q2_gen_back.out && pass "lattice -> HF Qwen2-MoE -> lattice generates the same text" ||
+        fail "the model generates other text after the Qwen2-MoE round trip"; }
+fi
 # The independent HuggingFace fixtures in (tests/fixtures/make_hf_llama_fixture.py).
-for f in hf_mixtral_tiny hf_qwen3_moe_tiny; do
+for f in hf_mixtral_tiny hf_qwen3_moe_tiny hf_qwen2_moe_tiny; do
   run "$f" "$LATTICE" convert --from-hf "$SRC/tests/fixtures/$f" --save "ckpt-$f" &&
     grep -q '"num_experts": *4' "ckpt-$f"/iter_0000000/*.json && pass "$f converts: $(tail -n 1 "$f.err")" ||
     fail "$f did not convert with its experts"
@@ -67,5 +87,10 @@ expect_error "a negative load-balancing coefficient" "--moe-aux-loss-coeff" -- \
   "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-aux-loss-coeff -1 "${RUN[@]}" --train-iters 1 --save bad3
 expect_error "an unimplemented load-balancing type" "--moe-router-load-balancing-type|sinkhorn" -- \
   "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type sinkhorn "${RUN[@]}" --train-iters 1 --save bad4
-[ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] && fail "a refused run left a checkpoint behind"
+expect_error "a shared-expert gate without shared experts" "--moe-shared-expert-gate" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-shared-expert-gate "${RUN[@]}" --train-iters 1 --save bad5
+expect_error "a layer pattern of the wrong length" "--moe-layer-freq" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-layer-freq '[1,0,1]' "${RUN[@]}" --train-iters 1 --save bad6
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] || [ -e bad5 ] || [ -e bad6 ] &&
+  fail "a refused run left a checkpoint behind"
 e2e_finish

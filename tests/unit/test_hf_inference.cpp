@@ -123,6 +123,23 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithQkLayernorm) {
   }
 }
 
+// Mixture of experts with pre-softmax gates, gated shared experts and the middle layer dense
+// (--moe-layer-freq [1,0,1]): each appended chunk routed as the full forward routes it.
+TEST(HfInference, KvCacheLogitsEqualFullForwardWithSharedExperts) {
+  auto model = random_model(false, GeluKind::erf, true, [&](TransformerConfig& c) {
+    c.add_bias_linear = false;
+    c.swiglu = true;
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 24;
+    c.moe_router_pre_softmax = true;
+    c.moe_shared_expert_intermediate_size = 32;
+    c.moe_shared_expert_gate = true;
+    c.moe_layer_pattern = {1, 0, 1};
+  });
+  check_against_full_forward(*model, model->config().max_position_embeddings);
+}
+
 TEST(HfInference, KvCacheOnHfFixtureModel) {
   HfGpt2Model hf = load_hf_gpt2(std::string(LATTICE_SOURCE_DIR) + "/tests/fixtures/hf_gpt2_tiny");
   check_against_full_forward(*hf.model, 16);

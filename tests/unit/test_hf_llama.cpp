@@ -97,6 +97,21 @@ TEST(HfLlama, Qwen3MoeModelMatchesIndependentLogits) {
   EXPECT_STREQ(hf_llama_family_name(c), "Qwen3-MoE");
 }
 
+// Qwen2-MoE: Qwen2's attention (q/k/v biases), layer 0 dense (mlp_only_layers), layer 1 4 experts with
+// norm_topk_prob false (--moe-router-pre-softmax) and the gated shared expert.
+TEST(HfLlama, Qwen2MoeModelMatchesIndependentLogits) {
+  check_fixture_logits("hf_qwen2_moe_tiny");
+  const TransformerConfig c = load_hf_llama(fixture("hf_qwen2_moe_tiny")).model->config();
+  EXPECT_TRUE(c.moe() && c.add_qkv_bias && !c.qk_layernorm);
+  EXPECT_TRUE(c.moe_router_pre_softmax);
+  EXPECT_FALSE(c.moe_layer(0));
+  EXPECT_TRUE(c.moe_layer(1));
+  EXPECT_EQ(c.moe_ffn_hidden_size, 20);
+  EXPECT_EQ(c.moe_shared_expert_intermediate_size, 28);
+  EXPECT_TRUE(c.moe_shared_expert_gate);
+  EXPECT_STREQ(hf_llama_family_name(c), "Qwen2-MoE");
+}
+
 // Mistral (sliding_window null): Llama's layers under another model_type; exported back as Llama,
 // every tensor the same bits.
 TEST(HfLlama, MistralModelMatchesIndependentLogitsAndExportsAsLlama) {
@@ -147,7 +162,7 @@ TEST(HfLlama, Llama3RopeScalingMatchesIndependentLogits) {
 TEST(HfLlama, HfToLatticeToHfIsIdentity) {
   for (const char* dir :
        {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3", "hf_qwen2_tiny",
-        "hf_qwen3_tiny", "hf_mixtral_tiny", "hf_qwen3_moe_tiny"}) {
+        "hf_qwen3_tiny", "hf_mixtral_tiny", "hf_qwen3_moe_tiny", "hf_qwen2_moe_tiny"}) {
     TempDir out(std::string("llama_rt_") + dir);
     HfModel hf = load_hf_llama(fixture(dir));
     save_hf_llama(out.str() + "/hf", *hf.model, "");
@@ -168,11 +183,12 @@ TEST(HfLlama, HfToLatticeToHfIsIdentity) {
                             "intermediate_size", "vocab_size", "max_position_embeddings", "model_type", "hidden_act",
                             "tie_word_embeddings", "rope_scaling", "architectures"})  // absent: null
       EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << dir << ": config.json " << key;
-    for (const char* key : {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size"})
+    for (const char* key : {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                            "shared_expert_intermediate_size", "norm_topk_prob", "mlp_only_layers"})
       EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << dir << ": config.json " << key;
     EXPECT_EQ(ja.value("rope_theta", 10000.0), jb["rope_theta"].get<double>()) << dir;
     EXPECT_EQ(ja.value("rms_norm_eps", 1e-6), jb["rms_norm_eps"].get<double>()) << dir;
-    if (ja["model_type"] == "qwen2")
+    if (ja["model_type"] == "qwen2" || ja["model_type"] == "qwen2_moe")
       EXPECT_FALSE(jb.contains("head_dim")) << dir << ": Qwen2Config has no head_dim";
     else
       EXPECT_EQ(ja.value("head_dim", 8), jb["head_dim"]) << dir;
@@ -569,6 +585,12 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
                  {"model.safetensors", "missing tensor model.layers.1.mlp."});
   }
   {
+    TempDir t("qwen2_moe_no_shared_expert");
+    expect_error(hf_test::rewritten_fixture("hf_qwen2_moe_tiny", nullptr,
+                                            [](nlohmann::json& j) { j.erase("shared_expert_intermediate_size"); }, t),
+                 {"config.json", "shared_expert_intermediate_size"});
+  }
+  {
     TempDir t("qwen3_moe_dense_layer_range");
     expect_error(hf_test::rewritten_fixture("hf_qwen3_moe_tiny", nullptr,
                                             [](nlohmann::json& j) { j["mlp_only_layers"] = {7}; }, t),
@@ -650,7 +672,7 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   {
     TempDir t("llama_not_llama");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "gemma"; }, t),
-                 {"config.json", "not a Llama, Qwen2, Qwen3, Qwen3-MoE, Mistral or Mixtral config", "gemma"});
+                 {"config.json", "not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral or Mixtral config", "gemma"});
   }
 }
 

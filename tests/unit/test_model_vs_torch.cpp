@@ -55,6 +55,12 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
     c.moe_router_topk = meta_int(f, "moe_router_topk");
     c.moe_ffn_hidden_size = meta_int(f, "moe_ffn_hidden_size");
     c.moe_aux_loss_coeff = float(meta_double(f, "moe_aux_loss_coeff"));
+    if (f.metadata().count("moe_layer_freq"))
+      c.moe_layer_pattern = TransformerConfig::parse_moe_layer_freq(f.metadata().at("moe_layer_freq"), c.num_layers);
+    c.moe_router_pre_softmax = f.metadata().count("moe_router_pre_softmax") != 0;
+    if (f.metadata().count("moe_shared_expert_intermediate_size"))
+      c.moe_shared_expert_intermediate_size = meta_int(f, "moe_shared_expert_intermediate_size");
+    c.moe_shared_expert_gate = f.metadata().count("moe_shared_expert_gate") != 0;
   }
   if (f.metadata().count("position_embedding_type")) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
@@ -161,7 +167,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_rope.safetensors", "gpt_tiny_kv24.safetensors",
                                            "gpt_tiny_nobias.safetensors", "gpt_tiny_rmsnorm.safetensors",
                                            "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors",
-                                           "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_nobias_moe4.safetensors"));
+                                           "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_nobias_moe4.safetensors",
+                                           "gpt_tiny_nobias_swiglu_moe4_shared.safetensors"));
 
 }  // namespace
 }  // namespace lattice

@@ -170,17 +170,24 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
   struct Variant {
     bool swiglu, pre_softmax;
     float scale;
+    int64_t Fs = 0;  // shared experts
+    bool gate = false;
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
-                          Variant{true, true, 2.5f}, Variant{false, false, 1.5f}}) {
+                            Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
+                            Variant{true, true, 1.0f, 3, true}, Variant{false, false, 1.0f, 4, true}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, 2, 0.5f);
     s.swiglu = swiglu;
     s.pre_softmax = var.pre_softmax;
     s.scale = var.scale;
+    s.Fs = var.Fs;
+    s.shared_gate = var.gate;
     const int64_t N = 4, C = s.C, F = s.F, F1 = s.F1(), E = s.E;
     std::vector<float> x = random_floats(size_t(N * C), 11, -1.5f, 1.5f), R = random_floats(size_t(N * C), 12);
     std::vector<float> router = random_floats(size_t(E * C), 13);
+    std::vector<float> shared1 = random_floats(size_t(s.Fs1() * C), 14), shared2 = random_floats(size_t(C * s.Fs), 15);
+    std::vector<float> sgate = random_floats(size_t(C), 16);
     std::vector<std::vector<float>> fc1, fc2;
     for (int64_t e = 0; e < E; ++e) {
       fc1.push_back(random_floats(size_t(F1 * C), uint32_t(20 + e)));
@@ -195,6 +202,11 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
       }
       w.fc1_site.resize(size_t(E));
       w.fc2_site.resize(size_t(E));
+      if (s.Fs > 0) {
+        w.shared_fc1 = shared1.data();
+        w.shared_fc2 = shared2.data();
+      }
+      if (s.shared_gate) w.shared_gate = sgate.data();
       return w;
     };
     std::vector<float> buf(static_cast<size_t>(moe_state_floats(N, s)));
@@ -209,9 +221,13 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     };
     objective();
     std::vector<float> dx(static_cast<size_t>(N * C)), g_router(router.size(), 0.0f);
+    std::vector<float> g_shared1(shared1.size(), 0.0f), g_shared2(shared2.size(), 0.0f), g_sgate(sgate.size(), 0.0f);
     std::vector<std::vector<float>> g1, g2;
     MoeGrads g;
     g.router = g_router.data();
+    g.shared_fc1 = g_shared1.data();
+    g.shared_fc2 = g_shared2.data();
+    g.shared_gate = g_sgate.data();
     for (int64_t e = 0; e < E; ++e) {
       g1.emplace_back(fc1[size_t(e)].size(), 0.0f);
       g2.emplace_back(fc2[size_t(e)].size(), 0.0f);
@@ -236,11 +252,15 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
         v[i] = v0;
         const double want = (fp - fm) / (2.0 * h);
         EXPECT_NEAR(got[i], want, 2e-3 * (1.0 + std::fabs(want)))
-            << what << "[" << i << "] swiglu " << swiglu << " pre-softmax " << var.pre_softmax << " scale " << var.scale;
+            << what << "[" << i << "] swiglu " << swiglu << " pre-softmax " << var.pre_softmax << " scale " << var.scale
+            << " shared " << var.Fs << " gate " << var.gate;
       }
     };
     check(x, dx, "dx");
     check(router, g_router, "router");
+    check(shared1, g_shared1, "shared fc1");
+    check(shared2, g_shared2, "shared fc2");
+    if (s.shared_gate) check(sgate, g_sgate, "shared gate");
     for (int64_t e = 0; e < E; ++e) {
       check(fc1[size_t(e)], g1[size_t(e)], "fc1 of expert " + std::to_string(e));
       check(fc2[size_t(e)], g2[size_t(e)], "fc2 of expert " + std::to_string(e));
@@ -286,6 +306,12 @@ TEST(Moe, ConfigurationErrorsNameTheFlag) {
   c = config();
   c.moe_ffn_hidden_size = 3;  // each expert's ffn splits over the tensor-parallel ranks
   expect_error(c, 2, "--moe-ffn-hidden-size 3 is not divisible by --tensor-model-parallel-size 2");
+  c = config();
+  c.moe_shared_expert_gate = true;
+  expect_error(c, 1, "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
+  c = config();
+  c.moe_shared_expert_intermediate_size = 5;  // the shared experts split as the dense MLP
+  expect_error(c, 2, "--moe-shared-expert-intermediate-size 5 is not divisible by --tensor-model-parallel-size 2");
 }
 
 // --moe-layer-freq's forms (Megatron's: an integer N, every N-th layer from layer 0; or a Python
