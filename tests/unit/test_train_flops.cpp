@@ -28,5 +28,29 @@ TEST(TrainFlops, MegatronTestVector) {
   EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 726386343936.0);
 }
 
+// Mixture of experts: each layer's own MLP width, k experts' plus the shared experts' in an MoE
+// layer (Megatron's num_moe_layers / num_dense_layers terms); the router and gate not counted.
+TEST(TrainFlops, MixtureOfExpertsCountsEachLayersMlp) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 256;
+  c.num_attention_heads = 8;
+  c.ffn_hidden_size = 1024;
+  c.vocab_size = 50257;
+  c.max_position_embeddings = 1024;
+  c.add_bias_linear = false;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 512;
+  c.moe_shared_expert_intermediate_size = 256;
+  c.moe_layer_pattern = {0, 1};
+  c.finalize();
+  const double h = 256, q = 256, gbs = 8, s = 1024, V = 50304;
+  const double attention = 6 * (h * 3 * q + q * h);
+  const double dense = 6 * h * 1024 * 2 + attention, moe = 6 * h * (512 * 2 + 256) * 2 + attention;
+  const double want = gbs * s * (dense + moe + 6 * h * V) + gbs * s * s * 6 * q * 2;
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(c, 8, 1024), want);
+}
+
 }  // namespace
 }  // namespace lattice
