@@ -132,7 +132,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                            Layout{false, 0.1f, false, true}, Layout{false, 0.0f, false, false, true},
                                            Layout{true, 0.1f, true, false, true},
                                            Layout{false, 0.1f, false, true, false, true},
-                                           Layout{true, 0.0f, true, false, false, true}),
+                                           Layout{true, 0.0f, true, false, false, true}, Layout{true, 0.1f, false, false, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
