@@ -51,6 +51,7 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     const bool moe_layer = cfg_.moe_layer(l);
     if (moe_layer) {
       moe.router = p(s + "mlp.router.weight");
+      if (cfg_.moe_router_enable_expert_bias) moe.expert_bias = p(s + "mlp.router.expert_bias");
       for (int64_t e = 0; e < cfg_.num_experts; ++e) {
         const std::string x = s + "mlp.experts.local_experts." + std::to_string(e) + ".";
         moe.fc1.push_back(p(x + "linear_fc1.weight"));

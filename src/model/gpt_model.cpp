@@ -308,6 +308,10 @@ void GPTModel::register_parameters() {
       if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts (no biases)
         const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.swiglu ? 2 * Fe : Fe;
         p.router_w = add(layer_name(l, "mlp.router.weight"), {cfg_.num_experts, C}, ParamInit::normal, std, -1);
+        if (cfg_.moe_router_enable_expert_bias) {  // Megatron-Core's TopKRouter buffer, zeros to start
+          p.expert_bias = add(layer_name(l, "mlp.router.expert_bias"), {cfg_.num_experts}, ParamInit::zeros, 0, -1);
+          params_.mark_buffer(p.expert_bias);
+        }
         for (int64_t e = 0; e < cfg_.num_experts; ++e) {
           p.expert_fc1.push_back(add(expert_name(l, e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
           p.expert_fc2.push_back(add(expert_name(l, e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
@@ -329,6 +333,7 @@ void GPTModel::register_parameters() {
       layers_.push_back(p);
     }
   }
+  expert_tokens_.assign(layers_.size(), {});
   if (place_.post_process) {
     lnf_w_ = add("decoder.final_layernorm.weight", {C}, ParamInit::ones, 0, -1);
     if (norm_bias) lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
@@ -549,6 +554,12 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
     if (key.training && cfg_.moe_layer(layers_[first + i].layer)) {  // each training forward once (not the recomputations)
       load_balancing_.sum += a.layers[i].moe->balance;
       load_balancing_.count += 1;
+      if (cfg_.moe_router_enable_expert_bias) {
+        std::vector<double>& tokens = expert_tokens_[first + i];
+        const std::vector<int64_t>& o = a.layers[i].moe->offsets;
+        tokens.resize(size_t(cfg_.num_experts), 0.0);
+        for (int64_t e = 0; e < cfg_.num_experts; ++e) tokens[size_t(e)] += double(o[size_t(e + 1)] - o[size_t(e)]);
+      }
     }
   }
   if (has_loss(chunk)) {
@@ -723,12 +734,38 @@ const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p
   return d_rows;
 }
 
+void GPTModel::update_expert_biases(Comm* dp) {
+  if (!cfg_.moe_router_enable_expert_bias) return;
+  const int64_t E = cfg_.num_experts;
+  expert_tokens_.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerParams& p = layers_[i];
+    if (p.expert_bias < 0) continue;
+    std::vector<double>& tokens = expert_tokens_[i];
+    tokens.resize(size_t(E), 0.0);
+    if (tp_.comm && tp_.size() > 1) tp_.comm->all_reduce(tokens.data(), E, ReduceOp::sum);
+    if (dp && dp->size() > 1) dp->all_reduce(tokens.data(), E, ReduceOp::sum);
+    double mean = 0.0;
+    for (double n : tokens) mean += n;
+    mean /= double(E);
+    std::vector<float> bias(static_cast<size_t>(E));
+    params_.read_param(p.expert_bias, bias.data());
+    for (int64_t e = 0; e < E; ++e) {
+      const double offset = mean - tokens[size_t(e)];
+      bias[size_t(e)] += float((offset > 0) - (offset < 0)) * cfg_.moe_router_bias_update_rate;
+    }
+    params_.write_param(p.expert_bias, bias.data());
+    std::fill(tokens.begin(), tokens.end(), 0.0);
+  }
+}
+
 MoeShape GPTModel::moe_shape() const { return lattice::moe_shape(cfg_, tp_.size()); }
 
 MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
   MoeWeights w;
   w.router = params_.param(p.router_w);
   w.router_site = site(p.router_w);
+  if (p.expert_bias >= 0) w.expert_bias = params_.param(p.expert_bias);
   for (size_t e = 0; e < p.expert_fc1.size(); ++e) {
     w.fc1.push_back(params_.param(p.expert_fc1[e]));
     w.fc2.push_back(params_.param(p.expert_fc2[e]));
@@ -852,7 +889,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       grads_ready({p.router_w});
       grads_ready(p.expert_fc1);
       grads_ready(p.expert_fc2);
-      for (int s : {p.shared_fc1, p.shared_fc2, p.shared_gate})
+      for (int s : {p.shared_fc1, p.shared_fc2, p.shared_gate, p.expert_bias})
         if (s >= 0) grads_ready({s});
     } else {
       // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.

@@ -180,6 +180,12 @@ class GPTModel {
   void set_loss_gradient_of_sum(bool on) { loss_gradient_of_sum_ = on; }
   const DocumentBoundaries& document_boundaries() const { return docs_; }
 
+  // --moe-router-enable-expert-bias: moves every MoE layer's expert bias by the update rate towards
+  // even loads, bias_e += rate sign(mean_e' count_e' - count_e) (Megatron's get_updated_expert_bias),
+  // from the tokens each expert got in this rank's training forwards since the last call, summed
+  // over the tensor-parallel group and over `dp` (the data-parallel group, null: none), then
+  // restarts the counts. Collective over those groups. Nothing without the expert bias.
+  void update_expert_biases(Comm* dp);
   // --num-experts: the load-balancing losses (over the coefficient: 1 when the experts are evenly
   // loaded) of every MoE layer of this rank's training forwards since the last call, summed, and
   // their count; the call starts a new sum.
@@ -235,6 +241,8 @@ class GPTModel {
     std::vector<int> expert_fc1, expert_fc2;
     // --moe-shared-expert-intermediate-size: the shared experts' fc1, fc2 and (gate) gate weight
     int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;
+    // --moe-router-enable-expert-bias: mlp.router.expert_bias [E] (a buffer: ParamInfo::buffer)
+    int expert_bias = -1;
   };
   // --num-experts: the MoE layer's shape, weights and gradients of layer p (model/moe_layer.h).
   MoeShape moe_shape() const;
@@ -441,6 +449,7 @@ class GPTModel {
   bool bf16_qkv_on_ = current_device() != Device::cpu;
   bool selective_ = false;             // selective recomputation (core attention)
   LossSum load_balancing_;             // take_load_balancing_losses'
+  std::vector<std::vector<double>> expert_tokens_;  // per layer of layers_: tokens per expert (expert bias)
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]
   std::unique_ptr<Scratch> scratch_;

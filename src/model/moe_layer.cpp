@@ -96,6 +96,8 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp) {
   s.gelu = c.gelu;
   s.aux_loss_coeff = c.moe_aux_loss_coeff;
   s.pre_softmax = c.moe_router_pre_softmax;
+  s.sigmoid = c.moe_router_sigmoid();
+  s.expert_bias = c.moe_router_enable_expert_bias;
   s.scale = c.moe_router_topk_scaling_factor;
   s.Fs = c.moe_shared_expert_intermediate_size / tp;
   s.shared_gate = c.moe_shared_expert_gate;
@@ -151,18 +153,28 @@ void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s)
   }
 }
 
-void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s) {
+void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, const float* bias) {
   const int64_t E = s.E, k = s.k, S = N * k;
   LATTICE_CHECK(k >= 1 && k <= E) << "moe_route: top-" << k << " of " << E << " experts";
+  LATTICE_CHECK(!s.expert_bias || bias) << "moe_route: the expert bias is missing";
   st.choice.resize(size_t(S));
   st.gate_host.resize(size_t(S));
   std::vector<int64_t> counts(size_t(E), 0);
   std::vector<int32_t> order(static_cast<size_t>(E));
-  // softmax over every expert: the load-balancing loss's, and the gates with pre_softmax
+  // softmax over every expert: the load-balancing loss's, and the gates with pre_softmax; with
+  // sigmoid scores the sigmoids, and them normalized for the load-balancing loss
   st.scores.resize(size_t(N * E));
+  if (s.sigmoid) st.sig.resize(size_t(N * E));
   for (int64_t t = 0; t < N; ++t) {
     const float* l = logits + t * E;
     float* p = st.scores.data() + t * E;
+    if (s.sigmoid) {
+      float* q = st.sig.data() + t * E;
+      float sum = 0.0f;
+      for (int64_t e = 0; e < E; ++e) sum += (p[e] = q[e] = 1.0f / (1.0f + std::exp(-l[e])));
+      for (int64_t e = 0; e < E; ++e) p[e] /= sum + 1e-20f;
+      continue;
+    }
     const float m = *std::max_element(l, l + E);
     float sum = 0.0f;
     for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
@@ -175,6 +187,22 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s) 
         LATTICE_FAIL() << "MoE router: logit " << l[e] << " of token " << t << " for expert " << e
                        << " (the layer's input or the router's weight is not finite)";
       order[size_t(e)] = int32_t(e);
+    }
+    if (s.sigmoid) {  // the k largest scores (plus the bias), the scores of those normalized
+      const float* q = st.sig.data() + t * E;
+      auto r = [&](int32_t e) { return bias ? q[e] + bias[e] : q[e]; };
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return r(a) > r(b) || (r(a) == r(b) && a < b); });
+      float sum = 0.0f;
+      for (int64_t j = 0; j < k; ++j) sum += q[order[size_t(j)]];
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = order[size_t(j)];
+        const float g = k > 1 ? q[e] / (sum + 1e-20f) : q[e];
+        st.choice[size_t(t * k + j)] = e;
+        st.gate_host[size_t(t * k + j)] = s.scale == 1.0f ? g : g * s.scale;
+        ++counts[size_t(e)];
+      }
+      continue;
     }
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
@@ -219,9 +247,14 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
   const int64_t E = s.E, C = s.C, F = s.F, F1 = s.F1(), S = N * s.k;
   LATTICE_CHECK(int64_t(w.fc1.size()) == E && int64_t(w.fc2.size()) == E) << "moe_forward: " << E << " experts' weights";
   linear_forward(st.logits, x, w.router, nullptr, N, C, E, w.router_site);
-  std::vector<float> logits(size_t(N * E));
+  std::vector<float> logits(size_t(N * E)), bias;
   copy_to_host(logits.data(), st.logits, logits.size() * sizeof(float));
-  moe_route(st, logits.data(), N, s);
+  if (s.expert_bias) {
+    LATTICE_CHECK(w.expert_bias) << "moe_forward: the expert bias is missing";
+    bias.resize(size_t(E));
+    copy_to_host(bias.data(), w.expert_bias, bias.size() * sizeof(float));
+  }
+  moe_route(st, logits.data(), N, s, s.expert_bias ? bias.data() : nullptr);
   moe_gather_rows(st.xe, x, st.rows, S, C);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
@@ -261,13 +294,26 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
   // The router: the gates' softmax's backward (over each token's k experts, or with
   // pre_softmax over all E, only the chosen ones' probabilities having a gradient), and the
   // load-balancing loss's through the softmax over all E. q = gate / scale, dq = d_gate scale:
-  // q dq = gate d_gate.
+  // q dq = gate d_gate. Sigmoid scores: the gradients with respect to the scores s first
+  // (gate_j = scale s_j / S, S their sum: d s_i = (scale d gate_i - sum_j gate_j d gate_j) / S; the
+  // load-balancing loss's through p = s / sum_all s), then through the sigmoid, s (1 - s).
   std::vector<float> d_gate(static_cast<size_t>(S)), d_logits(static_cast<size_t>(N * E), 0.0f);
   copy_to_host(d_gate.data(), sc.d_gate, d_gate.size() * sizeof(float));
   for (int64_t t = 0; t < N; ++t) {
     float dot = 0.0f;
     for (int64_t j = 0; j < k; ++j)
       dot += st.gate_host[size_t(t * k + j)] * d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
+    if (s.sigmoid) {
+      const float* q = st.sig.data() + t * E;
+      float sum = 0.0f;
+      for (int64_t j = 0; j < k; ++j) sum += q[st.choice[size_t(t * k + j)]];
+      for (int64_t j = 0; j < k; ++j) {
+        const float dg = d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
+        d_logits[size_t(t * E + st.choice[size_t(t * k + j)])] =
+            k > 1 ? (s.scale * dg - dot) / (sum + 1e-20f) : s.scale * dg;
+      }
+      continue;
+    }
     if (s.pre_softmax) {  // d l_e = p_e (dp_e - sum_chosen p dp), dp_e = 0 unless e is chosen
       const float* p = st.scores.data() + t * E;
       for (int64_t e = 0; e < E; ++e) d_logits[size_t(t * E + e)] = -p[e] * dot;
@@ -284,12 +330,17 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
       const float* p = st.scores.data() + t * E;
       double pg = 0.0;
       for (int64_t e = 0; e < E; ++e) pg += double(p[e]) * c * double(st.offsets[size_t(e + 1)] - st.offsets[size_t(e)]);
+      double sum = 0.0;  // sigmoid: the normalization's sum
+      if (s.sigmoid)
+        for (int64_t e = 0; e < E; ++e) sum += double(st.sig[size_t(t * E + e)]);
       for (int64_t e = 0; e < E; ++e) {
         const double ge = c * double(st.offsets[size_t(e + 1)] - st.offsets[size_t(e)]);
-        d_logits[size_t(t * E + e)] += float(double(p[e]) * (ge - pg));
+        d_logits[size_t(t * E + e)] += s.sigmoid ? float((ge - pg) / (sum + 1e-20)) : float(double(p[e]) * (ge - pg));
       }
     }
   }
+  if (s.sigmoid)
+    for (size_t i = 0; i < d_logits.size(); ++i) d_logits[i] *= st.sig[i] * (1.0f - st.sig[i]);
   copy_to_device(sc.d_logits, d_logits.data(), d_logits.size() * sizeof(float));
   linear_backward(router_input_grad ? dx : nullptr, g.router, nullptr, sc.d_logits, x, w.router, N, C, E, true,
                   w.router_site);

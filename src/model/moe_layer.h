@@ -8,12 +8,14 @@
 //   gate = softmax over those k logits (fp32)  (--moe-router-pre-softmax: softmax over all E
 //   logits at idx, not renormalized), times --moe-router-topk-scaling-factor;
 //   y[t] = sum_j gate[t, j] expert_idx[t,j](x[t]).
+// --moe-router-score-function sigmoid: s = sigmoid(logits); idx = the k largest of s (+ the expert
+// bias); gate = s at idx over their sum (+1e-20; s itself when k = 1), times the scaling factor.
 // Each expert is the model's MLP (fc1 [F1, C], GELU or SwiGLU, fc2 [C, F]; F = the expert's ffn
 // size, --moe-ffn-hidden-size) without biases. The load-balancing loss (--moe-aux-loss-coeff a,
 // Megatron's switch_load_balancing_loss_func) a E / (k N^2) sum_e (sum_t p[t, e]) count_e, with
 // p the softmax over all E logits and count_e the tokens routed to expert e, adds its gradient
 // to the router's (scaled as the micro-batch's loss gradient is); it is reported, not added to
-// the language-model loss.
+// the language-model loss. With sigmoid scores p is sigmoid(l) normalized over all E.
 //
 // The routing itself (top-k, softmax, the permutation) runs on the host over the [N, E]
 // logits (copied from the GPU: E values per token); the tokens' rows move on the device
@@ -43,6 +45,8 @@ struct MoeShape {
   float aux_loss_coeff = 0.0f;
   bool pre_softmax = false;  // --moe-router-pre-softmax: gates from the softmax over all E logits
   float scale = 1.0f;        // --moe-router-topk-scaling-factor
+  bool sigmoid = false;      // --moe-router-score-function sigmoid
+  bool expert_bias = false;  // --moe-router-enable-expert-bias (MoeWeights::expert_bias)
   int64_t Fs = 0;            // the shared experts' ffn size (0: none)
   bool shared_gate = false;  // --moe-shared-expert-gate
   int64_t F1() const { return swiglu ? 2 * F : F; }  // fc1's outputs
@@ -57,6 +61,7 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp = 1);
 // The layer's weights, with their GEMM sites (model/linear.h), and their gradients (accumulated).
 struct MoeWeights {
   const float* router = nullptr;             // [E, C]
+  const float* expert_bias = nullptr;        // [E] added to the scores for the choice (expert_bias)
   std::vector<const float*> fc1, fc2;        // per expert [F1, C], [C, F]
   GemmSite router_site;
   std::vector<GemmSite> fc1_site, fc2_site;
@@ -94,7 +99,8 @@ struct MoeState {
   std::vector<int32_t> choice;     // [N, k] the experts chosen, best first
   std::vector<float> gate_host;    // [N, k] their gates (probabilities times the scaling factor)
   std::vector<int32_t> slot_of_host;  // [N, k] slot_of
-  std::vector<float> scores;       // [N, E] softmax over every expert (the load-balancing loss)
+  std::vector<float> scores;       // [N, E] softmax (sigmoid: normalized sigmoid) over every expert
+  std::vector<float> sig;          // [N, E] sigmoid(logits) (sigmoid scores)
   double balance = 0.0;            // E / (k N^2) sum_e (sum_t p[t, e]) count_e of the last forward (1: even)
   double aux_loss = 0.0;           // the load-balancing loss of the last forward: balance x the coefficient
 };
@@ -119,8 +125,9 @@ int64_t moe_scratch_floats(int64_t N, const MoeShape& s);
 void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s);
 
 // The routing of host logits [N, E] into st's host fields and device index buffers (the
-// exported pieces are separately testable).
-void moe_route(MoeState& st, const float* logits_host, int64_t N, const MoeShape& s);
+// exported pieces are separately testable); bias_host: the expert bias [E] (s.expert_bias).
+void moe_route(MoeState& st, const float* logits_host, int64_t N, const MoeShape& s,
+               const float* bias_host = nullptr);
 
 // y [N, C] = the layer's output for x [N, C] (fp32 rows).
 void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s);

@@ -93,6 +93,12 @@ void TransformerConfig::check_moe() {
     LATTICE_FAIL() << "--moe-router-topk must be in [1, --num-experts " << num_experts << "], got " << moe_router_topk;
   if (!(moe_aux_loss_coeff >= 0.0f && std::isfinite(moe_aux_loss_coeff)))
     LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << moe_aux_loss_coeff;
+  if (moe_router_score_function != "softmax" && moe_router_score_function != "sigmoid")
+    LATTICE_FAIL() << "--moe-router-score-function must be softmax or sigmoid, got '" << moe_router_score_function << "'";
+  if (moe_router_enable_expert_bias && !moe_router_sigmoid())
+    LATTICE_FAIL() << "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid";
+  if (!(moe_router_bias_update_rate >= 0.0f && std::isfinite(moe_router_bias_update_rate)))
+    LATTICE_FAIL() << "--moe-router-bias-update-rate must be a finite number >= 0, got " << moe_router_bias_update_rate;
   if (moe_shared_expert_intermediate_size < 0)
     LATTICE_FAIL() << "--moe-shared-expert-intermediate-size must be positive, got "
                    << moe_shared_expert_intermediate_size;

@@ -76,6 +76,16 @@ struct TransformerConfig {
   // --moe-router-topk-scaling-factor (1: none).
   bool moe_router_pre_softmax = false;
   float moe_router_topk_scaling_factor = 1.0f;
+  // --moe-router-score-function sigmoid: scores sigmoid(logits), the top k of them (plus the
+  // expert bias when on) chosen, their scores normalized to sum 1 (k > 1) as the gates; the
+  // load-balancing loss over the scores normalized over all E (Megatron's, DeepSeek-V3's).
+  // --moe-router-enable-expert-bias: a per-expert bias (mlp.router.expert_bias, not trained by the
+  // optimizer) added to the scores for the choice only, moved after every iteration by
+  // --moe-router-bias-update-rate towards even loads (the aux-loss-free balancing).
+  std::string moe_router_score_function = "softmax";
+  bool moe_router_sigmoid() const { return moe_router_score_function == "sigmoid"; }
+  bool moe_router_enable_expert_bias = false;
+  float moe_router_bias_update_rate = 1e-3f;
   // Shared experts (--moe-shared-expert-intermediate-size S; 0: none): an MLP of width S every
   // token goes through, added to the routed experts' output (Megatron-Core's SharedExpertMLP);
   // --moe-shared-expert-gate scales it by sigmoid(x . g) per token (Qwen2-MoE).

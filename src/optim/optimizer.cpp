@@ -33,7 +33,7 @@ double model_sum(const ParamBuffer& params, const ElementRanges& ranges, Comm* d
   double total = 0;
   const bool skip_tp_duplicates = tp && tp->size() > 1 && tp->rank() != 0;
   bool has_copy = false;
-  for (const ParamInfo& p : params.infos()) has_copy = has_copy || p.shared_embedding_copy;
+  for (const ParamInfo& p : params.infos()) has_copy = has_copy || p.shared_embedding_copy || p.buffer;
   for (auto [rb, re] : or_whole(params, ranges)) {
     if (!skip_tp_duplicates && !has_copy && !params_only) {
       total += of(rb, re);
@@ -41,7 +41,7 @@ double model_sum(const ParamBuffer& params, const ElementRanges& ranges, Comm* d
     }
     for (const ParamInfo& p : params.infos()) {
       const int64_t b = std::max(rb, p.offset), e = std::min(re, p.offset + p.numel);
-      if (b < e && !(p.tp_duplicated && skip_tp_duplicates) && !p.shared_embedding_copy) total += of(b, e);
+      if (b < e && !(p.tp_duplicated && skip_tp_duplicates) && !p.shared_embedding_copy && !p.buffer) total += of(b, e);
     }
   }
   if (dp) dp->all_reduce(&total, 1, ReduceOp::sum);

@@ -34,7 +34,7 @@ class Comm;
 // `tp` is given they are summed over the tensor-parallel group too, counting the
 // parameters every TP rank holds a copy of (ParamInfo::tp_duplicated) once; with `pp`
 // over the pipeline stages, counting the tied embedding's copy on the last stage
-// (ParamInfo::shared_embedding_copy) not at all.
+// (ParamInfo::shared_embedding_copy) not at all, nor buffers (ParamInfo::buffer).
 double grad_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
                  Comm* tp = nullptr, Comm* pp = nullptr);
 // The same for the (fp32) parameters: Megatron's --log-params-norm.

@@ -35,6 +35,10 @@ struct ParamInfo {
   // The last pipeline stage's copy of the tied word embedding (the first stage holds the
   // original): counted once in the gradient norm and saved once, by the first stage.
   bool shared_embedding_copy = false;
+  // A buffer kept with the parameters (saved, loaded and resharded as they are) that no gradient
+  // trains (MoE's expert bias): its gradient stays zero, so the optimizer leaves it as it is, and
+  // the norms and zero counts skip it (Megatron's buffers are no parameters).
+  bool buffer = false;
   bool weight_decay = true;  // false for biases and 1-D parameters
   ParamInit init = ParamInit::normal;
   float init_std = 0.0f;
@@ -67,6 +71,7 @@ class ParamBuffer {
   int add_tp(const std::string& name, const Shape& global_shape, ParamInit init, float init_std,
              int tp_split_dim, int tp_rank, int tp_size, int blocks = 1);
   void mark_shared_embedding_copy(int index) { infos_[size_t(index)].shared_embedding_copy = true; }
+  void mark_buffer(int index) { infos_[size_t(index)].buffer = true; }
   // Allocates the param and grad buffers (zeroed).
   void allocate();
   // Sets every parameter to its initial value. The value of element g (row-major index

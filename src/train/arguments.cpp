@@ -89,6 +89,12 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "width of the shared experts' MLP every token also goes through (0: none)"},
       {"moe-shared-expert-gate", Kind::flag, &a.moe_shared_expert_gate,
        "scale the shared experts' output by a sigmoid gate per token (Qwen2-MoE)"},
+      {"moe-router-score-function", Kind::str, &a.moe_router_score_function,
+       "softmax (default) or sigmoid (scores normalized over the chosen experts)"},
+      {"moe-router-enable-expert-bias", Kind::flag, &a.moe_router_enable_expert_bias,
+       "a per-expert bias on the sigmoid scores for the choice, moved towards even loads (aux-loss-free)"},
+      {"moe-router-bias-update-rate", Kind::f32, &a.moe_router_bias_update_rate,
+       "the expert bias's step per iteration (default 1e-3)"},
       {"moe-router-pre-softmax", Kind::flag, &a.moe_router_pre_softmax,
        "gates: softmax over every expert, then the top-k of those (default: softmax over the top-k logits)"},
       {"moe-router-topk-scaling-factor", Kind::f32, &a.moe_router_topk_scaling_factor,
@@ -559,6 +565,9 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_ffn_hidden_size = moe_ffn_hidden_size;
   c.moe_router_pre_softmax = moe_router_pre_softmax;
   c.moe_shared_expert_intermediate_size = moe_shared_expert_intermediate_size;
+  c.moe_router_score_function = moe_router_score_function;
+  c.moe_router_enable_expert_bias = moe_router_enable_expert_bias;
+  c.moe_router_bias_update_rate = moe_router_bias_update_rate;
   c.moe_shared_expert_gate = moe_shared_expert_gate;
   if (num_experts > 0) c.moe_layer_pattern = TransformerConfig::parse_moe_layer_freq(moe_layer_freq, num_layers);
   c.moe_router_topk_scaling_factor = moe_router_topk_scaling_factor;
@@ -655,6 +664,9 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     if (m.value("moe_shared_expert_intermediate_size", 0) > 0)
       from_model("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size");
     on("moe-shared-expert-gate", m.value("moe_shared_expert_gate", false));
+    if (m.value("moe_router_score_function", std::string("softmax")) != "softmax")
+      from_model("moe-router-score-function", "moe_router_score_function");
+    on("moe-router-enable-expert-bias", m.value("moe_router_enable_expert_bias", false));
     if (m.contains("moe_layer_freq") && m["moe_layer_freq"].is_array() && !m["moe_layer_freq"].empty())
       out.emplace_back("moe-layer-freq", json(m["moe_layer_freq"].dump()));
     if (m.value("moe_router_topk_scaling_factor", 1.0) != 1.0)

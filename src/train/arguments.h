@@ -37,6 +37,9 @@ struct TrainArgs {
   float moe_aux_loss_coeff = 0.0f;
   bool moe_router_pre_softmax = false;
   std::string moe_layer_freq = "1";
+  std::string moe_router_score_function = "softmax";
+  bool moe_router_enable_expert_bias = false;
+  float moe_router_bias_update_rate = 1e-3f;
   int64_t moe_shared_expert_intermediate_size = 0;
   bool moe_shared_expert_gate = false;
   float moe_router_topk_scaling_factor = 1.0f;

@@ -86,6 +86,7 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
       if (c.moe_layer(l)) {  // router [E, C], each expert's fc1 [F1e, C] and fc2 [C, Fe] (no tensor parallelism)
         add(p + "mlp.router.weight", {c.num_experts, C}, -1);
+        if (c.moe_router_enable_expert_bias) add(p + "mlp.router.expert_bias", {c.num_experts}, -1);
         const int64_t Fe = c.moe_ffn_hidden_size;
         for (int64_t e = 0; e < c.num_experts; ++e) {
           const std::string x = p + "mlp.experts.local_experts." + std::to_string(e) + ".";

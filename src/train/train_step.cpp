@@ -93,6 +93,7 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     if (pp) pp->all_reduce(v, 2, ReduceOp::sum);
     if (dp) dp->comm().all_reduce(v, 2, ReduceOp::sum);
     r.load_balancing_loss = v[1] > 0 ? v[0] / v[1] : 0.0;
+    model.update_expert_biases(dp ? &dp->comm() : nullptr);  // Megatron's, before the optimizer step
   }
   // The global batch's token count divides the per-token gradients (none when every token is
   // masked: the gradients are zero, and stay so).

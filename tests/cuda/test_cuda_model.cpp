@@ -310,6 +310,10 @@ TEST(CudaModel, SharedExpertsLossAndEveryGradientMatchCpu) {
   cfg.swiglu = true;
   cfg.finalize();
   expect_loss_and_gradients_match(cfg, "moe shared experts");
+  cfg.moe_router_score_function = "sigmoid";  // sigmoid scores with the expert bias (a buffer)
+  cfg.moe_router_enable_expert_bias = true;
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "moe sigmoid scores");
 }
 
 // With dropout on: the masks are the same Philox draws on both devices. lr 1e-4: Adam's

@@ -35,6 +35,7 @@ struct Case {
   float adam_eps = 1e-8f;
   int64_t experts = 0;  // --num-experts (top-2, the load-balancing loss, no linear biases)
   std::vector<int> moe_layers = {};  // --moe-layer-freq's pattern (empty: every layer)
+  bool sigmoid_bias = false;  // sigmoid scores and the expert bias (rate 0.01)
 };
 
 TransformerConfig config(const Case& c, int tp) {
@@ -53,6 +54,11 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_aux_loss_coeff = 0.01f;
     t.add_bias_linear = false;
     t.moe_layer_pattern = c.moe_layers;
+    if (c.sigmoid_bias) {
+      t.moe_router_score_function = "sigmoid";
+      t.moe_router_enable_expert_bias = true;
+      t.moe_router_bias_update_rate = 0.01f;
+    }
   }
   t.finalize(tp);
   return t;
@@ -127,11 +133,12 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel
 // rank routes its own micro-batches (the load-balancing loss per micro-batch, as on one rank).
-// --moe-layer-freq [1,0,0,1]: each stage holds an MoE layer and a dense one.
+// --moe-layer-freq [1,0,0,1]: each stage holds an MoE layer and a dense one. Sigmoid scores with the
+// expert bias: every data-parallel rank moves the bias by the tokens of all of them.
 TEST(DistPipelineMoe, WithDataParallelDistributedOptimizerMatchesSingleProcess) {
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(1, 2, 120);
-  Case c{"MoE", 4, 0, 0, 0, false, 0.1f, 1e-8f, 4, {1, 0, 0, 1}};
+  Case c{"MoE", 4, 0, 0, 0, false, 0.1f, 1e-8f, 4, {1, 0, 0, 1}, true};
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;

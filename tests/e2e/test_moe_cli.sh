@@ -7,7 +7,8 @@
 # --qk-layernorm) and back generating the same text, and the independent fixtures come in. A
 # Qwen2-MoE-style model (--add-qkv-bias, gated shared experts, pre-softmax gates, a dense first
 # layer by --moe-layer-freq) trains, resumes by --use-checkpoint-args, and goes to HuggingFace
-# Qwen2-MoE and back generating the same text.
+# Qwen2-MoE and back generating the same text. Sigmoid scores with the expert bias (aux-loss-free)
+# train, keep the bias in the checkpoint, resume and generate; HuggingFace export refuses them.
 #   bash tests/e2e/test_moe_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -73,6 +74,20 @@ if run q2_train "$LATTICE" train "${QWEN2MOE[@]}" "${RUN[@]}" --train-iters 6 --
     { cmp -s q2_gen.out q2_gen_back.out && pass "lattice -> HF Qwen2-MoE -> lattice generates the same text" ||
         fail "the model generates other text after the Qwen2-MoE round trip"; }
 fi
+SIG=("${MOE[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01)
+if run sig_train "$LATTICE" train "${SIG[@]}" "${RUN[@]}" --train-iters 6 --exit-interval 4 --save sigckpt; then
+  grep -qF 'decoder.layers.1.mlp.router.expert_bias' sigckpt/iter_0000004/*.json &&
+    grep -q '"moe_router_score_function": *"sigmoid"' sigckpt/iter_0000004/*.json &&
+    pass "sigmoid scores: the checkpoint records the expert bias" || fail "the checkpoint lost the expert bias"
+  run sig_resume "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --moe-aux-loss-coeff 0.01 --train-iters 6 \
+    --load sigckpt --save sigckpt && pass "--use-checkpoint-args resumes the sigmoid router and its bias"
+  run sig_gen "$LATTICE" generate --load sigckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+    run sig_gen_full "$LATTICE" generate --load sigckpt --prompt "ab" --max-new-tokens 16 --seed 2 --no-kv-cache &&
+    { cmp -s sig_gen.out sig_gen_full.out && pass "the sigmoid router generates the same with and without the KV cache" ||
+        fail "the sigmoid router generates differently with the KV cache"; }
+  expect_error "HuggingFace export of sigmoid scores" "sigmoid" -- "$LATTICE" convert --load sigckpt --to-hf hf-sig
+  [ -e hf-sig/model.safetensors ] && fail "a refused export wrote a model"
+fi
 # The independent HuggingFace fixtures in (tests/fixtures/make_hf_llama_fixture.py).
 for f in hf_mixtral_tiny hf_qwen3_moe_tiny hf_qwen2_moe_tiny; do
   run "$f" "$LATTICE" convert --from-hf "$SRC/tests/fixtures/$f" --save "ckpt-$f" &&
@@ -89,8 +104,10 @@ expect_error "an unimplemented load-balancing type" "--moe-router-load-balancing
   "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type sinkhorn "${RUN[@]}" --train-iters 1 --save bad4
 expect_error "a shared-expert gate without shared experts" "--moe-shared-expert-gate" -- \
   "$LATTICE" train "${MOE[@]}" --moe-shared-expert-gate "${RUN[@]}" --train-iters 1 --save bad5
+expect_error "the expert bias without sigmoid scores" "--moe-router-enable-expert-bias" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-router-enable-expert-bias "${RUN[@]}" --train-iters 1 --save bad7
 expect_error "a layer pattern of the wrong length" "--moe-layer-freq" -- \
   "$LATTICE" train "${MOE[@]}" --moe-layer-freq '[1,0,1]' "${RUN[@]}" --train-iters 1 --save bad6
-[ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] || [ -e bad5 ] || [ -e bad6 ] &&
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e bad7 ] &&
   fail "a refused run left a checkpoint behind"
 e2e_finish

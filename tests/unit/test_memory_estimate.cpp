@@ -235,6 +235,13 @@ TEST(MemoryEstimate, MixtureOfExpertsEqualsTheModel) {
     const int64_t without = estimate_rank_memory(layout(base, 1, 1, 1, 4), 0, 0).parameters;
     const int64_t C = c.hidden_size, mats = swiglu ? 3 : 2;
     EXPECT_EQ(with - without, 3 * (4 * C + 4 * mats * 24 * C - mats * base.ffn_hidden_size * C)) << swiglu;
+    TransformerConfig c4 = c;  // sigmoid scores with the expert bias [E] per layer, shared experts
+    c4.moe_router_score_function = "sigmoid";
+    c4.moe_router_enable_expert_bias = true;
+    c4.moe_shared_expert_intermediate_size = 16;
+    c4.moe_shared_expert_gate = true;
+    c4.finalize();
+    expect_matches(layout(c4, 1, 1, 1, 4), 0);
     TransformerConfig c3 = c;  // --moe-layer-freq: the middle layer dense
     c3.moe_layer_pattern = {1, 0, 1};
     c3.finalize();

@@ -7,6 +7,7 @@
 // SwiGLU (--swiglu), and with grouped-query attention (--num-query-groups 2 of 4 heads).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -61,6 +62,11 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
     if (f.metadata().count("moe_shared_expert_intermediate_size"))
       c.moe_shared_expert_intermediate_size = meta_int(f, "moe_shared_expert_intermediate_size");
     c.moe_shared_expert_gate = f.metadata().count("moe_shared_expert_gate") != 0;
+    if (f.metadata().count("moe_router_score_function"))
+      c.moe_router_score_function = f.metadata().at("moe_router_score_function");
+    c.moe_router_enable_expert_bias = f.metadata().count("moe_router_enable_expert_bias") != 0;
+    if (c.moe_router_enable_expert_bias)
+      c.moe_router_bias_update_rate = float(meta_double(f, "moe_router_bias_update_rate"));
   }
   if (f.metadata().count("position_embedding_type")) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
@@ -122,8 +128,14 @@ TEST_P(ModelVsTorch, LogitsLossAndGradients) {
   double loss = model.forward_backward(tokens.data(), nullptr, B, T, 1.0f, key);
   const double want_loss = f.get_f32("loss")[0];
   EXPECT_NEAR(loss, want_loss, kRelTol * want_loss);
-  for (const ParamInfo& p : model.params().infos())
+  for (const ParamInfo& p : model.params().infos()) {
+    if (p.buffer) {  // the expert bias: no gradient
+      const float* g = model.params().grads() + p.offset;
+      EXPECT_TRUE(std::all_of(g, g + p.numel, [](float v) { return v == 0.0f; })) << "grad of buffer " << p.name;
+      continue;
+    }
     expect_close(model.params().grads() + p.offset, f.get_f32("grad." + p.name), "grad of " + p.name);
+  }
 }
 
 TEST_P(ModelVsTorch, TenAdamSteps) {
@@ -168,7 +180,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_nobias.safetensors", "gpt_tiny_rmsnorm.safetensors",
                                            "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors",
                                            "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_nobias_moe4.safetensors",
-                                           "gpt_tiny_nobias_swiglu_moe4_shared.safetensors"));
+                                           "gpt_tiny_nobias_swiglu_moe4_shared.safetensors",
+                                           "gpt_tiny_nobias_moe4_sigmoid.safetensors"));
 
 }  // namespace
 }  // namespace lattice

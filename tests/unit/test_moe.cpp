@@ -132,6 +132,45 @@ TEST(Moe, PreSoftmaxAndScalingFactorGates) {
   }
 }
 
+// --moe-router-score-function sigmoid: the k largest sigmoid scores (with the expert bias added for
+// the choice only), their scores normalized to sum 1 as the gates (k = 1: the score itself); the
+// load-balancing loss over the scores normalized over all E.
+TEST(Moe, SigmoidScoresAndTheExpertBias) {
+  const int64_t N = 2, E = 4;
+  const std::vector<float> logits = {0.5f, 2.0f, 1.0f, -1.0f, 3.0f, 0.0f, 1.0f, 2.5f};
+  auto sig = [&](int64_t t, int64_t e) { return 1.0 / (1.0 + std::exp(-double(logits[size_t(t * E + e)]))); };
+  MoeShape s = shape(E, 2, 0.1f);
+  s.sigmoid = true;
+  Routed plain(logits, N, s);
+  EXPECT_EQ(plain.st.choice, (std::vector<int32_t>{1, 2, 0, 3}));
+  for (int64_t t = 0; t < N; ++t) {
+    const int32_t a = plain.st.choice[size_t(2 * t)], b = plain.st.choice[size_t(2 * t + 1)];
+    EXPECT_NEAR(plain.st.gate_host[size_t(2 * t)], sig(t, a) / (sig(t, a) + sig(t, b)), 1e-6);
+    EXPECT_NEAR(plain.st.gate_host[size_t(2 * t + 1)], sig(t, b) / (sig(t, a) + sig(t, b)), 1e-6);
+  }
+  double want = 0;  // 0.1 E / (k N^2) sum_e (sum_t sig / sum_e' sig) count_e; counts 1, 1, 1, 1
+  for (int64_t t = 0; t < N; ++t) {
+    double z = 0;
+    for (int64_t e = 0; e < E; ++e) z += sig(t, e);
+    for (int64_t e = 0; e < E; ++e) want += sig(t, e) / z;
+  }
+  EXPECT_NEAR(plain.st.aux_loss, want * 0.1 * double(E) / (2.0 * double(N * N)), 1e-6);
+  // A bias of +1 on expert 3 and -1 on expert 1: token 0 takes experts 3 and 2, token 1 experts 3
+  // and 0; the gates are still the plain scores normalized.
+  s.expert_bias = true;
+  const std::vector<float> bias = {0.0f, -1.0f, 0.0f, 1.0f};
+  std::vector<float> buf(static_cast<size_t>(moe_state_floats(N, s)));
+  MoeState st;
+  moe_state_carve(st, buf.data(), N, s);
+  moe_route(st, logits.data(), N, s, bias.data());
+  EXPECT_EQ(st.choice, (std::vector<int32_t>{3, 2, 3, 0}));
+  EXPECT_NEAR(st.gate_host[0], sig(0, 3) / (sig(0, 3) + sig(0, 2)), 1e-6);
+  EXPECT_NEAR(st.gate_host[3], sig(1, 0) / (sig(1, 3) + sig(1, 0)), 1e-6);
+  s.k = 1;  // one expert: its score, not normalized
+  Routed one(logits, N, [&] { MoeShape o = s; o.expert_bias = false; return o; }());
+  EXPECT_NEAR(one.st.gate_host[0], sig(0, 1), 1e-6);
+}
+
 // Megatron's switch_load_balancing_loss_func: a E / (k N^2) sum_e (sum_t softmax(l_t)[e]) count_e.
 TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
   const int64_t N = 4, E = 3, k = 1;
@@ -172,13 +211,20 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     float scale;
     int64_t Fs = 0;  // shared experts
     bool gate = false;
+    bool sigmoid = false, bias = false;  // sigmoid scores, the expert bias
+    int64_t k = 2;
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
-                            Variant{true, true, 1.0f, 3, true}, Variant{false, false, 1.0f, 4, true}}) {
+                            Variant{true, true, 1.0f, 3, true}, Variant{false, false, 1.0f, 4, true},
+                            Variant{false, false, 1.0f, 0, false, true}, Variant{true, false, 2.0f, 0, false, true, true},
+                            Variant{false, false, 1.0f, 0, false, true, false, 1}}) {
     const bool swiglu = var.swiglu;
-    MoeShape s = shape(3, 2, 0.5f);
+    MoeShape s = shape(3, var.k, 0.5f);
     s.swiglu = swiglu;
+    s.sigmoid = var.sigmoid;
+    s.expert_bias = var.bias;
+    const std::vector<float> expert_bias = {0.3f, -0.2f, 0.1f};
     s.pre_softmax = var.pre_softmax;
     s.scale = var.scale;
     s.Fs = var.Fs;
@@ -207,6 +253,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
         w.shared_fc2 = shared2.data();
       }
       if (s.shared_gate) w.shared_gate = sgate.data();
+      if (s.expert_bias) w.expert_bias = expert_bias.data();
       return w;
     };
     std::vector<float> buf(static_cast<size_t>(moe_state_floats(N, s)));
@@ -253,7 +300,8 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
         const double want = (fp - fm) / (2.0 * h);
         EXPECT_NEAR(got[i], want, 2e-3 * (1.0 + std::fabs(want)))
             << what << "[" << i << "] swiglu " << swiglu << " pre-softmax " << var.pre_softmax << " scale " << var.scale
-            << " shared " << var.Fs << " gate " << var.gate;
+            << " shared " << var.Fs << " gate " << var.gate << " sigmoid " << var.sigmoid << " bias " << var.bias
+            << " k " << var.k;
       }
     };
     check(x, dx, "dx");
