@@ -235,11 +235,21 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
   copy_to_device(st.slot_of, slot_of.data(), size_t(S) * sizeof(int32_t));
   copy_to_device(st.gate, gate.data(), size_t(S) * sizeof(float));
   st.slot_of_host = std::move(slot_of);
-  // The load-balancing loss: softmax over every expert, weighted by the experts' token counts.
-  double aux = 0.0;
+  // The load-balancing loss: softmax over every expert, weighted by the experts' token counts, in
+  // each group of Ng rows (all N, or each sequence), averaged over the groups.
+  const int64_t Ng = s.aux_group > 0 ? s.aux_group : N, G = Ng > 0 ? N / Ng : 0;
+  LATTICE_CHECK(Ng == 0 || N % Ng == 0) << "moe_route: " << N << " rows are no whole groups of " << Ng;
+  st.group_counts.assign(size_t(G * E), 0.0);
   for (int64_t t = 0; t < N; ++t)
-    for (int64_t e = 0; e < E; ++e) aux += double(st.scores[size_t(t * E + e)]) * double(counts[size_t(e)]);
-  st.balance = N > 0 ? aux * double(E) / (double(k) * double(N) * double(N)) : 0.0;
+    for (int64_t j = 0; j < k; ++j) st.group_counts[size_t(t / Ng * E + st.choice[size_t(t * k + j)])] += 1.0;
+  double aux = 0.0;
+  for (int64_t g = 0; g < G; ++g) {
+    double group = 0.0;
+    for (int64_t t = g * Ng; t < (g + 1) * Ng; ++t)
+      for (int64_t e = 0; e < E; ++e) group += double(st.scores[size_t(t * E + e)]) * st.group_counts[size_t(g * E + e)];
+    aux += group * double(E) / (double(k) * double(Ng) * double(Ng));
+  }
+  st.balance = G > 0 ? aux / double(G) : 0.0;
   st.aux_loss = st.balance * double(s.aux_loss_coeff);
 }
 
@@ -324,17 +334,20 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
     }
   }
   if (s.aux_loss_coeff > 0.0f && N > 0) {
-    // d aux / d p[t, e] = c count_e, the same for every token.
-    const double c = double(aux_grad_scale) * double(s.aux_loss_coeff) * double(E) / (double(k) * double(N) * double(N));
+    // d aux / d p[t, e] = c count_e of t's group, the same for every token of the group.
+    const int64_t Ng = s.aux_group > 0 ? s.aux_group : N, G = N / Ng;
+    const double c = double(aux_grad_scale) * double(s.aux_loss_coeff) * double(E) /
+                     (double(k) * double(Ng) * double(Ng)) / double(G);
     for (int64_t t = 0; t < N; ++t) {
       const float* p = st.scores.data() + t * E;
+      const double* count = st.group_counts.data() + t / Ng * E;
       double pg = 0.0;
-      for (int64_t e = 0; e < E; ++e) pg += double(p[e]) * c * double(st.offsets[size_t(e + 1)] - st.offsets[size_t(e)]);
+      for (int64_t e = 0; e < E; ++e) pg += double(p[e]) * c * count[e];
       double sum = 0.0;  // sigmoid: the normalization's sum
       if (s.sigmoid)
         for (int64_t e = 0; e < E; ++e) sum += double(st.sig[size_t(t * E + e)]);
       for (int64_t e = 0; e < E; ++e) {
-        const double ge = c * double(st.offsets[size_t(e + 1)] - st.offsets[size_t(e)]);
+        const double ge = c * count[e];
         d_logits[size_t(t * E + e)] += s.sigmoid ? float((ge - pg) / (sum + 1e-20)) : float(double(p[e]) * (ge - pg));
       }
     }

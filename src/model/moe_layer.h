@@ -15,7 +15,8 @@
 // Megatron's switch_load_balancing_loss_func) a E / (k N^2) sum_e (sum_t p[t, e]) count_e, with
 // p the softmax over all E logits and count_e the tokens routed to expert e, adds its gradient
 // to the router's (scaled as the micro-batch's loss gradient is); it is reported, not added to
-// the language-model loss. With sigmoid scores p is sigmoid(l) normalized over all E.
+// the language-model loss. With sigmoid scores p is sigmoid(l) normalized over all E. seq_aux_loss
+// (MoeShape::aux_group = T): the same formula over each sequence's T rows (N = T), averaged.
 //
 // The routing itself (top-k, softmax, the permutation) runs on the host over the [N, E]
 // logits (copied from the GPU: E values per token); the tokens' rows move on the device
@@ -45,6 +46,7 @@ struct MoeShape {
   float aux_loss_coeff = 0.0f;
   bool pre_softmax = false;  // --moe-router-pre-softmax: gates from the softmax over all E logits
   float scale = 1.0f;        // --moe-router-topk-scaling-factor
+  int64_t aux_group = 0;     // seq_aux_loss: the load-balancing loss per group of this many rows (0: all N)
   bool sigmoid = false;      // --moe-router-score-function sigmoid
   bool expert_bias = false;  // --moe-router-enable-expert-bias (MoeWeights::expert_bias)
   int64_t Fs = 0;            // the shared experts' ffn size (0: none)
@@ -101,6 +103,7 @@ struct MoeState {
   std::vector<int32_t> slot_of_host;  // [N, k] slot_of
   std::vector<float> scores;       // [N, E] softmax (sigmoid: normalized sigmoid) over every expert
   std::vector<float> sig;          // [N, E] sigmoid(logits) (sigmoid scores)
+  std::vector<double> group_counts;  // [G, E] tokens per expert in each load-balancing group
   double balance = 0.0;            // E / (k N^2) sum_e (sum_t p[t, e]) count_e of the last forward (1: even)
   double aux_loss = 0.0;           // the load-balancing loss of the last forward: balance x the coefficient
 };

@@ -82,6 +82,9 @@ struct TransformerConfig {
   // --moe-router-enable-expert-bias: a per-expert bias (mlp.router.expert_bias, not trained by the
   // optimizer) added to the scores for the choice only, moved after every iteration by
   // --moe-router-bias-update-rate towards even loads (the aux-loss-free balancing).
+  // --moe-router-load-balancing-type seq_aux_loss: the load-balancing loss of each sequence,
+  // averaged over the micro-batch's (DeepSeek-V2's), instead of the micro-batch's as one.
+  bool moe_seq_aux_loss = false;
   std::string moe_router_score_function = "softmax";
   bool moe_router_sigmoid() const { return moe_router_score_function == "sigmoid"; }
   bool moe_router_enable_expert_bias = false;

@@ -48,7 +48,9 @@ std::string format_log_line(const LogLine& l) {
   if (l.params_norm >= 0) std::snprintf(optional + n, sizeof optional - n, " params norm: %.3f |", l.params_norm);
   // Megatron's MoE losses follow the lm loss.
   char moe[64] = "";
-  if (l.load_balancing_loss >= 0) std::snprintf(moe, sizeof moe, " load_balancing_loss: %.6E |", l.load_balancing_loss);
+  if (l.load_balancing_loss >= 0)
+    std::snprintf(moe, sizeof moe, " %s: %.6E |", l.seq_load_balancing ? "seq_load_balancing_loss" : "load_balancing_loss",
+                  l.load_balancing_loss);
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): "
@@ -78,7 +80,8 @@ std::string format_metrics_json(const LogLine& l) {
                       {"nan_iterations", l.nan_iterations}};
   if (l.num_zeros_in_grad >= 0) j["num_zeros_in_grad"] = l.num_zeros_in_grad;
   if (l.params_norm >= 0) j["params_norm"] = l.params_norm;
-  if (l.load_balancing_loss >= 0) j["load_balancing_loss"] = l.load_balancing_loss;
+  if (l.load_balancing_loss >= 0)
+    j[l.seq_load_balancing ? "seq_load_balancing_loss" : "load_balancing_loss"] = l.load_balancing_loss;
   return j.dump();
 }
 
@@ -538,6 +541,7 @@ int run_training(const TrainArgs& args) {
       l.lm_loss = interval_loss / double(std::max<int64_t>(1, interval_iters - interval_skipped));
       if (last.load_balancing_loss >= 0)
         l.load_balancing_loss = interval_balance / double(std::max<int64_t>(1, interval_iters - interval_skipped));
+      l.seq_load_balancing = args.moe_router_load_balancing_type == "seq_aux_loss";
       l.loss_scale = loss_scaler ? loss_scaler->scale() : 1.0;
       l.skipped_iterations = interval_skipped;
       l.nan_iterations = interval_nan;

@@ -15,6 +15,7 @@ struct LogLine {
   double tokens_per_sec, mfu_percent;
   double num_zeros_in_grad = -1, params_norm = -1;  // logged when >= 0 (--log-num-zeros-in-grad, --log-params-norm)
   double load_balancing_loss = -1;                  // logged when >= 0 (--num-experts)
+  bool seq_load_balancing = false;                  // seq_aux_loss: logged as seq_load_balancing_loss
 };
 std::string format_log_line(const LogLine& l);
 std::string format_metrics_json(const LogLine& l);

@@ -88,6 +88,13 @@ if run sig_train "$LATTICE" train "${SIG[@]}" "${RUN[@]}" --train-iters 6 --exit
   expect_error "HuggingFace export of sigmoid scores" "sigmoid" -- "$LATTICE" convert --load sigckpt --to-hf hf-sig
   [ -e hf-sig/model.safetensors ] && fail "a refused export wrote a model"
 fi
+# seq_aux_loss: the load-balancing loss of each sequence, logged under Megatron's name.
+if run seq_train "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss "${RUN[@]}" \
+     --train-iters 2 --metrics-file seq.jsonl; then
+  grep -q 'lm loss: [^|]*| seq_load_balancing_loss: [0-9.E+-]* |' seq_train.out &&
+    grep -q '"seq_load_balancing_loss"' seq.jsonl && pass "seq_aux_loss logs seq_load_balancing_loss" ||
+    fail "no seq_load_balancing_loss logged"
+fi
 # The independent HuggingFace fixtures in (tests/fixtures/make_hf_llama_fixture.py).
 for f in hf_mixtral_tiny hf_qwen3_moe_tiny hf_qwen2_moe_tiny; do
   run "$f" "$LATTICE" convert --from-hf "$SRC/tests/fixtures/$f" --save "ckpt-$f" &&

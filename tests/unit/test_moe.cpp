@@ -193,6 +193,37 @@ TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
   EXPECT_NEAR(r.st.aux_loss, want, 1e-6);
 }
 
+// seq_aux_loss (Megatron's sequence_load_balancing_loss_func): the formula over each sequence's rows
+// (its own token counts and probabilities, N = T), averaged over the sequences.
+TEST(Moe, SequenceLoadBalancingLossIsPerSequence) {
+  const int64_t T = 3, Bs = 2, N = T * Bs, E = 3, k = 1;
+  const std::vector<float> logits = random_floats(size_t(N * E), 19, -2.0f, 2.0f);
+  MoeShape s = shape(E, k, 0.1f);
+  s.aux_group = T;
+  Routed r(logits, N, s);
+  double want = 0;
+  for (int64_t b = 0; b < Bs; ++b) {
+    std::vector<double> count(static_cast<size_t>(E), 0.0), psum(static_cast<size_t>(E), 0.0);
+    for (int64_t t = b * T; t < (b + 1) * T; ++t) {
+      double z = 0;
+      int64_t best = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        z += std::exp(double(logits[size_t(t * E + e)]));
+        if (logits[size_t(t * E + e)] > logits[size_t(t * E + best)]) best = e;
+      }
+      for (int64_t e = 0; e < E; ++e) psum[size_t(e)] += std::exp(double(logits[size_t(t * E + e)])) / z;
+      count[size_t(best)] += 1;
+    }
+    double seq = 0;
+    for (int64_t e = 0; e < E; ++e) seq += psum[size_t(e)] * count[size_t(e)];
+    want += seq * double(E) / (double(k) * double(T * T)) / double(Bs);
+  }
+  EXPECT_NEAR(r.st.balance, want, 1e-6);
+  EXPECT_NEAR(r.st.aux_loss, 0.1 * want, 1e-7);
+  s.aux_group = 0;  // the micro-batch as one: another number here
+  EXPECT_GT(std::fabs(Routed(logits, N, s).st.balance - want), 1e-3);
+}
+
 TEST(Moe, NonFiniteLogitsAreAnError) {
   std::vector<float> logits = {1.0f, NAN, 0.0f, 2.0f};
   try {
@@ -213,17 +244,21 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     bool gate = false;
     bool sigmoid = false, bias = false;  // sigmoid scores, the expert bias
     int64_t k = 2;
+    int64_t aux_group = 0;  // seq_aux_loss: sequences of this many rows
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
                             Variant{true, true, 1.0f, 3, true}, Variant{false, false, 1.0f, 4, true},
                             Variant{false, false, 1.0f, 0, false, true}, Variant{true, false, 2.0f, 0, false, true, true},
-                            Variant{false, false, 1.0f, 0, false, true, false, 1}}) {
+                            Variant{false, false, 1.0f, 0, false, true, false, 1},
+                            Variant{true, false, 1.0f, 0, false, false, false, 2, 2},
+                            Variant{false, false, 1.0f, 0, false, true, true, 2, 2}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, var.k, 0.5f);
     s.swiglu = swiglu;
     s.sigmoid = var.sigmoid;
     s.expert_bias = var.bias;
+    s.aux_group = var.aux_group;
     const std::vector<float> expert_bias = {0.3f, -0.2f, 0.1f};
     s.pre_softmax = var.pre_softmax;
     s.scale = var.scale;
@@ -301,7 +336,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
         EXPECT_NEAR(got[i], want, 2e-3 * (1.0 + std::fabs(want)))
             << what << "[" << i << "] swiglu " << swiglu << " pre-softmax " << var.pre_softmax << " scale " << var.scale
             << " shared " << var.Fs << " gate " << var.gate << " sigmoid " << var.sigmoid << " bias " << var.bias
-            << " k " << var.k;
+            << " k " << var.k << " aux group " << var.aux_group;
       }
     };
     check(x, dx, "dx");
