@@ -13,8 +13,8 @@ namespace lattice {
 void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C);
 
 // out [N, C]: out[t] = (accumulate ? out[t] : 0) + sum_{j < k} w[slot_of[t, j]] ye[slot_of[t, j]],
-// the j in order; w null: weights 1 (the gather's backward: the gradients of a token's copies
-// summed into its row).
+// the j in order, a slot -1 (a dropped token's) left out; w null: weights 1 (the gather's
+// backward: the gradients of a token's copies summed into its row).
 void moe_combine(float* out, const float* ye, const int32_t* slot_of, const float* w, int64_t N, int64_t k, int64_t C,
                  bool accumulate);
 

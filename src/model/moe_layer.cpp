@@ -218,22 +218,41 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
       ++counts[size_t(e)];
     }
   }
+  // The capacity: per expert the tokens beyond it dropped, the smallest gates (or the last tokens)
+  // first; ties keep the earlier token.
+  std::vector<bool> kept(static_cast<size_t>(S), true);
+  if (s.capacity_factor > 0.0) {
+    const int64_t cap = int64_t(std::ceil(double(N * k) / double(E) * s.capacity_factor));
+    std::vector<std::vector<int64_t>> pairs(static_cast<size_t>(E));  // t k + j, token order
+    for (int64_t i = 0; i < S; ++i) pairs[size_t(st.choice[size_t(i)])].push_back(i);
+    for (int64_t e = 0; e < E; ++e) {
+      std::vector<int64_t>& p = pairs[size_t(e)];
+      if (int64_t(p.size()) <= cap) continue;
+      if (!s.drop_by_position)
+        std::stable_sort(p.begin(), p.end(),
+                         [&](int64_t a, int64_t b) { return st.gate_host[size_t(a)] > st.gate_host[size_t(b)]; });
+      for (size_t r = size_t(cap); r < p.size(); ++r) kept[size_t(p[r])] = false;
+      counts[size_t(e)] = cap;
+    }
+  }
   st.offsets.assign(size_t(E + 1), 0);
   for (int64_t e = 0; e < E; ++e) st.offsets[size_t(e + 1)] = st.offsets[size_t(e)] + counts[size_t(e)];
+  const int64_t kept_slots = st.offsets[size_t(E)];
   // Slots grouped by expert, tokens in order within one.
-  std::vector<int32_t> rows(static_cast<size_t>(S)), slot_of(static_cast<size_t>(S));
-  std::vector<float> gate(static_cast<size_t>(S));
+  std::vector<int32_t> rows(static_cast<size_t>(kept_slots)), slot_of(static_cast<size_t>(S), -1);
+  std::vector<float> gate(static_cast<size_t>(kept_slots));
   std::vector<int64_t> cursor(st.offsets.begin(), st.offsets.end() - 1);
   for (int64_t t = 0; t < N; ++t)
     for (int64_t j = 0; j < k; ++j) {
+      if (!kept[size_t(t * k + j)]) continue;
       const int64_t slot = cursor[size_t(st.choice[size_t(t * k + j)])]++;
       rows[size_t(slot)] = int32_t(t);
       slot_of[size_t(t * k + j)] = int32_t(slot);
       gate[size_t(slot)] = st.gate_host[size_t(t * k + j)];
     }
-  copy_to_device(st.rows, rows.data(), size_t(S) * sizeof(int32_t));
+  copy_to_device(st.rows, rows.data(), size_t(kept_slots) * sizeof(int32_t));
   copy_to_device(st.slot_of, slot_of.data(), size_t(S) * sizeof(int32_t));
-  copy_to_device(st.gate, gate.data(), size_t(S) * sizeof(float));
+  copy_to_device(st.gate, gate.data(), size_t(kept_slots) * sizeof(float));
   st.slot_of_host = std::move(slot_of);
   // The load-balancing loss: softmax over every expert, weighted by the experts' token counts, in
   // each group of Ng rows (all N, or each sequence), averaged over the groups.
@@ -254,7 +273,7 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
 }
 
 void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
-  const int64_t E = s.E, C = s.C, F = s.F, F1 = s.F1(), S = N * s.k;
+  const int64_t E = s.E, C = s.C, F = s.F, F1 = s.F1();
   LATTICE_CHECK(int64_t(w.fc1.size()) == E && int64_t(w.fc2.size()) == E) << "moe_forward: " << E << " experts' weights";
   linear_forward(st.logits, x, w.router, nullptr, N, C, E, w.router_site);
   std::vector<float> logits(size_t(N * E)), bias;
@@ -265,6 +284,7 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
     copy_to_host(bias.data(), w.expert_bias, bias.size() * sizeof(float));
   }
   moe_route(st, logits.data(), N, s, s.expert_bias ? bias.data() : nullptr);
+  const int64_t S = st.offsets[size_t(E)];  // the slots kept (N k without a capacity)
   moe_gather_rows(st.xe, x, st.rows, S, C);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
@@ -282,7 +302,7 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
 void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
                   const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale, Comm* tp,
                   bool router_input_grad) {
-  const int64_t E = s.E, k = s.k, C = s.C, F = s.F, F1 = s.F1(), S = N * k;
+  const int64_t E = s.E, k = s.k, C = s.C, F = s.F, F1 = s.F1(), S = st.offsets[size_t(E)];  // slots kept
   moe_combine_backward(sc.d_ye, sc.d_gate, dy, st.ye, st.gate, st.rows, S, C);
   if (tp && tp->size() > 1) tp->all_reduce(sc.d_gate, S, ReduceOp::sum);
   for (int64_t e = 0; e < E; ++e) {
@@ -309,16 +329,20 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
   // load-balancing loss's through p = s / sum_all s), then through the sigmoid, s (1 - s).
   std::vector<float> d_gate(static_cast<size_t>(S)), d_logits(static_cast<size_t>(N * E), 0.0f);
   copy_to_host(d_gate.data(), sc.d_gate, d_gate.size() * sizeof(float));
+  auto dgate = [&](int64_t i) {  // the gradient of pair i's gate; 0 for a dropped pair
+    const int32_t slot = st.slot_of_host[size_t(i)];
+    return slot < 0 ? 0.0f : d_gate[size_t(slot)];
+  };
   for (int64_t t = 0; t < N; ++t) {
     float dot = 0.0f;
     for (int64_t j = 0; j < k; ++j)
-      dot += st.gate_host[size_t(t * k + j)] * d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
+      dot += st.gate_host[size_t(t * k + j)] * dgate(t * k + j);
     if (s.sigmoid) {
       const float* q = st.sig.data() + t * E;
       float sum = 0.0f;
       for (int64_t j = 0; j < k; ++j) sum += q[st.choice[size_t(t * k + j)]];
       for (int64_t j = 0; j < k; ++j) {
-        const float dg = d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
+        const float dg = dgate(t * k + j);
         d_logits[size_t(t * E + st.choice[size_t(t * k + j)])] =
             k > 1 ? (s.scale * dg - dot) / (sum + 1e-20f) : s.scale * dg;
       }
@@ -329,7 +353,7 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
       for (int64_t e = 0; e < E; ++e) d_logits[size_t(t * E + e)] = -p[e] * dot;
     }
     for (int64_t j = 0; j < k; ++j) {
-      const float g = st.gate_host[size_t(t * k + j)], dg = d_gate[size_t(st.slot_of_host[size_t(t * k + j)])];
+      const float g = st.gate_host[size_t(t * k + j)], dg = dgate(t * k + j);
       d_logits[size_t(t * E + st.choice[size_t(t * k + j)])] += g * dg - (s.pre_softmax ? 0.0f : g * dot / s.scale);
     }
   }

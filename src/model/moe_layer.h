@@ -21,7 +21,10 @@
 // The routing itself (top-k, softmax, the permutation) runs on the host over the [N, E]
 // logits (copied from the GPU: E values per token); the tokens' rows move on the device
 // (kernels/moe.h). The S = N k slots are grouped by expert, token order within an expert, so
-// each expert's GEMMs read one contiguous block of rows.
+// each expert's GEMMs read one contiguous block of rows. With a capacity (MoeShape::capacity_factor)
+// an expert keeps at most ceil(N k / E f) of its tokens (the largest gates, or the first tokens) and
+// the others are dropped: no slot (slot_of -1), nothing added to the token's output, no gradient
+// to their gates; the load-balancing loss counts the tokens before the drop (Megatron's).
 //
 // Shared experts (--moe-shared-expert-intermediate-size Fs; Megatron-Core's SharedExpertMLP):
 // one more MLP (fc1 [Fs1, C], fc2 [C, Fs], no biases) on every token, its output added to the
@@ -47,6 +50,8 @@ struct MoeShape {
   bool pre_softmax = false;  // --moe-router-pre-softmax: gates from the softmax over all E logits
   float scale = 1.0f;        // --moe-router-topk-scaling-factor
   int64_t aux_group = 0;     // seq_aux_loss: the load-balancing loss per group of this many rows (0: all N)
+  double capacity_factor = 0;  // --moe-expert-capacity-factor (0: dropless)
+  bool drop_by_position = false;  // --moe-token-drop-policy position (else probs)
   bool sigmoid = false;      // --moe-router-score-function sigmoid
   bool expert_bias = false;  // --moe-router-enable-expert-bias (MoeWeights::expert_bias)
   int64_t Fs = 0;            // the shared experts' ffn size (0: none)
@@ -85,7 +90,7 @@ struct MoeGrads {
 struct MoeState {
   float* logits = nullptr;    // [N, E] the router's logits
   int32_t* rows = nullptr;    // [S] the token of each slot
-  int32_t* slot_of = nullptr; // [N, k] the slot of each token's j-th expert
+  int32_t* slot_of = nullptr; // [N, k] the slot of each token's j-th expert (-1: dropped)
   float* gate = nullptr;      // [S] the router probability of each slot
   float* xe = nullptr;        // [S, C] the experts' inputs
   float* h = nullptr;         // [S, F1] fc1's outputs
@@ -97,7 +102,7 @@ struct MoeState {
   float* sgate = nullptr;     // [N] their gate sigmoid(x . g) (shared_gate)
   int32_t* ident = nullptr;   // [N] 0, 1, ..., N - 1 (the shared output's combine)
   // host
-  std::vector<int64_t> offsets;    // [E + 1] each expert's first slot
+  std::vector<int64_t> offsets;    // [E + 1] each expert's first slot (offsets[E]: the slots kept)
   std::vector<int32_t> choice;     // [N, k] the experts chosen, best first
   std::vector<float> gate_host;    // [N, k] their gates (probabilities times the scaling factor)
   std::vector<int32_t> slot_of_host;  // [N, k] slot_of

@@ -93,6 +93,10 @@ void TransformerConfig::check_moe() {
     LATTICE_FAIL() << "--moe-router-topk must be in [1, --num-experts " << num_experts << "], got " << moe_router_topk;
   if (!(moe_aux_loss_coeff >= 0.0f && std::isfinite(moe_aux_loss_coeff)))
     LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << moe_aux_loss_coeff;
+  if (!(moe_expert_capacity_factor >= 0.0 && std::isfinite(moe_expert_capacity_factor)))
+    LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << moe_expert_capacity_factor;
+  if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
+    LATTICE_FAIL() << "--moe-token-drop-policy must be probs or position, got '" << moe_token_drop_policy << "'";
   if (moe_router_score_function != "softmax" && moe_router_score_function != "sigmoid")
     LATTICE_FAIL() << "--moe-router-score-function must be softmax or sigmoid, got '" << moe_router_score_function << "'";
   if (moe_router_enable_expert_bias && !moe_router_sigmoid())

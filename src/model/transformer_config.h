@@ -85,6 +85,12 @@ struct TransformerConfig {
   // --moe-router-load-balancing-type seq_aux_loss: the load-balancing loss of each sequence,
   // averaged over the micro-batch's (DeepSeek-V2's), instead of the micro-batch's as one.
   bool moe_seq_aux_loss = false;
+  // --moe-expert-capacity-factor f (0: none, dropless): each expert takes at most
+  // ceil(N k / E f) of a micro-batch's N tokens in training forwards, the others dropped (their
+  // slot left out of the token's sum), by --moe-token-drop-policy: probs (keep the largest gates)
+  // or position (keep the first tokens). Evaluation and generation are dropless.
+  double moe_expert_capacity_factor = 0.0;
+  std::string moe_token_drop_policy = "probs";
   std::string moe_router_score_function = "softmax";
   bool moe_router_sigmoid() const { return moe_router_score_function == "sigmoid"; }
   bool moe_router_enable_expert_bias = false;

@@ -89,6 +89,12 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "width of the shared experts' MLP every token also goes through (0: none)"},
       {"moe-shared-expert-gate", Kind::flag, &a.moe_shared_expert_gate,
        "scale the shared experts' output by a sigmoid gate per token (Qwen2-MoE)"},
+      {"moe-expert-capacity-factor", Kind::opt_f64, &a.moe_expert_capacity_factor,
+       "each expert takes at most ceil(tokens k / experts x this) tokens per micro-batch (default: none, dropless)"},
+      {"moe-token-drop-policy", Kind::str, &a.moe_token_drop_policy,
+       "with a capacity: probs (keep the largest gates, default) or position (keep the first tokens)"},
+      {"moe-pad-expert-input-to-capacity", Kind::flag, &a.moe_pad_expert_input_to_capacity,
+       "not implemented yet (lattice runs each expert on the tokens it keeps)"},
       {"moe-router-score-function", Kind::str, &a.moe_router_score_function,
        "softmax (default) or sigmoid (scores normalized over the chosen experts)"},
       {"moe-router-enable-expert-bias", Kind::flag, &a.moe_router_enable_expert_bias,
@@ -360,6 +366,7 @@ void reject_unimplemented(const TrainArgs& a) {
     if (used) LATTICE_FAIL() << "--" << flag << " is not implemented yet";
   };
   reject(a.zero_stage != d.zero_stage, "zero-stage");
+  reject(a.moe_pad_expert_input_to_capacity, "moe-pad-expert-input-to-capacity");
 }
 
 // --bf16 / --fp16 / --fp8-format and the loss-scale flags.
@@ -573,6 +580,12 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_router_topk_scaling_factor = moe_router_topk_scaling_factor;
   c.moe_aux_loss_coeff = moe_router_load_balancing_type == "none" ? 0.0f : moe_aux_loss_coeff;
   c.moe_seq_aux_loss = moe_router_load_balancing_type == "seq_aux_loss";
+  if (moe_expert_capacity_factor) {
+    if (!(*moe_expert_capacity_factor > 0.0))
+      LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << *moe_expert_capacity_factor;
+    c.moe_expert_capacity_factor = *moe_expert_capacity_factor;
+  }
+  c.moe_token_drop_policy = moe_token_drop_policy;
   c.normalization = normalization;
   c.position_embedding_type = position_embedding_type;
   c.rotary_percent = rotary_percent;

@@ -38,6 +38,9 @@ struct TrainArgs {
   bool moe_router_pre_softmax = false;
   std::string moe_layer_freq = "1";
   std::string moe_router_score_function = "softmax";
+  std::optional<double> moe_expert_capacity_factor;
+  std::string moe_token_drop_policy = "probs";
+  bool moe_pad_expert_input_to_capacity = false;
   bool moe_router_enable_expert_bias = false;
   float moe_router_bias_update_rate = 1e-3f;
   int64_t moe_shared_expert_intermediate_size = 0;

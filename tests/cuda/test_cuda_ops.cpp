@@ -1374,6 +1374,7 @@ void moe_cases(std::vector<OpCase>& t) {
         slot_of[size_t(i)] = s;
         rows[size_t(s)] = int32_t(i / k);
       }
+      for (int64_t i = 3; i < S; i += 5) slot_of[size_t(i)] = -1;  // dropped pairs (a capacity)
       const auto x = rand_floats(size_t(N * C), 91), ye = rand_floats(size_t(S * C), 92);
       const auto w = rand_floats(size_t(S), 93), dout = rand_floats(size_t(N * C), 94);
       std::vector<float> xe(static_cast<size_t>(S * C)), out(static_cast<size_t>(N * C)), d_ye(static_cast<size_t>(S * C)),

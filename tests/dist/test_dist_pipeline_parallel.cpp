@@ -36,6 +36,7 @@ struct Case {
   int64_t experts = 0;  // --num-experts (top-2, the load-balancing loss, no linear biases)
   std::vector<int> moe_layers = {};  // --moe-layer-freq's pattern (empty: every layer)
   bool sigmoid_bias = false;  // sigmoid scores and the expert bias (rate 0.01)
+  double capacity = 0;        // --moe-expert-capacity-factor
 };
 
 TransformerConfig config(const Case& c, int tp) {
@@ -54,6 +55,7 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_aux_loss_coeff = 0.01f;
     t.add_bias_linear = false;
     t.moe_layer_pattern = c.moe_layers;
+    t.moe_expert_capacity_factor = c.capacity;
     if (c.sigmoid_bias) {
       t.moe_router_score_function = "sigmoid";
       t.moe_router_enable_expert_bias = true;
@@ -134,11 +136,12 @@ INSTANTIATE_TEST_SUITE_P(
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel
 // rank routes its own micro-batches (the load-balancing loss per micro-batch, as on one rank).
 // --moe-layer-freq [1,0,0,1]: each stage holds an MoE layer and a dense one. Sigmoid scores with the
-// expert bias: every data-parallel rank moves the bias by the tokens of all of them.
+// expert bias: every data-parallel rank moves the bias by the tokens of all of them. Capacity 1: each
+// rank drops within its own micro-batches, as one process does micro-batch by micro-batch.
 TEST(DistPipelineMoe, WithDataParallelDistributedOptimizerMatchesSingleProcess) {
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(1, 2, 120);
-  Case c{"MoE", 4, 0, 0, 0, false, 0.1f, 1e-8f, 4, {1, 0, 0, 1}, true};
+  Case c{"MoE", 4, 0, 0, 0, false, 0.1f, 1e-8f, 4, {1, 0, 0, 1}, true, 1.0};
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;

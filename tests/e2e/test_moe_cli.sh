@@ -88,6 +88,9 @@ if run sig_train "$LATTICE" train "${SIG[@]}" "${RUN[@]}" --train-iters 6 --exit
   expect_error "HuggingFace export of sigmoid scores" "sigmoid" -- "$LATTICE" convert --load sigckpt --to-hf hf-sig
   [ -e hf-sig/model.safetensors ] && fail "a refused export wrote a model"
 fi
+# A capacity: tokens over an expert's capacity dropped in training; the run trains and generates.
+run cap_train "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position "${RUN[@]}" \
+  --train-iters 3 --save capckpt && pass "--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position trains"
 # seq_aux_loss: the load-balancing loss of each sequence, logged under Megatron's name.
 if run seq_train "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss "${RUN[@]}" \
      --train-iters 2 --metrics-file seq.jsonl; then
@@ -113,8 +116,13 @@ expect_error "a shared-expert gate without shared experts" "--moe-shared-expert-
   "$LATTICE" train "${MOE[@]}" --moe-shared-expert-gate "${RUN[@]}" --train-iters 1 --save bad5
 expect_error "the expert bias without sigmoid scores" "--moe-router-enable-expert-bias" -- \
   "$LATTICE" train "${MOE[@]}" --moe-router-enable-expert-bias "${RUN[@]}" --train-iters 1 --save bad7
+expect_error "an unknown drop policy" "--moe-token-drop-policy" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1 --moe-token-drop-policy random "${RUN[@]}" --train-iters 1 --save bad8
+expect_error "padding to the capacity" "--moe-pad-expert-input-to-capacity" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity "${RUN[@]}" --train-iters 1 --save bad9
 expect_error "a layer pattern of the wrong length" "--moe-layer-freq" -- \
   "$LATTICE" train "${MOE[@]}" --moe-layer-freq '[1,0,1]' "${RUN[@]}" --train-iters 1 --save bad6
-[ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e bad7 ] &&
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e bad7 ] || [ -e bad8 ] ||
+  [ -e bad9 ] &&
   fail "a refused run left a checkpoint behind"
 e2e_finish

@@ -67,6 +67,8 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
     c.moe_router_enable_expert_bias = f.metadata().count("moe_router_enable_expert_bias") != 0;
     if (c.moe_router_enable_expert_bias)
       c.moe_router_bias_update_rate = float(meta_double(f, "moe_router_bias_update_rate"));
+    if (f.metadata().count("moe_expert_capacity_factor"))
+      c.moe_expert_capacity_factor = meta_double(f, "moe_expert_capacity_factor");
   }
   if (f.metadata().count("position_embedding_type")) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
@@ -181,7 +183,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors",
                                            "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_nobias_moe4.safetensors",
                                            "gpt_tiny_nobias_swiglu_moe4_shared.safetensors",
-                                           "gpt_tiny_nobias_moe4_sigmoid.safetensors"));
+                                           "gpt_tiny_nobias_moe4_sigmoid.safetensors",
+                                           "gpt_tiny_nobias_moe4_capacity.safetensors"));
 
 }  // namespace
 }  // namespace lattice

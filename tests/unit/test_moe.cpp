@@ -171,6 +171,27 @@ TEST(Moe, SigmoidScoresAndTheExpertBias) {
   EXPECT_NEAR(one.st.gate_host[0], sig(0, 1), 1e-6);
 }
 
+// --moe-expert-capacity-factor 1 with 4 tokens, 2 experts, top-1: each expert keeps ceil(4 / 2) = 2;
+// all four choose expert 0. The probs policy keeps the two largest gates (pre-softmax, so the gates
+// differ), position the first two; the dropped have slot -1; the load-balancing counts are those
+// before the drop.
+TEST(Moe, CapacityDropsTokensByPolicy) {
+  const int64_t N = 4, E = 2;
+  const std::vector<float> logits = {0.1f, 0.0f, 3.0f, 0.0f, 0.5f, 0.0f, 2.0f, 0.0f};
+  MoeShape s = shape(E, 1);
+  s.pre_softmax = true;
+  s.capacity_factor = 1.0;
+  Routed probs(logits, N, s);
+  EXPECT_EQ(probs.st.offsets, (std::vector<int64_t>{0, 2, 2}));
+  EXPECT_EQ(probs.st.slot_of_host, (std::vector<int32_t>{-1, 0, -1, 1}));  // tokens 1 and 3 kept
+  EXPECT_EQ(probs.st.group_counts, (std::vector<double>{4.0, 0.0}));
+  s.drop_by_position = true;
+  Routed position(logits, N, s);
+  EXPECT_EQ(position.st.slot_of_host, (std::vector<int32_t>{0, 1, -1, -1}));
+  s.capacity_factor = 2.0;  // room for all
+  EXPECT_EQ(Routed(logits, N, s).st.slot_of_host, (std::vector<int32_t>{0, 1, 2, 3}));
+}
+
 // Megatron's switch_load_balancing_loss_func: a E / (k N^2) sum_e (sum_t softmax(l_t)[e]) count_e.
 TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
   const int64_t N = 4, E = 3, k = 1;
@@ -245,6 +266,8 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     bool sigmoid = false, bias = false;  // sigmoid scores, the expert bias
     int64_t k = 2;
     int64_t aux_group = 0;  // seq_aux_loss: sequences of this many rows
+    double capacity = 0;    // --moe-expert-capacity-factor (2 of the 8 pairs per expert kept at 0.5)
+    bool by_position = false;
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
@@ -252,13 +275,17 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
                             Variant{false, false, 1.0f, 0, false, true}, Variant{true, false, 2.0f, 0, false, true, true},
                             Variant{false, false, 1.0f, 0, false, true, false, 1},
                             Variant{true, false, 1.0f, 0, false, false, false, 2, 2},
-                            Variant{false, false, 1.0f, 0, false, true, true, 2, 2}}) {
+                            Variant{false, false, 1.0f, 0, false, true, true, 2, 2},
+                            Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0.5},
+                            Variant{true, true, 1.0f, 3, true, false, false, 2, 0, 0.5, true}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, var.k, 0.5f);
     s.swiglu = swiglu;
     s.sigmoid = var.sigmoid;
     s.expert_bias = var.bias;
     s.aux_group = var.aux_group;
+    s.capacity_factor = var.capacity;
+    s.drop_by_position = var.by_position;
     const std::vector<float> expert_bias = {0.3f, -0.2f, 0.1f};
     s.pre_softmax = var.pre_softmax;
     s.scale = var.scale;
@@ -336,7 +363,8 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
         EXPECT_NEAR(got[i], want, 2e-3 * (1.0 + std::fabs(want)))
             << what << "[" << i << "] swiglu " << swiglu << " pre-softmax " << var.pre_softmax << " scale " << var.scale
             << " shared " << var.Fs << " gate " << var.gate << " sigmoid " << var.sigmoid << " bias " << var.bias
-            << " k " << var.k << " aux group " << var.aux_group;
+            << " k " << var.k << " aux group " << var.aux_group << " capacity " << var.capacity << " by position "
+            << var.by_position;
       }
     };
     check(x, dx, "dx");

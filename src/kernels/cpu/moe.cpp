@@ -27,6 +27,7 @@ void moe_combine(float* out, const float* ye, const int32_t* slot_of, const floa
       for (int64_t c = 0; c < C; ++c) o[c] = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t s = slot_of[t * k + j];
+      if (s < 0) continue;  // dropped (over its expert's capacity)
       const float* __restrict y = ye + s * C;
       const float ws = w ? w[s] : 1.0f;
 #pragma omp simd

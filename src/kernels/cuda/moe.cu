@@ -24,7 +24,7 @@ __global__ void combine_kernel(float* out, const float* ye, const int32_t* slot_
     float o = accumulate ? out[i] : 0.0f;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t s = slot_of[t * k + j];
-      o += (w ? w[s] : 1.0f) * ye[s * C + c];
+      if (s >= 0) o += (w ? w[s] : 1.0f) * ye[s * C + c];  // -1: dropped
     }
     out[i] = o;
   }
