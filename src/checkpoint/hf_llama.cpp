@@ -419,6 +419,8 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   if (c.moe() && c.moe_shared_expert_intermediate_size > 0 && !(c.add_qkv_bias && c.moe_shared_expert_gate))
     return "shared experts without --add-qkv-bias and --moe-shared-expert-gate (HuggingFace Qwen2-MoE's shared "
            "expert is gated and its attention has QKV biases; Mixtral and Qwen3-MoE have none)";
+  if (c.moe() && c.moe_router_num_groups > 0)
+    return "--moe-router-num-groups (HuggingFace Mixtral, Qwen2-MoE and Qwen3-MoE route over every expert)";
   if (c.moe() && c.moe_router_sigmoid())
     return "--moe-router-score-function sigmoid (HuggingFace Mixtral, Qwen2-MoE and Qwen3-MoE route by the softmax)";
   if (c.moe() && c.moe_router_topk_scaling_factor != 1.0f)

@@ -55,6 +55,8 @@ const std::vector<OptionalField>& optional_fields() {
       {"moe_router_pre_softmax", "--moe-router-pre-softmax", false},
       {"moe_layer_freq", "--moe-layer-freq", json::array()},
       {"moe_router_score_function", "--moe-router-score-function", "softmax"},
+      {"moe_router_num_groups", "--moe-router-num-groups", 0},
+      {"moe_router_group_topk", "--moe-router-group-topk", 0},
       {"moe_router_enable_expert_bias", "--moe-router-enable-expert-bias", false},
       {"moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size", 0},
       {"moe_shared_expert_gate", "--moe-shared-expert-gate", false},
@@ -120,6 +122,8 @@ json model_config_json(const TransformerConfig& c) {
           {"moe_router_pre_softmax", c.moe_router_pre_softmax},
           {"moe_layer_freq", c.moe_layer_pattern},
           {"moe_router_score_function", c.moe_router_score_function},
+          {"moe_router_num_groups", c.moe_router_num_groups},
+          {"moe_router_group_topk", c.moe_router_group_topk},
           {"moe_router_enable_expert_bias", c.moe_router_enable_expert_bias},
           {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size},
           {"moe_shared_expert_gate", c.moe_shared_expert_gate},
@@ -164,6 +168,8 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.moe_router_pre_softmax = optional_field(j, "moe_router_pre_softmax").get<bool>();
     c.moe_layer_pattern = optional_field(j, "moe_layer_freq").get<std::vector<int>>();
     c.moe_router_score_function = optional_field(j, "moe_router_score_function").get<std::string>();
+    c.moe_router_num_groups = optional_field(j, "moe_router_num_groups").get<int64_t>();
+    c.moe_router_group_topk = optional_field(j, "moe_router_group_topk").get<int64_t>();
     c.moe_router_enable_expert_bias = optional_field(j, "moe_router_enable_expert_bias").get<bool>();
     c.moe_shared_expert_intermediate_size = optional_field(j, "moe_shared_expert_intermediate_size").get<int64_t>();
     c.moe_shared_expert_gate = optional_field(j, "moe_shared_expert_gate").get<bool>();

@@ -40,6 +40,38 @@ void activation_backward(float* d_h, const float* h, const float* d_act, int64_t
     gelu_backward(d_h, h, d_act, n * F, s.gelu);
 }
 
+// order[0, k): the k experts of the largest keys [E], the largest first (ties: the lower expert).
+// Group-limited (s.groups > 0, Megatron's group_limited_topk): the experts are G equal groups, a
+// group scores the sum of its k / group_topk largest keys, and the k come from the group_topk
+// best groups (ties: the lower group).
+void top_k_experts(std::vector<int32_t>& order, const std::vector<float>& key, const MoeShape& s) {
+  const int64_t E = s.E, k = s.k;
+  auto before = [&](int32_t a, int32_t b) { return key[size_t(a)] > key[size_t(b)] || (key[size_t(a)] == key[size_t(b)] && a < b); };
+  order.clear();
+  if (s.groups <= 0) {
+    for (int64_t e = 0; e < E; ++e) order.push_back(int32_t(e));
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+    return;
+  }
+  const int64_t G = s.groups, per = E / G, kg = k / s.group_topk;
+  std::vector<double> score(static_cast<size_t>(G));
+  std::vector<int32_t> members(static_cast<size_t>(per)), groups(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t i = 0; i < per; ++i) members[size_t(i)] = int32_t(g * per + i);
+    std::partial_sort(members.begin(), members.begin() + kg, members.end(), before);
+    double sum = 0.0;
+    for (int64_t i = 0; i < kg; ++i) sum += double(key[size_t(members[size_t(i)])]);
+    score[size_t(g)] = sum;
+    groups[size_t(g)] = int32_t(g);
+  }
+  std::partial_sort(groups.begin(), groups.begin() + s.group_topk, groups.end(), [&](int32_t a, int32_t b) {
+    return score[size_t(a)] > score[size_t(b)] || (score[size_t(a)] == score[size_t(b)] && a < b);
+  });
+  for (int64_t i = 0; i < s.group_topk; ++i)
+    for (int64_t e = 0; e < per; ++e) order.push_back(int32_t(groups[size_t(i)] * per + e));
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+}
+
 // y [N, C] += s[t] shared(x[t]) (s = 1 without the gate).
 void shared_experts_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
   const int64_t C = s.C;
@@ -97,6 +129,8 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp) {
   s.aux_loss_coeff = c.moe_aux_loss_coeff;
   s.pre_softmax = c.moe_router_pre_softmax;
   s.sigmoid = c.moe_router_sigmoid();
+  s.groups = c.moe_router_num_groups;
+  s.group_topk = c.moe_router_group_topk;
   s.expert_bias = c.moe_router_enable_expert_bias;
   s.scale = c.moe_router_topk_scaling_factor;
   s.Fs = c.moe_shared_expert_intermediate_size / tp;
@@ -180,19 +214,22 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
     for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
     for (int64_t e = 0; e < E; ++e) p[e] /= sum;
   }
+  std::vector<float> key(static_cast<size_t>(E));
   for (int64_t t = 0; t < N; ++t) {
     const float* l = logits + t * E;
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = 0; e < E; ++e)
       if (!std::isfinite(l[e]))
         LATTICE_FAIL() << "MoE router: logit " << l[e] << " of token " << t << " for expert " << e
                        << " (the layer's input or the router's weight is not finite)";
-      order[size_t(e)] = int32_t(e);
-    }
+    // What the top-k ranks, as Megatron's compute_topk gets it: the sigmoid scores (plus the
+    // bias), the softmax's probabilities (pre-softmax) or the logits.
+    for (int64_t e = 0; e < E; ++e)
+      key[size_t(e)] = s.sigmoid       ? st.sig[size_t(t * E + e)] + (bias ? bias[e] : 0.0f)
+                       : s.pre_softmax ? st.scores[size_t(t * E + e)]
+                                       : l[e];
+    top_k_experts(order, key, s);
     if (s.sigmoid) {  // the k largest scores (plus the bias), the scores of those normalized
       const float* q = st.sig.data() + t * E;
-      auto r = [&](int32_t e) { return bias ? q[e] + bias[e] : q[e]; };
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int32_t a, int32_t b) { return r(a) > r(b) || (r(a) == r(b) && a < b); });
       float sum = 0.0f;
       for (int64_t j = 0; j < k; ++j) sum += q[order[size_t(j)]];
       for (int64_t j = 0; j < k; ++j) {
@@ -204,8 +241,6 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
       }
       continue;
     }
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
     // softmax over the chosen logits, in fp32 (the largest first), or the one over all
     const float m = l[order[0]];
     float sum = 0.0f;

@@ -4,7 +4,8 @@
 // of those experts' MLP outputs weighted by the router's probabilities.
 //
 // Routing (dropless; Megatron's default softmax after the top-k):
-//   logits = x Wr^T [N, E];  idx = the k largest logits of a token (ties: the lower expert),
+//   logits = x Wr^T [N, E];  idx = the k largest logits of a token (ties: the lower expert; with
+//   --moe-router-num-groups among the --moe-router-group-topk best groups of experts only),
 //   gate = softmax over those k logits (fp32)  (--moe-router-pre-softmax: softmax over all E
 //   logits at idx, not renormalized), times --moe-router-topk-scaling-factor;
 //   y[t] = sum_j gate[t, j] expert_idx[t,j](x[t]).
@@ -52,6 +53,7 @@ struct MoeShape {
   int64_t aux_group = 0;     // seq_aux_loss: the load-balancing loss per group of this many rows (0: all N)
   double capacity_factor = 0;  // --moe-expert-capacity-factor (0: dropless)
   bool drop_by_position = false;  // --moe-token-drop-policy position (else probs)
+  int64_t groups = 0, group_topk = 0;  // --moe-router-num-groups, --moe-router-group-topk (0: none)
   bool sigmoid = false;      // --moe-router-score-function sigmoid
   bool expert_bias = false;  // --moe-router-enable-expert-bias (MoeWeights::expert_bias)
   int64_t Fs = 0;            // the shared experts' ffn size (0: none)

@@ -93,6 +93,23 @@ void TransformerConfig::check_moe() {
     LATTICE_FAIL() << "--moe-router-topk must be in [1, --num-experts " << num_experts << "], got " << moe_router_topk;
   if (!(moe_aux_loss_coeff >= 0.0f && std::isfinite(moe_aux_loss_coeff)))
     LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << moe_aux_loss_coeff;
+  if ((moe_router_num_groups > 0) != (moe_router_group_topk > 0) || moe_router_num_groups < 0 ||
+      moe_router_group_topk < 0)
+    LATTICE_FAIL() << "--moe-router-num-groups and --moe-router-group-topk go together (positive), got "
+                   << moe_router_num_groups << " and " << moe_router_group_topk;
+  if (moe_router_num_groups > 0) {
+    if (num_experts % moe_router_num_groups != 0)
+      LATTICE_FAIL() << "--moe-router-num-groups " << moe_router_num_groups << " does not divide --num-experts "
+                     << num_experts;
+    if (moe_router_group_topk > moe_router_num_groups)
+      LATTICE_FAIL() << "--moe-router-group-topk " << moe_router_group_topk << " is above --moe-router-num-groups "
+                     << moe_router_num_groups;
+    if (moe_router_topk < moe_router_group_topk ||
+        moe_router_topk > moe_router_group_topk * (num_experts / moe_router_num_groups))
+      LATTICE_FAIL() << "--moe-router-topk " << moe_router_topk << " must be between --moe-router-group-topk "
+                     << moe_router_group_topk << " and the experts of that many groups ("
+                     << moe_router_group_topk * (num_experts / moe_router_num_groups) << ")";
+  }
   if (!(moe_expert_capacity_factor >= 0.0 && std::isfinite(moe_expert_capacity_factor)))
     LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << moe_expert_capacity_factor;
   if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")

@@ -85,6 +85,11 @@ struct TransformerConfig {
   // --moe-router-load-balancing-type seq_aux_loss: the load-balancing loss of each sequence,
   // averaged over the micro-batch's (DeepSeek-V2's), instead of the micro-batch's as one.
   bool moe_seq_aux_loss = false;
+  // Group-limited routing (--moe-router-num-groups G --moe-router-group-topk g; 0: none): the
+  // experts are G equal groups, each token's k experts come from its g best groups (a group's
+  // score: the sum of its k / g largest routing scores; DeepSeek-V3's device- or node-limited routing).
+  int64_t moe_router_num_groups = 0;
+  int64_t moe_router_group_topk = 0;
   // --moe-expert-capacity-factor f (0: none, dropless): each expert takes at most
   // ceil(N k / E f) of a micro-batch's N tokens in training forwards, the others dropped (their
   // slot left out of the token's sum), by --moe-token-drop-policy: probs (keep the largest gates)

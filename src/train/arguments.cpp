@@ -95,6 +95,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "with a capacity: probs (keep the largest gates, default) or position (keep the first tokens)"},
       {"moe-pad-expert-input-to-capacity", Kind::flag, &a.moe_pad_expert_input_to_capacity,
        "not implemented yet (lattice runs each expert on the tokens it keeps)"},
+      {"moe-router-num-groups", Kind::i64, &a.moe_router_num_groups,
+       "group-limited routing: the experts in this many groups (with --moe-router-group-topk)"},
+      {"moe-router-group-topk", Kind::i64, &a.moe_router_group_topk,
+       "group-limited routing: each token's experts from its this many best groups"},
       {"moe-router-score-function", Kind::str, &a.moe_router_score_function,
        "softmax (default) or sigmoid (scores normalized over the chosen experts)"},
       {"moe-router-enable-expert-bias", Kind::flag, &a.moe_router_enable_expert_bias,
@@ -573,6 +577,8 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_router_pre_softmax = moe_router_pre_softmax;
   c.moe_shared_expert_intermediate_size = moe_shared_expert_intermediate_size;
   c.moe_router_score_function = moe_router_score_function;
+  c.moe_router_num_groups = moe_router_num_groups;
+  c.moe_router_group_topk = moe_router_group_topk;
   c.moe_router_enable_expert_bias = moe_router_enable_expert_bias;
   c.moe_router_bias_update_rate = moe_router_bias_update_rate;
   c.moe_shared_expert_gate = moe_shared_expert_gate;
@@ -681,6 +687,10 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     if (m.value("moe_router_score_function", std::string("softmax")) != "softmax")
       from_model("moe-router-score-function", "moe_router_score_function");
     on("moe-router-enable-expert-bias", m.value("moe_router_enable_expert_bias", false));
+    if (m.value("moe_router_num_groups", 0) > 0) {
+      from_model("moe-router-num-groups", "moe_router_num_groups");
+      from_model("moe-router-group-topk", "moe_router_group_topk");
+    }
     if (m.contains("moe_layer_freq") && m["moe_layer_freq"].is_array() && !m["moe_layer_freq"].empty())
       out.emplace_back("moe-layer-freq", json(m["moe_layer_freq"].dump()));
     if (m.value("moe_router_topk_scaling_factor", 1.0) != 1.0)

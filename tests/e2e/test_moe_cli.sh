@@ -91,6 +91,10 @@ fi
 # A capacity: tokens over an expert's capacity dropped in training; the run trains and generates.
 run cap_train "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position "${RUN[@]}" \
   --train-iters 3 --save capckpt && pass "--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position trains"
+# Group-limited routing: the experts in 2 groups, each token's from its best one.
+run group_train "$LATTICE" train "${MOE[@]}" --moe-router-num-groups 2 --moe-router-group-topk 1 "${RUN[@]}" \
+  --train-iters 3 --save grpckpt && grep -q '"moe_router_num_groups": *2' grpckpt/iter_0000003/*.json &&
+  pass "group-limited routing trains and the checkpoint records it"
 # seq_aux_loss: the load-balancing loss of each sequence, logged under Megatron's name.
 if run seq_train "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss "${RUN[@]}" \
      --train-iters 2 --metrics-file seq.jsonl; then
@@ -120,9 +124,11 @@ expect_error "an unknown drop policy" "--moe-token-drop-policy" -- \
   "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1 --moe-token-drop-policy random "${RUN[@]}" --train-iters 1 --save bad8
 expect_error "padding to the capacity" "--moe-pad-expert-input-to-capacity" -- \
   "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity "${RUN[@]}" --train-iters 1 --save bad9
+expect_error "groups that do not divide the experts" "--moe-router-num-groups" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-router-num-groups 3 --moe-router-group-topk 1 "${RUN[@]}" --train-iters 1 --save bad10
 expect_error "a layer pattern of the wrong length" "--moe-layer-freq" -- \
   "$LATTICE" train "${MOE[@]}" --moe-layer-freq '[1,0,1]' "${RUN[@]}" --train-iters 1 --save bad6
 [ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e bad7 ] || [ -e bad8 ] ||
-  [ -e bad9 ] &&
+  [ -e bad9 ] || [ -e bad10 ] &&
   fail "a refused run left a checkpoint behind"
 e2e_finish

@@ -67,6 +67,10 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
     c.moe_router_enable_expert_bias = f.metadata().count("moe_router_enable_expert_bias") != 0;
     if (c.moe_router_enable_expert_bias)
       c.moe_router_bias_update_rate = float(meta_double(f, "moe_router_bias_update_rate"));
+    if (f.metadata().count("moe_router_num_groups")) {
+      c.moe_router_num_groups = meta_int(f, "moe_router_num_groups");
+      c.moe_router_group_topk = meta_int(f, "moe_router_group_topk");
+    }
     if (f.metadata().count("moe_expert_capacity_factor"))
       c.moe_expert_capacity_factor = meta_double(f, "moe_expert_capacity_factor");
   }
@@ -184,7 +188,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_nobias_moe4.safetensors",
                                            "gpt_tiny_nobias_swiglu_moe4_shared.safetensors",
                                            "gpt_tiny_nobias_moe4_sigmoid.safetensors",
-                                           "gpt_tiny_nobias_moe4_capacity.safetensors"));
+                                           "gpt_tiny_nobias_moe4_capacity.safetensors",
+                                           "gpt_tiny_nobias_moe8_groups.safetensors"));
 
 }  // namespace
 }  // namespace lattice

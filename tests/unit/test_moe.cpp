@@ -192,6 +192,20 @@ TEST(Moe, CapacityDropsTokensByPolicy) {
   EXPECT_EQ(Routed(logits, N, s).st.slot_of_host, (std::vector<int32_t>{0, 1, 2, 3}));
 }
 
+// Group-limited routing: 8 experts in 4 groups of 2, the top 4 from the best 2 groups, a group
+// scoring its 2 largest logits' sum. Plainly the token takes experts 0, 2, 3, 4 (logit 5 in group
+// 0); by groups it takes groups 1 (4) and 2 (3) over group 0 (0), so experts 2, 3, 4, 5.
+TEST(Moe, GroupLimitedRoutingPicksTheBestGroups) {
+  const std::vector<float> logits = {5.0f, -5.0f, 2.0f, 2.0f, 1.5f, 1.4f, 0.0f, 0.0f};
+  MoeShape s = shape(8, 4);
+  EXPECT_EQ(Routed(logits, 1, s).st.choice, (std::vector<int32_t>{0, 2, 3, 4}));
+  s.groups = 4;
+  s.group_topk = 2;
+  EXPECT_EQ(Routed(logits, 1, s).st.choice, (std::vector<int32_t>{2, 3, 4, 5}));
+  s.group_topk = 3;  // groups 1, 2 and 0 (0 beats 3 at a tie by its index): experts 0, 2, 3, 4
+  EXPECT_EQ(Routed(logits, 1, s).st.choice, (std::vector<int32_t>{0, 2, 3, 4}));
+}
+
 // Megatron's switch_load_balancing_loss_func: a E / (k N^2) sum_e (sum_t softmax(l_t)[e]) count_e.
 TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
   const int64_t N = 4, E = 3, k = 1;
@@ -268,6 +282,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     int64_t aux_group = 0;  // seq_aux_loss: sequences of this many rows
     double capacity = 0;    // --moe-expert-capacity-factor (2 of the 8 pairs per expert kept at 0.5)
     bool by_position = false;
+    int64_t groups = 0, group_topk = 0;  // group-limited routing
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
@@ -277,7 +292,9 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
                             Variant{true, false, 1.0f, 0, false, false, false, 2, 2},
                             Variant{false, false, 1.0f, 0, false, true, true, 2, 2},
                             Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0.5},
-                            Variant{true, true, 1.0f, 3, true, false, false, 2, 0, 0.5, true}}) {
+                            Variant{true, true, 1.0f, 3, true, false, false, 2, 0, 0.5, true},
+                            Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 3, 2},
+                            Variant{false, false, 1.0f, 0, false, true, true, 2, 0, 0, false, 3, 2}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, var.k, 0.5f);
     s.swiglu = swiglu;
@@ -285,6 +302,8 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     s.expert_bias = var.bias;
     s.aux_group = var.aux_group;
     s.capacity_factor = var.capacity;
+    s.groups = var.groups;
+    s.group_topk = var.group_topk;
     s.drop_by_position = var.by_position;
     const std::vector<float> expert_bias = {0.3f, -0.2f, 0.1f};
     s.pre_softmax = var.pre_softmax;
@@ -420,6 +439,18 @@ TEST(Moe, ConfigurationErrorsNameTheFlag) {
   c = config();
   c.moe_shared_expert_gate = true;
   expect_error(c, 1, "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
+  c = config();
+  c.moe_router_num_groups = 2;
+  expect_error(c, 1, "--moe-router-num-groups and --moe-router-group-topk go together");
+  c.moe_router_num_groups = 3;
+  c.moe_router_group_topk = 1;
+  expect_error(c, 1, "--moe-router-num-groups 3 does not divide --num-experts 4");
+  c.moe_router_num_groups = 2;
+  c.moe_router_group_topk = 3;
+  expect_error(c, 1, "--moe-router-group-topk 3 is above --moe-router-num-groups 2");
+  c.moe_router_num_groups = 4;
+  c.moe_router_group_topk = 1;  // top-2 from one group of 1 expert
+  expect_error(c, 1, "--moe-router-topk 2 must be between --moe-router-group-topk 1");
   c = config();
   c.moe_shared_expert_intermediate_size = 5;  // the shared experts split as the dense MLP
   expect_error(c, 2, "--moe-shared-expert-intermediate-size 5 is not divisible by --tensor-model-parallel-size 2");
