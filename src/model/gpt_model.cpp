@@ -554,6 +554,8 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
     if (key.training && cfg_.moe_layer(layers_[first + i].layer)) {  // each training forward once (not the recomputations)
       load_balancing_.sum += a.layers[i].moe->balance;
       load_balancing_.count += 1;
+      z_loss_.sum += a.layers[i].moe->z;
+      z_loss_.count += 1;
       if (cfg_.moe_router_enable_expert_bias) {
         std::vector<double>& tokens = expert_tokens_[first + i];
         const std::vector<int64_t>& o = a.layers[i].moe->offsets;

@@ -194,6 +194,12 @@ class GPTModel {
     load_balancing_ = {};
     return l;
   }
+  // --moe-z-loss-coeff: the z-losses over the coefficient (mean squared logsumexp), the same way.
+  LossSum take_z_losses() {
+    const LossSum l = z_loss_;
+    z_loss_ = {};
+    return l;
+  }
 
   // The replicated parameters whose gradient each tensor-parallel rank sums over its part of
   // the work only: with sequence parallelism the LayerNorms' (a token shard each), with
@@ -450,6 +456,7 @@ class GPTModel {
   bool bf16_qkv_on_ = current_device() != Device::cpu;
   bool selective_ = false;             // selective recomputation (core attention)
   LossSum load_balancing_;             // take_load_balancing_losses'
+  LossSum z_loss_;                     // take_z_losses'
   std::vector<std::vector<double>> expert_tokens_;  // per layer of layers_: tokens per expert (expert bias)
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]

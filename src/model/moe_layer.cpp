@@ -127,6 +127,7 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp) {
   s.swiglu = c.swiglu;
   s.gelu = c.gelu;
   s.aux_loss_coeff = c.moe_aux_loss_coeff;
+  s.z_loss_coeff = c.moe_z_loss_coeff;
   s.pre_softmax = c.moe_router_pre_softmax;
   s.sigmoid = c.moe_router_sigmoid();
   s.groups = c.moe_router_num_groups;
@@ -304,6 +305,19 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
     aux += group * double(E) / (double(k) * double(Ng) * double(Ng));
   }
   st.balance = G > 0 ? aux / double(G) : 0.0;
+  // The z-loss's logsumexps (in double: lse^2 sums many of them).
+  st.lse.resize(size_t(N));
+  double z = 0.0;
+  for (int64_t t = 0; t < N; ++t) {
+    const float* l = logits + t * E;
+    const double m = double(*std::max_element(l, l + E));
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[e]) - m);
+    const double lse = m + std::log(sum);
+    st.lse[size_t(t)] = float(lse);
+    z += lse * lse;
+  }
+  st.z = N > 0 ? z / double(N) : 0.0;
   st.aux_loss = st.balance * double(s.aux_loss_coeff);
 }
 
@@ -413,6 +427,16 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
   }
   if (s.sigmoid)
     for (size_t i = 0; i < d_logits.size(); ++i) d_logits[i] *= st.sig[i] * (1.0f - st.sig[i]);
+  if (s.z_loss_coeff > 0.0f && N > 0) {  // d z / d l_te = 2 coeff lse_t softmax(l_t)_e / N
+    std::vector<float> logits(static_cast<size_t>(N * E));
+    copy_to_host(logits.data(), st.logits, logits.size() * sizeof(float));
+    const double c = 2.0 * double(aux_grad_scale) * double(s.z_loss_coeff) / double(N);
+    for (int64_t t = 0; t < N; ++t) {
+      const double lse = double(st.lse[size_t(t)]);
+      for (int64_t e = 0; e < E; ++e)
+        d_logits[size_t(t * E + e)] += float(c * lse * std::exp(double(logits[size_t(t * E + e)]) - lse));
+    }
+  }
   copy_to_device(sc.d_logits, d_logits.data(), d_logits.size() * sizeof(float));
   linear_backward(router_input_grad ? dx : nullptr, g.router, nullptr, sc.d_logits, x, w.router, N, C, E, true,
                   w.router_site);

@@ -17,7 +17,9 @@
 // p the softmax over all E logits and count_e the tokens routed to expert e, adds its gradient
 // to the router's (scaled as the micro-batch's loss gradient is); it is reported, not added to
 // the language-model loss. With sigmoid scores p is sigmoid(l) normalized over all E. seq_aux_loss
-// (MoeShape::aux_group = T): the same formula over each sequence's T rows (N = T), averaged.
+// (MoeShape::aux_group = T): the same formula over each sequence's T rows (N = T), averaged. The
+// router z-loss (--moe-z-loss-coeff z): z mean_t lse_t^2, lse_t = logsumexp(logits_t), its gradient
+// 2 z lse_t softmax(logits_t) / N to the logits (scaled as the load-balancing loss's).
 //
 // The routing itself (top-k, softmax, the permutation) runs on the host over the [N, E]
 // logits (copied from the GPU: E values per token); the tokens' rows move on the device
@@ -48,6 +50,7 @@ struct MoeShape {
   bool swiglu = false;
   GeluKind gelu = GeluKind::erf;
   float aux_loss_coeff = 0.0f;
+  float z_loss_coeff = 0.0f;  // --moe-z-loss-coeff
   bool pre_softmax = false;  // --moe-router-pre-softmax: gates from the softmax over all E logits
   float scale = 1.0f;        // --moe-router-topk-scaling-factor
   int64_t aux_group = 0;     // seq_aux_loss: the load-balancing loss per group of this many rows (0: all N)
@@ -113,6 +116,8 @@ struct MoeState {
   std::vector<double> group_counts;  // [G, E] tokens per expert in each load-balancing group
   double balance = 0.0;            // E / (k N^2) sum_e (sum_t p[t, e]) count_e of the last forward (1: even)
   double aux_loss = 0.0;           // the load-balancing loss of the last forward: balance x the coefficient
+  std::vector<float> lse;          // [N] logsumexp of each token's logits (the z-loss)
+  double z = 0.0;                  // mean_t lse_t^2 of the last forward (the z-loss over its coefficient)
 };
 
 // Floats of device memory MoeState needs for N tokens, and the carving of such a buffer.

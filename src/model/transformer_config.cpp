@@ -125,6 +125,8 @@ void TransformerConfig::check_moe() {
                    << moe_shared_expert_intermediate_size;
   if (moe_shared_expert_gate && moe_shared_expert_intermediate_size == 0)
     LATTICE_FAIL() << "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size";
+  if (!(moe_z_loss_coeff >= 0.0f && std::isfinite(moe_z_loss_coeff)))
+    LATTICE_FAIL() << "--moe-z-loss-coeff must be a finite number >= 0, got " << moe_z_loss_coeff;
   if (!(moe_router_topk_scaling_factor > 0.0f && std::isfinite(moe_router_topk_scaling_factor)))
     LATTICE_FAIL() << "--moe-router-topk-scaling-factor must be a finite number > 0, got "
                    << moe_router_topk_scaling_factor;

@@ -70,6 +70,9 @@ struct TransformerConfig {
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;
   float moe_aux_loss_coeff = 0.0f;
+  // --moe-z-loss-coeff z (0: none; ST-MoE's router z-loss, Megatron's z_loss_func): z mean_t
+  // logsumexp(logits_t)^2 over a micro-batch's tokens, its gradient added to the router's.
+  float moe_z_loss_coeff = 0.0f;
   // The router's gates (Megatron's topk_softmax_with_capacity): by default softmax over the k
   // largest logits; --moe-router-pre-softmax: softmax over all E, then the k largest of those
   // probabilities, not renormalized (HuggingFace's norm_topk_prob false); either way times

@@ -81,6 +81,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"moe-ffn-hidden-size", Kind::i64, &a.moe_ffn_hidden_size, "each expert's ffn size (0: --ffn-hidden-size)"},
       {"moe-aux-loss-coeff", Kind::f32, &a.moe_aux_loss_coeff,
        "weight of the load-balancing loss's gradient (0: none; Megatron's aux_loss)"},
+      {"moe-z-loss-coeff", Kind::f32, &a.moe_z_loss_coeff,
+       "weight of the router z-loss (mean squared logsumexp of the logits; 0: none)"},
       {"moe-router-load-balancing-type", Kind::str, &a.moe_router_load_balancing_type,
        "aux_loss (the load-balancing loss, weighted by --moe-aux-loss-coeff), seq_aux_loss (per sequence) or none"},
       {"moe-layer-freq", Kind::str, &a.moe_layer_freq,
@@ -586,6 +588,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_router_topk_scaling_factor = moe_router_topk_scaling_factor;
   c.moe_aux_loss_coeff = moe_router_load_balancing_type == "none" ? 0.0f : moe_aux_loss_coeff;
   c.moe_seq_aux_loss = moe_router_load_balancing_type == "seq_aux_loss";
+  c.moe_z_loss_coeff = moe_z_loss_coeff;
   if (moe_expert_capacity_factor) {
     if (!(*moe_expert_capacity_factor > 0.0))
       LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << *moe_expert_capacity_factor;

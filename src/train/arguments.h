@@ -35,6 +35,7 @@ struct TrainArgs {
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;
   float moe_aux_loss_coeff = 0.0f;
+  float moe_z_loss_coeff = 0.0f;
   bool moe_router_pre_softmax = false;
   std::string moe_layer_freq = "1";
   std::string moe_router_score_function = "softmax";

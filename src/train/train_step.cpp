@@ -93,6 +93,13 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     if (pp) pp->all_reduce(v, 2, ReduceOp::sum);
     if (dp) dp->comm().all_reduce(v, 2, ReduceOp::sum);
     r.load_balancing_loss = v[1] > 0 ? v[0] / v[1] : 0.0;
+    const LossSum zl = model.take_z_losses();
+    if (model.config().moe_z_loss_coeff > 0.0f) {
+      double z[2] = {zl.sum, zl.count};
+      if (pp) pp->all_reduce(z, 2, ReduceOp::sum);
+      if (dp) dp->comm().all_reduce(z, 2, ReduceOp::sum);
+      r.z_loss = z[1] > 0 ? z[0] / z[1] : 0.0;
+    }
     model.update_expert_biases(dp ? &dp->comm() : nullptr);  // Megatron's, before the optimizer step
   }
   // The global batch's token count divides the per-token gradients (none when every token is

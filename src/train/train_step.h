@@ -60,6 +60,7 @@ struct StepResult {
   // averaged over the MoE layers, micro-batches and data-parallel ranks, as Megatron logs it
   // (-1: no experts).
   double load_balancing_loss = -1;
+  double z_loss = -1;  // --moe-z-loss-coeff: the z-loss over its coefficient, averaged the same way (-1: none)
 };
 
 // Runs iteration `iteration` (0-based) on samples [iteration*GBS, (iteration+1)*GBS); each

@@ -47,10 +47,12 @@ std::string format_log_line(const LogLine& l) {
   if (l.num_zeros_in_grad >= 0) n += std::snprintf(optional + n, sizeof optional - n, " num zeros: %.1f |", l.num_zeros_in_grad);
   if (l.params_norm >= 0) std::snprintf(optional + n, sizeof optional - n, " params norm: %.3f |", l.params_norm);
   // Megatron's MoE losses follow the lm loss.
-  char moe[64] = "";
+  char moe[96] = "";
+  int m = 0;
   if (l.load_balancing_loss >= 0)
-    std::snprintf(moe, sizeof moe, " %s: %.6E |", l.seq_load_balancing ? "seq_load_balancing_loss" : "load_balancing_loss",
-                  l.load_balancing_loss);
+    m += std::snprintf(moe, sizeof moe, " %s: %.6E |",
+                       l.seq_load_balancing ? "seq_load_balancing_loss" : "load_balancing_loss", l.load_balancing_loss);
+  if (l.z_loss >= 0) std::snprintf(moe + m, sizeof moe - size_t(m), " z_loss: %.6E |", l.z_loss);
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): "
@@ -82,6 +84,7 @@ std::string format_metrics_json(const LogLine& l) {
   if (l.params_norm >= 0) j["params_norm"] = l.params_norm;
   if (l.load_balancing_loss >= 0)
     j[l.seq_load_balancing ? "seq_load_balancing_loss" : "load_balancing_loss"] = l.load_balancing_loss;
+  if (l.z_loss >= 0) j["z_loss"] = l.z_loss;
   return j.dump();
 }
 
@@ -485,7 +488,7 @@ int run_training(const TrainArgs& args) {
   int64_t interval_skipped = 0, interval_nan = 0, interval_samples = 0;
   int64_t consumed = args.consumed_after(start.iteration);
   const auto train_start = std::chrono::steady_clock::now();
-  double interval_loss = 0, interval_ms = 0, interval_balance = 0;
+  double interval_loss = 0, interval_ms = 0, interval_balance = 0, interval_z = 0;
   int64_t interval_iters = 0;
   double last_norm = 0;
   StepResult last;  // the interval's last step (its zeros count and parameter norm are logged)
@@ -519,6 +522,7 @@ int run_training(const TrainArgs& args) {
     } else {
       interval_loss += r.lm_loss;
       interval_balance += r.load_balancing_loss;
+      interval_z += r.z_loss;
     }
     last_norm = r.grad_norm;
     last = r;
@@ -542,6 +546,7 @@ int run_training(const TrainArgs& args) {
       if (last.load_balancing_loss >= 0)
         l.load_balancing_loss = interval_balance / double(std::max<int64_t>(1, interval_iters - interval_skipped));
       l.seq_load_balancing = args.moe_router_load_balancing_type == "seq_aux_loss";
+      if (last.z_loss >= 0) l.z_loss = interval_z / double(std::max<int64_t>(1, interval_iters - interval_skipped));
       l.loss_scale = loss_scaler ? loss_scaler->scale() : 1.0;
       l.skipped_iterations = interval_skipped;
       l.nan_iterations = interval_nan;
@@ -567,7 +572,7 @@ int run_training(const TrainArgs& args) {
       }
       pipeline_seconds = pipeline_compute = 0;
       if (metrics.is_open()) metrics << format_metrics_json(l) << "\n" << std::flush;
-      interval_loss = interval_ms = interval_balance = 0;
+      interval_loss = interval_ms = interval_balance = interval_z = 0;
       interval_iters = interval_skipped = interval_nan = interval_samples = 0;
     }
     if (done - start.iteration == 3 || done == args.train_iters) log_memory_peaks(done - start.iteration);

@@ -16,6 +16,7 @@ struct LogLine {
   double num_zeros_in_grad = -1, params_norm = -1;  // logged when >= 0 (--log-num-zeros-in-grad, --log-params-norm)
   double load_balancing_loss = -1;                  // logged when >= 0 (--num-experts)
   bool seq_load_balancing = false;                  // seq_aux_loss: logged as seq_load_balancing_loss
+  double z_loss = -1;                               // logged when >= 0 (--moe-z-loss-coeff)
 };
 std::string format_log_line(const LogLine& l);
 std::string format_metrics_json(const LogLine& l);

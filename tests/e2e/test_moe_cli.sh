@@ -96,8 +96,11 @@ run group_train "$LATTICE" train "${MOE[@]}" --moe-router-num-groups 2 --moe-rou
   --train-iters 3 --save grpckpt && grep -q '"moe_router_num_groups": *2' grpckpt/iter_0000003/*.json &&
   pass "group-limited routing trains and the checkpoint records it"
 # seq_aux_loss: the load-balancing loss of each sequence, logged under Megatron's name.
-if run seq_train "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss "${RUN[@]}" \
-     --train-iters 2 --metrics-file seq.jsonl; then
+if run seq_train "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss --moe-z-loss-coeff 1e-3 \
+     "${RUN[@]}" --train-iters 2 --metrics-file seq.jsonl; then
+  grep -q 'lm loss: [^|]*| seq_load_balancing_loss: [0-9.E+-]* | z_loss: [0-9.E+-]* |' seq_train.out &&
+    grep -q '"z_loss"' seq.jsonl && pass "--moe-z-loss-coeff logs z_loss after the load-balancing loss" ||
+    fail "no z_loss logged"
   grep -q 'lm loss: [^|]*| seq_load_balancing_loss: [0-9.E+-]* |' seq_train.out &&
     grep -q '"seq_load_balancing_loss"' seq.jsonl && pass "seq_aux_loss logs seq_load_balancing_loss" ||
     fail "no seq_load_balancing_loss logged"

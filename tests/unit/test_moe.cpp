@@ -259,6 +259,20 @@ TEST(Moe, SequenceLoadBalancingLossIsPerSequence) {
   EXPECT_GT(std::fabs(Routed(logits, N, s).st.balance - want), 1e-3);
 }
 
+// The router z-loss (ST-MoE's, Megatron's z_loss_func): mean over the tokens of logsumexp(logits)^2.
+TEST(Moe, ZLossIsTheMeanSquaredLogsumexp) {
+  const int64_t N = 5, E = 4;
+  const std::vector<float> logits = random_floats(size_t(N * E), 23, -3.0f, 3.0f);
+  Routed r(logits, N, shape(E, 2));
+  double want = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    double z = 0;
+    for (int64_t e = 0; e < E; ++e) z += std::exp(double(logits[size_t(t * E + e)]));
+    want += std::log(z) * std::log(z) / double(N);
+  }
+  EXPECT_NEAR(r.st.z, want, 1e-6 * want);
+}
+
 TEST(Moe, NonFiniteLogitsAreAnError) {
   std::vector<float> logits = {1.0f, NAN, 0.0f, 2.0f};
   try {
@@ -283,6 +297,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     double capacity = 0;    // --moe-expert-capacity-factor (2 of the 8 pairs per expert kept at 0.5)
     bool by_position = false;
     int64_t groups = 0, group_topk = 0;  // group-limited routing
+    float z = 0.0f;                      // --moe-z-loss-coeff
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
@@ -294,7 +309,9 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
                             Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0.5},
                             Variant{true, true, 1.0f, 3, true, false, false, 2, 0, 0.5, true},
                             Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 3, 2},
-                            Variant{false, false, 1.0f, 0, false, true, true, 2, 0, 0, false, 3, 2}}) {
+                            Variant{false, false, 1.0f, 0, false, true, true, 2, 0, 0, false, 3, 2},
+                            Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.3f},
+                            Variant{true, false, 1.0f, 0, false, true, true, 2, 0, 0, false, 0, 0, 0.3f}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, var.k, 0.5f);
     s.swiglu = swiglu;
@@ -304,6 +321,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     s.capacity_factor = var.capacity;
     s.groups = var.groups;
     s.group_topk = var.group_topk;
+    s.z_loss_coeff = var.z;
     s.drop_by_position = var.by_position;
     const std::vector<float> expert_bias = {0.3f, -0.2f, 0.1f};
     s.pre_softmax = var.pre_softmax;
@@ -343,7 +361,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     auto objective = [&] {
       std::vector<float> y(static_cast<size_t>(N * C));
       moe_forward(y.data(), x.data(), st, weights(), N, s);
-      double f = st.aux_loss;
+      double f = st.aux_loss + double(s.z_loss_coeff) * st.z;
       for (size_t i = 0; i < y.size(); ++i) f += double(y[i]) * R[i];
       return f;
     };
@@ -383,7 +401,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
             << what << "[" << i << "] swiglu " << swiglu << " pre-softmax " << var.pre_softmax << " scale " << var.scale
             << " shared " << var.Fs << " gate " << var.gate << " sigmoid " << var.sigmoid << " bias " << var.bias
             << " k " << var.k << " aux group " << var.aux_group << " capacity " << var.capacity << " by position "
-            << var.by_position;
+            << var.by_position << " z " << var.z;
       }
     };
     check(x, dx, "dx");
@@ -433,6 +451,9 @@ TEST(Moe, ConfigurationErrorsNameTheFlag) {
   c = config();
   c.moe_router_topk_scaling_factor = 0.0f;
   expect_error(c, 1, "--moe-router-topk-scaling-factor");
+  c = config();
+  c.moe_z_loss_coeff = -0.1f;
+  expect_error(c, 1, "--moe-z-loss-coeff");
   c = config();
   c.moe_ffn_hidden_size = 3;  // each expert's ffn splits over the tensor-parallel ranks
   expect_error(c, 2, "--moe-ffn-hidden-size 3 is not divisible by --tensor-model-parallel-size 2");
