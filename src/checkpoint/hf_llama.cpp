@@ -358,26 +358,16 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
   }
-  if (c.moe() && c.qk_layernorm) {  // Qwen3MoeConfig
-    j["architectures"] = {"Qwen3MoeForCausalLM"};
-    j["model_type"] = "qwen3_moe";
+  if (c.moe() && (c.qk_layernorm || c.add_qkv_bias)) {
+    // Qwen3MoeConfig, or Qwen2MoeConfig (on Qwen2's, with the shared expert): the experts' fields,
+    // intermediate_size the dense layers'
+    const bool qwen2 = !c.qk_layernorm;
+    j["architectures"] = {qwen2 ? "Qwen2MoeForCausalLM" : "Qwen3MoeForCausalLM"};
+    j["model_type"] = qwen2 ? "qwen2_moe" : "qwen3_moe";
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.moe_router_topk;
     j["moe_intermediate_size"] = c.moe_ffn_hidden_size;
-    j["norm_topk_prob"] = !c.moe_router_pre_softmax;
-    j["decoder_sparse_step"] = 1;
-    j["mlp_only_layers"] = json::array();
-    for (int64_t l = 0; l < c.num_layers; ++l)
-      if (!c.moe_layer(l)) j["mlp_only_layers"].push_back(l);
-    j["router_aux_loss_coef"] = 0.001;
-    j["output_router_logits"] = false;
-  } else if (c.moe() && c.add_qkv_bias) {  // Qwen2MoeConfig (on Qwen2's): intermediate_size is the dense layers'
-    j["architectures"] = {"Qwen2MoeForCausalLM"};
-    j["model_type"] = "qwen2_moe";
-    j["num_experts"] = c.num_experts;
-    j["num_experts_per_tok"] = c.moe_router_topk;
-    j["moe_intermediate_size"] = c.moe_ffn_hidden_size;
-    j["shared_expert_intermediate_size"] = c.moe_shared_expert_intermediate_size;
+    if (qwen2) j["shared_expert_intermediate_size"] = c.moe_shared_expert_intermediate_size;
     j["norm_topk_prob"] = !c.moe_router_pre_softmax;
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = json::array();

@@ -206,14 +206,10 @@ TEST(Moe, GroupLimitedRoutingPicksTheBestGroups) {
   EXPECT_EQ(Routed(logits, 1, s).st.choice, (std::vector<int32_t>{0, 2, 3, 4}));
 }
 
-// Megatron's switch_load_balancing_loss_func: a E / (k N^2) sum_e (sum_t softmax(l_t)[e]) count_e.
-TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
-  const int64_t N = 4, E = 3, k = 1;
-  const std::vector<float> logits = random_floats(size_t(N * E), 9, -2.0f, 2.0f);
-  Routed r(logits, N, shape(E, k, 0.1f));
-  double want = 0;
+// E / (k n^2) sum_e (sum_t softmax(l_t)[e]) count_e over the rows [t0, t1) (n of them) of top-1 logits [*, E].
+double switch_balance(const std::vector<float>& logits, int64_t t0, int64_t t1, int64_t E) {
   std::vector<double> count(static_cast<size_t>(E), 0.0), psum(static_cast<size_t>(E), 0.0);
-  for (int64_t t = 0; t < N; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     double z = 0;
     int64_t best = 0;
     for (int64_t e = 0; e < E; ++e) {
@@ -223,9 +219,17 @@ TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
     for (int64_t e = 0; e < E; ++e) psum[size_t(e)] += std::exp(double(logits[size_t(t * E + e)])) / z;
     count[size_t(best)] += 1;
   }
-  for (int64_t e = 0; e < E; ++e) want += psum[size_t(e)] * count[size_t(e)];
-  want *= 0.1 * double(E) / (double(k) * double(N * N));
-  EXPECT_NEAR(r.st.aux_loss, want, 1e-6);
+  double sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += psum[size_t(e)] * count[size_t(e)];
+  return sum * double(E) / double((t1 - t0) * (t1 - t0));
+}
+
+// Megatron's switch_load_balancing_loss_func: a E / (k N^2) sum_e (sum_t softmax(l_t)[e]) count_e.
+TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
+  const int64_t N = 4, E = 3, k = 1;
+  const std::vector<float> logits = random_floats(size_t(N * E), 9, -2.0f, 2.0f);
+  Routed r(logits, N, shape(E, k, 0.1f));
+  EXPECT_NEAR(r.st.aux_loss, 0.1 * switch_balance(logits, 0, N, E), 1e-6);
 }
 
 // seq_aux_loss (Megatron's sequence_load_balancing_loss_func): the formula over each sequence's rows
@@ -237,22 +241,7 @@ TEST(Moe, SequenceLoadBalancingLossIsPerSequence) {
   s.aux_group = T;
   Routed r(logits, N, s);
   double want = 0;
-  for (int64_t b = 0; b < Bs; ++b) {
-    std::vector<double> count(static_cast<size_t>(E), 0.0), psum(static_cast<size_t>(E), 0.0);
-    for (int64_t t = b * T; t < (b + 1) * T; ++t) {
-      double z = 0;
-      int64_t best = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        z += std::exp(double(logits[size_t(t * E + e)]));
-        if (logits[size_t(t * E + e)] > logits[size_t(t * E + best)]) best = e;
-      }
-      for (int64_t e = 0; e < E; ++e) psum[size_t(e)] += std::exp(double(logits[size_t(t * E + e)])) / z;
-      count[size_t(best)] += 1;
-    }
-    double seq = 0;
-    for (int64_t e = 0; e < E; ++e) seq += psum[size_t(e)] * count[size_t(e)];
-    want += seq * double(E) / (double(k) * double(T * T)) / double(Bs);
-  }
+  for (int64_t b = 0; b < Bs; ++b) want += switch_balance(logits, b * T, (b + 1) * T, E) / double(Bs);
   EXPECT_NEAR(r.st.balance, want, 1e-6);
   EXPECT_NEAR(r.st.aux_loss, 0.1 * want, 1e-7);
   s.aux_group = 0;  // the micro-batch as one: another number here
