@@ -29,13 +29,13 @@ struct TensorMap {
   bool vocab = false;
 };
 
-// The HF names of a mixture-of-experts layer: Qwen3-MoE's (with --qk-layernorm) and Qwen2-MoE's
-// (with --add-qkv-bias), or Mixtral's.
+// The HF names of a mixture-of-experts layer: Qwen3-MoE's (with --qk-layernorm), Qwen2-MoE's
+// (with --add-qkv-bias) and DeepSeek-MoE's (with ungated shared experts), or Mixtral's.
 struct MoeNames {
   const char *router, *experts, *gate, *up, *down;
 };
 MoeNames moe_names(const TransformerConfig& c) {
-  if (c.qk_layernorm || c.add_qkv_bias)
+  if (c.qk_layernorm || c.add_qkv_bias || c.moe_shared_expert_intermediate_size > 0)
     return {"mlp.gate.weight", "mlp.experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
   return {"block_sparse_moe.gate.weight", "block_sparse_moe.experts.", "w1.weight", "w3.weight", "w2.weight"};
 }
@@ -78,11 +78,12 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
         m.push_back({le + "linear_fc1.weight", {{x + n.gate}, {x + n.up}}});
         m.push_back({le + "linear_fc2.weight", {{x + n.down}}});
       }
-      if (c.moe_shared_expert_intermediate_size > 0) {  // Qwen2-MoE's shared_expert and its gate
-        const std::string x = hf + "mlp.shared_expert.", ls = lat + "mlp.shared_experts.";
+      if (c.moe_shared_expert_intermediate_size > 0) {  // Qwen2-MoE's gated shared_expert, DeepSeek's shared_experts
+        const std::string x = hf + (c.moe_shared_expert_gate ? "mlp.shared_expert." : "mlp.shared_experts.");
+        const std::string ls = lat + "mlp.shared_experts.";
         m.push_back({ls + "linear_fc1.weight", {{x + "gate_proj.weight"}, {x + "up_proj.weight"}}});
         m.push_back({ls + "linear_fc2.weight", {{x + "down_proj.weight"}}});
-        m.push_back({ls + "gate_weight", {{hf + "mlp.shared_expert_gate.weight"}}});
+        if (c.moe_shared_expert_gate) m.push_back({ls + "gate_weight", {{hf + "mlp.shared_expert_gate.weight"}}});
       }
       continue;
     }
@@ -127,10 +128,11 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c) {
         s[x + n.down] = {C, Fe};
       }
       if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
-        s[hf + "mlp.shared_expert.gate_proj.weight"] = {Fs, C};
-        s[hf + "mlp.shared_expert.up_proj.weight"] = {Fs, C};
-        s[hf + "mlp.shared_expert.down_proj.weight"] = {C, Fs};
-        s[hf + "mlp.shared_expert_gate.weight"] = {1, C};
+        const std::string x = hf + (c.moe_shared_expert_gate ? "mlp.shared_expert." : "mlp.shared_experts.");
+        s[x + "gate_proj.weight"] = {Fs, C};
+        s[x + "up_proj.weight"] = {Fs, C};
+        s[x + "down_proj.weight"] = {C, Fs};
+        if (c.moe_shared_expert_gate) s[hf + "mlp.shared_expert_gate.weight"] = {1, C};
       }
       continue;
     }
@@ -155,7 +157,7 @@ namespace {
 std::string llama_family(const json& j) {
   if (!j.is_object()) return "";
   if (j.contains("model_type")) {
-    for (const char* family : {"llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mistral", "mixtral"})
+    for (const char* family : {"llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mistral", "mixtral", "deepseek"})
       if (j["model_type"] == family) return family;
     return "";
   }
@@ -166,6 +168,7 @@ std::string llama_family(const json& j) {
       if (a == "Qwen3ForCausalLM") return "qwen3";
       if (a == "Qwen3MoeForCausalLM") return "qwen3_moe";
       if (a == "Qwen2MoeForCausalLM") return "qwen2_moe";
+      if (a == "DeepseekForCausalLM") return "deepseek";
       if (a == "MixtralForCausalLM") return "mixtral";
       if (a == "MistralForCausalLM") return "mistral";
     }
@@ -196,7 +199,11 @@ std::vector<int> qwen_moe_layers(const json& j, const std::string& what, int64_t
 bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
 
 const char* hf_llama_family_name(const TransformerConfig& c) {
-  if (c.moe()) return c.qk_layernorm ? "Qwen3-MoE" : c.add_qkv_bias ? "Qwen2-MoE" : "Mixtral";
+  if (c.moe())
+    return c.qk_layernorm                                ? "Qwen3-MoE"
+           : c.add_qkv_bias                              ? "Qwen2-MoE"
+           : c.moe_shared_expert_intermediate_size > 0   ? "DeepSeek-MoE"
+                                                         : "Mixtral";
   return c.qk_layernorm ? "Qwen3" : c.add_qkv_bias ? "Qwen2" : "Llama";
 }
 
@@ -206,6 +213,7 @@ std::string hf_llama_family_name(const json& config) {
          : f == "qwen3"     ? "Qwen3"
          : f == "qwen3_moe" ? "Qwen3-MoE"
          : f == "qwen2_moe" ? "Qwen2-MoE"
+         : f == "deepseek"  ? "DeepSeek-MoE"
          : f == "mistral"   ? "Mistral"
          : f == "mixtral"   ? "Mixtral"
          : f == "llama"     ? "Llama"
@@ -215,11 +223,11 @@ std::string hf_llama_family_name(const json& config) {
 TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
   const std::string family = llama_family(j);
   if (family.empty())
-    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral or Mixtral config (model_type "
+    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral or DeepSeek-MoE config (model_type "
                    << j.value("model_type", json()).dump() << ")";
   const bool qwen2_moe = family == "qwen2_moe";
   const bool qwen2 = family == "qwen2" || qwen2_moe, qwen3 = family == "qwen3" || family == "qwen3_moe";
-  const bool qwen3_moe = family == "qwen3_moe", mixtral = family == "mixtral";
+  const bool qwen3_moe = family == "qwen3_moe", mixtral = family == "mixtral", deepseek = family == "deepseek";
   TransformerConfig c;
   c.num_layers = hf::config_int(j, what, "num_hidden_layers");
   c.hidden_size = hf::config_int(j, what, "hidden_size");
@@ -299,6 +307,24 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     c.moe_router_pre_softmax = !hf::config_bool(j, what, "norm_topk_prob", false);
     c.moe_layer_pattern = qwen_moe_layers(j, what, c.num_layers);
   }
+  if (deepseek) {  // DeepSeek-MoE (v1): routed experts, ungated shared ones, the first layers dense
+    if (j.value("scoring_func", std::string("softmax")) != "softmax")
+      LATTICE_FAIL() << what << ": scoring_func " << j["scoring_func"].dump() << " is not supported (softmax)";
+    c.num_experts = hf::config_int(j, what, "n_routed_experts");
+    c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
+    c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
+    c.moe_router_pre_softmax = !hf::config_bool(j, what, "norm_topk_prob", false);
+    if (j.contains("n_shared_experts") && !j["n_shared_experts"].is_null())
+      c.moe_shared_expert_intermediate_size = c.moe_ffn_hidden_size * hf::config_int(j, what, "n_shared_experts");
+    // modeling_deepseek: layer l is an MoE layer when l >= first_k_dense_replace and l % moe_layer_freq == 0
+    const int64_t first = j.contains("first_k_dense_replace") ? j.value("first_k_dense_replace", int64_t(0)) : 0;
+    const int64_t freq = j.contains("moe_layer_freq") ? hf::config_int(j, what, "moe_layer_freq") : 1;
+    if (first < 0) LATTICE_FAIL() << what << ": first_k_dense_replace " << first << " is negative";
+    c.moe_layer_pattern.assign(size_t(c.num_layers), 0);
+    for (int64_t l = 0; l < c.num_layers; ++l) c.moe_layer_pattern[size_t(l)] = l >= first && l % freq == 0 ? 1 : 0;
+    if (std::all_of(c.moe_layer_pattern.begin(), c.moe_layer_pattern.end(), [](int v) { return v == 1; }))
+      c.moe_layer_pattern.clear();
+  }
   if (qwen2_moe) {  // every sparse layer's shared_expert (gated by shared_expert_gate) beside the routed ones
     c.moe_shared_expert_intermediate_size = hf::config_int(j, what, "shared_expert_intermediate_size");
     c.moe_shared_expert_gate = true;
@@ -375,6 +401,22 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
       if (!c.moe_layer(l)) j["mlp_only_layers"].push_back(l);
     j["router_aux_loss_coef"] = 0.001;
     j["output_router_logits"] = false;
+  } else if (c.moe() && c.moe_shared_expert_intermediate_size > 0) {  // DeepseekConfig (v1, DeepSeek-MoE)
+    for (const char* key : {"head_dim", "mlp_bias"}) j.erase(key);
+    int64_t first = 0;
+    while (first < c.num_layers && !c.moe_layer(first)) ++first;
+    j["architectures"] = {"DeepseekForCausalLM"};
+    j["model_type"] = "deepseek";
+    j["n_routed_experts"] = c.num_experts;
+    j["n_shared_experts"] = c.moe_shared_expert_intermediate_size / c.moe_ffn_hidden_size;
+    j["num_experts_per_tok"] = c.moe_router_topk;
+    j["moe_intermediate_size"] = c.moe_ffn_hidden_size;
+    j["moe_layer_freq"] = 1;
+    j["first_k_dense_replace"] = first;
+    j["norm_topk_prob"] = !c.moe_router_pre_softmax;
+    j["scoring_func"] = "softmax";
+    j["aux_loss_alpha"] = 0.001;
+    j["seq_aux"] = true;
   } else if (c.moe()) {  // MixtralConfig: intermediate_size is each expert's
     for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(key);
     j["architectures"] = {"MixtralForCausalLM"};
@@ -406,19 +448,35 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
     return "--num-experts with --add-qkv-bias but without gated shared experts (HuggingFace Qwen2-MoE has them: "
            "--moe-shared-expert-intermediate-size with --moe-shared-expert-gate; Mixtral and Qwen3-MoE have no QKV "
            "biases)";
-  if (c.moe() && c.moe_shared_expert_intermediate_size > 0 && !(c.add_qkv_bias && c.moe_shared_expert_gate))
-    return "shared experts without --add-qkv-bias and --moe-shared-expert-gate (HuggingFace Qwen2-MoE's shared "
-           "expert is gated and its attention has QKV biases; Mixtral and Qwen3-MoE have none)";
+  const int64_t Fs = c.moe_shared_expert_intermediate_size;
+  const bool deepseek = c.moe() && Fs > 0 && !c.moe_shared_expert_gate && !c.add_qkv_bias && !c.qk_layernorm;
+  if (c.moe() && Fs > 0 && !(c.add_qkv_bias && c.moe_shared_expert_gate) && !deepseek)
+    return "shared experts other than Qwen2-MoE's (gated, with --add-qkv-bias) or DeepSeek-MoE's (ungated, without "
+           "--add-qkv-bias and --qk-layernorm)";
+  if (deepseek && c.kv_channels * c.num_attention_heads != c.hidden_size)
+    return "--kv-channels other than hidden / heads in a DeepSeek-MoE-style model (HuggingFace DeepSeek-MoE has no "
+           "head_dim)";
+  if (deepseek && Fs % c.moe_ffn_hidden_size != 0)
+    return "--moe-shared-expert-intermediate-size not a multiple of --moe-ffn-hidden-size (HuggingFace DeepSeek-MoE's "
+           "shared experts are n_shared_experts experts)";
+  if (deepseek && !c.moe_layer_pattern.empty()) {
+    size_t first = 0;  // DeepSeek-MoE: first_k_dense_replace dense layers, then MoE layers
+    while (first < c.moe_layer_pattern.size() && c.moe_layer_pattern[first] == 0) ++first;
+    for (size_t l = first; l < c.moe_layer_pattern.size(); ++l)
+      if (c.moe_layer_pattern[l] == 0)
+        return "--moe-layer-freq with a dense layer after an MoE layer (HuggingFace DeepSeek-MoE's dense layers are "
+               "its first_k_dense_replace first)";
+  }
   if (c.moe() && c.moe_router_num_groups > 0)
     return "--moe-router-num-groups (HuggingFace Mixtral, Qwen2-MoE and Qwen3-MoE route over every expert)";
   if (c.moe() && c.moe_router_sigmoid())
     return "--moe-router-score-function sigmoid (HuggingFace Mixtral, Qwen2-MoE and Qwen3-MoE route by the softmax)";
   if (c.moe() && c.moe_router_topk_scaling_factor != 1.0f)
     return "--moe-router-topk-scaling-factor (HuggingFace Mixtral, Qwen2-MoE and Qwen3-MoE do not scale the gates)";
-  if (c.moe() && !c.moe_layer_pattern.empty() && !c.qk_layernorm && !c.add_qkv_bias)
+  if (c.moe() && !c.moe_layer_pattern.empty() && !c.qk_layernorm && !c.add_qkv_bias && !deepseek)
     return "--moe-layer-freq in a Mixtral-style model (HuggingFace Mixtral's every layer is a mixture of experts; "
            "Qwen3-MoE's and Qwen2-MoE's mlp_only_layers need --qk-layernorm or --add-qkv-bias)";
-  if (c.moe() && c.moe_router_pre_softmax && !c.qk_layernorm && !c.add_qkv_bias)
+  if (c.moe() && c.moe_router_pre_softmax && !c.qk_layernorm && !c.add_qkv_bias && !deepseek)
     return "--moe-router-pre-softmax in a Mixtral-style model (HuggingFace Mixtral renormalizes the chosen experts' "
            "probabilities; Qwen3-MoE's and Qwen2-MoE's norm_topk_prob false need --qk-layernorm or --add-qkv-bias)";
   if (c.qk_layernorm && c.add_qkv_bias)

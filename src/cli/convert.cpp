@@ -1,4 +1,4 @@
-// `lattice convert`: HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral or Qwen3-MoE <->
+// `lattice convert`: HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral and the MoE families <->
 // lattice checkpoint.
 //   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
 //                   [--make-vocab-size-divisible-by N]
@@ -36,7 +36,7 @@ void from_hf(const SimpleFlags& f) {
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
   // config.json's model_type says which: the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral,
-  // Qwen3-MoE), else GPT-2.
+  // Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE), else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
   const bool llama = is_hf_llama_config(config);
   const std::string family = llama ? hf_llama_family_name(config) : "GPT-2";
@@ -144,11 +144,12 @@ int cmd_convert(int argc, char** argv) {
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR\n"
-        "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral or Qwen3-MoE (config.json,\n"
+        "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-MoE (config.json,\n"
         "model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's model_type; --to-hf\n"
         "writes GPT-2 when the model has its form (learned positions, LayerNorm, GELU, biases), else Llama\n"
         "(rope, RMSNorm, SwiGLU, no biases), Qwen2 for such a model with --add-qkv-bias, Qwen3 for one with\n"
-        "--qk-layernorm, Mixtral for one with --num-experts (Qwen3-MoE with both). The input is\n"
+        "--qk-layernorm, Mixtral for one with --num-experts (Qwen3-MoE with both, Qwen2-MoE with\n"
+        "--add-qkv-bias and gated shared experts, DeepSeek-MoE with ungated shared experts). The input is\n"
         "read and checked completely before anything is written; an existing checkpoint or HF model is\n"
         "never overwritten.\n"
         "  --tokenizer-type NAME              the tokenizer recorded in the checkpoint\n"

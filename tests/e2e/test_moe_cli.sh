@@ -7,7 +7,8 @@
 # --qk-layernorm) and back generating the same text, and the independent fixtures come in. A
 # Qwen2-MoE-style model (--add-qkv-bias, gated shared experts, pre-softmax gates, a dense first
 # layer by --moe-layer-freq) trains, resumes by --use-checkpoint-args, and goes to HuggingFace
-# Qwen2-MoE and back generating the same text. Sigmoid scores with the expert bias (aux-loss-free)
+# Qwen2-MoE and back generating the same text, a DeepSeek-MoE-style one to DeepSeek-MoE and back.
+# Sigmoid scores with the expert bias (aux-loss-free)
 # train, keep the bias in the checkpoint, resume and generate; HuggingFace export refuses them.
 #   bash tests/e2e/test_moe_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
@@ -74,6 +75,19 @@ if run q2_train "$LATTICE" train "${QWEN2MOE[@]}" "${RUN[@]}" --train-iters 6 --
     { cmp -s q2_gen.out q2_gen_back.out && pass "lattice -> HF Qwen2-MoE -> lattice generates the same text" ||
         fail "the model generates other text after the Qwen2-MoE round trip"; }
 fi
+# DeepSeek-MoE-style (ungated shared experts of 2 x 48, the first layer dense, pre-softmax gates):
+# out to HuggingFace DeepSeek-MoE and back, the same text.
+DSMOE=("${MOE[@]}" --moe-shared-expert-intermediate-size 96 --moe-router-pre-softmax --moe-layer-freq '[0,1]')
+if run ds_train "$LATTICE" train "${DSMOE[@]}" "${RUN[@]}" --train-iters 3 --save dsckpt &&
+   run ds_gen "$LATTICE" generate --load dsckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+   run ds_to_hf "$LATTICE" convert --load dsckpt --to-hf hf-ds; then
+  grep -q '"model_type": "deepseek"' hf-ds/config.json && grep -q '"n_shared_experts": 2' hf-ds/config.json &&
+    grep -q '"first_k_dense_replace": 1' hf-ds/config.json &&
+    run ds_from_hf "$LATTICE" convert --from-hf hf-ds --save dsback &&
+    run ds_gen_back "$LATTICE" generate --load dsback --prompt "ab" --max-new-tokens 16 --seed 2 &&
+    { cmp -s ds_gen.out ds_gen_back.out && pass "lattice -> HF DeepSeek-MoE -> lattice generates the same text" ||
+        fail "the model generates other text after the DeepSeek-MoE round trip"; }
+fi
 SIG=("${MOE[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01)
 if run sig_train "$LATTICE" train "${SIG[@]}" "${RUN[@]}" --train-iters 6 --exit-interval 4 --save sigckpt; then
   grep -qF 'decoder.layers.1.mlp.router.expert_bias' sigckpt/iter_0000004/*.json &&
@@ -106,7 +120,7 @@ if run seq_train "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type s
     fail "no seq_load_balancing_loss logged"
 fi
 # The independent HuggingFace fixtures in (tests/fixtures/make_hf_llama_fixture.py).
-for f in hf_mixtral_tiny hf_qwen3_moe_tiny hf_qwen2_moe_tiny; do
+for f in hf_mixtral_tiny hf_qwen3_moe_tiny hf_qwen2_moe_tiny hf_deepseek_moe_tiny; do
   run "$f" "$LATTICE" convert --from-hf "$SRC/tests/fixtures/$f" --save "ckpt-$f" &&
     grep -q '"num_experts": *4' "ckpt-$f"/iter_0000000/*.json && pass "$f converts: $(tail -n 1 "$f.err")" ||
     fail "$f did not convert with its experts"

@@ -112,6 +112,19 @@ TEST(HfLlama, Qwen2MoeModelMatchesIndependentLogits) {
   EXPECT_STREQ(hf_llama_family_name(c), "Qwen2-MoE");
 }
 
+// DeepSeek-MoE (v1): Llama's attention, layer 0 dense (first_k_dense_replace), layer 1 4 experts with
+// norm_topk_prob false and 2 shared experts as one ungated MLP of 2 x 20.
+TEST(HfLlama, DeepseekMoeModelMatchesIndependentLogits) {
+  check_fixture_logits("hf_deepseek_moe_tiny");
+  const TransformerConfig c = load_hf_llama(fixture("hf_deepseek_moe_tiny")).model->config();
+  EXPECT_TRUE(c.moe() && !c.add_qkv_bias && !c.qk_layernorm && c.moe_router_pre_softmax);
+  EXPECT_FALSE(c.moe_layer(0));
+  EXPECT_TRUE(c.moe_layer(1));
+  EXPECT_EQ(c.moe_shared_expert_intermediate_size, 40);
+  EXPECT_FALSE(c.moe_shared_expert_gate);
+  EXPECT_STREQ(hf_llama_family_name(c), "DeepSeek-MoE");
+}
+
 // Mistral (sliding_window null): Llama's layers under another model_type; exported back as Llama,
 // every tensor the same bits.
 TEST(HfLlama, MistralModelMatchesIndependentLogitsAndExportsAsLlama) {
@@ -162,7 +175,7 @@ TEST(HfLlama, Llama3RopeScalingMatchesIndependentLogits) {
 TEST(HfLlama, HfToLatticeToHfIsIdentity) {
   for (const char* dir :
        {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3", "hf_qwen2_tiny",
-        "hf_qwen3_tiny", "hf_mixtral_tiny", "hf_qwen3_moe_tiny", "hf_qwen2_moe_tiny"}) {
+        "hf_qwen3_tiny", "hf_mixtral_tiny", "hf_qwen3_moe_tiny", "hf_qwen2_moe_tiny", "hf_deepseek_moe_tiny"}) {
     TempDir out(std::string("llama_rt_") + dir);
     HfModel hf = load_hf_llama(fixture(dir));
     save_hf_llama(out.str() + "/hf", *hf.model, "");
@@ -184,12 +197,13 @@ TEST(HfLlama, HfToLatticeToHfIsIdentity) {
                             "tie_word_embeddings", "rope_scaling", "architectures"})  // absent: null
       EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << dir << ": config.json " << key;
     for (const char* key : {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                            "shared_expert_intermediate_size", "norm_topk_prob", "mlp_only_layers"})
+                            "shared_expert_intermediate_size", "norm_topk_prob", "mlp_only_layers", "n_routed_experts",
+                            "n_shared_experts", "first_k_dense_replace", "moe_layer_freq"})
       EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << dir << ": config.json " << key;
     EXPECT_EQ(ja.value("rope_theta", 10000.0), jb["rope_theta"].get<double>()) << dir;
     EXPECT_EQ(ja.value("rms_norm_eps", 1e-6), jb["rms_norm_eps"].get<double>()) << dir;
-    if (ja["model_type"] == "qwen2" || ja["model_type"] == "qwen2_moe")
-      EXPECT_FALSE(jb.contains("head_dim")) << dir << ": Qwen2Config has no head_dim";
+    if (ja["model_type"] == "qwen2" || ja["model_type"] == "qwen2_moe" || ja["model_type"] == "deepseek")
+      EXPECT_FALSE(jb.contains("head_dim")) << dir << ": Qwen2Config and DeepseekConfig have no head_dim";
     else
       EXPECT_EQ(ja.value("head_dim", 8), jb["head_dim"]) << dir;
   }
@@ -591,6 +605,12 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
                  {"config.json", "shared_expert_intermediate_size"});
   }
   {
+    TempDir t("deepseek_sigmoid");  // DeepSeek-V3's scoring (with MLA: another model)
+    expect_error(hf_test::rewritten_fixture("hf_deepseek_moe_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["scoring_func"] = "sigmoid"; }, t),
+                 {"config.json", "scoring_func \"sigmoid\" is not supported"});
+  }
+  {
     TempDir t("qwen3_moe_dense_layer_range");
     expect_error(hf_test::rewritten_fixture("hf_qwen3_moe_tiny", nullptr,
                                             [](nlohmann::json& j) { j["mlp_only_layers"] = {7}; }, t),
@@ -672,7 +692,8 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   {
     TempDir t("llama_not_llama");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "gemma"; }, t),
-                 {"config.json", "not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral or Mixtral config", "gemma"});
+                 {"config.json", "not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral or DeepSeek-MoE config",
+                  "gemma"});
   }
 }
 
