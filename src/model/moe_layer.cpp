@@ -188,16 +188,19 @@ void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s)
   }
 }
 
-void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, const float* bias) {
-  const int64_t E = s.E, k = s.k, S = N * k;
-  LATTICE_CHECK(k >= 1 && k <= E) << "moe_route: top-" << k << " of " << E << " experts";
-  LATTICE_CHECK(!s.expert_bias || bias) << "moe_route: the expert bias is missing";
-  st.choice.resize(size_t(S));
-  st.gate_host.resize(size_t(S));
-  std::vector<int64_t> counts(size_t(E), 0);
-  std::vector<int32_t> order(static_cast<size_t>(E));
-  // softmax over every expert: the load-balancing loss's, and the gates with pre_softmax; with
-  // sigmoid scores the sigmoids, and them normalized for the load-balancing loss
+namespace {
+
+// The routing's steps (moe_route), in order.
+
+// st.scores [N, E]: the softmax over every expert (the load-balancing loss's, and the gates with
+// pre_softmax); with sigmoid scores st.sig, the sigmoids, and st.scores them normalized.
+void router_scores(MoeState& st, const float* logits, int64_t N, const MoeShape& s) {
+  const int64_t E = s.E;
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t e = 0; e < E; ++e)
+      if (!std::isfinite(logits[t * E + e]))
+        LATTICE_FAIL() << "MoE router: logit " << logits[t * E + e] << " of token " << t << " for expert " << e
+                       << " (the layer's input or the router's weight is not finite)";
   st.scores.resize(size_t(N * E));
   if (s.sigmoid) st.sig.resize(size_t(N * E));
   for (int64_t t = 0; t < N; ++t) {
@@ -215,13 +218,17 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
     for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
     for (int64_t e = 0; e < E; ++e) p[e] /= sum;
   }
+}
+
+// st.choice and st.gate_host [N, k]: each token's k experts, best first, and their gates.
+void choose_experts(MoeState& st, const float* logits, int64_t N, const MoeShape& s, const float* bias) {
+  const int64_t E = s.E, k = s.k;
+  st.choice.resize(size_t(N * k));
+  st.gate_host.resize(size_t(N * k));
+  std::vector<int32_t> order(static_cast<size_t>(E));
   std::vector<float> key(static_cast<size_t>(E));
   for (int64_t t = 0; t < N; ++t) {
     const float* l = logits + t * E;
-    for (int64_t e = 0; e < E; ++e)
-      if (!std::isfinite(l[e]))
-        LATTICE_FAIL() << "MoE router: logit " << l[e] << " of token " << t << " for expert " << e
-                       << " (the layer's input or the router's weight is not finite)";
     // What the top-k ranks, as Megatron's compute_topk gets it: the sigmoid scores (plus the
     // bias), the softmax's probabilities (pre-softmax) or the logits.
     for (int64_t e = 0; e < E; ++e)
@@ -229,52 +236,57 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
                        : s.pre_softmax ? st.scores[size_t(t * E + e)]
                                        : l[e];
     top_k_experts(order, key, s);
-    if (s.sigmoid) {  // the k largest scores (plus the bias), the scores of those normalized
-      const float* q = st.sig.data() + t * E;
-      float sum = 0.0f;
-      for (int64_t j = 0; j < k; ++j) sum += q[order[size_t(j)]];
-      for (int64_t j = 0; j < k; ++j) {
-        const int32_t e = order[size_t(j)];
-        const float g = k > 1 ? q[e] / (sum + 1e-20f) : q[e];
-        st.choice[size_t(t * k + j)] = e;
-        st.gate_host[size_t(t * k + j)] = s.scale == 1.0f ? g : g * s.scale;
-        ++counts[size_t(e)];
-      }
-      continue;
+    float m = 0.0f, sum = 0.0f;
+    if (s.sigmoid) {  // the chosen scores, normalized
+      for (int64_t j = 0; j < k; ++j) sum += st.sig[size_t(t * E + order[size_t(j)])];
+    } else {  // the softmax over the chosen logits, in fp32 (the largest first)
+      m = l[order[0]];
+      for (int64_t j = 0; j < k; ++j) sum += std::exp(l[order[size_t(j)]] - m);
     }
-    // softmax over the chosen logits, in fp32 (the largest first), or the one over all
-    const float m = l[order[0]];
-    float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) sum += std::exp(l[order[size_t(j)]] - m);
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = order[size_t(j)];
-      const float q = s.pre_softmax ? st.scores[size_t(t * E + e)] : std::exp(l[e] - m) / sum;
+      float g;
+      if (s.sigmoid) {
+        const float q = st.sig[size_t(t * E + e)];
+        g = k > 1 ? q / (sum + 1e-20f) : q;
+      } else {
+        g = s.pre_softmax ? st.scores[size_t(t * E + e)] : std::exp(l[e] - m) / sum;
+      }
       st.choice[size_t(t * k + j)] = e;
-      st.gate_host[size_t(t * k + j)] = s.scale == 1.0f ? q : q * s.scale;
-      ++counts[size_t(e)];
+      st.gate_host[size_t(t * k + j)] = s.scale == 1.0f ? g : g * s.scale;
     }
   }
-  // The capacity: per expert the tokens beyond it dropped, the smallest gates (or the last tokens)
-  // first; ties keep the earlier token.
+}
+
+// Which of the N k (token, expert) pairs the experts keep: all, or with a capacity each expert's
+// first ceil(N k / E f) by gate (ties: the earlier token) or by position.
+std::vector<bool> kept_pairs(const MoeState& st, int64_t N, const MoeShape& s) {
+  const int64_t E = s.E, S = N * s.k;
   std::vector<bool> kept(static_cast<size_t>(S), true);
-  if (s.capacity_factor > 0.0) {
-    const int64_t cap = int64_t(std::ceil(double(N * k) / double(E) * s.capacity_factor));
-    std::vector<std::vector<int64_t>> pairs(static_cast<size_t>(E));  // t k + j, token order
-    for (int64_t i = 0; i < S; ++i) pairs[size_t(st.choice[size_t(i)])].push_back(i);
-    for (int64_t e = 0; e < E; ++e) {
-      std::vector<int64_t>& p = pairs[size_t(e)];
-      if (int64_t(p.size()) <= cap) continue;
-      if (!s.drop_by_position)
-        std::stable_sort(p.begin(), p.end(),
-                         [&](int64_t a, int64_t b) { return st.gate_host[size_t(a)] > st.gate_host[size_t(b)]; });
-      for (size_t r = size_t(cap); r < p.size(); ++r) kept[size_t(p[r])] = false;
-      counts[size_t(e)] = cap;
-    }
+  if (s.capacity_factor <= 0.0) return kept;
+  const int64_t cap = int64_t(std::ceil(double(S) / double(E) * s.capacity_factor));
+  std::vector<std::vector<int64_t>> pairs(static_cast<size_t>(E));  // t k + j, token order
+  for (int64_t i = 0; i < S; ++i) pairs[size_t(st.choice[size_t(i)])].push_back(i);
+  for (std::vector<int64_t>& p : pairs) {
+    if (int64_t(p.size()) <= cap) continue;
+    if (!s.drop_by_position)
+      std::stable_sort(p.begin(), p.end(),
+                       [&](int64_t a, int64_t b) { return st.gate_host[size_t(a)] > st.gate_host[size_t(b)]; });
+    for (size_t r = size_t(cap); r < p.size(); ++r) kept[size_t(p[r])] = false;
   }
+  return kept;
+}
+
+// The kept pairs' slots, grouped by expert (tokens in order within one): st.offsets, and the
+// device index buffers rows, slot_of (-1: dropped) and gate.
+void assign_slots(MoeState& st, const std::vector<bool>& kept, int64_t N, const MoeShape& s) {
+  const int64_t E = s.E, k = s.k, S = N * k;
+  std::vector<int64_t> counts(static_cast<size_t>(E), 0);
+  for (int64_t i = 0; i < S; ++i)
+    if (kept[size_t(i)]) ++counts[size_t(st.choice[size_t(i)])];
   st.offsets.assign(size_t(E + 1), 0);
   for (int64_t e = 0; e < E; ++e) st.offsets[size_t(e + 1)] = st.offsets[size_t(e)] + counts[size_t(e)];
   const int64_t kept_slots = st.offsets[size_t(E)];
-  // Slots grouped by expert, tokens in order within one.
   std::vector<int32_t> rows(static_cast<size_t>(kept_slots)), slot_of(static_cast<size_t>(S), -1);
   std::vector<float> gate(static_cast<size_t>(kept_slots));
   std::vector<int64_t> cursor(st.offsets.begin(), st.offsets.end() - 1);
@@ -290,8 +302,13 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
   copy_to_device(st.slot_of, slot_of.data(), size_t(S) * sizeof(int32_t));
   copy_to_device(st.gate, gate.data(), size_t(kept_slots) * sizeof(float));
   st.slot_of_host = std::move(slot_of);
-  // The load-balancing loss: softmax over every expert, weighted by the experts' token counts, in
-  // each group of Ng rows (all N, or each sequence), averaged over the groups.
+}
+
+// The load-balancing loss (st.group_counts, st.balance, st.aux_loss): the probabilities weighted by
+// the experts' token counts before any drop, in each group of Ng rows (all N, or each sequence),
+// averaged over the groups; and the z-loss's logsumexps (st.lse, st.z; in double: lse^2 sums many).
+void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape& s) {
+  const int64_t E = s.E, k = s.k;
   const int64_t Ng = s.aux_group > 0 ? s.aux_group : N, G = Ng > 0 ? N / Ng : 0;
   LATTICE_CHECK(Ng == 0 || N % Ng == 0) << "moe_route: " << N << " rows are no whole groups of " << Ng;
   st.group_counts.assign(size_t(G * E), 0.0);
@@ -305,7 +322,7 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
     aux += group * double(E) / (double(k) * double(Ng) * double(Ng));
   }
   st.balance = G > 0 ? aux / double(G) : 0.0;
-  // The z-loss's logsumexps (in double: lse^2 sums many of them).
+  st.aux_loss = st.balance * double(s.aux_loss_coeff);
   st.lse.resize(size_t(N));
   double z = 0.0;
   for (int64_t t = 0; t < N; ++t) {
@@ -318,7 +335,17 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
     z += lse * lse;
   }
   st.z = N > 0 ? z / double(N) : 0.0;
-  st.aux_loss = st.balance * double(s.aux_loss_coeff);
+}
+
+}  // namespace
+
+void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, const float* bias) {
+  LATTICE_CHECK(s.k >= 1 && s.k <= s.E) << "moe_route: top-" << s.k << " of " << s.E << " experts";
+  LATTICE_CHECK(!s.expert_bias || bias) << "moe_route: the expert bias is missing";
+  router_scores(st, logits, N, s);
+  choose_experts(st, logits, N, s, bias);
+  assign_slots(st, kept_pairs(st, N, s), N, s);
+  router_losses(st, logits, N, s);
 }
 
 void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
