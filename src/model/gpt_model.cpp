@@ -761,6 +761,11 @@ void GPTModel::update_expert_biases(Comm* dp) {
   }
 }
 
+GemmSite GPTModel::router_site(int param) const {
+  if (cfg_.moe_router_dtype == "fp32" || (gemm_policy_ && gemm_policy_->fp8())) return GemmSite{nullptr, param};
+  return site(param);
+}
+
 MoeShape GPTModel::moe_shape(int64_t T, bool training) const {
   MoeShape s = lattice::moe_shape(cfg_, tp_.size());
   if (cfg_.moe_seq_aux_loss) s.aux_group = T;
@@ -774,7 +779,7 @@ MoeShape GPTModel::moe_shape(int64_t T, bool training) const {
 MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
   MoeWeights w;
   w.router = params_.param(p.router_w);
-  w.router_site = site(p.router_w);
+  w.router_site = router_site(p.router_w);
   if (p.expert_bias >= 0) w.expert_bias = params_.param(p.expert_bias);
   for (size_t e = 0; e < p.expert_fc1.size(); ++e) {
     w.fc1.push_back(params_.param(p.expert_fc1[e]));
@@ -790,7 +795,7 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
   }
   if (p.shared_gate >= 0) {
     w.shared_gate = params_.param(p.shared_gate);
-    w.shared_gate_site = site(p.shared_gate);
+    w.shared_gate_site = router_site(p.shared_gate);
   }
   return w;
 }

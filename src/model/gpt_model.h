@@ -328,6 +328,9 @@ class GPTModel {
     return bf16_inputs() ? LinearInput::in_bf16(reinterpret_cast<const uint16_t*>(x)) : LinearInput(x);
   }
   GemmSite site(int param) const { return GemmSite{gemm_policy_, param}; }
+  // The MoE router's and the shared experts' gate's GEMMs: fp32 with --moe-router-dtype fp32 or
+  // under an fp8 policy, else as the other layers.
+  GemmSite router_site(int param) const;
   // The linear layers' inputs made in bf16 by the kernels that produce them (LayerNorm,
   // bias_gelu) for a policy with bf16_results: no conversion pass per GEMM, and the same values
   // (the policy would convert fp32 inputs to exactly these). The buffers keep their fp32 size.

@@ -45,6 +45,9 @@ class GemmPolicy {
   // partial sum that the tensor-parallel group reduces next, the parallel layer rounds the
   // reduced result instead, so every layout rounds the same full sums.
   virtual Rounding result_rounding() const { return Rounding::none; }
+  // An fp8 policy (per-tensor scaled fp8 GEMMs): the MoE router stays out of it, as Megatron's
+  // router is no fp8 layer.
+  virtual bool fp8() const { return false; }
   void round_result(float* v, int64_t n) const { round_to(v, v, n, result_rounding()); }
 
   // bf16 storage (the bf16 policy; the others fail): the output layer's logits written and

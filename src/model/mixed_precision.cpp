@@ -188,6 +188,7 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   Fp8Policy(const Fp8Recipe& r, Comm* tp, Comm* dp)
       : recipe_(r), tp_(tp && tp->size() > 1 ? tp : nullptr), dp_(dp && dp->size() > 1 ? dp : nullptr) {}
   const char* name() const override { return recipe_.backward == Fp8Format::e5m2 ? "fp8 hybrid" : "fp8 e4m3"; }
+  bool fp8() const override { return true; }
   void refresh_weights() override { weights_.invalidate(); }
   void set_training(bool training) override { training_ = training; }
 

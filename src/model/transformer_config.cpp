@@ -114,6 +114,8 @@ void TransformerConfig::check_moe() {
     LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << moe_expert_capacity_factor;
   if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
     LATTICE_FAIL() << "--moe-token-drop-policy must be probs or position, got '" << moe_token_drop_policy << "'";
+  if (!moe_router_dtype.empty() && moe_router_dtype != "fp32")
+    LATTICE_FAIL() << "--moe-router-dtype must be fp32, got '" << moe_router_dtype << "'";
   if (moe_router_score_function != "softmax" && moe_router_score_function != "sigmoid")
     LATTICE_FAIL() << "--moe-router-score-function must be softmax or sigmoid, got '" << moe_router_score_function << "'";
   if (moe_router_enable_expert_bias && !moe_router_sigmoid())

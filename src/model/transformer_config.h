@@ -79,6 +79,9 @@ struct TransformerConfig {
   // --moe-router-topk-scaling-factor (1: none).
   bool moe_router_pre_softmax = false;
   float moe_router_topk_scaling_factor = 1.0f;
+  // --moe-router-dtype fp32: the router's GEMM (and the shared experts' gate's) in fp32 under
+  // --bf16 / --fp16 (default "": the model's format, as Megatron's; never fp8).
+  std::string moe_router_dtype;
   // --moe-router-score-function sigmoid: scores sigmoid(logits), the top k of them (plus the
   // expert bias when on) chosen, their scores normalized to sum 1 (k > 1) as the gates; the
   // load-balancing loss over the scores normalized over all E (Megatron's, DeepSeek-V3's).

@@ -101,6 +101,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "group-limited routing: the experts in this many groups (with --moe-router-group-topk)"},
       {"moe-router-group-topk", Kind::i64, &a.moe_router_group_topk,
        "group-limited routing: each token's experts from its this many best groups"},
+      {"moe-router-dtype", Kind::str, &a.moe_router_dtype,
+       "fp32: the router's GEMM in fp32 under --bf16/--fp16 (default: the model's format)"},
       {"moe-router-score-function", Kind::str, &a.moe_router_score_function,
        "softmax (default) or sigmoid (scores normalized over the chosen experts)"},
       {"moe-router-enable-expert-bias", Kind::flag, &a.moe_router_enable_expert_bias,
@@ -579,6 +581,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_router_pre_softmax = moe_router_pre_softmax;
   c.moe_shared_expert_intermediate_size = moe_shared_expert_intermediate_size;
   c.moe_router_score_function = moe_router_score_function;
+  c.moe_router_dtype = moe_router_dtype;
   c.moe_router_num_groups = moe_router_num_groups;
   c.moe_router_group_topk = moe_router_group_topk;
   c.moe_router_enable_expert_bias = moe_router_enable_expert_bias;

@@ -39,6 +39,7 @@ struct TrainArgs {
   bool moe_router_pre_softmax = false;
   std::string moe_layer_freq = "1";
   std::string moe_router_score_function = "softmax";
+  std::string moe_router_dtype;
   int64_t moe_router_num_groups = 0;
   int64_t moe_router_group_topk = 0;
   std::optional<double> moe_expert_capacity_factor;

@@ -102,6 +102,9 @@ if run sig_train "$LATTICE" train "${SIG[@]}" "${RUN[@]}" --train-iters 6 --exit
   expect_error "HuggingFace export of sigmoid scores" "sigmoid" -- "$LATTICE" convert --load sigckpt --to-hf hf-sig
   [ -e hf-sig/model.safetensors ] && fail "a refused export wrote a model"
 fi
+# bf16 with the router in fp32.
+run bf16_router "$LATTICE" train "${MOE[@]}" --bf16 --moe-router-dtype fp32 "${RUN[@]}" --train-iters 2 &&
+  pass "--bf16 --moe-router-dtype fp32 trains"
 # A capacity: tokens over an expert's capacity dropped in training; the run trains and generates.
 run cap_train "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position "${RUN[@]}" \
   --train-iters 3 --save capckpt && pass "--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position trains"
@@ -143,9 +146,11 @@ expect_error "padding to the capacity" "--moe-pad-expert-input-to-capacity" -- \
   "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity "${RUN[@]}" --train-iters 1 --save bad9
 expect_error "groups that do not divide the experts" "--moe-router-num-groups" -- \
   "$LATTICE" train "${MOE[@]}" --moe-router-num-groups 3 --moe-router-group-topk 1 "${RUN[@]}" --train-iters 1 --save bad10
+expect_error "an fp64 router" "--moe-router-dtype" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-router-dtype fp64 "${RUN[@]}" --train-iters 1 --save bad11
 expect_error "a layer pattern of the wrong length" "--moe-layer-freq" -- \
   "$LATTICE" train "${MOE[@]}" --moe-layer-freq '[1,0,1]' "${RUN[@]}" --train-iters 1 --save bad6
 [ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e bad7 ] || [ -e bad8 ] ||
-  [ -e bad9 ] || [ -e bad10 ] &&
+  [ -e bad9 ] || [ -e bad10 ] || [ -e bad11 ] &&
   fail "a refused run left a checkpoint behind"
 e2e_finish

@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "blas/gemm.h"
 #include "data/gpt_batches.h"
 #include "model/gpt_model.h"
 #include "model/mixed_precision.h"
@@ -233,6 +236,75 @@ TEST(PrecisionTraining, ConstantLossScale) {
       EXPECT_NEAR(r.grad_norm, q.grad_norm, 1e-5 * q.grad_norm);  // scaling by 2^7 is exact in fp32
     }
   }
+}
+
+// The MoE router (and the shared experts' gate) keep out of an fp8 policy, as Megatron's router is
+// no fp8 layer, and out of any policy with --moe-router-dtype fp32: a policy that records the
+// weights it multiplies (in fp32) sees the experts' but not the router's.
+class RecordingPolicy : public GemmPolicy {
+ public:
+  std::set<int> params;
+  void forward(int param, float* y, LinearInput x, const float* W, int64_t N, int64_t in, int64_t out) override {
+    params.insert(param);
+    linear_forward(y, x, W, nullptr, N, in, out);
+  }
+  void weight_grad(int param, float* dW, const float* dy, LinearInput x, int64_t N, int64_t in, int64_t out) override {
+    params.insert(param);
+    linear_backward(nullptr, dW, nullptr, dy, x, nullptr, N, in, out);
+  }
+  void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
+                  bool accumulate) override {
+    params.insert(param);
+    gemm_f32(Trans::N, Trans::N, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx, in);
+  }
+};
+
+int param_index(const GPTModel& model, const std::string& name) {
+  const std::vector<ParamInfo>& infos = model.params().infos();
+  for (size_t i = 0; i < infos.size(); ++i)
+    if (infos[i].name == name) return int(i);
+  ADD_FAILURE() << "no parameter " << name;
+  return -1;
+}
+
+TEST(PrecisionTraining, MoeRouterStaysOutOfFp8AndOfPoliciesWithRouterDtypeFp32) {
+  auto moe_config = [](const char* router_dtype) {
+    TransformerConfig c = config();
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 32;
+    c.moe_shared_expert_intermediate_size = 32;
+    c.moe_shared_expert_gate = true;
+    c.add_bias_linear = false;
+    c.moe_router_dtype = router_dtype;
+    c.finalize();
+    return c;
+  };
+  MockSamples data(kVocab, kSeq, 5);
+  std::vector<int32_t> tokens(static_cast<size_t>(4 * (kSeq + 1)));
+  fill_micro_batch(data, 0, 4, tokens.data());
+  for (const char* dtype : {"", "fp32"}) {
+    GPTModel model(moe_config(dtype), 4, kSeq);
+    model.init_parameters(3);
+    RecordingPolicy rec;
+    model.set_gemm_policy(&rec);
+    model.forward_backward(tokens.data(), nullptr, 4, kSeq, 1.0f, MicroBatchKey{});
+    const int router = param_index(model, "decoder.layers.0.mlp.router.weight");
+    const int gate = param_index(model, "decoder.layers.0.mlp.shared_experts.gate_weight");
+    const int expert = param_index(model, "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight");
+    EXPECT_TRUE(rec.params.count(expert)) << dtype;
+    EXPECT_EQ(rec.params.count(router), std::string(dtype).empty() ? 1u : 0u) << "router, dtype '" << dtype << "'";
+    EXPECT_EQ(rec.params.count(gate), std::string(dtype).empty() ? 1u : 0u) << "gate, dtype '" << dtype << "'";
+  }
+  GPTModel model(moe_config(""), 4, kSeq);
+  model.init_parameters(3);
+  auto fp8 = make_fp8_policy(make_fp8_recipe("hybrid", 0, 16, "max"), nullptr);
+  model.set_gemm_policy(fp8.get());
+  model.forward_backward(tokens.data(), nullptr, 4, kSeq, 1.0f, MicroBatchKey{});
+  const std::map<int, Fp8ScalingState> state = fp8->scaling_state();
+  EXPECT_TRUE(state.count(param_index(model, "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight")));
+  EXPECT_FALSE(state.count(param_index(model, "decoder.layers.1.mlp.router.weight")));
+  EXPECT_FALSE(state.count(param_index(model, "decoder.layers.1.mlp.shared_experts.gate_weight")));
 }
 
 }  // namespace
