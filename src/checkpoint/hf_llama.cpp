@@ -190,8 +190,7 @@ std::vector<int> qwen_moe_layers(const json& j, const std::string& what, int64_t
       pattern[size_t(l.get<int64_t>())] = 0;
     }
   }
-  if (std::all_of(pattern.begin(), pattern.end(), [](int v) { return v == 1; })) pattern.clear();
-  return pattern;
+  return pattern;  // all ones: finalize() makes it the empty pattern
 }
 
 }  // namespace
@@ -322,8 +321,6 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     if (first < 0) LATTICE_FAIL() << what << ": first_k_dense_replace " << first << " is negative";
     c.moe_layer_pattern.assign(size_t(c.num_layers), 0);
     for (int64_t l = 0; l < c.num_layers; ++l) c.moe_layer_pattern[size_t(l)] = l >= first && l % freq == 0 ? 1 : 0;
-    if (std::all_of(c.moe_layer_pattern.begin(), c.moe_layer_pattern.end(), [](int v) { return v == 1; }))
-      c.moe_layer_pattern.clear();
   }
   if (qwen2_moe) {  // every sparse layer's shared_expert (gated by shared_expert_gate) beside the routed ones
     c.moe_shared_expert_intermediate_size = hf::config_int(j, what, "shared_expert_intermediate_size");
@@ -468,11 +465,11 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
                "its first_k_dense_replace first)";
   }
   if (c.moe() && c.moe_router_num_groups > 0)
-    return "--moe-router-num-groups (HuggingFace Mixtral, Qwen2-MoE and Qwen3-MoE route over every expert)";
+    return "--moe-router-num-groups (HuggingFace's MoE models route over every expert)";
   if (c.moe() && c.moe_router_sigmoid())
-    return "--moe-router-score-function sigmoid (HuggingFace Mixtral, Qwen2-MoE and Qwen3-MoE route by the softmax)";
+    return "--moe-router-score-function sigmoid (HuggingFace's MoE models route by the softmax)";
   if (c.moe() && c.moe_router_topk_scaling_factor != 1.0f)
-    return "--moe-router-topk-scaling-factor (HuggingFace Mixtral, Qwen2-MoE and Qwen3-MoE do not scale the gates)";
+    return "--moe-router-topk-scaling-factor (HuggingFace's MoE models do not scale the gates)";
   if (c.moe() && !c.moe_layer_pattern.empty() && !c.qk_layernorm && !c.add_qkv_bias && !deepseek)
     return "--moe-layer-freq in a Mixtral-style model (HuggingFace Mixtral's every layer is a mixture of experts; "
            "Qwen3-MoE's and Qwen2-MoE's mlp_only_layers need --qk-layernorm or --add-qkv-bias)";

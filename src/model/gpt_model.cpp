@@ -333,7 +333,7 @@ void GPTModel::register_parameters() {
       layers_.push_back(p);
     }
   }
-  expert_tokens_.assign(layers_.size(), {});
+  expert_tokens_.assign(cfg_.moe_router_enable_expert_bias ? layers_.size() * size_t(cfg_.num_experts) : 0, 0.0);
   if (place_.post_process) {
     lnf_w_ = add("decoder.final_layernorm.weight", {C}, ParamInit::ones, 0, -1);
     if (norm_bias) lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
@@ -465,9 +465,10 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
   sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
-  if (cfg.moe())
-    moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, lattice::moe_shape(cfg, P)), "grad"), N,
-                      lattice::moe_shape(cfg, P));
+  if (cfg.moe()) {
+    const MoeShape ms = lattice::moe_shape(cfg, P);
+    moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, ms), "grad"), N, ms);
+  }
   if (cfg.qk_layernorm) {
     sc.qk_tmp = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
     sc.qk_dx = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "grad");
@@ -557,10 +558,9 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
       z_loss_.sum += a.layers[i].moe->z;
       z_loss_.count += 1;
       if (cfg_.moe_router_enable_expert_bias) {
-        std::vector<double>& tokens = expert_tokens_[first + i];
+        double* tokens = expert_tokens_.data() + (first + i) * size_t(cfg_.num_experts);
         const std::vector<int64_t>& o = a.layers[i].moe->offsets;
-        tokens.resize(size_t(cfg_.num_experts), 0.0);
-        for (int64_t e = 0; e < cfg_.num_experts; ++e) tokens[size_t(e)] += double(o[size_t(e + 1)] - o[size_t(e)]);
+        for (int64_t e = 0; e < cfg_.num_experts; ++e) tokens[e] += double(o[size_t(e + 1)] - o[size_t(e)]);
       }
     }
   }
@@ -739,26 +739,25 @@ const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p
 void GPTModel::update_expert_biases(Comm* dp) {
   if (!cfg_.moe_router_enable_expert_bias) return;
   const int64_t E = cfg_.num_experts;
-  expert_tokens_.resize(layers_.size());
+  // Every layer's counts in one reduction; the tensor-parallel ranks route the same rows, so
+  // their counts are already equal.
+  if (dp && dp->size() > 1) dp->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerParams& p = layers_[i];
     if (p.expert_bias < 0) continue;
-    std::vector<double>& tokens = expert_tokens_[i];
-    tokens.resize(size_t(E), 0.0);
-    if (tp_.comm && tp_.size() > 1) tp_.comm->all_reduce(tokens.data(), E, ReduceOp::sum);
-    if (dp && dp->size() > 1) dp->all_reduce(tokens.data(), E, ReduceOp::sum);
+    const double* tokens = expert_tokens_.data() + i * size_t(E);
     double mean = 0.0;
-    for (double n : tokens) mean += n;
+    for (int64_t e = 0; e < E; ++e) mean += tokens[e];
     mean /= double(E);
     std::vector<float> bias(static_cast<size_t>(E));
     params_.read_param(p.expert_bias, bias.data());
     for (int64_t e = 0; e < E; ++e) {
-      const double offset = mean - tokens[size_t(e)];
+      const double offset = mean - tokens[e];
       bias[size_t(e)] += float((offset > 0) - (offset < 0)) * cfg_.moe_router_bias_update_rate;
     }
     params_.write_param(p.expert_bias, bias.data());
-    std::fill(tokens.begin(), tokens.end(), 0.0);
   }
+  std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0.0);
 }
 
 GemmSite GPTModel::router_site(int param) const {

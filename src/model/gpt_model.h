@@ -182,9 +182,9 @@ class GPTModel {
 
   // --moe-router-enable-expert-bias: moves every MoE layer's expert bias by the update rate towards
   // even loads, bias_e += rate sign(mean_e' count_e' - count_e) (Megatron's get_updated_expert_bias),
-  // from the tokens each expert got in this rank's training forwards since the last call, summed
-  // over the tensor-parallel group and over `dp` (the data-parallel group, null: none), then
-  // restarts the counts. Collective over those groups. Nothing without the expert bias.
+  // from the tokens each expert got in this rank's training forwards since the last call (equal
+  // on the tensor-parallel ranks, which route the same rows), summed over `dp` (the data-parallel
+  // group, null: none), then restarts the counts. Collective over dp. Nothing without the bias.
   void update_expert_biases(Comm* dp);
   // --num-experts: the load-balancing losses (over the coefficient: 1 when the experts are evenly
   // loaded) of every MoE layer of this rank's training forwards since the last call, summed, and
@@ -460,7 +460,7 @@ class GPTModel {
   bool selective_ = false;             // selective recomputation (core attention)
   LossSum load_balancing_;             // take_load_balancing_losses'
   LossSum z_loss_;                     // take_z_losses'
-  std::vector<std::vector<double>> expert_tokens_;  // per layer of layers_: tokens per expert (expert bias)
+  std::vector<double> expert_tokens_;  // [layers_, E] tokens per expert since the last bias update (expert bias)
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]
   std::unique_ptr<Scratch> scratch_;

@@ -75,9 +75,12 @@ void top_k_experts(std::vector<int32_t>& order, const std::vector<float>& key, c
 // y [N, C] += s[t] shared(x[t]) (s = 1 without the gate).
 void shared_experts_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
   const int64_t C = s.C;
-  std::vector<int32_t> ident(static_cast<size_t>(N));
-  for (int64_t t = 0; t < N; ++t) ident[size_t(t)] = int32_t(t);
-  copy_to_device(st.ident, ident.data(), ident.size() * sizeof(int32_t));
+  if (st.ident_rows < N) {  // a longer identity serves too
+    std::vector<int32_t> ident(static_cast<size_t>(N));
+    for (int64_t t = 0; t < N; ++t) ident[size_t(t)] = int32_t(t);
+    copy_to_device(st.ident, ident.data(), ident.size() * sizeof(int32_t));
+    st.ident_rows = N;
+  }
   linear_forward(st.hs, x, w.shared_fc1, nullptr, N, C, s.Fs1(), w.shared_fc1_site);
   activation_forward(st.acts, st.hs, N, s.Fs, s);
   linear_forward(st.ys, st.acts, w.shared_fc2, nullptr, N, s.Fs, C, w.shared_fc2_site);
@@ -163,6 +166,7 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
     st.ys = c.take(N * s.C);
     st.sgate = c.take(N);
     st.ident = c.take_ints(N);
+    st.ident_rows = 0;
   }
 }
 
@@ -352,7 +356,9 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
   const int64_t E = s.E, C = s.C, F = s.F, F1 = s.F1();
   LATTICE_CHECK(int64_t(w.fc1.size()) == E && int64_t(w.fc2.size()) == E) << "moe_forward: " << E << " experts' weights";
   linear_forward(st.logits, x, w.router, nullptr, N, C, E, w.router_site);
-  std::vector<float> logits(size_t(N * E)), bias;
+  std::vector<float>& logits = st.logits_host;
+  std::vector<float> bias;
+  logits.resize(size_t(N * E));
   copy_to_host(logits.data(), st.logits, logits.size() * sizeof(float));
   if (s.expert_bias) {
     LATTICE_CHECK(w.expert_bias) << "moe_forward: the expert bias is missing";
@@ -455,8 +461,7 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
   if (s.sigmoid)
     for (size_t i = 0; i < d_logits.size(); ++i) d_logits[i] *= st.sig[i] * (1.0f - st.sig[i]);
   if (s.z_loss_coeff > 0.0f && N > 0) {  // d z / d l_te = 2 coeff lse_t softmax(l_t)_e / N
-    std::vector<float> logits(static_cast<size_t>(N * E));
-    copy_to_host(logits.data(), st.logits, logits.size() * sizeof(float));
+    const std::vector<float>& logits = st.logits_host;
     const double c = 2.0 * double(aux_grad_scale) * double(s.z_loss_coeff) / double(N);
     for (int64_t t = 0; t < N; ++t) {
       const double lse = double(st.lse[size_t(t)]);

@@ -106,7 +106,9 @@ struct MoeState {
   float* ys = nullptr;        // [N, C] their fc2 outputs
   float* sgate = nullptr;     // [N] their gate sigmoid(x . g) (shared_gate)
   int32_t* ident = nullptr;   // [N] 0, 1, ..., N - 1 (the shared output's combine)
+  int64_t ident_rows = 0;     // rows of ident filled (uploaded once per carve)
   // host
+  std::vector<float> logits_host;  // [N, E] the logits (the routing's; the z-loss's backward)
   std::vector<int64_t> offsets;    // [E + 1] each expert's first slot (offsets[E]: the slots kept)
   std::vector<int32_t> choice;     // [N, k] the experts chosen, best first
   std::vector<float> gate_host;    // [N, k] their gates (probabilities times the scaling factor)

@@ -88,18 +88,12 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     model.finish_tensor_parallel_grads({});
   }
   if (model.config().moe()) {  // every MoE layer of every stage, micro-batch and data-parallel rank
-    const LossSum lb = model.take_load_balancing_losses();
-    double v[2] = {lb.sum, lb.count};
-    if (pp) pp->all_reduce(v, 2, ReduceOp::sum);
-    if (dp) dp->comm().all_reduce(v, 2, ReduceOp::sum);
+    const LossSum lb = model.take_load_balancing_losses(), zl = model.take_z_losses();
+    double v[4] = {lb.sum, lb.count, zl.sum, zl.count};  // one reduction for both
+    if (pp) pp->all_reduce(v, 4, ReduceOp::sum);
+    if (dp) dp->comm().all_reduce(v, 4, ReduceOp::sum);
     r.load_balancing_loss = v[1] > 0 ? v[0] / v[1] : 0.0;
-    const LossSum zl = model.take_z_losses();
-    if (model.config().moe_z_loss_coeff > 0.0f) {
-      double z[2] = {zl.sum, zl.count};
-      if (pp) pp->all_reduce(z, 2, ReduceOp::sum);
-      if (dp) dp->comm().all_reduce(z, 2, ReduceOp::sum);
-      r.z_loss = z[1] > 0 ? z[0] / z[1] : 0.0;
-    }
+    if (model.config().moe_z_loss_coeff > 0.0f) r.z_loss = v[3] > 0 ? v[2] / v[3] : 0.0;
     model.update_expert_biases(dp ? &dp->comm() : nullptr);  // Megatron's, before the optimizer step
   }
   // The global batch's token count divides the per-token gradients (none when every token is
