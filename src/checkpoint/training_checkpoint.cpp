@@ -49,7 +49,12 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
   // (which copies them) one rank at a time. A box another rank already gave is a copy of it
   // (a tied embedding's copy on another pipeline stage): stored once.
   auto stage = [&](const char* file, const std::string& prefix, const float* flat) {
-    gather_parts(o.parts_comm, o.contributors, param_parts(infos, flat, tp_rank, prefix), flat, n, tag++,
+    std::vector<TensorPart> mine = param_parts(infos, flat, tp_rank, prefix);
+    if (o.experts_only)
+      mine.erase(std::remove_if(mine.begin(), mine.end(),
+                                [&](const TensorPart& t) { return !model.params().info(t.name.substr(prefix.size())).expert; }),
+                 mine.end());
+    gather_parts(o.parts_comm, o.contributors, mine, flat, n, tag++,
                  [&](const std::vector<TensorPart>& parts) {
                    if (!o.write) return;
                    for (const TensorPart& t : parts) {

@@ -52,6 +52,9 @@ struct TrainingSaveOptions {
   // Each sends its parts to the writer (part_gather.h). Null / empty: this rank holds all.
   Comm* parts_comm = nullptr;
   std::vector<int> contributors;
+  // This rank contributes its expert weights only (ParamInfo::expert): an expert-parallel rank
+  // whose other parameters data-parallel rank 0 contributes.
+  bool experts_only = false;
 };
 
 // Writes DIR/iter_NNNNNNN atomically and then the tracker file; returns the directory

@@ -10,7 +10,7 @@ namespace lattice {
 
 const char* comm_op_name(CommOp op) {
   static const char* names[kNumCommOps] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                           "send",       "recv",           "barrier"};
+                                           "send",       "recv",           "barrier",    "all_to_all"};
   return names[int(op)];
 }
 
@@ -83,6 +83,13 @@ class LocalComm : public Comm {
     LATTICE_FAIL() << "irecv from rank " << src << " in a one-process group " << name_;
   }
   void barrier() override { stats_.add(CommOp::barrier, 0); }
+  void all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                  const std::vector<int64_t>& recv_counts) override {
+    LATTICE_CHECK(send_counts.size() == 1 && recv_counts.size() == 1 && send_counts[0] == recv_counts[0])
+        << "all_to_all counts for 1 rank";
+    if (send_counts[0] > 0) copy_on_device(recv, send, size_t(send_counts[0]) * sizeof(float));
+    stats_.add(CommOp::all_to_all, 0);
+  }
 
  private:
   std::vector<int> ranks_;
@@ -96,6 +103,10 @@ std::unique_ptr<CommRequest> Comm::iall_reduce_bf16(uint16_t*, int64_t) {
 
 std::unique_ptr<CommRequest> Comm::ireduce_scatter_bf16(const uint16_t*, uint16_t*, const std::vector<int64_t>&) {
   LATTICE_FAIL() << "the " << name_ << " communicator has no bf16 reduce-scatter";
+}
+
+void Comm::all_to_all(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) {
+  LATTICE_FAIL() << "the " << name_ << " communicator has no all-to-all";
 }
 
 std::unique_ptr<Comm> make_local_comm(const std::string& name, int world_rank) {

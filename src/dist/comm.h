@@ -4,7 +4,8 @@
 // check the communication volume of a step.
 //
 // Byte convention: all_reduce and broadcast count the buffer, reduce_scatter its full
-// input (size x count), all_gather its full output, send/recv the message.
+// input (size x count), all_gather its full output, send/recv the message, all_to_all what
+// this rank sends to the others.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -14,8 +15,8 @@
 
 namespace lattice {
 
-enum class CommOp : int { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier };
-constexpr int kNumCommOps = 7;
+enum class CommOp : int { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier, all_to_all };
+constexpr int kNumCommOps = 8;
 const char* comm_op_name(CommOp op);
 
 enum class ReduceOp { sum, max };
@@ -70,6 +71,13 @@ class Comm {
   virtual std::unique_ptr<CommRequest> isend(const float* data, int64_t n, int dst, int tag) = 0;
   virtual std::unique_ptr<CommRequest> irecv(float* data, int64_t n, int src, int tag) = 0;
   virtual void barrier() = 0;
+  // All-to-all with per-peer counts (MPI_Alltoallv; the mixture of experts' token dispatch):
+  // send holds sum(send_counts) elements, send_counts[r] of them (in rank order) for rank r;
+  // recv gets sum(recv_counts), recv_counts[r] of them from rank r, in rank order. Each rank's
+  // recv_counts[r] must equal rank r's send_counts[rank]. Blocking. A communicator
+  // without it fails, naming itself.
+  virtual void all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                          const std::vector<int64_t>& recv_counts);
 
   // Blocking forms of the non-blocking collectives.
   void reduce_scatter(const float* send, float* recv, const std::vector<int64_t>& counts) {

@@ -214,6 +214,20 @@ class MpiComm : public Comm {
     check_mpi(MPI_Irecv(data, int(n), MPI_FLOAT, src, tag, comm_, &r), "MPI_Irecv");
     return std::make_unique<MpiRequest>(r, label(), CommOp::recv, stats_);
   }
+  void all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                  const std::vector<int64_t>& recv_counts) override {
+    LATTICE_CHECK(int(send_counts.size()) == size_ && int(recv_counts.size()) == size_)
+        << "all_to_all needs one send and one receive count per rank";
+    std::vector<int> sc = to_int_counts(send_counts), rc = to_int_counts(recv_counts);
+    std::vector<int> sd = displacements(sc), rd = displacements(rc);
+    LATTICE_CHECK(int64_t(sd.back()) + sc.back() < (int64_t(1) << 31) && int64_t(rd.back()) + rc.back() < (int64_t(1) << 31))
+        << "all_to_all of more than 2^31 elements too large for MPI";
+    stats_.add(CommOp::all_to_all, uint64_t(int64_t(sd.back()) + sc.back() - sc[size_t(rank_)]) * 4);
+    MPI_Request r;
+    check_mpi(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(), MPI_FLOAT, comm_, &r),
+              "MPI_Ialltoallv");
+    wait_request(r, label(), CommOp::all_to_all, stats_);
+  }
   void barrier() override {
     stats_.add(CommOp::barrier, 0);
     MPI_Request r;

@@ -296,6 +296,27 @@ class NcclComm : public Comm {
     });
   }
 
+  void all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                  const std::vector<int64_t>& recv_counts) override {
+    require_device(send, "all_to_all");
+    const int64_t sent = check_counts(send_counts, "all_to_all");
+    check_counts(recv_counts, "all_to_all");
+    stats_.add(CommOp::all_to_all, uint64_t(sent - send_counts[size_t(rank_)]) * 4);
+    issue(CommOp::all_to_all, [&] {
+      check(ncclGroupStart(), "ncclGroupStart");
+      int64_t sd = 0, rd = 0;
+      for (int r = 0; r < size_; ++r) {
+        if (send_counts[size_t(r)] > 0)
+          check(ncclSend(send + sd, size_t(send_counts[size_t(r)]), ncclFloat, r, comm_, stream_), "ncclSend");
+        if (recv_counts[size_t(r)] > 0)
+          check(ncclRecv(recv + rd, size_t(recv_counts[size_t(r)]), ncclFloat, r, comm_, stream_), "ncclRecv");
+        sd += send_counts[size_t(r)];
+        rd += recv_counts[size_t(r)];
+      }
+      check(ncclGroupEnd(), "ncclGroupEnd (all_to_all)");
+    })->wait();
+  }
+
   void barrier() override {
     stats_.add(CommOp::barrier, 0);
     issue(CommOp::barrier, [&] {

@@ -7,14 +7,20 @@
 
 namespace lattice {
 
-ParallelLayout make_layout(int world, int tp, int pp) {
+ParallelLayout make_layout(int world, int tp, int pp, int ep) {
   if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;
+  if (ep < 1) LATTICE_FAIL() << "--expert-model-parallel-size must be >= 1, got " << ep;
   if (pp < 1) LATTICE_FAIL() << "--pipeline-model-parallel-size must be >= 1, got " << pp;
   if (world % (tp * pp) != 0)
     LATTICE_FAIL() << "world size " << world << " is not divisible by --tensor-model-parallel-size " << tp
                    << " x --pipeline-model-parallel-size " << pp << " (start a multiple of " << tp * pp
                    << " processes, e.g. mpirun -np " << tp * pp << ")";
-  return ParallelLayout{world, tp, pp, world / (tp * pp)};
+  const int dp = world / (tp * pp);
+  if (dp % ep != 0)
+    LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide the data-parallel size " << dp
+                   << " (world " << world << " / (tensor " << tp << " x pipeline " << pp
+                   << ")): the experts are split over data-parallel ranks";
+  return ParallelLayout{world, tp, pp, dp, ep};
 }
 
 GroupPlan plan_groups(const ParallelLayout& l) {
@@ -39,6 +45,19 @@ GroupPlan plan_groups(const ParallelLayout& l) {
       g.pp.push_back(grp);
       if (l.pp > 1) g.embedding.push_back({grp.front(), grp.back()});
     }
+  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
+    for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
+      for (int block = 0; block < l.expert_dp(); ++block) {  // ep consecutive data-parallel ranks
+        std::vector<int> grp;
+        for (int e = 0; e < l.ep; ++e) grp.push_back(rank_of(tp_r, block * l.ep + e, pp_r));
+        g.ep.push_back(grp);
+      }
+      for (int e = 0; e < l.ep; ++e) {  // every ep-th data-parallel rank
+        std::vector<int> grp;
+        for (int block = 0; block < l.expert_dp(); ++block) grp.push_back(rank_of(tp_r, block * l.ep + e, pp_r));
+        g.expert_dp.push_back(grp);
+      }
+    }
   return g;
 }
 
@@ -48,18 +67,19 @@ std::unique_ptr<ParallelState> ParallelState::single() {
   s->tp_ = make_local_comm("tp");
   s->dp_ = make_local_comm("dp");
   s->pp_ = make_local_comm("pp");
+  s->ep_ = make_local_comm("ep");
   return s;
 }
 
-std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double timeout_seconds) {
+std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double timeout_seconds, int ep) {
   if (!launched_by_mpirun()) {
-    make_layout(1, tp, pp);  // names the flag when tp or pp > 1 cannot fit one process
+    make_layout(1, tp, pp, ep);  // names the flag when tp, pp or ep > 1 cannot fit one process
     return single();
   }
   const int world = mpi_init_world();
   set_comm_timeout_seconds(timeout_seconds);
   auto s = std::make_unique<ParallelState>();
-  s->layout_ = make_layout(world, tp, pp);
+  s->layout_ = make_layout(world, tp, pp, ep);
   s->world_rank_ = mpi_world_rank();
   s->uses_mpi_ = true;
   GroupPlan g = plan_groups(s->layout_);
@@ -70,12 +90,18 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
   s->dp_ = make_mpi_comm("dp", g.dp);
   s->pp_ = make_mpi_comm("pp", g.pp);
   if (!g.embedding.empty()) s->embedding_ = make_mpi_comm("embedding", g.embedding);
+  if (ep > 1) {
+    s->ep_ = make_mpi_comm("ep", g.ep);
+    s->expert_dp_ = make_mpi_comm("expert_dp", g.expert_dp);
+  } else {
+    s->ep_ = make_local_comm("ep", s->world_rank_);
+  }
   if (kernels_on_gpu()) {
     // CUDA tensors travel over NCCL: one communicator per group, bootstrapped through the
     // group's MPI communicator (kept for that); world stays MPI (host data only).
     set_nccl_timeout_seconds(timeout_seconds);
-    for (auto* c : {&s->tp_, &s->dp_, &s->pp_, &s->embedding_}) {
-      if (!*c) continue;
+    for (auto* c : {&s->tp_, &s->dp_, &s->pp_, &s->embedding_, &s->ep_, &s->expert_dp_}) {
+      if (!*c || (*c)->size() == 1) continue;  // one rank (ep without expert parallelism): nothing to carry
       // The pipeline group sends and receives between neighbouring stages: its channels.
       std::unique_ptr<Comm> nccl = make_nccl_comm(**c, (*c)->name(), /*point_to_point=*/c == &s->pp_);
       s->bootstrap_.push_back(std::move(*c));
@@ -87,7 +113,7 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
 
 CommStats ParallelState::total_stats() const {
   CommStats t;
-  for (const Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get(), embedding_.get()})
+  for (const Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get(), embedding_.get(), ep_.get(), expert_dp_.get()})
     if (c)
       for (int i = 0; i < kNumCommOps; ++i) {
       t.bytes[i] += c->stats().bytes[i];
@@ -98,7 +124,7 @@ CommStats ParallelState::total_stats() const {
 }
 
 void ParallelState::reset_stats() {
-  for (Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get(), embedding_.get()})
+  for (Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get(), embedding_.get(), ep_.get(), expert_dp_.get()})
     if (c) c->stats().reset();
 }
 

@@ -1,8 +1,12 @@
 // ParallelState: the process groups of a run, in Megatron's rank order "tp-cp-ep-dp-pp"
 // (tensor-parallel rank varies fastest, so TP peers are neighbours):
-//   world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)        (cp = ep = 1)
+//   world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)        (cp = 1)
 // One communicator per group: tp, dp, pp, and the embedding group (first and last
-// pipeline stage of the same tp/dp position). Every layer receives the groups it
+// pipeline stage of the same tp/dp position). Expert parallelism (--expert-model-parallel-size
+// ep, Megatron's "tp-ep-dp-pp" order for the experts, whose tensor-parallel size is tp) splits
+// the data-parallel ranks of a tp/pp position: ep_rank = dp_rank % ep, the expert-parallel group
+// the ep consecutive data-parallel ranks that hold the experts between them, the expert
+// data-parallel group (size dp / ep) the ranks holding copies of the same experts. Every layer receives the groups it
 // needs; nothing reaches for a global. On CPUs every group is an MPI communicator; with
 // the kernels on a GPU (core/device.h: set_device before create) tp, dp, pp and
 // embedding are NCCL communicators (dist/nccl_comm.h; their blocking operations also
@@ -16,15 +20,16 @@
 namespace lattice {
 
 struct ParallelLayout {
-  int world = 1, tp = 1, pp = 1, dp = 1;
+  int world = 1, tp = 1, pp = 1, dp = 1, ep = 1;
+  int expert_dp() const { return dp / ep; }
 };
 
 // The layout for `world` ranks, or an error naming the flag that cannot work.
-ParallelLayout make_layout(int world, int tp, int pp);
+ParallelLayout make_layout(int world, int tp, int pp, int ep = 1);
 
 // Group membership (world ranks) for every group of each kind, in Megatron's order.
 struct GroupPlan {
-  std::vector<std::vector<int>> tp, dp, pp, embedding;
+  std::vector<std::vector<int>> tp, dp, pp, embedding, ep, expert_dp;
 };
 GroupPlan plan_groups(const ParallelLayout& layout);
 
@@ -32,7 +37,7 @@ class ParallelState {
  public:
   // Builds the groups: over MPI when the process was launched by mpirun, else a
   // one-process state (which needs tp = pp = 1).
-  static std::unique_ptr<ParallelState> create(int tp, int pp, double timeout_seconds);
+  static std::unique_ptr<ParallelState> create(int tp, int pp, double timeout_seconds, int ep = 1);
   // A one-process state without MPI (tests, the library quickstart).
   static std::unique_ptr<ParallelState> single();
 
@@ -46,6 +51,11 @@ class ParallelState {
   Comm& tp() { return *tp_; }
   Comm& dp() { return *dp_; }
   Comm& pp() { return *pp_; }
+  // The expert-parallel group (one rank without expert parallelism) and the expert
+  // data-parallel group (the data-parallel group itself without expert parallelism).
+  Comm& ep() { return *ep_; }
+  Comm& expert_dp() { return expert_dp_ ? *expert_dp_ : *dp_; }
+  int ep_rank() const { return ep_->rank(); }
   // The first and last pipeline stage of this rank's tp/dp position (they share the
   // tied word embedding); null on the other stages and without pipelining.
   Comm* embedding() { return embedding_.get(); }
@@ -58,7 +68,7 @@ class ParallelState {
   ParallelLayout layout_;
   int world_rank_ = 0;
   bool uses_mpi_ = false;
-  std::unique_ptr<Comm> world_, tp_, dp_, pp_, embedding_;
+  std::unique_ptr<Comm> world_, tp_, dp_, pp_, embedding_, ep_, expert_dp_;  // expert_dp_: null when ep = 1
   std::vector<std::unique_ptr<Comm>> bootstrap_;  // the MPI groups the NCCL ones were made from
 };
 

@@ -152,9 +152,21 @@ ModelPlacement complete(ModelPlacement p, const TransformerConfig& c) {
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp,
-                   const ModelPlacement& placement)
-    : cfg_(config), tp_(tp), place_(complete(placement, config)), max_B_(B), max_T_(T) {
+                   const ModelPlacement& placement, Comm* expert_parallel)
+    : cfg_(config),
+      tp_(tp),
+      place_(complete(placement, config)),
+      ep_(expert_parallel && expert_parallel->size() > 1 ? expert_parallel : nullptr),
+      max_B_(B),
+      max_T_(T) {
   LATTICE_CHECK(cfg_.padded_vocab_size > 0) << "TransformerConfig::finalize() not called";
+  if (ep_) {
+    LATTICE_CHECK(cfg_.num_experts > 0) << "--expert-model-parallel-size " << ep_->size() << " needs --num-experts";
+    LATTICE_CHECK(cfg_.num_experts % ep_->size() == 0)
+        << "--num-experts " << cfg_.num_experts << " is not divisible by --expert-model-parallel-size " << ep_->size();
+  }
+  local_experts_ = cfg_.num_experts / (ep_ ? ep_->size() : 1);
+  first_expert_ = ep_ ? local_experts_ * ep_->rank() : 0;
   cfg_.check_recompute();
   selective_ = cfg_.recompute_granularity == "selective";
   LATTICE_CHECK(T <= cfg_.max_position_embeddings)
@@ -312,9 +324,11 @@ void GPTModel::register_parameters() {
           p.expert_bias = add(layer_name(l, "mlp.router.expert_bias"), {cfg_.num_experts}, ParamInit::zeros, 0, -1);
           params_.mark_buffer(p.expert_bias);
         }
-        for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+        for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {  // under their global numbers
           p.expert_fc1.push_back(add(expert_name(l, e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
           p.expert_fc2.push_back(add(expert_name(l, e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
+          params_.mark_expert(p.expert_fc1.back());
+          params_.mark_expert(p.expert_fc2.back());
         }
         if (const int64_t Fs = cfg_.moe_shared_expert_intermediate_size; Fs > 0) {  // SharedExpertMLP
           p.shared_fc1 = add(layer_name(l, "mlp.shared_experts.linear_fc1.weight"), {cfg_.swiglu ? 2 * Fs : Fs, C},
@@ -780,6 +794,7 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
   w.router = params_.param(p.router_w);
   w.router_site = router_site(p.router_w);
   if (p.expert_bias >= 0) w.expert_bias = params_.param(p.expert_bias);
+  w.ep = MoeExpertParallel{ep_, &moe_ep_scratch_};
   for (size_t e = 0; e < p.expert_fc1.size(); ++e) {
     w.fc1.push_back(params_.param(p.expert_fc1[e]));
     w.fc2.push_back(params_.param(p.expert_fc2[e]));

@@ -85,13 +85,16 @@ class GPTModel {
  public:
   // Builds the parameter registry (this rank's parts under tensor and pipeline
   // parallelism) and allocates parameters, gradients and the activation arena for
-  // placement.slots micro-batches of up to B x T tokens per chunk.
+  // placement.slots micro-batches of up to B x T tokens per chunk. expert_parallel: the
+  // expert-parallel group (null or one rank: every expert here); rank r of P holds experts
+  // r E/P .. (r + 1) E/P - 1 of every MoE layer, under their global numbers.
   GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp = {},
-           const ModelPlacement& placement = {});
+           const ModelPlacement& placement = {}, Comm* expert_parallel = nullptr);
   ~GPTModel();
 
   const TransformerConfig& config() const { return cfg_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  Comm* expert_parallel() const { return ep_; }
   const ModelPlacement& placement() const { return place_; }
   int num_chunks() const { return int(place_.chunks.size()); }
   ParamBuffer& params() { return params_; }
@@ -437,6 +440,9 @@ class GPTModel {
   TransformerConfig cfg_;
   TensorParallel tp_;
   ModelPlacement place_;
+  Comm* ep_ = nullptr;                 // the expert-parallel group (null: none)
+  int64_t first_expert_ = 0, local_experts_ = 0;  // this rank's experts of each MoE layer
+  mutable DeviceArray<float> moe_ep_scratch_;  // the expert-parallel dispatch's (MoeExpertParallel)
   int64_t max_B_, max_T_;
   int64_t Hl_, Fl_, Vl_;               // heads, ffn columns and vocabulary rows on this rank
   int64_t Gl_;                         // query groups on this rank (Hl_ without grouping)

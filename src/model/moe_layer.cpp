@@ -352,9 +352,143 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
   router_losses(st, logits, N, s);
 }
 
+int MoeExpertParallel::size() const { return comm ? comm->size() : 1; }
+int MoeExpertParallel::rank() const { return comm ? comm->rank() : 0; }
+
+namespace {
+
+// The local experts' MLPs over rows grouped by expert (offsets [El + 1]): xe [R, C] -> h [R, F1],
+// act [R, F], ye [R, C].
+void experts_forward(float* ye, float* h, float* act, const float* xe, const std::vector<int64_t>& offsets,
+                     const MoeWeights& w, const MoeShape& s) {
+  const int64_t El = int64_t(offsets.size()) - 1, C = s.C, F = s.F, F1 = s.F1(), R = offsets.back();
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
+    if (n > 0) linear_forward(h + o * F1, xe + o * C, w.fc1[size_t(e)], nullptr, n, C, F1, w.fc1_site[size_t(e)]);
+  }
+  activation_forward(act, h, R, F, s);
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
+    if (n > 0) linear_forward(ye + o * C, act + o * F, w.fc2[size_t(e)], nullptr, n, F, C, w.fc2_site[size_t(e)]);
+  }
+}
+
+// Their backward from d_ye [R, C]: d_xe [R, C] (written; may be d_ye, read first), the weights'
+// gradients accumulated; d_act [R, F] and d_h [R, F1] scratch.
+void experts_backward(float* d_xe, float* d_act, float* d_h, const float* d_ye, const float* xe, const float* h,
+                      const float* act, const std::vector<int64_t>& offsets, const MoeWeights& w, MoeGrads& g,
+                      const MoeShape& s) {
+  const int64_t El = int64_t(offsets.size()) - 1, C = s.C, F = s.F, F1 = s.F1(), R = offsets.back();
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
+    if (n > 0)
+      linear_backward(d_act + o * F, g.fc2[size_t(e)], nullptr, d_ye + o * C, act + o * F, w.fc2[size_t(e)], n, F, C,
+                      false, w.fc2_site[size_t(e)]);
+  }
+  activation_backward(d_h, h, d_act, R, F, s);
+  for (int64_t e = 0; e < El; ++e) {
+    const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
+    if (n > 0)
+      linear_backward(d_xe + o * C, g.fc1[size_t(e)], nullptr, d_h + o * F1, xe + o * C, w.fc1[size_t(e)], n, C, F1,
+                      false, w.fc1_site[size_t(e)]);
+  }
+}
+
+// The dispatch's plan (expert parallelism): every rank's token count per expert (one all-reduce
+// over the group), then the rows this rank sends to and receives from each rank, its local
+// experts' row offsets and the permutation between received and expert order (uploaded).
+// Returns R, the rows received.
+int64_t plan_dispatch(MoeState& st, const MoeExpertParallel& ep, const MoeShape& s) {
+  const int P = ep.size(), me = ep.rank();
+  const int64_t E = s.E, El = E / P;
+  std::vector<double> counts(size_t(P * E), 0.0);  // [P, E] rows of each rank's tokens per expert
+  for (int64_t e = 0; e < E; ++e) counts[size_t(me * E + e)] = double(st.offsets[size_t(e + 1)] - st.offsets[size_t(e)]);
+  ep.comm->all_reduce(counts.data(), int64_t(counts.size()), ReduceOp::sum);
+  auto count = [&](int q, int64_t e) { return int64_t(counts[size_t(q * E + e)]); };
+  st.ep_send.assign(size_t(P), 0);
+  st.ep_recv.assign(size_t(P), 0);
+  for (int p = 0; p < P; ++p) {
+    st.ep_send[size_t(p)] = st.offsets[size_t((p + 1) * El)] - st.offsets[size_t(p * El)];
+    for (int64_t j = 0; j < El; ++j) st.ep_recv[size_t(p)] += count(p, me * El + j);
+  }
+  // Received: source rank, then local expert; expert order: local expert, then source rank.
+  std::vector<int64_t> recv_first(size_t(P * El));  // [P, El] the first received row of (q, j)
+  int64_t r = 0;
+  for (int q = 0; q < P; ++q)
+    for (int64_t j = 0; j < El; ++j) {
+      recv_first[size_t(q * El + j)] = r;
+      r += count(q, me * El + j);
+    }
+  const int64_t R = r;
+  std::vector<int32_t> perm(size_t(2 * R));
+  st.ep_offsets.assign(size_t(El + 1), 0);
+  int64_t i = 0;
+  for (int64_t j = 0; j < El; ++j) {
+    st.ep_offsets[size_t(j)] = i;
+    for (int q = 0; q < P; ++q)
+      for (int64_t n = 0; n < count(q, me * El + j); ++n, ++i) {
+        const int64_t from = recv_first[size_t(q * El + j)] + n;
+        perm[size_t(i)] = int32_t(from);
+        perm[size_t(R + from)] = int32_t(i);
+      }
+  }
+  st.ep_offsets[size_t(El)] = R;
+  int32_t* d = st.ep_perm.resize(size_t(2 * R));
+  if (R > 0) copy_to_device(d, perm.data(), perm.size() * sizeof(int32_t));
+  return R;
+}
+
+// Rows to elements: each rank's row count times the row width.
+std::vector<int64_t> elements(const std::vector<int64_t>& rows, int64_t width) {
+  std::vector<int64_t> e(rows);
+  for (int64_t& x : e) x *= width;
+  return e;
+}
+
+// The experts' part of the forward under expert parallelism: st.xe [S, C] (grouped by expert, so
+// by rank) out to the experts' ranks, their outputs back into st.ye [S, C].
+void dispatched_experts_forward(MoeState& st, const MoeWeights& w, const MoeShape& s) {
+  const int64_t C = s.C, F = s.F, F1 = s.F1();
+  const int64_t R = plan_dispatch(st, w.ep, s);
+  float* rows = st.ep_rows.resize(size_t(R * (C + F1 + F)));
+  float *xs = rows, *h = rows + R * C, *act = h + R * F1;
+  float* a = w.ep.scratch->resize(size_t(2 * R * C));
+  float* b = a + R * C;
+  const int32_t* to_expert_order = st.ep_perm.data();
+  const int32_t* to_received_order = to_expert_order + R;
+  w.ep.comm->all_to_all(st.xe, elements(st.ep_send, C), a, elements(st.ep_recv, C));
+  moe_gather_rows(xs, a, to_expert_order, R, C);
+  experts_forward(b, h, act, xs, st.ep_offsets, w, s);
+  moe_gather_rows(a, b, to_received_order, R, C);
+  w.ep.comm->all_to_all(a, elements(st.ep_recv, C), st.ye, elements(st.ep_send, C));
+}
+
+// Its backward: the output gradients d_ye [S, C] out to the experts' ranks, the input gradients
+// back into d_xe [S, C] (may be d_ye).
+void dispatched_experts_backward(float* d_xe, const float* d_ye, const MoeState& st, const MoeWeights& w, MoeGrads& g,
+                                 const MoeShape& s) {
+  const int64_t C = s.C, F = s.F, F1 = s.F1(), R = st.ep_offsets.back();
+  const float* xs = st.ep_rows.data();
+  const float *h = xs + R * C, *act = h + R * F1;
+  float* a = w.ep.scratch->resize(size_t(R * (2 * C + F + F1)));
+  float *b = a + R * C, *d_act = b + R * C, *d_h = d_act + R * F;
+  const int32_t* to_expert_order = st.ep_perm.data();
+  const int32_t* to_received_order = to_expert_order + R;
+  w.ep.comm->all_to_all(d_ye, elements(st.ep_send, C), a, elements(st.ep_recv, C));
+  moe_gather_rows(b, a, to_expert_order, R, C);
+  experts_backward(a, d_act, d_h, b, xs, h, act, st.ep_offsets, w, g, s);
+  moe_gather_rows(b, a, to_received_order, R, C);
+  w.ep.comm->all_to_all(b, elements(st.ep_recv, C), d_xe, elements(st.ep_send, C));
+}
+
+}  // namespace
+
 void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
-  const int64_t E = s.E, C = s.C, F = s.F, F1 = s.F1();
-  LATTICE_CHECK(int64_t(w.fc1.size()) == E && int64_t(w.fc2.size()) == E) << "moe_forward: " << E << " experts' weights";
+  const int64_t E = s.E, C = s.C;
+  const int P = w.ep.size();
+  LATTICE_CHECK(E % P == 0 && int64_t(w.fc1.size()) == E / P && int64_t(w.fc2.size()) == E / P)
+      << "moe_forward: " << E / P << " experts' weights on each of " << P << " expert-parallel ranks";
+  LATTICE_CHECK(P == 1 || w.ep.scratch) << "moe_forward: expert parallelism without its scratch";
   linear_forward(st.logits, x, w.router, nullptr, N, C, E, w.router_site);
   std::vector<float>& logits = st.logits_host;
   std::vector<float> bias;
@@ -368,15 +502,10 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
   moe_route(st, logits.data(), N, s, s.expert_bias ? bias.data() : nullptr);
   const int64_t S = st.offsets[size_t(E)];  // the slots kept (N k without a capacity)
   moe_gather_rows(st.xe, x, st.rows, S, C);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
-    if (n > 0) linear_forward(st.h + o * F1, st.xe + o * C, w.fc1[size_t(e)], nullptr, n, C, F1, w.fc1_site[size_t(e)]);
-  }
-  activation_forward(st.act, st.h, S, F, s);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
-    if (n > 0) linear_forward(st.ye + o * C, st.act + o * F, w.fc2[size_t(e)], nullptr, n, F, C, w.fc2_site[size_t(e)]);
-  }
+  if (P > 1)
+    dispatched_experts_forward(st, w, s);
+  else
+    experts_forward(st.ye, st.h, st.act, st.xe, st.offsets, w, s);
   moe_combine(y, st.ye, st.slot_of, st.gate, N, s.k, C, false);
   if (s.Fs > 0) shared_experts_forward(y, x, st, w, N, s);
 }
@@ -384,23 +513,14 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
 void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
                   const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale, Comm* tp,
                   bool router_input_grad) {
-  const int64_t E = s.E, k = s.k, C = s.C, F = s.F, F1 = s.F1(), S = st.offsets[size_t(E)];  // slots kept
+  const int64_t E = s.E, k = s.k, C = s.C, S = st.offsets[size_t(E)];  // slots kept
   moe_combine_backward(sc.d_ye, sc.d_gate, dy, st.ye, st.gate, st.rows, S, C);
   if (tp && tp->size() > 1) tp->all_reduce(sc.d_gate, S, ReduceOp::sum);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
-    if (n > 0)
-      linear_backward(sc.d_act + o * F, g.fc2[size_t(e)], nullptr, sc.d_ye + o * C, st.act + o * F, w.fc2[size_t(e)], n,
-                      F, C, false, w.fc2_site[size_t(e)]);
-  }
-  activation_backward(sc.d_h, st.h, sc.d_act, S, F, s);
   float* d_xe = sc.d_ye;  // fc2's output gradients are read: the experts' input gradients go there
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t o = st.offsets[size_t(e)], n = st.offsets[size_t(e + 1)] - o;
-    if (n > 0)
-      linear_backward(d_xe + o * C, g.fc1[size_t(e)], nullptr, sc.d_h + o * F1, st.xe + o * C, w.fc1[size_t(e)], n, C,
-                      F1, false, w.fc1_site[size_t(e)]);
-  }
+  if (w.ep.size() > 1)
+    dispatched_experts_backward(d_xe, sc.d_ye, st, w, g, s);
+  else
+    experts_backward(d_xe, sc.d_act, sc.d_h, sc.d_ye, st.xe, st.h, st.act, st.offsets, w, g, s);
   moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
   if (s.Fs > 0) shared_experts_backward(dx, dy, x, st, w, g, sc, N, s, tp, router_input_grad);
   // The router: the gates' softmax's backward (over each token's k experts, or with

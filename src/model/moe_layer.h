@@ -33,9 +33,21 @@
 // one more MLP (fc1 [Fs1, C], fc2 [C, Fs], no biases) on every token, its output added to the
 // routed ones: y[t] += s[t] shared(x[t]), s[t] = sigmoid(x[t] . g) with --moe-shared-expert-gate
 // (g [1, C]; the sigmoid on the host with the routing), else 1.
+//
+// Expert parallelism (--expert-model-parallel-size P; MoeWeights::ep): each of the P ranks of the
+// expert-parallel group holds El = E / P experts (rank r experts r El .. (r + 1) El - 1) and routes
+// its own tokens over all E. The slots, grouped by expert, are grouped by rank too: an all-to-all
+// sends each rank the rows of its experts (Megatron's MoEAlltoAllTokenDispatcher), which computes
+// them grouped by local expert (source ranks in order within one) and sends the outputs back to
+// be combined where the tokens live. The backward moves the output gradients and the input
+// gradients the same two ways. Everything else (routing, losses, gates, shared experts) stays
+// with the tokens.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
+
+#include "core/storage.h"
 
 #include "kernels/activation.h"
 #include "model/linear.h"
@@ -70,11 +82,21 @@ struct MoeShape {
 // shared experts' too (Fs = moe_shared_expert_intermediate_size / tp).
 MoeShape moe_shape(const TransformerConfig& c, int64_t tp = 1);
 
+// Expert parallelism: the group, and device scratch its dispatch shares between the layers (one
+// forward or backward runs at a time).
+struct MoeExpertParallel {
+  Comm* comm = nullptr;                // the expert-parallel group (null or one rank: none)
+  DeviceArray<float>* scratch = nullptr;
+  int size() const;
+  int rank() const;
+};
+
 // The layer's weights, with their GEMM sites (model/linear.h), and their gradients (accumulated).
 struct MoeWeights {
   const float* router = nullptr;             // [E, C]
   const float* expert_bias = nullptr;        // [E] added to the scores for the choice (expert_bias)
-  std::vector<const float*> fc1, fc2;        // per expert [F1, C], [C, F]
+  std::vector<const float*> fc1, fc2;        // per local expert [F1, C], [C, F] (E, or E / P under ep)
+  MoeExpertParallel ep;
   GemmSite router_site;
   std::vector<GemmSite> fc1_site, fc2_site;
   const float* shared_fc1 = nullptr;         // [Fs1, C] the shared experts (Fs > 0)
@@ -120,6 +142,13 @@ struct MoeState {
   double aux_loss = 0.0;           // the load-balancing loss of the last forward: balance x the coefficient
   std::vector<float> lse;          // [N] logsumexp of each token's logits (the z-loss)
   double z = 0.0;                  // mean_t lse_t^2 of the last forward (the z-loss over its coefficient)
+  // Expert parallelism: the R rows this rank's experts got (grouped by local expert, source rank
+  // in order within one), kept for the backward.
+  DeviceArray<float> ep_rows;      // [R, C] the experts' inputs, [R, F1] fc1's outputs, [R, F] the activation
+  DeviceArray<int32_t> ep_perm;    // [2R]: the received row each expert-order row is, then the expert-order
+                                   //        row each received row is (moe_gather_rows' indices both ways)
+  std::vector<int64_t> ep_send, ep_recv;  // [P] rows sent to / received from each rank
+  std::vector<int64_t> ep_offsets;        // [El + 1] each local expert's first row
 };
 
 // Floats of device memory MoeState needs for N tokens, and the carving of such a buffer.

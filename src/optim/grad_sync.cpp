@@ -19,18 +19,27 @@ int64_t Bucket::shard_begin(int rank) const {
 
 int64_t default_bucket_elements(int dp) { return std::max<int64_t>(40000000, int64_t(1000000) * dp); }
 
-std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_elements, int dp) {
+std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_elements, int dp, int expert_dp) {
   LATTICE_CHECK(bucket_elements > 0) << "--ddp-bucket-size must be positive";
+  if (expert_dp <= 0) expert_dp = dp;
   const auto& infos = params.infos();
+  std::vector<int> order;  // parameters by offset, last first
+  for (int i = 0; i < int(infos.size()); ++i) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return infos[size_t(a)].offset > infos[size_t(b)].offset; });
   std::vector<Bucket> buckets;
   Bucket cur;
   cur.end = params.numel();
-  for (int i = int(infos.size()) - 1; i >= 0; --i) {
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int i = order[k];
+    const bool expert = infos[size_t(i)].expert;
+    cur.expert = expert;
     cur.params.push_back(i);
     cur.begin = infos[size_t(i)].offset;
-    if (cur.end - cur.begin >= bucket_elements || i == 0) {
-      if (i == 0) cur.begin = 0;
-      cur.shard_counts = even_split(cur.end - cur.begin, dp);
+    const bool kind_ends = k + 1 == order.size() || infos[size_t(order[k + 1])].expert != expert;
+    if (cur.end - cur.begin >= bucket_elements || kind_ends) {
+      if (k + 1 == order.size()) cur.begin = 0;
+      else if (kind_ends) cur.begin = params.expert_begin();  // the alignment gap before the experts
+      cur.shard_counts = even_split(cur.end - cur.begin, expert ? expert_dp : dp);
       buckets.push_back(cur);
       Bucket next;
       next.end = cur.begin;
@@ -41,9 +50,14 @@ std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_eleme
 }
 
 GradSync::GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter,
-                   bool reduce_in_bf16)
-    : params_(params), dp_(dp), overlap_(overlap), reduce_scatter_(reduce_scatter), bf16_(reduce_in_bf16) {
-  buckets_ = make_buckets(params, bucket_elements, dp.size());
+                   bool reduce_in_bf16, Comm* expert_dp)
+    : params_(params),
+      dp_(dp),
+      expert_dp_(expert_dp ? *expert_dp : dp),
+      overlap_(overlap),
+      reduce_scatter_(reduce_scatter),
+      bf16_(reduce_in_bf16) {
+  buckets_ = make_buckets(params, bucket_elements, dp.size(), expert_dp_.size());
   bucket_of_param_.assign(params.infos().size(), -1);
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (int p : buckets_[b].params) bucket_of_param_[size_t(p)] = int(b);
@@ -51,7 +65,7 @@ GradSync::GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool 
   started_.assign(buckets_.size(), false);
   requests_.resize(buckets_.size());
   int64_t owned = 0;
-  for (const Bucket& b : buckets_) owned += b.shard_counts[size_t(dp.rank())];
+  for (const Bucket& b : buckets_) owned += b.shard_counts[size_t(comm(b).rank())];
   if (bf16_) {
     bf16_send_.resize(size_t(params.numel()));
     if (reduce_scatter_) bf16_recv_.resize(size_t(owned));
@@ -84,17 +98,18 @@ void GradSync::start_bucket(size_t b) {
   const Bucket& bk = buckets_[b];
   float* g = params_.grads() + bk.begin;
   const int64_t n = bk.end - bk.begin;
+  Comm& group = comm(bk);
   int64_t off = 0;  // this rank's shard of bucket b in the staging buffers
-  for (size_t k = 0; k < b && reduce_scatter_; ++k) off += buckets_[k].shard_counts[size_t(dp_.rank())];
+  for (size_t k = 0; k < b && reduce_scatter_; ++k) off += buckets_[k].shard_counts[size_t(comm(buckets_[k]).rank())];
   if (bf16_) {
     uint16_t* h = bf16_send_.data() + bk.begin;
     cast_fp32_to_bf16(h, g, n);
-    requests_[b] = reduce_scatter_ ? dp_.ireduce_scatter_bf16(h, bf16_recv_.data() + off, bk.shard_counts)
-                                   : dp_.iall_reduce_bf16(h, n);
+    requests_[b] = reduce_scatter_ ? group.ireduce_scatter_bf16(h, bf16_recv_.data() + off, bk.shard_counts)
+                                   : group.iall_reduce_bf16(h, n);
   } else if (reduce_scatter_) {
-    requests_[b] = dp_.ireduce_scatter(g, scratch_.data() + off, bk.shard_counts);
+    requests_[b] = group.ireduce_scatter(g, scratch_.data() + off, bk.shard_counts);
   } else {
-    requests_[b] = dp_.iall_reduce(g, n);
+    requests_[b] = group.iall_reduce(g, n);
   }
   started_[b] = true;
 }
@@ -109,8 +124,9 @@ void GradSync::finish() {
     requests_[b].reset();
     const Bucket& bk = buckets_[b];
     if (reduce_scatter_) {
-      const int64_t n = bk.shard_counts[size_t(dp_.rank())];
-      float* mine = params_.grads() + bk.shard_begin(dp_.rank());
+      const int rank = comm(bk).rank();
+      const int64_t n = bk.shard_counts[size_t(rank)];
+      float* mine = params_.grads() + bk.shard_begin(rank);
       if (bf16_)
         cast_bf16_to_fp32(mine, bf16_recv_.data() + off, n);
       else
@@ -127,8 +143,9 @@ void GradSync::finish() {
 std::vector<std::pair<int64_t, int64_t>> GradSync::owned_ranges() const {
   std::vector<std::pair<int64_t, int64_t>> r;
   for (const Bucket& b : buckets_) {
-    const int64_t s = b.shard_begin(dp_.rank());
-    r.emplace_back(s, s + b.shard_counts[size_t(dp_.rank())]);
+    const int rank = comm(b).rank();
+    const int64_t s = b.shard_begin(rank);
+    r.emplace_back(s, s + b.shard_counts[size_t(rank)]);
   }
   return r;
 }

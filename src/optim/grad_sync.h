@@ -7,7 +7,9 @@
 // micro-batch's backward computes the same numbers under every layout (fp16 overflows
 // depend on magnitudes); the reduced gradient is the same average. With overlap, a bucket's
 // non-blocking reduction starts as soon as all of its gradients are final in the last
-// micro-batch's backward. With reduce_in_bf16 (--grad-reduce-in-bf16) gradients are
+// micro-batch's backward. Expert weights (ParamInfo::expert, the buffer's tail) form buckets of
+// their own, reduced over the expert data-parallel group (the data-parallel group without expert
+// parallelism). With reduce_in_bf16 (--grad-reduce-in-bf16) gradients are
 // still accumulated in fp32; each bucket is rounded to bf16 for the reduction only (half
 // the bytes) and widened back into the fp32 buffer afterwards.
 #pragma once
@@ -24,23 +26,28 @@ namespace lattice {
 struct Bucket {
   int64_t begin = 0, end = 0;          // element range of the flat buffer
   std::vector<int> params;             // parameter indices it covers
-  std::vector<int64_t> shard_counts;   // per DP rank: elements of [begin, end) it owns
+  bool expert = false;                 // expert weights: reduced over the expert data-parallel group
+  std::vector<int64_t> shard_counts;   // per rank of its group: elements of [begin, end) it owns
   int64_t shard_begin(int rank) const; // first element owned by `rank`
 };
 
 // Megatron's default bucket size: max(40M, 1M x DP) elements.
 int64_t default_bucket_elements(int dp);
 
-// Buckets over the buffer, walking parameters from the last registered to the first.
-std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_elements, int dp);
+// Buckets over the buffer, walking parameters from the last placed to the first (the experts',
+// then the others'); expert_dp: the expert data-parallel size (0: dp).
+std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_elements, int dp, int expert_dp = 0);
 
 class GradSync {
  public:
+  // expert_dp: the expert data-parallel group (null: dp).
   GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter,
-           bool reduce_in_bf16 = false);
+           bool reduce_in_bf16 = false, Comm* expert_dp = nullptr);
   ~GradSync();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // The group a bucket is reduced over (and its shards gathered over).
+  Comm& comm(const Bucket& b) const { return b.expert ? expert_dp_ : dp_; }
   // Call before each micro-batch's backward; `last` marks the last micro-batch.
   void begin_backward(bool last);
   // The gradient of parameter `index` is final for this micro-batch (called from the
@@ -59,6 +66,7 @@ class GradSync {
 
   ParamBuffer& params_;
   Comm& dp_;
+  Comm& expert_dp_;
   bool overlap_, reduce_scatter_, bf16_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;

@@ -28,21 +28,27 @@ ElementRanges or_whole(const ParamBuffer& params, const ElementRanges& ranges) {
 // buffer's alignment gaps between parameters (zeros: they add nothing to a sum of squares, but
 // they would to a count of zeros).
 template <typename Of>
-double model_sum(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp,
+double model_sum(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp, Comm* ep,
                  bool params_only, Of of) {
-  double total = 0;
+  double total = 0, experts = 0;  // experts: the expert weights' part (with ep)
   const bool skip_tp_duplicates = tp && tp->size() > 1 && tp->rank() != 0;
+  const bool split_experts = ep && ep->size() > 1;
   bool has_copy = false;
   for (const ParamInfo& p : params.infos()) has_copy = has_copy || p.shared_embedding_copy || p.buffer;
   for (auto [rb, re] : or_whole(params, ranges)) {
-    if (!skip_tp_duplicates && !has_copy && !params_only) {
+    if (!skip_tp_duplicates && !has_copy && !params_only && !split_experts) {
       total += of(rb, re);
       continue;
     }
     for (const ParamInfo& p : params.infos()) {
       const int64_t b = std::max(rb, p.offset), e = std::min(re, p.offset + p.numel);
-      if (b < e && !(p.tp_duplicated && skip_tp_duplicates) && !p.shared_embedding_copy && !p.buffer) total += of(b, e);
+      if (b < e && !(p.tp_duplicated && skip_tp_duplicates) && !p.shared_embedding_copy && !p.buffer)
+        (split_experts && p.expert ? experts : total) += of(b, e);
     }
+  }
+  if (split_experts) {
+    ep->all_reduce(&experts, 1, ReduceOp::sum);
+    total += experts;
   }
   if (dp) dp->all_reduce(&total, 1, ReduceOp::sum);
   if (tp && tp->size() > 1) tp->all_reduce(&total, 1, ReduceOp::sum);
@@ -50,22 +56,23 @@ double model_sum(const ParamBuffer& params, const ElementRanges& ranges, Comm* d
   return total;
 }
 
-double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp) {
+double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp, Comm* ep) {
   const float* g = params.grads();
   return std::sqrt(
-      model_sum(params, ranges, dp, tp, pp, false, [g](int64_t b, int64_t e) { return sum_of_squares(g + b, e - b); }));
+      model_sum(params, ranges, dp, tp, pp, ep, false, [g](int64_t b, int64_t e) { return sum_of_squares(g + b, e - b); }));
 }
 
-double params_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp) {
+double params_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp, Comm* ep) {
   const float* p = params.params();
   return std::sqrt(
-      model_sum(params, ranges, dp, tp, pp, false, [p](int64_t b, int64_t e) { return sum_of_squares(p + b, e - b); }));
+      model_sum(params, ranges, dp, tp, pp, ep, false, [p](int64_t b, int64_t e) { return sum_of_squares(p + b, e - b); }));
 }
 
-int64_t count_zero_grads(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp) {
+int64_t count_zero_grads(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp,
+                         Comm* ep) {
   const float* g = params.grads();
   // A double sum of integer counts: exact below 2^53 elements.
-  return int64_t(model_sum(params, ranges, dp, tp, pp, true,
+  return int64_t(model_sum(params, ranges, dp, tp, pp, ep, true,
                            [g](int64_t b, int64_t e) { return double(count_zeros(g + b, e - b)); }));
 }
 

@@ -34,15 +34,17 @@ class Comm;
 // `tp` is given they are summed over the tensor-parallel group too, counting the
 // parameters every TP rank holds a copy of (ParamInfo::tp_duplicated) once; with `pp`
 // over the pipeline stages, counting the tied embedding's copy on the last stage
-// (ParamInfo::shared_embedding_copy) not at all, nor buffers (ParamInfo::buffer).
+// (ParamInfo::shared_embedding_copy) not at all, nor buffers (ParamInfo::buffer); with `ep` the
+// expert weights' squares (ParamInfo::expert) are summed over the expert-parallel group first
+// (each of its ranks holding other experts; not with `dp`, whose shards already cover them).
 double grad_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
-                 Comm* tp = nullptr, Comm* pp = nullptr);
+                 Comm* tp = nullptr, Comm* pp = nullptr, Comm* ep = nullptr);
 // The same for the (fp32) parameters: Megatron's --log-params-norm.
 double params_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
-                   Comm* tp = nullptr, Comm* pp = nullptr);
+                   Comm* tp = nullptr, Comm* pp = nullptr, Comm* ep = nullptr);
 // How many gradients are zero, counted as grad_norm counts: Megatron's --log-num-zeros-in-grad.
 int64_t count_zero_grads(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
-                         Comm* tp = nullptr, Comm* pp = nullptr);
+                         Comm* tp = nullptr, Comm* pp = nullptr, Comm* ep = nullptr);
 
 // Gradient clipping's coefficient for a global norm: max_norm / (norm + 1e-6) when that is
 // below 1 (Megatron's and torch's rule), else 1 (no clipping; max_norm <= 0: never). The

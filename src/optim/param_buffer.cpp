@@ -50,7 +50,22 @@ int ParamBuffer::add_tp(const std::string& name, const Shape& global_shape, Para
   return int(infos_.size()) - 1;
 }
 
+void ParamBuffer::assign_offsets() {
+  LATTICE_CHECK(params_.data() == nullptr) << "parameters placed after allocate()";
+  int64_t end = 0;
+  for (bool expert : {false, true}) {
+    if (expert) expert_begin_ = end;
+    for (ParamInfo& p : infos_)
+      if (p.expert == expert) {
+        p.offset = (end + 15) / 16 * 16;  // 64-byte aligned start for every parameter (16 floats)
+        end = p.offset + p.numel;
+      }
+  }
+  numel_ = end;
+}
+
 void ParamBuffer::allocate() {
+  assign_offsets();
   try {
     params_ = Storage(size_t(numel_) * sizeof(float));
     grads_ = Storage(size_t(numel_) * sizeof(float));

@@ -39,6 +39,11 @@ struct ParamInfo {
   // trains (MoE's expert bias): its gradient stays zero, so the optimizer leaves it as it is, and
   // the norms and zero counts skip it (Megatron's buffers are no parameters).
   bool buffer = false;
+  // A routed expert's weight under expert parallelism's rules (Megatron's allreduce=False): held by
+  // one expert-parallel rank (its global expert number in the name), its gradient reduced over the
+  // expert data-parallel group. Expert weights sit after every other parameter in the buffer, so
+  // each kind forms its own gradient buckets.
+  bool expert = false;
   bool weight_decay = true;  // false for biases and 1-D parameters
   ParamInit init = ParamInit::normal;
   float init_std = 0.0f;
@@ -72,7 +77,11 @@ class ParamBuffer {
              int tp_split_dim, int tp_rank, int tp_size, int blocks = 1);
   void mark_shared_embedding_copy(int index) { infos_[size_t(index)].shared_embedding_copy = true; }
   void mark_buffer(int index) { infos_[size_t(index)].buffer = true; }
-  // Allocates the param and grad buffers (zeroed).
+  void mark_expert(int index) { infos_[size_t(index)].expert = true; }
+  // Places the parameters: the others in registration order, then the experts' in theirs
+  // (offsets are final only from here on; numel() includes the alignment padding).
+  void assign_offsets();
+  // assign_offsets(), then allocates the param and grad buffers (zeroed).
   void allocate();
   // Sets every parameter to its initial value. The value of element g (row-major index
   // in the GLOBAL tensor) of parameter P is a function of (seed, P's name, g) only:
@@ -80,6 +89,8 @@ class ParamBuffer {
   void initialize(uint64_t seed);
 
   int64_t numel() const { return numel_; }
+  // The first element of the expert weights (numel() without any).
+  int64_t expert_begin() const { return expert_begin_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   const ParamInfo& info(const std::string& name) const;
   bool has(const std::string& name) const { return index_.count(name) != 0; }
@@ -109,7 +120,7 @@ class ParamBuffer {
  private:
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> index_;
-  int64_t numel_ = 0;
+  int64_t numel_ = 0, expert_begin_ = 0;
   Storage params_, grads_;
 };
 

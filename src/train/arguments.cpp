@@ -132,6 +132,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"clip-grad", Kind::f32, &a.clip_grad, "global gradient-norm clipping (0: off)"},
       {"tensor-model-parallel-size", Kind::i64, &a.tensor_model_parallel_size, "TP size"},
       {"pipeline-model-parallel-size", Kind::i64, &a.pipeline_model_parallel_size, "PP size"},
+      {"expert-model-parallel-size", Kind::i64, &a.expert_model_parallel_size,
+       "EP size: each MoE layer's experts split over this many data-parallel ranks (all-to-all token dispatch)"},
       {"num-layers-per-virtual-pipeline-stage", Kind::i64, &a.num_layers_per_virtual_pipeline_stage,
        "layers per model chunk: interleaved 1F1B with L / (PP x this) chunks per stage"},
       {"decoder-first-pipeline-num-layers", Kind::i64, &a.decoder_first_pipeline_num_layers,
@@ -453,6 +455,18 @@ void validate(TrainArgs& a) {
                    << a.max_position_embeddings;
   if (a.tensor_model_parallel_size < 1)
     LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << a.tensor_model_parallel_size;
+  if (a.expert_model_parallel_size < 1)
+    LATTICE_FAIL() << "--expert-model-parallel-size must be >= 1, got " << a.expert_model_parallel_size;
+  if (a.expert_model_parallel_size > 1) {
+    if (a.num_experts <= 0)
+      LATTICE_FAIL() << "--expert-model-parallel-size " << a.expert_model_parallel_size << " needs --num-experts";
+    if (a.num_experts % a.expert_model_parallel_size != 0)
+      LATTICE_FAIL() << "--num-experts " << a.num_experts << " is not divisible by --expert-model-parallel-size "
+                     << a.expert_model_parallel_size;
+    if (!a.fp8_format.empty())
+      LATTICE_FAIL() << "--fp8-format with --expert-model-parallel-size > 1 is not implemented (the fp8 amax "
+                        "reduction over data parallelism would pair different experts)";
+  }
   make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
                        a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);
   if (a.sequence_parallel && a.seq_length % a.tensor_model_parallel_size != 0)

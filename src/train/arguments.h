@@ -73,6 +73,7 @@ struct TrainArgs {
   float clip_grad = 1.0f;
   // parallel layout (more than 1 arrives with the distributed issues)
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;  // the experts split over this many data-parallel ranks
   bool sequence_parallel = false;
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   int64_t decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;  // 0: even split

@@ -6,13 +6,16 @@
 
 namespace lattice {
 
-DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg)
+DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg, Comm* ep, Comm* expert_dp)
     : model_(model),
       params_(model.params()),
       dp_(dp),
+      ep_(ep && ep->size() > 1 ? ep : nullptr),
       cfg_(cfg),
       sync_(params_, dp, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(dp.size()),
-            cfg.overlap_grad_reduce, cfg.distributed_optimizer, cfg.grad_reduce_in_bf16) {
+            cfg.overlap_grad_reduce, cfg.distributed_optimizer, cfg.grad_reduce_in_bf16, expert_dp) {
+  LATTICE_CHECK(!ep_ || (expert_dp && expert_dp->size() * ep_->size() == dp.size()))
+      << "expert parallelism needs the expert data-parallel group";
   model_.set_grad_ready_hook([this](int index) { sync_.grad_ready(index); });
 }
 
@@ -29,24 +32,30 @@ ElementRanges DataParallel::owned_ranges() const {
 
 void DataParallel::finish_grad_sync() { sync_.finish(); }
 
+// With the distributed optimizer the shards of every rank of the data-parallel group cover each
+// element of the model once, the experts of every expert-parallel rank included; without it the
+// expert-parallel ranks add their experts.
 double DataParallel::grad_norm(Comm* tp, Comm* pp) {
-  return lattice::grad_norm(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp);
+  return lattice::grad_norm(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp,
+                            cfg_.distributed_optimizer ? nullptr : ep_);
 }
 
 // The owned shards with the distributed optimizer: right after the update they are the only
 // current parameters (the others arrive with the next gather).
 double DataParallel::params_norm(Comm* tp, Comm* pp) {
-  return lattice::params_norm(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp);
+  return lattice::params_norm(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp,
+                              cfg_.distributed_optimizer ? nullptr : ep_);
 }
 
 int64_t DataParallel::count_zero_grads(Comm* tp, Comm* pp) {
-  return lattice::count_zero_grads(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp);
+  return lattice::count_zero_grads(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp,
+                                   cfg_.distributed_optimizer ? nullptr : ep_);
 }
 
 void DataParallel::start_param_gather() {
   if (!cfg_.distributed_optimizer) return;
   for (const Bucket& b : sync_.buckets())
-    gathers_.push_back(dp_.iall_gather(params_.params() + b.begin, b.shard_counts));
+    gathers_.push_back(sync_.comm(b).iall_gather(params_.params() + b.begin, b.shard_counts));
 }
 
 void DataParallel::finish_param_gather() {
@@ -56,7 +65,7 @@ void DataParallel::finish_param_gather() {
 
 void DataParallel::gather_shards(float* flat) {
   if (current_device() == Device::cpu) {
-    for (const Bucket& b : sync_.buckets()) dp_.all_gather(flat + b.begin, b.shard_counts);
+    for (const Bucket& b : sync_.buckets()) sync_.comm(b).all_gather(flat + b.begin, b.shard_counts);
     return;
   }
   // flat is host memory (a checkpoint's staging) and the group may be NCCL, which gathers
@@ -66,7 +75,7 @@ void DataParallel::gather_shards(float* flat) {
     const size_t n = size_t(b.end - b.begin);
     float* d = staging.resize(n);
     copy_to_device(d, flat + b.begin, n * sizeof(float));
-    dp_.all_gather(d, b.shard_counts);
+    sync_.comm(b).all_gather(d, b.shard_counts);
     copy_to_host(flat + b.begin, d, n * sizeof(float));
   }
 }

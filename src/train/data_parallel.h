@@ -1,6 +1,8 @@
 // Data parallelism for the training step: which samples this DP rank takes, the
 // gradient reduction (all-reduce, or reduce-scatter with the distributed optimizer),
-// the gradient norm across shards, and the parameter all-gather after a sharded update.
+// the gradient norm across shards, and the parameter all-gather after a sharded update. With
+// expert parallelism the experts' weights are reduced, sharded and gathered over the expert
+// data-parallel group, and the norms add the other expert-parallel ranks' experts.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -24,8 +26,10 @@ struct DataParallelConfig {
 
 class DataParallel {
  public:
-  // Connects the model's gradient-ready hook to the bucketed reduction.
-  DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg);
+  // Connects the model's gradient-ready hook to the bucketed reduction. ep, expert_dp: the
+  // expert-parallel and expert data-parallel groups (null: no expert parallelism).
+  DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg, Comm* ep = nullptr,
+               Comm* expert_dp = nullptr);
   ~DataParallel();
 
   int rank() const { return dp_.rank(); }
@@ -63,6 +67,7 @@ class DataParallel {
   GPTModel& model_;
   ParamBuffer& params_;
   Comm& dp_;
+  Comm* ep_;  // null or one rank: no expert parallelism
   DataParallelConfig cfg_;
   GradSync sync_;
   std::vector<std::unique_ptr<CommRequest>> gathers_;

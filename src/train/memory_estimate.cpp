@@ -57,11 +57,12 @@ class LayoutOnlyComm : public Comm {
 // buffer's alignment padding and gradient buckets come out as the model's. Registry
 // only: nothing is allocated. (tests/unit/test_memory_estimate.cpp compares it with a
 // real model.)
-ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const ModelPlacement& place) {
+ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const ModelPlacement& place, int ep_rank,
+                                int ep) {
   ParamBuffer pb;
   const int64_t C = c.hidden_size, F = c.ffn_hidden_size, Vp = c.padded_vocab_size, Q = c.attention_width();
   auto add = [&](const std::string& name, const Shape& shape, int split) {
-    pb.add_tp(name, shape, ParamInit::zeros, 0, split, r, P);
+    return pb.add_tp(name, shape, ParamInit::zeros, 0, split, r, P);
   };
   const bool tied = !c.untie_embeddings_and_output_weights;
   if (place.pre_process) {
@@ -84,14 +85,14 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
       add(p + "pre_mlp_layernorm.weight", {C}, -1);
       if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
-      if (c.moe_layer(l)) {  // router [E, C], each expert's fc1 [F1e, C] and fc2 [C, Fe] (no tensor parallelism)
+      if (c.moe_layer(l)) {  // router [E, C], each local expert's fc1 [F1e/P, C] and fc2 [C, Fe/P]
         add(p + "mlp.router.weight", {c.num_experts, C}, -1);
         if (c.moe_router_enable_expert_bias) add(p + "mlp.router.expert_bias", {c.num_experts}, -1);
-        const int64_t Fe = c.moe_ffn_hidden_size;
-        for (int64_t e = 0; e < c.num_experts; ++e) {
+        const int64_t Fe = c.moe_ffn_hidden_size, El = c.num_experts / ep;
+        for (int64_t e = El * ep_rank; e < El * (ep_rank + 1); ++e) {
           const std::string x = p + "mlp.experts.local_experts." + std::to_string(e) + ".";
-          add(x + "linear_fc1.weight", {c.swiglu ? 2 * Fe : Fe, C}, 0);
-          add(x + "linear_fc2.weight", {C, Fe}, 1);
+          pb.mark_expert(add(x + "linear_fc1.weight", {c.swiglu ? 2 * Fe : Fe, C}, 0));
+          pb.mark_expert(add(x + "linear_fc2.weight", {C, Fe}, 1));
         }
         if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
           add(p + "mlp.shared_experts.linear_fc1.weight", {c.swiglu ? 2 * Fs : Fs, C}, 0);
@@ -111,6 +112,7 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
     if (!tied) add("output_layer.weight", {Vp, C}, 0);
     else if (!place.pre_process) add("embedding.word_embeddings.weight", {Vp, C}, 0);  // the last stage's copy
   }
+  pb.assign_offsets();
   return pb;
 }
 
@@ -175,17 +177,20 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
 
   ModelPlacement place{stage_layers(m.pipeline, r.pp_rank), r.pp_rank == 0, r.pp_rank == m.pp - 1, 1};
   place.slots = max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, r.pp_rank));
-  const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place);
+  LATTICE_CHECK(m.ep >= 1 && m.dp % m.ep == 0) << "memory estimate: expert parallelism " << m.ep << " for dp " << m.dp;
+  const int ep_rank = r.dp_rank % m.ep, expert_dp_rank = r.dp_rank / m.ep;
+  const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place, ep_rank, m.ep);
   r.buffer_elements = pb.numel();
   r.parameters = parameters_in(pb, {{0, pb.numel()}});
   if (m.distributed_optimizer) {
     // The model's gradient buckets, reduce-scattered: this DP rank owns its even share of each.
     const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(m.dp);
     std::vector<std::pair<int64_t, int64_t>> owned;
-    for (const Bucket& b : make_buckets(pb, bucket, m.dp)) {
-      const int64_t s = b.shard_begin(r.dp_rank);
-      owned.emplace_back(s, s + b.shard_counts[size_t(r.dp_rank)]);
-      r.grad_staging_bytes += size_t(b.shard_counts[size_t(r.dp_rank)]) * (m.grad_reduce_in_bf16 ? 2 : 4);
+    for (const Bucket& b : make_buckets(pb, bucket, m.dp, m.dp / m.ep)) {
+      const int rank = b.expert ? expert_dp_rank : r.dp_rank;  // the experts' over the expert data-parallel group
+      const int64_t s = b.shard_begin(rank);
+      owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);
+      r.grad_staging_bytes += size_t(b.shard_counts[size_t(rank)]) * (m.grad_reduce_in_bf16 ? 2 : 4);
     }
     r.owned_parameters = parameters_in(pb, owned);
   } else {

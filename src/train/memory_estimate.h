@@ -35,6 +35,7 @@ struct MemoryLayout {
   TransformerConfig config;               // finalized: padded vocabulary filled in
   int64_t micro_batch_size = 1, seq_length = 0;
   int tp = 1, pp = 1, dp = 1;
+  int ep = 1;                             // --expert-model-parallel-size: E / ep experts per rank
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   bool grad_reduce_in_bf16 = false;       // bf16 copies of the buckets for the DP reduction

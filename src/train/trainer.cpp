@@ -206,6 +206,7 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.tp = int(args.tensor_model_parallel_size);
   m.pp = pipe.stages;
   m.dp = dp;
+  m.ep = int(args.expert_model_parallel_size);
   m.sequence_parallel = args.sequence_parallel;
   m.distributed_optimizer = args.use_distributed_optimizer;
   m.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
@@ -239,7 +240,7 @@ int print_dry_run(const TrainArgs& args) {
   const int64_t tp = args.tensor_model_parallel_size, pp = args.pipeline_model_parallel_size;
   const char* env = std::getenv("OMPI_COMM_WORLD_SIZE");
   const int64_t world = env ? std::atoll(env) : tp * pp;
-  const ParallelLayout layout = make_layout(int(world), int(tp), int(pp));
+  const ParallelLayout layout = make_layout(int(world), int(tp), int(pp), int(args.expert_model_parallel_size));
   if (env && std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) != 0) return 0;
   const PipelineLayout pipe = pipeline_layout(args);
   const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * layout.dp);
@@ -249,6 +250,9 @@ int print_dry_run(const TrainArgs& args) {
   check_micro_batches(pipe, num_micro);
   std::printf("> dry run: world %d = tp %d x pp %d x dp %d, %lld micro-batches of %lld per rank and iteration\n",
               layout.world, layout.tp, layout.pp, layout.dp, (long long)num_micro, (long long)args.micro_batch_size);
+  if (layout.ep > 1)
+    std::printf("> expert parallelism: each MoE layer's %lld experts over ep %d ranks (%lld each), expert data-parallel %d\n",
+                (long long)args.num_experts, layout.ep, (long long)(args.num_experts / layout.ep), layout.expert_dp());
   if (const std::optional<BatchSizeRampup> ramp = args.rampup()) {
     std::string sizes;
     for (int64_t m : ramp_micro_batches(args, *ramp, pipe, layout.dp))
@@ -287,7 +291,7 @@ int run_training(const TrainArgs& args) {
   // --device first: nothing may be allocated on a device before it is chosen.
   const std::string device_line = select_rank_device(args.device);
   auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
-                                  args.distributed_timeout_minutes * 60.0);
+                                  args.distributed_timeout_minutes * 60.0, int(args.expert_model_parallel_size));
   set_log_info_enabled(ps->world_rank() == 0);
   log_info(device_line);
   check_same_config_across_ranks(*ps, args.to_json());
@@ -328,7 +332,7 @@ int run_training(const TrainArgs& args) {
   const bool device_memory = kernels_on_gpu();
   const size_t baseline_bytes = device_memory ? device_used_bytes() : resident_bytes();
   GPTModel model(cfg, args.micro_batch_size, args.seq_length, TensorParallel{&ps->tp(), args.sequence_parallel},
-                 placement);
+                 placement, &ps->ep());
   PipelineRunner pipeline(model, pipe, &ps->pp(), ps->embedding());
   model.init_parameters(args.seed);
   model.set_document_boundaries(
@@ -341,7 +345,7 @@ int run_training(const TrainArgs& args) {
     dcfg.overlap_param_gather = args.overlap_param_gather;
     dcfg.bucket_elements = args.ddp_bucket_size;
     dcfg.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
-    dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg);
+    dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg, &ps->ep(), &ps->expert_dp());
   }
   Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{});
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
@@ -414,7 +418,8 @@ int run_training(const TrainArgs& args) {
   int64_t last_saved = -1;
   // Every data-parallel rank holds the same parameters: the ranks of data-parallel rank 0
   // (one per tensor-parallel position) contribute their parts, sent to world rank 0, which
-  // writes. With the distributed optimizer the state shards are gathered first (a full,
+  // writes; with expert parallelism the other ranks of their expert-parallel group add their
+  // experts. With the distributed optimizer the state shards are gathered first (a full,
   // layout-free checkpoint that loads under any tensor- and data-parallel size).
   TrainingSaveOptions save_opts;
   save_opts.dir = args.save;
@@ -445,7 +450,9 @@ int run_training(const TrainArgs& args) {
     }
   };
   save_opts.parts_comm = &ps->world();
-  for (const std::vector<int>& g : plan_groups(ps->layout()).dp) save_opts.contributors.push_back(g.front());
+  for (const std::vector<int>& g : plan_groups(ps->layout()).dp)
+    for (int e = 0; e < ps->layout().ep; ++e) save_opts.contributors.push_back(g[size_t(e)]);
+  save_opts.experts_only = ps->dp_rank() > 0;
   std::sort(save_opts.contributors.begin(), save_opts.contributors.end());  // world rank 0, the writer, first
   if (dp && args.use_distributed_optimizer) save_opts.gather_state = [&](float* flat) { dp->gather_shards(flat); };
   // With --overlap-param-gather a step ends with its parameter all-gather in flight (the

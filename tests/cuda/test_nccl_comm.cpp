@@ -217,6 +217,23 @@ TEST(NcclComm, SendToItselfThroughIrecv) {
   EXPECT_SAME(download<float>(dst, n), x, "isend/irecv to itself");
 }
 
+// The all-to-all (the MoE dispatch) with one rank: one ncclSend/ncclRecv pair to itself in a group;
+// nothing counted as sent to another rank. Several ranks: the SIMT emulation's expert-parallel run.
+TEST(NcclComm, AllToAllWithItself) {
+  LATTICE_REQUIRE_CUDA();
+  auto local = make_local_comm("ep");
+  auto comm = make_one_rank(*local, "ep");
+  const size_t n = 77;
+  const std::vector<float> x = ramp(n, 0.5f);
+  auto src = upload(x);
+  cuda::DeviceBuffer dst(n * sizeof(float));
+  comm->all_to_all(src.as<float>(), {int64_t(n)}, dst.as<float>(), {int64_t(n)});
+  EXPECT_SAME(download<float>(dst, n), x, "all_to_all with itself");
+  EXPECT_EQ(comm->stats().calls[int(CommOp::all_to_all)], 1u);
+  EXPECT_EQ(comm->stats().bytes[int(CommOp::all_to_all)], 0u);
+  EXPECT_THROW(comm->all_to_all(src.as<float>(), {1, 2}, dst.as<float>(), {int64_t(n)}), Error);
+}
+
 TEST(NcclComm, PointToPointErrorsNameTheGroup) {
   LATTICE_REQUIRE_CUDA();
   auto local = make_local_comm("pp");

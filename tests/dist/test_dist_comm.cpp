@@ -50,6 +50,37 @@ TEST(DistComm, ReduceScatterUnevenAndAllGather) {
   EXPECT_EQ(w.stats().bytes[int(CommOp::all_gather)], uint64_t(total) * 4);
 }
 
+// Rank r sends (r + 1) * (q + 1) - 1 elements to rank q (rank 0 sends none to itself), each
+// element naming its sender, its destination and its index; every rank checks what arrived.
+TEST(DistComm, AllToAllUnevenCounts) {
+  auto ps = ParallelState::create(1, 1, 60);
+  Comm& w = ps->world();
+  const int n = w.size(), r = w.rank();
+  auto count = [](int from, int to) { return int64_t(from + 1) * (to + 1) - 1; };
+  auto value = [](int from, int to, int64_t i) { return float(from * 1000 + to * 100 + i); };
+  std::vector<int64_t> send_counts, recv_counts;
+  std::vector<float> send;
+  for (int q = 0; q < n; ++q) {
+    send_counts.push_back(count(r, q));
+    recv_counts.push_back(count(q, r));
+    for (int64_t i = 0; i < count(r, q); ++i) send.push_back(value(r, q, i));
+  }
+  std::vector<float> recv(size_t(std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t(0))), -1.0f);
+  w.all_to_all(send.data(), send_counts, recv.data(), recv_counts);
+  size_t at = 0;
+  for (int q = 0; q < n; ++q)
+    for (int64_t i = 0; i < count(q, r); ++i, ++at) ASSERT_EQ(recv[at], value(q, r, i)) << "from rank " << q << ", element " << i;
+  EXPECT_EQ(w.stats().calls[int(CommOp::all_to_all)], 1u);
+  // The bytes sent to the other ranks.
+  EXPECT_EQ(w.stats().bytes[int(CommOp::all_to_all)], uint64_t(send.size() - size_t(count(r, r))) * 4);
+  // One rank: a copy.
+  auto local = make_local_comm("ep");
+  std::vector<float> out(3);
+  const std::vector<float> in = {1, 2, 3};
+  local->all_to_all(in.data(), {3}, out.data(), {3});
+  EXPECT_EQ(out, in);
+}
+
 TEST(DistComm, BroadcastAndSendRecv) {
   auto ps = ParallelState::create(1, 1, 60);
   Comm& w = ps->world();

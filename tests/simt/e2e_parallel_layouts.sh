@@ -8,7 +8,8 @@
 # validation loss, and generation from the CPU's checkpoint (with the KV cache and without;
 # learned positions and rotary); under mpirun, tensor parallel, data parallel with the
 # distributed optimizer (overlapped reduction and parameter gather) and bf16 gradient
-# reduction (without linear biases, with RMSNorm and SwiGLU), pipeline parallel (1F1B, and interleaved), and tensor x
+# reduction (without linear biases, with RMSNorm and SwiGLU), pipeline parallel (1F1B, and interleaved), expert
+# parallel (a mixture of experts' all-to-all dispatch), and tensor x
 # pipeline on 4 ranks (rotary, with an attention twice the hidden size). Every iteration's
 # loss and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in
 # different orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or
@@ -102,6 +103,9 @@ if command -v mpirun >/dev/null 2>&1; then
   layout data-parallel-2-bf16-reduce-no-bias-rmsnorm-swiglu 2 1e-3 --bf16 --grad-reduce-in-bf16 --disable-bias-linear \
     --normalization RMSNorm --swiglu
   layout pipeline-2 2 1e-5 --pipeline-model-parallel-size 2
+  # the experts' all-to-all token dispatch (grouped NCCL sends and receives), their own buckets
+  layout expert-parallel-2-distributed-optimizer 2 1e-5 --num-experts 4 --moe-router-topk 2 --disable-bias-linear \
+    --moe-aux-loss-coeff 0.01 --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce
   layout pipeline-2-interleaved 2 1e-5 --pipeline-model-parallel-size 2 --num-layers 4 \
     --num-layers-per-virtual-pipeline-stage 1
   layout tensor-2-pipeline-2-rope 4 1e-5 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \

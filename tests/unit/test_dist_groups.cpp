@@ -16,6 +16,35 @@ TEST(DistGroups, MegatronOrderTpFastestThenDpThenPp) {
   EXPECT_EQ(g.embedding, (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
 }
 
+// Expert parallelism splits each data-parallel group: ep consecutive data-parallel ranks hold
+// the experts between them, every ep-th one a copy of the same experts (Megatron's tp-ep-dp-pp).
+TEST(DistGroups, ExpertParallelSplitsDataParallel) {
+  // 16 ranks, TP=2, PP=2 -> DP=4, EP=2 -> expert DP=2.
+  const ParallelLayout l = make_layout(16, 2, 2, 2);
+  EXPECT_EQ(l.dp, 4);
+  EXPECT_EQ(l.expert_dp(), 2);
+  GroupPlan g = plan_groups(l);
+  EXPECT_EQ(g.dp[0], (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(g.ep, (std::vector<std::vector<int>>{{0, 2}, {4, 6}, {1, 3}, {5, 7}, {8, 10}, {12, 14}, {9, 11}, {13, 15}}));
+  EXPECT_EQ(g.expert_dp,
+            (std::vector<std::vector<int>>{{0, 4}, {2, 6}, {1, 5}, {3, 7}, {8, 12}, {10, 14}, {9, 13}, {11, 15}}));
+  // Without expert parallelism every rank is its own expert-parallel group.
+  GroupPlan one = plan_groups(make_layout(4, 1, 1));
+  EXPECT_EQ(one.ep, (std::vector<std::vector<int>>{{0}, {1}, {2}, {3}}));
+  EXPECT_EQ(one.expert_dp, (std::vector<std::vector<int>>{{0, 1, 2, 3}}));
+}
+
+TEST(DistGroups, ExpertParallelSizeMustDivideDataParallel) {
+  try {
+    make_layout(6, 1, 1, 4);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--expert-model-parallel-size 4 does not divide the data-parallel size 6"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(DistGroups, PureDataParallel) {
   GroupPlan g = plan_groups(make_layout(4, 1, 1));
   EXPECT_EQ(g.dp, (std::vector<std::vector<int>>{{0, 1, 2, 3}}));

@@ -75,7 +75,7 @@ MemoryLayout layout(const TransformerConfig& c, int tp, int pp, int dp, int64_t 
 
 // The model (and optimizer) of world rank w under m, built for real.
 struct RealRank {
-  std::unique_ptr<LayoutGroup> group;
+  std::unique_ptr<LayoutGroup> group, ep_group;
   std::unique_ptr<GPTModel> model;
   std::unique_ptr<Optimizer> optimizer;
   ElementRanges owned;
@@ -87,15 +87,18 @@ RealRank build(const MemoryLayout& m, int w) {
   const ModelPlacement place{stage_layers(m.pipeline, stage), stage == 0, stage == m.pp - 1,
                              max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, stage))};
   r.group = std::make_unique<LayoutGroup>(tp_rank, m.tp);
+  r.ep_group = std::make_unique<LayoutGroup>(dp_rank % m.ep, m.ep);  // expert parallelism: dp ranks in groups of ep
   r.model = std::make_unique<GPTModel>(m.config, m.micro_batch_size, m.seq_length,
                                        TensorParallel{m.tp > 1 ? r.group.get() : nullptr, m.sequence_parallel},
-                                       place);
+                                       place, r.ep_group.get());
   if (m.distributed_optimizer) {
-    // As DataParallel/GradSync: this DP rank's shard of every bucket.
+    // As DataParallel/GradSync: this DP rank's shard of every bucket (the experts' over the expert
+    // data-parallel group, in which this rank is dp_rank / ep).
     const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(m.dp);
-    for (const Bucket& b : make_buckets(r.model->params(), bucket, m.dp)) {
-      const int64_t s = b.shard_begin(dp_rank);
-      r.owned.emplace_back(s, s + b.shard_counts[size_t(dp_rank)]);
+    for (const Bucket& b : make_buckets(r.model->params(), bucket, m.dp, m.dp / m.ep)) {
+      const int rank = b.expert ? dp_rank / m.ep : dp_rank;
+      const int64_t s = b.shard_begin(rank);
+      r.owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);
     }
   }
   OptimizerConfig oc;
@@ -249,6 +252,33 @@ TEST(MemoryEstimate, MixtureOfExpertsEqualsTheModel) {
     EXPECT_EQ(with - estimate_rank_memory(layout(c3, 1, 1, 1, 4), 0, 0).parameters,
               4 * C + 4 * mats * 24 * C - mats * base.ffn_hidden_size * C)
         << swiglu;
+  }
+}
+
+// Expert parallelism: each rank holds E / ep experts of every MoE layer, sharded with the
+// distributed optimizer over the expert data-parallel group (DP 4 = EP 2 x 2 here); every element
+// of the model is owned by one rank.
+TEST(MemoryEstimate, ExpertParallelRanksEqualTheirModels) {
+  TransformerConfig c = config(3, false);
+  c.add_bias_linear = false;
+  c.num_experts = 4;
+  c.moe_ffn_hidden_size = 24;
+  c.finalize();
+  for (int64_t bucket : {int64_t(0), int64_t(3000)}) {
+    MemoryLayout m = layout(c, 1, 1, 4, 1);
+    m.ep = 2;
+    m.distributed_optimizer = true;
+    m.ddp_bucket_size = bucket;
+    int64_t owned = 0;
+    for (int w = 0; w < 4; ++w) {
+      expect_matches(m, w);
+      owned += estimate_rank_memory(m, w, 0).owned_parameters;
+    }
+    MemoryLayout whole = layout(c, 1, 1, 1, 1);
+    const int64_t all = estimate_rank_memory(whole, 0, 0).parameters;
+    const int64_t expert = 2 * 24 * c.hidden_size;  // one expert's fc1 and fc2
+    EXPECT_EQ(estimate_rank_memory(m, 0, 0).parameters, all - 3 * 2 * expert);  // 2 of 4 experts per layer
+    EXPECT_EQ(owned, all);  // every element of the model owned by one rank
   }
 }
 

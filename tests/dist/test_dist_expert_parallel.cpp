@@ -1,0 +1,156 @@
+// Expert parallelism (--expert-model-parallel-size) against the single-process run: each MoE
+// layer's experts split over the data-parallel ranks of an expert-parallel group, the tokens
+// dispatched to them by all-to-all, their gradients reduced over the expert data-parallel group.
+// Losses, gradient norms and every parameter part each rank holds (the experts under their
+// global numbers) over 20 iterations, to 1e-5 relative (layout_run.h). Runs under mpirun with 2
+// and 4 ranks; each layout runs where the world size fits it.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "data/gpt_batches.h"
+#include "dist/mpi_comm.h"
+#include "dist/parallel_state.h"
+#include "model/gpt_model.h"
+#include "optim/optimizer.h"
+#include "pipeline/pipeline_runner.h"
+#include "train/data_parallel.h"
+#include "train/train_step.h"
+#include "layout_run.h"
+
+namespace lattice {
+namespace {
+
+constexpr int64_t kB = 2, kT = 16, kGBS = 8, kIters = 20;
+constexpr double kLr = 1e-3, kWd = 0.1;
+
+struct Case {
+  std::string name;
+  int world = 2, tp = 1, pp = 1, ep = 2;
+  int64_t experts = 4;
+  bool distributed_optimizer = false, overlap = false, sequence_parallel = false;
+  float dropout = 0.0f;
+  bool swiglu_shared = false;  // SwiGLU experts with a gated shared expert
+  bool sigmoid_bias = false;   // sigmoid scores with the expert bias
+  double capacity = 0;         // --moe-expert-capacity-factor
+  bool recompute = false;      // full recomputation (the dispatch reruns in the backward)
+  std::vector<int> moe_layers = {};
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+TransformerConfig config(const Case& c, int tp) {
+  TransformerConfig t;
+  t.num_layers = 4;
+  t.hidden_size = 32;
+  t.num_attention_heads = 4;
+  t.vocab_size = 50;
+  t.make_vocab_size_divisible_by = 8;
+  t.max_position_embeddings = kT;
+  t.hidden_dropout = t.attention_dropout = c.dropout;
+  t.num_experts = c.experts;
+  t.moe_router_topk = 2;
+  t.moe_aux_loss_coeff = 0.01f;
+  t.add_bias_linear = false;
+  t.moe_layer_pattern = c.moe_layers;
+  t.moe_expert_capacity_factor = c.capacity;
+  if (c.swiglu_shared) {
+    t.swiglu = true;
+    t.ffn_hidden_size = 48;
+    t.moe_ffn_hidden_size = 24;
+    t.moe_shared_expert_intermediate_size = 16;
+    t.moe_shared_expert_gate = true;
+  }
+  if (c.sigmoid_bias) {
+    t.moe_router_score_function = "sigmoid";
+    t.moe_router_enable_expert_bias = true;
+    t.moe_router_bias_update_rate = 0.01f;
+  }
+  if (c.recompute) {
+    t.recompute_granularity = "full";
+    t.recompute_method = "uniform";
+    t.recompute_num_layers = 2;
+  }
+  t.finalize(tp);
+  return t;
+}
+
+// `ps` null: the single-process reference.
+LayoutRun train(const Case& c, ParallelState* ps) {
+  const int P = ps ? ps->pp().size() : 1;
+  const PipelineLayout layout = make_pipeline_layout(4, P, 0, 0, 0);
+  const int dp_size = ps ? ps->dp().size() : 1;
+  const int64_t M = kGBS / (kB * dp_size);
+  const int stage = ps ? ps->pp_rank() : 0;
+  const std::vector<PipelineOp> ops = pipeline_schedule(layout, M, stage);
+  const ModelPlacement place{stage_layers(layout, stage), stage == 0, stage == P - 1, max_in_flight(ops)};
+  const TensorParallel tp = ps ? TensorParallel{&ps->tp(), c.sequence_parallel} : TensorParallel{};
+  GPTModel model(config(c, tp.size()), kB, kT, tp, place, ps ? &ps->ep() : nullptr);
+  model.init_parameters(1234);
+  PipelineRunner runner(model, layout, ps ? &ps->pp() : nullptr, ps ? ps->embedding() : nullptr);
+  std::unique_ptr<DataParallel> dp;
+  if (ps) {
+    DataParallelConfig cfg;
+    cfg.bucket_elements = 3000;
+    cfg.distributed_optimizer = c.distributed_optimizer;
+    cfg.overlap_grad_reduce = c.overlap;
+    dp = std::make_unique<DataParallel>(model, ps->dp(), cfg, &ps->ep(), &ps->expert_dp());
+  }
+  Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
+  MockSamples data(model.config().vocab_size, kT, 7);
+  StepConfig sc{kB, kGBS, kT, 1.0, 1234};
+  LayoutRun run;
+  for (int64_t it = 0; it < kIters; ++it) {
+    const StepResult r = train_step(model, opt, data, sc, it, kLr, kWd, dp.get(), &runner);
+    run.losses.push_back(r.lm_loss);
+    run.grad_norms.push_back(r.grad_norm);
+  }
+  model.params().download_params(run.params);
+  run.infos = model.params().infos();
+  return run;
+}
+
+class DistExpertParallel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DistExpertParallel, MatchesSingleProcess) {
+  const Case& c = GetParam();
+  if (mpi_world_size() != c.world) GTEST_SKIP() << "needs " << c.world << " ranks";
+  auto ps = ParallelState::create(c.tp, c.pp, 120, c.ep);
+  ASSERT_EQ(ps->ep().size(), c.ep);
+  ASSERT_EQ(ps->expert_dp().size(), ps->dp().size() / c.ep);
+  const LayoutRun single = train(c, nullptr);
+  const LayoutRun run = train(c, ps.get());
+  // This rank holds its expert-parallel rank's experts only, under their global numbers.
+  const int64_t El = c.experts / c.ep;
+  int experts = 0;
+  for (const ParamInfo& p : run.infos) {
+    const size_t at = p.name.find("local_experts.");
+    if (at == std::string::npos) continue;
+    ++experts;
+    const int64_t e = std::stoll(p.name.substr(at + 14));
+    EXPECT_TRUE(e >= El * ps->ep_rank() && e < El * (ps->ep_rank() + 1)) << p.name << " on ep rank " << ps->ep_rank();
+    EXPECT_TRUE(p.expert) << p.name;
+  }
+  EXPECT_GT(experts, 0);
+  expect_same_run(run, single);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, DistExpertParallel,
+    ::testing::Values(
+        Case{"Ep2", 2, 1, 1, 2},
+        Case{"Ep2EightExpertsDistributedOptimizer", 2, 1, 1, 2, 8, true, true},
+        Case{"Ep2SwiGluSharedCapacityDropout", 2, 1, 1, 2, 4, false, false, false, 0.1f, true, false, 1.0},
+        Case{"Ep2SigmoidBiasRecompute", 2, 1, 1, 2, 4, true, false, false, 0.0f, false, true, 0, true},
+        // DP 4: two expert-parallel groups of 2, the experts' gradients reduced over pairs.
+        Case{"Dp4Ep2EightExpertsDistributedOptimizer", 4, 1, 1, 2, 8, true, true},
+        Case{"Dp4Ep4", 4, 1, 1, 4, 4, false, false, false, 0.1f},
+        // TP 2 x EP 2 with sequence parallelism: each tensor-parallel rank dispatches its shard of the experts.
+        Case{"Tp2Ep2SequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.1f, true},
+        // PP 2 x EP 2: the dispatch inside the 1F1B schedule, a dense layer on each stage.
+        Case{"Pp2Ep2", 4, 1, 2, 2, 4, true, false, false, 0.0f, false, false, 0, false, {1, 0, 0, 1}}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace lattice

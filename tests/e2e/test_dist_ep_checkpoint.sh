@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Expert parallelism from the command line (--expert-model-parallel-size): a mixture-of-experts run
+# on 4 ranks with the experts split over 2 (DP 4 = EP 2 x expert DP 2, the distributed optimizer,
+# evaluation during training) saves a checkpoint holding every expert of every layer under its
+# global number; it resumes at EP 2 on 2 ranks, at EP 4 on 4 and on one process, and each
+# resumed run's losses and final parameters equal an uninterrupted single-process run's (to 1e-5
+# relative: only reduction order differs). Bad layouts are one-line errors naming the flag, with
+# nothing written.
+#   bash tests/e2e/test_dist_ep_checkpoint.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1)
+MOE=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 24 --moe-aux-loss-coeff 0.01 --disable-bias-linear)
+TRAIN=(train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1
+       --global-batch-size 8 --mock-data --vocab-size 64 --log-interval 1 --lr 1e-3 --eval-interval 3 --eval-iters 1
+       --hidden-dropout 0.1 --attention-dropout 0.1 --seed 7 "${MOE[@]}")
+
+losses() { grep -o "lm loss: [0-9.E+-]*" "$1" | awk '{print $3}'; }
+
+OMP_NUM_THREADS=1 "$LATTICE" "${TRAIN[@]}" --train-iters 6 --save straight > straight.log 2>&1 ||
+  fail "straight run failed: $(tail -2 straight.log)"
+"${MPIRUN[@]}" -np 4 "$LATTICE" "${TRAIN[@]}" --train-iters 6 --exit-interval 3 --use-distributed-optimizer \
+  --expert-model-parallel-size 2 --save ckpt > ep2.log 2>&1 || fail "EP=2 run failed: $(tail -2 ep2.log)"
+[[ -f ckpt/latest_checkpointed_iteration.txt ]] || fail "EP=2 run wrote no checkpoint"
+# The first three iterations (and the validation loss) as the single process's.
+want=$(losses straight.log | head -3 | tr '\n' ' ')
+got=$(losses ep2.log | tr '\n' ' ')
+python3 -c "import sys; w=[float(x) for x in sys.argv[1].split()]; g=[float(x) for x in sys.argv[2].split()]; sys.exit(0 if len(w)==3 and len(g)==3 and all(abs(a-b)<=1e-5*abs(b) for a,b in zip(g,w)) else 1)" "$want" "$got" &&
+  pass "EP=2 x expert DP=2: losses $got equal the single process's" || fail "EP=2 losses '$got', single process '$want'"
+vl() { grep 'validation loss' "$1" | head -1 | grep -o 'lm loss value: [0-9.E+-]*' | awk '{print $NF}'; }
+python3 -c "import sys; sys.exit(0 if abs(float(sys.argv[1])-float(sys.argv[2]))<=1e-5*abs(float(sys.argv[2])) else 1)" \
+  "$(vl ep2.log)" "$(vl straight.log)" 2>/dev/null &&
+  pass "EP=2: the validation loss $(vl ep2.log) equals the single process's" ||
+  fail "EP=2 validation loss '$(vl ep2.log)', single process '$(vl straight.log)'"
+missing=0
+for l in 0 1; do
+  for e in 0 1 2 3; do
+    for w in linear_fc1 linear_fc2; do
+      for prefix in "" optimizer.exp_avg. optimizer.exp_avg_sq.; do
+        grep -qF "\"${prefix}decoder.layers.$l.mlp.experts.local_experts.$e.$w.weight\"" ckpt/iter_0000003/checkpoint.json ||
+          { missing=1; echo "  missing ${prefix}layer $l expert $e $w" >&2; }
+      done
+    done
+  done
+done
+[ $missing = 0 ] && pass "the EP=2 checkpoint holds all 4 experts of each layer, with their Adam state" ||
+  fail "the EP=2 checkpoint misses experts"
+
+compare() {  # NAME LOG DIR: iterations 4..6 of LOG and DIR's final parameters against the straight run's
+  local want got
+  want=$(losses straight.log | tail -3 | tr '\n' ' ')
+  got=$(losses "$2" | tr '\n' ' ')
+  if python3 -c "import sys; w=[float(x) for x in sys.argv[1].split()]; g=[float(x) for x in sys.argv[2].split()]; sys.exit(0 if len(w)==3 and len(g)==3 and all(abs(a-b)<=1e-5*abs(b) for a,b in zip(g,w)) else 1)" "$want" "$got"; then
+    pass "$1: losses $got equal the uninterrupted run's"
+  else
+    fail "$1: losses '$got', uninterrupted run '$want'"
+  fi
+  if python3 - "$3/iter_0000006/model.safetensors" straight/iter_0000006/model.safetensors <<'PY'; then
+import json, struct, sys
+def read(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); base = 8 + n; out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        s, e = v["data_offsets"]
+        out[k] = struct.unpack("<%df" % ((e - s) // 4), b[base + s:base + e])
+    return out
+got, want = read(sys.argv[1]), read(sys.argv[2])
+assert sorted(got) == sorted(want), "tensor names differ"
+scale = max(abs(x) for t in want.values() for x in t)
+err = max(abs(a - b) for k in want for a, b in zip(got[k], want[k]))
+print("max parameter error %.3g (scale %.3g)" % (err, scale))
+sys.exit(0 if err <= 1e-5 * scale else 1)
+PY
+    pass "$1: final parameters equal the uninterrupted run's"
+  else
+    fail "$1: final parameters differ from the uninterrupted run's"
+  fi
+}
+
+for layout in "2 2" "4 4" "1 1"; do
+  read -r np ep <<<"$layout"
+  cp -r ckpt "ckpt$np"
+  launch=("${MPIRUN[@]}" -np "$np")
+  [ "$np" = 1 ] && launch=(env OMP_NUM_THREADS=1)
+  "${launch[@]}" "$LATTICE" "${TRAIN[@]}" --train-iters 6 --use-distributed-optimizer --expert-model-parallel-size "$ep" \
+    --load "ckpt$np" --save "ckpt$np" > "resume$np.log" 2>&1 || fail "resume at EP=$ep on $np ranks failed: $(tail -2 "resume$np.log")"
+  compare "EP=2 on 4 ranks -> EP=$ep on $np" "resume$np.log" "ckpt$np"
+done
+
+# Bad layouts: one line naming the flag, a non-zero exit, nothing written.
+expect_error "experts not divisible" "--num-experts 4 is not divisible by --expert-model-parallel-size 3" -- \
+  "$LATTICE" "${TRAIN[@]}" --train-iters 2 --expert-model-parallel-size 3 --save bad1
+expect_error "no experts" "--expert-model-parallel-size 2 needs --num-experts" -- \
+  "$LATTICE" train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1 \
+  --global-batch-size 8 --mock-data --vocab-size 64 --lr 1e-3 --train-iters 2 --expert-model-parallel-size 2 --save bad2
+# Under mpirun every rank prints the same line (mpirun may stop some first).
+rc=0
+timeout 120 "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 2 --expert-model-parallel-size 4 --save bad3 \
+  > bad3.log 2>&1 || rc=$?
+lines=$(grep -F "lattice train: error:" bad3.log | sort -u)
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c . <<<"$lines")" = 1 ] && ! grep -q " iteration " bad3.log &&
+   grep -qF -- "--expert-model-parallel-size 4 does not divide the data-parallel size 2" <<<"$lines"; then
+  pass "ep above the data-parallel size: $lines"
+else
+  fail "ep above the data-parallel size: exit $rc, error lines: $lines"
+fi
+expect_error "fp8 with ep" "--fp8-format with --expert-model-parallel-size" -- \
+  "$LATTICE" "${TRAIN[@]}" --train-iters 2 --bf16 --fp8-format hybrid --expert-model-parallel-size 2 --save bad4
+for d in bad1 bad2 bad3 bad4; do [ -e "$d" ] && fail "a refused run wrote $d"; done
+e2e_finish
