@@ -188,14 +188,14 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     bias_grad_sink_.resize(n);
   }
   try {
-    arena_ = Arena(activation_bytes(cfg_, B, T, tp_, place_));
+    arena_ = Arena(activation_bytes(cfg_, B, T, tp_, place_, ep_ ? ep_->size() : 1));
   } catch (const OutOfMemory& e) {
     std::ostringstream what;
     what << "the activations (micro-batch " << B << " x " << T << " tokens, " << place_.slots << " in flight)";
     throw e.with_context(what.str());
   }
   scratch_ = std::make_unique<Scratch>();
-  allocate(acts_, *scratch_, arena_, cfg_, tp_, place_, B, T);
+  allocate(acts_, *scratch_, arena_, cfg_, tp_, place_, B, T, ep_ ? ep_->size() : 1);
   for (Activations& a : acts_) {
     a.n = B * T;
     a.ids.resize(size_t(4 * B * T));
@@ -371,7 +371,7 @@ float* GPTModel::output_weight_grad() { return params_.grad(out_w_ >= 0 ? out_w_
 // layers and inner residuals point into the shared Scratch group); selective keeps
 // every layer's buffers but attn and lse (one shared Scratch copy).
 void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& arena, const TransformerConfig& cfg,
-                        const TensorParallel& tp, const ModelPlacement& place, int64_t B, int64_t T) {
+                        const TensorParallel& tp, const ModelPlacement& place, int64_t B, int64_t T, int ep) {
   const int64_t P = tp.size();
   const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = cfg.attention_width() / P;
   const int64_t Fl = cfg.ffn_hidden_size / P, F1l = cfg.fc1_width() / P, Hl = cfg.num_attention_heads / P;
@@ -399,7 +399,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     x.ln2_rstd = arena.alloc_f32(Ns);
     if (moe) {
       x.moe = std::make_shared<MoeState>();
-      const MoeShape ms = lattice::moe_shape(cfg, P);
+      const MoeShape ms = lattice::moe_shape(cfg, P, ep);
       moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, ms), "moe"), N, ms);
     }
     if (dense) {
@@ -480,7 +480,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe()) {
-    const MoeShape ms = lattice::moe_shape(cfg, P);
+    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
     moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, ms), "grad"), N, ms);
   }
   if (cfg.qk_layernorm) {
@@ -490,11 +490,11 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
 }
 
 size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, const TensorParallel& tp,
-                                  const ModelPlacement& placement) {
+                                  const ModelPlacement& placement, int ep) {
   Arena counter = Arena::counting();
   std::vector<Activations> acts;
   Scratch sc;
-  allocate(acts, sc, counter, cfg, tp, complete(placement, cfg), B, T);
+  allocate(acts, sc, counter, cfg, tp, complete(placement, cfg), B, T, ep);
   return counter.used();
 }
 
@@ -780,7 +780,7 @@ GemmSite GPTModel::router_site(int param) const {
 }
 
 MoeShape GPTModel::moe_shape(int64_t T, bool training) const {
-  MoeShape s = lattice::moe_shape(cfg_, tp_.size());
+  MoeShape s = lattice::moe_shape(cfg_, tp_.size(), ep_ ? ep_->size() : 1);
   if (cfg_.moe_seq_aux_loss) s.aux_group = T;
   if (training) {  // evaluation and generation are dropless
     s.capacity_factor = cfg_.moe_expert_capacity_factor;

@@ -223,8 +223,9 @@ class GPTModel {
   // micro-batches of B x T per chunk plus the shared backward scratch. With activation
   // recomputation (config.recompute_*) a micro-batch keeps only what it does not
   // recompute, plus one shared copy of a recomputed group's buffers (docs/memory.md).
+  // ep: the expert-parallel size (the MoE layers keep their experts' rows outside the arena).
   static size_t activation_bytes(const TransformerConfig& config, int64_t B, int64_t T,
-                                 const TensorParallel& tp = {}, const ModelPlacement& placement = {});
+                                 const TensorParallel& tp = {}, const ModelPlacement& placement = {}, int ep = 1);
   size_t arena_bytes() const { return arena_.capacity(); }
 
   // Parameters on this rank.
@@ -265,7 +266,7 @@ class GPTModel {
   void register_parameters();
   static void allocate(std::vector<Activations>& acts, Scratch& scratch, Arena& arena,
                        const TransformerConfig& cfg, const TensorParallel& tp, const ModelPlacement& place,
-                       int64_t B, int64_t T);
+                       int64_t B, int64_t T, int ep);
   Activations& acts(int chunk, int slot);
   bool has_embedding(int chunk) const { return place_.pre_process && chunk == 0; }
   bool has_loss(int chunk) const { return place_.post_process && chunk == num_chunks() - 1; }

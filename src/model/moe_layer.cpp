@@ -121,8 +121,9 @@ void shared_experts_backward(float* dx, const float* dy, const float* x, const M
 
 }  // namespace
 
-MoeShape moe_shape(const TransformerConfig& c, int64_t tp) {
+MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   MoeShape s;
+  s.ep = ep;
   s.E = c.num_experts;
   s.k = c.moe_router_topk;
   s.C = c.hidden_size;
@@ -145,8 +146,8 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp) {
 int64_t moe_state_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
   const int64_t shared = s.Fs > 0 ? padded(N * s.Fs1()) + padded(N * s.Fs) + padded(N * s.C) + 2 * padded(N) : 0;
-  return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.C) + padded(S * s.F1()) +
-         padded(S * s.F) + shared;
+  const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F1()) + padded(S * s.F);  // the rows' fc1 and activation
+  return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.C) + experts + shared;
 }
 
 void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
@@ -157,8 +158,8 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
   st.slot_of = c.take_ints(N * s.k);
   st.gate = c.take(S);
   st.xe = c.take(S * s.C);
-  st.h = c.take(S * s.F1());
-  st.act = c.take(S * s.F);
+  st.h = s.ep > 1 ? nullptr : c.take(S * s.F1());
+  st.act = s.ep > 1 ? nullptr : c.take(S * s.F);
   st.ye = c.take(S * s.C);
   if (s.Fs > 0) {
     st.hs = c.take(N * s.Fs1());
@@ -173,15 +174,16 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
 int64_t moe_scratch_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
   const int64_t shared = s.Fs > 0 ? padded(N * s.C) + padded(N * s.Fs) + padded(N * s.Fs1()) + padded(N) : 0;
-  return padded(S * s.C) + padded(S * s.F) + padded(S * s.F1()) + padded(S) + padded(N * s.E) + shared;
+  const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F) + padded(S * s.F1());
+  return padded(S * s.C) + experts + padded(S) + padded(N * s.E) + shared;
 }
 
 void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
   Carver c{buf};
   sc.d_ye = c.take(S * s.C);
-  sc.d_act = c.take(S * s.F);
-  sc.d_h = c.take(S * s.F1());
+  sc.d_act = s.ep > 1 ? nullptr : c.take(S * s.F);
+  sc.d_h = s.ep > 1 ? nullptr : c.take(S * s.F1());
   sc.d_gate = c.take(S);
   sc.d_logits = c.take(N * s.E);
   if (s.Fs > 0) {
@@ -486,6 +488,7 @@ void dispatched_experts_backward(float* d_xe, const float* d_ye, const MoeState&
 void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
   const int64_t E = s.E, C = s.C;
   const int P = w.ep.size();
+  LATTICE_CHECK(P == s.ep) << "moe_forward: buffers carved for " << s.ep << " expert-parallel ranks, " << P << " in the group";
   LATTICE_CHECK(E % P == 0 && int64_t(w.fc1.size()) == E / P && int64_t(w.fc2.size()) == E / P)
       << "moe_forward: " << E / P << " experts' weights on each of " << P << " expert-parallel ranks";
   LATTICE_CHECK(P == 1 || w.ep.scratch) << "moe_forward: expert parallelism without its scratch";

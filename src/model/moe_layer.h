@@ -72,6 +72,8 @@ struct MoeShape {
   bool sigmoid = false;      // --moe-router-score-function sigmoid
   bool expert_bias = false;  // --moe-router-enable-expert-bias (MoeWeights::expert_bias)
   int64_t Fs = 0;            // the shared experts' ffn size (0: none)
+  int64_t ep = 1;            // expert-parallel ranks: > 1, the experts' fc1 outputs and activations live with
+                             // the rows they receive (MoeState::ep_rows), not in the carved buffers
   bool shared_gate = false;  // --moe-shared-expert-gate
   int64_t F1() const { return swiglu ? 2 * F : F; }  // fc1's outputs
   int64_t Fs1() const { return swiglu ? 2 * Fs : Fs; }
@@ -79,8 +81,8 @@ struct MoeShape {
 
 // A model's MoE layer shape (num_experts, moe_router_topk, moe_ffn_hidden_size, ...) on one of tp
 // tensor-parallel ranks: each expert's ffn split over them (F = moe_ffn_hidden_size / tp), the
-// shared experts' too (Fs = moe_shared_expert_intermediate_size / tp).
-MoeShape moe_shape(const TransformerConfig& c, int64_t tp = 1);
+// shared experts' too (Fs = moe_shared_expert_intermediate_size / tp); ep: the expert-parallel size.
+MoeShape moe_shape(const TransformerConfig& c, int64_t tp = 1, int64_t ep = 1);
 
 // Expert parallelism: the group, and device scratch its dispatch shares between the layers (one
 // forward or backward runs at a time).
@@ -120,8 +122,8 @@ struct MoeState {
   int32_t* slot_of = nullptr; // [N, k] the slot of each token's j-th expert (-1: dropped)
   float* gate = nullptr;      // [S] the router probability of each slot
   float* xe = nullptr;        // [S, C] the experts' inputs
-  float* h = nullptr;         // [S, F1] fc1's outputs
-  float* act = nullptr;       // [S, F] the activation (fc2's input)
+  float* h = nullptr;         // [S, F1] fc1's outputs (null under expert parallelism: in ep_rows)
+  float* act = nullptr;       // [S, F] the activation (fc2's input; idem)
   float* ye = nullptr;        // [S, C] fc2's outputs
   float* hs = nullptr;        // [N, Fs1] the shared experts' fc1 outputs (Fs > 0)
   float* acts = nullptr;      // [N, Fs] their activation
@@ -158,8 +160,8 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s);
 // Scratch of the backward: floats for N tokens, and its carving.
 struct MoeScratch {
   float* d_ye = nullptr;      // [S, C] (then the experts' input gradients)
-  float* d_act = nullptr;     // [S, F]
-  float* d_h = nullptr;       // [S, F1]
+  float* d_act = nullptr;     // [S, F]  (null under expert parallelism: in the dispatch's scratch)
+  float* d_h = nullptr;       // [S, F1] (idem)
   float* d_gate = nullptr;    // [S]
   float* d_logits = nullptr;  // [N, E]
   float* d_ys = nullptr;      // [N, C] the shared experts' (Fs > 0)

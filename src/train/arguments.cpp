@@ -308,6 +308,13 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"empty-unused-memory-level", Kind::i64, &a.implementation.empty_unused_memory_level,
        "0, 1 or 2: accepted (lattice's activation memory is one arena)"},
       {"async-save", Kind::flag, &a.implementation.async_save, "accepted: checkpoints are written as they are saved"},
+      {"moe-grouped-gemm", Kind::flag, &a.implementation.moe_grouped_gemm,
+       "accepted: one GEMM pair per expert, the same math as grouped GEMMs"},
+      {"moe-permute-fusion", Kind::flag, &a.implementation.moe_permute_fusion, "accepted (fusion choices change no math)"},
+      {"moe-token-dispatcher-type", Kind::str, &a.implementation.moe_token_dispatcher_type,
+       "accepted: alltoall | allgather (the same math; lattice dispatches by all-to-all under expert parallelism)"},
+      {"expert-tensor-parallel-size", Kind::i64, &a.implementation.expert_tensor_parallel_size,
+       "the experts' tensor-parallel size: only --tensor-model-parallel-size's (the default)"},
       {"use-rotary-position-embeddings", Kind::flag, &a.use_rotary_position_embeddings,
        "Megatron's older spelling of --position-embedding-type rope"},
       {"no-position-embedding", Kind::flag, &a.no_position_embedding,
@@ -493,6 +500,13 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "--mmap-bin-files and --no-mmap-bin-files contradict each other";
   if (impl.apply_query_key_layer_scaling && impl.no_query_key_layer_scaling)
     LATTICE_FAIL() << "--apply-query-key-layer-scaling and --no-query-key-layer-scaling contradict each other";
+  if (impl.moe_token_dispatcher_type != "alltoall" && impl.moe_token_dispatcher_type != "allgather")
+    LATTICE_FAIL() << "--moe-token-dispatcher-type must be alltoall or allgather, got '" << impl.moe_token_dispatcher_type
+                   << "'" << (impl.moe_token_dispatcher_type == "flex" ? " (flex, DeepEP's, is not implemented)" : "");
+  if (impl.expert_tensor_parallel_size != 0 && impl.expert_tensor_parallel_size != a.tensor_model_parallel_size)
+    LATTICE_FAIL() << "--expert-tensor-parallel-size " << impl.expert_tensor_parallel_size
+                   << " other than --tensor-model-parallel-size " << a.tensor_model_parallel_size
+                   << " is not implemented (the experts split as the dense MLP does)";
   if (impl.num_dataset_builder_threads < 1)
     LATTICE_FAIL() << "--num-dataset-builder-threads must be >= 1, got " << impl.num_dataset_builder_threads;
   if (impl.empty_unused_memory_level < 0 || impl.empty_unused_memory_level > 2)

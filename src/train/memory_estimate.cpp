@@ -216,12 +216,12 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   const TensorParallel tp{m.tp > 1 ? &group : nullptr, m.sequence_parallel};
   const int64_t B = m.micro_batch_size, T = m.seq_length;
   r.activation_slots = place.slots;
-  r.activation_bytes = GPTModel::activation_bytes(m.config, B, T, tp, place);
+  r.activation_bytes = GPTModel::activation_bytes(m.config, B, T, tp, place, m.ep);
   ModelPlacement one = place, two = place;
   one.slots = 1;
   two.slots = 2;
   r.activation_bytes_per_micro_batch =
-      GPTModel::activation_bytes(m.config, B, T, tp, two) - GPTModel::activation_bytes(m.config, B, T, tp, one);
+      GPTModel::activation_bytes(m.config, B, T, tp, two, m.ep) - GPTModel::activation_bytes(m.config, B, T, tp, one, m.ep);
   return r;
 }
 

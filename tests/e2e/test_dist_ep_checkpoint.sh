@@ -5,7 +5,7 @@
 # global number; it resumes at EP 2 on 2 ranks, at EP 4 on 4 and on one process, and each
 # resumed run's losses and final parameters equal an uninterrupted single-process run's (to 1e-5
 # relative: only reduction order differs). Bad layouts are one-line errors naming the flag, with
-# nothing written.
+# nothing written; Megatron's MoE implementation flags are accepted and change nothing.
 #   bash tests/e2e/test_dist_ep_checkpoint.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -92,6 +92,17 @@ for layout in "2 2" "4 4" "1 1"; do
   compare "EP=2 on 4 ranks -> EP=$ep on $np" "resume$np.log" "ckpt$np"
 done
 
+# Megatron's MoE implementation flags change nothing: the first iterations bit for bit.
+OMP_NUM_THREADS=1 "$LATTICE" "${TRAIN[@]}" --train-iters 6 --exit-interval 3 --moe-grouped-gemm --moe-permute-fusion \
+  --moe-token-dispatcher-type alltoall --expert-tensor-parallel-size 1 > impl.log 2>&1 || fail "run with MoE implementation flags failed: $(tail -2 impl.log)"
+[ "$(losses impl.log | tr '\n' ' ')" = "$(losses straight.log | head -3 | tr '\n' ' ')" ] &&
+  pass "--moe-grouped-gemm --moe-permute-fusion --moe-token-dispatcher-type alltoall leave the losses identical" ||
+  fail "the MoE implementation flags changed the losses: $(losses impl.log | tr '\n' ' ')"
+expect_error "flex dispatcher" "--moe-token-dispatcher-type must be alltoall or allgather, got 'flex'" -- \
+  "$LATTICE" "${TRAIN[@]}" --train-iters 2 --moe-token-dispatcher-type flex --save bad5
+expect_error "expert tensor parallelism" "--expert-tensor-parallel-size 2 other than --tensor-model-parallel-size 1" -- \
+  "$LATTICE" "${TRAIN[@]}" --train-iters 2 --expert-tensor-parallel-size 2 --save bad6
+
 # Bad layouts: one line naming the flag, a non-zero exit, nothing written.
 expect_error "experts not divisible" "--num-experts 4 is not divisible by --expert-model-parallel-size 3" -- \
   "$LATTICE" "${TRAIN[@]}" --train-iters 2 --expert-model-parallel-size 3 --save bad1
@@ -111,5 +122,5 @@ else
 fi
 expect_error "fp8 with ep" "--fp8-format with --expert-model-parallel-size" -- \
   "$LATTICE" "${TRAIN[@]}" --train-iters 2 --bf16 --fp8-format hybrid --expert-model-parallel-size 2 --save bad4
-for d in bad1 bad2 bad3 bad4; do [ -e "$d" ] && fail "a refused run wrote $d"; done
+for d in bad1 bad2 bad3 bad4 bad5 bad6; do [ -e "$d" ] && fail "a refused run wrote $d"; done
 e2e_finish

@@ -279,6 +279,14 @@ TEST(MemoryEstimate, ExpertParallelRanksEqualTheirModels) {
     const int64_t expert = 2 * 24 * c.hidden_size;  // one expert's fc1 and fc2
     EXPECT_EQ(estimate_rank_memory(m, 0, 0).parameters, all - 3 * 2 * expert);  // 2 of 4 experts per layer
     EXPECT_EQ(owned, all);  // every element of the model owned by one rank
+    // The MoE layers' routed rows keep their fc1 outputs and activations with the expert-parallel
+    // dispatch, outside the arena: N k (F1 + F) floats less per layer and micro-batch, and as much
+    // scratch.
+    MemoryLayout no_ep = m;
+    no_ep.ep = 1;
+    const int64_t N = m.micro_batch_size * m.seq_length, k = c.moe_router_topk;
+    EXPECT_EQ(estimate_rank_memory(no_ep, 0, 0).activation_bytes - estimate_rank_memory(m, 0, 0).activation_bytes,
+              size_t(3 + 1) * size_t(N * k * 2 * 24) * sizeof(float));
   }
 }
 
