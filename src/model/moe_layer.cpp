@@ -311,15 +311,29 @@ void assign_slots(MoeState& st, const std::vector<bool>& kept, int64_t N, const 
 }
 
 // The load-balancing loss (st.group_counts, st.balance, st.aux_loss): the probabilities weighted by
-// the experts' token counts before any drop, in each group of Ng rows (all N, or each sequence),
-// averaged over the groups; and the z-loss's logsumexps (st.lse, st.z; in double: lse^2 sums many).
+// the experts' token counts in each group of Ng rows (all N, or each sequence), averaged over the
+// groups; and the z-loss's logsumexps (st.lse, st.z; in double: lse^2 sums many). The counts are
+// those of each token's plain top k of the probabilities (Megatron's
+// compute_routing_scores_for_aux_loss): before any drop, without the expert bias or the group limit
+// (with neither, the routing's own choice).
 void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape& s) {
   const int64_t E = s.E, k = s.k;
   const int64_t Ng = s.aux_group > 0 ? s.aux_group : N, G = Ng > 0 ? N / Ng : 0;
   LATTICE_CHECK(Ng == 0 || N % Ng == 0) << "moe_route: " << N << " rows are no whole groups of " << Ng;
   st.group_counts.assign(size_t(G * E), 0.0);
-  for (int64_t t = 0; t < N; ++t)
-    for (int64_t j = 0; j < k; ++j) st.group_counts[size_t(t / Ng * E + st.choice[size_t(t * k + j)])] += 1.0;
+  const bool own_choice = !s.expert_bias && s.groups <= 0;
+  MoeShape plain = s;
+  plain.groups = plain.group_topk = 0;
+  std::vector<int32_t> order;
+  std::vector<float> key(static_cast<size_t>(E));
+  for (int64_t t = 0; t < N; ++t) {
+    if (!own_choice) {
+      key.assign(st.scores.begin() + t * E, st.scores.begin() + (t + 1) * E);
+      top_k_experts(order, key, plain);
+    }
+    for (int64_t j = 0; j < k; ++j)
+      st.group_counts[size_t(t / Ng * E + (own_choice ? st.choice[size_t(t * k + j)] : order[size_t(j)]))] += 1.0;
+  }
   double aux = 0.0;
   for (int64_t g = 0; g < G; ++g) {
     double group = 0.0;

@@ -14,7 +14,8 @@
 // Each expert is the model's MLP (fc1 [F1, C], GELU or SwiGLU, fc2 [C, F]; F = the expert's ffn
 // size, --moe-ffn-hidden-size) without biases. The load-balancing loss (--moe-aux-loss-coeff a,
 // Megatron's switch_load_balancing_loss_func) a E / (k N^2) sum_e (sum_t p[t, e]) count_e, with
-// p the softmax over all E logits and count_e the tokens routed to expert e, adds its gradient
+// p the softmax over all E logits and count_e the tokens whose k largest p include e (their routed
+// experts, but for the expert bias, the group limit and any drop), adds its gradient
 // to the router's (scaled as the micro-batch's loss gradient is); it is reported, not added to
 // the language-model loss. With sigmoid scores p is sigmoid(l) normalized over all E. seq_aux_loss
 // (MoeShape::aux_group = T): the same formula over each sequence's T rows (N = T), averaged. The

@@ -164,6 +164,10 @@ TEST(Moe, SigmoidScoresAndTheExpertBias) {
   moe_state_carve(st, buf.data(), N, s);
   moe_route(st, logits.data(), N, s, bias.data());
   EXPECT_EQ(st.choice, (std::vector<int32_t>{3, 2, 3, 0}));
+  // The load-balancing loss still counts the unbiased top 2 (1 and 2, 0 and 3): Megatron's
+  // compute_routing_scores_for_aux_loss. The bias moved no token there.
+  EXPECT_EQ(st.group_counts, (std::vector<double>{1, 1, 1, 1}));
+  EXPECT_NEAR(st.aux_loss, plain.st.aux_loss, 1e-12);
   EXPECT_NEAR(st.gate_host[0], sig(0, 3) / (sig(0, 3) + sig(0, 2)), 1e-6);
   EXPECT_NEAR(st.gate_host[3], sig(1, 0) / (sig(1, 3) + sig(1, 0)), 1e-6);
   s.k = 1;  // one expert: its score, not normalized
@@ -194,14 +198,18 @@ TEST(Moe, CapacityDropsTokensByPolicy) {
 
 // Group-limited routing: 8 experts in 4 groups of 2, the top 4 from the best 2 groups, a group
 // scoring its 2 largest logits' sum. Plainly the token takes experts 0, 2, 3, 4 (logit 5 in group
-// 0); by groups it takes groups 1 (4) and 2 (3) over group 0 (0), so experts 2, 3, 4, 5.
+// 0); by groups it takes groups 1 (4) and 2 (3) over group 0 (0), so experts 2, 3, 4, 5. The
+// load-balancing loss counts the plain choice.
 TEST(Moe, GroupLimitedRoutingPicksTheBestGroups) {
   const std::vector<float> logits = {5.0f, -5.0f, 2.0f, 2.0f, 1.5f, 1.4f, 0.0f, 0.0f};
   MoeShape s = shape(8, 4);
   EXPECT_EQ(Routed(logits, 1, s).st.choice, (std::vector<int32_t>{0, 2, 3, 4}));
   s.groups = 4;
   s.group_topk = 2;
-  EXPECT_EQ(Routed(logits, 1, s).st.choice, (std::vector<int32_t>{2, 3, 4, 5}));
+  const Routed grouped(logits, 1, s);
+  EXPECT_EQ(grouped.st.choice, (std::vector<int32_t>{2, 3, 4, 5}));
+  // The load-balancing loss counts the plain top 4 (0, 2, 3, 4), as Megatron's does.
+  EXPECT_EQ(grouped.st.group_counts, (std::vector<double>{1, 0, 1, 1, 1, 0, 0, 0}));
   s.group_topk = 3;  // groups 1, 2 and 0 (0 beats 3 at a tie by its index): experts 0, 2, 3, 4
   EXPECT_EQ(Routed(logits, 1, s).st.choice, (std::vector<int32_t>{0, 2, 3, 4}));
 }
