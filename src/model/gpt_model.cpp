@@ -644,7 +644,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
                     // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
-    moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), N, moe_shape(T, key.training));
+    moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), N, moe_shape(T, !key.generation));
     reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
     if (!output) return;
     const PhiloxStream stream = site_stream(key, layer_name(l, "mlp.dropout"));
@@ -779,10 +779,10 @@ GemmSite GPTModel::router_site(int param) const {
   return site(param);
 }
 
-MoeShape GPTModel::moe_shape(int64_t T, bool training) const {
+MoeShape GPTModel::moe_shape(int64_t T, bool capacity) const {
   MoeShape s = lattice::moe_shape(cfg_, tp_.size(), ep_ ? ep_->size() : 1);
   if (cfg_.moe_seq_aux_loss) s.aux_group = T;
-  if (training) {  // evaluation and generation are dropless
+  if (capacity) {  // generation is dropless
     s.capacity_factor = cfg_.moe_expert_capacity_factor;
     s.drop_by_position = cfg_.moe_token_drop_policy == "position";
   }
@@ -1193,6 +1193,7 @@ void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float
   const int64_t N = B * T, C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
   key.training = false;
+  key.generation = true;
   prepare_inputs(a, inputs, T, B, T, false);
   forward_chunk(0, a, B, T, key);
   // On a device into the micro-batch's logits buffer ([N, Vp] with one rank), then one copy.
@@ -1209,6 +1210,7 @@ void GPTModel::forward_last_logits(const int32_t* inputs, int64_t T, float* logi
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab_size;
   MicroBatchKey key;
   key.training = false;
+  key.generation = true;
   prepare_inputs(a, inputs, T, 1, T, false);
   forward_chunk(0, a, 1, T, key);
   const bool on_cpu = current_device() == Device::cpu;

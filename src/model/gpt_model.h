@@ -50,6 +50,9 @@ struct MicroBatchKey {
   int64_t iteration = 0;
   int64_t micro_batch = 0;   // index of the micro-batch within the global batch
   bool training = true;      // false: no dropout
+  // Logits for generation (or a conversion's check) rather than a loss: the MoE layers drop no
+  // token (--moe-expert-capacity-factor applies to training and evaluation forwards, as Megatron's).
+  bool generation = false;
 };
 
 // Megatron's document-boundary options, computed from the input tokens of each
@@ -256,7 +259,7 @@ class GPTModel {
   };
   // --num-experts: the MoE layer's shape, weights and gradients of layer p (model/moe_layer.h).
   // T: the sequence length (seq_aux_loss's groups); training: a training forward (the capacity's drops).
-  MoeShape moe_shape(int64_t T, bool training) const;
+  MoeShape moe_shape(int64_t T, bool capacity) const;
   MoeWeights moe_weights(const LayerParams& p) const;
   MoeGrads moe_grads(const LayerParams& p) const;
   // --qk-layernorm's parameters and gradients of layer p (model/qk_layernorm.h).

@@ -134,6 +134,10 @@ TEST_P(ModelVsTorch, LogitsLossAndGradients) {
   double loss = model.forward_backward(tokens.data(), nullptr, B, T, 1.0f, key);
   const double want_loss = f.get_f32("loss")[0];
   EXPECT_NEAR(loss, want_loss, kRelTol * want_loss);
+  // Evaluation's forward computes the same loss (dropout 0 here), with the tokens an expert capacity
+  // drops dropped as in training (Megatron's evaluation drops too); the logits above, generation's,
+  // are dropless.
+  EXPECT_NEAR(model.forward_loss(tokens.data(), nullptr, B, T), want_loss, kRelTol * want_loss) << "evaluation loss";
   for (const ParamInfo& p : model.params().infos()) {
     if (p.buffer) {  // the expert bias: no gradient
       const float* g = model.params().grads() + p.offset;
