@@ -185,8 +185,14 @@ class HalfPolicy final : public MixedPrecisionPolicy {
 // step's amaxes are collected locally and enter the histories once, in finish_step.
 class Fp8Policy final : public MixedPrecisionPolicy {
  public:
-  Fp8Policy(const Fp8Recipe& r, Comm* tp, Comm* dp)
-      : recipe_(r), tp_(tp && tp->size() > 1 ? tp : nullptr), dp_(dp && dp->size() > 1 ? dp : nullptr) {}
+  Fp8Policy(const Fp8Recipe& r, Comm* tp, Comm* dp, const Fp8Params& p)
+      : recipe_(r),
+        tp_(tp && tp->size() > 1 ? tp : nullptr),
+        dp_(dp && dp->size() > 1 ? dp : nullptr),
+        expert_dp_(p.expert_dp && p.expert_dp->size() > 1 ? p.expert_dp : nullptr),
+        expert_(p.expert) {
+    for (int64_t i = 0; i < p.count; ++i) grow(int(i));
+  }
   const char* name() const override { return recipe_.backward == Fp8Format::e5m2 ? "fp8 hybrid" : "fp8 e4m3"; }
   bool fp8() const override { return true; }
   void refresh_weights() override { weights_.invalidate(); }
@@ -249,23 +255,35 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   }
 
   // The step's amax of every tensor, MAX-reduced over the ranks that share the tensor
-  // (tensor- and data-parallel groups: the same weights, the same global batch), enters
-  // its history; the next step's scales follow. One all-reduce per group per step.
+  // (tensor- and data-parallel groups: the same weights, the same global batch; an expert's over
+  // the expert data-parallel group), enters its history; the next step's scales follow. A
+  // weight no rank has used yet (-1 in the reduction) records nothing; one some rank has used
+  // records on all. One all-reduce per group per step.
   void finish_step() override {
-    std::vector<float> amax;
-    amax.reserve(states_.size() * 3);
-    for (const State& s : states_) amax.insert(amax.end(), {s.x_amax, s.w_amax, s.g_amax});
-    for (Comm* c : {tp_, dp_})
-      if (c && !amax.empty()) c->all_reduce(amax.data(), int64_t(amax.size()), ReduceOp::max);
+    std::vector<float> amax[2];  // [0] the other weights', [1] the experts' (expert parallelism)
+    std::vector<size_t> index[2];
     for (size_t i = 0; i < states_.size(); ++i) {
-      State& s = states_[i];
-      if (s.used) {
-        s.x.record(amax[3 * i]);
-        s.w.record(amax[3 * i + 1]);
-        s.g.record(amax[3 * i + 2]);
-      }
-      s.x_amax = s.w_amax = s.g_amax = 0.0f;
+      const State& s = states_[i];
+      const int k = i < expert_.size() && expert_[i] ? 1 : 0;
+      if (s.used) amax[k].insert(amax[k].end(), {s.x_amax, s.w_amax, s.g_amax});
+      else amax[k].insert(amax[k].end(), {-1.0f, -1.0f, -1.0f});
+      index[k].push_back(i);
     }
+    for (int k : {0, 1})
+      for (Comm* c : {tp_, k ? expert_dp_ : dp_})
+        if (c && !amax[k].empty()) c->all_reduce(amax[k].data(), int64_t(amax[k].size()), ReduceOp::max);
+    for (int k : {0, 1})
+      for (size_t j = 0; j < index[k].size(); ++j) {
+        State& s = states_[index[k][j]];
+        const float* a = amax[k].data() + 3 * j;
+        if (a[0] >= 0.0f) {  // used on some rank (a NaN was made inf: >= 0 too)
+          s.used = true;
+          s.x.record(a[0]);
+          s.w.record(a[1]);
+          s.g.record(a[2]);
+        }
+        s.x_amax = s.w_amax = s.g_amax = 0.0f;
+      }
   }
 
  private:
@@ -277,11 +295,14 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   };
   State& state(int param) {
     if (param < 0) LATTICE_FAIL() << "fp8: a linear layer without a parameter index";
+    grow(param);
+    states_[size_t(param)].used = true;
+    return states_[size_t(param)];
+  }
+  void grow(int param) {
     while (states_.size() <= size_t(param))
       states_.push_back(State{DelayedScale(recipe_, recipe_.forward), DelayedScale(recipe_, recipe_.forward),
                               DelayedScale(recipe_, recipe_.backward)});
-    states_[size_t(param)].used = true;
-    return states_[size_t(param)];
   }
   // NaN becomes inf, so that the MAX reduction keeps it (either keeps the scale). Not
   // while evaluating.
@@ -312,6 +333,8 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   Fp8Recipe recipe_;
   Comm* tp_;
   Comm* dp_;
+  Comm* expert_dp_;           // expert parallelism: the experts' amaxes over this group (null: none)
+  std::vector<bool> expert_;  // by parameter index (empty: no expert parallelism, every amax over dp_)
   std::vector<State> states_;
   WeightCache<uint16_t> weights_;
   DeviceArray<uint16_t> a_, g_;  // quantized operands (bf16 patterns of fp8 values)
@@ -358,8 +381,9 @@ Fp8Recipe make_fp8_recipe(const std::string& format, int64_t margin, int64_t ama
   return r;
 }
 
-std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp, Comm* dp) {
-  return std::make_unique<Fp8Policy>(recipe, tp, dp);
+std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp, Comm* dp,
+                                                      const Fp8Params& params) {
+  return std::make_unique<Fp8Policy>(recipe, tp, dp, params);
 }
 
 }  // namespace lattice

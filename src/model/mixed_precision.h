@@ -79,9 +79,20 @@ struct Fp8Recipe {
 Fp8Recipe make_fp8_recipe(const std::string& format, int64_t margin, int64_t amax_history_len,
                           const std::string& amax_compute_algo);
 
+// The model's parameters as fp8's amax reduction needs them: how many (every rank then reduces the
+// same list, with the weights it has not used yet, such as an expert no token has reached, as
+// unused), and under expert parallelism which are expert weights (ParamInfo::expert), reduced over
+// the expert data-parallel group (the replicas of the same experts) instead of the data-parallel one.
+struct Fp8Params {
+  int64_t count = 0;          // 0: unknown (the list grows as weights are used: one rank only)
+  std::vector<bool> expert;   // by parameter index (empty: none)
+  Comm* expert_dp = nullptr;
+};
+
 // tp, dp: the tensor- and data-parallel groups the amaxes are reduced over (null or size
 // 1: none).
-std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp, Comm* dp = nullptr);
+std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp, Comm* dp = nullptr,
+                                                      const Fp8Params& params = {});
 
 // Delayed scaling of one tensor: the amax history and the scale derived from it.
 class DelayedScale {

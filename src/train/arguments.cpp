@@ -470,9 +470,6 @@ void validate(TrainArgs& a) {
     if (a.num_experts % a.expert_model_parallel_size != 0)
       LATTICE_FAIL() << "--num-experts " << a.num_experts << " is not divisible by --expert-model-parallel-size "
                      << a.expert_model_parallel_size;
-    if (!a.fp8_format.empty())
-      LATTICE_FAIL() << "--fp8-format with --expert-model-parallel-size > 1 is not implemented (the fp8 amax "
-                        "reduction over data parallelism would pair different experts)";
   }
   make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
                        a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);

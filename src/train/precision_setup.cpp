@@ -8,11 +8,12 @@
 
 namespace lattice {
 
-std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp, Comm* dp) {
+std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp, Comm* dp,
+                                                            const Fp8Params& fp8_params) {
   if (!args.fp8_format.empty())
     return make_fp8_policy(make_fp8_recipe(args.fp8_format, args.fp8_margin, args.fp8_amax_history_len,
                                            args.fp8_amax_compute_algo),
-                           tp, dp);
+                           tp, dp, fp8_params);
   if (args.bf16) return make_half_precision_policy(HalfFormat::bf16);
   if (args.fp16) return make_half_precision_policy(HalfFormat::fp16);
   return nullptr;

@@ -18,7 +18,8 @@ namespace lattice {
 class Comm;
 
 // tp, dp: the tensor- and data-parallel groups (fp8 reduces each step's amaxes over them). Null without mixed precision.
-std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp, Comm* dp);
+std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp, Comm* dp,
+                                                            const Fp8Params& fp8_params = {});
 
 // The core attention's math on a GPU: bf16 with --bf16 or --fp8-format, fp16 with
 // --fp16, else fp32.

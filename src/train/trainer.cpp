@@ -349,7 +349,13 @@ int run_training(const TrainArgs& args) {
   }
   Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{});
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
-  const std::unique_ptr<MixedPrecisionPolicy> precision = make_precision_policy(args, &ps->tp(), &ps->dp());
+  Fp8Params fp8_params;  // every rank reduces every weight's amax; the experts' over their replicas
+  fp8_params.count = int64_t(model.params().infos().size());
+  if (ps->layout().ep > 1) {
+    for (const ParamInfo& p : model.params().infos()) fp8_params.expert.push_back(p.expert);
+    fp8_params.expert_dp = &ps->expert_dp();
+  }
+  const std::unique_ptr<MixedPrecisionPolicy> precision = make_precision_policy(args, &ps->tp(), &ps->dp(), fp8_params);
   if (precision) model.set_gemm_policy(precision.get());
   model.set_attention_math(attention_math(args));
   const std::unique_ptr<LossScaler> loss_scaler = make_loss_scaler(args);
@@ -432,12 +438,14 @@ int run_training(const TrainArgs& args) {
   save_opts.loss_scaler = loss_scaler.get();
   save_opts.precision = precision.get();
   // fp8 state of the other pipeline stages: each stage's first rank (tp 0, dp 0; the
-  // state is the same on every rank of a stage) broadcasts its weights' state over world.
+  // state is the same on every rank of a stage) broadcasts its weights' state over world;
+  // with expert parallelism so do dp ranks 1 .. ep - 1, for their experts.
   save_opts.merge_fp8 = [&](std::map<std::string, Fp8ScalingState>& states) {
     const ParallelLayout& l = ps->layout();
-    if (l.pp == 1) return;
-    for (int stage = 0; stage < l.pp; ++stage) {
-      const int root = stage * l.tp * l.dp;
+    if (l.pp == 1 && l.ep == 1) return;
+    for (int root_index = 0; root_index < l.pp * l.ep; ++root_index) {
+      const int stage = root_index / l.ep, e = root_index % l.ep;
+      const int root = stage * l.tp * l.dp + e * l.tp;
       std::string text = ps->world_rank() == root ? fp8_state_to_json(states).dump() : std::string();
       int64_t bytes = int64_t(text.size());
       ps->world().broadcast(&bytes, int64_t(sizeof bytes), root);

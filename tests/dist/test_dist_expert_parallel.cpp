@@ -2,10 +2,13 @@
 // layer's experts split over the data-parallel ranks of an expert-parallel group, the tokens
 // dispatched to them by all-to-all, their gradients reduced over the expert data-parallel group.
 // Losses, gradient norms and every parameter part each rank holds (the experts under their
-// global numbers) over 20 iterations, to 1e-5 relative (layout_run.h). Runs under mpirun with 2
+// global numbers) over 20 iterations, to 1e-5 relative (layout_run.h); in fp8, every weight's
+// scales after the first step, then 10 iterations within fp8's bounds. Runs under mpirun with 2
 // and 4 ranks; each layout runs where the world size fits it.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,7 @@
 #include "dist/mpi_comm.h"
 #include "dist/parallel_state.h"
 #include "model/gpt_model.h"
+#include "model/mixed_precision.h"
 #include "optim/optimizer.h"
 #include "pipeline/pipeline_runner.h"
 #include "train/data_parallel.h"
@@ -36,6 +40,11 @@ struct Case {
   double capacity = 0;         // --moe-expert-capacity-factor
   bool recompute = false;      // full recomputation (the dispatch reruns in the backward)
   std::vector<int> moe_layers = {};
+  bool fp8 = false;            // fp8 hybrid with delayed scaling (the experts' amaxes over their replicas)
+};
+
+struct EpRun : LayoutRun {
+  std::map<std::string, Fp8ScalingState> fp8_after_first;  // fp8: every weight's state after step 1
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -77,7 +86,7 @@ TransformerConfig config(const Case& c, int tp) {
 }
 
 // `ps` null: the single-process reference.
-LayoutRun train(const Case& c, ParallelState* ps) {
+EpRun train(const Case& c, ParallelState* ps) {
   const int P = ps ? ps->pp().size() : 1;
   const PipelineLayout layout = make_pipeline_layout(4, P, 0, 0, 0);
   const int dp_size = ps ? ps->dp().size() : 1;
@@ -98,13 +107,32 @@ LayoutRun train(const Case& c, ParallelState* ps) {
     dp = std::make_unique<DataParallel>(model, ps->dp(), cfg, &ps->ep(), &ps->expert_dp());
   }
   Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
+  std::unique_ptr<MixedPrecisionPolicy> policy;
+  if (c.fp8) {  // as the trainer makes it
+    Fp8Params params;
+    params.count = int64_t(model.params().infos().size());
+    if (ps) {
+      for (const ParamInfo& p : model.params().infos()) params.expert.push_back(p.expert);
+      params.expert_dp = &ps->expert_dp();
+    }
+    policy = make_fp8_policy(make_fp8_recipe("hybrid", 0, 4, "max"), ps ? &ps->tp() : nullptr,
+                             ps ? &ps->dp() : nullptr, params);
+    model.set_gemm_policy(policy.get());
+  }
   MockSamples data(model.config().vocab_size, kT, 7);
   StepConfig sc{kB, kGBS, kT, 1.0, 1234};
-  LayoutRun run;
-  for (int64_t it = 0; it < kIters; ++it) {
+  sc.precision = policy.get();
+  EpRun run;
+  // fp8: 10 iterations. Its rounding flips (below) can move a token to another expert, a discrete
+  // change of the loss, and such changes compound: at DP 4 = EP 2 x 2 the loss is off by 6e-4
+  // relative (beyond bf16's u/8) from iteration 12 on.
+  for (int64_t it = 0; it < (c.fp8 ? 10 : kIters); ++it) {
     const StepResult r = train_step(model, opt, data, sc, it, kLr, kWd, dp.get(), &runner);
     run.losses.push_back(r.lm_loss);
     run.grad_norms.push_back(r.grad_norm);
+    if (it == 0 && policy)
+      for (const auto& [param, state] : policy->scaling_state())
+        run.fp8_after_first[model.params().infos()[size_t(param)].name] = state;
   }
   model.params().download_params(run.params);
   run.infos = model.params().infos();
@@ -119,8 +147,8 @@ TEST_P(DistExpertParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(c.tp, c.pp, 120, c.ep);
   ASSERT_EQ(ps->ep().size(), c.ep);
   ASSERT_EQ(ps->expert_dp().size(), ps->dp().size() / c.ep);
-  const LayoutRun single = train(c, nullptr);
-  const LayoutRun run = train(c, ps.get());
+  const EpRun single = train(c, nullptr);
+  const EpRun run = train(c, ps.get());
   // This rank holds its expert-parallel rank's experts only, under their global numbers.
   const int64_t El = c.experts / c.ep;
   int experts = 0;
@@ -133,7 +161,26 @@ TEST_P(DistExpertParallel, MatchesSingleProcess) {
     EXPECT_TRUE(p.expert) << p.name;
   }
   EXPECT_GT(experts, 0);
-  expect_same_run(run, single);
+  if (!c.fp8) {
+    expect_same_run(run, single);
+    return;
+  }
+  // fp8: after the first step every weight's scales, each expert's included (its amaxes MAX-reduced
+  // over the ranks holding it), are the single process's; then the runs agree within fp8's rounding
+  // flips (tests/dist/test_dist_precision_layouts.cpp's bounds: bf16's for the loss, half e4m3's unit
+  // roundoff for the gradient norm, 1e-2 for the parameters).
+  EXPECT_FALSE(run.fp8_after_first.empty());
+  int expert_states = 0;
+  for (const auto& [name, st] : run.fp8_after_first) {
+    ASSERT_TRUE(single.fp8_after_first.count(name)) << name;
+    expert_states += name.find("local_experts.") != std::string::npos;
+    const Fp8ScalingState& want = single.fp8_after_first.at(name);
+    for (int k = 0; k < 3; ++k)
+      EXPECT_NEAR(st.scale[size_t(k)], want.scale[size_t(k)], 1e-5 * std::fabs(want.scale[size_t(k)]))
+          << name << " scale " << k << " after the first step";
+  }
+  EXPECT_EQ(expert_states, 2 * 4 * int(El));  // fc1 and fc2 of every local expert of the 4 layers
+  expect_same_run(run, single, RunTolerance{std::ldexp(1.0, -8) / 8, std::ldexp(1.0, -4) / 2, 1e-2});
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -143,9 +190,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Ep2EightExpertsDistributedOptimizer", 2, 1, 1, 2, 8, true, true},
         Case{"Ep2SwiGluSharedCapacityDropout", 2, 1, 1, 2, 4, false, false, false, 0.1f, true, false, 1.0},
         Case{"Ep2SigmoidBiasRecompute", 2, 1, 1, 2, 4, true, false, false, 0.0f, false, true, 0, true},
+        // fp8 hybrid: each expert's amaxes reduced over the ranks holding it, not paired with another's.
+        Case{"Ep2Fp8", 2, 1, 1, 2, 4, true, true, false, 0.0f, false, false, 0, false, {}, true},
         // DP 4: two expert-parallel groups of 2, the experts' gradients reduced over pairs.
         Case{"Dp4Ep2EightExpertsDistributedOptimizer", 4, 1, 1, 2, 8, true, true},
         Case{"Dp4Ep4", 4, 1, 1, 4, 4, false, false, false, 0.1f},
+        Case{"Dp4Ep2EightExpertsFp8", 4, 1, 1, 2, 8, true, true, false, 0.0f, false, false, 0, false, {}, true},
         // TP 2 x EP 2 with sequence parallelism: each tensor-parallel rank dispatches its shard of the experts.
         Case{"Tp2Ep2SequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.1f, true},
         // PP 2 x EP 2: the dispatch inside the 1F1B schedule, a dense layer on each stage.

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -63,6 +64,48 @@ TEST(DistPrecision, OverflowOnOneRankSkipsTheStepEverywhere) {
   std::vector<float> mx(model.params().params(), model.params().params() + model.params().numel());
   ps->world().all_reduce(mx.data(), int64_t(mx.size()), ReduceOp::max);
   EXPECT_EQ(0, std::memcmp(mx.data(), model.params().params(), mx.size() * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace lattice
+
+namespace lattice {
+namespace {
+
+// fp8 over data parallelism when a weight is used on some ranks only (an expert no token of this
+// rank reached): told the parameter count, every rank reduces the same amax list, and a weight used
+// anywhere enters every rank's history alike (a weight used nowhere enters none).
+TEST(DistPrecision, Fp8WeightUsedOnOneRankRecordsOnAll) {
+  auto ps = ParallelState::create(1, 1, 120);
+  if (ps->dp().size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  Fp8Params params;
+  params.count = 4;
+  auto policy = make_fp8_policy(make_fp8_recipe("hybrid", 0, 4, "max"), nullptr, &ps->dp(), params);
+  const int64_t N = 4, in = 8, out = 2;
+  std::vector<float> x(size_t(N * in)), w(size_t(out * in)), y(size_t(N * out));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * float(int(i % 7) - 3) * float(ps->dp_rank() + 1);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f - 0.125f * float(i % 5);
+  policy->forward(0, y.data(), x.data(), w.data(), N, in, out);  // every rank
+  if (ps->dp_rank() == 0) policy->forward(2, y.data(), x.data(), w.data(), N, in, out);  // rank 0 only
+  policy->finish_step();
+  const std::map<int, Fp8ScalingState> st = policy->scaling_state();
+  ASSERT_EQ(st.size(), 2u) << "weights 0 and 2 (1 and 3 used nowhere)";
+  ASSERT_TRUE(st.count(2));
+  // The same state on every rank: rank 0's amaxes for weight 2, the MAX over ranks for weight 0.
+  std::vector<double> mine;
+  for (int p : {0, 2})
+    for (int k = 0; k < 3; ++k) {
+      ASSERT_EQ(st.at(p).amax_history[size_t(k)].size(), 1u) << "weight " << p;
+      mine.push_back(st.at(p).amax_history[size_t(k)][0]);
+    }
+  std::vector<double> most = mine;
+  ps->dp().all_reduce(most.data(), int64_t(most.size()), ReduceOp::max);
+  std::vector<double> least = mine;
+  for (double& v : least) v = -v;
+  ps->dp().all_reduce(least.data(), int64_t(least.size()), ReduceOp::max);
+  for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(most[i], -least[i]) << "amax " << i << " differs between ranks";
+  EXPECT_EQ(mine[0], 0.75f * float(ps->dp().size()));  // the input's amax: the largest rank's
+  EXPECT_EQ(mine[3], 0.75f);                            // weight 2's input: rank 0's
 }
 
 }  // namespace
