@@ -311,6 +311,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"moe-grouped-gemm", Kind::flag, &a.implementation.moe_grouped_gemm,
        "accepted: one GEMM pair per expert, the same math as grouped GEMMs"},
       {"moe-permute-fusion", Kind::flag, &a.implementation.moe_permute_fusion, "accepted (fusion choices change no math)"},
+      {"moe-shared-expert-overlap", Kind::flag, &a.implementation.moe_shared_expert_overlap,
+       "accepted: the shared experts' output is the same whether or not it overlaps the dispatch"},
       {"moe-token-dispatcher-type", Kind::str, &a.implementation.moe_token_dispatcher_type,
        "accepted: alltoall | allgather (the same math; lattice dispatches by all-to-all under expert parallelism)"},
       {"expert-tensor-parallel-size", Kind::i64, &a.implementation.expert_tensor_parallel_size,

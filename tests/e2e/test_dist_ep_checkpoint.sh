@@ -124,10 +124,10 @@ else
 fi
 
 # Megatron's MoE implementation flags change nothing: the first iterations bit for bit.
-OMP_NUM_THREADS=1 "$LATTICE" "${TRAIN[@]}" --train-iters 6 --exit-interval 3 --moe-grouped-gemm --moe-permute-fusion \
+OMP_NUM_THREADS=1 "$LATTICE" "${TRAIN[@]}" --train-iters 6 --exit-interval 3 --moe-grouped-gemm --moe-permute-fusion --moe-shared-expert-overlap \
   --moe-token-dispatcher-type alltoall --expert-tensor-parallel-size 1 > impl.log 2>&1 || fail "run with MoE implementation flags failed: $(tail -2 impl.log)"
 [ "$(losses impl.log | tr '\n' ' ')" = "$(losses straight.log | head -3 | tr '\n' ' ')" ] &&
-  pass "--moe-grouped-gemm --moe-permute-fusion --moe-token-dispatcher-type alltoall leave the losses identical" ||
+  pass "--moe-grouped-gemm --moe-permute-fusion --moe-shared-expert-overlap --moe-token-dispatcher-type alltoall leave the losses identical" ||
   fail "the MoE implementation flags changed the losses: $(losses impl.log | tr '\n' ' ')"
 expect_error "flex dispatcher" "--moe-token-dispatcher-type must be alltoall or allgather, got 'flex'" -- \
   "$LATTICE" "${TRAIN[@]}" --train-iters 2 --moe-token-dispatcher-type flex --save bad5
