@@ -644,7 +644,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
                     // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
-    moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), N, moe_shape(T, !key.generation));
+    moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), N, moe_shape(T, !key.generation, key.training));
     reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
     if (!output) return;
     const PhiloxStream stream = site_stream(key, layer_name(l, "mlp.dropout"));
@@ -779,9 +779,10 @@ GemmSite GPTModel::router_site(int param) const {
   return site(param);
 }
 
-MoeShape GPTModel::moe_shape(int64_t T, bool capacity) const {
+MoeShape GPTModel::moe_shape(int64_t T, bool capacity, bool training) const {
   MoeShape s = lattice::moe_shape(cfg_, tp_.size(), ep_ ? ep_->size() : 1);
   if (cfg_.moe_seq_aux_loss) s.aux_group = T;
+  s.sinkhorn = cfg_.moe_sinkhorn && training;
   if (capacity) {  // generation is dropless
     s.capacity_factor = cfg_.moe_expert_capacity_factor;
     s.drop_by_position = cfg_.moe_token_drop_policy == "position";
@@ -909,7 +910,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
         dy = sc.d_c1;
       }
       MoeGrads g = moe_grads(p);
-      moe_backward(sc.d_c2, dy, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), g, sc.moe, N, moe_shape(T, true), a.grad_scale,
+      moe_backward(sc.d_c2, dy, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), g, sc.moe, N, moe_shape(T, true, true), a.grad_scale,
                    tp_.comm, tp_.rank() == 0);
       float* d_ln2 = sp ? sc.d_s : sc.d_c2;
       reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);

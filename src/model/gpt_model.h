@@ -259,7 +259,7 @@ class GPTModel {
   };
   // --num-experts: the MoE layer's shape, weights and gradients of layer p (model/moe_layer.h).
   // T: the sequence length (seq_aux_loss's groups); training: a training forward (the capacity's drops).
-  MoeShape moe_shape(int64_t T, bool capacity) const;
+  MoeShape moe_shape(int64_t T, bool capacity, bool training) const;
   MoeWeights moe_weights(const LayerParams& p) const;
   MoeGrads moe_grads(const LayerParams& p) const;
   // --qk-layernorm's parameters and gradients of layer p (model/qk_layernorm.h).

@@ -233,12 +233,15 @@ void choose_experts(MoeState& st, const float* logits, int64_t N, const MoeShape
   st.gate_host.resize(size_t(N * k));
   std::vector<int32_t> order(static_cast<size_t>(E));
   std::vector<float> key(static_cast<size_t>(E));
+  const std::vector<float> balanced = s.sinkhorn ? sinkhorn(logits, N, E) : std::vector<float>();
   for (int64_t t = 0; t < N; ++t) {
     const float* l = logits + t * E;
     // What the top-k ranks, as Megatron's compute_topk gets it: the sigmoid scores (plus the
-    // bias), the softmax's probabilities (pre-softmax) or the logits.
+    // bias), the softmax's probabilities (pre-softmax) or the logits; in a sinkhorn training
+    // forward the Sinkhorn-normalized logits.
     for (int64_t e = 0; e < E; ++e)
-      key[size_t(e)] = s.sigmoid       ? st.sig[size_t(t * E + e)] + (bias ? bias[e] : 0.0f)
+      key[size_t(e)] = s.sinkhorn      ? balanced[size_t(t * E + e)]
+                       : s.sigmoid     ? st.sig[size_t(t * E + e)] + (bias ? bias[e] : 0.0f)
                        : s.pre_softmax ? st.scores[size_t(t * E + e)]
                                        : l[e];
     top_k_experts(order, key, s);
@@ -366,6 +369,33 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
   choose_experts(st, logits, N, s, bias);
   assign_slots(st, kept_pairs(st, N, s), N, s);
   router_losses(st, logits, N, s);
+}
+
+std::vector<float> sinkhorn(const float* logits, int64_t N, int64_t E) {
+  std::vector<float> c(static_cast<size_t>(N * E)), d0(static_cast<size_t>(N), 1.0f), d1(static_cast<size_t>(E), 1.0f);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = std::exp(logits[i]);
+  const float eps = 1e-8f;
+  float error = 1e9f;
+  std::vector<float> d1_old = d1;
+  while (error > 1e-4f) {
+    for (int64_t t = 0; t < N; ++t) {
+      float sum = 0.0f;
+      for (int64_t e = 0; e < E; ++e) sum += d1[size_t(e)] * c[size_t(t * E + e)];
+      d0[size_t(t)] = (1.0f / float(N)) * 1.0f / (sum + eps);
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      float sum = 0.0f;
+      for (int64_t t = 0; t < N; ++t) sum += d0[size_t(t)] * c[size_t(t * E + e)];
+      d1[size_t(e)] = (1.0f / float(E)) * 1.0f / (sum + eps);
+    }
+    float change = 0.0f;
+    for (int64_t e = 0; e < E; ++e) change += std::fabs(d1_old[size_t(e)] - d1[size_t(e)]);
+    error = change / float(E);
+    d1_old = d1;
+  }
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t e = 0; e < E; ++e) c[size_t(t * E + e)] *= d1[size_t(e)] * d0[size_t(t)];
+  return c;
 }
 
 int MoeExpertParallel::size() const { return comm ? comm->size() : 1; }

@@ -71,6 +71,8 @@ struct MoeShape {
   bool drop_by_position = false;  // --moe-token-drop-policy position (else probs)
   int64_t groups = 0, group_topk = 0;  // --moe-router-num-groups, --moe-router-group-topk (0: none)
   bool sigmoid = false;      // --moe-router-score-function sigmoid
+  bool sinkhorn = false;     // a training forward of --moe-router-load-balancing-type sinkhorn: the choice by the
+                             // top k of the Sinkhorn-normalized logits (the gates as pre_softmax, or sigmoid)
   bool expert_bias = false;  // --moe-router-enable-expert-bias (MoeWeights::expert_bias)
   int64_t Fs = 0;            // the shared experts' ffn size (0: none)
   int64_t ep = 1;            // expert-parallel ranks: > 1, the experts' fc1 outputs and activations live with
@@ -172,6 +174,12 @@ struct MoeScratch {
 };
 int64_t moe_scratch_floats(int64_t N, const MoeShape& s);
 void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s);
+
+// Megatron's sinkhorn() of logits [N, E] (fp32): c = exp(l); d0 [N] and d1 [E] start at 1 and are
+// updated in turn, d0_t = 1 / (N (sum_e d1_e c_te + 1e-8)), d1_e = 1 / (E (sum_t d0_t c_te + 1e-8)),
+// until the mean |change| of d1 is at most 1e-4; returns d1_e c_te d0_t, whose rows each sum to
+// about 1/N and columns to 1/E.
+std::vector<float> sinkhorn(const float* logits, int64_t N, int64_t E);
 
 // The routing of host logits [N, E] into st's host fields and device index buffers (the
 // exported pieces are separately testable); bias_host: the expert bias [E] (s.expert_bias).

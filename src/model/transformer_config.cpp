@@ -110,6 +110,20 @@ void TransformerConfig::check_moe() {
                      << moe_router_group_topk << " and the experts of that many groups ("
                      << moe_router_group_topk * (num_experts / moe_router_num_groups) << ")";
   }
+  if (moe_sinkhorn) {  // Megatron's sinkhorn routing uses none of these: refused rather than ignored
+    const char* unused = moe_aux_loss_coeff > 0.0f              ? "--moe-aux-loss-coeff (must be 0)"
+                         : moe_expert_capacity_factor > 0.0     ? "--moe-expert-capacity-factor"
+                         : moe_router_enable_expert_bias        ? "--moe-router-enable-expert-bias"
+                         : moe_router_num_groups > 0            ? "--moe-router-num-groups"
+                         : moe_router_topk_scaling_factor != 1  ? "--moe-router-topk-scaling-factor"
+                         : moe_router_topk == 1 && moe_router_pre_softmax ? "--moe-router-pre-softmax (k = 1: sigmoid gates)"
+                         : moe_router_topk > 1 && moe_router_sigmoid()    ? "--moe-router-score-function sigmoid (k > 1: softmax gates)"
+                                                                          : nullptr;
+    if (unused) LATTICE_FAIL() << unused << " does not go with --moe-router-load-balancing-type sinkhorn";
+    // The gates sinkhorn routing gives: sigmoid of the chosen logit, or the softmax over all E.
+    if (moe_router_topk == 1) moe_router_score_function = "sigmoid";
+    else moe_router_pre_softmax = true;
+  }
   if (!(moe_expert_capacity_factor >= 0.0 && std::isfinite(moe_expert_capacity_factor)))
     LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << moe_expert_capacity_factor;
   if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")

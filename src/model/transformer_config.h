@@ -91,6 +91,14 @@ struct TransformerConfig {
   // --moe-router-load-balancing-type seq_aux_loss: the load-balancing loss of each sequence,
   // averaged over the micro-batch's (DeepSeek-V2's), instead of the micro-batch's as one.
   bool moe_seq_aux_loss = false;
+  // --moe-router-load-balancing-type sinkhorn (Megatron's sinkhorn_load_balancing, BASE layers'
+  // balanced assignment): a training forward chooses each token's k experts by the top k of the
+  // micro-batch's logits normalized by Sinkhorn's iteration (rows and columns scaled in turn until
+  // the column scales settle: each expert's total share near even); evaluation and generation by the
+  // top k of the gates. The gates are sigmoid(logit) with k = 1, else the softmax over all E at the
+  // chosen experts, not renormalized (finalize() sets the score function or pre-softmax so). No
+  // load-balancing loss (--moe-aux-loss-coeff 0), capacity, expert bias or groups.
+  bool moe_sinkhorn = false;
   // Group-limited routing (--moe-router-num-groups G --moe-router-group-topk g; 0: none): the
   // experts are G equal groups, each token's k experts come from its g best groups (a group's
   // score: the sum of its k / g largest routing scores; DeepSeek-V3's device- or node-limited routing).
@@ -99,7 +107,7 @@ struct TransformerConfig {
   // --moe-expert-capacity-factor f (0: none, dropless): each expert takes at most
   // ceil(N k / E f) of a micro-batch's N tokens in training forwards, the others dropped (their
   // slot left out of the token's sum), by --moe-token-drop-policy: probs (keep the largest gates)
-  // or position (keep the first tokens). Evaluation and generation are dropless.
+  // or position (keep the first tokens). Evaluation drops alike (Megatron's does); generation is dropless.
   double moe_expert_capacity_factor = 0.0;
   std::string moe_token_drop_policy = "probs";
   std::string moe_router_score_function = "softmax";

@@ -84,7 +84,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"moe-z-loss-coeff", Kind::f32, &a.moe_z_loss_coeff,
        "weight of the router z-loss (mean squared logsumexp of the logits; 0: none)"},
       {"moe-router-load-balancing-type", Kind::str, &a.moe_router_load_balancing_type,
-       "aux_loss (the load-balancing loss, weighted by --moe-aux-loss-coeff), seq_aux_loss (per sequence) or none"},
+       "aux_loss (the load-balancing loss, weighted by --moe-aux-loss-coeff), seq_aux_loss (per sequence), sinkhorn "
+       "(balanced choice in training, no loss) or none"},
       {"moe-layer-freq", Kind::str, &a.moe_layer_freq,
        "which layers are MoE layers: every N-th (an integer, default 1) or a list such as ([0]*1+[1]*23)"},
       {"moe-shared-expert-intermediate-size", Kind::i64, &a.moe_shared_expert_intermediate_size,
@@ -410,9 +411,9 @@ void validate(TrainArgs& a) {
   reject_unimplemented(a);
   validate_precision(a);
   const std::string& lb = a.moe_router_load_balancing_type;
-  if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "none")
+  if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "sinkhorn" && lb != "none")
     LATTICE_FAIL() << "--moe-router-load-balancing-type " << lb
-                   << " is not supported (aux_loss, seq_aux_loss or none; Megatron's sinkhorn and global_aux_loss are not"
+                   << " is not supported (aux_loss, seq_aux_loss, sinkhorn or none; Megatron's global_aux_loss is not"
                    << " implemented)";
   auto positive = [](const char* flag, int64_t v) {
     if (v <= 0) LATTICE_FAIL() << "--" << flag << " is required and must be positive (got " << v << ")";
@@ -618,6 +619,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_router_topk_scaling_factor = moe_router_topk_scaling_factor;
   c.moe_aux_loss_coeff = moe_router_load_balancing_type == "none" ? 0.0f : moe_aux_loss_coeff;
   c.moe_seq_aux_loss = moe_router_load_balancing_type == "seq_aux_loss";
+  c.moe_sinkhorn = moe_router_load_balancing_type == "sinkhorn";
   c.moe_z_loss_coeff = moe_z_loss_coeff;
   if (moe_expert_capacity_factor) {
     if (!(*moe_expert_capacity_factor > 0.0))

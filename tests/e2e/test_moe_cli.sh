@@ -8,7 +8,7 @@
 # Qwen2-MoE-style model (--add-qkv-bias, gated shared experts, pre-softmax gates, a dense first
 # layer by --moe-layer-freq) trains, resumes by --use-checkpoint-args, and goes to HuggingFace
 # Qwen2-MoE and back generating the same text, a DeepSeek-MoE-style one to DeepSeek-MoE and back.
-# Sigmoid scores with the expert bias (aux-loss-free)
+# Sinkhorn routing trains and generates; sigmoid scores with the expert bias (aux-loss-free)
 # train, keep the bias in the checkpoint, resume and generate; HuggingFace export refuses them.
 #   bash tests/e2e/test_moe_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
@@ -122,6 +122,14 @@ if run seq_train "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type s
     grep -q '"seq_load_balancing_loss"' seq.jsonl && pass "seq_aux_loss logs seq_load_balancing_loss" ||
     fail "no seq_load_balancing_loss logged"
 fi
+# Sinkhorn routing (no load-balancing loss): trains; its checkpoint records the softmax-over-all gates it
+# implies, with which generation (top k of the gates) runs.
+if run sink_train "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-router-load-balancing-type sinkhorn "${RUN[@]}" \
+     --train-iters 3 --save sinkckpt; then
+  grep -q '"moe_router_pre_softmax": *true' sinkckpt/iter_0000003/*.json &&
+    run sink_gen "$LATTICE" generate --load sinkckpt --prompt "ab" --max-new-tokens 8 --seed 2 &&
+    pass "sinkhorn routing trains; its checkpoint generates" || fail "the sinkhorn checkpoint lacks pre-softmax gates or does not generate"
+fi
 # The independent HuggingFace fixtures in (tests/fixtures/make_hf_llama_fixture.py).
 for f in hf_mixtral_tiny hf_qwen3_moe_tiny hf_qwen2_moe_tiny hf_deepseek_moe_tiny; do
   run "$f" "$LATTICE" convert --from-hf "$SRC/tests/fixtures/$f" --save "ckpt-$f" &&
@@ -134,8 +142,13 @@ expect_error "top-k above the experts" "--moe-router-topk|5" -- \
   "$LATTICE" train "${DENSE[@]}" --num-experts 4 --moe-router-topk 5 "${RUN[@]}" --train-iters 1 --save bad2
 expect_error "a negative load-balancing coefficient" "--moe-aux-loss-coeff" -- \
   "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-aux-loss-coeff -1 "${RUN[@]}" --train-iters 1 --save bad3
-expect_error "an unimplemented load-balancing type" "--moe-router-load-balancing-type|sinkhorn" -- \
-  "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type sinkhorn "${RUN[@]}" --train-iters 1 --save bad4
+expect_error "an unimplemented load-balancing type" "--moe-router-load-balancing-type|global_aux_loss" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type global_aux_loss "${RUN[@]}" --train-iters 1 --save bad4
+expect_error "sinkhorn with a load-balancing loss" "--moe-aux-loss-coeff|sinkhorn" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type sinkhorn "${RUN[@]}" --train-iters 1 --save bad12
+expect_error "sinkhorn with a capacity" "--moe-expert-capacity-factor|sinkhorn" -- \
+  "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-router-load-balancing-type sinkhorn --moe-expert-capacity-factor 1 \
+  "${RUN[@]}" --train-iters 1 --save bad13
 expect_error "a shared-expert gate without shared experts" "--moe-shared-expert-gate" -- \
   "$LATTICE" train "${MOE[@]}" --moe-shared-expert-gate "${RUN[@]}" --train-iters 1 --save bad5
 expect_error "the expert bias without sigmoid scores" "--moe-router-enable-expert-bias" -- \
@@ -151,6 +164,6 @@ expect_error "an fp64 router" "--moe-router-dtype" -- \
 expect_error "a layer pattern of the wrong length" "--moe-layer-freq" -- \
   "$LATTICE" train "${MOE[@]}" --moe-layer-freq '[1,0,1]' "${RUN[@]}" --train-iters 1 --save bad6
 [ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e bad7 ] || [ -e bad8 ] ||
-  [ -e bad9 ] || [ -e bad10 ] || [ -e bad11 ] &&
+  [ -e bad9 ] || [ -e bad10 ] || [ -e bad11 ] || [ -e bad12 ] || [ -e bad13 ] &&
   fail "a refused run left a checkpoint behind"
 e2e_finish

@@ -214,6 +214,40 @@ TEST(Moe, GroupLimitedRoutingPicksTheBestGroups) {
   EXPECT_EQ(Routed(logits, 1, s).st.choice, (std::vector<int32_t>{0, 2, 3, 4}));
 }
 
+// Megatron's sinkhorn(): rows then columns rescaled until the column scales settle (1e-4 mean
+// change): each column of the result sums to 1/E (the last update scales the columns) and each row
+// to about 1/N (within the last update's change). On logits where one
+// expert dominates every token, plain top-1 sends all tokens to it; the balanced choice sends
+// one token to each expert.
+TEST(Moe, SinkhornBalancesTheChoice) {
+  const int64_t N = 4, E = 4;
+  std::vector<float> logits(size_t(N * E));
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t e = 0; e < E; ++e)  // expert 0 best for every token; token t's second best is expert t
+      logits[size_t(t * E + e)] = e == 0 ? 3.0f : (e == t ? 2.0f + 0.1f * float(t) : 0.1f * float(e));
+  const std::vector<float> b = sinkhorn(logits.data(), N, E);
+  for (int64_t t = 0; t < N; ++t) {
+    double row = 0;
+    for (int64_t e = 0; e < E; ++e) row += b[size_t(t * E + e)];
+    EXPECT_NEAR(row, 1.0 / double(N), 1e-4) << "row " << t;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    double col = 0;
+    for (int64_t t = 0; t < N; ++t) col += b[size_t(t * E + e)];
+    EXPECT_NEAR(col, 1.0 / double(E), 1e-6) << "column " << e;
+  }
+  MoeShape s = shape(E, 1);
+  s.sigmoid = true;  // sinkhorn's k = 1 gates: sigmoid of the chosen logit
+  EXPECT_EQ(Routed(logits, N, s).st.choice, (std::vector<int32_t>{0, 0, 0, 0}));
+  s.sinkhorn = true;
+  const Routed balanced(logits, N, s);
+  EXPECT_EQ(balanced.st.choice, (std::vector<int32_t>{0, 1, 2, 3}));
+  for (int64_t t = 0; t < N; ++t) {
+    const float l = logits[size_t(t * E + balanced.st.choice[size_t(t)])];
+    EXPECT_NEAR(balanced.st.gate_host[size_t(t)], 1.0 / (1.0 + std::exp(-double(l))), 1e-6) << "token " << t;
+  }
+}
+
 // E / (k n^2) sum_e (sum_t softmax(l_t)[e]) count_e over the rows [t0, t1) (n of them) of top-1 logits [*, E].
 double switch_balance(const std::vector<float>& logits, int64_t t0, int64_t t1, int64_t E) {
   std::vector<double> count(static_cast<size_t>(E), 0.0), psum(static_cast<size_t>(E), 0.0);
