@@ -168,7 +168,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   local_experts_ = cfg_.num_experts / (ep_ ? ep_->size() : 1);
   first_expert_ = ep_ ? local_experts_ * ep_->rank() : 0;
   cfg_.check_recompute();
-  selective_ = cfg_.recompute_granularity == "selective";
+  selective_ = cfg_.recompute_core_attention();
   LATTICE_CHECK(T <= cfg_.max_position_embeddings)
       << "--seq-length " << T << " exceeds --max-position-embeddings " << cfg_.max_position_embeddings;
   check_tensor_parallel(cfg_, tp_, T);
@@ -377,7 +377,14 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   const int64_t Fl = cfg.ffn_hidden_size / P, F1l = cfg.fc1_width() / P, Hl = cfg.num_attention_heads / P;
   const int64_t Gl = cfg.num_query_groups / P;
   const int64_t Vl = cfg.padded_vocab_size / P;
-  const bool selective = cfg.recompute_granularity == "selective";
+  const bool selective = cfg.recompute_core_attention();
+  // --moe-layer-recompute: every MoE layer's buffers are one shared copy, refilled before its backward.
+  std::shared_ptr<MoeState> shared_moe;
+  if (cfg.recompute_moe()) {
+    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
+    shared_moe = std::make_shared<MoeState>();
+    moe_state_carve(*shared_moe, arena.alloc_f32(moe_state_floats(N, ms), "moe (recomputed)"), N, ms);
+  }
   // moe, dense: the layer buffers of an MoE layer, of a dense MLP's (a recomputation group's
   // shared layer may serve both kinds).
   auto alloc_layer = [&](bool attention, bool moe, bool dense) {
@@ -397,7 +404,9 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
     x.ln2_mean = arena.alloc_f32(Ns);
     x.ln2_rstd = arena.alloc_f32(Ns);
-    if (moe) {
+    if (moe && shared_moe) {
+      x.moe = shared_moe;
+    } else if (moe) {
       x.moe = std::make_shared<MoeState>();
       const MoeShape ms = lattice::moe_shape(cfg, P, ep);
       moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, ms), "moe"), N, ms);
@@ -910,7 +919,11 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
         dy = sc.d_c1;
       }
       MoeGrads g = moe_grads(p);
-      moe_backward(sc.d_c2, dy, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), g, sc.moe, N, moe_shape(T, true, true), a.grad_scale,
+      const float* moe_in = ln_input(x.ln2, N).f32;
+      // MoE-layer recomputation: the routing, dispatch and experts again into the shared buffers
+      // (the output into d_c2, which the backward then overwrites with the input gradient).
+      if (cfg_.recompute_moe()) moe_forward(sc.d_c2, moe_in, *x.moe, moe_weights(p), N, moe_shape(T, true, true));
+      moe_backward(sc.d_c2, dy, moe_in, *x.moe, moe_weights(p), g, sc.moe, N, moe_shape(T, true, true), a.grad_scale,
                    tp_.comm, tp_.rank() == 0);
       float* d_ln2 = sp ? sc.d_s : sc.d_c2;
       reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);

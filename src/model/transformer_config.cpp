@@ -205,6 +205,27 @@ void TransformerConfig::check_recompute() const {
   if (g == "full" && (recompute_num_layers < 1 || recompute_num_layers > num_layers))
     LATTICE_FAIL() << "--recompute-num-layers must be in [1, --num-layers " << num_layers << "] with --recompute-method "
                    << m << ", got " << recompute_num_layers;
+  if (!recompute_modules.empty() && g != "selective")
+    LATTICE_FAIL() << "--recompute-modules needs --recompute-granularity selective";
+  for (const std::string& module : recompute_modules)
+    if (module != "core_attn" && module != "moe")
+      LATTICE_FAIL() << "--recompute-modules " << module << " is not implemented (core_attn and moe are)";
+  if (recompute_moe() && g == "full")
+    LATTICE_FAIL() << "--moe-layer-recompute does not go with --recompute-granularity full (which recomputes them)";
+  if (recompute_moe() && !moe())
+    LATTICE_FAIL() << (moe_layer_recompute ? "--moe-layer-recompute" : "--recompute-modules moe") << " needs --num-experts";
+}
+
+bool TransformerConfig::recompute_core_attention() const {
+  return recompute_granularity == "selective" &&
+         (recompute_modules.empty() ||
+          std::find(recompute_modules.begin(), recompute_modules.end(), "core_attn") != recompute_modules.end());
+}
+
+bool TransformerConfig::recompute_moe() const {
+  return moe_layer_recompute || (recompute_granularity == "selective" &&
+                                 std::find(recompute_modules.begin(), recompute_modules.end(), "moe") !=
+                                     recompute_modules.end());
 }
 
 namespace {

@@ -133,12 +133,20 @@ struct TransformerConfig {
   //   full + uniform: each chunk's layers in groups of recompute_num_layers; only a
   //                   group's input is kept, its forward reruns in backward
   //   full + block:   the first recompute_num_layers layers of each chunk recomputed
-  //   selective:      the core attention's output and statistics recomputed
-  // recompute_num_layers is clamped to each chunk's layers (a pipeline stage may hold
-  // fewer than num_layers).
+  //   selective:      the modules of recompute_modules (Megatron's --recompute-modules; empty:
+  //                   core_attn): core_attn, the core attention's output and statistics;
+  //                   moe, every MoE layer's routing, dispatch and experts from its kept input
+  //                   (one shared copy of their buffers), before its backward
+  // --moe-layer-recompute (Megatron's older flag) recomputes the MoE layers with or without
+  // selective recomputation. recompute_num_layers is clamped to each chunk's layers (a pipeline
+  // stage may hold fewer than num_layers).
   std::string recompute_granularity;  // "" | full | selective
   std::string recompute_method;       // "" | uniform | block (full only)
   int64_t recompute_num_layers = 0;   // >= 1 with full
+  std::vector<std::string> recompute_modules;  // selective: core_attn | moe (empty: core_attn)
+  bool moe_layer_recompute = false;
+  bool recompute_core_attention() const;
+  bool recompute_moe() const;
 
   // Fills the derived fields (ffn, kv_channels, padded vocab) and checks the
   // combination; errors name the flag (e.g. --num-attention-heads).

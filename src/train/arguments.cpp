@@ -157,6 +157,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"recompute-granularity", Kind::str, &a.recompute_granularity, "activation recomputation: full | selective"},
       {"recompute-method", Kind::str, &a.recompute_method, "full recomputation: uniform | block"},
       {"recompute-num-layers", Kind::i64, &a.recompute_num_layers, "layers per recomputed group (uniform) or recomputed layers per chunk (block)"},
+      {"recompute-modules", Kind::list, &a.recompute_modules,
+       "selective recomputation's modules: core_attn (the default) and/or moe (every MoE layer)"},
+      {"moe-layer-recompute", Kind::flag, &a.moe_layer_recompute, "recompute every MoE layer in backward"},
       {"log-memory", Kind::flag, &a.log_memory, "per-rank memory estimate at start-up and measured peak"},
       {"sequence-parallel", Kind::flag, &a.sequence_parallel,
        "LayerNorm, dropout and residual on token shards of the tensor-parallel group"},
@@ -556,6 +559,10 @@ void validate(TrainArgs& a) {
   if (a.recompute_granularity == "full" && !a.fp8_format.empty())
     LATTICE_FAIL() << "--recompute-granularity full is not supported with --fp8-format (the recomputed forward "
                       "would record fp8 amaxes twice); use --recompute-granularity selective";
+  const bool moe_recompute = a.moe_layer_recompute || std::count(a.recompute_modules.begin(), a.recompute_modules.end(), "moe");
+  if (moe_recompute && !a.fp8_format.empty())
+    LATTICE_FAIL() << (a.moe_layer_recompute ? "--moe-layer-recompute" : "--recompute-modules moe")
+                   << " is not supported with --fp8-format (the recomputed experts would record fp8 amaxes twice)";
   // Model-shape checks (heads dividing hidden size, ...) live in TransformerConfig.
   TransformerConfig cfg = a.transformer_config();
   if (tokenizer_vocab_size > 0) cfg.vocab_size = tokenizer_vocab_size;
@@ -641,6 +648,8 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.recompute_granularity = recompute_granularity;
   c.recompute_method = recompute_method;
   c.recompute_num_layers = recompute_num_layers;
+  c.recompute_modules = recompute_modules;
+  c.moe_layer_recompute = moe_layer_recompute;
   return c;
 }
 

@@ -90,6 +90,8 @@ struct TrainArgs {
   std::string recompute_granularity;     // "" | full | selective
   std::string recompute_method;          // "" | uniform | block
   int64_t recompute_num_layers = 0;
+  std::vector<std::string> recompute_modules;  // selective: core_attn | moe (empty: core_attn)
+  bool moe_layer_recompute = false;
   bool log_memory = false;
   // data
   bool mock_data = false;

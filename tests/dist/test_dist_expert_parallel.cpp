@@ -41,6 +41,7 @@ struct Case {
   bool recompute = false;      // full recomputation (the dispatch reruns in the backward)
   std::vector<int> moe_layers = {};
   bool fp8 = false;            // fp8 hybrid with delayed scaling (the experts' amaxes over their replicas)
+  bool moe_layer_recompute = false;  // --moe-layer-recompute: the dispatch reruns before each MoE backward
 };
 
 struct EpRun : LayoutRun {
@@ -76,6 +77,7 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_router_enable_expert_bias = true;
     t.moe_router_bias_update_rate = 0.01f;
   }
+  t.moe_layer_recompute = c.moe_layer_recompute;
   if (c.recompute) {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";
@@ -190,6 +192,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Ep2EightExpertsDistributedOptimizer", 2, 1, 1, 2, 8, true, true},
         Case{"Ep2SwiGluSharedCapacityDropout", 2, 1, 1, 2, 4, false, false, false, 0.1f, true, false, 1.0},
         Case{"Ep2SigmoidBiasRecompute", 2, 1, 1, 2, 4, true, false, false, 0.0f, false, true, 0, true},
+        Case{"Ep2SwiGluSharedMoeLayerRecompute", 2, 1, 1, 2, 4, true, true, false, 0.1f, true, false, 0, false, {},
+             false, true},
         // fp8 hybrid: each expert's amaxes reduced over the ranks holding it, not paired with another's.
         Case{"Ep2Fp8", 2, 1, 1, 2, 4, true, true, false, 0.0f, false, false, 0, false, {}, true},
         // DP 4: two expert-parallel groups of 2, the experts' gradients reduced over pairs.

@@ -122,6 +122,15 @@ if run seq_train "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type s
     grep -q '"seq_load_balancing_loss"' seq.jsonl && pass "seq_aux_loss logs seq_load_balancing_loss" ||
     fail "no seq_load_balancing_loss logged"
 fi
+# MoE-layer recomputation: the same losses bit for bit, a smaller activation estimate.
+if run rc_off "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 3 --hidden-dropout 0.1 --metrics-file rc_off.jsonl &&
+   run rc_on "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 3 --hidden-dropout 0.1 --metrics-file rc_on.jsonl \
+     --recompute-granularity selective --recompute-modules core_attn moe; then
+  [ -n "$(losses rc_off.jsonl)" ] && [ "$(losses rc_on.jsonl)" = "$(losses rc_off.jsonl)" ] &&
+    pass "--recompute-modules core_attn moe: the losses bit for bit" || fail "MoE recomputation changed the losses"
+fi
+expect_error "MoE recomputation with fp8" "--moe-layer-recompute|--fp8-format" -- \
+  "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 1 --bf16 --fp8-format hybrid --moe-layer-recompute --save bad14
 # Sinkhorn routing (no load-balancing loss): trains; its checkpoint records the softmax-over-all gates it
 # implies, with which generation (top k of the gates) runs.
 if run sink_train "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-router-load-balancing-type sinkhorn "${RUN[@]}" \
@@ -164,6 +173,6 @@ expect_error "an fp64 router" "--moe-router-dtype" -- \
 expect_error "a layer pattern of the wrong length" "--moe-layer-freq" -- \
   "$LATTICE" train "${MOE[@]}" --moe-layer-freq '[1,0,1]' "${RUN[@]}" --train-iters 1 --save bad6
 [ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad3 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e bad7 ] || [ -e bad8 ] ||
-  [ -e bad9 ] || [ -e bad10 ] || [ -e bad11 ] || [ -e bad12 ] || [ -e bad13 ] &&
+  [ -e bad9 ] || [ -e bad10 ] || [ -e bad11 ] || [ -e bad12 ] || [ -e bad13 ] || [ -e bad14 ] &&
   fail "a refused run left a checkpoint behind"
 e2e_finish

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -38,7 +39,8 @@ void PrintTo(const Recompute& r, std::ostream* os) {
 // Qwen3-MoE-like model with --moe-layer-freq: the grouped QKV output's scratch, the query and key
 // norms' kept inputs and the MoE layer's routing, gathered rows and expert activations
 // recomputed too, a recomputation group's shared layers serving both kinds of MLP).
-TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = false) {
+TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = false,
+                         const std::vector<std::string>& modules = {}, bool moe_layer_recompute = false) {
   TransformerConfig c;
   if (llama) {
     c.position_embedding_type = "rope";
@@ -64,6 +66,8 @@ TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = 
   c.recompute_granularity = r.granularity;
   c.recompute_method = r.method;
   c.recompute_num_layers = r.num_layers;
+  c.recompute_modules = modules;
+  c.moe_layer_recompute = moe_layer_recompute;
   c.finalize();
   return c;
 }
@@ -73,8 +77,9 @@ struct TrainRun {
   std::vector<float> params;
 };
 
-TrainRun train(const Recompute& r, bool llama = false) {
-  GPTModel model(config(r, 0.1f, llama), kB, kT);
+TrainRun train(const Recompute& r, bool llama = false, const std::vector<std::string>& modules = {},
+               bool moe_layer_recompute = false) {
+  GPTModel model(config(r, 0.1f, llama, modules, moe_layer_recompute), kB, kT);
   model.init_parameters(1234);
   Optimizer opt(model.params(), OptimizerConfig{});
   MockSamples data(model.config().vocab_size, kT, 7);
@@ -122,6 +127,46 @@ TEST(ModelRecomputeLlama, TrainingIsBitIdentical) {
         << r.granularity << " " << r.method << ": final parameters differ";
   }
   EXPECT_NE(base.losses.front(), base.losses.back());
+}
+
+// MoE-layer recomputation (--recompute-modules moe, alone or with core_attn; --moe-layer-recompute):
+// every MoE layer's routing, gathered rows and experts rerun before its backward into one shared
+// copy of their buffers. Bit for bit the run without, and the arena keeps one MoE layer's buffers
+// in place of the three MoE layers'.
+TEST(ModelRecomputeMoe, TrainingIsBitIdenticalAndTheArenaKeepsOneMoeLayer) {
+  const TrainRun base = train(kNone, true);
+  const Recompute selective{"selective", "", 0};
+  struct Mode {
+    Recompute r;
+    std::vector<std::string> modules;
+    bool moe_layer;
+  };
+  for (const Mode& m : {Mode{selective, {"moe"}, false}, Mode{selective, {"core_attn", "moe"}, false},
+                        Mode{kNone, {}, true}}) {
+    const TrainRun got = train(m.r, true, m.modules, m.moe_layer);
+    EXPECT_EQ(got.losses, base.losses) << m.r.granularity << " " << m.modules.size();
+    EXPECT_EQ(got.grad_norms, base.grad_norms) << m.r.granularity << " " << m.modules.size();
+    ASSERT_EQ(got.params.size(), base.params.size());
+    EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), base.params.size() * sizeof(float)), 0)
+        << m.r.granularity << " " << m.modules.size() << ": final parameters differ";
+  }
+  const TransformerConfig plain = config(kNone, 0.1f, true), moe = config(kNone, 0.1f, true, {}, true);
+  const int64_t moe_layers = 3, state = (moe_state_floats(kB * kT, moe_shape(plain)) * 4 + 63) / 64 * 64;
+  EXPECT_EQ(GPTModel::activation_bytes(plain, kB, kT) - GPTModel::activation_bytes(moe, kB, kT),
+            size_t((moe_layers - 1) * state));
+  EXPECT_NE(base.losses.front(), base.losses.back());
+  // Only the two modules lattice recomputes; moe with full recomputation (which recomputes it) refused.
+  for (const auto& [r, modules, layer, flag] :
+       {std::tuple{selective, std::vector<std::string>{"mlp"}, false, "--recompute-modules mlp"},
+        std::tuple{kNone, std::vector<std::string>{"moe"}, false, "--recompute-modules needs --recompute-granularity selective"},
+        std::tuple{Recompute{"full", "uniform", 1}, std::vector<std::string>{}, true, "--moe-layer-recompute"}}) {
+    try {
+      config(r, 0.1f, true, modules, layer);
+      ADD_FAILURE() << "accepted " << flag;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  }
 }
 
 // Two chunks of 1 and 3 layers (N clamped to the first) holding two micro-batches each:
