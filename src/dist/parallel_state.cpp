@@ -101,7 +101,8 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
     // group's MPI communicator (kept for that); world stays MPI (host data only).
     set_nccl_timeout_seconds(timeout_seconds);
     for (auto* c : {&s->tp_, &s->dp_, &s->pp_, &s->embedding_, &s->ep_, &s->expert_dp_}) {
-      if (!*c || (*c)->size() == 1) continue;  // one rank (ep without expert parallelism): nothing to carry
+      // Without expert parallelism the ep group carries nothing (nothing uses a one-rank ep group).
+      if (!*c || (c == &s->ep_ && ep == 1)) continue;
       // The pipeline group sends and receives between neighbouring stages: its channels.
       std::unique_ptr<Comm> nccl = make_nccl_comm(**c, (*c)->name(), /*point_to_point=*/c == &s->pp_);
       s->bootstrap_.push_back(std::move(*c));
