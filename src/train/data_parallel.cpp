@@ -36,20 +36,17 @@ void DataParallel::finish_grad_sync() { sync_.finish(); }
 // element of the model once, the experts of every expert-parallel rank included; without it the
 // expert-parallel ranks add their experts.
 double DataParallel::grad_norm(Comm* tp, Comm* pp) {
-  return lattice::grad_norm(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp,
-                            cfg_.distributed_optimizer ? nullptr : ep_);
+  return lattice::grad_norm(params_, owned_ranges(), shard_group(), tp, pp, expert_group());
 }
 
 // The owned shards with the distributed optimizer: right after the update they are the only
 // current parameters (the others arrive with the next gather).
 double DataParallel::params_norm(Comm* tp, Comm* pp) {
-  return lattice::params_norm(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp,
-                              cfg_.distributed_optimizer ? nullptr : ep_);
+  return lattice::params_norm(params_, owned_ranges(), shard_group(), tp, pp, expert_group());
 }
 
 int64_t DataParallel::count_zero_grads(Comm* tp, Comm* pp) {
-  return lattice::count_zero_grads(params_, owned_ranges(), cfg_.distributed_optimizer ? &dp_ : nullptr, tp, pp,
-                                   cfg_.distributed_optimizer ? nullptr : ep_);
+  return lattice::count_zero_grads(params_, owned_ranges(), shard_group(), tp, pp, expert_group());
 }
 
 void DataParallel::start_param_gather() {

@@ -64,6 +64,12 @@ class DataParallel {
   void gather_shards(float* flat);
 
  private:
+  // The groups the norms and counts sum over besides tp and pp (optimizer.h): the data-parallel
+  // group when each rank holds a shard, else none; the expert-parallel group when the ranks hold
+  // whole copies but their own experts, else none.
+  Comm* shard_group() { return cfg_.distributed_optimizer ? &dp_ : nullptr; }
+  Comm* expert_group() const { return cfg_.distributed_optimizer ? nullptr : ep_; }
+
   GPTModel& model_;
   ParamBuffer& params_;
   Comm& dp_;
