@@ -1,5 +1,7 @@
 #include "dist/parallel_state.h"
 
+#include <string>
+
 #include "core/device.h"
 #include "core/error.h"
 #include "dist/mpi_comm.h"
@@ -7,57 +9,81 @@
 
 namespace lattice {
 
-ParallelLayout make_layout(int world, int tp, int pp, int ep) {
+ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp) {
   if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;
+  if (cp < 1) LATTICE_FAIL() << "--context-parallel-size must be >= 1, got " << cp;
   if (ep < 1) LATTICE_FAIL() << "--expert-model-parallel-size must be >= 1, got " << ep;
   if (pp < 1) LATTICE_FAIL() << "--pipeline-model-parallel-size must be >= 1, got " << pp;
-  if (world % (tp * pp) != 0)
+  if (world % (tp * cp * pp) != 0)
     LATTICE_FAIL() << "world size " << world << " is not divisible by --tensor-model-parallel-size " << tp
-                   << " x --pipeline-model-parallel-size " << pp << " (start a multiple of " << tp * pp
-                   << " processes, e.g. mpirun -np " << tp * pp << ")";
-  const int dp = world / (tp * pp);
+                   << (cp > 1 ? " x --context-parallel-size " + std::to_string(cp) : std::string())
+                   << " x --pipeline-model-parallel-size " << pp << " (start a multiple of " << tp * cp * pp
+                   << " processes, e.g. mpirun -np " << tp * cp * pp << ")";
+  const int dp = world / (tp * cp * pp);
   if (dp % ep != 0)
     LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide the data-parallel size " << dp
                    << " (world " << world << " / (tensor " << tp << " x pipeline " << pp
                    << ")): the experts are split over data-parallel ranks";
-  return ParallelLayout{world, tp, pp, dp, ep};
+  if (cp > 1 && ep > 1)
+    LATTICE_FAIL() << "--context-parallel-size " << cp << " with --expert-model-parallel-size " << ep
+                   << ": context parallelism does not take experts yet";
+  return ParallelLayout{world, tp, pp, dp, ep, cp};
 }
 
+// Groups are listed in the order of their ranks' other coordinates (pp outermost).
 GroupPlan plan_groups(const ParallelLayout& l) {
-  auto rank_of = [&](int tp_r, int dp_r, int pp_r) { return tp_r + l.tp * (dp_r + l.dp * pp_r); };
   GroupPlan g;
   for (int pp_r = 0; pp_r < l.pp; ++pp_r)
-    for (int dp_r = 0; dp_r < l.dp; ++dp_r) {
-      std::vector<int> grp;
-      for (int tp_r = 0; tp_r < l.tp; ++tp_r) grp.push_back(rank_of(tp_r, dp_r, pp_r));
-      g.tp.push_back(grp);
-    }
+    for (int dp_r = 0; dp_r < l.dp; ++dp_r)
+      for (int cp_r = 0; cp_r < l.cp; ++cp_r) {
+        std::vector<int> grp;
+        for (int tp_r = 0; tp_r < l.tp; ++tp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
+        g.tp.push_back(grp);
+      }
+  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
+    for (int dp_r = 0; dp_r < l.dp; ++dp_r)
+      for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
+        std::vector<int> grp;
+        for (int cp_r = 0; cp_r < l.cp; ++cp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
+        g.cp.push_back(grp);
+      }
+  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
+    for (int cp_r = 0; cp_r < l.cp; ++cp_r)
+      for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
+        std::vector<int> grp;
+        for (int dp_r = 0; dp_r < l.dp; ++dp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
+        g.dp.push_back(grp);
+      }
   for (int pp_r = 0; pp_r < l.pp; ++pp_r)
     for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
       std::vector<int> grp;
-      for (int dp_r = 0; dp_r < l.dp; ++dp_r) grp.push_back(rank_of(tp_r, dp_r, pp_r));
-      g.dp.push_back(grp);
+      for (int dp_r = 0; dp_r < l.dp; ++dp_r)
+        for (int cp_r = 0; cp_r < l.cp; ++cp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
+      g.dp_cp.push_back(grp);
     }
   for (int dp_r = 0; dp_r < l.dp; ++dp_r)
-    for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
-      std::vector<int> grp;
-      for (int pp_r = 0; pp_r < l.pp; ++pp_r) grp.push_back(rank_of(tp_r, dp_r, pp_r));
-      g.pp.push_back(grp);
-      if (l.pp > 1) g.embedding.push_back({grp.front(), grp.back()});
-    }
+    for (int cp_r = 0; cp_r < l.cp; ++cp_r)
+      for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
+        std::vector<int> grp;
+        for (int pp_r = 0; pp_r < l.pp; ++pp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
+        g.pp.push_back(grp);
+        if (l.pp > 1) g.embedding.push_back({grp.front(), grp.back()});
+      }
   for (int pp_r = 0; pp_r < l.pp; ++pp_r)
-    for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
-      for (int block = 0; block < l.expert_dp(); ++block) {  // ep consecutive data-parallel ranks
-        std::vector<int> grp;
-        for (int e = 0; e < l.ep; ++e) grp.push_back(rank_of(tp_r, block * l.ep + e, pp_r));
-        g.ep.push_back(grp);
+    for (int cp_r = 0; cp_r < l.cp; ++cp_r)
+      for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
+        for (int block = 0; block < l.expert_dp(); ++block) {  // ep consecutive data-parallel ranks
+          std::vector<int> grp;
+          for (int e = 0; e < l.ep; ++e) grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
+          g.ep.push_back(grp);
+        }
+        for (int e = 0; e < l.ep; ++e) {  // every ep-th data-parallel rank
+          std::vector<int> grp;
+          for (int block = 0; block < l.expert_dp(); ++block)
+            grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
+          g.expert_dp.push_back(grp);
+        }
       }
-      for (int e = 0; e < l.ep; ++e) {  // every ep-th data-parallel rank
-        std::vector<int> grp;
-        for (int block = 0; block < l.expert_dp(); ++block) grp.push_back(rank_of(tp_r, block * l.ep + e, pp_r));
-        g.expert_dp.push_back(grp);
-      }
-    }
   return g;
 }
 
@@ -68,18 +94,19 @@ std::unique_ptr<ParallelState> ParallelState::single() {
   s->dp_ = make_local_comm("dp");
   s->pp_ = make_local_comm("pp");
   s->ep_ = make_local_comm("ep");
+  s->cp_ = make_local_comm("cp");
   return s;
 }
 
-std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double timeout_seconds, int ep) {
+std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double timeout_seconds, int ep, int cp) {
   if (!launched_by_mpirun()) {
-    make_layout(1, tp, pp, ep);  // names the flag when tp, pp or ep > 1 cannot fit one process
+    make_layout(1, tp, pp, ep, cp);  // names the flag when tp, pp, ep or cp > 1 cannot fit one process
     return single();
   }
   const int world = mpi_init_world();
   set_comm_timeout_seconds(timeout_seconds);
   auto s = std::make_unique<ParallelState>();
-  s->layout_ = make_layout(world, tp, pp, ep);
+  s->layout_ = make_layout(world, tp, pp, ep, cp);
   s->world_rank_ = mpi_world_rank();
   s->uses_mpi_ = true;
   GroupPlan g = plan_groups(s->layout_);
@@ -90,6 +117,12 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
   s->dp_ = make_mpi_comm("dp", g.dp);
   s->pp_ = make_mpi_comm("pp", g.pp);
   if (!g.embedding.empty()) s->embedding_ = make_mpi_comm("embedding", g.embedding);
+  if (cp > 1) {
+    s->cp_ = make_mpi_comm("cp", g.cp);
+    s->dp_cp_ = make_mpi_comm("dp_cp", g.dp_cp);
+  } else {
+    s->cp_ = make_local_comm("cp", s->world_rank_);
+  }
   if (ep > 1) {
     s->ep_ = make_mpi_comm("ep", g.ep);
     s->expert_dp_ = make_mpi_comm("expert_dp", g.expert_dp);
@@ -100,9 +133,9 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
     // CUDA tensors travel over NCCL: one communicator per group, bootstrapped through the
     // group's MPI communicator (kept for that); world stays MPI (host data only).
     set_nccl_timeout_seconds(timeout_seconds);
-    for (auto* c : {&s->tp_, &s->dp_, &s->pp_, &s->embedding_, &s->ep_, &s->expert_dp_}) {
-      // Without expert parallelism the ep group carries nothing (nothing uses a one-rank ep group).
-      if (!*c || (c == &s->ep_ && ep == 1)) continue;
+    for (auto* c : {&s->tp_, &s->cp_, &s->dp_, &s->dp_cp_, &s->pp_, &s->embedding_, &s->ep_, &s->expert_dp_}) {
+      // Without expert (context) parallelism the ep (cp) group carries nothing: nothing uses it.
+      if (!*c || (c == &s->ep_ && ep == 1) || (c == &s->cp_ && cp == 1)) continue;
       // The pipeline group sends and receives between neighbouring stages: its channels.
       std::unique_ptr<Comm> nccl = make_nccl_comm(**c, (*c)->name(), /*point_to_point=*/c == &s->pp_);
       s->bootstrap_.push_back(std::move(*c));
@@ -114,7 +147,8 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
 
 CommStats ParallelState::total_stats() const {
   CommStats t;
-  for (const Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get(), embedding_.get(), ep_.get(), expert_dp_.get()})
+  for (const Comm* c : {world_.get(), tp_.get(), cp_.get(), dp_.get(), dp_cp_.get(), pp_.get(), embedding_.get(),
+                        ep_.get(), expert_dp_.get()})
     if (c)
       for (int i = 0; i < kNumCommOps; ++i) {
       t.bytes[i] += c->stats().bytes[i];
@@ -125,7 +159,8 @@ CommStats ParallelState::total_stats() const {
 }
 
 void ParallelState::reset_stats() {
-  for (Comm* c : {world_.get(), tp_.get(), dp_.get(), pp_.get(), embedding_.get(), ep_.get(), expert_dp_.get()})
+  for (Comm* c : {world_.get(), tp_.get(), cp_.get(), dp_.get(), dp_cp_.get(), pp_.get(), embedding_.get(), ep_.get(),
+                  expert_dp_.get()})
     if (c) c->stats().reset();
 }
 

@@ -1,8 +1,11 @@
 // ParallelState: the process groups of a run, in Megatron's rank order "tp-cp-ep-dp-pp"
 // (tensor-parallel rank varies fastest, so TP peers are neighbours):
-//   world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)        (cp = 1)
-// One communicator per group: tp, dp, pp, and the embedding group (first and last
-// pipeline stage of the same tp/dp position). Expert parallelism (--expert-model-parallel-size
+//   world_rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
+// One communicator per group: tp, cp, dp, pp, and the embedding group (first and last
+// pipeline stage of the same tp/cp/dp position). Context parallelism (--context-parallel-size
+// cp, model/context_parallel.h) splits every sequence over the cp ranks of a group, which read
+// the same micro-batches: the gradients are summed over dp x cp (Megatron's dp_cp group, dp_cp()),
+// the data and the losses over dp. Expert parallelism (--expert-model-parallel-size
 // ep, Megatron's "tp-ep-dp-pp" order for the experts, whose tensor-parallel size is tp) splits
 // the data-parallel ranks of a tp/pp position: ep_rank = dp_rank % ep, the expert-parallel group
 // the ep consecutive data-parallel ranks that hold the experts between them, the expert
@@ -20,16 +23,18 @@
 namespace lattice {
 
 struct ParallelLayout {
-  int world = 1, tp = 1, pp = 1, dp = 1, ep = 1;
+  int world = 1, tp = 1, pp = 1, dp = 1, ep = 1, cp = 1;
   int expert_dp() const { return dp / ep; }
+  // The world rank of a position.
+  int rank_of(int tp_r, int cp_r, int dp_r, int pp_r) const { return tp_r + tp * (cp_r + cp * (dp_r + dp * pp_r)); }
 };
 
 // The layout for `world` ranks, or an error naming the flag that cannot work.
-ParallelLayout make_layout(int world, int tp, int pp, int ep = 1);
+ParallelLayout make_layout(int world, int tp, int pp, int ep = 1, int cp = 1);
 
 // Group membership (world ranks) for every group of each kind, in Megatron's order.
 struct GroupPlan {
-  std::vector<std::vector<int>> tp, dp, pp, embedding, ep, expert_dp;
+  std::vector<std::vector<int>> tp, cp, dp, dp_cp, pp, embedding, ep, expert_dp;
 };
 GroupPlan plan_groups(const ParallelLayout& layout);
 
@@ -37,7 +42,7 @@ class ParallelState {
  public:
   // Builds the groups: over MPI when the process was launched by mpirun, else a
   // one-process state (which needs tp = pp = 1).
-  static std::unique_ptr<ParallelState> create(int tp, int pp, double timeout_seconds, int ep = 1);
+  static std::unique_ptr<ParallelState> create(int tp, int pp, double timeout_seconds, int ep = 1, int cp = 1);
   // A one-process state without MPI (tests, the library quickstart).
   static std::unique_ptr<ParallelState> single();
 
@@ -47,9 +52,14 @@ class ParallelState {
   int tp_rank() const { return tp_->rank(); }
   int dp_rank() const { return dp_->rank(); }
   int pp_rank() const { return pp_->rank(); }
+  int cp_rank() const { return cp_->rank(); }
   Comm& world() { return *world_; }
   Comm& tp() { return *tp_; }
   Comm& dp() { return *dp_; }
+  // The context-parallel group (one rank without context parallelism), and the ranks whose
+  // gradients are summed: dp x cp (the data-parallel group itself without context parallelism).
+  Comm& cp() { return *cp_; }
+  Comm& dp_cp() { return dp_cp_ ? *dp_cp_ : *dp_; }
   Comm& pp() { return *pp_; }
   // The expert-parallel group (one rank without expert parallelism) and the expert
   // data-parallel group (the data-parallel group itself without expert parallelism).
@@ -68,7 +78,8 @@ class ParallelState {
   ParallelLayout layout_;
   int world_rank_ = 0;
   bool uses_mpi_ = false;
-  std::unique_ptr<Comm> world_, tp_, dp_, pp_, embedding_, ep_, expert_dp_;  // expert_dp_: null when ep = 1
+  // expert_dp_: null when ep = 1; dp_cp_: null when cp = 1
+  std::unique_ptr<Comm> world_, tp_, cp_, dp_, dp_cp_, pp_, embedding_, ep_, expert_dp_;
   std::vector<std::unique_ptr<Comm>> bootstrap_;  // the MPI groups the NCCL ones were made from
 };
 

@@ -65,6 +65,24 @@ struct AttentionOperand {
   const void* data() const { return fp32 ? static_cast<const void*>(fp32) : static_cast<const void*>(bf16); }
 };
 
+// Context parallelism (Megatron's --context-parallel-size, its all-gather kind): the T query
+// rows of each batch row are two runs of a sequence of Tk tokens, and the keys and values are
+// the whole sequence's, gathered from every rank of the group into kv [B, Tk, G, 2, D] (per token
+// and group, the group's key, then its value). Query row i sits at position(i) (increasing in i)
+// and attends keys 0 .. position(i); attention dropout indexes it by that position in a
+// sequence of Tk (Tk replaces T in AttentionDropout's formula), so the masks are the
+// single-process run's. The backward writes the keys' and values' gradients into dkv
+// [B, Tk, G, 2, D] (every element) and only the queries' into dqkv (its key and value slots are
+// left as they are; dqkv_bf16 and dbias must be null, and document_ids too).
+struct ContextKeys {
+  const float* kv = nullptr;  // [B, Tk, G, 2, D]
+  float* dkv = nullptr;       // [B, Tk, G, 2, D] (backward)
+  int64_t Tk = 0;
+  int64_t split = 0;          // rows i < split sit at i + shift[0], the others at i + shift[1]
+  int64_t shift[2] = {0, 0};
+  LATTICE_HD int64_t position(int64_t i) const { return i + (i < split ? shift[0] : shift[1]); }
+};
+
 // document_ids: [B,T] or null. When given, query i attends key j only when j <= i and
 // document_ids[b,i] == document_ids[b,j] (Megatron's --reset-attention-mask, without a
 // T x T mask): masked scores are -inf inside the tiles, and a key tile whose id range
@@ -75,7 +93,8 @@ struct AttentionOperand {
 // GEMMs read it, made here instead of by a conversion pass before each of them).
 void attention_forward(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids = nullptr,
-                       AttentionMath math = AttentionMath::fp32, uint16_t* out_bf16 = nullptr);
+                       AttentionMath math = AttentionMath::fp32, uint16_t* out_bf16 = nullptr,
+                       const ContextKeys* context = nullptr);
 
 // dqkv: [B,T,G,R+2,D] written (not accumulated); a group's key (value) gradient is the sum of
 // its R heads' (added in head order per key tile). Recomputes the probabilities from lse.
@@ -89,7 +108,7 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32,
-                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr);
+                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr, const ContextKeys* context = nullptr);
 
 // Decoding with a KV cache (generation), one layer. k_cache, v_cache: [G, Tmax, D], one row
 // per key/value head (a group's, shared by its R query heads); the n new tokens sit at

@@ -117,6 +117,15 @@ PhiloxStream site_stream(const MicroBatchKey& key, const std::string& site) {
   return PhiloxStream{key.seed, dropout_stream(site), uint32_t(key.iteration), uint32_t(key.micro_batch)};
 }
 
+// Megatron's conditions: the sequence splits into 2P chunks, one pair per rank.
+void check_context_parallel(const TransformerConfig& c, const ContextParallel& cp, int64_t T) {
+  if (!cp.on()) return;
+  if (T % (2 * cp.size()) != 0)
+    LATTICE_FAIL() << "--seq-length " << T << " is not divisible by 2 x --context-parallel-size " << cp.size()
+                   << " (each rank holds two of the sequence's " << 2 * cp.size() << " chunks)";
+  if (c.moe()) LATTICE_FAIL() << "--context-parallel-size " << cp.size() << " with --num-experts: not supported yet";
+}
+
 void check_tensor_parallel(const TransformerConfig& c, const TensorParallel& tp, int64_t T) {
   check_tensor_parallel_split(c, tp.size());
   if (tp.sp() && T % tp.size() != 0)
@@ -152,14 +161,16 @@ ModelPlacement complete(ModelPlacement p, const TransformerConfig& c) {
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp,
-                   const ModelPlacement& placement, Comm* expert_parallel)
+                   const ModelPlacement& placement, Comm* expert_parallel, const ContextParallel& context_parallel)
     : cfg_(config),
       tp_(tp),
+      cp_(context_parallel),
       place_(complete(placement, config)),
       ep_(expert_parallel && expert_parallel->size() > 1 ? expert_parallel : nullptr),
       max_B_(B),
-      max_T_(T) {
+      max_T_(T / context_parallel.size()) {
   LATTICE_CHECK(cfg_.padded_vocab_size > 0) << "TransformerConfig::finalize() not called";
+  check_context_parallel(cfg_, cp_, T);
   if (ep_) {
     LATTICE_CHECK(cfg_.num_experts > 0) << "--expert-model-parallel-size " << ep_->size() << " needs --num-experts";
     LATTICE_CHECK(cfg_.num_experts % ep_->size() == 0)
@@ -171,7 +182,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   selective_ = cfg_.recompute_core_attention();
   LATTICE_CHECK(T <= cfg_.max_position_embeddings)
       << "--seq-length " << T << " exceeds --max-position-embeddings " << cfg_.max_position_embeddings;
-  check_tensor_parallel(cfg_, tp_, T);
+  check_tensor_parallel(cfg_, tp_, max_T_);
   const int64_t P = tp_.size();
   Hl_ = cfg_.num_attention_heads / P;
   Fl_ = cfg_.ffn_hidden_size / P;
@@ -188,12 +199,19 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     bias_grad_sink_.resize(n);
   }
   try {
-    arena_ = Arena(activation_bytes(cfg_, B, T, tp_, place_, ep_ ? ep_->size() : 1));
+    arena_ = Arena(activation_bytes(cfg_, B, max_T_, tp_, place_, ep_ ? ep_->size() : 1));
   } catch (const OutOfMemory& e) {
     std::ostringstream what;
-    what << "the activations (micro-batch " << B << " x " << T << " tokens, " << place_.slots << " in flight)";
+    what << "the activations (micro-batch " << B << " x " << max_T_ << " tokens, " << place_.slots << " in flight)";
     throw e.with_context(what.str());
   }
+  if (cp_.on()) {  // context_parallel_bytes()
+    const int64_t kv = B * T * 2 * Gl_ * cfg_.kv_channels;
+    cp_kv_.resize(size_t(kv));
+    cp_staging_.resize(size_t(kv));
+    cp_recv_.resize(size_t(kv / cp_.size()));
+  }
+  T = max_T_;  // the buffers below hold this rank's rows
   scratch_ = std::make_unique<Scratch>();
   allocate(acts_, *scratch_, arena_, cfg_, tp_, place_, B, T, ep_ ? ep_->size() : 1);
   for (Activations& a : acts_) {
@@ -211,6 +229,9 @@ GPTModel::~GPTModel() = default;
 void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
   LATTICE_CHECK(d.eod >= 0 || !(d.eod_mask_loss || d.reset_position_ids || d.reset_attention_mask))
       << "document boundaries need an end-of-document token id";
+  if (d.reset_attention_mask && cp_.on())
+    LATTICE_FAIL() << "--reset-attention-mask with --context-parallel-size " << cp_.size()
+                   << ": the document mask over gathered keys is not supported yet";
   docs_ = d;
 }
 
@@ -221,29 +242,42 @@ void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t tok
   int32_t* h = a.ids.host();
   int32_t *inputs = h, *positions = h + a.n, *document_ids = h + 2 * a.n, *targets = h + 3 * a.n;
   const int64_t V = cfg_.vocab_size;
+  // Context parallelism: token t of a sequence is local row row_of[t] (-1: another rank's).
+  std::vector<int64_t> row_of(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) row_of[size_t(t)] = t;
+  int64_t Tl = T;
+  if (cp_.on()) {
+    Tl = T / cp_.size();
+    std::fill(row_of.begin(), row_of.end(), -1);
+    for (const TokenRun& r : token_runs(1, Tl))
+      for (int64_t k = 0; k < r.rows; ++k) row_of[size_t(r.position + k)] = r.row + k;
+  }
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* in = tokens + b * token_stride;
     int32_t doc = 0, start = 0;
     for (int64_t t = 0; t < T; ++t) {
-      const size_t i = size_t(b * T + t);
-      inputs[i] = in[t];
-      positions[i] = docs_.reset_position_ids ? int32_t(t) - start : int32_t(t);
-      document_ids[i] = doc;
-      if (in[t] == docs_.eod) {
+      const int64_t row = row_of[size_t(t)];
+      if (row >= 0) {
+        const size_t i = size_t(b * Tl + row);
+        inputs[i] = in[t];
+        positions[i] = docs_.reset_position_ids ? int32_t(t) - start : int32_t(t);
+        document_ids[i] = doc;
+        if (labels) {
+          const int32_t y = in[t + 1];
+          LATTICE_CHECK(y >= 0 && y < V) << "label " << y << " at (" << b << ", " << t << ") not in [0, " << V << ")";
+          targets[i] = y;
+        }
+      }
+      if (in[t] == docs_.eod) {  // every rank counts every eod of the sequence
         ++doc;
         start = int32_t(t) + 1;
-      }
-      if (labels) {
-        const int32_t y = in[t + 1];
-        LATTICE_CHECK(y >= 0 && y < V) << "label " << y << " at (" << b << ", " << t << ") not in [0, " << V << ")";
-        targets[i] = y;
       }
     }
   }
   a.ids.upload(size_t(4 * a.n));
   a.groups = {};
   if (!group_rows) return;
-  const int64_t N = B * T, room = 2 * N + 1;
+  const int64_t N = B * Tl, room = 2 * N + 1;
   int32_t* g = a.row_groups.host();
   const int64_t tokens_count = group_rows_by_index(inputs, N, g);
   const int64_t positions_count = group_rows_by_index(positions, N, g + room);
@@ -251,6 +285,38 @@ void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t tok
   const int32_t* d = a.row_groups.device();
   a.groups.tokens = RowGroups{d, d + N, tokens_count};
   a.groups.positions = RowGroups{d + room, d + room + N, positions_count};
+}
+
+std::vector<GPTModel::TokenRun> GPTModel::token_runs(int64_t B, int64_t Tl) const {
+  if (!cp_.on()) return {TokenRun{0, B * Tl, 0, 0}};
+  const ContextSplit s = cp_.split(Tl * cp_.size());
+  const int64_t c = s.chunk();
+  std::vector<TokenRun> runs;
+  for (int64_t b = 0; b < B; ++b)
+    for (int half = 0; half < 2; ++half) {
+      const int64_t position = s.chunk_index(half) * c;
+      runs.push_back(TokenRun{b * Tl + half * c, c, position, b * s.T + position});
+    }
+  return runs;
+}
+
+std::vector<GPTModel::DropoutRun> GPTModel::dropout_runs(int64_t B, int64_t Tl, float p) const {
+  const int64_t N = B * Tl, C = cfg_.hidden_size, Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
+  if (!cp_.on() || p == 0.0f) return {DropoutRun{0, Ns, uint64_t(row0 * C)}};
+  std::vector<DropoutRun> runs;
+  for (const TokenRun& r : token_runs(B, Tl)) {  // the runs' parts within the shard
+    const int64_t begin = std::max(r.row, row0), end = std::min(r.row + r.rows, row0 + Ns);
+    if (begin < end) runs.push_back(DropoutRun{begin - row0, end - begin, uint64_t((r.token + begin - r.row) * C)});
+  }
+  return runs;
+}
+
+int64_t GPTModel::local_seq_length(int64_t T) const {
+  if (!cp_.on()) return T;
+  LATTICE_CHECK(T == max_T_ * cp_.size())
+      << "context parallelism runs full-length sequences only (" << T << " tokens, the model's " << max_T_ * cp_.size()
+      << ")";
+  return max_T_;
 }
 
 const float* GPTModel::effective_loss_mask(Activations& a, const float* loss_mask, int64_t B, int64_t T,
@@ -507,6 +573,12 @@ size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64
   return counter.used();
 }
 
+size_t GPTModel::context_parallel_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, int tp, int cp) {
+  if (cp <= 1) return 0;
+  const int64_t kv = B * T * 2 * (cfg.num_query_groups / tp) * cfg.kv_channels;
+  return size_t(2 * kv + kv / cp) * sizeof(float);
+}
+
 GPTModel::Activations& GPTModel::acts(int chunk, int slot) {
   LATTICE_CHECK(chunk >= 0 && chunk < num_chunks() && slot >= 0 && slot < place_.slots)
       << "no activations for chunk " << chunk << " slot " << slot;
@@ -558,7 +630,6 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
   Scratch& sc = *scratch_;
   const int64_t N = B * T, C = cfg_.hidden_size;
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
-  const uint64_t elem0 = uint64_t(row0 * C);  // dropout index of this rank's first element
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
 
   if (has_embedding(chunk)) {
@@ -568,7 +639,9 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
     vocab_parallel_embedding_forward(emb, a.inputs(), params_.param(wte_), vocab_begin_, Vl_, N, C);
     reduce_from_tensor_parallel_region(tp_, emb, a.resid[0], N, C);
     if (wpe_ >= 0) position_embedding_add(a.resid[0], a.positions() + row0, params_.param(wpe_), Ns, C);
-    dropout_forward(a.resid[0], a.resid[0], Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
+    const PhiloxStream stream = site_stream(key, "embedding.dropout");
+    for (const DropoutRun& r : dropout_runs(B, T, p_hidden))
+      dropout_forward(a.resid[0] + r.row * C, a.resid[0] + r.row * C, r.rows * C, p_hidden, stream, r.first_index);
   }
 
   // Each layer's output goes with the next LayerNorm (the next layer's LN1, the final one).
@@ -625,9 +698,9 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   const bool sp = tp_.sp();
   Scratch& sc = *scratch_;
   const int64_t N = B * T, C = cfg_.hidden_size, Cl = Hl_ * cfg_.kv_channels;
-  const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
-  const uint64_t elem0 = uint64_t(row0 * C);  // dropout index of this rank's first element
+  const int64_t Ns = tp_.shard_rows(N);
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
+  const std::vector<DropoutRun> runs = dropout_runs(B, T, p_hidden);
   float* out_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] output of a row-parallel linear
   const int64_t l = p.layer;
   Activations::Layer& x = a.layers[i];
@@ -643,13 +716,16 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   if (cfg_.qk_layernorm)  // queries, keys normalized in place (their inputs kept)
     qk_layernorm_forward(x.qkv, x.qk_raw, x.qk_mean, x.qk_rstd, sc.qk_tmp, qk_norm_params(p), N, qkv_layout(),
                          cfg_.layernorm_epsilon, normalization());
-  if (rope_) rope_forward(x.qkv, rope_->table(), N, T, 0, qkv_layout());  // queries, keys rotated in place
+  if (rope_)  // queries, keys rotated in place, each run of tokens at its positions
+    for (const TokenRun& r : token_runs(B, T))
+      rope_forward(x.qkv + r.row * qkv_local(), rope_->table(), r.rows, cp_.on() ? r.rows : T, r.position,
+                   qkv_layout());
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add), with LN2 of the result.
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
   row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
-                      site_stream(key, layer_name(l, "self_attention.dropout")), elem0,
+                      site_stream(key, layer_name(l, "self_attention.dropout")), runs,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
                     // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
@@ -657,6 +733,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
     if (!output) return;
     const PhiloxStream stream = site_stream(key, layer_name(l, "mlp.dropout"));
+    const uint64_t elem0 = runs[0].first_index;  // one run: no context parallelism with experts
     if (after)
       bias_dropout_add_layernorm_forward(a.resid[i + 1], x.resid_mid, out_rows, bias(-1), Ns, C, p_hidden, stream, elem0,
                                          Rounding::none, layernorm_out(*after));
@@ -688,29 +765,46 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   }
   if (!output) return;
   row_parallel_output(a.resid[i + 1], x.resid_mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
-                      site_stream(key, layer_name(l, "mlp.dropout")), elem0, after);
+                      site_stream(key, layer_name(l, "mlp.dropout")), runs, after);
 }
 
 void GPTModel::row_parallel_output(float* out, const float* residual, float* y, LinearInput x, int w, int b,
                                    int64_t N, int64_t in_local, float p, const PhiloxStream& stream,
-                                   uint64_t first_index, const std::optional<NextNorm>& norm) {
-  const int64_t C = cfg_.hidden_size, Ns = tp_.shard_rows(N);
+                                   const std::vector<DropoutRun>& runs, const std::optional<NextNorm>& norm) {
+  const int64_t C = cfg_.hidden_size;
   const LayerNormOut ln = norm ? layernorm_out(*norm) : LayerNormOut{};
+  // The rows of run r: the buffers from its first row on (a LayerNorm's statistics one per row).
+  auto ln_at = [&](const DropoutRun& r) {
+    LayerNormOut o = ln;
+    if (o.f32) o.f32 += r.row * C;
+    if (o.bf16) o.bf16 += r.row * C;
+    if (o.mean) o.mean += r.row;
+    if (o.rstd) o.rstd += r.row;
+    return o;
+  };
   if (bf16_row_outputs()) {
     const uint16_t* y16 = gemm_policy_->forward_bf16(w, y, x, params_.param(w), N, in_local, C);
-    if (norm)
-      bias_dropout_add_layernorm_forward(out, residual, y16, bias(b), Ns, C, p, stream, first_index, ln);
-    else
-      bias_dropout_add_forward(out, residual, y16, bias(b), Ns, C, p, stream, first_index);
+    for (const DropoutRun& r : runs) {
+      const int64_t at = r.row * C;
+      if (norm)
+        bias_dropout_add_layernorm_forward(out + at, residual + at, y16 + at, bias(b), r.rows, C, p, stream,
+                                           r.first_index, ln_at(r));
+      else
+        bias_dropout_add_forward(out + at, residual + at, y16 + at, bias(b), r.rows, C, p, stream, r.first_index);
+    }
     return;
   }
   row_parallel_linear_forward(tp_, y, scratch_->d_c1, x, params_.param(w), nullptr, N, in_local, C,
                               site(w).rounded_by_caller());
-  if (norm)
-    bias_dropout_add_layernorm_forward(out, residual, y, bias(b), Ns, C, p, stream, first_index,
-                                       rounding(site(w)), ln);
-  else
-    bias_dropout_add_forward(out, residual, y, bias(b), Ns, C, p, stream, first_index, rounding(site(w)));
+  for (const DropoutRun& r : runs) {
+    const int64_t at = r.row * C;
+    if (norm)
+      bias_dropout_add_layernorm_forward(out + at, residual + at, y + at, bias(b), r.rows, C, p, stream, r.first_index,
+                                         rounding(site(w)), ln_at(r));
+    else
+      bias_dropout_add_forward(out + at, residual + at, y + at, bias(b), r.rows, C, p, stream, r.first_index,
+                               rounding(site(w)));
+  }
 }
 
 uint16_t* GPTModel::attn_bf16(float* qkv, int64_t N) const {
@@ -724,10 +818,11 @@ LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const
 }
 
 GPTModel::RowOutputGrad GPTModel::row_output_grad(float* d_rows, int b, int64_t N, float p,
-                                                  const PhiloxStream& stream, uint64_t first_index, bool made) {
+                                                  const PhiloxStream& stream, const std::vector<DropoutRun>& runs,
+                                                  bool made) {
   const int64_t C = cfg_.hidden_size;
-  if (!bf16_row_output_grads())
-    return RowOutputGrad{hidden_dropout_backward(d_rows, tp_.shard_rows(N) * C, p, stream, first_index), nullptr};
+  if (!bf16_row_output_grads()) return RowOutputGrad{hidden_dropout_backward(d_rows, p, stream, runs), nullptr};
+  const uint64_t first_index = runs[0].first_index;  // one run: no context parallelism here
   uint16_t* dy16 = reinterpret_cast<uint16_t*>(scratch_->d_f);
   if (made)
     LATTICE_CHECK(residual_grad_out(b, p).bf16 == dy16) << "row_output_grad: made by a LayerNorm backward it can't be";
@@ -752,10 +847,12 @@ LayerNormDout GPTModel::ln_dout(const float* d, int w) const {
   return LayerNormDout(d, rounding(site(w)));
 }
 
-const float* GPTModel::hidden_dropout_backward(float* d_rows, int64_t n, float p, const PhiloxStream& stream,
-                                               uint64_t first_index) const {
+const float* GPTModel::hidden_dropout_backward(float* d_rows, float p, const PhiloxStream& stream,
+                                               const std::vector<DropoutRun>& runs) const {
   if (p == 0.0f) return scratch_->d_resid;
-  dropout_backward(d_rows, scratch_->d_resid, n, p, stream, first_index);
+  const int64_t C = cfg_.hidden_size;
+  for (const DropoutRun& r : runs)
+    dropout_backward(d_rows + r.row * C, scratch_->d_resid + r.row * C, r.rows * C, p, stream, r.first_index);
   return d_rows;
 }
 
@@ -858,7 +955,15 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
-  attention_forward(x.attn, x.lse, qkv_input(p, x.qkv), AttentionShape{B, T, Hl_, cfg_.kv_channels, Gl_}, ad,
+  const AttentionShape shape{B, T, Hl_, cfg_.kv_channels, Gl_};
+  if (cp_.on()) {  // the queries of this rank's tokens over the whole sequences' keys and values
+    const ContextSplit s = cp_.split(T * cp_.size());
+    gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
+    const ContextKeys keys = s.keys(cp_kv_.data(), nullptr);
+    attention_forward(x.attn, x.lse, x.qkv, shape, ad, nullptr, attention_math_, nullptr, &keys);
+    return;
+  }
+  attention_forward(x.attn, x.lse, qkv_input(p, x.qkv), shape, ad,
                     docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_,
                     attn_bf16(x.qkv, B * T));
 }
@@ -869,9 +974,9 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
   Scratch& sc = *scratch_;
   const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = Hl_ * D;
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
-  const uint64_t elem0 = uint64_t(row0 * C);
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
+  const std::vector<DropoutRun> runs = dropout_runs(B, T, p_hidden);
   // A column-parallel layer's input gradient, reduced: full rows, or this rank's shard.
   const float* d_ln = sp ? sc.d_s : sc.d_c1;
   float* d_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] gradient of a row-parallel output
@@ -911,7 +1016,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       // until the projection's backward), reduced as a column-parallel layer's (all-reduced, or
       // reduce-scattered into d_s), then LN2's backward as for the dense MLP.
       const RowOutputGrad d_out = row_output_grad(d_rows, -1, N, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")),
-                                                  elem0, d_rows_made);
+                                                  runs, d_rows_made);
       const float* dy = d_out.fp32;
       if (sp) {
         copy_on_device(sc.d_c1 + row0 * C, d_out.fp32, size_t(Ns * C) * sizeof(float));
@@ -937,7 +1042,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     } else {
       // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
       const RowOutputGrad d_fc2 = row_output_grad(d_rows, p.fc2_b, N, p_hidden,
-                                                  site_stream(key, layer_name(l, "mlp.dropout")), elem0, d_rows_made);
+                                                  site_stream(key, layer_name(l, "mlp.dropout")), runs, d_rows_made);
       // fc2's input gradient, rounded as the GELU (SwiGLU) backward reads it (one pass). With bf16
       // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
       // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
@@ -975,7 +1080,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // Attention block.
     const RowOutputGrad d_proj =
         row_output_grad(d_rows, p.proj_b, N, p_hidden, site_stream(key, layer_name(l, "self_attention.dropout")),
-                        elem0, proj_grad.bf16 != nullptr);
+                        runs, proj_grad.bf16 != nullptr);
     // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
     // and the attention backward reads it as it is (no rounding pass, half the bytes).
     const bool bf16_d_attn = bf16_qkv();
@@ -994,9 +1099,28 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // store in sc.d_3c).
     uint16_t* d_3c16 = bf16_d_attn && qkv_local() <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
     float* d_qkv_b = d_3c16 ? bias_grad_or_null(p.qkv_b) : nullptr;
-    attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_}, ad,
-                       docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
-    if (rope_) rope_backward(sc.d_3c, rope_->table(), N, T, qkv_layout());  // d(q, k) before the rotation
+    if (cp_.on()) {
+      // The keys and values gathered again; their gradients (every rank's queries') summed back
+      // to the ranks holding their tokens, into d_3c's key and value slots.
+      const ContextSplit s = cp_.split(T * cp_.size());
+      gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
+      const ContextKeys keys = s.keys(cp_kv_.data(), cp_staging_.data());
+      attention_backward(sc.d_3c, d_attn, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_}, ad, nullptr,
+                         attention_math_, nullptr, nullptr, &keys);
+      scatter_context_key_grads(cp_, s, sc.d_3c, cp_staging_.data(), cp_kv_.data(), cp_recv_.data(), qkv_layout(), B);
+    } else {
+      attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_}, ad,
+                         docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
+    }
+    if (rope_) {  // d(q, k) before the rotation, each run of tokens at its positions
+      for (const TokenRun& r : token_runs(B, T)) {
+        RopeTable t = rope_->table();
+        t.cos += r.position * t.half;
+        t.sin += r.position * t.half;
+        t.positions -= r.position;
+        rope_backward(sc.d_3c + r.row * qkv_local(), t, r.rows, cp_.on() ? r.rows : T, qkv_layout());
+      }
+    }
     if (cfg_.qk_layernorm)  // d(q, k) before their norm
       qk_layernorm_backward(sc.d_3c, qk_norm_grads(p), x.qk_raw, x.qk_mean, x.qk_rstd, qk_norm_params(p), sc.qk_tmp,
                             sc.qk_dx, N, qkv_layout(), normalization());
@@ -1016,7 +1140,9 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
   if (!has_embedding(chunk)) return;  // d_resid is the gradient of the chunk's input
   // Embedding: d_resid is d(embedding output after dropout); the lookup's backward needs
   // every token's gradient (all-gathered from the shards with sequence parallelism).
-  dropout_backward(sc.d_resid, sc.d_resid, Ns * C, p_hidden, site_stream(key, "embedding.dropout"), elem0);
+  const PhiloxStream emb_stream = site_stream(key, "embedding.dropout");
+  for (const DropoutRun& r : runs)
+    dropout_backward(sc.d_resid + r.row * C, sc.d_resid + r.row * C, r.rows * C, p_hidden, emb_stream, r.first_index);
   const float* d_emb = sc.d_resid;
   if (sp) {
     copy_on_device(sc.d_c1 + row0 * C, sc.d_resid, size_t(Ns * C) * sizeof(float));
@@ -1041,8 +1167,10 @@ LossSum GPTModel::output_loss(Activations& a, const float* loss_mask, int64_t B,
   // writes them so, half the traffic), or fp32 rounded by the policy as the cross entropy
   // reads them (one pass over the [N, Vl] logits fewer than rounding them first).
   // The masked token count first: the backward's scale 1/count is known before any kernel.
+  // With context parallelism the count is the whole sequences' (every rank's tokens).
   LossSum l;
   for (int64_t i = 0; i < N; ++i) l.count += host_mask ? host_mask[i] : 1.0f;
+  if (cp_.on()) cp_.comm->all_reduce(&l.count, 1, ReduceOp::sum);
   const float token_scale = loss_gradient_of_sum_ ? 1.0f : l.count > 0 ? float(1.0 / l.count) : 0.0f;
   const uint16_t* logits16 = nullptr;
   if (bf16) {
@@ -1093,24 +1221,35 @@ LossSum GPTModel::sum_losses(Activations& a, int64_t N, const float* host_mask, 
     copy_to_host(losses_host_.data(), a.losses, size_t(N) * sizeof(float));
     losses = losses_host_.data();
   }
-  for (int64_t i = 0; i < N; ++i) l.sum += double(losses[i]) * (host_mask ? host_mask[i] : 1.0f);
+  double sum = 0;
+  for (int64_t i = 0; i < N; ++i) sum += double(losses[i]) * (host_mask ? host_mask[i] : 1.0f);
+  if (cp_.on()) cp_.comm->all_reduce(&sum, 1, ReduceOp::sum);  // the whole sequences'
+  l.sum += sum;
   return l;
 }
 
 LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const float* loss_mask, int64_t B,
                                int64_t T, float grad_scale, const MicroBatchKey& key) {
   Activations& a = acts(chunk, slot);
+  const int64_t Tl = local_seq_length(T);
   prepare_inputs(a, tokens, T + 1, B, T, has_loss(chunk),
                  has_embedding(chunk) && key.training && current_device() != Device::cpu);
   a.grad_scale = grad_scale;
-  forward_chunk(chunk, a, B, T, key);
+  forward_chunk(chunk, a, B, Tl, key);
   if (!has_loss(chunk)) return {};
-  return output_loss(a, loss_mask, B, T, key.training, grad_scale);
+  if (loss_mask && cp_.on()) {  // this rank's rows of the mask [B, T]
+    cp_loss_mask_.resize(size_t(B * Tl));
+    for (const TokenRun& r : token_runs(B, Tl))
+      std::copy_n(loss_mask + r.token, r.rows, cp_loss_mask_.begin() + r.row);
+    loss_mask = cp_loss_mask_.data();
+  }
+  return output_loss(a, loss_mask, B, Tl, key.training, grad_scale);
 }
 
 void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const MicroBatchKey& key) {
   Activations& a = acts(chunk, slot);
   Scratch& sc = *scratch_;
+  T = local_seq_length(T);
   const int64_t N = B * T, C = cfg_.hidden_size;
   if (!has_loss(chunk)) return backward_chunk(chunk, a, nullptr, B, T, key);
   // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary ranks:
@@ -1200,7 +1339,7 @@ LossSum GPTModel::forward_loss_sum(const int32_t* tokens, const float* loss_mask
 }
 
 void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float* logits) {
-  LATTICE_CHECK(tp_.size() == 1 && num_chunks() == 1 && place_.pre_process && place_.post_process)
+  LATTICE_CHECK(tp_.size() == 1 && !cp_.on() && num_chunks() == 1 && place_.pre_process && place_.post_process)
       << "forward_logits runs a whole model on one rank (convert the checkpoint to use it)";
   const Fp32Inputs fp32_inputs(bf16_inputs_on_);  // the final LayerNorm's output in fp32 for gemm_f32
   Activations& a = acts(0, 0);
@@ -1217,7 +1356,7 @@ void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float
 }
 
 void GPTModel::forward_last_logits(const int32_t* inputs, int64_t T, float* logits) {
-  LATTICE_CHECK(tp_.size() == 1 && num_chunks() == 1 && place_.pre_process && place_.post_process)
+  LATTICE_CHECK(tp_.size() == 1 && !cp_.on() && num_chunks() == 1 && place_.pre_process && place_.post_process)
       << "forward_last_logits runs a whole model on one rank";
   const Fp32Inputs fp32_inputs(bf16_inputs_on_);
   Activations& a = acts(0, 0);

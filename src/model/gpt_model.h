@@ -34,6 +34,7 @@
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
+#include "model/context_parallel.h"
 #include "model/linear.h"
 #include "model/moe_layer.h"
 #include "model/qk_layernorm.h"
@@ -91,12 +92,24 @@ class GPTModel {
   // placement.slots micro-batches of up to B x T tokens per chunk. expert_parallel: the
   // expert-parallel group (null or one rank: every expert here); rank r of P holds experts
   // r E/P .. (r + 1) E/P - 1 of every MoE layer, under their global numbers.
+  // context_parallel: the context-parallel group (model/context_parallel.h); with P ranks this
+  // rank holds T/P tokens of each sequence (two chunks) and its activations are sized for them.
+  // Every micro-batch is then B full sequences of T tokens, passed whole to each step (the
+  // model takes its chunks); the losses and their gradients are those of the whole sequences.
   GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp = {},
-           const ModelPlacement& placement = {}, Comm* expert_parallel = nullptr);
+           const ModelPlacement& placement = {}, Comm* expert_parallel = nullptr,
+           const ContextParallel& context_parallel = {});
   ~GPTModel();
 
   const TransformerConfig& config() const { return cfg_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const ContextParallel& context_parallel() const { return cp_; }
+  // Elements of a chunk's input or output (what pipeline stages send) for B sequences of T
+  // tokens: this rank's token rows (its context-parallel share, its sequence-parallel shard)
+  // x hidden size.
+  int64_t activation_elements(int64_t B, int64_t T) const {
+    return tp_.shard_rows(B * T / cp_.size()) * cfg_.hidden_size;
+  }
   Comm* expert_parallel() const { return ep_; }
   const ModelPlacement& placement() const { return place_; }
   int num_chunks() const { return int(place_.chunks.size()); }
@@ -230,6 +243,12 @@ class GPTModel {
   static size_t activation_bytes(const TransformerConfig& config, int64_t B, int64_t T,
                                  const TensorParallel& tp = {}, const ModelPlacement& placement = {}, int ep = 1);
   size_t arena_bytes() const { return arena_.capacity(); }
+  // Context parallelism's buffers beside the arena (the gathered keys and values [B, T, Gl, 2, D],
+  // their staging, the reduce-scattered gradients [B, T/cp, Gl, 2, D]); 0 without it.
+  static size_t context_parallel_bytes(const TransformerConfig& config, int64_t B, int64_t T, int tp, int cp);
+  size_t context_parallel_bytes() const {
+    return context_parallel_bytes(cfg_, max_B_, max_T_ * cp_.size(), tp_.size(), cp_.size());
+  }
 
   // Parameters on this rank.
   int64_t num_parameters() const { return params_.numel(); }
@@ -277,8 +296,28 @@ class GPTModel {
   // a host array), with `labels` the targets tokens[b, 1:T+1] too: computed on the host,
   // then one upload into the micro-batch's device buffers. group_rows: also the rows
   // grouped by token and by position for the embedding's backward (a.groups; on a GPU).
+  // With context parallelism T is the whole sequence and only this rank's rows are kept (a.n
+  // rows of B x T/P).
   void prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T,
                       bool labels, bool group_rows = false);
+  // Context parallelism: the local rows of B sequences of Tl = T/P rows in runs of consecutive
+  // tokens (one per sequence and chunk): first local row, rows, position in the sequence and
+  // token index in the micro-batch (b T + position). One run of all rows without it.
+  struct TokenRun {
+    int64_t row, rows, position, token;
+  };
+  std::vector<TokenRun> token_runs(int64_t B, int64_t Tl) const;
+  // The hidden dropout's calls over this rank's shard rows [row0, row0 + Ns) (of N = B Tl):
+  // runs of consecutive tokens, each with its first row within the shard and the dropout index
+  // of its first element (the token's in one process, times C). One run without context
+  // parallelism or without dropout (p = 0).
+  struct DropoutRun {
+    int64_t row, rows;
+    uint64_t first_index;
+  };
+  std::vector<DropoutRun> dropout_runs(int64_t B, int64_t Tl, float p) const;
+  // The micro-batch's T (the whole sequence) as this rank's rows per sequence, checked.
+  int64_t local_seq_length(int64_t T) const;
   void forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key);
   // The LayerNorm that reads a row-parallel layer's output next, made in one pass with it
   // (bias_dropout_add_layernorm_forward): LN2 after the projection; after fc2 the next
@@ -362,11 +401,11 @@ class GPTModel {
   bool bf16_logits() const { return bf16_logits_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
   // Not with the rotary embedding, which rotates the fp32 q and k (with their bias) in place
-  // before the attention reads them.
+  // before the attention reads them, nor with context parallelism, which gathers fp32 keys.
   bool bf16_qkv() const { return bf16_attention_operands() && !rope_ && !cfg_.qk_layernorm; }
   // set_bf16_qkv's switch with a policy that has bf16 results (the rotary embedding aside).
   bool bf16_attention_operands() const {
-    return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !cfg_.moe();
+    return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !cfg_.moe() && !cp_.on();
   }
   AttentionOperand qkv_input(const LayerParams& p, const float* qkv) const;
   // With bf16_qkv(): the core attention's output in bf16 as well, written by the attention
@@ -381,7 +420,7 @@ class GPTModel {
   // y ([Ns, C] scratch; [N, C] rows without sequence parallelism): Megatron's bias_dropout_add.
   // With `norm`, that LayerNorm of out as well, in the same pass.
   void row_parallel_output(float* out, const float* residual, float* y, LinearInput x, int w, int b, int64_t N,
-                           int64_t in_local, float p, const PhiloxStream& stream, uint64_t first_index,
+                           int64_t in_local, float p, const PhiloxStream& stream, const std::vector<DropoutRun>& runs,
                            const std::optional<NextNorm>& norm);
   // The output gradient of a row-parallel layer (projection, fc2; bias b), [Ns, C], from
   // the residual stream's gradient d_resid through the layer's dropout. With bf16 inputs and
@@ -397,8 +436,11 @@ class GPTModel {
   // made: the LayerNorm backward before it wrote .bf16 and the bias gradient already
   // (residual_grad_out).
   RowOutputGrad row_output_grad(float* d_rows, int b, int64_t N, float p, const PhiloxStream& stream,
-                                uint64_t first_index, bool made = false);
-  bool bf16_row_output_grads() const { return bf16_inputs() && !tp_.sp() && cfg_.hidden_size <= 2 * Fl_; }
+                                const std::vector<DropoutRun>& runs, bool made = false);
+  // Not with context parallelism, whose dropout runs (dropout_runs) the fused kernels don't take.
+  bool bf16_row_output_grads() const {
+    return bf16_inputs() && !tp_.sp() && cfg_.hidden_size <= 2 * Fl_ && !cp_.on();
+  }
   // Without dropout (p = 0) on row_output_grad's bf16 path the output gradient is d_resid
   // itself: the LayerNorm backward that makes d_resid also writes its bf16 cast and sums
   // the bias gradient (of bias b) as it goes (layernorm_backward's ResidualGradOut), and
@@ -420,8 +462,8 @@ class GPTModel {
   // The gradient of a row-parallel layer's output ([Ns, C]) from d_resid, the residual
   // stream's: dropout's backward into d_rows, or without dropout (p == 0, the identity)
   // d_resid itself, not copied (a read and a write of [Ns, C] fewer).
-  const float* hidden_dropout_backward(float* d_rows, int64_t n, float p, const PhiloxStream& stream,
-                                       uint64_t first_index) const;
+  const float* hidden_dropout_backward(float* d_rows, float p, const PhiloxStream& stream,
+                                       const std::vector<DropoutRun>& runs) const;
   const float* output_weight() const;
   float* output_weight_grad();
   // A linear layer's bias b, or null when it has none (--disable-bias-linear), for the
@@ -443,11 +485,12 @@ class GPTModel {
 
   TransformerConfig cfg_;
   TensorParallel tp_;
+  ContextParallel cp_;
   ModelPlacement place_;
   Comm* ep_ = nullptr;                 // the expert-parallel group (null: none)
   int64_t first_expert_ = 0, local_experts_ = 0;  // this rank's experts of each MoE layer
   mutable DeviceArray<float> moe_ep_scratch_;  // the expert-parallel dispatch's (MoeExpertParallel)
-  int64_t max_B_, max_T_;
+  int64_t max_B_, max_T_;             // max_T_: this rank's rows per sequence (T/P with context parallelism)
   int64_t Hl_, Fl_, Vl_;               // heads, ffn columns and vocabulary rows on this rank
   int64_t Gl_;                         // query groups on this rank (Hl_ without grouping)
   // The QKV layer's output columns on this rank: 3 Hl D, or with grouped-query attention
@@ -482,6 +525,11 @@ class GPTModel {
   DeviceArray<double> ce_stats_;       // [B*T, 2]
   DeviceArray<float> sp_grads_;        // sequence-parallel gradient staging
   std::vector<float> losses_host_;     // [B*T] the token losses read back (device runs)
+  // Context parallelism: the gathered keys and values [B, T, Gl, 2, D], the collectives' staging
+  // (the same size; the key and value gradients in backward), the reduce-scattered gradients
+  // [B, T/P, Gl, 2, D], and this rank's rows of a given loss mask [B, T/P].
+  DeviceArray<float> cp_kv_, cp_staging_, cp_recv_;
+  std::vector<float> cp_loss_mask_;
 };
 
 }  // namespace lattice

@@ -68,7 +68,7 @@ PipelineRunner::Losses PipelineRunner::train(const Fetch& fetch, const std::func
   LATTICE_CHECK(max_in_flight(ops) <= slots)
       << "the schedule keeps " << max_in_flight(ops) << " micro-batches in flight, the model has " << slots
       << " activation slots";
-  const int64_t rows = model_.tensor_parallel().shard_rows(B * T) * model_.config().hidden_size;
+  const int64_t rows = model_.activation_elements(B, T);
   size_t last_backward = 0;
   for (size_t i = 0; i < ops.size(); ++i)
     if (!ops[i].forward) last_backward = i;
@@ -147,7 +147,7 @@ PipelineRunner::Losses PipelineRunner::train(const Fetch& fetch, const std::func
 
 LossSum PipelineRunner::evaluate(const Fetch& fetch, int64_t M, int64_t B, int64_t T) {
   const int P = layout_.stages, V = layout_.virtual_stages, S = P * V, r = stage_;
-  const int64_t rows = model_.tensor_parallel().shard_rows(B * T) * model_.config().hidden_size;
+  const int64_t rows = model_.activation_elements(B, T);
   const int slots = model_.placement().slots;
   LossSum total;
   MicroBatchKey key;

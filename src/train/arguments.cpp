@@ -135,6 +135,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"pipeline-model-parallel-size", Kind::i64, &a.pipeline_model_parallel_size, "PP size"},
       {"expert-model-parallel-size", Kind::i64, &a.expert_model_parallel_size,
        "EP size: each MoE layer's experts split over this many data-parallel ranks (all-to-all token dispatch)"},
+      {"context-parallel-size", Kind::i64, &a.context_parallel_size,
+       "CP size: every sequence split over this many ranks (two chunks each; the keys and values all-gathered)"},
+      {"cp-comm-type", Kind::str, &a.cp_comm_type,
+       "accepted: p2p | a2a | allgather | a2a+p2p (the same math; lattice all-gathers the keys and values)"},
       {"num-layers-per-virtual-pipeline-stage", Kind::i64, &a.num_layers_per_virtual_pipeline_stage,
        "layers per model chunk: interleaved 1F1B with L / (PP x this) chunks per stage"},
       {"decoder-first-pipeline-num-layers", Kind::i64, &a.decoder_first_pipeline_num_layers,
@@ -476,6 +480,29 @@ void validate(TrainArgs& a) {
     if (a.num_experts % a.expert_model_parallel_size != 0)
       LATTICE_FAIL() << "--num-experts " << a.num_experts << " is not divisible by --expert-model-parallel-size "
                      << a.expert_model_parallel_size;
+  }
+  if (a.context_parallel_size < 1)
+    LATTICE_FAIL() << "--context-parallel-size must be >= 1, got " << a.context_parallel_size;
+  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a" && a.cp_comm_type != "allgather" &&
+      a.cp_comm_type != "a2a+p2p")
+    LATTICE_FAIL() << "--cp-comm-type must be p2p, a2a, allgather or a2a+p2p, got '" << a.cp_comm_type << "'";
+  if (a.context_parallel_size > 1) {
+    const int64_t cp = a.context_parallel_size;
+    if (a.seq_length % (2 * cp) != 0)
+      LATTICE_FAIL() << "--seq-length " << a.seq_length << " is not divisible by 2 x --context-parallel-size " << cp
+                     << " (each rank holds two of the sequence's " << 2 * cp << " chunks)";
+    if (a.sequence_parallel && (a.seq_length / cp) % a.tensor_model_parallel_size != 0)
+      LATTICE_FAIL() << "--seq-length " << a.seq_length << " / --context-parallel-size " << cp
+                     << " is not divisible by --tensor-model-parallel-size " << a.tensor_model_parallel_size
+                     << " (required by --sequence-parallel)";
+    if (a.num_experts > 0)
+      LATTICE_FAIL() << "--context-parallel-size " << cp << " with --num-experts: not supported yet";
+    if (a.reset_attention_mask)
+      LATTICE_FAIL() << "--context-parallel-size " << cp
+                     << " with --reset-attention-mask: the document mask over gathered keys is not supported yet";
+    if (a.device == "cuda")
+      LATTICE_FAIL() << "--context-parallel-size " << cp << " with --device cuda: the GPU attention kernels do not "
+                     << "take gathered keys yet (run --device cpu)";
   }
   make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
                        a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);

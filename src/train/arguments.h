@@ -74,6 +74,8 @@ struct TrainArgs {
   // parallel layout (more than 1 arrives with the distributed issues)
   int64_t tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   int64_t expert_model_parallel_size = 1;  // the experts split over this many data-parallel ranks
+  int64_t context_parallel_size = 1;       // every sequence split over this many ranks (model/context_parallel.h)
+  std::string cp_comm_type = "p2p";        // Megatron's --cp-comm-type; lattice all-gathers the keys and values
   bool sequence_parallel = false;
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   int64_t decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;  // 0: even split

@@ -6,13 +6,15 @@
 
 namespace lattice {
 
-DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg, Comm* ep, Comm* expert_dp)
+DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg, Comm* ep, Comm* expert_dp,
+                           Comm* dp_cp)
     : model_(model),
       params_(model.params()),
       dp_(dp),
+      grads_(dp_cp ? *dp_cp : dp),
       ep_(ep && ep->size() > 1 ? ep : nullptr),
       cfg_(cfg),
-      sync_(params_, dp, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(dp.size()),
+      sync_(params_, grads_, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(grads_.size()),
             cfg.overlap_grad_reduce, cfg.distributed_optimizer, cfg.grad_reduce_in_bf16, expert_dp) {
   LATTICE_CHECK(!ep_ || (expert_dp && expert_dp->size() * ep_->size() == dp.size()))
       << "expert parallelism needs the expert data-parallel group";

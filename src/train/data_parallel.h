@@ -2,7 +2,9 @@
 // gradient reduction (all-reduce, or reduce-scatter with the distributed optimizer),
 // the gradient norm across shards, and the parameter all-gather after a sharded update. With
 // expert parallelism the experts' weights are reduced, sharded and gathered over the expert
-// data-parallel group, and the norms add the other expert-parallel ranks' experts.
+// data-parallel group, and the norms add the other expert-parallel ranks' experts. With context
+// parallelism the gradients are summed, sharded and gathered over dp x cp (each context-parallel
+// rank's gradients are its tokens' part of its data-parallel rank's), the data split over dp.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -27,14 +29,16 @@ struct DataParallelConfig {
 class DataParallel {
  public:
   // Connects the model's gradient-ready hook to the bucketed reduction. ep, expert_dp: the
-  // expert-parallel and expert data-parallel groups (null: no expert parallelism).
+  // expert-parallel and expert data-parallel groups (null: no expert parallelism); dp_cp: the
+  // ranks the gradients are summed over (null: dp).
   DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg, Comm* ep = nullptr,
-               Comm* expert_dp = nullptr);
+               Comm* expert_dp = nullptr, Comm* dp_cp = nullptr);
   ~DataParallel();
 
   int rank() const { return dp_.rank(); }
   int size() const { return dp_.size(); }
-  Comm& comm() { return dp_; }
+  Comm& comm() { return dp_; }          // the data (and losses) of the step
+  Comm& grad_comm() { return grads_; }  // the gradients' (dp x cp)
   const DataParallelConfig& config() const { return cfg_; }
   GradSync& grad_sync() { return sync_; }
 
@@ -67,12 +71,13 @@ class DataParallel {
   // The groups the norms and counts sum over besides tp and pp (optimizer.h): the data-parallel
   // group when each rank holds a shard, else none; the expert-parallel group when the ranks hold
   // whole copies but their own experts, else none.
-  Comm* shard_group() { return cfg_.distributed_optimizer ? &dp_ : nullptr; }
+  Comm* shard_group() { return cfg_.distributed_optimizer ? &grads_ : nullptr; }
   Comm* expert_group() const { return cfg_.distributed_optimizer ? nullptr : ep_; }
 
   GPTModel& model_;
   ParamBuffer& params_;
   Comm& dp_;
+  Comm& grads_;  // dp, or dp x cp
   Comm* ep_;  // null or one rank: no expert parallelism
   DataParallelConfig cfg_;
   GradSync sync_;

@@ -116,9 +116,10 @@ std::string format_memory_estimate(const MemoryLayout& m, const std::vector<Rank
                   baseline_note + "\n";
   char buf[640];
   for (const RankMemory& r : ranks) {
+    const std::string cp = m.cp > 1 ? ", cp " + std::to_string(r.cp_rank) : std::string();
     std::snprintf(buf, sizeof buf,
-                  "  rank %d (tp %d, pp %d, dp %d): %.2fM parameters | parameters %.1f, ", r.world_rank, r.tp_rank,
-                  r.pp_rank, r.dp_rank, double(r.parameters) / 1e6, mb(r.param_bytes));
+                  "  rank %d (tp %d%s, pp %d, dp %d): %.2fM parameters | parameters %.1f, ", r.world_rank, r.tp_rank,
+                  cp.c_str(), r.pp_rank, r.dp_rank, double(r.parameters) / 1e6, mb(r.param_bytes));
     s += buf;
     if (r.weight_copy_bytes > 0) {
       std::snprintf(buf, sizeof buf, "weight copy %.1f, ", mb(r.weight_copy_bytes));

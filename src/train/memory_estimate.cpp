@@ -171,8 +171,11 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   RankMemory r;
   r.world_rank = world_rank;
   r.tp_rank = world_rank % m.tp;
-  r.dp_rank = (world_rank / m.tp) % m.dp;
-  r.pp_rank = world_rank / (m.tp * m.dp);
+  r.cp_rank = (world_rank / m.tp) % m.cp;
+  r.dp_rank = (world_rank / (m.tp * m.cp)) % m.dp;
+  r.pp_rank = world_rank / (m.tp * m.cp * m.dp);
+  // The gradients are summed (and with the distributed optimizer sharded) over dp x cp.
+  const int grad_ranks = m.dp * m.cp, grad_rank = r.dp_rank * m.cp + r.cp_rank;
   r.baseline_bytes = baseline_bytes;
 
   ModelPlacement place{stage_layers(m.pipeline, r.pp_rank), r.pp_rank == 0, r.pp_rank == m.pp - 1, 1};
@@ -184,10 +187,10 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   r.parameters = parameters_in(pb, {{0, pb.numel()}});
   if (m.distributed_optimizer) {
     // The model's gradient buckets, reduce-scattered: this DP rank owns its even share of each.
-    const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(m.dp);
+    const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(grad_ranks);
     std::vector<std::pair<int64_t, int64_t>> owned;
-    for (const Bucket& b : make_buckets(pb, bucket, m.dp, m.dp / m.ep)) {
-      const int rank = b.expert ? expert_dp_rank : r.dp_rank;  // the experts' over the expert data-parallel group
+    for (const Bucket& b : make_buckets(pb, bucket, grad_ranks, m.dp / m.ep)) {
+      const int rank = b.expert ? expert_dp_rank : grad_rank;  // the experts' over the expert data-parallel group
       const int64_t s = b.shard_begin(rank);
       owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);
       r.grad_staging_bytes += size_t(b.shard_counts[size_t(rank)]) * (m.grad_reduce_in_bf16 ? 2 : 4);
@@ -202,9 +205,9 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   r.grad_bytes = size_t(r.buffer_elements) * size_t(p.grads);
   r.optimizer_bytes = size_t(r.owned_parameters) * (m.optimizer == "sgd" ? 4 : 8);
   // --grad-reduce-in-bf16: the buckets' bf16 copy (GradSync), which is also what MPI copies.
-  const bool bf16_reduce = m.grad_reduce_in_bf16 && (m.dp > 1 || m.distributed_optimizer);
+  const bool bf16_reduce = m.grad_reduce_in_bf16 && (grad_ranks > 1 || m.distributed_optimizer);
   if (bf16_reduce) r.grad_staging_bytes += size_t(r.buffer_elements) * 2;
-  r.comm_staging_bytes = size_t(comm_staging_copies(r.dp_rank, m.dp, m.distributed_optimizer)) *
+  r.comm_staging_bytes = size_t(comm_staging_copies(grad_rank, grad_ranks, m.distributed_optimizer)) *
                          size_t(r.buffer_elements) * size_t(bf16_reduce ? 2 : p.grads);
   // The tied word embedding's gradient, all-reduced in place between the first and last
   // stage (a group of 2: one copy on both), at another moment than the DP reduction.
@@ -214,9 +217,11 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
 
   LayoutOnlyComm group(r.tp_rank, m.tp);
   const TensorParallel tp{m.tp > 1 ? &group : nullptr, m.sequence_parallel};
-  const int64_t B = m.micro_batch_size, T = m.seq_length;
+  const int64_t B = m.micro_batch_size, T = m.seq_length / m.cp;
   r.activation_slots = place.slots;
-  r.activation_bytes = GPTModel::activation_bytes(m.config, B, T, tp, place, m.ep);
+  // With context parallelism the gathered keys and values and their staging as well.
+  r.activation_bytes = GPTModel::activation_bytes(m.config, B, T, tp, place, m.ep) +
+                       GPTModel::context_parallel_bytes(m.config, B, m.seq_length, m.tp, m.cp);
   ModelPlacement one = place, two = place;
   one.slots = 1;
   two.slots = 2;
@@ -227,7 +232,7 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
 
 std::vector<RankMemory> estimate_all_ranks(const MemoryLayout& m, size_t baseline_bytes) {
   std::vector<RankMemory> all;
-  for (int w = 0; w < m.tp * m.pp * m.dp; ++w) all.push_back(estimate_rank_memory(m, w, baseline_bytes));
+  for (int w = 0; w < m.tp * m.cp * m.pp * m.dp; ++w) all.push_back(estimate_rank_memory(m, w, baseline_bytes));
   return all;
 }
 

@@ -36,6 +36,7 @@ struct MemoryLayout {
   int64_t micro_batch_size = 1, seq_length = 0;
   int tp = 1, pp = 1, dp = 1;
   int ep = 1;                             // --expert-model-parallel-size: E / ep experts per rank
+  int cp = 1;                             // --context-parallel-size: seq_length / cp tokens per rank
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   bool grad_reduce_in_bf16 = false;       // bf16 copies of the buckets for the DP reduction
@@ -47,7 +48,7 @@ struct MemoryLayout {
 };
 
 struct RankMemory {
-  int world_rank = 0, tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  int world_rank = 0, tp_rank = 0, pp_rank = 0, dp_rank = 0, cp_rank = 0;
   int64_t parameters = 0;        // this rank's parameter elements (its TP parts of its stage)
   int64_t buffer_elements = 0;   // the flat buffer: parameters plus 64-byte alignment padding
   int64_t owned_parameters = 0;  // elements whose optimizer state this rank keeps

@@ -26,7 +26,7 @@ bool local_grads_non_finite(const ParamBuffer& params) { return any_non_finite(p
 bool unscale_and_check(ParamBuffer& params, double scale, DataParallel* dp, Comm* tp, Comm* pp) {
   bool bad = local_grads_non_finite(params);
   double found = bad ? 1.0 : 0.0;
-  for (Comm* c : {tp, pp, dp ? &dp->comm() : nullptr})
+  for (Comm* c : {tp, pp, dp ? &dp->grad_comm() : nullptr})
     if (c && c->size() > 1) c->all_reduce(&found, 1, ReduceOp::max);
   if (found > 0) return true;
   scale_inplace(params.grads(), float(1.0 / scale), params.numel());

@@ -207,6 +207,7 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.pp = pipe.stages;
   m.dp = dp;
   m.ep = int(args.expert_model_parallel_size);
+  m.cp = int(args.context_parallel_size);
   m.sequence_parallel = args.sequence_parallel;
   m.distributed_optimizer = args.use_distributed_optimizer;
   m.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
@@ -239,8 +240,9 @@ std::vector<int64_t> ramp_micro_batches(const TrainArgs& args, const BatchSizeRa
 int print_dry_run(const TrainArgs& args) {
   const int64_t tp = args.tensor_model_parallel_size, pp = args.pipeline_model_parallel_size;
   const char* env = std::getenv("OMPI_COMM_WORLD_SIZE");
-  const int64_t world = env ? std::atoll(env) : tp * pp;
-  const ParallelLayout layout = make_layout(int(world), int(tp), int(pp), int(args.expert_model_parallel_size));
+  const int64_t world = env ? std::atoll(env) : tp * pp * args.context_parallel_size;
+  const ParallelLayout layout = make_layout(int(world), int(tp), int(pp), int(args.expert_model_parallel_size),
+                                            int(args.context_parallel_size));
   if (env && std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) != 0) return 0;
   const PipelineLayout pipe = pipeline_layout(args);
   const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * layout.dp);
@@ -248,8 +250,14 @@ int print_dry_run(const TrainArgs& args) {
     LATTICE_FAIL() << "--global-batch-size " << args.global_batch_size << " is not a multiple of --micro-batch-size "
                    << args.micro_batch_size << " x data-parallel size " << layout.dp;
   check_micro_batches(pipe, num_micro);
-  std::printf("> dry run: world %d = tp %d x pp %d x dp %d, %lld micro-batches of %lld per rank and iteration\n",
-              layout.world, layout.tp, layout.pp, layout.dp, (long long)num_micro, (long long)args.micro_batch_size);
+  std::printf("> dry run: world %d = tp %d x %spp %d x dp %d, %lld micro-batches of %lld per rank and iteration\n",
+              layout.world, layout.tp, layout.cp > 1 ? ("cp " + std::to_string(layout.cp) + " x ").c_str() : "",
+              layout.pp, layout.dp, (long long)num_micro, (long long)args.micro_batch_size);
+  if (layout.cp > 1)
+    std::printf("> context parallelism: each sequence of %lld tokens in %d chunks of %lld, two per rank over cp %d "
+                "ranks; gradients summed over dp x cp = %d ranks\n",
+                (long long)args.seq_length, 2 * layout.cp, (long long)(args.seq_length / (2 * layout.cp)), layout.cp,
+                layout.dp * layout.cp);
   if (layout.ep > 1)
     std::printf("> expert parallelism: each MoE layer's %lld experts over ep %d ranks (%lld each), expert data-parallel %d\n",
                 (long long)args.num_experts, layout.ep, (long long)(args.num_experts / layout.ep), layout.expert_dp());
@@ -291,7 +299,8 @@ int run_training(const TrainArgs& args) {
   // --device first: nothing may be allocated on a device before it is chosen.
   const std::string device_line = select_rank_device(args.device);
   auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
-                                  args.distributed_timeout_minutes * 60.0, int(args.expert_model_parallel_size));
+                                  args.distributed_timeout_minutes * 60.0, int(args.expert_model_parallel_size),
+                                  int(args.context_parallel_size));
   set_log_info_enabled(ps->world_rank() == 0);
   log_info(device_line);
   check_same_config_across_ranks(*ps, args.to_json());
@@ -332,20 +341,20 @@ int run_training(const TrainArgs& args) {
   const bool device_memory = kernels_on_gpu();
   const size_t baseline_bytes = device_memory ? device_used_bytes() : resident_bytes();
   GPTModel model(cfg, args.micro_batch_size, args.seq_length, TensorParallel{&ps->tp(), args.sequence_parallel},
-                 placement, &ps->ep());
+                 placement, &ps->ep(), ContextParallel{&ps->cp()});
   PipelineRunner pipeline(model, pipe, &ps->pp(), ps->embedding());
   model.init_parameters(args.seed);
   model.set_document_boundaries(
       DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids, args.reset_attention_mask});
   std::unique_ptr<DataParallel> dp;
-  if (ps->dp().size() > 1 || args.use_distributed_optimizer) {
+  if (ps->dp_cp().size() > 1 || args.use_distributed_optimizer) {
     DataParallelConfig dcfg;
     dcfg.distributed_optimizer = args.use_distributed_optimizer;
     dcfg.overlap_grad_reduce = args.overlap_grad_reduce;
     dcfg.overlap_param_gather = args.overlap_param_gather;
     dcfg.bucket_elements = args.ddp_bucket_size;
     dcfg.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
-    dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg, &ps->ep(), &ps->expert_dp());
+    dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg, &ps->ep(), &ps->expert_dp(), &ps->dp_cp());
   }
   Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{});
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
@@ -355,7 +364,8 @@ int run_training(const TrainArgs& args) {
     for (const ParamInfo& p : model.params().infos()) fp8_params.expert.push_back(p.expert);
     fp8_params.expert_dp = &ps->expert_dp();
   }
-  const std::unique_ptr<MixedPrecisionPolicy> precision = make_precision_policy(args, &ps->tp(), &ps->dp(), fp8_params);
+  const std::unique_ptr<MixedPrecisionPolicy> precision =
+      make_precision_policy(args, &ps->tp(), &ps->dp_cp(), fp8_params);
   if (precision) model.set_gemm_policy(precision.get());
   model.set_attention_math(attention_math(args));
   const std::unique_ptr<LossScaler> loss_scaler = make_loss_scaler(args);
@@ -380,14 +390,16 @@ int run_training(const TrainArgs& args) {
   log_info(describe_precision(args, loss_scaler.get()));
   if (ps->world_size() > 1)
     log_info("> parallel layout: world " + std::to_string(ps->world_size()) + " = tp " +
-             std::to_string(ps->layout().tp) + " x pp " + std::to_string(ps->layout().pp) + " x dp " +
-             std::to_string(ps->layout().dp) + ", " + std::to_string(threads) + " threads per rank");
+             std::to_string(ps->layout().tp) +
+             (ps->layout().cp > 1 ? " x cp " + std::to_string(ps->layout().cp) : std::string()) + " x pp " +
+             std::to_string(ps->layout().pp) + " x dp " + std::to_string(ps->layout().dp) + ", " +
+             std::to_string(threads) + " threads per rank");
   MemoryFootprint mem;
   mem.parameters = model.num_parameters();
   mem.param_bytes = mem.grad_bytes = size_t(mem.parameters) * sizeof(float);
   mem.optimizer_bytes = optimizer.state_bytes();
   mem.owned_parameters = int64_t(optimizer.state_bytes() / (args.optimizer == "adam" ? 8 : 4));
-  mem.activation_bytes = model.arena_bytes();
+  mem.activation_bytes = model.arena_bytes() + model.context_parallel_bytes();
   mem.tensor_parallel = ps->tp().size();
   mem.sequence_parallel = model.tensor_parallel().sp();
   log_info(format_memory_report(mem, ps->dp().size(), args.use_distributed_optimizer));
@@ -445,7 +457,7 @@ int run_training(const TrainArgs& args) {
     if (l.pp == 1 && l.ep == 1) return;
     for (int root_index = 0; root_index < l.pp * l.ep; ++root_index) {
       const int stage = root_index / l.ep, e = root_index % l.ep;
-      const int root = stage * l.tp * l.dp + e * l.tp;
+      const int root = l.rank_of(0, 0, e, stage);
       std::string text = ps->world_rank() == root ? fp8_state_to_json(states).dump() : std::string();
       int64_t bytes = int64_t(text.size());
       ps->world().broadcast(&bytes, int64_t(sizeof bytes), root);
@@ -459,7 +471,8 @@ int run_training(const TrainArgs& args) {
   };
   save_opts.parts_comm = &ps->world();
   for (const std::vector<int>& g : plan_groups(ps->layout()).dp)
-    for (int e = 0; e < ps->layout().ep; ++e) save_opts.contributors.push_back(g[size_t(e)]);
+    if (g[0] / ps->layout().tp % ps->layout().cp == 0)  // context-parallel rank 0: the others hold the same
+      for (int e = 0; e < ps->layout().ep; ++e) save_opts.contributors.push_back(g[size_t(e)]);
   save_opts.experts_only = ps->dp_rank() > 0;
   std::sort(save_opts.contributors.begin(), save_opts.contributors.end());  // world rank 0, the writer, first
   if (dp && args.use_distributed_optimizer) save_opts.gather_state = [&](float* flat) { dp->gather_shards(flat); };

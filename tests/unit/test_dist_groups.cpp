@@ -34,6 +34,41 @@ TEST(DistGroups, ExpertParallelSplitsDataParallel) {
   EXPECT_EQ(one.expert_dp, (std::vector<std::vector<int>>{{0, 1, 2, 3}}));
 }
 
+// Context parallelism sits between tensor and data parallelism (tp-cp-dp-pp): 16 ranks, TP=2,
+// CP=2, PP=2 -> DP=2. The gradients are summed over dp x cp.
+TEST(DistGroups, ContextParallelBetweenTensorAndData) {
+  const ParallelLayout l = make_layout(16, 2, 2, 1, 2);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_EQ(l.rank_of(1, 1, 1, 1), 15);
+  GroupPlan g = plan_groups(l);
+  EXPECT_EQ(g.tp[0], (std::vector<int>{0, 1}));
+  EXPECT_EQ(g.tp[1], (std::vector<int>{2, 3}));  // cp rank 1 of dp rank 0
+  EXPECT_EQ(g.cp, (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.dp, (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  EXPECT_EQ(g.dp_cp, (std::vector<std::vector<int>>{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+  EXPECT_EQ(g.pp[0], (std::vector<int>{0, 8}));
+  EXPECT_EQ(g.pp[2], (std::vector<int>{2, 10}));
+  EXPECT_EQ(g.embedding.size(), 8u);
+  // Without it every rank is its own context-parallel group and dp x cp is dp.
+  GroupPlan one = plan_groups(make_layout(4, 2, 1));
+  EXPECT_EQ(one.cp, (std::vector<std::vector<int>>{{0}, {1}, {2}, {3}}));
+  EXPECT_EQ(one.dp_cp, one.dp);
+}
+
+TEST(DistGroups, ContextParallelNamesTheFlags) {
+  try {
+    make_layout(6, 1, 1, 1, 4);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("world size 6 is not divisible by --tensor-model-parallel-size 1 x "
+                                         "--context-parallel-size 4"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(make_layout(4, 1, 1, 2, 2), Error);  // experts with context parallelism
+  EXPECT_THROW(make_layout(4, 1, 1, 1, 0), Error);
+}
+
 TEST(DistGroups, ExpertParallelSizeMustDivideDataParallel) {
   try {
     make_layout(6, 1, 1, 4);

@@ -75,7 +75,7 @@ MemoryLayout layout(const TransformerConfig& c, int tp, int pp, int dp, int64_t 
 
 // The model (and optimizer) of world rank w under m, built for real.
 struct RealRank {
-  std::unique_ptr<LayoutGroup> group, ep_group;
+  std::unique_ptr<LayoutGroup> group, ep_group, cp_group;
   std::unique_ptr<GPTModel> model;
   std::unique_ptr<Optimizer> optimizer;
   ElementRanges owned;
@@ -83,20 +83,24 @@ struct RealRank {
 
 RealRank build(const MemoryLayout& m, int w) {
   RealRank r;
-  const int tp_rank = w % m.tp, dp_rank = (w / m.tp) % m.dp, stage = w / (m.tp * m.dp);
+  const int tp_rank = w % m.tp, cp_rank = (w / m.tp) % m.cp, dp_rank = (w / (m.tp * m.cp)) % m.dp;
+  const int stage = w / (m.tp * m.cp * m.dp);
   const ModelPlacement place{stage_layers(m.pipeline, stage), stage == 0, stage == m.pp - 1,
                              max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, stage))};
   r.group = std::make_unique<LayoutGroup>(tp_rank, m.tp);
   r.ep_group = std::make_unique<LayoutGroup>(dp_rank % m.ep, m.ep);  // expert parallelism: dp ranks in groups of ep
+  r.cp_group = std::make_unique<LayoutGroup>(cp_rank, m.cp);
   r.model = std::make_unique<GPTModel>(m.config, m.micro_batch_size, m.seq_length,
                                        TensorParallel{m.tp > 1 ? r.group.get() : nullptr, m.sequence_parallel},
-                                       place, r.ep_group.get());
+                                       place, r.ep_group.get(), ContextParallel{r.cp_group.get()});
   if (m.distributed_optimizer) {
     // As DataParallel/GradSync: this DP rank's shard of every bucket (the experts' over the expert
     // data-parallel group, in which this rank is dp_rank / ep).
-    const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(m.dp);
-    for (const Bucket& b : make_buckets(r.model->params(), bucket, m.dp, m.dp / m.ep)) {
-      const int rank = b.expert ? dp_rank / m.ep : dp_rank;
+    // With context parallelism the gradients are sharded over dp x cp (rank dp_rank cp + cp_rank).
+    const int grad_ranks = m.dp * m.cp;
+    const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(grad_ranks);
+    for (const Bucket& b : make_buckets(r.model->params(), bucket, grad_ranks, m.dp / m.ep)) {
+      const int rank = b.expert ? dp_rank / m.ep : dp_rank * m.cp + cp_rank;
       const int64_t s = b.shard_begin(rank);
       r.owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);
     }
@@ -126,7 +130,7 @@ void expect_matches(const MemoryLayout& m, int w) {
   EXPECT_EQ(e.owned_parameters, real.optimizer->state_numel());
   EXPECT_EQ(e.optimizer_bytes, real.optimizer->state_bytes());
   EXPECT_EQ(e.activation_slots, model.placement().slots);
-  EXPECT_EQ(e.activation_bytes, model.arena_bytes());
+  EXPECT_EQ(e.activation_bytes, model.arena_bytes() + model.context_parallel_bytes());
   EXPECT_EQ(e.baseline_bytes, 1000u);
   EXPECT_EQ(e.peak_bytes(), e.model_state_bytes() + e.activation_bytes + 1000);
 }
@@ -288,6 +292,32 @@ TEST(MemoryEstimate, ExpertParallelRanksEqualTheirModels) {
     EXPECT_EQ(estimate_rank_memory(no_ep, 0, 0).activation_bytes - estimate_rank_memory(m, 0, 0).activation_bytes,
               size_t(3 + 1) * size_t(N * k * 2 * 24) * sizeof(float));
   }
+}
+
+// Context parallelism: every rank of a context-parallel group holds the whole model and a 1/cp share
+// of each sequence's activations, plus the gathered keys and values; with the distributed optimizer
+// the state is sharded over dp x cp.
+TEST(MemoryEstimate, ContextParallelRanksEqualTheirModels) {
+  TransformerConfig c = config(3, false);
+  c.num_query_groups = 2;
+  c.finalize();
+  MemoryLayout m = layout(c, 1, 1, 2, 1);
+  m.cp = 2;
+  m.distributed_optimizer = true;
+  int64_t owned = 0;
+  for (int w = 0; w < 4; ++w) {
+    expect_matches(m, w);
+    owned += estimate_rank_memory(m, w, 0).owned_parameters;
+  }
+  const RankMemory whole = estimate_rank_memory(layout(c, 1, 1, 1, 1), 0, 0);
+  EXPECT_EQ(owned, whole.parameters);  // each element owned by one of the 4 ranks
+  const RankMemory r3 = estimate_rank_memory(m, 3, 0);
+  EXPECT_EQ(r3.cp_rank, 1);
+  EXPECT_EQ(r3.dp_rank, 1);
+  MemoryLayout half = layout(c, 1, 1, 1, 1);  // one process with half the sequence
+  half.seq_length = m.seq_length / 2;
+  const int64_t kv = m.micro_batch_size * m.seq_length * 2 * c.num_query_groups * c.kv_channels;
+  EXPECT_EQ(r3.activation_bytes, estimate_rank_memory(half, 0, 0).activation_bytes + size_t(2 * kv + kv / 2) * 4);
 }
 
 // The rotary embedding has no position table: the estimate registers none either.

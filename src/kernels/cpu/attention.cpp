@@ -22,36 +22,61 @@ namespace {
 // Query and key tile sizes: a 64 x 64 score tile (16 KB) and its partners stay in L1/L2.
 constexpr int64_t kTile = 64;
 
-// Strided views into qkv [B,T,G,R+2,D] and out/dout [B,T,H,D] for one (b, h): head h's
-// query, its group's key and value, its output rows.
+// Where the queries sit and where the keys come from: the qkv rows themselves at positions
+// 0 .. T-1, or with context parallelism (ContextKeys) the whole sequence's gathered keys and
+// values at positions 0 .. Tk-1, the query rows at context.position(i).
+struct Keys {
+  const ContextKeys* context;  // null: self-attention over qkv's rows
+  int64_t T;                   // the query rows' sequence: T, or Tk
+  int64_t position(int64_t i) const { return context ? context->position(i) : i; }
+};
+Keys keys_of(const AttentionShape& s, const ContextKeys* context) { return {context, context ? context->Tk : s.T}; }
+
+// Strided views for one (b, h): head h's query in qkv [B,T,G,R+2,D], its group's key and value
+// in the key source (qkv itself, or a context's kv [B,Tk,G,2,D]), its rows of out/dout [B,T,H,D].
 struct HeadView {
-  int64_t ld_qkv, ld_out;     // row (t) strides
+  int64_t ld_qkv, ld_kv, ld_out;  // row (t) strides
   int64_t q_off, k_off, out_off;
   int64_t D;
   float* q(const float* qkv, int64_t t) const { return const_cast<float*>(qkv) + q_off + t * ld_qkv; }
-  float* k(const float* qkv, int64_t t) const { return const_cast<float*>(qkv) + k_off + t * ld_qkv; }
-  float* v(const float* qkv, int64_t t) const { return k(qkv, t) + D; }
+  float* k(const float* kv, int64_t t) const { return const_cast<float*>(kv) + k_off + t * ld_kv; }
+  float* v(const float* kv, int64_t t) const { return k(kv, t) + D; }
   float* o(const float* out, int64_t t) const { return const_cast<float*>(out) + out_off + t * ld_out; }
 };
 
-HeadView head_view(const AttentionShape& s, int64_t b, int64_t h) {
+HeadView head_view(const AttentionShape& s, const Keys& keys, int64_t b, int64_t h) {
   const QkvLayout L = s.layout();
   const int64_t ld = L.width(), token0 = b * s.T * ld;
-  return {ld, s.H * s.D, token0 + L.slot(h, 0) * s.D, token0 + L.slot(h, 1) * s.D, (b * s.T * s.H + h) * s.D, s.D};
+  HeadView v{ld, ld, s.H * s.D, token0 + L.slot(h, 0) * s.D, token0 + L.slot(h, 1) * s.D, (b * s.T * s.H + h) * s.D,
+             s.D};
+  if (keys.context) {
+    v.ld_kv = 2 * L.G * s.D;
+    v.k_off = b * keys.T * v.ld_kv + (h / L.R()) * 2 * s.D;
+  }
+  return v;
 }
 
-// Index of probability (b, h, i, 0) in the dropout stream.
-uint64_t dropout_row_index(const AttentionShape& s, const AttentionDropout& drop, int64_t b,
+// Index of probability (b, h, i, 0) in the dropout stream: query row i at its position in
+// the sequence of keys.T.
+uint64_t dropout_row_index(const AttentionShape& s, const Keys& keys, const AttentionDropout& drop, int64_t b,
                            int64_t h, int64_t i) {
   const int64_t heads = drop.total_heads > 0 ? drop.total_heads : s.H;
-  return uint64_t(((b * heads + drop.head_offset + h) * s.T + i) * s.T) + drop.first_index;
+  return uint64_t(((b * heads + drop.head_offset + h) * keys.T + keys.position(i)) * keys.T) + drop.first_index;
 }
 
-void check_args(const AttentionShape& s, const AttentionDropout& drop) {
+void check_args(const AttentionShape& s, const AttentionDropout& drop, const ContextKeys* context,
+                const int32_t* document_ids) {
   LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0 && s.G >= 0 && (s.G == 0 || s.H % s.G == 0))
       << "attention: bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " G=" << s.G;
   LATTICE_CHECK(drop.p >= 0.0f && drop.p < 1.0f)
       << "attention: dropout probability " << drop.p << " not in [0, 1)";
+  if (!context) return;
+  LATTICE_CHECK(context->kv && !document_ids && context->split >= 0 && context->split <= s.T &&
+                context->shift[0] >= 0 && context->shift[1] >= context->shift[0] &&
+                context->position(s.T - 1) < context->Tk)
+      << "attention: bad context-parallel keys (Tk=" << context->Tk << " split=" << context->split << " shifts "
+      << context->shift[0] << ", " << context->shift[1] << " for T=" << s.T << ", document ids "
+      << (document_ids ? "given" : "none") << ")";
 }
 
 // Document masking: doc is [T] (this batch row's ids) or null. A query attends a key
@@ -98,10 +123,10 @@ const float* fp32_dout(const AttentionOperand& dout, const AttentionShape& s) {
 // Forward for one query tile [i0, i0+nq) of one head, over key tiles up to the
 // diagonal, with the online softmax; scratch holds S (kTile^2), O (kTile*D) and the
 // row statistics.
-void forward_tile(float* out, float* lse_bh, const float* qkv, const AttentionShape& s,
-                  const AttentionDropout& drop, const int32_t* doc, int64_t b, int64_t h,
+void forward_tile(float* out, float* lse_bh, const float* qkv, const float* kv, const AttentionShape& s,
+                  const Keys& keys, const AttentionDropout& drop, const int32_t* doc, int64_t b, int64_t h,
                   int64_t i0, int64_t nq, float* scratch) {
-  const HeadView hv = head_view(s, b, h);
+  const HeadView hv = head_view(s, keys, b, h);
   const int64_t D = s.D;
   const float scale = 1.0f / std::sqrt(float(D));
   const bool dropout = drop.p > 0.0f;
@@ -116,17 +141,17 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const AttentionSh
     row_l[r] = 0.0f;
   }
   std::fill(O, O + nq * D, 0.0f);
-  const int64_t i1 = i0 + nq;
+  const int64_t keys_end = keys.position(i0 + nq - 1) + 1;  // the tile's last row sees the most keys
   const IdRange q_ids = doc ? id_range(doc, i0, nq) : IdRange{0, 0};
-  for (int64_t j0 = 0; j0 < i1; j0 += kTile) {
-    const int64_t nk = std::min(kTile, i1 - j0);
+  for (int64_t j0 = 0; j0 < keys_end; j0 += kTile) {
+    const int64_t nk = std::min(kTile, keys_end - j0);
     if (doc && disjoint(q_ids, id_range(doc, j0, nk))) continue;
-    gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, hv.k(qkv, j0),
-             hv.ld_qkv, 0.0f, S, kTile);
+    gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, hv.k(kv, j0),
+             hv.ld_kv, 0.0f, S, kTile);
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t i = i0 + r;
       float* s_r = S + r * kTile;
-      const int64_t count = std::clamp<int64_t>(i - j0 + 1, 0, nk);  // causal: keys j <= i
+      const int64_t count = std::clamp<int64_t>(keys.position(i) - j0 + 1, 0, nk);  // causal: keys j <= i
       if (doc)  // other documents' keys: -inf, so exp gives exactly 0
         for (int64_t c = 0; c < count; ++c) s_r[c] = doc[j0 + c] == doc[i] ? s_r[c] : -INFINITY;
       float mx = row_m[r];
@@ -150,13 +175,13 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const AttentionSh
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) o_r[d] *= alpha;
       if (dropout && count > 0) {
-        simd::dropout_mask(mask, drop.stream, dropout_row_index(s, drop, b, h, i) + uint64_t(j0),
+        simd::dropout_mask(mask, drop.stream, dropout_row_index(s, keys, drop, b, h, i) + uint64_t(j0),
                            count, drop.p, keep_scale);
 #pragma omp simd
         for (int64_t c = 0; c < count; ++c) s_r[c] *= mask[c];
       }
     }
-    gemm_f32(Trans::N, Trans::N, nq, D, nk, 1.0f, S, kTile, hv.v(qkv, j0), hv.ld_qkv, 1.0f, O, D);
+    gemm_f32(Trans::N, Trans::N, nq, D, nk, 1.0f, S, kTile, hv.v(kv, j0), hv.ld_kv, 1.0f, O, D);
   }
   for (int64_t r = 0; r < nq; ++r) {
     const float inv = 1.0f / row_l[r];
@@ -171,8 +196,9 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const AttentionSh
 // Backward for one group of heads (FlashAttention-2 order: key tiles outer, then the group's
 // heads, then query tiles, so dK and dV of a key tile accumulate locally over every head that
 // reads them while each head's dQ accumulates in place). Without grouping a group is one head.
-void backward_group(float* dqkv, const float* dout, const float* qkv, const float* out,
-                    const float* lse, const AttentionShape& s, const AttentionDropout& drop,
+// kv, dkv: the key source and its gradient (qkv and dqkv, or a context's kv and dkv).
+void backward_group(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv, const float* out,
+                    const float* lse, const AttentionShape& s, const Keys& keys, const AttentionDropout& drop,
                     const int32_t* doc, int64_t b, int64_t g, float* scratch) {
   const int64_t T = s.T, D = s.D, R = s.layout().R();
   const float scale = 1.0f / std::sqrt(float(D));
@@ -187,7 +213,7 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
   float* Di = mask + kTile;           // [R, T]
 
   for (int64_t r = 0; r < R; ++r) {
-    const HeadView hv = head_view(s, b, g * R + r);
+    const HeadView hv = head_view(s, keys, b, g * R + r);
     for (int64_t i = 0; i < T; ++i) {
       const float* o_i = hv.o(out, i);
       const float* do_i = hv.o(dout, i);
@@ -199,26 +225,28 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
     }
   }
 
-  const HeadView kv = head_view(s, b, g * R);  // the group's key and value
-  for (int64_t j0 = 0; j0 < T; j0 += kTile) {
-    const int64_t nk = std::min(kTile, T - j0);
+  const HeadView kvv = head_view(s, keys, b, g * R);  // the group's key and value
+  for (int64_t j0 = 0; j0 < keys.T; j0 += kTile) {
+    const int64_t nk = std::min(kTile, keys.T - j0);
     std::fill(dK, dK + nk * D, 0.0f);
     std::fill(dV, dV + nk * D, 0.0f);
     const IdRange k_ids = doc ? id_range(doc, j0, nk) : IdRange{0, 0};
     for (int64_t r = 0; r < R; ++r) {
       const int64_t h = g * R + r;
-      const HeadView hv = head_view(s, b, h);
+      const HeadView hv = head_view(s, keys, b, h);
       const float* lse_bh = lse + (b * s.H + h) * T;
-      for (int64_t i0 = (j0 / kTile) * kTile; i0 < T; i0 += kTile) {
+      // Query tiles whose last row sees key j0 (without a context: from the diagonal tile on).
+      for (int64_t i0 = 0; i0 < T; i0 += kTile) {
         const int64_t nq = std::min(kTile, T - i0);
+        if (keys.position(i0 + nq - 1) < j0) continue;
         if (doc && disjoint(k_ids, id_range(doc, i0, nq))) continue;
-        gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, kv.k(qkv, j0),
-                 hv.ld_qkv, 0.0f, P, kTile);
-        gemm_f32(Trans::N, Trans::T, nq, nk, D, 1.0f, hv.o(dout, i0), hv.ld_out, kv.v(qkv, j0),
-                 hv.ld_qkv, 0.0f, dP, kTile);
+        gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, kvv.k(kv, j0),
+                 hv.ld_kv, 0.0f, P, kTile);
+        gemm_f32(Trans::N, Trans::T, nq, nk, D, 1.0f, hv.o(dout, i0), hv.ld_out, kvv.v(kv, j0),
+                 hv.ld_kv, 0.0f, dP, kTile);
         for (int64_t q = 0; q < nq; ++q) {
           const int64_t i = i0 + q;
-          const int64_t count = std::clamp<int64_t>(i - j0 + 1, 0, nk);
+          const int64_t count = std::clamp<int64_t>(keys.position(i) - j0 + 1, 0, nk);
           float* p_r = P + q * kTile;
           float* dp_r = dP + q * kTile;
           float* pd_r = Pd + q * kTile;
@@ -231,7 +259,7 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
           if (dropout) {
             if (count > 0)
               simd::dropout_mask(mask, drop.stream,
-                                 dropout_row_index(s, drop, b, h, i) + uint64_t(j0), count, drop.p,
+                                 dropout_row_index(s, keys, drop, b, h, i) + uint64_t(j0), count, drop.p,
                                  keep_scale);
 #pragma omp simd
             for (int64_t c = 0; c < count; ++c) {
@@ -245,15 +273,15 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
         }
         gemm_f32(Trans::T, Trans::N, nk, D, nq, 1.0f, dropout ? Pd : P, kTile, hv.o(dout, i0),
                  hv.ld_out, 1.0f, dV, D);
-        gemm_f32(Trans::N, Trans::N, nq, D, nk, scale, dP, kTile, kv.k(qkv, j0), hv.ld_qkv, 1.0f,
+        gemm_f32(Trans::N, Trans::N, nq, D, nk, scale, dP, kTile, kvv.k(kv, j0), hv.ld_kv, 1.0f,
                  hv.q(dqkv, i0), hv.ld_qkv);
         gemm_f32(Trans::T, Trans::N, nk, D, nq, scale, dP, kTile, hv.q(qkv, i0), hv.ld_qkv, 1.0f,
                  dK, D);
       }
     }
     for (int64_t c = 0; c < nk; ++c) {
-      std::copy(dK + c * D, dK + (c + 1) * D, kv.k(dqkv, j0 + c));
-      std::copy(dV + c * D, dV + (c + 1) * D, kv.v(dqkv, j0 + c));
+      std::copy(dK + c * D, dK + (c + 1) * D, kvv.k(dkv, j0 + c));
+      std::copy(dV + c * D, dV + (c + 1) * D, kvv.v(dkv, j0 + c));
     }
   }
 }
@@ -265,10 +293,12 @@ void backward_group(float* dqkv, const float* dout, const float* qkv, const floa
 // schedule and thread count.
 void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math,
-                       uint16_t* out_bf16) {
-  LATTICE_KERNEL_ENTRY(cuda::attention_forward(out, lse, qkv_in, s, drop, document_ids, math, out_bf16));
-  check_args(s, drop);
+                       uint16_t* out_bf16, const ContextKeys* context) {
+  LATTICE_KERNEL_ENTRY(cuda::attention_forward(out, lse, qkv_in, s, drop, document_ids, math, out_bf16, context));
+  check_args(s, drop, context, document_ids);
   const float* qkv = fp32_qkv(qkv_in, s);
+  const float* kv = context ? context->kv : qkv;
+  const Keys keys = keys_of(s, context);
   const int64_t q_tiles = (s.T + kTile - 1) / kTile;
   const int64_t tasks = s.B * s.H * q_tiles;
   const size_t scratch_size = size_t(kTile * kTile + kTile * s.D + 3 * kTile);
@@ -281,7 +311,7 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
       const int64_t bh = task % (s.B * s.H);
       const int64_t b = bh / s.H, h = bh % s.H;
       const int64_t i0 = qt * kTile;
-      forward_tile(out, lse + bh * s.T, qkv, s, drop, document_ids ? document_ids + b * s.T : nullptr,
+      forward_tile(out, lse + bh * s.T, qkv, kv, s, keys, drop, document_ids ? document_ids + b * s.T : nullptr,
                    b, h, i0, std::min(kTile, s.T - i0), scratch.data());
     }
   }
@@ -292,11 +322,17 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
 // one task, in a fixed order, so again the result does not depend on the schedule.
 void attention_backward(float* dqkv, const AttentionOperand& dout_in, const AttentionOperand& qkv_in,
                         const float* out, const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias) {
-  LATTICE_KERNEL_ENTRY(
-      cuda::attention_backward(dqkv, dout_in, qkv_in, out, lse, s, drop, document_ids, math, dqkv_bf16, dbias));
-  check_args(s, drop);
+                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias,
+                        const ContextKeys* context) {
+  LATTICE_KERNEL_ENTRY(cuda::attention_backward(dqkv, dout_in, qkv_in, out, lse, s, drop, document_ids, math,
+                                                dqkv_bf16, dbias, context));
+  check_args(s, drop, context, document_ids);
+  LATTICE_CHECK(!context || (context->dkv && !dqkv_bf16 && !dbias))
+      << "attention: a context-parallel backward writes dkv, and no bf16 cast or bias gradient of dqkv";
   const float* qkv = fp32_qkv(qkv_in, s);
+  const float* kv = context ? context->kv : qkv;
+  float* dkv = context ? context->dkv : dqkv;
+  const Keys keys = keys_of(s, context);
   const float* dout = fp32_dout(dout_in, s);
   const QkvLayout L = s.layout();
   const int64_t groups = s.B * L.G;
@@ -307,8 +343,8 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < groups; ++bg) {
       const int64_t b = bg / L.G;
-      backward_group(dqkv, dout, qkv, out, lse, s, drop, document_ids ? document_ids + b * s.T : nullptr, b,
-                     bg % L.G, scratch.data());
+      backward_group(dqkv, dkv, dout, qkv, kv, out, lse, s, keys, drop,
+                     document_ids ? document_ids + b * s.T : nullptr, b, bg % L.G, scratch.data());
     }
   }
   if (dqkv_bf16) cast_fp32_to_bf16(dqkv_bf16, dqkv, s.B * s.T * L.width());

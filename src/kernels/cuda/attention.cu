@@ -443,7 +443,8 @@ bool fp32_forced() {
 
 void attention_forward(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math,
-                       uint16_t* out_bf16) {
+                       uint16_t* out_bf16, const ContextKeys* context) {
+  LATTICE_CHECK(!context) << "attention (CUDA): context parallelism is not implemented on the GPU yet";
   if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), out, out))
     return attention_forward_mma(out, lse, qkv, s, drop, document_ids, math, out_bf16);
   Params p = make_params(s, drop, document_ids);
@@ -458,7 +459,9 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
-                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias) {
+                        const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias,
+                        const ContextKeys* context) {
+  LATTICE_CHECK(!context) << "attention (CUDA): context parallelism is not implemented on the GPU yet";
   if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), dout.data(), dqkv))
     return attention_backward_mma(dqkv, dout, qkv, out, lse, s, drop, document_ids, math, dqkv_bf16, dbias);
   Params p = make_params(s, drop, document_ids);

@@ -16,12 +16,13 @@ namespace lattice::cuda {
 
 void attention_forward(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids = nullptr,
-                       AttentionMath math = AttentionMath::fp32, uint16_t* out_bf16 = nullptr);
+                       AttentionMath math = AttentionMath::fp32, uint16_t* out_bf16 = nullptr,
+                       const ContextKeys* context = nullptr);
 
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32,
-                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr);
+                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr, const ContextKeys* context = nullptr);
 
 // KV-cache decoding (kernels/attention.h), device pointers.
 void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,

@@ -1,0 +1,83 @@
+#include "model/context_parallel.h"
+
+#include <vector>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "dist/comm.h"
+
+namespace lattice {
+
+ContextKeys ContextSplit::keys(const float* kv, float* dkv) const {
+  ContextKeys k;
+  k.kv = kv;
+  k.dkv = dkv;
+  k.Tk = T;
+  k.split = chunk();
+  k.shift[0] = chunk_index(0) * chunk();
+  k.shift[1] = chunk_index(1) * chunk() - chunk();
+  return k;
+}
+
+int ContextParallel::rank() const { return comm ? comm->rank() : 0; }
+int ContextParallel::size() const { return comm ? comm->size() : 1; }
+
+namespace {
+
+// Copies between a qkv [B*Tl, G, R+2, D] and its keys and values [B*Tl, G, 2, D] (one strided
+// copy per group: a group's key and value are adjacent in both).
+void copy_keys(float* kv, const float* qkv, const QkvLayout& L, int64_t rows, bool from_qkv) {
+  const size_t kv_pitch = size_t(2 * L.G * L.D) * sizeof(float), qkv_pitch = size_t(L.width()) * sizeof(float);
+  const size_t width = size_t(2 * L.D) * sizeof(float);
+  for (int64_t g = 0; g < L.G; ++g) {
+    float* k = kv + g * 2 * L.D;
+    const float* q = qkv + L.kv_slot(g, 1) * L.D;
+    if (from_qkv)
+      copy_rows_on_device(k, kv_pitch, q, qkv_pitch, width, size_t(rows));
+    else
+      copy_rows_on_device(const_cast<float*>(q), qkv_pitch, k, kv_pitch, width, size_t(rows));
+  }
+}
+
+// Between the group's rank-major rows [P, B, Tl, W] (each rank's share, as collectives lay it
+// out) and the sequences' natural order [B, T, W]: one copy per (rank, sequence, half).
+void reorder(float* dst, const float* src, const ContextSplit& s, int64_t B, int64_t W, bool to_natural) {
+  const int64_t c = s.chunk(), Tl = s.rows();
+  const size_t bytes = size_t(c * W) * sizeof(float);
+  for (int r = 0; r < s.size; ++r) {
+    const ContextSplit rs{r, s.size, s.T};
+    for (int64_t b = 0; b < B; ++b)
+      for (int half = 0; half < 2; ++half) {
+        const int64_t ranked = ((r * B + b) * Tl + half * c) * W;
+        const int64_t natural = (b * s.T + rs.chunk_index(half) * c) * W;
+        if (to_natural)
+          copy_on_device(dst + natural, src + ranked, bytes);
+        else
+          copy_on_device(dst + ranked, src + natural, bytes);
+      }
+  }
+}
+
+}  // namespace
+
+void gather_context_keys(const ContextParallel& cp, const ContextSplit& s, float* kv, float* staging, const float* qkv,
+                         const QkvLayout& L, int64_t B) {
+  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)
+      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  const int64_t W = 2 * L.G * L.D, part = B * s.rows() * W;
+  copy_keys(staging + cp.rank() * part, qkv, L, B * s.rows(), true);
+  cp.comm->all_gather(staging, std::vector<int64_t>(size_t(s.size), part));
+  reorder(kv, staging, s, B, W, true);
+}
+
+void scatter_context_key_grads(const ContextParallel& cp, const ContextSplit& s, float* dqkv, const float* dkv,
+                               float* staging, float* recv, const QkvLayout& L, int64_t B) {
+  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)
+      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  const int64_t W = 2 * L.G * L.D, part = B * s.rows() * W;
+  reorder(staging, dkv, s, B, W, false);
+  cp.comm->reduce_scatter(staging, recv, std::vector<int64_t>(size_t(s.size), part));
+  copy_keys(recv, dqkv, L, B * s.rows(), false);
+}
+
+}  // namespace lattice
