@@ -448,6 +448,60 @@ TEST(CudaAttentionBiasGrad, SumsTheFp32Gradient) {
     }
 }
 
+// Context parallelism (ContextKeys): rank r of P attends its two chunks' queries to the whole
+// sequence's gathered keys and values; the GPU's out, lse, query gradients and key/value gradients
+// against the CPU kernel's on the same split, with dropout and grouped-query attention, in every
+// math (the tensor-core paths hand context-parallel calls to the fp32 kernels).
+TEST(CudaAttentionContext, EveryRankMatchesCpu) {
+  LATTICE_REQUIRE_CUDA();
+  struct CpCase {
+    int64_t B, Tk, H, G, D;
+    int P;
+  };
+  for (const CpCase c : {CpCase{2, 96, 4, 2, 32, 2}, CpCase{1, 200, 2, 2, 64, 4}, CpCase{2, 64, 3, 1, 16, 4}})
+    for (int r = 0; r < c.P; ++r) {
+      const int64_t chunk = c.Tk / (2 * c.P), T = 2 * chunk;
+      const AttentionShape s{c.B, T, c.H, c.D, c.G};
+      const QkvLayout L = s.layout();
+      const std::string what = "B" + std::to_string(c.B) + " Tk" + std::to_string(c.Tk) + " P" +
+                               std::to_string(c.P) + " rank " + std::to_string(r);
+      const AttentionDropout drop = tensor_parallel_rank1_dropout(c.H);
+      const auto qkv = random_floats(size_t(c.B * T * L.width()), 21 + uint32_t(r), -1.5f, 1.5f);
+      const auto kv = random_floats(size_t(c.B * c.Tk * 2 * L.G * c.D), 31, -1.5f, 1.5f);
+      const auto dout = random_floats(size_t(c.B * T * c.H * c.D), 41 + uint32_t(r), -1.0f, 1.0f);
+      std::vector<float> out(dout.size()), lse(size_t(c.B * c.H * T)), dqkv(qkv.size(), 0.0f), dkv(kv.size());
+      ContextKeys keys;
+      keys.Tk = c.Tk;
+      keys.split = chunk;
+      keys.shift[0] = r * chunk;
+      keys.shift[1] = (2 * c.P - 1 - r) * chunk - chunk;
+      keys.kv = kv.data();
+      keys.dkv = dkv.data();
+      attention_forward(out.data(), lse.data(), qkv.data(), s, drop, nullptr, AttentionMath::fp32, nullptr, &keys);
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s, drop, nullptr,
+                         AttentionMath::fp32, nullptr, nullptr, &keys);
+      for (AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16}) {
+        auto d_qkv = upload(qkv), d_kv = upload(kv), d_dout = upload(dout), d_out_cpu = upload(out),
+             d_lse_cpu = upload(lse), d_dqkv = upload(std::vector<float>(qkv.size(), 0.0f));
+        cuda::DeviceBuffer d_out(out.size() * sizeof(float)), d_lse(lse.size() * sizeof(float)),
+            d_dkv(dkv.size() * sizeof(float));
+        cuda::memset_device(d_dkv.data(), 0xff, d_dkv.size());  // every element written
+        ContextKeys dk = keys;
+        dk.kv = d_kv.as<float>();
+        dk.dkv = d_dkv.as<float>();
+        cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, drop, nullptr, math,
+                                nullptr, &dk);
+        cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out_cpu.as<float>(),
+                                 d_lse_cpu.as<float>(), s, drop, nullptr, math, nullptr, nullptr, &dk);
+        const auto row = [&](int64_t k) { return what + " row " + std::to_string(k); };
+        expect_rows_close(download<float>(d_out, out.size()), out, c.D, "out", row);
+        expect_rows_close(download<float>(d_lse, lse.size()), lse, 1, "lse", row);
+        expect_rows_close(download<float>(d_dqkv, qkv.size()), dqkv, c.D, "dq (key/value slots untouched)", row);
+        expect_rows_close(download<float>(d_dkv, dkv.size()), dkv, c.D, "dkv", row);
+      }
+    }
+}
+
 TEST(CudaAttentionArgs, HeadDimAbove128IsRefused) {
   LATTICE_REQUIRE_CUDA();
   const AttentionShape s{1, 4, 1, 160};

@@ -17,6 +17,10 @@
 // Each output element has one owner block and a fixed summation order, so results are
 // the same run to run (no atomics). D_i = dO_i . O_i is recomputed where needed.
 //
+// Context parallelism (ContextKeys): the keys and values come from the gathered kv [B, Tk, G, 2, D]
+// (key_at), each query row sits at its position in the sequence (position(); causality and the
+// dropout index use it), the dK/dV blocks cover the Tk keys and write dkv.
+//
 // A faster version would run the two products of each tile on tensor cores (bf16 MMA
 // with fp32 accumulation, larger tiles, K/V loads pipelined with cp.async/TMA), or call
 // cuDNN's SDPA through its graph API; which one to choose is for a measurement on the
@@ -88,10 +92,11 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
   const int64_t sq = p.L.slot(h, 0), sk = p.L.slot(h, 1);  // the head's query, its group's key (value: sk + 1)
+  const int64_t g = h / p.L.R();
   const int64_t q_tiles = (p.T + kTile - 1) / kTile;
   const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kTile;  // longest tiles first
   const int nq = tile_len(p.T - i0);
-  const int64_t i1 = i0 + nq;
+  const int64_t keys_end = position(p, i0 + nq - 1) + 1;  // the tile's last row sees the most keys
 
   for (int e = threadIdx.x; e < nq * D; e += kThreads)
     Qs[e] = qkv_at(qkv, p, qkv_row(p, b, i0 + e / D), sq, e % D);
@@ -107,16 +112,15 @@ __global__ void __launch_bounds__(kThreads)
     for (int m = 0; m < NC; ++m) acc[k][m] = 0.0f;
   }
 
-  for (int64_t j0 = 0; j0 < i1; j0 += kTile) {
-    const int nk = tile_len(i1 - j0);
+  for (int64_t j0 = 0; j0 < keys_end; j0 += kTile) {
+    const int nk = tile_len(keys_end - j0);
     // Every thread computes the same range, so the skip is uniform over the block.
     if (p.doc && disjoint(q_ids, id_range(p, b, j0, nk))) continue;
     __syncthreads();  // the previous tile is no longer read
     for (int e = threadIdx.x; e < nk * D; e += kThreads) {
       const int c = e / D, d = e % D;
-      const int64_t row = qkv_row(p, b, j0 + c);
-      Kt[d * kPad + c] = qkv_at(qkv, p, row, sk, d);
-      Vs[c * D + d] = qkv_at(qkv, p, row, sk + 1, d);
+      Kt[d * kPad + c] = key_at(qkv, p, b, j0 + c, g, sk, 0, d);
+      Vs[c * D + d] = key_at(qkv, p, b, j0 + c, g, sk, 1, d);
     }
     __syncthreads();
 #pragma unroll
@@ -194,13 +198,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bg = blockIdx.y, b = bg / p.L.G, g = bg % p.L.G, R = p.L.R();
   const int64_t sk = p.L.kv_slot(g, 1);  // the group's key (value: sk + 1)
   const int64_t j0 = int64_t(blockIdx.x) * kTile;  // early key tiles see the most queries: first
-  const int nk = tile_len(p.T - j0);
+  const int nk = tile_len(p.Tk - j0);
 
   for (int e = threadIdx.x; e < nk * D; e += kThreads) {
     const int c = e / D, d = e % D;
-    const int64_t row = qkv_row(p, b, j0 + c);
-    Ks[c * D + d] = qkv_at(qkv, p, row, sk, d);
-    Vs[c * D + d] = qkv_at(qkv, p, row, sk + 1, d);
+    Ks[c * D + d] = key_at(qkv, p, b, j0 + c, g, sk, 0, d);
+    Vs[c * D + d] = key_at(qkv, p, b, j0 + c, g, sk, 1, d);
   }
   const IdRange k_ids = p.doc ? id_range(p, b, j0, nk) : IdRange{0, 0};
 
@@ -212,8 +215,10 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t h = g * R; h < (g + 1) * R; ++h) {
     const int64_t bh = b * p.H + h, sq = p.L.slot(h, 0);
-    for (int64_t i0 = j0; i0 < p.T; i0 += kTile) {
+    // Query tiles whose last row sees key j0 (without a context: from the diagonal tile on).
+    for (int64_t i0 = p.kv ? 0 : j0; i0 < p.T; i0 += kTile) {
       const int nq = tile_len(p.T - i0);
+      if (position(p, i0 + nq - 1) < j0) continue;                      // uniform
       if (p.doc && disjoint(k_ids, id_range(p, b, i0, nq))) continue;  // uniform
       __syncthreads();  // the previous query tile is no longer read
       for (int e = threadIdx.x; e < nq * D; e += kThreads) {
@@ -284,6 +289,18 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < kSlots; ++k) {
     const int c = warp + kWarps * k;
     if (c >= nk) continue;
+    if (p.kv) {  // a context's dkv [B, Tk, G, 2, D]
+      const int64_t row = ((b * p.Tk + j0 + c) * p.L.G + g) * 2 * D;
+#pragma unroll
+      for (int m = 0; m < NC; ++m) {
+        const int d = lane + 32 * m;
+        if (d < D) {
+          p.dkv[row + d] = dk[k][m];
+          p.dkv[row + D + d] = dv[k][m];
+        }
+      }
+      continue;
+    }
     const int64_t row = qkv_row(p, b, j0 + c) + sk * D;
 #pragma unroll
     for (int m = 0; m < NC; ++m) {
@@ -312,10 +329,11 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
   const int64_t sq = p.L.slot(h, 0), sk = p.L.slot(h, 1);  // the head's query, its group's key (value: sk + 1)
+  const int64_t g = h / p.L.R();
   const int64_t q_tiles = (p.T + kTile - 1) / kTile;
   const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kTile;  // longest tiles first
   const int nq = tile_len(p.T - i0);
-  const int64_t i1 = i0 + nq;
+  const int64_t keys_end = position(p, i0 + nq - 1) + 1;
 
   for (int e = threadIdx.x; e < nq * D; e += kThreads) {
     const int r = e / D, d = e % D;
@@ -340,15 +358,14 @@ __global__ void __launch_bounds__(kThreads)
     lse_r[k] = lse[bh * p.T + i0 + r];
   }
 
-  for (int64_t j0 = 0; j0 < i1; j0 += kTile) {
-    const int nk = tile_len(i1 - j0);
+  for (int64_t j0 = 0; j0 < keys_end; j0 += kTile) {
+    const int nk = tile_len(keys_end - j0);
     if (p.doc && disjoint(q_ids, id_range(p, b, j0, nk))) continue;  // uniform
     __syncthreads();  // the previous key tile is no longer read
     for (int e = threadIdx.x; e < nk * D; e += kThreads) {
       const int c = e / D, d = e % D;
-      const int64_t row = qkv_row(p, b, j0 + c);
-      Kt[d * kPad + c] = qkv_at(qkv, p, row, sk, d);
-      Vt[d * kPad + c] = qkv_at(qkv, p, row, sk + 1, d);
+      Kt[d * kPad + c] = key_at(qkv, p, b, j0 + c, g, sk, 0, d);
+      Vt[d * kPad + c] = key_at(qkv, p, b, j0 + c, g, sk, 1, d);
     }
     __syncthreads();
 #pragma unroll
@@ -417,8 +434,8 @@ void backward_nc(float* dqkv, const AttentionOperand& dout, const AttentionOpera
   const dim3 grid(tiles(p.T), unsigned(p.B * p.H));
   const size_t dkv_bytes = size_t(2 * kTile * p.D + 2 * p.D * kPad + kTile) * sizeof(float);
   allow_shared(backward_dkv_kernel<NC>, dkv_bytes, "backward dK/dV");
-  launch(backward_dkv_kernel<NC>, dim3(tiles(p.T), unsigned(p.B * p.L.G)), kThreads, dkv_bytes, dqkv, dout, qkv, out,
-         lse, p);
+  launch(backward_dkv_kernel<NC>, dim3(tiles(p.Tk), unsigned(p.B * p.L.G)), kThreads, dkv_bytes, dqkv, dout, qkv,
+         out, lse, p);
   LATTICE_CUDA_LAUNCHED("attention_backward (dK, dV)");
   const size_t dq_bytes = size_t(2 * kTile * p.D + 2 * p.D * kPad) * sizeof(float);
   allow_shared(backward_dq_kernel<NC>, dq_bytes, "backward dQ");
@@ -444,10 +461,10 @@ bool fp32_forced() {
 void attention_forward(float* out, float* lse, const AttentionOperand& qkv, const AttentionShape& s,
                        const AttentionDropout& drop, const int32_t* document_ids, AttentionMath math,
                        uint16_t* out_bf16, const ContextKeys* context) {
-  LATTICE_CHECK(!context) << "attention (CUDA): context parallelism is not implemented on the GPU yet";
-  if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), out, out))
+  // Context parallelism runs the fp32 kernels (the tensor-core ones read keys from qkv only).
+  if (!context && math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), out, out))
     return attention_forward_mma(out, lse, qkv, s, drop, document_ids, math, out_bf16);
-  Params p = make_params(s, drop, document_ids);
+  Params p = make_params(s, drop, document_ids, context);
   p.out16 = out_bf16;
   switch ((s.D + 31) / 32) {
     case 1: forward_nc<1>(out, lse, qkv, p); break;
@@ -461,10 +478,12 @@ void attention_backward(float* dqkv, const AttentionOperand& dout, const Attenti
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias,
                         const ContextKeys* context) {
-  LATTICE_CHECK(!context) << "attention (CUDA): context parallelism is not implemented on the GPU yet";
-  if (math != AttentionMath::fp32 && !fp32_forced() && attention_mma_supported(s, qkv.data(), dout.data(), dqkv))
+  LATTICE_CHECK(!context || (context->dkv && !dqkv_bf16 && !dbias))
+      << "attention (CUDA): a context-parallel backward writes dkv, and no bf16 cast or bias gradient of dqkv";
+  if (!context && math != AttentionMath::fp32 && !fp32_forced() &&
+      attention_mma_supported(s, qkv.data(), dout.data(), dqkv))
     return attention_backward_mma(dqkv, dout, qkv, out, lse, s, drop, document_ids, math, dqkv_bf16, dbias);
-  Params p = make_params(s, drop, document_ids);
+  Params p = make_params(s, drop, document_ids, context);
   p.dqkv16 = dqkv_bf16;
   switch ((s.D + 31) / 32) {
     case 1: backward_nc<1>(dqkv, dout, qkv, out, lse, p); break;

@@ -26,6 +26,12 @@ struct Params {
   uint64_t first_index;
   int64_t heads_total, head_offset;
   const int32_t* doc;          // [B,T] or null
+  // Context parallelism (ContextKeys): the keys and values kv [B, Tk, G, 2, D] of the whole
+  // sequence, their gradients dkv (backward), and the query rows' positions; kv null: the keys
+  // are qkv's own rows (Tk = T, positions 0 .. T-1).
+  const float* kv = nullptr;
+  float* dkv = nullptr;
+  int64_t Tk = 0, split = 0, shift0 = 0, shift1 = 0;
   uint16_t* dqkv16 = nullptr;  // backward: dqkv's bf16 cast too, or null
   uint16_t* out16 = nullptr;   // forward: out's bf16 cast too, or null
   // backward (tensor cores): instead of storing dqkv, each block's column sums of its 64
@@ -33,7 +39,8 @@ struct Params {
   float* dbias_partial = nullptr;
 };
 
-inline Params make_params(const AttentionShape& s, const AttentionDropout& drop, const int32_t* doc) {
+inline Params make_params(const AttentionShape& s, const AttentionDropout& drop, const int32_t* doc,
+                          const ContextKeys* context = nullptr) {
   LATTICE_CHECK(s.B > 0 && s.T > 0 && s.H > 0 && s.D > 0 && s.G >= 0 && (s.G == 0 || s.H % s.G == 0))
       << "attention (CUDA): bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " G=" << s.G;
   LATTICE_CHECK(s.D <= kMaxD) << "attention (CUDA): head dim D=" << s.D << " exceeds " << kMaxD;
@@ -57,12 +64,31 @@ inline Params make_params(const AttentionShape& s, const AttentionDropout& drop,
   p.heads_total = drop.total_heads > 0 ? drop.total_heads : s.H;
   p.head_offset = drop.head_offset;
   p.doc = doc;
+  p.Tk = s.T;
+  if (context) {
+    LATTICE_CHECK(context->kv && !doc && context->split >= 0 && context->split <= s.T && context->shift[0] >= 0 &&
+                  context->shift[1] >= context->shift[0] && context->position(s.T - 1) < context->Tk)
+        << "attention (CUDA): bad context-parallel keys (Tk=" << context->Tk << " split=" << context->split
+        << " for T=" << s.T << ", document ids " << (doc ? "given" : "none") << ")";
+    p.kv = context->kv;
+    p.dkv = context->dkv;
+    p.Tk = context->Tk;
+    p.split = context->split;
+    p.shift0 = context->shift[0];
+    p.shift1 = context->shift[1];
+  }
   return p;
 }
 
-// Whether query i sees key j: causal, and the same document when ids are given.
+// The position in the sequence of query row i (context parallelism), else i.
+__device__ __forceinline__ int64_t position(const Params& p, int64_t i) {
+  return p.kv ? i + (i < p.split ? p.shift0 : p.shift1) : i;
+}
+
+// Whether query row i sees key j: causal (at the row's position), and the same document when ids
+// are given.
 __device__ __forceinline__ bool visible(const Params& p, int64_t b, int64_t i, int64_t j) {
-  if (j > i) return false;
+  if (j > position(p, i)) return false;
   return !p.doc || p.doc[b * p.T + j] == p.doc[b * p.T + i];
 }
 
@@ -70,7 +96,7 @@ __device__ __forceinline__ bool visible(const Params& p, int64_t b, int64_t i, i
 __device__ __forceinline__ float dropout_factor(const Params& p, int64_t b, int64_t h, int64_t i,
                                                 int64_t j) {
   const uint64_t index =
-      uint64_t(((b * p.heads_total + p.head_offset + h) * p.T + i) * p.T) + p.first_index +
+      uint64_t(((b * p.heads_total + p.head_offset + h) * p.Tk + position(p, i)) * p.Tk) + p.first_index +
       uint64_t(j);
   return (p.stream.u32(index) >> 8) >= p.threshold ? p.keep_scale : 0.0f;
 }
@@ -103,6 +129,14 @@ __device__ __forceinline__ float qkv_at(const AttentionOperand& in, const Params
   if (in.fp32) return in.fp32[i];
   const float y = math::bf16_to_fp32(in.bf16[i]);
   return in.bias ? __fadd_rn(y, in.bias[slot * p.D + d]) : y;
+}
+
+// Element d of key j's key (part 0) or value (part 1) of group g, for slot sk = L.kv_slot(g, 1):
+// from a context's kv [B, Tk, G, 2, D], else from qkv's row.
+__device__ __forceinline__ float key_at(const AttentionOperand& qkv, const Params& p, int64_t b, int64_t j,
+                                        int64_t g, int64_t sk, int part, int64_t d) {
+  if (p.kv) return p.kv[((b * p.Tk + j) * p.L.G + g) * 2 * p.D + part * p.D + d];
+  return qkv_at(qkv, p, qkv_row(p, b, j), sk + part, d);
 }
 
 // Host side: dynamic shared memory above the default 48 KB is granted per kernel before
