@@ -269,6 +269,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"num-threads", Kind::i64, &a.num_threads, "threads for kernels and GEMM (0: OMP_NUM_THREADS, else all cores)"},
       {"log-throughput", Kind::flag, &a.log_throughput, "accepted for Megatron compatibility"},
       {"log-params-norm", Kind::flag, &a.log_params_norm, "the parameters' L2 norm in the log line and TensorBoard"},
+      {"no-check-for-nan-in-loss-and-grad", Kind::flag, &a.no_check_for_nan_in_loss_and_grad,
+       "train on when a step's loss or gradient norm is nan or infinite (by default such a step stops training "
+       "before its update)"},
       {"log-num-zeros-in-grad", Kind::flag, &a.log_num_zeros_in_grad,
        "the number of zero gradients in the log line and TensorBoard"},
       // Implementation choices of Megatron's (TrainArgs::MegatronImplementationFlags): no-ops.

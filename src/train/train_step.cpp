@@ -4,8 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <string>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "dist/comm.h"
 #include "model/mixed_precision.h"
 #include "optim/loss_scaler.h"
@@ -119,6 +121,17 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   return r;
 }
 
+// Megatron's check: a non-finite loss or gradient norm ends training before the update (every rank
+// sees the same reduced values, so every rank fails alike).
+void check_finite(const StepResult& r, const StepConfig& cfg, int64_t iteration) {
+  if (!cfg.check_for_nan || r.skipped) return;
+  if (std::isfinite(r.lm_loss) && std::isfinite(r.grad_norm)) return;
+  auto text = [](double v) { return std::isnan(v) ? std::string("nan") : std::isinf(v) ? std::string("inf") : std::to_string(v); };
+  LATTICE_FAIL() << "iteration " << iteration + 1 << ": the " << (std::isfinite(r.lm_loss) ? "gradient norm" : "loss")
+                 << " is not finite (loss " << text(r.lm_loss) << ", gradient norm " << text(r.grad_norm)
+                 << "); stopped before its update (--no-check-for-nan-in-loss-and-grad trains on)";
+}
+
 // After the update: the parameters' norm when asked for.
 void measure_params(GPTModel& model, const StepConfig& cfg, DataParallel* dp, PipelineRunner* pipeline, StepResult& r) {
   if (!cfg.log_params_norm) return;
@@ -133,6 +146,7 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       const StepConfig& cfg, int64_t iteration, const OptimizerParamScheduler& scheduler,
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
+  check_finite(r, cfg, iteration);
   if (!r.skipped) optimizer.step(scheduler, r.grad_scale);
   measure_params(model, cfg, dp, pipeline, r);
   if (cfg.precision) cfg.precision->refresh_weights();
@@ -145,6 +159,7 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       const StepConfig& cfg, int64_t iteration, double lr, double weight_decay,
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
+  check_finite(r, cfg, iteration);
   if (!r.skipped) optimizer.step(lr, weight_decay, r.grad_scale);
   measure_params(model, cfg, dp, pipeline, r);
   if (cfg.precision) cfg.precision->refresh_weights();

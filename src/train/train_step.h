@@ -45,6 +45,10 @@ struct StepConfig {
   // Megatron's --log-num-zeros-in-grad and --log-params-norm: StepResult's num_zeros_in_grad
   // (the reduced, unscaled gradients before clipping) and params_norm (after the update).
   bool log_num_zeros_in_grad = false, log_params_norm = false;
+  // Megatron's --check-for-nan-in-loss-and-grad (on unless --no-check-for-nan-in-loss-and-grad): a
+  // step whose loss or gradient norm is nan or infinite fails (lattice::Error naming the iteration)
+  // before its update, so the parameters stay finite. An fp16 step skipped for overflow is not one.
+  bool check_for_nan = false;
 };
 
 struct StepResult {

@@ -511,6 +511,7 @@ int run_training(const TrainArgs& args) {
   StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad, start.seed,
                       loss_scaler.get(), precision.get(), test_inject_inf_iterations()};
   step_cfg.per_token_loss = args.calculate_per_token_loss;
+  step_cfg.check_for_nan = !args.no_check_for_nan_in_loss_and_grad;
   step_cfg.log_num_zeros_in_grad = args.log_num_zeros_in_grad;
   step_cfg.log_params_norm = args.log_params_norm;
   int64_t interval_skipped = 0, interval_nan = 0, interval_samples = 0;
@@ -566,9 +567,11 @@ int run_training(const TrainArgs& args) {
       l.consumed_samples = consumed;
       l.global_batch_size = batch;
       l.elapsed_ms = interval_ms / double(interval_iters);
-      // The FLOPs grow with the batch: the interval's mean batch against the global one.
+      // The FLOPs grow with the batch: the interval's mean batch against the global one. As
+      // Megatron's throughput per GPU, the iteration's FLOPs over every rank's time.
       const double mean_batch = double(interval_samples) / double(interval_iters);
-      l.tflops_per_gpu = flops * mean_batch / double(args.global_batch_size) / (l.elapsed_ms / 1e3) / 1e12;
+      l.tflops_per_gpu = flops * mean_batch / double(args.global_batch_size) / (l.elapsed_ms / 1e3) / 1e12 /
+                         double(ps->world_size());
       l.learning_rate = scheduler.get_lr();  // after the step, as Megatron logs it
       l.lm_loss = interval_loss / double(std::max<int64_t>(1, interval_iters - interval_skipped));
       if (last.load_balancing_loss >= 0)

@@ -190,6 +190,21 @@ run null_train "$LATTICE" train --num-layers 1 --hidden-size 32 --num-attention-
   run null_gen "$LATTICE" generate --load null_ckpt --prompt "3 1 4" --max-new-tokens 3 --temperature 0 &&
   { grep -Eq '^3 1 4( [0-9]+){1,3}$' null_gen.out && pass "generate with NullTokenizer: $(cat null_gen.out)" ||
     fail "generate with NullTokenizer: '$(cat null_gen.out)'"; }
+# A step whose loss turns nan (a learning rate that overflows the weights) stops training before
+# its update, as Megatron's check does; --no-check-for-nan-in-loss-and-grad trains on (as Megatron,
+# counting nan iterations among skipped ones only).
+NAN=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 --global-batch-size 4
+     --eval-iters 0 "${MOCK[@]}" --lr 1e38 --train-iters 4 --log-interval 1)
+expect_error "nan loss" "iteration 2: the loss is not finite (loss nan, gradient norm nan)|--no-check-for-nan-in-loss-and-grad" -- \
+  "$LATTICE" train "${NAN[@]}" --save nanckpt --save-interval 1
+[ "$(cat nanckpt/latest_checkpointed_iteration.txt 2>/dev/null)" = 1 ] &&
+  pass "the nan step left the last checkpoint (iteration 1) as it was" || fail "checkpoints after a nan step: $(ls nanckpt 2>&1)"
+if "$LATTICE" train "${NAN[@]}" --no-check-for-nan-in-loss-and-grad > nanon.log 2>&1 &&
+   grep -q "iteration        4/       4 .*lm loss: -*NAN" nanon.log; then
+  pass "--no-check-for-nan-in-loss-and-grad trains on through the nan loss"
+else
+  fail "--no-check-for-nan-in-loss-and-grad: $(tail -2 nanon.log)"
+fi
 expect_error "NullTokenizer without --vocab-size" "--vocab-size|NullTokenizer" -- \
   "$LATTICE" preprocess --input ids.jsonl --output-prefix nope --tokenizer-type NullTokenizer
 expect_error "NullTokenizer: a word that is not an id" "line 1|'13'|0..12" -- \
