@@ -163,7 +163,9 @@ TransformerConfig hf_gpt2_config(const json& j, const std::string& what, int64_t
   // gelu_new and gelu_pytorch_tanh are the same tanh formula; gelu is the exact erf form.
   if (act == "gelu_new" || act == "gelu_pytorch_tanh") c.gelu = GeluKind::tanh;
   else if (act == "gelu") c.gelu = GeluKind::erf;
-  else LATTICE_FAIL() << what << ": activation_function \"" << act << "\" is not supported (gelu_new, gelu_pytorch_tanh, gelu)";
+  else if (act == "relu2") c.gelu = GeluKind::squared_relu;  // HuggingFace's ReLUSquaredActivation
+  else LATTICE_FAIL() << what << ": activation_function \"" << act
+                      << "\" is not supported (gelu_new, gelu_pytorch_tanh, gelu, relu2)";
   if (j.contains("layer_norm_epsilon")) {
     if (!j["layer_norm_epsilon"].is_number() || !(j["layer_norm_epsilon"].get<double>() > 0))
       LATTICE_FAIL() << what << ": layer_norm_epsilon must be a positive number, got " << j["layer_norm_epsilon"].dump();
@@ -183,7 +185,8 @@ TransformerConfig hf_gpt2_config(const json& j, const std::string& what, int64_t
 }
 
 json hf_gpt2_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
-  json j = {{"activation_function", c.gelu == GeluKind::tanh ? "gelu_new" : "gelu"},
+  const char* act = c.gelu == GeluKind::tanh ? "gelu_new" : c.gelu == GeluKind::squared_relu ? "relu2" : "gelu";
+  json j = {{"activation_function", act},
             {"architectures", {"GPT2LMHeadModel"}},
             {"attn_pdrop", 0.1},
             {"bos_token_id", c.vocab_size - 1},

@@ -1,13 +1,13 @@
-// GELU: Megatron's default is the exact erf form; --openai-gelu selects the tanh form
-// (HuggingFace's gelu_new).
+// The dense MLP's activation (GeluKind, kernels/activation_math.h): GELU, Megatron's default in its
+// exact erf form, --openai-gelu its tanh form (HuggingFace's gelu_new); or --squared-relu's
+// relu(x)^2. The kernels are named for GELU and take any kind.
 #pragma once
 #include <cstdint>
 
+#include "kernels/activation_math.h"
 #include "kernels/cast.h"
 
 namespace lattice {
-
-enum class GeluKind { erf, tanh };
 
 // out[i] = gelu(x[i])     (out may alias x)
 void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind);

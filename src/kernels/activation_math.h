@@ -1,8 +1,18 @@
-// GELU and its derivative for one element, shared by the CPU kernels
-// (kernels/cpu/activation.cpp) and the CUDA kernels (kernels/cuda/activation.cu).
+// The MLP's activation and its derivative for one element (GELU's two forms, squared ReLU), shared
+// by the CPU kernels (kernels/cpu/activation.cpp) and the CUDA kernels (kernels/cuda/activation.cu).
 #pragma once
+#include <type_traits>
+
 #include "core/hd.h"
 #include "kernels/fast_math.h"
+
+namespace lattice {
+
+// The dense MLP's activation: GELU, exact (erf, Megatron's default) or its tanh form
+// (--openai-gelu, HuggingFace's gelu_new), or squared ReLU (--squared-relu: relu(x)^2).
+enum class GeluKind { erf, tanh, squared_relu };
+
+}  // namespace lattice
 
 namespace lattice::math {
 
@@ -33,6 +43,37 @@ LATTICE_HD inline float gelu_tanh_backward(float v, float dout) {
   const float t = math::tanh(u);
   const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * v2);
   return (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du) * dout;
+}
+
+// relu(x)^2 and its derivative 2 relu(x) times dout.
+LATTICE_HD inline float squared_relu(float v) {
+  const float r = v > 0.0f ? v : 0.0f;
+  return r * r;
+}
+LATTICE_HD inline float squared_relu_backward(float v, float dout) { return (v > 0.0f ? 2.0f * v : 0.0f) * dout; }
+
+// The activation of kind K, and its derivative times dout.
+template <GeluKind K>
+LATTICE_HD inline float activation(float v) {
+  if constexpr (K == GeluKind::erf) return gelu_erf(v);
+  else if constexpr (K == GeluKind::tanh) return gelu_tanh(v);
+  else return squared_relu(v);
+}
+template <GeluKind K>
+LATTICE_HD inline float activation_backward(float v, float dout) {
+  if constexpr (K == GeluKind::erf) return gelu_erf_backward(v, dout);
+  else if constexpr (K == GeluKind::tanh) return gelu_tanh_backward(v, dout);
+  else return squared_relu_backward(v, dout);
+}
+
+// f(std::integral_constant<GeluKind, kind>{}): the kind as a compile-time constant (host code).
+template <class F>
+inline void dispatch_activation(GeluKind kind, const F& f) {
+  switch (kind) {
+    case GeluKind::erf: return f(std::integral_constant<GeluKind, GeluKind::erf>{});
+    case GeluKind::tanh: return f(std::integral_constant<GeluKind, GeluKind::tanh>{});
+    case GeluKind::squared_relu: return f(std::integral_constant<GeluKind, GeluKind::squared_relu>{});
+  }
 }
 
 // SwiGLU (Megatron's --swiglu): silu(g) u = g sigmoid(g) u for a gate g and an up-projection u.

@@ -33,7 +33,7 @@ struct TransformerConfig {
   float attention_dropout = 0.1f;
   float layernorm_epsilon = 1e-5f;
   float init_method_std = 0.02f;
-  GeluKind gelu = GeluKind::erf;      // --openai-gelu -> tanh
+  GeluKind gelu = GeluKind::erf;      // --openai-gelu -> tanh, --squared-relu -> relu(x)^2
   // --swiglu: the MLP's activation is silu(gate) * up (Megatron's gated_linear_unit with
   // silu) instead of GELU; fc1 makes both, so it is [2 ffn, hidden] (kernels/swiglu.h).
   bool swiglu = false;

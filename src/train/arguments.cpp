@@ -65,6 +65,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"init-method-std", Kind::f32, &a.init_method_std, "std of the normal initialisation"},
       {"norm-epsilon", Kind::f32, &a.norm_epsilon, "LayerNorm epsilon"},
       {"openai-gelu", Kind::flag, &a.openai_gelu, "tanh GELU instead of the erf form"},
+      {"squared-relu", Kind::flag, &a.squared_relu, "the MLP's activation is relu(x)^2 instead of GELU"},
       {"group-query-attention", Kind::flag, &a.group_query_attention,
        "grouped-query attention: --num-query-groups keys and values shared by the heads"},
       {"num-query-groups", Kind::i64, &a.num_query_groups, "key/value heads with --group-query-attention"},
@@ -630,7 +631,10 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.layernorm_epsilon = norm_epsilon;
   c.init_method_std = init_method_std;
   if (swiglu && openai_gelu) LATTICE_FAIL() << "--openai-gelu and --swiglu: the SwiGLU MLP has no GELU; give one of them";
-  c.gelu = openai_gelu ? GeluKind::tanh : GeluKind::erf;
+  if (squared_relu && (swiglu || openai_gelu))
+    LATTICE_FAIL() << "--squared-relu and " << (swiglu ? "--swiglu" : "--openai-gelu")
+                   << ": the MLP has one activation; give one of them";
+  c.gelu = squared_relu ? GeluKind::squared_relu : openai_gelu ? GeluKind::tanh : GeluKind::erf;
   c.swiglu = swiglu;
   c.num_query_groups = group_query_attention ? num_query_groups : 0;  // Megatron ignores it without the switch
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
@@ -737,6 +741,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   from_model("max-position-embeddings", "max_position_embeddings");
   from_model("norm-epsilon", "layernorm_epsilon");
   on("openai-gelu", m.value("openai_gelu", false));
+  on("squared-relu", m.value("squared_relu", false));
   on("untie-embeddings-and-output-weights", m.value("untie_embeddings_and_output_weights", false));
   from_model("position-embedding-type", "position_embedding_type");
   from_model("rotary-percent", "rotary_percent");

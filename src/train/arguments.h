@@ -24,6 +24,7 @@ struct TrainArgs {
   float hidden_dropout = 0.1f, attention_dropout = 0.1f;
   float init_method_std = 0.02f, norm_epsilon = 1e-5f;
   bool openai_gelu = false;
+  bool squared_relu = false;  // the MLP's activation relu(x)^2 (Megatron's --squared-relu)
   bool swiglu = false;
   bool group_query_attention = false;
   int64_t num_query_groups = 1;

@@ -290,8 +290,8 @@ void layernorm_cases(std::vector<OpCase>& t) {
 // ---------------------------------------------------------------- activation
 
 void gelu_cases(std::vector<OpCase>& t) {
-  for (GeluKind kind : {GeluKind::erf, GeluKind::tanh}) {
-    const std::string k = kind == GeluKind::erf ? "erf" : "tanh";
+  for (GeluKind kind : {GeluKind::erf, GeluKind::tanh, GeluKind::squared_relu}) {
+    const std::string k = kind == GeluKind::erf ? "erf" : kind == GeluKind::tanh ? "tanh" : "relu2";
     for (int64_t n : {int64_t(37), int64_t(100003)}) {
       // The same polynomials on both (kernels/activation_math.h); only FMA contraction
       // differs (a few ulp), which 1 + erf(x) for x << 0 turns into absolute error.

@@ -165,6 +165,28 @@ if run rms_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --normalization R
   grep -qF 'input_layernorm.bias' ckpt-rms/iter_0000001/*.json && fail "an RMSNorm checkpoint lists input_layernorm.bias"
   expect_error "convert: RMSNorm to HF GPT-2" "--to-hf|RMSNorm" -- "$LATTICE" convert --load ckpt-rms --to-hf hf-rms
 fi
+# ---- --squared-relu: recorded in the checkpoint, resumes only so, HF GPT-2 with relu2 and back ----
+GELU=(train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16
+      --micro-batch-size 2 --global-batch-size 2 --lr 1e-2 --log-interval 1 --seed 7 --mock-data
+      --tokenizer-type ByteTokenizer)
+RELU2=("${GELU[@]}" --squared-relu)
+expect_error "--squared-relu with --swiglu" "--squared-relu and --swiglu" -- "$LATTICE" "${RELU2[@]}" --swiglu \
+  --train-iters 1
+if run relu2_train "$LATTICE" "${RELU2[@]}" --train-iters 3 --exit-interval 2 --save ckpt-relu2; then
+  grep -q '"squared_relu": *true' ckpt-relu2/iter_0000002/*.json || fail "the checkpoint does not record squared_relu"
+  expect_error "resume: squared-ReLU checkpoint, GELU run" "squared_relu|--squared-relu" -- \
+    "$LATTICE" "${GELU[@]}" --train-iters 3 --load ckpt-relu2
+  run relu2_resume "$LATTICE" "${RELU2[@]}" --train-iters 3 --load ckpt-relu2 ||
+    fail "the squared-ReLU checkpoint did not resume with --squared-relu"
+  if run relu2_to_hf "$LATTICE" convert --load ckpt-relu2 --to-hf hf-relu2; then
+    grep -qF '"activation_function": "relu2"' hf-relu2/config.json || fail "hf-relu2/config.json is not relu2"
+    run relu2_from_hf "$LATTICE" convert --from-hf hf-relu2 --save ckpt-relu2b &&
+      run relu2_gen_a "$LATTICE" generate --load ckpt-relu2 "${GEN[@]}" &&
+      run relu2_gen_b "$LATTICE" generate --load ckpt-relu2b "${GEN[@]}" &&
+      same "--squared-relu: generations from the checkpoint and its HF relu2 round trip are identical" \
+        relu2_gen_a.out relu2_gen_b.out
+  fi
+fi
 # ---- --swiglu (with rope, RMSNorm, no linear biases, untied, 2 query groups of 2 heads: a Llama-style
 # model): trains, resumes only so, generates, has no GPT-2 form ----
 GELU_LLAMA=("${ROPE[@]/0.5/1}" --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights

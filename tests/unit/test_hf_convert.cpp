@@ -106,11 +106,17 @@ std::unique_ptr<GPTModel> random_model(bool untie, GeluKind gelu, int64_t ffn) {
 }
 
 TEST(HfConvert, LatticeToHfToLatticeKeepsEveryRealParameterAndLogit) {
-  for (bool untie : {false, true}) {
-    auto model = random_model(untie, untie ? GeluKind::erf : GeluKind::tanh, untie ? 40 : 0);
+  for (GeluKind kind : {GeluKind::tanh, GeluKind::erf, GeluKind::squared_relu}) {
+    const bool untie = kind == GeluKind::erf;
+    auto model = random_model(untie, kind, untie ? 40 : 0);
     const TransformerConfig& c = model->config();
-    TempDir out(untie ? "l2h_untied" : "l2h_tied");
+    TempDir out(untie ? "l2h_untied" : kind == GeluKind::tanh ? "l2h_tied" : "l2h_relu2");
     save_hf_gpt2(out.str(), *model, "ByteTokenizer");
+    // HuggingFace's names: gelu_new (tanh), gelu (erf), relu2 (ReLUSquaredActivation).
+    std::ifstream config_file(out.str() + "/config.json");
+    const nlohmann::json config = nlohmann::json::parse(config_file);
+    EXPECT_EQ(config.at("activation_function"),
+              kind == GeluKind::tanh ? "gelu_new" : kind == GeluKind::erf ? "gelu" : "relu2");
     HfGpt2Model back = load_hf_gpt2(out.str(), c.make_vocab_size_divisible_by);
     EXPECT_EQ(back.tokenizer_type, "ByteTokenizer");
     const TransformerConfig& b = back.model->config();

@@ -16,6 +16,7 @@ using kernel_test::to_double;
 
 double gelu_ref(double x, GeluKind kind) {
   if (kind == GeluKind::erf) return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+  if (kind == GeluKind::squared_relu) return x > 0 ? x * x : 0.0;
   const double k = std::sqrt(2.0 / M_PI);
   return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
@@ -62,9 +63,11 @@ TEST_P(KernelGelu, LargeInputRunsInParallel) {
     ASSERT_NEAR(all[i], gelu_ref(x[i], kind), 1e-6 * (1 + std::fabs(x[i]))) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, KernelGelu, ::testing::Values(GeluKind::erf, GeluKind::tanh),
+INSTANTIATE_TEST_SUITE_P(Kinds, KernelGelu, ::testing::Values(GeluKind::erf, GeluKind::tanh, GeluKind::squared_relu),
                          [](const auto& info) {
-                           return std::string(info.param == GeluKind::erf ? "Erf" : "Tanh");
+                           return std::string(info.param == GeluKind::erf    ? "Erf"
+                                              : info.param == GeluKind::tanh ? "Tanh"
+                                                                             : "SquaredRelu");
                          });
 
 }  // namespace

@@ -17,38 +17,29 @@ constexpr int64_t kParallelMin = 32768;
 // dx[j] = gelu'(x[j]) * d[j] over one chunk (d already rounded; dx may alias what was read
 // into d).
 inline void gelu_backward_chunk(float* dx, const float* x, const float* d, int64_t len, GeluKind kind) {
-  if (kind == GeluKind::erf) {
+  math::dispatch_activation(kind, [&](auto k) {
 #pragma omp simd
-    for (int64_t j = 0; j < len; ++j) dx[j] = math::gelu_erf_backward(x[j], d[j]);
-  } else {
-#pragma omp simd
-    for (int64_t j = 0; j < len; ++j) dx[j] = math::gelu_tanh_backward(x[j], d[j]);
-  }
+    for (int64_t j = 0; j < len; ++j) dx[j] = math::activation_backward<k.value>(x[j], d[j]);
+  });
 }
 }  // namespace
 
 // The element math lives in kernels/activation_math.h, shared with the CUDA kernels.
 void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind) {
   LATTICE_KERNEL_ENTRY(cuda::gelu_forward(out, x, n, kind));
-  if (kind == GeluKind::erf) {
+  math::dispatch_activation(kind, [&](auto k) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) out[i] = math::gelu_erf(x[i]);
-  } else {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) out[i] = math::gelu_tanh(x[i]);
-  }
+    for (int64_t i = 0; i < n; ++i) out[i] = math::activation<k.value>(x[i]);
+  });
 }
 
 void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind, Rounding round_dout) {
   LATTICE_KERNEL_ENTRY(cuda::gelu_backward(dx, x, dout, n, kind, round_dout));
   if (round_dout == Rounding::none) {
-    if (kind == GeluKind::erf) {
+    math::dispatch_activation(kind, [&](auto k) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (int64_t i = 0; i < n; ++i) dx[i] = math::gelu_erf_backward(x[i], dout[i]);
-    } else {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (int64_t i = 0; i < n; ++i) dx[i] = math::gelu_tanh_backward(x[i], dout[i]);
-    }
+      for (int64_t i = 0; i < n; ++i) dx[i] = math::activation_backward<k.value>(x[i], dout[i]);
+    });
     return;
   }
   // Chunks of dout rounded into an L1 buffer first (a loop of its own, so that both loops
@@ -83,13 +74,10 @@ void bias_gelu_forward(float* pre, float* out, const float* y, const float* bias
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) ps[c] = math::round_as<r.value>(ys[c]);
       }
-      if (kind == GeluKind::erf) {
+      math::dispatch_activation(kind, [&](auto k) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) os[c] = math::gelu_erf(ps[c]);
-      } else {
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) os[c] = math::gelu_tanh(ps[c]);
-      }
+        for (int64_t c = 0; c < C; ++c) os[c] = math::activation<k.value>(ps[c]);
+      });
     }
   });
 }
@@ -118,13 +106,10 @@ void bias_gelu_forward_packed(uint16_t* out, const uint16_t* y, const float* bia
   LATTICE_KERNEL_ENTRY(cuda::bias_gelu_forward_packed(out, y, bias, N, C, kind));
   for_packed_pre_activation(y, bias, N, C, [&](int64_t i0, int64_t len, const float* v) {
     uint16_t* os = out + i0;
-    if (kind == GeluKind::erf) {
+    math::dispatch_activation(kind, [&](auto k) {
 #pragma omp simd
-      for (int64_t j = 0; j < len; ++j) os[j] = math::fp32_to_bf16(math::gelu_erf(v[j]));
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < len; ++j) os[j] = math::fp32_to_bf16(math::gelu_tanh(v[j]));
-    }
+      for (int64_t j = 0; j < len; ++j) os[j] = math::fp32_to_bf16(math::activation<k.value>(v[j]));
+    });
   });
 }
 

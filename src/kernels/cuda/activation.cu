@@ -1,4 +1,5 @@
-// GELU on the GPU, element by element with the CPU's scalar math (kernels/activation_math.h).
+// The MLP's activation (GELU, squared ReLU) on the GPU, element by element with the CPU's scalar
+// math (kernels/activation_math.h).
 #include "kernels/activation_math.h"
 #include "kernels/cast_math.h"
 #include "kernels/cuda/launch.cuh"
@@ -14,7 +15,7 @@ constexpr int kThreads = 256;
 template <GeluKind kKind>
 __global__ void gelu_forward_kernel(float* out, const float* x, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = kKind == GeluKind::erf ? math::gelu_erf(x[i]) : math::gelu_tanh(x[i]);
+    out[i] = math::activation<kKind>(x[i]);
 }
 
 // dx = gelu'(x + bias) * round(dout): x the fp32 pre-activation (bias null), or a bf16
@@ -27,7 +28,7 @@ __device__ __forceinline__ float gelu_backward_at(const Tx* x, const float* bias
   float v = math::load_as(x, i);
   if (bias) v = __fadd_rn(v, bias[c]);
   const float d = math::round_as(math::load_as(dout, i), r);
-  return kKind == GeluKind::erf ? math::gelu_erf_backward(v, d) : math::gelu_tanh_backward(v, d);
+  return math::activation_backward<kKind>(v, d);
 }
 
 template <GeluKind kKind, class Tx, class Td>
@@ -65,7 +66,7 @@ __global__ void bias_gelu_kernel(float* pre, Tout* out, const Tin* y, const floa
     float v = math::round_as(math::load_as(y, i), r);
     if (bias) v = __fadd_rn(v, bias[i % C]);
     if (pre) pre[i] = v;
-    math::store_as(out, i, kKind == GeluKind::erf ? math::gelu_erf(v) : math::gelu_tanh(v));
+    math::store_as(out, i, math::activation<kKind>(v));
   }
 }
 
@@ -73,10 +74,9 @@ __global__ void bias_gelu_kernel(float* pre, Tout* out, const Tin* y, const floa
 
 void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind) {
   if (n <= 0) return;
-  if (kind == GeluKind::erf)
-    launch(gelu_forward_kernel<GeluKind::erf>, grid_for(n, kThreads), kThreads, 0, out, x, n);
-  else
-    launch(gelu_forward_kernel<GeluKind::tanh>, grid_for(n, kThreads), kThreads, 0, out, x, n);
+  math::dispatch_activation(kind, [&](auto k) {
+    launch(gelu_forward_kernel<k.value>, grid_for(n, kThreads), kThreads, 0, out, x, n);
+  });
   LATTICE_CUDA_LAUNCHED("gelu_forward");
 }
 
@@ -85,12 +85,10 @@ template <class Tx, class Td>
 void launch_gelu_backward(float* dx, uint16_t* dx16, const Tx* x, const float* bias, int64_t C, const Td* dout,
                           int64_t n, GeluKind kind, Rounding round_dout) {
   if (n <= 0) return;
-  if (kind == GeluKind::erf)
-    launch(gelu_backward_kernel<GeluKind::erf, Tx, Td>, grid_for(n, kThreads), kThreads, 0, dx, dx16, x, bias, C,
-           dout, n, round_dout);
-  else
-    launch(gelu_backward_kernel<GeluKind::tanh, Tx, Td>, grid_for(n, kThreads), kThreads, 0, dx, dx16, x, bias, C,
-           dout, n, round_dout);
+  math::dispatch_activation(kind, [&](auto k) {
+    launch(gelu_backward_kernel<k.value, Tx, Td>, grid_for(n, kThreads), kThreads, 0, dx, dx16, x, bias, C, dout, n,
+           round_dout);
+  });
 }
 }  // namespace
 
@@ -116,12 +114,10 @@ void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, 
 void bias_gelu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
                                      const uint16_t* dout, int64_t N, int64_t C, GeluKind kind) {
   const char* what = "bias_gelu_backward_packed_dbias";
-  if (kind == GeluKind::erf)
-    column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}},
-                              GeluBackwardColumn<GeluKind::erf>{dx_bf16, y, bias, dout, C}, N, C, what);
-  else
-    column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}},
-                              GeluBackwardColumn<GeluKind::tanh>{dx_bf16, y, bias, dout, C}, N, C, what);
+  math::dispatch_activation(kind, [&](auto k) {
+    column_sums_accumulate<1>(ColumnOutputs{{dbias, nullptr}}, GeluBackwardColumn<k.value>{dx_bf16, y, bias, dout, C},
+                              N, C, what);
+  });
 }
 
 namespace {
@@ -130,12 +126,9 @@ void launch_bias_gelu(float* pre, Tout* out, const Tin* y, const float* bias, in
                       Rounding round_y) {
   const int64_t n = N * C;
   if (n <= 0) return;
-  if (kind == GeluKind::erf)
-    launch(bias_gelu_kernel<GeluKind::erf, Tin, Tout>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n,
-           round_y);
-  else
-    launch(bias_gelu_kernel<GeluKind::tanh, Tin, Tout>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n,
-           round_y);
+  math::dispatch_activation(kind, [&](auto k) {
+    launch(bias_gelu_kernel<k.value, Tin, Tout>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, C, n, round_y);
+  });
 }
 }  // namespace
 
