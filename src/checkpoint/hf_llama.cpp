@@ -439,6 +439,8 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   if (c.rotary_interleaved) return "--rotary-interleaved (HuggingFace Llama rotates rotate_half pairs)";
   if (!c.rmsnorm()) return "LayerNorm (HuggingFace Llama has RMSNorm)";
   if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";
+  if (c.apply_layernorm_1p)
+    return "zero-centered norm weights (--apply-layernorm-1p; HuggingFace Llama's RMSNorm scales by its weight)";
   if (c.add_bias_linear)
     return "linear biases (HuggingFace Llama has none, Qwen2 QKV's only: --disable-bias-linear [--add-qkv-bias])";
   if (c.moe() && c.add_qkv_bias && !(c.moe_shared_expert_intermediate_size > 0 && c.moe_shared_expert_gate))

@@ -50,6 +50,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"add_qkv_bias", "--add-qkv-bias", false},
       {"qk_layernorm", "--qk-layernorm", false},
       {"squared_relu", "--squared-relu", false},
+      {"apply_layernorm_1p", "--apply-layernorm-1p", false},
       {"num_experts", "--num-experts", 0},
       {"moe_router_topk", "--moe-router-topk", 2},
       {"moe_ffn_hidden_size", "--moe-ffn-hidden-size", 0},
@@ -118,6 +119,7 @@ json model_config_json(const TransformerConfig& c) {
           {"add_qkv_bias", c.add_qkv_bias},
           {"qk_layernorm", c.qk_layernorm},
           {"squared_relu", c.gelu == GeluKind::squared_relu},
+          {"apply_layernorm_1p", c.apply_layernorm_1p},
           {"num_experts", c.num_experts},
           {"moe_router_topk", c.moe_router_topk},
           {"moe_ffn_hidden_size", c.moe_ffn_hidden_size},
@@ -165,6 +167,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.add_qkv_bias = optional_field(j, "add_qkv_bias").get<bool>();
     c.qk_layernorm = optional_field(j, "qk_layernorm").get<bool>();
     if (optional_field(j, "squared_relu").get<bool>()) c.gelu = GeluKind::squared_relu;
+    c.apply_layernorm_1p = optional_field(j, "apply_layernorm_1p").get<bool>();
     c.num_experts = optional_field(j, "num_experts").get<int64_t>();
     c.moe_router_topk = optional_field(j, "moe_router_topk").get<int64_t>();
     c.moe_ffn_hidden_size = optional_field(j, "moe_ffn_hidden_size").get<int64_t>();

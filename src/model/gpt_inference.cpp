@@ -32,7 +32,23 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   wte_ = p("embedding.word_embeddings.weight");
   wpe_ = cfg_.rope() ? nullptr : p("embedding.position_embeddings.weight");
   rope_ = model.rope_table();
-  lnf_w_ = p("decoder.final_layernorm.weight");
+  // A norm's weight as the kernels apply it: with --apply-layernorm-1p, 1 + the parameter (made
+  // here, in norm_1p_: the final norm's, then each layer's input, pre-MLP and query/key norms').
+  const int64_t C = cfg_.hidden_size, D = cfg_.kv_channels;
+  int64_t norm_at = 0;
+  if (cfg_.apply_layernorm_1p) {
+    norm_1p_.resize(size_t(C + cfg_.num_layers * (2 * C + (cfg_.qk_layernorm ? 2 * D : 0))));
+    const std::vector<float> ones(size_t(std::max(C, D)), 1.0f);
+    copy_to_device(norm_ones_.resize(ones.size()), ones.data(), ones.size() * sizeof(float));
+  }
+  auto norm_weight = [&](const std::string& name, int64_t n) -> const float* {
+    if (!cfg_.apply_layernorm_1p) return p(name);
+    float* w = norm_1p_.data() + norm_at;
+    add_forward(w, p(name), norm_ones_.data(), n);
+    norm_at += n;
+    return w;
+  };
+  lnf_w_ = norm_weight("decoder.final_layernorm.weight", C);
   if (cfg_.rmsnorm()) {  // no norm biases: zeros for the LayerNorm kernel
     zero_bias_.resize(size_t(std::max(cfg_.hidden_size, cfg_.kv_channels)));  // the final norm's, q and k norms'
     lnf_b_ = zero_bias_.data();
@@ -45,8 +61,8 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     const std::string s = "decoder.layers." + std::to_string(l) + ".";
     QkNormParams qk;
     if (cfg_.qk_layernorm)
-      qk = {p(s + "self_attention.q_layernorm.weight"), norm_bias(s + "self_attention.q_layernorm.bias"),
-            p(s + "self_attention.k_layernorm.weight"), norm_bias(s + "self_attention.k_layernorm.bias")};
+      qk = {norm_weight(s + "self_attention.q_layernorm.weight", D), norm_bias(s + "self_attention.q_layernorm.bias"),
+            norm_weight(s + "self_attention.k_layernorm.weight", D), norm_bias(s + "self_attention.k_layernorm.bias")};
     MoeWeights moe;
     const bool moe_layer = cfg_.moe_layer(l);
     if (moe_layer) {
@@ -66,11 +82,13 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
       }
     }
     auto dense = [&](const std::string& name) -> const float* { return moe_layer ? nullptr : p(name); };
-    layers_.push_back({p(s + "input_layernorm.weight"), norm_bias(s + "input_layernorm.bias"),
+    const float* ln1_w = norm_weight(s + "input_layernorm.weight", C);
+    const float* ln2_w = norm_weight(s + "pre_mlp_layernorm.weight", C);
+    layers_.push_back({ln1_w, norm_bias(s + "input_layernorm.bias"),
                        p(s + "self_attention.linear_qkv.weight"),
                        cfg_.qkv_bias() ? p(s + "self_attention.linear_qkv.bias") : nullptr,
                        p(s + "self_attention.linear_proj.weight"), bias(s + "self_attention.linear_proj.bias"),
-                       p(s + "pre_mlp_layernorm.weight"), norm_bias(s + "pre_mlp_layernorm.bias"),
+                       ln2_w, norm_bias(s + "pre_mlp_layernorm.bias"),
                        dense(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
                        dense(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias"), qk, moe});
   }

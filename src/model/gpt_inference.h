@@ -54,6 +54,7 @@ class GPTInference {
   const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;  // wpe_ null with the rotary embedding
   const RopeTable* rope_ = nullptr;                      // the model's, with the rotary embedding
   DeviceArray<float> zero_bias_;                         // [C] zeros: the norms' bias with RMSNorm
+  DeviceArray<float> norm_1p_, norm_ones_;               // --apply-layernorm-1p: every norm's 1 + weight
   std::vector<Layer> layers_;
   DeviceArray<float> k_cache_, v_cache_;  // [L, G, Tmax, D] each (G = H without grouped-query attention)
   // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2, qkv [n, W] (kernels/qkv_layout.h;

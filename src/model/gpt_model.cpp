@@ -192,6 +192,21 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_begin_, 0, Vl_);
   register_parameters();
   params_.allocate();
+  if (cfg_.apply_layernorm_1p) {  // the norms' 1 + weight buffers (refresh_norm_weights)
+    std::vector<int> norms = {lnf_w_};
+    for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln2_w, p.q_norm_w, p.k_norm_w});
+    norm_1p_at_.assign(params_.infos().size(), -1);
+    int64_t n = 0, widest = 0;
+    for (int w : norms)
+      if (w >= 0) {
+        norm_1p_at_[size_t(w)] = n;
+        n += params_.infos()[size_t(w)].numel;
+        widest = std::max(widest, params_.infos()[size_t(w)].numel);
+      }
+    norm_1p_.resize(size_t(n));
+    const std::vector<float> ones(size_t(widest), 1.0f);
+    copy_to_device(norm_ones_.resize(size_t(widest)), ones.data(), ones.size() * sizeof(float));
+  }
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
   if (!cfg_.add_bias_linear || cfg_.rmsnorm()) {  // zeros for the kernels that add a bias; a sink for those that sum one
     const size_t n = size_t(std::max({qkv_local(), fc1_local(), cfg_.hidden_size}));
@@ -354,6 +369,8 @@ void GPTModel::register_parameters() {
   const bool tied = !cfg_.untie_embeddings_and_output_weights;
   const bool bias = cfg_.add_bias_linear;
   const bool norm_bias = !cfg_.rmsnorm();  // RMSNorm has a weight only
+  // The norms' weights: 1, or 0 with --apply-layernorm-1p (which scales by 1 + weight).
+  const ParamInit norm_init = cfg_.apply_layernorm_1p ? ParamInit::zeros : ParamInit::ones;
   const bool split_pipeline = !(place_.pre_process && place_.post_process);
   if (place_.pre_process) {
     wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
@@ -367,21 +384,21 @@ void GPTModel::register_parameters() {
     for (int64_t l = begin; l < end; ++l) {
       LayerParams p;
       p.layer = l;
-      p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
+      p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, norm_init, 0, -1);
       if (norm_bias) p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
       // [W, C]: per query group its heads' q, then its k and v (W = 3Q without grouping: per head q, k, v)
       p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
       if (cfg_.qkv_bias()) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
       if (cfg_.qk_layernorm) {  // [D] each, shared by every query (key) head: replicated
         const int64_t D = cfg_.kv_channels;
-        p.q_norm_w = add(layer_name(l, "self_attention.q_layernorm.weight"), {D}, ParamInit::ones, 0, -1);
+        p.q_norm_w = add(layer_name(l, "self_attention.q_layernorm.weight"), {D}, norm_init, 0, -1);
         if (norm_bias) p.q_norm_b = add(layer_name(l, "self_attention.q_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
-        p.k_norm_w = add(layer_name(l, "self_attention.k_layernorm.weight"), {D}, ParamInit::ones, 0, -1);
+        p.k_norm_w = add(layer_name(l, "self_attention.k_layernorm.weight"), {D}, norm_init, 0, -1);
         if (norm_bias) p.k_norm_b = add(layer_name(l, "self_attention.k_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
       }
       p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
       if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
-      p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, ParamInit::ones, 0, -1);
+      p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, norm_init, 0, -1);
       if (norm_bias) p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
       if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts (no biases)
         const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.swiglu ? 2 * Fe : Fe;
@@ -415,7 +432,7 @@ void GPTModel::register_parameters() {
   }
   expert_tokens_.assign(cfg_.moe_router_enable_expert_bias ? layers_.size() * size_t(cfg_.num_experts) : 0, 0.0);
   if (place_.post_process) {
-    lnf_w_ = add("decoder.final_layernorm.weight", {C}, ParamInit::ones, 0, -1);
+    lnf_w_ = add("decoder.final_layernorm.weight", {C}, norm_init, 0, -1);
     if (norm_bias) lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
     if (!tied) {
       out_w_ = add("output_layer.weight", {Vp, C}, ParamInit::normal, std, 0);
@@ -615,11 +632,19 @@ void GPTModel::gather_input_rows(float* full, int64_t N) {
 void GPTModel::layernorm_input(float* out, float* mean, float* rstd, const float* x, int w, int b, int64_t rows) {
   const int64_t C = cfg_.hidden_size;
   if (bf16_inputs())
-    layernorm_forward_bf16(reinterpret_cast<uint16_t*>(out), mean, rstd, x, params_.param(w), bias(b), rows, C,
+    layernorm_forward_bf16(reinterpret_cast<uint16_t*>(out), mean, rstd, x, norm_weight(w), bias(b), rows, C,
                            cfg_.layernorm_epsilon, normalization());
   else
-    layernorm_forward(out, mean, rstd, x, params_.param(w), bias(b), rows, C, cfg_.layernorm_epsilon,
+    layernorm_forward(out, mean, rstd, x, norm_weight(w), bias(b), rows, C, cfg_.layernorm_epsilon,
                       normalization());
+}
+
+void GPTModel::refresh_norm_weights() {
+  if (!cfg_.apply_layernorm_1p) return;
+  for (size_t w = 0; w < norm_1p_at_.size(); ++w)
+    if (norm_1p_at_[w] >= 0)
+      add_forward(norm_1p_.data() + norm_1p_at_[w], params_.param(int(w)), norm_ones_.data(),
+                  params_.infos()[w].numel);
 }
 
 void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key) {
@@ -631,6 +656,7 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
   const int64_t N = B * T, C = cfg_.hidden_size;
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
+  refresh_norm_weights();  // the parameters may have changed since the last forward
 
   if (has_embedding(chunk)) {
     // VocabParallelEmbedding: this rank's rows (zeros elsewhere), summed over the group
@@ -675,7 +701,7 @@ LayerNormOut GPTModel::layernorm_out(const NextNorm& n) const {
     ln.f32 = n.out;
   ln.mean = n.mean;
   ln.rstd = n.rstd;
-  ln.w = params_.param(n.w);
+  ln.w = norm_weight(n.w);
   ln.b = bias(n.b);  // zeros with RMSNorm
   ln.eps = cfg_.layernorm_epsilon;
   ln.kind = normalization();
@@ -937,7 +963,7 @@ MoeGrads GPTModel::moe_grads(const LayerParams& p) const {
 }
 
 QkNormParams GPTModel::qk_norm_params(const LayerParams& p) const {
-  return QkNormParams{params_.param(p.q_norm_w), bias(p.q_norm_b), params_.param(p.k_norm_w), bias(p.k_norm_b)};
+  return QkNormParams{norm_weight(p.q_norm_w), bias(p.q_norm_b), norm_weight(p.k_norm_w), bias(p.k_norm_b)};
 }
 
 QkNormGrads GPTModel::qk_norm_grads(const LayerParams& p) const {
@@ -991,7 +1017,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     const ResidualGradOut next =
         a.layers.empty() ? ResidualGradOut{} : residual_grad_out(layers_[first + a.layers.size() - 1].fc2_b, p_hidden);
     layernorm_backward(sc.d_resid, params_.grad(lnf_w_), bias_grad(lnf_b_), *d_lnf, a.resid.back(),
-                       params_.param(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C, next, normalization());
+                       norm_weight(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C, next, normalization());
     d_rows_made = next.bf16 != nullptr;
     grads_ready({lnf_w_, lnf_b_});
   }
@@ -1033,7 +1059,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       float* d_ln2 = sp ? sc.d_s : sc.d_c2;
       reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);
       layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), LayerNormDout(d_ln2), x.resid_mid,
-                         params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
+                         norm_weight(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
       grads_ready({p.router_w});
       grads_ready(p.expert_fc1);
       grads_ready(p.expert_fc2);
@@ -1075,7 +1101,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       // already rounded, in bf16 (ln_dout); d_resid becomes d(resid_mid), and with it the
       // projection's output gradient may be made (residual_grad_out).
       layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), ln_dout(d_ln, p.fc1_w), x.resid_mid,
-                         params_.param(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
+                         norm_weight(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
     }
     // Attention block.
     const RowOutputGrad d_proj =
@@ -1132,7 +1158,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // here with residual_grad_out), or the chunk's input gradient after the first layer.
     const ResidualGradOut fc2_grad = i > 0 ? residual_grad_out(layers_[first + i - 1].fc2_b, p_hidden) : ResidualGradOut{};
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), bias_grad(p.ln1_b), ln_dout(d_ln, p.qkv_w), a.resid[i],
-                       params_.param(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad, normalization());
+                       norm_weight(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad, normalization());
     d_rows_made = fc2_grad.bf16 != nullptr;
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b, p.proj_w,
                  p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b});

@@ -473,6 +473,13 @@ class GPTModel {
   Normalization normalization() const {
     return cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
   }
+  // A norm's weight as the kernels apply it: the parameter, or with --apply-layernorm-1p its
+  // 1 + weight (norm_1p_, made from the parameters before every forward by
+  // refresh_norm_weights; the gradient with respect to either is the same).
+  const float* norm_weight(int w) const {
+    return cfg_.apply_layernorm_1p ? norm_1p_.data() + norm_1p_at_[size_t(w)] : params_.param(w);
+  }
+  void refresh_norm_weights();
   const float* bias_or_null(int b) const { return b >= 0 ? params_.param(b) : nullptr; }
   float* bias_grad_or_null(int b) const { return b >= 0 ? params_.grad(b) : nullptr; }
   const float* bias(int b) const { return b >= 0 ? params_.param(b) : no_bias_.data(); }
@@ -521,6 +528,10 @@ class GPTModel {
   bool loss_gradient_of_sum_ = false;
   std::unique_ptr<RotaryEmbedding> rope_;  // with --position-embedding-type rope
   DeviceArray<float> no_bias_, bias_grad_sink_;  // with --disable-bias-linear or RMSNorm (zeroed when allocated)
+  // --apply-layernorm-1p: every norm weight's 1 + weight, at norm_1p_at_[param] (-1: not a norm
+  // weight), and the ones added.
+  DeviceArray<float> norm_1p_, norm_ones_;
+  std::vector<int64_t> norm_1p_at_;
   DeviceArray<float> row_max_;         // [B*T] cross entropy statistics
   DeviceArray<double> ce_stats_;       // [B*T, 2]
   DeviceArray<float> sp_grads_;        // sequence-parallel gradient staging

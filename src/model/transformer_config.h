@@ -32,6 +32,10 @@ struct TransformerConfig {
   float hidden_dropout = 0.1f;
   float attention_dropout = 0.1f;
   float layernorm_epsilon = 1e-5f;
+  // --apply-layernorm-1p (Megatron's layernorm_zero_centered_gamma): every norm (input, pre-MLP,
+  // final, the query and key norms; LayerNorm or RMSNorm) scales by 1 + weight, its weight
+  // initialized to 0 and saved so.
+  bool apply_layernorm_1p = false;
   float init_method_std = 0.02f;
   GeluKind gelu = GeluKind::erf;      // --openai-gelu -> tanh, --squared-relu -> relu(x)^2
   // --swiglu: the MLP's activation is silu(gate) * up (Megatron's gated_linear_unit with

@@ -66,6 +66,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"norm-epsilon", Kind::f32, &a.norm_epsilon, "LayerNorm epsilon"},
       {"openai-gelu", Kind::flag, &a.openai_gelu, "tanh GELU instead of the erf form"},
       {"squared-relu", Kind::flag, &a.squared_relu, "the MLP's activation is relu(x)^2 instead of GELU"},
+      {"apply-layernorm-1p", Kind::flag, &a.apply_layernorm_1p,
+       "every norm scales by 1 + weight, its weight starting at 0 (zero-centered gamma)"},
       {"group-query-attention", Kind::flag, &a.group_query_attention,
        "grouped-query attention: --num-query-groups keys and values shared by the heads"},
       {"num-query-groups", Kind::i64, &a.num_query_groups, "key/value heads with --group-query-attention"},
@@ -635,6 +637,7 @@ TransformerConfig TrainArgs::transformer_config() const {
     LATTICE_FAIL() << "--squared-relu and " << (swiglu ? "--swiglu" : "--openai-gelu")
                    << ": the MLP has one activation; give one of them";
   c.gelu = squared_relu ? GeluKind::squared_relu : openai_gelu ? GeluKind::tanh : GeluKind::erf;
+  c.apply_layernorm_1p = apply_layernorm_1p;
   c.swiglu = swiglu;
   c.num_query_groups = group_query_attention ? num_query_groups : 0;  // Megatron ignores it without the switch
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
@@ -742,6 +745,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   from_model("norm-epsilon", "layernorm_epsilon");
   on("openai-gelu", m.value("openai_gelu", false));
   on("squared-relu", m.value("squared_relu", false));
+  on("apply-layernorm-1p", m.value("apply_layernorm_1p", false));
   on("untie-embeddings-and-output-weights", m.value("untie_embeddings_and_output_weights", false));
   from_model("position-embedding-type", "position_embedding_type");
   from_model("rotary-percent", "rotary_percent");

@@ -25,6 +25,7 @@ struct TrainArgs {
   float init_method_std = 0.02f, norm_epsilon = 1e-5f;
   bool openai_gelu = false;
   bool squared_relu = false;  // the MLP's activation relu(x)^2 (Megatron's --squared-relu)
+  bool apply_layernorm_1p = false;  // the norms scale by 1 + weight (Megatron's --apply-layernorm-1p)
   bool swiglu = false;
   bool group_query_attention = false;
   int64_t num_query_groups = 1;

@@ -187,6 +187,23 @@ if run relu2_train "$LATTICE" "${RELU2[@]}" --train-iters 3 --exit-interval 2 --
         relu2_gen_a.out relu2_gen_b.out
   fi
 fi
+# ---- --apply-layernorm-1p (every norm scales by 1 + weight; with the query and key norms): recorded,
+# resumes only so, generates the same with the KV cache (its own 1 + weight) as by full
+# recomputation, has no HF form ----
+LN1P=("${ROPE[@]}" --qk-layernorm --apply-layernorm-1p)
+if run ln1p_train "$LATTICE" "${LN1P[@]}" --train-iters 3 --exit-interval 2 --save ckpt-ln1p; then
+  grep -q '"apply_layernorm_1p": *true' ckpt-ln1p/iter_0000002/*.json || fail "the checkpoint does not record apply_layernorm_1p"
+  expect_error "resume: 1p checkpoint, plain norms" "apply_layernorm_1p|--apply-layernorm-1p" -- \
+    "$LATTICE" "${ROPE[@]}" --qk-layernorm --train-iters 3 --load ckpt-ln1p
+  run ln1p_gen "$LATTICE" generate --load ckpt-ln1p --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run ln1p_gen_full "$LATTICE" generate --load ckpt-ln1p --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--apply-layernorm-1p: generate with the KV cache prints what full recomputation prints" ln1p_gen.out ln1p_gen_full.out
+fi
+if run ln1p_gpt2_train "$LATTICE" "${GELU[@]}" --apply-layernorm-1p --train-iters 1 --save ckpt-ln1p-gpt2; then
+  expect_error "convert: 1p norms to HF" "--to-hf|--apply-layernorm-1p" -- \
+    "$LATTICE" convert --load ckpt-ln1p-gpt2 --to-hf hf-ln1p
+  [ -e hf-ln1p ] && fail "convert --to-hf of a 1p model left hf-ln1p behind"
+fi
 # ---- --swiglu (with rope, RMSNorm, no linear biases, untied, 2 query groups of 2 heads: a Llama-style
 # model): trains, resumes only so, generates, has no GPT-2 form ----
 GELU_LLAMA=("${ROPE[@]/0.5/1}" --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights

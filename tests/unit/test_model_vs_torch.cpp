@@ -50,6 +50,7 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   if (f.metadata().count("normalization")) c.normalization = f.metadata().at("normalization");
   c.swiglu = f.metadata().count("swiglu") && f.metadata().at("swiglu") == "1";
   if (f.metadata().count("squared_relu") && f.metadata().at("squared_relu") == "1") c.gelu = GeluKind::squared_relu;
+  c.apply_layernorm_1p = f.metadata().count("apply_layernorm_1p") && f.metadata().at("apply_layernorm_1p") == "1";
   if (f.metadata().count("num_query_groups")) c.num_query_groups = meta_int(f, "num_query_groups");
   c.qk_layernorm = f.metadata().count("qk_layernorm") && f.metadata().at("qk_layernorm") == "1";
   if (f.metadata().count("num_experts")) {
@@ -195,6 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_nobias.safetensors", "gpt_tiny_rmsnorm.safetensors",
                                            "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors",
                                            "gpt_tiny_nobias_relu2.safetensors",
+                                           "gpt_tiny_rope_rmsnorm_ln1p_gqa2_qknorm.safetensors",
                                            "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_nobias_moe4.safetensors",
                                            "gpt_tiny_nobias_swiglu_moe4_shared.safetensors",
                                            "gpt_tiny_nobias_moe4_sigmoid.safetensors",
