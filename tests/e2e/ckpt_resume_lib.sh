@@ -5,6 +5,11 @@
 
 losses() { grep -o "lm loss: [0-9.E+-]*" "$1" | awk '{print $3}'; }
 
+# close_values N GOT WANT: both space-separated lists hold N numbers, each GOT within 1e-5 relative of WANT's.
+close_values() {
+  python3 -c "import sys; n=int(sys.argv[1]); g=[float(x) for x in sys.argv[2].split()]; w=[float(x) for x in sys.argv[3].split()]; sys.exit(0 if len(w)==n and len(g)==n and all(abs(a-b)<=1e-5*abs(b) for a,b in zip(g,w)) else 1)" "$@"
+}
+
 # Writes assemble.py into the current directory: tensors(DIR) reads a checkpoint's model
 # tensors, assembled from their pieces, the vocabulary tensors cut to the real 64 rows.
 write_assembler() {
@@ -47,7 +52,7 @@ compare() {  # NAME LOG DIR: iterations 11..20 of LOG and DIR/iter_0000020 again
   local want got
   want=$(losses straight.log | tail -10 | tr '\n' ' ')
   got=$(losses "$2" | tr '\n' ' ')
-  if python3 -c "import sys; w=[float(x) for x in sys.argv[1].split()]; g=[float(x) for x in sys.argv[2].split()]; sys.exit(0 if len(w)==10 and len(g)==10 and all(abs(a-b)<=1e-5*abs(b) for a,b in zip(g,w)) else 1)" "$want" "$got"; then
+  if close_values 10 "$got" "$want"; then
     pass "$1: losses equal the uninterrupted $BASELINE run's"
   else
     fail "$1: losses '$got', uninterrupted $BASELINE run '$want'"

@@ -29,11 +29,10 @@ grep -q "parallel layout: world 4 = tp 1 x cp 2 x pp 1 x dp 2" cp2.log && pass "
   fail "no layout line with cp: $(grep 'parallel layout' cp2.log)"
 want=$(losses straight.log | head -10 | tr '\n' ' ')
 got=$(losses cp2.log | tr '\n' ' ')
-python3 -c "import sys; w=[float(x) for x in sys.argv[1].split()]; g=[float(x) for x in sys.argv[2].split()]; sys.exit(0 if len(w)==10 and len(g)==10 and all(abs(a-b)<=1e-5*abs(b) for a,b in zip(g,w)) else 1)" "$want" "$got" &&
+close_values 10 "$got" "$want" &&
   pass "DP=2 x CP=2: the first 10 losses equal the single process's" || fail "CP=2 losses '$got', single process '$want'"
 vl() { grep 'validation loss' "$1" | grep -o 'lm loss value: [0-9.E+-]*' | awk '{print $NF}' | head -3 | tr '\n' ' '; }
-python3 -c "import sys; w=[float(x) for x in sys.argv[2].split()]; g=[float(x) for x in sys.argv[1].split()]; sys.exit(0 if len(w)==3 and len(g)==3 and all(abs(a-b)<=1e-5*abs(b) for a,b in zip(g,w)) else 1)" \
-  "$(vl cp2.log)" "$(vl straight.log)" &&
+close_values 3 "$(vl cp2.log)" "$(vl straight.log)" &&
   pass "CP=2: the validation losses $(vl cp2.log)equal the single process's" ||
   fail "CP=2 validation losses '$(vl cp2.log)', single process '$(vl straight.log)'"
 

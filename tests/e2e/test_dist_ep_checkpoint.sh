@@ -30,11 +30,10 @@ OMP_NUM_THREADS=1 "$LATTICE" "${TRAIN[@]}" --train-iters 20 --save straight > st
 # The first ten iterations and the validation losses as the single process's.
 want=$(losses straight.log | head -10 | tr '\n' ' ')
 got=$(losses ep2.log | tr '\n' ' ')
-python3 -c "import sys; w=[float(x) for x in sys.argv[1].split()]; g=[float(x) for x in sys.argv[2].split()]; sys.exit(0 if len(w)==10 and len(g)==10 and all(abs(a-b)<=1e-5*abs(b) for a,b in zip(g,w)) else 1)" "$want" "$got" &&
+close_values 10 "$got" "$want" &&
   pass "EP=2 x expert DP=2: the first 10 losses equal the single process's" || fail "EP=2 losses '$got', single process '$want'"
 vl() { grep 'validation loss' "$1" | grep -o 'lm loss value: [0-9.E+-]*' | awk '{print $NF}' | head -3 | tr '\n' ' '; }
-python3 -c "import sys; w=[float(x) for x in sys.argv[2].split()]; g=[float(x) for x in sys.argv[1].split()]; sys.exit(0 if len(w)==3 and len(g)==3 and all(abs(a-b)<=1e-5*abs(b) for a,b in zip(g,w)) else 1)" \
-  "$(vl ep2.log)" "$(vl straight.log)" &&
+close_values 3 "$(vl ep2.log)" "$(vl straight.log)" &&
   pass "EP=2: the validation losses $(vl ep2.log)equal the single process's" ||
   fail "EP=2 validation losses '$(vl ep2.log)', single process '$(vl straight.log)'"
 missing=0
