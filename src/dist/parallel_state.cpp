@@ -1,5 +1,6 @@
 #include "dist/parallel_state.h"
 
+#include <initializer_list>
 #include <string>
 
 #include "core/device.h"
@@ -30,45 +31,46 @@ ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp) {
   return ParallelLayout{world, tp, pp, dp, ep, cp};
 }
 
-// Groups are listed in the order of their ranks' other coordinates (pp outermost).
+namespace {
+
+// A rank's coordinates, in rank order (tp fastest).
+enum Axis { kTp, kCp, kDp, kPp };
+struct Coords {
+  int at[4];
+};
+Coords coords_of(const ParallelLayout& l, int rank) {
+  return {{rank % l.tp, rank / l.tp % l.cp, rank / (l.tp * l.cp) % l.dp, rank / (l.tp * l.cp * l.dp)}};
+}
+
+// The groups of ranks that share every coordinate but those in `vary`: each in increasing rank
+// order, the groups in the order of their first rank.
+std::vector<std::vector<int>> groups_varying(const ParallelLayout& l, std::initializer_list<Axis> vary) {
+  std::vector<std::vector<int>> groups;
+  std::vector<int> group_of(size_t(l.world), -1);  // by the group's first rank
+  for (int r = 0; r < l.world; ++r) {
+    Coords c = coords_of(l, r);
+    for (Axis a : vary) c.at[a] = 0;
+    const int first = l.rank_of(c.at[kTp], c.at[kCp], c.at[kDp], c.at[kPp]);
+    if (group_of[size_t(first)] < 0) {
+      group_of[size_t(first)] = int(groups.size());
+      groups.emplace_back();
+    }
+    groups[size_t(group_of[size_t(first)])].push_back(r);
+  }
+  return groups;
+}
+
+}  // namespace
+
 GroupPlan plan_groups(const ParallelLayout& l) {
   GroupPlan g;
-  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
-    for (int dp_r = 0; dp_r < l.dp; ++dp_r)
-      for (int cp_r = 0; cp_r < l.cp; ++cp_r) {
-        std::vector<int> grp;
-        for (int tp_r = 0; tp_r < l.tp; ++tp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
-        g.tp.push_back(grp);
-      }
-  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
-    for (int dp_r = 0; dp_r < l.dp; ++dp_r)
-      for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
-        std::vector<int> grp;
-        for (int cp_r = 0; cp_r < l.cp; ++cp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
-        g.cp.push_back(grp);
-      }
-  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
-    for (int cp_r = 0; cp_r < l.cp; ++cp_r)
-      for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
-        std::vector<int> grp;
-        for (int dp_r = 0; dp_r < l.dp; ++dp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
-        g.dp.push_back(grp);
-      }
-  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
-    for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
-      std::vector<int> grp;
-      for (int dp_r = 0; dp_r < l.dp; ++dp_r)
-        for (int cp_r = 0; cp_r < l.cp; ++cp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
-      g.dp_cp.push_back(grp);
-    }
-  for (int dp_r = 0; dp_r < l.dp; ++dp_r)
-    for (int cp_r = 0; cp_r < l.cp; ++cp_r)
-      for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
-        std::vector<int> grp;
-        for (int pp_r = 0; pp_r < l.pp; ++pp_r) grp.push_back(l.rank_of(tp_r, cp_r, dp_r, pp_r));
-        g.pp.push_back(grp);
-        if (l.pp > 1) g.embedding.push_back({grp.front(), grp.back()});
-      }
+  g.tp = groups_varying(l, {kTp});
+  g.cp = groups_varying(l, {kCp});
+  g.dp = groups_varying(l, {kDp});
+  g.dp_cp = groups_varying(l, {kCp, kDp});  // dp_rank x cp + cp_rank
+  g.pp = groups_varying(l, {kPp});
+  if (l.pp > 1)
+    for (const std::vector<int>& stages : g.pp) g.embedding.push_back({stages.front(), stages.back()});
   for (int pp_r = 0; pp_r < l.pp; ++pp_r)
     for (int cp_r = 0; cp_r < l.cp; ++cp_r)
       for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
