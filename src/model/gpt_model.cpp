@@ -192,21 +192,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_begin_, 0, Vl_);
   register_parameters();
   params_.allocate();
-  if (cfg_.apply_layernorm_1p) {  // the norms' 1 + weight buffers (refresh_norm_weights)
-    std::vector<int> norms = {lnf_w_};
-    for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln2_w, p.q_norm_w, p.k_norm_w});
-    norm_1p_at_.assign(params_.infos().size(), -1);
-    int64_t n = 0, widest = 0;
-    for (int w : norms)
-      if (w >= 0) {
-        norm_1p_at_[size_t(w)] = n;
-        n += params_.infos()[size_t(w)].numel;
-        widest = std::max(widest, params_.infos()[size_t(w)].numel);
-      }
-    norm_1p_.resize(size_t(n));
-    const std::vector<float> ones(size_t(widest), 1.0f);
-    copy_to_device(norm_ones_.resize(size_t(widest)), ones.data(), ones.size() * sizeof(float));
-  }
+  if (cfg_.apply_layernorm_1p) allocate_norm_1p();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
   if (!cfg_.add_bias_linear || cfg_.rmsnorm()) {  // zeros for the kernels that add a bias; a sink for those that sum one
     const size_t n = size_t(std::max({qkv_local(), fc1_local(), cfg_.hidden_size}));
@@ -637,6 +623,22 @@ void GPTModel::layernorm_input(float* out, float* mean, float* rstd, const float
   else
     layernorm_forward(out, mean, rstd, x, norm_weight(w), bias(b), rows, C, cfg_.layernorm_epsilon,
                       normalization());
+}
+
+void GPTModel::allocate_norm_1p() {
+  std::vector<int> norms = {lnf_w_};
+  for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln2_w, p.q_norm_w, p.k_norm_w});
+  norm_1p_at_.assign(params_.infos().size(), -1);
+  int64_t n = 0, widest = 0;
+  for (int w : norms)
+    if (w >= 0) {
+      norm_1p_at_[size_t(w)] = n;
+      n += params_.infos()[size_t(w)].numel;
+      widest = std::max(widest, params_.infos()[size_t(w)].numel);
+    }
+  norm_1p_.resize(size_t(n));
+  const std::vector<float> ones(size_t(widest), 1.0f);
+  copy_to_device(norm_ones_.resize(size_t(widest)), ones.data(), ones.size() * sizeof(float));
 }
 
 void GPTModel::refresh_norm_weights() {

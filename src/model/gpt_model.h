@@ -480,6 +480,7 @@ class GPTModel {
     return cfg_.apply_layernorm_1p ? norm_1p_.data() + norm_1p_at_[size_t(w)] : params_.param(w);
   }
   void refresh_norm_weights();
+  void allocate_norm_1p();  // norm_1p_ and its offsets, for the model's norm weights
   const float* bias_or_null(int b) const { return b >= 0 ? params_.param(b) : nullptr; }
   float* bias_grad_or_null(int b) const { return b >= 0 ? params_.grad(b) : nullptr; }
   const float* bias(int b) const { return b >= 0 ? params_.param(b) : no_bias_.data(); }
