@@ -7,8 +7,9 @@
 // per step and MAX-reduced over the ranks that share a tensor, and the fp16 overflow
 // check is reduced over every group. Also --grad-reduce-in-bf16: half the
 // reduce-scatter bytes, and the run stays within bf16 rounding of the fp32-reduced one.
-// Runs under mpirun with 2 ranks (TP 2, PP 2, DP 2), 4 (TP 2 x PP 2, TP 2 x DP 2, PP 2 x DP 2)
-// and 8 (TP 2 x PP 2 x DP 2).
+// Runs under mpirun with 2 ranks (TP 2, PP 2, DP 2, CP 2), 4 (TP 2 x PP 2, TP 2 x DP 2, PP 2 x DP 2,
+// CP 2 x DP 2: context parallelism, whose amaxes and gradients reduce over dp x cp) and 8 (TP 2 x
+// PP 2 x DP 2).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -39,8 +40,9 @@ enum class Precision { bf16, fp16, fp8 };
 
 struct Layout {
   std::string name;
-  int tp = 1, pp = 1;  // DP = world / (TP x PP)
+  int tp = 1, pp = 1;  // DP = world / (TP x CP x PP)
   bool sequence_parallel = false;
+  int cp = 1;
 };
 
 struct PrecisionRun : LayoutRun {
@@ -74,17 +76,17 @@ PrecisionRun train(Precision prec, ParallelState* ps, bool sequence_parallel, bo
   const std::vector<PipelineOp> ops = pipeline_schedule(layout, M, stage);
   const ModelPlacement place{stage_layers(layout, stage), stage == 0, stage == P - 1, max_in_flight(ops)};
   const TensorParallel tp = ps ? TensorParallel{&ps->tp(), sequence_parallel} : TensorParallel{};
-  GPTModel model(config(tp.size()), kB, kT, tp, place);
+  GPTModel model(config(tp.size()), kB, kT, tp, place, nullptr, ContextParallel{ps ? &ps->cp() : nullptr});
   model.init_parameters(1234);
   PipelineRunner runner(model, layout, ps ? &ps->pp() : nullptr, ps ? ps->embedding() : nullptr);
   std::unique_ptr<DataParallel> dp;
-  if (ps && dp_size > 1) {
+  if (ps && ps->dp_cp().size() > 1) {
     DataParallelConfig cfg;
     cfg.bucket_elements = 3000;
     cfg.distributed_optimizer = true;
     cfg.overlap_grad_reduce = true;
     cfg.grad_reduce_in_bf16 = grad_reduce_in_bf16;
-    dp = std::make_unique<DataParallel>(model, ps->dp(), cfg);
+    dp = std::make_unique<DataParallel>(model, ps->dp(), cfg, nullptr, nullptr, &ps->dp_cp());
   }
   Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
 
@@ -101,7 +103,7 @@ PrecisionRun train(Precision prec, ParallelState* ps, bool sequence_parallel, bo
   }
   if (prec == Precision::fp8)
     policy = make_fp8_policy(make_fp8_recipe("hybrid", 0, 4, "max"), ps ? &ps->tp() : nullptr,
-                             ps ? &ps->dp() : nullptr);
+                             ps ? &ps->dp_cp() : nullptr);
   model.set_gemm_policy(policy.get());
 
   MockSamples data(model.config().vocab_size, kT, 7);
@@ -170,10 +172,10 @@ class DistPrecisionLayouts : public ::testing::TestWithParam<std::tuple<Precisio
 TEST_P(DistPrecisionLayouts, MatchesSingleProcess) {
   const auto& [prec, layout] = GetParam();
   const int world = mpi_world_size();
-  const int model_ranks = layout.tp * layout.pp;
+  const int model_ranks = layout.tp * layout.cp * layout.pp;
   if (world == 1 || world % model_ranks != 0 || world / model_ranks > 2)
-    GTEST_SKIP() << "layout " << layout.name << " is run on 2 or 4 ranks (DP = world / (TP x PP) <= 2)";
-  auto ps = ParallelState::create(layout.tp, layout.pp, 120);
+    GTEST_SKIP() << "layout " << layout.name << " is run on 2 or 4 ranks (DP = world / (TP x CP x PP) <= 2)";
+  auto ps = ParallelState::create(layout.tp, layout.pp, 120, 1, layout.cp);
   const PrecisionRun single = train(prec, nullptr, false);
   const PrecisionRun run = train(prec, ps.get(), layout.sequence_parallel);
   const RunDifference d = expect_same_run(run, single, tolerance(prec));
@@ -189,12 +191,13 @@ TEST_P(DistPrecisionLayouts, MatchesSingleProcess) {
   }
 }
 
-// TP and PP alone (DP 1 on 2 ranks, DP 2 on 4) and TP x PP (4 ranks).
+// TP, PP and CP alone (DP 1 on 2 ranks, DP 2 on 4) and TP x PP (4 ranks).
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DistPrecisionLayouts,
     ::testing::Combine(::testing::Values(Precision::bf16, Precision::fp16, Precision::fp8),
                        ::testing::Values(Layout{"DP", 1, 1, false}, Layout{"TPSP", 2, 1, true},
-                                         Layout{"PP", 1, 2, false}, Layout{"TPxPP", 2, 2, true})),
+                                         Layout{"PP", 1, 2, false}, Layout{"TPxPP", 2, 2, true},
+                                         Layout{"CP", 1, 1, false, 2})),
     [](const auto& info) {
       return std::string(precision_name(std::get<0>(info.param))) + std::get<1>(info.param).name;
     });
