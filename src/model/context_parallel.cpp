@@ -25,17 +25,17 @@ int ContextParallel::size() const { return comm ? comm->size() : 1; }
 namespace {
 
 // Copies between a qkv [B*Tl, G, R+2, D] and its keys and values [B*Tl, G, 2, D] (one strided
-// copy per group: a group's key and value are adjacent in both).
-void copy_keys(float* kv, const float* qkv, const QkvLayout& L, int64_t rows, bool from_qkv) {
+// copy per group: a group's key and value are adjacent in both). to_kv: qkv -> kv, else back.
+void copy_keys(float* kv, float* qkv, const QkvLayout& L, int64_t rows, bool to_kv) {
   const size_t kv_pitch = size_t(2 * L.G * L.D) * sizeof(float), qkv_pitch = size_t(L.width()) * sizeof(float);
   const size_t width = size_t(2 * L.D) * sizeof(float);
   for (int64_t g = 0; g < L.G; ++g) {
     float* k = kv + g * 2 * L.D;
-    const float* q = qkv + L.kv_slot(g, 1) * L.D;
-    if (from_qkv)
+    float* q = qkv + L.kv_slot(g, 1) * L.D;
+    if (to_kv)
       copy_rows_on_device(k, kv_pitch, q, qkv_pitch, width, size_t(rows));
     else
-      copy_rows_on_device(const_cast<float*>(q), qkv_pitch, k, kv_pitch, width, size_t(rows));
+      copy_rows_on_device(q, qkv_pitch, k, kv_pitch, width, size_t(rows));
   }
 }
 
@@ -65,7 +65,7 @@ void gather_context_keys(const ContextParallel& cp, const ContextSplit& s, float
   LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)
       << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
   const int64_t W = 2 * L.G * L.D, part = B * s.rows() * W;
-  copy_keys(staging + cp.rank() * part, qkv, L, B * s.rows(), true);
+  copy_keys(staging + cp.rank() * part, const_cast<float*>(qkv), L, B * s.rows(), true);  // read only
   cp.comm->all_gather(staging, std::vector<int64_t>(size_t(s.size), part));
   reorder(kv, staging, s, B, W, true);
 }
