@@ -193,6 +193,44 @@ std::vector<int> qwen_moe_layers(const json& j, const std::string& what, int64_t
   return pattern;  // all ones: finalize() makes it the empty pattern
 }
 
+// Sliding windows. HuggingFace's sliding_window W lets query i see keys j > i - W (transformers'
+// sliding_window_overlay): W keys, lattice's (and Megatron's) window W - 1. Mistral and Mixtral have
+// it on every layer (none when null or at least the context); Qwen2 and Qwen3 (and their MoE forms)
+// with use_sliding_window true on layers max_window_layers and after, or on the layers layer_types
+// names "sliding_attention". DeepSeek-MoE has none.
+void hf_sliding_window(const json& j, const std::string& what, const std::string& family, TransformerConfig& c) {
+  const bool mistral = family == "mistral" || family == "mixtral";
+  const bool qwen = family == "qwen2" || family == "qwen2_moe" || family == "qwen3" || family == "qwen3_moe";
+  const bool sliding = mistral ? j.contains("sliding_window") && !j["sliding_window"].is_null()
+                       : qwen  ? hf::config_bool(j, what, "use_sliding_window", false)
+                               : false;
+  if (!sliding) return;
+  const int64_t W = hf::config_int(j, what, "sliding_window");  // a positive integer
+  std::vector<int> pattern(size_t(c.num_layers), 1);
+  if (qwen) {
+    if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+      const json& types = j["layer_types"];
+      if (!types.is_array() || int64_t(types.size()) != c.num_layers)
+        LATTICE_FAIL() << what << ": layer_types is not a list of " << c.num_layers << " layer types";
+      for (size_t l = 0; l < types.size(); ++l) {
+        if (types[l] != "sliding_attention" && types[l] != "full_attention")
+          LATTICE_FAIL() << what << ": layer_types entry " << types[l].dump()
+                         << " is not supported (sliding_attention or full_attention)";
+        pattern[l] = types[l] == "sliding_attention" ? 1 : 0;
+      }
+    } else {  // Qwen2Config's and Qwen3Config's default max_window_layers is 28
+      const int64_t first = j.contains("max_window_layers") ? hf::config_int(j, what, "max_window_layers") : 28;
+      if (first < 0) LATTICE_FAIL() << what << ": max_window_layers " << first << " is negative";
+      for (int64_t l = 0; l < c.num_layers; ++l) pattern[size_t(l)] = l >= first ? 1 : 0;
+    }
+  } else if (W >= c.max_position_embeddings) {
+    return;  // a window at least the context masks nothing
+  }
+  if (std::none_of(pattern.begin(), pattern.end(), [](int v) { return v == 1; })) return;
+  c.window_size = W - 1;
+  if (std::any_of(pattern.begin(), pattern.end(), [](int v) { return v == 0; })) c.window_attn_pattern = pattern;
+}
+
 }  // namespace
 
 bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
@@ -203,7 +241,7 @@ const char* hf_llama_family_name(const TransformerConfig& c) {
            : c.add_qkv_bias                              ? "Qwen2-MoE"
            : c.moe_shared_expert_intermediate_size > 0   ? "DeepSeek-MoE"
                                                          : "Mixtral";
-  return c.qk_layernorm ? "Qwen3" : c.add_qkv_bias ? "Qwen2" : "Llama";
+  return c.qk_layernorm ? "Qwen3" : c.add_qkv_bias ? "Qwen2" : c.window_size >= 0 ? "Mistral" : "Llama";
 }
 
 std::string hf_llama_family_name(const json& config) {
@@ -253,14 +291,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
                    << (qwen3 ? "; Qwen3's also biases o_proj" : "") << ")";
   if (!qwen2 && hf::config_bool(j, what, "mlp_bias", false))
     LATTICE_FAIL() << what << ": mlp_bias true is not supported (lattice's Llama has no linear biases)";
-  // Qwen2's and Qwen3's sliding window: lattice's attention is full causal attention.
-  if ((qwen2 || qwen3) && hf::config_bool(j, what, "use_sliding_window", false))
-    LATTICE_FAIL() << what << ": use_sliding_window true is not supported (lattice's attention is full causal)";
-  // Mistral's (and Mixtral's) sliding window: none (null, Mistral 7B v0.2 on) or no narrower than the context.
-  if ((family == "mistral" || mixtral) && j.contains("sliding_window") && !j["sliding_window"].is_null() &&
-      hf::config_int(j, what, "sliding_window") < c.max_position_embeddings)
-    LATTICE_FAIL() << what << ": sliding_window " << j["sliding_window"].dump() << " below max_position_embeddings "
-                   << c.max_position_embeddings << " is not supported (lattice's attention is full causal)";
+  hf_sliding_window(j, what, family, c);
   // Linear scaling (positions divided by its factor) is Megatron's --rotary-seq-len-interpolation-factor;
   // llama3 (Llama 3.1's frequency-dependent scaling) is --use-rope-scaling with its four values.
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
@@ -425,6 +456,23 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
     j["router_aux_loss_coef"] = 0.02;
     j["output_router_logits"] = false;
   }
+  if (c.window_size >= 0) {  // HuggingFace's sliding_window counts the query's own key: W + 1
+    const int64_t W = c.window_size + 1;
+    if (c.qk_layernorm || c.add_qkv_bias) {  // Qwen: the window from max_window_layers on
+      int64_t first = 0;
+      while (first < c.num_layers && c.attention_window(first) < 0) ++first;
+      j["use_sliding_window"] = true;
+      j["sliding_window"] = W;
+      j["max_window_layers"] = first;
+    } else {  // Mistral (MixtralConfig already has the field)
+      if (!c.moe()) {
+        for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(key);
+        j["architectures"] = {"MistralForCausalLM"};
+        j["model_type"] = "mistral";
+      }
+      j["sliding_window"] = W;
+    }
+  }
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
@@ -484,6 +532,20 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
     return "--kv-channels other than hidden / heads with --add-qkv-bias (HuggingFace Qwen2 has no head_dim)";
   if (c.use_rope_scaling && c.rotary_seq_len_interpolation_factor > 0.0f)
     return "--use-rope-scaling with --rotary-seq-len-interpolation-factor (HuggingFace's rope_scaling is one or the other)";
+  if (c.window_size >= 0) {
+    if (deepseek) return "--window-size in a DeepSeek-MoE-style model (HuggingFace DeepSeek-MoE has no sliding window)";
+    if (c.qk_layernorm || c.add_qkv_bias) {  // Qwen: full layers first, then window layers
+      int64_t first = 0;
+      while (first < c.num_layers && c.attention_window(first) < 0) ++first;
+      for (int64_t l = first; l < c.num_layers; ++l)
+        if (c.attention_window(l) < 0)
+          return "--window-attn-skip-freq with a full-attention layer after a window layer (HuggingFace Qwen2's and "
+                 "Qwen3's window layers are those from max_window_layers on)";
+    } else if (!c.window_attn_pattern.empty()) {
+      return "--window-attn-skip-freq in a Mistral-style model (HuggingFace Mistral and Mixtral have the window on "
+             "every layer; Qwen2's and Qwen3's max_window_layers need --add-qkv-bias or --qk-layernorm)";
+    }
+  }
   return "";
 }
 

@@ -1,7 +1,7 @@
 // HuggingFace Llama (transformers' LlamaForCausalLM: DIR/config.json + DIR/model.safetensors),
 // Qwen2 (Qwen2ForCausalLM: Llama with q/k/v biases, --add-qkv-bias), Qwen3 (Qwen3ForCausalLM:
-// Llama with q_norm and k_norm, --qk-layernorm), Mistral (MistralForCausalLM without a
-// sliding window narrower than the context: Llama's model) and the mixtures of experts Mixtral
+// Llama with q_norm and k_norm, --qk-layernorm), Mistral (MistralForCausalLM: Llama's model, its
+// sliding_window W lattice's --window-size W - 1) and the mixtures of experts Mixtral
 // (MixtralForCausalLM: block_sparse_moe's router and experts w1 w3 w2, --num-experts) and
 // Qwen3-MoE (Qwen3MoeForCausalLM: Qwen3 with mlp.gate and mlp.experts, norm_topk_prob true),
 // <-> lattice's GPTModel with Megatron's Llama settings: --position-embedding-type rope
@@ -31,13 +31,15 @@ namespace lattice {
 
 // Whether config.json describes a Llama model (model_type "llama", or LlamaForCausalLM among
 // its architectures), a Qwen2 one ("qwen2", Qwen2ForCausalLM): Llama with biases on q_proj,
-// k_proj and v_proj (lattice's --add-qkv-bias), head_dim hidden / heads, no sliding window; a
-// Qwen3 one ("qwen3", Qwen3ForCausalLM): Llama with q_norm and k_norm (--qk-layernorm), no
-// attention biases, no sliding window; a Mistral, Mixtral or Qwen3-MoE one.
+// k_proj and v_proj (lattice's --add-qkv-bias), head_dim hidden / heads; a Qwen3 one ("qwen3",
+// Qwen3ForCausalLM): Llama with q_norm and k_norm (--qk-layernorm), no attention biases; a Mistral,
+// Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-MoE one. Sliding windows (Mistral's sliding_window, Qwen's
+// use_sliding_window with max_window_layers or layer_types) are --window-size and its layers.
 bool is_hf_llama_config(const nlohmann::json& config);
 
 // "Mixtral" for a model with --num-experts ("Qwen3-MoE" with --qk-layernorm too), "Qwen3" for one
-// with --qk-layernorm, "Qwen2" for one with --add-qkv-bias, else "Llama": the form export writes.
+// with --qk-layernorm, "Qwen2" for one with --add-qkv-bias, "Mistral" for one with --window-size,
+// else "Llama": the form export writes.
 const char* hf_llama_family_name(const TransformerConfig& c);
 // "Llama", "Qwen2", "Qwen3", "Qwen3-MoE", "Mistral" or "Mixtral": the family config.json describes
 // ("" for none of them).

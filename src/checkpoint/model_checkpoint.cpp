@@ -71,6 +71,8 @@ const std::vector<OptionalField>& optional_fields() {
       {"rope_scaling_low_freq_factor", "--rope-scaling-low-freq-factor", 1.0},
       {"rope_scaling_high_freq_factor", "--rope-scaling-high-freq-factor", 4.0},
       {"rope_scaling_original_max_position_embeddings", "--rope-scaling-original-max-position-embeddings", 8192},
+      {"window_size", "--window-size", -1},
+      {"window_attn_skip_freq", "--window-attn-skip-freq", json::array()},
   };
   return fields;
 }
@@ -139,7 +141,9 @@ json model_config_json(const TransformerConfig& c) {
           {"rope_scaling_factor", c.rope_scaling_factor},
           {"rope_scaling_low_freq_factor", c.rope_scaling_low_freq_factor},
           {"rope_scaling_high_freq_factor", c.rope_scaling_high_freq_factor},
-          {"rope_scaling_original_max_position_embeddings", c.rope_scaling_original_max_position_embeddings}};
+          {"rope_scaling_original_max_position_embeddings", c.rope_scaling_original_max_position_embeddings},
+          {"window_size", c.window_size},
+          {"window_attn_skip_freq", c.window_attn_pattern}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -189,6 +193,8 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.rope_scaling_high_freq_factor = optional_field(j, "rope_scaling_high_freq_factor").get<float>();
     c.rope_scaling_original_max_position_embeddings =
         optional_field(j, "rope_scaling_original_max_position_embeddings").get<int64_t>();
+    c.window_size = optional_field(j, "window_size").get<int64_t>();
+    c.window_attn_pattern = optional_field(j, "window_attn_skip_freq").get<std::vector<int>>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }

@@ -19,7 +19,12 @@ namespace lattice {
 struct AttentionShape {
   int64_t B, T, H, D;
   int64_t G = 0;  // key/value heads (query groups), dividing H; 0: H (no grouping)
+  // Sliding-window attention (Megatron's --window-size W,0): the query at position p attends keys
+  // p - W .. p only (W + 1 keys, fewer at the start); -1: every key up to p.
+  int64_t window = -1;
   LATTICE_HD QkvLayout layout() const { return {H, G > 0 ? G : H, D}; }
+  // The first key the query at position p sees.
+  LATTICE_HD int64_t first_key(int64_t p) const { return window < 0 || p <= window ? 0 : p - window; }
 };
 
 // Attention dropout (on the probabilities) is applied when p > 0: probability
@@ -83,6 +88,9 @@ struct ContextKeys {
   LATTICE_HD int64_t position(int64_t i) const { return i + (i < split ? shift[0] : shift[1]); }
 };
 
+// With a window (AttentionShape::window), the key tiles wholly before a query tile's window are
+// skipped, so the cost grows as T x W instead of T^2 / 2.
+//
 // document_ids: [B,T] or null. When given, query i attends key j only when j <= i and
 // document_ids[b,i] == document_ids[b,j] (Megatron's --reset-attention-mask, without a
 // T x T mask): masked scores are -inf inside the tiles, and a key tile whose id range
@@ -117,10 +125,11 @@ void attention_backward(float* dqkv, const AttentionOperand& dout, const Attenti
 // kv_cache_append: k_cache[g, past + r, :] = group g's key of token r, v likewise.
 void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,
                      const QkvLayout& layout, int64_t Tmax);
-// out [n, H, D]: query r of head h attends its group's cache rows 0 .. past + r (causal),
+// out [n, H, D]: query r of head h attends its group's cache rows 0 .. past + r (causal; with
+// window >= 0 only rows past + r - window .. past + r, as AttentionShape::window),
 // softmax(q k^T / sqrt(D)) v; each (query, head) is summed in one fixed order (the result does
 // not depend on threads).
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, const QkvLayout& layout, int64_t Tmax);
+                              int64_t past, const QkvLayout& layout, int64_t Tmax, int64_t window = -1);
 
 }  // namespace lattice

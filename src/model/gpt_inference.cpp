@@ -162,7 +162,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     const int64_t layer_cache = l * layout.G * Tmax * D;
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
     cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
-                             layout, Tmax);
+                             layout, Tmax, cfg_.attention_window(l));
     linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);

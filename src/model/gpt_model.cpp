@@ -983,7 +983,7 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
-  const AttentionShape shape{B, T, Hl_, cfg_.kv_channels, Gl_};
+  const AttentionShape shape{B, T, Hl_, cfg_.kv_channels, Gl_, cfg_.attention_window(p.layer)};
   if (cp_.on()) {  // the queries of this rank's tokens over the whole sequences' keys and values
     const ContextSplit s = cp_.split(T * cp_.size());
     gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
@@ -1133,11 +1133,11 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       const ContextSplit s = cp_.split(T * cp_.size());
       gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
       const ContextKeys keys = s.keys(cp_kv_.data(), cp_staging_.data());
-      attention_backward(sc.d_3c, d_attn, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_}, ad, nullptr,
+      attention_backward(sc.d_3c, d_attn, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_, cfg_.attention_window(p.layer)}, ad, nullptr,
                          attention_math_, nullptr, nullptr, &keys);
       scatter_context_key_grads(cp_, s, sc.d_3c, cp_staging_.data(), cp_kv_.data(), cp_recv_.data(), qkv_layout(), B);
     } else {
-      attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_}, ad,
+      attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_, cfg_.attention_window(p.layer)}, ad,
                          docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
     }
     if (rope_) {  // d(q, k) before the rotation, each run of tokens at its positions

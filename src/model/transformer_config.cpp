@@ -72,6 +72,10 @@ void TransformerConfig::finalize(int64_t tp) {
   if (max_position_embeddings <= 0)
     LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
   check_position_embedding();
+  if (window_size < -1) LATTICE_FAIL() << "--window-size must be -1 (none) or >= 0 keys, got " << window_size;
+  if (!window_attn_pattern.empty() && int64_t(window_attn_pattern.size()) != num_layers)
+    LATTICE_FAIL() << "--window-attn-skip-freq has " << window_attn_pattern.size() << " entries for --num-layers "
+                   << num_layers;
   if (normalization != "LayerNorm" && normalization != "RMSNorm")
     LATTICE_FAIL() << "--normalization must be LayerNorm or RMSNorm, got '" << normalization << "'";
   if (hidden_dropout < 0 || hidden_dropout >= 1)
@@ -234,7 +238,7 @@ namespace {
 //   expr := term ('+' term)*    term := atom ('*' integer)*    atom := '[' [integer (',' integer)*] ']' | '(' expr ')'
 class LayerFreqParser {
  public:
-  explicit LayerFreqParser(const std::string& s) : s_(s) {}
+  LayerFreqParser(const std::string& s, const char* flag) : s_(s), flag_(flag) {}
   std::vector<int> parse() {
     std::vector<int> v = expr();
     skip();
@@ -244,7 +248,7 @@ class LayerFreqParser {
 
  private:
   [[noreturn]] void fail(const std::string& why) const {
-    LATTICE_FAIL() << "--moe-layer-freq '" << s_ << "': " << why << " at character " << i_ + 1
+    LATTICE_FAIL() << flag_ << " '" << s_ << "': " << why << " at character " << i_ + 1
                    << " (an integer, or a list expression such as [1,0,1] or ([0]*1+[1]*23))";
   }
   void skip() {
@@ -303,28 +307,66 @@ class LayerFreqParser {
   }
 
   const std::string& s_;
+  const char* flag_;
   size_t i_ = 0;
 };
 
-}  // namespace
-
-std::vector<int> TransformerConfig::parse_moe_layer_freq(const std::string& value, int64_t num_layers) {
+// A per-layer 0/1 pattern: an integer N (layer l is 1 when at(l, N)) or a list expression.
+template <typename At>
+std::vector<int> parse_layer_pattern(const std::string& value, int64_t num_layers, const char* flag, At at) {
   std::string s = value;
   while (s.size() >= 2 && (s.front() == '\'' || s.front() == '"') && s.back() == s.front()) s = s.substr(1, s.size() - 2);
   std::vector<int> pattern;
   const bool integer = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
   if (integer) {
-    if (s.size() > 9 || std::stoll(s) < 1) LATTICE_FAIL() << "--moe-layer-freq must be a positive integer or a list, got '" << value << "'";
+    if (s.size() > 9 || std::stoll(s) < 1) LATTICE_FAIL() << flag << " must be a positive integer or a list, got '" << value << "'";
     const int64_t n = std::stoll(s);
-    for (int64_t l = 0; l < num_layers; ++l) pattern.push_back(l % n == 0 ? 1 : 0);
+    for (int64_t l = 0; l < num_layers; ++l) pattern.push_back(at(l, n) ? 1 : 0);
   } else {
-    pattern = LayerFreqParser(s).parse();
+    pattern = LayerFreqParser(s, flag).parse();
     if (int64_t(pattern.size()) != num_layers)
-      LATTICE_FAIL() << "--moe-layer-freq '" << value << "' has " << pattern.size() << " entries for --num-layers "
+      LATTICE_FAIL() << flag << " '" << value << "' has " << pattern.size() << " entries for --num-layers "
                      << num_layers;
   }
   if (std::all_of(pattern.begin(), pattern.end(), [](int v) { return v == 1; })) pattern.clear();
   return pattern;
+}
+
+}  // namespace
+
+std::vector<int> TransformerConfig::parse_moe_layer_freq(const std::string& value, int64_t num_layers) {
+  return parse_layer_pattern(value, num_layers, "--moe-layer-freq", [](int64_t l, int64_t n) { return l % n == 0; });
+}
+
+std::vector<int> TransformerConfig::parse_window_attn_skip_freq(const std::string& value, int64_t num_layers) {
+  return parse_layer_pattern(value, num_layers, "--window-attn-skip-freq",
+                             [](int64_t l, int64_t n) { return (l + 1) % n != 0; });
+}
+
+int64_t TransformerConfig::parse_window_size(const std::string& value) {
+  std::string s;
+  for (char c : value)
+    if (!std::isspace(static_cast<unsigned char>(c)) && c != '(' && c != ')' && c != '\'' && c != '"') s += c;
+  const auto bad = [&]() -> int64_t {
+    LATTICE_FAIL() << "--window-size '" << value
+                   << "': expected W or W,0 (W >= -1 keys before each query, -1 unlimited; a causal GPT sees none after it)";
+  };
+  const size_t comma = s.find(',');
+  const std::string left = s.substr(0, comma), right = comma == std::string::npos ? "0" : s.substr(comma + 1);
+  const auto number = [&](const std::string& t) -> int64_t {
+    const bool negative = !t.empty() && t[0] == '-';
+    const std::string digits = negative ? t.substr(1) : t;
+    if (digits.empty() || digits.size() > 12 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+      return bad();
+    return negative ? -std::stoll(digits) : std::stoll(digits);
+  };
+  const int64_t w = number(left), r = number(right);
+  if (w < -1) return bad();
+  if (r != 0)
+    LATTICE_FAIL() << "--window-size '" << value << "': a right window of " << r
+                   << " keys after the query; lattice's GPT is causal (use W,0)";
+  return w;
 }
 
 }  // namespace lattice

@@ -25,6 +25,18 @@ struct TransformerConfig {
   // The QKV layer's output: q for every head, k and v for every group (Megatron's
   // query_projection_size + 2 kv_projection_size); 3 attention_width() without grouping.
   int64_t qkv_width() const { return kv_channels * (num_attention_heads + 2 * num_query_groups); }
+  // Sliding-window attention (Megatron's --window-size W,0 and --window-attn-skip-freq): a
+  // window layer's query at position p attends keys p - W .. p only (Megatron-Core's
+  // window_size (W, 0), as TransformerEngine and FlashAttention count it: W + 1 keys). -1: none,
+  // every layer attends every earlier key. window_attn_pattern: which layers have the window (1)
+  // and which attend fully (0), one entry per layer; empty: every layer.
+  int64_t window_size = -1;
+  std::vector<int> window_attn_pattern;
+  // The window of layer `layer` (0-based): window_size, or -1 for a full-attention layer.
+  int64_t attention_window(int64_t layer) const {
+    if (window_size < 0) return -1;
+    return window_attn_pattern.empty() || window_attn_pattern[size_t(layer)] != 0 ? window_size : -1;
+  }
   int64_t vocab_size = 0;             // real (unpadded) vocabulary
   int64_t padded_vocab_size = 0;      // 0 -> padded by make_vocab_size_divisible_by
   int64_t make_vocab_size_divisible_by = 128;
@@ -160,6 +172,15 @@ struct TransformerConfig {
   // "[1,0,1,1]" or "([0]*1+[1]*23)" (lists, `+`, `*` and parentheses; quotes around it are
   // dropped). Returns the pattern, empty when every layer is an MoE layer; errors name the flag.
   static std::vector<int> parse_moe_layer_freq(const std::string& value, int64_t num_layers);
+  // --window-size's value: "W" or "W,R" (parentheses allowed, Megatron's tuple form), W >= -1 the
+  // keys before the query (-1: unlimited), R the keys after it, which a causal GPT requires to be
+  // 0. Returns W; errors name the flag.
+  static int64_t parse_window_size(const std::string& value);
+  // --window-attn-skip-freq's value for num_layers layers: an integer N (every N-th layer counting
+  // from 1, i.e. layers N-1, 2N-1, ... from 0, attends fully; Megatron's (N-1):1 ratio), or a list
+  // expression as --moe-layer-freq's, 1 for a window layer and 0 for a full one. Returns the
+  // pattern, empty when every layer has the window.
+  static std::vector<int> parse_window_attn_skip_freq(const std::string& value, int64_t num_layers);
   // The recompute fields' part of finalize().
   void check_recompute() const;
   // The position embedding fields' part of finalize().

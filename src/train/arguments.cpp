@@ -78,6 +78,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"disable-bias-linear", Kind::flag, &a.disable_bias_linear,
        "no biases in the linear layers (QKV, projection, fc1, fc2)"},
       {"add-qkv-bias", Kind::flag, &a.add_qkv_bias, "a bias in the QKV layer even with --disable-bias-linear (Qwen2)"},
+      {"window-size", Kind::str, &a.window_size,
+       "sliding-window attention: W or W,0, each query attends the W keys before it and itself (-1: all)"},
+      {"window-attn-skip-freq", Kind::str, &a.window_attn_skip_freq,
+       "with --window-size: every N-th layer attends fully, or a list such as [1,1,0] (1: window, 0: full)"},
       {"num-experts", Kind::i64, &a.num_experts,
        "experts of every layer's mixture-of-experts MLP (0: the dense MLP; needs --disable-bias-linear)"},
       {"moe-router-topk", Kind::i64, &a.moe_router_topk, "experts each token is routed to (default 2)"},
@@ -658,6 +662,11 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_shared_expert_gate = moe_shared_expert_gate;
   if (num_experts > 0) c.moe_layer_pattern = TransformerConfig::parse_moe_layer_freq(moe_layer_freq, num_layers);
   c.moe_router_topk_scaling_factor = moe_router_topk_scaling_factor;
+  if (!window_size.empty()) c.window_size = TransformerConfig::parse_window_size(window_size);
+  if (!window_attn_skip_freq.empty()) {
+    if (c.window_size < 0) LATTICE_FAIL() << "--window-attn-skip-freq needs --window-size";
+    c.window_attn_pattern = TransformerConfig::parse_window_attn_skip_freq(window_attn_skip_freq, num_layers);
+  }
   c.moe_aux_loss_coeff = moe_router_load_balancing_type == "none" ? 0.0f : moe_aux_loss_coeff;
   c.moe_seq_aux_loss = moe_router_load_balancing_type == "seq_aux_loss";
   c.moe_sinkhorn = moe_router_load_balancing_type == "sinkhorn";
@@ -778,6 +787,12 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   }
   from_model("normalization", "normalization");
   on("swiglu", m.value("swiglu", false));
+  if (m.value("window_size", int64_t(-1)) >= 0) {
+    out.emplace_back("window-size", json(std::to_string(m["window_size"].get<int64_t>()) + ",0"));
+    if (m.contains("window_attn_skip_freq") && m["window_attn_skip_freq"].is_array() &&
+        !m["window_attn_skip_freq"].empty())
+      out.emplace_back("window-attn-skip-freq", json(m["window_attn_skip_freq"].dump()));
+  }
   if (m.contains("num_query_groups") && m["num_query_groups"].is_number_integer() &&
       m["num_query_groups"] != m.value("num_attention_heads", json())) {
     out.emplace_back("group-query-attention", true);

@@ -40,6 +40,8 @@ struct TrainArgs {
   float moe_z_loss_coeff = 0.0f;
   bool moe_router_pre_softmax = false;
   std::string moe_layer_freq = "1";
+  std::string window_size;            // --window-size W[,0] ("": none)
+  std::string window_attn_skip_freq;  // --window-attn-skip-freq N or a list ("": every layer)
   std::string moe_router_score_function = "softmax";
   std::string moe_router_dtype;
   int64_t moe_router_num_groups = 0;

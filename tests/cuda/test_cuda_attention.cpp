@@ -39,7 +39,8 @@ constexpr double kTol = 1e-5;
 
 struct Case {
   int64_t B, T, H, D;
-  int64_t G = 0;  // query groups (grouped-query attention); 0: H
+  int64_t G = 0;        // query groups (grouped-query attention); 0: H
+  int64_t window = -1;  // sliding window (AttentionShape::window); -1: none
 };
 
 enum class Variant { kPlain, kDropout, kDocuments, kDocumentsDropout };
@@ -53,8 +54,8 @@ std::string name_of(const ::testing::TestParamInfo<Param>& info) {
   const Case& c = info.param.c;
   const char* v[] = {"plain", "dropout", "docs", "docs_dropout"};
   std::ostringstream os;
-  os << "B" << c.B << "_T" << c.T << "_H" << c.H << (c.G ? "_G" + std::to_string(c.G) : "") << "_D" << c.D << "_"
-     << v[int(info.param.v)];
+  os << "B" << c.B << "_T" << c.T << "_H" << c.H << (c.G ? "_G" + std::to_string(c.G) : "") << "_D" << c.D
+     << (c.window >= 0 ? "_W" + std::to_string(c.window) : "") << "_" << v[int(info.param.v)];
   return os.str();
 }
 
@@ -130,7 +131,7 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
   LATTICE_REQUIRE_CUDA();
   const Case c = GetParam().c;
   const Variant v = GetParam().v;
-  const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
+  const AttentionShape s{c.B, c.T, c.H, c.D, c.G, c.window};
   AttentionDropout drop;
   if (v == Variant::kDropout || v == Variant::kDocumentsDropout) drop = tensor_parallel_rank1_dropout(c.H);
   std::vector<int32_t> docs;
@@ -185,6 +186,10 @@ std::vector<Param> params() {
       {1, 33, 2, 80},  // three warp chunks of D (2560 hidden / 32 heads), the last half used
       {2, 37, 4, 16, 2},  // grouped-query attention: 2 groups of 2 heads
       {1, 70, 6, 64, 1},  // multi-query: one key and value for 6 heads
+      // sliding windows (--window-size): inside a tile, across tiles (whole tiles skipped), self only
+      {2, 37, 4, 16, 2, 5},
+      {1, 150, 2, 64, 0, 40},
+      {1, 70, 3, 32, 1, 0},
   };
   std::vector<Param> ps;
   for (const Case& c : cases)
@@ -219,7 +224,8 @@ std::string mma_name_of(const ::testing::TestParamInfo<MmaParam>& info) {
   const char* v[] = {"plain", "dropout", "docs", "docs_dropout"};
   std::ostringstream os;
   os << (info.param.f == Format::kBf16 ? "bf16" : "fp16") << "_B" << c.B << "_T" << c.T << "_H" << c.H
-     << (c.G ? "_G" + std::to_string(c.G) : "") << "_D" << c.D << "_" << v[int(info.param.v)];
+     << (c.G ? "_G" + std::to_string(c.G) : "") << "_D" << c.D << (c.window >= 0 ? "_W" + std::to_string(c.window) : "")
+     << "_" << v[int(info.param.v)];
   return os.str();
 }
 
@@ -232,7 +238,7 @@ TEST_P(CudaAttentionMma, ForwardAndBackwardMatchRoundedCpu) {
   const Format f = GetParam().f;
   const AttentionMath math = f == Format::kBf16 ? AttentionMath::bf16 : AttentionMath::fp16;
   const double u = f == Format::kBf16 ? 1.0 / 256 : 1.0 / 2048;
-  const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
+  const AttentionShape s{c.B, c.T, c.H, c.D, c.G, c.window};
   AttentionDropout drop;
   if (v == Variant::kDropout || v == Variant::kDocumentsDropout) drop = tensor_parallel_rank1_dropout(c.H);
   std::vector<int32_t> docs;
@@ -300,6 +306,10 @@ std::vector<MmaParam> mma_params() {
       {1, 97, 1, 128},  // one head; key tiles of 32 and 64 both ragged
       {2, 70, 8, 64, 2},   // grouped-query attention: 2 groups of 4 heads
       {1, 97, 3, 128, 1},  // multi-query, ragged tiles
+      // sliding windows: the forward and dQ start at the window's key tile, dK/dV stop after it
+      {1, 300, 2, 64, 0, 70},
+      {2, 70, 8, 64, 2, 20},
+      {1, 200, 1, 128, 0, 100},
   };
   std::vector<MmaParam> ps;
   for (Format f : {Format::kBf16, Format::kFp16})
@@ -316,7 +326,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionMma, ::testing::ValuesIn(mma_param
 TEST(CudaAttentionMmaFallback, OtherHeadDimsRunInFp32) {
   LATTICE_REQUIRE_CUDA();
   const Case c{1, 45, 2, 40};
-  const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
+  const AttentionShape s{c.B, c.T, c.H, c.D, c.G, c.window};
   const size_t n_qkv = size_t(c.B * c.T * s.layout().width()), n_out = size_t(c.B * c.T * c.H * c.D);
   const size_t n_lse = size_t(c.B * c.H * c.T);
   const auto qkv = random_floats(n_qkv, 31, -1.5f, 1.5f);
@@ -343,7 +353,7 @@ TEST(CudaAttentionPacked, SameBitsAsTheFp32Input) {
         const std::string what = "math " + std::to_string(int(math)) + " B" + std::to_string(c.B) + " T" +
                                  std::to_string(c.T) + " H" + std::to_string(c.H) + " D" + std::to_string(c.D) +
                                  (with_bias ? "" : " no bias");
-        const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
+        const AttentionShape s{c.B, c.T, c.H, c.D, c.G, c.window};
         const AttentionDropout drop = tensor_parallel_rank1_dropout(c.H);
         const auto docs = document_ids(c.B, c.T, 5);
         const size_t n_qkv = size_t(c.B * c.T * s.layout().width()), n_out = size_t(c.B * c.T * c.H * c.D);
@@ -402,10 +412,10 @@ TEST(CudaAttentionBiasGrad, SumsTheFp32Gradient) {
   LATTICE_REQUIRE_CUDA();
   for (AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16, AttentionMath::fp16})
     for (const Case& c : {Case{2, 37, 3, 64}, Case{1, 45, 2, 40}, Case{1, 97, 1, 128}, Case{2, 150, 2, 64},
-                          Case{2, 150, 6, 64, 2}, Case{1, 45, 4, 40, 1}}) {
+                          Case{2, 150, 6, 64, 2}, Case{1, 45, 4, 40, 1}, Case{2, 150, 2, 64, 0, 30}}) {
       const std::string what = "math " + std::to_string(int(math)) + " B" + std::to_string(c.B) + " T" +
                                std::to_string(c.T) + " H" + std::to_string(c.H) + " D" + std::to_string(c.D);
-      const AttentionShape s{c.B, c.T, c.H, c.D, c.G};
+      const AttentionShape s{c.B, c.T, c.H, c.D, c.G, c.window};
       const AttentionDropout drop = tensor_parallel_rank1_dropout(c.H);
       const auto docs = document_ids(c.B, c.T, 5);
       const int64_t rows = c.B * c.T, cols = s.layout().width();
@@ -457,14 +467,17 @@ TEST(CudaAttentionContext, EveryRankMatchesCpu) {
   struct CpCase {
     int64_t B, Tk, H, G, D;
     int P;
+    int64_t window = -1;
   };
-  for (const CpCase c : {CpCase{2, 96, 4, 2, 32, 2}, CpCase{1, 200, 2, 2, 64, 4}, CpCase{2, 64, 3, 1, 16, 4}})
+  for (const CpCase c : {CpCase{2, 96, 4, 2, 32, 2}, CpCase{1, 200, 2, 2, 64, 4}, CpCase{2, 64, 3, 1, 16, 4},
+                         CpCase{1, 200, 2, 1, 32, 2, 45}})
     for (int r = 0; r < c.P; ++r) {
       const int64_t chunk = c.Tk / (2 * c.P), T = 2 * chunk;
-      const AttentionShape s{c.B, T, c.H, c.D, c.G};
+      const AttentionShape s{c.B, T, c.H, c.D, c.G, c.window};
       const QkvLayout L = s.layout();
       const std::string what = "B" + std::to_string(c.B) + " Tk" + std::to_string(c.Tk) + " P" +
-                               std::to_string(c.P) + " rank " + std::to_string(r);
+                               std::to_string(c.P) + " window " + std::to_string(c.window) + " rank " +
+                               std::to_string(r);
       const AttentionDropout drop = tensor_parallel_rank1_dropout(c.H);
       const auto qkv = random_floats(size_t(c.B * T * L.width()), 21 + uint32_t(r), -1.5f, 1.5f);
       const auto kv = random_floats(size_t(c.B * c.Tk * 2 * L.G * c.D), 31, -1.5f, 1.5f);

@@ -40,6 +40,8 @@ struct Case {
   bool per_token_loss = false;
   std::string recompute;   // "", "full" or "selective"
   int64_t iterations = 20;  // 10 on 4 ranks (oversubscribed on small machines)
+  int64_t window = -1;       // --window-size (sliding-window attention; -1: none)
+  std::string window_skip;   // --window-attn-skip-freq
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -57,6 +59,9 @@ TransformerConfig config(const Case& c, int tp) {
     t.position_embedding_type = "rope";
     t.num_query_groups = 2;
   }
+  t.window_size = c.window;
+  if (!c.window_skip.empty())
+    t.window_attn_pattern = TransformerConfig::parse_window_attn_skip_freq(c.window_skip, t.num_layers);
   if (c.recompute == "full") {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";
@@ -125,6 +130,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Cp2RopeGqaDocumentsPerTokenLoss", 2, 2, 1, 1, false, false, false, 0.1f, true, true, true},
         Case{"Cp2FullRecomputeDistributedOptimizer", 2, 2, 1, 1, true, true, false, 0.1f, false, false, false, "full"},
         Case{"Cp2SelectiveRecomputeRope", 2, 2, 1, 1, false, false, false, 0.1f, true, false, false, "selective"},
+        // a sliding window of 5 keys inside the 8-token chunks and across them, layers 2 and 4 full
+        Case{"Cp2WindowRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, false, false, "", 20, 5, "2"},
         Case{"Cp4RopeGqa", 4, 4, 1, 1, false, false, false, 0.1f, true, false, false, "", 10},
         // DP 2 x CP 2: the gradients summed over all four ranks, the data split over two.
         Case{"Dp2Cp2DistributedOptimizer", 4, 2, 1, 1, true, true, false, 0.1f, false, true, false, "", 10},
@@ -132,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(
         // context-parallel peers, the token shards within this rank's chunks.
         Case{"Tp2Cp2SequenceParallelRopeGqa", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10},
         // PP 2 x CP 2: each stage's activations are its chunks' rows.
-        Case{"Pp2Cp2Documents", 4, 2, 1, 2, false, false, false, 0.1f, false, true, false, "", 10}),
+        // the window on layers 1 and 3, one on each pipeline stage
+        Case{"Pp2Cp2DocumentsWindow", 4, 2, 1, 2, false, false, false, 0.1f, false, true, false, "", 10, 9, "2"}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -234,6 +234,47 @@ if run llama_train "$LATTICE" "${LLAMA[@]}" --train-iters 3 --exit-interval 2 --
     same "SwiGLU: generate with the KV cache prints what full recomputation prints" llama_gen.out llama_gen_full.out
   fi
 fi
+# ---- --window-size (sliding-window attention, a Mistral-style model): recorded, resumes only so,
+# generates the same with the KV cache as by full recomputation (past the context's restart), out to
+# HF Mistral and back; with --window-attn-skip-freq no Mistral form; bad values refused ----
+expect_error "--window-size with a right window" "--window-size '4,2'|causal" -- \
+  "$LATTICE" "${LLAMA[@]}" --window-size 4,2 --train-iters 1
+expect_error "--window-size not a number" "--window-size 'four'" -- \
+  "$LATTICE" "${LLAMA[@]}" --window-size four --train-iters 1
+expect_error "--window-attn-skip-freq alone" "--window-attn-skip-freq needs --window-size" -- \
+  "$LATTICE" "${LLAMA[@]}" --window-attn-skip-freq 2 --train-iters 1
+expect_error "--window-attn-skip-freq of 3 layers for 2" "has 3 entries for --num-layers 2" -- \
+  "$LATTICE" "${LLAMA[@]}" --window-size 3 --window-attn-skip-freq "[1,0,1]" --train-iters 1
+SWA=("${LLAMA[@]}" --window-size 3,0)
+if run swa_train "$LATTICE" "${SWA[@]}" --train-iters 3 --exit-interval 2 --save ckpt-swa; then
+  grep -q '"window_size": *3' ckpt-swa/iter_0000002/*.json || fail "the checkpoint does not record window_size 3"
+  expect_error "resume: windowed checkpoint, full attention" "window_size|--window-size" -- \
+    "$LATTICE" "${LLAMA[@]}" --train-iters 3 --load ckpt-swa
+  run swa_resume "$LATTICE" "${SWA[@]}" --train-iters 3 --load ckpt-swa || fail "the windowed checkpoint did not resume"
+  run swa_gen "$LATTICE" generate --load ckpt-swa --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run swa_gen_full "$LATTICE" generate --load ckpt-swa --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--window-size: generate with the KV cache prints what full recomputation prints" swa_gen.out swa_gen_full.out
+  if run swa_to_hf "$LATTICE" convert --load ckpt-swa --to-hf hf-swa; then
+    grep -q '"model_type": "mistral"' hf-swa/config.json || fail "convert --to-hf of a windowed model wrote no Mistral config"
+    grep -q '"sliding_window": 4' hf-swa/config.json || fail "hf-swa/config.json: sliding_window is not 4 (window 3 + the query)"
+    run swa_from_hf "$LATTICE" convert --from-hf hf-swa --save ckpt-swa-back &&
+      run swa_gen_back "$LATTICE" generate --load ckpt-swa-back --prompt "ab" --max-new-tokens 30 --seed 3 &&
+      same "--window-size: generated text after lattice -> HF Mistral -> lattice equals the original's" swa_gen_back.out \
+        swa_gen.out
+  fi
+fi
+SWA_SKIP=("${LLAMA[@]}" --window-size 2 --window-attn-skip-freq 2)
+if run swa_skip_train "$LATTICE" "${SWA_SKIP[@]}" --train-iters 2 --save ckpt-swa-skip; then
+  cat ckpt-swa-skip/iter_0000002/*.json | tr -d ' \n' | grep -qF '"window_attn_skip_freq":[1,0]' ||
+    fail "the checkpoint does not record the window on layer 1 only"
+  run swa_skip_gen "$LATTICE" generate --load ckpt-swa-skip --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run swa_skip_gen_full "$LATTICE" generate --load ckpt-swa-skip --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--window-attn-skip-freq: generate with the KV cache prints what full recomputation prints" swa_skip_gen.out \
+      swa_skip_gen_full.out
+  expect_error "convert: a window on every other layer to HF Mistral" "--to-hf|--window-attn-skip-freq" -- \
+    "$LATTICE" convert --load ckpt-swa-skip --to-hf hf-swa-skip
+  [ -e hf-swa-skip ] && fail "convert --to-hf of a skip-frequency model left hf-swa-skip behind"
+fi
 # ---- --add-qkv-bias (a Llama-style model with QKV's bias only, tied: a Qwen2-style model) ----
 NO_QKV_BIAS=("${ROPE[@]/0.5/1}" --normalization RMSNorm --disable-bias-linear --ffn-hidden-size 96 --swiglu
              --group-query-attention --num-query-groups 2)

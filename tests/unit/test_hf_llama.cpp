@@ -147,6 +147,79 @@ TEST(HfLlama, MistralModelMatchesIndependentLogitsAndExportsAsLlama) {
   }
 }
 
+// Mistral with sliding_window 5: every layer's query sees its 5 latest keys, lattice's --window-size 4
+// (HuggingFace counts the query's own key); exported back as Mistral with sliding_window 5, every
+// tensor the same bits.
+TEST(HfLlama, MistralSlidingWindowMatchesIndependentLogitsAndRoundTrips) {
+  check_fixture_logits("hf_mistral_tiny_swa");
+  HfModel hf = load_hf_llama(fixture("hf_mistral_tiny_swa"));
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_EQ(c.window_size, 4);
+  EXPECT_TRUE(c.window_attn_pattern.empty());
+  EXPECT_STREQ(hf_llama_family_name(c), "Mistral");
+  EXPECT_EQ(hf_llama_mismatch(c), "");
+  TempDir out("mistral_swa_rt");
+  save_hf_llama(out.str(), *hf.model, "");
+  std::ifstream cf(out.str() + "/config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["model_type"], "mistral");
+  EXPECT_EQ(j["architectures"][0], "MistralForCausalLM");
+  EXPECT_EQ(j["sliding_window"], 5);
+  SafetensorsFile a = SafetensorsFile::read(fixture("hf_mistral_tiny_swa") + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(out.str() + "/model.safetensors");
+  EXPECT_EQ(a.names().size(), b.names().size());
+  for (const std::string& name : a.names()) {
+    ASSERT_TRUE(b.has(name)) << name;
+    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name;
+  }
+  HfModel back = load_hf_llama(out.str());
+  EXPECT_EQ(back.model->config().window_size, 4);
+  hf_test::expect_fixture_logits(*back.model, "hf_mistral_tiny_swa");
+}
+
+// Qwen2 with use_sliding_window, sliding_window 4 and max_window_layers 1: layer 0 attends fully,
+// layer 1 through the window (--window-size 3 --window-attn-skip-freq [0,1]); exported back with
+// the same three keys.
+TEST(HfLlama, Qwen2SlidingWindowLayersMatchIndependentLogitsAndRoundTrip) {
+  check_fixture_logits("hf_qwen2_tiny_swa");
+  HfModel hf = load_hf_llama(fixture("hf_qwen2_tiny_swa"));
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_EQ(c.window_size, 3);
+  EXPECT_EQ(c.window_attn_pattern, (std::vector<int>{0, 1}));
+  EXPECT_EQ(c.attention_window(0), -1);
+  EXPECT_EQ(c.attention_window(1), 3);
+  EXPECT_EQ(hf_llama_mismatch(c), "");
+  TempDir out("qwen2_swa_rt");
+  save_hf_llama(out.str(), *hf.model, "");
+  std::ifstream cf(out.str() + "/config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["model_type"], "qwen2");
+  EXPECT_EQ(j["use_sliding_window"], true);
+  EXPECT_EQ(j["sliding_window"], 4);
+  EXPECT_EQ(j["max_window_layers"], 1);
+  HfModel back = load_hf_llama(out.str());
+  EXPECT_EQ(back.model->config().window_attn_pattern, c.window_attn_pattern);
+  hf_test::expect_fixture_logits(*back.model, "hf_qwen2_tiny_swa");
+  // layer_types (newer transformers write it) decides over max_window_layers.
+  TempDir t("qwen2_swa_layer_types");
+  const std::string dir = hf_test::rewritten_fixture(
+      "hf_qwen2_tiny_swa", nullptr,
+      [](nlohmann::json& k) { k["layer_types"] = {"sliding_attention", "full_attention"}; }, t);
+  EXPECT_EQ(load_hf_llama(dir).model->config().window_attn_pattern, (std::vector<int>{1, 0}));
+}
+
+// Windows HuggingFace cannot express are refused on export, naming the flag.
+TEST(HfLlama, WindowPatternsWithoutAnHfFormAreRefused) {
+  TransformerConfig c = load_hf_llama(fixture("hf_mistral_tiny_swa")).model->config();
+  c.window_attn_pattern = {1, 0};
+  EXPECT_NE(hf_llama_mismatch(c).find("--window-attn-skip-freq in a Mistral-style model"), std::string::npos);
+  TransformerConfig q = load_hf_llama(fixture("hf_qwen2_tiny_swa")).model->config();
+  q.window_attn_pattern = {1, 0};  // a full layer after a window layer
+  EXPECT_NE(hf_llama_mismatch(q).find("full-attention layer after a window layer"), std::string::npos);
+  q.window_attn_pattern = {};
+  EXPECT_EQ(hf_llama_mismatch(q), "");  // every layer: max_window_layers 0
+}
+
 // rope_scaling linear (factor 4): lattice's --rotary-seq-len-interpolation-factor.
 TEST(HfLlama, LinearRopeScalingMatchesIndependentLogits) {
   check_fixture_logits("hf_llama_tiny_scaled");
@@ -568,22 +641,36 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
                  {"config.json", "attention_bias"});
   }
   {
-    TempDir t("qwen2_sliding");
-    expect_error(hf_test::rewritten_fixture("hf_qwen2_tiny", nullptr,
-                                            [](nlohmann::json& j) { j["use_sliding_window"] = true; }, t),
-                 {"config.json", "use_sliding_window"});
+    TempDir t("qwen2_sliding");  // max_window_layers 2 of 2 layers: no layer has the window
+    const std::string dir = hf_test::rewritten_fixture("hf_qwen2_tiny", nullptr,
+                                                       [](nlohmann::json& j) { j["use_sliding_window"] = true; }, t);
+    EXPECT_EQ(load_hf_llama(dir).model->config().window_size, -1);
+  }
+  {
+    TempDir t("qwen2_sliding_zero");
+    expect_error(hf_test::rewritten_fixture("hf_qwen2_tiny_swa", nullptr,
+                                            [](nlohmann::json& j) { j["sliding_window"] = 0; }, t),
+                 {"config.json", "sliding_window must be a positive integer, got 0"});
+  }
+  {
+    TempDir t("qwen2_layer_types");
+    expect_error(hf_test::rewritten_fixture("hf_qwen2_tiny_swa", nullptr,
+                                            [](nlohmann::json& j) { j["layer_types"] = {"chunked_attention", "full_attention"}; },
+                                            t),
+                 {"config.json", "layer_types entry \"chunked_attention\" is not supported"});
   }
   {
     TempDir t("mistral_sliding");  // Mistral 7B v0.1: a 4096-token window in a 32768-token context
-    expect_error(hf_test::rewritten_fixture("hf_mistral_tiny", nullptr,
-                                            [](nlohmann::json& j) { j["sliding_window"] = 16; }, t),
-                 {"config.json", "sliding_window 16 below max_position_embeddings 64"});
+    const std::string dir =
+        hf_test::rewritten_fixture("hf_mistral_tiny", nullptr, [](nlohmann::json& j) { j["sliding_window"] = 16; }, t);
+    EXPECT_EQ(load_hf_llama(dir).model->config().window_size, 15);
   }
   {
     TempDir t("mistral_window_wide");  // a window as wide as the context is no window
     const std::string dir =
         hf_test::rewritten_fixture("hf_mistral_tiny", nullptr, [](nlohmann::json& j) { j["sliding_window"] = 64; }, t);
     EXPECT_EQ(load_hf_llama(dir).model->config().num_query_groups, 1);
+    EXPECT_EQ(load_hf_llama(dir).model->config().window_size, -1);
   }
   {
     TempDir t("qwen3_moe_unnormalized");  // weights = the softmax over every expert, not renormalized
@@ -629,10 +716,10 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
                  {"model.safetensors", "missing tensor " + w2});
   }
   {
-    TempDir t("qwen3_sliding");
+    TempDir t("qwen3_sliding");  // use_sliding_window without a window size
     expect_error(hf_test::rewritten_fixture("hf_qwen3_tiny", nullptr,
                                             [](nlohmann::json& j) { j["use_sliding_window"] = true; }, t),
-                 {"config.json", "use_sliding_window"});
+                 {"config.json", "sliding_window"});
   }
   {
     TempDir t("qwen3_bias");

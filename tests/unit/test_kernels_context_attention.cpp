@@ -24,12 +24,16 @@ struct CpCase {
   int64_t B, T, H, G, D;
   int P;
   bool dropout;
+  int64_t window = -1;  // sliding window (AttentionShape::window)
 };
 
 std::string name_of(const CpCase& c) {
   return "B" + std::to_string(c.B) + "T" + std::to_string(c.T) + "H" + std::to_string(c.H) + "G" +
-         std::to_string(c.G) + "D" + std::to_string(c.D) + "P" + std::to_string(c.P) + (c.dropout ? "Dropout" : "");
+         std::to_string(c.G) + "D" + std::to_string(c.D) + "P" + std::to_string(c.P) + (c.dropout ? "Dropout" : "") +
+         (c.window >= 0 ? "Window" + std::to_string(c.window) : "");
 }
+
+void PrintTo(const CpCase& c, std::ostream* os) { *os << name_of(c); }
 
 class KernelContextAttention : public ::testing::TestWithParam<CpCase> {};
 
@@ -41,7 +45,7 @@ double max_abs(const std::vector<float>& v) {
 
 TEST_P(KernelContextAttention, RanksTogetherEqualTheWholeSequence) {
   const CpCase c = GetParam();
-  const AttentionShape whole{c.B, c.T, c.H, c.D, c.G};
+  const AttentionShape whole{c.B, c.T, c.H, c.D, c.G, c.window};
   const QkvLayout L = whole.layout();
   const int64_t W = L.width(), KW = 2 * L.G * c.D, HD = c.H * c.D;
   AttentionDropout drop;
@@ -62,7 +66,7 @@ TEST_P(KernelContextAttention, RanksTogetherEqualTheWholeSequence) {
   for (int r = 0; r < c.P; ++r) {
     const ContextSplit split{r, c.P, c.T};
     const int64_t Tl = split.rows();
-    const AttentionShape local{c.B, Tl, c.H, c.D, c.G};
+    const AttentionShape local{c.B, Tl, c.H, c.D, c.G, c.window};
     std::vector<float> qkv_l(size_t(c.B * Tl * W)), dout_l(size_t(c.B * Tl * HD));
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t i = 0; i < Tl; ++i) {
@@ -112,7 +116,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, KernelContextAttention,
                                            CpCase{1, 256, 2, 2, 16, 2, false},  // chunks of one tile
                                            CpCase{2, 96, 3, 1, 8, 4, false},    // multi-query, 8 chunks of 12
                                            CpCase{1, 200, 2, 2, 8, 4, true},    // chunks of 25 across tiles
-                                           CpCase{2, 16, 2, 2, 4, 1, true}),    // one rank: two halves of itself
+                                           CpCase{2, 16, 2, 2, 4, 1, true},     // one rank: two halves of itself
+                                           // sliding windows: inside a chunk, and across chunks and tiles
+                                           CpCase{2, 40, 4, 2, 8, 2, true, 4},
+                                           CpCase{1, 256, 2, 1, 8, 4, true, 70}),
                          [](const auto& info) { return name_of(info.param); });
 
 TEST(KernelContextAttentionArgs, RefusesDocumentIdsAndBadSplits) {

@@ -53,6 +53,10 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   c.apply_layernorm_1p = f.metadata().count("apply_layernorm_1p") && f.metadata().at("apply_layernorm_1p") == "1";
   if (f.metadata().count("num_query_groups")) c.num_query_groups = meta_int(f, "num_query_groups");
   c.qk_layernorm = f.metadata().count("qk_layernorm") && f.metadata().at("qk_layernorm") == "1";
+  if (f.metadata().count("window_size")) c.window_size = meta_int(f, "window_size");
+  if (f.metadata().count("window_attn_skip_freq"))
+    c.window_attn_pattern =
+        TransformerConfig::parse_window_attn_skip_freq(f.metadata().at("window_attn_skip_freq"), c.num_layers);
   if (f.metadata().count("num_experts")) {
     c.num_experts = meta_int(f, "num_experts");
     c.moe_router_topk = meta_int(f, "moe_router_topk");
@@ -197,7 +201,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors",
                                            "gpt_tiny_nobias_relu2.safetensors",
                                            "gpt_tiny_rope_rmsnorm_ln1p_gqa2_qknorm.safetensors",
-                                           "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_nobias_moe4.safetensors",
+                                           "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_rope_gqa2_swa4.safetensors",
+                                           "gpt_tiny_nobias_moe4.safetensors",
                                            "gpt_tiny_nobias_swiglu_moe4_shared.safetensors",
                                            "gpt_tiny_nobias_moe4_sigmoid.safetensors",
                                            "gpt_tiny_nobias_moe4_capacity.safetensors",

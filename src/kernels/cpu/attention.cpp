@@ -25,12 +25,17 @@ constexpr int64_t kTile = 64;
 // Where the queries sit and where the keys come from: the qkv rows themselves at positions
 // 0 .. T-1, or with context parallelism (ContextKeys) the whole sequence's gathered keys and
 // values at positions 0 .. Tk-1, the query rows at context.position(i).
+// With a window, query row i sees keys first(i) .. position(i) only.
 struct Keys {
   const ContextKeys* context;  // null: self-attention over qkv's rows
   int64_t T;                   // the query rows' sequence: T, or Tk
+  const AttentionShape* s;
   int64_t position(int64_t i) const { return context ? context->position(i) : i; }
+  int64_t first(int64_t i) const { return s->first_key(position(i)); }
 };
-Keys keys_of(const AttentionShape& s, const ContextKeys* context) { return {context, context ? context->Tk : s.T}; }
+Keys keys_of(const AttentionShape& s, const ContextKeys* context) {
+  return {context, context ? context->Tk : s.T, &s};
+}
 
 // Strided views for one (b, h): head h's query in qkv [B,T,G,R+2,D], its group's key and value
 // in the key source (qkv itself, or a context's kv [B,Tk,G,2,D]), its rows of out/dout [B,T,H,D].
@@ -70,6 +75,7 @@ void check_args(const AttentionShape& s, const AttentionDropout& drop, const Con
       << "attention: bad shape B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " G=" << s.G;
   LATTICE_CHECK(drop.p >= 0.0f && drop.p < 1.0f)
       << "attention: dropout probability " << drop.p << " not in [0, 1)";
+  LATTICE_CHECK(s.window >= -1) << "attention: window " << s.window << " (expected -1 or a size >= 0)";
   if (!context) return;
   LATTICE_CHECK(context->kv && !document_ids && context->split >= 0 && context->split <= s.T &&
                 context->shift[0] >= 0 && context->shift[1] >= context->shift[0] &&
@@ -142,8 +148,9 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const float* kv, 
   }
   std::fill(O, O + nq * D, 0.0f);
   const int64_t keys_end = keys.position(i0 + nq - 1) + 1;  // the tile's last row sees the most keys
+  const int64_t keys_begin = keys.first(i0) / kTile * kTile;  // and its first row the earliest
   const IdRange q_ids = doc ? id_range(doc, i0, nq) : IdRange{0, 0};
-  for (int64_t j0 = 0; j0 < keys_end; j0 += kTile) {
+  for (int64_t j0 = keys_begin; j0 < keys_end; j0 += kTile) {
     const int64_t nk = std::min(kTile, keys_end - j0);
     if (doc && disjoint(q_ids, id_range(doc, j0, nk))) continue;
     gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, hv.k(kv, j0),
@@ -152,6 +159,8 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const float* kv, 
       const int64_t i = i0 + r;
       float* s_r = S + r * kTile;
       const int64_t count = std::clamp<int64_t>(keys.position(i) - j0 + 1, 0, nk);  // causal: keys j <= i
+      const int64_t before = std::clamp<int64_t>(keys.first(i) - j0, 0, count);  // keys before the window
+      for (int64_t c = 0; c < before; ++c) s_r[c] = -INFINITY;
       if (doc)  // other documents' keys: -inf, so exp gives exactly 0
         for (int64_t c = 0; c < count; ++c) s_r[c] = doc[j0 + c] == doc[i] ? s_r[c] : -INFINITY;
       float mx = row_m[r];
@@ -239,6 +248,7 @@ void backward_group(float* dqkv, float* dkv, const float* dout, const float* qkv
       for (int64_t i0 = 0; i0 < T; i0 += kTile) {
         const int64_t nq = std::min(kTile, T - i0);
         if (keys.position(i0 + nq - 1) < j0) continue;
+        if (keys.first(i0) >= j0 + nk) continue;  // the key tile ends before the first row's window
         if (doc && disjoint(k_ids, id_range(doc, i0, nq))) continue;
         gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, kvv.k(kv, j0),
                  hv.ld_kv, 0.0f, P, kTile);
@@ -247,12 +257,14 @@ void backward_group(float* dqkv, float* dkv, const float* dout, const float* qkv
         for (int64_t q = 0; q < nq; ++q) {
           const int64_t i = i0 + q;
           const int64_t count = std::clamp<int64_t>(keys.position(i) - j0 + 1, 0, nk);
+          const int64_t before = std::clamp<int64_t>(keys.first(i) - j0, 0, count);
           float* p_r = P + q * kTile;
           float* dp_r = dP + q * kTile;
           float* pd_r = Pd + q * kTile;
           const float l = lse_bh[i], di = Di[r * T + i];
 #pragma omp simd
           for (int64_t c = 0; c < count; ++c) p_r[c] = simd::exp(p_r[c] - l);
+          for (int64_t c = 0; c < before; ++c) p_r[c] = 0.0f;
           if (doc)
             for (int64_t c = 0; c < count; ++c) p_r[c] = doc[j0 + c] == doc[i] ? p_r[c] : 0.0f;
           for (int64_t c = count; c < nk; ++c) p_r[c] = 0.0f;

@@ -27,21 +27,22 @@ void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n
 }
 
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, const QkvLayout& L, int64_t Tmax) {
-  LATTICE_KERNEL_ENTRY(cuda::cached_attention_forward(out, qkv, k_cache, v_cache, n, past, L, Tmax));
+                              int64_t past, const QkvLayout& L, int64_t Tmax, int64_t window) {
+  LATTICE_KERNEL_ENTRY(cuda::cached_attention_forward(out, qkv, k_cache, v_cache, n, past, L, Tmax, window));
   const int64_t H = L.H, D = L.D, R = L.R();
   const float scale = 1.0f / std::sqrt(float(D));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t r = 0; r < n; ++r)
     for (int64_t h = 0; h < H; ++h) {
       static thread_local std::vector<float> s;  // scores of this (query, head)
-      const int64_t last = past + r;             // causal: keys 0..last
+      const int64_t last = past + r;             // causal: keys first..last
+      const int64_t first = window < 0 || last <= window ? 0 : last - window;
       if (s.size() < size_t(last + 1)) s.resize(size_t(Tmax));
       const float* q = qkv + r * L.width() + L.slot(h, 0) * D;
       const float* k = k_cache + (h / R) * Tmax * D;  // [Tmax, D], the group's
       const float* v = v_cache + (h / R) * Tmax * D;
       float mx = -INFINITY;
-      for (int64_t t = 0; t <= last; ++t) {
+      for (int64_t t = first; t <= last; ++t) {
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < D; ++d) dot += q[d] * k[t * D + d];
@@ -49,13 +50,13 @@ void cached_attention_forward(float* out, const float* qkv, const float* k_cache
         mx = std::max(mx, s[size_t(t)]);
       }
       float sum = 0.0f;
-      for (int64_t t = 0; t <= last; ++t) {
+      for (int64_t t = first; t <= last; ++t) {
         s[size_t(t)] = std::exp(s[size_t(t)] - mx);
         sum += s[size_t(t)];
       }
       float* o = out + (r * H + h) * D;
       std::fill(o, o + D, 0.0f);
-      for (int64_t t = 0; t <= last; ++t) {
+      for (int64_t t = first; t <= last; ++t) {
         const float w = s[size_t(t)];
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) o[d] += w * v[t * D + d];

@@ -8,7 +8,8 @@
 // and the output (or gradient) rows a warp owns stay in registers, each lane holding
 // the elements d = lane + 32*m (m < NC = ceil(D/32) <= 4).
 //
-//   forward      block = (query tile, b*H+h): loops over key tiles up to the diagonal.
+//   forward      block = (query tile, b*H+h): loops over key tiles up to the diagonal (from the
+//                first row's window with --window-size).
 //   backward dKV block = (key tile, b*G+g): for each head of group g, loops over query
 //                tiles from the diagonal on, accumulating dK and dV of the group's keys
 //                (FlashAttention-2 order; a group is one head without grouped-query attention).
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kTile;  // longest tiles first
   const int nq = tile_len(p.T - i0);
   const int64_t keys_end = position(p, i0 + nq - 1) + 1;  // the tile's last row sees the most keys
+  const int64_t keys_begin = first_key(p, i0) / kTile * kTile;  // and its first row the earliest
 
   for (int e = threadIdx.x; e < nq * D; e += kThreads)
     Qs[e] = qkv_at(qkv, p, qkv_row(p, b, i0 + e / D), sq, e % D);
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int m = 0; m < NC; ++m) acc[k][m] = 0.0f;
   }
 
-  for (int64_t j0 = 0; j0 < keys_end; j0 += kTile) {
+  for (int64_t j0 = keys_begin; j0 < keys_end; j0 += kTile) {
     const int nk = tile_len(keys_end - j0);
     // Every thread computes the same range, so the skip is uniform over the block.
     if (p.doc && disjoint(q_ids, id_range(p, b, j0, nk))) continue;
@@ -219,6 +221,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i0 = p.kv ? 0 : j0; i0 < p.T; i0 += kTile) {
       const int nq = tile_len(p.T - i0);
       if (position(p, i0 + nq - 1) < j0) continue;                      // uniform
+      if (first_key(p, i0) >= j0 + nk) continue;                        // before the window (uniform)
       if (p.doc && disjoint(k_ids, id_range(p, b, i0, nq))) continue;  // uniform
       __syncthreads();  // the previous query tile is no longer read
       for (int e = threadIdx.x; e < nq * D; e += kThreads) {
@@ -334,6 +337,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i0 = (q_tiles - 1 - int64_t(blockIdx.x)) * kTile;  // longest tiles first
   const int nq = tile_len(p.T - i0);
   const int64_t keys_end = position(p, i0 + nq - 1) + 1;
+  const int64_t keys_begin = first_key(p, i0) / kTile * kTile;
 
   for (int e = threadIdx.x; e < nq * D; e += kThreads) {
     const int r = e / D, d = e % D;
@@ -358,7 +362,7 @@ __global__ void __launch_bounds__(kThreads)
     lse_r[k] = lse[bh * p.T + i0 + r];
   }
 
-  for (int64_t j0 = 0; j0 < keys_end; j0 += kTile) {
+  for (int64_t j0 = keys_begin; j0 < keys_end; j0 += kTile) {
     const int nk = tile_len(keys_end - j0);
     if (p.doc && disjoint(q_ids, id_range(p, b, j0, nk))) continue;  // uniform
     __syncthreads();  // the previous key tile is no longer read

@@ -28,6 +28,6 @@ void attention_backward(float* dqkv, const AttentionOperand& dout, const Attenti
 void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,
                      const QkvLayout& layout, int64_t Tmax);
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, const QkvLayout& layout, int64_t Tmax);
+                              int64_t past, const QkvLayout& layout, int64_t Tmax, int64_t window);
 
 }  // namespace lattice::cuda

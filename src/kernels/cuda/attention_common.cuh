@@ -32,6 +32,7 @@ struct Params {
   const float* kv = nullptr;
   float* dkv = nullptr;
   int64_t Tk = 0, split = 0, shift0 = 0, shift1 = 0;
+  int64_t window = -1;         // AttentionShape::window: keys position - window .. position; -1: all
   uint16_t* dqkv16 = nullptr;  // backward: dqkv's bf16 cast too, or null
   uint16_t* out16 = nullptr;   // forward: out's bf16 cast too, or null
   // backward (tensor cores): instead of storing dqkv, each block's column sums of its 64
@@ -48,6 +49,7 @@ inline Params make_params(const AttentionShape& s, const AttentionDropout& drop,
                                     << " exceeds the grid's 65535";
   LATTICE_CHECK(drop.p >= 0.0f && drop.p < 1.0f)
       << "attention (CUDA): dropout probability " << drop.p << " not in [0, 1)";
+  LATTICE_CHECK(s.window >= -1) << "attention (CUDA): window " << s.window << " (expected -1 or a size >= 0)";
   Params p{};
   p.B = s.B;
   p.T = s.T;
@@ -65,6 +67,7 @@ inline Params make_params(const AttentionShape& s, const AttentionDropout& drop,
   p.head_offset = drop.head_offset;
   p.doc = doc;
   p.Tk = s.T;
+  p.window = s.window;
   if (context) {
     LATTICE_CHECK(context->kv && !doc && context->split >= 0 && context->split <= s.T && context->shift[0] >= 0 &&
                   context->shift[1] >= context->shift[0] && context->position(s.T - 1) < context->Tk)
@@ -85,10 +88,17 @@ __device__ __forceinline__ int64_t position(const Params& p, int64_t i) {
   return p.kv ? i + (i < p.split ? p.shift0 : p.shift1) : i;
 }
 
-// Whether query row i sees key j: causal (at the row's position), and the same document when ids
-// are given.
+// The first key query row i sees: 0, or with a window the window's first.
+__device__ __forceinline__ int64_t first_key(const Params& p, int64_t i) {
+  const int64_t at = position(p, i);
+  return p.window < 0 || at <= p.window ? 0 : at - p.window;
+}
+
+// Whether query row i sees key j: causal (at the row's position), inside the window when there is
+// one, and the same document when ids are given.
 __device__ __forceinline__ bool visible(const Params& p, int64_t b, int64_t i, int64_t j) {
   if (j > position(p, i)) return false;
+  if (p.window >= 0 && j < position(p, i) - p.window) return false;
   return !p.doc || p.doc[b * p.T + j] == p.doc[b * p.T + i];
 }
 

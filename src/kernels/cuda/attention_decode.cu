@@ -27,16 +27,17 @@ __global__ void kv_cache_append_kernel(float* k_cache, float* v_cache, const flo
 
 // One block per (query r, head h), reading head h's group's cache rows.
 __global__ void cached_attention_kernel(float* out, const float* qkv, const float* k_cache, const float* v_cache,
-                                        int64_t past, QkvLayout L, int64_t Tmax, float scale) {
+                                        int64_t past, QkvLayout L, int64_t Tmax, int64_t window, float scale) {
   LATTICE_DYNAMIC_SHARED(float, s);  // [past + r + 1] scores
   const int64_t H = L.H, D = L.D;
   const int64_t r = blockIdx.x / H, h = blockIdx.x % H, g = h / L.R();
   const int64_t last = past + r;
+  const int64_t first = window < 0 || last <= window ? 0 : last - window;  // the window's first key
   const float* q = qkv + r * L.width() + L.slot(h, 0) * D;
   const float* k = k_cache + g * Tmax * D;
   const float* v = v_cache + g * Tmax * D;
   float mx = -INFINITY;
-  for (int64_t t = threadIdx.x; t <= last; t += blockDim.x) {
+  for (int64_t t = first + threadIdx.x; t <= last; t += blockDim.x) {
     float dot = 0.0f;
     for (int64_t d = 0; d < D; ++d) dot += q[d] * k[t * D + d];
     s[t] = dot * scale;
@@ -44,7 +45,7 @@ __global__ void cached_attention_kernel(float* out, const float* qkv, const floa
   }
   mx = block_reduce(mx, MaxOp{}, -INFINITY);
   float sum = 0.0f;
-  for (int64_t t = threadIdx.x; t <= last; t += blockDim.x) {
+  for (int64_t t = first + threadIdx.x; t <= last; t += blockDim.x) {
     s[t] = expf(s[t] - mx);
     sum += s[t];
   }
@@ -53,7 +54,7 @@ __global__ void cached_attention_kernel(float* out, const float* qkv, const floa
   float* o = out + (r * H + h) * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;
-    for (int64_t t = 0; t <= last; ++t) acc += s[t] * v[t * D + d];
+    for (int64_t t = first; t <= last; ++t) acc += s[t] * v[t * D + d];
     o[d] = acc * inv;
   }
 }
@@ -93,14 +94,14 @@ void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n
 }
 
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, const QkvLayout& layout, int64_t Tmax) {
+                              int64_t past, const QkvLayout& layout, int64_t Tmax, int64_t window) {
   const int64_t H = layout.H;
   if (n <= 0) return;
   const size_t shared = size_t(past + n) * sizeof(float);
   reserve_scores(shared, past + n);
   LATTICE_CHECK(n * H < (int64_t(1) << 31)) << "cached_attention_forward: too many (query, head) pairs";
   launch(cached_attention_kernel, unsigned(n * H), kThreads, shared, out, qkv, k_cache, v_cache, past, layout, Tmax,
-         1.0f / sqrtf(float(layout.D)));
+         window, 1.0f / sqrtf(float(layout.D)));
   LATTICE_CUDA_LAUNCHED("cached_attention_forward");
 }
 

@@ -131,7 +131,7 @@ __device__ void load_rows(uint16_t* dst, int ld, uint16_t* dst_t, int ld_t, cons
   }
 }
 
-// Whether probability (i, j) exists: both inside the sequence, causal, same document.
+// Whether probability (i, j) exists: both inside the sequence, causal, in the window, same document.
 __device__ __forceinline__ bool live(const Params& p, int64_t b, int64_t i, int64_t j) {
   return i < p.T && j < p.T && visible(p, b, i, j);
 }
@@ -184,7 +184,8 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float
   float l[2] = {0.0f, 0.0f};            // this lane's part of the row's sum of exp2(s - m)
   const float scale2 = p.scale * kLog2e;
 
-  for (int64_t j0 = 0; j0 < i1; j0 += kFwdKeys) {
+  // From the key tile of the first row's window (the tiles before it are wholly masked).
+  for (int64_t j0 = first_key(p, i0) / kFwdKeys * kFwdKeys; j0 < i1; j0 += kFwdKeys) {
     __syncthreads();  // the previous tile is no longer read
     load_rows<F, D>(Ks, LD, nullptr, 0, qkv, p, b, h, j0, kFwdKeys, sk);
     load_rows<F, D>(nullptr, 0, Vt, LDV, qkv, p, b, h, j0, kFwdKeys, sk + 1);
@@ -325,6 +326,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t h = group * R; h < (group + 1) * R; ++h) {
     const int64_t bh = b * p.H + h, sq = p.L.slot(h, 0);
     for (int64_t i0 = j0; i0 < p.T; i0 += kKvRows) {
+      if (first_key(p, i0) >= j0 + kKvKeys) break;  // this and later query tiles start past the keys (uniform)
       __syncthreads();  // the previous query tile is no longer read
       load_rows<F, D>(Qs, LD, Qt, LDT, qkv, p, b, h, i0, kKvRows, sq);
       load_rows<F, D>(dOs, LD, dOt, LDT, dout, p, b, h, i0, kKvRows, -1);
@@ -464,7 +466,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < ND; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   const float scale2 = p.scale * kLog2e;
 
-  for (int64_t j0 = 0; j0 < i1; j0 += kDqKeys) {
+  for (int64_t j0 = first_key(p, i0) / kDqKeys * kDqKeys; j0 < i1; j0 += kDqKeys) {
     __syncthreads();  // the previous key tile is no longer read (and Qs, dOs are in)
     load_rows<F, D>(Ks, LD, Kt, LDT, qkv, p, b, h, j0, kDqKeys, sk);
     load_rows<F, D>(Vs, LD, nullptr, 0, qkv, p, b, h, j0, kDqKeys, sk + 1);
