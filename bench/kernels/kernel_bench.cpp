@@ -160,6 +160,35 @@ void Attention(benchmark::State& st) {
 BENCHMARK(Attention)->Args({64, 0})->Args({64, 1})->Args({1024, 0})->Args({1024, 1})->ArgNames({"T", "backward"})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// Sliding-window attention (--window-size W) against full causal attention at T=4096, one sequence
+// of 12 heads of 64, forward or backward: the window skips the key tiles before it, so the time
+// should fall with the (query, key) pairs computed, T (W + 1) against T (T + 1) / 2. window -1:
+// full causal attention. GFLOP/s of the pairs the window keeps.
+void SlidingWindowAttention(benchmark::State& st) {
+  const int64_t T = 4096, B = 1, H = 12, D = 64, window = st.range(0);
+  const bool backward = st.range(1) != 0;
+  const lattice::AttentionShape shape{B, T, H, D, 0, window};
+  const std::vector<float> qkv = random_vector(B * T * H * 3 * D, 1.0f, 3), dout = random_vector(B * T * H * D, 1.0f, 4);
+  std::vector<float> out(static_cast<size_t>(B * T * H * D)), lse(static_cast<size_t>(B * H * T)),
+      dqkv(static_cast<size_t>(B * T * H * 3 * D));
+  const lattice::AttentionDropout no_dropout;
+  lattice::attention_forward(out.data(), lse.data(), qkv.data(), shape, no_dropout);
+  for (auto _ : st) {
+    if (backward)
+      lattice::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), shape, no_dropout);
+    else
+      lattice::attention_forward(out.data(), lse.data(), qkv.data(), shape, no_dropout);
+    benchmark::DoNotOptimize(backward ? dqkv.data() : out.data());
+  }
+  double pairs = 0;  // (query, key) pairs the window keeps
+  for (int64_t i = 0; i < T; ++i) pairs += double(window < 0 || i <= window ? i + 1 : window + 1);
+  const double flops = (backward ? 5.0 : 2.0) * 2.0 * B * H * pairs * D;
+  st.counters["pairs_per_query"] = pairs / double(T);
+  st.counters["GFLOP"] = benchmark::Counter(flops * double(st.iterations()) / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(SlidingWindowAttention)->Args({-1, 0})->Args({256, 0})->Args({-1, 1})->Args({256, 1})
+    ->ArgNames({"window", "backward"})->Unit(benchmark::kMillisecond)->UseRealTime();
+
 }  // namespace
 
 BENCHMARK_MAIN();
