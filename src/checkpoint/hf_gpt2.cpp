@@ -298,6 +298,10 @@ std::string hf_gpt2_mismatch(const TransformerConfig& c) {
            "only)";
   else if (c.apply_layernorm_1p)
     why << "zero-centered norm weights (--apply-layernorm-1p; HuggingFace GPT-2's LayerNorm scales by its weight)";
+  else if (c.window_size >= 0)
+    why << "sliding-window attention (--window-size; HuggingFace GPT-2 attends to every earlier token)";
+  else if (c.softmax_sink())
+    why << "attention sinks (--softmax-type " << c.softmax_type << "; HuggingFace GPT-2's softmax has none)";
   return why.str();
 }
 

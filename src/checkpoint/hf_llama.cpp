@@ -532,6 +532,8 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
     return "--kv-channels other than hidden / heads with --add-qkv-bias (HuggingFace Qwen2 has no head_dim)";
   if (c.use_rope_scaling && c.rotary_seq_len_interpolation_factor > 0.0f)
     return "--use-rope-scaling with --rotary-seq-len-interpolation-factor (HuggingFace's rope_scaling is one or the other)";
+  if (c.softmax_sink())
+    return "attention sinks (--softmax-type " + c.softmax_type + "; HuggingFace Llama's softmax has none)";
   if (c.window_size >= 0) {
     if (deepseek) return "--window-size in a DeepSeek-MoE-style model (HuggingFace DeepSeek-MoE has no sliding window)";
     if (c.qk_layernorm || c.add_qkv_bias) {  // Qwen: full layers first, then window layers

@@ -73,6 +73,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"rope_scaling_original_max_position_embeddings", "--rope-scaling-original-max-position-embeddings", 8192},
       {"window_size", "--window-size", -1},
       {"window_attn_skip_freq", "--window-attn-skip-freq", json::array()},
+      {"softmax_type", "--softmax-type", "vanilla"},
   };
   return fields;
 }
@@ -143,7 +144,8 @@ json model_config_json(const TransformerConfig& c) {
           {"rope_scaling_high_freq_factor", c.rope_scaling_high_freq_factor},
           {"rope_scaling_original_max_position_embeddings", c.rope_scaling_original_max_position_embeddings},
           {"window_size", c.window_size},
-          {"window_attn_skip_freq", c.window_attn_pattern}};
+          {"window_attn_skip_freq", c.window_attn_pattern},
+          {"softmax_type", c.softmax_type}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -195,6 +197,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
         optional_field(j, "rope_scaling_original_max_position_embeddings").get<int64_t>();
     c.window_size = optional_field(j, "window_size").get<int64_t>();
     c.window_attn_pattern = optional_field(j, "window_attn_skip_freq").get<std::vector<int>>();
+    c.softmax_type = optional_field(j, "softmax_type").get<std::string>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }

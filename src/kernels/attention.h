@@ -22,6 +22,11 @@ struct AttentionShape {
   // Sliding-window attention (Megatron's --window-size W,0): the query at position p attends keys
   // p - W .. p only (W + 1 keys, fewer at the start); -1: every key up to p.
   int64_t window = -1;
+  // Attention sinks (Megatron's --softmax-type off-by-one / learnable, GPT-OSS's sinks): [H] or null.
+  // Head h's softmax gets one more logit, softmax_offset[h], with no value: a query's probabilities
+  // are exp(s_j) / (exp(softmax_offset[h]) + sum_j exp(s_j)) (s_j the scaled scores), so they sum
+  // to less than 1. lse includes the sink's term.
+  const float* softmax_offset = nullptr;
   LATTICE_HD QkvLayout layout() const { return {H, G > 0 ? G : H, D}; }
   // The first key the query at position p sees.
   LATTICE_HD int64_t first_key(int64_t p) const { return window < 0 || p <= window ? 0 : p - window; }
@@ -113,10 +118,15 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 // scratch: the tensor-core kernels sum each tile's rows as they finish it and never store
 // the fp32 dqkv (its [B*T, 3*H*D] values written and read again for the bias alone); the
 // others write it and sum it as bias_backward does (the same bits as calling it after).
+// d_softmax_offset, when not null (with s.softmax_offset), accumulates the sinks' gradient [H]:
+// d_softmax_offset[h] += -sum_(b,i) exp(softmax_offset[h] - lse[b,h,i]) (dout[b,i,h] . out[b,i,h]), the
+// sink's probability times the gradient of its logit (its value is 0), summed over the batch rows in
+// order.
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32,
-                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr, const ContextKeys* context = nullptr);
+                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr, const ContextKeys* context = nullptr,
+                        float* d_softmax_offset = nullptr);
 
 // Decoding with a KV cache (generation), one layer. k_cache, v_cache: [G, Tmax, D], one row
 // per key/value head (a group's, shared by its R query heads); the n new tokens sit at
@@ -127,9 +137,11 @@ void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n
                      const QkvLayout& layout, int64_t Tmax);
 // out [n, H, D]: query r of head h attends its group's cache rows 0 .. past + r (causal; with
 // window >= 0 only rows past + r - window .. past + r, as AttentionShape::window),
-// softmax(q k^T / sqrt(D)) v; each (query, head) is summed in one fixed order (the result does
-// not depend on threads).
+// softmax(q k^T / sqrt(D)) v, with head h's sink logit softmax_offset[h] in the softmax when given
+// ([H], AttentionShape::softmax_offset); each (query, head) is summed in one fixed order (the result
+// does not depend on threads).
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, const QkvLayout& layout, int64_t Tmax, int64_t window = -1);
+                              int64_t past, const QkvLayout& layout, int64_t Tmax, int64_t window = -1,
+                              const float* softmax_offset = nullptr);
 
 }  // namespace lattice

@@ -91,6 +91,12 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
                        ln2_w, norm_bias(s + "pre_mlp_layernorm.bias"),
                        dense(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
                        dense(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias"), qk, moe});
+    if (cfg_.learnable_softmax_offset()) {
+      layers_.back().softmax_offset = p(s + "self_attention.core_attention.softmax_offset");
+    } else if (cfg_.softmax_sink()) {
+      if (zero_offsets_.size() == 0) zero_offsets_.resize(size_t(cfg_.num_attention_heads));
+      layers_.back().softmax_offset = zero_offsets_.data();
+    }
   }
   // One cache row per key/value head: grouped-query attention keeps G, not H, keys per token.
   const size_t cache = size_t(cfg_.num_layers * cfg_.num_query_groups * cfg_.kv_channels * capacity_);
@@ -162,7 +168,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     const int64_t layer_cache = l * layout.G * Tmax * D;
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
     cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
-                             layout, Tmax, cfg_.attention_window(l));
+                             layout, Tmax, cfg_.attention_window(l), p.softmax_offset);
     linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);

@@ -45,6 +45,7 @@ class GPTInference {
     const float *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
     QkNormParams qk_norm;  // --qk-layernorm's (null without it)
     MoeWeights moe;        // --num-experts' (fc1_w, fc2_w null)
+    const float* softmax_offset = nullptr;  // --softmax-type's sink logits [H] (null: vanilla)
   };
   // Grows the scratch buffers to n rows.
   void reserve_rows(int64_t n);
@@ -54,6 +55,7 @@ class GPTInference {
   const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;  // wpe_ null with the rotary embedding
   const RopeTable* rope_ = nullptr;                      // the model's, with the rotary embedding
   DeviceArray<float> zero_bias_;                         // [C] zeros: the norms' bias with RMSNorm
+  DeviceArray<float> zero_offsets_;                      // [H] zeros: --softmax-type off-by-one's sinks
   DeviceArray<float> norm_1p_, norm_ones_;               // --apply-layernorm-1p: every norm's 1 + weight
   std::vector<Layer> layers_;
   DeviceArray<float> k_cache_, v_cache_;  // [L, G, Tmax, D] each (G = H without grouped-query attention)

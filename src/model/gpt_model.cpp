@@ -199,6 +199,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     no_bias_.resize(n);
     bias_grad_sink_.resize(n);
   }
+  if (cfg_.softmax_type == "off-by-one") zero_offsets_.resize(size_t(Hl_));
   try {
     arena_ = Arena(activation_bytes(cfg_, B, max_T_, tp_, place_, ep_ ? ep_->size() : 1));
   } catch (const OutOfMemory& e) {
@@ -375,6 +376,9 @@ void GPTModel::register_parameters() {
       // [W, C]: per query group its heads' q, then its k and v (W = 3Q without grouping: per head q, k, v)
       p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
       if (cfg_.qkv_bias()) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
+      if (cfg_.learnable_softmax_offset())  // one sink logit per head, split with the heads
+        p.softmax_offset = add(layer_name(l, "self_attention.core_attention.softmax_offset"),
+                               {cfg_.num_attention_heads}, ParamInit::normal, std, 0);
       if (cfg_.qk_layernorm) {  // [D] each, shared by every query (key) head: replicated
         const int64_t D = cfg_.kv_channels;
         p.q_norm_w = add(layer_name(l, "self_attention.q_layernorm.weight"), {D}, norm_init, 0, -1);
@@ -972,6 +976,15 @@ QkNormGrads GPTModel::qk_norm_grads(const LayerParams& p) const {
   return QkNormGrads{params_.grad(p.q_norm_w), bias_grad(p.q_norm_b), params_.grad(p.k_norm_w), bias_grad(p.k_norm_b)};
 }
 
+const float* GPTModel::softmax_offset(const LayerParams& p) const {
+  if (!cfg_.softmax_sink()) return nullptr;
+  return p.softmax_offset >= 0 ? params_.param(p.softmax_offset) : zero_offsets_.data();
+}
+
+float* GPTModel::softmax_offset_grad(const LayerParams& p) {
+  return p.softmax_offset >= 0 ? params_.grad(p.softmax_offset) : nullptr;
+}
+
 AttentionOperand GPTModel::qkv_input(const LayerParams& p, const float* qkv) const {
   if (!bf16_qkv()) return AttentionOperand(qkv);
   return AttentionOperand::packed(reinterpret_cast<const uint16_t*>(qkv), bias_or_null(p.qkv_b));
@@ -983,7 +996,7 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
-  const AttentionShape shape{B, T, Hl_, cfg_.kv_channels, Gl_, cfg_.attention_window(p.layer)};
+  const AttentionShape shape{B, T, Hl_, cfg_.kv_channels, Gl_, cfg_.attention_window(p.layer), softmax_offset(p)};
   if (cp_.on()) {  // the queries of this rank's tokens over the whole sequences' keys and values
     const ContextSplit s = cp_.split(T * cp_.size());
     gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
@@ -1127,18 +1140,20 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // store in sc.d_3c).
     uint16_t* d_3c16 = bf16_d_attn && qkv_local() <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
     float* d_qkv_b = d_3c16 ? bias_grad_or_null(p.qkv_b) : nullptr;
+    const AttentionShape shape{B, T, Hl_, D, Gl_, cfg_.attention_window(p.layer), softmax_offset(p)};
     if (cp_.on()) {
       // The keys and values gathered again; their gradients (every rank's queries') summed back
       // to the ranks holding their tokens, into d_3c's key and value slots.
       const ContextSplit s = cp_.split(T * cp_.size());
       gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
       const ContextKeys keys = s.keys(cp_kv_.data(), cp_staging_.data());
-      attention_backward(sc.d_3c, d_attn, x.qkv, x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_, cfg_.attention_window(p.layer)}, ad, nullptr,
-                         attention_math_, nullptr, nullptr, &keys);
+      attention_backward(sc.d_3c, d_attn, x.qkv, x.attn, x.lse, shape, ad, nullptr, attention_math_, nullptr, nullptr,
+                         &keys, softmax_offset_grad(p));
       scatter_context_key_grads(cp_, s, sc.d_3c, cp_staging_.data(), cp_kv_.data(), cp_recv_.data(), qkv_layout(), B);
     } else {
-      attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, AttentionShape{B, T, Hl_, D, Gl_, cfg_.attention_window(p.layer)}, ad,
-                         docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b);
+      attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, shape, ad,
+                         docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b,
+                         nullptr, softmax_offset_grad(p));
     }
     if (rope_) {  // d(q, k) before the rotation, each run of tokens at its positions
       for (const TokenRun& r : token_runs(B, T)) {

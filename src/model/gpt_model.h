@@ -275,7 +275,13 @@ class GPTModel {
     int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;
     // --moe-router-enable-expert-bias: mlp.router.expert_bias [E] (a buffer: ParamInfo::buffer)
     int expert_bias = -1;
+    // --softmax-type learnable: self_attention.core_attention.softmax_offset [heads], split as the heads
+    int softmax_offset = -1;
   };
+  // The attention sinks' logits of layer p's local heads [Hl] (--softmax-type; null: vanilla) and,
+  // with learnable ones, their gradient (else null).
+  const float* softmax_offset(const LayerParams& p) const;
+  float* softmax_offset_grad(const LayerParams& p);
   // --num-experts: the MoE layer's shape, weights and gradients of layer p (model/moe_layer.h).
   // T: the sequence length (seq_aux_loss's groups); training: a training forward (the capacity's drops).
   MoeShape moe_shape(int64_t T, bool capacity, bool training) const;
@@ -529,6 +535,7 @@ class GPTModel {
   bool loss_gradient_of_sum_ = false;
   std::unique_ptr<RotaryEmbedding> rope_;  // with --position-embedding-type rope
   DeviceArray<float> no_bias_, bias_grad_sink_;  // with --disable-bias-linear or RMSNorm (zeroed when allocated)
+  DeviceArray<float> zero_offsets_;              // [Hl] zeros: --softmax-type off-by-one's sink logits
   // --apply-layernorm-1p: every norm weight's 1 + weight, at norm_1p_at_[param] (-1: not a norm
   // weight), and the ones added.
   DeviceArray<float> norm_1p_, norm_ones_;

@@ -32,6 +32,12 @@ struct TransformerConfig {
   // and which attend fully (0), one entry per layer; empty: every layer.
   int64_t window_size = -1;
   std::vector<int> window_attn_pattern;
+  // --softmax-type (Megatron-Core's softmax_type): vanilla; off-by-one, every head's softmax with one
+  // more logit of 0 and no value (its probabilities sum to less than 1); learnable, that logit a
+  // parameter per head (self_attention.core_attention.softmax_offset [heads], GPT-OSS's sinks).
+  std::string softmax_type = "vanilla";
+  bool softmax_sink() const { return softmax_type != "vanilla"; }
+  bool learnable_softmax_offset() const { return softmax_type == "learnable"; }
   // The window of layer `layer` (0-based): window_size, or -1 for a full-attention layer.
   int64_t attention_window(int64_t layer) const {
     if (window_size < 0) return -1;

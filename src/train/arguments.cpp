@@ -82,6 +82,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "sliding-window attention: W or W,0, each query attends the W keys before it and itself (-1: all)"},
       {"window-attn-skip-freq", Kind::str, &a.window_attn_skip_freq,
        "with --window-size: every N-th layer attends fully, or a list such as [1,1,0] (1: window, 0: full)"},
+      {"softmax-type", Kind::str, &a.softmax_type,
+       "vanilla, off-by-one (a sink logit of 0 in every head's softmax) or learnable (one trained per head)"},
       {"num-experts", Kind::i64, &a.num_experts,
        "experts of every layer's mixture-of-experts MLP (0: the dense MLP; needs --disable-bias-linear)"},
       {"moe-router-topk", Kind::i64, &a.moe_router_topk, "experts each token is routed to (default 2)"},
@@ -662,6 +664,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_shared_expert_gate = moe_shared_expert_gate;
   if (num_experts > 0) c.moe_layer_pattern = TransformerConfig::parse_moe_layer_freq(moe_layer_freq, num_layers);
   c.moe_router_topk_scaling_factor = moe_router_topk_scaling_factor;
+  c.softmax_type = softmax_type;
   if (!window_size.empty()) c.window_size = TransformerConfig::parse_window_size(window_size);
   if (!window_attn_skip_freq.empty()) {
     if (c.window_size < 0) LATTICE_FAIL() << "--window-attn-skip-freq needs --window-size";
@@ -787,6 +790,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   }
   from_model("normalization", "normalization");
   on("swiglu", m.value("swiglu", false));
+  if (m.value("softmax_type", std::string("vanilla")) != "vanilla") from_model("softmax-type", "softmax_type");
   if (m.value("window_size", int64_t(-1)) >= 0) {
     out.emplace_back("window-size", json(std::to_string(m["window_size"].get<int64_t>()) + ",0"));
     if (m.contains("window_attn_skip_freq") && m["window_attn_skip_freq"].is_array() &&

@@ -76,6 +76,7 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       if (!c.rmsnorm()) add(p + "input_layernorm.bias", {C}, -1);
       add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), C}, 0);  // [W/P, C], W = 3Q without grouping
       if (c.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, 0);
+      if (c.learnable_softmax_offset()) add(p + "self_attention.core_attention.softmax_offset", {c.num_attention_heads}, 0);
       if (c.qk_layernorm)
         for (const char* norm : {"self_attention.q_layernorm.", "self_attention.k_layernorm."}) {
           add(p + norm + "weight", {c.kv_channels}, -1);

@@ -515,6 +515,62 @@ TEST(CudaAttentionContext, EveryRankMatchesCpu) {
     }
 }
 
+// Attention sinks (AttentionShape::softmax_offset, --softmax-type): the fp32 kernels against the
+// CPU's to kTol, the tensor-core kernels against the CPU on inputs rounded to the format (2u of each
+// tensor's norm, as above), with and without a window and dropout; the sinks' gradient (computed
+// apart from the kernels, the same for both) against the CPU's.
+TEST(CudaAttentionSink, MatchesCpu) {
+  LATTICE_REQUIRE_CUDA();
+  struct SinkCase {
+    int64_t B, T, H, D, G, window;
+    bool dropout;
+  };
+  for (const SinkCase c : {SinkCase{2, 37, 4, 16, 2, -1, true}, SinkCase{1, 150, 2, 64, 0, 40, false},
+                           SinkCase{2, 97, 4, 64, 2, -1, true}, SinkCase{1, 130, 2, 128, 1, 30, true}})
+    for (AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16}) {
+      if (math == AttentionMath::bf16 && c.D != 64 && c.D != 128) continue;
+      const std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " D" + std::to_string(c.D) +
+                               " window " + std::to_string(c.window) + (math == AttentionMath::bf16 ? " bf16" : " fp32");
+      const std::vector<float> sink = random_floats(size_t(c.H), 81, -1.0f, 1.5f);
+      AttentionShape s{c.B, c.T, c.H, c.D, c.G, c.window};
+      s.softmax_offset = sink.data();
+      const AttentionDropout drop = c.dropout ? tensor_parallel_rank1_dropout(c.H) : AttentionDropout{};
+      const auto qkv = random_floats(size_t(c.B * c.T * s.layout().width()), 82, -1.5f, 1.5f);
+      const auto dout = random_floats(size_t(c.B * c.T * c.H * c.D), 83, -1.0f, 1.0f);
+      const bool bf16 = math == AttentionMath::bf16;
+      const auto qkv_ref = bf16 ? rounded(qkv, false) : qkv, dout_ref = bf16 ? rounded(dout, false) : dout;
+      std::vector<float> out(dout.size()), lse(size_t(c.B * c.H * c.T)), dqkv(qkv.size()), dsink(size_t(c.H), 0.25f);
+      attention_forward(out.data(), lse.data(), qkv_ref.data(), s, drop);
+      attention_backward(dqkv.data(), dout_ref.data(), qkv_ref.data(), out.data(), lse.data(), s, drop, nullptr,
+                         AttentionMath::fp32, nullptr, nullptr, nullptr, dsink.data());
+
+      auto d_qkv = upload(qkv), d_dout = upload(dout), d_sink = upload(sink), d_out_cpu = upload(out),
+           d_lse_cpu = upload(lse), d_dsink = upload(std::vector<float>(size_t(c.H), 0.25f));
+      cuda::DeviceBuffer d_out(out.size() * sizeof(float)), d_lse(lse.size() * sizeof(float)),
+          d_dqkv(qkv.size() * sizeof(float));
+      AttentionShape ds = s;
+      ds.softmax_offset = d_sink.as<float>();
+      cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), ds, drop, nullptr, math);
+      cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out_cpu.as<float>(),
+                               d_lse_cpu.as<float>(), ds, drop, nullptr, math, nullptr, nullptr, nullptr,
+                               d_dsink.as<float>());
+      const auto g_out = download<float>(d_out, out.size()), g_lse = download<float>(d_lse, lse.size());
+      const auto g_dqkv = download<float>(d_dqkv, qkv.size()), g_dsink = download<float>(d_dsink, dsink.size());
+      const auto row = [&](int64_t k) { return what + " row " + std::to_string(k); };
+      expect_rows_close(g_lse, lse, 1, "lse", row);
+      if (bf16) {  // the products' other operands rounded too: 2u of each tensor's norm
+        const double u = 1.0 / 256;
+        EXPECT_LE(relative_error(g_out, out, [](size_t) { return true; }), 2 * u) << what << ": out";
+        EXPECT_LE(relative_error(g_dqkv, dqkv, [](size_t) { return true; }), 2 * u) << what << ": dqkv";
+        EXPECT_LE(relative_error(g_dsink, dsink, [](size_t) { return true; }), 2 * u) << what << ": d softmax_offset";
+      } else {
+        expect_rows_close(g_out, out, c.D, "out", row);
+        expect_rows_close(g_dqkv, dqkv, c.D, "dqkv", row);
+        expect_rows_close(g_dsink, dsink, 1, "d softmax_offset", row);
+      }
+    }
+}
+
 TEST(CudaAttentionArgs, HeadDimAbove128IsRefused) {
   LATTICE_REQUIRE_CUDA();
   const AttentionShape s{1, 4, 1, 160};

@@ -1332,20 +1332,23 @@ void cast_cases(std::vector<OpCase>& t) {
 // ~1e-6 relative. G < H: grouped-query attention, a cache row per group.
 void decode_attention_cases(std::vector<OpCase>& t) {
   // The last: 13002 scores (52 KB) exceed the 48 KiB of shared memory a launch gets by default.
-  // The last three: sliding windows (--window-size), each query's keys past + r - W .. past + r.
-  for (auto [n, past, H, G, D, W] : std::vector<std::array<int64_t, 6>>{{1, 0, 2, 2, 16, -1},
-                                                                      {1, 37, 3, 3, 64, -1},
-                                                                      {5, 20, 2, 2, 40, -1},
-                                                                      {2, 13000, 1, 1, 8, -1},
-                                                                      {3, 30, 8, 2, 64, -1},
-                                                                      {1, 9, 4, 1, 32, -1},
-                                                                      {1, 37, 3, 3, 64, 10},
-                                                                      {5, 20, 4, 2, 32, 0},
-                                                                      {2, 13000, 1, 1, 8, 4096}}) {
+  // Then sliding windows (--window-size), each query's keys past + r - W .. past + r, and attention
+  // sinks (sink 1: --softmax-type's per-head logits in the softmax).
+  for (auto [n, past, H, G, D, W, sink] : std::vector<std::array<int64_t, 7>>{{1, 0, 2, 2, 16, -1, 0},
+                                                                             {1, 37, 3, 3, 64, -1, 0},
+                                                                             {5, 20, 2, 2, 40, -1, 0},
+                                                                             {2, 13000, 1, 1, 8, -1, 0},
+                                                                             {3, 30, 8, 2, 64, -1, 0},
+                                                                             {1, 9, 4, 1, 32, -1, 0},
+                                                                             {1, 37, 3, 3, 64, 10, 0},
+                                                                             {5, 20, 4, 2, 32, 0, 0},
+                                                                             {2, 13000, 1, 1, 8, 4096, 0},
+                                                                             {3, 30, 8, 2, 64, -1, 1},
+                                                                             {2, 40, 4, 2, 32, 7, 1}}) {
     const int64_t Tmax = past + n + 3;
     const QkvLayout L{H, G, D};
-    const std::string shape =
-        shape_name({{"n", n}, {"past", past}, {"H", H}, {"G", G}, {"D", D}}) + (W >= 0 ? "_W" + std::to_string(W) : "");
+    const std::string shape = shape_name({{"n", n}, {"past", past}, {"H", H}, {"G", G}, {"D", D}}) +
+                              (W >= 0 ? "_W" + std::to_string(W) : "") + (sink ? "_sink" : "");
     t.push_back({"decode_attention", shape, {1e-5, 1e-6},
                  [=](const OpCase& c) {
       const auto qkv = rand_floats(static_cast<size_t>(n * L.width()), 71);
@@ -1356,10 +1359,13 @@ void decode_attention_cases(std::vector<OpCase>& t) {
       expect_bits(c, "k_cache", kc, download<float>(gk, kc.size()));
       expect_bits(c, "v_cache", vc, download<float>(gv, vc.size()));
       std::vector<float> out(static_cast<size_t>(n * H * D));
-      cached_attention_forward(out.data(), qkv.data(), kc.data(), vc.data(), n, past, L, Tmax, W);
+      const auto offsets = rand_floats(static_cast<size_t>(H), 74);
+      auto g_offsets = upload(offsets);
+      cached_attention_forward(out.data(), qkv.data(), kc.data(), vc.data(), n, past, L, Tmax, W,
+                               sink ? offsets.data() : nullptr);
       DeviceBuffer gout(out.size() * 4);
       cuda::cached_attention_forward(gout.as<float>(), gq.as<float>(), gk.as<float>(), gv.as<float>(), n, past, L,
-                                     Tmax, W);
+                                     Tmax, W, sink ? g_offsets.as<float>() : nullptr);
       expect_close(c, "out", out, download<float>(gout, out.size()));
     }});
   }

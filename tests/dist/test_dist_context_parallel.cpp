@@ -42,6 +42,7 @@ struct Case {
   int64_t iterations = 20;  // 10 on 4 ranks (oversubscribed on small machines)
   int64_t window = -1;       // --window-size (sliding-window attention; -1: none)
   std::string window_skip;   // --window-attn-skip-freq
+  std::string softmax_type = "vanilla";  // --softmax-type
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -60,6 +61,7 @@ TransformerConfig config(const Case& c, int tp) {
     t.num_query_groups = 2;
   }
   t.window_size = c.window;
+  t.softmax_type = c.softmax_type;
   if (!c.window_skip.empty())
     t.window_attn_pattern = TransformerConfig::parse_window_attn_skip_freq(c.window_skip, t.num_layers);
   if (c.recompute == "full") {
@@ -130,8 +132,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Cp2RopeGqaDocumentsPerTokenLoss", 2, 2, 1, 1, false, false, false, 0.1f, true, true, true},
         Case{"Cp2FullRecomputeDistributedOptimizer", 2, 2, 1, 1, true, true, false, 0.1f, false, false, false, "full"},
         Case{"Cp2SelectiveRecomputeRope", 2, 2, 1, 1, false, false, false, 0.1f, true, false, false, "selective"},
-        // a sliding window of 5 keys inside the 8-token chunks and across them, layers 2 and 4 full
-        Case{"Cp2WindowRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, false, false, "", 20, 5, "2"},
+        // a sliding window of 5 keys inside the 8-token chunks and across them, layers 2 and 4 full,
+        // and learnable attention sinks (each rank's rows' share of their gradient summed over dp x cp)
+        Case{"Cp2WindowSinksRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, false, false, "", 20, 5, "2",
+             "learnable"},
         Case{"Cp4RopeGqa", 4, 4, 1, 1, false, false, false, 0.1f, true, false, false, "", 10},
         // DP 2 x CP 2: the gradients summed over all four ranks, the data split over two.
         Case{"Dp2Cp2DistributedOptimizer", 4, 2, 1, 1, true, true, false, 0.1f, false, true, false, "", 10},

@@ -38,11 +38,13 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
   TransformerConfig c;
   c.num_attention_heads = 4;
   if (rope) {  // an attention twice as wide as the hidden size (8 heads of 8 sharing 4 keys and values:
-               // grouped-query attention, whole groups per rank), no linear biases, RMSNorm, SwiGLU, and
-               // a sliding window of 5 keys on the first layer (Mistral's attention; the second attends fully)
+               // grouped-query attention, whole groups per rank), no linear biases, RMSNorm, SwiGLU,
+               // a sliding window of 5 keys on the first layer (the second attends fully) and learnable
+               // attention sinks (one per head, split with the heads): GPT-OSS's attention
     c.position_embedding_type = "rope";
     c.window_size = 5;
     c.window_attn_pattern = {1, 0};
+    c.softmax_type = "learnable";
     c.num_attention_heads = 8;
     c.num_query_groups = 4;
     c.kv_channels = 8;

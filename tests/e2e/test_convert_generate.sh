@@ -275,6 +275,32 @@ if run swa_skip_train "$LATTICE" "${SWA_SKIP[@]}" --train-iters 2 --save ckpt-sw
     "$LATTICE" convert --load ckpt-swa-skip --to-hf hf-swa-skip
   [ -e hf-swa-skip ] && fail "convert --to-hf of a skip-frequency model left hf-swa-skip behind"
 fi
+# ---- --softmax-type (attention sinks): learnable ones are parameters in the checkpoint, resume only
+# with the flag, generate the same with the KV cache as by full recomputation (with a window too),
+# have no HF form; off-by-one likewise; another value refused ----
+expect_error "--softmax-type softmax1" "--softmax-type must be vanilla, off-by-one or learnable" -- \
+  "$LATTICE" "${LLAMA[@]}" --softmax-type softmax1 --train-iters 1
+SINKS=("${LLAMA[@]}" --softmax-type learnable --window-size 3 --window-attn-skip-freq 2)
+if run sinks_train "$LATTICE" "${SINKS[@]}" --train-iters 3 --exit-interval 2 --save ckpt-sinks; then
+  grep -qF 'core_attention.softmax_offset' ckpt-sinks/iter_0000002/*.json ||
+    fail "a --softmax-type learnable checkpoint lists no core_attention.softmax_offset"
+  expect_error "resume: learnable sinks, vanilla softmax" "softmax_type|--softmax-type" -- \
+    "$LATTICE" "${LLAMA[@]}" --window-size 3 --window-attn-skip-freq 2 --train-iters 3 --load ckpt-sinks
+  run sinks_gen "$LATTICE" generate --load ckpt-sinks --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run sinks_gen_full "$LATTICE" generate --load ckpt-sinks --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--softmax-type learnable: generate with the KV cache prints what full recomputation prints" sinks_gen.out \
+      sinks_gen_full.out
+  expect_error "convert: attention sinks to HF" "--to-hf|--softmax-type learnable" -- \
+    "$LATTICE" convert --load ckpt-sinks --to-hf hf-sinks
+  [ -e hf-sinks ] && fail "convert --to-hf of a model with sinks left hf-sinks behind"
+fi
+if run obo_train "$LATTICE" "${LLAMA[@]}" --softmax-type off-by-one --train-iters 2 --save ckpt-obo; then
+  grep -qF 'softmax_offset' ckpt-obo/iter_0000002/*.json && fail "an off-by-one checkpoint lists a softmax_offset parameter"
+  run obo_gen "$LATTICE" generate --load ckpt-obo --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run obo_gen_full "$LATTICE" generate --load ckpt-obo --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--softmax-type off-by-one: generate with the KV cache prints what full recomputation prints" obo_gen.out \
+      obo_gen_full.out
+fi
 # ---- --add-qkv-bias (a Llama-style model with QKV's bias only, tied: a Qwen2-style model) ----
 NO_QKV_BIAS=("${ROPE[@]/0.5/1}" --normalization RMSNorm --disable-bias-linear --ffn-hidden-size 96 --swiglu
              --group-query-attention --num-query-groups 2)

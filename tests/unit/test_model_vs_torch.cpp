@@ -54,6 +54,7 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   if (f.metadata().count("num_query_groups")) c.num_query_groups = meta_int(f, "num_query_groups");
   c.qk_layernorm = f.metadata().count("qk_layernorm") && f.metadata().at("qk_layernorm") == "1";
   if (f.metadata().count("window_size")) c.window_size = meta_int(f, "window_size");
+  if (f.metadata().count("softmax_type")) c.softmax_type = f.metadata().at("softmax_type");
   if (f.metadata().count("window_attn_skip_freq"))
     c.window_attn_pattern =
         TransformerConfig::parse_window_attn_skip_freq(f.metadata().at("window_attn_skip_freq"), c.num_layers);
@@ -202,6 +203,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_nobias_relu2.safetensors",
                                            "gpt_tiny_rope_rmsnorm_ln1p_gqa2_qknorm.safetensors",
                                            "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_rope_gqa2_swa4.safetensors",
+                                           "gpt_tiny_rope_gqa2_swa4_sinks.safetensors", "gpt_tiny_offbyone.safetensors",
                                            "gpt_tiny_nobias_moe4.safetensors",
                                            "gpt_tiny_nobias_swiglu_moe4_shared.safetensors",
                                            "gpt_tiny_nobias_moe4_sigmoid.safetensors",

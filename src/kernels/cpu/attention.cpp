@@ -142,9 +142,11 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const float* kv, 
   float* row_m = O + kTile * D;       // [kTile]
   float* row_l = row_m + kTile;       // [kTile]
   float* mask = row_l + kTile;        // [kTile]
+  // The online softmax starts from the sink's term when the head has one: max = its logit, sum = 1.
+  const float* sink = s.softmax_offset;
   for (int64_t r = 0; r < nq; ++r) {
-    row_m[r] = -INFINITY;
-    row_l[r] = 0.0f;
+    row_m[r] = sink ? sink[h] : -INFINITY;
+    row_l[r] = sink ? 1.0f : 0.0f;
   }
   std::fill(O, O + nq * D, 0.0f);
   const int64_t keys_end = keys.position(i0 + nq - 1) + 1;  // the tile's last row sees the most keys
@@ -298,6 +300,32 @@ void backward_group(float* dqkv, float* dkv, const float* dout, const float* qkv
   }
 }
 
+// The sinks' gradient (attention_backward's d_softmax_offset): per (b, h) the sum over the rows in
+// order, then over b in order, so the result does not depend on the threads.
+void softmax_offset_backward(float* grad, const float* dout, const float* out, const float* lse,
+                             const AttentionShape& s) {
+  std::vector<double> part(size_t(s.B * s.H));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
+    const int64_t b = bh / s.H, h = bh % s.H;
+    const float c = s.softmax_offset[h];
+    double acc = 0.0;
+    for (int64_t i = 0; i < s.T; ++i) {
+      const float* o = out + ((b * s.T + i) * s.H + h) * s.D;
+      const float* g = dout + ((b * s.T + i) * s.H + h) * s.D;
+      float di = 0.0f;
+      for (int64_t d = 0; d < s.D; ++d) di += o[d] * g[d];
+      acc += double(std::exp(c - lse[bh * s.T + i])) * double(di);
+    }
+    part[size_t(bh)] = acc;
+  }
+  for (int64_t h = 0; h < s.H; ++h) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < s.B; ++b) sum += part[size_t(b * s.H + h)];
+    grad[h] -= float(sum);
+  }
+}
+
 }  // namespace
 
 // Tasks are (b, h, query tile), longest first (a causal query tile's cost grows with
@@ -335,9 +363,9 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
 void attention_backward(float* dqkv, const AttentionOperand& dout_in, const AttentionOperand& qkv_in,
                         const float* out, const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias,
-                        const ContextKeys* context) {
+                        const ContextKeys* context, float* d_softmax_offset) {
   LATTICE_KERNEL_ENTRY(cuda::attention_backward(dqkv, dout_in, qkv_in, out, lse, s, drop, document_ids, math,
-                                                dqkv_bf16, dbias, context));
+                                                dqkv_bf16, dbias, context, d_softmax_offset));
   check_args(s, drop, context, document_ids);
   LATTICE_CHECK(!context || (context->dkv && !dqkv_bf16 && !dbias))
       << "attention: a context-parallel backward writes dkv, and no bf16 cast or bias gradient of dqkv";
@@ -361,6 +389,7 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
   }
   if (dqkv_bf16) cast_fp32_to_bf16(dqkv_bf16, dqkv, s.B * s.T * L.width());
   if (dbias) bias_backward(dbias, dqkv, s.B * s.T, L.width());
+  if (d_softmax_offset && s.softmax_offset) softmax_offset_backward(d_softmax_offset, dout, out, lse, s);
 }
 
 }  // namespace lattice

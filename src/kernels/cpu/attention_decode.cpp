@@ -27,8 +27,10 @@ void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n
 }
 
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, const QkvLayout& L, int64_t Tmax, int64_t window) {
-  LATTICE_KERNEL_ENTRY(cuda::cached_attention_forward(out, qkv, k_cache, v_cache, n, past, L, Tmax, window));
+                              int64_t past, const QkvLayout& L, int64_t Tmax, int64_t window,
+                              const float* softmax_offset) {
+  LATTICE_KERNEL_ENTRY(
+      cuda::cached_attention_forward(out, qkv, k_cache, v_cache, n, past, L, Tmax, window, softmax_offset));
   const int64_t H = L.H, D = L.D, R = L.R();
   const float scale = 1.0f / std::sqrt(float(D));
 #pragma omp parallel for collapse(2) schedule(static)
@@ -41,7 +43,7 @@ void cached_attention_forward(float* out, const float* qkv, const float* k_cache
       const float* q = qkv + r * L.width() + L.slot(h, 0) * D;
       const float* k = k_cache + (h / R) * Tmax * D;  // [Tmax, D], the group's
       const float* v = v_cache + (h / R) * Tmax * D;
-      float mx = -INFINITY;
+      float mx = softmax_offset ? softmax_offset[h] : -INFINITY;  // the sink's logit, when the head has one
       for (int64_t t = first; t <= last; ++t) {
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -49,7 +51,7 @@ void cached_attention_forward(float* out, const float* qkv, const float* k_cache
         s[size_t(t)] = dot * scale;
         mx = std::max(mx, s[size_t(t)]);
       }
-      float sum = 0.0f;
+      float sum = softmax_offset ? std::exp(softmax_offset[h] - mx) : 0.0f;
       for (int64_t t = first; t <= last; ++t) {
         s[size_t(t)] = std::exp(s[size_t(t)] - mx);
         sum += s[size_t(t)];

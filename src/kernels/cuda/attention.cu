@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(kThreads)
   float row_m[kSlots], row_l[kSlots];
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
-    row_m[k] = -INFINITY;
-    row_l[k] = 0.0f;
+    row_m[k] = p.sink ? p.sink[h] : -INFINITY;  // the online softmax starts from the sink's term
+    row_l[k] = p.sink ? 1.0f : 0.0f;
 #pragma unroll
     for (int m = 0; m < NC; ++m) acc[k][m] = 0.0f;
   }
@@ -447,6 +447,63 @@ void backward_nc(float* dqkv, const AttentionOperand& dout, const AttentionOpera
   LATTICE_CUDA_LAUNCHED("attention_backward (dQ)");
 }
 
+// ---------------------------------------------------------------------------------------
+// The sinks' gradient (d_softmax_offset): block (b*H + h) sums -exp(sink[h] - lse_i) (dO_i . O_i) over
+// its T rows (one warp per row, the warps' sums in a fixed order), into part [B*H]; then one thread
+// per head adds its B parts in order to grad[h]. Deterministic, as the CPU's (which sums in double).
+__global__ void __launch_bounds__(kThreads)
+    softmax_offset_part_kernel(float* part, AttentionOperand dout, const float* out, const float* lse, Params p) {
+  __shared__ float warp_part[kWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const float c = p.sink[h];
+  float acc = 0.0f;  // lane 0's running sum of its warp's rows
+  for (int64_t i = warp; i < p.T; i += kWarps) {
+    const int64_t o = out_row(p, b, h, i);
+    float di = 0.0f;
+    for (int d = lane; d < p.D; d += 32) di += out[o + d] * operand_at(dout, o + d);
+    di = warp_sum(di);
+    acc += expf(c - lse[bh * p.T + i]) * di;
+  }
+  if (lane == 0) warp_part[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) sum += warp_part[w];
+    part[bh] = -sum;
+  }
+}
+
+__global__ void softmax_offset_sum_kernel(float* grad, const float* part, int64_t B, int64_t H) {
+  const int64_t h = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (h >= H) return;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < B; ++b) sum += part[b * H + h];
+  grad[h] += sum;
+}
+
+// The parts' scratch [B*H], grown on demand and kept (the process's one device).
+float* softmax_offset_parts(int64_t n) {
+  static void* buffer = nullptr;
+  static int64_t capacity = 0;
+  if (n > capacity) {
+    if (buffer) free_device(buffer);  // free_device synchronizes: earlier kernels are done with it
+    buffer = malloc_device(size_t(n) * sizeof(float));
+    capacity = n;
+  }
+  return static_cast<float*>(buffer);
+}
+
+void softmax_offset_backward(float* grad, const AttentionOperand& dout, const float* out, const float* lse,
+                             const AttentionShape& s) {
+  const Params p = make_params(s, AttentionDropout{}, nullptr);
+  float* part = softmax_offset_parts(s.B * s.H);
+  launch(softmax_offset_part_kernel, unsigned(s.B * s.H), kThreads, 0, part, dout, out, lse, p);
+  LATTICE_CUDA_LAUNCHED("attention_backward (softmax offset, per row)");
+  launch(softmax_offset_sum_kernel, unsigned((s.H + 127) / 128), 128, 0, grad, part, s.B, s.H);
+  LATTICE_CUDA_LAUNCHED("attention_backward (softmax offset)");
+}
+
 // Whether LATTICE_CUDA_ATTENTION=fp32 asks for the fp32 kernels whatever the math.
 bool fp32_forced() {
   static const bool forced = [] {
@@ -481,9 +538,10 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids, AttentionMath math, uint16_t* dqkv_bf16, float* dbias,
-                        const ContextKeys* context) {
+                        const ContextKeys* context, float* d_softmax_offset) {
   LATTICE_CHECK(!context || (context->dkv && !dqkv_bf16 && !dbias))
       << "attention (CUDA): a context-parallel backward writes dkv, and no bf16 cast or bias gradient of dqkv";
+  if (d_softmax_offset && s.softmax_offset) softmax_offset_backward(d_softmax_offset, dout, out, lse, s);
   if (!context && math != AttentionMath::fp32 && !fp32_forced() &&
       attention_mma_supported(s, qkv.data(), dout.data(), dqkv))
     return attention_backward_mma(dqkv, dout, qkv, out, lse, s, drop, document_ids, math, dqkv_bf16, dbias);

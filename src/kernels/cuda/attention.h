@@ -22,12 +22,14 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 void attention_backward(float* dqkv, const AttentionOperand& dout, const AttentionOperand& qkv, const float* out,
                         const float* lse, const AttentionShape& s, const AttentionDropout& drop,
                         const int32_t* document_ids = nullptr, AttentionMath math = AttentionMath::fp32,
-                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr, const ContextKeys* context = nullptr);
+                        uint16_t* dqkv_bf16 = nullptr, float* dbias = nullptr, const ContextKeys* context = nullptr,
+                        float* d_softmax_offset = nullptr);
 
 // KV-cache decoding (kernels/attention.h), device pointers.
 void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n, int64_t past,
                      const QkvLayout& layout, int64_t Tmax);
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, const QkvLayout& layout, int64_t Tmax, int64_t window);
+                              int64_t past, const QkvLayout& layout, int64_t Tmax, int64_t window,
+                              const float* softmax_offset);
 
 }  // namespace lattice::cuda

@@ -33,6 +33,7 @@ struct Params {
   float* dkv = nullptr;
   int64_t Tk = 0, split = 0, shift0 = 0, shift1 = 0;
   int64_t window = -1;         // AttentionShape::window: keys position - window .. position; -1: all
+  const float* sink = nullptr; // AttentionShape::softmax_offset [H] (device), or null
   uint16_t* dqkv16 = nullptr;  // backward: dqkv's bf16 cast too, or null
   uint16_t* out16 = nullptr;   // forward: out's bf16 cast too, or null
   // backward (tensor cores): instead of storing dqkv, each block's column sums of its 64
@@ -68,6 +69,7 @@ inline Params make_params(const AttentionShape& s, const AttentionDropout& drop,
   p.doc = doc;
   p.Tk = s.T;
   p.window = s.window;
+  p.sink = s.softmax_offset;
   if (context) {
     LATTICE_CHECK(context->kv && !doc && context->split >= 0 && context->split <= s.T && context->shift[0] >= 0 &&
                   context->shift[1] >= context->shift[0] && context->position(s.T - 1) < context->Tk)

@@ -27,7 +27,8 @@ __global__ void kv_cache_append_kernel(float* k_cache, float* v_cache, const flo
 
 // One block per (query r, head h), reading head h's group's cache rows.
 __global__ void cached_attention_kernel(float* out, const float* qkv, const float* k_cache, const float* v_cache,
-                                        int64_t past, QkvLayout L, int64_t Tmax, int64_t window, float scale) {
+                                        int64_t past, QkvLayout L, int64_t Tmax, int64_t window, float scale,
+                                        const float* sink) {
   LATTICE_DYNAMIC_SHARED(float, s);  // [past + r + 1] scores
   const int64_t H = L.H, D = L.D;
   const int64_t r = blockIdx.x / H, h = blockIdx.x % H, g = h / L.R();
@@ -44,12 +45,14 @@ __global__ void cached_attention_kernel(float* out, const float* qkv, const floa
     mx = fmaxf(mx, s[t]);
   }
   mx = block_reduce(mx, MaxOp{}, -INFINITY);
+  if (sink) mx = fmaxf(mx, sink[h]);  // the head's sink logit: in the max and the sum, with no value
   float sum = 0.0f;
   for (int64_t t = first + threadIdx.x; t <= last; t += blockDim.x) {
     s[t] = expf(s[t] - mx);
     sum += s[t];
   }
   sum = block_sum(sum);  // also orders the writes of s before the reads below
+  if (sink) sum += expf(sink[h] - mx);
   const float inv = 1.0f / sum;
   float* o = out + (r * H + h) * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -94,14 +97,15 @@ void kv_cache_append(float* k_cache, float* v_cache, const float* qkv, int64_t n
 }
 
 void cached_attention_forward(float* out, const float* qkv, const float* k_cache, const float* v_cache, int64_t n,
-                              int64_t past, const QkvLayout& layout, int64_t Tmax, int64_t window) {
+                              int64_t past, const QkvLayout& layout, int64_t Tmax, int64_t window,
+                              const float* softmax_offset) {
   const int64_t H = layout.H;
   if (n <= 0) return;
   const size_t shared = size_t(past + n) * sizeof(float);
   reserve_scores(shared, past + n);
   LATTICE_CHECK(n * H < (int64_t(1) << 31)) << "cached_attention_forward: too many (query, head) pairs";
   launch(cached_attention_kernel, unsigned(n * H), kThreads, shared, out, qkv, k_cache, v_cache, past, layout, Tmax,
-         window, 1.0f / sqrtf(float(layout.D)));
+         window, 1.0f / sqrtf(float(layout.D)), softmax_offset);
   LATTICE_CUDA_LAUNCHED("cached_attention_forward");
 }
 

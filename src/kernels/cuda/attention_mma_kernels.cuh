@@ -182,6 +182,10 @@ __global__ void __launch_bounds__(kThreads) mma_forward_kernel(float* out, float
   for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY};  // running max of the row's scores, log2 domain
   float l[2] = {0.0f, 0.0f};            // this lane's part of the row's sum of exp2(s - m)
+  if (p.sink) {  // the sink's term to start from: its logit the max, exp2(0) = 1 in one lane of the quad
+    m[0] = m[1] = p.sink[h] * kLog2e;
+    l[0] = l[1] = q == 0 ? 1.0f : 0.0f;
+  }
   const float scale2 = p.scale * kLog2e;
 
   // From the key tile of the first row's window (the tiles before it are wholly masked).
