@@ -83,10 +83,13 @@ struct AttentionOperand {
 // sequence of Tk (Tk replaces T in AttentionDropout's formula), so the masks are the
 // single-process run's. The backward writes the keys' and values' gradients into dkv
 // [B, Tk, G, 2, D] (every element) and only the queries' into dqkv (its key and value slots are
-// left as they are; dqkv_bf16 and dbias must be null, and document_ids too).
+// left as they are; dqkv_bf16 and dbias must be null). With document ids (--reset-attention-mask)
+// the queries' are document_ids [B, T] as without a context and the keys' key_document_ids [B, Tk],
+// the whole sequence's: given together or not at all.
 struct ContextKeys {
   const float* kv = nullptr;  // [B, Tk, G, 2, D]
   float* dkv = nullptr;       // [B, Tk, G, 2, D] (backward)
+  const int32_t* key_document_ids = nullptr;  // [B, Tk] or null
   int64_t Tk = 0;
   int64_t split = 0;          // rows i < split sit at i + shift[0], the others at i + shift[1]
   int64_t shift[2] = {0, 0};

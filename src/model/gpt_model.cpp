@@ -73,6 +73,9 @@ struct GPTModel::Activations {
   int32_t* positions() const { return ids.device() + n; }
   int32_t* document_ids() const { return ids.device() + 2 * n; }
   int32_t* targets() const { return ids.device() + 3 * n; }
+  // Context parallelism with --reset-attention-mask: the whole sequences' document ids [B, T x cp],
+  // the keys' (every rank counts every eod).
+  StagedArray<int32_t> key_ids;
   // For the embedding's backward on a GPU: the inputs' rows grouped by token and by position
   // (kernels/embedding.h), [token groups | position groups] with room for 2n + 1 entries each,
   // made on the host by prepare_inputs; groups points into it (empty: none made).
@@ -219,6 +222,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   for (Activations& a : acts_) {
     a.n = B * T;
     a.ids.resize(size_t(4 * B * T));
+    if (cp_.on()) a.key_ids.resize(size_t(B * T * cp_.size()));
     if (current_device() != Device::cpu) a.row_groups.resize(size_t(2 * (2 * B * T + 1)));
     a.loss_mask.resize(size_t(B * T));
   }
@@ -231,9 +235,6 @@ GPTModel::~GPTModel() = default;
 void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
   LATTICE_CHECK(d.eod >= 0 || !(d.eod_mask_loss || d.reset_position_ids || d.reset_attention_mask))
       << "document boundaries need an end-of-document token id";
-  if (d.reset_attention_mask && cp_.on())
-    LATTICE_FAIL() << "--reset-attention-mask with --context-parallel-size " << cp_.size()
-                   << ": the document mask over gathered keys is not supported yet";
   docs_ = d;
 }
 
@@ -259,6 +260,7 @@ void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t tok
     int32_t doc = 0, start = 0;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t row = row_of[size_t(t)];
+      if (cp_.on()) a.key_ids.host()[b * T + t] = doc;
       if (row >= 0) {
         const size_t i = size_t(b * Tl + row);
         inputs[i] = in[t];
@@ -277,6 +279,7 @@ void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t tok
     }
   }
   a.ids.upload(size_t(4 * a.n));
+  if (cp_.on()) a.key_ids.upload(size_t(B * T));
   a.groups = {};
   if (!group_rows) return;
   const int64_t N = B * Tl, room = 2 * N + 1;
@@ -1000,8 +1003,10 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   if (cp_.on()) {  // the queries of this rank's tokens over the whole sequences' keys and values
     const ContextSplit s = cp_.split(T * cp_.size());
     gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
-    const ContextKeys keys = s.keys(cp_kv_.data(), nullptr);
-    attention_forward(x.attn, x.lse, x.qkv, shape, ad, nullptr, attention_math_, nullptr, &keys);
+    ContextKeys keys = s.keys(cp_kv_.data(), nullptr);
+    if (docs_.reset_attention_mask) keys.key_document_ids = a.key_ids.device();
+    attention_forward(x.attn, x.lse, x.qkv, shape, ad, docs_.reset_attention_mask ? a.document_ids() : nullptr,
+                      attention_math_, nullptr, &keys);
     return;
   }
   attention_forward(x.attn, x.lse, qkv_input(p, x.qkv), shape, ad,
@@ -1146,8 +1151,10 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       // to the ranks holding their tokens, into d_3c's key and value slots.
       const ContextSplit s = cp_.split(T * cp_.size());
       gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
-      const ContextKeys keys = s.keys(cp_kv_.data(), cp_staging_.data());
-      attention_backward(sc.d_3c, d_attn, x.qkv, x.attn, x.lse, shape, ad, nullptr, attention_math_, nullptr, nullptr,
+      ContextKeys keys = s.keys(cp_kv_.data(), cp_staging_.data());
+      if (docs_.reset_attention_mask) keys.key_document_ids = a.key_ids.device();
+      attention_backward(sc.d_3c, d_attn, x.qkv, x.attn, x.lse, shape, ad,
+                         docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, nullptr, nullptr,
                          &keys, softmax_offset_grad(p));
       scatter_context_key_grads(cp_, s, sc.d_3c, cp_staging_.data(), cp_kv_.data(), cp_recv_.data(), qkv_layout(), B);
     } else {

@@ -509,9 +509,6 @@ void validate(TrainArgs& a) {
                      << " (required by --sequence-parallel)";
     if (a.num_experts > 0)
       LATTICE_FAIL() << "--context-parallel-size " << cp << " with --num-experts: not supported yet";
-    if (a.reset_attention_mask)
-      LATTICE_FAIL() << "--context-parallel-size " << cp
-                     << " with --reset-attention-mask: the document mask over gathered keys is not supported yet";
   }
   make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
                        a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);

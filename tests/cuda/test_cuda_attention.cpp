@@ -468,16 +468,18 @@ TEST(CudaAttentionContext, EveryRankMatchesCpu) {
     int64_t B, Tk, H, G, D;
     int P;
     int64_t window = -1;
+    bool documents = false;  // --reset-attention-mask: the queries' ids and the whole sequence's keys'
   };
   for (const CpCase c : {CpCase{2, 96, 4, 2, 32, 2}, CpCase{1, 200, 2, 2, 64, 4}, CpCase{2, 64, 3, 1, 16, 4},
-                         CpCase{1, 200, 2, 1, 32, 2, 45}})
+                         CpCase{1, 200, 2, 1, 32, 2, 45}, CpCase{2, 128, 4, 2, 32, 2, -1, true},
+                         CpCase{1, 200, 2, 1, 16, 4, 30, true}})
     for (int r = 0; r < c.P; ++r) {
       const int64_t chunk = c.Tk / (2 * c.P), T = 2 * chunk;
       const AttentionShape s{c.B, T, c.H, c.D, c.G, c.window};
       const QkvLayout L = s.layout();
       const std::string what = "B" + std::to_string(c.B) + " Tk" + std::to_string(c.Tk) + " P" +
-                               std::to_string(c.P) + " window " + std::to_string(c.window) + " rank " +
-                               std::to_string(r);
+                               std::to_string(c.P) + " window " + std::to_string(c.window) +
+                               (c.documents ? " documents" : "") + " rank " + std::to_string(r);
       const AttentionDropout drop = tensor_parallel_rank1_dropout(c.H);
       const auto qkv = random_floats(size_t(c.B * T * L.width()), 21 + uint32_t(r), -1.5f, 1.5f);
       const auto kv = random_floats(size_t(c.B * c.Tk * 2 * L.G * c.D), 31, -1.5f, 1.5f);
@@ -490,8 +492,15 @@ TEST(CudaAttentionContext, EveryRankMatchesCpu) {
       keys.shift[1] = (2 * c.P - 1 - r) * chunk - chunk;
       keys.kv = kv.data();
       keys.dkv = dkv.data();
-      attention_forward(out.data(), lse.data(), qkv.data(), s, drop, nullptr, AttentionMath::fp32, nullptr, &keys);
-      attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s, drop, nullptr,
+      // Document ids: the whole sequence's for the keys, each local row's at its position for the queries.
+      const std::vector<int32_t> key_ids = c.documents ? document_ids(c.B, c.Tk, 47) : std::vector<int32_t>{};
+      std::vector<int32_t> query_ids;
+      for (int64_t b = 0; c.documents && b < c.B; ++b)
+        for (int64_t i = 0; i < T; ++i) query_ids.push_back(key_ids[size_t(b * c.Tk + keys.position(i))]);
+      const int32_t* doc = c.documents ? query_ids.data() : nullptr;
+      keys.key_document_ids = c.documents ? key_ids.data() : nullptr;
+      attention_forward(out.data(), lse.data(), qkv.data(), s, drop, doc, AttentionMath::fp32, nullptr, &keys);
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s, drop, doc,
                          AttentionMath::fp32, nullptr, nullptr, &keys);
       for (AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16}) {
         auto d_qkv = upload(qkv), d_kv = upload(kv), d_dout = upload(dout), d_out_cpu = upload(out),
@@ -502,10 +511,14 @@ TEST(CudaAttentionContext, EveryRankMatchesCpu) {
         ContextKeys dk = keys;
         dk.kv = d_kv.as<float>();
         dk.dkv = d_dkv.as<float>();
-        cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, drop, nullptr, math,
+        const cuda::DeviceBuffer d_key_ids = c.documents ? upload(key_ids) : cuda::DeviceBuffer(),
+                                 d_query_ids = c.documents ? upload(query_ids) : cuda::DeviceBuffer();
+        dk.key_document_ids = c.documents ? d_key_ids.as<int32_t>() : nullptr;
+        const int32_t* d_doc = c.documents ? d_query_ids.as<int32_t>() : nullptr;
+        cuda::attention_forward(d_out.as<float>(), d_lse.as<float>(), d_qkv.as<float>(), s, drop, d_doc, math,
                                 nullptr, &dk);
         cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), d_out_cpu.as<float>(),
-                                 d_lse_cpu.as<float>(), s, drop, nullptr, math, nullptr, nullptr, &dk);
+                                 d_lse_cpu.as<float>(), s, drop, d_doc, math, nullptr, nullptr, &dk);
         const auto row = [&](int64_t k) { return what + " row " + std::to_string(k); };
         expect_rows_close(download<float>(d_out, out.size()), out, c.D, "out", row);
         expect_rows_close(download<float>(d_lse, lse.size()), lse, 1, "lse", row);

@@ -43,6 +43,7 @@ struct Case {
   int64_t window = -1;       // --window-size (sliding-window attention; -1: none)
   std::string window_skip;   // --window-attn-skip-freq
   std::string softmax_type = "vanilla";  // --softmax-type
+  bool attention_mask = false;  // with documents: --reset-attention-mask too
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -87,7 +88,7 @@ LayoutRun train(const Case& c, ParallelState* ps) {
   const TensorParallel tp = ps ? TensorParallel{&ps->tp(), c.sequence_parallel} : TensorParallel{};
   GPTModel model(config(c, tp.size()), kB, kT, tp, place, nullptr, ContextParallel{ps ? &ps->cp() : nullptr});
   model.init_parameters(1234);
-  if (c.documents) model.set_document_boundaries(DocumentBoundaries{3, true, true, false});
+  if (c.documents) model.set_document_boundaries(DocumentBoundaries{3, true, true, c.attention_mask});
   PipelineRunner runner(model, layout, ps ? &ps->pp() : nullptr, ps ? ps->embedding() : nullptr);
   std::unique_ptr<DataParallel> dp;
   if (ps) {
@@ -136,6 +137,9 @@ INSTANTIATE_TEST_SUITE_P(
         // and learnable attention sinks (each rank's rows' share of their gradient summed over dp x cp)
         Case{"Cp2WindowSinksRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, false, false, "", 20, 5, "2",
              "learnable"},
+        // the document mask: each rank's queries against the whole sequence's keys' document ids
+        Case{"Cp2DocumentMaskRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, true, true, "", 20, -1, "",
+             "vanilla", true},
         Case{"Cp4RopeGqa", 4, 4, 1, 1, false, false, false, 0.1f, true, false, false, "", 10},
         // DP 2 x CP 2: the gradients summed over all four ranks, the data split over two.
         Case{"Dp2Cp2DistributedOptimizer", 4, 2, 1, 1, true, true, false, 0.1f, false, true, false, "", 10},

@@ -25,12 +25,13 @@ struct CpCase {
   int P;
   bool dropout;
   int64_t window = -1;  // sliding window (AttentionShape::window)
+  bool documents = false;  // document ids (--reset-attention-mask): the queries' and the whole sequence's keys'
 };
 
 std::string name_of(const CpCase& c) {
   return "B" + std::to_string(c.B) + "T" + std::to_string(c.T) + "H" + std::to_string(c.H) + "G" +
          std::to_string(c.G) + "D" + std::to_string(c.D) + "P" + std::to_string(c.P) + (c.dropout ? "Dropout" : "") +
-         (c.window >= 0 ? "Window" + std::to_string(c.window) : "");
+         (c.window >= 0 ? "Window" + std::to_string(c.window) : "") + (c.documents ? "Documents" : "");
 }
 
 void PrintTo(const CpCase& c, std::ostream* os) { *os << name_of(c); }
@@ -53,8 +54,10 @@ TEST_P(KernelContextAttention, RanksTogetherEqualTheWholeSequence) {
   const std::vector<float> qkv = kernel_test::random_floats(size_t(c.B * c.T * W), 51, -1.5f, 1.5f);
   const std::vector<float> dout = kernel_test::random_floats(size_t(c.B * c.T * HD), 52);
   std::vector<float> out(size_t(c.B * c.T * HD)), lse(size_t(c.B * c.H * c.T)), dqkv(qkv.size());
-  attention_forward(out.data(), lse.data(), qkv.data(), whole, drop);
-  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), whole, drop);
+  const std::vector<int32_t> ids = c.documents ? attention_test::document_ids(c.B, c.T, 53) : std::vector<int32_t>{};
+  const int32_t* doc = c.documents ? ids.data() : nullptr;
+  attention_forward(out.data(), lse.data(), qkv.data(), whole, drop, doc);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), whole, drop, doc);
 
   // The gathered keys and values [B, T, G, 2, D] every rank attends.
   std::vector<float> kv(size_t(c.B * c.T * KW));
@@ -68,18 +71,22 @@ TEST_P(KernelContextAttention, RanksTogetherEqualTheWholeSequence) {
     const int64_t Tl = split.rows();
     const AttentionShape local{c.B, Tl, c.H, c.D, c.G, c.window};
     std::vector<float> qkv_l(size_t(c.B * Tl * W)), dout_l(size_t(c.B * Tl * HD));
+    std::vector<int32_t> ids_l(size_t(c.B * Tl));  // the local rows' document ids
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t i = 0; i < Tl; ++i) {
         const int64_t t = b * c.T + split.position(i), l = b * Tl + i;
         std::copy_n(qkv.begin() + t * W, W, qkv_l.begin() + l * W);
         std::copy_n(dout.begin() + t * HD, HD, dout_l.begin() + l * HD);
+        if (c.documents) ids_l[size_t(l)] = ids[size_t(t)];
       }
     std::vector<float> out_l(dout_l.size()), lse_l(size_t(c.B * c.H * Tl)), dqkv_l(qkv_l.size(), 7.0f);
     std::vector<float> dkv(kv.size(), NAN);  // every element written
-    const ContextKeys keys = split.keys(kv.data(), dkv.data());
-    attention_forward(out_l.data(), lse_l.data(), qkv_l.data(), local, drop, nullptr, AttentionMath::fp32, nullptr,
+    ContextKeys keys = split.keys(kv.data(), dkv.data());
+    keys.key_document_ids = doc;  // the whole sequence's
+    const int32_t* doc_l = c.documents ? ids_l.data() : nullptr;
+    attention_forward(out_l.data(), lse_l.data(), qkv_l.data(), local, drop, doc_l, AttentionMath::fp32, nullptr,
                       &keys);
-    attention_backward(dqkv_l.data(), dout_l.data(), qkv_l.data(), out_l.data(), lse_l.data(), local, drop, nullptr,
+    attention_backward(dqkv_l.data(), dout_l.data(), qkv_l.data(), out_l.data(), lse_l.data(), local, drop, doc_l,
                        AttentionMath::fp32, nullptr, nullptr, &keys);
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t i = 0; i < Tl; ++i) {
@@ -119,9 +126,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, KernelContextAttention,
                                            CpCase{2, 16, 2, 2, 4, 1, true},     // one rank: two halves of itself
                                            // sliding windows: inside a chunk, and across chunks and tiles
                                            CpCase{2, 40, 4, 2, 8, 2, true, 4},
-                                           CpCase{1, 256, 2, 1, 8, 4, true, 70}),
+                                           CpCase{1, 256, 2, 1, 8, 4, true, 70},
+                                           // document ids (--reset-attention-mask): documents shorter than a
+                                           // chunk, key tiles of other documents skipped; with a window too
+                                           CpCase{2, 96, 4, 2, 8, 2, true, -1, true},
+                                           CpCase{1, 200, 2, 2, 8, 4, false, 30, true}),
                          [](const auto& info) { return name_of(info.param); });
 
+// Document ids go with the keys' ids (both or neither).
 TEST(KernelContextAttentionArgs, RefusesDocumentIdsAndBadSplits) {
   const AttentionShape s{1, 4, 1, 4};
   std::vector<float> qkv(4 * 12), kv(8 * 8), out(16), lse(4);

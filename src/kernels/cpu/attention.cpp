@@ -77,12 +77,14 @@ void check_args(const AttentionShape& s, const AttentionDropout& drop, const Con
       << "attention: dropout probability " << drop.p << " not in [0, 1)";
   LATTICE_CHECK(s.window >= -1) << "attention: window " << s.window << " (expected -1 or a size >= 0)";
   if (!context) return;
-  LATTICE_CHECK(context->kv && !document_ids && context->split >= 0 && context->split <= s.T &&
+  LATTICE_CHECK(context->kv && !document_ids == !context->key_document_ids && context->split >= 0 &&
+                context->split <= s.T &&
                 context->shift[0] >= 0 && context->shift[1] >= context->shift[0] &&
                 context->position(s.T - 1) < context->Tk)
       << "attention: bad context-parallel keys (Tk=" << context->Tk << " split=" << context->split << " shifts "
-      << context->shift[0] << ", " << context->shift[1] << " for T=" << s.T << ", document ids "
-      << (document_ids ? "given" : "none") << ")";
+      << context->shift[0] << ", " << context->shift[1] << " for T=" << s.T << ", query document ids "
+      << (document_ids ? "given" : "none") << ", key document ids " << (context->key_document_ids ? "given" : "none")
+      << ")";
 }
 
 // Document masking: doc is [T] (this batch row's ids) or null. A query attends a key
@@ -130,8 +132,8 @@ const float* fp32_dout(const AttentionOperand& dout, const AttentionShape& s) {
 // diagonal, with the online softmax; scratch holds S (kTile^2), O (kTile*D) and the
 // row statistics.
 void forward_tile(float* out, float* lse_bh, const float* qkv, const float* kv, const AttentionShape& s,
-                  const Keys& keys, const AttentionDropout& drop, const int32_t* doc, int64_t b, int64_t h,
-                  int64_t i0, int64_t nq, float* scratch) {
+                  const Keys& keys, const AttentionDropout& drop, const int32_t* doc, const int32_t* kdoc, int64_t b,
+                  int64_t h, int64_t i0, int64_t nq, float* scratch) {
   const HeadView hv = head_view(s, keys, b, h);
   const int64_t D = s.D;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -154,7 +156,7 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const float* kv, 
   const IdRange q_ids = doc ? id_range(doc, i0, nq) : IdRange{0, 0};
   for (int64_t j0 = keys_begin; j0 < keys_end; j0 += kTile) {
     const int64_t nk = std::min(kTile, keys_end - j0);
-    if (doc && disjoint(q_ids, id_range(doc, j0, nk))) continue;
+    if (doc && disjoint(q_ids, id_range(kdoc, j0, nk))) continue;
     gemm_f32(Trans::N, Trans::T, nq, nk, D, scale, hv.q(qkv, i0), hv.ld_qkv, hv.k(kv, j0),
              hv.ld_kv, 0.0f, S, kTile);
     for (int64_t r = 0; r < nq; ++r) {
@@ -164,7 +166,7 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const float* kv, 
       const int64_t before = std::clamp<int64_t>(keys.first(i) - j0, 0, count);  // keys before the window
       for (int64_t c = 0; c < before; ++c) s_r[c] = -INFINITY;
       if (doc)  // other documents' keys: -inf, so exp gives exactly 0
-        for (int64_t c = 0; c < count; ++c) s_r[c] = doc[j0 + c] == doc[i] ? s_r[c] : -INFINITY;
+        for (int64_t c = 0; c < count; ++c) s_r[c] = kdoc[j0 + c] == doc[i] ? s_r[c] : -INFINITY;
       float mx = row_m[r];
       for (int64_t c = 0; c < count; ++c) mx = s_r[c] > mx ? s_r[c] : mx;
       if (mx == -INFINITY) {  // no key of this row's document so far: nothing to add
@@ -210,7 +212,7 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const float* kv, 
 // kv, dkv: the key source and its gradient (qkv and dqkv, or a context's kv and dkv).
 void backward_group(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv, const float* out,
                     const float* lse, const AttentionShape& s, const Keys& keys, const AttentionDropout& drop,
-                    const int32_t* doc, int64_t b, int64_t g, float* scratch) {
+                    const int32_t* doc, const int32_t* kdoc, int64_t b, int64_t g, float* scratch) {
   const int64_t T = s.T, D = s.D, R = s.layout().R();
   const float scale = 1.0f / std::sqrt(float(D));
   const bool dropout = drop.p > 0.0f;
@@ -241,7 +243,7 @@ void backward_group(float* dqkv, float* dkv, const float* dout, const float* qkv
     const int64_t nk = std::min(kTile, keys.T - j0);
     std::fill(dK, dK + nk * D, 0.0f);
     std::fill(dV, dV + nk * D, 0.0f);
-    const IdRange k_ids = doc ? id_range(doc, j0, nk) : IdRange{0, 0};
+    const IdRange k_ids = doc ? id_range(kdoc, j0, nk) : IdRange{0, 0};
     for (int64_t r = 0; r < R; ++r) {
       const int64_t h = g * R + r;
       const HeadView hv = head_view(s, keys, b, h);
@@ -268,7 +270,7 @@ void backward_group(float* dqkv, float* dkv, const float* dout, const float* qkv
           for (int64_t c = 0; c < count; ++c) p_r[c] = simd::exp(p_r[c] - l);
           for (int64_t c = 0; c < before; ++c) p_r[c] = 0.0f;
           if (doc)
-            for (int64_t c = 0; c < count; ++c) p_r[c] = doc[j0 + c] == doc[i] ? p_r[c] : 0.0f;
+            for (int64_t c = 0; c < count; ++c) p_r[c] = kdoc[j0 + c] == doc[i] ? p_r[c] : 0.0f;
           for (int64_t c = count; c < nk; ++c) p_r[c] = 0.0f;
           if (dropout) {
             if (count > 0)
@@ -339,6 +341,7 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
   const float* qkv = fp32_qkv(qkv_in, s);
   const float* kv = context ? context->kv : qkv;
   const Keys keys = keys_of(s, context);
+  const int32_t* key_ids = context ? context->key_document_ids : document_ids;  // [B, keys.T]
   const int64_t q_tiles = (s.T + kTile - 1) / kTile;
   const int64_t tasks = s.B * s.H * q_tiles;
   const size_t scratch_size = size_t(kTile * kTile + kTile * s.D + 3 * kTile);
@@ -352,7 +355,7 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
       const int64_t b = bh / s.H, h = bh % s.H;
       const int64_t i0 = qt * kTile;
       forward_tile(out, lse + bh * s.T, qkv, kv, s, keys, drop, document_ids ? document_ids + b * s.T : nullptr,
-                   b, h, i0, std::min(kTile, s.T - i0), scratch.data());
+                   key_ids ? key_ids + b * keys.T : nullptr, b, h, i0, std::min(kTile, s.T - i0), scratch.data());
     }
   }
   if (out_bf16) cast_fp32_to_bf16(out_bf16, out, s.B * s.T * s.H * s.D);
@@ -373,6 +376,7 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
   const float* kv = context ? context->kv : qkv;
   float* dkv = context ? context->dkv : dqkv;
   const Keys keys = keys_of(s, context);
+  const int32_t* key_ids = context ? context->key_document_ids : document_ids;  // [B, keys.T]
   const float* dout = fp32_dout(dout_in, s);
   const QkvLayout L = s.layout();
   const int64_t groups = s.B * L.G;
@@ -384,7 +388,8 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
     for (int64_t bg = 0; bg < groups; ++bg) {
       const int64_t b = bg / L.G;
       backward_group(dqkv, dkv, dout, qkv, kv, out, lse, s, keys, drop,
-                     document_ids ? document_ids + b * s.T : nullptr, b, bg % L.G, scratch.data());
+                     document_ids ? document_ids + b * s.T : nullptr, key_ids ? key_ids + b * keys.T : nullptr, b,
+                     bg % L.G, scratch.data());
     }
   }
   if (dqkv_bf16) cast_fp32_to_bf16(dqkv_bf16, dqkv, s.B * s.T * L.width());

@@ -64,10 +64,11 @@ __device__ __forceinline__ float warp_sum(float v) {
 struct IdRange {
   int32_t lo, hi;
 };
-// The document-id range of rows [t0, t0+n) of batch row b (n <= 32), known to every lane.
-__device__ IdRange id_range(const Params& p, int64_t b, int64_t t0, int n) {
+// The document-id range of rows [t0, t0+n) of batch row b (n <= 32) of ids [B, len] (the queries'
+// doc [B, T], or the keys' kdoc [B, Tk]), known to every lane.
+__device__ IdRange id_range(const int32_t* ids, int64_t len, int64_t b, int64_t t0, int n) {
   const int lane = threadIdx.x % 32;
-  const int32_t id = p.doc[b * p.T + t0 + (lane < n ? lane : 0)];
+  const int32_t id = ids[b * len + t0 + (lane < n ? lane : 0)];
   int32_t lo = id, hi = id;
   for (int o = 16; o > 0; o >>= 1) {
     lo = min(lo, __shfl_xor_sync(kFull, lo, o));
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int e = threadIdx.x; e < nq * D; e += kThreads)
     Qs[e] = qkv_at(qkv, p, qkv_row(p, b, i0 + e / D), sq, e % D);
-  const IdRange q_ids = p.doc ? id_range(p, b, i0, nq) : IdRange{0, 0};
+  const IdRange q_ids = p.doc ? id_range(p.doc, p.T, b, i0, nq) : IdRange{0, 0};
 
   float acc[kSlots][NC];
   float row_m[kSlots], row_l[kSlots];
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t j0 = keys_begin; j0 < keys_end; j0 += kTile) {
     const int nk = tile_len(keys_end - j0);
     // Every thread computes the same range, so the skip is uniform over the block.
-    if (p.doc && disjoint(q_ids, id_range(p, b, j0, nk))) continue;
+    if (p.doc && disjoint(q_ids, id_range(p.kdoc, p.Tk, b, j0, nk))) continue;
     __syncthreads();  // the previous tile is no longer read
     for (int e = threadIdx.x; e < nk * D; e += kThreads) {
       const int c = e / D, d = e % D;
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(kThreads)
     Ks[c * D + d] = key_at(qkv, p, b, j0 + c, g, sk, 0, d);
     Vs[c * D + d] = key_at(qkv, p, b, j0 + c, g, sk, 1, d);
   }
-  const IdRange k_ids = p.doc ? id_range(p, b, j0, nk) : IdRange{0, 0};
+  const IdRange k_ids = p.doc ? id_range(p.kdoc, p.Tk, b, j0, nk) : IdRange{0, 0};
 
   float dk[kSlots][NC], dv[kSlots][NC];
 #pragma unroll
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(kThreads)
       const int nq = tile_len(p.T - i0);
       if (position(p, i0 + nq - 1) < j0) continue;                      // uniform
       if (first_key(p, i0) >= j0 + nk) continue;                        // before the window (uniform)
-      if (p.doc && disjoint(k_ids, id_range(p, b, i0, nq))) continue;  // uniform
+      if (p.doc && disjoint(k_ids, id_range(p.doc, p.T, b, i0, nq))) continue;  // uniform
       __syncthreads();  // the previous query tile is no longer read
       for (int e = threadIdx.x; e < nq * D; e += kThreads) {
         const int r = e / D, d = e % D;
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(kThreads)
     Qs[e] = qkv_at(qkv, p, qkv_row(p, b, i0 + r), sq, d);
     dOs[e] = operand_at(dout, out_row(p, b, h, i0 + r) + d);
   }
-  const IdRange q_ids = p.doc ? id_range(p, b, i0, nq) : IdRange{0, 0};
+  const IdRange q_ids = p.doc ? id_range(p.doc, p.T, b, i0, nq) : IdRange{0, 0};
   __syncthreads();
 
   float dq[kSlots][NC], lse_r[kSlots], di_r[kSlots];
@@ -364,7 +365,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t j0 = keys_begin; j0 < keys_end; j0 += kTile) {
     const int nk = tile_len(keys_end - j0);
-    if (p.doc && disjoint(q_ids, id_range(p, b, j0, nk))) continue;  // uniform
+    if (p.doc && disjoint(q_ids, id_range(p.kdoc, p.Tk, b, j0, nk))) continue;  // uniform
     __syncthreads();  // the previous key tile is no longer read
     for (int e = threadIdx.x; e < nk * D; e += kThreads) {
       const int c = e / D, d = e % D;

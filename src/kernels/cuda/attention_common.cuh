@@ -25,7 +25,8 @@ struct Params {
   PhiloxStream stream;
   uint64_t first_index;
   int64_t heads_total, head_offset;
-  const int32_t* doc;          // [B,T] or null
+  const int32_t* doc;          // [B,T] or null: the queries' document ids
+  const int32_t* kdoc;         // [B,Tk] the keys' (doc itself without a context)
   // Context parallelism (ContextKeys): the keys and values kv [B, Tk, G, 2, D] of the whole
   // sequence, their gradients dkv (backward), and the query rows' positions; kv null: the keys
   // are qkv's own rows (Tk = T, positions 0 .. T-1).
@@ -67,20 +68,23 @@ inline Params make_params(const AttentionShape& s, const AttentionDropout& drop,
   p.heads_total = drop.total_heads > 0 ? drop.total_heads : s.H;
   p.head_offset = drop.head_offset;
   p.doc = doc;
+  p.kdoc = doc;
   p.Tk = s.T;
   p.window = s.window;
   p.sink = s.softmax_offset;
   if (context) {
-    LATTICE_CHECK(context->kv && !doc && context->split >= 0 && context->split <= s.T && context->shift[0] >= 0 &&
+    LATTICE_CHECK(context->kv && !doc == !context->key_document_ids && context->split >= 0 && context->split <= s.T && context->shift[0] >= 0 &&
                   context->shift[1] >= context->shift[0] && context->position(s.T - 1) < context->Tk)
         << "attention (CUDA): bad context-parallel keys (Tk=" << context->Tk << " split=" << context->split
-        << " for T=" << s.T << ", document ids " << (doc ? "given" : "none") << ")";
+        << " for T=" << s.T << ", query document ids " << (doc ? "given" : "none") << ", key document ids "
+        << (context->key_document_ids ? "given" : "none") << ")";
     p.kv = context->kv;
     p.dkv = context->dkv;
     p.Tk = context->Tk;
     p.split = context->split;
     p.shift0 = context->shift[0];
     p.shift1 = context->shift[1];
+    p.kdoc = context->key_document_ids;
   }
   return p;
 }
@@ -101,7 +105,7 @@ __device__ __forceinline__ int64_t first_key(const Params& p, int64_t i) {
 __device__ __forceinline__ bool visible(const Params& p, int64_t b, int64_t i, int64_t j) {
   if (j > position(p, i)) return false;
   if (p.window >= 0 && j < position(p, i) - p.window) return false;
-  return !p.doc || p.doc[b * p.T + j] == p.doc[b * p.T + i];
+  return !p.doc || p.kdoc[b * p.Tk + j] == p.doc[b * p.T + i];
 }
 
 // Dropout factor of probability (b, h, i, j): keep_scale or 0, the CPU's mask bit for bit.
