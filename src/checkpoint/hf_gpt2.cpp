@@ -296,6 +296,8 @@ std::string hf_gpt2_mismatch(const TransformerConfig& c) {
   else if (c.rope())
     why << "the rotary embedding (--position-embedding-type rope; HuggingFace GPT-2 has learned absolute positions "
            "only)";
+  else if (!c.learned_positions())
+    why << "no position embedding (--position-embedding-type none; HuggingFace GPT-2 has learned absolute positions)";
   else if (c.apply_layernorm_1p)
     why << "zero-centered norm weights (--apply-layernorm-1p; HuggingFace GPT-2's LayerNorm scales by its weight)";
   else if (c.window_size >= 0)

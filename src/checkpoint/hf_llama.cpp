@@ -478,7 +478,10 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
 }
 
 std::string hf_llama_mismatch(const TransformerConfig& c) {
-  if (!c.rope()) return "learned absolute positions (HuggingFace Llama has the rotary embedding)";
+  if (!c.rope())
+    return c.learned_positions() ? "learned absolute positions (HuggingFace Llama has the rotary embedding)"
+                                 : "no position embedding (--position-embedding-type none; HuggingFace Llama has the "
+                                   "rotary embedding)";
   if (c.rotary_percent != 1.0) {
     std::ostringstream s;
     s << "--rotary-percent " << c.rotary_percent << " (HuggingFace Llama rotates every dim)";

@@ -30,7 +30,7 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   LATTICE_CHECK(capacity_ <= cfg_.max_position_embeddings)
       << "KV cache of " << capacity_ << " tokens exceeds max_position_embeddings " << cfg_.max_position_embeddings;
   wte_ = p("embedding.word_embeddings.weight");
-  wpe_ = cfg_.rope() ? nullptr : p("embedding.position_embeddings.weight");
+  wpe_ = cfg_.learned_positions() ? p("embedding.position_embeddings.weight") : nullptr;
   rope_ = model.rope_table();
   // A norm's weight as the kernels apply it: with --apply-layernorm-1p, 1 + the parameter (made
   // here, in norm_1p_: the final norm's, then each layer's input, pre-MLP and query/key norms').

@@ -52,7 +52,7 @@ class GPTInference {
 
   TransformerConfig cfg_;
   int64_t capacity_ = 0, length_ = 0, rows_ = 0;
-  const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;  // wpe_ null with the rotary embedding
+  const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;  // wpe_ null without learned positions
   const RopeTable* rope_ = nullptr;                      // the model's, with the rotary embedding
   DeviceArray<float> zero_bias_;                         // [C] zeros: the norms' bias with RMSNorm
   DeviceArray<float> zero_offsets_;                      // [H] zeros: --softmax-type off-by-one's sinks

@@ -364,7 +364,7 @@ void GPTModel::register_parameters() {
   const bool split_pipeline = !(place_.pre_process && place_.post_process);
   if (place_.pre_process) {
     wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
-    if (!cfg_.rope())
+    if (cfg_.learned_positions())
       wpe_ = add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C},
                  ParamInit::normal, std, -1);
     if (tied && split_pipeline) shared_embedding_ = wte_;

@@ -163,9 +163,10 @@ void TransformerConfig::check_moe() {
 }
 
 void TransformerConfig::check_position_embedding() const {
-  if (position_embedding_type != "learned_absolute" && position_embedding_type != "rope")
-    LATTICE_FAIL() << "--position-embedding-type must be learned_absolute or rope, got '" << position_embedding_type
-                   << "'";
+  if (position_embedding_type != "learned_absolute" && position_embedding_type != "rope" &&
+      position_embedding_type != "none")
+    LATTICE_FAIL() << "--position-embedding-type must be learned_absolute, rope or none, got '"
+                   << position_embedding_type << "'";
   if (use_rope_scaling && !rope())
     LATTICE_FAIL() << "--use-rope-scaling needs --position-embedding-type rope";
   if (!rope()) return;

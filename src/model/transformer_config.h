@@ -61,8 +61,9 @@ struct TransformerConfig {
   bool swiglu = false;
   // fc1's output width: ffn_hidden_size, or both SwiGLU projections.
   int64_t fc1_width() const { return swiglu ? 2 * ffn_hidden_size : ffn_hidden_size; }
-  // Positions: a learned table added to the embedding (learned_absolute), or the rotary
-  // embedding of q and k in every layer (rope; model/rotary_embedding.h, kernels/rope.h).
+  // Positions: a learned table added to the embedding (learned_absolute), the rotary embedding of q
+  // and k in every layer (rope; model/rotary_embedding.h, kernels/rope.h), or none (NoPE: the causal
+  // mask is the only order the model sees).
   std::string position_embedding_type = "learned_absolute";
   double rotary_percent = 1.0;        // share of each head's dims rotated (double: Megatron's int(D * percent))
   float rotary_base = 10000.0f;
@@ -76,6 +77,7 @@ struct TransformerConfig {
   float rope_scaling_low_freq_factor = 1.0f, rope_scaling_high_freq_factor = 4.0f;
   int64_t rope_scaling_original_max_position_embeddings = 8192;
   bool rope() const { return position_embedding_type == "rope"; }
+  bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;        // --disable-bias-linear: no biases in QKV, proj, fc1, fc2
   bool add_qkv_bias = false;          // --add-qkv-bias: QKV's bias even without the others (Qwen2)

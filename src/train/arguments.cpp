@@ -41,7 +41,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"seq-length", Kind::i64, &a.seq_length, "sequence length"},
       {"max-position-embeddings", Kind::i64, &a.max_position_embeddings, "position table size"},
       {"position-embedding-type", Kind::str, &a.position_embedding_type,
-       "learned_absolute (a learned table) or rope (rotary embedding of q and k)"},
+       "learned_absolute (a learned table), rope (rotary embedding of q and k) or none (NoPE)"},
       {"rotary-percent", Kind::f64, &a.rotary_percent, "with rope: share of each head's dims rotated"},
       {"rotary-base", Kind::f32, &a.rotary_base, "with rope: the base of the rotation frequencies"},
       {"rotary-interleaved", Kind::flag, &a.rotary_interleaved,

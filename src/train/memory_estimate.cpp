@@ -67,7 +67,7 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
   const bool tied = !c.untie_embeddings_and_output_weights;
   if (place.pre_process) {
     add("embedding.word_embeddings.weight", {Vp, C}, 0);                          // [Vp/P, C]
-    if (!c.rope()) add("embedding.position_embeddings.weight", {c.max_position_embeddings, C}, -1);
+    if (c.learned_positions()) add("embedding.position_embeddings.weight", {c.max_position_embeddings, C}, -1);
   }
   for (auto [begin, end] : place.chunks)
     for (int64_t l = begin; l < end; ++l) {

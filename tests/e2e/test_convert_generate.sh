@@ -388,6 +388,22 @@ if run swiglu_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --swiglu --tra
 fi
 expect_error "--position-embedding-type alibi" "--position-embedding-type|alibi" -- \
   "$LATTICE" "${ROPE[@]/rope/alibi}" --train-iters 1
+# ---- --position-embedding-type none (NoPE): no position table, recorded, resumes only so, generates
+# the same with the KV cache as by full recomputation, has no HF form ----
+NOPE=("${ROPE[@]/rope/none}")
+if run nope_train "$LATTICE" "${NOPE[@]}" --train-iters 3 --exit-interval 2 --save ckpt-nope; then
+  grep -qF 'embedding.position_embeddings.weight' ckpt-nope/iter_0000002/*.json &&
+    fail "a NoPE checkpoint lists a position table"
+  expect_error "resume: NoPE checkpoint, learned positions" "position_embedding_type|--position-embedding-type" -- \
+    "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --train-iters 3 --load ckpt-nope
+  run nope_gen "$LATTICE" generate --load ckpt-nope --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run nope_gen_full "$LATTICE" generate --load ckpt-nope --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--position-embedding-type none: generate with the KV cache prints what full recomputation prints" \
+      nope_gen.out nope_gen_full.out
+  expect_error "convert: NoPE to HF" "--to-hf|--position-embedding-type none" -- \
+    "$LATTICE" convert --load ckpt-nope --to-hf hf-nope
+  [ -e hf-nope ] && fail "convert --to-hf of a NoPE model left hf-nope behind"
+fi
 expect_error "--rotary-percent rotating an odd number of dims" "--rotary-percent|rotates 5 dims|even" -- \
   "$LATTICE" "${ROPE[@]/0.5/0.625}" --train-iters 1
 

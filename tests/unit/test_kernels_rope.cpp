@@ -187,7 +187,7 @@ TEST(KernelRope, ConfigurationErrorsNameTheFlag) {
     cfg.finalize();
     FAIL() << "alibi accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--position-embedding-type must be learned_absolute or rope"),
+    EXPECT_NE(std::string(e.what()).find("--position-embedding-type must be learned_absolute, rope or none"),
               std::string::npos)
         << e.what();
   }

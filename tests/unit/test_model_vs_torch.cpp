@@ -83,7 +83,9 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
     c.moe_sinkhorn = f.metadata().count("moe_router_load_balancing_type") &&
                      f.metadata().at("moe_router_load_balancing_type") == "sinkhorn";
   }
-  if (f.metadata().count("position_embedding_type")) {
+  if (f.metadata().count("position_embedding_type") && f.metadata().at("position_embedding_type") == "none") {
+    c.position_embedding_type = "none";
+  } else if (f.metadata().count("position_embedding_type")) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
     c.rotary_percent = meta_double(f, "rotary_percent");
     c.rotary_base = float(meta_double(f, "rotary_base"));
@@ -204,6 +206,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_rope_rmsnorm_ln1p_gqa2_qknorm.safetensors",
                                            "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_rope_gqa2_swa4.safetensors",
                                            "gpt_tiny_rope_gqa2_swa4_sinks.safetensors", "gpt_tiny_offbyone.safetensors",
+                                           "gpt_tiny_nope.safetensors",
                                            "gpt_tiny_nobias_moe4.safetensors",
                                            "gpt_tiny_nobias_swiglu_moe4_shared.safetensors",
                                            "gpt_tiny_nobias_moe4_sigmoid.safetensors",
