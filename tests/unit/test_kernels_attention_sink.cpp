@@ -14,6 +14,7 @@
 
 #include "../attention_test_data.h"
 #include "kernels/attention.h"
+#include "attention_reference.h"
 #include "kernels_test_util.h"
 
 namespace lattice {
@@ -24,51 +25,6 @@ using kernel_test::numeric_grad;
 using kernel_test::project;
 using kernel_test::random_floats;
 using kernel_test::to_double;
-
-// Naive attention in double over qkv [B, T, G, R+2, D] with head h's sink logit sink[h] in its
-// softmax; query i sees key j iff j <= i, inside the window (s.window >= 0) and, with ids, of i's
-// document.
-std::vector<double> sink_ref(const std::vector<double>& qkv, const std::vector<double>& sink, const AttentionShape& s,
-                             const AttentionDropout& drop, const int32_t* doc, std::vector<double>* lse = nullptr) {
-  const int64_t B = s.B, T = s.T, H = s.H, D = s.D, G = s.G > 0 ? s.G : s.H, R = H / G;
-  std::vector<double> out(static_cast<size_t>(B * T * H * D), 0.0), p(static_cast<size_t>(T));
-  if (lse) lse->assign(size_t(B * H * T), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t h, int64_t which, int64_t d) {
-    const int64_t g = h / R, slot = which == 0 ? h % R : R + which - 1;
-    return qkv[size_t((((b * T + t) * G + g) * (R + 2) + slot) * D + d)];
-  };
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < T; ++i) {
-        auto visible = [&](int64_t j) {
-          if (j > i || (s.window >= 0 && j < i - s.window)) return false;
-          return !doc || doc[b * T + j] == doc[b * T + i];
-        };
-        double mx = sink[size_t(h)];  // the sink's column
-        for (int64_t j = 0; j < T; ++j) {
-          if (!visible(j)) continue;
-          double dot = 0.0;
-          for (int64_t d = 0; d < D; ++d) dot += at(b, i, h, 0, d) * at(b, j, h, 1, d);
-          p[size_t(j)] = dot / std::sqrt(double(D));
-          mx = std::max(mx, p[size_t(j)]);
-        }
-        double sum = std::exp(sink[size_t(h)] - mx);
-        for (int64_t j = 0; j < T; ++j)
-          if (visible(j)) sum += std::exp(p[size_t(j)] - mx);
-        if (lse) (*lse)[size_t((b * H + h) * T + i)] = mx + std::log(sum);
-        for (int64_t j = 0; j < T; ++j) {
-          if (!visible(j)) continue;
-          double w = std::exp(p[size_t(j)] - mx) / sum;
-          if (drop.p > 0.0f) {
-            const int64_t heads = drop.total_heads > 0 ? drop.total_heads : H;
-            const uint64_t idx = uint64_t(((b * heads + drop.head_offset + h) * T + i) * T + j) + drop.first_index;
-            w = drop.stream.uniform(idx) >= drop.p ? w / (1.0 - double(drop.p)) : 0.0;
-          }
-          for (int64_t d = 0; d < D; ++d) out[size_t(((b * T + i) * H + h) * D + d)] += w * at(b, j, h, 2, d);
-        }
-      }
-  return out;
-}
 
 struct Case {
   const char* name;
@@ -98,15 +54,15 @@ TEST_P(KernelAttentionSink, MatchesReferenceAndFiniteDifferences) {
   std::vector<float> out(static_cast<size_t>(n_out)), lse(static_cast<size_t>(c.B * c.H * c.T));
   attention_forward(out.data(), lse.data(), qkv.data(), s, drop, doc);
   std::vector<double> ref_lse;
-  expect_close(out, sink_ref(to_double(qkv), to_double(sink), s, drop, doc, &ref_lse), 1e-5, "out");
+  expect_close(out, attention_reference::attention(to_double(qkv), s, drop, doc, to_double(sink), &ref_lse), 1e-5, "out");
   expect_close(lse, ref_lse, 1e-5, "lse");
 
   const auto which = c.fd_coords ? kernel_test::sample_indices(size_t(n_qkv), c.fd_coords, 64) : std::vector<size_t>{};
   const auto dqkv_expected = numeric_grad(
-      [&](const std::vector<double>& x) { return project(sink_ref(x, to_double(sink), s, drop, doc), R); },
+      [&](const std::vector<double>& x) { return project(attention_reference::attention(x, s, drop, doc, to_double(sink)), R); },
       to_double(qkv), which);
   const auto dsink_expected = numeric_grad(
-      [&](const std::vector<double>& x) { return project(sink_ref(to_double(qkv), x, s, drop, doc), R); },
+      [&](const std::vector<double>& x) { return project(attention_reference::attention(to_double(qkv), s, drop, doc, x), R); },
       to_double(sink), {});
   std::vector<float> dqkv(static_cast<size_t>(n_qkv), 7.0f), dsink(size_t(c.H), 0.5f);  // dsink accumulates
   attention_backward(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), s, drop, doc, AttentionMath::fp32,

@@ -15,6 +15,7 @@
 #include "../attention_test_data.h"
 #include "core/error.h"
 #include "kernels/attention.h"
+#include "attention_reference.h"
 #include "kernels_test_util.h"
 
 namespace lattice {
@@ -25,50 +26,6 @@ using kernel_test::numeric_grad;
 using kernel_test::project;
 using kernel_test::random_floats;
 using kernel_test::to_double;
-
-// Naive attention in double over qkv [B, T, G, R+2, D]: query i of head h sees key j iff
-// i - W <= j <= i (W = s.window; every j <= i when W < 0) and, with ids, doc[b,i] == doc[b,j].
-std::vector<double> window_ref(const std::vector<double>& qkv, const AttentionShape& s, const AttentionDropout& drop,
-                               const int32_t* doc, std::vector<double>* lse = nullptr) {
-  const int64_t B = s.B, T = s.T, H = s.H, D = s.D, G = s.G > 0 ? s.G : s.H, R = H / G;
-  std::vector<double> out(static_cast<size_t>(B * T * H * D), 0.0), p(static_cast<size_t>(T));
-  if (lse) lse->assign(size_t(B * H * T), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t h, int64_t which, int64_t d) {
-    const int64_t g = h / R, slot = which == 0 ? h % R : R + which - 1;
-    return qkv[size_t((((b * T + t) * G + g) * (R + 2) + slot) * D + d)];
-  };
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < T; ++i) {
-        auto visible = [&](int64_t j) {
-          if (j > i || (s.window >= 0 && j < i - s.window)) return false;
-          return !doc || doc[b * T + j] == doc[b * T + i];
-        };
-        double mx = -INFINITY;
-        for (int64_t j = 0; j < T; ++j) {
-          if (!visible(j)) continue;
-          double dot = 0.0;
-          for (int64_t d = 0; d < D; ++d) dot += at(b, i, h, 0, d) * at(b, j, h, 1, d);
-          p[size_t(j)] = dot / std::sqrt(double(D));
-          mx = std::max(mx, p[size_t(j)]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j < T; ++j)
-          if (visible(j)) sum += std::exp(p[size_t(j)] - mx);
-        if (lse) (*lse)[size_t((b * H + h) * T + i)] = mx + std::log(sum);
-        for (int64_t j = 0; j < T; ++j) {
-          if (!visible(j)) continue;
-          double w = std::exp(p[size_t(j)] - mx) / sum;
-          if (drop.p > 0.0f) {
-            const int64_t heads = drop.total_heads > 0 ? drop.total_heads : H;
-            const uint64_t idx = uint64_t(((b * heads + drop.head_offset + h) * T + i) * T + j) + drop.first_index;
-            w = drop.stream.uniform(idx) >= drop.p ? w / (1.0 - double(drop.p)) : 0.0;
-          }
-          for (int64_t d = 0; d < D; ++d) out[size_t(((b * T + i) * H + h) * D + d)] += w * at(b, j, h, 2, d);
-        }
-      }
-  return out;
-}
 
 struct Case {
   const char* name;
@@ -95,20 +52,20 @@ TEST_P(KernelWindowAttention, MatchesBandedReferenceAndFiniteDifferences) {
   std::vector<float> out(static_cast<size_t>(n_out)), lse(static_cast<size_t>(c.B * c.H * c.T));
   attention_forward(out.data(), lse.data(), qkv.data(), s, drop, doc);
   std::vector<double> ref_lse;
-  const std::vector<double> ref = window_ref(to_double(qkv), s, drop, doc, &ref_lse);
+  const std::vector<double> ref = attention_reference::attention(to_double(qkv), s, drop, doc, {}, &ref_lse);
   expect_close(out, ref, 1e-5, "out");
   expect_close(lse, ref_lse, 1e-5, "lse");
   // The window changes the result (else the case would not test it): the reference without it differs.
   AttentionShape full = s;
   full.window = -1;
-  const std::vector<double> unbanded = window_ref(to_double(qkv), full, drop, doc);
+  const std::vector<double> unbanded = attention_reference::attention(to_double(qkv), full, drop, doc);
   double moved = 0.0;
   for (size_t k = 0; k < ref.size(); ++k) moved = std::max(moved, std::fabs(ref[k] - unbanded[k]));
   EXPECT_GT(moved, 1e-3) << "the window masks nothing in this case";
 
   const auto which = c.fd_coords ? kernel_test::sample_indices(size_t(n_qkv), c.fd_coords, 73) : std::vector<size_t>{};
   const auto expected = numeric_grad(
-      [&](const std::vector<double>& x) { return project(window_ref(x, s, drop, doc), R); }, to_double(qkv), which);
+      [&](const std::vector<double>& x) { return project(attention_reference::attention(x, s, drop, doc), R); }, to_double(qkv), which);
   std::vector<float> dqkv(static_cast<size_t>(n_qkv), 7.0f);  // written, not accumulated
   attention_backward(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), s, drop, doc);
   expect_close(dqkv, expected, 1e-4, "dqkv", which);

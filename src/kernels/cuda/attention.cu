@@ -485,14 +485,8 @@ __global__ void softmax_offset_sum_kernel(float* grad, const float* part, int64_
 
 // The parts' scratch [B*H], grown on demand and kept (the process's one device).
 float* softmax_offset_parts(int64_t n) {
-  static void* buffer = nullptr;
-  static int64_t capacity = 0;
-  if (n > capacity) {
-    if (buffer) free_device(buffer);  // free_device synchronizes: earlier kernels are done with it
-    buffer = malloc_device(size_t(n) * sizeof(float));
-    capacity = n;
-  }
-  return static_cast<float*>(buffer);
+  static GrownScratch scratch;
+  return scratch.at_least(n);
 }
 
 void softmax_offset_backward(float* grad, const AttentionOperand& dout, const float* out, const float* lse,

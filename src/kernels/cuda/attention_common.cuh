@@ -155,6 +155,21 @@ __device__ __forceinline__ float key_at(const AttentionOperand& qkv, const Param
   return qkv_at(qkv, p, qkv_row(p, b, j), sk + part, d);
 }
 
+// Host side: a device scratch of floats that only grows, kept for the process (its one device); each
+// user holds its own (static) one.
+struct GrownScratch {
+  void* buffer = nullptr;
+  int64_t capacity = 0;
+  float* at_least(int64_t n) {
+    if (n > capacity) {
+      if (buffer) free_device(buffer);  // free_device synchronizes: earlier kernels are done with it
+      buffer = malloc_device(size_t(n) * sizeof(float));
+      capacity = n;
+    }
+    return static_cast<float*>(buffer);
+  }
+};
+
 // Host side: dynamic shared memory above the default 48 KB is granted per kernel before
 // each launch (fails with the need and the device's limit).
 template <typename Kernel>

@@ -107,14 +107,8 @@ void forward_typed(float* out, float* lse, const AttentionOperand& qkv, const Pa
 
 // D_i's scratch [B*H*T], grown on demand and kept (the process's one device).
 float* di_scratch(int64_t n) {
-  static void* buffer = nullptr;
-  static int64_t capacity = 0;
-  if (n > capacity) {
-    if (buffer) free_device(buffer);  // free_device synchronizes: earlier kernels are done with it
-    buffer = malloc_device(size_t(n) * sizeof(float));
-    capacity = n;
-  }
-  return static_cast<float*>(buffer);
+  static GrownScratch scratch;
+  return scratch.at_least(n);
 }
 
 template <typename F, int D>
