@@ -134,15 +134,13 @@ void CrossEntropyFused(benchmark::State& st) {
 }
 BENCHMARK(CrossEntropyFused)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// Causal attention of one layer, 12 heads of 64, B=4, forward or backward, at T = 64 or 1024;
-// reported in GFLOP/s of its products (causal: half of each T x T product).
-void Attention(benchmark::State& st) {
-  const int64_t T = st.range(0), B = 4, H = 12, D = 64;
-  const bool backward = st.range(1) != 0;
-  const lattice::AttentionShape shape{B, T, H, D};
-  const int64_t tokens = B * T;
-  const std::vector<float> qkv = random_vector(tokens * H * 3 * D, 1.0f, 1), dout = random_vector(tokens * H * D, 1.0f, 2);
-  std::vector<float> out(static_cast<size_t>(tokens * H * D)), lse(static_cast<size_t>(B * H * T)),
+// Times the attention of `shape` (no grouping), its forward or its backward (from the forward's
+// out and lse), on random inputs (seeds `seed` and seed + 1).
+void time_attention(benchmark::State& st, const lattice::AttentionShape& shape, bool backward, uint32_t seed) {
+  const int64_t tokens = shape.B * shape.T, H = shape.H, D = shape.D;
+  const std::vector<float> qkv = random_vector(tokens * H * 3 * D, 1.0f, seed),
+                           dout = random_vector(tokens * H * D, 1.0f, seed + 1);
+  std::vector<float> out(static_cast<size_t>(tokens * H * D)), lse(static_cast<size_t>(shape.B * H * shape.T)),
       dqkv(static_cast<size_t>(tokens * H * 3 * D));
   const lattice::AttentionDropout no_dropout;
   lattice::attention_forward(out.data(), lse.data(), qkv.data(), shape, no_dropout);
@@ -153,6 +151,14 @@ void Attention(benchmark::State& st) {
       lattice::attention_forward(out.data(), lse.data(), qkv.data(), shape, no_dropout);
     benchmark::DoNotOptimize(backward ? dqkv.data() : out.data());
   }
+}
+
+// Causal attention of one layer, 12 heads of 64, B=4, forward or backward, at T = 64 or 1024;
+// reported in GFLOP/s of its products (causal: half of each T x T product).
+void Attention(benchmark::State& st) {
+  const int64_t T = st.range(0), B = 4, H = 12, D = 64;
+  const bool backward = st.range(1) != 0;
+  time_attention(st, lattice::AttentionShape{B, T, H, D}, backward, 1);
   // 2 products of B H T^2 D / 2 multiply-adds forward, 5 backward.
   const double flops = (backward ? 5.0 : 2.0) * B * H * double(T) * double(T) * D;
   st.counters["GFLOP"] = benchmark::Counter(flops * double(st.iterations()) / 1e9, benchmark::Counter::kIsRate);
@@ -167,19 +173,7 @@ BENCHMARK(Attention)->Args({64, 0})->Args({64, 1})->Args({1024, 0})->Args({1024,
 void SlidingWindowAttention(benchmark::State& st) {
   const int64_t T = 4096, B = 1, H = 12, D = 64, window = st.range(0);
   const bool backward = st.range(1) != 0;
-  const lattice::AttentionShape shape{B, T, H, D, 0, window};
-  const std::vector<float> qkv = random_vector(B * T * H * 3 * D, 1.0f, 3), dout = random_vector(B * T * H * D, 1.0f, 4);
-  std::vector<float> out(static_cast<size_t>(B * T * H * D)), lse(static_cast<size_t>(B * H * T)),
-      dqkv(static_cast<size_t>(B * T * H * 3 * D));
-  const lattice::AttentionDropout no_dropout;
-  lattice::attention_forward(out.data(), lse.data(), qkv.data(), shape, no_dropout);
-  for (auto _ : st) {
-    if (backward)
-      lattice::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), shape, no_dropout);
-    else
-      lattice::attention_forward(out.data(), lse.data(), qkv.data(), shape, no_dropout);
-    benchmark::DoNotOptimize(backward ? dqkv.data() : out.data());
-  }
+  time_attention(st, lattice::AttentionShape{B, T, H, D, 0, window}, backward, 3);
   double pairs = 0;  // (query, key) pairs the window keeps
   for (int64_t i = 0; i < T; ++i) pairs += double(window < 0 || i <= window ? i + 1 : window + 1);
   const double flops = (backward ? 5.0 : 2.0) * 2.0 * B * H * pairs * D;

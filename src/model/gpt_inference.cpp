@@ -91,12 +91,10 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
                        ln2_w, norm_bias(s + "pre_mlp_layernorm.bias"),
                        dense(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
                        dense(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias"), qk, moe});
-    if (cfg_.learnable_softmax_offset()) {
+    if (cfg_.learnable_softmax_offset())
       layers_.back().softmax_offset = p(s + "self_attention.core_attention.softmax_offset");
-    } else if (cfg_.softmax_sink()) {
-      if (zero_offsets_.size() == 0) zero_offsets_.resize(size_t(cfg_.num_attention_heads));
-      layers_.back().softmax_offset = zero_offsets_.data();
-    }
+    else if (cfg_.softmax_sink())  // off-by-one: zeros, made once
+      layers_.back().softmax_offset = zero_offsets_.resize(size_t(cfg_.num_attention_heads));
   }
   // One cache row per key/value head: grouped-query attention keeps G, not H, keys per token.
   const size_t cache = size_t(cfg_.num_layers * cfg_.num_query_groups * cfg_.kv_channels * capacity_);

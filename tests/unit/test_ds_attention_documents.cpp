@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "attention_reference.h"
 #include "kernels/attention.h"
 #include "kernels_test_util.h"
 
@@ -19,43 +20,11 @@ using kernel_test::project;
 using kernel_test::random_floats;
 using kernel_test::to_double;
 
-// Naive attention in double: query i sees key j iff j <= i and doc[b,i] == doc[b,j].
+// The reference (attention_reference.h): query i sees key j iff j <= i and doc[b,i] == doc[b,j].
 std::vector<double> masked_ref(const std::vector<double>& qkv, const AttentionShape& s,
                                const AttentionDropout& drop, const std::vector<int32_t>& doc,
                                std::vector<double>* lse = nullptr) {
-  const int64_t B = s.B, T = s.T, H = s.H, D = s.D;
-  std::vector<double> out(static_cast<size_t>(B * T * H * D), 0.0), p(static_cast<size_t>(T));
-  if (lse) lse->assign(size_t(B * H * T), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t h, int64_t which, int64_t d) {
-    return qkv[size_t((((b * T + t) * H + h) * 3 + which) * D + d)];
-  };
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < T; ++i) {
-        auto visible = [&](int64_t j) { return j <= i && doc[size_t(b * T + j)] == doc[size_t(b * T + i)]; };
-        double mx = -INFINITY;
-        for (int64_t j = 0; j < T; ++j) {
-          if (!visible(j)) continue;
-          double dot = 0.0;
-          for (int64_t d = 0; d < D; ++d) dot += at(b, i, h, 0, d) * at(b, j, h, 1, d);
-          p[size_t(j)] = dot / std::sqrt(double(D));
-          mx = std::max(mx, p[size_t(j)]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j < T; ++j)
-          if (visible(j)) sum += std::exp(p[size_t(j)] - mx);
-        if (lse) (*lse)[size_t((b * H + h) * T + i)] = mx + std::log(sum);
-        for (int64_t j = 0; j < T; ++j) {
-          if (!visible(j)) continue;
-          double w = std::exp(p[size_t(j)] - mx) / sum;
-          if (drop.p > 0.0f) {
-            const uint64_t idx = uint64_t(((b * H + h) * T + i) * T + j) + drop.first_index;
-            w = drop.stream.uniform(idx) >= drop.p ? w / (1.0 - double(drop.p)) : 0.0;
-          }
-          for (int64_t d = 0; d < D; ++d) out[size_t(((b * T + i) * H + h) * D + d)] += w * at(b, j, h, 2, d);
-        }
-      }
-  return out;
+  return attention_reference::attention(qkv, s, drop, doc.data(), {}, lse);
 }
 
 // Document ids from document lengths, per batch row (the last one runs to T).

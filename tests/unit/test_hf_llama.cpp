@@ -25,6 +25,17 @@ using hf_test::fixture;
 using hf_test::TempDir;
 using hf_test::Tensors;
 
+// dir_b's model.safetensors holds dir_a's tensors, every one with the same bytes.
+void expect_same_tensor_bytes(const std::string& dir_a, const std::string& dir_b) {
+  SafetensorsFile a = SafetensorsFile::read(dir_a + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(dir_b + "/model.safetensors");
+  EXPECT_EQ(a.names().size(), b.names().size());
+  for (const std::string& name : a.names()) {
+    ASSERT_TRUE(b.has(name)) << name;
+    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name;
+  }
+}
+
 void check_fixture_logits(const char* dir) {
   HfModel hf = load_hf_llama(fixture(dir));
   hf_test::expect_fixture_logits(*hf.model, dir);
@@ -138,13 +149,7 @@ TEST(HfLlama, MistralModelMatchesIndependentLogitsAndExportsAsLlama) {
   save_hf_llama(out.str(), *hf.model, "");
   std::ifstream cf(out.str() + "/config.json");
   EXPECT_EQ(nlohmann::json::parse(cf)["model_type"], "llama");
-  SafetensorsFile a = SafetensorsFile::read(fixture("hf_mistral_tiny") + "/model.safetensors");
-  SafetensorsFile b = SafetensorsFile::read(out.str() + "/model.safetensors");
-  EXPECT_EQ(a.names().size(), b.names().size());
-  for (const std::string& name : a.names()) {
-    ASSERT_TRUE(b.has(name)) << name;
-    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name;
-  }
+  expect_same_tensor_bytes(fixture("hf_mistral_tiny"), out.str());
 }
 
 // Mistral with sliding_window 5: every layer's query sees its 5 latest keys, lattice's --window-size 4
@@ -165,13 +170,7 @@ TEST(HfLlama, MistralSlidingWindowMatchesIndependentLogitsAndRoundTrips) {
   EXPECT_EQ(j["model_type"], "mistral");
   EXPECT_EQ(j["architectures"][0], "MistralForCausalLM");
   EXPECT_EQ(j["sliding_window"], 5);
-  SafetensorsFile a = SafetensorsFile::read(fixture("hf_mistral_tiny_swa") + "/model.safetensors");
-  SafetensorsFile b = SafetensorsFile::read(out.str() + "/model.safetensors");
-  EXPECT_EQ(a.names().size(), b.names().size());
-  for (const std::string& name : a.names()) {
-    ASSERT_TRUE(b.has(name)) << name;
-    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name;
-  }
+  expect_same_tensor_bytes(fixture("hf_mistral_tiny_swa"), out.str());
   HfModel back = load_hf_llama(out.str());
   EXPECT_EQ(back.model->config().window_size, 4);
   hf_test::expect_fixture_logits(*back.model, "hf_mistral_tiny_swa");
