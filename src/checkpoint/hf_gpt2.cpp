@@ -291,8 +291,9 @@ std::string hf_gpt2_mismatch(const TransformerConfig& c) {
   else if (c.grouped_query_attention())
     why << "grouped-query attention (--num-query-groups " << c.num_query_groups
         << "; HuggingFace GPT-2 gives every head its own key and value)";
-  else if (c.swiglu)
-    why << "a SwiGLU MLP (--swiglu; HuggingFace GPT-2's MLP is fc -> GELU -> proj)";
+  else if (c.gated_linear_unit())
+    why << "a gated MLP (" << (c.swiglu ? "--swiglu" : "--quick-geglu")
+        << "; HuggingFace GPT-2's MLP is fc -> GELU -> proj)";
   else if (c.rope())
     why << "the rotary embedding (--position-embedding-type rope; HuggingFace GPT-2 has learned absolute positions "
            "only)";

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <vector>
 
+#include "checkpoint/hf_rope_scaling.h"
 #include "checkpoint/host_staging.h"
 #include "core/error.h"
 
@@ -309,11 +310,13 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
       c.rope_scaling_low_freq_factor = float(hf::config_positive(s, where, "low_freq_factor", 0.0));
       c.rope_scaling_high_freq_factor = float(hf::config_positive(s, where, "high_freq_factor", 0.0));
       c.rope_scaling_original_max_position_embeddings = hf::config_int(s, where, "original_max_position_embeddings");
+    } else if (type == "yarn") {
+      hf::read_yarn_rope_scaling(j, s, what, c);
     } else {
-      LATTICE_FAIL() << what << ": rope_scaling " << s.dump() << " is not supported (none, linear or llama3)";
+      LATTICE_FAIL() << what << ": rope_scaling " << s.dump() << " is not supported (none, linear, llama3 or yarn)";
     }
   }
-  c.position_embedding_type = "rope";
+  c.position_embedding_type = c.position_embedding_type == "yarn" ? "yarn" : "rope";
   c.rotary_percent = 1.0;
   c.rotary_interleaved = false;
   c.rotary_base = float(hf::config_positive(j, what, "rope_theta", 10000.0));
@@ -389,6 +392,7 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
             {"vocab_size", c.vocab_size}};
   if (c.rotary_seq_len_interpolation_factor > 0.0f)
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", hf::shortest_float(c.rotary_seq_len_interpolation_factor)}};
+  if (c.yarn()) j["rope_scaling"] = hf::yarn_rope_scaling_json(c);
   if (c.use_rope_scaling)
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", hf::shortest_float(c.rope_scaling_factor)},
@@ -489,7 +493,11 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   }
   if (c.rotary_interleaved) return "--rotary-interleaved (HuggingFace Llama rotates rotate_half pairs)";
   if (!c.rmsnorm()) return "LayerNorm (HuggingFace Llama has RMSNorm)";
+  if (c.quick_geglu) return "a quick GEGLU MLP (--quick-geglu; HuggingFace Llama's is SwiGLU)";
   if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";
+  if (c.glu_linear_offset != 0.0f) return "--glu-linear-offset (HuggingFace Llama's SwiGLU has no offset)";
+  if (c.activation_func_clamp_value > 0.0f)
+    return "--activation-func-clamp-value (HuggingFace Llama's SwiGLU has no clamps)";
   if (c.apply_layernorm_1p)
     return "zero-centered norm weights (--apply-layernorm-1p; HuggingFace Llama's RMSNorm scales by its weight)";
   if (c.add_bias_linear)

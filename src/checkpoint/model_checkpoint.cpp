@@ -74,6 +74,16 @@ const std::vector<OptionalField>& optional_fields() {
       {"window_size", "--window-size", -1},
       {"window_attn_skip_freq", "--window-attn-skip-freq", json::array()},
       {"softmax_type", "--softmax-type", "vanilla"},
+      {"quick_geglu", "--quick-geglu", false},
+      {"glu_linear_offset", "--glu-linear-offset", 0.0},
+      {"activation_func_clamp_value", "--activation-func-clamp-value", 0.0},
+      {"yarn_rotary_scaling_factor", "--yarn-rotary-scaling-factor", 1.0},
+      {"yarn_original_max_position_embeddings", "--yarn-original-max-position-embeddings", 4096},
+      {"yarn_beta_fast", "--yarn-beta-fast", 32.0},
+      {"yarn_beta_slow", "--yarn-beta-slow", 1.0},
+      {"yarn_mscale", "--yarn-mscale", 1.0},
+      {"yarn_mscale_all_dim", "--yarn-mscale-all-dim", 0.0},
+      {"yarn_correction_range_round_to_int", "--no-yarn-correction-range-round-to-int", true},
   };
   return fields;
 }
@@ -145,7 +155,17 @@ json model_config_json(const TransformerConfig& c) {
           {"rope_scaling_original_max_position_embeddings", c.rope_scaling_original_max_position_embeddings},
           {"window_size", c.window_size},
           {"window_attn_skip_freq", c.window_attn_pattern},
-          {"softmax_type", c.softmax_type}};
+          {"softmax_type", c.softmax_type},
+          {"quick_geglu", c.quick_geglu},
+          {"glu_linear_offset", c.glu_linear_offset},
+          {"activation_func_clamp_value", c.activation_func_clamp_value},
+          {"yarn_rotary_scaling_factor", c.yarn_rotary_scaling_factor},
+          {"yarn_original_max_position_embeddings", c.yarn_original_max_position_embeddings},
+          {"yarn_beta_fast", c.yarn_beta_fast},
+          {"yarn_beta_slow", c.yarn_beta_slow},
+          {"yarn_mscale", c.yarn_mscale},
+          {"yarn_mscale_all_dim", c.yarn_mscale_all_dim},
+          {"yarn_correction_range_round_to_int", c.yarn_correction_range_round_to_int}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -198,6 +218,16 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.window_size = optional_field(j, "window_size").get<int64_t>();
     c.window_attn_pattern = optional_field(j, "window_attn_skip_freq").get<std::vector<int>>();
     c.softmax_type = optional_field(j, "softmax_type").get<std::string>();
+    c.quick_geglu = optional_field(j, "quick_geglu").get<bool>();
+    c.glu_linear_offset = optional_field(j, "glu_linear_offset").get<float>();
+    c.activation_func_clamp_value = optional_field(j, "activation_func_clamp_value").get<float>();
+    c.yarn_rotary_scaling_factor = optional_field(j, "yarn_rotary_scaling_factor").get<float>();
+    c.yarn_original_max_position_embeddings = optional_field(j, "yarn_original_max_position_embeddings").get<int64_t>();
+    c.yarn_beta_fast = optional_field(j, "yarn_beta_fast").get<float>();
+    c.yarn_beta_slow = optional_field(j, "yarn_beta_slow").get<float>();
+    c.yarn_mscale = optional_field(j, "yarn_mscale").get<float>();
+    c.yarn_mscale_all_dim = optional_field(j, "yarn_mscale_all_dim").get<float>();
+    c.yarn_correction_range_round_to_int = optional_field(j, "yarn_correction_range_round_to_int").get<bool>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }

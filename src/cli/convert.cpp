@@ -11,6 +11,7 @@
 #include <string>
 
 #include "checkpoint/hf_gpt2.h"
+#include "checkpoint/hf_gpt_oss.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/model_checkpoint.h"
 #include "cli/simple_flags.h"
@@ -35,12 +36,15 @@ void from_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
-  // config.json's model_type says which: the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral,
-  // Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE), else GPT-2.
+  // config.json's model_type says which: GPT-OSS, the Llama family (Llama, Qwen2, Qwen3, Mistral,
+  // Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE), else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
-  const bool llama = is_hf_llama_config(config);
-  const std::string family = llama ? hf_llama_family_name(config) : "GPT-2";
-  HfModel in = llama ? load_hf_llama(dir, int64_t(divisible), 1) : load_hf_gpt2(dir, int64_t(divisible), 1);
+  const bool gpt_oss = is_hf_gpt_oss_config(config);
+  const bool llama = !gpt_oss && is_hf_llama_config(config);
+  const std::string family = gpt_oss ? "GPT-OSS" : llama ? hf_llama_family_name(config) : "GPT-2";
+  HfModel in = gpt_oss ? load_hf_gpt_oss(dir, int64_t(divisible), 1)
+               : llama ? load_hf_llama(dir, int64_t(divisible), 1)
+                       : load_hf_gpt2(dir, int64_t(divisible), 1);
   const TransformerConfig& c = in.model->config();
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
   // tokenizer.json (HuggingFaceTokenizer) when lattice reads it, else its tokenizer.model
@@ -104,16 +108,19 @@ void to_hf(const SimpleFlags& f) {
   if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "config.json"))
     LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
   LoadedModel lm = load_model_checkpoint(load, 1);
-  // GPT-2 when the model has its form, else Llama when it has that one, else neither.
+  // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
   const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
-  if (!not_gpt2.empty() && !not_llama.empty())
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", and "
-                   << not_llama << ": neither HuggingFace GPT-2 nor Llama";
+  const std::string not_gpt_oss = hf_gpt_oss_mismatch(c);
+  if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty())
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama
+                   << ", and " << not_gpt_oss << ": neither HuggingFace GPT-2, Llama nor GPT-OSS";
   if (not_gpt2.empty())
     save_hf_gpt2(dir, *lm.model, lm.tokenizer_type);
-  else
+  else if (not_llama.empty())
     save_hf_llama(dir, *lm.model, lm.tokenizer_type);
+  else
+    save_hf_gpt_oss(dir, *lm.model, lm.tokenizer_type);
   // A HuggingFace or SentencePiece tokenizer travels with the model (tokenizer.json or
   // tokenizer.model, and the configuration files beside it), so the folder loads as HuggingFace's.
   const std::string& type = lm.tokenizer.type;
@@ -133,7 +140,7 @@ void to_hf(const SimpleFlags& f) {
     }
   }
   std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s)\n", load.c_str(), (long long)lm.iteration, dir.c_str(),
-               not_gpt2.empty() ? "GPT-2" : hf_llama_family_name(c));
+               not_gpt2.empty() ? "GPT-2" : not_llama.empty() ? hf_llama_family_name(c) : "GPT-OSS");
 }
 
 }  // namespace
@@ -149,7 +156,8 @@ int cmd_convert(int argc, char** argv) {
         "writes GPT-2 when the model has its form (learned positions, LayerNorm, GELU, biases), else Llama\n"
         "(rope, RMSNorm, SwiGLU, no biases), Qwen2 for such a model with --add-qkv-bias, Qwen3 for one with\n"
         "--qk-layernorm, Mixtral for one with --num-experts (Qwen3-MoE with both, Qwen2-MoE with\n"
-        "--add-qkv-bias and gated shared experts, DeepSeek-MoE with ungated shared experts). The input is\n"
+        "--add-qkv-bias and gated shared experts, DeepSeek-MoE with ungated shared experts), GPT-OSS for\n"
+        "GPT-OSS's form (experts of --quick-geglu with biases, learnable sinks; MXFP4 experts read too). The input is\n"
         "read and checked completely before anything is written; an existing checkpoint or HF model is\n"
         "never overwritten.\n"
         "  --tokenizer-type NAME              the tokenizer recorded in the checkpoint\n"

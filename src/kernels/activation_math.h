@@ -12,6 +12,17 @@ namespace lattice {
 // (--openai-gelu, HuggingFace's gelu_new), or squared ReLU (--squared-relu: relu(x)^2).
 enum class GeluKind { erf, tanh, squared_relu };
 
+// A gated linear unit's form (Megatron's gated_linear_unit): from the gate g and the up projection
+// u, act(min(g, clamp)) (clamp(u, -clamp, clamp) + linear_offset), act(x) = x sigmoid(alpha x):
+// SiLU (alpha 1, --swiglu) or quick GELU (alpha 1.702, --quick-geglu, GPT-OSS's); linear_offset
+// is --glu-linear-offset, clamp --activation-func-clamp-value (0: none).
+struct GluForm {
+  float alpha = 1.0f;
+  float linear_offset = 0.0f;
+  float clamp = 0.0f;
+};
+inline constexpr float kQuickGeluAlpha = 1.702f;
+
 }  // namespace lattice
 
 namespace lattice::math {
@@ -76,15 +87,31 @@ inline void dispatch_activation(GeluKind kind, const F& f) {
   }
 }
 
-// SwiGLU (Megatron's --swiglu): silu(g) u = g sigmoid(g) u for a gate g and an up-projection u.
+// The gated linear unit of form f (GluForm; SwiGLU by default: silu(g) u = g sigmoid(g) u) for a
+// gate g and an up projection u. The clamps let NaN through (as torch.clamp does).
 LATTICE_HD inline float sigmoid(float v) { return 1.0f / (1.0f + math::exp(-v)); }
-LATTICE_HD inline float swiglu(float g, float u) { return g * sigmoid(g) * u; }
-// Its gradients times dout: dg = dout u silu'(g), silu'(g) = s (1 + g (1 - s)) with
-// s = sigmoid(g); du = dout silu(g).
-LATTICE_HD inline void swiglu_backward(float g, float u, float dout, float& dg, float& du) {
-  const float s = sigmoid(g);
-  dg = dout * u * (s * (1.0f + g * (1.0f - s)));
-  du = dout * (g * s);
+LATTICE_HD inline float clamp_gate(float g, const GluForm& f) { return f.clamp > 0.0f && g > f.clamp ? f.clamp : g; }
+LATTICE_HD inline float clamp_up(float u, const GluForm& f) {
+  if (f.clamp <= 0.0f) return u;
+  return u > f.clamp ? f.clamp : u < -f.clamp ? -f.clamp : u;
+}
+LATTICE_HD inline float glu(float g, float u, const GluForm& f = {}) {
+  const float gc = clamp_gate(g, f);
+  return gc * sigmoid(f.alpha * gc) * (clamp_up(u, f) + f.linear_offset);
+}
+// Its gradients times dout: dg = dout (u + offset) act'(g), act'(g) = s (1 + alpha g (1 - s)) with
+// s = sigmoid(alpha g); du = dout act(g); each 0 where its clamp holds the value (torch.clamp's
+// gradient: 1 inside [min, max], its ends included).
+LATTICE_HD inline void glu_backward(float g, float u, float dout, const GluForm& f, float& dg, float& du) {
+  const float gc = clamp_gate(g, f), uc = clamp_up(u, f);
+  const float ag = f.alpha * gc;
+  const float s = sigmoid(ag);
+  dg = dout * (uc + f.linear_offset) * (s * (1.0f + ag * (1.0f - s)));
+  du = dout * (gc * s);
+  if (f.clamp > 0.0f) {
+    if (!(g <= f.clamp)) dg = 0.0f;
+    if (!(u >= -f.clamp && u <= f.clamp)) du = 0.0f;
+  }
 }
 
 }  // namespace lattice::math

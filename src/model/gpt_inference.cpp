@@ -68,10 +68,14 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     if (moe_layer) {
       moe.router = p(s + "mlp.router.weight");
       if (cfg_.moe_router_enable_expert_bias) moe.expert_bias = p(s + "mlp.router.expert_bias");
+      if (cfg_.add_bias_linear) moe.router_bias = p(s + "mlp.router.bias");
       for (int64_t e = 0; e < cfg_.num_experts; ++e) {
         const std::string x = s + "mlp.experts.local_experts." + std::to_string(e) + ".";
         moe.fc1.push_back(p(x + "linear_fc1.weight"));
         moe.fc2.push_back(p(x + "linear_fc2.weight"));
+        if (!cfg_.add_bias_linear) continue;
+        moe.fc1_bias.push_back(p(x + "linear_fc1.bias"));
+        moe.fc2_bias.push_back(p(x + "linear_fc2.bias"));
       }
       moe.fc1_site.resize(moe.fc1.size());
       moe.fc2_site.resize(moe.fc2.size());
@@ -89,8 +93,8 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
                        cfg_.qkv_bias() ? p(s + "self_attention.linear_qkv.bias") : nullptr,
                        p(s + "self_attention.linear_proj.weight"), bias(s + "self_attention.linear_proj.bias"),
                        ln2_w, norm_bias(s + "pre_mlp_layernorm.bias"),
-                       dense(s + "mlp.linear_fc1.weight"), bias(s + "mlp.linear_fc1.bias"),
-                       dense(s + "mlp.linear_fc2.weight"), bias(s + "mlp.linear_fc2.bias"), qk, moe});
+                       dense(s + "mlp.linear_fc1.weight"), moe_layer ? nullptr : bias(s + "mlp.linear_fc1.bias"),
+                       dense(s + "mlp.linear_fc2.weight"), moe_layer ? nullptr : bias(s + "mlp.linear_fc2.bias"), qk, moe});
     if (cfg_.learnable_softmax_offset())
       layers_.back().softmax_offset = p(s + "self_attention.core_attention.softmax_offset");
     else if (cfg_.softmax_sink())  // off-by-one: zeros, made once
@@ -112,7 +116,7 @@ void GPTInference::reserve_rows(int64_t n) {
   tmp_.resize(N * C);
   qkv_.resize(N * size_t(cfg_.qkv_width()));
   fc_.resize(N * size_t(cfg_.fc1_width()));
-  if (cfg_.swiglu) act_.resize(N * F);
+  if (cfg_.gated_linear_unit()) act_.resize(N * F);
   if (cfg_.moe()) {
     const MoeShape s = lattice::moe_shape(cfg_);
     moe_state_carve(moe_, moe_buf_.resize(size_t(moe_state_floats(n, s))), n, s);
@@ -177,9 +181,9 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     }
     linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, cfg_.fc1_width());
     float* act = fc;
-    if (cfg_.swiglu) {  // fc [n, 2F] (with its bias) -> act [n, F]
+    if (cfg_.gated_linear_unit()) {  // fc [n, 2F] (with its bias) -> act [n, F]
       act = act_.data();
-      bias_swiglu_forward(fc, act, fc, nullptr, n, F, Rounding::none);
+      bias_swiglu_forward(fc, act, fc, nullptr, n, F, Rounding::none, cfg_.glu_form());
     } else {
       gelu_forward(fc, fc, n * F, cfg_.gelu);
     }

@@ -355,7 +355,7 @@ void GPTModel::register_parameters() {
   };
   // With SwiGLU fc1 is the gate's rows then the up projection's, each split over the ranks.
   const int64_t F1 = cfg_.fc1_width();
-  const int fc1_blocks = cfg_.swiglu ? 2 : 1;
+  const int fc1_blocks = cfg_.gated_linear_unit() ? 2 : 1;
   const bool tied = !cfg_.untie_embeddings_and_output_weights;
   const bool bias = cfg_.add_bias_linear;
   const bool norm_bias = !cfg_.rmsnorm();  // RMSNorm has a weight only
@@ -393,9 +393,10 @@ void GPTModel::register_parameters() {
       if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
       p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, norm_init, 0, -1);
       if (norm_bias) p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-      if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts (no biases)
-        const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.swiglu ? 2 * Fe : Fe;
+      if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts
+        const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.gated_linear_unit() ? 2 * Fe : Fe;
         p.router_w = add(layer_name(l, "mlp.router.weight"), {cfg_.num_experts, C}, ParamInit::normal, std, -1);
+        if (bias) p.router_b = add(layer_name(l, "mlp.router.bias"), {cfg_.num_experts}, ParamInit::zeros, 0, -1);
         if (cfg_.moe_router_enable_expert_bias) {  // Megatron-Core's TopKRouter buffer, zeros to start
           p.expert_bias = add(layer_name(l, "mlp.router.expert_bias"), {cfg_.num_experts}, ParamInit::zeros, 0, -1);
           params_.mark_buffer(p.expert_bias);
@@ -405,9 +406,14 @@ void GPTModel::register_parameters() {
           p.expert_fc2.push_back(add(expert_name(l, e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
           params_.mark_expert(p.expert_fc1.back());
           params_.mark_expert(p.expert_fc2.back());
+          if (!bias) continue;  // fc1's split as its weight's rows, fc2's whole (added once: MoeWeights::add_fc2_bias)
+          p.expert_fc1_b.push_back(add(expert_name(l, e, "linear_fc1.bias"), {Fe1}, ParamInit::zeros, 0, 0, fc1_blocks));
+          p.expert_fc2_b.push_back(add(expert_name(l, e, "linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1));
+          params_.mark_expert(p.expert_fc1_b.back());
+          params_.mark_expert(p.expert_fc2_b.back());
         }
         if (const int64_t Fs = cfg_.moe_shared_expert_intermediate_size; Fs > 0) {  // SharedExpertMLP
-          p.shared_fc1 = add(layer_name(l, "mlp.shared_experts.linear_fc1.weight"), {cfg_.swiglu ? 2 * Fs : Fs, C},
+          p.shared_fc1 = add(layer_name(l, "mlp.shared_experts.linear_fc1.weight"), {cfg_.gated_linear_unit() ? 2 * Fs : Fs, C},
                              ParamInit::normal, std, 0, fc1_blocks);
           p.shared_fc2 = add(layer_name(l, "mlp.shared_experts.linear_fc2.weight"), {C, Fs}, ParamInit::normal, out_std, 1);
           if (cfg_.moe_shared_expert_gate)
@@ -786,15 +792,16 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     const uint16_t* y = gemm_policy_->forward_bf16(p.fc1_w, x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C,
                                                    F1l);
     uint16_t* act = reinterpret_cast<uint16_t*>(x.gelu);
-    if (cfg_.swiglu)
-      bias_swiglu_forward_packed(act, y, bias_or_null(p.fc1_b), N, Fl_);
+    if (cfg_.gated_linear_unit())
+      bias_swiglu_forward_packed(act, y, bias_or_null(p.fc1_b), N, Fl_, cfg_.glu_form());
     else
       bias_gelu_forward_packed(act, y, bias(p.fc1_b), N, Fl_, cfg_.gelu);
   } else {
     linear_forward(x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), nullptr, N, C, F1l,
                    site(p.fc1_w).rounded_by_caller());
-    if (cfg_.swiglu)
-      bias_swiglu_forward(x.fc1, x.gelu, x.fc1, bias_or_null(p.fc1_b), N, Fl_, rounding(site(p.fc1_w)));
+    if (cfg_.gated_linear_unit())
+      bias_swiglu_forward(x.fc1, x.gelu, x.fc1, bias_or_null(p.fc1_b), N, Fl_, rounding(site(p.fc1_w)),
+                          cfg_.glu_form());
     else
       bias_gelu_forward(x.fc1, x.gelu, x.fc1, bias(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
   }
@@ -935,7 +942,13 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
   MoeWeights w;
   w.router = params_.param(p.router_w);
   w.router_site = router_site(p.router_w);
+  if (p.router_b >= 0) w.router_bias = params_.param(p.router_b);
   if (p.expert_bias >= 0) w.expert_bias = params_.param(p.expert_bias);
+  w.add_fc2_bias = tp_.rank() == 0;
+  for (size_t e = 0; e < p.expert_fc1_b.size(); ++e) {
+    w.fc1_bias.push_back(params_.param(p.expert_fc1_b[e]));
+    w.fc2_bias.push_back(params_.param(p.expert_fc2_b[e]));
+  }
   w.ep = MoeExpertParallel{ep_, &moe_ep_scratch_};
   for (size_t e = 0; e < p.expert_fc1.size(); ++e) {
     w.fc1.push_back(params_.param(p.expert_fc1[e]));
@@ -959,9 +972,14 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
 MoeGrads GPTModel::moe_grads(const LayerParams& p) const {
   MoeGrads g;
   g.router = params_.grad(p.router_w);
+  if (p.router_b >= 0) g.router_bias = params_.grad(p.router_b);
   for (size_t e = 0; e < p.expert_fc1.size(); ++e) {
     g.fc1.push_back(params_.grad(p.expert_fc1[e]));
     g.fc2.push_back(params_.grad(p.expert_fc2[e]));
+  }
+  for (size_t e = 0; e < p.expert_fc1_b.size(); ++e) {
+    g.fc1_bias.push_back(params_.grad(p.expert_fc1_b[e]));
+    g.fc2_bias.push_back(params_.grad(p.expert_fc2_b[e]));
   }
   if (p.shared_fc1 >= 0) {
     g.shared_fc1 = params_.grad(p.shared_fc1);
@@ -1083,7 +1101,9 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       grads_ready({p.router_w});
       grads_ready(p.expert_fc1);
       grads_ready(p.expert_fc2);
-      for (int s : {p.shared_fc1, p.shared_fc2, p.shared_gate, p.expert_bias})
+      grads_ready(p.expert_fc1_b);
+      grads_ready(p.expert_fc2_b);
+      for (int s : {p.shared_fc1, p.shared_fc2, p.shared_gate, p.expert_bias, p.router_b})
         if (s >= 0) grads_ready({s});
     } else {
       // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
@@ -1104,14 +1124,15 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       // pre-activation in x.fc1 instead.
       const int64_t F1l = fc1_local();
       uint16_t* d_f16 = bf16 ? reinterpret_cast<uint16_t*>(x.fc1) : nullptr;
-      float* d_f1 = cfg_.swiglu ? x.fc1 : sc.d_f;
+      float* d_f1 = cfg_.gated_linear_unit() ? x.fc1 : sc.d_f;
       const uint16_t* d_act16 = reinterpret_cast<const uint16_t*>(x.gelu);
-      if (bf16 && cfg_.swiglu)
-        bias_swiglu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias_or_null(p.fc1_b), d_act16, N, Fl_);
+      if (bf16 && cfg_.gated_linear_unit())
+        bias_swiglu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias_or_null(p.fc1_b), d_act16, N, Fl_,
+                                          cfg_.glu_form());
       else if (bf16)
         bias_gelu_backward_packed_dbias(d_f16, bias_grad(p.fc1_b), d_f16, bias(p.fc1_b), d_act16, N, Fl_, cfg_.gelu);
-      else if (cfg_.swiglu)
-        swiglu_backward(d_f1, x.fc1, sc.d_f, N, Fl_, rounding(site(p.fc2_w)));
+      else if (cfg_.gated_linear_unit())
+        swiglu_backward(d_f1, x.fc1, sc.d_f, N, Fl_, rounding(site(p.fc2_w)), cfg_.glu_form());
       else
         gelu_backward(sc.d_f, x.fc1, sc.d_f, N * Fl_, cfg_.gelu, rounding(site(p.fc2_w)));
       column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.fc1_w), bf16 ? nullptr : bias_grad_or_null(p.fc1_b),

@@ -271,6 +271,9 @@ class GPTModel {
     // --num-experts: the router and each expert's fc1 and fc2 (fc1_w, fc2_w are then -1)
     int router_w = -1;
     std::vector<int> expert_fc1, expert_fc2;
+    // With linear biases (add_bias_linear): the router's [E], each expert's fc1 [F1e] and fc2 [C]
+    int router_b = -1;
+    std::vector<int> expert_fc1_b, expert_fc2_b;
     // --moe-shared-expert-intermediate-size: the shared experts' fc1, fc2 and (gate) gate weight
     int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;
     // --moe-router-enable-expert-bias: mlp.router.expert_bias [E] (a buffer: ParamInfo::buffer)

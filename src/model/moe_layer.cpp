@@ -26,16 +26,16 @@ struct Carver {
   int32_t* take_ints(int64_t n) { return reinterpret_cast<int32_t*>(take(n)); }
 };
 
-// The MLP activation of rows [n, F] from fc1's outputs [n, F1] (GELU, or SwiGLU's halves).
+// The MLP activation of rows [n, F] from fc1's outputs [n, F1] (GELU, or a gated unit's halves).
 void activation_forward(float* act, float* h, int64_t n, int64_t F, const MoeShape& s) {
-  if (s.swiglu)
-    bias_swiglu_forward(h, act, h, nullptr, n, F, Rounding::none);
+  if (s.glu)
+    bias_swiglu_forward(h, act, h, nullptr, n, F, Rounding::none, s.glu_form);
   else
     gelu_forward(act, h, n * F, s.gelu);
 }
 void activation_backward(float* d_h, const float* h, const float* d_act, int64_t n, int64_t F, const MoeShape& s) {
-  if (s.swiglu)
-    swiglu_backward(d_h, h, d_act, n, F);
+  if (s.glu)
+    swiglu_backward(d_h, h, d_act, n, F, Rounding::none, s.glu_form);
   else
     gelu_backward(d_h, h, d_act, n * F, s.gelu);
 }
@@ -128,7 +128,8 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.k = c.moe_router_topk;
   s.C = c.hidden_size;
   s.F = c.moe_ffn_hidden_size / tp;
-  s.swiglu = c.swiglu;
+  s.glu = c.gated_linear_unit();
+  s.glu_form = c.glu_form();
   s.gelu = c.gelu;
   s.aux_loss_coeff = c.moe_aux_loss_coeff;
   s.z_loss_coeff = c.moe_z_loss_coeff;
@@ -408,14 +409,19 @@ namespace {
 void experts_forward(float* ye, float* h, float* act, const float* xe, const std::vector<int64_t>& offsets,
                      const MoeWeights& w, const MoeShape& s) {
   const int64_t El = int64_t(offsets.size()) - 1, C = s.C, F = s.F, F1 = s.F1(), R = offsets.back();
+  const bool biases = !w.fc1_bias.empty();
   for (int64_t e = 0; e < El; ++e) {
     const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
-    if (n > 0) linear_forward(h + o * F1, xe + o * C, w.fc1[size_t(e)], nullptr, n, C, F1, w.fc1_site[size_t(e)]);
+    if (n > 0)
+      linear_forward(h + o * F1, xe + o * C, w.fc1[size_t(e)], biases ? w.fc1_bias[size_t(e)] : nullptr, n, C, F1,
+                     w.fc1_site[size_t(e)]);
   }
   activation_forward(act, h, R, F, s);
   for (int64_t e = 0; e < El; ++e) {
     const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
-    if (n > 0) linear_forward(ye + o * C, act + o * F, w.fc2[size_t(e)], nullptr, n, F, C, w.fc2_site[size_t(e)]);
+    if (n > 0)
+      linear_forward(ye + o * C, act + o * F, w.fc2[size_t(e)],
+                     biases && w.add_fc2_bias ? w.fc2_bias[size_t(e)] : nullptr, n, F, C, w.fc2_site[size_t(e)]);
   }
 }
 
@@ -425,18 +431,19 @@ void experts_backward(float* d_xe, float* d_act, float* d_h, const float* d_ye, 
                       const float* act, const std::vector<int64_t>& offsets, const MoeWeights& w, MoeGrads& g,
                       const MoeShape& s) {
   const int64_t El = int64_t(offsets.size()) - 1, C = s.C, F = s.F, F1 = s.F1(), R = offsets.back();
+  const bool biases = !g.fc1_bias.empty();
   for (int64_t e = 0; e < El; ++e) {
     const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
     if (n > 0)
-      linear_backward(d_act + o * F, g.fc2[size_t(e)], nullptr, d_ye + o * C, act + o * F, w.fc2[size_t(e)], n, F, C,
-                      false, w.fc2_site[size_t(e)]);
+      linear_backward(d_act + o * F, g.fc2[size_t(e)], biases ? g.fc2_bias[size_t(e)] : nullptr, d_ye + o * C,
+                      act + o * F, w.fc2[size_t(e)], n, F, C, false, w.fc2_site[size_t(e)]);
   }
   activation_backward(d_h, h, d_act, R, F, s);
   for (int64_t e = 0; e < El; ++e) {
     const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
     if (n > 0)
-      linear_backward(d_xe + o * C, g.fc1[size_t(e)], nullptr, d_h + o * F1, xe + o * C, w.fc1[size_t(e)], n, C, F1,
-                      false, w.fc1_site[size_t(e)]);
+      linear_backward(d_xe + o * C, g.fc1[size_t(e)], biases ? g.fc1_bias[size_t(e)] : nullptr, d_h + o * F1,
+                      xe + o * C, w.fc1[size_t(e)], n, C, F1, false, w.fc1_site[size_t(e)]);
   }
 }
 
@@ -536,7 +543,10 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
   LATTICE_CHECK(E % P == 0 && int64_t(w.fc1.size()) == E / P && int64_t(w.fc2.size()) == E / P)
       << "moe_forward: " << E / P << " experts' weights on each of " << P << " expert-parallel ranks";
   LATTICE_CHECK(P == 1 || w.ep.scratch) << "moe_forward: expert parallelism without its scratch";
-  linear_forward(st.logits, x, w.router, nullptr, N, C, E, w.router_site);
+  LATTICE_CHECK(w.fc1_bias.size() == w.fc2_bias.size() && (w.fc1_bias.empty() || w.fc1_bias.size() == w.fc1.size()))
+      << "moe_forward: " << w.fc1_bias.size() << " fc1 and " << w.fc2_bias.size() << " fc2 biases for " << w.fc1.size()
+      << " experts";
+  linear_forward(st.logits, x, w.router, w.router_bias, N, C, E, w.router_site);
   std::vector<float>& logits = st.logits_host;
   std::vector<float> bias;
   logits.resize(size_t(N * E));
@@ -637,8 +647,8 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
     }
   }
   copy_to_device(sc.d_logits, d_logits.data(), d_logits.size() * sizeof(float));
-  linear_backward(router_input_grad ? dx : nullptr, g.router, nullptr, sc.d_logits, x, w.router, N, C, E, true,
-                  w.router_site);
+  linear_backward(router_input_grad ? dx : nullptr, g.router, w.router_bias ? g.router_bias : nullptr, sc.d_logits, x,
+                  w.router, N, C, E, true, w.router_site);
 }
 
 }  // namespace lattice

@@ -11,8 +11,10 @@
 //   y[t] = sum_j gate[t, j] expert_idx[t,j](x[t]).
 // --moe-router-score-function sigmoid: s = sigmoid(logits); idx = the k largest of s (+ the expert
 // bias); gate = s at idx over their sum (+1e-20; s itself when k = 1), times the scaling factor.
-// Each expert is the model's MLP (fc1 [F1, C], GELU or SwiGLU, fc2 [C, F]; F = the expert's ffn
-// size, --moe-ffn-hidden-size) without biases. The load-balancing loss (--moe-aux-loss-coeff a,
+// Each expert is the model's MLP (fc1 [F1, C], GELU or a gated unit, fc2 [C, F]; F = the expert's
+// ffn size, --moe-ffn-hidden-size), with biases b1 [F1], b2 [C] and the router's br [E] when the
+// model has linear biases (Megatron's add_bias_linear; GPT-OSS's): logits = x Wr^T + br, and a
+// slot's output gate (W2 act(W1 x + b1) + b2), the bias weighted with the rest. The load-balancing loss (--moe-aux-loss-coeff a,
 // Megatron's switch_load_balancing_loss_func) a E / (k N^2) sum_e (sum_t p[t, e]) count_e, with
 // p the softmax over all E logits and count_e the tokens whose k largest p include e (their routed
 // experts, but for the expert bias, the group limit and any drop), adds its gradient
@@ -60,7 +62,8 @@ class Comm;
 
 struct MoeShape {
   int64_t E = 0, k = 0, C = 0, F = 0;  // experts, experts per token, hidden size, expert ffn size
-  bool swiglu = false;
+  bool glu = false;          // a gated linear unit (--swiglu, --quick-geglu) of form glu_form
+  GluForm glu_form;
   GeluKind gelu = GeluKind::erf;
   float aux_loss_coeff = 0.0f;
   float z_loss_coeff = 0.0f;  // --moe-z-loss-coeff
@@ -78,8 +81,8 @@ struct MoeShape {
   int64_t ep = 1;            // expert-parallel ranks: > 1, the experts' fc1 outputs and activations live with
                              // the rows they receive (MoeState::ep_rows), not in the carved buffers
   bool shared_gate = false;  // --moe-shared-expert-gate
-  int64_t F1() const { return swiglu ? 2 * F : F; }  // fc1's outputs
-  int64_t Fs1() const { return swiglu ? 2 * Fs : Fs; }
+  int64_t F1() const { return glu ? 2 * F : F; }  // fc1's outputs
+  int64_t Fs1() const { return glu ? 2 * Fs : Fs; }
 };
 
 // A model's MoE layer shape (num_experts, moe_router_topk, moe_ffn_hidden_size, ...) on one of tp
@@ -99,8 +102,13 @@ struct MoeExpertParallel {
 // The layer's weights, with their GEMM sites (model/linear.h), and their gradients (accumulated).
 struct MoeWeights {
   const float* router = nullptr;             // [E, C]
+  const float* router_bias = nullptr;        // [E] (biases; null: none)
   const float* expert_bias = nullptr;        // [E] added to the scores for the choice (expert_bias)
   std::vector<const float*> fc1, fc2;        // per local expert [F1, C], [C, F] (E, or E / P under ep)
+  std::vector<const float*> fc1_bias, fc2_bias;  // per local expert [F1], [C] (empty: none)
+  // Tensor parallelism: the fc2 biases are added on one rank of the group (the others' outputs are
+  // partial sums the caller reduces); their gradients are made on every rank.
+  bool add_fc2_bias = true;
   MoeExpertParallel ep;
   GemmSite router_site;
   std::vector<GemmSite> fc1_site, fc2_site;
@@ -111,7 +119,9 @@ struct MoeWeights {
 };
 struct MoeGrads {
   float* router = nullptr;
+  float* router_bias = nullptr;
   std::vector<float*> fc1, fc2;
+  std::vector<float*> fc1_bias, fc2_bias;
   float* shared_fc1 = nullptr;
   float* shared_fc2 = nullptr;
   float* shared_gate = nullptr;

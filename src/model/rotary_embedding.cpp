@@ -1,5 +1,6 @@
 #include "model/rotary_embedding.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -18,6 +19,42 @@ float llama3_scaled_frequency(float f, const TransformerConfig& c) {
   return (1.0f - smooth) * f / factor + smooth * f;
 }
 
+double yarn_mscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+double yarn_attention_factor(const TransformerConfig& c) {
+  return yarn_mscale(c.yarn_rotary_scaling_factor, c.yarn_mscale) /
+         yarn_mscale(c.yarn_rotary_scaling_factor, c.yarn_mscale_all_dim);
+}
+
+std::vector<float> yarn_frequencies(const TransformerConfig& c, int64_t R) {
+  const int64_t half = R / 2;
+  const double base = c.rotary_base, L = double(c.yarn_original_max_position_embeddings);
+  // The dim (of R) whose pair turns `rotations` times over the original context.
+  auto correction_dim = [&](double rotations) {
+    return double(R) * std::log(L / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
+  };
+  double low = correction_dim(c.yarn_beta_fast), high = correction_dim(c.yarn_beta_slow);
+  if (c.yarn_correction_range_round_to_int) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, double(R - 1));
+  if (low == high) high += 0.001;  // no singularity
+  const float lo = float(low), span = float(high - low), factor = c.yarn_rotary_scaling_factor;
+  std::vector<float> f(static_cast<size_t>(half));
+  for (int64_t d = 0; d < half; ++d) {
+    const float pos_freq = std::pow(c.rotary_base, float(2 * d) / float(R));
+    const float extrapolation = 1.0f / pos_freq, interpolation = 1.0f / (factor * pos_freq);
+    const float ramp = std::clamp((float(d) - lo) / span, 0.0f, 1.0f);
+    const float keep = 1.0f - ramp;  // the extrapolated frequency's share
+    f[size_t(d)] = interpolation * (1.0f - keep) + extrapolation * keep;
+  }
+  return f;
+}
+
 int64_t rotary_dims(const TransformerConfig& c) {
   return int64_t(double(c.kv_channels) * c.rotary_percent);
 }
@@ -32,12 +69,14 @@ RotaryEmbedding::RotaryEmbedding(const TransformerConfig& c, int64_t positions) 
     inv_freq[size_t(d)] = 1.0f / std::pow(c.rotary_base, float(2 * d) / float(R));
   if (c.use_rope_scaling)
     for (float& f : inv_freq) f = llama3_scaled_frequency(f, c);
+  if (c.yarn()) inv_freq = yarn_frequencies(c, R);
+  const float scale = c.yarn() ? float(yarn_attention_factor(c)) : 1.0f;
   for (int64_t t = 0; t < positions; ++t) {
     const float pos = float(t) / factor;
     for (int64_t d = 0; d < half; ++d) {
       const float angle = pos * inv_freq[size_t(d)];
-      cos_h[size_t(t * half + d)] = float(std::cos(double(angle)));
-      sin_h[size_t(t * half + d)] = float(std::sin(double(angle)));
+      cos_h[size_t(t * half + d)] = float(std::cos(double(angle))) * scale;
+      sin_h[size_t(t * half + d)] = float(std::sin(double(angle))) * scale;
     }
   }
   copy_to_device(cos_.resize(cos_h.size()), cos_h.data(), cos_h.size() * sizeof(float));

@@ -14,8 +14,19 @@
 //   w < L / high:  f              (short wavelengths kept)
 //   w > L / low:   f / factor     (long wavelengths stretched)
 //   otherwise:     (1 - s) f / factor + s f,  s = (L / w - low) / (high - low)
+//
+// With --position-embedding-type yarn (YaRN, as HuggingFace's _compute_yarn_parameters and
+// Megatron-Core's YarnRotaryEmbedding): for factor s, the original context L, beta_fast and
+// beta_slow, the dims c(b) = R ln(L / (2 pi b)) / (2 ln base) where a pair turns b times over L
+// (floored and ceiled with --yarn-correction-range-round-to-int; clamped to [0, R - 1]) bound a ramp
+// r(d) = clamp((d - c(beta_fast)) / (c(beta_slow) - c(beta_fast)), 0, 1) over the pairs, and
+//   f[d] = inv_freq[d] / s r(d) + inv_freq[d] (1 - r(d))      (fast pairs kept, slow ones interpolated)
+// in fp32; the table's cos and sin are then times the attention factor
+// m(s, mscale) / m(s, mscale_all_dim), m(s, x) = 0.1 x ln s + 1 (1 for s <= 1), so every q . k
+// score is m^2 times the plain rotation's.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/storage.h"
 #include "kernels/rope.h"
@@ -40,5 +51,11 @@ int64_t rotary_dims(const TransformerConfig& config);
 
 // Frequency f after Llama 3.1's scaling with config's rope_scaling_* values (above), in fp32.
 float llama3_scaled_frequency(float f, const TransformerConfig& config);
+
+// YaRN (above): the R / 2 frequencies of R rotated dims, and the attention factor m(s, mscale) /
+// m(s, mscale_all_dim) with m = yarn_mscale.
+std::vector<float> yarn_frequencies(const TransformerConfig& config, int64_t R);
+double yarn_mscale(double factor, double mscale);
+double yarn_attention_factor(const TransformerConfig& config);
 
 }  // namespace lattice

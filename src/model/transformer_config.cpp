@@ -60,6 +60,7 @@ void TransformerConfig::finalize(int64_t tp) {
                      << ", rounded down to a multiple of 64) is 0; give --ffn-hidden-size";
   }
   if (ffn_hidden_size <= 0) LATTICE_FAIL() << "--ffn-hidden-size must be positive";
+  check_gated_linear_unit();
   if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;
   if (vocab_size <= 0) LATTICE_FAIL() << "vocabulary size must be positive (--vocab-size or a tokenizer)";
   if (make_vocab_size_divisible_by <= 0)
@@ -152,8 +153,9 @@ void TransformerConfig::check_moe() {
   if (!(moe_router_topk_scaling_factor > 0.0f && std::isfinite(moe_router_topk_scaling_factor)))
     LATTICE_FAIL() << "--moe-router-topk-scaling-factor must be a finite number > 0, got "
                    << moe_router_topk_scaling_factor;
-  if (add_bias_linear)
-    LATTICE_FAIL() << "--num-experts needs --disable-bias-linear (lattice's experts have no biases)";
+  if (add_bias_linear && moe_shared_expert_intermediate_size > 0)
+    LATTICE_FAIL() << "--moe-shared-expert-intermediate-size needs --disable-bias-linear (shared experts have no "
+                      "biases, as Megatron-Core's SharedExpertMLP)";
   if (!moe_layer_pattern.empty() && int64_t(moe_layer_pattern.size()) != num_layers)
     LATTICE_FAIL() << "--moe-layer-freq has " << moe_layer_pattern.size() << " entries for --num-layers " << num_layers;
   for (int v : moe_layer_pattern)
@@ -162,11 +164,43 @@ void TransformerConfig::check_moe() {
     moe_layer_pattern.clear();  // every layer: the canonical empty pattern
 }
 
+void TransformerConfig::check_yarn() const {
+  if (!(yarn_rotary_scaling_factor >= 1.0f && std::isfinite(yarn_rotary_scaling_factor)))
+    LATTICE_FAIL() << "--yarn-rotary-scaling-factor must be a finite number >= 1, got " << yarn_rotary_scaling_factor;
+  if (yarn_original_max_position_embeddings < 1)
+    LATTICE_FAIL() << "--yarn-original-max-position-embeddings must be positive, got "
+                   << yarn_original_max_position_embeddings;
+  if (!(yarn_beta_fast > 0.0f && yarn_beta_slow > 0.0f && std::isfinite(yarn_beta_fast) && yarn_beta_fast > yarn_beta_slow))
+    LATTICE_FAIL() << "--yarn-beta-fast " << yarn_beta_fast << " and --yarn-beta-slow " << yarn_beta_slow
+                   << " must be finite and positive, beta-fast the larger";
+  if (!std::isfinite(yarn_mscale) || !std::isfinite(yarn_mscale_all_dim))
+    LATTICE_FAIL() << "--yarn-mscale and --yarn-mscale-all-dim must be finite, got " << yarn_mscale << " and "
+                   << yarn_mscale_all_dim;
+  const char* other = rotary_percent != 1.0                     ? "--rotary-percent (YaRN rotates every dim)"
+                      : rotary_interleaved                       ? "--rotary-interleaved"
+                      : use_rope_scaling                         ? "--use-rope-scaling"
+                      : rotary_seq_len_interpolation_factor > 0  ? "--rotary-seq-len-interpolation-factor"
+                                                                 : nullptr;
+  if (other) LATTICE_FAIL() << other << " does not go with --position-embedding-type yarn";
+}
+
+void TransformerConfig::check_gated_linear_unit() const {
+  if (swiglu && quick_geglu) LATTICE_FAIL() << "--swiglu and --quick-geglu: the MLP has one gated unit; give one of them";
+  if (!std::isfinite(glu_linear_offset))
+    LATTICE_FAIL() << "--glu-linear-offset must be a finite number, got " << glu_linear_offset;
+  if (!(activation_func_clamp_value >= 0.0f && std::isfinite(activation_func_clamp_value)))
+    LATTICE_FAIL() << "--activation-func-clamp-value must be a finite number > 0, got " << activation_func_clamp_value;
+  if (!gated_linear_unit() && (glu_linear_offset != 0.0f || activation_func_clamp_value > 0.0f))
+    LATTICE_FAIL() << (glu_linear_offset != 0.0f ? "--glu-linear-offset" : "--activation-func-clamp-value")
+                   << " needs a gated MLP (--swiglu or --quick-geglu)";
+}
+
 void TransformerConfig::check_position_embedding() const {
   if (position_embedding_type != "learned_absolute" && position_embedding_type != "rope" &&
-      position_embedding_type != "none")
-    LATTICE_FAIL() << "--position-embedding-type must be learned_absolute, rope or none, got '"
+      position_embedding_type != "none" && position_embedding_type != "yarn")
+    LATTICE_FAIL() << "--position-embedding-type must be learned_absolute, rope, yarn or none, got '"
                    << position_embedding_type << "'";
+  if (yarn()) check_yarn();
   if (use_rope_scaling && !rope())
     LATTICE_FAIL() << "--use-rope-scaling needs --position-embedding-type rope";
   if (!rope()) return;

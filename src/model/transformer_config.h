@@ -59,8 +59,20 @@ struct TransformerConfig {
   // --swiglu: the MLP's activation is silu(gate) * up (Megatron's gated_linear_unit with
   // silu) instead of GELU; fc1 makes both, so it is [2 ffn, hidden] (kernels/swiglu.h).
   bool swiglu = false;
-  // fc1's output width: ffn_hidden_size, or both SwiGLU projections.
-  int64_t fc1_width() const { return swiglu ? 2 * ffn_hidden_size : ffn_hidden_size; }
+  // --quick-geglu (Megatron's quick_geglu): the gated linear unit with quick GELU x sigmoid(1.702 x)
+  // in SiLU's place (GPT-OSS's MLP); fc1 [2 ffn, hidden] as SwiGLU's.
+  bool quick_geglu = false;
+  // Either gated unit's options: --glu-linear-offset b adds b to the up projection (GPT-OSS's 1);
+  // --activation-func-clamp-value c (0: none) clamps the gate to at most c and the up projection to
+  // [-c, c] before the unit (GPT-OSS's 7).
+  float glu_linear_offset = 0.0f;
+  float activation_func_clamp_value = 0.0f;
+  bool gated_linear_unit() const { return swiglu || quick_geglu; }
+  GluForm glu_form() const {
+    return GluForm{quick_geglu ? kQuickGeluAlpha : 1.0f, glu_linear_offset, activation_func_clamp_value};
+  }
+  // fc1's output width: ffn_hidden_size, or both projections of a gated unit.
+  int64_t fc1_width() const { return gated_linear_unit() ? 2 * ffn_hidden_size : ffn_hidden_size; }
   // Positions: a learned table added to the embedding (learned_absolute), the rotary embedding of q
   // and k in every layer (rope; model/rotary_embedding.h, kernels/rope.h), or none (NoPE: the causal
   // mask is the only order the model sees).
@@ -76,7 +88,19 @@ struct TransformerConfig {
   float rope_scaling_factor = 8.0f;
   float rope_scaling_low_freq_factor = 1.0f, rope_scaling_high_freq_factor = 4.0f;
   int64_t rope_scaling_original_max_position_embeddings = 8192;
-  bool rope() const { return position_embedding_type == "rope"; }
+  // --position-embedding-type yarn (Megatron-Core's GPT position_embedding_type yarn and its yarn_*
+  // fields, HuggingFace's rope_scaling "yarn"; GPT-OSS's, long-context Qwen's): the rotary embedding
+  // with YaRN's frequencies, each pair's between the original (extrapolated) and the factor-divided
+  // (interpolated) one by a ramp over the dims from beta_fast to beta_slow rotations in the original
+  // context, and cos and sin times the attention factor (model/rotary_embedding.h).
+  float yarn_rotary_scaling_factor = 1.0f;
+  int64_t yarn_original_max_position_embeddings = 4096;
+  float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
+  float yarn_mscale = 1.0f, yarn_mscale_all_dim = 0.0f;
+  bool yarn_correction_range_round_to_int = true;
+  bool yarn() const { return position_embedding_type == "yarn"; }
+  // The rotary embedding, plain or with YaRN's frequencies.
+  bool rope() const { return position_embedding_type == "rope" || yarn(); }
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;        // --disable-bias-linear: no biases in QKV, proj, fc1, fc2
@@ -191,6 +215,10 @@ struct TransformerConfig {
   static std::vector<int> parse_window_attn_skip_freq(const std::string& value, int64_t num_layers);
   // The recompute fields' part of finalize().
   void check_recompute() const;
+  // The YaRN fields' part of finalize() (with --position-embedding-type yarn).
+  void check_yarn() const;
+  // The gated linear unit fields' part of finalize().
+  void check_gated_linear_unit() const;
   // The position embedding fields' part of finalize().
   void check_position_embedding() const;
 };

@@ -41,7 +41,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"seq-length", Kind::i64, &a.seq_length, "sequence length"},
       {"max-position-embeddings", Kind::i64, &a.max_position_embeddings, "position table size"},
       {"position-embedding-type", Kind::str, &a.position_embedding_type,
-       "learned_absolute (a learned table), rope (rotary embedding of q and k) or none (NoPE)"},
+       "learned_absolute (a learned table), rope (rotary embedding of q and k), yarn (rope with YaRN's frequencies) "
+       "or none (NoPE)"},
       {"rotary-percent", Kind::f64, &a.rotary_percent, "with rope: share of each head's dims rotated"},
       {"rotary-base", Kind::f32, &a.rotary_base, "with rope: the base of the rotation frequencies"},
       {"rotary-interleaved", Kind::flag, &a.rotary_interleaved,
@@ -58,6 +59,16 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "with --use-rope-scaling: wavelengths below original context / this are kept"},
       {"rope-scaling-original-max-position-embeddings", Kind::i64,
        &a.rope_scaling_original_max_position_embeddings, "with --use-rope-scaling: the original context"},
+      {"yarn-rotary-scaling-factor", Kind::f32, &a.yarn_rotary_scaling_factor,
+       "with yarn: the context's extension factor s (GPT-OSS: 32)"},
+      {"yarn-original-max-position-embeddings", Kind::i64, &a.yarn_original_max_position_embeddings,
+       "with yarn: the original context (GPT-OSS: 4096)"},
+      {"yarn-beta-fast", Kind::f32, &a.yarn_beta_fast, "with yarn: pairs turning more often over the original context keep their frequency"},
+      {"yarn-beta-slow", Kind::f32, &a.yarn_beta_slow, "with yarn: pairs turning less often are interpolated (frequency / s)"},
+      {"yarn-mscale", Kind::f32, &a.yarn_mscale, "with yarn: the attention factor's m(s, mscale) = 0.1 mscale ln s + 1"},
+      {"yarn-mscale-all-dim", Kind::f32, &a.yarn_mscale_all_dim, "with yarn: the attention factor's divisor m(s, this)"},
+      {"no-yarn-correction-range-round-to-int", Kind::flag, &a.no_yarn_correction_range_round_to_int,
+       "with yarn: the ramp's dims not floored and ceiled to whole dims (GPT-OSS's truncate false)"},
       {"make-vocab-size-divisible-by", Kind::i64, &a.make_vocab_size_divisible_by,
        "pad the vocabulary to a multiple of this (x TP)"},
       {"hidden-dropout", Kind::f32, &a.hidden_dropout, "dropout after attention/MLP and embedding"},
@@ -72,6 +83,11 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "grouped-query attention: --num-query-groups keys and values shared by the heads"},
       {"num-query-groups", Kind::i64, &a.num_query_groups, "key/value heads with --group-query-attention"},
       {"swiglu", Kind::flag, &a.swiglu, "SwiGLU MLP: silu(gate) x up from fc1 [2 ffn, hidden] (default ffn 8/3 hidden)"},
+      {"quick-geglu", Kind::flag, &a.quick_geglu,
+       "gated MLP with quick GELU: gate sigmoid(1.702 gate) x up from fc1 [2 ffn, hidden] (GPT-OSS's)"},
+      {"glu-linear-offset", Kind::f32, &a.glu_linear_offset, "with a gated MLP: add this to the up projection (GPT-OSS: 1)"},
+      {"activation-func-clamp-value", Kind::f32, &a.activation_func_clamp_value,
+       "with a gated MLP: clamp the gate to <= v and the up projection to [-v, v] (GPT-OSS: 7; 0: none)"},
       {"untie-embeddings-and-output-weights", Kind::flag, &a.untie_embeddings_and_output_weights,
        "separate output layer instead of the tied word embedding"},
       {"normalization", Kind::str, &a.normalization, "LayerNorm or RMSNorm (no mean subtracted, no bias)"},
@@ -553,7 +569,7 @@ void validate(TrainArgs& a) {
                      << a.position_embedding_type;
     a.position_embedding_type = "rope";
   }
-  if (a.no_position_embedding && a.position_embedding_type != "rope")
+  if (a.no_position_embedding && a.position_embedding_type != "rope" && a.position_embedding_type != "yarn")
     LATTICE_FAIL() << "--no-position-embedding needs --position-embedding-type rope (lattice has no model without "
                       "position information)";
   if (a.exit_on_missing_checkpoint && a.load.empty()) LATTICE_FAIL() << "--exit-on-missing-checkpoint needs --load";
@@ -635,13 +651,19 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.attention_dropout = attention_dropout;
   c.layernorm_epsilon = norm_epsilon;
   c.init_method_std = init_method_std;
-  if (swiglu && openai_gelu) LATTICE_FAIL() << "--openai-gelu and --swiglu: the SwiGLU MLP has no GELU; give one of them";
-  if (squared_relu && (swiglu || openai_gelu))
-    LATTICE_FAIL() << "--squared-relu and " << (swiglu ? "--swiglu" : "--openai-gelu")
+  const char* glu = swiglu ? "--swiglu" : quick_geglu ? "--quick-geglu" : nullptr;
+  if (swiglu && quick_geglu) LATTICE_FAIL() << "--swiglu and --quick-geglu: the MLP has one gated unit; give one of them";
+  if (glu && openai_gelu)
+    LATTICE_FAIL() << "--openai-gelu and " << glu << ": the gated MLP has no tanh GELU; give one of them";
+  if (squared_relu && (glu || openai_gelu))
+    LATTICE_FAIL() << "--squared-relu and " << (glu ? glu : "--openai-gelu")
                    << ": the MLP has one activation; give one of them";
   c.gelu = squared_relu ? GeluKind::squared_relu : openai_gelu ? GeluKind::tanh : GeluKind::erf;
   c.apply_layernorm_1p = apply_layernorm_1p;
   c.swiglu = swiglu;
+  c.quick_geglu = quick_geglu;
+  c.glu_linear_offset = glu_linear_offset;
+  c.activation_func_clamp_value = activation_func_clamp_value;
   c.num_query_groups = group_query_attention ? num_query_groups : 0;  // Megatron ignores it without the switch
   c.untie_embeddings_and_output_weights = untie_embeddings_and_output_weights;
   c.add_bias_linear = !disable_bias_linear;
@@ -688,6 +710,13 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.rope_scaling_low_freq_factor = rope_scaling_low_freq_factor;
   c.rope_scaling_high_freq_factor = rope_scaling_high_freq_factor;
   c.rope_scaling_original_max_position_embeddings = rope_scaling_original_max_position_embeddings;
+  c.yarn_rotary_scaling_factor = yarn_rotary_scaling_factor;
+  c.yarn_original_max_position_embeddings = yarn_original_max_position_embeddings;
+  c.yarn_beta_fast = yarn_beta_fast;
+  c.yarn_beta_slow = yarn_beta_slow;
+  c.yarn_mscale = yarn_mscale;
+  c.yarn_mscale_all_dim = yarn_mscale_all_dim;
+  c.yarn_correction_range_round_to_int = !no_yarn_correction_range_round_to_int;
   c.recompute_granularity = recompute_granularity;
   c.recompute_method = recompute_method;
   c.recompute_num_layers = recompute_num_layers;
@@ -787,6 +816,10 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   }
   from_model("normalization", "normalization");
   on("swiglu", m.value("swiglu", false));
+  on("quick-geglu", m.value("quick_geglu", false));
+  if (m.value("glu_linear_offset", 0.0) != 0.0) from_model("glu-linear-offset", "glu_linear_offset");
+  if (m.value("activation_func_clamp_value", 0.0) > 0.0)
+    from_model("activation-func-clamp-value", "activation_func_clamp_value");
   if (m.value("softmax_type", std::string("vanilla")) != "vanilla") from_model("softmax-type", "softmax_type");
   if (m.value("window_size", int64_t(-1)) >= 0) {
     out.emplace_back("window-size", json(std::to_string(m["window_size"].get<int64_t>()) + ",0"));
@@ -798,6 +831,15 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
       m["num_query_groups"] != m.value("num_attention_heads", json())) {
     out.emplace_back("group-query-attention", true);
     from_model("num-query-groups", "num_query_groups");
+  }
+  if (m.value("position_embedding_type", std::string()) == "yarn") {
+    from_model("yarn-rotary-scaling-factor", "yarn_rotary_scaling_factor");
+    from_model("yarn-original-max-position-embeddings", "yarn_original_max_position_embeddings");
+    from_model("yarn-beta-fast", "yarn_beta_fast");
+    from_model("yarn-beta-slow", "yarn_beta_slow");
+    from_model("yarn-mscale", "yarn_mscale");
+    from_model("yarn-mscale-all-dim", "yarn_mscale_all_dim");
+    on("no-yarn-correction-range-round-to-int", !m.value("yarn_correction_range_round_to_int", true));
   }
   if (m.value("use_rope_scaling", false)) {
     out.emplace_back("use-rope-scaling", true);

@@ -27,6 +27,9 @@ struct TrainArgs {
   bool squared_relu = false;  // the MLP's activation relu(x)^2 (Megatron's --squared-relu)
   bool apply_layernorm_1p = false;  // the norms scale by 1 + weight (Megatron's --apply-layernorm-1p)
   bool swiglu = false;
+  bool quick_geglu = false;              // the gated unit with quick GELU (Megatron's --quick-geglu)
+  float glu_linear_offset = 0.0f;        // --glu-linear-offset
+  float activation_func_clamp_value = 0.0f;  // --activation-func-clamp-value (0: none)
   bool group_query_attention = false;
   int64_t num_query_groups = 1;
   bool untie_embeddings_and_output_weights = false;
@@ -64,6 +67,11 @@ struct TrainArgs {
   float rotary_base = 10000.0f, rotary_seq_len_interpolation_factor = 0.0f;
   bool rotary_interleaved = false;
   bool use_rope_scaling = false;
+  // --position-embedding-type yarn: YaRN's fields (Megatron-Core's yarn_* names)
+  float yarn_rotary_scaling_factor = 1.0f;
+  int64_t yarn_original_max_position_embeddings = 4096;
+  float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f, yarn_mscale = 1.0f, yarn_mscale_all_dim = 0.0f;
+  bool no_yarn_correction_range_round_to_int = false;
   float rope_scaling_factor = 8.0f, rope_scaling_low_freq_factor = 1.0f, rope_scaling_high_freq_factor = 4.0f;
   int64_t rope_scaling_original_max_position_embeddings = 8192;
   // batch and iterations

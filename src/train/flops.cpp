@@ -21,7 +21,7 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
   const double ffn = (double(moe_layers) * double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk +
                                                  cfg.moe_shared_expert_intermediate_size) +
                       double(cfg.num_layers - moe_layers) * double(cfg.ffn_hidden_size)) / L;
-  const double ffn_mult = cfg.swiglu ? 3.0 : 2.0;  // SwiGLU: three matrices
+  const double ffn_mult = cfg.gated_linear_unit() ? 3.0 : 2.0;  // a gated unit (SwiGLU, quick GEGLU): three matrices
   const double per_token =
       L * (6 * h * ffn * ffn_mult + 6 * (h * (q + k + v) + q * h)) + 6 * h * double(cfg.padded_vocab_size);
   return double(gbs) * double(s) * per_token + double(gbs) * double(s) * double(s) * 6 * q * L;

@@ -88,15 +88,19 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
       if (c.moe_layer(l)) {  // router [E, C], each local expert's fc1 [F1e/P, C] and fc2 [C, Fe/P]
         add(p + "mlp.router.weight", {c.num_experts, C}, -1);
+        if (c.add_bias_linear) add(p + "mlp.router.bias", {c.num_experts}, -1);
         if (c.moe_router_enable_expert_bias) add(p + "mlp.router.expert_bias", {c.num_experts}, -1);
         const int64_t Fe = c.moe_ffn_hidden_size, El = c.num_experts / ep;
         for (int64_t e = El * ep_rank; e < El * (ep_rank + 1); ++e) {
           const std::string x = p + "mlp.experts.local_experts." + std::to_string(e) + ".";
-          pb.mark_expert(add(x + "linear_fc1.weight", {c.swiglu ? 2 * Fe : Fe, C}, 0));
+          pb.mark_expert(add(x + "linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fe : Fe, C}, 0));
           pb.mark_expert(add(x + "linear_fc2.weight", {C, Fe}, 1));
+          if (!c.add_bias_linear) continue;
+          pb.mark_expert(add(x + "linear_fc1.bias", {c.gated_linear_unit() ? 2 * Fe : Fe}, 0));
+          pb.mark_expert(add(x + "linear_fc2.bias", {C}, -1));
         }
         if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
-          add(p + "mlp.shared_experts.linear_fc1.weight", {c.swiglu ? 2 * Fs : Fs, C}, 0);
+          add(p + "mlp.shared_experts.linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fs : Fs, C}, 0);
           add(p + "mlp.shared_experts.linear_fc2.weight", {C, Fs}, 1);
           if (c.moe_shared_expert_gate) add(p + "mlp.shared_experts.gate_weight", {1, C}, -1);
         }

@@ -292,6 +292,30 @@ TEST(CudaModel, MixtureOfExpertsLossAndEveryGradientMatchCpu) {
   }
 }
 
+// GPT-OSS's layer: experts and router with biases, the clamped quick GEGLU with the up projection's
+// offset, learnable sinks, a window on every other layer and YaRN's rotary table, on both devices.
+TEST(CudaModel, GptOssLayerLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.moe_ffn_hidden_size = 48;
+  cfg.moe_aux_loss_coeff = 0.01f;
+  cfg.quick_geglu = true;
+  cfg.glu_linear_offset = 1.0f;
+  cfg.activation_func_clamp_value = 0.05f;
+  cfg.softmax_type = "learnable";
+  cfg.position_embedding_type = "yarn";
+  cfg.yarn_rotary_scaling_factor = 4.0f;
+  cfg.yarn_original_max_position_embeddings = 64;
+  cfg.normalization = "RMSNorm";
+  cfg.window_size = 3;
+  cfg.window_attn_pattern.assign(size_t(cfg.num_layers), 0);
+  cfg.window_attn_pattern[0] = 1;
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "gpt-oss layer");
+}
+
 // Shared experts with their sigmoid gate, pre-softmax gates, the first layer dense
 // (--moe-layer-freq): a Qwen2-MoE-like layer on both devices.
 TEST(CudaModel, SharedExpertsLossAndEveryGradientMatchCpu) {

@@ -440,74 +440,81 @@ void gelu_cases(std::vector<OpCase>& t) {
 // CPU's, their bias gradient the GPU's bias_backward of the fp32 gradient bit for bit (the same
 // column sums, both halves in one pass). F = 1 (one column per half), uneven, and 1024.
 void swiglu_cases(std::vector<OpCase>& t) {
+  const std::pair<const char*, GluForm> forms[] = {{"", GluForm{}}, {"_gpt_oss", GluForm{kQuickGeluAlpha, 1.0f, 3.0f}}};
   for (auto [N, F] : {std::pair<int64_t, int64_t>{3, 1}, {37, 100}, {256, 1024}})
-    for (bool bias : {true, false}) {
-      const std::string shape = shape_name({{"N", N}, {"F", F}}), suffix = bias ? "" : "_no_bias";
-      for (Rounding r : kRoundings)
-        t.push_back({"bias_swiglu_forward_backward" + rounding_suffix(r) + suffix, shape, {1e-5, 1e-6},
-                     [N, F, r, bias](const OpCase& c) {
-          const size_t n2 = size_t(N * 2 * F), n = size_t(N * F);
-          const auto y = rand_floats(n2, 40, -6.0f, 6.0f), b = rand_floats(size_t(2 * F), 41, -0.5f, 0.5f);
-          const auto dout = rand_floats(n, 42);
-          std::vector<float> pre(n2), out(n), dx(n2, 123.0f);
-          bias_swiglu_forward(pre.data(), out.data(), y.data(), bias ? b.data() : nullptr, N, F, r);
-          swiglu_backward(dx.data(), pre.data(), dout.data(), N, F, r);
-          auto gy = upload(y), gb = upload(b), gdout = upload(dout);
-          DeviceBuffer gpre(n2 * 4), gout(n * 4);
-          auto gdx = upload(std::vector<float>(n2, -7.0f));  // written, not accumulated
-          const float* gbias = bias ? gb.as<float>() : nullptr;
-          cuda::bias_swiglu_forward(gpre.as<float>(), gout.as<float>(), gy.as<float>(), gbias, N, F, r);
-          expect_bits(c, "pre", pre, download<float>(gpre, n2));
-          expect_close(c, "out", out, download<float>(gout, n));
-          cuda::swiglu_backward(gdx.as<float>(), gpre.as<float>(), gdout.as<float>(), N, F, r);
-          expect_close(c, "dx", dx, download<float>(gdx, n2));
-          // In place: pre over y, then dx over pre.
-          cuda::bias_swiglu_forward(gy.as<float>(), gout.as<float>(), gy.as<float>(), gbias, N, F, r);
-          expect_bits(c, "pre (in place)", pre, download<float>(gy, n2));
-          cuda::swiglu_backward(gy.as<float>(), gy.as<float>(), gdout.as<float>(), N, F, r);
-          expect_close(c, "dx (in place)", dx, download<float>(gy, n2));
-        }});
-      t.push_back({"bias_swiglu_packed" + suffix, shape, {1.0 / 128, 1e-6}, [N, F, bias](const OpCase& c) {
-        const size_t n2 = size_t(N * 2 * F), n = size_t(N * F);
-        std::vector<uint16_t> y(n2), dout(n), out(n), dx16(n2);
-        cast_fp32_to_bf16(y.data(), rand_floats(n2, 43, -6.0f, 6.0f).data(), int64_t(n2));
-        cast_fp32_to_bf16(dout.data(), rand_floats(n, 44).data(), int64_t(n));
-        const auto b = rand_floats(size_t(2 * F), 45, -0.5f, 0.5f), db0 = rand_floats(size_t(2 * F), 46);
-        const float* bias_cpu = bias ? b.data() : nullptr;
-        bias_swiglu_forward_packed(out.data(), y.data(), bias_cpu, N, F);
-        std::vector<float> db = db0;
-        bias_swiglu_backward_packed_dbias(dx16.data(), db.data(), y.data(), bias_cpu, dout.data(), N, F);
-        auto gy = upload(y), gb = upload(b), gdout = upload(dout), gdb = upload(db0), gdb_ref = upload(db0);
-        const float* gbias = bias ? gb.as<float>() : nullptr;
-        DeviceBuffer gout(n * 2);
-        cuda::bias_swiglu_forward_packed(gout.as<uint16_t>(), gy.as<uint16_t>(), gbias, N, F);
-        auto widen = [](const std::vector<uint16_t>& v) {
-          std::vector<float> o(v.size());
-          cast_bf16_to_fp32(o.data(), v.data(), int64_t(v.size()));
-          return o;
-        };
-        expect_close(c, "out (bf16)", widen(out), widen(download<uint16_t>(gout, n)));
-        // The fp32 gradient the GPU's unpacked kernels make, for the bits of the packed form.
-        std::vector<float> yf = widen(y);
-        if (bias)
-          for (size_t i = 0; i < n2; ++i) yf[i] += b[i % size_t(2 * F)];
-        auto gpre = upload(yf), gdout32 = upload(widen(dout));
-        DeviceBuffer gdx(n2 * 4);
-        cuda::swiglu_backward(gdx.as<float>(), gpre.as<float>(), gdout32.as<float>(), N, F, Rounding::none);
-        cuda::bias_backward(gdb_ref.as<float>(), gdx.as<float>(), N, 2 * F);
-        cuda::bias_swiglu_backward_packed_dbias(gy.as<uint16_t>(), gdb.as<float>(), gy.as<uint16_t>(), gbias,
-                                                gdout.as<uint16_t>(), N, F);  // dx over y
-        const std::vector<float> got16 = widen(download<uint16_t>(gy, n2));
-        expect_close(c, "dx (bf16)", widen(dx16), got16);
-        std::vector<uint16_t> gdx16(n2);
-        cast_fp32_to_bf16(gdx16.data(), download<float>(gdx, n2).data(), int64_t(n2));
-        expect_bits(c, "dx (bf16, against the fp32 kernel's)", widen(gdx16), got16);
-        expect_bits(c, "dbias (against bias_backward)", download<float>(gdb_ref, size_t(2 * F)),
-                    download<float>(gdb, size_t(2 * F)));
-        const OpCase sum_tol{c.op, c.shape, {1e-4, 2e-6 * double(N)}, nullptr};  // sums of N near terms
-        expect_close(sum_tol, "dbias", db, download<float>(gdb, size_t(2 * F)));
-      }});
-    }
+    for (bool bias : {true, false})
+      for (auto [form_name, f] : forms) {
+        const std::string shape = shape_name({{"N", N}, {"F", F}}),
+                          suffix = std::string(bias ? "" : "_no_bias") + form_name;
+        for (Rounding r : kRoundings)
+          t.push_back(
+              {"bias_swiglu_forward_backward" + rounding_suffix(r) + suffix,
+               shape,
+               {1e-5, 1e-6},
+               [N, F, r, bias, f = f](const OpCase& c) {
+                 const size_t n2 = size_t(N * 2 * F), n = size_t(N * F);
+                 const auto y = rand_floats(n2, 40, -6.0f, 6.0f), b = rand_floats(size_t(2 * F), 41, -0.5f, 0.5f);
+                 const auto dout = rand_floats(n, 42);
+                 std::vector<float> pre(n2), out(n), dx(n2, 123.0f);
+                 bias_swiglu_forward(pre.data(), out.data(), y.data(), bias ? b.data() : nullptr, N, F, r, f);
+                 swiglu_backward(dx.data(), pre.data(), dout.data(), N, F, r, f);
+                 auto gy = upload(y), gb = upload(b), gdout = upload(dout);
+                 DeviceBuffer gpre(n2 * 4), gout(n * 4);
+                 auto gdx = upload(std::vector<float>(n2, -7.0f));  // written, not accumulated
+                 const float* gbias = bias ? gb.as<float>() : nullptr;
+                 cuda::bias_swiglu_forward(gpre.as<float>(), gout.as<float>(), gy.as<float>(), gbias, N, F, r, f);
+                 expect_bits(c, "pre", pre, download<float>(gpre, n2));
+                 expect_close(c, "out", out, download<float>(gout, n));
+                 cuda::swiglu_backward(gdx.as<float>(), gpre.as<float>(), gdout.as<float>(), N, F, r, f);
+                 expect_close(c, "dx", dx, download<float>(gdx, n2));
+                 // In place: pre over y, then dx over pre.
+                 cuda::bias_swiglu_forward(gy.as<float>(), gout.as<float>(), gy.as<float>(), gbias, N, F, r, f);
+                 expect_bits(c, "pre (in place)", pre, download<float>(gy, n2));
+                 cuda::swiglu_backward(gy.as<float>(), gy.as<float>(), gdout.as<float>(), N, F, r, f);
+                 expect_close(c, "dx (in place)", dx, download<float>(gy, n2));
+               }});
+        t.push_back(
+            {"bias_swiglu_packed" + suffix, shape, {1.0 / 128, 1e-6}, [N, F, bias, f = f](const OpCase& c) {
+               const size_t n2 = size_t(N * 2 * F), n = size_t(N * F);
+               std::vector<uint16_t> y(n2), dout(n), out(n), dx16(n2);
+               cast_fp32_to_bf16(y.data(), rand_floats(n2, 43, -6.0f, 6.0f).data(), int64_t(n2));
+               cast_fp32_to_bf16(dout.data(), rand_floats(n, 44).data(), int64_t(n));
+               const auto b = rand_floats(size_t(2 * F), 45, -0.5f, 0.5f), db0 = rand_floats(size_t(2 * F), 46);
+               const float* bias_cpu = bias ? b.data() : nullptr;
+               bias_swiglu_forward_packed(out.data(), y.data(), bias_cpu, N, F, f);
+               std::vector<float> db = db0;
+               bias_swiglu_backward_packed_dbias(dx16.data(), db.data(), y.data(), bias_cpu, dout.data(), N, F, f);
+               auto gy = upload(y), gb = upload(b), gdout = upload(dout), gdb = upload(db0), gdb_ref = upload(db0);
+               const float* gbias = bias ? gb.as<float>() : nullptr;
+               DeviceBuffer gout(n * 2);
+               cuda::bias_swiglu_forward_packed(gout.as<uint16_t>(), gy.as<uint16_t>(), gbias, N, F, f);
+               auto widen = [](const std::vector<uint16_t>& v) {
+                 std::vector<float> o(v.size());
+                 cast_bf16_to_fp32(o.data(), v.data(), int64_t(v.size()));
+                 return o;
+               };
+               expect_close(c, "out (bf16)", widen(out), widen(download<uint16_t>(gout, n)));
+               // The fp32 gradient the GPU's unpacked kernels make, for the bits of the packed form.
+               std::vector<float> yf = widen(y);
+               if (bias)
+                 for (size_t i = 0; i < n2; ++i) yf[i] += b[i % size_t(2 * F)];
+               auto gpre = upload(yf), gdout32 = upload(widen(dout));
+               DeviceBuffer gdx(n2 * 4);
+               cuda::swiglu_backward(gdx.as<float>(), gpre.as<float>(), gdout32.as<float>(), N, F, Rounding::none, f);
+               cuda::bias_backward(gdb_ref.as<float>(), gdx.as<float>(), N, 2 * F);
+               cuda::bias_swiglu_backward_packed_dbias(gy.as<uint16_t>(), gdb.as<float>(), gy.as<uint16_t>(), gbias,
+                                                       gdout.as<uint16_t>(), N, F, f);  // dx over y
+               const std::vector<float> got16 = widen(download<uint16_t>(gy, n2));
+               expect_close(c, "dx (bf16)", widen(dx16), got16);
+               std::vector<uint16_t> gdx16(n2);
+               cast_fp32_to_bf16(gdx16.data(), download<float>(gdx, n2).data(), int64_t(n2));
+               expect_bits(c, "dx (bf16, against the fp32 kernel's)", widen(gdx16), got16);
+               expect_bits(c, "dbias (against bias_backward)", download<float>(gdb_ref, size_t(2 * F)),
+                           download<float>(gdb, size_t(2 * F)));
+               const OpCase sum_tol{c.op, c.shape, {1e-4, 2e-6 * double(N)}, nullptr};  // sums of N near terms
+               expect_close(sum_tol, "dbias", db, download<float>(gdb, size_t(2 * F)));
+             }});
+      }
 }
 
 // ---------------------------------------------------------------- dropout

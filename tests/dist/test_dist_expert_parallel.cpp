@@ -42,6 +42,7 @@ struct Case {
   std::vector<int> moe_layers = {};
   bool fp8 = false;            // fp8 hybrid with delayed scaling (the experts' amaxes over their replicas)
   bool moe_layer_recompute = false;  // --moe-layer-recompute: the dispatch reruns before each MoE backward
+  bool gpt_oss = false;        // GPT-OSS's MLP: the router's and the experts' biases, the clamped quick GEGLU
 };
 
 struct EpRun : LayoutRun {
@@ -78,6 +79,12 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_router_bias_update_rate = 0.01f;
   }
   t.moe_layer_recompute = c.moe_layer_recompute;
+  if (c.gpt_oss) {
+    t.add_bias_linear = true;
+    t.quick_geglu = true;
+    t.glu_linear_offset = 1.0f;
+    t.activation_func_clamp_value = 0.05f;
+  }
   if (c.recompute) {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";
@@ -203,7 +210,11 @@ INSTANTIATE_TEST_SUITE_P(
         // TP 2 x EP 2 with sequence parallelism: each tensor-parallel rank dispatches its shard of the experts.
         Case{"Tp2Ep2SequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.1f, true},
         // PP 2 x EP 2: the dispatch inside the 1F1B schedule, a dense layer on each stage.
-        Case{"Pp2Ep2", 4, 1, 2, 2, 4, true, false, false, 0.0f, false, false, 0, false, {1, 0, 0, 1}}),
+        Case{"Pp2Ep2", 4, 1, 2, 2, 4, true, false, false, 0.0f, false, false, 0, false, {1, 0, 0, 1}},
+        // GPT-OSS's MLP: each expert's biases live with it; under TP fc2's is added on one rank.
+        Case{"Ep2GptOssMlp", 2, 1, 1, 2, 4, false, false, false, 0.1f, false, false, 0, false, {}, false, false, true},
+        Case{"Tp2Ep2GptOssMlpSequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.0f, false, false, 0, false, {},
+             false, false, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -34,7 +34,7 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // always with the rotary embedding: with learned positions the key norm's bias adds the same to
 // every score of a query, so its gradient is zero up to rounding, which Adam amplifies.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false,
-                         bool qk_layernorm = false, bool moe = false) {
+                         bool qk_layernorm = false, bool moe = false, bool gpt_oss = false) {
   TransformerConfig c;
   c.num_attention_heads = 4;
   if (rope) {  // an attention twice as wide as the hidden size (8 heads of 8 sharing 4 keys and values:
@@ -65,6 +65,17 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
     c.moe_shared_expert_gate = true;
     c.add_bias_linear = false;
   }
+  if (gpt_oss) {  // GPT-OSS's MLP: 4 experts of ffn 32 (split over the ranks), top-2, with the router's and
+                  // the experts' biases (fc2's added on one rank of the group), quick GEGLU with the up
+                  // projection's offset and clamps small enough to hold many values
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 32;
+    c.moe_aux_loss_coeff = 0.01f;
+    c.quick_geglu = true;
+    c.glu_linear_offset = 1.0f;
+    c.activation_func_clamp_value = 0.05f;
+  }
   c.num_layers = layers;
   c.hidden_size = 32;
   c.vocab_size = 50;
@@ -77,8 +88,9 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 
 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
-                bool rope = false, bool swiglu = false, bool qk_layernorm = false, bool moe = false) {
-  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_layernorm, moe), kB, kT, tp);
+                bool rope = false, bool swiglu = false, bool qk_layernorm = false, bool moe = false,
+                bool gpt_oss = false) {
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_layernorm, moe, gpt_oss), kB, kT, tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
@@ -104,6 +116,7 @@ struct Layout {
   bool swiglu = false;  // SwiGLU with the linear layers' biases
   bool qk_layernorm = false;  // --qk-layernorm
   bool moe = false;           // --num-experts 4 (Megatron's TP split of every expert)
+  bool gpt_oss = false;       // GPT-OSS's MLP: experts with biases, the clamped quick GEGLU
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -112,8 +125,10 @@ class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
 TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe);
-  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe,
+                             l.gpt_oss);
+  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe,
+                             l.gpt_oss);
   expect_same_run(tp, single);
 }
 
@@ -122,12 +137,14 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe);
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe,
+                             l.gpt_oss);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
-  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_layernorm, l.moe);
+  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_layernorm, l.moe,
+                             l.gpt_oss);
   expect_same_run(run, single);
 }
 
@@ -137,11 +154,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                            Layout{false, 0.1f, false, true}, Layout{false, 0.0f, false, false, true},
                                            Layout{true, 0.1f, true, false, true},
                                            Layout{false, 0.1f, false, true, false, true},
-                                           Layout{true, 0.0f, true, false, false, true}, Layout{true, 0.1f, false, false, false, true}),
+                                           Layout{true, 0.0f, true, false, false, true}, Layout{true, 0.1f, false, false, false, true},
+                                           Layout{true, 0.1f, false, false, false, false, true},
+                                           Layout{false, 0.0f, false, false, false, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
-                                  (info.param.swiglu ? "Swiglu" : "") + (info.param.qk_layernorm ? "QkLayernorm" : "") + (info.param.moe ? "Moe" : "");
+                                  (info.param.swiglu ? "Swiglu" : "") + (info.param.qk_layernorm ? "QkLayernorm" : "") + (info.param.moe ? "Moe" : "") +
+                                  (info.param.gpt_oss ? "GptOssMlp" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

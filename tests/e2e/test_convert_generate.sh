@@ -364,7 +364,7 @@ fi
 if run gqa_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --group-query-attention --train-iters 1 \
      --save ckpt-gqa; then
   expect_error "convert: grouped-query attention, no other Llama setting" \
-    "--to-hf|grouped-query attention|--num-query-groups 1|neither HuggingFace GPT-2 nor Llama|learned absolute" -- \
+    "--to-hf|grouped-query attention|--num-query-groups 1|neither HuggingFace GPT-2, Llama nor GPT-OSS|learned absolute" -- \
     "$LATTICE" convert --load ckpt-gqa --to-hf hf-gqa
   [ -e hf-gqa ] && fail "convert --to-hf of a grouped-query model left hf-gqa behind"
 fi
@@ -404,6 +404,35 @@ if run nope_train "$LATTICE" "${NOPE[@]}" --train-iters 3 --exit-interval 2 --sa
     "$LATTICE" convert --load ckpt-nope --to-hf hf-nope
   [ -e hf-nope ] && fail "convert --to-hf of a NoPE model left hf-nope behind"
 fi
+# ---- --position-embedding-type yarn: YaRN's fields recorded and resumed by --use-checkpoint-args,
+# generation with the KV cache as by full recomputation, out to HF Llama's rope_scaling yarn and back
+# generating the same text ----
+YARN=("${LLAMA[@]/rope/yarn}" --yarn-rotary-scaling-factor 4 --yarn-original-max-position-embeddings 4
+      --no-yarn-correction-range-round-to-int)
+if run yarn_train "$LATTICE" "${YARN[@]}" --train-iters 3 --exit-interval 2 --save ckpt-yarn; then
+  grep -q '"position_embedding_type": *"yarn"' ckpt-yarn/iter_0000002/*.json &&
+    grep -q '"yarn_correction_range_round_to_int": *false' ckpt-yarn/iter_0000002/*.json ||
+    fail "the YaRN checkpoint does not record its fields"
+  expect_error "resume: YaRN checkpoint, plain rope" "position_embedding_type|--position-embedding-type" -- \
+    "$LATTICE" "${LLAMA[@]}" --train-iters 3 --load ckpt-yarn
+  run yarn_resume "$LATTICE" train --use-checkpoint-args --micro-batch-size 2 --global-batch-size 2 --lr 1e-2 \
+    --mock-data --train-iters 3 --load ckpt-yarn --save ckpt-yarn2 &&
+    grep -q '"yarn_rotary_scaling_factor": *4' ckpt-yarn2/iter_0000003/*.json &&
+    pass "--use-checkpoint-args resumes the YaRN model"
+  run yarn_gen "$LATTICE" generate --load ckpt-yarn --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run yarn_gen_full "$LATTICE" generate --load ckpt-yarn --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--position-embedding-type yarn: generate with the KV cache prints what full recomputation prints" \
+      yarn_gen.out yarn_gen_full.out
+  if run yarn_to_hf "$LATTICE" convert --load ckpt-yarn --to-hf hf-yarn; then
+    grep -q '"rope_type": "yarn"' hf-yarn/config.json && grep -q '"truncate": false' hf-yarn/config.json &&
+      pass "convert --to-hf writes rope_scaling yarn" || fail "convert --to-hf of a YaRN model wrote no rope_scaling yarn"
+    run yarn_from_hf "$LATTICE" convert --from-hf hf-yarn --save ckpt-yarn-back &&
+      run yarn_gen_back "$LATTICE" generate --load ckpt-yarn-back --prompt "ab" --max-new-tokens 30 --seed 3 &&
+      same "lattice -> HF (rope_scaling yarn) -> lattice generates the same text" yarn_gen.out yarn_gen_back.out
+  fi
+fi
+expect_error "YaRN with a partial rotation" "--rotary-percent|yarn" -- \
+  "$LATTICE" "${ROPE[@]/rope/yarn}" --yarn-rotary-scaling-factor 4 --train-iters 1
 expect_error "--rotary-percent rotating an odd number of dims" "--rotary-percent|rotates 5 dims|even" -- \
   "$LATTICE" "${ROPE[@]/0.5/0.625}" --train-iters 1
 

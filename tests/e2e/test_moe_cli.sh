@@ -145,8 +145,55 @@ for f in hf_mixtral_tiny hf_qwen3_moe_tiny hf_qwen2_moe_tiny hf_deepseek_moe_tin
     grep -q '"num_experts": *4' "ckpt-$f"/iter_0000000/*.json && pass "$f converts: $(tail -n 1 "$f.err")" ||
     fail "$f did not convert with its experts"
 done
-expect_error "experts with linear biases" "--num-experts|--disable-bias-linear" -- \
-  "$LATTICE" train "${BASE[@]}" "${EXPERTS[@]}" "${RUN[@]}" --train-iters 1 --save bad1
+# GPT-OSS-style: experts and router with biases, the clamped quick GEGLU with the up projection's offset,
+# learnable sinks, a window on every other layer, YaRN. It trains, records its biases and unit, resumes
+# by --use-checkpoint-args, generates the same text with and without the KV cache, and goes to
+# HuggingFace GPT-OSS and back generating the same text; without sinks it has no HF form.
+OSS=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2
+     --seq-length 32 --max-position-embeddings 32 --normalization RMSNorm
+     --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value 7 --softmax-type learnable
+     --window-size 7,0 --window-attn-skip-freq 2 "${EXPERTS[@]}" --moe-aux-loss-coeff 0.01
+     --position-embedding-type yarn --yarn-rotary-scaling-factor 4 --yarn-original-max-position-embeddings 8
+     --tokenizer-type ByteTokenizer)
+if run oss_train "$LATTICE" train "${OSS[@]}" "${RUN[@]}" --train-iters 12 --exit-interval 8 --save oss \
+     --metrics-file oss.jsonl; then
+  first=$(losses oss.jsonl | head -n 1)
+  last=$(losses oss.jsonl | tail -n 1)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.1) }' &&
+    pass "a GPT-OSS-style model trains: lm loss $first -> $last" || fail "the GPT-OSS-style model's loss did not fall: $first -> $last"
+  j=(oss/iter_0000008/*.json)
+  grep -qF 'decoder.layers.1.mlp.router.bias' "${j[@]}" && grep -qF 'mlp.experts.local_experts.3.linear_fc1.bias' "${j[@]}" &&
+    grep -qF 'mlp.experts.local_experts.3.linear_fc2.bias' "${j[@]}" && grep -q '"quick_geglu": *true' "${j[@]}" &&
+    grep -q '"activation_func_clamp_value": *7' "${j[@]}" && grep -q '"glu_linear_offset": *1' "${j[@]}" &&
+    pass "the checkpoint records the router's and the experts' biases and the gated unit's form" ||
+    fail "the GPT-OSS-style checkpoint lost its biases or its unit"
+  run oss_resume "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --moe-aux-loss-coeff 0.01 --train-iters 12 \
+    --load oss --save oss2 && grep -q '"quick_geglu": *true' oss2/iter_0000012/*.json &&
+    pass "--use-checkpoint-args resumes the GPT-OSS-style model"
+  run oss_gen "$LATTICE" generate --load oss --prompt "ab" --max-new-tokens 24 --seed 2 &&
+    run oss_gen_full "$LATTICE" generate --load oss --prompt "ab" --max-new-tokens 24 --seed 2 --no-kv-cache &&
+    { cmp -s oss_gen.out oss_gen_full.out && pass "the GPT-OSS-style model generates the same text with and without the KV cache" ||
+        fail "the GPT-OSS-style model generates differently with and without the KV cache"; }
+  if run oss_to_hf "$LATTICE" convert --load oss --to-hf hf-oss; then
+    grep -q '"model_type": "gpt_oss"' hf-oss/config.json && grep -q '"sliding_attention"' hf-oss/config.json &&
+      grep -q '"swiglu_limit": 7' hf-oss/config.json && pass "convert --to-hf wrote a GPT-OSS config" ||
+      fail "convert --to-hf of the GPT-OSS-style model wrote no GPT-OSS config"
+    run oss_from_hf "$LATTICE" convert --from-hf hf-oss --save oss-back &&
+      run oss_gen_back "$LATTICE" generate --load oss-back --prompt "ab" --max-new-tokens 24 --seed 2 &&
+      { cmp -s oss_gen.out oss_gen_back.out && pass "lattice -> HF GPT-OSS -> lattice generates the same text" ||
+          fail "the model generates other text after the GPT-OSS round trip"; }
+  fi
+fi
+if run oss_plain "$LATTICE" train "${OSS[@]/learnable/vanilla}" "${RUN[@]}" --train-iters 1 --save oss-plain; then
+  expect_error "HF export of GPT-OSS's MLP without sinks" "--softmax-type learnable|neither" -- \
+    "$LATTICE" convert --load oss-plain --to-hf hf-plain
+  [ -e hf-plain ] && fail "a refused export wrote hf-plain"
+fi
+expect_error "shared experts with linear biases" "--disable-bias-linear" -- \
+  "$LATTICE" train "${BASE[@]}" "${EXPERTS[@]}" --moe-shared-expert-intermediate-size 32 "${RUN[@]}" --train-iters 1 \
+  --save bad1
+expect_error "two gated units" "--swiglu and --quick-geglu" -- \
+  "$LATTICE" train "${MOE[@]}" --quick-geglu "${RUN[@]}" --train-iters 1 --save bad14
 expect_error "top-k above the experts" "--moe-router-topk|5" -- \
   "$LATTICE" train "${DENSE[@]}" --num-experts 4 --moe-router-topk 5 "${RUN[@]}" --train-iters 1 --save bad2
 expect_error "a negative load-balancing coefficient" "--moe-aux-loss-coeff" -- \

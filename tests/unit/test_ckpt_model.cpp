@@ -90,13 +90,17 @@ TEST(CkptModelConfig, FieldsAddedLaterReadAsTheirOldMeaning) {
                         "rotary_seq_len_interpolation_factor", "add_bias_linear", "normalization", "swiglu",
                         "num_query_groups", "use_rope_scaling", "rope_scaling_factor",
                         "rope_scaling_low_freq_factor", "rope_scaling_high_freq_factor",
-                        "rope_scaling_original_max_position_embeddings"})
+                        "rope_scaling_original_max_position_embeddings", "quick_geglu", "glu_linear_offset",
+                        "activation_func_clamp_value"})
     ASSERT_EQ(old.erase(f), 1u) << f;
   const TransformerConfig read = model_config_from_json(old, "x");
   EXPECT_FALSE(read.rope());
   EXPECT_TRUE(read.add_bias_linear);
   EXPECT_FALSE(read.rmsnorm());
   EXPECT_FALSE(read.swiglu);
+  EXPECT_FALSE(read.gated_linear_unit());
+  EXPECT_EQ(read.glu_linear_offset, 0.0f);
+  EXPECT_EQ(read.activation_func_clamp_value, 0.0f);
   EXPECT_FALSE(read.grouped_query_attention());
   EXPECT_EQ(read.num_query_groups, c.num_attention_heads);
   EXPECT_FALSE(read.use_rope_scaling);

@@ -13,7 +13,10 @@
 #include <string>
 
 #include "checkpoint/hf_gpt2.h"
+#include "checkpoint/hf_common.h"
 #include "checkpoint/hf_llama.h"
+#include "checkpoint/hf_rope_scaling.h"
+#include "model/rotary_embedding.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "hf_test_util.h"
@@ -244,9 +247,64 @@ TEST(HfLlama, Llama3RopeScalingMatchesIndependentLogits) {
   EXPECT_EQ(written["rope_scaling"], want);
 }
 
+// rope_scaling yarn (GPT-OSS's and long-context Qwen's; the fixture's ramp over dims 2.01 to 5.03 of
+// 8 pairs, not truncated, and the attention factor 0.1 ln 4 + 1): --position-embedding-type yarn
+// and its fields, against the fixture's independent logits; written back as the same rope_scaling;
+// the other forms transformers reads (mscale with mscale_all_dim, attention_factor), and the config
+// whose factor transformers versions read differently, refused.
+TEST(HfLlama, YarnRopeScalingMatchesIndependentLogits) {
+  check_fixture_logits("hf_llama_tiny_yarn");
+  HfModel hf = load_hf_llama(fixture("hf_llama_tiny_yarn"), 128, 16);
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_TRUE(c.yarn() && c.rope());
+  EXPECT_EQ(c.yarn_rotary_scaling_factor, 4.0f);
+  EXPECT_EQ(c.yarn_original_max_position_embeddings, 2048);
+  EXPECT_EQ(c.yarn_beta_fast, 32.0f);
+  EXPECT_EQ(c.yarn_beta_slow, 1.0f);
+  EXPECT_FALSE(c.yarn_correction_range_round_to_int);
+  EXPECT_EQ(c.yarn_mscale, 1.0f);
+  EXPECT_EQ(c.yarn_mscale_all_dim, 0.0f);
+  const nlohmann::json written = hf_llama_config_json(c, "");
+  const nlohmann::json want = {{"rope_type", "yarn"}, {"factor", 4.0},    {"original_max_position_embeddings", 2048},
+                               {"beta_fast", 32.0},   {"beta_slow", 1.0}, {"truncate", false}};
+  EXPECT_EQ(written["rope_scaling"], want);
+  EXPECT_EQ(written["max_position_embeddings"], 8192);
+
+  nlohmann::json config = hf::read_config(fixture("hf_llama_tiny_yarn"));
+  auto read = [&](const nlohmann::json& rope_scaling) {
+    nlohmann::json j = config;
+    j["rope_scaling"] = rope_scaling;
+    return hf_llama_config(j, "x", 128);
+  };
+  nlohmann::json s = config["rope_scaling"];
+  s["mscale"] = 0.707;  // DeepSeek's pair: the factor m(4, 0.707) / m(4, 0.707) = 1
+  s["mscale_all_dim"] = 0.707;
+  TransformerConfig d = read(s);
+  EXPECT_FLOAT_EQ(float(yarn_attention_factor(d)), 1.0f);
+  EXPECT_EQ(hf::yarn_rope_scaling_json(d)["attention_factor"], 1.0);
+  s.erase("mscale_all_dim");  // mscale alone: transformers ignores it
+  EXPECT_FLOAT_EQ(float(yarn_attention_factor(read(s))), float(0.1 * std::log(4.0) + 1.0));
+  s = config["rope_scaling"];
+  s["attention_factor"] = 1.25;
+  d = read(s);
+  EXPECT_NEAR(yarn_attention_factor(d), 1.25, 1e-6);
+  EXPECT_NEAR(hf::yarn_rope_scaling_json(d)["attention_factor"].get<double>(), 1.25, 1e-6);
+  s = config["rope_scaling"];
+  config["max_position_embeddings"] = 2048;  // Qwen2.5's form: the factor ambiguous between versions
+  try {
+    read(s);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_position_embeddings 2048 is not factor 4"), std::string::npos) << e.what();
+  }
+  s["attention_factor"] = 1.1;  // an explicit factor settles it
+  EXPECT_NEAR(yarn_attention_factor(read(s)), 1.1, 1e-6);
+}
+
 TEST(HfLlama, HfToLatticeToHfIsIdentity) {
   for (const char* dir :
-       {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3", "hf_qwen2_tiny",
+       {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3", "hf_llama_tiny_yarn",
+        "hf_qwen2_tiny",
         "hf_qwen3_tiny", "hf_mixtral_tiny", "hf_qwen3_moe_tiny", "hf_qwen2_moe_tiny", "hf_deepseek_moe_tiny"}) {
     TempDir out(std::string("llama_rt_") + dir);
     HfModel hf = load_hf_llama(fixture(dir));
@@ -477,6 +535,11 @@ TEST(HfLlama, ModelsWithoutALlamaFormAreNamed) {
             std::string::npos);
   EXPECT_NE(why([](TransformerConfig& e) { e.normalization = "LayerNorm"; }).find("LayerNorm"), std::string::npos);
   EXPECT_NE(why([](TransformerConfig& e) { e.swiglu = false; }).find("GELU"), std::string::npos);
+  EXPECT_NE(why([](TransformerConfig& e) { e.swiglu = false, e.quick_geglu = true; }).find("--quick-geglu"),
+            std::string::npos);
+  EXPECT_NE(why([](TransformerConfig& e) { e.glu_linear_offset = 1.0f; }).find("--glu-linear-offset"), std::string::npos);
+  EXPECT_NE(why([](TransformerConfig& e) { e.activation_func_clamp_value = 7.0f; }).find("--activation-func-clamp-value"),
+            std::string::npos);
   EXPECT_NE(why([](TransformerConfig& e) { e.add_bias_linear = true; }).find("--disable-bias-linear"),
             std::string::npos);
   EXPECT_NE(why([](TransformerConfig& e) { e.position_embedding_type = "learned_absolute"; }).find("learned"),
@@ -620,7 +683,7 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
     TempDir t("llama_scaling");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}}; },
                            t),
-                 {"config.json", "rope_scaling", "dynamic", "none, linear or llama3"});
+                 {"config.json", "rope_scaling", "dynamic", "none, linear, llama3 or yarn"});
   }
   {
     TempDir t("llama_scaling_factor");

@@ -3,6 +3,7 @@
 // here, the backward against finite differences, and what the rotation must leave alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -187,7 +188,7 @@ TEST(KernelRope, ConfigurationErrorsNameTheFlag) {
     cfg.finalize();
     FAIL() << "alibi accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--position-embedding-type must be learned_absolute, rope or none"),
+    EXPECT_NE(std::string(e.what()).find("--position-embedding-type must be learned_absolute, rope, yarn or none"),
               std::string::npos)
         << e.what();
   }
@@ -229,6 +230,77 @@ TEST(KernelRope, Llama3ScalingKeepsStretchesAndInterpolatesByWavelength) {
     EXPECT_EQ(interpolated, 1) << original;
     EXPECT_EQ(stretched, original == 1024 ? 3 : 0) << original;
   }
+}
+
+// --position-embedding-type yarn: each table frequency, read back from position 1's angle, against
+// YaRN's written out here in double, and the table's magnitude, the attention factor. With base
+// 10000 over 16 dims and the original context 2048, the pair of dim d turns 2048 / (2 pi 10000^(d/8))
+// times over it: 32 times at d = 2.01, once at d = 5.03, so pairs 0-2 keep their frequency, 6-7
+// are divided by the factor and 3-5 mix them (floored and ceiled: the ramp over 2..6).
+TEST(KernelRope, YarnRampsFromKeptToInterpolatedFrequencies) {
+  for (bool round : {false, true})
+    for (auto [mscale, all_dim] : {std::pair<float, float>{1.0f, 0.0f}, {0.707f, 0.707f}, {1.0f, 0.5f}}) {
+      TransformerConfig cfg = config_for(Case{1, 1, 1, 16, 1.0, false, 0.0f, 0}, 4);
+      cfg.position_embedding_type = "yarn";
+      cfg.yarn_rotary_scaling_factor = 4.0f;
+      cfg.yarn_original_max_position_embeddings = 2048;
+      cfg.yarn_mscale = mscale;
+      cfg.yarn_mscale_all_dim = all_dim;
+      cfg.yarn_correction_range_round_to_int = round;
+      cfg.finalize();
+      const RotaryEmbedding rope(cfg, 4);
+      const RopeTable& t = rope.table();
+      auto dim_turning = [](double b) { return 16.0 * std::log(2048.0 / (2 * M_PI * b)) / (2 * std::log(10000.0)); };
+      const double low = round ? std::floor(dim_turning(32)) : dim_turning(32);
+      const double high = round ? std::ceil(dim_turning(1)) : dim_turning(1);
+      auto m = [](double x) { return 0.1 * x * std::log(4.0) + 1.0; };
+      const double factor = m(mscale) / m(all_dim);
+      int kept = 0, mixed = 0, interpolated = 0;
+      for (int64_t d = 0; d < 8; ++d) {
+        const double f = std::pow(10000.0, -double(2 * d) / 16.0);
+        const double ramp = std::clamp((double(d) - low) / (high - low), 0.0, 1.0);
+        const double want = f / 4.0 * ramp + f * (1.0 - ramp);
+        kept += ramp == 0.0;
+        mixed += ramp > 0.0 && ramp < 1.0;
+        interpolated += ramp == 1.0;
+        const double c = t.cos[t.half + d], s = t.sin[t.half + d];  // position 1
+        EXPECT_NEAR(std::atan2(s, c), want, 2e-6 * want + 1e-9) << "d " << d << " round " << round;
+        EXPECT_NEAR(std::hypot(c, s), factor, 1e-6 * factor) << "d " << d;
+        EXPECT_NEAR(double(t.cos[d]), factor, 1e-6) << "position 0: no rotation, the factor";
+      }
+      EXPECT_EQ(kept, 3);
+      EXPECT_EQ(mixed, 3);
+      EXPECT_EQ(interpolated, 2);
+    }
+}
+
+TEST(KernelRope, YarnErrorsNameTheFlag) {
+  auto error_of = [](const std::function<void(TransformerConfig&)>& edit) {
+    TransformerConfig cfg = config_for(Case{1, 1, 2, 8, 1.0, false, 0.0f, 0}, 8);
+    cfg.position_embedding_type = "yarn";
+    cfg.yarn_rotary_scaling_factor = 4.0f;
+    edit(cfg);
+    try {
+      cfg.finalize();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of([](TransformerConfig&) {}), "");
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.yarn_rotary_scaling_factor = 0.5f; })
+                .find("--yarn-rotary-scaling-factor must be a finite number >= 1, got 0.5"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.yarn_original_max_position_embeddings = 0; })
+                .find("--yarn-original-max-position-embeddings"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.yarn_beta_fast = 0.5f; }).find("--yarn-beta-fast 0.5"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.rotary_percent = 0.5; }).find("--rotary-percent"), std::string::npos);
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.use_rope_scaling = true; }).find("--use-rope-scaling does not go"),
+            std::string::npos);
+  EXPECT_NE(error_of([](TransformerConfig& c) { c.rotary_interleaved = true; }).find("--rotary-interleaved"),
+            std::string::npos);
 }
 
 TEST(KernelRope, Llama3ScalingErrorsNameTheFlag) {

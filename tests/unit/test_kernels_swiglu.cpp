@@ -1,12 +1,15 @@
 // SwiGLU kernels (kernels/swiglu.h): the forward against a double-precision silu(g) u, the
-// backward against finite differences of it, in place; the bf16 forms against the fp32 forms
+// backward against finite differences of it, in place; the unit's other forms (quick GELU, the
+// up projection's offset, the clamps: GPT-OSS's) the same way; the bf16 forms against the fp32 forms
 // bit for bit (the bf16 storage path of the model relies on it), at widths that are and are
 // not a multiple of the CPU's column chunk, and the parallel path against one row at a time.
 #include "kernels/swiglu.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <ostream>
 #include <vector>
 
 #include "kernels/cast_math.h"
@@ -125,6 +128,80 @@ TEST_P(KernelSwiglu, Bf16FormsGiveTheFp32FormsBits) {
     EXPECT_TRUE(same_bits(dbias, dbias_want));
   }
 }
+
+// The gated unit's forms: quick GELU's alpha, the offset, the clamps (torch.clamp's gradient: none
+// where the clamp holds the value), each alone and together, against a double-precision reference
+// and its finite differences; the bf16 forms give the fp32 forms' bits.
+struct GluCase {
+  const char* name;
+  GluForm form;
+};
+void PrintTo(const GluCase& c, std::ostream* os) { *os << c.name; }
+
+// Megatron's glu in double: act(min(g, c)) (clamp(u, -c, c) + offset), act(x) = x sigmoid(alpha x).
+std::vector<double> glu_ref(const std::vector<double>& y, int64_t N, int64_t F, const GluForm& f) {
+  std::vector<double> out(size_t(N * F));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < F; ++j) {
+      double g = y[size_t(n * 2 * F + j)], u = y[size_t(n * 2 * F + F + j)];
+      if (f.clamp > 0) {
+        g = std::min(g, double(f.clamp));
+        u = std::clamp(u, -double(f.clamp), double(f.clamp));
+      }
+      out[size_t(n * F + j)] = g / (1.0 + std::exp(-double(f.alpha) * g)) * (u + double(f.linear_offset));
+    }
+  return out;
+}
+
+class KernelGluForms : public ::testing::TestWithParam<GluCase> {};
+
+TEST_P(KernelGluForms, ForwardAndBackwardMatchDoubleAndFiniteDifferences) {
+  const GluForm f = GetParam().form;
+  const int64_t N = 6, F = 37;
+  auto y = random_floats(size_t(N * 2 * F), 21, -4.0f, 4.0f);
+  const auto R = random_floats(size_t(N * F), 22);
+  if (f.clamp > 0)  // away from the clamps' corners, where the difference quotient straddles them
+    for (float& v : y)
+      if (std::fabs(std::fabs(v) - f.clamp) < 0.01f) v += 0.05f;
+  std::vector<float> pre(y.size()), out(size_t(N * F)), dx(y.size());
+  bias_swiglu_forward(pre.data(), out.data(), y.data(), nullptr, N, F, Rounding::none, f);
+  expect_close(out, glu_ref(to_double(y), N, F, f), 1e-6, "glu");
+  swiglu_backward(dx.data(), pre.data(), R.data(), N, F, Rounding::none, f);
+  const auto g = numeric_grad([&](const auto& v) { return project(glu_ref(v, N, F, f), R); }, to_double(y));
+  expect_close(dx, g, 1e-5, "dglu");
+  if (f.clamp > 0) {  // some values held by each clamp, their gradients exactly 0
+    int64_t held_g = 0, held_u = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < F; ++j) {
+        const size_t at = size_t(n * 2 * F + j);
+        if (y[at] > f.clamp) held_g += dx[at] == 0.0f;
+        if (std::fabs(y[at + size_t(F)]) > f.clamp) held_u += dx[at + size_t(F)] == 0.0f;
+      }
+    EXPECT_GT(held_g, 10);
+    EXPECT_GT(held_u, 10);
+  }
+
+  const auto y16 = to_bf16(y), d16 = to_bf16(R);
+  const auto b = random_floats(size_t(2 * F), 23);
+  std::vector<float> pre16(y.size()), out32(size_t(N * F)), dx32(y.size()), dbias_want(size_t(2 * F), 0.0f),
+      dbias(size_t(2 * F), 0.0f);
+  bias_swiglu_forward(pre16.data(), out32.data(), widen(y16).data(), b.data(), N, F, Rounding::none, f);
+  std::vector<uint16_t> out16(size_t(N * F)), dx16(y16.size());
+  bias_swiglu_forward_packed(out16.data(), y16.data(), b.data(), N, F, f);
+  EXPECT_TRUE(same_bits(out16, to_bf16(out32)));
+  swiglu_backward(dx32.data(), pre16.data(), widen(d16).data(), N, F, Rounding::none, f);
+  bias_backward(dbias_want.data(), dx32.data(), N, 2 * F);
+  bias_swiglu_backward_packed_dbias(dx16.data(), dbias.data(), y16.data(), b.data(), d16.data(), N, F, f);
+  EXPECT_TRUE(same_bits(dx16, to_bf16(dx32)));
+  EXPECT_TRUE(same_bits(dbias, dbias_want));
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, KernelGluForms,
+                         ::testing::Values(GluCase{"quick_gelu", {kQuickGeluAlpha, 0.0f, 0.0f}},
+                                           GluCase{"offset", {1.0f, 1.0f, 0.0f}},
+                                           GluCase{"clamp", {1.0f, 0.0f, 1.5f}},
+                                           GluCase{"gpt_oss", {kQuickGeluAlpha, 1.0f, 1.5f}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(Widths, KernelSwiglu, ::testing::Values(int64_t(1), int64_t(37), int64_t(130)),
                          [](const auto& info) { return "F" + std::to_string(info.param); });

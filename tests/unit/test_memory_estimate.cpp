@@ -294,6 +294,28 @@ TEST(MemoryEstimate, ExpertParallelRanksEqualTheirModels) {
   }
 }
 
+// GPT-OSS's MLP (experts and router with biases, quick GEGLU) under TP 2 x EP 2: the router's bias
+// [E] replicated, each local expert's fc1 bias split with its rows and fc2's whole.
+TEST(MemoryEstimate, ExpertBiasesEqualTheModel) {
+  TransformerConfig c = config(3, false, 2);
+  c.num_experts = 4;
+  c.moe_ffn_hidden_size = 24;
+  c.quick_geglu = true;
+  c.finalize(2);
+  MemoryLayout m = layout(c, 2, 1, 2, 1);
+  m.ep = 2;
+  for (int w = 0; w < 4; ++w) expect_matches(m, w);
+  TransformerConfig nobias = c;
+  nobias.add_bias_linear = false;
+  MemoryLayout mn = layout(nobias, 2, 1, 2, 1);
+  mn.ep = 2;
+  const int64_t C = c.hidden_size;
+  // Per layer: the attention's biases (QKV's split, the projection's whole), the router's, and 2
+  // local experts' fc1 (2 x 24 / 2 rows) and fc2 (C) biases.
+  EXPECT_EQ(estimate_rank_memory(m, 0, 0).parameters - estimate_rank_memory(mn, 0, 0).parameters,
+            3 * (3 * C / 2 + C + 4 + 2 * (24 + C)));
+}
+
 // Context parallelism: every rank of a context-parallel group holds the whole model and a 1/cp share
 // of each sequence's activations, plus the gathered keys and values; with the distributed optimizer
 // the state is sharded over dp x cp.

@@ -4,7 +4,8 @@
 // learned positions (tied and untied, both GELUs), with the rotary embedding, and with an
 // attention wider than the hidden size (--kv-channels 24 x 4 heads, hidden 64), without the
 // linear layers' biases (--disable-bias-linear), with RMSNorm (--normalization RMSNorm), with
-// SwiGLU (--swiglu), and with grouped-query attention (--num-query-groups 2 of 4 heads).
+// SwiGLU (--swiglu), and with grouped-query attention (--num-query-groups 2 of 4 heads); GPT-OSS's
+// MLP (quick GEGLU with an offset and clamps) dense and in experts with biases.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -49,6 +50,10 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   if (f.metadata().count("add_bias_linear")) c.add_bias_linear = meta_int(f, "add_bias_linear") != 0;
   if (f.metadata().count("normalization")) c.normalization = f.metadata().at("normalization");
   c.swiglu = f.metadata().count("swiglu") && f.metadata().at("swiglu") == "1";
+  c.quick_geglu = f.metadata().count("quick_geglu") && f.metadata().at("quick_geglu") == "1";
+  if (f.metadata().count("glu_linear_offset")) c.glu_linear_offset = float(meta_double(f, "glu_linear_offset"));
+  if (f.metadata().count("activation_func_clamp_value"))
+    c.activation_func_clamp_value = float(meta_double(f, "activation_func_clamp_value"));
   if (f.metadata().count("squared_relu") && f.metadata().at("squared_relu") == "1") c.gelu = GeluKind::squared_relu;
   c.apply_layernorm_1p = f.metadata().count("apply_layernorm_1p") && f.metadata().at("apply_layernorm_1p") == "1";
   if (f.metadata().count("num_query_groups")) c.num_query_groups = meta_int(f, "num_query_groups");
@@ -89,6 +94,11 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
     c.position_embedding_type = f.metadata().at("position_embedding_type");
     c.rotary_percent = meta_double(f, "rotary_percent");
     c.rotary_base = float(meta_double(f, "rotary_base"));
+    if (c.yarn()) {
+      c.yarn_rotary_scaling_factor = float(meta_double(f, "yarn_rotary_scaling_factor"));
+      c.yarn_original_max_position_embeddings = meta_int(f, "yarn_original_max_position_embeddings");
+      c.yarn_correction_range_round_to_int = meta_int(f, "yarn_correction_range_round_to_int") != 0;
+    }
   }
   c.finalize();
   return c;
@@ -206,7 +216,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_rope_rmsnorm_ln1p_gqa2_qknorm.safetensors",
                                            "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_rope_gqa2_swa4.safetensors",
                                            "gpt_tiny_rope_gqa2_swa4_sinks.safetensors", "gpt_tiny_offbyone.safetensors",
-                                           "gpt_tiny_nope.safetensors",
+                                           "gpt_tiny_nope.safetensors", "gpt_tiny_qgeglu.safetensors",
+                                           "gpt_tiny_yarn.safetensors",
+                                           "gpt_tiny_rope_rmsnorm_qgeglu_gqa2_swa4_sinks_moe4.safetensors",
                                            "gpt_tiny_nobias_moe4.safetensors",
                                            "gpt_tiny_nobias_swiglu_moe4_shared.safetensors",
                                            "gpt_tiny_nobias_moe4_sigmoid.safetensors",

@@ -329,6 +329,8 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     bool by_position = false;
     int64_t groups = 0, group_topk = 0;  // group-limited routing
     float z = 0.0f;                      // --moe-z-loss-coeff
+    bool biases = false;                 // the router's and the experts' biases (add_bias_linear)
+    GluForm form = {};                   // with swiglu: the gated unit's form
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
@@ -342,10 +344,14 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
                             Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 3, 2},
                             Variant{false, false, 1.0f, 0, false, true, true, 2, 0, 0, false, 3, 2},
                             Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.3f},
-                            Variant{true, false, 1.0f, 0, false, true, true, 2, 0, 0, false, 0, 0, 0.3f}}) {
+                            Variant{true, false, 1.0f, 0, false, true, true, 2, 0, 0, false, 0, 0, 0.3f},
+                            Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.0f, true},
+                            Variant{true, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.0f, true,
+                                    GluForm{kQuickGeluAlpha, 1.0f, 1.3f}}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, var.k, 0.5f);
-    s.swiglu = swiglu;
+    s.glu = swiglu;
+    s.glu_form = var.form;
     s.sigmoid = var.sigmoid;
     s.expert_bias = var.bias;
     s.aux_group = var.aux_group;
@@ -364,17 +370,24 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     std::vector<float> router = random_floats(size_t(E * C), 13);
     std::vector<float> shared1 = random_floats(size_t(s.Fs1() * C), 14), shared2 = random_floats(size_t(C * s.Fs), 15);
     std::vector<float> sgate = random_floats(size_t(C), 16);
-    std::vector<std::vector<float>> fc1, fc2;
+    std::vector<float> router_b = random_floats(size_t(E), 17);
+    std::vector<std::vector<float>> fc1, fc2, fc1_b, fc2_b;
     for (int64_t e = 0; e < E; ++e) {
       fc1.push_back(random_floats(size_t(F1 * C), uint32_t(20 + e)));
       fc2.push_back(random_floats(size_t(C * F), uint32_t(30 + e)));
+      fc1_b.push_back(random_floats(size_t(F1), uint32_t(40 + e)));
+      fc2_b.push_back(random_floats(size_t(C), uint32_t(50 + e)));
     }
     auto weights = [&] {
       MoeWeights w;
       w.router = router.data();
+      if (var.biases) w.router_bias = router_b.data();
       for (int64_t e = 0; e < E; ++e) {
         w.fc1.push_back(fc1[size_t(e)].data());
         w.fc2.push_back(fc2[size_t(e)].data());
+        if (!var.biases) continue;
+        w.fc1_bias.push_back(fc1_b[size_t(e)].data());
+        w.fc2_bias.push_back(fc2_b[size_t(e)].data());
       }
       w.fc1_site.resize(size_t(E));
       w.fc2_site.resize(size_t(E));
@@ -397,11 +410,18 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
       return f;
     };
     objective();
+    if (var.form.clamp > 0) {  // the clamps hold some of the gates and up projections (the CPU's buffers)
+      int64_t held = 0;
+      for (int64_t i = 0; i < N * s.k * F1; ++i) held += std::fabs(st.h[i]) > var.form.clamp;
+      EXPECT_GT(held, 4);
+    }
     std::vector<float> dx(static_cast<size_t>(N * C)), g_router(router.size(), 0.0f);
     std::vector<float> g_shared1(shared1.size(), 0.0f), g_shared2(shared2.size(), 0.0f), g_sgate(sgate.size(), 0.0f);
-    std::vector<std::vector<float>> g1, g2;
+    std::vector<float> g_router_b(router_b.size(), 0.0f);
+    std::vector<std::vector<float>> g1, g2, g1_b, g2_b;
     MoeGrads g;
     g.router = g_router.data();
+    g.router_bias = g_router_b.data();
     g.shared_fc1 = g_shared1.data();
     g.shared_fc2 = g_shared2.data();
     g.shared_gate = g_sgate.data();
@@ -410,8 +430,15 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
       g2.emplace_back(fc2[size_t(e)].size(), 0.0f);
     }
     for (int64_t e = 0; e < E; ++e) {
+      g1_b.emplace_back(fc1_b[size_t(e)].size(), 0.0f);
+      g2_b.emplace_back(fc2_b[size_t(e)].size(), 0.0f);
+    }
+    for (int64_t e = 0; e < E; ++e) {
       g.fc1.push_back(g1[size_t(e)].data());
       g.fc2.push_back(g2[size_t(e)].data());
+      if (!var.biases) continue;
+      g.fc1_bias.push_back(g1_b[size_t(e)].data());
+      g.fc2_bias.push_back(g2_b[size_t(e)].data());
     }
     std::vector<float> sbuf(static_cast<size_t>(moe_scratch_floats(N, s)));
     MoeScratch sc;
@@ -432,7 +459,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
             << what << "[" << i << "] swiglu " << swiglu << " pre-softmax " << var.pre_softmax << " scale " << var.scale
             << " shared " << var.Fs << " gate " << var.gate << " sigmoid " << var.sigmoid << " bias " << var.bias
             << " k " << var.k << " aux group " << var.aux_group << " capacity " << var.capacity << " by position "
-            << var.by_position << " z " << var.z;
+            << var.by_position << " z " << var.z << " biases " << var.biases << " alpha " << var.form.alpha;
       }
     };
     check(x, dx, "dx");
@@ -443,6 +470,13 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     for (int64_t e = 0; e < E; ++e) {
       check(fc1[size_t(e)], g1[size_t(e)], "fc1 of expert " + std::to_string(e));
       check(fc2[size_t(e)], g2[size_t(e)], "fc2 of expert " + std::to_string(e));
+    }
+    if (var.biases) {
+      check(router_b, g_router_b, "router bias");
+      for (int64_t e = 0; e < E; ++e) {
+        check(fc1_b[size_t(e)], g1_b[size_t(e)], "fc1 bias of expert " + std::to_string(e));
+        check(fc2_b[size_t(e)], g2_b[size_t(e)], "fc2 bias of expert " + std::to_string(e));
+      }
     }
   }
 }
@@ -471,7 +505,11 @@ TEST(Moe, ConfigurationErrorsNameTheFlag) {
   ok.finalize();
   EXPECT_EQ(ok.moe_ffn_hidden_size, ok.ffn_hidden_size);
   TransformerConfig c = config();
+  c.add_bias_linear = true;  // the router's and the experts' biases; the shared experts have none
+  c.finalize();
+  c = config();
   c.add_bias_linear = true;
+  c.moe_shared_expert_intermediate_size = 16;
   expect_error(c, 1, "--disable-bias-linear");
   c = config();
   c.moe_router_topk = 5;

@@ -135,6 +135,46 @@ TEST(TrainArgs, SwigluAndItsDefaultFfnHiddenSize) {
   }
 }
 
+// GPT-OSS's gated unit: --quick-geglu with --glu-linear-offset and --activation-func-clamp-value,
+// the fc1 of a gated unit, and the combinations that make no sense refused naming the flags.
+TEST(TrainArgs, QuickGegluAndTheGatedUnitsOptions) {
+  TransformerConfig c =
+      parse({"--quick-geglu", "--glu-linear-offset", "1", "--activation-func-clamp-value", "7", "--ffn-hidden-size", "96"})
+          .transformer_config();
+  c.finalize();
+  EXPECT_TRUE(c.quick_geglu && c.gated_linear_unit() && !c.swiglu);
+  EXPECT_EQ(c.fc1_width(), 192);
+  EXPECT_EQ(c.glu_form().alpha, kQuickGeluAlpha);
+  EXPECT_EQ(c.glu_form().linear_offset, 1.0f);
+  EXPECT_EQ(c.glu_form().clamp, 7.0f);
+  c = parse({"--quick-geglu"}).transformer_config();
+  c.finalize();
+  EXPECT_EQ(c.ffn_hidden_size, 256);  // Megatron's 4 h: the 8/3 default is --swiglu's only
+  c = parse({"--swiglu", "--activation-func-clamp-value", "7"}).transformer_config();
+  c.finalize();
+  EXPECT_EQ(c.glu_form().alpha, 1.0f);
+  EXPECT_EQ(c.glu_form().clamp, 7.0f);
+  auto finalize_error = [](std::vector<std::string> flags) {
+    try {
+      parse(std::move(flags)).transformer_config().finalize();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of({"--swiglu", "--quick-geglu"}).find("--swiglu and --quick-geglu"), std::string::npos);
+  EXPECT_NE(error_of({"--quick-geglu", "--openai-gelu"}).find("--openai-gelu and --quick-geglu"), std::string::npos);
+  EXPECT_NE(error_of({"--quick-geglu", "--squared-relu"}).find("--squared-relu and --quick-geglu"), std::string::npos);
+  EXPECT_NE(finalize_error({"--glu-linear-offset", "1"}).find("--glu-linear-offset needs a gated MLP"), std::string::npos);
+  EXPECT_NE(finalize_error({"--activation-func-clamp-value", "7"}).find("--activation-func-clamp-value needs a gated"),
+            std::string::npos);
+  EXPECT_NE(finalize_error({"--quick-geglu", "--activation-func-clamp-value", "-1"})
+                .find("--activation-func-clamp-value must be a finite number > 0, got -1"),
+            std::string::npos);
+  EXPECT_NE(finalize_error({"--quick-geglu", "--glu-linear-offset", "inf"}).find("--glu-linear-offset must be"),
+            std::string::npos);
+}
+
 // --group-query-attention --num-query-groups (Megatron's default 1; ignored without the switch).
 TEST(TrainArgs, GroupedQueryAttention) {
   TransformerConfig c = parse({"--num-query-groups", "2"}).transformer_config();

@@ -25,8 +25,8 @@ inline void widen_halves(float* g, float* u, const uint16_t* y, const float* bia
 }  // namespace
 
 void bias_swiglu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t F,
-                         Rounding round_y) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_swiglu_forward(pre, out, y, bias, N, F, round_y));
+                         Rounding round_y, const GluForm& glu) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_swiglu_forward(pre, out, y, bias, N, F, round_y, glu));
   math::dispatch_rounding(round_y, [&](auto r) {
 #pragma omp parallel for schedule(static) if (N * F > kParallelMin)
     for (int64_t n = 0; n < N; ++n) {
@@ -41,13 +41,14 @@ void bias_swiglu_forward(float* pre, float* out, const float* y, const float* bi
         for (int64_t c = 0; c < 2 * F; ++c) ps[c] = math::round_as<r.value>(ys[c]);
       }
 #pragma omp simd
-      for (int64_t j = 0; j < F; ++j) os[j] = math::swiglu(ps[j], ps[F + j]);
+      for (int64_t j = 0; j < F; ++j) os[j] = math::glu(ps[j], ps[F + j], glu);
     }
   });
 }
 
-void bias_swiglu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t F) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_swiglu_forward_packed(out, y, bias, N, F));
+void bias_swiglu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t F,
+                                const GluForm& glu) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_swiglu_forward_packed(out, y, bias, N, F, glu));
 #pragma omp parallel for schedule(static) if (N * F > kParallelMin)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j0 = 0; j0 < F; j0 += kChunk) {
@@ -56,12 +57,13 @@ void bias_swiglu_forward_packed(uint16_t* out, const uint16_t* y, const float* b
       widen_halves(g, u, y, bias, n, F, j0, len);
       uint16_t* os = out + n * F + j0;
 #pragma omp simd
-      for (int64_t j = 0; j < len; ++j) os[j] = math::fp32_to_bf16(math::swiglu(g[j], u[j]));
+      for (int64_t j = 0; j < len; ++j) os[j] = math::fp32_to_bf16(math::glu(g[j], u[j], glu));
     }
 }
 
-void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, int64_t F, Rounding round_dout) {
-  LATTICE_KERNEL_ENTRY(cuda::swiglu_backward(dx, pre, dout, N, F, round_dout));
+void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, int64_t F, Rounding round_dout,
+                     const GluForm& glu) {
+  LATTICE_KERNEL_ENTRY(cuda::swiglu_backward(dx, pre, dout, N, F, round_dout, glu));
   math::dispatch_rounding(round_dout, [&](auto r) {
 #pragma omp parallel for schedule(static) if (N * F > kParallelMin)
     for (int64_t n = 0; n < N; ++n) {
@@ -71,7 +73,7 @@ void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, 
 #pragma omp simd
       for (int64_t j = 0; j < F; ++j) {
         float dg, du;
-        math::swiglu_backward(ps[j], ps[F + j], math::round_as<decltype(r)::value>(ds[j]), dg, du);
+        math::glu_backward(ps[j], ps[F + j], math::round_as<decltype(r)::value>(ds[j]), glu, dg, du);
         xs[j] = dg;
         xs[F + j] = du;
       }
@@ -84,8 +86,8 @@ void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, 
 // same columns of both halves, so that the gate and up values of a row are read before
 // their gradients' casts are stored (dx_bf16 may alias y).
 void bias_swiglu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
-                                       const uint16_t* dout, int64_t N, int64_t F) {
-  LATTICE_KERNEL_ENTRY(cuda::bias_swiglu_backward_packed_dbias(dx_bf16, dbias, y, bias, dout, N, F));
+                                       const uint16_t* dout, int64_t N, int64_t F, const GluForm& glu) {
+  LATTICE_KERNEL_ENTRY(cuda::bias_swiglu_backward_packed_dbias(dx_bf16, dbias, y, bias, dout, N, F, glu));
   const int64_t chunks = (F + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (N * F > kParallelMin)
   for (int64_t k = 0; k < chunks; ++k) {
@@ -100,7 +102,7 @@ void bias_swiglu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const ui
 #pragma omp simd
       for (int64_t j = 0; j < len; ++j) {
         float dg, du;
-        math::swiglu_backward(g[j], u[j], math::bf16_to_fp32(ds[j]), dg, du);
+        math::glu_backward(g[j], u[j], math::bf16_to_fp32(ds[j]), glu, dg, du);
         acc_g[j] += dg;
         acc_u[j] += du;
         og[j] = math::fp32_to_bf16(dg);

@@ -46,11 +46,13 @@ void bias_gelu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint
 void bias_gelu_backward_packed(float* dx, const uint16_t* y, const float* bias, const uint16_t* dout, int64_t N,
                                int64_t C, GeluKind kind, uint16_t* dx_bf16 = nullptr);
 void bias_swiglu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t F,
-                         Rounding round_y);
-void bias_swiglu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t F);
-void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, int64_t F, Rounding round_dout);
+                         Rounding round_y, const GluForm& glu = {});
+void bias_swiglu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t F,
+                                const GluForm& glu = {});
+void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, int64_t F, Rounding round_dout,
+                     const GluForm& glu = {});
 void bias_swiglu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
-                                       const uint16_t* dout, int64_t N, int64_t F);
+                                       const uint16_t* dout, int64_t N, int64_t F, const GluForm& glu = {});
 
 // ---- dropout.h
 void dropout_forward(float* out, const float* x, int64_t n, float p, const PhiloxStream& stream,

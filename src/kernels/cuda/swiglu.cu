@@ -26,11 +26,11 @@ __device__ __forceinline__ void gate_up_at(const Tin* y, const float* bias, int6
   }
 }
 
-// pre = round(y) + bias [N, 2F] (null: not stored; may alias y), out = silu(g) u [N, F] in
+// pre = round(y) + bias [N, 2F] (null: not stored; may alias y), out = glu(g, u) [N, F] in
 // fp32 or bf16.
 template <class Tin, class Tout>
 __global__ void bias_swiglu_kernel(float* pre, Tout* out, const Tin* y, const float* bias, int64_t N, int64_t F,
-                                   Rounding r) {
+                                   Rounding r, GluForm f) {
   const int64_t total = N * F;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -41,19 +41,19 @@ __global__ void bias_swiglu_kernel(float* pre, Tout* out, const Tin* y, const fl
       pre[n * 2 * F + j] = g;
       pre[n * 2 * F + F + j] = u;
     }
-    math::store_as(out, i, math::swiglu(g, u));
+    math::store_as(out, i, math::glu(g, u, f));
   }
 }
 
 // dx [N, 2F] (may alias pre) from pre [N, 2F] and round(dout) [N, F].
 __global__ void swiglu_backward_kernel(float* dx, const float* pre, const float* dout, int64_t N, int64_t F,
-                                       Rounding r) {
+                                       Rounding r, GluForm f) {
   const int64_t total = N * F;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = i / F, j = i % F, at = n * 2 * F + j;
     float dg, du;
-    math::swiglu_backward(pre[at], pre[at + F], math::round_as(dout[i], r), dg, du);
+    math::glu_backward(pre[at], pre[at + F], math::round_as(dout[i], r), f, dg, du);
     dx[at] = dg;
     dx[at + F] = du;
   }
@@ -68,47 +68,52 @@ struct SwigluBackwardColumns {
   const float* bias;
   const uint16_t* dout;
   int64_t F;
+  GluForm f;
   __device__ void operator()(int64_t n, int64_t j, float v[2]) const {
     float g, u;
     gate_up_at(y, bias, n, j, F, Rounding::none, g, u);
-    math::swiglu_backward(g, u, math::bf16_to_fp32(dout[n * F + j]), v[0], v[1]);
+    math::glu_backward(g, u, math::bf16_to_fp32(dout[n * F + j]), f, v[0], v[1]);
     dx16[n * 2 * F + j] = math::fp32_to_bf16(v[0]);
     dx16[n * 2 * F + F + j] = math::fp32_to_bf16(v[1]);
   }
 };
 
 template <class Tin, class Tout>
-void launch_bias_swiglu(float* pre, Tout* out, const Tin* y, const float* bias, int64_t N, int64_t F, Rounding r) {
+void launch_bias_swiglu(float* pre, Tout* out, const Tin* y, const float* bias, int64_t N, int64_t F, Rounding r,
+                        const GluForm& f) {
   const int64_t n = N * F;
   if (n <= 0) return;
-  launch(bias_swiglu_kernel<Tin, Tout>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, N, F, r);
+  launch(bias_swiglu_kernel<Tin, Tout>, grid_for(n, kThreads), kThreads, 0, pre, out, y, bias, N, F, r, f);
 }
 
 }  // namespace
 
 void bias_swiglu_forward(float* pre, float* out, const float* y, const float* bias, int64_t N, int64_t F,
-                         Rounding round_y) {
-  launch_bias_swiglu(pre, out, y, bias, N, F, round_y);
+                         Rounding round_y, const GluForm& glu) {
+  launch_bias_swiglu(pre, out, y, bias, N, F, round_y, glu);
   LATTICE_CUDA_LAUNCHED("bias_swiglu_forward");
 }
 
-void bias_swiglu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t F) {
-  launch_bias_swiglu(static_cast<float*>(nullptr), out, y, bias, N, F, Rounding::none);
+void bias_swiglu_forward_packed(uint16_t* out, const uint16_t* y, const float* bias, int64_t N, int64_t F,
+                                const GluForm& glu) {
+  launch_bias_swiglu(static_cast<float*>(nullptr), out, y, bias, N, F, Rounding::none, glu);
   LATTICE_CUDA_LAUNCHED("bias_swiglu_forward_packed");
 }
 
-void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, int64_t F, Rounding round_dout) {
+void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, int64_t F, Rounding round_dout,
+                     const GluForm& glu) {
   const int64_t n = N * F;
   if (n <= 0) return;
-  launch(swiglu_backward_kernel, grid_for(n, kThreads), kThreads, 0, dx, pre, dout, N, F, round_dout);
+  launch(swiglu_backward_kernel, grid_for(n, kThreads), kThreads, 0, dx, pre, dout, N, F, round_dout, glu);
   LATTICE_CUDA_LAUNCHED("swiglu_backward");
 }
 
 // bias_backward's column sums per column (the same blocking, so the same bits), both halves
 // in one pass.
 void bias_swiglu_backward_packed_dbias(uint16_t* dx_bf16, float* dbias, const uint16_t* y, const float* bias,
-                                       const uint16_t* dout, int64_t N, int64_t F) {
-  column_sums_accumulate<2>(ColumnOutputs{{dbias, dbias + F, nullptr}}, SwigluBackwardColumns{dx_bf16, y, bias, dout, F},
+                                       const uint16_t* dout, int64_t N, int64_t F, const GluForm& glu) {
+  column_sums_accumulate<2>(ColumnOutputs{{dbias, dbias + F, nullptr}},
+                            SwigluBackwardColumns{dx_bf16, y, bias, dout, F, glu},
                             N, F, "bias_swiglu_backward_packed_dbias");
 }
 
