@@ -99,6 +99,14 @@ double shortest_float(float v) {
   return std::stod(s);
 }
 
+SafetensorsWriter f32_model_tensors(const std::map<std::string, Shape>& shapes,
+                                    const std::map<std::string, std::vector<float>>& data) {
+  SafetensorsWriter w;
+  for (const auto& [name, shape] : shapes) w.add_f32(name, shape, data.at(name).data());
+  w.set_metadata("format", "pt");
+  return w;
+}
+
 json read_config(const std::string& dir) {
   const fs::path path = fs::path(dir) / "config.json";
   std::ifstream in(path);

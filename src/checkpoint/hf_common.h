@@ -3,6 +3,7 @@
 // model folder's two files.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -38,6 +39,11 @@ double config_positive(const nlohmann::json& j, const std::string& what, const c
 // The shortest decimal that reads back as the same float (1e-5f is written as 1e-05, not as
 // its double expansion 9.99999974738e-06), as a JSON number.
 double shortest_float(float v);
+
+// The tensors `data` (name -> fp32 values) with `shapes` as an F32 file with transformers' "format"
+// metadata (it refuses files without it), in name order.
+SafetensorsWriter f32_model_tensors(const std::map<std::string, Shape>& shapes,
+                                    const std::map<std::string, std::vector<float>>& data);
 
 // DIR/config.json parsed (errors name the file).
 nlohmann::json read_config(const std::string& dir);

@@ -374,10 +374,7 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model) {
   auto param = [&](const std::string& name) { return params.data() + model.params().info(name).offset; };
   auto hf = [&](const std::string& name) -> std::vector<float>& { return out.at(name); };
   map_model(c, Mapper{false}, param, hf);
-  SafetensorsWriter w;
-  for (const auto& [name, shape] : shapes) w.add_f32(name, shape, out.at(name).data());
-  w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
-  return w;
+  return hf::f32_model_tensors(shapes, out);
 }
 
 HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by, int64_t seq_length) {

@@ -622,10 +622,7 @@ SafetensorsWriter export_hf_llama_tensors(const GPTModel& model) {
       at += rows;
     }
   }
-  SafetensorsWriter w;
-  for (const auto& [name, shape] : shapes) w.add_f32(name, shape, out.at(name).data());
-  w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
-  return w;
+  return hf::f32_model_tensors(shapes, out);
 }
 
 HfModel load_hf_llama(const std::string& dir, int64_t divisible_by, int64_t seq_length) {

@@ -27,7 +27,7 @@ ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp) {
                    << ")): the experts are split over data-parallel ranks";
   if (cp > 1 && ep > 1)
     LATTICE_FAIL() << "--context-parallel-size " << cp << " with --expert-model-parallel-size " << ep
-                   << ": context parallelism does not take experts yet";
+                   << ": expert parallelism under context parallelism is not implemented yet";
   return ParallelLayout{world, tp, pp, dp, ep, cp};
 }
 

@@ -62,9 +62,10 @@ class ParallelState {
   Comm& dp_cp() { return dp_cp_ ? *dp_cp_ : *dp_; }
   Comm& pp() { return *pp_; }
   // The expert-parallel group (one rank without expert parallelism) and the expert
-  // data-parallel group (the data-parallel group itself without expert parallelism).
+  // data-parallel group, over which the experts' gradients are summed (without expert parallelism
+  // dp x cp, as every other gradient: a context-parallel rank's experts see its share of the tokens).
   Comm& ep() { return *ep_; }
-  Comm& expert_dp() { return expert_dp_ ? *expert_dp_ : *dp_; }
+  Comm& expert_dp() { return expert_dp_ ? *expert_dp_ : dp_cp(); }
   int ep_rank() const { return ep_->rank(); }
   // The first and last pipeline stage of this rank's tp/dp position (they share the
   // tied word embedding); null on the other stages and without pipelining.

@@ -126,7 +126,6 @@ void check_context_parallel(const TransformerConfig& c, const ContextParallel& c
   if (T % (2 * cp.size()) != 0)
     LATTICE_FAIL() << "--seq-length " << T << " is not divisible by 2 x --context-parallel-size " << cp.size()
                    << " (each rank holds two of the sequence's " << 2 * cp.size() << " chunks)";
-  if (c.moe()) LATTICE_FAIL() << "--context-parallel-size " << cp.size() << " with --num-experts: not supported yet";
 }
 
 void check_tensor_parallel(const TransformerConfig& c, const TensorParallel& tp, int64_t T) {
@@ -774,13 +773,16 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
     if (!output) return;
     const PhiloxStream stream = site_stream(key, layer_name(l, "mlp.dropout"));
-    const uint64_t elem0 = runs[0].first_index;  // one run: no context parallelism with experts
-    if (after)
-      bias_dropout_add_layernorm_forward(a.resid[i + 1], x.resid_mid, out_rows, bias(-1), Ns, C, p_hidden, stream, elem0,
-                                         Rounding::none, layernorm_out(*after));
-    else
-      bias_dropout_add_forward(a.resid[i + 1], x.resid_mid, out_rows, bias(-1), Ns, C, p_hidden, stream, elem0,
-                               Rounding::none);
+    const LayerNormOut ln = after ? layernorm_out(*after) : LayerNormOut{};
+    for (const DropoutRun& r : runs) {  // the dropout runs (context parallelism: each chunk's positions)
+      const int64_t at = r.row * C;
+      if (after)
+        bias_dropout_add_layernorm_forward(a.resid[i + 1] + at, x.resid_mid + at, out_rows + at, bias(-1), r.rows, C,
+                                           p_hidden, stream, r.first_index, Rounding::none, rows_from(ln, r.row));
+      else
+        bias_dropout_add_forward(a.resid[i + 1] + at, x.resid_mid + at, out_rows + at, bias(-1), r.rows, C, p_hidden,
+                                 stream, r.first_index, Rounding::none);
+    }
     return;
   }
   // fc1's rounding, bias and GELU (or SwiGLU) in one pass (Megatron's bias_gelu, bias_swiglu).
@@ -810,20 +812,21 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                       site_stream(key, layer_name(l, "mlp.dropout")), runs, after);
 }
 
+LayerNormOut GPTModel::rows_from(LayerNormOut o, int64_t row) const {
+  const int64_t C = cfg_.hidden_size;
+  if (o.f32) o.f32 += row * C;
+  if (o.bf16) o.bf16 += row * C;
+  if (o.mean) o.mean += row;
+  if (o.rstd) o.rstd += row;
+  return o;
+}
+
 void GPTModel::row_parallel_output(float* out, const float* residual, float* y, LinearInput x, int w, int b,
                                    int64_t N, int64_t in_local, float p, const PhiloxStream& stream,
                                    const std::vector<DropoutRun>& runs, const std::optional<NextNorm>& norm) {
   const int64_t C = cfg_.hidden_size;
   const LayerNormOut ln = norm ? layernorm_out(*norm) : LayerNormOut{};
-  // The rows of run r: the buffers from its first row on (a LayerNorm's statistics one per row).
-  auto ln_at = [&](const DropoutRun& r) {
-    LayerNormOut o = ln;
-    if (o.f32) o.f32 += r.row * C;
-    if (o.bf16) o.bf16 += r.row * C;
-    if (o.mean) o.mean += r.row;
-    if (o.rstd) o.rstd += r.row;
-    return o;
-  };
+  auto ln_at = [&](const DropoutRun& r) { return rows_from(ln, r.row); };
   if (bf16_row_outputs()) {
     const uint16_t* y16 = gemm_policy_->forward_bf16(w, y, x, params_.param(w), N, in_local, C);
     for (const DropoutRun& r : runs) {
@@ -901,9 +904,11 @@ const float* GPTModel::hidden_dropout_backward(float* d_rows, float p, const Phi
 void GPTModel::update_expert_biases(Comm* dp) {
   if (!cfg_.moe_router_enable_expert_bias) return;
   const int64_t E = cfg_.num_experts;
-  // Every layer's counts in one reduction; the tensor-parallel ranks route the same rows, so
-  // their counts are already equal.
+  // Every layer's counts in one reduction over each group that routes other tokens (the data- and
+  // context-parallel ranks); the tensor-parallel ranks route the same rows, so their counts are
+  // already equal.
   if (dp && dp->size() > 1) dp->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
+  if (cp_.on()) cp_.comm->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerParams& p = layers_[i];
     if (p.expert_bias < 0) continue;
@@ -945,6 +950,7 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
   if (p.router_b >= 0) w.router_bias = params_.param(p.router_b);
   if (p.expert_bias >= 0) w.expert_bias = params_.param(p.expert_bias);
   w.add_fc2_bias = tp_.rank() == 0;
+  w.cp = cp_.on() ? cp_.comm : nullptr;
   for (size_t e = 0; e < p.expert_fc1_b.size(); ++e) {
     w.fc1_bias.push_back(params_.param(p.expert_fc1_b[e]));
     w.fc2_bias.push_back(params_.param(p.expert_fc2_b[e]));

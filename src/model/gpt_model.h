@@ -343,6 +343,8 @@ class GPTModel {
   std::optional<NextNorm> next_norm(int chunk, Activations& a, size_t i, int64_t row0);
   // The kernels' description of it (fp32 or bf16 output, as layernorm_input writes it).
   LayerNormOut layernorm_out(const NextNorm& n) const;
+  // o's buffers from row `row` on (a LayerNorm's statistics one per row).
+  LayerNormOut rows_from(LayerNormOut o, int64_t row) const;
   // Layer i of a chunk: a.resid[i] -> a.layers[i] -> a.resid[i + 1]. Without `output`
   // it stops after the GELU (a recomputed group's last layer: backward needs no more).
   // ln1_made: its LN1 was made with the previous layer's output (next_norm); `after`: the

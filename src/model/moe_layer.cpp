@@ -320,7 +320,7 @@ void assign_slots(MoeState& st, const std::vector<bool>& kept, int64_t N, const 
 // those of each token's plain top k of the probabilities (Megatron's
 // compute_routing_scores_for_aux_loss): before any drop, without the expert bias or the group limit
 // (with neither, the routing's own choice).
-void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape& s) {
+void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape& s, Comm* cp) {
   const int64_t E = s.E, k = s.k;
   const int64_t Ng = s.aux_group > 0 ? s.aux_group : N, G = Ng > 0 ? N / Ng : 0;
   LATTICE_CHECK(Ng == 0 || N % Ng == 0) << "moe_route: " << N << " rows are no whole groups of " << Ng;
@@ -338,15 +338,19 @@ void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape&
     for (int64_t j = 0; j < k; ++j)
       st.group_counts[size_t(t / Ng * E + (own_choice ? st.choice[size_t(t * k + j)] : order[size_t(j)]))] += 1.0;
   }
+  // Context parallelism: each group's rows on every rank are the same sequences' other tokens.
+  const int R = cp ? cp->size() : 1;
+  st.stat_ranks = R;
+  if (R > 1) cp->all_reduce(st.group_counts.data(), int64_t(st.group_counts.size()), ReduceOp::sum);
+  const double Ngr = double(Ng) * double(R);  // a group's tokens on all the ranks
   double aux = 0.0;
   for (int64_t g = 0; g < G; ++g) {
     double group = 0.0;
     for (int64_t t = g * Ng; t < (g + 1) * Ng; ++t)
       for (int64_t e = 0; e < E; ++e) group += double(st.scores[size_t(t * E + e)]) * st.group_counts[size_t(g * E + e)];
-    aux += group * double(E) / (double(k) * double(Ng) * double(Ng));
+    aux += group * double(E) / (double(k) * Ngr * Ngr);
   }
   st.balance = G > 0 ? aux / double(G) : 0.0;
-  st.aux_loss = st.balance * double(s.aux_loss_coeff);
   st.lse.resize(size_t(N));
   double z = 0.0;
   for (int64_t t = 0; t < N; ++t) {
@@ -358,18 +362,25 @@ void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape&
     st.lse[size_t(t)] = float(lse);
     z += lse * lse;
   }
-  st.z = N > 0 ? z / double(N) : 0.0;
+  st.z = N > 0 ? z / (double(N) * double(R)) : 0.0;
+  if (R > 1) {  // this rank's shares of the two losses, summed: the whole micro-batch's, as reported
+    double shares[2] = {st.balance, st.z};
+    cp->all_reduce(shares, 2, ReduceOp::sum);
+    st.balance = shares[0];
+    st.z = shares[1];
+  }
+  st.aux_loss = st.balance * double(s.aux_loss_coeff);
 }
 
 }  // namespace
 
-void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, const float* bias) {
+void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, const float* bias, Comm* cp) {
   LATTICE_CHECK(s.k >= 1 && s.k <= s.E) << "moe_route: top-" << s.k << " of " << s.E << " experts";
   LATTICE_CHECK(!s.expert_bias || bias) << "moe_route: the expert bias is missing";
   router_scores(st, logits, N, s);
   choose_experts(st, logits, N, s, bias);
   assign_slots(st, kept_pairs(st, N, s), N, s);
-  router_losses(st, logits, N, s);
+  router_losses(st, logits, N, s, cp);
 }
 
 std::vector<float> sinkhorn(const float* logits, int64_t N, int64_t E) {
@@ -556,7 +567,7 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
     bias.resize(size_t(E));
     copy_to_host(bias.data(), w.expert_bias, bias.size() * sizeof(float));
   }
-  moe_route(st, logits.data(), N, s, s.expert_bias ? bias.data() : nullptr);
+  moe_route(st, logits.data(), N, s, s.expert_bias ? bias.data() : nullptr, w.cp);
   const int64_t S = st.offsets[size_t(E)];  // the slots kept (N k without a capacity)
   moe_gather_rows(st.xe, x, st.rows, S, C);
   if (P > 1)
@@ -619,8 +630,8 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
   if (s.aux_loss_coeff > 0.0f && N > 0) {
     // d aux / d p[t, e] = c count_e of t's group, the same for every token of the group.
     const int64_t Ng = s.aux_group > 0 ? s.aux_group : N, G = N / Ng;
-    const double c = double(aux_grad_scale) * double(s.aux_loss_coeff) * double(E) /
-                     (double(k) * double(Ng) * double(Ng)) / double(G);
+    const double Ngr = double(Ng) * double(st.stat_ranks);  // a group's tokens on every context-parallel rank
+    const double c = double(aux_grad_scale) * double(s.aux_loss_coeff) * double(E) / (double(k) * Ngr * Ngr) / double(G);
     for (int64_t t = 0; t < N; ++t) {
       const float* p = st.scores.data() + t * E;
       const double* count = st.group_counts.data() + t / Ng * E;
@@ -639,7 +650,7 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
     for (size_t i = 0; i < d_logits.size(); ++i) d_logits[i] *= st.sig[i] * (1.0f - st.sig[i]);
   if (s.z_loss_coeff > 0.0f && N > 0) {  // d z / d l_te = 2 coeff lse_t softmax(l_t)_e / N
     const std::vector<float>& logits = st.logits_host;
-    const double c = 2.0 * double(aux_grad_scale) * double(s.z_loss_coeff) / double(N);
+    const double c = 2.0 * double(aux_grad_scale) * double(s.z_loss_coeff) / (double(N) * double(st.stat_ranks));
     for (int64_t t = 0; t < N; ++t) {
       const double lse = double(st.lse[size_t(t)]);
       for (int64_t e = 0; e < E; ++e)

@@ -110,6 +110,11 @@ struct MoeWeights {
   // partial sums the caller reduces); their gradients are made on every rank.
   bool add_fc2_bias = true;
   MoeExpertParallel ep;
+  // Context parallelism: the group whose ranks hold the other parts of the micro-batch's sequences.
+  // The routing statistics count all of their tokens (the load-balancing loss's expert counts summed
+  // over it, its and the z-loss's normalization by every rank's tokens), as Megatron's over tp_cp:
+  // each rank's loss is its tokens' share, the shares summing to the whole micro-batch's.
+  Comm* cp = nullptr;
   GemmSite router_site;
   std::vector<GemmSite> fc1_site, fc2_site;
   const float* shared_fc1 = nullptr;         // [Fs1, C] the shared experts (Fs > 0)
@@ -157,6 +162,7 @@ struct MoeState {
   double aux_loss = 0.0;           // the load-balancing loss of the last forward: balance x the coefficient
   std::vector<float> lse;          // [N] logsumexp of each token's logits (the z-loss)
   double z = 0.0;                  // mean_t lse_t^2 of the last forward (the z-loss over its coefficient)
+  int64_t stat_ranks = 1;          // the context-parallel ranks whose tokens the statistics count
   // Expert parallelism: the R rows this rank's experts got (grouped by local expert, source rank
   // in order within one), kept for the backward.
   DeviceArray<float> ep_rows;      // [R, C] the experts' inputs, [R, F1] fc1's outputs, [R, F] the activation
@@ -192,9 +198,10 @@ void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s)
 std::vector<float> sinkhorn(const float* logits, int64_t N, int64_t E);
 
 // The routing of host logits [N, E] into st's host fields and device index buffers (the
-// exported pieces are separately testable); bias_host: the expert bias [E] (s.expert_bias).
+// exported pieces are separately testable); bias_host: the expert bias [E] (s.expert_bias); cp: the
+// context-parallel group (MoeWeights::cp; balance and z are then the whole group's, every rank's).
 void moe_route(MoeState& st, const float* logits_host, int64_t N, const MoeShape& s,
-               const float* bias_host = nullptr);
+               const float* bias_host = nullptr, Comm* cp = nullptr);
 
 // y [N, C] = the layer's output for x [N, C] (fp32 rows).
 void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s);

@@ -523,8 +523,6 @@ void validate(TrainArgs& a) {
       LATTICE_FAIL() << "--seq-length " << a.seq_length << " / --context-parallel-size " << cp
                      << " is not divisible by --tensor-model-parallel-size " << a.tensor_model_parallel_size
                      << " (required by --sequence-parallel)";
-    if (a.num_experts > 0)
-      LATTICE_FAIL() << "--context-parallel-size " << cp << " with --num-experts: not supported yet";
   }
   make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
                        a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);

@@ -186,7 +186,10 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   ModelPlacement place{stage_layers(m.pipeline, r.pp_rank), r.pp_rank == 0, r.pp_rank == m.pp - 1, 1};
   place.slots = max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, r.pp_rank));
   LATTICE_CHECK(m.ep >= 1 && m.dp % m.ep == 0) << "memory estimate: expert parallelism " << m.ep << " for dp " << m.dp;
-  const int ep_rank = r.dp_rank % m.ep, expert_dp_rank = r.dp_rank / m.ep;
+  // The experts' gradients: over the expert data-parallel group (dp / ep ranks), or dp x cp without
+  // expert parallelism (which context parallelism excludes).
+  const int ep_rank = r.dp_rank % m.ep, expert_dp_rank = m.ep > 1 ? r.dp_rank / m.ep : grad_rank;
+  const int expert_dp_ranks = m.ep > 1 ? m.dp / m.ep : grad_ranks;
   const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place, ep_rank, m.ep);
   r.buffer_elements = pb.numel();
   r.parameters = parameters_in(pb, {{0, pb.numel()}});
@@ -194,7 +197,7 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
     // The model's gradient buckets, reduce-scattered: this DP rank owns its even share of each.
     const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(grad_ranks);
     std::vector<std::pair<int64_t, int64_t>> owned;
-    for (const Bucket& b : make_buckets(pb, bucket, grad_ranks, m.dp / m.ep)) {
+    for (const Bucket& b : make_buckets(pb, bucket, grad_ranks, expert_dp_ranks)) {
       const int rank = b.expert ? expert_dp_rank : grad_rank;  // the experts' over the expert data-parallel group
       const int64_t s = b.shard_begin(rank);
       owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);

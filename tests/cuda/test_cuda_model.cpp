@@ -274,17 +274,23 @@ TEST(CudaModel, QkLayernormLossAndEveryGradientMatchCpu) {
   expect_loss_and_gradients_match(cfg, "qk-layernorm rmsnorm");
 }
 
+// small_config with 4 experts of ffn 48, top 2, and the load-balancing loss (not finalized).
+TransformerConfig moe_config() {
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.moe_ffn_hidden_size = 48;
+  cfg.moe_aux_loss_coeff = 0.01f;
+  return cfg;
+}
+
 // --num-experts: 4 experts, top-2, with the load-balancing loss, GELU and SwiGLU: the routing
 // (on the host from the logits each device computes), the gathers and combines, every expert's
 // GEMMs: the same loss and gradients on both devices.
 TEST(CudaModel, MixtureOfExpertsLossAndEveryGradientMatchCpu) {
   LATTICE_REQUIRE_CUDA();
   for (bool swiglu : {false, true}) {
-    TransformerConfig cfg = small_config(0.0f);
-    cfg.num_experts = 4;
-    cfg.moe_router_topk = 2;
-    cfg.moe_ffn_hidden_size = 48;
-    cfg.moe_aux_loss_coeff = 0.01f;
+    TransformerConfig cfg = moe_config();
     cfg.add_bias_linear = false;
     cfg.swiglu = swiglu;
     cfg.finalize();
@@ -296,11 +302,7 @@ TEST(CudaModel, MixtureOfExpertsLossAndEveryGradientMatchCpu) {
 // offset, learnable sinks, a window on every other layer and YaRN's rotary table, on both devices.
 TEST(CudaModel, GptOssLayerLossAndEveryGradientMatchCpu) {
   LATTICE_REQUIRE_CUDA();
-  TransformerConfig cfg = small_config(0.0f);
-  cfg.num_experts = 4;
-  cfg.moe_router_topk = 2;
-  cfg.moe_ffn_hidden_size = 48;
-  cfg.moe_aux_loss_coeff = 0.01f;
+  TransformerConfig cfg = moe_config();  // with the router's and the experts' biases
   cfg.quick_geglu = true;
   cfg.glu_linear_offset = 1.0f;
   cfg.activation_func_clamp_value = 0.05f;
@@ -320,11 +322,7 @@ TEST(CudaModel, GptOssLayerLossAndEveryGradientMatchCpu) {
 // (--moe-layer-freq): a Qwen2-MoE-like layer on both devices.
 TEST(CudaModel, SharedExpertsLossAndEveryGradientMatchCpu) {
   LATTICE_REQUIRE_CUDA();
-  TransformerConfig cfg = small_config(0.0f);
-  cfg.num_experts = 4;
-  cfg.moe_router_topk = 2;
-  cfg.moe_ffn_hidden_size = 48;
-  cfg.moe_aux_loss_coeff = 0.01f;
+  TransformerConfig cfg = moe_config();
   cfg.moe_router_pre_softmax = true;
   cfg.moe_shared_expert_intermediate_size = 64;
   cfg.moe_shared_expert_gate = true;

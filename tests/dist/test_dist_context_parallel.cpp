@@ -10,6 +10,8 @@
 // under mpirun with 2 and 4 ranks; each layout where the world size fits it.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +46,15 @@ struct Case {
   std::string window_skip;   // --window-attn-skip-freq
   std::string softmax_type = "vanilla";  // --softmax-type
   bool attention_mask = false;  // with documents: --reset-attention-mask too
+  // Experts: "" none; "gpt_oss": 4 of GPT-OSS's MLP (biases, the clamped quick GEGLU), top 2, with
+  // the load-balancing loss and the z-loss; "sigmoid_seq": sigmoid scores with the expert bias and the
+  // per-sequence load-balancing loss (each sequence's counts over its chunks on both ranks).
+  std::string moe;
+};
+
+// A run and the MoE losses it reported, each step's.
+struct CpRun : LayoutRun {
+  std::vector<double> load_balancing, z;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -65,6 +76,24 @@ TransformerConfig config(const Case& c, int tp) {
   t.softmax_type = c.softmax_type;
   if (!c.window_skip.empty())
     t.window_attn_pattern = TransformerConfig::parse_window_attn_skip_freq(c.window_skip, t.num_layers);
+  if (!c.moe.empty()) {
+    t.num_experts = 4;
+    t.moe_router_topk = 2;
+    t.moe_ffn_hidden_size = 32;
+    t.moe_aux_loss_coeff = 0.01f;
+  }
+  if (c.moe == "gpt_oss") {
+    t.quick_geglu = true;
+    t.glu_linear_offset = 1.0f;
+    t.activation_func_clamp_value = 0.05f;
+    t.moe_z_loss_coeff = 1e-3f;
+  } else if (c.moe == "sigmoid_seq") {
+    t.add_bias_linear = false;
+    t.moe_router_score_function = "sigmoid";
+    t.moe_router_enable_expert_bias = true;
+    t.moe_router_bias_update_rate = 0.01f;
+    t.moe_seq_aux_loss = true;
+  }
   if (c.recompute == "full") {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";
@@ -77,7 +106,7 @@ TransformerConfig config(const Case& c, int tp) {
 }
 
 // `ps` null: the single-process reference.
-LayoutRun train(const Case& c, ParallelState* ps) {
+CpRun train(const Case& c, ParallelState* ps) {
   const int P = ps ? ps->pp().size() : 1;
   const PipelineLayout layout = make_pipeline_layout(4, P, 0, 0, 0);
   const int dp_size = ps ? ps->dp().size() : 1;
@@ -96,17 +125,20 @@ LayoutRun train(const Case& c, ParallelState* ps) {
     cfg.bucket_elements = 3000;
     cfg.distributed_optimizer = c.distributed_optimizer;
     cfg.overlap_grad_reduce = c.overlap;
-    dp = std::make_unique<DataParallel>(model, ps->dp(), cfg, nullptr, nullptr, &ps->dp_cp());
+    // As the trainer makes it (the experts' gradients over ps->expert_dp(): dp x cp without expert parallelism).
+    dp = std::make_unique<DataParallel>(model, ps->dp(), cfg, &ps->ep(), &ps->expert_dp(), &ps->dp_cp());
   }
   Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
   MockSamples data(model.config().vocab_size, kT, 7);
   StepConfig sc{kB, kGBS, kT, 1.0, 1234};
   sc.per_token_loss = c.per_token_loss;
-  LayoutRun run;
+  CpRun run;
   for (int64_t it = 0; it < c.iterations; ++it) {
     const StepResult r = train_step(model, opt, data, sc, it, kLr, kWd, dp.get(), &runner);
     run.losses.push_back(r.lm_loss);
     run.grad_norms.push_back(r.grad_norm);
+    run.load_balancing.push_back(r.load_balancing_loss);
+    run.z.push_back(r.z_loss);
   }
   model.params().download_params(run.params);
   run.infos = model.params().infos();
@@ -121,9 +153,14 @@ TEST_P(DistContextParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(c.tp, c.pp, 120, 1, c.cp);
   ASSERT_EQ(ps->cp().size(), c.cp);
   ASSERT_EQ(ps->dp_cp().size(), ps->dp().size() * c.cp);
-  const LayoutRun single = train(c, nullptr);
-  const LayoutRun run = train(c, ps.get());
+  const CpRun single = train(c, nullptr);
+  const CpRun run = train(c, ps.get());
   expect_same_run(run, single);
+  for (size_t i = 0; i < single.load_balancing.size(); ++i) {  // the whole micro-batches' losses, as reported
+    EXPECT_NEAR(run.load_balancing[i], single.load_balancing[i], 1e-5 * std::fabs(single.load_balancing[i])) << i;
+    EXPECT_NEAR(run.z[i], single.z[i], 1e-5 * std::fabs(single.z[i])) << i;
+  }
+  if (!c.moe.empty()) EXPECT_GT(single.load_balancing[0], 0.5);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -148,7 +185,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Tp2Cp2SequenceParallelRopeGqa", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10},
         // PP 2 x CP 2: each stage's activations are its chunks' rows.
         // the window on layers 1 and 3, one on each pipeline stage
-        Case{"Pp2Cp2DocumentsWindow", 4, 2, 1, 2, false, false, false, 0.1f, false, true, false, "", 10, 9, "2"}),
+        Case{"Pp2Cp2DocumentsWindow", 4, 2, 1, 2, false, false, false, 0.1f, false, true, false, "", 10, 9, "2"},
+        // Experts: each rank routes its chunks' tokens; the load-balancing loss counts both ranks' tokens
+        // (each rank's share of the loss and its gradient over the whole micro-batch's counts).
+        Case{"Cp2GptOssMoeSinksWindowRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, false, false, "", 20, 5, "2",
+             "learnable", false, "gpt_oss"},
+        Case{"Cp2MoeSigmoidExpertBiasSequenceAuxLoss", 2, 2, 1, 1, true, true, false, 0.0f, false, false, false, "", 20,
+             -1, "", "vanilla", false, "sigmoid_seq"},
+        Case{"Tp2Cp2SequenceParallelGptOssMoe", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10, -1, "",
+             "vanilla", false, "gpt_oss"}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -274,18 +274,28 @@ TEST(KernelRope, YarnRampsFromKeptToInterpolatedFrequencies) {
     }
 }
 
+// finalize()'s error for a small rope config set up by `base`, then changed by `edit` ("" for none).
+std::string finalize_error(const std::function<void(TransformerConfig&)>& base,
+                           const std::function<void(TransformerConfig&)>& edit) {
+  TransformerConfig cfg = config_for(Case{1, 1, 2, 8, 1.0, false, 0.0f, 0}, 8);
+  base(cfg);
+  edit(cfg);
+  try {
+    cfg.finalize();
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string();
+}
+
 TEST(KernelRope, YarnErrorsNameTheFlag) {
   auto error_of = [](const std::function<void(TransformerConfig&)>& edit) {
-    TransformerConfig cfg = config_for(Case{1, 1, 2, 8, 1.0, false, 0.0f, 0}, 8);
-    cfg.position_embedding_type = "yarn";
-    cfg.yarn_rotary_scaling_factor = 4.0f;
-    edit(cfg);
-    try {
-      cfg.finalize();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return finalize_error(
+        [](TransformerConfig& c) {
+          c.position_embedding_type = "yarn";
+          c.yarn_rotary_scaling_factor = 4.0f;
+        },
+        edit);
   };
   EXPECT_EQ(error_of([](TransformerConfig&) {}), "");
   EXPECT_NE(error_of([](TransformerConfig& c) { c.yarn_rotary_scaling_factor = 0.5f; })
@@ -305,15 +315,7 @@ TEST(KernelRope, YarnErrorsNameTheFlag) {
 
 TEST(KernelRope, Llama3ScalingErrorsNameTheFlag) {
   auto error_of = [](const std::function<void(TransformerConfig&)>& edit) {
-    TransformerConfig cfg = config_for(Case{1, 1, 2, 8, 1.0, false, 0.0f, 0}, 8);
-    cfg.use_rope_scaling = true;
-    edit(cfg);
-    try {
-      cfg.finalize();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return finalize_error([](TransformerConfig& c) { c.use_rope_scaling = true; }, edit);
   };
   EXPECT_EQ(error_of([](TransformerConfig&) {}), "");
   EXPECT_NE(error_of([](TransformerConfig& c) { c.position_embedding_type = "learned_absolute"; })

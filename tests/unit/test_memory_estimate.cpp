@@ -95,12 +95,12 @@ RealRank build(const MemoryLayout& m, int w) {
                                        place, r.ep_group.get(), ContextParallel{r.cp_group.get()});
   if (m.distributed_optimizer) {
     // As DataParallel/GradSync: this DP rank's shard of every bucket (the experts' over the expert
-    // data-parallel group, in which this rank is dp_rank / ep).
+    // data-parallel group, in which this rank is dp_rank / ep; dp x cp without expert parallelism).
     // With context parallelism the gradients are sharded over dp x cp (rank dp_rank cp + cp_rank).
-    const int grad_ranks = m.dp * m.cp;
+    const int grad_ranks = m.dp * m.cp, grad_rank = dp_rank * m.cp + cp_rank;
     const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(grad_ranks);
-    for (const Bucket& b : make_buckets(r.model->params(), bucket, grad_ranks, m.dp / m.ep)) {
-      const int rank = b.expert ? dp_rank / m.ep : dp_rank * m.cp + cp_rank;
+    for (const Bucket& b : make_buckets(r.model->params(), bucket, grad_ranks, m.ep > 1 ? m.dp / m.ep : grad_ranks)) {
+      const int rank = b.expert ? (m.ep > 1 ? dp_rank / m.ep : grad_rank) : grad_rank;
       const int64_t s = b.shard_begin(rank);
       r.owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);
     }
@@ -340,6 +340,24 @@ TEST(MemoryEstimate, ContextParallelRanksEqualTheirModels) {
   half.seq_length = m.seq_length / 2;
   const int64_t kv = m.micro_batch_size * m.seq_length * 2 * c.num_query_groups * c.kv_channels;
   EXPECT_EQ(r3.activation_bytes, estimate_rank_memory(half, 0, 0).activation_bytes + size_t(2 * kv + kv / 2) * 4);
+}
+
+// Experts under context parallelism: their gradients summed and sharded over dp x cp like the
+// others'; every element owned by one of the 4 ranks.
+TEST(MemoryEstimate, ContextParallelExpertsEqualTheirModels) {
+  TransformerConfig c = config(3, false);
+  c.num_experts = 4;
+  c.moe_ffn_hidden_size = 24;
+  c.finalize();
+  MemoryLayout m = layout(c, 1, 1, 2, 1);
+  m.cp = 2;
+  m.distributed_optimizer = true;
+  int64_t owned = 0;
+  for (int w = 0; w < 4; ++w) {
+    expect_matches(m, w);
+    owned += estimate_rank_memory(m, w, 0).owned_parameters;
+  }
+  EXPECT_EQ(owned, estimate_rank_memory(layout(c, 1, 1, 1, 1), 0, 0).parameters);
 }
 
 // The rotary embedding has no position table: the estimate registers none either.
