@@ -85,9 +85,10 @@ struct Mapper {
 };
 
 // The whole model's correspondence, both ways: `param(name)` is the lattice parameter's host data,
-// `hf(name)` the HF tensor's (dequantized experts under their float names).
-template <class Param, class Hf>
-void map_model(const TransformerConfig& c, const Mapper& move, Param param, Hf hf) {
+// `hf(name)` the HF tensor's (dequantized experts under their float names); `layer_done(prefix)`
+// after each layer, whose HF tensors (names starting with prefix) are then needed no more.
+template <class Param, class Hf, class Done>
+void map_model(const TransformerConfig& c, const Mapper& move, Param param, Hf hf, Done layer_done) {
   const Dims d = dims(c);
   auto whole = [&](const std::string& lat, const std::string& name, int64_t n) {
     float* p = param(lat);
@@ -139,6 +140,7 @@ void map_model(const TransformerConfig& c, const Mapper& move, Param param, Hf h
         move(fc2_b, ci, dn_b, e * d.C + ci);
       }
     }
+    layer_done(hl);
   }
   whole("decoder.final_layernorm.weight", "model.norm.weight", d.C);
   if (c.untie_embeddings_and_output_weights) whole("output_layer.weight", "lm_head.weight", d.V * d.C);
@@ -361,7 +363,11 @@ void import_hf_gpt_oss_tensors(GPTModel& model, const SafetensorsFile& f, bool m
     std::fill(params.data() + p.offset, params.data() + p.offset + p.numel, 0.0f);  // padded vocabulary rows
     return params.data() + p.offset;
   };
-  map_model(c, Mapper{true}, param, hf);
+  auto release = [&](const std::string& prefix) {  // a layer's decoded tensors freed once copied (large models)
+    for (auto it = data.lower_bound(prefix); it != data.end() && it->first.compare(0, prefix.size(), prefix) == 0;)
+      it = data.erase(it);
+  };
+  map_model(c, Mapper{true}, param, hf, release);
   params.upload(model.params().params());
 }
 
@@ -373,7 +379,7 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model) {
   HostStaging params(model.params().params(), model.params().numel(), true);
   auto param = [&](const std::string& name) { return params.data() + model.params().info(name).offset; };
   auto hf = [&](const std::string& name) -> std::vector<float>& { return out.at(name); };
-  map_model(c, Mapper{false}, param, hf);
+  map_model(c, Mapper{false}, param, hf, [](const std::string&) {});
   return hf::f32_model_tensors(shapes, out);
 }
 
