@@ -82,7 +82,12 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_ffn_hidden_size = 32;
     t.moe_aux_loss_coeff = 0.01f;
   }
-  if (c.moe == "gpt_oss") {
+  if (c.moe == "gpt_oss") {  // with YaRN's rotary table (each chunk's rows at their positions)
+    if (c.rope_gqa) {
+      t.position_embedding_type = "yarn";
+      t.yarn_rotary_scaling_factor = 4.0f;
+      t.yarn_original_max_position_embeddings = 8;
+    }
     t.quick_geglu = true;
     t.glu_linear_offset = 1.0f;
     t.activation_func_clamp_value = 0.05f;
