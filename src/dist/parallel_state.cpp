@@ -25,9 +25,6 @@ ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp) {
     LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide the data-parallel size " << dp
                    << " (world " << world << " / (tensor " << tp << " x pipeline " << pp
                    << ")): the experts are split over data-parallel ranks";
-  if (cp > 1 && ep > 1)
-    LATTICE_FAIL() << "--context-parallel-size " << cp << " with --expert-model-parallel-size " << ep
-                   << ": expert parallelism under context parallelism is not implemented yet";
   return ParallelLayout{world, tp, pp, dp, ep, cp};
 }
 
@@ -73,18 +70,21 @@ GroupPlan plan_groups(const ParallelLayout& l) {
     for (const std::vector<int>& stages : g.pp) g.embedding.push_back({stages.front(), stages.back()});
   for (int pp_r = 0; pp_r < l.pp; ++pp_r)
     for (int cp_r = 0; cp_r < l.cp; ++cp_r)
-      for (int tp_r = 0; tp_r < l.tp; ++tp_r) {
+      for (int tp_r = 0; tp_r < l.tp; ++tp_r)
         for (int block = 0; block < l.expert_dp(); ++block) {  // ep consecutive data-parallel ranks
           std::vector<int> grp;
           for (int e = 0; e < l.ep; ++e) grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
           g.ep.push_back(grp);
         }
-        for (int e = 0; e < l.ep; ++e) {  // every ep-th data-parallel rank
-          std::vector<int> grp;
-          for (int block = 0; block < l.expert_dp(); ++block)
-            grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
-          g.expert_dp.push_back(grp);
-        }
+  // The experts' gradients: every ep-th data-parallel rank, at every context-parallel rank (each
+  // holds a share of the tokens), block-major as dp x cp is (dp rank x cp + cp rank).
+  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
+    for (int tp_r = 0; tp_r < l.tp; ++tp_r)
+      for (int e = 0; e < l.ep; ++e) {
+        std::vector<int> grp;
+        for (int block = 0; block < l.expert_dp(); ++block)
+          for (int cp_r = 0; cp_r < l.cp; ++cp_r) grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
+        g.expert_dp.push_back(grp);
       }
   return g;
 }

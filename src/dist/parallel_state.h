@@ -24,7 +24,10 @@ namespace lattice {
 
 struct ParallelLayout {
   int world = 1, tp = 1, pp = 1, dp = 1, ep = 1, cp = 1;
+  // The copies of each expert per context-parallel rank (dp / ep); the expert data-parallel group,
+  // over which the experts' gradients are summed, holds them at every context-parallel rank.
   int expert_dp() const { return dp / ep; }
+  int expert_dp_group() const { return dp / ep * cp; }
   // The world rank of a position.
   int rank_of(int tp_r, int cp_r, int dp_r, int pp_r) const { return tp_r + tp * (cp_r + cp * (dp_r + dp * pp_r)); }
 };

@@ -16,7 +16,7 @@ DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& 
       cfg_(cfg),
       sync_(params_, grads_, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(grads_.size()),
             cfg.overlap_grad_reduce, cfg.distributed_optimizer, cfg.grad_reduce_in_bf16, expert_dp) {
-  LATTICE_CHECK(!ep_ || (expert_dp && expert_dp->size() * ep_->size() == dp.size()))
+  LATTICE_CHECK(!ep_ || (expert_dp && expert_dp->size() * ep_->size() == grads_.size()))
       << "expert parallelism needs the expert data-parallel group";
   model_.set_grad_ready_hook([this](int index) { sync_.grad_ready(index); });
 }

@@ -186,10 +186,10 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   ModelPlacement place{stage_layers(m.pipeline, r.pp_rank), r.pp_rank == 0, r.pp_rank == m.pp - 1, 1};
   place.slots = max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, r.pp_rank));
   LATTICE_CHECK(m.ep >= 1 && m.dp % m.ep == 0) << "memory estimate: expert parallelism " << m.ep << " for dp " << m.dp;
-  // The experts' gradients: over the expert data-parallel group (dp / ep ranks), or dp x cp without
-  // expert parallelism (which context parallelism excludes).
-  const int ep_rank = r.dp_rank % m.ep, expert_dp_rank = m.ep > 1 ? r.dp_rank / m.ep : grad_rank;
-  const int expert_dp_ranks = m.ep > 1 ? m.dp / m.ep : grad_ranks;
+  // The experts' gradients: over the expert data-parallel group, every ep-th data-parallel rank at
+  // every context-parallel rank (dp / ep x cp ranks; dp x cp without expert parallelism).
+  const int ep_rank = r.dp_rank % m.ep, expert_dp_rank = r.dp_rank / m.ep * m.cp + r.cp_rank;
+  const int expert_dp_ranks = m.dp / m.ep * m.cp;
   const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place, ep_rank, m.ep);
   r.buffer_elements = pb.numel();
   r.parameters = parameters_in(pb, {{0, pb.numel()}});

@@ -260,7 +260,8 @@ int print_dry_run(const TrainArgs& args) {
                 layout.dp * layout.cp);
   if (layout.ep > 1)
     std::printf("> expert parallelism: each MoE layer's %lld experts over ep %d ranks (%lld each), expert data-parallel %d\n",
-                (long long)args.num_experts, layout.ep, (long long)(args.num_experts / layout.ep), layout.expert_dp());
+                (long long)args.num_experts, layout.ep, (long long)(args.num_experts / layout.ep),
+                layout.expert_dp_group());
   if (const std::optional<BatchSizeRampup> ramp = args.rampup()) {
     std::string sizes;
     for (int64_t m : ramp_micro_batches(args, *ramp, pipe, layout.dp))

@@ -43,6 +43,7 @@ struct Case {
   bool fp8 = false;            // fp8 hybrid with delayed scaling (the experts' amaxes over their replicas)
   bool moe_layer_recompute = false;  // --moe-layer-recompute: the dispatch reruns before each MoE backward
   bool gpt_oss = false;        // GPT-OSS's MLP: the router's and the experts' biases, the clamped quick GEGLU
+  int cp = 1;                  // context parallelism (each rank's tokens dispatched among its cp rank's ep group)
 };
 
 struct EpRun : LayoutRun {
@@ -104,7 +105,8 @@ EpRun train(const Case& c, ParallelState* ps) {
   const std::vector<PipelineOp> ops = pipeline_schedule(layout, M, stage);
   const ModelPlacement place{stage_layers(layout, stage), stage == 0, stage == P - 1, max_in_flight(ops)};
   const TensorParallel tp = ps ? TensorParallel{&ps->tp(), c.sequence_parallel} : TensorParallel{};
-  GPTModel model(config(c, tp.size()), kB, kT, tp, place, ps ? &ps->ep() : nullptr);
+  GPTModel model(config(c, tp.size()), kB, kT, tp, place, ps ? &ps->ep() : nullptr,
+                 ContextParallel{ps && c.cp > 1 ? &ps->cp() : nullptr});
   model.init_parameters(1234);
   PipelineRunner runner(model, layout, ps ? &ps->pp() : nullptr, ps ? ps->embedding() : nullptr);
   std::unique_ptr<DataParallel> dp;
@@ -113,7 +115,7 @@ EpRun train(const Case& c, ParallelState* ps) {
     cfg.bucket_elements = 3000;
     cfg.distributed_optimizer = c.distributed_optimizer;
     cfg.overlap_grad_reduce = c.overlap;
-    dp = std::make_unique<DataParallel>(model, ps->dp(), cfg, &ps->ep(), &ps->expert_dp());
+    dp = std::make_unique<DataParallel>(model, ps->dp(), cfg, &ps->ep(), &ps->expert_dp(), &ps->dp_cp());
   }
   Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
   std::unique_ptr<MixedPrecisionPolicy> policy;
@@ -153,9 +155,9 @@ class DistExpertParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(DistExpertParallel, MatchesSingleProcess) {
   const Case& c = GetParam();
   if (mpi_world_size() != c.world) GTEST_SKIP() << "needs " << c.world << " ranks";
-  auto ps = ParallelState::create(c.tp, c.pp, 120, c.ep);
+  auto ps = ParallelState::create(c.tp, c.pp, 120, c.ep, c.cp);
   ASSERT_EQ(ps->ep().size(), c.ep);
-  ASSERT_EQ(ps->expert_dp().size(), ps->dp().size() / c.ep);
+  ASSERT_EQ(ps->expert_dp().size(), ps->dp().size() / c.ep * c.cp);
   const EpRun single = train(c, nullptr);
   const EpRun run = train(c, ps.get());
   // This rank holds its expert-parallel rank's experts only, under their global numbers.
@@ -214,7 +216,11 @@ INSTANTIATE_TEST_SUITE_P(
         // GPT-OSS's MLP: each expert's biases live with it; under TP fc2's is added on one rank.
         Case{"Ep2GptOssMlp", 2, 1, 1, 2, 4, false, false, false, 0.1f, false, false, 0, false, {}, false, false, true},
         Case{"Tp2Ep2GptOssMlpSequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.0f, false, false, 0, false, {},
-             false, false, true}),
+             false, false, true},
+        // CP 2 x EP 2 (DP 2): each context-parallel rank's tokens dispatched within its expert-parallel
+        // group, the experts' gradients summed over their copies at both context-parallel ranks.
+        Case{"Cp2Ep2GptOssMlpDistributedOptimizer", 4, 1, 1, 2, 4, true, true, false, 0.1f, false, false, 0, false, {},
+             false, false, true, 2}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

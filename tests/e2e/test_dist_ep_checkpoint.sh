@@ -3,7 +3,7 @@
 # on 4 ranks with the experts split over 2 (DP 4 = EP 2 x expert DP 2, the distributed optimizer,
 # evaluation during training) equals one process over its first 10 iterations and saves a
 # checkpoint holding every expert of every layer under its global number; it resumes at EP 2 on 2
-# ranks, at EP 4 on 4 and on one process, and each resumed run's losses and final parameters equal
+# ranks, at EP 4 on 4, at CP 2 x EP 2 on 4 and on one process, and each resumed run's losses and final parameters equal
 # an uninterrupted single-process run's (to 1e-5 relative: only reduction order differs;
 # ckpt_resume_lib.sh). fp8 at EP 2 saves every expert's scaling state. Bad layouts are one-line errors naming the flag, with
 # nothing written; Megatron's MoE implementation flags are accepted and change nothing.
@@ -55,6 +55,8 @@ done
 resume "EP=2 on 4 ranks -> EP=2 on 2" ckpt 2 --train-iters 20 --use-distributed-optimizer --expert-model-parallel-size 2
 resume "EP=2 on 4 ranks -> EP=4 on 4" ckpt 4 --train-iters 20 --use-distributed-optimizer --expert-model-parallel-size 4
 resume "EP=2 on 4 ranks -> one process" ckpt 1 --train-iters 20
+resume "EP=2 on 4 ranks -> CP=2 x EP=2 on 4" ckpt 4 --train-iters 20 --use-distributed-optimizer \
+  --expert-model-parallel-size 2 --context-parallel-size 2
 
 # fp8 (hybrid, with bf16) at EP 2: each expert's delayed-scaling state reaches the checkpoint from
 # a rank that holds it, and the run resumes in one process.

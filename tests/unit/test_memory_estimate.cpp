@@ -95,12 +95,12 @@ RealRank build(const MemoryLayout& m, int w) {
                                        place, r.ep_group.get(), ContextParallel{r.cp_group.get()});
   if (m.distributed_optimizer) {
     // As DataParallel/GradSync: this DP rank's shard of every bucket (the experts' over the expert
-    // data-parallel group, in which this rank is dp_rank / ep; dp x cp without expert parallelism).
+    // data-parallel group, in which this rank is dp_rank / ep x cp + cp_rank).
     // With context parallelism the gradients are sharded over dp x cp (rank dp_rank cp + cp_rank).
     const int grad_ranks = m.dp * m.cp, grad_rank = dp_rank * m.cp + cp_rank;
     const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(grad_ranks);
-    for (const Bucket& b : make_buckets(r.model->params(), bucket, grad_ranks, m.ep > 1 ? m.dp / m.ep : grad_ranks)) {
-      const int rank = b.expert ? (m.ep > 1 ? dp_rank / m.ep : grad_rank) : grad_rank;
+    for (const Bucket& b : make_buckets(r.model->params(), bucket, grad_ranks, m.dp / m.ep * m.cp)) {
+      const int rank = b.expert ? dp_rank / m.ep * m.cp + cp_rank : grad_rank;
       const int64_t s = b.shard_begin(rank);
       r.owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);
     }
