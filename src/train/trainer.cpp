@@ -28,6 +28,7 @@
 #include "optim/optimizer.h"
 #include "pipeline/pipeline_runner.h"
 #include "train/evaluation.h"
+#include "train/exit_signal.h"
 #include "train/data_parallel.h"
 #include "train/distributed_setup.h"
 #include "train/flops.h"
@@ -89,20 +90,6 @@ std::string format_metrics_json(const LogLine& l) {
 }
 
 namespace {
-
-// --exit-signal-handler: the signal only raises a flag; the loop saves and exits after the
-// iteration in progress, so the checkpoint is a consistent one.
-volatile std::sig_atomic_t g_exit_signal = 0;
-extern "C" void on_exit_signal(int sig) { g_exit_signal = sig; }
-
-void install_exit_signal_handler() {
-  struct sigaction sa {};
-  sa.sa_handler = on_exit_signal;
-  sa.sa_flags = SA_RESTART;  // a read or write the signal interrupts resumes, never fails with EINTR
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-}
 
 // The checkpoint flags' own checks (before any compute).
 void check_checkpoint_flags(const TrainArgs& a) {
@@ -180,7 +167,7 @@ std::ofstream open_metrics(const std::string& path, int64_t resumed_iteration) {
 
 // Why the loop stops early, or "" to go on.
 std::string exit_reason(const TrainArgs& args, int64_t done, std::chrono::steady_clock::time_point start) {
-  if (g_exit_signal) return g_exit_signal == SIGINT ? "received SIGINT" : "received SIGTERM";
+  if (const int sig = exit_signal_received()) return sig == SIGINT ? "received SIGINT" : "received SIGTERM";
   if (args.exit_interval > 0 && done % args.exit_interval == 0)
     return "--exit-interval " + std::to_string(args.exit_interval);
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60.0;
@@ -297,6 +284,10 @@ int run_training(const TrainArgs& args) {
   OptimizerParamScheduler scheduler = get_optimizer_param_scheduler(args);
   check_checkpoint_flags(args);
   if (args.dry_run) return print_dry_run(args);
+  // --exit-signal-handler: the signal only raises a flag, which the loop reads after each
+  // iteration (the checkpoint is a consistent one). Before the first other thread starts:
+  // every thread must inherit the blocked signals (train/exit_signal.h).
+  if (args.exit_signal_handler) start_exit_signal_watcher();
   // --device first: nothing may be allocated on a device before it is chosen.
   const std::string device_line = select_rank_device(args.device);
   auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
@@ -432,7 +423,6 @@ int run_training(const TrainArgs& args) {
   std::ofstream metrics = open_metrics(ps->world_rank() == 0 ? args.metrics_file : "", start.iteration);
   TensorBoardLog tensorboard(args, ps->world_rank() == 0);
   if (tensorboard.active()) log_info("> TensorBoard events: " + tensorboard.path());
-  if (args.exit_signal_handler) install_exit_signal_handler();
 
   int64_t last_saved = -1;
   // Every data-parallel rank holds the same parameters: the ranks of data-parallel rank 0

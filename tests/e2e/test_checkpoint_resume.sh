@@ -21,12 +21,15 @@ BASE=(--num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16
       --hidden-dropout 0.1 --attention-dropout 0.1 --log-interval 1 --seed 1234 --peak-tflops 1 --num-threads 1
       --mock-data --vocab-size 64)
 
-# The deterministic fields of a metrics file, one line per logged iteration.
+# The deterministic fields of a metrics file, one line per logged iteration (the evaluation
+# lines, without consumed_samples, are left out).
 numbers() {
   "$PY" -c '
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
+    if "consumed_samples" not in r:
+        continue
     print(r["iteration"], r["consumed_samples"], repr(r["lm_loss"]), repr(r["learning_rate"]), repr(r["grad_norm"]))
 ' "$1"
 }
