@@ -1,5 +1,6 @@
 #include "checkpoint/hf_common.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -173,11 +174,64 @@ SafetensorsFile read_model_file(const std::string& dir) {
   return SafetensorsFile::combine(what, std::move(shards));
 }
 
-void write_model_folder(const std::string& dir, const SafetensorsWriter& tensors, const json& config) {
+ExportOptions parse_export_options(const std::string& dtype, const std::string& max_shard_size) {
+  ExportOptions o;
+  if (!dtype.empty()) {
+    static const std::map<std::string, std::string> names = {
+        {"float32", "float32"}, {"fp32", "float32"}, {"bfloat16", "bfloat16"},
+        {"bf16", "bfloat16"},   {"float16", "float16"}, {"fp16", "float16"}};
+    const auto it = names.find(dtype);
+    if (it == names.end())
+      LATTICE_FAIL() << "--hf-dtype must be float32, bfloat16 or float16 (or fp32, bf16, fp16), got '" << dtype << "'";
+    o.dtype = it->second;
+  }
+  if (!max_shard_size.empty()) {
+    size_t digits = 0;
+    while (digits < max_shard_size.size() && std::isdigit(static_cast<unsigned char>(max_shard_size[digits]))) ++digits;
+    std::string unit = max_shard_size.substr(digits);
+    for (char& ch : unit) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+    static const std::map<std::string, uint64_t> units = {{"", 1},
+                                                          {"B", 1},
+                                                          {"KB", 1000ull},
+                                                          {"MB", 1000ull * 1000},
+                                                          {"GB", 1000ull * 1000 * 1000},
+                                                          {"KIB", 1ull << 10},
+                                                          {"MIB", 1ull << 20},
+                                                          {"GIB", 1ull << 30}};
+    const auto it = units.find(unit);
+    uint64_t n = 0;
+    const bool fits = digits > 0 && digits <= 12;
+    if (fits) n = std::stoull(max_shard_size.substr(0, digits));
+    if (it == units.end() || !fits || n == 0 || n > UINT64_MAX / it->second)
+      LATTICE_FAIL() << "--max-shard-size must be a positive size such as 5GB, 500MB, 2GiB or a byte count, got '"
+                     << max_shard_size << "'";
+    o.max_shard_bytes = n * it->second;
+  }
+  return o;
+}
+
+void write_model_folder(const std::string& dir, SafetensorsWriter tensors, json config, const ExportOptions& options) {
+  tensors.cast_f32(options.dtype == "bfloat16" ? "BF16" : options.dtype == "float16" ? "F16" : "F32");
+  config["torch_dtype"] = options.dtype;
+  const uint64_t total = tensors.data_bytes();
+  std::vector<SafetensorsWriter> shards = tensors.split(options.max_shard_bytes);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot create directory: " << ec.message();
-  tensors.write((fs::path(dir) / "model.safetensors").string());
+  if (shards.size() <= 1) {
+    (shards.empty() ? tensors : shards[0]).write((fs::path(dir) / "model.safetensors").string());
+  } else {
+    // transformers' names and index: {"metadata": {"total_size"}, "weight_map": {tensor: file}}.
+    json weight_map = json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+      shards[i].write((fs::path(dir) / name).string());
+      for (const std::string& t : shards[i].names()) weight_map[t] = name;
+    }
+    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text_atomic(fs::path(dir) / "model.safetensors.index.json", index.dump(2) + "\n");
+  }
   write_text_atomic(fs::path(dir) / "config.json", config.dump(2) + "\n");
 }
 

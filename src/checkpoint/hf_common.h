@@ -45,6 +45,19 @@ double shortest_float(float v);
 SafetensorsWriter f32_model_tensors(const std::map<std::string, Shape>& shapes,
                                     const std::map<std::string, std::vector<float>>& data);
 
+// How --to-hf writes the tensors: their dtype (config.json's torch_dtype: float32, bfloat16 or
+// float16; the F32 values rounded to nearest even) and the largest file, as transformers'
+// save_pretrained shards a model (model-00001-of-0000N.safetensors and
+// model.safetensors.index.json; one file when it fits: model.safetensors).
+struct ExportOptions {
+  std::string dtype = "float32";
+  uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default max_shard_size, "5GB"
+};
+// --hf-dtype (float32 | bfloat16 | float16, or fp32 | bf16 | fp16) and --max-shard-size (bytes, or
+// a number with KB, MB, GB (powers of 1000) or KiB, MiB, GiB, as transformers reads it); ""
+// keeps the default. Errors name the flag.
+ExportOptions parse_export_options(const std::string& dtype, const std::string& max_shard_size);
+
 // DIR/config.json parsed (errors name the file).
 nlohmann::json read_config(const std::string& dir);
 // The tokenizer a lattice export recorded in config.json, else "".
@@ -53,8 +66,11 @@ std::string recorded_tokenizer(const nlohmann::json& config, const std::string& 
 // (DIR/model.safetensors.index.json, whose weight_map names each tensor's file) as one view;
 // a missing or inconsistent file is an error naming it.
 SafetensorsFile read_model_file(const std::string& dir);
-// Writes DIR/model.safetensors and DIR/config.json (each atomically; DIR is created).
-void write_model_folder(const std::string& dir, const SafetensorsWriter& tensors, const nlohmann::json& config);
+// Writes DIR/model.safetensors (or its shards and their index) and DIR/config.json with
+// torch_dtype set, each file atomically; DIR is created. The tensors are cast before anything is
+// written (a value float16 cannot hold fails then).
+void write_model_folder(const std::string& dir, SafetensorsWriter tensors, nlohmann::json config,
+                        const ExportOptions& options = {});
 
 }  // namespace hf
 }  // namespace lattice

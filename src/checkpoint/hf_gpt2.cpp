@@ -308,10 +308,11 @@ std::string hf_gpt2_mismatch(const TransformerConfig& c) {
   return why.str();
 }
 
-void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type) {
+void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                  const hf::ExportOptions& options) {
   const std::string why = hf_gpt2_mismatch(model.config());
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
-  hf::write_model_folder(dir, export_hf_gpt2_tensors(model), hf_gpt2_config_json(model.config(), tokenizer_type));
+  hf::write_model_folder(dir, export_hf_gpt2_tensors(model), hf_gpt2_config_json(model.config(), tokenizer_type), options);
 }
 
 }  // namespace lattice

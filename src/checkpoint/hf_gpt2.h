@@ -55,6 +55,7 @@ std::string hf_gpt2_mismatch(const TransformerConfig& c);
 
 // Writes DIR/model.safetensors and DIR/config.json (each atomically; DIR is created); a model
 // without a GPT-2 form is an error naming DIR and the reason, and nothing is written.
-void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type);
+void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                  const hf::ExportOptions& options = {});
 
 }  // namespace lattice

@@ -65,6 +65,7 @@ HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by = 128, int6
 
 // Writes DIR/model.safetensors and DIR/config.json; a model without a GPT-OSS form is an error naming
 // DIR and the reason, and nothing is written.
-void save_hf_gpt_oss(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type);
+void save_hf_gpt_oss(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                     const hf::ExportOptions& options = {});
 
 }  // namespace lattice

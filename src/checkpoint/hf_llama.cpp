@@ -637,10 +637,11 @@ HfModel load_hf_llama(const std::string& dir, int64_t divisible_by, int64_t seq_
   return out;
 }
 
-void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type) {
+void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                   const hf::ExportOptions& options) {
   const std::string why = hf_llama_mismatch(model.config());
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
-  hf::write_model_folder(dir, export_hf_llama_tensors(model), hf_llama_config_json(model.config(), tokenizer_type));
+  hf::write_model_folder(dir, export_hf_llama_tensors(model), hf_llama_config_json(model.config(), tokenizer_type), options);
 }
 
 }  // namespace lattice

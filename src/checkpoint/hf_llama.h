@@ -73,6 +73,7 @@ HfModel load_hf_llama(const std::string& dir, int64_t divisible_by = 128, int64_
 
 // Writes DIR/model.safetensors and DIR/config.json; a model without a Llama form
 // (hf_llama_mismatch) is an error naming DIR and the reason, and nothing is written.
-void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type);
+void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                   const hf::ExportOptions& options = {});
 
 }  // namespace lattice

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -13,6 +14,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "kernels/cast_math.h"
 
 namespace lattice {
 
@@ -317,6 +319,58 @@ void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
   metadata_[key] = value;
+}
+
+void SafetensorsWriter::cast_f32(const std::string& dtype) {
+  if (dtype == "F32") return;
+  if (dtype != "BF16" && dtype != "F16")
+    LATTICE_FAIL() << "safetensors writer: cannot cast F32 tensors to " << dtype << " (BF16 or F16)";
+  const bool bf16 = dtype == "BF16";
+  for (Entry& e : entries_) {
+    if (e.dtype != "F32") continue;
+    const size_t n = e.bytes.size() / 4;
+    std::vector<uint8_t> out(2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, e.bytes.data() + 4 * i, 4);
+      const uint16_t h = bf16 ? math::fp32_to_bf16(v) : math::fp32_to_fp16(v);
+      if (!bf16 && std::isfinite(v) && (h & 0x7c00u) == 0x7c00u)
+        LATTICE_FAIL() << "tensor " << e.name << ": value " << v << " at index " << i
+                       << " is beyond float16's range (65504); export it as bfloat16 or float32";
+      out[2 * i] = uint8_t(h & 0xff);
+      out[2 * i + 1] = uint8_t(h >> 8);
+    }
+    e.bytes = std::move(out);
+    e.dtype = dtype;
+  }
+}
+
+std::vector<std::string> SafetensorsWriter::names() const {
+  std::vector<std::string> out;
+  for (const Entry& e : entries_) out.push_back(e.name);
+  return out;
+}
+
+uint64_t SafetensorsWriter::data_bytes() const {
+  uint64_t n = 0;
+  for (const Entry& e : entries_) n += e.bytes.size();
+  return n;
+}
+
+std::vector<SafetensorsWriter> SafetensorsWriter::split(uint64_t max_bytes) {
+  std::vector<SafetensorsWriter> out;
+  uint64_t in_last = 0;
+  for (Entry& e : entries_) {
+    if (out.empty() || (!out.back().entries_.empty() && in_last + e.bytes.size() > max_bytes)) {
+      out.emplace_back();
+      out.back().metadata_ = metadata_;
+      in_last = 0;
+    }
+    in_last += e.bytes.size();
+    out.back().entries_.push_back(std::move(e));
+  }
+  entries_.clear();
+  return out;
 }
 
 void SafetensorsWriter::write(const std::string& path) const {

@@ -59,6 +59,15 @@ class SafetensorsWriter {
            const void* data, size_t bytes);
   void add_f32(const std::string& name, const std::vector<int64_t>& shape, const float* data);
   void set_metadata(const std::string& key, const std::string& value);
+  // Every F32 tensor converted to `dtype`: BF16 or F16, rounded to nearest even (F32: nothing
+  // changes). A finite value beyond F16's range is an error naming the tensor.
+  void cast_f32(const std::string& dtype);
+  // The tensors' names in file order, and the bytes of their data.
+  std::vector<std::string> names() const;
+  uint64_t data_bytes() const;
+  // The tensors in file order split into writers of at most max_bytes of data each (a tensor
+  // larger than that alone in one), each with this writer's metadata; this one is left empty.
+  std::vector<SafetensorsWriter> split(uint64_t max_bytes);
   // Writes path + ".tmp", fsyncs it, renames it over path and fsyncs the directory, so `path` is
   // either the old file or the complete new one.
   void write(const std::string& path) const;

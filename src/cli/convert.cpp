@@ -31,6 +31,8 @@ constexpr int64_t kGpt2BpeVocabSize = 50257;
 
 void from_hf(const SimpleFlags& f) {
   const std::string dir = f.required("from-hf"), save = f.required("save");
+  if (f.has("hf-dtype") || f.has("max-shard-size"))
+    LATTICE_FAIL() << "--hf-dtype and --max-shard-size apply to --to-hf only (--from-hf reads any dtype and shards)";
   const double divisible = f.number("make-vocab-size-divisible-by", 128);
   if (divisible < 1 || divisible != int64_t(divisible))
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
@@ -105,7 +107,9 @@ void to_hf(const SimpleFlags& f) {
   const std::string load = f.required("load"), dir = f.required("to-hf");
   if (f.has("tokenizer-type") || f.has("tokenizer-model") || f.has("make-vocab-size-divisible-by"))
     LATTICE_FAIL() << "--tokenizer-type, --tokenizer-model and --make-vocab-size-divisible-by apply to --from-hf only";
-  if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "config.json"))
+  const hf::ExportOptions options = hf::parse_export_options(f.get("hf-dtype", ""), f.get("max-shard-size", ""));
+  if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json") ||
+      fs::exists(fs::path(dir) / "config.json"))
     LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
@@ -116,11 +120,11 @@ void to_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama
                    << ", and " << not_gpt_oss << ": neither HuggingFace GPT-2, Llama nor GPT-OSS";
   if (not_gpt2.empty())
-    save_hf_gpt2(dir, *lm.model, lm.tokenizer_type);
+    save_hf_gpt2(dir, *lm.model, lm.tokenizer_type, options);
   else if (not_llama.empty())
-    save_hf_llama(dir, *lm.model, lm.tokenizer_type);
+    save_hf_llama(dir, *lm.model, lm.tokenizer_type, options);
   else
-    save_hf_gpt_oss(dir, *lm.model, lm.tokenizer_type);
+    save_hf_gpt_oss(dir, *lm.model, lm.tokenizer_type, options);
   // A HuggingFace or SentencePiece tokenizer travels with the model (tokenizer.json or
   // tokenizer.model, and the configuration files beside it), so the folder loads as HuggingFace's.
   const std::string& type = lm.tokenizer.type;
@@ -139,8 +143,9 @@ void to_hf(const SimpleFlags& f) {
       if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot copy " << from.string() << ": " << ec.message();
     }
   }
-  std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s)\n", load.c_str(), (long long)lm.iteration, dir.c_str(),
-               not_gpt2.empty() ? "GPT-2" : not_llama.empty() ? hf_llama_family_name(c) : "GPT-OSS");
+  std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
+               dir.c_str(), not_gpt2.empty() ? "GPT-2" : not_llama.empty() ? hf_llama_family_name(c) : "GPT-OSS",
+               options.dtype.c_str());
 }
 
 }  // namespace
@@ -150,7 +155,7 @@ int cmd_convert(int argc, char** argv) {
     std::fputs(
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
-        "       lattice convert --load CKPT --to-hf DIR\n"
+        "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
         "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-MoE (config.json,\n"
         "model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's model_type; --to-hf\n"
         "writes GPT-2 when the model has its form (learned positions, LayerNorm, GELU, biases), else Llama\n"
@@ -168,13 +173,17 @@ int cmd_convert(int argc, char** argv) {
         "                                     50257-token model]\n"
         "  --tokenizer-model PATH             tokenizer.json (HuggingFaceTokenizer) or tokenizer.model\n"
         "                                     (the SentencePiece types), or its folder [DIR]\n"
-        "  --make-vocab-size-divisible-by N   pad the vocabulary to a multiple of N [128]\n",
+        "  --make-vocab-size-divisible-by N   pad the vocabulary to a multiple of N [128]\n"
+        "  --hf-dtype TYPE                    --to-hf: the tensors' dtype, config.json's torch_dtype:\n"
+        "                                     float32, bfloat16 or float16 (rounded to nearest even) [float32]\n"
+        "  --max-shard-size SIZE              --to-hf: the largest file; a larger model is sharded as\n"
+        "                                     transformers' save_pretrained does (5GB, 500MB, 2GiB, bytes) [5GB]\n",
         stdout);
     return 0;
   }
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"from-hf", "to-hf", "load", "save", "tokenizer-type", "tokenizer-model",
-                                      "make-vocab-size-divisible-by"},
+                                      "make-vocab-size-divisible-by", "hf-dtype", "max-shard-size"},
                                      {});
   const bool from = f.has("from-hf"), to = f.has("to-hf");
   if (from == to) LATTICE_FAIL() << "give either --from-hf DIR --save CKPT or --load CKPT --to-hf DIR";

@@ -100,6 +100,9 @@ struct GPTModel::Scratch {
   std::vector<float*> group_resid;        // full: (largest group - 1) x [Ns, C] inner residuals
   float* attn = nullptr;                  // selective: [N, Q/P] core-attention output
   float* lse = nullptr;                   // selective: [B, Hl, T]
+  float* fc1 = nullptr;                   // selective mlp: [N, F1l] a dense layer's fc1 output
+  float* gelu = nullptr;                  //   [N, Fl] its activation
+  float* ln = nullptr;                    // selective layernorm: [Ns, C] LN1's, then LN2's output
 };
 
 namespace {
@@ -468,9 +471,9 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   }
   // moe, dense: the layer buffers of an MoE layer, of a dense MLP's (a recomputation group's
   // shared layer may serve both kinds).
-  auto alloc_layer = [&](bool attention, bool moe, bool dense) {
+  auto alloc_layer = [&](bool attention, bool moe, bool dense, bool norms = true) {
     Activations::Layer x;
-    x.ln1 = arena.alloc_f32(Ns * C, "input_layernorm");
+    x.ln1 = norms ? arena.alloc_f32(Ns * C, "input_layernorm") : nullptr;
     x.ln1_mean = arena.alloc_f32(Ns);
     x.ln1_rstd = arena.alloc_f32(Ns);
     x.qkv = arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv");
@@ -482,7 +485,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     x.attn = attention ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
     x.lse = attention ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
     x.resid_mid = arena.alloc_f32(Ns * C, "residual");
-    x.ln2 = arena.alloc_f32(Ns * C, "pre_mlp_layernorm");
+    x.ln2 = norms ? arena.alloc_f32(Ns * C, "pre_mlp_layernorm") : nullptr;
     x.ln2_mean = arena.alloc_f32(Ns);
     x.ln2_rstd = arena.alloc_f32(Ns);
     if (moe && shared_moe) {
@@ -520,6 +523,16 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
   for (int64_t j = 1; j < largest; ++j) sc.group_resid.push_back(arena.alloc_f32(Ns * C, "residual"));
   sc.attn = selective ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
   sc.lse = selective ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
+  // --recompute-modules mlp / layernorm (selective: no full-recomputation groups): one copy,
+  // refilled before each layer's backward.
+  bool dense = false;  // a dense layer on this rank
+  for (auto [begin, end] : place.chunks)
+    for (int64_t l = begin; l < end; ++l) dense = dense || !cfg.moe_layer(l);
+  const bool shared_mlp = cfg.recompute_mlp() && dense;
+  sc.fc1 = shared_mlp ? arena.alloc_f32(N * F1l, "linear_fc1 (recomputed)") : nullptr;
+  sc.gelu = shared_mlp ? arena.alloc_f32(N * Fl, "gelu (recomputed)") : nullptr;
+  const bool shared_norms = cfg.recompute_layernorm();
+  sc.ln = shared_norms ? arena.alloc_f32(Ns * C, "layernorm (recomputed)") : nullptr;
 
   acts.clear();
   for (int c = 0; c < chunks; ++c)
@@ -547,11 +560,17 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
         if (shared_layer[size_t(l)]) continue;
         Activations::Layer& x = a.layers[size_t(l)];
         const bool moe = cfg.moe_layer(place.chunks[size_t(c)].first + l);
-        x = alloc_layer(!selective, moe, !moe);
+        // (Not sc's pointers: a counting arena's are null.)
+        x = alloc_layer(!selective, moe, !moe && !shared_mlp, !shared_norms);
         if (selective) {
           x.attn = sc.attn;
           x.lse = sc.lse;
         }
+        if (!moe && shared_mlp) {
+          x.fc1 = sc.fc1;
+          x.gelu = sc.gelu;
+        }
+        if (shared_norms) x.ln1 = x.ln2 = sc.ln;
       }
       if (place.post_process && c == chunks - 1) {
         a.lnf = arena.alloc_f32(N * C, "final_layernorm");
@@ -785,11 +804,19 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     }
     return;
   }
-  // fc1's rounding, bias and GELU (or SwiGLU) in one pass (Megatron's bias_gelu, bias_swiglu).
-  // With bf16 inputs the GEMM writes its rounded result in bf16 into x.fc1 and the activation
-  // is fc2's bf16 input; the backward adds the bias again (bias_gelu_backward_packed).
-  // Otherwise x.fc1 keeps the fp32 pre-activation for the backward.
-  const int64_t F1l = fc1_local();
+  mlp_fc1_forward(p, a, i, N);
+  if (!output) return;
+  row_parallel_output(a.resid[i + 1], x.resid_mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
+                      site_stream(key, layer_name(l, "mlp.dropout")), runs, after);
+}
+
+// fc1's rounding, bias and GELU (or SwiGLU) in one pass (Megatron's bias_gelu, bias_swiglu).
+// With bf16 inputs the GEMM writes its rounded result in bf16 into x.fc1 and the activation
+// is fc2's bf16 input; the backward adds the bias again (bias_gelu_backward_packed).
+// Otherwise x.fc1 keeps the fp32 pre-activation for the backward.
+void GPTModel::mlp_fc1_forward(const LayerParams& p, Activations& a, size_t i, int64_t N) {
+  const int64_t C = cfg_.hidden_size, F1l = fc1_local();
+  Activations::Layer& x = a.layers[i];
   if (bf16_inputs()) {
     const uint16_t* y = gemm_policy_->forward_bf16(p.fc1_w, x.fc1, ln_input(x.ln2, N), params_.param(p.fc1_w), N, C,
                                                    F1l);
@@ -807,9 +834,6 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     else
       bias_gelu_forward(x.fc1, x.gelu, x.fc1, bias(p.fc1_b), N, Fl_, cfg_.gelu, rounding(site(p.fc1_w)));
   }
-  if (!output) return;
-  row_parallel_output(a.resid[i + 1], x.resid_mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
-                      site_stream(key, layer_name(l, "mlp.dropout")), runs, after);
 }
 
 LayerNormOut GPTModel::rows_from(LayerNormOut o, int64_t row) const {
@@ -1079,6 +1103,11 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // Selective recomputation: the core attention's output and statistics again from
     // the kept qkv (the proj backward and the attention backward need them).
     if (selective_) core_attention_forward(p, a, i, B, T, key);
+    // --recompute-modules layernorm: LN2's output again from its kept input (the statistics come
+    // out as kept); mlp: a dense layer's fc1 output and activation again from it.
+    if (cfg_.recompute_layernorm())
+      layernorm_input(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, p.ln2_w, p.ln2_b, Ns);
+    if (cfg_.recompute_mlp() && !cfg_.moe_layer(l)) mlp_fc1_forward(p, a, i, N);
     const ResidualGradOut proj_grad = residual_grad_out(p.proj_b, p_hidden);
     if (cfg_.moe_layer(l)) {
       // MoE layer: its output gradient (through the MLP's dropout) [Ns, C], every token's (all-gathered
@@ -1201,6 +1230,8 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     if (cfg_.qk_layernorm)  // d(q, k) before their norm
       qk_layernorm_backward(sc.d_3c, qk_norm_grads(p), x.qk_raw, x.qk_mean, x.qk_rstd, qk_norm_params(p), sc.qk_tmp,
                             sc.qk_dx, N, qkv_layout(), normalization());
+    // --recompute-modules layernorm: LN1's output again (the QKV layer's weight gradient reads it).
+    if (cfg_.recompute_layernorm()) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, a.resid[i], p.ln1_w, p.ln1_b, Ns);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
                                     d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
                                     ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(), ln_grad_site(p.qkv_w),

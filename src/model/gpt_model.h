@@ -351,6 +351,9 @@ class GPTModel {
   // LayerNorm to make with its output.
   void forward_layer(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
                      const MicroBatchKey& key, bool output, bool ln1_made, const std::optional<NextNorm>& after);
+  // A dense layer's fc1 output and activation (x.fc1, x.gelu) from its LN2 output (forward,
+  // and --recompute-modules mlp in backward).
+  void mlp_fc1_forward(const LayerParams& p, Activations& a, size_t i, int64_t N);
   // Layer i's attn and lse from its qkv (forward, and selective recomputation in backward).
   void core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
                               const MicroBatchKey& key);

@@ -249,8 +249,9 @@ void TransformerConfig::check_recompute() const {
   if (!recompute_modules.empty() && g != "selective")
     LATTICE_FAIL() << "--recompute-modules needs --recompute-granularity selective";
   for (const std::string& module : recompute_modules)
-    if (module != "core_attn" && module != "moe")
-      LATTICE_FAIL() << "--recompute-modules " << module << " is not implemented (core_attn and moe are)";
+    if (module != "core_attn" && module != "moe" && module != "mlp" && module != "layernorm")
+      LATTICE_FAIL() << "--recompute-modules " << module
+                     << " is not implemented (core_attn, moe, mlp and layernorm are)";
   if (recompute_moe() && g == "full")
     LATTICE_FAIL() << "--moe-layer-recompute does not go with --recompute-granularity full (which recomputes them)";
   if (recompute_moe() && !moe())
@@ -261,6 +262,16 @@ bool TransformerConfig::recompute_core_attention() const {
   return recompute_granularity == "selective" &&
          (recompute_modules.empty() ||
           std::find(recompute_modules.begin(), recompute_modules.end(), "core_attn") != recompute_modules.end());
+}
+
+bool TransformerConfig::recompute_mlp() const {
+  return recompute_granularity == "selective" &&
+         std::find(recompute_modules.begin(), recompute_modules.end(), "mlp") != recompute_modules.end();
+}
+
+bool TransformerConfig::recompute_layernorm() const {
+  return recompute_granularity == "selective" &&
+         std::find(recompute_modules.begin(), recompute_modules.end(), "layernorm") != recompute_modules.end();
 }
 
 bool TransformerConfig::recompute_moe() const {

@@ -184,17 +184,22 @@ struct TransformerConfig {
   //   selective:      the modules of recompute_modules (Megatron's --recompute-modules; empty:
   //                   core_attn): core_attn, the core attention's output and statistics;
   //                   moe, every MoE layer's routing, dispatch and experts from its kept input
-  //                   (one shared copy of their buffers), before its backward
+  //                   (one shared copy of their buffers), before its backward; mlp, every
+  //                   dense MLP's fc1 output and activation from its kept input (LN2's output);
+  //                   layernorm, the outputs of every layer's input_layernorm and
+  //                   pre_mlp_layernorm from their kept inputs and statistics
   // --moe-layer-recompute (Megatron's older flag) recomputes the MoE layers with or without
   // selective recomputation. recompute_num_layers is clamped to each chunk's layers (a pipeline
   // stage may hold fewer than num_layers).
   std::string recompute_granularity;  // "" | full | selective
   std::string recompute_method;       // "" | uniform | block (full only)
   int64_t recompute_num_layers = 0;   // >= 1 with full
-  std::vector<std::string> recompute_modules;  // selective: core_attn | moe (empty: core_attn)
+  std::vector<std::string> recompute_modules;  // selective: core_attn | moe | mlp | layernorm (empty: core_attn)
   bool moe_layer_recompute = false;
   bool recompute_core_attention() const;
   bool recompute_moe() const;
+  bool recompute_mlp() const;
+  bool recompute_layernorm() const;
 
   // Fills the derived fields (ffn, kv_channels, padded vocab) and checks the
   // combination; errors name the flag (e.g. --num-attention-heads).

@@ -25,9 +25,11 @@ struct Recompute {
   const char* granularity;
   const char* method;
   int64_t num_layers;
+  std::vector<std::string> modules = {};  // --recompute-modules
 };
 void PrintTo(const Recompute& r, std::ostream* os) {
   *os << "'" << r.granularity << "' '" << r.method << "' " << r.num_layers;
+  for (const std::string& m : r.modules) *os << " " << m;
 }
 
 TransformerConfig config(const Recompute& r, int tp) {
@@ -42,6 +44,7 @@ TransformerConfig config(const Recompute& r, int tp) {
   c.recompute_granularity = r.granularity;
   c.recompute_method = r.method;
   c.recompute_num_layers = r.num_layers;
+  c.recompute_modules = r.modules;
   c.finalize(tp);
   return c;
 }
@@ -81,16 +84,21 @@ TEST_P(DistRecompute, SequenceParallelIsBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Recompute, DistRecompute,
                          ::testing::Values(Recompute{"full", "uniform", 1}, Recompute{"full", "uniform", 2},
-                                           Recompute{"full", "block", 3}, Recompute{"selective", "", 0}),
+                                           Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
+                                           Recompute{"selective", "", 0, {"core_attn", "mlp", "layernorm"}}),
                          [](const ::testing::TestParamInfo<Recompute>& i) {
+                           std::string modules;
+                           for (const std::string& m : i.param.modules) modules += "_" + m;
                            return std::string(i.param.granularity) + (*i.param.method ? "_" : "") +
-                                  i.param.method + (i.param.num_layers ? std::to_string(i.param.num_layers) : "");
+                                  i.param.method + (i.param.num_layers ? std::to_string(i.param.num_layers) : "") +
+                                  modules;
                          });
 
 // With sequence parallelism a layer's forward all-gathers its two LayerNorm outputs and
 // reduce-scatters its two row-parallel outputs. Recomputing every layer (uniform, N = 1)
 // reruns a layer's forward up to its GELU: 2 all-gathers and 1 reduce-scatter more per
-// layer and micro-batch; selective recomputation communicates nothing more.
+// layer and micro-batch; selective recomputation of the core attention or of the norms
+// communicates nothing more, of the MLP one all-gather (LN2's output, for fc1) per layer.
 TEST(DistRecomputeVolume, RecomputedCollectives) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   if (ps->tp().size() == 1) GTEST_SKIP() << "needs tensor parallelism";
@@ -105,11 +113,16 @@ TEST(DistRecomputeVolume, RecomputedCollectives) {
     return ps->tp().stats();
   };
   const CommStats none = stats({"", "", 0}), full = stats({"full", "uniform", 1}), sel = stats({"selective", "", 0});
+  const CommStats norms = stats({"selective", "", 0, {"layernorm"}}), mlp = stats({"selective", "", 0, {"mlp"}});
   const int ag = int(CommOp::all_gather), rs = int(CommOp::reduce_scatter);
   EXPECT_EQ(full.calls[ag] - none.calls[ag], uint64_t(2 * kLayers));
   EXPECT_EQ(full.calls[rs] - none.calls[rs], uint64_t(kLayers));
   EXPECT_EQ(sel.calls[ag], none.calls[ag]);
   EXPECT_EQ(sel.calls[rs], none.calls[rs]);
+  EXPECT_EQ(norms.calls[ag], none.calls[ag]);
+  EXPECT_EQ(norms.calls[rs], none.calls[rs]);
+  EXPECT_EQ(mlp.calls[ag] - none.calls[ag], uint64_t(kLayers));
+  EXPECT_EQ(mlp.calls[rs], none.calls[rs]);
 }
 
 }  // namespace

@@ -33,6 +33,63 @@ run from_hf "$LATTICE" convert --from-hf hf --save ckpt2 &&
   same "HF -> lattice -> HF gives byte-identical model.safetensors" hf/model.safetensors hf2/model.safetensors &&
   same "HF -> lattice -> HF gives the same config.json" hf/config.json hf2/config.json
 
+# ---- --hf-dtype bfloat16 --max-shard-size: transformers' shards and index, read back ----
+if run to_hf_bf16 "$LATTICE" convert --load ckpt --to-hf hfbf --hf-dtype bfloat16 --max-shard-size 10KB; then
+  shards=$(ls hfbf/model-*-of-*.safetensors 2>/dev/null | wc -l)
+  if [ "$shards" -gt 1 ] && [ ! -e hfbf/model.safetensors ] && grep -qF '"torch_dtype": "bfloat16"' hfbf/config.json &&
+     /usr/bin/python3 -c '
+import json, os, struct, sys
+index = json.load(open("hfbf/model.safetensors.index.json"))
+total = 0
+for f in sorted(set(index["weight_map"].values())):
+    raw = open(os.path.join("hfbf", f), "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    for name, t in header.items():
+        if name == "__metadata__": continue
+        assert t["dtype"] == "BF16", (name, t["dtype"])
+        assert index["weight_map"][name] == f, name
+        total += t["data_offsets"][1] - t["data_offsets"][0]
+assert index["metadata"]["total_size"] == total, (index["metadata"], total)
+' 2>to_hf_bf16.py.err; then
+    pass "--hf-dtype bfloat16 --max-shard-size 10KB: $shards BF16 shards and a consistent index"
+  else
+    fail "--hf-dtype bfloat16 --max-shard-size 10KB: $shards shards, $(cat to_hf_bf16.py.err)"
+  fi
+  # In again (sharded, bf16) and out in float32: every value is the bf16 one, exactly.
+  if run from_bf16 "$LATTICE" convert --from-hf hfbf --save ckptbf &&
+     run to_hf32 "$LATTICE" convert --load ckptbf --to-hf hf32 &&
+     run gen_bf "$LATTICE" generate --load ckptbf --prompt "In the beginning" --max-new-tokens 8; then
+    if /usr/bin/python3 -c '
+import array, json, struct
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__": continue
+        a = array.array("I")
+        a.frombytes(raw[8 + n + t["data_offsets"][0]:8 + n + t["data_offsets"][1]])
+        out[name] = a
+    return out
+f32, back = tensors("hf/model.safetensors"), tensors("hf32/model.safetensors")
+assert f32.keys() == back.keys()
+for name, a in f32.items():
+    for u, v in zip(a, back[name]):
+        assert (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16) == v, name
+' 2>bf_values.err; then
+      pass "a sharded bfloat16 export reads back as the float32 export rounded to nearest even, and generates"
+    else
+      fail "bfloat16 values read back differ from the float32 export rounded: $(tail -n 2 bf_values.err)"
+    fi
+  fi
+fi
+expect_error "convert: --hf-dtype int8" "--hf-dtype" -- "$LATTICE" convert --load ckpt --to-hf hfx --hf-dtype int8
+expect_error "convert: --max-shard-size 5XB" "--max-shard-size" -- "$LATTICE" convert --load ckpt --to-hf hfx --max-shard-size 5XB
+expect_error "convert: --hf-dtype with --from-hf" "--to-hf only" -- "$LATTICE" convert --from-hf hf --save y --hf-dtype bf16
+[ -e hfx ] && fail "a refused --to-hf created hfx"
+
 GEN=(--prompt "In the beginning" --max-new-tokens 40 --temperature 0.9 --top-k 50 --seed 5)
 run gen_a "$LATTICE" generate --load ckpt "${GEN[@]}" &&
   run gen_b "$LATTICE" generate --load ckpt2 "${GEN[@]}" &&

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -29,9 +30,16 @@ struct Recompute {
   const char* granularity;
   const char* method;
   int64_t num_layers;
+  const char* modules = "";  // --recompute-modules, space-separated
 };
 void PrintTo(const Recompute& r, std::ostream* os) {
-  *os << "'" << r.granularity << "' '" << r.method << "' " << r.num_layers;
+  *os << "'" << r.granularity << "' '" << r.method << "' " << r.num_layers << " '" << r.modules << "'";
+}
+std::vector<std::string> split_modules(const char* s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
 }
 
 // llama: the rotary embedding, RMSNorm, SwiGLU, 2 query groups of 2 heads, no linear biases,
@@ -66,7 +74,7 @@ TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = 
   c.recompute_granularity = r.granularity;
   c.recompute_method = r.method;
   c.recompute_num_layers = r.num_layers;
-  c.recompute_modules = modules;
+  c.recompute_modules = modules.empty() ? split_modules(r.modules) : modules;
   c.moe_layer_recompute = moe_layer_recompute;
   c.finalize();
   return c;
@@ -118,13 +126,18 @@ TEST_P(ModelRecompute, TrainingIsBitIdentical) {
 
 TEST(ModelRecomputeLlama, TrainingIsBitIdentical) {
   const TrainRun base = train(kNone, true);
-  for (const Recompute& r : {Recompute{"full", "uniform", 2}, Recompute{"full", "block", 3}, Recompute{"selective", "", 0}}) {
+  // The selective modules over RMSNorm, SwiGLU, the query and key norms and a dense layer among
+  // MoE layers (mlp recomputes the dense one's; layernorm every layer's norms, the MoE layers' LN2
+  // input to the router included).
+  for (const Recompute& r : {Recompute{"full", "uniform", 2}, Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
+                             Recompute{"selective", "", 0, "mlp"}, Recompute{"selective", "", 0, "layernorm"},
+                             Recompute{"selective", "", 0, "core_attn mlp layernorm moe"}}) {
     const TrainRun got = train(r, true);
-    EXPECT_EQ(got.losses, base.losses) << r.granularity << " " << r.method;
-    EXPECT_EQ(got.grad_norms, base.grad_norms) << r.granularity << " " << r.method;
+    EXPECT_EQ(got.losses, base.losses) << r.granularity << " " << r.method << " " << r.modules;
+    EXPECT_EQ(got.grad_norms, base.grad_norms) << r.granularity << " " << r.method << " " << r.modules;
     ASSERT_EQ(got.params.size(), base.params.size());
     EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), base.params.size() * sizeof(float)), 0)
-        << r.granularity << " " << r.method << ": final parameters differ";
+        << r.granularity << " " << r.method << " " << r.modules << ": final parameters differ";
   }
   EXPECT_NE(base.losses.front(), base.losses.back());
 }
@@ -155,9 +168,9 @@ TEST(ModelRecomputeMoe, TrainingIsBitIdenticalAndTheArenaKeepsOneMoeLayer) {
   EXPECT_EQ(GPTModel::activation_bytes(plain, kB, kT) - GPTModel::activation_bytes(moe, kB, kT),
             size_t((moe_layers - 1) * state));
   EXPECT_NE(base.losses.front(), base.losses.back());
-  // Only the two modules lattice recomputes; moe with full recomputation (which recomputes it) refused.
+  // Only the modules lattice recomputes; moe with full recomputation (which recomputes it) refused.
   for (const auto& [r, modules, layer, flag] :
-       {std::tuple{selective, std::vector<std::string>{"mlp"}, false, "--recompute-modules mlp"},
+       {std::tuple{selective, std::vector<std::string>{"shared_experts"}, false, "--recompute-modules shared_experts"},
         std::tuple{kNone, std::vector<std::string>{"moe"}, false, "--recompute-modules needs --recompute-granularity selective"},
         std::tuple{Recompute{"full", "uniform", 1}, std::vector<std::string>{}, true, "--moe-layer-recompute"}}) {
     try {
@@ -224,8 +237,21 @@ TEST_P(ModelRecompute, ActivationBytesShrinkByTheDroppedBuffers) {
   const std::string g = r.granularity, m = r.method;
   const int64_t n = r.num_layers;
   if (g == "selective") {
-    per_micro_batch = kLayers * attention;
-    scratch = attention;
+    std::vector<std::string> modules = split_modules(r.modules);
+    if (modules.empty()) modules = {"core_attn"};
+    auto has = [&](const char* w) { return std::find(modules.begin(), modules.end(), w) != modules.end(); };
+    if (has("core_attn")) {
+      per_micro_batch += kLayers * attention;
+      scratch += attention;
+    }
+    if (has("mlp")) {  // fc1's output and the GELU
+      per_micro_batch += kLayers * 2 * bytes(N * F);
+      scratch += 2 * bytes(N * F);
+    }
+    if (has("layernorm")) {  // LN1's and LN2's outputs; one shared buffer serves both
+      per_micro_batch += kLayers * 2 * bytes(N * C);
+      scratch += bytes(N * C);
+    }
   } else if (m == "uniform") {
     const int64_t groups = (kLayers + n - 1) / n;
     per_micro_batch = kLayers * layer + (kLayers - groups) * resid;  // inner residuals too
@@ -250,10 +276,15 @@ TEST_P(ModelRecompute, ActivationBytesShrinkByTheDroppedBuffers) {
 INSTANTIATE_TEST_SUITE_P(Recompute, ModelRecompute,
                          ::testing::Values(Recompute{"full", "uniform", 1}, Recompute{"full", "uniform", 2},
                                            Recompute{"full", "uniform", 3}, Recompute{"full", "block", 1},
-                                           Recompute{"full", "block", 3}, Recompute{"selective", "", 0}),
+                                           Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
+                                           Recompute{"selective", "", 0, "mlp"}, Recompute{"selective", "", 0, "layernorm"},
+                                           Recompute{"selective", "", 0, "core_attn mlp layernorm"}),
                          [](const ::testing::TestParamInfo<Recompute>& i) {
+                           std::string modules;
+                           for (const std::string& w : split_modules(i.param.modules)) modules += "_" + w;
                            return std::string(i.param.granularity) + (*i.param.method ? "_" : "") +
-                                  i.param.method + (i.param.num_layers ? std::to_string(i.param.num_layers) : "");
+                                  i.param.method + (i.param.num_layers ? std::to_string(i.param.num_layers) : "") +
+                                  modules;
                          });
 
 std::string config_error(const Recompute& r) {
@@ -310,6 +341,42 @@ TEST(ModelRecomputeConfig, FlagsReachTheConfig) {
     ADD_FAILURE() << "full without --recompute-method accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--recompute-method"), std::string::npos) << e.what();
+  }
+}
+
+// --recompute-modules from the command line; mlp reruns fc1's GEMM, which fp8 would record twice
+// (refused), layernorm reruns no GEMM (accepted with fp8).
+TEST(ModelRecomputeConfig, ModulesFromFlagsAndFp8) {
+  auto parse = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> words = {"lattice", "train", "--num-layers", "2", "--hidden-size", "32",
+                                      "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size", "2",
+                                      "--train-iters", "3", "--mock-data", "--vocab-size", "128",
+                                      "--recompute-granularity", "selective"};
+    words.insert(words.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    return parse_train_args(int(argv.size()), argv.data(), 2).transformer_config();
+  };
+  const TransformerConfig c = parse({"--recompute-modules", "mlp", "layernorm"});
+  EXPECT_TRUE(c.recompute_mlp());
+  EXPECT_TRUE(c.recompute_layernorm());
+  EXPECT_FALSE(c.recompute_core_attention()) << "a given list replaces the default core_attn";
+  const TransformerConfig fp8 = parse({"--recompute-modules", "layernorm", "--fp8-format", "hybrid"});
+  EXPECT_TRUE(fp8.recompute_layernorm());
+  try {
+    parse({"--recompute-modules", "mlp", "--fp8-format", "hybrid"});
+    ADD_FAILURE() << "--recompute-modules mlp with --fp8-format accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--recompute-modules mlp is not supported with --fp8-format"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    parse({"--recompute-modules", "mla_up_proj"});
+    ADD_FAILURE() << "--recompute-modules mla_up_proj accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--recompute-modules mla_up_proj is not implemented"), std::string::npos)
+        << e.what();
   }
 }
 

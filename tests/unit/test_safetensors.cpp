@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -269,6 +270,61 @@ TEST_F(SafetensorsTest, WriterRejectsBadInput) {
     EXPECT_NE(std::string(e.what()).find("no_such_dir/out.safetensors"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(bad));
+}
+
+// cast_f32: F32 tensors to BF16 / F16 bit patterns, rounded to nearest even (ties to even,
+// NaN kept, overflow named); others untouched. split: file order, at most max bytes each, a
+// larger tensor alone, the metadata in every part.
+TEST_F(SafetensorsTest, WriterCastsAndSplits) {
+  // 1 + 2^-8 is a tie between bf16's 1 and 1 + 2^-7: to even (1); 1 + 3 x 2^-8 rounds up to 1 + 2^-6.
+  const std::vector<float> w = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.5f, std::nanf(""), 70000.0f};
+  const int32_t ids[2] = {7, 8};
+  SafetensorsWriter wr;
+  wr.add_f32("w", {5}, w.data());
+  wr.add("ids", "I32", {2}, ids, 8);
+  wr.set_metadata("format", "pt");
+  SafetensorsWriter f16 = wr;
+  wr.cast_f32("BF16");
+  wr.write(file("cast.safetensors"));
+  SafetensorsFile r = SafetensorsFile::read(file("cast.safetensors"));
+  ASSERT_EQ(r.get("w").dtype, "BF16");
+  EXPECT_EQ(r.get("ids").dtype, "I32");
+  const uint8_t* b = r.get("w").bytes.data();
+  auto at = [&](int i) { return uint16_t(b[2 * i] | (b[2 * i + 1] << 8)); };
+  EXPECT_EQ(at(0), 0x3f80);
+  EXPECT_EQ(at(1), 0x3f82);
+  EXPECT_EQ(at(2), 0xc020);
+  EXPECT_EQ(at(3) & 0x7f80, 0x7f80);
+  EXPECT_NE(at(3) & 0x7f, 0) << "NaN kept";
+  EXPECT_EQ(at(4), 0x4789);  // 70000 -> 70144
+  try {
+    f16.cast_f32("F16");
+    FAIL() << "70000 cast to F16";
+  } catch (const lattice::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor w: value 70000"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(f16.cast_f32("I8"), lattice::Error);
+
+  // 40, 40, 100 and 8 bytes in parts of at most 64: [40] [40] [100] [8]; of at most 100: [40 40] [100] [8].
+  for (const auto& [max, parts] : {std::pair{uint64_t(64), std::vector<std::vector<std::string>>{{"a"}, {"b"}, {"c"}, {"d"}}},
+                                   std::pair{uint64_t(100), std::vector<std::vector<std::string>>{{"a", "b"}, {"c"}, {"d"}}}}) {
+    std::vector<float> x(25, 1.0f);
+    SafetensorsWriter s;
+    s.add_f32("a", {10}, x.data());
+    s.add_f32("b", {10}, x.data());
+    s.add_f32("c", {25}, x.data());
+    s.add_f32("d", {2}, x.data());
+    s.set_metadata("format", "pt");
+    EXPECT_EQ(s.data_bytes(), 188u);
+    std::vector<SafetensorsWriter> got = s.split(max);
+    EXPECT_EQ(s.data_bytes(), 0u) << "split leaves the writer empty";
+    ASSERT_EQ(got.size(), parts.size()) << max;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].names(), parts[i]) << max << " part " << i;
+      got[i].write(file("part.safetensors"));
+      EXPECT_EQ(SafetensorsFile::read(file("part.safetensors")).metadata().at("format"), "pt");
+    }
+  }
 }
 
 // The checked-in GPT fixtures (written by tests/fixtures/make_gpt_fixture.py, an independent
