@@ -469,6 +469,17 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     shared_moe = std::make_shared<MoeState>();
     moe_state_carve(*shared_moe, arena.alloc_f32(moe_state_floats(N, ms), "moe (recomputed)"), N, ms);
   }
+  // moe_act: one [N k, F] activation for every MoE layer's experts (under expert parallelism it
+  // lives in the dispatch's scratch instead).
+  bool moe_here = false;
+  for (auto [begin, end] : place.chunks)
+    for (int64_t l = begin; l < end; ++l) moe_here = moe_here || cfg.moe_layer(l);
+  float* shared_act = nullptr;
+  if (cfg.recompute_moe_act() && moe_here && ep == 1) {
+    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
+    shared_act = arena.alloc_f32(N * ms.k * ms.F, "moe activation (recomputed)");
+  }
+  if (shared_moe && cfg.recompute_moe_act() && ep == 1) shared_moe->act = shared_act;
   // moe, dense: the layer buffers of an MoE layer, of a dense MLP's (a recomputation group's
   // shared layer may serve both kinds).
   auto alloc_layer = [&](bool attention, bool moe, bool dense, bool norms = true) {
@@ -494,6 +505,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
       x.moe = std::make_shared<MoeState>();
       const MoeShape ms = lattice::moe_shape(cfg, P, ep);
       moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, ms), "moe"), N, ms);
+      if (ms.recompute_act && ep == 1) x.moe->act = shared_act;
     }
     if (dense) {
       x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");

@@ -33,6 +33,14 @@ void activation_forward(float* act, float* h, int64_t n, int64_t F, const MoeSha
   else
     gelu_forward(act, h, n * F, s.gelu);
 }
+// The same activation again from kept fc1 outputs h (moe_act), h untouched: a gated unit's
+// pre-activation copy goes to scratch [n, F1].
+void activation_again(float* act, const float* h, float* scratch, int64_t n, int64_t F, const MoeShape& s) {
+  if (s.glu)
+    bias_swiglu_forward(scratch, act, h, nullptr, n, F, Rounding::none, s.glu_form);
+  else
+    gelu_forward(act, h, n * F, s.gelu);
+}
 void activation_backward(float* d_h, const float* h, const float* d_act, int64_t n, int64_t F, const MoeShape& s) {
   if (s.glu)
     swiglu_backward(d_h, h, d_act, n, F, Rounding::none, s.glu_form);
@@ -141,13 +149,15 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.scale = c.moe_router_topk_scaling_factor;
   s.Fs = c.moe_shared_expert_intermediate_size / tp;
   s.shared_gate = c.moe_shared_expert_gate;
+  s.recompute_act = c.recompute_moe_act();
   return s;
 }
 
 int64_t moe_state_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
   const int64_t shared = s.Fs > 0 ? padded(N * s.Fs1()) + padded(N * s.Fs) + padded(N * s.C) + 2 * padded(N) : 0;
-  const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F1()) + padded(S * s.F);  // the rows' fc1 and activation
+  // the rows' fc1 and activation
+  const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F1()) + (s.recompute_act ? 0 : padded(S * s.F));
   return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.C) + experts + shared;
 }
 
@@ -160,7 +170,7 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
   st.gate = c.take(S);
   st.xe = c.take(S * s.C);
   st.h = s.ep > 1 ? nullptr : c.take(S * s.F1());
-  st.act = s.ep > 1 ? nullptr : c.take(S * s.F);
+  st.act = s.ep > 1 || s.recompute_act ? nullptr : c.take(S * s.F);
   st.ye = c.take(S * s.C);
   if (s.Fs > 0) {
     st.hs = c.take(N * s.Fs1());
@@ -514,10 +524,11 @@ std::vector<int64_t> elements(const std::vector<int64_t>& rows, int64_t width) {
 void dispatched_experts_forward(MoeState& st, const MoeWeights& w, const MoeShape& s) {
   const int64_t C = s.C, F = s.F, F1 = s.F1();
   const int64_t R = plan_dispatch(st, w.ep, s);
-  float* rows = st.ep_rows.resize(size_t(R * (C + F1 + F)));
-  float *xs = rows, *h = rows + R * C, *act = h + R * F1;
-  float* a = w.ep.scratch->resize(size_t(2 * R * C));
+  const int64_t kept_act = s.recompute_act ? 0 : F;  // moe_act: the activation in the scratch, after b
+  float* rows = st.ep_rows.resize(size_t(R * (C + F1 + kept_act)));
+  float* a = w.ep.scratch->resize(size_t(R * (2 * C + F - kept_act)));
   float* b = a + R * C;
+  float *xs = rows, *h = rows + R * C, *act = s.recompute_act ? b + R * C : h + R * F1;
   const int32_t* to_expert_order = st.ep_perm.data();
   const int32_t* to_received_order = to_expert_order + R;
   w.ep.comm->all_to_all(st.xe, elements(st.ep_send, C), a, elements(st.ep_recv, C));
@@ -533,9 +544,15 @@ void dispatched_experts_backward(float* d_xe, const float* d_ye, const MoeState&
                                  const MoeShape& s) {
   const int64_t C = s.C, F = s.F, F1 = s.F1(), R = st.ep_offsets.back();
   const float* xs = st.ep_rows.data();
-  const float *h = xs + R * C, *act = h + R * F1;
-  float* a = w.ep.scratch->resize(size_t(R * (2 * C + F + F1)));
+  const float* h = xs + R * C;
+  float* a = w.ep.scratch->resize(size_t(R * (2 * C + F + F1 + (s.recompute_act ? F : 0))));
   float *b = a + R * C, *d_act = b + R * C, *d_h = d_act + R * F;
+  const float* act = h + R * F1;
+  if (s.recompute_act) {  // moe_act: the activation again from the kept fc1 outputs, after d_h
+    float* again = d_h + R * F1;
+    activation_again(again, h, d_h, R, F, s);
+    act = again;
+  }
   const int32_t* to_expert_order = st.ep_perm.data();
   const int32_t* to_received_order = to_expert_order + R;
   w.ep.comm->all_to_all(d_ye, elements(st.ep_send, C), a, elements(st.ep_recv, C));
@@ -587,8 +604,11 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
   float* d_xe = sc.d_ye;  // fc2's output gradients are read: the experts' input gradients go there
   if (w.ep.size() > 1)
     dispatched_experts_backward(d_xe, sc.d_ye, st, w, g, s);
-  else
+  else {
+    // moe_act: the activation again from the kept fc1 outputs (into the buffer the layers share).
+    if (s.recompute_act) activation_again(st.act, st.h, sc.d_h, S, s.F, s);
     experts_backward(d_xe, sc.d_act, sc.d_h, sc.d_ye, st.xe, st.h, st.act, st.offsets, w, g, s);
+  }
   moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
   if (s.Fs > 0) shared_experts_backward(dx, dy, x, st, w, g, sc, N, s, tp, router_input_grad);
   // The router: the gates' softmax's backward (over each token's k experts, or with

@@ -81,6 +81,10 @@ struct MoeShape {
   int64_t ep = 1;            // expert-parallel ranks: > 1, the experts' fc1 outputs and activations live with
                              // the rows they receive (MoeState::ep_rows), not in the carved buffers
   bool shared_gate = false;  // --moe-shared-expert-gate
+  // --recompute-modules moe_act: the experts' activation is not kept; the backward makes it again
+  // from their fc1 outputs (MoeState::act then points into a buffer the caller shares between the
+  // layers; under expert parallelism it lives in the dispatch's scratch).
+  bool recompute_act = false;
   int64_t F1() const { return glu ? 2 * F : F; }  // fc1's outputs
   int64_t Fs1() const { return glu ? 2 * Fs : Fs; }
 };

@@ -249,9 +249,10 @@ void TransformerConfig::check_recompute() const {
   if (!recompute_modules.empty() && g != "selective")
     LATTICE_FAIL() << "--recompute-modules needs --recompute-granularity selective";
   for (const std::string& module : recompute_modules)
-    if (module != "core_attn" && module != "moe" && module != "mlp" && module != "layernorm")
+    if (module != "core_attn" && module != "moe" && module != "mlp" && module != "layernorm" && module != "moe_act")
       LATTICE_FAIL() << "--recompute-modules " << module
-                     << " is not implemented (core_attn, moe, mlp and layernorm are)";
+                     << " is not implemented (core_attn, moe, mlp, layernorm and moe_act are)";
+  if (recompute_moe_act() && !moe()) LATTICE_FAIL() << "--recompute-modules moe_act needs --num-experts";
   if (recompute_moe() && g == "full")
     LATTICE_FAIL() << "--moe-layer-recompute does not go with --recompute-granularity full (which recomputes them)";
   if (recompute_moe() && !moe())
@@ -272,6 +273,11 @@ bool TransformerConfig::recompute_mlp() const {
 bool TransformerConfig::recompute_layernorm() const {
   return recompute_granularity == "selective" &&
          std::find(recompute_modules.begin(), recompute_modules.end(), "layernorm") != recompute_modules.end();
+}
+
+bool TransformerConfig::recompute_moe_act() const {
+  return recompute_granularity == "selective" &&
+         std::find(recompute_modules.begin(), recompute_modules.end(), "moe_act") != recompute_modules.end();
 }
 
 bool TransformerConfig::recompute_moe() const {

@@ -188,7 +188,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"recompute-num-layers", Kind::i64, &a.recompute_num_layers, "layers per recomputed group (uniform) or recomputed layers per chunk (block)"},
       {"recompute-modules", Kind::list, &a.recompute_modules,
        "selective recomputation's modules: core_attn (the default), moe (every MoE layer), mlp (every dense MLP's "
-       "fc1 and activation), layernorm (every layer's two norms)"},
+       "fc1 and activation), layernorm (every layer's two norms), moe_act (the experts' activations)"},
       {"moe-layer-recompute", Kind::flag, &a.moe_layer_recompute, "recompute every MoE layer in backward"},
       {"log-memory", Kind::flag, &a.log_memory, "per-rank memory estimate at start-up and measured peak"},
       {"sequence-parallel", Kind::flag, &a.sequence_parallel,

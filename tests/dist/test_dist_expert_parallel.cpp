@@ -44,6 +44,7 @@ struct Case {
   bool moe_layer_recompute = false;  // --moe-layer-recompute: the dispatch reruns before each MoE backward
   bool gpt_oss = false;        // GPT-OSS's MLP: the router's and the experts' biases, the clamped quick GEGLU
   int cp = 1;                  // context parallelism (each rank's tokens dispatched among its cp rank's ep group)
+  std::vector<std::string> recompute_modules = {};  // selective recomputation's modules (none: no selective)
 };
 
 struct EpRun : LayoutRun {
@@ -85,6 +86,10 @@ TransformerConfig config(const Case& c, int tp) {
     t.quick_geglu = true;
     t.glu_linear_offset = 1.0f;
     t.activation_func_clamp_value = 0.05f;
+  }
+  if (!c.recompute_modules.empty()) {
+    t.recompute_granularity = "selective";
+    t.recompute_modules = c.recompute_modules;
   }
   if (c.recompute) {
     t.recompute_granularity = "full";
@@ -203,6 +208,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Ep2SigmoidBiasRecompute", 2, 1, 1, 2, 4, true, false, false, 0.0f, false, true, 0, true},
         Case{"Ep2SwiGluSharedMoeLayerRecompute", 2, 1, 1, 2, 4, true, true, false, 0.1f, true, false, 0, false, {},
              false, true},
+        // moe_act under EP: the received rows' activation made again in the dispatch's scratch; with the
+        // dense layer's MLP and every norm recomputed too.
+        Case{"Ep2SwiGluSharedSelectiveModulesRecompute", 2, 1, 1, 2, 4, true, false, false, 0.1f, true, false, 0, false,
+             {1, 0, 1, 1}, false, false, false, 1, {"core_attn", "mlp", "layernorm", "moe_act"}},
         // fp8 hybrid: each expert's amaxes reduced over the ranks holding it, not paired with another's.
         Case{"Ep2Fp8", 2, 1, 1, 2, 4, true, true, false, 0.0f, false, false, 0, false, {}, true},
         // DP 4: two expert-parallel groups of 2, the experts' gradients reduced over pairs.

@@ -128,6 +128,11 @@ if run rc_off "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 3 --hidden-
      --recompute-granularity selective --recompute-modules core_attn moe; then
   [ -n "$(losses rc_off.jsonl)" ] && [ "$(losses rc_on.jsonl)" = "$(losses rc_off.jsonl)" ] &&
     pass "--recompute-modules core_attn moe: the losses bit for bit" || fail "MoE recomputation changed the losses"
+  run rc_act "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 3 --hidden-dropout 0.1 --metrics-file rc_act.jsonl \
+    --recompute-granularity selective --recompute-modules moe_act layernorm &&
+    { [ "$(losses rc_act.jsonl)" = "$(losses rc_off.jsonl)" ] &&
+      pass "--recompute-modules moe_act layernorm: the losses bit for bit" ||
+      fail "moe_act / layernorm recomputation changed the losses"; }
 fi
 expect_error "MoE recomputation with fp8" "--moe-layer-recompute|--fp8-format" -- \
   "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 1 --bf16 --fp8-format hybrid --moe-layer-recompute --save bad14

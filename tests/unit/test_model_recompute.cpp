@@ -131,7 +131,9 @@ TEST(ModelRecomputeLlama, TrainingIsBitIdentical) {
   // input to the router included).
   for (const Recompute& r : {Recompute{"full", "uniform", 2}, Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
                              Recompute{"selective", "", 0, "mlp"}, Recompute{"selective", "", 0, "layernorm"},
-                             Recompute{"selective", "", 0, "core_attn mlp layernorm moe"}}) {
+                             Recompute{"selective", "", 0, "moe_act"},
+                             Recompute{"selective", "", 0, "core_attn mlp layernorm moe_act"},
+                             Recompute{"selective", "", 0, "core_attn mlp layernorm moe moe_act"}}) {
     const TrainRun got = train(r, true);
     EXPECT_EQ(got.losses, base.losses) << r.granularity << " " << r.method << " " << r.modules;
     EXPECT_EQ(got.grad_norms, base.grad_norms) << r.granularity << " " << r.method << " " << r.modules;
@@ -167,8 +169,16 @@ TEST(ModelRecomputeMoe, TrainingIsBitIdenticalAndTheArenaKeepsOneMoeLayer) {
   const int64_t moe_layers = 3, state = (moe_state_floats(kB * kT, moe_shape(plain)) * 4 + 63) / 64 * 64;
   EXPECT_EQ(GPTModel::activation_bytes(plain, kB, kT) - GPTModel::activation_bytes(moe, kB, kT),
             size_t((moe_layers - 1) * state));
+  // moe_act: one [N k, F] activation (64-byte multiples here) in place of each MoE layer's.
+  const TransformerConfig act = config(selective, 0.1f, true, {"core_attn", "moe_act"});
+  const TransformerConfig attn = config(selective, 0.1f, true, {"core_attn"});
+  const int64_t act_bytes = kB * kT * plain.moe_router_topk * plain.moe_ffn_hidden_size * 4;
+  ASSERT_EQ(act_bytes % 64, 0);
+  EXPECT_EQ(GPTModel::activation_bytes(attn, kB, kT) - GPTModel::activation_bytes(act, kB, kT),
+            size_t((moe_layers - 1) * act_bytes));
   EXPECT_NE(base.losses.front(), base.losses.back());
-  // Only the modules lattice recomputes; moe with full recomputation (which recomputes it) refused.
+  // Only the modules lattice recomputes; moe with full recomputation (which recomputes it) refused,
+  // moe_act without experts.
   for (const auto& [r, modules, layer, flag] :
        {std::tuple{selective, std::vector<std::string>{"shared_experts"}, false, "--recompute-modules shared_experts"},
         std::tuple{kNone, std::vector<std::string>{"moe"}, false, "--recompute-modules needs --recompute-granularity selective"},
@@ -179,6 +189,13 @@ TEST(ModelRecomputeMoe, TrainingIsBitIdenticalAndTheArenaKeepsOneMoeLayer) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
     }
+  }
+  try {
+    config(selective, 0.1f, false, {"moe_act"});
+    ADD_FAILURE() << "accepted moe_act without experts";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--recompute-modules moe_act needs --num-experts"), std::string::npos)
+        << e.what();
   }
 }
 
