@@ -480,6 +480,13 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     shared_act = arena.alloc_f32(N * ms.k * ms.F, "moe activation (recomputed)");
   }
   if (shared_moe && cfg.recompute_moe_act() && ep == 1) shared_moe->act = shared_act;
+  // shared_experts: one copy of the shared experts' buffers for every MoE layer.
+  float* shared_se = nullptr;
+  if (cfg.recompute_shared_experts() && moe_here) {
+    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
+    shared_se = arena.alloc_f32(moe_shared_experts_floats(N, ms), "shared experts (recomputed)");
+    if (shared_moe) moe_shared_experts_carve(*shared_moe, shared_se, N, ms);
+  }
   // moe, dense: the layer buffers of an MoE layer, of a dense MLP's (a recomputation group's
   // shared layer may serve both kinds).
   auto alloc_layer = [&](bool attention, bool moe, bool dense, bool norms = true) {
@@ -506,6 +513,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
       const MoeShape ms = lattice::moe_shape(cfg, P, ep);
       moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, ms), "moe"), N, ms);
       if (ms.recompute_act && ep == 1) x.moe->act = shared_act;
+      if (ms.recompute_shared) moe_shared_experts_carve(*x.moe, shared_se, N, ms);
     }
     if (dense) {
       x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");

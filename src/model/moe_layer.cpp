@@ -80,8 +80,8 @@ void top_k_experts(std::vector<int32_t>& order, const std::vector<float>& key, c
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
 }
 
-// y [N, C] += s[t] shared(x[t]) (s = 1 without the gate).
-void shared_experts_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
+// The shared experts' fc1 outputs, activation and outputs of x [N, C], and their gate.
+void shared_experts_compute(const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
   const int64_t C = s.C;
   if (st.ident_rows < N) {  // a longer identity serves too
     std::vector<int32_t> ident(static_cast<size_t>(N));
@@ -99,7 +99,12 @@ void shared_experts_forward(float* y, const float* x, MoeState& st, const MoeWei
     for (float& v : g) v = 1.0f / (1.0f + std::exp(-v));
     copy_to_device(st.sgate, g.data(), g.size() * sizeof(float));
   }
-  moe_combine(y, st.ys, st.ident, s.shared_gate ? st.sgate : nullptr, N, 1, C, true);
+}
+
+// y [N, C] += s[t] shared(x[t]) (s = 1 without the gate).
+void shared_experts_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
+  shared_experts_compute(x, st, w, N, s);
+  moe_combine(y, st.ys, st.ident, s.shared_gate ? st.sgate : nullptr, N, 1, s.C, true);
 }
 
 // The shared experts' backward from dy [N, C]: dx [N, C] accumulates their input gradient (the
@@ -150,12 +155,27 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.Fs = c.moe_shared_expert_intermediate_size / tp;
   s.shared_gate = c.moe_shared_expert_gate;
   s.recompute_act = c.recompute_moe_act();
+  s.recompute_shared = c.recompute_shared_experts();
   return s;
+}
+
+int64_t moe_shared_experts_floats(int64_t N, const MoeShape& s) {
+  return s.Fs > 0 ? padded(N * s.Fs1()) + padded(N * s.Fs) + padded(N * s.C) + padded(N) : 0;
+}
+
+void moe_shared_experts_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
+  if (s.Fs == 0) return;
+  Carver c{buf};
+  st.hs = c.take(N * s.Fs1());
+  st.acts = c.take(N * s.Fs);
+  st.ys = c.take(N * s.C);
+  st.sgate = c.take(N);
 }
 
 int64_t moe_state_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
-  const int64_t shared = s.Fs > 0 ? padded(N * s.Fs1()) + padded(N * s.Fs) + padded(N * s.C) + 2 * padded(N) : 0;
+  // the shared experts' buffers (unless shared between the layers) and their identity rows
+  const int64_t shared = s.Fs > 0 ? (s.recompute_shared ? 0 : moe_shared_experts_floats(N, s)) + padded(N) : 0;
   // the rows' fc1 and activation
   const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F1()) + (s.recompute_act ? 0 : padded(S * s.F));
   return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.C) + experts + shared;
@@ -173,10 +193,11 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
   st.act = s.ep > 1 || s.recompute_act ? nullptr : c.take(S * s.F);
   st.ye = c.take(S * s.C);
   if (s.Fs > 0) {
-    st.hs = c.take(N * s.Fs1());
-    st.acts = c.take(N * s.Fs);
-    st.ys = c.take(N * s.C);
-    st.sgate = c.take(N);
+    if (!s.recompute_shared) {
+      moe_shared_experts_carve(st, c.take(moe_shared_experts_floats(N, s)), N, s);
+    } else {
+      st.hs = st.acts = st.ys = st.sgate = nullptr;
+    }
     st.ident = c.take_ints(N);
     st.ident_rows = 0;
   }
@@ -610,7 +631,11 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
     experts_backward(d_xe, sc.d_act, sc.d_h, sc.d_ye, st.xe, st.h, st.act, st.offsets, w, g, s);
   }
   moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
-  if (s.Fs > 0) shared_experts_backward(dx, dy, x, st, w, g, sc, N, s, tp, router_input_grad);
+  if (s.Fs > 0) {
+    // shared_experts: their buffers again from the kept input (into the buffer the layers share).
+    if (s.recompute_shared) shared_experts_compute(x, st, w, N, s);
+    shared_experts_backward(dx, dy, x, st, w, g, sc, N, s, tp, router_input_grad);
+  }
   // The router: the gates' softmax's backward (over each token's k experts, or with
   // pre_softmax over all E, only the chosen ones' probabilities having a gradient), and the
   // load-balancing loss's through the softmax over all E. q = gate / scale, dq = d_gate scale:

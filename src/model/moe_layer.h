@@ -85,6 +85,10 @@ struct MoeShape {
   // from their fc1 outputs (MoeState::act then points into a buffer the caller shares between the
   // layers; under expert parallelism it lives in the dispatch's scratch).
   bool recompute_act = false;
+  // --recompute-modules shared_experts: the shared experts' fc1 outputs, activation, outputs and gate
+  // are not kept in the state; the backward computes them again (MoeState::hs, acts, ys, sgate then
+  // point into a buffer the caller shares between the layers: moe_shared_experts_carve).
+  bool recompute_shared = false;
   int64_t F1() const { return glu ? 2 * F : F; }  // fc1's outputs
   int64_t Fs1() const { return glu ? 2 * Fs : Fs; }
 };
@@ -179,6 +183,10 @@ struct MoeState {
 // Floats of device memory MoeState needs for N tokens, and the carving of such a buffer.
 int64_t moe_state_floats(int64_t N, const MoeShape& s);
 void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s);
+// The shared experts' buffers (hs, acts, ys, sgate) alone: their floats for N tokens and their carving
+// (--recompute-modules shared_experts: one such buffer serves every layer's state).
+int64_t moe_shared_experts_floats(int64_t N, const MoeShape& s);
+void moe_shared_experts_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s);
 
 // Scratch of the backward: floats for N tokens, and its carving.
 struct MoeScratch {

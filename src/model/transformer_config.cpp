@@ -249,10 +249,13 @@ void TransformerConfig::check_recompute() const {
   if (!recompute_modules.empty() && g != "selective")
     LATTICE_FAIL() << "--recompute-modules needs --recompute-granularity selective";
   for (const std::string& module : recompute_modules)
-    if (module != "core_attn" && module != "moe" && module != "mlp" && module != "layernorm" && module != "moe_act")
+    if (module != "core_attn" && module != "moe" && module != "mlp" && module != "layernorm" && module != "moe_act" &&
+        module != "shared_experts")
       LATTICE_FAIL() << "--recompute-modules " << module
-                     << " is not implemented (core_attn, moe, mlp, layernorm and moe_act are)";
+                     << " is not implemented (core_attn, moe, mlp, layernorm, moe_act and shared_experts are)";
   if (recompute_moe_act() && !moe()) LATTICE_FAIL() << "--recompute-modules moe_act needs --num-experts";
+  if (recompute_shared_experts() && (!moe() || moe_shared_expert_intermediate_size <= 0))
+    LATTICE_FAIL() << "--recompute-modules shared_experts needs --moe-shared-expert-intermediate-size";
   if (recompute_moe() && g == "full")
     LATTICE_FAIL() << "--moe-layer-recompute does not go with --recompute-granularity full (which recomputes them)";
   if (recompute_moe() && !moe())
@@ -278,6 +281,11 @@ bool TransformerConfig::recompute_layernorm() const {
 bool TransformerConfig::recompute_moe_act() const {
   return recompute_granularity == "selective" &&
          std::find(recompute_modules.begin(), recompute_modules.end(), "moe_act") != recompute_modules.end();
+}
+
+bool TransformerConfig::recompute_shared_experts() const {
+  return recompute_granularity == "selective" &&
+         std::find(recompute_modules.begin(), recompute_modules.end(), "shared_experts") != recompute_modules.end();
 }
 
 bool TransformerConfig::recompute_moe() const {

@@ -188,20 +188,23 @@ struct TransformerConfig {
   //                   dense MLP's fc1 output and activation from its kept input (LN2's output);
   //                   layernorm, the outputs of every layer's input_layernorm and
   //                   pre_mlp_layernorm from their kept inputs and statistics; moe_act, the
-  //                   routed experts' activation from their kept fc1 outputs
+  //                   routed experts' activation from their kept fc1 outputs; shared_experts,
+  //                   the shared experts' outputs (and gate) from the MoE layer's kept input
   // --moe-layer-recompute (Megatron's older flag) recomputes the MoE layers with or without
   // selective recomputation. recompute_num_layers is clamped to each chunk's layers (a pipeline
   // stage may hold fewer than num_layers).
   std::string recompute_granularity;  // "" | full | selective
   std::string recompute_method;       // "" | uniform | block (full only)
   int64_t recompute_num_layers = 0;   // >= 1 with full
-  std::vector<std::string> recompute_modules;  // selective: core_attn | moe | mlp | layernorm | moe_act (empty: core_attn)
+  std::vector<std::string> recompute_modules;  // selective: core_attn | moe | mlp | layernorm | moe_act | shared_experts
+                                               // (empty: core_attn)
   bool moe_layer_recompute = false;
   bool recompute_core_attention() const;
   bool recompute_moe() const;
   bool recompute_mlp() const;
   bool recompute_layernorm() const;
   bool recompute_moe_act() const;
+  bool recompute_shared_experts() const;
 
   // Fills the derived fields (ffn, kv_channels, padded vocab) and checks the
   // combination; errors name the flag (e.g. --num-attention-heads).

@@ -188,7 +188,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"recompute-num-layers", Kind::i64, &a.recompute_num_layers, "layers per recomputed group (uniform) or recomputed layers per chunk (block)"},
       {"recompute-modules", Kind::list, &a.recompute_modules,
        "selective recomputation's modules: core_attn (the default), moe (every MoE layer), mlp (every dense MLP's "
-       "fc1 and activation), layernorm (every layer's two norms), moe_act (the experts' activations)"},
+       "fc1 and activation), layernorm (every layer's two norms), moe_act (the experts' activations), shared_experts (the shared experts' outputs)"},
       {"moe-layer-recompute", Kind::flag, &a.moe_layer_recompute, "recompute every MoE layer in backward"},
       {"log-memory", Kind::flag, &a.log_memory, "per-rank memory estimate at start-up and measured peak"},
       {"sequence-parallel", Kind::flag, &a.sequence_parallel,
@@ -611,9 +611,10 @@ void validate(TrainArgs& a) {
   if (moe_recompute && !a.fp8_format.empty())
     LATTICE_FAIL() << (a.moe_layer_recompute ? "--moe-layer-recompute" : "--recompute-modules moe")
                    << " is not supported with --fp8-format (the recomputed experts would record fp8 amaxes twice)";
-  if (std::count(a.recompute_modules.begin(), a.recompute_modules.end(), "mlp") && !a.fp8_format.empty())
-    LATTICE_FAIL() << "--recompute-modules mlp is not supported with --fp8-format (the recomputed fc1 would record "
-                      "fp8 amaxes twice)";
+  for (const char* module : {"mlp", "shared_experts"})
+    if (std::count(a.recompute_modules.begin(), a.recompute_modules.end(), module) && !a.fp8_format.empty())
+      LATTICE_FAIL() << "--recompute-modules " << module << " is not supported with --fp8-format (its recomputed "
+                     << "GEMMs would record fp8 amaxes twice)";
   // Model-shape checks (heads dividing hidden size, ...) live in TransformerConfig.
   TransformerConfig cfg = a.transformer_config();
   if (tokenizer_vocab_size > 0) cfg.vocab_size = tokenizer_vocab_size;

@@ -209,9 +209,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Ep2SwiGluSharedMoeLayerRecompute", 2, 1, 1, 2, 4, true, true, false, 0.1f, true, false, 0, false, {},
              false, true},
         // moe_act under EP: the received rows' activation made again in the dispatch's scratch; with the
-        // dense layer's MLP and every norm recomputed too.
+        // dense layer's MLP, every norm and the gated shared experts recomputed too.
         Case{"Ep2SwiGluSharedSelectiveModulesRecompute", 2, 1, 1, 2, 4, true, false, false, 0.1f, true, false, 0, false,
-             {1, 0, 1, 1}, false, false, false, 1, {"core_attn", "mlp", "layernorm", "moe_act"}},
+             {1, 0, 1, 1}, false, false, false, 1, {"core_attn", "mlp", "layernorm", "moe_act", "shared_experts"}},
         // fp8 hybrid: each expert's amaxes reduced over the ranks holding it, not paired with another's.
         Case{"Ep2Fp8", 2, 1, 1, 2, 4, true, true, false, 0.0f, false, false, 0, false, {}, true},
         // DP 4: two expert-parallel groups of 2, the experts' gradients reduced over pairs.

@@ -85,9 +85,8 @@ struct TrainRun {
   std::vector<float> params;
 };
 
-TrainRun train(const Recompute& r, bool llama = false, const std::vector<std::string>& modules = {},
-               bool moe_layer_recompute = false) {
-  GPTModel model(config(r, 0.1f, llama, modules, moe_layer_recompute), kB, kT);
+TrainRun train_config(const TransformerConfig& c) {
+  GPTModel model(c, kB, kT);
   model.init_parameters(1234);
   Optimizer opt(model.params(), OptimizerConfig{});
   MockSamples data(model.config().vocab_size, kT, 7);
@@ -103,6 +102,11 @@ TrainRun train(const Recompute& r, bool llama = false, const std::vector<std::st
   }
   run.params.assign(model.params().params(), model.params().params() + model.params().numel());
   return run;
+}
+
+TrainRun train(const Recompute& r, bool llama = false, const std::vector<std::string>& modules = {},
+               bool moe_layer_recompute = false) {
+  return train_config(config(r, 0.1f, llama, modules, moe_layer_recompute));
 }
 
 const Recompute kNone{"", "", 0};
@@ -180,7 +184,7 @@ TEST(ModelRecomputeMoe, TrainingIsBitIdenticalAndTheArenaKeepsOneMoeLayer) {
   // Only the modules lattice recomputes; moe with full recomputation (which recomputes it) refused,
   // moe_act without experts.
   for (const auto& [r, modules, layer, flag] :
-       {std::tuple{selective, std::vector<std::string>{"shared_experts"}, false, "--recompute-modules shared_experts"},
+       {std::tuple{selective, std::vector<std::string>{"mla_up_proj"}, false, "--recompute-modules mla_up_proj"},
         std::tuple{kNone, std::vector<std::string>{"moe"}, false, "--recompute-modules needs --recompute-granularity selective"},
         std::tuple{Recompute{"full", "uniform", 1}, std::vector<std::string>{}, true, "--moe-layer-recompute"}}) {
     try {
@@ -196,6 +200,41 @@ TEST(ModelRecomputeMoe, TrainingIsBitIdenticalAndTheArenaKeepsOneMoeLayer) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--recompute-modules moe_act needs --num-experts"), std::string::npos)
         << e.what();
+  }
+}
+
+// --recompute-modules shared_experts (with moe_act): the gated shared experts' fc1 outputs,
+// activation, outputs and gate made again before each MoE layer's backward into one copy the three
+// MoE layers share. Bit for bit the run without; the arena keeps that one copy in place of three;
+// refused without shared experts.
+TEST(ModelRecomputeMoe, SharedExpertsAreBitIdenticalAndKeptOnce) {
+  auto with_shared = [](std::vector<std::string> modules) {
+    TransformerConfig c = config(kNone, 0.1f, true);
+    c.moe_shared_expert_intermediate_size = 16;
+    c.moe_shared_expert_gate = true;
+    c.recompute_granularity = modules.empty() ? "" : "selective";
+    c.recompute_modules = modules;
+    c.finalize();
+    return c;
+  };
+  const TrainRun base = train_config(with_shared({}));
+  for (const auto& modules : {std::vector<std::string>{"shared_experts"}, std::vector<std::string>{"shared_experts", "moe_act", "layernorm"}}) {
+    const TrainRun got = train_config(with_shared(modules));
+    EXPECT_EQ(got.losses, base.losses) << modules.size();
+    ASSERT_EQ(got.params.size(), base.params.size());
+    EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), base.params.size() * sizeof(float)), 0)
+        << modules.size() << " modules: final parameters differ";
+  }
+  EXPECT_NE(base.losses.front(), base.losses.back());
+  const TransformerConfig attn = with_shared({"core_attn"}), shared = with_shared({"core_attn", "shared_experts"});
+  const int64_t buffers = moe_shared_experts_floats(kB * kT, moe_shape(attn)) * 4;  // 64-byte multiples
+  ASSERT_EQ(buffers % 64, 0);
+  EXPECT_EQ(GPTModel::activation_bytes(attn, kB, kT) - GPTModel::activation_bytes(shared, kB, kT), size_t(2 * buffers));
+  try {
+    config(Recompute{"selective", "", 0}, 0.1f, true, {"shared_experts"});
+    ADD_FAILURE() << "shared_experts accepted without shared experts";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--moe-shared-expert-intermediate-size"), std::string::npos) << e.what();
   }
 }
 
