@@ -47,6 +47,10 @@ struct GPTModel::Activations {
                        //          fc2's input gradient in bf16)
     // --num-experts (fc1 and gelu null): the MoE layer's kept buffers and routing (model/moe_layer.h)
     std::shared_ptr<MoeState> moe;
+    // global_aux_loss: the step's averaged expert counts [E] when this micro-batch was routed, and
+    // the micro-batch's tokens on every data- and context-parallel rank (moe_global_balance).
+    std::vector<double> moe_global_counts;
+    double moe_global_tokens = 0.0;
   };
   // resid[i] is the chunk's layer i's input, resid.back() its output; layers[i] the
   // buffers of layer i. With recomputation some point into the shared Scratch (see
@@ -432,6 +436,7 @@ void GPTModel::register_parameters() {
     }
   }
   expert_tokens_.assign(cfg_.moe_router_enable_expert_bias ? layers_.size() * size_t(cfg_.num_experts) : 0, 0.0);
+  global_balance_.assign(cfg_.moe_global_aux_loss ? layers_.size() : 0, MoeGlobalBalance{});
   if (place_.post_process) {
     lnf_w_ = add("decoder.final_layernorm.weight", {C}, norm_init, 0, -1);
     if (norm_bias) lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
@@ -728,9 +733,21 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
   for (size_t i = 0; i < a.layers.size(); ++i) {
     forward_layer(layers_[first + i], a, i, B, T, key, true, i > 0, next_norm(chunk, a, i + 1, row0));
     if (key.training && cfg_.moe_layer(layers_[first + i].layer)) {  // each training forward once (not the recomputations)
-      load_balancing_.sum += a.layers[i].moe->balance;
+      Activations::Layer& x = a.layers[i];
+      const MoeState& st = *x.moe;
+      load_balancing_.sum += st.balance;
       load_balancing_.count += 1;
-      z_loss_.sum += a.layers[i].moe->z;
+      if (cfg_.moe_seq_aux_loss) {
+        seq_load_balancing_.sum += st.seq_balance;
+        seq_load_balancing_.count += 1;
+      }
+      if (cfg_.moe_global_aux_loss) {  // the step's counts so far, for this micro-batch's backward
+        global_load_balancing_.sum += moe_global_balance(x.moe_global_counts, x.moe_global_tokens, st,
+                                                         global_balance_[first + i], B * T, moe_shape(T, true, true),
+                                                         cp_.on() ? cp_.comm : nullptr, data_parallel_);
+        global_load_balancing_.count += 1;
+      }
+      z_loss_.sum += st.z;
       z_loss_.count += 1;
       if (cfg_.moe_router_enable_expert_bias) {
         double* tokens = expert_tokens_.data() + (first + i) * size_t(cfg_.num_experts);
@@ -971,6 +988,16 @@ void GPTModel::update_expert_biases(Comm* dp) {
   std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0.0);
 }
 
+void GPTModel::reset_global_aux_loss_tracker() {
+  for (MoeGlobalBalance& g : global_balance_) g.reset();
+}
+
+GPTModel::MoeLossSums GPTModel::take_moe_losses() {
+  const MoeLossSums l{load_balancing_, seq_load_balancing_, global_load_balancing_, z_loss_};
+  load_balancing_ = seq_load_balancing_ = global_load_balancing_ = z_loss_ = {};
+  return l;
+}
+
 GemmSite GPTModel::router_site(int param) const {
   if (cfg_.moe_router_dtype == "fp32" || (gemm_policy_ && gemm_policy_->fp8())) return GemmSite{nullptr, param};
   return site(param);
@@ -1147,6 +1174,8 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       // MoE-layer recomputation: the routing, dispatch and experts again into the shared buffers
       // (the output into d_c2, which the backward then overwrites with the input gradient).
       if (cfg_.recompute_moe()) moe_forward(sc.d_c2, moe_in, *x.moe, moe_weights(p), N, moe_shape(T, true, true));
+      x.moe->global_counts = cfg_.moe_global_aux_loss ? x.moe_global_counts.data() : nullptr;
+      x.moe->global_tokens = x.moe_global_tokens;
       moe_backward(sc.d_c2, dy, moe_in, *x.moe, moe_weights(p), g, sc.moe, N, moe_shape(T, true, true), a.grad_scale,
                    tp_.comm, tp_.rank() == 0);
       float* d_ln2 = sp ? sc.d_s : sc.d_c2;

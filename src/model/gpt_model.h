@@ -205,20 +205,22 @@ class GPTModel {
   // on the tensor-parallel ranks, which route the same rows), summed over `dp` (the data-parallel
   // group, null: none), then restarts the counts. Collective over dp. Nothing without the bias.
   void update_expert_biases(Comm* dp);
-  // --num-experts: the load-balancing losses (over the coefficient: 1 when the experts are evenly
-  // loaded) of every MoE layer of this rank's training forwards since the last call, summed, and
-  // their count; the call starts a new sum.
-  LossSum take_load_balancing_losses() {
-    const LossSum l = load_balancing_;
-    load_balancing_ = {};
-    return l;
-  }
-  // --moe-z-loss-coeff: the z-losses over the coefficient (mean squared logsumexp), the same way.
-  LossSum take_z_losses() {
-    const LossSum l = z_loss_;
-    z_loss_ = {};
-    return l;
-  }
+  // --num-experts: the MoE losses over their coefficients of every MoE layer of this rank's training
+  // forwards since the last call, each summed with its count; the call starts new sums. The
+  // load-balancing losses (1 when the experts are evenly loaded): the micro-batch's (always), each
+  // sequence's (seq_aux_loss listed) and the global one (global_aux_loss listed: the whole data- and
+  // context-parallel group's value, the same on each rank); the z-loss (mean squared logsumexp).
+  struct MoeLossSums {
+    LossSum load_balancing, seq_load_balancing, global_load_balancing, z;
+  };
+  MoeLossSums take_moe_losses();
+  // global_aux_loss: the data-parallel group whose ranks route other tokens (their expert counts are
+  // summed into the statistics; null or one rank: none). Collective over it in every training forward
+  // of an MoE layer.
+  void set_data_parallel_group(Comm* dp) { data_parallel_ = dp; }
+  // global_aux_loss: the step's counts start again (Megatron's reset_global_aux_loss_tracker, after
+  // each step's backward passes).
+  void reset_global_aux_loss_tracker();
 
   // The replicated parameters whose gradient each tensor-parallel rank sums over its part of
   // the work only: with sequence parallelism the LayerNorms' (a token shard each), with
@@ -533,8 +535,9 @@ class GPTModel {
   bool bf16_inputs_on_ = true;
   bool bf16_qkv_on_ = current_device() != Device::cpu;
   bool selective_ = false;             // selective recomputation (core attention)
-  LossSum load_balancing_;             // take_load_balancing_losses'
-  LossSum z_loss_;                     // take_z_losses'
+  LossSum load_balancing_, seq_load_balancing_, global_load_balancing_, z_loss_;  // take_moe_losses'
+  std::vector<MoeGlobalBalance> global_balance_;  // [layers_] global_aux_loss's statistics (empty: none)
+  Comm* data_parallel_ = nullptr;      // set_data_parallel_group's
   std::vector<double> expert_tokens_;  // [layers_, E] tokens per expert since the last bias update (expert bias)
   Arena arena_;
   std::vector<Activations> acts_;      // [chunk * slots + slot]

@@ -145,6 +145,8 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.glu_form = c.glu_form();
   s.gelu = c.gelu;
   s.aux_loss_coeff = c.moe_aux_loss_coeff;
+  s.seq_aux_loss_coeff = c.moe_seq_aux_loss ? c.moe_seq_aux_loss_coeff : 0.0f;
+  s.global_aux_loss_coeff = c.moe_global_aux_loss ? c.moe_global_aux_loss_coeff : 0.0f;
   s.z_loss_coeff = c.moe_z_loss_coeff;
   s.pre_softmax = c.moe_router_pre_softmax;
   s.sigmoid = c.moe_router_sigmoid();
@@ -345,17 +347,20 @@ void assign_slots(MoeState& st, const std::vector<bool>& kept, int64_t N, const 
   st.slot_of_host = std::move(slot_of);
 }
 
-// The load-balancing loss (st.group_counts, st.balance, st.aux_loss): the probabilities weighted by
-// the experts' token counts in each group of Ng rows (all N, or each sequence), averaged over the
-// groups; and the z-loss's logsumexps (st.lse, st.z; in double: lse^2 sums many). The counts are
-// those of each token's plain top k of the probabilities (Megatron's
-// compute_routing_scores_for_aux_loss): before any drop, without the expert bias or the group limit
-// (with neither, the routing's own choice).
+// The load-balancing losses (st.counts, st.group_counts, st.balance, st.seq_balance, st.aux_loss):
+// the probabilities weighted by the experts' token counts over the micro-batch and over each
+// sequence of aux_group rows (seq_aux_loss), the latter averaged over the sequences; with this rank's
+// own counts and probability sums (global_aux_loss's, moe_global_balance); and the z-loss's
+// logsumexps (st.lse, st.z; in double: lse^2 sums many). The counts are those of each token's
+// plain top k of the probabilities (Megatron's compute_routing_scores_for_aux_loss): before any
+// drop, without the expert bias or the group limit (with neither, the routing's own choice).
 void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape& s, Comm* cp) {
   const int64_t E = s.E, k = s.k;
-  const int64_t Ng = s.aux_group > 0 ? s.aux_group : N, G = Ng > 0 ? N / Ng : 0;
-  LATTICE_CHECK(Ng == 0 || N % Ng == 0) << "moe_route: " << N << " rows are no whole groups of " << Ng;
-  st.group_counts.assign(size_t(G * E), 0.0);
+  const int64_t Ng = s.aux_group, G = Ng > 0 ? N / Ng : 0;
+  LATTICE_CHECK(Ng == 0 || N % Ng == 0) << "moe_route: " << N << " rows are no whole sequences of " << Ng;
+  // One buffer for the reduction: [E] the micro-batch's counts, then [G, E] the sequences'.
+  std::vector<double> counts(size_t((1 + G) * E), 0.0);
+  st.prob_sums.assign(size_t(E), 0.0);
   const bool own_choice = !s.expert_bias && s.groups <= 0;
   MoeShape plain = s;
   plain.groups = plain.group_topk = 0;
@@ -366,22 +371,34 @@ void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape&
       key.assign(st.scores.begin() + t * E, st.scores.begin() + (t + 1) * E);
       top_k_experts(order, key, plain);
     }
-    for (int64_t j = 0; j < k; ++j)
-      st.group_counts[size_t(t / Ng * E + (own_choice ? st.choice[size_t(t * k + j)] : order[size_t(j)]))] += 1.0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = own_choice ? st.choice[size_t(t * k + j)] : order[size_t(j)];
+      counts[size_t(e)] += 1.0;
+      if (G > 0) counts[size_t(E + t / Ng * E + e)] += 1.0;
+    }
+    for (int64_t e = 0; e < E; ++e) st.prob_sums[size_t(e)] += double(st.scores[size_t(t * E + e)]);
   }
-  // Context parallelism: each group's rows on every rank are the same sequences' other tokens.
+  st.local_counts.assign(counts.begin(), counts.begin() + E);
+  // Context parallelism: the micro-batch's and each sequence's other tokens are on the other ranks.
   const int R = cp ? cp->size() : 1;
   st.stat_ranks = R;
-  if (R > 1) cp->all_reduce(st.group_counts.data(), int64_t(st.group_counts.size()), ReduceOp::sum);
-  const double Ngr = double(Ng) * double(R);  // a group's tokens on all the ranks
-  double aux = 0.0;
+  if (R > 1) cp->all_reduce(counts.data(), int64_t(counts.size()), ReduceOp::sum);
+  st.counts.assign(counts.begin(), counts.begin() + E);
+  st.group_counts.assign(counts.begin() + E, counts.end());
+  // The micro-batch's share: its tokens on every rank.
+  const double Nr = double(N) * double(R);
+  double balance = 0.0;
+  for (int64_t e = 0; e < E; ++e) balance += st.prob_sums[size_t(e)] * st.counts[size_t(e)];
+  st.balance = N > 0 ? balance * double(E) / (double(k) * Nr * Nr) : 0.0;
+  double seq = 0.0;
+  const double Ngr = double(Ng) * double(R);  // a sequence's tokens on all the ranks
   for (int64_t g = 0; g < G; ++g) {
     double group = 0.0;
     for (int64_t t = g * Ng; t < (g + 1) * Ng; ++t)
       for (int64_t e = 0; e < E; ++e) group += double(st.scores[size_t(t * E + e)]) * st.group_counts[size_t(g * E + e)];
-    aux += group * double(E) / (double(k) * Ngr * Ngr);
+    seq += group * double(E) / (double(k) * Ngr * Ngr);
   }
-  st.balance = G > 0 ? aux / double(G) : 0.0;
+  st.seq_balance = G > 0 ? seq / double(G) : 0.0;
   st.lse.resize(size_t(N));
   double z = 0.0;
   for (int64_t t = 0; t < N; ++t) {
@@ -394,13 +411,14 @@ void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape&
     z += lse * lse;
   }
   st.z = N > 0 ? z / (double(N) * double(R)) : 0.0;
-  if (R > 1) {  // this rank's shares of the two losses, summed: the whole micro-batch's, as reported
-    double shares[2] = {st.balance, st.z};
-    cp->all_reduce(shares, 2, ReduceOp::sum);
+  if (R > 1) {  // this rank's shares of the losses, summed: the whole micro-batch's, as reported
+    double shares[3] = {st.balance, st.seq_balance, st.z};
+    cp->all_reduce(shares, 3, ReduceOp::sum);
     st.balance = shares[0];
-    st.z = shares[1];
+    st.seq_balance = shares[1];
+    st.z = shares[2];
   }
-  st.aux_loss = st.balance * double(s.aux_loss_coeff);
+  st.aux_loss = st.balance * double(s.aux_loss_coeff) + st.seq_balance * double(s.seq_aux_loss_coeff);
 }
 
 }  // namespace
@@ -412,6 +430,31 @@ void moe_route(MoeState& st, const float* logits, int64_t N, const MoeShape& s, 
   choose_experts(st, logits, N, s, bias);
   assign_slots(st, kept_pairs(st, N, s), N, s);
   router_losses(st, logits, N, s, cp);
+}
+
+double moe_global_balance(std::vector<double>& avg, double& tokens, const MoeState& st, MoeGlobalBalance& g,
+                          int64_t N, const MoeShape& s, Comm* cp, Comm* dp) {
+  const int64_t E = s.E;
+  LATTICE_CHECK(int64_t(st.local_counts.size()) == E && int64_t(st.prob_sums.size()) == E)
+      << "moe_global_balance: no routing to count";
+  // [E] counts, [E] probability sums, summed over every rank holding other tokens of the step.
+  std::vector<double> v(st.local_counts);
+  v.insert(v.end(), st.prob_sums.begin(), st.prob_sums.end());
+  int64_t ranks = 1;
+  for (Comm* c : {cp, dp})
+    if (c && c->size() > 1) {
+      c->all_reduce(v.data(), int64_t(v.size()), ReduceOp::sum);
+      ranks *= c->size();
+    }
+  if (g.counts.empty()) g.counts.assign(size_t(E), 0.0);
+  for (int64_t e = 0; e < E; ++e) g.counts[size_t(e)] += v[size_t(e)];
+  g.steps += 1;
+  avg.resize(size_t(E));
+  for (int64_t e = 0; e < E; ++e) avg[size_t(e)] = g.counts[size_t(e)] / double(g.steps);
+  tokens = double(N) * double(ranks);
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += v[size_t(E + e)] * avg[size_t(e)];
+  return tokens > 0 ? sum * double(E) / (double(s.k) * tokens * tokens) : 0.0;
 }
 
 std::vector<float> sinkhorn(const float* logits, int64_t N, int64_t E) {
@@ -672,23 +715,37 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
       d_logits[size_t(t * E + st.choice[size_t(t * k + j)])] += g * dg - (s.pre_softmax ? 0.0f : g * dot / s.scale);
     }
   }
-  if (s.aux_loss_coeff > 0.0f && N > 0) {
-    // d aux / d p[t, e] = c count_e of t's group, the same for every token of the group.
-    const int64_t Ng = s.aux_group > 0 ? s.aux_group : N, G = N / Ng;
-    const double Ngr = double(Ng) * double(st.stat_ranks);  // a group's tokens on every context-parallel rank
-    const double c = double(aux_grad_scale) * double(s.aux_loss_coeff) * double(E) / (double(k) * Ngr * Ngr) / double(G);
+  const bool global = s.global_aux_loss_coeff > 0.0f;
+  if ((s.aux_loss_coeff > 0.0f || s.seq_aux_loss_coeff > 0.0f || global) && N > 0) {
+    // d aux / d p[t, e] = ge_e = ca count_e + cs count_e of t's sequence + cg avg_e: the micro-batch's,
+    // the sequences' (each averaged over G) and the global loss's terms.
+    LATTICE_CHECK(!global || (st.global_counts && st.global_tokens > 0))
+        << "moe_backward: global_aux_loss without the step's averaged counts (moe_global_balance)";
+    const double R = double(st.stat_ranks), Nr = double(N) * R;  // the tokens on every context-parallel rank
+    const double base = double(aux_grad_scale) * double(E) / double(k);
+    const double ca = base * double(s.aux_loss_coeff) / (Nr * Nr);
+    const int64_t Ng = s.aux_group, G = Ng > 0 ? N / Ng : 0;
+    const double Ngr = double(Ng) * R;
+    const double cs = G > 0 ? base * double(s.seq_aux_loss_coeff) / (Ngr * Ngr) / double(G) : 0.0;
+    const double cg = global ? base * double(s.global_aux_loss_coeff) / (st.global_tokens * st.global_tokens) : 0.0;
+    std::vector<double> ge(static_cast<size_t>(E));
     for (int64_t t = 0; t < N; ++t) {
       const float* p = st.scores.data() + t * E;
-      const double* count = st.group_counts.data() + t / Ng * E;
+      const double* seq = G > 0 ? st.group_counts.data() + t / Ng * E : nullptr;
       double pg = 0.0;
-      for (int64_t e = 0; e < E; ++e) pg += double(p[e]) * c * count[e];
+      for (int64_t e = 0; e < E; ++e) {
+        double g = ca * st.counts[size_t(e)];
+        if (seq) g += cs * seq[e];
+        if (global) g += cg * st.global_counts[e];
+        ge[size_t(e)] = g;
+        pg += double(p[e]) * g;
+      }
       double sum = 0.0;  // sigmoid: the normalization's sum
       if (s.sigmoid)
         for (int64_t e = 0; e < E; ++e) sum += double(st.sig[size_t(t * E + e)]);
-      for (int64_t e = 0; e < E; ++e) {
-        const double ge = c * count[e];
-        d_logits[size_t(t * E + e)] += s.sigmoid ? float((ge - pg) / (sum + 1e-20)) : float(double(p[e]) * (ge - pg));
-      }
+      for (int64_t e = 0; e < E; ++e)
+        d_logits[size_t(t * E + e)] +=
+            s.sigmoid ? float((ge[size_t(e)] - pg) / (sum + 1e-20)) : float(double(p[e]) * (ge[size_t(e)] - pg));
     }
   }
   if (s.sigmoid)

@@ -20,7 +20,12 @@
 // experts, but for the expert bias, the group limit and any drop), adds its gradient
 // to the router's (scaled as the micro-batch's loss gradient is); it is reported, not added to
 // the language-model loss. With sigmoid scores p is sigmoid(l) normalized over all E. seq_aux_loss
-// (MoeShape::aux_group = T): the same formula over each sequence's T rows (N = T), averaged. The
+// (MoeShape::seq_aux_loss_coeff, aux_group = T): the same formula over each sequence's T rows
+// (N = T), averaged. global_aux_loss (Megatron's global-batch balancing; global_aux_loss_coeff g):
+// g E / (k Nt^2) sum_e (sum_t p[t, e]) avg_e, with avg_e the counts of every data- and
+// context-parallel rank's micro-batches of the step so far, summed over the ranks and averaged over
+// the micro-batches (moe_global_balance), and Nt the tokens of one micro-batch on all those ranks.
+// The losses of a list of types add (Megatron's list of types, one coefficient each). The
 // router z-loss (--moe-z-loss-coeff z): z mean_t lse_t^2, lse_t = logsumexp(logits_t), its gradient
 // 2 z lse_t softmax(logits_t) / N to the logits (scaled as the load-balancing loss's).
 //
@@ -65,11 +70,13 @@ struct MoeShape {
   bool glu = false;          // a gated linear unit (--swiglu, --quick-geglu) of form glu_form
   GluForm glu_form;
   GeluKind gelu = GeluKind::erf;
-  float aux_loss_coeff = 0.0f;
+  float aux_loss_coeff = 0.0f;         // aux_loss: the micro-batch's load-balancing loss
+  float seq_aux_loss_coeff = 0.0f;     // seq_aux_loss: each sequence's (aux_group rows), averaged
+  float global_aux_loss_coeff = 0.0f;  // global_aux_loss (MoeState::global_counts, set by the caller)
   float z_loss_coeff = 0.0f;  // --moe-z-loss-coeff
   bool pre_softmax = false;  // --moe-router-pre-softmax: gates from the softmax over all E logits
   float scale = 1.0f;        // --moe-router-topk-scaling-factor
-  int64_t aux_group = 0;     // seq_aux_loss: the load-balancing loss per group of this many rows (0: all N)
+  int64_t aux_group = 0;     // seq_aux_loss: the rows of a sequence (0: no per-sequence loss)
   double capacity_factor = 0;  // --moe-expert-capacity-factor (0: dropless)
   bool drop_by_position = false;  // --moe-token-drop-policy position (else probs)
   int64_t groups = 0, group_topk = 0;  // --moe-router-num-groups, --moe-router-group-topk (0: none)
@@ -165,9 +172,17 @@ struct MoeState {
   std::vector<int32_t> slot_of_host;  // [N, k] slot_of
   std::vector<float> scores;       // [N, E] softmax (sigmoid: normalized sigmoid) over every expert
   std::vector<float> sig;          // [N, E] sigmoid(logits) (sigmoid scores)
-  std::vector<double> group_counts;  // [G, E] tokens per expert in each load-balancing group
+  std::vector<double> counts;       // [E] tokens per expert (their plain top k) over the micro-batch (every CP rank's)
+  std::vector<double> group_counts;  // [G, E] the same per sequence (seq_aux_loss: aux_group > 0)
+  std::vector<double> local_counts;  // [E] counts of this rank's tokens alone
+  std::vector<double> prob_sums;     // [E] sum_t p[t, e] over this rank's tokens
   double balance = 0.0;            // E / (k N^2) sum_e (sum_t p[t, e]) count_e of the last forward (1: even)
-  double aux_loss = 0.0;           // the load-balancing loss of the last forward: balance x the coefficient
+  double seq_balance = 0.0;        // the same per sequence, averaged over the sequences (aux_group > 0)
+  double aux_loss = 0.0;           // balance and seq_balance times their coefficients, summed
+  // global_aux_loss: the averaged counts [E] of the step's micro-batches so far and the tokens Nt of
+  // one micro-batch on every rank (moe_global_balance's; the caller points the backward at them).
+  const double* global_counts = nullptr;
+  double global_tokens = 0.0;
   std::vector<float> lse;          // [N] logsumexp of each token's logits (the z-loss)
   double z = 0.0;                  // mean_t lse_t^2 of the last forward (the z-loss over its coefficient)
   int64_t stat_ranks = 1;          // the context-parallel ranks whose tokens the statistics count
@@ -214,6 +229,27 @@ std::vector<float> sinkhorn(const float* logits, int64_t N, int64_t E);
 // context-parallel group (MoeWeights::cp; balance and z are then the whole group's, every rank's).
 void moe_route(MoeState& st, const float* logits_host, int64_t N, const MoeShape& s,
                const float* bias_host = nullptr, Comm* cp = nullptr);
+
+// global_aux_loss's statistics of one MoE layer over a training step (Megatron's
+// global_tokens_per_expert and ga_steps): the micro-batches' expert counts summed over the data- and
+// context-parallel ranks, and the micro-batches counted. reset() after each step.
+struct MoeGlobalBalance {
+  std::vector<double> counts;  // [E]
+  int64_t steps = 0;
+  void reset() {
+    counts.clear();
+    steps = 0;
+  }
+};
+
+// After a training forward's routing (st): this micro-batch's counts summed over the groups that hold
+// other tokens (the context-parallel group, then the data-parallel one; null or one rank: none) are
+// added to g; avg [E] is then g's average over its micro-batches and tokens the micro-batch's tokens on
+// every such rank (N times their count), for the backward (MoeState::global_counts, global_tokens).
+// Returns the loss over its coefficient, E / (k tokens^2) sum_e (sum_t p[t, e]) avg_e with the
+// probability sums of every rank's tokens: the same value on each rank.
+double moe_global_balance(std::vector<double>& avg, double& tokens, const MoeState& st, MoeGlobalBalance& g,
+                          int64_t N, const MoeShape& s, Comm* cp, Comm* dp);
 
 // y [N, C] = the layer's output for x [N, C] (fp32 rows).
 void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s);

@@ -98,8 +98,9 @@ void TransformerConfig::check_moe() {
   if (moe_ffn_hidden_size < 0) LATTICE_FAIL() << "--moe-ffn-hidden-size must be positive, got " << moe_ffn_hidden_size;
   if (moe_router_topk < 1 || moe_router_topk > num_experts)
     LATTICE_FAIL() << "--moe-router-topk must be in [1, --num-experts " << num_experts << "], got " << moe_router_topk;
-  if (!(moe_aux_loss_coeff >= 0.0f && std::isfinite(moe_aux_loss_coeff)))
-    LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << moe_aux_loss_coeff;
+  for (float coeff : {moe_aux_loss_coeff, moe_seq_aux_loss_coeff, moe_global_aux_loss_coeff})
+    if (!(coeff >= 0.0f && std::isfinite(coeff)))
+      LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << coeff;
   if ((moe_router_num_groups > 0) != (moe_router_group_topk > 0) || moe_router_num_groups < 0 ||
       moe_router_group_topk < 0)
     LATTICE_FAIL() << "--moe-router-num-groups and --moe-router-group-topk go together (positive), got "

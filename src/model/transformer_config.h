@@ -113,7 +113,7 @@ struct TransformerConfig {
   bool qk_layernorm = false;
   // Mixture of experts (--num-experts E; 0: the dense MLP): every layer's MLP is E experts, each
   // token sent to its moe_router_topk best (model/moe_layer.h), experts of moe_ffn_hidden_size
-  // (0 -> ffn_hidden_size); moe_aux_loss_coeff weighs the load-balancing loss's gradient.
+  // (0 -> ffn_hidden_size); moe_aux_loss_coeff weighs the load-balancing loss's gradient (aux_loss's).
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;
@@ -137,8 +137,15 @@ struct TransformerConfig {
   // optimizer) added to the scores for the choice only, moved after every iteration by
   // --moe-router-bias-update-rate towards even loads (the aux-loss-free balancing).
   // --moe-router-load-balancing-type seq_aux_loss: the load-balancing loss of each sequence,
-  // averaged over the micro-batch's (DeepSeek-V2's), instead of the micro-batch's as one.
+  // averaged over the micro-batch's (DeepSeek-V2's), weighted by moe_seq_aux_loss_coeff.
+  // global_aux_loss: the loss with the expert counts of the step's micro-batches so far over every
+  // data- and context-parallel rank (Megatron's global-batch balancing; model/moe_layer.h), weighted by
+  // moe_global_aux_loss_coeff. A list of types weighs each by its own coefficient; a type's losses
+  // are computed and logged whenever it is listed.
   bool moe_seq_aux_loss = false;
+  float moe_seq_aux_loss_coeff = 0.0f;
+  bool moe_global_aux_loss = false;
+  float moe_global_aux_loss_coeff = 0.0f;
   // --moe-router-load-balancing-type sinkhorn (Megatron's sinkhorn_load_balancing, BASE layers'
   // balanced assignment): a training forward chooses each token's k experts by the top k of the
   // micro-batch's logits normalized by Sinkhorn's iteration (rows and columns scaled in turn until

@@ -20,7 +20,7 @@
 namespace lattice {
 namespace {
 
-enum class Kind { i64, u64, f32, f64, opt_f64, str, flag, list };
+enum class Kind { i64, u64, f32, f64, opt_f64, str, flag, list, f32_list };
 
 struct Flag {
   const char* name;  // without the leading --
@@ -104,13 +104,14 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "experts of every layer's mixture-of-experts MLP (0: the dense MLP; needs --disable-bias-linear)"},
       {"moe-router-topk", Kind::i64, &a.moe_router_topk, "experts each token is routed to (default 2)"},
       {"moe-ffn-hidden-size", Kind::i64, &a.moe_ffn_hidden_size, "each expert's ffn size (0: --ffn-hidden-size)"},
-      {"moe-aux-loss-coeff", Kind::f32, &a.moe_aux_loss_coeff,
-       "weight of the load-balancing loss's gradient (0: none; Megatron's aux_loss)"},
+      {"moe-aux-loss-coeff", Kind::f32_list, &a.moe_aux_loss_coeff,
+       "weight of the load-balancing loss's gradient (0: none), one per --moe-router-load-balancing-type"},
       {"moe-z-loss-coeff", Kind::f32, &a.moe_z_loss_coeff,
        "weight of the router z-loss (mean squared logsumexp of the logits; 0: none)"},
-      {"moe-router-load-balancing-type", Kind::str, &a.moe_router_load_balancing_type,
-       "aux_loss (the load-balancing loss, weighted by --moe-aux-loss-coeff), seq_aux_loss (per sequence), sinkhorn "
-       "(balanced choice in training, no loss) or none"},
+      {"moe-router-load-balancing-type", Kind::list, &a.moe_router_load_balancing_type,
+       "aux_loss (the load-balancing loss, weighted by --moe-aux-loss-coeff), seq_aux_loss (per sequence), "
+       "global_aux_loss (with the step's counts over the data-parallel ranks), a list of those (their losses "
+       "added), sinkhorn (balanced choice in training, no loss) or none"},
       {"moe-layer-freq", Kind::str, &a.moe_layer_freq,
        "which layers are MoE layers: every N-th (an integer, default 1) or a list such as ([0]*1+[1]*23)"},
       {"moe-shared-expert-intermediate-size", Kind::i64, &a.moe_shared_expert_intermediate_size,
@@ -386,7 +387,17 @@ std::string default_text(const Flag& f) {
       break;
     }
     case Kind::flag: os << "off"; break;
-    case Kind::list: os << "none"; break;
+    case Kind::list: {
+      auto& v = *static_cast<std::vector<std::string>*>(f.target);
+      if (v.empty()) os << "none";
+      for (size_t i = 0; i < v.size(); ++i) os << (i ? " " : "") << v[i];
+      break;
+    }
+    case Kind::f32_list: {
+      auto& v = *static_cast<std::vector<float>*>(f.target);
+      for (size_t i = 0; i < v.size(); ++i) os << (i ? " " : "") << v[i];
+      break;
+    }
   }
   return os.str();
 }
@@ -443,14 +454,40 @@ void validate_precision(const TrainArgs& a) {
     LATTICE_FAIL() << "--fp8-margin, --fp8-amax-history-len and --fp8-amax-compute-algo need --fp8-format";
 }
 
+// --moe-router-load-balancing-type: one type, or a list of the loss types each weighted by its own
+// --moe-aux-loss-coeff (Megatron's lists).
+void validate_load_balancing(const TrainArgs& a) {
+  const std::vector<std::string>& types = a.moe_router_load_balancing_type;
+  const std::vector<float>& coeffs = a.moe_aux_loss_coeff;
+  if (types.empty()) LATTICE_FAIL() << "--moe-router-load-balancing-type needs a value";
+  for (size_t i = 0; i < types.size(); ++i) {
+    const std::string& t = types[i];
+    const bool loss = t == "aux_loss" || t == "seq_aux_loss" || t == "global_aux_loss";
+    if (!loss && t != "sinkhorn" && t != "none")
+      LATTICE_FAIL() << "--moe-router-load-balancing-type " << t
+                     << " is not supported (aux_loss, seq_aux_loss, global_aux_loss, a list of those, sinkhorn or none)";
+    if (!loss && types.size() > 1)
+      LATTICE_FAIL() << "--moe-router-load-balancing-type " << t << " goes alone (a list takes aux_loss, seq_aux_loss"
+                     << " and global_aux_loss)";
+    if (std::find(types.begin(), types.begin() + long(i), t) != types.begin() + long(i))
+      LATTICE_FAIL() << "--moe-router-load-balancing-type lists " << t << " twice";
+  }
+  if (coeffs.empty()) LATTICE_FAIL() << "--moe-aux-loss-coeff needs a value";
+  if (coeffs.size() != 1 && coeffs.size() != types.size())
+    LATTICE_FAIL() << "--moe-aux-loss-coeff has " << coeffs.size() << " values for " << types.size()
+                   << " --moe-router-load-balancing-type values (one for each, or one for a single type)";
+  if (types.size() > 1 && coeffs.size() != types.size())
+    LATTICE_FAIL() << "--moe-aux-loss-coeff needs one value for each of the " << types.size()
+                   << " --moe-router-load-balancing-type values";
+  for (float c : coeffs)
+    if (!(c >= 0.0f && std::isfinite(c)))
+      LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << c;
+}
+
 void validate(TrainArgs& a) {
   reject_unimplemented(a);
   validate_precision(a);
-  const std::string& lb = a.moe_router_load_balancing_type;
-  if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "sinkhorn" && lb != "none")
-    LATTICE_FAIL() << "--moe-router-load-balancing-type " << lb
-                   << " is not supported (aux_loss, seq_aux_loss, sinkhorn or none; Megatron's global_aux_loss is not"
-                   << " implemented)";
+  validate_load_balancing(a);
   auto positive = [](const char* flag, int64_t v) {
     if (v <= 0) LATTICE_FAIL() << "--" << flag << " is required and must be positive (got " << v << ")";
   };
@@ -640,6 +677,11 @@ int64_t TrainArgs::consumed_after(int64_t iterations) const {
   return r ? r->consumed_after(iterations) : iterations * global_batch_size;
 }
 
+bool TrainArgs::moe_load_balancing(const std::string& type) const {
+  return std::find(moe_router_load_balancing_type.begin(), moe_router_load_balancing_type.end(), type) !=
+         moe_router_load_balancing_type.end();
+}
+
 TransformerConfig TrainArgs::transformer_config() const {
   TransformerConfig c;
   c.num_layers = num_layers;
@@ -692,9 +734,22 @@ TransformerConfig TrainArgs::transformer_config() const {
     if (c.window_size < 0) LATTICE_FAIL() << "--window-attn-skip-freq needs --window-size";
     c.window_attn_pattern = TransformerConfig::parse_window_attn_skip_freq(window_attn_skip_freq, num_layers);
   }
-  c.moe_aux_loss_coeff = moe_router_load_balancing_type == "none" ? 0.0f : moe_aux_loss_coeff;
-  c.moe_seq_aux_loss = moe_router_load_balancing_type == "seq_aux_loss";
-  c.moe_sinkhorn = moe_router_load_balancing_type == "sinkhorn";
+  // Each listed type's coefficient (a single type: the single value; sinkhorn's is checked as 0).
+  c.moe_aux_loss_coeff = 0.0f;
+  for (size_t i = 0; i < moe_router_load_balancing_type.size(); ++i) {
+    const std::string& t = moe_router_load_balancing_type[i];
+    const float coeff = moe_aux_loss_coeff.size() == 1 ? moe_aux_loss_coeff[0] : moe_aux_loss_coeff[i];
+    if (t == "aux_loss" || t == "sinkhorn") c.moe_aux_loss_coeff = coeff;
+    if (t == "seq_aux_loss") {
+      c.moe_seq_aux_loss = true;
+      c.moe_seq_aux_loss_coeff = coeff;
+    }
+    if (t == "global_aux_loss") {
+      c.moe_global_aux_loss = true;
+      c.moe_global_aux_loss_coeff = coeff;
+    }
+    if (t == "sinkhorn") c.moe_sinkhorn = true;
+  }
   c.moe_z_loss_coeff = moe_z_loss_coeff;
   if (moe_expert_capacity_factor) {
     if (!(*moe_expert_capacity_factor > 0.0))
@@ -757,6 +812,7 @@ std::string TrainArgs::to_json() const {
       case Kind::str: j[key] = *static_cast<std::string*>(f.target); break;
       case Kind::flag: j[key] = *static_cast<bool*>(f.target); break;
       case Kind::list: j[key] = *static_cast<std::vector<std::string>*>(f.target); break;
+      case Kind::f32_list: j[key] = *static_cast<std::vector<float>*>(f.target); break;
     }
   }
   return j.dump();
@@ -893,6 +949,7 @@ void apply_checkpoint_args(TrainArgs& a, const std::vector<Flag>& table, const s
         case Kind::str: *static_cast<std::string*>(flag->target) = v.get<std::string>(); break;
         case Kind::flag: *static_cast<bool*>(flag->target) = v.get<bool>(); break;
         case Kind::list: *static_cast<std::vector<std::string>*>(flag->target) = v.get<std::vector<std::string>>(); break;
+        case Kind::f32_list: *static_cast<std::vector<float>*>(flag->target) = v.get<std::vector<float>>(); break;
       }
     } catch (const nlohmann::json::exception&) {
       LATTICE_FAIL() << "--use-checkpoint-args: --load " << a.load << " records --" << name << " as " << v.dump()
@@ -931,7 +988,7 @@ TrainArgs parse_train_args(int argc, char** argv, int first) {
     std::vector<std::string> values;
     if (has_inline) values.push_back(inline_value);
     while (i + 1 < argc && !is_flag_token(argv[i + 1]) &&
-           (values.empty() || flag->kind == Kind::list))
+           (values.empty() || flag->kind == Kind::list || flag->kind == Kind::f32_list))
       values.push_back(argv[++i]);
     if (values.empty()) LATTICE_FAIL() << "--" << name << " needs a value";
     const std::string& v = values[0];
@@ -945,6 +1002,12 @@ TrainArgs parse_train_args(int argc, char** argv, int first) {
         break;
       case Kind::str: *static_cast<std::string*>(flag->target) = v; break;
       case Kind::list: *static_cast<std::vector<std::string>*>(flag->target) = values; break;
+      case Kind::f32_list: {
+        auto& out = *static_cast<std::vector<float>*>(flag->target);
+        out.clear();
+        for (const std::string& value : values) out.push_back(parse_number<float>(name, value));
+        break;
+      }
       case Kind::flag: break;
     }
   }
@@ -959,7 +1022,7 @@ std::string train_help() {
   os << "usage: lattice train [flags]\n\nFlags (Megatron-LM names; default in brackets):\n";
   for (const Flag& f : flag_table(a)) {
     std::string left = std::string("  --") + f.name;
-    if (f.kind != Kind::flag) left += f.kind == Kind::list ? " V [V ...]" : " V";
+    if (f.kind != Kind::flag) left += f.kind == Kind::list || f.kind == Kind::f32_list ? " V [V ...]" : " V";
     os << left;
     for (size_t pad = left.size(); pad < 46; ++pad) os << ' ';
     os << f.help << " [" << default_text(f) << "]\n";

@@ -39,7 +39,7 @@ struct TrainArgs {
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;
-  float moe_aux_loss_coeff = 0.0f;
+  std::vector<float> moe_aux_loss_coeff = {0.0f};  // one per load-balancing type (or one for all)
   float moe_z_loss_coeff = 0.0f;
   bool moe_router_pre_softmax = false;
   std::string moe_layer_freq = "1";
@@ -58,7 +58,8 @@ struct TrainArgs {
   int64_t moe_shared_expert_intermediate_size = 0;
   bool moe_shared_expert_gate = false;
   float moe_router_topk_scaling_factor = 1.0f;
-  std::string moe_router_load_balancing_type = "aux_loss";
+  std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};
+  bool moe_load_balancing(const std::string& type) const;  // the type is listed
   bool use_checkpoint_args = false;  // --use-checkpoint-args: unspecified model flags from --load
   bool skip_train = false;           // --skip-train: evaluate the loaded model only
   std::string normalization = "LayerNorm";

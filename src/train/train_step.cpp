@@ -90,12 +90,18 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     model.finish_tensor_parallel_grads({});
   }
   if (model.config().moe()) {  // every MoE layer of every stage, micro-batch and data-parallel rank
-    const LossSum lb = model.take_load_balancing_losses(), zl = model.take_z_losses();
-    double v[4] = {lb.sum, lb.count, zl.sum, zl.count};  // one reduction for both
-    if (pp) pp->all_reduce(v, 4, ReduceOp::sum);
-    if (dp) dp->comm().all_reduce(v, 4, ReduceOp::sum);
+    const GPTModel::MoeLossSums m = model.take_moe_losses();
+    model.reset_global_aux_loss_tracker();  // the next step counts its own micro-batches
+    double v[8] = {m.load_balancing.sum,        m.load_balancing.count,        m.seq_load_balancing.sum,
+                   m.seq_load_balancing.count, m.global_load_balancing.sum,   m.global_load_balancing.count,
+                   m.z.sum,                    m.z.count};  // one reduction for all
+    if (pp) pp->all_reduce(v, 8, ReduceOp::sum);
+    if (dp) dp->comm().all_reduce(v, 8, ReduceOp::sum);
+    const TransformerConfig& c = model.config();
     r.load_balancing_loss = v[1] > 0 ? v[0] / v[1] : 0.0;
-    if (model.config().moe_z_loss_coeff > 0.0f) r.z_loss = v[3] > 0 ? v[2] / v[3] : 0.0;
+    if (c.moe_seq_aux_loss) r.seq_load_balancing_loss = v[3] > 0 ? v[2] / v[3] : 0.0;
+    if (c.moe_global_aux_loss) r.global_load_balancing_loss = v[5] > 0 ? v[4] / v[5] : 0.0;
+    if (c.moe_z_loss_coeff > 0.0f) r.z_loss = v[7] > 0 ? v[6] / v[7] : 0.0;
     model.update_expert_biases(dp ? &dp->comm() : nullptr);  // Megatron's, before the optimizer step
   }
   // The global batch's token count divides the per-token gradients (none when every token is

@@ -64,6 +64,8 @@ struct StepResult {
   // averaged over the MoE layers, micro-batches and data-parallel ranks, as Megatron logs it
   // (-1: no experts).
   double load_balancing_loss = -1;
+  double seq_load_balancing_loss = -1;     // seq_aux_loss listed (-1: not)
+  double global_load_balancing_loss = -1;  // global_aux_loss listed (-1: not)
   double z_loss = -1;  // --moe-z-loss-coeff: the z-loss over its coefficient, averaged the same way (-1: none)
 };
 

@@ -48,11 +48,14 @@ std::string format_log_line(const LogLine& l) {
   if (l.num_zeros_in_grad >= 0) n += std::snprintf(optional + n, sizeof optional - n, " num zeros: %.1f |", l.num_zeros_in_grad);
   if (l.params_norm >= 0) std::snprintf(optional + n, sizeof optional - n, " params norm: %.3f |", l.params_norm);
   // Megatron's MoE losses follow the lm loss.
-  char moe[96] = "";
+  char moe[256] = "";
   int m = 0;
-  if (l.load_balancing_loss >= 0)
-    m += std::snprintf(moe, sizeof moe, " %s: %.6E |",
-                       l.seq_load_balancing ? "seq_load_balancing_loss" : "load_balancing_loss", l.load_balancing_loss);
+  if (l.load_balancing_loss >= 0) m += std::snprintf(moe, sizeof moe, " load_balancing_loss: %.6E |", l.load_balancing_loss);
+  if (l.seq_load_balancing_loss >= 0)
+    m += std::snprintf(moe + m, sizeof moe - size_t(m), " seq_load_balancing_loss: %.6E |", l.seq_load_balancing_loss);
+  if (l.global_load_balancing_loss >= 0)
+    m += std::snprintf(moe + m, sizeof moe - size_t(m), " global_load_balancing_loss: %.6E |",
+                       l.global_load_balancing_loss);
   if (l.z_loss >= 0) std::snprintf(moe + m, sizeof moe - size_t(m), " z_loss: %.6E |", l.z_loss);
   char buf[1024];
   std::snprintf(buf, sizeof buf,
@@ -83,8 +86,9 @@ std::string format_metrics_json(const LogLine& l) {
                       {"nan_iterations", l.nan_iterations}};
   if (l.num_zeros_in_grad >= 0) j["num_zeros_in_grad"] = l.num_zeros_in_grad;
   if (l.params_norm >= 0) j["params_norm"] = l.params_norm;
-  if (l.load_balancing_loss >= 0)
-    j[l.seq_load_balancing ? "seq_load_balancing_loss" : "load_balancing_loss"] = l.load_balancing_loss;
+  if (l.load_balancing_loss >= 0) j["load_balancing_loss"] = l.load_balancing_loss;
+  if (l.seq_load_balancing_loss >= 0) j["seq_load_balancing_loss"] = l.seq_load_balancing_loss;
+  if (l.global_load_balancing_loss >= 0) j["global_load_balancing_loss"] = l.global_load_balancing_loss;
   if (l.z_loss >= 0) j["z_loss"] = l.z_loss;
   return j.dump();
 }
@@ -336,6 +340,7 @@ int run_training(const TrainArgs& args) {
                  placement, &ps->ep(), ContextParallel{&ps->cp()});
   PipelineRunner pipeline(model, pipe, &ps->pp(), ps->embedding());
   model.init_parameters(args.seed);
+  model.set_data_parallel_group(&ps->dp());  // global_aux_loss's expert counts over the data-parallel ranks
   model.set_document_boundaries(
       DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids, args.reset_attention_mask});
   std::unique_ptr<DataParallel> dp;
@@ -508,7 +513,8 @@ int run_training(const TrainArgs& args) {
   int64_t interval_skipped = 0, interval_nan = 0, interval_samples = 0;
   int64_t consumed = args.consumed_after(start.iteration);
   const auto train_start = std::chrono::steady_clock::now();
-  double interval_loss = 0, interval_ms = 0, interval_balance = 0, interval_z = 0;
+  double interval_loss = 0, interval_ms = 0, interval_balance = 0, interval_seq_balance = 0, interval_global_balance = 0,
+         interval_z = 0;
   int64_t interval_iters = 0;
   double last_norm = 0;
   StepResult last;  // the interval's last step (its zeros count and parameter norm are logged)
@@ -542,6 +548,8 @@ int run_training(const TrainArgs& args) {
     } else {
       interval_loss += r.lm_loss;
       interval_balance += r.load_balancing_loss;
+      interval_seq_balance += r.seq_load_balancing_loss;
+      interval_global_balance += r.global_load_balancing_loss;
       interval_z += r.z_loss;
     }
     last_norm = r.grad_norm;
@@ -565,9 +573,13 @@ int run_training(const TrainArgs& args) {
                          double(ps->world_size());
       l.learning_rate = scheduler.get_lr();  // after the step, as Megatron logs it
       l.lm_loss = interval_loss / double(std::max<int64_t>(1, interval_iters - interval_skipped));
-      if (last.load_balancing_loss >= 0)
-        l.load_balancing_loss = interval_balance / double(std::max<int64_t>(1, interval_iters - interval_skipped));
-      l.seq_load_balancing = args.moe_router_load_balancing_type == "seq_aux_loss";
+      const double applied = double(std::max<int64_t>(1, interval_iters - interval_skipped));
+      // The micro-batch's loss is logged unless only the per-sequence or global ones are listed.
+      const bool micro_batch_loss = args.moe_load_balancing("aux_loss") ||
+                                    !(args.moe_load_balancing("seq_aux_loss") || args.moe_load_balancing("global_aux_loss"));
+      if (last.load_balancing_loss >= 0 && micro_batch_loss) l.load_balancing_loss = interval_balance / applied;
+      if (last.seq_load_balancing_loss >= 0) l.seq_load_balancing_loss = interval_seq_balance / applied;
+      if (last.global_load_balancing_loss >= 0) l.global_load_balancing_loss = interval_global_balance / applied;
       if (last.z_loss >= 0) l.z_loss = interval_z / double(std::max<int64_t>(1, interval_iters - interval_skipped));
       l.loss_scale = loss_scaler ? loss_scaler->scale() : 1.0;
       l.skipped_iterations = interval_skipped;
@@ -594,7 +606,7 @@ int run_training(const TrainArgs& args) {
       }
       pipeline_seconds = pipeline_compute = 0;
       if (metrics.is_open()) metrics << format_metrics_json(l) << "\n" << std::flush;
-      interval_loss = interval_ms = interval_balance = interval_z = 0;
+      interval_loss = interval_ms = interval_balance = interval_seq_balance = interval_global_balance = interval_z = 0;
       interval_iters = interval_skipped = interval_nan = interval_samples = 0;
     }
     if (done - start.iteration == 3 || done == args.train_iters) log_memory_peaks(done - start.iteration);

@@ -15,7 +15,8 @@ struct LogLine {
   double tokens_per_sec, mfu_percent;
   double num_zeros_in_grad = -1, params_norm = -1;  // logged when >= 0 (--log-num-zeros-in-grad, --log-params-norm)
   double load_balancing_loss = -1;                  // logged when >= 0 (--num-experts)
-  bool seq_load_balancing = false;                  // seq_aux_loss: logged as seq_load_balancing_loss
+  double seq_load_balancing_loss = -1;              // logged when >= 0 (seq_aux_loss listed)
+  double global_load_balancing_loss = -1;           // logged when >= 0 (global_aux_loss listed)
   double z_loss = -1;                               // logged when >= 0 (--moe-z-loss-coeff)
 };
 std::string format_log_line(const LogLine& l);

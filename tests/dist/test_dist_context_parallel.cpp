@@ -97,7 +97,9 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_router_score_function = "sigmoid";
     t.moe_router_enable_expert_bias = true;
     t.moe_router_bias_update_rate = 0.01f;
+    t.moe_aux_loss_coeff = 0.0f;  // the per-sequence loss alone
     t.moe_seq_aux_loss = true;
+    t.moe_seq_aux_loss_coeff = 0.01f;
   }
   if (c.recompute == "full") {
     t.recompute_granularity = "full";

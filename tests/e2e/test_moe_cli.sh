@@ -122,6 +122,23 @@ if run seq_train "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type s
     grep -q '"seq_load_balancing_loss"' seq.jsonl && pass "seq_aux_loss logs seq_load_balancing_loss" ||
     fail "no seq_load_balancing_loss logged"
 fi
+# A list of types, one coefficient each (Megatron's): the micro-batch's and the global loss, both logged.
+if run global_train "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-router-load-balancing-type aux_loss global_aux_loss \
+     --moe-aux-loss-coeff 1e-2 1e-3 "${RUN[@]}" --train-iters 2 --metrics-file global.jsonl; then
+  g=$(grep -o '"global_load_balancing_loss":[^,}]*' global.jsonl | tail -n 1 | cut -d: -f2)
+  grep -q 'lm loss: [^|]*| load_balancing_loss: [0-9.E+-]* | global_load_balancing_loss: [0-9.E+-]* |' global_train.out &&
+    grep -q '"load_balancing_loss"' global.jsonl && [ -n "$g" ] && awk -v v="$g" 'BEGIN { exit !(v >= 0.5 && v <= 4) }' &&
+    pass "aux_loss global_aux_loss logs both losses (global $g)" || fail "a list of load-balancing types logged no global loss"
+fi
+expect_error "a coefficient missing from a list of types" "--moe-aux-loss-coeff" -- \
+  "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-router-load-balancing-type aux_loss seq_aux_loss \
+  --moe-aux-loss-coeff 1e-2 "${RUN[@]}" --train-iters 1
+expect_error "sinkhorn in a list of types" "sinkhorn goes alone" -- \
+  "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-router-load-balancing-type aux_loss sinkhorn \
+  --moe-aux-loss-coeff 1e-2 0 "${RUN[@]}" --train-iters 1
+expect_error "a type listed twice" "global_aux_loss twice" -- \
+  "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-router-load-balancing-type global_aux_loss global_aux_loss \
+  --moe-aux-loss-coeff 1e-2 1e-2 "${RUN[@]}" --train-iters 1
 # MoE-layer recomputation: the same losses bit for bit, a smaller activation estimate.
 if run rc_off "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 3 --hidden-dropout 0.1 --metrics-file rc_off.jsonl &&
    run rc_on "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 3 --hidden-dropout 0.1 --metrics-file rc_on.jsonl \
@@ -203,8 +220,8 @@ expect_error "top-k above the experts" "--moe-router-topk|5" -- \
   "$LATTICE" train "${DENSE[@]}" --num-experts 4 --moe-router-topk 5 "${RUN[@]}" --train-iters 1 --save bad2
 expect_error "a negative load-balancing coefficient" "--moe-aux-loss-coeff" -- \
   "$LATTICE" train "${DENSE[@]}" "${EXPERTS[@]}" --moe-aux-loss-coeff -1 "${RUN[@]}" --train-iters 1 --save bad3
-expect_error "an unimplemented load-balancing type" "--moe-router-load-balancing-type|global_aux_loss" -- \
-  "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type global_aux_loss "${RUN[@]}" --train-iters 1 --save bad4
+expect_error "an unknown load-balancing type" "--moe-router-load-balancing-type|balanced" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type balanced "${RUN[@]}" --train-iters 1 --save bad4
 expect_error "sinkhorn with a load-balancing loss" "--moe-aux-loss-coeff|sinkhorn" -- \
   "$LATTICE" train "${MOE[@]}" --moe-router-load-balancing-type sinkhorn "${RUN[@]}" --train-iters 1 --save bad12
 expect_error "sinkhorn with a capacity" "--moe-expert-capacity-factor|sinkhorn" -- \

@@ -83,22 +83,25 @@ TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = 
 struct TrainRun {
   std::vector<double> losses, grad_norms;
   std::vector<float> params;
+  std::vector<double> load_balancing, global_load_balancing;  // the logged MoE losses
 };
 
-TrainRun train_config(const TransformerConfig& c) {
+TrainRun train_config(const TransformerConfig& c, int64_t global_batch = kGBS) {
   GPTModel model(c, kB, kT);
   model.init_parameters(1234);
   Optimizer opt(model.params(), OptimizerConfig{});
   MockSamples data(model.config().vocab_size, kT, 7);
   StepConfig sc;
   sc.micro_batch_size = kB;
-  sc.global_batch_size = kGBS;
+  sc.global_batch_size = global_batch;
   sc.seq_length = kT;
   TrainRun run;
   for (int64_t it = 0; it < kIters; ++it) {
     const StepResult s = train_step(model, opt, data, sc, it, 1e-3, 0.1);
     run.losses.push_back(s.lm_loss);
     run.grad_norms.push_back(s.grad_norm);
+    run.load_balancing.push_back(s.load_balancing_loss);
+    run.global_load_balancing.push_back(s.global_load_balancing_loss);
   }
   run.params.assign(model.params().params(), model.params().params() + model.params().numel());
   return run;
@@ -201,6 +204,42 @@ TEST(ModelRecomputeMoe, TrainingIsBitIdenticalAndTheArenaKeepsOneMoeLayer) {
     EXPECT_NE(std::string(e.what()).find("--recompute-modules moe_act needs --num-experts"), std::string::npos)
         << e.what();
   }
+}
+
+// --moe-router-load-balancing-type global_aux_loss: with one micro-batch per step (one process) the
+// global loss is the micro-batch's (aux_loss with the same coefficient), bit for bit, only because
+// every step's counts start again; with two micro-batches per step it is another loss (the second
+// weighs the two micro-batches' average counts). Full, MoE-layer and moe_act recomputation count
+// each micro-batch once: bit for bit the run without.
+TEST(ModelRecomputeMoe, GlobalAuxLossRestartsEachStepAndCountsEachMicroBatchOnce) {
+  auto with = [](bool global, const Recompute& r, bool moe_layer = false, std::vector<std::string> modules = {}) {
+    TransformerConfig c = config(r, 0.1f, true, modules, moe_layer);
+    c.moe_aux_loss_coeff = global ? 0.0f : 0.05f;
+    c.moe_global_aux_loss = global;
+    c.moe_global_aux_loss_coeff = global ? 0.05f : 0.0f;
+    c.finalize();
+    return c;
+  };
+  auto same = [](const TrainRun& got, const TrainRun& want, const std::string& what) {
+    EXPECT_EQ(got.losses, want.losses) << what;
+    EXPECT_EQ(got.grad_norms, want.grad_norms) << what;
+    ASSERT_EQ(got.params.size(), want.params.size());
+    EXPECT_EQ(std::memcmp(got.params.data(), want.params.data(), want.params.size() * sizeof(float)), 0)
+        << what << ": final parameters differ";
+  };
+  const TrainRun aux_one = train_config(with(false, kNone), kB), global_one = train_config(with(true, kNone), kB);
+  same(global_one, aux_one, "one micro-batch per step");
+  EXPECT_EQ(global_one.global_load_balancing, aux_one.load_balancing);
+  EXPECT_NE(aux_one.losses.front(), aux_one.losses.back());
+  const TrainRun aux = train_config(with(false, kNone)), global = train_config(with(true, kNone));
+  ASSERT_EQ(kGBS / kB, 2);
+  EXPECT_EQ(global.losses.front(), aux.losses.front());  // the first forward knows no loss
+  EXPECT_NE(std::memcmp(global.params.data(), aux.params.data(), aux.params.size() * sizeof(float)), 0)
+      << "two micro-batches: the global loss trained as the micro-batches' own";
+  same(train_config(with(true, Recompute{"full", "uniform", 2})), global, "full recomputation");
+  same(train_config(with(true, kNone, true)), global, "--moe-layer-recompute");
+  same(train_config(with(true, Recompute{"selective", "", 0}, false, {"moe_act", "layernorm"})), global,
+       "--recompute-modules moe_act layernorm");
 }
 
 // --recompute-modules shared_experts (with moe_act): the gated shared experts' fc1 outputs,

@@ -166,7 +166,7 @@ TEST(Moe, SigmoidScoresAndTheExpertBias) {
   EXPECT_EQ(st.choice, (std::vector<int32_t>{3, 2, 3, 0}));
   // The load-balancing loss still counts the unbiased top 2 (1 and 2, 0 and 3): Megatron's
   // compute_routing_scores_for_aux_loss. The bias moved no token there.
-  EXPECT_EQ(st.group_counts, (std::vector<double>{1, 1, 1, 1}));
+  EXPECT_EQ(st.counts, (std::vector<double>{1, 1, 1, 1}));
   EXPECT_NEAR(st.aux_loss, plain.st.aux_loss, 1e-12);
   EXPECT_NEAR(st.gate_host[0], sig(0, 3) / (sig(0, 3) + sig(0, 2)), 1e-6);
   EXPECT_NEAR(st.gate_host[3], sig(1, 0) / (sig(1, 3) + sig(1, 0)), 1e-6);
@@ -188,7 +188,7 @@ TEST(Moe, CapacityDropsTokensByPolicy) {
   Routed probs(logits, N, s);
   EXPECT_EQ(probs.st.offsets, (std::vector<int64_t>{0, 2, 2}));
   EXPECT_EQ(probs.st.slot_of_host, (std::vector<int32_t>{-1, 0, -1, 1}));  // tokens 1 and 3 kept
-  EXPECT_EQ(probs.st.group_counts, (std::vector<double>{4.0, 0.0}));
+  EXPECT_EQ(probs.st.counts, (std::vector<double>{4.0, 0.0}));
   s.drop_by_position = true;
   Routed position(logits, N, s);
   EXPECT_EQ(position.st.slot_of_host, (std::vector<int32_t>{0, 1, -1, -1}));
@@ -209,7 +209,7 @@ TEST(Moe, GroupLimitedRoutingPicksTheBestGroups) {
   const Routed grouped(logits, 1, s);
   EXPECT_EQ(grouped.st.choice, (std::vector<int32_t>{2, 3, 4, 5}));
   // The load-balancing loss counts the plain top 4 (0, 2, 3, 4), as Megatron's does.
-  EXPECT_EQ(grouped.st.group_counts, (std::vector<double>{1, 0, 1, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(grouped.st.counts, (std::vector<double>{1, 0, 1, 1, 1, 0, 0, 0}));
   s.group_topk = 3;  // groups 1, 2 and 0 (0 beats 3 at a tie by its index): experts 0, 2, 3, 4
   EXPECT_EQ(Routed(logits, 1, s).st.choice, (std::vector<int32_t>{0, 2, 3, 4}));
 }
@@ -279,15 +279,62 @@ TEST(Moe, LoadBalancingLossIsMegatronsFormula) {
 TEST(Moe, SequenceLoadBalancingLossIsPerSequence) {
   const int64_t T = 3, Bs = 2, N = T * Bs, E = 3, k = 1;
   const std::vector<float> logits = random_floats(size_t(N * E), 19, -2.0f, 2.0f);
-  MoeShape s = shape(E, k, 0.1f);
+  MoeShape s = shape(E, k);
   s.aux_group = T;
+  s.seq_aux_loss_coeff = 0.1f;
   Routed r(logits, N, s);
   double want = 0;
   for (int64_t b = 0; b < Bs; ++b) want += switch_balance(logits, b * T, (b + 1) * T, E) / double(Bs);
-  EXPECT_NEAR(r.st.balance, want, 1e-6);
+  EXPECT_NEAR(r.st.seq_balance, want, 1e-6);
   EXPECT_NEAR(r.st.aux_loss, 0.1 * want, 1e-7);
-  s.aux_group = 0;  // the micro-batch as one: another number here
-  EXPECT_GT(std::fabs(Routed(logits, N, s).st.balance - want), 1e-3);
+  // The micro-batch as one: another number, and with both listed their losses add.
+  const double whole = switch_balance(logits, 0, N, E);
+  EXPECT_NEAR(r.st.balance, whole, 1e-6);
+  EXPECT_GT(std::fabs(whole - want), 1e-3);
+  s.aux_loss_coeff = 0.02f;
+  EXPECT_NEAR(Routed(logits, N, s).st.aux_loss, 0.1 * want + 0.02 * whole, 1e-7);
+}
+
+// global_aux_loss (Megatron's global-batch balancing): each micro-batch's loss weighs its
+// probabilities by the expert counts of the step's micro-batches so far, averaged (the running sum
+// over the micro-batch count), until the step's reset; with one micro-batch, the micro-batch's loss.
+TEST(Moe, GlobalLoadBalancingLossAveragesTheStepsCounts) {
+  const int64_t N = 4, E = 3, k = 1;
+  const MoeShape s = shape(E, k);
+  MoeGlobalBalance g;
+  std::vector<double> running(static_cast<size_t>(E), 0.0);
+  for (int64_t m = 0; m < 4; ++m) {
+    if (m == 3) {  // a new step: the counts start again
+      g.reset();
+      std::fill(running.begin(), running.end(), 0.0);
+    }
+    const int64_t steps = m == 3 ? 1 : m + 1;
+    const std::vector<float> logits = random_floats(size_t(N * E), uint32_t(60 + m), -2.0f, 2.0f);
+    const Routed r(logits, N, s);
+    std::vector<double> psum(static_cast<size_t>(E), 0.0);
+    for (int64_t t = 0; t < N; ++t) {
+      int64_t best = 0;
+      double z = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        z += std::exp(double(logits[size_t(t * E + e)]));
+        if (logits[size_t(t * E + e)] > logits[size_t(t * E + best)]) best = e;
+      }
+      running[size_t(best)] += 1.0;
+      for (int64_t e = 0; e < E; ++e) psum[size_t(e)] += std::exp(double(logits[size_t(t * E + e)])) / z;
+    }
+    std::vector<double> avg;
+    double tokens = 0;
+    const double got = moe_global_balance(avg, tokens, r.st, g, N, s, nullptr, nullptr);
+    double want = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      EXPECT_DOUBLE_EQ(avg[size_t(e)], running[size_t(e)] / double(steps)) << "micro-batch " << m << " expert " << e;
+      want += psum[size_t(e)] * running[size_t(e)] / double(steps);
+    }
+    EXPECT_EQ(tokens, double(N));
+    EXPECT_NEAR(got, want * double(E) / double(N * N), 1e-6) << "micro-batch " << m;
+    if (steps == 1) EXPECT_NEAR(got, switch_balance(logits, 0, N, E), 1e-6) << "micro-batch " << m;
+  }
+  EXPECT_EQ(g.steps, 1);
 }
 
 // The router z-loss (ST-MoE's, Megatron's z_loss_func): mean over the tokens of logsumexp(logits)^2.
@@ -331,6 +378,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     float z = 0.0f;                      // --moe-z-loss-coeff
     bool biases = false;                 // the router's and the experts' biases (add_bias_linear)
     GluForm form = {};                   // with swiglu: the gated unit's form
+    float global = 0.0f;                 // global_aux_loss's coefficient (fixed averaged counts)
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
@@ -347,7 +395,11 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
                             Variant{true, false, 1.0f, 0, false, true, true, 2, 0, 0, false, 0, 0, 0.3f},
                             Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.0f, true},
                             Variant{true, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.0f, true,
-                                    GluForm{kQuickGeluAlpha, 1.0f, 1.3f}}}) {
+                                    GluForm{kQuickGeluAlpha, 1.0f, 1.3f}},
+                            Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.0f, false, {},
+                                    0.4f},
+                            Variant{false, false, 1.0f, 0, false, true, true, 2, 2, 0.5, false, 0, 0, 0.0f, false, {},
+                                    0.4f}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, var.k, 0.5f);
     s.glu = swiglu;
@@ -355,6 +407,8 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     s.sigmoid = var.sigmoid;
     s.expert_bias = var.bias;
     s.aux_group = var.aux_group;
+    if (var.aux_group > 0) s.seq_aux_loss_coeff = 0.3f;  // with the micro-batch's: their sum
+    s.global_aux_loss_coeff = var.global;
     s.capacity_factor = var.capacity;
     s.groups = var.groups;
     s.group_topk = var.group_topk;
@@ -402,10 +456,21 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     std::vector<float> buf(static_cast<size_t>(moe_state_floats(N, s)));
     MoeState st;
     moe_state_carve(st, buf.data(), N, s);
+    // global_aux_loss: the step's averaged counts so far (constants to the gradient), the micro-batch's
+    // tokens on two data-parallel ranks.
+    const std::vector<double> global_counts = {5.5, 7.0, 3.5};
+    st.global_counts = global_counts.data();
+    st.global_tokens = double(2 * N);
     auto objective = [&] {
       std::vector<float> y(static_cast<size_t>(N * C));
       moe_forward(y.data(), x.data(), st, weights(), N, s);
       double f = st.aux_loss + double(s.z_loss_coeff) * st.z;
+      if (s.global_aux_loss_coeff > 0.0f) {  // g E / (k Nt^2) sum_e (sum_t p[t, e]) avg_e, this rank's tokens
+        double sum = 0.0;
+        for (int64_t t = 0; t < N; ++t)
+          for (int64_t e = 0; e < E; ++e) sum += double(st.scores[size_t(t * E + e)]) * global_counts[size_t(e)];
+        f += double(s.global_aux_loss_coeff) * double(E) * sum / (double(s.k) * st.global_tokens * st.global_tokens);
+      }
       for (size_t i = 0; i < y.size(); ++i) f += double(y[i]) * R[i];
       return f;
     };
@@ -459,7 +524,8 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
             << what << "[" << i << "] swiglu " << swiglu << " pre-softmax " << var.pre_softmax << " scale " << var.scale
             << " shared " << var.Fs << " gate " << var.gate << " sigmoid " << var.sigmoid << " bias " << var.bias
             << " k " << var.k << " aux group " << var.aux_group << " capacity " << var.capacity << " by position "
-            << var.by_position << " z " << var.z << " biases " << var.biases << " alpha " << var.form.alpha;
+            << var.by_position << " z " << var.z << " biases " << var.biases << " alpha " << var.form.alpha
+            << " global " << var.global;
       }
     };
     check(x, dx, "dx");

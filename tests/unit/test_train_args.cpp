@@ -48,6 +48,49 @@ TEST(TrainArgs, MegatronDefaults) {
   EXPECT_EQ(c.ffn_hidden_size, 256);
 }
 
+// --moe-router-load-balancing-type: one type with one coefficient, or Megatron's list of types with
+// one coefficient each; sinkhorn and none go alone; a type twice or a coefficient missing is an error.
+TEST(TrainArgs, LoadBalancingTypesAndTheirCoefficients) {
+  const std::vector<std::string> moe = {"--num-experts", "4", "--disable-bias-linear"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), moe.begin(), moe.end());
+    return extra;
+  };
+  TransformerConfig c = parse(with({"--moe-aux-loss-coeff", "0.01"})).transformer_config();
+  EXPECT_FLOAT_EQ(c.moe_aux_loss_coeff, 0.01f);  // aux_loss, Megatron's default type
+  EXPECT_FALSE(c.moe_seq_aux_loss || c.moe_global_aux_loss);
+  c = parse(with({"--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "0.02"})).transformer_config();
+  EXPECT_FLOAT_EQ(c.moe_aux_loss_coeff, 0.0f);
+  EXPECT_TRUE(c.moe_seq_aux_loss);
+  EXPECT_FLOAT_EQ(c.moe_seq_aux_loss_coeff, 0.02f);
+  const TrainArgs a = parse(with({"--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss", "global_aux_loss",
+                                  "--moe-aux-loss-coeff", "1e-2", "2e-3", "3e-4"}));
+  EXPECT_TRUE(a.moe_load_balancing("global_aux_loss"));
+  EXPECT_FALSE(a.moe_load_balancing("sinkhorn"));
+  c = a.transformer_config();
+  EXPECT_FLOAT_EQ(c.moe_aux_loss_coeff, 1e-2f);
+  EXPECT_TRUE(c.moe_seq_aux_loss && c.moe_global_aux_loss);
+  EXPECT_FLOAT_EQ(c.moe_seq_aux_loss_coeff, 2e-3f);
+  EXPECT_FLOAT_EQ(c.moe_global_aux_loss_coeff, 3e-4f);
+  c = parse(with({"--moe-router-load-balancing-type", "none", "--moe-aux-loss-coeff", "0.01"})).transformer_config();
+  EXPECT_FLOAT_EQ(c.moe_aux_loss_coeff, 0.0f);
+  for (const auto& [extra, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--moe-router-load-balancing-type", "aux_loss", "global_aux_loss", "--moe-aux-loss-coeff", "0.01"},
+            "--moe-aux-loss-coeff needs one value for each of the 2"},
+           {{"--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", "0.01", "0.02"},
+            "--moe-aux-loss-coeff has 2 values for 1"},
+           {{"--moe-router-load-balancing-type", "sinkhorn", "aux_loss", "--moe-aux-loss-coeff", "0", "0"},
+            "sinkhorn goes alone"},
+           {{"--moe-router-load-balancing-type", "seq_aux_loss", "seq_aux_loss", "--moe-aux-loss-coeff", "0", "0"},
+            "lists seq_aux_loss twice"},
+           {{"--moe-router-load-balancing-type", "balanced"}, "--moe-router-load-balancing-type balanced is not supported"},
+           {{"--moe-aux-loss-coeff", "0.01", "-1"}, "--moe-aux-loss-coeff has 2 values"},
+           {{"--moe-router-load-balancing-type", "aux_loss", "global_aux_loss", "--moe-aux-loss-coeff", "0.01", "-1"},
+            "--moe-aux-loss-coeff must be a finite number >= 0, got -1"},
+           {{"--moe-aux-loss-coeff", "x"}, "--moe-aux-loss-coeff: invalid value 'x'"}})
+    EXPECT_NE(error_of(with(extra)).find(needle), std::string::npos) << error_of(with(extra));
+}
+
 TEST(TrainArgs, ValuesAndSwitches) {
   TrainArgs a = parse({"--lr", "3e-4", "--global-batch-size", "8", "--openai-gelu", "--seed=7"});
   EXPECT_DOUBLE_EQ(a.lr, 3e-4);
