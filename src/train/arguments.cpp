@@ -123,7 +123,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"moe-token-drop-policy", Kind::str, &a.moe_token_drop_policy,
        "with a capacity: probs (keep the largest gates, default) or position (keep the first tokens)"},
       {"moe-pad-expert-input-to-capacity", Kind::flag, &a.moe_pad_expert_input_to_capacity,
-       "not implemented yet (lattice runs each expert on the tokens it keeps)"},
+       "with a capacity: accepted (the padding rows carry gate 0: the same outputs and gradients as without)"},
       {"moe-router-num-groups", Kind::i64, &a.moe_router_num_groups,
        "group-limited routing: the experts in this many groups (with --moe-router-group-topk)"},
       {"moe-router-group-topk", Kind::i64, &a.moe_router_group_topk,
@@ -433,7 +433,6 @@ void reject_unimplemented(const TrainArgs& a) {
     if (used) LATTICE_FAIL() << "--" << flag << " is not implemented yet";
   };
   reject(a.zero_stage != d.zero_stage, "zero-stage");
-  reject(a.moe_pad_expert_input_to_capacity, "moe-pad-expert-input-to-capacity");
 }
 
 // --bf16 / --fp16 / --fp8-format and the loss-scale flags.
@@ -488,6 +487,10 @@ void validate(TrainArgs& a) {
   reject_unimplemented(a);
   validate_precision(a);
   validate_load_balancing(a);
+  // Megatron pads each expert's rows to its capacity with tokens of gate 0: nothing reaches an output
+  // or a gradient from them, so lattice runs each expert on the tokens it keeps (the same numbers).
+  if (a.moe_pad_expert_input_to_capacity && !a.moe_expert_capacity_factor)
+    LATTICE_FAIL() << "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor";
   auto positive = [](const char* flag, int64_t v) {
     if (v <= 0) LATTICE_FAIL() << "--" << flag << " is required and must be positive (got " << v << ")";
   };

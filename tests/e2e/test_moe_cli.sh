@@ -107,7 +107,13 @@ run bf16_router "$LATTICE" train "${MOE[@]}" --bf16 --moe-router-dtype fp32 "${R
   pass "--bf16 --moe-router-dtype fp32 trains"
 # A capacity: tokens over an expert's capacity dropped in training; the run trains and generates.
 run cap_train "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position "${RUN[@]}" \
-  --train-iters 3 --save capckpt && pass "--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position trains"
+  --train-iters 3 --save capckpt --metrics-file cap.jsonl &&
+  pass "--moe-expert-capacity-factor 1.0 --moe-token-drop-policy position trains"
+# Padding each expert's rows to its capacity (gate-0 tokens, Megatron's) changes no number.
+run cap_pad "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position "${RUN[@]}" \
+  --train-iters 3 --moe-pad-expert-input-to-capacity --metrics-file cap_pad.jsonl &&
+  { [ -n "$(losses cap.jsonl)" ] && [ "$(losses cap_pad.jsonl)" = "$(losses cap.jsonl)" ] &&
+    pass "--moe-pad-expert-input-to-capacity: the losses bit for bit" || fail "padding to the capacity changed the losses"; }
 # Group-limited routing: the experts in 2 groups, each token's from its best one.
 run group_train "$LATTICE" train "${MOE[@]}" --moe-router-num-groups 2 --moe-router-group-topk 1 "${RUN[@]}" \
   --train-iters 3 --save grpckpt && grep -q '"moe_router_num_groups": *2' grpckpt/iter_0000003/*.json &&
@@ -233,8 +239,8 @@ expect_error "the expert bias without sigmoid scores" "--moe-router-enable-exper
   "$LATTICE" train "${MOE[@]}" --moe-router-enable-expert-bias "${RUN[@]}" --train-iters 1 --save bad7
 expect_error "an unknown drop policy" "--moe-token-drop-policy" -- \
   "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1 --moe-token-drop-policy random "${RUN[@]}" --train-iters 1 --save bad8
-expect_error "padding to the capacity" "--moe-pad-expert-input-to-capacity" -- \
-  "$LATTICE" train "${MOE[@]}" --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity "${RUN[@]}" --train-iters 1 --save bad9
+expect_error "padding without a capacity" "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-pad-expert-input-to-capacity "${RUN[@]}" --train-iters 1 --save bad9
 expect_error "groups that do not divide the experts" "--moe-router-num-groups" -- \
   "$LATTICE" train "${MOE[@]}" --moe-router-num-groups 3 --moe-router-group-topk 1 "${RUN[@]}" --train-iters 1 --save bad10
 expect_error "an fp64 router" "--moe-router-dtype" -- \
