@@ -152,7 +152,7 @@ IMPL=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn 
       --cross-entropy-loss-fusion --no-persist-layer-norm --use-cpu-initialization --no-create-attention-mask-in-dataloader
       --no-mmap-bin-files --num-dataset-builder-threads 4 --deterministic-mode --apply-query-key-layer-scaling
       --empty-unused-memory-level 1 --async-save --moe-grouped-gemm --moe-permute-fusion --moe-token-dispatcher-type alltoall
-      --expert-tensor-parallel-size 1)
+      --expert-tensor-parallel-size 1 --moe-router-fusion --moe-use-legacy-grouped-gemm)
 run impl "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}" "${IMPL[@]}" --metrics-file impl.jsonl
 [ -s impl.jsonl ] && [ "$(losses impl.jsonl)" = "$(losses det1.jsonl)" ] &&
   pass "Megatron's implementation flags leave the losses identical" ||
