@@ -356,7 +356,10 @@ void GPTModel::register_parameters() {
   const float std = cfg_.init_method_std;
   const float out_std = std / std::sqrt(2.0f * float(cfg_.num_layers));
   const int r = tp_.rank(), P = tp_.size();
+  // --init-method-xavier-uniform: every 2-D weight drawn N(0, std) otherwise (Megatron's init_method and
+  // output_layer_init_method both xavier_uniform_); the 1-D learnable softmax offsets keep N(0, std).
   auto add = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split, int blocks = 1) {
+    if (init == ParamInit::normal && shape.size() == 2 && cfg_.init_method_xavier_uniform) init = ParamInit::xavier_uniform;
     return params_.add_tp(name, shape, init, s, split, r, P, blocks);
   };
   // With SwiGLU fc1 is the gate's rows then the up projection's, each split over the ranks.

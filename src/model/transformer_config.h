@@ -55,6 +55,7 @@ struct TransformerConfig {
   // initialized to 0 and saved so.
   bool apply_layernorm_1p = false;
   float init_method_std = 0.02f;
+  bool init_method_xavier_uniform = false;  // --init-method-xavier-uniform: U(-a, a) weights (optim/param_buffer.h)
   GeluKind gelu = GeluKind::erf;      // --openai-gelu -> tanh, --squared-relu -> relu(x)^2
   // --swiglu: the MLP's activation is silu(gate) * up (Megatron's gated_linear_unit with
   // silu) instead of GELU; fc1 makes both, so it is [2 ffn, hidden] (kernels/swiglu.h).

@@ -1,5 +1,6 @@
 #include "optim/param_buffer.h"
 
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -89,10 +90,14 @@ void ParamBuffer::initialize(uint64_t seed) {
       case ParamInit::ones:
         for (int64_t i = 0; i < p.numel; ++i) w[i] = 1.0f;
         break;
-      case ParamInit::normal: {
+      case ParamInit::normal:
+      case ParamInit::xavier_uniform: {
         PhiloxStream stream{seed, fnv1a32(p.name.c_str())};
         // Local element (row-major in each of the local boxes) -> global row-major index.
         LATTICE_CHECK(p.shape.size() <= 2) << "parameter " << p.name << ": init supports 1-D and 2-D tensors";
+        const bool xavier = p.init == ParamInit::xavier_uniform;
+        LATTICE_CHECK(!xavier || p.global_shape.size() == 2) << "parameter " << p.name << ": Xavier init needs a 2-D tensor";
+        const double bound = xavier ? std::sqrt(6.0 / double(p.global_shape[0] + p.global_shape[1])) : 0.0;
         const int64_t g_inner = p.global_shape.empty() ? 1 : p.global_shape.back();
         for (const ParamBox& box : param_boxes(p, param_tp_rank(p))) {
           const int64_t inner = box.lengths.empty() ? 1 : box.lengths.back();
@@ -103,7 +108,8 @@ void ParamBuffer::initialize(uint64_t seed) {
 #pragma omp parallel for schedule(static)
           for (int64_t i = 0; i < n; ++i) {
             const int64_t g = (row0 + i / inner) * g_inner + col0 + i % inner;
-            wb[i] = float(p.init_std * stream.normal(uint64_t(g)));
+            wb[i] = xavier ? float(bound * (2.0 * double(stream.uniform(uint64_t(g))) - 1.0))
+                           : float(p.init_std * stream.normal(uint64_t(g)));
           }
         }
         break;

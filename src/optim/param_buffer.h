@@ -12,7 +12,10 @@
 
 namespace lattice {
 
-enum class ParamInit { normal, zeros, ones };
+// normal: N(0, init_std^2); xavier_uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)) of the global
+// 2-D shape [fan_out, fan_in] (torch's xavier_uniform_, --init-method-xavier-uniform). Both keyed by
+// the parameter's name and each element's global index, so every layout draws the same values.
+enum class ParamInit { normal, zeros, ones, xavier_uniform };
 
 struct ParamInfo {
   std::string name;        // Megatron-Core state-dict name, e.g. decoder.layers.0.mlp.linear_fc1.weight

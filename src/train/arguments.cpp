@@ -74,6 +74,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"hidden-dropout", Kind::f32, &a.hidden_dropout, "dropout after attention/MLP and embedding"},
       {"attention-dropout", Kind::f32, &a.attention_dropout, "dropout on attention probabilities"},
       {"init-method-std", Kind::f32, &a.init_method_std, "std of the normal initialisation"},
+      {"init-method-xavier-uniform", Kind::flag, &a.init_method_xavier_uniform,
+       "initialize every weight matrix U(-a, a), a = sqrt(6 / (fan_in + fan_out)), instead of N(0, std)"},
       {"norm-epsilon", Kind::f32, &a.norm_epsilon, "LayerNorm epsilon"},
       {"openai-gelu", Kind::flag, &a.openai_gelu, "tanh GELU instead of the erf form"},
       {"squared-relu", Kind::flag, &a.squared_relu, "the MLP's activation is relu(x)^2 instead of GELU"},
@@ -703,6 +705,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.attention_dropout = attention_dropout;
   c.layernorm_epsilon = norm_epsilon;
   c.init_method_std = init_method_std;
+  c.init_method_xavier_uniform = init_method_xavier_uniform;
   const char* glu = swiglu ? "--swiglu" : quick_geglu ? "--quick-geglu" : nullptr;
   if (swiglu && quick_geglu) LATTICE_FAIL() << "--swiglu and --quick-geglu: the MLP has one gated unit; give one of them";
   if (glu && openai_gelu)

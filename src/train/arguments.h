@@ -23,6 +23,7 @@ struct TrainArgs {
   int64_t make_vocab_size_divisible_by = 128;
   float hidden_dropout = 0.1f, attention_dropout = 0.1f;
   float init_method_std = 0.02f, norm_epsilon = 1e-5f;
+  bool init_method_xavier_uniform = false;
   bool openai_gelu = false;
   bool squared_relu = false;  // the MLP's activation relu(x)^2 (Megatron's --squared-relu)
   bool apply_layernorm_1p = false;  // the norms scale by 1 + weight (Megatron's --apply-layernorm-1p)

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <cstring>
 #include <vector>
 
@@ -86,6 +88,54 @@ TEST(ModelInvariance, InitDependsOnlyOnSeedNameAndIndex) {
   EXPECT_NEAR(stddev(a.params().param_tensor("decoder.layers.0.mlp.linear_fc2.weight")), 0.02 / 2.0, 0.001);
   EXPECT_EQ(a.params().param_tensor("decoder.layers.0.input_layernorm.weight").as<float>()[5], 1.0f);
   EXPECT_EQ(a.params().param_tensor("decoder.layers.0.mlp.linear_fc1.bias").as<float>()[5], 0.0f);
+}
+
+// --init-method-xavier-uniform (torch's xavier_uniform_, Megatron's init_method and
+// output_layer_init_method): every weight matrix [fan_out, fan_in] uniform in +-sqrt(6 / (fan_in +
+// fan_out)), keyed as the normal init (the same values whatever else the model holds); norms and
+// biases as before.
+TEST(ModelInvariance, XavierUniformInitIsBoundedByTheFans) {
+  auto xavier = [](int64_t layers, bool on = true) {
+    TransformerConfig c = small_config(layers, 0);
+    c.init_method_xavier_uniform = on;
+    c.untie_embeddings_and_output_weights = true;
+    c.finalize();
+    return c;
+  };
+  GPTModel a(xavier(2), 1, 16), b(xavier(3), 1, 16), normal(xavier(2, false), 1, 16);
+  a.init_parameters(7);
+  b.init_parameters(7);
+  normal.init_parameters(7);
+  int matrices = 0;
+  for (const ParamInfo& p : a.params().infos()) {
+    const Tensor t = a.params().param_tensor(p.name);
+    if (p.shape.size() != 2) {
+      const float want = p.name.find("layernorm.weight") != std::string::npos ? 1.0f : 0.0f;
+      for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.as<float>()[i], want) << p.name << "[" << i << "]";
+      continue;
+    }
+    ++matrices;
+    const double bound = std::sqrt(6.0 / double(p.global_shape[0] + p.global_shape[1]));
+    double mean = 0, square = 0, largest = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double w = t.as<float>()[i];
+      mean += w;
+      square += w * w;
+      largest = std::max(largest, std::fabs(w));
+    }
+    mean /= double(t.numel());
+    square /= double(t.numel());
+    EXPECT_LE(largest, bound) << p.name;
+    EXPECT_GT(largest, 0.95 * bound) << p.name;
+    // U(-a, a): mean 0, mean square a^2 / 3 (tolerances of 5 standard errors for these sizes).
+    const double n = double(t.numel());
+    EXPECT_NEAR(mean, 0.0, 5.0 * bound / std::sqrt(3.0 * n)) << p.name;
+    EXPECT_NEAR(square, bound * bound / 3.0, 5.0 * bound * bound * std::sqrt(4.0 / 45.0 / n)) << p.name;
+    const Tensor tb = b.params().param_tensor(p.name), tn = normal.params().param_tensor(p.name);
+    EXPECT_EQ(0, std::memcmp(t.data, tb.data, t.nbytes())) << p.name << ": the other model's values differ";
+    EXPECT_NE(0, std::memcmp(t.data, tn.data, t.nbytes())) << p.name << ": the normal init's values";
+  }
+  EXPECT_EQ(matrices, 1 + 1 + 2 * 4 + 1);  // word and position embeddings, 4 per layer, the output layer
 }
 
 TEST(ModelInvariance, PaddedVocabularyNeverChangesTheLoss) {

@@ -130,7 +130,7 @@ TEST(TrainArgs, MegatronModelAndLoggingFlags) {
   TrainArgs a = parse({"--attention-backend", "auto", "--position-embedding-type", "rope", "--rotary-percent", "0.5",
                        "--rotary-base", "500000", "--rotary-interleaved", "--disable-bias-linear", "--kv-channels",
                        "32", "--tensorboard-dir", "/tmp/tb", "--tensorboard-log-interval", "5",
-                       "--log-validation-ppl-to-tensorboard"});
+                       "--log-validation-ppl-to-tensorboard", "--init-method-xavier-uniform"});
   EXPECT_EQ(a.attention_backend, "auto");
   EXPECT_EQ(a.tensorboard_dir, "/tmp/tb");
   EXPECT_EQ(a.tensorboard_log_interval, 5);
@@ -140,6 +140,8 @@ TEST(TrainArgs, MegatronModelAndLoggingFlags) {
   EXPECT_DOUBLE_EQ(c.rotary_percent, 0.5);
   EXPECT_FLOAT_EQ(c.rotary_base, 500000.0f);
   EXPECT_TRUE(c.rotary_interleaved);
+  EXPECT_TRUE(c.init_method_xavier_uniform);
+  EXPECT_FALSE(parse({}).transformer_config().init_method_xavier_uniform);
   EXPECT_FALSE(c.add_bias_linear);
   EXPECT_EQ(c.attention_width(), 128);  // 4 heads x 32, against a hidden size of 64
   EXPECT_NE(error_of({"--attention-backend", "magic"}).find("--attention-backend must be"), std::string::npos);
