@@ -351,6 +351,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"moe-grouped-gemm", Kind::flag, &a.implementation.moe_grouped_gemm,
        "accepted: one GEMM pair per expert, the same math as grouped GEMMs"},
       {"moe-permute-fusion", Kind::flag, &a.implementation.moe_permute_fusion, "accepted (fusion choices change no math)"},
+      {"tp-comm-overlap", Kind::flag, &a.implementation.tp_comm_overlap,
+       "accepted with --sequence-parallel: the tensor-parallel gathers and reductions give the same sums overlapped or not"},
       {"moe-router-fusion", Kind::flag, &a.implementation.moe_router_fusion,
        "accepted: the router's top-k, softmax and loss statistics are the same math fused or not"},
       {"moe-use-legacy-grouped-gemm", Kind::flag, &a.implementation.moe_use_legacy_grouped_gemm,
@@ -597,6 +599,8 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "--mmap-bin-files and --no-mmap-bin-files contradict each other";
   if (impl.apply_query_key_layer_scaling && impl.no_query_key_layer_scaling)
     LATTICE_FAIL() << "--apply-query-key-layer-scaling and --no-query-key-layer-scaling contradict each other";
+  if (impl.tp_comm_overlap && !a.sequence_parallel)  // Megatron's condition
+    LATTICE_FAIL() << "--tp-comm-overlap needs --sequence-parallel";
   if (impl.moe_token_dispatcher_type != "alltoall" && impl.moe_token_dispatcher_type != "allgather")
     LATTICE_FAIL() << "--moe-token-dispatcher-type must be alltoall or allgather, got '" << impl.moe_token_dispatcher_type
                    << "'" << (impl.moe_token_dispatcher_type == "flex" ? " (flex, DeepEP's, is not implemented)" : "");

@@ -190,7 +190,7 @@ struct TrainArgs {
     bool no_mmap_bin_files = false, deterministic_mode = false, apply_query_key_layer_scaling = false;
     bool no_query_key_layer_scaling = false, async_save = false;
     bool moe_grouped_gemm = false, moe_permute_fusion = false, moe_shared_expert_overlap = false;
-    bool moe_router_fusion = false, moe_use_legacy_grouped_gemm = false;
+    bool moe_router_fusion = false, moe_use_legacy_grouped_gemm = false, tp_comm_overlap = false;
     std::string transformer_impl = "transformer_engine", distributed_backend = "nccl";
     std::string moe_token_dispatcher_type = "allgather";  // Megatron's default; lattice dispatches by all-to-all
     int64_t expert_tensor_parallel_size = 0;               // 0: Megatron's default, the tensor-parallel size

@@ -25,6 +25,13 @@ TRAIN=(train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-lengt
   fail "TP=2 run failed: $(tail -2 tp2.log)"
 "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --tensor-model-parallel-size 2 --sequence-parallel --exit-interval 10 \
   --save ckpt_sp > tp2sp.log 2>&1 || fail "TP=2 sequence-parallel run failed: $(tail -2 tp2sp.log)"
+# --tp-comm-overlap (Megatron's overlap of the sequence-parallel gathers and reductions with the GEMMs):
+# the same numbers.
+"${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --tensor-model-parallel-size 2 --sequence-parallel --exit-interval 10 \
+  --tp-comm-overlap > tp2sp_overlap.log 2>&1 || fail "TP=2 --tp-comm-overlap run failed: $(tail -2 tp2sp_overlap.log)"
+sp_losses() { grep -o 'lm loss: [^|]*' "$1"; }
+[[ -n "$(sp_losses tp2sp.log)" && "$(sp_losses tp2sp_overlap.log)" == "$(sp_losses tp2sp.log)" ]] &&
+  pass "--tp-comm-overlap leaves the TP=2 sequence-parallel losses identical" || fail "--tp-comm-overlap changed the losses"
 [[ -f ckpt/latest_checkpointed_iteration.txt && -f ckpt_sp/latest_checkpointed_iteration.txt ]] ||
   fail "the TP=2 runs wrote no checkpoint"
 # Each split tensor is stored as two pieces of its global shape (the padded vocabulary of TP=2).

@@ -147,6 +147,8 @@ TEST(TrainArgs, MegatronModelAndLoggingFlags) {
   EXPECT_NE(error_of({"--attention-backend", "magic"}).find("--attention-backend must be"), std::string::npos);
   EXPECT_NE(error_of({"--tensorboard-log-interval", "0"}).find("--tensorboard-log-interval"), std::string::npos);
   EXPECT_NE(error_of({"--log-timers-to-tensorboard"}).find("need --tensorboard-dir"), std::string::npos);
+  EXPECT_NE(error_of({"--tp-comm-overlap"}).find("--tp-comm-overlap needs --sequence-parallel"), std::string::npos);
+  EXPECT_EQ(error_of({"--tp-comm-overlap", "--sequence-parallel"}), "");
 }
 
 // --swiglu: Megatron's default ffn for it, int(4 h 2 / 3 / 64) * 64, unless given; no GELU flag.
