@@ -305,6 +305,8 @@ std::string hf_gpt2_mismatch(const TransformerConfig& c) {
     why << "sliding-window attention (--window-size; HuggingFace GPT-2 attends to every earlier token)";
   else if (c.softmax_sink())
     why << "attention sinks (--softmax-type " << c.softmax_type << "; HuggingFace GPT-2's softmax has none)";
+  else if (c.qk_norm())
+    why << (c.qk_layernorm ? "--qk-layernorm" : "--qk-l2-norm") << " (HuggingFace GPT-2 normalizes no query or key)";
   return why.str();
 }
 

@@ -492,6 +492,9 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
     return s.str();
   }
   if (c.rotary_interleaved) return "--rotary-interleaved (HuggingFace Llama rotates rotate_half pairs)";
+  if (c.qk_l2_norm)
+    return "--qk-l2-norm (no HuggingFace Llama-family model normalizes its queries and keys without weights before "
+           "the rotary embedding)";
   if (!c.rmsnorm()) return "LayerNorm (HuggingFace Llama has RMSNorm)";
   if (c.quick_geglu) return "a quick GEGLU MLP (--quick-geglu; HuggingFace Llama's is SwiGLU)";
   if (!c.swiglu) return "a GELU MLP (HuggingFace Llama's is SwiGLU)";

@@ -56,11 +56,18 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     lnf_b_ = p("decoder.final_layernorm.bias");
   }
   auto norm_bias = [&](const std::string& name) -> const float* { return cfg_.rmsnorm() ? lnf_b_ : p(name); };
+  if (cfg_.qk_l2_norm) {  // --qk-l2-norm: RMSNorm with unit weights and zero biases [D]
+    const std::vector<float> ones(size_t(D), 1.0f);
+    copy_to_device(qk_l2_ones_.resize(ones.size()), ones.data(), ones.size() * sizeof(float));
+    qk_l2_zeros_.resize(size_t(D));
+  }
   out_w_ = cfg_.untie_embeddings_and_output_weights ? p("output_layer.weight") : wte_;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const std::string s = "decoder.layers." + std::to_string(l) + ".";
     QkNormParams qk;
-    if (cfg_.qk_layernorm)
+    if (cfg_.qk_l2_norm)
+      qk = {qk_l2_ones_.data(), qk_l2_zeros_.data(), qk_l2_ones_.data(), qk_l2_zeros_.data()};
+    else if (cfg_.qk_layernorm)
       qk = {norm_weight(s + "self_attention.q_layernorm.weight", D), norm_bias(s + "self_attention.q_layernorm.bias"),
             norm_weight(s + "self_attention.k_layernorm.weight", D), norm_bias(s + "self_attention.k_layernorm.bias")};
     MoeWeights moe;
@@ -121,7 +128,7 @@ void GPTInference::reserve_rows(int64_t n) {
     const MoeShape s = lattice::moe_shape(cfg_);
     moe_state_carve(moe_, moe_buf_.resize(size_t(moe_state_floats(n, s))), n, s);
   }
-  if (cfg_.qk_layernorm) {
+  if (cfg_.qk_norm()) {
     const size_t rows = N * size_t(cfg_.num_attention_heads + cfg_.num_query_groups);
     qk_raw_.resize(rows * size_t(cfg_.kv_channels));
     qk_out_.resize(rows * size_t(cfg_.kv_channels));
@@ -163,9 +170,9 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
     linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D]
-    if (cfg_.qk_layernorm)
+    if (cfg_.qk_norm())
       qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
-                           eps, norm);
+                           eps, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
     if (rope_) rope_forward(qkv, *rope_, n, n, length_, layout);  // q and k at their positions in the context
     const int64_t layer_cache = l * layout.G * Tmax * D;
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);

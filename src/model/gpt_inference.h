@@ -55,6 +55,7 @@ class GPTInference {
   const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;  // wpe_ null without learned positions
   const RopeTable* rope_ = nullptr;                      // the model's, with the rotary embedding
   DeviceArray<float> zero_bias_;                         // [C] zeros: the norms' bias with RMSNorm
+  DeviceArray<float> qk_l2_ones_, qk_l2_zeros_;          // [D]: --qk-l2-norm's weights and biases
   DeviceArray<float> zero_offsets_;                      // [H] zeros: --softmax-type off-by-one's sinks
   DeviceArray<float> norm_1p_, norm_ones_;               // --apply-layernorm-1p: every norm's 1 + weight
   std::vector<Layer> layers_;

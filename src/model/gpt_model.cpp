@@ -32,7 +32,7 @@ struct GPTModel::Activations {
     float* qkv;        // [N, W/P]   ([B, T, Gl, Hl/Gl + 2, D], kernels/qkv_layout.h; W = 3C without grouped-
                        //             query attention; bf16_qkv(): the bf16 GEMM result, without the bias,
                        //             followed by attn's bf16 cast [N, C/P], the projection's input)
-    float* qk_raw = nullptr;   // --qk-layernorm: [N (Hl + Gl), D] the queries and keys before their norm,
+    float* qk_raw = nullptr;   // --qk-layernorm, --qk-l2-norm: [N (Hl + Gl), D] the queries and keys before their norm,
     float* qk_mean = nullptr;  //   [N (Hl + Gl)] their statistics (model/qk_layernorm.h); qkv holds
     float* qk_rstd = nullptr;  //   them normalized (and rotated)
     float* attn;       // [N, C/P]   ([B, T, Hl, D])
@@ -97,7 +97,7 @@ struct GPTModel::Scratch {
   float* d_3c;                // [N, W/P]  the QKV layer's output gradient (W = 3Q without grouping)
   float* d_f;                 // [N, Fl]
   MoeScratch moe;             // --num-experts: the MoE backward's scratch
-  float* qk_tmp = nullptr;    // --qk-layernorm: [N (Hl + Gl), D] the norm's output, then its output gradient
+  float* qk_tmp = nullptr;    // --qk-layernorm, --qk-l2-norm: [N (Hl + Gl), D] the norm's output, then its output gradient
   float* qk_dx = nullptr;     //   [N (Hl + Gl), D] its input gradient
   // Recomputation (shared by every chunk and slot: one group is live at a time).
   std::vector<Activations::Layer> group;  // full: largest group x one layer's buffers
@@ -203,10 +203,14 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   params_.allocate();
   if (cfg_.apply_layernorm_1p) allocate_norm_1p();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
-  if (!cfg_.add_bias_linear || cfg_.rmsnorm()) {  // zeros for the kernels that add a bias; a sink for those that sum one
-    const size_t n = size_t(std::max({qkv_local(), fc1_local(), cfg_.hidden_size}));
+  if (!cfg_.add_bias_linear || cfg_.rmsnorm() || cfg_.qk_l2_norm) {  // zeros for the kernels that add a bias; a sink
+    const size_t n = size_t(std::max({qkv_local(), fc1_local(), cfg_.hidden_size}));  // for those that sum one
     no_bias_.resize(n);
     bias_grad_sink_.resize(n);
+  }
+  if (cfg_.qk_l2_norm) {  // the unit weights of --qk-l2-norm's weightless RMSNorm [D]
+    const std::vector<float> ones(size_t(cfg_.kv_channels), 1.0f);
+    copy_to_device(qk_l2_ones_.resize(ones.size()), ones.data(), ones.size() * sizeof(float));
   }
   if (cfg_.softmax_type == "off-by-one") zero_offsets_.resize(size_t(Hl_));
   try {
@@ -503,7 +507,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     x.ln1_mean = arena.alloc_f32(Ns);
     x.ln1_rstd = arena.alloc_f32(Ns);
     x.qkv = arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv");
-    if (cfg.qk_layernorm) {
+    if (cfg.qk_norm()) {
       x.qk_raw = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
       x.qk_mean = arena.alloc_f32(N * (Hl + Gl));
       x.qk_rstd = arena.alloc_f32(N * (Hl + Gl));
@@ -620,7 +624,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     const MoeShape ms = lattice::moe_shape(cfg, P, ep);
     moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, ms), "grad"), N, ms);
   }
-  if (cfg.qk_layernorm) {
+  if (cfg.qk_norm()) {
     sc.qk_tmp = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
     sc.qk_dx = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "grad");
   }
@@ -812,9 +816,9 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, qkv_local(),
                    site(p.qkv_w));
   }
-  if (cfg_.qk_layernorm)  // queries, keys normalized in place (their inputs kept)
+  if (cfg_.qk_norm())  // queries, keys normalized in place (their inputs kept)
     qk_layernorm_forward(x.qkv, x.qk_raw, x.qk_mean, x.qk_rstd, sc.qk_tmp, qk_norm_params(p), N, qkv_layout(),
-                         cfg_.layernorm_epsilon, normalization());
+                         cfg_.layernorm_epsilon, qk_normalization());
   if (rope_)  // queries, keys rotated in place, each run of tokens at its positions
     for (const TokenRun& r : token_runs(B, T))
       rope_forward(x.qkv + r.row * qkv_local(), rope_->table(), r.rows, cp_.on() ? r.rows : T, r.position,
@@ -1070,10 +1074,13 @@ MoeGrads GPTModel::moe_grads(const LayerParams& p) const {
 }
 
 QkNormParams GPTModel::qk_norm_params(const LayerParams& p) const {
+  if (cfg_.qk_l2_norm) return QkNormParams{qk_l2_ones_.data(), no_bias_.data(), qk_l2_ones_.data(), no_bias_.data()};
   return QkNormParams{norm_weight(p.q_norm_w), bias(p.q_norm_b), norm_weight(p.k_norm_w), bias(p.k_norm_b)};
 }
 
 QkNormGrads GPTModel::qk_norm_grads(const LayerParams& p) const {
+  if (cfg_.qk_l2_norm)  // no parameters: the weights' and biases' gradients summed into the sink
+    return QkNormGrads{bias_grad_sink_.data(), bias_grad_sink_.data(), bias_grad_sink_.data(), bias_grad_sink_.data()};
   return QkNormGrads{params_.grad(p.q_norm_w), bias_grad(p.q_norm_b), params_.grad(p.k_norm_w), bias_grad(p.k_norm_b)};
 }
 
@@ -1279,9 +1286,9 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
         rope_backward(sc.d_3c + r.row * qkv_local(), t, r.rows, cp_.on() ? r.rows : T, qkv_layout());
       }
     }
-    if (cfg_.qk_layernorm)  // d(q, k) before their norm
+    if (cfg_.qk_norm())  // d(q, k) before their norm
       qk_layernorm_backward(sc.d_3c, qk_norm_grads(p), x.qk_raw, x.qk_mean, x.qk_rstd, qk_norm_params(p), sc.qk_tmp,
-                            sc.qk_dx, N, qkv_layout(), normalization());
+                            sc.qk_dx, N, qkv_layout(), qk_normalization());
     // --recompute-modules layernorm: LN1's output again (the QKV layer's weight gradient reads it).
     if (cfg_.recompute_layernorm()) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, a.resid[i], p.ln1_w, p.ln1_b, Ns);
     column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),

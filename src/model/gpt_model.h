@@ -292,9 +292,11 @@ class GPTModel {
   MoeShape moe_shape(int64_t T, bool capacity, bool training) const;
   MoeWeights moe_weights(const LayerParams& p) const;
   MoeGrads moe_grads(const LayerParams& p) const;
-  // --qk-layernorm's parameters and gradients of layer p (model/qk_layernorm.h).
+  // --qk-layernorm's parameters and gradients of layer p (model/qk_layernorm.h); --qk-l2-norm's
+  // unit weights and zero biases, its gradients a sink; and the norm's kind (--qk-l2-norm: RMSNorm).
   QkNormParams qk_norm_params(const LayerParams& p) const;
   QkNormGrads qk_norm_grads(const LayerParams& p) const;
+  Normalization qk_normalization() const { return cfg_.qk_l2_norm ? Normalization::rmsnorm : normalization(); }
 
   void register_parameters();
   static void allocate(std::vector<Activations>& acts, Scratch& scratch, Arena& arena,
@@ -418,7 +420,7 @@ class GPTModel {
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
   // Not with the rotary embedding, which rotates the fp32 q and k (with their bias) in place
   // before the attention reads them, nor with context parallelism, which gathers fp32 keys.
-  bool bf16_qkv() const { return bf16_attention_operands() && !rope_ && !cfg_.qk_layernorm; }
+  bool bf16_qkv() const { return bf16_attention_operands() && !rope_ && !cfg_.qk_norm(); }
   // set_bf16_qkv's switch with a policy that has bf16 results (the rotary embedding aside).
   bool bf16_attention_operands() const {
     return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !cfg_.moe() && !cp_.on();
@@ -547,6 +549,7 @@ class GPTModel {
   std::unique_ptr<RotaryEmbedding> rope_;  // with --position-embedding-type rope
   DeviceArray<float> no_bias_, bias_grad_sink_;  // with --disable-bias-linear or RMSNorm (zeroed when allocated)
   DeviceArray<float> zero_offsets_;              // [Hl] zeros: --softmax-type off-by-one's sink logits
+  DeviceArray<float> qk_l2_ones_;                // [D] ones: --qk-l2-norm's weights
   // --apply-layernorm-1p: every norm weight's 1 + weight, at norm_1p_at_[param] (-1: not a norm
   // weight), and the ones added.
   DeviceArray<float> norm_1p_, norm_ones_;

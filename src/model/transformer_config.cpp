@@ -73,6 +73,8 @@ void TransformerConfig::finalize(int64_t tp) {
   if (max_position_embeddings <= 0)
     LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
   check_position_embedding();
+  if (qk_layernorm && qk_l2_norm)
+    LATTICE_FAIL() << "--qk-layernorm and --qk-l2-norm are exclusive (each is the query and key norm; pick one)";
   if (softmax_type != "vanilla" && softmax_type != "off-by-one" && softmax_type != "learnable")
     LATTICE_FAIL() << "--softmax-type must be vanilla, off-by-one or learnable, got '" << softmax_type << "'";
   if (window_size < -1) LATTICE_FAIL() << "--window-size must be -1 (none) or >= 0 keys, got " << window_size;

@@ -112,6 +112,11 @@ struct TransformerConfig {
   // --qk-layernorm: each query and key head normalized over its kv_channels values before the
   // rotary embedding (q_layernorm, k_layernorm: the normalization above; model/qk_layernorm.h).
   bool qk_layernorm = false;
+  // --qk-l2-norm: each query and key head times 1 / sqrt(mean(x^2) + layernorm_epsilon), with no
+  // weights, before the rotary embedding (Megatron-Core's L2Norm as q_layernorm and k_layernorm,
+  // Llama 4's; the kernels of --qk-layernorm with RMSNorm, unit weights and no gradient for them).
+  bool qk_l2_norm = false;
+  bool qk_norm() const { return qk_layernorm || qk_l2_norm; }  // either: qkv's q and k normalized
   // Mixture of experts (--num-experts E; 0: the dense MLP): every layer's MLP is E experts, each
   // token sent to its moe_router_topk best (model/moe_layer.h), experts of moe_ffn_hidden_size
   // (0 -> ffn_hidden_size); moe_aux_loss_coeff weighs the load-balancing loss's gradient (aux_loss's).

@@ -144,6 +144,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "multiplies the chosen experts' gates (default 1)"},
       {"qk-layernorm", Kind::flag, &a.qk_layernorm,
        "normalize each query and key head (--normalization over --kv-channels) before the rotary embedding (Qwen3)"},
+      {"qk-l2-norm", Kind::flag, &a.qk_l2_norm,
+       "scale each query and key head to unit RMS (no weights) before the rotary embedding (Llama 4)"},
       {"micro-batch-size", Kind::i64, &a.micro_batch_size, "sequences per micro-batch"},
       {"global-batch-size", Kind::i64, &a.global_batch_size,
        "sequences per iteration (0: micro-batch size)"},
@@ -728,6 +730,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.add_bias_linear = !disable_bias_linear;
   c.add_qkv_bias = add_qkv_bias;
   c.qk_layernorm = qk_layernorm;
+  c.qk_l2_norm = qk_l2_norm;
   c.num_experts = num_experts;
   c.moe_router_topk = moe_router_topk;
   c.moe_ffn_hidden_size = moe_ffn_hidden_size;
@@ -867,6 +870,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   on("disable-bias-linear", !m.value("add_bias_linear", true));
   on("add-qkv-bias", m.value("add_qkv_bias", false));
   on("qk-layernorm", m.value("qk_layernorm", false));
+  on("qk-l2-norm", m.value("qk_l2_norm", false));
   if (m.value("num_experts", 0) > 0) {
     from_model("num-experts", "num_experts");
     from_model("moe-router-topk", "moe_router_topk");

@@ -273,6 +273,12 @@ TEST(CudaModel, QkLayernormLossAndEveryGradientMatchCpu) {
   cfg.add_bias_linear = false;
   cfg.finalize();
   expect_loss_and_gradients_match(cfg, "qk-layernorm rmsnorm");
+  cfg = small_config(0.0f);  // --qk-l2-norm: the RMSNorm kernels with unit weights under a LayerNorm model
+  cfg.qk_l2_norm = true;
+  cfg.num_query_groups = 2;
+  cfg.position_embedding_type = "rope";
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "qk-l2-norm rope");
 }
 
 // small_config with 4 experts of ffn 48, top 2, and the load-balancing loss (not finalized).

@@ -29,12 +29,13 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // 50 real tokens padded to a multiple of 8 x TP (56 on one rank, 64 on 2 or 4), so the
 // vocabulary splits unevenly: with TP = 4 the last rank holds 2 real rows.
 // swiglu: SwiGLU's fc1 (its weight and bias each the gate's and the up projection's rows,
-// both split over the ranks), ffn 64 (the default for hidden 32). qk_layernorm: --qk-layernorm
-// (each rank normalizes its heads' queries and keys; the replicated norms' gradients all-reduced),
+// both split over the ranks), ffn 64 (the default for hidden 32). qk_norm 1: --qk-layernorm
+// (each rank normalizes its heads' queries and keys; the replicated norms' gradients all-reduced);
+// 2: --qk-l2-norm (the same without weights),
 // always with the rotary embedding: with learned positions the key norm's bias adds the same to
 // every score of a query, so its gradient is zero up to rounding, which Adam amplifies.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false,
-                         bool qk_layernorm = false, bool moe = false, bool gpt_oss = false) {
+                         int qk_norm = 0, bool moe = false, bool gpt_oss = false) {
   TransformerConfig c;
   c.num_attention_heads = 4;
   if (rope) {  // an attention twice as wide as the hidden size (8 heads of 8 sharing 4 keys and values:
@@ -53,8 +54,9 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
     c.swiglu = true;
   }
   if (swiglu) c.swiglu = true;
-  c.qk_layernorm = qk_layernorm;
-  if (qk_layernorm) c.position_embedding_type = "rope";  // LayerNorm's biases kept without `rope`
+  c.qk_layernorm = qk_norm == 1;
+  c.qk_l2_norm = qk_norm == 2;
+  if (qk_norm) c.position_embedding_type = "rope";  // LayerNorm's biases kept without `rope`
   if (moe) {  // 4 experts of ffn 64 (each split over the ranks), top-2, the load-balancing loss,
               // gated shared experts of ffn 32 (split too, the gate replicated)
     c.num_experts = 4;
@@ -88,9 +90,9 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 
 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
-                bool rope = false, bool swiglu = false, bool qk_layernorm = false, bool moe = false,
+                bool rope = false, bool swiglu = false, int qk_norm = 0, bool moe = false,
                 bool gpt_oss = false) {
-  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_layernorm, moe, gpt_oss), kB, kT, tp);
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss), kB, kT, tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
@@ -114,7 +116,7 @@ struct Layout {
   bool rope = false;  // the rotary embedding (each rank rotates its heads' q and k), 8 heads of 8 in 4
                       // query groups, --disable-bias-linear, RMSNorm, SwiGLU
   bool swiglu = false;  // SwiGLU with the linear layers' biases
-  bool qk_layernorm = false;  // --qk-layernorm
+  int qk_norm = 0;            // 1: --qk-layernorm, 2: --qk-l2-norm
   bool moe = false;           // --num-experts 4 (Megatron's TP split of every expert)
   bool gpt_oss = false;       // GPT-OSS's MLP: experts with biases, the clamped quick GEGLU
 };
@@ -125,9 +127,9 @@ class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
 TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe,
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
                              l.gpt_oss);
-  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe,
+  LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
                              l.gpt_oss);
   expect_same_run(tp, single);
 }
@@ -137,13 +139,13 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
-  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_layernorm, l.moe,
+  LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
                              l.gpt_oss);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
-  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_layernorm, l.moe,
+  LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_norm, l.moe,
                              l.gpt_oss);
   expect_same_run(run, single);
 }
@@ -156,11 +158,12 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                            Layout{false, 0.1f, false, true, false, true},
                                            Layout{true, 0.0f, true, false, false, true}, Layout{true, 0.1f, false, false, false, true},
                                            Layout{true, 0.1f, false, false, false, false, true},
-                                           Layout{false, 0.0f, false, false, false, false, true}),
+                                           Layout{false, 0.0f, false, false, false, false, true},
+                                           Layout{true, 0.1f, false, false, 2}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
-                                  (info.param.swiglu ? "Swiglu" : "") + (info.param.qk_layernorm ? "QkLayernorm" : "") + (info.param.moe ? "Moe" : "") +
+                                  (info.param.swiglu ? "Swiglu" : "") + (info.param.qk_norm == 1 ? "QkLayernorm" : info.param.qk_norm == 2 ? "QkL2Norm" : "") + (info.param.moe ? "Moe" : "") +
                                   (info.param.gpt_oss ? "GptOssMlp" : "");
                          });
 

@@ -403,6 +403,24 @@ if run qwen3_train "$LATTICE" "${QWEN3[@]}" --train-iters 2 --save ckpt-qwen3; t
         qwen3_gen_full.out
   fi
 fi
+# ---- --qk-l2-norm (the query and key heads scaled to unit RMS with no weights: Llama 4's norm) ----
+L2=("${NO_QKV_BIAS[@]}" --qk-l2-norm --kv-channels 16)
+expect_error "--qk-l2-norm with --qk-layernorm" "--qk-layernorm and --qk-l2-norm are exclusive" -- \
+  "$LATTICE" "${L2[@]}" --qk-layernorm --train-iters 1
+if run qkl2_train "$LATTICE" "${L2[@]}" --train-iters 2 --save ckpt-qkl2; then
+  grep -q '"qk_l2_norm": *true' ckpt-qkl2/iter_0000002/*.json || fail "a --qk-l2-norm checkpoint does not say so"
+  if grep -qE 'self_attention\.(q|k)_layernorm' ckpt-qkl2/iter_0000002/*.json; then
+    fail "a --qk-l2-norm checkpoint holds query or key norm weights"
+  fi
+  expect_error "resume: --qk-l2-norm checkpoint without --qk-l2-norm" "qk_l2_norm|--qk-l2-norm" -- \
+    "$LATTICE" "${NO_QKV_BIAS[@]}" --kv-channels 16 --train-iters 3 --load ckpt-qkl2
+  expect_error "convert --to-hf of a --qk-l2-norm model" "--qk-l2-norm" -- \
+    "$LATTICE" convert --load ckpt-qkl2 --to-hf hf-qkl2
+  [ ! -e hf-qkl2 ] || fail "a refused convert --to-hf left hf-qkl2 behind"
+  run qkl2_gen "$LATTICE" generate --load ckpt-qkl2 --prompt "ab" --max-new-tokens 30 --seed 3 &&
+    run qkl2_gen_full "$LATTICE" generate --load ckpt-qkl2 --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
+    same "--qk-l2-norm: generate with the KV cache prints what full recomputation prints" qkl2_gen.out qkl2_gen_full.out
+fi
 # A HuggingFace Qwen3 folder in: the independent fixture (q_norm, k_norm, head_dim 16, tied).
 if run qwen3_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_qwen3_tiny" --save ckpt-hf-qwen3; then
   grep -q 'Qwen3' qwen3_fixture.err || fail "convert did not say it read a Qwen3 model"

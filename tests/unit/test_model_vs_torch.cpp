@@ -58,6 +58,7 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   c.apply_layernorm_1p = f.metadata().count("apply_layernorm_1p") && f.metadata().at("apply_layernorm_1p") == "1";
   if (f.metadata().count("num_query_groups")) c.num_query_groups = meta_int(f, "num_query_groups");
   c.qk_layernorm = f.metadata().count("qk_layernorm") && f.metadata().at("qk_layernorm") == "1";
+  c.qk_l2_norm = f.metadata().count("qk_l2_norm") && f.metadata().at("qk_l2_norm") == "1";
   if (f.metadata().count("window_size")) c.window_size = meta_int(f, "window_size");
   if (f.metadata().count("softmax_type")) c.softmax_type = f.metadata().at("softmax_type");
   if (f.metadata().count("window_attn_skip_freq"))
@@ -214,7 +215,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_swiglu.safetensors", "gpt_tiny_gqa2.safetensors",
                                            "gpt_tiny_nobias_relu2.safetensors",
                                            "gpt_tiny_rope_rmsnorm_ln1p_gqa2_qknorm.safetensors",
-                                           "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_rope_gqa2_swa4.safetensors",
+                                           "gpt_tiny_rope_gqa2_qknorm.safetensors", "gpt_tiny_rope_gqa2_qkl2.safetensors",
+                                           "gpt_tiny_rope_gqa2_swa4.safetensors",
                                            "gpt_tiny_rope_gqa2_swa4_sinks.safetensors", "gpt_tiny_offbyone.safetensors",
                                            "gpt_tiny_nope.safetensors", "gpt_tiny_qgeglu.safetensors",
                                            "gpt_tiny_yarn.safetensors",
