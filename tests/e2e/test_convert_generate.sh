@@ -421,6 +421,14 @@ if run qkl2_train "$LATTICE" "${L2[@]}" --train-iters 2 --save ckpt-qkl2; then
     run qkl2_gen_full "$LATTICE" generate --load ckpt-qkl2 --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&
     same "--qk-l2-norm: generate with the KV cache prints what full recomputation prints" qkl2_gen.out qkl2_gen_full.out
 fi
+# A GPT-2-shaped model with --qk-layernorm has no HuggingFace GPT-2 form: refused, nothing written.
+if run gpt2_qknorm "$LATTICE" train --num-layers 1 --hidden-size 32 --num-attention-heads 4 --seq-length 16 \
+  --max-position-embeddings 16 --micro-batch-size 2 --train-iters 1 --mock-data --tokenizer-type ByteTokenizer \
+  --qk-layernorm --save ckpt-gpt2-qknorm; then
+  expect_error "convert --to-hf of a GPT-2 with --qk-layernorm" "--qk-layernorm (HuggingFace GPT-2 normalizes no query or key)" -- \
+    "$LATTICE" convert --load ckpt-gpt2-qknorm --to-hf hf-gpt2-qknorm
+  [ ! -e hf-gpt2-qknorm ] || fail "a refused convert --to-hf left hf-gpt2-qknorm behind"
+fi
 # A HuggingFace Qwen3 folder in: the independent fixture (q_norm, k_norm, head_dim 16, tied).
 if run qwen3_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_qwen3_tiny" --save ckpt-hf-qwen3; then
   grep -q 'Qwen3' qwen3_fixture.err || fail "convert did not say it read a Qwen3 model"
