@@ -3,31 +3,55 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <string>
 
 #include "core/error.h"
 
 namespace lattice {
 
-PipelineLayout make_pipeline_layout(int64_t L, int P, int64_t per_virtual, int64_t first, int64_t last) {
+namespace {
+
+// "--num-layers L" and, when the split counts the embedding or the loss, what it adds.
+std::string split_layers_text(const PipelineLayout& l) {
+  std::string s = "--num-layers " + std::to_string(l.num_layers);
+  if (l.embedding_in_split) s += " + 1 (--account-for-embedding-in-pipeline-split)";
+  if (l.loss_in_split) s += " + 1 (--account-for-loss-in-pipeline-split)";
+  return s;
+}
+
+}  // namespace
+
+PipelineLayout make_pipeline_layout(int64_t L, int P, int64_t per_virtual, int64_t first, int64_t last,
+                                    bool embedding_in_split, bool loss_in_split) {
   PipelineLayout l;
   l.stages = P;
   l.num_layers = L;
+  l.embedding_in_split = embedding_in_split;
+  l.loss_in_split = loss_in_split;
   if (P < 1) LATTICE_FAIL() << "--pipeline-model-parallel-size must be >= 1, got " << P;
   if (first < 0 || last < 0)
     LATTICE_FAIL() << "--decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers must be >= 0";
   if (per_virtual < 0) LATTICE_FAIL() << "--num-layers-per-virtual-pipeline-stage must be >= 0";
+  if (embedding_in_split || loss_in_split) {  // Megatron-Core's TransformerConfig checks
+    const char* flag = embedding_in_split ? "--account-for-embedding-in-pipeline-split"
+                                          : "--account-for-loss-in-pipeline-split";
+    if (P < 2) LATTICE_FAIL() << flag << " needs --pipeline-model-parallel-size > 1";
+    if (first > 0 || last > 0)
+      LATTICE_FAIL() << flag << " cannot be combined with --decoder-first/last-pipeline-num-layers";
+  }
+  const int64_t Ls = l.split_layers();
   if (per_virtual > 0) {
     if (P < 2) LATTICE_FAIL() << "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1";
     if (first > 0 || last > 0)
       LATTICE_FAIL() << "--num-layers-per-virtual-pipeline-stage cannot be combined with "
                         "--decoder-first/last-pipeline-num-layers";
-    if (L % (int64_t(P) * per_virtual) != 0)
-      LATTICE_FAIL() << "--num-layers " << L << " is not divisible by --pipeline-model-parallel-size " << P
+    if (Ls % (int64_t(P) * per_virtual) != 0)
+      LATTICE_FAIL() << split_layers_text(l) << " is not divisible by --pipeline-model-parallel-size " << P
                      << " x --num-layers-per-virtual-pipeline-stage " << per_virtual;
-    l.virtual_stages = int(L / (int64_t(P) * per_virtual));
+    l.virtual_stages = int(Ls / (int64_t(P) * per_virtual));
     if (l.virtual_stages < 2)
       LATTICE_FAIL() << "--num-layers-per-virtual-pipeline-stage " << per_virtual << " gives one chunk per stage ("
-                     << L << " layers / " << P << " stages); use at most " << L / (2 * int64_t(P))
+                     << Ls << " layers / " << P << " stages); use at most " << Ls / (2 * int64_t(P))
                      << " for interleaving";
     return l;
   }
@@ -35,35 +59,41 @@ PipelineLayout make_pipeline_layout(int64_t L, int P, int64_t per_virtual, int64
     LATTICE_FAIL() << "--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1";
   l.first_stage_layers = first;
   l.last_stage_layers = last;
-  int64_t rest = L, middle = P;
+  int64_t rest = Ls, middle = P;
   if (first > 0) rest -= first, --middle;
   if (last > 0) rest -= last, --middle;
   if (rest < 0 || (middle == 0 && rest != 0))
     LATTICE_FAIL() << "--decoder-first-pipeline-num-layers " << first << " and --decoder-last-pipeline-num-layers "
                    << last << " do not fit --num-layers " << L << " on " << P << " stages";
   if (middle > 0 && rest % middle != 0)
-    LATTICE_FAIL() << "--num-layers " << L << " is not divisible by --pipeline-model-parallel-size " << P
+    LATTICE_FAIL() << split_layers_text(l) << " is not divisible by --pipeline-model-parallel-size " << P
                    << (first > 0 || last > 0 ? " (the layers left for the middle stages after "
                                                "--decoder-first/last-pipeline-num-layers must split evenly)"
                                              : "");
   if (middle > 0 && rest / middle == 0)
-    LATTICE_FAIL() << "--num-layers " << L << " leaves a pipeline stage without layers (--pipeline-model-parallel-size "
+    LATTICE_FAIL() << split_layers_text(l) << " leaves a pipeline stage without layers (--pipeline-model-parallel-size "
                    << P << ")";
   return l;
 }
 
 std::vector<std::pair<int64_t, int64_t>> stage_layers(const PipelineLayout& l, int r) {
   const int P = l.stages;
+  // The split's layer range [b, e) as decoder layers: the embedding is split layer 0.
+  const int64_t shift = l.embedding_in_split ? 1 : 0;
+  auto decoder = [&](int64_t b, int64_t e) {
+    return std::pair<int64_t, int64_t>{std::clamp<int64_t>(b - shift, 0, l.num_layers),
+                                       std::clamp<int64_t>(e - shift, 0, l.num_layers)};
+  };
   if (l.virtual_stages > 1) {
-    const int64_t per = l.num_layers / (int64_t(P) * l.virtual_stages);
+    const int64_t per = l.split_layers() / (int64_t(P) * l.virtual_stages);
     std::vector<std::pair<int64_t, int64_t>> out;
     for (int v = 0; v < l.virtual_stages; ++v) {
       const int64_t b = (int64_t(v) * P + r) * per;
-      out.push_back({b, b + per});
+      out.push_back(decoder(b, b + per));
     }
     return out;
   }
-  int64_t rest = l.num_layers, middle = P;
+  int64_t rest = l.split_layers(), middle = P;
   if (l.first_stage_layers > 0) rest -= l.first_stage_layers, --middle;
   if (l.last_stage_layers > 0) rest -= l.last_stage_layers, --middle;
   const int64_t per = middle > 0 ? rest / middle : 0;
@@ -74,7 +104,7 @@ std::vector<std::pair<int64_t, int64_t>> stage_layers(const PipelineLayout& l, i
   };
   int64_t b = 0;
   for (int s = 0; s < r; ++s) b += count(s);
-  return {{b, b + count(r)}};
+  return {decoder(b, b + count(r))};
 }
 
 void check_micro_batches(const PipelineLayout& l, int64_t M) {

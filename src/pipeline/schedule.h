@@ -16,17 +16,30 @@ struct PipelineLayout {
   int64_t num_layers = 0;
   int64_t first_stage_layers = 0;   // --decoder-first-pipeline-num-layers (0: even split)
   int64_t last_stage_layers = 0;    // --decoder-last-pipeline-num-layers (0: even split)
+  // --account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split: the
+  // embedding (before layer 0) and the loss (after the last layer) each count as one layer
+  // in the split, so the first (last) chunk holds one decoder layer fewer (Megatron-Core's
+  // get_num_layers_to_build and get_transformer_layer_offset).
+  bool embedding_in_split = false;
+  bool loss_in_split = false;
+  // The layers the split divides: num_layers, plus one for each of the two above.
+  int64_t split_layers() const { return num_layers + (embedding_in_split ? 1 : 0) + (loss_in_split ? 1 : 0); }
 };
 
 // The layout for the flags, or a one-line error naming the flag to change:
-// layers_per_virtual_stage = --num-layers-per-virtual-pipeline-stage (0: not interleaved).
+// layers_per_virtual_stage = --num-layers-per-virtual-pipeline-stage (0: not interleaved);
+// embedding_in_split, loss_in_split: the --account-for-...-in-pipeline-split flags (with
+// pipeline parallelism only, not with --decoder-first/last-pipeline-num-layers).
 PipelineLayout make_pipeline_layout(int64_t num_layers, int stages, int64_t layers_per_virtual_stage,
-                                    int64_t first_stage_layers, int64_t last_stage_layers);
+                                    int64_t first_stage_layers, int64_t last_stage_layers,
+                                    bool embedding_in_split = false, bool loss_in_split = false);
 
 // Global layer ranges [begin, end) of stage `stage`'s chunks, in chunk order. Even: L/P
 // consecutive layers per stage; uneven: the first and last stage take their counts and
 // the middle stages split the rest evenly; interleaved: stage r's chunk v holds the
-// (v*P + r)-th block of L/(P*V) layers.
+// (v*P + r)-th block of L/(P*V) layers. With the embedding (loss) in the split, L counts
+// it as a layer before layer 0 (after the last) and the chunk that holds it has one
+// decoder layer fewer, possibly none ([b, b)).
 std::vector<std::pair<int64_t, int64_t>> stage_layers(const PipelineLayout& layout, int stage);
 
 struct PipelineOp {

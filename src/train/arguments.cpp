@@ -175,6 +175,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "layers on the first pipeline stage (0: even split)"},
       {"decoder-last-pipeline-num-layers", Kind::i64, &a.decoder_last_pipeline_num_layers,
        "layers on the last pipeline stage (0: even split)"},
+      {"account-for-embedding-in-pipeline-split", Kind::flag, &a.account_for_embedding_in_pipeline_split,
+       "count the embedding as one layer in the pipeline split: the first stage holds one layer fewer"},
+      {"account-for-loss-in-pipeline-split", Kind::flag, &a.account_for_loss_in_pipeline_split,
+       "count the output layer and loss as one layer in the pipeline split: the last stage holds one layer fewer"},
       {"dry-run", Kind::flag, &a.dry_run, "print the parallel layout and pipeline schedule, then exit"},
       {"bf16", Kind::flag, &a.bf16, "bf16 mixed precision (fp32 main parameters and gradients)"},
       {"fp16", Kind::flag, &a.fp16, "fp16 mixed precision with loss scaling"},
@@ -576,7 +580,8 @@ void validate(TrainArgs& a) {
                      << " (required by --sequence-parallel)";
   }
   make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
-                       a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);
+                       a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers,
+                       a.account_for_embedding_in_pipeline_split, a.account_for_loss_in_pipeline_split);
   if (a.sequence_parallel && a.seq_length % a.tensor_model_parallel_size != 0)
     LATTICE_FAIL() << "--seq-length " << a.seq_length << " is not divisible by --tensor-model-parallel-size "
                    << a.tensor_model_parallel_size << " (required by --sequence-parallel)";

@@ -95,6 +95,8 @@ struct TrainArgs {
   bool sequence_parallel = false;
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   int64_t decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;  // 0: even split
+  bool account_for_embedding_in_pipeline_split = false;  // the embedding counts as a layer in the split
+  bool account_for_loss_in_pipeline_split = false;       // the loss counts as a layer in the split
   bool dry_run = false;
   // Mixed precision (Megatron's flags and defaults).
   bool bf16 = false, fp16 = false, grad_reduce_in_bf16 = false;

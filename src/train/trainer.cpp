@@ -183,7 +183,8 @@ std::string exit_reason(const TrainArgs& args, int64_t done, std::chrono::steady
 PipelineLayout pipeline_layout(const TrainArgs& args) {
   return make_pipeline_layout(args.num_layers, int(args.pipeline_model_parallel_size),
                               args.num_layers_per_virtual_pipeline_stage, args.decoder_first_pipeline_num_layers,
-                              args.decoder_last_pipeline_num_layers);
+                              args.decoder_last_pipeline_num_layers, args.account_for_embedding_in_pipeline_split,
+                              args.account_for_loss_in_pipeline_split);
 }
 
 // The inputs of the per-rank memory estimate (--log-memory, --dry-run). fp32 today;
@@ -261,13 +262,21 @@ int print_dry_run(const TrainArgs& args) {
                 ramp->describe().c_str(), (long long)args.train_iters, sizes.c_str());
   }
   for (int r = 0; r < pipe.stages; ++r) {
-    std::string chunks;
-    for (auto [b, e] : stage_layers(pipe, r))
-      chunks += (chunks.empty() ? "" : ", ") + std::string("layers ") + std::to_string(b) + "-" + std::to_string(e - 1);
+    std::string chunks;  // each chunk: [embedding + ] layers b-e [ + output layer and loss]
+    const auto ranges = stage_layers(pipe, r);
+    for (size_t v = 0; v < ranges.size(); ++v) {
+      const auto [b, e] = ranges[v];
+      std::string chunk;
+      if (r == 0 && v == 0) chunk = "embedding";
+      if (b < e)
+        chunk += (chunk.empty() ? "" : " + ") +
+                 (e - b == 1 ? "layer " + std::to_string(b) : "layers " + std::to_string(b) + "-" + std::to_string(e - 1));
+      if (r == pipe.stages - 1 && v + 1 == ranges.size()) chunk += (chunk.empty() ? "" : " + ") + std::string("output layer and loss");
+      chunks += (chunks.empty() ? "" : ", ") + chunk;
+    }
     const auto ops = pipeline_schedule(pipe, num_micro, r);
-    std::printf("  stage %d: %s%s%s; warmup %lld forwards, at most %d micro-batches of activations per chunk\n", r,
-                chunks.c_str(), r == 0 ? " + embedding" : "", r == pipe.stages - 1 ? " + output layer and loss" : "",
-                (long long)std::max<int64_t>(0, warmup_forwards(ops) - 1), max_in_flight(ops));
+    std::printf("  stage %d: %s; warmup %lld forwards, at most %d micro-batches of activations per chunk\n", r,
+                chunks.c_str(), (long long)std::max<int64_t>(0, warmup_forwards(ops) - 1), max_in_flight(ops));
   }
   std::fputs(format_timeline(pipe, num_micro).c_str(), stdout);
   TransformerConfig cfg = args.transformer_config();

@@ -37,7 +37,12 @@ struct Case {
   std::vector<int> moe_layers = {};  // --moe-layer-freq's pattern (empty: every layer)
   bool sigmoid_bias = false;  // sigmoid scores and the expert bias (rate 0.01)
   double capacity = 0;        // --moe-expert-capacity-factor
+  bool embedding_in_split = false, loss_in_split = false;  // --account-for-embedding/loss-in-pipeline-split
 };
+
+PipelineLayout layout_of(const Case& c, int P) {
+  return make_pipeline_layout(c.layers, P, c.per_virtual, c.first, c.last, c.embedding_in_split, c.loss_in_split);
+}
 
 TransformerConfig config(const Case& c, int tp) {
   TransformerConfig t;
@@ -70,8 +75,7 @@ TransformerConfig config(const Case& c, int tp) {
 // `ps` null: the single-process reference.
 LayoutRun train(const Case& c, ParallelState* ps, bool sequence_parallel, const DataParallelConfig* dp_cfg) {
   const int P = ps ? ps->pp().size() : 1;
-  const PipelineLayout layout =
-      make_pipeline_layout(c.layers, P, ps ? c.per_virtual : 0, ps ? c.first : 0, ps ? c.last : 0);
+  const PipelineLayout layout = ps ? layout_of(c, P) : make_pipeline_layout(c.layers, 1, 0, 0, 0);
   const int dp_size = ps ? ps->dp().size() : 1;
   const int64_t M = kGBS / (kB * dp_size);
   const int stage = ps ? ps->pp_rank() : 0;
@@ -108,7 +112,7 @@ TEST_P(DistPipeline, MatchesSingleProcess) {
   if (world == 1 || world == 8) GTEST_SKIP() << "PP = world size on 2 or 4 ranks";
   const Case& c = GetParam();
   try {
-    make_pipeline_layout(c.layers, world, c.per_virtual, c.first, c.last);
+    layout_of(c, world);
   } catch (const Error& e) {
     GTEST_SKIP() << "layout does not fit " << world << " stages: " << e.what();
   }
@@ -130,7 +134,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"Interleaved", 4, 1, 0, 0, false, 0.0f},
                       Case{"InterleavedDropout", 4, 1, 0, 0, false, 0.1f},
                       Case{"UnevenFirst", 7, 0, 1, 0, false, 0.0f}, Case{"UnevenLast", 7, 0, 0, 1, false, 0.1f},
-                      Case{"MixtureOfExpertsInterleavedDropout", 4, 1, 0, 0, false, 0.1f, 1e-8f, 4}),
+                      Case{"MixtureOfExpertsInterleavedDropout", 4, 1, 0, 0, false, 0.1f, 1e-8f, 4},
+                      // 6 layers + embedding + loss: 2 and 4 stages, the end stages one layer short.
+                      Case{"EmbeddingAndLossInSplit", 6, 0, 0, 0, false, 0.1f, 1e-8f, 0, {}, false, 0, true, true},
+                      // 7 + embedding interleaved, one split layer per chunk: stage 0's first chunk is
+                      // the embedding alone (no layers), on 2 stages (4 chunks each) and 4 (2 each).
+                      Case{"EmbeddingInSplitInterleaved", 7, 1, 0, 0, true, 0.1f, 1e-8f, 0, {}, false, 0, true},
+                      // 7 + loss interleaved: the last stage's last chunk is the loss alone.
+                      Case{"LossInSplitInterleaved", 7, 1, 0, 0, false, 0.0f, 1e-8f, 0, {}, false, 0, false, true}),
     [](const auto& info) { return info.param.name; });
 
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel

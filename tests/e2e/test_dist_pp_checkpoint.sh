@@ -42,4 +42,16 @@ resume "TP=2 x PP=2 -> PP=2 interleaved" ckpt 2 --pipeline-model-parallel-size 2
   --num-layers-per-virtual-pipeline-stage 1
 resume "TP=2 x PP=2 -> PP=2 uneven (1 + 3 layers)" ckpt 2 --pipeline-model-parallel-size 2 \
   --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 3
+# The embedding and the loss counted in the split: 4 + 2 over 3 stages is embedding + layer 0,
+# layers 1-2, layer 3 + loss (--dry-run says so), and the run goes on as the baseline.
+if "${MPIRUN[@]}" -np 3 "$LATTICE" "${TRAIN[@]}" --pipeline-model-parallel-size 3 \
+     --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --dry-run > split_dry.log 2>&1 &&
+   grep -q "stage 0: embedding + layer 0;" split_dry.log && grep -q "stage 1: layers 1-2;" split_dry.log &&
+   grep -q "stage 2: layer 3 + output layer and loss;" split_dry.log; then
+  pass "--dry-run: the embedding and loss in the split leave the end stages one layer each"
+else
+  fail "--dry-run with the embedding and loss in the split: $(grep 'stage [0-9]:' split_dry.log | head -3)"
+fi
+resume "TP=2 x PP=2 -> PP=3 with the embedding and loss in the split" ckpt 3 --pipeline-model-parallel-size 3 \
+  --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split
 e2e_finish

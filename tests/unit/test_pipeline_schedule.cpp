@@ -40,6 +40,72 @@ TEST(PipelineLayout, EvenUnevenAndInterleavedPlacement) {
   EXPECT_EQ(stage_layers(inter, 1), (std::vector<std::pair<int64_t, int64_t>>{{2, 4}, {6, 8}}));
 }
 
+using Chunks = std::vector<std::pair<int64_t, int64_t>>;
+
+// --account-for-embedding/loss-in-pipeline-split: Megatron-Core's placement, where the split
+// divides L + 1 (+ 1) layers and the chunk holding the embedding (loss) builds one decoder
+// layer fewer; layer offsets shift back by one after the embedding.
+TEST(PipelineLayout, EmbeddingAndLossCountAsLayersInTheSplit) {
+  // 6 layers + embedding + loss on 4 stages: 2 each, the first and last stage hold one decoder layer.
+  const PipelineLayout both = make_pipeline_layout(6, 4, 0, 0, 0, true, true);
+  EXPECT_EQ(both.split_layers(), 8);
+  EXPECT_EQ(stage_layers(both, 0), (Chunks{{0, 1}}));
+  EXPECT_EQ(stage_layers(both, 1), (Chunks{{1, 3}}));
+  EXPECT_EQ(stage_layers(both, 2), (Chunks{{3, 5}}));
+  EXPECT_EQ(stage_layers(both, 3), (Chunks{{5, 6}}));
+  // The embedding only: 7 + 1 on 2 stages.
+  const PipelineLayout emb = make_pipeline_layout(7, 2, 0, 0, 0, true, false);
+  EXPECT_EQ(stage_layers(emb, 0), (Chunks{{0, 3}}));
+  EXPECT_EQ(stage_layers(emb, 1), (Chunks{{3, 7}}));
+  // The loss only: 7 + 1 on 2 stages.
+  const PipelineLayout loss = make_pipeline_layout(7, 2, 0, 0, 0, false, true);
+  EXPECT_EQ(stage_layers(loss, 0), (Chunks{{0, 4}}));
+  EXPECT_EQ(stage_layers(loss, 1), (Chunks{{4, 7}}));
+  // Interleaved, one split layer per chunk: 6 + 2 on 2 stages gives 4 chunks each; the first chunk of
+  // stage 0 is the embedding alone and the last chunk of stage 1 the loss alone (no decoder layers).
+  const PipelineLayout inter = make_pipeline_layout(6, 2, 1, 0, 0, true, true);
+  EXPECT_EQ(inter.virtual_stages, 4);
+  EXPECT_EQ(stage_layers(inter, 0), (Chunks{{0, 0}, {1, 2}, {3, 4}, {5, 6}}));
+  EXPECT_EQ(stage_layers(inter, 1), (Chunks{{0, 1}, {2, 3}, {4, 5}, {6, 6}}));
+  // Every decoder layer is placed exactly once, in order along (chunk, stage).
+  for (const PipelineLayout& l : {both, emb, loss, inter}) {
+    int64_t next = 0;
+    for (int v = 0; v < l.virtual_stages; ++v)
+      for (int r = 0; r < l.stages; ++r) {
+        const auto [b, e] = stage_layers(l, r)[size_t(v)];
+        EXPECT_EQ(b, next) << "stage " << r << " chunk " << v;
+        next = e;
+      }
+    EXPECT_EQ(next, l.num_layers);
+  }
+}
+
+TEST(PipelineLayout, EmbeddingAndLossInTheSplitErrorsNameTheFlag) {
+  auto error = [](int64_t L, int P, int64_t per_virtual, int64_t first, bool emb, bool loss) -> std::string {
+    try {
+      make_pipeline_layout(L, P, per_virtual, first, 0, emb, loss);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error(8, 1, 0, 0, true, false).find("--account-for-embedding-in-pipeline-split needs "
+                                                "--pipeline-model-parallel-size > 1"),
+            std::string::npos);
+  EXPECT_NE(error(8, 1, 0, 0, false, true).find("--account-for-loss-in-pipeline-split needs"), std::string::npos);
+  EXPECT_NE(error(7, 2, 0, 1, true, false).find("cannot be combined with --decoder-first/last"), std::string::npos);
+  // 8 layers + 1 does not split over 2 stages; the message says where the 1 comes from.
+  EXPECT_NE(error(8, 2, 0, 0, true, false)
+                .find("--num-layers 8 + 1 (--account-for-embedding-in-pipeline-split) is not divisible by "
+                      "--pipeline-model-parallel-size 2"),
+            std::string::npos);
+  EXPECT_NE(error(8, 2, 1, 0, false, true).find("--num-layers 8 + 1 (--account-for-loss-in-pipeline-split) is not "
+                                                "divisible by --pipeline-model-parallel-size 2 x "
+                                                "--num-layers-per-virtual-pipeline-stage 1"),
+            std::string::npos);
+  EXPECT_EQ(error(8, 2, 0, 0, true, true), "");
+}
+
 TEST(PipelineLayout, ErrorsNameTheFlag) {
   EXPECT_NE(error_of(6, 4, 0, 0, 0).find("--num-layers 6 is not divisible by --pipeline-model-parallel-size 4"),
             std::string::npos);
