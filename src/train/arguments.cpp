@@ -304,6 +304,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"num-threads", Kind::i64, &a.num_threads, "threads for kernels and GEMM (0: OMP_NUM_THREADS, else all cores)"},
       {"log-throughput", Kind::flag, &a.log_throughput, "accepted for Megatron compatibility"},
       {"log-params-norm", Kind::flag, &a.log_params_norm, "the parameters' L2 norm in the log line and TensorBoard"},
+      {"check-weight-hash-across-dp-replicas-interval", Kind::i64, &a.check_weight_hash_across_dp_replicas_interval,
+       "every N iterations compare the parameters' hashes across data-parallel replicas; a difference stops "
+       "training with an error naming the parameter and ranks (0: never)"},
       {"no-check-for-nan-in-loss-and-grad", Kind::flag, &a.no_check_for_nan_in_loss_and_grad,
        "train on when a step's loss or gradient norm is nan or infinite (by default such a step stops training "
        "before its update)"},

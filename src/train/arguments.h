@@ -178,6 +178,7 @@ struct TrainArgs {
   int64_t num_threads = 0;  // 0: OMP_NUM_THREADS, else all cores
   bool log_throughput = false;
   bool log_params_norm = false, log_num_zeros_in_grad = false;
+  int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never (train/weight_hash.h)
   bool no_check_for_nan_in_loss_and_grad = false;  // Megatron's: train on through a nan/inf loss or grad norm
   std::string attention_backend = "auto";  // accepted: lattice's attention is its own flash kernel
   // Megatron flags that choose between implementations lattice does not have (fused kernels or

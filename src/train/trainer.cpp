@@ -38,6 +38,7 @@
 #include "train/op_profile_report.h"
 #include "train/tensorboard_log.h"
 #include "train/train_step.h"
+#include "train/weight_hash.h"
 
 namespace lattice {
 
@@ -103,6 +104,7 @@ void check_checkpoint_flags(const TrainArgs& a) {
   non_negative("save-interval", double(a.save_interval));
   non_negative("keep-last-n", double(a.keep_last_n));
   non_negative("exit-interval", double(a.exit_interval));
+  non_negative("check-weight-hash-across-dp-replicas-interval", double(a.check_weight_hash_across_dp_replicas_interval));
   non_negative("exit-duration-in-mins", a.exit_duration_in_mins);
   if (a.save.empty() && (a.save_interval > 0 || a.keep_last_n > 0 || a.no_save_optim || a.no_save_rng))
     LATTICE_FAIL() << "--save-interval, --keep-last-n, --no-save-optim and --no-save-rng need --save DIR";
@@ -619,6 +621,13 @@ int run_training(const TrainArgs& args) {
       interval_iters = interval_skipped = interval_nan = interval_samples = 0;
     }
     if (done - start.iteration == 3 || done == args.train_iters) log_memory_peaks(done - start.iteration);
+    if (args.check_weight_hash_across_dp_replicas_interval > 0 &&
+        done % args.check_weight_hash_across_dp_replicas_interval == 0) {
+      settle_params();  // the distributed optimizer's gathered parameters
+      apply_test_replica_perturbation(model.params(), ps->world().rank());
+      check_weight_hashes_across_dp_replicas(model.params(), ps->dp_cp(), ps->expert_dp(), ps->world(), done);
+      log_info("> weight hashes match across data-parallel replicas after iteration " + std::to_string(done));
+    }
     if (data.valid && done % args.eval_interval == 0) {
       run_eval(eval_prefix(done), "val", *data.valid, valid_pos, done);
       valid_pos += eval_samples;

@@ -75,4 +75,25 @@ if [[ $rc -eq 0 ]] && grep -q "exiting after iteration" "$TMP/sigterm.log" && [[
 else
   fail "sigterm: exit $rc, output: $(tail -3 "$TMP/sigterm.log")"
 fi
+
+# --check-weight-hash-across-dp-replicas-interval: DP 2 with the distributed optimizer matches at
+# every check; with one replica's final norm nudged (the test hook) both ranks stop at the check,
+# non-zero, naming the parameter and the two ranks, and write no checkpoint of the diverged model.
+if timeout 120 "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 4 --use-distributed-optimizer \
+     --check-weight-hash-across-dp-replicas-interval 2 > "$TMP/hash.log" 2>&1 &&
+   [[ $(grep -c "weight hashes match across data-parallel replicas after iteration [24]$" "$TMP/hash.log") -eq 2 ]]; then
+  pass "weight hashes: DP 2 replicas match at iterations 2 and 4"
+else
+  fail "weight hashes: $(tail -3 "$TMP/hash.log")"
+fi
+rc=0
+timeout 120 "${MPIRUN[@]}" -np 2 -x LATTICE_TEST_PERTURB_REPLICA=1 "$LATTICE" "${TRAIN[@]}" --train-iters 4 \
+  --check-weight-hash-across-dp-replicas-interval 2 --save "$TMP/hashckpt" --save-interval 2 > "$TMP/hash_bad.log" 2>&1 || rc=$?
+if [[ $rc -ne 0 && $rc -ne 124 ]] &&
+   grep -q "after iteration 2 parameter decoder.final_layernorm.bias differs between its data-parallel replicas on ranks 0 (CRC-32 [0-9a-f]*) and 1" "$TMP/hash_bad.log" &&
+   ! grep -q "iteration        3/" "$TMP/hash_bad.log" && [[ ! -e $TMP/hashckpt/latest_checkpointed_iteration.txt ]]; then
+  pass "weight hashes: a nudged replica stops both ranks at the check (exit $rc), named, nothing saved"
+else
+  fail "weight hashes with a nudged replica: exit $rc, output: $(grep -v '^ *iteration' "$TMP/hash_bad.log" | tail -4)"
+fi
 e2e_finish
