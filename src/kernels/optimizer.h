@@ -27,6 +27,20 @@ struct AdamwRange {
 void adamw_update_ranges(float* p, const float* g, float* m, float* v, const AdamwRange* ranges, int64_t count,
                          float beta1, float beta2, float eps, int64_t step, float grad_scale = 1.0f);
 
+// Where AdamW's moments live: fp32 arrays, or bf16 bit patterns (Megatron's precision-aware
+// optimizer, --exp-avg-dtype / --exp-avg-sq-dtype bf16: half the optimizer state). Each
+// element's step reads its moments exactly into fp32, runs adamw_update's fp32 step (the
+// parameter's update uses the new moments before rounding) and stores them rounded to nearest
+// even (kernels/optimizer_math.h adamw_step_stored).
+struct AdamwMoments {
+  void* m = nullptr;  // float[] or uint16_t[] (m_bf16)
+  void* v = nullptr;  // float[] or uint16_t[] (v_bf16)
+  bool m_bf16 = false, v_bf16 = false;
+};
+// adamw_update_ranges with the moments as stored; both fp32: the float overload's bits.
+void adamw_update_ranges(float* p, const float* g, const AdamwMoments& moments, const AdamwRange* ranges,
+                         int64_t count, float beta1, float beta2, float eps, int64_t step, float grad_scale = 1.0f);
+
 // SGD with momentum and L2 weight decay, as torch.optim.SGD (dampening 0, Megatron --optimizer sgd):
 //   g' = g + wd p;  buf = momentum * buf + g' (buf = g' on the first step);  p -= lr * buf
 // grad_scale as for adamw_update.

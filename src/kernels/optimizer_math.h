@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/hd.h"
+#include "kernels/cast_math.h"
 
 namespace lattice::math {
 
@@ -51,6 +52,23 @@ LATTICE_HD inline void adamw_step(float& p, float g, float& m, float& v, const A
   m = mi;
   v = vi;
   p = pi - s.step_size * (mi / denom);
+}
+
+// A moment as stored (--exp-avg-dtype, --exp-avg-sq-dtype): fp32, or bf16 bit patterns read
+// exactly into fp32 and written rounded to nearest even.
+LATTICE_HD inline float load_moment(float x) { return x; }
+LATTICE_HD inline float load_moment(uint16_t x) { return bf16_to_fp32(x); }
+LATTICE_HD inline void store_moment(float& o, float x) { o = x; }
+LATTICE_HD inline void store_moment(uint16_t& o, float x) { o = fp32_to_bf16(x); }
+
+// adamw_step with the moments in their stored types: read into fp32, the step in fp32 (the
+// update uses the new moments before their rounding), stored back. Both fp32: adamw_step's bits.
+template <class M, class V>
+LATTICE_HD inline void adamw_step_stored(float& p, float g, M& m, V& v, const AdamwScalars& s) {
+  float mi = load_moment(m), vi = load_moment(v);
+  adamw_step(p, g, mi, vi, s);
+  store_moment(m, mi);
+  store_moment(v, vi);
 }
 
 // Plain SGD with L2 weight decay (no momentum buffer).

@@ -11,6 +11,7 @@
 #include "dist/comm.h"
 
 #include "kernels/elementwise.h"
+#include "kernels/cast_math.h"
 #include "kernels/optimizer.h"
 
 namespace lattice {
@@ -86,6 +87,8 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
     : params_(params), cfg_(config) {
   if (cfg_.optimizer != "adam" && cfg_.optimizer != "sgd")
     LATTICE_FAIL() << "--optimizer must be adam or sgd, got " << cfg_.optimizer;
+  if (cfg_.optimizer != "adam" && (cfg_.exp_avg_bf16 || cfg_.exp_avg_sq_bf16))
+    LATTICE_FAIL() << "--exp-avg-dtype and --exp-avg-sq-dtype are Adam's moments: they need --optimizer adam";
   int64_t state = 0;
   for (auto [rb, re] : or_whole(params, owned))
     for (size_t k = 0; k < params.infos().size(); ++k) {
@@ -95,10 +98,11 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
       segments_.push_back(Segment{int(k), b, e, state});
       state += e - b;
     }
-  const size_t bytes = size_t(state) * sizeof(float);
+  state_numel_ = state;
+  auto bytes = [&](bool bf16) { return size_t(state) * (bf16 ? sizeof(uint16_t) : sizeof(float)); };
   try {
-    state1_ = Storage(bytes);
-    if (cfg_.optimizer == "adam") state2_ = Storage(bytes);
+    state1_ = Storage(bytes(cfg_.exp_avg_bf16));
+    if (cfg_.optimizer == "adam") state2_ = Storage(bytes(cfg_.exp_avg_sq_bf16));
   } catch (const OutOfMemory& e) {
     std::ostringstream what;
     what << "the optimizer state (" << state << " parameters)";
@@ -108,16 +112,34 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
 
 void Optimizer::export_state(int slot, float* flat) const {
   LATTICE_CHECK(slot == 1 || (slot == 2 && state2_.data())) << "no optimizer state slot " << slot;
-  const float* st = slot == 1 ? state1() : state2();
-  for (const Segment& s : segments_)
-    copy_to_host(flat + s.begin, st + s.state_offset, size_t(s.end - s.begin) * sizeof(float));
+  const Storage& st = slot == 1 ? state1_ : state2_;
+  if (!state_bf16(slot)) {
+    for (const Segment& s : segments_)
+      copy_to_host(flat + s.begin, st.as<float>() + s.state_offset, size_t(s.end - s.begin) * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> host;
+  for (const Segment& s : segments_) {
+    host.resize(size_t(s.end - s.begin));
+    copy_to_host(host.data(), st.as<uint16_t>() + s.state_offset, host.size() * sizeof(uint16_t));
+    for (size_t i = 0; i < host.size(); ++i) flat[size_t(s.begin) + i] = math::bf16_to_fp32(host[i]);
+  }
 }
 
 void Optimizer::import_state(int slot, const float* flat) {
   LATTICE_CHECK(slot == 1 || (slot == 2 && state2_.data())) << "no optimizer state slot " << slot;
-  float* st = slot == 1 ? state1() : state2();
-  for (const Segment& s : segments_)
-    copy_to_device(st + s.state_offset, flat + s.begin, size_t(s.end - s.begin) * sizeof(float));
+  const Storage& st = slot == 1 ? state1_ : state2_;
+  if (!state_bf16(slot)) {
+    for (const Segment& s : segments_)
+      copy_to_device(st.as<float>() + s.state_offset, flat + s.begin, size_t(s.end - s.begin) * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> host;
+  for (const Segment& s : segments_) {
+    host.resize(size_t(s.end - s.begin));
+    for (size_t i = 0; i < host.size(); ++i) host[i] = math::fp32_to_bf16(flat[size_t(s.begin) + i]);
+    copy_to_device(st.as<uint16_t>() + s.state_offset, host.data(), host.size() * sizeof(uint16_t));
+  }
 }
 
 void Optimizer::step(const OptimizerParamScheduler& scheduler, float grad_scale) {
@@ -151,8 +173,9 @@ void Optimizer::update(const LrWd& lr_wd, float grad_scale) {
       const auto [lr, wd] = lr_wd(s);
       ranges.push_back(AdamwRange{s.begin, s.end - s.begin, s.state_offset, float(lr), float(wd)});
     }
-    adamw_update_ranges(w, g, state1(), state2(), ranges.data(), int64_t(ranges.size()), cfg_.adam_beta1,
-                        cfg_.adam_beta2, cfg_.adam_eps, step_, grad_scale);
+    const AdamwMoments moments{state1_.data(), state2_.data(), cfg_.exp_avg_bf16, cfg_.exp_avg_sq_bf16};
+    adamw_update_ranges(w, g, moments, ranges.data(), int64_t(ranges.size()), cfg_.adam_beta1, cfg_.adam_beta2,
+                        cfg_.adam_eps, step_, grad_scale);
     return;
   }
   for (const Segment& s : segments_) {

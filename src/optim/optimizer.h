@@ -21,6 +21,11 @@ struct OptimizerConfig {
   float adam_eps = 1e-8f;
   float sgd_momentum = 0.9f;
   float clip_grad = 1.0f;          // 0 disables clipping
+  // Megatron's precision-aware optimizer (--use-precision-aware-optimizer --exp-avg-dtype bf16
+  // --exp-avg-sq-dtype bf16): Adam's first (second) moment stored in bf16, 2 bytes instead of 4
+  // (kernels/optimizer.h AdamwMoments); the step itself is fp32.
+  bool exp_avg_bf16 = false;
+  bool exp_avg_sq_bf16 = false;
 };
 
 // Element ranges [begin, end) of the flat buffer a rank updates. Empty: the whole buffer.
@@ -65,16 +70,20 @@ class Optimizer {
   void step(double lr, double weight_decay, float grad_scale = 1.0f);
   int64_t steps() const { return step_; }
   // State tensors (device memory): Adam exp_avg / exp_avg_sq, or SGD momentum (second
-  // null), compact over the owned segments in order.
+  // null), compact over the owned segments in order; fp32, or bf16 patterns where
+  // state_bf16(slot) (read them through export_state).
   float* state1() const { return state1_.as<float>(); }
   float* state2() const { return state2_.as<float>(); }
+  bool state_bf16(int slot) const { return slot == 1 ? cfg_.exp_avg_bf16 : cfg_.exp_avg_sq_bf16; }
   size_t state_bytes() const { return state1_.size() + state2_.size(); }
-  int64_t state_numel() const { return int64_t(state1_.size() / sizeof(float)); }  // per slot
+  int64_t state_numel() const { return state_numel_; }  // per slot
   void set_steps(int64_t s) { step_ = s; }
   // Slot 1 (exp_avg / momentum) or 2 (exp_avg_sq) in the flat buffer's layout: export
   // writes the owned elements into the host array `flat` (params().numel() floats; others untouched),
   // import reads them from it. Checkpoints store full tensors this way, so a state
-  // saved under one data-parallel sharding loads under any other.
+  // saved under one data-parallel sharding loads under any other. In fp32 whatever the state's
+  // dtype: a bf16 moment exported exactly, imported rounded to nearest even (so fp32 and bf16
+  // states load into each other).
   void export_state(int slot, float* flat) const;
   void import_state(int slot, const float* flat);
 
@@ -94,6 +103,7 @@ class Optimizer {
   OptimizerConfig cfg_;
   std::vector<Segment> segments_;
   Storage state1_, state2_;
+  int64_t state_numel_ = 0;
   int64_t step_ = 0;
 };
 

@@ -160,6 +160,13 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"adam-beta2", Kind::f32, &a.adam_beta2, "Adam beta2"},
       {"adam-eps", Kind::f32, &a.adam_eps, "Adam epsilon"},
       {"sgd-momentum", Kind::f32, &a.sgd_momentum, "SGD momentum"},
+      {"use-precision-aware-optimizer", Kind::flag, &a.use_precision_aware_optimizer,
+       "let --exp-avg-dtype and --exp-avg-sq-dtype store Adam's moments in bf16 (Megatron's precision-aware "
+       "optimizer)"},
+      {"exp-avg-dtype", Kind::str, &a.exp_avg_dtype, "Adam's first moment: fp32 or bf16 (half its memory)"},
+      {"exp-avg-sq-dtype", Kind::str, &a.exp_avg_sq_dtype, "Adam's second moment: fp32 or bf16 (half its memory)"},
+      {"main-grads-dtype", Kind::str, &a.main_grads_dtype, "the main gradients' dtype: fp32 (lattice's only)"},
+      {"main-params-dtype", Kind::str, &a.main_params_dtype, "the main parameters' dtype: fp32 (lattice's only)"},
       {"clip-grad", Kind::f32, &a.clip_grad, "global gradient-norm clipping (0: off)"},
       {"tensor-model-parallel-size", Kind::i64, &a.tensor_model_parallel_size, "TP size"},
       {"pipeline-model-parallel-size", Kind::i64, &a.pipeline_model_parallel_size, "PP size"},
@@ -470,6 +477,37 @@ void validate_precision(const TrainArgs& a) {
     LATTICE_FAIL() << "--fp8-margin, --fp8-amax-history-len and --fp8-amax-compute-algo need --fp8-format";
 }
 
+// Megatron's precision-aware optimizer: its dtypes need the switch; lattice stores Adam's moments
+// in fp32 or bf16, and its main gradients and parameters in fp32.
+void validate_precision_aware_optimizer(const TrainArgs& a) {
+  struct Dtype {
+    const char* flag;
+    const std::string& value;
+    std::vector<std::string> megatron;  // Megatron's choices
+    std::vector<std::string> lattice;   // the ones lattice implements
+  };
+  const Dtype dtypes[] = {{"exp-avg-dtype", a.exp_avg_dtype, {"fp32", "fp16", "bf16", "fp8"}, {"fp32", "bf16"}},
+                          {"exp-avg-sq-dtype", a.exp_avg_sq_dtype, {"fp32", "fp16", "bf16", "fp8"}, {"fp32", "bf16"}},
+                          {"main-grads-dtype", a.main_grads_dtype, {"fp32", "bf16"}, {"fp32"}},
+                          {"main-params-dtype", a.main_params_dtype, {"fp32", "fp16"}, {"fp32"}}};
+  for (const Dtype& d : dtypes) {
+    auto in = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), d.value) != v.end(); };
+    if (!in(d.megatron)) {
+      std::string choices;
+      for (const std::string& c : d.megatron) choices += (choices.empty() ? "" : ", ") + c;
+      LATTICE_FAIL() << "--" << d.flag << " must be one of " << choices << ", got '" << d.value << "'";
+    }
+    if (d.value != "fp32" && !a.use_precision_aware_optimizer)
+      LATTICE_FAIL() << "--" << d.flag << " " << d.value << " needs --use-precision-aware-optimizer";
+    if (!in(d.lattice))
+      LATTICE_FAIL() << "--" << d.flag << " " << d.value << " is not implemented"
+                     << (d.lattice.size() > 1 ? " (lattice stores Adam's moments in fp32 or bf16)"
+                                              : " (lattice keeps it in fp32)");
+  }
+  if (a.use_precision_aware_optimizer && a.optimizer != "adam")
+    LATTICE_FAIL() << "--use-precision-aware-optimizer needs --optimizer adam (its dtypes are Adam's state)";
+}
+
 // --moe-router-load-balancing-type: one type, or a list of the loss types each weighted by its own
 // --moe-aux-loss-coeff (Megatron's lists).
 void validate_load_balancing(const TrainArgs& a) {
@@ -503,6 +541,7 @@ void validate_load_balancing(const TrainArgs& a) {
 void validate(TrainArgs& a) {
   reject_unimplemented(a);
   validate_precision(a);
+  validate_precision_aware_optimizer(a);
   validate_load_balancing(a);
   // Megatron pads each expert's rows to its capacity with tokens of gate 0: nothing reaches an output
   // or a gradient from them, so lattice runs each expert on the tokens it keeps (the same numbers).
@@ -816,6 +855,8 @@ OptimizerConfig TrainArgs::optimizer_config() const {
   o.adam_eps = adam_eps;
   o.sgd_momentum = sgd_momentum;
   o.clip_grad = clip_grad;
+  o.exp_avg_bf16 = exp_avg_dtype == "bf16";
+  o.exp_avg_sq_bf16 = exp_avg_sq_dtype == "bf16";
   return o;
 }
 

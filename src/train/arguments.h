@@ -83,6 +83,9 @@ struct TrainArgs {
   uint64_t seed = 1234;
   // optimizer
   std::string optimizer = "adam";
+  // Megatron's precision-aware optimizer: Adam's moments in bf16 (optim/optimizer.h).
+  bool use_precision_aware_optimizer = false;
+  std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", main_grads_dtype = "fp32", main_params_dtype = "fp32";
   double lr = 0, min_lr = 0;
   double weight_decay = 0.01;
   float adam_beta1 = 0.9f, adam_beta2 = 0.999f, adam_eps = 1e-8f, sgd_momentum = 0.9f;

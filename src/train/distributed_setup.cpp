@@ -56,8 +56,9 @@ void check_same_config_across_ranks(ParallelState& ps, const std::string& args_j
   if (bad > 0) world.barrier();  // the differing rank aborts the job; wait for it
 }
 
-std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt) {
+std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt, int opt) {
   char buf[512];
+  const std::string expects_text = dist_opt ? "8 + " + std::to_string(opt) + "/d" : std::to_string(8 + opt);
   const double per_param =
       double(m.param_bytes + m.grad_bytes + m.optimizer_bytes) / double(std::max<int64_t>(1, m.parameters));
   std::snprintf(buf, sizeof buf,
@@ -67,7 +68,7 @@ std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt
                 m.param_bytes / 1e6, m.grad_bytes / 1e6, m.optimizer_bytes / 1e6,
                 (long long)m.owned_parameters, (long long)m.parameters,
                 dist_opt ? ", distributed optimizer" : "", m.activation_bytes / 1e6, per_param,
-                dist_opt ? 8.0 + 8.0 / dp : 16.0, dist_opt ? "8 + 8/d" : "16", dp);
+                dist_opt ? 8.0 + double(opt) / dp : 8.0 + opt, expects_text.c_str(), dp);
   std::string s = buf;
   if (m.tensor_parallel > 1) {
     std::snprintf(buf, sizeof buf, "; tensor parallel %d: 1/%d of every layer's weights%s", m.tensor_parallel,
@@ -92,7 +93,7 @@ double mb(size_t bytes) { return double(bytes) / 1e6; }
 // "4 weights + 4 gradients + 8 Adam = 16" or, sharded, "8 + (8 Adam + 4 staging)/d".
 std::string bytes_per_parameter(const MemoryLayout& m) {
   const PrecisionBytes& p = m.precision;
-  const int opt = m.optimizer == "sgd" ? 4 : 8;
+  const int opt = m.optimizer_state_bytes();
   const char* name = m.optimizer == "sgd" ? "SGD" : "Adam";
   std::string whole = std::to_string(p.main_params) + " main parameters";
   if (p.weight_copy > 0) whole += " + " + std::to_string(p.weight_copy) + " weight copy";

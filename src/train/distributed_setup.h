@@ -33,8 +33,10 @@ struct MemoryFootprint {
   bool sequence_parallel = false;
 };
 // "> memory per rank: ... bytes per parameter ..." (Megatron's report, with the bytes
-// per parameter of the distributed optimizer: 8 + 8/d for fp32).
-std::string format_memory_report(const MemoryFootprint& m, int dp_size, bool distributed_optimizer);
+// per parameter of the distributed optimizer: 8 + 8/d for fp32). optimizer_state_bytes: per owned
+// parameter (8 Adam, 4 with bf16 moments, 4 SGD).
+std::string format_memory_report(const MemoryFootprint& m, int dp_size, bool distributed_optimizer,
+                                 int optimizer_state_bytes = 8);
 
 // --log-memory: one value per world rank, known to every rank (each rank's value summed
 // into its own slot over the world group).

@@ -44,7 +44,12 @@ struct MemoryLayout {
   PipelineLayout pipeline;                // stages == pp
   int64_t num_micro_batches = 1;          // per rank and iteration
   std::string optimizer = "adam";         // adam: 8 bytes of state per owned parameter, sgd: 4
+  bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false;  // --exp-avg(-sq)-dtype bf16: 2 bytes per moment
   PrecisionBytes precision;
+  // Optimizer state per owned parameter: SGD's momentum 4; Adam's two moments 4 each, 2 in bf16.
+  int optimizer_state_bytes() const {
+    return optimizer == "sgd" ? 4 : (exp_avg_bf16 ? 2 : 4) + (exp_avg_sq_bf16 ? 2 : 4);
+  }
 };
 
 struct RankMemory {
@@ -55,7 +60,7 @@ struct RankMemory {
   size_t param_bytes = 0;        // buffer_elements x main_params
   size_t weight_copy_bytes = 0;  // buffer_elements x weight_copy
   size_t grad_bytes = 0;         // buffer_elements x grads
-  size_t optimizer_bytes = 0;    // owned_parameters x (8 Adam | 4 SGD)
+  size_t optimizer_bytes = 0;    // owned_parameters x optimizer_state_bytes() (8 Adam | 4 SGD)
   size_t grad_staging_bytes = 0; // distributed optimizer: the reduce-scatter output, 4 per owned
                                  // (--grad-reduce-in-bf16: 2 per owned, plus 2 per element for
                                  // the buffer's bf16 copy whenever data parallelism runs)

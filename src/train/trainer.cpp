@@ -209,6 +209,8 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.pipeline = pipe;
   m.num_micro_batches = num_micro;
   m.optimizer = args.optimizer;
+  m.exp_avg_bf16 = args.exp_avg_dtype == "bf16";
+  m.exp_avg_sq_bf16 = args.exp_avg_sq_dtype == "bf16";
   if (args.bf16) m.precision.weight_copy = 2;
   return m;
 }
@@ -406,11 +408,12 @@ int run_training(const TrainArgs& args) {
   mem.parameters = model.num_parameters();
   mem.param_bytes = mem.grad_bytes = size_t(mem.parameters) * sizeof(float);
   mem.optimizer_bytes = optimizer.state_bytes();
-  mem.owned_parameters = int64_t(optimizer.state_bytes() / (args.optimizer == "adam" ? 8 : 4));
+  mem.owned_parameters = optimizer.state_numel();
   mem.activation_bytes = model.arena_bytes() + model.context_parallel_bytes();
   mem.tensor_parallel = ps->tp().size();
   mem.sequence_parallel = model.tensor_parallel().sp();
-  log_info(format_memory_report(mem, ps->dp().size(), args.use_distributed_optimizer));
+  log_info(format_memory_report(mem, ps->dp().size(), args.use_distributed_optimizer,
+                                int(optimizer.state_bytes() / size_t(std::max<int64_t>(1, optimizer.state_numel())))));
   // --log-memory: every rank's estimate (a function of the layout; each rank measured its
   // own baseline), and after the first iterations each rank's measured peak beside it.
   std::vector<RankMemory> memory_ranks;

@@ -21,6 +21,7 @@
 #include "cuda_test_util.h"
 #include "kernels/activation.h"
 #include "kernels/cast.h"
+#include "kernels/cast_math.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/attention.h"
@@ -1172,6 +1173,48 @@ void optimizer_cases(std::vector<OpCase>& t) {
     expect_close(c, "p", p, got_p);
     expect_close(c, "m", m, got_m);
     expect_close(c, "v", v, got_v);
+  }});
+  // bf16 moments (--exp-avg-dtype/--exp-avg-sq-dtype bf16): the parameters near the GPU's fp32
+  // kernel's (the same step; the compiler may contract it otherwise) and the CPU's, the moments
+  // that kernel's rounded to bf16, within one bf16 ulp (a last-bit difference of the fp32 moment
+  // can cross a rounding boundary).
+  t.push_back({"adamw_update_ranges_bf16_moments", "n20000_ranges3", {2e-6, 1e-12}, [](const OpCase& c) {
+    const int64_t n = 20000;
+    const std::vector<AdamwRange> ranges = {{0, 9000, 0, 1e-3f, 0.1f}, {9000, 5, 9000, 2e-3f, 0.0f},
+                                            {12000, 8000, 9005, 5e-4f, 0.05f}};
+    const int64_t states = 9005 + 8000;
+    auto p = rand_floats(static_cast<size_t>(n), 60), g = rand_floats(static_cast<size_t>(n), 61);
+    std::vector<float> m32 = rand_floats(static_cast<size_t>(states), 62, -0.1f, 0.1f);
+    std::vector<float> v32 = rand_floats(static_cast<size_t>(states), 63, 0.0f, 0.01f);
+    std::vector<uint16_t> m16(m32.size()), v16(v32.size());
+    for (size_t i = 0; i < m32.size(); ++i) {  // moments that bf16 holds exactly, so both paths start alike
+      m16[i] = math::fp32_to_bf16(m32[i]), m32[i] = math::bf16_to_fp32(m16[i]);
+      v16[i] = math::fp32_to_bf16(v32[i]), v32[i] = math::bf16_to_fp32(v16[i]);
+    }
+    std::vector<float> cpu_p = p;
+    std::vector<uint16_t> cpu_m = m16, cpu_v = v16;
+    adamw_update_ranges(cpu_p.data(), g.data(), AdamwMoments{cpu_m.data(), cpu_v.data(), true, true}, ranges.data(),
+                        int64_t(ranges.size()), 0.9f, 0.95f, 1e-8f, 3, 0.5f);
+    auto gp = upload(p), gg = upload(g), gm = upload(m16), gv = upload(v16);
+    auto rp = upload(p), rm = upload(m32), rv = upload(v32);
+    cuda::adamw_update_ranges(gp.as<float>(), gg.as<float>(), AdamwMoments{gm.data(), gv.data(), true, true},
+                              ranges.data(), int64_t(ranges.size()), 0.9f, 0.95f, 1e-8f, 3, 0.5f);
+    cuda::adamw_update_ranges(rp.as<float>(), gg.as<float>(), rm.as<float>(), rv.as<float>(), ranges.data(),
+                              int64_t(ranges.size()), 0.9f, 0.95f, 1e-8f, 3, 0.5f);
+    const auto got_p = download<float>(gp, p.size());
+    expect_close(c, "p (against the fp32 moments)", download<float>(rp, p.size()), got_p);
+    const auto want_m = download<float>(rm, m32.size()), want_v = download<float>(rv, v32.size());
+    const auto got_m = download<uint16_t>(gm, m16.size()), got_v = download<uint16_t>(gv, v16.size());
+    std::vector<float> wm(want_m.size()), gm32(want_m.size()), wv(want_v.size()), gv32(want_v.size());
+    for (size_t i = 0; i < wm.size(); ++i) {
+      wm[i] = math::round_bf16(want_m[i]), gm32[i] = math::bf16_to_fp32(got_m[i]);
+      wv[i] = math::round_bf16(want_v[i]), gv32[i] = math::bf16_to_fp32(got_v[i]);
+    }
+    for (size_t i = 0; i < wm.size(); ++i) {
+      ASSERT_LE(std::fabs(gm32[i] - wm[i]), std::ldexp(std::fabs(wm[i]), -7)) << c.op << ": m[" << i << "]";
+      ASSERT_LE(std::fabs(gv32[i] - wv[i]), std::ldexp(std::fabs(wv[i]), -7)) << c.op << ": v[" << i << "]";
+    }
+    expect_close(c, "p", cpu_p, got_p);
   }});
   // Gradient clipping's coefficient applied as the update reads g: near the CPU's, and on the
   // GPU the bits of scale_inplace followed by the unscaled update, with g unchanged.

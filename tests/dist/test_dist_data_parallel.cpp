@@ -41,13 +41,14 @@ struct TrainRun {
 };
 
 // One run of kIters iterations; with `dp` set, data-parallel over the world.
-TrainRun train(float dropout, ParallelState* ps, const DataParallelConfig* dp_cfg) {
+TrainRun train(float dropout, ParallelState* ps, const DataParallelConfig* dp_cfg,
+               const OptimizerConfig& oc = OptimizerConfig{}) {
   TransformerConfig c = config(dropout);
   GPTModel model(c, kB, kT);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
-  Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
+  Optimizer opt(model.params(), oc, dp ? dp->owned_ranges() : ElementRanges{});
   MockSamples data(c.vocab_size, kT, 7);
   StepConfig sc{kB, kGBS, kT, 1.0, 1234};
   TrainRun run;
@@ -104,6 +105,30 @@ TEST_P(DistDataParallel, DistributedOptimizerMatchesSingleProcess) {
   cfg.overlap_grad_reduce = true;
   TrainRun dp = train(GetParam(), ps_.get(), &cfg);
   expect_same_run(dp, single);
+}
+
+// --exp-avg-dtype / --exp-avg-sq-dtype bf16: each rank's shard of the bf16 moments steps as the
+// single process's whole state does. The data-parallel sums round differently from one process's
+// (the 1e-5 of expect_same_run); a moment that lands on the other side of a bf16 rounding moves
+// its parameter by up to lr x 2^-7 more in a step, so the final parameters agree to
+// iterations x lr x 2^-7 (a misplaced shard would be off by ~lr every step).
+TEST_P(DistDataParallel, DistributedOptimizerWithBf16MomentsMatchesSingleProcess) {
+  OptimizerConfig oc;
+  oc.exp_avg_bf16 = oc.exp_avg_sq_bf16 = true;
+  TrainRun single = train(GetParam(), nullptr, nullptr, oc);
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 4000;
+  cfg.distributed_optimizer = true;
+  TrainRun dp = train(GetParam(), ps_.get(), &cfg, oc);
+  ASSERT_EQ(dp.losses.size(), single.losses.size());
+  for (size_t i = 0; i < single.losses.size(); ++i)
+    EXPECT_NEAR(dp.losses[i], single.losses[i], 1e-5 * std::fabs(single.losses[i])) << "iteration " << i + 1;
+  double max_err = 0;
+  for (size_t i = 0; i < single.params.size(); ++i)
+    max_err = std::max(max_err, std::fabs(double(dp.params[i]) - double(single.params[i])));
+  EXPECT_LE(max_err, double(kIters) * kLr * std::ldexp(1.0, -7)) << "final parameters";
+  // Half the fp32 moments' bytes: 2 + 2 per owned parameter.
+  EXPECT_EQ(dp.optimizer_state_bytes * 2, train(GetParam(), ps_.get(), &cfg).optimizer_state_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dropout, DistDataParallel, ::testing::Values(0.0f, 0.1f));

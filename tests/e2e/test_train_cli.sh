@@ -270,4 +270,35 @@ if run prep "$LATTICE" preprocess --input corpus.jsonl --json-keys text \
   fi
 fi
 
+# ---- the precision-aware optimizer: Adam's moments in bf16 ----
+# Half the optimizer state (12 bytes per parameter instead of 16), a run that resumes from its
+# checkpoint (the moments saved in fp32, read back exactly) logging the uninterrupted run's losses,
+# and Megatron's dtype flags refused where lattice has no such state.
+PA=(--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)
+TINY6=(--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16
+       --micro-batch-size 2 --global-batch-size 4 --train-iters 6 --lr 1e-3 --min-lr 1e-4 --log-interval 1
+       --seed 1234 --eval-iters 0)
+if run pa_straight "$LATTICE" train "${TINY6[@]}" "${MOCK[@]}" "${PA[@]}" --metrics-file pa_straight.jsonl &&
+   run pa_first "$LATTICE" train "${TINY6[@]}" "${MOCK[@]}" "${PA[@]}" --exit-interval 3 --save pa_ckpt &&
+   run pa_resumed "$LATTICE" train "${TINY6[@]}" "${MOCK[@]}" "${PA[@]}" --load pa_ckpt \
+     --metrics-file pa_resumed.jsonl; then
+  grep -q "optimizer state .*; 12.00 bytes per parameter" pa_straight.out ||
+    fail "bf16 moments: the memory line does not say 12 bytes per parameter: $(grep 'memory per rank' pa_straight.out)"
+  if [ "$(losses pa_resumed.jsonl)" = "$(losses pa_straight.jsonl | tail -n 3)" ]; then
+    pass "bf16 moments: a resumed run logs the uninterrupted run's last 3 losses"
+  else
+    fail "bf16 moments: resumed $(losses pa_resumed.jsonl | tr '\n' ' ') vs straight $(losses pa_straight.jsonl | tr '\n' ' ')"
+  fi
+fi
+expect_error "--exp-avg-dtype bf16 alone" "--exp-avg-dtype bf16 needs --use-precision-aware-optimizer" -- \
+  "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" --exp-avg-dtype bf16
+expect_error "--exp-avg-sq-dtype fp8" "--exp-avg-sq-dtype fp8 is not implemented" -- \
+  "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" --use-precision-aware-optimizer --exp-avg-sq-dtype fp8
+expect_error "--main-grads-dtype bf16" "--main-grads-dtype bf16 is not implemented" -- \
+  "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" --use-precision-aware-optimizer --main-grads-dtype bf16
+expect_error "--exp-avg-dtype int8" "--exp-avg-dtype must be one of fp32, fp16, bf16, fp8, got 'int8'" -- \
+  "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" --use-precision-aware-optimizer --exp-avg-dtype int8
+expect_error "precision-aware SGD" "--use-precision-aware-optimizer needs --optimizer adam" -- \
+  "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" --use-precision-aware-optimizer --optimizer sgd
+
 e2e_finish

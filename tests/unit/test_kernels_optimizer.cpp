@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cast_math.h"
 #include "kernels/elementwise.h"
 #include "kernels/optimizer.h"
 #include "kernels_test_util.h"
@@ -39,6 +40,60 @@ TEST(KernelOptimizer, AdamWMatchesDoubleReferenceOverSteps) {
   expect_close(p, pd, 2e-6, "p");
   expect_close(m, md, 2e-6, "m");
   expect_close(v, vd, 2e-6, "v");
+}
+
+// --exp-avg-dtype / --exp-avg-sq-dtype bf16 (AdamwMoments): each step is the fp32 step on the
+// stored moments read exactly, the parameter updated with the new moments before rounding, and
+// the moments stored rounded to nearest even: bit for bit the fp32 kernel followed by a rounding
+// of m and v, for each of the four storage combinations, over several steps and ranges.
+TEST(KernelOptimizer, Bf16MomentsAreTheFp32StepWithTheMomentsRounded) {
+  const int64_t n = 5000;
+  const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
+  const std::vector<AdamwRange> ranges = {{0, 3000, 0, 1e-3f, 0.1f}, {3000, 2000, 3000, 2e-3f, 0.0f}};
+  for (int combo = 1; combo < 4; ++combo) {
+    const bool mb = combo & 1, vb = combo & 2;
+    std::vector<float> p = random_floats(n, 1), pr = p, mr(n, 0.0f), vr(n, 0.0f);
+    std::vector<uint16_t> m16(n, 0), v16(n, 0);
+    std::vector<float> m32(n, 0.0f), v32(n, 0.0f);
+    const AdamwMoments mo{mb ? static_cast<void*>(m16.data()) : m32.data(), vb ? static_cast<void*>(v16.data())
+                                                                             : v32.data(), mb, vb};
+    for (int64_t step = 1; step <= 4; ++step) {
+      const std::vector<float> g = random_floats(n, uint32_t(20 + step), -0.5f, 0.5f);
+      adamw_update_ranges(p.data(), g.data(), mo, ranges.data(), int64_t(ranges.size()), b1, b2, eps, step, 0.75f);
+      adamw_update_ranges(pr.data(), g.data(), mr.data(), vr.data(), ranges.data(), int64_t(ranges.size()), b1, b2,
+                          eps, step, 0.75f);
+      for (int64_t i = 0; i < n; ++i) {
+        if (mb) mr[i] = math::round_bf16(mr[i]);
+        if (vb) vr[i] = math::round_bf16(vr[i]);
+      }
+      const std::string what = "combo " + std::to_string(combo) + " step " + std::to_string(step);
+      ASSERT_TRUE(same_bits(p, pr)) << "parameters, " << what;
+      for (int64_t i = 0; i < n; ++i) {
+        const float m = mb ? math::bf16_to_fp32(m16[i]) : m32[i], v = vb ? math::bf16_to_fp32(v16[i]) : v32[i];
+        ASSERT_EQ(m, mr[i]) << "m[" << i << "], " << what;
+        ASSERT_EQ(v, vr[i]) << "v[" << i << "], " << what;
+      }
+    }
+  }
+}
+
+// bf16 moments follow fp32 Adam closely (each step's moments within 2^-8 relative), yet differ.
+TEST(KernelOptimizer, Bf16MomentsTrackFp32Adam) {
+  const int64_t n = 20000;
+  const float lr = 1e-3f;
+  std::vector<float> p = random_floats(n, 3), pf = p, mf(n, 0.0f), vf(n, 0.0f);
+  std::vector<uint16_t> m16(n, 0), v16(n, 0);
+  const AdamwRange all{0, n, 0, lr, 0.1f};
+  for (int64_t step = 1; step <= 10; ++step) {
+    const std::vector<float> g = random_floats(n, uint32_t(40 + step), -0.5f, 0.5f);
+    adamw_update_ranges(p.data(), g.data(), AdamwMoments{m16.data(), v16.data(), true, true}, &all, 1, 0.9f, 0.95f,
+                        1e-8f, step);
+    adamw_update_ranges(pf.data(), g.data(), mf.data(), vf.data(), &all, 1, 0.9f, 0.95f, 1e-8f, step);
+  }
+  double max_diff = 0;
+  for (int64_t i = 0; i < n; ++i) max_diff = std::max(max_diff, std::fabs(double(p[i]) - pf[i]));
+  EXPECT_GT(max_diff, 0.0) << "bf16 moments changed nothing";
+  EXPECT_LE(max_diff, 10 * lr * 0.02) << "10 steps of lr, each off by at most a few bf16 ulps of its size";
 }
 
 TEST(KernelOptimizer, AdamWFirstStepMovesByLr) {

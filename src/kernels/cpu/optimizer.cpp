@@ -56,6 +56,70 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float
   });
 }
 
+namespace {
+
+// A chunk of moments as fp32: fp32 ones in place, bf16 ones widened into buf (and narrowed back,
+// rounded to nearest even, by store_chunk), so that the step runs adamw_update's very loop
+// (the same instructions, so the same contractions: its bits) on fp32 arrays.
+float* fp32_chunk(float* m, float*, int64_t) { return m; }
+float* fp32_chunk(uint16_t* m, float* buf, int64_t len) {
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) buf[i] = math::bf16_to_fp32(m[i]);
+  return buf;
+}
+void store_chunk(float*, const float*, int64_t) {}
+void store_chunk(uint16_t* m, const float* buf, int64_t len) {
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) m[i] = math::fp32_to_bf16(buf[i]);
+}
+
+// adamw_update over one range with the moments in their stored types.
+template <class M, class V>
+void adamw_update_stored(float* p, const float* g, M* m, V* v, int64_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int64_t step, float grad_scale) {
+  LATTICE_CHECK(step >= 1) << "adamw_update: step " << step << " must be >= 1";
+  const math::AdamwScalars s = math::adamw_scalars(lr, beta1, beta2, eps, weight_decay, step);
+  for_scaled_grads(g, n, grad_scale, [=](int64_t i0, int64_t len, const float* gs) {
+    alignas(64) float mbuf[kUpdateChunk], vbuf[kUpdateChunk];
+    float* ps = p + i0;
+    float* ms = fp32_chunk(m + i0, mbuf, len);
+    float* vs = fp32_chunk(v + i0, vbuf, len);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) math::adamw_step(ps[i], gs[i], ms[i], vs[i], s);
+    store_chunk(m + i0, ms, len);
+    store_chunk(v + i0, vs, len);
+  });
+}
+
+template <class M, class V>
+void adamw_ranges_stored(float* p, const float* g, M* m, V* v, const AdamwRange* ranges, int64_t count, float beta1,
+                         float beta2, float eps, int64_t step, float grad_scale) {
+  for (int64_t k = 0; k < count; ++k) {
+    const AdamwRange& r = ranges[k];
+    adamw_update_stored(p + r.begin, g + r.begin, m + r.state_offset, v + r.state_offset, r.n, r.lr, beta1, beta2,
+                        eps, r.weight_decay, step, grad_scale);
+  }
+}
+
+}  // namespace
+
+void adamw_update_ranges(float* p, const float* g, const AdamwMoments& mo, const AdamwRange* ranges, int64_t count,
+                         float beta1, float beta2, float eps, int64_t step, float grad_scale) {
+  LATTICE_KERNEL_ENTRY(cuda::adamw_update_ranges(p, g, mo, ranges, count, beta1, beta2, eps, step, grad_scale));
+  auto* mf = static_cast<float*>(mo.m);
+  auto* vf = static_cast<float*>(mo.v);
+  auto* mb = static_cast<uint16_t*>(mo.m);
+  auto* vb = static_cast<uint16_t*>(mo.v);
+  if (!mo.m_bf16 && !mo.v_bf16)
+    adamw_update_ranges(p, g, mf, vf, ranges, count, beta1, beta2, eps, step, grad_scale);
+  else if (mo.m_bf16 && mo.v_bf16)
+    adamw_ranges_stored(p, g, mb, vb, ranges, count, beta1, beta2, eps, step, grad_scale);
+  else if (mo.m_bf16)
+    adamw_ranges_stored(p, g, mb, vf, ranges, count, beta1, beta2, eps, step, grad_scale);
+  else
+    adamw_ranges_stored(p, g, mf, vb, ranges, count, beta1, beta2, eps, step, grad_scale);
+}
+
 void adamw_update_ranges(float* p, const float* g, float* m, float* v, const AdamwRange* ranges, int64_t count,
                          float beta1, float beta2, float eps, int64_t step, float grad_scale) {
   LATTICE_KERNEL_ENTRY(cuda::adamw_update_ranges(p, g, m, v, ranges, count, beta1, beta2, eps, step, grad_scale));

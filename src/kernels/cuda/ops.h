@@ -130,6 +130,8 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float
                   float beta2, float eps, float weight_decay, int64_t step, float grad_scale = 1.0f);
 void adamw_update_ranges(float* p, const float* g, float* m, float* v, const AdamwRange* ranges, int64_t count,
                          float beta1, float beta2, float eps, int64_t step, float grad_scale = 1.0f);
+void adamw_update_ranges(float* p, const float* g, const AdamwMoments& moments, const AdamwRange* ranges,
+                         int64_t count, float beta1, float beta2, float eps, int64_t step, float grad_scale = 1.0f);
 void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, bool first_step, float grad_scale = 1.0f);
 // Waits for the result (a host double).

@@ -45,8 +45,10 @@ struct DeviceAdamwRange {
   math::AdamwScalars s;
 };
 
+// M, V: the moments' stored types (float, or uint16_t bf16 patterns: math::adamw_step_stored).
+template <class M, class V>
 __global__ void __launch_bounds__(kThreads)
-    adamw_ranges_kernel(float* p, const float* g, float* m, float* v, const DeviceAdamwRange* ranges, int64_t count,
+    adamw_ranges_kernel(float* p, const float* g, M* m, V* v, const DeviceAdamwRange* ranges, int64_t count,
                         float grad_scale) {
   // The range of this block: the last whose first block is at or before it.
   int64_t lo = 0, hi = count - 1;
@@ -61,8 +63,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = i0 + j;
     if (i >= r.n) break;
     const int64_t e = r.begin + i, st = r.state_offset + i;
-    float pi = p[e], mi = m[st], vi = v[st];
-    math::adamw_step(pi, scaled_grad(g, e, grad_scale), mi, vi, s);
+    float pi = p[e];
+    M mi = m[st];
+    V vi = v[st];
+    math::adamw_step_stored(pi, scaled_grad(g, e, grad_scale), mi, vi, s);
     p[e] = pi;
     m[st] = mi;
     v[st] = vi;
@@ -134,6 +138,11 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float
 
 void adamw_update_ranges(float* p, const float* g, float* m, float* v, const AdamwRange* ranges, int64_t count,
                          float beta1, float beta2, float eps, int64_t step, float grad_scale) {
+  cuda::adamw_update_ranges(p, g, AdamwMoments{m, v, false, false}, ranges, count, beta1, beta2, eps, step, grad_scale);
+}
+
+void adamw_update_ranges(float* p, const float* g, const AdamwMoments& mo, const AdamwRange* ranges, int64_t count,
+                         float beta1, float beta2, float eps, int64_t step, float grad_scale) {
   LATTICE_CHECK(step >= 1) << "adamw_update_ranges: step " << step << " must be >= 1";
   // The ranges with their blocks and scalars, uploaded into a buffer kept for the next step
   // (the process's one device; the stream orders the next upload after this kernel).
@@ -159,8 +168,21 @@ void adamw_update_ranges(float* p, const float* g, float* m, float* v, const Ada
   }
   // A pageable source: the copy is staged before the call returns, so table may change after.
   LATTICE_CUDA_CALL(cudaMemcpyAsync(buffer, table.data(), bytes, cudaMemcpyHostToDevice, stream()));
-  launch(adamw_ranges_kernel, unsigned(blocks), kThreads, 0, p, g, m, v, static_cast<DeviceAdamwRange*>(buffer),
-         int64_t(table.size()), grad_scale);
+  const auto* table_d = static_cast<DeviceAdamwRange*>(buffer);
+  const int64_t n = int64_t(table.size());
+  auto* mf = static_cast<float*>(mo.m);
+  auto* vf = static_cast<float*>(mo.v);
+  auto* mb = static_cast<uint16_t*>(mo.m);
+  auto* vb = static_cast<uint16_t*>(mo.v);
+  if (!mo.m_bf16 && !mo.v_bf16)
+    launch(adamw_ranges_kernel<float, float>, unsigned(blocks), kThreads, 0, p, g, mf, vf, table_d, n, grad_scale);
+  else if (mo.m_bf16 && mo.v_bf16)
+    launch(adamw_ranges_kernel<uint16_t, uint16_t>, unsigned(blocks), kThreads, 0, p, g, mb, vb, table_d, n,
+           grad_scale);
+  else if (mo.m_bf16)
+    launch(adamw_ranges_kernel<uint16_t, float>, unsigned(blocks), kThreads, 0, p, g, mb, vf, table_d, n, grad_scale);
+  else
+    launch(adamw_ranges_kernel<float, uint16_t>, unsigned(blocks), kThreads, 0, p, g, mf, vb, table_d, n, grad_scale);
   LATTICE_CUDA_LAUNCHED("adamw_update_ranges");
 }
 
