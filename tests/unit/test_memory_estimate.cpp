@@ -107,6 +107,8 @@ RealRank build(const MemoryLayout& m, int w) {
   }
   OptimizerConfig oc;
   oc.optimizer = m.optimizer;
+  oc.exp_avg_bf16 = m.exp_avg_bf16;
+  oc.exp_avg_sq_bf16 = m.exp_avg_sq_bf16;
   r.optimizer = std::make_unique<Optimizer>(r.model->params(), oc, r.owned);
   return r;
 }
@@ -145,6 +147,21 @@ TEST(MemoryEstimate, OneProcessEqualsTheModel) {
       EXPECT_EQ(e.activation_slots, 1);
       EXPECT_EQ(e.grad_staging_bytes, 0u);
       EXPECT_EQ(e.owned_parameters, e.parameters);
+    }
+}
+
+// --exp-avg-dtype / --exp-avg-sq-dtype bf16: 2 bytes per moment, alone or under the distributed
+// optimizer's sharding.
+TEST(MemoryEstimate, Bf16MomentsEqualTheOptimizer) {
+  for (int combo = 1; combo < 4; ++combo)
+    for (bool distributed : {false, true}) {
+      MemoryLayout m = layout(config(3, false), 1, 1, 1, 4);
+      m.exp_avg_bf16 = combo & 1;
+      m.exp_avg_sq_bf16 = combo & 2;
+      m.distributed_optimizer = distributed;
+      expect_matches(m, 0);
+      const RankMemory e = estimate_rank_memory(m, 0, 0);
+      EXPECT_EQ(e.optimizer_bytes, size_t(e.owned_parameters) * (combo == 3 ? 4 : 6));
     }
 }
 
