@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -106,7 +107,37 @@ void set_device(Device d, int local_rank) {
   s.emulated = s.guard = false;
 }
 
+namespace {
+
+// device_alloc's running totals (buffers may be made on several threads).
+std::atomic<size_t> g_allocated{0}, g_peak_allocated{0};
+std::atomic<int64_t> g_allocations{0};
+
+void count_alloc(size_t bytes) {
+  const size_t now = g_allocated.fetch_add(bytes) + bytes;
+  size_t peak = g_peak_allocated.load();
+  while (now > peak && !g_peak_allocated.compare_exchange_weak(peak, now)) {
+  }
+  g_allocations.fetch_add(1);
+}
+
+void* alloc_uncounted(size_t bytes);
+
+}  // namespace
+
+DeviceAllocStats device_alloc_stats() {
+  return DeviceAllocStats{g_allocated.load(), g_peak_allocated.load(), g_allocations.load()};
+}
+
 void* device_alloc(size_t bytes) {
+  void* p = alloc_uncounted(bytes);
+  count_alloc(bytes);
+  return p;
+}
+
+namespace {
+
+void* alloc_uncounted(size_t bytes) {
   DeviceState& s = state();
   if (kernels_on_gpu()) return cuda::malloc_device(bytes);
   if (s.device == Device::cuda) {  // emulation: whole pages, guarded
@@ -137,8 +168,12 @@ void* device_alloc(size_t bytes) {
   return p;
 }
 
-void device_free(void* p, size_t) {
+}  // namespace
+
+void device_free(void* p, size_t bytes) {
   if (!p) return;
+  g_allocated.fetch_sub(bytes);
+  g_allocations.fetch_sub(1);
   DeviceState& s = state();
   if (kernels_on_gpu()) return cuda::free_device(p);
   auto it = s.pages.find(p);

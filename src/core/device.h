@@ -39,6 +39,14 @@ bool kernels_on_gpu();
 // Buffers of the current device, zeroed, 64-byte aligned.
 void* device_alloc(size_t bytes);
 void device_free(void* p, size_t bytes);
+
+// What device_alloc holds now and has held at most (the bytes asked for), and how many
+// buffers are alive: Megatron's --log-memory-to-tensorboard allocated figures.
+struct DeviceAllocStats {
+  size_t allocated_bytes = 0, peak_allocated_bytes = 0;
+  int64_t allocations = 0;
+};
+DeviceAllocStats device_alloc_stats();
 // Host <-> device copies (synchronous for the host side: the data may be used or
 // changed as soon as they return). On the CPU, memcpy.
 void copy_to_device(void* dst, const void* src, size_t bytes);

@@ -305,6 +305,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"no-log-loss-scale-to-tensorboard", Kind::flag, &a.no_log_loss_scale_to_tensorboard,
        "leave the loss scale out"},
       {"log-world-size-to-tensorboard", Kind::flag, &a.log_world_size_to_tensorboard, "also the world size"},
+      {"log-memory-to-tensorboard", Kind::flag, &a.log_memory_to_tensorboard,
+       "also rank 0's memory: mem-reserved-bytes (resident, or in use on its GPU), mem-allocated-bytes, "
+       "mem-max-allocated-bytes and mem-allocated-count (lattice's buffers)"},
       {"peak-tflops", Kind::f64, &a.peak_tflops,
        "peak TFLOP/s for MFU (0: measured by a GEMM calibration)"},
       {"device", Kind::str, &a.device, "where tensors live and kernels run: cpu or cuda (one GPU per process)"},
@@ -364,6 +367,15 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"empty-unused-memory-level", Kind::i64, &a.implementation.empty_unused_memory_level,
        "0, 1 or 2: accepted (lattice's activation memory is one arena)"},
       {"async-save", Kind::flag, &a.implementation.async_save, "accepted: checkpoints are written as they are saved"},
+      {"ckpt-format", Kind::str, &a.implementation.ckpt_format,
+       "torch_dist: accepted, lattice's one checkpoint format is layout-independent as torch_dist is (others refused)"},
+      {"ckpt-fully-parallel-save", Kind::flag, &a.implementation.ckpt_fully_parallel_save,
+       "accepted: how torch_dist spreads its writes over ranks (lattice's writer is its own)"},
+      {"no-ckpt-fully-parallel-save", Kind::flag, &a.implementation.no_ckpt_fully_parallel_save, "accepted (see above)"},
+      {"ckpt-fully-parallel-load", Kind::flag, &a.implementation.ckpt_fully_parallel_load,
+       "accepted: how torch_dist spreads its reads over ranks"},
+      {"ckpt-assume-constant-structure", Kind::flag, &a.implementation.ckpt_assume_constant_structure,
+       "accepted: a torch_dist save-time cache (lattice's checkpoints need none)"},
       {"moe-grouped-gemm", Kind::flag, &a.implementation.moe_grouped_gemm,
        "accepted: one GEMM pair per expert, the same math as grouped GEMMs"},
       {"moe-permute-fusion", Kind::flag, &a.implementation.moe_permute_fusion, "accepted (fusion choices change no math)"},
@@ -563,9 +575,9 @@ void validate(TrainArgs& a) {
   positive("tensorboard-log-interval", a.tensorboard_log_interval);
   positive("tensorboard-queue-size", a.tensorboard_queue_size);
   if (a.tensorboard_dir.empty() && (a.log_validation_ppl_to_tensorboard || a.log_timers_to_tensorboard ||
-                                    a.log_world_size_to_tensorboard))
-    LATTICE_FAIL() << "--log-validation-ppl-to-tensorboard, --log-timers-to-tensorboard and "
-                      "--log-world-size-to-tensorboard need --tensorboard-dir DIR";
+                                    a.log_world_size_to_tensorboard || a.log_memory_to_tensorboard))
+    LATTICE_FAIL() << "--log-validation-ppl-to-tensorboard, --log-timers-to-tensorboard, "
+                      "--log-world-size-to-tensorboard and --log-memory-to-tensorboard need --tensorboard-dir DIR";
   if (a.max_position_embeddings == 0) a.max_position_embeddings = a.seq_length;
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size;
   if (!a.rampup_batch_size.empty()) {
@@ -637,6 +649,12 @@ void validate(TrainArgs& a) {
   const TrainArgs::MegatronImplementationFlags& impl = a.implementation;
   if (impl.transformer_impl != "local" && impl.transformer_impl != "transformer_engine")
     LATTICE_FAIL() << "--transformer-impl must be local or transformer_engine, got '" << impl.transformer_impl << "'";
+  if (impl.ckpt_format != "torch_dist")
+    LATTICE_FAIL() << "--ckpt-format " << impl.ckpt_format
+                   << " is not implemented: lattice writes one layout-independent checkpoint format (Megatron's torch_dist "
+                      "role; docs/checkpoint-format.md); drop the flag or give torch_dist";
+  if (impl.ckpt_fully_parallel_save && impl.no_ckpt_fully_parallel_save)
+    LATTICE_FAIL() << "--ckpt-fully-parallel-save and --no-ckpt-fully-parallel-save contradict each other";
   if (impl.distributed_backend != "nccl" && impl.distributed_backend != "gloo")
     LATTICE_FAIL() << "--distributed-backend must be nccl or gloo, got '" << impl.distributed_backend << "'";
   if (impl.num_workers < 0) LATTICE_FAIL() << "--num-workers must be >= 0, got " << impl.num_workers;

@@ -177,6 +177,7 @@ struct TrainArgs {
   int64_t tensorboard_log_interval = 1, tensorboard_queue_size = 1000;
   bool log_validation_ppl_to_tensorboard = false, log_timers_to_tensorboard = false;
   bool no_log_loss_scale_to_tensorboard = false, log_world_size_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
   double peak_tflops = 0;   // 0: measure with a GEMM calibration
   int64_t num_threads = 0;  // 0: OMP_NUM_THREADS, else all cores
   bool log_throughput = false;
@@ -199,6 +200,9 @@ struct TrainArgs {
     bool moe_grouped_gemm = false, moe_permute_fusion = false, moe_shared_expert_overlap = false;
     bool moe_router_fusion = false, moe_use_legacy_grouped_gemm = false, tp_comm_overlap = false;
     std::string transformer_impl = "transformer_engine", distributed_backend = "nccl";
+    std::string ckpt_format = "torch_dist";  // Megatron's default; lattice's format plays its part
+    bool ckpt_fully_parallel_save = false, no_ckpt_fully_parallel_save = false, ckpt_fully_parallel_load = false;
+    bool ckpt_assume_constant_structure = false;
     std::string moe_token_dispatcher_type = "allgather";  // Megatron's default; lattice dispatches by all-to-all
     int64_t expert_tensor_parallel_size = 0;               // 0: Megatron's default, the tensor-parallel size
     int64_t num_workers = 2, timing_log_level = 0, num_dataset_builder_threads = 1, empty_unused_memory_level = 0;

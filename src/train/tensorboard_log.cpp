@@ -1,5 +1,8 @@
 #include "train/tensorboard_log.h"
 
+#include "core/device.h"
+#include "train/memory_estimate.h"
+
 namespace lattice {
 
 TensorBoardLog::TensorBoardLog(const TrainArgs& a, bool writer)
@@ -7,7 +10,8 @@ TensorBoardLog::TensorBoardLog(const TrainArgs& a, bool writer)
       ppl_(a.log_validation_ppl_to_tensorboard),
       timers_(a.log_timers_to_tensorboard),
       loss_scale_(!a.no_log_loss_scale_to_tensorboard),
-      world_size_(a.log_world_size_to_tensorboard) {
+      world_size_(a.log_world_size_to_tensorboard),
+      memory_(a.log_memory_to_tensorboard) {
   if (writer && !a.tensorboard_dir.empty()) writer_ = std::make_unique<TensorBoardWriter>(a.tensorboard_dir);
 }
 
@@ -31,6 +35,14 @@ void TensorBoardLog::iteration(const TrainingScalars& s) {
   if (!s.skipped) pair("grad-norm", s.grad_norm, s.iteration, s.consumed_samples);
   if (s.num_zeros_in_grad >= 0) pair("num-zeros", s.num_zeros_in_grad, s.iteration, s.consumed_samples);
   if (s.params_norm >= 0) pair("params-norm", s.params_norm, s.iteration, s.consumed_samples);
+  if (memory_) {  // Megatron's four memory scalars, at the iteration only
+    const DeviceAllocStats a = device_alloc_stats();
+    writer_->add_scalar("mem-reserved-bytes", double(kernels_on_gpu() ? device_used_bytes() : resident_bytes()),
+                        s.iteration);
+    writer_->add_scalar("mem-allocated-bytes", double(a.allocated_bytes), s.iteration);
+    writer_->add_scalar("mem-max-allocated-bytes", double(a.peak_allocated_bytes), s.iteration);
+    writer_->add_scalar("mem-allocated-count", double(a.allocations), s.iteration);
+  }
   writer_->flush();
 }
 

@@ -3,7 +3,10 @@
 // "... vs samples" twin, at the consumed samples:
 //   every --tensorboard-log-interval iterations: learning-rate, batch-size, lm loss (that
 //     iteration's), loss-scale (unless --no-log-loss-scale-to-tensorboard), grad-norm,
-//     world-size (--log-world-size-to-tensorboard); an iteration whose update was skipped
+//     world-size (--log-world-size-to-tensorboard); with --log-memory-to-tensorboard (at the
+//     iteration only) mem-reserved-bytes (the process's resident memory, or the memory in use on
+//     its GPU), mem-allocated-bytes and mem-max-allocated-bytes (lattice's buffers now and at
+//     most: core/device.h device_alloc_stats) and mem-allocated-count; an iteration whose update was skipped
 //     (fp16 overflow) has no lm loss and no grad-norm, as in Megatron;
 //   every --log-interval: iteration-time in seconds (--log-timers-to-tensorboard; no twin);
 //   each evaluation: "lm loss validation" (and "lm loss validation ppl" with
@@ -44,7 +47,7 @@ class TensorBoardLog {
   void pair(const std::string& tag, double value, int64_t iteration, int64_t samples);
   std::unique_ptr<TensorBoardWriter> writer_;
   int64_t interval_ = 1;
-  bool ppl_ = false, timers_ = false, loss_scale_ = true, world_size_ = false;
+  bool ppl_ = false, timers_ = false, loss_scale_ = true, world_size_ = false, memory_ = false;
 };
 
 }  // namespace lattice

@@ -38,7 +38,7 @@ same_f32() { node -e 'const [a, b] = process.argv.slice(1).map(Number); process.
 
 if "$LATTICE" "${TRAIN[@]}" --metrics-file metrics.jsonl --tensorboard-dir tb --log-timers-to-tensorboard \
      --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --log-params-norm --log-num-zeros-in-grad \
-     --save ckpt --exit-interval 4 >run1.log 2>&1; then
+     --log-memory-to-tensorboard --save ckpt --exit-interval 4 >run1.log 2>&1; then
   files=(tb/events.out.tfevents.*)
   [ "${#files[@]}" -eq 1 ] || fail "expected one event file in tb, found ${#files[@]}"
   grep -qF "> TensorBoard events: ${files[0]}" run1.log || fail "the log does not name the event file"
@@ -58,8 +58,15 @@ if "$LATTICE" "${TRAIN[@]}" --metrics-file metrics.jsonl --tensorboard-dir tb --
       [ "$(value batch-size $it events.txt)" = 4 ] || { fail "iteration $it: batch-size '$(value batch-size $it events.txt)'"; bad=1; }
       [ "$(value world-size $it events.txt)" = 1 ] || { fail "iteration $it: world-size"; bad=1; }
       [ -n "$(value iteration-time $it events.txt)" ] || { fail "iteration $it: no iteration-time"; bad=1; }
+      # --log-memory-to-tensorboard: the process's resident bytes hold lattice's buffers, whose bytes
+      # reach at most their peak; some buffers are alive.
+      res=$(value mem-reserved-bytes $it events.txt) alloc=$(value mem-allocated-bytes $it events.txt)
+      peak=$(value mem-max-allocated-bytes $it events.txt) count=$(value mem-allocated-count $it events.txt)
+      node -e 'const [r, a, p, c] = process.argv.slice(1).map(Number); process.exit(a > 0 && p >= a && r > a && c > 0 ? 0 : 1)' \
+        "$res" "$alloc" "$peak" "$count" ||
+        { fail "iteration $it: memory scalars reserved '$res' allocated '$alloc' peak '$peak' count '$count'"; bad=1; }
     done
-    [ "$bad" = 0 ] && pass "iterations 1-4: lm loss, learning rate, grad norm, loss scale, params norm, num zeros as the metrics file, at the iteration and the samples"
+    [ "$bad" = 0 ] && pass "iterations 1-4: lm loss, learning rate, grad norm, loss scale, params norm, num zeros as the metrics file, at the iteration and the samples; the memory scalars"
     line=$(grep -m 1 ' iteration        1/' run1.log)
     [[ $line == *"| grad norm: "*" | num zeros: "*" | params norm: "*" | number of skipped iterations:"* ]] &&
       pass "the log line has Megatron's num zeros and params norm: ${line#*grad norm}" ||
@@ -95,6 +102,7 @@ if "$LATTICE" "${TRAIN[@]}" --metrics-file metrics.jsonl --tensorboard-dir tb --
       [ -n "$want" ] && [ -n "$got" ] && same_f32 "$got" "$want" && pass "test loss $got" ||
         fail "test loss: tensorboard '$got', metrics '$want'"
       [ -z "$(value iteration-time 5 events2.txt)" ] || fail "iteration-time without --log-timers-to-tensorboard"
+      [ -z "$(value mem-allocated-bytes 5 events2.txt)" ] || fail "mem-allocated-bytes without --log-memory-to-tensorboard"
     else
       fail "the reader rejected the resumed run's file: $(cat reader2.err)"
     fi

@@ -53,6 +53,22 @@ TEST(Device, CpuMemoryAndCopies) {
   EXPECT_EQ(host, back);
 }
 
+// device_alloc_stats (--log-memory-to-tensorboard): the bytes and buffers alive, and the peak.
+TEST(Device, AllocStatsCountTheBuffersAlive) {
+  const DeviceAllocStats before = device_alloc_stats();
+  {
+    DevicePtr a = make_device_buffer(1000), b = make_device_buffer(3 << 20);
+    const DeviceAllocStats during = device_alloc_stats();
+    EXPECT_EQ(during.allocated_bytes, before.allocated_bytes + 1000 + (3 << 20));
+    EXPECT_EQ(during.allocations, before.allocations + 2);
+    EXPECT_GE(during.peak_allocated_bytes, during.allocated_bytes);
+  }
+  const DeviceAllocStats after = device_alloc_stats();
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
+  EXPECT_EQ(after.allocations, before.allocations);
+  EXPECT_GE(after.peak_allocated_bytes, before.allocated_bytes + 1000 + (3 << 20));  // the peak stays
+}
+
 // Large CPU buffers start on a 2 MB boundary (advised as transparent huge pages), zeroed.
 TEST(Device, LargeCpuBuffersOnHugePageBoundaries) {
   ASSERT_EQ(current_device(), Device::cpu);
