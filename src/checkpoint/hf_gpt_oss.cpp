@@ -298,6 +298,7 @@ std::string hf_gpt_oss_mismatch(const TransformerConfig& c) {
   if (c.qk_layernorm) return "--qk-layernorm (HuggingFace GPT-OSS normalizes no query or key)";
   if (c.qk_l2_norm) return "--qk-l2-norm (HuggingFace GPT-OSS normalizes no query or key)";
   if (c.moe_shared_expert_intermediate_size > 0) return "shared experts (HuggingFace GPT-OSS has none)";
+  if (c.moe_apply_probs_on_input) return "--moe-apply-probs-on-input (HuggingFace GPT-OSS weighs the experts' outputs)";
   if (c.moe_router_pre_softmax || c.moe_router_sigmoid() || c.moe_router_topk_scaling_factor != 1.0f ||
       c.moe_router_num_groups > 0 || c.moe_router_enable_expert_bias)
     return "routing other than the softmax over the top k logits (HuggingFace GPT-OSS's router)";

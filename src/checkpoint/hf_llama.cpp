@@ -534,6 +534,8 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
     return "--moe-router-score-function sigmoid (HuggingFace's MoE models route by the softmax)";
   if (c.moe() && c.moe_router_topk_scaling_factor != 1.0f)
     return "--moe-router-topk-scaling-factor (HuggingFace's MoE models do not scale the gates)";
+  if (c.moe() && c.moe_apply_probs_on_input)
+    return "--moe-apply-probs-on-input (HuggingFace's Mixtral, Qwen and DeepSeek MoE weigh the experts' outputs)";
   if (c.moe() && !c.moe_layer_pattern.empty() && !c.qk_layernorm && !c.add_qkv_bias && !deepseek)
     return "--moe-layer-freq in a Mixtral-style model (HuggingFace Mixtral's every layer is a mixture of experts; "
            "Qwen3-MoE's and Qwen2-MoE's mlp_only_layers need --qk-layernorm or --add-qkv-bias)";

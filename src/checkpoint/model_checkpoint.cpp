@@ -56,6 +56,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"moe_router_topk", "--moe-router-topk", 2},
       {"moe_ffn_hidden_size", "--moe-ffn-hidden-size", 0},
       {"moe_router_pre_softmax", "--moe-router-pre-softmax", false},
+      {"moe_apply_probs_on_input", "--moe-apply-probs-on-input", false},
       {"moe_layer_freq", "--moe-layer-freq", json::array()},
       {"moe_router_score_function", "--moe-router-score-function", "softmax"},
       {"moe_router_num_groups", "--moe-router-num-groups", 0},
@@ -139,6 +140,7 @@ json model_config_json(const TransformerConfig& c) {
           {"moe_router_topk", c.moe_router_topk},
           {"moe_ffn_hidden_size", c.moe_ffn_hidden_size},
           {"moe_router_pre_softmax", c.moe_router_pre_softmax},
+          {"moe_apply_probs_on_input", c.moe_apply_probs_on_input},
           {"moe_layer_freq", c.moe_layer_pattern},
           {"moe_router_score_function", c.moe_router_score_function},
           {"moe_router_num_groups", c.moe_router_num_groups},
@@ -201,6 +203,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.moe_router_topk = optional_field(j, "moe_router_topk").get<int64_t>();
     c.moe_ffn_hidden_size = optional_field(j, "moe_ffn_hidden_size").get<int64_t>();
     c.moe_router_pre_softmax = optional_field(j, "moe_router_pre_softmax").get<bool>();
+    c.moe_apply_probs_on_input = optional_field(j, "moe_apply_probs_on_input").get<bool>();
     c.moe_layer_pattern = optional_field(j, "moe_layer_freq").get<std::vector<int>>();
     c.moe_router_score_function = optional_field(j, "moe_router_score_function").get<std::string>();
     c.moe_router_num_groups = optional_field(j, "moe_router_num_groups").get<int64_t>();

@@ -156,6 +156,7 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.scale = c.moe_router_topk_scaling_factor;
   s.Fs = c.moe_shared_expert_intermediate_size / tp;
   s.shared_gate = c.moe_shared_expert_gate;
+  s.probs_on_input = c.moe_apply_probs_on_input;
   s.recompute_act = c.recompute_moe_act();
   s.recompute_shared = c.recompute_shared_experts();
   return s;
@@ -650,12 +651,13 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
   }
   moe_route(st, logits.data(), N, s, s.expert_bias ? bias.data() : nullptr, w.cp);
   const int64_t S = st.offsets[size_t(E)];  // the slots kept (N k without a capacity)
-  moe_gather_rows(st.xe, x, st.rows, S, C);
+  // --moe-apply-probs-on-input: the gates weigh the experts' input rows, not their outputs.
+  moe_gather_rows(st.xe, x, st.rows, S, C, s.probs_on_input ? st.gate : nullptr);
   if (P > 1)
     dispatched_experts_forward(st, w, s);
   else
     experts_forward(st.ye, st.h, st.act, st.xe, st.offsets, w, s);
-  moe_combine(y, st.ye, st.slot_of, st.gate, N, s.k, C, false);
+  moe_combine(y, st.ye, st.slot_of, s.probs_on_input ? nullptr : st.gate, N, s.k, C, false);
   if (s.Fs > 0) shared_experts_forward(y, x, st, w, N, s);
 }
 
@@ -663,8 +665,12 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
                   const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale, Comm* tp,
                   bool router_input_grad) {
   const int64_t E = s.E, k = s.k, C = s.C, S = st.offsets[size_t(E)];  // slots kept
-  moe_combine_backward(sc.d_ye, sc.d_gate, dy, st.ye, st.gate, st.rows, S, C);
-  if (tp && tp->size() > 1) tp->all_reduce(sc.d_gate, S, ReduceOp::sum);
+  if (s.probs_on_input) {
+    moe_gather_rows(sc.d_ye, dy, st.rows, S, C);  // the unweighted sum's gradient; the gates' come below
+  } else {
+    moe_combine_backward(sc.d_ye, sc.d_gate, dy, st.ye, st.gate, st.rows, S, C);
+    if (tp && tp->size() > 1) tp->all_reduce(sc.d_gate, S, ReduceOp::sum);
+  }
   float* d_xe = sc.d_ye;  // fc2's output gradients are read: the experts' input gradients go there
   if (w.ep.size() > 1)
     dispatched_experts_backward(d_xe, sc.d_ye, st, w, g, s);
@@ -673,7 +679,15 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
     if (s.recompute_act) activation_again(st.act, st.h, sc.d_h, S, s.F, s);
     experts_backward(d_xe, sc.d_act, sc.d_h, sc.d_ye, st.xe, st.h, st.act, st.offsets, w, g, s);
   }
-  moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
+  if (s.probs_on_input) {
+    // xe = gate x[rows]: d gate = dot(x[rows], d xe) (a tensor-parallel rank's part of d xe: summed
+    // over the group), dx = the gates times d xe, summed per token.
+    moe_combine_backward(nullptr, sc.d_gate, x, d_xe, nullptr, st.rows, S, C);
+    if (tp && tp->size() > 1) tp->all_reduce(sc.d_gate, S, ReduceOp::sum);
+    moe_combine(dx, d_xe, st.slot_of, st.gate, N, k, C, false);
+  } else {
+    moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
+  }
   if (s.Fs > 0) {
     // shared_experts: their buffers again from the kept input (into the buffer the layers share).
     if (s.recompute_shared) shared_experts_compute(x, st, w, N, s);

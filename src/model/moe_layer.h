@@ -88,6 +88,9 @@ struct MoeShape {
   int64_t ep = 1;            // expert-parallel ranks: > 1, the experts' fc1 outputs and activations live with
                              // the rows they receive (MoeState::ep_rows), not in the carved buffers
   bool shared_gate = false;  // --moe-shared-expert-gate
+  // --moe-apply-probs-on-input (k = 1): the expert reads gate x (moe_gather_rows with weights)
+  // and its output is summed unweighted; the gate's gradient is dot(x, d(gate x)).
+  bool probs_on_input = false;
   // --recompute-modules moe_act: the experts' activation is not kept; the backward makes it again
   // from their fc1 outputs (MoeState::act then points into a buffer the caller shares between the
   // layers; under expert parallelism it lives in the dispatch's scratch).

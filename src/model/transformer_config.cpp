@@ -92,6 +92,7 @@ void TransformerConfig::finalize(int64_t tp) {
 
 void TransformerConfig::check_moe() {
   if (num_experts < 0) LATTICE_FAIL() << "--num-experts must be positive, got " << num_experts;
+  if (moe_apply_probs_on_input && !moe()) LATTICE_FAIL() << "--moe-apply-probs-on-input needs --num-experts";
   if (!moe()) {
     moe_layer_pattern.clear();
     return;
@@ -134,6 +135,8 @@ void TransformerConfig::check_moe() {
     if (moe_router_topk == 1) moe_router_score_function = "sigmoid";
     else moe_router_pre_softmax = true;
   }
+  if (moe_apply_probs_on_input && moe_router_topk != 1)  // Megatron's assertion
+    LATTICE_FAIL() << "--moe-apply-probs-on-input needs --moe-router-topk 1, got " << moe_router_topk;
   if (!(moe_expert_capacity_factor >= 0.0 && std::isfinite(moe_expert_capacity_factor)))
     LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << moe_expert_capacity_factor;
   if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")

@@ -133,6 +133,9 @@ struct TransformerConfig {
   // --moe-router-topk-scaling-factor (1: none).
   bool moe_router_pre_softmax = false;
   float moe_router_topk_scaling_factor = 1.0f;
+  // --moe-apply-probs-on-input (Megatron's, top-1 only): each token's gate multiplies its row
+  // before the expert instead of the expert's output after it (Llama 4's MoE).
+  bool moe_apply_probs_on_input = false;
   // --moe-router-dtype fp32: the router's GEMM (and the shared experts' gate's) in fp32 under
   // --bf16 / --fp16 (default "": the model's format, as Megatron's; never fp8).
   std::string moe_router_dtype;

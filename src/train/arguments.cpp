@@ -140,6 +140,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "the expert bias's step per iteration (default 1e-3)"},
       {"moe-router-pre-softmax", Kind::flag, &a.moe_router_pre_softmax,
        "gates: softmax over every expert, then the top-k of those (default: softmax over the top-k logits)"},
+      {"moe-apply-probs-on-input", Kind::flag, &a.moe_apply_probs_on_input,
+       "with --moe-router-topk 1: the gate multiplies the token's row before its expert, not the expert's output"},
       {"moe-router-topk-scaling-factor", Kind::f32, &a.moe_router_topk_scaling_factor,
        "multiplies the chosen experts' gates (default 1)"},
       {"qk-layernorm", Kind::flag, &a.qk_layernorm,
@@ -800,6 +802,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_router_topk = moe_router_topk;
   c.moe_ffn_hidden_size = moe_ffn_hidden_size;
   c.moe_router_pre_softmax = moe_router_pre_softmax;
+  c.moe_apply_probs_on_input = moe_apply_probs_on_input;
   c.moe_shared_expert_intermediate_size = moe_shared_expert_intermediate_size;
   c.moe_router_score_function = moe_router_score_function;
   c.moe_router_dtype = moe_router_dtype;
@@ -943,6 +946,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     from_model("moe-router-topk", "moe_router_topk");
     from_model("moe-ffn-hidden-size", "moe_ffn_hidden_size");
     on("moe-router-pre-softmax", m.value("moe_router_pre_softmax", false));
+    on("moe-apply-probs-on-input", m.value("moe_apply_probs_on_input", false));
     if (m.value("moe_shared_expert_intermediate_size", 0) > 0)
       from_model("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size");
     on("moe-shared-expert-gate", m.value("moe_shared_expert_gate", false));

@@ -44,6 +44,7 @@ struct TrainArgs {
   std::vector<float> moe_aux_loss_coeff = {0.0f};  // one per load-balancing type (or one for all)
   float moe_z_loss_coeff = 0.0f;
   bool moe_router_pre_softmax = false;
+  bool moe_apply_probs_on_input = false;  // --moe-apply-probs-on-input
   std::string moe_layer_freq = "1";
   std::string window_size;            // --window-size W[,0] ("": none)
   std::string window_attn_skip_freq;  // --window-attn-skip-freq N or a list ("": every layer)

@@ -303,6 +303,14 @@ TEST(CudaModel, MixtureOfExpertsLossAndEveryGradientMatchCpu) {
     cfg.finalize();
     expect_loss_and_gradients_match(cfg, swiglu ? "moe swiglu" : "moe");
   }
+  // --moe-apply-probs-on-input: top-1 sigmoid gates weighing the experts' input rows (weighted gather).
+  TransformerConfig cfg = moe_config();
+  cfg.add_bias_linear = false;
+  cfg.moe_router_topk = 1;
+  cfg.moe_router_score_function = "sigmoid";
+  cfg.moe_apply_probs_on_input = true;
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "moe probs on input");
 }
 
 // GPT-OSS's layer: experts and router with biases, the clamped quick GEGLU with the up projection's

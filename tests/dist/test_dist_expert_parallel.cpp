@@ -45,6 +45,7 @@ struct Case {
   bool gpt_oss = false;        // GPT-OSS's MLP: the router's and the experts' biases, the clamped quick GEGLU
   int cp = 1;                  // context parallelism (each rank's tokens dispatched among its cp rank's ep group)
   std::vector<std::string> recompute_modules = {};  // selective recomputation's modules (none: no selective)
+  bool probs_on_input = false;  // --moe-apply-probs-on-input with top-1 (the weighted rows dispatched)
 };
 
 struct EpRun : LayoutRun {
@@ -81,6 +82,10 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_router_bias_update_rate = 0.01f;
   }
   t.moe_layer_recompute = c.moe_layer_recompute;
+  if (c.probs_on_input) {
+    t.moe_router_topk = 1;
+    t.moe_apply_probs_on_input = true;
+  }
   if (c.gpt_oss) {
     t.add_bias_linear = true;
     t.quick_geglu = true;
@@ -229,7 +234,14 @@ INSTANTIATE_TEST_SUITE_P(
         // CP 2 x EP 2 (DP 2): each context-parallel rank's tokens dispatched within its expert-parallel
         // group, the experts' gradients summed over their copies at both context-parallel ranks.
         Case{"Cp2Ep2GptOssMlpDistributedOptimizer", 4, 1, 1, 2, 4, true, true, false, 0.1f, false, false, 0, false, {},
-             false, false, true, 2}),
+             false, false, true, 2},
+        // --moe-apply-probs-on-input: the gate-weighted rows dispatched, their gates' gradients from the
+        // returned input gradients; under TP 2 x EP 2 those summed over the tensor-parallel ranks. Sigmoid
+        // gates: a top-1 softmax gate is 1 whatever the logits, so its gradient would reach nothing.
+        Case{"Ep2SigmoidProbsOnInput", 2, 1, 1, 2, 4, false, false, false, 0.1f, false, true, 0, false, {}, false,
+             false, false, 1, {}, true},
+        Case{"Tp2Ep2SigmoidProbsOnInputSequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.0f, false, true, 0, false,
+             {}, false, false, false, 1, {}, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

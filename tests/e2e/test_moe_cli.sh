@@ -102,6 +102,27 @@ if run sig_train "$LATTICE" train "${SIG[@]}" "${RUN[@]}" --train-iters 6 --exit
   expect_error "HuggingFace export of sigmoid scores" "sigmoid" -- "$LATTICE" convert --load sigckpt --to-hf hf-sig
   [ -e hf-sig/model.safetensors ] && fail "a refused export wrote a model"
 fi
+# --moe-apply-probs-on-input (top-1 gates, the softmax over every expert, on the experts' input): trains, the
+# checkpoint says so, --use-checkpoint-args resumes it, the KV cache generates as full recomputation,
+# HF export refused; without top-1 refused.
+PIN=("${DENSE[@]}" --num-experts 4 --moe-router-topk 1 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 0.01
+     --moe-router-pre-softmax --moe-apply-probs-on-input)
+if run pin_train "$LATTICE" train "${PIN[@]}" "${RUN[@]}" --train-iters 4 --exit-interval 2 --save pinckpt; then
+  grep -q '"moe_apply_probs_on_input": *true' pinckpt/iter_0000002/*.json &&
+    pass "--moe-apply-probs-on-input: the checkpoint records it" || fail "the checkpoint lost --moe-apply-probs-on-input"
+  run pin_resume "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --moe-aux-loss-coeff 0.01 --train-iters 4 \
+    --load pinckpt --save pinckpt && grep -q "iteration        4/" pin_resume.out &&
+    pass "--use-checkpoint-args resumes --moe-apply-probs-on-input"
+  run pin_gen "$LATTICE" generate --load pinckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+    run pin_gen_full "$LATTICE" generate --load pinckpt --prompt "ab" --max-new-tokens 16 --seed 2 --no-kv-cache &&
+    { cmp -s pin_gen.out pin_gen_full.out && pass "--moe-apply-probs-on-input generates the same with and without the KV cache" ||
+        fail "--moe-apply-probs-on-input generates differently with the KV cache"; }
+  expect_error "HuggingFace export of probabilities on the input" "--moe-apply-probs-on-input" -- \
+    "$LATTICE" convert --load pinckpt --to-hf hf-pin
+  [ -e hf-pin/model.safetensors ] && fail "a refused export wrote a model"
+fi
+expect_error "probabilities on the input with top-2" "--moe-apply-probs-on-input needs --moe-router-topk 1, got 2" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-apply-probs-on-input "${RUN[@]}" --train-iters 1 --save bad14
 # bf16 with the router in fp32.
 run bf16_router "$LATTICE" train "${MOE[@]}" --bf16 --moe-router-dtype fp32 "${RUN[@]}" --train-iters 2 &&
   pass "--bf16 --moe-router-dtype fp32 trains"

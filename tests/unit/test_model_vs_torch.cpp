@@ -72,6 +72,7 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
     if (f.metadata().count("moe_layer_freq"))
       c.moe_layer_pattern = TransformerConfig::parse_moe_layer_freq(f.metadata().at("moe_layer_freq"), c.num_layers);
     c.moe_router_pre_softmax = f.metadata().count("moe_router_pre_softmax") != 0;
+    c.moe_apply_probs_on_input = f.metadata().count("moe_apply_probs_on_input") != 0;
     if (f.metadata().count("moe_shared_expert_intermediate_size"))
       c.moe_shared_expert_intermediate_size = meta_int(f, "moe_shared_expert_intermediate_size");
     c.moe_shared_expert_gate = f.metadata().count("moe_shared_expert_gate") != 0;
@@ -225,6 +226,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_nobias_swiglu_moe4_shared.safetensors",
                                            "gpt_tiny_nobias_moe4_sigmoid.safetensors",
                                            "gpt_tiny_nobias_moe4_capacity.safetensors",
+                                           "gpt_tiny_nobias_moe4_sigmoid_probsin.safetensors",
                                            "gpt_tiny_nobias_moe8_groups.safetensors",
                                            "gpt_tiny_nobias_moe4_sinkhorn2.safetensors",
                                            "gpt_tiny_nobias_moe4_sinkhorn1.safetensors"));

@@ -61,6 +61,16 @@ TEST(Moe, GatherAndCombineKernelsMatchLoops) {
     }
     EXPECT_NEAR(d_w[size_t(s)], dot, 1e-6);
   }
+  // --moe-apply-probs-on-input's forms: the gather weighted (each product rounded on its own), and
+  // the weights' gradient alone (d_ye null: not written).
+  std::vector<float> xw(static_cast<size_t>(S * C));
+  moe_gather_rows(xw.data(), x.data(), rows.data(), S, C, w.data());
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t c = 0; c < C; ++c)
+      ASSERT_EQ(xw[size_t(s * C + c)], w[size_t(s)] * x[size_t(rows[size_t(s)] * C + c)]);
+  std::vector<float> d_w2(static_cast<size_t>(S));
+  moe_combine_backward(nullptr, d_w2.data(), dout.data(), ye.data(), nullptr, rows.data(), S, C);
+  for (int64_t s = 0; s < S; ++s) EXPECT_NEAR(d_w2[size_t(s)], d_w[size_t(s)], 1e-6) << s;
 }
 
 MoeShape shape(int64_t E, int64_t k, float aux = 0.0f) {
@@ -379,6 +389,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     bool biases = false;                 // the router's and the experts' biases (add_bias_linear)
     GluForm form = {};                   // with swiglu: the gated unit's form
     float global = 0.0f;                 // global_aux_loss's coefficient (fixed averaged counts)
+    bool probs_on_input = false;         // --moe-apply-probs-on-input (k = 1)
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
@@ -399,7 +410,13 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
                             Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.0f, false, {},
                                     0.4f},
                             Variant{false, false, 1.0f, 0, false, true, true, 2, 2, 0.5, false, 0, 0, 0.0f, false, {},
-                                    0.4f}}) {
+                                    0.4f},
+                            Variant{false, false, 1.0f, 0, false, true, false, 1, 0, 0, false, 0, 0, 0.0f, false, {},
+                                    0.0f, true},
+                            Variant{true, true, 1.0f, 3, true, false, false, 1, 0, 0, false, 0, 0, 0.0f, true, {},
+                                    0.0f, true},
+                            Variant{false, false, 1.0f, 0, false, true, true, 1, 0, 0.5, false, 0, 0, 0.0f, false, {},
+                                    0.0f, true}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, var.k, 0.5f);
     s.glu = swiglu;
@@ -419,6 +436,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     s.scale = var.scale;
     s.Fs = var.Fs;
     s.shared_gate = var.gate;
+    s.probs_on_input = var.probs_on_input;
     const int64_t N = 4, C = s.C, F = s.F, F1 = s.F1(), E = s.E;
     std::vector<float> x = random_floats(size_t(N * C), 11, -1.5f, 1.5f), R = random_floats(size_t(N * C), 12);
     std::vector<float> router = random_floats(size_t(E * C), 13);
@@ -525,7 +543,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
             << " shared " << var.Fs << " gate " << var.gate << " sigmoid " << var.sigmoid << " bias " << var.bias
             << " k " << var.k << " aux group " << var.aux_group << " capacity " << var.capacity << " by position "
             << var.by_position << " z " << var.z << " biases " << var.biases << " alpha " << var.form.alpha
-            << " global " << var.global;
+            << " global " << var.global << " probs on input " << var.probs_on_input;
       }
     };
     check(x, dx, "dx");

@@ -5,14 +5,20 @@
 
 namespace lattice {
 
-void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C) {
-  LATTICE_KERNEL_ENTRY(cuda::moe_gather_rows(xe, x, rows, S, C));
+void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C, const float* w) {
+  LATTICE_KERNEL_ENTRY(cuda::moe_gather_rows(xe, x, rows, S, C, w));
 #pragma omp parallel for schedule(static) if (S * C > 32768)
   for (int64_t s = 0; s < S; ++s) {
     const float* __restrict src = x + int64_t(rows[s]) * C;
     float* __restrict dst = xe + s * C;
+    if (w) {
+      const float ws = w[s];
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) dst[c] = src[c];
+      for (int64_t c = 0; c < C; ++c) dst[c] = ws * src[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dst[c] = src[c];
+    }
   }
 }
 
@@ -43,12 +49,16 @@ void moe_combine_backward(float* d_ye, float* d_w, const float* dout, const floa
   for (int64_t s = 0; s < S; ++s) {
     const float* __restrict d = dout + int64_t(rows[s]) * C;
     const float* __restrict y = ye + s * C;
-    float* __restrict dy = d_ye + s * C;
-    const float ws = w[s];
     float dot = 0.0f;
-    for (int64_t c = 0; c < C; ++c) {
-      dy[c] = ws * d[c];
-      dot += d[c] * y[c];
+    if (d_ye) {
+      float* __restrict dy = d_ye + s * C;
+      const float ws = w[s];
+      for (int64_t c = 0; c < C; ++c) {
+        dy[c] = ws * d[c];
+        dot += d[c] * y[c];
+      }
+    } else {
+      for (int64_t c = 0; c < C; ++c) dot += d[c] * y[c];
     }
     d_w[s] = dot;
   }

@@ -10,10 +10,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void gather_rows_kernel(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C) {
+__global__ void gather_rows_kernel(float* xe, const float* x, const int32_t* rows, const float* w, int64_t S,
+                                   int64_t C) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < S * C; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t s = i / C, c = i - s * C;
-    xe[i] = x[int64_t(rows[s]) * C + c];
+    const float v = x[int64_t(rows[s]) * C + c];
+    xe[i] = w ? __fmul_rn(w[s], v) : v;
   }
 }
 
@@ -35,10 +37,10 @@ __global__ void combine_backward_kernel(float* d_ye, float* d_w, const float* do
   for (int64_t s = blockIdx.x; s < S; s += gridDim.x) {
     const float* d = dout + int64_t(rows[s]) * C;
     const float* y = ye + s * C;
-    const float ws = w[s];
+    const float ws = d_ye ? w[s] : 0.0f;
     float dot = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      d_ye[s * C + c] = ws * d[c];
+      if (d_ye) d_ye[s * C + c] = ws * d[c];
       dot += d[c] * y[c];
     }
     dot = block_sum(dot);
@@ -48,9 +50,9 @@ __global__ void combine_backward_kernel(float* d_ye, float* d_w, const float* do
 
 }  // namespace
 
-void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C) {
+void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C, const float* w) {
   if (S <= 0 || C <= 0) return;
-  launch(gather_rows_kernel, grid_for(S * C, kThreads), kThreads, 0, xe, x, rows, S, C);
+  launch(gather_rows_kernel, grid_for(S * C, kThreads), kThreads, 0, xe, x, rows, w, S, C);
   LATTICE_CUDA_LAUNCHED("moe_gather_rows");
 }
 

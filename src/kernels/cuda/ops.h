@@ -146,7 +146,7 @@ void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int6
 void rope_backward(float* dqkv, const RopeTable& table, int64_t N, int64_t T, const QkvLayout& layout);
 
 // ---- moe.h
-void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C);
+void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C, const float* w = nullptr);
 void moe_combine(float* out, const float* ye, const int32_t* slot_of, const float* w, int64_t N, int64_t k, int64_t C,
                  bool accumulate);
 void moe_combine_backward(float* d_ye, float* d_w, const float* dout, const float* ye, const float* w,
