@@ -376,6 +376,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"no-ckpt-fully-parallel-save", Kind::flag, &a.implementation.no_ckpt_fully_parallel_save, "accepted (see above)"},
       {"ckpt-fully-parallel-load", Kind::flag, &a.implementation.ckpt_fully_parallel_load,
        "accepted: how torch_dist spreads its reads over ranks"},
+      {"rerun-mode", Kind::str, &a.implementation.rerun_mode,
+       "disabled: accepted (Megatron's result-validation reruns, validate_results and report_stats, are refused)"},
       {"ckpt-assume-constant-structure", Kind::flag, &a.implementation.ckpt_assume_constant_structure,
        "accepted: a torch_dist save-time cache (lattice's checkpoints need none)"},
       {"moe-grouped-gemm", Kind::flag, &a.implementation.moe_grouped_gemm,
@@ -655,6 +657,10 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "--ckpt-format " << impl.ckpt_format
                    << " is not implemented: lattice writes one layout-independent checkpoint format (Megatron's torch_dist "
                       "role; docs/checkpoint-format.md); drop the flag or give torch_dist";
+  if (impl.rerun_mode != "disabled")
+    LATTICE_FAIL() << "--rerun-mode " << impl.rerun_mode
+                   << " is not implemented (Megatron's rerun state machine; lattice's steps are deterministic, so a "
+                      "rerun gives the same bits): give disabled or drop the flag";
   if (impl.ckpt_fully_parallel_save && impl.no_ckpt_fully_parallel_save)
     LATTICE_FAIL() << "--ckpt-fully-parallel-save and --no-ckpt-fully-parallel-save contradict each other";
   if (impl.distributed_backend != "nccl" && impl.distributed_backend != "gloo")

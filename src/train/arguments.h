@@ -202,6 +202,7 @@ struct TrainArgs {
     bool moe_router_fusion = false, moe_use_legacy_grouped_gemm = false, tp_comm_overlap = false;
     std::string transformer_impl = "transformer_engine", distributed_backend = "nccl";
     std::string ckpt_format = "torch_dist";  // Megatron's default; lattice's format plays its part
+    std::string rerun_mode = "disabled";     // Megatron's --rerun-mode: only disabled
     bool ckpt_fully_parallel_save = false, no_ckpt_fully_parallel_save = false, ckpt_fully_parallel_load = false;
     bool ckpt_assume_constant_structure = false;
     std::string moe_token_dispatcher_type = "allgather";  // Megatron's default; lattice dispatches by all-to-all

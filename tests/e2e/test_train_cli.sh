@@ -153,7 +153,7 @@ IMPL=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn 
       --no-mmap-bin-files --num-dataset-builder-threads 4 --deterministic-mode --apply-query-key-layer-scaling
       --empty-unused-memory-level 1 --async-save --moe-grouped-gemm --moe-permute-fusion --moe-token-dispatcher-type alltoall
       --expert-tensor-parallel-size 1 --moe-router-fusion --moe-use-legacy-grouped-gemm --ckpt-format torch_dist
-      --ckpt-fully-parallel-save --ckpt-fully-parallel-load --ckpt-assume-constant-structure)
+      --ckpt-fully-parallel-save --ckpt-fully-parallel-load --ckpt-assume-constant-structure --rerun-mode disabled)
 run impl "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}" "${IMPL[@]}" --metrics-file impl.jsonl
 [ -s impl.jsonl ] && [ "$(losses impl.jsonl)" = "$(losses det1.jsonl)" ] &&
   pass "Megatron's implementation flags leave the losses identical" ||
@@ -169,6 +169,8 @@ run rope_old "$LATTICE" train "${ROPE[@]}" --use-rotary-position-embeddings --no
 expect_error "--no-position-embedding without rope" "--no-position-embedding|rope" -- \
   "$LATTICE" train "${ROPE[@]}" --no-position-embedding
 expect_error "--transformer-impl value" "--transformer-impl|fast" -- "$LATTICE" train "${ROPE[@]}" --transformer-impl fast
+expect_error "--rerun-mode validate_results" "--rerun-mode validate_results is not implemented" -- \
+  "$LATTICE" train "${ROPE[@]}" --rerun-mode validate_results
 expect_error "--ckpt-format torch" "--ckpt-format torch is not implemented: lattice writes one layout-independent" -- \
   "$LATTICE" train "${ROPE[@]}" --ckpt-format torch
 expect_error "fp32 and bf16 gradient reduction" "--accumulate-allreduce-grads-in-fp32|--grad-reduce-in-bf16" -- \
