@@ -200,6 +200,7 @@ struct TrainArgs {
     bool no_query_key_layer_scaling = false, async_save = false;
     bool moe_grouped_gemm = false, moe_permute_fusion = false, moe_shared_expert_overlap = false;
     bool moe_router_fusion = false, moe_use_legacy_grouped_gemm = false, tp_comm_overlap = false;
+    bool overlap_moe_expert_parallel_comm = false, delay_wgrad_compute = false;
     std::string transformer_impl = "transformer_engine", distributed_backend = "nccl";
     std::string ckpt_format = "torch_dist";  // Megatron's default; lattice's format plays its part
     std::string rerun_mode = "disabled";     // Megatron's --rerun-mode: only disabled
