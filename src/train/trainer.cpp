@@ -412,13 +412,13 @@ int run_training(const TrainArgs& args) {
   mem.activation_bytes = model.arena_bytes() + model.context_parallel_bytes();
   mem.tensor_parallel = ps->tp().size();
   mem.sequence_parallel = model.tensor_parallel().sp();
-  log_info(format_memory_report(mem, ps->dp().size(), args.use_distributed_optimizer,
-                                int(optimizer.state_bytes() / size_t(std::max<int64_t>(1, optimizer.state_numel())))));
+  // The bytes per parameter come from the estimate's one formula; the totals above are measured.
+  const MemoryLayout ml = memory_layout(args, cfg, ps->dp().size(), pipe, num_micro);
+  log_info(format_memory_report(mem, ps->dp().size(), args.use_distributed_optimizer, ml.optimizer_state_bytes()));
   // --log-memory: every rank's estimate (a function of the layout; each rank measured its
   // own baseline), and after the first iterations each rank's measured peak beside it.
   std::vector<RankMemory> memory_ranks;
   if (args.log_memory) {
-    const MemoryLayout ml = memory_layout(args, cfg, ps->dp().size(), pipe, num_micro);
     const std::vector<double> baselines = gather_per_rank(*ps, double(baseline_bytes));
     for (int w = 0; w < ps->world_size(); ++w)
       memory_ranks.push_back(estimate_rank_memory(ml, w, size_t(baselines[size_t(w)])));

@@ -36,31 +36,10 @@ void for_scaled_grads(const float* g, int64_t n, float grad_scale, Step step) {
     step(i0, len, gk);
   }
 }
-}  // namespace
-
-// The operation order and the scalar precision follow torch.optim.AdamW's
-// single-tensor path: the scalars are formed in double and rounded to float once,
-// m uses torch's lerp (m + w (g - m) for weight w < 0.5), and the update is
-// p - step_size * m / (sqrt(v) / sqrt(bc2) + eps). The scalars and the element step live
-// in kernels/optimizer_math.h, shared with the CUDA kernels.
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
-  LATTICE_KERNEL_ENTRY(cuda::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale));
-  LATTICE_CHECK(step >= 1) << "adamw_update: step " << step << " must be >= 1";
-  const math::AdamwScalars s = math::adamw_scalars(lr, beta1, beta2, eps, weight_decay, step);
-  // Captures by value: the scalars stay in registers (a reference could alias the stores).
-  for_scaled_grads(g, n, grad_scale, [=](int64_t i0, int64_t len, const float* gs) {
-    float *ps = p + i0, *ms = m + i0, *vs = v + i0;
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i) math::adamw_step(ps[i], gs[i], ms[i], vs[i], s);
-  });
-}
-
-namespace {
 
 // A chunk of moments as fp32: fp32 ones in place, bf16 ones widened into buf (and narrowed back,
-// rounded to nearest even, by store_chunk), so that the step runs adamw_update's very loop
-// (the same instructions, so the same contractions: its bits) on fp32 arrays.
+// rounded to nearest even, by store_chunk), so that every moment type runs one loop (the same
+// instructions, so the same contractions: bf16 moments get the fp32 step's bits, then rounded).
 float* fp32_chunk(float* m, float*, int64_t) { return m; }
 float* fp32_chunk(uint16_t* m, float* buf, int64_t len) {
 #pragma omp simd
@@ -73,7 +52,7 @@ void store_chunk(uint16_t* m, const float* buf, int64_t len) {
   for (int64_t i = 0; i < len; ++i) m[i] = math::fp32_to_bf16(buf[i]);
 }
 
-// adamw_update over one range with the moments in their stored types.
+// The AdamW step over one range with the moments in their stored types (fp32 or bf16).
 template <class M, class V>
 void adamw_update_stored(float* p, const float* g, M* m, V* v, int64_t n, float lr, float beta1, float beta2,
                          float eps, float weight_decay, int64_t step, float grad_scale) {
@@ -103,6 +82,17 @@ void adamw_ranges_stored(float* p, const float* g, M* m, V* v, const AdamwRange*
 
 }  // namespace
 
+// The operation order and the scalar precision follow torch.optim.AdamW's
+// single-tensor path: the scalars are formed in double and rounded to float once,
+// m uses torch's lerp (m + w (g - m) for weight w < 0.5), and the update is
+// p - step_size * m / (sqrt(v) / sqrt(bc2) + eps). The scalars and the element step live
+// in kernels/optimizer_math.h, shared with the CUDA kernels.
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
+  LATTICE_KERNEL_ENTRY(cuda::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale));
+  adamw_update_stored(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+}
+
 void adamw_update_ranges(float* p, const float* g, const AdamwMoments& mo, const AdamwRange* ranges, int64_t count,
                          float beta1, float beta2, float eps, int64_t step, float grad_scale) {
   LATTICE_KERNEL_ENTRY(cuda::adamw_update_ranges(p, g, mo, ranges, count, beta1, beta2, eps, step, grad_scale));
@@ -111,7 +101,7 @@ void adamw_update_ranges(float* p, const float* g, const AdamwMoments& mo, const
   auto* mb = static_cast<uint16_t*>(mo.m);
   auto* vb = static_cast<uint16_t*>(mo.v);
   if (!mo.m_bf16 && !mo.v_bf16)
-    adamw_update_ranges(p, g, mf, vf, ranges, count, beta1, beta2, eps, step, grad_scale);
+    adamw_ranges_stored(p, g, mf, vf, ranges, count, beta1, beta2, eps, step, grad_scale);
   else if (mo.m_bf16 && mo.v_bf16)
     adamw_ranges_stored(p, g, mb, vb, ranges, count, beta1, beta2, eps, step, grad_scale);
   else if (mo.m_bf16)
@@ -123,11 +113,7 @@ void adamw_update_ranges(float* p, const float* g, const AdamwMoments& mo, const
 void adamw_update_ranges(float* p, const float* g, float* m, float* v, const AdamwRange* ranges, int64_t count,
                          float beta1, float beta2, float eps, int64_t step, float grad_scale) {
   LATTICE_KERNEL_ENTRY(cuda::adamw_update_ranges(p, g, m, v, ranges, count, beta1, beta2, eps, step, grad_scale));
-  for (int64_t k = 0; k < count; ++k) {
-    const AdamwRange& r = ranges[k];
-    adamw_update(p + r.begin, g + r.begin, m + r.state_offset, v + r.state_offset, r.n, r.lr, beta1, beta2, eps,
-                 r.weight_decay, step, grad_scale);
-  }
+  adamw_ranges_stored(p, g, m, v, ranges, count, beta1, beta2, eps, step, grad_scale);
 }
 
 // momentum_buf may be null when momentum == 0 (torch keeps no buffer then).
