@@ -32,6 +32,10 @@ LATTICE_HD inline PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey key) 
 // Uniform in [0, 1) with 24 bits of precision.
 LATTICE_HD inline float philox_uniform(uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
 
+// Multiplicative jitter uniform in [1 - eps, 1 + eps) from a draw x (the MoE router's input
+// jitter): one explicit FMA, so the CPU and the GPU get the same bits.
+LATTICE_HD inline float jitter_factor(uint32_t x, float eps) { return fmaf(2.0f * eps, philox_uniform(x), 1.0f - eps); }
+
 // Dropout's keep test in integers: uniform(x) >= p  <=>  (x >> 8) >= dropout_threshold(p),
 // ceil(p * 2^24) (host code; every kernel that draws a mask compares against it).
 inline uint32_t dropout_threshold(float p) { return uint32_t(std::ceil(double(p) * 16777216.0)); }

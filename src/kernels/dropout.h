@@ -51,4 +51,14 @@ void bias_dropout_add_layernorm_forward(float* out, const float* residual, const
                                         int64_t N, int64_t C, float p, const PhiloxStream& stream,
                                         uint64_t first_index, const LayerNormOut& ln);
 
+// Multiplicative noise from the same kind of stream (the MoE router's --moe-input-jitter-eps,
+// Switch Transformer's): element i times jitter_factor(stream.u32(first_index + i), eps), uniform in
+// [1 - eps, 1 + eps), 0 <= eps < 1. Drawn again for the backward, as dropout's masks.
+// out[i] = x[i] * factor(first_index + i)     (out may alias x)
+void input_jitter_forward(float* out, const float* x, int64_t n, float eps, const PhiloxStream& stream,
+                          uint64_t first_index);
+// dx[i] += dout[i] * factor(first_index + i)  (accumulated: the input also feeds the experts)
+void input_jitter_backward(float* dx, const float* dout, int64_t n, float eps, const PhiloxStream& stream,
+                           uint64_t first_index);
+
 }  // namespace lattice

@@ -20,6 +20,18 @@
 #include "model/qk_layernorm.h"
 
 namespace lattice {
+namespace {
+
+// Generation's MoE layers: a forward outside training, so no input jitter (MoeShape::input_jitter_eps)
+// and the router's own logits (no forced balance).
+MoeShape generation_moe_shape(const TransformerConfig& c) {
+  MoeShape s = moe_shape(c);
+  s.input_jitter_eps = 0.0f;
+  s.force_balance = false;
+  return s;
+}
+
+}  // namespace
 
 GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model.config()) {
   const ParamBuffer& pb = model.params();
@@ -125,7 +137,7 @@ void GPTInference::reserve_rows(int64_t n) {
   fc_.resize(N * size_t(cfg_.fc1_width()));
   if (cfg_.gated_linear_unit()) act_.resize(N * F);
   if (cfg_.moe()) {
-    const MoeShape s = lattice::moe_shape(cfg_);
+    const MoeShape s = generation_moe_shape(cfg_);
     moe_state_carve(moe_, moe_buf_.resize(size_t(moe_state_floats(n, s))), n, s);
   }
   if (cfg_.qk_norm()) {
@@ -182,7 +194,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);
     if (cfg_.moe_layer(l)) {
-      moe_forward(tmp, ln, moe_, p.moe, n, lattice::moe_shape(cfg_));
+      moe_forward(tmp, ln, moe_, p.moe, n, generation_moe_shape(cfg_));
       add_forward(x, x, tmp, n * C);
       continue;
     }

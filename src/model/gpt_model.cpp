@@ -832,7 +832,8 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
                     // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
-    moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p), N, moe_shape(T, !key.generation, key.training));
+    moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p, l, B, T, key), N,
+                moe_shape(T, !key.generation, key.training));
     reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
     if (!output) return;
     const PhiloxStream stream = site_stream(key, layer_name(l, "mlp.dropout"));
@@ -1014,6 +1015,8 @@ MoeShape GPTModel::moe_shape(int64_t T, bool capacity, bool training) const {
   MoeShape s = lattice::moe_shape(cfg_, tp_.size(), ep_ ? ep_->size() : 1);
   if (cfg_.moe_seq_aux_loss) s.aux_group = T;
   s.sinkhorn = cfg_.moe_sinkhorn && training;
+  if (!training) s.input_jitter_eps = 0.0f;  // the state is carved with the jitter's buffer all the same
+  s.force_balance = cfg_.moe_router_force_load_balancing && capacity;  // training and evaluation, not generation
   if (capacity) {  // generation is dropless
     s.capacity_factor = cfg_.moe_expert_capacity_factor;
     s.drop_by_position = cfg_.moe_token_drop_policy == "position";
@@ -1021,8 +1024,15 @@ MoeShape GPTModel::moe_shape(int64_t T, bool capacity, bool training) const {
   return s;
 }
 
-MoeWeights GPTModel::moe_weights(const LayerParams& p) const {
+MoeWeights GPTModel::moe_weights(const LayerParams& p, int64_t l, int64_t B, int64_t Tl,
+                                  const MicroBatchKey& key) const {
   MoeWeights w;
+  // The input jitter's and the forced balance's draws: each row's by its token in one process.
+  if ((cfg_.moe_input_jitter_eps > 0.0f && key.training) || (cfg_.moe_router_force_load_balancing && !key.generation)) {
+    w.jitter_stream = site_stream(key, layer_name(l, "mlp.router.input_jitter"));
+    w.balance_stream = site_stream(key, layer_name(l, "mlp.router.force_load_balancing"));
+    for (const TokenRun& r : token_runs(B, Tl)) w.token_runs.push_back(MoeWeights::TokenRun{r.row, r.rows, r.token});
+  }
   w.router = params_.param(p.router_w);
   w.router_site = router_site(p.router_w);
   if (p.router_b >= 0) w.router_bias = params_.param(p.router_b);
@@ -1183,10 +1193,11 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       const float* moe_in = ln_input(x.ln2, N).f32;
       // MoE-layer recomputation: the routing, dispatch and experts again into the shared buffers
       // (the output into d_c2, which the backward then overwrites with the input gradient).
-      if (cfg_.recompute_moe()) moe_forward(sc.d_c2, moe_in, *x.moe, moe_weights(p), N, moe_shape(T, true, true));
+      const MoeWeights w = moe_weights(p, l, B, T, key);
+      if (cfg_.recompute_moe()) moe_forward(sc.d_c2, moe_in, *x.moe, w, N, moe_shape(T, true, true));
       x.moe->global_counts = cfg_.moe_global_aux_loss ? x.moe_global_counts.data() : nullptr;
       x.moe->global_tokens = x.moe_global_tokens;
-      moe_backward(sc.d_c2, dy, moe_in, *x.moe, moe_weights(p), g, sc.moe, N, moe_shape(T, true, true), a.grad_scale,
+      moe_backward(sc.d_c2, dy, moe_in, *x.moe, w, g, sc.moe, N, moe_shape(T, true, true), a.grad_scale,
                    tp_.comm, tp_.rank() == 0);
       float* d_ln2 = sp ? sc.d_s : sc.d_c2;
       reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);

@@ -288,9 +288,11 @@ class GPTModel {
   const float* softmax_offset(const LayerParams& p) const;
   float* softmax_offset_grad(const LayerParams& p);
   // --num-experts: the MoE layer's shape, weights and gradients of layer p (model/moe_layer.h).
-  // T: the sequence length (seq_aux_loss's groups); training: a training forward (the capacity's drops).
+  // T: the sequence length (seq_aux_loss's groups); capacity: a training or evaluation forward, not
+  // generation (the capacity's drops, the forced balance); training: a training forward.
   MoeShape moe_shape(int64_t T, bool capacity, bool training) const;
-  MoeWeights moe_weights(const LayerParams& p) const;
+  // l: the layer's number, B x Tl the micro-batch's rows here (the input jitter's draws).
+  MoeWeights moe_weights(const LayerParams& p, int64_t l, int64_t B, int64_t Tl, const MicroBatchKey& key) const;
   MoeGrads moe_grads(const LayerParams& p) const;
   // --qk-layernorm's parameters and gradients of layer p (model/qk_layernorm.h); --qk-l2-norm's
   // unit weights and zero biases, its gradients a sink; and the norm's kind (--qk-l2-norm: RMSNorm).

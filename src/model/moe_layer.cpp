@@ -6,6 +6,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "dist/comm.h"
+#include "kernels/dropout.h"
 #include "kernels/moe.h"
 #include "kernels/swiglu.h"
 
@@ -159,6 +160,8 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.probs_on_input = c.moe_apply_probs_on_input;
   s.recompute_act = c.recompute_moe_act();
   s.recompute_shared = c.recompute_shared_experts();
+  s.input_jitter_eps = c.moe_input_jitter_eps;
+  s.force_balance = c.moe_router_force_load_balancing;
   return s;
 }
 
@@ -181,7 +184,8 @@ int64_t moe_state_floats(int64_t N, const MoeShape& s) {
   const int64_t shared = s.Fs > 0 ? (s.recompute_shared ? 0 : moe_shared_experts_floats(N, s)) + padded(N) : 0;
   // the rows' fc1 and activation
   const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F1()) + (s.recompute_act ? 0 : padded(S * s.F));
-  return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.C) + experts + shared;
+  const int64_t jitter = s.input_jitter_eps > 0.0f ? padded(N * s.C) : 0;
+  return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.C) + experts + shared + jitter;
 }
 
 void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
@@ -204,6 +208,7 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
     st.ident = c.take_ints(N);
     st.ident_rows = 0;
   }
+  st.xj = s.input_jitter_eps > 0.0f ? c.take(N * s.C) : nullptr;
 }
 
 int64_t moe_scratch_floats(int64_t N, const MoeShape& s) {
@@ -627,6 +632,17 @@ void dispatched_experts_backward(float* d_xe, const float* d_ye, const MoeState&
   w.ep.comm->all_to_all(b, elements(st.ep_recv, C), d_xe, elements(st.ep_send, C));
 }
 
+// The token runs cover rows [0, N) in order (input jitter, forced balance).
+void token_runs_check(const MoeWeights& w, int64_t N) {
+  int64_t next = 0;
+  for (const MoeWeights::TokenRun& r : w.token_runs) {
+    LATTICE_CHECK(r.row == next && r.rows >= 0 && r.token >= 0)
+        << "moe token runs: a run at row " << r.row << " (token " << r.token << "), expected row " << next;
+    next += r.rows;
+  }
+  LATTICE_CHECK(next == N) << "moe token runs: they cover " << next << " of " << N << " rows";
+}
+
 }  // namespace
 
 void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
@@ -639,11 +655,26 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
   LATTICE_CHECK(w.fc1_bias.size() == w.fc2_bias.size() && (w.fc1_bias.empty() || w.fc1_bias.size() == w.fc1.size()))
       << "moe_forward: " << w.fc1_bias.size() << " fc1 and " << w.fc2_bias.size() << " fc2 biases for " << w.fc1.size()
       << " experts";
-  linear_forward(st.logits, x, w.router, w.router_bias, N, C, E, w.router_site);
+  const float* router_in = x;
+  if (s.input_jitter_eps > 0.0f) {  // the router's noisy copy of x
+    token_runs_check(w, N);
+    LATTICE_CHECK(st.xj) << "moe input jitter: the state was carved without its buffer (input_jitter_eps 0)";
+    for (const MoeWeights::TokenRun& r : w.token_runs)
+      input_jitter_forward(st.xj + r.row * C, x + r.row * C, r.rows * C, s.input_jitter_eps, w.jitter_stream,
+                           uint64_t(r.token * C));
+    router_in = st.xj;
+  }
+  linear_forward(st.logits, router_in, w.router, w.router_bias, N, C, E, w.router_site);
   std::vector<float>& logits = st.logits_host;
   std::vector<float> bias;
   logits.resize(size_t(N * E));
   copy_to_host(logits.data(), st.logits, logits.size() * sizeof(float));
+  if (s.force_balance) {  // the routing reads standard normal draws instead (the router's GEMM stays: its backward)
+    token_runs_check(w, N);
+    for (const MoeWeights::TokenRun& r : w.token_runs)
+      for (int64_t i = 0; i < r.rows * E; ++i)
+        logits[size_t(r.row * E + i)] = float(w.balance_stream.normal(uint64_t(r.token * E + i)));
+  }
   if (s.expert_bias) {
     LATTICE_CHECK(w.expert_bias) << "moe_forward: the expert bias is missing";
     bias.resize(size_t(E));
@@ -774,6 +805,17 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
     }
   }
   copy_to_device(sc.d_logits, d_logits.data(), d_logits.size() * sizeof(float));
+  if (s.input_jitter_eps > 0.0f) {
+    // d xj [N, C] into d_ye (free now, S >= N rows), then dx += the noise times it.
+    token_runs_check(w, N);
+    linear_backward(router_input_grad ? sc.d_ye : nullptr, g.router, w.router_bias ? g.router_bias : nullptr,
+                    sc.d_logits, st.xj, w.router, N, C, E, false, w.router_site);
+    if (router_input_grad)
+      for (const MoeWeights::TokenRun& r : w.token_runs)
+        input_jitter_backward(dx + r.row * C, sc.d_ye + r.row * C, r.rows * C, s.input_jitter_eps, w.jitter_stream,
+                              uint64_t(r.token * C));
+    return;
+  }
   linear_backward(router_input_grad ? dx : nullptr, g.router, w.router_bias ? g.router_bias : nullptr, sc.d_logits, x,
                   w.router, N, C, E, true, w.router_site);
 }

@@ -55,6 +55,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/philox.h"
 #include "core/storage.h"
 
 #include "kernels/activation.h"
@@ -99,6 +100,16 @@ struct MoeShape {
   // are not kept in the state; the backward computes them again (MoeState::hs, acts, ys, sgate then
   // point into a buffer the caller shares between the layers: moe_shared_experts_carve).
   bool recompute_shared = false;
+  // --moe-input-jitter-eps (a training forward's; 0: none): the router reads x times noise uniform in
+  // [1 - eps, 1 + eps) per element (Switch Transformer's; MoeWeights::jitter_stream, the rows'
+  // indices in MoeWeights::jitter_runs), kept as MoeState::xj for its weight gradient; the experts
+  // and shared experts read x. The input gradient through the router is the noise times d(xj).
+  float input_jitter_eps = 0.0f;
+  // --moe-router-force-load-balancing (Megatron's benchmarking switch, the trainer's forwards): the
+  // routing reads standard normal draws in place of the router's logits (MoeWeights::balance_stream,
+  // element token E + e), so the experts get near even loads whatever the weights; the logits'
+  // gradient passes to the router unchanged (Megatron's straight-through RandomSTE).
+  bool force_balance = false;
   int64_t F1() const { return glu ? 2 * F : F; }  // fc1's outputs
   int64_t Fs1() const { return glu ? 2 * Fs : Fs; }
 };
@@ -139,6 +150,15 @@ struct MoeWeights {
   const float* shared_fc2 = nullptr;         // [C, Fs]
   const float* shared_gate = nullptr;        // [1, C] (shared_gate)
   GemmSite shared_fc1_site, shared_fc2_site, shared_gate_site;
+  // The rows' tokens for the draws of input_jitter_eps and force_balance: rows [row, row + rows) are
+  // the micro-batch's tokens token, token + 1, ... in one process (so the draws are the same in every
+  // layout); the runs cover rows [0, N) in order. Row t's jitter takes the elements token(t) C + c of
+  // jitter_stream, its forced logits the elements token(t) E + e of balance_stream.
+  struct TokenRun {
+    int64_t row, rows, token;
+  };
+  std::vector<TokenRun> token_runs;
+  PhiloxStream jitter_stream{}, balance_stream{};
 };
 struct MoeGrads {
   float* router = nullptr;
@@ -166,6 +186,7 @@ struct MoeState {
   float* ys = nullptr;        // [N, C] their fc2 outputs
   float* sgate = nullptr;     // [N] their gate sigmoid(x . g) (shared_gate)
   int32_t* ident = nullptr;   // [N] 0, 1, ..., N - 1 (the shared output's combine)
+  float* xj = nullptr;        // [N, C] the router's jittered input (carved when the shape's input_jitter_eps > 0)
   int64_t ident_rows = 0;     // rows of ident filled (uploaded once per carve)
   // host
   std::vector<float> logits_host;  // [N, E] the logits (the routing's; the z-loss's backward)

@@ -93,6 +93,10 @@ void TransformerConfig::finalize(int64_t tp) {
 void TransformerConfig::check_moe() {
   if (num_experts < 0) LATTICE_FAIL() << "--num-experts must be positive, got " << num_experts;
   if (moe_apply_probs_on_input && !moe()) LATTICE_FAIL() << "--moe-apply-probs-on-input needs --num-experts";
+  if (moe_input_jitter_eps != 0.0f && !moe())
+    LATTICE_FAIL() << "--moe-input-jitter-eps is the MoE router's: it needs --num-experts";
+  if (moe_router_force_load_balancing && !moe())
+    LATTICE_FAIL() << "--moe-router-force-load-balancing is the MoE router's: it needs --num-experts";
   if (!moe()) {
     moe_layer_pattern.clear();
     return;
@@ -154,6 +158,9 @@ void TransformerConfig::check_moe() {
                    << moe_shared_expert_intermediate_size;
   if (moe_shared_expert_gate && moe_shared_expert_intermediate_size == 0)
     LATTICE_FAIL() << "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size";
+  if (!(moe_input_jitter_eps >= 0.0f && moe_input_jitter_eps < 1.0f))
+    LATTICE_FAIL() << "--moe-input-jitter-eps must be in [0, 1) (the noise is uniform in [1 - eps, 1 + eps)), got "
+                   << moe_input_jitter_eps;
   if (!(moe_z_loss_coeff >= 0.0f && std::isfinite(moe_z_loss_coeff)))
     LATTICE_FAIL() << "--moe-z-loss-coeff must be a finite number >= 0, got " << moe_z_loss_coeff;
   if (!(moe_router_topk_scaling_factor > 0.0f && std::isfinite(moe_router_topk_scaling_factor)))

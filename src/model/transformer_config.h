@@ -127,6 +127,12 @@ struct TransformerConfig {
   // --moe-z-loss-coeff z (0: none; ST-MoE's router z-loss, Megatron's z_loss_func): z mean_t
   // logsumexp(logits_t)^2 over a micro-batch's tokens, its gradient added to the router's.
   float moe_z_loss_coeff = 0.0f;
+  // --moe-input-jitter-eps eps (0: none; Megatron's, Switch Transformer's): in training forwards the
+  // router reads its input times noise uniform in [1 - eps, 1 + eps) per element (MoeShape::input_jitter_eps).
+  float moe_input_jitter_eps = 0.0f;
+  // --moe-router-force-load-balancing (Megatron's, for benchmarks): training and evaluation forwards route
+  // by random logits (MoeShape::force_balance), the experts evenly loaded whatever the router learns.
+  bool moe_router_force_load_balancing = false;
   // The router's gates (Megatron's topk_softmax_with_capacity): by default softmax over the k
   // largest logits; --moe-router-pre-softmax: softmax over all E, then the k largest of those
   // probabilities, not renormalized (HuggingFace's norm_topk_prob false); either way times

@@ -110,6 +110,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "weight of the load-balancing loss's gradient (0: none), one per --moe-router-load-balancing-type"},
       {"moe-z-loss-coeff", Kind::f32, &a.moe_z_loss_coeff,
        "weight of the router z-loss (mean squared logsumexp of the logits; 0: none)"},
+      {"moe-input-jitter-eps", Kind::f32, &a.moe_input_jitter_eps,
+       "in training, the router reads its input times noise uniform in [1 - eps, 1 + eps) (0: none)"},
+      {"moe-router-force-load-balancing", Kind::flag, &a.moe_router_force_load_balancing,
+       "for benchmarks: route by random normal logits (near even expert loads), the gradient passed to the router"},
       {"moe-router-load-balancing-type", Kind::list, &a.moe_router_load_balancing_type,
        "aux_loss (the load-balancing loss, weighted by --moe-aux-loss-coeff), seq_aux_loss (per sequence), "
        "global_aux_loss (with the step's counts over the data-parallel ranks), a list of those (their losses "
@@ -846,6 +850,8 @@ TransformerConfig TrainArgs::transformer_config() const {
     if (t == "sinkhorn") c.moe_sinkhorn = true;
   }
   c.moe_z_loss_coeff = moe_z_loss_coeff;
+  c.moe_input_jitter_eps = moe_input_jitter_eps;
+  c.moe_router_force_load_balancing = moe_router_force_load_balancing;
   if (moe_expert_capacity_factor) {
     if (!(*moe_expert_capacity_factor > 0.0))
       LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << *moe_expert_capacity_factor;

@@ -311,6 +311,19 @@ TEST(CudaModel, MixtureOfExpertsLossAndEveryGradientMatchCpu) {
   cfg.moe_apply_probs_on_input = true;
   cfg.finalize();
   expect_loss_and_gradients_match(cfg, "moe probs on input");
+  // --moe-input-jitter-eps: the router's noisy input (the same draws on both devices; a training forward).
+  TransformerConfig jitter = moe_config();
+  jitter.add_bias_linear = false;
+  jitter.moe_input_jitter_eps = 0.2f;
+  jitter.finalize();
+  expect_loss_and_gradients_match(jitter, "moe input jitter");
+  // --moe-router-force-load-balancing: the routing by the random logits (drawn on the host), the gradient
+  // passed to the router.
+  TransformerConfig forced = moe_config();
+  forced.add_bias_linear = false;
+  forced.moe_router_force_load_balancing = true;
+  forced.finalize();
+  expect_loss_and_gradients_match(forced, "moe forced balance");
 }
 
 // GPT-OSS's layer: experts and router with biases, the clamped quick GEGLU with the up projection's

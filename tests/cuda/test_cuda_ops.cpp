@@ -549,6 +549,28 @@ void dropout_cases(std::vector<OpCase>& t) {
         expect_bits(c, "out (in place)", out, download<float>(gx, out.size()));
       }});
   }
+  // The MoE router's input jitter: the same draws, the factor's one FMA, then a multiply (forward)
+  // or an FMA into the accumulated gradient (backward): the same bits.
+  for (D d : {D{37, 5, 0.1f}, D{100003, (uint64_t(1) << 33) + 3, 0.5f}, D{4099, 2, 0.0f}})
+    for (bool backward : {false, true}) {
+      const std::string shape = shape_name({{"n", d.n}, {"first", int64_t(d.first)}, {"eps_pct", int64_t(d.p * 100)}});
+      t.push_back({backward ? "input_jitter_backward" : "input_jitter_forward", shape, {0.0, 0.0},
+                   [d, backward](const OpCase& c) {
+                     const PhiloxStream stream{0x1234567890abcdefull, 78u, 3u, 9u};
+                     auto x = rand_floats(static_cast<size_t>(d.n), 15, -4.0f, 4.0f);
+                     std::vector<float> out = rand_floats(x.size(), 16);  // accumulated into by the backward
+                     auto gx = upload(x);
+                     auto gout = upload(out);
+                     if (backward) {
+                       input_jitter_backward(out.data(), x.data(), d.n, d.p, stream, d.first);
+                       cuda::input_jitter_backward(gout.as<float>(), gx.as<float>(), d.n, d.p, stream, d.first);
+                     } else {
+                       input_jitter_forward(out.data(), x.data(), d.n, d.p, stream, d.first);
+                       cuda::input_jitter_forward(gout.as<float>(), gx.as<float>(), d.n, d.p, stream, d.first);
+                     }
+                     expect_bits(c, "out", out, download<float>(gout, out.size()));
+                   }});
+    }
   // The fused bias-dropout-add: the same draws and explicitly rounded add, multiply, add.
   struct F {
     int64_t N, C;

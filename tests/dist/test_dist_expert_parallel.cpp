@@ -46,6 +46,8 @@ struct Case {
   int cp = 1;                  // context parallelism (each rank's tokens dispatched among its cp rank's ep group)
   std::vector<std::string> recompute_modules = {};  // selective recomputation's modules (none: no selective)
   bool probs_on_input = false;  // --moe-apply-probs-on-input with top-1 (the weighted rows dispatched)
+  float jitter = 0.0f;          // --moe-input-jitter-eps (each token's noise the same in every layout)
+  bool force_balance = false;   // --moe-router-force-load-balancing (each token's random logits, idem)
 };
 
 struct EpRun : LayoutRun {
@@ -82,6 +84,8 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_router_bias_update_rate = 0.01f;
   }
   t.moe_layer_recompute = c.moe_layer_recompute;
+  t.moe_input_jitter_eps = c.jitter;
+  t.moe_router_force_load_balancing = c.force_balance;
   if (c.probs_on_input) {
     t.moe_router_topk = 1;
     t.moe_apply_probs_on_input = true;
@@ -241,7 +245,22 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Ep2SigmoidProbsOnInput", 2, 1, 1, 2, 4, false, false, false, 0.1f, false, true, 0, false, {}, false,
              false, false, 1, {}, true},
         Case{"Tp2Ep2SigmoidProbsOnInputSequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.0f, false, true, 0, false,
-             {}, false, false, false, 1, {}, true}),
+             {}, false, false, false, 1, {}, true},
+        // --moe-input-jitter-eps: each token's noise drawn by its place in the micro-batch and the micro-batch's
+        // in the global batch, so the same in every layout: the tensor-parallel ranks' routers (sequence
+        // parallelism's all-gathered rows) agree, the context-parallel chunks take their tokens' draws, the
+        // data-parallel ranks their micro-batches', and the MoE-layer recomputation draws them again.
+        Case{"Tp2Ep2JitterSequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.1f, true, false, 0, false, {}, false,
+             false, false, 1, {}, false, 0.3f},
+        Case{"Cp2Ep2JitterMoeLayerRecompute", 4, 1, 1, 2, 4, true, false, false, 0.0f, false, false, 0, false, {},
+             false, true, false, 2, {}, false, 0.3f},
+        Case{"Dp4Ep2Jitter", 4, 1, 1, 2, 4, false, false, false, 0.0f, false, false, 0, false, {}, false,
+             false, false, 1, {}, false, 0.3f},
+        // --moe-router-force-load-balancing: random logits drawn by token, the same in every layout.
+        Case{"Tp2Ep2ForceBalanceSequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.1f, true, false, 0, false, {},
+             false, false, false, 1, {}, false, 0.0f, true},
+        Case{"Cp2Ep2ForceBalanceDistributedOptimizerDropout", 4, 1, 1, 2, 4, true, true, false, 0.1f, false, false, 0,
+             false, {}, false, false, false, 2, {}, false, 0.0f, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -123,6 +123,54 @@ if run pin_train "$LATTICE" train "${PIN[@]}" "${RUN[@]}" --train-iters 4 --exit
 fi
 expect_error "probabilities on the input with top-2" "--moe-apply-probs-on-input needs --moe-router-topk 1, got 2" -- \
   "$LATTICE" train "${MOE[@]}" --moe-apply-probs-on-input "${RUN[@]}" --train-iters 1 --save bad14
+# --moe-input-jitter-eps: training forwards route on noisy input (the first loss moves; the same seed, the
+# same run), evaluation does not (--skip-train on the checkpoint: the same validation and test losses with
+# and without the flag); out of range or without experts refused in one line.
+JIT=(--moe-input-jitter-eps 0.2)
+EVALS=(--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --seed 3 --mock-data --eval-iters 2
+       --eval-interval 100)  # RUN with evaluations
+if run jit_a "$LATTICE" train "${MOE[@]}" "${JIT[@]}" "${EVALS[@]}" --train-iters 3 --save jitckpt \
+     --metrics-file jit_a.jsonl &&
+   run jit_b "$LATTICE" train "${MOE[@]}" "${JIT[@]}" "${EVALS[@]}" --train-iters 3 --metrics-file jit_b.jsonl &&
+   run jit_none "$LATTICE" train "${MOE[@]}" "${EVALS[@]}" --train-iters 3 --metrics-file jit_none.jsonl; then
+  [ "$(losses jit_a.jsonl | tr '\n' ' ')" = "$(losses jit_b.jsonl | tr '\n' ' ')" ] &&
+    pass "--moe-input-jitter-eps: the same seed gives the same losses" || fail "--moe-input-jitter-eps: two runs differ"
+  a1=$(losses jit_a.jsonl | head -n 1)
+  n1=$(losses jit_none.jsonl | head -n 1)
+  [ -n "$a1" ] && [ "$a1" != "$n1" ] && pass "--moe-input-jitter-eps moves the first loss ($n1 -> $a1)" ||
+    fail "--moe-input-jitter-eps did not change the first loss ($n1, $a1)"
+  if run jit_eval "$LATTICE" train "${MOE[@]}" "${JIT[@]}" "${EVALS[@]}" --train-iters 3 --load jitckpt \
+       --skip-train --metrics-file jit_eval.jsonl &&
+     run jit_eval_none "$LATTICE" train "${MOE[@]}" "${EVALS[@]}" --train-iters 3 --load jitckpt \
+       --skip-train --metrics-file jit_eval_none.jsonl; then
+    got=$(grep -o '"\(val\|test\)_loss":[^,}]*' jit_eval.jsonl | tr '\n' ' ')
+    want=$(grep -o '"\(val\|test\)_loss":[^,}]*' jit_eval_none.jsonl | tr '\n' ' ')
+    [ -n "$want" ] && [ "$got" = "$want" ] && pass "--moe-input-jitter-eps leaves evaluation alone: $got" ||
+      fail "evaluation with --moe-input-jitter-eps '$got', without '$want'"
+  fi
+fi
+expect_error "jitter out of range" "--moe-input-jitter-eps must be in [0, 1)" -- \
+  "$LATTICE" train "${MOE[@]}" --moe-input-jitter-eps 1.5 "${RUN[@]}" --train-iters 1 --save bad15
+expect_error "jitter without experts" "--moe-input-jitter-eps is the MoE router's: it needs --num-experts" -- \
+  "$LATTICE" train "${DENSE[@]}" --moe-input-jitter-eps 0.1 "${RUN[@]}" --train-iters 1 --save bad16
+# --moe-router-force-load-balancing (benchmarks): routing by random logits; the same seed, the same run; the
+# first loss moves; without experts refused.
+if run fb_a "$LATTICE" train "${MOE[@]}" --moe-router-force-load-balancing "${EVALS[@]}" --train-iters 3 \
+     --metrics-file fb_a.jsonl &&
+   run fb_b "$LATTICE" train "${MOE[@]}" --moe-router-force-load-balancing "${EVALS[@]}" --train-iters 3 \
+     --metrics-file fb_b.jsonl; then
+  [ "$(losses fb_a.jsonl | tr '\n' ' ')" = "$(losses fb_b.jsonl | tr '\n' ' ')" ] &&
+    pass "--moe-router-force-load-balancing: the same seed gives the same losses" ||
+    fail "--moe-router-force-load-balancing: two runs differ"
+  f1=$(losses fb_a.jsonl | head -n 1)
+  [ -n "$f1" ] && [ -n "${n1:-}" ] && [ "$f1" != "$n1" ] &&
+    pass "--moe-router-force-load-balancing routes otherwise: first loss $n1 -> $f1" ||
+    fail "--moe-router-force-load-balancing did not change the first loss (${n1:-none}, $f1)"
+  grep -q '"val_loss"' fb_a.jsonl && pass "--moe-router-force-load-balancing evaluates" ||
+    fail "--moe-router-force-load-balancing: no validation loss"
+fi
+expect_error "forced balance without experts" "--moe-router-force-load-balancing is the MoE router's" -- \
+  "$LATTICE" train "${DENSE[@]}" --moe-router-force-load-balancing "${RUN[@]}" --train-iters 1 --save bad17
 # bf16 with the router in fp32.
 run bf16_router "$LATTICE" train "${MOE[@]}" --bf16 --moe-router-dtype fp32 "${RUN[@]}" --train-iters 2 &&
   pass "--bf16 --moe-router-dtype fp32 trains"

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -176,6 +178,65 @@ TEST(KernelDropout, BiasDropoutAddIsTheThreeKernelsBitForBit) {
     }
   }
   omp_set_num_threads(threads_before);
+}
+
+// The MoE router's input jitter: factors uniform in [1 - eps, 1 + eps) from the documented draws,
+// with mean 1; the backward accumulates the same factors; sub-ranges and thread counts change nothing.
+TEST(KernelInputJitter, FactorsAreTheDocumentedUniformDraws) {
+  const int64_t n = 200003;
+  const float eps = 0.25f;
+  const uint64_t first = 4097;  // not a multiple of 4
+  PhiloxStream stream{31, fnv1a32("jitter"), 4, 2};
+  std::vector<float> ones(size_t(n), 1.0f), f(static_cast<size_t>(n));
+  input_jitter_forward(f.data(), ones.data(), n, eps, stream, first);
+  double sum = 0.0;
+  float lo = 2.0f, hi = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = stream.uniform(first + uint64_t(i));
+    ASSERT_EQ(f[size_t(i)], std::fma(2.0f * eps, u, 1.0f - eps)) << i;
+    lo = std::min(lo, f[size_t(i)]);
+    hi = std::max(hi, f[size_t(i)]);
+    sum += f[size_t(i)];
+  }
+  EXPECT_GE(lo, 1.0f - eps);
+  EXPECT_LT(hi, 1.0f + eps);
+  EXPECT_LT(lo, 1.0f - eps + 1e-3f);  // the whole range is drawn
+  EXPECT_GT(hi, 1.0f + eps - 1e-3f);
+  EXPECT_NEAR(sum / double(n), 1.0, 5 * eps / std::sqrt(3.0 * double(n)));  // 5 sigma
+  // eps 0: the identity.
+  std::vector<float> x = random_floats(size_t(n), 4), same(static_cast<size_t>(n));
+  input_jitter_forward(same.data(), x.data(), n, 0.0f, stream, first);
+  EXPECT_EQ(same, x);
+}
+
+TEST(KernelInputJitter, BackwardAccumulatesTheSameFactors) {
+  const int64_t n = 10007;
+  const float eps = 0.1f;
+  const uint64_t first = 123457;
+  PhiloxStream stream{99, 5, 3, 0};
+  auto x = random_floats(size_t(n), 1), d = random_floats(size_t(n), 2), acc = random_floats(size_t(n), 3);
+  std::vector<float> out(static_cast<size_t>(n)), dx = acc;
+  input_jitter_forward(out.data(), x.data(), n, eps, stream, first);
+  input_jitter_backward(dx.data(), d.data(), n, eps, stream, first);
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = jitter_factor(stream.u32(first + uint64_t(i)), eps);
+    ASSERT_EQ(out[size_t(i)], x[size_t(i)] * f) << i;
+    ASSERT_EQ(dx[size_t(i)], std::fma(d[size_t(i)], f, acc[size_t(i)])) << i;
+  }
+  // A sub-range with its global offset draws the same factors; in place works.
+  std::vector<float> part(x.begin() + 501, x.begin() + 601);
+  input_jitter_forward(part.data(), part.data(), 100, eps, stream, first + 501);
+  for (int64_t i = 0; i < 100; ++i) ASSERT_EQ(part[size_t(i)], out[size_t(501 + i)]) << i;
+  // Other threads, the same bits.
+  const int saved = omp_get_max_threads();
+  std::vector<float> one(static_cast<size_t>(n)), two(static_cast<size_t>(n));
+  omp_set_num_threads(1);
+  input_jitter_forward(one.data(), x.data(), n, eps, stream, first);
+  omp_set_num_threads(2);
+  input_jitter_forward(two.data(), x.data(), n, eps, stream, first);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(one, out);
 }
 
 }  // namespace

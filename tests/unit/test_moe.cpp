@@ -390,6 +390,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     GluForm form = {};                   // with swiglu: the gated unit's form
     float global = 0.0f;                 // global_aux_loss's coefficient (fixed averaged counts)
     bool probs_on_input = false;         // --moe-apply-probs-on-input (k = 1)
+    float jitter = 0.0f;                 // --moe-input-jitter-eps (a training forward's noise)
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
@@ -416,7 +417,13 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
                             Variant{true, true, 1.0f, 3, true, false, false, 1, 0, 0, false, 0, 0, 0.0f, true, {},
                                     0.0f, true},
                             Variant{false, false, 1.0f, 0, false, true, true, 1, 0, 0.5, false, 0, 0, 0.0f, false, {},
-                                    0.0f, true}}) {
+                                    0.0f, true},
+                            Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.3f, false, {},
+                                    0.0f, false, 0.4f},
+                            Variant{true, true, 1.0f, 3, true, true, true, 2, 0, 0, false, 0, 0, 0.0f, true, {},
+                                    0.0f, false, 0.3f},
+                            Variant{false, false, 1.0f, 0, false, true, false, 1, 0, 0, false, 0, 0, 0.0f, false, {},
+                                    0.0f, true, 0.5f}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, var.k, 0.5f);
     s.glu = swiglu;
@@ -437,6 +444,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     s.Fs = var.Fs;
     s.shared_gate = var.gate;
     s.probs_on_input = var.probs_on_input;
+    s.input_jitter_eps = var.jitter;
     const int64_t N = 4, C = s.C, F = s.F, F1 = s.F1(), E = s.E;
     std::vector<float> x = random_floats(size_t(N * C), 11, -1.5f, 1.5f), R = random_floats(size_t(N * C), 12);
     std::vector<float> router = random_floats(size_t(E * C), 13);
@@ -469,6 +477,10 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
       }
       if (s.shared_gate) w.shared_gate = sgate.data();
       if (s.expert_bias) w.expert_bias = expert_bias.data();
+      if (var.jitter > 0.0f) {  // two runs of rows, as context parallelism's chunks are
+        w.jitter_stream = PhiloxStream{77, 5, 2, 1};
+        w.token_runs = {{0, 1, 10}, {1, N - 1, 250}};
+      }
       return w;
     };
     std::vector<float> buf(static_cast<size_t>(moe_state_floats(N, s)));
@@ -543,7 +555,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
             << " shared " << var.Fs << " gate " << var.gate << " sigmoid " << var.sigmoid << " bias " << var.bias
             << " k " << var.k << " aux group " << var.aux_group << " capacity " << var.capacity << " by position "
             << var.by_position << " z " << var.z << " biases " << var.biases << " alpha " << var.form.alpha
-            << " global " << var.global << " probs on input " << var.probs_on_input;
+            << " global " << var.global << " probs on input " << var.probs_on_input << " jitter " << var.jitter;
       }
     };
     check(x, dx, "dx");
@@ -563,6 +575,93 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
       }
     }
   }
+}
+
+// --moe-router-force-load-balancing: the routing reads the balance stream's standard normal draws (by
+// token) in place of the router's logits, and the logits' gradient passes to the router unchanged (a
+// straight-through estimator). So the router's weights change nothing of the forward, and a layer whose
+// router makes exactly those logits (unit input rows, the draws as its weights) gives, forced or not,
+// the same output, losses and every gradient, bit for bit.
+TEST(Moe, ForcedBalanceRoutesByTheDrawsAndPassesTheGradient) {
+  MoeShape s = shape(3, 2, 0.5f);
+  s.z_loss_coeff = 0.2f;
+  const int64_t N = 4, C = s.C, F = s.F, E = s.E;
+  std::vector<float> x(static_cast<size_t>(N * C), 0.0f);
+  for (int64_t t = 0; t < N; ++t) x[size_t(t * C + t)] = 1.0f;  // logits[t, e] = router[e, t]
+  const std::vector<float> dy = random_floats(size_t(N * C), 61);
+  std::vector<std::vector<float>> fc1, fc2;
+  for (int64_t e = 0; e < E; ++e) {
+    fc1.push_back(random_floats(size_t(F * C), uint32_t(62 + e)));
+    fc2.push_back(random_floats(size_t(C * F), uint32_t(72 + e)));
+  }
+  const PhiloxStream stream{5, 6, 7, 8};
+  const std::vector<MoeWeights::TokenRun> runs = {{0, 2, 7}, {2, 2, 31}};
+  struct Run {
+    std::vector<float> y, logits, dx, g_router;
+    std::vector<std::vector<float>> g1, g2;
+    double aux = 0, z = 0;
+  };
+  auto run = [&](bool forced, const std::vector<float>& router) {
+    MoeShape sh = s;
+    sh.force_balance = forced;
+    MoeWeights w;
+    w.router = router.data();
+    for (int64_t e = 0; e < E; ++e) {
+      w.fc1.push_back(fc1[size_t(e)].data());
+      w.fc2.push_back(fc2[size_t(e)].data());
+    }
+    w.fc1_site.resize(size_t(E));
+    w.fc2_site.resize(size_t(E));
+    w.token_runs = runs;
+    w.balance_stream = stream;
+    std::vector<float> buf(static_cast<size_t>(moe_state_floats(N, sh)));
+    std::vector<float> sbuf(static_cast<size_t>(moe_scratch_floats(N, sh)));
+    MoeState st;
+    moe_state_carve(st, buf.data(), N, sh);
+    MoeScratch sc;
+    moe_scratch_carve(sc, sbuf.data(), N, sh);
+    Run r;
+    r.y.resize(size_t(N * C));
+    moe_forward(r.y.data(), x.data(), st, w, N, sh);
+    r.logits = st.logits_host;
+    r.aux = st.aux_loss;
+    r.z = st.z;
+    r.dx.resize(size_t(N * C));
+    r.g_router.assign(router.size(), 0.0f);
+    MoeGrads g;
+    g.router = r.g_router.data();
+    for (int64_t e = 0; e < E; ++e) {
+      r.g1.emplace_back(fc1[size_t(e)].size(), 0.0f);
+      r.g2.emplace_back(fc2[size_t(e)].size(), 0.0f);
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      g.fc1.push_back(r.g1[size_t(e)].data());
+      g.fc2.push_back(r.g2[size_t(e)].data());
+    }
+    moe_backward(r.dx.data(), dy.data(), x.data(), st, w, g, sc, N, sh, 1.0f);
+    return r;
+  };
+  const Run a = run(true, random_floats(size_t(E * C), 60));
+  // The routing's logits are the documented draws: row t's element e is normal(token(t) E + e).
+  for (const MoeWeights::TokenRun& r : runs)
+    for (int64_t t = r.row; t < r.row + r.rows; ++t)
+      for (int64_t e = 0; e < E; ++e)
+        ASSERT_EQ(a.logits[size_t(t * E + e)], float(stream.normal(uint64_t((r.token + t - r.row) * E + e)))) << t;
+  std::vector<float> draws(static_cast<size_t>(E * C), 0.0f);  // the router that makes those logits
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t e = 0; e < E; ++e) draws[size_t(e * C + t)] = a.logits[size_t(t * E + e)];
+  const Run b = run(true, draws), plain = run(false, draws);
+  EXPECT_EQ(b.y, a.y) << "the forced forward read the router's weights";
+  EXPECT_EQ(b.aux, a.aux);
+  EXPECT_EQ(b.y, plain.y);
+  EXPECT_EQ(b.logits, plain.logits);
+  EXPECT_EQ(b.aux, plain.aux);
+  EXPECT_EQ(b.z, plain.z);
+  EXPECT_EQ(b.dx, plain.dx);
+  EXPECT_EQ(b.g_router, plain.g_router) << "the logits' gradient did not pass to the router";
+  EXPECT_EQ(b.g1, plain.g1);
+  EXPECT_EQ(b.g2, plain.g2);
+  EXPECT_NE(a.dx, b.dx);  // through the router's weights, which differ
 }
 
 TEST(Moe, ConfigurationErrorsNameTheFlag) {

@@ -5,6 +5,7 @@
 #include "kernels/cuda/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -55,6 +56,47 @@ void dropout_backward(float* dx, const float* dout, int64_t n, float p,
                       const PhiloxStream& stream, uint64_t first_index) {
   LATTICE_KERNEL_ENTRY(cuda::dropout_backward(dx, dout, n, p, stream, first_index));
   apply_mask(dx, dout, n, p, stream, first_index);
+}
+
+namespace {
+
+// y[i] = x[i] * jitter_factor(first_index + i), or y[i] + that as one FMA (accumulate; the GPU's
+// operations), one Philox block (four indices) at a time, in chunks of blocks; the factors depend on
+// the global index alone.
+void apply_jitter(float* y, const float* x, int64_t n, float eps, const PhiloxStream& stream, uint64_t first_index,
+                  bool accumulate) {
+  LATTICE_CHECK(eps >= 0.0f && eps < 1.0f) << "input jitter eps " << eps << " not in [0, 1)";
+  if (n <= 0) return;
+  const uint64_t first_block = first_index >> 2, last_block = (first_index + uint64_t(n) - 1) >> 2;
+  const int64_t blocks = int64_t(last_block - first_block + 1), per_task = kChunk / 4;
+  const int64_t tasks = (blocks + per_task - 1) / per_task;
+#pragma omp parallel for schedule(static) if (n > 4 * kChunk)
+  for (int64_t k = 0; k < tasks; ++k)
+    for (int64_t j = k * per_task; j < std::min(blocks, (k + 1) * per_task); ++j) {
+      const uint64_t blk = first_block + uint64_t(j);
+      const PhiloxCounter r = stream.block(blk);
+      for (int q = 0; q < 4; ++q) {
+        const uint64_t idx = (blk << 2) + uint64_t(q);
+        if (idx < first_index || idx >= first_index + uint64_t(n)) continue;
+        const int64_t i = int64_t(idx - first_index);
+        const float f = jitter_factor(r[q], eps);
+        y[i] = accumulate ? std::fma(x[i], f, y[i]) : x[i] * f;
+      }
+    }
+}
+
+}  // namespace
+
+void input_jitter_forward(float* out, const float* x, int64_t n, float eps, const PhiloxStream& stream,
+                          uint64_t first_index) {
+  LATTICE_KERNEL_ENTRY(cuda::input_jitter_forward(out, x, n, eps, stream, first_index));
+  apply_jitter(out, x, n, eps, stream, first_index, false);
+}
+
+void input_jitter_backward(float* dx, const float* dout, int64_t n, float eps, const PhiloxStream& stream,
+                           uint64_t first_index) {
+  LATTICE_KERNEL_ENTRY(cuda::input_jitter_backward(dx, dout, n, eps, stream, first_index));
+  apply_jitter(dx, dout, n, eps, stream, first_index, true);
 }
 
 namespace {

@@ -146,6 +146,50 @@ void dropout_forward(float* out, const float* x, int64_t n, float p, const Philo
   apply_mask(out, x, n, p, stream, first_index, "dropout_forward");
 }
 
+namespace {
+
+// y[i] = x[i] * jitter_factor(first + i), or y[i] + that as one FMA (accumulate), one thread per
+// Philox block (the CPU's draws and operations: the same bits).
+__global__ void jitter_kernel(float* y, const float* x, int64_t n, float eps, PhiloxStream stream,
+                              uint64_t first_index, uint64_t first_block, int64_t blocks, bool accumulate) {
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < blocks;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t blk = first_block + uint64_t(j);
+    const PhiloxCounter r = stream.block(blk);
+    for (int q = 0; q < 4; ++q) {
+      const uint64_t idx = (blk << 2) + uint64_t(q);
+      if (idx < first_index || idx >= first_index + uint64_t(n)) continue;
+      const int64_t i = int64_t(idx - first_index);
+      const float f = jitter_factor(r[q], eps);
+      y[i] = accumulate ? fmaf(x[i], f, y[i]) : __fmul_rn(x[i], f);
+    }
+  }
+}
+
+void apply_jitter(float* y, const float* x, int64_t n, float eps, const PhiloxStream& stream, uint64_t first_index,
+                  bool accumulate, const char* what) {
+  LATTICE_CHECK(eps >= 0.0f && eps < 1.0f) << what << ": input jitter eps " << eps << " not in [0, 1)";
+  if (n <= 0) return;
+  const uint64_t first_block = first_index >> 2;
+  const uint64_t last_block = (first_index + uint64_t(n) - 1) >> 2;
+  const int64_t blocks = int64_t(last_block - first_block + 1);
+  launch(jitter_kernel, grid_for(blocks, kThreads), kThreads, 0, y, x, n, eps, stream, first_index, first_block,
+         blocks, accumulate);
+  LATTICE_CUDA_LAUNCHED(what);
+}
+
+}  // namespace
+
+void input_jitter_forward(float* out, const float* x, int64_t n, float eps, const PhiloxStream& stream,
+                          uint64_t first_index) {
+  apply_jitter(out, x, n, eps, stream, first_index, false, "input_jitter_forward");
+}
+
+void input_jitter_backward(float* dx, const float* dout, int64_t n, float eps, const PhiloxStream& stream,
+                           uint64_t first_index) {
+  apply_jitter(dx, dout, n, eps, stream, first_index, true, "input_jitter_backward");
+}
+
 void dropout_backward(float* dx, const float* dout, int64_t n, float p,
                       const PhiloxStream& stream, uint64_t first_index) {
   apply_mask(dx, dout, n, p, stream, first_index, "dropout_backward");

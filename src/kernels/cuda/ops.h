@@ -72,6 +72,10 @@ void bias_dropout_add_layernorm_forward(float* out, const float* residual, const
                                         uint64_t first_index, const LayerNormOut& ln);
 void dropout_backward_bias_cast_bf16(float* dbias, uint16_t* dx_bf16, const float* dout, int64_t N, int64_t C,
                                      float p, const PhiloxStream& stream, uint64_t first_index);
+void input_jitter_forward(float* out, const float* x, int64_t n, float eps, const PhiloxStream& stream,
+                          uint64_t first_index);
+void input_jitter_backward(float* dx, const float* dout, int64_t n, float eps, const PhiloxStream& stream,
+                           uint64_t first_index);
 
 // ---- elementwise.h
 void add_forward(float* out, const float* a, const float* b, int64_t n);
