@@ -10,7 +10,7 @@
 
 namespace lattice {
 
-ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp) {
+ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp, int dist_opt_instances) {
   if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;
   if (cp < 1) LATTICE_FAIL() << "--context-parallel-size must be >= 1, got " << cp;
   if (ep < 1) LATTICE_FAIL() << "--expert-model-parallel-size must be >= 1, got " << ep;
@@ -25,7 +25,19 @@ ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp) {
     LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide the data-parallel size " << dp
                    << " (world " << world << " / (tensor " << tp << " x pipeline " << pp
                    << ")): the experts are split over data-parallel ranks";
-  return ParallelLayout{world, tp, pp, dp, ep, cp};
+  ParallelLayout l{world, tp, pp, dp, ep, cp, dist_opt_instances};
+  if (dist_opt_instances < 1)
+    LATTICE_FAIL() << "--num-distributed-optimizer-instances must be >= 1, got " << dist_opt_instances;
+  // An instance is a run of whole data-parallel ranks (each with all its context-parallel ranks) that
+  // holds whole copies of the model, every expert included: the instances divide dp and dp / ep.
+  if (dp % dist_opt_instances != 0 || l.expert_dp() % dist_opt_instances != 0)
+    LATTICE_FAIL() << "--num-distributed-optimizer-instances " << dist_opt_instances << " does not divide the "
+                   << (dp % dist_opt_instances != 0 ? "data-parallel size " + std::to_string(dp)
+                                                    : "expert data-parallel size " + std::to_string(l.expert_dp()) +
+                                                          " (data-parallel " + std::to_string(dp) +
+                                                          " / --expert-model-parallel-size " + std::to_string(ep) + ")")
+                   << ": each instance is an equal run of data-parallel ranks holding every weight";
+  return l;
 }
 
 namespace {
@@ -57,6 +69,20 @@ std::vector<std::vector<int>> groups_varying(const ParallelLayout& l, std::initi
   return groups;
 }
 
+// Each group cut into `parts` runs of consecutive members (shards), and the groups of the members at the
+// same place in each run (replicas).
+void split_groups(const std::vector<std::vector<int>>& groups, int parts, std::vector<std::vector<int>>& shards,
+                  std::vector<std::vector<int>>& replicas) {
+  for (const std::vector<int>& g : groups) {
+    const size_t run = g.size() / size_t(parts);
+    for (size_t i = 0; i < size_t(parts); ++i) shards.emplace_back(g.begin() + long(i * run), g.begin() + long((i + 1) * run));
+    for (size_t j = 0; j < run; ++j) {
+      replicas.emplace_back();
+      for (size_t i = 0; i < size_t(parts); ++i) replicas.back().push_back(g[i * run + j]);
+    }
+  }
+}
+
 }  // namespace
 
 GroupPlan plan_groups(const ParallelLayout& l) {
@@ -86,6 +112,10 @@ GroupPlan plan_groups(const ParallelLayout& l) {
           for (int cp_r = 0; cp_r < l.cp; ++cp_r) grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
         g.expert_dp.push_back(grp);
       }
+  if (l.dist_opt_instances > 1) {
+    split_groups(g.dp_cp, l.dist_opt_instances, g.dp_cp_shard, g.dp_cp_replicas);
+    split_groups(g.expert_dp, l.dist_opt_instances, g.expert_dp_shard, g.expert_dp_replicas);
+  }
   return g;
 }
 
@@ -100,15 +130,17 @@ std::unique_ptr<ParallelState> ParallelState::single() {
   return s;
 }
 
-std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double timeout_seconds, int ep, int cp) {
+std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double timeout_seconds, int ep, int cp,
+                                                     int dist_opt_instances) {
   if (!launched_by_mpirun()) {
-    make_layout(1, tp, pp, ep, cp);  // names the flag when tp, pp, ep or cp > 1 cannot fit one process
+    // names the flag when tp, pp, ep, cp or the instances > 1 cannot fit one process
+    make_layout(1, tp, pp, ep, cp, dist_opt_instances);
     return single();
   }
   const int world = mpi_init_world();
   set_comm_timeout_seconds(timeout_seconds);
   auto s = std::make_unique<ParallelState>();
-  s->layout_ = make_layout(world, tp, pp, ep, cp);
+  s->layout_ = make_layout(world, tp, pp, ep, cp, dist_opt_instances);
   s->world_rank_ = mpi_world_rank();
   s->uses_mpi_ = true;
   GroupPlan g = plan_groups(s->layout_);
@@ -131,11 +163,20 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
   } else {
     s->ep_ = make_local_comm("ep", s->world_rank_);
   }
+  if (dist_opt_instances > 1) {
+    s->dp_cp_shard_ = make_mpi_comm("dp_cp_shard", g.dp_cp_shard);
+    s->dp_cp_replicas_ = make_mpi_comm("dp_cp_replicas", g.dp_cp_replicas);
+    if (ep > 1) {
+      s->expert_dp_shard_ = make_mpi_comm("expert_dp_shard", g.expert_dp_shard);
+      s->expert_dp_replicas_ = make_mpi_comm("expert_dp_replicas", g.expert_dp_replicas);
+    }
+  }
   if (kernels_on_gpu()) {
     // CUDA tensors travel over NCCL: one communicator per group, bootstrapped through the
     // group's MPI communicator (kept for that); world stays MPI (host data only).
     set_nccl_timeout_seconds(timeout_seconds);
-    for (auto* c : {&s->tp_, &s->cp_, &s->dp_, &s->dp_cp_, &s->pp_, &s->embedding_, &s->ep_, &s->expert_dp_}) {
+    for (auto* c : {&s->tp_, &s->cp_, &s->dp_, &s->dp_cp_, &s->pp_, &s->embedding_, &s->ep_, &s->expert_dp_,
+                    &s->dp_cp_shard_, &s->dp_cp_replicas_, &s->expert_dp_shard_, &s->expert_dp_replicas_}) {
       // Without expert (context) parallelism the ep (cp) group carries nothing: nothing uses it.
       if (!*c || (c == &s->ep_ && ep == 1) || (c == &s->cp_ && cp == 1)) continue;
       // The pipeline group sends and receives between neighbouring stages: its channels.
@@ -150,7 +191,8 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
 CommStats ParallelState::total_stats() const {
   CommStats t;
   for (const Comm* c : {world_.get(), tp_.get(), cp_.get(), dp_.get(), dp_cp_.get(), pp_.get(), embedding_.get(),
-                        ep_.get(), expert_dp_.get()})
+                        ep_.get(), expert_dp_.get(), dp_cp_shard_.get(), dp_cp_replicas_.get(), expert_dp_shard_.get(),
+                        expert_dp_replicas_.get()})
     if (c)
       for (int i = 0; i < kNumCommOps; ++i) {
       t.bytes[i] += c->stats().bytes[i];
@@ -162,7 +204,8 @@ CommStats ParallelState::total_stats() const {
 
 void ParallelState::reset_stats() {
   for (Comm* c : {world_.get(), tp_.get(), cp_.get(), dp_.get(), dp_cp_.get(), pp_.get(), embedding_.get(), ep_.get(),
-                  expert_dp_.get()})
+                  expert_dp_.get(), dp_cp_shard_.get(), dp_cp_replicas_.get(), expert_dp_shard_.get(),
+                  expert_dp_replicas_.get()})
     if (c) c->stats().reset();
 }
 

@@ -24,6 +24,13 @@ namespace lattice {
 
 struct ParallelLayout {
   int world = 1, tp = 1, pp = 1, dp = 1, ep = 1, cp = 1;
+  // --num-distributed-optimizer-instances: the distributed optimizer's copies over dp x cp (Megatron's
+  // partial distributed optimizer). Each instance is dp / instances consecutive data-parallel ranks with
+  // all their context-parallel ranks (so whole model copies, every expert included: instances divides dp
+  // and dp / ep): its part of a dp x cp group shards the dense weights, its part of an expert
+  // data-parallel group an expert's (the gradients reduce-scattered and the parameters gathered over
+  // it); the instances' shards are then summed over the ranks holding the same shard.
+  int dist_opt_instances = 1;
   // The copies of each expert per context-parallel rank (dp / ep); the expert data-parallel group,
   // over which the experts' gradients are summed, holds them at every context-parallel rank.
   int expert_dp() const { return dp / ep; }
@@ -33,11 +40,14 @@ struct ParallelLayout {
 };
 
 // The layout for `world` ranks, or an error naming the flag that cannot work.
-ParallelLayout make_layout(int world, int tp, int pp, int ep = 1, int cp = 1);
+ParallelLayout make_layout(int world, int tp, int pp, int ep = 1, int cp = 1, int dist_opt_instances = 1);
 
 // Group membership (world ranks) for every group of each kind, in Megatron's order.
 struct GroupPlan {
   std::vector<std::vector<int>> tp, cp, dp, dp_cp, pp, embedding, ep, expert_dp;
+  // dist_opt_instances > 1: each dp_cp (expert_dp) group cut into that many runs of consecutive members
+  // (the shard groups), and the groups of members at the same place in each run (the replica groups).
+  std::vector<std::vector<int>> dp_cp_shard, dp_cp_replicas, expert_dp_shard, expert_dp_replicas;
 };
 GroupPlan plan_groups(const ParallelLayout& layout);
 
@@ -45,7 +55,8 @@ class ParallelState {
  public:
   // Builds the groups: over MPI when the process was launched by mpirun, else a
   // one-process state (which needs tp = pp = 1).
-  static std::unique_ptr<ParallelState> create(int tp, int pp, double timeout_seconds, int ep = 1, int cp = 1);
+  static std::unique_ptr<ParallelState> create(int tp, int pp, double timeout_seconds, int ep = 1, int cp = 1,
+                                               int dist_opt_instances = 1);
   // A one-process state without MPI (tests, the library quickstart).
   static std::unique_ptr<ParallelState> single();
 
@@ -69,6 +80,14 @@ class ParallelState {
   // dp x cp, as every other gradient: a context-parallel rank's experts see its share of the tokens).
   Comm& ep() { return *ep_; }
   Comm& expert_dp() { return expert_dp_ ? *expert_dp_ : dp_cp(); }
+  // The distributed optimizer's groups: the ranks its gradients are reduce-scattered and its parameters
+  // gathered over (dp_cp() and expert_dp() themselves with one instance), and the ranks holding the same
+  // shard in the other instances, over which the reduced shards are summed (null with one instance).
+  Comm& dp_cp_shard() { return dp_cp_shard_ ? *dp_cp_shard_ : dp_cp(); }
+  Comm* dp_cp_replicas() { return dp_cp_replicas_.get(); }
+  // (Without expert parallelism the experts' are the others'.)
+  Comm& expert_dp_shard() { return expert_dp_ ? (expert_dp_shard_ ? *expert_dp_shard_ : *expert_dp_) : dp_cp_shard(); }
+  Comm* expert_dp_replicas() { return expert_dp_ ? expert_dp_replicas_.get() : dp_cp_replicas(); }
   int ep_rank() const { return ep_->rank(); }
   // The first and last pipeline stage of this rank's tp/dp position (they share the
   // tied word embedding); null on the other stages and without pipelining.
@@ -84,6 +103,8 @@ class ParallelState {
   bool uses_mpi_ = false;
   // expert_dp_: null when ep = 1; dp_cp_: null when cp = 1
   std::unique_ptr<Comm> world_, tp_, cp_, dp_, dp_cp_, pp_, embedding_, ep_, expert_dp_;
+  // null with one distributed-optimizer instance (expert_dp_shard_, expert_dp_replicas_: or when ep = 1)
+  std::unique_ptr<Comm> dp_cp_shard_, dp_cp_replicas_, expert_dp_shard_, expert_dp_replicas_;
   std::vector<std::unique_ptr<Comm>> bootstrap_;  // the MPI groups the NCCL ones were made from
 };
 

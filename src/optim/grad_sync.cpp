@@ -50,13 +50,17 @@ std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_eleme
 }
 
 GradSync::GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter,
-                   bool reduce_in_bf16, Comm* expert_dp)
+                   bool reduce_in_bf16, Comm* expert_dp, Comm* replicas, Comm* expert_replicas)
     : params_(params),
       dp_(dp),
       expert_dp_(expert_dp ? *expert_dp : dp),
+      replicas_(replicas && replicas->size() > 1 ? replicas : nullptr),
+      expert_replicas_(expert_replicas && expert_replicas->size() > 1 ? expert_replicas : replicas_),
       overlap_(overlap),
       reduce_scatter_(reduce_scatter),
       bf16_(reduce_in_bf16) {
+  LATTICE_CHECK(reduce_scatter || (!replicas_ && !expert_replicas_))
+      << "distributed-optimizer instances need the reduce-scatter (--use-distributed-optimizer)";
   buckets_ = make_buckets(params, bucket_elements, dp.size(), expert_dp_.size());
   bucket_of_param_.assign(params.infos().size(), -1);
   for (size_t b = 0; b < buckets_.size(); ++b)
@@ -127,6 +131,13 @@ void GradSync::finish() {
       const int rank = comm(bk).rank();
       const int64_t n = bk.shard_counts[size_t(rank)];
       float* mine = params_.grads() + bk.shard_begin(rank);
+      // Other instances: the same shard of theirs added (the replica group's members hold the same place).
+      if (Comm* rep = bk.expert ? expert_replicas_ : replicas_) {
+        if (bf16_)
+          rep->iall_reduce_bf16(bf16_recv_.data() + off, n)->wait();
+        else
+          rep->all_reduce(scratch_.data() + off, n, ReduceOp::sum);
+      }
       if (bf16_)
         cast_bf16_to_fp32(mine, bf16_recv_.data() + off, n);
       else

@@ -11,7 +11,11 @@
 // their own, reduced over the expert data-parallel group (the data-parallel group without expert
 // parallelism). With reduce_in_bf16 (--grad-reduce-in-bf16) gradients are
 // still accumulated in fp32; each bucket is rounded to bf16 for the reduction only (half
-// the bytes) and widened back into the fp32 buffer afterwards.
+// the bytes) and widened back into the fp32 buffer afterwards. With several distributed-optimizer
+// instances (--num-distributed-optimizer-instances) the reduce-scatter runs over the instance's
+// shard group, then each reduced shard is sum-all-reduced over the replica group (the ranks holding
+// the same shard in the other instances), in bf16 too with reduce_in_bf16: every rank then has the
+// sum over all of dp x cp, as with one instance (Megatron's partial distributed optimizer).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -40,9 +44,11 @@ std::vector<Bucket> make_buckets(const ParamBuffer& params, int64_t bucket_eleme
 
 class GradSync {
  public:
-  // expert_dp: the expert data-parallel group (null: dp).
+  // expert_dp: the expert data-parallel group (null: dp). replicas, expert_replicas: with reduce_scatter,
+  // the groups the reduced shards are summed over afterwards (null: none; expert_replicas null: replicas).
   GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool overlap, bool reduce_scatter,
-           bool reduce_in_bf16 = false, Comm* expert_dp = nullptr);
+           bool reduce_in_bf16 = false, Comm* expert_dp = nullptr, Comm* replicas = nullptr,
+           Comm* expert_replicas = nullptr);
   ~GradSync();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -67,6 +73,8 @@ class GradSync {
   ParamBuffer& params_;
   Comm& dp_;
   Comm& expert_dp_;
+  Comm* replicas_;         // null or one rank: none
+  Comm* expert_replicas_;
   bool overlap_, reduce_scatter_, bf16_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_param_;

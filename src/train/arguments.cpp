@@ -290,6 +290,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "a rank waiting longer than this ends the job"},
       {"use-distributed-optimizer", Kind::flag, &a.use_distributed_optimizer,
        "shard optimizer state over data-parallel ranks (ZeRO-1)"},
+      {"num-distributed-optimizer-instances", Kind::i64, &a.num_distributed_optimizer_instances,
+       "copies of the distributed optimizer over the data-parallel ranks: each shards over dp / N of them"},
       {"overlap-grad-reduce", Kind::flag, &a.overlap_grad_reduce,
        "overlap gradient reduction with backward"},
       {"overlap-param-gather", Kind::flag, &a.overlap_param_gather,
@@ -569,6 +571,11 @@ void validate(TrainArgs& a) {
   validate_load_balancing(a);
   // Megatron pads each expert's rows to its capacity with tokens of gate 0: nothing reaches an output
   // or a gradient from them, so lattice runs each expert on the tokens it keeps (the same numbers).
+  if (a.num_distributed_optimizer_instances < 1)
+    LATTICE_FAIL() << "--num-distributed-optimizer-instances must be >= 1, got " << a.num_distributed_optimizer_instances;
+  if (a.num_distributed_optimizer_instances > 1 && !a.use_distributed_optimizer)
+    LATTICE_FAIL() << "--num-distributed-optimizer-instances " << a.num_distributed_optimizer_instances
+                   << " needs --use-distributed-optimizer (the instances are its copies)";
   if (a.moe_pad_expert_input_to_capacity && !a.moe_expert_capacity_factor)
     LATTICE_FAIL() << "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor";
   auto positive = [](const char* flag, int64_t v) {

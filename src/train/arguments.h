@@ -169,6 +169,7 @@ struct TrainArgs {
   double distributed_timeout_minutes = 10;
   bool use_distributed_optimizer = false, overlap_grad_reduce = false, overlap_param_gather = false;
   int64_t ddp_bucket_size = 0;                             // 0: automatic
+  int64_t num_distributed_optimizer_instances = 1;         // the distributed optimizer's copies over dp x cp
   int64_t zero_stage = 1;
   bool log_comm = false;
   // device: cpu, or cuda (one GPU per process; docs/cuda.md)

@@ -7,7 +7,7 @@
 namespace lattice {
 
 DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg, Comm* ep, Comm* expert_dp,
-                           Comm* dp_cp)
+                           Comm* dp_cp, Comm* replicas, Comm* expert_replicas)
     : model_(model),
       params_(model.params()),
       dp_(dp),
@@ -15,7 +15,8 @@ DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& 
       ep_(ep && ep->size() > 1 ? ep : nullptr),
       cfg_(cfg),
       sync_(params_, grads_, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(grads_.size()),
-            cfg.overlap_grad_reduce, cfg.distributed_optimizer, cfg.grad_reduce_in_bf16, expert_dp) {
+            cfg.overlap_grad_reduce, cfg.distributed_optimizer, cfg.grad_reduce_in_bf16, expert_dp, replicas,
+            expert_replicas) {
   LATTICE_CHECK(!ep_ || (expert_dp && expert_dp->size() * ep_->size() == grads_.size()))
       << "expert parallelism needs the expert data-parallel group";
   model_.set_grad_ready_hook([this](int index) { sync_.grad_ready(index); });

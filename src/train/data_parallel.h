@@ -30,15 +30,18 @@ class DataParallel {
  public:
   // Connects the model's gradient-ready hook to the bucketed reduction. ep, expert_dp: the
   // expert-parallel and expert data-parallel groups (null: no expert parallelism); dp_cp: the
-  // ranks the gradients are summed over (null: dp).
+  // ranks the gradients are summed over (null: dp). With several distributed-optimizer instances
+  // (ParallelState::dp_cp_shard): expert_dp and dp_cp are an instance's shard groups, and replicas,
+  // expert_replicas the groups the reduced shards are summed over (grad_sync.h).
   DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& cfg, Comm* ep = nullptr,
-               Comm* expert_dp = nullptr, Comm* dp_cp = nullptr);
+               Comm* expert_dp = nullptr, Comm* dp_cp = nullptr, Comm* replicas = nullptr,
+               Comm* expert_replicas = nullptr);
   ~DataParallel();
 
   int rank() const { return dp_.rank(); }
   int size() const { return dp_.size(); }
   Comm& comm() { return dp_; }          // the data (and losses) of the step
-  Comm& grad_comm() { return grads_; }  // the gradients' (dp x cp)
+  Comm& grad_comm() { return grads_; }  // the gradients' (dp x cp; an instance's part of it)
   const DataParallelConfig& config() const { return cfg_; }
   GradSync& grad_sync() { return sync_; }
 

@@ -102,7 +102,7 @@ std::string bytes_per_parameter(const MemoryLayout& m) {
   char buf[256];
   if (m.distributed_optimizer)
     std::snprintf(buf, sizeof buf, "%s + (%d %s + 4 gradient staging)/d = %d + %d/d bytes per parameter, d = %d",
-                  whole.c_str(), opt, name, fixed, opt + 4, m.dp);
+                  whole.c_str(), opt, name, fixed, opt + 4, m.shard_ranks());
   else
     std::snprintf(buf, sizeof buf, "%s + %d %s = %d bytes per parameter", whole.c_str(), opt, name, fixed + opt);
   return buf;

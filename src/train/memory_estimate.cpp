@@ -179,8 +179,11 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   r.cp_rank = (world_rank / m.tp) % m.cp;
   r.dp_rank = (world_rank / (m.tp * m.cp)) % m.dp;
   r.pp_rank = world_rank / (m.tp * m.cp * m.dp);
-  // The gradients are summed (and with the distributed optimizer sharded) over dp x cp.
-  const int grad_ranks = m.dp * m.cp, grad_rank = r.dp_rank * m.cp + r.cp_rank;
+  // The gradients are summed (and with the distributed optimizer sharded) over dp x cp; with several
+  // distributed-optimizer instances reduce-scattered over an instance's consecutive part of it.
+  LATTICE_CHECK(m.dist_opt_instances >= 1 && m.dp * m.cp % m.dist_opt_instances == 0)
+      << "memory estimate: " << m.dist_opt_instances << " distributed-optimizer instances for dp x cp " << m.dp * m.cp;
+  const int grad_ranks = m.shard_ranks(), grad_rank = (r.dp_rank * m.cp + r.cp_rank) % grad_ranks;
   r.baseline_bytes = baseline_bytes;
 
   ModelPlacement place{stage_layers(m.pipeline, r.pp_rank), r.pp_rank == 0, r.pp_rank == m.pp - 1, 1};
@@ -188,8 +191,8 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   LATTICE_CHECK(m.ep >= 1 && m.dp % m.ep == 0) << "memory estimate: expert parallelism " << m.ep << " for dp " << m.dp;
   // The experts' gradients: over the expert data-parallel group, every ep-th data-parallel rank at
   // every context-parallel rank (dp / ep x cp ranks; dp x cp without expert parallelism).
-  const int ep_rank = r.dp_rank % m.ep, expert_dp_rank = r.dp_rank / m.ep * m.cp + r.cp_rank;
-  const int expert_dp_ranks = m.dp / m.ep * m.cp;
+  const int expert_dp_ranks = m.dp / m.ep * m.cp / m.dist_opt_instances;
+  const int ep_rank = r.dp_rank % m.ep, expert_dp_rank = (r.dp_rank / m.ep * m.cp + r.cp_rank) % expert_dp_ranks;
   const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place, ep_rank, m.ep);
   r.buffer_elements = pb.numel();
   r.parameters = parameters_in(pb, {{0, pb.numel()}});

@@ -39,6 +39,7 @@ struct MemoryLayout {
   int cp = 1;                             // --context-parallel-size: seq_length / cp tokens per rank
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  int dist_opt_instances = 1;             // --num-distributed-optimizer-instances: each shards over dp x cp / it
   bool grad_reduce_in_bf16 = false;       // bf16 copies of the buckets for the DP reduction
   int64_t ddp_bucket_size = 0;            // elements per gradient bucket; 0: the default
   PipelineLayout pipeline;                // stages == pp
@@ -50,6 +51,8 @@ struct MemoryLayout {
   int optimizer_state_bytes() const {
     return optimizer == "sgd" ? 4 : (exp_avg_bf16 ? 2 : 4) + (exp_avg_sq_bf16 ? 2 : 4);
   }
+  // The ranks the distributed optimizer shards over: dp x cp, or an instance's part of it.
+  int shard_ranks() const { return dp * cp / dist_opt_instances; }
 };
 
 struct RankMemory {

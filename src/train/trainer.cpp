@@ -204,6 +204,7 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.cp = int(args.context_parallel_size);
   m.sequence_parallel = args.sequence_parallel;
   m.distributed_optimizer = args.use_distributed_optimizer;
+  m.dist_opt_instances = int(args.num_distributed_optimizer_instances);
   m.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
   m.ddp_bucket_size = args.ddp_bucket_size;
   m.pipeline = pipe;
@@ -238,7 +239,8 @@ int print_dry_run(const TrainArgs& args) {
   const char* env = std::getenv("OMPI_COMM_WORLD_SIZE");
   const int64_t world = env ? std::atoll(env) : tp * pp * args.context_parallel_size;
   const ParallelLayout layout = make_layout(int(world), int(tp), int(pp), int(args.expert_model_parallel_size),
-                                            int(args.context_parallel_size));
+                                            int(args.context_parallel_size),
+                                            int(args.num_distributed_optimizer_instances));
   if (env && std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) != 0) return 0;
   const PipelineLayout pipe = pipeline_layout(args);
   const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * layout.dp);
@@ -309,7 +311,7 @@ int run_training(const TrainArgs& args) {
   const std::string device_line = select_rank_device(args.device);
   auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
                                   args.distributed_timeout_minutes * 60.0, int(args.expert_model_parallel_size),
-                                  int(args.context_parallel_size));
+                                  int(args.context_parallel_size), int(args.num_distributed_optimizer_instances));
   set_log_info_enabled(ps->world_rank() == 0);
   log_info(device_line);
   check_same_config_across_ranks(*ps, args.to_json());
@@ -364,7 +366,8 @@ int run_training(const TrainArgs& args) {
     dcfg.overlap_param_gather = args.overlap_param_gather;
     dcfg.bucket_elements = args.ddp_bucket_size;
     dcfg.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
-    dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg, &ps->ep(), &ps->expert_dp(), &ps->dp_cp());
+    dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg, &ps->ep(), &ps->expert_dp_shard(), &ps->dp_cp_shard(),
+                                        ps->dp_cp_replicas(), ps->expert_dp_replicas());
   }
   Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{});
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
@@ -414,7 +417,7 @@ int run_training(const TrainArgs& args) {
   mem.sequence_parallel = model.tensor_parallel().sp();
   // The bytes per parameter come from the estimate's one formula; the totals above are measured.
   const MemoryLayout ml = memory_layout(args, cfg, ps->dp().size(), pipe, num_micro);
-  log_info(format_memory_report(mem, ps->dp().size(), args.use_distributed_optimizer, ml.optimizer_state_bytes()));
+  log_info(format_memory_report(mem, ml.shard_ranks(), args.use_distributed_optimizer, ml.optimizer_state_bytes()));
   // --log-memory: every rank's estimate (a function of the layout; each rank measured its
   // own baseline), and after the first iterations each rank's measured peak beside it.
   std::vector<RankMemory> memory_ranks;

@@ -40,14 +40,19 @@ struct TrainRun {
   CommStats dp_stats;
 };
 
-// One run of kIters iterations; with `dp` set, data-parallel over the world.
+// One run of kIters iterations; with `dp` set, data-parallel over the world (with several
+// distributed-optimizer instances when ps has them: the trainer's groups).
 TrainRun train(float dropout, ParallelState* ps, const DataParallelConfig* dp_cfg,
                const OptimizerConfig& oc = OptimizerConfig{}) {
   TransformerConfig c = config(dropout);
   GPTModel model(c, kB, kT);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
-  if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
+  if (dp_cfg && ps->dp_cp_replicas())
+    dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg, &ps->ep(), &ps->expert_dp_shard(), &ps->dp_cp_shard(),
+                                        ps->dp_cp_replicas(), ps->expert_dp_replicas());
+  else if (dp_cfg)
+    dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
   Optimizer opt(model.params(), oc, dp ? dp->owned_ranges() : ElementRanges{});
   MockSamples data(c.vocab_size, kT, 7);
   StepConfig sc{kB, kGBS, kT, 1.0, 1234};
@@ -129,6 +134,38 @@ TEST_P(DistDataParallel, DistributedOptimizerWithBf16MomentsMatchesSingleProcess
   EXPECT_LE(max_err, double(kIters) * kLr * std::ldexp(1.0, -7)) << "final parameters";
   // Half the fp32 moments' bytes: 2 + 2 per owned parameter.
   EXPECT_EQ(dp.optimizer_state_bytes * 2, train(GetParam(), ps_.get(), &cfg).optimizer_state_bytes);
+}
+
+// --num-distributed-optimizer-instances 2: each half of the data-parallel ranks shards the optimizer
+// state over itself (the gradients reduce-scattered within it, then each shard summed with the other
+// half's same shard), in fp32 and with the bf16 reduction: the single process's run, each rank owning
+// 2/DP of the state. On 2 ranks each instance is one rank (its shard is everything).
+TEST_P(DistDataParallel, DistributedOptimizerInstancesMatchSingleProcess) {
+  const int world = ps_->world_size();
+  if (world % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  auto ps = ParallelState::create(1, 1, 120, 1, 1, 2);
+  ASSERT_EQ(ps->dp_cp_shard().size(), world / 2);
+  ASSERT_NE(ps->dp_cp_replicas(), nullptr);
+  EXPECT_EQ(ps->dp_cp_replicas()->size(), 2);
+  const TrainRun single = train(GetParam(), nullptr, nullptr);
+  for (bool bf16 : {false, true}) {
+    DataParallelConfig cfg;
+    cfg.bucket_elements = 4000;
+    cfg.distributed_optimizer = true;
+    cfg.overlap_grad_reduce = true;
+    cfg.grad_reduce_in_bf16 = bf16;
+    const TrainRun got = train(GetParam(), ps.get(), &cfg);
+    if (!bf16) {
+      expect_same_run(got, single);
+    } else {  // the bf16 reduction's rounding: the losses within bf16's unit roundoff of the fp32 run's
+      for (size_t i = 0; i < single.losses.size(); ++i)
+        EXPECT_NEAR(got.losses[i], single.losses[i], std::ldexp(1.0, -8) * std::fabs(single.losses[i]))
+            << "bf16 reduction, iteration " << i + 1;
+    }
+    // This rank's state: its even share of an instance's (world / 2 ranks), 8 bytes per element.
+    const double share = double(got.optimizer_state_bytes) / (8.0 * double(got.numel));
+    EXPECT_NEAR(share, 2.0 / world, 0.02) << "bf16 " << bf16;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dropout, DistDataParallel, ::testing::Values(0.0f, 0.1f));

@@ -48,6 +48,7 @@ struct Case {
   bool probs_on_input = false;  // --moe-apply-probs-on-input with top-1 (the weighted rows dispatched)
   float jitter = 0.0f;          // --moe-input-jitter-eps (each token's noise the same in every layout)
   bool force_balance = false;   // --moe-router-force-load-balancing (each token's random logits, idem)
+  int instances = 1;            // --num-distributed-optimizer-instances (the experts' groups cut too)
 };
 
 struct EpRun : LayoutRun {
@@ -129,7 +130,8 @@ EpRun train(const Case& c, ParallelState* ps) {
     cfg.bucket_elements = 3000;
     cfg.distributed_optimizer = c.distributed_optimizer;
     cfg.overlap_grad_reduce = c.overlap;
-    dp = std::make_unique<DataParallel>(model, ps->dp(), cfg, &ps->ep(), &ps->expert_dp(), &ps->dp_cp());
+    dp = std::make_unique<DataParallel>(model, ps->dp(), cfg, &ps->ep(), &ps->expert_dp_shard(), &ps->dp_cp_shard(),
+                                        ps->dp_cp_replicas(), ps->expert_dp_replicas());
   }
   Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
   std::unique_ptr<MixedPrecisionPolicy> policy;
@@ -169,7 +171,7 @@ class DistExpertParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(DistExpertParallel, MatchesSingleProcess) {
   const Case& c = GetParam();
   if (mpi_world_size() != c.world) GTEST_SKIP() << "needs " << c.world << " ranks";
-  auto ps = ParallelState::create(c.tp, c.pp, 120, c.ep, c.cp);
+  auto ps = ParallelState::create(c.tp, c.pp, 120, c.ep, c.cp, c.instances);
   ASSERT_EQ(ps->ep().size(), c.ep);
   ASSERT_EQ(ps->expert_dp().size(), ps->dp().size() / c.ep * c.cp);
   const EpRun single = train(c, nullptr);
@@ -259,8 +261,15 @@ INSTANTIATE_TEST_SUITE_P(
         // --moe-router-force-load-balancing: random logits drawn by token, the same in every layout.
         Case{"Tp2Ep2ForceBalanceSequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.1f, true, false, 0, false, {},
              false, false, false, 1, {}, false, 0.0f, true},
-        Case{"Cp2Ep2ForceBalanceDistributedOptimizerDropout", 4, 1, 1, 2, 4, true, true, false, 0.1f, false, false, 0,
-             false, {}, false, false, false, 2, {}, false, 0.0f, true}),
+        Case{"Cp2Ep2ForceBalanceDistributedOptimizerDropout", 4, 1, 1, 2, 4, true, true, false, 0.1f, false, false, 0, false, {}, false,
+             false, false, 2, {}, false, 0.0f, true},
+        // --num-distributed-optimizer-instances 2 at DP 4 x EP 2: the dense weights shard over 2 ranks and the
+        // experts' over 1 (expert DP 2 cut in two), each shard then summed with the other instance's.
+        Case{"Dp4Ep2TwoOptimizerInstances", 4, 1, 1, 2, 4, true, true, false, 0.1f, false, false, 0, false, {}, false,
+             false, false, 1, {}, false, 0.0f, false, 2},
+        // CP 2 x DP 2: each instance is one data-parallel rank with both its context-parallel ranks.
+        Case{"Cp2Dp2TwoOptimizerInstances", 4, 1, 1, 1, 4, true, false, false, 0.0f, true, false, 0, false, {}, false,
+             false, false, 2, {}, false, 0.0f, false, 2}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

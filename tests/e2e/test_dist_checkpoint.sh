@@ -59,6 +59,20 @@ for np in 2 1; do
     > "resume$np.log" 2>&1 || fail "resume at DP=$np failed: $(tail -2 "resume$np.log")"
   compare "DP=4 -> DP=$np" "resume$np.log" "ckpt$np"
 done
+# --num-distributed-optimizer-instances 2: the DP=4 checkpoint resumes with two instances of 2 ranks
+# (each shards the optimizer over itself, the shards summed across the instances) as an uninterrupted
+# single process; the layouts that cannot hold it are one-line errors.
+cp -r ckpt ckpt_inst
+"${MPIRUN[@]}" -np 4 "$LATTICE" "${TRAIN[@]}" --train-iters 6 --use-distributed-optimizer \
+  --num-distributed-optimizer-instances 2 --load ckpt_inst --save ckpt_inst > resume_inst.log 2>&1 ||
+  fail "resume with 2 optimizer instances failed: $(tail -2 resume_inst.log)"
+compare "DP=4 -> DP=4 with 2 distributed-optimizer instances" resume_inst.log ckpt_inst
+expect_error "optimizer instances without the distributed optimizer" \
+  "--num-distributed-optimizer-instances 2 needs --use-distributed-optimizer" -- \
+  "$LATTICE" "${TRAIN[@]}" --train-iters 2 --num-distributed-optimizer-instances 2
+expect_error "optimizer instances that do not divide the data-parallel size" \
+  "--num-distributed-optimizer-instances 2 does not divide the data-parallel size 1" -- \
+  "$LATTICE" "${TRAIN[@]}" --train-iters 2 --use-distributed-optimizer --num-distributed-optimizer-instances 2
 # --overlap-param-gather: the evaluations during training and the checkpoints read the
 # parameters the step's all-gather is still writing; they must wait for it (the run's next
 # forward would), and so equal the run without the overlap, bit for bit (the same ranks

@@ -1,6 +1,8 @@
 // Megatron's rank order for the process groups (no MPI needed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "dist/parallel_state.h"
 
@@ -53,6 +55,47 @@ TEST(DistGroups, ContextParallelBetweenTensorAndData) {
   GroupPlan one = plan_groups(make_layout(4, 2, 1));
   EXPECT_EQ(one.cp, (std::vector<std::vector<int>>{{0}, {1}, {2}, {3}}));
   EXPECT_EQ(one.dp_cp, one.dp);
+}
+
+// --num-distributed-optimizer-instances: each dp x cp (expert data-parallel) group is cut into runs of
+// consecutive members, each an instance's shard group; the members at the same place in each run hold
+// the same shard and sum it. 16 ranks, TP 2, CP 2 -> DP 4, EP 2, two instances.
+TEST(DistGroups, DistributedOptimizerInstancesCutTheGradientGroups) {
+  const ParallelLayout l = make_layout(16, 2, 1, 2, 2, 2);
+  EXPECT_EQ(l.dist_opt_instances, 2);
+  GroupPlan g = plan_groups(l);
+  EXPECT_EQ(g.dp_cp[0], (std::vector<int>{0, 2, 4, 6, 8, 10, 12, 14}));
+  EXPECT_EQ(g.dp_cp_shard[0], (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(g.dp_cp_shard[1], (std::vector<int>{8, 10, 12, 14}));
+  EXPECT_EQ(g.dp_cp_shard.size(), 4u);
+  EXPECT_EQ(g.dp_cp_replicas[0], (std::vector<int>{0, 8}));
+  EXPECT_EQ(g.dp_cp_replicas[3], (std::vector<int>{6, 14}));
+  EXPECT_EQ(g.dp_cp_replicas.size(), 8u);
+  EXPECT_EQ(g.expert_dp[0], (std::vector<int>{0, 2, 8, 10}));
+  EXPECT_EQ(g.expert_dp_shard[0], (std::vector<int>{0, 2}));
+  EXPECT_EQ(g.expert_dp_shard[1], (std::vector<int>{8, 10}));
+  EXPECT_EQ(g.expert_dp_replicas[0], (std::vector<int>{0, 8}));
+  EXPECT_EQ(g.expert_dp_replicas[1], (std::vector<int>{2, 10}));
+  // Every rank is in exactly one shard and one replica group of each kind.
+  for (const auto* groups : {&g.dp_cp_shard, &g.dp_cp_replicas, &g.expert_dp_shard, &g.expert_dp_replicas}) {
+    std::vector<int> seen(16, 0);
+    for (const std::vector<int>& grp : *groups)
+      for (int r : grp) ++seen[size_t(r)];
+    EXPECT_EQ(seen, std::vector<int>(16, 1));
+  }
+  // One instance: no such groups.
+  EXPECT_TRUE(plan_groups(make_layout(16, 2, 1, 2, 2)).dp_cp_shard.empty());
+  // An instance is a run of whole data-parallel ranks holding every expert: the instances divide dp and
+  // dp / ep (so the dense shard group is the expert-parallel groups times the experts' shard groups).
+  for (const std::vector<int>& shard : g.dp_cp_shard)
+    for (int r : shard)
+      for (const std::vector<int>& ep : g.ep)
+        if (std::find(ep.begin(), ep.end(), r) != ep.end())
+          for (int peer : ep) EXPECT_NE(std::find(shard.begin(), shard.end(), peer), shard.end()) << r << " " << peer;
+  EXPECT_THROW(make_layout(4, 1, 1, 1, 1, 3), Error);
+  EXPECT_THROW(make_layout(8, 1, 1, 4, 1, 4), Error);  // dp 8, expert dp 2
+  EXPECT_THROW(make_layout(4, 1, 1, 2, 2, 2), Error);  // dp 2, ep 2: one copy of each expert per cp rank
+  EXPECT_THROW(make_layout(4, 1, 1, 1, 1, 0), Error);
 }
 
 // Experts under context parallelism: 8 ranks, CP 2 -> DP 4, EP 2. The expert-parallel groups
