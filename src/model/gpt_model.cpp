@@ -444,6 +444,8 @@ void GPTModel::register_parameters() {
   }
   expert_tokens_.assign(cfg_.moe_router_enable_expert_bias ? layers_.size() * size_t(cfg_.num_experts) : 0, 0.0);
   global_balance_.assign(cfg_.moe_global_aux_loss ? layers_.size() : 0, MoeGlobalBalance{});
+  layer_load_balancing_.assign(cfg_.moe() ? size_t(cfg_.num_layers) : 0, LossSum{});
+  layer_z_loss_ = layer_load_balancing_;
   if (place_.post_process) {
     lnf_w_ = add("decoder.final_layernorm.weight", {C}, norm_init, 0, -1);
     if (norm_bias) lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
@@ -744,6 +746,11 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
       const MoeState& st = *x.moe;
       load_balancing_.sum += st.balance;
       load_balancing_.count += 1;
+      const size_t l = size_t(layers_[first + i].layer);
+      layer_load_balancing_[l].sum += st.balance;
+      layer_load_balancing_[l].count += 1;
+      layer_z_loss_[l].sum += st.z;
+      layer_z_loss_[l].count += 1;
       if (cfg_.moe_seq_aux_loss) {
         seq_load_balancing_.sum += st.seq_balance;
         seq_load_balancing_.count += 1;
@@ -1001,8 +1008,11 @@ void GPTModel::reset_global_aux_loss_tracker() {
 }
 
 GPTModel::MoeLossSums GPTModel::take_moe_losses() {
-  const MoeLossSums l{load_balancing_, seq_load_balancing_, global_load_balancing_, z_loss_};
+  const MoeLossSums l{load_balancing_, seq_load_balancing_, global_load_balancing_, z_loss_, layer_load_balancing_,
+                      layer_z_loss_};
   load_balancing_ = seq_load_balancing_ = global_load_balancing_ = z_loss_ = {};
+  std::fill(layer_load_balancing_.begin(), layer_load_balancing_.end(), LossSum{});
+  std::fill(layer_z_loss_.begin(), layer_z_loss_.end(), LossSum{});
   return l;
 }
 

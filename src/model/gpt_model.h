@@ -210,8 +210,11 @@ class GPTModel {
   // load-balancing losses (1 when the experts are evenly loaded): the micro-batch's (always), each
   // sequence's (seq_aux_loss listed) and the global one (global_aux_loss listed: the whole data- and
   // context-parallel group's value, the same on each rank); the z-loss (mean squared logsumexp).
+  // Each MoE layer's own load-balancing loss and z-loss too, by the layer's number (this rank's
+  // layers; the others' counts 0), for --moe-per-layer-logging.
   struct MoeLossSums {
     LossSum load_balancing, seq_load_balancing, global_load_balancing, z;
+    std::vector<LossSum> layer_load_balancing, layer_z;  // [num_layers]
   };
   MoeLossSums take_moe_losses();
   // global_aux_loss: the data-parallel group whose ranks route other tokens (their expert counts are
@@ -540,6 +543,7 @@ class GPTModel {
   bool bf16_qkv_on_ = current_device() != Device::cpu;
   bool selective_ = false;             // selective recomputation (core attention)
   LossSum load_balancing_, seq_load_balancing_, global_load_balancing_, z_loss_;  // take_moe_losses'
+  std::vector<LossSum> layer_load_balancing_, layer_z_loss_;  // [num_layers] the same per layer
   std::vector<MoeGlobalBalance> global_balance_;  // [layers_] global_aux_loss's statistics (empty: none)
   Comm* data_parallel_ = nullptr;      // set_data_parallel_group's
   std::vector<double> expert_tokens_;  // [layers_, E] tokens per expert since the last bias update (expert bias)

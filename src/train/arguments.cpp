@@ -112,6 +112,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "weight of the router z-loss (mean squared logsumexp of the logits; 0: none)"},
       {"moe-input-jitter-eps", Kind::f32, &a.moe_input_jitter_eps,
        "in training, the router reads its input times noise uniform in [1 - eps, 1 + eps) (0: none)"},
+      {"moe-per-layer-logging", Kind::flag, &a.moe_per_layer_logging,
+       "also log each MoE layer's load-balancing loss (and z-loss) to TensorBoard and --metrics-file"},
       {"moe-router-force-load-balancing", Kind::flag, &a.moe_router_force_load_balancing,
        "for benchmarks: route by random normal logits (near even expert loads), the gradient passed to the router"},
       {"moe-router-load-balancing-type", Kind::list, &a.moe_router_load_balancing_type,
@@ -571,6 +573,8 @@ void validate(TrainArgs& a) {
   validate_load_balancing(a);
   // Megatron pads each expert's rows to its capacity with tokens of gate 0: nothing reaches an output
   // or a gradient from them, so lattice runs each expert on the tokens it keeps (the same numbers).
+  if (a.moe_per_layer_logging && a.num_experts == 0)
+    LATTICE_FAIL() << "--moe-per-layer-logging logs the MoE layers' losses: it needs --num-experts";
   if (a.num_distributed_optimizer_instances < 1)
     LATTICE_FAIL() << "--num-distributed-optimizer-instances must be >= 1, got " << a.num_distributed_optimizer_instances;
   if (a.num_distributed_optimizer_instances > 1 && !a.use_distributed_optimizer)

@@ -45,6 +45,7 @@ struct TrainArgs {
   float moe_z_loss_coeff = 0.0f;
   float moe_input_jitter_eps = 0.0f;
   bool moe_router_force_load_balancing = false;
+  bool moe_per_layer_logging = false;
   bool moe_router_pre_softmax = false;
   bool moe_apply_probs_on_input = false;  // --moe-apply-probs-on-input
   std::string moe_layer_freq = "1";

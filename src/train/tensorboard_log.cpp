@@ -35,6 +35,7 @@ void TensorBoardLog::iteration(const TrainingScalars& s) {
   if (!s.skipped) pair("grad-norm", s.grad_norm, s.iteration, s.consumed_samples);
   if (s.num_zeros_in_grad >= 0) pair("num-zeros", s.num_zeros_in_grad, s.iteration, s.consumed_samples);
   if (s.params_norm >= 0) pair("params-norm", s.params_norm, s.iteration, s.consumed_samples);
+  for (const auto& [tag, value] : s.moe) writer_->add_scalar(tag, value, s.iteration);
   if (memory_) {  // Megatron's four memory scalars, at the iteration only
     const DeviceAllocStats a = device_alloc_stats();
     writer_->add_scalar("mem-reserved-bytes", double(kernels_on_gpu() ? device_used_bytes() : resident_bytes()),

@@ -8,6 +8,10 @@
 //     its GPU), mem-allocated-bytes and mem-max-allocated-bytes (lattice's buffers now and at
 //     most: core/device.h device_alloc_stats) and mem-allocated-count; an iteration whose update was skipped
 //     (fp16 overflow) has no lm loss and no grad-norm, as in Megatron;
+//   with --num-experts, at the same iterations (no twin): load_balancing_loss (and seq_/global_
+//     load_balancing_loss, z_loss as the log line has them), over their coefficients, and with
+//     --moe-per-layer-logging each MoE layer's as moe/load_balancing_loss_layer_<i> (moe/z_loss_layer_<i>),
+//     as Megatron's track_moe_metrics;
 //   every --log-interval: iteration-time in seconds (--log-timers-to-tensorboard; no twin);
 //   each evaluation: "lm loss validation" (and "lm loss validation ppl" with
 //     --log-validation-ppl-to-tensorboard); the final test-set evaluation as "lm loss test".
@@ -15,6 +19,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "train/arguments.h"
 #include "train/evaluation.h"
@@ -27,6 +33,7 @@ struct TrainingScalars {
   double learning_rate = 0, lm_loss = 0, loss_scale = 1, grad_norm = 0;
   bool skipped = false;  // no lm loss then
   double num_zeros_in_grad = -1, params_norm = -1;  // written when >= 0
+  std::vector<std::pair<std::string, double>> moe;  // the MoE losses: tag, value (at the iteration only)
 };
 
 class TensorBoardLog {

@@ -102,6 +102,24 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     if (c.moe_seq_aux_loss) r.seq_load_balancing_loss = v[3] > 0 ? v[2] / v[3] : 0.0;
     if (c.moe_global_aux_loss) r.global_load_balancing_loss = v[5] > 0 ? v[4] / v[5] : 0.0;
     if (c.moe_z_loss_coeff > 0.0f) r.z_loss = v[7] > 0 ? v[6] / v[7] : 0.0;
+    if (cfg.moe_per_layer_logging) {  // [L] sums, [L] counts of each kind, reduced as above
+      const size_t L = m.layer_load_balancing.size();
+      std::vector<double> per(4 * L);
+      for (size_t l = 0; l < L; ++l) {
+        per[l] = m.layer_load_balancing[l].sum;
+        per[L + l] = m.layer_load_balancing[l].count;
+        per[2 * L + l] = m.layer_z[l].sum;
+        per[3 * L + l] = m.layer_z[l].count;
+      }
+      if (pp) pp->all_reduce(per.data(), int64_t(per.size()), ReduceOp::sum);
+      if (dp) dp->comm().all_reduce(per.data(), int64_t(per.size()), ReduceOp::sum);
+      r.layer_load_balancing_loss.assign(L, -1.0);
+      if (c.moe_z_loss_coeff > 0.0f) r.layer_z_loss.assign(L, -1.0);
+      for (size_t l = 0; l < L; ++l) {
+        if (per[L + l] > 0) r.layer_load_balancing_loss[l] = per[l] / per[L + l];
+        if (c.moe_z_loss_coeff > 0.0f && per[3 * L + l] > 0) r.layer_z_loss[l] = per[2 * L + l] / per[3 * L + l];
+      }
+    }
     model.update_expert_biases(dp ? &dp->comm() : nullptr);  // Megatron's, before the optimizer step
   }
   // The global batch's token count divides the per-token gradients (none when every token is

@@ -49,6 +49,8 @@ struct StepConfig {
   // step whose loss or gradient norm is nan or infinite fails (lattice::Error naming the iteration)
   // before its update, so the parameters stay finite. An fp16 step skipped for overflow is not one.
   bool check_for_nan = false;
+  // Megatron's --moe-per-layer-logging: StepResult's layer_load_balancing_loss and layer_z_loss.
+  bool moe_per_layer_logging = false;
 };
 
 struct StepResult {
@@ -67,6 +69,9 @@ struct StepResult {
   double seq_load_balancing_loss = -1;     // seq_aux_loss listed (-1: not)
   double global_load_balancing_loss = -1;  // global_aux_loss listed (-1: not)
   double z_loss = -1;  // --moe-z-loss-coeff: the z-loss over its coefficient, averaged the same way (-1: none)
+  // StepConfig::moe_per_layer_logging: each layer's load-balancing loss (and with --moe-z-loss-coeff its
+  // z-loss) averaged the same way, by layer number, -1 for a dense layer; empty otherwise.
+  std::vector<double> layer_load_balancing_loss, layer_z_loss;
 };
 
 // Runs iteration `iteration` (0-based) on samples [iteration*GBS, (iteration+1)*GBS); each

@@ -91,10 +91,39 @@ std::string format_metrics_json(const LogLine& l) {
   if (l.seq_load_balancing_loss >= 0) j["seq_load_balancing_loss"] = l.seq_load_balancing_loss;
   if (l.global_load_balancing_loss >= 0) j["global_load_balancing_loss"] = l.global_load_balancing_loss;
   if (l.z_loss >= 0) j["z_loss"] = l.z_loss;
+  // --moe-per-layer-logging: one value per layer, null for a dense one.
+  auto per_layer = [&](const char* key, const std::vector<double>& v) {
+    if (v.empty()) return;
+    nlohmann::json a = nlohmann::json::array();
+    for (double x : v) a.push_back(x >= 0 ? nlohmann::json(x) : nlohmann::json(nullptr));
+    j[key] = a;
+  };
+  per_layer("load_balancing_loss_layers", l.layer_load_balancing_loss);
+  per_layer("z_loss_layers", l.layer_z_loss);
   return j.dump();
 }
 
 namespace {
+
+// The step's MoE losses for TensorBoard under Megatron's tags (track_moe_metrics): each loss type the
+// log line shows, over its coefficient, and with --moe-per-layer-logging each MoE layer's as
+// "moe/<name>_layer_<i>".
+std::vector<std::pair<std::string, double>> moe_scalars(const TrainArgs& args, const StepResult& r) {
+  std::vector<std::pair<std::string, double>> s;
+  if (r.skipped) return s;
+  const bool micro_batch_loss = args.moe_load_balancing("aux_loss") ||
+                                !(args.moe_load_balancing("seq_aux_loss") || args.moe_load_balancing("global_aux_loss"));
+  if (r.load_balancing_loss >= 0 && micro_batch_loss) s.emplace_back("load_balancing_loss", r.load_balancing_loss);
+  if (r.seq_load_balancing_loss >= 0) s.emplace_back("seq_load_balancing_loss", r.seq_load_balancing_loss);
+  if (r.global_load_balancing_loss >= 0) s.emplace_back("global_load_balancing_loss", r.global_load_balancing_loss);
+  if (r.z_loss >= 0) s.emplace_back("z_loss", r.z_loss);
+  for (size_t l = 0; l < r.layer_load_balancing_loss.size(); ++l)
+    if (r.layer_load_balancing_loss[l] >= 0)
+      s.emplace_back("moe/load_balancing_loss_layer_" + std::to_string(l), r.layer_load_balancing_loss[l]);
+  for (size_t l = 0; l < r.layer_z_loss.size(); ++l)
+    if (r.layer_z_loss[l] >= 0) s.emplace_back("moe/z_loss_layer_" + std::to_string(l), r.layer_z_loss[l]);
+  return s;
+}
 
 // The checkpoint flags' own checks (before any compute).
 void check_checkpoint_flags(const TrainArgs& a) {
@@ -527,11 +556,13 @@ int run_training(const TrainArgs& args) {
   step_cfg.check_for_nan = !args.no_check_for_nan_in_loss_and_grad;
   step_cfg.log_num_zeros_in_grad = args.log_num_zeros_in_grad;
   step_cfg.log_params_norm = args.log_params_norm;
+  step_cfg.moe_per_layer_logging = args.moe_per_layer_logging;
   int64_t interval_skipped = 0, interval_nan = 0, interval_samples = 0;
   int64_t consumed = args.consumed_after(start.iteration);
   const auto train_start = std::chrono::steady_clock::now();
   double interval_loss = 0, interval_ms = 0, interval_balance = 0, interval_seq_balance = 0, interval_global_balance = 0,
          interval_z = 0;
+  std::vector<double> interval_layer_balance, interval_layer_z;  // --moe-per-layer-logging: [num_layers] sums
   int64_t interval_iters = 0;
   double last_norm = 0;
   StepResult last;  // the interval's last step (its zeros count and parameter norm are logged)
@@ -568,6 +599,13 @@ int run_training(const TrainArgs& args) {
       interval_seq_balance += r.seq_load_balancing_loss;
       interval_global_balance += r.global_load_balancing_loss;
       interval_z += r.z_loss;
+      // --moe-per-layer-logging: each layer's sum over the applied iterations (-1 stays for a dense layer).
+      auto add = [](std::vector<double>& sum, const std::vector<double>& v) {
+        if (sum.empty()) sum.assign(v.size(), 0.0);
+        for (size_t k = 0; k < v.size(); ++k) sum[k] = v[k] < 0 ? -1.0 : sum[k] + v[k];
+      };
+      add(interval_layer_balance, r.layer_load_balancing_loss);
+      add(interval_layer_z, r.layer_z_loss);
     }
     last_norm = r.grad_norm;
     last = r;
@@ -575,7 +613,7 @@ int run_training(const TrainArgs& args) {
     const int64_t done = it + 1;
     tensorboard.iteration({done, consumed, batch, ps->world_size(),
                            scheduler.get_lr(), r.lm_loss, loss_scaler ? loss_scaler->scale() : 1.0, r.grad_norm,
-                           r.skipped, double(r.num_zeros_in_grad), r.params_norm});
+                           r.skipped, double(r.num_zeros_in_grad), r.params_norm, moe_scalars(args, r)});
     if (done % args.log_interval == 0 || done == args.train_iters) {
       LogLine l{};
       l.iteration = done;
@@ -598,6 +636,8 @@ int run_training(const TrainArgs& args) {
       if (last.seq_load_balancing_loss >= 0) l.seq_load_balancing_loss = interval_seq_balance / applied;
       if (last.global_load_balancing_loss >= 0) l.global_load_balancing_loss = interval_global_balance / applied;
       if (last.z_loss >= 0) l.z_loss = interval_z / double(std::max<int64_t>(1, interval_iters - interval_skipped));
+      for (double v : interval_layer_balance) l.layer_load_balancing_loss.push_back(v < 0 ? -1.0 : v / applied);
+      for (double v : interval_layer_z) l.layer_z_loss.push_back(v < 0 ? -1.0 : v / applied);
       l.loss_scale = loss_scaler ? loss_scaler->scale() : 1.0;
       l.skipped_iterations = interval_skipped;
       l.nan_iterations = interval_nan;
@@ -624,6 +664,8 @@ int run_training(const TrainArgs& args) {
       pipeline_seconds = pipeline_compute = 0;
       if (metrics.is_open()) metrics << format_metrics_json(l) << "\n" << std::flush;
       interval_loss = interval_ms = interval_balance = interval_seq_balance = interval_global_balance = interval_z = 0;
+      interval_layer_balance.clear();
+      interval_layer_z.clear();
       interval_iters = interval_skipped = interval_nan = interval_samples = 0;
     }
     if (done - start.iteration == 3 || done == args.train_iters) log_memory_peaks(done - start.iteration);

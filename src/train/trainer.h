@@ -1,5 +1,7 @@
 // The trainer: `lattice train` after argument parsing.
 #pragma once
+#include <vector>
+
 #include "train/arguments.h"
 
 namespace lattice {
@@ -18,6 +20,8 @@ struct LogLine {
   double seq_load_balancing_loss = -1;              // logged when >= 0 (seq_aux_loss listed)
   double global_load_balancing_loss = -1;           // logged when >= 0 (global_aux_loss listed)
   double z_loss = -1;                               // logged when >= 0 (--moe-z-loss-coeff)
+  // --moe-per-layer-logging: each layer's, by layer number (-1: a dense layer; empty: not logged).
+  std::vector<double> layer_load_balancing_loss, layer_z_loss;
 };
 std::string format_log_line(const LogLine& l);
 std::string format_metrics_json(const LogLine& l);

@@ -142,6 +142,56 @@ if command -v mpirun >/dev/null 2>&1; then
   fi
 fi
 
+# ---- MoE: Megatron's load_balancing_loss and z_loss tags; --moe-per-layer-logging's per layer ----
+# Each iteration's values as the metrics file's (log interval 1); a dense layer (--moe-layer-freq) has
+# none; the layers' mean is the logged loss; under PP=2 (each stage its layers) the values of one process.
+MOE=()
+for a in "${TRAIN[@]}"; do [ "${MOE[${#MOE[@]}-1]:-}" = --num-layers ] && MOE+=(4) || MOE+=("$a"); done  # 4 layers
+MOE+=(--disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32
+     --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001 --moe-layer-freq "[1,0,1,1]" --moe-per-layer-logging)
+# layers KEY ITER FILE: the metrics line's per-layer array for that iteration, space separated
+layers() { grep "\"iteration\":$2[,}]" "$3" | grep -o "\"$1\":\[[^]]*\]" | sed 's/.*\[//; s/\]//; s/,/ /g'; }
+if "$LATTICE" "${MOE[@]}" --metrics-file moe.jsonl --tensorboard-dir tbm >runm.log 2>&1 &&
+   read_events tbm/events.out.tfevents.* >eventsm.txt 2>readerm.err; then
+  bad=0
+  for it in 1 3 6; do
+    for key in load_balancing_loss z_loss; do
+      want=$(grep "\"iteration\":$it[,}]" moe.jsonl | grep -o "\"$key\":[^,}]*" | cut -d: -f2)
+      got=$(value "$key" $it eventsm.txt)
+      { [ -n "$got" ] && same_f32 "$got" "$want"; } || { fail "iteration $it: '$key' '$got', metrics '$want'"; bad=1; }
+      read -r -a per <<<"$(layers "${key}_layers" $it moe.jsonl)"
+      [ "${#per[@]}" = 4 ] && [ "${per[1]}" = null ] || { fail "iteration $it: ${key}_layers '${per[*]}'"; bad=1; continue; }
+      [ -z "$(value "moe/${key}_layer_1" $it eventsm.txt)" ] || { fail "iteration $it: a dense layer's moe/${key}_layer_1"; bad=1; }
+      for l in 0 2 3; do
+        got=$(value "moe/${key}_layer_$l" $it eventsm.txt)
+        { [ -n "$got" ] && same_f32 "$got" "${per[$l]}"; } ||
+          { fail "iteration $it: moe/${key}_layer_$l '$got', metrics '${per[$l]}'"; bad=1; }
+      done
+      node -e 'const v = process.argv.slice(1).map(Number); const m = (v[0] + v[1] + v[2]) / 3;
+               process.exit(Math.abs(m - v[3]) <= 1e-12 * Math.abs(v[3]) ? 0 : 1)' "${per[0]}" "${per[2]}" "${per[3]}" "$want" ||
+        { fail "iteration $it: the mean of ${per[*]} is not $key $want"; bad=1; }
+    done
+  done
+  [ "$bad" = 0 ] && pass "MoE: load_balancing_loss, z_loss and each MoE layer's (moe/<name>_layer_<i>) as the metrics file; their mean is the loss"
+  if command -v mpirun >/dev/null 2>&1; then
+    if mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$LATTICE" "${MOE[@]}" \
+         --pipeline-model-parallel-size 2 --metrics-file moe_pp.jsonl >runm_pp.log 2>&1; then
+      a=$(layers load_balancing_loss_layers 6 moe_pp.jsonl) b=$(layers load_balancing_loss_layers 6 moe.jsonl)
+      node -e 'const [a, b] = process.argv.slice(1).map(s => s.split(" "));
+               process.exit(a.length === 4 && a.every((x, i) => x === "null" ? b[i] === "null" :
+                            Math.abs(Number(x) - Number(b[i])) <= 1e-5 * Math.abs(Number(b[i]))) ? 0 : 1)' "$a" "$b" &&
+        pass "PP=2: each layer's load-balancing loss at iteration 6 as one process's ($a)" ||
+        fail "PP=2: per-layer load-balancing losses '$a', one process '$b'"
+    else
+      fail "PP=2 MoE run failed: $(tail -n 3 runm_pp.log)"
+    fi
+  fi
+else
+  fail "MoE run with --moe-per-layer-logging failed: $(tail -n 3 runm.log) $(cat readerm.err 2>/dev/null)"
+fi
+expect_error "--moe-per-layer-logging without experts" "--moe-per-layer-logging" -- \
+  "$LATTICE" "${TRAIN[@]}" --moe-per-layer-logging
+
 # ---- errors, and the reader's own checks ----
 touch not-a-dir
 expect_error "--tensorboard-dir on a file" "--tensorboard-dir|not-a-dir" -- "$LATTICE" "${TRAIN[@]}" --tensorboard-dir not-a-dir
