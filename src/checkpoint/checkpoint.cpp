@@ -228,6 +228,23 @@ bool has_checkpoint(const std::string& path) {
   return fs::exists(fs::path(path) / kTrackerFile, ec) || fs::exists(fs::path(path) / kCheckpointIndexFile, ec);
 }
 
+std::string checkpoint_at_iteration(const std::string& dir, int64_t iteration, const std::string& flag) {
+  const fs::path at = fs::path(dir) / iter_dir_name(iteration);
+  std::error_code ec;
+  if (fs::exists(at / kCheckpointIndexFile, ec)) return at.string();
+  std::vector<int64_t> held;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t it = parse_iter_dir_name(e.path().filename().string());
+    if (it >= 0 && fs::exists(e.path() / kCheckpointIndexFile, ec)) held.push_back(it);
+  }
+  std::sort(held.begin(), held.end());
+  std::string list;
+  for (int64_t it : held) list += (list.empty() ? "" : ", ") + std::to_string(it);
+  LATTICE_FAIL() << flag << " " << iteration << ": " << dir << " has no checkpoint of iteration " << iteration << " (no "
+                 << (at / kCheckpointIndexFile).string() << "; it holds "
+                 << (list.empty() ? std::string("none") : "iterations " + list) << ")";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Writing
 

@@ -38,6 +38,11 @@ std::optional<int64_t> read_latest_iteration(const std::string& dir);
 // iteration directory). Says nothing about its integrity (CheckpointReader::open does).
 bool has_checkpoint(const std::string& path);
 
+// The iteration directory DIR/iter_NNNNNNN of a checkpoint root, to load a chosen iteration instead of
+// the tracker's (--ckpt-step); a lattice::Error naming `flag`, the directory and the iterations DIR
+// holds when it has no checkpoint of that iteration.
+std::string checkpoint_at_iteration(const std::string& dir, int64_t iteration, const std::string& flag);
+
 // Optimizer bookkeeping beside its state tensors.
 struct OptimizerState {
   std::string name;  // "adam" | "sgd"

@@ -269,6 +269,12 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"decoupled-min-lr", Kind::opt_f64, &a.decoupled_min_lr, "their minimum learning rate"},
       {"save", Kind::str, &a.save, "directory to save checkpoints in"},
       {"save-interval", Kind::i64, &a.save_interval, "iterations between checkpoints (0: at the end)"},
+      {"non-persistent-save-interval", Kind::i64, &a.non_persistent_save_interval,
+       "iterations between non-persistent checkpoints (only the latest kept; resumed from when newer)"},
+      {"non-persistent-ckpt-type", Kind::str, &a.non_persistent_ckpt_type,
+       "global (lattice's one kind: a checkpoint directory of its own)"},
+      {"non-persistent-global-ckpt-dir", Kind::str, &a.non_persistent_global_ckpt_dir,
+       "where non-persistent checkpoints go (default: --save/non_persistent; read from --load/non_persistent)"},
       {"load", Kind::str, &a.load, "checkpoint directory to resume from"},
       {"use-checkpoint-args", Kind::flag, &a.use_checkpoint_args,
        "model and tokenizer flags not given here are the --load checkpoint's"},
@@ -277,6 +283,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"no-load-optim", Kind::flag, &a.no_load_optim, "do not load the optimizer state"},
       {"no-load-rng", Kind::flag, &a.no_load_rng, "do not load the RNG state"},
       {"finetune", Kind::flag, &a.finetune, "load weights only; iteration restarts at 0"},
+      {"ckpt-step", Kind::i64, &a.ckpt_step,
+       "load this iteration's checkpoint instead of the latest (of --load, or --pretrained-checkpoint)"},
+      {"pretrained-checkpoint", Kind::str, &a.pretrained_checkpoint,
+       "when --load holds no checkpoint: fine-tune from this one (its weights only, as --finetune)"},
       {"skip-train", Kind::flag, &a.skip_train,
        "no training: evaluate the --load checkpoint on the validation and test splits, save nothing"},
       {"override-opt_param-scheduler", Kind::flag, &a.override_opt_param_scheduler,
@@ -1044,8 +1054,9 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
 void apply_checkpoint_args(TrainArgs& a, const std::vector<Flag>& table, const std::set<std::string>& given) {
   if (a.load.empty()) LATTICE_FAIL() << "--use-checkpoint-args needs --load (the checkpoint whose flags to take)";
   std::vector<std::pair<std::string, nlohmann::json>> flags;
+  const std::string dir = a.ckpt_step >= 0 ? checkpoint_at_iteration(a.load, a.ckpt_step, "--ckpt-step") : a.load;
   try {
-    flags = checkpoint_flags(CheckpointReader::open(a.load).state());
+    flags = checkpoint_flags(CheckpointReader::open(dir).state());
   } catch (const Error& e) {
     LATTICE_FAIL() << "--use-checkpoint-args: --load " << e.what();
   }

@@ -159,8 +159,13 @@ struct TrainArgs {
   // checkpointing
   std::string load;
   int64_t save_interval = 0;                               // 0: save only at the end
+  int64_t non_persistent_save_interval = 0;                // 0: none
+  std::string non_persistent_ckpt_type;                    // "" or global
+  std::string non_persistent_global_ckpt_dir;              // "": --save/non_persistent
   bool no_save_optim = false, no_save_rng = false, no_load_optim = false, no_load_rng = false;
   bool finetune = false;
+  int64_t ckpt_step = -1;             // --ckpt-step (-1: the tracker's iteration)
+  std::string pretrained_checkpoint;  // --pretrained-checkpoint
   bool override_opt_param_scheduler = false, use_checkpoint_opt_param_scheduler = false;
   int64_t keep_last_n = 0;                                 // 0: keep all
   bool exit_signal_handler = false;

@@ -137,18 +137,65 @@ void check_checkpoint_flags(const TrainArgs& a) {
   non_negative("exit-duration-in-mins", a.exit_duration_in_mins);
   if (a.save.empty() && (a.save_interval > 0 || a.keep_last_n > 0 || a.no_save_optim || a.no_save_rng))
     LATTICE_FAIL() << "--save-interval, --keep-last-n, --no-save-optim and --no-save-rng need --save DIR";
-  if (a.load.empty() && (a.no_load_optim || a.no_load_rng || a.finetune))
+  non_negative("non-persistent-save-interval", double(a.non_persistent_save_interval));
+  if (!a.non_persistent_ckpt_type.empty() && a.non_persistent_ckpt_type != "global")
+    LATTICE_FAIL() << "--non-persistent-ckpt-type " << a.non_persistent_ckpt_type
+                   << " is not implemented (lattice writes global non-persistent checkpoints: a directory of their own)";
+  if (a.non_persistent_save_interval > 0 && a.save.empty() && a.non_persistent_global_ckpt_dir.empty())
+    LATTICE_FAIL() << "--non-persistent-save-interval needs --save DIR or --non-persistent-global-ckpt-dir DIR";
+  if (a.load.empty() && a.pretrained_checkpoint.empty() && (a.no_load_optim || a.no_load_rng || a.finetune))
     LATTICE_FAIL() << "--no-load-optim, --no-load-rng and --finetune need --load DIR";
+  if (a.ckpt_step < -1 || (a.ckpt_step >= 0 && a.load.empty() && a.pretrained_checkpoint.empty()))
+    LATTICE_FAIL() << (a.ckpt_step < -1 ? "--ckpt-step must be >= 0, got " + std::to_string(a.ckpt_step)
+                                        : std::string("--ckpt-step needs --load DIR or --pretrained-checkpoint DIR"));
+}
+
+// Where non-persistent checkpoints go and are read from: --non-persistent-global-ckpt-dir, else
+// `base` (--save, or --load when reading)/non_persistent.
+std::string non_persistent_dir(const TrainArgs& args, const std::string& base) {
+  return args.non_persistent_global_ckpt_dir.empty() ? base + "/non_persistent" : args.non_persistent_global_ckpt_dir;
 }
 
 // Loads --load's latest checkpoint (nothing when it holds none: training starts from
 // scratch, so `--save D --load D` auto-resumes) and returns where training continues.
+// --pretrained-checkpoint P (Megatron's): when --load holds no checkpoint, P's weights instead, as
+// --finetune (so `--load D --save D --pretrained-checkpoint P` starts from P once, then resumes from D).
+// --ckpt-step N: the checkpoint of iteration N of whichever directory is loaded.
 TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer& optimizer,
                               OptimizerParamScheduler& scheduler, LossScaler* loss_scaler,
                               MixedPrecisionPolicy* precision) {
   const TrainingProgress fresh{0, 0, args.seed};
-  if (args.load.empty()) return fresh;
-  TrainingLoadOptions o{args.load, args.optimizer, !args.no_load_optim, !args.no_load_rng, args.finetune};
+  std::string dir = args.load;
+  bool finetune = args.finetune;
+  if (!args.pretrained_checkpoint.empty() && (dir.empty() || !has_checkpoint(dir))) {
+    if (!has_checkpoint(args.pretrained_checkpoint))
+      LATTICE_FAIL() << "--pretrained-checkpoint " << args.pretrained_checkpoint << ": no checkpoint (no " << kTrackerFile
+                     << " or " << kCheckpointIndexFile << ")" << (dir.empty() ? "" : " and none in --load " + dir);
+    log_info("> " + (dir.empty() ? std::string("no --load") : "no checkpoint in --load " + dir) +
+             ": fine-tuning from --pretrained-checkpoint " + args.pretrained_checkpoint + " (its weights only)");
+    dir = args.pretrained_checkpoint;
+    finetune = true;
+  }
+  if (dir.empty()) return fresh;
+  // Non-persistent checkpoints (Megatron's global kind): the newer of --load's and its non-persistent one.
+  if (dir == args.load && args.ckpt_step < 0 && (args.non_persistent_save_interval > 0 ||
+                                                  !args.non_persistent_ckpt_type.empty() ||
+                                                  !args.non_persistent_global_ckpt_dir.empty())) {
+    const std::string np = non_persistent_dir(args, args.load);
+    const std::optional<int64_t> np_it = has_checkpoint(np) ? read_latest_iteration(np) : std::nullopt;
+    const std::optional<int64_t> it = has_checkpoint(dir) ? read_latest_iteration(dir) : std::nullopt;
+    if (np_it && (!it || *np_it > *it)) {
+      log_info("> the non-persistent checkpoint " + np + " (iteration " + std::to_string(*np_it) +
+               ") is newer than --load's" + (it ? " (iteration " + std::to_string(*it) + ")" : std::string()));
+      dir = np;
+    }
+  }
+  if (args.ckpt_step >= 0 && has_checkpoint(dir))
+    dir = checkpoint_at_iteration(dir, args.ckpt_step, "--ckpt-step");
+  else if (args.ckpt_step >= 0)
+    LATTICE_FAIL() << "--ckpt-step " << args.ckpt_step << ": " << dir << " holds no checkpoint (no " << kTrackerFile
+                   << ")";
+  TrainingLoadOptions o{dir, args.optimizer, !args.no_load_optim, !args.no_load_rng, finetune};
   o.loss_scaler = loss_scaler;
   o.precision = precision;
   std::optional<TrainingProgress> p = load_training_checkpoint(o, fresh, model, optimizer, scheduler);
@@ -162,14 +209,14 @@ TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer&
   // Samples are read by index = consumed samples = iteration x global batch size (or the sum
   // of the --rampup-batch-size batches so far).
   if (p->consumed_train_samples != args.consumed_after(p->iteration))
-    LATTICE_FAIL() << "--load " << args.load << ": the checkpoint consumed " << p->consumed_train_samples
+    LATTICE_FAIL() << "--load " << dir << ": the checkpoint consumed " << p->consumed_train_samples
                    << " samples in " << p->iteration << " iterations, which --global-batch-size "
                    << args.global_batch_size << (args.rampup() ? " with --rampup-batch-size" : "")
                    << " does not continue (" << args.consumed_after(p->iteration)
                    << "; changing the global batch size on resume is not supported)";
   std::ostringstream os;
-  os << "> loaded checkpoint " << args.load << " (iteration " << p->iteration << ", consumed samples "
-     << p->consumed_train_samples << (args.finetune ? ", --finetune: weights only" : "")
+  os << "> loaded checkpoint " << dir << " (iteration " << p->iteration << ", consumed samples "
+     << p->consumed_train_samples << (finetune ? ", --finetune: weights only" : "")
      << (args.no_load_optim ? ", --no-load-optim" : "") << (args.no_load_rng ? ", --no-load-rng" : "") << ")";
   log_info(os.str());
   return *p;
@@ -532,6 +579,18 @@ int run_training(const TrainArgs& args) {
     if (ps->world_size() > 1) ps->world().barrier();
     last_saved = iteration;
   };
+  // --non-persistent-save-interval: the same checkpoint into a directory of its own, which keeps only
+  // the latest (a resume takes it when it is newer than the persistent ones).
+  auto save_non_persistent = [&](int64_t iteration) {
+    settle_params();
+    TrainingSaveOptions o = save_opts;
+    o.dir = non_persistent_dir(args, args.save);
+    o.keep_last_n = 1;
+    const TrainingProgress p{iteration, args.consumed_after(iteration), start.seed};
+    const std::string dir = save_training_checkpoint(o, p, model, optimizer, scheduler);
+    if (o.write) log_info("> saved non-persistent checkpoint " + dir);
+    if (ps->world_size() > 1) ps->world().barrier();
+  };
 
   // Megatron's valid iterator continues from one evaluation to the next; evaluations
   // happen at every multiple of --eval-interval, so a resumed run starts it here.
@@ -681,6 +740,8 @@ int run_training(const TrainArgs& args) {
       valid_pos += eval_samples;
     }
     if (!args.save.empty() && args.save_interval > 0 && done % args.save_interval == 0) save(done);
+    else if (args.non_persistent_save_interval > 0 && done % args.non_persistent_save_interval == 0)
+      save_non_persistent(done);
     std::string reason = exit_reason(args, done, train_start);
     // Ranks see a signal or the clock at different moments: they agree on exiting after
     // the same iteration (one double per iteration), or the others would wait forever.

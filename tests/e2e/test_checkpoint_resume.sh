@@ -2,7 +2,8 @@
 # Checkpoint resume through the CLI: 2N iterations straight equal N, stop, resume, N more,
 # bit for bit (every logged loss and learning rate, the final parameters and optimizer
 # state), with the stop made by --exit-interval and by SIGTERM (--exit-signal-handler);
-# and the load options: --finetune, --no-load-optim, the scheduler override flags,
+# and the load options: --finetune, --no-load-optim, --ckpt-step, --pretrained-checkpoint, non-persistent
+# checkpoints, the scheduler override flags,
 # --keep-last-n, --exit-duration-in-mins, a model mismatch, a missing --load directory.
 #   bash tests/e2e/test_checkpoint_resume.sh <path to lattice binary> <source dir>
 set -u -o pipefail
@@ -144,6 +145,63 @@ if run finetune "$LATTICE" train "${BASE[@]}" --train-iters 2 --load split_base 
     fail "--finetune: expected iteration 1 with 4 consumed samples on the loaded weights"
   fi
 fi
+
+# --ckpt-step: a chosen iteration's checkpoint instead of the tracker's (split holds 3 and 6, the tracker
+# says 6): step 3 continues at iteration 4 as the straight run does; a step it lacks is a one-line error.
+if run step3 "$LATTICE" train "${BASE[@]}" --train-iters 6 --load split --ckpt-step 3 --metrics-file step3.jsonl; then
+  if grep -q ' iteration        4/       6 | consumed samples:           16 |' step3.out &&
+     [ "$(numbers step3.jsonl)" = "$(numbers straight.jsonl | tail -n 3)" ]; then
+    pass "--ckpt-step 3 of a directory at iteration 6: iterations 4-6 as the straight run's"
+  else
+    fail "--ckpt-step 3: $(numbers step3.jsonl | tr '\n' ';'), straight run $(numbers straight.jsonl | tail -n 3 | tr '\n' ';')"
+  fi
+fi
+expect_error "--ckpt-step of an iteration not saved" "--ckpt-step 4|no checkpoint of iteration 4|iterations 3, 6" -- \
+  "$LATTICE" train "${BASE[@]}" --train-iters 6 --load split --ckpt-step 4
+expect_error "--ckpt-step without --load" "--ckpt-step needs --load" -- \
+  "$LATTICE" train "${BASE[@]}" --train-iters 6 --ckpt-step 3
+# --pretrained-checkpoint: --load holds nothing yet, so the pretrained weights come in as with --finetune
+# (the same first loss); the saved run then resumes from --load, not from the pretrained checkpoint again.
+if run pre1 "$LATTICE" train "${BASE[@]}" --train-iters 4 --exit-interval 2 --load ft --save ft \
+     --pretrained-checkpoint split_base --metrics-file pre.jsonl; then
+  if grep -q 'fine-tuning from --pretrained-checkpoint split_base' pre1.out &&
+     grep -q ' iteration        1/       4 | consumed samples:            4 |' pre1.out &&
+     [ -n "$(loss_at pre.jsonl 1)" ] && [ "$(loss_at pre.jsonl 1)" = "$(loss_at finetune.jsonl 1)" ]; then
+    pass "--pretrained-checkpoint with an empty --load: its weights, iteration 0, the --finetune run's first loss"
+  else
+    fail "--pretrained-checkpoint: first loss $(loss_at pre.jsonl 1), the --finetune run's $(loss_at finetune.jsonl 1)"
+  fi
+  if run pre2 "$LATTICE" train "${BASE[@]}" --train-iters 4 --load ft --save ft --pretrained-checkpoint split_base \
+       --metrics-file pre.jsonl; then
+    grep -q ' iteration        3/       4 |' pre2.out && ! grep -q 'fine-tuning from' pre2.out &&
+      pass "--pretrained-checkpoint once --load holds a checkpoint: resumes from --load (iteration 3)" ||
+      fail "--pretrained-checkpoint: the second run did not resume from --load"
+  fi
+fi
+expect_error "--pretrained-checkpoint with no checkpoint anywhere" "--pretrained-checkpoint nowhere: no checkpoint" -- \
+  "$LATTICE" train "${BASE[@]}" --train-iters 2 --load ft_empty --pretrained-checkpoint nowhere
+
+# --non-persistent-save-interval: checkpoints of their own in --save/non_persistent, only the latest kept.
+# A run whose last persistent checkpoint is iteration 4 and non-persistent one 5 (as if it died before its
+# exit save) resumes from the newer, the non-persistent one, and continues as the straight run.
+if run np1 "$LATTICE" train "${BASE[@]}" --train-iters 6 --save np --save-interval 4 --non-persistent-save-interval 1 \
+     --exit-interval 5; then
+  [ "$(ls np/non_persistent | grep -c '^iter_')" = 1 ] && [ -f np/non_persistent/iter_0000005/checkpoint.json ] &&
+    pass "--non-persistent-save-interval: np/non_persistent keeps only iteration 5" ||
+    fail "--non-persistent-save-interval: np/non_persistent holds $(ls np/non_persistent | tr '\n' ' ')"
+  rm -rf np/iter_0000005 && echo 4 >np/latest_checkpointed_iteration.txt  # the exit save never happened
+  if run np2 "$LATTICE" train "${BASE[@]}" --train-iters 6 --load np --save np --non-persistent-save-interval 1 \
+       --metrics-file np.jsonl; then
+    if grep -q 'non-persistent checkpoint np/non_persistent (iteration 5) is newer' np2.out &&
+       [ "$(numbers np.jsonl)" = "$(numbers straight.jsonl | tail -n 1)" ]; then
+      pass "resumed from the newer non-persistent checkpoint: iteration 6 as the straight run's"
+    else
+      fail "non-persistent resume: $(numbers np.jsonl | tr '\n' ';'), straight $(numbers straight.jsonl | tail -n 1)"
+    fi
+  fi
+fi
+expect_error "--non-persistent-ckpt-type local" "--non-persistent-ckpt-type local is not implemented" -- \
+  "$LATTICE" train "${BASE[@]}" --train-iters 2 --save npx --non-persistent-save-interval 1 --non-persistent-ckpt-type local
 
 expect_error "scheduler mismatch names the field" "max_lr" -- \
   "$LATTICE" train "${BASE[@]/1e-3/2e-3}" --train-iters 6 --load split_base
