@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "kernels/cast_math.h"
+#include "kernels/jitter_math.h"
 #include "kernels/cpu/row_sums.h"
 #include "kernels/cpu/simd_math.h"
 
@@ -60,9 +61,9 @@ void dropout_backward(float* dx, const float* dout, int64_t n, float p,
 
 namespace {
 
-// y[i] = x[i] * jitter_factor(first_index + i), or y[i] + that as one FMA (accumulate; the GPU's
-// operations), one Philox block (four indices) at a time, in chunks of blocks; the factors depend on
-// the global index alone.
+// y[i] = x[i] * jitter_factor(first_index + i), or y[i] + that as one FMA (accumulate), one Philox
+// block (four indices) at a time (math::jitter_block, the GPU's too), in chunks of blocks; the factors
+// depend on the global index alone.
 void apply_jitter(float* y, const float* x, int64_t n, float eps, const PhiloxStream& stream, uint64_t first_index,
                   bool accumulate) {
   LATTICE_CHECK(eps >= 0.0f && eps < 1.0f) << "input jitter eps " << eps << " not in [0, 1)";
@@ -72,17 +73,8 @@ void apply_jitter(float* y, const float* x, int64_t n, float eps, const PhiloxSt
   const int64_t tasks = (blocks + per_task - 1) / per_task;
 #pragma omp parallel for schedule(static) if (n > 4 * kChunk)
   for (int64_t k = 0; k < tasks; ++k)
-    for (int64_t j = k * per_task; j < std::min(blocks, (k + 1) * per_task); ++j) {
-      const uint64_t blk = first_block + uint64_t(j);
-      const PhiloxCounter r = stream.block(blk);
-      for (int q = 0; q < 4; ++q) {
-        const uint64_t idx = (blk << 2) + uint64_t(q);
-        if (idx < first_index || idx >= first_index + uint64_t(n)) continue;
-        const int64_t i = int64_t(idx - first_index);
-        const float f = jitter_factor(r[q], eps);
-        y[i] = accumulate ? std::fma(x[i], f, y[i]) : x[i] * f;
-      }
-    }
+    for (int64_t j = k * per_task; j < std::min(blocks, (k + 1) * per_task); ++j)
+      math::jitter_block(y, x, n, eps, stream, first_index, first_block + uint64_t(j), accumulate);
 }
 
 }  // namespace

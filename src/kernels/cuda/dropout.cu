@@ -5,6 +5,7 @@
 
 #include "core/philox.h"
 #include "kernels/cast_math.h"
+#include "kernels/jitter_math.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ops_reduce.cuh"
@@ -148,22 +149,12 @@ void dropout_forward(float* out, const float* x, int64_t n, float p, const Philo
 
 namespace {
 
-// y[i] = x[i] * jitter_factor(first + i), or y[i] + that as one FMA (accumulate), one thread per
-// Philox block (the CPU's draws and operations: the same bits).
+// math::jitter_block over the blocks, one thread per Philox block (the CPU's operations: its bits).
 __global__ void jitter_kernel(float* y, const float* x, int64_t n, float eps, PhiloxStream stream,
                               uint64_t first_index, uint64_t first_block, int64_t blocks, bool accumulate) {
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < blocks;
-       j += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t blk = first_block + uint64_t(j);
-    const PhiloxCounter r = stream.block(blk);
-    for (int q = 0; q < 4; ++q) {
-      const uint64_t idx = (blk << 2) + uint64_t(q);
-      if (idx < first_index || idx >= first_index + uint64_t(n)) continue;
-      const int64_t i = int64_t(idx - first_index);
-      const float f = jitter_factor(r[q], eps);
-      y[i] = accumulate ? fmaf(x[i], f, y[i]) : __fmul_rn(x[i], f);
-    }
-  }
+       j += int64_t(gridDim.x) * blockDim.x)
+    math::jitter_block(y, x, n, eps, stream, first_index, first_block + uint64_t(j), accumulate);
 }
 
 void apply_jitter(float* y, const float* x, int64_t n, float eps, const PhiloxStream& stream, uint64_t first_index,
