@@ -94,6 +94,7 @@ json state_to_json(const CheckpointState& s) {
             {"format_version", kCheckpointFormatVersion},
             {"iteration", s.iteration},
             {"consumed_train_samples", s.consumed_train_samples},
+            {"num_floating_point_operations_so_far", s.num_floating_point_operations_so_far},
             {"model_config", s.model_config},
             {"args", s.args}};
   if (s.optimizer) j["optimizer"] = {{"name", s.optimizer->name}, {"step", s.optimizer->step}};
@@ -123,6 +124,11 @@ CheckpointState state_from_json(const json& j, const std::string& where) {
   s.consumed_train_samples = field<int64_t>(j, "consumed_train_samples", where);
   if (s.iteration < 0 || s.consumed_train_samples < 0)
     LATTICE_FAIL() << where << ": negative iteration or consumed_train_samples";
+  if (j.contains("num_floating_point_operations_so_far")) {
+    s.num_floating_point_operations_so_far = field<double>(j, "num_floating_point_operations_so_far", where);
+    if (!(s.num_floating_point_operations_so_far >= 0) || !std::isfinite(s.num_floating_point_operations_so_far))
+      LATTICE_FAIL() << where << ": num_floating_point_operations_so_far must be a finite number >= 0";
+  }
   s.model_config = field<json>(j, "model_config", where);
   s.args = field<json>(j, "args", where);
   if (!s.model_config.is_object() || !s.args.is_object())

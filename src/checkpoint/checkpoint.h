@@ -69,6 +69,9 @@ struct CheckpointState {
   // fp8's delayed scaling, by weight name (empty without --fp8-format). An amax history
   // entry that was not finite is stored as null.
   std::map<std::string, Fp8ScalingState> fp8;
+  // Megatron's num_floating_point_operations_so_far: the model FLOPs of every iteration trained so far
+  // (--log-progress's throughputs; 0 in a checkpoint saved without it).
+  double num_floating_point_operations_so_far = 0;
 };
 
 // fp8 scaling states by weight name as checkpoint.json's "fp8" object, and back (errors

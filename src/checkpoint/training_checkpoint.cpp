@@ -69,6 +69,7 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
   CheckpointState s;
   s.iteration = p.iteration;
   s.consumed_train_samples = p.consumed_train_samples;
+  s.num_floating_point_operations_so_far = p.flops_so_far;
   s.model_config = model_config_json(model.config());
   s.args = nlohmann::json::parse(o.args_json);
   if (o.save_optim) {
@@ -110,6 +111,7 @@ std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptio
   TrainingProgress p;
   p.iteration = s.iteration;
   p.consumed_train_samples = s.consumed_train_samples;
+  p.flops_so_far = s.num_floating_point_operations_so_far;
   p.seed = fresh.seed;
   if (o.load_optim) {
     if (!s.optimizer || !s.opt_param_scheduler)

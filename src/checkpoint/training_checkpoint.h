@@ -26,6 +26,7 @@ struct TrainingProgress {
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0;  // the next sample index
   uint64_t seed = 0;                   // keys the dropout stream
+  double flops_so_far = 0;             // the model FLOPs of the iterations so far (CheckpointState's)
 };
 
 struct TrainingSaveOptions {

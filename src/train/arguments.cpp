@@ -269,6 +269,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"decoupled-min-lr", Kind::opt_f64, &a.decoupled_min_lr, "their minimum learning rate"},
       {"save", Kind::str, &a.save, "directory to save checkpoints in"},
       {"save-interval", Kind::i64, &a.save_interval, "iterations between checkpoints (0: at the end)"},
+      {"log-progress", Kind::flag, &a.log_progress,
+       "append job starts and each checkpoint's throughputs, FLOPs and tokens to --save/progress.txt"},
       {"non-persistent-save-interval", Kind::i64, &a.non_persistent_save_interval,
        "iterations between non-persistent checkpoints (only the latest kept; resumed from when newer)"},
       {"non-persistent-ckpt-type", Kind::str, &a.non_persistent_ckpt_type,

@@ -160,6 +160,7 @@ struct TrainArgs {
   std::string load;
   int64_t save_interval = 0;                               // 0: save only at the end
   int64_t non_persistent_save_interval = 0;                // 0: none
+  bool log_progress = false;                               // --log-progress: --save/progress.txt
   std::string non_persistent_ckpt_type;                    // "" or global
   std::string non_persistent_global_ckpt_dir;              // "": --save/non_persistent
   bool no_save_optim = false, no_save_rng = false, no_load_optim = false, no_load_rng = false;

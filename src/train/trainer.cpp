@@ -36,6 +36,7 @@
 #include "train/precision_setup.h"
 #include "train/memory_estimate.h"
 #include "train/op_profile_report.h"
+#include "train/progress_log.h"
 #include "train/tensorboard_log.h"
 #include "train/train_step.h"
 #include "train/weight_hash.h"
@@ -135,8 +136,8 @@ void check_checkpoint_flags(const TrainArgs& a) {
   non_negative("exit-interval", double(a.exit_interval));
   non_negative("check-weight-hash-across-dp-replicas-interval", double(a.check_weight_hash_across_dp_replicas_interval));
   non_negative("exit-duration-in-mins", a.exit_duration_in_mins);
-  if (a.save.empty() && (a.save_interval > 0 || a.keep_last_n > 0 || a.no_save_optim || a.no_save_rng))
-    LATTICE_FAIL() << "--save-interval, --keep-last-n, --no-save-optim and --no-save-rng need --save DIR";
+  if (a.save.empty() && (a.save_interval > 0 || a.keep_last_n > 0 || a.no_save_optim || a.no_save_rng || a.log_progress))
+    LATTICE_FAIL() << "--save-interval, --keep-last-n, --no-save-optim, --no-save-rng and --log-progress need --save DIR";
   non_negative("non-persistent-save-interval", double(a.non_persistent_save_interval));
   if (!a.non_persistent_ckpt_type.empty() && a.non_persistent_ckpt_type != "global")
     LATTICE_FAIL() << "--non-persistent-ckpt-type " << a.non_persistent_ckpt_type
@@ -388,6 +389,8 @@ int run_training(const TrainArgs& args) {
   auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
                                   args.distributed_timeout_minutes * 60.0, int(args.expert_model_parallel_size),
                                   int(args.context_parallel_size), int(args.num_distributed_optimizer_instances));
+  const auto job_start = std::chrono::steady_clock::now();  // --log-progress's job throughput
+  if (args.log_progress && ps->world_rank() == 0) append_progress_line(args.save, ps->world_size(), "Starting job");
   set_log_info_enabled(ps->world_rank() == 0);
   log_info(device_line);
   check_same_config_across_ranks(*ps, args.to_json());
@@ -571,13 +574,28 @@ int run_training(const TrainArgs& args) {
   auto settle_params = [&] {
     if (dp) dp->finish_param_gather();
   };
+  // The model FLOPs of every iteration so far, carried by the checkpoints (--log-progress).
+  double flops_so_far = start.flops_so_far;
+  const double job_start_flops = flops_so_far;
   auto save = [&](int64_t iteration) {
     settle_params();
-    const TrainingProgress p{iteration, args.consumed_after(iteration), start.seed};
+    const TrainingProgress p{iteration, args.consumed_after(iteration), start.seed, flops_so_far};
     const std::string dir = save_training_checkpoint(save_opts, p, model, optimizer, scheduler);
     if (save_opts.write) log_info("> saved checkpoint " + dir);
     if (ps->world_size() > 1) ps->world().barrier();
     last_saved = iteration;
+    if (args.log_progress && ps->world_rank() == 0) {  // Megatron's throughputs per GPU since this job's start
+      const int world = ps->world_size();               // and since the first job of this world size
+      const double job_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
+      const double job = (flops_so_far - job_start_flops) / (std::max(job_s, 1e-9) * 1e12 * world);
+      const ProgressStart first = progress_start(args.save, world);
+      const double since = first.found ? std::difftime(std::time(nullptr), first.time) : job_s;
+      const double cumulative =
+          first.found ? (flops_so_far - first.flops) / (std::max(since, 1.0) * 1e12 * world) : job;
+      append_progress_line(args.save, world,
+                           saved_checkpoint_progress(iteration, job, cumulative, flops_so_far,
+                                                     double(p.consumed_train_samples) * double(args.seq_length)));
+    }
   };
   // --non-persistent-save-interval: the same checkpoint into a directory of its own, which keeps only
   // the latest (a resume takes it when it is newer than the persistent ones).
@@ -586,7 +604,7 @@ int run_training(const TrainArgs& args) {
     TrainingSaveOptions o = save_opts;
     o.dir = non_persistent_dir(args, args.save);
     o.keep_last_n = 1;
-    const TrainingProgress p{iteration, args.consumed_after(iteration), start.seed};
+    const TrainingProgress p{iteration, args.consumed_after(iteration), start.seed, flops_so_far};
     const std::string dir = save_training_checkpoint(o, p, model, optimizer, scheduler);
     if (o.write) log_info("> saved non-persistent checkpoint " + dir);
     if (ps->world_size() > 1) ps->world().barrier();
@@ -639,6 +657,7 @@ int run_training(const TrainArgs& args) {
     cfg_now.first_sample = consumed;
     StepResult r = train_step(model, optimizer, *data.train, cfg_now, it, scheduler, dp.get(), &pipeline);
     consumed += batch;
+    flops_so_far += flops * double(batch) / double(args.global_batch_size);
     interval_samples += batch;
     // Megatron steps the schedule by the samples consumed, and not after a skipped update.
     if (!r.skipped) scheduler.step(batch);

@@ -203,6 +203,33 @@ fi
 expect_error "--non-persistent-ckpt-type local" "--non-persistent-ckpt-type local is not implemented" -- \
   "$LATTICE" train "${BASE[@]}" --train-iters 2 --save npx --non-persistent-save-interval 1 --non-persistent-ckpt-type local
 
+# --log-progress: --save/progress.txt with Megatron's tab-separated lines: each job's start, each checkpoint's
+# iteration, throughputs, model FLOPs (carried by the checkpoint: iteration 4's twice iteration 2's across
+# the resume) and tokens.
+if run pg1 "$LATTICE" train "${BASE[@]}" --train-iters 4 --save pg --save-interval 2 --exit-interval 2 --log-progress &&
+   run pg2 "$LATTICE" train "${BASE[@]}" --train-iters 4 --save pg --load pg --save-interval 2 --log-progress; then
+  if "$PY" - pg/progress.txt <<'PY'; then
+import re, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+assert [r[3] for r in rows] == ["Starting job", "Saved checkpoint", "Starting job", "Saved checkpoint"], rows
+assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", r[0]) and r[1].startswith("Job ID: ") and r[2] == "# GPUs: 1" for r in rows), rows
+saved = [dict(f.split(": ", 1) for f in r[4:]) for r in rows if r[3] == "Saved checkpoint"]
+assert [s["Iteration"] for s in saved] == ["2", "4"], saved
+f2, f4 = (float(s["Floating-point operations"]) for s in saved)
+assert f2 > 0 and abs(f4 - 2 * f2) <= 0.01 * f4, (f2, f4)
+for s in saved:
+    assert re.fullmatch(r"\d+\.\d TFLOP/s/GPU", s["Job throughput"]) and re.fullmatch(r"\d+\.\d TFLOP/s/GPU", s["Cumulative throughput"]), s
+    assert s["Tokens (in billions)"] == "0.00", s
+print("progress.txt: FLOPs %.3g at iteration 2, %.3g at 4" % (f2, f4))
+PY
+    pass "--log-progress: job starts and checkpoints in Megatron's progress.txt lines, the FLOPs carried across the resume"
+  else
+    fail "--log-progress: progress.txt is $(cat pg/progress.txt 2>/dev/null | tr '\t\n' ' |')"
+  fi
+fi
+expect_error "--log-progress without --save" "--log-progress need --save" -- \
+  "$LATTICE" train "${BASE[@]}" --train-iters 2 --log-progress
+
 expect_error "scheduler mismatch names the field" "max_lr" -- \
   "$LATTICE" train "${BASE[@]/1e-3/2e-3}" --train-iters 6 --load split_base
 if run override "$LATTICE" train "${BASE[@]/1e-3/2e-3}" --train-iters 6 --load split_base \

@@ -34,6 +34,7 @@ CheckpointState sample_state(int64_t iteration) {
   CheckpointState s;
   s.iteration = iteration;
   s.consumed_train_samples = iteration * 8;
+  s.num_floating_point_operations_so_far = 1.25e15 * double(iteration);
   s.model_config = {{"num_layers", 2}};
   s.args = {{"lr", 0.001}, {"seed", 1234}, {"save", "somewhere"}};
   s.optimizer = OptimizerState{"adam", iteration};
@@ -71,6 +72,7 @@ TEST_F(CkptSaveLoad, RoundTripOfTensorsAndState) {
     const CheckpointState& s = r.state();
     EXPECT_EQ(s.iteration, 7);
     EXPECT_EQ(s.consumed_train_samples, 56);
+    EXPECT_EQ(s.num_floating_point_operations_so_far, 8.75e15);
     EXPECT_EQ(s.args, sample_state(7).args);
     EXPECT_EQ(s.model_config, sample_state(7).model_config);
     ASSERT_TRUE(s.optimizer && s.rng && s.opt_param_scheduler);
