@@ -66,6 +66,14 @@ struct TrainArgs {
   float moe_router_topk_scaling_factor = 1.0f;
   std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};
   bool moe_load_balancing(const std::string& type) const;  // the type is listed
+  // The micro-batch's load-balancing loss is logged unless only seq_aux_loss or global_aux_loss are listed.
+  bool logs_micro_batch_balance() const {
+    return moe_load_balancing("aux_loss") || !(moe_load_balancing("seq_aux_loss") || moe_load_balancing("global_aux_loss"));
+  }
+  // Non-persistent checkpoints are in use (an interval, their kind or their directory given).
+  bool non_persistent() const {
+    return non_persistent_save_interval > 0 || !non_persistent_ckpt_type.empty() || !non_persistent_global_ckpt_dir.empty();
+  }
   bool use_checkpoint_args = false;  // --use-checkpoint-args: unspecified model flags from --load
   bool skip_train = false;           // --skip-train: evaluate the loaded model only
   std::string normalization = "LayerNorm";

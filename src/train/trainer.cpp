@@ -112,9 +112,7 @@ namespace {
 std::vector<std::pair<std::string, double>> moe_scalars(const TrainArgs& args, const StepResult& r) {
   std::vector<std::pair<std::string, double>> s;
   if (r.skipped) return s;
-  const bool micro_batch_loss = args.moe_load_balancing("aux_loss") ||
-                                !(args.moe_load_balancing("seq_aux_loss") || args.moe_load_balancing("global_aux_loss"));
-  if (r.load_balancing_loss >= 0 && micro_batch_loss) s.emplace_back("load_balancing_loss", r.load_balancing_loss);
+  if (r.load_balancing_loss >= 0 && args.logs_micro_batch_balance()) s.emplace_back("load_balancing_loss", r.load_balancing_loss);
   if (r.seq_load_balancing_loss >= 0) s.emplace_back("seq_load_balancing_loss", r.seq_load_balancing_loss);
   if (r.global_load_balancing_loss >= 0) s.emplace_back("global_load_balancing_loss", r.global_load_balancing_loss);
   if (r.z_loss >= 0) s.emplace_back("z_loss", r.z_loss);
@@ -179,9 +177,7 @@ TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer&
   }
   if (dir.empty()) return fresh;
   // Non-persistent checkpoints (Megatron's global kind): the newer of --load's and its non-persistent one.
-  if (dir == args.load && args.ckpt_step < 0 && (args.non_persistent_save_interval > 0 ||
-                                                  !args.non_persistent_ckpt_type.empty() ||
-                                                  !args.non_persistent_global_ckpt_dir.empty())) {
+  if (dir == args.load && args.ckpt_step < 0 && args.non_persistent()) {
     const std::string np = non_persistent_dir(args, args.load);
     const std::optional<int64_t> np_it = has_checkpoint(np) ? read_latest_iteration(np) : std::nullopt;
     const std::optional<int64_t> it = has_checkpoint(dir) ? read_latest_iteration(dir) : std::nullopt;
@@ -577,12 +573,16 @@ int run_training(const TrainArgs& args) {
   // The model FLOPs of every iteration so far, carried by the checkpoints (--log-progress).
   double flops_so_far = start.flops_so_far;
   const double job_start_flops = flops_so_far;
-  auto save = [&](int64_t iteration) {
+  // One checkpoint of `iteration` with options o (every rank takes part), "<what> <dir>" logged.
+  auto write_checkpoint = [&](const TrainingSaveOptions& o, int64_t iteration, const char* what) {
     settle_params();
     const TrainingProgress p{iteration, args.consumed_after(iteration), start.seed, flops_so_far};
-    const std::string dir = save_training_checkpoint(save_opts, p, model, optimizer, scheduler);
-    if (save_opts.write) log_info("> saved checkpoint " + dir);
+    const std::string dir = save_training_checkpoint(o, p, model, optimizer, scheduler);
+    if (o.write) log_info(std::string("> ") + what + " " + dir);
     if (ps->world_size() > 1) ps->world().barrier();
+  };
+  auto save = [&](int64_t iteration) {
+    write_checkpoint(save_opts, iteration, "saved checkpoint");
     last_saved = iteration;
     if (args.log_progress && ps->world_rank() == 0) {  // Megatron's throughputs per GPU since this job's start
       const int world = ps->world_size();               // and since the first job of this world size
@@ -594,20 +594,16 @@ int run_training(const TrainArgs& args) {
           first.found ? (flops_so_far - first.flops) / (std::max(since, 1.0) * 1e12 * world) : job;
       append_progress_line(args.save, world,
                            saved_checkpoint_progress(iteration, job, cumulative, flops_so_far,
-                                                     double(p.consumed_train_samples) * double(args.seq_length)));
+                                                     double(args.consumed_after(iteration)) * double(args.seq_length)));
     }
   };
   // --non-persistent-save-interval: the same checkpoint into a directory of its own, which keeps only
   // the latest (a resume takes it when it is newer than the persistent ones).
+  TrainingSaveOptions non_persistent_opts = save_opts;
+  non_persistent_opts.dir = non_persistent_dir(args, args.save);
+  non_persistent_opts.keep_last_n = 1;
   auto save_non_persistent = [&](int64_t iteration) {
-    settle_params();
-    TrainingSaveOptions o = save_opts;
-    o.dir = non_persistent_dir(args, args.save);
-    o.keep_last_n = 1;
-    const TrainingProgress p{iteration, args.consumed_after(iteration), start.seed, flops_so_far};
-    const std::string dir = save_training_checkpoint(o, p, model, optimizer, scheduler);
-    if (o.write) log_info("> saved non-persistent checkpoint " + dir);
-    if (ps->world_size() > 1) ps->world().barrier();
+    write_checkpoint(non_persistent_opts, iteration, "saved non-persistent checkpoint");
   };
 
   // Megatron's valid iterator continues from one evaluation to the next; evaluations
@@ -707,10 +703,7 @@ int run_training(const TrainArgs& args) {
       l.learning_rate = scheduler.get_lr();  // after the step, as Megatron logs it
       l.lm_loss = interval_loss / double(std::max<int64_t>(1, interval_iters - interval_skipped));
       const double applied = double(std::max<int64_t>(1, interval_iters - interval_skipped));
-      // The micro-batch's loss is logged unless only the per-sequence or global ones are listed.
-      const bool micro_batch_loss = args.moe_load_balancing("aux_loss") ||
-                                    !(args.moe_load_balancing("seq_aux_loss") || args.moe_load_balancing("global_aux_loss"));
-      if (last.load_balancing_loss >= 0 && micro_batch_loss) l.load_balancing_loss = interval_balance / applied;
+      if (last.load_balancing_loss >= 0 && args.logs_micro_batch_balance()) l.load_balancing_loss = interval_balance / applied;
       if (last.seq_load_balancing_loss >= 0) l.seq_load_balancing_loss = interval_seq_balance / applied;
       if (last.global_load_balancing_loss >= 0) l.global_load_balancing_loss = interval_global_balance / applied;
       if (last.z_loss >= 0) l.z_loss = interval_z / double(std::max<int64_t>(1, interval_iters - interval_skipped));
