@@ -146,6 +146,9 @@ void to_hf(const SimpleFlags& f) {
   std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
                dir.c_str(), not_gpt2.empty() ? "GPT-2" : not_llama.empty() ? hf_llama_family_name(c) : "GPT-OSS",
                options.dtype.c_str());
+  if (c.mtp())  // the main model is whole without them (Megatron's exports drop them too)
+    std::fprintf(stderr, "convert: the %lld multi-token prediction depths (mtp.layers.*) are not exported: the "
+                         "HuggingFace form has none\n", (long long)c.mtp_num_layers);
 }
 
 }  // namespace

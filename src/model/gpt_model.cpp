@@ -18,96 +18,10 @@
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "model/gpt_model_buffers.h"
 #include "model/linear.h"
 
 namespace lattice {
-
-// Everything one micro-batch keeps between forward and backward on one chunk. Sizes per
-// rank (see the header): "full" buffers have N rows, "shard" buffers Ns.
-struct GPTModel::Activations {
-  struct Layer {
-    float* ln1;        // [Ns, C]  (all-gathered into ln_full when a GEMM needs every row)
-    float* ln1_mean;   // [Ns]
-    float* ln1_rstd;   // [Ns]
-    float* qkv;        // [N, W/P]   ([B, T, Gl, Hl/Gl + 2, D], kernels/qkv_layout.h; W = 3C without grouped-
-                       //             query attention; bf16_qkv(): the bf16 GEMM result, without the bias,
-                       //             followed by attn's bf16 cast [N, C/P], the projection's input)
-    float* qk_raw = nullptr;   // --qk-layernorm, --qk-l2-norm: [N (Hl + Gl), D] the queries and keys before their norm,
-    float* qk_mean = nullptr;  //   [N (Hl + Gl)] their statistics (model/qk_layernorm.h); qkv holds
-    float* qk_rstd = nullptr;  //   them normalized (and rotated)
-    float* attn;       // [N, C/P]   ([B, T, Hl, D])
-    float* lse;        // [B, Hl, T]
-    float* resid_mid;  // [Ns, C]  residual stream after the attention block
-    float* ln2;        // [Ns, C]
-    float* ln2_mean;   // [Ns]
-    float* ln2_rstd;   // [Ns]
-    float* fc1;        // [N, F1l] pre-activation (bf16_inputs(): fc1's bf16 GEMM result, without the bias;
-                       //          in backward, then its output gradient: in bf16, or in fp32 with SwiGLU)
-    float* gelu;       // [N, Fl]  the activation, GELU or SwiGLU (bf16_inputs(): bf16; in backward, then
-                       //          fc2's input gradient in bf16)
-    // --num-experts (fc1 and gelu null): the MoE layer's kept buffers and routing (model/moe_layer.h)
-    std::shared_ptr<MoeState> moe;
-    // global_aux_loss: the step's averaged expert counts [E] when this micro-batch was routed, and
-    // the micro-batch's tokens on every data- and context-parallel rank (moe_global_balance).
-    std::vector<double> moe_global_counts;
-    double moe_global_tokens = 0.0;
-  };
-  // resid[i] is the chunk's layer i's input, resid.back() its output; layers[i] the
-  // buffers of layer i. With recomputation some point into the shared Scratch (see
-  // allocate()): a recomputed layer's buffers and a group's inner residuals, or
-  // (selective) every layer's attn and lse.
-  std::vector<float*> resid;  // chunk layers + 1 x [Ns, C]
-  std::vector<Layer> layers;
-  // Per layer: the first layer of the recomputed group it ends, else -1 (backward reruns
-  // that group's forward before the layer's backward).
-  std::vector<int64_t> recompute_from;
-  // With the loss:
-  float* lnf = nullptr;       // [N, C] full
-  float* lnf_mean = nullptr;  // [Ns]
-  float* lnf_rstd = nullptr;  // [Ns]
-  float* logits = nullptr;    // [N, Vl]  (overwritten by dlogits; bf16 [N, Vl] at its start with bf16_logits())
-  float* losses = nullptr;    // [N]
-  // The micro-batch's token-derived inputs, [B*T] each (row stride n, the largest B*T):
-  // [inputs | positions | document ids | targets], filled on the host and uploaded at once.
-  StagedArray<int32_t> ids;
-  StagedArray<float> loss_mask;  // [B*T] a given mask times the eod mask
-  int64_t n = 0;
-  float grad_scale = 1.0f;  // forward_step's: the scale of the micro-batch's loss gradient (the MoE aux loss's too)
-  int32_t* inputs() const { return ids.device(); }
-  int32_t* positions() const { return ids.device() + n; }
-  int32_t* document_ids() const { return ids.device() + 2 * n; }
-  int32_t* targets() const { return ids.device() + 3 * n; }
-  // Context parallelism with --reset-attention-mask: the whole sequences' document ids [B, T x cp],
-  // the keys' (every rank counts every eod).
-  StagedArray<int32_t> key_ids;
-  // For the embedding's backward on a GPU: the inputs' rows grouped by token and by position
-  // (kernels/embedding.h), [token groups | position groups] with room for 2n + 1 entries each,
-  // made on the host by prepare_inputs; groups points into it (empty: none made).
-  StagedArray<int32_t> row_groups;
-  EmbeddingRowGroups groups;
-};
-
-// Backward scratch shared by every chunk and slot (one step runs at a time).
-struct GPTModel::Scratch {
-  float* d_resid;             // [Ns, C]
-  float* d_s;                 // [Ns, C]  (sequence parallelism only)
-  float* ln_full;             // [N, C]   a LayerNorm output gathered from the shards (idem)
-  float* d_c1;                // [N, C]
-  float* d_c2;                // [N, max(C, Q/P)]  (Q = heads x kv_channels)
-  float* d_3c;                // [N, W/P]  the QKV layer's output gradient (W = 3Q without grouping)
-  float* d_f;                 // [N, Fl]
-  MoeScratch moe;             // --num-experts: the MoE backward's scratch
-  float* qk_tmp = nullptr;    // --qk-layernorm, --qk-l2-norm: [N (Hl + Gl), D] the norm's output, then its output gradient
-  float* qk_dx = nullptr;     //   [N (Hl + Gl), D] its input gradient
-  // Recomputation (shared by every chunk and slot: one group is live at a time).
-  std::vector<Activations::Layer> group;  // full: largest group x one layer's buffers
-  std::vector<float*> group_resid;        // full: (largest group - 1) x [Ns, C] inner residuals
-  float* attn = nullptr;                  // selective: [N, Q/P] core-attention output
-  float* lse = nullptr;                   // selective: [B, Hl, T]
-  float* fc1 = nullptr;                   // selective mlp: [N, F1l] a dense layer's fc1 output
-  float* gelu = nullptr;                  //   [N, Fl] its activation
-  float* ln = nullptr;                    // selective layernorm: [Ns, C] LN1's, then LN2's output
-};
 
 namespace {
 
@@ -119,13 +33,6 @@ std::string expert_name(int64_t l, int64_t e, const char* rest) {
   return "decoder.layers." + std::to_string(l) + ".mlp.experts.local_experts." + std::to_string(e) + "." + rest;
 }
 
-
-// Dropout stream ids, one per dropout site.
-uint32_t dropout_stream(const std::string& site) { return fnv1a32(site.c_str()); }
-
-PhiloxStream site_stream(const MicroBatchKey& key, const std::string& site) {
-  return PhiloxStream{key.seed, dropout_stream(site), uint32_t(key.iteration), uint32_t(key.micro_batch)};
-}
 
 // Megatron's conditions: the sequence splits into 2P chunks, one pair per rank.
 void check_context_parallel(const TransformerConfig& c, const ContextParallel& cp, int64_t T) {
@@ -185,6 +92,12 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     LATTICE_CHECK(cfg_.num_experts % ep_->size() == 0)
         << "--num-experts " << cfg_.num_experts << " is not divisible by --expert-model-parallel-size " << ep_->size();
   }
+  if (cfg_.mtp() && !(place_.pre_process && place_.post_process && place_.chunks.size() == 1))
+    LATTICE_FAIL() << "--mtp-num-layers needs the whole model on one pipeline stage (--pipeline-model-parallel-size 1, "
+                      "no virtual stages): the prediction depths embed tokens after the last layer";
+  if (cfg_.mtp() && cp_.on())
+    LATTICE_FAIL() << "--mtp-num-layers with --context-parallel-size > 1 is not supported yet (the shifted tokens "
+                      "cross the ranks' chunks)";
   local_experts_ = cfg_.num_experts / (ep_ ? ep_->size() : 1);
   first_expert_ = ep_ ? local_experts_ * ep_->rank() : 0;
   cfg_.check_recompute();
@@ -228,14 +141,18 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   }
   T = max_T_;  // the buffers below hold this rank's rows
   scratch_ = std::make_unique<Scratch>();
-  allocate(acts_, *scratch_, arena_, cfg_, tp_, place_, B, T, ep_ ? ep_->size() : 1);
-  for (Activations& a : acts_) {
-    a.n = B * T;
-    a.ids.resize(size_t(4 * B * T));
-    if (cp_.on()) a.key_ids.resize(size_t(B * T * cp_.size()));
-    if (current_device() != Device::cpu) a.row_groups.resize(size_t(2 * (2 * B * T + 1)));
-    a.loss_mask.resize(size_t(B * T));
+  allocate(acts_, mtp_acts_, *scratch_, arena_, cfg_, tp_, place_, B, T, ep_ ? ep_->size() : 1);
+  std::vector<Activations*> all;
+  for (Activations& a : acts_) all.push_back(&a);
+  for (MtpDepth& d : mtp_acts_) all.push_back(&d.a);
+  for (Activations* a : all) {
+    a->n = B * T;
+    a->ids.resize(size_t(4 * B * T));
+    if (cp_.on()) a->key_ids.resize(size_t(B * T * cp_.size()));
+    if (current_device() != Device::cpu) a->row_groups.resize(size_t(2 * (2 * B * T + 1)));
+    a->loss_mask.resize(size_t(B * T));
   }
+  mtp_losses_.assign(size_t(cfg_.mtp_num_layers), LossSum{});
   row_max_.resize(size_t(B * T));
   ce_stats_.resize(size_t(2 * B * T));
 }
@@ -291,11 +208,15 @@ void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t tok
   a.ids.upload(size_t(4 * a.n));
   if (cp_.on()) a.key_ids.upload(size_t(B * T));
   a.groups = {};
-  if (!group_rows) return;
-  const int64_t N = B * Tl, room = 2 * N + 1;
+  if (group_rows) group_embedding_rows(a, B * Tl);
+}
+
+void GPTModel::group_embedding_rows(Activations& a, int64_t N) {
+  const int64_t room = 2 * N + 1;
+  const int32_t* h = a.ids.host();
   int32_t* g = a.row_groups.host();
-  const int64_t tokens_count = group_rows_by_index(inputs, N, g);
-  const int64_t positions_count = group_rows_by_index(positions, N, g + room);
+  const int64_t tokens_count = group_rows_by_index(h, N, g);                // the inputs
+  const int64_t positions_count = group_rows_by_index(h + a.n, N, g + room);  // the positions
   a.row_groups.upload(size_t(2 * room));
   const int32_t* d = a.row_groups.device();
   a.groups.tokens = RowGroups{d, d + N, tokens_count};
@@ -382,65 +303,68 @@ void GPTModel::register_parameters() {
                  ParamInit::normal, std, -1);
     if (tied && split_pipeline) shared_embedding_ = wte_;
   }
+  // One transformer layer's parameters under `prefix` (l: its number, which decides its kind).
+  auto add_layer = [&](int64_t l, const std::string& prefix) {
+    auto lname = [&](const char* rest) { return prefix + rest; };
+    LayerParams p;
+    p.layer = l;
+    p.name = prefix;
+    p.ln1_w = add(lname("input_layernorm.weight"), {C}, norm_init, 0, -1);
+    if (norm_bias) p.ln1_b = add(lname("input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+    // [W, C]: per query group its heads' q, then its k and v (W = 3Q without grouping: per head q, k, v)
+    p.qkv_w = add(lname("self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
+    if (cfg_.qkv_bias()) p.qkv_b = add(lname("self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
+    if (cfg_.learnable_softmax_offset())  // one sink logit per head, split with the heads
+      p.softmax_offset = add(lname("self_attention.core_attention.softmax_offset"),
+                             {cfg_.num_attention_heads}, ParamInit::normal, std, 0);
+    if (cfg_.qk_layernorm) {  // [D] each, shared by every query (key) head: replicated
+      const int64_t D = cfg_.kv_channels;
+      p.q_norm_w = add(lname("self_attention.q_layernorm.weight"), {D}, norm_init, 0, -1);
+      if (norm_bias) p.q_norm_b = add(lname("self_attention.q_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
+      p.k_norm_w = add(lname("self_attention.k_layernorm.weight"), {D}, norm_init, 0, -1);
+      if (norm_bias) p.k_norm_b = add(lname("self_attention.k_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
+    }
+    p.proj_w = add(lname("self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
+    if (bias) p.proj_b = add(lname("self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
+    p.ln2_w = add(lname("pre_mlp_layernorm.weight"), {C}, norm_init, 0, -1);
+    if (norm_bias) p.ln2_b = add(lname("pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+    if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts
+      const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.gated_linear_unit() ? 2 * Fe : Fe;
+      p.router_w = add(lname("mlp.router.weight"), {cfg_.num_experts, C}, ParamInit::normal, std, -1);
+      if (bias) p.router_b = add(lname("mlp.router.bias"), {cfg_.num_experts}, ParamInit::zeros, 0, -1);
+      if (cfg_.moe_router_enable_expert_bias) {  // Megatron-Core's TopKRouter buffer, zeros to start
+        p.expert_bias = add(lname("mlp.router.expert_bias"), {cfg_.num_experts}, ParamInit::zeros, 0, -1);
+        params_.mark_buffer(p.expert_bias);
+      }
+      for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {  // under their global numbers
+        p.expert_fc1.push_back(add(expert_name(l, e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
+        p.expert_fc2.push_back(add(expert_name(l, e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
+        params_.mark_expert(p.expert_fc1.back());
+        params_.mark_expert(p.expert_fc2.back());
+        if (!bias) continue;  // fc1's split as its weight's rows, fc2's whole (added once: MoeWeights::add_fc2_bias)
+        p.expert_fc1_b.push_back(add(expert_name(l, e, "linear_fc1.bias"), {Fe1}, ParamInit::zeros, 0, 0, fc1_blocks));
+        p.expert_fc2_b.push_back(add(expert_name(l, e, "linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1));
+        params_.mark_expert(p.expert_fc1_b.back());
+        params_.mark_expert(p.expert_fc2_b.back());
+      }
+      if (const int64_t Fs = cfg_.moe_shared_expert_intermediate_size; Fs > 0) {  // SharedExpertMLP
+        p.shared_fc1 = add(lname("mlp.shared_experts.linear_fc1.weight"), {cfg_.gated_linear_unit() ? 2 * Fs : Fs, C},
+                           ParamInit::normal, std, 0, fc1_blocks);
+        p.shared_fc2 = add(lname("mlp.shared_experts.linear_fc2.weight"), {C, Fs}, ParamInit::normal, out_std, 1);
+        if (cfg_.moe_shared_expert_gate)
+          p.shared_gate = add(lname("mlp.shared_experts.gate_weight"), {1, C}, ParamInit::normal, std, -1);
+      }
+      return p;
+    }
+    p.fc1_w = add(lname("mlp.linear_fc1.weight"), {F1, C}, ParamInit::normal, std, 0, fc1_blocks);
+    if (bias) p.fc1_b = add(lname("mlp.linear_fc1.bias"), {F1}, ParamInit::zeros, 0, 0, fc1_blocks);
+    p.fc2_w = add(lname("mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
+    if (bias) p.fc2_b = add(lname("mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1);
+    return p;
+  };
   for (auto [begin, end] : place_.chunks) {
     chunk_first_.push_back(layers_.size());
-    for (int64_t l = begin; l < end; ++l) {
-      LayerParams p;
-      p.layer = l;
-      p.ln1_w = add(layer_name(l, "input_layernorm.weight"), {C}, norm_init, 0, -1);
-      if (norm_bias) p.ln1_b = add(layer_name(l, "input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-      // [W, C]: per query group its heads' q, then its k and v (W = 3Q without grouping: per head q, k, v)
-      p.qkv_w = add(layer_name(l, "self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
-      if (cfg_.qkv_bias()) p.qkv_b = add(layer_name(l, "self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
-      if (cfg_.learnable_softmax_offset())  // one sink logit per head, split with the heads
-        p.softmax_offset = add(layer_name(l, "self_attention.core_attention.softmax_offset"),
-                               {cfg_.num_attention_heads}, ParamInit::normal, std, 0);
-      if (cfg_.qk_layernorm) {  // [D] each, shared by every query (key) head: replicated
-        const int64_t D = cfg_.kv_channels;
-        p.q_norm_w = add(layer_name(l, "self_attention.q_layernorm.weight"), {D}, norm_init, 0, -1);
-        if (norm_bias) p.q_norm_b = add(layer_name(l, "self_attention.q_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
-        p.k_norm_w = add(layer_name(l, "self_attention.k_layernorm.weight"), {D}, norm_init, 0, -1);
-        if (norm_bias) p.k_norm_b = add(layer_name(l, "self_attention.k_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
-      }
-      p.proj_w = add(layer_name(l, "self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
-      if (bias) p.proj_b = add(layer_name(l, "self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
-      p.ln2_w = add(layer_name(l, "pre_mlp_layernorm.weight"), {C}, norm_init, 0, -1);
-      if (norm_bias) p.ln2_b = add(layer_name(l, "pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-      if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts
-        const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.gated_linear_unit() ? 2 * Fe : Fe;
-        p.router_w = add(layer_name(l, "mlp.router.weight"), {cfg_.num_experts, C}, ParamInit::normal, std, -1);
-        if (bias) p.router_b = add(layer_name(l, "mlp.router.bias"), {cfg_.num_experts}, ParamInit::zeros, 0, -1);
-        if (cfg_.moe_router_enable_expert_bias) {  // Megatron-Core's TopKRouter buffer, zeros to start
-          p.expert_bias = add(layer_name(l, "mlp.router.expert_bias"), {cfg_.num_experts}, ParamInit::zeros, 0, -1);
-          params_.mark_buffer(p.expert_bias);
-        }
-        for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {  // under their global numbers
-          p.expert_fc1.push_back(add(expert_name(l, e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
-          p.expert_fc2.push_back(add(expert_name(l, e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
-          params_.mark_expert(p.expert_fc1.back());
-          params_.mark_expert(p.expert_fc2.back());
-          if (!bias) continue;  // fc1's split as its weight's rows, fc2's whole (added once: MoeWeights::add_fc2_bias)
-          p.expert_fc1_b.push_back(add(expert_name(l, e, "linear_fc1.bias"), {Fe1}, ParamInit::zeros, 0, 0, fc1_blocks));
-          p.expert_fc2_b.push_back(add(expert_name(l, e, "linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1));
-          params_.mark_expert(p.expert_fc1_b.back());
-          params_.mark_expert(p.expert_fc2_b.back());
-        }
-        if (const int64_t Fs = cfg_.moe_shared_expert_intermediate_size; Fs > 0) {  // SharedExpertMLP
-          p.shared_fc1 = add(layer_name(l, "mlp.shared_experts.linear_fc1.weight"), {cfg_.gated_linear_unit() ? 2 * Fs : Fs, C},
-                             ParamInit::normal, std, 0, fc1_blocks);
-          p.shared_fc2 = add(layer_name(l, "mlp.shared_experts.linear_fc2.weight"), {C, Fs}, ParamInit::normal, out_std, 1);
-          if (cfg_.moe_shared_expert_gate)
-            p.shared_gate = add(layer_name(l, "mlp.shared_experts.gate_weight"), {1, C}, ParamInit::normal, std, -1);
-        }
-        layers_.push_back(p);
-        continue;
-      }
-      p.fc1_w = add(layer_name(l, "mlp.linear_fc1.weight"), {F1, C}, ParamInit::normal, std, 0, fc1_blocks);
-      if (bias) p.fc1_b = add(layer_name(l, "mlp.linear_fc1.bias"), {F1}, ParamInit::zeros, 0, 0, fc1_blocks);
-      p.fc2_w = add(layer_name(l, "mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
-      if (bias) p.fc2_b = add(layer_name(l, "mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1);
-      layers_.push_back(p);
-    }
+    for (int64_t l = begin; l < end; ++l) layers_.push_back(add_layer(l, layer_name(l, "")));
   }
   expert_tokens_.assign(cfg_.moe_router_enable_expert_bias ? layers_.size() * size_t(cfg_.num_experts) : 0, 0.0);
   global_balance_.assign(cfg_.moe_global_aux_loss ? layers_.size() : 0, MoeGlobalBalance{});
@@ -456,6 +380,22 @@ void GPTModel::register_parameters() {
       params_.mark_shared_embedding_copy(out_w_);
       shared_embedding_ = out_w_;
     }
+    // --mtp-num-layers: Megatron-Core's MultiTokenPredictionBlock, one MultiTokenPredictionLayer per
+    // depth: enorm, hnorm, eh_proj [C, 2C] (column-parallel, no bias), a transformer layer numbered
+    // after the decoder's, final_layernorm.
+    for (int64_t k = 0; k < cfg_.mtp_num_layers; ++k) {
+      const std::string m = "mtp.layers." + std::to_string(k) + ".";
+      MtpParams d;
+      d.enorm_w = add(m + "enorm.weight", {C}, norm_init, 0, -1);
+      if (norm_bias) d.enorm_b = add(m + "enorm.bias", {C}, ParamInit::zeros, 0, -1);
+      d.hnorm_w = add(m + "hnorm.weight", {C}, norm_init, 0, -1);
+      if (norm_bias) d.hnorm_b = add(m + "hnorm.bias", {C}, ParamInit::zeros, 0, -1);
+      d.eh_proj_w = add(m + "eh_proj.weight", {C, 2 * C}, ParamInit::normal, std, 0);
+      d.layer = add_layer(cfg_.num_layers + k, m + "transformer_layer.");
+      d.norm_w = add(m + "final_layernorm.weight", {C}, norm_init, 0, -1);
+      if (norm_bias) d.norm_b = add(m + "final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
+      mtp_.push_back(d);
+    }
   }
 }
 
@@ -468,8 +408,9 @@ float* GPTModel::output_weight_grad() { return params_.grad(out_w_ >= 0 ? out_w_
 // drops. Full recomputation keeps of each recomputed group only its input (the group's
 // layers and inner residuals point into the shared Scratch group); selective keeps
 // every layer's buffers but attn and lse (one shared Scratch copy).
-void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& arena, const TransformerConfig& cfg,
-                        const TensorParallel& tp, const ModelPlacement& place, int64_t B, int64_t T, int ep) {
+void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& mtp, Scratch& sc, Arena& arena,
+                        const TransformerConfig& cfg, const TensorParallel& tp, const ModelPlacement& place, int64_t B,
+                        int64_t T, int ep) {
   const int64_t P = tp.size();
   const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = cfg.attention_width() / P;
   const int64_t Fl = cfg.ffn_hidden_size / P, F1l = cfg.fc1_width() / P, Hl = cfg.num_attention_heads / P;
@@ -612,6 +553,27 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
         a.lnf_rstd = arena.alloc_f32(Ns);
         a.logits = arena.alloc_f32(N * Vl, "logits");
         a.losses = arena.alloc_f32(N, "losses");
+        for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) {  // --mtp-num-layers: each depth's, whole
+          MtpDepth d;
+          d.a.resid = {arena.alloc_f32(Ns * C, "mtp residual"), arena.alloc_f32(Ns * C, "mtp residual")};
+          d.a.layers = {alloc_layer(true, false, true)};
+          d.a.recompute_from = {-1};
+          d.a.lnf = arena.alloc_f32(N * C, "mtp final_layernorm");
+          d.a.lnf_mean = arena.alloc_f32(Ns);
+          d.a.lnf_rstd = arena.alloc_f32(Ns);
+          d.a.logits = a.logits;
+          d.a.losses = a.losses;
+          d.emb = arena.alloc_f32(Ns * C, "mtp embedding");
+          d.en = arena.alloc_f32(Ns * C, "mtp enorm");
+          d.en_mean = arena.alloc_f32(Ns);
+          d.en_rstd = arena.alloc_f32(Ns);
+          d.hn = arena.alloc_f32(Ns * C, "mtp hnorm");
+          d.hn_mean = arena.alloc_f32(Ns);
+          d.hn_rstd = arena.alloc_f32(Ns);
+          d.cat = arena.alloc_f32(N * 2 * C, "mtp eh_proj input");
+          d.d_out = arena.alloc_f32(Ns * C, "grad");
+          mtp.push_back(std::move(d));
+        }
       }
       acts.push_back(std::move(a));
     }
@@ -626,6 +588,11 @@ void GPTModel::allocate(std::vector<Activations>& acts, Scratch& sc, Arena& aren
     const MoeShape ms = lattice::moe_shape(cfg, P, ep);
     moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, ms), "grad"), N, ms);
   }
+  if (cfg.mtp() && place.post_process) {
+    sc.mtp_d_cat = arena.alloc_f32(N * 2 * C, "grad");
+    sc.mtp_d_cat_s = tp.sp() ? arena.alloc_f32(Ns * 2 * C, "grad") : nullptr;
+    sc.mtp_d_h = arena.alloc_f32(Ns * C, "grad");
+  }
   if (cfg.qk_norm()) {
     sc.qk_tmp = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
     sc.qk_dx = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "grad");
@@ -636,8 +603,9 @@ size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64
                                   const ModelPlacement& placement, int ep) {
   Arena counter = Arena::counting();
   std::vector<Activations> acts;
+  std::vector<MtpDepth> mtp;
   Scratch sc;
-  allocate(acts, sc, counter, cfg, tp, complete(placement, cfg), B, T, ep);
+  allocate(acts, mtp, sc, counter, cfg, tp, complete(placement, cfg), B, T, ep);
   return counter.used();
 }
 
@@ -693,6 +661,9 @@ void GPTModel::layernorm_input(float* out, float* mean, float* rstd, const float
 void GPTModel::allocate_norm_1p() {
   std::vector<int> norms = {lnf_w_};
   for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln2_w, p.q_norm_w, p.k_norm_w});
+  for (const MtpParams& d : mtp_)
+    norms.insert(norms.end(), {d.enorm_w, d.hnorm_w, d.norm_w, d.layer.ln1_w, d.layer.ln2_w, d.layer.q_norm_w,
+                               d.layer.k_norm_w});
   norm_1p_at_.assign(params_.infos().size(), -1);
   int64_t n = 0, widest = 0;
   for (int w : norms)
@@ -714,28 +685,51 @@ void GPTModel::refresh_norm_weights() {
                   params_.infos()[w].numel);
 }
 
+// VocabParallelEmbedding: this rank's rows (zeros elsewhere), summed over the group (all-reduce,
+// or reduce-scatter to the token shard), then positions and dropout.
+void GPTModel::embedding_forward(float* out, const Activations& a, int64_t B, int64_t T, const MicroBatchKey& key,
+                                 const std::string& site) {
+  const int64_t N = B * T, C = cfg_.hidden_size, Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
+  const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
+  float* emb = tp_.sp() ? scratch_->d_c1 : out;
+  vocab_parallel_embedding_forward(emb, a.inputs(), params_.param(wte_), vocab_begin_, Vl_, N, C);
+  reduce_from_tensor_parallel_region(tp_, emb, out, N, C);
+  if (wpe_ >= 0) position_embedding_add(out, a.positions() + row0, params_.param(wpe_), Ns, C);
+  const PhiloxStream stream = site_stream(key, site);
+  for (const DropoutRun& r : dropout_runs(B, T, p_hidden))
+    dropout_forward(out + r.row * C, out + r.row * C, r.rows * C, p_hidden, stream, r.first_index);
+}
+
+// d_resid is d(embedding output after dropout); the lookup's backward needs every token's
+// gradient (all-gathered from the shards with sequence parallelism).
+void GPTModel::embedding_backward_from(const Activations& a, int64_t B, int64_t T, const MicroBatchKey& key,
+                                       const std::string& site) {
+  Scratch& sc = *scratch_;
+  const int64_t N = B * T, C = cfg_.hidden_size, Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
+  const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
+  const PhiloxStream stream = site_stream(key, site);
+  for (const DropoutRun& r : dropout_runs(B, T, p_hidden))
+    dropout_backward(sc.d_resid + r.row * C, sc.d_resid + r.row * C, r.rows * C, p_hidden, stream, r.first_index);
+  const float* d_emb = sc.d_resid;
+  if (tp_.sp()) {
+    copy_on_device(sc.d_c1 + row0 * C, sc.d_resid, size_t(Ns * C) * sizeof(float));
+    gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
+    d_emb = sc.d_c1;
+  }
+  embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : nullptr, d_emb, a.inputs(), a.positions(), N, C,
+                     vocab_begin_, Vl_, a.groups);
+}
+
 void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key) {
   LATTICE_CHECK(B <= max_B_ && T <= max_T_)
       << "micro-batch " << B << "x" << T << " exceeds the model's " << max_B_ << "x" << max_T_;
   const bool sp = tp_.sp();
   LATTICE_CHECK(!sp || T == max_T_) << "sequence parallelism runs full-length sequences only";
-  Scratch& sc = *scratch_;
-  const int64_t N = B * T, C = cfg_.hidden_size;
+  const int64_t N = B * T;
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
-  const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   refresh_norm_weights();  // the parameters may have changed since the last forward
 
-  if (has_embedding(chunk)) {
-    // VocabParallelEmbedding: this rank's rows (zeros elsewhere), summed over the group
-    // (all-reduce, or reduce-scatter to the token shard), then positions and dropout.
-    float* emb = sp ? sc.d_c1 : a.resid[0];
-    vocab_parallel_embedding_forward(emb, a.inputs(), params_.param(wte_), vocab_begin_, Vl_, N, C);
-    reduce_from_tensor_parallel_region(tp_, emb, a.resid[0], N, C);
-    if (wpe_ >= 0) position_embedding_add(a.resid[0], a.positions() + row0, params_.param(wpe_), Ns, C);
-    const PhiloxStream stream = site_stream(key, "embedding.dropout");
-    for (const DropoutRun& r : dropout_runs(B, T, p_hidden))
-      dropout_forward(a.resid[0] + r.row * C, a.resid[0] + r.row * C, r.rows * C, p_hidden, stream, r.first_index);
-  }
+  if (has_embedding(chunk)) embedding_forward(a.resid[0], a, B, T, key, "embedding.dropout");
 
   // Each layer's output goes with the next LayerNorm (the next layer's LN1, the final one).
   const size_t first = chunk_first_[size_t(chunk)];
@@ -835,7 +829,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   // bias_dropout_add), with LN2 of the result.
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
   row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
-                      site_stream(key, layer_name(l, "self_attention.dropout")), runs,
+                      site_stream(key, p.name + "self_attention.dropout"), runs,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
                     // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
@@ -843,7 +837,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                 moe_shape(T, !key.generation, key.training));
     reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
     if (!output) return;
-    const PhiloxStream stream = site_stream(key, layer_name(l, "mlp.dropout"));
+    const PhiloxStream stream = site_stream(key, p.name + "mlp.dropout");
     const LayerNormOut ln = after ? layernorm_out(*after) : LayerNormOut{};
     for (const DropoutRun& r : runs) {  // the dropout runs (context parallelism: each chunk's positions)
       const int64_t at = r.row * C;
@@ -859,7 +853,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   mlp_fc1_forward(p, a, i, N);
   if (!output) return;
   row_parallel_output(a.resid[i + 1], x.resid_mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
-                      site_stream(key, layer_name(l, "mlp.dropout")), runs, after);
+                      site_stream(key, p.name + "mlp.dropout"), runs, after);
 }
 
 // fc1's rounding, bias and GELU (or SwiGLU) in one pass (Megatron's bias_gelu, bias_swiglu).
@@ -1039,8 +1033,8 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p, int64_t l, int64_t B, int
   MoeWeights w;
   // The input jitter's and the forced balance's draws: each row's by its token in one process.
   if ((cfg_.moe_input_jitter_eps > 0.0f && key.training) || (cfg_.moe_router_force_load_balancing && !key.generation)) {
-    w.jitter_stream = site_stream(key, layer_name(l, "mlp.router.input_jitter"));
-    w.balance_stream = site_stream(key, layer_name(l, "mlp.router.force_load_balancing"));
+    w.jitter_stream = site_stream(key, p.name + "mlp.router.input_jitter");
+    w.balance_stream = site_stream(key, p.name + "mlp.router.force_load_balancing");
     for (const TokenRun& r : token_runs(B, Tl)) w.token_runs.push_back(MoeWeights::TokenRun{r.row, r.rows, r.token});
   }
   w.router = params_.param(p.router_w);
@@ -1122,7 +1116,7 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
                                       const MicroBatchKey& key) {
   Activations::Layer& x = a.layers[i];
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
-  AttentionDropout ad{p_attn, site_stream(key, layer_name(p.layer, "core_attention.dropout")), 0,
+  AttentionDropout ad{p_attn, site_stream(key, p.name + "core_attention.dropout"), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
   const AttentionShape shape{B, T, Hl_, cfg_.kv_channels, Gl_, cfg_.attention_window(p.layer), softmax_offset(p)};
   if (cp_.on()) {  // the queries of this rank's tokens over the whole sequences' keys and values
@@ -1139,8 +1133,8 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
                     attn_bf16(x.qkv, B * T));
 }
 
-void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_lnf, int64_t B, int64_t T,
-                              const MicroBatchKey& key) {
+void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations& a, const LayerNormDout* d_lnf,
+                               int norm_w, int norm_b, int64_t B, int64_t T, const MicroBatchKey& key) {
   const bool sp = tp_.sp();
   Scratch& sc = *scratch_;
   const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = Hl_ * D;
@@ -1152,7 +1146,6 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
   const float* d_ln = sp ? sc.d_s : sc.d_c1;
   float* d_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] gradient of a row-parallel output
 
-  const size_t first = chunk_first_[size_t(chunk)];
   // Whether the LayerNorm backward that made d_resid made the next row-parallel layer's
   // output gradient too (residual_grad_out).
   bool d_rows_made = false;
@@ -1160,22 +1153,22 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     // Final LayerNorm backward into d_resid.
     zero_on_device(sc.d_resid, size_t(Ns * C) * sizeof(float));
     const ResidualGradOut next =
-        a.layers.empty() ? ResidualGradOut{} : residual_grad_out(layers_[first + a.layers.size() - 1].fc2_b, p_hidden);
-    layernorm_backward(sc.d_resid, params_.grad(lnf_w_), bias_grad(lnf_b_), *d_lnf, a.resid.back(),
-                       norm_weight(lnf_w_), a.lnf_mean, a.lnf_rstd, Ns, C, next, normalization());
+        a.layers.empty() ? ResidualGradOut{} : residual_grad_out(layers[a.layers.size() - 1].fc2_b, p_hidden);
+    layernorm_backward(sc.d_resid, params_.grad(norm_w), bias_grad(norm_b), *d_lnf, a.resid.back(),
+                       norm_weight(norm_w), a.lnf_mean, a.lnf_rstd, Ns, C, next, normalization());
     d_rows_made = next.bf16 != nullptr;
-    grads_ready({lnf_w_, lnf_b_});
+    grads_ready({norm_w, norm_b});
   }
 
   for (size_t i = a.layers.size(); i-- > 0;) {
-    const LayerParams& p = layers_[first + i];
+    const LayerParams& p = layers[i];
     const int64_t l = p.layer;
     Activations::Layer& x = a.layers[i];
     // Full recomputation: the group's forward again from its kept input, into the shared
     // group buffers (the last layer's output, already consumed, is not recomputed).
     if (a.recompute_from[i] >= 0)
       for (size_t j = size_t(a.recompute_from[i]); j <= i; ++j)
-        forward_layer(layers_[first + j], a, j, B, T, key, j < i, j > size_t(a.recompute_from[i]),
+        forward_layer(layers[j], a, j, B, T, key, j < i, j > size_t(a.recompute_from[i]),
                       j < i ? next_norm(chunk, a, j + 1, row0) : std::nullopt);
     // Selective recomputation: the core attention's output and statistics again from
     // the kept qkv (the proj backward and the attention backward need them).
@@ -1191,7 +1184,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
       // into d_c1 with sequence parallelism); its partial input gradient [N, C] into d_c2 (free
       // until the projection's backward), reduced as a column-parallel layer's (all-reduced, or
       // reduce-scattered into d_s), then LN2's backward as for the dense MLP.
-      const RowOutputGrad d_out = row_output_grad(d_rows, -1, N, p_hidden, site_stream(key, layer_name(l, "mlp.dropout")),
+      const RowOutputGrad d_out = row_output_grad(d_rows, -1, N, p_hidden, site_stream(key, p.name + "mlp.dropout"),
                                                   runs, d_rows_made);
       const float* dy = d_out.fp32;
       if (sp) {
@@ -1223,7 +1216,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     } else {
       // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.
       const RowOutputGrad d_fc2 = row_output_grad(d_rows, p.fc2_b, N, p_hidden,
-                                                  site_stream(key, layer_name(l, "mlp.dropout")), runs, d_rows_made);
+                                                  site_stream(key, p.name + "mlp.dropout"), runs, d_rows_made);
       // fc2's input gradient, rounded as the GELU (SwiGLU) backward reads it (one pass). With bf16
       // inputs its GEMM writes it rounded, in bf16, in the place of fc2's bf16 input x.gelu
       // (read by fc2's weight gradient just before); and the GELU backward makes fc1's output
@@ -1261,7 +1254,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     }
     // Attention block.
     const RowOutputGrad d_proj =
-        row_output_grad(d_rows, p.proj_b, N, p_hidden, site_stream(key, layer_name(l, "self_attention.dropout")),
+        row_output_grad(d_rows, p.proj_b, N, p_hidden, site_stream(key, p.name + "self_attention.dropout"),
                         runs, proj_grad.bf16 != nullptr);
     // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
     // and the attention backward reads it as it is (no rounding pass, half the bytes).
@@ -1272,7 +1265,7 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
     const AttentionOperand d_attn = bf16_d_attn
                                         ? AttentionOperand::in_bf16(reinterpret_cast<const uint16_t*>(sc.d_c2))
                                         : AttentionOperand(sc.d_c2);
-    AttentionDropout ad{p_attn, site_stream(key, layer_name(l, "core_attention.dropout")), 0,
+    AttentionDropout ad{p_attn, site_stream(key, p.name + "core_attention.dropout"), 0,
                         cfg_.num_attention_heads, Hl_ * tp_.rank()};
     // With bf16 qkv the attention backward writes the QKV layer's output gradient in bf16
     // for its GEMMs, into sc.d_f (free again: fc1's backward is done; it holds the [N, W/P]
@@ -1318,27 +1311,20 @@ void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_
                                     d_3c16);
     // d_resid becomes d(layer input): the output gradient of the previous layer's fc2 (made
     // here with residual_grad_out), or the chunk's input gradient after the first layer.
-    const ResidualGradOut fc2_grad = i > 0 ? residual_grad_out(layers_[first + i - 1].fc2_b, p_hidden) : ResidualGradOut{};
+    const ResidualGradOut fc2_grad = i > 0 ? residual_grad_out(layers[i - 1].fc2_b, p_hidden) : ResidualGradOut{};
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), bias_grad(p.ln1_b), ln_dout(d_ln, p.qkv_w), a.resid[i],
                        norm_weight(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad, normalization());
     d_rows_made = fc2_grad.bf16 != nullptr;
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b, p.proj_w,
                  p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b});
   }
+}
+
+void GPTModel::backward_chunk(int chunk, Activations& a, const LayerNormDout* d_lnf, int64_t B, int64_t T,
+                              const MicroBatchKey& key) {
+  backward_layers(layers_.data() + chunk_first_[size_t(chunk)], chunk, a, d_lnf, lnf_w_, lnf_b_, B, T, key);
   if (!has_embedding(chunk)) return;  // d_resid is the gradient of the chunk's input
-  // Embedding: d_resid is d(embedding output after dropout); the lookup's backward needs
-  // every token's gradient (all-gathered from the shards with sequence parallelism).
-  const PhiloxStream emb_stream = site_stream(key, "embedding.dropout");
-  for (const DropoutRun& r : runs)
-    dropout_backward(sc.d_resid + r.row * C, sc.d_resid + r.row * C, r.rows * C, p_hidden, emb_stream, r.first_index);
-  const float* d_emb = sc.d_resid;
-  if (sp) {
-    copy_on_device(sc.d_c1 + row0 * C, sc.d_resid, size_t(Ns * C) * sizeof(float));
-    gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
-    d_emb = sc.d_c1;
-  }
-  embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : nullptr, d_emb, a.inputs(), a.positions(), N, C,
-                     vocab_begin_, Vl_, a.groups);
+  embedding_backward_from(a, B, T, key, "embedding.dropout");
   grads_ready({wpe_, wte_});
 }
 
@@ -1431,19 +1417,34 @@ LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const
       std::copy_n(loss_mask + r.token, r.rows, cp_loss_mask_.begin() + r.row);
     loss_mask = cp_loss_mask_.data();
   }
+  // --mtp-num-layers: the prediction depths in training (they leave the reported loss alone), first:
+  // each depth's output layer backward runs now and the main logits' buffer is theirs until then.
+  if (!mtp_.empty() && key.training) mtp_forward(a, slot, loss_mask, B, Tl, grad_scale, key);
   return output_loss(a, loss_mask, B, Tl, key.training, grad_scale);
 }
 
 void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const MicroBatchKey& key) {
   Activations& a = acts(chunk, slot);
-  Scratch& sc = *scratch_;
   T = local_seq_length(T);
-  const int64_t N = B * T, C = cfg_.hidden_size;
+  const int64_t N = B * T;
   if (!has_loss(chunk)) return backward_chunk(chunk, a, nullptr, B, T, key);
-  // dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary ranks:
-  // all-reduced, or reduce-scattered to the token shard). Without tensor parallelism and
-  // with dlogits in bf16, d(lnf) is written rounded, in bf16, for the final LayerNorm's
-  // backward to read so (bf16_ln_grads).
+  if (!mtp_.empty()) mtp_backward(a, slot, B, T, key);  // first: it uses the scratch the main backward reads
+  const LayerNormDout d_lnf = output_layer_backward(a, N);
+  if (out_w_ >= 0) grads_ready({out_w_});
+  if (!mtp_.empty()) {  // plus the prediction depths' gradient of the final LayerNorm's output
+    LATTICE_CHECK(!d_lnf.bf16) << "the final LayerNorm's output gradient is fp32 with --mtp-num-layers";
+    accumulate(tp_.sp() ? scratch_->d_s : scratch_->d_c2, scratch_->mtp_d_h, tp_.shard_rows(N) * cfg_.hidden_size);
+  }
+  backward_chunk(chunk, a, &d_lnf, B, T, key);
+}
+
+// dWout += dlogits^T @ lnf;  d(lnf) = dlogits @ Wout (partial over the vocabulary ranks:
+// all-reduced, or reduce-scattered to the token shard). Without tensor parallelism and
+// with dlogits in bf16, d(lnf) is written rounded, in bf16, for the final LayerNorm's
+// backward to read so (bf16_ln_grads).
+LayerNormDout GPTModel::output_layer_backward(Activations& a, int64_t N) {
+  Scratch& sc = *scratch_;
+  const int64_t C = cfg_.hidden_size;
   const GemmSite out_site = site(out_w_ >= 0 ? out_w_ : wte_);
   LayerNormDout d_lnf(tp_.sp() ? sc.d_s : sc.d_c2);
   if (bf16_logits()) {  // dlogits in bf16 (output_loss)
@@ -1460,9 +1461,8 @@ void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const Mi
     linear_backward(sc.d_c2, output_weight_grad(), nullptr, a.logits, input(a.lnf), output_weight(), N, C, Vl_, false,
                     out_site);
   }
-  if (out_w_ >= 0) grads_ready({out_w_});
   if (!d_lnf.bf16) reduce_from_tensor_parallel_region(tp_, sc.d_c2, tp_.sp() ? sc.d_s : sc.d_c2, N, C);
-  backward_chunk(chunk, a, &d_lnf, B, T, key);
+  return d_lnf;
 }
 
 double GPTModel::forward_backward(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,
@@ -1483,8 +1483,13 @@ void GPTModel::finish_tensor_parallel_grads(const std::vector<std::pair<int64_t,
   if (tp_.sp()) {
     if (lnf_w_ >= 0) norms.insert(norms.end(), {lnf_w_, lnf_b_});
     for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln1_b, p.ln2_w, p.ln2_b});
+    for (const MtpParams& d : mtp_)
+      norms.insert(norms.end(), {d.enorm_w, d.enorm_b, d.hnorm_w, d.hnorm_b, d.norm_w, d.norm_b, d.layer.ln1_w,
+                                 d.layer.ln1_b, d.layer.ln2_w, d.layer.ln2_b});
   }
   for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b});
+  for (const MtpParams& d : mtp_)
+    norms.insert(norms.end(), {d.layer.q_norm_w, d.layer.q_norm_b, d.layer.k_norm_w, d.layer.k_norm_b});
   if (std::all_of(norms.begin(), norms.end(), [](int k) { return k < 0; })) return;
   const std::vector<std::pair<int64_t, int64_t>> all{{0, params_.numel()}};
   std::vector<std::pair<int64_t, int64_t>> pieces;

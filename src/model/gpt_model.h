@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -217,6 +218,10 @@ class GPTModel {
     std::vector<LossSum> layer_load_balancing, layer_z;  // [num_layers]
   };
   MoeLossSums take_moe_losses();
+  // --mtp-num-layers: each prediction depth's loss (the mean over its shifted masked tokens) of this
+  // rank's training forwards since the last call, summed with their count ([mtp_num_layers]; empty
+  // without it); the call starts new sums.
+  std::vector<LossSum> take_mtp_losses();
   // global_aux_loss: the data-parallel group whose ranks route other tokens (their expert counts are
   // summed into the statistics; null or one rank: none). Collective over it in every training forward
   // of an MoE layer.
@@ -266,7 +271,8 @@ class GPTModel {
   struct Activations;
   struct Scratch;
   struct LayerParams {
-    int64_t layer;  // global layer index
+    int64_t layer;  // global layer index (a prediction depth's: num_layers + its index)
+    std::string name;  // the parameters' prefix: decoder.layers.<layer>. or mtp.layers.<k>.transformer_layer.
     // parameter indices; -1: none (the linear biases with --disable-bias-linear, the norms'
     // biases with RMSNorm)
     int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc1_w = -1,
@@ -303,10 +309,41 @@ class GPTModel {
   QkNormGrads qk_norm_grads(const LayerParams& p) const;
   Normalization qk_normalization() const { return cfg_.qk_l2_norm ? Normalization::rmsnorm : normalization(); }
 
+  // --mtp-num-layers: a prediction depth's parameters (Megatron-Core's mtp.layers.<k>.*) and kept
+  // buffers (gpt_model.cpp), per slot of the loss chunk.
+  struct MtpParams {
+    int enorm_w = -1, enorm_b = -1, hnorm_w = -1, hnorm_b = -1, eh_proj_w = -1, norm_w = -1, norm_b = -1;
+    LayerParams layer;  // transformer_layer
+  };
+  struct MtpDepth;
+
   void register_parameters();
-  static void allocate(std::vector<Activations>& acts, Scratch& scratch, Arena& arena,
+  static void allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& mtp, Scratch& scratch, Arena& arena,
                        const TransformerConfig& cfg, const TensorParallel& tp, const ModelPlacement& place,
                        int64_t B, int64_t T, int ep);
+  // Megatron's roll_tensor(-1) of a micro-batch's inputs, positions and targets (the last of each
+  // sequence 0), its document ids kept, from `from` into `to` (host, then uploaded); group_rows: the
+  // embedding backward's row groups too (a GPU's).
+  void shift_inputs(Activations& to, const Activations& from, int64_t B, int64_t T, bool group_rows);
+  // The embedding backward's row groups (a.groups) of a's N inputs and positions (made on the host).
+  void group_embedding_rows(Activations& a, int64_t N);
+  // The embedding of a's inputs and positions into out [Ns, C] (this rank's rows), then the hidden
+  // dropout of stream `site`; and its backward from d_resid (overwritten) into wte's and wpe's grads.
+  void embedding_forward(float* out, const Activations& a, int64_t B, int64_t T, const MicroBatchKey& key,
+                         const std::string& site);
+  void embedding_backward_from(const Activations& a, int64_t B, int64_t T, const MicroBatchKey& key,
+                               const std::string& site);
+  // The prediction depths of the micro-batch in (loss chunk) `slot` after the main model's forward:
+  // each depth's forward, loss and (training) its output layer's backward, whose gradient of the
+  // depth's final_layernorm output it keeps. loss_mask: the micro-batch's (host [B, T], or null).
+  void mtp_forward(Activations& a, int slot, const float* loss_mask, int64_t B, int64_t T, float grad_scale,
+                   const MicroBatchKey& key);
+  // Their backward, last depth first; leaves the gradient of the main final LayerNorm's output
+  // rows of this rank (hnorm's input at depth 1) in the scratch's mtp_d_h [Ns, C].
+  void mtp_backward(Activations& a, int slot, int64_t B, int64_t T, const MicroBatchKey& key);
+  // The output layer's backward on a's logits (their gradient): dWout accumulates; returns the
+  // gradient of a.lnf (this rank's rows, [Ns, C], reduced over the group) in the scratch.
+  LayerNormDout output_layer_backward(Activations& a, int64_t N);
   Activations& acts(int chunk, int slot);
   bool has_embedding(int chunk) const { return place_.pre_process && chunk == 0; }
   bool has_loss(int chunk) const { return place_.post_process && chunk == num_chunks() - 1; }
@@ -370,6 +407,11 @@ class GPTModel {
   // when the chunk has no final norm (the output gradient is then in scratch d_resid).
   void backward_chunk(int chunk, Activations& a, const LayerNormDout* d_lnf, int64_t B, int64_t T,
                       const MicroBatchKey& key);
+  // The layers' part of it: a's layers (parameters layers[0 ..]) and the norm after them (w, b),
+  // leaving the gradient of a.resid[0] in d_resid. chunk: the pipeline chunk (its recomputed
+  // groups), or -1 for a prediction depth (nothing recomputed).
+  void backward_layers(const LayerParams* layers, int chunk, Activations& a, const LayerNormDout* d_norm, int norm_w,
+                       int norm_b, int64_t B, int64_t T, const MicroBatchKey& key);
   // Output layer and vocab-parallel cross entropy on a.lnf; with `backward` the logits
   // become their gradients (scaled by grad_scale / mask sum). Returns the masked sum.
   LossSum output_loss(Activations& a, const float* loss_mask, int64_t B, int64_t T, bool backward,
@@ -405,7 +447,8 @@ class GPTModel {
   // (the policy would convert fp32 inputs to exactly these). The buffers keep their fp32 size.
   bool bf16_inputs() const {
     return bf16_inputs_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !(tp_.sp() && cfg_.hidden_size % 2) &&
-           !cfg_.moe();  // the MoE layer reads and writes fp32 rows
+           !cfg_.moe() &&  // the MoE layer reads and writes fp32 rows
+           !cfg_.mtp();    // the prediction depths' hnorm reads the final LayerNorm's output in fp32
   }
   // While alive, the linear layers' inputs are made in fp32 (the logits of forward_logits
   // come from gemm_f32 on the final LayerNorm's fp32 output, as without bf16 inputs).
@@ -534,6 +577,9 @@ class GPTModel {
   ParamBuffer params_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, out_w_ = -1, shared_embedding_ = -1;
   std::vector<LayerParams> layers_;    // every layer of every chunk, in chunk order
+  std::vector<MtpParams> mtp_;         // --mtp-num-layers: each depth's (on the last stage)
+  std::vector<MtpDepth> mtp_acts_;     // [slot * mtp_num_layers + depth] (the loss chunk's)
+  std::vector<LossSum> mtp_losses_;    // [mtp_num_layers] take_mtp_losses'
   std::vector<size_t> chunk_first_;    // index in layers_ of each chunk's first layer
   std::function<void(int)> grad_ready_;
   GemmPolicy* gemm_policy_ = nullptr;

@@ -69,6 +69,7 @@ void TransformerConfig::finalize(int64_t tp) {
     padded_vocab_size = pad_vocab_size(vocab_size, make_vocab_size_divisible_by, tp);
   if (padded_vocab_size < vocab_size) LATTICE_FAIL() << "padded vocabulary smaller than the vocabulary";
   check_moe();
+  check_mtp();
   check_tensor_parallel_split(*this, tp);
   if (max_position_embeddings <= 0)
     LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
@@ -88,6 +89,17 @@ void TransformerConfig::finalize(int64_t tp) {
   if (attention_dropout < 0 || attention_dropout >= 1)
     LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
   check_recompute();
+}
+
+void TransformerConfig::check_mtp() const {
+  if (mtp_num_layers < 0) LATTICE_FAIL() << "--mtp-num-layers must be >= 0, got " << mtp_num_layers;
+  if (!(mtp_loss_scaling_factor >= 0.0f && mtp_loss_scaling_factor < 1e30f))
+    LATTICE_FAIL() << "--mtp-loss-scaling-factor must be a finite number >= 0, got " << mtp_loss_scaling_factor;
+  if (!mtp()) return;
+  if (moe())  // the depths' layers are dense here; Megatron's would be MoE layers
+    LATTICE_FAIL() << "--mtp-num-layers with --num-experts is not supported yet (the prediction depths' layers are dense)";
+  if (!window_attn_pattern.empty())  // a pattern has one entry per decoder layer
+    LATTICE_FAIL() << "--mtp-num-layers with --window-attn-skip-freq is not supported yet";
 }
 
 void TransformerConfig::check_moe() {

@@ -133,6 +133,16 @@ struct TransformerConfig {
   // --moe-router-force-load-balancing (Megatron's, for benchmarks): training and evaluation forwards route
   // by random logits (MoeShape::force_balance), the experts evenly loaded whatever the router learns.
   bool moe_router_force_load_balancing = false;
+  // --mtp-num-layers K (0: none; Megatron-Core's multi-token prediction, DeepSeek-V3's): after the
+  // final LayerNorm, K depths each predict one token further: depth k (from 1) embeds the inputs
+  // shifted k to the left, joins its enorm to the hnorm of the previous depth's output (the final
+  // LayerNorm's for depth 1) through eh_proj [C, 2C], runs one dense transformer layer and its own
+  // final_layernorm, and scores the targets shifted k with the shared output layer. Training adds
+  // mtp_loss_scaling_factor / K times the sum of the depths' mean losses; the reported loss, the
+  // evaluation and generation are the main model's alone.
+  int64_t mtp_num_layers = 0;
+  float mtp_loss_scaling_factor = 0.1f;  // --mtp-loss-scaling-factor
+  bool mtp() const { return mtp_num_layers > 0; }
   // The router's gates (Megatron's topk_softmax_with_capacity): by default softmax over the k
   // largest logits; --moe-router-pre-softmax: softmax over all E, then the k largest of those
   // probabilities, not renormalized (HuggingFace's norm_topk_prob false); either way times
@@ -245,6 +255,8 @@ struct TransformerConfig {
   // expression as --moe-layer-freq's, 1 for a window layer and 0 for a full one. Returns the
   // pattern, empty when every layer has the window.
   static std::vector<int> parse_window_attn_skip_freq(const std::string& value, int64_t num_layers);
+  // The multi-token prediction fields' part of finalize().
+  void check_mtp() const;
   // The recompute fields' part of finalize().
   void check_recompute() const;
   // The YaRN fields' part of finalize() (with --position-embedding-type yarn).

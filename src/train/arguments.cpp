@@ -112,6 +112,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "weight of the router z-loss (mean squared logsumexp of the logits; 0: none)"},
       {"moe-input-jitter-eps", Kind::f32, &a.moe_input_jitter_eps,
        "in training, the router reads its input times noise uniform in [1 - eps, 1 + eps) (0: none)"},
+      {"mtp-num-layers", Kind::i64, &a.mtp_num_layers,
+       "multi-token prediction depths after the final LayerNorm, each predicting one token further (0: none)"},
+      {"mtp-loss-scaling-factor", Kind::f32, &a.mtp_loss_scaling_factor,
+       "weight of the prediction depths' mean loss in the training loss (default 0.1)"},
       {"moe-per-layer-logging", Kind::flag, &a.moe_per_layer_logging,
        "also log each MoE layer's load-balancing loss (and z-loss) to TensorBoard and --metrics-file"},
       {"moe-router-force-load-balancing", Kind::flag, &a.moe_router_force_load_balancing,
@@ -668,6 +672,12 @@ void validate(TrainArgs& a) {
                      << " is not divisible by --tensor-model-parallel-size " << a.tensor_model_parallel_size
                      << " (required by --sequence-parallel)";
   }
+  if (a.mtp_num_layers > 0 && a.pipeline_model_parallel_size > 1)
+    LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 is not supported yet (the prediction "
+                      "depths embed tokens after the last layer: one stage holds the whole model)";
+  if (a.mtp_num_layers > 0 && a.context_parallel_size > 1)
+    LATTICE_FAIL() << "--mtp-num-layers with --context-parallel-size > 1 is not supported yet (the shifted tokens "
+                      "cross the ranks' chunks)";
   make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
                        a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers,
                        a.account_for_embedding_in_pipeline_split, a.account_for_loss_in_pipeline_split);
@@ -875,6 +885,8 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_z_loss_coeff = moe_z_loss_coeff;
   c.moe_input_jitter_eps = moe_input_jitter_eps;
   c.moe_router_force_load_balancing = moe_router_force_load_balancing;
+  c.mtp_num_layers = mtp_num_layers;
+  c.mtp_loss_scaling_factor = mtp_loss_scaling_factor;
   if (moe_expert_capacity_factor) {
     if (!(*moe_expert_capacity_factor > 0.0))
       LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << *moe_expert_capacity_factor;
@@ -980,6 +992,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   on("add-qkv-bias", m.value("add_qkv_bias", false));
   on("qk-layernorm", m.value("qk_layernorm", false));
   on("qk-l2-norm", m.value("qk_l2_norm", false));
+  if (m.value("mtp_num_layers", 0) > 0) from_model("mtp-num-layers", "mtp_num_layers");
   if (m.value("num_experts", 0) > 0) {
     from_model("num-experts", "num_experts");
     from_model("moe-router-topk", "moe_router_topk");

@@ -45,6 +45,8 @@ struct TrainArgs {
   float moe_z_loss_coeff = 0.0f;
   float moe_input_jitter_eps = 0.0f;
   bool moe_router_force_load_balancing = false;
+  int64_t mtp_num_layers = 0;              // --mtp-num-layers
+  float mtp_loss_scaling_factor = 0.1f;    // --mtp-loss-scaling-factor
   bool moe_per_layer_logging = false;
   bool moe_router_pre_softmax = false;
   bool moe_apply_probs_on_input = false;  // --moe-apply-probs-on-input

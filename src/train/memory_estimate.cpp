@@ -69,53 +69,65 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
     add("embedding.word_embeddings.weight", {Vp, C}, 0);                          // [Vp/P, C]
     if (c.learned_positions()) add("embedding.position_embeddings.weight", {c.max_position_embeddings, C}, -1);
   }
-  for (auto [begin, end] : place.chunks)
-    for (int64_t l = begin; l < end; ++l) {
-      const std::string p = "decoder.layers." + std::to_string(l) + ".";
-      add(p + "input_layernorm.weight", {C}, -1);
-      if (!c.rmsnorm()) add(p + "input_layernorm.bias", {C}, -1);
-      add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), C}, 0);  // [W/P, C], W = 3Q without grouping
-      if (c.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, 0);
-      if (c.learnable_softmax_offset()) add(p + "self_attention.core_attention.softmax_offset", {c.num_attention_heads}, 0);
-      if (c.qk_layernorm)
-        for (const char* norm : {"self_attention.q_layernorm.", "self_attention.k_layernorm."}) {
-          add(p + norm + "weight", {c.kv_channels}, -1);
-          if (!c.rmsnorm()) add(p + norm + "bias", {c.kv_channels}, -1);
-        }
-      add(p + "self_attention.linear_proj.weight", {C, Q}, 1);     // [C, Q/P]
-      if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
-      add(p + "pre_mlp_layernorm.weight", {C}, -1);
-      if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
-      if (c.moe_layer(l)) {  // router [E, C], each local expert's fc1 [F1e/P, C] and fc2 [C, Fe/P]
-        add(p + "mlp.router.weight", {c.num_experts, C}, -1);
-        if (c.add_bias_linear) add(p + "mlp.router.bias", {c.num_experts}, -1);
-        if (c.moe_router_enable_expert_bias) add(p + "mlp.router.expert_bias", {c.num_experts}, -1);
-        const int64_t Fe = c.moe_ffn_hidden_size, El = c.num_experts / ep;
-        for (int64_t e = El * ep_rank; e < El * (ep_rank + 1); ++e) {
-          const std::string x = p + "mlp.experts.local_experts." + std::to_string(e) + ".";
-          pb.mark_expert(add(x + "linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fe : Fe, C}, 0));
-          pb.mark_expert(add(x + "linear_fc2.weight", {C, Fe}, 1));
-          if (!c.add_bias_linear) continue;
-          pb.mark_expert(add(x + "linear_fc1.bias", {c.gated_linear_unit() ? 2 * Fe : Fe}, 0));
-          pb.mark_expert(add(x + "linear_fc2.bias", {C}, -1));
-        }
-        if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
-          add(p + "mlp.shared_experts.linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fs : Fs, C}, 0);
-          add(p + "mlp.shared_experts.linear_fc2.weight", {C, Fs}, 1);
-          if (c.moe_shared_expert_gate) add(p + "mlp.shared_experts.gate_weight", {1, C}, -1);
-        }
-        continue;
+  // One transformer layer's parameters under prefix p (l: its number, which decides its kind).
+  auto add_layer = [&](int64_t l, const std::string& p) {
+    add(p + "input_layernorm.weight", {C}, -1);
+    if (!c.rmsnorm()) add(p + "input_layernorm.bias", {C}, -1);
+    add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), C}, 0);  // [W/P, C], W = 3Q without grouping
+    if (c.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, 0);
+    if (c.learnable_softmax_offset()) add(p + "self_attention.core_attention.softmax_offset", {c.num_attention_heads}, 0);
+    if (c.qk_layernorm)
+      for (const char* norm : {"self_attention.q_layernorm.", "self_attention.k_layernorm."}) {
+        add(p + norm + "weight", {c.kv_channels}, -1);
+        if (!c.rmsnorm()) add(p + norm + "bias", {c.kv_channels}, -1);
       }
-      add(p + "mlp.linear_fc1.weight", {c.fc1_width(), C}, 0);     // [F1/P, C], F1 = F (2F with SwiGLU)
-      if (c.add_bias_linear) add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, 0);
-      add(p + "mlp.linear_fc2.weight", {C, F}, 1);                 // [C, F/P]
-      if (c.add_bias_linear) add(p + "mlp.linear_fc2.bias", {C}, -1);
+    add(p + "self_attention.linear_proj.weight", {C, Q}, 1);     // [C, Q/P]
+    if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
+    add(p + "pre_mlp_layernorm.weight", {C}, -1);
+    if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
+    if (c.moe_layer(l)) {  // router [E, C], each local expert's fc1 [F1e/P, C] and fc2 [C, Fe/P]
+      add(p + "mlp.router.weight", {c.num_experts, C}, -1);
+      if (c.add_bias_linear) add(p + "mlp.router.bias", {c.num_experts}, -1);
+      if (c.moe_router_enable_expert_bias) add(p + "mlp.router.expert_bias", {c.num_experts}, -1);
+      const int64_t Fe = c.moe_ffn_hidden_size, El = c.num_experts / ep;
+      for (int64_t e = El * ep_rank; e < El * (ep_rank + 1); ++e) {
+        const std::string x = p + "mlp.experts.local_experts." + std::to_string(e) + ".";
+        pb.mark_expert(add(x + "linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fe : Fe, C}, 0));
+        pb.mark_expert(add(x + "linear_fc2.weight", {C, Fe}, 1));
+        if (!c.add_bias_linear) continue;
+        pb.mark_expert(add(x + "linear_fc1.bias", {c.gated_linear_unit() ? 2 * Fe : Fe}, 0));
+        pb.mark_expert(add(x + "linear_fc2.bias", {C}, -1));
+      }
+      if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
+        add(p + "mlp.shared_experts.linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fs : Fs, C}, 0);
+        add(p + "mlp.shared_experts.linear_fc2.weight", {C, Fs}, 1);
+        if (c.moe_shared_expert_gate) add(p + "mlp.shared_experts.gate_weight", {1, C}, -1);
+      }
+      return;
     }
+    add(p + "mlp.linear_fc1.weight", {c.fc1_width(), C}, 0);     // [F1/P, C], F1 = F (2F with SwiGLU)
+    if (c.add_bias_linear) add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, 0);
+    add(p + "mlp.linear_fc2.weight", {C, F}, 1);                 // [C, F/P]
+    if (c.add_bias_linear) add(p + "mlp.linear_fc2.bias", {C}, -1);
+  };
+  for (auto [begin, end] : place.chunks)
+    for (int64_t l = begin; l < end; ++l) add_layer(l, "decoder.layers." + std::to_string(l) + ".");
   if (place.post_process) {
     add("decoder.final_layernorm.weight", {C}, -1);
     if (!c.rmsnorm()) add("decoder.final_layernorm.bias", {C}, -1);
     if (!tied) add("output_layer.weight", {Vp, C}, 0);
     else if (!place.pre_process) add("embedding.word_embeddings.weight", {Vp, C}, 0);  // the last stage's copy
+    for (int64_t k = 0; k < c.mtp_num_layers; ++k) {  // --mtp-num-layers: each depth's
+      const std::string m = "mtp.layers." + std::to_string(k) + ".";
+      for (const char* norm : {"enorm.", "hnorm."}) {
+        add(m + norm + "weight", {C}, -1);
+        if (!c.rmsnorm()) add(m + norm + "bias", {C}, -1);
+      }
+      add(m + "eh_proj.weight", {C, 2 * C}, 0);  // [C/P, 2C]
+      add_layer(c.num_layers + k, m + "transformer_layer.");
+      add(m + "final_layernorm.weight", {C}, -1);
+      if (!c.rmsnorm()) add(m + "final_layernorm.bias", {C}, -1);
+    }
   }
   pb.assign_offsets();
   return pb;

@@ -122,6 +122,19 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
     }
     model.update_expert_biases(dp ? &dp->comm() : nullptr);  // Megatron's, before the optimizer step
   }
+  if (model.config().mtp()) {  // [K] sums of the micro-batches' means, [K] counts; every stage and data-parallel rank
+    const std::vector<LossSum> m = model.take_mtp_losses();
+    const size_t K = size_t(model.config().mtp_num_layers);
+    std::vector<double> v(2 * K, 0.0);
+    for (size_t k = 0; k < m.size() && k < K; ++k) {
+      v[k] = m[k].sum;
+      v[K + k] = m[k].count;
+    }
+    if (pp) pp->all_reduce(v.data(), int64_t(v.size()), ReduceOp::sum);
+    if (dp) dp->comm().all_reduce(v.data(), int64_t(v.size()), ReduceOp::sum);
+    r.mtp_losses.resize(K);
+    for (size_t k = 0; k < K; ++k) r.mtp_losses[k] = v[K + k] > 0 ? v[k] / v[K + k] : 0.0;
+  }
   // The global batch's token count divides the per-token gradients (none when every token is
   // masked: the gradients are zero, and stay so).
   const double tokens = cfg.per_token_loss && sums[2] > 0 ? sums[2] : 1.0;

@@ -72,6 +72,9 @@ struct StepResult {
   // StepConfig::moe_per_layer_logging: each layer's load-balancing loss (and with --moe-z-loss-coeff its
   // z-loss) averaged the same way, by layer number, -1 for a dense layer; empty otherwise.
   std::vector<double> layer_load_balancing_loss, layer_z_loss;
+  // --mtp-num-layers: each prediction depth's loss (Megatron's "mtp_<k> loss"), averaged over the
+  // micro-batches and data-parallel ranks as lm_loss is; empty without it.
+  std::vector<double> mtp_losses;
 };
 
 // Runs iteration `iteration` (0-based) on samples [iteration*GBS, (iteration+1)*GBS); each

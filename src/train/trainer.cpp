@@ -50,7 +50,7 @@ std::string format_log_line(const LogLine& l) {
   if (l.num_zeros_in_grad >= 0) n += std::snprintf(optional + n, sizeof optional - n, " num zeros: %.1f |", l.num_zeros_in_grad);
   if (l.params_norm >= 0) std::snprintf(optional + n, sizeof optional - n, " params norm: %.3f |", l.params_norm);
   // Megatron's MoE losses follow the lm loss.
-  char moe[256] = "";
+  char moe[512] = "";
   int m = 0;
   if (l.load_balancing_loss >= 0) m += std::snprintf(moe, sizeof moe, " load_balancing_loss: %.6E |", l.load_balancing_loss);
   if (l.seq_load_balancing_loss >= 0)
@@ -58,8 +58,11 @@ std::string format_log_line(const LogLine& l) {
   if (l.global_load_balancing_loss >= 0)
     m += std::snprintf(moe + m, sizeof moe - size_t(m), " global_load_balancing_loss: %.6E |",
                        l.global_load_balancing_loss);
-  if (l.z_loss >= 0) std::snprintf(moe + m, sizeof moe - size_t(m), " z_loss: %.6E |", l.z_loss);
-  char buf[1024];
+  if (l.z_loss >= 0) m += std::snprintf(moe + m, sizeof moe - size_t(m), " z_loss: %.6E |", l.z_loss);
+  // --mtp-num-layers: Megatron's "mtp_<k> loss" of each depth (from 1).
+  for (size_t k = 0; k < l.mtp_losses.size() && m < int(sizeof moe) - 40; ++k)
+    m += std::snprintf(moe + m, sizeof moe - size_t(m), " mtp_%zu loss: %.6E |", k + 1, l.mtp_losses[k]);
+  char buf[1536];
   std::snprintf(buf, sizeof buf,
                 " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): "
                 "%.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch "
@@ -101,6 +104,7 @@ std::string format_metrics_json(const LogLine& l) {
   };
   per_layer("load_balancing_loss_layers", l.layer_load_balancing_loss);
   per_layer("z_loss_layers", l.layer_z_loss);
+  if (!l.mtp_losses.empty()) j["mtp_losses"] = l.mtp_losses;
   return j.dump();
 }
 
@@ -121,6 +125,8 @@ std::vector<std::pair<std::string, double>> moe_scalars(const TrainArgs& args, c
       s.emplace_back("moe/load_balancing_loss_layer_" + std::to_string(l), r.layer_load_balancing_loss[l]);
   for (size_t l = 0; l < r.layer_z_loss.size(); ++l)
     if (r.layer_z_loss[l] >= 0) s.emplace_back("moe/z_loss_layer_" + std::to_string(l), r.layer_z_loss[l]);
+  for (size_t k = 0; k < r.mtp_losses.size(); ++k)  // Megatron's track_mtp_metrics tags
+    s.emplace_back("mtp_" + std::to_string(k + 1) + " loss", r.mtp_losses[k]);
   return s;
 }
 
@@ -636,6 +642,7 @@ int run_training(const TrainArgs& args) {
   double interval_loss = 0, interval_ms = 0, interval_balance = 0, interval_seq_balance = 0, interval_global_balance = 0,
          interval_z = 0;
   std::vector<double> interval_layer_balance, interval_layer_z;  // --moe-per-layer-logging: [num_layers] sums
+  std::vector<double> interval_mtp;  // --mtp-num-layers: [depths] sums
   int64_t interval_iters = 0;
   double last_norm = 0;
   StepResult last;  // the interval's last step (its zeros count and parameter norm are logged)
@@ -680,6 +687,7 @@ int run_training(const TrainArgs& args) {
       };
       add(interval_layer_balance, r.layer_load_balancing_loss);
       add(interval_layer_z, r.layer_z_loss);
+      add(interval_mtp, r.mtp_losses);
     }
     last_norm = r.grad_norm;
     last = r;
@@ -709,6 +717,7 @@ int run_training(const TrainArgs& args) {
       if (last.z_loss >= 0) l.z_loss = interval_z / double(std::max<int64_t>(1, interval_iters - interval_skipped));
       for (double v : interval_layer_balance) l.layer_load_balancing_loss.push_back(v < 0 ? -1.0 : v / applied);
       for (double v : interval_layer_z) l.layer_z_loss.push_back(v < 0 ? -1.0 : v / applied);
+      for (double v : interval_mtp) l.mtp_losses.push_back(v / applied);
       l.loss_scale = loss_scaler ? loss_scaler->scale() : 1.0;
       l.skipped_iterations = interval_skipped;
       l.nan_iterations = interval_nan;
@@ -737,6 +746,7 @@ int run_training(const TrainArgs& args) {
       interval_loss = interval_ms = interval_balance = interval_seq_balance = interval_global_balance = interval_z = 0;
       interval_layer_balance.clear();
       interval_layer_z.clear();
+      interval_mtp.clear();
       interval_iters = interval_skipped = interval_nan = interval_samples = 0;
     }
     if (done - start.iteration == 3 || done == args.train_iters) log_memory_peaks(done - start.iteration);

@@ -22,6 +22,7 @@ struct LogLine {
   double z_loss = -1;                               // logged when >= 0 (--moe-z-loss-coeff)
   // --moe-per-layer-logging: each layer's, by layer number (-1: a dense layer; empty: not logged).
   std::vector<double> layer_load_balancing_loss, layer_z_loss;
+  std::vector<double> mtp_losses;  // --mtp-num-layers: each depth's mean loss over the interval (empty: none)
 };
 std::string format_log_line(const LogLine& l);
 std::string format_metrics_json(const LogLine& l);

@@ -392,6 +392,18 @@ TEST(CudaModel, RecomputedModulesGiveTheSameTraining) {
 // difference of the same size, but the update is a small part of each parameter after
 // 20 steps (20 x 1e-4 against weights of std 0.02), so the final parameters agree to
 // well within 1e-4 when every step does.
+// --mtp-num-layers 2: the prediction depths' shifted inputs (and their embedding's row groups, made
+// for the GPU's embedding backward), eh_proj, the depths' layers and losses through the shared output
+// layer: the same loss and gradients on both devices.
+TEST(CudaModel, MultiTokenPredictionLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.mtp_num_layers = 2;
+  cfg.mtp_loss_scaling_factor = 0.5f;
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "multi-token prediction");
+}
+
 TEST(CudaModel, TwentyIterationsFp32MatchCpu) {
   LATTICE_REQUIRE_CUDA();
   const TransformerConfig cfg = small_config(0.1f);

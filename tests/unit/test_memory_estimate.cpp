@@ -238,6 +238,25 @@ TEST(MemoryEstimate, QkLayernormEqualsTheModel) {
     }
 }
 
+// --mtp-num-layers: per depth enorm, hnorm, eh_proj [C, 2C], one transformer layer and final_layernorm
+// (eh_proj split over the tensor-parallel ranks); each depth's kept buffers among the activations.
+TEST(MemoryEstimate, MultiTokenPredictionEqualsTheModel) {
+  for (int P : {1, 2}) {
+    TransformerConfig base = config(3, false, P);
+    TransformerConfig c = base;
+    c.mtp_num_layers = 2;
+    expect_matches(layout(c, P, 1, 1, 4), 0);
+    const int64_t with = estimate_rank_memory(layout(c, P, 1, 1, 4), 0, 0).parameters;
+    const int64_t without = estimate_rank_memory(layout(base, P, 1, 1, 4), 0, 0).parameters;
+    TransformerConfig four = base;  // two more decoder layers: the depths' transformer layers
+    four.num_layers = 5;
+    four.finalize(P);
+    const int64_t layers = estimate_rank_memory(layout(four, P, 1, 1, 4), 0, 0).parameters - without;
+    const int64_t C = c.hidden_size;
+    EXPECT_EQ(with - without, layers + 2 * (3 * 2 * C + 2 * C * C / P)) << "P " << P;
+  }
+}
+
 // --num-experts: per layer the router [E, C] and E experts' fc1 and fc2 in place of the MLP's
 // (no biases); the MoE layer's kept buffers and scratch among the activations.
 TEST(MemoryEstimate, MixtureOfExpertsEqualsTheModel) {

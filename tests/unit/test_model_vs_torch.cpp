@@ -5,7 +5,8 @@
 // attention wider than the hidden size (--kv-channels 24 x 4 heads, hidden 64), without the
 // linear layers' biases (--disable-bias-linear), with RMSNorm (--normalization RMSNorm), with
 // SwiGLU (--swiglu), and with grouped-query attention (--num-query-groups 2 of 4 heads); GPT-OSS's
-// MLP (quick GEGLU with an offset and clamps) dense and in experts with biases.
+// MLP (quick GEGLU with an offset and clamps) dense and in experts with biases; multi-token prediction
+// (--mtp-num-layers 2 tied with learned positions, 1 untied with the rotary embedding and RMSNorm).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,6 +103,10 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
       c.yarn_correction_range_round_to_int = meta_int(f, "yarn_correction_range_round_to_int") != 0;
     }
   }
+  if (f.metadata().count("mtp_num_layers")) {
+    c.mtp_num_layers = meta_int(f, "mtp_num_layers");
+    c.mtp_loss_scaling_factor = float(meta_double(f, "mtp_loss_scaling_factor"));
+  }
   c.finalize();
   return c;
 }
@@ -157,6 +162,15 @@ TEST_P(ModelVsTorch, LogitsLossAndGradients) {
   double loss = model.forward_backward(tokens.data(), nullptr, B, T, 1.0f, key);
   const double want_loss = f.get_f32("loss")[0];
   EXPECT_NEAR(loss, want_loss, kRelTol * want_loss);
+  if (c.mtp()) {  // --mtp-num-layers: each depth's loss on the shifted targets (the reported loss is the main one)
+    const std::vector<float> want = f.get_f32("mtp_losses");
+    const std::vector<LossSum> got = model.take_mtp_losses();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < want.size(); ++k) {
+      ASSERT_EQ(got[k].count, 1.0) << "depth " << k;
+      EXPECT_NEAR(got[k].sum, want[k], kRelTol * want[k]) << "mtp loss of depth " << k;
+    }
+  }
   // Evaluation's forward computes the same loss (dropout 0 here), with the tokens an expert capacity
   // drops dropped as in training (Megatron's evaluation drops too); the logits above, generation's,
   // are dropless. (Sinkhorn routing chooses by the gates in evaluation, by the balanced logits in
@@ -191,6 +205,13 @@ TEST_P(ModelVsTorch, TenAdamSteps) {
   for (int64_t it = 0; it < int64_t(want.size()); ++it) {
     StepResult r = train_step(model, opt, data, sc, it, meta_double(f, "lr"), meta_double(f, "weight_decay"));
     EXPECT_NEAR(r.lm_loss, want[it], kRelTol * want[it]) << "step " << it;
+    if (!c.mtp()) continue;
+    const std::vector<float> want_mtp = f.get_f32("adam_mtp_losses");  // [steps, K]
+    ASSERT_EQ(r.mtp_losses.size(), size_t(c.mtp_num_layers));
+    for (size_t k = 0; k < r.mtp_losses.size(); ++k) {
+      const double w = want_mtp[size_t(it) * r.mtp_losses.size() + k];
+      EXPECT_NEAR(r.mtp_losses[k], w, kRelTol * w) << "step " << it << " mtp loss of depth " << k;
+    }
   }
   // Final parameters. Adam divides by sqrt(v), so where a gradient is pure rounding
   // noise (the key bias, whose gradient is zero by softmax's shift invariance; GELU units
@@ -229,7 +250,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_nobias_moe4_sigmoid_probsin.safetensors",
                                            "gpt_tiny_nobias_moe8_groups.safetensors",
                                            "gpt_tiny_nobias_moe4_sinkhorn2.safetensors",
-                                           "gpt_tiny_nobias_moe4_sinkhorn1.safetensors"));
+                                           "gpt_tiny_nobias_moe4_sinkhorn1.safetensors", "gpt_tiny_mtp2.safetensors",
+                                           "gpt_tiny_untied_rope_rmsnorm_mtp1.safetensors"));
 
 }  // namespace
 }  // namespace lattice

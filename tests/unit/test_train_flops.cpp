@@ -28,6 +28,25 @@ TEST(TrainFlops, MegatronTestVector) {
   EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 726386343936.0);
 }
 
+// --mtp-num-layers: each depth's transformer layer as one more layer, plus its logits and its norms
+// and eh_proj (Megatron's "MTP norms and proj": 6 (3h + 2h^2) per token and depth).
+TEST(TrainFlops, MultiTokenPredictionAddsLayersLogitsAndProjections) {
+  TransformerConfig c;
+  c.num_layers = 3;
+  c.hidden_size = 256;
+  c.num_attention_heads = 8;
+  c.ffn_hidden_size = 1024;
+  c.vocab_size = 50257;
+  c.max_position_embeddings = 1024;
+  c.finalize();
+  const double three_layers = megatron_flops_per_iteration(c, 8, 1024);
+  c.num_layers = 2;
+  c.mtp_num_layers = 1;
+  c.finalize();
+  const double tokens = 8.0 * 1024, h = 256;
+  EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), three_layers + tokens * (6 * h * 50304 + 6 * (3 * h + 2 * h * h)));
+}
+
 // Mixture of experts: each layer's own MLP width, k experts' plus the shared experts' in an MoE
 // layer (Megatron's num_moe_layers / num_dense_layers terms); the router and gate not counted.
 TEST(TrainFlops, MixtureOfExpertsCountsEachLayersMlp) {

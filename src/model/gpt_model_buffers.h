@@ -1,0 +1,130 @@
+// GPTModel's activation buffers (what a micro-batch keeps between forward and backward, the
+// backward's shared scratch, a prediction depth's buffers) and the dropout streams of its sites:
+// private to the model's sources (gpt_model.cpp, multi_token_prediction.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/philox.h"
+#include "core/storage.h"
+#include "kernels/embedding.h"
+#include "model/gpt_model.h"
+#include "model/moe_layer.h"
+
+namespace lattice {
+
+// The dropout stream of a site (its name: one stream per dropout site), keyed by the micro-batch.
+inline PhiloxStream site_stream(const MicroBatchKey& key, const std::string& site) {
+  return PhiloxStream{key.seed, fnv1a32(site.c_str()), uint32_t(key.iteration), uint32_t(key.micro_batch)};
+}
+
+// Everything one micro-batch keeps between forward and backward on one chunk. Sizes per
+// rank (see the header): "full" buffers have N rows, "shard" buffers Ns.
+struct GPTModel::Activations {
+  struct Layer {
+    float* ln1;        // [Ns, C]  (all-gathered into ln_full when a GEMM needs every row)
+    float* ln1_mean;   // [Ns]
+    float* ln1_rstd;   // [Ns]
+    float* qkv;        // [N, W/P]   ([B, T, Gl, Hl/Gl + 2, D], kernels/qkv_layout.h; W = 3C without grouped-
+                       //             query attention; bf16_qkv(): the bf16 GEMM result, without the bias,
+                       //             followed by attn's bf16 cast [N, C/P], the projection's input)
+    float* qk_raw = nullptr;   // --qk-layernorm, --qk-l2-norm: [N (Hl + Gl), D] the queries and keys before their norm,
+    float* qk_mean = nullptr;  //   [N (Hl + Gl)] their statistics (model/qk_layernorm.h); qkv holds
+    float* qk_rstd = nullptr;  //   them normalized (and rotated)
+    float* attn;       // [N, C/P]   ([B, T, Hl, D])
+    float* lse;        // [B, Hl, T]
+    float* resid_mid;  // [Ns, C]  residual stream after the attention block
+    float* ln2;        // [Ns, C]
+    float* ln2_mean;   // [Ns]
+    float* ln2_rstd;   // [Ns]
+    float* fc1;        // [N, F1l] pre-activation (bf16_inputs(): fc1's bf16 GEMM result, without the bias;
+                       //          in backward, then its output gradient: in bf16, or in fp32 with SwiGLU)
+    float* gelu;       // [N, Fl]  the activation, GELU or SwiGLU (bf16_inputs(): bf16; in backward, then
+                       //          fc2's input gradient in bf16)
+    // --num-experts (fc1 and gelu null): the MoE layer's kept buffers and routing (model/moe_layer.h)
+    std::shared_ptr<MoeState> moe;
+    // global_aux_loss: the step's averaged expert counts [E] when this micro-batch was routed, and
+    // the micro-batch's tokens on every data- and context-parallel rank (moe_global_balance).
+    std::vector<double> moe_global_counts;
+    double moe_global_tokens = 0.0;
+  };
+  // resid[i] is the chunk's layer i's input, resid.back() its output; layers[i] the
+  // buffers of layer i. With recomputation some point into the shared Scratch (see
+  // allocate()): a recomputed layer's buffers and a group's inner residuals, or
+  // (selective) every layer's attn and lse.
+  std::vector<float*> resid;  // chunk layers + 1 x [Ns, C]
+  std::vector<Layer> layers;
+  // Per layer: the first layer of the recomputed group it ends, else -1 (backward reruns
+  // that group's forward before the layer's backward).
+  std::vector<int64_t> recompute_from;
+  // With the loss:
+  float* lnf = nullptr;       // [N, C] full
+  float* lnf_mean = nullptr;  // [Ns]
+  float* lnf_rstd = nullptr;  // [Ns]
+  float* logits = nullptr;    // [N, Vl]  (overwritten by dlogits; bf16 [N, Vl] at its start with bf16_logits())
+  float* losses = nullptr;    // [N]
+  // The micro-batch's token-derived inputs, [B*T] each (row stride n, the largest B*T):
+  // [inputs | positions | document ids | targets], filled on the host and uploaded at once.
+  StagedArray<int32_t> ids;
+  StagedArray<float> loss_mask;  // [B*T] a given mask times the eod mask
+  int64_t n = 0;
+  float grad_scale = 1.0f;  // forward_step's: the scale of the micro-batch's loss gradient (the MoE aux loss's too)
+  int32_t* inputs() const { return ids.device(); }
+  int32_t* positions() const { return ids.device() + n; }
+  int32_t* document_ids() const { return ids.device() + 2 * n; }
+  int32_t* targets() const { return ids.device() + 3 * n; }
+  // Context parallelism with --reset-attention-mask: the whole sequences' document ids [B, T x cp],
+  // the keys' (every rank counts every eod).
+  StagedArray<int32_t> key_ids;
+  // For the embedding's backward on a GPU: the inputs' rows grouped by token and by position
+  // (kernels/embedding.h), [token groups | position groups] with room for 2n + 1 entries each,
+  // made on the host by prepare_inputs; groups points into it (empty: none made).
+  StagedArray<int32_t> row_groups;
+  EmbeddingRowGroups groups;
+};
+
+// Backward scratch shared by every chunk and slot (one step runs at a time).
+struct GPTModel::Scratch {
+  float* d_resid;             // [Ns, C]
+  float* d_s;                 // [Ns, C]  (sequence parallelism only)
+  float* ln_full;             // [N, C]   a LayerNorm output gathered from the shards (idem)
+  float* d_c1;                // [N, C]
+  float* d_c2;                // [N, max(C, Q/P)]  (Q = heads x kv_channels)
+  float* d_3c;                // [N, W/P]  the QKV layer's output gradient (W = 3Q without grouping)
+  float* d_f;                 // [N, Fl]
+  MoeScratch moe;             // --num-experts: the MoE backward's scratch
+  float* qk_tmp = nullptr;    // --qk-layernorm, --qk-l2-norm: [N (Hl + Gl), D] the norm's output, then its output gradient
+  float* qk_dx = nullptr;     //   [N (Hl + Gl), D] its input gradient
+  // Recomputation (shared by every chunk and slot: one group is live at a time).
+  std::vector<Activations::Layer> group;  // full: largest group x one layer's buffers
+  std::vector<float*> group_resid;        // full: (largest group - 1) x [Ns, C] inner residuals
+  float* attn = nullptr;                  // selective: [N, Q/P] core-attention output
+  float* lse = nullptr;                   // selective: [B, Hl, T]
+  float* fc1 = nullptr;                   // selective mlp: [N, F1l] a dense layer's fc1 output
+  float* gelu = nullptr;                  //   [N, Fl] its activation
+  float* ln = nullptr;                    // selective layernorm: [Ns, C] LN1's, then LN2's output
+  // --mtp-num-layers: eh_proj's input gradient [N, 2C] (every row's partial) and with sequence
+  // parallelism its reduced shard [Ns, 2C]; the gradient of the final LayerNorm's output from depth 1 [Ns, C].
+  float* mtp_d_cat = nullptr;
+  float* mtp_d_cat_s = nullptr;
+  float* mtp_d_h = nullptr;
+};
+
+// --mtp-num-layers: what a prediction depth keeps of a micro-batch between forward and backward.
+struct GPTModel::MtpDepth {
+  // Its transformer layer's: resid[0] eh_proj's output [Ns, C], layers[0], resid[1]; lnf and its
+  // statistics: the depth's final_layernorm (every row, [N, C]); logits and losses: the main
+  // model's buffers (used before them); ids: the inputs, positions and targets shifted once more
+  // than the previous depth's, the document ids unshifted.
+  Activations a;
+  float* emb = nullptr;                                      // [Ns, C] the shifted inputs' embedding (after dropout)
+  float* en = nullptr, *en_mean = nullptr, *en_rstd = nullptr;  // [Ns, C], [Ns] enorm of emb
+  float* hn = nullptr, *hn_mean = nullptr, *hn_rstd = nullptr;  // [Ns, C], [Ns] hnorm of the previous depth's output
+  float* cat = nullptr;    // [N, 2C] eh_proj's input: each row's enorm then hnorm output (every row)
+  float* d_out = nullptr;  // [Ns, C] gradient of lnf's rows here: its output layer's, plus the next depth's hnorm's
+  std::vector<float> mask;  // [B T] the loss mask shifted (host)
+};
+
+}  // namespace lattice

@@ -1,0 +1,172 @@
+// GPTModel's multi-token prediction depths (--mtp-num-layers; Megatron-Core's
+// MultiTokenPredictionBlock, DeepSeek-V3's MTP modules), run after the main model on the loss chunk.
+//
+// Depth k (from 1) of a micro-batch, with h0 the main final LayerNorm's output:
+//   ids_k, positions_k, targets_k, mask_k = those of depth k-1 rolled left by one, the last 0
+//                                           (Megatron's roll_tensor; the document ids unshifted)
+//   e_k   = dropout(embedding(ids_k, positions_k))            (the model's word/position embedding)
+//   x_k   = [enorm_k(e_k) | hnorm_k(h_{k-1})] eh_proj_k^T      ([N, 2C] x [C, 2C]^T, column-parallel)
+//   h_k   = final_layernorm_k(transformer_layer_k(x_k))        (a dense layer, causal over every row)
+//   loss_k = sum(mask_k ce(h_k Wout^T, targets_k)) / sum(mask_k)  (the shared output layer)
+// Training adds mtp_loss_scaling_factor / K x sum_k loss_k to the micro-batch's loss (the gradient
+// of the token sum with --calculate-per-token-loss); the reported loss is the main model's.
+// Shapes on one of P tensor-parallel ranks: N = B T rows, Ns this rank's (N / P with sequence
+// parallelism), C hidden, Cl = C / P eh_proj's output columns here.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "dist/comm.h"
+#include "kernels/elementwise.h"
+#include "kernels/layernorm.h"
+#include "model/gpt_model.h"
+#include "model/gpt_model_buffers.h"
+#include "model/linear.h"
+#include "model/tensor_parallel.h"
+
+namespace lattice {
+
+namespace {
+
+std::string depth_name(int64_t k) { return "mtp.layers." + std::to_string(k) + "."; }
+
+}  // namespace
+
+void GPTModel::shift_inputs(Activations& to, const Activations& from, int64_t B, int64_t T, bool group_rows) {
+  const int32_t* f = const_cast<Activations&>(from).ids.host();  // read only (StagedArray has no const host())
+  int32_t* t = to.ids.host();
+  const int64_t n = from.n;  // [inputs | positions | document ids | targets], n apart
+  for (int64_t part : {0, 1, 3})
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t* src = f + part * n + b * T;
+      int32_t* dst = t + part * n + b * T;
+      std::copy(src + 1, src + T, dst);
+      dst[T - 1] = 0;
+    }
+  std::copy_n(f + 2 * n, B * T, t + 2 * n);  // the attention's documents stay the inputs'
+  to.ids.upload(size_t(4 * n));
+  to.groups = {};
+  if (group_rows) group_embedding_rows(to, B * T);
+}
+
+void GPTModel::mtp_forward(Activations& a, int slot, const float* loss_mask, int64_t B, int64_t T, float grad_scale,
+                           const MicroBatchKey& key) {
+  Scratch& sc = *scratch_;
+  const bool sp = tp_.sp();
+  const int64_t K = cfg_.mtp_num_layers, N = B * T, C = cfg_.hidden_size, P = tp_.size(), Cl = C / P;
+  const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
+  const float scale = grad_scale * cfg_.mtp_loss_scaling_factor / float(K);
+  for (int64_t k = 0; k < K; ++k) {
+    MtpDepth& d = mtp_acts_[size_t(slot * K + k)];
+    const MtpParams& w = mtp_[size_t(k)];
+    const Activations& prev = k == 0 ? a : mtp_acts_[size_t(slot * K + k - 1)].a;
+    shift_inputs(d.a, prev, B, T, current_device() != Device::cpu);
+    const float* prev_mask = k == 0 ? loss_mask : mtp_acts_[size_t(slot * K + k - 1)].mask.data();
+    d.mask.resize(size_t(N));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        d.mask[size_t(b * T + t)] = t + 1 < T ? (prev_mask ? prev_mask[b * T + t + 1] : 1.0f) : 0.0f;
+
+    embedding_forward(d.emb, d.a, B, T, key, depth_name(k) + "embedding.dropout");
+    layernorm_input(d.en, d.en_mean, d.en_rstd, d.emb, w.enorm_w, w.enorm_b, Ns);
+    layernorm_input(d.hn, d.hn_mean, d.hn_rstd, input_row(prev.lnf, row0), w.hnorm_w, w.hnorm_b, Ns);
+    // eh_proj's input: every row's enorm output, then its hnorm output (all-gathered with sequence
+    // parallelism).
+    for (int half = 0; half < 2; ++half) {
+      const float* rows = half ? d.hn : d.en;
+      if (sp) {
+        copy_on_device(sc.ln_full + row0 * C, rows, size_t(Ns * C) * sizeof(float));
+        gather_from_sequence_parallel_region(tp_, sc.ln_full, N, C);
+        rows = sc.ln_full;
+      }
+      copy_rows_on_device(d.cat + half * C, size_t(2 * C) * sizeof(float), rows, size_t(C) * sizeof(float),
+                          size_t(C) * sizeof(float), size_t(N));
+    }
+    // eh_proj: this rank's Cl output columns of every row; with P ranks all-gathered along the
+    // columns (Megatron's gather_from_tensor_model_parallel_region), then this rank's rows.
+    if (P == 1) {
+      linear_forward(d.a.resid[0], d.cat, params_.param(w.eh_proj_w), nullptr, N, 2 * C, C, site(w.eh_proj_w));
+    } else {
+      float* parts = sc.d_c2;  // [P, N, Cl]
+      linear_forward(parts + tp_.rank() * N * Cl, d.cat, params_.param(w.eh_proj_w), nullptr, N, 2 * C, Cl,
+                     site(w.eh_proj_w));
+      tp_.comm->all_gather(parts, std::vector<int64_t>(size_t(P), N * Cl));
+      float* full = sp ? sc.d_c1 : d.a.resid[0];
+      for (int64_t r = 0; r < P; ++r)
+        copy_rows_on_device(full + r * Cl, size_t(C) * sizeof(float), parts + r * N * Cl, size_t(Cl) * sizeof(float),
+                            size_t(Cl) * sizeof(float), size_t(N));
+      if (sp) copy_on_device(d.a.resid[0], sc.d_c1 + row0 * C, size_t(Ns * C) * sizeof(float));
+    }
+    // The transformer layer with final_layernorm after it (every row, for the output layer).
+    forward_layer(w.layer, d.a, 0, B, T, key, true, false,
+                  NextNorm{input_row(d.a.lnf, row0), d.a.lnf_mean, d.a.lnf_rstd, w.norm_w, w.norm_b});
+    gather_input_rows(d.a.lnf, N);
+    // The loss on the shifted targets, and the output layer's backward now: the logits' buffer is
+    // the next depth's, then the main model's. Each micro-batch's mean is tracked (Megatron's
+    // MTPLossLoggingHelper), over its tokens with a target.
+    const LossSum l = output_loss(d.a, d.mask.data(), B, T, true, scale);
+    if (l.count > 0) {
+      mtp_losses_[size_t(k)].sum += l.sum / l.count;
+      mtp_losses_[size_t(k)].count += 1;
+    }
+    const LayerNormDout d_out = output_layer_backward(d.a, N);
+    copy_on_device(d.d_out, d_out.f32, size_t(Ns * C) * sizeof(float));
+  }
+}
+
+void GPTModel::mtp_backward(Activations& a, int slot, int64_t B, int64_t T, const MicroBatchKey& key) {
+  Scratch& sc = *scratch_;
+  const bool sp = tp_.sp();
+  const int64_t K = cfg_.mtp_num_layers, N = B * T, C = cfg_.hidden_size, P = tp_.size(), Cl = C / P;
+  const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
+  for (int64_t k = K; k-- > 0;) {
+    MtpDepth& d = mtp_acts_[size_t(slot * K + k)];
+    const MtpParams& w = mtp_[size_t(k)];
+    const Activations& prev = k == 0 ? a : mtp_acts_[size_t(slot * K + k - 1)].a;
+    // final_layernorm and the transformer layer: d_resid = d(eh_proj's output rows here).
+    const LayerNormDout d_norm(d.d_out);
+    backward_layers(&w.layer, -1, d.a, &d_norm, w.norm_w, w.norm_b, B, T, key);
+    // eh_proj: the output gradient's columns of this rank for every row; its input gradient
+    // reduced over the group (reduce-scattered to this rank's rows with sequence parallelism).
+    const float* dy = sc.d_resid;
+    if (sp) {
+      copy_on_device(sc.d_c1 + row0 * C, sc.d_resid, size_t(Ns * C) * sizeof(float));
+      gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
+      dy = sc.d_c1;
+    }
+    if (P > 1) {
+      copy_rows_on_device(sc.d_c2, size_t(Cl) * sizeof(float), dy + tp_.rank() * Cl, size_t(C) * sizeof(float),
+                          size_t(Cl) * sizeof(float), size_t(N));
+      dy = sc.d_c2;
+    }
+    column_parallel_linear_backward(tp_, sc.mtp_d_cat, sc.mtp_d_cat_s, params_.grad(w.eh_proj_w), nullptr, dy, d.cat,
+                                    params_.param(w.eh_proj_w), N, 2 * C, Cl, site(w.eh_proj_w));
+    const float* d_cat = sp ? sc.mtp_d_cat_s : sc.mtp_d_cat;  // [Ns, 2C]
+    float* d_en = sc.d_c1;  // [Ns, C] enorm's output gradient
+    float* d_hn = sc.d_c2;  // [Ns, C] hnorm's
+    copy_rows_on_device(d_en, size_t(C) * sizeof(float), d_cat, size_t(2 * C) * sizeof(float),
+                        size_t(C) * sizeof(float), size_t(Ns));
+    copy_rows_on_device(d_hn, size_t(C) * sizeof(float), d_cat + C, size_t(2 * C) * sizeof(float),
+                        size_t(C) * sizeof(float), size_t(Ns));
+    // hnorm: into the previous depth's output gradient (the main final LayerNorm's at depth 1).
+    float* d_prev = k > 0 ? mtp_acts_[size_t(slot * K + k - 1)].d_out : sc.mtp_d_h;
+    if (k == 0) zero_on_device(sc.mtp_d_h, size_t(Ns * C) * sizeof(float));
+    layernorm_backward(d_prev, params_.grad(w.hnorm_w), bias_grad(w.hnorm_b), d_hn, input_row(prev.lnf, row0),
+                       norm_weight(w.hnorm_w), d.hn_mean, d.hn_rstd, Ns, C, {}, normalization());
+    // enorm, then the embedding of the shifted inputs.
+    zero_on_device(sc.d_resid, size_t(Ns * C) * sizeof(float));
+    layernorm_backward(sc.d_resid, params_.grad(w.enorm_w), bias_grad(w.enorm_b), d_en, d.emb, norm_weight(w.enorm_w),
+                       d.en_mean, d.en_rstd, Ns, C, {}, normalization());
+    embedding_backward_from(d.a, B, T, key, depth_name(k) + "embedding.dropout");
+    grads_ready({w.enorm_w, w.enorm_b, w.hnorm_w, w.hnorm_b, w.eh_proj_w});
+  }
+}
+
+std::vector<LossSum> GPTModel::take_mtp_losses() {
+  std::vector<LossSum> l = mtp_losses_;
+  std::fill(mtp_losses_.begin(), mtp_losses_.end(), LossSum{});
+  return l;
+}
+
+}  // namespace lattice

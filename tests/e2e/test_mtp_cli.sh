@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Multi-token prediction from the command line (--mtp-num-layers, --mtp-loss-scaling-factor): a model
+# with two prediction depths trains, logs Megatron's "mtp_<k> loss" beside the lm loss (and in
+# --metrics-file), saves the depths' weights, resumes from its checkpoint to the straight run's losses,
+# and resumes by --use-checkpoint-args; the main loss of the first iteration is the model's without
+# the depths, later ones move, and with --mtp-loss-scaling-factor 0 every main loss is the plain
+# model's; generate runs on the main model; the HuggingFace export says it drops the depths; bad
+# combinations are one-line errors naming the flag, with nothing written.
+#   bash tests/e2e/test_mtp_cli.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+MODEL=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+       --tokenizer-type ByteTokenizer)
+MTP=(--mtp-num-layers 2 --mtp-loss-scaling-factor 0.3)
+RUN=(--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --seed 3 --mock-data --eval-iters 0)
+
+field() { grep -o "\"$2\":[^,}]*" "$1" | cut -d: -f2; }
+mtp_losses() { grep -o '"mtp_losses":\[[^]]*\]' "$1"; }
+
+if run train "$LATTICE" train "${MODEL[@]}" "${MTP[@]}" "${RUN[@]}" --train-iters 24 --exit-interval 20 --save ckpt \
+     --metrics-file m.jsonl; then
+  first=$(field m.jsonl lm_loss | head -n 1)
+  last=$(field m.jsonl lm_loss | tail -n 1)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.2) }' &&
+    pass "a model with 2 prediction depths trains: lm loss $first -> $last" || fail "the loss did not fall: $first -> $last"
+  grep -q 'lm loss: [^|]*| mtp_1 loss: [0-9.E+-]* | mtp_2 loss: [0-9.E+-]* |' train.out &&
+    [ "$(mtp_losses m.jsonl | tail -n 1 | tr ',' '\n' | wc -l)" = 2 ] &&
+    pass "the log and the metrics carry each depth's loss ($(mtp_losses m.jsonl | tail -n 1))" ||
+    fail "no mtp_<k> losses logged"
+  grep -q '"mtp_num_layers": *2' ckpt/iter_0000020/*.json && grep -qF 'mtp.layers.1.eh_proj.weight' ckpt/iter_0000020/*.json &&
+    grep -qF 'mtp.layers.1.transformer_layer.self_attention.linear_qkv.weight' ckpt/iter_0000020/*.json &&
+    pass "the checkpoint records the depths and their weights" || fail "the checkpoint lost the prediction depths"
+  # The resumed run ends as the straight one: every loss of iterations 21-24, the depths' too.
+  if run resume "$LATTICE" train "${MODEL[@]}" "${MTP[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt \
+       --metrics-file r.jsonl &&
+     run straight "$LATTICE" train "${MODEL[@]}" "${MTP[@]}" "${RUN[@]}" --train-iters 24 --metrics-file s.jsonl; then
+    want=$(tail -n 4 s.jsonl | grep -o '"lm_loss":[^,}]*\|"mtp_losses":\[[^]]*\]')
+    got=$(grep -o '"lm_loss":[^,}]*\|"mtp_losses":\[[^]]*\]' r.jsonl)
+    [ -n "$want" ] && [ "$got" = "$want" ] && pass "the resumed run's losses (main and depths) are the straight run's" ||
+      fail "the resumed run differs from the straight one"
+  fi
+  expect_error "resume without --mtp-num-layers" "mtp_num_layers|--mtp-num-layers" -- \
+    "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt3
+  run resume_args "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 24 --load ckpt --ckpt-step 20 \
+    --save ckpt2 --exit-interval 21 && grep -q '"mtp_num_layers": *2' ckpt2/iter_0000021/*.json && grep -q 'mtp_2 loss' resume_args.out &&
+    pass "--use-checkpoint-args resumes the prediction depths"
+  run gen "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+    run gen_full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 16 --seed 2 --no-kv-cache &&
+    { cmp -s gen.out gen_full.out && pass "generate runs the main model (the same text with and without the KV cache)" ||
+        fail "generate differs with and without the KV cache"; }
+  run to_hf "$LATTICE" convert --load ckpt --to-hf hf && grep -q "multi-token prediction depths (mtp.layers.\*) are not exported" to_hf.err &&
+    pass "convert --to-hf says the depths stay behind" || fail "convert --to-hf dropped the depths silently"
+fi
+
+# The depths change the main model's training only through their gradients: the first iteration's
+# main loss is the plain model's (the same initial weights), later ones differ; with a scaling factor
+# of 0 the depths' gradient is exactly zero and every main loss is the plain model's.
+if run plain "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 4 --metrics-file p.jsonl &&
+   run with "$LATTICE" train "${MODEL[@]}" "${MTP[@]}" "${RUN[@]}" --train-iters 4 --metrics-file w.jsonl &&
+   run zero "$LATTICE" train "${MODEL[@]}" --mtp-num-layers 2 --mtp-loss-scaling-factor 0 "${RUN[@]}" --train-iters 4 \
+     --metrics-file z.jsonl; then
+  p1=$(field p.jsonl lm_loss | head -n 1); w1=$(field w.jsonl lm_loss | head -n 1)
+  p4=$(field p.jsonl lm_loss | tail -n 1); w4=$(field w.jsonl lm_loss | tail -n 1)
+  [ -n "$p1" ] && [ "$p1" = "$w1" ] && [ "$p4" != "$w4" ] &&
+    pass "the first main loss is the plain model's ($p1), the depths' gradients move the later ones ($p4 -> $w4)" ||
+    fail "main losses with and without the depths: first $p1 / $w1, last $p4 / $w4"
+  [ "$(field p.jsonl lm_loss)" = "$(field z.jsonl lm_loss)" ] &&
+    pass "--mtp-loss-scaling-factor 0: every main loss is the plain model's" ||
+    fail "--mtp-loss-scaling-factor 0 changed the main losses"
+fi
+
+expect_error "negative depths" "--mtp-num-layers must be >= 0" -- \
+  "$LATTICE" train "${MODEL[@]}" --mtp-num-layers -1 "${RUN[@]}" --train-iters 1 --save bad1
+expect_error "negative scaling factor" "--mtp-loss-scaling-factor must be a finite number >= 0" -- \
+  "$LATTICE" train "${MODEL[@]}" --mtp-num-layers 1 --mtp-loss-scaling-factor -1 "${RUN[@]}" --train-iters 1 --save bad2
+expect_error "with experts" "--mtp-num-layers with --num-experts is not supported yet" -- \
+  "$LATTICE" train "${MODEL[@]}" --disable-bias-linear --num-experts 4 --mtp-num-layers 1 "${RUN[@]}" --train-iters 1 \
+  --save bad3
+expect_error "with pipeline parallelism" "--mtp-num-layers with --pipeline-model-parallel-size > 1 is not supported yet" -- \
+  "$LATTICE" train "${MODEL[@]}" --mtp-num-layers 1 --pipeline-model-parallel-size 2 "${RUN[@]}" --train-iters 1 --save bad4
+expect_error "with context parallelism" "--mtp-num-layers with --context-parallel-size > 1 is not supported yet" -- \
+  "$LATTICE" train "${MODEL[@]}" --mtp-num-layers 1 --context-parallel-size 2 "${RUN[@]}" --train-iters 1 --save bad5
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] || [ -e bad5 ] || [ -e ckpt3 ] &&
+  fail "a refused run left a checkpoint behind"
+e2e_finish
