@@ -29,9 +29,6 @@ std::string layer_name(int64_t l, const char* rest) {
   return "decoder.layers." + std::to_string(l) + "." + rest;
 }
 
-std::string expert_name(int64_t l, int64_t e, const char* rest) {
-  return "decoder.layers." + std::to_string(l) + ".mlp.experts.local_experts." + std::to_string(e) + "." + rest;
-}
 
 
 // Megatron's conditions: the sequence splits into 2P chunks, one pair per rank.
@@ -92,9 +89,9 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     LATTICE_CHECK(cfg_.num_experts % ep_->size() == 0)
         << "--num-experts " << cfg_.num_experts << " is not divisible by --expert-model-parallel-size " << ep_->size();
   }
-  if (cfg_.mtp() && !(place_.pre_process && place_.post_process && place_.chunks.size() == 1))
-    LATTICE_FAIL() << "--mtp-num-layers needs the whole model on one pipeline stage (--pipeline-model-parallel-size 1, "
-                      "no virtual stages): the prediction depths embed tokens after the last layer";
+  if (cfg_.mtp() && place_.post_process && !place_.pre_process && cfg_.learned_positions())
+    LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope "
+                      "or none: the last stage's prediction depths have no position table";
   if (cfg_.mtp() && cp_.on())
     LATTICE_FAIL() << "--mtp-num-layers with --context-parallel-size > 1 is not supported yet (the shifted tokens "
                       "cross the ranks' chunks)";
@@ -301,11 +298,15 @@ void GPTModel::register_parameters() {
     if (cfg_.learned_positions())
       wpe_ = add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C},
                  ParamInit::normal, std, -1);
-    if (tied && split_pipeline) shared_embedding_ = wte_;
+    // Shared with the last stage's copy: the tied output layer's, or with --mtp-num-layers the depths' lookup's.
+    if ((tied || cfg_.mtp()) && split_pipeline) shared_embedding_ = wte_;
   }
   // One transformer layer's parameters under `prefix` (l: its number, which decides its kind).
   auto add_layer = [&](int64_t l, const std::string& prefix) {
     auto lname = [&](const char* rest) { return prefix + rest; };
+    auto ename = [&](int64_t e, const char* rest) {
+      return prefix + "mlp.experts.local_experts." + std::to_string(e) + "." + rest;
+    };
     LayerParams p;
     p.layer = l;
     p.name = prefix;
@@ -337,13 +338,13 @@ void GPTModel::register_parameters() {
         params_.mark_buffer(p.expert_bias);
       }
       for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {  // under their global numbers
-        p.expert_fc1.push_back(add(expert_name(l, e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
-        p.expert_fc2.push_back(add(expert_name(l, e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
+        p.expert_fc1.push_back(add(ename(e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
+        p.expert_fc2.push_back(add(ename(e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
         params_.mark_expert(p.expert_fc1.back());
         params_.mark_expert(p.expert_fc2.back());
         if (!bias) continue;  // fc1's split as its weight's rows, fc2's whole (added once: MoeWeights::add_fc2_bias)
-        p.expert_fc1_b.push_back(add(expert_name(l, e, "linear_fc1.bias"), {Fe1}, ParamInit::zeros, 0, 0, fc1_blocks));
-        p.expert_fc2_b.push_back(add(expert_name(l, e, "linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1));
+        p.expert_fc1_b.push_back(add(ename(e, "linear_fc1.bias"), {Fe1}, ParamInit::zeros, 0, 0, fc1_blocks));
+        p.expert_fc2_b.push_back(add(ename(e, "linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1));
         params_.mark_expert(p.expert_fc1_b.back());
         params_.mark_expert(p.expert_fc2_b.back());
       }
@@ -366,10 +367,6 @@ void GPTModel::register_parameters() {
     chunk_first_.push_back(layers_.size());
     for (int64_t l = begin; l < end; ++l) layers_.push_back(add_layer(l, layer_name(l, "")));
   }
-  expert_tokens_.assign(cfg_.moe_router_enable_expert_bias ? layers_.size() * size_t(cfg_.num_experts) : 0, 0.0);
-  global_balance_.assign(cfg_.moe_global_aux_loss ? layers_.size() : 0, MoeGlobalBalance{});
-  layer_load_balancing_.assign(cfg_.moe() ? size_t(cfg_.num_layers) : 0, LossSum{});
-  layer_z_loss_ = layer_load_balancing_;
   if (place_.post_process) {
     lnf_w_ = add("decoder.final_layernorm.weight", {C}, norm_init, 0, -1);
     if (norm_bias) lnf_b_ = add("decoder.final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
@@ -379,6 +376,11 @@ void GPTModel::register_parameters() {
       out_w_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
       params_.mark_shared_embedding_copy(out_w_);
       shared_embedding_ = out_w_;
+    }
+    if (cfg_.mtp() && !tied && !place_.pre_process) {  // the depths' lookup on a last stage (Megatron's as well)
+      mtp_wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
+      params_.mark_shared_embedding_copy(mtp_wte_);
+      shared_embedding_ = mtp_wte_;
     }
     // --mtp-num-layers: Megatron-Core's MultiTokenPredictionBlock, one MultiTokenPredictionLayer per
     // depth: enorm, hnorm, eh_proj [C, 2C] (column-parallel, no bias), a transformer layer numbered
@@ -397,6 +399,12 @@ void GPTModel::register_parameters() {
       mtp_.push_back(d);
     }
   }
+  // The MoE statistics of every layer here, the prediction depths' after the decoder's (track_moe_forward).
+  const size_t here = layers_.size() + mtp_.size();
+  expert_tokens_.assign(cfg_.moe_router_enable_expert_bias ? here * size_t(cfg_.num_experts) : 0, 0.0);
+  global_balance_.assign(cfg_.moe_global_aux_loss ? here : 0, MoeGlobalBalance{});
+  layer_load_balancing_.assign(cfg_.moe() ? size_t(cfg_.num_layers + cfg_.mtp_num_layers) : 0, LossSum{});
+  layer_z_loss_ = layer_load_balancing_;
 }
 
 void GPTModel::init_parameters(uint64_t seed) { params_.initialize(seed); }
@@ -556,7 +564,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
         for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) {  // --mtp-num-layers: each depth's, whole
           MtpDepth d;
           d.a.resid = {arena.alloc_f32(Ns * C, "mtp residual"), arena.alloc_f32(Ns * C, "mtp residual")};
-          d.a.layers = {alloc_layer(true, false, true)};
+          const bool moe = cfg.moe_layer(cfg.num_layers + k);  // the last decoder layer's kind
+          d.a.layers = {alloc_layer(true, moe, !moe)};
           d.a.recompute_from = {-1};
           d.a.lnf = arena.alloc_f32(N * C, "mtp final_layernorm");
           d.a.lnf_mean = arena.alloc_f32(Ns);
@@ -692,7 +701,7 @@ void GPTModel::embedding_forward(float* out, const Activations& a, int64_t B, in
   const int64_t N = B * T, C = cfg_.hidden_size, Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   float* emb = tp_.sp() ? scratch_->d_c1 : out;
-  vocab_parallel_embedding_forward(emb, a.inputs(), params_.param(wte_), vocab_begin_, Vl_, N, C);
+  vocab_parallel_embedding_forward(emb, a.inputs(), params_.param(word_embedding()), vocab_begin_, Vl_, N, C);
   reduce_from_tensor_parallel_region(tp_, emb, out, N, C);
   if (wpe_ >= 0) position_embedding_add(out, a.positions() + row0, params_.param(wpe_), Ns, C);
   const PhiloxStream stream = site_stream(key, site);
@@ -716,7 +725,7 @@ void GPTModel::embedding_backward_from(const Activations& a, int64_t B, int64_t 
     gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
     d_emb = sc.d_c1;
   }
-  embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : nullptr, d_emb, a.inputs(), a.positions(), N, C,
+  embedding_backward(params_.grad(word_embedding()), wpe_ >= 0 ? params_.grad(wpe_) : nullptr, d_emb, a.inputs(), a.positions(), N, C,
                      vocab_begin_, Vl_, a.groups);
 }
 
@@ -735,39 +744,42 @@ void GPTModel::forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, co
   const size_t first = chunk_first_[size_t(chunk)];
   for (size_t i = 0; i < a.layers.size(); ++i) {
     forward_layer(layers_[first + i], a, i, B, T, key, true, i > 0, next_norm(chunk, a, i + 1, row0));
-    if (key.training && cfg_.moe_layer(layers_[first + i].layer)) {  // each training forward once (not the recomputations)
-      Activations::Layer& x = a.layers[i];
-      const MoeState& st = *x.moe;
-      load_balancing_.sum += st.balance;
-      load_balancing_.count += 1;
-      const size_t l = size_t(layers_[first + i].layer);
-      layer_load_balancing_[l].sum += st.balance;
-      layer_load_balancing_[l].count += 1;
-      layer_z_loss_[l].sum += st.z;
-      layer_z_loss_[l].count += 1;
-      if (cfg_.moe_seq_aux_loss) {
-        seq_load_balancing_.sum += st.seq_balance;
-        seq_load_balancing_.count += 1;
-      }
-      if (cfg_.moe_global_aux_loss) {  // the step's counts so far, for this micro-batch's backward
-        global_load_balancing_.sum += moe_global_balance(x.moe_global_counts, x.moe_global_tokens, st,
-                                                         global_balance_[first + i], B * T, moe_shape(T, true, true),
-                                                         cp_.on() ? cp_.comm : nullptr, data_parallel_);
-        global_load_balancing_.count += 1;
-      }
-      z_loss_.sum += st.z;
-      z_loss_.count += 1;
-      if (cfg_.moe_router_enable_expert_bias) {
-        double* tokens = expert_tokens_.data() + (first + i) * size_t(cfg_.num_experts);
-        const std::vector<int64_t>& o = a.layers[i].moe->offsets;
-        for (int64_t e = 0; e < cfg_.num_experts; ++e) tokens[e] += double(o[size_t(e + 1)] - o[size_t(e)]);
-      }
-    }
+    if (key.training && cfg_.moe_layer(layers_[first + i].layer))  // each training forward once (not the recomputations)
+      track_moe_forward(layers_[first + i], a, i, first + i, B, T);
   }
   if (has_loss(chunk)) {
     if (a.layers.empty())
       layernorm_input(input_row(a.lnf, row0), a.lnf_mean, a.lnf_rstd, a.resid.back(), lnf_w_, lnf_b_, Ns);
     gather_input_rows(a.lnf, N);
+  }
+}
+
+void GPTModel::track_moe_forward(const LayerParams& p, Activations& a, size_t i, size_t index, int64_t B, int64_t T) {
+  Activations::Layer& x = a.layers[i];
+  const MoeState& st = *x.moe;
+  load_balancing_.sum += st.balance;
+  load_balancing_.count += 1;
+  const size_t l = size_t(p.layer);
+  layer_load_balancing_[l].sum += st.balance;
+  layer_load_balancing_[l].count += 1;
+  layer_z_loss_[l].sum += st.z;
+  layer_z_loss_[l].count += 1;
+  if (cfg_.moe_seq_aux_loss) {
+    seq_load_balancing_.sum += st.seq_balance;
+    seq_load_balancing_.count += 1;
+  }
+  if (cfg_.moe_global_aux_loss) {  // the step's counts so far, for this micro-batch's backward
+    global_load_balancing_.sum += moe_global_balance(x.moe_global_counts, x.moe_global_tokens, st,
+                                                     global_balance_[index], B * T, moe_shape(T, true, true),
+                                                     cp_.on() ? cp_.comm : nullptr, data_parallel_);
+    global_load_balancing_.count += 1;
+  }
+  z_loss_.sum += st.z;
+  z_loss_.count += 1;
+  if (cfg_.moe_router_enable_expert_bias) {
+    double* tokens = expert_tokens_.data() + index * size_t(cfg_.num_experts);
+    const std::vector<int64_t>& o = x.moe->offsets;
+    for (int64_t e = 0; e < cfg_.num_experts; ++e) tokens[e] += double(o[size_t(e + 1)] - o[size_t(e)]);
   }
 }
 
@@ -979,8 +991,8 @@ void GPTModel::update_expert_biases(Comm* dp) {
   // already equal.
   if (dp && dp->size() > 1) dp->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
   if (cp_.on()) cp_.comm->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const LayerParams& p = layers_[i];
+  for (size_t i = 0; i < layers_.size() + mtp_.size(); ++i) {
+    const LayerParams& p = i < layers_.size() ? layers_[i] : mtp_[i - layers_.size()].layer;
     if (p.expert_bias < 0) continue;
     const double* tokens = expert_tokens_.data() + i * size_t(E);
     double mean = 0.0;

@@ -374,6 +374,10 @@ class GPTModel {
   // The micro-batch's T (the whole sequence) as this rank's rows per sequence, checked.
   int64_t local_seq_length(int64_t T) const;
   void forward_chunk(int chunk, Activations& a, int64_t B, int64_t T, const MicroBatchKey& key);
+  // A training forward's MoE statistics of MoE layer p (the buffers a.layers[i]; index: its place among
+  // this rank's layers, the decoder's in layers_ order, then the prediction depths'): the losses' sums,
+  // the global balance's counts, the expert bias's token counts.
+  void track_moe_forward(const LayerParams& p, Activations& a, size_t i, size_t index, int64_t B, int64_t T);
   // The LayerNorm that reads a row-parallel layer's output next, made in one pass with it
   // (bias_dropout_add_layernorm_forward): LN2 after the projection; after fc2 the next
   // layer's LN1 or the final LayerNorm. out (this rank's rows, a linear layer's input as
@@ -576,6 +580,12 @@ class GPTModel {
   int64_t vocab_begin_, vocab_valid_;  // first vocabulary row here; real (unpadded) rows here
   ParamBuffer params_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, out_w_ = -1, shared_embedding_ = -1;
+  // --mtp-num-layers on a last pipeline stage of an untied model: its copy of the word embedding for the
+  // depths' lookup (a shared embedding, as the tied output layer's copy is); -1 otherwise.
+  int mtp_wte_ = -1;
+  // The word embedding this rank's lookups read: the embedding's, or on a last stage without it the
+  // copy (the tied output layer's, or mtp_wte_).
+  int word_embedding() const { return wte_ >= 0 ? wte_ : mtp_wte_ >= 0 ? mtp_wte_ : out_w_; }
   std::vector<LayerParams> layers_;    // every layer of every chunk, in chunk order
   std::vector<MtpParams> mtp_;         // --mtp-num-layers: each depth's (on the last stage)
   std::vector<MtpDepth> mtp_acts_;     // [slot * mtp_num_layers + depth] (the loss chunk's)

@@ -62,6 +62,7 @@ void GPTModel::mtp_forward(Activations& a, int slot, const float* loss_mask, int
     const MtpParams& w = mtp_[size_t(k)];
     const Activations& prev = k == 0 ? a : mtp_acts_[size_t(slot * K + k - 1)].a;
     shift_inputs(d.a, prev, B, T, current_device() != Device::cpu);
+    d.a.grad_scale = grad_scale;  // an MoE layer's load-balancing loss: the main loss's scale (not the depths')
     const float* prev_mask = k == 0 ? loss_mask : mtp_acts_[size_t(slot * K + k - 1)].mask.data();
     d.mask.resize(size_t(N));
     for (int64_t b = 0; b < B; ++b)
@@ -101,6 +102,7 @@ void GPTModel::mtp_forward(Activations& a, int slot, const float* loss_mask, int
     // The transformer layer with final_layernorm after it (every row, for the output layer).
     forward_layer(w.layer, d.a, 0, B, T, key, true, false,
                   NextNorm{input_row(d.a.lnf, row0), d.a.lnf_mean, d.a.lnf_rstd, w.norm_w, w.norm_b});
+    if (cfg_.moe_layer(w.layer.layer)) track_moe_forward(w.layer, d.a, 0, layers_.size() + size_t(k), B, T);
     gather_input_rows(d.a.lnf, N);
     // The loss on the shifted targets, and the output layer's backward now: the logits' buffer is
     // the next depth's, then the main model's. Each micro-batch's mean is tracked (Megatron's

@@ -96,8 +96,6 @@ void TransformerConfig::check_mtp() const {
   if (!(mtp_loss_scaling_factor >= 0.0f && mtp_loss_scaling_factor < 1e30f))
     LATTICE_FAIL() << "--mtp-loss-scaling-factor must be a finite number >= 0, got " << mtp_loss_scaling_factor;
   if (!mtp()) return;
-  if (moe())  // the depths' layers are dense here; Megatron's would be MoE layers
-    LATTICE_FAIL() << "--mtp-num-layers with --num-experts is not supported yet (the prediction depths' layers are dense)";
   if (!window_attn_pattern.empty())  // a pattern has one entry per decoder layer
     LATTICE_FAIL() << "--mtp-num-layers with --window-attn-skip-freq is not supported yet";
 }

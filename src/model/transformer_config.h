@@ -1,5 +1,6 @@
 // TransformerConfig: the model's shape and numerics, with Megatron-Core's field names.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -136,7 +137,8 @@ struct TransformerConfig {
   // --mtp-num-layers K (0: none; Megatron-Core's multi-token prediction, DeepSeek-V3's): after the
   // final LayerNorm, K depths each predict one token further: depth k (from 1) embeds the inputs
   // shifted k to the left, joins its enorm to the hnorm of the previous depth's output (the final
-  // LayerNorm's for depth 1) through eh_proj [C, 2C], runs one dense transformer layer and its own
+  // LayerNorm's for depth 1) through eh_proj [C, 2C], runs one transformer layer (of the last decoder
+  // layer's kind, dense or MoE: moe_layer(num_layers + k - 1)) and its own
   // final_layernorm, and scores the targets shifted k with the shared output layer. Training adds
   // mtp_loss_scaling_factor / K times the sum of the depths' mean losses; the reported loss, the
   // evaluation and generation are the main model's alone.
@@ -203,8 +205,11 @@ struct TransformerConfig {
   // entry per layer; empty: every layer (parse_moe_layer_freq reads Megatron's forms).
   std::vector<int> moe_layer_pattern;
   bool moe() const { return num_experts > 0; }
+  // A prediction depth's layer (--mtp-num-layers, numbered from num_layers) is of the last decoder
+  // layer's kind, as Megatron-Core's MTP block takes the decoder's last layer spec.
   bool moe_layer(int64_t layer) const {
-    return moe() && (moe_layer_pattern.empty() || moe_layer_pattern[size_t(layer)] != 0);
+    if (!moe() || moe_layer_pattern.empty()) return moe();
+    return moe_layer_pattern[size_t(std::min<int64_t>(layer, int64_t(moe_layer_pattern.size()) - 1))] != 0;
   }
   // The MoE part of finalize().
   void check_moe();

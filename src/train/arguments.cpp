@@ -672,9 +672,9 @@ void validate(TrainArgs& a) {
                      << " is not divisible by --tensor-model-parallel-size " << a.tensor_model_parallel_size
                      << " (required by --sequence-parallel)";
   }
-  if (a.mtp_num_layers > 0 && a.pipeline_model_parallel_size > 1)
-    LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 is not supported yet (the prediction "
-                      "depths embed tokens after the last layer: one stage holds the whole model)";
+  if (a.mtp_num_layers > 0 && a.pipeline_model_parallel_size > 1 && a.position_embedding_type == "learned_absolute")
+    LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope "
+                      "or none: the last stage's prediction depths have no position table";
   if (a.mtp_num_layers > 0 && a.context_parallel_size > 1)
     LATTICE_FAIL() << "--mtp-num-layers with --context-parallel-size > 1 is not supported yet (the shifted tokens "
                       "cross the ranks' chunks)";

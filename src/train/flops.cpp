@@ -10,11 +10,12 @@
 namespace lattice {
 
 double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, int64_t s) {
-  // --mtp-num-layers: each prediction depth's (dense) transformer layer counts as a layer; its norms,
+  // --mtp-num-layers: each prediction depth's transformer layer (dense or MoE as the last decoder
+  // layer) counts as a layer; its norms,
   // eh_proj and logits are added below (Megatron's "MTP norms and proj" and "Logit" terms).
   const double h = double(cfg.hidden_size), K = double(cfg.mtp_num_layers), L = double(cfg.num_layers) + K;
   int64_t moe_layers = 0;
-  for (int64_t l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.moe_layer(l) ? 1 : 0;
+  for (int64_t l = 0; l < cfg.num_layers + cfg.mtp_num_layers; ++l) moe_layers += cfg.moe_layer(l) ? 1 : 0;
   const double q = double(cfg.kv_channels * cfg.num_attention_heads);
   const double k = double(cfg.kv_channels * cfg.num_query_groups), v = k;  // q's width without grouping
   // With experts, each token's k experts and the shared experts in the MoE layers (Megatron
@@ -22,7 +23,7 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
   // the MLP width averaged over the layers.
   const double ffn = (double(moe_layers) * double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk +
                                                  cfg.moe_shared_expert_intermediate_size) +
-                      (double(cfg.num_layers - moe_layers) + K) * double(cfg.ffn_hidden_size)) / L;
+                      (L - double(moe_layers)) * double(cfg.ffn_hidden_size)) / L;
   const double ffn_mult = cfg.gated_linear_unit() ? 3.0 : 2.0;  // a gated unit (SwiGLU, quick GEGLU): three matrices
   const double per_token =
       L * (6 * h * ffn * ffn_mult + 6 * (h * (q + k + v) + q * h)) + 6 * h * double(cfg.padded_vocab_size) * (K + 1) +

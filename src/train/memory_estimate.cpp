@@ -117,6 +117,7 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
     if (!c.rmsnorm()) add("decoder.final_layernorm.bias", {C}, -1);
     if (!tied) add("output_layer.weight", {Vp, C}, 0);
     else if (!place.pre_process) add("embedding.word_embeddings.weight", {Vp, C}, 0);  // the last stage's copy
+    if (c.mtp() && !tied && !place.pre_process) add("embedding.word_embeddings.weight", {Vp, C}, 0);  // the depths' copy
     for (int64_t k = 0; k < c.mtp_num_layers; ++k) {  // --mtp-num-layers: each depth's
       const std::string m = "mtp.layers." + std::to_string(k) + ".";
       for (const char* norm : {"enorm.", "hnorm."}) {

@@ -402,6 +402,12 @@ TEST(CudaModel, MultiTokenPredictionLossAndEveryGradientMatchCpu) {
   cfg.mtp_loss_scaling_factor = 0.5f;
   cfg.finalize();
   expect_loss_and_gradients_match(cfg, "multi-token prediction");
+  // After MoE layers the depth's layer is an MoE layer (its load-balancing loss in the objective).
+  TransformerConfig moe = moe_config();
+  moe.add_bias_linear = false;
+  moe.mtp_num_layers = 1;
+  moe.finalize();
+  expect_loss_and_gradients_match(moe, "multi-token prediction, MoE");
 }
 
 TEST(CudaModel, TwentyIterationsFp32MatchCpu) {

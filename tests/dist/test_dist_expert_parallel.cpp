@@ -49,6 +49,7 @@ struct Case {
   float jitter = 0.0f;          // --moe-input-jitter-eps (each token's noise the same in every layout)
   bool force_balance = false;   // --moe-router-force-load-balancing (each token's random logits, idem)
   int instances = 1;            // --num-distributed-optimizer-instances (the experts' groups cut too)
+  int64_t mtp = 0;              // --mtp-num-layers (each depth an MoE layer, as the last decoder layer)
 };
 
 struct EpRun : LayoutRun {
@@ -85,6 +86,8 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_router_bias_update_rate = 0.01f;
   }
   t.moe_layer_recompute = c.moe_layer_recompute;
+  t.mtp_num_layers = c.mtp;
+  t.mtp_loss_scaling_factor = 0.5f;
   t.moe_input_jitter_eps = c.jitter;
   t.moe_router_force_load_balancing = c.force_balance;
   if (c.probs_on_input) {
@@ -269,7 +272,15 @@ INSTANTIATE_TEST_SUITE_P(
              false, false, 1, {}, false, 0.0f, false, 2},
         // CP 2 x DP 2: each instance is one data-parallel rank with both its context-parallel ranks.
         Case{"Cp2Dp2TwoOptimizerInstances", 4, 1, 1, 1, 4, true, false, false, 0.0f, true, false, 0, false, {}, false,
-             false, false, 2, {}, false, 0.0f, false, 2}),
+             false, false, 2, {}, false, 0.0f, false, 2},
+        // --mtp-num-layers: the prediction depths' MoE layers dispatched as the decoder's (their expert biases
+        // updated, their layer recomputed).
+        Case{"Ep2SigmoidBiasDropoutMtp2", 2, 1, 1, 2, 4, true, true, false, 0.1f, false, true, 0, false, {}, false,
+             false, false, 1, {}, false, 0.0f, false, 1, 2},
+        Case{"Ep2MoeLayerRecomputeMtp1", 2, 1, 1, 2, 4, false, false, false, 0.0f, false, false, 0, false, {}, false,
+             true, false, 1, {}, false, 0.0f, false, 1, 1},
+        Case{"Tp2Ep2SwiGluSharedMtpSequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.1f, true, false, 0, false, {},
+             false, false, false, 1, {}, false, 0.0f, false, 1, 1}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -38,6 +38,8 @@ struct Case {
   bool sigmoid_bias = false;  // sigmoid scores and the expert bias (rate 0.01)
   double capacity = 0;        // --moe-expert-capacity-factor
   bool embedding_in_split = false, loss_in_split = false;  // --account-for-embedding/loss-in-pipeline-split
+  int64_t mtp = 0;    // --mtp-num-layers (on the last stage, its lookup through the shared word embedding)
+  bool rope = false;  // --position-embedding-type rope
 };
 
 PipelineLayout layout_of(const Case& c, int P) {
@@ -54,6 +56,9 @@ TransformerConfig config(const Case& c, int tp) {
   t.max_position_embeddings = kT;
   t.hidden_dropout = t.attention_dropout = c.dropout;
   t.untie_embeddings_and_output_weights = c.untie;
+  t.mtp_num_layers = c.mtp;
+  t.mtp_loss_scaling_factor = 0.5f;
+  if (c.rope) t.position_embedding_type = "rope";
   if (c.experts > 0) {
     t.num_experts = c.experts;
     t.moe_router_topk = 2;
@@ -141,7 +146,15 @@ INSTANTIATE_TEST_SUITE_P(
                       // the embedding alone (no layers), on 2 stages (4 chunks each) and 4 (2 each).
                       Case{"EmbeddingInSplitInterleaved", 7, 1, 0, 0, true, 0.1f, 1e-8f, 0, {}, false, 0, true},
                       // 7 + loss interleaved: the last stage's last chunk is the loss alone.
-                      Case{"LossInSplitInterleaved", 7, 1, 0, 0, false, 0.0f, 1e-8f, 0, {}, false, 0, false, true}),
+                      Case{"LossInSplitInterleaved", 7, 1, 0, 0, false, 0.0f, 1e-8f, 0, {}, false, 0, false, true},
+                      // --mtp-num-layers: the depths on the last stage (its last virtual chunk), their lookup
+                      // through its copy of the word embedding (the tied output layer's, or an untied model's
+                      // own), summed with the first stage's over the embedding group.
+                      Case{"MtpRopeDropout", 4, 0, 0, 0, false, 0.1f, 1e-8f, 0, {}, false, 0, false, false, 2, true},
+                      Case{"MtpUntiedRopeInterleaved", 4, 1, 0, 0, true, 0.1f, 1e-8f, 0, {}, false, 0, false, false, 1,
+                           true},
+                      Case{"MtpMixtureOfExpertsSigmoidBias", 4, 0, 0, 0, false, 0.0f, 1e-8f, 4, {}, true, 0, false, false,
+                           1, true}),
     [](const auto& info) { return info.param.name; });
 
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel

@@ -430,6 +430,22 @@ TEST(MemoryEstimate, PipelineStagesEqualTheirModels) {
   uneven.pipeline = make_pipeline_layout(7, 3, 0, 1, 0);
   for (int w = 0; w < 2; ++w) expect_matches(inter, w);
   for (int w = 0; w < 3; ++w) expect_matches(uneven, w);
+  // --mtp-num-layers: the depths on the last stage, with its copy of the word embedding (an untied
+  // model's own; a tied model's output layer's) for their lookup.
+  for (bool untied : {false, true}) {
+    TransformerConfig c = config(8, untied);
+    c.position_embedding_type = "rope";
+    c.mtp_num_layers = 2;
+    c.finalize();
+    const MemoryLayout mtp = layout(c, 1, 4, 1, 8);
+    int64_t total = 0;
+    for (int w = 0; w < 4; ++w) {
+      expect_matches(mtp, w);
+      total += estimate_rank_memory(mtp, w, 0).parameters;
+    }
+    const RankMemory whole = estimate_rank_memory(layout(c, 1, 1, 1, 8), 0, 0);
+    EXPECT_EQ(total, whole.parameters + c.padded_vocab_size * c.hidden_size) << (untied ? "untied" : "tied");
+  }
 }
 
 TEST(MemoryEstimate, TensorParallelRanksEqualTheirModels) {

@@ -6,7 +6,8 @@
 // linear layers' biases (--disable-bias-linear), with RMSNorm (--normalization RMSNorm), with
 // SwiGLU (--swiglu), and with grouped-query attention (--num-query-groups 2 of 4 heads); GPT-OSS's
 // MLP (quick GEGLU with an offset and clamps) dense and in experts with biases; multi-token prediction
-// (--mtp-num-layers 2 tied with learned positions, 1 untied with the rotary embedding and RMSNorm).
+// (--mtp-num-layers 2 tied with learned positions, 1 untied with the rotary embedding and RMSNorm, 1 MoE
+// depth after MoE layers: its load-balancing loss in the objective).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -251,7 +252,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_nobias_moe8_groups.safetensors",
                                            "gpt_tiny_nobias_moe4_sinkhorn2.safetensors",
                                            "gpt_tiny_nobias_moe4_sinkhorn1.safetensors", "gpt_tiny_mtp2.safetensors",
-                                           "gpt_tiny_untied_rope_rmsnorm_mtp1.safetensors"));
+                                           "gpt_tiny_untied_rope_rmsnorm_mtp1.safetensors",
+                                           "gpt_tiny_nobias_moe4_mtp1.safetensors"));
 
 }  // namespace
 }  // namespace lattice
