@@ -92,9 +92,6 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   if (cfg_.mtp() && place_.post_process && !place_.pre_process && cfg_.learned_positions())
     LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope "
                       "or none: the last stage's prediction depths have no position table";
-  if (cfg_.mtp() && cp_.on())
-    LATTICE_FAIL() << "--mtp-num-layers with --context-parallel-size > 1 is not supported yet (the shifted tokens "
-                      "cross the ranks' chunks)";
   local_experts_ = cfg_.num_experts / (ep_ ? ep_->size() : 1);
   first_expert_ = ep_ ? local_experts_ * ep_->rank() : 0;
   cfg_.check_recompute();
@@ -179,10 +176,19 @@ void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t tok
     for (const TokenRun& r : token_runs(1, Tl))
       for (int64_t k = 0; k < r.rows; ++k) row_of[size_t(r.position + k)] = r.row + k;
   }
+  // --mtp-num-layers: the whole sequences' inputs, positions and targets, which the depths shift.
+  const bool whole = labels && cfg_.mtp();
+  if (whole) mtp_tokens_.resize(size_t(3 * B * T));
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* in = tokens + b * token_stride;
     int32_t doc = 0, start = 0;
     for (int64_t t = 0; t < T; ++t) {
+      if (whole) {
+        const size_t g = size_t(b * T + t);
+        mtp_tokens_[g] = in[t];
+        mtp_tokens_[size_t(B * T) + g] = docs_.reset_position_ids ? int32_t(t) - start : int32_t(t);
+        mtp_tokens_[size_t(2 * B * T) + g] = in[t + 1];
+      }
       const int64_t row = row_of[size_t(t)];
       if (cp_.on()) a.key_ids.host()[b * T + t] = doc;
       if (row >= 0) {
@@ -1423,6 +1429,7 @@ LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const
   a.grad_scale = grad_scale;
   forward_chunk(chunk, a, B, Tl, key);
   if (!has_loss(chunk)) return {};
+  const float* whole_mask = loss_mask;  // the prediction depths shift it along the whole sequences
   if (loss_mask && cp_.on()) {  // this rank's rows of the mask [B, T]
     cp_loss_mask_.resize(size_t(B * Tl));
     for (const TokenRun& r : token_runs(B, Tl))
@@ -1431,7 +1438,7 @@ LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const
   }
   // --mtp-num-layers: the prediction depths in training (they leave the reported loss alone), first:
   // each depth's output layer backward runs now and the main logits' buffer is theirs until then.
-  if (!mtp_.empty() && key.training) mtp_forward(a, slot, loss_mask, B, Tl, grad_scale, key);
+  if (!mtp_.empty() && key.training) mtp_forward(a, slot, whole_mask, B, Tl, grad_scale, key);
   return output_loss(a, loss_mask, B, Tl, key.training, grad_scale);
 }
 

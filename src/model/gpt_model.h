@@ -321,10 +321,13 @@ class GPTModel {
   static void allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& mtp, Scratch& scratch, Arena& arena,
                        const TransformerConfig& cfg, const TensorParallel& tp, const ModelPlacement& place,
                        int64_t B, int64_t T, int ep);
-  // Megatron's roll_tensor(-1) of a micro-batch's inputs, positions and targets (the last of each
-  // sequence 0), its document ids kept, from `from` into `to` (host, then uploaded); group_rows: the
-  // embedding backward's row groups too (a GPU's).
-  void shift_inputs(Activations& to, const Activations& from, int64_t B, int64_t T, bool group_rows);
+  // Prediction depth k's inputs, positions, targets and loss mask: the micro-batch's (mtp_tokens_, and
+  // loss_mask [B, T x cp] or null: ones) rolled left by s = k + 1 along each whole sequence (Megatron's
+  // roll_tensor s times: the last s of each sequence 0), then this rank's rows (its context-parallel
+  // chunks) into `to` (host, then uploaded) and its mask; the document ids (and with context parallelism
+  // the keys') kept, main's. group_rows: the embedding backward's row groups too (a GPU's).
+  void shift_inputs(Activations& to, std::vector<float>& mask, const Activations& main, int64_t s,
+                    const float* loss_mask, int64_t B, int64_t Tl, bool group_rows);
   // The embedding backward's row groups (a.groups) of a's N inputs and positions (made on the host).
   void group_embedding_rows(Activations& a, int64_t N);
   // The embedding of a's inputs and positions into out [Ns, C] (this rank's rows), then the hidden
@@ -335,7 +338,8 @@ class GPTModel {
                                const std::string& site);
   // The prediction depths of the micro-batch in (loss chunk) `slot` after the main model's forward:
   // each depth's forward, loss and (training) its output layer's backward, whose gradient of the
-  // depth's final_layernorm output it keeps. loss_mask: the micro-batch's (host [B, T], or null).
+  // depth's final_layernorm output it keeps. loss_mask: the micro-batch's (host [B, T x cp], the whole
+  // sequences', or null); T: this rank's rows per sequence.
   void mtp_forward(Activations& a, int slot, const float* loss_mask, int64_t B, int64_t T, float grad_scale,
                    const MicroBatchKey& key);
   // Their backward, last depth first; leaves the gradient of the main final LayerNorm's output
@@ -590,6 +594,9 @@ class GPTModel {
   std::vector<MtpParams> mtp_;         // --mtp-num-layers: each depth's (on the last stage)
   std::vector<MtpDepth> mtp_acts_;     // [slot * mtp_num_layers + depth] (the loss chunk's)
   std::vector<LossSum> mtp_losses_;    // [mtp_num_layers] take_mtp_losses'
+  // --mtp-num-layers: the micro-batch's whole sequences' inputs, positions and targets [3, B, T x cp]
+  // (prepare_inputs', on the loss chunk).
+  std::vector<int32_t> mtp_tokens_;
   std::vector<size_t> chunk_first_;    // index in layers_ of each chunk's first layer
   std::function<void(int)> grad_ready_;
   GemmPolicy* gemm_policy_ = nullptr;

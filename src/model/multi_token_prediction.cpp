@@ -33,21 +33,35 @@ std::string depth_name(int64_t k) { return "mtp.layers." + std::to_string(k) + "
 
 }  // namespace
 
-void GPTModel::shift_inputs(Activations& to, const Activations& from, int64_t B, int64_t T, bool group_rows) {
-  const int32_t* f = const_cast<Activations&>(from).ids.host();  // read only (StagedArray has no const host())
-  int32_t* t = to.ids.host();
-  const int64_t n = from.n;  // [inputs | positions | document ids | targets], n apart
-  for (int64_t part : {0, 1, 3})
-    for (int64_t b = 0; b < B; ++b) {
-      const int32_t* src = f + part * n + b * T;
-      int32_t* dst = t + part * n + b * T;
-      std::copy(src + 1, src + T, dst);
-      dst[T - 1] = 0;
-    }
-  std::copy_n(f + 2 * n, B * T, t + 2 * n);  // the attention's documents stay the inputs'
+void GPTModel::shift_inputs(Activations& to, std::vector<float>& mask, const Activations& main, int64_t s,
+                            const float* loss_mask, int64_t B, int64_t Tl, bool group_rows) {
+  const int64_t T = Tl * cp_.size(), n = main.n;  // the whole sequence; ids: [inputs | positions | documents | targets]
+  const int32_t* whole = mtp_tokens_.data();       // [inputs | positions | targets], B T each
+  int32_t* ids = to.ids.host();
+  mask.resize(size_t(B * Tl));
+  // Local row i holds token g of the micro-batch, position t of its sequence.
+  auto shift = [&](int64_t i, int64_t g, int64_t t) {
+    const bool in = t + s < T;
+    ids[i] = in ? whole[g + s] : 0;
+    ids[n + i] = in ? whole[B * T + g + s] : 0;
+    ids[3 * n + i] = in ? whole[2 * B * T + g + s] : 0;
+    mask[size_t(i)] = in ? (loss_mask ? loss_mask[g + s] : 1.0f) : 0.0f;
+  };
+  if (!cp_.on()) {
+    for (int64_t i = 0; i < B * T; ++i) shift(i, i, i % T);
+  } else {
+    for (const TokenRun& r : token_runs(B, Tl))
+      for (int64_t j = 0; j < r.rows; ++j) shift(r.row + j, r.token + j, r.position + j);
+  }
+  // The attention's documents stay the inputs' (read only: StagedArray has no const host()).
+  std::copy_n(const_cast<Activations&>(main).ids.host() + 2 * n, B * Tl, ids + 2 * n);
   to.ids.upload(size_t(4 * n));
+  if (cp_.on()) {
+    std::copy_n(const_cast<Activations&>(main).key_ids.host(), B * T, to.key_ids.host());
+    to.key_ids.upload(size_t(B * T));
+  }
   to.groups = {};
-  if (group_rows) group_embedding_rows(to, B * T);
+  if (group_rows) group_embedding_rows(to, B * Tl);
 }
 
 void GPTModel::mtp_forward(Activations& a, int slot, const float* loss_mask, int64_t B, int64_t T, float grad_scale,
@@ -61,13 +75,8 @@ void GPTModel::mtp_forward(Activations& a, int slot, const float* loss_mask, int
     MtpDepth& d = mtp_acts_[size_t(slot * K + k)];
     const MtpParams& w = mtp_[size_t(k)];
     const Activations& prev = k == 0 ? a : mtp_acts_[size_t(slot * K + k - 1)].a;
-    shift_inputs(d.a, prev, B, T, current_device() != Device::cpu);
+    shift_inputs(d.a, d.mask, a, k + 1, loss_mask, B, T, current_device() != Device::cpu);
     d.a.grad_scale = grad_scale;  // an MoE layer's load-balancing loss: the main loss's scale (not the depths')
-    const float* prev_mask = k == 0 ? loss_mask : mtp_acts_[size_t(slot * K + k - 1)].mask.data();
-    d.mask.resize(size_t(N));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t)
-        d.mask[size_t(b * T + t)] = t + 1 < T ? (prev_mask ? prev_mask[b * T + t + 1] : 1.0f) : 0.0f;
 
     embedding_forward(d.emb, d.a, B, T, key, depth_name(k) + "embedding.dropout");
     layernorm_input(d.en, d.en_mean, d.en_rstd, d.emb, w.enorm_w, w.enorm_b, Ns);

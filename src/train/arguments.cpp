@@ -675,9 +675,6 @@ void validate(TrainArgs& a) {
   if (a.mtp_num_layers > 0 && a.pipeline_model_parallel_size > 1 && a.position_embedding_type == "learned_absolute")
     LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope "
                       "or none: the last stage's prediction depths have no position table";
-  if (a.mtp_num_layers > 0 && a.context_parallel_size > 1)
-    LATTICE_FAIL() << "--mtp-num-layers with --context-parallel-size > 1 is not supported yet (the shifted tokens "
-                      "cross the ranks' chunks)";
   make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
                        a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers,
                        a.account_for_embedding_in_pipeline_split, a.account_for_loss_in_pipeline_split);

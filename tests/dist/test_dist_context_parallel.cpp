@@ -50,6 +50,7 @@ struct Case {
   // the load-balancing loss and the z-loss; "sigmoid_seq": sigmoid scores with the expert bias and the
   // per-sequence load-balancing loss (each sequence's counts over its chunks on both ranks).
   std::string moe;
+  int64_t mtp = 0;  // --mtp-num-layers (each depth's tokens shifted along the whole sequences, then split)
 };
 
 // A run and the MoE losses it reported, each step's.
@@ -74,6 +75,8 @@ TransformerConfig config(const Case& c, int tp) {
   }
   t.window_size = c.window;
   t.softmax_type = c.softmax_type;
+  t.mtp_num_layers = c.mtp;
+  t.mtp_loss_scaling_factor = 0.5f;
   if (!c.window_skip.empty())
     t.window_attn_pattern = TransformerConfig::parse_window_attn_skip_freq(c.window_skip, t.num_layers);
   if (!c.moe.empty()) {
@@ -200,7 +203,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Cp2MoeSigmoidExpertBiasSequenceAuxLoss", 2, 2, 1, 1, true, true, false, 0.0f, false, false, false, "", 20,
              -1, "", "vanilla", false, "sigmoid_seq"},
         Case{"Tp2Cp2SequenceParallelGptOssMoe", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10, -1, "",
-             "vanilla", false, "gpt_oss"}),
+             "vanilla", false, "gpt_oss"},
+        // --mtp-num-layers: the depths' inputs, targets and mask shifted along the whole sequences (a chunk's
+        // last rows take the next chunk's tokens, another rank's), the documents and the attention unshifted.
+        Case{"Cp2MtpDocumentMaskPerTokenLossRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, true, true, "", 20, -1,
+             "", "vanilla", true, "", 2},
+        Case{"Cp2MtpLearnedPositionsDistributedOptimizer", 2, 2, 1, 1, true, true, false, 0.1f, false, false, false, "", 20,
+             -1, "", "vanilla", false, "", 1},
+        Case{"Tp2Cp2SequenceParallelMtpGptOssMoe", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10, -1, "",
+             "vanilla", false, "gpt_oss", 1}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
