@@ -37,6 +37,7 @@
 #include "train/memory_estimate.h"
 #include "train/op_profile_report.h"
 #include "train/progress_log.h"
+#include "train/resume_point.h"
 #include "train/tensorboard_log.h"
 #include "train/train_step.h"
 #include "train/weight_hash.h"
@@ -155,49 +156,17 @@ void check_checkpoint_flags(const TrainArgs& a) {
                                         : std::string("--ckpt-step needs --load DIR or --pretrained-checkpoint DIR"));
 }
 
-// Where non-persistent checkpoints go and are read from: --non-persistent-global-ckpt-dir, else
-// `base` (--save, or --load when reading)/non_persistent.
-std::string non_persistent_dir(const TrainArgs& args, const std::string& base) {
-  return args.non_persistent_global_ckpt_dir.empty() ? base + "/non_persistent" : args.non_persistent_global_ckpt_dir;
-}
-
-// Loads --load's latest checkpoint (nothing when it holds none: training starts from
-// scratch, so `--save D --load D` auto-resumes) and returns where training continues.
-// --pretrained-checkpoint P (Megatron's): when --load holds no checkpoint, P's weights instead, as
-// --finetune (so `--load D --save D --pretrained-checkpoint P` starts from P once, then resumes from D).
-// --ckpt-step N: the checkpoint of iteration N of whichever directory is loaded.
+// Loads the chosen checkpoint (train/resume_point.h; nothing when --load holds none: training starts
+// from scratch, so `--save D --load D` auto-resumes) and returns where training continues.
 TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer& optimizer,
                               OptimizerParamScheduler& scheduler, LossScaler* loss_scaler,
                               MixedPrecisionPolicy* precision) {
   const TrainingProgress fresh{0, 0, args.seed};
-  std::string dir = args.load;
-  bool finetune = args.finetune;
-  if (!args.pretrained_checkpoint.empty() && (dir.empty() || !has_checkpoint(dir))) {
-    if (!has_checkpoint(args.pretrained_checkpoint))
-      LATTICE_FAIL() << "--pretrained-checkpoint " << args.pretrained_checkpoint << ": no checkpoint (no " << kTrackerFile
-                     << " or " << kCheckpointIndexFile << ")" << (dir.empty() ? "" : " and none in --load " + dir);
-    log_info("> " + (dir.empty() ? std::string("no --load") : "no checkpoint in --load " + dir) +
-             ": fine-tuning from --pretrained-checkpoint " + args.pretrained_checkpoint + " (its weights only)");
-    dir = args.pretrained_checkpoint;
-    finetune = true;
-  }
-  if (dir.empty()) return fresh;
-  // Non-persistent checkpoints (Megatron's global kind): the newer of --load's and its non-persistent one.
-  if (dir == args.load && args.ckpt_step < 0 && args.non_persistent()) {
-    const std::string np = non_persistent_dir(args, args.load);
-    const std::optional<int64_t> np_it = has_checkpoint(np) ? read_latest_iteration(np) : std::nullopt;
-    const std::optional<int64_t> it = has_checkpoint(dir) ? read_latest_iteration(dir) : std::nullopt;
-    if (np_it && (!it || *np_it > *it)) {
-      log_info("> the non-persistent checkpoint " + np + " (iteration " + std::to_string(*np_it) +
-               ") is newer than --load's" + (it ? " (iteration " + std::to_string(*it) + ")" : std::string()));
-      dir = np;
-    }
-  }
-  if (args.ckpt_step >= 0 && has_checkpoint(dir))
-    dir = checkpoint_at_iteration(dir, args.ckpt_step, "--ckpt-step");
-  else if (args.ckpt_step >= 0)
-    LATTICE_FAIL() << "--ckpt-step " << args.ckpt_step << ": " << dir << " holds no checkpoint (no " << kTrackerFile
-                   << ")";
+  const CheckpointChoice choice = choose_checkpoint(args);
+  if (!choice.note.empty()) log_info(choice.note);
+  if (choice.dir.empty()) return fresh;
+  const std::string& dir = choice.dir;
+  const bool finetune = choice.finetune;
   TrainingLoadOptions o{dir, args.optimizer, !args.no_load_optim, !args.no_load_rng, finetune};
   o.loss_scaler = loss_scaler;
   o.precision = precision;
