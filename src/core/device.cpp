@@ -121,22 +121,7 @@ void count_alloc(size_t bytes) {
   g_allocations.fetch_add(1);
 }
 
-void* alloc_uncounted(size_t bytes);
-
-}  // namespace
-
-DeviceAllocStats device_alloc_stats() {
-  return DeviceAllocStats{g_allocated.load(), g_peak_allocated.load(), g_allocations.load()};
-}
-
-void* device_alloc(size_t bytes) {
-  void* p = alloc_uncounted(bytes);
-  count_alloc(bytes);
-  return p;
-}
-
-namespace {
-
+// A buffer of `bytes` on the current device (zeroed on the CPU), not yet counted in the totals.
 void* alloc_uncounted(size_t bytes) {
   DeviceState& s = state();
   if (kernels_on_gpu()) return cuda::malloc_device(bytes);
@@ -169,6 +154,16 @@ void* alloc_uncounted(size_t bytes) {
 }
 
 }  // namespace
+
+DeviceAllocStats device_alloc_stats() {
+  return DeviceAllocStats{g_allocated.load(), g_peak_allocated.load(), g_allocations.load()};
+}
+
+void* device_alloc(size_t bytes) {
+  void* p = alloc_uncounted(bytes);
+  count_alloc(bytes);
+  return p;
+}
 
 void device_free(void* p, size_t bytes) {
   if (!p) return;
