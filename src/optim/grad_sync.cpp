@@ -68,6 +68,7 @@ GradSync::GradSync(ParamBuffer& params, Comm& dp, int64_t bucket_elements, bool 
   pending_.assign(buckets_.size(), 0);
   started_.assign(buckets_.size(), false);
   requests_.resize(buckets_.size());
+  replica_requests_.resize(buckets_.size());
   int64_t owned = 0;
   for (const Bucket& b : buckets_) owned += b.shard_counts[size_t(comm(b).rank())];
   if (bf16_) {
@@ -96,6 +97,25 @@ void GradSync::grad_ready(int index) {
   // Drive progress of the reductions in flight (MPI progresses inside its calls).
   for (size_t k = 0; k < buckets_.size(); ++k)
     if (started_[k] && requests_[k]) requests_[k]->test();
+  // Instances: each finished reduce-scatter's shard summed with the other instances', in bucket order.
+  while (next_replica_ < buckets_.size() && started_[next_replica_] && requests_[next_replica_] &&
+         replica_group(buckets_[next_replica_]) && requests_[next_replica_]->test()) {
+    requests_[next_replica_].reset();
+    start_replica_sum(next_replica_++);
+  }
+}
+
+int64_t GradSync::staging_offset(size_t b) const {
+  int64_t off = 0;
+  for (size_t k = 0; k < b; ++k) off += buckets_[k].shard_counts[size_t(comm(buckets_[k]).rank())];
+  return off;
+}
+
+void GradSync::start_replica_sum(size_t b) {
+  const Bucket& bk = buckets_[b];
+  const int64_t n = bk.shard_counts[size_t(comm(bk).rank())], off = staging_offset(b);
+  Comm* rep = replica_group(bk);
+  replica_requests_[b] = bf16_ ? rep->iall_reduce_bf16(bf16_recv_.data() + off, n) : rep->iall_reduce(scratch_.data() + off, n);
 }
 
 void GradSync::start_bucket(size_t b) {
@@ -103,8 +123,7 @@ void GradSync::start_bucket(size_t b) {
   float* g = params_.grads() + bk.begin;
   const int64_t n = bk.end - bk.begin;
   Comm& group = comm(bk);
-  int64_t off = 0;  // this rank's shard of bucket b in the staging buffers
-  for (size_t k = 0; k < b && reduce_scatter_; ++k) off += buckets_[k].shard_counts[size_t(comm(buckets_[k]).rank())];
+  const int64_t off = reduce_scatter_ ? staging_offset(b) : 0;  // this rank's shard of bucket b in the staging buffers
   if (bf16_) {
     uint16_t* h = bf16_send_.data() + bk.begin;
     cast_fp32_to_bf16(h, g, n);
@@ -122,22 +141,30 @@ void GradSync::finish() {
   Timer t;
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!started_[b] || !overlap_) start_bucket(b);
-  int64_t off = 0;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+  // Other instances: each reduce-scatter's shard summed with theirs (the replica group's members hold the
+  // same place), the all-reduces started in bucket order as the reduce-scatters end (some already did).
+  for (size_t b = next_replica_; b < buckets_.size(); ++b) {
+    if (!replica_group(buckets_[b])) continue;
     requests_[b]->wait();
     requests_[b].reset();
+    start_replica_sum(b);
+  }
+  next_replica_ = 0;
+  int64_t off = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (requests_[b]) {
+      requests_[b]->wait();
+      requests_[b].reset();
+    }
+    if (replica_requests_[b]) {
+      replica_requests_[b]->wait();
+      replica_requests_[b].reset();
+    }
     const Bucket& bk = buckets_[b];
     if (reduce_scatter_) {
       const int rank = comm(bk).rank();
       const int64_t n = bk.shard_counts[size_t(rank)];
       float* mine = params_.grads() + bk.shard_begin(rank);
-      // Other instances: the same shard of theirs added (the replica group's members hold the same place).
-      if (Comm* rep = bk.expert ? expert_replicas_ : replicas_) {
-        if (bf16_)
-          rep->iall_reduce_bf16(bf16_recv_.data() + off, n)->wait();
-        else
-          rep->all_reduce(scratch_.data() + off, n, ReduceOp::sum);
-      }
       if (bf16_)
         cast_bf16_to_fp32(mine, bf16_recv_.data() + off, n);
       else

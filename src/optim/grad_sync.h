@@ -69,6 +69,14 @@ class GradSync {
 
  private:
   void start_bucket(size_t b);
+  // Distributed-optimizer instances: the group bucket b's shard is summed over with the other instances'
+  // (null: none), and that all-reduce started (once its reduce-scatter is complete). They start in bucket
+  // order on every rank (one collective order per group), as soon as the reduce-scatters end: during the
+  // backward with overlap (each grad_ready drives them), else in finish().
+  Comm* replica_group(const Bucket& b) const { return reduce_scatter_ ? (b.expert ? expert_replicas_ : replicas_) : nullptr; }
+  void start_replica_sum(size_t b);
+  // b's first element in the reduce-scatter staging buffers.
+  int64_t staging_offset(size_t b) const;
 
   ParamBuffer& params_;
   Comm& dp_;
@@ -81,6 +89,8 @@ class GradSync {
   std::vector<int> pending_;        // per bucket: params not yet ready
   std::vector<bool> started_;
   std::vector<std::unique_ptr<CommRequest>> requests_;
+  std::vector<std::unique_ptr<CommRequest>> replica_requests_;  // per bucket: its cross-instance all-reduce
+  size_t next_replica_ = 0;  // the first bucket whose cross-instance all-reduce has not started
   // Device staging buffers.
   DeviceArray<float> scratch_;      // reduce-scatter output staging
   DeviceArray<uint16_t> bf16_send_; // bf16: the buffer's gradients, rounded [numel]
