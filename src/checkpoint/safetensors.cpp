@@ -1,6 +1,7 @@
 #include "checkpoint/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -225,16 +226,22 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
     LATTICE_FAIL() << path << ": the data buffer has " << buffer_size << " bytes but the tensors cover "
                    << pos << " (trailing bytes or a truncated header)";
 
-  // Read the data, tensor by tensor (in file order).
+  // The data: one read-only mapping of the file, each tensor a view of its bytes (the mapping is
+  // unmapped when the last view goes). A file rewritten later is a new file (writes rename over it),
+  // so the mapped one stays whole.
   const uint64_t data_start = 8 + header_len;
-  for (const Span& s : spans) {
-    SafeTensor& t = f.tensors_.at(s.name);
-    t.bytes.resize(s.end - s.begin);
-    if (t.bytes.empty()) continue;
-    in.seekg(static_cast<std::streamoff>(data_start + s.begin), std::ios::beg);
-    in.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
-    if (!in) LATTICE_FAIL() << path << ": tensor '" << s.name << "': read of " << t.bytes.size() << " bytes failed";
-  }
+  if (buffer_size == 0) return f;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) LATTICE_FAIL() << path << ": cannot open safetensors file: " << std::strerror(errno);
+  void* map = ::mmap(nullptr, size_t(file_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) LATTICE_FAIL() << path << ": cannot map the safetensors data: " << std::strerror(map_errno);
+  const size_t mapped = size_t(file_size);
+  std::shared_ptr<const void> mapping(map, [mapped](const void* p) { ::munmap(const_cast<void*>(p), mapped); });
+  const uint8_t* data = static_cast<const uint8_t*>(map) + data_start;
+  for (const Span& s : spans)
+    f.tensors_.at(s.name).bytes = TensorBytes(mapping, data + s.begin, size_t(s.end - s.begin));
   return f;
 }
 

@@ -9,17 +9,63 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace lattice {
 
-// One tensor, read into memory.
+// A tensor's bytes: a read-only view into its file's memory mapping (SafetensorsFile::read; the
+// mapping lives while any view of it does, and its pages are the page cache's, not the process's
+// heap), or bytes of its own (made in memory, or copied from the view by the first write through
+// the mutable accessors).
+class TensorBytes {
+ public:
+  TensorBytes() = default;
+  TensorBytes(std::vector<uint8_t> owned) : own_(std::move(owned)) {}  // NOLINT: a vector converts
+  TensorBytes(std::shared_ptr<const void> mapping, const uint8_t* data, size_t size)
+      : mapping_(std::move(mapping)), view_(data), view_size_(size) {}
+  const uint8_t* data() const { return mapping_ ? view_ : own_.data(); }
+  size_t size() const { return mapping_ ? view_size_ : own_.size(); }
+  bool empty() const { return size() == 0; }
+  const uint8_t* begin() const { return data(); }
+  const uint8_t* end() const { return data() + size(); }
+  uint8_t operator[](size_t i) const { return data()[i]; }
+  uint8_t& operator[](size_t i) { return mutable_data()[i]; }
+  // The bytes to write to: a view is copied into bytes of its own first.
+  uint8_t* mutable_data() {
+    if (mapping_) {
+      own_.assign(view_, view_ + view_size_);
+      mapping_.reset();
+    }
+    return own_.data();
+  }
+  void resize(size_t n) {  // bytes of its own, n of them (new ones zero)
+    mutable_data();
+    own_.resize(n);
+  }
+  bool mapped() const { return mapping_ != nullptr; }
+  friend bool operator==(const TensorBytes& a, const TensorBytes& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+  }
+  friend bool operator==(const TensorBytes& a, const std::vector<uint8_t>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+  }
+
+ private:
+  std::vector<uint8_t> own_;
+  std::shared_ptr<const void> mapping_;  // null: own_ holds the bytes
+  const uint8_t* view_ = nullptr;
+  size_t view_size_ = 0;
+};
+
+// One tensor of a file (or made in memory).
 struct SafeTensor {
   std::string dtype;           // safetensors dtype string: "F32", "BF16", "I32", ...
   std::vector<int64_t> shape;  // row-major; empty = scalar
-  std::vector<uint8_t> bytes;  // numel * dtype size bytes
+  TensorBytes bytes;           // numel * dtype size bytes
 
   int64_t numel() const;
 };
@@ -30,8 +76,9 @@ size_t safetensors_dtype_size(const std::string& dtype);
 
 class SafetensorsFile {
  public:
-  // Reads and validates the whole file; any problem is a one-line lattice::Error naming the file
-  // (and the tensor, where one is involved).
+  // Reads and validates the file's header and maps its data read-only (each tensor's bytes a view of
+  // the mapping, read from the file as they are used); any problem is a one-line lattice::Error naming
+  // the file (and the tensor, where one is involved).
   static SafetensorsFile read(const std::string& path);
   // One view of several files (a model sharded over them): every tensor of `parts`, whose names
   // must not repeat (an error naming both files), and the first part's metadata; path() is `path`.

@@ -142,6 +142,39 @@ TEST_F(SafetensorsTest, RoundTrip) {
 
 // The writer produces exactly the bytes of a hand-built file, and the reader reads a hand-built
 // file (with the keys in another order, as other writers produce them).
+// The data is mapped, not copied: each tensor a view of the file, which outlives the SafetensorsFile
+// and a rewrite of the file (a new file renamed over it); a write through a copy's mutable bytes
+// copies them first and leaves the mapping (and other views) alone.
+TEST_F(SafetensorsTest, TensorsAreViewsOfTheMappedFile) {
+  const std::vector<float> w = {1, 2, 3, 4};
+  SafetensorsWriter wr;
+  wr.add_f32("w", {4}, w.data());
+  const std::string path = file("mapped.safetensors");
+  wr.write(path);
+  lattice::SafeTensor kept;
+  {
+    auto f = SafetensorsFile::read(path);
+    EXPECT_TRUE(f.get("w").bytes.mapped());
+    kept = f.get("w");  // shares the mapping
+  }
+  const std::vector<float> other = {9, 9, 9, 9};
+  SafetensorsWriter wr2;
+  wr2.add_f32("w", {4}, other.data());
+  wr2.write(path);  // renamed over the mapped file
+  ASSERT_EQ(kept.bytes.size(), 16u);
+  std::vector<float> got(4);
+  std::memcpy(got.data(), kept.bytes.data(), 16);
+  EXPECT_EQ(got, w) << "the view follows the file it mapped, not its replacement";
+  lattice::SafeTensor copy = kept;
+  copy.bytes[0] ^= 0x01;  // copy on write
+  EXPECT_FALSE(copy.bytes.mapped());
+  EXPECT_TRUE(kept.bytes.mapped());
+  EXPECT_NE(copy.bytes, kept.bytes);
+  std::memcpy(got.data(), kept.bytes.data(), 16);
+  EXPECT_EQ(got, w);
+  EXPECT_EQ(SafetensorsFile::read(path).get_f32("w"), other);
+}
+
 TEST_F(SafetensorsTest, ByteLevel) {
   std::vector<float> a = {1.0f, 2.0f};
   std::vector<int32_t> b = {7, -8, 9};
