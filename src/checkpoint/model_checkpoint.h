@@ -50,7 +50,8 @@ struct LoadedModel {
 
 // Loads the latest checkpoint of DIR (or DIR itself when it is an iter_* directory)
 // into a one-rank model sized for micro-batches of B x seq_length, with the checkpoint's
-// padded vocabulary (whatever tensor-parallel size saved it).
+// padded vocabulary (whatever tensor-parallel size saved it). For inference: the model has no
+// gradient buffer (GPTModel's `gradients` false), so it cannot train.
 LoadedModel load_model_checkpoint(const std::string& dir, int64_t B = 1);
 
 // Copies every parameter of `model` from a plain safetensors file (names and shapes must

@@ -74,7 +74,8 @@ ModelPlacement complete(ModelPlacement p, const TransformerConfig& c) {
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp,
-                   const ModelPlacement& placement, Comm* expert_parallel, const ContextParallel& context_parallel)
+                   const ModelPlacement& placement, Comm* expert_parallel, const ContextParallel& context_parallel,
+                   bool gradients)
     : cfg_(config),
       tp_(tp),
       cp_(context_parallel),
@@ -107,7 +108,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   vocab_begin_ = Vl_ * tp_.rank();
   vocab_valid_ = std::clamp<int64_t>(cfg_.vocab_size - vocab_begin_, 0, Vl_);
   register_parameters();
-  params_.allocate();
+  params_.allocate(gradients);
   if (cfg_.apply_layernorm_1p) allocate_norm_1p();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
   if (!cfg_.add_bias_linear || cfg_.rmsnorm() || cfg_.qk_l2_norm) {  // zeros for the kernels that add a bias; a sink
@@ -1422,6 +1423,8 @@ LossSum GPTModel::sum_losses(Activations& a, int64_t N, const float* host_mask, 
 
 LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const float* loss_mask, int64_t B,
                                int64_t T, float grad_scale, const MicroBatchKey& key) {
+  LATTICE_CHECK(!key.training || params_.has_grads())
+      << "a model without gradients (loaded for inference) cannot train";
   Activations& a = acts(chunk, slot);
   const int64_t Tl = local_seq_length(T);
   prepare_inputs(a, tokens, T + 1, B, T, has_loss(chunk),

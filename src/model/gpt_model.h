@@ -97,9 +97,10 @@ class GPTModel {
   // rank holds T/P tokens of each sequence (two chunks) and its activations are sized for them.
   // Every micro-batch is then B full sequences of T tokens, passed whole to each step (the
   // model takes its chunks); the losses and their gradients are those of the whole sequences.
+  // gradients false: no gradient buffer (a model for inference: forwards only, no backward).
   GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const TensorParallel& tp = {},
            const ModelPlacement& placement = {}, Comm* expert_parallel = nullptr,
-           const ContextParallel& context_parallel = {});
+           const ContextParallel& context_parallel = {}, bool gradients = true);
   ~GPTModel();
 
   const TransformerConfig& config() const { return cfg_; }

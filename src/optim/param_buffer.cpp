@@ -65,14 +65,16 @@ void ParamBuffer::assign_offsets() {
   numel_ = end;
 }
 
-void ParamBuffer::allocate() {
+void ParamBuffer::allocate(bool with_grads) {
   assign_offsets();
   try {
     params_ = Storage(size_t(numel_) * sizeof(float));
-    grads_ = Storage(size_t(numel_) * sizeof(float));
+    if (with_grads) grads_ = Storage(size_t(numel_) * sizeof(float));
+    with_grads_ = with_grads;
   } catch (const OutOfMemory& e) {
     std::ostringstream what;
-    what << "the parameters and gradients (" << numel_ << " fp32 elements each)";
+    what << (with_grads ? "the parameters and gradients (" : "the parameters (") << numel_ << " fp32 elements"
+         << (with_grads ? " each)" : ")");
     throw e.with_context(what.str());
   }
 }

@@ -84,8 +84,10 @@ class ParamBuffer {
   // Places the parameters: the others in registration order, then the experts' in theirs
   // (offsets are final only from here on; numel() includes the alignment padding).
   void assign_offsets();
-  // assign_offsets(), then allocates the param and grad buffers (zeroed).
-  void allocate();
+  // assign_offsets(), then allocates the param and (with_grads) grad buffers (zeroed). Without the
+  // gradients (a model loaded for inference: generate, convert) grads() is null.
+  void allocate(bool with_grads = true);
+  bool has_grads() const { return with_grads_; }
   // Sets every parameter to its initial value. The value of element g (row-major index
   // in the GLOBAL tensor) of parameter P is a function of (seed, P's name, g) only:
   // layout- and thread-count-invariant.
@@ -125,6 +127,7 @@ class ParamBuffer {
   std::unordered_map<std::string, int> index_;
   int64_t numel_ = 0, expert_begin_ = 0;
   Storage params_, grads_;
+  bool with_grads_ = false;  // allocate()'s
 };
 
 }  // namespace lattice

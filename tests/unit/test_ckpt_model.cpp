@@ -60,6 +60,12 @@ TEST_F(CkptModel, ParametersRoundTripBitExact) {
   EXPECT_EQ(lm.model->config().num_layers, 2);
   EXPECT_EQ(lm.model->config().padded_vocab_size, c.padded_vocab_size);
   EXPECT_EQ(params_of(*lm.model), a);
+  // For inference: no gradient buffer (the parameters' memory once, not twice), and no training.
+  EXPECT_FALSE(lm.model->params().has_grads());
+  EXPECT_EQ(lm.model->params().grads(), nullptr);
+  EXPECT_TRUE(saved.params().has_grads());
+  std::vector<int32_t> tokens(size_t(8 + 1), 1);
+  EXPECT_THROW(lm.model->forward_backward(tokens.data(), nullptr, 1, 8, 1.0f, MicroBatchKey{}), Error);
 }
 
 TEST(CkptModelConfig, MismatchNamesTheFieldAndFlag) {
