@@ -90,6 +90,9 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     LATTICE_CHECK(cfg_.num_experts % ep_->size() == 0)
         << "--num-experts " << cfg_.num_experts << " is not divisible by --expert-model-parallel-size " << ep_->size();
   }
+  if (cfg_.mtp() && cfg_.hidden_size % tp_.size() != 0)
+    LATTICE_FAIL() << "--hidden-size " << cfg_.hidden_size << " is not divisible by --tensor-model-parallel-size "
+                   << tp_.size() << " (required by --mtp-num-layers: eh_proj's outputs are split over the ranks)";
   if (cfg_.mtp() && place_.post_process && !place_.pre_process && cfg_.learned_positions())
     LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope "
                       "or none: the last stage's prediction depths have no position table";

@@ -113,6 +113,17 @@ fi
 expect_error "pipeline parallelism with learned positions" \
   "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope or none" -- \
   "$LATTICE" train "${MODEL[@]}" --mtp-num-layers 1 --pipeline-model-parallel-size 2 "${RUN[@]}" --train-iters 1 --save bad4
-[ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e ckpt3 ] &&
+# eh_proj splits the hidden size's outputs over the tensor-parallel ranks: each rank says so, in the same line.
+rc=0
+timeout 120 mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1 -np 3 "$LATTICE" train --num-layers 2 \
+  --hidden-size 32 --num-attention-heads 3 --kv-channels 8 --ffn-hidden-size 48 --seq-length 16 \
+  --max-position-embeddings 16 --vocab-size 60 --micro-batch-size 1 --global-batch-size 1 --train-iters 1 --mock-data \
+  --eval-iters 0 --tensor-model-parallel-size 3 --mtp-num-layers 1 --save bad5 > tp3.log 2>&1 || rc=$?
+errors=$(grep -F "lattice train: error:" tp3.log | sort -u)
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(printf '%s\n' "$errors" | grep -c .)" = 1 ] &&
+  grep -qF -- "--hidden-size 32 is not divisible by --tensor-model-parallel-size 3 (required by --mtp-num-layers" <<< "$errors" &&
+  ! grep -q " iteration " tp3.log && pass "hidden size not split by TP 3: $errors" ||
+  fail "TP 3 with hidden size 32 and the depths (rc $rc): $(tail -3 tp3.log)"
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad4 ] || [ -e bad5 ] || [ -e ckpt3 ] &&
   fail "a refused run left a checkpoint behind"
 e2e_finish
