@@ -6,16 +6,22 @@
 namespace lattice {
 namespace {
 
-TEST(TrainFlops, MegatronTestVector) {
-  // GBS=8, s=1024, L=2, h=256, 8 heads, kv_channels 32, ffn 1024, V_padded 50304
+// h=256, 8 heads, ffn 1024, V 50257 (padded 50304), max positions 1024; not finalized.
+TransformerConfig base_config(int64_t layers) {
   TransformerConfig c;
-  c.num_layers = 2;
+  c.num_layers = layers;
   c.hidden_size = 256;
   c.num_attention_heads = 8;
-  c.kv_channels = 32;
   c.ffn_hidden_size = 1024;
   c.vocab_size = 50257;
   c.max_position_embeddings = 1024;
+  return c;
+}
+
+TEST(TrainFlops, MegatronTestVector) {
+  // GBS=8, s=1024, L=2, h=256, 8 heads, kv_channels 32, ffn 1024, V_padded 50304
+  TransformerConfig c = base_config(2);
+  c.kv_channels = 32;
   c.finalize();
   ASSERT_EQ(c.padded_vocab_size, 50304);
   EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 736050020352.0);
@@ -31,13 +37,7 @@ TEST(TrainFlops, MegatronTestVector) {
 // --mtp-num-layers: each depth's transformer layer as one more layer, plus its logits and its norms
 // and eh_proj (Megatron's "MTP norms and proj": 6 (3h + 2h^2) per token and depth).
 TEST(TrainFlops, MultiTokenPredictionAddsLayersLogitsAndProjections) {
-  TransformerConfig c;
-  c.num_layers = 3;
-  c.hidden_size = 256;
-  c.num_attention_heads = 8;
-  c.ffn_hidden_size = 1024;
-  c.vocab_size = 50257;
-  c.max_position_embeddings = 1024;
+  TransformerConfig c = base_config(3);
   c.finalize();
   const double three_layers = megatron_flops_per_iteration(c, 8, 1024);
   c.num_layers = 2;
@@ -50,13 +50,7 @@ TEST(TrainFlops, MultiTokenPredictionAddsLayersLogitsAndProjections) {
 // Mixture of experts: each layer's own MLP width, k experts' plus the shared experts' in an MoE
 // layer (Megatron's num_moe_layers / num_dense_layers terms); the router and gate not counted.
 TEST(TrainFlops, MixtureOfExpertsCountsEachLayersMlp) {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 256;
-  c.num_attention_heads = 8;
-  c.ffn_hidden_size = 1024;
-  c.vocab_size = 50257;
-  c.max_position_embeddings = 1024;
+  TransformerConfig c = base_config(2);
   c.add_bias_linear = false;
   c.num_experts = 4;
   c.moe_router_topk = 2;
