@@ -87,6 +87,12 @@ const std::vector<OptionalField>& optional_fields() {
       {"yarn_mscale", "--yarn-mscale", 1.0},
       {"yarn_mscale_all_dim", "--yarn-mscale-all-dim", 0.0},
       {"yarn_correction_range_round_to_int", "--no-yarn-correction-range-round-to-int", true},
+      {"multi_latent_attention", "--multi-latent-attention", false},
+      {"q_lora_rank", "--q-lora-rank", 0},
+      {"kv_lora_rank", "--kv-lora-rank", 32},
+      {"qk_head_dim", "--qk-head-dim", 128},
+      {"qk_pos_emb_head_dim", "--qk-pos-emb-head-dim", 64},
+      {"v_head_dim", "--v-head-dim", 128},
   };
   return fields;
 }
@@ -171,7 +177,13 @@ json model_config_json(const TransformerConfig& c) {
           {"yarn_beta_slow", c.yarn_beta_slow},
           {"yarn_mscale", c.yarn_mscale},
           {"yarn_mscale_all_dim", c.yarn_mscale_all_dim},
-          {"yarn_correction_range_round_to_int", c.yarn_correction_range_round_to_int}};
+          {"yarn_correction_range_round_to_int", c.yarn_correction_range_round_to_int},
+          {"multi_latent_attention", c.multi_latent_attention},
+          {"q_lora_rank", c.q_lora_rank},
+          {"kv_lora_rank", c.kv_lora_rank},
+          {"qk_head_dim", c.qk_head_dim},
+          {"qk_pos_emb_head_dim", c.qk_pos_emb_head_dim},
+          {"v_head_dim", c.v_head_dim}};
 }
 
 TransformerConfig model_config_from_json(const json& j, const std::string& where) {
@@ -237,6 +249,12 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.yarn_mscale = optional_field(j, "yarn_mscale").get<float>();
     c.yarn_mscale_all_dim = optional_field(j, "yarn_mscale_all_dim").get<float>();
     c.yarn_correction_range_round_to_int = optional_field(j, "yarn_correction_range_round_to_int").get<bool>();
+    c.multi_latent_attention = optional_field(j, "multi_latent_attention").get<bool>();
+    c.q_lora_rank = optional_field(j, "q_lora_rank").get<int64_t>();
+    c.kv_lora_rank = optional_field(j, "kv_lora_rank").get<int64_t>();
+    c.qk_head_dim = optional_field(j, "qk_head_dim").get<int64_t>();
+    c.qk_pos_emb_head_dim = optional_field(j, "qk_pos_emb_head_dim").get<int64_t>();
+    c.v_head_dim = optional_field(j, "v_head_dim").get<int64_t>();
   } catch (const json::exception& e) {
     LATTICE_FAIL() << where << ": model_config has a field of the wrong type (" << e.what() << ")";
   }
@@ -252,6 +270,10 @@ void check_model_config(const json& saved, const TransformerConfig& c, const std
       LATTICE_FAIL() << where << ": the checkpoint's " << name << " is " << a.dump() << ", this run's is " << b.dump()
                      << " (" << flag << ")";
   };
+  // The attention's kind first: with multi-latent attention it sets the head dim and the query groups.
+  for (const OptionalField& f : optional_fields())
+    if (std::string(f.name) == "multi_latent_attention")
+      expect_same(field_or_fallback(saved, f), now[f.name], f.name, f.flag);
   for (const ConfigField& f : kConfigFields) {
     if (!saved.contains(f.name)) LATTICE_FAIL() << where << ": model_config has no '" << f.name << "'";
     // The padding depends on the tensor-parallel size. With the same vocab_size (compared

@@ -114,6 +114,9 @@ void to_hf(const SimpleFlags& f) {
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
+  if (c.multi_latent_attention)
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has multi-latent attention (--multi-latent-attention), "
+                      "which HuggingFace GPT-2, Llama and GPT-OSS do not have (lattice writes no DeepSeek-V2/V3 model yet)";
   const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
   const std::string not_gpt_oss = hf_gpt_oss_mismatch(c);
   if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty())

@@ -17,6 +17,7 @@
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "model/linear.h"
+#include "model/multi_latent_attention.h"
 #include "model/qk_layernorm.h"
 
 namespace lattice {
@@ -49,8 +50,11 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   const int64_t C = cfg_.hidden_size, D = cfg_.kv_channels;
   int64_t norm_at = 0;
   if (cfg_.apply_layernorm_1p) {
-    norm_1p_.resize(size_t(C + cfg_.num_layers * (2 * C + (cfg_.qk_layernorm ? 2 * D : 0))));
-    const std::vector<float> ones(size_t(std::max(C, D)), 1.0f);
+    const int64_t qk = !cfg_.qk_layernorm              ? 0
+                       : cfg_.multi_latent_attention ? (cfg_.q_lora_rank > 0 ? cfg_.q_lora_rank : 0) + cfg_.kv_lora_rank
+                                                     : 2 * D;
+    norm_1p_.resize(size_t(C + cfg_.num_layers * (2 * C + qk)));
+    const std::vector<float> ones(size_t(std::max({C, D, cfg_.q_lora_rank, cfg_.kv_lora_rank})), 1.0f);
     copy_to_device(norm_ones_.resize(ones.size()), ones.data(), ones.size() * sizeof(float));
   }
   auto norm_weight = [&](const std::string& name, int64_t n) -> const float* {
@@ -62,7 +66,8 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   };
   lnf_w_ = norm_weight("decoder.final_layernorm.weight", C);
   if (cfg_.rmsnorm()) {  // no norm biases: zeros for the LayerNorm kernel
-    zero_bias_.resize(size_t(std::max(cfg_.hidden_size, cfg_.kv_channels)));  // the final norm's, q and k norms'
+    zero_bias_.resize(size_t(std::max({cfg_.hidden_size, cfg_.kv_channels, cfg_.q_lora_rank,  // the final norm's,
+                                       cfg_.kv_lora_rank})));  // q and k norms', MLA's latent norms'
     lnf_b_ = zero_bias_.data();
   } else {
     lnf_b_ = p("decoder.final_layernorm.bias");
@@ -79,7 +84,7 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     QkNormParams qk;
     if (cfg_.qk_l2_norm)
       qk = {qk_l2_ones_.data(), qk_l2_zeros_.data(), qk_l2_ones_.data(), qk_l2_zeros_.data()};
-    else if (cfg_.qk_layernorm)
+    else if (cfg_.qk_layernorm && !cfg_.multi_latent_attention)
       qk = {norm_weight(s + "self_attention.q_layernorm.weight", D), norm_bias(s + "self_attention.q_layernorm.bias"),
             norm_weight(s + "self_attention.k_layernorm.weight", D), norm_bias(s + "self_attention.k_layernorm.bias")};
     MoeWeights moe;
@@ -107,13 +112,35 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     auto dense = [&](const std::string& name) -> const float* { return moe_layer ? nullptr : p(name); };
     const float* ln1_w = norm_weight(s + "input_layernorm.weight", C);
     const float* ln2_w = norm_weight(s + "pre_mlp_layernorm.weight", C);
+    const bool mla = cfg_.multi_latent_attention;
     layers_.push_back({ln1_w, norm_bias(s + "input_layernorm.bias"),
-                       p(s + "self_attention.linear_qkv.weight"),
-                       cfg_.qkv_bias() ? p(s + "self_attention.linear_qkv.bias") : nullptr,
+                       mla ? nullptr : p(s + "self_attention.linear_qkv.weight"),
+                       cfg_.qkv_bias() && !mla ? p(s + "self_attention.linear_qkv.bias") : nullptr,
                        p(s + "self_attention.linear_proj.weight"), bias(s + "self_attention.linear_proj.bias"),
                        ln2_w, norm_bias(s + "pre_mlp_layernorm.bias"),
                        dense(s + "mlp.linear_fc1.weight"), moe_layer ? nullptr : bias(s + "mlp.linear_fc1.bias"),
                        dense(s + "mlp.linear_fc2.weight"), moe_layer ? nullptr : bias(s + "mlp.linear_fc2.bias"), qk, moe});
+    if (mla) {
+      Layer& m = layers_.back();
+      const std::string a = s + "self_attention.";
+      const bool norms = cfg_.mla_latent_norms();
+      if (cfg_.q_lora_rank == 0) {
+        m.q_proj_w = p(a + "linear_q_proj.weight");
+      } else {
+        m.q_down_w = p(a + "linear_q_down_proj.weight");
+        m.q_up_w = p(a + "linear_q_up_proj.weight");
+        if (norms) {
+          m.q_norm_w = norm_weight(a + "q_layernorm.weight", cfg_.q_lora_rank);
+          m.q_norm_b = norm_bias(a + "q_layernorm.bias");
+        }
+      }
+      m.kv_down_w = p(a + "linear_kv_down_proj.weight");
+      m.kv_up_w = p(a + "linear_kv_up_proj.weight");
+      if (norms) {
+        m.kv_norm_w = norm_weight(a + "kv_layernorm.weight", cfg_.kv_lora_rank);
+        m.kv_norm_b = norm_bias(a + "kv_layernorm.bias");
+      }
+    }
     if (cfg_.learnable_softmax_offset())
       layers_.back().softmax_offset = p(s + "self_attention.core_attention.softmax_offset");
     else if (cfg_.softmax_sink())  // off-by-one: zeros, made once
@@ -129,6 +156,15 @@ void GPTInference::reserve_rows(int64_t n) {
   if (n <= rows_) return;
   const size_t C = size_t(cfg_.hidden_size), F = size_t(cfg_.ffn_hidden_size), N = size_t(n);
   const size_t Q = size_t(cfg_.attention_width());
+  if (cfg_.multi_latent_attention) {
+    const size_t H = size_t(cfg_.num_attention_heads);
+    mla_q_.resize(N * H * size_t(cfg_.mla_qk_dim()));
+    mla_kv_.resize(N * H * size_t(cfg_.qk_head_dim + cfg_.v_head_dim));
+    mla_c_.resize(N * size_t(cfg_.kv_lora_rank + cfg_.qk_pos_emb_head_dim));
+    mla_lat_.resize(N * size_t(std::max(cfg_.q_lora_rank, cfg_.kv_lora_rank)));
+    mla_latn_.resize(N * size_t(std::max(cfg_.q_lora_rank, cfg_.kv_lora_rank)));
+    attn_v_.resize(N * H * size_t(cfg_.v_head_dim));
+  }
   x_.resize(N * C);
   ln_.resize(N * C);
   attn_.resize(N * Q);
@@ -151,6 +187,26 @@ void GPTInference::reserve_rows(int64_t n) {
   rstd_.resize(N);
   ids_.resize(2 * N);
   rows_ = n;
+}
+
+void GPTInference::mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t n) {
+  const MlaShape s = mla_shape(cfg_, cfg_.num_attention_heads);
+  const int64_t C = cfg_.hidden_size, H = s.H, Rq = cfg_.q_lora_rank, Rkv = s.Rkv;
+  const float eps = cfg_.layernorm_epsilon;
+  const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
+  float *lat = mla_lat_.data(), *latn = mla_latn_.data(), *c = mla_c_.data();
+  if (Rq > 0) {
+    linear_forward(lat, ln, p.q_down_w, nullptr, n, C, Rq);
+    if (p.q_norm_w) layernorm_forward(latn, mean_.data(), rstd_.data(), lat, p.q_norm_w, p.q_norm_b, n, Rq, eps, norm);
+    linear_forward(mla_q_.data(), p.q_norm_w ? latn : lat, p.q_up_w, nullptr, n, Rq, H * s.Dq());
+  } else {
+    linear_forward(mla_q_.data(), ln, p.q_proj_w, nullptr, n, C, H * s.Dq());
+  }
+  linear_forward(c, ln, p.kv_down_w, nullptr, n, C, s.latent());
+  copy_head_blocks(lat, Rkv, Rkv, c, s.latent(), s.latent(), n, 1, Rkv);
+  if (p.kv_norm_w) layernorm_forward(latn, mean_.data(), rstd_.data(), lat, p.kv_norm_w, p.kv_norm_b, n, Rkv, eps, norm);
+  linear_forward(mla_kv_.data(), p.kv_norm_w ? latn : lat, p.kv_up_w, nullptr, n, Rkv, H * s.Dnv());
+  mla_fuse_qkv(qkv, mla_q_.data(), mla_kv_.data(), c, n, s);
 }
 
 void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
@@ -181,7 +237,10 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
-    linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D]
+    if (cfg_.multi_latent_attention)
+      mla_qkv(qkv, p, ln, n);
+    else
+      linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D]
     if (cfg_.qk_norm())
       qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
                            eps, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
@@ -190,7 +249,12 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
     cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
                              layout, Tmax, cfg_.attention_window(l), p.softmax_offset);
-    linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
+    if (cfg_.multi_latent_attention) {  // linear_proj reads the values' dims of each head
+      mla_values(attn_v_.data(), attn, n, mla_shape(cfg_, H));
+      linear_forward(tmp, attn_v_.data(), p.proj_w, p.proj_b, n, cfg_.attention_output_width(), C);
+    } else {
+      linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
+    }
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);
     if (cfg_.moe_layer(l)) {

@@ -46,7 +46,14 @@ class GPTInference {
     QkNormParams qk_norm;  // --qk-layernorm's (null without it)
     MoeWeights moe;        // --num-experts' (fc1_w, fc2_w null)
     const float* softmax_offset = nullptr;  // --softmax-type's sink logits [H] (null: vanilla)
+    // --multi-latent-attention (qkv_w, qkv_b null): linear_q_proj, or linear_q_down_proj, q_layernorm and
+    // linear_q_up_proj; linear_kv_down_proj, kv_layernorm, linear_kv_up_proj (model/multi_latent_attention.h;
+    // the norms null without --qk-layernorm)
+    const float *q_proj_w = nullptr, *q_down_w = nullptr, *q_norm_w = nullptr, *q_norm_b = nullptr, *q_up_w = nullptr;
+    const float *kv_down_w = nullptr, *kv_norm_w = nullptr, *kv_norm_b = nullptr, *kv_up_w = nullptr;
   };
+  // --multi-latent-attention: layer p's fused qkv [n, H, 3, D] from LN1's output ln [n, C].
+  void mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t n);
   // Grows the scratch buffers to n rows.
   void reserve_rows(int64_t n);
 
@@ -67,6 +74,10 @@ class GPTInference {
   // --qk-layernorm: the gathered queries and keys [n (H + G), D] before and after their norm, and
   // their statistics [n (H + G)] (model/qk_layernorm.h).
   DeviceArray<float> qk_raw_, qk_out_, qk_mean_, qk_rstd_;
+  // --multi-latent-attention: q [n, H Dq], kv [n, H (Dn + Dv)], the latent c [n, Rkv + Dr], a latent
+  // before and after its norm [n, max(Rq, Rkv)], attn_v [n, H Dv]. The cache keeps the fused keys and
+  // values (D wide per head), not the latent.
+  DeviceArray<float> mla_q_, mla_kv_, mla_c_, mla_lat_, mla_latn_, attn_v_;
   // --num-experts: the MoE layer's buffers for n tokens (model/moe_layer.h), reused by every layer.
   DeviceArray<float> moe_buf_;
   MoeState moe_;

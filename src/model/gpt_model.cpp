@@ -115,7 +115,8 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   if (cfg_.apply_layernorm_1p) allocate_norm_1p();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
   if (!cfg_.add_bias_linear || cfg_.rmsnorm() || cfg_.qk_l2_norm) {  // zeros for the kernels that add a bias; a sink
-    const size_t n = size_t(std::max({qkv_local(), fc1_local(), cfg_.hidden_size}));  // for those that sum one
+    const size_t n = size_t(std::max({qkv_local(), fc1_local(), cfg_.hidden_size, cfg_.q_lora_rank,  // for those
+                                      cfg_.kv_lora_rank}));                                      // that sum one
     no_bias_.resize(n);
     bias_grad_sink_.resize(n);
   }
@@ -284,7 +285,7 @@ const float* GPTModel::effective_loss_mask(Activations& a, const float* loss_mas
 // same name (initialised identically, kept equal by the embedding-group all-reduce).
 void GPTModel::register_parameters() {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Vp = cfg_.padded_vocab_size;
-  const int64_t Q = cfg_.attention_width(), W = cfg_.qkv_width();
+  const int64_t W = cfg_.qkv_width();
   const float std = cfg_.init_method_std;
   const float out_std = std / std::sqrt(2.0f * float(cfg_.num_layers));
   const int r = tp_.rank(), P = tp_.size();
@@ -322,20 +323,43 @@ void GPTModel::register_parameters() {
     p.name = prefix;
     p.ln1_w = add(lname("input_layernorm.weight"), {C}, norm_init, 0, -1);
     if (norm_bias) p.ln1_b = add(lname("input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-    // [W, C]: per query group its heads' q, then its k and v (W = 3Q without grouping: per head q, k, v)
-    p.qkv_w = add(lname("self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
-    if (cfg_.qkv_bias()) p.qkv_b = add(lname("self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
+    if (cfg_.multi_latent_attention) {  // Megatron-Core's MLASelfAttention: no biases; the down projections and
+                                        // the latents' norms replicated, the up projections split by heads
+      const int64_t H = cfg_.num_attention_heads, Dq = cfg_.mla_qk_dim(), Rq = cfg_.q_lora_rank;
+      const int64_t Rkv = cfg_.kv_lora_rank, Dr = cfg_.qk_pos_emb_head_dim, Dnv = cfg_.qk_head_dim + cfg_.v_head_dim;
+      if (Rq == 0) {
+        p.q_proj_w = add(lname("self_attention.linear_q_proj.weight"), {H * Dq, C}, ParamInit::normal, std, 0);
+      } else {
+        p.q_down_w = add(lname("self_attention.linear_q_down_proj.weight"), {Rq, C}, ParamInit::normal, std, -1);
+        if (cfg_.mla_latent_norms()) {
+          p.q_norm_w = add(lname("self_attention.q_layernorm.weight"), {Rq}, norm_init, 0, -1);
+          if (norm_bias) p.q_norm_b = add(lname("self_attention.q_layernorm.bias"), {Rq}, ParamInit::zeros, 0, -1);
+        }
+        p.q_up_w = add(lname("self_attention.linear_q_up_proj.weight"), {H * Dq, Rq}, ParamInit::normal, std, 0);
+      }
+      p.kv_down_w = add(lname("self_attention.linear_kv_down_proj.weight"), {Rkv + Dr, C}, ParamInit::normal, std, -1);
+      if (cfg_.mla_latent_norms()) {
+        p.k_norm_w = add(lname("self_attention.kv_layernorm.weight"), {Rkv}, norm_init, 0, -1);
+        if (norm_bias) p.k_norm_b = add(lname("self_attention.kv_layernorm.bias"), {Rkv}, ParamInit::zeros, 0, -1);
+      }
+      p.kv_up_w = add(lname("self_attention.linear_kv_up_proj.weight"), {H * Dnv, Rkv}, ParamInit::normal, std, 0);
+    } else {
+      // [W, C]: per query group its heads' q, then its k and v (W = 3Q without grouping: per head q, k, v)
+      p.qkv_w = add(lname("self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
+      if (cfg_.qkv_bias()) p.qkv_b = add(lname("self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
+    }
     if (cfg_.learnable_softmax_offset())  // one sink logit per head, split with the heads
       p.softmax_offset = add(lname("self_attention.core_attention.softmax_offset"),
                              {cfg_.num_attention_heads}, ParamInit::normal, std, 0);
-    if (cfg_.qk_layernorm) {  // [D] each, shared by every query (key) head: replicated
+    if (cfg_.qk_layernorm && !cfg_.multi_latent_attention) {  // [D] each, shared by every query (key) head: replicated
       const int64_t D = cfg_.kv_channels;
       p.q_norm_w = add(lname("self_attention.q_layernorm.weight"), {D}, norm_init, 0, -1);
       if (norm_bias) p.q_norm_b = add(lname("self_attention.q_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
       p.k_norm_w = add(lname("self_attention.k_layernorm.weight"), {D}, norm_init, 0, -1);
       if (norm_bias) p.k_norm_b = add(lname("self_attention.k_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
     }
-    p.proj_w = add(lname("self_attention.linear_proj.weight"), {C, Q}, ParamInit::normal, out_std, 1);
+    p.proj_w = add(lname("self_attention.linear_proj.weight"), {C, cfg_.attention_output_width()}, ParamInit::normal,
+                   out_std, 1);
     if (bias) p.proj_b = add(lname("self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
     p.ln2_w = add(lname("pre_mlp_layernorm.weight"), {C}, norm_init, 0, -1);
     if (norm_bias) p.ln2_b = add(lname("pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
@@ -475,6 +499,24 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
     }
     x.attn = attention ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
     x.lse = attention ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
+    if (cfg.multi_latent_attention) {
+      const int64_t Rq = cfg.q_lora_rank, Rkv = cfg.kv_lora_rank, Dr = cfg.qk_pos_emb_head_dim;
+      const bool latent_norms = cfg.mla_latent_norms();
+      if (Rq > 0) {
+        x.mla_q_c = arena.alloc_f32(N * Rq, "mla q latent");
+        x.mla_q_n = latent_norms ? arena.alloc_f32(N * Rq, "q_layernorm") : x.mla_q_c;
+        x.mla_q_mean = latent_norms ? arena.alloc_f32(N) : nullptr;
+        x.mla_q_rstd = latent_norms ? arena.alloc_f32(N) : nullptr;
+      }
+      x.mla_kv_c = arena.alloc_f32(N * (Rkv + Dr), "mla kv latent");
+      x.mla_kv_l = arena.alloc_f32(N * Rkv, "mla kv latent");
+      x.mla_kv_n = latent_norms ? arena.alloc_f32(N * Rkv, "kv_layernorm") : x.mla_kv_l;
+      x.mla_kv_mean = latent_norms ? arena.alloc_f32(N) : nullptr;
+      x.mla_kv_rstd = latent_norms ? arena.alloc_f32(N) : nullptr;
+      if (attention)
+        x.attn_v = cfg.v_head_dim < cfg.kv_channels ? arena.alloc_f32(N * Hl * cfg.v_head_dim, "core_attention")
+                                                    : x.attn;
+    }
     x.resid_mid = arena.alloc_f32(Ns * C, "residual");
     x.ln2 = norms ? arena.alloc_f32(Ns * C, "pre_mlp_layernorm") : nullptr;
     x.ln2_mean = arena.alloc_f32(Ns);
@@ -516,6 +558,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   for (int64_t j = 1; j < largest; ++j) sc.group_resid.push_back(arena.alloc_f32(Ns * C, "residual"));
   sc.attn = selective ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
   sc.lse = selective ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
+  const bool mla_padded = cfg.multi_latent_attention && cfg.v_head_dim < cfg.kv_channels;
+  sc.attn_v = selective && mla_padded ? arena.alloc_f32(N * Hl * cfg.v_head_dim, "core_attention") : sc.attn;
   // --recompute-modules mlp / layernorm (selective: no full-recomputation groups): one copy,
   // refilled before each layer's backward.
   bool dense = false;  // a dense layer on this rank
@@ -558,6 +602,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
         if (selective) {
           x.attn = sc.attn;
           x.lse = sc.lse;
+          if (cfg.multi_latent_attention) x.attn_v = sc.attn_v;
         }
         if (!moe && shared_mlp) {
           x.fc1 = sc.fc1;
@@ -615,6 +660,20 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   if (cfg.qk_norm()) {
     sc.qk_tmp = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
     sc.qk_dx = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "grad");
+  }
+  if (cfg.multi_latent_attention) {
+    const int64_t Rq = cfg.q_lora_rank, Rkv = cfg.kv_lora_rank, Dr = cfg.qk_pos_emb_head_dim;
+    const bool latent_norms = cfg.mla_latent_norms();
+    sc.mla_q = arena.alloc_f32(N * Hl * cfg.mla_qk_dim(), "mla");
+    sc.mla_kv = arena.alloc_f32(N * Hl * (cfg.qk_head_dim + cfg.v_head_dim), "mla");
+    if (Rq > 0) {
+      sc.mla_d_qn = arena.alloc_f32(N * Rq, "grad");
+      sc.mla_d_qc = latent_norms ? arena.alloc_f32(N * Rq, "grad") : sc.mla_d_qn;
+    }
+    sc.mla_d_kvn = arena.alloc_f32(N * (Rkv + Dr), "grad");  // then the rotary key's [N, Dr]
+    sc.mla_d_kvl = latent_norms ? arena.alloc_f32(N * Rkv, "grad") : nullptr;
+    sc.mla_d_kvc = arena.alloc_f32(N * (Rkv + Dr), "grad");
+    sc.mla_d_attn_v = mla_padded ? arena.alloc_f32(N * Hl * cfg.v_head_dim, "grad") : nullptr;
   }
 }
 
@@ -823,7 +882,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                              const std::optional<NextNorm>& after) {
   const bool sp = tp_.sp();
   Scratch& sc = *scratch_;
-  const int64_t N = B * T, C = cfg_.hidden_size, Cl = Hl_ * cfg_.kv_channels;
+  const int64_t N = B * T, C = cfg_.hidden_size, Cl = proj_in_local();
   const int64_t Ns = tp_.shard_rows(N);
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   const std::vector<DropoutRun> runs = dropout_runs(B, T, p_hidden);
@@ -833,7 +892,9 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   const float* in = a.resid[i];
   // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
   if (!ln1_made) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, in, p.ln1_w, p.ln1_b, Ns);
-  if (bf16_qkv()) {  // round(x W^T) in bf16; the attention adds the bias (qkv_input)
+  if (cfg_.multi_latent_attention) {
+    mla_qkv_forward(p, a, i, ln_input(x.ln1, N), N);
+  } else if (bf16_qkv()) {  // round(x W^T) in bf16; the attention adds the bias (qkv_input)
     gemm_policy_->forward_bf16(p.qkv_w, x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local());
   } else {
     linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, qkv_local(),
@@ -850,7 +911,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add), with LN2 of the result.
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
-  row_parallel_output(x.resid_mid, in, out_rows, proj_input(x.qkv, x.attn, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
+  row_parallel_output(x.resid_mid, in, out_rows, proj_input(a, i, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
                       site_stream(key, p.name + "self_attention.dropout"), runs,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
@@ -952,6 +1013,12 @@ uint16_t* GPTModel::attn_bf16(float* qkv, int64_t N) const {
 LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const {
   if (uint16_t* attn16 = attn_bf16(qkv, N)) return LinearInput::in_bf16(attn16);
   return LinearInput(attn);
+}
+
+LinearInput GPTModel::proj_input(const Activations& a, size_t i, int64_t N) const {
+  const Activations::Layer& x = a.layers[i];
+  if (cfg_.multi_latent_attention) return LinearInput(x.attn_v);
+  return proj_input(x.qkv, x.attn, N);
 }
 
 GPTModel::RowOutputGrad GPTModel::row_output_grad(float* d_rows, int b, int64_t N, float p,
@@ -1148,19 +1215,21 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
     if (docs_.reset_attention_mask) keys.key_document_ids = a.key_ids.device();
     attention_forward(x.attn, x.lse, x.qkv, shape, ad, docs_.reset_attention_mask ? a.document_ids() : nullptr,
                       attention_math_, nullptr, &keys);
-    return;
+  } else {
+    attention_forward(x.attn, x.lse, qkv_input(p, x.qkv), shape, ad,
+                      docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_,
+                      attn_bf16(x.qkv, B * T));
   }
-  attention_forward(x.attn, x.lse, qkv_input(p, x.qkv), shape, ad,
-                    docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_,
-                    attn_bf16(x.qkv, B * T));
+  if (cfg_.multi_latent_attention) mla_attention_output(a, i, B * T);
 }
 
 void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations& a, const LayerNormDout* d_lnf,
                                int norm_w, int norm_b, int64_t B, int64_t T, const MicroBatchKey& key) {
   const bool sp = tp_.sp();
   Scratch& sc = *scratch_;
-  const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = Hl_ * D;
+  const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = proj_in_local();
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
+  const bool mla = cfg_.multi_latent_attention;
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   const std::vector<DropoutRun> runs = dropout_runs(B, T, p_hidden);
@@ -1281,9 +1350,12 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
     // and the attention backward reads it as it is (no rounding pass, half the bytes).
     const bool bf16_d_attn = bf16_qkv();
-    row_parallel_linear_backward(tp_, sc.d_c2, params_.grad(p.proj_w), d_proj.bf16 ? nullptr : bias_grad_or_null(p.proj_b),
-                                 d_proj.fp32, sc.d_c1, proj_input(x.qkv, x.attn, N), params_.param(p.proj_w), N, Cl,
+    // MLA with values narrower than the heads: the gradient of attn_v, widened into d_c2.
+    float* d_proj_in = mla && sc.mla_d_attn_v ? sc.mla_d_attn_v : sc.d_c2;
+    row_parallel_linear_backward(tp_, d_proj_in, params_.grad(p.proj_w), d_proj.bf16 ? nullptr : bias_grad_or_null(p.proj_b),
+                                 d_proj.fp32, sc.d_c1, proj_input(a, i, N), params_.param(p.proj_w), N, Cl,
                                  C, bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w), d_proj.bf16);
+    if (d_proj_in != sc.d_c2) mla_attention_output_backward(d_proj_in, N);
     const AttentionOperand d_attn = bf16_d_attn
                                         ? AttentionOperand::in_bf16(reinterpret_cast<const uint16_t*>(sc.d_c2))
                                         : AttentionOperand(sc.d_c2);
@@ -1327,18 +1399,23 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
                             sc.qk_dx, N, qkv_layout(), qk_normalization());
     // --recompute-modules layernorm: LN1's output again (the QKV layer's weight gradient reads it).
     if (cfg_.recompute_layernorm()) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, a.resid[i], p.ln1_w, p.ln1_b, Ns);
-    column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
-                                    d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
-                                    ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(), ln_grad_site(p.qkv_w),
-                                    d_3c16);
+    if (mla)
+      mla_qkv_backward(p, a, i, ln_input(x.ln1, N), N);
+    else
+      column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
+                                      d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
+                                      ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(),
+                                      ln_grad_site(p.qkv_w), d_3c16);
     // d_resid becomes d(layer input): the output gradient of the previous layer's fc2 (made
     // here with residual_grad_out), or the chunk's input gradient after the first layer.
     const ResidualGradOut fc2_grad = i > 0 ? residual_grad_out(layers[i - 1].fc2_b, p_hidden) : ResidualGradOut{};
-    layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), bias_grad(p.ln1_b), ln_dout(d_ln, p.qkv_w), a.resid[i],
+    layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), bias_grad(p.ln1_b), ln_dout(d_ln, mla ? p.kv_down_w : p.qkv_w),
+                       a.resid[i],
                        norm_weight(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad, normalization());
     d_rows_made = fc2_grad.bf16 != nullptr;
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b, p.proj_w,
-                 p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b});
+                 p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b, p.q_proj_w, p.q_down_w, p.q_up_w,
+                 p.kv_down_w, p.kv_up_w});
   }
 }
 
@@ -1512,9 +1589,12 @@ void GPTModel::finish_tensor_parallel_grads(const std::vector<std::pair<int64_t,
       norms.insert(norms.end(), {d.enorm_w, d.enorm_b, d.hnorm_w, d.hnorm_b, d.norm_w, d.norm_b, d.layer.ln1_w,
                                  d.layer.ln1_b, d.layer.ln2_w, d.layer.ln2_b});
   }
-  for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b});
-  for (const MtpParams& d : mtp_)
-    norms.insert(norms.end(), {d.layer.q_norm_w, d.layer.q_norm_b, d.layer.k_norm_w, d.layer.k_norm_b});
+  // (With --multi-latent-attention those are the latents' norms, whose gradients are whole on every rank.)
+  if (!cfg_.multi_latent_attention) {
+    for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b});
+    for (const MtpParams& d : mtp_)
+      norms.insert(norms.end(), {d.layer.q_norm_w, d.layer.q_norm_b, d.layer.k_norm_w, d.layer.k_norm_b});
+  }
   if (std::all_of(norms.begin(), norms.end(), [](int k) { return k < 0; })) return;
   const std::vector<std::pair<int64_t, int64_t>> all{{0, params_.numel()}};
   std::vector<std::pair<int64_t, int64_t>> pieces;

@@ -278,8 +278,12 @@ class GPTModel {
     // biases with RMSNorm)
     int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc1_w = -1,
         fc1_b = -1, fc2_w = -1, fc2_b = -1;
-    // --qk-layernorm's q_layernorm and k_layernorm (-1 without it; the biases with RMSNorm)
+    // --qk-layernorm's q_layernorm and k_layernorm (-1 without it; the biases with RMSNorm); with
+    // --multi-latent-attention the latents' q_layernorm [Rq] and kv_layernorm [Rkv] (in k_norm_*)
     int q_norm_w = -1, q_norm_b = -1, k_norm_w = -1, k_norm_b = -1;
+    // --multi-latent-attention (qkv_w, qkv_b -1): linear_q_proj, or linear_q_down_proj and
+    // linear_q_up_proj; linear_kv_down_proj, linear_kv_up_proj (model/multi_latent_attention.cpp)
+    int q_proj_w = -1, q_down_w = -1, q_up_w = -1, kv_down_w = -1, kv_up_w = -1;
     // --num-experts: the router and each expert's fc1 and fc2 (fc1_w, fc2_w are then -1)
     int router_w = -1;
     std::vector<int> expert_fc1, expert_fc2;
@@ -412,6 +416,17 @@ class GPTModel {
   // Layer i's attn and lse from its qkv (forward, and selective recomputation in backward).
   void core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
                               const MicroBatchKey& key);
+  // --multi-latent-attention (model/multi_latent_attention.cpp): layer i's qkv, in the fused layout
+  // the core attention reads (before the rotation), from its LN1 output x [N, C] (every row);
+  // mla_attention_output: attn_v, the attention's output without the values' padding.
+  void mla_qkv_forward(const LayerParams& p, Activations& a, size_t i, LinearInput x, int64_t N);
+  void mla_attention_output(Activations& a, size_t i, int64_t N);
+  // The backward from d_3c (the qkv gradient, rotated back): the weights' gradients (the latents'
+  // gradients all-reduced over the tensor-parallel group first, so the replicated weights' are whole)
+  // and LN1's output gradient, reduced: into d_c1, or this rank's rows in d_s with sequence parallelism.
+  void mla_qkv_backward(const LayerParams& p, Activations& a, size_t i, LinearInput x, int64_t N);
+  // linear_proj's input gradient d_attn_v [N, Hl Dv] widened to the attention's [N, Hl, D] in d_c2.
+  void mla_attention_output_backward(const float* d_attn_v, int64_t N);
   // d_lnf: gradient of the final LayerNorm's output rows of this rank ([Ns, C]), or null
   // when the chunk has no final norm (the output gradient is then in scratch d_resid).
   void backward_chunk(int chunk, Activations& a, const LayerNormDout* d_lnf, int64_t B, int64_t T,
@@ -534,6 +549,10 @@ class GPTModel {
   // qkv, attn: a layer's buffers (Activations::Layer).
   uint16_t* attn_bf16(float* qkv, int64_t N) const;
   LinearInput proj_input(float* qkv, const float* attn, int64_t N) const;
+  // The linear_proj's input of layer x (its bf16 attn, attn, or MLA's attn_v).
+  LinearInput proj_input(const Activations& a, size_t i, int64_t N) const;
+  // linear_proj's inputs on this rank: Hl x kv_channels, or Hl x v_head_dim with MLA.
+  int64_t proj_in_local() const { return cfg_.attention_output_width() / tp_.size(); }
   // The gradient of a row-parallel layer's output ([Ns, C]) from d_resid, the residual
   // stream's: dropout's backward into d_rows, or without dropout (p == 0, the identity)
   // d_resid itself, not copied (a read and a write of [Ns, C] fewer).

@@ -34,6 +34,17 @@ struct GPTModel::Activations {
     float* qk_mean = nullptr;  //   [N (Hl + Gl)] their statistics (model/qk_layernorm.h); qkv holds
     float* qk_rstd = nullptr;  //   them normalized (and rotated)
     float* attn;       // [N, C/P]   ([B, T, Hl, D])
+    // --multi-latent-attention (model/multi_latent_attention.cpp; Rq, Rkv the latents, Dr the rotary key):
+    float* mla_q_c = nullptr;     // [N, Rq] linear_q_down_proj's output (--q-lora-rank)
+    float* mla_q_n = nullptr;     // [N, Rq] q_layernorm's output, linear_q_up_proj's input (mla_q_c without norms)
+    float* mla_q_mean = nullptr;  // [N] q_layernorm's statistics
+    float* mla_q_rstd = nullptr;
+    float* mla_kv_c = nullptr;    // [N, Rkv + Dr] linear_kv_down_proj's output: the latent, then the rotary key
+    float* mla_kv_l = nullptr;    // [N, Rkv] its latent, kv_layernorm's input
+    float* mla_kv_n = nullptr;    // [N, Rkv] kv_layernorm's output, linear_kv_up_proj's input (mla_kv_l without norms)
+    float* mla_kv_mean = nullptr;
+    float* mla_kv_rstd = nullptr;
+    float* attn_v = nullptr;      // [N, Hl Dv] attn without the values' padding (attn itself when Dv = D)
     float* lse;        // [B, Hl, T]
     float* resid_mid;  // [Ns, C]  residual stream after the attention block
     float* ln2;        // [Ns, C]
@@ -97,10 +108,20 @@ struct GPTModel::Scratch {
   MoeScratch moe;             // --num-experts: the MoE backward's scratch
   float* qk_tmp = nullptr;    // --qk-layernorm, --qk-l2-norm: [N (Hl + Gl), D] the norm's output, then its output gradient
   float* qk_dx = nullptr;     //   [N (Hl + Gl), D] its input gradient
+  // --multi-latent-attention: the up projections' outputs in forward, their gradients in backward
+  float* mla_q = nullptr;        // [N, Hl Dq]
+  float* mla_kv = nullptr;       // [N, Hl (Dn + Dv)]
+  float* mla_d_qn = nullptr;     // [N, Rq] q_layernorm's output gradient
+  float* mla_d_qc = nullptr;     // [N, Rq] its input gradient
+  float* mla_d_kvn = nullptr;    // [N, Rkv] kv_layernorm's output gradient, then [N, Dr] the rotary key's
+  float* mla_d_kvl = nullptr;    // [N, Rkv] its input gradient
+  float* mla_d_kvc = nullptr;    // [N, Rkv + Dr] linear_kv_down_proj's output gradient
+  float* mla_d_attn_v = nullptr; // [N, Hl Dv] linear_proj's input gradient (when Dv < D)
   // Recomputation (shared by every chunk and slot: one group is live at a time).
   std::vector<Activations::Layer> group;  // full: largest group x one layer's buffers
   std::vector<float*> group_resid;        // full: (largest group - 1) x [Ns, C] inner residuals
   float* attn = nullptr;                  // selective: [N, Q/P] core-attention output
+  float* attn_v = nullptr;                //   MLA: [N, Hl Dv] its values' part (when Dv < D)
   float* lse = nullptr;                   // selective: [B, Hl, T]
   float* fc1 = nullptr;                   // selective mlp: [N, F1l] a dense layer's fc1 output
   float* gelu = nullptr;                  //   [N, Fl] its activation

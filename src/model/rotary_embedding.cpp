@@ -56,6 +56,7 @@ std::vector<float> yarn_frequencies(const TransformerConfig& c, int64_t R) {
 }
 
 int64_t rotary_dims(const TransformerConfig& c) {
+  if (c.multi_latent_attention) return c.qk_pos_emb_head_dim;
   return int64_t(double(c.kv_channels) * c.rotary_percent);
 }
 
@@ -81,7 +82,8 @@ RotaryEmbedding::RotaryEmbedding(const TransformerConfig& c, int64_t positions) 
   }
   copy_to_device(cos_.resize(cos_h.size()), cos_h.data(), cos_h.size() * sizeof(float));
   copy_to_device(sin_.resize(sin_h.size()), sin_h.data(), sin_h.size() * sizeof(float));
-  table_ = RopeTable{cos_.data(), sin_.data(), positions, half, c.rotary_interleaved};
+  // Megatron's MLA turns pairs (2d, 2d + 1): it de-interleaves q_pe and k_pe, then rotates halves.
+  table_ = RopeTable{cos_.data(), sin_.data(), positions, half, c.rotary_interleaved || c.multi_latent_attention};
 }
 
 }  // namespace lattice

@@ -46,7 +46,7 @@ class RotaryEmbedding {
 };
 
 // The number of rotated dims of a head: kv_channels x rotary_percent, rounded down (Megatron's
-// int(kv_channels * rotary_percent)).
+// int(kv_channels * rotary_percent)); --qk-pos-emb-head-dim with --multi-latent-attention.
 int64_t rotary_dims(const TransformerConfig& config);
 
 // Frequency f after Llama 3.1's scaling with config's rope_scaling_* values (above), in fp32.

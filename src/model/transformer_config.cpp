@@ -40,6 +40,7 @@ void TransformerConfig::finalize(int64_t tp) {
   if (hidden_size <= 0) LATTICE_FAIL() << "--hidden-size must be positive, got " << hidden_size;
   if (num_attention_heads <= 0)
     LATTICE_FAIL() << "--num-attention-heads must be positive, got " << num_attention_heads;
+  check_mla();
   if (kv_channels == 0) {
     if (hidden_size % num_attention_heads != 0)
       LATTICE_FAIL() << "--num-attention-heads " << num_attention_heads
@@ -89,6 +90,40 @@ void TransformerConfig::finalize(int64_t tp) {
   if (attention_dropout < 0 || attention_dropout >= 1)
     LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
   check_recompute();
+}
+
+void TransformerConfig::check_mla() {
+  if (!multi_latent_attention) return;
+  const struct {
+    const char* flag;
+    int64_t value, least;
+  } dims[] = {{"--q-lora-rank", q_lora_rank, 0},
+              {"--kv-lora-rank", kv_lora_rank, 1},
+              {"--qk-head-dim", qk_head_dim, 1},
+              {"--qk-pos-emb-head-dim", qk_pos_emb_head_dim, 2},
+              {"--v-head-dim", v_head_dim, 1}};
+  for (const auto& d : dims)
+    if (d.value < d.least)
+      LATTICE_FAIL() << d.flag << " must be >= " << d.least << " with --multi-latent-attention, got " << d.value;
+  if (qk_pos_emb_head_dim % 2 != 0)
+    LATTICE_FAIL() << "--qk-pos-emb-head-dim " << qk_pos_emb_head_dim << " must be even (the rotation turns pairs)";
+  if (!rope())
+    LATTICE_FAIL() << "--multi-latent-attention needs --position-embedding-type rope or yarn (its keys' Dr dims are "
+                      "rotated), got "
+                   << position_embedding_type;
+  if (num_query_groups != 0 && num_query_groups != num_attention_heads)
+    LATTICE_FAIL() << "--num-query-groups " << num_query_groups
+                   << " does not go with --multi-latent-attention (every head has its own key and value)";
+  const char* other = qk_l2_norm                                 ? "--qk-l2-norm"
+                      : rotary_percent != 1.0                    ? "--rotary-percent (MLA rotates the Dr dims)"
+                      : rotary_interleaved                       ? "--rotary-interleaved (MLA's pairs are interleaved)"
+                      : use_rope_scaling                         ? "--use-rope-scaling"
+                      : rotary_seq_len_interpolation_factor > 0  ? "--rotary-seq-len-interpolation-factor"
+                                                                 : nullptr;
+  if (other) LATTICE_FAIL() << other << " does not go with --multi-latent-attention";
+  // The attention's head dim: q and k of Dq dims, v of Dv, the shorter zero-padded (--kv-channels is not used).
+  kv_channels = std::max(mla_qk_dim(), v_head_dim);
+  num_query_groups = num_attention_heads;
 }
 
 void TransformerConfig::check_mtp() const {
@@ -229,7 +264,7 @@ void TransformerConfig::check_position_embedding() const {
   if (!rope()) return;
   if (!(rotary_percent > 0.0 && rotary_percent <= 1.0))
     LATTICE_FAIL() << "--rotary-percent must be in (0, 1], got " << rotary_percent;
-  const int64_t dims = int64_t(double(kv_channels) * rotary_percent);
+  const int64_t dims = multi_latent_attention ? qk_pos_emb_head_dim : int64_t(double(kv_channels) * rotary_percent);
   if (dims < 2 || dims % 2 != 0)
     LATTICE_FAIL() << "--rotary-percent " << rotary_percent << " of --kv-channels " << kv_channels << " rotates "
                    << dims << " dims per head; the rotation needs an even number, at least 2";

@@ -117,7 +117,33 @@ struct TransformerConfig {
   // weights, before the rotary embedding (Megatron-Core's L2Norm as q_layernorm and k_layernorm,
   // Llama 4's; the kernels of --qk-layernorm with RMSNorm, unit weights and no gradient for them).
   bool qk_l2_norm = false;
-  bool qk_norm() const { return qk_layernorm || qk_l2_norm; }  // either: qkv's q and k normalized
+  // With --multi-latent-attention --qk-layernorm normalizes the latents instead (mla_latent_norms()).
+  bool qk_norm() const { return (qk_layernorm && !multi_latent_attention) || qk_l2_norm; }  // qkv's q and k normalized
+  // --multi-latent-attention (Megatron-Core's MLA, DeepSeek-V2/V3's attention; model/multi_latent_attention.h):
+  // per layer the queries come from linear_q_proj [H Dq, C] (--q-lora-rank 0) or through a latent,
+  // linear_q_up_proj [H Dq, Rq] . q_layernorm . linear_q_down_proj [Rq, C]; the keys' and values'
+  // latent and one shared rotary key from linear_kv_down_proj [Rkv + Dr, C], then per head
+  // k_nope and v from linear_kv_up_proj [H (Dn + Dv), Rkv] . kv_layernorm. Each head's query and key:
+  // Dn unrotated dims and Dr rotated ones (Dq = Dn + Dr), its value Dv dims; linear_proj [C, H Dv].
+  // The latent norms (the model's normalization) exist with --qk-layernorm. The rotary embedding
+  // (rope or yarn) turns the Dr dims by pairs (2d, 2d + 1), as Megatron's MLA does; the softmax
+  // scale is m^2 / sqrt(Dq) (m = yarn's mscale with --yarn-mscale-all-dim, else 1). finalize() sets
+  // kv_channels to the attention's head dim max(Dq, Dv) (the shorter part zero-padded) and
+  // num_query_groups to the heads.
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0;             // Rq (--q-lora-rank; 0: Megatron's None, no query latent)
+  int64_t kv_lora_rank = 32;           // Rkv (--kv-lora-rank)
+  int64_t qk_head_dim = 128;           // Dn (--qk-head-dim)
+  int64_t qk_pos_emb_head_dim = 64;    // Dr (--qk-pos-emb-head-dim)
+  int64_t v_head_dim = 128;            // Dv (--v-head-dim)
+  bool mla_latent_norms() const { return multi_latent_attention && qk_layernorm; }
+  int64_t mla_qk_dim() const { return qk_head_dim + qk_pos_emb_head_dim; }  // Dq
+  // The core attention's output per token, linear_proj's input: heads x kv_channels, or H Dv with MLA.
+  int64_t attention_output_width() const {
+    return multi_latent_attention ? num_attention_heads * v_head_dim : attention_width();
+  }
+  // The multi-latent attention fields' part of finalize() (before the head dim is derived).
+  void check_mla();
   // Mixture of experts (--num-experts E; 0: the dense MLP): every layer's MLP is E experts, each
   // token sent to its moe_router_topk best (model/moe_layer.h), experts of moe_ffn_hidden_size
   // (0 -> ffn_hidden_size); moe_aux_loss_coeff weighs the load-balancing loss's gradient (aux_loss's).

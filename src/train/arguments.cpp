@@ -158,6 +158,15 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "normalize each query and key head (--normalization over --kv-channels) before the rotary embedding (Qwen3)"},
       {"qk-l2-norm", Kind::flag, &a.qk_l2_norm,
        "scale each query and key head to unit RMS (no weights) before the rotary embedding (Llama 4)"},
+      {"multi-latent-attention", Kind::flag, &a.multi_latent_attention,
+       "multi-latent attention (DeepSeek-V2/V3): queries, keys and values from low-rank latents, a shared rotary "
+       "key; with --qk-layernorm the latents are normalized"},
+      {"q-lora-rank", Kind::i64, &a.q_lora_rank, "with MLA: the queries' latent rank (0: linear_q_proj, no latent)"},
+      {"kv-lora-rank", Kind::i64, &a.kv_lora_rank, "with MLA: the keys' and values' latent rank (default 32)"},
+      {"qk-head-dim", Kind::i64, &a.qk_head_dim, "with MLA: each head's unrotated query and key dims (default 128)"},
+      {"qk-pos-emb-head-dim", Kind::i64, &a.qk_pos_emb_head_dim,
+       "with MLA: each head's rotated query and key dims, the key's shared by the heads (default 64)"},
+      {"v-head-dim", Kind::i64, &a.v_head_dim, "with MLA: each head's value dims (default 128)"},
       {"micro-batch-size", Kind::i64, &a.micro_batch_size, "sequences per micro-batch"},
       {"global-batch-size", Kind::i64, &a.global_batch_size,
        "sequences per iteration (0: micro-batch size)"},
@@ -423,6 +432,11 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "accepted: alltoall | allgather (the same math; lattice dispatches by all-to-all under expert parallelism)"},
       {"expert-tensor-parallel-size", Kind::i64, &a.implementation.expert_tensor_parallel_size,
        "the experts' tensor-parallel size: only --tensor-model-parallel-size's (the default)"},
+      {"rope-type", Kind::str, &a.rope_type,
+       "Megatron's multi-latent attention spelling of --position-embedding-type: rope or yarn"},
+      {"rotary-scaling-factor", Kind::opt_f64, &a.rotary_scaling_factor, "Megatron's MLA spelling of --yarn-rotary-scaling-factor"},
+      {"mscale", Kind::opt_f64, &a.mscale, "Megatron's MLA spelling of --yarn-mscale"},
+      {"mscale-all-dim", Kind::opt_f64, &a.mscale_all_dim, "Megatron's MLA spelling of --yarn-mscale-all-dim"},
       {"use-rotary-position-embeddings", Kind::flag, &a.use_rotary_position_embeddings,
        "Megatron's older spelling of --position-embedding-type rope"},
       {"no-position-embedding", Kind::flag, &a.no_position_embedding,
@@ -731,6 +745,16 @@ void validate(TrainArgs& a) {
                      << a.position_embedding_type;
     a.position_embedding_type = "rope";
   }
+  if (!a.rope_type.empty()) {
+    if (a.rope_type != "rope" && a.rope_type != "yarn")
+      LATTICE_FAIL() << "--rope-type must be rope or yarn, got '" << a.rope_type << "'";
+    if (a.position_embedding_type != "learned_absolute" && a.position_embedding_type != a.rope_type)
+      LATTICE_FAIL() << "--rope-type " << a.rope_type << " contradicts --position-embedding-type " << a.position_embedding_type;
+    a.position_embedding_type = a.rope_type;
+  }
+  if (a.rotary_scaling_factor) a.yarn_rotary_scaling_factor = float(*a.rotary_scaling_factor);
+  if (a.mscale) a.yarn_mscale = float(*a.mscale);
+  if (a.mscale_all_dim) a.yarn_mscale_all_dim = float(*a.mscale_all_dim);
   if (a.no_position_embedding && a.position_embedding_type != "rope" && a.position_embedding_type != "yarn")
     LATTICE_FAIL() << "--no-position-embedding needs --position-embedding-type rope (lattice has no model without "
                       "position information)";
@@ -842,6 +866,12 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.add_qkv_bias = add_qkv_bias;
   c.qk_layernorm = qk_layernorm;
   c.qk_l2_norm = qk_l2_norm;
+  c.multi_latent_attention = multi_latent_attention;
+  c.q_lora_rank = q_lora_rank;
+  c.kv_lora_rank = kv_lora_rank;
+  c.qk_head_dim = qk_head_dim;
+  c.qk_pos_emb_head_dim = qk_pos_emb_head_dim;
+  c.v_head_dim = v_head_dim;
   c.num_experts = num_experts;
   c.moe_router_topk = moe_router_topk;
   c.moe_ffn_hidden_size = moe_ffn_hidden_size;
@@ -988,6 +1018,14 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   on("disable-bias-linear", !m.value("add_bias_linear", true));
   on("add-qkv-bias", m.value("add_qkv_bias", false));
   on("qk-layernorm", m.value("qk_layernorm", false));
+  if (m.value("multi_latent_attention", false)) {
+    out.emplace_back("multi-latent-attention", true);
+    from_model("q-lora-rank", "q_lora_rank");
+    from_model("kv-lora-rank", "kv_lora_rank");
+    from_model("qk-head-dim", "qk_head_dim");
+    from_model("qk-pos-emb-head-dim", "qk_pos_emb_head_dim");
+    from_model("v-head-dim", "v_head_dim");
+  }
   on("qk-l2-norm", m.value("qk_l2_norm", false));
   if (m.value("mtp_num_layers", 0) > 0) from_model("mtp-num-layers", "mtp_num_layers");
   if (m.value("num_experts", 0) > 0) {

@@ -45,6 +45,8 @@ struct TrainArgs {
   float moe_z_loss_coeff = 0.0f;
   float moe_input_jitter_eps = 0.0f;
   bool moe_router_force_load_balancing = false;
+  bool multi_latent_attention = false;     // --multi-latent-attention and its shapes (TransformerConfig's)
+  int64_t q_lora_rank = 0, kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
   int64_t mtp_num_layers = 0;              // --mtp-num-layers
   float mtp_loss_scaling_factor = 0.1f;    // --mtp-loss-scaling-factor
   bool moe_per_layer_logging = false;
@@ -231,6 +233,10 @@ struct TrainArgs {
     int64_t num_workers = 2, timing_log_level = 0, num_dataset_builder_threads = 1, empty_unused_memory_level = 0;
   } implementation;
   bool use_rotary_position_embeddings = false;  // Megatron's older spelling of --position-embedding-type rope
+  // Megatron's multi-latent attention spellings of the rotary options: --rope-type rope|yarn (the position
+  // embedding type), --rotary-scaling-factor, --mscale, --mscale-all-dim (the --yarn-* values); unset: none given.
+  std::string rope_type;
+  std::optional<double> rotary_scaling_factor, mscale, mscale_all_dim;
   bool no_position_embedding = false;           // no learned position table: with rope, as rope is
   bool exit_on_missing_checkpoint = false;      // --load without a checkpoint is an error
   bool profile_ops = false;  // per-op time table at the end (train/op_profile_report.h)

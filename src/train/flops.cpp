@@ -25,10 +25,22 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
                                                  cfg.moe_shared_expert_intermediate_size) +
                       (L - double(moe_layers)) * double(cfg.ffn_hidden_size)) / L;
   const double ffn_mult = cfg.gated_linear_unit() ? 3.0 : 2.0;  // a gated unit (SwiGLU, quick GEGLU): three matrices
-  const double per_token =
-      L * (6 * h * ffn * ffn_mult + 6 * (h * (q + k + v) + q * h)) + 6 * h * double(cfg.padded_vocab_size) * (K + 1) +
-      6 * K * (3 * h + 2 * h * h);
-  return double(gbs) * double(s) * per_token + double(gbs) * double(s) * double(s) * 6 * q * L;
+  // Every layer's attention per token, the core attention's s-long rows included: the QKV layer, the
+  // scores and the weighted values, the projection; with --multi-latent-attention Megatron's MLA terms
+  // (the query's and the key-value latents with their norms, the rotary key, the projection, and the
+  // core attention over Dq-wide scores and Dv-wide values, each halved for the causal mask).
+  double attention = L * 6 * (h * (q + k + v) + q * h) + double(s) * 6 * q * L;
+  if (cfg.multi_latent_attention) {
+    const double H = double(cfg.num_attention_heads), Dq = double(cfg.mla_qk_dim()), Dv = double(cfg.v_head_dim);
+    const double Rq = double(cfg.q_lora_rank), Rkv = double(cfg.kv_lora_rank);
+    const double q_term = cfg.q_lora_rank == 0 ? h * H * Dq : Rq * (h + H * Dq + 1);
+    attention = 6 * L *
+                (q_term + Rkv * (h + H * double(cfg.qk_head_dim + cfg.v_head_dim) + 1) +
+                 h * double(cfg.qk_pos_emb_head_dim) + H * Dv * h + double(s) * H * Dq / 2 + double(s) * H * Dv / 2);
+  }
+  const double per_token = L * 6 * h * ffn * ffn_mult + attention + 6 * h * double(cfg.padded_vocab_size) * (K + 1) +
+                           6 * K * (3 * h + 2 * h * h);
+  return double(gbs) * double(s) * per_token;
 }
 
 namespace {

@@ -73,15 +73,34 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
   auto add_layer = [&](int64_t l, const std::string& p) {
     add(p + "input_layernorm.weight", {C}, -1);
     if (!c.rmsnorm()) add(p + "input_layernorm.bias", {C}, -1);
-    add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), C}, 0);  // [W/P, C], W = 3Q without grouping
-    if (c.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, 0);
+    if (c.multi_latent_attention) {  // the latents replicated, the up projections split by heads
+      const int64_t H = c.num_attention_heads, Dq = c.mla_qk_dim(), Rq = c.q_lora_rank, Rkv = c.kv_lora_rank;
+      auto latent_norm = [&](const char* norm, int64_t R) {
+        if (!c.mla_latent_norms()) return;
+        add(p + norm + "weight", {R}, -1);
+        if (!c.rmsnorm()) add(p + norm + "bias", {R}, -1);
+      };
+      if (Rq == 0) {
+        add(p + "self_attention.linear_q_proj.weight", {H * Dq, C}, 0);
+      } else {
+        add(p + "self_attention.linear_q_down_proj.weight", {Rq, C}, -1);
+        latent_norm("self_attention.q_layernorm.", Rq);
+        add(p + "self_attention.linear_q_up_proj.weight", {H * Dq, Rq}, 0);
+      }
+      add(p + "self_attention.linear_kv_down_proj.weight", {Rkv + c.qk_pos_emb_head_dim, C}, -1);
+      latent_norm("self_attention.kv_layernorm.", Rkv);
+      add(p + "self_attention.linear_kv_up_proj.weight", {H * (c.qk_head_dim + c.v_head_dim), Rkv}, 0);
+    } else {
+      add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), C}, 0);  // [W/P, C], W = 3Q without grouping
+      if (c.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, 0);
+    }
     if (c.learnable_softmax_offset()) add(p + "self_attention.core_attention.softmax_offset", {c.num_attention_heads}, 0);
-    if (c.qk_layernorm)
+    if (c.qk_layernorm && !c.multi_latent_attention)
       for (const char* norm : {"self_attention.q_layernorm.", "self_attention.k_layernorm."}) {
         add(p + norm + "weight", {c.kv_channels}, -1);
         if (!c.rmsnorm()) add(p + norm + "bias", {c.kv_channels}, -1);
       }
-    add(p + "self_attention.linear_proj.weight", {C, Q}, 1);     // [C, Q/P]
+    add(p + "self_attention.linear_proj.weight", {C, c.attention_output_width()}, 1);  // [C, Q/P] (MLA: H Dv / P)
     if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
     add(p + "pre_mlp_layernorm.weight", {C}, -1);
     if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);

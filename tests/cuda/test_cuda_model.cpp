@@ -410,6 +410,31 @@ TEST(CudaModel, MultiTokenPredictionLossAndEveryGradientMatchCpu) {
   expect_loss_and_gradients_match(moe, "multi-token prediction, MoE");
 }
 
+// --multi-latent-attention: the latents, their norms, the fused qkv built from them (the shared rotary
+// key in every head, values zero-padded to the heads' width) and attn_v: the same loss and gradients on
+// both devices (a query latent with RMSNorm latent norms; linear_q_proj with YaRN and values wider).
+TEST(CudaModel, MultiLatentAttentionLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  for (int variant : {0, 1}) {
+    TransformerConfig cfg = small_config(0.0f);
+    cfg.multi_latent_attention = true;
+    cfg.qk_layernorm = true;
+    cfg.kv_channels = 0;
+    cfg.kv_lora_rank = 12;
+    cfg.qk_head_dim = 8;
+    cfg.qk_pos_emb_head_dim = 4;
+    cfg.position_embedding_type = variant == 0 ? "rope" : "yarn";
+    cfg.q_lora_rank = variant == 0 ? 24 : 0;
+    cfg.v_head_dim = variant == 0 ? 6 : 16;
+    if (variant == 0) cfg.normalization = "RMSNorm";
+    cfg.yarn_rotary_scaling_factor = 4.0f;
+    cfg.yarn_original_max_position_embeddings = 16;
+    cfg.finalize();
+    expect_loss_and_gradients_match(cfg, variant == 0 ? "multi-latent attention, query latent"
+                                                      : "multi-latent attention, linear_q_proj, yarn");
+  }
+}
+
 TEST(CudaModel, TwentyIterationsFp32MatchCpu) {
   LATTICE_REQUIRE_CUDA();
   const TransformerConfig cfg = small_config(0.1f);

@@ -780,6 +780,28 @@ void elementwise_cases(std::vector<OpCase>& t) {
     cuda::scale_inplace(gx.as<float>(), 0.37f, n);
     expect_bits(c, "x", x, download<float>(gx, x.size()));
   }});
+  // The multi-latent attention's strided copies: per-head blocks scaled, a broadcast (source head
+  // stride 0), zeros, and the heads summed (destination head stride 0).
+  t.push_back({"copy_head_blocks", "N37_H5_len7", {0.0, 0.0}, [](const OpCase& c) {
+    const int64_t N = 37, H = 5, len = 7, row = 3 * H * 12, head = 36;
+    const auto src = rand_floats(static_cast<size_t>(N * row), 22);
+    auto dst = rand_floats(static_cast<size_t>(N * row), 23);
+    auto gsrc = upload(src), gdst = upload(dst);
+    auto both = [&](float* d, const float* s, float* gd, const float* gs, int64_t dr, int64_t dh, int64_t sr,
+                    int64_t sh, float scale) {
+      copy_head_blocks(d, dr, dh, s, sr, sh, N, H, len, scale);
+      cuda::copy_head_blocks(gd, dr, dh, gs, sr, sh, N, H, len, scale);
+    };
+    float* d = dst.data();
+    float* gd = gdst.as<float>();
+    const float* s = src.data();
+    const float* gs = gsrc.as<float>();
+    both(d + 3, s + 1, gd + 3, gs + 1, row, head, row, head, 0.37f);  // scaled blocks
+    both(d + 12, s + 2, gd + 12, gs + 2, row, head, row, 0, 1.0f);    // one source block in every head
+    both(d + 24, nullptr, gd + 24, nullptr, row, head, 0, 0, 1.0f);   // zeros
+    both(d + 30, s + 5, gd + 30, gs + 5, row, 0, row, head, 1.0f);    // the heads summed into one block
+    expect_bits(c, "dst", dst, download<float>(gdst, dst.size()));
+  }});
   for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 100}, {1000, 768}}) {
     for (Rounding r : kRoundings)
       t.push_back({"bias_add" + rounding_suffix(r), shape_name({{"N", N}, {"C", C}}), {0.0, 0.0}, [N, C, r](const OpCase& c) {

@@ -51,6 +51,9 @@ struct Case {
   // per-sequence load-balancing loss (each sequence's counts over its chunks on both ranks).
   std::string moe;
   int64_t mtp = 0;  // --mtp-num-layers (each depth's tokens shifted along the whole sequences, then split)
+  // --multi-latent-attention (a query latent of 16, a key-value latent of 12, Dq 12, Dv 6, latent norms; its
+  // fused qkv gathered over the ranks as any layer's)
+  bool mla = false;
 };
 
 // A run and the MoE losses it reported, each step's.
@@ -103,6 +106,17 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_aux_loss_coeff = 0.0f;  // the per-sequence loss alone
     t.moe_seq_aux_loss = true;
     t.moe_seq_aux_loss_coeff = 0.01f;
+  }
+  if (c.mla) {
+    t.position_embedding_type = "rope";
+    t.num_query_groups = 0;
+    t.multi_latent_attention = true;
+    t.qk_layernorm = true;
+    t.q_lora_rank = 16;
+    t.kv_lora_rank = 12;
+    t.qk_head_dim = 8;
+    t.qk_pos_emb_head_dim = 4;
+    t.v_head_dim = 6;
   }
   if (c.recompute == "full") {
     t.recompute_granularity = "full";
@@ -211,7 +225,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Cp2MtpLearnedPositionsDistributedOptimizer", 2, 2, 1, 1, true, true, false, 0.1f, false, false, false, "", 20,
              -1, "", "vanilla", false, "", 1},
         Case{"Tp2Cp2SequenceParallelMtpGptOssMoe", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10, -1, "",
-             "vanilla", false, "gpt_oss", 1}),
+             "vanilla", false, "gpt_oss", 1},
+        // --multi-latent-attention: the fused qkv its latents make, gathered and its gradient scattered as any layer's.
+        Case{"Cp2MlaDocumentMaskSelectiveRecompute", 2, 2, 1, 1, false, false, false, 0.1f, false, true, true,
+             "selective", 20, -1, "", "vanilla", true, "", 0, true},
+        Case{"Tp2Cp2SequenceParallelMlaFullRecompute", 4, 2, 2, 1, false, false, true, 0.1f, false, false, false, "full",
+             10, -1, "", "vanilla", false, "", 0, true},
+        Case{"Pp2Cp2MlaDistributedOptimizer", 4, 2, 1, 2, true, true, false, 0.1f, false, false, false, "", 10, -1, "",
+             "vanilla", false, "", 0, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

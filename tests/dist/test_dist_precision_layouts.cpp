@@ -43,6 +43,9 @@ struct Layout {
   int tp = 1, pp = 1;  // DP = world / (TP x CP x PP)
   bool sequence_parallel = false;
   int cp = 1;
+  // --multi-latent-attention (a query latent, latent norms, Dq 12, Dv 6): its latents' gradients all-reduced
+  // before the replicated norms and down projections, so every layout rounds the same values.
+  bool mla = false;
 };
 
 struct PrecisionRun : LayoutRun {
@@ -53,8 +56,18 @@ struct PrecisionRun : LayoutRun {
   CommStats dp_stats;
 };
 
-TransformerConfig config(int tp) {
+TransformerConfig config(int tp, bool mla) {
   TransformerConfig c;
+  if (mla) {
+    c.position_embedding_type = "rope";
+    c.multi_latent_attention = true;
+    c.qk_layernorm = true;
+    c.q_lora_rank = 16;
+    c.kv_lora_rank = 12;
+    c.qk_head_dim = 8;
+    c.qk_pos_emb_head_dim = 4;
+    c.v_head_dim = 6;
+  }
   c.num_layers = kLayers;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
@@ -67,7 +80,8 @@ TransformerConfig config(int tp) {
 }
 
 // `ps` null: the single-process reference.
-PrecisionRun train(Precision prec, ParallelState* ps, bool sequence_parallel, bool grad_reduce_in_bf16 = false) {
+PrecisionRun train(Precision prec, ParallelState* ps, bool sequence_parallel, bool grad_reduce_in_bf16 = false,
+                   bool mla = false) {
   const int P = ps ? ps->pp().size() : 1;
   const PipelineLayout layout = make_pipeline_layout(kLayers, P, 0, 0, 0);
   const int dp_size = ps ? ps->dp().size() : 1;
@@ -76,7 +90,7 @@ PrecisionRun train(Precision prec, ParallelState* ps, bool sequence_parallel, bo
   const std::vector<PipelineOp> ops = pipeline_schedule(layout, M, stage);
   const ModelPlacement place{stage_layers(layout, stage), stage == 0, stage == P - 1, max_in_flight(ops)};
   const TensorParallel tp = ps ? TensorParallel{&ps->tp(), sequence_parallel} : TensorParallel{};
-  GPTModel model(config(tp.size()), kB, kT, tp, place, nullptr, ContextParallel{ps ? &ps->cp() : nullptr});
+  GPTModel model(config(tp.size(), mla), kB, kT, tp, place, nullptr, ContextParallel{ps ? &ps->cp() : nullptr});
   model.init_parameters(1234);
   PipelineRunner runner(model, layout, ps ? &ps->pp() : nullptr, ps ? ps->embedding() : nullptr);
   std::unique_ptr<DataParallel> dp;
@@ -176,8 +190,8 @@ TEST_P(DistPrecisionLayouts, MatchesSingleProcess) {
   if (world == 1 || world % model_ranks != 0 || world / model_ranks > 2)
     GTEST_SKIP() << "layout " << layout.name << " is run on 2 or 4 ranks (DP = world / (TP x CP x PP) <= 2)";
   auto ps = ParallelState::create(layout.tp, layout.pp, 120, 1, layout.cp);
-  const PrecisionRun single = train(prec, nullptr, false);
-  const PrecisionRun run = train(prec, ps.get(), layout.sequence_parallel);
+  const PrecisionRun single = train(prec, nullptr, false, false, layout.mla);
+  const PrecisionRun run = train(prec, ps.get(), layout.sequence_parallel, false, layout.mla);
   const RunDifference d = expect_same_run(run, single, tolerance(prec));
   if (mpi_world_rank() == 0)
     std::printf("%s %s on %d ranks: largest relative difference: loss %.2g, grad norm %.2g, parameters %.2g\n",
@@ -197,7 +211,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(Precision::bf16, Precision::fp16, Precision::fp8),
                        ::testing::Values(Layout{"DP", 1, 1, false}, Layout{"TPSP", 2, 1, true},
                                          Layout{"PP", 1, 2, false}, Layout{"TPxPP", 2, 2, true},
-                                         Layout{"CP", 1, 1, false, 2})),
+                                         Layout{"CP", 1, 1, false, 2}, Layout{"TPSPMla", 2, 1, true, 1, true})),
     [](const auto& info) {
       return std::string(precision_name(std::get<0>(info.param))) + std::get<1>(info.param).name;
     });

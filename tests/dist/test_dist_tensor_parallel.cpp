@@ -1,6 +1,6 @@
 // Tensor and sequence parallelism against the single-process run: losses and final
 // parameters over 20 iterations (dropout 0 and 0.1; learned positions and the rotary
-// embedding; multi-token prediction), the communication of one layer
+// embedding; multi-token prediction; multi-latent attention), the communication of one layer
 // read from the byte counters, and the per-rank memory. Runs under mpirun with 1, 2
 // and 4 ranks: TP = world size, and TP = 2 x DP = 2 with the distributed optimizer on 4.
 #include <gtest/gtest.h>
@@ -35,7 +35,7 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // always with the rotary embedding: with learned positions the key norm's bias adds the same to
 // every score of a query, so its gradient is zero up to rounding, which Adam amplifies.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false,
-                         int qk_norm = 0, bool moe = false, bool gpt_oss = false, int64_t mtp = 0) {
+                         int qk_norm = 0, bool moe = false, bool gpt_oss = false, int64_t mtp = 0, int mla = 0) {
   TransformerConfig c;
   c.mtp_num_layers = mtp;  // --mtp-num-layers: the prediction depths' eh_proj column-parallel, their norms replicated
   c.mtp_loss_scaling_factor = 0.5f;
@@ -80,6 +80,21 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
     c.glu_linear_offset = 1.0f;
     c.activation_func_clamp_value = 0.05f;
   }
+  if (mla) {  // --multi-latent-attention: 1, a query latent of 16, RMSNorm latent norms, values narrower than the
+              // queries and keys (Dq 12, Dv 6); 2, linear_q_proj with LayerNorm's latent norms (biases), YaRN,
+              // values wider (Dv 16). The up projections split by heads, the rest replicated.
+    c.multi_latent_attention = true;
+    c.position_embedding_type = mla == 1 ? "rope" : "yarn";
+    c.yarn_rotary_scaling_factor = 4.0f;
+    c.yarn_original_max_position_embeddings = 8;
+    c.qk_layernorm = true;
+    c.q_lora_rank = mla == 1 ? 16 : 0;
+    c.kv_lora_rank = 12;
+    c.qk_head_dim = 8;
+    c.qk_pos_emb_head_dim = 4;
+    c.v_head_dim = mla == 1 ? 6 : 16;
+    if (mla == 1) c.normalization = "RMSNorm";
+  }
   c.num_layers = layers;
   c.hidden_size = 32;
   c.vocab_size = 50;
@@ -93,8 +108,8 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
                 bool rope = false, bool swiglu = false, int qk_norm = 0, bool moe = false,
-                bool gpt_oss = false, int64_t mtp = 0) {
-  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp), kB, kT, tp);
+                bool gpt_oss = false, int64_t mtp = 0, int mla = 0) {
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla), kB, kT, tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
@@ -122,6 +137,7 @@ struct Layout {
   bool moe = false;           // --num-experts 4 (Megatron's TP split of every expert)
   bool gpt_oss = false;       // GPT-OSS's MLP: experts with biases, the clamped quick GEGLU
   int64_t mtp = 0;            // --mtp-num-layers
+  int mla = 0;                // --multi-latent-attention (config())
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -131,9 +147,9 @@ TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp);
+                             l.gpt_oss, l.mtp, l.mla);
   LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp);
+                             l.gpt_oss, l.mtp, l.mla);
   expect_same_run(tp, single);
 }
 
@@ -143,13 +159,13 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp);
+                             l.gpt_oss, l.mtp, l.mla);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
   LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp);
+                             l.gpt_oss, l.mtp, l.mla);
   expect_same_run(run, single);
 }
 
@@ -164,13 +180,17 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                            Layout{false, 0.0f, false, false, false, false, true},
                                            Layout{true, 0.1f, false, false, 2},
                                            Layout{true, 0.1f, false, false, 0, false, false, 2},
-                                           Layout{false, 0.1f, false, true, 0, false, false, 1}),
+                                           Layout{false, 0.1f, false, true, 0, false, false, 1},
+                                           Layout{false, 0.0f, false, false, 0, false, false, 0, 1},
+                                           Layout{true, 0.0f, false, false, 0, false, false, 0, 1},
+                                           Layout{true, 0.1f, false, false, 0, false, false, 1, 2}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
                                   (info.param.swiglu ? "Swiglu" : "") + (info.param.qk_norm == 1 ? "QkLayernorm" : info.param.qk_norm == 2 ? "QkL2Norm" : "") + (info.param.moe ? "Moe" : "") +
                                   (info.param.gpt_oss ? "GptOssMlp" : "") +
-                                  (info.param.mtp ? "Mtp" + std::to_string(info.param.mtp) : "");
+                                  (info.param.mtp ? "Mtp" + std::to_string(info.param.mtp) : "") +
+                                  (info.param.mla ? "Mla" + std::to_string(info.param.mla) : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

@@ -123,6 +123,34 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithQkLayernorm) {
   }
 }
 
+// --multi-latent-attention: each appended chunk's fused queries, keys and values made from its latents
+// (the cache holds the fused, rotated keys and the zero-padded values); a query latent with RMSNorm latent
+// norms and --apply-layernorm-1p, and linear_q_proj with YaRN, LayerNorm latent norms and wider values.
+TEST(HfInference, KvCacheLogitsEqualFullForwardWithMultiLatentAttention) {
+  for (int variant : {0, 1}) {
+    auto model = random_model(false, GeluKind::erf, true, [&](TransformerConfig& c) {
+      c.rotary_percent = 1.0;
+      c.kv_channels = 0;
+      c.multi_latent_attention = true;
+      c.qk_layernorm = true;
+      c.kv_lora_rank = 10;
+      c.qk_head_dim = 6;
+      c.qk_pos_emb_head_dim = 4;
+      c.q_lora_rank = variant == 0 ? 14 : 0;
+      c.v_head_dim = variant == 0 ? 8 : 12;
+      c.normalization = variant == 0 ? "RMSNorm" : "LayerNorm";
+      c.apply_layernorm_1p = variant == 0;
+      if (variant == 1) {
+        c.position_embedding_type = "yarn";
+        c.yarn_rotary_scaling_factor = 4.0f;
+        c.yarn_original_max_position_embeddings = 10;
+        c.yarn_mscale_all_dim = 1.0f;
+      }
+    });
+    check_against_full_forward(*model, model->config().max_position_embeddings);
+  }
+}
+
 // Mixture of experts with pre-softmax gates, gated shared experts and the middle layer dense
 // (--moe-layer-freq [1,0,1]): each appended chunk routed as the full forward routes it.
 TEST(HfInference, KvCacheLogitsEqualFullForwardWithSharedExperts) {

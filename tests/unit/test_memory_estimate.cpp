@@ -238,6 +238,41 @@ TEST(MemoryEstimate, QkLayernormEqualsTheModel) {
     }
 }
 
+// --multi-latent-attention: per layer the query latent (or linear_q_proj), the key-value latent, their
+// norms with --qk-layernorm, the up projections (split by heads) and linear_proj [C, H Dv] in place of
+// linear_qkv and a [C, C] projection; the latents' kept buffers among the activations.
+TEST(MemoryEstimate, MultiLatentAttentionEqualsTheModel) {
+  for (int P : {1, 2})
+    for (int64_t q_lora_rank : {0, 24})
+      for (const char* norm : {"LayerNorm", "RMSNorm"}) {
+        SCOPED_TRACE(std::string(norm) + ", q_lora_rank " + std::to_string(q_lora_rank) + ", P " + std::to_string(P));
+        TransformerConfig base = config(3, false, P);
+        base.normalization = norm;
+        base.position_embedding_type = "rope";
+        base.finalize(P);
+        TransformerConfig c = base;
+        c.multi_latent_attention = true;
+        c.qk_layernorm = true;
+        c.q_lora_rank = q_lora_rank;
+        c.kv_lora_rank = 16;
+        c.qk_head_dim = 12;
+        c.qk_pos_emb_head_dim = 8;
+        c.v_head_dim = 16;
+        c.kv_channels = 0;
+        c.num_query_groups = 0;
+        c.finalize(P);
+        EXPECT_EQ(c.kv_channels, 20);  // max(Dq 20, Dv 16)
+        expect_matches(layout(c, P, 1, 1, 4), 0);
+        const int64_t with = estimate_rank_memory(layout(c, P, 1, 1, 4), 0, 0).parameters;
+        const int64_t without = estimate_rank_memory(layout(base, P, 1, 1, 4), 0, 0).parameters;
+        const int64_t C = 64, H = 4, Dq = 20, nb = c.rmsnorm() ? 1 : 2;
+        const int64_t q = q_lora_rank == 0 ? H * Dq * C / P : 24 * C + nb * 24 + H * Dq * 24 / P;
+        const int64_t kv = (16 + 8) * C + nb * 16 + H * (12 + 16) * 16 / P + C * H * 16 / P;
+        const int64_t standard = 3 * C * C / P + 3 * C / P + C * C / P;  // linear_qkv with its bias, linear_proj
+        EXPECT_EQ(with - without, 3 * (q + kv - standard));
+      }
+}
+
 // --mtp-num-layers: per depth enorm, hnorm, eh_proj [C, 2C], one transformer layer and final_layernorm
 // (eh_proj split over the tensor-parallel ranks); each depth's kept buffers among the activations.
 TEST(MemoryEstimate, MultiTokenPredictionEqualsTheModel) {

@@ -151,6 +151,36 @@ TEST(ModelRecomputeLlama, TrainingIsBitIdentical) {
   EXPECT_NE(base.losses.front(), base.losses.back());
 }
 
+// --multi-latent-attention (a query latent, RMSNorm latent norms, values narrower than the heads): the
+// latents, the fused qkv and attn_v rebuilt by full recomputation, attn_v with the core attention by
+// selective, LN1's output with layernorm; bit for bit the run without.
+TEST(ModelRecomputeMla, TrainingIsBitIdentical) {
+  auto mla = [](const Recompute& r) {
+    TransformerConfig c = config(r, 0.1f, true);
+    c.multi_latent_attention = true;
+    c.num_query_groups = 0;
+    c.kv_channels = 0;
+    c.q_lora_rank = 16;
+    c.kv_lora_rank = 12;
+    c.qk_head_dim = 8;
+    c.qk_pos_emb_head_dim = 4;
+    c.v_head_dim = 6;
+    c.finalize();
+    return c;
+  };
+  const TrainRun base = train_config(mla(kNone));
+  for (const Recompute& r : {Recompute{"full", "uniform", 2}, Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
+                             Recompute{"selective", "", 0, "core_attn layernorm"}}) {
+    const TrainRun got = train_config(mla(r));
+    EXPECT_EQ(got.losses, base.losses) << r.granularity << " " << r.method << " " << r.modules;
+    EXPECT_EQ(got.grad_norms, base.grad_norms) << r.granularity << " " << r.method << " " << r.modules;
+    ASSERT_EQ(got.params.size(), base.params.size());
+    EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), base.params.size() * sizeof(float)), 0)
+        << r.granularity << " " << r.method << " " << r.modules << ": final parameters differ";
+  }
+  EXPECT_NE(base.losses.front(), base.losses.back());
+}
+
 // MoE-layer recomputation (--recompute-modules moe, alone or with core_attn; --moe-layer-recompute):
 // every MoE layer's routing, gathered rows and experts rerun before its backward into one shared
 // copy of their buffers. Bit for bit the run without, and the arena keeps one MoE layer's buffers

@@ -7,7 +7,8 @@
 // SwiGLU (--swiglu), and with grouped-query attention (--num-query-groups 2 of 4 heads); GPT-OSS's
 // MLP (quick GEGLU with an offset and clamps) dense and in experts with biases; multi-token prediction
 // (--mtp-num-layers 2 tied with learned positions, 1 untied with the rotary embedding and RMSNorm, 1 MoE
-// depth after MoE layers: its load-balancing loss in the objective).
+// depth after MoE layers: its load-balancing loss in the objective); multi-latent attention (query latent with
+// RMSNorm latent norms; linear_q_proj with YaRN, values wider than the queries and keys).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -103,6 +104,14 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
       c.yarn_original_max_position_embeddings = meta_int(f, "yarn_original_max_position_embeddings");
       c.yarn_correction_range_round_to_int = meta_int(f, "yarn_correction_range_round_to_int") != 0;
     }
+  }
+  if (f.metadata().count("multi_latent_attention")) {
+    c.multi_latent_attention = true;
+    c.q_lora_rank = meta_int(f, "q_lora_rank");
+    c.kv_lora_rank = meta_int(f, "kv_lora_rank");
+    c.qk_head_dim = meta_int(f, "qk_head_dim");
+    c.qk_pos_emb_head_dim = meta_int(f, "qk_pos_emb_head_dim");
+    c.v_head_dim = meta_int(f, "v_head_dim");
   }
   if (f.metadata().count("mtp_num_layers")) {
     c.mtp_num_layers = meta_int(f, "mtp_num_layers");
@@ -253,7 +262,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_nobias_moe4_sinkhorn2.safetensors",
                                            "gpt_tiny_nobias_moe4_sinkhorn1.safetensors", "gpt_tiny_mtp2.safetensors",
                                            "gpt_tiny_untied_rope_rmsnorm_mtp1.safetensors",
-                                           "gpt_tiny_nobias_moe4_mtp1.safetensors"));
+                                           "gpt_tiny_nobias_moe4_mtp1.safetensors",
+                                           "gpt_tiny_rope_nobias_rmsnorm_qknorm_mlaq24_kv16.safetensors",
+                                           "gpt_tiny_yarn_mlanoq_kv12.safetensors"));
 
 }  // namespace
 }  // namespace lattice

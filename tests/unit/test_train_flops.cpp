@@ -65,5 +65,28 @@ TEST(TrainFlops, MixtureOfExpertsCountsEachLayersMlp) {
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(c, 8, 1024), want);
 }
 
+// --multi-latent-attention: Megatron's MLA terms per layer and token in place of the QKV layer's and the core
+// attention's: the query latent (or linear_q_proj), the key-value latent and its up projection, the
+// rotary key, the projection, and the causal core attention over Dq-wide scores and Dv-wide values.
+TEST(TrainFlops, MultiLatentAttentionCountsTheLatents) {
+  TransformerConfig c = base_config(2);
+  c.position_embedding_type = "rope";
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 96;
+  c.kv_lora_rank = 64;
+  c.qk_head_dim = 32;
+  c.qk_pos_emb_head_dim = 16;
+  c.v_head_dim = 24;
+  c.finalize();
+  const double h = 256, H = 8, gbs = 8, s = 1024, V = 50304, Dq = 48;
+  const double mlp = 6 * h * 1024 * 2;
+  const double q_latent = 96 * (h + H * Dq + 1);
+  const double rest = 64 * (h + H * (32 + 24) + 1) + h * 16 + H * 24 * h + s * H * Dq / 2 + s * H * 24 / 2;
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(c, 8, 1024), gbs * s * (2 * (mlp + 6 * (q_latent + rest)) + 6 * h * V));
+  c.q_lora_rank = 0;  // linear_q_proj [H Dq, h]
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(c, 8, 1024),
+                   gbs * s * (2 * (mlp + 6 * (h * H * Dq + rest)) + 6 * h * V));
+}
+
 }  // namespace
 }  // namespace lattice

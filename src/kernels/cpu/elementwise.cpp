@@ -53,4 +53,28 @@ void scale_inplace(float* x, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
+void copy_head_blocks(float* dst, int64_t dst_row, int64_t dst_head, const float* src, int64_t src_row,
+                      int64_t src_head, int64_t N, int64_t H, int64_t len, float scale) {
+  LATTICE_KERNEL_ENTRY(cuda::copy_head_blocks(dst, dst_row, dst_head, src, src_row, src_head, N, H, len, scale));
+  const bool sum = dst_head == 0;
+#pragma omp parallel for schedule(static) if (N * H * len > 32768)
+  for (int64_t n = 0; n < N; ++n) {
+    if (sum) {
+      float* __restrict o = dst + n * dst_row;
+      for (int64_t j = 0; j < len; ++j) o[j] = 0.0f;
+      for (int64_t h = 0; h < H && src; ++h) {
+        const float* __restrict x = src + n * src_row + h * src_head;
+        for (int64_t j = 0; j < len; ++j) o[j] += x[j];
+      }
+      for (int64_t j = 0; j < len; ++j) o[j] *= scale;
+      continue;
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      float* __restrict o = dst + n * dst_row + h * dst_head;
+      const float* __restrict x = src ? src + n * src_row + h * src_head : nullptr;
+      for (int64_t j = 0; j < len; ++j) o[j] = x ? scale * x[j] : 0.0f;
+    }
+  }
+}
+
 }  // namespace lattice

@@ -31,6 +31,26 @@ __global__ void scale_kernel(float* x, float s, int64_t n) {
   LATTICE_GRID_STRIDE(i, n) x[i] *= s;
 }
 
+// One thread per destination element (n, h, j); with dst_head 0 (H summed) h is 0 and the thread
+// sums the row's H source blocks in order, as the CPU does.
+__global__ void copy_head_blocks_kernel(float* dst, int64_t dst_row, int64_t dst_head, const float* src,
+                                        int64_t src_row, int64_t src_head, int64_t N, int64_t H, int64_t len,
+                                        float scale) {
+  const bool sum = dst_head == 0;
+  const int64_t heads = sum ? 1 : H;
+  LATTICE_GRID_STRIDE(i, N * heads * len) {
+    const int64_t j = i % len, h = i / len % heads, n = i / len / heads;
+    float* o = dst + n * dst_row + h * dst_head + j;
+    if (!sum) {
+      *o = src ? scale * src[n * src_row + h * src_head + j] : 0.0f;
+      continue;
+    }
+    float s = 0.0f;
+    for (int64_t k = 0; k < H && src; ++k) s += src[n * src_row + k * src_head + j];
+    *o = s * scale;
+  }
+}
+
 #undef LATTICE_GRID_STRIDE
 
 struct DoutAt {
@@ -56,6 +76,15 @@ void add_forward(float* out, const float* a, const float* b, int64_t n) {
   if (n <= 0) return;
   launch(add_kernel, grid_for(n, kThreads), kThreads, 0, out, a, b, n);
   LATTICE_CUDA_LAUNCHED("add_forward");
+}
+
+void copy_head_blocks(float* dst, int64_t dst_row, int64_t dst_head, const float* src, int64_t src_row,
+                      int64_t src_head, int64_t N, int64_t H, int64_t len, float scale) {
+  const int64_t n = N * (dst_head == 0 ? 1 : H) * len;
+  if (n <= 0) return;
+  launch(copy_head_blocks_kernel, grid_for(n, kThreads), kThreads, 0, dst, dst_row, dst_head, src, src_row, src_head,
+         N, H, len, scale);
+  LATTICE_CUDA_LAUNCHED("copy_head_blocks");
 }
 
 void accumulate(float* y, const float* x, int64_t n) {

@@ -84,6 +84,8 @@ void bias_add(float* out, const float* bias, int64_t N, int64_t C, Rounding roun
 void bias_backward(float* dbias, const float* dout, int64_t N, int64_t C);
 void bias_backward_cast_bf16(float* dbias, uint16_t* dout_bf16, const float* dout, int64_t N, int64_t C);
 void scale_inplace(float* x, float s, int64_t n);
+void copy_head_blocks(float* dst, int64_t dst_row, int64_t dst_head, const float* src, int64_t src_row,
+                      int64_t src_head, int64_t N, int64_t H, int64_t len, float scale = 1.0f);
 
 // ---- embedding.h
 void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,

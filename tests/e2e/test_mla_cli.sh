@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Multi-latent attention from the command line (--multi-latent-attention, --q-lora-rank, --kv-lora-rank,
+# --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim): a model trains, saves Megatron's MLA weights and its
+# shapes, resumes from its checkpoint to the straight run's losses and by --use-checkpoint-args, generates
+# the same text with and without the KV cache; the HuggingFace export and bad combinations are one-line
+# errors naming the flag, with nothing written.
+#   bash tests/e2e/test_mla_cli.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+BASE=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+      --tokenizer-type ByteTokenizer --normalization RMSNorm --disable-bias-linear)
+MODEL=("${BASE[@]}" --position-embedding-type rope)
+SHAPES=(--q-lora-rank 16 --qk-head-dim 8 --v-head-dim 6)
+MLA=(--multi-latent-attention "${SHAPES[@]}" --kv-lora-rank 12 --qk-pos-emb-head-dim 4 --qk-layernorm)
+RUN=(--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --seed 3 --mock-data --eval-iters 0)
+
+field() { grep -o "\"$2\":[^,}]*" "$1" | cut -d: -f2; }
+
+if run train "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 24 --exit-interval 20 --save ckpt \
+     --metrics-file m.jsonl; then
+  first=$(field m.jsonl lm_loss | head -n 1)
+  last=$(field m.jsonl lm_loss | tail -n 1)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.2) }' &&
+    pass "a multi-latent attention model trains: lm loss $first -> $last" || fail "the loss did not fall: $first -> $last"
+  meta=$(cat ckpt/iter_0000020/*.json)
+  grep -q '"multi_latent_attention": *true' <<< "$meta" && grep -q '"q_lora_rank": *16' <<< "$meta" &&
+    grep -q '"v_head_dim": *6' <<< "$meta" &&
+    grep -qF 'decoder.layers.1.self_attention.linear_kv_down_proj.weight' <<< "$meta" &&
+    grep -qF 'decoder.layers.0.self_attention.kv_layernorm.weight' <<< "$meta" &&
+    grep -qF 'decoder.layers.0.self_attention.linear_q_up_proj.weight' <<< "$meta" &&
+    ! grep -qF 'linear_qkv' <<< "$meta" &&
+    pass "the checkpoint records the MLA shapes and Megatron's MLA weights (no linear_qkv)" ||
+    fail "the checkpoint lost the multi-latent attention"
+  if run resume "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt \
+       --metrics-file r.jsonl &&
+     run straight "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 24 --metrics-file s.jsonl; then
+    want=$(tail -n 4 s.jsonl | grep -o '"lm_loss":[^,}]*')
+    got=$(grep -o '"lm_loss":[^,}]*' r.jsonl)
+    [ -n "$want" ] && [ "$got" = "$want" ] && pass "the resumed run's losses are the straight run's" ||
+      fail "the resumed run differs from the straight one"
+  fi
+  expect_error "resume without --multi-latent-attention" "multi_latent_attention|--multi-latent-attention" -- \
+    "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt3
+  run resume_args "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 24 --load ckpt --ckpt-step 20 \
+    --save ckpt2 --exit-interval 21 && grep -q '"kv_lora_rank": *12' ckpt2/iter_0000021/*.json &&
+    pass "--use-checkpoint-args resumes the multi-latent attention" || fail "--use-checkpoint-args lost the MLA shapes"
+  run gen "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+    run gen_full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 16 --seed 2 --no-kv-cache &&
+    { cmp -s gen.out gen_full.out && pass "generate gives the same text with and without the KV cache" ||
+        fail "generate differs with and without the KV cache"; }
+  expect_error "HuggingFace export" "--to-hf hf: the checkpoint's model has multi-latent attention" -- \
+    "$LATTICE" convert --load ckpt --to-hf hf
+  [ -e hf ] && fail "the refused export left a directory behind"
+fi
+
+# Megatron's MLA spellings of the rotary options: --rope-type yarn with --rotary-scaling-factor, --mscale-all-dim.
+if run megatron_rope "$LATTICE" train "${BASE[@]}" "${MLA[@]}" "${RUN[@]}" --rope-type yarn --rotary-scaling-factor 4 \
+     --mscale-all-dim 1 --train-iters 2 --save yarn_ckpt; then
+  meta=$(cat yarn_ckpt/iter_0000002/*.json)
+  grep -q '"position_embedding_type": *"yarn"' <<< "$meta" && grep -q '"yarn_rotary_scaling_factor": *4' <<< "$meta" &&
+    grep -q '"yarn_mscale_all_dim": *1' <<< "$meta" &&
+    pass "--rope-type yarn --rotary-scaling-factor 4 --mscale-all-dim 1 set YaRN's options" ||
+    fail "Megatron's MLA rotary spellings did not reach the model"
+fi
+expect_error "rope type" "--rope-type yarn contradicts --position-embedding-type rope" -- \
+  "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" --rope-type yarn "${RUN[@]}" --train-iters 1 --save bad6
+expect_error "learned positions" "--multi-latent-attention needs --position-embedding-type rope or yarn" -- \
+  "$LATTICE" train "${BASE[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 1 --save bad1
+expect_error "grouped-query attention" "--num-query-groups 2 does not go with --multi-latent-attention" -- \
+  "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" --group-query-attention --num-query-groups 2 "${RUN[@]}" --train-iters 1 \
+  --save bad2
+expect_error "odd rotary dims" "--qk-pos-emb-head-dim 3 must be even" -- \
+  "$LATTICE" train "${MODEL[@]}" --multi-latent-attention "${SHAPES[@]}" --qk-pos-emb-head-dim 3 "${RUN[@]}" \
+  --train-iters 1 --save bad3
+expect_error "rotary percent" "--rotary-percent (MLA rotates the Dr dims) does not go with --multi-latent-attention" -- \
+  "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" --rotary-percent 0.5 "${RUN[@]}" --train-iters 1 --save bad4
+expect_error "empty latent" "--kv-lora-rank must be >= 1 with --multi-latent-attention, got 0" -- \
+  "$LATTICE" train "${MODEL[@]}" --multi-latent-attention "${SHAPES[@]}" --kv-lora-rank 0 "${RUN[@]}" \
+  --train-iters 1 --save bad5
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e ckpt3 ] &&
+  fail "a refused run left a checkpoint behind"
+e2e_finish
