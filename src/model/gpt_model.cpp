@@ -484,6 +484,10 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
     shared_se = arena.alloc_f32(moe_shared_experts_floats(N, ms), "shared experts (recomputed)");
     if (shared_moe) moe_shared_experts_carve(*shared_moe, shared_se, N, ms);
   }
+  // mla_up_proj: one fused qkv for every layer, refilled before each layer's backward.
+  float* shared_qkv = cfg.recompute_mla_up_proj() ? arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv (recomputed)")
+                                                  : nullptr;
+  sc.qkv = shared_qkv;
   // moe, dense: the layer buffers of an MoE layer, of a dense MLP's (a recomputation group's
   // shared layer may serve both kinds).
   auto alloc_layer = [&](bool attention, bool moe, bool dense, bool norms = true) {
@@ -491,7 +495,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
     x.ln1 = norms ? arena.alloc_f32(Ns * C, "input_layernorm") : nullptr;
     x.ln1_mean = arena.alloc_f32(Ns);
     x.ln1_rstd = arena.alloc_f32(Ns);
-    x.qkv = arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv");
+    x.qkv = cfg.recompute_mla_up_proj() ? shared_qkv : arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv");
     if (cfg.qk_norm()) {
       x.qk_raw = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
       x.qk_mean = arena.alloc_f32(N * (Hl + Gl));
@@ -903,10 +907,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   if (cfg_.qk_norm())  // queries, keys normalized in place (their inputs kept)
     qk_layernorm_forward(x.qkv, x.qk_raw, x.qk_mean, x.qk_rstd, sc.qk_tmp, qk_norm_params(p), N, qkv_layout(),
                          cfg_.layernorm_epsilon, qk_normalization());
-  if (rope_)  // queries, keys rotated in place, each run of tokens at its positions
-    for (const TokenRun& r : token_runs(B, T))
-      rope_forward(x.qkv + r.row * qkv_local(), rope_->table(), r.rows, cp_.on() ? r.rows : T, r.position,
-                   qkv_layout());
+  rotate_qkv(x.qkv, B, T);
   core_attention_forward(p, a, i, B, T, key);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add), with LN2 of the result.
@@ -943,6 +944,12 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
 // With bf16 inputs the GEMM writes its rounded result in bf16 into x.fc1 and the activation
 // is fc2's bf16 input; the backward adds the bias again (bias_gelu_backward_packed).
 // Otherwise x.fc1 keeps the fp32 pre-activation for the backward.
+void GPTModel::rotate_qkv(float* qkv, int64_t B, int64_t T) {
+  if (!rope_) return;
+  for (const TokenRun& r : token_runs(B, T))
+    rope_forward(qkv + r.row * qkv_local(), rope_->table(), r.rows, cp_.on() ? r.rows : T, r.position, qkv_layout());
+}
+
 void GPTModel::mlp_fc1_forward(const LayerParams& p, Activations& a, size_t i, int64_t N) {
   const int64_t C = cfg_.hidden_size, F1l = fc1_local();
   Activations::Layer& x = a.layers[i];
@@ -1261,6 +1268,11 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
       for (size_t j = size_t(a.recompute_from[i]); j <= i; ++j)
         forward_layer(layers[j], a, j, B, T, key, j < i, j > size_t(a.recompute_from[i]),
                       j < i ? next_norm(chunk, a, j + 1, row0) : std::nullopt);
+    // --recompute-modules mla_up_proj: the fused, rotated qkv again from the kept latents.
+    if (cfg_.recompute_mla_up_proj()) {
+      mla_up_forward(p, a, i, N);
+      rotate_qkv(x.qkv, B, T);
+    }
     // Selective recomputation: the core attention's output and statistics again from
     // the kept qkv (the proj backward and the attention backward need them).
     if (selective_) core_attention_forward(p, a, i, B, T, key);

@@ -420,6 +420,11 @@ class GPTModel {
   // the core attention reads (before the rotation), from its LN1 output x [N, C] (every row);
   // mla_attention_output: attn_v, the attention's output without the values' padding.
   void mla_qkv_forward(const LayerParams& p, Activations& a, size_t i, LinearInput x, int64_t N);
+  // Its second half: the up projections from the kept latents and the fused qkv (forward, and
+  // --recompute-modules mla_up_proj in backward).
+  void mla_up_forward(const LayerParams& p, Activations& a, size_t i, int64_t N);
+  // qkv's queries and keys rotated in place, each run of tokens at its positions (the rotary embedding).
+  void rotate_qkv(float* qkv, int64_t B, int64_t T);
   void mla_attention_output(Activations& a, size_t i, int64_t N);
   // The backward from d_3c (the qkv gradient, rotated back): the weights' gradients (the latents'
   // gradients all-reduced over the tensor-parallel group first, so the replicated weights' are whole)

@@ -126,6 +126,7 @@ struct GPTModel::Scratch {
   float* fc1 = nullptr;                   // selective mlp: [N, F1l] a dense layer's fc1 output
   float* gelu = nullptr;                  //   [N, Fl] its activation
   float* ln = nullptr;                    // selective layernorm: [Ns, C] LN1's, then LN2's output
+  float* qkv = nullptr;                   // selective mla_up_proj: [N, W/P] every layer's fused qkv
   // --mtp-num-layers: eh_proj's input gradient [N, 2C] (every row's partial) and with sequence
   // parallelism its reduced shard [Ns, 2C]; the gradient of the final LayerNorm's output from depth 1 [Ns, C].
   float* mtp_d_cat = nullptr;

@@ -84,7 +84,6 @@ void GPTModel::mla_qkv_forward(const LayerParams& p, Activations& a, size_t i, L
     if (norms)
       layernorm_forward(l.mla_q_n, l.mla_q_mean, l.mla_q_rstd, l.mla_q_c, norm_weight(p.q_norm_w), bias(p.q_norm_b), N,
                         Rq, eps, normalization());
-    linear_forward(sc.mla_q, l.mla_q_n, params_.param(p.q_up_w), nullptr, N, Rq, H * s.Dq(), site(p.q_up_w));
   } else {
     linear_forward(sc.mla_q, x, params_.param(p.q_proj_w), nullptr, N, C, H * s.Dq(), site(p.q_proj_w));
   }
@@ -94,7 +93,17 @@ void GPTModel::mla_qkv_forward(const LayerParams& p, Activations& a, size_t i, L
   if (norms)
     layernorm_forward(l.mla_kv_n, l.mla_kv_mean, l.mla_kv_rstd, l.mla_kv_l, norm_weight(p.k_norm_w), bias(p.k_norm_b),
                       N, Rkv, eps, normalization());
-  linear_forward(sc.mla_kv, l.mla_kv_n, params_.param(p.kv_up_w), nullptr, N, Rkv, H * s.Dnv(), site(p.kv_up_w));
+  mla_up_forward(p, a, i, N);
+}
+
+void GPTModel::mla_up_forward(const LayerParams& p, Activations& a, size_t i, int64_t N) {
+  Activations::Layer& l = a.layers[i];
+  Scratch& sc = *scratch_;
+  const MlaShape s = mla_shape(cfg_, Hl_);
+  const int64_t H = s.H, Rq = cfg_.q_lora_rank;
+  if (Rq > 0)
+    linear_forward(sc.mla_q, l.mla_q_n, params_.param(p.q_up_w), nullptr, N, Rq, H * s.Dq(), site(p.q_up_w));
+  linear_forward(sc.mla_kv, l.mla_kv_n, params_.param(p.kv_up_w), nullptr, N, s.Rkv, H * s.Dnv(), site(p.kv_up_w));
   mla_fuse_qkv(l.qkv, sc.mla_q, sc.mla_kv, l.mla_kv_c, N, s);
 }
 

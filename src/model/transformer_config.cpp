@@ -308,9 +308,14 @@ void TransformerConfig::check_recompute() const {
     LATTICE_FAIL() << "--recompute-modules needs --recompute-granularity selective";
   for (const std::string& module : recompute_modules)
     if (module != "core_attn" && module != "moe" && module != "mlp" && module != "layernorm" && module != "moe_act" &&
-        module != "shared_experts")
+        module != "shared_experts" && module != "mla_up_proj")
       LATTICE_FAIL() << "--recompute-modules " << module
-                     << " is not implemented (core_attn, moe, mlp, layernorm, moe_act and shared_experts are)";
+                     << " is not implemented (core_attn, moe, mlp, layernorm, moe_act, shared_experts and mla_up_proj are)";
+  if (recompute_mla_up_proj() && !multi_latent_attention)
+    LATTICE_FAIL() << "--recompute-modules mla_up_proj needs --multi-latent-attention";
+  if (recompute_mla_up_proj() && q_lora_rank == 0)
+    LATTICE_FAIL() << "--recompute-modules mla_up_proj needs --q-lora-rank > 0 (linear_q_proj reads the layer's input, "
+                      "not a kept latent)";
   if (recompute_moe_act() && !moe()) LATTICE_FAIL() << "--recompute-modules moe_act needs --num-experts";
   if (recompute_shared_experts() && (!moe() || moe_shared_expert_intermediate_size <= 0))
     LATTICE_FAIL() << "--recompute-modules shared_experts needs --moe-shared-expert-intermediate-size";
@@ -329,6 +334,11 @@ bool TransformerConfig::recompute_core_attention() const {
 bool TransformerConfig::recompute_mlp() const {
   return recompute_granularity == "selective" &&
          std::find(recompute_modules.begin(), recompute_modules.end(), "mlp") != recompute_modules.end();
+}
+
+bool TransformerConfig::recompute_mla_up_proj() const {
+  return recompute_granularity == "selective" &&
+         std::find(recompute_modules.begin(), recompute_modules.end(), "mla_up_proj") != recompute_modules.end();
 }
 
 bool TransformerConfig::recompute_layernorm() const {

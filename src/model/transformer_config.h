@@ -252,7 +252,9 @@ struct TransformerConfig {
   //                   layernorm, the outputs of every layer's input_layernorm and
   //                   pre_mlp_layernorm from their kept inputs and statistics; moe_act, the
   //                   routed experts' activation from their kept fc1 outputs; shared_experts,
-  //                   the shared experts' outputs (and gate) from the MoE layer's kept input
+  //                   the shared experts' outputs (and gate) from the MoE layer's kept input;
+  //                   mla_up_proj, the multi-latent attention's fused, rotated qkv (one shared copy)
+  //                   from its kept latents (the up projections and the rotation rerun)
   // --moe-layer-recompute (Megatron's older flag) recomputes the MoE layers with or without
   // selective recomputation. recompute_num_layers is clamped to each chunk's layers (a pipeline
   // stage may hold fewer than num_layers).
@@ -260,12 +262,14 @@ struct TransformerConfig {
   std::string recompute_method;       // "" | uniform | block (full only)
   int64_t recompute_num_layers = 0;   // >= 1 with full
   std::vector<std::string> recompute_modules;  // selective: core_attn | moe | mlp | layernorm | moe_act | shared_experts
+                                               // | mla_up_proj
                                                // (empty: core_attn)
   bool moe_layer_recompute = false;
   bool recompute_core_attention() const;
   bool recompute_moe() const;
   bool recompute_mlp() const;
   bool recompute_layernorm() const;
+  bool recompute_mla_up_proj() const;
   bool recompute_moe_act() const;
   bool recompute_shared_experts() const;
 

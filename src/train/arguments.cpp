@@ -798,7 +798,7 @@ void validate(TrainArgs& a) {
   if (moe_recompute && !a.fp8_format.empty())
     LATTICE_FAIL() << (a.moe_layer_recompute ? "--moe-layer-recompute" : "--recompute-modules moe")
                    << " is not supported with --fp8-format (the recomputed experts would record fp8 amaxes twice)";
-  for (const char* module : {"mlp", "shared_experts"})
+  for (const char* module : {"mlp", "shared_experts", "mla_up_proj"})
     if (std::count(a.recompute_modules.begin(), a.recompute_modules.end(), module) && !a.fp8_format.empty())
       LATTICE_FAIL() << "--recompute-modules " << module << " is not supported with --fp8-format (its recomputed "
                      << "GEMMs would record fp8 amaxes twice)";

@@ -124,6 +124,7 @@ TransformerConfig config(const Case& c, int tp) {
     t.recompute_num_layers = 2;
   } else if (c.recompute == "selective") {
     t.recompute_granularity = "selective";
+    if (c.mla) t.recompute_modules = {"core_attn", "mla_up_proj"};  // the fused qkv rotated again at its chunks' positions
   }
   t.finalize(tp);
   return t;

@@ -56,6 +56,14 @@ if run train "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iter
   [ -e hf ] && fail "the refused export left a directory behind"
 fi
 
+# --recompute-modules mla_up_proj: the fused qkv rebuilt from the kept latents in backward, the same losses bit for bit.
+if run plain "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 4 --metrics-file p.jsonl &&
+   run up_proj "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 4 --metrics-file u.jsonl \
+     --recompute-granularity selective --recompute-modules core_attn mla_up_proj; then
+  [ -n "$(field p.jsonl lm_loss)" ] && [ "$(field p.jsonl lm_loss)" = "$(field u.jsonl lm_loss)" ] &&
+    pass "--recompute-modules mla_up_proj trains to the same losses bit for bit" ||
+    fail "--recompute-modules mla_up_proj changed the losses"
+fi
 # Megatron's MLA spellings of the rotary options: --rope-type yarn with --rotary-scaling-factor, --mscale-all-dim.
 if run megatron_rope "$LATTICE" train "${BASE[@]}" "${MLA[@]}" "${RUN[@]}" --rope-type yarn --rotary-scaling-factor 4 \
      --mscale-all-dim 1 --train-iters 2 --save yarn_ckpt; then

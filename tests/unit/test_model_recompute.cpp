@@ -153,10 +153,15 @@ TEST(ModelRecomputeLlama, TrainingIsBitIdentical) {
 
 // --multi-latent-attention (a query latent, RMSNorm latent norms, values narrower than the heads): the
 // latents, the fused qkv and attn_v rebuilt by full recomputation, attn_v with the core attention by
-// selective, LN1's output with layernorm; bit for bit the run without.
+// selective, LN1's output with layernorm, the fused qkv from the latents with mla_up_proj (whose arena
+// keeps one layer's qkv in place of every layer's); bit for bit the run without.
 TEST(ModelRecomputeMla, TrainingIsBitIdentical) {
   auto mla = [](const Recompute& r) {
-    TransformerConfig c = config(r, 0.1f, true);
+    TransformerConfig c = config(kNone, 0.1f, true);
+    c.recompute_granularity = r.granularity;
+    c.recompute_method = r.method;
+    c.recompute_num_layers = r.num_layers;
+    c.recompute_modules = split_modules(r.modules);
     c.multi_latent_attention = true;
     c.num_query_groups = 0;
     c.kv_channels = 0;
@@ -170,7 +175,9 @@ TEST(ModelRecomputeMla, TrainingIsBitIdentical) {
   };
   const TrainRun base = train_config(mla(kNone));
   for (const Recompute& r : {Recompute{"full", "uniform", 2}, Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
-                             Recompute{"selective", "", 0, "core_attn layernorm"}}) {
+                             Recompute{"selective", "", 0, "core_attn layernorm"},
+                             Recompute{"selective", "", 0, "mla_up_proj"},
+                             Recompute{"selective", "", 0, "core_attn mla_up_proj layernorm moe"}}) {
     const TrainRun got = train_config(mla(r));
     EXPECT_EQ(got.losses, base.losses) << r.granularity << " " << r.method << " " << r.modules;
     EXPECT_EQ(got.grad_norms, base.grad_norms) << r.granularity << " " << r.method << " " << r.modules;
@@ -179,6 +186,15 @@ TEST(ModelRecomputeMla, TrainingIsBitIdentical) {
         << r.granularity << " " << r.method << " " << r.modules << ": final parameters differ";
   }
   EXPECT_NE(base.losses.front(), base.losses.back());
+  const TransformerConfig plain = mla(kNone), up = mla(Recompute{"selective", "", 0, "mla_up_proj"});
+  const size_t qkv = size_t(kB * kT * plain.qkv_width()) * sizeof(float);
+  EXPECT_EQ(GPTModel::activation_bytes(plain, kB, kT, {}, {}, 1) - GPTModel::activation_bytes(up, kB, kT, {}, {}, 1),
+            size_t(kLayers - 1) * qkv);
+  TransformerConfig no_latent = mla(kNone);
+  no_latent.q_lora_rank = 0;
+  no_latent.recompute_granularity = "selective";
+  no_latent.recompute_modules = {"mla_up_proj"};
+  EXPECT_THROW(no_latent.finalize(), Error);
 }
 
 // MoE-layer recomputation (--recompute-modules moe, alone or with core_attn; --moe-layer-recompute):
@@ -498,9 +514,18 @@ TEST(ModelRecomputeConfig, ModulesFromFlagsAndFp8) {
   }
   try {
     parse({"--recompute-modules", "mla_up_proj"});
-    ADD_FAILURE() << "--recompute-modules mla_up_proj accepted";
+    ADD_FAILURE() << "--recompute-modules mla_up_proj accepted without --multi-latent-attention";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--recompute-modules mla_up_proj is not implemented"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("--recompute-modules mla_up_proj needs --multi-latent-attention"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    parse({"--recompute-modules", "mla_up_proj", "--fp8-format", "hybrid"});
+    ADD_FAILURE() << "--recompute-modules mla_up_proj with --fp8-format accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--recompute-modules mla_up_proj is not supported with --fp8-format"),
+              std::string::npos)
         << e.what();
   }
 }
