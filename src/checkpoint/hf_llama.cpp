@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "checkpoint/hf_rope_scaling.h"
-#include "checkpoint/host_staging.h"
+#include "checkpoint/hf_tensor_map.h"
 #include "core/error.h"
 
 namespace lattice {
@@ -16,19 +16,8 @@ namespace {
 
 using json = nlohmann::json;
 
-// Rows [row0, row0 + rows) of the HF tensor `hf`; rows < 0: all of them.
-struct RowBlock {
-  std::string hf;
-  int64_t row0 = 0, rows = -1;
-};
-
-// A lattice parameter and the HF rows that make it, in order. vocab: the HF tensor has
-// vocab_size rows, the lattice one padded_vocab_size (the rest zero on import, dropped on export).
-struct TensorMap {
-  std::string lattice;
-  std::vector<RowBlock> blocks;
-  bool vocab = false;
-};
+using hf::RowBlock;
+using hf::TensorMap;
 
 // The HF names of a mixture-of-experts layer: Qwen3-MoE's (with --qk-layernorm), Qwen2-MoE's
 // (with --add-qkv-bias) and DeepSeek-MoE's (with ungated shared experts), or Mixtral's.
@@ -571,12 +560,7 @@ void import_hf_llama_tensors(GPTModel& model, const SafetensorsFile& f) {
   const TransformerConfig& c = model.config();
   const std::string& path = f.path();
   const std::map<std::string, Shape> shapes = hf_shapes(c);
-  for (const auto& [name, shape] : shapes) {
-    if (!f.has(name)) LATTICE_FAIL() << path << ": missing tensor " << name;
-    if (f.get(name).shape != shape)
-      LATTICE_FAIL() << path << ": tensor " << name << " has shape " << shape_str(f.get(name).shape)
-                     << ", config.json implies " << shape_str(shape);
-  }
+  hf::check_tensor_shapes(f, shapes);
   for (const std::string& name : f.names()) {
     if (shapes.count(name) || ends_with(name, ".self_attn.rotary_emb.inv_freq")) continue;
     if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights) {
@@ -590,44 +574,13 @@ void import_hf_llama_tensors(GPTModel& model, const SafetensorsFile& f) {
     LATTICE_FAIL() << path << ": unexpected tensor " << name << " (config.json has num_hidden_layers " << c.num_layers
                    << ")";
   }
-  std::map<std::string, std::vector<float>> data;  // each HF tensor read once, when first needed
-  HostStaging params(model.params().params(), model.params().numel(), true);
-  for (const TensorMap& m : tensor_map(c)) {
-    const ParamInfo& p = model.params().info(m.lattice);
-    float* dst = params.data() + p.offset;
-    const int64_t row = p.shape.size() == 2 ? p.shape[1] : 1;  // elements per row
-    int64_t at = 0;                                              // rows filled
-    for (const RowBlock& b : m.blocks) {
-      auto it = data.find(b.hf);
-      if (it == data.end()) it = data.emplace(b.hf, hf::read_float_tensor(f, b.hf)).first;
-      const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
-      std::memcpy(dst + at * row, it->second.data() + b.row0 * row, size_t(rows * row) * sizeof(float));
-      at += rows;
-    }
-    LATTICE_CHECK(m.vocab ? at <= p.shape[0] : at * row == p.numel) << m.lattice << ": the HF rows do not fill it";
-    std::fill(dst + at * row, dst + p.numel, 0.0f);  // padded vocabulary rows
-  }
-  params.upload(model.params().params());
+  hf::import_tensors(model, f, tensor_map(c), shapes);
 }
 
 SafetensorsWriter export_hf_llama_tensors(const GPTModel& model) {
   const TransformerConfig& c = model.config();
   const std::map<std::string, Shape> shapes = hf_shapes(c);
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, shape] : shapes) out[name].resize(size_t(shape_numel(shape)));
-  const HostStaging params(model.params().params(), model.params().numel(), true);
-  for (const TensorMap& m : tensor_map(c)) {
-    const ParamInfo& p = model.params().info(m.lattice);
-    const float* src = params.data() + p.offset;
-    const int64_t row = p.shape.size() == 2 ? p.shape[1] : 1;
-    int64_t at = 0;
-    for (const RowBlock& b : m.blocks) {
-      const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
-      std::memcpy(out.at(b.hf).data() + b.row0 * row, src + at * row, size_t(rows * row) * sizeof(float));
-      at += rows;
-    }
-  }
-  return hf::f32_model_tensors(shapes, out);
+  return hf::export_tensors(model, tensor_map(c), shapes);
 }
 
 HfModel load_hf_llama(const std::string& dir, int64_t divisible_by, int64_t seq_length) {

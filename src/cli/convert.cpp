@@ -12,6 +12,7 @@
 
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/hf_gpt_oss.h"
+#include "checkpoint/hf_deepseek_mla.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/model_checkpoint.h"
 #include "cli/simple_flags.h"
@@ -38,15 +39,20 @@ void from_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
-  // config.json's model_type says which: GPT-OSS, the Llama family (Llama, Qwen2, Qwen3, Mistral,
-  // Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE), else GPT-2.
+  // config.json's model_type says which: GPT-OSS, DeepSeek-V2 or V3, the Llama family (Llama, Qwen2, Qwen3,
+  // Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE), else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
   const bool gpt_oss = is_hf_gpt_oss_config(config);
-  const bool llama = !gpt_oss && is_hf_llama_config(config);
-  const std::string family = gpt_oss ? "GPT-OSS" : llama ? hf_llama_family_name(config) : "GPT-2";
-  HfModel in = gpt_oss ? load_hf_gpt_oss(dir, int64_t(divisible), 1)
-               : llama ? load_hf_llama(dir, int64_t(divisible), 1)
-                       : load_hf_gpt2(dir, int64_t(divisible), 1);
+  const bool deepseek_mla = !gpt_oss && is_hf_deepseek_mla_config(config);
+  const bool llama = !gpt_oss && !deepseek_mla && is_hf_llama_config(config);
+  const std::string family = gpt_oss        ? "GPT-OSS"
+                             : deepseek_mla ? hf_deepseek_family_name(config)
+                             : llama        ? hf_llama_family_name(config)
+                                            : "GPT-2";
+  HfModel in = gpt_oss        ? load_hf_gpt_oss(dir, int64_t(divisible), 1)
+               : deepseek_mla ? load_hf_deepseek_mla(dir, int64_t(divisible), 1)
+               : llama       ? load_hf_llama(dir, int64_t(divisible), 1)
+                             : load_hf_gpt2(dir, int64_t(divisible), 1);
   const TransformerConfig& c = in.model->config();
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
   // tokenizer.json (HuggingFaceTokenizer) when lattice reads it, else its tokenizer.model
@@ -103,33 +109,9 @@ void from_hf(const SimpleFlags& f) {
                tokenizer.empty() ? "none" : tokenizer.c_str());
 }
 
-void to_hf(const SimpleFlags& f) {
-  const std::string load = f.required("load"), dir = f.required("to-hf");
-  if (f.has("tokenizer-type") || f.has("tokenizer-model") || f.has("make-vocab-size-divisible-by"))
-    LATTICE_FAIL() << "--tokenizer-type, --tokenizer-model and --make-vocab-size-divisible-by apply to --from-hf only";
-  const hf::ExportOptions options = hf::parse_export_options(f.get("hf-dtype", ""), f.get("max-shard-size", ""));
-  if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json") ||
-      fs::exists(fs::path(dir) / "config.json"))
-    LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
-  LoadedModel lm = load_model_checkpoint(load, 1);
-  // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
-  const TransformerConfig& c = lm.model->config();
-  if (c.multi_latent_attention)
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has multi-latent attention (--multi-latent-attention), "
-                      "which HuggingFace GPT-2, Llama and GPT-OSS do not have (lattice writes no DeepSeek-V2/V3 model yet)";
-  const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
-  const std::string not_gpt_oss = hf_gpt_oss_mismatch(c);
-  if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty())
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama
-                   << ", and " << not_gpt_oss << ": neither HuggingFace GPT-2, Llama nor GPT-OSS";
-  if (not_gpt2.empty())
-    save_hf_gpt2(dir, *lm.model, lm.tokenizer_type, options);
-  else if (not_llama.empty())
-    save_hf_llama(dir, *lm.model, lm.tokenizer_type, options);
-  else
-    save_hf_gpt_oss(dir, *lm.model, lm.tokenizer_type, options);
-  // A HuggingFace or SentencePiece tokenizer travels with the model (tokenizer.json or
-  // tokenizer.model, and the configuration files beside it), so the folder loads as HuggingFace's.
+// A HuggingFace or SentencePiece tokenizer travels with the model (tokenizer.json or
+// tokenizer.model, and the configuration files beside it), so the folder loads as HuggingFace's.
+void copy_tokenizer_files(const LoadedModel& lm, const std::string& dir) {
   const std::string& type = lm.tokenizer.type;
   const bool sentencepiece = SentencePieceTokenizer::is_type(type);
   if ((type == "HuggingFaceTokenizer" || sentencepiece) && !lm.tokenizer.model.empty()) {
@@ -146,6 +128,41 @@ void to_hf(const SimpleFlags& f) {
       if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot copy " << from.string() << ": " << ec.message();
     }
   }
+}
+
+void to_hf(const SimpleFlags& f) {
+  const std::string load = f.required("load"), dir = f.required("to-hf");
+  if (f.has("tokenizer-type") || f.has("tokenizer-model") || f.has("make-vocab-size-divisible-by"))
+    LATTICE_FAIL() << "--tokenizer-type, --tokenizer-model and --make-vocab-size-divisible-by apply to --from-hf only";
+  const hf::ExportOptions options = hf::parse_export_options(f.get("hf-dtype", ""), f.get("max-shard-size", ""));
+  if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json") ||
+      fs::exists(fs::path(dir) / "config.json"))
+    LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
+  LoadedModel lm = load_model_checkpoint(load, 1);
+  // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
+  const TransformerConfig& c = lm.model->config();
+  if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 or V2, or an error saying why not
+    save_hf_deepseek_mla(dir, *lm.model, lm.tokenizer_type, options);
+    copy_tokenizer_files(lm, dir);
+    std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
+                 dir.c_str(), hf_deepseek_family_name(c), options.dtype.c_str());
+    if (c.mtp())
+      std::fprintf(stderr, "convert: the %lld multi-token prediction depths (mtp.layers.*) are not exported\n",
+                   (long long)c.mtp_num_layers);
+    return;
+  }
+  const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
+  const std::string not_gpt_oss = hf_gpt_oss_mismatch(c);
+  if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty())
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama
+                   << ", and " << not_gpt_oss << ": neither HuggingFace GPT-2, Llama nor GPT-OSS";
+  if (not_gpt2.empty())
+    save_hf_gpt2(dir, *lm.model, lm.tokenizer_type, options);
+  else if (not_llama.empty())
+    save_hf_llama(dir, *lm.model, lm.tokenizer_type, options);
+  else
+    save_hf_gpt_oss(dir, *lm.model, lm.tokenizer_type, options);
+  copy_tokenizer_files(lm, dir);
   std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
                dir.c_str(), not_gpt2.empty() ? "GPT-2" : not_llama.empty() ? hf_llama_family_name(c) : "GPT-OSS",
                options.dtype.c_str());

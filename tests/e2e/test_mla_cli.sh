@@ -51,11 +51,48 @@ if run train "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iter
     run gen_full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 16 --seed 2 --no-kv-cache &&
     { cmp -s gen.out gen_full.out && pass "generate gives the same text with and without the KV cache" ||
         fail "generate differs with and without the KV cache"; }
-  expect_error "HuggingFace export" "--to-hf hf: the checkpoint's model has multi-latent attention" -- \
-    "$LATTICE" convert --load ckpt --to-hf hf
-  [ -e hf ] && fail "the refused export left a directory behind"
 fi
 
+# DeepSeek-V3-style (MLA, sigmoid routing with the expert bias in 2 of 4 groups, ungated shared experts, the first
+# layer dense, the norms' epsilon 1e-6): out to HuggingFace DeepSeek-V3 and back, the same text; the independent
+# HuggingFace fixture in.
+DS3=("${MODEL[@]}" "${MLA[@]}" --swiglu --norm-epsilon 1e-6 --num-experts 8 --moe-router-topk 4 --moe-ffn-hidden-size 16
+     --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 4
+     --moe-router-group-topk 2 --moe-router-topk-scaling-factor 2.5 --moe-shared-expert-intermediate-size 16
+     --moe-layer-freq '[0,1]' --moe-aux-loss-coeff 0.001)
+if run ds3_train "$LATTICE" train "${DS3[@]}" "${RUN[@]}" --train-iters 3 --save ds3ckpt &&
+   run ds3_gen "$LATTICE" generate --load ds3ckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+   run ds3_to_hf "$LATTICE" convert --load ds3ckpt --to-hf hf-ds3; then
+  grep -q '"model_type": "deepseek_v3"' hf-ds3/config.json && grep -q '"kv_lora_rank": 12' hf-ds3/config.json &&
+    grep -q '"first_k_dense_replace": 1' hf-ds3/config.json && grep -q '"topk_group": 2' hf-ds3/config.json &&
+    run ds3_from_hf "$LATTICE" convert --from-hf hf-ds3 --save ds3back &&
+    run ds3_gen_back "$LATTICE" generate --load ds3back --prompt "ab" --max-new-tokens 16 --seed 2 &&
+    { cmp -s ds3_gen.out ds3_gen_back.out && pass "lattice -> HF DeepSeek-V3 -> lattice generates the same text" ||
+        fail "the model generates other text after the DeepSeek-V3 round trip"; }
+fi
+# DeepSeek-V2-style (the softmax router, unnormalized and scaled, every expert kept): out to HuggingFace DeepSeek-V2 and back.
+DS2=("${MODEL[@]}" --multi-latent-attention --kv-lora-rank 12 --qk-head-dim 8 --qk-pos-emb-head-dim 4 --v-head-dim 6
+     --qk-layernorm --swiglu --norm-epsilon 1e-6 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 16
+     --moe-router-pre-softmax --moe-router-topk-scaling-factor 1.5 --moe-shared-expert-intermediate-size 32
+     --moe-layer-freq '[0,1]' --moe-aux-loss-coeff 0.001)
+if run ds2_train "$LATTICE" train "${DS2[@]}" "${RUN[@]}" --train-iters 3 --save ds2ckpt &&
+   run ds2_gen "$LATTICE" generate --load ds2ckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+   run ds2_to_hf "$LATTICE" convert --load ds2ckpt --to-hf hf-ds2; then
+  grep -q '"model_type": "deepseek_v2"' hf-ds2/config.json && grep -q '"q_lora_rank": null' hf-ds2/config.json &&
+    grep -q '"norm_topk_prob": false' hf-ds2/config.json &&
+    run ds2_from_hf "$LATTICE" convert --from-hf hf-ds2 --save ds2back &&
+    run ds2_gen_back "$LATTICE" generate --load ds2back --prompt "ab" --max-new-tokens 16 --seed 2 &&
+    { cmp -s ds2_gen.out ds2_gen_back.out && pass "lattice -> HF DeepSeek-V2 -> lattice generates the same text" ||
+        fail "the model generates other text after the DeepSeek-V2 round trip"; }
+fi
+expect_error "an MLA model without DeepSeek-V3's form" "the checkpoint's model has --norm-epsilon other than 1e-6" -- \
+  "$LATTICE" convert --load ckpt --to-hf hf-dense
+[ -e hf-dense ] && fail "the refused export left a directory behind"
+for f in hf_deepseek_v3_tiny hf_deepseek_v3_tiny_noq hf_deepseek_v2_lite_tiny; do
+  run "$f" "$LATTICE" convert --from-hf "$SRC/tests/fixtures/$f" --save "ckpt-$f" &&
+    grep -q '"multi_latent_attention": *true' "ckpt-$f"/iter_0000000/*.json &&
+    pass "$f converts: $(tail -n 1 "$f.err")" || fail "$f did not convert"
+done
 # --recompute-modules mla_up_proj: the fused qkv rebuilt from the kept latents in backward, the same losses bit for bit.
 if run plain "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 4 --metrics-file p.jsonl &&
    run up_proj "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 4 --metrics-file u.jsonl \

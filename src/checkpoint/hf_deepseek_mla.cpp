@@ -1,0 +1,399 @@
+#include "checkpoint/hf_deepseek_mla.h"
+
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "checkpoint/hf_rope_scaling.h"
+#include "checkpoint/hf_tensor_map.h"
+#include "core/error.h"
+#include "model/rotary_embedding.h"
+
+namespace lattice {
+namespace {
+
+using json = nlohmann::json;
+using hf::TensorMap;
+
+// transformers' DeepseekV3RMSNorm of the latents (q_a_layernorm, kv_a_layernorm) keeps its default eps;
+// lattice's norms share one epsilon, so the model's rms_norm_eps must be it.
+constexpr double kLatentNormEps = 1e-6;
+
+bool has(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
+
+// The HF tensors of layer l and the lattice parameters they make (shapes: every HF tensor's).
+void layer_tensors(const TransformerConfig& c, int64_t l, std::vector<TensorMap>& m, std::map<std::string, Shape>& s) {
+  const int64_t C = c.hidden_size, H = c.num_attention_heads, Dq = c.mla_qk_dim(), Rq = c.q_lora_rank;
+  const int64_t Rkv = c.kv_lora_rank, Dr = c.qk_pos_emb_head_dim, Dnv = c.qk_head_dim + c.v_head_dim;
+  const std::string lat = "decoder.layers." + std::to_string(l) + ".", hf = "model.layers." + std::to_string(l) + ".";
+  auto one = [&](const std::string& lattice, const std::string& name, const Shape& shape) {
+    m.push_back({lat + lattice, {{hf + name}}});
+    s[hf + name] = shape;
+  };
+  // SwiGLU's linear_fc1: gate_proj's rows, then up_proj's
+  auto mlp = [&](const std::string& lattice, const std::string& name, int64_t F) {
+    m.push_back({lat + lattice + "linear_fc1.weight", {{hf + name + "gate_proj.weight"}, {hf + name + "up_proj.weight"}}});
+    m.push_back({lat + lattice + "linear_fc2.weight", {{hf + name + "down_proj.weight"}}});
+    s[hf + name + "gate_proj.weight"] = {F, C};
+    s[hf + name + "up_proj.weight"] = {F, C};
+    s[hf + name + "down_proj.weight"] = {C, F};
+  };
+  one("input_layernorm.weight", "input_layernorm.weight", {C});
+  if (Rq == 0) {
+    one("self_attention.linear_q_proj.weight", "self_attn.q_proj.weight", {H * Dq, C});
+  } else {
+    one("self_attention.linear_q_down_proj.weight", "self_attn.q_a_proj.weight", {Rq, C});
+    one("self_attention.q_layernorm.weight", "self_attn.q_a_layernorm.weight", {Rq});
+    one("self_attention.linear_q_up_proj.weight", "self_attn.q_b_proj.weight", {H * Dq, Rq});
+  }
+  one("self_attention.linear_kv_down_proj.weight", "self_attn.kv_a_proj_with_mqa.weight", {Rkv + Dr, C});
+  one("self_attention.kv_layernorm.weight", "self_attn.kv_a_layernorm.weight", {Rkv});
+  one("self_attention.linear_kv_up_proj.weight", "self_attn.kv_b_proj.weight", {H * Dnv, Rkv});
+  one("self_attention.linear_proj.weight", "self_attn.o_proj.weight", {C, H * c.v_head_dim});
+  one("pre_mlp_layernorm.weight", "post_attention_layernorm.weight", {C});
+  if (!c.moe_layer(l)) {
+    mlp("mlp.", "mlp.", c.ffn_hidden_size);
+    return;
+  }
+  one("mlp.router.weight", "mlp.gate.weight", {c.num_experts, C});
+  if (c.moe_router_enable_expert_bias)  // DeepSeek-V3's; V2's router has none
+    one("mlp.router.expert_bias", "mlp.gate.e_score_correction_bias", {c.num_experts});
+  for (int64_t e = 0; e < c.num_experts; ++e)
+    mlp("mlp.experts.local_experts." + std::to_string(e) + ".", "mlp.experts." + std::to_string(e) + ".",
+        c.moe_ffn_hidden_size);
+  mlp("mlp.shared_experts.", "mlp.shared_experts.", c.moe_shared_expert_intermediate_size);
+}
+
+std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes) {
+  const int64_t C = c.hidden_size, V = c.vocab_size;
+  std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
+  shapes = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
+  for (int64_t l = 0; l < c.num_layers; ++l) layer_tensors(c, l, m, shapes);
+  m.push_back({"decoder.final_layernorm.weight", {{"model.norm.weight"}}});
+  if (c.untie_embeddings_and_output_weights) {
+    m.push_back({"output_layer.weight", {{"lm_head.weight"}}, true});
+    shapes["lm_head.weight"] = {V, C};
+  }
+  return m;
+}
+
+// The multi-token prediction layers a DeepSeek-V3 file carries after its decoder (num_nextn_predict_layers):
+// "model.layers.<i>." with i in [num_hidden_layers, num_hidden_layers + nextn).
+bool mtp_layer_tensor(const std::string& name, int64_t layers, int64_t nextn) {
+  const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  size_t end = prefix.size();
+  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+  if (end == prefix.size() || end >= name.size() || name[end] != '.') return false;
+  const int64_t i = std::stoll(name.substr(prefix.size(), end - prefix.size()));
+  return i >= layers && i < layers + nextn;
+}
+
+// "deepseek_v3", "deepseek_v2" (model_type, else the architectures), or "".
+std::string deepseek_family(const json& j) {
+  if (!j.is_object()) return "";
+  if (j.contains("model_type"))
+    return j["model_type"] == "deepseek_v3" ? "deepseek_v3" : j["model_type"] == "deepseek_v2" ? "deepseek_v2" : "";
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const json& a : j["architectures"]) {
+      if (a == "DeepseekV3ForCausalLM") return "deepseek_v3";
+      if (a == "DeepseekV2ForCausalLM") return "deepseek_v2";
+    }
+  return "";
+}
+
+}  // namespace
+
+bool is_hf_deepseek_mla_config(const json& j) { return !deepseek_family(j).empty(); }
+
+const char* hf_deepseek_family_name(const TransformerConfig& c) {
+  return c.moe_router_sigmoid() ? "DeepSeek-V3" : "DeepSeek-V2";
+}
+
+std::string hf_deepseek_family_name(const json& config) {
+  const std::string f = deepseek_family(config);
+  return f == "deepseek_v3" ? "DeepSeek-V3" : f == "deepseek_v2" ? "DeepSeek-V2" : "";
+}
+
+TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what, int64_t divisible_by) {
+  const std::string family = deepseek_family(j);
+  if (family.empty())
+    LATTICE_FAIL() << what << ": not a DeepSeek-V2 or DeepSeek-V3 config (model_type " << j.value("model_type", json()).dump()
+                   << ")";
+  const bool v3 = family == "deepseek_v3";
+  TransformerConfig c;
+  c.num_layers = hf::config_int(j, what, "num_hidden_layers");
+  c.hidden_size = hf::config_int(j, what, "hidden_size");
+  c.num_attention_heads = hf::config_int(j, what, "num_attention_heads");
+  c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
+  c.vocab_size = hf::config_int(j, what, "vocab_size");
+  c.max_position_embeddings = hf::config_int(j, what, "max_position_embeddings");
+  if (has(j, "num_key_value_heads") && hf::config_int(j, what, "num_key_value_heads") != c.num_attention_heads)
+    LATTICE_FAIL() << what << ": num_key_value_heads " << j["num_key_value_heads"].dump()
+                   << " is not num_attention_heads (multi-latent attention has a key and a value per head)";
+  const std::string act = j.value("hidden_act", std::string("silu"));
+  if (act != "silu") LATTICE_FAIL() << what << ": hidden_act \"" << act << "\" is not supported (silu: SwiGLU)";
+  if (hf::config_bool(j, what, "attention_bias", false))
+    LATTICE_FAIL() << what << ": attention_bias true is not supported (DeepSeek's projections have no biases)";
+  if (!hf::config_bool(j, what, "rope_interleave", true))
+    LATTICE_FAIL() << what << ": rope_interleave false is not supported (lattice's MLA turns the pairs (2d, 2d + 1))";
+  // Multi-latent attention with its latents' norms (q_a_layernorm with a query latent, kv_a_layernorm).
+  c.multi_latent_attention = true;
+  c.qk_layernorm = true;
+  c.q_lora_rank = has(j, "q_lora_rank") ? hf::config_int(j, what, "q_lora_rank") : 0;
+  c.kv_lora_rank = hf::config_int(j, what, "kv_lora_rank");
+  c.qk_head_dim = hf::config_int(j, what, "qk_nope_head_dim");
+  c.qk_pos_emb_head_dim = hf::config_int(j, what, "qk_rope_head_dim");
+  c.v_head_dim = hf::config_int(j, what, "v_head_dim");
+  if (has(j, "qk_head_dim") && hf::config_int(j, what, "qk_head_dim") != c.mla_qk_dim())
+    LATTICE_FAIL() << what << ": qk_head_dim " << j["qk_head_dim"].dump() << " is not qk_nope_head_dim + qk_rope_head_dim "
+                   << c.mla_qk_dim();
+  c.position_embedding_type = "rope";
+  if (has(j, "rope_scaling")) {
+    const json& s = j["rope_scaling"];
+    const std::string type = s.is_object() ? s.value("rope_type", s.value("type", std::string())) : "";
+    if (type != "yarn")
+      LATTICE_FAIL() << what << ": rope_scaling " << s.dump() << " is not supported (none or yarn)";
+    if (has(s, "attention_factor"))
+      LATTICE_FAIL() << what << ": rope_scaling attention_factor is not supported with DeepSeek (give mscale and "
+                        "mscale_all_dim)";
+    const double mscale = s.value("mscale", 0.0), all_dim = s.value("mscale_all_dim", 0.0);
+    if (all_dim != 0.0 && mscale == 0.0)
+      LATTICE_FAIL() << what << ": rope_scaling mscale_all_dim without mscale is not supported (lattice's attention "
+                        "factor is m(s, mscale) / m(s, mscale_all_dim))";
+    if (mscale != 0.0 && mscale != 1.0 && all_dim == 0.0)
+      LATTICE_FAIL() << what << ": rope_scaling mscale " << mscale
+                     << " without mscale_all_dim is not supported (transformers then ignores mscale)";
+    hf::read_yarn_rope_scaling(j, s, what, c);
+  }
+  c.rotary_base = float(hf::config_positive(j, what, "rope_theta", 10000.0));
+  c.normalization = "RMSNorm";
+  const double eps = hf::config_positive(j, what, "rms_norm_eps", kLatentNormEps);
+  if (eps != kLatentNormEps)
+    LATTICE_FAIL() << what << ": rms_norm_eps " << eps << " is not supported (DeepSeek normalizes the "
+                   << "latents with 1e-6; lattice's norms share one epsilon)";
+  c.layernorm_epsilon = float(eps);
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  // DeepSeek-V3's mixture of experts: sigmoid scores, the bias in the choice only, the chosen scores
+  // normalized and scaled, groups, shared experts; the first first_k_dense_replace layers dense.
+  // DeepSeek-V2's: the softmax over every expert, its top k (greedy), renormalized with norm_topk_prob
+  // (lattice's default routing) or not (--moe-router-pre-softmax), and scaled.
+  const std::string scoring = j.value("scoring_func", std::string(v3 ? "sigmoid" : "softmax"));
+  const std::string topk_method = j.value("topk_method", std::string(v3 ? "noaux_tc" : "greedy"));
+  if (scoring != (v3 ? "sigmoid" : "softmax"))
+    LATTICE_FAIL() << what << ": scoring_func \"" << scoring << "\" is not supported (" << (v3 ? "sigmoid" : "softmax")
+                   << " in " << family << ")";
+  if (topk_method != (v3 ? "noaux_tc" : "greedy"))
+    LATTICE_FAIL() << what << ": topk_method \"" << topk_method << "\" is not supported (" << (v3 ? "noaux_tc" : "greedy")
+                   << " in " << family << "; DeepSeek-V2's group_limited_greedy scores a group by its best expert)";
+  c.num_experts = hf::config_int(j, what, "n_routed_experts");
+  c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
+  c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
+  c.moe_shared_expert_intermediate_size = c.moe_ffn_hidden_size * hf::config_int(j, what, "n_shared_experts");
+  c.moe_router_topk_scaling_factor = float(hf::config_positive(j, what, "routed_scaling_factor", 1.0));
+  if (!v3) {  // one expert: its probability (DeepSeek-V2 renormalizes more than one only)
+    const bool normalized = hf::config_bool(j, what, "norm_topk_prob", false);
+    c.moe_router_pre_softmax = !normalized || c.moe_router_topk == 1;
+    if (normalized && c.moe_router_topk > 1 && c.moe_router_topk_scaling_factor != 1.0f)
+      LATTICE_FAIL() << what << ": norm_topk_prob true with routed_scaling_factor "
+                     << c.moe_router_topk_scaling_factor
+                     << " is not supported (DeepSeek-V2's versions differ on whether the renormalized gates are scaled)";
+  } else {
+    c.moe_router_score_function = "sigmoid";
+    c.moe_router_enable_expert_bias = true;
+    if (!hf::config_bool(j, what, "norm_topk_prob", true) || c.moe_router_topk == 1)
+      LATTICE_FAIL() << what << ": norm_topk_prob " << (hf::config_bool(j, what, "norm_topk_prob", true) ? "true" : "false")
+                     << " with num_experts_per_tok " << c.moe_router_topk
+                     << " is not supported (lattice normalizes the sigmoid gates of more than one expert)";
+  }
+  const int64_t groups = has(j, "n_group") && v3 ? hf::config_int(j, what, "n_group") : 1;
+  const int64_t group_topk = has(j, "topk_group") && v3 ? hf::config_int(j, what, "topk_group") : 1;
+  if (groups > 1 && group_topk < groups) {  // every group kept: no restriction
+    if (c.moe_router_topk != 2 * group_topk)
+      LATTICE_FAIL() << what << ": num_experts_per_tok " << c.moe_router_topk << " is not 2 x topk_group " << group_topk
+                     << " (transformers scores a group by its 2 best experts, lattice by num_experts_per_tok / "
+                        "topk_group)";
+    c.moe_router_num_groups = groups;
+    c.moe_router_group_topk = group_topk;
+  }
+  // Layer l is an MoE layer from first_k_dense_replace on (DeepSeek-V2: and when l % moe_layer_freq == 0).
+  const int64_t freq = has(j, "moe_layer_freq") ? hf::config_int(j, what, "moe_layer_freq") : 1;
+  if (v3 && freq != 1)
+    LATTICE_FAIL() << what << ": moe_layer_freq " << freq
+                   << " is not supported (transformers' DeepSeek-V3 makes every layer after first_k_dense_replace an "
+                      "MoE layer)";
+  const int64_t first = j.value("first_k_dense_replace", int64_t(0));
+  if (first < 0 || first > c.num_layers)
+    LATTICE_FAIL() << what << ": first_k_dense_replace " << first << " is not in [0, " << c.num_layers << "]";
+  c.moe_layer_pattern.assign(size_t(c.num_layers), 0);
+  for (int64_t l = first; l < c.num_layers; ++l) c.moe_layer_pattern[size_t(l)] = l % freq == 0 ? 1 : 0;
+  c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
+  c.make_vocab_size_divisible_by = divisible_by;
+  c.hidden_dropout = c.attention_dropout = 0.0f;
+  c.finalize();
+  return c;
+}
+
+json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
+  int64_t first = 0;
+  while (first < c.num_layers && !c.moe_layer(first)) ++first;
+  json j = {{"architectures", {"DeepseekV3ForCausalLM"}},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"first_k_dense_replace", first},
+            {"head_dim", c.qk_pos_emb_head_dim},  // DeepseekV3Config's: the rotary dims
+            {"hidden_act", "silu"},
+            {"hidden_size", c.hidden_size},
+            {"initializer_range", 0.02},
+            {"intermediate_size", c.ffn_hidden_size},
+            {"kv_lora_rank", c.kv_lora_rank},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"model_type", "deepseek_v3"},
+            {"moe_intermediate_size", c.moe_ffn_hidden_size},
+            {"moe_layer_freq", 1},
+            {"n_group", c.moe_router_num_groups > 0 ? c.moe_router_num_groups : 1},
+            {"n_routed_experts", c.num_experts},
+            {"n_shared_experts", c.moe_shared_expert_intermediate_size / c.moe_ffn_hidden_size},
+            {"norm_topk_prob", true},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_experts_per_tok", c.moe_router_topk},
+            {"num_hidden_layers", c.num_layers},
+            {"num_key_value_heads", c.num_attention_heads},
+            {"num_nextn_predict_layers", 0},
+            {"q_lora_rank", c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr)},
+            {"qk_head_dim", c.mla_qk_dim()},
+            {"qk_nope_head_dim", c.qk_head_dim},
+            {"qk_rope_head_dim", c.qk_pos_emb_head_dim},
+            {"rms_norm_eps", hf::shortest_float(c.layernorm_epsilon)},
+            {"rope_interleave", true},
+            {"rope_scaling", nullptr},
+            {"rope_theta", hf::shortest_float(c.rotary_base)},
+            {"routed_scaling_factor", hf::shortest_float(c.moe_router_topk_scaling_factor)},
+            {"scoring_func", "sigmoid"},
+            {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+            {"topk_group", c.moe_router_num_groups > 0 ? c.moe_router_group_topk : 1},
+            {"topk_method", "noaux_tc"},
+            {"torch_dtype", "float32"},
+            {"use_cache", true},
+            {"v_head_dim", c.v_head_dim},
+            {"vocab_size", c.vocab_size}};
+  if (!c.moe_router_sigmoid()) {  // DeepseekV2Config: the softmax over every expert, its top k
+    for (const char* key : {"head_dim", "rope_interleave", "qk_head_dim"}) j.erase(key);
+    j["architectures"] = {"DeepseekV2ForCausalLM"};
+    j["model_type"] = "deepseek_v2";
+    j["scoring_func"] = "softmax";
+    j["topk_method"] = "greedy";
+    j["norm_topk_prob"] = !c.moe_router_pre_softmax;
+    j["aux_loss_alpha"] = 0.001;
+    j["seq_aux"] = true;
+    j["ep_size"] = 1;
+  }
+  if (c.yarn()) {  // DeepSeek's keys: the attention factor (and the softmax's) from mscale and mscale_all_dim
+    json s = hf::yarn_rope_scaling_json(c);
+    s.erase("attention_factor");
+    s["type"] = "yarn";
+    s["mscale"] = hf::shortest_float(c.yarn_mscale);
+    s["mscale_all_dim"] = hf::shortest_float(c.yarn_mscale_all_dim);
+    j["rope_scaling"] = s;
+  }
+  if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
+  return j;
+}
+
+std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
+  const int64_t Fs = c.moe_shared_expert_intermediate_size;
+  const char* why = !c.multi_latent_attention ? "no multi-latent attention (HuggingFace DeepSeek-V2's and V3's attention is MLA)"
+                    : !c.mla_latent_norms()   ? "multi-latent attention without --qk-layernorm (HuggingFace DeepSeek "
+                                                "normalizes its latents)"
+                    : !c.rmsnorm()            ? "LayerNorm (HuggingFace DeepSeek has RMSNorm)"
+                    : double(c.layernorm_epsilon) != double(float(kLatentNormEps))
+                        ? "--norm-epsilon other than 1e-6 (HuggingFace DeepSeek-V2 and V3 normalize their latents with 1e-6)"
+                    : !c.swiglu || c.quick_geglu ? "an MLP other than SwiGLU (HuggingFace DeepSeek's is SwiGLU)"
+                    : c.glu_linear_offset != 0.0f || c.activation_func_clamp_value > 0.0f
+                        ? "--glu-linear-offset or --activation-func-clamp-value (HuggingFace DeepSeek's SwiGLU has "
+                          "neither)"
+                    : c.add_bias_linear || c.add_qkv_bias ? "linear biases (HuggingFace DeepSeek has none)"
+                    : c.apply_layernorm_1p ? "zero-centered norm weights (--apply-layernorm-1p)"
+                    : c.softmax_sink()     ? "attention sinks (--softmax-type)"
+                    : c.window_size >= 0   ? "sliding-window attention (HuggingFace DeepSeek has none)"
+                    : !c.moe() ? "no mixture of experts (HuggingFace DeepSeek-V2's and V3's layers after "
+                                 "first_k_dense_replace are MoE layers)"
+                    : c.moe_router_sigmoid() != c.moe_router_enable_expert_bias
+                        ? "a router neither DeepSeek-V3's (--moe-router-score-function sigmoid with "
+                          "--moe-router-enable-expert-bias) nor DeepSeek-V2's (the softmax, no expert bias)"
+                    : c.moe_apply_probs_on_input || c.moe_sinkhorn
+                        ? "gates other than DeepSeek's (--moe-apply-probs-on-input or sinkhorn routing)"
+                    : c.moe_router_sigmoid() && (c.moe_router_pre_softmax || c.moe_router_topk == 1)
+                        ? "gates other than DeepSeek-V3's (the sigmoid scores of more than one expert, normalized)"
+                    : !c.moe_router_sigmoid() && c.moe_router_topk == 1 && !c.moe_router_pre_softmax
+                        ? "one expert's gate of 1 (DeepSeek-V2 weighs a single expert by its probability: "
+                          "--moe-router-pre-softmax)"
+                    : !c.moe_router_sigmoid() && !c.moe_router_pre_softmax && c.moe_router_topk_scaling_factor != 1.0f
+                        ? "--moe-router-topk-scaling-factor with renormalized softmax gates (DeepSeek-V2's versions "
+                          "differ on whether those are scaled)"
+                    : !c.moe_router_sigmoid() && c.moe_router_num_groups > 0
+                        ? "--moe-router-num-groups with the softmax (DeepSeek-V2's group_limited_greedy scores a group "
+                          "by its best expert)"
+                    : Fs <= 0 || Fs % c.moe_ffn_hidden_size != 0 || c.moe_shared_expert_gate
+                        ? "shared experts other than DeepSeek's (ungated, n_shared_experts x --moe-ffn-hidden-size)"
+                    : c.moe_router_num_groups > 0 && c.moe_router_topk != 2 * c.moe_router_group_topk
+                        ? "--moe-router-topk other than 2 x --moe-router-group-topk (HuggingFace DeepSeek-V3 scores a "
+                          "group by its 2 best experts)"
+                        : nullptr;
+  if (why) return why;
+  int64_t first = 0;
+  while (first < c.num_layers && !c.moe_layer(first)) ++first;
+  for (int64_t l = first; l < c.num_layers; ++l)
+    if (!c.moe_layer(l))
+      return "--moe-layer-freq with a dense layer after an MoE layer (HuggingFace DeepSeek's dense layers are its "
+             "first_k_dense_replace first)";
+  if (c.yarn()) {
+    if (c.yarn_mscale_all_dim == 0.0f && c.yarn_mscale != 1.0f)
+      return "--yarn-mscale without --yarn-mscale-all-dim (HuggingFace then ignores mscale)";
+    if (double(c.max_position_embeddings) !=
+        double(c.yarn_rotary_scaling_factor) * double(c.yarn_original_max_position_embeddings))
+      return "YaRN with --max-position-embeddings other than --yarn-rotary-scaling-factor x "
+             "--yarn-original-max-position-embeddings (transformers versions take the factor from either)";
+  }
+  return "";
+}
+
+HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+  const json j = hf::read_config(dir);
+  const std::string config_path = dir + "/config.json";
+  const TransformerConfig c = hf_deepseek_mla_config(j, config_path, divisible_by);
+  const int64_t nextn = j.value("num_nextn_predict_layers", int64_t(0));
+  const SafetensorsFile f = hf::read_model_file(dir);
+  std::map<std::string, Shape> shapes;
+  const std::vector<TensorMap> map = tensor_map(c, shapes);
+  hf::check_tensor_shapes(f, shapes);
+  for (const std::string& name : f.names()) {
+    if (shapes.count(name) || mtp_layer_tensor(name, c.num_layers, nextn)) continue;
+    if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights &&
+        f.get(name).shape == f.get("model.embed_tokens.weight").shape &&
+        hf::read_float_tensor(f, name) == hf::read_float_tensor(f, "model.embed_tokens.weight"))
+      continue;  // tied: a stored lm_head that is embed_tokens itself
+    LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
+                   << c.num_layers << ", num_nextn_predict_layers " << nextn << ")";
+  }
+  HfModel out;
+  out.tokenizer_type = hf::recorded_tokenizer(j, config_path);
+  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
+  hf::import_tensors(*out.model, f, map, shapes);
+  return out;
+}
+
+void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                         const hf::ExportOptions& options) {
+  const TransformerConfig& c = model.config();
+  const std::string why = hf_deepseek_mla_mismatch(c);
+  if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
+  std::map<std::string, Shape> shapes;
+  const std::vector<TensorMap> map = tensor_map(c, shapes);
+  hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), hf_deepseek_mla_config_json(c, tokenizer_type),
+                         options);
+}
+
+}  // namespace lattice

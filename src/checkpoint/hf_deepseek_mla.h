@@ -1,0 +1,55 @@
+// HuggingFace DeepSeek-V2 and DeepSeek-V3 (the multi-latent attention models: DeepseekV2ForCausalLM, the
+// remote code DeepSeek-V2 and V2-Lite ship, model_type "deepseek_v2"; transformers' DeepseekV3ForCausalLM,
+// "deepseek_v3"; DIR/config.json + DIR/model.safetensors) <-> lattice's GPTModel with multi-latent attention
+// (--multi-latent-attention with --qk-layernorm: q_a_proj / q_a_layernorm / q_b_proj (or q_proj),
+// kv_a_proj_with_mqa / kv_a_layernorm / kv_b_proj, o_proj), RMSNorm, SwiGLU, no biases, the rotary
+// embedding (YaRN with its mscale and mscale_all_dim, which also scales the softmax), and DeepSeek's mixture
+// of experts with shared experts, the first first_k_dense_replace layers dense:
+//  - V3: sigmoid scores with the choice's bias (mlp.gate.e_score_correction_bias: --moe-router-enable-expert-
+//    bias), groups (n_group, topk_group), the chosen scores normalized, routed_scaling_factor;
+//  - V2: the softmax over every expert, its top k (greedy), renormalized with norm_topk_prob or not
+//    (--moe-router-pre-softmax), routed_scaling_factor; MoE layers every moe_layer_freq.
+//
+// Every tensor keeps its HF layout (lattice's MLA weights are Megatron's, which DeepSeek's are), so the
+// map is one tensor per parameter but for SwiGLU's fused linear_fc1 (gate_proj's rows, then up_proj's)
+// and the padded vocabulary. HF -> lattice -> HF reproduces every tensor bit for bit. The multi-token
+// prediction layers a DeepSeek-V3 file may carry (num_nextn_predict_layers, layers from
+// num_hidden_layers on) are left behind on import, as transformers leaves them.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "checkpoint/hf_common.h"
+#include "model/gpt_model.h"
+
+namespace lattice {
+
+// model_type "deepseek_v2" or "deepseek_v3", or DeepseekV2ForCausalLM or DeepseekV3ForCausalLM among the
+// architectures.
+bool is_hf_deepseek_mla_config(const nlohmann::json& config);
+// "DeepSeek-V3" for a model with the sigmoid router, else "DeepSeek-V2": the form export writes; and the
+// family config.json describes.
+const char* hf_deepseek_family_name(const TransformerConfig& c);
+std::string hf_deepseek_family_name(const nlohmann::json& config);
+
+// config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by).
+// Settings lattice cannot reproduce are errors naming `what` (the file) and the key.
+TransformerConfig hf_deepseek_mla_config(const nlohmann::json& config, const std::string& what, int64_t divisible_by = 128);
+
+// TransformerConfig -> config.json as DeepseekV3Config or DeepseekV2Config writes it (tokenizer_type under
+// kHfTokenizerKey).
+nlohmann::json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& tokenizer_type);
+
+// Why a lattice model has no HF DeepSeek-V2 or V3 form ("" when it has one).
+std::string hf_deepseek_mla_mismatch(const TransformerConfig& c);
+
+// Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings); every problem
+// (missing, misshapen or unexpected tensor) is an error naming the file and the tensor.
+HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
+
+// Writes DIR/model.safetensors and DIR/config.json; a model without a DeepSeek form is an error naming
+// DIR and the reason, and nothing is written.
+void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                         const hf::ExportOptions& options = {});
+
+}  // namespace lattice

@@ -1,0 +1,62 @@
+#include "checkpoint/hf_tensor_map.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "checkpoint/hf_common.h"
+#include "checkpoint/host_staging.h"
+#include "core/error.h"
+
+namespace lattice::hf {
+
+void check_tensor_shapes(const SafetensorsFile& f, const std::map<std::string, Shape>& shapes) {
+  for (const auto& [name, shape] : shapes) {
+    if (!f.has(name)) LATTICE_FAIL() << f.path() << ": missing tensor " << name;
+    if (f.get(name).shape != shape)
+      LATTICE_FAIL() << f.path() << ": tensor " << name << " has shape " << shape_str(f.get(name).shape)
+                     << ", config.json implies " << shape_str(shape);
+  }
+}
+
+void import_tensors(GPTModel& model, const SafetensorsFile& f, const std::vector<TensorMap>& map,
+                    const std::map<std::string, Shape>& shapes) {
+  std::map<std::string, std::vector<float>> data;  // each HF tensor read once, when first needed
+  HostStaging params(model.params().params(), model.params().numel(), true);
+  for (const TensorMap& m : map) {
+    const ParamInfo& p = model.params().info(m.lattice);
+    float* dst = params.data() + p.offset;
+    const int64_t row = p.shape.size() == 2 ? p.shape[1] : 1;  // elements per row
+    int64_t at = 0;                                              // rows filled
+    for (const RowBlock& b : m.blocks) {
+      auto it = data.find(b.hf);
+      if (it == data.end()) it = data.emplace(b.hf, read_float_tensor(f, b.hf)).first;
+      const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
+      std::memcpy(dst + at * row, it->second.data() + b.row0 * row, size_t(rows * row) * sizeof(float));
+      at += rows;
+    }
+    LATTICE_CHECK(m.vocab ? at <= p.shape[0] : at * row == p.numel) << m.lattice << ": the HF rows do not fill it";
+    std::fill(dst + at * row, dst + p.numel, 0.0f);  // padded vocabulary rows
+  }
+  params.upload(model.params().params());
+}
+
+SafetensorsWriter export_tensors(const GPTModel& model, const std::vector<TensorMap>& map,
+                                 const std::map<std::string, Shape>& shapes) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, shape] : shapes) out[name].resize(size_t(shape_numel(shape)));
+  const HostStaging params(model.params().params(), model.params().numel(), true);
+  for (const TensorMap& m : map) {
+    const ParamInfo& p = model.params().info(m.lattice);
+    const float* src = params.data() + p.offset;
+    const int64_t row = p.shape.size() == 2 ? p.shape[1] : 1;
+    int64_t at = 0;
+    for (const RowBlock& b : m.blocks) {
+      const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
+      std::memcpy(out.at(b.hf).data() + b.row0 * row, src + at * row, size_t(rows * row) * sizeof(float));
+      at += rows;
+    }
+  }
+  return f32_model_tensors(shapes, out);
+}
+
+}  // namespace lattice::hf

@@ -1,0 +1,228 @@
+// HuggingFace DeepSeek-V3 and V2 <-> lattice: logits against independent HF-layout models
+// (tests/fixtures/make_hf_llama_fixture.py: DeepSeek-V3 with a query latent and YaRN's mscale_all_dim,
+// grouped sigmoid routing with the choice's bias, a dense first layer; DeepSeek-V3 with linear_q_proj,
+// values wider than the queries, every layer MoE; DeepSeek-V2-Lite's form: linear_q_proj, YaRN with
+// mscale 0.707, the softmax router unnormalized and scaled), the round trips in both directions, the
+// multi-token prediction layers a file may carry, and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "checkpoint/hf_deepseek_mla.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "hf_test_util.h"
+
+namespace lattice {
+namespace {
+
+using hf_test::fixture;
+using hf_test::TempDir;
+using hf_test::Tensors;
+
+// Loading dir fails with one line that contains `needle`.
+void expect_load_error(const std::string& dir, const std::string& needle) {
+  try {
+    load_hf_deepseek_mla(dir);
+    ADD_FAILURE() << "no error; expected one mentioning " << needle;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << "'" << needle << "' not in: " << msg;
+  }
+}
+
+TEST(HfDeepseekV3, QueryLatentYarnGroupsMatchIndependentLogits) {
+  HfModel hf = load_hf_deepseek_mla(fixture("hf_deepseek_v3_tiny"));
+  hf_test::expect_fixture_logits(*hf.model, "hf_deepseek_v3_tiny");
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_TRUE(c.multi_latent_attention && c.mla_latent_norms() && c.yarn() && c.moe_router_sigmoid() &&
+              c.moe_router_enable_expert_bias);
+  EXPECT_EQ(c.q_lora_rank, 24);
+  EXPECT_EQ(c.kv_lora_rank, 16);
+  EXPECT_EQ(c.kv_channels, 12);  // max(Dq 8 + 4, Dv 8)
+  EXPECT_EQ(c.yarn_mscale_all_dim, 1.0f);
+  EXPECT_EQ(c.moe_router_num_groups, 4);
+  EXPECT_EQ(c.moe_router_group_topk, 2);
+  EXPECT_EQ(c.moe_router_topk_scaling_factor, 2.5f);
+  EXPECT_EQ(c.moe_shared_expert_intermediate_size, 12);
+  EXPECT_FALSE(c.moe_layer(0));
+  EXPECT_TRUE(c.moe_layer(1) && c.moe_layer(2));
+}
+
+TEST(HfDeepseekV3, LinearQProjWideValuesMatchIndependentLogits) {
+  HfModel hf = load_hf_deepseek_mla(fixture("hf_deepseek_v3_tiny_noq"));
+  hf_test::expect_fixture_logits(*hf.model, "hf_deepseek_v3_tiny_noq");
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_EQ(c.q_lora_rank, 0);
+  EXPECT_EQ(c.kv_channels, 16);  // max(Dq 12, Dv 16)
+  EXPECT_EQ(c.moe_router_num_groups, 0);
+  EXPECT_FALSE(c.yarn());
+  EXPECT_EQ(c.moe_shared_expert_intermediate_size, 24);
+}
+
+TEST(HfDeepseekV2, LiteModelMatchesIndependentLogits) {
+  HfModel hf = load_hf_deepseek_mla(fixture("hf_deepseek_v2_lite_tiny"));
+  hf_test::expect_fixture_logits(*hf.model, "hf_deepseek_v2_lite_tiny");
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_TRUE(c.multi_latent_attention && c.yarn() && !c.moe_router_sigmoid() && !c.moe_router_enable_expert_bias);
+  EXPECT_TRUE(c.moe_router_pre_softmax);  // norm_topk_prob false
+  EXPECT_EQ(c.moe_router_topk_scaling_factor, 1.5f);
+  EXPECT_EQ(c.q_lora_rank, 0);
+  EXPECT_FLOAT_EQ(c.yarn_mscale_all_dim, 0.707f);
+  EXPECT_STREQ(hf_deepseek_family_name(c), "DeepSeek-V2");
+}
+
+TEST(HfDeepseekV3, HfToLatticeToHfIsIdentity) {
+  for (const char* dir : {"hf_deepseek_v3_tiny", "hf_deepseek_v3_tiny_noq", "hf_deepseek_v2_lite_tiny"}) {
+    SCOPED_TRACE(dir);
+    TempDir out(std::string("ds3_rt_") + dir);
+    HfModel hf = load_hf_deepseek_mla(fixture(dir));
+    save_hf_deepseek_mla(out.str() + "/hf", *hf.model, "");
+    SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
+    SafetensorsFile b = SafetensorsFile::read(out.str() + "/hf/model.safetensors");
+    EXPECT_EQ(a.names().size(), b.names().size());
+    for (const std::string& name : a.names()) {
+      ASSERT_TRUE(b.has(name)) << name;
+      EXPECT_EQ(a.get(name).shape, b.get(name).shape) << name;
+      EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name << " differs after the round trip";
+    }
+    std::ifstream ia(fixture(dir) + "/config.json"), ib(out.str() + "/hf/config.json");
+    const nlohmann::json ja = nlohmann::json::parse(ia), jb = nlohmann::json::parse(ib);
+    for (const char* key :
+         {"model_type", "architectures", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+          "intermediate_size", "vocab_size", "max_position_embeddings", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+          "qk_rope_head_dim", "qk_head_dim", "v_head_dim", "head_dim", "n_routed_experts", "n_shared_experts",
+          "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace", "n_group", "topk_group",
+          "norm_topk_prob", "scoring_func", "topk_method", "tie_word_embeddings", "rope_interleave", "moe_layer_freq"})
+      EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << "config.json " << key;
+    for (const char* key : {"routed_scaling_factor", "rope_theta", "rms_norm_eps"})
+      EXPECT_EQ(ja[key].get<double>(), jb[key].get<double>()) << "config.json " << key;
+    EXPECT_EQ(ja["rope_scaling"].is_null(), jb["rope_scaling"].is_null());
+    if (!ja["rope_scaling"].is_null())
+      for (const char* key : {"type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+                              "mscale_all_dim"})
+        EXPECT_EQ(ja["rope_scaling"][key], jb["rope_scaling"][key]) << "rope_scaling " << key;
+    // and back: the same logits
+    HfModel again = load_hf_deepseek_mla(out.str() + "/hf");
+    hf_test::expect_fixture_logits(*again.model, dir);
+  }
+}
+
+// A DeepSeek-V3-form lattice model with every parameter random (the expert biases too) out to HF and
+// back: every real parameter's bits and the logits kept.
+TEST(HfDeepseekV3, LatticeToHfToLatticeKeepsEveryParameter) {
+  HfModel base = load_hf_deepseek_mla(fixture("hf_deepseek_v3_tiny"));
+  GPTModel& m = *base.model;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  for (int64_t i = 0; i < m.params().numel(); ++i) m.params().params()[i] = nd(gen);
+  TempDir out("ds3_lattice_rt");
+  const TransformerConfig& c = m.config();
+  const int64_t row = c.hidden_size;  // the padded vocabulary rows are not exported: zero them first
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+    const ParamInfo& p = m.params().info(name);
+    std::fill(m.params().params() + p.offset + c.vocab_size * row, m.params().params() + p.offset + p.numel, 0.0f);
+  }
+  save_hf_deepseek_mla(out.str() + "/hf", m, "GPT2BPETokenizer");
+  HfModel back = load_hf_deepseek_mla(out.str() + "/hf");
+  EXPECT_EQ(back.tokenizer_type, "GPT2BPETokenizer");
+  hf_test::expect_same_model(m, *back.model);
+}
+
+// Multi-token prediction layers after the decoder (num_nextn_predict_layers) are left behind, as transformers
+// leaves them; a tensor of another layer is an error naming it.
+TEST(HfDeepseekV3, MultiTokenPredictionLayersAreLeftBehind) {
+  auto add_layer3 = [](Tensors& t) {
+    const auto norm = *t.find("model.layers.2.input_layernorm.weight");
+    const auto proj = *t.find("model.layers.2.self_attn.o_proj.weight");
+    t.list.push_back({"model.layers.3.input_layernorm.weight", norm});
+    t.list.push_back({"model.layers.3.eh_proj.weight", proj});
+  };
+  TempDir with("ds3_nextn");
+  const std::string dir = hf_test::rewritten_fixture(
+      "hf_deepseek_v3_tiny", add_layer3, [](nlohmann::json& j) { j["num_nextn_predict_layers"] = 1; }, with);
+  HfModel hf = load_hf_deepseek_mla(dir);
+  hf_test::expect_fixture_logits(*hf.model, "hf_deepseek_v3_tiny");
+  TempDir without("ds3_no_nextn");
+  const std::string bad = hf_test::rewritten_fixture("hf_deepseek_v3_tiny", add_layer3, nullptr, without);
+  expect_load_error(bad, "unexpected tensor model.layers.3.");
+}
+
+TEST(HfDeepseekV3, BadInputIsOneLineErrorNamingTheProblem) {
+  struct Case {
+    const char* name;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"eps", [](nlohmann::json& j) { j["rms_norm_eps"] = 1e-5; }, "rms_norm_eps 1e-05 is not supported"},
+      {"softmax", [](nlohmann::json& j) { j["scoring_func"] = "softmax"; }, "scoring_func \"softmax\" is not supported"},
+      {"groups", [](nlohmann::json& j) { j["num_experts_per_tok"] = 2; }, "num_experts_per_tok 2 is not 2 x topk_group 2"},
+      {"norm", [](nlohmann::json& j) { j["norm_topk_prob"] = false; }, "norm_topk_prob false"},
+      {"kv heads", [](nlohmann::json& j) { j["num_key_value_heads"] = 2; }, "num_key_value_heads 2 is not num_attention_heads"},
+      {"qk_head_dim", [](nlohmann::json& j) { j["qk_head_dim"] = 16; }, "qk_head_dim 16 is not qk_nope_head_dim + qk_rope_head_dim"},
+      {"interleave", [](nlohmann::json& j) { j["rope_interleave"] = false; }, "rope_interleave false is not supported"},
+      {"moe freq", [](nlohmann::json& j) { j["moe_layer_freq"] = 2; }, "moe_layer_freq 2 is not supported"},
+      {"attention factor", [](nlohmann::json& j) { j["rope_scaling"]["attention_factor"] = 1.2; },
+       "attention_factor is not supported"},
+      {"linear rope", [](nlohmann::json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2}}; },
+       "rope_scaling {\"factor\":2,\"type\":\"linear\"} is not supported"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    TempDir t(std::string("ds3_bad_") + k.name);
+    const std::string dir = hf_test::rewritten_fixture("hf_deepseek_v3_tiny", nullptr, k.edit, t);
+    expect_load_error(dir, k.expect);
+  }
+  const Case v2_cases[] = {
+      {"v2 sigmoid", [](nlohmann::json& j) { j["scoring_func"] = "sigmoid"; },
+       "scoring_func \"sigmoid\" is not supported (softmax in deepseek_v2)"},
+      {"v2 groups", [](nlohmann::json& j) { j["topk_method"] = "group_limited_greedy"; },
+       "topk_method \"group_limited_greedy\" is not supported"},
+      {"v2 normalized and scaled", [](nlohmann::json& j) { j["norm_topk_prob"] = true; },
+       "norm_topk_prob true with routed_scaling_factor 1.5 is not supported"},
+  };
+  for (const Case& k : v2_cases) {
+    SCOPED_TRACE(k.name);
+    TempDir t(std::string("ds2_bad_") + k.name);
+    const std::string dir = hf_test::rewritten_fixture("hf_deepseek_v2_lite_tiny", nullptr, k.edit, t);
+    expect_load_error(dir, k.expect);
+  }
+  TempDir missing("ds3_missing");
+  const std::string dir = hf_test::rewritten_fixture(
+      "hf_deepseek_v3_tiny", [](Tensors& t) { t.erase("model.layers.1.mlp.gate.e_score_correction_bias"); }, nullptr,
+      missing);
+  expect_load_error(dir, "missing tensor model.layers.1.mlp.gate.e_score_correction_bias");
+}
+
+// A lattice model without DeepSeek-V3's form says why, before anything is written.
+TEST(HfDeepseekV3, ModelsWithoutTheFormAreNamed) {
+  const TransformerConfig ds3 = load_hf_deepseek_mla(fixture("hf_deepseek_v3_tiny")).model->config();
+  EXPECT_EQ(hf_deepseek_mla_mismatch(ds3), "");
+  auto reason = [&](const std::function<void(TransformerConfig&)>& edit) {
+    TransformerConfig c = ds3;
+    edit(c);
+    return hf_deepseek_mla_mismatch(c);
+  };
+  EXPECT_NE(reason([](TransformerConfig& c) { c.qk_layernorm = false; }).find("without --qk-layernorm"), std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.moe_router_score_function = "softmax"; }).find("a router neither"),
+            std::string::npos);
+  TransformerConfig v2 = load_hf_deepseek_mla(fixture("hf_deepseek_v2_lite_tiny")).model->config();
+  EXPECT_EQ(hf_deepseek_mla_mismatch(v2), "");
+  v2.moe_router_pre_softmax = false;  // renormalized and scaled: ambiguous between DeepSeek-V2 versions
+  EXPECT_NE(hf_deepseek_mla_mismatch(v2).find("--moe-router-topk-scaling-factor"), std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.moe_layer_pattern = {1, 0, 1}; }).find("dense layer after an MoE layer"),
+            std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.layernorm_epsilon = 1e-5f; }).find("--norm-epsilon"), std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.multi_latent_attention = false; }).find("no multi-latent attention"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace lattice
