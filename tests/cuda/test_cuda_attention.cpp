@@ -1,6 +1,7 @@
 // CUDA flash attention against the CPU kernel on the same inputs: forward (out, lse) and
 // backward (dqkv), with and without dropout (tensor-parallel head numbering) and
-// document masks, for tile-aligned and ragged T, and D from 16 to 128 (1 to 4 warp chunks).
+// document masks, for tile-aligned and ragged T, and D from 16 to 256 (1 to 8 warp chunks; 192: the
+// multi-latent attention's fused heads, DeepSeek-V3's Dn + Dr).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -181,7 +182,9 @@ std::vector<Param> params() {
       {2, 37, 3, 16},  // ragged T (one full tile and a partial one), D in one warp chunk
       {1, 128, 4, 64}, // the 124M/350M head dim, tile-aligned T
       {2, 1, 2, 64},   // T = 1
-      {1, 70, 2, 128}, // the largest D, three tiles
+      {1, 70, 2, 128}, // the tensor cores' largest D, three tiles
+      {1, 45, 2, 192}, // DeepSeek-V3's MLA heads (Dn 128 + Dr 64), six warp chunks
+      {1, 33, 1, 256}, // the largest D, eight warp chunks
       {1, 45, 1, 40},  // one head, D not a multiple of 32
       {1, 33, 2, 80},  // three warp chunks of D (2560 hidden / 32 heads), the last half used
       {2, 37, 4, 16, 2},  // grouped-query attention: 2 groups of 2 heads
@@ -584,10 +587,10 @@ TEST(CudaAttentionSink, MatchesCpu) {
     }
 }
 
-TEST(CudaAttentionArgs, HeadDimAbove128IsRefused) {
+TEST(CudaAttentionArgs, HeadDimAbove256IsRefused) {
   LATTICE_REQUIRE_CUDA();
-  const AttentionShape s{1, 4, 1, 160};
-  cuda::DeviceBuffer qkv(size_t(4 * 3 * 160) * sizeof(float)), out(size_t(4 * 160) * sizeof(float)),
+  const AttentionShape s{1, 4, 1, 288};
+  cuda::DeviceBuffer qkv(size_t(4 * 3 * 288) * sizeof(float)), out(size_t(4 * 288) * sizeof(float)),
       lse(4 * sizeof(float));
   EXPECT_THROW(cuda::attention_forward(out.as<float>(), lse.as<float>(), qkv.as<float>(), s,
                                        AttentionDropout{}),

@@ -6,7 +6,7 @@
 // row) of a tile, and a block of 4 warps gives each warp 8 rows (or 8 keys) of its tile.
 // Row statistics stay in registers, reductions over a tile's keys are warp shuffles,
 // and the output (or gradient) rows a warp owns stay in registers, each lane holding
-// the elements d = lane + 32*m (m < NC = ceil(D/32) <= 4).
+// the elements d = lane + 32*m (m < NC = ceil(D/32) <= 8).
 //
 //   forward      block = (query tile, b*H+h): loops over key tiles up to the diagonal (from the
 //                first row's window with --window-size).
@@ -526,7 +526,11 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
     case 1: forward_nc<1>(out, lse, qkv, p); break;
     case 2: forward_nc<2>(out, lse, qkv, p); break;
     case 3: forward_nc<3>(out, lse, qkv, p); break;
-    default: forward_nc<4>(out, lse, qkv, p); break;
+    case 4: forward_nc<4>(out, lse, qkv, p); break;
+    case 5: forward_nc<5>(out, lse, qkv, p); break;
+    case 6: forward_nc<6>(out, lse, qkv, p); break;  // 192: multi-latent attention's Dn + Dr (DeepSeek-V3)
+    case 7: forward_nc<7>(out, lse, qkv, p); break;
+    default: forward_nc<8>(out, lse, qkv, p); break;
   }
 }
 
@@ -546,7 +550,11 @@ void attention_backward(float* dqkv, const AttentionOperand& dout, const Attenti
     case 1: backward_nc<1>(dqkv, dout, qkv, out, lse, p); break;
     case 2: backward_nc<2>(dqkv, dout, qkv, out, lse, p); break;
     case 3: backward_nc<3>(dqkv, dout, qkv, out, lse, p); break;
-    default: backward_nc<4>(dqkv, dout, qkv, out, lse, p); break;
+    case 4: backward_nc<4>(dqkv, dout, qkv, out, lse, p); break;
+    case 5: backward_nc<5>(dqkv, dout, qkv, out, lse, p); break;
+    case 6: backward_nc<6>(dqkv, dout, qkv, out, lse, p); break;
+    case 7: backward_nc<7>(dqkv, dout, qkv, out, lse, p); break;
+    default: backward_nc<8>(dqkv, dout, qkv, out, lse, p); break;
   }
   if (dbias) bias_backward(dbias, dqkv, s.B * s.T, s.layout().width());
 }

@@ -1,7 +1,7 @@
 // CUDA twin of kernels/attention.h: causal flash attention, forward and backward, with
 // the CPU kernel's definition (layout, lse, document masking, dropout masks drawn from
 // the same Philox indices). Pointers are device pointers; launches are asynchronous on
-// cuda::compute_stream(). fp32 in and out (qkv also packed: AttentionOperand); head dim D <= 128.
+// cuda::compute_stream(). fp32 in and out (qkv also packed: AttentionOperand); head dim D <= 256.
 //
 // qkv [B,T,G,R+2,D]   out, dout [B,T,H,D]   lse [B,H,T]   document_ids [B,T] or null
 // dqkv [B,T,G,R+2,D] is written (not accumulated). Results are deterministic (no atomics).

@@ -12,7 +12,7 @@
 
 namespace lattice::cuda::attention_detail {
 
-constexpr int kMaxD = 128;  // the largest head dim the kernels take
+constexpr int kMaxD = 256;  // the largest head dim the fp32 kernels take (the tensor-core ones: 64 and 128)
 
 // Everything a kernel needs besides the pointers (passed by value).
 struct Params {
