@@ -58,6 +58,7 @@ class StagedArray {
     if (current_device() != Device::cpu && host_.size() < n) host_.resize(n);
   }
   T* host() { return current_device() == Device::cpu ? device_.data() : host_.data(); }
+  const T* host() const { return current_device() == Device::cpu ? device_.data() : host_.data(); }
   T* device() const { return device_.data(); }
   void upload(size_t n) {
     if (current_device() != Device::cpu) copy_to_device(device_.data(), host_.data(), n * sizeof(T));

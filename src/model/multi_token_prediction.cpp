@@ -54,10 +54,10 @@ void GPTModel::shift_inputs(Activations& to, std::vector<float>& mask, const Act
       for (int64_t j = 0; j < r.rows; ++j) shift(r.row + j, r.token + j, r.position + j);
   }
   // The attention's documents stay the inputs' (read only: StagedArray has no const host()).
-  std::copy_n(const_cast<Activations&>(main).ids.host() + 2 * n, B * Tl, ids + 2 * n);
+  std::copy_n(main.ids.host() + 2 * n, B * Tl, ids + 2 * n);
   to.ids.upload(size_t(4 * n));
   if (cp_.on()) {
-    std::copy_n(const_cast<Activations&>(main).key_ids.host(), B * T, to.key_ids.host());
+    std::copy_n(main.key_ids.host(), B * T, to.key_ids.host());
     to.key_ids.upload(size_t(B * T));
   }
   to.groups = {};
