@@ -22,11 +22,13 @@ constexpr double kLatentNormEps = 1e-6;
 
 bool has(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
 
-// The HF tensors of layer l and the lattice parameters they make (shapes: every HF tensor's).
-void layer_tensors(const TransformerConfig& c, int64_t l, std::vector<TensorMap>& m, std::map<std::string, Shape>& s) {
+// The HF tensors of layer l (model.layers.<l>.) and the lattice parameters they make, under `lat`
+// (decoder.layers.<l>., or a prediction depth's transformer layer); shapes: every HF tensor's.
+void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat, std::vector<TensorMap>& m,
+                   std::map<std::string, Shape>& s) {
   const int64_t C = c.hidden_size, H = c.num_attention_heads, Dq = c.mla_qk_dim(), Rq = c.q_lora_rank;
   const int64_t Rkv = c.kv_lora_rank, Dr = c.qk_pos_emb_head_dim, Dnv = c.qk_head_dim + c.v_head_dim;
-  const std::string lat = "decoder.layers." + std::to_string(l) + ".", hf = "model.layers." + std::to_string(l) + ".";
+  const std::string hf = "model.layers." + std::to_string(l) + ".";
   auto one = [&](const std::string& lattice, const std::string& name, const Shape& shape) {
     m.push_back({lat + lattice, {{hf + name}}});
     s[hf + name] = shape;
@@ -69,25 +71,47 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
   const int64_t C = c.hidden_size, V = c.vocab_size;
   std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
   shapes = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
-  for (int64_t l = 0; l < c.num_layers; ++l) layer_tensors(c, l, m, shapes);
+  for (int64_t l = 0; l < c.num_layers; ++l) layer_tensors(c, l, "decoder.layers." + std::to_string(l) + ".", m, shapes);
   m.push_back({"decoder.final_layernorm.weight", {{"model.norm.weight"}}});
+  const std::string out = c.untie_embeddings_and_output_weights ? "output_layer.weight" : "embedding.word_embeddings.weight";
   if (c.untie_embeddings_and_output_weights) {
-    m.push_back({"output_layer.weight", {{"lm_head.weight"}}, true});
+    m.push_back({out, {{"lm_head.weight"}}, true});
     shapes["lm_head.weight"] = {V, C};
+  }
+  // DeepSeek-V3's multi-token prediction modules (num_nextn_predict_layers), layers num_hidden_layers on:
+  // enorm, hnorm, eh_proj [C, 2C] (the embedding's half first, as Megatron's), a decoder layer,
+  // shared_head.norm (the depth's final norm), and copies of the embedding and the output layer, which
+  // lattice's depths share with the model (mtp_copies: each must equal the model's).
+  for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
+    const int64_t l = c.num_layers + k;
+    const std::string lat = "mtp.layers." + std::to_string(k) + ".", hf = "model.layers." + std::to_string(l) + ".";
+    for (const char* norm : {"enorm", "hnorm"}) {
+      m.push_back({lat + norm + ".weight", {{hf + norm + ".weight"}}});
+      shapes[hf + norm + ".weight"] = {C};
+    }
+    m.push_back({lat + "eh_proj.weight", {{hf + "eh_proj.weight"}}});
+    shapes[hf + "eh_proj.weight"] = {C, 2 * C};
+    layer_tensors(c, l, lat + "transformer_layer.", m, shapes);
+    m.push_back({lat + "final_layernorm.weight", {{hf + "shared_head.norm.weight"}}});
+    shapes[hf + "shared_head.norm.weight"] = {C};
+    m.push_back({"embedding.word_embeddings.weight", {{hf + "embed_tokens.weight"}}, true});
+    shapes[hf + "embed_tokens.weight"] = {V, C};
+    m.push_back({out, {{hf + "shared_head.head.weight"}}, true});
+    shapes[hf + "shared_head.head.weight"] = {V, C};
   }
   return m;
 }
 
-// The multi-token prediction layers a DeepSeek-V3 file carries after its decoder (num_nextn_predict_layers):
-// "model.layers.<i>." with i in [num_hidden_layers, num_hidden_layers + nextn).
-bool mtp_layer_tensor(const std::string& name, int64_t layers, int64_t nextn) {
-  const std::string prefix = "model.layers.";
-  if (name.compare(0, prefix.size(), prefix) != 0) return false;
-  size_t end = prefix.size();
-  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
-  if (end == prefix.size() || end >= name.size() || name[end] != '.') return false;
-  const int64_t i = std::stoll(name.substr(prefix.size(), end - prefix.size()));
-  return i >= layers && i < layers + nextn;
+// A prediction depth's copies of the embedding and the output layer, with the model's tensor each must equal.
+std::vector<std::pair<std::string, std::string>> mtp_copies(const TransformerConfig& c) {
+  std::vector<std::pair<std::string, std::string>> copies;
+  for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
+    const std::string hf = "model.layers." + std::to_string(c.num_layers + k) + ".";
+    copies.emplace_back(hf + "embed_tokens.weight", "model.embed_tokens.weight");
+    copies.emplace_back(hf + "shared_head.head.weight",
+                        c.untie_embeddings_and_output_weights ? "lm_head.weight" : "model.embed_tokens.weight");
+  }
+  return copies;
 }
 
 // "deepseek_v3", "deepseek_v2" (model_type, else the architectures), or "".
@@ -229,6 +253,10 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
     LATTICE_FAIL() << what << ": first_k_dense_replace " << first << " is not in [0, " << c.num_layers << "]";
   c.moe_layer_pattern.assign(size_t(c.num_layers), 0);
   for (int64_t l = first; l < c.num_layers; ++l) c.moe_layer_pattern[size_t(l)] = l % freq == 0 ? 1 : 0;
+  // DeepSeek-V3's multi-token prediction modules: lattice's prediction depths (--mtp-num-layers).
+  c.mtp_num_layers = v3 && has(j, "num_nextn_predict_layers") ? j["num_nextn_predict_layers"].get<int64_t>() : 0;
+  if (c.mtp_num_layers < 0)
+    LATTICE_FAIL() << what << ": num_nextn_predict_layers " << c.mtp_num_layers << " is negative";
   c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
   c.make_vocab_size_divisible_by = divisible_by;
   c.hidden_dropout = c.attention_dropout = 0.0f;
@@ -261,7 +289,7 @@ json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& 
             {"num_experts_per_tok", c.moe_router_topk},
             {"num_hidden_layers", c.num_layers},
             {"num_key_value_heads", c.num_attention_heads},
-            {"num_nextn_predict_layers", 0},
+            {"num_nextn_predict_layers", c.mtp_num_layers},
             {"q_lora_rank", c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr)},
             {"qk_head_dim", c.mla_qk_dim()},
             {"qk_nope_head_dim", c.qk_head_dim},
@@ -279,8 +307,8 @@ json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& 
             {"use_cache", true},
             {"v_head_dim", c.v_head_dim},
             {"vocab_size", c.vocab_size}};
-  if (!c.moe_router_sigmoid()) {  // DeepseekV2Config: the softmax over every expert, its top k
-    for (const char* key : {"head_dim", "rope_interleave", "qk_head_dim"}) j.erase(key);
+  if (!c.moe_router_sigmoid()) {  // DeepseekV2Config: the softmax over every expert, its top k; no MTP modules
+    for (const char* key : {"head_dim", "rope_interleave", "qk_head_dim", "num_nextn_predict_layers"}) j.erase(key);
     j["architectures"] = {"DeepseekV2ForCausalLM"};
     j["model_type"] = "deepseek_v2";
     j["scoring_func"] = "softmax";
@@ -333,6 +361,9 @@ std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
                     : !c.moe_router_sigmoid() && !c.moe_router_pre_softmax && c.moe_router_topk_scaling_factor != 1.0f
                         ? "--moe-router-topk-scaling-factor with renormalized softmax gates (DeepSeek-V2's versions "
                           "differ on whether those are scaled)"
+                    : !c.moe_router_sigmoid() && c.mtp()
+                        ? "prediction depths (--mtp-num-layers) with the softmax router (HuggingFace DeepSeek-V2 has no "
+                          "multi-token prediction modules)"
                     : !c.moe_router_sigmoid() && c.moe_router_num_groups > 0
                         ? "--moe-router-num-groups with the softmax (DeepSeek-V2's group_limited_greedy scores a group "
                           "by its best expert)"
@@ -364,19 +395,22 @@ HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64
   const json j = hf::read_config(dir);
   const std::string config_path = dir + "/config.json";
   const TransformerConfig c = hf_deepseek_mla_config(j, config_path, divisible_by);
-  const int64_t nextn = j.value("num_nextn_predict_layers", int64_t(0));
   const SafetensorsFile f = hf::read_model_file(dir);
   std::map<std::string, Shape> shapes;
   const std::vector<TensorMap> map = tensor_map(c, shapes);
   hf::check_tensor_shapes(f, shapes);
+  for (const auto& [copy, original] : mtp_copies(c))
+    if (hf::read_float_tensor(f, copy) != hf::read_float_tensor(f, original))
+      LATTICE_FAIL() << f.path() << ": " << copy << " differs from " << original
+                     << " (lattice's prediction depths share the model's embedding and output layer)";
   for (const std::string& name : f.names()) {
-    if (shapes.count(name) || mtp_layer_tensor(name, c.num_layers, nextn)) continue;
+    if (shapes.count(name)) continue;
     if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights &&
         f.get(name).shape == f.get("model.embed_tokens.weight").shape &&
         hf::read_float_tensor(f, name) == hf::read_float_tensor(f, "model.embed_tokens.weight"))
       continue;  // tied: a stored lm_head that is embed_tokens itself
     LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
-                   << c.num_layers << ", num_nextn_predict_layers " << nextn << ")";
+                   << c.num_layers << ", num_nextn_predict_layers " << c.mtp_num_layers << ")";
   }
   HfModel out;
   out.tokenizer_type = hf::recorded_tokenizer(j, config_path);

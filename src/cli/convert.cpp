@@ -146,10 +146,7 @@ void to_hf(const SimpleFlags& f) {
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
                  dir.c_str(), hf_deepseek_family_name(c), options.dtype.c_str());
-    if (c.mtp())
-      std::fprintf(stderr, "convert: the %lld multi-token prediction depths (mtp.layers.*) are not exported\n",
-                   (long long)c.mtp_num_layers);
-    return;
+    return;  // (prediction depths: DeepSeek-V3's multi-token prediction modules)
   }
   const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
   const std::string not_gpt_oss = hf_gpt_oss_mismatch(c);

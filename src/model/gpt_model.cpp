@@ -1538,6 +1538,9 @@ LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const
 }
 
 void GPTModel::backward_step(int chunk, int slot, int64_t B, int64_t T, const MicroBatchKey& key) {
+  // An evaluation forward keeps no loss gradient and runs no prediction depth: nothing to go back through.
+  LATTICE_CHECK(key.training) << "backward_step: the micro-batch's forward was an evaluation one (MicroBatchKey::training "
+                                 "false)";
   Activations& a = acts(chunk, slot);
   T = local_seq_length(T);
   const int64_t N = B * T;

@@ -54,18 +54,20 @@ if run train "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iter
 fi
 
 # DeepSeek-V3-style (MLA, sigmoid routing with the expert bias in 2 of 4 groups, ungated shared experts, the first
-# layer dense, the norms' epsilon 1e-6): out to HuggingFace DeepSeek-V3 and back, the same text; the independent
-# HuggingFace fixture in.
+# layer dense, the norms' epsilon 1e-6, a prediction depth): out to HuggingFace DeepSeek-V3 (the depth its
+# multi-token prediction module) and back, the same text; the independent HuggingFace fixtures in.
 DS3=("${MODEL[@]}" "${MLA[@]}" --swiglu --norm-epsilon 1e-6 --num-experts 8 --moe-router-topk 4 --moe-ffn-hidden-size 16
      --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 4
      --moe-router-group-topk 2 --moe-router-topk-scaling-factor 2.5 --moe-shared-expert-intermediate-size 16
-     --moe-layer-freq '[0,1]' --moe-aux-loss-coeff 0.001)
+     --moe-layer-freq '[0,1]' --moe-aux-loss-coeff 0.001 --mtp-num-layers 1)
 if run ds3_train "$LATTICE" train "${DS3[@]}" "${RUN[@]}" --train-iters 3 --save ds3ckpt &&
    run ds3_gen "$LATTICE" generate --load ds3ckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
    run ds3_to_hf "$LATTICE" convert --load ds3ckpt --to-hf hf-ds3; then
   grep -q '"model_type": "deepseek_v3"' hf-ds3/config.json && grep -q '"kv_lora_rank": 12' hf-ds3/config.json &&
     grep -q '"first_k_dense_replace": 1' hf-ds3/config.json && grep -q '"topk_group": 2' hf-ds3/config.json &&
+    grep -q '"num_nextn_predict_layers": 1' hf-ds3/config.json &&
     run ds3_from_hf "$LATTICE" convert --from-hf hf-ds3 --save ds3back &&
+    grep -q '"mtp_num_layers": *1' ds3back/iter_0000000/*.json &&
     run ds3_gen_back "$LATTICE" generate --load ds3back --prompt "ab" --max-new-tokens 16 --seed 2 &&
     { cmp -s ds3_gen.out ds3_gen_back.out && pass "lattice -> HF DeepSeek-V3 -> lattice generates the same text" ||
         fail "the model generates other text after the DeepSeek-V3 round trip"; }
@@ -88,11 +90,19 @@ fi
 expect_error "an MLA model without DeepSeek-V3's form" "the checkpoint's model has --norm-epsilon other than 1e-6" -- \
   "$LATTICE" convert --load ckpt --to-hf hf-dense
 [ -e hf-dense ] && fail "the refused export left a directory behind"
-for f in hf_deepseek_v3_tiny hf_deepseek_v3_tiny_noq hf_deepseek_v2_lite_tiny; do
+for f in hf_deepseek_v3_tiny hf_deepseek_v3_tiny_noq hf_deepseek_v2_lite_tiny hf_deepseek_v3_tiny_mtp; do
   run "$f" "$LATTICE" convert --from-hf "$SRC/tests/fixtures/$f" --save "ckpt-$f" &&
     grep -q '"multi_latent_attention": *true' "ckpt-$f"/iter_0000000/*.json &&
     pass "$f converts: $(tail -n 1 "$f.err")" || fail "$f did not convert"
 done
+grep -q '"mtp_num_layers": *1' ckpt-hf_deepseek_v3_tiny_mtp/iter_0000000/*.json &&
+  pass "DeepSeek-V3's multi-token prediction module is a prediction depth" || fail "the MTP module was not read"
+# The converted model trains on (--use-checkpoint-args: its MLA, experts and prediction depth).
+run ds3_finetune "$LATTICE" train --use-checkpoint-args --load ckpt-hf_deepseek_v3_tiny_mtp --vocab-size 101 \
+  --micro-batch-size 2 --global-batch-size 4 --seq-length 16 --lr 1e-3 --log-interval 1 --mock-data --eval-iters 0 \
+  --train-iters 3 --finetune --save ds3ft && grep -q 'mtp_1 loss' ds3_finetune.out &&
+  pass "the converted DeepSeek-V3 trains on with its prediction depth" || fail "the converted DeepSeek-V3 did not train"
+
 # --recompute-modules mla_up_proj: the fused qkv rebuilt from the kept latents in backward, the same losses bit for bit.
 if run plain "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 4 --metrics-file p.jsonl &&
    run up_proj "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" "${RUN[@]}" --train-iters 4 --metrics-file u.jsonl \

@@ -135,23 +135,44 @@ TEST(HfDeepseekV3, LatticeToHfToLatticeKeepsEveryParameter) {
   hf_test::expect_same_model(m, *back.model);
 }
 
-// Multi-token prediction layers after the decoder (num_nextn_predict_layers) are left behind, as transformers
-// leaves them; a tensor of another layer is an error naming it.
-TEST(HfDeepseekV3, MultiTokenPredictionLayersAreLeftBehind) {
-  auto add_layer3 = [](Tensors& t) {
-    const auto norm = *t.find("model.layers.2.input_layernorm.weight");
-    const auto proj = *t.find("model.layers.2.self_attn.o_proj.weight");
-    t.list.push_back({"model.layers.3.input_layernorm.weight", norm});
-    t.list.push_back({"model.layers.3.eh_proj.weight", proj});
-  };
-  TempDir with("ds3_nextn");
-  const std::string dir = hf_test::rewritten_fixture(
-      "hf_deepseek_v3_tiny", add_layer3, [](nlohmann::json& j) { j["num_nextn_predict_layers"] = 1; }, with);
-  HfModel hf = load_hf_deepseek_mla(dir);
-  hf_test::expect_fixture_logits(*hf.model, "hf_deepseek_v3_tiny");
-  TempDir without("ds3_no_nextn");
-  const std::string bad = hf_test::rewritten_fixture("hf_deepseek_v3_tiny", add_layer3, nullptr, without);
-  expect_load_error(bad, "unexpected tensor model.layers.3.");
+// DeepSeek-V3's multi-token prediction module (num_nextn_predict_layers 1: layer 3's enorm, hnorm, eh_proj,
+// decoder layer and shared_head) is lattice's prediction depth: the main logits, the main loss and the depth's
+// loss of a micro-batch as the independent reference computes them; the module's copies of the embedding and
+// lm_head must be the model's; out and back bit for bit.
+TEST(HfDeepseekV3, MultiTokenPredictionModuleIsThePredictionDepth) {
+  const char* dir = "hf_deepseek_v3_tiny_mtp";
+  HfModel hf = load_hf_deepseek_mla(fixture(dir));
+  GPTModel& m = *hf.model;
+  EXPECT_EQ(m.config().mtp_num_layers, 1);
+  hf_test::expect_fixture_logits(m, dir);
+  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
+  const std::vector<int32_t> tokens = ref.get_i32("mtp_tokens");
+  const int64_t T = int64_t(tokens.size()) - 1;
+  MicroBatchKey key;  // a training forward (the depths run in training only); the model has no dropout
+  const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, T, 1.0f, key);
+  const std::vector<LossSum> depths = m.take_mtp_losses();
+  ASSERT_EQ(depths.size(), 1u);
+  EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss);
+  ASSERT_EQ(depths[0].count, 1.0);  // one micro-batch's mean loss (its last position has no target)
+  const double mtp = depths[0].sum / depths[0].count;
+  EXPECT_NEAR(mtp, ref.get_f32("mtp_loss")[0], 1e-5 * mtp);
+  TempDir out("ds3_mtp_rt");
+  save_hf_deepseek_mla(out.str() + "/hf", m, "");
+  SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(out.str() + "/hf/model.safetensors");
+  EXPECT_EQ(a.names().size(), b.names().size());
+  for (const std::string& name : a.names()) {
+    ASSERT_TRUE(b.has(name)) << name;
+    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name << " differs after the round trip";
+  }
+  TempDir bad("ds3_mtp_copy");
+  const std::string edited = hf_test::rewritten_fixture(
+      dir, [](Tensors& t) { t.find("model.layers.3.embed_tokens.weight")->bytes[0] ^= 1; }, nullptr, bad);
+  expect_load_error(edited, "model.layers.3.embed_tokens.weight differs from model.embed_tokens.weight");
+  TempDir without("ds3_no_nextn");  // the module's tensors with num_nextn_predict_layers 0: not this model
+  const std::string none = hf_test::rewritten_fixture(
+      dir, nullptr, [](nlohmann::json& j) { j["num_nextn_predict_layers"] = 0; }, without);
+  expect_load_error(none, "unexpected tensor model.layers.3.");
 }
 
 TEST(HfDeepseekV3, BadInputIsOneLineErrorNamingTheProblem) {
