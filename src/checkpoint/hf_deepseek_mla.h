@@ -13,8 +13,9 @@
 // Every tensor keeps its HF layout (lattice's MLA weights are Megatron's, which DeepSeek's are), so the
 // map is one tensor per parameter but for SwiGLU's fused linear_fc1 (gate_proj's rows, then up_proj's)
 // and the padded vocabulary. HF -> lattice -> HF reproduces every tensor bit for bit. The multi-token
-// prediction layers a DeepSeek-V3 file may carry (num_nextn_predict_layers, layers from
-// num_hidden_layers on) are left behind on import, as transformers leaves them.
+// prediction modules a DeepSeek-V3 file may carry (num_nextn_predict_layers, layers from num_hidden_layers
+// on: enorm, hnorm, eh_proj, a decoder layer, shared_head.norm, and copies of the embedding and lm_head)
+// are lattice's prediction depths (--mtp-num-layers), read and written.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
