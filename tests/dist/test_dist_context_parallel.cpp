@@ -25,6 +25,7 @@
 #include "train/data_parallel.h"
 #include "train/train_step.h"
 #include "layout_run.h"
+#include "../mla_test_config.h"
 
 namespace lattice {
 namespace {
@@ -107,17 +108,7 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_seq_aux_loss = true;
     t.moe_seq_aux_loss_coeff = 0.01f;
   }
-  if (c.mla) {
-    t.position_embedding_type = "rope";
-    t.num_query_groups = 0;
-    t.multi_latent_attention = true;
-    t.qk_layernorm = true;
-    t.q_lora_rank = 16;
-    t.kv_lora_rank = 12;
-    t.qk_head_dim = 8;
-    t.qk_pos_emb_head_dim = 4;
-    t.v_head_dim = 6;
-  }
+  if (c.mla) set_mla(t);
   if (c.recompute == "full") {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";

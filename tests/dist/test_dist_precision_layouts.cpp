@@ -29,6 +29,7 @@
 #include "train/data_parallel.h"
 #include "train/train_step.h"
 #include "layout_run.h"
+#include "../mla_test_config.h"
 
 namespace lattice {
 namespace {
@@ -58,16 +59,7 @@ struct PrecisionRun : LayoutRun {
 
 TransformerConfig config(int tp, bool mla) {
   TransformerConfig c;
-  if (mla) {
-    c.position_embedding_type = "rope";
-    c.multi_latent_attention = true;
-    c.qk_layernorm = true;
-    c.q_lora_rank = 16;
-    c.kv_lora_rank = 12;
-    c.qk_head_dim = 8;
-    c.qk_pos_emb_head_dim = 4;
-    c.v_head_dim = 6;
-  }
+  if (mla) set_mla(c);
   c.num_layers = kLayers;
   c.hidden_size = 32;
   c.num_attention_heads = 4;

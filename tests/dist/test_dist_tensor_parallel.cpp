@@ -19,6 +19,7 @@
 #include "train/data_parallel.h"
 #include "train/train_step.h"
 #include "layout_run.h"
+#include "../mla_test_config.h"
 
 namespace lattice {
 namespace {
@@ -83,16 +84,10 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
   if (mla) {  // --multi-latent-attention: 1, a query latent of 16, RMSNorm latent norms, values narrower than the
               // queries and keys (Dq 12, Dv 6); 2, linear_q_proj with LayerNorm's latent norms (biases), YaRN,
               // values wider (Dv 16). The up projections split by heads, the rest replicated.
-    c.multi_latent_attention = true;
     c.position_embedding_type = mla == 1 ? "rope" : "yarn";
     c.yarn_rotary_scaling_factor = 4.0f;
     c.yarn_original_max_position_embeddings = 8;
-    c.qk_layernorm = true;
-    c.q_lora_rank = mla == 1 ? 16 : 0;
-    c.kv_lora_rank = 12;
-    c.qk_head_dim = 8;
-    c.qk_pos_emb_head_dim = 4;
-    c.v_head_dim = mla == 1 ? 6 : 16;
+    set_mla(c, mla == 1 ? MlaShapes{} : MlaShapes{0, 12, 8, 4, 16});
     if (mla == 1) c.normalization = "RMSNorm";
   }
   c.num_layers = layers;

@@ -12,6 +12,7 @@
 #include "checkpoint/hf_gpt2.h"
 #include "core/error.h"
 #include "model/gpt_inference.h"
+#include "../mla_test_config.h"
 
 namespace lattice {
 namespace {
@@ -130,14 +131,7 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithMultiLatentAttention) {
   for (int variant : {0, 1}) {
     auto model = random_model(false, GeluKind::erf, true, [&](TransformerConfig& c) {
       c.rotary_percent = 1.0;
-      c.kv_channels = 0;
-      c.multi_latent_attention = true;
-      c.qk_layernorm = true;
-      c.kv_lora_rank = 10;
-      c.qk_head_dim = 6;
-      c.qk_pos_emb_head_dim = 4;
-      c.q_lora_rank = variant == 0 ? 14 : 0;
-      c.v_head_dim = variant == 0 ? 8 : 12;
+      set_mla(c, MlaShapes{variant == 0 ? 14 : 0, 10, 6, 4, variant == 0 ? 8 : 12});
       c.normalization = variant == 0 ? "RMSNorm" : "LayerNorm";
       c.apply_layernorm_1p = variant == 0;
       if (variant == 1) {

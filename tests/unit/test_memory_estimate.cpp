@@ -14,6 +14,7 @@
 #include "optim/optimizer.h"
 #include "train/distributed_setup.h"
 #include "train/memory_estimate.h"
+#include "../mla_test_config.h"
 
 namespace lattice {
 namespace {
@@ -251,15 +252,7 @@ TEST(MemoryEstimate, MultiLatentAttentionEqualsTheModel) {
         base.position_embedding_type = "rope";
         base.finalize(P);
         TransformerConfig c = base;
-        c.multi_latent_attention = true;
-        c.qk_layernorm = true;
-        c.q_lora_rank = q_lora_rank;
-        c.kv_lora_rank = 16;
-        c.qk_head_dim = 12;
-        c.qk_pos_emb_head_dim = 8;
-        c.v_head_dim = 16;
-        c.kv_channels = 0;
-        c.num_query_groups = 0;
+        set_mla(c, MlaShapes{q_lora_rank, 16, 12, 8, 16});
         c.finalize(P);
         EXPECT_EQ(c.kv_channels, 20);  // max(Dq 20, Dv 16)
         expect_matches(layout(c, P, 1, 1, 4), 0);

@@ -20,6 +20,7 @@
 #include "optim/optimizer.h"
 #include "train/arguments.h"
 #include "train/train_step.h"
+#include "../mla_test_config.h"
 
 namespace lattice {
 namespace {
@@ -114,6 +115,16 @@ TrainRun train(const Recompute& r, bool llama = false, const std::vector<std::st
 
 const Recompute kNone{"", "", 0};
 
+// The run with recomputation r has the losses, gradient norms and final parameters of `base`, bit for bit.
+void expect_bit_identical(const TrainRun& got, const TrainRun& base, const Recompute& r) {
+  const std::string what = std::string(r.granularity) + " " + r.method + " " + r.modules;
+  EXPECT_EQ(got.losses, base.losses) << what;
+  EXPECT_EQ(got.grad_norms, base.grad_norms) << what;
+  ASSERT_EQ(got.params.size(), base.params.size());
+  EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), base.params.size() * sizeof(float)), 0)
+      << what << ": final parameters differ";
+}
+
 class ModelRecompute : public ::testing::TestWithParam<Recompute> {};
 
 TEST_P(ModelRecompute, TrainingIsBitIdentical) {
@@ -141,12 +152,7 @@ TEST(ModelRecomputeLlama, TrainingIsBitIdentical) {
                              Recompute{"selective", "", 0, "moe_act"},
                              Recompute{"selective", "", 0, "core_attn mlp layernorm moe_act"},
                              Recompute{"selective", "", 0, "core_attn mlp layernorm moe moe_act"}}) {
-    const TrainRun got = train(r, true);
-    EXPECT_EQ(got.losses, base.losses) << r.granularity << " " << r.method << " " << r.modules;
-    EXPECT_EQ(got.grad_norms, base.grad_norms) << r.granularity << " " << r.method << " " << r.modules;
-    ASSERT_EQ(got.params.size(), base.params.size());
-    EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), base.params.size() * sizeof(float)), 0)
-        << r.granularity << " " << r.method << " " << r.modules << ": final parameters differ";
+    expect_bit_identical(train(r, true), base, r);
   }
   EXPECT_NE(base.losses.front(), base.losses.back());
 }
@@ -162,14 +168,7 @@ TEST(ModelRecomputeMla, TrainingIsBitIdentical) {
     c.recompute_method = r.method;
     c.recompute_num_layers = r.num_layers;
     c.recompute_modules = split_modules(r.modules);
-    c.multi_latent_attention = true;
-    c.num_query_groups = 0;
-    c.kv_channels = 0;
-    c.q_lora_rank = 16;
-    c.kv_lora_rank = 12;
-    c.qk_head_dim = 8;
-    c.qk_pos_emb_head_dim = 4;
-    c.v_head_dim = 6;
+    set_mla(c);
     c.finalize();
     return c;
   };
@@ -178,12 +177,7 @@ TEST(ModelRecomputeMla, TrainingIsBitIdentical) {
                              Recompute{"selective", "", 0, "core_attn layernorm"},
                              Recompute{"selective", "", 0, "mla_up_proj"},
                              Recompute{"selective", "", 0, "core_attn mla_up_proj layernorm moe"}}) {
-    const TrainRun got = train_config(mla(r));
-    EXPECT_EQ(got.losses, base.losses) << r.granularity << " " << r.method << " " << r.modules;
-    EXPECT_EQ(got.grad_norms, base.grad_norms) << r.granularity << " " << r.method << " " << r.modules;
-    ASSERT_EQ(got.params.size(), base.params.size());
-    EXPECT_EQ(std::memcmp(got.params.data(), base.params.data(), base.params.size() * sizeof(float)), 0)
-        << r.granularity << " " << r.method << " " << r.modules << ": final parameters differ";
+    expect_bit_identical(train_config(mla(r)), base, r);
   }
   EXPECT_NE(base.losses.front(), base.losses.back());
   const TransformerConfig plain = mla(kNone), up = mla(Recompute{"selective", "", 0, "mla_up_proj"});
