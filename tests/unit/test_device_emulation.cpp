@@ -22,6 +22,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "train/train_step.h"
+#include "../mla_test_config.h"
 
 namespace lattice {
 namespace {
@@ -53,6 +54,7 @@ struct Options {
   Precision precision = Precision::fp32;
   std::string recompute;  // "" | selective | full
   bool documents = false; // eod: reset attention mask and position ids, no loss on eod
+  bool mla = false;       // --multi-latent-attention (tests/mla_test_config.h), with the rotary embedding
   int steps = 20;
 };
 
@@ -72,7 +74,9 @@ TransformerConfig config(const Options& o) {
   c.vocab_size = kVocab;
   c.max_position_embeddings = kSeq;
   c.hidden_dropout = c.attention_dropout = 0.1f;
+  if (o.mla) set_mla(c);
   if (o.recompute == "selective") c.recompute_granularity = "selective";
+  if (o.recompute == "selective" && o.mla) c.recompute_modules = {"core_attn", "mla_up_proj"};
   if (o.recompute == "full") {
     c.recompute_granularity = "full";
     c.recompute_method = "uniform";
@@ -240,6 +244,20 @@ TEST_F(DeviceEmulation, TrainStepFp8) {
   Options o;
   o.precision = Precision::fp8;
   o.steps = 6;
+  compare(o);
+}
+
+// Multi-latent attention: the latents, the fused qkv and its gradient's split, attn_v, in bf16 (the device's bf16
+// paths around the projection) and with its qkv rebuilt from the latents (mla_up_proj).
+TEST_F(DeviceEmulation, MultiLatentAttentionBf16) {
+  Options o;
+  o.mla = true;
+  o.precision = Precision::bf16;
+  o.steps = 6;
+  compare(o);
+  o.precision = Precision::fp32;
+  o.recompute = "selective";
+  o.steps = 3;
   compare(o);
 }
 
