@@ -235,4 +235,18 @@ void write_model_folder(const std::string& dir, SafetensorsWriter tensors, json 
   write_text_atomic(fs::path(dir) / "config.json", config.dump(2) + "\n");
 }
 
+std::vector<int> deepseek_moe_layers(int64_t layers, int64_t first_k_dense_replace, int64_t moe_layer_freq) {
+  std::vector<int> pattern(size_t(layers), 0);
+  for (int64_t l = first_k_dense_replace; l < layers; ++l) pattern[size_t(l)] = l % moe_layer_freq == 0 ? 1 : 0;
+  return pattern;
+}
+
+int64_t deepseek_first_k_dense(const TransformerConfig& c) {
+  int64_t first = 0;
+  while (first < c.num_layers && !c.moe_layer(first)) ++first;
+  for (int64_t l = first; l < c.num_layers; ++l)
+    if (!c.moe_layer(l)) return -1;
+  return first;
+}
+
 }  // namespace lattice::hf

@@ -58,6 +58,13 @@ struct ExportOptions {
 // keeps the default. Errors name the flag.
 ExportOptions parse_export_options(const std::string& dtype, const std::string& max_shard_size);
 
+// DeepSeek's MoE layers (DeepSeek-MoE, V2, V3): layer l is an MoE layer when l >= first_k_dense_replace and
+// l % moe_layer_freq == 0, as a --moe-layer-freq pattern (first_k_dense_replace in [0, layers]).
+std::vector<int> deepseek_moe_layers(int64_t layers, int64_t first_k_dense_replace, int64_t moe_layer_freq);
+// The first_k_dense_replace of c: its first MoE layer (num_layers when none), or -1 when a dense layer follows
+// an MoE layer (no DeepSeek form).
+int64_t deepseek_first_k_dense(const TransformerConfig& c);
+
 // DIR/config.json parsed (errors name the file).
 nlohmann::json read_config(const std::string& dir);
 // The tokenizer a lattice export recorded in config.json, else "".

@@ -251,8 +251,7 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
   const int64_t first = j.value("first_k_dense_replace", int64_t(0));
   if (first < 0 || first > c.num_layers)
     LATTICE_FAIL() << what << ": first_k_dense_replace " << first << " is not in [0, " << c.num_layers << "]";
-  c.moe_layer_pattern.assign(size_t(c.num_layers), 0);
-  for (int64_t l = first; l < c.num_layers; ++l) c.moe_layer_pattern[size_t(l)] = l % freq == 0 ? 1 : 0;
+  c.moe_layer_pattern = hf::deepseek_moe_layers(c.num_layers, first, freq);
   // DeepSeek-V3's multi-token prediction modules: lattice's prediction depths (--mtp-num-layers).
   c.mtp_num_layers = v3 && has(j, "num_nextn_predict_layers") ? j["num_nextn_predict_layers"].get<int64_t>() : 0;
   if (c.mtp_num_layers < 0)
@@ -265,8 +264,7 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
 }
 
 json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
-  int64_t first = 0;
-  while (first < c.num_layers && !c.moe_layer(first)) ++first;
+  const int64_t first = hf::deepseek_first_k_dense(c);  // hf_deepseek_mla_mismatch refuses -1
   json j = {{"architectures", {"DeepseekV3ForCausalLM"}},
             {"attention_bias", false},
             {"attention_dropout", 0.0},
@@ -374,12 +372,9 @@ std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
                           "group by its 2 best experts)"
                         : nullptr;
   if (why) return why;
-  int64_t first = 0;
-  while (first < c.num_layers && !c.moe_layer(first)) ++first;
-  for (int64_t l = first; l < c.num_layers; ++l)
-    if (!c.moe_layer(l))
-      return "--moe-layer-freq with a dense layer after an MoE layer (HuggingFace DeepSeek's dense layers are its "
-             "first_k_dense_replace first)";
+  if (hf::deepseek_first_k_dense(c) < 0)
+    return "--moe-layer-freq with a dense layer after an MoE layer (HuggingFace DeepSeek's dense layers are its "
+           "first_k_dense_replace first)";
   if (c.yarn()) {
     if (c.yarn_mscale_all_dim == 0.0f && c.yarn_mscale != 1.0f)
       return "--yarn-mscale without --yarn-mscale-all-dim (HuggingFace then ignores mscale)";

@@ -342,8 +342,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     const int64_t first = j.contains("first_k_dense_replace") ? j.value("first_k_dense_replace", int64_t(0)) : 0;
     const int64_t freq = j.contains("moe_layer_freq") ? hf::config_int(j, what, "moe_layer_freq") : 1;
     if (first < 0) LATTICE_FAIL() << what << ": first_k_dense_replace " << first << " is negative";
-    c.moe_layer_pattern.assign(size_t(c.num_layers), 0);
-    for (int64_t l = 0; l < c.num_layers; ++l) c.moe_layer_pattern[size_t(l)] = l >= first && l % freq == 0 ? 1 : 0;
+    c.moe_layer_pattern = hf::deepseek_moe_layers(c.num_layers, std::min(first, c.num_layers), freq);
   }
   if (qwen2_moe) {  // every sparse layer's shared_expert (gated by shared_expert_gate) beside the routed ones
     c.moe_shared_expert_intermediate_size = hf::config_int(j, what, "shared_expert_intermediate_size");
@@ -424,8 +423,7 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
     j["output_router_logits"] = false;
   } else if (c.moe() && c.moe_shared_expert_intermediate_size > 0) {  // DeepseekConfig (v1, DeepSeek-MoE)
     for (const char* key : {"head_dim", "mlp_bias"}) j.erase(key);
-    int64_t first = 0;
-    while (first < c.num_layers && !c.moe_layer(first)) ++first;
+    const int64_t first = hf::deepseek_first_k_dense(c);  // hf_llama_mismatch refuses -1
     j["architectures"] = {"DeepseekForCausalLM"};
     j["model_type"] = "deepseek";
     j["n_routed_experts"] = c.num_experts;
@@ -509,14 +507,9 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   if (deepseek && Fs % c.moe_ffn_hidden_size != 0)
     return "--moe-shared-expert-intermediate-size not a multiple of --moe-ffn-hidden-size (HuggingFace DeepSeek-MoE's "
            "shared experts are n_shared_experts experts)";
-  if (deepseek && !c.moe_layer_pattern.empty()) {
-    size_t first = 0;  // DeepSeek-MoE: first_k_dense_replace dense layers, then MoE layers
-    while (first < c.moe_layer_pattern.size() && c.moe_layer_pattern[first] == 0) ++first;
-    for (size_t l = first; l < c.moe_layer_pattern.size(); ++l)
-      if (c.moe_layer_pattern[l] == 0)
-        return "--moe-layer-freq with a dense layer after an MoE layer (HuggingFace DeepSeek-MoE's dense layers are "
-               "its first_k_dense_replace first)";
-  }
+  if (deepseek && hf::deepseek_first_k_dense(c) < 0)  // first_k_dense_replace dense layers, then MoE layers
+    return "--moe-layer-freq with a dense layer after an MoE layer (HuggingFace DeepSeek-MoE's dense layers are "
+           "its first_k_dense_replace first)";
   if (c.moe() && c.moe_router_num_groups > 0)
     return "--moe-router-num-groups (HuggingFace's MoE models route over every expert)";
   if (c.moe() && c.moe_router_sigmoid())
