@@ -10,7 +10,7 @@
 
 namespace lattice {
 
-ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp, int dist_opt_instances) {
+ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp, int dist_opt_instances, int etp) {
   if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;
   if (cp < 1) LATTICE_FAIL() << "--context-parallel-size must be >= 1, got " << cp;
   if (ep < 1) LATTICE_FAIL() << "--expert-model-parallel-size must be >= 1, got " << ep;
@@ -21,6 +21,22 @@ ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp, int dist_o
                    << " x --pipeline-model-parallel-size " << pp << " (start a multiple of " << tp * cp * pp
                    << " processes, e.g. mpirun -np " << tp * cp * pp << ")";
   const int dp = world / (tp * cp * pp);
+  if (etp != 0 && etp != 1 && etp != tp)
+    LATTICE_FAIL() << "--expert-tensor-parallel-size " << etp << " is neither 1 nor --tensor-model-parallel-size " << tp;
+  if (etp == 1 && tp > 1) {  // the experts whole: ep groups over the stage's tp x dp ranks
+    if (cp > 1)
+      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --context-parallel-size " << cp
+                     << " is not implemented (leave it at --tensor-model-parallel-size " << tp << ")";
+    if (dist_opt_instances > 1)
+      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --num-distributed-optimizer-instances "
+                     << dist_opt_instances << " is not implemented";
+    if ((tp * dp) % ep != 0)
+      LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide tensor " << tp << " x data-parallel "
+                     << dp << ": with --expert-tensor-parallel-size 1 the experts are split over those ranks";
+    ParallelLayout l{world, tp, pp, dp, ep, cp, dist_opt_instances};
+    l.experts_whole = true;
+    return l;
+  }
   if (dp % ep != 0)
     LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide the data-parallel size " << dp
                    << " (world " << world << " / (tensor " << tp << " x pipeline " << pp
@@ -94,6 +110,20 @@ GroupPlan plan_groups(const ParallelLayout& l) {
   g.pp = groups_varying(l, {kPp});
   if (l.pp > 1)
     for (const std::vector<int>& stages : g.pp) g.embedding.push_back({stages.front(), stages.back()});
+  if (l.experts_whole) {  // (cp = 1) position m = tp_rank + tp dp_rank of a stage: ep groups of consecutive m
+    const int stage = l.tp * l.dp;
+    for (int pp_r = 0; pp_r < l.pp; ++pp_r) {
+      for (int block = 0; block < l.expert_dp(); ++block) {
+        g.ep.emplace_back();
+        for (int e = 0; e < l.ep; ++e) g.ep.back().push_back(pp_r * stage + block * l.ep + e);
+      }
+      for (int e = 0; e < l.ep; ++e) {
+        g.expert_dp.emplace_back();
+        for (int block = 0; block < l.expert_dp(); ++block) g.expert_dp.back().push_back(pp_r * stage + block * l.ep + e);
+      }
+    }
+    return g;  // (one distributed-optimizer instance)
+  }
   for (int pp_r = 0; pp_r < l.pp; ++pp_r)
     for (int cp_r = 0; cp_r < l.cp; ++cp_r)
       for (int tp_r = 0; tp_r < l.tp; ++tp_r)
@@ -131,16 +161,16 @@ std::unique_ptr<ParallelState> ParallelState::single() {
 }
 
 std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double timeout_seconds, int ep, int cp,
-                                                     int dist_opt_instances) {
+                                                     int dist_opt_instances, int etp) {
   if (!launched_by_mpirun()) {
     // names the flag when tp, pp, ep, cp or the instances > 1 cannot fit one process
-    make_layout(1, tp, pp, ep, cp, dist_opt_instances);
+    make_layout(1, tp, pp, ep, cp, dist_opt_instances, etp);
     return single();
   }
   const int world = mpi_init_world();
   set_comm_timeout_seconds(timeout_seconds);
   auto s = std::make_unique<ParallelState>();
-  s->layout_ = make_layout(world, tp, pp, ep, cp, dist_opt_instances);
+  s->layout_ = make_layout(world, tp, pp, ep, cp, dist_opt_instances, etp);
   s->world_rank_ = mpi_world_rank();
   s->uses_mpi_ = true;
   GroupPlan g = plan_groups(s->layout_);
@@ -159,10 +189,11 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
   }
   if (ep > 1) {
     s->ep_ = make_mpi_comm("ep", g.ep);
-    s->expert_dp_ = make_mpi_comm("expert_dp", g.expert_dp);
   } else {
     s->ep_ = make_local_comm("ep", s->world_rank_);
   }
+  // (whole experts without expert parallelism: one copy on every tensor- and data-parallel rank)
+  if (ep > 1 || s->layout_.experts_whole) s->expert_dp_ = make_mpi_comm("expert_dp", g.expert_dp);
   if (dist_opt_instances > 1) {
     s->dp_cp_shard_ = make_mpi_comm("dp_cp_shard", g.dp_cp_shard);
     s->dp_cp_replicas_ = make_mpi_comm("dp_cp_replicas", g.dp_cp_replicas);

@@ -9,7 +9,12 @@
 // ep, Megatron's "tp-ep-dp-pp" order for the experts, whose tensor-parallel size is tp) splits
 // the data-parallel ranks of a tp/pp position: ep_rank = dp_rank % ep, the expert-parallel group
 // the ep consecutive data-parallel ranks that hold the experts between them, the expert
-// data-parallel group (size dp / ep) the ranks holding copies of the same experts. Every layer receives the groups it
+// data-parallel group (size dp / ep) the ranks holding copies of the same experts. With
+// --expert-tensor-parallel-size 1 under tensor parallelism (ParallelLayout::experts_whole; Megatron's
+// expert order "tp-ep-dp-pp" with an expert tensor-parallel size of 1) the experts are not split over
+// the tensor-parallel ranks: a stage's tp x dp ranks, in rank order, form the expert-parallel groups
+// of ep consecutive ranks (ep_rank = (tp_rank + tp dp_rank) % ep), and the ranks holding the same
+// experts the expert data-parallel group (size tp dp / ep). Every layer receives the groups it
 // needs; nothing reaches for a global. On CPUs every group is an MPI communicator; with
 // the kernels on a GPU (core/device.h: set_device before create) tp, dp, pp and
 // embedding are NCCL communicators (dist/nccl_comm.h; their blocking operations also
@@ -31,16 +36,21 @@ struct ParallelLayout {
   // data-parallel group an expert's (the gradients reduce-scattered and the parameters gathered over
   // it); the instances' shards are then summed over the ranks holding the same shard.
   int dist_opt_instances = 1;
+  // --expert-tensor-parallel-size 1 with tp > 1: every expert whole on its rank, the expert-parallel
+  // groups over the tensor- and data-parallel ranks (above).
+  bool experts_whole = false;
   // The copies of each expert per context-parallel rank (dp / ep); the expert data-parallel group,
   // over which the experts' gradients are summed, holds them at every context-parallel rank.
-  int expert_dp() const { return dp / ep; }
-  int expert_dp_group() const { return dp / ep * cp; }
+  int expert_dp() const { return experts_whole ? tp * dp / ep : dp / ep; }
+  int expert_dp_group() const { return expert_dp() * cp; }
   // The world rank of a position.
   int rank_of(int tp_r, int cp_r, int dp_r, int pp_r) const { return tp_r + tp * (cp_r + cp * (dp_r + dp * pp_r)); }
 };
 
-// The layout for `world` ranks, or an error naming the flag that cannot work.
-ParallelLayout make_layout(int world, int tp, int pp, int ep = 1, int cp = 1, int dist_opt_instances = 1);
+// The layout for `world` ranks, or an error naming the flag that cannot work. etp: the experts'
+// tensor-parallel size (--expert-tensor-parallel-size; 0: tp).
+ParallelLayout make_layout(int world, int tp, int pp, int ep = 1, int cp = 1, int dist_opt_instances = 1,
+                           int etp = 0);
 
 // Group membership (world ranks) for every group of each kind, in Megatron's order.
 struct GroupPlan {
@@ -56,7 +66,7 @@ class ParallelState {
   // Builds the groups: over MPI when the process was launched by mpirun, else a
   // one-process state (which needs tp = pp = 1).
   static std::unique_ptr<ParallelState> create(int tp, int pp, double timeout_seconds, int ep = 1, int cp = 1,
-                                               int dist_opt_instances = 1);
+                                               int dist_opt_instances = 1, int etp = 0);
   // A one-process state without MPI (tests, the library quickstart).
   static std::unique_ptr<ParallelState> single();
 
@@ -101,7 +111,7 @@ class ParallelState {
   ParallelLayout layout_;
   int world_rank_ = 0;
   bool uses_mpi_ = false;
-  // expert_dp_: null when ep = 1; dp_cp_: null when cp = 1
+  // expert_dp_: null when ep = 1 (unless experts_whole); dp_cp_: null when cp = 1
   std::unique_ptr<Comm> world_, tp_, cp_, dp_, dp_cp_, pp_, embedding_, ep_, expert_dp_;
   // null with one distributed-optimizer instance (expert_dp_shard_, expert_dp_replicas_: or when ep = 1)
   std::unique_ptr<Comm> dp_cp_shard_, dp_cp_replicas_, expert_dp_shard_, expert_dp_replicas_;

@@ -96,6 +96,20 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   if (cfg_.mtp() && place_.post_process && !place_.pre_process && cfg_.learned_positions())
     LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope "
                       "or none: the last stage's prediction depths have no position table";
+  experts_whole_ = cfg_.moe() && tp_.size() > 1 && cfg_.expert_tp(tp_.size()) == 1;
+  if (experts_whole_) {  // Megatron's condition for MoE under tensor parallelism
+    if (!tp_.sp())
+      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 needs --sequence-parallel (each tensor-parallel rank routes "
+                        "its own rows)";
+    if (cfg_.moe_shared_expert_intermediate_size > 0)
+      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --moe-shared-expert-intermediate-size is not "
+                        "implemented";
+    if (cfg_.moe_seq_aux_loss)
+      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --moe-router-load-balancing-type seq_aux_loss is not "
+                        "implemented (a rank's rows are part of a sequence)";
+    if (cp_.on())
+      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --context-parallel-size > 1 is not implemented";
+  }
   local_experts_ = cfg_.num_experts / (ep_ ? ep_->size() : 1);
   first_expert_ = ep_ ? local_experts_ * ep_->rank() : 0;
   cfg_.check_recompute();
@@ -291,9 +305,18 @@ void GPTModel::register_parameters() {
   const int r = tp_.rank(), P = tp_.size();
   // --init-method-xavier-uniform: every 2-D weight drawn N(0, std) otherwise (Megatron's init_method and
   // output_layer_init_method both xavier_uniform_); the 1-D learnable softmax offsets keep N(0, std).
-  auto add = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split, int blocks = 1) {
+  auto add_split = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split, int rank,
+                       int size, int blocks) {
     if (init == ParamInit::normal && shape.size() == 2 && cfg_.init_method_xavier_uniform) init = ParamInit::xavier_uniform;
-    return params_.add_tp(name, shape, init, s, split, r, P, blocks);
+    return params_.add_tp(name, shape, init, s, split, rank, size, blocks);
+  };
+  auto add = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split, int blocks = 1) {
+    return add_split(name, shape, init, s, split, r, P, blocks);
+  };
+  // A routed expert's weight: split as the dense MLP's, or whole (--expert-tensor-parallel-size 1).
+  auto add_expert = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split,
+                        int blocks = 1) {
+    return experts_whole_ ? add_split(name, shape, init, s, -1, 0, 1, 1) : add(name, shape, init, s, split, blocks);
   };
   // With SwiGLU fc1 is the gate's rows then the up projection's, each split over the ranks.
   const int64_t F1 = cfg_.fc1_width();
@@ -372,13 +395,14 @@ void GPTModel::register_parameters() {
         params_.mark_buffer(p.expert_bias);
       }
       for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {  // under their global numbers
-        p.expert_fc1.push_back(add(ename(e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
-        p.expert_fc2.push_back(add(ename(e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
+        p.expert_fc1.push_back(
+            add_expert(ename(e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
+        p.expert_fc2.push_back(add_expert(ename(e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
         params_.mark_expert(p.expert_fc1.back());
         params_.mark_expert(p.expert_fc2.back());
         if (!bias) continue;  // fc1's split as its weight's rows, fc2's whole (added once: MoeWeights::add_fc2_bias)
-        p.expert_fc1_b.push_back(add(ename(e, "linear_fc1.bias"), {Fe1}, ParamInit::zeros, 0, 0, fc1_blocks));
-        p.expert_fc2_b.push_back(add(ename(e, "linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1));
+        p.expert_fc1_b.push_back(add_expert(ename(e, "linear_fc1.bias"), {Fe1}, ParamInit::zeros, 0, 0, fc1_blocks));
+        p.expert_fc2_b.push_back(add_expert(ename(e, "linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1));
         params_.mark_expert(p.expert_fc1_b.back());
         params_.mark_expert(p.expert_fc2_b.back());
       }
@@ -459,12 +483,14 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   const int64_t Gl = cfg.num_query_groups / P;
   const int64_t Vl = cfg.padded_vocab_size / P;
   const bool selective = cfg.recompute_core_attention();
+  // The MoE layers' rows: this rank's sequence-parallel rows with whole experts (GPTModel::moe_rows).
+  const int64_t Nm = P > 1 && cfg.expert_tp(P) == 1 ? Ns : N;
   // --moe-layer-recompute: every MoE layer's buffers are one shared copy, refilled before its backward.
   std::shared_ptr<MoeState> shared_moe;
   if (cfg.recompute_moe()) {
-    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
+    const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
     shared_moe = std::make_shared<MoeState>();
-    moe_state_carve(*shared_moe, arena.alloc_f32(moe_state_floats(N, ms), "moe (recomputed)"), N, ms);
+    moe_state_carve(*shared_moe, arena.alloc_f32(moe_state_floats(Nm, ms), "moe (recomputed)"), Nm, ms);
   }
   // moe_act: one [N k, F] activation for every MoE layer's experts (under expert parallelism it
   // lives in the dispatch's scratch instead).
@@ -473,14 +499,14 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
     for (int64_t l = begin; l < end; ++l) moe_here = moe_here || cfg.moe_layer(l);
   float* shared_act = nullptr;
   if (cfg.recompute_moe_act() && moe_here && ep == 1) {
-    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
-    shared_act = arena.alloc_f32(N * ms.k * ms.F, "moe activation (recomputed)");
+    const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
+    shared_act = arena.alloc_f32(Nm * ms.k * ms.F, "moe activation (recomputed)");
   }
   if (shared_moe && cfg.recompute_moe_act() && ep == 1) shared_moe->act = shared_act;
   // shared_experts: one copy of the shared experts' buffers for every MoE layer.
   float* shared_se = nullptr;
   if (cfg.recompute_shared_experts() && moe_here) {
-    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
+    const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
     shared_se = arena.alloc_f32(moe_shared_experts_floats(N, ms), "shared experts (recomputed)");
     if (shared_moe) moe_shared_experts_carve(*shared_moe, shared_se, N, ms);
   }
@@ -529,8 +555,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
       x.moe = shared_moe;
     } else if (moe) {
       x.moe = std::make_shared<MoeState>();
-      const MoeShape ms = lattice::moe_shape(cfg, P, ep);
-      moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(N, ms), "moe"), N, ms);
+      const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
+      moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(Nm, ms), "moe"), Nm, ms);
       if (ms.recompute_act && ep == 1) x.moe->act = shared_act;
       if (ms.recompute_shared) moe_shared_experts_carve(*x.moe, shared_se, N, ms);
     }
@@ -653,8 +679,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe()) {
-    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
-    moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(N, ms), "grad"), N, ms);
+    const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
+    moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(Nm, ms), "grad"), Nm, ms);
   }
   if (cfg.mtp() && place.post_process) {
     sc.mtp_d_cat = arena.alloc_f32(N * 2 * C, "grad");
@@ -843,8 +869,8 @@ void GPTModel::track_moe_forward(const LayerParams& p, Activations& a, size_t i,
   }
   if (cfg_.moe_global_aux_loss) {  // the step's counts so far, for this micro-batch's backward
     global_load_balancing_.sum += moe_global_balance(x.moe_global_counts, x.moe_global_tokens, st,
-                                                     global_balance_[index], B * T, moe_shape(T, true, true),
-                                                     cp_.on() ? cp_.comm : nullptr, data_parallel_);
+                                                     global_balance_[index], moe_rows(B * T), moe_shape(T, true, true),
+                                                     moe_token_group(), data_parallel_);
     global_load_balancing_.count += 1;
   }
   z_loss_.sum += st.z;
@@ -917,9 +943,13 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
                     // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
-    moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p, l, B, T, key), N,
-                moe_shape(T, !key.generation, key.training));
-    reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
+    const MoeShape shape = moe_shape(T, !key.generation, key.training);
+    if (experts_whole_) {  // whole experts: this rank's rows, their whole outputs (nothing to reduce)
+      moe_forward(out_rows, input(x.ln2).f32, *x.moe, moe_weights(p, l, B, T, key), Ns, shape);
+    } else {
+      moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p, l, B, T, key), N, shape);
+      reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
+    }
     if (!output) return;
     const PhiloxStream stream = site_stream(key, p.name + "mlp.dropout");
     const LayerNormOut ln = after ? layernorm_out(*after) : LayerNormOut{};
@@ -1071,10 +1101,10 @@ void GPTModel::update_expert_biases(Comm* dp) {
   if (!cfg_.moe_router_enable_expert_bias) return;
   const int64_t E = cfg_.num_experts;
   // Every layer's counts in one reduction over each group that routes other tokens (the data- and
-  // context-parallel ranks); the tensor-parallel ranks route the same rows, so their counts are
-  // already equal.
+  // context-parallel ranks, the tensor-parallel ones with whole experts); otherwise the
+  // tensor-parallel ranks route the same rows, so their counts are already equal.
   if (dp && dp->size() > 1) dp->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
-  if (cp_.on()) cp_.comm->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
+  if (Comm* g = moe_token_group()) g->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
   for (size_t i = 0; i < layers_.size() + mtp_.size(); ++i) {
     const LayerParams& p = i < layers_.size() ? layers_[i] : mtp_[i - layers_.size()].layer;
     if (p.expert_bias < 0) continue;
@@ -1112,7 +1142,7 @@ GemmSite GPTModel::router_site(int param) const {
 }
 
 MoeShape GPTModel::moe_shape(int64_t T, bool capacity, bool training) const {
-  MoeShape s = lattice::moe_shape(cfg_, tp_.size(), ep_ ? ep_->size() : 1);
+  MoeShape s = lattice::moe_shape(cfg_, cfg_.expert_tp(tp_.size()), ep_ ? ep_->size() : 1);
   if (cfg_.moe_seq_aux_loss) s.aux_group = T;
   s.sinkhorn = cfg_.moe_sinkhorn && training;
   if (!training) s.input_jitter_eps = 0.0f;  // the state is carved with the jitter's buffer all the same
@@ -1131,14 +1161,19 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p, int64_t l, int64_t B, int
   if ((cfg_.moe_input_jitter_eps > 0.0f && key.training) || (cfg_.moe_router_force_load_balancing && !key.generation)) {
     w.jitter_stream = site_stream(key, p.name + "mlp.router.input_jitter");
     w.balance_stream = site_stream(key, p.name + "mlp.router.force_load_balancing");
-    for (const TokenRun& r : token_runs(B, Tl)) w.token_runs.push_back(MoeWeights::TokenRun{r.row, r.rows, r.token});
+    // (whole experts: the runs' parts within this rank's sequence-parallel rows, from row 0)
+    const int64_t N = B * Tl, begin = experts_whole_ ? tp_.shard_begin(N) : 0, end = begin + moe_rows(N);
+    for (const TokenRun& r : token_runs(B, Tl)) {
+      const int64_t b = std::max(r.row, begin), e = std::min(r.row + r.rows, end);
+      if (b < e) w.token_runs.push_back(MoeWeights::TokenRun{b - begin, e - b, r.token + b - r.row});
+    }
   }
   w.router = params_.param(p.router_w);
   w.router_site = router_site(p.router_w);
   if (p.router_b >= 0) w.router_bias = params_.param(p.router_b);
   if (p.expert_bias >= 0) w.expert_bias = params_.param(p.expert_bias);
-  w.add_fc2_bias = tp_.rank() == 0;
-  w.cp = cp_.on() ? cp_.comm : nullptr;
+  w.add_fc2_bias = experts_whole_ || tp_.rank() == 0;
+  w.cp = moe_token_group();
   for (size_t e = 0; e < p.expert_fc1_b.size(); ++e) {
     w.fc1_bias.push_back(params_.param(p.expert_fc1_b[e]));
     w.fc2_bias.push_back(params_.param(p.expert_fc2_b[e]));
@@ -1161,6 +1196,11 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p, int64_t l, int64_t B, int
     w.shared_gate_site = router_site(p.shared_gate);
   }
   return w;
+}
+
+Comm* GPTModel::moe_token_group() const {
+  if (experts_whole_) return tp_.comm;  // (no context parallelism)
+  return cp_.on() ? cp_.comm : nullptr;
 }
 
 MoeGrads GPTModel::moe_grads(const LayerParams& p) const {
@@ -1289,24 +1329,26 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
       // reduce-scattered into d_s), then LN2's backward as for the dense MLP.
       const RowOutputGrad d_out = row_output_grad(d_rows, -1, N, p_hidden, site_stream(key, p.name + "mlp.dropout"),
                                                   runs, d_rows_made);
+      // With whole experts the layer runs on this rank's rows alone: no gather, no reduction.
       const float* dy = d_out.fp32;
-      if (sp) {
+      if (sp && !experts_whole_) {
         copy_on_device(sc.d_c1 + row0 * C, d_out.fp32, size_t(Ns * C) * sizeof(float));
         gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
         dy = sc.d_c1;
       }
       MoeGrads g = moe_grads(p);
-      const float* moe_in = ln_input(x.ln2, N).f32;
+      const int64_t Nm = moe_rows(N);
+      const float* moe_in = experts_whole_ ? input(x.ln2).f32 : ln_input(x.ln2, N).f32;
       // MoE-layer recomputation: the routing, dispatch and experts again into the shared buffers
       // (the output into d_c2, which the backward then overwrites with the input gradient).
       const MoeWeights w = moe_weights(p, l, B, T, key);
-      if (cfg_.recompute_moe()) moe_forward(sc.d_c2, moe_in, *x.moe, w, N, moe_shape(T, true, true));
+      if (cfg_.recompute_moe()) moe_forward(sc.d_c2, moe_in, *x.moe, w, Nm, moe_shape(T, true, true));
       x.moe->global_counts = cfg_.moe_global_aux_loss ? x.moe_global_counts.data() : nullptr;
       x.moe->global_tokens = x.moe_global_tokens;
-      moe_backward(sc.d_c2, dy, moe_in, *x.moe, w, g, sc.moe, N, moe_shape(T, true, true), a.grad_scale,
-                   tp_.comm, tp_.rank() == 0);
-      float* d_ln2 = sp ? sc.d_s : sc.d_c2;
-      reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);
+      moe_backward(sc.d_c2, dy, moe_in, *x.moe, w, g, sc.moe, Nm, moe_shape(T, true, true), a.grad_scale,
+                   experts_whole_ ? nullptr : tp_.comm, experts_whole_ || tp_.rank() == 0);
+      float* d_ln2 = sp && !experts_whole_ ? sc.d_s : sc.d_c2;
+      if (!experts_whole_) reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);
       layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), LayerNormDout(d_ln2), x.resid_mid,
                          norm_weight(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
       grads_ready({p.router_w});
@@ -1603,6 +1645,11 @@ void GPTModel::finish_tensor_parallel_grads(const std::vector<std::pair<int64_t,
     for (const MtpParams& d : mtp_)
       norms.insert(norms.end(), {d.enorm_w, d.enorm_b, d.hnorm_w, d.hnorm_b, d.norm_w, d.norm_b, d.layer.ln1_w,
                                  d.layer.ln1_b, d.layer.ln2_w, d.layer.ln2_b});
+  }
+  // With whole experts the routers (their biases) see each rank's own rows too.
+  if (experts_whole_) {
+    for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.router_w, p.router_b});
+    for (const MtpParams& d : mtp_) norms.insert(norms.end(), {d.layer.router_w, d.layer.router_b});
   }
   // (With --multi-latent-attention those are the latents' norms, whose gradients are whole on every rank.)
   if (!cfg_.multi_latent_attention) {

@@ -113,6 +113,8 @@ class GPTModel {
     return tp_.shard_rows(B * T / cp_.size()) * cfg_.hidden_size;
   }
   Comm* expert_parallel() const { return ep_; }
+  // --expert-tensor-parallel-size 1 under tensor parallelism: the experts whole on their ranks.
+  bool experts_whole() const { return experts_whole_; }
   const ModelPlacement& placement() const { return place_; }
   int num_chunks() const { return int(place_.chunks.size()); }
   ParamBuffer& params() { return params_; }
@@ -308,6 +310,12 @@ class GPTModel {
   // l: the layer's number, B x Tl the micro-batch's rows here (the input jitter's draws).
   MoeWeights moe_weights(const LayerParams& p, int64_t l, int64_t B, int64_t Tl, const MicroBatchKey& key) const;
   MoeGrads moe_grads(const LayerParams& p) const;
+  // The group whose ranks route the micro-batch's other tokens (their routing statistics summed over
+  // it): the tensor-parallel group with whole experts (each rank routes its sequence-parallel rows),
+  // else the context-parallel group; null: none.
+  Comm* moe_token_group() const;
+  // The MoE layer's rows here: this rank's sequence-parallel rows with whole experts, else all N.
+  int64_t moe_rows(int64_t N) const { return experts_whole_ ? tp_.shard_rows(N) : N; }
   // --qk-layernorm's parameters and gradients of layer p (model/qk_layernorm.h); --qk-l2-norm's
   // unit weights and zero biases, its gradients a sink; and the norm's kind (--qk-l2-norm: RMSNorm).
   QkNormParams qk_norm_params(const LayerParams& p) const;
@@ -596,6 +604,9 @@ class GPTModel {
   ModelPlacement place_;
   Comm* ep_ = nullptr;                 // the expert-parallel group (null: none)
   int64_t first_expert_ = 0, local_experts_ = 0;  // this rank's experts of each MoE layer
+  // --expert-tensor-parallel-size 1 under tensor parallelism: every expert whole here, the MoE layer
+  // on this rank's sequence-parallel rows (the tensor-parallel ranks routing their own tokens).
+  bool experts_whole_ = false;
   mutable DeviceArray<float> moe_ep_scratch_;  // the expert-parallel dispatch's (MoeExpertParallel)
   int64_t max_B_, max_T_;             // max_T_: this rank's rows per sequence (T/P with context parallelism)
   int64_t Hl_, Fl_, Vl_;               // heads, ffn columns and vocabulary rows on this rank

@@ -18,7 +18,7 @@ void check_tensor_parallel_split(const TransformerConfig& c, int64_t tp) {
   if (c.moe() && c.moe_shared_expert_intermediate_size % tp != 0)
     LATTICE_FAIL() << "--moe-shared-expert-intermediate-size " << c.moe_shared_expert_intermediate_size
                    << " is not divisible by --tensor-model-parallel-size " << tp;
-  if (c.moe() && c.moe_ffn_hidden_size % tp != 0)
+  if (c.moe() && c.moe_ffn_hidden_size % c.expert_tp(tp) != 0)
     LATTICE_FAIL() << "--moe-ffn-hidden-size " << c.moe_ffn_hidden_size
                    << " is not divisible by --tensor-model-parallel-size " << tp;
   if (c.num_attention_heads % tp != 0)
@@ -72,6 +72,9 @@ void TransformerConfig::finalize(int64_t tp) {
   check_moe();
   check_mtp();
   check_tensor_parallel_split(*this, tp);
+  if (expert_tensor_parallel_size != 0 && expert_tensor_parallel_size != 1 && expert_tensor_parallel_size != tp)
+    LATTICE_FAIL() << "--expert-tensor-parallel-size " << expert_tensor_parallel_size << " is neither 1 nor "
+                   << "--tensor-model-parallel-size " << tp << " (the experts are whole or split as the dense MLP)";
   if (max_position_embeddings <= 0)
     LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
   check_position_embedding();

@@ -151,6 +151,13 @@ struct TransformerConfig {
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;
   float moe_aux_loss_coeff = 0.0f;
+  // --expert-tensor-parallel-size (Megatron's; 0: the tensor-parallel size): 1 keeps every expert whole
+  // on its rank under tensor parallelism. The tensor-parallel ranks then route their own
+  // sequence-parallel rows and join the expert-parallel group instead of splitting each expert
+  // (model/moe_layer.h, dist/parallel_state.h); the other values are the tensor-parallel size's.
+  int64_t expert_tensor_parallel_size = 0;
+  // The experts' tensor-parallel size under tp tensor-parallel ranks.
+  int64_t expert_tp(int64_t tp) const { return expert_tensor_parallel_size == 1 ? 1 : tp; }
   // --moe-z-loss-coeff z (0: none; ST-MoE's router z-loss, Megatron's z_loss_func): z mean_t
   // logsumexp(logits_t)^2 over a micro-batch's tokens, its gradient added to the router's.
   float moe_z_loss_coeff = 0.0f;

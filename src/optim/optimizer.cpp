@@ -30,10 +30,10 @@ ElementRanges or_whole(const ParamBuffer& params, const ElementRanges& ranges) {
 // they would to a count of zeros).
 template <typename Of>
 double model_sum(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp, Comm* ep,
-                 bool params_only, Of of) {
-  double total = 0, experts = 0;  // experts: the expert weights' part (with ep)
+                 const WholeExperts* whole, bool params_only, Of of) {
+  double total = 0, experts = 0;  // experts: the expert weights' part (with ep or whole)
   const bool skip_tp_duplicates = tp && tp->size() > 1 && tp->rank() != 0;
-  const bool split_experts = ep && ep->size() > 1;
+  const bool split_experts = whole || (ep && ep->size() > 1);
   bool has_copy = false;
   for (const ParamInfo& p : params.infos()) has_copy = has_copy || p.shared_embedding_copy || p.buffer;
   for (auto [rb, re] : or_whole(params, ranges)) {
@@ -47,33 +47,40 @@ double model_sum(const ParamBuffer& params, const ElementRanges& ranges, Comm* d
         (split_experts && p.expert ? experts : total) += of(b, e);
     }
   }
-  if (split_experts) {
+  if (split_experts && !whole) {
     ep->all_reduce(&experts, 1, ReduceOp::sum);
     total += experts;
   }
   if (dp) dp->all_reduce(&total, 1, ReduceOp::sum);
   if (tp && tp->size() > 1) tp->all_reduce(&total, 1, ReduceOp::sum);
+  if (whole) {
+    for (Comm* g : {whole->shard, whole->ep})
+      if (g && g->size() > 1) g->all_reduce(&experts, 1, ReduceOp::sum);
+    total += experts;
+  }
   if (pp && pp->size() > 1) pp->all_reduce(&total, 1, ReduceOp::sum);
   return total;
 }
 
-double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp, Comm* ep) {
+double grad_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp, Comm* ep,
+                 const WholeExperts* whole) {
   const float* g = params.grads();
   return std::sqrt(
-      model_sum(params, ranges, dp, tp, pp, ep, false, [g](int64_t b, int64_t e) { return sum_of_squares(g + b, e - b); }));
+      model_sum(params, ranges, dp, tp, pp, ep, whole, false, [g](int64_t b, int64_t e) { return sum_of_squares(g + b, e - b); }));
 }
 
-double params_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp, Comm* ep) {
+double params_norm(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp, Comm* ep,
+                   const WholeExperts* whole) {
   const float* p = params.params();
   return std::sqrt(
-      model_sum(params, ranges, dp, tp, pp, ep, false, [p](int64_t b, int64_t e) { return sum_of_squares(p + b, e - b); }));
+      model_sum(params, ranges, dp, tp, pp, ep, whole, false, [p](int64_t b, int64_t e) { return sum_of_squares(p + b, e - b); }));
 }
 
 int64_t count_zero_grads(const ParamBuffer& params, const ElementRanges& ranges, Comm* dp, Comm* tp, Comm* pp,
-                         Comm* ep) {
+                         Comm* ep, const WholeExperts* whole) {
   const float* g = params.grads();
   // A double sum of integer counts: exact below 2^53 elements.
-  return int64_t(model_sum(params, ranges, dp, tp, pp, ep, true,
+  return int64_t(model_sum(params, ranges, dp, tp, pp, ep, whole, true,
                            [g](int64_t b, int64_t e) { return double(count_zeros(g + b, e - b)); }));
 }
 

@@ -42,14 +42,23 @@ class Comm;
 // (ParamInfo::shared_embedding_copy) not at all, nor buffers (ParamInfo::buffer); with `ep` the
 // expert weights' squares (ParamInfo::expert) are summed over the expert-parallel group first
 // (each of its ranks holding other experts; not with `dp`, whose shards already cover them).
+// `whole`: the experts are whole on their ranks (--expert-tensor-parallel-size 1 under tensor
+// parallelism, their expert-parallel group spanning the tensor-parallel ranks): their squares are
+// summed over whole->shard (their distributed-optimizer shards' group; null: none), then whole->ep,
+// and added after the tensor-parallel sum of the others (`ep` and `dp` then count the others only).
+struct WholeExperts {
+  Comm* shard = nullptr;
+  Comm* ep = nullptr;
+};
 double grad_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
-                 Comm* tp = nullptr, Comm* pp = nullptr, Comm* ep = nullptr);
+                 Comm* tp = nullptr, Comm* pp = nullptr, Comm* ep = nullptr, const WholeExperts* whole = nullptr);
 // The same for the (fp32) parameters: Megatron's --log-params-norm.
 double params_norm(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
-                   Comm* tp = nullptr, Comm* pp = nullptr, Comm* ep = nullptr);
+                   Comm* tp = nullptr, Comm* pp = nullptr, Comm* ep = nullptr, const WholeExperts* whole = nullptr);
 // How many gradients are zero, counted as grad_norm counts: Megatron's --log-num-zeros-in-grad.
 int64_t count_zero_grads(const ParamBuffer& params, const ElementRanges& ranges = {}, Comm* dp = nullptr,
-                         Comm* tp = nullptr, Comm* pp = nullptr, Comm* ep = nullptr);
+                         Comm* tp = nullptr, Comm* pp = nullptr, Comm* ep = nullptr,
+                         const WholeExperts* whole = nullptr);
 
 // Gradient clipping's coefficient for a global norm: max_norm / (norm + 1e-6) when that is
 // below 1 (Megatron's and torch's rule), else 1 (no clipping; max_norm <= 0: never). The

@@ -431,7 +431,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"moe-token-dispatcher-type", Kind::str, &a.implementation.moe_token_dispatcher_type,
        "accepted: alltoall | allgather (the same math; lattice dispatches by all-to-all under expert parallelism)"},
       {"expert-tensor-parallel-size", Kind::i64, &a.implementation.expert_tensor_parallel_size,
-       "the experts' tensor-parallel size: only --tensor-model-parallel-size's (the default)"},
+       "the experts' tensor-parallel size: --tensor-model-parallel-size's (the default), or 1 (every expert whole, "
+       "the tensor-parallel ranks in the expert-parallel groups; needs --sequence-parallel)"},
       {"rope-type", Kind::str, &a.rope_type,
        "Megatron's multi-latent attention spelling of --position-embedding-type: rope or yarn"},
       {"rotary-scaling-factor", Kind::opt_f64, &a.rotary_scaling_factor, "Megatron's MLA spelling of --yarn-rotary-scaling-factor"},
@@ -731,10 +732,19 @@ void validate(TrainArgs& a) {
   if (impl.moe_token_dispatcher_type != "alltoall" && impl.moe_token_dispatcher_type != "allgather")
     LATTICE_FAIL() << "--moe-token-dispatcher-type must be alltoall or allgather, got '" << impl.moe_token_dispatcher_type
                    << "'" << (impl.moe_token_dispatcher_type == "flex" ? " (flex, DeepEP's, is not implemented)" : "");
-  if (impl.expert_tensor_parallel_size != 0 && impl.expert_tensor_parallel_size != a.tensor_model_parallel_size)
-    LATTICE_FAIL() << "--expert-tensor-parallel-size " << impl.expert_tensor_parallel_size
-                   << " other than --tensor-model-parallel-size " << a.tensor_model_parallel_size
-                   << " is not implemented (the experts split as the dense MLP does)";
+  if (impl.expert_tensor_parallel_size != 0 && impl.expert_tensor_parallel_size != 1 &&
+      impl.expert_tensor_parallel_size != a.tensor_model_parallel_size)
+    LATTICE_FAIL() << "--expert-tensor-parallel-size " << impl.expert_tensor_parallel_size << " is neither 1 nor "
+                   << "--tensor-model-parallel-size " << a.tensor_model_parallel_size
+                   << " (other sizes are not implemented)";
+  if (impl.expert_tensor_parallel_size == 1 && a.tensor_model_parallel_size > 1) {  // whole experts
+    if (a.num_experts == 0) LATTICE_FAIL() << "--expert-tensor-parallel-size 1 needs --num-experts";
+    if (!a.sequence_parallel)
+      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 needs --sequence-parallel (each tensor-parallel rank routes "
+                        "its own rows)";
+    if (!a.fp8_format.empty())
+      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --fp8-format is not implemented";
+  }
   if (impl.num_dataset_builder_threads < 1)
     LATTICE_FAIL() << "--num-dataset-builder-threads must be >= 1, got " << impl.num_dataset_builder_threads;
   if (impl.empty_unused_memory_level < 0 || impl.empty_unused_memory_level > 2)
@@ -873,6 +883,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.qk_pos_emb_head_dim = qk_pos_emb_head_dim;
   c.v_head_dim = v_head_dim;
   c.num_experts = num_experts;
+  c.expert_tensor_parallel_size = implementation.expert_tensor_parallel_size;
   c.moe_router_topk = moe_router_topk;
   c.moe_ffn_hidden_size = moe_ffn_hidden_size;
   c.moe_router_pre_softmax = moe_router_pre_softmax;

@@ -13,11 +13,15 @@ DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& 
       dp_(dp),
       grads_(dp_cp ? *dp_cp : dp),
       ep_(ep && ep->size() > 1 ? ep : nullptr),
+      expert_dp_(expert_dp),
       cfg_(cfg),
       sync_(params_, grads_, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(grads_.size()),
             cfg.overlap_grad_reduce, cfg.distributed_optimizer, cfg.grad_reduce_in_bf16, expert_dp, replicas,
             expert_replicas) {
-  LATTICE_CHECK(!ep_ || (expert_dp && expert_dp->size() * ep_->size() == grads_.size()))
+  // (whole experts: the expert-parallel groups span the tensor-parallel ranks too)
+  const int expert_ranks = grads_.size() * (model.experts_whole() ? model.tensor_parallel().size() : 1);
+  LATTICE_CHECK((!ep_ && !model.experts_whole()) ||
+                (expert_dp && expert_dp->size() * (ep_ ? ep_->size() : 1) == expert_ranks))
       << "expert parallelism needs the expert data-parallel group";
   model_.set_grad_ready_hook([this](int index) { sync_.grad_ready(index); });
 }
@@ -37,19 +41,25 @@ void DataParallel::finish_grad_sync() { sync_.finish(); }
 
 // With the distributed optimizer the shards of every rank of the data-parallel group cover each
 // element of the model once, the experts of every expert-parallel rank included; without it the
-// expert-parallel ranks add their experts.
+// expert-parallel ranks add their experts. Whole experts (whole_experts) are summed apart.
 double DataParallel::grad_norm(Comm* tp, Comm* pp) {
-  return lattice::grad_norm(params_, owned_ranges(), shard_group(), tp, pp, expert_group());
+  return lattice::grad_norm(params_, owned_ranges(), shard_group(), tp, pp, expert_group(), whole_experts());
 }
 
 // The owned shards with the distributed optimizer: right after the update they are the only
 // current parameters (the others arrive with the next gather).
 double DataParallel::params_norm(Comm* tp, Comm* pp) {
-  return lattice::params_norm(params_, owned_ranges(), shard_group(), tp, pp, expert_group());
+  return lattice::params_norm(params_, owned_ranges(), shard_group(), tp, pp, expert_group(), whole_experts());
 }
 
 int64_t DataParallel::count_zero_grads(Comm* tp, Comm* pp) {
-  return lattice::count_zero_grads(params_, owned_ranges(), shard_group(), tp, pp, expert_group());
+  return lattice::count_zero_grads(params_, owned_ranges(), shard_group(), tp, pp, expert_group(), whole_experts());
+}
+
+const WholeExperts* DataParallel::whole_experts() {
+  if (!model_.experts_whole()) return nullptr;
+  whole_ = WholeExperts{cfg_.distributed_optimizer ? expert_dp_ : nullptr, ep_};
+  return &whole_;
 }
 
 void DataParallel::start_param_gather() {

@@ -75,13 +75,17 @@ class DataParallel {
   // group when each rank holds a shard, else none; the expert-parallel group when the ranks hold
   // whole copies but their own experts, else none.
   Comm* shard_group() { return cfg_.distributed_optimizer ? &grads_ : nullptr; }
-  Comm* expert_group() const { return cfg_.distributed_optimizer ? nullptr : ep_; }
+  Comm* expert_group() const { return cfg_.distributed_optimizer || model_.experts_whole() ? nullptr : ep_; }
+  // Whole experts (GPTModel::experts_whole): their squares over their shards' group, then ep (null: not whole).
+  const WholeExperts* whole_experts();
 
   GPTModel& model_;
   ParamBuffer& params_;
   Comm& dp_;
   Comm& grads_;  // dp, or dp x cp
   Comm* ep_;  // null or one rank: no expert parallelism
+  Comm* expert_dp_;  // the experts' shard group (null: dp)
+  WholeExperts whole_;
   DataParallelConfig cfg_;
   GradSync sync_;
   std::vector<std::unique_ptr<CommRequest>> gathers_;

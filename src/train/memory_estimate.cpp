@@ -64,6 +64,11 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
   auto add = [&](const std::string& name, const Shape& shape, int split) {
     return pb.add_tp(name, shape, ParamInit::zeros, 0, split, r, P);
   };
+  // A routed expert's weight: split as the dense MLP's, or whole (--expert-tensor-parallel-size 1).
+  const bool whole_experts = P > 1 && c.expert_tp(P) == 1;
+  auto add_expert = [&](const std::string& name, const Shape& shape, int split) {
+    return whole_experts ? pb.add_tp(name, shape, ParamInit::zeros, 0, -1, 0, 1) : add(name, shape, split);
+  };
   const bool tied = !c.untie_embeddings_and_output_weights;
   if (place.pre_process) {
     add("embedding.word_embeddings.weight", {Vp, C}, 0);                          // [Vp/P, C]
@@ -111,11 +116,11 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
       const int64_t Fe = c.moe_ffn_hidden_size, El = c.num_experts / ep;
       for (int64_t e = El * ep_rank; e < El * (ep_rank + 1); ++e) {
         const std::string x = p + "mlp.experts.local_experts." + std::to_string(e) + ".";
-        pb.mark_expert(add(x + "linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fe : Fe, C}, 0));
-        pb.mark_expert(add(x + "linear_fc2.weight", {C, Fe}, 1));
+        pb.mark_expert(add_expert(x + "linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fe : Fe, C}, 0));
+        pb.mark_expert(add_expert(x + "linear_fc2.weight", {C, Fe}, 1));
         if (!c.add_bias_linear) continue;
-        pb.mark_expert(add(x + "linear_fc1.bias", {c.gated_linear_unit() ? 2 * Fe : Fe}, 0));
-        pb.mark_expert(add(x + "linear_fc2.bias", {C}, -1));
+        pb.mark_expert(add_expert(x + "linear_fc1.bias", {c.gated_linear_unit() ? 2 * Fe : Fe}, 0));
+        pb.mark_expert(add_expert(x + "linear_fc2.bias", {C}, -1));
       }
       if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
         add(p + "mlp.shared_experts.linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fs : Fs, C}, 0);
@@ -220,11 +225,16 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
 
   ModelPlacement place{stage_layers(m.pipeline, r.pp_rank), r.pp_rank == 0, r.pp_rank == m.pp - 1, 1};
   place.slots = max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, r.pp_rank));
-  LATTICE_CHECK(m.ep >= 1 && m.dp % m.ep == 0) << "memory estimate: expert parallelism " << m.ep << " for dp " << m.dp;
   // The experts' gradients: over the expert data-parallel group, every ep-th data-parallel rank at
-  // every context-parallel rank (dp / ep x cp ranks; dp x cp without expert parallelism).
-  const int expert_dp_ranks = m.dp / m.ep * m.cp / m.dist_opt_instances;
-  const int ep_rank = r.dp_rank % m.ep, expert_dp_rank = (r.dp_rank / m.ep * m.cp + r.cp_rank) % expert_dp_ranks;
+  // every context-parallel rank (dp / ep x cp ranks; dp x cp without expert parallelism). Whole experts
+  // (--expert-tensor-parallel-size 1; no context parallelism): every ep-th rank of the stage's tp x dp.
+  const bool whole = m.tp > 1 && m.config.moe() && m.config.expert_tp(m.tp) == 1;
+  const int expert_ranks = whole ? m.tp * m.dp : m.dp;      // the ranks the experts are spread over
+  const int expert_place = whole ? r.tp_rank + m.tp * r.dp_rank : r.dp_rank;
+  LATTICE_CHECK(m.ep >= 1 && expert_ranks % m.ep == 0) << "memory estimate: expert parallelism " << m.ep << " for "
+                                                       << expert_ranks << " ranks";
+  const int expert_dp_ranks = expert_ranks / m.ep * m.cp / m.dist_opt_instances;
+  const int ep_rank = expert_place % m.ep, expert_dp_rank = (expert_place / m.ep * m.cp + r.cp_rank) % expert_dp_ranks;
   const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place, ep_rank, m.ep);
   r.buffer_elements = pb.numel();
   r.parameters = parameters_in(pb, {{0, pb.numel()}});

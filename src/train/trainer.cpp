@@ -204,7 +204,8 @@ int print_dry_run(const TrainArgs& args) {
   const int64_t world = env ? std::atoll(env) : tp * pp * args.context_parallel_size;
   const ParallelLayout layout = make_layout(int(world), int(tp), int(pp), int(args.expert_model_parallel_size),
                                             int(args.context_parallel_size),
-                                            int(args.num_distributed_optimizer_instances));
+                                            int(args.num_distributed_optimizer_instances),
+                                            int(args.implementation.expert_tensor_parallel_size));
   if (env && std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) != 0) return 0;
   const PipelineLayout pipe = pipeline_layout(args);
   const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * layout.dp);
@@ -220,10 +221,12 @@ int print_dry_run(const TrainArgs& args) {
                 "ranks; gradients summed over dp x cp = %d ranks\n",
                 (long long)args.seq_length, 2 * layout.cp, (long long)(args.seq_length / (2 * layout.cp)), layout.cp,
                 layout.dp * layout.cp);
-  if (layout.ep > 1)
-    std::printf("> expert parallelism: each MoE layer's %lld experts over ep %d ranks (%lld each), expert data-parallel %d\n",
+  if (layout.ep > 1 || layout.experts_whole)
+    std::printf("> expert parallelism: each MoE layer's %lld experts over ep %d ranks (%lld each), expert data-parallel "
+                "%d%s\n",
                 (long long)args.num_experts, layout.ep, (long long)(args.num_experts / layout.ep),
-                layout.expert_dp_group());
+                layout.expert_dp_group(),
+                layout.experts_whole ? ", each expert whole (expert tensor-parallel 1, its groups over tp x dp)" : "");
   if (const std::optional<BatchSizeRampup> ramp = args.rampup()) {
     std::string sizes;
     for (int64_t m : ramp_micro_batches(args, *ramp, pipe, layout.dp))
@@ -275,7 +278,8 @@ int run_training(const TrainArgs& args) {
   const std::string device_line = select_rank_device(args.device);
   auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
                                   args.distributed_timeout_minutes * 60.0, int(args.expert_model_parallel_size),
-                                  int(args.context_parallel_size), int(args.num_distributed_optimizer_instances));
+                                  int(args.context_parallel_size), int(args.num_distributed_optimizer_instances),
+                                  int(args.implementation.expert_tensor_parallel_size));
   const auto job_start = std::chrono::steady_clock::now();  // --log-progress's job throughput
   if (args.log_progress && ps->world_rank() == 0) append_progress_line(args.save, ps->world_size(), "Starting job");
   set_log_info_enabled(ps->world_rank() == 0);
@@ -325,7 +329,8 @@ int run_training(const TrainArgs& args) {
   model.set_document_boundaries(
       DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids, args.reset_attention_mask});
   std::unique_ptr<DataParallel> dp;
-  if (ps->dp_cp().size() > 1 || args.use_distributed_optimizer) {
+  // (whole experts may have copies on the tensor-parallel ranks of one data-parallel rank)
+  if (ps->dp_cp().size() > 1 || ps->expert_dp().size() > 1 || args.use_distributed_optimizer) {
     DataParallelConfig dcfg;
     dcfg.distributed_optimizer = args.use_distributed_optimizer;
     dcfg.overlap_grad_reduce = args.overlap_grad_reduce;
@@ -372,7 +377,12 @@ int run_training(const TrainArgs& args) {
              std::to_string(ps->layout().tp) +
              (ps->layout().cp > 1 ? " x cp " + std::to_string(ps->layout().cp) : std::string()) + " x pp " +
              std::to_string(ps->layout().pp) + " x dp " + std::to_string(ps->layout().dp) + ", " +
-             std::to_string(threads) + " threads per rank");
+             std::to_string(threads) + " threads per rank" +
+             (ps->layout().ep > 1 || ps->layout().experts_whole
+                  ? "; experts over ep " + std::to_string(ps->layout().ep) + " x expert dp " +
+                        std::to_string(ps->layout().expert_dp_group()) +
+                        (ps->layout().experts_whole ? ", each expert whole (expert tensor-parallel 1)" : "")
+                  : std::string()));
   MemoryFootprint mem;
   mem.parameters = model.num_parameters();
   mem.param_bytes = mem.grad_bytes = size_t(mem.parameters) * sizeof(float);
@@ -449,9 +459,15 @@ int run_training(const TrainArgs& args) {
     }
   };
   save_opts.parts_comm = &ps->world();
-  for (const std::vector<int>& g : plan_groups(ps->layout()).dp)
-    if (g[0] / ps->layout().tp % ps->layout().cp == 0)  // context-parallel rank 0: the others hold the same
-      for (int e = 0; e < ps->layout().ep; ++e) save_opts.contributors.push_back(g[size_t(e)]);
+  // Whole experts: the first expert-parallel group is a stage's first ep ranks in rank order
+  // (tp_rank + tp dp_rank < ep); with data-parallel rank 0 those are the first max(ep, tp). A part
+  // two contributors give (a copy of an expert) is stored once.
+  const ParallelLayout& l = ps->layout();
+  for (const std::vector<int>& g : plan_groups(l).dp)
+    if (g[0] / l.tp % l.cp == 0)  // context-parallel rank 0: the others hold the same
+      for (size_t d = 0; d < g.size(); ++d)
+        if (l.experts_whole ? g[0] % l.tp + l.tp * int(d) < std::max(l.ep, l.tp) : int(d) < l.ep)
+          save_opts.contributors.push_back(g[d]);
   save_opts.experts_only = ps->dp_rank() > 0;
   std::sort(save_opts.contributors.begin(), save_opts.contributors.end());  // world rank 0, the writer, first
   if (dp && args.use_distributed_optimizer) save_opts.gather_state = [&](float* flat) { dp->gather_shards(flat); };

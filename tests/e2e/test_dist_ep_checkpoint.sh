@@ -5,7 +5,8 @@
 # checkpoint holding every expert of every layer under its global number; it resumes at EP 2 on 2
 # ranks, at EP 4 on 4, at CP 2 x EP 2 on 4 and on one process, and each resumed run's losses and final parameters equal
 # an uninterrupted single-process run's (to 1e-5 relative: only reduction order differs;
-# ckpt_resume_lib.sh). fp8 at EP 2 saves every expert's scaling state. Bad layouts are one-line errors naming the flag, with
+# ckpt_resume_lib.sh). With --expert-tensor-parallel-size 1 (TP 2 x EP 2, each expert whole) the
+# same, and its checkpoint resumes under the other layouts. fp8 at EP 2 saves every expert's scaling state. Bad layouts are one-line errors naming the flag, with
 # nothing written; Megatron's MoE implementation flags are accepted and change nothing.
 #   bash tests/e2e/test_dist_ep_checkpoint.sh <path to lattice binary> <source dir>
 set -u -o pipefail
@@ -58,6 +59,24 @@ resume "EP=2 on 4 ranks -> one process" ckpt 1 --train-iters 20
 resume "EP=2 on 4 ranks -> CP=2 x EP=2 on 4" ckpt 4 --train-iters 20 --use-distributed-optimizer \
   --expert-model-parallel-size 2 --context-parallel-size 2
 
+# --expert-tensor-parallel-size 1: TP 2 x EP 2 on 2 ranks, each expert whole on one of them and each rank
+# routing its own sequence-parallel rows. Its first 10 losses are the single process's; its checkpoint
+# resumes on one process and at TP 2 with the experts split (ETP = TP), and the EP 2 checkpoint resumes
+# at TP 2 x DP 2 with the experts whole over all four ranks (EP 4).
+WHOLE=(--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1)
+"${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 20 --exit-interval 10 "${WHOLE[@]}" \
+  --expert-model-parallel-size 2 --save ckpt-whole > whole.log 2>&1 || fail "TP=2 x EP=2 whole-expert run failed: $(tail -2 whole.log)"
+got=$(losses whole.log | tr '\n' ' ')
+close_values 10 "$got" "$want" &&
+  pass "TP=2 x EP=2 with whole experts: the first 10 losses equal the single process's" ||
+  fail "whole-expert losses '$got', single process '$want'"
+grep -q "each expert whole" whole.log && pass "the whole-expert layout is logged" || fail "no whole-expert layout line"
+resume "TP=2 x EP=2 whole experts -> one process" ckpt-whole 1 --train-iters 20
+resume "TP=2 x EP=2 whole experts -> TP=2 split experts" ckpt-whole 2 --train-iters 20 --tensor-model-parallel-size 2 \
+  --sequence-parallel
+resume "EP=2 on 4 ranks -> TP=2 x DP=2 x EP=4 whole experts" ckpt 4 --train-iters 20 --use-distributed-optimizer \
+  "${WHOLE[@]}" --expert-model-parallel-size 4
+
 # fp8 (hybrid, with bf16) at EP 2: each expert's delayed-scaling state reaches the checkpoint from
 # a rank that holds it, and the run resumes in one process.
 if "${MPIRUN[@]}" -np 4 "$LATTICE" "${TRAIN[@]}" --train-iters 4 --exit-interval 2 --bf16 --fp8-format hybrid \
@@ -97,8 +116,10 @@ OMP_NUM_THREADS=1 "$LATTICE" "${TRAIN[@]}" --train-iters 20 --exit-interval 3 --
   fail "the MoE implementation flags changed the losses: $(losses impl.log | tr '\n' ' ')"
 expect_error "flex dispatcher" "--moe-token-dispatcher-type must be alltoall or allgather, got 'flex'" -- \
   "$LATTICE" "${TRAIN[@]}" --train-iters 2 --moe-token-dispatcher-type flex --save bad5
-expect_error "expert tensor parallelism" "--expert-tensor-parallel-size 2 other than --tensor-model-parallel-size 1" -- \
+expect_error "expert tensor parallelism" "--expert-tensor-parallel-size 2 is neither 1 nor --tensor-model-parallel-size 1" -- \
   "$LATTICE" "${TRAIN[@]}" --train-iters 2 --expert-tensor-parallel-size 2 --save bad6
+expect_error "whole experts without sequence parallelism" "--expert-tensor-parallel-size 1 needs --sequence-parallel" -- \
+  "$LATTICE" "${TRAIN[@]}" --train-iters 2 --tensor-model-parallel-size 2 --expert-tensor-parallel-size 1 --save bad7
 
 # Bad layouts: one line naming the flag, a non-zero exit, nothing written.
 expect_error "experts not divisible" "--num-experts 4 is not divisible by --expert-model-parallel-size 3" -- \
@@ -117,5 +138,5 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c . <<<"$lines")" = 1 ] &&
 else
   fail "ep above the data-parallel size: exit $rc, error lines: $lines"
 fi
-for d in bad1 bad2 bad3 bad5 bad6; do [ -e "$d" ] && fail "a refused run wrote $d"; done
+for d in bad1 bad2 bad3 bad5 bad6 bad7; do [ -e "$d" ] && fail "a refused run wrote $d"; done
 e2e_finish

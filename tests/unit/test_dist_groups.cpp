@@ -124,6 +124,34 @@ TEST(DistGroups, ContextParallelNamesTheFlags) {
   EXPECT_THROW(make_layout(4, 1, 1, 1, 0), Error);
 }
 
+// --expert-tensor-parallel-size 1 (Megatron's expert order tp-ep-dp-pp with an expert tensor-parallel
+// size of 1): a stage's tp x dp ranks in rank order hold the experts in runs of ep, every ep-th one a
+// copy of the same experts. 16 ranks, TP=2, PP=2 -> DP=4; EP=4 -> expert DP=2.
+TEST(DistGroups, WholeExpertsSpanTensorAndDataParallel) {
+  const ParallelLayout l = make_layout(16, 2, 2, 4, 1, 1, 1);
+  EXPECT_TRUE(l.experts_whole);
+  EXPECT_EQ(l.expert_dp(), 2);
+  GroupPlan g = plan_groups(l);
+  EXPECT_EQ(g.ep, (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}));
+  EXPECT_EQ(g.expert_dp, (std::vector<std::vector<int>>{
+                             {0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  // EP 1: every rank of a stage holds every expert.
+  EXPECT_EQ(plan_groups(make_layout(4, 2, 1, 1, 1, 1, 1)).expert_dp, (std::vector<std::vector<int>>{{0, 1, 2, 3}}));
+  // ETP = TP (or TP 1) is the usual split; EP must divide tp x dp; other sizes are refused.
+  EXPECT_FALSE(make_layout(4, 2, 1, 1, 1, 1, 2).experts_whole);
+  EXPECT_FALSE(make_layout(4, 1, 1, 2, 1, 1, 1).experts_whole);
+  EXPECT_EQ(make_layout(2, 2, 1, 2, 1, 1, 1).expert_dp(), 1);  // EP over the tensor-parallel pair
+  for (auto bad : {std::vector<int>{8, 4, 1, 1, 1, 1, 2}, std::vector<int>{4, 2, 1, 8, 1, 1, 1},
+                   std::vector<int>{8, 2, 1, 2, 2, 1, 1}, std::vector<int>{8, 2, 1, 2, 1, 2, 1}}) {
+    try {
+      make_layout(bad[0], bad[1], bad[2], bad[3], bad[4], bad[5], bad[6]);
+      ADD_FAILURE() << "layout accepted: world " << bad[0] << " tp " << bad[1] << " ep " << bad[3];
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--expert-"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(DistGroups, ExpertParallelSizeMustDivideDataParallel) {
   try {
     make_layout(6, 1, 1, 4);

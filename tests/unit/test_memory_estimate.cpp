@@ -89,7 +89,12 @@ RealRank build(const MemoryLayout& m, int w) {
   const ModelPlacement place{stage_layers(m.pipeline, stage), stage == 0, stage == m.pp - 1,
                              max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, stage))};
   r.group = std::make_unique<LayoutGroup>(tp_rank, m.tp);
-  r.ep_group = std::make_unique<LayoutGroup>(dp_rank % m.ep, m.ep);  // expert parallelism: dp ranks in groups of ep
+  // Expert parallelism: dp ranks in groups of ep; whole experts (--expert-tensor-parallel-size 1): the
+  // stage's tp x dp ranks in rank order.
+  const bool whole = m.tp > 1 && m.config.expert_tp(m.tp) == 1;
+  const int expert_place = whole ? tp_rank + m.tp * dp_rank : dp_rank;
+  const int expert_dp_ranks = (whole ? m.tp * m.dp : m.dp) / m.ep * m.cp;
+  r.ep_group = std::make_unique<LayoutGroup>(expert_place % m.ep, m.ep);
   r.cp_group = std::make_unique<LayoutGroup>(cp_rank, m.cp);
   r.model = std::make_unique<GPTModel>(m.config, m.micro_batch_size, m.seq_length,
                                        TensorParallel{m.tp > 1 ? r.group.get() : nullptr, m.sequence_parallel},
@@ -100,8 +105,8 @@ RealRank build(const MemoryLayout& m, int w) {
     // With context parallelism the gradients are sharded over dp x cp (rank dp_rank cp + cp_rank).
     const int grad_ranks = m.dp * m.cp, grad_rank = dp_rank * m.cp + cp_rank;
     const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(grad_ranks);
-    for (const Bucket& b : make_buckets(r.model->params(), bucket, grad_ranks, m.dp / m.ep * m.cp)) {
-      const int rank = b.expert ? dp_rank / m.ep * m.cp + cp_rank : grad_rank;
+    for (const Bucket& b : make_buckets(r.model->params(), bucket, grad_ranks, expert_dp_ranks)) {
+      const int rank = b.expert ? expert_place / m.ep * m.cp + cp_rank : grad_rank;
       const int64_t s = b.shard_begin(rank);
       r.owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);
     }
@@ -356,6 +361,34 @@ TEST(MemoryEstimate, ExpertParallelRanksEqualTheirModels) {
     EXPECT_EQ(estimate_rank_memory(no_ep, 0, 0).activation_bytes - estimate_rank_memory(m, 0, 0).activation_bytes,
               size_t(3 + 1) * size_t(N * k * 2 * 24) * sizeof(float));
   }
+}
+
+// Whole experts (--expert-tensor-parallel-size 1) at TP 2 x DP 2: EP 2 over each tensor-parallel pair
+// and EP 4 over all four ranks, each expert unsplit, the MoE layers' buffers for the rank's
+// sequence-parallel rows; with biases (fc1's whole with its weight) and the distributed optimizer.
+TEST(MemoryEstimate, WholeExpertRanksEqualTheirModels) {
+  TransformerConfig c = config(3, false, 2);
+  c.num_experts = 4;
+  c.moe_ffn_hidden_size = 24;
+  c.expert_tensor_parallel_size = 1;
+  c.finalize(2);
+  for (int ep : {2, 4})
+    for (bool distributed : {false, true}) {
+      MemoryLayout m = layout(c, 2, 1, 2, 1);
+      m.ep = ep;
+      m.sequence_parallel = true;
+      m.distributed_optimizer = distributed;
+      for (int w = 0; w < 4; ++w) expect_matches(m, w);
+    }
+  TransformerConfig split = c;
+  split.expert_tensor_parallel_size = 0;
+  MemoryLayout a = layout(c, 2, 1, 2, 1), b = layout(split, 2, 1, 2, 1);
+  a.ep = b.ep = 2;
+  a.sequence_parallel = b.sequence_parallel = true;
+  // Rank 0: experts 0 and 1 whole against experts 0 and 1 (EP over dp) halved: one expert's worth more
+  // per layer (fc1 with its bias, fc2; fc2's bias is whole either way).
+  const int64_t expert = 2 * 24 * c.hidden_size + 24;
+  EXPECT_EQ(estimate_rank_memory(a, 0, 0).parameters - estimate_rank_memory(b, 0, 0).parameters, 3 * expert);
 }
 
 // GPT-OSS's MLP (experts and router with biases, quick GEGLU) under TP 2 x EP 2: the router's bias
