@@ -101,9 +101,6 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     if (!tp_.sp())
       LATTICE_FAIL() << "--expert-tensor-parallel-size 1 needs --sequence-parallel (each tensor-parallel rank routes "
                         "its own rows)";
-    if (cfg_.moe_shared_expert_intermediate_size > 0)
-      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --moe-shared-expert-intermediate-size is not "
-                        "implemented";
     if (cfg_.moe_seq_aux_loss)
       LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --moe-router-load-balancing-type seq_aux_loss is not "
                         "implemented (a rank's rows are part of a sequence)";
@@ -488,9 +485,11 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   // --moe-layer-recompute: every MoE layer's buffers are one shared copy, refilled before its backward.
   std::shared_ptr<MoeState> shared_moe;
   if (cfg.recompute_moe()) {
-    const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
+    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
     shared_moe = std::make_shared<MoeState>();
     moe_state_carve(*shared_moe, arena.alloc_f32(moe_state_floats(Nm, ms), "moe (recomputed)"), Nm, ms);
+    if (ms.shared_apart)  // (whole experts: the shared experts on every token's row)
+      moe_shared_state_carve(*shared_moe, arena.alloc_f32(moe_shared_state_floats(N, ms), "moe (recomputed)"), N, ms);
   }
   // moe_act: one [N k, F] activation for every MoE layer's experts (under expert parallelism it
   // lives in the dispatch's scratch instead).
@@ -499,14 +498,14 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
     for (int64_t l = begin; l < end; ++l) moe_here = moe_here || cfg.moe_layer(l);
   float* shared_act = nullptr;
   if (cfg.recompute_moe_act() && moe_here && ep == 1) {
-    const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
+    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
     shared_act = arena.alloc_f32(Nm * ms.k * ms.F, "moe activation (recomputed)");
   }
   if (shared_moe && cfg.recompute_moe_act() && ep == 1) shared_moe->act = shared_act;
   // shared_experts: one copy of the shared experts' buffers for every MoE layer.
   float* shared_se = nullptr;
   if (cfg.recompute_shared_experts() && moe_here) {
-    const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
+    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
     shared_se = arena.alloc_f32(moe_shared_experts_floats(N, ms), "shared experts (recomputed)");
     if (shared_moe) moe_shared_experts_carve(*shared_moe, shared_se, N, ms);
   }
@@ -555,8 +554,9 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
       x.moe = shared_moe;
     } else if (moe) {
       x.moe = std::make_shared<MoeState>();
-      const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
+      const MoeShape ms = lattice::moe_shape(cfg, P, ep);
       moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(Nm, ms), "moe"), Nm, ms);
+      if (ms.shared_apart) moe_shared_state_carve(*x.moe, arena.alloc_f32(moe_shared_state_floats(N, ms), "moe"), N, ms);
       if (ms.recompute_act && ep == 1) x.moe->act = shared_act;
       if (ms.recompute_shared) moe_shared_experts_carve(*x.moe, shared_se, N, ms);
     }
@@ -679,8 +679,9 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe()) {
-    const MoeShape ms = lattice::moe_shape(cfg, cfg.expert_tp(P), ep);
+    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
     moe_scratch_carve(sc.moe, arena.alloc_f32(moe_scratch_floats(Nm, ms), "grad"), Nm, ms);
+    if (ms.shared_apart) moe_shared_scratch_carve(sc.moe, arena.alloc_f32(moe_shared_scratch_floats(N, ms), "grad"), N, ms);
   }
   if (cfg.mtp() && place.post_process) {
     sc.mtp_d_cat = arena.alloc_f32(N * 2 * C, "grad");
@@ -944,8 +945,16 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
                     // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
     const MoeShape shape = moe_shape(T, !key.generation, key.training);
-    if (experts_whole_) {  // whole experts: this rank's rows, their whole outputs (nothing to reduce)
+    if (experts_whole_ && shape.Fs == 0) {  // whole experts: this rank's rows, their whole outputs
       moe_forward(out_rows, input(x.ln2).f32, *x.moe, moe_weights(p, l, B, T, key), Ns, shape);
+    } else if (experts_whole_) {
+      // With shared experts (split over the ranks, on every token's row): this rank's rows' routed
+      // outputs in place among zeros, the shared experts' partial sums added, reduce-scattered.
+      const MoeWeights w = moe_weights(p, l, B, T, key);
+      zero_on_device(sc.d_c1, size_t(N * C) * sizeof(float));
+      moe_forward(sc.d_c1 + tp_.shard_begin(N) * C, input(x.ln2).f32, *x.moe, w, Ns, shape);
+      moe_shared_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, w, N, shape);
+      reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
     } else {
       moe_forward(sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, moe_weights(p, l, B, T, key), N, shape);
       reduce_from_tensor_parallel_region(tp_, sc.d_c1, out_rows, N, C);
@@ -1142,7 +1151,7 @@ GemmSite GPTModel::router_site(int param) const {
 }
 
 MoeShape GPTModel::moe_shape(int64_t T, bool capacity, bool training) const {
-  MoeShape s = lattice::moe_shape(cfg_, cfg_.expert_tp(tp_.size()), ep_ ? ep_->size() : 1);
+  MoeShape s = lattice::moe_shape(cfg_, tp_.size(), ep_ ? ep_->size() : 1);
   if (cfg_.moe_seq_aux_loss) s.aux_group = T;
   s.sinkhorn = cfg_.moe_sinkhorn && training;
   if (!training) s.input_jitter_eps = 0.0f;  // the state is carved with the jitter's buffer all the same
@@ -1342,13 +1351,28 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
       // MoE-layer recomputation: the routing, dispatch and experts again into the shared buffers
       // (the output into d_c2, which the backward then overwrites with the input gradient).
       const MoeWeights w = moe_weights(p, l, B, T, key);
-      if (cfg_.recompute_moe()) moe_forward(sc.d_c2, moe_in, *x.moe, w, Nm, moe_shape(T, true, true));
+      const MoeShape shape = moe_shape(T, true, true);
+      // (whole experts with shared experts: the routed input gradient in place among zeros [N, C], to
+      // which the shared experts' partial one is added before the reduce-scatter)
+      const bool apart = experts_whole_ && shape.shared_apart;
+      float* d_routed = apart ? sc.d_c2 + row0 * C : sc.d_c2;
+      if (cfg_.recompute_moe()) {
+        moe_forward(d_routed, moe_in, *x.moe, w, Nm, shape);
+        if (apart) moe_shared_forward(sc.d_c2, ln_input(x.ln2, N).f32, *x.moe, w, N, shape);  // (its buffers)
+      }
       x.moe->global_counts = cfg_.moe_global_aux_loss ? x.moe_global_counts.data() : nullptr;
       x.moe->global_tokens = x.moe_global_tokens;
-      moe_backward(sc.d_c2, dy, moe_in, *x.moe, w, g, sc.moe, Nm, moe_shape(T, true, true), a.grad_scale,
+      if (apart) zero_on_device(sc.d_c2, size_t(N * C) * sizeof(float));
+      moe_backward(d_routed, dy, moe_in, *x.moe, w, g, sc.moe, Nm, shape, a.grad_scale,
                    experts_whole_ ? nullptr : tp_.comm, experts_whole_ || tp_.rank() == 0);
-      float* d_ln2 = sp && !experts_whole_ ? sc.d_s : sc.d_c2;
-      if (!experts_whole_) reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);
+      if (apart) {  // the output gradient of every token's row for the shared experts
+        copy_on_device(sc.d_c1 + row0 * C, d_out.fp32, size_t(Ns * C) * sizeof(float));
+        gather_from_sequence_parallel_region(tp_, sc.d_c1, N, C);
+        moe_shared_backward(sc.d_c2, sc.d_c1, ln_input(x.ln2, N).f32, *x.moe, w, g, sc.moe, N, shape, tp_.comm,
+                            tp_.rank() == 0);
+      }
+      float* d_ln2 = sp && (!experts_whole_ || apart) ? sc.d_s : sc.d_c2;
+      if (!experts_whole_ || apart) reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);
       layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), LayerNormDout(d_ln2), x.resid_mid,
                          norm_weight(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
       grads_ready({p.router_w});

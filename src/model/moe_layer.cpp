@@ -141,7 +141,7 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.E = c.num_experts;
   s.k = c.moe_router_topk;
   s.C = c.hidden_size;
-  s.F = c.moe_ffn_hidden_size / tp;
+  s.F = c.moe_ffn_hidden_size / c.expert_tp(tp);
   s.glu = c.gated_linear_unit();
   s.glu_form = c.glu_form();
   s.gelu = c.gelu;
@@ -156,6 +156,7 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.expert_bias = c.moe_router_enable_expert_bias;
   s.scale = c.moe_router_topk_scaling_factor;
   s.Fs = c.moe_shared_expert_intermediate_size / tp;
+  s.shared_apart = s.Fs > 0 && c.expert_tp(tp) != tp;
   s.shared_gate = c.moe_shared_expert_gate;
   s.probs_on_input = c.moe_apply_probs_on_input;
   s.recompute_act = c.recompute_moe_act();
@@ -178,10 +179,26 @@ void moe_shared_experts_carve(MoeState& st, float* buf, int64_t N, const MoeShap
   st.sgate = c.take(N);
 }
 
+int64_t moe_shared_state_floats(int64_t N, const MoeShape& s) {
+  // the shared experts' buffers (unless shared between the layers) and their identity rows
+  return s.Fs > 0 ? (s.recompute_shared ? 0 : moe_shared_experts_floats(N, s)) + padded(N) : 0;
+}
+
+void moe_shared_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
+  if (s.Fs == 0) return;
+  Carver c{buf};
+  if (!s.recompute_shared) {
+    moe_shared_experts_carve(st, c.take(moe_shared_experts_floats(N, s)), N, s);
+  } else {
+    st.hs = st.acts = st.ys = st.sgate = nullptr;
+  }
+  st.ident = c.take_ints(N);
+  st.ident_rows = 0;
+}
+
 int64_t moe_state_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
-  // the shared experts' buffers (unless shared between the layers) and their identity rows
-  const int64_t shared = s.Fs > 0 ? (s.recompute_shared ? 0 : moe_shared_experts_floats(N, s)) + padded(N) : 0;
+  const int64_t shared = s.shared_apart ? 0 : moe_shared_state_floats(N, s);
   // the rows' fc1 and activation
   const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F1()) + (s.recompute_act ? 0 : padded(S * s.F));
   const int64_t jitter = s.input_jitter_eps > 0.0f ? padded(N * s.C) : 0;
@@ -199,21 +216,26 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
   st.h = s.ep > 1 ? nullptr : c.take(S * s.F1());
   st.act = s.ep > 1 || s.recompute_act ? nullptr : c.take(S * s.F);
   st.ye = c.take(S * s.C);
-  if (s.Fs > 0) {
-    if (!s.recompute_shared) {
-      moe_shared_experts_carve(st, c.take(moe_shared_experts_floats(N, s)), N, s);
-    } else {
-      st.hs = st.acts = st.ys = st.sgate = nullptr;
-    }
-    st.ident = c.take_ints(N);
-    st.ident_rows = 0;
-  }
+  if (!s.shared_apart) moe_shared_state_carve(st, c.take(moe_shared_state_floats(N, s)), N, s);
   st.xj = s.input_jitter_eps > 0.0f ? c.take(N * s.C) : nullptr;
+}
+
+int64_t moe_shared_scratch_floats(int64_t N, const MoeShape& s) {
+  return s.Fs > 0 ? padded(N * s.C) + padded(N * s.Fs) + padded(N * s.Fs1()) + padded(N) : 0;
+}
+
+void moe_shared_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s) {
+  if (s.Fs == 0) return;
+  Carver c{buf};
+  sc.d_ys = c.take(N * s.C);
+  sc.d_acts = c.take(N * s.Fs);
+  sc.d_hs = c.take(N * s.Fs1());
+  sc.d_sgate = c.take(N);
 }
 
 int64_t moe_scratch_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
-  const int64_t shared = s.Fs > 0 ? padded(N * s.C) + padded(N * s.Fs) + padded(N * s.Fs1()) + padded(N) : 0;
+  const int64_t shared = s.shared_apart ? 0 : moe_shared_scratch_floats(N, s);
   const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F) + padded(S * s.F1());
   return padded(S * s.C) + experts + padded(S) + padded(N * s.E) + shared;
 }
@@ -226,12 +248,7 @@ void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s)
   sc.d_h = s.ep > 1 ? nullptr : c.take(S * s.F1());
   sc.d_gate = c.take(S);
   sc.d_logits = c.take(N * s.E);
-  if (s.Fs > 0) {
-    sc.d_ys = c.take(N * s.C);
-    sc.d_acts = c.take(N * s.Fs);
-    sc.d_hs = c.take(N * s.Fs1());
-    sc.d_sgate = c.take(N);
-  }
+  if (!s.shared_apart) moe_shared_scratch_carve(sc, c.take(moe_shared_scratch_floats(N, s)), N, s);
 }
 
 namespace {
@@ -689,7 +706,19 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
   else
     experts_forward(st.ye, st.h, st.act, st.xe, st.offsets, w, s);
   moe_combine(y, st.ye, st.slot_of, s.probs_on_input ? nullptr : st.gate, N, s.k, C, false);
+  if (s.Fs > 0 && !s.shared_apart) shared_experts_forward(y, x, st, w, N, s);
+}
+
+void moe_shared_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
   if (s.Fs > 0) shared_experts_forward(y, x, st, w, N, s);
+}
+
+void moe_shared_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
+                         const MoeScratch& sc, int64_t N, const MoeShape& s, Comm* tp, bool gate_input_grad) {
+  if (s.Fs == 0) return;
+  // shared_experts: their buffers again from the kept input (into the buffer the layers share).
+  if (s.recompute_shared) shared_experts_compute(x, st, w, N, s);
+  shared_experts_backward(dx, dy, x, st, w, g, sc, N, s, tp, gate_input_grad);
 }
 
 void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
@@ -719,11 +748,7 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
   } else {
     moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
   }
-  if (s.Fs > 0) {
-    // shared_experts: their buffers again from the kept input (into the buffer the layers share).
-    if (s.recompute_shared) shared_experts_compute(x, st, w, N, s);
-    shared_experts_backward(dx, dy, x, st, w, g, sc, N, s, tp, router_input_grad);
-  }
+  if (!s.shared_apart) moe_shared_backward(dx, dy, x, st, w, g, sc, N, s, tp, router_input_grad);
   // The router: the gates' softmax's backward (over each token's k experts, or with
   // pre_softmax over all E, only the chosen ones' probabilities having a gradient), and the
   // load-balancing loss's through the softmax over all E. q = gate / scale, dq = d_gate scale:

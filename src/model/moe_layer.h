@@ -89,6 +89,12 @@ struct MoeShape {
   int64_t ep = 1;            // expert-parallel ranks: > 1, the experts' fc1 outputs and activations live with
                              // the rows they receive (MoeState::ep_rows), not in the carved buffers
   bool shared_gate = false;  // --moe-shared-expert-gate
+  // Whole experts under tensor parallelism (--expert-tensor-parallel-size 1; Fs > 0): the routed experts
+  // run on a rank's own rows, the shared experts (split over the tensor-parallel ranks, as the dense MLP)
+  // on every token's row. moe_forward/moe_backward then leave them out, and their buffers out of the
+  // carvings; the caller runs moe_shared_forward/moe_shared_backward over the N rows with buffers
+  // carved by moe_shared_state_carve and moe_shared_scratch_carve.
+  bool shared_apart = false;
   // --moe-apply-probs-on-input (k = 1): the expert reads gate x (moe_gather_rows with weights)
   // and its output is summed unweighted; the gate's gradient is dot(x, d(gate x)).
   bool probs_on_input = false;
@@ -115,8 +121,9 @@ struct MoeShape {
 };
 
 // A model's MoE layer shape (num_experts, moe_router_topk, moe_ffn_hidden_size, ...) on one of tp
-// tensor-parallel ranks: each expert's ffn split over them (F = moe_ffn_hidden_size / tp), the
-// shared experts' too (Fs = moe_shared_expert_intermediate_size / tp); ep: the expert-parallel size.
+// tensor-parallel ranks: each expert's ffn split over them (F = moe_ffn_hidden_size / tp; whole with
+// --expert-tensor-parallel-size 1), the shared experts' always (Fs = moe_shared_expert_intermediate_size
+// / tp); ep: the expert-parallel size.
 MoeShape moe_shape(const TransformerConfig& c, int64_t tp = 1, int64_t ep = 1);
 
 // Expert parallelism: the group, and device scratch its dispatch shares between the layers (one
@@ -227,6 +234,11 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s);
 int64_t moe_shared_experts_floats(int64_t N, const MoeShape& s);
 void moe_shared_experts_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s);
 
+// The shared experts' part of MoeState for N tokens (their buffers, unless recompute_shared, and the
+// identity rows): in moe_state_floats unless shared_apart, which carves it apart with these.
+int64_t moe_shared_state_floats(int64_t N, const MoeShape& s);
+void moe_shared_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s);
+
 // Scratch of the backward: floats for N tokens, and its carving.
 struct MoeScratch {
   float* d_ye = nullptr;      // [S, C] (then the experts' input gradients)
@@ -241,6 +253,9 @@ struct MoeScratch {
 };
 int64_t moe_scratch_floats(int64_t N, const MoeShape& s);
 void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s);
+// The shared experts' part of MoeScratch (d_ys, d_acts, d_hs, d_sgate), likewise.
+int64_t moe_shared_scratch_floats(int64_t N, const MoeShape& s);
+void moe_shared_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s);
 
 // Megatron's sinkhorn() of logits [N, E] (fp32): c = exp(l); d0 [N] and d1 [E] start at 1 and are
 // updated in turn, d0_t = 1 / (N (sum_e d1_e c_te + 1e-8)), d1_e = 1 / (E (sum_t d0_t c_te + 1e-8)),
@@ -291,5 +306,12 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
 void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
                   const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale, Comm* tp = nullptr,
                   bool router_input_grad = true);
+
+// shared_apart: the shared experts alone. y [N, C] += s[t] shared(x[t]) (this rank's partial sums under
+// tensor parallelism); the backward accumulates their input gradient into dx [N, C] (the gate's on the
+// gate_input_grad rank only), all-reducing the gate's gradient over tp, and their weights' into g.
+void moe_shared_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s);
+void moe_shared_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
+                         const MoeScratch& sc, int64_t N, const MoeShape& s, Comm* tp, bool gate_input_grad);
 
 }  // namespace lattice

@@ -313,6 +313,16 @@ INSTANTIATE_TEST_SUITE_P(
                            0, false, {}, false, false, false, 1, {}, true, 0.0f, true, 1, 1}),
         whole_experts(Case{"Tp2Etp1MoeActLayernormRecompute", 2, 2, 1, 1, 4, false, false, false, 0.1f, false, false, 0,
                            false, {1, 0, 1, 1}, false, false, false, 1, {"layernorm", "moe_act"}}),
+        // Shared experts (SwiGLU, gated): split over the tensor-parallel ranks on every token's row as the dense
+        // MLP, their partial sums reduce-scattered with the routed outputs of each rank's rows.
+        whole_experts(Case{"Tp2Etp1Ep2SwiGluSharedDropout", 2, 2, 1, 2, 4, true, true, false, 0.1f, true}),
+        whole_experts(Case{"Tp2Etp1Ep2SwiGluSharedMoeLayerRecompute", 2, 2, 1, 2, 4, false, false, false, 0.1f, true,
+                           false, 0, false, {}, false, true}),
+        whole_experts(Case{"Tp2Etp1SwiGluSharedSelectiveModulesRecompute", 2, 2, 1, 1, 4, true, false, false, 0.1f, true,
+                           false, 0, false, {1, 0, 1, 1}, false, false, false, 1,
+                           {"core_attn", "mlp", "layernorm", "moe_act", "shared_experts"}}),
+        whole_experts(Case{"Tp2Dp2Etp1Ep4SwiGluSharedMtp1", 4, 2, 1, 4, 8, true, true, false, 0.1f, true, false, 0, false,
+                           {}, false, false, false, 1, {}, false, 0.0f, false, 1, 1}),
         whole_experts(Case{"Tp2Pp2Etp1Ep2FullRecompute", 4, 2, 2, 2, 4, true, false, false, 0.0f, false, false, 0, true,
                            {1, 0, 0, 1}})),
     [](const auto& info) { return info.param.name; });

@@ -9,7 +9,7 @@
 # learned positions and rotary); under mpirun, tensor parallel, data parallel with the
 # distributed optimizer (overlapped reduction and parameter gather) and bf16 gradient
 # reduction (without linear biases, with RMSNorm and SwiGLU), pipeline parallel (1F1B, and interleaved), expert
-# parallel (a mixture of experts' all-to-all dispatch), context parallel (gathered keys and values,
+# parallel (a mixture of experts' all-to-all dispatch; whole experts over the tensor-parallel pair), context parallel (gathered keys and values,
 # rotary, multi-query, the distributed optimizer over dp x cp), and tensor x
 # pipeline on 4 ranks (rotary, with an attention twice the hidden size). Every iteration's
 # loss and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in
@@ -107,6 +107,11 @@ if command -v mpirun >/dev/null 2>&1; then
   # the experts' all-to-all token dispatch (grouped NCCL sends and receives), their own buckets
   layout expert-parallel-2-distributed-optimizer 2 1e-5 --num-experts 4 --moe-router-topk 2 --disable-bias-linear \
     --moe-aux-loss-coeff 0.01 --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce
+  # whole experts (--expert-tensor-parallel-size 1): the dispatch between the tensor-parallel pair, the
+  # routers' gradients all-reduced over it, a shared expert split over it
+  layout tensor-2-whole-experts-2 2 1e-5 --tensor-model-parallel-size 2 --sequence-parallel --num-experts 4 \
+    --moe-router-topk 2 --disable-bias-linear --moe-aux-loss-coeff 0.01 --expert-model-parallel-size 2 \
+    --expert-tensor-parallel-size 1 --moe-shared-expert-intermediate-size 32
   # the keys and values all-gathered and their gradients reduce-scattered over NCCL
   layout context-parallel-2-rope-mqa 2 1e-5 --context-parallel-size 2 --position-embedding-type rope \
     --num-query-groups 1 --use-distributed-optimizer

@@ -365,16 +365,20 @@ TEST(MemoryEstimate, ExpertParallelRanksEqualTheirModels) {
 
 // Whole experts (--expert-tensor-parallel-size 1) at TP 2 x DP 2: EP 2 over each tensor-parallel pair
 // and EP 4 over all four ranks, each expert unsplit, the MoE layers' buffers for the rank's
-// sequence-parallel rows; with biases (fc1's whole with its weight) and the distributed optimizer.
+// sequence-parallel rows (the shared experts' for every row); with biases (fc1's whole with its weight)
+// and the distributed optimizer.
 TEST(MemoryEstimate, WholeExpertRanksEqualTheirModels) {
   TransformerConfig c = config(3, false, 2);
   c.num_experts = 4;
   c.moe_ffn_hidden_size = 24;
   c.expert_tensor_parallel_size = 1;
   c.finalize(2);
+  TransformerConfig shared = c;  // gated shared experts (split over the ranks, on every token's row)
+  shared.moe_shared_expert_intermediate_size = 32;
+  shared.moe_shared_expert_gate = true;
   for (int ep : {2, 4})
     for (bool distributed : {false, true}) {
-      MemoryLayout m = layout(c, 2, 1, 2, 1);
+      MemoryLayout m = layout(distributed ? shared : c, 2, 1, 2, 1);
       m.ep = ep;
       m.sequence_parallel = true;
       m.distributed_optimizer = distributed;
