@@ -24,14 +24,12 @@ ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp, int dist_o
   if (etp != 0 && etp != 1 && etp != tp)
     LATTICE_FAIL() << "--expert-tensor-parallel-size " << etp << " is neither 1 nor --tensor-model-parallel-size " << tp;
   if (etp == 1 && tp > 1) {  // the experts whole: ep groups over the stage's tp x dp ranks
-    if (cp > 1)
-      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --context-parallel-size " << cp
-                     << " is not implemented (leave it at --tensor-model-parallel-size " << tp << ")";
     if (dist_opt_instances > 1)
       LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --num-distributed-optimizer-instances "
                      << dist_opt_instances << " is not implemented";
-    if ((tp * dp) % ep != 0)
-      LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide tensor " << tp << " x data-parallel "
+    if ((tp * cp * dp) % ep != 0)
+      LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide tensor " << tp
+                     << (cp > 1 ? " x context-parallel " + std::to_string(cp) : std::string()) << " x data-parallel "
                      << dp << ": with --expert-tensor-parallel-size 1 the experts are split over those ranks";
     ParallelLayout l{world, tp, pp, dp, ep, cp, dist_opt_instances};
     l.experts_whole = true;
@@ -110,16 +108,18 @@ GroupPlan plan_groups(const ParallelLayout& l) {
   g.pp = groups_varying(l, {kPp});
   if (l.pp > 1)
     for (const std::vector<int>& stages : g.pp) g.embedding.push_back({stages.front(), stages.back()});
-  if (l.experts_whole) {  // (cp = 1) position m = tp_rank + tp dp_rank of a stage: ep groups of consecutive m
-    const int stage = l.tp * l.dp;
+  if (l.experts_whole) {  // a stage's ranks in rank order (tp, cp, dp): ep groups of consecutive ones
+    g.tp_cp = groups_varying(l, {kTp, kCp});
+    const int stage = l.tp * l.cp * l.dp;
     for (int pp_r = 0; pp_r < l.pp; ++pp_r) {
-      for (int block = 0; block < l.expert_dp(); ++block) {
+      for (int block = 0; block < l.expert_dp_group(); ++block) {
         g.ep.emplace_back();
         for (int e = 0; e < l.ep; ++e) g.ep.back().push_back(pp_r * stage + block * l.ep + e);
       }
       for (int e = 0; e < l.ep; ++e) {
         g.expert_dp.emplace_back();
-        for (int block = 0; block < l.expert_dp(); ++block) g.expert_dp.back().push_back(pp_r * stage + block * l.ep + e);
+        for (int block = 0; block < l.expert_dp_group(); ++block)
+          g.expert_dp.back().push_back(pp_r * stage + block * l.ep + e);
       }
     }
     return g;  // (one distributed-optimizer instance)
@@ -194,6 +194,7 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
   }
   // (whole experts without expert parallelism: one copy on every tensor- and data-parallel rank)
   if (ep > 1 || s->layout_.experts_whole) s->expert_dp_ = make_mpi_comm("expert_dp", g.expert_dp);
+  if (!g.tp_cp.empty() && cp > 1) s->tp_cp_ = make_mpi_comm("tp_cp", g.tp_cp);
   if (dist_opt_instances > 1) {
     s->dp_cp_shard_ = make_mpi_comm("dp_cp_shard", g.dp_cp_shard);
     s->dp_cp_replicas_ = make_mpi_comm("dp_cp_replicas", g.dp_cp_replicas);
@@ -206,7 +207,7 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
     // CUDA tensors travel over NCCL: one communicator per group, bootstrapped through the
     // group's MPI communicator (kept for that); world stays MPI (host data only).
     set_nccl_timeout_seconds(timeout_seconds);
-    for (auto* c : {&s->tp_, &s->cp_, &s->dp_, &s->dp_cp_, &s->pp_, &s->embedding_, &s->ep_, &s->expert_dp_,
+    for (auto* c : {&s->tp_, &s->cp_, &s->dp_, &s->dp_cp_, &s->pp_, &s->embedding_, &s->ep_, &s->expert_dp_, &s->tp_cp_,
                     &s->dp_cp_shard_, &s->dp_cp_replicas_, &s->expert_dp_shard_, &s->expert_dp_replicas_}) {
       // Without expert (context) parallelism the ep (cp) group carries nothing: nothing uses it.
       if (!*c || (c == &s->ep_ && ep == 1) || (c == &s->cp_ && cp == 1)) continue;
@@ -222,7 +223,7 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
 CommStats ParallelState::total_stats() const {
   CommStats t;
   for (const Comm* c : {world_.get(), tp_.get(), cp_.get(), dp_.get(), dp_cp_.get(), pp_.get(), embedding_.get(),
-                        ep_.get(), expert_dp_.get(), dp_cp_shard_.get(), dp_cp_replicas_.get(), expert_dp_shard_.get(),
+                        ep_.get(), expert_dp_.get(), tp_cp_.get(), dp_cp_shard_.get(), dp_cp_replicas_.get(), expert_dp_shard_.get(),
                         expert_dp_replicas_.get()})
     if (c)
       for (int i = 0; i < kNumCommOps; ++i) {
@@ -235,7 +236,7 @@ CommStats ParallelState::total_stats() const {
 
 void ParallelState::reset_stats() {
   for (Comm* c : {world_.get(), tp_.get(), cp_.get(), dp_.get(), dp_cp_.get(), pp_.get(), embedding_.get(), ep_.get(),
-                  expert_dp_.get(), dp_cp_shard_.get(), dp_cp_replicas_.get(), expert_dp_shard_.get(),
+                  expert_dp_.get(), tp_cp_.get(), dp_cp_shard_.get(), dp_cp_replicas_.get(), expert_dp_shard_.get(),
                   expert_dp_replicas_.get()})
     if (c) c->stats().reset();
 }

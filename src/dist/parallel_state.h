@@ -12,9 +12,9 @@
 // data-parallel group (size dp / ep) the ranks holding copies of the same experts. With
 // --expert-tensor-parallel-size 1 under tensor parallelism (ParallelLayout::experts_whole; Megatron's
 // expert order "tp-ep-dp-pp" with an expert tensor-parallel size of 1) the experts are not split over
-// the tensor-parallel ranks: a stage's tp x dp ranks, in rank order, form the expert-parallel groups
-// of ep consecutive ranks (ep_rank = (tp_rank + tp dp_rank) % ep), and the ranks holding the same
-// experts the expert data-parallel group (size tp dp / ep). Every layer receives the groups it
+// the tensor-parallel ranks: a stage's tp x cp x dp ranks, in rank order, form the expert-parallel
+// groups of ep consecutive ranks (ep_rank = (tp_rank + tp (cp_rank + cp dp_rank)) % ep), and the ranks
+// holding the same experts the expert data-parallel group (size tp cp dp / ep). Every layer receives the groups it
 // needs; nothing reaches for a global. On CPUs every group is an MPI communicator; with
 // the kernels on a GPU (core/device.h: set_device before create) tp, dp, pp and
 // embedding are NCCL communicators (dist/nccl_comm.h; their blocking operations also
@@ -42,7 +42,7 @@ struct ParallelLayout {
   // The copies of each expert per context-parallel rank (dp / ep); the expert data-parallel group,
   // over which the experts' gradients are summed, holds them at every context-parallel rank.
   int expert_dp() const { return experts_whole ? tp * dp / ep : dp / ep; }
-  int expert_dp_group() const { return expert_dp() * cp; }
+  int expert_dp_group() const { return experts_whole ? tp * cp * dp / ep : dp / ep * cp; }
   // The world rank of a position.
   int rank_of(int tp_r, int cp_r, int dp_r, int pp_r) const { return tp_r + tp * (cp_r + cp * (dp_r + dp * pp_r)); }
 };
@@ -55,6 +55,7 @@ ParallelLayout make_layout(int world, int tp, int pp, int ep = 1, int cp = 1, in
 // Group membership (world ranks) for every group of each kind, in Megatron's order.
 struct GroupPlan {
   std::vector<std::vector<int>> tp, cp, dp, dp_cp, pp, embedding, ep, expert_dp;
+  std::vector<std::vector<int>> tp_cp;  // (experts_whole only) the ranks routing a micro-batch's rows
   // dist_opt_instances > 1: each dp_cp (expert_dp) group cut into that many runs of consecutive members
   // (the shard groups), and the groups of members at the same place in each run (the replica groups).
   std::vector<std::vector<int>> dp_cp_shard, dp_cp_replicas, expert_dp_shard, expert_dp_replicas;
@@ -99,6 +100,9 @@ class ParallelState {
   Comm& expert_dp_shard() { return expert_dp_ ? (expert_dp_shard_ ? *expert_dp_shard_ : *expert_dp_) : dp_cp_shard(); }
   Comm* expert_dp_replicas() { return expert_dp_ ? expert_dp_replicas_.get() : dp_cp_replicas(); }
   int ep_rank() const { return ep_->rank(); }
+  // The ranks whose rows make up a micro-batch's whole sequences, each routing its own with whole
+  // experts: tensor x context-parallel (the tensor-parallel group without context parallelism).
+  Comm& tp_cp() { return tp_cp_ ? *tp_cp_ : *tp_; }
   // The first and last pipeline stage of this rank's tp/dp position (they share the
   // tied word embedding); null on the other stages and without pipelining.
   Comm* embedding() { return embedding_.get(); }
@@ -113,6 +117,7 @@ class ParallelState {
   bool uses_mpi_ = false;
   // expert_dp_: null when ep = 1 (unless experts_whole); dp_cp_: null when cp = 1
   std::unique_ptr<Comm> world_, tp_, cp_, dp_, dp_cp_, pp_, embedding_, ep_, expert_dp_;
+  std::unique_ptr<Comm> tp_cp_;  // experts_whole with cp > 1 only
   // null with one distributed-optimizer instance (expert_dp_shard_, expert_dp_replicas_: or when ep = 1)
   std::unique_ptr<Comm> dp_cp_shard_, dp_cp_replicas_, expert_dp_shard_, expert_dp_replicas_;
   std::vector<std::unique_ptr<Comm>> bootstrap_;  // the MPI groups the NCCL ones were made from

@@ -104,8 +104,6 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     if (cfg_.moe_seq_aux_loss)
       LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --moe-router-load-balancing-type seq_aux_loss is not "
                         "implemented (a rank's rows are part of a sequence)";
-    if (cp_.on())
-      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --context-parallel-size > 1 is not implemented";
   }
   local_experts_ = cfg_.num_experts / (ep_ ? ep_->size() : 1);
   first_expert_ = ep_ ? local_experts_ * ep_->rank() : 0;
@@ -1208,7 +1206,12 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p, int64_t l, int64_t B, int
 }
 
 Comm* GPTModel::moe_token_group() const {
-  if (experts_whole_) return tp_.comm;  // (no context parallelism)
+  if (experts_whole_ && cp_.on()) {
+    LATTICE_CHECK(tp_cp_ && tp_cp_->size() == tp_.size() * cp_.size())
+        << "whole experts under context parallelism need the tensor x context-parallel group";
+    return tp_cp_;
+  }
+  if (experts_whole_) return tp_.comm;
   return cp_.on() ? cp_.comm : nullptr;
 }
 

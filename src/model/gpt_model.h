@@ -115,6 +115,9 @@ class GPTModel {
   Comm* expert_parallel() const { return ep_; }
   // --expert-tensor-parallel-size 1 under tensor parallelism: the experts whole on their ranks.
   bool experts_whole() const { return experts_whole_; }
+  // Whole experts under context parallelism: the tensor x context-parallel group
+  // (ParallelState::tp_cp), over which the routing statistics of a micro-batch's rows are summed.
+  void set_tensor_context_group(Comm* tp_cp) { tp_cp_ = tp_cp; }
   const ModelPlacement& placement() const { return place_; }
   int num_chunks() const { return int(place_.chunks.size()); }
   ParamBuffer& params() { return params_; }
@@ -607,6 +610,7 @@ class GPTModel {
   // --expert-tensor-parallel-size 1 under tensor parallelism: every expert whole here, the MoE layer
   // on this rank's sequence-parallel rows (the tensor-parallel ranks routing their own tokens).
   bool experts_whole_ = false;
+  Comm* tp_cp_ = nullptr;  // (set_tensor_context_group)
   mutable DeviceArray<float> moe_ep_scratch_;  // the expert-parallel dispatch's (MoeExpertParallel)
   int64_t max_B_, max_T_;             // max_T_: this rank's rows per sequence (T/P with context parallelism)
   int64_t Hl_, Fl_, Vl_;               // heads, ffn columns and vocabulary rows on this rank

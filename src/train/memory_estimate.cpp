@@ -227,14 +227,16 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   place.slots = max_in_flight(pipeline_schedule(m.pipeline, m.num_micro_batches, r.pp_rank));
   // The experts' gradients: over the expert data-parallel group, every ep-th data-parallel rank at
   // every context-parallel rank (dp / ep x cp ranks; dp x cp without expert parallelism). Whole experts
-  // (--expert-tensor-parallel-size 1; no context parallelism): every ep-th rank of the stage's tp x dp.
+  // (--expert-tensor-parallel-size 1): every ep-th rank of the stage's tp x cp x dp, in rank order.
   const bool whole = m.tp > 1 && m.config.moe() && m.config.expert_tp(m.tp) == 1;
-  const int expert_ranks = whole ? m.tp * m.dp : m.dp;      // the ranks the experts are spread over
-  const int expert_place = whole ? r.tp_rank + m.tp * r.dp_rank : r.dp_rank;
+  const int expert_ranks = whole ? m.tp * m.cp * m.dp : m.dp;  // the ranks the experts are spread over
+  const int expert_place = whole ? r.tp_rank + m.tp * (r.cp_rank + m.cp * r.dp_rank) : r.dp_rank;
   LATTICE_CHECK(m.ep >= 1 && expert_ranks % m.ep == 0) << "memory estimate: expert parallelism " << m.ep << " for "
                                                        << expert_ranks << " ranks";
-  const int expert_dp_ranks = expert_ranks / m.ep * m.cp / m.dist_opt_instances;
-  const int ep_rank = expert_place % m.ep, expert_dp_rank = (expert_place / m.ep * m.cp + r.cp_rank) % expert_dp_ranks;
+  const int expert_dp_ranks = expert_ranks / m.ep * (whole ? 1 : m.cp) / m.dist_opt_instances;
+  const int ep_rank = expert_place % m.ep;
+  const int expert_dp_rank =
+      whole ? expert_place / m.ep : (expert_place / m.ep * m.cp + r.cp_rank) % expert_dp_ranks;
   const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place, ep_rank, m.ep);
   r.buffer_elements = pb.numel();
   r.parameters = parameters_in(pb, {{0, pb.numel()}});

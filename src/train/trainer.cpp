@@ -326,6 +326,7 @@ int run_training(const TrainArgs& args) {
   PipelineRunner pipeline(model, pipe, &ps->pp(), ps->embedding());
   model.init_parameters(args.seed);
   model.set_data_parallel_group(&ps->dp());  // global_aux_loss's expert counts over the data-parallel ranks
+  model.set_tensor_context_group(&ps->tp_cp());  // (whole experts: the routing statistics' group)
   model.set_document_boundaries(
       DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids, args.reset_attention_mask});
   std::unique_ptr<DataParallel> dp;
@@ -459,16 +460,19 @@ int run_training(const TrainArgs& args) {
     }
   };
   save_opts.parts_comm = &ps->world();
-  // Whole experts: the first expert-parallel group is a stage's first ep ranks in rank order
-  // (tp_rank + tp dp_rank < ep); with data-parallel rank 0 those are the first max(ep, tp). A part
-  // two contributors give (a copy of an expert) is stored once.
+  // Whole experts: the first expert-parallel group is a stage's first ep ranks in rank order; with
+  // the tensor-parallel ranks of context- and data-parallel rank 0 those are its first max(ep, tp).
+  // A part two contributors give (a copy) is stored once.
   const ParallelLayout& l = ps->layout();
-  for (const std::vector<int>& g : plan_groups(l).dp)
-    if (g[0] / l.tp % l.cp == 0)  // context-parallel rank 0: the others hold the same
-      for (size_t d = 0; d < g.size(); ++d)
-        if (l.experts_whole ? g[0] % l.tp + l.tp * int(d) < std::max(l.ep, l.tp) : int(d) < l.ep)
-          save_opts.contributors.push_back(g[d]);
-  save_opts.experts_only = ps->dp_rank() > 0;
+  if (l.experts_whole) {
+    for (int stage = 0; stage < l.pp; ++stage)
+      for (int m = 0; m < std::max(l.ep, l.tp); ++m) save_opts.contributors.push_back(stage * l.tp * l.cp * l.dp + m);
+  } else {
+    for (const std::vector<int>& g : plan_groups(l).dp)
+      if (g[0] / l.tp % l.cp == 0)  // context-parallel rank 0: the others hold the same
+        for (int e = 0; e < l.ep; ++e) save_opts.contributors.push_back(g[size_t(e)]);
+  }
+  save_opts.experts_only = ps->dp_rank() > 0 || ps->cp_rank() > 0;
   std::sort(save_opts.contributors.begin(), save_opts.contributors.end());  // world rank 0, the writer, first
   if (dp && args.use_distributed_optimizer) save_opts.gather_state = [&](float* flat) { dp->gather_shards(flat); };
   // With --overlap-param-gather a step ends with its parameter all-gather in flight (the

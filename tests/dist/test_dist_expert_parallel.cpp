@@ -135,6 +135,7 @@ EpRun train(const Case& c, ParallelState* ps) {
   GPTModel model(config(c, tp.size()), kB, kT, tp, place, ps ? &ps->ep() : nullptr,
                  ContextParallel{ps && c.cp > 1 ? &ps->cp() : nullptr});
   model.init_parameters(1234);
+  if (ps) model.set_tensor_context_group(&ps->tp_cp());
   PipelineRunner runner(model, layout, ps ? &ps->pp() : nullptr, ps ? ps->embedding() : nullptr);
   std::unique_ptr<DataParallel> dp;
   if (ps) {
@@ -186,7 +187,7 @@ TEST_P(DistExpertParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(c.tp, c.pp, 120, c.ep, c.cp, c.instances, c.etp);
   ASSERT_EQ(ps->ep().size(), c.ep);
   // (whole experts: the experts spread over the stage's tp x dp ranks)
-  ASSERT_EQ(ps->expert_dp().size(), ps->dp().size() * (c.etp == 1 ? c.tp : 1) / c.ep * c.cp);
+  ASSERT_EQ(ps->expert_dp().size(), c.etp == 1 ? ps->dp().size() * c.tp * c.cp / c.ep : ps->dp().size() / c.ep * c.cp);
   const EpRun single = train(c, nullptr);
   const EpRun run = train(c, ps.get());
   // This rank holds its expert-parallel rank's experts only, under their global numbers.
@@ -323,6 +324,12 @@ INSTANTIATE_TEST_SUITE_P(
                            {"core_attn", "mlp", "layernorm", "moe_act", "shared_experts"}}),
         whole_experts(Case{"Tp2Dp2Etp1Ep4SwiGluSharedMtp1", 4, 2, 1, 4, 8, true, true, false, 0.1f, true, false, 0, false,
                            {}, false, false, false, 1, {}, false, 0.0f, false, 1, 1}),
+        // With context parallelism (TP 2 x CP 2): the expert-parallel groups over tensor- and context-parallel
+        // ranks, the routing statistics over both.
+        whole_experts(Case{"Tp2Cp2Etp1Ep4SwiGluSharedDistributedOptimizer", 4, 2, 1, 4, 4, true, true, false, 0.1f, true,
+                           false, 0, false, {}, false, false, false, 2}),
+        whole_experts(Case{"Tp2Cp2Etp1Ep2SigmoidBiasJitterMoeLayerRecompute", 4, 2, 1, 2, 4, true, false, false, 0.0f,
+                           false, true, 0, false, {}, false, true, false, 2, {}, false, 0.3f}),
         whole_experts(Case{"Tp2Pp2Etp1Ep2FullRecompute", 4, 2, 2, 2, 4, true, false, false, 0.0f, false, false, 0, true,
                            {1, 0, 0, 1}})),
     [](const auto& info) { return info.param.name; });

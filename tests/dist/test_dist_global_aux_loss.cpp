@@ -2,7 +2,8 @@
 // parallel layouts. Each micro-batch's loss weighs its probabilities by the step's expert counts so
 // far, summed over every data- and context-parallel rank and averaged over the micro-batches.
 //
-// Tensor, sequence, pipeline and context parallelism route the same tokens as one process: those
+// Tensor, sequence, pipeline and context parallelism route the same tokens as one process (with whole
+// experts, --expert-tensor-parallel-size 1, each tensor-parallel rank its own rows): those
 // runs equal the single process's (with aux_loss listed too, each type its own coefficient, and
 // with full recomputation, whose second forward must not count a micro-batch again).
 // Data parallelism (and expert parallelism inside it) counts the tokens of every rank's micro-batch
@@ -41,6 +42,7 @@ struct Case {
   bool aux_loss = false;     // aux_loss listed too (its micro-batch counts are per data-parallel rank: TP/PP/CP only)
   bool recompute = false;    // full recomputation (uniform, 2 layers)
   bool sigmoid_bias = false;  // sigmoid scores with the expert bias
+  int etp = 0;                // --expert-tensor-parallel-size (1: whole experts, each TP rank routing its rows)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -66,6 +68,7 @@ TransformerConfig config(const Case& c, int tp, float global_coeff) {
   t.moe_aux_loss_coeff = c.aux_loss ? 0.01f : 0.0f;
   t.moe_global_aux_loss = true;
   t.moe_global_aux_loss_coeff = global_coeff;
+  t.expert_tensor_parallel_size = c.etp;
   if (c.sigmoid_bias) {
     t.moe_router_score_function = "sigmoid";
     t.moe_router_enable_expert_bias = true;
@@ -94,6 +97,7 @@ GlobalRun train(const Case& c, ParallelState* ps, int64_t B, float global_coeff)
                  ContextParallel{ps && c.cp > 1 ? &ps->cp() : nullptr});
   model.init_parameters(1234);
   if (ps) model.set_data_parallel_group(&ps->dp());
+  if (ps) model.set_tensor_context_group(&ps->tp_cp());
   PipelineRunner runner(model, layout, ps ? &ps->pp() : nullptr, ps ? ps->embedding() : nullptr);
   std::unique_ptr<DataParallel> dp;
   if (ps) {
@@ -127,7 +131,7 @@ class DistGlobalAuxLoss : public ::testing::TestWithParam<Case> {};
 TEST_P(DistGlobalAuxLoss, MatchesOneProcess) {
   const Case& c = GetParam();
   if (mpi_world_size() != c.world) GTEST_SKIP() << "needs " << c.world << " ranks";
-  auto ps = ParallelState::create(c.tp, c.pp, 120, c.ep, c.cp);
+  auto ps = ParallelState::create(c.tp, c.pp, 120, c.ep, c.cp, 1, c.etp);
   const int d = ps->dp().size();
   const int64_t B = 2;
   // Data parallelism: one process with micro-batches of d B, the coefficient over d.
@@ -151,7 +155,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Dp2Recompute", 2, 1, 1, 1, 1, false, false, true},
         Case{"Dp2Ep2SigmoidBias", 2, 1, 1, 2, 1, false, false, false, true},
         Case{"Dp2Tp2SequenceParallel", 4, 2, 1, 1, 1, true},
-        Case{"Dp2Cp2", 4, 1, 1, 1, 2}),
+        Case{"Dp2Cp2", 4, 1, 1, 1, 2},
+        // Whole experts: each tensor-(and context-)parallel rank routes its own rows; the counts are summed
+        // over tp x cp, so the runs equal one process's.
+        Case{"Tp2Etp1Ep2WithAuxLossSigmoidBias", 2, 2, 1, 2, 1, true, true, false, true, 1},
+        Case{"Tp2Cp2Etp1Ep4Recompute", 4, 2, 1, 4, 2, true, false, true, false, 1}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

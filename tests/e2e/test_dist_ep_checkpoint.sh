@@ -62,7 +62,7 @@ resume "EP=2 on 4 ranks -> CP=2 x EP=2 on 4" ckpt 4 --train-iters 20 --use-distr
 # --expert-tensor-parallel-size 1: TP 2 x EP 2 on 2 ranks, each expert whole on one of them and each rank
 # routing its own sequence-parallel rows. Its first 10 losses are the single process's; its checkpoint
 # resumes on one process and at TP 2 with the experts split (ETP = TP), and the EP 2 checkpoint resumes
-# at TP 2 x DP 2 with the experts whole over all four ranks (EP 4).
+# at TP 2 x DP 2 and at TP 2 x CP 2 with the experts whole over all four ranks (EP 4).
 WHOLE=(--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1)
 "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 20 --exit-interval 10 "${WHOLE[@]}" \
   --expert-model-parallel-size 2 --save ckpt-whole > whole.log 2>&1 || fail "TP=2 x EP=2 whole-expert run failed: $(tail -2 whole.log)"
@@ -76,6 +76,8 @@ resume "TP=2 x EP=2 whole experts -> TP=2 split experts" ckpt-whole 2 --train-it
   --sequence-parallel
 resume "EP=2 on 4 ranks -> TP=2 x DP=2 x EP=4 whole experts" ckpt 4 --train-iters 20 --use-distributed-optimizer \
   "${WHOLE[@]}" --expert-model-parallel-size 4
+resume "EP=2 on 4 ranks -> TP=2 x CP=2 x EP=4 whole experts" ckpt 4 --train-iters 20 "${WHOLE[@]}" \
+  --context-parallel-size 2 --expert-model-parallel-size 4
 
 # fp8 (hybrid, with bf16) at EP 2: each expert's delayed-scaling state reaches the checkpoint from
 # a rank that holds it, and the run resumes in one process.

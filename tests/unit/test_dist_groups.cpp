@@ -141,8 +141,16 @@ TEST(DistGroups, WholeExpertsSpanTensorAndDataParallel) {
   EXPECT_FALSE(make_layout(4, 2, 1, 1, 1, 1, 2).experts_whole);
   EXPECT_FALSE(make_layout(4, 1, 1, 2, 1, 1, 1).experts_whole);
   EXPECT_EQ(make_layout(2, 2, 1, 2, 1, 1, 1).expert_dp(), 1);  // EP over the tensor-parallel pair
+  // With context parallelism (TP 2 x CP 2 x DP 2 = 8, EP 4): the groups over tp, then cp, then dp; the
+  // routing statistics over tp x cp.
+  const ParallelLayout lc = make_layout(8, 2, 1, 4, 2, 1, 1);
+  EXPECT_EQ(lc.expert_dp_group(), 2);
+  const GroupPlan gc = plan_groups(lc);
+  EXPECT_EQ(gc.ep, (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(gc.expert_dp, (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(gc.tp_cp, (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
   for (auto bad : {std::vector<int>{8, 4, 1, 1, 1, 1, 2}, std::vector<int>{4, 2, 1, 8, 1, 1, 1},
-                   std::vector<int>{8, 2, 1, 2, 2, 1, 1}, std::vector<int>{8, 2, 1, 2, 1, 2, 1}}) {
+                   std::vector<int>{8, 2, 1, 3, 2, 1, 1}, std::vector<int>{8, 2, 1, 2, 1, 2, 1}}) {
     try {
       make_layout(bad[0], bad[1], bad[2], bad[3], bad[4], bad[5], bad[6]);
       ADD_FAILURE() << "layout accepted: world " << bad[0] << " tp " << bad[1] << " ep " << bad[3];

@@ -92,8 +92,8 @@ RealRank build(const MemoryLayout& m, int w) {
   // Expert parallelism: dp ranks in groups of ep; whole experts (--expert-tensor-parallel-size 1): the
   // stage's tp x dp ranks in rank order.
   const bool whole = m.tp > 1 && m.config.expert_tp(m.tp) == 1;
-  const int expert_place = whole ? tp_rank + m.tp * dp_rank : dp_rank;
-  const int expert_dp_ranks = (whole ? m.tp * m.dp : m.dp) / m.ep * m.cp;
+  const int expert_place = whole ? tp_rank + m.tp * (cp_rank + m.cp * dp_rank) : dp_rank;
+  const int expert_dp_ranks = whole ? m.tp * m.cp * m.dp / m.ep : m.dp / m.ep * m.cp;
   r.ep_group = std::make_unique<LayoutGroup>(expert_place % m.ep, m.ep);
   r.cp_group = std::make_unique<LayoutGroup>(cp_rank, m.cp);
   r.model = std::make_unique<GPTModel>(m.config, m.micro_batch_size, m.seq_length,
@@ -106,7 +106,7 @@ RealRank build(const MemoryLayout& m, int w) {
     const int grad_ranks = m.dp * m.cp, grad_rank = dp_rank * m.cp + cp_rank;
     const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(grad_ranks);
     for (const Bucket& b : make_buckets(r.model->params(), bucket, grad_ranks, expert_dp_ranks)) {
-      const int rank = b.expert ? expert_place / m.ep * m.cp + cp_rank : grad_rank;
+      const int rank = b.expert ? (whole ? expert_place / m.ep : expert_place / m.ep * m.cp + cp_rank) : grad_rank;
       const int64_t s = b.shard_begin(rank);
       r.owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);
     }
@@ -384,6 +384,13 @@ TEST(MemoryEstimate, WholeExpertRanksEqualTheirModels) {
       m.distributed_optimizer = distributed;
       for (int w = 0; w < 4; ++w) expect_matches(m, w);
     }
+  // TP 2 x CP 2 x DP 2, EP 4: the expert-parallel groups over tensor- and context-parallel pairs.
+  MemoryLayout cp = layout(shared, 2, 1, 2, 1);
+  cp.cp = 2;
+  cp.ep = 4;
+  cp.sequence_parallel = true;
+  cp.distributed_optimizer = true;
+  for (int w = 0; w < 8; ++w) expect_matches(cp, w);
   TransformerConfig split = c;
   split.expert_tensor_parallel_size = 0;
   MemoryLayout a = layout(c, 2, 1, 2, 1), b = layout(split, 2, 1, 2, 1);
