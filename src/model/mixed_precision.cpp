@@ -190,7 +190,8 @@ class Fp8Policy final : public MixedPrecisionPolicy {
         tp_(tp && tp->size() > 1 ? tp : nullptr),
         dp_(dp && dp->size() > 1 ? dp : nullptr),
         expert_dp_(p.expert_dp && p.expert_dp->size() > 1 ? p.expert_dp : nullptr),
-        expert_(p.expert) {
+        expert_(p.expert),
+        experts_whole_(p.experts_whole) {
     for (int64_t i = 0; i < p.count; ++i) grow(int(i));
   }
   const char* name() const override { return recipe_.backward == Fp8Format::e5m2 ? "fp8 hybrid" : "fp8 e4m3"; }
@@ -270,7 +271,7 @@ class Fp8Policy final : public MixedPrecisionPolicy {
       index[k].push_back(i);
     }
     for (int k : {0, 1})
-      for (Comm* c : {tp_, k ? expert_dp_ : dp_})
+      for (Comm* c : {k && experts_whole_ ? nullptr : tp_, k ? expert_dp_ : dp_})
         if (c && !amax[k].empty()) c->all_reduce(amax[k].data(), int64_t(amax[k].size()), ReduceOp::max);
     for (int k : {0, 1})
       for (size_t j = 0; j < index[k].size(); ++j) {
@@ -335,6 +336,7 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   Comm* dp_;
   Comm* expert_dp_;           // expert parallelism: the experts' amaxes over this group (null: none)
   std::vector<bool> expert_;  // by parameter index (empty: no expert parallelism, every amax over dp_)
+  bool experts_whole_;        // the experts' amaxes not over tp_ (Fp8Params::experts_whole)
   std::vector<State> states_;
   WeightCache<uint16_t> weights_;
   DeviceArray<uint16_t> a_, g_;  // quantized operands (bf16 patterns of fp8 values)

@@ -87,6 +87,9 @@ struct Fp8Params {
   int64_t count = 0;          // 0: unknown (the list grows as weights are used: one rank only)
   std::vector<bool> expert;   // by parameter index (empty: none)
   Comm* expert_dp = nullptr;
+  // Whole experts (--expert-tensor-parallel-size 1 under tensor parallelism): the tensor-parallel ranks
+  // hold other experts, so the experts' amaxes are reduced over expert_dp alone.
+  bool experts_whole = false;
 };
 
 // tp, dp: the tensor- and data-parallel groups the amaxes are reduced over (null or size

@@ -742,8 +742,6 @@ void validate(TrainArgs& a) {
     if (!a.sequence_parallel)
       LATTICE_FAIL() << "--expert-tensor-parallel-size 1 needs --sequence-parallel (each tensor-parallel rank routes "
                         "its own rows)";
-    if (!a.fp8_format.empty())
-      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --fp8-format is not implemented";
   }
   if (impl.num_dataset_builder_threads < 1)
     LATTICE_FAIL() << "--num-dataset-builder-threads must be >= 1, got " << impl.num_dataset_builder_threads;

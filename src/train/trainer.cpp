@@ -345,9 +345,10 @@ int run_training(const TrainArgs& args) {
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
   Fp8Params fp8_params;  // every rank reduces every weight's amax; the experts' over their replicas
   fp8_params.count = int64_t(model.params().infos().size());
-  if (ps->layout().ep > 1) {
+  if (ps->layout().ep > 1 || model.experts_whole()) {
     for (const ParamInfo& p : model.params().infos()) fp8_params.expert.push_back(p.expert);
     fp8_params.expert_dp = &ps->expert_dp();
+    fp8_params.experts_whole = model.experts_whole();
   }
   const std::unique_ptr<MixedPrecisionPolicy> precision =
       make_precision_policy(args, &ps->tp(), &ps->dp_cp(), fp8_params);
@@ -447,7 +448,8 @@ int run_training(const TrainArgs& args) {
     if (l.pp == 1 && l.ep == 1) return;
     for (int root_index = 0; root_index < l.pp * l.ep; ++root_index) {
       const int stage = root_index / l.ep, e = root_index % l.ep;
-      const int root = l.rank_of(0, 0, e, stage);
+      // (whole experts: a stage's first ep ranks hold every expert between them)
+      const int root = l.experts_whole ? stage * l.tp * l.cp * l.dp + e : l.rank_of(0, 0, e, stage);
       std::string text = ps->world_rank() == root ? fp8_state_to_json(states).dump() : std::string();
       int64_t bytes = int64_t(text.size());
       ps->world().broadcast(&bytes, int64_t(sizeof bytes), root);

@@ -154,6 +154,7 @@ EpRun train(const Case& c, ParallelState* ps) {
     if (ps) {
       for (const ParamInfo& p : model.params().infos()) params.expert.push_back(p.expert);
       params.expert_dp = &ps->expert_dp();
+      params.experts_whole = model.experts_whole();
     }
     policy = make_fp8_policy(make_fp8_recipe("hybrid", 0, 4, "max"), ps ? &ps->tp() : nullptr,
                              ps ? &ps->dp() : nullptr, params);
@@ -330,6 +331,10 @@ INSTANTIATE_TEST_SUITE_P(
                            false, 0, false, {}, false, false, false, 2}),
         whole_experts(Case{"Tp2Cp2Etp1Ep2SigmoidBiasJitterMoeLayerRecompute", 4, 2, 1, 2, 4, true, false, false, 0.0f,
                            false, true, 0, false, {}, false, true, false, 2, {}, false, 0.3f}),
+        // fp8: each expert's amaxes over its copies alone (the tensor-parallel ranks hold other experts).
+        whole_experts(Case{"Tp2Etp1Ep2Fp8", 2, 2, 1, 2, 4, true, true, false, 0.0f, false, false, 0, false, {}, true}),
+        whole_experts(Case{"Tp2Dp2Etp1Ep2EightExpertsFp8", 4, 2, 1, 2, 8, true, true, false, 0.0f, false, false, 0, false,
+                           {}, true}),
         whole_experts(Case{"Tp2Pp2Etp1Ep2FullRecompute", 4, 2, 2, 2, 4, true, false, false, 0.0f, false, false, 0, true,
                            {1, 0, 0, 1}})),
     [](const auto& info) { return info.param.name; });

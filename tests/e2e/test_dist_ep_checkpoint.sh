@@ -80,10 +80,9 @@ resume "EP=2 on 4 ranks -> TP=2 x CP=2 x EP=4 whole experts" ckpt 4 --train-iter
   --context-parallel-size 2 --expert-model-parallel-size 4
 
 # fp8 (hybrid, with bf16) at EP 2: each expert's delayed-scaling state reaches the checkpoint from
-# a rank that holds it, and the run resumes in one process.
-if "${MPIRUN[@]}" -np 4 "$LATTICE" "${TRAIN[@]}" --train-iters 4 --exit-interval 2 --bf16 --fp8-format hybrid \
-     --use-distributed-optimizer --expert-model-parallel-size 2 --save ckpt-fp8 > fp8.log 2>&1; then
-  if python3 - ckpt-fp8/iter_0000002/checkpoint.json <<'PY'; then
+# a rank that holds it, and the run resumes in one process; likewise at TP 2 x EP 2 with whole experts.
+fp8_experts_saved() {  # CHECKPOINT_JSON: every expert's fc1 and fc2 scaling state is there
+  python3 - "$1" <<'PY'
 import json, sys
 def find(o):
     if isinstance(o, dict):
@@ -99,6 +98,10 @@ missing = [w for w in want if w not in fp8]
 print("fp8 states: %d, experts' missing: %s" % (len(fp8), missing))
 sys.exit(1 if missing else 0)
 PY
+}
+if "${MPIRUN[@]}" -np 4 "$LATTICE" "${TRAIN[@]}" --train-iters 4 --exit-interval 2 --bf16 --fp8-format hybrid \
+     --use-distributed-optimizer --expert-model-parallel-size 2 --save ckpt-fp8 > fp8.log 2>&1; then
+  if fp8_experts_saved ckpt-fp8/iter_0000002/checkpoint.json; then
     pass "fp8 at EP 2: the checkpoint holds every expert's scaling state"
   else
     fail "fp8 at EP 2: experts' scaling states missing from the checkpoint"
@@ -109,6 +112,11 @@ PY
 else
   fail "fp8 run at EP 2 failed: $(tail -2 fp8.log)"
 fi
+"${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 2 --bf16 --fp8-format hybrid "${WHOLE[@]}" \
+  --expert-model-parallel-size 2 --save ckpt-fp8-whole > fp8-whole.log 2>&1 &&
+  fp8_experts_saved ckpt-fp8-whole/iter_0000002/checkpoint.json &&
+  pass "fp8 at TP 2 x EP 2 with whole experts: the checkpoint holds every expert's scaling state" ||
+  fail "fp8 with whole experts: $(tail -2 fp8-whole.log)"
 
 # Megatron's MoE implementation flags change nothing: the first iterations bit for bit.
 OMP_NUM_THREADS=1 "$LATTICE" "${TRAIN[@]}" --train-iters 20 --exit-interval 3 --moe-grouped-gemm --moe-permute-fusion --moe-shared-expert-overlap \
