@@ -23,33 +23,31 @@ ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp, int dist_o
   const int dp = world / (tp * cp * pp);
   if (etp != 0 && etp != 1 && etp != tp)
     LATTICE_FAIL() << "--expert-tensor-parallel-size " << etp << " is neither 1 nor --tensor-model-parallel-size " << tp;
-  if (etp == 1 && tp > 1) {  // the experts whole: ep groups over the stage's tp x dp ranks
-    if (dist_opt_instances > 1)
-      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --num-distributed-optimizer-instances "
-                     << dist_opt_instances << " is not implemented";
-    if ((tp * cp * dp) % ep != 0)
-      LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide tensor " << tp
-                     << (cp > 1 ? " x context-parallel " + std::to_string(cp) : std::string()) << " x data-parallel "
-                     << dp << ": with --expert-tensor-parallel-size 1 the experts are split over those ranks";
-    ParallelLayout l{world, tp, pp, dp, ep, cp, dist_opt_instances};
-    l.experts_whole = true;
-    return l;
-  }
-  if (dp % ep != 0)
+  const bool whole = etp == 1 && tp > 1;  // the experts whole: ep groups over the stage's tp x cp x dp ranks
+  if (whole && (tp * cp * dp) % ep != 0)
+    LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide tensor " << tp
+                   << (cp > 1 ? " x context-parallel " + std::to_string(cp) : std::string()) << " x data-parallel "
+                   << dp << ": with --expert-tensor-parallel-size 1 the experts are split over those ranks";
+  if (!whole && dp % ep != 0)
     LATTICE_FAIL() << "--expert-model-parallel-size " << ep << " does not divide the data-parallel size " << dp
                    << " (world " << world << " / (tensor " << tp << " x pipeline " << pp
                    << ")): the experts are split over data-parallel ranks";
   ParallelLayout l{world, tp, pp, dp, ep, cp, dist_opt_instances};
+  l.experts_whole = whole;
   if (dist_opt_instances < 1)
     LATTICE_FAIL() << "--num-distributed-optimizer-instances must be >= 1, got " << dist_opt_instances;
   // An instance is a run of whole data-parallel ranks (each with all its context-parallel ranks) that
-  // holds whole copies of the model, every expert included: the instances divide dp and dp / ep.
-  if (dp % dist_opt_instances != 0 || l.expert_dp() % dist_opt_instances != 0)
+  // holds whole copies of the model, every expert included: the instances divide dp and the copies of
+  // each expert (dp / ep per context-parallel rank; whole experts: tp cp dp / ep).
+  const int copies = whole ? l.expert_dp_group() : l.expert_dp();
+  if (dp % dist_opt_instances != 0 || copies % dist_opt_instances != 0)
     LATTICE_FAIL() << "--num-distributed-optimizer-instances " << dist_opt_instances << " does not divide the "
-                   << (dp % dist_opt_instances != 0 ? "data-parallel size " + std::to_string(dp)
-                                                    : "expert data-parallel size " + std::to_string(l.expert_dp()) +
-                                                          " (data-parallel " + std::to_string(dp) +
-                                                          " / --expert-model-parallel-size " + std::to_string(ep) + ")")
+                   << (dp % dist_opt_instances != 0
+                           ? "data-parallel size " + std::to_string(dp)
+                           : "expert data-parallel size " + std::to_string(copies) + " (" +
+                                 (whole ? "tensor x context x data-parallel " + std::to_string(tp * cp * dp)
+                                        : "data-parallel " + std::to_string(dp)) +
+                                 " / --expert-model-parallel-size " + std::to_string(ep) + ")")
                    << ": each instance is an equal run of data-parallel ranks holding every weight";
   return l;
 }
@@ -111,7 +109,7 @@ GroupPlan plan_groups(const ParallelLayout& l) {
   if (l.experts_whole) {  // a stage's ranks in rank order (tp, cp, dp): ep groups of consecutive ones
     g.tp_cp = groups_varying(l, {kTp, kCp});
     const int stage = l.tp * l.cp * l.dp;
-    for (int pp_r = 0; pp_r < l.pp; ++pp_r) {
+    for (int pp_r = 0; pp_r < l.pp; ++pp_r) {  // (expert_dp: the copies in instance order, block by block)
       for (int block = 0; block < l.expert_dp_group(); ++block) {
         g.ep.emplace_back();
         for (int e = 0; e < l.ep; ++e) g.ep.back().push_back(pp_r * stage + block * l.ep + e);
@@ -122,26 +120,26 @@ GroupPlan plan_groups(const ParallelLayout& l) {
           g.expert_dp.back().push_back(pp_r * stage + block * l.ep + e);
       }
     }
-    return g;  // (one distributed-optimizer instance)
-  }
-  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
-    for (int cp_r = 0; cp_r < l.cp; ++cp_r)
+  } else {
+    for (int pp_r = 0; pp_r < l.pp; ++pp_r)
+      for (int cp_r = 0; cp_r < l.cp; ++cp_r)
+        for (int tp_r = 0; tp_r < l.tp; ++tp_r)
+          for (int block = 0; block < l.expert_dp(); ++block) {  // ep consecutive data-parallel ranks
+            std::vector<int> grp;
+            for (int e = 0; e < l.ep; ++e) grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
+            g.ep.push_back(grp);
+          }
+    // The experts' gradients: every ep-th data-parallel rank, at every context-parallel rank (each
+    // holds a share of the tokens), block-major as dp x cp is (dp rank x cp + cp rank).
+    for (int pp_r = 0; pp_r < l.pp; ++pp_r)
       for (int tp_r = 0; tp_r < l.tp; ++tp_r)
-        for (int block = 0; block < l.expert_dp(); ++block) {  // ep consecutive data-parallel ranks
+        for (int e = 0; e < l.ep; ++e) {
           std::vector<int> grp;
-          for (int e = 0; e < l.ep; ++e) grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
-          g.ep.push_back(grp);
+          for (int block = 0; block < l.expert_dp(); ++block)
+            for (int cp_r = 0; cp_r < l.cp; ++cp_r) grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
+          g.expert_dp.push_back(grp);
         }
-  // The experts' gradients: every ep-th data-parallel rank, at every context-parallel rank (each
-  // holds a share of the tokens), block-major as dp x cp is (dp rank x cp + cp rank).
-  for (int pp_r = 0; pp_r < l.pp; ++pp_r)
-    for (int tp_r = 0; tp_r < l.tp; ++tp_r)
-      for (int e = 0; e < l.ep; ++e) {
-        std::vector<int> grp;
-        for (int block = 0; block < l.expert_dp(); ++block)
-          for (int cp_r = 0; cp_r < l.cp; ++cp_r) grp.push_back(l.rank_of(tp_r, cp_r, block * l.ep + e, pp_r));
-        g.expert_dp.push_back(grp);
-      }
+  }
   if (l.dist_opt_instances > 1) {
     split_groups(g.dp_cp, l.dist_opt_instances, g.dp_cp_shard, g.dp_cp_replicas);
     split_groups(g.expert_dp, l.dist_opt_instances, g.expert_dp_shard, g.expert_dp_replicas);
@@ -198,7 +196,7 @@ std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double time
   if (dist_opt_instances > 1) {
     s->dp_cp_shard_ = make_mpi_comm("dp_cp_shard", g.dp_cp_shard);
     s->dp_cp_replicas_ = make_mpi_comm("dp_cp_replicas", g.dp_cp_replicas);
-    if (ep > 1) {
+    if (s->expert_dp_) {
       s->expert_dp_shard_ = make_mpi_comm("expert_dp_shard", g.expert_dp_shard);
       s->expert_dp_replicas_ = make_mpi_comm("expert_dp_replicas", g.expert_dp_replicas);
     }

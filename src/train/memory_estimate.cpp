@@ -235,8 +235,7 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
                                                        << expert_ranks << " ranks";
   const int expert_dp_ranks = expert_ranks / m.ep * (whole ? 1 : m.cp) / m.dist_opt_instances;
   const int ep_rank = expert_place % m.ep;
-  const int expert_dp_rank =
-      whole ? expert_place / m.ep : (expert_place / m.ep * m.cp + r.cp_rank) % expert_dp_ranks;
+  const int expert_dp_rank = (whole ? expert_place / m.ep : expert_place / m.ep * m.cp + r.cp_rank) % expert_dp_ranks;
   const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place, ep_rank, m.ep);
   r.buffer_elements = pb.numel();
   r.parameters = parameters_in(pb, {{0, pb.numel()}});

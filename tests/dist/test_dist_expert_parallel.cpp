@@ -335,6 +335,10 @@ INSTANTIATE_TEST_SUITE_P(
         whole_experts(Case{"Tp2Etp1Ep2Fp8", 2, 2, 1, 2, 4, true, true, false, 0.0f, false, false, 0, false, {}, true}),
         whole_experts(Case{"Tp2Dp2Etp1Ep2EightExpertsFp8", 4, 2, 1, 2, 8, true, true, false, 0.0f, false, false, 0, false,
                            {}, true}),
+        // --num-distributed-optimizer-instances 2 at TP 2 x DP 2 x EP 2: each instance one data-parallel rank
+        // with its tensor-parallel pair (every expert once), the shards summed with the other instance's.
+        whole_experts(Case{"Tp2Dp2Etp1Ep2TwoOptimizerInstances", 4, 2, 1, 2, 4, true, true, false, 0.1f, true, false, 0,
+                           false, {}, false, false, false, 1, {}, false, 0.0f, false, 2}),
         whole_experts(Case{"Tp2Pp2Etp1Ep2FullRecompute", 4, 2, 2, 2, 4, true, false, false, 0.0f, false, false, 0, true,
                            {1, 0, 0, 1}})),
     [](const auto& info) { return info.param.name; });

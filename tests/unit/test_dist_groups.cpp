@@ -149,8 +149,14 @@ TEST(DistGroups, WholeExpertsSpanTensorAndDataParallel) {
   EXPECT_EQ(gc.ep, (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
   EXPECT_EQ(gc.expert_dp, (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
   EXPECT_EQ(gc.tp_cp, (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  // Two distributed-optimizer instances at TP 2 x DP 4, EP 2: each instance (two data-parallel ranks with
+  // their tensor-parallel pairs) holds two copies of every expert, its shard group one run of them.
+  const GroupPlan gi = plan_groups(make_layout(8, 2, 1, 2, 1, 2, 1));
+  EXPECT_EQ(gi.expert_dp, (std::vector<std::vector<int>>{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(gi.expert_dp_shard, (std::vector<std::vector<int>>{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
+  EXPECT_EQ(gi.expert_dp_replicas, (std::vector<std::vector<int>>{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
   for (auto bad : {std::vector<int>{8, 4, 1, 1, 1, 1, 2}, std::vector<int>{4, 2, 1, 8, 1, 1, 1},
-                   std::vector<int>{8, 2, 1, 3, 2, 1, 1}, std::vector<int>{8, 2, 1, 2, 1, 2, 1}}) {
+                   std::vector<int>{8, 2, 1, 3, 2, 1, 1}, std::vector<int>{4, 2, 1, 4, 1, 2, 1}}) {
     try {
       make_layout(bad[0], bad[1], bad[2], bad[3], bad[4], bad[5], bad[6]);
       ADD_FAILURE() << "layout accepted: world " << bad[0] << " tp " << bad[1] << " ep " << bad[3];

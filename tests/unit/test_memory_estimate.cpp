@@ -93,7 +93,8 @@ RealRank build(const MemoryLayout& m, int w) {
   // stage's tp x dp ranks in rank order.
   const bool whole = m.tp > 1 && m.config.expert_tp(m.tp) == 1;
   const int expert_place = whole ? tp_rank + m.tp * (cp_rank + m.cp * dp_rank) : dp_rank;
-  const int expert_dp_ranks = whole ? m.tp * m.cp * m.dp / m.ep : m.dp / m.ep * m.cp;
+  // (--num-distributed-optimizer-instances: each group cut into that many runs, a rank sharding over its own)
+  const int expert_dp_ranks = (whole ? m.tp * m.cp * m.dp / m.ep : m.dp / m.ep * m.cp) / m.dist_opt_instances;
   r.ep_group = std::make_unique<LayoutGroup>(expert_place % m.ep, m.ep);
   r.cp_group = std::make_unique<LayoutGroup>(cp_rank, m.cp);
   r.model = std::make_unique<GPTModel>(m.config, m.micro_batch_size, m.seq_length,
@@ -103,10 +104,11 @@ RealRank build(const MemoryLayout& m, int w) {
     // As DataParallel/GradSync: this DP rank's shard of every bucket (the experts' over the expert
     // data-parallel group, in which this rank is dp_rank / ep x cp + cp_rank).
     // With context parallelism the gradients are sharded over dp x cp (rank dp_rank cp + cp_rank).
-    const int grad_ranks = m.dp * m.cp, grad_rank = dp_rank * m.cp + cp_rank;
+    const int grad_ranks = m.dp * m.cp / m.dist_opt_instances, grad_rank = (dp_rank * m.cp + cp_rank) % grad_ranks;
     const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(grad_ranks);
     for (const Bucket& b : make_buckets(r.model->params(), bucket, grad_ranks, expert_dp_ranks)) {
-      const int rank = b.expert ? (whole ? expert_place / m.ep : expert_place / m.ep * m.cp + cp_rank) : grad_rank;
+      const int rank =
+          b.expert ? (whole ? expert_place / m.ep : expert_place / m.ep * m.cp + cp_rank) % expert_dp_ranks : grad_rank;
       const int64_t s = b.shard_begin(rank);
       r.owned.emplace_back(s, s + b.shard_counts[size_t(rank)]);
     }
@@ -391,6 +393,13 @@ TEST(MemoryEstimate, WholeExpertRanksEqualTheirModels) {
   cp.sequence_parallel = true;
   cp.distributed_optimizer = true;
   for (int w = 0; w < 8; ++w) expect_matches(cp, w);
+  // Two distributed-optimizer instances at TP 2 x DP 2 x EP 2: the experts sharded over one copy.
+  MemoryLayout two = layout(shared, 2, 1, 2, 1);
+  two.ep = 2;
+  two.sequence_parallel = true;
+  two.distributed_optimizer = true;
+  two.dist_opt_instances = 2;
+  for (int w = 0; w < 4; ++w) expect_matches(two, w);
   TransformerConfig split = c;
   split.expert_tensor_parallel_size = 0;
   MemoryLayout a = layout(c, 2, 1, 2, 1), b = layout(split, 2, 1, 2, 1);
