@@ -101,9 +101,6 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     if (!tp_.sp())
       LATTICE_FAIL() << "--expert-tensor-parallel-size 1 needs --sequence-parallel (each tensor-parallel rank routes "
                         "its own rows)";
-    if (cfg_.moe_seq_aux_loss)
-      LATTICE_FAIL() << "--expert-tensor-parallel-size 1 with --moe-router-load-balancing-type seq_aux_loss is not "
-                        "implemented (a rank's rows are part of a sequence)";
   }
   local_experts_ = cfg_.num_experts / (ep_ ? ep_->size() : 1);
   first_expert_ = ep_ ? local_experts_ * ep_->rank() : 0;
@@ -868,7 +865,7 @@ void GPTModel::track_moe_forward(const LayerParams& p, Activations& a, size_t i,
   }
   if (cfg_.moe_global_aux_loss) {  // the step's counts so far, for this micro-batch's backward
     global_load_balancing_.sum += moe_global_balance(x.moe_global_counts, x.moe_global_tokens, st,
-                                                     global_balance_[index], moe_rows(B * T), moe_shape(T, true, true),
+                                                     global_balance_[index], moe_rows(B * T), moe_shape(B, T, true, true),
                                                      moe_token_group(), data_parallel_);
     global_load_balancing_.count += 1;
   }
@@ -942,7 +939,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
                     // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
-    const MoeShape shape = moe_shape(T, !key.generation, key.training);
+    const MoeShape shape = moe_shape(B, T, !key.generation, key.training);
     if (experts_whole_ && shape.Fs == 0) {  // whole experts: this rank's rows, their whole outputs
       moe_forward(out_rows, input(x.ln2).f32, *x.moe, moe_weights(p, l, B, T, key), Ns, shape);
     } else if (experts_whole_) {
@@ -1148,9 +1145,16 @@ GemmSite GPTModel::router_site(int param) const {
   return site(param);
 }
 
-MoeShape GPTModel::moe_shape(int64_t T, bool capacity, bool training) const {
+MoeShape GPTModel::moe_shape(int64_t B, int64_t T, bool capacity, bool training) const {
   MoeShape s = lattice::moe_shape(cfg_, tp_.size(), ep_ ? ep_->size() : 1);
-  if (cfg_.moe_seq_aux_loss) s.aux_group = T;
+  if (cfg_.moe_seq_aux_loss) {
+    s.aux_group = T;
+    if (experts_whole_) {  // this rank's rows: a part of the B sequences', which the tensor-parallel ranks split
+      s.aux_row0 = tp_.shard_begin(B * T);
+      s.aux_sequences = B;
+      s.aux_split = tp_.size();
+    }
+  }
   s.sinkhorn = cfg_.moe_sinkhorn && training;
   if (!training) s.input_jitter_eps = 0.0f;  // the state is carved with the jitter's buffer all the same
   s.force_balance = cfg_.moe_router_force_load_balancing && capacity;  // training and evaluation, not generation
@@ -1354,7 +1358,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
       // MoE-layer recomputation: the routing, dispatch and experts again into the shared buffers
       // (the output into d_c2, which the backward then overwrites with the input gradient).
       const MoeWeights w = moe_weights(p, l, B, T, key);
-      const MoeShape shape = moe_shape(T, true, true);
+      const MoeShape shape = moe_shape(B, T, true, true);
       // (whole experts with shared experts: the routed input gradient in place among zeros [N, C], to
       // which the shared experts' partial one is added before the reduce-scatter)
       const bool apart = experts_whole_ && shape.shared_apart;

@@ -307,9 +307,9 @@ class GPTModel {
   const float* softmax_offset(const LayerParams& p) const;
   float* softmax_offset_grad(const LayerParams& p);
   // --num-experts: the MoE layer's shape, weights and gradients of layer p (model/moe_layer.h).
-  // T: the sequence length (seq_aux_loss's groups); capacity: a training or evaluation forward, not
-  // generation (the capacity's drops, the forced balance); training: a training forward.
-  MoeShape moe_shape(int64_t T, bool capacity, bool training) const;
+  // B x T: the micro-batch's rows here (seq_aux_loss's sequences); capacity: a training or evaluation
+  // forward, not generation (the capacity's drops, the forced balance); training: a training forward.
+  MoeShape moe_shape(int64_t B, int64_t T, bool capacity, bool training) const;
   // l: the layer's number, B x Tl the micro-batch's rows here (the input jitter's draws).
   MoeWeights moe_weights(const LayerParams& p, int64_t l, int64_t B, int64_t Tl, const MicroBatchKey& key) const;
   MoeGrads moe_grads(const LayerParams& p) const;

@@ -81,6 +81,12 @@ void top_k_experts(std::vector<int32_t>& order, const std::vector<float>& key, c
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
 }
 
+// seq_aux_loss's sequences over N rows (0: none).
+int64_t sequences(int64_t N, const MoeShape& s) {
+  if (s.aux_group <= 0) return 0;
+  return s.aux_sequences > 0 ? s.aux_sequences : N / s.aux_group;
+}
+
 // The shared experts' fc1 outputs, activation and outputs of x [N, C], and their gate.
 void shared_experts_compute(const float* x, MoeState& st, const MoeWeights& w, int64_t N, const MoeShape& s) {
   const int64_t C = s.C;
@@ -379,8 +385,11 @@ void assign_slots(MoeState& st, const std::vector<bool>& kept, int64_t N, const 
 // drop, without the expert bias or the group limit (with neither, the routing's own choice).
 void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape& s, Comm* cp) {
   const int64_t E = s.E, k = s.k;
-  const int64_t Ng = s.aux_group, G = Ng > 0 ? N / Ng : 0;
-  LATTICE_CHECK(Ng == 0 || N % Ng == 0) << "moe_route: " << N << " rows are no whole sequences of " << Ng;
+  const int64_t Ng = s.aux_group, G = sequences(N, s), r0 = s.aux_row0;
+  LATTICE_CHECK(Ng == 0 || s.aux_sequences > 0 || N % Ng == 0)
+      << "moe_route: " << N << " rows are no whole sequences of " << Ng;
+  LATTICE_CHECK(Ng == 0 || r0 + N <= G * Ng) << "moe_route: rows " << r0 << " + " << N << " beyond " << G
+                                              << " sequences of " << Ng;
   // One buffer for the reduction: [E] the micro-batch's counts, then [G, E] the sequences'.
   std::vector<double> counts(size_t((1 + G) * E), 0.0);
   st.prob_sums.assign(size_t(E), 0.0);
@@ -397,7 +406,7 @@ void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape&
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = own_choice ? st.choice[size_t(t * k + j)] : order[size_t(j)];
       counts[size_t(e)] += 1.0;
-      if (G > 0) counts[size_t(E + t / Ng * E + e)] += 1.0;
+      if (G > 0) counts[size_t(E + (r0 + t) / Ng * E + e)] += 1.0;
     }
     for (int64_t e = 0; e < E; ++e) st.prob_sums[size_t(e)] += double(st.scores[size_t(t * E + e)]);
   }
@@ -414,10 +423,10 @@ void router_losses(MoeState& st, const float* logits, int64_t N, const MoeShape&
   for (int64_t e = 0; e < E; ++e) balance += st.prob_sums[size_t(e)] * st.counts[size_t(e)];
   st.balance = N > 0 ? balance * double(E) / (double(k) * Nr * Nr) : 0.0;
   double seq = 0.0;
-  const double Ngr = double(Ng) * double(R);  // a sequence's tokens on all the ranks
+  const double Ngr = double(Ng) * double(R) / double(s.aux_split);  // a sequence's tokens on all the ranks
   for (int64_t g = 0; g < G; ++g) {
     double group = 0.0;
-    for (int64_t t = g * Ng; t < (g + 1) * Ng; ++t)
+    for (int64_t t = std::max<int64_t>(g * Ng - r0, 0); t < std::min((g + 1) * Ng - r0, N); ++t)
       for (int64_t e = 0; e < E; ++e) group += double(st.scores[size_t(t * E + e)]) * st.group_counts[size_t(g * E + e)];
     seq += group * double(E) / (double(k) * Ngr * Ngr);
   }
@@ -794,14 +803,14 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
     const double R = double(st.stat_ranks), Nr = double(N) * R;  // the tokens on every context-parallel rank
     const double base = double(aux_grad_scale) * double(E) / double(k);
     const double ca = base * double(s.aux_loss_coeff) / (Nr * Nr);
-    const int64_t Ng = s.aux_group, G = Ng > 0 ? N / Ng : 0;
-    const double Ngr = double(Ng) * R;
+    const int64_t Ng = s.aux_group, G = sequences(N, s);
+    const double Ngr = double(Ng) * R / double(s.aux_split);
     const double cs = G > 0 ? base * double(s.seq_aux_loss_coeff) / (Ngr * Ngr) / double(G) : 0.0;
     const double cg = global ? base * double(s.global_aux_loss_coeff) / (st.global_tokens * st.global_tokens) : 0.0;
     std::vector<double> ge(static_cast<size_t>(E));
     for (int64_t t = 0; t < N; ++t) {
       const float* p = st.scores.data() + t * E;
-      const double* seq = G > 0 ? st.group_counts.data() + t / Ng * E : nullptr;
+      const double* seq = G > 0 ? st.group_counts.data() + (s.aux_row0 + t) / Ng * E : nullptr;
       double pg = 0.0;
       for (int64_t e = 0; e < E; ++e) {
         double g = ca * st.counts[size_t(e)];

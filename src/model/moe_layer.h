@@ -78,6 +78,11 @@ struct MoeShape {
   bool pre_softmax = false;  // --moe-router-pre-softmax: gates from the softmax over all E logits
   float scale = 1.0f;        // --moe-router-topk-scaling-factor
   int64_t aux_group = 0;     // seq_aux_loss: the rows of a sequence (0: no per-sequence loss)
+  // seq_aux_loss over a part of the micro-batch's aux_sequences x aux_group rows (whole experts: a
+  // rank's sequence-parallel rows): the part's first row among them and the ranks splitting them (a
+  // sequence's tokens on the statistics' ranks are aux_group x those ranks / aux_split). Defaults: the
+  // rows are whole sequences (aux_sequences N / aux_group).
+  int64_t aux_row0 = 0, aux_sequences = 0, aux_split = 1;
   double capacity_factor = 0;  // --moe-expert-capacity-factor (0: dropless)
   bool drop_by_position = false;  // --moe-token-drop-policy position (else probs)
   int64_t groups = 0, group_topk = 0;  // --moe-router-num-groups, --moe-router-group-topk (0: none)
