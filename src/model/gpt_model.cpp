@@ -96,7 +96,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   if (cfg_.mtp() && place_.post_process && !place_.pre_process && cfg_.learned_positions())
     LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope "
                       "or none: the last stage's prediction depths have no position table";
-  experts_whole_ = cfg_.moe() && tp_.size() > 1 && cfg_.expert_tp(tp_.size()) == 1;
+  experts_whole_ = cfg_.experts_whole(tp_.size());
   if (experts_whole_) {  // Megatron's condition for MoE under tensor parallelism
     if (!tp_.sp())
       LATTICE_FAIL() << "--expert-tensor-parallel-size 1 needs --sequence-parallel (each tensor-parallel rank routes "
@@ -476,7 +476,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   const int64_t Vl = cfg.padded_vocab_size / P;
   const bool selective = cfg.recompute_core_attention();
   // The MoE layers' rows: this rank's sequence-parallel rows with whole experts (GPTModel::moe_rows).
-  const int64_t Nm = P > 1 && cfg.expert_tp(P) == 1 ? Ns : N;
+  const int64_t Nm = cfg.experts_whole(P) ? Ns : N;
   // --moe-layer-recompute: every MoE layer's buffers are one shared copy, refilled before its backward.
   std::shared_ptr<MoeState> shared_moe;
   if (cfg.recompute_moe()) {
@@ -937,8 +937,10 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   row_parallel_output(x.resid_mid, in, out_rows, proj_input(a, i, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
                       site_stream(key, p.name + "self_attention.dropout"), runs,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
-  if (cfg_.moe_layer(l)) {  // the MoE layer on every token's row (all-gathered with sequence parallelism): this
-                    // rank's partial y [N, C] in d_c1, reduced as a row-parallel output, then as fc2's
+  // The MoE layer on every token's row (all-gathered with sequence parallelism): this rank's partial y
+  // [N, C] in d_c1, reduced as a row-parallel output; with whole experts on this rank's rows alone. Then
+  // as fc2's output.
+  if (cfg_.moe_layer(l)) {
     const MoeShape shape = moe_shape(B, T, !key.generation, key.training);
     if (experts_whole_ && shape.Fs == 0) {  // whole experts: this rank's rows, their whole outputs
       moe_forward(out_rows, input(x.ln2).f32, *x.moe, moe_weights(p, l, B, T, key), Ns, shape);

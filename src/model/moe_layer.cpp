@@ -162,7 +162,7 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.expert_bias = c.moe_router_enable_expert_bias;
   s.scale = c.moe_router_topk_scaling_factor;
   s.Fs = c.moe_shared_expert_intermediate_size / tp;
-  s.shared_apart = s.Fs > 0 && c.expert_tp(tp) != tp;
+  s.shared_apart = s.Fs > 0 && c.experts_whole(tp);
   s.shared_gate = c.moe_shared_expert_gate;
   s.probs_on_input = c.moe_apply_probs_on_input;
   s.recompute_act = c.recompute_moe_act();

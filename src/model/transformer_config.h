@@ -156,8 +156,10 @@ struct TransformerConfig {
   // sequence-parallel rows and join the expert-parallel group instead of splitting each expert
   // (model/moe_layer.h, dist/parallel_state.h); the other values are the tensor-parallel size's.
   int64_t expert_tensor_parallel_size = 0;
-  // The experts' tensor-parallel size under tp tensor-parallel ranks.
+  // The experts' tensor-parallel size under tp tensor-parallel ranks, and whether the experts are then
+  // whole while the rest is split (the layout GPTModel, the memory estimate and the groups follow).
   int64_t expert_tp(int64_t tp) const { return expert_tensor_parallel_size == 1 ? 1 : tp; }
+  bool experts_whole(int64_t tp) const { return moe() && tp > 1 && expert_tp(tp) == 1; }
   // --moe-z-loss-coeff z (0: none; ST-MoE's router z-loss, Megatron's z_loss_func): z mean_t
   // logsumexp(logits_t)^2 over a micro-batch's tokens, its gradient added to the router's.
   float moe_z_loss_coeff = 0.0f;

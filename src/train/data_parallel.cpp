@@ -13,7 +13,6 @@ DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& 
       dp_(dp),
       grads_(dp_cp ? *dp_cp : dp),
       ep_(ep && ep->size() > 1 ? ep : nullptr),
-      expert_dp_(expert_dp),
       cfg_(cfg),
       sync_(params_, grads_, cfg.bucket_elements > 0 ? cfg.bucket_elements : default_bucket_elements(grads_.size()),
             cfg.overlap_grad_reduce, cfg.distributed_optimizer, cfg.grad_reduce_in_bf16, expert_dp, replicas,
@@ -23,6 +22,7 @@ DataParallel::DataParallel(GPTModel& model, Comm& dp, const DataParallelConfig& 
   LATTICE_CHECK((!ep_ && !model.experts_whole()) ||
                 (expert_dp && expert_dp->size() * (ep_ ? ep_->size() : 1) == expert_ranks))
       << "expert parallelism needs the expert data-parallel group";
+  whole_ = WholeExperts{cfg.distributed_optimizer ? expert_dp : nullptr, ep_};
   model_.set_grad_ready_hook([this](int index) { sync_.grad_ready(index); });
 }
 
@@ -54,12 +54,6 @@ double DataParallel::params_norm(Comm* tp, Comm* pp) {
 
 int64_t DataParallel::count_zero_grads(Comm* tp, Comm* pp) {
   return lattice::count_zero_grads(params_, owned_ranges(), shard_group(), tp, pp, expert_group(), whole_experts());
-}
-
-const WholeExperts* DataParallel::whole_experts() {
-  if (!model_.experts_whole()) return nullptr;
-  whole_ = WholeExperts{cfg_.distributed_optimizer ? expert_dp_ : nullptr, ep_};
-  return &whole_;
 }
 
 void DataParallel::start_param_gather() {

@@ -77,15 +77,14 @@ class DataParallel {
   Comm* shard_group() { return cfg_.distributed_optimizer ? &grads_ : nullptr; }
   Comm* expert_group() const { return cfg_.distributed_optimizer || model_.experts_whole() ? nullptr : ep_; }
   // Whole experts (GPTModel::experts_whole): their squares over their shards' group, then ep (null: not whole).
-  const WholeExperts* whole_experts();
+  const WholeExperts* whole_experts() const { return model_.experts_whole() ? &whole_ : nullptr; }
 
   GPTModel& model_;
   ParamBuffer& params_;
   Comm& dp_;
   Comm& grads_;  // dp, or dp x cp
   Comm* ep_;  // null or one rank: no expert parallelism
-  Comm* expert_dp_;  // the experts' shard group (null: dp)
-  WholeExperts whole_;
+  WholeExperts whole_;  // (whole_experts)
   DataParallelConfig cfg_;
   GradSync sync_;
   std::vector<std::unique_ptr<CommRequest>> gathers_;

@@ -65,7 +65,7 @@ ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const 
     return pb.add_tp(name, shape, ParamInit::zeros, 0, split, r, P);
   };
   // A routed expert's weight: split as the dense MLP's, or whole (--expert-tensor-parallel-size 1).
-  const bool whole_experts = P > 1 && c.expert_tp(P) == 1;
+  const bool whole_experts = c.experts_whole(P);
   auto add_expert = [&](const std::string& name, const Shape& shape, int split) {
     return whole_experts ? pb.add_tp(name, shape, ParamInit::zeros, 0, -1, 0, 1) : add(name, shape, split);
   };
@@ -228,7 +228,7 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   // The experts' gradients: over the expert data-parallel group, every ep-th data-parallel rank at
   // every context-parallel rank (dp / ep x cp ranks; dp x cp without expert parallelism). Whole experts
   // (--expert-tensor-parallel-size 1): every ep-th rank of the stage's tp x cp x dp, in rank order.
-  const bool whole = m.tp > 1 && m.config.moe() && m.config.expert_tp(m.tp) == 1;
+  const bool whole = m.config.experts_whole(m.tp);
   const int expert_ranks = whole ? m.tp * m.cp * m.dp : m.dp;  // the ranks the experts are spread over
   const int expert_place = whole ? r.tp_rank + m.tp * (r.cp_rank + m.cp * r.dp_rank) : r.dp_rank;
   LATTICE_CHECK(m.ep >= 1 && expert_ranks % m.ep == 0) << "memory estimate: expert parallelism " << m.ep << " for "

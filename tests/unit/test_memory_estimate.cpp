@@ -91,7 +91,7 @@ RealRank build(const MemoryLayout& m, int w) {
   r.group = std::make_unique<LayoutGroup>(tp_rank, m.tp);
   // Expert parallelism: dp ranks in groups of ep; whole experts (--expert-tensor-parallel-size 1): the
   // stage's tp x dp ranks in rank order.
-  const bool whole = m.tp > 1 && m.config.expert_tp(m.tp) == 1;
+  const bool whole = m.config.experts_whole(m.tp);
   const int expert_place = whole ? tp_rank + m.tp * (cp_rank + m.cp * dp_rank) : dp_rank;
   // (--num-distributed-optimizer-instances: each group cut into that many runs, a rank sharding over its own)
   const int expert_dp_ranks = (whole ? m.tp * m.cp * m.dp / m.ep : m.dp / m.ep * m.cp) / m.dist_opt_instances;
