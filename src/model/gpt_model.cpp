@@ -1186,7 +1186,7 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p, int64_t l, int64_t B, int
   if (p.router_b >= 0) w.router_bias = params_.param(p.router_b);
   if (p.expert_bias >= 0) w.expert_bias = params_.param(p.expert_bias);
   w.add_fc2_bias = experts_whole_ || tp_.rank() == 0;
-  w.cp = moe_token_group();
+  w.token_group = moe_token_group();
   for (size_t e = 0; e < p.expert_fc1_b.size(); ++e) {
     w.fc1_bias.push_back(params_.param(p.expert_fc1_b[e]));
     w.fc2_bias.push_back(params_.param(p.expert_fc2_b[e]));

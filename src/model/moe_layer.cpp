@@ -706,7 +706,7 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
     bias.resize(size_t(E));
     copy_to_host(bias.data(), w.expert_bias, bias.size() * sizeof(float));
   }
-  moe_route(st, logits.data(), N, s, s.expert_bias ? bias.data() : nullptr, w.cp);
+  moe_route(st, logits.data(), N, s, s.expert_bias ? bias.data() : nullptr, w.token_group);
   const int64_t S = st.offsets[size_t(E)];  // the slots kept (N k without a capacity)
   // --moe-apply-probs-on-input: the gates weigh the experts' input rows, not their outputs.
   moe_gather_rows(st.xe, x, st.rows, S, C, s.probs_on_input ? st.gate : nullptr);

@@ -151,11 +151,12 @@ struct MoeWeights {
   // partial sums the caller reduces); their gradients are made on every rank.
   bool add_fc2_bias = true;
   MoeExpertParallel ep;
-  // Context parallelism: the group whose ranks hold the other parts of the micro-batch's sequences.
-  // The routing statistics count all of their tokens (the load-balancing loss's expert counts summed
-  // over it, its and the z-loss's normalization by every rank's tokens), as Megatron's over tp_cp:
-  // each rank's loss is its tokens' share, the shares summing to the whole micro-batch's.
-  Comm* cp = nullptr;
+  // The group whose ranks route the other rows of the micro-batch's sequences: the context-parallel
+  // group, or with whole experts (--expert-tensor-parallel-size 1) the tensor x context-parallel one
+  // (null: none). The routing statistics count all of their tokens (the load-balancing loss's expert
+  // counts summed over it, its and the z-loss's normalization by every rank's tokens), as Megatron's
+  // over tp_cp: each rank's loss is its tokens' share, the shares summing to the whole micro-batch's.
+  Comm* token_group = nullptr;
   GemmSite router_site;
   std::vector<GemmSite> fc1_site, fc2_site;
   const float* shared_fc1 = nullptr;         // [Fs1, C] the shared experts (Fs > 0)
@@ -269,10 +270,11 @@ void moe_shared_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeSh
 std::vector<float> sinkhorn(const float* logits, int64_t N, int64_t E);
 
 // The routing of host logits [N, E] into st's host fields and device index buffers (the
-// exported pieces are separately testable); bias_host: the expert bias [E] (s.expert_bias); cp: the
-// context-parallel group (MoeWeights::cp; balance and z are then the whole group's, every rank's).
+// exported pieces are separately testable); bias_host: the expert bias [E] (s.expert_bias); tokens: the
+// group routing the micro-batch's other rows (MoeWeights::token_group; balance and z are then the whole
+// group's, every rank's).
 void moe_route(MoeState& st, const float* logits_host, int64_t N, const MoeShape& s,
-               const float* bias_host = nullptr, Comm* cp = nullptr);
+               const float* bias_host = nullptr, Comm* tokens = nullptr);
 
 // global_aux_loss's statistics of one MoE layer over a training step (Megatron's
 // global_tokens_per_expert and ga_steps): the micro-batches' expert counts summed over the data- and
@@ -287,7 +289,7 @@ struct MoeGlobalBalance {
 };
 
 // After a training forward's routing (st): this micro-batch's counts summed over the groups that hold
-// other tokens (the context-parallel group, then the data-parallel one; null or one rank: none) are
+// other tokens (MoeWeights::token_group, then the data-parallel one; null or one rank: none) are
 // added to g; avg [E] is then g's average over its micro-batches and tokens the micro-batch's tokens on
 // every such rank (N times their count), for the backward (MoeState::global_counts, global_tokens).
 // Returns the loss over its coefficient, E / (k tokens^2) sum_e (sum_t p[t, e]) avg_e with the
