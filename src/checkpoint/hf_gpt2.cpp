@@ -281,7 +281,9 @@ HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t s
 
 std::string hf_gpt2_mismatch(const TransformerConfig& c) {
   std::ostringstream why;
-  if (c.attention_width() != c.hidden_size)
+  if (c.attention_output_gate)
+    why << "the attention output gate (--attention-output-gate; HuggingFace GPT-2's attention has none)";
+  else if (c.attention_width() != c.hidden_size)
     why << "--kv-channels " << c.kv_channels << " x " << c.num_attention_heads << " heads, not its hidden size "
         << c.hidden_size << " (HuggingFace GPT-2's attention is as wide as its hidden size)";
   else if (c.rmsnorm())

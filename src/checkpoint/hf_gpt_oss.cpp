@@ -281,6 +281,7 @@ json hf_gpt_oss_config_json(const TransformerConfig& c, const std::string& token
 }
 
 std::string hf_gpt_oss_mismatch(const TransformerConfig& c) {
+  if (c.attention_output_gate) return "the attention output gate (--attention-output-gate; HuggingFace GPT-OSS has none)";
   if (!c.moe() || !c.moe_layer_pattern.empty())
     return "dense MLP layers (HuggingFace GPT-OSS's every MLP is a mixture of experts: --num-experts without "
            "--moe-layer-freq)";

@@ -469,6 +469,8 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
 }
 
 std::string hf_llama_mismatch(const TransformerConfig& c) {
+  if (c.attention_output_gate)
+    return "the attention output gate (--attention-output-gate; no HuggingFace Llama-family model has one)";
   if (!c.rope())
     return c.learned_positions() ? "learned absolute positions (HuggingFace Llama has the rotary embedding)"
                                  : "no position embedding (--position-embedding-type none; HuggingFace Llama has the "

@@ -50,6 +50,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"add_qkv_bias", "--add-qkv-bias", false},
       {"qk_layernorm", "--qk-layernorm", false},
       {"qk_l2_norm", "--qk-l2-norm", false},
+      {"attention_output_gate", "--attention-output-gate", false},
       {"squared_relu", "--squared-relu", false},
       {"apply_layernorm_1p", "--apply-layernorm-1p", false},
       {"num_experts", "--num-experts", 0},
@@ -141,6 +142,7 @@ json model_config_json(const TransformerConfig& c) {
           {"add_qkv_bias", c.add_qkv_bias},
           {"qk_layernorm", c.qk_layernorm},
           {"qk_l2_norm", c.qk_l2_norm},
+          {"attention_output_gate", c.attention_output_gate},
           {"squared_relu", c.gelu == GeluKind::squared_relu},
           {"apply_layernorm_1p", c.apply_layernorm_1p},
           {"num_experts", c.num_experts},
@@ -211,6 +213,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.add_qkv_bias = optional_field(j, "add_qkv_bias").get<bool>();
     c.qk_layernorm = optional_field(j, "qk_layernorm").get<bool>();
     c.qk_l2_norm = optional_field(j, "qk_l2_norm").get<bool>();
+    c.attention_output_gate = optional_field(j, "attention_output_gate").get<bool>();
     if (optional_field(j, "squared_relu").get<bool>()) c.gelu = GeluKind::squared_relu;
     c.apply_layernorm_1p = optional_field(j, "apply_layernorm_1p").get<bool>();
     c.num_experts = optional_field(j, "num_experts").get<int64_t>();

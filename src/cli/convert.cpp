@@ -141,6 +141,10 @@ void to_hf(const SimpleFlags& f) {
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
+  if (c.attention_output_gate)
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has the attention output gate "
+                   << "(--attention-output-gate): none of the HuggingFace models lattice writes (GPT-2, Llama, Qwen, "
+                      "Mistral, Mixtral, DeepSeek, GPT-OSS) has one";
   if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 or V2, or an error saying why not
     save_hf_deepseek_mla(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);

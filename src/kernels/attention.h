@@ -27,7 +27,10 @@ struct AttentionShape {
   // are exp(s_j) / (exp(softmax_offset[h]) + sum_j exp(s_j)) (s_j the scaled scores), so they sum
   // to less than 1. lse includes the sink's term.
   const float* softmax_offset = nullptr;
-  LATTICE_HD QkvLayout layout() const { return {H, G > 0 ? G : H, D}; }
+  // qkv holds the output gates too (QkvLayout::gated, [B, T, G, 2R + 2, D]): the attention reads and
+  // writes its queries', keys' and values' slots only, never the gates'.
+  bool gated = false;
+  LATTICE_HD QkvLayout layout() const { return {H, G > 0 ? G : H, D, gated}; }
   // The first key the query at position p sees.
   LATTICE_HD int64_t first_key(int64_t p) const { return window < 0 || p <= window ? 0 : p - window; }
 };
@@ -116,6 +119,7 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv, cons
 // its R heads' (added in head order per key tile). Recomputes the probabilities from lse.
 // dqkv_bf16, when not null, gets dqkv's bf16 cast too (the QKV layer's output gradient as
 // its GEMMs read it, made here instead of by a conversion pass).
+// With output gates (s.gated) dqkv's gate slots are left as they are, and dqkv_bf16 and dbias must be null.
 // dbias, when not null, accumulates the QKV layer's bias gradient, the column sums of dqkv
 // over its B*T rows: dbias[slot*D + d] += sum_(b,t) dqkv[b,t,slot,d]. dqkv is then
 // scratch: the tensor-core kernels sum each tile's rows as they finish it and never store

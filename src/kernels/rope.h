@@ -26,11 +26,11 @@ struct RopeTable {
   bool interleaved = false;
 };
 
-// The H + G rotated vectors of a token: vector v is slot rope_slot(layout, v), the query or key
-// of group v / (R + 1).
+// The H + G rotated vectors of a token: vector v is slot rope_slot(layout, v), query v % (R + 1)
+// of group v / (R + 1), or the group's key when v % (R + 1) = R (the gates and values are not rotated).
 LATTICE_HD inline int64_t rope_slot(const QkvLayout& layout, int64_t v) {
-  const int64_t per_group = layout.R() + 1;
-  return v / per_group * (per_group + 1) + v % per_group;
+  const int64_t per_group = layout.R() + 1, g = v / per_group, j = v % per_group;
+  return j < layout.R() ? g * layout.group_slots() + j : layout.kv_slot(g, 1);
 }
 
 // qkv [N, G, R + 2, D]: queries and keys rotated in place.

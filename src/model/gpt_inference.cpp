@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/attention_gate.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
@@ -212,7 +213,7 @@ void GPTInference::mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t 
 void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, H = cfg_.num_attention_heads;
   const int64_t D = cfg_.kv_channels, Q = cfg_.attention_width(), Vp = cfg_.padded_vocab_size, Tmax = capacity_;
-  const QkvLayout layout{H, cfg_.num_query_groups, D};
+  const QkvLayout layout{H, cfg_.num_query_groups, D, cfg_.attention_output_gate};
   const float eps = cfg_.layernorm_epsilon;
   const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
   LATTICE_CHECK(n > 0) << "append: no tokens";
@@ -240,7 +241,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     if (cfg_.multi_latent_attention)
       mla_qkv(qkv, p, ln, n);
     else
-      linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D]
+      linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D] (gated: 2H/G + 2)
     if (cfg_.qk_norm())
       qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
                            eps, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
@@ -249,6 +250,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
     cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
                              layout, Tmax, cfg_.attention_window(l), p.softmax_offset);
+    if (cfg_.attention_output_gate) attention_output_gate_forward(attn, attn, qkv, n, layout);  // in place
     if (cfg_.multi_latent_attention) {  // linear_proj reads the values' dims of each head
       mla_values(attn_v_.data(), attn, n, mla_shape(cfg_, H));
       linear_forward(tmp, attn_v_.data(), p.proj_w, p.proj_b, n, cfg_.attention_output_width(), C);

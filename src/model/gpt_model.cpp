@@ -11,6 +11,7 @@
 #include "dist/comm.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/attention_gate.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
@@ -683,6 +684,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
     sc.mtp_d_cat_s = tp.sp() ? arena.alloc_f32(Ns * 2 * C, "grad") : nullptr;
     sc.mtp_d_h = arena.alloc_f32(Ns * C, "grad");
   }
+  if (cfg.attention_output_gate) sc.attn_gated = arena.alloc_f32(N * Cl, "attention output gate");
   if (cfg.qk_norm()) {
     sc.qk_tmp = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
     sc.qk_dx = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "grad");
@@ -931,6 +933,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                          cfg_.layernorm_epsilon, qk_normalization());
   rotate_qkv(x.qkv, B, T);
   core_attention_forward(p, a, i, B, T, key);
+  gate_attention_output(x.attn, x.qkv, N);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add), with LN2 of the result.
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
@@ -1053,6 +1056,10 @@ uint16_t* GPTModel::attn_bf16(float* qkv, int64_t N) const {
   return reinterpret_cast<uint16_t*>(qkv) + N * qkv_local();
 }
 
+void GPTModel::gate_attention_output(const float* attn, const float* qkv, int64_t N) {
+  if (cfg_.attention_output_gate) attention_output_gate_forward(scratch_->attn_gated, attn, qkv, N, qkv_layout());
+}
+
 LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const {
   if (uint16_t* attn16 = attn_bf16(qkv, N)) return LinearInput::in_bf16(attn16);
   return LinearInput(attn);
@@ -1061,6 +1068,7 @@ LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const
 LinearInput GPTModel::proj_input(const Activations& a, size_t i, int64_t N) const {
   const Activations::Layer& x = a.layers[i];
   if (cfg_.multi_latent_attention) return LinearInput(x.attn_v);
+  if (cfg_.attention_output_gate) return LinearInput(scratch_->attn_gated);
   return proj_input(x.qkv, x.attn, N);
 }
 
@@ -1272,7 +1280,8 @@ void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   AttentionDropout ad{p_attn, site_stream(key, p.name + "core_attention.dropout"), 0,
                       cfg_.num_attention_heads, Hl_ * tp_.rank()};
-  const AttentionShape shape{B, T, Hl_, cfg_.kv_channels, Gl_, cfg_.attention_window(p.layer), softmax_offset(p)};
+  const AttentionShape shape{B, T, Hl_, cfg_.kv_channels, Gl_, cfg_.attention_window(p.layer), softmax_offset(p),
+                             cfg_.attention_output_gate};
   if (cp_.on()) {  // the queries of this rank's tokens over the whole sequences' keys and values
     const ContextSplit s = cp_.split(T * cp_.size());
     gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
@@ -1439,10 +1448,15 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     const bool bf16_d_attn = bf16_qkv();
     // MLA with values narrower than the heads: the gradient of attn_v, widened into d_c2.
     float* d_proj_in = mla && sc.mla_d_attn_v ? sc.mla_d_attn_v : sc.d_c2;
+    gate_attention_output(x.attn, x.qkv, N);  // the projection's input again (--attention-output-gate)
     row_parallel_linear_backward(tp_, d_proj_in, params_.grad(p.proj_w), d_proj.bf16 ? nullptr : bias_grad_or_null(p.proj_b),
                                  d_proj.fp32, sc.d_c1, proj_input(a, i, N), params_.param(p.proj_w), N, Cl,
                                  C, bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w), d_proj.bf16);
     if (d_proj_in != sc.d_c2) mla_attention_output_backward(d_proj_in, N);
+    // --attention-output-gate: the attention output's gradient in place of the gated one's, the gates'
+    // into d_3c's gate slots (the attention backward writes the others).
+    if (cfg_.attention_output_gate)
+      attention_output_gate_backward(sc.d_c2, sc.d_3c, sc.d_c2, x.attn, x.qkv, N, qkv_layout());
     const AttentionOperand d_attn = bf16_d_attn
                                         ? AttentionOperand::in_bf16(reinterpret_cast<const uint16_t*>(sc.d_c2))
                                         : AttentionOperand(sc.d_c2);
@@ -1455,7 +1469,8 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     // store in sc.d_3c).
     uint16_t* d_3c16 = bf16_d_attn && qkv_local() <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
     float* d_qkv_b = d_3c16 ? bias_grad_or_null(p.qkv_b) : nullptr;
-    const AttentionShape shape{B, T, Hl_, D, Gl_, cfg_.attention_window(p.layer), softmax_offset(p)};
+    const AttentionShape shape{B, T, Hl_, D, Gl_, cfg_.attention_window(p.layer), softmax_offset(p),
+                               cfg_.attention_output_gate};
     if (cp_.on()) {
       // The keys and values gathered again; their gradients (every rank's queries') summed back
       // to the ranks holding their tokens, into d_3c's key and value slots.

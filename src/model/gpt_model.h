@@ -507,8 +507,11 @@ class GPTModel {
   bool bf16_logits() const { return bf16_logits_on_ && gemm_policy_ && gemm_policy_->bf16_results(); }
   // The QKV layer's result in bf16 (set_bf16_qkv), and the core attention's input for it.
   // Not with the rotary embedding, which rotates the fp32 q and k (with their bias) in place
-  // before the attention reads them, nor with context parallelism, which gathers fp32 keys.
-  bool bf16_qkv() const { return bf16_attention_operands() && !rope_ && !cfg_.qk_norm(); }
+  // before the attention reads them, nor with context parallelism, which gathers fp32 keys, nor
+  // with the output gate (its kernels read fp32 gates and write the gates' fp32 gradients).
+  bool bf16_qkv() const {
+    return bf16_attention_operands() && !rope_ && !cfg_.qk_norm() && !cfg_.attention_output_gate;
+  }
   // set_bf16_qkv's switch with a policy that has bf16 results (the rotary embedding aside).
   bool bf16_attention_operands() const {
     return bf16_qkv_on_ && gemm_policy_ && gemm_policy_->bf16_results() && !cfg_.moe() && !cp_.on();
@@ -565,8 +568,12 @@ class GPTModel {
   // qkv, attn: a layer's buffers (Activations::Layer).
   uint16_t* attn_bf16(float* qkv, int64_t N) const;
   LinearInput proj_input(float* qkv, const float* attn, int64_t N) const;
-  // The linear_proj's input of layer x (its bf16 attn, attn, or MLA's attn_v).
+  // The linear_proj's input of layer x (its bf16 attn, attn, MLA's attn_v, or the gated attn made by
+  // gate_attention_output).
   LinearInput proj_input(const Activations& a, size_t i, int64_t N) const;
+  // --attention-output-gate: a layer's attn [N, Q/P] times sigmoid of its qkv's gates into
+  // scratch_->attn_gated; else nothing.
+  void gate_attention_output(const float* attn, const float* qkv, int64_t N);
   // linear_proj's inputs on this rank: Hl x kv_channels, or Hl x v_head_dim with MLA.
   int64_t proj_in_local() const { return cfg_.attention_output_width() / tp_.size(); }
   // The gradient of a row-parallel layer's output ([Ns, C]) from d_resid, the residual
@@ -618,7 +625,7 @@ class GPTModel {
   // The QKV layer's output columns on this rank: 3 Hl D, or with grouped-query attention
   // (Hl + 2 Gl) D.
   int64_t qkv_local() const { return cfg_.qkv_width() / tp_.size(); }
-  QkvLayout qkv_layout() const { return {Hl_, Gl_, cfg_.kv_channels}; }  // this rank's qkv (kernels/qkv_layout.h)
+  QkvLayout qkv_layout() const { return {Hl_, Gl_, cfg_.kv_channels, cfg_.attention_output_gate}; }  // this rank's qkv (kernels/qkv_layout.h)
   // fc1's output columns on this rank: Fl_, or the gate's and the up projection's with SwiGLU.
   int64_t fc1_local() const { return cfg_.fc1_width() / tp_.size(); }
   int64_t vocab_begin_, vocab_valid_;  // first vocabulary row here; real (unpadded) rows here

@@ -108,6 +108,9 @@ struct GPTModel::Scratch {
   MoeScratch moe;             // --num-experts: the MoE backward's scratch
   float* qk_tmp = nullptr;    // --qk-layernorm, --qk-l2-norm: [N (Hl + Gl), D] the norm's output, then its output gradient
   float* qk_dx = nullptr;     //   [N (Hl + Gl), D] its input gradient
+  // --attention-output-gate: [N, Q/P] the gated attention output, linear_proj's input (made before the
+  // projection's forward and again before its backward, from the kept attention output and gates)
+  float* attn_gated = nullptr;
   // --multi-latent-attention: the up projections' outputs in forward, their gradients in backward
   float* mla_q = nullptr;        // [N, Hl Dq]
   float* mla_kv = nullptr;       // [N, Hl (Dn + Dv)]

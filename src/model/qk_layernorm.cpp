@@ -6,18 +6,18 @@
 namespace lattice {
 namespace {
 
-// The queries and keys of qkv [N, G, R + 2, D] <-> rows [N H | N G, D] (qk_layernorm.h).
-// Per token and group the R query vectors are one block of R D values, the key one of D.
+// The queries and keys of qkv [N, G, R + 2, D] (with gates [N, G, 2R + 2, D]) <-> rows [N H | N G, D]
+// (qk_layernorm.h). Per token and group the R query vectors are one block of R D values, the key one of D.
 void copy_qk(float* qkv, float* rows, int64_t N, const QkvLayout& L, bool gather) {
-  const int64_t R = L.R(), D = L.D, blocks = N * L.G;
-  const size_t f = sizeof(float), group = size_t((R + 2) * D) * f;
+  const int64_t R = L.R(), D = L.D, blocks = N * L.G, key = L.kv_slot(0, 1) * D;
+  const size_t f = sizeof(float), group = size_t(L.group_slots() * D) * f;
   float* keys = rows + N * L.H * D;
   if (gather) {
     copy_rows_on_device(rows, size_t(R * D) * f, qkv, group, size_t(R * D) * f, size_t(blocks));
-    copy_rows_on_device(keys, size_t(D) * f, qkv + R * D, group, size_t(D) * f, size_t(blocks));
+    copy_rows_on_device(keys, size_t(D) * f, qkv + key, group, size_t(D) * f, size_t(blocks));
   } else {
     copy_rows_on_device(qkv, group, rows, size_t(R * D) * f, size_t(R * D) * f, size_t(blocks));
-    copy_rows_on_device(qkv + R * D, group, keys, size_t(D) * f, size_t(D) * f, size_t(blocks));
+    copy_rows_on_device(qkv + key, group, keys, size_t(D) * f, size_t(D) * f, size_t(blocks));
   }
 }
 

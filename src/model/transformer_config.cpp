@@ -78,6 +78,9 @@ void TransformerConfig::finalize(int64_t tp) {
   if (max_position_embeddings <= 0)
     LATTICE_FAIL() << "--max-position-embeddings must be positive, got " << max_position_embeddings;
   check_position_embedding();
+  if (attention_output_gate && multi_latent_attention)
+    LATTICE_FAIL() << "--attention-output-gate does not go with --multi-latent-attention (its gates come from "
+                      "linear_qkv, which MLA does not have)";
   if (qk_layernorm && qk_l2_norm)
     LATTICE_FAIL() << "--qk-layernorm and --qk-l2-norm are exclusive (each is the query and key norm; pick one)";
   if (softmax_type != "vanilla" && softmax_type != "off-by-one" && softmax_type != "learnable")

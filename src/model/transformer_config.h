@@ -23,9 +23,16 @@ struct TransformerConfig {
   // 0 -> num_attention_heads, every head its own key and value.
   int64_t num_query_groups = 0;
   bool grouped_query_attention() const { return num_query_groups != num_attention_heads; }
+  // --attention-output-gate (Megatron's attention_output_gate; Qwen3-Next's gated attention): the QKV
+  // layer makes a gate vector per query head beside the queries, and each head's attention output is
+  // scaled by sigmoid of it before linear_proj (kernels/attention_gate.h, kernels/qkv_layout.h).
+  bool attention_output_gate = false;
   // The QKV layer's output: q for every head, k and v for every group (Megatron's
-  // query_projection_size + 2 kv_projection_size); 3 attention_width() without grouping.
-  int64_t qkv_width() const { return kv_channels * (num_attention_heads + 2 * num_query_groups); }
+  // query_projection_size + 2 kv_projection_size; 3 attention_width() without grouping), and with
+  // the output gate one more attention_width() of gates.
+  int64_t qkv_width() const {
+    return kv_channels * ((attention_output_gate ? 2 : 1) * num_attention_heads + 2 * num_query_groups);
+  }
   // Sliding-window attention (Megatron's --window-size W,0 and --window-attn-skip-freq): a
   // window layer's query at position p attends keys p - W .. p only (Megatron-Core's
   // window_size (W, 0), as TransformerEngine and FlashAttention count it: W + 1 keys). -1: none,

@@ -158,6 +158,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "normalize each query and key head (--normalization over --kv-channels) before the rotary embedding (Qwen3)"},
       {"qk-l2-norm", Kind::flag, &a.qk_l2_norm,
        "scale each query and key head to unit RMS (no weights) before the rotary embedding (Llama 4)"},
+      {"attention-output-gate", Kind::flag, &a.attention_output_gate,
+       "gated attention (Qwen3-Next): linear_qkv makes a gate per query head; the head's output times sigmoid(gate)"},
       {"multi-latent-attention", Kind::flag, &a.multi_latent_attention,
        "multi-latent attention (DeepSeek-V2/V3): queries, keys and values from low-rank latents, a shared rotary "
        "key; with --qk-layernorm the latents are normalized"},
@@ -874,6 +876,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.add_qkv_bias = add_qkv_bias;
   c.qk_layernorm = qk_layernorm;
   c.qk_l2_norm = qk_l2_norm;
+  c.attention_output_gate = attention_output_gate;
   c.multi_latent_attention = multi_latent_attention;
   c.q_lora_rank = q_lora_rank;
   c.kv_lora_rank = kv_lora_rank;
@@ -1036,6 +1039,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     from_model("v-head-dim", "v_head_dim");
   }
   on("qk-l2-norm", m.value("qk_l2_norm", false));
+  on("attention-output-gate", m.value("attention_output_gate", false));
   if (m.value("mtp_num_layers", 0) > 0) from_model("mtp-num-layers", "mtp_num_layers");
   if (m.value("num_experts", 0) > 0) {
     from_model("num-experts", "num_experts");

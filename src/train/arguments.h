@@ -38,6 +38,7 @@ struct TrainArgs {
   bool add_qkv_bias = false;
   bool qk_layernorm = false;
   bool qk_l2_norm = false;  // --qk-l2-norm
+  bool attention_output_gate = false;  // --attention-output-gate
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;

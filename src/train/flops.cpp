@@ -18,6 +18,7 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
   for (int64_t l = 0; l < cfg.num_layers + cfg.mtp_num_layers; ++l) moe_layers += cfg.moe_layer(l) ? 1 : 0;
   const double q = double(cfg.kv_channels * cfg.num_attention_heads);
   const double k = double(cfg.kv_channels * cfg.num_query_groups), v = k;  // q's width without grouping
+  const double gate = cfg.attention_output_gate ? q : 0.0;  // --attention-output-gate: the QKV layer's gates
   // With experts, each token's k experts and the shared experts in the MoE layers (Megatron
   // counts no router or gate FLOPs):
   // the MLP width averaged over the layers.
@@ -29,7 +30,7 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
   // scores and the weighted values, the projection; with --multi-latent-attention Megatron's MLA terms
   // (the query's and the key-value latents with their norms, the rotary key, the projection, and the
   // core attention over Dq-wide scores and Dv-wide values, each halved for the causal mask).
-  double attention = L * 6 * (h * (q + k + v) + q * h) + double(s) * 6 * q * L;
+  double attention = L * 6 * (h * (q + k + v + gate) + q * h) + double(s) * 6 * q * L;
   if (cfg.multi_latent_attention) {
     const double H = double(cfg.num_attention_heads), Dq = double(cfg.mla_qk_dim()), Dv = double(cfg.v_head_dim);
     const double Rq = double(cfg.q_lora_rank), Rkv = double(cfg.kv_lora_rank);

@@ -60,7 +60,7 @@ class LayoutOnlyComm : public Comm {
 ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const ModelPlacement& place, int ep_rank,
                                 int ep) {
   ParamBuffer pb;
-  const int64_t C = c.hidden_size, F = c.ffn_hidden_size, Vp = c.padded_vocab_size, Q = c.attention_width();
+  const int64_t C = c.hidden_size, F = c.ffn_hidden_size, Vp = c.padded_vocab_size;
   auto add = [&](const std::string& name, const Shape& shape, int split) {
     return pb.add_tp(name, shape, ParamInit::zeros, 0, split, r, P);
   };

@@ -587,6 +587,60 @@ TEST(CudaAttentionSink, MatchesCpu) {
     }
 }
 
+// --attention-output-gate's layout (QkvLayout::gated, [B, T, G, 2R + 2, D]): the fp32 and the tensor-core
+// kernels compute on it exactly what they compute on the same queries, keys and values without gates
+// (the same bits of out, lse and the q, k, v gradients) and never write a gate's slot.
+TEST(CudaAttentionGated, GatedQkvGivesTheUngatedResultsAndLeavesTheGates) {
+  LATTICE_REQUIRE_CUDA();
+  const int64_t B = 2, T = 40, H = 4, G = 2, D = 64;
+  const AttentionShape plain{B, T, H, D, G};
+  AttentionShape gated = plain;
+  gated.gated = true;
+  const QkvLayout Lp = plain.layout(), Lg = gated.layout();
+  const int64_t N = B * T, R = Lp.R();
+  const auto qkv = random_floats(size_t(N * Lp.width()), 61, -1.5f, 1.5f);
+  const auto dout = random_floats(size_t(N * H * D), 62, -1.0f, 1.0f);
+  const auto sentinel = random_floats(size_t(N * Lg.width()), 63, -1.0f, 1.0f);
+  // plain [N, G, R + 2, D] -> gated [N, G, 2R + 2, D] (the rest of `into` kept)
+  auto to_gated = [&](const std::vector<float>& p, std::vector<float> into) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t g = 0; g < G; ++g) {
+        const float* src = p.data() + n * Lp.width() + g * Lp.group_slots() * D;
+        float* dst = into.data() + n * Lg.width() + g * Lg.group_slots() * D;
+        std::copy(src, src + R * D, dst);
+        std::copy(src + R * D, src + (R + 2) * D, dst + Lg.kv_slot(0, 1) * D);
+      }
+    return into;
+  };
+  const auto qkv_g = to_gated(qkv, sentinel);
+  auto differing = [](const std::vector<float>& a, const std::vector<float>& b) {
+    size_t n = a.size() == b.size() ? 0 : SIZE_MAX;
+    for (size_t k = 0; k < a.size() && k < b.size(); ++k) n += std::memcmp(&a[k], &b[k], sizeof(float)) != 0;
+    return n;
+  };
+  const AttentionDropout drop = tensor_parallel_rank1_dropout(H);
+  for (const AttentionMath math : {AttentionMath::fp32, AttentionMath::bf16}) {
+    const cuda::DeviceBuffer d_qkv = upload(qkv), d_qkv_g = upload(qkv_g), d_dout = upload(dout);
+    cuda::DeviceBuffer out(size_t(N * H * D) * 4), lse(size_t(B * H * T) * 4), out_g(out.size()), lse_g(lse.size());
+    cuda::attention_forward(out.as<float>(), lse.as<float>(), d_qkv.as<float>(), plain, drop, nullptr, math);
+    cuda::attention_forward(out_g.as<float>(), lse_g.as<float>(), d_qkv_g.as<float>(), gated, drop, nullptr, math);
+    const char* what = math == AttentionMath::fp32 ? "fp32" : "bf16";
+    EXPECT_EQ(differing(download<float>(out, size_t(N * H * D)), download<float>(out_g, size_t(N * H * D))), 0u)
+        << what << ": out";
+    EXPECT_EQ(differing(download<float>(lse, size_t(B * H * T)), download<float>(lse_g, size_t(B * H * T))), 0u)
+        << what << ": lse";
+    cuda::DeviceBuffer d_dqkv = upload(std::vector<float>(qkv.size(), 0.0f)), d_dqkv_g = upload(sentinel);
+    cuda::attention_backward(d_dqkv.as<float>(), d_dout.as<float>(), d_qkv.as<float>(), out.as<float>(),
+                             lse.as<float>(), plain, drop, nullptr, math);
+    cuda::attention_backward(d_dqkv_g.as<float>(), d_dout.as<float>(), d_qkv_g.as<float>(), out.as<float>(),
+                             lse.as<float>(), gated, drop, nullptr, math);
+    EXPECT_EQ(differing(to_gated(download<float>(d_dqkv, qkv.size()), sentinel),
+                        download<float>(d_dqkv_g, sentinel.size())),
+              0u)
+        << what << ": dqkv (its gate slots must be left as they were)";
+  }
+}
+
 TEST(CudaAttentionArgs, HeadDimAbove256IsRefused) {
   LATTICE_REQUIRE_CUDA();
   const AttentionShape s{1, 4, 1, 288};

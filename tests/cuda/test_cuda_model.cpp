@@ -281,6 +281,25 @@ TEST(CudaModel, QkLayernormLossAndEveryGradientMatchCpu) {
   expect_loss_and_gradients_match(cfg, "qk-l2-norm rope");
 }
 
+// --attention-output-gate (kernels/attention_gate.h): the gates made beside the queries, the attention
+// output scaled by their sigmoid before the projection (and again before its backward), the gates'
+// gradients written into the QKV layer's output gradient: learned positions with biases, and the rotary
+// embedding with grouped-query attention and --qk-layernorm. The same loss and gradients on both devices.
+TEST(CudaModel, AttentionOutputGateLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.attention_output_gate = true;
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "attention output gate");
+  cfg = small_config(0.0f);
+  cfg.attention_output_gate = true;
+  cfg.qk_layernorm = true;
+  cfg.num_query_groups = 2;
+  cfg.position_embedding_type = "rope";
+  cfg.finalize();
+  expect_loss_and_gradients_match(cfg, "attention output gate, qk-layernorm rope");
+}
+
 // small_config with 4 experts of ffn 48, top 2, and the load-balancing loss (not finalized).
 TransformerConfig moe_config() {
   TransformerConfig cfg = small_config(0.0f);

@@ -24,6 +24,7 @@
 #include "kernels/cast_math.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/attention.h"
+#include "kernels/attention_gate.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/dropout.h"
@@ -1511,12 +1512,15 @@ void rope_cases(std::vector<OpCase>& t) {
     double percent;
     bool interleaved;
     int64_t G = 0;  // query groups (0: H)
+    bool gated = false;  // the attention output gates among the slots (QkvLayout::gated)
   };
   for (S s : {S{64, 32, 0, 12, 64, 1.0, false}, S{21, 7, 0, 3, 80, 0.5, true}, S{5, 5, 40, 2, 16, 1.0, false},
-              S{32, 16, 0, 8, 64, 1.0, false, 2}, S{6, 6, 20, 4, 32, 0.5, true, 1}}) {
-    const QkvLayout L{s.H, s.G > 0 ? s.G : s.H, s.D};
+              S{32, 16, 0, 8, 64, 1.0, false, 2}, S{6, 6, 20, 4, 32, 0.5, true, 1}, S{16, 8, 0, 8, 64, 1.0, false, 2, true},
+              S{12, 6, 0, 3, 32, 0.5, true, 0, true}}) {
+    const QkvLayout L{s.H, s.G > 0 ? s.G : s.H, s.D, s.gated};
     const std::string shape = shape_name({{"N", s.N}, {"T", s.T}, {"pos0", s.pos0}, {"H", s.H}, {"G", L.G}, {"D", s.D}}) +
-                              (s.percent < 1.0 ? "_partial" : "") + (s.interleaved ? "_interleaved" : "");
+                              (s.percent < 1.0 ? "_partial" : "") + (s.interleaved ? "_interleaved" : "") +
+                              (s.gated ? "_gated" : "");
     t.push_back({"rope_forward_backward", shape, {1e-6, 1e-7}, [s, L](const OpCase& c) {
       TransformerConfig cfg;
       cfg.num_layers = 1;
@@ -1548,6 +1552,34 @@ void rope_cases(std::vector<OpCase>& t) {
       cuda::rope_backward(gg.as<float>(), gt, s.N, s.T, L);
       expect_close(c, "dqkv", g, download<float>(gg, g.size()));
     }});
+  }
+}
+
+// The attention output gate (kernels/attention_gate.h): forward and backward, grouped and not, the
+// backward's other qkv slots left as they were (the same random values on both devices).
+void attention_gate_cases(std::vector<OpCase>& t) {
+  struct S {
+    int64_t N, H, G, D;
+  };
+  for (S s : {S{48, 4, 4, 64}, S{33, 8, 2, 128}, S{7, 3, 1, 24}}) {
+    const QkvLayout L{s.H, s.G, s.D, true};
+    t.push_back({"attention_output_gate", shape_name({{"N", s.N}, {"H", s.H}, {"G", s.G}, {"D", s.D}}), {1e-6, 1e-7},
+                 [s, L](const OpCase& c) {
+                   const size_t n_out = size_t(s.N * s.H * s.D), n_qkv = size_t(s.N * L.width());
+                   const auto o = rand_floats(n_out, 91), qkv = rand_floats(n_qkv, 92), dy = rand_floats(n_out, 93);
+                   auto dqkv = rand_floats(n_qkv, 94);
+                   auto go = upload(o), gqkv = upload(qkv), gdy = upload(dy), gdqkv = upload(dqkv);
+                   std::vector<float> y(n_out), d_o(n_out);
+                   DeviceBuffer gyb(n_out * 4), gdo(n_out * 4);
+                   attention_output_gate_forward(y.data(), o.data(), qkv.data(), s.N, L);
+                   cuda::attention_output_gate_forward(gyb.as<float>(), go.as<float>(), gqkv.as<float>(), s.N, L);
+                   expect_close(c, "y", y, download<float>(gyb, n_out));
+                   attention_output_gate_backward(d_o.data(), dqkv.data(), dy.data(), o.data(), qkv.data(), s.N, L);
+                   cuda::attention_output_gate_backward(gdo.as<float>(), gdqkv.as<float>(), gdy.as<float>(),
+                                                        go.as<float>(), gqkv.as<float>(), s.N, L);
+                   expect_close(c, "d_o", d_o, download<float>(gdo, n_out));
+                   expect_close(c, "dqkv", dqkv, download<float>(gdqkv, n_qkv));
+                 }});
   }
 }
 
@@ -1618,6 +1650,7 @@ std::vector<OpCase> op_table() {
   cast_cases(t);
   decode_attention_cases(t);
   rope_cases(t);
+  attention_gate_cases(t);
   moe_cases(t);
   odd_offset_cases(t);
   return t;

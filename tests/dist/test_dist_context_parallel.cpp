@@ -55,6 +55,7 @@ struct Case {
   // --multi-latent-attention (a query latent of 16, a key-value latent of 12, Dq 12, Dv 6, latent norms; its
   // fused qkv gathered over the ranks as any layer's)
   bool mla = false;
+  bool gate = false;  // --attention-output-gate (each rank's rows' gates, local to their tokens)
 };
 
 // A run and the MoE losses it reported, each step's.
@@ -109,6 +110,7 @@ TransformerConfig config(const Case& c, int tp) {
     t.moe_seq_aux_loss_coeff = 0.01f;
   }
   if (c.mla) set_mla(t);
+  t.attention_output_gate = c.gate;
   if (c.recompute == "full") {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";
@@ -224,7 +226,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Tp2Cp2SequenceParallelMlaFullRecompute", 4, 2, 2, 1, false, false, true, 0.1f, false, false, false, "full",
              10, -1, "", "vanilla", false, "", 0, true},
         Case{"Pp2Cp2MlaDistributedOptimizer", 4, 2, 1, 2, true, true, false, 0.1f, false, false, false, "", 10, -1, "",
-             "vanilla", false, "", 0, true}),
+             "vanilla", false, "", 0, true},
+        // --attention-output-gate: the gated qkv's keys and values gathered, their gradients scattered back.
+        Case{"Cp2GateDocumentMaskSelectiveRecomputeRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, true, true,
+             "selective", 20, -1, "", "vanilla", true, "", 0, false, true},
+        Case{"Tp2Cp2SequenceParallelGateRopeGqa", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10, -1,
+             "", "vanilla", false, "", 0, false, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

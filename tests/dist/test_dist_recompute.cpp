@@ -26,10 +26,12 @@ struct Recompute {
   const char* method;
   int64_t num_layers;
   std::vector<std::string> modules = {};  // --recompute-modules
+  bool gate = false;                      // --attention-output-gate
 };
 void PrintTo(const Recompute& r, std::ostream* os) {
   *os << "'" << r.granularity << "' '" << r.method << "' " << r.num_layers;
   for (const std::string& m : r.modules) *os << " " << m;
+  if (r.gate) *os << " gated";
 }
 
 TransformerConfig config(const Recompute& r, int tp) {
@@ -45,6 +47,7 @@ TransformerConfig config(const Recompute& r, int tp) {
   c.recompute_method = r.method;
   c.recompute_num_layers = r.num_layers;
   c.recompute_modules = r.modules;
+  c.attention_output_gate = r.gate;
   c.finalize(tp);
   return c;
 }
@@ -74,7 +77,7 @@ class DistRecompute : public ::testing::TestWithParam<Recompute> {};
 TEST_P(DistRecompute, SequenceParallelIsBitIdentical) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const TensorParallel tp{&ps->tp(), true};
-  const TrainRun base = train({"", "", 0}, tp), got = train(GetParam(), tp);
+  const TrainRun base = train({"", "", 0, {}, GetParam().gate}, tp), got = train(GetParam(), tp);
   ASSERT_EQ(got.losses.size(), base.losses.size());
   for (size_t i = 0; i < base.losses.size(); ++i) EXPECT_EQ(got.losses[i], base.losses[i]) << "iteration " << i + 1;
   ASSERT_EQ(got.params.size(), base.params.size());
@@ -85,13 +88,15 @@ TEST_P(DistRecompute, SequenceParallelIsBitIdentical) {
 INSTANTIATE_TEST_SUITE_P(Recompute, DistRecompute,
                          ::testing::Values(Recompute{"full", "uniform", 1}, Recompute{"full", "uniform", 2},
                                            Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
-                                           Recompute{"selective", "", 0, {"core_attn", "mlp", "layernorm"}}),
+                                           Recompute{"selective", "", 0, {"core_attn", "mlp", "layernorm"}},
+                                           Recompute{"full", "uniform", 2, {}, true},
+                                           Recompute{"selective", "", 0, {}, true}),
                          [](const ::testing::TestParamInfo<Recompute>& i) {
                            std::string modules;
                            for (const std::string& m : i.param.modules) modules += "_" + m;
                            return std::string(i.param.granularity) + (*i.param.method ? "_" : "") +
                                   i.param.method + (i.param.num_layers ? std::to_string(i.param.num_layers) : "") +
-                                  modules;
+                                  modules + (i.param.gate ? "_gate" : "");
                          });
 
 // With sequence parallelism a layer's forward all-gathers its two LayerNorm outputs and

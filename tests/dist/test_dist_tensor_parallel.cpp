@@ -1,6 +1,6 @@
 // Tensor and sequence parallelism against the single-process run: losses and final
 // parameters over 20 iterations (dropout 0 and 0.1; learned positions and the rotary
-// embedding; multi-token prediction; multi-latent attention), the communication of one layer
+// embedding; multi-token prediction; multi-latent attention; the attention output gate), the communication of one layer
 // read from the byte counters, and the per-rank memory. Runs under mpirun with 1, 2
 // and 4 ranks: TP = world size, and TP = 2 x DP = 2 with the distributed optimizer on 4.
 #include <gtest/gtest.h>
@@ -36,8 +36,10 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // always with the rotary embedding: with learned positions the key norm's bias adds the same to
 // every score of a query, so its gradient is zero up to rounding, which Adam amplifies.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false,
-                         int qk_norm = 0, bool moe = false, bool gpt_oss = false, int64_t mtp = 0, int mla = 0) {
+                         int qk_norm = 0, bool moe = false, bool gpt_oss = false, int64_t mtp = 0, int mla = 0,
+                         bool gate = false) {
   TransformerConfig c;
+  c.attention_output_gate = gate;  // --attention-output-gate: each rank's heads' gates in its share of linear_qkv
   c.mtp_num_layers = mtp;  // --mtp-num-layers: the prediction depths' eh_proj column-parallel, their norms replicated
   c.mtp_loss_scaling_factor = 0.5f;
   c.num_attention_heads = 4;
@@ -103,8 +105,8 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
                 bool rope = false, bool swiglu = false, int qk_norm = 0, bool moe = false,
-                bool gpt_oss = false, int64_t mtp = 0, int mla = 0) {
-  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla), kB, kT, tp);
+                bool gpt_oss = false, int64_t mtp = 0, int mla = 0, bool gate = false) {
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla, gate), kB, kT, tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
@@ -133,6 +135,7 @@ struct Layout {
   bool gpt_oss = false;       // GPT-OSS's MLP: experts with biases, the clamped quick GEGLU
   int64_t mtp = 0;            // --mtp-num-layers
   int mla = 0;                // --multi-latent-attention (config())
+  bool gate = false;          // --attention-output-gate
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -142,9 +145,9 @@ TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla);
+                             l.gpt_oss, l.mtp, l.mla, l.gate);
   LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla);
+                             l.gpt_oss, l.mtp, l.mla, l.gate);
   expect_same_run(tp, single);
 }
 
@@ -154,13 +157,13 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla);
+                             l.gpt_oss, l.mtp, l.mla, l.gate);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
   LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla);
+                             l.gpt_oss, l.mtp, l.mla, l.gate);
   expect_same_run(run, single);
 }
 
@@ -178,14 +181,18 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                            Layout{false, 0.1f, false, true, 0, false, false, 1},
                                            Layout{false, 0.0f, false, false, 0, false, false, 0, 1},
                                            Layout{true, 0.0f, false, false, 0, false, false, 0, 1},
-                                           Layout{true, 0.1f, false, false, 0, false, false, 1, 2}),
+                                           Layout{true, 0.1f, false, false, 0, false, false, 1, 2},
+                                           Layout{true, 0.1f, true, false, 0, false, false, 0, 0, true},
+                                           Layout{false, 0.1f, false, false, 1, false, false, 0, 0, true},
+                                           Layout{true, 0.0f, false, false, 0, true, false, 0, 0, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
                                   (info.param.swiglu ? "Swiglu" : "") + (info.param.qk_norm == 1 ? "QkLayernorm" : info.param.qk_norm == 2 ? "QkL2Norm" : "") + (info.param.moe ? "Moe" : "") +
                                   (info.param.gpt_oss ? "GptOssMlp" : "") +
                                   (info.param.mtp ? "Mtp" + std::to_string(info.param.mtp) : "") +
-                                  (info.param.mla ? "Mla" + std::to_string(info.param.mla) : "");
+                                  (info.param.mla ? "Mla" + std::to_string(info.param.mla) : "") +
+                                  (info.param.gate ? "Gate" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

@@ -220,6 +220,22 @@ TEST(MemoryEstimate, GroupedQueryAttentionEqualsTheModel) {
   }
 }
 
+// --attention-output-gate: the QKV weight and bias grow by heads x kv_channels (the gates' rows); the
+// wider QKV output and its gradient, and the gated output's scratch, among the activations.
+TEST(MemoryEstimate, AttentionOutputGateEqualsTheModel) {
+  for (int P : {1, 2}) {
+    TransformerConfig c = config(3, false, P);
+    c.attention_output_gate = true;
+    expect_matches(layout(c, P, 1, 1, 4), 0);
+    const int64_t with = estimate_rank_memory(layout(c, P, 1, 1, 4), 0, 0).parameters;
+    const int64_t without = estimate_rank_memory(layout(config(3, false, P), P, 1, 1, 4), 0, 0).parameters;
+    EXPECT_EQ(with - without, 3 * 4 * c.kv_channels / P * (c.hidden_size + 1));
+    const size_t act_with = estimate_rank_memory(layout(c, P, 1, 1, 4), 0, 0).activation_bytes;
+    const size_t act_without = estimate_rank_memory(layout(config(3, false, P), P, 1, 1, 4), 0, 0).activation_bytes;
+    EXPECT_GT(act_with, act_without);
+  }
+}
+
 // --kv-channels wider than hidden / heads: the attention's weights and activations grow.
 TEST(MemoryEstimate, WideAttentionEqualsTheModel) {
   for (int P : {1, 2}) {

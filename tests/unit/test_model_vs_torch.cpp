@@ -8,7 +8,8 @@
 // MLP (quick GEGLU with an offset and clamps) dense and in experts with biases; multi-token prediction
 // (--mtp-num-layers 2 tied with learned positions, 1 untied with the rotary embedding and RMSNorm, 1 MoE
 // depth after MoE layers: its load-balancing loss in the objective); multi-latent attention (query latent with
-// RMSNorm latent norms; linear_q_proj with YaRN, values wider than the queries and keys).
+// RMSNorm latent norms; linear_q_proj with YaRN, values wider than the queries and keys); the attention
+// output gate (--attention-output-gate, alone and with the rotary embedding, grouping and --qk-layernorm).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,6 +63,8 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   if (f.metadata().count("num_query_groups")) c.num_query_groups = meta_int(f, "num_query_groups");
   c.qk_layernorm = f.metadata().count("qk_layernorm") && f.metadata().at("qk_layernorm") == "1";
   c.qk_l2_norm = f.metadata().count("qk_l2_norm") && f.metadata().at("qk_l2_norm") == "1";
+  c.attention_output_gate =
+      f.metadata().count("attention_output_gate") && f.metadata().at("attention_output_gate") == "1";
   if (f.metadata().count("window_size")) c.window_size = meta_int(f, "window_size");
   if (f.metadata().count("softmax_type")) c.softmax_type = f.metadata().at("softmax_type");
   if (f.metadata().count("window_attn_skip_freq"))
@@ -264,7 +267,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_untied_rope_rmsnorm_mtp1.safetensors",
                                            "gpt_tiny_nobias_moe4_mtp1.safetensors",
                                            "gpt_tiny_rope_nobias_rmsnorm_qknorm_mlaq24_kv16.safetensors",
-                                           "gpt_tiny_yarn_mlanoq_kv12.safetensors"));
+                                           "gpt_tiny_yarn_mlanoq_kv12.safetensors", "gpt_tiny_gate.safetensors",
+                                           "gpt_tiny_rope_gqa2_qknorm_gate.safetensors"));
 
 }  // namespace
 }  // namespace lattice

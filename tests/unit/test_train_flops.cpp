@@ -32,6 +32,12 @@ TEST(TrainFlops, MegatronTestVector) {
   c.swiglu = false;
   c.num_query_groups = 2;
   EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 726386343936.0);
+  // --attention-output-gate: the QKV layer's gates, one more h x q matrix per layer (Megatron's
+  // gate_projection_size): 6 x 2 layers x 256 x 256 per token, 8 x 1024 tokens more.
+  c.num_query_groups = 0;
+  c.attention_output_gate = true;
+  c.finalize();
+  EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 736050020352.0 + 6.0 * 2 * 256 * 256 * 8 * 1024);
 }
 
 // --mtp-num-layers: each depth's transformer layer as one more layer, plus its logits and its norms

@@ -372,6 +372,8 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
   check_args(s, drop, context, document_ids);
   LATTICE_CHECK(!context || (context->dkv && !dqkv_bf16 && !dbias))
       << "attention: a context-parallel backward writes dkv, and no bf16 cast or bias gradient of dqkv";
+  LATTICE_CHECK(!s.gated || (!dqkv_bf16 && !dbias))
+      << "attention: with output gates, no bf16 cast or bias gradient of dqkv (its gate slots are not written)";
   const float* qkv = fp32_qkv(qkv_in, s);
   const float* kv = context ? context->kv : qkv;
   float* dkv = context ? context->dkv : dqkv;

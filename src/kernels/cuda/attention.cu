@@ -540,6 +540,8 @@ void attention_backward(float* dqkv, const AttentionOperand& dout, const Attenti
                         const ContextKeys* context, float* d_softmax_offset) {
   LATTICE_CHECK(!context || (context->dkv && !dqkv_bf16 && !dbias))
       << "attention (CUDA): a context-parallel backward writes dkv, and no bf16 cast or bias gradient of dqkv";
+  LATTICE_CHECK(!s.gated || (!dqkv_bf16 && !dbias))
+      << "attention (CUDA): with output gates, no bf16 cast or bias gradient of dqkv (its gate slots are not written)";
   if (d_softmax_offset && s.softmax_offset) softmax_offset_backward(d_softmax_offset, dout, out, lse, s);
   if (!context && math != AttentionMath::fp32 && !fp32_forced() &&
       attention_mma_supported(s, qkv.data(), dout.data(), dqkv))

@@ -151,6 +151,11 @@ int64_t count_zeros(const float* x, int64_t n);
 void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int64_t pos0, const QkvLayout& layout);
 void rope_backward(float* dqkv, const RopeTable& table, int64_t N, int64_t T, const QkvLayout& layout);
 
+// ---- attention_gate.h
+void attention_output_gate_forward(float* y, const float* o, const float* qkv, int64_t N, const QkvLayout& layout);
+void attention_output_gate_backward(float* d_o, float* dqkv, const float* dy, const float* o, const float* qkv,
+                                    int64_t N, const QkvLayout& layout);
+
 // ---- moe.h
 void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C, const float* w = nullptr);
 void moe_combine(float* out, const float* ye, const int32_t* slot_of, const float* w, int64_t N, int64_t k, int64_t C,
