@@ -296,6 +296,7 @@ std::string hf_gpt_oss_mismatch(const TransformerConfig& c) {
       c.rotary_seq_len_interpolation_factor > 0.0f)
     return "positions other than the rotary embedding over every dim, plain or with YaRN (--position-embedding-type "
            "rope or yarn, --rotary-percent 1)";
+  if (!c.no_rope_pattern.empty()) return "--no-rope-freq (HuggingFace GPT-OSS rotates in every layer)";
   if (c.qk_layernorm) return "--qk-layernorm (HuggingFace GPT-OSS normalizes no query or key)";
   if (c.qk_l2_norm) return "--qk-l2-norm (HuggingFace GPT-OSS normalizes no query or key)";
   if (c.moe_shared_expert_intermediate_size > 0) return "shared experts (HuggingFace GPT-OSS has none)";

@@ -143,11 +143,12 @@ bool ends_with(const std::string& s, const char* tail) {
 
 namespace {
 
-// "llama", "qwen2", "qwen3" or "mistral" from model_type (else architectures), "" for none of them.
+// "llama", "qwen2", "qwen3", "mistral", "smollm3" ... from model_type (else architectures), "" for none of them.
 std::string llama_family(const json& j) {
   if (!j.is_object()) return "";
   if (j.contains("model_type")) {
-    for (const char* family : {"llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mistral", "mixtral", "deepseek"})
+    for (const char* family :
+         {"llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mistral", "mixtral", "deepseek", "smollm3"})
       if (j["model_type"] == family) return family;
     return "";
   }
@@ -161,6 +162,7 @@ std::string llama_family(const json& j) {
       if (a == "DeepseekForCausalLM") return "deepseek";
       if (a == "MixtralForCausalLM") return "mixtral";
       if (a == "MistralForCausalLM") return "mistral";
+      if (a == "SmolLM3ForCausalLM") return "smollm3";
     }
   return "";
 }
@@ -221,11 +223,35 @@ void hf_sliding_window(const json& j, const std::string& what, const std::string
   if (std::any_of(pattern.begin(), pattern.end(), [](int v) { return v == 0; })) c.window_attn_pattern = pattern;
 }
 
+// SmolLM3's NoPE layers (modeling_smollm3): no_rope_layers, one entry per layer, 1 for a layer with the
+// rotary embedding and 0 for one without (the inverse of lattice's --no-rope-freq pattern); when it is
+// absent or null, every no_rope_layer_interval-th layer (default 4) counting from 1 is a NoPE layer.
+std::vector<int> smollm3_no_rope_pattern(const json& j, const std::string& what, int64_t layers) {
+  std::vector<int> pattern(size_t(layers), 0);
+  if (j.contains("no_rope_layers") && !j["no_rope_layers"].is_null()) {
+    const json& rope = j["no_rope_layers"];
+    if (!rope.is_array() || int64_t(rope.size()) < layers)
+      LATTICE_FAIL() << what << ": no_rope_layers is not a list of at least " << layers << " entries";
+    for (int64_t l = 0; l < layers; ++l) {
+      const json& v = rope[size_t(l)];
+      if (!v.is_number_integer() || (v != 0 && v != 1))
+        LATTICE_FAIL() << what << ": no_rope_layers entry " << v.dump() << " is not 0 (NoPE) or 1 (rotary)";
+      pattern[size_t(l)] = v == 0 ? 1 : 0;
+    }
+  } else {
+    const int64_t n = j.contains("no_rope_layer_interval") ? hf::config_int(j, what, "no_rope_layer_interval") : 4;
+    for (int64_t l = 0; l < layers; ++l) pattern[size_t(l)] = (l + 1) % n == 0 ? 1 : 0;
+  }
+  if (std::none_of(pattern.begin(), pattern.end(), [](int v) { return v == 1; })) pattern.clear();
+  return pattern;
+}
+
 }  // namespace
 
 bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
 
 const char* hf_llama_family_name(const TransformerConfig& c) {
+  if (!c.no_rope_pattern.empty()) return "SmolLM3";
   if (c.moe())
     return c.qk_layernorm                                ? "Qwen3-MoE"
            : c.add_qkv_bias                              ? "Qwen2-MoE"
@@ -244,17 +270,19 @@ std::string hf_llama_family_name(const json& config) {
          : f == "mistral"   ? "Mistral"
          : f == "mixtral"   ? "Mixtral"
          : f == "llama"     ? "Llama"
+         : f == "smollm3"   ? "SmolLM3"
                             : "";
 }
 
 TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
   const std::string family = llama_family(j);
   if (family.empty())
-    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral or DeepSeek-MoE config (model_type "
+    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral, DeepSeek-MoE or SmolLM3 config (model_type "
                    << j.value("model_type", json()).dump() << ")";
   const bool qwen2_moe = family == "qwen2_moe";
   const bool qwen2 = family == "qwen2" || qwen2_moe, qwen3 = family == "qwen3" || family == "qwen3_moe";
   const bool qwen3_moe = family == "qwen3_moe", mixtral = family == "mixtral", deepseek = family == "deepseek";
+  const bool smollm3 = family == "smollm3";
   TransformerConfig c;
   c.num_layers = hf::config_int(j, what, "num_hidden_layers");
   c.hidden_size = hf::config_int(j, what, "hidden_size");
@@ -282,6 +310,11 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   if (!qwen2 && hf::config_bool(j, what, "mlp_bias", false))
     LATTICE_FAIL() << what << ": mlp_bias true is not supported (lattice's Llama has no linear biases)";
   hf_sliding_window(j, what, family, c);
+  if (smollm3) {
+    if (hf::config_bool(j, what, "use_sliding_window", false))
+      LATTICE_FAIL() << what << ": use_sliding_window true is not supported (SmolLM3's window on its NoPE layers)";
+    c.no_rope_pattern = smollm3_no_rope_pattern(j, what, c.num_layers);
+  }
   // Linear scaling (positions divided by its factor) is Megatron's --rotary-seq-len-interpolation-factor;
   // llama3 (Llama 3.1's frequency-dependent scaling) is --use-rope-scaling with its four values.
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
@@ -308,7 +341,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   c.position_embedding_type = c.position_embedding_type == "yarn" ? "yarn" : "rope";
   c.rotary_percent = 1.0;
   c.rotary_interleaved = false;
-  c.rotary_base = float(hf::config_positive(j, what, "rope_theta", 10000.0));
+  c.rotary_base = float(hf::config_positive(j, what, "rope_theta", smollm3 ? 2000000.0 : 10000.0));  // the configs' defaults
   c.normalization = "RMSNorm";
   c.layernorm_epsilon = float(hf::config_positive(j, what, "rms_norm_eps", 1e-6));  // LlamaConfig's default
   c.swiglu = true;
@@ -348,7 +381,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     c.moe_shared_expert_intermediate_size = hf::config_int(j, what, "shared_expert_intermediate_size");
     c.moe_shared_expert_gate = true;
   }
-  c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
+  c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", smollm3);  // SmolLM3Config ties
   c.make_vocab_size_divisible_by = divisible_by;
   c.hidden_dropout = c.attention_dropout = 0.0f;
   c.finalize();
@@ -447,6 +480,23 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
     j["router_aux_loss_coef"] = 0.02;
     j["output_router_logits"] = false;
   }
+  if (!c.no_rope_pattern.empty()) {  // SmolLM3Config: no_rope_layers 1 for a rotary layer, 0 for a NoPE one
+    for (const char* key : {"pretraining_tp"}) j.erase(key);
+    j["architectures"] = {"SmolLM3ForCausalLM"};
+    j["model_type"] = "smollm3";
+    j["no_rope_layers"] = json::array();
+    for (int v : c.no_rope_pattern) j["no_rope_layers"].push_back(v == 0 ? 1 : 0);
+    for (int64_t n = 1; n <= c.num_layers; ++n) {  // the interval that makes the same list, when one does
+      bool same = true;
+      for (int64_t l = 0; l < c.num_layers; ++l) same = same && (c.no_rope_pattern[size_t(l)] == 1) == ((l + 1) % n == 0);
+      if (same) {
+        j["no_rope_layer_interval"] = n;
+        break;
+      }
+    }
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+  }
   if (c.window_size >= 0) {  // HuggingFace's sliding_window counts the query's own key: W + 1
     const int64_t W = c.window_size + 1;
     if (c.qk_layernorm || c.add_qkv_bias) {  // Qwen: the window from max_window_layers on
@@ -481,6 +531,16 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
     return s.str();
   }
   if (c.rotary_interleaved) return "--rotary-interleaved (HuggingFace Llama rotates rotate_half pairs)";
+  if (!c.no_rope_pattern.empty() &&
+      (c.moe() || c.qk_layernorm || c.add_qkv_bias || c.window_size >= 0 || c.qk_l2_norm || c.softmax_sink()))
+    return "--no-rope-freq with " +
+           std::string(c.moe()            ? "--num-experts"
+                       : c.qk_layernorm   ? "--qk-layernorm"
+                       : c.add_qkv_bias   ? "--add-qkv-bias"
+                       : c.window_size >= 0 ? "--window-size"
+                       : c.qk_l2_norm     ? "--qk-l2-norm"
+                                          : "--softmax-type " + c.softmax_type) +
+           " (HuggingFace SmolLM3, the Llama family's model with NoPE layers, is a dense Llama)";
   if (c.qk_l2_norm)
     return "--qk-l2-norm (no HuggingFace Llama-family model normalizes its queries and keys without weights before "
            "the rotary embedding)";

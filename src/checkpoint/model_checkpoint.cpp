@@ -77,6 +77,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"rope_scaling_original_max_position_embeddings", "--rope-scaling-original-max-position-embeddings", 8192},
       {"window_size", "--window-size", -1},
       {"window_attn_skip_freq", "--window-attn-skip-freq", json::array()},
+      {"no_rope_freq", "--no-rope-freq", json::array()},
       {"softmax_type", "--softmax-type", "vanilla"},
       {"quick_geglu", "--quick-geglu", false},
       {"glu_linear_offset", "--glu-linear-offset", 0.0},
@@ -169,6 +170,7 @@ json model_config_json(const TransformerConfig& c) {
           {"rope_scaling_original_max_position_embeddings", c.rope_scaling_original_max_position_embeddings},
           {"window_size", c.window_size},
           {"window_attn_skip_freq", c.window_attn_pattern},
+          {"no_rope_freq", c.no_rope_pattern},
           {"softmax_type", c.softmax_type},
           {"quick_geglu", c.quick_geglu},
           {"glu_linear_offset", c.glu_linear_offset},
@@ -241,6 +243,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
         optional_field(j, "rope_scaling_original_max_position_embeddings").get<int64_t>();
     c.window_size = optional_field(j, "window_size").get<int64_t>();
     c.window_attn_pattern = optional_field(j, "window_attn_skip_freq").get<std::vector<int>>();
+    c.no_rope_pattern = optional_field(j, "no_rope_freq").get<std::vector<int>>();
     c.softmax_type = optional_field(j, "softmax_type").get<std::string>();
     c.quick_geglu = optional_field(j, "quick_geglu").get<bool>();
     c.glu_linear_offset = optional_field(j, "glu_linear_offset").get<float>();

@@ -1,4 +1,4 @@
-// `lattice convert`: HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral and the MoE families <->
+// `lattice convert`: HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3 and the MoE families <->
 // lattice checkpoint.
 //   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
 //                   [--make-vocab-size-divisible-by N]
@@ -144,7 +144,7 @@ void to_hf(const SimpleFlags& f) {
   if (c.attention_output_gate)
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has the attention output gate "
                    << "(--attention-output-gate): none of the HuggingFace models lattice writes (GPT-2, Llama, Qwen, "
-                      "Mistral, Mixtral, DeepSeek, GPT-OSS) has one";
+                      "Mistral, SmolLM3, Mixtral, DeepSeek, GPT-OSS) has one";
   if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 or V2, or an error saying why not
     save_hf_deepseek_mla(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
@@ -180,13 +180,13 @@ int cmd_convert(int argc, char** argv) {
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
-        "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
+        "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
         "DeepSeek-V3 or GPT-OSS (config.json, model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's\n"
         "model_type; --to-hf writes a --multi-latent-attention model as DeepSeek-V3 (sigmoid router; its prediction\n"
         "depths as multi-token prediction modules) or DeepSeek-V2 (softmax router), and otherwise\n"
         "writes GPT-2 when the model has its form (learned positions, LayerNorm, GELU, biases), else Llama\n"
         "(rope, RMSNorm, SwiGLU, no biases), Qwen2 for such a model with --add-qkv-bias, Qwen3 for one with\n"
-        "--qk-layernorm, Mixtral for one with --num-experts (Qwen3-MoE with both, Qwen2-MoE with\n"
+        "--qk-layernorm, SmolLM3 for one with --no-rope-freq, Mixtral for one with --num-experts (Qwen3-MoE with both, Qwen2-MoE with\n"
         "--add-qkv-bias and gated shared experts, DeepSeek-MoE with ungated shared experts), GPT-OSS for\n"
         "GPT-OSS's form (experts of --quick-geglu with biases, learnable sinks; MXFP4 experts read too). The input is\n"
         "read and checked completely before anything is written; an existing checkpoint or HF model is\n"

@@ -245,7 +245,8 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     if (cfg_.qk_norm())
       qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
                            eps, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
-    if (rope_) rope_forward(qkv, *rope_, n, n, length_, layout);  // q and k at their positions in the context
+    if (rope_ && cfg_.rotary_layer(l))  // q and k at their positions in the context
+      rope_forward(qkv, *rope_, n, n, length_, layout);
     const int64_t layer_cache = l * layout.G * Tmax * D;
     kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
     cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,

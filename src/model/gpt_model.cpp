@@ -931,7 +931,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   if (cfg_.qk_norm())  // queries, keys normalized in place (their inputs kept)
     qk_layernorm_forward(x.qkv, x.qk_raw, x.qk_mean, x.qk_rstd, sc.qk_tmp, qk_norm_params(p), N, qkv_layout(),
                          cfg_.layernorm_epsilon, qk_normalization());
-  rotate_qkv(x.qkv, B, T);
+  rotate_qkv(x.qkv, B, T, l);
   core_attention_forward(p, a, i, B, T, key);
   gate_attention_output(x.attn, x.qkv, N);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
@@ -979,15 +979,16 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                       site_stream(key, p.name + "mlp.dropout"), runs, after);
 }
 
+void GPTModel::rotate_qkv(float* qkv, int64_t B, int64_t T, int64_t layer) {
+  if (!rope_ || !cfg_.rotary_layer(layer)) return;
+  for (const TokenRun& r : token_runs(B, T))
+    rope_forward(qkv + r.row * qkv_local(), rope_->table(), r.rows, cp_.on() ? r.rows : T, r.position, qkv_layout());
+}
+
 // fc1's rounding, bias and GELU (or SwiGLU) in one pass (Megatron's bias_gelu, bias_swiglu).
 // With bf16 inputs the GEMM writes its rounded result in bf16 into x.fc1 and the activation
 // is fc2's bf16 input; the backward adds the bias again (bias_gelu_backward_packed).
 // Otherwise x.fc1 keeps the fp32 pre-activation for the backward.
-void GPTModel::rotate_qkv(float* qkv, int64_t B, int64_t T) {
-  if (!rope_) return;
-  for (const TokenRun& r : token_runs(B, T))
-    rope_forward(qkv + r.row * qkv_local(), rope_->table(), r.rows, cp_.on() ? r.rows : T, r.position, qkv_layout());
-}
 
 void GPTModel::mlp_fc1_forward(const LayerParams& p, Activations& a, size_t i, int64_t N) {
   const int64_t C = cfg_.hidden_size, F1l = fc1_local();
@@ -1338,7 +1339,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     // --recompute-modules mla_up_proj: the fused, rotated qkv again from the kept latents.
     if (cfg_.recompute_mla_up_proj()) {
       mla_up_forward(p, a, i, N);
-      rotate_qkv(x.qkv, B, T);
+      rotate_qkv(x.qkv, B, T, l);
     }
     // Selective recomputation: the core attention's output and statistics again from
     // the kept qkv (the proj backward and the attention backward need them).
@@ -1487,7 +1488,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
                          docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b,
                          nullptr, softmax_offset_grad(p));
     }
-    if (rope_) {  // d(q, k) before the rotation, each run of tokens at its positions
+    if (rope_ && cfg_.rotary_layer(l)) {  // d(q, k) before the rotation, each run of tokens at its positions
       for (const TokenRun& r : token_runs(B, T)) {
         RopeTable t = rope_->table();
         t.cos += r.position * t.half;

@@ -434,8 +434,9 @@ class GPTModel {
   // Its second half: the up projections from the kept latents and the fused qkv (forward, and
   // --recompute-modules mla_up_proj in backward).
   void mla_up_forward(const LayerParams& p, Activations& a, size_t i, int64_t N);
-  // qkv's queries and keys rotated in place, each run of tokens at its positions (the rotary embedding).
-  void rotate_qkv(float* qkv, int64_t B, int64_t T);
+  // qkv's queries and keys rotated in place, each run of tokens at its positions (the rotary embedding),
+  // unless layer `layer` is a NoPE layer (--no-rope-freq).
+  void rotate_qkv(float* qkv, int64_t B, int64_t T, int64_t layer);
   void mla_attention_output(Activations& a, size_t i, int64_t N);
   // The backward from d_3c (the qkv gradient, rotated back): the weights' gradients (the latents'
   // gradients all-reduced over the tensor-parallel group first, so the replicated weights' are whole)

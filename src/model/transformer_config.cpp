@@ -89,6 +89,7 @@ void TransformerConfig::finalize(int64_t tp) {
   if (!window_attn_pattern.empty() && int64_t(window_attn_pattern.size()) != num_layers)
     LATTICE_FAIL() << "--window-attn-skip-freq has " << window_attn_pattern.size() << " entries for --num-layers "
                    << num_layers;
+  check_no_rope();
   if (normalization != "LayerNorm" && normalization != "RMSNorm")
     LATTICE_FAIL() << "--normalization must be LayerNorm or RMSNorm, got '" << normalization << "'";
   if (hidden_dropout < 0 || hidden_dropout >= 1)
@@ -96,6 +97,20 @@ void TransformerConfig::finalize(int64_t tp) {
   if (attention_dropout < 0 || attention_dropout >= 1)
     LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
   check_recompute();
+}
+
+void TransformerConfig::check_no_rope() const {
+  if (no_rope_pattern.empty()) return;
+  if (int64_t(no_rope_pattern.size()) != num_layers)
+    LATTICE_FAIL() << "--no-rope-freq has " << no_rope_pattern.size() << " entries for --num-layers " << num_layers;
+  if (!rope())
+    LATTICE_FAIL() << "--no-rope-freq needs the rotary embedding (--position-embedding-type rope or yarn), got "
+                   << position_embedding_type;
+  if (multi_latent_attention)
+    LATTICE_FAIL() << "--no-rope-freq does not go with --multi-latent-attention (its shared rotary key is rotated in "
+                      "every layer)";
+  if (mtp())  // the pattern has one entry per decoder layer
+    LATTICE_FAIL() << "--mtp-num-layers with --no-rope-freq is not supported yet";
 }
 
 void TransformerConfig::check_mla() {
@@ -448,8 +463,10 @@ class LayerFreqParser {
 };
 
 // A per-layer 0/1 pattern: an integer N (layer l is 1 when at(l, N)) or a list expression.
+// `empty_when`: the value every entry must have for the pattern to come back empty (every layer alike).
 template <typename At>
-std::vector<int> parse_layer_pattern(const std::string& value, int64_t num_layers, const char* flag, At at) {
+std::vector<int> parse_layer_pattern(const std::string& value, int64_t num_layers, const char* flag, At at,
+                                     int empty_when = 1) {
   std::string s = value;
   while (s.size() >= 2 && (s.front() == '\'' || s.front() == '"') && s.back() == s.front()) s = s.substr(1, s.size() - 2);
   std::vector<int> pattern;
@@ -464,7 +481,7 @@ std::vector<int> parse_layer_pattern(const std::string& value, int64_t num_layer
       LATTICE_FAIL() << flag << " '" << value << "' has " << pattern.size() << " entries for --num-layers "
                      << num_layers;
   }
-  if (std::all_of(pattern.begin(), pattern.end(), [](int v) { return v == 1; })) pattern.clear();
+  if (std::all_of(pattern.begin(), pattern.end(), [&](int v) { return v == empty_when; })) pattern.clear();
   return pattern;
 }
 
@@ -477,6 +494,19 @@ std::vector<int> TransformerConfig::parse_moe_layer_freq(const std::string& valu
 std::vector<int> TransformerConfig::parse_window_attn_skip_freq(const std::string& value, int64_t num_layers) {
   return parse_layer_pattern(value, num_layers, "--window-attn-skip-freq",
                              [](int64_t l, int64_t n) { return (l + 1) % n != 0; });
+}
+
+std::vector<int> TransformerConfig::parse_no_rope_freq(const std::string& value, int64_t num_layers) {
+  std::string s = value;
+  while (s.size() >= 2 && (s.front() == '\'' || s.front() == '"') && s.back() == s.front()) s = s.substr(1, s.size() - 2);
+  if (!s.empty() && s.size() <= 9 &&
+      std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) &&
+      std::stoll(s) > 0 && num_layers % std::stoll(s) != 0)
+    LATTICE_FAIL() << "--no-rope-freq " << s << " does not divide --num-layers " << num_layers
+                   << " (the integer form repeats [0] * (N - 1) + [1] over the layers; give a list for another "
+                      "pattern)";
+  return parse_layer_pattern(
+      value, num_layers, "--no-rope-freq", [](int64_t l, int64_t n) { return (l + 1) % n == 0; }, 0);
 }
 
 int64_t TransformerConfig::parse_window_size(const std::string& value) {

@@ -46,6 +46,14 @@ struct TransformerConfig {
   std::string softmax_type = "vanilla";
   bool softmax_sink() const { return softmax_type != "vanilla"; }
   bool learnable_softmax_offset() const { return softmax_type == "learnable"; }
+  // --no-rope-freq (Megatron's no_rope_freq; Llama 4's and SmolLM3's NoPE layers): with the rotary
+  // embedding, which layers do not rotate their queries and keys (1) and which do (0), one entry per
+  // layer; empty: every layer rotates.
+  std::vector<int> no_rope_pattern;
+  // Whether layer `layer` (0-based) rotates its queries and keys.
+  bool rotary_layer(int64_t layer) const {
+    return rope() && (no_rope_pattern.empty() || no_rope_pattern[size_t(layer)] == 0);
+  }
   // The window of layer `layer` (0-based): window_size, or -1 for a full-attention layer.
   int64_t attention_window(int64_t layer) const {
     if (window_size < 0) return -1;
@@ -306,8 +314,15 @@ struct TransformerConfig {
   // expression as --moe-layer-freq's, 1 for a window layer and 0 for a full one. Returns the
   // pattern, empty when every layer has the window.
   static std::vector<int> parse_window_attn_skip_freq(const std::string& value, int64_t num_layers);
+  // --no-rope-freq's value for num_layers layers: an integer N dividing num_layers (every N-th layer
+  // counting from 1 skips the rotation: ([0] * (N-1) + [1]) * (num_layers / N), Megatron's), or a list
+  // expression as --moe-layer-freq's, 1 for a layer without the rotation. Returns the pattern, empty
+  // when every layer rotates.
+  static std::vector<int> parse_no_rope_freq(const std::string& value, int64_t num_layers);
   // The multi-token prediction fields' part of finalize().
   void check_mtp() const;
+  // --no-rope-freq's part of finalize().
+  void check_no_rope() const;
   // The recompute fields' part of finalize().
   void check_recompute() const;
   // The YaRN fields' part of finalize() (with --position-embedding-type yarn).

@@ -100,6 +100,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "sliding-window attention: W or W,0, each query attends the W keys before it and itself (-1: all)"},
       {"window-attn-skip-freq", Kind::str, &a.window_attn_skip_freq,
        "with --window-size: every N-th layer attends fully, or a list such as [1,1,0] (1: window, 0: full)"},
+      {"no-rope-freq", Kind::str, &a.no_rope_freq,
+       "with the rotary embedding: every N-th layer skips it (NoPE), or a list such as [0,0,0,1] (1: no rotation)"},
       {"softmax-type", Kind::str, &a.softmax_type,
        "vanilla, off-by-one (a sink logit of 0 in every head's softmax) or learnable (one trained per head)"},
       {"num-experts", Kind::i64, &a.num_experts,
@@ -905,6 +907,7 @@ TransformerConfig TrainArgs::transformer_config() const {
     if (c.window_size < 0) LATTICE_FAIL() << "--window-attn-skip-freq needs --window-size";
     c.window_attn_pattern = TransformerConfig::parse_window_attn_skip_freq(window_attn_skip_freq, num_layers);
   }
+  if (!no_rope_freq.empty()) c.no_rope_pattern = TransformerConfig::parse_no_rope_freq(no_rope_freq, num_layers);
   // Each listed type's coefficient (a single type: the single value; sinkhorn's is checked as 0).
   c.moe_aux_loss_coeff = 0.0f;
   for (size_t i = 0; i < moe_router_load_balancing_type.size(); ++i) {
@@ -1075,6 +1078,8 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
         !m["window_attn_skip_freq"].empty())
       out.emplace_back("window-attn-skip-freq", json(m["window_attn_skip_freq"].dump()));
   }
+  if (m.contains("no_rope_freq") && m["no_rope_freq"].is_array() && !m["no_rope_freq"].empty())
+    out.emplace_back("no-rope-freq", json(m["no_rope_freq"].dump()));
   if (m.contains("num_query_groups") && m["num_query_groups"].is_number_integer() &&
       m["num_query_groups"] != m.value("num_attention_heads", json())) {
     out.emplace_back("group-query-attention", true);

@@ -56,6 +56,7 @@ struct TrainArgs {
   std::string moe_layer_freq = "1";
   std::string window_size;            // --window-size W[,0] ("": none)
   std::string window_attn_skip_freq;  // --window-attn-skip-freq N or a list ("": every layer)
+  std::string no_rope_freq;           // --no-rope-freq N or a list ("": every layer rotates)
   std::string softmax_type = "vanilla";
   std::string moe_router_score_function = "softmax";
   std::string moe_router_dtype;

@@ -300,6 +300,19 @@ TEST(CudaModel, AttentionOutputGateLossAndEveryGradientMatchCpu) {
   expect_loss_and_gradients_match(cfg, "attention output gate, qk-layernorm rope");
 }
 
+// --no-rope-freq: the rotary embedding in the first layer, none in the second (NoPE), grouped-query
+// attention: the same loss and gradients on both devices.
+TEST(CudaModel, NoRopeLayerLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.position_embedding_type = "rope";
+  cfg.num_query_groups = 2;
+  cfg.no_rope_pattern = {0, 1};
+  cfg.finalize();
+  ASSERT_EQ(cfg.num_layers, 2);
+  expect_loss_and_gradients_match(cfg, "no-rope layer");
+}
+
 // small_config with 4 experts of ffn 48, top 2, and the load-balancing loss (not finalized).
 TransformerConfig moe_config() {
   TransformerConfig cfg = small_config(0.0f);

@@ -56,6 +56,7 @@ struct Case {
   // fused qkv gathered over the ranks as any layer's)
   bool mla = false;
   bool gate = false;  // --attention-output-gate (each rank's rows' gates, local to their tokens)
+  bool no_rope = false;  // --no-rope-freq 2: layers 2 and 4 not rotated (with rope_gqa)
 };
 
 // A run and the MoE losses it reported, each step's.
@@ -111,6 +112,7 @@ TransformerConfig config(const Case& c, int tp) {
   }
   if (c.mla) set_mla(t);
   t.attention_output_gate = c.gate;
+  if (c.no_rope) t.no_rope_pattern = {0, 1, 0, 1};
   if (c.recompute == "full") {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";
@@ -231,7 +233,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Cp2GateDocumentMaskSelectiveRecomputeRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, true, true,
              "selective", 20, -1, "", "vanilla", true, "", 0, false, true},
         Case{"Tp2Cp2SequenceParallelGateRopeGqa", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10, -1,
-             "", "vanilla", false, "", 0, false, true}),
+             "", "vanilla", false, "", 0, false, true},
+        // --no-rope-freq: the rotated layers' chunks at their positions, the others not rotated.
+        Case{"Cp2NoRopeLayersDocumentsRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, true, false, "", 20, -1, "",
+             "vanilla", false, "", 0, false, false, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -37,8 +37,9 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // every score of a query, so its gradient is zero up to rounding, which Adam amplifies.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false,
                          int qk_norm = 0, bool moe = false, bool gpt_oss = false, int64_t mtp = 0, int mla = 0,
-                         bool gate = false) {
+                         bool gate = false, bool no_rope = false) {
   TransformerConfig c;
+  if (no_rope) c.no_rope_pattern = {0, 1};  // --no-rope-freq 2: the second layer not rotated (NoPE)
   c.attention_output_gate = gate;  // --attention-output-gate: each rank's heads' gates in its share of linear_qkv
   c.mtp_num_layers = mtp;  // --mtp-num-layers: the prediction depths' eh_proj column-parallel, their norms replicated
   c.mtp_loss_scaling_factor = 0.5f;
@@ -105,8 +106,9 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
                 bool rope = false, bool swiglu = false, int qk_norm = 0, bool moe = false,
-                bool gpt_oss = false, int64_t mtp = 0, int mla = 0, bool gate = false) {
-  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla, gate), kB, kT, tp);
+                bool gpt_oss = false, int64_t mtp = 0, int mla = 0, bool gate = false, bool no_rope = false) {
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla, gate, no_rope), kB, kT,
+                 tp);
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
@@ -136,6 +138,7 @@ struct Layout {
   int64_t mtp = 0;            // --mtp-num-layers
   int mla = 0;                // --multi-latent-attention (config())
   bool gate = false;          // --attention-output-gate
+  bool no_rope = false;       // --no-rope-freq 2 (with rope)
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -145,9 +148,9 @@ TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope);
   LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope);
   expect_same_run(tp, single);
 }
 
@@ -157,13 +160,13 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
   LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope);
   expect_same_run(run, single);
 }
 
@@ -184,7 +187,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                            Layout{true, 0.1f, false, false, 0, false, false, 1, 2},
                                            Layout{true, 0.1f, true, false, 0, false, false, 0, 0, true},
                                            Layout{false, 0.1f, false, false, 1, false, false, 0, 0, true},
-                                           Layout{true, 0.0f, false, false, 0, true, false, 0, 0, true}),
+                                           Layout{true, 0.0f, false, false, 0, true, false, 0, 0, true},
+                                           Layout{true, 0.1f, true, false, 0, false, false, 0, 0, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
@@ -192,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                   (info.param.gpt_oss ? "GptOssMlp" : "") +
                                   (info.param.mtp ? "Mtp" + std::to_string(info.param.mtp) : "") +
                                   (info.param.mla ? "Mla" + std::to_string(info.param.mla) : "") +
-                                  (info.param.gate ? "Gate" : "");
+                                  (info.param.gate ? "Gate" : "") + (info.param.no_rope ? "NoRopeLayer" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

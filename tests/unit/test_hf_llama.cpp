@@ -89,6 +89,26 @@ TEST(HfLlama, Qwen3ModelMatchesIndependentLogits) {
   EXPECT_STREQ(hf_llama_family_name(c), "Qwen3");
 }
 
+// SmolLM3: Llama with NoPE layers, no_rope_layers 1 for a rotary layer and 0 for one without (lattice's
+// --no-rope-freq pattern inverted); without the list every no_rope_layer_interval-th layer is NoPE.
+// SmolLM3Config's defaults tie the embeddings.
+TEST(HfLlama, SmolLM3ModelsMatchIndependentLogits) {
+  check_fixture_logits("hf_smollm3_tiny");
+  const TransformerConfig c = load_hf_llama(fixture("hf_smollm3_tiny")).model->config();
+  EXPECT_TRUE(c.rope() && c.rmsnorm() && c.swiglu && !c.add_bias_linear && !c.qk_layernorm);
+  EXPECT_EQ(c.no_rope_pattern, (std::vector<int>{0, 0, 0, 1}));  // no_rope_layers [1,1,1,0]
+  EXPECT_EQ(c.num_query_groups, 2);
+  EXPECT_EQ(c.kv_channels, 8);  // no head_dim: hidden / heads
+  EXPECT_EQ(c.rotary_base, 5000000.0f);
+  EXPECT_FALSE(c.untie_embeddings_and_output_weights);
+  EXPECT_STREQ(hf_llama_family_name(c), "SmolLM3");
+  check_fixture_logits("hf_smollm3_tiny_interval");
+  const TransformerConfig i = load_hf_llama(fixture("hf_smollm3_tiny_interval")).model->config();
+  EXPECT_EQ(i.no_rope_pattern, (std::vector<int>{0, 1, 0, 1}));  // no list, no_rope_layer_interval 2
+  EXPECT_EQ(i.kv_channels, 16);
+  EXPECT_TRUE(i.untie_embeddings_and_output_weights);
+}
+
 // Mixtral: Llama whose MLPs are block_sparse_moe layers (router gate, experts' w1 w3 w2): lattice's
 // --num-experts with SwiGLU experts; softmax over every expert, the top k renormalized, is the
 // softmax over the top k logits, lattice's routing.
@@ -305,7 +325,8 @@ TEST(HfLlama, HfToLatticeToHfIsIdentity) {
   for (const char* dir :
        {"hf_llama_tiny", "hf_llama_tiny_tied", "hf_llama_tiny_scaled", "hf_llama_tiny_llama3", "hf_llama_tiny_yarn",
         "hf_qwen2_tiny",
-        "hf_qwen3_tiny", "hf_mixtral_tiny", "hf_qwen3_moe_tiny", "hf_qwen2_moe_tiny", "hf_deepseek_moe_tiny"}) {
+        "hf_qwen3_tiny", "hf_mixtral_tiny", "hf_qwen3_moe_tiny", "hf_qwen2_moe_tiny", "hf_deepseek_moe_tiny",
+        "hf_smollm3_tiny", "hf_smollm3_tiny_interval"}) {
     TempDir out(std::string("llama_rt_") + dir);
     HfModel hf = load_hf_llama(fixture(dir));
     save_hf_llama(out.str() + "/hf", *hf.model, "");
@@ -330,6 +351,14 @@ TEST(HfLlama, HfToLatticeToHfIsIdentity) {
                             "shared_expert_intermediate_size", "norm_topk_prob", "mlp_only_layers", "n_routed_experts",
                             "n_shared_experts", "first_k_dense_replace", "moe_layer_freq"})
       EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << dir << ": config.json " << key;
+    if (ja["model_type"] == "smollm3") {  // the list written out, the interval kept (the list derived from it)
+      std::vector<int> want;
+      for (int64_t l = 0; l < ja["num_hidden_layers"].get<int64_t>(); ++l)
+        want.push_back(ja.contains("no_rope_layers") ? ja["no_rope_layers"][size_t(l)].get<int>()
+                                                     : int((l + 1) % ja["no_rope_layer_interval"].get<int64_t>() != 0));
+      EXPECT_EQ(jb["no_rope_layers"].get<std::vector<int>>(), want) << dir;
+      EXPECT_EQ(ja["no_rope_layer_interval"], jb["no_rope_layer_interval"]) << dir;
+    }
     EXPECT_EQ(ja.value("rope_theta", 10000.0), jb["rope_theta"].get<double>()) << dir;
     EXPECT_EQ(ja.value("rms_norm_eps", 1e-6), jb["rms_norm_eps"].get<double>()) << dir;
     if (ja["model_type"] == "qwen2" || ja["model_type"] == "qwen2_moe" || ja["model_type"] == "deepseek")
@@ -457,6 +486,44 @@ TEST(HfLlama, Qwen3LatticeToHfToLatticeKeepsTheQkNorms) {
   TransformerConfig both = c;
   both.add_qkv_bias = true;
   EXPECT_NE(hf_llama_mismatch(both).find("--qk-layernorm with --add-qkv-bias"), std::string::npos);
+}
+
+// --no-rope-freq: a Llama-style model with NoPE layers is exported as SmolLM3 (no_rope_layers the pattern
+// inverted; the interval when one makes the list); back, the same model. With another family's features
+// (SmolLM3 is a dense Llama) it is refused, naming both flags.
+TEST(HfLlama, NoRopeLayersLatticeToHfToLatticeIsSmolLM3) {
+  for (const std::vector<int>& pattern : {std::vector<int>{0, 1}, std::vector<int>{1, 0}}) {
+    auto base = random_llama(false);
+    TransformerConfig c = base->config();
+    c.no_rope_pattern = pattern;
+    c.finalize();
+    GPTModel model(c, 1, c.max_position_embeddings);
+    std::memcpy(model.params().params(), base->params().params(), size_t(base->params().numel()) * sizeof(float));
+    EXPECT_EQ(hf_llama_mismatch(c), "");
+    TempDir out(pattern[0] ? "smollm3_l2h_10" : "smollm3_l2h_01");
+    save_hf_llama(out.str(), model, "");
+    std::ifstream cf(out.str() + "/config.json");
+    const nlohmann::json j = nlohmann::json::parse(cf);
+    EXPECT_EQ(j["model_type"], "smollm3");
+    EXPECT_EQ(j["architectures"][0], "SmolLM3ForCausalLM");
+    EXPECT_EQ(j["no_rope_layers"].get<std::vector<int>>(), (std::vector<int>{1 - pattern[0], 1 - pattern[1]}));
+    if (pattern[1])  // [0, 1]: every second layer, the interval 2
+      EXPECT_EQ(j["no_rope_layer_interval"], 2);
+    else  // [1, 0]: no interval makes it
+      EXPECT_FALSE(j.contains("no_rope_layer_interval"));
+    EXPECT_EQ(j["use_sliding_window"], false);
+    HfModel back = load_hf_llama(out.str(), c.make_vocab_size_divisible_by);
+    EXPECT_EQ(back.model->config().no_rope_pattern, pattern);
+    hf_test::expect_same_model(model, *back.model);
+  }
+  TransformerConfig c = random_llama(false)->config();
+  c.no_rope_pattern = {0, 1};
+  TransformerConfig qk = c;
+  qk.qk_layernorm = true;
+  EXPECT_NE(hf_llama_mismatch(qk).find("--no-rope-freq with --qk-layernorm"), std::string::npos) << hf_llama_mismatch(qk);
+  TransformerConfig window = c;
+  window.window_size = 3;
+  EXPECT_NE(hf_llama_mismatch(window).find("--no-rope-freq with --window-size"), std::string::npos);
 }
 
 // Mixture of experts: exported as Mixtral, or with --qk-layernorm as Qwen3-MoE; back, the same
@@ -703,6 +770,28 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
                  {"config.json", "attention_bias"});
   }
   {
+    TempDir t("smollm3_entry");
+    expect_error(hf_test::rewritten_fixture("hf_smollm3_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["no_rope_layers"] = {1, 1, 2, 0}; }, t),
+                 {"config.json", "no_rope_layers entry 2 is not 0 (NoPE) or 1 (rotary)"});
+  }
+  {
+    TempDir t("smollm3_short");
+    expect_error(hf_test::rewritten_fixture("hf_smollm3_tiny", nullptr,
+                                            [](nlohmann::json& j) { j["no_rope_layers"] = {1, 1, 1}; }, t),
+                 {"config.json", "no_rope_layers is not a list of at least 4 entries"});
+  }
+  {
+    TempDir t("smollm3_window");
+    expect_error(hf_test::rewritten_fixture("hf_smollm3_tiny", nullptr,
+                                            [](nlohmann::json& j) {
+                                              j["use_sliding_window"] = true;
+                                              j["sliding_window"] = 8;
+                                            },
+                                            t),
+                 {"config.json", "use_sliding_window true is not supported"});
+  }
+  {
     TempDir t("qwen2_sliding");  // max_window_layers 2 of 2 layers: no layer has the window
     const std::string dir = hf_test::rewritten_fixture("hf_qwen2_tiny", nullptr,
                                                        [](nlohmann::json& j) { j["use_sliding_window"] = true; }, t);
@@ -841,7 +930,7 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   {
     TempDir t("llama_not_llama");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "gemma"; }, t),
-                 {"config.json", "not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral or DeepSeek-MoE config",
+                 {"config.json", "not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral, DeepSeek-MoE or SmolLM3 config",
                   "gemma"});
   }
 }

@@ -9,7 +9,8 @@
 // (--mtp-num-layers 2 tied with learned positions, 1 untied with the rotary embedding and RMSNorm, 1 MoE
 // depth after MoE layers: its load-balancing loss in the objective); multi-latent attention (query latent with
 // RMSNorm latent norms; linear_q_proj with YaRN, values wider than the queries and keys); the attention
-// output gate (--attention-output-gate, alone and with the rotary embedding, grouping and --qk-layernorm).
+// output gate (--attention-output-gate, alone and with the rotary embedding, grouping and --qk-layernorm); a
+// NoPE layer after a rotary one (--no-rope-freq 2).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -70,6 +71,8 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
   if (f.metadata().count("window_attn_skip_freq"))
     c.window_attn_pattern =
         TransformerConfig::parse_window_attn_skip_freq(f.metadata().at("window_attn_skip_freq"), c.num_layers);
+  if (f.metadata().count("no_rope_freq"))
+    c.no_rope_pattern = TransformerConfig::parse_no_rope_freq(f.metadata().at("no_rope_freq"), c.num_layers);
   if (f.metadata().count("num_experts")) {
     c.num_experts = meta_int(f, "num_experts");
     c.moe_router_topk = meta_int(f, "moe_router_topk");
@@ -268,7 +271,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_nobias_moe4_mtp1.safetensors",
                                            "gpt_tiny_rope_nobias_rmsnorm_qknorm_mlaq24_kv16.safetensors",
                                            "gpt_tiny_yarn_mlanoq_kv12.safetensors", "gpt_tiny_gate.safetensors",
-                                           "gpt_tiny_rope_gqa2_qknorm_gate.safetensors"));
+                                           "gpt_tiny_rope_gqa2_qknorm_gate.safetensors",
+                                           "gpt_tiny_rope_rmsnorm_gqa2_qknorm_norope01.safetensors"));
 
 }  // namespace
 }  // namespace lattice
