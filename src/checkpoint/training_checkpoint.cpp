@@ -20,13 +20,14 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr int kSaveTag = 3100;  // the part transfers of a save: one tag per buffer
 
 // The optimizer's state tensors by their checkpoint prefix: Adam's two moments, or SGD's
-// momentum buffer (torch's names).
+// momentum buffer (torch's names). Muon's: Adam's two, a Muon matrix's momentum buffer in exp_avg
+// and zeros in exp_avg_sq.
 struct StateSlot {
   const char* prefix;
   int slot;  // Optimizer::param_state slot
 };
 std::vector<StateSlot> state_slots(const std::string& optimizer) {
-  if (optimizer == "adam") return {{"optimizer.exp_avg.", 1}, {"optimizer.exp_avg_sq.", 2}};
+  if (optimizer == "adam" || optimizer == "muon") return {{"optimizer.exp_avg.", 1}, {"optimizer.exp_avg_sq.", 2}};
   return {{"optimizer.momentum_buffer.", 1}};
 }
 

@@ -11,6 +11,7 @@
 #include "dist/comm.h"
 
 #include "kernels/elementwise.h"
+#include "kernels/muon.h"
 #include "kernels/cast_math.h"
 #include "kernels/optimizer.h"
 
@@ -92,24 +93,40 @@ float clip_coefficient(double norm, double max_norm) {
 
 Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const ElementRanges& owned)
     : params_(params), cfg_(config) {
-  if (cfg_.optimizer != "adam" && cfg_.optimizer != "sgd")
-    LATTICE_FAIL() << "--optimizer must be adam or sgd, got " << cfg_.optimizer;
+  const bool muon = cfg_.optimizer == "muon";
+  if (cfg_.optimizer != "adam" && cfg_.optimizer != "sgd" && !muon)
+    LATTICE_FAIL() << "--optimizer must be adam, sgd or muon, got " << cfg_.optimizer;
   if (cfg_.optimizer != "adam" && (cfg_.exp_avg_bf16 || cfg_.exp_avg_sq_bf16))
     LATTICE_FAIL() << "--exp-avg-dtype and --exp-avg-sq-dtype are Adam's moments: they need --optimizer adam";
+  if (muon && !owned.empty() && owned != ElementRanges{{0, params.numel()}})
+    LATTICE_FAIL() << "--optimizer muon does not go with --use-distributed-optimizer (a matrix's Newton-Schulz "
+                      "iteration needs all of it; Megatron's layer-wise distributed optimizer is not implemented)";
+  if (muon) {
+    ns_steps_ = newton_schulz_coefficients(cfg_.muon.coefficient_type, cfg_.muon.ns_steps);
+    muon_scale_factor(1, 1, cfg_.muon.scale_mode);  // checks the mode
+    if (!(cfg_.muon.momentum >= 0.0f && cfg_.muon.momentum < 1.0f))
+      LATTICE_FAIL() << "--muon-momentum must be in [0, 1), got " << cfg_.muon.momentum;
+  }
   int64_t state = 0;
   for (auto [rb, re] : or_whole(params, owned))
     for (size_t k = 0; k < params.infos().size(); ++k) {
       const ParamInfo& p = params.infos()[k];
       const int64_t b = std::max(rb, p.offset), e = std::min(re, p.offset + p.numel);
       if (b >= e) continue;
-      segments_.push_back(Segment{int(k), b, e, state});
+      segments_.push_back(Segment{int(k), b, e, state, muon && muon_matrix(p)});
       state += e - b;
     }
   state_numel_ = state;
   auto bytes = [&](bool bf16) { return size_t(state) * (bf16 ? sizeof(uint16_t) : sizeof(float)); };
   try {
     state1_ = Storage(bytes(cfg_.exp_avg_bf16));
-    if (cfg_.optimizer == "adam") state2_ = Storage(bytes(cfg_.exp_avg_sq_bf16));
+    if (cfg_.optimizer != "sgd") state2_ = Storage(bytes(cfg_.exp_avg_sq_bf16));
+    if (muon) {
+      const auto [elements, gram] = muon_workspace_size(params.infos(), cfg_.muon);
+      if (elements > 0) muon_ws_ = MuonWorkspace(elements, gram);
+      zero_on_device(state1_.data(), state1_.size());  // Muon's momentum starts at zero (Adam's moments too)
+      zero_on_device(state2_.data(), state2_.size());
+    }
   } catch (const OutOfMemory& e) {
     std::ostringstream what;
     what << "the optimizer state (" << state << " parameters)";
@@ -173,12 +190,15 @@ void Optimizer::update(const LrWd& lr_wd, float grad_scale) {
   ++step_;
   float* w = params_.params();
   const float* g = params_.grads();
-  if (cfg_.optimizer == "adam") {
+  if (cfg_.optimizer == "adam" || cfg_.optimizer == "muon") {
     std::vector<AdamwRange> ranges;
     ranges.reserve(segments_.size());
     for (const Segment& s : segments_) {
       const auto [lr, wd] = lr_wd(s);
-      ranges.push_back(AdamwRange{s.begin, s.end - s.begin, s.state_offset, float(lr), float(wd)});
+      if (s.muon)
+        muon_step(s, float(lr), float(wd), grad_scale);  // (lr, wd: the scheduler's group values)
+      else
+        ranges.push_back(AdamwRange{s.begin, s.end - s.begin, s.state_offset, float(lr), float(wd)});
     }
     const AdamwMoments moments{state1_.data(), state2_.data(), cfg_.exp_avg_bf16, cfg_.exp_avg_sq_bf16};
     adamw_update_ranges(w, g, moments, ranges.data(), int64_t(ranges.size()), cfg_.adam_beta1, cfg_.adam_beta2,
@@ -190,6 +210,41 @@ void Optimizer::update(const LrWd& lr_wd, float grad_scale) {
     sgd_update(w + s.begin, g + s.begin, state1() + s.state_offset, s.end - s.begin, float(lr), cfg_.sgd_momentum,
                float(wd), step_ == 1, grad_scale);
   }
+}
+
+void Optimizer::muon_step(const Segment& s, float lr, float wd, float grad_scale) {
+  const ParamInfo& p = params_.infos()[size_t(s.param)];
+  const MuonConfig& mc = cfg_.muon;
+  const int64_t rows = p.shape[0], cols = p.shape[1], n = s.end - s.begin;
+  float* u = muon_ws_.u();
+  const double beta = double(mc.momentum);
+  muon_momentum(state1() + s.state_offset, u, params_.grads() + s.begin, n, float(1.0 - beta), float(beta),
+                mc.nesterov, grad_scale);
+  const float decay = float(-double(lr) * double(wd)), step = float(-double(lr));
+  int64_t per_group = 0;
+  for (int64_t r : mc.qkv_split_rows) per_group += r;
+  if (per_group == 0 || !muon_qkv(p) || rows % per_group != 0) {
+    newton_schulz(u, rows, cols, ns_steps_, muon_ws_);
+    muon_apply(params_.params() + s.begin, u, n, decay, float(muon_scale_factor(rows, cols, mc.scale_mode)),
+               mc.extra_scale_factor, step);
+    return;
+  }
+  // --muon-split-qkv: per query group the rows [q | (gate) | k | v]; each kind's rows of every group
+  // gathered into one matrix, orthogonalized and scaled on its own, and put back in place.
+  const int64_t groups = rows / per_group;
+  const size_t row_bytes = size_t(cols) * sizeof(float), group_bytes = size_t(per_group) * row_bytes;
+  int64_t first = 0;
+  for (int64_t r : mc.qkv_split_rows) {
+    float* piece = muon_ws_.piece();
+    const size_t piece_bytes = size_t(r) * row_bytes;
+    copy_rows_on_device(piece, piece_bytes, u + first * cols, group_bytes, piece_bytes, size_t(groups));
+    newton_schulz(piece, groups * r, cols, ns_steps_, muon_ws_);
+    scale_inplace(piece, float(muon_scale_factor(groups * r, cols, mc.scale_mode)), groups * r * cols);
+    scale_inplace(piece, mc.extra_scale_factor, groups * r * cols);
+    copy_rows_on_device(u + first * cols, group_bytes, piece, piece_bytes, piece_bytes, size_t(groups));
+    first += r;
+  }
+  muon_apply(params_.params() + s.begin, u, n, decay, 1.0f, 1.0f, step);
 }
 
 }  // namespace lattice

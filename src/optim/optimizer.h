@@ -1,6 +1,6 @@
 // Optimizers over a ParamBuffer: Megatron's --optimizer adam (AdamW: decoupled
-// weight decay, none on biases and 1-D parameters) and sgd (momentum), plus global
-// gradient-norm clipping (--clip-grad).
+// weight decay, none on biases and 1-D parameters), sgd (momentum) and muon (optim/muon.h: the
+// weight matrices orthogonalized, Adam for the rest), plus global gradient-norm clipping (--clip-grad).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -9,13 +9,14 @@
 #include <vector>
 
 #include "core/storage.h"
+#include "optim/muon.h"
 #include "optim/opt_param_scheduler.h"
 #include "optim/param_buffer.h"
 
 namespace lattice {
 
 struct OptimizerConfig {
-  std::string optimizer = "adam";  // adam | sgd
+  std::string optimizer = "adam";  // adam | sgd | muon
   float adam_beta1 = 0.9f;
   float adam_beta2 = 0.999f;
   float adam_eps = 1e-8f;
@@ -26,6 +27,7 @@ struct OptimizerConfig {
   // (kernels/optimizer.h AdamwMoments); the step itself is fp32.
   bool exp_avg_bf16 = false;
   bool exp_avg_sq_bf16 = false;
+  MuonConfig muon;  // --optimizer muon's settings (its scalar parameters take Adam's above)
 };
 
 // Element ranges [begin, end) of the flat buffer a rank updates. Empty: the whole buffer.
@@ -84,7 +86,8 @@ class Optimizer {
   float* state1() const { return state1_.as<float>(); }
   float* state2() const { return state2_.as<float>(); }
   bool state_bf16(int slot) const { return slot == 1 ? cfg_.exp_avg_bf16 : cfg_.exp_avg_sq_bf16; }
-  size_t state_bytes() const { return state1_.size() + state2_.size(); }
+  // The state and, with Muon, its scratch (MuonWorkspace: the largest matrix thrice, two Gram matrices).
+  size_t state_bytes() const { return state1_.size() + state2_.size() + muon_ws_.bytes(); }
   int64_t state_numel() const { return state_numel_; }  // per slot
   void set_steps(int64_t s) { step_ = s; }
   // Slot 1 (exp_avg / momentum) or 2 (exp_avg_sq) in the flat buffer's layout: export
@@ -97,11 +100,15 @@ class Optimizer {
   void import_state(int slot, const float* flat);
 
  private:
-  // A piece of one parameter inside the owned ranges; its state lives at state_offset.
+  // A piece of one parameter inside the owned ranges; its state lives at state_offset. muon: a
+  // whole matrix Muon updates (its momentum in slot 1; slot 2 unused).
   struct Segment {
     int param;
     int64_t begin, end, state_offset;
+    bool muon = false;
   };
+  // Muon's update of one matrix (muon_step) with its learning rate and weight decay.
+  void muon_step(const Segment& s, float lr, float wd, float grad_scale);
 
   // One update of every segment, segment k with lr_wd(k) = {learning rate, weight decay}:
   // AdamW in one call over all segments (adamw_update_ranges), SGD segment by segment.
@@ -110,6 +117,8 @@ class Optimizer {
 
   ParamBuffer& params_;
   OptimizerConfig cfg_;
+  std::vector<NsCoefficients> ns_steps_;  // Muon's
+  MuonWorkspace muon_ws_;
   std::vector<Segment> segments_;
   Storage state1_, state2_;
   int64_t state_numel_ = 0;

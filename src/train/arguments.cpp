@@ -177,7 +177,25 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"train-iters", Kind::i64, &a.train_iters, "iterations to train"},
       {"log-interval", Kind::i64, &a.log_interval, "iterations between log lines"},
       {"seed", Kind::u64, &a.seed, "random seed (initialisation, dropout)"},
-      {"optimizer", Kind::str, &a.optimizer, "adam (AdamW) or sgd"},
+      {"optimizer", Kind::str, &a.optimizer, "adam (AdamW), sgd or muon (the weight matrices orthogonalized)"},
+      {"muon-momentum", Kind::f32, &a.muon_momentum, "Muon's momentum (an EMA of the gradients; default 0.9)"},
+      {"muon-use-nesterov", Kind::flag, &a.muon_use_nesterov, "Muon with Nesterov momentum"},
+      {"muon-nesterov", Kind::flag, &a.muon_use_nesterov, "the same as --muon-use-nesterov"},
+      {"muon-num-ns-steps", Kind::i64, &a.muon_num_ns_steps, "Muon's Newton-Schulz steps (default 5)"},
+      {"muon-scale-mode", Kind::str, &a.muon_scale_mode,
+       "Muon's update scale: spectral (sqrt(max(rows, cols)), default), unit_rms_norm or shape_scaling"},
+      {"muon-extra-scale-factor", Kind::f32, &a.muon_extra_scale_factor, "multiplies Muon's update (default 1)"},
+      {"muon-split-qkv", Kind::flag, &a.muon_split_qkv,
+       "orthogonalize linear_qkv's queries, keys and values apart (the default)"},
+      {"muon-no-split-qkv", Kind::flag, &a.muon_no_split_qkv, "orthogonalize linear_qkv as one matrix"},
+      {"muon-tp-mode", Kind::str, &a.muon_tp_mode,
+       "Muon under tensor parallelism: blockwise (each rank's shard on its own; the only one implemented)"},
+      {"muon-fp32-matmul-prec", Kind::str, &a.muon_fp32_matmul_prec,
+       "medium, high or highest: accepted; lattice's Newton-Schulz GEMMs are always fp32 (highest)"},
+      {"muon-coefficient-type", Kind::str, &a.muon_coefficient_type,
+       "Newton-Schulz coefficients: quintic (default), simple, polar_express or aol"},
+      {"muon-scalar-optimizer", Kind::str, &a.muon_scalar_optimizer,
+       "the optimizer of the parameters Muon leaves (embedding, output layer, norms, biases): adam"},
       {"lr", Kind::f64, &a.lr, "learning rate"},
       {"min-lr", Kind::f64, &a.min_lr, "minimum learning rate (used by the LR schedule)"},
       {"weight-decay", Kind::f64, &a.weight_decay, "decoupled weight decay (not on biases/1-D)"},
@@ -601,8 +619,29 @@ void validate_load_balancing(const TrainArgs& a) {
       LATTICE_FAIL() << "--moe-aux-loss-coeff must be a finite number >= 0, got " << c;
 }
 
+// --optimizer muon: Megatron's flags, the parts lattice does not implement refused by name.
+void validate_muon(const TrainArgs& a) {
+  if (a.optimizer != "muon") return;
+  if (a.use_distributed_optimizer)
+    LATTICE_FAIL() << "--optimizer muon does not go with --use-distributed-optimizer (a matrix's Newton-Schulz "
+                      "iteration needs all of it; Megatron's layer-wise distributed optimizer is not implemented)";
+  if (a.muon_tp_mode != "blockwise")
+    LATTICE_FAIL() << "--muon-tp-mode " << a.muon_tp_mode
+                   << " is not implemented (blockwise: each tensor-parallel rank orthogonalizes its shard)";
+  if (a.muon_scalar_optimizer != "adam")
+    LATTICE_FAIL() << "--muon-scalar-optimizer " << a.muon_scalar_optimizer << " is not implemented (adam)";
+  const std::string& prec = a.muon_fp32_matmul_prec;
+  if (prec != "medium" && prec != "high" && prec != "highest")
+    LATTICE_FAIL() << "--muon-fp32-matmul-prec must be medium, high or highest, got '" << prec << "'";
+  newton_schulz_coefficients(a.muon_coefficient_type, a.muon_num_ns_steps);  // their errors name the flags
+  muon_scale_factor(1, 1, a.muon_scale_mode);
+  if (!(a.muon_momentum >= 0.0f && a.muon_momentum < 1.0f))
+    LATTICE_FAIL() << "--muon-momentum must be in [0, 1), got " << a.muon_momentum;
+}
+
 void validate(TrainArgs& a) {
   reject_unimplemented(a);
+  validate_muon(a);
   validate_precision(a);
   validate_precision_aware_optimizer(a);
   validate_load_balancing(a);
@@ -775,8 +814,8 @@ void validate(TrainArgs& a) {
       a.attention_backend != "unfused" && a.attention_backend != "local")
     LATTICE_FAIL() << "--attention-backend must be flash, fused, unfused, local or auto, got '" << a.attention_backend
                    << "'";
-  if (a.optimizer != "adam" && a.optimizer != "sgd")
-    LATTICE_FAIL() << "--optimizer must be adam or sgd, got " << a.optimizer;
+  if (a.optimizer != "adam" && a.optimizer != "sgd" && a.optimizer != "muon")
+    LATTICE_FAIL() << "--optimizer must be adam, sgd or muon, got " << a.optimizer;
   const bool split_paths = !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();
   if (a.mock_data && (!a.data_path.empty() || split_paths))
     LATTICE_FAIL() << "--mock-data and --data-path/--train-data-path are exclusive";
@@ -971,6 +1010,23 @@ OptimizerConfig TrainArgs::optimizer_config() const {
   o.clip_grad = clip_grad;
   o.exp_avg_bf16 = exp_avg_dtype == "bf16";
   o.exp_avg_sq_bf16 = exp_avg_sq_dtype == "bf16";
+  MuonConfig& m = o.muon;
+  m.momentum = muon_momentum;
+  m.nesterov = muon_use_nesterov;
+  m.ns_steps = muon_num_ns_steps;
+  m.coefficient_type = muon_coefficient_type;
+  m.scale_mode = muon_scale_mode;
+  m.extra_scale_factor = muon_extra_scale_factor;
+  if (!muon_no_split_qkv && !multi_latent_attention) {  // Megatron's qkv_split_shapes, per query group
+    const int64_t H = num_attention_heads, G = group_query_attention && num_query_groups > 0 ? num_query_groups : H;
+    const int64_t D = kv_channels > 0 ? kv_channels : (H > 0 ? hidden_size / H : 0);
+    if (H > 0 && G > 0 && H % G == 0) {
+      m.qkv_split_rows = {H / G * D};
+      if (attention_output_gate) m.qkv_split_rows.push_back(H / G * D);
+      m.qkv_split_rows.push_back(D);
+      m.qkv_split_rows.push_back(D);
+    }
+  }
   return o;
 }
 

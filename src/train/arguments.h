@@ -101,6 +101,17 @@ struct TrainArgs {
   uint64_t seed = 1234;
   // optimizer
   std::string optimizer = "adam";
+  // --optimizer muon (optim/muon.h)
+  float muon_momentum = 0.9f;
+  bool muon_use_nesterov = false;
+  int64_t muon_num_ns_steps = 5;
+  std::string muon_scale_mode = "spectral";
+  float muon_extra_scale_factor = 1.0f;
+  bool muon_split_qkv = true, muon_no_split_qkv = false;
+  std::string muon_tp_mode = "blockwise";
+  std::string muon_fp32_matmul_prec = "medium";
+  std::string muon_coefficient_type = "quintic";
+  std::string muon_scalar_optimizer = "adam";
   // Megatron's precision-aware optimizer: Adam's moments in bf16 (optim/optimizer.h).
   bool use_precision_aware_optimizer = false;
   std::string exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32", main_grads_dtype = "fp32", main_params_dtype = "fp32";

@@ -94,7 +94,7 @@ double mb(size_t bytes) { return double(bytes) / 1e6; }
 std::string bytes_per_parameter(const MemoryLayout& m) {
   const PrecisionBytes& p = m.precision;
   const int opt = m.optimizer_state_bytes();
-  const char* name = m.optimizer == "sgd" ? "SGD" : "Adam";
+  const char* name = m.optimizer == "sgd" ? "SGD" : m.optimizer == "muon" ? "Muon/Adam" : "Adam";
   std::string whole = std::to_string(p.main_params) + " main parameters";
   if (p.weight_copy > 0) whole += " + " + std::to_string(p.weight_copy) + " weight copy";
   whole += " + " + std::to_string(p.grads) + " gradients";

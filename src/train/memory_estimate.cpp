@@ -258,6 +258,10 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   r.weight_copy_bytes = size_t(r.buffer_elements) * size_t(p.weight_copy);
   r.grad_bytes = size_t(r.buffer_elements) * size_t(p.grads);
   r.optimizer_bytes = size_t(r.owned_parameters) * size_t(m.optimizer_state_bytes());
+  if (m.optimizer == "muon") {  // Muon's scratch (MuonWorkspace)
+    const auto [elements, gram] = muon_workspace_size(pb.infos(), m.muon);
+    if (elements > 0) r.optimizer_bytes += size_t(3 * elements + 2 * gram) * sizeof(float);
+  }
   // --grad-reduce-in-bf16: the buckets' bf16 copy (GradSync), which is also what MPI copies.
   const bool bf16_reduce = m.grad_reduce_in_bf16 && (grad_ranks > 1 || m.distributed_optimizer);
   if (bf16_reduce) r.grad_staging_bytes += size_t(r.buffer_elements) * 2;

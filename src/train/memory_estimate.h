@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/transformer_config.h"
+#include "optim/muon.h"
 #include "pipeline/schedule.h"
 
 namespace lattice {
@@ -44,7 +45,8 @@ struct MemoryLayout {
   int64_t ddp_bucket_size = 0;            // elements per gradient bucket; 0: the default
   PipelineLayout pipeline;                // stages == pp
   int64_t num_micro_batches = 1;          // per rank and iteration
-  std::string optimizer = "adam";         // adam: 8 bytes of state per owned parameter, sgd: 4
+  std::string optimizer = "adam";         // adam: 8 bytes of state per owned parameter, sgd: 4; muon: 8
+  MuonConfig muon;                        // muon: its scratch too (optim/muon.h)
   bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false;  // --exp-avg(-sq)-dtype bf16: 2 bytes per moment
   PrecisionBytes precision;
   // Optimizer state per owned parameter: SGD's momentum 4; Adam's two moments 4 each, 2 in bf16.

@@ -174,6 +174,7 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.pipeline = pipe;
   m.num_micro_batches = num_micro;
   m.optimizer = args.optimizer;
+  m.muon = args.optimizer_config().muon;
   m.exp_avg_bf16 = args.exp_avg_dtype == "bf16";
   m.exp_avg_sq_bf16 = args.exp_avg_sq_dtype == "bf16";
   if (args.bf16) m.precision.weight_copy = 2;

@@ -99,7 +99,8 @@ struct TrainRun {
 
 // `iters` iterations of Adam (constant lr, weight decay 0.01, clip 1.0) on mock data with
 // 2 micro-batches per step, on device d; bf16 through the half-precision GEMM policy.
-TrainRun train_on(Device d, const TransformerConfig& cfg, int64_t iters, bool bf16, double lr) {
+TrainRun train_on(Device d, const TransformerConfig& cfg, int64_t iters, bool bf16, double lr,
+                  const OptimizerConfig& oc = {}) {  // Megatron's defaults: AdamW, betas 0.9/0.999, eps 1e-8
   DeviceFor on(d);
   TrainRun r;
   {
@@ -111,7 +112,6 @@ TrainRun train_on(Device d, const TransformerConfig& cfg, int64_t iters, bool bf
       model.set_gemm_policy(policy.get());
       model.set_attention_math(AttentionMath::bf16);  // as the trainer sets it for --bf16
     }
-    OptimizerConfig oc;  // Megatron's defaults: AdamW, betas 0.9/0.999, eps 1e-8, clip 1.0
     Optimizer optimizer(model.params(), oc);
     MockSamples data(cfg.vocab_size, kT, kSeed);
     StepConfig sc;
@@ -478,6 +478,29 @@ TEST(CudaModel, TwentyIterationsFp32MatchCpu) {
         << "iteration " << i + 1 << ": loss cuda " << gpu.losses[i] << ", cpu " << cpu.losses[i];
   std::printf("[ info ] loss after 20 iterations: cuda %.9g, cpu %.9g (first %.6g)\n", gpu.losses.back(),
               cpu.losses.back(), cpu.losses.front());
+  expect_tensors_close("final parameter (L2, without the key bias)",
+                       compare_tensors(cfg, cpu.params, gpu.params, true, /*skip_key_bias=*/true), kFp32Tol);
+}
+
+// --optimizer muon: the momentum, the Newton-Schulz iteration (cuBLASLt's fp32 GEMMs), linear_qkv split
+// by query groups, and Adam for the rest: 10 iterations with clipping equal the CPU's within fp32's.
+TEST(CudaModel, MuonTenIterationsFp32MatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.num_query_groups = 2;
+  cfg.add_bias_linear = false;  // (a key bias's gradient is rounding noise, which Adam amplifies)
+  cfg.finalize();
+  OptimizerConfig oc;
+  oc.optimizer = "muon";
+  oc.muon.momentum = 0.95f;
+  oc.muon.qkv_split_rows = {2 * cfg.kv_channels, cfg.kv_channels, cfg.kv_channels};
+  const TrainRun cpu = train_on(Device::cpu, cfg, 10, false, 1e-3, oc);
+  const TrainRun gpu = train_on(Device::cuda, cfg, 10, false, 1e-3, oc);
+  ASSERT_EQ(cpu.losses.size(), gpu.losses.size());
+  for (size_t i = 0; i < cpu.losses.size(); ++i)
+    EXPECT_LE(std::fabs(gpu.losses[i] - cpu.losses[i]), kFp32Tol * std::fabs(cpu.losses[i]))
+        << "iteration " << i + 1 << ": loss cuda " << gpu.losses[i] << ", cpu " << cpu.losses[i];
+  EXPECT_LT(cpu.losses.back(), cpu.losses.front() - 0.1) << "Muon trains";
   expect_tensors_close("final parameter (L2, without the key bias)",
                        compare_tensors(cfg, cpu.params, gpu.params, true, /*skip_key_bias=*/true), kFp32Tol);
 }

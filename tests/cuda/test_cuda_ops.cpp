@@ -32,6 +32,9 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/moe.h"
+#include "core/device.h"
+#include "kernels/muon.h"
+#include "optim/muon.h"
 #include "kernels/optimizer.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -1583,6 +1586,50 @@ void attention_gate_cases(std::vector<OpCase>& t) {
   }
 }
 
+// Muon (kernels/muon.h, optim/muon.h): the momentum (plain, Nesterov, with a clipping scale), the
+// normalizing division and the update, element by element; and the Newton-Schulz iteration through
+// the GEMM facade and those kernels, wide and tall.
+void muon_cases(std::vector<OpCase>& t) {
+  const int64_t n = 70001;
+  t.push_back({"muon_momentum_apply", shape_name({{"n", n}}), {1e-6, 1e-7}, [n](const OpCase& c) {
+    for (bool nesterov : {false, true}) {
+      auto m = rand_floats(size_t(n), 101), g = rand_floats(size_t(n), 102), p = rand_floats(size_t(n), 103);
+      std::vector<float> u(static_cast<size_t>(n));
+      auto gm = upload(m), gg = upload(g), gp = upload(p);
+      DeviceBuffer gu(size_t(n) * 4);
+      muon_momentum(m.data(), u.data(), g.data(), n, 0.05f, 0.95f, nesterov, 0.7f);
+      cuda::muon_momentum(gm.as<float>(), gu.as<float>(), gg.as<float>(), n, 0.05f, 0.95f, nesterov, 0.7f);
+      expect_close(c, "m", m, download<float>(gm, size_t(n)));
+      expect_close(c, "u", u, download<float>(gu, size_t(n)));
+      divide_inplace(u.data(), 3.7f, n);
+      cuda::divide_inplace(gu.as<float>(), 3.7f, n);
+      expect_close(c, "u / norm", u, download<float>(gu, size_t(n)));
+      muon_apply(p.data(), u.data(), n, -0.001f, 1.7f, 0.2f, -0.01f);
+      cuda::muon_apply(gp.as<float>(), gu.as<float>(), n, -0.001f, 1.7f, 0.2f, -0.01f);
+      expect_close(c, "p", p, download<float>(gp, size_t(n)));
+    }
+  }});
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{96, 160}, {160, 96}, {64, 64}}) {
+    t.push_back({"newton_schulz", shape_name({{"rows", rows}, {"cols", cols}}), {1e-4, 1e-5}, [rows, cols](const OpCase& c) {
+      const std::vector<NsCoefficients> steps = newton_schulz_coefficients("quintic", 5);
+      auto x = rand_floats(size_t(rows * cols), 104);
+      auto gx = upload(x);
+      {
+        MuonWorkspace ws(rows * cols, std::min(rows, cols) * std::min(rows, cols));  // host
+        newton_schulz(x.data(), rows, cols, steps, ws);
+      }
+      const Device before = current_device();  // the GEMMs and kernels on the GPU for this part
+      set_device(Device::cuda, 0);
+      {
+        MuonWorkspace gws(rows * cols, std::min(rows, cols) * std::min(rows, cols));
+        newton_schulz(gx.as<float>(), rows, cols, steps, gws);
+      }
+      set_device(before, 0);
+      expect_close(c, "orthogonalized", x, download<float>(gx, x.size()));
+    }});
+  }
+}
+
 // ---------------------------------------------------------------- odd offsets
 
 // Views that start one element into their buffers (a slice of a flat buffer at an odd
@@ -1651,6 +1698,7 @@ std::vector<OpCase> op_table() {
   decode_attention_cases(t);
   rope_cases(t);
   attention_gate_cases(t);
+  muon_cases(t);
   moe_cases(t);
   odd_offset_cases(t);
   return t;

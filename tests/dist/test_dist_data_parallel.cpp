@@ -93,6 +93,23 @@ TEST_P(DistDataParallel, AllReduceMatchesSingleProcess) {
   expect_same_run(dp, single);
 }
 
+// --optimizer muon: every rank orthogonalizes the same all-reduced gradients of each matrix (its QKV
+// split by heads), Adam the rest: the single process's run.
+TEST_P(DistDataParallel, MuonMatchesSingleProcess) {
+  OptimizerConfig oc;
+  oc.optimizer = "muon";
+  oc.muon.nesterov = true;
+  oc.muon.qkv_split_rows = {8, 8, 8};  // 4 heads of 8: per head q, k, v
+  TrainRun single = train(GetParam(), nullptr, nullptr, oc);
+  DataParallelConfig cfg;
+  cfg.bucket_elements = 4000;
+  cfg.overlap_grad_reduce = true;
+  TrainRun dp = train(GetParam(), ps_.get(), &cfg, oc);
+  expect_same_run(dp, single);
+  TrainRun adam = train(GetParam(), nullptr, nullptr);
+  EXPECT_NE(adam.losses.back(), single.losses.back()) << "Muon changes the training";
+}
+
 TEST_P(DistDataParallel, OverlappedAllReduceMatchesSingleProcess) {
   TrainRun single = train(GetParam(), nullptr, nullptr);
   DataParallelConfig cfg;

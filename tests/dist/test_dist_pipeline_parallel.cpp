@@ -40,6 +40,7 @@ struct Case {
   bool embedding_in_split = false, loss_in_split = false;  // --account-for-embedding/loss-in-pipeline-split
   int64_t mtp = 0;    // --mtp-num-layers (on the last stage, its lookup through the shared word embedding)
   bool rope = false;  // --position-embedding-type rope
+  bool muon = false;  // --optimizer muon (each stage's matrices its own; the embedding copies Adam's)
 };
 
 PipelineLayout layout_of(const Case& c, int P) {
@@ -94,6 +95,7 @@ LayoutRun train(const Case& c, ParallelState* ps, bool sequence_parallel, const 
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
   OptimizerConfig oc;
   oc.adam_eps = c.adam_eps;
+  if (c.muon) oc.optimizer = "muon";
   Optimizer opt(model.params(), oc, dp ? dp->owned_ranges() : ElementRanges{});
   MockSamples data(model.config().vocab_size, kT, 7);
   StepConfig sc{kB, kGBS, kT, 1.0, 1234};
@@ -154,7 +156,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"MtpUntiedRopeInterleaved", 4, 1, 0, 0, true, 0.1f, 1e-8f, 0, {}, false, 0, false, false, 1,
                            true},
                       Case{"MtpMixtureOfExpertsSigmoidBias", 4, 0, 0, 0, false, 0.0f, 1e-8f, 4, {}, true, 0, false, false,
-                           1, true}),
+                           1, true},
+                      // --optimizer muon: experts and MTP's layer orthogonalized on their stage, the tied
+                      // word embedding's two copies with Adam.
+                      Case{"MuonMtpMixtureOfExpertsInterleaved", 4, 1, 0, 0, false, 0.1f, 1e-8f, 4, {}, false, 0, false,
+                           false, 1, true, true}),
     [](const auto& info) { return info.param.name; });
 
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel

@@ -117,6 +117,7 @@ RealRank build(const MemoryLayout& m, int w) {
   oc.optimizer = m.optimizer;
   oc.exp_avg_bf16 = m.exp_avg_bf16;
   oc.exp_avg_sq_bf16 = m.exp_avg_sq_bf16;
+  oc.muon = m.muon;
   r.optimizer = std::make_unique<Optimizer>(r.model->params(), oc, r.owned);
   return r;
 }
@@ -234,6 +235,22 @@ TEST(MemoryEstimate, AttentionOutputGateEqualsTheModel) {
     const size_t act_without = estimate_rank_memory(layout(config(3, false, P), P, 1, 1, 4), 0, 0).activation_bytes;
     EXPECT_GT(act_with, act_without);
   }
+}
+
+// --optimizer muon: Adam's two moments' bytes per parameter, plus Muon's scratch (the largest matrix
+// three times, two Gram matrices: with the QKV split, of the largest piece), at TP 1 and 2.
+TEST(MemoryEstimate, MuonScratchEqualsTheOptimizers) {
+  for (int P : {1, 2})
+    for (bool split : {false, true}) {
+      TransformerConfig c = config(3, false, P);
+      c.num_query_groups = 2;
+      MemoryLayout m = layout(c, P, 1, 1, 4);
+      m.optimizer = "muon";
+      if (split) m.muon.qkv_split_rows = {2 * c.kv_channels, c.kv_channels, c.kv_channels};
+      expect_matches(m, 0);
+      MemoryLayout adam = layout(c, P, 1, 1, 4);
+      EXPECT_GT(estimate_rank_memory(m, 0, 0).optimizer_bytes, estimate_rank_memory(adam, 0, 0).optimizer_bytes);
+    }
 }
 
 // --kv-channels wider than hidden / heads: the attention's weights and activations grow.

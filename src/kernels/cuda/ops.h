@@ -151,6 +151,12 @@ int64_t count_zeros(const float* x, int64_t n);
 void rope_forward(float* qkv, const RopeTable& table, int64_t N, int64_t T, int64_t pos0, const QkvLayout& layout);
 void rope_backward(float* dqkv, const RopeTable& table, int64_t N, int64_t T, const QkvLayout& layout);
 
+// ---- muon.h
+void muon_momentum(float* m, float* u, const float* g, int64_t n, float one_minus_beta, float beta, bool nesterov,
+                   float grad_scale);
+void divide_inplace(float* x, float denom, int64_t n);
+void muon_apply(float* p, const float* o, int64_t n, float decay, float scale, float extra, float step);
+
 // ---- attention_gate.h
 void attention_output_gate_forward(float* y, const float* o, const float* qkv, int64_t N, const QkvLayout& layout);
 void attention_output_gate_backward(float* d_o, float* dqkv, const float* dy, const float* o, const float* qkv,
