@@ -88,6 +88,7 @@ class Optimizer {
   bool state_bf16(int slot) const { return slot == 1 ? cfg_.exp_avg_bf16 : cfg_.exp_avg_sq_bf16; }
   // The state and, with Muon, its scratch (MuonWorkspace: the largest matrix thrice, two Gram matrices).
   size_t state_bytes() const { return state1_.size() + state2_.size() + muon_ws_.bytes(); }
+  size_t scratch_bytes() const { return muon_ws_.bytes(); }  // of state_bytes(): Muon's MuonWorkspace
   int64_t state_numel() const { return state_numel_; }  // per slot
   void set_steps(int64_t s) { step_ = s; }
   // Slot 1 (exp_avg / momentum) or 2 (exp_avg_sq) in the flat buffer's layout: export

@@ -59,8 +59,8 @@ void check_same_config_across_ranks(ParallelState& ps, const std::string& args_j
 std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt, int opt) {
   char buf[512];
   const std::string expects_text = dist_opt ? "8 + " + std::to_string(opt) + "/d" : std::to_string(8 + opt);
-  const double per_param =
-      double(m.param_bytes + m.grad_bytes + m.optimizer_bytes) / double(std::max<int64_t>(1, m.parameters));
+  const double per_param = double(m.param_bytes + m.grad_bytes + m.optimizer_bytes - m.optimizer_scratch_bytes) /
+                           double(std::max<int64_t>(1, m.parameters));
   std::snprintf(buf, sizeof buf,
                 "> memory per rank: parameters %.1f MB, gradients %.1f MB, optimizer state %.1f MB "
                 "(%lld of %lld parameters%s), activations %.1f MB per micro-batch; %.2f bytes per "
@@ -70,6 +70,11 @@ std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt
                 dist_opt ? ", distributed optimizer" : "", m.activation_bytes / 1e6, per_param,
                 dist_opt ? 8.0 + double(opt) / dp : 8.0 + opt, expects_text.c_str(), dp);
   std::string s = buf;
+  if (m.optimizer_scratch_bytes > 0) {
+    std::snprintf(buf, sizeof buf, "; the optimizer state includes Muon's scratch, %.1f MB",
+                  m.optimizer_scratch_bytes / 1e6);
+    s += buf;
+  }
   if (m.tensor_parallel > 1) {
     std::snprintf(buf, sizeof buf, "; tensor parallel %d: 1/%d of every layer's weights%s", m.tensor_parallel,
                   m.tensor_parallel,

@@ -29,6 +29,7 @@ struct MemoryFootprint {
   int64_t parameters = 0;          // on this rank
   int64_t owned_parameters = 0;    // whose optimizer state this rank keeps
   size_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  size_t optimizer_scratch_bytes = 0;  // of optimizer_bytes, scratch rather than state (Muon's)
   int tensor_parallel = 1;         // T: weights (and, with sequence parallelism, activations) split T ways
   bool sequence_parallel = false;
 };

@@ -390,6 +390,7 @@ int run_training(const TrainArgs& args) {
   mem.parameters = model.num_parameters();
   mem.param_bytes = mem.grad_bytes = size_t(mem.parameters) * sizeof(float);
   mem.optimizer_bytes = optimizer.state_bytes();
+  mem.optimizer_scratch_bytes = optimizer.scratch_bytes();
   mem.owned_parameters = optimizer.state_numel();
   mem.activation_bytes = model.arena_bytes() + model.context_parallel_bytes();
   mem.tensor_parallel = ps->tp().size();

@@ -42,6 +42,19 @@ run() {
   fi
 }
 
+# expect_resumed_losses NAME STRAIGHT RESUMED N: the last N lm losses of the straight run's metrics
+# file are every lm loss of the resumed run's, digit for digit.
+expect_resumed_losses() {
+  local name=$1 want got
+  want=$(tail -n "$4" "$2" | grep -o '"lm_loss":[^,}]*')
+  got=$(grep -o '"lm_loss":[^,}]*' "$3")
+  if [ -n "$want" ] && [ "$got" = "$want" ]; then
+    pass "$name"
+  else
+    fail "$name: want $(echo $want) got $(echo $got)"
+  fi
+}
+
 # Number of lines in a file, counting a last line without a newline.
 line_count() { awk 'END { print NR }' "$1"; }
 

@@ -36,10 +36,7 @@ if run train "$LATTICE" train "${MODEL[@]}" "${GATE[@]}" "${RUN[@]}" --train-ite
   if run resume "$LATTICE" train "${MODEL[@]}" "${GATE[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt \
        --metrics-file r.jsonl &&
      run straight "$LATTICE" train "${MODEL[@]}" "${GATE[@]}" "${RUN[@]}" --train-iters 24 --metrics-file s.jsonl; then
-    want=$(tail -n 4 s.jsonl | grep -o '"lm_loss":[^,}]*')
-    got=$(grep -o '"lm_loss":[^,}]*' r.jsonl)
-    [ -n "$want" ] && [ "$got" = "$want" ] && pass "the resumed run's losses are the straight run's" ||
-      fail "the resumed run differs from the straight one: want $(echo $want) got $(echo $got)"
+    expect_resumed_losses "the resumed run's losses are the straight run's" s.jsonl r.jsonl 4
   fi
   expect_error "resume without --attention-output-gate" "attention_output_gate|--attention-output-gate" -- \
     "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt3

@@ -30,10 +30,7 @@ if run train "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" "${RUN[@]}" --train-ite
   if run resume "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt \
        --metrics-file r.jsonl &&
      run straight "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" "${RUN[@]}" --train-iters 24 --metrics-file s.jsonl; then
-    want=$(tail -n 4 s.jsonl | grep -o '"lm_loss":[^,}]*')
-    got=$(grep -o '"lm_loss":[^,}]*' r.jsonl)
-    [ -n "$want" ] && [ "$got" = "$want" ] && pass "the resumed run's losses are the straight run's (the momentum saved)" ||
-      fail "the resumed run differs from the straight one: want $(echo $want) got $(echo $got)"
+    expect_resumed_losses "the resumed run's losses are the straight run's (the momentum saved)" s.jsonl r.jsonl 4
   fi
   expect_error "resume with --optimizer adam" "holds muon state|--optimizer adam" -- \
     "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt3

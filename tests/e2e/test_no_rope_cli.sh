@@ -30,11 +30,7 @@ if run train "$LATTICE" train "${MODEL[@]}" --no-rope-freq 2 "${RUN[@]}" --train
   if run resume "$LATTICE" train "${MODEL[@]}" --no-rope-freq "([0]+[1])*2" "${RUN[@]}" --train-iters 24 --load ckpt \
        --save ckpt --metrics-file r.jsonl &&
      run straight "$LATTICE" train "${MODEL[@]}" --no-rope-freq 2 "${RUN[@]}" --train-iters 24 --metrics-file s.jsonl; then
-    want=$(tail -n 4 s.jsonl | grep -o '"lm_loss":[^,}]*')
-    got=$(grep -o '"lm_loss":[^,}]*' r.jsonl)
-    [ -n "$want" ] && [ "$got" = "$want" ] &&
-      pass "resumed with the list form of the same pattern: the straight run's losses" ||
-      fail "the resumed run differs from the straight one: want $(echo $want) got $(echo $got)"
+    expect_resumed_losses "resumed with the list form of the same pattern: the straight run's losses" s.jsonl r.jsonl 4
   fi
   expect_error "resume without --no-rope-freq" "no_rope_freq|--no-rope-freq" -- \
     "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt3
