@@ -63,12 +63,14 @@ double muon_scale_factor(int64_t rows, int64_t cols, const std::string& mode) {
   LATTICE_FAIL() << "--muon-scale-mode must be spectral, unit_rms_norm or shape_scaling, got '" << mode << "'";
 }
 
-MuonWorkspace::MuonWorkspace(int64_t elements, int64_t gram)
+MuonWorkspace::MuonWorkspace(int64_t elements, int64_t gram, int64_t whole)
     : u_(size_t(elements) * sizeof(float)),
       piece_(size_t(elements) * sizeof(float)),
-      t_(size_t(elements) * sizeof(float)),
+      t_(size_t(std::max(elements, whole)) * sizeof(float)),
       a_(size_t(gram) * sizeof(float)),
-      b_(size_t(gram) * sizeof(float)) {}
+      b_(size_t(gram) * sizeof(float)),
+      gathered_(size_t(whole) * sizeof(float)),
+      whole_(size_t(whole) * sizeof(float)) {}
 
 void newton_schulz(float* x, int64_t rows, int64_t cols, const std::vector<NsCoefficients>& steps, MuonWorkspace& ws) {
   const int64_t n = rows * cols;
@@ -97,22 +99,28 @@ void newton_schulz(float* x, int64_t rows, int64_t cols, const std::vector<NsCoe
   if (cur != x) copy_on_device(x, cur, size_t(n) * sizeof(float));
 }
 
-std::pair<int64_t, int64_t> muon_workspace_size(const std::vector<ParamInfo>& params, const MuonConfig& cfg) {
-  int64_t elements = 0, gram = 0;
+MuonWorkspaceSize muon_workspace_size(const std::vector<ParamInfo>& params, const MuonConfig& cfg, int tp) {
+  MuonWorkspaceSize s;
   int64_t per_group = 0;
   for (int64_t r : cfg.qkv_split_rows) per_group += r;
+  const bool duplicated = cfg.tp_mode == "duplicated" && tp > 1;
+  auto matrix = [&](int64_t rows, int64_t cols, int split_dim) {  // one orthogonalized matrix (a shard of one)
+    if (duplicated && split_dim >= 0) {
+      (split_dim == 0 ? rows : cols) *= tp;
+      s.whole = std::max(s.whole, rows * cols);
+    }
+    s.gram = std::max(s.gram, std::min(rows, cols) * std::min(rows, cols));
+  };
   for (const ParamInfo& p : params) {
     if (!muon_matrix(p)) continue;
     const int64_t rows = p.shape[0], cols = p.shape[1];
-    elements = std::max(elements, rows * cols);
-    if (per_group > 0 && muon_qkv(p) && rows % per_group == 0) {
-      const int64_t groups = rows / per_group;
-      for (int64_t r : cfg.qkv_split_rows) gram = std::max(gram, std::min(groups * r, cols) * std::min(groups * r, cols));
-    } else {
-      gram = std::max(gram, std::min(rows, cols) * std::min(rows, cols));
-    }
+    s.elements = std::max(s.elements, rows * cols);
+    if (per_group > 0 && muon_qkv(p) && rows % per_group == 0)
+      for (int64_t r : cfg.qkv_split_rows) matrix(rows / per_group * r, cols, p.tp_split_dim);
+    else
+      matrix(rows, cols, p.tp_split_dim);
   }
-  return {elements, gram};
+  return s;
 }
 
 }  // namespace lattice

@@ -9,7 +9,9 @@
 // rows than columns (a taller one transposed), one (a, b, c) per step (--muon-coefficient-type).
 // --muon-split-qkv orthogonalizes linear_qkv's queries, keys and values (and gates) apart, each with
 // its own scale. Tensor parallelism: each rank's shard on its own (Megatron's default
-// --muon-tp-mode blockwise, the shard's shape in the scale).
+// --muon-tp-mode blockwise, the shard's shape in the scale), or with duplicated the shards gathered
+// over the tensor-parallel group, the whole matrix orthogonalized on every rank (the whole shape in
+// the scale) and each rank's part kept: the single process's numbers.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,6 +32,7 @@ struct MuonConfig {
   // --muon-split-qkv (default on): linear_qkv's rows per query group, piece by piece (Megatron's
   // qkv_split_shapes: [R D, D, D], with the output gate [R D, R D, D, D]); empty: not split.
   std::vector<int64_t> qkv_split_rows;
+  std::string tp_mode = "blockwise";  // --muon-tp-mode: blockwise | duplicated
 };
 
 // Whether Muon updates parameter p: a 2-D matrix other than the word embedding and the output
@@ -51,26 +54,38 @@ double muon_scale_factor(int64_t rows, int64_t cols, const std::string& mode);
 
 // Device scratch for matrices up to `elements` values with Gram matrices up to `gram` values: the
 // update direction u, a split piece of it, the iteration's other X and its A and B.
+// With --muon-tp-mode duplicated, `whole` values for a gathered matrix and its columns put in place.
 class MuonWorkspace {
  public:
   MuonWorkspace() = default;
-  MuonWorkspace(int64_t elements, int64_t gram);
+  MuonWorkspace(int64_t elements, int64_t gram, int64_t whole = 0);
   float* u() const { return u_.as<float>(); }
   float* piece() const { return piece_.as<float>(); }
   float* t() const { return t_.as<float>(); }
   float* a() const { return a_.as<float>(); }
   float* b() const { return b_.as<float>(); }
-  size_t bytes() const { return u_.size() + piece_.size() + t_.size() + a_.size() + b_.size(); }
+  float* gathered() const { return gathered_.as<float>(); }
+  float* whole() const { return whole_.as<float>(); }
+  size_t bytes() const {
+    return u_.size() + piece_.size() + t_.size() + a_.size() + b_.size() + gathered_.size() + whole_.size();
+  }
 
  private:
-  Storage u_, piece_, t_, a_, b_;
+  Storage u_, piece_, t_, a_, b_, gathered_, whole_;
 };
 
 // x [rows, cols] (device memory) replaced by NS(x / max(||x||_F, 1e-7)) with the given steps.
 void newton_schulz(float* x, int64_t rows, int64_t cols, const std::vector<NsCoefficients>& steps, MuonWorkspace& ws);
 
 // The scratch Muon needs for the matrices of `params` (their largest, and the largest Gram matrix
-// of any of them or, with the QKV split, of its pieces), in floats: {elements, gram}.
-std::pair<int64_t, int64_t> muon_workspace_size(const std::vector<ParamInfo>& params, const MuonConfig& cfg);
+// of any of them or, with the QKV split, of its pieces), in floats; with --muon-tp-mode duplicated and
+// tensor parallelism of `tp` ranks the whole matrices' too (whole: 0 otherwise).
+struct MuonWorkspaceSize {
+  int64_t elements = 0, gram = 0, whole = 0;
+  size_t bytes() const {  // MuonWorkspace's: u, piece, t (the larger of elements and whole), a, b, gathered, whole
+    return size_t(2 * elements + (elements > whole ? elements : whole) + 2 * gram + 2 * whole) * sizeof(float);
+  }
+};
+MuonWorkspaceSize muon_workspace_size(const std::vector<ParamInfo>& params, const MuonConfig& cfg, int tp = 1);
 
 }  // namespace lattice

@@ -91,8 +91,8 @@ float clip_coefficient(double norm, double max_norm) {
   return coeff < 1.0 ? float(coeff) : 1.0f;
 }
 
-Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const ElementRanges& owned)
-    : params_(params), cfg_(config) {
+Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const ElementRanges& owned, Comm* tp)
+    : params_(params), cfg_(config), tp_(tp) {
   const bool muon = cfg_.optimizer == "muon";
   if (cfg_.optimizer != "adam" && cfg_.optimizer != "sgd" && !muon)
     LATTICE_FAIL() << "--optimizer must be adam, sgd or muon, got " << cfg_.optimizer;
@@ -106,6 +106,8 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
     muon_scale_factor(1, 1, cfg_.muon.scale_mode);  // checks the mode
     if (!(cfg_.muon.momentum >= 0.0f && cfg_.muon.momentum < 1.0f))
       LATTICE_FAIL() << "--muon-momentum must be in [0, 1), got " << cfg_.muon.momentum;
+    if (cfg_.muon.tp_mode != "blockwise" && cfg_.muon.tp_mode != "duplicated")
+      LATTICE_FAIL() << "--muon-tp-mode must be blockwise or duplicated, got '" << cfg_.muon.tp_mode << "'";
   }
   int64_t state = 0;
   for (auto [rb, re] : or_whole(params, owned))
@@ -122,8 +124,8 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
     state1_ = Storage(bytes(cfg_.exp_avg_bf16));
     if (cfg_.optimizer != "sgd") state2_ = Storage(bytes(cfg_.exp_avg_sq_bf16));
     if (muon) {
-      const auto [elements, gram] = muon_workspace_size(params.infos(), cfg_.muon);
-      if (elements > 0) muon_ws_ = MuonWorkspace(elements, gram);
+      const MuonWorkspaceSize ws = muon_workspace_size(params.infos(), cfg_.muon, tp_ ? tp_->size() : 1);
+      if (ws.elements > 0) muon_ws_ = MuonWorkspace(ws.elements, ws.gram, ws.whole);
       zero_on_device(state1_.data(), state1_.size());  // Muon's momentum starts at zero (Adam's moments too)
       zero_on_device(state2_.data(), state2_.size());
     }
@@ -212,6 +214,34 @@ void Optimizer::update(const LrWd& lr_wd, float grad_scale) {
   }
 }
 
+std::pair<int64_t, int64_t> Optimizer::orthogonalize(float* x, int64_t rows, int64_t cols, int split_dim) {
+  const int P = tp_ ? tp_->size() : 1;
+  if (cfg_.muon.tp_mode != "duplicated" || split_dim < 0 || P == 1) {
+    newton_schulz(x, rows, cols, ns_steps_, muon_ws_);
+    return {rows, cols};
+  }
+  // Every rank's part gathered in rank order: a row split gives the whole matrix's rows (in another
+  // order for a blocked weight such as SwiGLU's fc1: the iteration commutes with permuting rows or
+  // columns, so each rank's rows come out as the whole matrix's); a column split gives the parts one
+  // after another, put side by side first.
+  const int64_t n = rows * cols, r = tp_->rank();
+  const size_t f = sizeof(float);
+  float* g = muon_ws_.gathered();
+  copy_on_device(g + r * n, x, size_t(n) * f);
+  tp_->all_gather(g, std::vector<int64_t>(size_t(P), n));
+  if (split_dim == 0) {
+    newton_schulz(g, P * rows, cols, ns_steps_, muon_ws_);
+    copy_on_device(x, g + r * n, size_t(n) * f);
+    return {P * rows, cols};
+  }
+  float* w = muon_ws_.whole();
+  for (int q = 0; q < P; ++q)
+    copy_rows_on_device(w + q * cols, size_t(P * cols) * f, g + q * n, size_t(cols) * f, size_t(cols) * f, size_t(rows));
+  newton_schulz(w, rows, P * cols, ns_steps_, muon_ws_);
+  copy_rows_on_device(x, size_t(cols) * f, w + r * cols, size_t(P * cols) * f, size_t(cols) * f, size_t(rows));
+  return {rows, P * cols};
+}
+
 void Optimizer::muon_step(const Segment& s, float lr, float wd, float grad_scale) {
   const ParamInfo& p = params_.infos()[size_t(s.param)];
   const MuonConfig& mc = cfg_.muon;
@@ -224,8 +254,8 @@ void Optimizer::muon_step(const Segment& s, float lr, float wd, float grad_scale
   int64_t per_group = 0;
   for (int64_t r : mc.qkv_split_rows) per_group += r;
   if (per_group == 0 || !muon_qkv(p) || rows % per_group != 0) {
-    newton_schulz(u, rows, cols, ns_steps_, muon_ws_);
-    muon_apply(params_.params() + s.begin, u, n, decay, float(muon_scale_factor(rows, cols, mc.scale_mode)),
+    const auto [r, c] = orthogonalize(u, rows, cols, p.tp_split_dim);
+    muon_apply(params_.params() + s.begin, u, n, decay, float(muon_scale_factor(r, c, mc.scale_mode)),
                mc.extra_scale_factor, step);
     return;
   }
@@ -238,8 +268,8 @@ void Optimizer::muon_step(const Segment& s, float lr, float wd, float grad_scale
     float* piece = muon_ws_.piece();
     const size_t piece_bytes = size_t(r) * row_bytes;
     copy_rows_on_device(piece, piece_bytes, u + first * cols, group_bytes, piece_bytes, size_t(groups));
-    newton_schulz(piece, groups * r, cols, ns_steps_, muon_ws_);
-    scale_inplace(piece, float(muon_scale_factor(groups * r, cols, mc.scale_mode)), groups * r * cols);
+    const auto [sr, sc] = orthogonalize(piece, groups * r, cols, p.tp_split_dim);
+    scale_inplace(piece, float(muon_scale_factor(sr, sc, mc.scale_mode)), groups * r * cols);
     scale_inplace(piece, mc.extra_scale_factor, groups * r * cols);
     copy_rows_on_device(u + first * cols, group_bytes, piece, piece_bytes, piece_bytes, size_t(groups));
     first += r;

@@ -70,8 +70,9 @@ float clip_coefficient(double norm, double max_norm);
 
 class Optimizer {
  public:
-  // Keeps state for, and updates, only the elements in `owned` (all when empty).
-  Optimizer(ParamBuffer& params, const OptimizerConfig& config, const ElementRanges& owned = {});
+  // Keeps state for, and updates, only the elements in `owned` (all when empty). `tp`: the tensor-parallel
+  // group, for Muon's --muon-tp-mode duplicated (the shards gathered over it).
+  Optimizer(ParamBuffer& params, const OptimizerConfig& config, const ElementRanges& owned = {}, Comm* tp = nullptr);
   // One update, each parameter with the learning rate and weight decay of its group in
   // the scheduler's current state (decoupled lr, wd_mult 0 for biases and 1-D params).
   // grad_scale multiplies every gradient as it is read (clip_coefficient; 1: none).
@@ -110,6 +111,9 @@ class Optimizer {
   };
   // Muon's update of one matrix (muon_step) with its learning rate and weight decay.
   void muon_step(const Segment& s, float lr, float wd, float grad_scale);
+  // x [rows, cols], this rank's part of a matrix split along split_dim (-1: whole), replaced by its part of
+  // the orthogonalized matrix (blockwise: the part alone). Returns the shape the scale is taken of.
+  std::pair<int64_t, int64_t> orthogonalize(float* x, int64_t rows, int64_t cols, int split_dim);
 
   // One update of every segment, segment k with lr_wd(k) = {learning rate, weight decay}:
   // AdamW in one call over all segments (adamw_update_ranges), SGD segment by segment.
@@ -120,6 +124,7 @@ class Optimizer {
   OptimizerConfig cfg_;
   std::vector<NsCoefficients> ns_steps_;  // Muon's
   MuonWorkspace muon_ws_;
+  Comm* tp_ = nullptr;
   std::vector<Segment> segments_;
   Storage state1_, state2_;
   int64_t state_numel_ = 0;

@@ -189,7 +189,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "orthogonalize linear_qkv's queries, keys and values apart (the default)"},
       {"muon-no-split-qkv", Kind::flag, &a.muon_no_split_qkv, "orthogonalize linear_qkv as one matrix"},
       {"muon-tp-mode", Kind::str, &a.muon_tp_mode,
-       "Muon under tensor parallelism: blockwise (each rank's shard on its own; the only one implemented)"},
+       "Muon under tensor parallelism: blockwise (each rank's shard on its own, default) or duplicated (the "
+       "shards gathered, the whole matrix orthogonalized on every rank)"},
       {"muon-fp32-matmul-prec", Kind::str, &a.muon_fp32_matmul_prec,
        "medium, high or highest: accepted; lattice's Newton-Schulz GEMMs are always fp32 (highest)"},
       {"muon-coefficient-type", Kind::str, &a.muon_coefficient_type,
@@ -625,9 +626,10 @@ void validate_muon(const TrainArgs& a) {
   if (a.use_distributed_optimizer)
     LATTICE_FAIL() << "--optimizer muon does not go with --use-distributed-optimizer (a matrix's Newton-Schulz "
                       "iteration needs all of it; Megatron's layer-wise distributed optimizer is not implemented)";
-  if (a.muon_tp_mode != "blockwise")
+  if (a.muon_tp_mode != "blockwise" && a.muon_tp_mode != "duplicated")
     LATTICE_FAIL() << "--muon-tp-mode " << a.muon_tp_mode
-                   << " is not implemented (blockwise: each tensor-parallel rank orthogonalizes its shard)";
+                   << " is not implemented (blockwise: each tensor-parallel rank its shard; duplicated: the whole "
+                      "matrix on every rank)";
   if (a.muon_scalar_optimizer != "adam")
     LATTICE_FAIL() << "--muon-scalar-optimizer " << a.muon_scalar_optimizer << " is not implemented (adam)";
   const std::string& prec = a.muon_fp32_matmul_prec;
@@ -1017,6 +1019,7 @@ OptimizerConfig TrainArgs::optimizer_config() const {
   m.coefficient_type = muon_coefficient_type;
   m.scale_mode = muon_scale_mode;
   m.extra_scale_factor = muon_extra_scale_factor;
+  m.tp_mode = muon_tp_mode;
   if (!muon_no_split_qkv && !multi_latent_attention) {  // Megatron's qkv_split_shapes, per query group
     const int64_t H = num_attention_heads, G = group_query_attention && num_query_groups > 0 ? num_query_groups : H;
     const int64_t D = kv_channels > 0 ? kv_channels : (H > 0 ? hidden_size / H : 0);

@@ -259,8 +259,8 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   r.grad_bytes = size_t(r.buffer_elements) * size_t(p.grads);
   r.optimizer_bytes = size_t(r.owned_parameters) * size_t(m.optimizer_state_bytes());
   if (m.optimizer == "muon") {  // Muon's scratch (MuonWorkspace)
-    const auto [elements, gram] = muon_workspace_size(pb.infos(), m.muon);
-    if (elements > 0) r.optimizer_bytes += size_t(3 * elements + 2 * gram) * sizeof(float);
+    const MuonWorkspaceSize ws = muon_workspace_size(pb.infos(), m.muon, m.tp);
+    if (ws.elements > 0) r.optimizer_bytes += ws.bytes();
   }
   // --grad-reduce-in-bf16: the buckets' bf16 copy (GradSync), which is also what MPI copies.
   const bool bf16_reduce = m.grad_reduce_in_bf16 && (grad_ranks > 1 || m.distributed_optimizer);

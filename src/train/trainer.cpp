@@ -342,7 +342,7 @@ int run_training(const TrainArgs& args) {
     dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg, &ps->ep(), &ps->expert_dp_shard(), &ps->dp_cp_shard(),
                                         ps->dp_cp_replicas(), ps->expert_dp_replicas());
   }
-  Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{});
+  Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{}, &ps->tp());
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
   Fp8Params fp8_params;  // every rank reduces every weight's amax; the experts' over their replicas
   fp8_params.count = int64_t(model.params().infos().size());

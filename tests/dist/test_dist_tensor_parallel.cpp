@@ -106,13 +106,26 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
                 bool rope = false, bool swiglu = false, int qk_norm = 0, bool moe = false,
-                bool gpt_oss = false, int64_t mtp = 0, int mla = 0, bool gate = false, bool no_rope = false) {
+                bool gpt_oss = false, int64_t mtp = 0, int mla = 0, bool gate = false, bool no_rope = false,
+                bool muon = false) {
   GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla, gate, no_rope), kB, kT,
                  tp);
+  // --optimizer muon --muon-tp-mode duplicated: every matrix orthogonalized whole (its shards gathered
+  // over the tensor-parallel group), linear_qkv split by query groups: the single process's numbers.
+  OptimizerConfig oc;
+  if (muon) {
+    const TransformerConfig& c = model.config();
+    const int64_t D = c.kv_channels, R = c.num_attention_heads / c.num_query_groups;
+    oc.optimizer = "muon";
+    oc.muon.tp_mode = "duplicated";
+    oc.muon.nesterov = true;
+    oc.muon.qkv_split_rows = {R * D, D, D};
+    if (c.attention_output_gate) oc.muon.qkv_split_rows = {R * D, R * D, D, D};
+  }
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;
   if (dp_cfg) dp = std::make_unique<DataParallel>(model, ps->dp(), *dp_cfg);
-  Optimizer opt(model.params(), OptimizerConfig{}, dp ? dp->owned_ranges() : ElementRanges{});
+  Optimizer opt(model.params(), oc, dp ? dp->owned_ranges() : ElementRanges{}, tp.comm);
   MockSamples data(model.config().vocab_size, kT, 7);
   StepConfig sc{kB, kGBS, kT, 1.0, 1234};
   LayoutRun run;
@@ -139,6 +152,7 @@ struct Layout {
   int mla = 0;                // --multi-latent-attention (config())
   bool gate = false;          // --attention-output-gate
   bool no_rope = false;       // --no-rope-freq 2 (with rope)
+  bool muon = false;          // --optimizer muon --muon-tp-mode duplicated
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -148,9 +162,9 @@ TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon);
   LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon);
   expect_same_run(tp, single);
 }
 
@@ -159,14 +173,15 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto ps = ParallelState::create(2, 1, 120);
   const Layout l = GetParam();
+  if (l.muon) GTEST_SKIP() << "--optimizer muon does not go with the distributed optimizer";
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
   LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon);
   expect_same_run(run, single);
 }
 
@@ -188,7 +203,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                            Layout{true, 0.1f, true, false, 0, false, false, 0, 0, true},
                                            Layout{false, 0.1f, false, false, 1, false, false, 0, 0, true},
                                            Layout{true, 0.0f, false, false, 0, true, false, 0, 0, true},
-                                           Layout{true, 0.1f, true, false, 0, false, false, 0, 0, false, true}),
+                                           Layout{true, 0.1f, true, false, 0, false, false, 0, 0, false, true},
+                                           Layout{true, 0.1f, true, false, 0, false, false, 0, 0, true, false, true},
+                                           Layout{false, 0.0f, false, false, 0, true, false, 0, 0, false, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
@@ -196,7 +213,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                   (info.param.gpt_oss ? "GptOssMlp" : "") +
                                   (info.param.mtp ? "Mtp" + std::to_string(info.param.mtp) : "") +
                                   (info.param.mla ? "Mla" + std::to_string(info.param.mla) : "") +
-                                  (info.param.gate ? "Gate" : "") + (info.param.no_rope ? "NoRopeLayer" : "");
+                                  (info.param.gate ? "Gate" : "") + (info.param.no_rope ? "NoRopeLayer" : "") +
+                                  (info.param.muon ? "MuonDuplicated" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

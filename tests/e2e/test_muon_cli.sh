@@ -2,7 +2,8 @@
 # Muon from the command line (--optimizer muon, Megatron's): a Llama-style model trains with the weight
 # matrices orthogonalized and its loss falls faster than AdamW's at the same learning rate; the run
 # saves its state and resumes to the straight run's losses; a resume with --optimizer adam is refused;
-# tensor parallelism runs blockwise (each rank's shards); the unimplemented modes and bad values are
+# tensor parallelism runs blockwise (each rank's shards), and with --muon-tp-mode duplicated gives the
+# single process's losses; the unimplemented modes and bad values are
 # one-line errors naming the flag, with nothing written.
 #   bash tests/e2e/test_muon_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
@@ -45,10 +46,22 @@ if run tp env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversub
     pass "TP 2 (blockwise) trains: $first -> $last" || fail "TP 2 with Muon did not train: $first -> $last"
 fi
 
+# --muon-tp-mode duplicated: each matrix gathered and orthogonalized whole on every rank: the single
+# process's losses (within fp32 rounding).
+if run tp_dup env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
+     "${MODEL[@]}" "${MUON[@]}" --muon-tp-mode duplicated "${RUN[@]}" --train-iters 12 --tensor-model-parallel-size 2 \
+     --sequence-parallel --metrics-file dup.jsonl &&
+   run one "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" "${RUN[@]}" --train-iters 12 --metrics-file one.jsonl; then
+  paste <(field dup.jsonl lm_loss) <(field one.jsonl lm_loss) |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 12 }' &&
+    pass "TP 2 with --muon-tp-mode duplicated: the single process's 12 losses" ||
+    fail "TP 2 duplicated differs from one process: $(field dup.jsonl lm_loss | tail -n 1) vs $(field one.jsonl lm_loss | tail -n 1)"
+fi
+
 expect_error "the distributed optimizer" "--optimizer muon does not go with --use-distributed-optimizer" -- \
   "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" --use-distributed-optimizer "${RUN[@]}" --train-iters 1 --save bad1
-expect_error "another tensor-parallel mode" "--muon-tp-mode duplicated is not implemented" -- \
-  "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" --muon-tp-mode duplicated "${RUN[@]}" --train-iters 1 --save bad2
+expect_error "another tensor-parallel mode" "--muon-tp-mode distributed is not implemented" -- \
+  "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" --muon-tp-mode distributed "${RUN[@]}" --train-iters 1 --save bad2
 expect_error "a bad coefficient type" "--muon-coefficient-type must be simple, quintic, polar_express or aol" -- \
   "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" --muon-coefficient-type cubic "${RUN[@]}" --train-iters 1 --save bad3
 expect_error "lion for the scalars" "--muon-scalar-optimizer lion is not implemented" -- \

@@ -118,7 +118,7 @@ RealRank build(const MemoryLayout& m, int w) {
   oc.exp_avg_bf16 = m.exp_avg_bf16;
   oc.exp_avg_sq_bf16 = m.exp_avg_sq_bf16;
   oc.muon = m.muon;
-  r.optimizer = std::make_unique<Optimizer>(r.model->params(), oc, r.owned);
+  r.optimizer = std::make_unique<Optimizer>(r.model->params(), oc, r.owned, m.tp > 1 ? r.group.get() : nullptr);
   return r;
 }
 
@@ -238,14 +238,17 @@ TEST(MemoryEstimate, AttentionOutputGateEqualsTheModel) {
 }
 
 // --optimizer muon: Adam's two moments' bytes per parameter, plus Muon's scratch (the largest matrix
-// three times, two Gram matrices: with the QKV split, of the largest piece), at TP 1 and 2.
+// three times, two Gram matrices: with the QKV split, of the largest piece; with --muon-tp-mode duplicated
+// the whole matrices' too), at TP 1 and 2.
 TEST(MemoryEstimate, MuonScratchEqualsTheOptimizers) {
   for (int P : {1, 2})
-    for (bool split : {false, true}) {
+    for (int variant : {0, 1, 2}) {  // whole qkv; split; split and duplicated
+      const bool split = variant > 0;
       TransformerConfig c = config(3, false, P);
       c.num_query_groups = 2;
       MemoryLayout m = layout(c, P, 1, 1, 4);
       m.optimizer = "muon";
+      if (variant == 2) m.muon.tp_mode = "duplicated";
       if (split) m.muon.qkv_split_rows = {2 * c.kv_channels, c.kv_channels, c.kv_channels};
       expect_matches(m, 0);
       MemoryLayout adam = layout(c, P, 1, 1, 4);
