@@ -33,6 +33,16 @@ struct TransformerConfig {
   int64_t qkv_width() const {
     return kv_channels * ((attention_output_gate ? 2 : 1) * num_attention_heads + 2 * num_query_groups);
   }
+  // linear_qkv's rows per query group, kind by kind (kernels/qkv_layout.h): its R = heads / groups queries'
+  // R kv_channels, with the output gate the gates' R kv_channels, then the key's and the value's
+  // kv_channels each (Megatron's qkv_split_shapes, which --muon-split-qkv splits by); empty with
+  // multi-latent attention (no linear_qkv). Finalized configs only.
+  std::vector<int64_t> qkv_group_rows() const {
+    if (multi_latent_attention) return {};
+    const int64_t q = num_attention_heads / num_query_groups * kv_channels;
+    if (attention_output_gate) return {q, q, kv_channels, kv_channels};
+    return {q, kv_channels, kv_channels};
+  }
   // Sliding-window attention (Megatron's --window-size W,0 and --window-attn-skip-freq): a
   // window layer's query at position p attends keys p - W .. p only (Megatron-Core's
   // window_size (W, 0), as TransformerEngine and FlashAttention count it: W + 1 keys). -1: none,

@@ -63,9 +63,9 @@ double muon_scale_factor(int64_t rows, int64_t cols, const std::string& mode) {
   LATTICE_FAIL() << "--muon-scale-mode must be spectral, unit_rms_norm or shape_scaling, got '" << mode << "'";
 }
 
-MuonWorkspace::MuonWorkspace(int64_t elements, int64_t gram, int64_t whole)
+MuonWorkspace::MuonWorkspace(int64_t elements, int64_t gram, int64_t whole, int64_t piece)
     : u_(size_t(elements) * sizeof(float)),
-      piece_(size_t(elements) * sizeof(float)),
+      piece_(size_t(piece) * sizeof(float)),
       t_(size_t(std::max(elements, whole)) * sizeof(float)),
       a_(size_t(gram) * sizeof(float)),
       b_(size_t(gram) * sizeof(float)),
@@ -116,7 +116,10 @@ MuonWorkspaceSize muon_workspace_size(const std::vector<ParamInfo>& params, cons
     const int64_t rows = p.shape[0], cols = p.shape[1];
     s.elements = std::max(s.elements, rows * cols);
     if (per_group > 0 && muon_qkv(p) && rows % per_group == 0)
-      for (int64_t r : cfg.qkv_split_rows) matrix(rows / per_group * r, cols, p.tp_split_dim);
+      for (int64_t r : cfg.qkv_split_rows) {
+        s.piece = std::max(s.piece, rows / per_group * r * cols);
+        matrix(rows / per_group * r, cols, p.tp_split_dim);
+      }
     else
       matrix(rows, cols, p.tp_split_dim);
   }

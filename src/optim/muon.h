@@ -53,12 +53,13 @@ std::vector<NsCoefficients> newton_schulz_coefficients(const std::string& type, 
 double muon_scale_factor(int64_t rows, int64_t cols, const std::string& mode);
 
 // Device scratch for matrices up to `elements` values with Gram matrices up to `gram` values: the
-// update direction u, a split piece of it, the iteration's other X and its A and B.
-// With --muon-tp-mode duplicated, `whole` values for a gathered matrix and its columns put in place.
+// update direction u, the iteration's other X and its A and B; `piece` values for a piece of a split
+// linear_qkv (--muon-split-qkv); with --muon-tp-mode duplicated, `whole` values for a gathered matrix
+// and its columns put in place.
 class MuonWorkspace {
  public:
   MuonWorkspace() = default;
-  MuonWorkspace(int64_t elements, int64_t gram, int64_t whole = 0);
+  MuonWorkspace(int64_t elements, int64_t gram, int64_t whole = 0, int64_t piece = 0);
   float* u() const { return u_.as<float>(); }
   float* piece() const { return piece_.as<float>(); }
   float* t() const { return t_.as<float>(); }
@@ -81,9 +82,9 @@ void newton_schulz(float* x, int64_t rows, int64_t cols, const std::vector<NsCoe
 // of any of them or, with the QKV split, of its pieces), in floats; with --muon-tp-mode duplicated and
 // tensor parallelism of `tp` ranks the whole matrices' too (whole: 0 otherwise).
 struct MuonWorkspaceSize {
-  int64_t elements = 0, gram = 0, whole = 0;
+  int64_t elements = 0, gram = 0, whole = 0, piece = 0;
   size_t bytes() const {  // MuonWorkspace's: u, piece, t (the larger of elements and whole), a, b, gathered, whole
-    return size_t(2 * elements + (elements > whole ? elements : whole) + 2 * gram + 2 * whole) * sizeof(float);
+    return size_t(elements + piece + (elements > whole ? elements : whole) + 2 * gram + 2 * whole) * sizeof(float);
   }
 };
 MuonWorkspaceSize muon_workspace_size(const std::vector<ParamInfo>& params, const MuonConfig& cfg, int tp = 1);

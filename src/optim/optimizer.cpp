@@ -125,7 +125,7 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
     if (cfg_.optimizer != "sgd") state2_ = Storage(bytes(cfg_.exp_avg_sq_bf16));
     if (muon) {
       const MuonWorkspaceSize ws = muon_workspace_size(params.infos(), cfg_.muon, tp_ ? tp_->size() : 1);
-      if (ws.elements > 0) muon_ws_ = MuonWorkspace(ws.elements, ws.gram, ws.whole);
+      if (ws.elements > 0) muon_ws_ = MuonWorkspace(ws.elements, ws.gram, ws.whole, ws.piece);
       zero_on_device(state1_.data(), state1_.size());  // Muon's momentum starts at zero (Adam's moments too)
       zero_on_device(state2_.data(), state2_.size());
     }

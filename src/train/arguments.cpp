@@ -1002,7 +1002,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   return c;
 }
 
-OptimizerConfig TrainArgs::optimizer_config() const {
+OptimizerConfig TrainArgs::optimizer_config(const TransformerConfig& model) const {
   OptimizerConfig o;
   o.optimizer = optimizer;
   o.adam_beta1 = adam_beta1;
@@ -1020,16 +1020,7 @@ OptimizerConfig TrainArgs::optimizer_config() const {
   m.scale_mode = muon_scale_mode;
   m.extra_scale_factor = muon_extra_scale_factor;
   m.tp_mode = muon_tp_mode;
-  if (!muon_no_split_qkv && !multi_latent_attention) {  // Megatron's qkv_split_shapes, per query group
-    const int64_t H = num_attention_heads, G = group_query_attention && num_query_groups > 0 ? num_query_groups : H;
-    const int64_t D = kv_channels > 0 ? kv_channels : (H > 0 ? hidden_size / H : 0);
-    if (H > 0 && G > 0 && H % G == 0) {
-      m.qkv_split_rows = {H / G * D};
-      if (attention_output_gate) m.qkv_split_rows.push_back(H / G * D);
-      m.qkv_split_rows.push_back(D);
-      m.qkv_split_rows.push_back(D);
-    }
-  }
+  if (!muon_no_split_qkv) m.qkv_split_rows = model.qkv_group_rows();
   return o;
 }
 

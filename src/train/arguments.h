@@ -266,7 +266,8 @@ struct TrainArgs {
     return {tokenizer_type,   vocab_file, merge_file, tokenizer_model, vocab_size, vocab_extra_ids, tiktoken_pattern,
             tiktoken_num_special_tokens, tiktoken_special_tokens};
   }
-  OptimizerConfig optimizer_config() const;
+  // `model`: the finalized model configuration (--muon-split-qkv's pieces).
+  OptimizerConfig optimizer_config(const TransformerConfig& model) const;
   // The arguments as `--flag value` pairs (for checkpoints and `generate`).
   std::string to_json() const;
 };

@@ -174,7 +174,7 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.pipeline = pipe;
   m.num_micro_batches = num_micro;
   m.optimizer = args.optimizer;
-  m.muon = args.optimizer_config().muon;
+  m.muon = args.optimizer_config(cfg).muon;
   m.exp_avg_bf16 = args.exp_avg_dtype == "bf16";
   m.exp_avg_sq_bf16 = args.exp_avg_sq_dtype == "bf16";
   if (args.bf16) m.precision.weight_copy = 2;
@@ -342,7 +342,7 @@ int run_training(const TrainArgs& args) {
     dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg, &ps->ep(), &ps->expert_dp_shard(), &ps->dp_cp_shard(),
                                         ps->dp_cp_replicas(), ps->expert_dp_replicas());
   }
-  Optimizer optimizer(model.params(), args.optimizer_config(), dp ? dp->owned_ranges() : ElementRanges{}, &ps->tp());
+  Optimizer optimizer(model.params(), args.optimizer_config(model.config()), dp ? dp->owned_ranges() : ElementRanges{}, &ps->tp());
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
   Fp8Params fp8_params;  // every rank reduces every weight's amax; the experts' over their replicas
   fp8_params.count = int64_t(model.params().infos().size());

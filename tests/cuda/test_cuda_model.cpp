@@ -493,7 +493,7 @@ TEST(CudaModel, MuonTenIterationsFp32MatchCpu) {
   OptimizerConfig oc;
   oc.optimizer = "muon";
   oc.muon.momentum = 0.95f;
-  oc.muon.qkv_split_rows = {2 * cfg.kv_channels, cfg.kv_channels, cfg.kv_channels};
+  oc.muon.qkv_split_rows = cfg.qkv_group_rows();
   const TrainRun cpu = train_on(Device::cpu, cfg, 10, false, 1e-3, oc);
   const TrainRun gpu = train_on(Device::cuda, cfg, 10, false, 1e-3, oc);
   ASSERT_EQ(cpu.losses.size(), gpu.losses.size());

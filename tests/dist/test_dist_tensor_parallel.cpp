@@ -114,13 +114,10 @@ LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, cons
   // over the tensor-parallel group), linear_qkv split by query groups: the single process's numbers.
   OptimizerConfig oc;
   if (muon) {
-    const TransformerConfig& c = model.config();
-    const int64_t D = c.kv_channels, R = c.num_attention_heads / c.num_query_groups;
     oc.optimizer = "muon";
     oc.muon.tp_mode = "duplicated";
     oc.muon.nesterov = true;
-    oc.muon.qkv_split_rows = {R * D, D, D};
-    if (c.attention_output_gate) oc.muon.qkv_split_rows = {R * D, R * D, D, D};
+    oc.muon.qkv_split_rows = model.config().qkv_group_rows();
   }
   model.init_parameters(1234);
   std::unique_ptr<DataParallel> dp;

@@ -249,7 +249,7 @@ TEST(MemoryEstimate, MuonScratchEqualsTheOptimizers) {
       MemoryLayout m = layout(c, P, 1, 1, 4);
       m.optimizer = "muon";
       if (variant == 2) m.muon.tp_mode = "duplicated";
-      if (split) m.muon.qkv_split_rows = {2 * c.kv_channels, c.kv_channels, c.kv_channels};
+      if (split) m.muon.qkv_split_rows = c.qkv_group_rows();
       expect_matches(m, 0);
       MemoryLayout adam = layout(c, P, 1, 1, 4);
       EXPECT_GT(estimate_rank_memory(m, 0, 0).optimizer_bytes, estimate_rank_memory(adam, 0, 0).optimizer_bytes);

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "optim/muon.h"
+#include "model/transformer_config.h"
 #include "optim/optimizer.h"
 
 namespace lattice {
@@ -216,6 +217,24 @@ TEST(Muon, SplitQkvOrthogonalizesEachKindOfRowApart) {
               << "piece at row " << first << ", group " << grp;
     first += piece_rows;
   }
+}
+
+TEST(Muon, SplitQkvPiecesAreTheLayoutsRowsPerGroup) {
+  TransformerConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.kv_channels = 8;
+  c.vocab_size = 50;
+  c.max_position_embeddings = 16;
+  c.finalize();
+  EXPECT_EQ(c.qkv_group_rows(), (std::vector<int64_t>{16, 8, 8}));  // per group 2 queries, the key, the value
+  c.attention_output_gate = true;
+  EXPECT_EQ(c.qkv_group_rows(), (std::vector<int64_t>{16, 16, 8, 8}));  // the gates after the queries
+  int64_t rows = 0;
+  for (int64_t r : c.qkv_group_rows()) rows += r;
+  EXPECT_EQ(rows * c.num_query_groups, c.qkv_width());
 }
 
 TEST(Muon, ErrorsNameTheFlag) {
