@@ -87,7 +87,7 @@ class Optimizer {
   float* state1() const { return state1_.as<float>(); }
   float* state2() const { return state2_.as<float>(); }
   bool state_bf16(int slot) const { return slot == 1 ? cfg_.exp_avg_bf16 : cfg_.exp_avg_sq_bf16; }
-  // The state and, with Muon, its scratch (MuonWorkspace: the largest matrix thrice, two Gram matrices).
+  // The state and, with Muon, its scratch (MuonWorkspace, muon_workspace_size).
   size_t state_bytes() const { return state1_.size() + state2_.size() + muon_ws_.bytes(); }
   size_t scratch_bytes() const { return muon_ws_.bytes(); }  // of state_bytes(): Muon's MuonWorkspace
   int64_t state_numel() const { return state_numel_; }  // per slot
