@@ -13,6 +13,7 @@
 #include "kernels/activation.h"
 #include "kernels/cast.h"
 #include "kernels/embedding.h"
+#include "kernels/gated_delta_net.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
 #include "kernels/rope.h"
@@ -161,6 +162,24 @@ void muon_apply(float* p, const float* o, int64_t n, float decay, float scale, f
 void attention_output_gate_forward(float* y, const float* o, const float* qkv, int64_t N, const QkvLayout& layout);
 void attention_output_gate_backward(float* d_o, float* dqkv, const float* dy, const float* o, const float* qkv,
                                     int64_t N, const QkvLayout& layout);
+
+// ---- gated_delta_net.h
+void gdn_conv_forward(float* u, const float* x, const float* w, const GdnShape& s);
+void gdn_conv_backward(float* dx, float* dw, const float* du, const float* x, const float* w, const GdnShape& s);
+void gdn_gates_forward(float* q, float* k, float* g, float* beta, const float* u, const float* x, const float* A_log,
+                       const float* dt_bias, const GdnShape& s);
+void gdn_gates_backward(float* du, float* dx, float* dA_log, float* d_dt_bias, const float* dq, const float* dk,
+                        const float* dg, const float* dbeta, const float* u, const float* x, const float* A_log,
+                        const float* dt_bias, const GdnShape& s);
+void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const float* q, const float* k, const float* u,
+                            const float* g, const float* beta, const GdnShape& s);
+void gdn_delta_rule_backward(float* dq_v, float* dk_v, float* du, float* dg, float* dbeta, float* work,
+                             const float* d_o, const float* checkpoints, const float* q, const float* k, const float* u,
+                             const float* g, const float* beta, const GdnShape& s);
+void gdn_sum_key_heads(float* d, const float* d_v, const GdnShape& s);
+void gdn_output_gate_forward(float* y, const float* n, const float* x, const GdnShape& s);
+void gdn_output_gate_backward(float* dn, float* dx, const float* dy, const float* n, const float* x,
+                              const GdnShape& s);
 
 // ---- moe.h
 void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C, const float* w = nullptr);

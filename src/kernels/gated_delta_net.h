@@ -1,0 +1,145 @@
+// Gated DeltaNet (Megatron-Core's GatedDeltaNet, --experimental-attention-variant gated_delta_net; the
+// linear attention of Qwen3-Next and Qwen3.5): the kernels of one GDN layer between its in_proj and its
+// out_norm. Per token, from the in_proj's output row x [W] (GdnShape's layout: q, k, v, z, b, a):
+//   u      = silu(causal depthwise conv1d over time of x[:Cc])            [Cc] (Cc = 2 Hk Dk + Hv Dv)
+//   q, k   = u's first two Hk Dk, each key head l2-normalized (eps 1e-6 under the root), q times Dk^-1/2
+//   v      = u's last Hv Dv
+//   g[h]   = -exp(A_log[h]) softplus(a[h] + dt_bias[h]),   beta[h] = sigmoid(b[h])
+// and per value head h (reading key head h / (Hv / Hk)), state S [Dk, Dv] from zeros at each sequence's
+// start, the gated delta rule:
+//   S = exp(g_t) S;  delta = beta_t (v_t - S^T k_t);  S = S + k_t delta^T;  o_t = S^T q_t      [Dv]
+// The out_norm of each o_t head (the model's LayerNorm or RMSNorm over Dv, kernels/layernorm.h) times
+// silu(z) then goes to out_proj (gdn_output_gate_*).
+//
+// The state is kept column by column: S[:, j] is Dk contiguous floats ([Dv, Dk] per head), and one
+// step of a column is the same host-device function on both devices (math:: below). The backward runs
+// the sequence in reverse from state checkpoints saved every `chunk` tokens by the forward, recomputing
+// each chunk's states in a workspace. The CPU kernels are in kernels/cpu/gated_delta_net.cpp, their
+// CUDA twins in kernels/cuda/gated_delta_net.cu.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "core/hd.h"
+#include "kernels/activation_math.h"
+#include "kernels/fast_math.h"
+
+namespace lattice {
+
+struct GdnShape {
+  int64_t B = 0, T = 0;    // sequences, tokens each (rows n = b T + t)
+  int64_t Hk = 0, Hv = 0;  // key heads, value heads (this rank's; Hv a multiple of Hk)
+  int64_t Dk = 0, Dv = 0;  // key (query) and value head dims
+  int64_t K = 4;           // the convolution's kernel width (--linear-conv-kernel-dim)
+  int64_t chunk = 64;      // tokens between the forward's state checkpoints
+  LATTICE_HD int64_t N() const { return B * T; }
+  LATTICE_HD int64_t qk() const { return Hk * Dk; }
+  LATTICE_HD int64_t v() const { return Hv * Dv; }
+  LATTICE_HD int64_t conv() const { return 2 * qk() + v(); }       // Cc: the convolved channels q, k, v
+  LATTICE_HD int64_t z_at() const { return conv(); }               // the output gate's Hv Dv
+  LATTICE_HD int64_t b_at() const { return conv() + v(); }         // beta's Hv logits
+  LATTICE_HD int64_t a_at() const { return b_at() + Hv; }          // the decay's Hv inputs
+  LATTICE_HD int64_t width() const { return a_at() + Hv; }         // W: in_proj's output row
+  LATTICE_HD int64_t chunks() const { return (T + chunk - 1) / chunk; }
+  LATTICE_HD int64_t group() const { return Hv / Hk; }             // value heads per key head
+  LATTICE_HD int64_t state() const { return Dv * Dk; }             // one head's state
+};
+
+namespace math {
+LATTICE_HD inline float silu(float x) { return x * sigmoid(x); }
+LATTICE_HD inline float silu_grad(float x) {
+  const float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+LATTICE_HD inline float softplus(float x) { return x > 20.0f ? x : log1pf(math::exp(x)); }
+// The decay g = -exp(A_log) softplus(a + dt_bias), and its gradients times dg: with respect to a (and
+// dt_bias) -exp(A_log) sigmoid(a + dt_bias) dg, with respect to A_log g dg.
+LATTICE_HD inline float gdn_decay(float a, float A_log, float dt_bias) {
+  return -math::exp(A_log) * softplus(a + dt_bias);
+}
+
+// One forward step of state column s (Dk floats, stride 1): s = e s; delta = beta (v - s.k); s += k delta;
+// returns s.q (the output o_j); delta is left in delta_out.
+LATTICE_HD inline float gdn_step(float* s, int64_t Dk, const float* k, const float* q, float e, float beta, float v,
+                                 float& delta_out) {
+  float kv = 0.0f;
+  for (int64_t i = 0; i < Dk; ++i) {
+    s[i] *= e;
+    kv += s[i] * k[i];
+  }
+  const float delta = beta * (v - kv);
+  float o = 0.0f;
+  for (int64_t i = 0; i < Dk; ++i) {
+    s[i] += k[i] * delta;
+    o += s[i] * q[i];
+  }
+  delta_out = delta;
+  return o;
+}
+// The backward of one step, in three parts (the CPU runs them in turn over the columns, the GPU with a
+// thread per column, then per row). ds is the column of dS_t (the state's gradient from the later
+// steps, before this step's output adds q do), col the column of S_{t-1}, do_j the output's gradient,
+// qk = q.k.
+// Part 1: delta_j, the gradient of delta_j (ddelta), of v_j (dv) and beta's share (dbeta).
+LATTICE_HD inline void gdn_step_back_delta(const float* ds, const float* col, int64_t Dk, const float* k, float e,
+                                           float beta, float v, float do_j, float qk, float& delta, float& ddelta,
+                                           float& dv, float& dbeta) {
+  float kv = 0.0f, dk_dot = 0.0f;
+  for (int64_t i = 0; i < Dk; ++i) {
+    kv += col[i] * k[i];
+    dk_dot += ds[i] * k[i];
+  }
+  kv *= e;
+  delta = beta * (v - kv);
+  ddelta = dk_dot + qk * do_j;
+  dv = beta * ddelta;
+  dbeta = ddelta * (v - kv);
+}
+// Part 3: the column of dS_{t-1} in place, e (ds + q do_j + k dkv) with dkv = -beta ddelta; returns the
+// column's share of the gradient of e, (ds + q do_j + k dkv) . col.
+LATTICE_HD inline float gdn_step_back_state(float* ds, const float* col, int64_t Dk, const float* q, const float* k,
+                                            float e, float do_j, float dkv) {
+  float de = 0.0f;
+  for (int64_t i = 0; i < Dk; ++i) {
+    const float d = ds[i] + q[i] * do_j + k[i] * dkv;
+    de += d * col[i];
+    ds[i] = e * d;
+  }
+  return de;
+}
+}  // namespace math
+
+// u [N, Cc] = silu(conv1d(x[:, :Cc])) with w [Cc, K] (Megatron's conv1d.weight [Cc, 1, K]):
+// u[b, t, c] = silu(sum_j w[c, j] x[b, t - K + 1 + j, c]), zeros before each sequence's start.
+void gdn_conv_forward(float* u, const float* x, const float* w, const GdnShape& s);
+// From du [N, Cc] (the gradient of u): dx[:, :Cc] written (x's rows [N, W]; the other columns left as
+// they are) and dw [Cc, K] accumulated.
+void gdn_conv_backward(float* dx, float* dw, const float* du, const float* x, const float* w, const GdnShape& s);
+// q, k [N, Hk, Dk] (normalized; q scaled), g, beta [N, Hv] from u and x's b and a slots.
+void gdn_gates_forward(float* q, float* k, float* g, float* beta, const float* u, const float* x, const float* A_log,
+                       const float* dt_bias, const GdnShape& s);
+// From the gradients dq, dk [N, Hk, Dk], dg, dbeta [N, Hv]: du's q and k columns written (its v columns left
+// as they are), dx's b and a slots written, dA_log and d_dt_bias [Hv] accumulated.
+void gdn_gates_backward(float* du, float* dx, float* dA_log, float* d_dt_bias, const float* dq, const float* dk,
+                        const float* dg, const float* dbeta, const float* u, const float* x, const float* A_log,
+                        const float* dt_bias, const GdnShape& s);
+// The gated delta rule: o [N, Hv, Dv] from q, k, the values in u's last Hv Dv columns, g and beta. state
+// [B, Hv, Dv, Dk]: workspace, the final states on return; checkpoints [B, Hv, chunks, Dv, Dk]: each chunk's
+// starting state (null: not kept).
+void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const float* q, const float* k, const float* u,
+                            const float* g, const float* beta, const GdnShape& s);
+// Its backward from d_o [N, Hv, Dv] and the forward's checkpoints: dq_v, dk_v [N, Hv, Dk] (each value head's
+// share of its key head's gradients), du's v columns, dg and dbeta [N, Hv], all written. work:
+// [B, Hv, chunk + 1, Dv, Dk] (gdn_delta_rule_work).
+void gdn_delta_rule_backward(float* dq_v, float* dk_v, float* du, float* dg, float* dbeta, float* work,
+                             const float* d_o, const float* checkpoints, const float* q, const float* k, const float* u,
+                             const float* g, const float* beta, const GdnShape& s);
+inline int64_t gdn_delta_rule_work(const GdnShape& s) { return s.B * s.Hv * (s.chunk + 1) * s.state(); }
+// d [N, Hk, Dk] = the sum of d_v [N, Hv, Dk] over each key head's value heads (in head order).
+void gdn_sum_key_heads(float* d, const float* d_v, const GdnShape& s);
+// y [N, Hv, Dv] = n silu(z), z in x's z slot; and the backward: dn (may alias dy) and dx's z slot, written.
+void gdn_output_gate_forward(float* y, const float* n, const float* x, const GdnShape& s);
+void gdn_output_gate_backward(float* dn, float* dx, const float* dy, const float* n, const float* x,
+                              const GdnShape& s);
+
+}  // namespace lattice
