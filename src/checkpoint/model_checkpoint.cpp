@@ -78,6 +78,13 @@ const std::vector<OptionalField>& optional_fields() {
       {"window_size", "--window-size", -1},
       {"window_attn_skip_freq", "--window-attn-skip-freq", json::array()},
       {"no_rope_freq", "--no-rope-freq", json::array()},
+      {"experimental_attention_variant", "--experimental-attention-variant", ""},
+      {"linear_attention_freq", "--linear-attention-freq", json::array()},
+      {"linear_conv_kernel_dim", "--linear-conv-kernel-dim", 4},
+      {"linear_key_head_dim", "--linear-key-head-dim", 128},
+      {"linear_value_head_dim", "--linear-value-head-dim", 128},
+      {"linear_num_key_heads", "--linear-num-key-heads", 16},
+      {"linear_num_value_heads", "--linear-num-value-heads", 32},
       {"softmax_type", "--softmax-type", "vanilla"},
       {"quick_geglu", "--quick-geglu", false},
       {"glu_linear_offset", "--glu-linear-offset", 0.0},
@@ -171,6 +178,13 @@ json model_config_json(const TransformerConfig& c) {
           {"window_size", c.window_size},
           {"window_attn_skip_freq", c.window_attn_pattern},
           {"no_rope_freq", c.no_rope_pattern},
+          {"experimental_attention_variant", c.experimental_attention_variant},
+          {"linear_attention_freq", c.linear_attention_pattern},
+          {"linear_conv_kernel_dim", c.linear_conv_kernel_dim},
+          {"linear_key_head_dim", c.linear_key_head_dim},
+          {"linear_value_head_dim", c.linear_value_head_dim},
+          {"linear_num_key_heads", c.linear_num_key_heads},
+          {"linear_num_value_heads", c.linear_num_value_heads},
           {"softmax_type", c.softmax_type},
           {"quick_geglu", c.quick_geglu},
           {"glu_linear_offset", c.glu_linear_offset},
@@ -244,6 +258,13 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.window_size = optional_field(j, "window_size").get<int64_t>();
     c.window_attn_pattern = optional_field(j, "window_attn_skip_freq").get<std::vector<int>>();
     c.no_rope_pattern = optional_field(j, "no_rope_freq").get<std::vector<int>>();
+    c.experimental_attention_variant = optional_field(j, "experimental_attention_variant").get<std::string>();
+    c.linear_attention_pattern = optional_field(j, "linear_attention_freq").get<std::vector<int>>();
+    c.linear_conv_kernel_dim = optional_field(j, "linear_conv_kernel_dim").get<int64_t>();
+    c.linear_key_head_dim = optional_field(j, "linear_key_head_dim").get<int64_t>();
+    c.linear_value_head_dim = optional_field(j, "linear_value_head_dim").get<int64_t>();
+    c.linear_num_key_heads = optional_field(j, "linear_num_key_heads").get<int64_t>();
+    c.linear_num_value_heads = optional_field(j, "linear_num_value_heads").get<int64_t>();
     c.softmax_type = optional_field(j, "softmax_type").get<std::string>();
     c.quick_geglu = optional_field(j, "quick_geglu").get<bool>();
     c.glu_linear_offset = optional_field(j, "glu_linear_offset").get<float>();

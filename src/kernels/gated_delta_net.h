@@ -124,10 +124,10 @@ void gdn_gates_backward(float* du, float* dx, float* dA_log, float* d_dt_bias, c
                         const float* dg, const float* dbeta, const float* u, const float* x, const float* A_log,
                         const float* dt_bias, const GdnShape& s);
 // The gated delta rule: o [N, Hv, Dv] from q, k, the values in u's last Hv Dv columns, g and beta. state
-// [B, Hv, Dv, Dk]: workspace, the final states on return; checkpoints [B, Hv, chunks, Dv, Dk]: each chunk's
-// starting state (null: not kept).
+// [B, Hv, Dv, Dk]: the states the sequences start from (from_state; zeros otherwise), the final states on
+// return; checkpoints [B, Hv, chunks, Dv, Dk]: each chunk's starting state (null: not kept).
 void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const float* q, const float* k, const float* u,
-                            const float* g, const float* beta, const GdnShape& s);
+                            const float* g, const float* beta, const GdnShape& s, bool from_state = false);
 // Its backward from d_o [N, Hv, Dv] and the forward's checkpoints: dq_v, dk_v [N, Hv, Dk] (each value head's
 // share of its key head's gradients), du's v columns, dg and dbeta [N, Hv], all written. work:
 // [B, Hv, chunk + 1, Dv, Dk] (gdn_delta_rule_work).

@@ -11,12 +11,14 @@
 #include "core/error.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/gated_delta_net.h"
 #include "kernels/attention_gate.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "model/gated_delta_net.h"
 #include "model/linear.h"
 #include "model/multi_latent_attention.h"
 #include "model/qk_layernorm.h"
@@ -54,8 +56,9 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     const int64_t qk = !cfg_.qk_layernorm              ? 0
                        : cfg_.multi_latent_attention ? (cfg_.q_lora_rank > 0 ? cfg_.q_lora_rank : 0) + cfg_.kv_lora_rank
                                                      : 2 * D;
-    norm_1p_.resize(size_t(C + cfg_.num_layers * (2 * C + qk)));
-    const std::vector<float> ones(size_t(std::max({C, D, cfg_.q_lora_rank, cfg_.kv_lora_rank})), 1.0f);
+    norm_1p_.resize(size_t(C + cfg_.num_layers * (2 * C + qk + cfg_.linear_value_head_dim)));
+    const std::vector<float> ones(
+        size_t(std::max({C, D, cfg_.q_lora_rank, cfg_.kv_lora_rank, cfg_.linear_value_head_dim})), 1.0f);
     copy_to_device(norm_ones_.resize(ones.size()), ones.data(), ones.size() * sizeof(float));
   }
   auto norm_weight = [&](const std::string& name, int64_t n) -> const float* {
@@ -68,7 +71,7 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   lnf_w_ = norm_weight("decoder.final_layernorm.weight", C);
   if (cfg_.rmsnorm()) {  // no norm biases: zeros for the LayerNorm kernel
     zero_bias_.resize(size_t(std::max({cfg_.hidden_size, cfg_.kv_channels, cfg_.q_lora_rank,  // the final norm's,
-                                       cfg_.kv_lora_rank})));  // q and k norms', MLA's latent norms'
+                                       cfg_.kv_lora_rank, cfg_.linear_value_head_dim})));  // GDN's out_norm  // q and k norms', MLA's latent norms'
     lnf_b_ = zero_bias_.data();
   } else {
     lnf_b_ = p("decoder.final_layernorm.bias");
@@ -113,17 +116,27 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     auto dense = [&](const std::string& name) -> const float* { return moe_layer ? nullptr : p(name); };
     const float* ln1_w = norm_weight(s + "input_layernorm.weight", C);
     const float* ln2_w = norm_weight(s + "pre_mlp_layernorm.weight", C);
-    const bool mla = cfg_.multi_latent_attention;
+    const bool mla = cfg_.multi_latent_attention, linear = cfg_.linear_attention_layer(l);
+    const std::string a = s + "self_attention.";
     layers_.push_back({ln1_w, norm_bias(s + "input_layernorm.bias"),
-                       mla ? nullptr : p(s + "self_attention.linear_qkv.weight"),
-                       cfg_.qkv_bias() && !mla ? p(s + "self_attention.linear_qkv.bias") : nullptr,
-                       p(s + "self_attention.linear_proj.weight"), bias(s + "self_attention.linear_proj.bias"),
+                       mla ? nullptr : p(a + (linear ? "in_proj.weight" : "linear_qkv.weight")),
+                       cfg_.qkv_bias() && !mla && !linear ? p(a + "linear_qkv.bias") : nullptr,
+                       p(a + (linear ? "out_proj.weight" : "linear_proj.weight")),
+                       linear ? nullptr : bias(a + "linear_proj.bias"),
                        ln2_w, norm_bias(s + "pre_mlp_layernorm.bias"),
                        dense(s + "mlp.linear_fc1.weight"), moe_layer ? nullptr : bias(s + "mlp.linear_fc1.bias"),
                        dense(s + "mlp.linear_fc2.weight"), moe_layer ? nullptr : bias(s + "mlp.linear_fc2.bias"), qk, moe});
-    if (mla) {
+    if (linear) {
       Layer& m = layers_.back();
-      const std::string a = s + "self_attention.";
+      m.linear = true;
+      m.conv_w = p(a + "conv1d.weight");
+      m.a_log = p(a + "A_log");
+      m.dt_bias = p(a + "dt_bias");
+      m.out_norm_w = norm_weight(a + "out_norm.weight", cfg_.linear_value_head_dim);
+      m.out_norm_b = norm_bias(a + "out_norm.bias");
+    }
+    if (mla && !linear) {
+      Layer& m = layers_.back();
       const bool norms = cfg_.mla_latent_norms();
       if (cfg_.q_lora_rank == 0) {
         m.q_proj_w = p(a + "linear_q_proj.weight");
@@ -142,7 +155,7 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
         m.kv_norm_b = norm_bias(a + "kv_layernorm.bias");
       }
     }
-    if (cfg_.learnable_softmax_offset())
+    if (cfg_.learnable_softmax_offset() && !linear)
       layers_.back().softmax_offset = p(s + "self_attention.core_attention.softmax_offset");
     else if (cfg_.softmax_sink())  // off-by-one: zeros, made once
       layers_.back().softmax_offset = zero_offsets_.resize(size_t(cfg_.num_attention_heads));
@@ -151,6 +164,11 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   const size_t cache = size_t(cfg_.num_layers * cfg_.num_query_groups * cfg_.kv_channels * capacity_);
   k_cache_.resize(cache);
   v_cache_.resize(cache);
+  if (cfg_.gated_delta_net()) {
+    const GdnShape g = gdn_kernel_shape(cfg_, 1, 1, 1);
+    gdn_hist_.resize(size_t(cfg_.num_layers * (g.K - 1) * g.width()));
+    gdn_state_.resize(size_t(cfg_.num_layers * g.Hv * g.state()));
+  }
 }
 
 void GPTInference::reserve_rows(int64_t n) {
@@ -187,6 +205,21 @@ void GPTInference::reserve_rows(int64_t n) {
   mean_.resize(N);
   rstd_.resize(N);
   ids_.resize(2 * N);
+  if (cfg_.gated_delta_net()) {
+    const GdnShape g = gdn_kernel_shape(cfg_, 1, 1, n);
+    const size_t rows = N + size_t(g.K - 1);
+    gdn_x_.resize(rows * size_t(g.width()));
+    gdn_u_.resize(rows * size_t(g.conv()));
+    gdn_q_.resize(N * size_t(g.qk()));
+    gdn_k_.resize(N * size_t(g.qk()));
+    gdn_g_.resize(N * size_t(g.Hv));
+    gdn_beta_.resize(N * size_t(g.Hv));
+    gdn_o_.resize(N * size_t(g.v()));
+    gdn_n_.resize(N * size_t(g.v()));
+    gdn_mean_.resize(N * size_t(g.Hv));
+    gdn_rstd_.resize(N * size_t(g.Hv));
+    attn_.resize(N * size_t(std::max(cfg_.attention_width(), g.v())));
+  }
   rows_ = n;
 }
 
@@ -208,6 +241,28 @@ void GPTInference::mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t 
   if (p.kv_norm_w) layernorm_forward(latn, mean_.data(), rstd_.data(), lat, p.kv_norm_w, p.kv_norm_b, n, Rkv, eps, norm);
   linear_forward(mla_kv_.data(), p.kv_norm_w ? latn : lat, p.kv_up_w, nullptr, n, Rkv, H * s.Dnv());
   mla_fuse_qkv(qkv, mla_q_.data(), mla_kv_.data(), c, n, s);
+}
+
+void GPTInference::gdn_layer(float* out, const Layer& p, int64_t l, const float* ln, int64_t n) {
+  const GdnShape conv = gdn_kernel_shape(cfg_, 1, 1, cfg_.linear_conv_kernel_dim - 1 + n);  // history, then the tokens
+  const GdnShape s = gdn_kernel_shape(cfg_, 1, 1, n);
+  const int64_t W = s.width(), Km = s.K - 1, C = cfg_.hidden_size;
+  float* hist = gdn_hist_.data() + l * Km * W;
+  float* xin = gdn_x_.data();
+  float* x = xin + Km * W;  // the tokens' in_proj rows
+  float* u = gdn_u_.data() + Km * s.conv();
+  copy_on_device(xin, hist, size_t(Km * W) * sizeof(float));
+  linear_forward(x, ln, p.qkv_w, nullptr, n, C, W);
+  gdn_conv_forward(gdn_u_.data(), xin, p.conv_w, conv);  // (the history's own rows are not used)
+  gdn_gates_forward(gdn_q_.data(), gdn_k_.data(), gdn_g_.data(), gdn_beta_.data(), u, x, p.a_log, p.dt_bias, s);
+  gdn_delta_rule_forward(gdn_o_.data(), gdn_state_.data() + l * s.Hv * s.state(), nullptr, gdn_q_.data(),
+                         gdn_k_.data(), u, gdn_g_.data(), gdn_beta_.data(), s, true);
+  layernorm_forward(gdn_n_.data(), gdn_mean_.data(), gdn_rstd_.data(), gdn_o_.data(), p.out_norm_w, p.out_norm_b,
+                    n * s.Hv, s.Dv, cfg_.layernorm_epsilon,
+                    cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm);
+  gdn_output_gate_forward(attn_.data(), gdn_n_.data(), x, s);
+  linear_forward(out, attn_.data(), p.proj_w, nullptr, n, s.v(), C);
+  copy_on_device(hist, xin + n * W, size_t(Km * W) * sizeof(float));  // the last K - 1 rows
 }
 
 void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
@@ -234,29 +289,37 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   }
   ids_.upload(size_t(2 * n));
   embedding_forward(x, ids_.device(), ids_.device() + n, wte_, wpe_, n, C);  // x: [n, C]
+  if (length_ == 0 && cfg_.gated_delta_net()) {  // a new sequence: no history, zero states
+    zero_on_device(gdn_hist_.data(), gdn_hist_.size() * sizeof(float));
+    zero_on_device(gdn_state_.data(), gdn_state_.size() * sizeof(float));
+  }
 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const Layer& p = layers_[l];
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
-    if (cfg_.multi_latent_attention)
-      mla_qkv(qkv, p, ln, n);
-    else
-      linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D] (gated: 2H/G + 2)
-    if (cfg_.qk_norm())
-      qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
-                           eps, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
-    if (rope_ && cfg_.rotary_layer(l))  // q and k at their positions in the context
-      rope_forward(qkv, *rope_, n, n, length_, layout);
-    const int64_t layer_cache = l * layout.G * Tmax * D;
-    kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
-    cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
-                             layout, Tmax, cfg_.attention_window(l), p.softmax_offset);
-    if (cfg_.attention_output_gate) attention_output_gate_forward(attn, attn, qkv, n, layout);  // in place
-    if (cfg_.multi_latent_attention) {  // linear_proj reads the values' dims of each head
-      mla_values(attn_v_.data(), attn, n, mla_shape(cfg_, H));
-      linear_forward(tmp, attn_v_.data(), p.proj_w, p.proj_b, n, cfg_.attention_output_width(), C);
+    if (p.linear) {  // a Gated DeltaNet layer
+      gdn_layer(tmp, p, l, ln, n);
     } else {
-      linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
+      if (cfg_.multi_latent_attention)
+        mla_qkv(qkv, p, ln, n);
+      else
+        linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D] (gated: 2H/G + 2)
+      if (cfg_.qk_norm())
+        qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
+                             eps, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
+      if (rope_ && cfg_.rotary_layer(l))  // q and k at their positions in the context
+        rope_forward(qkv, *rope_, n, n, length_, layout);
+      const int64_t layer_cache = l * layout.G * Tmax * D;
+      kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
+      cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
+                               layout, Tmax, cfg_.attention_window(l), p.softmax_offset);
+      if (cfg_.attention_output_gate) attention_output_gate_forward(attn, attn, qkv, n, layout);  // in place
+      if (cfg_.multi_latent_attention) {  // linear_proj reads the values' dims of each head
+        mla_values(attn_v_.data(), attn, n, mla_shape(cfg_, H));
+        linear_forward(tmp, attn_v_.data(), p.proj_w, p.proj_b, n, cfg_.attention_output_width(), C);
+      } else {
+        linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
+      }
     }
     add_forward(x, x, tmp, n * C);
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);

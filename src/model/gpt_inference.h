@@ -51,7 +51,14 @@ class GPTInference {
     // the norms null without --qk-layernorm)
     const float *q_proj_w = nullptr, *q_down_w = nullptr, *q_norm_w = nullptr, *q_norm_b = nullptr, *q_up_w = nullptr;
     const float *kv_down_w = nullptr, *kv_norm_w = nullptr, *kv_norm_b = nullptr, *kv_up_w = nullptr;
+    // A Gated DeltaNet layer (qkv_w its in_proj, proj_w its out_proj, no biases): conv1d.weight, A_log,
+    // dt_bias, out_norm's weight and bias (model/gated_delta_net.h).
+    bool linear = false;
+    const float *conv_w = nullptr, *a_log = nullptr, *dt_bias = nullptr, *out_norm_w = nullptr, *out_norm_b = nullptr;
   };
+  // A GDN layer on n new tokens: out_proj's output [n, C] into out from LN1's output ln [n, C], carrying the
+  // layer's convolution history and state (gdn_hist_, gdn_state_) on.
+  void gdn_layer(float* out, const Layer& p, int64_t l, const float* ln, int64_t n);
   // --multi-latent-attention: layer p's fused qkv [n, H, 3, D] from LN1's output ln [n, C].
   void mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t n);
   // Grows the scratch buffers to n rows.
@@ -78,6 +85,13 @@ class GPTInference {
   // before and after its norm [n, max(Rq, Rkv)], attn_v [n, H Dv]. The cache keeps the fused keys and
   // values (D wide per head), not the latent.
   DeviceArray<float> mla_q_, mla_kv_, mla_c_, mla_lat_, mla_latn_, attn_v_;
+  // --experimental-attention-variant gated_delta_net, per layer (a GDN layer's slice): the last K - 1 rows
+  // of in_proj's output [L, K - 1, W] (the convolution's history) and the delta rule's state [L, Hv, Dv, Dk],
+  // both zeros before the first token; for n tokens in_proj's output after the history [K - 1 + n, W], the
+  // convolution's output [K - 1 + n, Cc], q and k [n, Hk Dk], g and beta [n, Hv], o and out_norm's output
+  // [n, Hv Dv] and its statistics [n Hv].
+  DeviceArray<float> gdn_hist_, gdn_state_;
+  DeviceArray<float> gdn_x_, gdn_u_, gdn_q_, gdn_k_, gdn_g_, gdn_beta_, gdn_o_, gdn_n_, gdn_mean_, gdn_rstd_;
   // --num-experts: the MoE layer's buffers for n tokens (model/moe_layer.h), reused by every layer.
   DeviceArray<float> moe_buf_;
   MoeState moe_;

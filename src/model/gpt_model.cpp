@@ -86,6 +86,9 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
       max_T_(T / context_parallel.size()) {
   LATTICE_CHECK(cfg_.padded_vocab_size > 0) << "TransformerConfig::finalize() not called";
   check_context_parallel(cfg_, cp_, T);
+  if (cfg_.gated_delta_net() && cp_.on())
+    LATTICE_FAIL() << "--experimental-attention-variant gated_delta_net does not go with --context-parallel-size "
+                   << cp_.size() << " yet (a GDN layer's state runs through the whole sequence)";
   if (ep_) {
     LATTICE_CHECK(cfg_.num_experts > 0) << "--expert-model-parallel-size " << ep_->size() << " needs --num-experts";
     LATTICE_CHECK(cfg_.num_experts % ep_->size() == 0)
@@ -122,8 +125,9 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   if (cfg_.apply_layernorm_1p) allocate_norm_1p();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
   if (!cfg_.add_bias_linear || cfg_.rmsnorm() || cfg_.qk_l2_norm) {  // zeros for the kernels that add a bias; a sink
-    const size_t n = size_t(std::max({qkv_local(), fc1_local(), cfg_.hidden_size, cfg_.q_lora_rank,  // for those
-                                      cfg_.kv_lora_rank}));                                      // that sum one
+    const size_t n = size_t(std::max({cfg_.max_qkv_width() / P, fc1_local(), cfg_.hidden_size,  // for those
+                                      cfg_.q_lora_rank, cfg_.kv_lora_rank,                      // that sum one
+                                      cfg_.linear_value_head_dim}));
     no_bias_.resize(n);
     bias_grad_sink_.resize(n);
   }
@@ -168,6 +172,9 @@ GPTModel::~GPTModel() = default;
 void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
   LATTICE_CHECK(d.eod >= 0 || !(d.eod_mask_loss || d.reset_position_ids || d.reset_attention_mask))
       << "document boundaries need an end-of-document token id";
+  if (d.reset_attention_mask && cfg_.gated_delta_net())
+    LATTICE_FAIL() << "--reset-attention-mask does not go with --experimental-attention-variant gated_delta_net (a GDN "
+                      "layer's state would carry across the documents, as Megatron's does; lattice refuses it)";
   docs_ = d;
 }
 
@@ -339,7 +346,22 @@ void GPTModel::register_parameters() {
     p.name = prefix;
     p.ln1_w = add(lname("input_layernorm.weight"), {C}, norm_init, 0, -1);
     if (norm_bias) p.ln1_b = add(lname("input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-    if (cfg_.multi_latent_attention) {  // Megatron-Core's MLASelfAttention: no biases; the down projections and
+    if (cfg_.linear_attention_layer(l)) {  // Megatron-Core's GatedDeltaNet: no linear biases, the heads split
+      const int64_t QK = cfg_.linear_num_key_heads * cfg_.linear_key_head_dim, V = cfg_.gdn_out_width();
+      const int64_t Hv = cfg_.linear_num_value_heads, Dv = cfg_.linear_value_head_dim, K = cfg_.linear_conv_kernel_dim;
+      p.linear = true;
+      // in_proj [W, C]: q, k, v, z, beta's and the decay's rows, each block split by heads
+      p.qkv_w = params_.add_tp_blocks(lname("self_attention.in_proj.weight"), {cfg_.gdn_in_proj_width(), C},
+                                      cfg_.init_method_xavier_uniform ? ParamInit::xavier_uniform : ParamInit::normal,
+                                      std, r, P, {QK, QK, V, V, Hv, Hv});
+      p.conv_w = params_.add_tp_blocks(lname("self_attention.conv1d.weight"), {cfg_.gdn_conv_width(), 1, K},
+                                       ParamInit::uniform, 1.0f / std::sqrt(float(K)), r, P, {QK, QK, V});
+      p.dt_bias = add(lname("self_attention.dt_bias"), {Hv}, ParamInit::ones, 0, 0);
+      p.a_log = add(lname("self_attention.A_log"), {Hv}, ParamInit::log_uniform, 16.0f, 0);
+      p.out_norm_w = add(lname("self_attention.out_norm.weight"), {Dv}, norm_init, 0, -1);
+      if (norm_bias) p.out_norm_b = add(lname("self_attention.out_norm.bias"), {Dv}, ParamInit::zeros, 0, -1);
+      p.proj_w = add(lname("self_attention.out_proj.weight"), {C, V}, ParamInit::normal, out_std, 1);
+    } else if (cfg_.multi_latent_attention) {  // Megatron-Core's MLASelfAttention: no biases; the down projections and
                                         // the latents' norms replicated, the up projections split by heads
       const int64_t H = cfg_.num_attention_heads, Dq = cfg_.mla_qk_dim(), Rq = cfg_.q_lora_rank;
       const int64_t Rkv = cfg_.kv_lora_rank, Dr = cfg_.qk_pos_emb_head_dim, Dnv = cfg_.qk_head_dim + cfg_.v_head_dim;
@@ -364,19 +386,20 @@ void GPTModel::register_parameters() {
       p.qkv_w = add(lname("self_attention.linear_qkv.weight"), {W, C}, ParamInit::normal, std, 0);
       if (cfg_.qkv_bias()) p.qkv_b = add(lname("self_attention.linear_qkv.bias"), {W}, ParamInit::zeros, 0, 0);
     }
-    if (cfg_.learnable_softmax_offset())  // one sink logit per head, split with the heads
+    if (cfg_.learnable_softmax_offset() && !p.linear)  // one sink logit per head, split with the heads
       p.softmax_offset = add(lname("self_attention.core_attention.softmax_offset"),
                              {cfg_.num_attention_heads}, ParamInit::normal, std, 0);
-    if (cfg_.qk_layernorm && !cfg_.multi_latent_attention) {  // [D] each, shared by every query (key) head: replicated
+    if (cfg_.qk_layernorm && !cfg_.multi_latent_attention && !p.linear) {  // [D] each, shared by every query (key) head: replicated
       const int64_t D = cfg_.kv_channels;
       p.q_norm_w = add(lname("self_attention.q_layernorm.weight"), {D}, norm_init, 0, -1);
       if (norm_bias) p.q_norm_b = add(lname("self_attention.q_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
       p.k_norm_w = add(lname("self_attention.k_layernorm.weight"), {D}, norm_init, 0, -1);
       if (norm_bias) p.k_norm_b = add(lname("self_attention.k_layernorm.bias"), {D}, ParamInit::zeros, 0, -1);
     }
-    p.proj_w = add(lname("self_attention.linear_proj.weight"), {C, cfg_.attention_output_width()}, ParamInit::normal,
-                   out_std, 1);
-    if (bias) p.proj_b = add(lname("self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
+    if (!p.linear)
+      p.proj_w = add(lname("self_attention.linear_proj.weight"), {C, cfg_.attention_output_width()},
+                     ParamInit::normal, out_std, 1);
+    if (bias && !p.linear) p.proj_b = add(lname("self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
     p.ln2_w = add(lname("pre_mlp_layernorm.weight"), {C}, norm_init, 0, -1);
     if (norm_bias) p.ln2_b = add(lname("pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
     if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts
@@ -471,7 +494,10 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
                         const TransformerConfig& cfg, const TensorParallel& tp, const ModelPlacement& place, int64_t B,
                         int64_t T, int ep) {
   const int64_t P = tp.size();
-  const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size, Cl = cfg.attention_width() / P;
+  // Cl: a layer's core output (the attention's [N, H D / P], or a GDN layer's [N, Hv Dv / P]); Wl: the
+  // QKV layer's or in_proj's output.
+  const int64_t N = B * T, Ns = tp.shard_rows(N), C = cfg.hidden_size,
+                Cl = std::max(cfg.attention_width(), cfg.max_proj_width()) / P, Wl = cfg.max_qkv_width() / P;
   const int64_t Fl = cfg.ffn_hidden_size / P, F1l = cfg.fc1_width() / P, Hl = cfg.num_attention_heads / P;
   const int64_t Gl = cfg.num_query_groups / P;
   const int64_t Vl = cfg.padded_vocab_size / P;
@@ -516,7 +542,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
     x.ln1 = norms ? arena.alloc_f32(Ns * C, "input_layernorm") : nullptr;
     x.ln1_mean = arena.alloc_f32(Ns);
     x.ln1_rstd = arena.alloc_f32(Ns);
-    x.qkv = cfg.recompute_mla_up_proj() ? shared_qkv : arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv");
+    x.qkv = cfg.recompute_mla_up_proj() ? shared_qkv : arena.alloc_f32(N * Wl, "linear_qkv");
     if (cfg.qk_norm()) {
       x.qk_raw = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
       x.qk_mean = arena.alloc_f32(N * (Hl + Gl));
@@ -672,7 +698,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   sc.ln_full = tp.sp() ? arena.alloc_f32(N * C, "gathered layernorm") : nullptr;
   sc.d_c1 = arena.alloc_f32(N * C, "grad");
   sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
-  sc.d_3c = arena.alloc_f32(N * cfg.qkv_width() / P, "grad");
+  sc.d_3c = arena.alloc_f32(N * Wl, "grad");
+  if (cfg.gated_delta_net()) gdn_scratch_carve(sc.gdn, arena, cfg, P, B, T);
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe()) {
     const MoeShape ms = lattice::moe_shape(cfg, P, ep);
@@ -766,7 +793,8 @@ void GPTModel::layernorm_input(float* out, float* mean, float* rstd, const float
 
 void GPTModel::allocate_norm_1p() {
   std::vector<int> norms = {lnf_w_};
-  for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.ln1_w, p.ln2_w, p.q_norm_w, p.k_norm_w});
+  for (const LayerParams& p : layers_)
+    norms.insert(norms.end(), {p.ln1_w, p.ln2_w, p.q_norm_w, p.k_norm_w, p.out_norm_w});
   for (const MtpParams& d : mtp_)
     norms.insert(norms.end(), {d.enorm_w, d.hnorm_w, d.norm_w, d.layer.ln1_w, d.layer.ln2_w, d.layer.q_norm_w,
                                d.layer.k_norm_w});
@@ -910,7 +938,7 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
                              const std::optional<NextNorm>& after) {
   const bool sp = tp_.sp();
   Scratch& sc = *scratch_;
-  const int64_t N = B * T, C = cfg_.hidden_size, Cl = proj_in_local();
+  const int64_t N = B * T, C = cfg_.hidden_size, Cl = proj_in_local(p);
   const int64_t Ns = tp_.shard_rows(N);
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
   const std::vector<DropoutRun> runs = dropout_runs(B, T, p_hidden);
@@ -920,7 +948,9 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   const float* in = a.resid[i];
   // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
   if (!ln1_made) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, in, p.ln1_w, p.ln1_b, Ns);
-  if (cfg_.multi_latent_attention) {
+  if (p.linear) {  // a GDN layer: in_proj, then its core into x.attn (core_attention_forward)
+    linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), nullptr, N, C, qkv_local(p), site(p.qkv_w));
+  } else if (cfg_.multi_latent_attention) {
     mla_qkv_forward(p, a, i, ln_input(x.ln1, N), N);
   } else if (bf16_qkv()) {  // round(x W^T) in bf16; the attention adds the bias (qkv_input)
     gemm_policy_->forward_bf16(p.qkv_w, x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local());
@@ -928,16 +958,16 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), bias_or_null(p.qkv_b), N, C, qkv_local(),
                    site(p.qkv_w));
   }
-  if (cfg_.qk_norm())  // queries, keys normalized in place (their inputs kept)
+  if (cfg_.qk_norm() && !p.linear)  // queries, keys normalized in place (their inputs kept)
     qk_layernorm_forward(x.qkv, x.qk_raw, x.qk_mean, x.qk_rstd, sc.qk_tmp, qk_norm_params(p), N, qkv_layout(),
                          cfg_.layernorm_epsilon, qk_normalization());
-  rotate_qkv(x.qkv, B, T, l);
+  if (!p.linear) rotate_qkv(x.qkv, B, T, l);
   core_attention_forward(p, a, i, B, T, key);
-  gate_attention_output(x.attn, x.qkv, N);
+  if (!p.linear) gate_attention_output(x.attn, x.qkv, N);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
   // bias_dropout_add), with LN2 of the result.
   // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
-  row_parallel_output(x.resid_mid, in, out_rows, proj_input(a, i, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
+  row_parallel_output(x.resid_mid, in, out_rows, proj_input(p, a, i, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
                       site_stream(key, p.name + "self_attention.dropout"), runs,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
   // The MoE layer on every token's row (all-gathered with sequence parallelism): this rank's partial y
@@ -1066,8 +1096,9 @@ LinearInput GPTModel::proj_input(float* qkv, const float* attn, int64_t N) const
   return LinearInput(attn);
 }
 
-LinearInput GPTModel::proj_input(const Activations& a, size_t i, int64_t N) const {
+LinearInput GPTModel::proj_input(const LayerParams& p, const Activations& a, size_t i, int64_t N) const {
   const Activations::Layer& x = a.layers[i];
+  if (p.linear) return LinearInput(x.attn);
   if (cfg_.multi_latent_attention) return LinearInput(x.attn_v);
   if (cfg_.attention_output_gate) return LinearInput(scratch_->attn_gated);
   return proj_input(x.qkv, x.attn, N);
@@ -1277,6 +1308,7 @@ AttentionOperand GPTModel::qkv_input(const LayerParams& p, const float* qkv) con
 
 void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
                                       const MicroBatchKey& key) {
+  if (p.linear) return gdn_forward(p, a, i, B, T);
   Activations::Layer& x = a.layers[i];
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
   AttentionDropout ad{p_attn, site_stream(key, p.name + "core_attention.dropout"), 0,
@@ -1302,7 +1334,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
                                int norm_w, int norm_b, int64_t B, int64_t T, const MicroBatchKey& key) {
   const bool sp = tp_.sp();
   Scratch& sc = *scratch_;
-  const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels, Cl = proj_in_local();
+  const int64_t N = B * T, C = cfg_.hidden_size, D = cfg_.kv_channels;
   const int64_t Ns = tp_.shard_rows(N), row0 = tp_.shard_begin(N);
   const bool mla = cfg_.multi_latent_attention;
   const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
@@ -1328,7 +1360,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
 
   for (size_t i = a.layers.size(); i-- > 0;) {
     const LayerParams& p = layers[i];
-    const int64_t l = p.layer;
+    const int64_t l = p.layer, Cl = proj_in_local(p);
     Activations::Layer& x = a.layers[i];
     // Full recomputation: the group's forward again from its kept input, into the shared
     // group buffers (the last layer's output, already consumed, is not recomputed).
@@ -1449,10 +1481,25 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     const bool bf16_d_attn = bf16_qkv();
     // MLA with values narrower than the heads: the gradient of attn_v, widened into d_c2.
     float* d_proj_in = mla && sc.mla_d_attn_v ? sc.mla_d_attn_v : sc.d_c2;
-    gate_attention_output(x.attn, x.qkv, N);  // the projection's input again (--attention-output-gate)
+    if (!p.linear) gate_attention_output(x.attn, x.qkv, N);  // the projection's input again (--attention-output-gate)
     row_parallel_linear_backward(tp_, d_proj_in, params_.grad(p.proj_w), d_proj.bf16 ? nullptr : bias_grad_or_null(p.proj_b),
-                                 d_proj.fp32, sc.d_c1, proj_input(a, i, N), params_.param(p.proj_w), N, Cl,
+                                 d_proj.fp32, sc.d_c1, proj_input(p, a, i, N), params_.param(p.proj_w), N, Cl,
                                  C, bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w), d_proj.bf16);
+    if (p.linear) {  // a GDN layer: its core's backward into d_3c, then in_proj's as linear_qkv's below
+      gdn_backward(p, a, i, B, T);
+      if (cfg_.recompute_layernorm())
+        layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, a.resid[i], p.ln1_w, p.ln1_b, Ns);
+      column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), nullptr, sc.d_3c,
+                                      ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(p),
+                                      ln_grad_site(p.qkv_w), nullptr);
+      const ResidualGradOut fc2_grad = i > 0 ? residual_grad_out(layers[i - 1].fc2_b, p_hidden) : ResidualGradOut{};
+      layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), bias_grad(p.ln1_b), ln_dout(d_ln, p.qkv_w), a.resid[i],
+                         norm_weight(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad, normalization());
+      d_rows_made = fc2_grad.bf16 != nullptr;
+      grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.conv_w, p.dt_bias, p.a_log, p.out_norm_w, p.out_norm_b, p.proj_w,
+                   p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b});
+      continue;
+    }
     if (d_proj_in != sc.d_c2) mla_attention_output_backward(d_proj_in, N);
     // --attention-output-gate: the attention output's gradient in place of the gated one's, the gates'
     // into d_3c's gate slots (the attention backward writes the others).
@@ -1700,6 +1747,8 @@ void GPTModel::finish_tensor_parallel_grads(const std::vector<std::pair<int64_t,
     for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.router_w, p.router_b});
     for (const MtpParams& d : mtp_) norms.insert(norms.end(), {d.layer.router_w, d.layer.router_b});
   }
+  // A GDN layer's out_norm (each rank's value heads).
+  for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.out_norm_w, p.out_norm_b});
   // (With --multi-latent-attention those are the latents' norms, whose gradients are whole on every rank.)
   if (!cfg_.multi_latent_attention) {
     for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b});

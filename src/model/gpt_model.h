@@ -34,6 +34,7 @@
 #include "core/storage.h"
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
+#include "kernels/gated_delta_net.h"
 #include "kernels/layernorm.h"
 #include "model/context_parallel.h"
 #include "model/linear.h"
@@ -301,6 +302,11 @@ class GPTModel {
     int expert_bias = -1;
     // --softmax-type learnable: self_attention.core_attention.softmax_offset [heads], split as the heads
     int softmax_offset = -1;
+    // A Gated DeltaNet layer (--experimental-attention-variant gated_delta_net; model/gated_delta_net.cpp):
+    // qkv_w is its in_proj, proj_w its out_proj (no biases); the convolution's conv1d.weight, dt_bias,
+    // A_log (split with the heads) and out_norm's weight and bias (replicated).
+    bool linear = false;
+    int conv_w = -1, dt_bias = -1, a_log = -1, out_norm_w = -1, out_norm_b = -1;
   };
   // The attention sinks' logits of layer p's local heads [Hl] (--softmax-type; null: vanilla) and,
   // with learnable ones, their gradient (else null).
@@ -434,6 +440,13 @@ class GPTModel {
   // Its second half: the up projections from the kept latents and the fused qkv (forward, and
   // --recompute-modules mla_up_proj in backward).
   void mla_up_forward(const LayerParams& p, Activations& a, size_t i, int64_t N);
+  // A Gated DeltaNet layer (model/gated_delta_net.cpp): its core, from in_proj's output x.qkv to out_proj's
+  // input x.attn [N, Hv Dv / P] (forward; selective recomputation), and the backward from out_proj's input
+  // gradient in d_c2 (overwritten) to in_proj's output gradient in d_3c, with the gradients of conv1d,
+  // A_log, dt_bias and out_norm; it reruns the core's forward first (only x.qkv and x.attn are kept).
+  GdnShape gdn_shape(int64_t B, int64_t T) const;
+  void gdn_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
+  void gdn_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
   // qkv's queries and keys rotated in place, each run of tokens at its positions (the rotary embedding),
   // unless layer `layer` is a NoPE layer (--no-rope-freq).
   void rotate_qkv(float* qkv, int64_t B, int64_t T, int64_t layer);
@@ -511,7 +524,8 @@ class GPTModel {
   // before the attention reads them, nor with context parallelism, which gathers fp32 keys, nor
   // with the output gate (its kernels read fp32 gates and write the gates' fp32 gradients).
   bool bf16_qkv() const {
-    return bf16_attention_operands() && !rope_ && !cfg_.qk_norm() && !cfg_.attention_output_gate;
+    return bf16_attention_operands() && !rope_ && !cfg_.qk_norm() && !cfg_.attention_output_gate &&
+           !cfg_.gated_delta_net();  // (a GDN layer's core reads in_proj's fp32 output)
   }
   // set_bf16_qkv's switch with a policy that has bf16 results (the rotary embedding aside).
   bool bf16_attention_operands() const {
@@ -571,12 +585,12 @@ class GPTModel {
   LinearInput proj_input(float* qkv, const float* attn, int64_t N) const;
   // The linear_proj's input of layer x (its bf16 attn, attn, MLA's attn_v, or the gated attn made by
   // gate_attention_output).
-  LinearInput proj_input(const Activations& a, size_t i, int64_t N) const;
+  LinearInput proj_input(const LayerParams& p, const Activations& a, size_t i, int64_t N) const;
   // --attention-output-gate: a layer's attn [N, Q/P] times sigmoid of its qkv's gates into
   // scratch_->attn_gated; else nothing.
   void gate_attention_output(const float* attn, const float* qkv, int64_t N);
   // linear_proj's inputs on this rank: Hl x kv_channels, or Hl x v_head_dim with MLA.
-  int64_t proj_in_local() const { return cfg_.attention_output_width() / tp_.size(); }
+  int64_t proj_in_local(const LayerParams& p) const { return cfg_.layer_proj_width(p.layer) / tp_.size(); }
   // The gradient of a row-parallel layer's output ([Ns, C]) from d_resid, the residual
   // stream's: dropout's backward into d_rows, or without dropout (p == 0, the identity)
   // d_resid itself, not copied (a read and a write of [Ns, C] fewer).
@@ -626,6 +640,8 @@ class GPTModel {
   // The QKV layer's output columns on this rank: 3 Hl D, or with grouped-query attention
   // (Hl + 2 Gl) D.
   int64_t qkv_local() const { return cfg_.qkv_width() / tp_.size(); }
+  // Layer p's: in_proj's with a GDN layer.
+  int64_t qkv_local(const LayerParams& p) const { return cfg_.layer_qkv_width(p.layer) / tp_.size(); }
   QkvLayout qkv_layout() const { return {Hl_, Gl_, cfg_.kv_channels, cfg_.attention_output_gate}; }  // this rank's qkv (kernels/qkv_layout.h)
   // fc1's output columns on this rank: Fl_, or the gate's and the up projection's with SwiGLU.
   int64_t fc1_local() const { return cfg_.fc1_width() / tp_.size(); }

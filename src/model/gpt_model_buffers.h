@@ -96,8 +96,37 @@ struct GPTModel::Activations {
   EmbeddingRowGroups groups;
 };
 
+// A Gated DeltaNet layer's core between in_proj and out_proj (model/gated_delta_net.cpp), made in its
+// forward and again in its backward: one copy for every GDN layer. Rows N = B T, this rank's heads
+// (kernels/gated_delta_net.h's names).
+struct GdnScratch {
+  float* u = nullptr;       // [N, Cc] the convolution's output
+  float* q = nullptr;       // [N, Hk Dk] the normalized, scaled queries
+  float* k = nullptr;       // [N, Hk Dk] the normalized keys
+  float* g = nullptr;       // [N, Hv] the decays
+  float* beta = nullptr;    // [N, Hv]
+  float* o = nullptr;       // [N, Hv Dv] the delta rule's output
+  float* nrm = nullptr;     // [N, Hv Dv] out_norm's output
+  float* mean = nullptr;    // [N Hv] its statistics
+  float* rstd = nullptr;
+  float* state = nullptr;   // [B, Hv, Dv, Dk] the running state
+  float* ckpt = nullptr;    // [B, Hv, chunks, Dv, Dk] each chunk's starting state
+  float* du = nullptr;      // [N, Cc] gradients: of u,
+  float* d_o = nullptr;     //   [N, Hv Dv] of o,
+  float* dq_v = nullptr;    //   [N, Hv Dk] of each value head's queries and keys,
+  float* dk_v = nullptr;
+  float* dq = nullptr;      //   [N, Hk Dk] of q and k,
+  float* dk = nullptr;
+  float* dg = nullptr;      //   [N, Hv] of g and beta
+  float* dbeta = nullptr;
+  float* work = nullptr;    // the delta rule backward's (gdn_delta_rule_work)
+};
+// Carves them for this rank's heads out of `arena` (model/gated_delta_net.cpp).
+void gdn_scratch_carve(GdnScratch& g, Arena& arena, const TransformerConfig& cfg, int64_t tp, int64_t B, int64_t T);
+
 // Backward scratch shared by every chunk and slot (one step runs at a time).
 struct GPTModel::Scratch {
+  GdnScratch gdn;             // --experimental-attention-variant gated_delta_net
   float* d_resid;             // [Ns, C]
   float* d_s;                 // [Ns, C]  (sequence parallelism only)
   float* ln_full;             // [N, C]   a LayerNorm output gathered from the shards (idem)

@@ -90,6 +90,8 @@ void TransformerConfig::finalize(int64_t tp) {
     LATTICE_FAIL() << "--window-attn-skip-freq has " << window_attn_pattern.size() << " entries for --num-layers "
                    << num_layers;
   check_no_rope();
+  if (gated_delta_net() && linear_attention_pattern.empty()) linear_attention_pattern.assign(size_t(num_layers), 1);
+  check_gated_delta_net(tp);
   if (normalization != "LayerNorm" && normalization != "RMSNorm")
     LATTICE_FAIL() << "--normalization must be LayerNorm or RMSNorm, got '" << normalization << "'";
   if (hidden_dropout < 0 || hidden_dropout >= 1)
@@ -97,6 +99,46 @@ void TransformerConfig::finalize(int64_t tp) {
   if (attention_dropout < 0 || attention_dropout >= 1)
     LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
   check_recompute();
+}
+
+void TransformerConfig::check_gated_delta_net(int64_t tp) const {
+  if (experimental_attention_variant.empty()) {
+    if (!linear_attention_pattern.empty())
+      LATTICE_FAIL() << "--linear-attention-freq needs --experimental-attention-variant gated_delta_net";
+    return;
+  }
+  if (!gated_delta_net())
+    LATTICE_FAIL() << "--experimental-attention-variant must be gated_delta_net, got '"
+                   << experimental_attention_variant << "'";
+  if (int64_t(linear_attention_pattern.size()) != num_layers)
+    LATTICE_FAIL() << "--linear-attention-freq has " << linear_attention_pattern.size() << " entries for --num-layers "
+                   << num_layers;
+  const struct {
+    const char* flag;
+    int64_t value;
+  } dims[] = {{"--linear-conv-kernel-dim", linear_conv_kernel_dim},
+              {"--linear-key-head-dim", linear_key_head_dim},
+              {"--linear-value-head-dim", linear_value_head_dim},
+              {"--linear-num-key-heads", linear_num_key_heads},
+              {"--linear-num-value-heads", linear_num_value_heads}};
+  for (const auto& d : dims)
+    if (d.value <= 0) LATTICE_FAIL() << d.flag << " must be positive, got " << d.value;
+  if (linear_key_head_dim > 1024 || linear_value_head_dim > 1024)
+    LATTICE_FAIL() << "--linear-key-head-dim and --linear-value-head-dim must be at most 1024, got "
+                   << linear_key_head_dim << " and " << linear_value_head_dim;
+  if (linear_num_value_heads % linear_num_key_heads != 0)
+    LATTICE_FAIL() << "--linear-num-key-heads " << linear_num_key_heads << " does not divide --linear-num-value-heads "
+                   << linear_num_value_heads;
+  if (linear_num_key_heads % tp != 0 || linear_num_value_heads % tp != 0)
+    LATTICE_FAIL() << "--linear-num-key-heads " << linear_num_key_heads << " and --linear-num-value-heads "
+                   << linear_num_value_heads << " must be divisible by --tensor-model-parallel-size " << tp;
+  if (!swiglu)
+    LATTICE_FAIL() << "--experimental-attention-variant gated_delta_net needs --swiglu (its convolution and output "
+                      "gate apply the model's activation, which lattice's GDN layer takes to be SiLU)";
+  if (multi_latent_attention)
+    LATTICE_FAIL() << "--experimental-attention-variant gated_delta_net does not go with --multi-latent-attention yet";
+  if (mtp())
+    LATTICE_FAIL() << "--experimental-attention-variant gated_delta_net does not go with --mtp-num-layers yet";
 }
 
 void TransformerConfig::check_no_rope() const {
@@ -494,6 +536,11 @@ std::vector<int> TransformerConfig::parse_moe_layer_freq(const std::string& valu
 std::vector<int> TransformerConfig::parse_window_attn_skip_freq(const std::string& value, int64_t num_layers) {
   return parse_layer_pattern(value, num_layers, "--window-attn-skip-freq",
                              [](int64_t l, int64_t n) { return (l + 1) % n != 0; });
+}
+
+std::vector<int> TransformerConfig::parse_linear_attention_freq(const std::string& value, int64_t num_layers) {
+  return parse_layer_pattern(
+      value, num_layers, "--linear-attention-freq", [](int64_t l, int64_t n) { return (l + 1) % n != 0; }, 2);
 }
 
 std::vector<int> TransformerConfig::parse_no_rope_freq(const std::string& value, int64_t num_layers) {

@@ -64,6 +64,49 @@ struct TransformerConfig {
   bool rotary_layer(int64_t layer) const {
     return rope() && (no_rope_pattern.empty() || no_rope_pattern[size_t(layer)] == 0);
   }
+  // --experimental-attention-variant gated_delta_net (Megatron-Core's; the hybrid of Qwen3-Next and
+  // Qwen3.5): the layers marked 1 in linear_attention_pattern (--linear-attention-freq, one entry per
+  // layer) are Gated DeltaNet layers (kernels/gated_delta_net.h, model/gated_delta_net.cpp) in place of
+  // the self-attention, the others attention layers. Its shape: --linear-num-key-heads Hk and
+  // --linear-num-value-heads Hv heads of --linear-key-head-dim Dk and --linear-value-head-dim Dv, and the
+  // convolution's --linear-conv-kernel-dim (Megatron's defaults).
+  std::string experimental_attention_variant;  // "" or gated_delta_net
+  std::vector<int> linear_attention_pattern;
+  int64_t linear_conv_kernel_dim = 4, linear_key_head_dim = 128, linear_value_head_dim = 128;
+  int64_t linear_num_key_heads = 16, linear_num_value_heads = 32;
+  bool gated_delta_net() const { return experimental_attention_variant == "gated_delta_net"; }
+  bool linear_attention_layer(int64_t layer) const {
+    return gated_delta_net() && !linear_attention_pattern.empty() &&
+           linear_attention_pattern[size_t(std::min<int64_t>(layer, num_layers - 1))] != 0;
+  }
+  // A GDN layer's widths: in_proj's output (q and k Hk Dk each, v and the output gate z Hv Dv each, then
+  // beta's and the decay's Hv) and out_proj's input (Hv Dv).
+  int64_t gdn_in_proj_width() const {
+    return 2 * linear_num_key_heads * linear_key_head_dim + 2 * linear_num_value_heads * linear_value_head_dim +
+           2 * linear_num_value_heads;
+  }
+  int64_t gdn_conv_width() const {
+    return 2 * linear_num_key_heads * linear_key_head_dim + linear_num_value_heads * linear_value_head_dim;
+  }
+  int64_t gdn_out_width() const { return linear_num_value_heads * linear_value_head_dim; }
+  // Layer `layer`'s input projection's output (linear_qkv's or in_proj's) and linear_proj's or out_proj's
+  // input, and their largest over the layers (the buffers' sizes).
+  int64_t layer_qkv_width(int64_t layer) const {
+    return linear_attention_layer(layer) ? gdn_in_proj_width() : qkv_width();
+  }
+  int64_t layer_proj_width(int64_t layer) const {
+    return linear_attention_layer(layer) ? gdn_out_width() : attention_output_width();
+  }
+  int64_t max_qkv_width() const {
+    int64_t w = 0;
+    for (int64_t l = 0; l < num_layers + mtp_num_layers; ++l) w = std::max(w, layer_qkv_width(l));
+    return w;
+  }
+  int64_t max_proj_width() const {
+    int64_t w = 0;
+    for (int64_t l = 0; l < num_layers + mtp_num_layers; ++l) w = std::max(w, layer_proj_width(l));
+    return w;
+  }
   // The window of layer `layer` (0-based): window_size, or -1 for a full-attention layer.
   int64_t attention_window(int64_t layer) const {
     if (window_size < 0) return -1;
@@ -329,6 +372,12 @@ struct TransformerConfig {
   // expression as --moe-layer-freq's, 1 for a layer without the rotation. Returns the pattern, empty
   // when every layer rotates.
   static std::vector<int> parse_no_rope_freq(const std::string& value, int64_t num_layers);
+  // --linear-attention-freq's value for num_layers layers: an integer N (every N-th layer counting from 1
+  // is an attention layer, the others GDN layers: ([1] * (N-1) + [0]) repeated, Megatron's), or a list
+  // expression as --moe-layer-freq's, 1 for a GDN layer. Returns the whole pattern.
+  static std::vector<int> parse_linear_attention_freq(const std::string& value, int64_t num_layers);
+  // The Gated DeltaNet fields' part of finalize().
+  void check_gated_delta_net(int64_t tp) const;
   // The multi-token prediction fields' part of finalize().
   void check_mtp() const;
   // --no-rope-freq's part of finalize().

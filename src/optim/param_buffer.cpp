@@ -17,18 +17,48 @@ int ParamBuffer::add(const std::string& name, const Shape& shape, ParamInit init
 
 int ParamBuffer::add_tp(const std::string& name, const Shape& global_shape, ParamInit init,
                         float init_std, int tp_split_dim, int tp_rank, int tp_size, int blocks) {
-  Shape shape = global_shape;
-  std::vector<int64_t> offsets(global_shape.size(), 0);
-  LATTICE_CHECK(blocks == 1 || (blocks > 1 && tp_split_dim == 0 && !shape.empty() && shape[0] % blocks == 0))
+  LATTICE_CHECK(blocks == 1 || (blocks > 1 && tp_split_dim == 0 && !global_shape.empty() &&
+                                global_shape[0] % blocks == 0))
       << "parameter " << name << ": " << blocks << " blocks of " << shape_str(global_shape) << " along dim "
       << tp_split_dim;
+  if (blocks > 1)
+    return add_tp_blocks(name, global_shape, init, init_std, tp_rank, tp_size,
+                         std::vector<int64_t>(size_t(blocks), global_shape[0] / blocks));
+  Shape shape = global_shape;
+  std::vector<int64_t> offsets(global_shape.size(), 0);
   if (tp_split_dim >= 0 && tp_size > 1) {
-    LATTICE_CHECK(tp_split_dim < int(shape.size()) && shape[size_t(tp_split_dim)] % (int64_t(tp_size) * blocks) == 0)
+    LATTICE_CHECK(tp_split_dim < int(shape.size()) && shape[size_t(tp_split_dim)] % tp_size == 0)
         << "parameter " << name << ": dim " << tp_split_dim << " of " << shape_str(global_shape)
-        << " does not split into " << tp_size << " tensor-parallel parts" << (blocks > 1 ? " per block" : "");
+        << " does not split into " << tp_size << " tensor-parallel parts";
     shape[size_t(tp_split_dim)] /= tp_size;
-    offsets[size_t(tp_split_dim)] = shape[size_t(tp_split_dim)] / blocks * tp_rank;
+    offsets[size_t(tp_split_dim)] = shape[size_t(tp_split_dim)] * tp_rank;
   }
+  return add_info(name, global_shape, shape, offsets, init, init_std, tp_split_dim, tp_size, {});
+}
+
+int ParamBuffer::add_tp_blocks(const std::string& name, const Shape& global_shape, ParamInit init, float init_std,
+                               int tp_rank, int tp_size, const std::vector<int64_t>& block_rows) {
+  int64_t rows = 0;
+  bool even = true;
+  for (int64_t r : block_rows) {
+    rows += r;
+    even = even && r % tp_size == 0;
+  }
+  LATTICE_CHECK(!global_shape.empty() && rows == global_shape[0] && !block_rows.empty())
+      << "parameter " << name << ": blocks of " << rows << " rows for " << shape_str(global_shape);
+  LATTICE_CHECK(even) << "parameter " << name << ": a block of " << shape_str(global_shape)
+                      << " does not split into " << tp_size << " tensor-parallel parts";
+  Shape shape = global_shape;
+  std::vector<int64_t> offsets(global_shape.size(), 0);
+  shape[0] /= tp_size;
+  offsets[0] = block_rows[0] / tp_size * tp_rank;
+  return add_info(name, global_shape, shape, offsets, init, init_std, 0, tp_size,
+                  block_rows.size() > 1 ? block_rows : std::vector<int64_t>{});
+}
+
+int ParamBuffer::add_info(const std::string& name, const Shape& global_shape, const Shape& shape,
+                          const std::vector<int64_t>& offsets, ParamInit init, float init_std, int tp_split_dim,
+                          int tp_size, const std::vector<int64_t>& block_rows) {
   LATTICE_CHECK(params_.data() == nullptr) << "parameter " << name << " added after allocate()";
   LATTICE_CHECK(!index_.count(name)) << "parameter " << name << " registered twice";
   ParamInfo p;
@@ -41,7 +71,8 @@ int ParamBuffer::add_tp(const std::string& name, const Shape& global_shape, Para
   p.global_shape = global_shape;
   p.global_offsets = offsets;
   p.tp_duplicated = tp_split_dim < 0 && tp_size > 1;
-  p.tp_blocks = blocks;
+  p.tp_blocks = block_rows.empty() ? 1 : int(block_rows.size());
+  p.tp_block_rows = block_rows;
   p.weight_decay = shape.size() >= 2;
   p.init = init;
   p.init_std = init_std;
@@ -116,6 +147,24 @@ void ParamBuffer::initialize(uint64_t seed) {
         }
         break;
       }
+      case ParamInit::uniform:
+      case ParamInit::log_uniform: {
+        // Keyed as the normal draws: the element's global row-major index (a split along dim 0 only).
+        PhiloxStream stream{seed, fnv1a32(p.name.c_str())};
+        LATTICE_CHECK(p.tp_split_dim <= 0) << "parameter " << p.name << ": uniform init of a split other than dim 0";
+        const int64_t inner = p.shape.empty() ? 1 : p.numel / p.shape[0];
+        for (const ParamBox& box : param_boxes(p, param_tp_rank(p))) {
+          const int64_t row0 = box.offsets.empty() ? 0 : box.offsets[0];
+          const int64_t n = shape_numel(box.lengths);
+          float* wb = w + box.local_offset;
+          for (int64_t i = 0; i < n; ++i) {
+            const double r = double(stream.uniform(uint64_t(row0 * inner + i)));
+            wb[i] = p.init == ParamInit::uniform ? float(p.init_std * (2.0 * r - 1.0))
+                                                 : float(std::log(1.0 + r * (double(p.init_std) - 1.0)));
+          }
+        }
+        break;
+      }
     }
   }
   if (!on_cpu) upload_params(staging.data());
@@ -124,24 +173,33 @@ void ParamBuffer::initialize(uint64_t seed) {
 int param_tp_rank(const ParamInfo& p) {
   if (p.tp_split_dim < 0 || p.shape == p.global_shape) return 0;
   const size_t d = size_t(p.tp_split_dim);
-  return int(p.global_offsets[d] / (p.shape[d] / p.tp_blocks));
+  const int64_t first = p.tp_block_rows.empty() ? p.shape[d] : p.tp_block_rows[0] * p.shape[d] / p.global_shape[d];
+  return int(p.global_offsets[d] / first);
 }
 
 std::vector<ParamBox> param_boxes(const ParamInfo& p, int tp_rank) {
   const bool split = p.tp_split_dim >= 0 && p.shape != p.global_shape;
-  const int blocks = p.tp_blocks;
   std::vector<ParamBox> boxes;
   ParamBox box;
   box.lengths = p.shape;
   box.offsets.assign(p.shape.size(), 0);
   if (!split) return {box};  // the whole tensor (blocks and all)
   const size_t d = size_t(p.tp_split_dim);
-  box.lengths[d] = p.shape[d] / blocks;  // this rank's share of one block
-  const int64_t block_elems = shape_numel(box.lengths), global_block = p.global_shape[d] / blocks;
-  for (int k = 0; k < blocks; ++k) {
-    box.offsets[d] = k * global_block + (split ? int64_t(tp_rank) * box.lengths[d] : 0);
-    box.local_offset = k * block_elems;  // blocks are along dim 0: contiguous in the local part
+  if (p.tp_block_rows.empty()) {
+    box.offsets[d] = int64_t(tp_rank) * p.shape[d];
+    return {box};
+  }
+  // Block k: this rank's share of its rows, at the block's start plus the rank's part (blocks are along
+  // dim 0: contiguous in the local part).
+  const int64_t parts = p.global_shape[d] / p.shape[d], row_elems = p.numel / p.shape[d];
+  int64_t global_row = 0, local_row = 0;
+  for (int64_t rows : p.tp_block_rows) {
+    box.lengths[d] = rows / parts;
+    box.offsets[d] = global_row + int64_t(tp_rank) * box.lengths[d];
+    box.local_offset = local_row * row_elems;
     boxes.push_back(box);
+    global_row += rows;
+    local_row += box.lengths[d];
   }
   return boxes;
 }

@@ -15,7 +15,9 @@ namespace lattice {
 // normal: N(0, init_std^2); xavier_uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)) of the global
 // 2-D shape [fan_out, fan_in] (torch's xavier_uniform_, --init-method-xavier-uniform). Both keyed by
 // the parameter's name and each element's global index, so every layout draws the same values.
-enum class ParamInit { normal, zeros, ones, xavier_uniform };
+// uniform: U(-init_std, init_std) (a GDN layer's conv1d.weight: torch's Conv1d default, 1 / sqrt(fan_in));
+// log_uniform: log U(1, init_std) (a GDN layer's A_log: Megatron's A_init_range (1, 16)). Any shape.
+enum class ParamInit { normal, zeros, ones, xavier_uniform, uniform, log_uniform };
 
 struct ParamInfo {
   std::string name;        // Megatron-Core state-dict name, e.g. decoder.layers.0.mlp.linear_fc1.weight
@@ -35,6 +37,9 @@ struct ParamInfo {
   // shards them). This rank's part is its share of every block, in block order, so it is
   // tp_blocks boxes of the global tensor (param_boxes); global_offsets is the first one's.
   int tp_blocks = 1;
+  // The global rows of each block (tp_blocks of them; equal but for add_tp_blocks' tensors, such as a GDN
+  // layer's in_proj: q, k, v, z, beta and the decay's rows); empty with one block.
+  std::vector<int64_t> tp_block_rows;
   // The last pipeline stage's copy of the tied word embedding (the first stage holds the
   // original): counted once in the gradient norm and saved once, by the first stage.
   bool shared_embedding_copy = false;
@@ -78,6 +83,10 @@ class ParamBuffer {
   // tp_size parts, and this rank holds part tp_rank of each (ParamInfo::tp_blocks).
   int add_tp(const std::string& name, const Shape& global_shape, ParamInit init, float init_std,
              int tp_split_dim, int tp_rank, int tp_size, int blocks = 1);
+  // The same with blocks of block_rows[k] global rows each along dim 0 (their sum: global_shape[0]), each
+  // cut into tp_size parts.
+  int add_tp_blocks(const std::string& name, const Shape& global_shape, ParamInit init, float init_std, int tp_rank,
+                    int tp_size, const std::vector<int64_t>& block_rows);
   void mark_shared_embedding_copy(int index) { infos_[size_t(index)].shared_embedding_copy = true; }
   void mark_buffer(int index) { infos_[size_t(index)].buffer = true; }
   void mark_expert(int index) { infos_[size_t(index)].expert = true; }
@@ -123,6 +132,9 @@ class ParamBuffer {
   void write_grad(int index, const float* in);
 
  private:
+  int add_info(const std::string& name, const Shape& global_shape, const Shape& shape,
+               const std::vector<int64_t>& offsets, ParamInit init, float init_std, int tp_split_dim, int tp_size,
+               const std::vector<int64_t>& block_rows);
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> index_;
   int64_t numel_ = 0, expert_begin_ = 0;

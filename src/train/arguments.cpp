@@ -102,6 +102,16 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "with --window-size: every N-th layer attends fully, or a list such as [1,1,0] (1: window, 0: full)"},
       {"no-rope-freq", Kind::str, &a.no_rope_freq,
        "with the rotary embedding: every N-th layer skips it (NoPE), or a list such as [0,0,0,1] (1: no rotation)"},
+      {"experimental-attention-variant", Kind::str, &a.experimental_attention_variant,
+       "gated_delta_net: Gated DeltaNet linear-attention layers (Qwen3-Next's) where --linear-attention-freq says"},
+      {"linear-attention-freq", Kind::str, &a.linear_attention_freq,
+       "with gated_delta_net: every N-th layer is an attention layer, the rest GDN, or a list such as [1,1,1,0] (1: GDN)"},
+      {"linear-conv-kernel-dim", Kind::i64, &a.linear_conv_kernel_dim, "GDN: the causal convolution's width (default 4)"},
+      {"linear-key-head-dim", Kind::i64, &a.linear_key_head_dim, "GDN: each query and key head's dims (default 128)"},
+      {"linear-value-head-dim", Kind::i64, &a.linear_value_head_dim, "GDN: each value head's dims (default 128)"},
+      {"linear-num-key-heads", Kind::i64, &a.linear_num_key_heads, "GDN: query and key heads (default 16)"},
+      {"linear-num-value-heads", Kind::i64, &a.linear_num_value_heads,
+       "GDN: value heads, a multiple of the key heads (default 32)"},
       {"softmax-type", Kind::str, &a.softmax_type,
        "vanilla, off-by-one (a sink logit of 0 in every head's softmax) or learnable (one trained per head)"},
       {"num-experts", Kind::i64, &a.num_experts,
@@ -949,6 +959,14 @@ TransformerConfig TrainArgs::transformer_config() const {
     c.window_attn_pattern = TransformerConfig::parse_window_attn_skip_freq(window_attn_skip_freq, num_layers);
   }
   if (!no_rope_freq.empty()) c.no_rope_pattern = TransformerConfig::parse_no_rope_freq(no_rope_freq, num_layers);
+  c.experimental_attention_variant = experimental_attention_variant;
+  if (!linear_attention_freq.empty())
+    c.linear_attention_pattern = TransformerConfig::parse_linear_attention_freq(linear_attention_freq, num_layers);
+  c.linear_conv_kernel_dim = linear_conv_kernel_dim;
+  c.linear_key_head_dim = linear_key_head_dim;
+  c.linear_value_head_dim = linear_value_head_dim;
+  c.linear_num_key_heads = linear_num_key_heads;
+  c.linear_num_value_heads = linear_num_value_heads;
   // Each listed type's coefficient (a single type: the single value; sinkhorn's is checked as 0).
   c.moe_aux_loss_coeff = 0.0f;
   for (size_t i = 0; i < moe_router_load_balancing_type.size(); ++i) {
@@ -1130,6 +1148,16 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   }
   if (m.contains("no_rope_freq") && m["no_rope_freq"].is_array() && !m["no_rope_freq"].empty())
     out.emplace_back("no-rope-freq", json(m["no_rope_freq"].dump()));
+  if (!m.value("experimental_attention_variant", std::string()).empty()) {
+    from_model("experimental-attention-variant", "experimental_attention_variant");
+    out.emplace_back("linear-attention-freq", json(m["linear_attention_freq"].dump()));
+    for (const char* f : {"linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                          "linear_num_key_heads", "linear_num_value_heads"}) {
+      std::string flag = f;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      from_model(flag.c_str(), f);
+    }
+  }
   if (m.contains("num_query_groups") && m["num_query_groups"].is_number_integer() &&
       m["num_query_groups"] != m.value("num_attention_heads", json())) {
     out.emplace_back("group-query-attention", true);

@@ -57,6 +57,10 @@ struct TrainArgs {
   std::string window_size;            // --window-size W[,0] ("": none)
   std::string window_attn_skip_freq;  // --window-attn-skip-freq N or a list ("": every layer)
   std::string no_rope_freq;           // --no-rope-freq N or a list ("": every layer rotates)
+  std::string experimental_attention_variant;  // --experimental-attention-variant ("" or gated_delta_net)
+  std::string linear_attention_freq;  // --linear-attention-freq N or a list ("": every layer, with the variant)
+  int64_t linear_conv_kernel_dim = 4, linear_key_head_dim = 128, linear_value_head_dim = 128;
+  int64_t linear_num_key_heads = 16, linear_num_value_heads = 32;
   std::string softmax_type = "vanilla";
   std::string moe_router_score_function = "softmax";
   std::string moe_router_dtype;

@@ -313,6 +313,33 @@ TEST(CudaModel, NoRopeLayerLossAndEveryGradientMatchCpu) {
   expect_loss_and_gradients_match(cfg, "no-rope layer");
 }
 
+// --experimental-attention-variant gated_delta_net (kernels/gated_delta_net.h): layer 0 a GDN layer (the
+// convolution, the gates, the delta rule with a state checkpoint every 64 tokens, out_norm and its SiLU
+// gate; 2 key and 4 value heads), layer 1 attention; SwiGLU with RMSNorm and --apply-layernorm-1p, and with
+// LayerNorm and biases (out_norm's bias). The same loss and gradients on both devices.
+TEST(CudaModel, GatedDeltaNetLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  for (int variant : {0, 1}) {
+    TransformerConfig cfg = small_config(0.0f);
+    cfg.swiglu = true;
+    cfg.experimental_attention_variant = "gated_delta_net";
+    cfg.linear_attention_pattern = {1, 0};
+    cfg.linear_num_key_heads = 2;
+    cfg.linear_num_value_heads = 4;
+    cfg.linear_key_head_dim = 8;
+    cfg.linear_value_head_dim = 12;
+    cfg.linear_conv_kernel_dim = 4;
+    if (variant == 0) {
+      cfg.normalization = "RMSNorm";
+      cfg.apply_layernorm_1p = true;
+      cfg.add_bias_linear = false;
+    }
+    cfg.finalize();
+    ASSERT_EQ(cfg.num_layers, 2);
+    expect_loss_and_gradients_match(cfg, variant == 0 ? "gated delta net, rmsnorm 1p" : "gated delta net, layernorm");
+  }
+}
+
 // small_config with 4 experts of ffn 48, top 2, and the load-balancing loss (not finalized).
 TransformerConfig moe_config() {
   TransformerConfig cfg = small_config(0.0f);

@@ -56,10 +56,16 @@ inline RunDifference expect_same_run(const LayoutRun& got, const LayoutRun& sing
     if (!whole.count(p.name)) return d;
     const ParamInfo& w = *whole.at(p.name);
     for (const ParamBox& box : param_boxes(p, param_tp_rank(p))) {  // one, or one per block (SwiGLU's fc1)
-      const bool matrix = box.lengths.size() == 2;
-      const int64_t rows = matrix ? box.lengths[0] : 1, cols = box.lengths.back();
-      const int64_t wcols = w.shape.back(), wrows = w.shape.size() == 2 ? w.shape[0] : 1;
-      const int64_t r0 = matrix ? box.offsets[0] : 0, c0 = box.offsets.back();
+      // Rows along dim 0, the other dims flattened (a 3-D tensor, a GDN layer's conv1d.weight, splits along
+      // dim 0 only).
+      const bool matrix = box.lengths.size() >= 2;
+      int64_t cols = 1, wcols = 1;
+      for (size_t dim = matrix ? 1 : 0; dim < box.lengths.size(); ++dim) {
+        cols *= box.lengths[dim];
+        wcols *= w.shape[dim];
+      }
+      const int64_t rows = matrix ? box.lengths[0] : 1, wrows = matrix ? w.shape[0] : 1;
+      const int64_t r0 = matrix ? box.offsets[0] : 0, c0 = box.lengths.size() <= 2 ? box.offsets.back() : 0;
       for (int64_t i = 0; i < rows && r0 + i < wrows; ++i)
         for (int64_t j = 0; j < cols; ++j) {
           const double want = single.params[size_t(w.offset + (r0 + i) * wcols + c0 + j)];

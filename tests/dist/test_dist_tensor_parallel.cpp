@@ -37,8 +37,17 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // every score of a query, so its gradient is zero up to rounding, which Adam amplifies.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false,
                          int qk_norm = 0, bool moe = false, bool gpt_oss = false, int64_t mtp = 0, int mla = 0,
-                         bool gate = false, bool no_rope = false) {
+                         bool gate = false, bool no_rope = false, bool gdn = false) {
   TransformerConfig c;
+  if (gdn) {  // Gated DeltaNet in layer 0 (4 key and 8 value heads: whole heads per rank), attention in layer 1
+    c.experimental_attention_variant = "gated_delta_net";
+    c.linear_attention_pattern = {1, 0};
+    c.linear_num_key_heads = 4;
+    c.linear_num_value_heads = 8;
+    c.linear_key_head_dim = 6;
+    c.linear_value_head_dim = 5;
+    c.linear_conv_kernel_dim = 3;
+  }
   if (no_rope) c.no_rope_pattern = {0, 1};  // --no-rope-freq 2: the second layer not rotated (NoPE)
   c.attention_output_gate = gate;  // --attention-output-gate: each rank's heads' gates in its share of linear_qkv
   c.mtp_num_layers = mtp;  // --mtp-num-layers: the prediction depths' eh_proj column-parallel, their norms replicated
@@ -107,9 +116,9 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
                 bool rope = false, bool swiglu = false, int qk_norm = 0, bool moe = false,
                 bool gpt_oss = false, int64_t mtp = 0, int mla = 0, bool gate = false, bool no_rope = false,
-                bool muon = false) {
-  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla, gate, no_rope), kB, kT,
-                 tp);
+                bool muon = false, bool gdn = false) {
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla, gate, no_rope, gdn), kB,
+                 kT, tp);
   // --optimizer muon --muon-tp-mode duplicated: every matrix orthogonalized whole (its shards gathered
   // over the tensor-parallel group), linear_qkv split by query groups: the single process's numbers.
   OptimizerConfig oc;
@@ -150,6 +159,7 @@ struct Layout {
   bool gate = false;          // --attention-output-gate
   bool no_rope = false;       // --no-rope-freq 2 (with rope)
   bool muon = false;          // --optimizer muon --muon-tp-mode duplicated
+  bool gdn = false;           // --experimental-attention-variant gated_delta_net (layer 0), with SwiGLU
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -159,9 +169,9 @@ TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn);
   LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn);
   expect_same_run(tp, single);
 }
 
@@ -172,13 +182,13 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   const Layout l = GetParam();
   if (l.muon) GTEST_SKIP() << "--optimizer muon does not go with the distributed optimizer";
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
   LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn);
   expect_same_run(run, single);
 }
 
@@ -202,7 +212,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                            Layout{true, 0.0f, false, false, 0, true, false, 0, 0, true},
                                            Layout{true, 0.1f, true, false, 0, false, false, 0, 0, false, true},
                                            Layout{true, 0.1f, true, false, 0, false, false, 0, 0, true, false, true},
-                                           Layout{false, 0.0f, false, false, 0, true, false, 0, 0, false, false, true}),
+                                           Layout{false, 0.0f, false, false, 0, true, false, 0, 0, false, false, true},
+                                           Layout{true, 0.1f, true, false, 0, false, false, 0, 0, true, false, false, true},
+                                           Layout{false, 0.0f, false, true, 0, false, false, 0, 0, false, false, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
@@ -211,7 +223,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                   (info.param.mtp ? "Mtp" + std::to_string(info.param.mtp) : "") +
                                   (info.param.mla ? "Mla" + std::to_string(info.param.mla) : "") +
                                   (info.param.gate ? "Gate" : "") + (info.param.no_rope ? "NoRopeLayer" : "") +
-                                  (info.param.muon ? "MuonDuplicated" : "");
+                                  (info.param.muon ? "MuonDuplicated" : "") + (info.param.gdn ? "GatedDeltaNet" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

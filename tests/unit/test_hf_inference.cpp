@@ -162,6 +162,30 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithSharedExperts) {
   check_against_full_forward(*model, model->config().max_position_embeddings);
 }
 
+// --experimental-attention-variant gated_delta_net: each GDN layer carries its convolution's last K - 1
+// in_proj rows and its delta-rule state from chunk to chunk (chunks shorter and longer than K); layers
+// [1,0,1] (the middle one attention, with the output gate), RMSNorm with --apply-layernorm-1p, and
+// LayerNorm (out_norm's bias) with every layer GDN.
+TEST(HfInference, KvCacheLogitsEqualFullForwardWithGatedDeltaNet) {
+  for (int variant : {0, 1}) {
+    auto model = random_model(false, GeluKind::erf, true, [&](TransformerConfig& c) {
+      c.add_bias_linear = false;
+      c.swiglu = true;
+      c.experimental_attention_variant = "gated_delta_net";
+      c.linear_attention_pattern = variant == 0 ? std::vector<int>{1, 0, 1} : std::vector<int>{1, 1, 1};
+      c.linear_num_key_heads = 2;
+      c.linear_num_value_heads = variant == 0 ? 4 : 2;
+      c.linear_key_head_dim = 6;
+      c.linear_value_head_dim = 5;
+      c.linear_conv_kernel_dim = variant == 0 ? 4 : 3;
+      c.normalization = variant == 0 ? "RMSNorm" : "LayerNorm";
+      c.apply_layernorm_1p = variant == 0;
+      c.attention_output_gate = variant == 0;
+    });
+    check_against_full_forward(*model, model->config().max_position_embeddings);
+  }
+}
+
 TEST(HfInference, KvCacheOnHfFixtureModel) {
   HfGpt2Model hf = load_hf_gpt2(std::string(LATTICE_SOURCE_DIR) + "/tests/fixtures/hf_gpt2_tiny");
   check_against_full_forward(*hf.model, 16);

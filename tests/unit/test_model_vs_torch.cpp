@@ -119,6 +119,16 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
     c.qk_pos_emb_head_dim = meta_int(f, "qk_pos_emb_head_dim");
     c.v_head_dim = meta_int(f, "v_head_dim");
   }
+  if (f.metadata().count("experimental_attention_variant")) {
+    c.experimental_attention_variant = f.metadata().at("experimental_attention_variant");
+    c.linear_attention_pattern =
+        TransformerConfig::parse_linear_attention_freq(f.metadata().at("linear_attention_freq"), c.num_layers);
+    c.linear_num_key_heads = meta_int(f, "linear_num_key_heads");
+    c.linear_num_value_heads = meta_int(f, "linear_num_value_heads");
+    c.linear_key_head_dim = meta_int(f, "linear_key_head_dim");
+    c.linear_value_head_dim = meta_int(f, "linear_value_head_dim");
+    c.linear_conv_kernel_dim = meta_int(f, "linear_conv_kernel_dim");
+  }
   if (f.metadata().count("mtp_num_layers")) {
     c.mtp_num_layers = meta_int(f, "mtp_num_layers");
     c.mtp_loss_scaling_factor = float(meta_double(f, "mtp_loss_scaling_factor"));
@@ -272,7 +282,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_rope_nobias_rmsnorm_qknorm_mlaq24_kv16.safetensors",
                                            "gpt_tiny_yarn_mlanoq_kv12.safetensors", "gpt_tiny_gate.safetensors",
                                            "gpt_tiny_rope_gqa2_qknorm_gate.safetensors",
-                                           "gpt_tiny_rope_rmsnorm_gqa2_qknorm_norope01.safetensors"));
+                                           "gpt_tiny_rope_rmsnorm_gqa2_qknorm_norope01.safetensors",
+                                           "gpt_tiny_nobias_rmsnorm_swiglu_gdn10.safetensors",
+                                           "gpt_tiny_swiglu_gdn11.safetensors"));
 
 }  // namespace
 }  // namespace lattice

@@ -148,15 +148,15 @@ void gdn_gates_backward(float* du, float* dx, float* dA_log, float* d_dt_bias, c
 }
 
 void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const float* q, const float* k, const float* u,
-                            const float* g, const float* beta, const GdnShape& s) {
-  LATTICE_KERNEL_ENTRY(cuda::gdn_delta_rule_forward(o, state, checkpoints, q, k, u, g, beta, s));
+                            const float* g, const float* beta, const GdnShape& s, bool from_state) {
+  LATTICE_KERNEL_ENTRY(cuda::gdn_delta_rule_forward(o, state, checkpoints, q, k, u, g, beta, s, from_state));
   check_shape(s, "gdn_delta_rule_forward");
   const int64_t T = s.T, Hv = s.Hv, Dk = s.Dk, Dv = s.Dv, Cc = s.conv(), S = s.state();
 #pragma omp parallel for schedule(static) collapse(2) if (s.N() * Hv * S > kParallelMin)
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < Hv; ++h) {
       float* st = state + (b * Hv + h) * S;
-      std::fill(st, st + S, 0.0f);
+      if (!from_state) std::fill(st, st + S, 0.0f);
       const int64_t kh = h / s.group();
       for (int64_t t = 0; t < T; ++t) {
         const int64_t n = b * T + t;

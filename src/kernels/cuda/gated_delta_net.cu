@@ -131,14 +131,15 @@ __global__ void gates_param_grads_kernel(float* dA_log, float* d_dt_bias, const 
 
 // Block (b, h), thread j: column j of the state.
 __global__ void delta_rule_forward_kernel(float* o, float* state, float* checkpoints, const float* q, const float* k,
-                                          const float* u, const float* g, const float* beta, GdnShape s) {
+                                          const float* u, const float* g, const float* beta, GdnShape s,
+                                          bool from_state) {
   LATTICE_DYNAMIC_SHARED(float, sh);  // [Dk] k_t, [Dk] q_t
   const int64_t b = blockIdx.x / s.Hv, h = blockIdx.x % s.Hv, kh = h / s.group();
   const int64_t Dk = s.Dk, Dv = s.Dv, S = s.state(), j = threadIdx.x;
   float* st = state + blockIdx.x * S;
   float* kt = sh;
   float* qt = sh + Dk;
-  if (j < Dv)
+  if (j < Dv && !from_state)
     for (int64_t i = 0; i < Dk; ++i) st[j * Dk + i] = 0.0f;
   for (int64_t t = 0; t < s.T; ++t) {
     const int64_t n = b * s.T + t;
@@ -315,10 +316,10 @@ void gdn_gates_backward(float* du, float* dx, float* dA_log, float* d_dt_bias, c
 }
 
 void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const float* q, const float* k, const float* u,
-                            const float* g, const float* beta, const GdnShape& s) {
+                            const float* g, const float* beta, const GdnShape& s, bool from_state) {
   check_heads(s, "gdn_delta_rule_forward");
   launch(delta_rule_forward_kernel, unsigned(s.B * s.Hv), round_warp(s.Dv), size_t(2 * s.Dk) * sizeof(float), o,
-         state, checkpoints, q, k, u, g, beta, s);
+         state, checkpoints, q, k, u, g, beta, s, from_state);
   LATTICE_CUDA_LAUNCHED("gdn_delta_rule_forward");
 }
 

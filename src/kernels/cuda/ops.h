@@ -172,7 +172,7 @@ void gdn_gates_backward(float* du, float* dx, float* dA_log, float* d_dt_bias, c
                         const float* dg, const float* dbeta, const float* u, const float* x, const float* A_log,
                         const float* dt_bias, const GdnShape& s);
 void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const float* q, const float* k, const float* u,
-                            const float* g, const float* beta, const GdnShape& s);
+                            const float* g, const float* beta, const GdnShape& s, bool from_state = false);
 void gdn_delta_rule_backward(float* dq_v, float* dk_v, float* du, float* dg, float* dbeta, float* work,
                              const float* d_o, const float* checkpoints, const float* q, const float* k, const float* u,
                              const float* g, const float* beta, const GdnShape& s);
