@@ -141,6 +141,10 @@ void to_hf(const SimpleFlags& f) {
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
+  if (c.gated_delta_net())
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has Gated DeltaNet layers "
+                   << "(--experimental-attention-variant gated_delta_net): lattice does not write HuggingFace "
+                      "Qwen3-Next yet";
   if (c.attention_output_gate)
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has the attention output gate "
                    << "(--attention-output-gate): none of the HuggingFace models lattice writes (GPT-2, Llama, Qwen, "

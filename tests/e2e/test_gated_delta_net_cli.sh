@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Gated DeltaNet from the command line (--experimental-attention-variant gated_delta_net, Qwen3-Next's
+# hybrid): layers 0 and 1 GDN, layer 2 attention (--linear-attention-freq 3) with the output gate, RMSNorm,
+# SwiGLU, no biases. It trains, saves in_proj, conv1d, A_log and dt_bias with the flags, resumes to the
+# straight run's losses (and by --use-checkpoint-args), generates the same text with and without the KV
+# cache (the layers' states carried), runs TP 2 as one process does, and has no HuggingFace form (refused,
+# nothing written). Errors are one line naming the flag.
+#   bash tests/e2e/test_gated_delta_net_cli.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+MODEL=(--num-layers 3 --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2
+       --kv-channels 16 --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
+       --attention-output-gate --seq-length 32 --max-position-embeddings 32 --tokenizer-type ByteTokenizer)
+GDN=(--experimental-attention-variant gated_delta_net --linear-attention-freq 3 --linear-num-key-heads 2
+     --linear-num-value-heads 4 --linear-key-head-dim 8 --linear-value-head-dim 8 --linear-conv-kernel-dim 4)
+RUN=(--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --seed 3 --mock-data --eval-iters 0)
+
+field() { grep -o "\"$2\":[^,}]*" "$1" | cut -d: -f2; }
+
+if run train "$LATTICE" train "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 24 --exit-interval 20 --save ckpt \
+     --metrics-file m.jsonl; then
+  first=$(field m.jsonl lm_loss | head -n 1)
+  last=$(field m.jsonl lm_loss | tail -n 1)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.2) }' &&
+    pass "a Gated DeltaNet hybrid trains: lm loss $first -> $last" || fail "the loss did not fall: $first -> $last"
+  # in_proj [2 x 2 x 8 + 2 x 4 x 8 + 2 x 4, 32] = [104, 32]; conv1d [2 x 16 + 32, 1, 4] = [64, 1, 4].
+  header=$(head -c 65536 ckpt/iter_0000020/model.safetensors | tr -d '\0')
+  grep -q '"experimental_attention_variant": *"gated_delta_net"' ckpt/iter_0000020/checkpoint.json &&
+    grep -aoE '"decoder.layers.1.self_attention.in_proj.weight":\{[^}]*\}' <<<"$header" | grep -qF '"shape":[104,32]' &&
+    grep -aoE '"decoder.layers.0.self_attention.conv1d.weight":\{[^}]*\}' <<<"$header" | grep -qF '"shape":[64,1,4]' &&
+    grep -aqF '"decoder.layers.0.self_attention.A_log":' <<<"$header" &&
+    grep -aqF '"decoder.layers.2.self_attention.linear_qkv.weight":' <<<"$header" &&
+    pass "the checkpoint records the variant, the GDN layers' in_proj [104, 32], conv1d [64, 1, 4] and A_log, layer 2's linear_qkv" ||
+    fail "the checkpoint lost the variant or a GDN tensor"
+  if run resume "$LATTICE" train "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt \
+       --metrics-file r.jsonl &&
+     run straight "$LATTICE" train "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 24 --metrics-file s.jsonl; then
+    expect_resumed_losses "the resumed run's losses are the straight run's" s.jsonl r.jsonl 4
+  fi
+  run resume_args "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 24 --load ckpt --ckpt-step 20 \
+    --save ckpt2 --exit-interval 21 &&
+    tr -d ' \n' < ckpt2/iter_0000021/checkpoint.json | grep -qF '"linear_attention_freq":[1,1,0]' &&
+    pass "--use-checkpoint-args resumes the hybrid" || fail "--use-checkpoint-args lost the pattern"
+  run gen "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 &&
+    run gen_full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 --no-kv-cache &&
+    { [ -s gen.out ] && cmp -s gen.out gen_full.out &&
+        pass "generate prints the same text with and without the KV cache" ||
+        fail "generate differs with and without the KV cache"; }
+  expect_error "convert --to-hf of a GDN model" "gated_delta_net|Qwen3-Next" -- "$LATTICE" convert --load ckpt --to-hf hf
+  [ -e hf ] && fail "the refused conversion left hf/ behind"
+fi
+
+# Tensor parallelism splits the heads (with sequence parallelism): one process's losses within fp32 rounding.
+if run tp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
+     "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 8 --tensor-model-parallel-size 2 --sequence-parallel \
+     --metrics-file t2.jsonl &&
+   run tp1 "$LATTICE" train "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 8 --metrics-file t1.jsonl; then
+  paste <(field t2.jsonl lm_loss) <(field t1.jsonl lm_loss) |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 8 }' &&
+    pass "TP 2 with sequence parallelism: the single process's 8 losses" ||
+    fail "TP 2 differs from one process: $(field t2.jsonl lm_loss | tail -n 1) vs $(field t1.jsonl lm_loss | tail -n 1)"
+fi
+
+expect_error "GDN without SwiGLU" "needs --swiglu" -- "$LATTICE" train --num-layers 2 --hidden-size 32 \
+  --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 --tokenizer-type ByteTokenizer "${GDN[@]}" \
+  "${RUN[@]}" --train-iters 1 --save bad1
+expect_error "an unknown variant" "--experimental-attention-variant must be gated_delta_net" -- "$LATTICE" train \
+  "${MODEL[@]}" --experimental-attention-variant mamba "${RUN[@]}" --train-iters 1 --save bad2
+expect_error "value heads not a multiple of the key heads" "--linear-num-key-heads 3 does not divide" -- "$LATTICE" \
+  train "${MODEL[@]}" --experimental-attention-variant gated_delta_net --linear-num-key-heads 3 \
+  --linear-num-value-heads 4 "${RUN[@]}" --train-iters 1 --save bad3
+expect_error "GDN with --reset-attention-mask" "--reset-attention-mask does not go with" -- "$LATTICE" train \
+  "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --reset-attention-mask --eod-mask-loss --train-iters 1 --save bad4
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] && fail "a refused run left a checkpoint behind"
+e2e_finish
