@@ -235,6 +235,22 @@ void write_model_folder(const std::string& dir, SafetensorsWriter tensors, json 
   write_text_atomic(fs::path(dir) / "config.json", config.dump(2) + "\n");
 }
 
+std::vector<int> qwen_moe_layers(const nlohmann::json& j, const std::string& what, int64_t layers) {
+  const int64_t step = j.contains("decoder_sparse_step") ? config_int(j, what, "decoder_sparse_step") : 1;
+  std::vector<int> pattern(static_cast<size_t>(layers), 0);
+  for (int64_t l = 0; l < layers; ++l) pattern[size_t(l)] = (l + 1) % step == 0 ? 1 : 0;
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    const nlohmann::json& dense = j["mlp_only_layers"];
+    if (!dense.is_array()) LATTICE_FAIL() << what << ": mlp_only_layers " << dense.dump() << " is not a list";
+    for (const nlohmann::json& l : dense) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= layers)
+        LATTICE_FAIL() << what << ": mlp_only_layers entry " << l.dump() << " is not a layer in [0, " << layers << ")";
+      pattern[size_t(l.get<int64_t>())] = 0;
+    }
+  }
+  return pattern;  // all ones: finalize() makes it the empty pattern
+}
+
 std::vector<int> deepseek_moe_layers(int64_t layers, int64_t first_k_dense_replace, int64_t moe_layer_freq) {
   std::vector<int> pattern(size_t(layers), 0);
   for (int64_t l = first_k_dense_replace; l < layers; ++l) pattern[size_t(l)] = l % moe_layer_freq == 0 ? 1 : 0;

@@ -65,6 +65,11 @@ std::vector<int> deepseek_moe_layers(int64_t layers, int64_t first_k_dense_repla
 // an MoE layer (no DeepSeek form).
 int64_t deepseek_first_k_dense(const TransformerConfig& c);
 
+// Qwen-MoE's sparse layers (modeling_qwen2_moe, qwen3_moe, qwen3_next): layer l is a mixture of experts
+// unless it is in mlp_only_layers, when (l + 1) % decoder_sparse_step == 0 (default 1), as a
+// --moe-layer-freq pattern (errors name `what` and the key).
+std::vector<int> qwen_moe_layers(const nlohmann::json& j, const std::string& what, int64_t layers);
+
 // DIR/config.json parsed (errors name the file).
 nlohmann::json read_config(const std::string& dir);
 // The tokenizer a lattice export recorded in config.json, else "".

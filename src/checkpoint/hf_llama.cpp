@@ -167,24 +167,6 @@ std::string llama_family(const json& j) {
   return "";
 }
 
-// Qwen-MoE's sparse layers (modeling_qwen2_moe, modeling_qwen3_moe): layer l is a mixture of
-// experts unless it is in mlp_only_layers, when (l + 1) % decoder_sparse_step == 0 (default 1).
-std::vector<int> qwen_moe_layers(const json& j, const std::string& what, int64_t layers) {
-  const int64_t step = j.contains("decoder_sparse_step") ? hf::config_int(j, what, "decoder_sparse_step") : 1;
-  std::vector<int> pattern(static_cast<size_t>(layers), 0);
-  for (int64_t l = 0; l < layers; ++l) pattern[size_t(l)] = (l + 1) % step == 0 ? 1 : 0;
-  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
-    const json& dense = j["mlp_only_layers"];
-    if (!dense.is_array()) LATTICE_FAIL() << what << ": mlp_only_layers " << dense.dump() << " is not a list";
-    for (const json& l : dense) {
-      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= layers)
-        LATTICE_FAIL() << what << ": mlp_only_layers entry " << l.dump() << " is not a layer in [0, " << layers << ")";
-      pattern[size_t(l.get<int64_t>())] = 0;
-    }
-  }
-  return pattern;  // all ones: finalize() makes it the empty pattern
-}
-
 // Sliding windows. HuggingFace's sliding_window W lets query i see keys j > i - W (transformers'
 // sliding_window_overlay): W keys, lattice's (and Megatron's) window W - 1. Mistral and Mixtral have
 // it on every layer (none when null or at least the context); Qwen2 and Qwen3 (and their MoE forms)
@@ -360,7 +342,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     // norm_topk_prob true: the chosen experts' probabilities renormalized (the softmax over their
     // logits, lattice's default); false: as the softmax over all experts gave them
     c.moe_router_pre_softmax = !hf::config_bool(j, what, "norm_topk_prob", false);
-    c.moe_layer_pattern = qwen_moe_layers(j, what, c.num_layers);
+    c.moe_layer_pattern = hf::qwen_moe_layers(j, what, c.num_layers);
   }
   if (deepseek) {  // DeepSeek-MoE (v1): routed experts, ungated shared ones, the first layers dense
     if (j.value("scoring_func", std::string("softmax")) != "softmax")

@@ -25,7 +25,7 @@ void import_tensors(GPTModel& model, const SafetensorsFile& f, const std::vector
   for (const TensorMap& m : map) {
     const ParamInfo& p = model.params().info(m.lattice);
     float* dst = params.data() + p.offset;
-    const int64_t row = p.shape.size() == 2 ? p.shape[1] : 1;  // elements per row
+    const int64_t row = p.shape.size() >= 2 ? p.numel / p.shape[0] : 1;  // elements per row
     int64_t at = 0;                                              // rows filled
     for (const RowBlock& b : m.blocks) {
       auto it = data.find(b.hf);
@@ -35,6 +35,8 @@ void import_tensors(GPTModel& model, const SafetensorsFile& f, const std::vector
       at += rows;
     }
     LATTICE_CHECK(m.vocab ? at <= p.shape[0] : at * row == p.numel) << m.lattice << ": the HF rows do not fill it";
+    if (m.offset != 0.0f)
+      for (int64_t i = 0; i < at * row; ++i) dst[i] += m.offset;
     std::fill(dst + at * row, dst + p.numel, 0.0f);  // padded vocabulary rows
   }
   params.upload(model.params().params());
@@ -48,11 +50,14 @@ SafetensorsWriter export_tensors(const GPTModel& model, const std::vector<Tensor
   for (const TensorMap& m : map) {
     const ParamInfo& p = model.params().info(m.lattice);
     const float* src = params.data() + p.offset;
-    const int64_t row = p.shape.size() == 2 ? p.shape[1] : 1;
+    const int64_t row = p.shape.size() >= 2 ? p.numel / p.shape[0] : 1;
     int64_t at = 0;
     for (const RowBlock& b : m.blocks) {
       const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
-      std::memcpy(out.at(b.hf).data() + b.row0 * row, src + at * row, size_t(rows * row) * sizeof(float));
+      float* to = out.at(b.hf).data() + b.row0 * row;
+      std::memcpy(to, src + at * row, size_t(rows * row) * sizeof(float));
+      if (m.offset != 0.0f)
+        for (int64_t i = 0; i < rows * row; ++i) to[i] -= m.offset;
       at += rows;
     }
   }

@@ -21,10 +21,14 @@ struct RowBlock {
 
 // A lattice parameter and the HF rows that make it, in order. vocab: the HF tensor has
 // vocab_size rows, the lattice one padded_vocab_size (the rest zero on import, dropped on export).
+// offset: lattice's values are HF's plus it (a GDN layer's out_norm: HF Qwen3-Next's gated norm scales by its
+// weight, lattice's zero-centered one by 1 + weight: -1), added on import and taken off on export.
+// A block's rows are rows along dim 0 (of any rank).
 struct TensorMap {
   std::string lattice;
   std::vector<RowBlock> blocks;
   bool vocab = false;
+  float offset = 0.0f;
 };
 
 // Every tensor of `shapes` is in f with that shape, or an error naming the file and the tensor.

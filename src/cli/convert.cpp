@@ -14,6 +14,7 @@
 #include "checkpoint/hf_gpt_oss.h"
 #include "checkpoint/hf_deepseek_mla.h"
 #include "checkpoint/hf_llama.h"
+#include "checkpoint/hf_qwen3_next.h"
 #include "checkpoint/model_checkpoint.h"
 #include "cli/simple_flags.h"
 #include "cli/subcommands.h"
@@ -44,13 +45,16 @@ void from_hf(const SimpleFlags& f) {
   const nlohmann::json config = hf::read_config(dir);
   const bool gpt_oss = is_hf_gpt_oss_config(config);
   const bool deepseek_mla = !gpt_oss && is_hf_deepseek_mla_config(config);
-  const bool llama = !gpt_oss && !deepseek_mla && is_hf_llama_config(config);
+  const bool qwen3_next = !gpt_oss && !deepseek_mla && is_hf_qwen3_next_config(config);
+  const bool llama = !gpt_oss && !deepseek_mla && !qwen3_next && is_hf_llama_config(config);
   const std::string family = gpt_oss        ? "GPT-OSS"
                              : deepseek_mla ? hf_deepseek_family_name(config)
+                             : qwen3_next   ? hf_qwen3_next_family_name(config)
                              : llama        ? hf_llama_family_name(config)
                                             : "GPT-2";
   HfModel in = gpt_oss        ? load_hf_gpt_oss(dir, int64_t(divisible), 1)
                : deepseek_mla ? load_hf_deepseek_mla(dir, int64_t(divisible), 1)
+               : qwen3_next   ? load_hf_qwen3_next(dir, int64_t(divisible), 1)
                : llama       ? load_hf_llama(dir, int64_t(divisible), 1)
                              : load_hf_gpt2(dir, int64_t(divisible), 1);
   const TransformerConfig& c = in.model->config();
@@ -141,10 +145,13 @@ void to_hf(const SimpleFlags& f) {
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
-  if (c.gated_delta_net())
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has Gated DeltaNet layers "
-                   << "(--experimental-attention-variant gated_delta_net): lattice does not write HuggingFace "
-                      "Qwen3-Next yet";
+  if (c.gated_delta_net()) {  // HuggingFace Qwen3-Next (with experts) or Qwen3.5 (dense), or an error saying why not
+    save_hf_qwen3_next(dir, *lm.model, lm.tokenizer_type, options);
+    copy_tokenizer_files(lm, dir);
+    std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
+                 dir.c_str(), hf_qwen3_next_family_name(c), options.dtype.c_str());
+    return;
+  }
   if (c.attention_output_gate)
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has the attention output gate "
                    << "(--attention-output-gate): none of the HuggingFace models lattice writes (GPT-2, Llama, Qwen, "
@@ -185,9 +192,10 @@ int cmd_convert(int argc, char** argv) {
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
         "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
-        "DeepSeek-V3 or GPT-OSS (config.json, model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's\n"
+        "DeepSeek-V3, Qwen3-Next, Qwen3.5 or GPT-OSS (config.json, model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's\n"
         "model_type; --to-hf writes a --multi-latent-attention model as DeepSeek-V3 (sigmoid router; its prediction\n"
         "depths as multi-token prediction modules) or DeepSeek-V2 (softmax router), and otherwise\n"
+        "writes a Gated DeltaNet model as Qwen3-Next (with experts) or Qwen3.5 (dense), and otherwise\n"
         "writes GPT-2 when the model has its form (learned positions, LayerNorm, GELU, biases), else Llama\n"
         "(rope, RMSNorm, SwiGLU, no biases), Qwen2 for such a model with --add-qkv-bias, Qwen3 for one with\n"
         "--qk-layernorm, SmolLM3 for one with --no-rope-freq, Mixtral for one with --num-experts (Qwen3-MoE with both, Qwen2-MoE with\n"

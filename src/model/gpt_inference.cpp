@@ -85,10 +85,11 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   out_w_ = cfg_.untie_embeddings_and_output_weights ? p("output_layer.weight") : wte_;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const std::string s = "decoder.layers." + std::to_string(l) + ".";
+    const bool linear = cfg_.linear_attention_layer(l);  // a Gated DeltaNet layer: no attention's parameters
     QkNormParams qk;
-    if (cfg_.qk_l2_norm)
+    if (cfg_.qk_l2_norm && !linear)
       qk = {qk_l2_ones_.data(), qk_l2_zeros_.data(), qk_l2_ones_.data(), qk_l2_zeros_.data()};
-    else if (cfg_.qk_layernorm && !cfg_.multi_latent_attention)
+    else if (cfg_.qk_layernorm && !cfg_.multi_latent_attention && !linear)
       qk = {norm_weight(s + "self_attention.q_layernorm.weight", D), norm_bias(s + "self_attention.q_layernorm.bias"),
             norm_weight(s + "self_attention.k_layernorm.weight", D), norm_bias(s + "self_attention.k_layernorm.bias")};
     MoeWeights moe;
@@ -116,7 +117,7 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     auto dense = [&](const std::string& name) -> const float* { return moe_layer ? nullptr : p(name); };
     const float* ln1_w = norm_weight(s + "input_layernorm.weight", C);
     const float* ln2_w = norm_weight(s + "pre_mlp_layernorm.weight", C);
-    const bool mla = cfg_.multi_latent_attention, linear = cfg_.linear_attention_layer(l);
+    const bool mla = cfg_.multi_latent_attention;
     const std::string a = s + "self_attention.";
     layers_.push_back({ln1_w, norm_bias(s + "input_layernorm.bias"),
                        mla ? nullptr : p(a + (linear ? "in_proj.weight" : "linear_qkv.weight")),

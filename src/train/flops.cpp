@@ -30,7 +30,18 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
   // scores and the weighted values, the projection; with --multi-latent-attention Megatron's MLA terms
   // (the query's and the key-value latents with their norms, the rotary key, the projection, and the
   // core attention over Dq-wide scores and Dv-wide values, each halved for the causal mask).
-  double attention = L * 6 * (h * (q + k + v + gate) + q * h) + double(s) * 6 * q * L;
+  // --experimental-attention-variant gated_delta_net: a GDN layer's own terms in place of the attention's
+  // (lattice's count; Megatron's formula has none for it): in_proj and out_proj, the depthwise convolution,
+  // and the delta rule's three Dk x Dv products per value head and token (S^T k, the rank-1 update, S^T q).
+  double gdn_layers = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) gdn_layers += cfg.linear_attention_layer(l) ? 1 : 0;
+  const double La = L - gdn_layers;
+  double attention = La * 6 * (h * (q + k + v + gate) + q * h) + double(s) * 6 * q * La;
+  if (gdn_layers > 0)
+    attention += gdn_layers * 6 *
+                 (h * double(cfg.gdn_in_proj_width()) + double(cfg.gdn_out_width()) * h +
+                  double(cfg.gdn_conv_width() * cfg.linear_conv_kernel_dim) +
+                  3.0 * double(cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim));
   if (cfg.multi_latent_attention) {
     const double H = double(cfg.num_attention_heads), Dq = double(cfg.mla_qk_dim()), Dv = double(cfg.v_head_dim);
     const double Rq = double(cfg.q_lora_rank), Rkv = double(cfg.kv_lora_rank);

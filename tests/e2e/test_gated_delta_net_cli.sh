@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Gated DeltaNet from the command line (--experimental-attention-variant gated_delta_net, Qwen3-Next's
-# hybrid): layers 0 and 1 GDN, layer 2 attention (--linear-attention-freq 3) with the output gate, RMSNorm,
-# SwiGLU, no biases. It trains, saves in_proj, conv1d, A_log and dt_bias with the flags, resumes to the
-# straight run's losses (and by --use-checkpoint-args), generates the same text with and without the KV
-# cache (the layers' states carried), runs TP 2 as one process does, and has no HuggingFace form (refused,
-# nothing written). Errors are one line naming the flag.
+# hybrid): layers 0 and 1 GDN, layer 2 attention (--linear-attention-freq 3) with the output gate and q/k
+# norms, a quarter of each head rotated, zero-centered RMSNorm, SwiGLU, no biases: Qwen3.5's form. It
+# trains, saves in_proj, conv1d, A_log and dt_bias with the flags, resumes to the straight run's losses (and
+# by --use-checkpoint-args), generates the same text with and without the KV cache (the layers' states
+# carried), converts to HuggingFace Qwen3.5 and back generating the same text, runs TP 2 as one process
+# does; a model without the form is refused (nothing written). Errors are one line naming the flag.
 #   bash tests/e2e/test_gated_delta_net_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -13,7 +14,7 @@ cd "$TMP" || exit 1
 
 MODEL=(--num-layers 3 --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2
        --kv-channels 16 --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
-       --attention-output-gate --seq-length 32 --max-position-embeddings 32 --tokenizer-type ByteTokenizer)
+       --attention-output-gate --qk-layernorm --apply-layernorm-1p --rotary-percent 0.25 --seq-length 32 --max-position-embeddings 32 --tokenizer-type ByteTokenizer)
 GDN=(--experimental-attention-variant gated_delta_net --linear-attention-freq 3 --linear-num-key-heads 2
      --linear-num-value-heads 4 --linear-key-head-dim 8 --linear-value-head-dim 8 --linear-conv-kernel-dim 4)
 RUN=(--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --seed 3 --mock-data --eval-iters 0)
@@ -49,8 +50,12 @@ if run train "$LATTICE" train "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iter
     { [ -s gen.out ] && cmp -s gen.out gen_full.out &&
         pass "generate prints the same text with and without the KV cache" ||
         fail "generate differs with and without the KV cache"; }
-  expect_error "convert --to-hf of a GDN model" "gated_delta_net|Qwen3-Next" -- "$LATTICE" convert --load ckpt --to-hf hf
-  [ -e hf ] && fail "the refused conversion left hf/ behind"
+  if run to_hf "$LATTICE" convert --load ckpt --to-hf hf && run from_hf "$LATTICE" convert --from-hf hf --save back &&
+     run gen_back "$LATTICE" generate --load back --prompt "ab" --max-new-tokens 24 --seed 2; then
+    grep -q '"model_type": *"qwen3_5_text"' hf/config.json && cmp -s gen.out gen_back.out &&
+      pass "convert writes HuggingFace Qwen3.5 and reads it back: the same text" ||
+      fail "the Qwen3.5 round trip changed the model or its config"
+  fi
 fi
 
 # Tensor parallelism splits the heads (with sequence parallelism): one process's losses within fp32 rounding.
@@ -74,5 +79,14 @@ expect_error "value heads not a multiple of the key heads" "--linear-num-key-hea
   --linear-num-value-heads 4 "${RUN[@]}" --train-iters 1 --save bad3
 expect_error "GDN with --reset-attention-mask" "--reset-attention-mask does not go with" -- "$LATTICE" train \
   "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --reset-attention-mask --eod-mask-loss --train-iters 1 --save bad4
+# A GDN model without Qwen3.5's q/k norms has no HuggingFace form.
+PLAIN=()
+for a in "${MODEL[@]}"; do [ "$a" = --qk-layernorm ] || PLAIN+=("$a"); done
+if run plain_gdn "$LATTICE" train "${PLAIN[@]}" "${GDN[@]}" "${RUN[@]}" \
+     --train-iters 2 --save plain; then
+  expect_error "convert --to-hf of a GDN model without q/k norms" "--qk-layernorm" -- \
+    "$LATTICE" convert --load plain --to-hf hf2
+  [ -e hf2 ] && fail "the refused conversion left hf2/ behind"
+fi
 [ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] && fail "a refused run left a checkpoint behind"
 e2e_finish

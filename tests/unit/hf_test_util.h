@@ -91,8 +91,8 @@ inline void expect_same_model(GPTModel& model, GPTModel& back) {
 
 // The model's logits of the fixture folder `dir`'s token sequence against its
 // expected_logits.safetensors (`tokens` [T], `logits` [T, V] from the fixture script's own
-// forward pass): within 1e-5, with a padded vocabulary.
-inline void expect_fixture_logits(GPTModel& model, const std::string& dir) {
+// forward pass): within tol (1e-5), with a padded vocabulary.
+inline void expect_fixture_logits(GPTModel& model, const std::string& dir, double tol = 1e-5) {
   const TransformerConfig& c = model.config();
   SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
   const std::vector<int32_t> tokens = ref.get_i32("tokens");
@@ -109,7 +109,7 @@ inline void expect_fixture_logits(GPTModel& model, const std::string& dir) {
       max_err = std::max(max_err, std::fabs(double(logits[size_t(t * Vp + v)]) - want[size_t(t * V + v)]));
     }
   EXPECT_GT(max_ref, 0.5) << "fixture logits too small to be a meaningful check";
-  EXPECT_LE(max_err, 1e-5) << dir << ": logits differ from the independent HF-layout model";
+  EXPECT_LE(max_err, tol) << dir << ": logits differ from the independent HF-layout model";
 }
 
 }  // namespace lattice::hf_test

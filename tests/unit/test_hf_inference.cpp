@@ -164,7 +164,7 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithSharedExperts) {
 
 // --experimental-attention-variant gated_delta_net: each GDN layer carries its convolution's last K - 1
 // in_proj rows and its delta-rule state from chunk to chunk (chunks shorter and longer than K); layers
-// [1,0,1] (the middle one attention, with the output gate), RMSNorm with --apply-layernorm-1p, and
+// [1,0,1] (the middle one attention, with the output gate and q/k norms), RMSNorm with --apply-layernorm-1p, and
 // LayerNorm (out_norm's bias) with every layer GDN.
 TEST(HfInference, KvCacheLogitsEqualFullForwardWithGatedDeltaNet) {
   for (int variant : {0, 1}) {
@@ -181,6 +181,7 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithGatedDeltaNet) {
       c.normalization = variant == 0 ? "RMSNorm" : "LayerNorm";
       c.apply_layernorm_1p = variant == 0;
       c.attention_output_gate = variant == 0;
+      c.qk_layernorm = variant == 0;  // (the attention layer's only: Qwen3.5's form)
     });
     check_against_full_forward(*model, model->config().max_position_embeddings);
   }

@@ -40,6 +40,28 @@ TEST(TrainFlops, MegatronTestVector) {
   EXPECT_EQ(megatron_flops_per_iteration(c, 8, 1024), 736050020352.0 + 6.0 * 2 * 256 * 256 * 8 * 1024);
 }
 
+// --experimental-attention-variant gated_delta_net: a GDN layer counts in_proj, out_proj, the convolution
+// and the delta rule's three Dk x Dv products per value head instead of the attention's terms.
+TEST(TrainFlops, GatedDeltaNetLayersCountTheirOwnTerms) {
+  TransformerConfig c = base_config(2);
+  c.kv_channels = 32;
+  c.swiglu = true;
+  c.finalize();
+  const double attention_layer = 6.0 * (256.0 * 3 * 256 + 256.0 * 256) + 1024.0 * 6 * 256;  // per token
+  const double dense = megatron_flops_per_iteration(c, 8, 1024);
+  c.experimental_attention_variant = "gated_delta_net";
+  c.linear_attention_pattern = {1, 0};
+  c.linear_num_key_heads = 2;
+  c.linear_num_value_heads = 4;
+  c.linear_key_head_dim = 32;
+  c.linear_value_head_dim = 16;
+  c.linear_conv_kernel_dim = 4;
+  c.finalize();
+  // in_proj [2 x 64 + 2 x 64 + 8, 256], out_proj [256, 64], conv [192, 4], delta rule 3 x 4 x 32 x 16.
+  const double gdn_layer = 6.0 * (256.0 * 264 + 64.0 * 256 + 192.0 * 4 + 3.0 * 4 * 32 * 16);
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(c, 8, 1024), dense + 8.0 * 1024 * (gdn_layer - attention_layer));
+}
+
 // --mtp-num-layers: each depth's transformer layer as one more layer, plus its logits and its norms
 // and eh_proj (Megatron's "MTP norms and proj": 6 (3h + 2h^2) per token and depth).
 TEST(TrainFlops, MultiTokenPredictionAddsLayersLogitsAndProjections) {

@@ -1,0 +1,402 @@
+#include "checkpoint/hf_qwen3_next.h"
+
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "checkpoint/hf_tensor_map.h"
+#include "core/error.h"
+
+namespace lattice {
+namespace {
+
+using json = nlohmann::json;
+using hf::RowBlock;
+using hf::TensorMap;
+
+// "qwen3_next", "qwen3_5_text" or "" (Qwen3.5's multimodal qwen3_5 config: its text_config's).
+std::string family_of(const json& j) {
+  const std::string type = j.value("model_type", std::string());
+  if (type == "qwen3_next" || type == "qwen3_5_text") return type;
+  if (type == "qwen3_5" && j.contains("text_config") && j["text_config"].is_object()) return "qwen3_5_text";
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const json& a : j["architectures"]) {
+      if (a == "Qwen3NextForCausalLM") return "qwen3_next";
+      if (a == "Qwen3_5ForCausalLM") return "qwen3_5_text";
+    }
+  return "";
+}
+
+// The language model's config: Qwen3.5's multimodal config nests it in text_config (the top level's
+// tie_word_embeddings applying when the text config has none).
+json text_config(const json& j) {
+  if (j.value("model_type", std::string()) != "qwen3_5" || !j.contains("text_config")) return j;
+  json t = j["text_config"];
+  if (!t.contains("tie_word_embeddings") && j.contains("tie_word_embeddings")) t["tie_word_embeddings"] = j["tie_word_embeddings"];
+  return t;
+}
+
+// A value of the rotary embedding's: in rope_parameters (transformers 5, which prefers it), else at the top
+// level, else the fallback.
+double rope_value(const json& j, const std::string& what, const char* key, double fallback) {
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() && j["rope_parameters"].contains(key))
+    return hf::config_positive(j["rope_parameters"], what + " rope_parameters", key, fallback);
+  if (j.contains(key) && !j[key].is_null()) return hf::config_positive(j, what, key, fallback);
+  return fallback;
+}
+
+// layer_types (linear_attention or full_attention per layer), else full_attention_interval N (every
+// N-th layer from 1 full attention): 1 for a Gated DeltaNet layer.
+std::vector<int> linear_layers(const json& j, const std::string& what, int64_t layers) {
+  std::vector<int> pattern(size_t(layers), 0);
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& t = j["layer_types"];
+    if (!t.is_array() || int64_t(t.size()) != layers)
+      LATTICE_FAIL() << what << ": layer_types is not a list of num_hidden_layers " << layers << " entries";
+    for (int64_t l = 0; l < layers; ++l) {
+      if (t[size_t(l)] != "linear_attention" && t[size_t(l)] != "full_attention")
+        LATTICE_FAIL() << what << ": layer_types entry " << t[size_t(l)].dump()
+                       << " is neither linear_attention nor full_attention";
+      pattern[size_t(l)] = t[size_t(l)] == "linear_attention" ? 1 : 0;
+    }
+    return pattern;
+  }
+  const int64_t n = j.contains("full_attention_interval") ? hf::config_int(j, what, "full_attention_interval") : 4;
+  for (int64_t l = 0; l < layers; ++l) pattern[size_t(l)] = (l + 1) % n == 0 ? 0 : 1;
+  return pattern;
+}
+
+bool qwen3_next_form(const TransformerConfig& c) { return c.moe(); }  // else Qwen3.5's dense text model
+
+// p: the language model's prefix, "model." (or Qwen3.5's multimodal files' "model.language_model.").
+std::vector<TensorMap> tensor_map(const TransformerConfig& c, const std::string& p = "model.") {
+  const int64_t D = c.kv_channels, G = c.num_query_groups, R = c.num_attention_heads / G;
+  const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads, Dk = c.linear_key_head_dim;
+  const int64_t Dv = c.linear_value_head_dim, Rv = Hv / Hk, W = 2 * Dk + 2 * Rv * Dv;
+  const bool next = qwen3_next_form(c);
+  std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{p + "embed_tokens.weight"}}, true}};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string lat = "decoder.layers." + std::to_string(l) + ".", a = lat + "self_attention.";
+    const std::string hf = p + "layers." + std::to_string(l) + ".";
+    m.push_back({lat + "input_layernorm.weight", {{hf + "input_layernorm.weight"}}});
+    if (c.linear_attention_layer(l)) {
+      const std::string x = hf + "linear_attn.";
+      TensorMap in{a + "in_proj.weight", {}};
+      if (next) {  // in_proj_qkvz [Hk, (q Dk, k Dk, v R Dv, z R Dv)], in_proj_ba [Hk, (b R, a R)]
+        const std::string qkvz = x + "in_proj_qkvz.weight", ba = x + "in_proj_ba.weight";
+        for (int64_t i = 0; i < Hk; ++i) in.blocks.push_back({qkvz, i * W, Dk});
+        for (int64_t i = 0; i < Hk; ++i) in.blocks.push_back({qkvz, i * W + Dk, Dk});
+        for (int64_t h = 0; h < Hv; ++h) in.blocks.push_back({qkvz, h / Rv * W + 2 * Dk + h % Rv * Dv, Dv});
+        for (int64_t h = 0; h < Hv; ++h) in.blocks.push_back({qkvz, h / Rv * W + 2 * Dk + (Rv + h % Rv) * Dv, Dv});
+        for (int64_t h = 0; h < Hv; ++h) in.blocks.push_back({ba, h / Rv * 2 * Rv + h % Rv, 1});
+        for (int64_t h = 0; h < Hv; ++h) in.blocks.push_back({ba, h / Rv * 2 * Rv + Rv + h % Rv, 1});
+      } else {
+        in.blocks = {{x + "in_proj_qkv.weight"}, {x + "in_proj_z.weight"}, {x + "in_proj_b.weight"},
+                     {x + "in_proj_a.weight"}};
+      }
+      m.push_back(in);
+      m.push_back({a + "conv1d.weight", {{x + "conv1d.weight"}}});
+      m.push_back({a + "dt_bias", {{x + "dt_bias"}}});
+      m.push_back({a + "A_log", {{x + "A_log"}}});
+      m.push_back({a + "out_norm.weight", {{x + "norm.weight"}}, false, -1.0f});
+      m.push_back({a + "out_proj.weight", {{x + "out_proj.weight"}}});
+    } else {
+      const std::string x = hf + "self_attn.";
+      TensorMap qkv{a + "linear_qkv.weight", {}};
+      for (int64_t g = 0; g < G; ++g) {  // the group's queries, their gates (q_proj: per head query then gate), k, v
+        for (int64_t r = 0; r < R; ++r) qkv.blocks.push_back({x + "q_proj.weight", (g * R + r) * 2 * D, D});
+        for (int64_t r = 0; r < R; ++r) qkv.blocks.push_back({x + "q_proj.weight", (g * R + r) * 2 * D + D, D});
+        qkv.blocks.push_back({x + "k_proj.weight", g * D, D});
+        qkv.blocks.push_back({x + "v_proj.weight", g * D, D});
+      }
+      m.push_back(qkv);
+      m.push_back({a + "q_layernorm.weight", {{x + "q_norm.weight"}}});
+      m.push_back({a + "k_layernorm.weight", {{x + "k_norm.weight"}}});
+      m.push_back({a + "linear_proj.weight", {{x + "o_proj.weight"}}});
+    }
+    m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight"}}});
+    if (c.moe_layer(l)) {  // router, experts, the gated shared expert (Qwen2-MoE's names)
+      m.push_back({lat + "mlp.router.weight", {{hf + "mlp.gate.weight"}}});
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = hf + "mlp.experts." + std::to_string(e) + ".";
+        const std::string le = lat + "mlp.experts.local_experts." + std::to_string(e) + ".";
+        m.push_back({le + "linear_fc1.weight", {{x + "gate_proj.weight"}, {x + "up_proj.weight"}}});
+        m.push_back({le + "linear_fc2.weight", {{x + "down_proj.weight"}}});
+      }
+      if (c.moe_shared_expert_intermediate_size > 0) {
+        const std::string x = hf + "mlp.shared_expert.", ls = lat + "mlp.shared_experts.";
+        m.push_back({ls + "linear_fc1.weight", {{x + "gate_proj.weight"}, {x + "up_proj.weight"}}});
+        m.push_back({ls + "linear_fc2.weight", {{x + "down_proj.weight"}}});
+        m.push_back({ls + "gate_weight", {{hf + "mlp.shared_expert_gate.weight"}}});
+      }
+      continue;
+    }
+    m.push_back({lat + "mlp.linear_fc1.weight", {{hf + "mlp.gate_proj.weight"}, {hf + "mlp.up_proj.weight"}}});
+    m.push_back({lat + "mlp.linear_fc2.weight", {{hf + "mlp.down_proj.weight"}}});
+  }
+  m.push_back({"decoder.final_layernorm.weight", {{p + "norm.weight"}}});
+  if (c.untie_embeddings_and_output_weights) m.push_back({"output_layer.weight", {{"lm_head.weight"}}, true});
+  return m;
+}
+
+std::map<std::string, Shape> hf_shapes(const TransformerConfig& c, const std::string& p = "model.") {
+  const int64_t C = c.hidden_size, V = c.vocab_size, F = c.ffn_hidden_size, D = c.kv_channels;
+  const int64_t Q = c.attention_width(), KV = D * c.num_query_groups;
+  const int64_t QK = c.linear_num_key_heads * c.linear_key_head_dim, Vd = c.gdn_out_width();
+  const int64_t Hv = c.linear_num_value_heads;
+  const bool next = qwen3_next_form(c);
+  std::map<std::string, Shape> s = {{p + "embed_tokens.weight", {V, C}}, {p + "norm.weight", {C}}};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string hf = p + "layers." + std::to_string(l) + ".";
+    s[hf + "input_layernorm.weight"] = {C};
+    s[hf + "post_attention_layernorm.weight"] = {C};
+    if (c.linear_attention_layer(l)) {
+      const std::string x = hf + "linear_attn.";
+      if (next) {
+        s[x + "in_proj_qkvz.weight"] = {2 * QK + 2 * Vd, C};
+        s[x + "in_proj_ba.weight"] = {2 * Hv, C};
+      } else {
+        s[x + "in_proj_qkv.weight"] = {2 * QK + Vd, C};
+        s[x + "in_proj_z.weight"] = {Vd, C};
+        s[x + "in_proj_b.weight"] = {Hv, C};
+        s[x + "in_proj_a.weight"] = {Hv, C};
+      }
+      s[x + "conv1d.weight"] = {c.gdn_conv_width(), 1, c.linear_conv_kernel_dim};
+      s[x + "dt_bias"] = {Hv};
+      s[x + "A_log"] = {Hv};
+      s[x + "norm.weight"] = {c.linear_value_head_dim};
+      s[x + "out_proj.weight"] = {C, Vd};
+    } else {
+      const std::string x = hf + "self_attn.";
+      s[x + "q_proj.weight"] = {2 * Q, C};
+      s[x + "k_proj.weight"] = {KV, C};
+      s[x + "v_proj.weight"] = {KV, C};
+      s[x + "q_norm.weight"] = {D};
+      s[x + "k_norm.weight"] = {D};
+      s[x + "o_proj.weight"] = {C, Q};
+    }
+    if (c.moe_layer(l)) {
+      const int64_t Fe = c.moe_ffn_hidden_size;
+      s[hf + "mlp.gate.weight"] = {c.num_experts, C};
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = hf + "mlp.experts." + std::to_string(e) + ".";
+        s[x + "gate_proj.weight"] = {Fe, C};
+        s[x + "up_proj.weight"] = {Fe, C};
+        s[x + "down_proj.weight"] = {C, Fe};
+      }
+      if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
+        const std::string x = hf + "mlp.shared_expert.";
+        s[x + "gate_proj.weight"] = {Fs, C};
+        s[x + "up_proj.weight"] = {Fs, C};
+        s[x + "down_proj.weight"] = {C, Fs};
+        s[hf + "mlp.shared_expert_gate.weight"] = {1, C};
+      }
+      continue;
+    }
+    s[hf + "mlp.gate_proj.weight"] = {F, C};
+    s[hf + "mlp.up_proj.weight"] = {F, C};
+    s[hf + "mlp.down_proj.weight"] = {C, F};
+  }
+  if (c.untie_embeddings_and_output_weights) s["lm_head.weight"] = {V, C};
+  return s;
+}
+
+bool starts_with(const std::string& s, const char* head) { return s.rfind(head, 0) == 0; }
+
+}  // namespace
+
+bool is_hf_qwen3_next_config(const json& j) { return !family_of(j).empty(); }
+
+std::string hf_qwen3_next_family_name(const json& j) {
+  const std::string f = family_of(j);
+  return f == "qwen3_next" ? "Qwen3-Next" : f == "qwen3_5_text" ? "Qwen3.5" : "";
+}
+
+const char* hf_qwen3_next_family_name(const TransformerConfig& c) {
+  return qwen3_next_form(c) ? "Qwen3-Next" : "Qwen3.5";
+}
+
+TransformerConfig hf_qwen3_next_config(const json& config, const std::string& what, int64_t divisible_by) {
+  const std::string family = family_of(config);
+  if (family.empty())
+    LATTICE_FAIL() << what << ": not a Qwen3-Next or Qwen3.5 config (model_type "
+                   << config.value("model_type", json()).dump() << ")";
+  const json j = text_config(config);
+  TransformerConfig c;
+  c.num_layers = hf::config_int(j, what, "num_hidden_layers");
+  c.hidden_size = hf::config_int(j, what, "hidden_size");
+  c.num_attention_heads = hf::config_int(j, what, "num_attention_heads");
+  c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
+  c.vocab_size = hf::config_int(j, what, "vocab_size");
+  c.max_position_embeddings = hf::config_int(j, what, "max_position_embeddings");
+  c.num_query_groups = j.contains("num_key_value_heads") ? hf::config_int(j, what, "num_key_value_heads")
+                                                          : c.num_attention_heads;
+  if (c.num_attention_heads % c.num_query_groups != 0)
+    LATTICE_FAIL() << what << ": num_key_value_heads " << c.num_query_groups << " does not divide num_attention_heads "
+                   << c.num_attention_heads;
+  c.kv_channels = j.contains("head_dim") && !j["head_dim"].is_null() ? hf::config_int(j, what, "head_dim") : 256;
+  const std::string act = j.value("hidden_act", std::string("silu"));
+  if (act != "silu") LATTICE_FAIL() << what << ": hidden_act \"" << act << "\" is not supported (silu)";
+  if (hf::config_bool(j, what, "attention_bias", false))
+    LATTICE_FAIL() << what << ": attention_bias true is not supported (lattice's Qwen3-Next has no linear biases)";
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    LATTICE_FAIL() << what << ": rope_scaling " << j["rope_scaling"].dump() << " is not supported (none)";
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].value("rope_type", std::string("default")) != "default")
+    LATTICE_FAIL() << what << ": rope_parameters rope_type " << j["rope_parameters"]["rope_type"].dump()
+                   << " is not supported (default)";
+  c.position_embedding_type = "rope";
+  c.rotary_base = float(rope_value(j, what, "rope_theta", 10000.0));
+  c.rotary_percent = rope_value(j, what, "partial_rotary_factor", 0.25);
+  if (c.rotary_percent > 1.0) LATTICE_FAIL() << what << ": partial_rotary_factor " << c.rotary_percent << " exceeds 1";
+  c.rotary_interleaved = false;
+  c.normalization = "RMSNorm";
+  c.apply_layernorm_1p = true;  // Qwen3NextRMSNorm: (1 + weight)
+  c.layernorm_epsilon = float(hf::config_positive(j, what, "rms_norm_eps", 1e-6));
+  c.swiglu = true;
+  c.add_bias_linear = false;
+  c.qk_layernorm = true;
+  c.attention_output_gate = true;
+  c.experimental_attention_variant = "gated_delta_net";
+  c.linear_attention_pattern = linear_layers(j, what, c.num_layers);
+  auto linear = [&](const char* key, int64_t fallback) {
+    return j.contains(key) && !j[key].is_null() ? hf::config_int(j, what, key) : fallback;
+  };
+  c.linear_num_key_heads = linear("linear_num_key_heads", 16);
+  c.linear_num_value_heads = linear("linear_num_value_heads", 32);
+  c.linear_key_head_dim = linear("linear_key_head_dim", 128);
+  c.linear_value_head_dim = linear("linear_value_head_dim", 128);
+  c.linear_conv_kernel_dim = linear("linear_conv_kernel_dim", 4);
+  if (family == "qwen3_next" && j.value("num_experts", int64_t(0)) > 0) {
+    c.num_experts = hf::config_int(j, what, "num_experts");
+    c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
+    c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
+    c.moe_router_pre_softmax = !hf::config_bool(j, what, "norm_topk_prob", true);
+    c.moe_layer_pattern = hf::qwen_moe_layers(j, what, c.num_layers);
+    if (j.value("shared_expert_intermediate_size", int64_t(0)) > 0) {
+      c.moe_shared_expert_intermediate_size = hf::config_int(j, what, "shared_expert_intermediate_size");
+      c.moe_shared_expert_gate = true;
+    }
+  } else if (family == "qwen3_next") {
+    LATTICE_FAIL() << what << ": num_experts 0 (lattice reads Qwen3-Next with its experts; a dense model is Qwen3.5's "
+                      "qwen3_5_text)";
+  }
+  c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
+  c.make_vocab_size_divisible_by = divisible_by;
+  c.hidden_dropout = c.attention_dropout = 0.0f;
+  c.finalize();
+  return c;
+}
+
+json hf_qwen3_next_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
+  const bool next = qwen3_next_form(c);
+  json j = {{"architectures", {next ? "Qwen3NextForCausalLM" : "Qwen3_5ForCausalLM"}},
+            {"model_type", next ? "qwen3_next" : "qwen3_5_text"},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"head_dim", c.kv_channels},
+            {"hidden_act", "silu"},
+            {"hidden_size", c.hidden_size},
+            {"initializer_range", 0.02},
+            {"intermediate_size", c.ffn_hidden_size},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_hidden_layers", c.num_layers},
+            {"num_key_value_heads", c.num_query_groups},
+            {"partial_rotary_factor", c.rotary_percent},
+            {"rms_norm_eps", hf::shortest_float(c.layernorm_epsilon)},
+            {"rope_scaling", nullptr},
+            {"rope_theta", hf::shortest_float(c.rotary_base)},
+            {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+            {"use_cache", true},
+            {"vocab_size", c.vocab_size},
+            {"linear_conv_kernel_dim", c.linear_conv_kernel_dim},
+            {"linear_key_head_dim", c.linear_key_head_dim},
+            {"linear_value_head_dim", c.linear_value_head_dim},
+            {"linear_num_key_heads", c.linear_num_key_heads},
+            {"linear_num_value_heads", c.linear_num_value_heads}};
+  j["layer_types"] = json::array();
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    j["layer_types"].push_back(c.linear_attention_layer(l) ? "linear_attention" : "full_attention");
+  if (next) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.moe_router_topk;
+    j["moe_intermediate_size"] = c.moe_ffn_hidden_size;
+    j["shared_expert_intermediate_size"] = c.moe_shared_expert_intermediate_size;
+    j["norm_topk_prob"] = !c.moe_router_pre_softmax;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      if (!c.moe_layer(l)) j["mlp_only_layers"].push_back(l);
+    j["router_aux_loss_coef"] = 0.001;
+    j["output_router_logits"] = false;
+  }
+  if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
+  return j;
+}
+
+std::string hf_qwen3_next_mismatch(const TransformerConfig& c) {
+  if (!c.gated_delta_net()) return "no Gated DeltaNet layers (--experimental-attention-variant gated_delta_net)";
+  if (!c.attention_output_gate) return "attention layers without the output gate (Qwen3-Next's have --attention-output-gate)";
+  if (!c.qk_layernorm) return "no --qk-layernorm (Qwen3-Next's attention normalizes its queries and keys)";
+  if (!c.rmsnorm() || !c.apply_layernorm_1p)
+    return "norms other than zero-centered RMSNorm (Qwen3-Next's: --normalization RMSNorm --apply-layernorm-1p)";
+  if (!c.swiglu || c.glu_linear_offset != 0.0f || c.activation_func_clamp_value > 0.0f)
+    return "an MLP other than SwiGLU (Qwen3-Next's)";
+  if (c.add_bias_linear || c.add_qkv_bias) return "linear biases (Qwen3-Next has none)";
+  if (!c.rope() || c.yarn() || c.use_rope_scaling || c.rotary_seq_len_interpolation_factor > 0.0f ||
+      c.rotary_interleaved || !c.no_rope_pattern.empty())
+    return "a position embedding other than the plain rotary one on every attention layer (rotate_half pairs)";
+  if (c.window_size >= 0 || c.softmax_sink() || c.qk_l2_norm)
+    return "--window-size, attention sinks or --qk-l2-norm (Qwen3-Next's attention has none)";
+  if (c.moe()) {
+    if (c.moe_shared_expert_intermediate_size > 0 && !c.moe_shared_expert_gate)
+      return "ungated shared experts (Qwen3-Next's shared expert has shared_expert_gate: --moe-shared-expert-gate)";
+    if (c.moe_router_sigmoid() || c.moe_router_num_groups > 0 || c.moe_router_topk_scaling_factor != 1.0f ||
+        c.moe_apply_probs_on_input)
+      return "a router other than the softmax over every expert (Qwen3-Next's)";
+  }
+  return "";
+}
+
+void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& f) {
+  const TransformerConfig& c = model.config();
+  // Qwen3.5's multimodal files keep the language model under model.language_model. beside model.visual.
+  const std::string p = f.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+  const std::map<std::string, Shape> shapes = hf_shapes(c, p);
+  hf::check_tensor_shapes(f, shapes);
+  for (const std::string& name : f.names()) {
+    // (the multi-token prediction module and the vision tower are not read)
+    if (shapes.count(name) || starts_with(name, "mtp.") || starts_with(name, "model.visual.")) continue;
+    LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
+                   << c.num_layers << ")";
+  }
+  hf::import_tensors(model, f, tensor_map(c, p), shapes);
+}
+
+SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model) {
+  const TransformerConfig& c = model.config();
+  return hf::export_tensors(model, tensor_map(c), hf_shapes(c));
+}
+
+HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+  const json j = hf::read_config(dir);
+  const std::string config_path = dir + "/config.json";
+  const TransformerConfig c = hf_qwen3_next_config(j, config_path, divisible_by);
+  const SafetensorsFile f = hf::read_model_file(dir);
+  HfModel out;
+  out.tokenizer_type = hf::recorded_tokenizer(j, config_path);
+  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
+  import_hf_qwen3_next_tensors(*out.model, f);
+  return out;
+}
+
+void save_hf_qwen3_next(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                        const hf::ExportOptions& options) {
+  const std::string why = hf_qwen3_next_mismatch(model.config());
+  if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
+  hf::write_model_folder(dir, export_hf_qwen3_next_tensors(model), hf_qwen3_next_config_json(model.config(), tokenizer_type),
+                         options);
+}
+
+}  // namespace lattice

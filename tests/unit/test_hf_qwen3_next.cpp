@@ -1,0 +1,154 @@
+// HuggingFace Qwen3-Next and Qwen3.5 <-> lattice (checkpoint/hf_qwen3_next.h): logits against an independent
+// HF-layout reference (tests/fixtures/make_hf_llama_fixture.py: three Gated DeltaNet layers and a gated
+// attention layer with partial rotary dims; Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba and experts
+// with the gated shared expert, Qwen3.5's flat projections, dense MLP and tied embeddings), the round trip
+// HF -> lattice -> HF, the multimodal Qwen3.5 layout, and bad input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "checkpoint/hf_common.h"
+#include "checkpoint/hf_qwen3_next.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "hf_test_util.h"
+
+namespace lattice {
+namespace {
+
+using hf_test::fixture;
+using hf_test::TempDir;
+using hf_test::Tensors;
+
+// The logits' bound: the reference's own forward pass in float32 ends 8.4e-6 (Qwen3-Next) and 5.2e-6 (Qwen3.5)
+// from its float64 one (the gated delta rule's normalized heads and the gated norm over 6 values amplify
+// float32 rounding), so these models get twice the 1e-5 of the other HF fixtures; lattice's worst token is
+// 1.4e-5 and 7.8e-6 away. A layout mistake (an interleave read flat) moves a logit by 2.7.
+constexpr double kLogitTol = 2e-5;
+
+TEST(HfQwen3Next, Qwen3NextMatchesIndependentLogits) {
+  HfModel hf = load_hf_qwen3_next(fixture("hf_qwen3_next_tiny"));
+  hf_test::expect_fixture_logits(*hf.model, "hf_qwen3_next_tiny", kLogitTol);
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_TRUE(c.gated_delta_net() && c.attention_output_gate && c.qk_layernorm && c.apply_layernorm_1p);
+  EXPECT_EQ(c.linear_attention_pattern, (std::vector<int>{1, 1, 1, 0}));
+  EXPECT_EQ(c.linear_num_key_heads, 2);
+  EXPECT_EQ(c.linear_num_value_heads, 4);
+  EXPECT_DOUBLE_EQ(c.rotary_percent, 0.25);
+  EXPECT_EQ(c.num_experts, 4);
+  EXPECT_EQ(c.moe_shared_expert_intermediate_size, 24);
+  EXPECT_TRUE(c.moe_shared_expert_gate);
+  EXPECT_TRUE(c.untie_embeddings_and_output_weights);
+  EXPECT_STREQ(hf_qwen3_next_family_name(c), "Qwen3-Next");
+}
+
+TEST(HfQwen3Next, Qwen35TextMatchesIndependentLogits) {
+  HfModel hf = load_hf_qwen3_next(fixture("hf_qwen3_5_text_tiny"));
+  hf_test::expect_fixture_logits(*hf.model, "hf_qwen3_5_text_tiny", kLogitTol);
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_FALSE(c.moe());
+  EXPECT_EQ(c.ffn_hidden_size, 48);
+  EXPECT_FALSE(c.untie_embeddings_and_output_weights);
+  EXPECT_EQ(c.rotary_base, 10000.0f);  // from rope_parameters
+  EXPECT_STREQ(hf_qwen3_next_family_name(c), "Qwen3.5");
+}
+
+TEST(HfQwen3Next, HfToLatticeToHfKeepsEveryTensor) {
+  for (const char* dir : {"hf_qwen3_next_tiny", "hf_qwen3_5_text_tiny"}) {
+    TempDir out(std::string("qwen3_next_rt_") + dir);
+    HfModel hf = load_hf_qwen3_next(fixture(dir));
+    save_hf_qwen3_next(out.str() + "/hf", *hf.model, "");
+    SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
+    SafetensorsFile b = SafetensorsFile::read(out.str() + "/hf/model.safetensors");
+    EXPECT_EQ(a.names().size(), b.names().size()) << dir;
+    for (const std::string& name : a.names()) {
+      ASSERT_TRUE(b.has(name)) << dir << ": " << name;
+      EXPECT_EQ(a.get(name).shape, b.get(name).shape) << name;
+      if (name.find("linear_attn.norm.weight") == std::string::npos) {
+        EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << dir << ": " << name << " differs after the round trip";
+        continue;
+      }
+      // out_norm is stored as HF's weight - 1: back within the rounding of w - 1 + 1
+      const std::vector<float> wa = hf::read_float_tensor(a, name), wb = hf::read_float_tensor(b, name);
+      for (size_t i = 0; i < wa.size(); ++i) EXPECT_NEAR(wa[i], wb[i], 1e-7) << name << "[" << i << "]";
+    }
+    std::ifstream ia(fixture(dir) + "/config.json"), ib(out.str() + "/hf/config.json");
+    const nlohmann::json ja = nlohmann::json::parse(ia), jb = nlohmann::json::parse(ib);
+    for (const char* key : {"model_type", "architectures", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                            "num_key_value_heads", "head_dim", "layer_types", "linear_num_key_heads",
+                            "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                            "linear_conv_kernel_dim", "tie_word_embeddings", "num_experts", "num_experts_per_tok",
+                            "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob"})
+      EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << dir << ": config.json " << key;
+    // The exported folder reads back to the same logits.
+    HfModel back = load_hf_qwen3_next(out.str() + "/hf");
+    hf_test::expect_fixture_logits(*back.model, dir, kLogitTol);
+  }
+}
+
+// Qwen3.5's released checkpoints are multimodal: config.json model_type qwen3_5 with the language model's
+// settings in text_config, its tensors under model.language_model. beside model.visual. and mtp. (not read).
+TEST(HfQwen3Next, MultimodalQwen35LayoutReadsItsLanguageModel) {
+  TempDir tmp("qwen3_5_multimodal");
+  const std::string dir = hf_test::rewritten_fixture(
+      "hf_qwen3_5_text_tiny",
+      [](Tensors& ts) {
+        for (auto& [name, t] : ts.list)
+          if (name.rfind("model.", 0) == 0) name = "model.language_model." + name.substr(6);
+        ts.list.push_back({"model.visual.patch_embed.weight", ts.list.front().second});
+        ts.list.push_back({"mtp.fc.weight", ts.list.front().second});
+      },
+      [](nlohmann::json& j) {
+        nlohmann::json text = j;
+        text["model_type"] = "qwen3_5_text";
+        j = {{"model_type", "qwen3_5"}, {"architectures", {"Qwen3_5ForConditionalGeneration"}}, {"text_config", text}};
+      },
+      tmp);
+  HfModel hf = load_hf_qwen3_next(dir);
+  hf_test::expect_fixture_logits(*hf.model, "hf_qwen3_5_text_tiny", kLogitTol);
+}
+
+TEST(HfQwen3Next, BadInputIsAnErrorNamingTheFileAndTheKey) {
+  auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  TempDir a("qwen3_next_bad_a"), b("qwen3_next_bad_b"), c("qwen3_next_bad_c"), d("qwen3_next_bad_d");
+  expect_error([&] {
+    load_hf_qwen3_next(hf_test::rewritten_fixture("hf_qwen3_next_tiny", nullptr,
+                                                  [](nlohmann::json& j) { j["hidden_act"] = "gelu"; }, a));
+  }, "hidden_act");
+  expect_error([&] {
+    load_hf_qwen3_next(hf_test::rewritten_fixture(
+        "hf_qwen3_next_tiny", nullptr, [](nlohmann::json& j) { j["layer_types"][0] = "sliding_attention"; }, b));
+  }, "layer_types");
+  expect_error([&] {  // config.json's value heads not the file's
+    load_hf_qwen3_next(hf_test::rewritten_fixture(
+        "hf_qwen3_next_tiny", nullptr, [](nlohmann::json& j) { j["linear_num_value_heads"] = 2; }, c));
+  }, "config.json implies");
+  expect_error([&] {
+    load_hf_qwen3_next(hf_test::rewritten_fixture(
+        "hf_qwen3_next_tiny",
+        [](Tensors& ts) { ts.list.push_back({"model.layers.9.linear_attn.A_log", ts.list.back().second}); }, nullptr, d));
+  }, "unexpected tensor model.layers.9.linear_attn.A_log");
+}
+
+TEST(HfQwen3Next, AModelWithoutTheFormIsRefusedAndNothingIsWritten) {
+  HfModel hf = load_hf_qwen3_next(fixture("hf_qwen3_5_text_tiny"));
+  TransformerConfig c = hf.model->config();
+  c.apply_layernorm_1p = false;
+  EXPECT_NE(hf_qwen3_next_mismatch(c).find("zero-centered"), std::string::npos);
+  c = hf.model->config();
+  c.experimental_attention_variant.clear();
+  c.linear_attention_pattern.clear();
+  EXPECT_NE(hf_qwen3_next_mismatch(c).find("Gated DeltaNet"), std::string::npos);
+  EXPECT_EQ(hf_qwen3_next_mismatch(hf.model->config()), "");
+}
+
+}  // namespace
+}  // namespace lattice
