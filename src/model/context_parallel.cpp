@@ -70,6 +70,24 @@ void gather_context_keys(const ContextParallel& cp, const ContextSplit& s, float
   reorder(kv, staging, s, B, W, true);
 }
 
+void gather_context_rows(const ContextParallel& cp, const ContextSplit& s, float* full, float* staging,
+                         const float* local, int64_t B, int64_t W) {
+  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)
+      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  const int64_t part = B * s.rows() * W;
+  copy_on_device(staging + cp.rank() * part, local, size_t(part) * sizeof(float));
+  cp.comm->all_gather(staging, std::vector<int64_t>(size_t(s.size), part));
+  reorder(full, staging, s, B, W, true);
+}
+
+void context_local_rows(const ContextSplit& s, float* local, const float* full, int64_t B, int64_t W) {
+  const int64_t c = s.chunk(), Tl = s.rows();
+  for (int64_t b = 0; b < B; ++b)
+    for (int half = 0; half < 2; ++half)
+      copy_on_device(local + (b * Tl + half * c) * W, full + (b * s.T + s.chunk_index(half) * c) * W,
+                     size_t(c * W) * sizeof(float));
+}
+
 void scatter_context_key_grads(const ContextParallel& cp, const ContextSplit& s, float* dqkv, const float* dkv,
                                float* staging, float* recv, const QkvLayout& L, int64_t B) {
   LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)

@@ -52,6 +52,13 @@ struct ContextParallel {
 void gather_context_keys(const ContextParallel& cp, const ContextSplit& s, float* kv, float* staging, const float* qkv,
                          const QkvLayout& L, int64_t B);
 
+// Rows [B, Tl, W] of every rank (local: this rank's) gathered into the sequences' natural order full
+// [B, T, W]. staging: [P * B * Tl * W] scratch. Collective over the group.
+void gather_context_rows(const ContextParallel& cp, const ContextSplit& s, float* full, float* staging,
+                         const float* local, int64_t B, int64_t W);
+// This rank's rows [B, Tl, W] of full [B, T, W] (natural order).
+void context_local_rows(const ContextSplit& s, float* local, const float* full, int64_t B, int64_t W);
+
 // Backward: the key and value gradients dkv [B, T, G, 2, D] of every rank summed, this rank's
 // tokens' written into the key and value slots of dqkv [B, Tl, G, R+2, D]. staging: [B * T * G
 // * 2 * D] and recv [B * Tl * G * 2 * D] scratch. Collective over the group.

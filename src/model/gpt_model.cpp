@@ -86,9 +86,6 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
       max_T_(T / context_parallel.size()) {
   LATTICE_CHECK(cfg_.padded_vocab_size > 0) << "TransformerConfig::finalize() not called";
   check_context_parallel(cfg_, cp_, T);
-  if (cfg_.gated_delta_net() && cp_.on())
-    LATTICE_FAIL() << "--experimental-attention-variant gated_delta_net does not go with --context-parallel-size "
-                   << cp_.size() << " yet (a GDN layer's state runs through the whole sequence)";
   if (ep_) {
     LATTICE_CHECK(cfg_.num_experts > 0) << "--expert-model-parallel-size " << ep_->size() << " needs --num-experts";
     LATTICE_CHECK(cfg_.num_experts % ep_->size() == 0)
@@ -148,6 +145,13 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     cp_kv_.resize(size_t(kv));
     cp_staging_.resize(size_t(kv));
     cp_recv_.resize(size_t(kv / cp_.size()));
+    if (cfg_.gated_delta_net()) {  // the GDN layers' whole-sequence buffers
+      gdn_cp_ = std::make_unique<GdnContextParallel>();
+      Arena counter = Arena::counting();
+      gdn_cp_->carve(counter, cfg_, P, B, T);
+      gdn_cp_->arena = Arena(counter.used());
+      gdn_cp_->carve(gdn_cp_->arena, cfg_, P, B, T);
+    }
   }
   T = max_T_;  // the buffers below hold this rank's rows
   scratch_ = std::make_unique<Scratch>();
@@ -745,7 +749,14 @@ size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64
 size_t GPTModel::context_parallel_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, int tp, int cp) {
   if (cp <= 1) return 0;
   const int64_t kv = B * T * 2 * (cfg.num_query_groups / tp) * cfg.kv_channels;
-  return size_t(2 * kv + kv / cp) * sizeof(float);
+  size_t gdn = 0;  // Gated DeltaNet's whole-sequence buffers (GdnContextParallel)
+  if (cfg.gated_delta_net()) {
+    Arena counter = Arena::counting();
+    GdnContextParallel c;
+    c.carve(counter, cfg, tp, B, T);
+    gdn = counter.used();
+  }
+  return size_t(2 * kv + kv / cp) * sizeof(float) + gdn;
 }
 
 GPTModel::Activations& GPTModel::acts(int chunk, int slot) {

@@ -124,6 +124,21 @@ struct GdnScratch {
 // Carves them for this rank's heads out of `arena` (model/gated_delta_net.cpp).
 void gdn_scratch_carve(GdnScratch& g, Arena& arena, const TransformerConfig& cfg, int64_t tp, int64_t B, int64_t T);
 
+// Under context parallelism every rank runs a GDN layer's core over the whole sequences (the state runs
+// through them): in_proj's output of every token gathered [B, T, W], the core's buffers for B x T rows,
+// out_proj's input [B, T, Hv Dv] (this rank's rows then taken), in backward its gradient gathered and
+// in_proj's output gradient [B, T, W] (this rank's rows taken); the collectives' staging; a sink for the
+// parameters' gradients on the ranks other than the group's first (which alone adds the whole
+// sequences' gradients, so the context-parallel sum counts them once). Beside the arena
+// (context_parallel_bytes counts them).
+struct GdnContextParallel {
+  Arena arena;
+  GdnScratch scratch;
+  float *x = nullptr, *y = nullptr, *dy = nullptr, *dx = nullptr, *staging = nullptr, *sink = nullptr;
+  // Carves every buffer out of `arena` (a counting one: nothing allocated) for B sequences of T tokens.
+  void carve(Arena& from, const TransformerConfig& cfg, int64_t tp, int64_t B, int64_t T);
+};
+
 // Backward scratch shared by every chunk and slot (one step runs at a time).
 struct GPTModel::Scratch {
   GdnScratch gdn;             // --experimental-attention-variant gated_delta_net

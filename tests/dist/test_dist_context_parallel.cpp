@@ -57,6 +57,9 @@ struct Case {
   bool mla = false;
   bool gate = false;  // --attention-output-gate (each rank's rows' gates, local to their tokens)
   bool no_rope = false;  // --no-rope-freq 2: layers 2 and 4 not rotated (with rope_gqa)
+  // --experimental-attention-variant gated_delta_net on layers 1 and 3 (2 key and 4 value heads, SwiGLU):
+  // every rank runs them over the whole sequences
+  bool gdn = false;
 };
 
 // A run and the MoE losses it reported, each step's.
@@ -113,6 +116,15 @@ TransformerConfig config(const Case& c, int tp) {
   if (c.mla) set_mla(t);
   t.attention_output_gate = c.gate;
   if (c.no_rope) t.no_rope_pattern = {0, 1, 0, 1};
+  if (c.gdn) {
+    t.swiglu = true;
+    t.experimental_attention_variant = "gated_delta_net";
+    t.linear_attention_pattern = {1, 0, 1, 0};
+    t.linear_num_key_heads = 2;
+    t.linear_num_value_heads = 4;
+    t.linear_key_head_dim = 8;
+    t.linear_value_head_dim = 6;
+  }
   if (c.recompute == "full") {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";
@@ -236,7 +248,14 @@ INSTANTIATE_TEST_SUITE_P(
              "", "vanilla", false, "", 0, false, true},
         // --no-rope-freq: the rotated layers' chunks at their positions, the others not rotated.
         Case{"Cp2NoRopeLayersDocumentsRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, true, false, "", 20, -1, "",
-             "vanilla", false, "", 0, false, false, true}),
+             "vanilla", false, "", 0, false, false, true},
+        // Gated DeltaNet: every token's in_proj rows gathered, the state over the whole sequences on each rank,
+        // the parameters' gradients added once; with full recomputation and the distributed optimizer, and
+        // TP 2 x CP 2 with sequence parallelism (each tensor-parallel rank's heads).
+        Case{"Cp2GatedDeltaNetFullRecomputeDistributedOptimizerRopeGqa", 2, 2, 1, 1, true, true, false, 0.1f, true,
+             true, false, "full", 20, -1, "", "vanilla", false, "", 0, false, false, false, true},
+        Case{"Tp2Cp2SequenceParallelGatedDeltaNetGate", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10,
+             -1, "", "vanilla", false, "", 0, false, true, false, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -4,8 +4,8 @@
 # norms, a quarter of each head rotated, zero-centered RMSNorm, SwiGLU, no biases: Qwen3.5's form. It
 # trains, saves in_proj, conv1d, A_log and dt_bias with the flags, resumes to the straight run's losses (and
 # by --use-checkpoint-args), generates the same text with and without the KV cache (the layers' states
-# carried), converts to HuggingFace Qwen3.5 and back generating the same text, runs TP 2 as one process
-# does; a model without the form is refused (nothing written). Errors are one line naming the flag.
+# carried), converts to HuggingFace Qwen3.5 and back generating the same text, runs TP 2 x SP and CP 2 as
+# one process does; a model without the form is refused (nothing written). Errors are one line naming the flag.
 #   bash tests/e2e/test_gated_delta_net_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -67,6 +67,15 @@ if run tp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversu
     awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 8 }' &&
     pass "TP 2 with sequence parallelism: the single process's 8 losses" ||
     fail "TP 2 differs from one process: $(field t2.jsonl lm_loss | tail -n 1) vs $(field t1.jsonl lm_loss | tail -n 1)"
+fi
+
+# Context parallelism: every rank runs the GDN layers over the whole sequences; one process's losses.
+if run cp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
+     "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 8 --context-parallel-size 2 --metrics-file c2.jsonl; then
+  paste <(field c2.jsonl lm_loss) <(field t1.jsonl lm_loss) |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 8 }' &&
+    pass "CP 2: the single process's 8 losses" ||
+    fail "CP 2 differs from one process: $(field c2.jsonl lm_loss | tail -n 1) vs $(field t1.jsonl lm_loss | tail -n 1)"
 fi
 
 expect_error "GDN without SwiGLU" "needs --swiglu" -- "$LATTICE" train --num-layers 2 --hidden-size 32 \
