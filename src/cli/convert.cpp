@@ -150,6 +150,9 @@ void to_hf(const SimpleFlags& f) {
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
                  dir.c_str(), hf_qwen3_next_family_name(c), options.dtype.c_str());
+    if (c.mtp())
+      std::fprintf(stderr, "convert: the %lld multi-token prediction depths (mtp.layers.*) are not exported\n",
+                   (long long)c.mtp_num_layers);
     return;
   }
   if (c.attention_output_gate)

@@ -58,6 +58,41 @@ LATTICE_HD inline float gdn_decay(float a, float A_log, float dt_bias) {
   return -math::exp(A_log) * softplus(a + dt_bias);
 }
 
+// The convolution's pre-activation at row n (of sequences of T rows) and channel c: the K taps over the
+// rows n - K + 1 .. n of the sequence (zeros before its start); x's rows are W wide, w is [Cc, K].
+LATTICE_HD inline float gdn_conv_pre(const float* x, const float* w, int64_t n, int64_t c, int64_t T, int64_t W,
+                                     int64_t K) {
+  const int64_t t = n % T;
+  float acc = 0.0f;
+  for (int64_t j = K - 1 - t > 0 ? K - 1 - t : 0; j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + c];
+  return acc;
+}
+// A head x [D] l2-normalized: out = x c / sqrt(|x|^2 + 1e-6) (c: the query's scale, else 1); and the
+// gradient of that with respect to x from the output's dy: c r (dy - y (y . dy)) with r = 1 / sqrt(...), y = x r.
+LATTICE_HD inline float gdn_inv_l2(const float* x, int64_t D) {
+  float ss = 0.0f;
+  for (int64_t d = 0; d < D; ++d) ss += x[d] * x[d];
+  return 1.0f / sqrtf(ss + 1e-6f);
+}
+LATTICE_HD inline void gdn_l2norm_forward(float* out, const float* x, int64_t D, float c) {
+  const float r = gdn_inv_l2(x, D) * c;
+  for (int64_t d = 0; d < D; ++d) out[d] = x[d] * r;
+}
+LATTICE_HD inline void gdn_l2norm_backward(float* dx, const float* x, const float* dy, int64_t D, float c) {
+  const float r = gdn_inv_l2(x, D);
+  float dot = 0.0f;
+  for (int64_t d = 0; d < D; ++d) dot += x[d] * r * dy[d];
+  for (int64_t d = 0; d < D; ++d) dx[d] = c * r * (dy[d] - x[d] * r * dot);
+}
+// The gradients of the decay's input a (and of dt_bias) and of beta's logit b, from dg and dbeta.
+LATTICE_HD inline float gdn_decay_grad(float a, float A_log, float dt_bias, float dg) {
+  return -math::exp(A_log) * sigmoid(a + dt_bias) * dg;
+}
+LATTICE_HD inline float gdn_beta_grad(float b, float dbeta) {
+  const float s = sigmoid(b);
+  return dbeta * s * (1.0f - s);
+}
+
 // One forward step of state column s (Dk floats, stride 1): s = e s; delta = beta (v - s.k); s += k delta;
 // returns s.q (the output o_j); delta is left in delta_out.
 LATTICE_HD inline float gdn_step(float* s, int64_t Dk, const float* k, const float* q, float e, float beta, float v,

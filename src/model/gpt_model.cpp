@@ -808,7 +808,7 @@ void GPTModel::allocate_norm_1p() {
     norms.insert(norms.end(), {p.ln1_w, p.ln2_w, p.q_norm_w, p.k_norm_w, p.out_norm_w});
   for (const MtpParams& d : mtp_)
     norms.insert(norms.end(), {d.enorm_w, d.hnorm_w, d.norm_w, d.layer.ln1_w, d.layer.ln2_w, d.layer.q_norm_w,
-                               d.layer.k_norm_w});
+                               d.layer.k_norm_w, d.layer.out_norm_w});
   norm_1p_at_.assign(params_.infos().size(), -1);
   int64_t n = 0, widest = 0;
   for (int w : norms)
@@ -1760,6 +1760,7 @@ void GPTModel::finish_tensor_parallel_grads(const std::vector<std::pair<int64_t,
   }
   // A GDN layer's out_norm (each rank's value heads).
   for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.out_norm_w, p.out_norm_b});
+  for (const MtpParams& d : mtp_) norms.insert(norms.end(), {d.layer.out_norm_w, d.layer.out_norm_b});
   // (With --multi-latent-attention those are the latents' norms, whose gradients are whole on every rank.)
   if (!cfg_.multi_latent_attention) {
     for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b});

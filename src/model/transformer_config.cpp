@@ -137,8 +137,6 @@ void TransformerConfig::check_gated_delta_net(int64_t tp) const {
                       "gate apply the model's activation, which lattice's GDN layer takes to be SiLU)";
   if (multi_latent_attention)
     LATTICE_FAIL() << "--experimental-attention-variant gated_delta_net does not go with --multi-latent-attention yet";
-  if (mtp())
-    LATTICE_FAIL() << "--experimental-attention-variant gated_delta_net does not go with --mtp-num-layers yet";
 }
 
 void TransformerConfig::check_no_rope() const {

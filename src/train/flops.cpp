@@ -34,7 +34,7 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
   // (lattice's count; Megatron's formula has none for it): in_proj and out_proj, the depthwise convolution,
   // and the delta rule's three Dk x Dv products per value head and token (S^T k, the rank-1 update, S^T q).
   double gdn_layers = 0;
-  for (int64_t l = 0; l < cfg.num_layers; ++l) gdn_layers += cfg.linear_attention_layer(l) ? 1 : 0;
+  for (int64_t l = 0; l < cfg.num_layers + cfg.mtp_num_layers; ++l) gdn_layers += cfg.linear_attention_layer(l) ? 1 : 0;
   const double La = L - gdn_layers;
   double attention = La * 6 * (h * (q + k + v + gate) + q * h) + double(s) * 6 * q * La;
   if (gdn_layers > 0)

@@ -316,10 +316,12 @@ TEST(CudaModel, NoRopeLayerLossAndEveryGradientMatchCpu) {
 // --experimental-attention-variant gated_delta_net (kernels/gated_delta_net.h): layer 0 a GDN layer (the
 // convolution, the gates, the delta rule with a state checkpoint every 64 tokens, out_norm and its SiLU
 // gate; 2 key and 4 value heads), layer 1 attention; SwiGLU with RMSNorm and --apply-layernorm-1p, and with
-// LayerNorm and biases (out_norm's bias). The same loss and gradients on both devices.
+// LayerNorm and biases (out_norm's bias); and layer 1 GDN with a prediction depth (--mtp-num-layers 1, its
+// layer a GDN layer as the last decoder layer is) and the rotary embedding. The same loss and gradients
+// on both devices.
 TEST(CudaModel, GatedDeltaNetLossAndEveryGradientMatchCpu) {
   LATTICE_REQUIRE_CUDA();
-  for (int variant : {0, 1}) {
+  for (int variant : {0, 1, 2}) {
     TransformerConfig cfg = small_config(0.0f);
     cfg.swiglu = true;
     cfg.experimental_attention_variant = "gated_delta_net";
@@ -334,9 +336,16 @@ TEST(CudaModel, GatedDeltaNetLossAndEveryGradientMatchCpu) {
       cfg.apply_layernorm_1p = true;
       cfg.add_bias_linear = false;
     }
+    if (variant == 2) {
+      cfg.linear_attention_pattern = {0, 1};
+      cfg.mtp_num_layers = 1;
+      cfg.position_embedding_type = "rope";
+    }
     cfg.finalize();
     ASSERT_EQ(cfg.num_layers, 2);
-    expect_loss_and_gradients_match(cfg, variant == 0 ? "gated delta net, rmsnorm 1p" : "gated delta net, layernorm");
+    expect_loss_and_gradients_match(cfg, variant == 0   ? "gated delta net, rmsnorm 1p"
+                                         : variant == 1 ? "gated delta net, layernorm"
+                                                        : "gated delta net, mtp 1");
   }
 }
 

@@ -15,8 +15,9 @@ cd "$TMP" || exit 1
 MODEL=(--num-layers 3 --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2
        --kv-channels 16 --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
        --attention-output-gate --qk-layernorm --apply-layernorm-1p --rotary-percent 0.25 --seq-length 32 --max-position-embeddings 32 --tokenizer-type ByteTokenizer)
-GDN=(--experimental-attention-variant gated_delta_net --linear-attention-freq 3 --linear-num-key-heads 2
+GDN_SHAPE=(--experimental-attention-variant gated_delta_net --linear-num-key-heads 2
      --linear-num-value-heads 4 --linear-key-head-dim 8 --linear-value-head-dim 8 --linear-conv-kernel-dim 4)
+GDN=("${GDN_SHAPE[@]}" --linear-attention-freq 3)
 RUN=(--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --seed 3 --mock-data --eval-iters 0)
 
 field() { grep -o "\"$2\":[^,}]*" "$1" | cut -d: -f2; }
@@ -76,6 +77,19 @@ if run cp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversu
     awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 8 }' &&
     pass "CP 2: the single process's 8 losses" ||
     fail "CP 2 differs from one process: $(field c2.jsonl lm_loss | tail -n 1) vs $(field t1.jsonl lm_loss | tail -n 1)"
+fi
+
+# A prediction depth (--mtp-num-layers 1) after a last GDN layer is a GDN layer; TP 2 x SP gives one
+# process's losses.
+MTP=(--linear-attention-freq "[1,0,1]" --mtp-num-layers 1 --untie-embeddings-and-output-weights)
+if run mtp1 "$LATTICE" train "${MODEL[@]}" "${GDN_SHAPE[@]}" "${MTP[@]}" "${RUN[@]}" --train-iters 6 --metrics-file p1.jsonl &&
+   run mtp_tp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
+     "${MODEL[@]}" "${GDN_SHAPE[@]}" "${MTP[@]}" "${RUN[@]}" --train-iters 6 --tensor-model-parallel-size 2 \
+     --sequence-parallel --metrics-file p2.jsonl; then
+  paste <(field p2.jsonl lm_loss) <(field p1.jsonl lm_loss) |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 6 }' &&
+    pass "with a GDN prediction depth, TP 2 x SP: the single process's 6 losses" ||
+    fail "TP 2 with the prediction depth differs from one process"
 fi
 
 expect_error "GDN without SwiGLU" "needs --swiglu" -- "$LATTICE" train --num-layers 2 --hidden-size 32 \

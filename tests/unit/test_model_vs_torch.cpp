@@ -284,7 +284,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_rope_gqa2_qknorm_gate.safetensors",
                                            "gpt_tiny_rope_rmsnorm_gqa2_qknorm_norope01.safetensors",
                                            "gpt_tiny_nobias_rmsnorm_swiglu_gdn10.safetensors",
-                                           "gpt_tiny_swiglu_gdn11.safetensors"));
+                                           "gpt_tiny_swiglu_gdn11.safetensors",
+                                           "gpt_tiny_untied_rope_nobias_rmsnorm_swiglu_mtp1_gdn01.safetensors"));
 
 }  // namespace
 }  // namespace lattice

@@ -20,12 +20,6 @@ void check_shape(const GdnShape& s, const char* what) {
       << ", head dims " << s.Dk << " and " << s.Dv << ", kernel " << s.K << ", chunk " << s.chunk;
 }
 
-// The l2 norm's reciprocal of a head x [D]: 1 / sqrt(sum x^2 + 1e-6).
-float inv_l2(const float* x, int64_t D) {
-  float ss = 0.0f;
-  for (int64_t d = 0; d < D; ++d) ss += x[d] * x[d];
-  return 1.0f / std::sqrt(ss + 1e-6f);
-}
 }  // namespace
 
 void gdn_conv_forward(float* u, const float* x, const float* w, const GdnShape& s) {
@@ -33,14 +27,8 @@ void gdn_conv_forward(float* u, const float* x, const float* w, const GdnShape& 
   check_shape(s, "gdn_conv_forward");
   const int64_t Cc = s.conv(), W = s.width(), K = s.K, T = s.T;
 #pragma omp parallel for schedule(static) if (s.N() * Cc * K > kParallelMin)
-  for (int64_t n = 0; n < s.N(); ++n) {
-    const int64_t t = n % T;
-    for (int64_t c = 0; c < Cc; ++c) {
-      float acc = 0.0f;
-      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + c];
-      u[n * Cc + c] = math::silu(acc);
-    }
-  }
+  for (int64_t n = 0; n < s.N(); ++n)
+    for (int64_t c = 0; c < Cc; ++c) u[n * Cc + c] = math::silu(math::gdn_conv_pre(x, w, n, c, T, W, K));
 }
 
 void gdn_conv_backward(float* dx, float* dw, const float* du, const float* x, const float* w, const GdnShape& s) {
@@ -50,14 +38,9 @@ void gdn_conv_backward(float* dx, float* dw, const float* du, const float* x, co
   // The pre-activation's gradient dp = du silu'(p), p recomputed, per channel over every sequence.
   std::vector<float> dp(size_t(s.N() * Cc));
 #pragma omp parallel for schedule(static) if (s.N() * Cc * K > kParallelMin)
-  for (int64_t n = 0; n < s.N(); ++n) {
-    const int64_t t = n % T;
-    for (int64_t c = 0; c < Cc; ++c) {
-      float acc = 0.0f;
-      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + c];
-      dp[size_t(n * Cc + c)] = du[n * Cc + c] * math::silu_grad(acc);
-    }
-  }
+  for (int64_t n = 0; n < s.N(); ++n)
+    for (int64_t c = 0; c < Cc; ++c)
+      dp[size_t(n * Cc + c)] = du[n * Cc + c] * math::silu_grad(math::gdn_conv_pre(x, w, n, c, T, W, K));
   // dx[t] = sum_j w[j] dp[t + K - 1 - j] (within the sequence); dw[c, j] = sum_t dp[t] x[t - K + 1 + j].
 #pragma omp parallel for schedule(static) if (s.N() * Cc * K > kParallelMin)
   for (int64_t n = 0; n < s.N(); ++n) {
@@ -92,13 +75,8 @@ void gdn_gates_forward(float* q, float* k, float* g, float* beta, const float* u
 #pragma omp parallel for schedule(static) if (s.N() * Cc > kParallelMin)
   for (int64_t n = 0; n < s.N(); ++n) {
     for (int64_t h = 0; h < s.Hk; ++h) {
-      const float* uq = u + n * Cc + h * Dk;
-      const float* uk = uq + QK;
-      const float rq = inv_l2(uq, Dk) * scale, rk = inv_l2(uk, Dk);
-      for (int64_t d = 0; d < Dk; ++d) {
-        q[(n * s.Hk + h) * Dk + d] = uq[d] * rq;
-        k[(n * s.Hk + h) * Dk + d] = uk[d] * rk;
-      }
+      math::gdn_l2norm_forward(q + (n * s.Hk + h) * Dk, u + n * Cc + h * Dk, Dk, scale);
+      math::gdn_l2norm_forward(k + (n * s.Hk + h) * Dk, u + n * Cc + QK + h * Dk, Dk, 1.0f);
     }
     for (int64_t h = 0; h < s.Hv; ++h) {
       g[n * s.Hv + h] = math::gdn_decay(x[n * W + s.a_at() + h], A_log[h], dt_bias[h]);
@@ -116,22 +94,13 @@ void gdn_gates_backward(float* du, float* dx, float* dA_log, float* d_dt_bias, c
   const float scale = 1.0f / std::sqrt(float(Dk));
 #pragma omp parallel for schedule(static) if (s.N() * Cc > kParallelMin)
   for (int64_t n = 0; n < s.N(); ++n) {
-    // y = x r (r = 1 / |x|): dx = r (dy - y (y . dy)); the query's scale rides on r and dy.
     for (int part = 0; part < 2; ++part)
-      for (int64_t h = 0; h < s.Hk; ++h) {
-        const float* xi = u + n * Cc + part * QK + h * Dk;
-        const float* dy = (part == 0 ? dq : dk) + (n * s.Hk + h) * Dk;
-        const float r = inv_l2(xi, Dk), c = part == 0 ? scale : 1.0f;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < Dk; ++d) dot += xi[d] * r * dy[d];
-        float* out = du + n * Cc + part * QK + h * Dk;
-        for (int64_t d = 0; d < Dk; ++d) out[d] = c * r * (dy[d] - xi[d] * r * dot);
-      }
+      for (int64_t h = 0; h < s.Hk; ++h)
+        math::gdn_l2norm_backward(du + n * Cc + part * QK + h * Dk, u + n * Cc + part * QK + h * Dk,
+                                  (part == 0 ? dq : dk) + (n * s.Hk + h) * Dk, Dk, part == 0 ? scale : 1.0f);
     for (int64_t h = 0; h < s.Hv; ++h) {
-      const float a = x[n * W + s.a_at() + h] + dt_bias[h];
-      dx[n * W + s.a_at() + h] = -math::exp(A_log[h]) * math::sigmoid(a) * dg[n * s.Hv + h];
-      const float b = math::sigmoid(x[n * W + s.b_at() + h]);
-      dx[n * W + s.b_at() + h] = dbeta[n * s.Hv + h] * b * (1.0f - b);
+      dx[n * W + s.a_at() + h] = math::gdn_decay_grad(x[n * W + s.a_at() + h], A_log[h], dt_bias[h], dg[n * s.Hv + h]);
+      dx[n * W + s.b_at() + h] = math::gdn_beta_grad(x[n * W + s.b_at() + h], dbeta[n * s.Hv + h]);
     }
   }
   // The per-head parameters' gradients, each summed over the rows in order.

@@ -17,12 +17,8 @@ constexpr int kThreads = 256;
 __device__ __forceinline__ int64_t grid_start() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
 
-// The convolution's pre-activation at row n, channel c (zeros before the sequence's start).
 __device__ __forceinline__ float conv_pre(const float* x, const float* w, int64_t n, int64_t c, const GdnShape& s) {
-  const int64_t t = n % s.T, W = s.width(), K = s.K;
-  float acc = 0.0f;
-  for (int64_t j = K - 1 - t > 0 ? K - 1 - t : 0; j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + c];
-  return acc;
+  return math::gdn_conv_pre(x, w, n, c, s.T, s.width(), s.K);
 }
 
 __global__ void conv_forward_kernel(float* u, const float* x, const float* w, GdnShape s) {
@@ -59,12 +55,6 @@ __global__ void conv_backward_dw_kernel(float* dw, const float* du, const float*
   }
 }
 
-__device__ __forceinline__ float inv_l2(const float* x, int64_t D) {
-  float ss = 0.0f;
-  for (int64_t d = 0; d < D; ++d) ss += x[d] * x[d];
-  return 1.0f / sqrtf(ss + 1e-6f);
-}
-
 // Tasks per row: 2 Hk heads to normalize (queries, then keys), then Hv gates.
 __global__ void gates_forward_kernel(float* q, float* k, float* g, float* beta, const float* u, const float* x,
                                      const float* A_log, const float* dt_bias, GdnShape s) {
@@ -74,10 +64,8 @@ __global__ void gates_forward_kernel(float* q, float* k, float* g, float* beta, 
     const int64_t n = i / per, task = i % per;
     if (task < 2 * s.Hk) {
       const int64_t part = task / s.Hk, h = task % s.Hk;
-      const float* xi = u + n * s.conv() + part * s.qk() + h * Dk;
-      const float r = inv_l2(xi, Dk) * (part == 0 ? scale : 1.0f);
-      float* out = (part == 0 ? q : k) + (n * s.Hk + h) * Dk;
-      for (int64_t d = 0; d < Dk; ++d) out[d] = xi[d] * r;
+      math::gdn_l2norm_forward((part == 0 ? q : k) + (n * s.Hk + h) * Dk, u + n * s.conv() + part * s.qk() + h * Dk,
+                               Dk, part == 0 ? scale : 1.0f);
     } else {
       const int64_t h = task - 2 * s.Hk, W = s.width();
       g[n * s.Hv + h] = math::gdn_decay(x[n * W + s.a_at() + h], A_log[h], dt_bias[h]);
@@ -94,20 +82,13 @@ __global__ void gates_backward_kernel(float* du, float* dx, const float* dq, con
   for (int64_t i = grid_start(); i < total; i += grid_stride()) {
     const int64_t n = i / per, task = i % per;
     if (task < 2 * s.Hk) {
-      const int64_t part = task / s.Hk, h = task % s.Hk;
-      const float* xi = u + n * s.conv() + part * s.qk() + h * Dk;
-      const float* dy = (part == 0 ? dq : dk) + (n * s.Hk + h) * Dk;
-      const float r = inv_l2(xi, Dk), c = part == 0 ? scale : 1.0f;
-      float dot = 0.0f;
-      for (int64_t d = 0; d < Dk; ++d) dot += xi[d] * r * dy[d];
-      float* out = du + n * s.conv() + part * s.qk() + h * Dk;
-      for (int64_t d = 0; d < Dk; ++d) out[d] = c * r * (dy[d] - xi[d] * r * dot);
+      const int64_t part = task / s.Hk, h = task % s.Hk, at = n * s.conv() + part * s.qk() + h * Dk;
+      math::gdn_l2norm_backward(du + at, u + at, (part == 0 ? dq : dk) + (n * s.Hk + h) * Dk, Dk,
+                                part == 0 ? scale : 1.0f);
     } else {
       const int64_t h = task - 2 * s.Hk;
-      const float a = x[n * W + s.a_at() + h] + dt_bias[h];
-      dx[n * W + s.a_at() + h] = -math::exp(A_log[h]) * math::sigmoid(a) * dg[n * s.Hv + h];
-      const float b = math::sigmoid(x[n * W + s.b_at() + h]);
-      dx[n * W + s.b_at() + h] = dbeta[n * s.Hv + h] * b * (1.0f - b);
+      dx[n * W + s.a_at() + h] = math::gdn_decay_grad(x[n * W + s.a_at() + h], A_log[h], dt_bias[h], dg[n * s.Hv + h]);
+      dx[n * W + s.b_at() + h] = math::gdn_beta_grad(x[n * W + s.b_at() + h], dbeta[n * s.Hv + h]);
     }
   }
 }
