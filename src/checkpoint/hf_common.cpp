@@ -128,6 +128,21 @@ std::string recorded_tokenizer(const json& j, const std::string& what) {
   return j[kHfTokenizerKey].get<std::string>();
 }
 
+HfModel load_model_folder(
+    const std::string& dir, int64_t seq_length,
+    const std::function<TransformerConfig(const nlohmann::json&, const std::string&)>& config,
+    const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import) {
+  const nlohmann::json j = read_config(dir);
+  const std::string config_path = dir + "/config.json";
+  const TransformerConfig c = config(j, config_path);
+  const SafetensorsFile f = read_model_file(dir);
+  HfModel out;
+  out.tokenizer_type = recorded_tokenizer(j, config_path);
+  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
+  import(*out.model, f, j);
+  return out;
+}
+
 SafetensorsFile read_model_file(const std::string& dir) {
   const fs::path path = fs::path(dir) / "model.safetensors";
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";

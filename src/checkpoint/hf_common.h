@@ -3,6 +3,7 @@
 // model folder's two files.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -78,6 +79,15 @@ std::string recorded_tokenizer(const nlohmann::json& config, const std::string& 
 // (DIR/model.safetensors.index.json, whose weight_map names each tensor's file) as one view;
 // a missing or inconsistent file is an error naming it.
 SafetensorsFile read_model_file(const std::string& dir);
+// A model folder read as every family reads it: DIR/config.json into a TransformerConfig by `config`
+// (given the parsed file and its path, for errors), a model sized for 1 x seq_length tokens
+// (0: max_position_embeddings), its parameters from DIR's tensors by `import` (given the config too),
+// the tokenizer a lattice export recorded.
+HfModel load_model_folder(
+    const std::string& dir, int64_t seq_length,
+    const std::function<TransformerConfig(const nlohmann::json&, const std::string&)>& config,
+    const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import);
+
 // Writes DIR/model.safetensors (or its shards and their index) and DIR/config.json with
 // torch_dtype set, each file atomically; DIR is created. The tensors are cast before anything is
 // written (a value float16 cannot hold fails then).

@@ -387,10 +387,14 @@ std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
 }
 
 HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
-  const json j = hf::read_config(dir);
-  const std::string config_path = dir + "/config.json";
-  const TransformerConfig c = hf_deepseek_mla_config(j, config_path, divisible_by);
-  const SafetensorsFile f = hf::read_model_file(dir);
+  return hf::load_model_folder(
+      dir, seq_length,
+      [&](const json& j, const std::string& what) { return hf_deepseek_mla_config(j, what, divisible_by); },
+      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_deepseek_mla_tensors(m, f); });
+}
+
+void import_hf_deepseek_mla_tensors(GPTModel& model, const SafetensorsFile& f) {
+  const TransformerConfig& c = model.config();
   std::map<std::string, Shape> shapes;
   const std::vector<TensorMap> map = tensor_map(c, shapes);
   hf::check_tensor_shapes(f, shapes);
@@ -407,11 +411,7 @@ HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64
     LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
                    << c.num_layers << ", num_nextn_predict_layers " << c.mtp_num_layers << ")";
   }
-  HfModel out;
-  out.tokenizer_type = hf::recorded_tokenizer(j, config_path);
-  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
-  hf::import_tensors(*out.model, f, map, shapes);
-  return out;
+  hf::import_tensors(model, f, map, shapes);
 }
 
 void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,

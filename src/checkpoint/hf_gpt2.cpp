@@ -268,15 +268,9 @@ SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model) {
 }
 
 HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
-  const json j = hf::read_config(dir);
-  const std::string config_path = (fs::path(dir) / "config.json").string();
-  TransformerConfig c = hf_gpt2_config(j, config_path, divisible_by);
-  SafetensorsFile f = hf::read_model_file(dir);
-  HfGpt2Model out;
-  out.tokenizer_type = hf::recorded_tokenizer(j, config_path);
-  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
-  import_hf_gpt2_tensors(*out.model, f);
-  return out;
+  return hf::load_model_folder(
+      dir, seq_length, [&](const json& j, const std::string& what) { return hf_gpt2_config(j, what, divisible_by); },
+      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_gpt2_tensors(m, f); });
 }
 
 std::string hf_gpt2_mismatch(const TransformerConfig& c) {

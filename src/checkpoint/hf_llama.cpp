@@ -621,15 +621,9 @@ SafetensorsWriter export_hf_llama_tensors(const GPTModel& model) {
 }
 
 HfModel load_hf_llama(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
-  const json j = hf::read_config(dir);
-  const std::string config_path = dir + "/config.json";
-  const TransformerConfig c = hf_llama_config(j, config_path, divisible_by);
-  const SafetensorsFile f = hf::read_model_file(dir);
-  HfModel out;
-  out.tokenizer_type = hf::recorded_tokenizer(j, config_path);
-  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
-  import_hf_llama_tensors(*out.model, f);
-  return out;
+  return hf::load_model_folder(
+      dir, seq_length, [&](const json& j, const std::string& what) { return hf_llama_config(j, what, divisible_by); },
+      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_llama_tensors(m, f); });
 }
 
 void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
