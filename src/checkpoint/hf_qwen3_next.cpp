@@ -75,9 +75,9 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, const std::string&
   const int64_t Dv = c.linear_value_head_dim, Rv = Hv / Hk, W = 2 * Dk + 2 * Rv * Dv;
   const bool next = qwen3_next_form(c);
   std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{p + "embed_tokens.weight"}}, true}};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string lat = "decoder.layers." + std::to_string(l) + ".", a = lat + "self_attention.";
-    const std::string hf = p + "layers." + std::to_string(l) + ".";
+  // Layer l (a prediction depth's: num_layers, of the last layer's kind) with lattice's prefix lat, HF's hf.
+  auto add_layer = [&](int64_t l, const std::string& lat, const std::string& hf) {
+    const std::string a = lat + "self_attention.";
     m.push_back({lat + "input_layernorm.weight", {{hf + "input_layernorm.weight"}}});
     if (c.linear_attention_layer(l)) {
       const std::string x = hf + "linear_attn.";
@@ -129,10 +129,20 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, const std::string&
         m.push_back({ls + "linear_fc2.weight", {{x + "down_proj.weight"}}});
         m.push_back({ls + "gate_weight", {{hf + "mlp.shared_expert_gate.weight"}}});
       }
-      continue;
+      return;
     }
     m.push_back({lat + "mlp.linear_fc1.weight", {{hf + "mlp.gate_proj.weight"}, {hf + "mlp.up_proj.weight"}}});
     m.push_back({lat + "mlp.linear_fc2.weight", {{hf + "mlp.down_proj.weight"}}});
+  };
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    add_layer(l, "decoder.layers." + std::to_string(l) + ".", p + "layers." + std::to_string(l) + ".");
+  if (c.mtp()) {  // Qwen3.5's (Qwen3-Next's) multi-token prediction module: one depth of one layer
+    const std::string d = "mtp.layers.0.";
+    m.push_back({d + "enorm.weight", {{"mtp.pre_fc_norm_embedding.weight"}}});
+    m.push_back({d + "hnorm.weight", {{"mtp.pre_fc_norm_hidden.weight"}}});
+    m.push_back({d + "eh_proj.weight", {{"mtp.fc.weight"}}});
+    add_layer(c.num_layers, d + "transformer_layer.", "mtp.layers.0.");
+    m.push_back({d + "final_layernorm.weight", {{"mtp.norm.weight"}}});
   }
   m.push_back({"decoder.final_layernorm.weight", {{p + "norm.weight"}}});
   if (c.untie_embeddings_and_output_weights) m.push_back({"output_layer.weight", {{"lm_head.weight"}}, true});
@@ -146,8 +156,7 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c, const std::st
   const int64_t Hv = c.linear_num_value_heads;
   const bool next = qwen3_next_form(c);
   std::map<std::string, Shape> s = {{p + "embed_tokens.weight", {V, C}}, {p + "norm.weight", {C}}};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string hf = p + "layers." + std::to_string(l) + ".";
+  auto add_layer = [&](int64_t l, const std::string& hf) {
     s[hf + "input_layernorm.weight"] = {C};
     s[hf + "post_attention_layernorm.weight"] = {C};
     if (c.linear_attention_layer(l)) {
@@ -191,11 +200,19 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c, const std::st
         s[x + "down_proj.weight"] = {C, Fs};
         s[hf + "mlp.shared_expert_gate.weight"] = {1, C};
       }
-      continue;
+      return;
     }
     s[hf + "mlp.gate_proj.weight"] = {F, C};
     s[hf + "mlp.up_proj.weight"] = {F, C};
     s[hf + "mlp.down_proj.weight"] = {C, F};
+  };
+  for (int64_t l = 0; l < c.num_layers; ++l) add_layer(l, p + "layers." + std::to_string(l) + ".");
+  if (c.mtp()) {
+    s["mtp.pre_fc_norm_embedding.weight"] = {C};
+    s["mtp.pre_fc_norm_hidden.weight"] = {C};
+    s["mtp.fc.weight"] = {C, 2 * C};
+    add_layer(c.num_layers, "mtp.layers.0.");
+    s["mtp.norm.weight"] = {C};
   }
   if (c.untie_embeddings_and_output_weights) s["lm_head.weight"] = {V, C};
   return s;
@@ -281,6 +298,18 @@ TransformerConfig hf_qwen3_next_config(const json& config, const std::string& wh
     LATTICE_FAIL() << what << ": num_experts 0 (lattice reads Qwen3-Next with its experts; a dense model is Qwen3.5's "
                       "qwen3_5_text)";
   }
+  // The multi-token prediction module (mtp.*): one depth of one full-attention layer, lattice's
+  // --mtp-num-layers 1 (a module of several layers is one depth of several layers: not lattice's form).
+  if (j.contains("mtp_num_hidden_layers") && !j["mtp_num_hidden_layers"].is_null()) {
+    const int64_t n = j["mtp_num_hidden_layers"].is_number_integer() ? j["mtp_num_hidden_layers"].get<int64_t>() : -1;
+    if (n < 0 || n > 1)
+      LATTICE_FAIL() << what << ": mtp_num_hidden_layers " << j["mtp_num_hidden_layers"].dump()
+                     << " is not supported (0 or 1: lattice's prediction depth has one layer)";
+    if (n == 1 && c.linear_attention_pattern.back() != 0)
+      LATTICE_FAIL() << what << ": mtp_num_hidden_layers 1 with a last layer of linear attention (the prediction "
+                        "module's layer is a full-attention one, lattice's takes the last layer's kind)";
+    c.mtp_num_layers = n;
+  }
   c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
   c.make_vocab_size_divisible_by = divisible_by;
   c.hidden_dropout = c.attention_dropout = 0.0f;
@@ -331,6 +360,7 @@ json hf_qwen3_next_config_json(const TransformerConfig& c, const std::string& to
     j["router_aux_loss_coef"] = 0.001;
     j["output_router_logits"] = false;
   }
+  if (c.mtp()) j["mtp_num_hidden_layers"] = c.mtp_num_layers;
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
@@ -349,6 +379,10 @@ std::string hf_qwen3_next_mismatch(const TransformerConfig& c) {
     return "a position embedding other than the plain rotary one on every attention layer (rotate_half pairs)";
   if (c.window_size >= 0 || c.softmax_sink() || c.qk_l2_norm)
     return "--window-size, attention sinks or --qk-l2-norm (Qwen3-Next's attention has none)";
+  if (c.mtp_num_layers > 1)
+    return "--mtp-num-layers " + std::to_string(c.mtp_num_layers) + " (the HuggingFace form has one prediction depth)";
+  if (c.mtp() && c.linear_attention_layer(c.num_layers))
+    return "a Gated DeltaNet prediction depth (the HuggingFace form's is a full-attention layer)";
   if (c.moe()) {
     if (c.moe_shared_expert_intermediate_size > 0 && !c.moe_shared_expert_gate)
       return "ungated shared experts (Qwen3-Next's shared expert has shared_expert_gate: --moe-shared-expert-gate)";
@@ -366,8 +400,8 @@ void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& f) {
   const std::map<std::string, Shape> shapes = hf_shapes(c, p);
   hf::check_tensor_shapes(f, shapes);
   for (const std::string& name : f.names()) {
-    // (the multi-token prediction module and the vision tower are not read)
-    if (shapes.count(name) || starts_with(name, "mtp.") || starts_with(name, "model.visual.")) continue;
+    // (the vision tower is not read, nor the multi-token prediction module of a config without it)
+    if (shapes.count(name) || (!c.mtp() && starts_with(name, "mtp.")) || starts_with(name, "model.visual.")) continue;
     LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
                    << c.num_layers << ")";
   }

@@ -87,6 +87,51 @@ TEST(HfQwen3Next, HfToLatticeToHfKeepsEveryTensor) {
   }
 }
 
+// Qwen3.5's multi-token prediction module (mtp_num_hidden_layers 1: pre_fc_norm_embedding, pre_fc_norm_hidden,
+// fc, one full-attention layer, norm) is lattice's prediction depth: the main and the depth's losses of the
+// fixture's tokens as a micro-batch of T - 1 inputs, as the independent reference computes them (its last two
+// positions have no depth target); out and back keeps every tensor.
+TEST(HfQwen3Next, MultiTokenPredictionModuleIsThePredictionDepth) {
+  const char* dir = "hf_qwen3_5_text_tiny_mtp";
+  HfModel hf = load_hf_qwen3_next(fixture(dir));
+  GPTModel& m = *hf.model;
+  ASSERT_EQ(m.config().mtp_num_layers, 1);
+  hf_test::expect_fixture_logits(m, dir, kLogitTol);
+  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
+  const std::vector<int32_t> tokens = ref.get_i32("tokens");
+  MicroBatchKey key;  // a training forward (the depths run in training only); the model has no dropout
+  const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, int64_t(tokens.size()) - 1, 1.0f, key);
+  const std::vector<LossSum> depths = m.take_mtp_losses();
+  ASSERT_EQ(depths.size(), 1u);
+  EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss);
+  const double mtp = depths[0].sum / depths[0].count;
+  EXPECT_NEAR(mtp, ref.get_f32("mtp_loss")[0], 1e-5 * mtp);
+  TempDir out("qwen3_5_mtp_rt");
+  save_hf_qwen3_next(out.str() + "/hf", m, "");
+  SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(out.str() + "/hf/model.safetensors");
+  EXPECT_EQ(a.names().size(), b.names().size());
+  for (const std::string& name : a.names()) {
+    ASSERT_TRUE(b.has(name)) << name;
+    if (name.find("linear_attn.norm.weight") == std::string::npos)
+      EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name << " differs after the round trip";
+  }
+  std::ifstream jb(out.str() + "/hf/config.json");
+  EXPECT_EQ(nlohmann::json::parse(jb).value("mtp_num_hidden_layers", 0), 1);
+  // Without the key the module's tensors are not this model's: skipped; with 2 layers: refused.
+  TempDir none("qwen3_5_mtp_none"), two("qwen3_5_mtp_two");
+  HfModel plain = load_hf_qwen3_next(hf_test::rewritten_fixture(
+      dir, nullptr, [](nlohmann::json& j) { j.erase("mtp_num_hidden_layers"); }, none));
+  EXPECT_EQ(plain.model->config().mtp_num_layers, 0);
+  try {
+    load_hf_qwen3_next(hf_test::rewritten_fixture(
+        dir, nullptr, [](nlohmann::json& j) { j["mtp_num_hidden_layers"] = 2; }, two));
+    ADD_FAILURE() << "mtp_num_hidden_layers 2 loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mtp_num_hidden_layers 2"), std::string::npos) << e.what();
+  }
+}
+
 // Qwen3.5's released checkpoints are multimodal: config.json model_type qwen3_5 with the language model's
 // settings in text_config, its tensors under model.language_model. beside model.visual. and mtp. (not read).
 TEST(HfQwen3Next, MultimodalQwen35LayoutReadsItsLanguageModel) {
