@@ -80,8 +80,8 @@ void GPTModel::gdn_core_forward(const LayerParams& p, GdnScratch& g, const float
 }
 
 void GPTModel::gdn_core_backward(const LayerParams& p, GdnScratch& g, const float* x, float* y, float* dy, float* dx,
-                                 const GdnShape& s, float* sink) {
-  gdn_core_forward(p, g, x, y, s);  // the core's buffers again (y rewritten with the same values)
+                                 const GdnShape& s, float* sink, bool fresh) {
+  if (!fresh) gdn_core_forward(p, g, x, y, s);  // the core's buffers again (y rewritten with the same values)
   auto grad = [&](int w) { return sink ? sink : params_.grad(w); };
   // y = nrm silu(z): nrm's gradient in place of y's, z's into dx's z slot.
   gdn_output_gate_backward(dy, dx, dy, g.nrm, x, s);
@@ -108,19 +108,20 @@ void GPTModel::gdn_forward(const LayerParams& p, Activations& a, size_t i, int64
   context_local_rows(split, x.attn, c.y, B, s.v());
 }
 
-void GPTModel::gdn_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T) {
+void GPTModel::gdn_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T, bool fresh) {
   Scratch& sc = *scratch_;
   Activations::Layer& x = a.layers[i];
-  if (!cp_.on()) return gdn_core_backward(p, sc.gdn, x.qkv, x.attn, sc.d_c2, sc.d_3c, gdn_shape(B, T), nullptr);
+  if (!cp_.on())
+    return gdn_core_backward(p, sc.gdn, x.qkv, x.attn, sc.d_c2, sc.d_3c, gdn_shape(B, T), nullptr, fresh);
   // Every token's in_proj rows and out_proj input gradients gathered; the whole sequences' backward on
   // every rank, this rank's rows of in_proj's output gradient kept; the parameters' gradients (the whole
   // sequences') added by the group's first rank alone.
   GdnContextParallel& c = *gdn_cp_;
   const ContextSplit split = cp_.split(T * cp_.size());
   const GdnShape s = gdn_shape(B, split.T);
-  gather_context_rows(cp_, split, c.x, c.staging, x.qkv, B, s.width());
+  if (!fresh) gather_context_rows(cp_, split, c.x, c.staging, x.qkv, B, s.width());
   gather_context_rows(cp_, split, c.dy, c.staging, sc.d_c2, B, s.v());
-  gdn_core_backward(p, c.scratch, c.x, c.y, c.dy, c.dx, s, cp_.rank() == 0 ? nullptr : c.sink);
+  gdn_core_backward(p, c.scratch, c.x, c.y, c.dy, c.dx, s, cp_.rank() == 0 ? nullptr : c.sink, fresh);
   context_local_rows(split, sc.d_3c, c.dx, B, s.width());
 }
 

@@ -1496,31 +1496,6 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     row_parallel_linear_backward(tp_, d_proj_in, params_.grad(p.proj_w), d_proj.bf16 ? nullptr : bias_grad_or_null(p.proj_b),
                                  d_proj.fp32, sc.d_c1, proj_input(p, a, i, N), params_.param(p.proj_w), N, Cl,
                                  C, bf16_d_attn ? site(p.proj_w).input_grad_in_bf16() : site(p.proj_w), d_proj.bf16);
-    if (p.linear) {  // a GDN layer: its core's backward into d_3c, then in_proj's as linear_qkv's below
-      gdn_backward(p, a, i, B, T);
-      if (cfg_.recompute_layernorm())
-        layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, a.resid[i], p.ln1_w, p.ln1_b, Ns);
-      column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w), nullptr, sc.d_3c,
-                                      ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(p),
-                                      ln_grad_site(p.qkv_w), nullptr);
-      const ResidualGradOut fc2_grad = i > 0 ? residual_grad_out(layers[i - 1].fc2_b, p_hidden) : ResidualGradOut{};
-      layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), bias_grad(p.ln1_b), ln_dout(d_ln, p.qkv_w), a.resid[i],
-                         norm_weight(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad, normalization());
-      d_rows_made = fc2_grad.bf16 != nullptr;
-      grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.conv_w, p.dt_bias, p.a_log, p.out_norm_w, p.out_norm_b, p.proj_w,
-                   p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b});
-      continue;
-    }
-    if (d_proj_in != sc.d_c2) mla_attention_output_backward(d_proj_in, N);
-    // --attention-output-gate: the attention output's gradient in place of the gated one's, the gates'
-    // into d_3c's gate slots (the attention backward writes the others).
-    if (cfg_.attention_output_gate)
-      attention_output_gate_backward(sc.d_c2, sc.d_3c, sc.d_c2, x.attn, x.qkv, N, qkv_layout());
-    const AttentionOperand d_attn = bf16_d_attn
-                                        ? AttentionOperand::in_bf16(reinterpret_cast<const uint16_t*>(sc.d_c2))
-                                        : AttentionOperand(sc.d_c2);
-    AttentionDropout ad{p_attn, site_stream(key, p.name + "core_attention.dropout"), 0,
-                        cfg_.num_attention_heads, Hl_ * tp_.rank()};
     // With bf16 qkv the attention backward writes the QKV layer's output gradient in bf16
     // for its GEMMs, into sc.d_f (free again: fc1's backward is done; it holds the [N, W/P]
     // bf16 values when W/P <= 2 Fl, e.g. ffn_hidden_size >= 1.5 hidden_size without grouping),
@@ -1528,36 +1503,50 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     // store in sc.d_3c).
     uint16_t* d_3c16 = bf16_d_attn && qkv_local() <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
     float* d_qkv_b = d_3c16 ? bias_grad_or_null(p.qkv_b) : nullptr;
-    const AttentionShape shape{B, T, Hl_, D, Gl_, cfg_.attention_window(p.layer), softmax_offset(p),
-                               cfg_.attention_output_gate};
-    if (cp_.on()) {
-      // The keys and values gathered again; their gradients (every rank's queries') summed back
-      // to the ranks holding their tokens, into d_3c's key and value slots.
-      const ContextSplit s = cp_.split(T * cp_.size());
-      gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
-      ContextKeys keys = s.keys(cp_kv_.data(), cp_staging_.data());
-      if (docs_.reset_attention_mask) keys.key_document_ids = a.key_ids.device();
-      attention_backward(sc.d_3c, d_attn, x.qkv, x.attn, x.lse, shape, ad,
-                         docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, nullptr, nullptr,
-                         &keys, softmax_offset_grad(p));
-      scatter_context_key_grads(cp_, s, sc.d_3c, cp_staging_.data(), cp_kv_.data(), cp_recv_.data(), qkv_layout(), B);
+    if (p.linear) {  // a GDN layer: its core's backward into d_3c (in_proj's output gradient)
+      gdn_backward(p, a, i, B, T, selective_ || a.recompute_from[i] >= 0);
     } else {
-      attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, shape, ad,
-                         docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b,
-                         nullptr, softmax_offset_grad(p));
-    }
-    if (rope_ && cfg_.rotary_layer(l)) {  // d(q, k) before the rotation, each run of tokens at its positions
-      for (const TokenRun& r : token_runs(B, T)) {
-        RopeTable t = rope_->table();
-        t.cos += r.position * t.half;
-        t.sin += r.position * t.half;
-        t.positions -= r.position;
-        rope_backward(sc.d_3c + r.row * qkv_local(), t, r.rows, cp_.on() ? r.rows : T, qkv_layout());
+      if (d_proj_in != sc.d_c2) mla_attention_output_backward(d_proj_in, N);
+      // --attention-output-gate: the attention output's gradient in place of the gated one's, the gates'
+      // into d_3c's gate slots (the attention backward writes the others).
+      if (cfg_.attention_output_gate)
+        attention_output_gate_backward(sc.d_c2, sc.d_3c, sc.d_c2, x.attn, x.qkv, N, qkv_layout());
+      const AttentionOperand d_attn = bf16_d_attn
+                                          ? AttentionOperand::in_bf16(reinterpret_cast<const uint16_t*>(sc.d_c2))
+                                          : AttentionOperand(sc.d_c2);
+      AttentionDropout ad{p_attn, site_stream(key, p.name + "core_attention.dropout"), 0,
+                          cfg_.num_attention_heads, Hl_ * tp_.rank()};
+      const AttentionShape shape{B, T, Hl_, D, Gl_, cfg_.attention_window(p.layer), softmax_offset(p),
+                                 cfg_.attention_output_gate};
+      if (cp_.on()) {
+        // The keys and values gathered again; their gradients (every rank's queries') summed back
+        // to the ranks holding their tokens, into d_3c's key and value slots.
+        const ContextSplit s = cp_.split(T * cp_.size());
+        gather_context_keys(cp_, s, cp_kv_.data(), cp_staging_.data(), x.qkv, qkv_layout(), B);
+        ContextKeys keys = s.keys(cp_kv_.data(), cp_staging_.data());
+        if (docs_.reset_attention_mask) keys.key_document_ids = a.key_ids.device();
+        attention_backward(sc.d_3c, d_attn, x.qkv, x.attn, x.lse, shape, ad,
+                           docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, nullptr, nullptr,
+                           &keys, softmax_offset_grad(p));
+        scatter_context_key_grads(cp_, s, sc.d_3c, cp_staging_.data(), cp_kv_.data(), cp_recv_.data(), qkv_layout(), B);
+      } else {
+        attention_backward(sc.d_3c, d_attn, qkv_input(p, x.qkv), x.attn, x.lse, shape, ad,
+                           docs_.reset_attention_mask ? a.document_ids() : nullptr, attention_math_, d_3c16, d_qkv_b,
+                           nullptr, softmax_offset_grad(p));
       }
+      if (rope_ && cfg_.rotary_layer(l)) {  // d(q, k) before the rotation, each run of tokens at its positions
+        for (const TokenRun& r : token_runs(B, T)) {
+          RopeTable t = rope_->table();
+          t.cos += r.position * t.half;
+          t.sin += r.position * t.half;
+          t.positions -= r.position;
+          rope_backward(sc.d_3c + r.row * qkv_local(), t, r.rows, cp_.on() ? r.rows : T, qkv_layout());
+        }
+      }
+      if (cfg_.qk_norm())  // d(q, k) before their norm
+        qk_layernorm_backward(sc.d_3c, qk_norm_grads(p), x.qk_raw, x.qk_mean, x.qk_rstd, qk_norm_params(p), sc.qk_tmp,
+                              sc.qk_dx, N, qkv_layout(), qk_normalization());
     }
-    if (cfg_.qk_norm())  // d(q, k) before their norm
-      qk_layernorm_backward(sc.d_3c, qk_norm_grads(p), x.qk_raw, x.qk_mean, x.qk_rstd, qk_norm_params(p), sc.qk_tmp,
-                            sc.qk_dx, N, qkv_layout(), qk_normalization());
     // --recompute-modules layernorm: LN1's output again (the QKV layer's weight gradient reads it).
     if (cfg_.recompute_layernorm()) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, a.resid[i], p.ln1_w, p.ln1_b, Ns);
     if (mla)
@@ -1565,7 +1554,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     else
       column_parallel_linear_backward(tp_, sc.d_c1, sc.d_s, params_.grad(p.qkv_w),
                                       d_qkv_b ? nullptr : bias_grad_or_null(p.qkv_b), d_3c16 ? nullptr : sc.d_3c,
-                                      ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(),
+                                      ln_input(x.ln1, N), params_.param(p.qkv_w), N, C, qkv_local(p),
                                       ln_grad_site(p.qkv_w), d_3c16);
     // d_resid becomes d(layer input): the output gradient of the previous layer's fc2 (made
     // here with residual_grad_out), or the chunk's input gradient after the first layer.
@@ -1576,7 +1565,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     d_rows_made = fc2_grad.bf16 != nullptr;
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b, p.proj_w,
                  p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b, p.q_proj_w, p.q_down_w, p.q_up_w,
-                 p.kv_down_w, p.kv_up_w});
+                 p.kv_down_w, p.kv_up_w, p.conv_w, p.dt_bias, p.a_log, p.out_norm_w, p.out_norm_b});
   }
 }
 

@@ -446,17 +446,18 @@ class GPTModel {
   // A Gated DeltaNet layer (model/gated_delta_net.cpp): its core, from in_proj's output x.qkv to out_proj's
   // input x.attn [N, Hv Dv / P] (forward; selective recomputation), and the backward from out_proj's input
   // gradient in d_c2 (overwritten) to in_proj's output gradient in d_3c, with the gradients of conv1d,
-  // A_log, dt_bias and out_norm; it reruns the core's forward first (only x.qkv and x.attn are kept).
+  // A_log, dt_bias and out_norm; it reruns the core's forward first (only x.qkv and x.attn are kept),
+  // unless `fresh`: recomputation has just run it (gdn_forward the layer's last, its buffers as needed).
   // Under context parallelism the core runs over the whole sequences on every rank (GdnContextParallel).
   GdnShape gdn_shape(int64_t B, int64_t T) const;
   void gdn_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
-  void gdn_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
+  void gdn_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T, bool fresh);
   // The core on rows x [N, W] (s's shape) into y [N, Hv Dv] with g's buffers; and its backward from dy
-  // (overwritten) into dx [N, W] (written), the forward made again first (into y), the parameters'
-  // gradients added to theirs, or to `sink` (when not null).
+  // (overwritten) into dx [N, W] (written), the forward made again first (into y) unless `fresh`, the
+  // parameters' gradients added to theirs, or to `sink` (when not null).
   void gdn_core_forward(const LayerParams& p, GdnScratch& g, const float* x, float* y, const GdnShape& s);
   void gdn_core_backward(const LayerParams& p, GdnScratch& g, const float* x, float* y, float* dy, float* dx,
-                         const GdnShape& s, float* sink);
+                         const GdnShape& s, float* sink, bool fresh);
   // qkv's queries and keys rotated in place, each run of tokens at its positions (the rotary embedding),
   // unless layer `layer` is a NoPE layer (--no-rope-freq).
   void rotate_qkv(float* qkv, int64_t B, int64_t T, int64_t layer);

@@ -55,6 +55,20 @@ expect_resumed_losses() {
   fi
 }
 
+# expect_close_losses NAME GOT WANT N: the metrics files GOT and WANT hold N lm losses each, every one of
+# GOT within 1e-5 (relative) of WANT's: another parallel layout's run against one process's.
+expect_close_losses() {
+  local got want
+  got=$(grep -o '"lm_loss":[^,}]*' "$2" | cut -d: -f2)
+  want=$(grep -o '"lm_loss":[^,}]*' "$3" | cut -d: -f2)
+  if paste <(echo "$got") <(echo "$want") |
+     awk -v n="$4" '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; k++ } END { exit bad || k != n }'; then
+    pass "$1"
+  else
+    fail "$1: $(echo $got | tr -s ' ' | cut -c1-80) against $(echo $want | cut -c1-80)"
+  fi
+}
+
 # Number of lines in a file, counting a last line without a newline.
 line_count() { awk 'END { print NR }' "$1"; }
 

@@ -64,19 +64,13 @@ if run tp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversu
      "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 8 --tensor-model-parallel-size 2 --sequence-parallel \
      --metrics-file t2.jsonl &&
    run tp1 "$LATTICE" train "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 8 --metrics-file t1.jsonl; then
-  paste <(field t2.jsonl lm_loss) <(field t1.jsonl lm_loss) |
-    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 8 }' &&
-    pass "TP 2 with sequence parallelism: the single process's 8 losses" ||
-    fail "TP 2 differs from one process: $(field t2.jsonl lm_loss | tail -n 1) vs $(field t1.jsonl lm_loss | tail -n 1)"
+  expect_close_losses "TP 2 with sequence parallelism: the single process's 8 losses" t2.jsonl t1.jsonl 8
 fi
 
 # Context parallelism: every rank runs the GDN layers over the whole sequences; one process's losses.
 if run cp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
      "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 8 --context-parallel-size 2 --metrics-file c2.jsonl; then
-  paste <(field c2.jsonl lm_loss) <(field t1.jsonl lm_loss) |
-    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 8 }' &&
-    pass "CP 2: the single process's 8 losses" ||
-    fail "CP 2 differs from one process: $(field c2.jsonl lm_loss | tail -n 1) vs $(field t1.jsonl lm_loss | tail -n 1)"
+  expect_close_losses "CP 2: the single process's 8 losses" c2.jsonl t1.jsonl 8
 fi
 
 # A prediction depth (--mtp-num-layers 1) after a last GDN layer is a GDN layer; TP 2 x SP gives one
@@ -86,10 +80,7 @@ if run mtp1 "$LATTICE" train "${MODEL[@]}" "${GDN_SHAPE[@]}" "${MTP[@]}" "${RUN[
    run mtp_tp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
      "${MODEL[@]}" "${GDN_SHAPE[@]}" "${MTP[@]}" "${RUN[@]}" --train-iters 6 --tensor-model-parallel-size 2 \
      --sequence-parallel --metrics-file p2.jsonl; then
-  paste <(field p2.jsonl lm_loss) <(field p1.jsonl lm_loss) |
-    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad = 1; n++ } END { exit bad || n != 6 }' &&
-    pass "with a GDN prediction depth, TP 2 x SP: the single process's 6 losses" ||
-    fail "TP 2 with the prediction depth differs from one process"
+  expect_close_losses "with a GDN prediction depth, TP 2 x SP: the single process's 6 losses" p2.jsonl p1.jsonl 6
 fi
 
 expect_error "GDN without SwiGLU" "needs --swiglu" -- "$LATTICE" train --num-layers 2 --hidden-size 32 \

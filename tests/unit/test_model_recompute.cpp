@@ -191,6 +191,34 @@ TEST(ModelRecomputeMla, TrainingIsBitIdentical) {
   EXPECT_THROW(no_latent.finalize(), Error);
 }
 
+// --experimental-attention-variant gated_delta_net (GDN layers among the Llama-style layers with experts, the
+// attention gated): a recomputed GDN layer's core is made once before its backward, which then uses those
+// buffers rather than making them again; bit for bit the run without recomputation.
+TEST(ModelRecomputeGatedDeltaNet, TrainingIsBitIdentical) {
+  auto gdn = [](const Recompute& r) {
+    TransformerConfig c = config(kNone, 0.1f, true);
+    c.recompute_granularity = r.granularity;
+    c.recompute_method = r.method;
+    c.recompute_num_layers = r.num_layers;
+    c.recompute_modules = split_modules(r.modules);
+    c.attention_output_gate = true;
+    c.experimental_attention_variant = "gated_delta_net";
+    c.linear_attention_pattern.assign(size_t(kLayers), 1);
+    c.linear_attention_pattern.back() = 0;
+    c.linear_num_key_heads = 2;
+    c.linear_num_value_heads = 4;
+    c.linear_key_head_dim = 8;
+    c.linear_value_head_dim = 6;
+    c.finalize();
+    return c;
+  };
+  const TrainRun base = train_config(gdn(kNone));
+  for (const Recompute& r : {Recompute{"full", "uniform", 2}, Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
+                             Recompute{"selective", "", 0, "core_attn mlp layernorm moe"}})
+    expect_bit_identical(train_config(gdn(r)), base, r);
+  EXPECT_NE(base.losses.front(), base.losses.back());
+}
+
 // MoE-layer recomputation (--recompute-modules moe, alone or with core_attn; --moe-layer-recompute):
 // every MoE layer's routing, gathered rows and experts rerun before its backward into one shared
 // copy of their buffers. Bit for bit the run without, and the arena keeps one MoE layer's buffers
