@@ -2,11 +2,13 @@
 // update, the gradient norm, the GELU passes, LayerNorm, the fused cross entropy, each at the
 // size it has in the 124M model (B=4, T=64), with the bytes each moves, so the reported
 // bytes_per_second compares with the machine's memory bandwidth (a plain copy, Copy, is the
-// reference); and one layer's causal attention at T=64 and T=1024 (GFLOP/s).
+// reference); one layer's causal attention at T=64 and T=1024 (GFLOP/s); a Gated DeltaNet layer's delta rule
+// and convolution.
 // docs/benchmarks.md, "Memory-bound kernels", has the results.
 //   build/kernel_bench [--benchmark_filter=Adamw] [--benchmark_repetitions=5]
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -15,6 +17,7 @@
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/gated_delta_net.h"
 #include "kernels/layernorm.h"
 #include "kernels/optimizer.h"
 
@@ -182,6 +185,78 @@ void SlidingWindowAttention(benchmark::State& st) {
 }
 BENCHMARK(SlidingWindowAttention)->Args({-1, 0})->Args({256, 0})->Args({-1, 1})->Args({256, 1})
     ->ArgNames({"window", "backward"})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The gated delta rule of one Gated DeltaNet layer (kernels/gated_delta_net.h) at a Qwen3.5-like head shape, 4 key
+// and 8 value heads of 128, B=2 sequences of T=1024, its q, k, values, g and beta made by the layer's own
+// convolution and gates from random in_proj rows with Megatron's initial A_log (log U(1, 16)) and dt_bias (1):
+// the forward (with its state checkpoints every 64 tokens) or the backward. tokens_per_second counts the B T
+// tokens of one call.
+lattice::GdnShape gdn_bench_shape() {
+  lattice::GdnShape s;
+  s.B = 2;
+  s.T = 1024;
+  s.Hk = 4;
+  s.Hv = 8;
+  s.Dk = 128;
+  s.Dv = 128;
+  s.K = 4;
+  s.chunk = 64;
+  return s;
+}
+
+void GatedDeltaRule(benchmark::State& st) {
+  const lattice::GdnShape s = gdn_bench_shape();
+  const bool backward = st.range(0) != 0;
+  const int64_t N = s.N();
+  const std::vector<float> x = random_vector(N * s.width(), 1.0f, 5), w = random_vector(s.conv() * s.K, 0.3f, 6),
+                           d_o = random_vector(N * s.v(), 1.0f, 9), dt_bias(static_cast<size_t>(s.Hv), 1.0f);
+  std::vector<float> A_log(static_cast<size_t>(s.Hv));
+  for (int64_t h = 0; h < s.Hv; ++h) A_log[size_t(h)] = std::log(1.0f + 15.0f * float(h) / float(s.Hv));
+  auto buffer = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+  std::vector<float> u = buffer(N * s.conv()), q = buffer(N * s.qk()), k = buffer(N * s.qk()), g = buffer(N * s.Hv),
+                     beta = buffer(N * s.Hv), o = buffer(N * s.v()), state = buffer(s.B * s.Hv * s.state()),
+                     ckpt = buffer(s.B * s.Hv * s.chunks() * s.state()), dq_v = buffer(N * s.Hv * s.Dk),
+                     dk_v = buffer(N * s.Hv * s.Dk), du = buffer(N * s.conv()), dg = buffer(N * s.Hv),
+                     dbeta = buffer(N * s.Hv), work = buffer(lattice::gdn_delta_rule_work(s));
+  lattice::gdn_conv_forward(u.data(), x.data(), w.data(), s);
+  lattice::gdn_gates_forward(q.data(), k.data(), g.data(), beta.data(), u.data(), x.data(), A_log.data(),
+                             dt_bias.data(), s);
+  lattice::gdn_delta_rule_forward(o.data(), state.data(), ckpt.data(), q.data(), k.data(), u.data(), g.data(),
+                                  beta.data(), s);
+  for (auto _ : st) {
+    if (backward)
+      lattice::gdn_delta_rule_backward(dq_v.data(), dk_v.data(), du.data(), dg.data(), dbeta.data(), work.data(),
+                                       d_o.data(), ckpt.data(), q.data(), k.data(), u.data(), g.data(), beta.data(), s);
+    else
+      lattice::gdn_delta_rule_forward(o.data(), state.data(), ckpt.data(), q.data(), k.data(), u.data(), g.data(),
+                                      beta.data(), s);
+    benchmark::DoNotOptimize(backward ? dq_v.data() : o.data());
+  }
+  st.counters["tokens_per_second"] =
+      benchmark::Counter(double(N) * double(st.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(GatedDeltaRule)->Arg(0)->Arg(1)->ArgName("backward")->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The same layer's causal depthwise convolution (kernel 4 over its 2048 q, k, v channels) and SiLU, forward
+// or backward (the input's and the weights' gradients).
+void GatedDeltaNetConv(benchmark::State& st) {
+  const lattice::GdnShape s = gdn_bench_shape();
+  const bool backward = st.range(0) != 0;
+  const int64_t N = s.N();
+  const std::vector<float> x = random_vector(N * s.width(), 1.0f, 5), w = random_vector(s.conv() * s.K, 0.3f, 6),
+                           du = random_vector(N * s.conv(), 1.0f, 7);
+  std::vector<float> u(static_cast<size_t>(N * s.conv())), dx(x.size()), dw(w.size());
+  for (auto _ : st) {
+    if (backward)
+      lattice::gdn_conv_backward(dx.data(), dw.data(), du.data(), x.data(), w.data(), s);
+    else
+      lattice::gdn_conv_forward(u.data(), x.data(), w.data(), s);
+    benchmark::DoNotOptimize(backward ? dx.data() : u.data());
+  }
+  st.counters["tokens_per_second"] =
+      benchmark::Counter(double(N) * double(st.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(GatedDeltaNetConv)->Arg(0)->Arg(1)->ArgName("backward")->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -11,11 +11,13 @@
 // The out_norm of each o_t head (the model's LayerNorm or RMSNorm over Dv, kernels/layernorm.h) times
 // silu(z) then goes to out_proj (gdn_output_gate_*).
 //
-// The state is kept column by column: S[:, j] is Dk contiguous floats ([Dv, Dk] per head), and one
-// step of a column is the same host-device function on both devices (math:: below). The backward runs
-// the sequence in reverse from state checkpoints saved every `chunk` tokens by the forward, recomputing
-// each chunk's states in a workspace. The CPU kernels are in kernels/cpu/gated_delta_net.cpp, their
-// CUDA twins in kernels/cuda/gated_delta_net.cu.
+// The state is kept column by column: S[:, j] is Dk contiguous floats ([Dv, Dk] per head). The forward
+// saves the state every `chunk` tokens; the backward runs the sequence's chunks in reverse from these
+// checkpoints. The CPU computes each chunk in closed form through GEMMs (the chunked algorithm,
+// kernels/cpu/gated_delta_rule.cpp); the CUDA kernels (kernels/cuda/gated_delta_net.cu) run the rule step by
+// step, a thread per state column, the backward recomputing each chunk's states in a workspace. The other
+// kernels' row math is shared by both devices (math:: below); the CPU ones are in
+// kernels/cpu/gated_delta_net.cpp.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -93,56 +95,10 @@ LATTICE_HD inline float gdn_beta_grad(float b, float dbeta) {
   return dbeta * s * (1.0f - s);
 }
 
-// One forward step of state column s (Dk floats, stride 1): s = e s; delta = beta (v - s.k); s += k delta;
-// returns s.q (the output o_j); delta is left in delta_out.
-LATTICE_HD inline float gdn_step(float* s, int64_t Dk, const float* k, const float* q, float e, float beta, float v,
-                                 float& delta_out) {
-  float kv = 0.0f;
-  for (int64_t i = 0; i < Dk; ++i) {
-    s[i] *= e;
-    kv += s[i] * k[i];
-  }
-  const float delta = beta * (v - kv);
-  float o = 0.0f;
-  for (int64_t i = 0; i < Dk; ++i) {
-    s[i] += k[i] * delta;
-    o += s[i] * q[i];
-  }
-  delta_out = delta;
-  return o;
-}
-// The backward of one step, in three parts (the CPU runs them in turn over the columns, the GPU with a
-// thread per column, then per row). ds is the column of dS_t (the state's gradient from the later
-// steps, before this step's output adds q do), col the column of S_{t-1}, do_j the output's gradient,
-// qk = q.k.
-// Part 1: delta_j, the gradient of delta_j (ddelta), of v_j (dv) and beta's share (dbeta).
-LATTICE_HD inline void gdn_step_back_delta(const float* ds, const float* col, int64_t Dk, const float* k, float e,
-                                           float beta, float v, float do_j, float qk, float& delta, float& ddelta,
-                                           float& dv, float& dbeta) {
-  float kv = 0.0f, dk_dot = 0.0f;
-  for (int64_t i = 0; i < Dk; ++i) {
-    kv += col[i] * k[i];
-    dk_dot += ds[i] * k[i];
-  }
-  kv *= e;
-  delta = beta * (v - kv);
-  ddelta = dk_dot + qk * do_j;
-  dv = beta * ddelta;
-  dbeta = ddelta * (v - kv);
-}
-// Part 3: the column of dS_{t-1} in place, e (ds + q do_j + k dkv) with dkv = -beta ddelta; returns the
-// column's share of the gradient of e, (ds + q do_j + k dkv) . col.
-LATTICE_HD inline float gdn_step_back_state(float* ds, const float* col, int64_t Dk, const float* q, const float* k,
-                                            float e, float do_j, float dkv) {
-  float de = 0.0f;
-  for (int64_t i = 0; i < Dk; ++i) {
-    const float d = ds[i] + q[i] * do_j + k[i] * dkv;
-    de += d * col[i];
-    ds[i] = e * d;
-  }
-  return de;
-}
 }  // namespace math
+
+// Fails naming the kernel `what` unless every dimension is positive and Hv a multiple of Hk.
+void gdn_check_shape(const GdnShape& s, const char* what);
 
 // u [N, Cc] = silu(conv1d(x[:, :Cc])) with w [Cc, K] (Megatron's conv1d.weight [Cc, 1, K]):
 // u[b, t, c] = silu(sum_j w[c, j] x[b, t - K + 1 + j, c]), zeros before each sequence's start.
@@ -165,7 +121,8 @@ void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const fl
                             const float* g, const float* beta, const GdnShape& s, bool from_state = false);
 // Its backward from d_o [N, Hv, Dv] and the forward's checkpoints: dq_v, dk_v [N, Hv, Dk] (each value head's
 // share of its key head's gradients), du's v columns, dg and dbeta [N, Hv], all written. work:
-// [B, Hv, chunk + 1, Dv, Dk] (gdn_delta_rule_work).
+// [B, Hv, chunk + 1, Dv, Dk] (gdn_delta_rule_work), the CUDA kernel's chunk states (the CPU's chunk
+// buffers are its threads' own).
 void gdn_delta_rule_backward(float* dq_v, float* dk_v, float* du, float* dg, float* dbeta, float* work,
                              const float* d_o, const float* checkpoints, const float* q, const float* k, const float* u,
                              const float* g, const float* beta, const GdnShape& s);

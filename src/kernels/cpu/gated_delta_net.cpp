@@ -13,63 +13,99 @@ namespace lattice {
 namespace {
 constexpr int64_t kParallelMin = 32768;
 
-void check_shape(const GdnShape& s, const char* what) {
+// w [Cc, K] as [K, Cc]: each tap's weights over the channels contiguous, as x's rows are.
+std::vector<float> taps_by_channel(const float* w, int64_t Cc, int64_t K) {
+  std::vector<float> wt(size_t(Cc * K));
+  for (int64_t c = 0; c < Cc; ++c)
+    for (int64_t j = 0; j < K; ++j) wt[size_t(j * Cc + c)] = w[c * K + j];
+  return wt;
+}
+
+// pre [Cc]: the convolution's pre-activation at row n, every channel at once (math::gdn_conv_pre's sum,
+// the taps in the same order).
+void conv_pre_row(float* pre, const float* x, const float* wt, int64_t n, const GdnShape& s) {
+  const int64_t Cc = s.conv(), W = s.width(), K = s.K, t = n % s.T;
+  std::fill(pre, pre + Cc, 0.0f);
+  for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) {
+    const float* xr = x + (n - K + 1 + j) * W;
+    const float* wj = wt + j * Cc;
+    for (int64_t c = 0; c < Cc; ++c) pre[c] += wj[c] * xr[c];
+  }
+}
+
+constexpr int64_t kChannelBlock = 64;  // the weight gradient's channels per thread task
+
+}  // namespace
+
+void gdn_check_shape(const GdnShape& s, const char* what) {
   LATTICE_CHECK(s.B > 0 && s.T > 0 && s.Hk > 0 && s.Hv > 0 && s.Hv % s.Hk == 0 && s.Dk > 0 && s.Dv > 0 && s.K > 0 &&
                 s.chunk > 0)
       << what << ": sequences " << s.B << " x " << s.T << ", key heads " << s.Hk << ", value heads " << s.Hv
       << ", head dims " << s.Dk << " and " << s.Dv << ", kernel " << s.K << ", chunk " << s.chunk;
 }
 
-}  // namespace
-
 void gdn_conv_forward(float* u, const float* x, const float* w, const GdnShape& s) {
   LATTICE_KERNEL_ENTRY(cuda::gdn_conv_forward(u, x, w, s));
-  check_shape(s, "gdn_conv_forward");
-  const int64_t Cc = s.conv(), W = s.width(), K = s.K, T = s.T;
-#pragma omp parallel for schedule(static) if (s.N() * Cc * K > kParallelMin)
-  for (int64_t n = 0; n < s.N(); ++n)
-    for (int64_t c = 0; c < Cc; ++c) u[n * Cc + c] = math::silu(math::gdn_conv_pre(x, w, n, c, T, W, K));
+  gdn_check_shape(s, "gdn_conv_forward");
+  const int64_t Cc = s.conv();
+  const std::vector<float> wt = taps_by_channel(w, Cc, s.K);
+#pragma omp parallel for schedule(static) if (s.N() * Cc * s.K > kParallelMin)
+  for (int64_t n = 0; n < s.N(); ++n) {
+    float* un = u + n * Cc;
+    conv_pre_row(un, x, wt.data(), n, s);
+    for (int64_t c = 0; c < Cc; ++c) un[c] = math::silu(un[c]);
+  }
 }
 
 void gdn_conv_backward(float* dx, float* dw, const float* du, const float* x, const float* w, const GdnShape& s) {
   LATTICE_KERNEL_ENTRY(cuda::gdn_conv_backward(dx, dw, du, x, w, s));
-  check_shape(s, "gdn_conv_backward");
-  const int64_t Cc = s.conv(), W = s.width(), K = s.K, T = s.T;
-  // The pre-activation's gradient dp = du silu'(p), p recomputed, per channel over every sequence.
-  std::vector<float> dp(size_t(s.N() * Cc));
-#pragma omp parallel for schedule(static) if (s.N() * Cc * K > kParallelMin)
-  for (int64_t n = 0; n < s.N(); ++n)
-    for (int64_t c = 0; c < Cc; ++c)
-      dp[size_t(n * Cc + c)] = du[n * Cc + c] * math::silu_grad(math::gdn_conv_pre(x, w, n, c, T, W, K));
-  // dx[t] = sum_j w[j] dp[t + K - 1 - j] (within the sequence); dw[c, j] = sum_t dp[t] x[t - K + 1 + j].
-#pragma omp parallel for schedule(static) if (s.N() * Cc * K > kParallelMin)
-  for (int64_t n = 0; n < s.N(); ++n) {
+  gdn_check_shape(s, "gdn_conv_backward");
+  const int64_t Cc = s.conv(), W = s.width(), K = s.K, T = s.T, N = s.N();
+  const std::vector<float> wt = taps_by_channel(w, Cc, K);
+  // The pre-activation's gradient dp = du silu'(p), p recomputed, row by row.
+  std::vector<float> dp(size_t(N * Cc));
+#pragma omp parallel for schedule(static) if (N * Cc * K > kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    float* dpn = dp.data() + n * Cc;
+    conv_pre_row(dpn, x, wt.data(), n, s);
+    for (int64_t c = 0; c < Cc; ++c) dpn[c] = du[n * Cc + c] * math::silu_grad(dpn[c]);
+  }
+  // dx[t] = sum_j w[j] dp[t + K - 1 - j] (within the sequence), row by row, the taps in order.
+#pragma omp parallel for schedule(static) if (N * Cc * K > kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
     const int64_t t = n % T;
-    for (int64_t c = 0; c < Cc; ++c) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < K; ++j) {
-        const int64_t tt = t + K - 1 - j;
-        if (tt < T) acc += w[c * K + j] * dp[size_t((n + K - 1 - j) * Cc + c)];
-      }
-      dx[n * W + c] = acc;
+    float* dxn = dx + n * W;
+    std::fill(dxn, dxn + Cc, 0.0f);
+    for (int64_t j = std::max<int64_t>(0, t + K - T); j < K; ++j) {  // t + K - 1 - j within the sequence
+      const float* wj = wt.data() + j * Cc;
+      const float* dpr = dp.data() + (n + K - 1 - j) * Cc;
+      for (int64_t c = 0; c < Cc; ++c) dxn[c] += wj[c] * dpr[c];
     }
   }
-#pragma omp parallel for schedule(static) if (s.N() * Cc * K > kParallelMin)
-  for (int64_t c = 0; c < Cc; ++c)
-    for (int64_t j = 0; j < K; ++j) {
-      float acc = 0.0f;
-      for (int64_t n = 0; n < s.N(); ++n) {
-        const int64_t t = n % T;
-        if (t - K + 1 + j >= 0) acc += dp[size_t(n * Cc + c)] * x[(n - K + 1 + j) * W + c];
+  // dw[c, j] += sum_t dp[t] x[t - K + 1 + j]: a block of channels per task, the rows in order.
+  const int64_t blocks = (Cc + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) if (N * Cc * K > kParallelMin)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kChannelBlock, nc = std::min(Cc, c0 + kChannelBlock) - c0;
+    std::vector<float> acc(size_t(K * nc), 0.0f);  // [K, nc]
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t t = n % T;
+      const float* dpn = dp.data() + n * Cc + c0;
+      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) {
+        const float* xr = x + (n - K + 1 + j) * W + c0;
+        float* aj = acc.data() + j * nc;
+        for (int64_t c = 0; c < nc; ++c) aj[c] += dpn[c] * xr[c];
       }
-      dw[c * K + j] += acc;
     }
+    for (int64_t c = 0; c < nc; ++c)
+      for (int64_t j = 0; j < K; ++j) dw[(c0 + c) * K + j] += acc[size_t(j * nc + c)];
+  }
 }
 
 void gdn_gates_forward(float* q, float* k, float* g, float* beta, const float* u, const float* x, const float* A_log,
                        const float* dt_bias, const GdnShape& s) {
   LATTICE_KERNEL_ENTRY(cuda::gdn_gates_forward(q, k, g, beta, u, x, A_log, dt_bias, s));
-  check_shape(s, "gdn_gates_forward");
+  gdn_check_shape(s, "gdn_gates_forward");
   const int64_t Cc = s.conv(), W = s.width(), Dk = s.Dk, QK = s.qk();
   const float scale = 1.0f / std::sqrt(float(Dk));
 #pragma omp parallel for schedule(static) if (s.N() * Cc > kParallelMin)
@@ -89,7 +125,7 @@ void gdn_gates_backward(float* du, float* dx, float* dA_log, float* d_dt_bias, c
                         const float* dg, const float* dbeta, const float* u, const float* x, const float* A_log,
                         const float* dt_bias, const GdnShape& s) {
   LATTICE_KERNEL_ENTRY(cuda::gdn_gates_backward(du, dx, dA_log, d_dt_bias, dq, dk, dg, dbeta, u, x, A_log, dt_bias, s));
-  check_shape(s, "gdn_gates_backward");
+  gdn_check_shape(s, "gdn_gates_backward");
   const int64_t Cc = s.conv(), W = s.width(), Dk = s.Dk, QK = s.qk();
   const float scale = 1.0f / std::sqrt(float(Dk));
 #pragma omp parallel for schedule(static) if (s.N() * Cc > kParallelMin)
@@ -116,108 +152,9 @@ void gdn_gates_backward(float* du, float* dx, float* dA_log, float* d_dt_bias, c
   }
 }
 
-void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const float* q, const float* k, const float* u,
-                            const float* g, const float* beta, const GdnShape& s, bool from_state) {
-  LATTICE_KERNEL_ENTRY(cuda::gdn_delta_rule_forward(o, state, checkpoints, q, k, u, g, beta, s, from_state));
-  check_shape(s, "gdn_delta_rule_forward");
-  const int64_t T = s.T, Hv = s.Hv, Dk = s.Dk, Dv = s.Dv, Cc = s.conv(), S = s.state();
-#pragma omp parallel for schedule(static) collapse(2) if (s.N() * Hv * S > kParallelMin)
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t h = 0; h < Hv; ++h) {
-      float* st = state + (b * Hv + h) * S;
-      if (!from_state) std::fill(st, st + S, 0.0f);
-      const int64_t kh = h / s.group();
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t n = b * T + t;
-        if (checkpoints && t % s.chunk == 0)
-          std::memcpy(checkpoints + ((b * Hv + h) * s.chunks() + t / s.chunk) * S, st, size_t(S) * sizeof(float));
-        const float* kt = k + (n * s.Hk + kh) * Dk;
-        const float* qt = q + (n * s.Hk + kh) * Dk;
-        const float e = math::exp(g[n * Hv + h]), bt = beta[n * Hv + h];
-        const float* v = u + n * Cc + 2 * s.qk() + h * Dv;
-        float* out = o + (n * Hv + h) * Dv;
-        for (int64_t j = 0; j < Dv; ++j) {
-          float delta;
-          out[j] = math::gdn_step(st + j * Dk, Dk, kt, qt, e, bt, v[j], delta);
-        }
-      }
-    }
-}
-
-void gdn_delta_rule_backward(float* dq_v, float* dk_v, float* du, float* dg, float* dbeta, float* work,
-                             const float* d_o, const float* checkpoints, const float* q, const float* k, const float* u,
-                             const float* g, const float* beta, const GdnShape& s) {
-  LATTICE_KERNEL_ENTRY(
-      cuda::gdn_delta_rule_backward(dq_v, dk_v, du, dg, dbeta, work, d_o, checkpoints, q, k, u, g, beta, s));
-  check_shape(s, "gdn_delta_rule_backward");
-  const int64_t T = s.T, Hv = s.Hv, Dk = s.Dk, Dv = s.Dv, Cc = s.conv(), S = s.state();
-#pragma omp parallel for schedule(static) collapse(2) if (s.N() * Hv * S > kParallelMin)
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t h = 0; h < Hv; ++h) {
-      float* ds = work + (b * Hv + h) * (s.chunk + 1) * S;  // dS, then the chunk's states S_{t-1}
-      float* states = ds + S;
-      std::fill(ds, ds + S, 0.0f);
-      const int64_t kh = h / s.group();
-      std::vector<float> delta(static_cast<size_t>(Dv)), dkv(static_cast<size_t>(Dv));
-      for (int64_t c = s.chunks(); c-- > 0;) {
-        const int64_t t0 = c * s.chunk, t1 = std::min(T, t0 + s.chunk);
-        std::memcpy(states, checkpoints + ((b * Hv + h) * s.chunks() + c) * S, size_t(S) * sizeof(float));
-        for (int64_t t = t0; t + 1 < t1; ++t) {  // states[t - t0] = S_{t-1}
-          const int64_t n = b * T + t;
-          float* next = states + (t - t0 + 1) * S;
-          std::memcpy(next, next - S, size_t(S) * sizeof(float));
-          const float e = math::exp(g[n * Hv + h]), bt = beta[n * Hv + h];
-          const float* v = u + n * Cc + 2 * s.qk() + h * Dv;
-          for (int64_t j = 0; j < Dv; ++j) {
-            float unused;
-            math::gdn_step(next + j * Dk, Dk, k + (n * s.Hk + kh) * Dk, q + (n * s.Hk + kh) * Dk, e, bt, v[j], unused);
-          }
-        }
-        for (int64_t t = t1; t-- > t0;) {
-          const int64_t n = b * T + t;
-          const float* col0 = states + (t - t0) * S;
-          const float* kt = k + (n * s.Hk + kh) * Dk;
-          const float* qt = q + (n * s.Hk + kh) * Dk;
-          const float e = math::exp(g[n * Hv + h]), bt = beta[n * Hv + h];
-          const float* v = u + n * Cc + 2 * s.qk() + h * Dv;
-          const float* dot = d_o + (n * Hv + h) * Dv;
-          float qk = 0.0f;
-          for (int64_t i = 0; i < Dk; ++i) qk += qt[i] * kt[i];
-          float db = 0.0f, dodelta = 0.0f;
-          for (int64_t j = 0; j < Dv; ++j) {
-            float dd, dv, dbj;
-            math::gdn_step_back_delta(ds + j * Dk, col0 + j * Dk, Dk, kt, e, bt, v[j], dot[j], qk, delta[size_t(j)], dd,
-                                      dv, dbj);
-            du[n * Cc + 2 * s.qk() + h * Dv + j] = dv;
-            dkv[size_t(j)] = -bt * dd;
-            db += dbj;
-            dodelta += dot[j] * delta[size_t(j)];
-          }
-          float* dqo = dq_v + (n * Hv + h) * Dk;
-          float* dko = dk_v + (n * Hv + h) * Dk;
-          for (int64_t i = 0; i < Dk; ++i) {
-            float sq = 0.0f, sd = 0.0f, sk = 0.0f;
-            for (int64_t j = 0; j < Dv; ++j) {
-              sq += col0[j * Dk + i] * dot[j];
-              sd += ds[j * Dk + i] * delta[size_t(j)];
-              sk += col0[j * Dk + i] * dkv[size_t(j)];
-            }
-            dqo[i] = e * sq + kt[i] * dodelta;
-            dko[i] = sd + qt[i] * dodelta + e * sk;
-          }
-          float de = 0.0f;
-          for (int64_t j = 0; j < Dv; ++j)
-            de += math::gdn_step_back_state(ds + j * Dk, col0 + j * Dk, Dk, qt, kt, e, dot[j], dkv[size_t(j)]);
-          dg[n * Hv + h] = de * e;
-          dbeta[n * Hv + h] = db;
-        }
-      }
-    }
-}
-
 void gdn_sum_key_heads(float* d, const float* d_v, const GdnShape& s) {
   LATTICE_KERNEL_ENTRY(cuda::gdn_sum_key_heads(d, d_v, s));
-  check_shape(s, "gdn_sum_key_heads");
+  gdn_check_shape(s, "gdn_sum_key_heads");
   const int64_t Dk = s.Dk, G = s.group();
 #pragma omp parallel for schedule(static) if (s.N() * s.Hv * Dk > kParallelMin)
   for (int64_t n = 0; n < s.N(); ++n)
@@ -231,7 +168,7 @@ void gdn_sum_key_heads(float* d, const float* d_v, const GdnShape& s) {
 
 void gdn_output_gate_forward(float* y, const float* n_in, const float* x, const GdnShape& s) {
   LATTICE_KERNEL_ENTRY(cuda::gdn_output_gate_forward(y, n_in, x, s));
-  check_shape(s, "gdn_output_gate_forward");
+  gdn_check_shape(s, "gdn_output_gate_forward");
   const int64_t V = s.v(), W = s.width();
 #pragma omp parallel for schedule(static) if (s.N() * V > kParallelMin)
   for (int64_t n = 0; n < s.N(); ++n)
@@ -241,7 +178,7 @@ void gdn_output_gate_forward(float* y, const float* n_in, const float* x, const 
 void gdn_output_gate_backward(float* dn, float* dx, const float* dy, const float* n_in, const float* x,
                               const GdnShape& s) {
   LATTICE_KERNEL_ENTRY(cuda::gdn_output_gate_backward(dn, dx, dy, n_in, x, s));
-  check_shape(s, "gdn_output_gate_backward");
+  gdn_check_shape(s, "gdn_output_gate_backward");
   const int64_t V = s.v(), W = s.width();
 #pragma omp parallel for schedule(static) if (s.N() * V > kParallelMin)
   for (int64_t n = 0; n < s.N(); ++n)

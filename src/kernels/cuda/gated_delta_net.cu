@@ -1,8 +1,8 @@
 // Gated DeltaNet's kernels on the GPU (kernels/gated_delta_net.h): element kernels with a thread per
 // element; the convolution's weight gradient and the per-head parameters' gradients with a block per
-// output, reduced in a fixed order (ops_reduce.cuh); the delta rule with a block per (sequence, value
-// head), a thread per state column (the CPU's column step, math::gdn_step), the state and the backward's
-// recomputed chunk in global memory, and the backward's row sums with a thread per key dim.
+// output, reduced in a fixed order (ops_reduce.cuh); the delta rule step by step (the CPU's kernel is
+// chunked) with a block per (sequence, value head), a thread per state column (gdn_step), the state and the
+// backward's recomputed chunk in global memory, and the backward's row sums with a thread per key dim.
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ops_reduce.cuh"
@@ -16,6 +16,55 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ int64_t grid_start() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
+
+// One forward step of state column s (Dk floats, stride 1): s = e s; delta = beta (v - s.k); s += k delta;
+// returns s.q (the output o_j); delta is left in delta_out.
+__device__ __forceinline__ float gdn_step(float* s, int64_t Dk, const float* k, const float* q, float e, float beta,
+                                          float v, float& delta_out) {
+  float kv = 0.0f;
+  for (int64_t i = 0; i < Dk; ++i) {
+    s[i] *= e;
+    kv += s[i] * k[i];
+  }
+  const float delta = beta * (v - kv);
+  float o = 0.0f;
+  for (int64_t i = 0; i < Dk; ++i) {
+    s[i] += k[i] * delta;
+    o += s[i] * q[i];
+  }
+  delta_out = delta;
+  return o;
+}
+// The backward of one step, in three parts (a thread per column, then per row). ds is the column of dS_t
+// (the state's gradient from the later steps, before this step's output adds q do), col the column of
+// S_{t-1}, do_j the output's gradient, qk = q.k.
+// Part 1: delta_j, the gradient of delta_j (ddelta), of v_j (dv) and beta's share (dbeta).
+__device__ __forceinline__ void gdn_step_back_delta(const float* ds, const float* col, int64_t Dk, const float* k,
+                                                    float e, float beta, float v, float do_j, float qk, float& delta,
+                                                    float& ddelta, float& dv, float& dbeta) {
+  float kv = 0.0f, dk_dot = 0.0f;
+  for (int64_t i = 0; i < Dk; ++i) {
+    kv += col[i] * k[i];
+    dk_dot += ds[i] * k[i];
+  }
+  kv *= e;
+  delta = beta * (v - kv);
+  ddelta = dk_dot + qk * do_j;
+  dv = beta * ddelta;
+  dbeta = ddelta * (v - kv);
+}
+// Part 3: the column of dS_{t-1} in place, e (ds + q do_j + k dkv) with dkv = -beta ddelta; returns the
+// column's share of the gradient of e, (ds + q do_j + k dkv) . col.
+__device__ __forceinline__ float gdn_step_back_state(float* ds, const float* col, int64_t Dk, const float* q,
+                                                     const float* k, float e, float do_j, float dkv) {
+  float de = 0.0f;
+  for (int64_t i = 0; i < Dk; ++i) {
+    const float d = ds[i] + q[i] * do_j + k[i] * dkv;
+    de += d * col[i];
+    ds[i] = e * d;
+  }
+  return de;
+}
 
 __device__ __forceinline__ float conv_pre(const float* x, const float* w, int64_t n, int64_t c, const GdnShape& s) {
   return math::gdn_conv_pre(x, w, n, c, s.T, s.width(), s.K);
@@ -138,7 +187,7 @@ __global__ void delta_rule_forward_kernel(float* o, float* state, float* checkpo
     const float e = math::exp(g[n * s.Hv + h]), bt = beta[n * s.Hv + h];
     float delta;
     o[(n * s.Hv + h) * Dv + j] =
-        math::gdn_step(st + j * Dk, Dk, kt, qt, e, bt, u[n * s.conv() + 2 * s.qk() + h * Dv + j], delta);
+        gdn_step(st + j * Dk, Dk, kt, qt, e, bt, u[n * s.conv() + 2 * s.qk() + h * Dv + j], delta);
   }
 }
 
@@ -178,7 +227,7 @@ __global__ void delta_rule_backward_kernel(float* dq_v, float* dk_v, float* du, 
         const float* prev = next - S;
         for (int64_t i = 0; i < Dk; ++i) next[i] = prev[i];
         float unused;
-        math::gdn_step(next, Dk, kt, qt, math::exp(g[n * s.Hv + h]), beta[n * s.Hv + h],
+        gdn_step(next, Dk, kt, qt, math::exp(g[n * s.Hv + h]), beta[n * s.Hv + h],
                        u[n * Cc + 2 * s.qk() + h * Dv + tid], unused);
       }
     }
@@ -193,7 +242,7 @@ __global__ void delta_rule_backward_kernel(float* dq_v, float* dk_v, float* du, 
       if (tid < Dv) {
         const float doj = d_o[(n * s.Hv + h) * Dv + tid];
         float dd, dv, dl;
-        math::gdn_step_back_delta(ds + tid * Dk, col0 + tid * Dk, Dk, kt, e, bt, u[n * Cc + 2 * s.qk() + h * Dv + tid],
+        gdn_step_back_delta(ds + tid * Dk, col0 + tid * Dk, Dk, kt, e, bt, u[n * Cc + 2 * s.qk() + h * Dv + tid],
                                   doj, qk, dl, dd, dv, dbj);
         du[n * Cc + 2 * s.qk() + h * Dv + tid] = dv;
         delta[tid] = dl;
@@ -215,7 +264,7 @@ __global__ void delta_rule_backward_kernel(float* dq_v, float* dk_v, float* du, 
       }
       __syncthreads();  // the row sums read ds before the columns update it
       float de = 0.0f;
-      if (tid < Dv) de = math::gdn_step_back_state(ds + tid * Dk, col0 + tid * Dk, Dk, qt, kt, e, dot[tid], dkv[tid]);
+      if (tid < Dv) de = gdn_step_back_state(ds + tid * Dk, col0 + tid * Dk, Dk, qt, kt, e, dot[tid], dkv[tid]);
       de = block_sum(de);
       if (tid == 0) {
         dg[n * s.Hv + h] = de * e;
