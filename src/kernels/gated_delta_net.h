@@ -121,8 +121,8 @@ void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const fl
                             const float* g, const float* beta, const GdnShape& s, bool from_state = false);
 // Its backward from d_o [N, Hv, Dv] and the forward's checkpoints: dq_v, dk_v [N, Hv, Dk] (each value head's
 // share of its key head's gradients), du's v columns, dg and dbeta [N, Hv], all written. work:
-// [B, Hv, chunk + 1, Dv, Dk] (gdn_delta_rule_work), the CUDA kernel's chunk states (the CPU's chunk
-// buffers are its threads' own).
+// [B, Hv, chunk + 1, Dv, Dk] (gdn_delta_rule_work), the CUDA kernel's chunk states; the CPU's kernel
+// ignores it (its chunk buffers are its threads' own), and it may then be null.
 void gdn_delta_rule_backward(float* dq_v, float* dk_v, float* du, float* dg, float* dbeta, float* work,
                              const float* d_o, const float* checkpoints, const float* q, const float* k, const float* u,
                              const float* g, const float* beta, const GdnShape& s);

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "core/arena.h"
+#include "core/device.h"
 #include "kernels/gated_delta_net.h"
 #include "kernels/layernorm.h"
 #include "model/gpt_model.h"
@@ -53,7 +54,8 @@ void gdn_scratch_carve(GdnScratch& g, Arena& arena, const TransformerConfig& cfg
   g.dk = arena.alloc_f32(N * s.qk(), "grad");
   g.dg = arena.alloc_f32(N * s.Hv, "grad");
   g.dbeta = arena.alloc_f32(N * s.Hv, "grad");
-  g.work = arena.alloc_f32(gdn_delta_rule_work(s), "gated delta net state");
+  // The delta rule backward's workspace is the GPU kernel's: the CPU's chunk buffers are its threads' own.
+  g.work = arena.alloc_f32(kernels_on_gpu() ? gdn_delta_rule_work(s) : 0, "gated delta net state");
 }
 
 void GdnContextParallel::carve(Arena& from, const TransformerConfig& cfg, int64_t tp, int64_t B, int64_t T) {

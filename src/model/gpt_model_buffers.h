@@ -119,7 +119,7 @@ struct GdnScratch {
   float* dk = nullptr;
   float* dg = nullptr;      //   [N, Hv] of g and beta
   float* dbeta = nullptr;
-  float* work = nullptr;    // the delta rule backward's (gdn_delta_rule_work)
+  float* work = nullptr;    // the delta rule backward's on a GPU (gdn_delta_rule_work; none on the CPU)
 };
 // Carves them for this rank's heads out of `arena` (model/gated_delta_net.cpp).
 void gdn_scratch_carve(GdnScratch& g, Arena& arena, const TransformerConfig& cfg, int64_t tp, int64_t B, int64_t T);
