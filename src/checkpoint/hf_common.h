@@ -53,6 +53,7 @@ SafetensorsWriter f32_model_tensors(const std::map<std::string, Shape>& shapes,
 struct ExportOptions {
   std::string dtype = "float32";
   uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default max_shard_size, "5GB"
+  std::string model_type;  // --hf-model-type: the family, where a model has more than one ("": the default)
 };
 // --hf-dtype (float32 | bfloat16 | float16, or fp32 | bf16 | fp16) and --max-shard-size (bytes, or
 // a number with KB, MB, GB (powers of 1000) or KiB, MiB, GiB, as transformers reads it); ""

@@ -14,23 +14,46 @@ using json = nlohmann::json;
 using hf::RowBlock;
 using hf::TensorMap;
 
-// "qwen3_next", "qwen3_5_text" or "" (Qwen3.5's multimodal qwen3_5 config: its text_config's).
+bool multimodal(const json& j) {
+  const std::string type = j.value("model_type", std::string());
+  return (type == "qwen3_5" || type == "qwen3_5_moe") && j.contains("text_config") && j["text_config"].is_object();
+}
+
+// "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text" or "" (Qwen3.5's multimodal qwen3_5 and qwen3_5_moe
+// configs: their text_config's).
 std::string family_of(const json& j) {
   const std::string type = j.value("model_type", std::string());
-  if (type == "qwen3_next" || type == "qwen3_5_text") return type;
-  if (type == "qwen3_5" && j.contains("text_config") && j["text_config"].is_object()) return "qwen3_5_text";
+  if (type == "qwen3_next" || type == "qwen3_5_text" || type == "qwen3_5_moe_text") return type;
+  if (multimodal(j)) return type + "_text";
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const json& a : j["architectures"]) {
       if (a == "Qwen3NextForCausalLM") return "qwen3_next";
       if (a == "Qwen3_5ForCausalLM") return "qwen3_5_text";
+      if (a == "Qwen3_5MoeForCausalLM") return "qwen3_5_moe_text";
     }
   return "";
 }
 
-// The language model's config: Qwen3.5's multimodal config nests it in text_config (the top level's
+// How a family stores what lattice keeps in one tensor.
+struct Layout {
+  bool interleaved = false;        // Qwen3-Next's in_proj_qkvz / in_proj_ba (else Qwen3.5's four flat projections)
+  bool fused_experts = false;      // the decoder layers' experts as 3-D tensors (Qwen3.5-MoE's): gate_up_proj
+                                   // [E, 2 I, H] (each expert's gate rows, then its up rows), down_proj [E, H, I]
+  bool fused_mtp_experts = false;  // the prediction module's experts so too (Qwen3.6's files; Qwen3.5-MoE's
+                                   // keep them per expert, as Qwen3-Next's layers do)
+};
+
+Layout layout_of(const std::string& family) {
+  Layout l;
+  l.interleaved = family == "qwen3_next";
+  l.fused_experts = family == "qwen3_5_moe_text";
+  return l;
+}
+
+// The language model's config: Qwen3.5's multimodal configs nest it in text_config (the top level's
 // tie_word_embeddings applying when the text config has none).
 json text_config(const json& j) {
-  if (j.value("model_type", std::string()) != "qwen3_5" || !j.contains("text_config")) return j;
+  if (!multimodal(j)) return j;
   json t = j["text_config"];
   if (!t.contains("tie_word_embeddings") && j.contains("tie_word_embeddings")) t["tie_word_embeddings"] = j["tie_word_embeddings"];
   return t;
@@ -66,14 +89,11 @@ std::vector<int> linear_layers(const json& j, const std::string& what, int64_t l
   return pattern;
 }
 
-bool qwen3_next_form(const TransformerConfig& c) { return c.moe(); }  // else Qwen3.5's dense text model
-
 // p: the language model's prefix, "model." (or Qwen3.5's multimodal files' "model.language_model.").
-std::vector<TensorMap> tensor_map(const TransformerConfig& c, const std::string& p = "model.") {
+std::vector<TensorMap> tensor_map(const TransformerConfig& c, const Layout& L, const std::string& p = "model.") {
   const int64_t D = c.kv_channels, G = c.num_query_groups, R = c.num_attention_heads / G;
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads, Dk = c.linear_key_head_dim;
   const int64_t Dv = c.linear_value_head_dim, Rv = Hv / Hk, W = 2 * Dk + 2 * Rv * Dv;
-  const bool next = qwen3_next_form(c);
   std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{p + "embed_tokens.weight"}}, true}};
   // Layer l (a prediction depth's: num_layers, of the last layer's kind) with lattice's prefix lat, HF's hf.
   auto add_layer = [&](int64_t l, const std::string& lat, const std::string& hf) {
@@ -82,7 +102,7 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, const std::string&
     if (c.linear_attention_layer(l)) {
       const std::string x = hf + "linear_attn.";
       TensorMap in{a + "in_proj.weight", {}};
-      if (next) {  // in_proj_qkvz [Hk, (q Dk, k Dk, v R Dv, z R Dv)], in_proj_ba [Hk, (b R, a R)]
+      if (L.interleaved) {  // in_proj_qkvz [Hk, (q Dk, k Dk, v R Dv, z R Dv)], in_proj_ba [Hk, (b R, a R)]
         const std::string qkvz = x + "in_proj_qkvz.weight", ba = x + "in_proj_ba.weight";
         for (int64_t i = 0; i < Hk; ++i) in.blocks.push_back({qkvz, i * W, Dk});
         for (int64_t i = 0; i < Hk; ++i) in.blocks.push_back({qkvz, i * W + Dk, Dk});
@@ -117,9 +137,17 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, const std::string&
     m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight"}}});
     if (c.moe_layer(l)) {  // router, experts, the gated shared expert (Qwen2-MoE's names)
       m.push_back({lat + "mlp.router.weight", {{hf + "mlp.gate.weight"}}});
+      const bool fused = l < c.num_layers ? L.fused_experts : L.fused_mtp_experts;
       for (int64_t e = 0; e < c.num_experts; ++e) {
         const std::string x = hf + "mlp.experts." + std::to_string(e) + ".";
         const std::string le = lat + "mlp.experts.local_experts." + std::to_string(e) + ".";
+        if (fused) {  // expert e's slab of the 3-D tensors (rows of H, rows of I): [gate; up] [2 I, H] is
+                      // linear_fc1, [H, I] linear_fc2
+          const int64_t Fe = c.moe_ffn_hidden_size, C = c.hidden_size;
+          m.push_back({le + "linear_fc1.weight", {{hf + "mlp.experts.gate_up_proj", e * 2 * Fe, 2 * Fe}}});
+          m.push_back({le + "linear_fc2.weight", {{hf + "mlp.experts.down_proj", e * C, C}}});
+          continue;
+        }
         m.push_back({le + "linear_fc1.weight", {{x + "gate_proj.weight"}, {x + "up_proj.weight"}}});
         m.push_back({le + "linear_fc2.weight", {{x + "down_proj.weight"}}});
       }
@@ -149,19 +177,18 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, const std::string&
   return m;
 }
 
-std::map<std::string, Shape> hf_shapes(const TransformerConfig& c, const std::string& p = "model.") {
+std::map<std::string, Shape> hf_shapes(const TransformerConfig& c, const Layout& L, const std::string& p = "model.") {
   const int64_t C = c.hidden_size, V = c.vocab_size, F = c.ffn_hidden_size, D = c.kv_channels;
   const int64_t Q = c.attention_width(), KV = D * c.num_query_groups;
   const int64_t QK = c.linear_num_key_heads * c.linear_key_head_dim, Vd = c.gdn_out_width();
   const int64_t Hv = c.linear_num_value_heads;
-  const bool next = qwen3_next_form(c);
   std::map<std::string, Shape> s = {{p + "embed_tokens.weight", {V, C}}, {p + "norm.weight", {C}}};
   auto add_layer = [&](int64_t l, const std::string& hf) {
     s[hf + "input_layernorm.weight"] = {C};
     s[hf + "post_attention_layernorm.weight"] = {C};
     if (c.linear_attention_layer(l)) {
       const std::string x = hf + "linear_attn.";
-      if (next) {
+      if (L.interleaved) {
         s[x + "in_proj_qkvz.weight"] = {2 * QK + 2 * Vd, C};
         s[x + "in_proj_ba.weight"] = {2 * Hv, C};
       } else {
@@ -187,11 +214,16 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c, const std::st
     if (c.moe_layer(l)) {
       const int64_t Fe = c.moe_ffn_hidden_size;
       s[hf + "mlp.gate.weight"] = {c.num_experts, C};
-      for (int64_t e = 0; e < c.num_experts; ++e) {
-        const std::string x = hf + "mlp.experts." + std::to_string(e) + ".";
-        s[x + "gate_proj.weight"] = {Fe, C};
-        s[x + "up_proj.weight"] = {Fe, C};
-        s[x + "down_proj.weight"] = {C, Fe};
+      if (l < c.num_layers ? L.fused_experts : L.fused_mtp_experts) {
+        s[hf + "mlp.experts.gate_up_proj"] = {c.num_experts, 2 * Fe, C};
+        s[hf + "mlp.experts.down_proj"] = {c.num_experts, C, Fe};
+      } else {
+        for (int64_t e = 0; e < c.num_experts; ++e) {
+          const std::string x = hf + "mlp.experts." + std::to_string(e) + ".";
+          s[x + "gate_proj.weight"] = {Fe, C};
+          s[x + "up_proj.weight"] = {Fe, C};
+          s[x + "down_proj.weight"] = {C, Fe};
+        }
       }
       if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
         const std::string x = hf + "mlp.shared_expert.";
@@ -220,17 +252,49 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c, const std::st
 
 bool starts_with(const std::string& s, const char* head) { return s.rfind(head, 0) == 0; }
 
+std::string family_name(const std::string& family) {
+  return family == "qwen3_next"         ? "Qwen3-Next"
+         : family == "qwen3_5_text"     ? "Qwen3.5"
+         : family == "qwen3_5_moe_text" ? "Qwen3.5-MoE"
+                                        : "";
+}
+
+// The family a model is written as: model_type's (--hf-model-type; qwen3_5 and qwen3_5_moe name the text
+// models), else Qwen3-Next with experts and Qwen3.5 without. An error names the flag when the model has
+// not the family's kind of MLP.
+std::string export_family(const TransformerConfig& c, const std::string& model_type) {
+  if (model_type.empty()) return c.moe() ? "qwen3_next" : "qwen3_5_text";
+  const std::string f = model_type == "qwen3_5" || model_type == "qwen3_5_moe" ? model_type + "_text" : model_type;
+  if (family_name(f).empty())
+    LATTICE_FAIL() << "--hf-model-type " << model_type << ": a Gated DeltaNet model is written as qwen3_next, "
+                   << "qwen3_5_text (qwen3_5) or qwen3_5_moe_text (qwen3_5_moe)";
+  if (c.moe() != (f != "qwen3_5_text"))
+    LATTICE_FAIL() << "--hf-model-type " << model_type << ": " << family_name(f)
+                   << (c.moe() ? " has dense MLPs, the checkpoint's model experts" : " has experts, the checkpoint's model none");
+  return f;
+}
+
+// Why c has no form in `family` ("" when it has one).
+std::string mismatch(const TransformerConfig& c, const std::string& family) {
+  if (std::string why = hf_qwen3_next_mismatch(c); !why.empty()) return why;
+  if (family != "qwen3_5_moe_text") return "";
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (!c.moe_layer(l))
+      return "a dense layer " + std::to_string(l) + " (every Qwen3.5-MoE layer is a mixture of experts)";
+  if (c.moe_shared_expert_intermediate_size == 0) return "no shared expert (Qwen3.5-MoE's layers have a gated one)";
+  if (c.moe_router_pre_softmax)
+    return "--moe-router-pre-softmax (Qwen3.5-MoE renormalizes its top-k gates, always)";
+  return "";
+}
+
 }  // namespace
 
 bool is_hf_qwen3_next_config(const json& j) { return !family_of(j).empty(); }
 
-std::string hf_qwen3_next_family_name(const json& j) {
-  const std::string f = family_of(j);
-  return f == "qwen3_next" ? "Qwen3-Next" : f == "qwen3_5_text" ? "Qwen3.5" : "";
-}
+std::string hf_qwen3_next_family_name(const json& j) { return family_name(family_of(j)); }
 
-const char* hf_qwen3_next_family_name(const TransformerConfig& c) {
-  return qwen3_next_form(c) ? "Qwen3-Next" : "Qwen3.5";
+std::string hf_qwen3_next_family_name(const TransformerConfig& c, const std::string& model_type) {
+  return family_name(export_family(c, model_type));
 }
 
 TransformerConfig hf_qwen3_next_config(const json& config, const std::string& what, int64_t divisible_by) {
@@ -243,7 +307,6 @@ TransformerConfig hf_qwen3_next_config(const json& config, const std::string& wh
   c.num_layers = hf::config_int(j, what, "num_hidden_layers");
   c.hidden_size = hf::config_int(j, what, "hidden_size");
   c.num_attention_heads = hf::config_int(j, what, "num_attention_heads");
-  c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
   c.vocab_size = hf::config_int(j, what, "vocab_size");
   c.max_position_embeddings = hf::config_int(j, what, "max_position_embeddings");
   c.num_query_groups = j.contains("num_key_value_heads") ? hf::config_int(j, what, "num_key_value_heads")
@@ -284,7 +347,8 @@ TransformerConfig hf_qwen3_next_config(const json& config, const std::string& wh
   c.linear_key_head_dim = linear("linear_key_head_dim", 128);
   c.linear_value_head_dim = linear("linear_value_head_dim", 128);
   c.linear_conv_kernel_dim = linear("linear_conv_kernel_dim", 4);
-  if (family == "qwen3_next" && j.value("num_experts", int64_t(0)) > 0) {
+  const bool moe_family = family != "qwen3_5_text";
+  if (moe_family && j.value("num_experts", int64_t(0)) > 0) {
     c.num_experts = hf::config_int(j, what, "num_experts");
     c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
     c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
@@ -294,10 +358,15 @@ TransformerConfig hf_qwen3_next_config(const json& config, const std::string& wh
       c.moe_shared_expert_intermediate_size = hf::config_int(j, what, "shared_expert_intermediate_size");
       c.moe_shared_expert_gate = true;
     }
-  } else if (family == "qwen3_next") {
-    LATTICE_FAIL() << what << ": num_experts 0 (lattice reads Qwen3-Next with its experts; a dense model is Qwen3.5's "
-                      "qwen3_5_text)";
+  } else if (moe_family) {
+    LATTICE_FAIL() << what << ": num_experts 0 (lattice reads " << family_name(family)
+                   << " with its experts; a dense model is Qwen3.5's qwen3_5_text)";
   }
+  // The dense MLP's width (Qwen3.5-MoE's configs have none: every layer is a mixture of experts).
+  bool dense_layer = false;
+  for (int64_t l = 0; l < c.num_layers; ++l) dense_layer = dense_layer || !c.moe_layer(l);
+  c.ffn_hidden_size = dense_layer || j.contains("intermediate_size") ? hf::config_int(j, what, "intermediate_size")
+                                                                    : c.moe_ffn_hidden_size;
   // The multi-token prediction module (mtp.*): one depth of one full-attention layer, lattice's
   // --mtp-num-layers 1 (a module of several layers is one depth of several layers: not lattice's form).
   if (j.contains("mtp_num_hidden_layers") && !j["mtp_num_hidden_layers"].is_null()) {
@@ -317,17 +386,18 @@ TransformerConfig hf_qwen3_next_config(const json& config, const std::string& wh
   return c;
 }
 
-json hf_qwen3_next_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
-  const bool next = qwen3_next_form(c);
-  json j = {{"architectures", {next ? "Qwen3NextForCausalLM" : "Qwen3_5ForCausalLM"}},
-            {"model_type", next ? "qwen3_next" : "qwen3_5_text"},
+json hf_qwen3_next_config_json(const TransformerConfig& c, const std::string& tokenizer_type,
+                               const std::string& model_type) {
+  const std::string family = export_family(c, model_type);
+  const bool next = family == "qwen3_next", moe35 = family == "qwen3_5_moe_text";
+  json j = {{"architectures", {next ? "Qwen3NextForCausalLM" : moe35 ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM"}},
+            {"model_type", family},
             {"attention_bias", false},
             {"attention_dropout", 0.0},
             {"head_dim", c.kv_channels},
             {"hidden_act", "silu"},
             {"hidden_size", c.hidden_size},
             {"initializer_range", 0.02},
-            {"intermediate_size", c.ffn_hidden_size},
             {"max_position_embeddings", c.max_position_embeddings},
             {"num_attention_heads", c.num_attention_heads},
             {"num_hidden_layers", c.num_layers},
@@ -347,18 +417,25 @@ json hf_qwen3_next_config_json(const TransformerConfig& c, const std::string& to
   j["layer_types"] = json::array();
   for (int64_t l = 0; l < c.num_layers; ++l)
     j["layer_types"].push_back(c.linear_attention_layer(l) ? "linear_attention" : "full_attention");
-  if (next) {
+  if (!moe35) j["intermediate_size"] = c.ffn_hidden_size;  // (Qwen3.5-MoE's have no dense MLP)
+  if (!next)  // transformers 5's Qwen3.5 configs: the rotary parameters here too
+    j["rope_parameters"] = {{"rope_type", "default"},
+                            {"rope_theta", hf::shortest_float(c.rotary_base)},
+                            {"partial_rotary_factor", c.rotary_percent}};
+  if (next || moe35) {
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.moe_router_topk;
     j["moe_intermediate_size"] = c.moe_ffn_hidden_size;
     j["shared_expert_intermediate_size"] = c.moe_shared_expert_intermediate_size;
+    j["router_aux_loss_coef"] = 0.001;
+    j["output_router_logits"] = false;
+  }
+  if (next) {  // (Qwen3.5-MoE renormalizes always, and every layer has experts)
     j["norm_topk_prob"] = !c.moe_router_pre_softmax;
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = json::array();
     for (int64_t l = 0; l < c.num_layers; ++l)
       if (!c.moe_layer(l)) j["mlp_only_layers"].push_back(l);
-    j["router_aux_loss_coef"] = 0.001;
-    j["output_router_logits"] = false;
   }
   if (c.mtp()) j["mtp_num_hidden_layers"] = c.mtp_num_layers;
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
@@ -393,11 +470,14 @@ std::string hf_qwen3_next_mismatch(const TransformerConfig& c) {
   return "";
 }
 
-void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& f) {
+void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& f, const json& config) {
   const TransformerConfig& c = model.config();
-  // Qwen3.5's multimodal files keep the language model under model.language_model. beside model.visual.
+  // Qwen3.5's multimodal files keep the language model under model.language_model. beside model.visual.;
+  // Qwen3.6's keep the prediction module's experts fused as their layers' are (Qwen3.5's per expert).
   const std::string p = f.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
-  const std::map<std::string, Shape> shapes = hf_shapes(c, p);
+  Layout layout = layout_of(family_of(config));
+  layout.fused_mtp_experts = f.has("mtp.layers.0.mlp.experts.gate_up_proj");
+  const std::map<std::string, Shape> shapes = hf_shapes(c, layout, p);
   hf::check_tensor_shapes(f, shapes);
   for (const std::string& name : f.names()) {
     // (the vision tower is not read, nor the multi-token prediction module of a config without it)
@@ -405,26 +485,28 @@ void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& f) {
     LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
                    << c.num_layers << ")";
   }
-  hf::import_tensors(model, f, tensor_map(c, p), shapes);
+  hf::import_tensors(model, f, tensor_map(c, layout, p), shapes);
 }
 
-SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model) {
+SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std::string& model_type) {
   const TransformerConfig& c = model.config();
-  return hf::export_tensors(model, tensor_map(c), hf_shapes(c));
+  const Layout layout = layout_of(export_family(c, model_type));
+  return hf::export_tensors(model, tensor_map(c, layout), hf_shapes(c, layout));
 }
 
 HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
   return hf::load_model_folder(
       dir, seq_length, [&](const json& j, const std::string& what) { return hf_qwen3_next_config(j, what, divisible_by); },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_qwen3_next_tensors(m, f); });
+      [](GPTModel& m, const SafetensorsFile& f, const json& j) { import_hf_qwen3_next_tensors(m, f, j); });
 }
 
 void save_hf_qwen3_next(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                         const hf::ExportOptions& options) {
-  const std::string why = hf_qwen3_next_mismatch(model.config());
+  const std::string family = export_family(model.config(), options.model_type);
+  const std::string why = mismatch(model.config(), family);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
-  hf::write_model_folder(dir, export_hf_qwen3_next_tensors(model), hf_qwen3_next_config_json(model.config(), tokenizer_type),
-                         options);
+  hf::write_model_folder(dir, export_hf_qwen3_next_tensors(model, family),
+                         hf_qwen3_next_config_json(model.config(), tokenizer_type, family), options);
 }
 
 }  // namespace lattice

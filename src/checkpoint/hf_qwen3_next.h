@@ -1,10 +1,11 @@
-// HuggingFace Qwen3-Next (transformers' Qwen3NextForCausalLM, model_type qwen3_next) and Qwen3.5's text
-// model (Qwen3_5ForCausalLM, qwen3_5_text) <-> lattice's GPTModel with Gated DeltaNet layers
+// HuggingFace Qwen3-Next (transformers' Qwen3NextForCausalLM, model_type qwen3_next), Qwen3.5's text
+// model (Qwen3_5ForCausalLM, qwen3_5_text) and Qwen3.5-MoE's (Qwen3_5MoeForCausalLM, qwen3_5_moe_text; the
+// multimodal qwen3_5 and qwen3_5_moe folders read too) <-> lattice's GPTModel with Gated DeltaNet layers
 // (--experimental-attention-variant gated_delta_net where layer_types says linear_attention), gated
 // attention with q/k norms and a partial rotary embedding (--attention-output-gate --qk-layernorm
 // --rotary-percent partial_rotary_factor) in the others, zero-centered RMSNorm (--apply-layernorm-1p),
-// SwiGLU, no biases; Qwen3-Next's mixture of experts with the gated shared expert (Qwen2-MoE's form),
-// Qwen3.5's dense MLP.
+// SwiGLU, no biases; Qwen3-Next's and Qwen3.5-MoE's mixture of experts with the gated shared expert
+// (Qwen2-MoE's form), Qwen3.5's dense MLP.
 //
 // The layouts (hf_qwen3_next.cpp's tensor map, as blocks of rows):
 //  - in_proj [q; k; v; z; b; a] (Megatron's order) from Qwen3-Next's in_proj_qkvz and in_proj_ba, which
@@ -14,7 +15,10 @@
 //  - out_norm: HF's gated RMSNorm scales by its weight, lattice's zero-centered one by 1 + weight
 //    (lattice's = HF's - 1); every other norm is zero-centered in both;
 //  - linear_qkv per query group: its heads' queries, their gates (q_proj interleaves them per head:
-//    query then gate), its key and value, as Megatron's gated layout.
+//    query then gate), its key and value, as Megatron's gated layout;
+//  - experts: Qwen3-Next's per expert (experts.{e}.gate_proj / up_proj / down_proj), Qwen3.5-MoE's fused
+//    3-D tensors (experts.gate_up_proj [E, 2 I, H], expert e's gate rows then its up rows: its linear_fc1;
+//    experts.down_proj [E, H, I]); its prediction module's per expert (Qwen3.6's fused: both read).
 // HF -> lattice -> HF reproduces every tensor (the out_norm weights up to the rounding of w - 1 + 1).
 #pragma once
 #include <cstdint>
@@ -28,28 +32,36 @@
 namespace lattice {
 
 // Whether config.json describes Qwen3-Next (model_type qwen3_next, or Qwen3NextForCausalLM among its
-// architectures) or Qwen3.5's text model (qwen3_5_text, Qwen3_5ForCausalLM).
+// architectures), Qwen3.5's text model (qwen3_5_text, Qwen3_5ForCausalLM) or Qwen3.5-MoE's (qwen3_5_moe_text,
+// Qwen3_5MoeForCausalLM), or the multimodal qwen3_5 / qwen3_5_moe around them.
 bool is_hf_qwen3_next_config(const nlohmann::json& config);
-// "Qwen3-Next" or "Qwen3.5".
+// "Qwen3-Next", "Qwen3.5" or "Qwen3.5-MoE".
 std::string hf_qwen3_next_family_name(const nlohmann::json& config);
-const char* hf_qwen3_next_family_name(const TransformerConfig& c);
+// The family c is written as: model_type's (--hf-model-type: qwen3_next, qwen3_5_text or qwen3_5_moe_text;
+// qwen3_5 and qwen3_5_moe name the text models), else Qwen3-Next with experts and Qwen3.5 without. A family
+// whose MLP is not c's kind (experts or dense) is an error naming the flag.
+std::string hf_qwen3_next_family_name(const TransformerConfig& c, const std::string& model_type = "");
 
 // config.json -> TransformerConfig (finalized). Settings lattice cannot reproduce are errors naming
 // `what` (the file) and the key.
 TransformerConfig hf_qwen3_next_config(const nlohmann::json& config, const std::string& what,
                                        int64_t divisible_by = 128);
-// TransformerConfig -> config.json as transformers writes Qwen3NextConfig (with experts) or
-// Qwen3_5TextConfig (dense).
-nlohmann::json hf_qwen3_next_config_json(const TransformerConfig& c, const std::string& tokenizer_type);
-// Why a lattice model has no Qwen3-Next / Qwen3.5 form ("" when it has one).
+// TransformerConfig -> config.json as transformers writes Qwen3NextConfig, Qwen3_5TextConfig or
+// Qwen3_5MoeTextConfig (the family as hf_qwen3_next_family_name chooses it).
+nlohmann::json hf_qwen3_next_config_json(const TransformerConfig& c, const std::string& tokenizer_type,
+                                         const std::string& model_type = "");
+// Why a lattice model has no Qwen3-Next / Qwen3.5 form ("" when it has one; Qwen3.5-MoE's asks more:
+// every layer with experts and the gated shared expert, the top-k gates renormalized).
 std::string hf_qwen3_next_mismatch(const TransformerConfig& c);
 
-void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& file);
-SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model);
+// config: the folder's config.json (its family says the layout).
+void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& file, const nlohmann::json& config);
+SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std::string& model_type = "");
 
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings).
 HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
-// Writes DIR's model and config.json; a model without the form is an error naming DIR, nothing written.
+// Writes DIR's model and config.json in the family options.model_type chooses; a model without the form is
+// an error naming DIR, nothing written.
 void save_hf_qwen3_next(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                         const hf::ExportOptions& options = {});
 

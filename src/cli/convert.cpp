@@ -33,8 +33,9 @@ constexpr int64_t kGpt2BpeVocabSize = 50257;
 
 void from_hf(const SimpleFlags& f) {
   const std::string dir = f.required("from-hf"), save = f.required("save");
-  if (f.has("hf-dtype") || f.has("max-shard-size"))
-    LATTICE_FAIL() << "--hf-dtype and --max-shard-size apply to --to-hf only (--from-hf reads any dtype and shards)";
+  if (f.has("hf-dtype") || f.has("max-shard-size") || f.has("hf-model-type"))
+    LATTICE_FAIL() << "--hf-dtype, --max-shard-size and --hf-model-type apply to --to-hf only (--from-hf reads any "
+                      "dtype and shards, and config.json's model_type)";
   const double divisible = f.number("make-vocab-size-divisible-by", 128);
   if (divisible < 1 || divisible != int64_t(divisible))
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
@@ -138,23 +139,25 @@ void to_hf(const SimpleFlags& f) {
   const std::string load = f.required("load"), dir = f.required("to-hf");
   if (f.has("tokenizer-type") || f.has("tokenizer-model") || f.has("make-vocab-size-divisible-by"))
     LATTICE_FAIL() << "--tokenizer-type, --tokenizer-model and --make-vocab-size-divisible-by apply to --from-hf only";
-  const hf::ExportOptions options = hf::parse_export_options(f.get("hf-dtype", ""), f.get("max-shard-size", ""));
+  hf::ExportOptions options = hf::parse_export_options(f.get("hf-dtype", ""), f.get("max-shard-size", ""));
+  options.model_type = f.get("hf-model-type", "");
   if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json") ||
       fs::exists(fs::path(dir) / "config.json"))
     LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
-  if (c.gated_delta_net()) {  // HuggingFace Qwen3-Next (with experts) or Qwen3.5 (dense), or an error saying why not
+  if (c.gated_delta_net()) {  // HuggingFace Qwen3-Next or Qwen3.5-MoE (with experts) or Qwen3.5 (dense), or an
+                              // error saying why not; a prediction depth as their multi-token prediction module
     save_hf_qwen3_next(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
-                 dir.c_str(), hf_qwen3_next_family_name(c), options.dtype.c_str());
-    if (c.mtp())
-      std::fprintf(stderr, "convert: the %lld multi-token prediction depths (mtp.layers.*) are not exported\n",
-                   (long long)c.mtp_num_layers);
+                 dir.c_str(), hf_qwen3_next_family_name(c, options.model_type).c_str(), options.dtype.c_str());
     return;
   }
+  if (!options.model_type.empty())
+    LATTICE_FAIL() << "--hf-model-type " << options.model_type << ": chooses among the Gated DeltaNet families "
+                   << "(qwen3_next, qwen3_5_text, qwen3_5_moe_text); the checkpoint's model has no Gated DeltaNet layers";
   if (c.attention_output_gate)
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has the attention output gate "
                    << "(--attention-output-gate): none of the HuggingFace models lattice writes (GPT-2, Llama, Qwen, "
@@ -194,11 +197,14 @@ int cmd_convert(int argc, char** argv) {
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
+        "                       [--hf-model-type qwen3_next|qwen3_5_moe]\n"
         "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
-        "DeepSeek-V3, Qwen3-Next, Qwen3.5 or GPT-OSS (config.json, model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's\n"
+        "DeepSeek-V3, Qwen3-Next, Qwen3.5, Qwen3.5-MoE or GPT-OSS (config.json, model.safetensors) <-> lattice checkpoint:\n"
+        "--from-hf reads config.json's\n"
         "model_type; --to-hf writes a --multi-latent-attention model as DeepSeek-V3 (sigmoid router; its prediction\n"
         "depths as multi-token prediction modules) or DeepSeek-V2 (softmax router), and otherwise\n"
-        "writes a Gated DeltaNet model as Qwen3-Next (with experts) or Qwen3.5 (dense), and otherwise\n"
+        "writes a Gated DeltaNet model as Qwen3-Next (with experts; Qwen3.5-MoE with --hf-model-type qwen3_5_moe) or\n"
+        "Qwen3.5 (dense), and otherwise\n"
         "writes GPT-2 when the model has its form (learned positions, LayerNorm, GELU, biases), else Llama\n"
         "(rope, RMSNorm, SwiGLU, no biases), Qwen2 for such a model with --add-qkv-bias, Qwen3 for one with\n"
         "--qk-layernorm, SmolLM3 for one with --no-rope-freq, Mixtral for one with --num-experts (Qwen3-MoE with both, Qwen2-MoE with\n"
@@ -218,13 +224,15 @@ int cmd_convert(int argc, char** argv) {
         "  --hf-dtype TYPE                    --to-hf: the tensors' dtype, config.json's torch_dtype:\n"
         "                                     float32, bfloat16 or float16 (rounded to nearest even) [float32]\n"
         "  --max-shard-size SIZE              --to-hf: the largest file; a larger model is sharded as\n"
-        "                                     transformers' save_pretrained does (5GB, 500MB, 2GiB, bytes) [5GB]\n",
+        "                                     transformers' save_pretrained does (5GB, 500MB, 2GiB, bytes) [5GB]\n"
+        "  --hf-model-type TYPE               --to-hf: a Gated DeltaNet model with experts as qwen3_next (Qwen3-Next)\n"
+        "                                     or qwen3_5_moe (Qwen3.5-MoE's text model, qwen3_5_moe_text) [qwen3_next]\n",
         stdout);
     return 0;
   }
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"from-hf", "to-hf", "load", "save", "tokenizer-type", "tokenizer-model",
-                                      "make-vocab-size-divisible-by", "hf-dtype", "max-shard-size"},
+                                      "make-vocab-size-divisible-by", "hf-dtype", "max-shard-size", "hf-model-type"},
                                      {});
   const bool from = f.has("from-hf"), to = f.has("to-hf");
   if (from == to) LATTICE_FAIL() << "give either --from-hf DIR --save CKPT or --load CKPT --to-hf DIR";

@@ -1,10 +1,12 @@
-// HuggingFace Qwen3-Next and Qwen3.5 <-> lattice (checkpoint/hf_qwen3_next.h): logits against an independent
-// HF-layout reference (tests/fixtures/make_hf_llama_fixture.py: three Gated DeltaNet layers and a gated
-// attention layer with partial rotary dims; Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba and experts
-// with the gated shared expert, Qwen3.5's flat projections, dense MLP and tied embeddings), the round trip
-// HF -> lattice -> HF, the multimodal Qwen3.5 layout, and bad input.
+// HuggingFace Qwen3-Next, Qwen3.5 and Qwen3.5-MoE <-> lattice (checkpoint/hf_qwen3_next.h): logits against an
+// independent HF-layout reference (tests/fixtures/make_hf_llama_fixture.py: three Gated DeltaNet layers and a
+// gated attention layer with partial rotary dims; Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba and experts
+// with the gated shared expert, Qwen3.5's flat projections, dense MLP and tied embeddings, Qwen3.5-MoE's fused
+// experts in its released multimodal folder), the round trip HF -> lattice -> HF, the multimodal Qwen3.5
+// layout, and bad input.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -40,7 +42,7 @@ TEST(HfQwen3Next, Qwen3NextMatchesIndependentLogits) {
   EXPECT_EQ(c.moe_shared_expert_intermediate_size, 24);
   EXPECT_TRUE(c.moe_shared_expert_gate);
   EXPECT_TRUE(c.untie_embeddings_and_output_weights);
-  EXPECT_STREQ(hf_qwen3_next_family_name(c), "Qwen3-Next");
+  EXPECT_EQ(hf_qwen3_next_family_name(c), "Qwen3-Next");
 }
 
 TEST(HfQwen3Next, Qwen35TextMatchesIndependentLogits) {
@@ -51,7 +53,7 @@ TEST(HfQwen3Next, Qwen35TextMatchesIndependentLogits) {
   EXPECT_EQ(c.ffn_hidden_size, 48);
   EXPECT_FALSE(c.untie_embeddings_and_output_weights);
   EXPECT_EQ(c.rotary_base, 10000.0f);  // from rope_parameters
-  EXPECT_STREQ(hf_qwen3_next_family_name(c), "Qwen3.5");
+  EXPECT_EQ(hf_qwen3_next_family_name(c), "Qwen3.5");
 }
 
 TEST(HfQwen3Next, HfToLatticeToHfKeepsEveryTensor) {
@@ -87,25 +89,31 @@ TEST(HfQwen3Next, HfToLatticeToHfKeepsEveryTensor) {
   }
 }
 
+// The main and the prediction depth's losses of the fixture's tokens as a micro-batch of T - 1 inputs, against
+// the independent reference's main_loss and mtp_loss (its last two positions have no depth target).
+void expect_fixture_losses(GPTModel& m, const std::string& dir) {
+  ASSERT_EQ(m.config().mtp_num_layers, 1);
+  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
+  const std::vector<int32_t> tokens = ref.get_i32("tokens");
+  MicroBatchKey key;  // a training forward (the depths run in training only); the model has no dropout
+  m.params().zero_grad();
+  const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, int64_t(tokens.size()) - 1, 1.0f, key);
+  const std::vector<LossSum> depths = m.take_mtp_losses();
+  ASSERT_EQ(depths.size(), 1u);
+  EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss) << dir;
+  const double mtp = depths[0].sum / depths[0].count;
+  EXPECT_NEAR(mtp, ref.get_f32("mtp_loss")[0], 1e-5 * mtp) << dir;
+}
+
 // Qwen3.5's multi-token prediction module (mtp_num_hidden_layers 1: pre_fc_norm_embedding, pre_fc_norm_hidden,
-// fc, one full-attention layer, norm) is lattice's prediction depth: the main and the depth's losses of the
-// fixture's tokens as a micro-batch of T - 1 inputs, as the independent reference computes them (its last two
-// positions have no depth target); out and back keeps every tensor.
+// fc, one full-attention layer, norm) is lattice's prediction depth: the losses as the reference computes
+// them; out and back keeps every tensor.
 TEST(HfQwen3Next, MultiTokenPredictionModuleIsThePredictionDepth) {
   const char* dir = "hf_qwen3_5_text_tiny_mtp";
   HfModel hf = load_hf_qwen3_next(fixture(dir));
   GPTModel& m = *hf.model;
-  ASSERT_EQ(m.config().mtp_num_layers, 1);
   hf_test::expect_fixture_logits(m, dir, kLogitTol);
-  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
-  const std::vector<int32_t> tokens = ref.get_i32("tokens");
-  MicroBatchKey key;  // a training forward (the depths run in training only); the model has no dropout
-  const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, int64_t(tokens.size()) - 1, 1.0f, key);
-  const std::vector<LossSum> depths = m.take_mtp_losses();
-  ASSERT_EQ(depths.size(), 1u);
-  EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss);
-  const double mtp = depths[0].sum / depths[0].count;
-  EXPECT_NEAR(mtp, ref.get_f32("mtp_loss")[0], 1e-5 * mtp);
+  expect_fixture_losses(m, dir);
   TempDir out("qwen3_5_mtp_rt");
   save_hf_qwen3_next(out.str() + "/hf", m, "");
   SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
@@ -154,6 +162,104 @@ TEST(HfQwen3Next, MultimodalQwen35LayoutReadsItsLanguageModel) {
   hf_test::expect_fixture_logits(*hf.model, "hf_qwen3_5_text_tiny", kLogitTol);
 }
 
+// Qwen3.5-MoE's released folder (hf_qwen3_5_moe_tiny: the multimodal qwen3_5_moe config with its text_config,
+// model.language_model.*, a vision tensor, every layer's experts fused as experts.gate_up_proj [E, 2 I, H] and
+// experts.down_proj [E, H, I], the prediction module's per expert): the reference's logits and losses.
+TEST(HfQwen3Next, Qwen35MoeMatchesIndependentLogitsAndLosses) {
+  const char* dir = "hf_qwen3_5_moe_tiny";
+  HfModel hf = load_hf_qwen3_next(fixture(dir));
+  GPTModel& m = *hf.model;
+  const TransformerConfig& c = m.config();
+  EXPECT_EQ(c.num_experts, 4);
+  EXPECT_EQ(c.moe_router_topk, 2);
+  EXPECT_EQ(c.moe_ffn_hidden_size, 12);
+  EXPECT_EQ(c.moe_shared_expert_intermediate_size, 20);
+  EXPECT_TRUE(c.moe_shared_expert_gate);
+  EXPECT_FALSE(c.moe_router_pre_softmax);  // the top-k gates renormalized
+  for (int64_t l = 0; l <= c.num_layers; ++l) EXPECT_TRUE(c.moe_layer(l)) << l;
+  EXPECT_EQ(c.rotary_base, 10000000.0f);
+  EXPECT_TRUE(c.untie_embeddings_and_output_weights);
+  std::ifstream in(fixture(dir) + "/config.json");
+  EXPECT_EQ(hf_qwen3_next_family_name(nlohmann::json::parse(in)), "Qwen3.5-MoE");
+  hf_test::expect_fixture_logits(m, dir, kLogitTol);
+  expect_fixture_losses(m, dir);
+}
+
+// Written as Qwen3.5-MoE's text model (--hf-model-type qwen3_5_moe): every tensor of the fixture's language model
+// and prediction module, byte for byte, under model. (the vision tower not written); read back, the same
+// logits and losses. Written as Qwen3-Next (the default for a GDN model with experts: the same model in its
+// interleaved, per-expert layout), read back, the same too.
+TEST(HfQwen3Next, Qwen35MoeRoundTripsAndConvertsToQwen3Next) {
+  const char* dir = "hf_qwen3_5_moe_tiny";
+  HfModel hf = load_hf_qwen3_next(fixture(dir));
+  TempDir out("qwen3_5_moe_rt");
+  hf::ExportOptions moe35;
+  moe35.model_type = "qwen3_5_moe";
+  EXPECT_EQ(hf_qwen3_next_family_name(hf.model->config(), "qwen3_5_moe"), "Qwen3.5-MoE");
+  save_hf_qwen3_next(out.str() + "/moe35", *hf.model, "", moe35);
+  SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(out.str() + "/moe35/model.safetensors");
+  size_t compared = 0;
+  for (std::string name : a.names()) {
+    if (name.rfind("model.visual.", 0) == 0) continue;
+    const std::string from = name;
+    if (name.rfind("model.language_model.", 0) == 0) name = "model." + name.substr(21);
+    ASSERT_TRUE(b.has(name)) << name;
+    EXPECT_EQ(a.get(from).shape, b.get(name).shape) << name;
+    ++compared;
+    if (name.find("linear_attn.norm.weight") == std::string::npos)
+      EXPECT_TRUE(a.get(from).bytes == b.get(name).bytes) << name << " differs after the round trip";
+  }
+  EXPECT_EQ(compared, b.names().size());
+  EXPECT_TRUE(b.has("model.layers.0.mlp.experts.gate_up_proj"));
+  EXPECT_TRUE(b.has("mtp.layers.0.mlp.experts.3.down_proj.weight"));
+  std::ifstream jin(out.str() + "/moe35/config.json");
+  const nlohmann::json j = nlohmann::json::parse(jin);
+  EXPECT_EQ(j.value("model_type", ""), "qwen3_5_moe_text");
+  EXPECT_EQ(j["architectures"][0], "Qwen3_5MoeForCausalLM");
+  EXPECT_FALSE(j.contains("norm_topk_prob") || j.contains("mlp_only_layers") || j.contains("intermediate_size"));
+  EXPECT_EQ(j.value("num_experts", 0), 4);
+  HfModel back = load_hf_qwen3_next(out.str() + "/moe35");
+  hf_test::expect_fixture_logits(*back.model, dir, kLogitTol);
+  expect_fixture_losses(*back.model, dir);
+  save_hf_qwen3_next(out.str() + "/next", *hf.model, "");
+  SafetensorsFile n = SafetensorsFile::read(out.str() + "/next/model.safetensors");
+  EXPECT_TRUE(n.has("model.layers.0.linear_attn.in_proj_qkvz.weight") && n.has("model.layers.0.mlp.experts.3.up_proj.weight"));
+  HfModel next = load_hf_qwen3_next(out.str() + "/next");
+  EXPECT_EQ(hf_qwen3_next_family_name(next.model->config()), "Qwen3-Next");
+  hf_test::expect_fixture_logits(*next.model, dir, kLogitTol);
+  expect_fixture_losses(*next.model, dir);
+}
+
+// Qwen3.6's files keep the prediction module's experts fused as the layers' are: read so too.
+TEST(HfQwen3Next, FusedPredictionModuleExpertsRead) {
+  TempDir tmp("qwen3_6_mtp_fused");
+  const std::string dir = hf_test::rewritten_fixture(
+      "hf_qwen3_5_moe_tiny",
+      [](Tensors& ts) {
+        const std::string x = "mtp.layers.0.mlp.experts.";
+        std::vector<uint8_t> gate_up, down;
+        std::vector<int64_t> up_shape, down_shape;
+        for (int e = 0; e < 4; ++e) {
+          const std::string p = x + std::to_string(e) + ".";
+          for (const char* part : {"gate_proj.weight", "up_proj.weight"}) {
+            const SafeTensor& t = *ts.find(p + part);
+            gate_up.insert(gate_up.end(), t.bytes.begin(), t.bytes.end());
+            up_shape = t.shape;
+          }
+          const SafeTensor& d = *ts.find(p + "down_proj.weight");
+          down.insert(down.end(), d.bytes.begin(), d.bytes.end());
+          down_shape = d.shape;
+        }
+        std::erase_if(ts.list, [&](const auto& t) { return t.first.rfind(x, 0) == 0; });
+        ts.list.push_back({x + "gate_up_proj", {"F32", {4, 2 * up_shape[0], up_shape[1]}, gate_up}});
+        ts.list.push_back({x + "down_proj", {"F32", {4, down_shape[0], down_shape[1]}, down}});
+      },
+      nullptr, tmp);
+  HfModel hf = load_hf_qwen3_next(dir);
+  expect_fixture_losses(*hf.model, "hf_qwen3_5_moe_tiny");
+}
+
 TEST(HfQwen3Next, BadInputIsAnErrorNamingTheFileAndTheKey) {
   auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
     try {
@@ -193,6 +299,40 @@ TEST(HfQwen3Next, AModelWithoutTheFormIsRefusedAndNothingIsWritten) {
   c.linear_attention_pattern.clear();
   EXPECT_NE(hf_qwen3_next_mismatch(c).find("Gated DeltaNet"), std::string::npos);
   EXPECT_EQ(hf_qwen3_next_mismatch(hf.model->config()), "");
+  // --hf-model-type: a family of the other kind of MLP, or none of these, is refused naming the flag; so is a
+  // Qwen3.5-MoE export of a model with a dense layer.
+  TempDir out("qwen3_5_moe_refused");
+  hf::ExportOptions moe35;
+  moe35.model_type = "qwen3_5_moe";
+  auto expect_refused = [&](const GPTModel& m, const hf::ExportOptions& o, const std::string& needle) {
+    try {
+      save_hf_qwen3_next(out.str() + "/hf", m, "", o);
+      ADD_FAILURE() << "written; expected an error mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(out.str() + "/hf"));
+  };
+  expect_refused(*hf.model, moe35, "--hf-model-type qwen3_5_moe: Qwen3.5-MoE has experts");
+  hf::ExportOptions llama;
+  llama.model_type = "llama";
+  expect_refused(*hf.model, llama, "--hf-model-type llama");
+  TempDir dense("qwen3_5_moe_dense_layer");
+  HfModel mixed = load_hf_qwen3_next(hf_test::rewritten_fixture(
+      "hf_qwen3_next_tiny", [](Tensors& ts) {
+        // layer 1 dense: Qwen3-Next's mlp_only_layers (its MLP from layer 0's shared expert, 24 wide)
+        std::erase_if(ts.list, [](const auto& t) { return t.first.rfind("model.layers.1.mlp.", 0) == 0; });
+        for (const char* part : {"gate_proj", "up_proj", "down_proj"}) {
+          const SafeTensor t = *ts.find(std::string("model.layers.0.mlp.shared_expert.") + part + ".weight");
+          ts.list.push_back({std::string("model.layers.1.mlp.") + part + ".weight", t});
+        }
+      },
+      [](nlohmann::json& j) {
+        j["mlp_only_layers"] = {1};
+        j["intermediate_size"] = 24;
+      },
+      dense));
+  expect_refused(*mixed.model, moe35, "a dense layer 1");
 }
 
 }  // namespace
