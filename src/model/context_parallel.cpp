@@ -88,6 +88,36 @@ void context_local_rows(const ContextSplit& s, float* local, const float* full, 
                      size_t(c * W) * sizeof(float));
 }
 
+void context_rows_to_columns(const ContextParallel& cp, const ContextSplit& s, float* full, float* send, float* recv,
+                             const float* local, int64_t B, int64_t W,
+                             const std::vector<std::vector<ColumnBlock>>& columns, int64_t Wc) {
+  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0 && int(columns.size()) == s.size)
+      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  const int64_t rows = B * s.rows(), part = rows * Wc;
+  for (int r = 0; r < s.size; ++r)
+    for (const ColumnBlock& c : columns[size_t(r)])
+      copy_rows_on_device(send + r * part + c.to, size_t(Wc) * sizeof(float), local + c.from, size_t(W) * sizeof(float),
+                          size_t(c.width) * sizeof(float), size_t(rows));
+  const std::vector<int64_t> counts(size_t(s.size), part);
+  cp.comm->all_to_all(send, counts, recv, counts);
+  reorder(full, recv, s, B, Wc, true);
+}
+
+void context_columns_to_rows(const ContextParallel& cp, const ContextSplit& s, float* local, float* send, float* recv,
+                             const float* full, int64_t B, int64_t W,
+                             const std::vector<std::vector<ColumnBlock>>& columns, int64_t Wc) {
+  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0 && int(columns.size()) == s.size)
+      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  const int64_t rows = B * s.rows(), part = rows * Wc;
+  reorder(send, full, s, B, Wc, false);
+  const std::vector<int64_t> counts(size_t(s.size), part);
+  cp.comm->all_to_all(send, counts, recv, counts);
+  for (int r = 0; r < s.size; ++r)
+    for (const ColumnBlock& c : columns[size_t(r)])
+      copy_rows_on_device(local + c.from, size_t(W) * sizeof(float), recv + r * part + c.to, size_t(Wc) * sizeof(float),
+                          size_t(c.width) * sizeof(float), size_t(rows));
+}
+
 void scatter_context_key_grads(const ContextParallel& cp, const ContextSplit& s, float* dqkv, const float* dkv,
                                float* staging, float* recv, const QkvLayout& L, int64_t B) {
   LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)

@@ -11,6 +11,7 @@
 // kv [B, T, G, 2, D] (G key/value heads of this tensor-parallel rank, D head dim).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/qkv_layout.h"
@@ -58,6 +59,23 @@ void gather_context_rows(const ContextParallel& cp, const ContextSplit& s, float
                          const float* local, int64_t B, int64_t W);
 // This rank's rows [B, Tl, W] of full [B, T, W] (natural order).
 void context_local_rows(const ContextSplit& s, float* local, const float* full, int64_t B, int64_t W);
+
+// Columns [from, from + width) of a row of one layout, at `to` in a row of another.
+struct ColumnBlock {
+  int64_t from = 0, to = 0, width = 0;
+};
+// From the rows to the columns (Megatron's all-to-all from a sequence split to a head split): every rank's
+// rows [B, Tl, W] (local: this rank's), rank r's columns columns[r] of them (Wc wide, laid out as the blocks
+// say) sent to rank r, so that this rank gets its columns of every row of the sequences, full [B, T, Wc] in
+// natural order. send, recv: [B * T * Wc] scratch. Collective over the group.
+void context_rows_to_columns(const ContextParallel& cp, const ContextSplit& s, float* full, float* send, float* recv,
+                             const float* local, int64_t B, int64_t W,
+                             const std::vector<std::vector<ColumnBlock>>& columns, int64_t Wc);
+// The inverse: this rank's columns of every row, full [B, T, Wc], to the ranks that hold the rows; local
+// [B, Tl, W] gets columns[r] from rank r (its other columns left as they are). Collective over the group.
+void context_columns_to_rows(const ContextParallel& cp, const ContextSplit& s, float* local, float* send, float* recv,
+                             const float* full, int64_t B, int64_t W,
+                             const std::vector<std::vector<ColumnBlock>>& columns, int64_t Wc);
 
 // Backward: the key and value gradients dkv [B, T, G, 2, D] of every rank summed, this rank's
 // tokens' written into the key and value slots of dqkv [B, Tl, G, R+2, D]. staging: [B * T * G

@@ -12,4 +12,8 @@ namespace lattice {
 // min(64, T) tokens.
 GdnShape gdn_kernel_shape(const TransformerConfig& cfg, int64_t tp, int64_t B, int64_t T);
 
+// Whether a context-parallel group of cp ranks splits a GDN layer's core by heads (its size divides the tp
+// rank's key heads; model/gated_delta_net.cpp), else every rank runs the whole core.
+bool gdn_context_splits_heads(const TransformerConfig& cfg, int64_t tp, int64_t cp);
+
 }  // namespace lattice

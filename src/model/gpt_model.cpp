@@ -19,6 +19,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "model/gated_delta_net.h"
 #include "model/gpt_model_buffers.h"
 #include "model/linear.h"
 
@@ -148,9 +149,9 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     if (cfg_.gated_delta_net()) {  // the GDN layers' whole-sequence buffers
       gdn_cp_ = std::make_unique<GdnContextParallel>();
       Arena counter = Arena::counting();
-      gdn_cp_->carve(counter, cfg_, P, B, T);
+      gdn_cp_->carve(counter, cfg_, P, cp_.size(), B, T);
       gdn_cp_->arena = Arena(counter.used());
-      gdn_cp_->carve(gdn_cp_->arena, cfg_, P, B, T);
+      gdn_cp_->carve(gdn_cp_->arena, cfg_, P, cp_.size(), B, T);
     }
   }
   T = max_T_;  // the buffers below hold this rank's rows
@@ -703,7 +704,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   sc.d_c1 = arena.alloc_f32(N * C, "grad");
   sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
   sc.d_3c = arena.alloc_f32(N * Wl, "grad");
-  if (cfg.gated_delta_net()) gdn_scratch_carve(sc.gdn, arena, cfg, P, B, T);
+  if (cfg.gated_delta_net()) gdn_scratch_carve(sc.gdn, arena, gdn_kernel_shape(cfg, P, B, T));
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe()) {
     const MoeShape ms = lattice::moe_shape(cfg, P, ep);
@@ -753,7 +754,7 @@ size_t GPTModel::context_parallel_bytes(const TransformerConfig& cfg, int64_t B,
   if (cfg.gated_delta_net()) {
     Arena counter = Arena::counting();
     GdnContextParallel c;
-    c.carve(counter, cfg, tp, B, T);
+    c.carve(counter, cfg, tp, cp, B, T);
     gdn = counter.used();
   }
   return size_t(2 * kv + kv / cp) * sizeof(float) + gdn;

@@ -48,6 +48,7 @@
 namespace lattice {
 
 struct GdnScratch;          // model/gpt_model_buffers.h
+struct GdnCoreParams;       // (ditto)
 struct GdnContextParallel;  // (ditto)
 
 // Where a micro-batch sits in training; dropout masks are keyed by it.
@@ -448,16 +449,23 @@ class GPTModel {
   // gradient in d_c2 (overwritten) to in_proj's output gradient in d_3c, with the gradients of conv1d,
   // A_log, dt_bias and out_norm; it reruns the core's forward first (only x.qkv and x.attn are kept),
   // unless `fresh`: recomputation has just run it (gdn_forward the layer's last, its buffers as needed).
-  // Under context parallelism the core runs over the whole sequences on every rank (GdnContextParallel).
+  // Under context parallelism the core runs over the whole sequences, on each rank for its share of the
+  // heads or for all of them (GdnContextParallel).
   GdnShape gdn_shape(int64_t B, int64_t T) const;
   void gdn_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
   void gdn_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T, bool fresh);
-  // The core on rows x [N, W] (s's shape) into y [N, Hv Dv] with g's buffers; and its backward from dy
-  // (overwritten) into dx [N, W] (written), the forward made again first (into y) unless `fresh`, the
-  // parameters' gradients added to theirs, or to `sink` (when not null).
-  void gdn_core_forward(const LayerParams& p, GdnScratch& g, const float* x, float* y, const GdnShape& s);
-  void gdn_core_backward(const LayerParams& p, GdnScratch& g, const float* x, float* y, float* dy, float* dx,
-                         const GdnShape& s, float* sink, bool fresh);
+  // The core of shape s with parameters w on rows x [N, W] into y [N, Hv Dv] with g's buffers; and its
+  // backward from dy (overwritten) into dx [N, W] (written), the forward made again first (into y) unless
+  // `fresh`, the parameters' gradients added where w says.
+  void gdn_core_forward(const LayerParams& p, const GdnCoreParams& w, GdnScratch& g, const float* x, float* y,
+                        const GdnShape& s);
+  void gdn_core_backward(const LayerParams& p, const GdnCoreParams& w, GdnScratch& g, const float* x, float* y,
+                         float* dy, float* dx, const GdnShape& s, bool fresh);
+  // The layer's parameters for a core of all this rank's heads, the gradients to sink when not null.
+  GdnCoreParams gdn_core_params(const LayerParams& p, float* sink = nullptr);
+  // Under context parallelism with split heads: this rank's share (its conv1d rows copied into gdn_cp_'s
+  // conv_w; with `grads`, conv_dw zeroed for theirs), for the layer's shape s.
+  GdnCoreParams gdn_head_share_params(const LayerParams& p, const GdnShape& s, bool grads);
   // qkv's queries and keys rotated in place, each run of tokens at its positions (the rotary embedding),
   // unless layer `layer` is a NoPE layer (--no-rope-freq).
   void rotate_qkv(float* qkv, int64_t B, int64_t T, int64_t layer);

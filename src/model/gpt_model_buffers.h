@@ -10,6 +10,7 @@
 #include "core/philox.h"
 #include "core/storage.h"
 #include "kernels/embedding.h"
+#include "kernels/gated_delta_net.h"
 #include "model/gpt_model.h"
 #include "model/moe_layer.h"
 
@@ -121,22 +122,36 @@ struct GdnScratch {
   float* dbeta = nullptr;
   float* work = nullptr;    // the delta rule backward's on a GPU (gdn_delta_rule_work; none on the CPU)
 };
-// Carves them for this rank's heads out of `arena` (model/gated_delta_net.cpp).
-void gdn_scratch_carve(GdnScratch& g, Arena& arena, const TransformerConfig& cfg, int64_t tp, int64_t B, int64_t T);
+// Carves them for a core of shape s out of `arena` (model/gated_delta_net.cpp).
+void gdn_scratch_carve(GdnScratch& g, Arena& arena, const GdnShape& s);
 
-// Under context parallelism every rank runs a GDN layer's core over the whole sequences (the state runs
-// through them): in_proj's output of every token gathered [B, T, W], the core's buffers for B x T rows,
-// out_proj's input [B, T, Hv Dv] (this rank's rows then taken), in backward its gradient gathered and
-// in_proj's output gradient [B, T, W] (this rank's rows taken); the collectives' staging; a sink for the
-// parameters' gradients on the ranks other than the group's first (which alone adds the whole
-// sequences' gradients, so the context-parallel sum counts them once). Beside the arena
+// The parameters a GDN core runs with (its heads' conv1d rows, A_log and dt_bias; out_norm's are the layer's)
+// and where their gradients go.
+struct GdnCoreParams {
+  const float *conv_w = nullptr, *a_log = nullptr, *dt_bias = nullptr;
+  float *d_conv_w = nullptr, *d_a_log = nullptr, *d_dt_bias = nullptr, *d_norm_w = nullptr, *d_norm_b = nullptr;
+};
+
+// Under context parallelism a GDN layer's state runs through the whole sequences. When the group's size P
+// divides this rank's key heads (split_heads), rank r runs the core for its share of the heads, Hk / P key
+// heads from r Hk / P and their value heads, over the whole sequences: its columns of every token's in_proj
+// output come by an all-to-all from the ranks holding the rows (x [B, T, W'], W' its share's row), out_proj's
+// input y [B, T, Hv Dv / P] goes back the same way, and in backward so do out_proj's input gradient dy and
+// in_proj's output gradient dx; its conv1d rows are copied to conv_w (their gradient summed in conv_dw, then
+// added to the layer's). Otherwise every rank runs the whole core over the gathered sequences (x, dx
+// [B, T, W], y, dy [B, T, Hv Dv]), keeps its rows, and only the group's first rank adds the parameters'
+// gradients (the others' go to sink), so the context-parallel sum counts them once. staging: the
+// collectives' (the all-to-all's send side), recv its receive side. Beside the arena
 // (context_parallel_bytes counts them).
 struct GdnContextParallel {
   Arena arena;
   GdnScratch scratch;
-  float *x = nullptr, *y = nullptr, *dy = nullptr, *dx = nullptr, *staging = nullptr, *sink = nullptr;
-  // Carves every buffer out of `arena` (a counting one: nothing allocated) for B sequences of T tokens.
-  void carve(Arena& from, const TransformerConfig& cfg, int64_t tp, int64_t B, int64_t T);
+  bool split_heads = false;
+  float *x = nullptr, *y = nullptr, *dy = nullptr, *dx = nullptr, *staging = nullptr, *recv = nullptr;
+  float *sink = nullptr, *conv_w = nullptr, *conv_dw = nullptr;
+  // Carves every buffer out of `arena` (a counting one: nothing allocated) for B sequences of T tokens on a
+  // group of cp ranks.
+  void carve(Arena& from, const TransformerConfig& cfg, int64_t tp, int64_t cp, int64_t B, int64_t T);
 };
 
 // Backward scratch shared by every chunk and slot (one step runs at a time).

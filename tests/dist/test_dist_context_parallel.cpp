@@ -57,9 +57,11 @@ struct Case {
   bool mla = false;
   bool gate = false;  // --attention-output-gate (each rank's rows' gates, local to their tokens)
   bool no_rope = false;  // --no-rope-freq 2: layers 2 and 4 not rotated (with rope_gqa)
-  // --experimental-attention-variant gated_delta_net on layers 1 and 3 (2 key and 4 value heads, SwiGLU):
-  // every rank runs them over the whole sequences
+  // --experimental-attention-variant gated_delta_net on layers 1 and 3 (gdn_key_heads key heads and twice as
+  // many value heads, SwiGLU) over the whole sequences: each rank its share of the heads when the CP size
+  // divides the tensor-parallel rank's key heads, else every rank all of them
   bool gdn = false;
+  int64_t gdn_key_heads = 2;
 };
 
 // A run and the MoE losses it reported, each step's.
@@ -120,8 +122,8 @@ TransformerConfig config(const Case& c, int tp) {
     t.swiglu = true;
     t.experimental_attention_variant = "gated_delta_net";
     t.linear_attention_pattern = {1, 0, 1, 0};
-    t.linear_num_key_heads = 2;
-    t.linear_num_value_heads = 4;
+    t.linear_num_key_heads = c.gdn_key_heads;
+    t.linear_num_value_heads = 2 * c.gdn_key_heads;
     t.linear_key_head_dim = 8;
     t.linear_value_head_dim = 6;
   }
@@ -249,13 +251,17 @@ INSTANTIATE_TEST_SUITE_P(
         // --no-rope-freq: the rotated layers' chunks at their positions, the others not rotated.
         Case{"Cp2NoRopeLayersDocumentsRopeGqa", 2, 2, 1, 1, false, false, false, 0.1f, true, true, false, "", 20, -1, "",
              "vanilla", false, "", 0, false, false, true},
-        // Gated DeltaNet: every token's in_proj rows gathered, the state over the whole sequences on each rank,
-        // the parameters' gradients added once; with full recomputation and the distributed optimizer, and
-        // TP 2 x CP 2 with sequence parallelism (each tensor-parallel rank's heads).
+        // Gated DeltaNet, the state over the whole sequences: CP 2 splitting the 2 key heads (an all-to-all to
+        // each rank's head and back; each rank adds its heads' parameter gradients), with full recomputation
+        // and the distributed optimizer; TP 2 x CP 2 with sequence parallelism, each tensor-parallel rank's one
+        // key head gathered whole on both CP ranks (the parameters' gradients added once), and with 4 key heads
+        // split.
         Case{"Cp2GatedDeltaNetFullRecomputeDistributedOptimizerRopeGqa", 2, 2, 1, 1, true, true, false, 0.1f, true,
              true, false, "full", 20, -1, "", "vanilla", false, "", 0, false, false, false, true},
         Case{"Tp2Cp2SequenceParallelGatedDeltaNetGate", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10,
-             -1, "", "vanilla", false, "", 0, false, true, false, true}),
+             -1, "", "vanilla", false, "", 0, false, true, false, true},
+        Case{"Tp2Cp2SequenceParallelGatedDeltaNetSplitHeads", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false,
+             "", 10, -1, "", "vanilla", false, "", 0, false, true, false, true, 4}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
