@@ -135,7 +135,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   }
   if (cfg_.softmax_type == "off-by-one") zero_offsets_.resize(size_t(Hl_));
   try {
-    arena_ = Arena(activation_bytes(cfg_, B, max_T_, tp_, place_, ep_ ? ep_->size() : 1));
+    arena_ = Arena(activation_bytes(cfg_, B, max_T_, tp_, place_, ep_ ? ep_->size() : 1, cp_.size()));
   } catch (const OutOfMemory& e) {
     std::ostringstream what;
     what << "the activations (micro-batch " << B << " x " << max_T_ << " tokens, " << place_.slots << " in flight)";
@@ -156,7 +156,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   }
   T = max_T_;  // the buffers below hold this rank's rows
   scratch_ = std::make_unique<Scratch>();
-  allocate(acts_, mtp_acts_, *scratch_, arena_, cfg_, tp_, place_, B, T, ep_ ? ep_->size() : 1);
+  allocate(acts_, mtp_acts_, *scratch_, arena_, cfg_, tp_, place_, B, T, ep_ ? ep_->size() : 1, cp_.size());
   std::vector<Activations*> all;
   for (Activations& a : acts_) all.push_back(&a);
   for (MtpDepth& d : mtp_acts_) all.push_back(&d.a);
@@ -497,7 +497,7 @@ float* GPTModel::output_weight_grad() { return params_.grad(out_w_ >= 0 ? out_w_
 // every layer's buffers but attn and lse (one shared Scratch copy).
 void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& mtp, Scratch& sc, Arena& arena,
                         const TransformerConfig& cfg, const TensorParallel& tp, const ModelPlacement& place, int64_t B,
-                        int64_t T, int ep) {
+                        int64_t T, int ep, int cp) {
   const int64_t P = tp.size();
   // Cl: a layer's core output (the attention's [N, H D / P], or a GDN layer's [N, Hv Dv / P]); Wl: the
   // QKV layer's or in_proj's output.
@@ -704,7 +704,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   sc.d_c1 = arena.alloc_f32(N * C, "grad");
   sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
   sc.d_3c = arena.alloc_f32(N * Wl, "grad");
-  if (cfg.gated_delta_net()) gdn_scratch_carve(sc.gdn, arena, gdn_kernel_shape(cfg, P, B, T));
+  // (under context parallelism the GDN core's buffers are GdnContextParallel's, for the whole sequences)
+  if (cfg.gated_delta_net() && cp == 1) gdn_scratch_carve(sc.gdn, arena, gdn_kernel_shape(cfg, P, B, T));
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe()) {
     const MoeShape ms = lattice::moe_shape(cfg, P, ep);
@@ -738,12 +739,12 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
 }
 
 size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, const TensorParallel& tp,
-                                  const ModelPlacement& placement, int ep) {
+                                  const ModelPlacement& placement, int ep, int cp) {
   Arena counter = Arena::counting();
   std::vector<Activations> acts;
   std::vector<MtpDepth> mtp;
   Scratch sc;
-  allocate(acts, mtp, sc, counter, cfg, tp, complete(placement, cfg), B, T, ep);
+  allocate(acts, mtp, sc, counter, cfg, tp, complete(placement, cfg), B, T, ep, cp);
   return counter.used();
 }
 

@@ -260,9 +260,11 @@ class GPTModel {
   // micro-batches of B x T per chunk plus the shared backward scratch. With activation
   // recomputation (config.recompute_*) a micro-batch keeps only what it does not
   // recompute, plus one shared copy of a recomputed group's buffers (docs/memory.md).
-  // ep: the expert-parallel size (the MoE layers keep their experts' rows outside the arena).
+  // ep: the expert-parallel size (the MoE layers keep their experts' rows outside the arena); cp the
+  // context-parallel size (its GDN core's buffers are beside the arena: context_parallel_bytes).
   static size_t activation_bytes(const TransformerConfig& config, int64_t B, int64_t T,
-                                 const TensorParallel& tp = {}, const ModelPlacement& placement = {}, int ep = 1);
+                                 const TensorParallel& tp = {}, const ModelPlacement& placement = {}, int ep = 1,
+                                 int cp = 1);
   size_t arena_bytes() const { return arena_.capacity(); }
   // Context parallelism's buffers beside the arena (the gathered keys and values [B, T, Gl, 2, D],
   // their staging, the reduce-scattered gradients [B, T/cp, Gl, 2, D]); 0 without it.
@@ -346,7 +348,7 @@ class GPTModel {
   void register_parameters();
   static void allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& mtp, Scratch& scratch, Arena& arena,
                        const TransformerConfig& cfg, const TensorParallel& tp, const ModelPlacement& place,
-                       int64_t B, int64_t T, int ep);
+                       int64_t B, int64_t T, int ep, int cp);
   // Prediction depth k's inputs, positions, targets and loss mask: the micro-batch's (mtp_tokens_, and
   // loss_mask [B, T x cp] or null: ones) rolled left by s = k + 1 along each whole sequence (Megatron's
   // roll_tensor s times: the last s of each sequence 0), then this rank's rows (its context-parallel

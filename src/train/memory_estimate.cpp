@@ -278,13 +278,14 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   const int64_t B = m.micro_batch_size, T = m.seq_length / m.cp;
   r.activation_slots = place.slots;
   // With context parallelism the gathered keys and values and their staging as well.
-  r.activation_bytes = GPTModel::activation_bytes(m.config, B, T, tp, place, m.ep) +
+  r.activation_bytes = GPTModel::activation_bytes(m.config, B, T, tp, place, m.ep, m.cp) +
                        GPTModel::context_parallel_bytes(m.config, B, m.seq_length, m.tp, m.cp);
   ModelPlacement one = place, two = place;
   one.slots = 1;
   two.slots = 2;
   r.activation_bytes_per_micro_batch =
-      GPTModel::activation_bytes(m.config, B, T, tp, two, m.ep) - GPTModel::activation_bytes(m.config, B, T, tp, one, m.ep);
+      GPTModel::activation_bytes(m.config, B, T, tp, two, m.ep, m.cp) -
+      GPTModel::activation_bytes(m.config, B, T, tp, one, m.ep, m.cp);
   return r;
 }
 

@@ -67,7 +67,8 @@ if run tp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversu
   expect_close_losses "TP 2 with sequence parallelism: the single process's 8 losses" t2.jsonl t1.jsonl 8
 fi
 
-# Context parallelism: every rank runs the GDN layers over the whole sequences; one process's losses.
+# Context parallelism: each rank runs its share of the GDN layers' heads (one of the 2 key heads) over the whole
+# sequences; one process's losses.
 if run cp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
      "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iters 8 --context-parallel-size 2 --metrics-file c2.jsonl; then
   expect_close_losses "CP 2: the single process's 8 losses" c2.jsonl t1.jsonl 8
@@ -101,6 +102,12 @@ if run plain_gdn "$LATTICE" train "${PLAIN[@]}" "${GDN[@]}" "${RUN[@]}" \
   expect_error "convert --to-hf of a GDN model without q/k norms" "--qk-layernorm" -- \
     "$LATTICE" convert --load plain --to-hf hf2
   [ -e hf2 ] && fail "the refused conversion left hf2/ behind"
+fi
+# --hf-model-type qwen3_5_moe asks for experts, which the dense hybrid has none of.
+if [ -d ckpt ]; then
+  expect_error "convert --hf-model-type qwen3_5_moe of a dense hybrid" "--hf-model-type qwen3_5_moe: Qwen3.5-MoE has experts" -- \
+    "$LATTICE" convert --load ckpt --to-hf hf3 --hf-model-type qwen3_5_moe
+  [ -e hf3 ] && fail "the refused conversion left hf3/ behind"
 fi
 [ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] && fail "a refused run left a checkpoint behind"
 e2e_finish
