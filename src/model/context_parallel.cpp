@@ -24,6 +24,11 @@ int ContextParallel::size() const { return comm ? comm->size() : 1; }
 
 namespace {
 
+void check_split(const ContextParallel& cp, const ContextSplit& s) {
+  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)
+      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+}
+
 // Copies between a qkv [B*Tl, G, R+2, D] and its keys and values [B*Tl, G, 2, D] (one strided
 // copy per group: a group's key and value are adjacent in both). to_kv: qkv -> kv, else back.
 void copy_keys(float* kv, float* qkv, const QkvLayout& L, int64_t rows, bool to_kv) {
@@ -62,8 +67,7 @@ void reorder(float* dst, const float* src, const ContextSplit& s, int64_t B, int
 
 void gather_context_keys(const ContextParallel& cp, const ContextSplit& s, float* kv, float* staging, const float* qkv,
                          const QkvLayout& L, int64_t B) {
-  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)
-      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  check_split(cp, s);
   const int64_t W = 2 * L.G * L.D, part = B * s.rows() * W;
   copy_keys(staging + cp.rank() * part, const_cast<float*>(qkv), L, B * s.rows(), true);  // read only
   cp.comm->all_gather(staging, std::vector<int64_t>(size_t(s.size), part));
@@ -72,8 +76,7 @@ void gather_context_keys(const ContextParallel& cp, const ContextSplit& s, float
 
 void gather_context_rows(const ContextParallel& cp, const ContextSplit& s, float* full, float* staging,
                          const float* local, int64_t B, int64_t W) {
-  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)
-      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  check_split(cp, s);
   const int64_t part = B * s.rows() * W;
   copy_on_device(staging + cp.rank() * part, local, size_t(part) * sizeof(float));
   cp.comm->all_gather(staging, std::vector<int64_t>(size_t(s.size), part));
@@ -91,8 +94,9 @@ void context_local_rows(const ContextSplit& s, float* local, const float* full, 
 void context_rows_to_columns(const ContextParallel& cp, const ContextSplit& s, float* full, float* send, float* recv,
                              const float* local, int64_t B, int64_t W,
                              const std::vector<std::vector<ColumnBlock>>& columns, int64_t Wc) {
-  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0 && int(columns.size()) == s.size)
-      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  check_split(cp, s);
+  LATTICE_CHECK(int(columns.size()) == s.size) << "context parallelism: " << columns.size() << " ranks' columns for "
+                                               << s.size << " ranks";
   const int64_t rows = B * s.rows(), part = rows * Wc;
   for (int r = 0; r < s.size; ++r)
     for (const ColumnBlock& c : columns[size_t(r)])
@@ -106,8 +110,9 @@ void context_rows_to_columns(const ContextParallel& cp, const ContextSplit& s, f
 void context_columns_to_rows(const ContextParallel& cp, const ContextSplit& s, float* local, float* send, float* recv,
                              const float* full, int64_t B, int64_t W,
                              const std::vector<std::vector<ColumnBlock>>& columns, int64_t Wc) {
-  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0 && int(columns.size()) == s.size)
-      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  check_split(cp, s);
+  LATTICE_CHECK(int(columns.size()) == s.size) << "context parallelism: " << columns.size() << " ranks' columns for "
+                                               << s.size << " ranks";
   const int64_t rows = B * s.rows(), part = rows * Wc;
   reorder(send, full, s, B, Wc, false);
   const std::vector<int64_t> counts(size_t(s.size), part);
@@ -120,8 +125,7 @@ void context_columns_to_rows(const ContextParallel& cp, const ContextSplit& s, f
 
 void scatter_context_key_grads(const ContextParallel& cp, const ContextSplit& s, float* dqkv, const float* dkv,
                                float* staging, float* recv, const QkvLayout& L, int64_t B) {
-  LATTICE_CHECK(cp.on() && s.size == cp.size() && s.T % (2 * s.size) == 0)
-      << "context parallelism: bad split of T=" << s.T << " over " << s.size << " ranks";
+  check_split(cp, s);
   const int64_t W = 2 * L.G * L.D, part = B * s.rows() * W;
   reorder(staging, dkv, s, B, W, false);
   cp.comm->reduce_scatter(staging, recv, std::vector<int64_t>(size_t(s.size), part));
