@@ -237,6 +237,28 @@ void GatedDeltaRule(benchmark::State& st) {
 }
 BENCHMARK(GatedDeltaRule)->Arg(0)->Arg(1)->ArgName("backward")->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// Generation's step: one token of one sequence from the state (the same heads), as GPTInference decodes.
+void GatedDeltaRuleDecode(benchmark::State& st) {
+  lattice::GdnShape s = gdn_bench_shape();
+  s.B = 1;
+  s.T = 1;
+  s.chunk = 1;
+  const std::vector<float> x = random_vector(s.width(), 1.0f, 5), w = random_vector(s.conv() * s.K, 0.3f, 6),
+                           A_log(static_cast<size_t>(s.Hv), 0.5f), dt_bias(static_cast<size_t>(s.Hv), 1.0f);
+  auto buffer = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+  std::vector<float> u = buffer(s.conv()), q = buffer(s.qk()), k = buffer(s.qk()), g = buffer(s.Hv),
+                     beta = buffer(s.Hv), o = buffer(s.v()), state = random_vector(s.Hv * s.state(), 0.1f, 8);
+  lattice::gdn_conv_forward(u.data(), x.data(), w.data(), s);
+  lattice::gdn_gates_forward(q.data(), k.data(), g.data(), beta.data(), u.data(), x.data(), A_log.data(),
+                             dt_bias.data(), s);
+  for (auto _ : st) {
+    lattice::gdn_delta_rule_forward(o.data(), state.data(), nullptr, q.data(), k.data(), u.data(), g.data(),
+                                    beta.data(), s, true);
+    benchmark::DoNotOptimize(o.data());
+  }
+}
+BENCHMARK(GatedDeltaRuleDecode)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 // The same layer's causal depthwise convolution (kernel 4 over its 2048 q, k, v channels) and SiLU, forward
 // or backward (the input's and the weights' gradients).
 void GatedDeltaNetConv(benchmark::State& st) {
