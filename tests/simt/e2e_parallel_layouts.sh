@@ -10,7 +10,8 @@
 # distributed optimizer (overlapped reduction and parameter gather) and bf16 gradient
 # reduction (without linear biases, with RMSNorm and SwiGLU), pipeline parallel (1F1B, and interleaved), expert
 # parallel (a mixture of experts' all-to-all dispatch; whole experts over the tensor-parallel pair), context parallel (gathered keys and values,
-# rotary, multi-query, the distributed optimizer over dp x cp), and tensor x
+# rotary, multi-query, the distributed optimizer over dp x cp; a Gated DeltaNet layer's heads split over the pair,
+# as one rank runs it too), and tensor x
 # pipeline on 4 ranks (rotary, with an attention twice the hidden size). Every iteration's
 # loss and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in
 # different orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or
@@ -97,6 +98,10 @@ layout one-rank-bf16-rope-gqa 1 1e-3 --bf16 --position-embedding-type rope --rot
 layout one-rank-bf16-gqa-tensor-cores 1 1e-3 --bf16 --kv-channels 64 \
   --group-query-attention --num-query-groups 1
 layout one-rank-recompute 1 1e-5 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+# a Gated DeltaNet layer (its step-by-step GPU kernels against the CPU's chunked rule) before an attention layer
+GDN=(--swiglu --experimental-attention-variant gated_delta_net --linear-attention-freq 2 --linear-num-key-heads 2
+     --linear-num-value-heads 4 --linear-key-head-dim 8 --linear-value-head-dim 8)
+layout one-rank-gated-delta-net 1 1e-5 "${GDN[@]}"
 if command -v mpirun >/dev/null 2>&1; then
   layout tensor-parallel-2 2 1e-5 --tensor-model-parallel-size 2 --sequence-parallel
   layout data-parallel-2-distributed-optimizer 2 1e-5 --use-distributed-optimizer --overlap-grad-reduce \
@@ -115,6 +120,8 @@ if command -v mpirun >/dev/null 2>&1; then
   # the keys and values all-gathered and their gradients reduce-scattered over NCCL
   layout context-parallel-2-rope-mqa 2 1e-5 --context-parallel-size 2 --position-embedding-type rope \
     --num-query-groups 1 --use-distributed-optimizer
+  # the GDN layer's heads split over the pair: NCCL all-to-alls to each rank's head and back
+  layout context-parallel-2-gated-delta-net 2 1e-5 --context-parallel-size 2 "${GDN[@]}"
   layout pipeline-2-interleaved 2 1e-5 --pipeline-model-parallel-size 2 --num-layers 4 \
     --num-layers-per-virtual-pipeline-stage 1
   layout tensor-2-pipeline-2-rope 4 1e-5 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
