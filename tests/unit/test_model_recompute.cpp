@@ -47,9 +47,10 @@ std::vector<std::string> split_modules(const char* s) {
 // --qk-layernorm, 4 experts of which each token takes 2 in every layer but the second (a
 // Qwen3-MoE-like model with --moe-layer-freq: the grouped QKV output's scratch, the query and key
 // norms' kept inputs and the MoE layer's routing, gathered rows and expert activations
-// recomputed too, a recomputation group's shared layers serving both kinds of MLP).
-TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = false,
-                         const std::vector<std::string>& modules = {}, bool moe_layer_recompute = false) {
+// recomputed too, a recomputation group's shared layers serving both kinds of MLP). Not finalized: the
+// tests that add settings to it finalize it then (config() below finalizes it at once).
+TransformerConfig unfinalized_config(const Recompute& r, float dropout = 0.1f, bool llama = false,
+                                     const std::vector<std::string>& modules = {}, bool moe_layer_recompute = false) {
   TransformerConfig c;
   if (llama) {
     c.position_embedding_type = "rope";
@@ -77,6 +78,12 @@ TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = 
   c.recompute_num_layers = r.num_layers;
   c.recompute_modules = modules.empty() ? split_modules(r.modules) : modules;
   c.moe_layer_recompute = moe_layer_recompute;
+  return c;
+}
+
+TransformerConfig config(const Recompute& r, float dropout = 0.1f, bool llama = false,
+                         const std::vector<std::string>& modules = {}, bool moe_layer_recompute = false) {
+  TransformerConfig c = unfinalized_config(r, dropout, llama, modules, moe_layer_recompute);
   c.finalize();
   return c;
 }
@@ -163,11 +170,7 @@ TEST(ModelRecomputeLlama, TrainingIsBitIdentical) {
 // keeps one layer's qkv in place of every layer's); bit for bit the run without.
 TEST(ModelRecomputeMla, TrainingIsBitIdentical) {
   auto mla = [](const Recompute& r) {
-    TransformerConfig c = config(kNone, 0.1f, true);
-    c.recompute_granularity = r.granularity;
-    c.recompute_method = r.method;
-    c.recompute_num_layers = r.num_layers;
-    c.recompute_modules = split_modules(r.modules);
+    TransformerConfig c = unfinalized_config(r, 0.1f, true);
     set_mla(c);
     c.finalize();
     return c;
@@ -196,11 +199,7 @@ TEST(ModelRecomputeMla, TrainingIsBitIdentical) {
 // buffers rather than making them again; bit for bit the run without recomputation.
 TEST(ModelRecomputeGatedDeltaNet, TrainingIsBitIdentical) {
   auto gdn = [](const Recompute& r) {
-    TransformerConfig c = config(kNone, 0.1f, true);
-    c.recompute_granularity = r.granularity;
-    c.recompute_method = r.method;
-    c.recompute_num_layers = r.num_layers;
-    c.recompute_modules = split_modules(r.modules);
+    TransformerConfig c = unfinalized_config(r, 0.1f, true);
     c.attention_output_gate = true;
     c.experimental_attention_variant = "gated_delta_net";
     c.linear_attention_pattern.assign(size_t(kLayers), 1);
@@ -316,7 +315,7 @@ TEST(ModelRecomputeMoe, GlobalAuxLossRestartsEachStepAndCountsEachMicroBatchOnce
 // refused without shared experts.
 TEST(ModelRecomputeMoe, SharedExpertsAreBitIdenticalAndKeptOnce) {
   auto with_shared = [](std::vector<std::string> modules) {
-    TransformerConfig c = config(kNone, 0.1f, true);
+    TransformerConfig c = unfinalized_config(kNone, 0.1f, true);
     c.moe_shared_expert_intermediate_size = 16;
     c.moe_shared_expert_gate = true;
     c.recompute_granularity = modules.empty() ? "" : "selective";
