@@ -142,6 +142,7 @@ LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, cons
   }
   run.params.assign(model.params().params(), model.params().params() + model.params().numel());
   run.infos = model.params().infos();
+  run.key_bias_noise = key_bias_elements(model.config());
   return run;
 }
 
