@@ -8,6 +8,9 @@
 // and per value head h (reading key head h / (Hv / Hk)), state S [Dk, Dv] from zeros at each sequence's
 // start, the gated delta rule:
 //   S = exp(g_t) S;  delta = beta_t (v_t - S^T k_t);  S = S + k_t delta^T;  o_t = S^T q_t      [Dv]
+// With document ids (GdnShape::documents, --reset-attention-mask) each document of a sequence is a sequence
+// of its own: the state starts from zeros at its first token (exp(g_t) taken as 0 there, so g_t has no
+// gradient) and the convolution reads no row of another document.
 // The out_norm of each o_t head (the model's LayerNorm or RMSNorm over Dv, kernels/layernorm.h) times
 // silu(z) then goes to out_proj (gdn_output_gate_*).
 //
@@ -34,6 +37,9 @@ struct GdnShape {
   int64_t Dk = 0, Dv = 0;  // key (query) and value head dims
   int64_t K = 4;           // the convolution's kernel width (--linear-conv-kernel-dim)
   int64_t chunk = 64;      // tokens between the forward's state checkpoints
+  // [N] each row's document id, non-decreasing along a sequence (--reset-attention-mask; on the kernels'
+  // device); null: each sequence one document.
+  const int32_t* documents = nullptr;
   LATTICE_HD int64_t N() const { return B * T; }
   LATTICE_HD int64_t qk() const { return Hk * Dk; }
   LATTICE_HD int64_t v() const { return Hv * Dv; }
@@ -45,6 +51,12 @@ struct GdnShape {
   LATTICE_HD int64_t chunks() const { return (T + chunk - 1) / chunk; }
   LATTICE_HD int64_t group() const { return Hv / Hk; }             // value heads per key head
   LATTICE_HD int64_t state() const { return Dv * Dk; }             // one head's state
+  // Whether row n starts a document after the first of its sequence: the state before it is not carried.
+  LATTICE_HD bool starts_document(int64_t n) const {
+    return documents && n % T != 0 && documents[n] != documents[n - 1];
+  }
+  // Whether rows m <= n of one sequence are of one document (and so every row between them).
+  LATTICE_HD bool same_document(int64_t n, int64_t m) const { return !documents || documents[n] == documents[m]; }
 };
 
 namespace math {
@@ -60,13 +72,18 @@ LATTICE_HD inline float gdn_decay(float a, float A_log, float dt_bias) {
   return -math::exp(A_log) * softplus(a + dt_bias);
 }
 
-// The convolution's pre-activation at row n (of sequences of T rows) and channel c: the K taps over the
-// rows n - K + 1 .. n of the sequence (zeros before its start); x's rows are W wide, w is [Cc, K].
-LATTICE_HD inline float gdn_conv_pre(const float* x, const float* w, int64_t n, int64_t c, int64_t T, int64_t W,
-                                     int64_t K) {
-  const int64_t t = n % T;
+// The convolution's first tap at row n: the K taps read rows n - K + 1 .. n, none before the start of the
+// sequence or of the row's document.
+LATTICE_HD inline int64_t gdn_conv_first_tap(int64_t n, const GdnShape& s) {
+  int64_t j = s.K - 1 - n % s.T > 0 ? s.K - 1 - n % s.T : 0;
+  while (j < s.K - 1 && !s.same_document(n, n - s.K + 1 + j)) ++j;
+  return j;
+}
+// The convolution's pre-activation at row n and channel c: x's rows are s.width() wide, w is [Cc, K].
+LATTICE_HD inline float gdn_conv_pre(const float* x, const float* w, int64_t n, int64_t c, const GdnShape& s) {
+  const int64_t K = s.K, W = s.width();
   float acc = 0.0f;
-  for (int64_t j = K - 1 - t > 0 ? K - 1 - t : 0; j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + c];
+  for (int64_t j = gdn_conv_first_tap(n, s); j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + c];
   return acc;
 }
 // A head x [D] l2-normalized: out = x c / sqrt(|x|^2 + 1e-6) (c: the query's scale, else 1); and the

@@ -3,7 +3,8 @@
 // row-parallel proj_w, its input x.attn), on this rank's heads:
 //   u = silu(conv1d(x[:, :Cc])); q, k l2-normalized; g, beta from x's a and b slots; the gated delta rule
 //   o; out_norm (the model's LayerNorm or RMSNorm over each head's Dv values); y = out_norm(o) silu(z).
-// The kernels are kernels/gated_delta_net.h's. Only x.qkv and x.attn are kept per layer: the backward makes
+// With --reset-attention-mask the state and the convolution restart at each document (the documents of
+// the attention's mask). The kernels are kernels/gated_delta_net.h's. Only x.qkv and x.attn are kept per layer: the backward makes
 // the core's buffers again (one shared copy, GdnScratch) before it runs. Under context parallelism the state
 // runs through the whole sequences (GdnContextParallel): each rank runs the core for its share of the heads
 // over them (all-to-alls from the sequence split to a head split and back, Megatron's way), or, when the
@@ -124,7 +125,11 @@ void GdnContextParallel::carve(Arena& from, const TransformerConfig& cfg, int64_
   }
 }
 
-GdnShape GPTModel::gdn_shape(int64_t B, int64_t T) const { return gdn_kernel_shape(cfg_, tp_.size(), B, T); }
+GdnShape GPTModel::gdn_shape(int64_t B, int64_t T, const Activations& a) const {
+  GdnShape s = gdn_kernel_shape(cfg_, tp_.size(), B, T);
+  if (docs_.reset_attention_mask) s.documents = cp_.on() ? a.key_ids.device() : a.document_ids();
+  return s;
+}
 
 GdnCoreParams GPTModel::gdn_core_params(const LayerParams& p, float* sink) {
   GdnCoreParams w;
@@ -186,10 +191,10 @@ void GPTModel::gdn_core_backward(const LayerParams& p, const GdnCoreParams& w, G
 
 void GPTModel::gdn_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T) {
   Activations::Layer& x = a.layers[i];
-  if (!cp_.on()) return gdn_core_forward(p, gdn_core_params(p), scratch_->gdn, x.qkv, x.attn, gdn_shape(B, T));
+  if (!cp_.on()) return gdn_core_forward(p, gdn_core_params(p), scratch_->gdn, x.qkv, x.attn, gdn_shape(B, T, a));
   GdnContextParallel& c = *gdn_cp_;
   const ContextSplit split = cp_.split(T * cp_.size());
-  const GdnShape s = gdn_shape(B, split.T);
+  const GdnShape s = gdn_shape(B, split.T, a);
   if (!c.split_heads) {  // every token's in_proj rows, the core over the whole sequences, this rank's rows of its output
     gather_context_rows(cp_, split, c.x, c.staging, x.qkv, B, s.width());
     gdn_core_forward(p, gdn_core_params(p), c.scratch, c.x, c.y, s);
@@ -207,10 +212,10 @@ void GPTModel::gdn_backward(const LayerParams& p, Activations& a, size_t i, int6
   Scratch& sc = *scratch_;
   Activations::Layer& x = a.layers[i];
   if (!cp_.on())
-    return gdn_core_backward(p, gdn_core_params(p), sc.gdn, x.qkv, x.attn, sc.d_c2, sc.d_3c, gdn_shape(B, T), fresh);
+    return gdn_core_backward(p, gdn_core_params(p), sc.gdn, x.qkv, x.attn, sc.d_c2, sc.d_3c, gdn_shape(B, T, a), fresh);
   GdnContextParallel& c = *gdn_cp_;
   const ContextSplit split = cp_.split(T * cp_.size());
-  const GdnShape s = gdn_shape(B, split.T);
+  const GdnShape s = gdn_shape(B, split.T, a);
   if (!c.split_heads) {
     // Every token's in_proj rows and out_proj input gradients gathered; the whole sequences' backward on
     // every rank, this rank's rows of in_proj's output gradient kept; the parameters' gradients (the whole

@@ -177,9 +177,6 @@ GPTModel::~GPTModel() = default;
 void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
   LATTICE_CHECK(d.eod >= 0 || !(d.eod_mask_loss || d.reset_position_ids || d.reset_attention_mask))
       << "document boundaries need an end-of-document token id";
-  if (d.reset_attention_mask && cfg_.gated_delta_net())
-    LATTICE_FAIL() << "--reset-attention-mask does not go with --experimental-attention-variant gated_delta_net (a GDN "
-                      "layer's state would carry across the documents, as Megatron's does; lattice refuses it)";
   docs_ = d;
 }
 

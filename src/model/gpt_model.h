@@ -453,7 +453,9 @@ class GPTModel {
   // unless `fresh`: recomputation has just run it (gdn_forward the layer's last, its buffers as needed).
   // Under context parallelism the core runs over the whole sequences, on each rank for its share of the
   // heads or for all of them (GdnContextParallel).
-  GdnShape gdn_shape(int64_t B, int64_t T) const;
+  // The core's shape on micro-batch a's rows (with --reset-attention-mask its document ids: the rows', or
+  // under context parallelism the whole sequences').
+  GdnShape gdn_shape(int64_t B, int64_t T, const Activations& a) const;
   void gdn_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
   void gdn_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T, bool fresh);
   // The core of shape s with parameters w on rows x [N, W] into y [N, Hv Dv] with g's buffers; and its

@@ -1588,7 +1588,88 @@ void attention_gate_cases(std::vector<OpCase>& t) {
 
 // Gated DeltaNet (kernels/gated_delta_net.h): the forward chain (convolution, gates, the delta rule with
 // checkpoints) and the backward chain as the model runs them, every output of each kernel compared; three
-// chunks of the sequence (the last one short), more columns and rows than a warp, Dk != Dv.
+// chunks of the sequence (the last one short), more columns and rows than a warp, Dk != Dv; and the same with
+// documents (--reset-attention-mask's ids, the state and the convolution restarting at each).
+void gated_delta_net_case(const OpCase& c, const GdnShape& s, const std::vector<int32_t>& documents) {
+  auto gdocs = upload(documents);
+  GdnShape cs = s, gs = s;  // the CPU's and the GPU's, with their document ids
+  cs.documents = documents.empty() ? nullptr : documents.data();
+  gs.documents = documents.empty() ? nullptr : gdocs.as<int32_t>();
+  const int64_t N = s.N();
+  const size_t nx = size_t(N * s.width()), nu = size_t(N * s.conv()), nqk = size_t(N * s.qk()), nh = size_t(N * s.Hv),
+               no = size_t(N * s.v()), nst = size_t(s.B * s.Hv * s.state()),
+               nck = size_t(s.B * s.Hv * s.chunks() * s.state()), nqv = size_t(N * s.Hv * s.Dk),
+               nw = size_t(gdn_delta_rule_work(s));
+  const auto x = rand_floats(nx, 111), w = rand_floats(size_t(s.conv() * s.K), 112), A = rand_floats(size_t(s.Hv), 113),
+             dt = rand_floats(size_t(s.Hv), 114), d_o = rand_floats(no, 115), dy = rand_floats(no, 116),
+             nrm = rand_floats(no, 117);
+  auto gx = upload(x), gw = upload(w), gA = upload(A), gdt = upload(dt), gdo = upload(d_o), gdy = upload(dy),
+       gnrm = upload(nrm);
+  std::vector<float> u(nu), q(nqk), k(nqk), g(nh), beta(nh), o(no), st(nst), ck(nck);
+  DeviceBuffer gu(nu * 4), gq(nqk * 4), gk(nqk * 4), gg(nh * 4), gb(nh * 4), go(no * 4), gst(nst * 4), gck(nck * 4);
+  gdn_conv_forward(u.data(), x.data(), w.data(), cs);
+  cuda::gdn_conv_forward(gu.as<float>(), gx.as<float>(), gw.as<float>(), gs);
+  expect_close(c, "u", u, download<float>(gu, nu));
+  gdn_gates_forward(q.data(), k.data(), g.data(), beta.data(), u.data(), x.data(), A.data(), dt.data(), cs);
+  cuda::gdn_gates_forward(gq.as<float>(), gk.as<float>(), gg.as<float>(), gb.as<float>(), gu.as<float>(),
+                          gx.as<float>(), gA.as<float>(), gdt.as<float>(), gs);
+  expect_close(c, "q", q, download<float>(gq, nqk));
+  expect_close(c, "g", g, download<float>(gg, nh));
+  expect_close(c, "beta", beta, download<float>(gb, nh));
+  gdn_delta_rule_forward(o.data(), st.data(), ck.data(), q.data(), k.data(), u.data(), g.data(), beta.data(), cs);
+  cuda::gdn_delta_rule_forward(go.as<float>(), gst.as<float>(), gck.as<float>(), gq.as<float>(), gk.as<float>(),
+                               gu.as<float>(), gg.as<float>(), gb.as<float>(), gs);
+  expect_close(c, "o", o, download<float>(go, no));
+  expect_close(c, "checkpoints", ck, download<float>(gck, nck));
+  // The backward on the CPU's forward values (uploaded), each kernel's outputs compared.
+  auto gu2 = upload(u), gq2 = upload(q), gk2 = upload(k), gg2 = upload(g), gb2 = upload(beta), gck2 = upload(ck);
+  std::vector<float> dqv(nqv), dkv(nqv), du(nu, 0.0f), dg(nh), dbeta(nh), work(nw);
+  DeviceBuffer gdqv(nqv * 4), gdkv(nqv * 4), gdu(nu * 4), gdg(nh * 4), gdbeta(nh * 4), gwork(nw * 4);
+  gdn_delta_rule_backward(dqv.data(), dkv.data(), du.data(), dg.data(), dbeta.data(), work.data(), d_o.data(),
+                          ck.data(), q.data(), k.data(), u.data(), g.data(), beta.data(), cs);
+  cuda::gdn_delta_rule_backward(gdqv.as<float>(), gdkv.as<float>(), gdu.as<float>(), gdg.as<float>(),
+                                gdbeta.as<float>(), gwork.as<float>(), gdo.as<float>(), gck2.as<float>(),
+                                gq2.as<float>(), gk2.as<float>(), gu2.as<float>(), gg2.as<float>(), gb2.as<float>(),
+                                gs);
+  expect_close(c, "dq_v", dqv, download<float>(gdqv, nqv));
+  expect_close(c, "dk_v", dkv, download<float>(gdkv, nqv));
+  expect_close(c, "dg", dg, download<float>(gdg, nh));
+  expect_close(c, "dbeta", dbeta, download<float>(gdbeta, nh));
+  std::vector<float> dq(nqk);
+  DeviceBuffer gdq(nqk * 4);
+  gdn_sum_key_heads(dq.data(), dqv.data(), cs);
+  auto gdqv2 = upload(dqv);
+  cuda::gdn_sum_key_heads(gdq.as<float>(), gdqv2.as<float>(), gs);
+  expect_close(c, "dq", dq, download<float>(gdq, nqk));
+  // The gates' and the convolution's backward from the CPU's gradients.
+  auto gdq2 = upload(dq), gdk2 = upload(dq), gdg2 = upload(dg), gdbeta2 = upload(dbeta);
+  std::vector<float> dx(nx, 0.0f), dA(size_t(s.Hv), 0.0f), ddt(size_t(s.Hv), 0.0f), dw(size_t(s.conv() * s.K), 0.0f);
+  auto gdu2 = upload(du), gdx = upload(dx), gdA = upload(dA), gddt = upload(ddt), gdw = upload(dw);
+  gdn_gates_backward(du.data(), dx.data(), dA.data(), ddt.data(), dq.data(), dq.data(), dg.data(), dbeta.data(),
+                     u.data(), x.data(), A.data(), dt.data(), cs);
+  cuda::gdn_gates_backward(gdu2.as<float>(), gdx.as<float>(), gdA.as<float>(), gddt.as<float>(), gdq2.as<float>(),
+                           gdk2.as<float>(), gdg2.as<float>(), gdbeta2.as<float>(), gu2.as<float>(), gx.as<float>(),
+                           gA.as<float>(), gdt.as<float>(), gs);
+  expect_close(c, "du", du, download<float>(gdu2, nu));
+  expect_close(c, "dA_log", dA, download<float>(gdA, dA.size()));
+  expect_close(c, "d_dt_bias", ddt, download<float>(gddt, ddt.size()));
+  gdn_conv_backward(dx.data(), dw.data(), du.data(), x.data(), w.data(), cs);
+  cuda::gdn_conv_backward(gdx.as<float>(), gdw.as<float>(), gdu2.as<float>(), gx.as<float>(), gw.as<float>(), gs);
+  expect_close(c, "dx", dx, download<float>(gdx, nx));
+  expect_close(c, "dw", dw, download<float>(gdw, dw.size()));
+  // The output gate.
+  std::vector<float> y(no), dn(no);
+  DeviceBuffer gy(no * 4), gdn(no * 4);
+  gdn_output_gate_forward(y.data(), nrm.data(), x.data(), cs);
+  cuda::gdn_output_gate_forward(gy.as<float>(), gnrm.as<float>(), gx.as<float>(), gs);
+  expect_close(c, "y", y, download<float>(gy, no));
+  gdn_output_gate_backward(dn.data(), dx.data(), dy.data(), nrm.data(), x.data(), cs);
+  cuda::gdn_output_gate_backward(gdn.as<float>(), gdx.as<float>(), gdy.as<float>(), gnrm.as<float>(), gx.as<float>(),
+                                 gs);
+  expect_close(c, "dn", dn, download<float>(gdn, no));
+  expect_close(c, "dx (z slot)", dx, download<float>(gdx, nx));
+}
+
 void gated_delta_net_cases(std::vector<OpCase>& t) {
   GdnShape s;
   s.B = 2;
@@ -1599,86 +1680,15 @@ void gated_delta_net_cases(std::vector<OpCase>& t) {
   s.Dv = 36;
   s.K = 4;
   s.chunk = 32;
-  t.push_back({"gated_delta_net", shape_name({{"B", s.B}, {"T", s.T}, {"Hv", s.Hv}, {"Dk", s.Dk}, {"Dv", s.Dv}}),
-               {2e-5, 1e-6}, [s](const OpCase& c) {
-                 const int64_t N = s.N();
-                 const size_t nx = size_t(N * s.width()), nu = size_t(N * s.conv()), nqk = size_t(N * s.qk()),
-                              nh = size_t(N * s.Hv), no = size_t(N * s.v()), nst = size_t(s.B * s.Hv * s.state()),
-                              nck = size_t(s.B * s.Hv * s.chunks() * s.state()), nqv = size_t(N * s.Hv * s.Dk),
-                              nw = size_t(gdn_delta_rule_work(s));
-                 const auto x = rand_floats(nx, 111), w = rand_floats(size_t(s.conv() * s.K), 112),
-                            A = rand_floats(size_t(s.Hv), 113), dt = rand_floats(size_t(s.Hv), 114),
-                            d_o = rand_floats(no, 115), dy = rand_floats(no, 116), nrm = rand_floats(no, 117);
-                 auto gx = upload(x), gw = upload(w), gA = upload(A), gdt = upload(dt), gdo = upload(d_o),
-                      gdy = upload(dy), gnrm = upload(nrm);
-                 std::vector<float> u(nu), q(nqk), k(nqk), g(nh), beta(nh), o(no), st(nst), ck(nck);
-                 DeviceBuffer gu(nu * 4), gq(nqk * 4), gk(nqk * 4), gg(nh * 4), gb(nh * 4), go(no * 4), gst(nst * 4),
-                     gck(nck * 4);
-                 gdn_conv_forward(u.data(), x.data(), w.data(), s);
-                 cuda::gdn_conv_forward(gu.as<float>(), gx.as<float>(), gw.as<float>(), s);
-                 expect_close(c, "u", u, download<float>(gu, nu));
-                 gdn_gates_forward(q.data(), k.data(), g.data(), beta.data(), u.data(), x.data(), A.data(), dt.data(), s);
-                 cuda::gdn_gates_forward(gq.as<float>(), gk.as<float>(), gg.as<float>(), gb.as<float>(), gu.as<float>(),
-                                         gx.as<float>(), gA.as<float>(), gdt.as<float>(), s);
-                 expect_close(c, "q", q, download<float>(gq, nqk));
-                 expect_close(c, "g", g, download<float>(gg, nh));
-                 expect_close(c, "beta", beta, download<float>(gb, nh));
-                 gdn_delta_rule_forward(o.data(), st.data(), ck.data(), q.data(), k.data(), u.data(), g.data(),
-                                        beta.data(), s);
-                 cuda::gdn_delta_rule_forward(go.as<float>(), gst.as<float>(), gck.as<float>(), gq.as<float>(),
-                                              gk.as<float>(), gu.as<float>(), gg.as<float>(), gb.as<float>(), s);
-                 expect_close(c, "o", o, download<float>(go, no));
-                 expect_close(c, "checkpoints", ck, download<float>(gck, nck));
-                 // The backward on the CPU's forward values (uploaded), each kernel's outputs compared.
-                 auto gu2 = upload(u), gq2 = upload(q), gk2 = upload(k), gg2 = upload(g), gb2 = upload(beta),
-                      gck2 = upload(ck);
-                 std::vector<float> dqv(nqv), dkv(nqv), du(nu, 0.0f), dg(nh), dbeta(nh), work(nw);
-                 DeviceBuffer gdqv(nqv * 4), gdkv(nqv * 4), gdu(nu * 4), gdg(nh * 4), gdbeta(nh * 4), gwork(nw * 4);
-                 gdn_delta_rule_backward(dqv.data(), dkv.data(), du.data(), dg.data(), dbeta.data(), work.data(),
-                                         d_o.data(), ck.data(), q.data(), k.data(), u.data(), g.data(), beta.data(), s);
-                 cuda::gdn_delta_rule_backward(gdqv.as<float>(), gdkv.as<float>(), gdu.as<float>(), gdg.as<float>(),
-                                               gdbeta.as<float>(), gwork.as<float>(), gdo.as<float>(), gck2.as<float>(),
-                                               gq2.as<float>(), gk2.as<float>(), gu2.as<float>(), gg2.as<float>(),
-                                               gb2.as<float>(), s);
-                 expect_close(c, "dq_v", dqv, download<float>(gdqv, nqv));
-                 expect_close(c, "dk_v", dkv, download<float>(gdkv, nqv));
-                 expect_close(c, "dg", dg, download<float>(gdg, nh));
-                 expect_close(c, "dbeta", dbeta, download<float>(gdbeta, nh));
-                 std::vector<float> dq(nqk);
-                 DeviceBuffer gdq(nqk * 4);
-                 gdn_sum_key_heads(dq.data(), dqv.data(), s);
-                 auto gdqv2 = upload(dqv);
-                 cuda::gdn_sum_key_heads(gdq.as<float>(), gdqv2.as<float>(), s);
-                 expect_close(c, "dq", dq, download<float>(gdq, nqk));
-                 // The gates' and the convolution's backward from the CPU's gradients.
-                 auto gdq2 = upload(dq), gdk2 = upload(dq), gdg2 = upload(dg), gdbeta2 = upload(dbeta);
-                 std::vector<float> dx(nx, 0.0f), dA(size_t(s.Hv), 0.0f), ddt(size_t(s.Hv), 0.0f),
-                     dw(size_t(s.conv() * s.K), 0.0f);
-                 auto gdu2 = upload(du), gdx = upload(dx), gdA = upload(dA), gddt = upload(ddt), gdw = upload(dw);
-                 gdn_gates_backward(du.data(), dx.data(), dA.data(), ddt.data(), dq.data(), dq.data(), dg.data(),
-                                    dbeta.data(), u.data(), x.data(), A.data(), dt.data(), s);
-                 cuda::gdn_gates_backward(gdu2.as<float>(), gdx.as<float>(), gdA.as<float>(), gddt.as<float>(),
-                                          gdq2.as<float>(), gdk2.as<float>(), gdg2.as<float>(), gdbeta2.as<float>(),
-                                          gu2.as<float>(), gx.as<float>(), gA.as<float>(), gdt.as<float>(), s);
-                 expect_close(c, "du", du, download<float>(gdu2, nu));
-                 expect_close(c, "dA_log", dA, download<float>(gdA, dA.size()));
-                 expect_close(c, "d_dt_bias", ddt, download<float>(gddt, ddt.size()));
-                 gdn_conv_backward(dx.data(), dw.data(), du.data(), x.data(), w.data(), s);
-                 cuda::gdn_conv_backward(gdx.as<float>(), gdw.as<float>(), gdu2.as<float>(), gx.as<float>(),
-                                         gw.as<float>(), s);
-                 expect_close(c, "dx", dx, download<float>(gdx, nx));
-                 expect_close(c, "dw", dw, download<float>(gdw, dw.size()));
-                 // The output gate.
-                 std::vector<float> y(no), dn(no);
-                 DeviceBuffer gy(no * 4), gdn(no * 4);
-                 gdn_output_gate_forward(y.data(), nrm.data(), x.data(), s);
-                 cuda::gdn_output_gate_forward(gy.as<float>(), gnrm.as<float>(), gx.as<float>(), s);
-                 expect_close(c, "y", y, download<float>(gy, no));
-                 gdn_output_gate_backward(dn.data(), dx.data(), dy.data(), nrm.data(), x.data(), s);
-                 cuda::gdn_output_gate_backward(gdn.as<float>(), gdx.as<float>(), gdy.as<float>(), gnrm.as<float>(),
-                                                gx.as<float>(), s);
-                 expect_close(c, "dn", dn, download<float>(gdn, no));
-                 expect_close(c, "dx (z slot)", dx, download<float>(gdx, nx));
+  const std::string shape = shape_name({{"B", s.B}, {"T", s.T}, {"Hv", s.Hv}, {"Dk", s.Dk}, {"Dv", s.Dv}});
+  t.push_back({"gated_delta_net", shape, {2e-5, 1e-6}, [s](const OpCase& c) { gated_delta_net_case(c, s, {}); }});
+  // Sequence 0's documents start at tokens 20, 32 (a chunk's first) and 50, sequence 1's at its last token.
+  std::vector<int32_t> documents(size_t(s.N()), 0);
+  for (int64_t t0 : {20, 32, 50})
+    for (int64_t t1 = t0; t1 < s.T; ++t1) ++documents[size_t(t1)];
+  documents[size_t(s.N() - 1)] = 1;
+  t.push_back({"gated_delta_net_documents", shape, {2e-5, 1e-6}, [s, documents](const OpCase& c) {
+                 gated_delta_net_case(c, s, documents);
                }});
 }
 
@@ -1688,23 +1698,24 @@ void gated_delta_net_cases(std::vector<OpCase>& t) {
 void muon_cases(std::vector<OpCase>& t) {
   const int64_t n = 70001;
   t.push_back({"muon_momentum_apply", shape_name({{"n", n}}), {1e-6, 1e-7}, [n](const OpCase& c) {
-    for (bool nesterov : {false, true}) {
-      auto m = rand_floats(size_t(n), 101), g = rand_floats(size_t(n), 102), p = rand_floats(size_t(n), 103);
-      std::vector<float> u(static_cast<size_t>(n));
-      auto gm = upload(m), gg = upload(g), gp = upload(p);
-      DeviceBuffer gu(size_t(n) * 4);
-      muon_momentum(m.data(), u.data(), g.data(), n, 0.05f, 0.95f, nesterov, 0.7f);
-      cuda::muon_momentum(gm.as<float>(), gu.as<float>(), gg.as<float>(), n, 0.05f, 0.95f, nesterov, 0.7f);
-      expect_close(c, "m", m, download<float>(gm, size_t(n)));
-      expect_close(c, "u", u, download<float>(gu, size_t(n)));
-      divide_inplace(u.data(), 3.7f, n);
-      cuda::divide_inplace(gu.as<float>(), 3.7f, n);
-      expect_close(c, "u / norm", u, download<float>(gu, size_t(n)));
-      muon_apply(p.data(), u.data(), n, -0.001f, 1.7f, 0.2f, -0.01f);
-      cuda::muon_apply(gp.as<float>(), gu.as<float>(), n, -0.001f, 1.7f, 0.2f, -0.01f);
-      expect_close(c, "p", p, download<float>(gp, size_t(n)));
-    }
-  }});
+                 for (bool nesterov : {false, true}) {
+                   auto m = rand_floats(size_t(n), 101), g = rand_floats(size_t(n), 102),
+                        p = rand_floats(size_t(n), 103);
+                   std::vector<float> u(static_cast<size_t>(n));
+                   auto gm = upload(m), gg = upload(g), gp = upload(p);
+                   DeviceBuffer gu(size_t(n) * 4);
+                   muon_momentum(m.data(), u.data(), g.data(), n, 0.05f, 0.95f, nesterov, 0.7f);
+                   cuda::muon_momentum(gm.as<float>(), gu.as<float>(), gg.as<float>(), n, 0.05f, 0.95f, nesterov, 0.7f);
+                   expect_close(c, "m", m, download<float>(gm, size_t(n)));
+                   expect_close(c, "u", u, download<float>(gu, size_t(n)));
+                   divide_inplace(u.data(), 3.7f, n);
+                   cuda::divide_inplace(gu.as<float>(), 3.7f, n);
+                   expect_close(c, "u / norm", u, download<float>(gu, size_t(n)));
+                   muon_apply(p.data(), u.data(), n, -0.001f, 1.7f, 0.2f, -0.01f);
+                   cuda::muon_apply(gp.as<float>(), gu.as<float>(), n, -0.001f, 1.7f, 0.2f, -0.01f);
+                   expect_close(c, "p", p, download<float>(gp, size_t(n)));
+                 }
+               }});
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{96, 160}, {160, 96}, {64, 64}}) {
     t.push_back({"newton_schulz", shape_name({{"rows", rows}, {"cols", cols}}), {1e-4, 1e-5}, [rows, cols](const OpCase& c) {
       const std::vector<NsCoefficients> steps = newton_schulz_coefficients("quintic", 5);

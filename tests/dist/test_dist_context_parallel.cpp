@@ -255,11 +255,12 @@ INSTANTIATE_TEST_SUITE_P(
         // each rank's head and back; each rank adds its heads' parameter gradients), with full recomputation
         // and the distributed optimizer; TP 2 x CP 2 with sequence parallelism, each tensor-parallel rank's one
         // key head gathered whole on both CP ranks (the parameters' gradients added once), and with 4 key heads
-        // split.
-        Case{"Cp2GatedDeltaNetFullRecomputeDistributedOptimizerRopeGqa", 2, 2, 1, 1, true, true, false, 0.1f, true,
-             true, false, "full", 20, -1, "", "vanilla", false, "", 0, false, false, false, true},
-        Case{"Tp2Cp2SequenceParallelGatedDeltaNetGate", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false, "", 10,
-             -1, "", "vanilla", false, "", 0, false, true, false, true},
+        // split. The first two with document masks: the states and convolutions restart at each document of
+        // the whole sequences.
+        Case{"Cp2GatedDeltaNetDocumentMaskFullRecomputeDistributedOptimizerRopeGqa", 2, 2, 1, 1, true, true, false, 0.1f,
+             true, true, false, "full", 20, -1, "", "vanilla", true, "", 0, false, false, false, true},
+        Case{"Tp2Cp2SequenceParallelGatedDeltaNetGateDocumentMask", 4, 2, 2, 1, false, false, true, 0.1f, true, true,
+             false, "", 10, -1, "", "vanilla", true, "", 0, false, true, false, true},
         Case{"Tp2Cp2SequenceParallelGatedDeltaNetSplitHeads", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false,
              "", 10, -1, "", "vanilla", false, "", 0, false, true, false, true, 4}),
     [](const auto& info) { return info.param.name; });

@@ -5,7 +5,7 @@
 # trains, saves in_proj, conv1d, A_log and dt_bias with the flags, resumes to the straight run's losses (and
 # by --use-checkpoint-args), generates the same text with and without the KV cache (the layers' states
 # carried), converts to HuggingFace Qwen3.5 and back generating the same text, runs TP 2 x SP and CP 2 as
-# one process does; a model without the form is refused (nothing written). Errors are one line naming the flag.
+# one process does, with document masks too; a model without the form is refused (nothing written). Errors are one line naming the flag.
 #   bash tests/e2e/test_gated_delta_net_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -74,6 +74,18 @@ if run cp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversu
   expect_close_losses "CP 2: the single process's 8 losses" c2.jsonl t1.jsonl 8
 fi
 
+# Document masks (--reset-attention-mask; the mock data's eod is its last token id): the GDN layers' state
+# and convolution restart at each document, as the attention's mask does; CP 2, the heads split over the
+# whole sequences and their documents, gives one process's losses.
+DOCS=(--reset-attention-mask --reset-position-ids --eod-mask-loss)
+if run docs1 "$LATTICE" train "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" "${DOCS[@]}" --train-iters 8 \
+     --metrics-file d1.jsonl &&
+   run docs_cp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
+     "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" "${DOCS[@]}" --train-iters 8 --context-parallel-size 2 \
+     --metrics-file d2.jsonl; then
+  expect_close_losses "document masks, CP 2: the single process's 8 losses" d2.jsonl d1.jsonl 8
+fi
+
 # A prediction depth (--mtp-num-layers 1) after a last GDN layer is a GDN layer; TP 2 x SP gives one
 # process's losses.
 MTP=(--linear-attention-freq "[1,0,1]" --mtp-num-layers 1 --untie-embeddings-and-output-weights)
@@ -92,8 +104,6 @@ expect_error "an unknown variant" "--experimental-attention-variant must be gate
 expect_error "value heads not a multiple of the key heads" "--linear-num-key-heads 3 does not divide" -- "$LATTICE" \
   train "${MODEL[@]}" --experimental-attention-variant gated_delta_net --linear-num-key-heads 3 \
   --linear-num-value-heads 4 "${RUN[@]}" --train-iters 1 --save bad3
-expect_error "GDN with --reset-attention-mask" "--reset-attention-mask does not go with" -- "$LATTICE" train \
-  "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --reset-attention-mask --eod-mask-loss --train-iters 1 --save bad4
 # A GDN model without Qwen3.5's q/k norms has no HuggingFace form.
 PLAIN=()
 for a in "${MODEL[@]}"; do [ "$a" = --qk-layernorm ] || PLAIN+=("$a"); done

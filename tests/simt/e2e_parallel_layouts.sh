@@ -11,7 +11,7 @@
 # reduction (without linear biases, with RMSNorm and SwiGLU), pipeline parallel (1F1B, and interleaved), expert
 # parallel (a mixture of experts' all-to-all dispatch; whole experts over the tensor-parallel pair), context parallel (gathered keys and values,
 # rotary, multi-query, the distributed optimizer over dp x cp; a Gated DeltaNet layer's heads split over the pair,
-# as one rank runs it too), and tensor x
+# with document masks, as one rank runs it too), and tensor x
 # pipeline on 4 ranks (rotary, with an attention twice the hidden size). Every iteration's
 # loss and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in
 # different orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or
@@ -120,8 +120,10 @@ if command -v mpirun >/dev/null 2>&1; then
   # the keys and values all-gathered and their gradients reduce-scattered over NCCL
   layout context-parallel-2-rope-mqa 2 1e-5 --context-parallel-size 2 --position-embedding-type rope \
     --num-query-groups 1 --use-distributed-optimizer
-  # the GDN layer's heads split over the pair: NCCL all-to-alls to each rank's head and back
-  layout context-parallel-2-gated-delta-net 2 1e-5 --context-parallel-size 2 "${GDN[@]}"
+  # the GDN layer's heads split over the pair: NCCL all-to-alls to each rank's head and back; with document
+  # masks (the mock data's eod, its last token id), its state and convolution restarting at each document
+  layout context-parallel-2-gated-delta-net-documents 2 1e-5 --context-parallel-size 2 "${GDN[@]}" \
+    --reset-attention-mask --reset-position-ids
   layout pipeline-2-interleaved 2 1e-5 --pipeline-model-parallel-size 2 --num-layers 4 \
     --num-layers-per-virtual-pipeline-stage 1
   layout tensor-2-pipeline-2-rope 4 1e-5 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \

@@ -1,7 +1,8 @@
 // GPTModel with document boundaries (--eod-mask-loss, --reset-position-ids,
 // --reset-attention-mask): a packed sequence "A eod B" behaves as A-with-eod and B run
-// separately (logits, loss and every gradient), and the eod loss mask equals the same
-// mask passed explicitly.
+// separately (logits, loss and every gradient), with attention layers and with Gated
+// DeltaNet layers (whose state and convolution restart at B), and the eod loss mask
+// equals the same mask passed explicitly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +15,7 @@ namespace {
 
 constexpr int32_t kEod = 49;
 
-TransformerConfig config() {
+TransformerConfig config(bool gated_delta_net = false) {
   TransformerConfig c;
   c.num_layers = 2;
   c.hidden_size = 32;
@@ -22,6 +23,15 @@ TransformerConfig config() {
   c.vocab_size = 50;
   c.max_position_embeddings = 24;
   c.hidden_dropout = c.attention_dropout = 0.0f;
+  if (gated_delta_net) {  // a GDN layer, then an attention layer
+    c.swiglu = true;
+    c.experimental_attention_variant = "gated_delta_net";
+    c.linear_attention_pattern = {1, 0};
+    c.linear_num_key_heads = 2;
+    c.linear_num_value_heads = 4;
+    c.linear_key_head_dim = 8;
+    c.linear_value_head_dim = 6;
+  }
   c.finalize();
   return c;
 }
@@ -40,8 +50,7 @@ double max_rel(const float* a, const float* b, size_t n) {
   return m;
 }
 
-TEST(DsModelDocuments, PackedDocumentsMatchSeparateRuns) {
-  const TransformerConfig c = config();
+void expect_packed_documents_match_separate_runs(const TransformerConfig& c) {
   const int64_t T = 20, k = 8, Vp = c.padded_vocab_size;
   GPTModel model(c, 1, T);
   model.init_parameters(7);
@@ -76,6 +85,12 @@ TEST(DsModelDocuments, PackedDocumentsMatchSeparateRuns) {
   std::vector<float> plain(size_t(T * Vp));
   model.forward_logits(x.data(), 1, T, plain.data());
   EXPECT_GT(max_rel(plain.data() + k * Vp, alone.data(), alone.size()), 1e-2);
+}
+
+TEST(DsModelDocuments, PackedDocumentsMatchSeparateRuns) { expect_packed_documents_match_separate_runs(config()); }
+
+TEST(DsModelDocuments, PackedDocumentsMatchSeparateRunsThroughGatedDeltaNet) {
+  expect_packed_documents_match_separate_runs(config(true));
 }
 
 TEST(DsModelDocuments, EodMaskLossEqualsExplicitMask) {

@@ -1,7 +1,9 @@
 // Gated DeltaNet's kernels (kernels/gated_delta_net.h): the convolution, the gates, the delta rule and
 // the output gate forward against a double-precision reference written from the definitions (the delta
 // rule step by step, state as a Dk x Dv matrix), and their backward, chained as the model chains them,
-// against finite differences of that reference; the backward the same whatever the checkpoint spacing.
+// against finite differences of that reference; the backward the same whatever the checkpoint spacing;
+// with document ids, against the reference restarting at each document and against the documents run as
+// sequences of their own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,16 +29,19 @@ struct Inputs {
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 
-// o [N, Hv, Dv] from the in_proj output x, in double, from the definitions.
+// o [N, Hv, Dv] from the in_proj output x, in double, from the definitions; with s.documents, each document
+// from a zero state, its convolution reading none of the rows before it.
 std::vector<double> reference(const Inputs& in, const GdnShape& s) {
   const int64_t N = s.N(), W = s.width(), Cc = s.conv(), K = s.K, Dk = s.Dk, Dv = s.Dv;
+  auto other_document = [&](int64_t n, int64_t m) { return s.documents && s.documents[n] != s.documents[m]; };
   std::vector<double> u(size_t(N * Cc));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < Cc; ++c) {
       double acc = 0;
       for (int64_t j = 0; j < K; ++j) {
         const int64_t t = n % s.T - K + 1 + j;
-        if (t >= 0) acc += in.w[size_t(c * K + j)] * in.x[size_t((n - K + 1 + j) * W + c)];
+        if (t >= 0 && !other_document(n, n - K + 1 + j))
+          acc += in.w[size_t(c * K + j)] * in.x[size_t((n - K + 1 + j) * W + c)];
       }
       u[size_t(n * Cc + c)] = silu(acc);
     }
@@ -62,6 +67,7 @@ std::vector<double> reference(const Inputs& in, const GdnShape& s) {
         const double a = in.x[size_t(n * W + s.a_at() + h)] + in.dt_bias[size_t(h)];
         const double g = -std::exp(in.A_log[size_t(h)]) * std::log1p(std::exp(a));
         const double beta = sigmoid(in.x[size_t(n * W + s.b_at() + h)]);
+        if (t > 0 && other_document(n, n - 1)) std::fill(S.begin(), S.end(), 0.0);
         for (double& e : S) e *= std::exp(g);
         for (int64_t j = 0; j < Dv; ++j) {
           double kv = 0;
@@ -146,10 +152,8 @@ TEST(GatedDeltaNet, ForwardMatchesTheStepByStepDefinition) {
   }
 }
 
-TEST(GatedDeltaNet, BackwardMatchesFiniteDifferences) {
-  const GdnShape s = small_shape(3);  // chunks of 3, 3 and 1 tokens
-  const Inputs in = random_inputs(s, 21);
-  const std::vector<float> R = random_floats(size_t(s.N() * s.v()), 22);
+// The kernels' gradients of every input (projected on R) against finite differences of the reference.
+GdnRun expect_gradients_match_finite_differences(const Inputs& in, const GdnShape& s, const std::vector<float>& R) {
   const GdnRun r = run_kernels(in, s, &R);
   auto loss_of = [&](auto field) {
     return [&, field](const std::vector<double>& v) {
@@ -162,6 +166,13 @@ TEST(GatedDeltaNet, BackwardMatchesFiniteDifferences) {
   expect_close(r.dw, numeric_grad(loss_of(&Inputs::w), in.w), 2e-4, "dw");
   expect_close(r.dA_log, numeric_grad(loss_of(&Inputs::A_log), in.A_log), 2e-4, "dA_log");
   expect_close(r.d_dt_bias, numeric_grad(loss_of(&Inputs::dt_bias), in.dt_bias), 2e-4, "d_dt_bias");
+  return r;
+}
+
+TEST(GatedDeltaNet, BackwardMatchesFiniteDifferences) {
+  const GdnShape s = small_shape(3);  // chunks of 3, 3 and 1 tokens
+  const Inputs in = random_inputs(s, 21);
+  const GdnRun r = expect_gradients_match_finite_differences(in, s, random_floats(size_t(s.N() * s.v()), 22));
   // Every input's gradient is there: the z slot (the output gate's, gdn_output_gate_backward) is the only
   // part of x this chain leaves zero.
   double b_and_a = 0;
@@ -225,9 +236,81 @@ TEST(GatedDeltaNet, StrongDecaysKeepTheDecayParametersGradients) {
   Inputs in = random_inputs(long_shape(64), 61, 2.3f, 2.77f);
   for (double& v : in.dt_bias) v = 1.0;
   const std::vector<float> R = random_floats(size_t(long_shape(1).N() * long_shape(1).v()), 62);
-  const GdnRun one = run_kernels(in, long_shape(1), &R), chunked = run_kernels(in, long_shape(64), &R);
-  EXPECT_LE(relative_difference(chunked.dA_log, one.dA_log), 1e-3);
-  EXPECT_LE(relative_difference(chunked.d_dt_bias, one.d_dt_bias), 1e-3);
+  // Without documents, and with documents starting at every 10th token.
+  std::vector<int32_t> documents(size_t(long_shape(1).T));
+  for (size_t t = 0; t < documents.size(); ++t) documents[t] = int32_t(t / 10);
+  for (const int32_t* d : std::vector<const int32_t*>{nullptr, documents.data()}) {
+    GdnShape s1 = long_shape(1), s64 = long_shape(64);
+    s1.documents = s64.documents = d;
+    const GdnRun one = run_kernels(in, s1, &R), chunked = run_kernels(in, s64, &R);
+    EXPECT_LE(relative_difference(chunked.dA_log, one.dA_log), 1e-3) << (d ? "documents" : "");
+    EXPECT_LE(relative_difference(chunked.d_dt_bias, one.d_dt_bias), 1e-3) << (d ? "documents" : "");
+  }
+}
+
+// Documents: sequence 0 starts documents at tokens 2 and 6, sequence 1 at token 3 (with chunks of 3, a
+// chunk's first token); the convolution's 3 taps reach across each start but must not read it.
+const std::vector<int32_t> kSmallDocuments = {0, 0, 1, 1, 1, 1, 2, 0, 0, 0, 1, 1, 1, 1};
+
+TEST(GatedDeltaNet, DocumentsMatchTheDefinitionAndFiniteDifferences) {
+  for (int64_t chunk : {1, 3, 64}) {
+    GdnShape s = small_shape(chunk);
+    s.documents = kSmallDocuments.data();
+    const Inputs in = random_inputs(s, 71);
+    expect_close(run_kernels(in, s, nullptr).o, reference(in, s), 2e-6, "o, chunk " + std::to_string(chunk));
+  }
+  GdnShape s = small_shape(3);
+  s.documents = kSmallDocuments.data();
+  const Inputs in = random_inputs(s, 72);
+  expect_gradients_match_finite_differences(in, s, random_floats(size_t(s.N() * s.v()), 73));
+  // The documents change the result (the test can fail): without them the rows after a start differ.
+  const std::vector<float> plain = run_kernels(in, small_shape(3), nullptr).o;
+  const std::vector<double> with_documents = reference(in, s);
+  double most = 0;
+  for (size_t i = 0; i < plain.size(); ++i) most = std::max(most, std::fabs(plain[i] - with_documents[i]));
+  EXPECT_GT(most, 1e-2);
+}
+
+// A sequence of 150 tokens with documents from tokens 40, 64 (the second chunk's first token) and 130, chunks
+// of 64: each document's outputs and input gradients those of the document run alone, and the parameters'
+// gradients the sums of the four runs'.
+TEST(GatedDeltaNet, DocumentsMatchSeparateSequences) {
+  const std::vector<int64_t> starts = {0, 40, 64, 130, 150};
+  GdnShape s = long_shape(64);
+  std::vector<int32_t> documents(size_t(s.T));
+  for (size_t d = 0; d + 1 < starts.size(); ++d)
+    std::fill(documents.begin() + starts[d], documents.begin() + starts[d + 1], int32_t(d));
+  s.documents = documents.data();
+  const Inputs in = random_inputs(s, 81, -4.0f, -2.0f);
+  const std::vector<float> R = random_floats(size_t(s.N() * s.v()), 82);
+  const GdnRun packed = run_kernels(in, s, &R);
+  const int64_t W = s.width(), V = s.v();
+  std::vector<double> o(packed.o.size()), dx(packed.dx.size()), dw(packed.dw.size(), 0.0),
+      dA_log(packed.dA_log.size(), 0.0), d_dt_bias(packed.d_dt_bias.size(), 0.0);
+  for (size_t d = 0; d + 1 < starts.size(); ++d) {
+    GdnShape one = long_shape(64);
+    one.T = starts[d + 1] - starts[d];
+    one.chunk = std::min<int64_t>(64, one.T);
+    Inputs part = in;
+    part.x.assign(in.x.begin() + starts[d] * W, in.x.begin() + starts[d + 1] * W);
+    const std::vector<float> Rd(R.begin() + starts[d] * V, R.begin() + starts[d + 1] * V);
+    const GdnRun alone = run_kernels(part, one, &Rd);
+    std::copy(alone.o.begin(), alone.o.end(), o.begin() + starts[d] * V);
+    std::copy(alone.dx.begin(), alone.dx.end(), dx.begin() + starts[d] * W);
+    for (size_t i = 0; i < dw.size(); ++i) dw[i] += alone.dw[i];
+    for (size_t h = 0; h < dA_log.size(); ++h) {
+      dA_log[h] += alone.dA_log[h];
+      d_dt_bias[h] += alone.d_dt_bias[h];
+    }
+  }
+  expect_close(packed.o, o, 1e-7, "o");
+  expect_close(packed.dx, dx, 1e-7, "dx");
+  expect_close(packed.dw, dw, 1e-6, "dw");
+  expect_close(packed.dA_log, dA_log, 1e-6, "dA_log");
+  expect_close(packed.d_dt_bias, d_dt_bias, 1e-6, "d_dt_bias");
+  // A document's first token decays a forgotten state: its decay input a has no gradient at all.
+  for (int64_t t : {40, 64, 130})
+    for (int64_t h = 0; h < s.Hv; ++h) EXPECT_EQ(packed.dx[size_t(t * W + s.a_at() + h)], 0.0f) << t << ", " << h;
 }
 
 TEST(GatedDeltaNet, OutputGateMatchesItsDefinitionAndFiniteDifferences) {

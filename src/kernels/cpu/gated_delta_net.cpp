@@ -24,9 +24,9 @@ std::vector<float> taps_by_channel(const float* w, int64_t Cc, int64_t K) {
 // pre [Cc]: the convolution's pre-activation at row n, every channel at once (math::gdn_conv_pre's sum,
 // the taps in the same order).
 void conv_pre_row(float* pre, const float* x, const float* wt, int64_t n, const GdnShape& s) {
-  const int64_t Cc = s.conv(), W = s.width(), K = s.K, t = n % s.T;
+  const int64_t Cc = s.conv(), W = s.width(), K = s.K;
   std::fill(pre, pre + Cc, 0.0f);
-  for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) {
+  for (int64_t j = math::gdn_conv_first_tap(n, s); j < K; ++j) {
     const float* xr = x + (n - K + 1 + j) * W;
     const float* wj = wt + j * Cc;
     for (int64_t c = 0; c < Cc; ++c) pre[c] += wj[c] * xr[c];
@@ -70,13 +70,14 @@ void gdn_conv_backward(float* dx, float* dw, const float* du, const float* x, co
     conv_pre_row(dpn, x, wt.data(), n, s);
     for (int64_t c = 0; c < Cc; ++c) dpn[c] = du[n * Cc + c] * math::silu_grad(dpn[c]);
   }
-  // dx[t] = sum_j w[j] dp[t + K - 1 - j] (within the sequence), row by row, the taps in order.
+  // dx[t] = sum_j w[j] dp[t + K - 1 - j] (within the sequence and the document), row by row, the taps in order.
 #pragma omp parallel for schedule(static) if (N * Cc * K > kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const int64_t t = n % T;
     float* dxn = dx + n * W;
     std::fill(dxn, dxn + Cc, 0.0f);
     for (int64_t j = std::max<int64_t>(0, t + K - T); j < K; ++j) {  // t + K - 1 - j within the sequence
+      if (!s.same_document(n + K - 1 - j, n)) continue;
       const float* wj = wt.data() + j * Cc;
       const float* dpr = dp.data() + (n + K - 1 - j) * Cc;
       for (int64_t c = 0; c < Cc; ++c) dxn[c] += wj[c] * dpr[c];
@@ -89,9 +90,8 @@ void gdn_conv_backward(float* dx, float* dw, const float* du, const float* x, co
     const int64_t c0 = blk * kChannelBlock, nc = std::min(Cc, c0 + kChannelBlock) - c0;
     std::vector<float> acc(size_t(K * nc), 0.0f);  // [K, nc]
     for (int64_t n = 0; n < N; ++n) {
-      const int64_t t = n % T;
       const float* dpn = dp.data() + n * Cc + c0;
-      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) {
+      for (int64_t j = math::gdn_conv_first_tap(n, s); j < K; ++j) {
         const float* xr = x + (n - K + 1 + j) * W + c0;
         float* aj = acc.data() + j * nc;
         for (int64_t c = 0; c < nc; ++c) aj[c] += dpn[c] * xr[c];

@@ -12,6 +12,10 @@
 //   S_last = gamma_last S0 + K^T diag(w) Delta
 // This is the recurrence unrolled: exp(g_t) S_{t-1} = gamma_t S0 + sum_{s<t} Gm_ts k_s delta_s^T, so
 // delta_t = beta_t (v_t - gamma_t S0^T k_t - sum_{s<t} Gm_ts (k_t.k_s) delta_s), which is (I + A) Delta = R.
+// Documents (GdnShape::documents) starting inside a chunk cut the decays: the state before a document's first
+// token is forgotten, so Gm_ts is 0 for s and t of different documents, gamma_t for t after the chunk's first
+// document and w_t for t before its last; every formula stays as it is, and the shares of the cut decays
+// (constants 0) vanish with them.
 // Every product above is a gemm_f32 (one BLAS call on this thread, inside the loop over heads); the inverse
 // of the small unit triangle (C^3 / 6 multiply-adds against the GEMMs' C Dk Dv) is a substitution.
 //
@@ -42,6 +46,7 @@ struct ChunkRows {
   const float* g = nullptr;                        // [L], stride Hv
   const float* beta = nullptr;                     // [L], stride Hv
   int64_t ldqk = 0, ldv = 0, ldh = 0;
+  int64_t n0 = 0;                                  // the first token's row
 };
 
 ChunkRows chunk_rows(const float* q, const float* k, const float* u, const float* g, const float* beta,
@@ -49,6 +54,7 @@ ChunkRows chunk_rows(const float* q, const float* k, const float* u, const float
   const int64_t t0 = c * s.chunk, n0 = b * s.T + t0, kh = h / s.group();
   ChunkRows r;
   r.L = std::min(s.T, t0 + s.chunk) - t0;
+  r.n0 = n0;
   r.ldqk = s.Hk * s.Dk;
   r.ldv = s.conv();
   r.ldh = s.Hv;
@@ -63,16 +69,18 @@ ChunkRows chunk_rows(const float* q, const float* k, const float* u, const float
 // One thread's buffers for a chunk of at most C tokens: C x C matrices, C x Dv and C x Dk rows, C vectors.
 struct ChunkBuffers {
   int64_t C;
-  std::vector<float> KK, A, Tm, P, dP, dM;   // [C, C]
-  std::vector<float> KS, R0, D, dD, dR;      // [C, Dv]
-  std::vector<float> Kw, Qg, X, dQ, dK;      // [C, Dk]
-  std::vector<float> G, gamma, w, dG, db;    // [C]
+  std::vector<float> Gm, KK, A, Tm, P, dP, dM;  // [C, C]
+  std::vector<float> KS, R0, D, dD, dR;          // [C, Dv]
+  std::vector<float> Kw, Qg, X, dQ, dK;          // [C, Dk]
+  std::vector<float> G, gamma, w, dG, db;        // [C]
+  std::vector<int64_t> doc;                      // [C]: the documents started in the chunk up to each token
   ChunkBuffers(const GdnShape& s, bool backward) : C(s.chunk) {
     const size_t cc = size_t(C * C), cv = size_t(C * s.Dv), ck = size_t(C * s.Dk), c = size_t(C);
-    for (auto* m : {&KK, &A, &Tm, &P}) m->resize(cc);
+    for (auto* m : {&Gm, &KK, &A, &Tm, &P}) m->resize(cc);
     for (auto* m : {&KS, &R0, &D}) m->resize(cv);
     Kw.resize(ck);
     for (auto* m : {&G, &gamma, &w}) m->resize(c);
+    doc.resize(c);
     if (!backward) return;
     for (auto* m : {&dP, &dM}) m->resize(cc);
     for (auto* m : {&dD, &dR}) m->resize(cv);
@@ -82,18 +90,26 @@ struct ChunkBuffers {
   }
 };
 
-// The chunk's forward quantities from its starting state St0 [Dv, Dk]: G, gamma, w; KK = K K^T, A, Tm;
-// KS = K S0 and R0 = V - diag(gamma) KS; Delta (D) = Tm diag(beta) R0; P (masked, decayed Q K^T); Kw =
-// diag(w) K. R (= diag(beta) R0) passes through `scratch` [C, Dv].
+// The chunk's forward quantities from its starting state St0 [Dv, Dk]: G, gamma, w, Gm (0 above the
+// diagonal); KK = K K^T, A, Tm; KS = K S0 and R0 = V - diag(gamma) KS; Delta (D) = Tm diag(beta) R0; P (masked,
+// decayed Q K^T); Kw = diag(w) K. R (= diag(beta) R0) passes through `scratch` [C, Dv].
 void chunk_forward_values(ChunkBuffers& f, float* scratch, const ChunkRows& r, const float* St0, const GdnShape& s) {
   const int64_t L = r.L, C = f.C, Dk = s.Dk, Dv = s.Dv;
   float acc = 0.0f;
+  int64_t doc = 0;
   for (int64_t t = 0; t < L; ++t) {
+    if (s.starts_document(r.n0 + t)) ++doc;
+    f.doc[size_t(t)] = doc;
     acc += r.g[t * r.ldh];
     f.G[size_t(t)] = acc;
-    f.gamma[size_t(t)] = math::exp(acc);
+    f.gamma[size_t(t)] = doc == 0 ? math::exp(acc) : 0.0f;
   }
-  for (int64_t t = 0; t < L; ++t) f.w[size_t(t)] = math::exp(f.G[size_t(L - 1)] - f.G[size_t(t)]);
+  for (int64_t t = 0; t < L; ++t)
+    f.w[size_t(t)] = f.doc[size_t(t)] == doc ? math::exp(f.G[size_t(L - 1)] - f.G[size_t(t)]) : 0.0f;
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t u = 0; u < L; ++u)
+      f.Gm[size_t(t * C + u)] =
+          u <= t && f.doc[size_t(t)] == f.doc[size_t(u)] ? math::exp(f.G[size_t(t)] - f.G[size_t(u)]) : 0.0f;
   gemm_f32(Trans::N, Trans::T, L, L, Dk, 1.0f, r.k, r.ldqk, r.k, r.ldqk, 0.0f, f.KK.data(), C);
   // A (strictly lower) and Tm = (I + A)^-1 by substitution: Tm_t = e_t - sum_{s<t} A_ts Tm_s (row t's
   // columns 0..t).
@@ -103,7 +119,7 @@ void chunk_forward_values(ChunkBuffers& f, float* scratch, const ChunkRows& r, c
     std::fill(Tt, Tt + L, 0.0f);
     Tt[t] = 1.0f;
     for (int64_t u = 0; u < t; ++u) {
-      const float a = bt * math::exp(f.G[size_t(t)] - f.G[size_t(u)]) * f.KK[size_t(t * C + u)];
+      const float a = bt * f.Gm[size_t(t * C + u)] * f.KK[size_t(t * C + u)];
       f.A[size_t(t * C + u)] = a;
       const float* Tu = f.Tm.data() + u * C;
       for (int64_t j = 0; j <= u; ++j) Tt[j] -= a * Tu[j];
@@ -122,7 +138,7 @@ void chunk_forward_values(ChunkBuffers& f, float* scratch, const ChunkRows& r, c
   gemm_f32(Trans::N, Trans::T, L, L, Dk, 1.0f, r.q, r.ldqk, r.k, r.ldqk, 0.0f, f.P.data(), C);
   for (int64_t t = 0; t < L; ++t)
     for (int64_t u = 0; u < L; ++u)
-      f.P[size_t(t * C + u)] = u <= t ? f.P[size_t(t * C + u)] * math::exp(f.G[size_t(t)] - f.G[size_t(u)]) : 0.0f;
+      f.P[size_t(t * C + u)] *= f.Gm[size_t(t * C + u)];
   for (int64_t t = 0; t < L; ++t)
     for (int64_t i = 0; i < Dk; ++i) f.Kw[size_t(t * Dk + i)] = f.w[size_t(t)] * r.k[t * r.ldqk + i];
 }
@@ -196,7 +212,7 @@ void chunk_backward(float* dSt, float* dv, int64_t ldv, float* dg, float* dbeta,
         f.dG[size_t(t)] += p;
         f.dG[size_t(u)] -= p;
       }
-      d *= math::exp(f.G[size_t(t)] - f.G[size_t(u)]);
+      d *= f.Gm[size_t(t * C + u)];
     }
   gemm_f32(Trans::N, Trans::N, L, Dk, L, 1.0f, f.dP.data(), C, r.k, r.ldqk, 1.0f, f.dQ.data(), Dk);
   gemm_f32(Trans::T, Trans::N, L, Dk, L, 1.0f, f.dP.data(), C, r.q, r.ldqk, 1.0f, f.dK.data(), Dk);
@@ -209,7 +225,7 @@ void chunk_backward(float* dSt, float* dv, int64_t ldv, float* dg, float* dbeta,
     const float bt = r.beta[t * ldh];
     float dbt = 0.0f;
     for (int64_t u = 0; u < t; ++u) {
-      const float da = f.dM[size_t(t * C + u)], gm = math::exp(f.G[size_t(t)] - f.G[size_t(u)]);
+      const float da = f.dM[size_t(t * C + u)], gm = f.Gm[size_t(t * C + u)];
       dbt += da * gm * f.KK[size_t(t * C + u)];
       const float a = da * f.A[size_t(t * C + u)];
       f.dG[size_t(t)] += a;
@@ -238,11 +254,13 @@ void chunk_backward(float* dSt, float* dv, int64_t ldv, float* dg, float* dbeta,
   }
   gemm_f32(Trans::N, Trans::N, L, Dk, Dv, 1.0f, f.dR.data(), Dv, St0, Dk, 1.0f, f.dK.data(), Dk);
   gemm_f32(Trans::T, Trans::N, Dv, Dk, L, 1.0f, f.dR.data(), Dv, r.k, r.ldqk, 1.0f, dSt, Dk);
-  // G_t = g_0 + ... + g_t: dg_t = dG_t + ... + dG_last.
+  // G_t = g_0 + ... + g_t: dg_t = dG_t + ... + dG_last. A document's first token in the chunk has no
+  // gradient (the state its g decays is forgotten; its document's shares add up to 0 but for rounding).
   float acc = 0.0f;
   for (int64_t t = L; t-- > 0;) {
     acc += f.dG[size_t(t)];
-    dg[t * ldh] = acc;
+    const bool first = f.doc[size_t(t)] != (t == 0 ? 0 : f.doc[size_t(t - 1)]);
+    dg[t * ldh] = first ? 0.0f : acc;
     dbeta[t * ldh] = db[size_t(t)];
   }
 }

@@ -67,7 +67,12 @@ __device__ __forceinline__ float gdn_step_back_state(float* ds, const float* col
 }
 
 __device__ __forceinline__ float conv_pre(const float* x, const float* w, int64_t n, int64_t c, const GdnShape& s) {
-  return math::gdn_conv_pre(x, w, n, c, s.T, s.width(), s.K);
+  return math::gdn_conv_pre(x, w, n, c, s);
+}
+
+// The state's decay at row n for value head h: exp(g), or 0 at a document's first token (the state forgotten).
+__device__ __forceinline__ float step_decay(const float* g, int64_t n, int64_t h, const GdnShape& s) {
+  return s.starts_document(n) ? 0.0f : math::exp(g[n * s.Hv + h]);
 }
 
 __global__ void conv_forward_kernel(float* u, const float* x, const float* w, GdnShape s) {
@@ -87,7 +92,8 @@ __global__ void conv_backward_dx_kernel(float* dx, const float* du, const float*
     const int64_t n = i / Cc, c = i % Cc, t = n % s.T;
     float acc = 0.0f;
     for (int64_t j = 0; j < K; ++j)
-      if (t + K - 1 - j < s.T) acc += w[c * K + j] * conv_dpre(du, x, w, n + K - 1 - j, c, s);
+      if (t + K - 1 - j < s.T && s.same_document(n + K - 1 - j, n))
+        acc += w[c * K + j] * conv_dpre(du, x, w, n + K - 1 - j, c, s);
     dx[n * s.width() + c] = acc;
   }
 }
@@ -98,7 +104,7 @@ __global__ void conv_backward_dw_kernel(float* dw, const float* du, const float*
   for (int64_t j = 0; j < K; ++j) {
     float acc = 0.0f;
     for (int64_t n = threadIdx.x; n < s.N(); n += blockDim.x)
-      if (n % s.T - K + 1 + j >= 0) acc += conv_dpre(du, x, w, n, c, s) * x[(n - K + 1 + j) * W + c];
+      if (j >= math::gdn_conv_first_tap(n, s)) acc += conv_dpre(du, x, w, n, c, s) * x[(n - K + 1 + j) * W + c];
     acc = block_sum(acc);
     if (threadIdx.x == 0) dw[c * K + j] += acc;
   }
@@ -184,7 +190,7 @@ __global__ void delta_rule_forward_kernel(float* o, float* state, float* checkpo
       float* cp = checkpoints + (int64_t(blockIdx.x) * s.chunks() + t / s.chunk) * S + j * Dk;
       for (int64_t i = 0; i < Dk; ++i) cp[i] = st[j * Dk + i];
     }
-    const float e = math::exp(g[n * s.Hv + h]), bt = beta[n * s.Hv + h];
+    const float e = step_decay(g, n, h, s), bt = beta[n * s.Hv + h];
     float delta;
     o[(n * s.Hv + h) * Dv + j] =
         gdn_step(st + j * Dk, Dk, kt, qt, e, bt, u[n * s.conv() + 2 * s.qk() + h * Dv + j], delta);
@@ -227,7 +233,7 @@ __global__ void delta_rule_backward_kernel(float* dq_v, float* dk_v, float* du, 
         const float* prev = next - S;
         for (int64_t i = 0; i < Dk; ++i) next[i] = prev[i];
         float unused;
-        gdn_step(next, Dk, kt, qt, math::exp(g[n * s.Hv + h]), beta[n * s.Hv + h],
+        gdn_step(next, Dk, kt, qt, step_decay(g, n, h, s), beta[n * s.Hv + h],
                        u[n * Cc + 2 * s.qk() + h * Dv + tid], unused);
       }
     }
@@ -235,7 +241,7 @@ __global__ void delta_rule_backward_kernel(float* dq_v, float* dk_v, float* du, 
       const int64_t n = b * s.T + t;
       load_kq(n);
       const float* col0 = states + (t - t0) * S;
-      const float e = math::exp(g[n * s.Hv + h]), bt = beta[n * s.Hv + h];
+      const float e = step_decay(g, n, h, s), bt = beta[n * s.Hv + h];
       float qk = 0.0f;
       for (int64_t i = 0; i < Dk; ++i) qk += qt[i] * kt[i];
       float dbj = 0.0f, dodelta = 0.0f;
