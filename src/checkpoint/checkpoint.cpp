@@ -229,6 +229,13 @@ std::optional<int64_t> read_latest_iteration(const std::string& dir) {
   return it;
 }
 
+nlohmann::json checkpoint_provenance(const nlohmann::json& args) {
+  nlohmann::json p = nlohmann::json::object();
+  for (const char* key : {"converted-from-hf", "hf-model-type"})
+    if (args.contains(key)) p[key] = args.at(key);
+  return p;
+}
+
 bool has_checkpoint(const std::string& path) {
   std::error_code ec;
   return fs::exists(fs::path(path) / kTrackerFile, ec) || fs::exists(fs::path(path) / kCheckpointIndexFile, ec);

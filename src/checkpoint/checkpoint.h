@@ -43,6 +43,11 @@ bool has_checkpoint(const std::string& path);
 // holds when it has no checkpoint of that iteration.
 std::string checkpoint_at_iteration(const std::string& dir, int64_t iteration, const std::string& flag);
 
+// The keys of a checkpoint's args that say where its weights came from, which every checkpoint trained from
+// it carries on: "converted-from-hf" (the HuggingFace folder `lattice convert --from-hf` read) and
+// "hf-model-type" (that folder's config.json model_type, the family `convert --to-hf` writes by default).
+nlohmann::json checkpoint_provenance(const nlohmann::json& args);
+
 // Optimizer bookkeeping beside its state tensors.
 struct OptimizerState {
   std::string name;  // "adam" | "sgd"

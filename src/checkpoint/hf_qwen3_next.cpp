@@ -259,12 +259,16 @@ std::string family_name(const std::string& family) {
                                         : "";
 }
 
-// The family a model is written as: model_type's (--hf-model-type; qwen3_5 and qwen3_5_moe name the text
-// models), else Qwen3-Next with experts and Qwen3.5 without. An error names the flag when the model has
-// not the family's kind of MLP.
+// The text family a model_type names (qwen3_5 and qwen3_5_moe name the multimodal models around them).
+std::string text_family(const std::string& model_type) {
+  return model_type == "qwen3_5" || model_type == "qwen3_5_moe" ? model_type + "_text" : model_type;
+}
+
+// The family a model is written as: model_type's (--hf-model-type), else Qwen3-Next with experts and Qwen3.5
+// without. An error names the flag when the model has not the family's kind of MLP.
 std::string export_family(const TransformerConfig& c, const std::string& model_type) {
   if (model_type.empty()) return c.moe() ? "qwen3_next" : "qwen3_5_text";
-  const std::string f = model_type == "qwen3_5" || model_type == "qwen3_5_moe" ? model_type + "_text" : model_type;
+  const std::string f = text_family(model_type);
   if (family_name(f).empty())
     LATTICE_FAIL() << "--hf-model-type " << model_type << ": a Gated DeltaNet model is written as qwen3_next, "
                    << "qwen3_5_text (qwen3_5) or qwen3_5_moe_text (qwen3_5_moe)";
@@ -295,6 +299,11 @@ std::string hf_qwen3_next_family_name(const json& j) { return family_name(family
 
 std::string hf_qwen3_next_family_name(const TransformerConfig& c, const std::string& model_type) {
   return family_name(export_family(c, model_type));
+}
+
+std::string hf_qwen3_next_recorded_type(const TransformerConfig& c, const std::string& recorded) {
+  const std::string f = text_family(recorded);
+  return !family_name(f).empty() && c.moe() == (f != "qwen3_5_text") ? recorded : "";
 }
 
 TransformerConfig hf_qwen3_next_config(const json& config, const std::string& what, int64_t divisible_by) {

@@ -41,6 +41,8 @@ std::string hf_qwen3_next_family_name(const nlohmann::json& config);
 // qwen3_5 and qwen3_5_moe name the text models), else Qwen3-Next with experts and Qwen3.5 without. A family
 // whose MLP is not c's kind (experts or dense) is an error naming the flag.
 std::string hf_qwen3_next_family_name(const TransformerConfig& c, const std::string& model_type = "");
+// `recorded` (the model_type a checkpoint was converted from) when c can be written as that family, else "".
+std::string hf_qwen3_next_recorded_type(const TransformerConfig& c, const std::string& recorded);
 
 // config.json -> TransformerConfig (finalized). Settings lattice cannot reproduce are errors naming
 // `what` (the file) and the key.

@@ -350,6 +350,7 @@ LoadedModel load_model_checkpoint(const std::string& dir, int64_t B) {
                    s.args.value("tiktoken-pattern", std::string()), s.args.value("tiktoken-num-special-tokens", int64_t(0)),
                    s.args.value("tiktoken-special-tokens", std::vector<std::string>())};
   out.iteration = s.iteration;
+  out.hf_model_type = s.args.value("hf-model-type", std::string());
   // For inference (generate, convert): the weights without a gradient buffer.
   out.model = std::make_unique<GPTModel>(c, B, c.max_position_embeddings, TensorParallel{}, ModelPlacement{}, nullptr,
                                          ContextParallel{}, /*gradients=*/false);

@@ -46,6 +46,7 @@ struct LoadedModel {
   TokenizerSpec tokenizer;      // the tokenizer flags it was trained (or converted) with
   int64_t seq_length = 0;
   int64_t iteration = 0;
+  std::string hf_model_type;    // the HuggingFace model_type its weights were converted from ("": none)
 };
 
 // Loads the latest checkpoint of DIR (or DIR itself when it is an iter_* directory)

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/gpt_model.h"
 #include "model/mixed_precision.h"
 #include "optim/opt_param_scheduler.h"
@@ -27,6 +29,7 @@ struct TrainingProgress {
   int64_t consumed_train_samples = 0;  // the next sample index
   uint64_t seed = 0;                   // keys the dropout stream
   double flops_so_far = 0;             // the model FLOPs of the iterations so far (CheckpointState's)
+  nlohmann::json provenance = nlohmann::json::object();  // the loaded checkpoint's checkpoint_provenance
 };
 
 struct TrainingSaveOptions {

@@ -106,6 +106,7 @@ void from_hf(const SimpleFlags& f) {
                          {"max-position-embeddings", c.max_position_embeddings},
                          {"make-vocab-size-divisible-by", int64_t(divisible)},
                          {"converted-from-hf", dir}};
+  if (config.contains("model_type") && config["model_type"].is_string()) args["hf-model-type"] = config["model_type"];
   if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
   const std::string written = save_model_checkpoint(save, 0, *in.model, args.dump());
   std::fprintf(stderr, "convert: %s (%s) -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
@@ -148,7 +149,9 @@ void to_hf(const SimpleFlags& f) {
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
   if (c.gated_delta_net()) {  // HuggingFace Qwen3-Next or Qwen3.5-MoE (with experts) or Qwen3.5 (dense), or an
-                              // error saying why not; a prediction depth as their multi-token prediction module
+                              // error saying why not; a prediction depth as their multi-token prediction module.
+                              // Without the flag, the family the weights were converted from, when it fits.
+    if (options.model_type.empty()) options.model_type = hf_qwen3_next_recorded_type(c, lm.hf_model_type);
     save_hf_qwen3_next(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
@@ -226,7 +229,8 @@ int cmd_convert(int argc, char** argv) {
         "  --max-shard-size SIZE              --to-hf: the largest file; a larger model is sharded as\n"
         "                                     transformers' save_pretrained does (5GB, 500MB, 2GiB, bytes) [5GB]\n"
         "  --hf-model-type TYPE               --to-hf: a Gated DeltaNet model with experts as qwen3_next (Qwen3-Next)\n"
-        "                                     or qwen3_5_moe (Qwen3.5-MoE's text model, qwen3_5_moe_text) [qwen3_next]\n",
+        "                                     or qwen3_5_moe (Qwen3.5-MoE's text model, qwen3_5_moe_text) [the family\n"
+        "                                     its weights were converted from, else qwen3_next]\n",
         stdout);
     return 0;
   }

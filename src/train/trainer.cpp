@@ -438,7 +438,9 @@ int run_training(const TrainArgs& args) {
   save_opts.save_optim = !args.no_save_optim;
   save_opts.save_rng = !args.no_save_rng;
   save_opts.keep_last_n = args.keep_last_n;
-  save_opts.args_json = args.to_json();
+  nlohmann::json saved_args = nlohmann::json::parse(args.to_json());
+  saved_args.update(start.provenance);  // where the loaded checkpoint's weights came from
+  save_opts.args_json = saved_args.dump();
   save_opts.write = ps->world_rank() == 0;
   save_opts.loss_scaler = loss_scaler.get();
   save_opts.precision = precision.get();

@@ -5,7 +5,8 @@
 # trains, saves in_proj, conv1d, A_log and dt_bias with the flags, resumes to the straight run's losses (and
 # by --use-checkpoint-args), generates the same text with and without the KV cache (the layers' states
 # carried), converts to HuggingFace Qwen3.5 and back generating the same text, runs TP 2 x SP and CP 2 as
-# one process does, with document masks too; a model without the form is refused (nothing written). Errors are one line naming the flag.
+# one process does, with document masks too; a model without the form is refused (nothing written); a model
+# trained from converted Qwen3.5-MoE weights converts back to Qwen3.5-MoE. Errors are one line naming the flag.
 #   bash tests/e2e/test_gated_delta_net_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -118,6 +119,19 @@ if [ -d ckpt ]; then
   expect_error "convert --hf-model-type qwen3_5_moe of a dense hybrid" "--hf-model-type qwen3_5_moe: Qwen3.5-MoE has experts" -- \
     "$LATTICE" convert --load ckpt --to-hf hf3 --hf-model-type qwen3_5_moe
   [ -e hf3 ] && fail "the refused conversion left hf3/ behind"
+fi
+# A checkpoint converted from Qwen3.5-MoE records its model_type, and so does one trained from it: convert
+# --to-hf writes Qwen3.5-MoE again without --hf-model-type (not Qwen3-Next, the default for GDN with experts).
+if run moe_in "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_qwen3_5_moe_tiny" --save moe_ckpt &&
+   run moe_train "$LATTICE" train --use-checkpoint-args --load moe_ckpt --finetune --save moe_trained --mock-data \
+     --micro-batch-size 2 --global-batch-size 2 --train-iters 1 --lr 1e-4 --eval-iters 0 &&
+   run moe_out "$LATTICE" convert --load moe_trained --to-hf moe_hf &&
+   run moe_next "$LATTICE" convert --load moe_trained --to-hf moe_next_hf --hf-model-type qwen3_next; then
+  grep -q '"hf-model-type": *"qwen3_5_moe"' moe_trained/iter_0000001/checkpoint.json &&
+    grep -q '"model_type": *"qwen3_5_moe_text"' moe_hf/config.json && grep -q 'Qwen3.5-MoE' moe_out.err &&
+    grep -q '"model_type": *"qwen3_next"' moe_next_hf/config.json &&
+    pass "a model trained from converted Qwen3.5-MoE weights goes back to HuggingFace as Qwen3.5-MoE (Qwen3-Next when asked)" ||
+    fail "the converted Qwen3.5-MoE lost its family on the way back"
 fi
 [ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] && fail "a refused run left a checkpoint behind"
 e2e_finish

@@ -231,6 +231,28 @@ TEST(HfQwen3Next, Qwen35MoeRoundTripsAndConvertsToQwen3Next) {
   expect_fixture_losses(*next.model, dir);
 }
 
+// The family a converted checkpoint recorded (its config.json's model_type) is written again by default when
+// the model can take it: a model with experts as Qwen3.5-MoE or Qwen3-Next, a dense one as Qwen3.5; another
+// model_type, or a family of the other kind of MLP, leaves the default.
+TEST(HfQwen3Next, RecordedModelTypeWhenTheModelFitsIt) {
+  const TransformerConfig moe = load_hf_qwen3_next(fixture("hf_qwen3_5_moe_tiny")).model->config();
+  const TransformerConfig dense = load_hf_qwen3_next(fixture("hf_qwen3_5_text_tiny")).model->config();
+  ASSERT_TRUE(moe.moe());
+  ASSERT_FALSE(dense.moe());
+  for (const char* t : {"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}) {
+    EXPECT_EQ(hf_qwen3_next_recorded_type(moe, t), t);
+    EXPECT_EQ(hf_qwen3_next_recorded_type(dense, t), "") << t;
+  }
+  for (const char* t : {"qwen3_5", "qwen3_5_text"}) {
+    EXPECT_EQ(hf_qwen3_next_recorded_type(dense, t), t);
+    EXPECT_EQ(hf_qwen3_next_recorded_type(moe, t), "") << t;
+  }
+  for (const char* t : {"", "llama", "qwen3_moe"}) {
+    EXPECT_EQ(hf_qwen3_next_recorded_type(moe, t), "") << t;
+    EXPECT_EQ(hf_qwen3_next_recorded_type(dense, t), "") << t;
+  }
+}
+
 // Qwen3.6's files keep the prediction module's experts fused as the layers' are: read so too.
 TEST(HfQwen3Next, FusedPredictionModuleExpertsRead) {
   TempDir tmp("qwen3_6_mtp_fused");
