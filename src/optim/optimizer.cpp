@@ -109,20 +109,27 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
     if (cfg_.muon.tp_mode != "blockwise" && cfg_.muon.tp_mode != "duplicated")
       LATTICE_FAIL() << "--muon-tp-mode must be blockwise or duplicated, got '" << cfg_.muon.tp_mode << "'";
   }
-  int64_t state = 0;
   for (auto [rb, re] : or_whole(params, owned))
     for (size_t k = 0; k < params.infos().size(); ++k) {
       const ParamInfo& p = params.infos()[k];
       const int64_t b = std::max(rb, p.offset), e = std::min(re, p.offset + p.numel);
       if (b >= e) continue;
-      segments_.push_back(Segment{int(k), b, e, state, muon && muon_matrix(p)});
-      state += e - b;
+      segments_.push_back(Segment{int(k), b, e, 0, muon && muon_matrix(p)});
+    }
+  // The state of Adam's segments first, then of Muon's matrices: slot 2 (exp_avg_sq) holds Adam's alone.
+  int64_t state = 0;
+  for (bool muon_pass : {false, true})
+    for (Segment& s : segments_) {
+      if (s.muon != muon_pass) continue;
+      s.state_offset = state;
+      state += s.end - s.begin;
+      if (!muon_pass) adam_numel_ = state;
     }
   state_numel_ = state;
-  auto bytes = [&](bool bf16) { return size_t(state) * (bf16 ? sizeof(uint16_t) : sizeof(float)); };
+  auto bytes = [&](int64_t n, bool bf16) { return size_t(n) * (bf16 ? sizeof(uint16_t) : sizeof(float)); };
   try {
-    state1_ = Storage(bytes(cfg_.exp_avg_bf16));
-    if (cfg_.optimizer != "sgd") state2_ = Storage(bytes(cfg_.exp_avg_sq_bf16));
+    state1_ = Storage(bytes(state, cfg_.exp_avg_bf16));
+    if (cfg_.optimizer != "sgd") state2_ = Storage(bytes(adam_numel_, cfg_.exp_avg_sq_bf16));
     if (muon) {
       const MuonWorkspaceSize ws = muon_workspace_size(params.infos(), cfg_.muon, tp_ ? tp_->size() : 1);
       if (ws.elements > 0) muon_ws_ = MuonWorkspace(ws.elements, ws.gram, ws.whole, ws.piece);
@@ -137,15 +144,16 @@ Optimizer::Optimizer(ParamBuffer& params, const OptimizerConfig& config, const E
 }
 
 void Optimizer::export_state(int slot, float* flat) const {
-  LATTICE_CHECK(slot == 1 || (slot == 2 && state2_.data())) << "no optimizer state slot " << slot;
+  LATTICE_CHECK(slot == 1 || (slot == 2 && cfg_.optimizer != "sgd")) << "no optimizer state slot " << slot;
   const Storage& st = slot == 1 ? state1_ : state2_;
   if (!state_bf16(slot)) {
     for (const Segment& s : segments_)
-      copy_to_host(flat + s.begin, st.as<float>() + s.state_offset, size_t(s.end - s.begin) * sizeof(float));
+      if (slot == 1 || !s.muon)
+        copy_to_host(flat + s.begin, st.as<float>() + s.state_offset, size_t(s.end - s.begin) * sizeof(float));
     return;
   }
   std::vector<uint16_t> host;
-  for (const Segment& s : segments_) {
+  for (const Segment& s : segments_) {  // (bf16 moments are Adam's: no Muon segment)
     host.resize(size_t(s.end - s.begin));
     copy_to_host(host.data(), st.as<uint16_t>() + s.state_offset, host.size() * sizeof(uint16_t));
     for (size_t i = 0; i < host.size(); ++i) flat[size_t(s.begin) + i] = math::bf16_to_fp32(host[i]);
@@ -153,11 +161,12 @@ void Optimizer::export_state(int slot, float* flat) const {
 }
 
 void Optimizer::import_state(int slot, const float* flat) {
-  LATTICE_CHECK(slot == 1 || (slot == 2 && state2_.data())) << "no optimizer state slot " << slot;
+  LATTICE_CHECK(slot == 1 || (slot == 2 && cfg_.optimizer != "sgd")) << "no optimizer state slot " << slot;
   const Storage& st = slot == 1 ? state1_ : state2_;
   if (!state_bf16(slot)) {
     for (const Segment& s : segments_)
-      copy_to_device(st.as<float>() + s.state_offset, flat + s.begin, size_t(s.end - s.begin) * sizeof(float));
+      if (slot == 1 || !s.muon)
+        copy_to_device(st.as<float>() + s.state_offset, flat + s.begin, size_t(s.end - s.begin) * sizeof(float));
     return;
   }
   std::vector<uint16_t> host;

@@ -82,8 +82,9 @@ class Optimizer {
   void step(double lr, double weight_decay, float grad_scale = 1.0f);
   int64_t steps() const { return step_; }
   // State tensors (device memory): Adam exp_avg / exp_avg_sq, or SGD momentum (second
-  // null), compact over the owned segments in order; fp32, or bf16 patterns where
-  // state_bf16(slot) (read them through export_state).
+  // null), compact over the owned segments in order (with Muon, Adam's segments first, then the
+  // matrices', whose momentum is in the first and which have none in the second); fp32, or bf16
+  // patterns where state_bf16(slot) (read them through export_state).
   float* state1() const { return state1_.as<float>(); }
   float* state2() const { return state2_.as<float>(); }
   bool state_bf16(int slot) const { return slot == 1 ? cfg_.exp_avg_bf16 : cfg_.exp_avg_sq_bf16; }
@@ -93,8 +94,8 @@ class Optimizer {
   int64_t state_numel() const { return state_numel_; }  // per slot
   void set_steps(int64_t s) { step_ = s; }
   // Slot 1 (exp_avg / momentum) or 2 (exp_avg_sq) in the flat buffer's layout: export
-  // writes the owned elements into the host array `flat` (params().numel() floats; others untouched),
-  // import reads them from it. Checkpoints store full tensors this way, so a state
+  // writes the owned elements into the host array `flat` (params().numel() floats; others untouched,
+  // and in slot 2 Muon's matrices, which have no second moment), import reads them from it. Checkpoints store full tensors this way, so a state
   // saved under one data-parallel sharding loads under any other. In fp32 whatever the state's
   // dtype: a bf16 moment exported exactly, imported rounded to nearest even (so fp32 and bf16
   // states load into each other).
@@ -103,7 +104,7 @@ class Optimizer {
 
  private:
   // A piece of one parameter inside the owned ranges; its state lives at state_offset. muon: a
-  // whole matrix Muon updates (its momentum in slot 1; slot 2 unused).
+  // whole matrix Muon updates (its momentum in slot 1; nothing in slot 2).
   struct Segment {
     int param;
     int64_t begin, end, state_offset;
@@ -128,6 +129,7 @@ class Optimizer {
   std::vector<Segment> segments_;
   Storage state1_, state2_;
   int64_t state_numel_ = 0;
+  int64_t adam_numel_ = 0;  // of state_numel_: the elements Adam updates (slot 2's)
   int64_t step_ = 0;
 };
 

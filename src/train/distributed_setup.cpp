@@ -56,9 +56,11 @@ void check_same_config_across_ranks(ParallelState& ps, const std::string& args_j
   if (bad > 0) world.barrier();  // the differing rank aborts the job; wait for it
 }
 
-std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt, int opt) {
+std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt, double opt) {
   char buf[512];
-  const std::string expects_text = dist_opt ? "8 + " + std::to_string(opt) + "/d" : std::to_string(8 + opt);
+  char opt_text[32];
+  std::snprintf(opt_text, sizeof opt_text, "%.3g", opt);
+  const std::string expects_text = dist_opt ? "8 + " + std::string(opt_text) + "/d" : "8 + " + std::string(opt_text);
   const double per_param = double(m.param_bytes + m.grad_bytes + m.optimizer_bytes - m.optimizer_scratch_bytes) /
                            double(std::max<int64_t>(1, m.parameters));
   std::snprintf(buf, sizeof buf,
@@ -68,7 +70,7 @@ std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt
                 m.param_bytes / 1e6, m.grad_bytes / 1e6, m.optimizer_bytes / 1e6,
                 (long long)m.owned_parameters, (long long)m.parameters,
                 dist_opt ? ", distributed optimizer" : "", m.activation_bytes / 1e6, per_param,
-                dist_opt ? 8.0 + double(opt) / dp : 8.0 + opt, expects_text.c_str(), dp);
+                dist_opt ? 8.0 + opt / dp : 8.0 + opt, expects_text.c_str(), dp);
   std::string s = buf;
   if (m.optimizer_scratch_bytes > 0) {
     std::snprintf(buf, sizeof buf, "; the optimizer state includes Muon's scratch, %.1f MB",
@@ -99,7 +101,7 @@ double mb(size_t bytes) { return double(bytes) / 1e6; }
 std::string bytes_per_parameter(const MemoryLayout& m) {
   const PrecisionBytes& p = m.precision;
   const int opt = m.optimizer_state_bytes();
-  const char* name = m.optimizer == "sgd" ? "SGD" : m.optimizer == "muon" ? "Muon/Adam" : "Adam";
+  const char* name = m.optimizer == "sgd" ? "SGD" : m.optimizer == "muon" ? "Adam (4 Muon)" : "Adam";
   std::string whole = std::to_string(p.main_params) + " main parameters";
   if (p.weight_copy > 0) whole += " + " + std::to_string(p.weight_copy) + " weight copy";
   whole += " + " + std::to_string(p.grads) + " gradients";

@@ -35,9 +35,9 @@ struct MemoryFootprint {
 };
 // "> memory per rank: ... bytes per parameter ..." (Megatron's report, with the bytes
 // per parameter of the distributed optimizer: 8 + 8/d for fp32). optimizer_state_bytes: per owned
-// parameter (8 Adam, 4 with bf16 moments, 4 SGD).
+// parameter (8 Adam, 4 with bf16 moments, 4 SGD; Muon's average: 4 for its matrices' elements, 8 for the others').
 std::string format_memory_report(const MemoryFootprint& m, int dp_size, bool distributed_optimizer,
-                                 int optimizer_state_bytes = 8);
+                                 double optimizer_state_bytes = 8);
 
 // --log-memory: one value per world rank, known to every rank (each rank's value summed
 // into its own slot over the world group).

@@ -45,11 +45,13 @@ struct MemoryLayout {
   int64_t ddp_bucket_size = 0;            // elements per gradient bucket; 0: the default
   PipelineLayout pipeline;                // stages == pp
   int64_t num_micro_batches = 1;          // per rank and iteration
-  std::string optimizer = "adam";         // adam: 8 bytes of state per owned parameter, sgd: 4; muon: 8
+  std::string optimizer = "adam";         // adam: 8 bytes of state per owned parameter, sgd: 4; muon: 4 per
+                                          // matrix element it updates, 8 per other
   MuonConfig muon;                        // muon: its scratch too (optim/muon.h)
   bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false;  // --exp-avg(-sq)-dtype bf16: 2 bytes per moment
   PrecisionBytes precision;
-  // Optimizer state per owned parameter: SGD's momentum 4; Adam's two moments 4 each, 2 in bf16.
+  // Optimizer state per owned parameter: SGD's momentum 4; Adam's two moments 4 each, 2 in bf16 (Muon: at
+  // most, 4 for the elements of the matrices it updates, their momentum).
   int optimizer_state_bytes() const {
     return optimizer == "sgd" ? 4 : (exp_avg_bf16 ? 2 : 4) + (exp_avg_sq_bf16 ? 2 : 4);
   }
@@ -65,7 +67,8 @@ struct RankMemory {
   size_t param_bytes = 0;        // buffer_elements x main_params
   size_t weight_copy_bytes = 0;  // buffer_elements x weight_copy
   size_t grad_bytes = 0;         // buffer_elements x grads
-  size_t optimizer_bytes = 0;    // owned_parameters x optimizer_state_bytes() (8 Adam | 4 SGD)
+  size_t optimizer_bytes = 0;    // owned_parameters x optimizer_state_bytes() (8 Adam | 4 SGD; Muon 4
+                                 // fewer per matrix element, plus its scratch)
   size_t grad_staging_bytes = 0; // distributed optimizer: the reduce-scatter output, 4 per owned
                                  // (--grad-reduce-in-bf16: 2 per owned, plus 2 per element for
                                  // the buffer's bf16 copy whenever data parallelism runs)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Muon from the command line (--optimizer muon, Megatron's): a Llama-style model trains with the weight
-# matrices orthogonalized and its loss falls faster than AdamW's at the same learning rate; the run
+# matrices orthogonalized and its loss falls faster than AdamW's at the same learning rate, with no second
+# moment kept for them (the memory report's bytes per parameter under Adam's); the run
 # saves its state and resumes to the straight run's losses; a resume with --optimizer adam is refused;
 # tensor parallelism runs blockwise (each rank's shards), and with --muon-tp-mode duplicated gives the
 # single process's losses; the unimplemented modes and bad values are
@@ -28,6 +29,12 @@ if run train "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" "${RUN[@]}" --train-ite
   awk -v a="$first" -v b="$last" -v c="$adam_last" 'BEGIN { exit !(b < a - 0.3 && b < c) }' &&
     pass "Muon trains: lm loss $first -> $last after 20 iterations (AdamW: $adam_last)" ||
     fail "Muon did not train as expected: $first -> $last (AdamW: $adam_last)"
+  # Muon's matrices keep no second moment: fewer than Adam's 16 bytes per parameter, as the report expects.
+  line=$(grep -h "memory per rank" train.out train.err | head -n 1)
+  measured=$(sed -n 's/.*; \([0-9.]*\) bytes per parameter (fp32 expects \([0-9.]*\):.*/\1 \2/p' <<<"$line")
+  awk -v m="${measured% *}" -v e="${measured#* }" 'BEGIN { exit !(m != "" && m == e && m < 14) }' &&
+    pass "Muon's state: $measured bytes per parameter (measured, expected), under Adam's 16" ||
+    fail "Muon's memory line: $line"
   if run resume "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt \
        --metrics-file r.jsonl &&
      run straight "$LATTICE" train "${MODEL[@]}" "${MUON[@]}" "${RUN[@]}" --train-iters 24 --metrics-file s.jsonl; then

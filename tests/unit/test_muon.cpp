@@ -187,6 +187,40 @@ TEST(Muon, TheOtherParametersAreAdams) {
   EXPECT_FALSE(muon_matrix(muon.params.infos()[2])) << "a bias is Adam's";
 }
 
+// Muon's matrices keep their momentum and no second moment: the state is 4 bytes per element plus 4 per
+// element Adam updates (and Muon's scratch); the second moment exported is Adam's for its parameters
+// (the matrix's elements untouched: the checkpoint writes zeros there), and reads back.
+TEST(Muon, TheMatricesKeepNoSecondMoment) {
+  Model muon, adam;
+  for (Model* m : {&muon, &adam})
+    for (int64_t i = 0; i < m->params.numel(); ++i) m->params.grads()[i] = 0.05f * float(i % 5) - 0.1f;
+  OptimizerConfig a;
+  Optimizer om(muon.params, muon_config(false)), oa(adam.params, a);
+  om.step(0.01, 0.1);
+  oa.step(0.01, 0.1);
+  const int64_t n = muon.params.numel(), elements = 4 * 2 + 2 * 3 + 2, matrix = 2 * 3;
+  EXPECT_EQ(om.state_bytes() - om.scratch_bytes(), size_t(2 * elements - matrix) * sizeof(float));
+  EXPECT_EQ(oa.state_bytes(), size_t(2 * elements) * sizeof(float));
+  std::vector<float> v_muon(size_t(n), 7.0f), v_adam(size_t(n), 7.0f);
+  om.export_state(2, v_muon.data());
+  oa.export_state(2, v_adam.data());
+  const ParamInfo& w = muon.params.infos()[1];
+  for (int64_t i = 0; i < n; ++i) {
+    const bool in_matrix = i >= w.offset && i < w.offset + w.numel;
+    if (in_matrix)
+      EXPECT_EQ(v_muon[size_t(i)], 7.0f) << i;
+    else
+      EXPECT_EQ(v_muon[size_t(i)], v_adam[size_t(i)]) << i;
+  }
+  std::vector<float> loaded(static_cast<size_t>(n)), back(static_cast<size_t>(n), 0.0f);
+  for (int64_t i = 0; i < n; ++i) loaded[size_t(i)] = 0.25f + float(i);
+  om.import_state(2, loaded.data());
+  om.export_state(2, back.data());
+  for (const ParamInfo& p : muon.params.infos())  // (the buffer's alignment padding is no parameter's)
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i)
+      EXPECT_EQ(back[size_t(i)], &p == &w ? 0.0f : loaded[size_t(i)]) << p.name << " " << i;
+}
+
 TEST(Muon, SplitQkvOrthogonalizesEachKindOfRowApart) {
   // 2 query groups of 2 heads of 2 dims: per group 4 query rows, 2 key rows, 2 value rows; 6 columns.
   const int64_t G = 2, D = 2, R = 2, per_group = (R + 2) * D, rows = G * per_group, cols = 6;
