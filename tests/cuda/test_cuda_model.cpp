@@ -19,6 +19,7 @@
 
 #include "core/device.h"
 #include "cuda_test_util.h"
+#include "../gdn_test_config.h"
 #include "data/gpt_batches.h"
 #include "model/gpt_model.h"
 #include "model/mixed_precision.h"
@@ -324,13 +325,7 @@ TEST(CudaModel, GatedDeltaNetLossAndEveryGradientMatchCpu) {
   for (int variant : {0, 1, 2}) {
     TransformerConfig cfg = small_config(0.0f);
     cfg.swiglu = true;
-    cfg.experimental_attention_variant = "gated_delta_net";
-    cfg.linear_attention_pattern = {1, 0};
-    cfg.linear_num_key_heads = 2;
-    cfg.linear_num_value_heads = 4;
-    cfg.linear_key_head_dim = 8;
-    cfg.linear_value_head_dim = 12;
-    cfg.linear_conv_kernel_dim = 4;
+    set_gdn(cfg, {1, 0}, GdnShapes{2, 4, 8, 12, 4});
     if (variant == 0) {
       cfg.normalization = "RMSNorm";
       cfg.apply_layernorm_1p = true;

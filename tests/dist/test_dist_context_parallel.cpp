@@ -25,6 +25,7 @@
 #include "train/data_parallel.h"
 #include "train/train_step.h"
 #include "layout_run.h"
+#include "../gdn_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -120,12 +121,7 @@ TransformerConfig config(const Case& c, int tp) {
   if (c.no_rope) t.no_rope_pattern = {0, 1, 0, 1};
   if (c.gdn) {
     t.swiglu = true;
-    t.experimental_attention_variant = "gated_delta_net";
-    t.linear_attention_pattern = {1, 0, 1, 0};
-    t.linear_num_key_heads = c.gdn_key_heads;
-    t.linear_num_value_heads = 2 * c.gdn_key_heads;
-    t.linear_key_head_dim = 8;
-    t.linear_value_head_dim = 6;
+    set_gdn(t, {1, 0, 1, 0}, GdnShapes{c.gdn_key_heads, 2 * c.gdn_key_heads, 8, 6});
   }
   if (c.recompute == "full") {
     t.recompute_granularity = "full";

@@ -19,6 +19,7 @@
 #include "train/data_parallel.h"
 #include "train/train_step.h"
 #include "layout_run.h"
+#include "../gdn_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -39,15 +40,8 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
                          int qk_norm = 0, bool moe = false, bool gpt_oss = false, int64_t mtp = 0, int mla = 0,
                          bool gate = false, bool no_rope = false, bool gdn = false) {
   TransformerConfig c;
-  if (gdn) {  // Gated DeltaNet in layer 0 (4 key and 8 value heads: whole heads per rank), attention in layer 1
-    c.experimental_attention_variant = "gated_delta_net";
-    c.linear_attention_pattern = {1, 0};
-    c.linear_num_key_heads = 4;
-    c.linear_num_value_heads = 8;
-    c.linear_key_head_dim = 6;
-    c.linear_value_head_dim = 5;
-    c.linear_conv_kernel_dim = 3;
-  }
+  // Gated DeltaNet in layer 0 (4 key and 8 value heads: whole heads per rank), attention in layer 1
+  if (gdn) set_gdn(c, {1, 0}, GdnShapes{4, 8, 6, 5, 3});
   if (no_rope) c.no_rope_pattern = {0, 1};  // --no-rope-freq 2: the second layer not rotated (NoPE)
   c.attention_output_gate = gate;  // --attention-output-gate: each rank's heads' gates in its share of linear_qkv
   c.mtp_num_layers = mtp;  // --mtp-num-layers: the prediction depths' eh_proj column-parallel, their norms replicated

@@ -10,6 +10,8 @@
 
 #include "model/gpt_model.h"
 
+#include "../gdn_test_config.h"
+
 namespace lattice {
 namespace {
 
@@ -25,12 +27,7 @@ TransformerConfig config(bool gated_delta_net = false) {
   c.hidden_dropout = c.attention_dropout = 0.0f;
   if (gated_delta_net) {  // a GDN layer, then an attention layer
     c.swiglu = true;
-    c.experimental_attention_variant = "gated_delta_net";
-    c.linear_attention_pattern = {1, 0};
-    c.linear_num_key_heads = 2;
-    c.linear_num_value_heads = 4;
-    c.linear_key_head_dim = 8;
-    c.linear_value_head_dim = 6;
+    set_gdn(c, {1, 0}, GdnShapes{2, 4, 8, 6});
   }
   c.finalize();
   return c;

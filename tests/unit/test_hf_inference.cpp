@@ -12,6 +12,7 @@
 #include "checkpoint/hf_gpt2.h"
 #include "core/error.h"
 #include "model/gpt_inference.h"
+#include "../gdn_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -171,13 +172,8 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithGatedDeltaNet) {
     auto model = random_model(false, GeluKind::erf, true, [&](TransformerConfig& c) {
       c.add_bias_linear = false;
       c.swiglu = true;
-      c.experimental_attention_variant = "gated_delta_net";
-      c.linear_attention_pattern = variant == 0 ? std::vector<int>{1, 0, 1} : std::vector<int>{1, 1, 1};
-      c.linear_num_key_heads = 2;
-      c.linear_num_value_heads = variant == 0 ? 4 : 2;
-      c.linear_key_head_dim = 6;
-      c.linear_value_head_dim = 5;
-      c.linear_conv_kernel_dim = variant == 0 ? 4 : 3;
+      set_gdn(c, variant == 0 ? std::vector<int>{1, 0, 1} : std::vector<int>{1, 1, 1},
+              GdnShapes{2, variant == 0 ? 4 : 2, 6, 5, variant == 0 ? 4 : 3});
       c.normalization = variant == 0 ? "RMSNorm" : "LayerNorm";
       c.apply_layernorm_1p = variant == 0;
       c.attention_output_gate = variant == 0;

@@ -20,6 +20,7 @@
 #include "optim/optimizer.h"
 #include "train/arguments.h"
 #include "train/train_step.h"
+#include "../gdn_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -201,13 +202,9 @@ TEST(ModelRecomputeGatedDeltaNet, TrainingIsBitIdentical) {
   auto gdn = [](const Recompute& r) {
     TransformerConfig c = unfinalized_config(r, 0.1f, true);
     c.attention_output_gate = true;
-    c.experimental_attention_variant = "gated_delta_net";
-    c.linear_attention_pattern.assign(size_t(kLayers), 1);
-    c.linear_attention_pattern.back() = 0;
-    c.linear_num_key_heads = 2;
-    c.linear_num_value_heads = 4;
-    c.linear_key_head_dim = 8;
-    c.linear_value_head_dim = 6;
+    std::vector<int> pattern(size_t(kLayers), 1);
+    pattern.back() = 0;
+    set_gdn(c, pattern, GdnShapes{2, 4, 8, 6});
     c.finalize();
     return c;
   };

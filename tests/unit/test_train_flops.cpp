@@ -3,6 +3,8 @@
 
 #include "train/flops.h"
 
+#include "../gdn_test_config.h"
+
 namespace lattice {
 namespace {
 
@@ -49,13 +51,7 @@ TEST(TrainFlops, GatedDeltaNetLayersCountTheirOwnTerms) {
   c.finalize();
   const double attention_layer = 6.0 * (256.0 * 3 * 256 + 256.0 * 256) + 1024.0 * 6 * 256;  // per token
   const double dense = megatron_flops_per_iteration(c, 8, 1024);
-  c.experimental_attention_variant = "gated_delta_net";
-  c.linear_attention_pattern = {1, 0};
-  c.linear_num_key_heads = 2;
-  c.linear_num_value_heads = 4;
-  c.linear_key_head_dim = 32;
-  c.linear_value_head_dim = 16;
-  c.linear_conv_kernel_dim = 4;
+  set_gdn(c, {1, 0}, GdnShapes{2, 4, 32, 16, 4});
   c.finalize();
   // in_proj [2 x 64 + 2 x 64 + 8, 256], out_proj [256, 64], conv [192, 4], delta rule 3 x 4 x 32 x 16.
   const double gdn_layer = 6.0 * (256.0 * 264 + 64.0 * 256 + 192.0 * 4 + 3.0 * 4 * 32 * 16);
