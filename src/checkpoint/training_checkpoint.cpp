@@ -107,18 +107,13 @@ std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptio
   const std::string where = r.iter_dir();
   check_model_config(s.model_config, model.config(), where);
   load_model_tensors(r, model);
-  if (o.finetune) {
-    TrainingProgress p = fresh;
-    p.provenance = checkpoint_provenance(s.args);
-    return p;
-  }
-
-  TrainingProgress p;
+  TrainingProgress p = fresh;
   p.provenance = checkpoint_provenance(s.args);
+  if (o.finetune) return p;
+
   p.iteration = s.iteration;
   p.consumed_train_samples = s.consumed_train_samples;
   p.flops_so_far = s.num_floating_point_operations_so_far;
-  p.seed = fresh.seed;
   if (o.load_optim) {
     if (!s.optimizer || !s.opt_param_scheduler)
       LATTICE_FAIL() << "--load " << o.dir << ": " << where

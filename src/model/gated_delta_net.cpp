@@ -4,8 +4,8 @@
 //   u = silu(conv1d(x[:, :Cc])); q, k l2-normalized; g, beta from x's a and b slots; the gated delta rule
 //   o; out_norm (the model's LayerNorm or RMSNorm over each head's Dv values); y = out_norm(o) silu(z).
 // With --reset-attention-mask the state and the convolution restart at each document (the documents of
-// the attention's mask). The kernels are kernels/gated_delta_net.h's. Only x.qkv and x.attn are kept per layer: the backward makes
-// the core's buffers again (one shared copy, GdnScratch) before it runs. Under context parallelism the state
+// the attention's mask). The kernels are kernels/gated_delta_net.h's. Only x.qkv and x.attn are kept per
+// layer: the backward makes the core's buffers again (one shared copy, GdnScratch) before it runs. Under context parallelism the state
 // runs through the whole sequences (GdnContextParallel): each rank runs the core for its share of the heads
 // over them (all-to-alls from the sequence split to a head split and back, Megatron's way), or, when the
 // group's size does not divide the key heads, every rank the whole core over the gathered sequences.

@@ -60,7 +60,7 @@ std::string format_memory_report(const MemoryFootprint& m, int dp, bool dist_opt
   char buf[512];
   char opt_text[32];
   std::snprintf(opt_text, sizeof opt_text, "%.3g", opt);
-  const std::string expects_text = dist_opt ? "8 + " + std::string(opt_text) + "/d" : "8 + " + std::string(opt_text);
+  const std::string expects_text = "8 + " + std::string(opt_text) + (dist_opt ? "/d" : "");
   const double per_param = double(m.param_bytes + m.grad_bytes + m.optimizer_bytes - m.optimizer_scratch_bytes) /
                            double(std::max<int64_t>(1, m.parameters));
   std::snprintf(buf, sizeof buf,
