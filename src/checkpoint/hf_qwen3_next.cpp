@@ -263,6 +263,8 @@ std::string family_name(const std::string& family) {
 std::string text_family(const std::string& model_type) {
   return model_type == "qwen3_5" || model_type == "qwen3_5_moe" ? model_type + "_text" : model_type;
 }
+// Whether a family's MLPs are experts (all but Qwen3.5's dense text model).
+bool experts_family(const std::string& family) { return family != "qwen3_5_text"; }
 
 // The family a model is written as: model_type's (--hf-model-type), else Qwen3-Next with experts and Qwen3.5
 // without. An error names the flag when the model has not the family's kind of MLP.
@@ -272,7 +274,7 @@ std::string export_family(const TransformerConfig& c, const std::string& model_t
   if (family_name(f).empty())
     LATTICE_FAIL() << "--hf-model-type " << model_type << ": a Gated DeltaNet model is written as qwen3_next, "
                    << "qwen3_5_text (qwen3_5) or qwen3_5_moe_text (qwen3_5_moe)";
-  if (c.moe() != (f != "qwen3_5_text"))
+  if (c.moe() != experts_family(f))
     LATTICE_FAIL() << "--hf-model-type " << model_type << ": " << family_name(f)
                    << (c.moe() ? " has dense MLPs, the checkpoint's model experts" : " has experts, the checkpoint's model none");
   return f;
@@ -303,7 +305,7 @@ std::string hf_qwen3_next_family_name(const TransformerConfig& c, const std::str
 
 std::string hf_qwen3_next_recorded_type(const TransformerConfig& c, const std::string& recorded) {
   const std::string f = text_family(recorded);
-  return !family_name(f).empty() && c.moe() == (f != "qwen3_5_text") ? recorded : "";
+  return !family_name(f).empty() && c.moe() == experts_family(f) ? recorded : "";
 }
 
 TransformerConfig hf_qwen3_next_config(const json& config, const std::string& what, int64_t divisible_by) {

@@ -17,6 +17,13 @@ bool muon_matrix(const ParamInfo& p) {
          p.name != "output_layer.weight";
 }
 
+int64_t muon_matrix_elements(const std::vector<ParamInfo>& infos) {
+  int64_t n = 0;
+  for (const ParamInfo& p : infos)
+    if (muon_matrix(p)) n += p.numel;
+  return n;
+}
+
 bool muon_qkv(const ParamInfo& p) {
   const std::string tail = "linear_qkv.weight";
   return p.shape.size() == 2 && p.name.size() >= tail.size() &&

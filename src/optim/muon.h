@@ -38,6 +38,8 @@ struct MuonConfig {
 // Whether Muon updates parameter p: a 2-D matrix other than the word embedding and the output
 // layer (Megatron's rule: not is_embedding_or_output_parameter and len(shape) == 2).
 bool muon_matrix(const ParamInfo& p);
+// The elements of the matrices Muon updates among `infos` (they keep a momentum and no second moment).
+int64_t muon_matrix_elements(const std::vector<ParamInfo>& infos);
 // Whether p is a fused QKV weight (--muon-split-qkv splits it).
 bool muon_qkv(const ParamInfo& p);
 

@@ -259,8 +259,7 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   r.grad_bytes = size_t(r.buffer_elements) * size_t(p.grads);
   r.optimizer_bytes = size_t(r.owned_parameters) * size_t(m.optimizer_state_bytes());
   if (m.optimizer == "muon") {  // no second moment for Muon's matrices (every parameter owned); its scratch
-    for (const ParamInfo& info : pb.infos())
-      if (muon_matrix(info)) r.optimizer_bytes -= size_t(info.numel) * sizeof(float);
+    r.optimizer_bytes -= size_t(muon_matrix_elements(pb.infos())) * sizeof(float);
     const MuonWorkspaceSize ws = muon_workspace_size(pb.infos(), m.muon, m.tp);
     if (ws.elements > 0) r.optimizer_bytes += ws.bytes();
   }

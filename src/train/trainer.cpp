@@ -398,12 +398,9 @@ int run_training(const TrainArgs& args) {
   // The bytes per parameter come from the estimate's one formula; the totals above are measured.
   const MemoryLayout ml = memory_layout(args, cfg, ps->dp().size(), pipe, num_micro);
   double state_per_parameter = ml.optimizer_state_bytes();
-  if (args.optimizer == "muon") {  // no second moment for Muon's matrices
-    int64_t matrices = 0;
-    for (const ParamInfo& p : model.params().infos())
-      if (muon_matrix(p)) matrices += p.numel;
-    state_per_parameter -= 4.0 * double(matrices) / double(std::max<int64_t>(1, mem.parameters));
-  }
+  if (args.optimizer == "muon")  // no second moment for Muon's matrices
+    state_per_parameter -= 4.0 * double(muon_matrix_elements(model.params().infos())) /
+                           double(std::max<int64_t>(1, mem.parameters));
   log_info(format_memory_report(mem, ml.shard_ranks(), args.use_distributed_optimizer, state_per_parameter));
   // --log-memory: every rank's estimate (a function of the layout; each rank measured its
   // own baseline), and after the first iterations each rank's measured peak beside it.

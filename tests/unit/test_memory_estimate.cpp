@@ -253,9 +253,7 @@ TEST(MemoryEstimate, MuonScratchEqualsTheOptimizers) {
       expect_matches(m, 0);
       MemoryLayout adam = layout(c, P, 1, 1, 4);
       const RealRank real = build(m, 0);
-      int64_t matrices = 0;
-      for (const ParamInfo& p : real.model->params().infos())
-        if (muon_matrix(p)) matrices += p.numel;
+      const int64_t matrices = muon_matrix_elements(real.model->params().infos());
       ASSERT_GT(matrices, 0);
       EXPECT_EQ(real.optimizer->state_bytes() - real.optimizer->scratch_bytes(),
                 estimate_rank_memory(adam, 0, 0).optimizer_bytes - size_t(matrices) * sizeof(float));
