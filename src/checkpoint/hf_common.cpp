@@ -130,12 +130,12 @@ std::string recorded_tokenizer(const json& j, const std::string& what) {
 
 HfModel load_model_folder(
     const std::string& dir, int64_t seq_length,
-    const std::function<TransformerConfig(const nlohmann::json&, const std::string&)>& config,
+    const std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>& config,
     const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import) {
   const nlohmann::json j = read_config(dir);
   const std::string config_path = dir + "/config.json";
-  const TransformerConfig c = config(j, config_path);
   const SafetensorsFile f = read_model_file(dir);
+  const TransformerConfig c = config(j, config_path, f);
   HfModel out;
   out.tokenizer_type = recorded_tokenizer(j, config_path);
   out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
@@ -266,10 +266,45 @@ std::vector<int> qwen_moe_layers(const nlohmann::json& j, const std::string& wha
   return pattern;  // all ones: finalize() makes it the empty pattern
 }
 
+namespace {
+
+// A value of the rotary embedding's: in rope_parameters, else at the top level, else the fallback.
+double rope_value(const nlohmann::json& j, const std::string& what, const char* key, double fallback) {
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() && j["rope_parameters"].contains(key))
+    return config_positive(j["rope_parameters"], what + " rope_parameters", key, fallback);
+  if (j.contains(key) && !j[key].is_null()) return config_positive(j, what, key, fallback);
+  return fallback;
+}
+
+}  // namespace
+
+void read_partial_rope(const nlohmann::json& j, const std::string& what, double partial, TransformerConfig& c) {
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    LATTICE_FAIL() << what << ": rope_scaling " << j["rope_scaling"].dump() << " is not supported (none)";
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].value("rope_type", std::string("default")) != "default")
+    LATTICE_FAIL() << what << ": rope_parameters rope_type " << j["rope_parameters"]["rope_type"].dump()
+                   << " is not supported (default)";
+  c.position_embedding_type = "rope";
+  c.rotary_base = float(rope_value(j, what, "rope_theta", 10000.0));
+  c.rotary_percent = rope_value(j, what, "partial_rotary_factor", partial);
+  if (c.rotary_percent > 1.0) LATTICE_FAIL() << what << ": partial_rotary_factor " << c.rotary_percent << " exceeds 1";
+  c.rotary_interleaved = false;
+}
+
 std::vector<int> deepseek_moe_layers(int64_t layers, int64_t first_k_dense_replace, int64_t moe_layer_freq) {
   std::vector<int> pattern(size_t(layers), 0);
   for (int64_t l = first_k_dense_replace; l < layers; ++l) pattern[size_t(l)] = l % moe_layer_freq == 0 ? 1 : 0;
   return pattern;
+}
+
+int64_t nextn_predict_layers(const nlohmann::json& j, const std::string& what, const SafetensorsFile& f) {
+  if (!j.contains("num_nextn_predict_layers") || j["num_nextn_predict_layers"].is_null()) return 0;
+  const nlohmann::json& v = j["num_nextn_predict_layers"];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0)
+    LATTICE_FAIL() << what << ": num_nextn_predict_layers " << v.dump() << " is not a count of layers";
+  const std::string first = "model.layers." + std::to_string(config_int(j, what, "num_hidden_layers")) + ".eh_proj.weight";
+  return f.has(first) ? v.get<int64_t>() : 0;
 }
 
 int64_t deepseek_first_k_dense(const TransformerConfig& c) {

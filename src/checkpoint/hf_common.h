@@ -60,12 +60,25 @@ struct ExportOptions {
 // keeps the default. Errors name the flag.
 ExportOptions parse_export_options(const std::string& dtype, const std::string& max_shard_size);
 
+// The rotary embedding without scaling (rope_scaling null, rope_parameters' rope_type "default"; another is an
+// error naming `what` and the key) on the first partial_rotary_factor (default `partial`, at most 1) of each
+// head's dims, rotate_half pairs: c's position_embedding_type, rotary_base (rope_theta, default 10000) and
+// rotary_percent. Each value from rope_parameters (transformers 5, which prefers it), else the top level.
+void read_partial_rope(const nlohmann::json& j, const std::string& what, double partial, TransformerConfig& c);
+
 // DeepSeek's MoE layers (DeepSeek-MoE, V2, V3): layer l is an MoE layer when l >= first_k_dense_replace and
 // l % moe_layer_freq == 0, as a --moe-layer-freq pattern (first_k_dense_replace in [0, layers]).
 std::vector<int> deepseek_moe_layers(int64_t layers, int64_t first_k_dense_replace, int64_t moe_layer_freq);
 // The first_k_dense_replace of c: its first MoE layer (num_layers when none), or -1 when a dense layer follows
 // an MoE layer (no DeepSeek form).
 int64_t deepseek_first_k_dense(const TransformerConfig& c);
+
+// The multi-token prediction modules a DeepSeek-V3-layout file holds (DeepSeek-V3, GLM-4.5: layers
+// num_hidden_layers on, each with an eh_proj): config.json's num_nextn_predict_layers (0 when absent or
+// null) when `f` has the first module's eh_proj, else 0. transformers' models skip the modules on load and
+// their save_pretrained writes none, though config.json keeps the count. A negative count is an error
+// naming `what`.
+int64_t nextn_predict_layers(const nlohmann::json& j, const std::string& what, const SafetensorsFile& f);
 
 // Qwen-MoE's sparse layers (modeling_qwen2_moe, qwen3_moe, qwen3_next): layer l is a mixture of experts
 // unless it is in mlp_only_layers, when (l + 1) % decoder_sparse_step == 0 (default 1), as a
@@ -81,12 +94,12 @@ std::string recorded_tokenizer(const nlohmann::json& config, const std::string& 
 // a missing or inconsistent file is an error naming it.
 SafetensorsFile read_model_file(const std::string& dir);
 // A model folder read as every family reads it: DIR/config.json into a TransformerConfig by `config`
-// (given the parsed file and its path, for errors), a model sized for 1 x seq_length tokens
-// (0: max_position_embeddings), its parameters from DIR's tensors by `import` (given the config too),
-// the tokenizer a lattice export recorded.
+// (given the parsed file, its path, for errors, and the model's tensors, for what config.json does not
+// say), a model sized for 1 x seq_length tokens (0: max_position_embeddings), its parameters from DIR's
+// tensors by `import` (given the config too), the tokenizer a lattice export recorded.
 HfModel load_model_folder(
     const std::string& dir, int64_t seq_length,
-    const std::function<TransformerConfig(const nlohmann::json&, const std::string&)>& config,
+    const std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>& config,
     const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import);
 
 // Writes DIR/model.safetensors (or its shards and their index) and DIR/config.json with

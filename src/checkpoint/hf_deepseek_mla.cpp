@@ -5,6 +5,7 @@
 #include <sstream>
 #include <vector>
 
+#include "checkpoint/hf_deepseek_moe.h"
 #include "checkpoint/hf_rope_scaling.h"
 #include "checkpoint/hf_tensor_map.h"
 #include "core/error.h"
@@ -15,6 +16,8 @@ namespace {
 
 using json = nlohmann::json;
 using hf::TensorMap;
+
+constexpr const char* kKimiK2 = "kimi_k2";
 
 // transformers' DeepseekV3RMSNorm of the latents (q_a_layernorm, kv_a_layernorm) keeps its default eps;
 // lattice's norms share one epsilon, so the model's rms_norm_eps must be it.
@@ -33,14 +36,6 @@ void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat
     m.push_back({lat + lattice, {{hf + name}}});
     s[hf + name] = shape;
   };
-  // SwiGLU's linear_fc1: gate_proj's rows, then up_proj's
-  auto mlp = [&](const std::string& lattice, const std::string& name, int64_t F) {
-    m.push_back({lat + lattice + "linear_fc1.weight", {{hf + name + "gate_proj.weight"}, {hf + name + "up_proj.weight"}}});
-    m.push_back({lat + lattice + "linear_fc2.weight", {{hf + name + "down_proj.weight"}}});
-    s[hf + name + "gate_proj.weight"] = {F, C};
-    s[hf + name + "up_proj.weight"] = {F, C};
-    s[hf + name + "down_proj.weight"] = {C, F};
-  };
   one("input_layernorm.weight", "input_layernorm.weight", {C});
   if (Rq == 0) {
     one("self_attention.linear_q_proj.weight", "self_attn.q_proj.weight", {H * Dq, C});
@@ -54,17 +49,7 @@ void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat
   one("self_attention.linear_kv_up_proj.weight", "self_attn.kv_b_proj.weight", {H * Dnv, Rkv});
   one("self_attention.linear_proj.weight", "self_attn.o_proj.weight", {C, H * c.v_head_dim});
   one("pre_mlp_layernorm.weight", "post_attention_layernorm.weight", {C});
-  if (!c.moe_layer(l)) {
-    mlp("mlp.", "mlp.", c.ffn_hidden_size);
-    return;
-  }
-  one("mlp.router.weight", "mlp.gate.weight", {c.num_experts, C});
-  if (c.moe_router_enable_expert_bias)  // DeepSeek-V3's; V2's router has none
-    one("mlp.router.expert_bias", "mlp.gate.e_score_correction_bias", {c.num_experts});
-  for (int64_t e = 0; e < c.num_experts; ++e)
-    mlp("mlp.experts.local_experts." + std::to_string(e) + ".", "mlp.experts." + std::to_string(e) + ".",
-        c.moe_ffn_hidden_size);
-  mlp("mlp.shared_experts.", "mlp.shared_experts.", c.moe_shared_expert_intermediate_size);
+  hf::deepseek_mlp_tensors(c, l, lat, hf, m, s);
 }
 
 std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes) {
@@ -78,22 +63,13 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
     m.push_back({out, {{"lm_head.weight"}}, true});
     shapes["lm_head.weight"] = {V, C};
   }
-  // DeepSeek-V3's multi-token prediction modules (num_nextn_predict_layers), layers num_hidden_layers on:
-  // enorm, hnorm, eh_proj [C, 2C] (the embedding's half first, as Megatron's), a decoder layer,
-  // shared_head.norm (the depth's final norm), and copies of the embedding and the output layer, which
-  // lattice's depths share with the model (mtp_copies: each must equal the model's).
+  // DeepSeek-V3's multi-token prediction modules (num_nextn_predict_layers), layers num_hidden_layers on
+  // (hf::deepseek_mtp_tensors), with copies of the embedding and the output layer, which lattice's depths
+  // share with the model (hf::check_mtp_copies: each must equal the model's).
+  hf::deepseek_mtp_tensors(
+      c, [&](int64_t l, const std::string& lat) { layer_tensors(c, l, lat, m, shapes); }, m, shapes);
   for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
-    const int64_t l = c.num_layers + k;
-    const std::string lat = "mtp.layers." + std::to_string(k) + ".", hf = "model.layers." + std::to_string(l) + ".";
-    for (const char* norm : {"enorm", "hnorm"}) {
-      m.push_back({lat + norm + ".weight", {{hf + norm + ".weight"}}});
-      shapes[hf + norm + ".weight"] = {C};
-    }
-    m.push_back({lat + "eh_proj.weight", {{hf + "eh_proj.weight"}}});
-    shapes[hf + "eh_proj.weight"] = {C, 2 * C};
-    layer_tensors(c, l, lat + "transformer_layer.", m, shapes);
-    m.push_back({lat + "final_layernorm.weight", {{hf + "shared_head.norm.weight"}}});
-    shapes[hf + "shared_head.norm.weight"] = {C};
+    const std::string hf = "model.layers." + std::to_string(c.num_layers + k) + ".";
     m.push_back({"embedding.word_embeddings.weight", {{hf + "embed_tokens.weight"}}, true});
     shapes[hf + "embed_tokens.weight"] = {V, C};
     m.push_back({out, {{hf + "shared_head.head.weight"}}, true});
@@ -102,23 +78,14 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
   return m;
 }
 
-// A prediction depth's copies of the embedding and the output layer, with the model's tensor each must equal.
-std::vector<std::pair<std::string, std::string>> mtp_copies(const TransformerConfig& c) {
-  std::vector<std::pair<std::string, std::string>> copies;
-  for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
-    const std::string hf = "model.layers." + std::to_string(c.num_layers + k) + ".";
-    copies.emplace_back(hf + "embed_tokens.weight", "model.embed_tokens.weight");
-    copies.emplace_back(hf + "shared_head.head.weight",
-                        c.untie_embeddings_and_output_weights ? "lm_head.weight" : "model.embed_tokens.weight");
-  }
-  return copies;
-}
-
-// "deepseek_v3", "deepseek_v2" (model_type, else the architectures), or "".
+// "deepseek_v3" (with Kimi-K2's "kimi_k2": DeepSeek-V3's architecture under its own model_type, so that serving
+// engines tell them apart), "deepseek_v2" (model_type, else the architectures), or "".
 std::string deepseek_family(const json& j) {
   if (!j.is_object()) return "";
   if (j.contains("model_type"))
-    return j["model_type"] == "deepseek_v3" ? "deepseek_v3" : j["model_type"] == "deepseek_v2" ? "deepseek_v2" : "";
+    return j["model_type"] == "deepseek_v3" || j["model_type"] == kKimiK2 ? "deepseek_v3"
+           : j["model_type"] == "deepseek_v2"                            ? "deepseek_v2"
+                                                                         : "";
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const json& a : j["architectures"]) {
       if (a == "DeepseekV3ForCausalLM") return "deepseek_v3";
@@ -137,10 +104,21 @@ const char* hf_deepseek_family_name(const TransformerConfig& c) {
 
 std::string hf_deepseek_family_name(const json& config) {
   const std::string f = deepseek_family(config);
+  if (f == "deepseek_v3" && config.value("model_type", "") == kKimiK2) return "Kimi-K2";
   return f == "deepseek_v3" ? "DeepSeek-V3" : f == "deepseek_v2" ? "DeepSeek-V2" : "";
 }
 
-TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what, int64_t divisible_by) {
+std::string hf_deepseek_model_type(const TransformerConfig& c, const std::string& model_type) {
+  const bool v3 = c.moe_router_sigmoid();
+  if (model_type.empty()) return v3 ? "deepseek_v3" : "deepseek_v2";
+  if (model_type == (v3 ? "deepseek_v3" : "deepseek_v2") || (v3 && model_type == kKimiK2)) return model_type;
+  LATTICE_FAIL() << "--hf-model-type " << model_type << ": the checkpoint's model is written as "
+                 << (v3 ? "deepseek_v3 or kimi_k2 (its sigmoid router is DeepSeek-V3's)"
+                        : "deepseek_v2 (its softmax router is DeepSeek-V2's)");
+}
+
+TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what, const SafetensorsFile& file,
+                                         int64_t divisible_by) {
   const std::string family = deepseek_family(j);
   if (family.empty())
     LATTICE_FAIL() << what << ": not a DeepSeek-V2 or DeepSeek-V3 config (model_type " << j.value("model_type", json()).dump()
@@ -212,50 +190,29 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
   if (topk_method != (v3 ? "noaux_tc" : "greedy"))
     LATTICE_FAIL() << what << ": topk_method \"" << topk_method << "\" is not supported (" << (v3 ? "noaux_tc" : "greedy")
                    << " in " << family << "; DeepSeek-V2's group_limited_greedy scores a group by its best expert)";
-  c.num_experts = hf::config_int(j, what, "n_routed_experts");
-  c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
-  c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
-  c.moe_shared_expert_intermediate_size = c.moe_ffn_hidden_size * hf::config_int(j, what, "n_shared_experts");
-  c.moe_router_topk_scaling_factor = float(hf::config_positive(j, what, "routed_scaling_factor", 1.0));
-  if (!v3) {  // one expert: its probability (DeepSeek-V2 renormalizes more than one only)
+  if (v3) {
+    hf::read_sigmoid_router(j, what, c, 0);
+    // DeepSeek-V3's multi-token prediction modules: lattice's prediction depths (--mtp-num-layers).
+    c.mtp_num_layers = hf::nextn_predict_layers(j, what, file);
+  } else {  // one expert: its probability (DeepSeek-V2 renormalizes more than one only)
+    c.num_experts = hf::config_int(j, what, "n_routed_experts");
+    c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
+    c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
+    c.moe_shared_expert_intermediate_size = c.moe_ffn_hidden_size * hf::config_int(j, what, "n_shared_experts");
+    c.moe_router_topk_scaling_factor = float(hf::config_positive(j, what, "routed_scaling_factor", 1.0));
     const bool normalized = hf::config_bool(j, what, "norm_topk_prob", false);
     c.moe_router_pre_softmax = !normalized || c.moe_router_topk == 1;
     if (normalized && c.moe_router_topk > 1 && c.moe_router_topk_scaling_factor != 1.0f)
       LATTICE_FAIL() << what << ": norm_topk_prob true with routed_scaling_factor "
                      << c.moe_router_topk_scaling_factor
                      << " is not supported (DeepSeek-V2's versions differ on whether the renormalized gates are scaled)";
-  } else {
-    c.moe_router_score_function = "sigmoid";
-    c.moe_router_enable_expert_bias = true;
-    if (!hf::config_bool(j, what, "norm_topk_prob", true) || c.moe_router_topk == 1)
-      LATTICE_FAIL() << what << ": norm_topk_prob " << (hf::config_bool(j, what, "norm_topk_prob", true) ? "true" : "false")
-                     << " with num_experts_per_tok " << c.moe_router_topk
-                     << " is not supported (lattice normalizes the sigmoid gates of more than one expert)";
+    // Layer l is an MoE layer from first_k_dense_replace on when l % moe_layer_freq == 0.
+    const int64_t freq = has(j, "moe_layer_freq") ? hf::config_int(j, what, "moe_layer_freq") : 1;
+    const int64_t first = j.value("first_k_dense_replace", int64_t(0));
+    if (first < 0 || first > c.num_layers)
+      LATTICE_FAIL() << what << ": first_k_dense_replace " << first << " is not in [0, " << c.num_layers << "]";
+    c.moe_layer_pattern = hf::deepseek_moe_layers(c.num_layers, first, freq);
   }
-  const int64_t groups = has(j, "n_group") && v3 ? hf::config_int(j, what, "n_group") : 1;
-  const int64_t group_topk = has(j, "topk_group") && v3 ? hf::config_int(j, what, "topk_group") : 1;
-  if (groups > 1 && group_topk < groups) {  // every group kept: no restriction
-    if (c.moe_router_topk != 2 * group_topk)
-      LATTICE_FAIL() << what << ": num_experts_per_tok " << c.moe_router_topk << " is not 2 x topk_group " << group_topk
-                     << " (transformers scores a group by its 2 best experts, lattice by num_experts_per_tok / "
-                        "topk_group)";
-    c.moe_router_num_groups = groups;
-    c.moe_router_group_topk = group_topk;
-  }
-  // Layer l is an MoE layer from first_k_dense_replace on (DeepSeek-V2: and when l % moe_layer_freq == 0).
-  const int64_t freq = has(j, "moe_layer_freq") ? hf::config_int(j, what, "moe_layer_freq") : 1;
-  if (v3 && freq != 1)
-    LATTICE_FAIL() << what << ": moe_layer_freq " << freq
-                   << " is not supported (transformers' DeepSeek-V3 makes every layer after first_k_dense_replace an "
-                      "MoE layer)";
-  const int64_t first = j.value("first_k_dense_replace", int64_t(0));
-  if (first < 0 || first > c.num_layers)
-    LATTICE_FAIL() << what << ": first_k_dense_replace " << first << " is not in [0, " << c.num_layers << "]";
-  c.moe_layer_pattern = hf::deepseek_moe_layers(c.num_layers, first, freq);
-  // DeepSeek-V3's multi-token prediction modules: lattice's prediction depths (--mtp-num-layers).
-  c.mtp_num_layers = v3 && has(j, "num_nextn_predict_layers") ? j["num_nextn_predict_layers"].get<int64_t>() : 0;
-  if (c.mtp_num_layers < 0)
-    LATTICE_FAIL() << what << ": num_nextn_predict_layers " << c.mtp_num_layers << " is negative";
   c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
   c.make_vocab_size_divisible_by = divisible_by;
   c.hidden_dropout = c.attention_dropout = 0.0f;
@@ -264,11 +221,9 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
 }
 
 json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
-  const int64_t first = hf::deepseek_first_k_dense(c);  // hf_deepseek_mla_mismatch refuses -1
   json j = {{"architectures", {"DeepseekV3ForCausalLM"}},
             {"attention_bias", false},
             {"attention_dropout", 0.0},
-            {"first_k_dense_replace", first},
             {"head_dim", c.qk_pos_emb_head_dim},  // DeepseekV3Config's: the rotary dims
             {"hidden_act", "silu"},
             {"hidden_size", c.hidden_size},
@@ -277,14 +232,8 @@ json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& 
             {"kv_lora_rank", c.kv_lora_rank},
             {"max_position_embeddings", c.max_position_embeddings},
             {"model_type", "deepseek_v3"},
-            {"moe_intermediate_size", c.moe_ffn_hidden_size},
             {"moe_layer_freq", 1},
-            {"n_group", c.moe_router_num_groups > 0 ? c.moe_router_num_groups : 1},
-            {"n_routed_experts", c.num_experts},
-            {"n_shared_experts", c.moe_shared_expert_intermediate_size / c.moe_ffn_hidden_size},
-            {"norm_topk_prob", true},
             {"num_attention_heads", c.num_attention_heads},
-            {"num_experts_per_tok", c.moe_router_topk},
             {"num_hidden_layers", c.num_layers},
             {"num_key_value_heads", c.num_attention_heads},
             {"num_nextn_predict_layers", c.mtp_num_layers},
@@ -296,15 +245,14 @@ json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& 
             {"rope_interleave", true},
             {"rope_scaling", nullptr},
             {"rope_theta", hf::shortest_float(c.rotary_base)},
-            {"routed_scaling_factor", hf::shortest_float(c.moe_router_topk_scaling_factor)},
             {"scoring_func", "sigmoid"},
             {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-            {"topk_group", c.moe_router_num_groups > 0 ? c.moe_router_group_topk : 1},
             {"topk_method", "noaux_tc"},
             {"torch_dtype", "float32"},
             {"use_cache", true},
             {"v_head_dim", c.v_head_dim},
             {"vocab_size", c.vocab_size}};
+  hf::write_sigmoid_router(c, j);  // the experts' fields (DeepSeek-V2's gates below)
   if (!c.moe_router_sigmoid()) {  // DeepseekV2Config: the softmax over every expert, its top k; no MTP modules
     for (const char* key : {"head_dim", "rope_interleave", "qk_head_dim", "num_nextn_predict_layers"}) j.erase(key);
     j["architectures"] = {"DeepseekV2ForCausalLM"};
@@ -329,7 +277,6 @@ json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& 
 }
 
 std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
-  const int64_t Fs = c.moe_shared_expert_intermediate_size;
   const char* why = !c.multi_latent_attention ? "no multi-latent attention (HuggingFace DeepSeek-V2's and V3's attention is MLA)"
                     : !c.mla_latent_norms()   ? "multi-latent attention without --qk-layernorm (HuggingFace DeepSeek "
                                                 "normalizes its latents)"
@@ -344,37 +291,24 @@ std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
                     : c.apply_layernorm_1p ? "zero-centered norm weights (--apply-layernorm-1p)"
                     : c.softmax_sink()     ? "attention sinks (--softmax-type)"
                     : c.window_size >= 0   ? "sliding-window attention (HuggingFace DeepSeek has none)"
-                    : !c.moe() ? "no mixture of experts (HuggingFace DeepSeek-V2's and V3's layers after "
-                                 "first_k_dense_replace are MoE layers)"
-                    : c.moe_router_sigmoid() != c.moe_router_enable_expert_bias
+                    : c.moe() && c.moe_router_sigmoid() != c.moe_router_enable_expert_bias
                         ? "a router neither DeepSeek-V3's (--moe-router-score-function sigmoid with "
                           "--moe-router-enable-expert-bias) nor DeepSeek-V2's (the softmax, no expert bias)"
-                    : c.moe_apply_probs_on_input || c.moe_sinkhorn
-                        ? "gates other than DeepSeek's (--moe-apply-probs-on-input or sinkhorn routing)"
-                    : c.moe_router_sigmoid() && (c.moe_router_pre_softmax || c.moe_router_topk == 1)
-                        ? "gates other than DeepSeek-V3's (the sigmoid scores of more than one expert, normalized)"
-                    : !c.moe_router_sigmoid() && c.moe_router_topk == 1 && !c.moe_router_pre_softmax
+                    : c.moe_router_sigmoid() ? hf::sigmoid_router_mismatch(c)
+                    : hf::deepseek_experts_mismatch(c) ? hf::deepseek_experts_mismatch(c)
+                    : c.moe_router_topk == 1 && !c.moe_router_pre_softmax
                         ? "one expert's gate of 1 (DeepSeek-V2 weighs a single expert by its probability: "
                           "--moe-router-pre-softmax)"
-                    : !c.moe_router_sigmoid() && !c.moe_router_pre_softmax && c.moe_router_topk_scaling_factor != 1.0f
+                    : !c.moe_router_pre_softmax && c.moe_router_topk_scaling_factor != 1.0f
                         ? "--moe-router-topk-scaling-factor with renormalized softmax gates (DeepSeek-V2's versions "
                           "differ on whether those are scaled)"
-                    : !c.moe_router_sigmoid() && c.mtp()
-                        ? "prediction depths (--mtp-num-layers) with the softmax router (HuggingFace DeepSeek-V2 has no "
-                          "multi-token prediction modules)"
-                    : !c.moe_router_sigmoid() && c.moe_router_num_groups > 0
+                    : c.mtp() ? "prediction depths (--mtp-num-layers) with the softmax router (HuggingFace DeepSeek-V2 "
+                                "has no multi-token prediction modules)"
+                    : c.moe_router_num_groups > 0
                         ? "--moe-router-num-groups with the softmax (DeepSeek-V2's group_limited_greedy scores a group "
                           "by its best expert)"
-                    : Fs <= 0 || Fs % c.moe_ffn_hidden_size != 0 || c.moe_shared_expert_gate
-                        ? "shared experts other than DeepSeek's (ungated, n_shared_experts x --moe-ffn-hidden-size)"
-                    : c.moe_router_num_groups > 0 && c.moe_router_topk != 2 * c.moe_router_group_topk
-                        ? "--moe-router-topk other than 2 x --moe-router-group-topk (HuggingFace DeepSeek-V3 scores a "
-                          "group by its 2 best experts)"
                         : nullptr;
   if (why) return why;
-  if (hf::deepseek_first_k_dense(c) < 0)
-    return "--moe-layer-freq with a dense layer after an MoE layer (HuggingFace DeepSeek's dense layers are its "
-           "first_k_dense_replace first)";
   if (c.yarn()) {
     if (c.yarn_mscale_all_dim == 0.0f && c.yarn_mscale != 1.0f)
       return "--yarn-mscale without --yarn-mscale-all-dim (HuggingFace then ignores mscale)";
@@ -389,7 +323,9 @@ std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
 HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
   return hf::load_model_folder(
       dir, seq_length,
-      [&](const json& j, const std::string& what) { return hf_deepseek_mla_config(j, what, divisible_by); },
+      [&](const json& j, const std::string& what, const SafetensorsFile& f) {
+        return hf_deepseek_mla_config(j, what, f, divisible_by);
+      },
       [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_deepseek_mla_tensors(m, f); });
 }
 
@@ -397,21 +333,7 @@ void import_hf_deepseek_mla_tensors(GPTModel& model, const SafetensorsFile& f) {
   const TransformerConfig& c = model.config();
   std::map<std::string, Shape> shapes;
   const std::vector<TensorMap> map = tensor_map(c, shapes);
-  hf::check_tensor_shapes(f, shapes);
-  for (const auto& [copy, original] : mtp_copies(c))
-    if (hf::read_float_tensor(f, copy) != hf::read_float_tensor(f, original))
-      LATTICE_FAIL() << f.path() << ": " << copy << " differs from " << original
-                     << " (lattice's prediction depths share the model's embedding and output layer)";
-  for (const std::string& name : f.names()) {
-    if (shapes.count(name)) continue;
-    if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights &&
-        f.get(name).shape == f.get("model.embed_tokens.weight").shape &&
-        hf::read_float_tensor(f, name) == hf::read_float_tensor(f, "model.embed_tokens.weight"))
-      continue;  // tied: a stored lm_head that is embed_tokens itself
-    LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
-                   << c.num_layers << ", num_nextn_predict_layers " << c.mtp_num_layers << ")";
-  }
-  hf::import_tensors(model, f, map, shapes);
+  hf::import_deepseek_layout(model, f, map, shapes);
 }
 
 void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
@@ -419,10 +341,11 @@ void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const s
   const TransformerConfig& c = model.config();
   const std::string why = hf_deepseek_mla_mismatch(c);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
+  json config = hf_deepseek_mla_config_json(c, tokenizer_type);
+  config["model_type"] = hf_deepseek_model_type(c, options.model_type);  // Kimi-K2's keeps DeepSeek-V3's architecture
   std::map<std::string, Shape> shapes;
   const std::vector<TensorMap> map = tensor_map(c, shapes);
-  hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), hf_deepseek_mla_config_json(c, tokenizer_type),
-                         options);
+  hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), config, options);
 }
 
 }  // namespace lattice

@@ -25,17 +25,23 @@
 
 namespace lattice {
 
-// model_type "deepseek_v2" or "deepseek_v3", or DeepseekV2ForCausalLM or DeepseekV3ForCausalLM among the
-// architectures.
+// model_type "deepseek_v2", "deepseek_v3" or "kimi_k2" (Kimi-K2, DeepSeek-V3's architecture), or
+// DeepseekV2ForCausalLM or DeepseekV3ForCausalLM among the architectures.
 bool is_hf_deepseek_mla_config(const nlohmann::json& config);
 // "DeepSeek-V3" for a model with the sigmoid router, else "DeepSeek-V2": the form export writes; and the
 // family config.json describes.
 const char* hf_deepseek_family_name(const TransformerConfig& c);
 std::string hf_deepseek_family_name(const nlohmann::json& config);
+// The model_type export writes (--hf-model-type, or `model_type` "" for the default): deepseek_v3 or
+// kimi_k2 (Kimi-K2: DeepSeek-V3's architecture and config) for a model with the sigmoid router, deepseek_v2
+// for one with the softmax; another is an error naming the flag.
+std::string hf_deepseek_model_type(const TransformerConfig& c, const std::string& model_type);
 
-// config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by).
+// config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by); `file`
+// (the model's tensors) says whether the prediction modules are there (hf::nextn_predict_layers).
 // Settings lattice cannot reproduce are errors naming `what` (the file) and the key.
-TransformerConfig hf_deepseek_mla_config(const nlohmann::json& config, const std::string& what, int64_t divisible_by = 128);
+TransformerConfig hf_deepseek_mla_config(const nlohmann::json& config, const std::string& what,
+                                         const SafetensorsFile& file, int64_t divisible_by = 128);
 
 // TransformerConfig -> config.json as DeepseekV3Config or DeepseekV2Config writes it (tokenizer_type under
 // kHfTokenizerKey).

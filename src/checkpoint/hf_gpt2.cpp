@@ -269,7 +269,7 @@ SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model) {
 
 HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
   return hf::load_model_folder(
-      dir, seq_length, [&](const json& j, const std::string& what) { return hf_gpt2_config(j, what, divisible_by); },
+      dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile&) { return hf_gpt2_config(j, what, divisible_by); },
       [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_gpt2_tensors(m, f); });
 }
 

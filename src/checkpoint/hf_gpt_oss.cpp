@@ -389,7 +389,7 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model) {
 
 HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
   return hf::load_model_folder(
-      dir, seq_length, [&](const json& j, const std::string& what) { return hf_gpt_oss_config(j, what, divisible_by); },
+      dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile&) { return hf_gpt_oss_config(j, what, divisible_by); },
       [](GPTModel& m, const SafetensorsFile& f, const json& j) {
         const bool mxfp4 = j.contains("quantization_config") && !j["quantization_config"].is_null();
         import_hf_gpt_oss_tensors(m, f, mxfp4);

@@ -31,28 +31,14 @@ MoeNames moe_names(const TransformerConfig& c) {
 }
 
 std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
-  const int64_t D = c.kv_channels, G = c.num_query_groups, R = c.num_attention_heads / G;
   std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string lat = "decoder.layers." + std::to_string(l) + ".";
     const std::string hf = "model.layers." + std::to_string(l) + ".";
     m.push_back({lat + "input_layernorm.weight", {{hf + "input_layernorm.weight"}}});
-    TensorMap qkv{lat + "self_attention.linear_qkv.weight", {}};
-    for (int64_t g = 0; g < G; ++g) {  // the group's heads' queries, then its key and value
-      qkv.blocks.push_back({hf + "self_attn.q_proj.weight", g * R * D, R * D});
-      qkv.blocks.push_back({hf + "self_attn.k_proj.weight", g * D, D});
-      qkv.blocks.push_back({hf + "self_attn.v_proj.weight", g * D, D});
-    }
-    m.push_back(qkv);
-    if (c.add_qkv_bias) {  // Qwen2: q_proj, k_proj and v_proj have biases, in the same grouped order
-      TensorMap bias{lat + "self_attention.linear_qkv.bias", {}};
-      for (int64_t g = 0; g < G; ++g) {
-        bias.blocks.push_back({hf + "self_attn.q_proj.bias", g * R * D, R * D});
-        bias.blocks.push_back({hf + "self_attn.k_proj.bias", g * D, D});
-        bias.blocks.push_back({hf + "self_attn.v_proj.bias", g * D, D});
-      }
-      m.push_back(bias);
-    }
+    m.push_back(hf::grouped_qkv(c, lat + "self_attention.linear_qkv.weight", hf + "self_attn.", "weight"));
+    if (c.add_qkv_bias)  // Qwen2: q_proj, k_proj and v_proj have biases, in the same grouped order
+      m.push_back(hf::grouped_qkv(c, lat + "self_attention.linear_qkv.bias", hf + "self_attn.", "bias"));
     if (c.qk_layernorm) {  // Qwen3: q_norm and k_norm, RMSNorm weights [head_dim]
       m.push_back({lat + "self_attention.q_layernorm.weight", {{hf + "self_attn.q_norm.weight"}}});
       m.push_back({lat + "self_attention.k_layernorm.weight", {{hf + "self_attn.k_norm.weight"}}});
@@ -622,7 +608,7 @@ SafetensorsWriter export_hf_llama_tensors(const GPTModel& model) {
 
 HfModel load_hf_llama(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
   return hf::load_model_folder(
-      dir, seq_length, [&](const json& j, const std::string& what) { return hf_llama_config(j, what, divisible_by); },
+      dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile&) { return hf_llama_config(j, what, divisible_by); },
       [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_llama_tensors(m, f); });
 }
 

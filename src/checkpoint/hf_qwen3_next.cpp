@@ -59,15 +59,6 @@ json text_config(const json& j) {
   return t;
 }
 
-// A value of the rotary embedding's: in rope_parameters (transformers 5, which prefers it), else at the top
-// level, else the fallback.
-double rope_value(const json& j, const std::string& what, const char* key, double fallback) {
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() && j["rope_parameters"].contains(key))
-    return hf::config_positive(j["rope_parameters"], what + " rope_parameters", key, fallback);
-  if (j.contains(key) && !j[key].is_null()) return hf::config_positive(j, what, key, fallback);
-  return fallback;
-}
-
 // layer_types (linear_attention or full_attention per layer), else full_attention_interval N (every
 // N-th layer from 1 full attention): 1 for a Gated DeltaNet layer.
 std::vector<int> linear_layers(const json& j, const std::string& what, int64_t layers) {
@@ -308,7 +299,8 @@ std::string hf_qwen3_next_recorded_type(const TransformerConfig& c, const std::s
   return !family_name(f).empty() && c.moe() == experts_family(f) ? recorded : "";
 }
 
-TransformerConfig hf_qwen3_next_config(const json& config, const std::string& what, int64_t divisible_by) {
+TransformerConfig hf_qwen3_next_config(const json& config, const std::string& what, const SafetensorsFile& file,
+                                       int64_t divisible_by) {
   const std::string family = family_of(config);
   if (family.empty())
     LATTICE_FAIL() << what << ": not a Qwen3-Next or Qwen3.5 config (model_type "
@@ -330,17 +322,7 @@ TransformerConfig hf_qwen3_next_config(const json& config, const std::string& wh
   if (act != "silu") LATTICE_FAIL() << what << ": hidden_act \"" << act << "\" is not supported (silu)";
   if (hf::config_bool(j, what, "attention_bias", false))
     LATTICE_FAIL() << what << ": attention_bias true is not supported (lattice's Qwen3-Next has no linear biases)";
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    LATTICE_FAIL() << what << ": rope_scaling " << j["rope_scaling"].dump() << " is not supported (none)";
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
-      j["rope_parameters"].value("rope_type", std::string("default")) != "default")
-    LATTICE_FAIL() << what << ": rope_parameters rope_type " << j["rope_parameters"]["rope_type"].dump()
-                   << " is not supported (default)";
-  c.position_embedding_type = "rope";
-  c.rotary_base = float(rope_value(j, what, "rope_theta", 10000.0));
-  c.rotary_percent = rope_value(j, what, "partial_rotary_factor", 0.25);
-  if (c.rotary_percent > 1.0) LATTICE_FAIL() << what << ": partial_rotary_factor " << c.rotary_percent << " exceeds 1";
-  c.rotary_interleaved = false;
+  hf::read_partial_rope(j, what, 0.25, c);
   c.normalization = "RMSNorm";
   c.apply_layernorm_1p = true;  // Qwen3NextRMSNorm: (1 + weight)
   c.layernorm_epsilon = float(hf::config_positive(j, what, "rms_norm_eps", 1e-6));
@@ -379,7 +361,9 @@ TransformerConfig hf_qwen3_next_config(const json& config, const std::string& wh
   c.ffn_hidden_size = dense_layer || j.contains("intermediate_size") ? hf::config_int(j, what, "intermediate_size")
                                                                     : c.moe_ffn_hidden_size;
   // The multi-token prediction module (mtp.*): one depth of one full-attention layer, lattice's
-  // --mtp-num-layers 1 (a module of several layers is one depth of several layers: not lattice's form).
+  // --mtp-num-layers 1 (a module of several layers is one depth of several layers: not lattice's form), when the
+  // file has it (transformers' models skip it on load and their save_pretrained writes none, though
+  // config.json keeps mtp_num_hidden_layers).
   if (j.contains("mtp_num_hidden_layers") && !j["mtp_num_hidden_layers"].is_null()) {
     const int64_t n = j["mtp_num_hidden_layers"].is_number_integer() ? j["mtp_num_hidden_layers"].get<int64_t>() : -1;
     if (n < 0 || n > 1)
@@ -388,7 +372,7 @@ TransformerConfig hf_qwen3_next_config(const json& config, const std::string& wh
     if (n == 1 && c.linear_attention_pattern.back() != 0)
       LATTICE_FAIL() << what << ": mtp_num_hidden_layers 1 with a last layer of linear attention (the prediction "
                         "module's layer is a full-attention one, lattice's takes the last layer's kind)";
-    c.mtp_num_layers = n;
+    c.mtp_num_layers = file.has("mtp.fc.weight") ? n : 0;
   }
   c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
   c.make_vocab_size_divisible_by = divisible_by;
@@ -507,7 +491,7 @@ SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std:
 
 HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
   return hf::load_model_folder(
-      dir, seq_length, [&](const json& j, const std::string& what) { return hf_qwen3_next_config(j, what, divisible_by); },
+      dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile& f) { return hf_qwen3_next_config(j, what, f, divisible_by); },
       [](GPTModel& m, const SafetensorsFile& f, const json& j) { import_hf_qwen3_next_tensors(m, f, j); });
 }
 

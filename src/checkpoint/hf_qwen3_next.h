@@ -44,10 +44,11 @@ std::string hf_qwen3_next_family_name(const TransformerConfig& c, const std::str
 // `recorded` (the model_type a checkpoint was converted from) when c can be written as that family, else "".
 std::string hf_qwen3_next_recorded_type(const TransformerConfig& c, const std::string& recorded);
 
-// config.json -> TransformerConfig (finalized). Settings lattice cannot reproduce are errors naming
-// `what` (the file) and the key.
+// config.json -> TransformerConfig (finalized); `file` (the model's tensors) says whether the prediction
+// module is there (mtp.fc.weight). Settings lattice cannot reproduce are errors naming `what` (the file) and
+// the key.
 TransformerConfig hf_qwen3_next_config(const nlohmann::json& config, const std::string& what,
-                                       int64_t divisible_by = 128);
+                                       const SafetensorsFile& file, int64_t divisible_by = 128);
 // TransformerConfig -> config.json as transformers writes Qwen3NextConfig, Qwen3_5TextConfig or
 // Qwen3_5MoeTextConfig (the family as hf_qwen3_next_family_name chooses it).
 nlohmann::json hf_qwen3_next_config_json(const TransformerConfig& c, const std::string& tokenizer_type,

@@ -9,6 +9,18 @@
 
 namespace lattice::hf {
 
+TensorMap grouped_qkv(const TransformerConfig& c, const std::string& lattice, const std::string& hf, const char* kind) {
+  const int64_t D = c.kv_channels, G = c.num_query_groups, R = c.num_attention_heads / G;
+  const std::string tail = std::string("_proj.") + kind;
+  TensorMap qkv{lattice, {}};
+  for (int64_t g = 0; g < G; ++g) {  // the group's heads' queries, then its key and value
+    qkv.blocks.push_back({hf + "q" + tail, g * R * D, R * D});
+    qkv.blocks.push_back({hf + "k" + tail, g * D, D});
+    qkv.blocks.push_back({hf + "v" + tail, g * D, D});
+  }
+  return qkv;
+}
+
 void check_tensor_shapes(const SafetensorsFile& f, const std::map<std::string, Shape>& shapes) {
   for (const auto& [name, shape] : shapes) {
     if (!f.has(name)) LATTICE_FAIL() << f.path() << ": missing tensor " << name;

@@ -31,6 +31,11 @@ struct TensorMap {
   float offset = 0.0f;
 };
 
+// Megatron's grouped linear_qkv (`lattice`: its weight or bias) from HuggingFace's separate projections
+// (`hf`: "model.layers.<l>.self_attn.", `kind`: "weight" or "bias"): per query group its heads' rows of
+// q_proj, then its rows of k_proj and of v_proj.
+TensorMap grouped_qkv(const TransformerConfig& c, const std::string& lattice, const std::string& hf, const char* kind);
+
 // Every tensor of `shapes` is in f with that shape, or an error naming the file and the tensor.
 void check_tensor_shapes(const SafetensorsFile& f, const std::map<std::string, Shape>& shapes);
 

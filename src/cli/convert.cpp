@@ -1,4 +1,5 @@
-// `lattice convert`: HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3 and the MoE families <->
+// `lattice convert`: HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3 and the MoE families (Mixtral,
+// Qwen-MoE, DeepSeek, GLM-4.5, GPT-OSS) and the Gated DeltaNet hybrids <->
 // lattice checkpoint.
 //   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
 //                   [--make-vocab-size-divisible-by N]
@@ -10,9 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "checkpoint/hf_deepseek_mla.h"
+#include "checkpoint/hf_glm4_moe.h"
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/hf_gpt_oss.h"
-#include "checkpoint/hf_deepseek_mla.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/hf_qwen3_next.h"
 #include "checkpoint/model_checkpoint.h"
@@ -41,23 +43,26 @@ void from_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
-  // config.json's model_type says which: GPT-OSS, DeepSeek-V2 or V3, the Llama family (Llama, Qwen2, Qwen3,
-  // Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE), else GPT-2.
+  // config.json's model_type says which: GPT-OSS, DeepSeek-V2 or V3, GLM-4.5, the Gated DeltaNet hybrids, the
+  // Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, SmolLM3), else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
   const bool gpt_oss = is_hf_gpt_oss_config(config);
   const bool deepseek_mla = !gpt_oss && is_hf_deepseek_mla_config(config);
-  const bool qwen3_next = !gpt_oss && !deepseek_mla && is_hf_qwen3_next_config(config);
-  const bool llama = !gpt_oss && !deepseek_mla && !qwen3_next && is_hf_llama_config(config);
+  const bool glm = !gpt_oss && !deepseek_mla && is_hf_glm4_moe_config(config);
+  const bool qwen3_next = !gpt_oss && !deepseek_mla && !glm && is_hf_qwen3_next_config(config);
+  const bool llama = !gpt_oss && !deepseek_mla && !glm && !qwen3_next && is_hf_llama_config(config);
   const std::string family = gpt_oss        ? "GPT-OSS"
                              : deepseek_mla ? hf_deepseek_family_name(config)
+                             : glm          ? "GLM-4.5"
                              : qwen3_next   ? hf_qwen3_next_family_name(config)
                              : llama        ? hf_llama_family_name(config)
                                             : "GPT-2";
   HfModel in = gpt_oss        ? load_hf_gpt_oss(dir, int64_t(divisible), 1)
                : deepseek_mla ? load_hf_deepseek_mla(dir, int64_t(divisible), 1)
+               : glm          ? load_hf_glm4_moe(dir, int64_t(divisible), 1)
                : qwen3_next   ? load_hf_qwen3_next(dir, int64_t(divisible), 1)
-               : llama       ? load_hf_llama(dir, int64_t(divisible), 1)
-                             : load_hf_gpt2(dir, int64_t(divisible), 1);
+               : llama        ? load_hf_llama(dir, int64_t(divisible), 1)
+                              : load_hf_gpt2(dir, int64_t(divisible), 1);
   const TransformerConfig& c = in.model->config();
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
   // tokenizer.json (HuggingFaceTokenizer) when lattice reads it, else its tokenizer.model
@@ -158,35 +163,47 @@ void to_hf(const SimpleFlags& f) {
                  dir.c_str(), hf_qwen3_next_family_name(c, options.model_type).c_str(), options.dtype.c_str());
     return;
   }
-  if (!options.model_type.empty())
-    LATTICE_FAIL() << "--hf-model-type " << options.model_type << ": chooses among the Gated DeltaNet families "
-                   << "(qwen3_next, qwen3_5_text, qwen3_5_moe_text); the checkpoint's model has no Gated DeltaNet layers";
   if (c.attention_output_gate)
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has the attention output gate "
                    << "(--attention-output-gate): none of the HuggingFace models lattice writes (GPT-2, Llama, Qwen, "
-                      "Mistral, SmolLM3, Mixtral, DeepSeek, GPT-OSS) has one";
-  if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 or V2, or an error saying why not
+                      "Mistral, SmolLM3, Mixtral, DeepSeek, GLM, GPT-OSS) has one";
+  if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 (or Kimi-K2's form of it) or V2, or an error saying
+                                   // why not; without the flag Kimi-K2 when the weights were converted from it
+    if (options.model_type.empty() && lm.hf_model_type == "kimi_k2" && c.moe_router_sigmoid())
+      options.model_type = lm.hf_model_type;
     save_hf_deepseek_mla(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
-                 dir.c_str(), hf_deepseek_family_name(c), options.dtype.c_str());
+                 dir.c_str(), options.model_type == "kimi_k2" ? "Kimi-K2" : hf_deepseek_family_name(c),
+                 options.dtype.c_str());
     return;  // (prediction depths: DeepSeek-V3's multi-token prediction modules)
   }
+  if (!options.model_type.empty())
+    LATTICE_FAIL() << "--hf-model-type " << options.model_type << ": chooses among the Gated DeltaNet families "
+                   << "(qwen3_next, qwen3_5_text, qwen3_5_moe_text) and the DeepSeek-V3 ones (deepseek_v3, kimi_k2); "
+                      "the checkpoint's model has neither Gated DeltaNet layers nor multi-latent attention";
   const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
-  const std::string not_gpt_oss = hf_gpt_oss_mismatch(c);
-  if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty())
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama
-                   << ", and " << not_gpt_oss << ": neither HuggingFace GPT-2, Llama nor GPT-OSS";
+  const std::string not_gpt_oss = hf_gpt_oss_mismatch(c), not_glm = hf_glm4_moe_mismatch(c);
+  if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty() && !not_glm.empty())
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama << ", "
+                   << not_gpt_oss << ", and " << not_glm << ": neither HuggingFace GPT-2, Llama, GPT-OSS nor GLM-4.5";
   if (not_gpt2.empty())
     save_hf_gpt2(dir, *lm.model, lm.tokenizer_type, options);
   else if (not_llama.empty())
     save_hf_llama(dir, *lm.model, lm.tokenizer_type, options);
-  else
+  else if (not_gpt_oss.empty())
     save_hf_gpt_oss(dir, *lm.model, lm.tokenizer_type, options);
+  else
+    save_hf_glm4_moe(dir, *lm.model, lm.tokenizer_type, options);
   copy_tokenizer_files(lm, dir);
   std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
-               dir.c_str(), not_gpt2.empty() ? "GPT-2" : not_llama.empty() ? hf_llama_family_name(c) : "GPT-OSS",
+               dir.c_str(),
+               not_gpt2.empty()      ? "GPT-2"
+               : not_llama.empty()   ? hf_llama_family_name(c)
+               : not_gpt_oss.empty() ? "GPT-OSS"
+                                     : "GLM-4.5",
                options.dtype.c_str());
+  if (c.mtp() && not_glm.empty()) return;  // GLM-4.5's multi-token prediction layers: written
   if (c.mtp())  // the main model is whole without them (Megatron's exports drop them too)
     std::fprintf(stderr, "convert: the %lld multi-token prediction depths (mtp.layers.*) are not exported: the "
                          "HuggingFace form has none\n", (long long)c.mtp_num_layers);
@@ -200,9 +217,10 @@ int cmd_convert(int argc, char** argv) {
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
-        "                       [--hf-model-type qwen3_next|qwen3_5_moe]\n"
+        "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2]\n"
         "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
-        "DeepSeek-V3, Qwen3-Next, Qwen3.5, Qwen3.5-MoE or GPT-OSS (config.json, model.safetensors) <-> lattice checkpoint:\n"
+        "DeepSeek-V3 (Kimi-K2), GLM-4.5, Qwen3-Next, Qwen3.5, Qwen3.5-MoE or GPT-OSS (config.json, model.safetensors) <-> lattice\n"
+        "checkpoint:\n"
         "--from-hf reads config.json's\n"
         "model_type; --to-hf writes a --multi-latent-attention model as DeepSeek-V3 (sigmoid router; its prediction\n"
         "depths as multi-token prediction modules) or DeepSeek-V2 (softmax router), and otherwise\n"
@@ -212,7 +230,9 @@ int cmd_convert(int argc, char** argv) {
         "(rope, RMSNorm, SwiGLU, no biases), Qwen2 for such a model with --add-qkv-bias, Qwen3 for one with\n"
         "--qk-layernorm, SmolLM3 for one with --no-rope-freq, Mixtral for one with --num-experts (Qwen3-MoE with both, Qwen2-MoE with\n"
         "--add-qkv-bias and gated shared experts, DeepSeek-MoE with ungated shared experts), GPT-OSS for\n"
-        "GPT-OSS's form (experts of --quick-geglu with biases, learnable sinks; MXFP4 experts read too). The input is\n"
+        "GPT-OSS's form (experts of --quick-geglu with biases, learnable sinks; MXFP4 experts read too), GLM-4.5 for\n"
+        "a model with DeepSeek-V3's experts (--moe-router-score-function sigmoid with the expert bias) and grouped-query\n"
+        "attention (its prediction depths as multi-token prediction layers). The input is\n"
         "read and checked completely before anything is written; an existing checkpoint or HF model is\n"
         "never overwritten.\n"
         "  --tokenizer-type NAME              the tokenizer recorded in the checkpoint\n"
@@ -230,7 +250,9 @@ int cmd_convert(int argc, char** argv) {
         "                                     transformers' save_pretrained does (5GB, 500MB, 2GiB, bytes) [5GB]\n"
         "  --hf-model-type TYPE               --to-hf: a Gated DeltaNet model with experts as qwen3_next (Qwen3-Next)\n"
         "                                     or qwen3_5_moe (Qwen3.5-MoE's text model, qwen3_5_moe_text) [the family\n"
-        "                                     its weights were converted from, else qwen3_next]\n",
+        "                                     its weights were converted from, else qwen3_next]; a DeepSeek-V3 model as\n"
+        "                                     kimi_k2 (Kimi-K2's model_type, DeepSeek-V3's architecture) [kimi_k2 when\n"
+        "                                     converted from Kimi-K2, else deepseek_v3]\n",
         stdout);
     return 0;
   }

@@ -447,7 +447,7 @@ fi
 if run gqa_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --group-query-attention --train-iters 1 \
      --save ckpt-gqa; then
   expect_error "convert: grouped-query attention, no other Llama setting" \
-    "--to-hf|grouped-query attention|--num-query-groups 1|neither HuggingFace GPT-2, Llama nor GPT-OSS|learned absolute" -- \
+    "--to-hf|grouped-query attention|--num-query-groups 1|neither HuggingFace GPT-2, Llama, GPT-OSS nor GLM-4.5|learned absolute" -- \
     "$LATTICE" convert --load ckpt-gqa --to-hf hf-gqa
   [ -e hf-gqa ] && fail "convert --to-hf of a grouped-query model left hf-gqa behind"
 fi

@@ -95,6 +95,18 @@ for f in hf_deepseek_v3_tiny hf_deepseek_v3_tiny_noq hf_deepseek_v2_lite_tiny hf
     grep -q '"multi_latent_attention": *true' "ckpt-$f"/iter_0000000/*.json &&
     pass "$f converts: $(tail -n 1 "$f.err")" || fail "$f did not convert"
 done
+# Kimi-K2: DeepSeek-V3 under model_type kimi_k2, read as DeepSeek-V3 and written back as kimi_k2.
+mkdir -p hf-kimi && cp "$SRC/tests/fixtures/hf_deepseek_v3_tiny/model.safetensors" hf-kimi/ &&
+  sed 's/"model_type": "deepseek_v3"/"model_type": "kimi_k2"/' "$SRC/tests/fixtures/hf_deepseek_v3_tiny/config.json" \
+    > hf-kimi/config.json
+if run kimi_in "$LATTICE" convert --from-hf hf-kimi --save ckpt-kimi && grep -q "(Kimi-K2)" kimi_in.err &&
+   run kimi_out "$LATTICE" convert --load ckpt-kimi --to-hf hf-kimi-out; then
+  grep -q '"model_type": "kimi_k2"' hf-kimi-out/config.json && grep -q "Kimi-K2" kimi_out.err &&
+    pass "Kimi-K2 converts in and back out as kimi_k2" || fail "Kimi-K2 did not go back out as kimi_k2"
+fi
+expect_error "--hf-model-type kimi_k2 on a DeepSeek-V2 model" "--hf-model-type kimi_k2|deepseek_v2" -- \
+  "$LATTICE" convert --load ckpt-hf_deepseek_v2_lite_tiny --to-hf hf-v2-kimi --hf-model-type kimi_k2
+[ -e hf-v2-kimi ] && fail "the refused export left a directory behind"
 grep -q '"mtp_num_layers": *1' ckpt-hf_deepseek_v3_tiny_mtp/iter_0000000/*.json &&
   pass "DeepSeek-V3's multi-token prediction module is a prediction depth" || fail "the MTP module was not read"
 # The converted model trains on (--use-checkpoint-args: its MLA, experts and prediction depth).

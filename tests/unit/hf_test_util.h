@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint/safetensors.h"
+#include "core/error.h"
 #include "model/gpt_model.h"
 
 namespace lattice::hf_test {
@@ -64,6 +65,18 @@ inline std::string rewritten_fixture(const std::string& name, const std::functio
   if (edit_config) edit_config(j);
   std::ofstream(tmp.str() + "/config.json") << j.dump(2);
   return tmp.str();
+}
+
+// `load` fails with a one-line lattice error that contains every one of `needles`.
+inline void expect_one_line_error(const std::function<void()>& load, const std::vector<std::string>& needles) {
+  try {
+    load();
+    ADD_FAILURE() << "no error; expected one mentioning " << needles.at(0);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
 }
 
 // `back` (a model converted out and in again) holds every parameter of `model` bit for bit but the

@@ -27,14 +27,7 @@ using hf_test::Tensors;
 
 // Loading dir fails with one line that contains `needle`.
 void expect_load_error(const std::string& dir, const std::string& needle) {
-  try {
-    load_hf_deepseek_mla(dir);
-    ADD_FAILURE() << "no error; expected one mentioning " << needle;
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    EXPECT_NE(msg.find(needle), std::string::npos) << "'" << needle << "' not in: " << msg;
-  }
+  hf_test::expect_one_line_error([&] { load_hf_deepseek_mla(dir); }, {needle});
 }
 
 TEST(HfDeepseekV3, QueryLatentYarnGroupsMatchIndependentLogits) {
@@ -173,6 +166,50 @@ TEST(HfDeepseekV3, MultiTokenPredictionModuleIsThePredictionDepth) {
   const std::string none = hf_test::rewritten_fixture(
       dir, nullptr, [](nlohmann::json& j) { j["num_nextn_predict_layers"] = 0; }, without);
   expect_load_error(none, "unexpected tensor model.layers.3.");
+  // num_nextn_predict_layers 1 without the module's tensors (transformers' save_pretrained writes none): the
+  // main model alone; the module half there is a missing tensor.
+  TempDir saved("ds3_hf_saved");
+  const std::string main_only = hf_test::rewritten_fixture(
+      dir, [](Tensors& t) { std::erase_if(t.list, [](const auto& e) { return e.first.starts_with("model.layers.3."); }); },
+      nullptr, saved);
+  HfModel plain = load_hf_deepseek_mla(main_only);
+  EXPECT_EQ(plain.model->config().mtp_num_layers, 0);
+  hf_test::expect_fixture_logits(*plain.model, dir);
+  TempDir half("ds3_half_module");
+  expect_load_error(hf_test::rewritten_fixture(dir, [](Tensors& t) { t.erase("model.layers.3.hnorm.weight"); },
+                                               nullptr, half),
+                    "missing tensor model.layers.3.hnorm.weight");
+}
+
+// Kimi-K2 ships DeepSeek-V3's architecture and config under model_type kimi_k2: read as DeepSeek-V3, written
+// back as kimi_k2 when asked (--hf-model-type; convert asks when the checkpoint came from Kimi-K2), with the
+// same tensors; a softmax-routed model has no such form.
+TEST(HfDeepseekV3, KimiK2IsDeepSeekV3UnderItsOwnModelType) {
+  TempDir kimi("kimi_k2");
+  const std::string dir = hf_test::rewritten_fixture(
+      "hf_deepseek_v3_tiny", nullptr, [](nlohmann::json& j) { j["model_type"] = "kimi_k2"; }, kimi);
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(in);
+  EXPECT_TRUE(is_hf_deepseek_mla_config(config));
+  EXPECT_EQ(hf_deepseek_family_name(config), "Kimi-K2");
+  HfModel hf = load_hf_deepseek_mla(dir);
+  hf_test::expect_fixture_logits(*hf.model, "hf_deepseek_v3_tiny");
+  TempDir out("kimi_k2_out");
+  hf::ExportOptions options;
+  options.model_type = "kimi_k2";
+  save_hf_deepseek_mla(out.str() + "/hf", *hf.model, "", options);
+  std::ifstream written(out.str() + "/hf/config.json");
+  const nlohmann::json j = nlohmann::json::parse(written);
+  EXPECT_EQ(j["model_type"], "kimi_k2");
+  EXPECT_EQ(j["architectures"][0], "DeepseekV3ForCausalLM");
+  SafetensorsFile a = SafetensorsFile::read(fixture("hf_deepseek_v3_tiny") + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(out.str() + "/hf/model.safetensors");
+  EXPECT_EQ(a.names(), b.names());
+  for (const std::string& name : a.names()) EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name;
+  HfModel v2 = load_hf_deepseek_mla(fixture("hf_deepseek_v2_lite_tiny"));
+  EXPECT_EQ(hf_deepseek_model_type(v2.model->config(), ""), "deepseek_v2");
+  hf_test::expect_one_line_error([&] { hf_deepseek_model_type(v2.model->config(), "kimi_k2"); },
+                                 {"--hf-model-type kimi_k2", "deepseek_v2"});
 }
 
 TEST(HfDeepseekV3, BadInputIsOneLineErrorNamingTheProblem) {

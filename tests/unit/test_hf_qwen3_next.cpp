@@ -131,6 +131,13 @@ TEST(HfQwen3Next, MultiTokenPredictionModuleIsThePredictionDepth) {
   HfModel plain = load_hf_qwen3_next(hf_test::rewritten_fixture(
       dir, nullptr, [](nlohmann::json& j) { j.erase("mtp_num_hidden_layers"); }, none));
   EXPECT_EQ(plain.model->config().mtp_num_layers, 0);
+  // The key without the module's tensors (transformers' save_pretrained writes none): the main model alone.
+  TempDir saved("qwen3_5_mtp_hf_saved");
+  HfModel main_only = load_hf_qwen3_next(hf_test::rewritten_fixture(
+      dir, [](Tensors& t) { std::erase_if(t.list, [](const auto& e) { return e.first.starts_with("mtp."); }); }, nullptr,
+      saved));
+  EXPECT_EQ(main_only.model->config().mtp_num_layers, 0);
+  hf_test::expect_fixture_logits(*main_only.model, dir, kLogitTol);
   try {
     load_hf_qwen3_next(hf_test::rewritten_fixture(
         dir, nullptr, [](nlohmann::json& j) { j["mtp_num_hidden_layers"] = 2; }, two));
