@@ -18,9 +18,23 @@ using json = nlohmann::json;
 using hf::TensorMap;
 
 constexpr const char* kKimiK2 = "kimi_k2";
+// GLM-4.7-Flash (Glm4MoeLiteForCausalLM): DeepSeek-V3's attention and experts, GLM's config (mlp_layer_types, the
+// rotary parameters in rope_parameters, rms_norm_eps 1e-5 beside the latents' 1e-6), prediction layers without
+// copies of the embedding and lm_head.
+constexpr const char* kGlmLite = "glm4_moe_lite";
 
-// transformers' DeepseekV3RMSNorm of the latents (q_a_layernorm, kv_a_layernorm) keeps its default eps;
-// lattice's norms share one epsilon, so the model's rms_norm_eps must be it.
+// Whether config.json is GLM-4.7-Flash's (model_type, else the architectures).
+bool glm_lite(const json& j) {
+  if (!j.is_object()) return false;
+  if (j.contains("model_type")) return j["model_type"] == kGlmLite;
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const json& a : j["architectures"])
+      if (a == "Glm4MoeLiteForCausalLM") return true;
+  return false;
+}
+
+// transformers' DeepseekV3RMSNorm of the latents (q_a_layernorm, kv_a_layernorm) keeps its default eps whatever
+// rms_norm_eps is (lattice's --mla-latent-norm-epsilon).
 constexpr double kLatentNormEps = 1e-6;
 
 bool has(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
@@ -52,7 +66,9 @@ void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat
   hf::deepseek_mlp_tensors(c, l, lat, hf, m, s);
 }
 
-std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes) {
+// copies: the prediction layers' copies of the embedding and the output layer too (DeepSeek-V3's files have them,
+// GLM-4.7-Flash's not; a file's are read only to check them).
+std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes, bool copies) {
   const int64_t C = c.hidden_size, V = c.vocab_size;
   std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
   shapes = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
@@ -68,7 +84,7 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
   // share with the model (hf::check_mtp_copies: each must equal the model's).
   hf::deepseek_mtp_tensors(
       c, [&](int64_t l, const std::string& lat) { layer_tensors(c, l, lat, m, shapes); }, m, shapes);
-  for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
+  for (int64_t k = 0; copies && k < c.mtp_num_layers; ++k) {
     const std::string hf = "model.layers." + std::to_string(c.num_layers + k) + ".";
     m.push_back({"embedding.word_embeddings.weight", {{hf + "embed_tokens.weight"}}, true});
     shapes[hf + "embed_tokens.weight"] = {V, C};
@@ -79,9 +95,10 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
 }
 
 // "deepseek_v3" (with Kimi-K2's "kimi_k2": DeepSeek-V3's architecture under its own model_type, so that serving
-// engines tell them apart), "deepseek_v2" (model_type, else the architectures), or "".
+// engines tell them apart; and GLM-4.7-Flash's), "deepseek_v2" (model_type, else the architectures), or "".
 std::string deepseek_family(const json& j) {
   if (!j.is_object()) return "";
+  if (glm_lite(j)) return "deepseek_v3";
   if (j.contains("model_type"))
     return j["model_type"] == "deepseek_v3" || j["model_type"] == kKimiK2 ? "deepseek_v3"
            : j["model_type"] == "deepseek_v2"                            ? "deepseek_v2"
@@ -105,15 +122,17 @@ const char* hf_deepseek_family_name(const TransformerConfig& c) {
 std::string hf_deepseek_family_name(const json& config) {
   const std::string f = deepseek_family(config);
   if (f == "deepseek_v3" && config.value("model_type", "") == kKimiK2) return "Kimi-K2";
+  if (glm_lite(config)) return "GLM-4.7-Flash";
   return f == "deepseek_v3" ? "DeepSeek-V3" : f == "deepseek_v2" ? "DeepSeek-V2" : "";
 }
 
 std::string hf_deepseek_model_type(const TransformerConfig& c, const std::string& model_type) {
   const bool v3 = c.moe_router_sigmoid();
   if (model_type.empty()) return v3 ? "deepseek_v3" : "deepseek_v2";
-  if (model_type == (v3 ? "deepseek_v3" : "deepseek_v2") || (v3 && model_type == kKimiK2)) return model_type;
+  if (model_type == (v3 ? "deepseek_v3" : "deepseek_v2") || (v3 && (model_type == kKimiK2 || model_type == kGlmLite)))
+    return model_type;
   LATTICE_FAIL() << "--hf-model-type " << model_type << ": the checkpoint's model is written as "
-                 << (v3 ? "deepseek_v3 or kimi_k2 (its sigmoid router is DeepSeek-V3's)"
+                 << (v3 ? "deepseek_v3, kimi_k2 or glm4_moe_lite (its sigmoid router is DeepSeek-V3's)"
                         : "deepseek_v2 (its softmax router is DeepSeek-V2's)");
 }
 
@@ -152,8 +171,15 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
     LATTICE_FAIL() << what << ": qk_head_dim " << j["qk_head_dim"].dump() << " is not qk_nope_head_dim + qk_rope_head_dim "
                    << c.mla_qk_dim();
   c.position_embedding_type = "rope";
-  if (has(j, "rope_scaling")) {
-    const json& s = j["rope_scaling"];
+  // transformers 5 keeps the rotary settings in rope_parameters (rope_type, rope_theta, YaRN's keys), 4 in
+  // rope_scaling and rope_theta.
+  const bool params = j.contains("rope_parameters") && j["rope_parameters"].is_object();
+  const json* scaling = has(j, "rope_scaling") ? &j["rope_scaling"]
+                        : params && j["rope_parameters"].value("rope_type", std::string("default")) != "default"
+                            ? &j["rope_parameters"]
+                            : nullptr;
+  if (scaling) {
+    const json& s = *scaling;
     const std::string type = s.is_object() ? s.value("rope_type", s.value("type", std::string())) : "";
     if (type != "yarn")
       LATTICE_FAIL() << what << ": rope_scaling " << s.dump() << " is not supported (none or yarn)";
@@ -169,13 +195,14 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
                      << " without mscale_all_dim is not supported (transformers then ignores mscale)";
     hf::read_yarn_rope_scaling(j, s, what, c);
   }
-  c.rotary_base = float(hf::config_positive(j, what, "rope_theta", 10000.0));
+  c.rotary_base = params && j["rope_parameters"].contains("rope_theta")
+                      ? float(hf::config_positive(j["rope_parameters"], what + " rope_parameters", "rope_theta", 10000.0))
+                      : float(hf::config_positive(j, what, "rope_theta", 10000.0));
   c.normalization = "RMSNorm";
-  const double eps = hf::config_positive(j, what, "rms_norm_eps", kLatentNormEps);
-  if (eps != kLatentNormEps)
-    LATTICE_FAIL() << what << ": rms_norm_eps " << eps << " is not supported (DeepSeek normalizes the "
-                   << "latents with 1e-6; lattice's norms share one epsilon)";
+  // The model's norms take rms_norm_eps (GLM-4.7-Flash's default 1e-5), the latents' always 1e-6.
+  const double eps = hf::config_positive(j, what, "rms_norm_eps", glm_lite(j) ? 1e-5 : kLatentNormEps);
   c.layernorm_epsilon = float(eps);
+  if (c.layernorm_epsilon != float(kLatentNormEps)) c.mla_latent_norm_epsilon = float(kLatentNormEps);
   c.swiglu = true;
   c.add_bias_linear = false;
   // DeepSeek-V3's mixture of experts: sigmoid scores, the bias in the choice only, the chosen scores
@@ -191,7 +218,17 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
     LATTICE_FAIL() << what << ": topk_method \"" << topk_method << "\" is not supported (" << (v3 ? "noaux_tc" : "greedy")
                    << " in " << family << "; DeepSeek-V2's group_limited_greedy scores a group by its best expert)";
   if (v3) {
-    hf::read_sigmoid_router(j, what, c, 0);
+    hf::read_sigmoid_router(j, what, c, glm_lite(j) ? 1 : 0);  // Glm4MoeLiteConfig: the first layer dense
+    if (has(j, "mlp_layer_types")) {  // GLM-4.7-Flash's: "dense" or "sparse" per layer
+      const json& types = j["mlp_layer_types"];
+      if (!types.is_array() || int64_t(types.size()) != c.num_layers)
+        LATTICE_FAIL() << what << ": mlp_layer_types is not a list of " << c.num_layers << " layer types";
+      for (size_t l = 0; l < types.size(); ++l) {
+        if (types[l] != "dense" && types[l] != "sparse")
+          LATTICE_FAIL() << what << ": mlp_layer_types entry " << types[l].dump() << " is not \"dense\" or \"sparse\"";
+        c.moe_layer_pattern[l] = types[l] == "sparse" ? 1 : 0;
+      }
+    }
     // DeepSeek-V3's multi-token prediction modules: lattice's prediction depths (--mtp-num-layers).
     c.mtp_num_layers = hf::nextn_predict_layers(j, what, file);
   } else {  // one expert: its probability (DeepSeek-V2 renormalizes more than one only)
@@ -220,7 +257,8 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
   return c;
 }
 
-json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
+json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& tokenizer_type,
+                                 const std::string& model_type) {
   json j = {{"architectures", {"DeepseekV3ForCausalLM"}},
             {"attention_bias", false},
             {"attention_dropout", 0.0},
@@ -264,6 +302,15 @@ json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& 
     j["seq_aux"] = true;
     j["ep_size"] = 1;
   }
+  if (model_type == kKimiK2) j["model_type"] = kKimiK2;  // Kimi-K2 keeps DeepSeek-V3's architecture and keys
+  if (model_type == kGlmLite) {  // Glm4MoeLiteConfig: mlp_layer_types, the rotary parameters in rope_parameters
+    for (const char* key : {"moe_layer_freq", "scoring_func", "topk_method", "rope_scaling", "rope_theta"}) j.erase(key);
+    j["architectures"] = {"Glm4MoeLiteForCausalLM"};
+    j["model_type"] = kGlmLite;
+    j["mlp_layer_types"] = json::array();
+    for (int64_t l = 0; l < c.num_layers; ++l) j["mlp_layer_types"].push_back(c.moe_layer(l) ? "sparse" : "dense");
+    j["rope_parameters"] = {{"rope_theta", hf::shortest_float(c.rotary_base)}, {"rope_type", "default"}};
+  }
   if (c.yarn()) {  // DeepSeek's keys: the attention factor (and the softmax's) from mscale and mscale_all_dim
     json s = hf::yarn_rope_scaling_json(c);
     s.erase("attention_factor");
@@ -277,12 +324,15 @@ json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& 
 }
 
 std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
+  std::ostringstream eps;
+  eps << "the latents' norms at epsilon " << c.mla_latent_eps() << " (HuggingFace DeepSeek normalizes its latents with "
+      << "1e-6: train with --mla-latent-norm-epsilon 1e-6, or --norm-epsilon 1e-6)";
+  const std::string latent_eps = eps.str();
   const char* why = !c.multi_latent_attention ? "no multi-latent attention (HuggingFace DeepSeek-V2's and V3's attention is MLA)"
                     : !c.mla_latent_norms()   ? "multi-latent attention without --qk-layernorm (HuggingFace DeepSeek "
                                                 "normalizes its latents)"
                     : !c.rmsnorm()            ? "LayerNorm (HuggingFace DeepSeek has RMSNorm)"
-                    : double(c.layernorm_epsilon) != double(float(kLatentNormEps))
-                        ? "--norm-epsilon other than 1e-6 (HuggingFace DeepSeek-V2 and V3 normalize their latents with 1e-6)"
+                    : c.mla_latent_eps() != float(kLatentNormEps) ? latent_eps.c_str()
                     : !c.swiglu || c.quick_geglu ? "an MLP other than SwiGLU (HuggingFace DeepSeek's is SwiGLU)"
                     : c.glu_linear_offset != 0.0f || c.activation_func_clamp_value > 0.0f
                         ? "--glu-linear-offset or --activation-func-clamp-value (HuggingFace DeepSeek's SwiGLU has "
@@ -332,7 +382,7 @@ HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64
 void import_hf_deepseek_mla_tensors(GPTModel& model, const SafetensorsFile& f) {
   const TransformerConfig& c = model.config();
   std::map<std::string, Shape> shapes;
-  const std::vector<TensorMap> map = tensor_map(c, shapes);
+  const std::vector<TensorMap> map = tensor_map(c, shapes, false);  // copies checked where f has them
   hf::import_deepseek_layout(model, f, map, shapes);
 }
 
@@ -341,10 +391,10 @@ void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const s
   const TransformerConfig& c = model.config();
   const std::string why = hf_deepseek_mla_mismatch(c);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
-  json config = hf_deepseek_mla_config_json(c, tokenizer_type);
-  config["model_type"] = hf_deepseek_model_type(c, options.model_type);  // Kimi-K2's keeps DeepSeek-V3's architecture
+  const std::string model_type = hf_deepseek_model_type(c, options.model_type);
+  const json config = hf_deepseek_mla_config_json(c, tokenizer_type, model_type);
   std::map<std::string, Shape> shapes;
-  const std::vector<TensorMap> map = tensor_map(c, shapes);
+  const std::vector<TensorMap> map = tensor_map(c, shapes, model_type != kGlmLite);
   hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), config, options);
 }
 

@@ -45,7 +45,9 @@ TransformerConfig hf_deepseek_mla_config(const nlohmann::json& config, const std
 
 // TransformerConfig -> config.json as DeepseekV3Config or DeepseekV2Config writes it (tokenizer_type under
 // kHfTokenizerKey).
-nlohmann::json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& tokenizer_type);
+// model_type: hf_deepseek_model_type's (kimi_k2 and glm4_moe_lite write their own forms; "": the default).
+nlohmann::json hf_deepseek_mla_config_json(const TransformerConfig& c, const std::string& tokenizer_type,
+                                           const std::string& model_type = "");
 
 // Why a lattice model has no HF DeepSeek-V2 or V3 form ("" when it has one).
 std::string hf_deepseek_mla_mismatch(const TransformerConfig& c);

@@ -98,6 +98,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"yarn_correction_range_round_to_int", "--no-yarn-correction-range-round-to-int", true},
       {"multi_latent_attention", "--multi-latent-attention", false},
       {"q_lora_rank", "--q-lora-rank", 0},
+      {"mla_latent_norm_epsilon", "--mla-latent-norm-epsilon", 0.0},
       {"kv_lora_rank", "--kv-lora-rank", 32},
       {"qk_head_dim", "--qk-head-dim", 128},
       {"qk_pos_emb_head_dim", "--qk-pos-emb-head-dim", 64},
@@ -198,6 +199,7 @@ json model_config_json(const TransformerConfig& c) {
           {"yarn_correction_range_round_to_int", c.yarn_correction_range_round_to_int},
           {"multi_latent_attention", c.multi_latent_attention},
           {"q_lora_rank", c.q_lora_rank},
+          {"mla_latent_norm_epsilon", c.mla_latent_norm_epsilon},
           {"kv_lora_rank", c.kv_lora_rank},
           {"qk_head_dim", c.qk_head_dim},
           {"qk_pos_emb_head_dim", c.qk_pos_emb_head_dim},
@@ -278,6 +280,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.yarn_correction_range_round_to_int = optional_field(j, "yarn_correction_range_round_to_int").get<bool>();
     c.multi_latent_attention = optional_field(j, "multi_latent_attention").get<bool>();
     c.q_lora_rank = optional_field(j, "q_lora_rank").get<int64_t>();
+    c.mla_latent_norm_epsilon = optional_field(j, "mla_latent_norm_epsilon").get<float>();
     c.kv_lora_rank = optional_field(j, "kv_lora_rank").get<int64_t>();
     c.qk_head_dim = optional_field(j, "qk_head_dim").get<int64_t>();
     c.qk_pos_emb_head_dim = optional_field(j, "qk_pos_emb_head_dim").get<int64_t>();

@@ -167,20 +167,25 @@ void to_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has the attention output gate "
                    << "(--attention-output-gate): none of the HuggingFace models lattice writes (GPT-2, Llama, Qwen, "
                       "Mistral, SmolLM3, Mixtral, DeepSeek, GLM, GPT-OSS) has one";
-  if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 (or Kimi-K2's form of it) or V2, or an error saying
-                                   // why not; without the flag Kimi-K2 when the weights were converted from it
-    if (options.model_type.empty() && lm.hf_model_type == "kimi_k2" && c.moe_router_sigmoid())
+  if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 (or Kimi-K2's or GLM-4.7-Flash's form of it) or V2, or
+                                   // an error saying why not; without the flag the form the weights came from
+    if (options.model_type.empty() && (lm.hf_model_type == "kimi_k2" || lm.hf_model_type == "glm4_moe_lite") &&
+        c.moe_router_sigmoid())
       options.model_type = lm.hf_model_type;
     save_hf_deepseek_mla(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
-                 dir.c_str(), options.model_type == "kimi_k2" ? "Kimi-K2" : hf_deepseek_family_name(c),
+                 dir.c_str(),
+                 options.model_type == "kimi_k2"         ? "Kimi-K2"
+                 : options.model_type == "glm4_moe_lite" ? "GLM-4.7-Flash"
+                                                         : hf_deepseek_family_name(c),
                  options.dtype.c_str());
     return;  // (prediction depths: DeepSeek-V3's multi-token prediction modules)
   }
   if (!options.model_type.empty())
     LATTICE_FAIL() << "--hf-model-type " << options.model_type << ": chooses among the Gated DeltaNet families "
-                   << "(qwen3_next, qwen3_5_text, qwen3_5_moe_text) and the DeepSeek-V3 ones (deepseek_v3, kimi_k2); "
+                   << "(qwen3_next, qwen3_5_text, qwen3_5_moe_text) and the DeepSeek-V3 ones (deepseek_v3, kimi_k2, "
+                      "glm4_moe_lite); "
                       "the checkpoint's model has neither Gated DeltaNet layers nor multi-latent attention";
   const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
   const std::string not_gpt_oss = hf_gpt_oss_mismatch(c), not_glm = hf_glm4_moe_mismatch(c);
@@ -217,9 +222,9 @@ int cmd_convert(int argc, char** argv) {
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
-        "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2]\n"
+        "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2|glm4_moe_lite]\n"
         "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
-        "DeepSeek-V3 (Kimi-K2), GLM-4.5, Qwen3-Next, Qwen3.5, Qwen3.5-MoE or GPT-OSS (config.json, model.safetensors) <-> lattice\n"
+        "DeepSeek-V3 (Kimi-K2, GLM-4.7-Flash), GLM-4.5, Qwen3-Next, Qwen3.5, Qwen3.5-MoE or GPT-OSS (config.json, model.safetensors) <-> lattice\n"
         "checkpoint:\n"
         "--from-hf reads config.json's\n"
         "model_type; --to-hf writes a --multi-latent-attention model as DeepSeek-V3 (sigmoid router; its prediction\n"
@@ -251,8 +256,9 @@ int cmd_convert(int argc, char** argv) {
         "  --hf-model-type TYPE               --to-hf: a Gated DeltaNet model with experts as qwen3_next (Qwen3-Next)\n"
         "                                     or qwen3_5_moe (Qwen3.5-MoE's text model, qwen3_5_moe_text) [the family\n"
         "                                     its weights were converted from, else qwen3_next]; a DeepSeek-V3 model as\n"
-        "                                     kimi_k2 (Kimi-K2's model_type, DeepSeek-V3's architecture) [kimi_k2 when\n"
-        "                                     converted from Kimi-K2, else deepseek_v3]\n",
+        "                                     kimi_k2 (Kimi-K2's model_type, DeepSeek-V3's architecture) or\n"
+        "                                     glm4_moe_lite (GLM-4.7-Flash's) [the one it was converted from, else\n"
+        "                                     deepseek_v3]\n",
         stdout);
     return 0;
   }

@@ -227,7 +227,7 @@ void GPTInference::reserve_rows(int64_t n) {
 void GPTInference::mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t n) {
   const MlaShape s = mla_shape(cfg_, cfg_.num_attention_heads);
   const int64_t C = cfg_.hidden_size, H = s.H, Rq = cfg_.q_lora_rank, Rkv = s.Rkv;
-  const float eps = cfg_.layernorm_epsilon;
+  const float eps = cfg_.mla_latent_eps();
   const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
   float *lat = mla_lat_.data(), *latn = mla_latn_.data(), *c = mla_c_.data();
   if (Rq > 0) {

@@ -77,7 +77,7 @@ void GPTModel::mla_qkv_forward(const LayerParams& p, Activations& a, size_t i, L
   Scratch& sc = *scratch_;
   const MlaShape s = mla_shape(cfg_, Hl_);
   const int64_t C = cfg_.hidden_size, H = s.H, Rq = cfg_.q_lora_rank, Rkv = s.Rkv, Wc = s.latent();
-  const float eps = cfg_.layernorm_epsilon;
+  const float eps = cfg_.mla_latent_eps();
   const bool norms = cfg_.mla_latent_norms();
   if (Rq > 0) {  // q [N, H Dq]
     linear_forward(l.mla_q_c, x, params_.param(p.q_down_w), nullptr, N, C, Rq, site(p.q_down_w));

@@ -168,6 +168,11 @@ void TransformerConfig::check_mla() {
       LATTICE_FAIL() << d.flag << " must be >= " << d.least << " with --multi-latent-attention, got " << d.value;
   if (qk_pos_emb_head_dim % 2 != 0)
     LATTICE_FAIL() << "--qk-pos-emb-head-dim " << qk_pos_emb_head_dim << " must be even (the rotation turns pairs)";
+  if (!(mla_latent_norm_epsilon >= 0.0f) || !std::isfinite(mla_latent_norm_epsilon))
+    LATTICE_FAIL() << "--mla-latent-norm-epsilon must be a finite number >= 0 (0: --norm-epsilon), got "
+                   << mla_latent_norm_epsilon;
+  if (mla_latent_norm_epsilon > 0.0f && !qk_layernorm)
+    LATTICE_FAIL() << "--mla-latent-norm-epsilon needs --qk-layernorm (the latents' norms)";
   if (!rope())
     LATTICE_FAIL() << "--multi-latent-attention needs --position-embedding-type rope or yarn (its keys' Dr dims are "
                       "rotated), got "

@@ -204,6 +204,11 @@ struct TransformerConfig {
   int64_t qk_head_dim = 128;           // Dn (--qk-head-dim)
   int64_t qk_pos_emb_head_dim = 64;    // Dr (--qk-pos-emb-head-dim)
   int64_t v_head_dim = 128;            // Dv (--v-head-dim)
+  // The latent norms' epsilon (--mla-latent-norm-epsilon; 0: --norm-epsilon, as Megatron's). HuggingFace's
+  // DeepSeek-V3 attention normalizes its latents with 1e-6 whatever rms_norm_eps the other norms take
+  // (GLM-4.7-Flash's 1e-5).
+  float mla_latent_norm_epsilon = 0.0f;
+  float mla_latent_eps() const { return mla_latent_norm_epsilon > 0.0f ? mla_latent_norm_epsilon : layernorm_epsilon; }
   bool mla_latent_norms() const { return multi_latent_attention && qk_layernorm; }
   int64_t mla_qk_dim() const { return qk_head_dim + qk_pos_emb_head_dim; }  // Dq
   // The core attention's output per token, linear_proj's input: heads x kv_channels, or H Dv with MLA.

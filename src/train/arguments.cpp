@@ -176,6 +176,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "multi-latent attention (DeepSeek-V2/V3): queries, keys and values from low-rank latents, a shared rotary "
        "key; with --qk-layernorm the latents are normalized"},
       {"q-lora-rank", Kind::i64, &a.q_lora_rank, "with MLA: the queries' latent rank (0: linear_q_proj, no latent)"},
+      {"mla-latent-norm-epsilon", Kind::f32, &a.mla_latent_norm_epsilon,
+       "with MLA and --qk-layernorm: the latents' norms' epsilon (0: --norm-epsilon)"},
       {"kv-lora-rank", Kind::i64, &a.kv_lora_rank, "with MLA: the keys' and values' latent rank (default 32)"},
       {"qk-head-dim", Kind::i64, &a.qk_head_dim, "with MLA: each head's unrotated query and key dims (default 128)"},
       {"qk-pos-emb-head-dim", Kind::i64, &a.qk_pos_emb_head_dim,
@@ -932,6 +934,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.attention_output_gate = attention_output_gate;
   c.multi_latent_attention = multi_latent_attention;
   c.q_lora_rank = q_lora_rank;
+  c.mla_latent_norm_epsilon = mla_latent_norm_epsilon;
   c.kv_lora_rank = kv_lora_rank;
   c.qk_head_dim = qk_head_dim;
   c.qk_pos_emb_head_dim = qk_pos_emb_head_dim;
@@ -1108,6 +1111,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     from_model("qk-head-dim", "qk_head_dim");
     from_model("qk-pos-emb-head-dim", "qk_pos_emb_head_dim");
     from_model("v-head-dim", "v_head_dim");
+    if (m.value("mla_latent_norm_epsilon", 0.0) > 0.0) from_model("mla-latent-norm-epsilon", "mla_latent_norm_epsilon");
   }
   on("qk-l2-norm", m.value("qk_l2_norm", false));
   on("attention-output-gate", m.value("attention_output_gate", false));

@@ -48,6 +48,7 @@ struct TrainArgs {
   bool moe_router_force_load_balancing = false;
   bool multi_latent_attention = false;     // --multi-latent-attention and its shapes (TransformerConfig's)
   int64_t q_lora_rank = 0, kv_lora_rank = 32, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
+  float mla_latent_norm_epsilon = 0.0f;
   int64_t mtp_num_layers = 0;              // --mtp-num-layers
   float mtp_loss_scaling_factor = 0.1f;    // --mtp-loss-scaling-factor
   bool moe_per_layer_logging = false;

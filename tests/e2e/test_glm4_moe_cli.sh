@@ -44,6 +44,22 @@ run finetune "$LATTICE" train --use-checkpoint-args --load ckpt-hf_glm4_moe_tiny
   --micro-batch-size 2 --global-batch-size 4 --seq-length 16 --lr 1e-3 --log-interval 1 --mock-data --eval-iters 0 \
   --train-iters 3 --finetune --save ft && grep -q 'mtp_1 loss' finetune.out &&
   pass "the converted GLM-4.5 trains on with its prediction depth" || fail "the converted GLM-4.5 did not train"
+# GLM-4.7-Flash (glm4_moe_lite: DeepSeek-V3's multi-latent attention with GLM's config): in, trained on, and out
+# in its own form (the recorded model_type), its latents' epsilon kept.
+if run lite "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_glm4_moe_lite_tiny" --save ckpt-lite &&
+   grep -q "(GLM-4.7-Flash)" lite.err && grep -qE '"mla_latent_norm_epsilon": *(1e-0*6|9\.99999)' ckpt-lite/iter_0000000/*.json; then
+  pass "GLM-4.7-Flash converts with its latents' epsilon: $(tail -n 1 lite.err)"
+  run lite_ft "$LATTICE" train --use-checkpoint-args --load ckpt-lite --vocab-size 101 --micro-batch-size 2 \
+    --global-batch-size 4 --seq-length 16 --lr 1e-3 --log-interval 1 --mock-data --eval-iters 0 --train-iters 2 \
+    --finetune --save lite-ft && grep -q 'mtp_1 loss' lite_ft.out &&
+    grep -qE '"mla_latent_norm_epsilon": *(1e-0*6|9\.99999)' lite-ft/iter_0000002/*.json &&
+    run lite_out "$LATTICE" convert --load lite-ft --to-hf hf-lite && grep -q '"model_type": "glm4_moe_lite"' hf-lite/config.json &&
+    grep -q '"mlp_layer_types"' hf-lite/config.json && grep -q "GLM-4.7-Flash" lite_out.err &&
+    pass "the converted GLM-4.7-Flash trains on and goes back out as glm4_moe_lite" ||
+    fail "GLM-4.7-Flash did not train on and go back out in its form"
+else
+  fail "GLM-4.7-Flash did not convert with its latents' epsilon"
+fi
 # Sigmoid-routed experts with LayerNorm: no HuggingFace family has that.
 if run ln_train "$LATTICE" train "${GLM[@]/RMSNorm/LayerNorm}" "${RUN[@]}" --train-iters 1 --save lnckpt; then
   expect_error "a sigmoid-routed LayerNorm model" "neither HuggingFace GPT-2, Llama, GPT-OSS nor GLM-4.5" -- \

@@ -87,7 +87,7 @@ if run ds2_train "$LATTICE" train "${DS2[@]}" "${RUN[@]}" --train-iters 3 --save
     { cmp -s ds2_gen.out ds2_gen_back.out && pass "lattice -> HF DeepSeek-V2 -> lattice generates the same text" ||
         fail "the model generates other text after the DeepSeek-V2 round trip"; }
 fi
-expect_error "an MLA model without DeepSeek-V3's form" "the checkpoint's model has --norm-epsilon other than 1e-6" -- \
+expect_error "an MLA model without DeepSeek-V3's form" "the checkpoint's model has the latents' norms at epsilon 1e-05|--mla-latent-norm-epsilon 1e-6" -- \
   "$LATTICE" convert --load ckpt --to-hf hf-dense
 [ -e hf-dense ] && fail "the refused export left a directory behind"
 for f in hf_deepseek_v3_tiny hf_deepseek_v3_tiny_noq hf_deepseek_v2_lite_tiny hf_deepseek_v3_tiny_mtp; do

@@ -212,6 +212,56 @@ TEST(HfDeepseekV3, KimiK2IsDeepSeekV3UnderItsOwnModelType) {
                                  {"--hf-model-type kimi_k2", "deepseek_v2"});
 }
 
+// GLM-4.7-Flash (glm4_moe_lite) is DeepSeek-V3's attention and experts with GLM's config: mlp_layer_types,
+// rope_parameters, rms_norm_eps 1e-5 for the model's norms while the latents keep 1e-6 (the fixture's latents are
+// small enough that the other epsilon moves its logits by 0.028), its prediction layer without copies.
+TEST(HfGlm4MoeLite, MatchesIndependentLogitsAndLossesAndRoundTrips) {
+  const char* dir = "hf_glm4_moe_lite_tiny";
+  HfModel hf = load_hf_deepseek_mla(fixture(dir));
+  GPTModel& m = *hf.model;
+  hf_test::expect_fixture_logits(m, dir);
+  const TransformerConfig& c = m.config();
+  EXPECT_EQ(c.layernorm_epsilon, 1e-5f);
+  EXPECT_EQ(c.mla_latent_eps(), 1e-6f);
+  EXPECT_EQ(c.rotary_base, 1e6f);
+  EXPECT_EQ(c.moe_router_topk_scaling_factor, 1.8f);
+  EXPECT_TRUE(!c.moe_layer(0) && c.moe_layer(1) && c.moe_layer(2));
+  EXPECT_EQ(c.mtp_num_layers, 1);
+  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
+  const std::vector<int32_t> tokens = ref.get_i32("mtp_tokens");
+  MicroBatchKey key;
+  const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, int64_t(tokens.size()) - 1, 1.0f, key);
+  const std::vector<LossSum> depths = m.take_mtp_losses();
+  ASSERT_EQ(depths.size(), 1u);
+  EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss);
+  EXPECT_NEAR(depths[0].sum / depths[0].count, ref.get_f32("mtp_loss")[0], 1e-5 * ref.get_f32("mtp_loss")[0]);
+  TempDir out("glm_lite_rt");
+  hf::ExportOptions options;
+  options.model_type = "glm4_moe_lite";
+  save_hf_deepseek_mla(out.str() + "/hf", m, "", options);
+  SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(out.str() + "/hf/model.safetensors");
+  EXPECT_EQ(a.names(), b.names());  // no copies written
+  for (const std::string& name : a.names()) EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name;
+  std::ifstream ia(fixture(dir) + "/config.json"), ib(out.str() + "/hf/config.json");
+  const nlohmann::json ja = nlohmann::json::parse(ia), jb = nlohmann::json::parse(ib);
+  for (const char* key : {"model_type", "architectures", "mlp_layer_types", "num_nextn_predict_layers", "q_lora_rank",
+                          "kv_lora_rank", "v_head_dim", "n_routed_experts", "num_experts_per_tok", "n_group"})
+    EXPECT_EQ(ja[key], jb[key]) << "config.json " << key;
+  for (const char* key : {"rms_norm_eps", "routed_scaling_factor"})
+    EXPECT_EQ(ja[key].get<double>(), jb[key].get<double>()) << "config.json " << key;
+  EXPECT_EQ(ja["rope_parameters"]["rope_theta"].get<double>(), jb["rope_parameters"]["rope_theta"].get<double>());
+  HfModel again = load_hf_deepseek_mla(out.str() + "/hf");
+  hf_test::expect_fixture_logits(*again.model, dir);
+  TransformerConfig other = c;  // the latents normalized with another epsilon: no HF DeepSeek form
+  other.mla_latent_norm_epsilon = 1e-5f;
+  EXPECT_NE(hf_deepseek_mla_mismatch(other).find("--mla-latent-norm-epsilon"), std::string::npos);
+  TempDir bad("glm_lite_types");
+  expect_load_error(hf_test::rewritten_fixture(dir, nullptr,
+                                               [](nlohmann::json& j) { j["mlp_layer_types"][1] = "moe"; }, bad),
+                    "mlp_layer_types entry \"moe\" is not \"dense\" or \"sparse\"");
+}
+
 TEST(HfDeepseekV3, BadInputIsOneLineErrorNamingTheProblem) {
   struct Case {
     const char* name;
@@ -219,7 +269,6 @@ TEST(HfDeepseekV3, BadInputIsOneLineErrorNamingTheProblem) {
     const char* expect;
   };
   const Case cases[] = {
-      {"eps", [](nlohmann::json& j) { j["rms_norm_eps"] = 1e-5; }, "rms_norm_eps 1e-05 is not supported"},
       {"softmax", [](nlohmann::json& j) { j["scoring_func"] = "softmax"; }, "scoring_func \"softmax\" is not supported"},
       {"groups", [](nlohmann::json& j) { j["num_experts_per_tok"] = 2; }, "num_experts_per_tok 2 is not 2 x topk_group 2"},
       {"norm", [](nlohmann::json& j) { j["norm_topk_prob"] = false; }, "norm_topk_prob false"},
@@ -278,6 +327,11 @@ TEST(HfDeepseekV3, ModelsWithoutTheFormAreNamed) {
   EXPECT_NE(reason([](TransformerConfig& c) { c.moe_layer_pattern = {1, 0, 1}; }).find("dense layer after an MoE layer"),
             std::string::npos);
   EXPECT_NE(reason([](TransformerConfig& c) { c.layernorm_epsilon = 1e-5f; }).find("--norm-epsilon"), std::string::npos);
+  EXPECT_EQ(reason([](TransformerConfig& c) {  // the model's norms at 1e-5, the latents' at 1e-6: HF's form
+              c.layernorm_epsilon = 1e-5f;
+              c.mla_latent_norm_epsilon = 1e-6f;
+            }),
+            "");
   EXPECT_NE(reason([](TransformerConfig& c) { c.multi_latent_attention = false; }).find("no multi-latent attention"),
             std::string::npos);
 }

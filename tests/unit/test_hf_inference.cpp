@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 
+#include "checkpoint/hf_deepseek_mla.h"
 #include "checkpoint/hf_gpt2.h"
 #include "core/error.h"
 #include "model/gpt_inference.h"
@@ -181,6 +182,14 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithGatedDeltaNet) {
     });
     check_against_full_forward(*model, model->config().max_position_embeddings);
   }
+}
+
+// GLM-4.7-Flash's form: the latents normalized with their own epsilon (1e-6 beside the model's 1e-5; the
+// fixture's latents are small enough that the other one moves its logits by 0.028).
+TEST(HfInference, KvCacheLogitsEqualFullForwardWithTheLatentsEpsilon) {
+  HfModel hf = load_hf_deepseek_mla(std::string(LATTICE_SOURCE_DIR) + "/tests/fixtures/hf_glm4_moe_lite_tiny");
+  ASSERT_NE(hf.model->config().mla_latent_eps(), hf.model->config().layernorm_epsilon);
+  check_against_full_forward(*hf.model, 16);
 }
 
 TEST(HfInference, KvCacheOnHfFixtureModel) {
