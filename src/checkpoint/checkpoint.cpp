@@ -284,7 +284,11 @@ void CheckpointWriter::add_piece(const std::string& file, const std::string& nam
   size_t in_file = 0;
   for (const TensorPiece& p : e.pieces) in_file += p.file == file;
   const std::string key = in_file == 0 ? name : name + "#" + std::to_string(e.pieces.size());
-  files_[file].add(key, dtype, lengths, data, size_t(box_numel(lengths)) * safetensors_dtype_size(dtype));
+  const size_t bytes = size_t(box_numel(lengths)) * safetensors_dtype_size(dtype);
+  if (borrow_)
+    files_[file].add_view(key, dtype, lengths, data, bytes);
+  else
+    files_[file].add(key, dtype, lengths, data, bytes);
   e.pieces.push_back({file, key, offsets, lengths});
   index_.files[file] = FileEntry{};
 }

@@ -100,6 +100,9 @@ class CheckpointWriter {
   void add_flat_range(const std::string& file, const std::string& name, const std::string& dtype,
                       const std::vector<int64_t>& global_shape, int64_t begin, int64_t end, const void* data);
   void set_state(const CheckpointState& state) { state_ = state; }
+  // From now on the data of added pieces is written from where it is, not copied: it must stay valid
+  // and unchanged until save() returns (a model's parameters saved while the model lives).
+  void borrow_data() { borrow_ = true; }
 
   // Writes DIR/iter_NNNNNNN (state().iteration) atomically, then the tracker file; then
   // removes all but the newest keep_last_n checkpoints (0 keeps all). Returns the
@@ -110,6 +113,7 @@ class CheckpointWriter {
   std::map<std::string, SafetensorsWriter> files_;
   CheckpointIndex index_;
   CheckpointState state_;
+  bool borrow_ = false;
 };
 
 // One verified checkpoint.

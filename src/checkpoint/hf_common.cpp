@@ -101,9 +101,9 @@ double shortest_float(float v) {
 }
 
 SafetensorsWriter f32_model_tensors(const std::map<std::string, Shape>& shapes,
-                                    const std::map<std::string, std::vector<float>>& data) {
-  SafetensorsWriter w;
-  for (const auto& [name, shape] : shapes) w.add_f32(name, shape, data.at(name).data());
+                                    std::map<std::string, std::vector<float>>&& data) {
+  SafetensorsWriter w;  // the values moved in, not copied: a model's export holds them once
+  for (const auto& [name, shape] : shapes) w.add_f32(name, shape, std::move(data.at(name)));
   w.set_metadata("format", "pt");
   return w;
 }
@@ -131,14 +131,15 @@ std::string recorded_tokenizer(const json& j, const std::string& what) {
 HfModel load_model_folder(
     const std::string& dir, int64_t seq_length,
     const std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>& config,
-    const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import) {
+    const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import, bool gradients) {
   const nlohmann::json j = read_config(dir);
   const std::string config_path = dir + "/config.json";
   const SafetensorsFile f = read_model_file(dir);
   const TransformerConfig c = config(j, config_path, f);
   HfModel out;
   out.tokenizer_type = recorded_tokenizer(j, config_path);
-  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings);
+  out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings,
+                                         TensorParallel{}, ModelPlacement{}, nullptr, ContextParallel{}, gradients);
   import(*out.model, f, j);
   return out;
 }

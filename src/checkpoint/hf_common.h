@@ -44,7 +44,7 @@ double shortest_float(float v);
 // The tensors `data` (name -> fp32 values) with `shapes` as an F32 file with transformers' "format"
 // metadata (it refuses files without it), in name order.
 SafetensorsWriter f32_model_tensors(const std::map<std::string, Shape>& shapes,
-                                    const std::map<std::string, std::vector<float>>& data);
+                                    std::map<std::string, std::vector<float>>&& data);
 
 // How --to-hf writes the tensors: their dtype (config.json's torch_dtype: float32, bfloat16 or
 // float16; the F32 values rounded to nearest even) and the largest file, as transformers'
@@ -96,11 +96,13 @@ SafetensorsFile read_model_file(const std::string& dir);
 // A model folder read as every family reads it: DIR/config.json into a TransformerConfig by `config`
 // (given the parsed file, its path, for errors, and the model's tensors, for what config.json does not
 // say), a model sized for 1 x seq_length tokens (0: max_position_embeddings), its parameters from DIR's
-// tensors by `import` (given the config too), the tokenizer a lattice export recorded.
+// tensors by `import` (given the config too), the tokenizer a lattice export recorded. gradients false: the
+// model has no gradient buffer (conversion and inference need none; a model's worth of memory saved).
 HfModel load_model_folder(
     const std::string& dir, int64_t seq_length,
     const std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>& config,
-    const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import);
+    const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import,
+    bool gradients = true);
 
 // Writes DIR/model.safetensors (or its shards and their index) and DIR/config.json with
 // torch_dtype set, each file atomically; DIR is created. The tensors are cast before anything is

@@ -370,13 +370,13 @@ std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
   return "";
 }
 
-HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
   return hf::load_model_folder(
       dir, seq_length,
       [&](const json& j, const std::string& what, const SafetensorsFile& f) {
         return hf_deepseek_mla_config(j, what, f, divisible_by);
       },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_deepseek_mla_tensors(m, f); });
+      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_deepseek_mla_tensors(m, f); }, gradients);
 }
 
 void import_hf_deepseek_mla_tensors(GPTModel& model, const SafetensorsFile& f) {

@@ -54,7 +54,8 @@ std::string hf_deepseek_mla_mismatch(const TransformerConfig& c);
 
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings); every problem
 // (missing, misshapen or unexpected tensor) is an error naming the file and the tensor.
-HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
+HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
+                             bool gradients = true);
 // Copies every parameter of `model` from the file's tensors (model.config() must be the file's config); a
 // missing, misshapen or unexpected tensor, or a prediction module's embedding or head that differs from the
 // model's, is an error naming the file and the tensor.

@@ -175,13 +175,13 @@ std::string hf_glm4_moe_mismatch(const TransformerConfig& c) {
   return why ? why : "";
 }
 
-HfModel load_hf_glm4_moe(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+HfModel load_hf_glm4_moe(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
   return hf::load_model_folder(
       dir, seq_length,
       [&](const json& j, const std::string& what, const SafetensorsFile& f) {
         return hf_glm4_moe_config(j, what, f, divisible_by);
       },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_tensors(m, f); });
+      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_tensors(m, f); }, gradients);
 }
 
 void save_hf_glm4_moe(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,

@@ -39,7 +39,8 @@ std::string hf_glm4_moe_mismatch(const TransformerConfig& c);
 
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings); every problem
 // (missing, misshapen or unexpected tensor) is an error naming the file and the tensor.
-HfModel load_hf_glm4_moe(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
+HfModel load_hf_glm4_moe(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
+                         bool gradients = true);
 
 // Writes DIR/model.safetensors and DIR/config.json; a model without the GLM-4.5 form is an error naming
 // DIR and the reason, and nothing is written.

@@ -267,10 +267,10 @@ SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model) {
   return w;
 }
 
-HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
   return hf::load_model_folder(
       dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile&) { return hf_gpt2_config(j, what, divisible_by); },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_gpt2_tensors(m, f); });
+      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_gpt2_tensors(m, f); }, gradients);
 }
 
 std::string hf_gpt2_mismatch(const TransformerConfig& c) {

@@ -47,7 +47,8 @@ using HfGpt2Model = HfModel;
 
 // Reads DIR/config.json and DIR/model.safetensors into a model sized for 1 x seq_length
 // tokens (0: n_positions).
-HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
+HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
+                         bool gradients = true);
 
 // Why a lattice model has no HF GPT-2 form ("" when it has one): an attention other than the
 // hidden size wide, RMSNorm, no linear biases, grouped-query attention, SwiGLU, rope.

@@ -384,16 +384,16 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model) {
   auto param = [&](const std::string& name) { return params.data() + model.params().info(name).offset; };
   auto hf = [&](const std::string& name) -> std::vector<float>& { return out.at(name); };
   map_model(c, Mapper{false}, param, hf, [](const std::string&) {});
-  return hf::f32_model_tensors(shapes, out);
+  return hf::f32_model_tensors(shapes, std::move(out));
 }
 
-HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
   return hf::load_model_folder(
       dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile&) { return hf_gpt_oss_config(j, what, divisible_by); },
       [](GPTModel& m, const SafetensorsFile& f, const json& j) {
         const bool mxfp4 = j.contains("quantization_config") && !j["quantization_config"].is_null();
         import_hf_gpt_oss_tensors(m, f, mxfp4);
-      });
+      }, gradients);
 }
 
 void save_hf_gpt_oss(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,

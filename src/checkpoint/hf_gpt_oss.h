@@ -61,7 +61,8 @@ void import_hf_gpt_oss_tensors(GPTModel& model, const SafetensorsFile& file, boo
 SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model);
 
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings).
-HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
+HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
+                        bool gradients = true);
 
 // Writes DIR/model.safetensors and DIR/config.json; a model without a GPT-OSS form is an error naming
 // DIR and the reason, and nothing is written.

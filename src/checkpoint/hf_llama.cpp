@@ -606,10 +606,10 @@ SafetensorsWriter export_hf_llama_tensors(const GPTModel& model) {
   return hf::export_tensors(model, tensor_map(c), shapes);
 }
 
-HfModel load_hf_llama(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+HfModel load_hf_llama(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
   return hf::load_model_folder(
       dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile&) { return hf_llama_config(j, what, divisible_by); },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_llama_tensors(m, f); });
+      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_llama_tensors(m, f); }, gradients);
 }
 
 void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,

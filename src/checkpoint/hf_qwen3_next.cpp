@@ -489,10 +489,10 @@ SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std:
   return hf::export_tensors(model, tensor_map(c, layout), hf_shapes(c, layout));
 }
 
-HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by, int64_t seq_length) {
+HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
   return hf::load_model_folder(
       dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile& f) { return hf_qwen3_next_config(j, what, f, divisible_by); },
-      [](GPTModel& m, const SafetensorsFile& f, const json& j) { import_hf_qwen3_next_tensors(m, f, j); });
+      [](GPTModel& m, const SafetensorsFile& f, const json& j) { import_hf_qwen3_next_tensors(m, f, j); }, gradients);
 }
 
 void save_hf_qwen3_next(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,

@@ -62,7 +62,8 @@ void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& file, 
 SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std::string& model_type = "");
 
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings).
-HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0);
+HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
+                           bool gradients = true);
 // Writes DIR's model and config.json in the family options.model_type chooses; a model without the form is
 // an error naming DIR, nothing written.
 void save_hf_qwen3_next(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,

@@ -32,9 +32,15 @@ void check_tensor_shapes(const SafetensorsFile& f, const std::map<std::string, S
 
 void import_tensors(GPTModel& model, const SafetensorsFile& f, const std::vector<TensorMap>& map,
                     const std::map<std::string, Shape>& shapes) {
-  std::map<std::string, std::vector<float>> data;  // each HF tensor read once, when first needed
+  // Each HF tensor read once, when first needed, and dropped after the last parameter that reads it: a
+  // model's worth of fp32 copies is never held at once.
+  std::map<std::string, size_t> last_use;
+  for (size_t i = 0; i < map.size(); ++i)
+    for (const RowBlock& b : map[i].blocks) last_use[b.hf] = i;
+  std::map<std::string, std::vector<float>> data;
   HostStaging params(model.params().params(), model.params().numel(), true);
-  for (const TensorMap& m : map) {
+  for (size_t i = 0; i < map.size(); ++i) {
+    const TensorMap& m = map[i];
     const ParamInfo& p = model.params().info(m.lattice);
     float* dst = params.data() + p.offset;
     const int64_t row = p.shape.size() >= 2 ? p.numel / p.shape[0] : 1;  // elements per row
@@ -50,6 +56,8 @@ void import_tensors(GPTModel& model, const SafetensorsFile& f, const std::vector
     if (m.offset != 0.0f)
       for (int64_t i = 0; i < at * row; ++i) dst[i] += m.offset;
     std::fill(dst + at * row, dst + p.numel, 0.0f);  // padded vocabulary rows
+    for (const RowBlock& b : m.blocks)
+      if (last_use.at(b.hf) == i) data.erase(b.hf);
   }
   params.upload(model.params().params());
 }
@@ -73,7 +81,7 @@ SafetensorsWriter export_tensors(const GPTModel& model, const std::vector<Tensor
       at += rows;
     }
   }
-  return f32_model_tensors(shapes, out);
+  return f32_model_tensors(shapes, std::move(out));
 }
 
 }  // namespace lattice::hf

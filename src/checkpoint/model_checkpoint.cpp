@@ -330,8 +330,12 @@ void load_model_tensors(const CheckpointReader& r, GPTModel& model) {
 
 std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const GPTModel& model,
                                   const std::string& args_json) {
+  // The parameters are written from the staged host copy (the model's own buffer on the CPU), which lives
+  // until the save returns: a model of any size costs no second copy here.
+  const HostStaging params(model.params().params(), model.params().numel(), true);
   CheckpointWriter w;
-  add_model_tensors(w, model);
+  w.borrow_data();
+  add_parts(w, kModelFile, param_parts(model.params().infos(), params.data(), model.tensor_parallel().rank()));
   CheckpointState s;
   s.iteration = iteration;
   s.model_config = model_config_json(model.config());

@@ -297,8 +297,8 @@ std::vector<std::string> SafetensorsFile::names() const {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-void SafetensorsWriter::add(const std::string& name, const std::string& dtype,
-                            const std::vector<int64_t>& shape, const void* data, size_t bytes) {
+void SafetensorsWriter::check_entry(const std::string& name, const std::string& dtype,
+                                    const std::vector<int64_t>& shape, size_t bytes) const {
   if (name.empty() || name == "__metadata__")
     LATTICE_FAIL() << "safetensors writer: invalid tensor name '" << name << "'";
   for (const Entry& e : entries_)
@@ -310,10 +310,28 @@ void SafetensorsWriter::add(const std::string& name, const std::string& dtype,
   if (!checked_numel(shape, &numel) || numel * esize != bytes)
     LATTICE_FAIL() << "safetensors writer: tensor '" << name << "': " << bytes
                    << " bytes do not match dtype " << dtype << " shape " << shape_str(shape);
-  Entry e{name, dtype, shape, {}};
-  e.bytes.resize(bytes);
-  if (bytes) std::memcpy(e.bytes.data(), data, bytes);
-  entries_.push_back(std::move(e));
+}
+
+void SafetensorsWriter::add(const std::string& name, const std::string& dtype,
+                            const std::vector<int64_t>& shape, const void* data, size_t bytes) {
+  check_entry(name, dtype, shape, bytes);
+  auto copy = std::make_shared<std::vector<uint8_t>>(bytes);
+  if (bytes) std::memcpy(copy->data(), data, bytes);
+  entries_.push_back(Entry{name, dtype, shape, copy, copy->data(), bytes});
+}
+
+void SafetensorsWriter::add_view(const std::string& name, const std::string& dtype,
+                                 const std::vector<int64_t>& shape, const void* data, size_t bytes) {
+  check_entry(name, dtype, shape, bytes);
+  entries_.push_back(Entry{name, dtype, shape, nullptr, static_cast<const uint8_t*>(data), bytes});
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64_t>& shape,
+                                std::vector<float>&& data) {
+  check_entry(name, "F32", shape, data.size() * sizeof(float));
+  auto owned = std::make_shared<std::vector<float>>(std::move(data));
+  entries_.push_back(Entry{name, "F32", shape, owned, reinterpret_cast<const uint8_t*>(owned->data()),
+                           owned->size() * sizeof(float)});
 }
 
 void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64_t>& shape,
@@ -335,19 +353,21 @@ void SafetensorsWriter::cast_f32(const std::string& dtype) {
   const bool bf16 = dtype == "BF16";
   for (Entry& e : entries_) {
     if (e.dtype != "F32") continue;
-    const size_t n = e.bytes.size() / 4;
-    std::vector<uint8_t> out(2 * n);
+    const size_t n = e.bytes / 4;
+    auto out = std::make_shared<std::vector<uint8_t>>(2 * n);
     for (size_t i = 0; i < n; ++i) {
       float v;
-      std::memcpy(&v, e.bytes.data() + 4 * i, 4);
+      std::memcpy(&v, e.data + 4 * i, 4);
       const uint16_t h = bf16 ? math::fp32_to_bf16(v) : math::fp32_to_fp16(v);
       if (!bf16 && std::isfinite(v) && (h & 0x7c00u) == 0x7c00u)
         LATTICE_FAIL() << "tensor " << e.name << ": value " << v << " at index " << i
                        << " is beyond float16's range (65504); export it as bfloat16 or float32";
-      out[2 * i] = uint8_t(h & 0xff);
-      out[2 * i + 1] = uint8_t(h >> 8);
+      (*out)[2 * i] = uint8_t(h & 0xff);
+      (*out)[2 * i + 1] = uint8_t(h >> 8);
     }
-    e.bytes = std::move(out);
+    e.data = out->data();
+    e.bytes = out->size();
+    e.owner = std::move(out);
     e.dtype = dtype;
   }
 }
@@ -360,7 +380,7 @@ std::vector<std::string> SafetensorsWriter::names() const {
 
 uint64_t SafetensorsWriter::data_bytes() const {
   uint64_t n = 0;
-  for (const Entry& e : entries_) n += e.bytes.size();
+  for (const Entry& e : entries_) n += e.bytes;
   return n;
 }
 
@@ -368,12 +388,12 @@ std::vector<SafetensorsWriter> SafetensorsWriter::split(uint64_t max_bytes) {
   std::vector<SafetensorsWriter> out;
   uint64_t in_last = 0;
   for (Entry& e : entries_) {
-    if (out.empty() || (!out.back().entries_.empty() && in_last + e.bytes.size() > max_bytes)) {
+    if (out.empty() || (!out.back().entries_.empty() && in_last + e.bytes > max_bytes)) {
       out.emplace_back();
       out.back().metadata_ = metadata_;
       in_last = 0;
     }
-    in_last += e.bytes.size();
+    in_last += e.bytes;
     out.back().entries_.push_back(std::move(e));
   }
   entries_.clear();
@@ -386,8 +406,8 @@ void SafetensorsWriter::write(const std::string& path) const {
   for (const Entry& e : entries_) {
     root[e.name] = {{"dtype", e.dtype},
                     {"shape", e.shape},
-                    {"data_offsets", {off, off + e.bytes.size()}}};
-    off += e.bytes.size();
+                    {"data_offsets", {off, off + e.bytes}}};
+    off += e.bytes;
   }
   if (!metadata_.empty()) root["__metadata__"] = metadata_;
   std::string header = root.dump();
@@ -401,7 +421,7 @@ void SafetensorsWriter::write(const std::string& path) const {
   if (fd < 0) LATTICE_FAIL() << tmp << ": cannot create: " << std::strerror(errno);
   write_all(fd, len_bytes, 8, tmp);
   write_all(fd, header.data(), header.size(), tmp);
-  for (const Entry& e : entries_) write_all(fd, e.bytes.data(), e.bytes.size(), tmp);
+  for (const Entry& e : entries_) write_all(fd, e.data, e.bytes, tmp);
   if (::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);

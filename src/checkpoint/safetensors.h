@@ -105,6 +105,12 @@ class SafetensorsWriter {
   void add(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
            const void* data, size_t bytes);
   void add_f32(const std::string& name, const std::vector<int64_t>& shape, const float* data);
+  // The same without a copy: `data` is written from where it is, so it must stay valid and unchanged
+  // until write() returns (a model's parameters saved while the model lives).
+  void add_view(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+                const void* data, size_t bytes);
+  // An F32 tensor whose values the writer takes over (moved, not copied).
+  void add_f32(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>&& data);
   void set_metadata(const std::string& key, const std::string& value);
   // Every F32 tensor converted to `dtype`: BF16 or F16, rounded to nearest even (F32: nothing
   // changes). A finite value beyond F16's range is an error naming the tensor.
@@ -124,8 +130,13 @@ class SafetensorsWriter {
     std::string name;
     std::string dtype;
     std::vector<int64_t> shape;
-    std::vector<uint8_t> bytes;
+    std::shared_ptr<const void> owner;  // what holds the bytes (null: borrowed, add_view's)
+    const uint8_t* data = nullptr;
+    size_t bytes = 0;
   };
+  // The checks of every add: a new valid name, `bytes` matching dtype and shape.
+  void check_entry(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+                   size_t bytes) const;
   std::vector<Entry> entries_;  // data laid out in insertion order
   std::map<std::string, std::string> metadata_;
 };

@@ -57,12 +57,12 @@ void from_hf(const SimpleFlags& f) {
                              : qwen3_next   ? hf_qwen3_next_family_name(config)
                              : llama        ? hf_llama_family_name(config)
                                             : "GPT-2";
-  HfModel in = gpt_oss        ? load_hf_gpt_oss(dir, int64_t(divisible), 1)
-               : deepseek_mla ? load_hf_deepseek_mla(dir, int64_t(divisible), 1)
-               : glm          ? load_hf_glm4_moe(dir, int64_t(divisible), 1)
-               : qwen3_next   ? load_hf_qwen3_next(dir, int64_t(divisible), 1)
-               : llama        ? load_hf_llama(dir, int64_t(divisible), 1)
-                              : load_hf_gpt2(dir, int64_t(divisible), 1);
+  HfModel in = gpt_oss        ? load_hf_gpt_oss(dir, int64_t(divisible), 1, false)
+               : deepseek_mla ? load_hf_deepseek_mla(dir, int64_t(divisible), 1, false)
+               : glm          ? load_hf_glm4_moe(dir, int64_t(divisible), 1, false)
+               : qwen3_next   ? load_hf_qwen3_next(dir, int64_t(divisible), 1, false)
+               : llama        ? load_hf_llama(dir, int64_t(divisible), 1, false)
+                              : load_hf_gpt2(dir, int64_t(divisible), 1, false);
   const TransformerConfig& c = in.model->config();
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
   // tokenizer.json (HuggingFaceTokenizer) when lattice reads it, else its tokenizer.model

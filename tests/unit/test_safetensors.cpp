@@ -305,6 +305,28 @@ TEST_F(SafetensorsTest, WriterRejectsBadInput) {
   EXPECT_FALSE(fs::exists(bad));
 }
 
+// add_view writes the caller's bytes where they are (no copy: what they hold at write() is written), add_f32 of
+// a vector takes its values over; both write the same file as add's copies, with add's checks.
+TEST_F(SafetensorsTest, WriterViewsAndMovedValuesWriteWhatCopiesWrite) {
+  std::vector<float> a = {1.0f, -2.0f, 3.5f}, b = {4.0f, 5.0f};
+  SafetensorsWriter copies;
+  copies.add_f32("a", {3}, a.data());
+  copies.add_f32("b", {2}, b.data());
+  copies.write(file("copies.safetensors"));
+  std::vector<float> live = {0.0f, 0.0f, 0.0f};
+  SafetensorsWriter borrowed;
+  borrowed.add_view("a", "F32", {3}, live.data(), 12);
+  std::vector<float> moved = b;
+  borrowed.add_f32("b", {2}, std::move(moved));
+  EXPECT_TRUE(moved.empty()) << "the values were copied, not taken over";
+  live = a;  // after add_view, before write: the view writes these
+  borrowed.write(file("borrowed.safetensors"));
+  EXPECT_EQ(read_bytes(file("copies.safetensors")), read_bytes(file("borrowed.safetensors")));
+  EXPECT_THROW(borrowed.add_view("c", "F32", {3}, live.data(), 8), lattice::Error);  // size mismatch
+  EXPECT_THROW(borrowed.add_view("a", "F32", {3}, live.data(), 12), lattice::Error);  // duplicate
+  EXPECT_THROW(borrowed.add_f32("d", {3}, std::vector<float>(2)), lattice::Error);   // size mismatch
+}
+
 // cast_f32: F32 tensors to BF16 / F16 bit patterns, rounded to nearest even (ties to even,
 // NaN kept, overflow named); others untouched. split: file order, at most max bytes each, a
 // larger tensor alone, the metadata in every part.
