@@ -154,7 +154,11 @@ void TransformerConfig::check_no_rope() const {
 }
 
 void TransformerConfig::check_mla() {
-  if (!multi_latent_attention) return;
+  if (!multi_latent_attention) {
+    if (mla_latent_norm_epsilon != 0.0f)
+      LATTICE_FAIL() << "--mla-latent-norm-epsilon needs --multi-latent-attention (the latents' norms)";
+    return;
+  }
   const struct {
     const char* flag;
     int64_t value, least;

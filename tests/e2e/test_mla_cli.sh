@@ -147,6 +147,13 @@ expect_error "rotary percent" "--rotary-percent (MLA rotates the Dr dims) does n
 expect_error "empty latent" "--kv-lora-rank must be >= 1 with --multi-latent-attention, got 0" -- \
   "$LATTICE" train "${MODEL[@]}" --multi-latent-attention "${SHAPES[@]}" --kv-lora-rank 0 "${RUN[@]}" \
   --train-iters 1 --save bad5
+expect_error "latent epsilon without latent norms" "--mla-latent-norm-epsilon needs --qk-layernorm" -- \
+  "$LATTICE" train "${MODEL[@]}" --multi-latent-attention "${SHAPES[@]}" --mla-latent-norm-epsilon 1e-6 "${RUN[@]}" \
+  --train-iters 1 --save bad6
+expect_error "latent epsilon without MLA" "--mla-latent-norm-epsilon needs --multi-latent-attention" -- \
+  "$LATTICE" train "${MODEL[@]}" --mla-latent-norm-epsilon 1e-6 "${RUN[@]}" --train-iters 1 --save bad6
+expect_error "negative latent epsilon" "--mla-latent-norm-epsilon must be a finite number >= 0" -- \
+  "$LATTICE" train "${MODEL[@]}" "${MLA[@]}" --mla-latent-norm-epsilon -1e-6 "${RUN[@]}" --train-iters 1 --save bad6
 [ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e ckpt3 ] &&
   fail "a refused run left a checkpoint behind"
 e2e_finish
