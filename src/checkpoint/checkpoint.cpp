@@ -268,7 +268,7 @@ void CheckpointWriter::add_tensor(const std::string& file, const std::string& na
 
 void CheckpointWriter::add_piece(const std::string& file, const std::string& name, const std::string& dtype,
                                  const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets,
-                                 const std::vector<int64_t>& lengths, const void* data) {
+                                 const std::vector<int64_t>& lengths, const void* data, bool borrow) {
   if (file.empty() || file.find('/') != std::string::npos || file[0] == '.' || file == kCheckpointIndexFile)
     LATTICE_FAIL() << "checkpoint writer: invalid file name '" << file << "'";
   TensorEntry& e = index_.tensors[name];
@@ -285,7 +285,7 @@ void CheckpointWriter::add_piece(const std::string& file, const std::string& nam
   for (const TensorPiece& p : e.pieces) in_file += p.file == file;
   const std::string key = in_file == 0 ? name : name + "#" + std::to_string(e.pieces.size());
   const size_t bytes = size_t(box_numel(lengths)) * safetensors_dtype_size(dtype);
-  if (borrow_)
+  if (borrow)
     files_[file].add_view(key, dtype, lengths, data, bytes);
   else
     files_[file].add(key, dtype, lengths, data, bytes);

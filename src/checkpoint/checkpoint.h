@@ -91,18 +91,16 @@ class CheckpointWriter {
   void add_tensor(const std::string& file, const std::string& name, const std::string& dtype,
                   const std::vector<int64_t>& shape, const void* data);
   // The box [offsets, offsets + lengths) of a global tensor; data is row-major of shape
-  // `lengths`.
+  // `lengths`. The data is copied, or with `borrow` written from where it is at save(): it must then
+  // stay valid and unchanged until save() returns (a model's parameters saved while the model lives).
   void add_piece(const std::string& file, const std::string& name, const std::string& dtype,
                  const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets,
-                 const std::vector<int64_t>& lengths, const void* data);
+                 const std::vector<int64_t>& lengths, const void* data, bool borrow = false);
   // The row-major element range [begin, end) of a global tensor (a shard of a flat
   // buffer), stored as the few boxes that make it up; data holds end - begin elements.
   void add_flat_range(const std::string& file, const std::string& name, const std::string& dtype,
                       const std::vector<int64_t>& global_shape, int64_t begin, int64_t end, const void* data);
   void set_state(const CheckpointState& state) { state_ = state; }
-  // From now on the data of added pieces is written from where it is, not copied: it must stay valid
-  // and unchanged until save() returns (a model's parameters saved while the model lives).
-  void borrow_data() { borrow_ = true; }
 
   // Writes DIR/iter_NNNNNNN (state().iteration) atomically, then the tracker file; then
   // removes all but the newest keep_last_n checkpoints (0 keeps all). Returns the
@@ -113,7 +111,6 @@ class CheckpointWriter {
   std::map<std::string, SafetensorsWriter> files_;
   CheckpointIndex index_;
   CheckpointState state_;
-  bool borrow_ = false;
 };
 
 // One verified checkpoint.

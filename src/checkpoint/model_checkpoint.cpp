@@ -334,8 +334,7 @@ std::string save_model_checkpoint(const std::string& dir, int64_t iteration, con
   // until the save returns: a model of any size costs no second copy here.
   const HostStaging params(model.params().params(), model.params().numel(), true);
   CheckpointWriter w;
-  w.borrow_data();
-  add_parts(w, kModelFile, param_parts(model.params().infos(), params.data(), model.tensor_parallel().rank()));
+  add_parts(w, kModelFile, param_parts(model.params().infos(), params.data(), model.tensor_parallel().rank()), true);
   CheckpointState s;
   s.iteration = iteration;
   s.model_config = model_config_json(model.config());

@@ -35,8 +35,9 @@ std::vector<TensorPart> param_parts(const std::vector<ParamInfo>& infos, const f
   return parts;
 }
 
-void add_parts(CheckpointWriter& w, const std::string& file, const std::vector<TensorPart>& parts) {
-  for (const TensorPart& t : parts) w.add_piece(file, t.name, "F32", t.global_shape, t.offsets, t.lengths, t.data);
+void add_parts(CheckpointWriter& w, const std::string& file, const std::vector<TensorPart>& parts, bool borrow) {
+  for (const TensorPart& t : parts)
+    w.add_piece(file, t.name, "F32", t.global_shape, t.offsets, t.lengths, t.data, borrow);
 }
 
 bool is_vocab_padded(const std::string& param_name) {

@@ -41,7 +41,9 @@ std::vector<TensorPart> param_parts(const std::vector<ParamInfo>& infos, const f
                                     const std::string& prefix = "");
 
 // Stages parts as pieces (F32) of `file`.
-void add_parts(CheckpointWriter& w, const std::string& file, const std::vector<TensorPart>& parts);
+// borrow: CheckpointWriter::add_piece's (the parts' data must then outlive the save).
+void add_parts(CheckpointWriter& w, const std::string& file, const std::vector<TensorPart>& parts,
+               bool borrow = false);
 
 // Whether dim 0 of the parameter is the padded vocabulary.
 bool is_vocab_padded(const std::string& param_name);

@@ -3,6 +3,9 @@
 #include "optim/loss_scaler.h"
 
 #include <algorithm>
+#include <functional>
+#include <list>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -43,12 +46,18 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
                           std::count(o.contributors.begin(), o.contributors.end(), o.parts_comm->rank()) != 0;
   LATTICE_CHECK(!o.write || !o.parts_comm || o.contributors.empty() || o.contributors[0] == o.parts_comm->rank())
       << "the checkpoint writer must be the first contributor";
+  // The buffers the writer's own parts are written from, alive until the save returns: the parameters
+  // on the host (on the CPU the buffer itself) and each optimizer state tensor's flat copy. A checkpoint
+  // then costs the optimizer state's copies and nothing for the parameters.
+  std::optional<HostStaging> params;
+  std::list<std::vector<float>> states;
   CheckpointWriter w;
   std::set<std::string> staged;  // name and box of every staged part
   int tag = kSaveTag;
-  // Every contributor's parts of one buffer in the parameter layout, staged by the writer
-  // (which copies them) one rank at a time. A box another rank already gave is a copy of it
-  // (a tied embedding's copy on another pipeline stage): stored once.
+  // Every contributor's parts of one buffer in the parameter layout, staged by the writer one rank at
+  // a time: its own written from `flat`, another rank's (in a buffer the next one reuses) copied. A box
+  // another rank already gave is a copy of it (a tied embedding's copy on another pipeline stage): stored
+  // once.
   auto stage = [&](const char* file, const std::string& prefix, const float* flat) {
     std::vector<TensorPart> mine = param_parts(infos, flat, tp_rank, prefix);
     if (o.experts_only)
@@ -60,13 +69,13 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
                    if (!o.write) return;
                    for (const TensorPart& t : parts) {
                      nlohmann::json key = {t.name, t.offsets, t.lengths};
+                     const bool own = std::less_equal<>{}(flat, t.data) && std::less<>{}(t.data, flat + n);
                      if (staged.insert(key.dump()).second)
-                       w.add_piece(file, t.name, "F32", t.global_shape, t.offsets, t.lengths, t.data);
+                       w.add_piece(file, t.name, "F32", t.global_shape, t.offsets, t.lengths, t.data, own);
                    }
                  });
   };
-  // The parameters on the host (on the CPU the buffer itself); the writer copies what it stages.
-  if (contribute) stage(kModelFile, "", HostStaging(model.params().params(), n, true).data());
+  if (contribute) stage(kModelFile, "", params.emplace(model.params().params(), n, true).data());
   CheckpointState s;
   s.iteration = p.iteration;
   s.consumed_train_samples = p.consumed_train_samples;
@@ -77,9 +86,8 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
     // Each state tensor in the flat layout (host memory: export_state copies the device's
     // state out); with the distributed optimizer every rank fills in its shard and
     // gather_state completes the rest.
-    std::vector<float> flat(static_cast<size_t>(n));
     for (const StateSlot& slot : state_slots(o.optimizer)) {
-      std::fill(flat.begin(), flat.end(), 0.0f);
+      std::vector<float>& flat = states.emplace_back(static_cast<size_t>(n), 0.0f);
       optimizer.export_state(slot.slot, flat.data());
       if (o.gather_state) o.gather_state(flat.data());
       if (contribute) stage(kOptimizerFile, slot.prefix, flat.data());

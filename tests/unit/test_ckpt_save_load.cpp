@@ -95,6 +95,25 @@ TEST_F(CkptSaveLoad, RoundTripOfTensorsAndState) {
   }
 }
 
+// A borrowed piece is written from the caller's buffer as it is at save() (no copy: what a model's
+// parameters cost a checkpoint), a copied one as it was when added; both read back, checksummed alike.
+TEST_F(CkptSaveLoad, BorrowedPiecesAreWrittenFromTheCallersBuffer) {
+  std::vector<float> live(12, 0.0f), copied = iota_f(12, 50);
+  CheckpointWriter w;
+  w.add_piece("model.safetensors", "w", "F32", {3, 4}, {0, 0}, {3, 4}, live.data(), /*borrow=*/true);
+  w.add_piece("model.safetensors", "c", "F32", {3, 4}, {0, 0}, {3, 4}, copied.data());
+  std::iota(live.begin(), live.end(), 1.0f);  // in place: the borrowed buffer itself
+  std::fill(copied.begin(), copied.end(), -1.0f);
+  w.set_state(sample_state(3));
+  w.save(path("ckpt"));
+  CheckpointReader r = CheckpointReader::open(path("ckpt"));
+  std::vector<float> got(12);
+  r.read_tensor("w", "F32", {3, 4}, got.data());
+  EXPECT_EQ(got, iota_f(12, 1));
+  r.read_tensor("c", "F32", {3, 4}, got.data());
+  EXPECT_EQ(got, iota_f(12, 50));
+}
+
 TEST_F(CkptSaveLoad, OptionalStateStaysAbsent) {
   CheckpointWriter w;
   float x = 1;

@@ -319,7 +319,7 @@ TEST_F(SafetensorsTest, WriterViewsAndMovedValuesWriteWhatCopiesWrite) {
   std::vector<float> moved = b;
   borrowed.add_f32("b", {2}, std::move(moved));
   EXPECT_TRUE(moved.empty()) << "the values were copied, not taken over";
-  live = a;  // after add_view, before write: the view writes these
+  std::copy(a.begin(), a.end(), live.begin());  // in place, after add_view, before write: the view writes these
   borrowed.write(file("borrowed.safetensors"));
   EXPECT_EQ(read_bytes(file("copies.safetensors")), read_bytes(file("borrowed.safetensors")));
   EXPECT_THROW(borrowed.add_view("c", "F32", {3}, live.data(), 8), lattice::Error);  // size mismatch
