@@ -279,6 +279,28 @@ double rope_value(const nlohmann::json& j, const std::string& what, const char* 
 
 }  // namespace
 
+void read_decoder_sizes(const nlohmann::json& j, const std::string& what, TransformerConfig& c) {
+  c.num_layers = config_int(j, what, "num_hidden_layers");
+  c.hidden_size = config_int(j, what, "hidden_size");
+  c.num_attention_heads = config_int(j, what, "num_attention_heads");
+  c.vocab_size = config_int(j, what, "vocab_size");
+  c.max_position_embeddings = config_int(j, what, "max_position_embeddings");
+}
+
+void read_grouped_heads(const nlohmann::json& j, const std::string& what, TransformerConfig& c, bool head_dim) {
+  auto has = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  c.num_query_groups = has("num_key_value_heads") ? config_int(j, what, "num_key_value_heads") : c.num_attention_heads;
+  if (c.num_attention_heads % c.num_query_groups != 0)
+    LATTICE_FAIL() << what << ": num_key_value_heads " << c.num_query_groups << " does not divide num_attention_heads "
+                   << c.num_attention_heads;
+  if (head_dim && has("head_dim")) {
+    c.kv_channels = config_int(j, what, "head_dim");
+  } else if (c.hidden_size % c.num_attention_heads != 0) {
+    LATTICE_FAIL() << what << ": num_attention_heads " << c.num_attention_heads << " does not divide hidden_size "
+                   << c.hidden_size << " (and no head_dim)";
+  }
+}
+
 void read_partial_rope(const nlohmann::json& j, const std::string& what, double partial, TransformerConfig& c) {
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     LATTICE_FAIL() << what << ": rope_scaling " << j["rope_scaling"].dump() << " is not supported (none)";

@@ -60,6 +60,13 @@ struct ExportOptions {
 // keeps the default. Errors name the flag.
 ExportOptions parse_export_options(const std::string& dtype, const std::string& max_shard_size);
 
+// The sizes every decoder's config.json gives (num_hidden_layers, hidden_size, num_attention_heads,
+// vocab_size, max_position_embeddings: positive integers, or an error naming `what` and the key).
+void read_decoder_sizes(const nlohmann::json& j, const std::string& what, TransformerConfig& c);
+// Grouped-query attention's heads: num_key_value_heads (default: one per head; it must divide the heads) and,
+// when `head_dim` is read and given, the head width (--kv-channels), else hidden / heads (which must divide).
+void read_grouped_heads(const nlohmann::json& j, const std::string& what, TransformerConfig& c, bool head_dim);
+
 // The rotary embedding without scaling (rope_scaling null, rope_parameters' rope_type "default"; another is an
 // error naming `what` and the key) on the first partial_rotary_factor (default `partial`, at most 1) of each
 // head's dims, rotate_half pairs: c's position_embedding_type, rotary_base (rope_theta, default 10000) and

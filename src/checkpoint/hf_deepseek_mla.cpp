@@ -144,12 +144,8 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
                    << ")";
   const bool v3 = family == "deepseek_v3";
   TransformerConfig c;
-  c.num_layers = hf::config_int(j, what, "num_hidden_layers");
-  c.hidden_size = hf::config_int(j, what, "hidden_size");
-  c.num_attention_heads = hf::config_int(j, what, "num_attention_heads");
+  hf::read_decoder_sizes(j, what, c);
   c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
-  c.vocab_size = hf::config_int(j, what, "vocab_size");
-  c.max_position_embeddings = hf::config_int(j, what, "max_position_embeddings");
   if (has(j, "num_key_value_heads") && hf::config_int(j, what, "num_key_value_heads") != c.num_attention_heads)
     LATTICE_FAIL() << what << ": num_key_value_heads " << j["num_key_value_heads"].dump()
                    << " is not num_attention_heads (multi-latent attention has a key and a value per head)";

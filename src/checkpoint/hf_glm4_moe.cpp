@@ -14,8 +14,6 @@ namespace {
 using json = nlohmann::json;
 using hf::TensorMap;
 
-bool has(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
-
 // The HF tensors of decoder layer l (model.layers.<l>.) and the lattice parameters they make, under `lat`
 // (decoder.layers.<l>., or a prediction depth's transformer layer), with every HF tensor's shape.
 void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat, std::vector<TensorMap>& m,
@@ -85,23 +83,9 @@ TransformerConfig hf_glm4_moe_config(const json& j, const std::string& what, con
   if (!is_hf_glm4_moe_config(j))
     LATTICE_FAIL() << what << ": not a GLM-4.5 config (model_type " << j.value("model_type", json()).dump() << ")";
   TransformerConfig c;
-  c.num_layers = hf::config_int(j, what, "num_hidden_layers");
-  c.hidden_size = hf::config_int(j, what, "hidden_size");
-  c.num_attention_heads = hf::config_int(j, what, "num_attention_heads");
+  hf::read_decoder_sizes(j, what, c);
   c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
-  c.vocab_size = hf::config_int(j, what, "vocab_size");
-  c.max_position_embeddings = hf::config_int(j, what, "max_position_embeddings");
-  c.num_query_groups = has(j, "num_key_value_heads") ? hf::config_int(j, what, "num_key_value_heads")
-                                                     : c.num_attention_heads;
-  if (c.num_attention_heads % c.num_query_groups != 0)
-    LATTICE_FAIL() << what << ": num_key_value_heads " << c.num_query_groups << " does not divide num_attention_heads "
-                   << c.num_attention_heads;
-  if (has(j, "head_dim")) {
-    c.kv_channels = hf::config_int(j, what, "head_dim");
-  } else if (c.hidden_size % c.num_attention_heads != 0) {
-    LATTICE_FAIL() << what << ": num_attention_heads " << c.num_attention_heads << " does not divide hidden_size "
-                   << c.hidden_size << " (and no head_dim)";
-  }
+  hf::read_grouped_heads(j, what, c, true);
   const std::string act = j.value("hidden_act", std::string("silu"));
   if (act != "silu") LATTICE_FAIL() << what << ": hidden_act \"" << act << "\" is not supported (silu: SwiGLU)";
   hf::read_partial_rope(j, what, 0.5, c);  // Glm4MoeConfig's default: half of each head rotated

@@ -252,24 +252,9 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   const bool qwen3_moe = family == "qwen3_moe", mixtral = family == "mixtral", deepseek = family == "deepseek";
   const bool smollm3 = family == "smollm3";
   TransformerConfig c;
-  c.num_layers = hf::config_int(j, what, "num_hidden_layers");
-  c.hidden_size = hf::config_int(j, what, "hidden_size");
-  c.num_attention_heads = hf::config_int(j, what, "num_attention_heads");
+  hf::read_decoder_sizes(j, what, c);
   c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
-  c.vocab_size = hf::config_int(j, what, "vocab_size");
-  c.max_position_embeddings = hf::config_int(j, what, "max_position_embeddings");
-  c.num_query_groups = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                           ? hf::config_int(j, what, "num_key_value_heads")
-                           : c.num_attention_heads;
-  if (c.num_attention_heads % c.num_query_groups != 0)
-    LATTICE_FAIL() << what << ": num_key_value_heads " << c.num_query_groups << " does not divide num_attention_heads "
-                   << c.num_attention_heads;
-  if (!qwen2 && j.contains("head_dim") && !j["head_dim"].is_null()) {
-    c.kv_channels = hf::config_int(j, what, "head_dim");
-  } else if (c.hidden_size % c.num_attention_heads != 0) {
-    LATTICE_FAIL() << what << ": num_attention_heads " << c.num_attention_heads << " does not divide hidden_size "
-                   << c.hidden_size << " (and no head_dim)";
-  }
+  hf::read_grouped_heads(j, what, c, !qwen2);  // Qwen2's heads are hidden / heads wide
   const std::string act = j.value("hidden_act", std::string("silu"));
   if (act != "silu") LATTICE_FAIL() << what << ": hidden_act \"" << act << "\" is not supported (silu: SwiGLU)";
   if (!qwen2 && hf::config_bool(j, what, "attention_bias", false))

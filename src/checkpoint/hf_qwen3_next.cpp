@@ -307,11 +307,7 @@ TransformerConfig hf_qwen3_next_config(const json& config, const std::string& wh
                    << config.value("model_type", json()).dump() << ")";
   const json j = text_config(config);
   TransformerConfig c;
-  c.num_layers = hf::config_int(j, what, "num_hidden_layers");
-  c.hidden_size = hf::config_int(j, what, "hidden_size");
-  c.num_attention_heads = hf::config_int(j, what, "num_attention_heads");
-  c.vocab_size = hf::config_int(j, what, "vocab_size");
-  c.max_position_embeddings = hf::config_int(j, what, "max_position_embeddings");
+  hf::read_decoder_sizes(j, what, c);
   c.num_query_groups = j.contains("num_key_value_heads") ? hf::config_int(j, what, "num_key_value_heads")
                                                           : c.num_attention_heads;
   if (c.num_attention_heads % c.num_query_groups != 0)

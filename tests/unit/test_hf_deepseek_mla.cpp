@@ -138,17 +138,7 @@ TEST(HfDeepseekV3, MultiTokenPredictionModuleIsThePredictionDepth) {
   GPTModel& m = *hf.model;
   EXPECT_EQ(m.config().mtp_num_layers, 1);
   hf_test::expect_fixture_logits(m, dir);
-  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
-  const std::vector<int32_t> tokens = ref.get_i32("mtp_tokens");
-  const int64_t T = int64_t(tokens.size()) - 1;
-  MicroBatchKey key;  // a training forward (the depths run in training only); the model has no dropout
-  const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, T, 1.0f, key);
-  const std::vector<LossSum> depths = m.take_mtp_losses();
-  ASSERT_EQ(depths.size(), 1u);
-  EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss);
-  ASSERT_EQ(depths[0].count, 1.0);  // one micro-batch's mean loss (its last position has no target)
-  const double mtp = depths[0].sum / depths[0].count;
-  EXPECT_NEAR(mtp, ref.get_f32("mtp_loss")[0], 1e-5 * mtp);
+  hf_test::expect_fixture_losses(m, dir, "mtp_tokens");
   TempDir out("ds3_mtp_rt");
   save_hf_deepseek_mla(out.str() + "/hf", m, "");
   SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
@@ -227,14 +217,7 @@ TEST(HfGlm4MoeLite, MatchesIndependentLogitsAndLossesAndRoundTrips) {
   EXPECT_EQ(c.moe_router_topk_scaling_factor, 1.8f);
   EXPECT_TRUE(!c.moe_layer(0) && c.moe_layer(1) && c.moe_layer(2));
   EXPECT_EQ(c.mtp_num_layers, 1);
-  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
-  const std::vector<int32_t> tokens = ref.get_i32("mtp_tokens");
-  MicroBatchKey key;
-  const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, int64_t(tokens.size()) - 1, 1.0f, key);
-  const std::vector<LossSum> depths = m.take_mtp_losses();
-  ASSERT_EQ(depths.size(), 1u);
-  EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss);
-  EXPECT_NEAR(depths[0].sum / depths[0].count, ref.get_f32("mtp_loss")[0], 1e-5 * ref.get_f32("mtp_loss")[0]);
+  hf_test::expect_fixture_losses(m, dir, "mtp_tokens");
   TempDir out("glm_lite_rt");
   hf::ExportOptions options;
   options.model_type = "glm4_moe_lite";

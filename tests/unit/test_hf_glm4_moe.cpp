@@ -61,17 +61,7 @@ TEST(HfGlm4Moe, Glm45MatchesIndependentLogitsAndLosses) {
   EXPECT_EQ(c.mtp_num_layers, 1);
   EXPECT_EQ(hf_glm4_moe_mismatch(c), "");
   // The prediction layer is lattice's depth: the main and the depth's losses of one micro-batch.
-  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
-  const std::vector<int32_t> tokens = ref.get_i32("mtp_tokens");
-  const int64_t T = int64_t(tokens.size()) - 1;
-  MicroBatchKey key;  // a training forward (the depths run in training only); the model has no dropout
-  const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, T, 1.0f, key);
-  const std::vector<LossSum> depths = m.take_mtp_losses();
-  ASSERT_EQ(depths.size(), 1u);
-  EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss);
-  ASSERT_EQ(depths[0].count, 1.0);
-  const double mtp = depths[0].sum / depths[0].count;
-  EXPECT_NEAR(mtp, ref.get_f32("mtp_loss")[0], 1e-5 * mtp);
+  hf_test::expect_fixture_losses(m, dir, "mtp_tokens");
 }
 
 // GLM-4.5-Air's form; its config.json counts a prediction layer (as transformers keeps the count when it saves

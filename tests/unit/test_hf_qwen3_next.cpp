@@ -89,21 +89,6 @@ TEST(HfQwen3Next, HfToLatticeToHfKeepsEveryTensor) {
   }
 }
 
-// The main and the prediction depth's losses of the fixture's tokens as a micro-batch of T - 1 inputs, against
-// the independent reference's main_loss and mtp_loss (its last two positions have no depth target).
-void expect_fixture_losses(GPTModel& m, const std::string& dir) {
-  ASSERT_EQ(m.config().mtp_num_layers, 1);
-  SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
-  const std::vector<int32_t> tokens = ref.get_i32("tokens");
-  MicroBatchKey key;  // a training forward (the depths run in training only); the model has no dropout
-  m.params().zero_grad();
-  const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, int64_t(tokens.size()) - 1, 1.0f, key);
-  const std::vector<LossSum> depths = m.take_mtp_losses();
-  ASSERT_EQ(depths.size(), 1u);
-  EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss) << dir;
-  const double mtp = depths[0].sum / depths[0].count;
-  EXPECT_NEAR(mtp, ref.get_f32("mtp_loss")[0], 1e-5 * mtp) << dir;
-}
 
 // Qwen3.5's multi-token prediction module (mtp_num_hidden_layers 1: pre_fc_norm_embedding, pre_fc_norm_hidden,
 // fc, one full-attention layer, norm) is lattice's prediction depth: the losses as the reference computes
@@ -113,7 +98,7 @@ TEST(HfQwen3Next, MultiTokenPredictionModuleIsThePredictionDepth) {
   HfModel hf = load_hf_qwen3_next(fixture(dir));
   GPTModel& m = *hf.model;
   hf_test::expect_fixture_logits(m, dir, kLogitTol);
-  expect_fixture_losses(m, dir);
+  hf_test::expect_fixture_losses(m, dir, "tokens");
   TempDir out("qwen3_5_mtp_rt");
   save_hf_qwen3_next(out.str() + "/hf", m, "");
   SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
@@ -189,7 +174,7 @@ TEST(HfQwen3Next, Qwen35MoeMatchesIndependentLogitsAndLosses) {
   std::ifstream in(fixture(dir) + "/config.json");
   EXPECT_EQ(hf_qwen3_next_family_name(nlohmann::json::parse(in)), "Qwen3.5-MoE");
   hf_test::expect_fixture_logits(m, dir, kLogitTol);
-  expect_fixture_losses(m, dir);
+  hf_test::expect_fixture_losses(m, dir, "tokens");
 }
 
 // Written as Qwen3.5-MoE's text model (--hf-model-type qwen3_5_moe): every tensor of the fixture's language model
@@ -228,14 +213,14 @@ TEST(HfQwen3Next, Qwen35MoeRoundTripsAndConvertsToQwen3Next) {
   EXPECT_EQ(j.value("num_experts", 0), 4);
   HfModel back = load_hf_qwen3_next(out.str() + "/moe35");
   hf_test::expect_fixture_logits(*back.model, dir, kLogitTol);
-  expect_fixture_losses(*back.model, dir);
+  hf_test::expect_fixture_losses(*back.model, dir, "tokens");
   save_hf_qwen3_next(out.str() + "/next", *hf.model, "");
   SafetensorsFile n = SafetensorsFile::read(out.str() + "/next/model.safetensors");
   EXPECT_TRUE(n.has("model.layers.0.linear_attn.in_proj_qkvz.weight") && n.has("model.layers.0.mlp.experts.3.up_proj.weight"));
   HfModel next = load_hf_qwen3_next(out.str() + "/next");
   EXPECT_EQ(hf_qwen3_next_family_name(next.model->config()), "Qwen3-Next");
   hf_test::expect_fixture_logits(*next.model, dir, kLogitTol);
-  expect_fixture_losses(*next.model, dir);
+  hf_test::expect_fixture_losses(*next.model, dir, "tokens");
 }
 
 // The family a converted checkpoint recorded (its config.json's model_type) is written again by default when
@@ -286,7 +271,7 @@ TEST(HfQwen3Next, FusedPredictionModuleExpertsRead) {
       },
       nullptr, tmp);
   HfModel hf = load_hf_qwen3_next(dir);
-  expect_fixture_losses(*hf.model, "hf_qwen3_5_moe_tiny");
+  hf_test::expect_fixture_losses(*hf.model, "hf_qwen3_5_moe_tiny", "tokens");
 }
 
 TEST(HfQwen3Next, BadInputIsAnErrorNamingTheFileAndTheKey) {
