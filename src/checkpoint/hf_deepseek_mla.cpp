@@ -42,7 +42,7 @@ bool has(const json& j, const char* key) { return j.contains(key) && !j[key].is_
 // The HF tensors of layer l (model.layers.<l>.) and the lattice parameters they make, under `lat`
 // (decoder.layers.<l>., or a prediction depth's transformer layer); shapes: every HF tensor's.
 void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat, std::vector<TensorMap>& m,
-                   std::map<std::string, Shape>& s) {
+                   std::map<std::string, Shape>& s, const SafetensorsFile* file) {
   const int64_t C = c.hidden_size, H = c.num_attention_heads, Dq = c.mla_qk_dim(), Rq = c.q_lora_rank;
   const int64_t Rkv = c.kv_lora_rank, Dr = c.qk_pos_emb_head_dim, Dnv = c.qk_head_dim + c.v_head_dim;
   const std::string hf = "model.layers." + std::to_string(l) + ".";
@@ -63,16 +63,19 @@ void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat
   one("self_attention.linear_kv_up_proj.weight", "self_attn.kv_b_proj.weight", {H * Dnv, Rkv});
   one("self_attention.linear_proj.weight", "self_attn.o_proj.weight", {C, H * c.v_head_dim});
   one("pre_mlp_layernorm.weight", "post_attention_layernorm.weight", {C});
-  hf::deepseek_mlp_tensors(c, l, lat, hf, m, s);
+  hf::deepseek_mlp_tensors(c, l, lat, hf, m, s, file);
 }
 
 // copies: the prediction layers' copies of the embedding and the output layer too (DeepSeek-V3's files have them,
 // GLM-4.7-Flash's not; a file's are read only to check them).
-std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes, bool copies) {
+// file: the file being read (its experts' layout), or null (export: per expert).
+std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes, bool copies,
+                                  const SafetensorsFile* file) {
   const int64_t C = c.hidden_size, V = c.vocab_size;
   std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
   shapes = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
-  for (int64_t l = 0; l < c.num_layers; ++l) layer_tensors(c, l, "decoder.layers." + std::to_string(l) + ".", m, shapes);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    layer_tensors(c, l, "decoder.layers." + std::to_string(l) + ".", m, shapes, file);
   m.push_back({"decoder.final_layernorm.weight", {{"model.norm.weight"}}});
   const std::string out = c.untie_embeddings_and_output_weights ? "output_layer.weight" : "embedding.word_embeddings.weight";
   if (c.untie_embeddings_and_output_weights) {
@@ -83,7 +86,7 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
   // (hf::deepseek_mtp_tensors), with copies of the embedding and the output layer, which lattice's depths
   // share with the model (hf::check_mtp_copies: each must equal the model's).
   hf::deepseek_mtp_tensors(
-      c, [&](int64_t l, const std::string& lat) { layer_tensors(c, l, lat, m, shapes); }, m, shapes);
+      c, [&](int64_t l, const std::string& lat) { layer_tensors(c, l, lat, m, shapes, file); }, m, shapes);
   for (int64_t k = 0; copies && k < c.mtp_num_layers; ++k) {
     const std::string hf = "model.layers." + std::to_string(c.num_layers + k) + ".";
     m.push_back({"embedding.word_embeddings.weight", {{hf + "embed_tokens.weight"}}, true});
@@ -378,7 +381,7 @@ HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64
 void import_hf_deepseek_mla_tensors(GPTModel& model, const SafetensorsFile& f) {
   const TransformerConfig& c = model.config();
   std::map<std::string, Shape> shapes;
-  const std::vector<TensorMap> map = tensor_map(c, shapes, false);  // copies checked where f has them
+  const std::vector<TensorMap> map = tensor_map(c, shapes, false, &f);  // copies checked where f has them
   hf::import_deepseek_layout(model, f, map, shapes);
 }
 
@@ -390,7 +393,7 @@ void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const s
   const std::string model_type = hf_deepseek_model_type(c, options.model_type);
   const json config = hf_deepseek_mla_config_json(c, tokenizer_type, model_type);
   std::map<std::string, Shape> shapes;
-  const std::vector<TensorMap> map = tensor_map(c, shapes, model_type != kGlmLite);
+  const std::vector<TensorMap> map = tensor_map(c, shapes, model_type != kGlmLite, nullptr);
   hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), config, options);
 }
 

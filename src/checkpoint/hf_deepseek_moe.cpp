@@ -8,7 +8,7 @@ namespace lattice::hf {
 using json = nlohmann::json;
 
 void deepseek_mlp_tensors(const TransformerConfig& c, int64_t l, const std::string& lat, const std::string& hf,
-                          std::vector<TensorMap>& m, std::map<std::string, Shape>& shapes) {
+                          std::vector<TensorMap>& m, std::map<std::string, Shape>& shapes, const SafetensorsFile* file) {
   const int64_t C = c.hidden_size;
   // SwiGLU's linear_fc1: gate_proj's rows, then up_proj's
   auto mlp = [&](const std::string& lattice, const std::string& name, int64_t F) {
@@ -28,9 +28,19 @@ void deepseek_mlp_tensors(const TransformerConfig& c, int64_t l, const std::stri
     m.push_back({lat + "mlp.router.expert_bias", {{hf + "mlp.gate.e_score_correction_bias"}}});
     shapes[hf + "mlp.gate.e_score_correction_bias"] = {c.num_experts};
   }
-  for (int64_t e = 0; e < c.num_experts; ++e)
-    mlp("mlp.experts.local_experts." + std::to_string(e) + ".", "mlp.experts." + std::to_string(e) + ".",
-        c.moe_ffn_hidden_size);
+  const int64_t E = c.num_experts, F = c.moe_ffn_hidden_size;
+  if (file && file->has(hf + "mlp.experts.gate_up_proj")) {  // expert e's slabs: rows of C, then rows of F
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string le = lat + "mlp.experts.local_experts." + std::to_string(e) + ".";
+      m.push_back({le + "linear_fc1.weight", {{hf + "mlp.experts.gate_up_proj", e * 2 * F, 2 * F}}});
+      m.push_back({le + "linear_fc2.weight", {{hf + "mlp.experts.down_proj", e * C, C}}});
+    }
+    shapes[hf + "mlp.experts.gate_up_proj"] = {E, 2 * F, C};
+    shapes[hf + "mlp.experts.down_proj"] = {E, C, F};
+  } else {
+    for (int64_t e = 0; e < E; ++e)
+      mlp("mlp.experts.local_experts." + std::to_string(e) + ".", "mlp.experts." + std::to_string(e) + ".", F);
+  }
   mlp("mlp.shared_experts.", "mlp.shared_experts.", c.moe_shared_expert_intermediate_size);
 }
 

@@ -21,9 +21,12 @@ namespace lattice::hf {
 
 // Decoder layer l's MLP tensors (HF prefix `hf`, "model.layers.<l>."; lattice prefix `lat`) with every HF
 // tensor's shape: the dense MLP or the MoE layer's router, expert bias (when the router has one), routed
-// and shared experts.
+// and shared experts. The routed experts per expert (mlp.experts.<e>.{gate,up,down}_proj.weight, the Hub's
+// files, what export writes), or, when `file` holds the layer's so, as transformers 5 saves them: 3-D
+// mlp.experts.gate_up_proj [E, 2F, C] (each expert's gate rows, then its up rows) and down_proj [E, C, F].
 void deepseek_mlp_tensors(const TransformerConfig& c, int64_t l, const std::string& lat, const std::string& hf,
-                          std::vector<TensorMap>& m, std::map<std::string, Shape>& shapes);
+                          std::vector<TensorMap>& m, std::map<std::string, Shape>& shapes,
+                          const SafetensorsFile* file = nullptr);
 
 // The prediction depths' tensors (mtp.layers.<k>.* <-> model.layers.<num_layers + k>.*): enorm, hnorm,
 // eh_proj [C, 2C] (the embedding's half first, as Megatron's), the depth's decoder layer by `layer`

@@ -17,7 +17,7 @@ using hf::TensorMap;
 // The HF tensors of decoder layer l (model.layers.<l>.) and the lattice parameters they make, under `lat`
 // (decoder.layers.<l>., or a prediction depth's transformer layer), with every HF tensor's shape.
 void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat, std::vector<TensorMap>& m,
-                   std::map<std::string, Shape>& s) {
+                   std::map<std::string, Shape>& s, const SafetensorsFile* file) {
   const int64_t C = c.hidden_size, D = c.kv_channels, Q = c.attention_width(), KV = D * c.num_query_groups;
   const std::string hf = "model.layers." + std::to_string(l) + ".";
   m.push_back({lat + "input_layernorm.weight", {{hf + "input_layernorm.weight"}}});
@@ -42,28 +42,31 @@ void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat
   s[hf + "self_attn.o_proj.weight"] = {C, Q};
   m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight"}}});
   s[hf + "post_attention_layernorm.weight"] = {C};
-  hf::deepseek_mlp_tensors(c, l, lat, hf, m, s);
+  hf::deepseek_mlp_tensors(c, l, lat, hf, m, s, file);
 }
 
-std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes) {
+// file: the file being read (its experts' layout), or null (export: per expert).
+std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes,
+                                  const SafetensorsFile* file) {
   const int64_t C = c.hidden_size, V = c.vocab_size;
   std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
   shapes = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
-  for (int64_t l = 0; l < c.num_layers; ++l) layer_tensors(c, l, "decoder.layers." + std::to_string(l) + ".", m, shapes);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    layer_tensors(c, l, "decoder.layers." + std::to_string(l) + ".", m, shapes, file);
   m.push_back({"decoder.final_layernorm.weight", {{"model.norm.weight"}}});
   if (c.untie_embeddings_and_output_weights) {
     m.push_back({"output_layer.weight", {{"lm_head.weight"}}, true});
     shapes["lm_head.weight"] = {V, C};
   }
   hf::deepseek_mtp_tensors(
-      c, [&](int64_t l, const std::string& lat) { layer_tensors(c, l, lat, m, shapes); }, m, shapes);
+      c, [&](int64_t l, const std::string& lat) { layer_tensors(c, l, lat, m, shapes, file); }, m, shapes);
   return m;
 }
 
 void import_tensors(GPTModel& model, const SafetensorsFile& f) {
   const TransformerConfig& c = model.config();
   std::map<std::string, Shape> shapes;
-  const std::vector<TensorMap> map = tensor_map(c, shapes);
+  const std::vector<TensorMap> map = tensor_map(c, shapes, &f);
   hf::import_deepseek_layout(model, f, map, shapes);  // DeepSeek-V3-style copies in a depth: accepted if exact
 }
 
@@ -174,7 +177,7 @@ void save_hf_glm4_moe(const std::string& dir, const GPTModel& model, const std::
   const std::string why = hf_glm4_moe_mismatch(c);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
   std::map<std::string, Shape> shapes;
-  const std::vector<TensorMap> map = tensor_map(c, shapes);
+  const std::vector<TensorMap> map = tensor_map(c, shapes, nullptr);
   hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), hf_glm4_moe_config_json(c, tokenizer_type),
                          options);
 }

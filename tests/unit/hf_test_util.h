@@ -48,6 +48,48 @@ struct Tensors {
   }
 };
 
+// Every MoE layer's routed experts (`prefix`<l>.mlp.experts.<e>.{gate,up,down}_proj.weight) fused as
+// transformers 5 saves them: mlp.experts.gate_up_proj [E, 2F, C] (each expert's gate rows, then its up
+// rows) and mlp.experts.down_proj [E, C, F]. Returns how many layers it fused.
+inline int fuse_experts(Tensors& t, const std::string& prefix = "model.layers.") {
+  int fused = 0;
+  for (int64_t l = 0;; ++l) {
+    const std::string x = prefix + std::to_string(l) + ".mlp.experts.";
+    if (!t.find(x + "0.gate_proj.weight")) {
+      bool later = false;  // a dense layer before the MoE ones, or past the last layer
+      for (const auto& [name, unused] : t.list) later = later || name.rfind(prefix + std::to_string(l) + ".", 0) == 0;
+      if (!later) return fused;
+      continue;
+    }
+    std::vector<uint8_t> gate_up, down;
+    int64_t E = 0;
+    std::vector<int64_t> gshape, dshape;
+    for (;; ++E) {
+      const std::string e = x + std::to_string(E) + ".";
+      SafeTensor* g = t.find(e + "gate_proj.weight");
+      if (!g) break;
+      const SafeTensor* u = t.find(e + "up_proj.weight");
+      const SafeTensor* d = t.find(e + "down_proj.weight");
+      gate_up.insert(gate_up.end(), g->bytes.begin(), g->bytes.end());
+      gate_up.insert(gate_up.end(), u->bytes.begin(), u->bytes.end());
+      down.insert(down.end(), d->bytes.begin(), d->bytes.end());
+      gshape = g->shape;
+      dshape = d->shape;
+      const std::string dtype = g->dtype;
+      for (const char* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) t.erase(e + n);
+      if (E == 0) {
+        t.list.push_back({x + "gate_up_proj", SafeTensor{dtype, {}, {}}});
+        t.list.push_back({x + "down_proj", SafeTensor{dtype, {}, {}}});
+      }
+    }
+    t.find(x + "gate_up_proj")->shape = {E, 2 * gshape[0], gshape[1]};
+    t.find(x + "gate_up_proj")->bytes = TensorBytes(std::move(gate_up));
+    t.find(x + "down_proj")->shape = {E, dshape[0], dshape[1]};
+    t.find(x + "down_proj")->bytes = TensorBytes(std::move(down));
+    ++fused;
+  }
+}
+
 // The fixture folder `name` copied into tmp with `edit_tensors` applied to its tensors and
 // `edit_config` to its config.json (either may be null); returns tmp's path.
 inline std::string rewritten_fixture(const std::string& name, const std::function<void(Tensors&)>& edit_tensors,

@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 
+#include "checkpoint/hf_deepseek_mla.h"
 #include "checkpoint/hf_glm4_moe.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
@@ -122,6 +123,37 @@ TEST(HfGlm4Moe, LatticeToHfToLatticeKeepsEveryParameter) {
   HfModel back = load_hf_glm4_moe(out.str() + "/hf");
   EXPECT_EQ(back.tokenizer_type, "GPT2BPETokenizer");
   hf_test::expect_same_model(m, *back.model);
+}
+
+// transformers 5 saves a GLM-4.5 (and DeepSeek-V3, Kimi-K2, GLM-4.7-Flash) model's routed experts fused: 3-D
+// gate_up_proj and down_proj per layer. They load as the per-expert tensors do; export writes the Hub's per-expert
+// form.
+TEST(HfGlm4Moe, FusedExpertsLoadAsPerExpertOnes) {
+  for (const char* dir : {"hf_glm4_moe_tiny", "hf_deepseek_v3_tiny", "hf_glm4_moe_lite_tiny"}) {
+    SCOPED_TRACE(dir);
+    int fused = 0;
+    TempDir t(std::string("fused_") + dir);
+    const std::string path =
+        hf_test::rewritten_fixture(dir, [&](Tensors& ts) { fused = hf_test::fuse_experts(ts); }, nullptr, t);
+    EXPECT_GE(fused, 2);  // layers 1, 2 (and the prediction layer 3 where there is one)
+    HfModel hf = std::string(dir) == "hf_glm4_moe_tiny" ? load_hf_glm4_moe(path) : load_hf_deepseek_mla(path);
+    hf_test::expect_fixture_logits(*hf.model, dir);
+    TempDir out(std::string("fused_out_") + dir);
+    if (std::string(dir) == "hf_glm4_moe_tiny") {
+      save_hf_glm4_moe(out.str() + "/hf", *hf.model, "");
+      const SafetensorsFile written = SafetensorsFile::read(out.str() + "/hf/model.safetensors");
+      EXPECT_TRUE(written.has("model.layers.1.mlp.experts.7.down_proj.weight"));
+      EXPECT_FALSE(written.has("model.layers.1.mlp.experts.gate_up_proj"));
+    }
+  }
+  TempDir bad("fused_bad");  // a fused tensor of the wrong shape is named
+  expect_load_error(hf_test::rewritten_fixture("hf_glm4_moe_tiny",
+                                               [](Tensors& ts) {
+                                                 hf_test::fuse_experts(ts);
+                                                 ts.find("model.layers.2.mlp.experts.down_proj")->shape = {8, 12, 32};
+                                               },
+                                               nullptr, bad),
+                    "model.layers.2.mlp.experts.down_proj has shape");
 }
 
 // DeepSeek-V3-style copies of the embedding and lm_head inside the prediction layer are accepted when they
