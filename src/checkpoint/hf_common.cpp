@@ -267,17 +267,12 @@ std::vector<int> qwen_moe_layers(const nlohmann::json& j, const std::string& wha
   return pattern;  // all ones: finalize() makes it the empty pattern
 }
 
-namespace {
-
-// A value of the rotary embedding's: in rope_parameters, else at the top level, else the fallback.
 double rope_value(const nlohmann::json& j, const std::string& what, const char* key, double fallback) {
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object() && j["rope_parameters"].contains(key))
     return config_positive(j["rope_parameters"], what + " rope_parameters", key, fallback);
   if (j.contains(key) && !j[key].is_null()) return config_positive(j, what, key, fallback);
   return fallback;
 }
-
-}  // namespace
 
 void read_decoder_sizes(const nlohmann::json& j, const std::string& what, TransformerConfig& c) {
   c.num_layers = config_int(j, what, "num_hidden_layers");

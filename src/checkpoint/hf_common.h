@@ -67,6 +67,9 @@ void read_decoder_sizes(const nlohmann::json& j, const std::string& what, Transf
 // when `head_dim` is read and given, the head width (--kv-channels), else hidden / heads (which must divide).
 void read_grouped_heads(const nlohmann::json& j, const std::string& what, TransformerConfig& c, bool head_dim);
 
+// A positive value of the rotary embedding's (rope_theta, partial_rotary_factor, ...): in rope_parameters
+// (transformers 5, which prefers it), else at the top level, else the fallback.
+double rope_value(const nlohmann::json& j, const std::string& what, const char* key, double fallback);
 // The rotary embedding without scaling (rope_scaling null, rope_parameters' rope_type "default"; another is an
 // error naming `what` and the key) on the first partial_rotary_factor (default `partial`, at most 1) of each
 // head's dims, rotate_half pairs: c's position_embedding_type, rotary_base (rope_theta, default 10000) and

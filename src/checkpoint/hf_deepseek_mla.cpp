@@ -194,9 +194,7 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
                      << " without mscale_all_dim is not supported (transformers then ignores mscale)";
     hf::read_yarn_rope_scaling(j, s, what, c);
   }
-  c.rotary_base = params && j["rope_parameters"].contains("rope_theta")
-                      ? float(hf::config_positive(j["rope_parameters"], what + " rope_parameters", "rope_theta", 10000.0))
-                      : float(hf::config_positive(j, what, "rope_theta", 10000.0));
+  c.rotary_base = float(hf::rope_value(j, what, "rope_theta", 10000.0));
   c.normalization = "RMSNorm";
   // The model's norms take rms_norm_eps (GLM-4.7-Flash's default 1e-5), the latents' always 1e-6.
   const double eps = hf::config_positive(j, what, "rms_norm_eps", glm_lite(j) ? 1e-5 : kLatentNormEps);

@@ -315,12 +315,6 @@ void check_model_config(const json& saved, const TransformerConfig& c, const std
   for (const OptionalField& f : optional_fields()) expect_same(field_or_fallback(saved, f), now[f.name], f.name, f.flag);
 }
 
-void add_model_tensors(CheckpointWriter& w, const GPTModel& model) {
-  // The writer copies the parts it is given, so the staged host copy may go after this.
-  const HostStaging params(model.params().params(), model.params().numel(), true);
-  add_parts(w, kModelFile, param_parts(model.params().infos(), params.data(), model.tensor_parallel().rank()));
-}
-
 void load_model_tensors(const CheckpointReader& r, GPTModel& model) {
   // Every parameter's box is read; the staged copy keeps the buffer's alignment padding.
   HostStaging params(model.params().params(), model.params().numel(), true);

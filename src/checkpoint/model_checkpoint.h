@@ -27,9 +27,6 @@ TransformerConfig model_config_from_json(const nlohmann::json& j, const std::str
 // tensor-parallel size; loading reslices the vocabulary rows).
 void check_model_config(const nlohmann::json& saved, const TransformerConfig& c, const std::string& where);
 
-// Stages this rank's part of every parameter of `model` in model.safetensors, under the
-// global shapes (one whole-tensor piece each for a model on one rank).
-void add_model_tensors(CheckpointWriter& w, const GPTModel& model);
 // Reads this rank's box of every parameter of `model` from the checkpoint, whatever
 // tensor-parallel layout saved it (names and global shapes must match, but for the padded
 // vocabulary rows: tensor_parts.h).

@@ -37,14 +37,7 @@ TEST_F(CkptModel, ParametersRoundTripBitExact) {
   saved.init_parameters(11);
   loaded.init_parameters(12);
   ASSERT_NE(params_of(saved), params_of(loaded));
-  CheckpointWriter w;
-  add_model_tensors(w, saved);
-  CheckpointState s;
-  s.iteration = 3;
-  s.model_config = model_config_json(c);
-  s.args = {{"seq-length", 8}, {"tokenizer-type", "ByteTokenizer"}};
-  w.set_state(s);
-  w.save(path("ckpt"));
+  save_model_checkpoint(path("ckpt"), 3, saved, R"({"seq-length": 8, "tokenizer-type": "ByteTokenizer"})");
 
   CheckpointReader r = CheckpointReader::open(path("ckpt"));
   check_model_config(r.state().model_config, c, r.iter_dir());
