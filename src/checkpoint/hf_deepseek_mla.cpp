@@ -67,34 +67,13 @@ void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat
 }
 
 // copies: the prediction layers' copies of the embedding and the output layer too (DeepSeek-V3's files have them,
-// GLM-4.7-Flash's not; a file's are read only to check them).
+// GLM-4.7-Flash's not; a file's are read only to check them, hf::check_mtp_copies).
 // file: the file being read (its experts' layout), or null (export: per expert).
 std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes, bool copies,
                                   const SafetensorsFile* file) {
-  const int64_t C = c.hidden_size, V = c.vocab_size;
-  std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
-  shapes = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    layer_tensors(c, l, "decoder.layers." + std::to_string(l) + ".", m, shapes, file);
-  m.push_back({"decoder.final_layernorm.weight", {{"model.norm.weight"}}});
-  const std::string out = c.untie_embeddings_and_output_weights ? "output_layer.weight" : "embedding.word_embeddings.weight";
-  if (c.untie_embeddings_and_output_weights) {
-    m.push_back({out, {{"lm_head.weight"}}, true});
-    shapes["lm_head.weight"] = {V, C};
-  }
-  // DeepSeek-V3's multi-token prediction modules (num_nextn_predict_layers), layers num_hidden_layers on
-  // (hf::deepseek_mtp_tensors), with copies of the embedding and the output layer, which lattice's depths
-  // share with the model (hf::check_mtp_copies: each must equal the model's).
-  hf::deepseek_mtp_tensors(
-      c, [&](int64_t l, const std::string& lat) { layer_tensors(c, l, lat, m, shapes, file); }, m, shapes);
-  for (int64_t k = 0; copies && k < c.mtp_num_layers; ++k) {
-    const std::string hf = "model.layers." + std::to_string(c.num_layers + k) + ".";
-    m.push_back({"embedding.word_embeddings.weight", {{hf + "embed_tokens.weight"}}, true});
-    shapes[hf + "embed_tokens.weight"] = {V, C};
-    m.push_back({out, {{hf + "shared_head.head.weight"}}, true});
-    shapes[hf + "shared_head.head.weight"] = {V, C};
-  }
-  return m;
+  return hf::deepseek_layout_tensors(
+      c, [&](int64_t l, const std::string& lat, auto& m, auto& s) { layer_tensors(c, l, lat, m, s, file); }, copies,
+      shapes);
 }
 
 // "deepseek_v3" (with Kimi-K2's "kimi_k2": DeepSeek-V3's architecture under its own model_type, so that serving
@@ -118,8 +97,13 @@ std::string deepseek_family(const json& j) {
 
 bool is_hf_deepseek_mla_config(const json& j) { return !deepseek_family(j).empty(); }
 
-const char* hf_deepseek_family_name(const TransformerConfig& c) {
-  return c.moe_router_sigmoid() ? "DeepSeek-V3" : "DeepSeek-V2";
+const char* hf_deepseek_family_name(const TransformerConfig& c, const std::string& model_type) {
+  return model_type == kKimiK2 ? "Kimi-K2" : model_type == kGlmLite ? "GLM-4.7-Flash"
+         : c.moe_router_sigmoid() ? "DeepSeek-V3" : "DeepSeek-V2";
+}
+
+std::string hf_deepseek_recorded_type(const TransformerConfig& c, const std::string& recorded) {
+  return c.moe_router_sigmoid() && (recorded == kKimiK2 || recorded == kGlmLite) ? recorded : "";
 }
 
 std::string hf_deepseek_family_name(const json& config) {
@@ -229,11 +213,7 @@ TransformerConfig hf_deepseek_mla_config(const json& j, const std::string& what,
     // DeepSeek-V3's multi-token prediction modules: lattice's prediction depths (--mtp-num-layers).
     c.mtp_num_layers = hf::nextn_predict_layers(j, what, file);
   } else {  // one expert: its probability (DeepSeek-V2 renormalizes more than one only)
-    c.num_experts = hf::config_int(j, what, "n_routed_experts");
-    c.moe_router_topk = hf::config_int(j, what, "num_experts_per_tok");
-    c.moe_ffn_hidden_size = hf::config_int(j, what, "moe_intermediate_size");
-    c.moe_shared_expert_intermediate_size = c.moe_ffn_hidden_size * hf::config_int(j, what, "n_shared_experts");
-    c.moe_router_topk_scaling_factor = float(hf::config_positive(j, what, "routed_scaling_factor", 1.0));
+    hf::read_deepseek_experts(j, what, c);
     const bool normalized = hf::config_bool(j, what, "norm_topk_prob", false);
     c.moe_router_pre_softmax = !normalized || c.moe_router_topk == 1;
     if (normalized && c.moe_router_topk > 1 && c.moe_router_topk_scaling_factor != 1.0f)

@@ -25,16 +25,21 @@
 
 namespace lattice {
 
-// model_type "deepseek_v2", "deepseek_v3" or "kimi_k2" (Kimi-K2, DeepSeek-V3's architecture), or
-// DeepseekV2ForCausalLM or DeepseekV3ForCausalLM among the architectures.
+// model_type "deepseek_v2", "deepseek_v3", "kimi_k2" (Kimi-K2, DeepSeek-V3's architecture) or "glm4_moe_lite"
+// (GLM-4.7-Flash), or DeepseekV2ForCausalLM, DeepseekV3ForCausalLM or Glm4MoeLiteForCausalLM among the
+// architectures.
 bool is_hf_deepseek_mla_config(const nlohmann::json& config);
-// "DeepSeek-V3" for a model with the sigmoid router, else "DeepSeek-V2": the form export writes; and the
-// family config.json describes.
-const char* hf_deepseek_family_name(const TransformerConfig& c);
+// The form export writes: "Kimi-K2" or "GLM-4.7-Flash" for that model_type (--hf-model-type), else
+// "DeepSeek-V3" for a model with the sigmoid router, "DeepSeek-V2" for one with the softmax; and the family
+// config.json describes.
+const char* hf_deepseek_family_name(const TransformerConfig& c, const std::string& model_type = "");
 std::string hf_deepseek_family_name(const nlohmann::json& config);
-// The model_type export writes (--hf-model-type, or `model_type` "" for the default): deepseek_v3 or
-// kimi_k2 (Kimi-K2: DeepSeek-V3's architecture and config) for a model with the sigmoid router, deepseek_v2
-// for one with the softmax; another is an error naming the flag.
+// `recorded` (the model_type a checkpoint was converted from) when it is kimi_k2 or glm4_moe_lite and c has
+// the sigmoid router (their form), else "": export's default --hf-model-type.
+std::string hf_deepseek_recorded_type(const TransformerConfig& c, const std::string& recorded);
+// The model_type export writes (--hf-model-type, or `model_type` "" for the default): deepseek_v3, kimi_k2
+// (Kimi-K2: DeepSeek-V3's architecture and config) or glm4_moe_lite for a model with the sigmoid router,
+// deepseek_v2 for one with the softmax; another is an error naming the flag.
 std::string hf_deepseek_model_type(const TransformerConfig& c, const std::string& model_type);
 
 // config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by); `file`

@@ -44,10 +44,18 @@ void deepseek_mlp_tensors(const TransformerConfig& c, int64_t l, const std::stri
   mlp("mlp.shared_experts.", "mlp.shared_experts.", c.moe_shared_expert_intermediate_size);
 }
 
-void deepseek_mtp_tensors(const TransformerConfig& c,
-                          const std::function<void(int64_t l, const std::string& lat)>& layer,
-                          std::vector<TensorMap>& m, std::map<std::string, Shape>& shapes) {
-  const int64_t C = c.hidden_size;
+std::vector<TensorMap> deepseek_layout_tensors(const TransformerConfig& c, const LayerTensors& layer, bool copies,
+                                               std::map<std::string, Shape>& shapes) {
+  const int64_t C = c.hidden_size, V = c.vocab_size;
+  std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
+  shapes = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
+  for (int64_t l = 0; l < c.num_layers; ++l) layer(l, "decoder.layers." + std::to_string(l) + ".", m, shapes);
+  m.push_back({"decoder.final_layernorm.weight", {{"model.norm.weight"}}});
+  const std::string out = c.untie_embeddings_and_output_weights ? "output_layer.weight" : "embedding.word_embeddings.weight";
+  if (c.untie_embeddings_and_output_weights) {
+    m.push_back({out, {{"lm_head.weight"}}, true});
+    shapes["lm_head.weight"] = {V, C};
+  }
   for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
     const int64_t l = c.num_layers + k;
     const std::string lat = "mtp.layers." + std::to_string(k) + ".", hf = "model.layers." + std::to_string(l) + ".";
@@ -57,10 +65,16 @@ void deepseek_mtp_tensors(const TransformerConfig& c,
     }
     m.push_back({lat + "eh_proj.weight", {{hf + "eh_proj.weight"}}});
     shapes[hf + "eh_proj.weight"] = {C, 2 * C};
-    layer(l, lat + "transformer_layer.");
+    layer(l, lat + "transformer_layer.", m, shapes);
     m.push_back({lat + "final_layernorm.weight", {{hf + "shared_head.norm.weight"}}});
     shapes[hf + "shared_head.norm.weight"] = {C};
+    if (!copies) continue;
+    m.push_back({"embedding.word_embeddings.weight", {{hf + "embed_tokens.weight"}}, true});
+    shapes[hf + "embed_tokens.weight"] = {V, C};
+    m.push_back({out, {{hf + "shared_head.head.weight"}}, true});
+    shapes[hf + "shared_head.head.weight"] = {V, C};
   }
+  return m;
 }
 
 std::vector<std::pair<std::string, std::string>> deepseek_mtp_copies(const TransformerConfig& c) {
@@ -100,7 +114,7 @@ void import_deepseek_layout(GPTModel& model, const SafetensorsFile& f, const std
   import_tensors(model, f, map, shapes);
 }
 
-void read_sigmoid_router(const json& j, const std::string& what, TransformerConfig& c, int64_t first_dense) {
+void read_deepseek_experts(const json& j, const std::string& what, TransformerConfig& c) {
   auto has = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
   c.num_experts = config_int(j, what, has("n_routed_experts") || !has("num_experts") ? "n_routed_experts" : "num_experts");
   c.moe_router_topk = config_int(j, what, "num_experts_per_tok");
@@ -108,6 +122,11 @@ void read_sigmoid_router(const json& j, const std::string& what, TransformerConf
   c.moe_shared_expert_intermediate_size =
       c.moe_ffn_hidden_size * (has("n_shared_experts") ? config_int(j, what, "n_shared_experts") : 1);
   c.moe_router_topk_scaling_factor = float(config_positive(j, what, "routed_scaling_factor", 1.0));
+}
+
+void read_sigmoid_router(const json& j, const std::string& what, TransformerConfig& c, int64_t first_dense) {
+  auto has = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  read_deepseek_experts(j, what, c);
   c.moe_router_score_function = "sigmoid";
   c.moe_router_enable_expert_bias = true;
   if (!config_bool(j, what, "norm_topk_prob", true) || c.moe_router_topk == 1)

@@ -28,12 +28,17 @@ void deepseek_mlp_tensors(const TransformerConfig& c, int64_t l, const std::stri
                           std::vector<TensorMap>& m, std::map<std::string, Shape>& shapes,
                           const SafetensorsFile* file = nullptr);
 
-// The prediction depths' tensors (mtp.layers.<k>.* <-> model.layers.<num_layers + k>.*): enorm, hnorm,
-// eh_proj [C, 2C] (the embedding's half first, as Megatron's), the depth's decoder layer by `layer`
-// (given the HF layer index and the lattice prefix "mtp.layers.<k>.transformer_layer."), shared_head.norm.
-void deepseek_mtp_tensors(const TransformerConfig& c,
-                          const std::function<void(int64_t l, const std::string& lat)>& layer,
-                          std::vector<TensorMap>& m, std::map<std::string, Shape>& shapes);
+// The whole model's map in DeepSeek-V3's layout (returned, with every HF tensor's shape in `shapes`):
+// model.embed_tokens, each decoder layer's tensors added by `layer` (given the HF layer index l, the lattice
+// prefix decoder.layers.<l>., the map and the shapes), model.norm, lm_head when untied, and the prediction depths
+// (mtp.layers.<k>.* <-> model.layers.<num_layers + k>.*: enorm, hnorm, eh_proj [C, 2C] (the embedding's half
+// first, as Megatron's), the depth's decoder layer by `layer` under mtp.layers.<k>.transformer_layer.,
+// shared_head.norm); with `copies` also each depth's copies of the embedding and the output layer
+// (deepseek_mtp_copies: DeepSeek-V3's files have them).
+using LayerTensors = std::function<void(int64_t l, const std::string& lat, std::vector<TensorMap>& m,
+                                        std::map<std::string, Shape>& shapes)>;
+std::vector<TensorMap> deepseek_layout_tensors(const TransformerConfig& c, const LayerTensors& layer, bool copies,
+                                               std::map<std::string, Shape>& shapes);
 
 // The prediction depths' copies of the embedding and the output layer DeepSeek-V3's files carry
 // (model.layers.<L>.embed_tokens.weight, shared_head.head.weight), each with the model's tensor it copies.
@@ -49,9 +54,11 @@ void check_mtp_copies(const TransformerConfig& c, const SafetensorsFile& f);
 void import_deepseek_layout(GPTModel& model, const SafetensorsFile& f, const std::vector<TensorMap>& map,
                             const std::map<std::string, Shape>& shapes);
 
-// DeepSeek-V3's router and experts from config.json (`what`: the file, for errors): n_routed_experts (GLM's
-// first configs: num_experts), num_experts_per_tok, moe_intermediate_size, n_shared_experts (default 1),
-// routed_scaling_factor, sigmoid scores with the expert bias, norm_topk_prob (true: lattice normalizes the
+// DeepSeek's experts from config.json (`what`: the file, for errors): n_routed_experts (GLM's first configs:
+// num_experts), num_experts_per_tok, moe_intermediate_size, n_shared_experts (default 1) of that width,
+// routed_scaling_factor. DeepSeek-V2's and V3's.
+void read_deepseek_experts(const nlohmann::json& j, const std::string& what, TransformerConfig& c);
+// DeepSeek-V3's router and experts from config.json: read_deepseek_experts, sigmoid scores with the expert bias, norm_topk_prob (true: lattice normalizes the
 // sigmoid gates of more than one expert), n_group / topk_group, MoE layers from first_k_dense_replace
 // (default `first_dense`) on, every layer (moe_layer_freq 1).
 void read_sigmoid_router(const nlohmann::json& j, const std::string& what, TransformerConfig& c, int64_t first_dense);

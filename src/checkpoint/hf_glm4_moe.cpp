@@ -45,22 +45,13 @@ void layer_tensors(const TransformerConfig& c, int64_t l, const std::string& lat
   hf::deepseek_mlp_tensors(c, l, lat, hf, m, s, file);
 }
 
-// file: the file being read (its experts' layout), or null (export: per expert).
+// file: the file being read (its experts' layout), or null (export: per expert). GLM's prediction layers have
+// no copies of the embedding and lm_head.
 std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& shapes,
                                   const SafetensorsFile* file) {
-  const int64_t C = c.hidden_size, V = c.vocab_size;
-  std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
-  shapes = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    layer_tensors(c, l, "decoder.layers." + std::to_string(l) + ".", m, shapes, file);
-  m.push_back({"decoder.final_layernorm.weight", {{"model.norm.weight"}}});
-  if (c.untie_embeddings_and_output_weights) {
-    m.push_back({"output_layer.weight", {{"lm_head.weight"}}, true});
-    shapes["lm_head.weight"] = {V, C};
-  }
-  hf::deepseek_mtp_tensors(
-      c, [&](int64_t l, const std::string& lat) { layer_tensors(c, l, lat, m, shapes, file); }, m, shapes);
-  return m;
+  return hf::deepseek_layout_tensors(
+      c, [&](int64_t l, const std::string& lat, auto& m, auto& s) { layer_tensors(c, l, lat, m, s, file); }, false,
+      shapes);
 }
 
 void import_tensors(GPTModel& model, const SafetensorsFile& f) {

@@ -169,17 +169,11 @@ void to_hf(const SimpleFlags& f) {
                       "Mistral, SmolLM3, Mixtral, DeepSeek, GLM, GPT-OSS) has one";
   if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 (or Kimi-K2's or GLM-4.7-Flash's form of it) or V2, or
                                    // an error saying why not; without the flag the form the weights came from
-    if (options.model_type.empty() && (lm.hf_model_type == "kimi_k2" || lm.hf_model_type == "glm4_moe_lite") &&
-        c.moe_router_sigmoid())
-      options.model_type = lm.hf_model_type;
+    if (options.model_type.empty()) options.model_type = hf_deepseek_recorded_type(c, lm.hf_model_type);
     save_hf_deepseek_mla(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
-                 dir.c_str(),
-                 options.model_type == "kimi_k2"         ? "Kimi-K2"
-                 : options.model_type == "glm4_moe_lite" ? "GLM-4.7-Flash"
-                                                         : hf_deepseek_family_name(c),
-                 options.dtype.c_str());
+                 dir.c_str(), hf_deepseek_family_name(c, options.model_type), options.dtype.c_str());
     return;  // (prediction depths: DeepSeek-V3's multi-token prediction modules)
   }
   if (!options.model_type.empty())
