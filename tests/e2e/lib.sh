@@ -30,6 +30,17 @@ pass() {
   echo "ok: $*"
 }
 
+# squeezed_has FILE... -- STRING...: whether the files' text, without spaces, newlines and NULs, contains
+# every fixed STRING. The text is read whole first: `tr ... <big | grep -q` would be killed by SIGPIPE when
+# grep stops at an early match, which `set -o pipefail` reports as a failure of the check.
+squeezed_has() {
+  local files=() text s
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do files+=("$1"); shift; done
+  shift
+  text=$(cat "${files[@]}" | tr -d ' \n\0') || return 1
+  for s in "$@"; do [[ $text == *"$s"* ]] || return 1; done
+}
+
 # run NAME CMD...: runs CMD with stdout/stderr in NAME.out/NAME.err (in the current directory);
 # on a non-zero exit fails the test, shows NAME.err and returns 1.
 run() {

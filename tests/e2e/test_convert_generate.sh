@@ -322,7 +322,7 @@ if run swa_train "$LATTICE" "${SWA[@]}" --train-iters 3 --exit-interval 2 --save
 fi
 SWA_SKIP=("${LLAMA[@]}" --window-size 2 --window-attn-skip-freq 2)
 if run swa_skip_train "$LATTICE" "${SWA_SKIP[@]}" --train-iters 2 --save ckpt-swa-skip; then
-  cat ckpt-swa-skip/iter_0000002/*.json | tr -d ' \n' | grep -qF '"window_attn_skip_freq":[1,0]' ||
+  squeezed_has ckpt-swa-skip/iter_0000002/*.json -- '"window_attn_skip_freq":[1,0]' ||
     fail "the checkpoint does not record the window on layer 1 only"
   run swa_skip_gen "$LATTICE" generate --load ckpt-swa-skip --prompt "ab" --max-new-tokens 30 --seed 3 &&
     run swa_skip_gen_full "$LATTICE" generate --load ckpt-swa-skip --prompt "ab" --max-new-tokens 30 --seed 3 --no-kv-cache &&

@@ -26,11 +26,11 @@ if run train "$LATTICE" train "${MODEL[@]}" "${GATE[@]}" "${RUN[@]}" --train-ite
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.2) }' &&
     pass "a gated-attention model trains: lm loss $first -> $last" || fail "the loss did not fall: $first -> $last"
   # linear_qkv [(2 x 4 heads + 2 x 2 groups) x 16, 32]: the gates' 64 rows beside the queries'.
+  header=$(head -c 65536 ckpt/iter_0000020/model.safetensors | tr -d '\0')
   grep -q '"attention_output_gate": *true' ckpt/iter_0000020/checkpoint.json &&
-    head -c 65536 ckpt/iter_0000020/model.safetensors |
-      grep -aqF '"decoder.layers.0.self_attention.linear_qkv.weight":{"data_offsets":' &&
-    head -c 65536 ckpt/iter_0000020/model.safetensors |
-      grep -aoE '"decoder.layers.0.self_attention.linear_qkv.weight":\{[^}]*\}' | grep -qF '"shape":[192,32]' &&
+    grep -aqF '"decoder.layers.0.self_attention.linear_qkv.weight":{"data_offsets":' <<<"$header" &&
+    grep -aoE '"decoder.layers.0.self_attention.linear_qkv.weight":\{[^}]*\}' <<<"$header" |
+      grep -qF '"shape":[192,32]' &&
     pass "the checkpoint records the gate and linear_qkv's gate rows ([192, 32])" ||
     fail "the checkpoint lost the gate or its rows"
   if run resume "$LATTICE" train "${MODEL[@]}" "${GATE[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt \

@@ -45,7 +45,7 @@ if run train "$LATTICE" train "${MODEL[@]}" "${GDN[@]}" "${RUN[@]}" --train-iter
   fi
   run resume_args "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 24 --load ckpt --ckpt-step 20 \
     --save ckpt2 --exit-interval 21 &&
-    tr -d ' \n' < ckpt2/iter_0000021/checkpoint.json | grep -qF '"linear_attention_freq":[1,1,0]' &&
+    squeezed_has ckpt2/iter_0000021/checkpoint.json -- '"linear_attention_freq":[1,1,0]' &&
     pass "--use-checkpoint-args resumes the hybrid" || fail "--use-checkpoint-args lost the pattern"
   run gen "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 &&
     run gen_full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 --no-kv-cache &&

@@ -25,7 +25,7 @@ if run train "$LATTICE" train "${MODEL[@]}" --no-rope-freq 2 "${RUN[@]}" --train
   last=$(field m.jsonl lm_loss | tail -n 1)
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.2) }' &&
     pass "a model with NoPE layers trains: lm loss $first -> $last" || fail "the loss did not fall: $first -> $last"
-  tr -d ' \n' < ckpt/iter_0000020/checkpoint.json | grep -qF '"no_rope_freq":[0,1,0,1]' &&
+  squeezed_has ckpt/iter_0000020/checkpoint.json -- '"no_rope_freq":[0,1,0,1]' &&
     pass "the checkpoint records the pattern [0,1,0,1]" || fail "the checkpoint lost --no-rope-freq"
   if run resume "$LATTICE" train "${MODEL[@]}" --no-rope-freq "([0]+[1])*2" "${RUN[@]}" --train-iters 24 --load ckpt \
        --save ckpt --metrics-file r.jsonl &&
@@ -35,7 +35,7 @@ if run train "$LATTICE" train "${MODEL[@]}" --no-rope-freq 2 "${RUN[@]}" --train
   expect_error "resume without --no-rope-freq" "no_rope_freq|--no-rope-freq" -- \
     "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt3
   run resume_args "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 24 --load ckpt --ckpt-step 20 \
-    --save ckpt2 --exit-interval 21 && tr -d ' \n' < ckpt2/iter_0000021/checkpoint.json | grep -qF '"no_rope_freq":[0,1,0,1]' &&
+    --save ckpt2 --exit-interval 21 && squeezed_has ckpt2/iter_0000021/checkpoint.json -- '"no_rope_freq":[0,1,0,1]' &&
     pass "--use-checkpoint-args resumes the NoPE layers" || fail "--use-checkpoint-args lost --no-rope-freq"
   run gen "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 &&
     run gen_full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 --no-kv-cache &&
@@ -45,9 +45,9 @@ if run train "$LATTICE" train "${MODEL[@]}" --no-rope-freq 2 "${RUN[@]}" --train
   # A Llama-shaped model with NoPE layers is HuggingFace SmolLM3 (no_rope_layers: 1 rotary, 0 NoPE), and back.
   if run to_hf "$LATTICE" convert --load ckpt --to-hf hf && run from_hf "$LATTICE" convert --from-hf hf --save ckpt_hf &&
      run gen_hf "$LATTICE" generate --load ckpt_hf --prompt "ab" --max-new-tokens 24 --seed 2; then
-    tr -d ' \n' < hf/config.json | grep -qF '"model_type":"smollm3"' &&
-      tr -d ' \n' < hf/config.json | grep -qF '"no_rope_layers":[1,0,1,0]' &&
-      tr -d ' \n' < hf/config.json | grep -qF '"no_rope_layer_interval":2' &&
+    squeezed_has hf/config.json -- '"model_type":"smollm3"' &&
+      squeezed_has hf/config.json -- '"no_rope_layers":[1,0,1,0]' &&
+      squeezed_has hf/config.json -- '"no_rope_layer_interval":2' &&
       pass "convert --to-hf writes SmolLM3 (no_rope_layers [1,0,1,0], interval 2)" ||
       fail "convert --to-hf did not write the NoPE layers as SmolLM3: $(tr -d ' \n' < hf/config.json)"
     cmp -s gen.out gen_hf.out && pass "out to SmolLM3 and back, generate prints the same text" ||
