@@ -3,7 +3,7 @@
 // size it has in the 124M model (B=4, T=64), with the bytes each moves, so the reported
 // bytes_per_second compares with the machine's memory bandwidth (a plain copy, Copy, is the
 // reference); one layer's causal attention at T=64 and T=1024 (GFLOP/s); a Gated DeltaNet layer's delta rule
-// and convolution.
+// and convolution; a Mamba-2 layer's scan.
 // docs/benchmarks.md, "Memory-bound kernels", has the results.
 //   build/kernel_bench [--benchmark_filter=Adamw] [--benchmark_repetitions=5]
 #include <benchmark/benchmark.h>
@@ -19,6 +19,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/gated_delta_net.h"
 #include "kernels/layernorm.h"
+#include "kernels/mamba.h"
 #include "kernels/optimizer.h"
 
 namespace {
@@ -279,6 +280,52 @@ void GatedDeltaNetConv(benchmark::State& st) {
       benchmark::Counter(double(N) * double(st.iterations()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(GatedDeltaNetConv)->Arg(0)->Arg(1)->ArgName("backward")->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The scan of one Mamba-2 layer (kernels/mamba.h) on one rank at a Nemotron-H-like per-rank shape: 16 heads of 64
+// (hidden 512, expand 2: d_inner 1024), 2 groups of B and C, state 128, B=2 sequences of T=1024, its inputs
+// random: u (xs, B, C: SiLU outputs' range) uniform in (-1, 1), dt uniform in (0.01, 0.1), Megatron's initial
+// A_log (log U(1, 16)) and D (ones): the forward (with its state checkpoints every 64 tokens) or the backward
+// (from the checkpoints of one forward before the timing; the CPU needs no workspace). bench/mamba_scan_compare.sh
+// sets it beside PyTorch. tokens_per_second counts the B T tokens of one call.
+void MambaScan(benchmark::State& st) {
+  lattice::MambaShape s;
+  s.B = 2;
+  s.T = 1024;
+  s.H = 16;
+  s.P = 64;
+  s.G = 2;
+  s.N = 128;
+  s.K = 4;
+  s.chunk = 64;
+  const bool backward = st.range(0) != 0;
+  const int64_t rows = s.rows();
+  std::mt19937 rng(10);
+  auto uniform = [&rng](int64_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = d(rng);
+    return x;
+  };
+  const std::vector<float> u = uniform(rows * s.conv(), -1.0f, 1.0f), dt = uniform(rows * s.H, 0.01f, 0.1f),
+                           dy = random_vector(rows * s.inner(), 1.0f, 11), D(static_cast<size_t>(s.H), 1.0f);
+  std::vector<float> A_log = uniform(s.H, 1.0f, 16.0f);
+  for (auto& a : A_log) a = std::log(a);
+  auto buffer = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+  std::vector<float> y = buffer(rows * s.inner()), ckpt = buffer(s.B * s.H * s.chunks() * s.state()),
+                     du = buffer(rows * s.conv()), d_dt = buffer(rows * s.H), dA_log = buffer(s.H), dD = buffer(s.H);
+  lattice::mamba_scan_forward(y.data(), ckpt.data(), u.data(), dt.data(), A_log.data(), D.data(), s);
+  for (auto _ : st) {
+    if (backward)
+      lattice::mamba_scan_backward(du.data(), d_dt.data(), dA_log.data(), dD.data(), nullptr, dy.data(), ckpt.data(),
+                                   u.data(), dt.data(), A_log.data(), D.data(), s);
+    else
+      lattice::mamba_scan_forward(y.data(), ckpt.data(), u.data(), dt.data(), A_log.data(), D.data(), s);
+    benchmark::DoNotOptimize(backward ? du.data() : y.data());
+  }
+  st.counters["tokens_per_second"] =
+      benchmark::Counter(double(rows) * double(st.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(MambaScan)->Arg(0)->Arg(1)->ArgName("backward")->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -85,6 +85,11 @@ const std::vector<OptionalField>& optional_fields() {
       {"linear_value_head_dim", "--linear-value-head-dim", 128},
       {"linear_num_key_heads", "--linear-num-key-heads", 16},
       {"linear_num_value_heads", "--linear-num-value-heads", 32},
+      {"hybrid_override_pattern", "--hybrid-override-pattern", ""},
+      {"mamba_state_dim", "--mamba-state-dim", 128},
+      {"mamba_head_dim", "--mamba-head-dim", 64},
+      {"mamba_num_groups", "--mamba-num-groups", 8},
+      {"mamba_num_heads", "--mamba-num-heads", 0},
       {"softmax_type", "--softmax-type", "vanilla"},
       {"quick_geglu", "--quick-geglu", false},
       {"glu_linear_offset", "--glu-linear-offset", 0.0},
@@ -186,6 +191,11 @@ json model_config_json(const TransformerConfig& c) {
           {"linear_value_head_dim", c.linear_value_head_dim},
           {"linear_num_key_heads", c.linear_num_key_heads},
           {"linear_num_value_heads", c.linear_num_value_heads},
+          {"hybrid_override_pattern", c.hybrid_layer_pattern},
+          {"mamba_state_dim", c.mamba_state_dim},
+          {"mamba_head_dim", c.mamba_head_dim},
+          {"mamba_num_groups", c.mamba_num_groups},
+          {"mamba_num_heads", c.mamba_num_heads},
           {"softmax_type", c.softmax_type},
           {"quick_geglu", c.quick_geglu},
           {"glu_linear_offset", c.glu_linear_offset},
@@ -267,6 +277,11 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.linear_value_head_dim = optional_field(j, "linear_value_head_dim").get<int64_t>();
     c.linear_num_key_heads = optional_field(j, "linear_num_key_heads").get<int64_t>();
     c.linear_num_value_heads = optional_field(j, "linear_num_value_heads").get<int64_t>();
+    c.hybrid_layer_pattern = optional_field(j, "hybrid_override_pattern").get<std::string>();
+    c.mamba_state_dim = optional_field(j, "mamba_state_dim").get<int64_t>();
+    c.mamba_head_dim = optional_field(j, "mamba_head_dim").get<int64_t>();
+    c.mamba_num_groups = optional_field(j, "mamba_num_groups").get<int64_t>();
+    c.mamba_num_heads = optional_field(j, "mamba_num_heads").get<int64_t>();
     c.softmax_type = optional_field(j, "softmax_type").get<std::string>();
     c.quick_geglu = optional_field(j, "quick_geglu").get<bool>();
     c.glu_linear_offset = optional_field(j, "glu_linear_offset").get<float>();

@@ -153,6 +153,9 @@ void to_hf(const SimpleFlags& f) {
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
+  if (c.hybrid())
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model is a hybrid (--hybrid-override-pattern "
+                   << c.hybrid_layer_pattern << "): lattice writes no HuggingFace hybrid Mamba model (Nemotron-H) yet";
   if (c.gated_delta_net()) {  // HuggingFace Qwen3-Next or Qwen3.5-MoE (with experts) or Qwen3.5 (dense), or an
                               // error saying why not; a prediction depth as their multi-token prediction module.
                               // Without the flag, the family the weights were converted from, when it fits.

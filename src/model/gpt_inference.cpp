@@ -42,6 +42,8 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   auto p = [&](const std::string& name) -> const float* { return pb.params() + pb.info(name).offset; };
   // A linear layer's bias, or null without biases (--disable-bias-linear): linear_forward adds none.
   auto bias = [&](const std::string& name) -> const float* { return cfg_.add_bias_linear ? p(name) : nullptr; };
+  LATTICE_CHECK(!cfg_.hybrid()) << "the KV cache does not take a hybrid model (--hybrid-override-pattern) yet: "
+                                   "decode it by full forwards (--no-kv-cache)";
   capacity_ = capacity > 0 ? capacity : cfg_.max_position_embeddings;
   LATTICE_CHECK(capacity_ <= cfg_.max_position_embeddings)
       << "KV cache of " << capacity_ << " tokens exceeds max_position_embeddings " << cfg_.max_position_embeddings;

@@ -20,6 +20,7 @@
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "model/gated_delta_net.h"
+#include "model/mamba_mixer.h"
 #include "model/gpt_model_buffers.h"
 #include "model/linear.h"
 
@@ -36,6 +37,9 @@ std::string layer_name(int64_t l, const char* rest) {
 // Megatron's conditions: the sequence splits into 2P chunks, one pair per rank.
 void check_context_parallel(const TransformerConfig& c, const ContextParallel& cp, int64_t T) {
   if (!cp.on()) return;
+  if (c.hybrid_layer_pattern.find('M') != std::string::npos)
+    LATTICE_FAIL() << "--context-parallel-size " << cp.size() << " does not go with Mamba layers "
+                   << "(--hybrid-override-pattern's M) yet";
   if (T % (2 * cp.size()) != 0)
     LATTICE_FAIL() << "--seq-length " << T << " is not divisible by 2 x --context-parallel-size " << cp.size()
                    << " (each rank holds two of the sequence's " << 2 * cp.size() << " chunks)";
@@ -173,6 +177,22 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
 }
 
 GPTModel::~GPTModel() = default;
+
+GPTModel::GPTModel(RegistryOnly, const TransformerConfig& config, const TensorParallel& tp,
+                   const ModelPlacement& placement, int ep_rank, int ep_size)
+    : cfg_(config), tp_(tp), place_(complete(placement, config)), max_B_(0), max_T_(0) {
+  experts_whole_ = cfg_.experts_whole(tp_.size());
+  local_experts_ = cfg_.num_experts / ep_size;
+  first_expert_ = local_experts_ * ep_rank;
+  register_parameters();
+}
+
+ParamBuffer GPTModel::parameter_registry(const TransformerConfig& config, const TensorParallel& tp,
+                                         const ModelPlacement& placement, int ep_rank, int ep_size) {
+  GPTModel registry(RegistryOnly{}, config, tp, placement, ep_rank, ep_size);
+  registry.params_.assign_offsets();  // (allocate()'s first step)
+  return std::move(registry.params_);
+}
 
 void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
   LATTICE_CHECK(d.eod >= 0 || !(d.eod_mask_loss || d.reset_position_ids || d.reset_attention_mask))
@@ -338,16 +358,47 @@ void GPTModel::register_parameters() {
     if ((tied || cfg_.mtp()) && split_pipeline) shared_embedding_ = wte_;
   }
   // One transformer layer's parameters under `prefix` (l: its number, which decides its kind).
+  std::function<void(LayerParams&, int64_t, const std::string&)> add_mixer, add_mlp;  // (below)
   auto add_layer = [&](int64_t l, const std::string& prefix) {
     auto lname = [&](const char* rest) { return prefix + rest; };
-    auto ename = [&](int64_t e, const char* rest) {
-      return prefix + "mlp.experts.local_experts." + std::to_string(e) + "." + rest;
-    };
     LayerParams p;
     p.layer = l;
     p.name = prefix;
-    p.ln1_w = add(lname("input_layernorm.weight"), {C}, norm_init, 0, -1);
-    if (norm_bias) p.ln1_b = add(lname("input_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+    p.attention = cfg_.attention_block(l);
+    p.mlp = cfg_.mlp_block(l);
+    if (p.attention) add_mixer(p, l, prefix);
+    if (!p.mlp) return p;
+    p.ln2_w = add(lname("pre_mlp_layernorm.weight"), {C}, norm_init, 0, -1);
+    if (norm_bias) p.ln2_b = add(lname("pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+    add_mlp(p, l, prefix);
+    return p;
+  };
+  // Its attention block: the norm and the mixer (self-attention, GDN or Mamba).
+  add_mixer = [&](LayerParams& p, int64_t l, const std::string& prefix) {
+    auto lname = [&](const char* rest) { return prefix + rest; };
+    const std::string norm = cfg_.mamba_layer(l) ? "norm." : "input_layernorm.";
+    p.ln1_w = add(prefix + norm + "weight", {C}, norm_init, 0, -1);
+    if (norm_bias) p.ln1_b = add(prefix + norm + "bias", {C}, ParamInit::zeros, 0, -1);
+    if (cfg_.mamba_layer(l)) {  // Megatron-Core's MambaMixer: no linear biases, the heads and groups split
+      const int64_t I = cfg_.mamba_inner(), GN = cfg_.mamba_num_groups * cfg_.mamba_state_dim, H = cfg_.mamba_heads();
+      const int64_t K = TransformerConfig::kMambaConvKernel;
+      const float conv_bound = 1.0f / std::sqrt(float(K));  // torch's Conv1d default: 1 / sqrt(fan_in)
+      p.linear = p.mamba = true;
+      // in_proj [2I + 2GN + H, C]: z, x, B, C and dt rows, each block split by heads (groups)
+      p.qkv_w = params_.add_tp_blocks(lname("mixer.in_proj.weight"), {cfg_.mamba_in_proj_width(), C},
+                                      cfg_.init_method_xavier_uniform ? ParamInit::xavier_uniform : ParamInit::normal,
+                                      std, r, P, {I, I, GN, GN, H});
+      p.conv_w = params_.add_tp_blocks(lname("mixer.conv1d.weight"), {cfg_.mamba_conv_width(), 1, K},
+                                       ParamInit::uniform, conv_bound, r, P, {I, GN, GN});
+      p.conv_b = params_.add_tp_blocks(lname("mixer.conv1d.bias"), {cfg_.mamba_conv_width()}, ParamInit::uniform,
+                                       conv_bound, r, P, {I, GN, GN});
+      p.dt_bias = add(lname("mixer.dt_bias"), {H}, ParamInit::inverse_softplus_dt, 0, 0);
+      p.a_log = add(lname("mixer.A_log"), {H}, ParamInit::log_uniform, 16.0f, 0);
+      p.d_skip = add(lname("mixer.D"), {H}, ParamInit::ones, 0, 0);
+      p.out_norm_w = add(lname("mixer.norm.weight"), {I}, ParamInit::ones, 0, 0);
+      p.proj_w = add(lname("mixer.out_proj.weight"), {C, I}, ParamInit::normal, out_std, 1);
+      return;
+    }
     if (cfg_.linear_attention_layer(l)) {  // Megatron-Core's GatedDeltaNet: no linear biases, the heads split
       const int64_t QK = cfg_.linear_num_key_heads * cfg_.linear_key_head_dim, V = cfg_.gdn_out_width();
       const int64_t Hv = cfg_.linear_num_value_heads, Dv = cfg_.linear_value_head_dim, K = cfg_.linear_conv_kernel_dim;
@@ -402,8 +453,13 @@ void GPTModel::register_parameters() {
       p.proj_w = add(lname("self_attention.linear_proj.weight"), {C, cfg_.attention_output_width()},
                      ParamInit::normal, out_std, 1);
     if (bias && !p.linear) p.proj_b = add(lname("self_attention.linear_proj.bias"), {C}, ParamInit::zeros, 0, -1);
-    p.ln2_w = add(lname("pre_mlp_layernorm.weight"), {C}, norm_init, 0, -1);
-    if (norm_bias) p.ln2_b = add(lname("pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
+  };
+  // Its MLP block after pre_mlp_layernorm: the dense MLP or the MoE layer.
+  add_mlp = [&](LayerParams& p, int64_t l, const std::string& prefix) {
+    auto lname = [&](const char* rest) { return prefix + rest; };
+    auto ename = [&](int64_t e, const char* rest) {
+      return prefix + "mlp.experts.local_experts." + std::to_string(e) + "." + rest;
+    };
     if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts
       const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.gated_linear_unit() ? 2 * Fe : Fe;
       p.router_w = add(lname("mlp.router.weight"), {cfg_.num_experts, C}, ParamInit::normal, std, -1);
@@ -431,13 +487,12 @@ void GPTModel::register_parameters() {
         if (cfg_.moe_shared_expert_gate)
           p.shared_gate = add(lname("mlp.shared_experts.gate_weight"), {1, C}, ParamInit::normal, std, -1);
       }
-      return p;
+      return;
     }
     p.fc1_w = add(lname("mlp.linear_fc1.weight"), {F1, C}, ParamInit::normal, std, 0, fc1_blocks);
     if (bias) p.fc1_b = add(lname("mlp.linear_fc1.bias"), {F1}, ParamInit::zeros, 0, 0, fc1_blocks);
     p.fc2_w = add(lname("mlp.linear_fc2.weight"), {C, F}, ParamInit::normal, out_std, 1);
     if (bias) p.fc2_b = add(lname("mlp.linear_fc2.bias"), {C}, ParamInit::zeros, 0, -1);
-    return p;
   };
   for (auto [begin, end] : place_.chunks) {
     chunk_first_.push_back(layers_.size());
@@ -650,15 +705,16 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
       for (int64_t l = 0; l < layers; ++l) {
         if (shared_layer[size_t(l)]) continue;
         Activations::Layer& x = a.layers[size_t(l)];
-        const bool moe = cfg.moe_layer(place.chunks[size_t(c)].first + l);
+        const int64_t global = place.chunks[size_t(c)].first + l;
+        const bool moe = cfg.moe_layer(global), mlp = cfg.mlp_block(global);
         // (Not sc's pointers: a counting arena's are null.)
-        x = alloc_layer(!selective, moe, !moe && !shared_mlp, !shared_norms);
+        x = alloc_layer(!selective, mlp && moe, mlp && !moe && !shared_mlp, !shared_norms);
         if (selective) {
           x.attn = sc.attn;
           x.lse = sc.lse;
           if (cfg.multi_latent_attention) x.attn_v = sc.attn_v;
         }
-        if (!moe && shared_mlp) {
+        if (mlp && !moe && shared_mlp) {
           x.fc1 = sc.fc1;
           x.gelu = sc.gelu;
         }
@@ -703,6 +759,8 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   sc.d_3c = arena.alloc_f32(N * Wl, "grad");
   // (under context parallelism the GDN core's buffers are GdnContextParallel's, for the whole sequences)
   if (cfg.gated_delta_net() && cp == 1) gdn_scratch_carve(sc.gdn, arena, gdn_kernel_shape(cfg, P, B, T));
+  if (cfg.hybrid_layer_pattern.find('M') != std::string::npos)
+    mamba_scratch_carve(sc.mamba, arena, mamba_kernel_shape(cfg, P, B, T));
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe()) {
     const MoeShape ms = lattice::moe_shape(cfg, P, ep);
@@ -937,6 +995,7 @@ std::optional<GPTModel::NextNorm> GPTModel::next_norm(int chunk, Activations& a,
   if (i < a.layers.size()) {
     const LayerParams& p = layers_[chunk_first_[size_t(chunk)] + i];
     Activations::Layer& x = a.layers[i];
+    if (!p.attention) return NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b};  // an MLP-only layer's
     return NextNorm{x.ln1, x.ln1_mean, x.ln1_rstd, p.ln1_w, p.ln1_b};
   }
   if (!has_loss(chunk)) return std::nullopt;
@@ -956,9 +1015,16 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   const int64_t l = p.layer;
   Activations::Layer& x = a.layers[i];
   const float* in = a.resid[i];
+  // The MLP block's input: resid_mid, or the layer's input without an attention block (an MLP-only layer,
+  // whose pre_mlp_layernorm is its first norm).
+  const float* mid = p.attention ? x.resid_mid : in;
+  if (!p.attention) {
+    if (!ln1_made) layernorm_input(x.ln2, x.ln2_mean, x.ln2_rstd, in, p.ln2_w, p.ln2_b, Ns);
+    return forward_mlp_block(p, a, i, B, T, key, output, after, mid);
+  }
   // Attention block: resid_mid = in + dropout(proj(attention(qkv(ln1(in)))))
   if (!ln1_made) layernorm_input(x.ln1, x.ln1_mean, x.ln1_rstd, in, p.ln1_w, p.ln1_b, Ns);
-  if (p.linear) {  // a GDN layer: in_proj, then its core into x.attn (core_attention_forward)
+  if (p.linear) {  // a GDN or Mamba layer: in_proj, then its core into x.attn (core_attention_forward)
     linear_forward(x.qkv, ln_input(x.ln1, N), params_.param(p.qkv_w), nullptr, N, C, qkv_local(p), site(p.qkv_w));
   } else if (cfg_.multi_latent_attention) {
     mla_qkv_forward(p, a, i, ln_input(x.ln1, N), N);
@@ -975,11 +1041,32 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
   core_attention_forward(p, a, i, B, T, key);
   if (!p.linear) gate_attention_output(x.attn, x.qkv, N);
   // The projection's rounding, bias, dropout and residual add in one pass (Megatron's
-  // bias_dropout_add), with LN2 of the result.
-  // MLP block: out = resid_mid + dropout(fc2(gelu(fc1(ln2(resid_mid)))))
+  // bias_dropout_add), with LN2 of the result; without an MLP block the layer's output, with the next norm.
+  if (!p.mlp) {
+    if (output)
+      row_parallel_output(a.resid[i + 1], in, out_rows, proj_input(p, a, i, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
+                          site_stream(key, p.name + "self_attention.dropout"), runs, after);
+    return;
+  }
   row_parallel_output(x.resid_mid, in, out_rows, proj_input(p, a, i, N), p.proj_w, p.proj_b, N, Cl, p_hidden,
                       site_stream(key, p.name + "self_attention.dropout"), runs,
                       NextNorm{x.ln2, x.ln2_mean, x.ln2_rstd, p.ln2_w, p.ln2_b});
+  forward_mlp_block(p, a, i, B, T, key, output, after, mid);
+}
+
+void GPTModel::forward_mlp_block(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
+                                 const MicroBatchKey& key, bool output, const std::optional<NextNorm>& after,
+                                 const float* mid) {
+  // MLP block: out = mid + dropout(fc2(gelu(fc1(ln2(mid)))))
+  const bool sp = tp_.sp();
+  Scratch& sc = *scratch_;
+  const int64_t N = B * T, C = cfg_.hidden_size;
+  const int64_t Ns = tp_.shard_rows(N);
+  const float p_hidden = key.training ? cfg_.hidden_dropout : 0.0f;
+  const std::vector<DropoutRun> runs = dropout_runs(B, T, p_hidden);
+  float* out_rows = sp ? sc.d_s : sc.d_c1;  // [Ns, C] output of a row-parallel linear
+  const int64_t l = p.layer;
+  Activations::Layer& x = a.layers[i];
   // The MoE layer on every token's row (all-gathered with sequence parallelism): this rank's partial y
   // [N, C] in d_c1, reduced as a row-parallel output; with whole experts on this rank's rows alone. Then
   // as fc2's output.
@@ -1005,17 +1092,17 @@ void GPTModel::forward_layer(const LayerParams& p, Activations& a, size_t i, int
     for (const DropoutRun& r : runs) {  // the dropout runs (context parallelism: each chunk's positions)
       const int64_t at = r.row * C;
       if (after)
-        bias_dropout_add_layernorm_forward(a.resid[i + 1] + at, x.resid_mid + at, out_rows + at, bias(-1), r.rows, C,
+        bias_dropout_add_layernorm_forward(a.resid[i + 1] + at, mid + at, out_rows + at, bias(-1), r.rows, C,
                                            p_hidden, stream, r.first_index, Rounding::none, rows_from(ln, r.row));
       else
-        bias_dropout_add_forward(a.resid[i + 1] + at, x.resid_mid + at, out_rows + at, bias(-1), r.rows, C, p_hidden,
+        bias_dropout_add_forward(a.resid[i + 1] + at, mid + at, out_rows + at, bias(-1), r.rows, C, p_hidden,
                                  stream, r.first_index, Rounding::none);
     }
     return;
   }
   mlp_fc1_forward(p, a, i, N);
   if (!output) return;
-  row_parallel_output(a.resid[i + 1], x.resid_mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
+  row_parallel_output(a.resid[i + 1], mid, out_rows, input(x.gelu), p.fc2_w, p.fc2_b, N, Fl_, p_hidden,
                       site_stream(key, p.name + "mlp.dropout"), runs, after);
 }
 
@@ -1318,6 +1405,7 @@ AttentionOperand GPTModel::qkv_input(const LayerParams& p, const float* qkv) con
 
 void GPTModel::core_attention_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
                                       const MicroBatchKey& key) {
+  if (p.mamba) return mamba_forward(p, a, i, B, T);
   if (p.linear) return gdn_forward(p, a, i, B, T);
   Activations::Layer& x = a.layers[i];
   const float p_attn = key.training ? cfg_.attention_dropout : 0.0f;
@@ -1361,7 +1449,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     // Final LayerNorm backward into d_resid.
     zero_on_device(sc.d_resid, size_t(Ns * C) * sizeof(float));
     const ResidualGradOut next =
-        a.layers.empty() ? ResidualGradOut{} : residual_grad_out(layers[a.layers.size() - 1].fc2_b, p_hidden);
+        a.layers.empty() ? ResidualGradOut{} : residual_grad_out(output_bias(layers[a.layers.size() - 1]), p_hidden);
     layernorm_backward(sc.d_resid, params_.grad(norm_w), bias_grad(norm_b), *d_lnf, a.resid.back(),
                        norm_weight(norm_w), a.lnf_mean, a.lnf_rstd, Ns, C, next, normalization());
     d_rows_made = next.bf16 != nullptr;
@@ -1378,21 +1466,28 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
       for (size_t j = size_t(a.recompute_from[i]); j <= i; ++j)
         forward_layer(layers[j], a, j, B, T, key, j < i, j > size_t(a.recompute_from[i]),
                       j < i ? next_norm(chunk, a, j + 1, row0) : std::nullopt);
+    // The MLP block's residual input (resid_mid, or the input of an MLP-only layer).
+    const float* mid = p.attention ? x.resid_mid : a.resid[i];
     // --recompute-modules mla_up_proj: the fused, rotated qkv again from the kept latents.
-    if (cfg_.recompute_mla_up_proj()) {
+    if (cfg_.recompute_mla_up_proj() && p.attention) {
       mla_up_forward(p, a, i, N);
       rotate_qkv(x.qkv, B, T, l);
     }
     // Selective recomputation: the core attention's output and statistics again from
     // the kept qkv (the proj backward and the attention backward need them).
-    if (selective_) core_attention_forward(p, a, i, B, T, key);
+    if (selective_ && p.attention) core_attention_forward(p, a, i, B, T, key);
     // --recompute-modules layernorm: LN2's output again from its kept input (the statistics come
     // out as kept); mlp: a dense layer's fc1 output and activation again from it.
-    if (cfg_.recompute_layernorm())
-      layernorm_input(x.ln2, x.ln2_mean, x.ln2_rstd, x.resid_mid, p.ln2_w, p.ln2_b, Ns);
-    if (cfg_.recompute_mlp() && !cfg_.moe_layer(l)) mlp_fc1_forward(p, a, i, N);
-    const ResidualGradOut proj_grad = residual_grad_out(p.proj_b, p_hidden);
-    if (cfg_.moe_layer(l)) {
+    if (cfg_.recompute_layernorm() && p.mlp) layernorm_input(x.ln2, x.ln2_mean, x.ln2_rstd, mid, p.ln2_w, p.ln2_b, Ns);
+    if (cfg_.recompute_mlp() && p.mlp && !cfg_.moe_layer(l)) mlp_fc1_forward(p, a, i, N);
+    // What the layer's first norm's backward may make: the previous layer's last row-parallel output
+    // gradient; and LN2's: the projection's, or in an MLP-only layer that previous layer's.
+    const ResidualGradOut before_grad =
+        i > 0 ? residual_grad_out(output_bias(layers[i - 1]), p_hidden) : ResidualGradOut{};
+    const ResidualGradOut proj_grad = p.attention ? residual_grad_out(p.proj_b, p_hidden) : before_grad;
+    if (!p.mlp) {
+      // A mixer-only layer: d_resid is the gradient of its output and of the residual path.
+    } else if (cfg_.moe_layer(l)) {
       // MoE layer: its output gradient (through the MLP's dropout) [Ns, C], every token's (all-gathered
       // into d_c1 with sequence parallelism); its partial input gradient [N, C] into d_c2 (free
       // until the projection's backward), reduced as a column-parallel layer's (all-reduced, or
@@ -1434,7 +1529,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
       }
       float* d_ln2 = sp && (!experts_whole_ || apart) ? sc.d_s : sc.d_c2;
       if (!experts_whole_ || apart) reduce_from_tensor_parallel_region(tp_, sc.d_c2, d_ln2, N, C);
-      layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), LayerNormDout(d_ln2), x.resid_mid,
+      layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), LayerNormDout(d_ln2), mid,
                          norm_weight(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
       grads_ready({p.router_w});
       grads_ready(p.expert_fc1);
@@ -1479,13 +1574,18 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
       // The input gradient rounded as the LayerNorm backward reads it (one pass fewer), or
       // already rounded, in bf16 (ln_dout); d_resid becomes d(resid_mid), and with it the
       // projection's output gradient may be made (residual_grad_out).
-      layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), ln_dout(d_ln, p.fc1_w), x.resid_mid,
+      layernorm_backward(sc.d_resid, params_.grad(p.ln2_w), bias_grad(p.ln2_b), ln_dout(d_ln, p.fc1_w), mid,
                          norm_weight(p.ln2_w), x.ln2_mean, x.ln2_rstd, Ns, C, proj_grad, normalization());
+    }
+    if (!p.attention) {  // an MLP-only layer: LN2 was its first norm
+      d_rows_made = before_grad.bf16 != nullptr;
+      grads_ready({p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b});
+      continue;
     }
     // Attention block.
     const RowOutputGrad d_proj =
-        row_output_grad(d_rows, p.proj_b, N, p_hidden, site_stream(key, p.name + "self_attention.dropout"),
-                        runs, proj_grad.bf16 != nullptr);
+        row_output_grad(d_rows, p.proj_b, N, p_hidden, site_stream(key, p.name + "self_attention.dropout"), runs,
+                        p.mlp ? proj_grad.bf16 != nullptr : d_rows_made);
     // The projection's input gradient, rounded; with bf16 qkv its GEMM writes it so, in bf16,
     // and the attention backward reads it as it is (no rounding pass, half the bytes).
     const bool bf16_d_attn = bf16_qkv();
@@ -1502,7 +1602,9 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
     // store in sc.d_3c).
     uint16_t* d_3c16 = bf16_d_attn && qkv_local() <= 2 * Fl_ ? reinterpret_cast<uint16_t*>(sc.d_f) : nullptr;
     float* d_qkv_b = d_3c16 ? bias_grad_or_null(p.qkv_b) : nullptr;
-    if (p.linear) {  // a GDN layer: its core's backward into d_3c (in_proj's output gradient)
+    if (p.mamba) {  // a Mamba layer: its core's backward into d_3c (in_proj's output gradient)
+      mamba_backward(p, a, i, B, T, selective_ || a.recompute_from[i] >= 0);
+    } else if (p.linear) {  // a GDN layer: the same
       gdn_backward(p, a, i, B, T, selective_ || a.recompute_from[i] >= 0);
     } else {
       if (d_proj_in != sc.d_c2) mla_attention_output_backward(d_proj_in, N);
@@ -1557,14 +1659,14 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
                                       ln_grad_site(p.qkv_w), d_3c16);
     // d_resid becomes d(layer input): the output gradient of the previous layer's fc2 (made
     // here with residual_grad_out), or the chunk's input gradient after the first layer.
-    const ResidualGradOut fc2_grad = i > 0 ? residual_grad_out(layers[i - 1].fc2_b, p_hidden) : ResidualGradOut{};
     layernorm_backward(sc.d_resid, params_.grad(p.ln1_w), bias_grad(p.ln1_b), ln_dout(d_ln, mla ? p.kv_down_w : p.qkv_w),
                        a.resid[i],
-                       norm_weight(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, fc2_grad, normalization());
-    d_rows_made = fc2_grad.bf16 != nullptr;
+                       norm_weight(p.ln1_w), x.ln1_mean, x.ln1_rstd, Ns, C, before_grad, normalization());
+    d_rows_made = before_grad.bf16 != nullptr;
     grads_ready({p.ln1_w, p.ln1_b, p.qkv_w, p.qkv_b, p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b, p.proj_w,
                  p.proj_b, p.ln2_w, p.ln2_b, p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b, p.q_proj_w, p.q_down_w, p.q_up_w,
-                 p.kv_down_w, p.kv_up_w, p.conv_w, p.dt_bias, p.a_log, p.out_norm_w, p.out_norm_b});
+                 p.kv_down_w, p.kv_up_w, p.conv_w, p.dt_bias, p.a_log, p.out_norm_w, p.out_norm_b, p.conv_b,
+                 p.d_skip});
   }
 }
 
@@ -1746,8 +1848,9 @@ void GPTModel::finish_tensor_parallel_grads(const std::vector<std::pair<int64_t,
     for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.router_w, p.router_b});
     for (const MtpParams& d : mtp_) norms.insert(norms.end(), {d.layer.router_w, d.layer.router_b});
   }
-  // A GDN layer's out_norm (each rank's value heads).
-  for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.out_norm_w, p.out_norm_b});
+  // A GDN layer's out_norm (each rank's value heads; a Mamba layer's gated norm is split with its heads).
+  for (const LayerParams& p : layers_)
+    if (!p.mamba) norms.insert(norms.end(), {p.out_norm_w, p.out_norm_b});
   for (const MtpParams& d : mtp_) norms.insert(norms.end(), {d.layer.out_norm_w, d.layer.out_norm_b});
   // (With --multi-latent-attention those are the latents' norms, whose gradients are whole on every rank.)
   if (!cfg_.multi_latent_attention) {

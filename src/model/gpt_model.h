@@ -36,6 +36,7 @@
 #include "kernels/embedding.h"
 #include "kernels/gated_delta_net.h"
 #include "kernels/layernorm.h"
+#include "kernels/mamba.h"
 #include "model/context_parallel.h"
 #include "model/linear.h"
 #include "model/moe_layer.h"
@@ -265,6 +266,12 @@ class GPTModel {
   static size_t activation_bytes(const TransformerConfig& config, int64_t B, int64_t T,
                                  const TensorParallel& tp = {}, const ModelPlacement& placement = {}, int ep = 1,
                                  int cp = 1);
+  // The parameters a model of `config` registers for `placement` on tensor-parallel rank tp (its
+  // parts, in its order and with its splits, so the flat buffer's alignment padding and gradient
+  // buckets come out as the model's) with the experts of expert-parallel rank ep_rank of ep_size.
+  // Registry only: nothing is allocated (the memory estimate's, train/memory_estimate.h).
+  static ParamBuffer parameter_registry(const TransformerConfig& config, const TensorParallel& tp,
+                                        const ModelPlacement& placement, int ep_rank, int ep_size);
   size_t arena_bytes() const { return arena_.capacity(); }
   // Context parallelism's buffers beside the arena (the gathered keys and values [B, T, Gl, 2, D],
   // their staging, the reduce-scattered gradients [B, T/cp, Gl, 2, D]); 0 without it.
@@ -313,7 +320,17 @@ class GPTModel {
     // A_log (split with the heads) and out_norm's weight and bias (replicated).
     bool linear = false;
     int conv_w = -1, dt_bias = -1, a_log = -1, out_norm_w = -1, out_norm_b = -1;
+    // A Mamba layer (--hybrid-override-pattern's M; model/mamba_mixer.cpp): linear too (qkv_w its
+    // mixer.in_proj, proj_w its mixer.out_proj, ln1 its norm); conv_w and conv_b the convolution's weight and
+    // bias, dt_bias, a_log and d_skip (mixer.D) split with the heads, out_norm_w the gated norm's weight.
+    bool mamba = false;
+    int conv_b = -1, d_skip = -1;
+    // Which blocks the layer has (--hybrid-override-pattern: a mixer-only or an MLP-only layer; else both).
+    bool attention = true, mlp = true;
   };
+  // The bias of the last row-parallel layer of layer p (fc2's, none for an MoE layer, or the
+  // projection's without an MLP block): the one whose output gradient a LayerNorm backward may make.
+  static int output_bias(const LayerParams& p) { return p.mlp ? p.fc2_b : p.proj_b; }
   // The attention sinks' logits of layer p's local heads [Hl] (--softmax-type; null: vanilla) and,
   // with learnable ones, their gradient (else null).
   const float* softmax_offset(const LayerParams& p) const;
@@ -345,6 +362,10 @@ class GPTModel {
   };
   struct MtpDepth;
 
+  struct RegistryOnly {};
+  // parameter_registry's model: its config, placement and experts, its parameters registered, nothing else.
+  GPTModel(RegistryOnly, const TransformerConfig& config, const TensorParallel& tp, const ModelPlacement& placement,
+           int ep_rank, int ep_size);
   void register_parameters();
   static void allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& mtp, Scratch& scratch, Arena& arena,
                        const TransformerConfig& cfg, const TensorParallel& tp, const ModelPlacement& place,
@@ -433,6 +454,10 @@ class GPTModel {
   // LayerNorm to make with its output.
   void forward_layer(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
                      const MicroBatchKey& key, bool output, bool ln1_made, const std::optional<NextNorm>& after);
+  // Its MLP block (dense or MoE) from its LN2 output, mid the block's residual input (resid_mid, or the
+  // layer's input in an MLP-only layer).
+  void forward_mlp_block(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T,
+                         const MicroBatchKey& key, bool output, const std::optional<NextNorm>& after, const float* mid);
   // A dense layer's fc1 output and activation (x.fc1, x.gelu) from its LN2 output (forward,
   // and --recompute-modules mlp in backward).
   void mlp_fc1_forward(const LayerParams& p, Activations& a, size_t i, int64_t N);
@@ -456,6 +481,13 @@ class GPTModel {
   // The core's shape on micro-batch a's rows (with --reset-attention-mask its document ids: the rows', or
   // under context parallelism the whole sequences').
   GdnShape gdn_shape(int64_t B, int64_t T, const Activations& a) const;
+  // A Mamba layer (model/mamba_mixer.cpp): the same between in_proj's output x.qkv and out_proj's input
+  // x.attn [N, I / P], with the gradients of conv1d, dt_bias, A_log, D and the gated norm's weight
+  // (mamba_core_forward: rows x [N, W / P] into out [N, I / P]).
+  MambaShape mamba_shape(int64_t B, int64_t T, const Activations& a) const;
+  void mamba_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
+  void mamba_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T, bool fresh);
+  void mamba_core_forward(const LayerParams& p, const float* x, float* out, const MambaShape& s);
   void gdn_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
   void gdn_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T, bool fresh);
   // The core of shape s with parameters w on rows x [N, W] into y [N, Hv Dv] with g's buffers; and its

@@ -125,6 +125,23 @@ struct GdnScratch {
 // Carves them for a core of shape s out of `arena` (model/gated_delta_net.cpp).
 void gdn_scratch_carve(GdnScratch& g, Arena& arena, const GdnShape& s);
 
+// A Mamba layer's mixer between in_proj and out_proj (model/mamba_mixer.cpp), made in its forward and again
+// in its backward: one copy for every Mamba layer. Rows N = B T, this rank's heads and groups
+// (kernels/mamba.h's names).
+struct MambaScratch {
+  float* u = nullptr;     // [N, Cc] the convolution's output (xs, B, C)
+  float* dt = nullptr;    // [N, H] the steps
+  float* y = nullptr;     // [N, H P] the scan's output
+  float* rstd = nullptr;  // [N, G] the gated norm's statistics
+  float* ckpt = nullptr;  // [B, H, chunks, P, N] each chunk's starting state
+  float* du = nullptr;    // [N, Cc] gradients: of u,
+  float* d_dt = nullptr;  //   [N, H] of dt,
+  float* dy = nullptr;    //   [N, H P] of y
+  float* work = nullptr;  // the scan backward's on a GPU (mamba_scan_work; none on the CPU)
+};
+// Carves them for a mixer of shape s out of `arena` (model/mamba_mixer.cpp).
+void mamba_scratch_carve(MambaScratch& m, Arena& arena, const MambaShape& s);
+
 // The parameters a GDN core runs with (its heads' conv1d rows, A_log and dt_bias; out_norm's are the layer's)
 // and where their gradients go.
 struct GdnCoreParams {
@@ -157,6 +174,7 @@ struct GdnContextParallel {
 // Backward scratch shared by every chunk and slot (one step runs at a time).
 struct GPTModel::Scratch {
   GdnScratch gdn;             // --experimental-attention-variant gated_delta_net
+  MambaScratch mamba;         // --hybrid-override-pattern with Mamba layers
   float* d_resid;             // [Ns, C]
   float* d_s;                 // [Ns, C]  (sequence parallelism only)
   float* ln_full;             // [N, C]   a LayerNorm output gathered from the shards (idem)

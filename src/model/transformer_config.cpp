@@ -69,6 +69,7 @@ void TransformerConfig::finalize(int64_t tp) {
   if (padded_vocab_size == 0)
     padded_vocab_size = pad_vocab_size(vocab_size, make_vocab_size_divisible_by, tp);
   if (padded_vocab_size < vocab_size) LATTICE_FAIL() << "padded vocabulary smaller than the vocabulary";
+  check_hybrid(tp);
   check_moe();
   check_mtp();
   check_tensor_parallel_split(*this, tp);
@@ -99,6 +100,49 @@ void TransformerConfig::finalize(int64_t tp) {
   if (attention_dropout < 0 || attention_dropout >= 1)
     LATTICE_FAIL() << "--attention-dropout must be in [0, 1), got " << attention_dropout;
   check_recompute();
+}
+
+void TransformerConfig::check_hybrid(int64_t tp) {
+  if (!hybrid()) return;
+  const std::string& p = hybrid_layer_pattern;
+  if (int64_t(p.size()) != num_layers)
+    LATTICE_FAIL() << "--hybrid-override-pattern '" << p << "' has " << p.size() << " layers for --num-layers "
+                   << num_layers;
+  if (size_t bad = p.find_first_not_of("M*-E"); bad != std::string::npos)
+    LATTICE_FAIL() << "--hybrid-override-pattern '" << p << "': '" << p[bad] << "' at layer " << bad
+                   << " is not M (Mamba), * (attention), - (MLP) or E (MoE)";
+  const bool experts = p.find('E') != std::string::npos;
+  if (experts != (num_experts > 0))
+    LATTICE_FAIL() << (experts ? "--hybrid-override-pattern's E layers need --num-experts"
+                               : "--num-experts needs E (MoE) layers in --hybrid-override-pattern");
+  if (experts) {  // the MoE layers are the pattern's E layers
+    moe_layer_pattern.clear();
+    for (char c : p) moe_layer_pattern.push_back(c == 'E' ? 1 : 0);
+  }
+  if (gated_delta_net() || multi_latent_attention || mtp_num_layers > 0)
+    LATTICE_FAIL() << "--hybrid-override-pattern does not go with "
+                   << (gated_delta_net() ? "--experimental-attention-variant"
+                                         : multi_latent_attention ? "--multi-latent-attention" : "--mtp-num-layers")
+                   << " yet";
+  if (p.find('M') == std::string::npos) return;
+  const struct {
+    const char* flag;
+    int64_t value;
+  } dims[] = {{"--mamba-state-dim", mamba_state_dim},
+              {"--mamba-head-dim", mamba_head_dim},
+              {"--mamba-num-groups", mamba_num_groups}};
+  for (const auto& d : dims)
+    if (d.value <= 0) LATTICE_FAIL() << d.flag << " must be positive, got " << d.value;
+  if (mamba_num_heads < 0) LATTICE_FAIL() << "--mamba-num-heads must be positive (or 0: 2 x --hidden-size / --mamba-head-dim)";
+  if (mamba_num_heads == 0 && (2 * hidden_size) % mamba_head_dim != 0)
+    LATTICE_FAIL() << "--mamba-head-dim " << mamba_head_dim << " does not divide 2 x --hidden-size " << 2 * hidden_size
+                   << " (the Mamba layers' d_inner; or give --mamba-num-heads)";
+  const int64_t H = mamba_heads();
+  if (H % mamba_num_groups != 0)
+    LATTICE_FAIL() << "--mamba-num-groups " << mamba_num_groups << " does not divide the Mamba heads " << H;
+  if (H % tp != 0 || mamba_num_groups % tp != 0)
+    LATTICE_FAIL() << "the Mamba heads " << H << " and --mamba-num-groups " << mamba_num_groups
+                   << " must be divisible by --tensor-model-parallel-size " << tp;
 }
 
 void TransformerConfig::check_gated_delta_net(int64_t tp) const {

@@ -79,6 +79,27 @@ struct TransformerConfig {
     return gated_delta_net() && !linear_attention_pattern.empty() &&
            linear_attention_pattern[size_t(std::min<int64_t>(layer, num_layers - 1))] != 0;
   }
+  // --hybrid-override-pattern (Megatron-Core's MambaModel, Nemotron-H's hybrid): one character per layer,
+  // M a Mamba-2 layer (its norm and MambaMixer, kernels/mamba.h, model/mamba_mixer.cpp), * a self-attention
+  // layer (input_layernorm and self_attention, no MLP), - an MLP layer (pre_mlp_layernorm and mlp, no
+  // attention), E an MoE layer (pre_mlp_layernorm and the MoE mlp); empty: every layer attention and MLP.
+  // The Mamba mixer's shape: --mamba-num-heads H of --mamba-head-dim P (H = 2 hidden / P when 0: Megatron's
+  // expand 2), --mamba-num-groups G of B and C, each --mamba-state-dim N wide; a width-4 convolution.
+  std::string hybrid_layer_pattern;
+  int64_t mamba_state_dim = 128, mamba_head_dim = 64, mamba_num_groups = 8, mamba_num_heads = 0;
+  static constexpr int64_t kMambaConvKernel = 4;
+  bool hybrid() const { return !hybrid_layer_pattern.empty(); }
+  char hybrid_layer(int64_t layer) const {
+    return hybrid() ? hybrid_layer_pattern[size_t(std::min<int64_t>(layer, num_layers - 1))] : 0;
+  }
+  bool mamba_layer(int64_t layer) const { return hybrid_layer(layer) == 'M'; }
+  // Whether layer `layer` has the attention block (its mixer: attention, GDN or Mamba) and the MLP block.
+  bool attention_block(int64_t layer) const { return !hybrid() || mamba_layer(layer) || hybrid_layer(layer) == '*'; }
+  bool mlp_block(int64_t layer) const { return !hybrid() || hybrid_layer(layer) == '-' || hybrid_layer(layer) == 'E'; }
+  int64_t mamba_heads() const { return mamba_num_heads > 0 ? mamba_num_heads : 2 * hidden_size / mamba_head_dim; }
+  int64_t mamba_inner() const { return mamba_heads() * mamba_head_dim; }  // d_inner
+  int64_t mamba_conv_width() const { return mamba_inner() + 2 * mamba_num_groups * mamba_state_dim; }
+  int64_t mamba_in_proj_width() const { return mamba_inner() + mamba_conv_width() + mamba_heads(); }
   // A GDN layer's widths: in_proj's output (q and k Hk Dk each, v and the output gate z Hv Dv each, then
   // beta's and the decay's Hv) and out_proj's input (Hv Dv).
   int64_t gdn_in_proj_width() const {
@@ -92,9 +113,13 @@ struct TransformerConfig {
   // Layer `layer`'s input projection's output (linear_qkv's or in_proj's) and linear_proj's or out_proj's
   // input, and their largest over the layers (the buffers' sizes).
   int64_t layer_qkv_width(int64_t layer) const {
+    if (!attention_block(layer)) return 0;
+    if (mamba_layer(layer)) return mamba_in_proj_width();
     return linear_attention_layer(layer) ? gdn_in_proj_width() : qkv_width();
   }
   int64_t layer_proj_width(int64_t layer) const {
+    if (!attention_block(layer)) return 0;
+    if (mamba_layer(layer)) return mamba_inner();
     return linear_attention_layer(layer) ? gdn_out_width() : attention_output_width();
   }
   int64_t max_qkv_width() const {
@@ -381,6 +406,8 @@ struct TransformerConfig {
   // is an attention layer, the others GDN layers: ([1] * (N-1) + [0]) repeated, Megatron's), or a list
   // expression as --moe-layer-freq's, 1 for a GDN layer. Returns the whole pattern.
   static std::vector<int> parse_linear_attention_freq(const std::string& value, int64_t num_layers);
+  // --hybrid-override-pattern's part of finalize() (the MoE layers are its E layers).
+  void check_hybrid(int64_t tp);
   // The Gated DeltaNet fields' part of finalize().
   void check_gated_delta_net(int64_t tp) const;
   // The multi-token prediction fields' part of finalize().

@@ -13,8 +13,11 @@
 namespace lattice {
 
 bool muon_matrix(const ParamInfo& p) {
+  const std::string mamba_in_proj = "mixer.in_proj.weight";
+  const bool in_proj = p.name.size() >= mamba_in_proj.size() &&
+                       p.name.compare(p.name.size() - mamba_in_proj.size(), mamba_in_proj.size(), mamba_in_proj) == 0;
   return p.shape.size() == 2 && !p.buffer && !p.shared_embedding_copy && p.name != "embedding.word_embeddings.weight" &&
-         p.name != "output_layer.weight";
+         p.name != "output_layer.weight" && !in_proj;
 }
 
 int64_t muon_matrix_elements(const std::vector<ParamInfo>& infos) {

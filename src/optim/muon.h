@@ -36,7 +36,8 @@ struct MuonConfig {
 };
 
 // Whether Muon updates parameter p: a 2-D matrix other than the word embedding and the output
-// layer (Megatron's rule: not is_embedding_or_output_parameter and len(shape) == 2).
+// layer (Megatron's rule: not is_embedding_or_output_parameter and len(shape) == 2) and a Mamba layer's
+// in_proj (its z, x, B, C and dt rows, which Megatron's MambaMixer marks use_muon False).
 bool muon_matrix(const ParamInfo& p);
 // The elements of the matrices Muon updates among `infos` (they keep a momentum and no second moment).
 int64_t muon_matrix_elements(const std::vector<ParamInfo>& infos);

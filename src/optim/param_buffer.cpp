@@ -148,7 +148,8 @@ void ParamBuffer::initialize(uint64_t seed) {
         break;
       }
       case ParamInit::uniform:
-      case ParamInit::log_uniform: {
+      case ParamInit::log_uniform:
+      case ParamInit::inverse_softplus_dt: {
         // Keyed as the normal draws: the element's global row-major index (a split along dim 0 only).
         PhiloxStream stream{seed, fnv1a32(p.name.c_str())};
         LATTICE_CHECK(p.tp_split_dim <= 0) << "parameter " << p.name << ": uniform init of a split other than dim 0";
@@ -159,8 +160,14 @@ void ParamBuffer::initialize(uint64_t seed) {
           float* wb = w + box.local_offset;
           for (int64_t i = 0; i < n; ++i) {
             const double r = double(stream.uniform(uint64_t(row0 * inner + i)));
-            wb[i] = p.init == ParamInit::uniform ? float(p.init_std * (2.0 * r - 1.0))
-                                                 : float(std::log(1.0 + r * (double(p.init_std) - 1.0)));
+            if (p.init == ParamInit::inverse_softplus_dt) {
+              const double lo = std::log(0.001), hi = std::log(0.1);
+              const double dt = std::max(std::exp(lo + r * (hi - lo)), 1e-4);
+              wb[i] = float(dt + std::log(-std::expm1(-dt)));
+            } else {
+              wb[i] = p.init == ParamInit::uniform ? float(p.init_std * (2.0 * r - 1.0))
+                                                   : float(std::log(1.0 + r * (double(p.init_std) - 1.0)));
+            }
           }
         }
         break;

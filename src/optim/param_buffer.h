@@ -17,7 +17,9 @@ namespace lattice {
 // the parameter's name and each element's global index, so every layout draws the same values.
 // uniform: U(-init_std, init_std) (a GDN layer's conv1d.weight: torch's Conv1d default, 1 / sqrt(fan_in));
 // log_uniform: log U(1, init_std) (a GDN layer's A_log: Megatron's A_init_range (1, 16)). Any shape.
-enum class ParamInit { normal, zeros, ones, xavier_uniform, uniform, log_uniform };
+// inverse_softplus_dt: softplus^-1(dt), dt = exp(U(log 0.001, log 0.1)) at least 1e-4 (a Mamba layer's dt_bias:
+// Megatron's dt_min, dt_max and dt_init_floor).
+enum class ParamInit { normal, zeros, ones, xavier_uniform, uniform, log_uniform, inverse_softplus_dt };
 
 struct ParamInfo {
   std::string name;        // Megatron-Core state-dict name, e.g. decoder.layers.0.mlp.linear_fc1.weight

@@ -107,6 +107,12 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"linear-attention-freq", Kind::str, &a.linear_attention_freq,
        "with gated_delta_net: every N-th layer is an attention layer, the rest GDN, or a list such as [1,1,1,0] (1: GDN)"},
       {"linear-conv-kernel-dim", Kind::i64, &a.linear_conv_kernel_dim, "GDN: the causal convolution's width (default 4)"},
+      {"hybrid-override-pattern", Kind::str, &a.hybrid_override_pattern,
+       "a hybrid model (Nemotron-H's), one character per layer: M Mamba-2, * attention, - MLP, E MoE (e.g. M-M*-)"},
+      {"mamba-state-dim", Kind::i64, &a.mamba_state_dim, "Mamba layers: the state's dims per group (default 128)"},
+      {"mamba-head-dim", Kind::i64, &a.mamba_head_dim, "Mamba layers: each head's dims (default 64)"},
+      {"mamba-num-groups", Kind::i64, &a.mamba_num_groups, "Mamba layers: groups of the B and C projections (default 8)"},
+      {"mamba-num-heads", Kind::i64, &a.mamba_num_heads, "Mamba layers: heads (default 0: 2 x hidden / head dim)"},
       {"linear-key-head-dim", Kind::i64, &a.linear_key_head_dim, "GDN: each query and key head's dims (default 128)"},
       {"linear-value-head-dim", Kind::i64, &a.linear_value_head_dim, "GDN: each value head's dims (default 128)"},
       {"linear-num-key-heads", Kind::i64, &a.linear_num_key_heads, "GDN: query and key heads (default 16)"},
@@ -970,6 +976,11 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.linear_value_head_dim = linear_value_head_dim;
   c.linear_num_key_heads = linear_num_key_heads;
   c.linear_num_value_heads = linear_num_value_heads;
+  c.hybrid_layer_pattern = hybrid_override_pattern;
+  c.mamba_state_dim = mamba_state_dim;
+  c.mamba_head_dim = mamba_head_dim;
+  c.mamba_num_groups = mamba_num_groups;
+  c.mamba_num_heads = mamba_num_heads;
   // Each listed type's coefficient (a single type: the single value; sinkhorn's is checked as 0).
   c.moe_aux_loss_coeff = 0.0f;
   for (size_t i = 0; i < moe_router_load_balancing_type.size(); ++i) {
@@ -1157,6 +1168,14 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     out.emplace_back("linear-attention-freq", json(m["linear_attention_freq"].dump()));
     for (const char* f : {"linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
                           "linear_num_key_heads", "linear_num_value_heads"}) {
+      std::string flag = f;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      from_model(flag.c_str(), f);
+    }
+  }
+  if (!m.value("hybrid_override_pattern", std::string()).empty()) {
+    from_model("hybrid-override-pattern", "hybrid_override_pattern");
+    for (const char* f : {"mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads"}) {
       std::string flag = f;
       std::replace(flag.begin(), flag.end(), '_', '-');
       from_model(flag.c_str(), f);

@@ -9,7 +9,35 @@
 
 namespace lattice {
 
+namespace {
+
+// --hybrid-override-pattern: each layer's own terms per token (Megatron's hybrid count): an attention layer's
+// QKV layer, scores, weighted values and projection; an MLP layer's two (gated: three) matrices; an MoE
+// layer's k routed and its shared experts; a Mamba layer's in_proj, scan (7 I N) and out_proj; the logits.
+double hybrid_flops_per_token(const TransformerConfig& cfg, int64_t s) {
+  const double h = double(cfg.hidden_size);
+  const double q = double(cfg.kv_channels * cfg.num_attention_heads), kv = 2.0 * double(cfg.kv_channels * cfg.num_query_groups);
+  const double gate = cfg.attention_output_gate ? q : 0.0;
+  const double ffn_mult = cfg.gated_linear_unit() ? 3.0 : 2.0;
+  double total = 6 * h * double(cfg.padded_vocab_size);
+  for (char kind : cfg.hybrid_layer_pattern) {
+    if (kind == '*') total += 6 * (h * (q + kv + gate) + q * h) + double(s) * 6 * q;
+    if (kind == '-') total += 6 * h * double(cfg.ffn_hidden_size) * ffn_mult;
+    if (kind == 'E')
+      total += 6 * h * double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk + cfg.moe_shared_expert_intermediate_size) *
+               ffn_mult;
+    if (kind == 'M') {
+      const double I = double(cfg.mamba_inner());
+      total += 6 * h * double(cfg.mamba_in_proj_width()) + 7 * I * double(cfg.mamba_state_dim) + 6 * I * h;
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
 double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, int64_t s) {
+  if (cfg.hybrid()) return double(gbs) * double(s) * hybrid_flops_per_token(cfg, s);
   // --mtp-num-layers: each prediction depth's transformer layer (dense or MoE as the last decoder
   // layer) counts as a layer; its norms,
   // eh_proj and logits are added below (Megatron's "MTP norms and proj" and "Logit" terms).

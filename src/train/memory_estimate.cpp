@@ -52,112 +52,6 @@ class LayoutOnlyComm : public Comm {
   std::vector<int> ranks_;
 };
 
-// The parameters GPTModel registers for `place` on TP rank r of P, in its order and with
-// its split (column-parallel dim 0, row-parallel dim 1, replicated -1), so the flat
-// buffer's alignment padding and gradient buckets come out as the model's. Registry
-// only: nothing is allocated. (tests/unit/test_memory_estimate.cpp compares it with a
-// real model.)
-ParamBuffer register_parameters(const TransformerConfig& c, int r, int P, const ModelPlacement& place, int ep_rank,
-                                int ep) {
-  ParamBuffer pb;
-  const int64_t C = c.hidden_size, F = c.ffn_hidden_size, Vp = c.padded_vocab_size;
-  auto add = [&](const std::string& name, const Shape& shape, int split) {
-    return pb.add_tp(name, shape, ParamInit::zeros, 0, split, r, P);
-  };
-  // A routed expert's weight: split as the dense MLP's, or whole (--expert-tensor-parallel-size 1).
-  const bool whole_experts = c.experts_whole(P);
-  auto add_expert = [&](const std::string& name, const Shape& shape, int split) {
-    return whole_experts ? pb.add_tp(name, shape, ParamInit::zeros, 0, -1, 0, 1) : add(name, shape, split);
-  };
-  const bool tied = !c.untie_embeddings_and_output_weights;
-  if (place.pre_process) {
-    add("embedding.word_embeddings.weight", {Vp, C}, 0);                          // [Vp/P, C]
-    if (c.learned_positions()) add("embedding.position_embeddings.weight", {c.max_position_embeddings, C}, -1);
-  }
-  // One transformer layer's parameters under prefix p (l: its number, which decides its kind).
-  auto add_layer = [&](int64_t l, const std::string& p) {
-    add(p + "input_layernorm.weight", {C}, -1);
-    if (!c.rmsnorm()) add(p + "input_layernorm.bias", {C}, -1);
-    if (c.multi_latent_attention) {  // the latents replicated, the up projections split by heads
-      const int64_t H = c.num_attention_heads, Dq = c.mla_qk_dim(), Rq = c.q_lora_rank, Rkv = c.kv_lora_rank;
-      auto latent_norm = [&](const char* norm, int64_t R) {
-        if (!c.mla_latent_norms()) return;
-        add(p + norm + "weight", {R}, -1);
-        if (!c.rmsnorm()) add(p + norm + "bias", {R}, -1);
-      };
-      if (Rq == 0) {
-        add(p + "self_attention.linear_q_proj.weight", {H * Dq, C}, 0);
-      } else {
-        add(p + "self_attention.linear_q_down_proj.weight", {Rq, C}, -1);
-        latent_norm("self_attention.q_layernorm.", Rq);
-        add(p + "self_attention.linear_q_up_proj.weight", {H * Dq, Rq}, 0);
-      }
-      add(p + "self_attention.linear_kv_down_proj.weight", {Rkv + c.qk_pos_emb_head_dim, C}, -1);
-      latent_norm("self_attention.kv_layernorm.", Rkv);
-      add(p + "self_attention.linear_kv_up_proj.weight", {H * (c.qk_head_dim + c.v_head_dim), Rkv}, 0);
-    } else {
-      add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), C}, 0);  // [W/P, C], W = 3Q without grouping
-      if (c.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, 0);
-    }
-    if (c.learnable_softmax_offset()) add(p + "self_attention.core_attention.softmax_offset", {c.num_attention_heads}, 0);
-    if (c.qk_layernorm && !c.multi_latent_attention)
-      for (const char* norm : {"self_attention.q_layernorm.", "self_attention.k_layernorm."}) {
-        add(p + norm + "weight", {c.kv_channels}, -1);
-        if (!c.rmsnorm()) add(p + norm + "bias", {c.kv_channels}, -1);
-      }
-    add(p + "self_attention.linear_proj.weight", {C, c.attention_output_width()}, 1);  // [C, Q/P] (MLA: H Dv / P)
-    if (c.add_bias_linear) add(p + "self_attention.linear_proj.bias", {C}, -1);
-    add(p + "pre_mlp_layernorm.weight", {C}, -1);
-    if (!c.rmsnorm()) add(p + "pre_mlp_layernorm.bias", {C}, -1);
-    if (c.moe_layer(l)) {  // router [E, C], each local expert's fc1 [F1e/P, C] and fc2 [C, Fe/P]
-      add(p + "mlp.router.weight", {c.num_experts, C}, -1);
-      if (c.add_bias_linear) add(p + "mlp.router.bias", {c.num_experts}, -1);
-      if (c.moe_router_enable_expert_bias) add(p + "mlp.router.expert_bias", {c.num_experts}, -1);
-      const int64_t Fe = c.moe_ffn_hidden_size, El = c.num_experts / ep;
-      for (int64_t e = El * ep_rank; e < El * (ep_rank + 1); ++e) {
-        const std::string x = p + "mlp.experts.local_experts." + std::to_string(e) + ".";
-        pb.mark_expert(add_expert(x + "linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fe : Fe, C}, 0));
-        pb.mark_expert(add_expert(x + "linear_fc2.weight", {C, Fe}, 1));
-        if (!c.add_bias_linear) continue;
-        pb.mark_expert(add_expert(x + "linear_fc1.bias", {c.gated_linear_unit() ? 2 * Fe : Fe}, 0));
-        pb.mark_expert(add_expert(x + "linear_fc2.bias", {C}, -1));
-      }
-      if (const int64_t Fs = c.moe_shared_expert_intermediate_size; Fs > 0) {
-        add(p + "mlp.shared_experts.linear_fc1.weight", {c.gated_linear_unit() ? 2 * Fs : Fs, C}, 0);
-        add(p + "mlp.shared_experts.linear_fc2.weight", {C, Fs}, 1);
-        if (c.moe_shared_expert_gate) add(p + "mlp.shared_experts.gate_weight", {1, C}, -1);
-      }
-      return;
-    }
-    add(p + "mlp.linear_fc1.weight", {c.fc1_width(), C}, 0);     // [F1/P, C], F1 = F (2F with SwiGLU)
-    if (c.add_bias_linear) add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, 0);
-    add(p + "mlp.linear_fc2.weight", {C, F}, 1);                 // [C, F/P]
-    if (c.add_bias_linear) add(p + "mlp.linear_fc2.bias", {C}, -1);
-  };
-  for (auto [begin, end] : place.chunks)
-    for (int64_t l = begin; l < end; ++l) add_layer(l, "decoder.layers." + std::to_string(l) + ".");
-  if (place.post_process) {
-    add("decoder.final_layernorm.weight", {C}, -1);
-    if (!c.rmsnorm()) add("decoder.final_layernorm.bias", {C}, -1);
-    if (!tied) add("output_layer.weight", {Vp, C}, 0);
-    else if (!place.pre_process) add("embedding.word_embeddings.weight", {Vp, C}, 0);  // the last stage's copy
-    if (c.mtp() && !tied && !place.pre_process) add("embedding.word_embeddings.weight", {Vp, C}, 0);  // the depths' copy
-    for (int64_t k = 0; k < c.mtp_num_layers; ++k) {  // --mtp-num-layers: each depth's
-      const std::string m = "mtp.layers." + std::to_string(k) + ".";
-      for (const char* norm : {"enorm.", "hnorm."}) {
-        add(m + norm + "weight", {C}, -1);
-        if (!c.rmsnorm()) add(m + norm + "bias", {C}, -1);
-      }
-      add(m + "eh_proj.weight", {C, 2 * C}, 0);  // [C/P, 2C]
-      add_layer(c.num_layers + k, m + "transformer_layer.");
-      add(m + "final_layernorm.weight", {C}, -1);
-      if (!c.rmsnorm()) add(m + "final_layernorm.bias", {C}, -1);
-    }
-  }
-  pb.assign_offsets();
-  return pb;
-}
-
 // Elements of real parameters inside `ranges` (the optimizer keeps state for these; the
 // alignment padding between parameters has none).
 int64_t parameters_in(const ParamBuffer& pb, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
@@ -236,7 +130,8 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   const int expert_dp_ranks = expert_ranks / m.ep * (whole ? 1 : m.cp) / m.dist_opt_instances;
   const int ep_rank = expert_place % m.ep;
   const int expert_dp_rank = (whole ? expert_place / m.ep : expert_place / m.ep * m.cp + r.cp_rank) % expert_dp_ranks;
-  const ParamBuffer pb = register_parameters(m.config, r.tp_rank, m.tp, place, ep_rank, m.ep);
+  LayoutOnlyComm tp_group(r.tp_rank, m.tp);
+  const ParamBuffer pb = GPTModel::parameter_registry(m.config, TensorParallel{&tp_group, false}, place, ep_rank, m.ep);
   r.buffer_elements = pb.numel();
   r.parameters = parameters_in(pb, {{0, pb.numel()}});
   if (m.distributed_optimizer) {

@@ -20,6 +20,7 @@
 #include "core/device.h"
 #include "cuda_test_util.h"
 #include "../gdn_test_config.h"
+#include "../mamba_test_config.h"
 #include "data/gpt_batches.h"
 #include "model/gpt_model.h"
 #include "model/mixed_precision.h"
@@ -341,6 +342,24 @@ TEST(CudaModel, GatedDeltaNetLossAndEveryGradientMatchCpu) {
     expect_loss_and_gradients_match(cfg, variant == 0   ? "gated delta net, rmsnorm 1p"
                                          : variant == 1 ? "gated delta net, layernorm"
                                                         : "gated delta net, mtp 1");
+  }
+}
+
+// --hybrid-override-pattern (kernels/mamba.h): Mamba layers (the convolution with its bias, the scan with a
+// state checkpoint every 64 tokens, the gated grouped norm; 4 heads of 8 in 2 groups, state 6) among
+// attention-only and MLP-only layers, with RMSNorm and no biases, and with LayerNorm and biases. The same loss
+// and gradients on both devices.
+TEST(CudaModel, HybridMambaLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  for (bool rmsnorm : {true, false}) {
+    TransformerConfig cfg = small_config(0.0f);
+    set_hybrid(cfg, rmsnorm ? "M-M*-" : "*M-M");
+    if (rmsnorm) {
+      cfg.normalization = "RMSNorm";
+      cfg.add_bias_linear = false;
+    }
+    cfg.finalize();
+    expect_loss_and_gradients_match(cfg, rmsnorm ? "hybrid M-M*-, rmsnorm" : "hybrid *M-M, layernorm");
   }
 }
 

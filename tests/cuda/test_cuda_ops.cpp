@@ -1692,6 +1692,143 @@ void gated_delta_net_cases(std::vector<OpCase>& t) {
                }});
 }
 
+// Mamba-2 (kernels/mamba.h): the forward chain (convolution, dt, the scan with checkpoints, the gated norm)
+// and the backward chain as the model runs them, every output of each kernel compared: three chunks of each
+// sequence (the last one short), two heads a group. The outputs the kernels write start from other values
+// (the same on both devices), the gradients they accumulate into from nonzero ones; the backward runs on
+// the CPU's forward values. With documents the state and the convolution restart at each.
+void mamba_case(const OpCase& c, const MambaShape& s, const std::vector<int32_t>& documents) {
+  auto gdocs = upload(documents);
+  MambaShape cs = s, gs = s;  // the CPU's and the GPU's, with their document ids
+  cs.documents = documents.empty() ? nullptr : documents.data();
+  gs.documents = documents.empty() ? nullptr : gdocs.as<int32_t>();
+  const int64_t R = s.rows();
+  const size_t nx = size_t(R * s.width()), nu = size_t(R * s.conv()), nh = size_t(R * s.H), ny = size_t(R * s.inner()),
+               nr = size_t(R * s.G), nck = size_t(s.B * s.H * s.chunks() * s.state()), nw = size_t(mamba_scan_work(s)),
+               ncw = size_t(s.conv() * s.K), nc = size_t(s.conv()), nH = size_t(s.H), nI = size_t(s.inner());
+  const auto x = rand_floats(nx, 121), cw = rand_floats(ncw, 122, -0.5f, 0.5f), cb = rand_floats(nc, 123),
+             dt_bias = rand_floats(nH, 124), A_log = rand_floats(nH, 125), D = rand_floats(nH, 126),
+             nw_w = rand_floats(nI, 127, 0.5f, 1.5f), dout = rand_floats(ny, 128);
+  auto gx = upload(x), gcw = upload(cw), gcb = upload(cb), gdtb = upload(dt_bias), gA = upload(A_log), gD = upload(D),
+       gnw = upload(nw_w), gdout = upload(dout);
+  // The forward, each GPU kernel on the GPU's previous outputs.
+  std::vector<float> u(nu), dt(nh), y(ny), ck(nck), out(ny), rstd(nr);
+  DeviceBuffer gu(nu * 4), gdt(nh * 4), gy(ny * 4), gck(nck * 4), gout(ny * 4), grstd(nr * 4);
+  mamba_conv_forward(u.data(), x.data(), cw.data(), cb.data(), cs);
+  cuda::mamba_conv_forward(gu.as<float>(), gx.as<float>(), gcw.as<float>(), gcb.as<float>(), gs);
+  expect_close(c, "u", u, download<float>(gu, nu));
+  mamba_dt_forward(dt.data(), x.data(), dt_bias.data(), cs);
+  cuda::mamba_dt_forward(gdt.as<float>(), gx.as<float>(), gdtb.as<float>(), gs);
+  expect_close(c, "dt", dt, download<float>(gdt, nh));
+  mamba_scan_forward(y.data(), ck.data(), u.data(), dt.data(), A_log.data(), D.data(), cs);
+  cuda::mamba_scan_forward(gy.as<float>(), gck.as<float>(), gu.as<float>(), gdt.as<float>(), gA.as<float>(),
+                           gD.as<float>(), gs);
+  expect_close(c, "y", y, download<float>(gy, ny));
+  expect_close(c, "checkpoints", ck, download<float>(gck, nck));
+  mamba_gated_norm_forward(out.data(), rstd.data(), y.data(), x.data(), nw_w.data(), cs);
+  cuda::mamba_gated_norm_forward(gout.as<float>(), grstd.as<float>(), gy.as<float>(), gx.as<float>(),
+                                 gnw.as<float>(), gs);
+  expect_close(c, "out", out, download<float>(gout, ny));
+  expect_close(c, "rstd", rstd, download<float>(grstd, nr));
+  // The backward from the CPU's forward values (uploaded).
+  auto gu2 = upload(u), gdt2 = upload(dt), gy2 = upload(y), gck2 = upload(ck), grstd2 = upload(rstd);
+  // The gated norm: dy written, dx's z columns written, its weight's gradient accumulated.
+  std::vector<float> dx = rand_floats(nx, 129), dy = rand_floats(ny, 130), dnw = rand_floats(nI, 131);
+  auto gdx = upload(dx), gdy = upload(dy), gdnw = upload(dnw);
+  mamba_gated_norm_backward(dy.data(), dx.data(), dnw.data(), dout.data(), y.data(), x.data(), nw_w.data(),
+                            rstd.data(), cs);
+  cuda::mamba_gated_norm_backward(gdy.as<float>(), gdx.as<float>(), gdnw.as<float>(), gdout.as<float>(),
+                                  gy2.as<float>(), gx.as<float>(), gnw.as<float>(), grstd2.as<float>(), gs);
+  expect_close(c, "dy", dy, download<float>(gdy, ny));
+  expect_close(c, "dx (z columns)", dx, download<float>(gdx, nx));
+  expect_close(c, "norm dw", dnw, download<float>(gdnw, nI));
+  // The scan: du (every column) and d_dt written, dA_log and dD accumulated.
+  auto gdy2 = upload(dy);
+  std::vector<float> du = rand_floats(nu, 132), d_dt = rand_floats(nh, 133), dA = rand_floats(nH, 134),
+                     dD = rand_floats(nH, 135);
+  const std::vector<float> dA0 = dA, dD0 = dD;
+  auto gdu = upload(du), gd_dt = upload(d_dt), gdA = upload(dA), gdD = upload(dD);
+  DeviceBuffer gwork(nw * 4);
+  mamba_scan_backward(du.data(), d_dt.data(), dA.data(), dD.data(), nullptr, dy.data(), ck.data(), u.data(), dt.data(),
+                      A_log.data(), D.data(), cs);
+  cuda::mamba_scan_backward(gdu.as<float>(), gd_dt.as<float>(), gdA.as<float>(), gdD.as<float>(), gwork.as<float>(),
+                            gdy2.as<float>(), gck2.as<float>(), gu2.as<float>(), gdt2.as<float>(), gA.as<float>(),
+                            gD.as<float>(), gs);
+  expect_close(c, "du", du, download<float>(gdu, nu));
+  expect_close(c, "d_dt", d_dt, download<float>(gd_dt, nh));
+  expect_close(c, "dA_log", dA, download<float>(gdA, nH));
+  expect_close(c, "dD", dD, download<float>(gdD, nH));
+  {  // run to run the same bits
+    auto gdu_r = upload(du), gd_dt_r = upload(d_dt), gdA_r = upload(dA0), gdD_r = upload(dD0);
+    cuda::mamba_scan_backward(gdu_r.as<float>(), gd_dt_r.as<float>(), gdA_r.as<float>(), gdD_r.as<float>(),
+                              gwork.as<float>(), gdy2.as<float>(), gck2.as<float>(), gu2.as<float>(), gdt2.as<float>(),
+                              gA.as<float>(), gD.as<float>(), gs);
+    expect_bits(c, "du (rerun)", download<float>(gdu, nu), download<float>(gdu_r, nu));
+    expect_bits(c, "d_dt (rerun)", download<float>(gd_dt, nh), download<float>(gd_dt_r, nh));
+    expect_bits(c, "dA_log (rerun)", download<float>(gdA, nH), download<float>(gdA_r, nH));
+    expect_bits(c, "dD (rerun)", download<float>(gdD, nH), download<float>(gdD_r, nH));
+  }
+  // dt: dx's dt columns written, d_dt_bias accumulated (from the CPU's d_dt).
+  auto gd_dt2 = upload(d_dt);
+  std::vector<float> d_dt_bias = rand_floats(nH, 136);
+  auto gd_dt_bias = upload(d_dt_bias);
+  mamba_dt_backward(dx.data(), d_dt_bias.data(), d_dt.data(), x.data(), dt_bias.data(), cs);
+  cuda::mamba_dt_backward(gdx.as<float>(), gd_dt_bias.as<float>(), gd_dt2.as<float>(), gx.as<float>(),
+                          gdtb.as<float>(), gs);
+  expect_close(c, "dx (dt columns)", dx, download<float>(gdx, nx));
+  expect_close(c, "d_dt_bias", d_dt_bias, download<float>(gd_dt_bias, nH));
+  // The convolution: dx's x, B, C columns written, its weight's and bias's gradients accumulated (from the
+  // CPU's du).
+  auto gdu2 = upload(du);
+  std::vector<float> dcw = rand_floats(ncw, 137), dcb = rand_floats(nc, 138);
+  auto gdcw = upload(dcw), gdcb = upload(dcb);
+  mamba_conv_backward(dx.data(), dcw.data(), dcb.data(), du.data(), x.data(), cw.data(), cb.data(), cs);
+  cuda::mamba_conv_backward(gdx.as<float>(), gdcw.as<float>(), gdcb.as<float>(), gdu2.as<float>(), gx.as<float>(),
+                            gcw.as<float>(), gcb.as<float>(), gs);
+  expect_close(c, "dx", dx, download<float>(gdx, nx));
+  expect_close(c, "conv dw", dcw, download<float>(gdcw, ncw));
+  expect_close(c, "conv dbias", dcb, download<float>(gdcb, nc));
+}
+
+void mamba_cases(std::vector<OpCase>& t) {
+  MambaShape s;
+  s.B = 2;
+  s.T = 37;
+  s.H = 4;
+  s.P = 8;
+  s.G = 2;
+  s.N = 6;
+  s.K = 4;
+  s.chunk = 16;
+  const auto name = [](const MambaShape& m) {
+    return shape_name({{"B", m.B}, {"T", m.T}, {"H", m.H}, {"P", m.P}, {"G", m.G}, {"N", m.N}});
+  };
+  // Measured under the SIMT emulation: up to 2e-5 relative where sums over the rows cancel (the weights'
+  // gradients), 6e-6 absolute on values up to 20.
+  const Tol tol{5e-5, 5e-6};
+  t.push_back({"mamba", name(s), tol, [s](const OpCase& c) { mamba_case(c, s, {}); }});
+  // Sequence 0's documents start at tokens 2 (inside the convolution's first window), 16 (a chunk's first)
+  // and 21, sequence 1's at token 30 (in its short last chunk).
+  std::vector<int32_t> documents(size_t(s.rows()), 0);
+  for (int64_t t0 : {2, 16, 21})
+    for (int64_t t1 = t0; t1 < s.T; ++t1) ++documents[size_t(t1)];
+  for (int64_t t1 = 30; t1 < s.T; ++t1) documents[size_t(s.T + t1)] = 1;
+  t.push_back({"mamba_documents", name(s), tol, [s, documents](const OpCase& c) { mamba_case(c, s, documents); }});
+  // A state over the scan forward's shared memory (P N floats beyond 48 KiB: kept in global memory), more
+  // rows than a block has threads, one group. dD and B's and C's gradients are sums of ~10^4 terms of order
+  // one that cancel (measured: 5e-5 apart from the CPU's sequential sums).
+  MambaShape big;
+  big.B = 1;
+  big.T = 9;
+  big.H = 2;
+  big.P = 1040;
+  big.G = 1;
+  big.N = 12;
+  big.K = 3;
+  big.chunk = 4;
+  t.push_back({"mamba_large_state", name(big), {1e-4, 2e-4}, [big](const OpCase& c) { mamba_case(c, big, {}); }});
+}
+
 // Muon (kernels/muon.h, optim/muon.h): the momentum (plain, Nesterov, with a clipping scale), the
 // normalizing division and the update, element by element; and the Newton-Schulz iteration through
 // the GEMM facade and those kernels, wide and tall.
@@ -1806,6 +1943,7 @@ std::vector<OpCase> op_table() {
   rope_cases(t);
   attention_gate_cases(t);
   gated_delta_net_cases(t);
+  mamba_cases(t);
   muon_cases(t);
   moe_cases(t);
   odd_offset_cases(t);

@@ -19,6 +19,7 @@
 #include "train/data_parallel.h"
 #include "train/train_step.h"
 #include "layout_run.h"
+#include "../mamba_test_config.h"
 
 namespace lattice {
 namespace {
@@ -41,6 +42,7 @@ struct Case {
   int64_t mtp = 0;    // --mtp-num-layers (on the last stage, its lookup through the shared word embedding)
   bool rope = false;  // --position-embedding-type rope
   bool muon = false;  // --optimizer muon (each stage's matrices its own; the embedding copies Adam's)
+  std::string hybrid;  // --hybrid-override-pattern (its length is `layers`; Mamba layers of tests/mamba_test_config.h)
 };
 
 PipelineLayout layout_of(const Case& c, int P) {
@@ -60,6 +62,7 @@ TransformerConfig config(const Case& c, int tp) {
   t.mtp_num_layers = c.mtp;
   t.mtp_loss_scaling_factor = 0.5f;
   if (c.rope) t.position_embedding_type = "rope";
+  if (!c.hybrid.empty()) set_hybrid(t, c.hybrid);
   if (c.experts > 0) {
     t.num_experts = c.experts;
     t.moe_router_topk = 2;
@@ -160,7 +163,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // --optimizer muon: experts and MTP's layer orthogonalized on their stage, the tied
                       // word embedding's two copies with Adam.
                       Case{"MuonMtpMixtureOfExpertsInterleaved", 4, 1, 0, 0, false, 0.1f, 1e-8f, 4, {}, false, 0, false,
-                           false, 1, true, true}),
+                           false, 1, true, true},
+                      // --hybrid-override-pattern: stages starting with a Mamba, an MLP-only, an attention-only
+                      // or an MoE-only layer (the first norm made on the stage), ending with each kind.
+                      Case{"HybridMamba", 4, 0, 0, 0, false, 0.1f, 1e-8f, 0, {}, false, 0, false, false, 0, false,
+                           false, "M*-M"},
+                      Case{"HybridMambaMixtureOfExpertsInterleaved", 4, 1, 0, 0, false, 0.1f, 1e-8f, 4, {}, false, 0,
+                           false, false, 0, false, false, "M-*E"}),
     [](const auto& info) { return info.param.name; });
 
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel

@@ -20,6 +20,7 @@
 #include "train/train_step.h"
 #include "layout_run.h"
 #include "../gdn_test_config.h"
+#include "../mamba_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -38,7 +39,7 @@ constexpr double kLr = 1e-3, kWd = 0.1;
 // every score of a query, so its gradient is zero up to rounding, which Adam amplifies.
 TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = false, bool swiglu = false,
                          int qk_norm = 0, bool moe = false, bool gpt_oss = false, int64_t mtp = 0, int mla = 0,
-                         bool gate = false, bool no_rope = false, bool gdn = false) {
+                         bool gate = false, bool no_rope = false, bool gdn = false, bool hybrid = false) {
   TransformerConfig c;
   // Gated DeltaNet in layer 0 (4 key and 8 value heads: whole heads per rank), attention in layer 1
   if (gdn) set_gdn(c, {1, 0}, GdnShapes{4, 8, 6, 5, 3});
@@ -97,6 +98,9 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
     if (mla == 1) c.normalization = "RMSNorm";
   }
   c.num_layers = layers;
+  // --hybrid-override-pattern M*-M-: Mamba layers (8 heads of 4 in 4 groups, state 5: whole heads and groups
+  // per rank), an attention-only and MLP-only layers
+  if (hybrid) set_hybrid(c, "M*-M-", MambaShapes{8, 4, 4, 5});
   c.hidden_size = 32;
   c.vocab_size = 50;
   c.make_vocab_size_divisible_by = 8;
@@ -110,9 +114,9 @@ TransformerConfig config(float dropout, int tp, int64_t layers = 2, bool rope = 
 LayoutRun train(float dropout, const TensorParallel& tp, ParallelState* ps, const DataParallelConfig* dp_cfg,
                 bool rope = false, bool swiglu = false, int qk_norm = 0, bool moe = false,
                 bool gpt_oss = false, int64_t mtp = 0, int mla = 0, bool gate = false, bool no_rope = false,
-                bool muon = false, bool gdn = false) {
-  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla, gate, no_rope, gdn), kB,
-                 kT, tp);
+                bool muon = false, bool gdn = false, bool hybrid = false) {
+  GPTModel model(config(dropout, tp.size(), 2, rope, swiglu, qk_norm, moe, gpt_oss, mtp, mla, gate, no_rope, gdn, hybrid),
+                 kB, kT, tp);
   // --optimizer muon --muon-tp-mode duplicated: every matrix orthogonalized whole (its shards gathered
   // over the tensor-parallel group), linear_qkv split by query groups: the single process's numbers.
   OptimizerConfig oc;
@@ -155,6 +159,7 @@ struct Layout {
   bool no_rope = false;       // --no-rope-freq 2 (with rope)
   bool muon = false;          // --optimizer muon --muon-tp-mode duplicated
   bool gdn = false;           // --experimental-attention-variant gated_delta_net (layer 0), with SwiGLU
+  bool hybrid = false;        // --hybrid-override-pattern M*-M- (config())
 };
 
 class DistTensorParallel : public ::testing::TestWithParam<Layout> {};
@@ -164,9 +169,9 @@ TEST_P(DistTensorParallel, MatchesSingleProcess) {
   auto ps = ParallelState::create(mpi_world_size(), 1, 120);
   const Layout l = GetParam();
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn, l.hybrid);
   LayoutRun tp = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn, l.hybrid);
   expect_same_run(tp, single);
 }
 
@@ -177,13 +182,13 @@ TEST_P(DistTensorParallel, WithDataParallelDistributedOptimizerMatchesSingleProc
   const Layout l = GetParam();
   if (l.muon) GTEST_SKIP() << "--optimizer muon does not go with the distributed optimizer";
   LayoutRun single = train(l.dropout, TensorParallel{}, nullptr, nullptr, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn, l.hybrid);
   DataParallelConfig cfg;
   cfg.bucket_elements = 3000;
   cfg.distributed_optimizer = true;
   cfg.overlap_grad_reduce = true;
   LayoutRun run = train(l.dropout, TensorParallel{&ps->tp(), l.sequence_parallel}, ps.get(), &cfg, l.rope, l.swiglu, l.qk_norm, l.moe,
-                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn);
+                             l.gpt_oss, l.mtp, l.mla, l.gate, l.no_rope, l.muon, l.gdn, l.hybrid);
   expect_same_run(run, single);
 }
 
@@ -209,7 +214,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                            Layout{true, 0.1f, true, false, 0, false, false, 0, 0, true, false, true},
                                            Layout{false, 0.0f, false, false, 0, true, false, 0, 0, false, false, true},
                                            Layout{true, 0.1f, true, false, 0, false, false, 0, 0, true, false, false, true},
-                                           Layout{false, 0.0f, false, true, 0, false, false, 0, 0, false, false, false, true}),
+                                           Layout{false, 0.0f, false, true, 0, false, false, 0, 0, false, false, false, true},
+                                           Layout{false, 0.0f, false, false, 0, false, false, 0, 0, false, false, false,
+                                                  false, true},
+                                           Layout{true, 0.1f, false, false, 0, false, false, 0, 0, false, false, false,
+                                                  false, true}),
                          [](const auto& info) {
                            return std::string(info.param.sequence_parallel ? "SP" : "TP") +
                                   (info.param.dropout > 0 ? "Dropout" : "NoDropout") + (info.param.rope ? "Rope" : "") +
@@ -218,7 +227,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DistTensorParallel,
                                   (info.param.mtp ? "Mtp" + std::to_string(info.param.mtp) : "") +
                                   (info.param.mla ? "Mla" + std::to_string(info.param.mla) : "") +
                                   (info.param.gate ? "Gate" : "") + (info.param.no_rope ? "NoRopeLayer" : "") +
-                                  (info.param.muon ? "MuonDuplicated" : "") + (info.param.gdn ? "GatedDeltaNet" : "");
+                                  (info.param.muon ? "MuonDuplicated" : "") + (info.param.gdn ? "GatedDeltaNet" : "") +
+                                  (info.param.hybrid ? "HybridMamba" : "");
                          });
 
 // The tensor-parallel group's counters over one micro-batch's forward and backward.

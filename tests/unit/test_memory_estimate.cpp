@@ -14,6 +14,8 @@
 #include "optim/optimizer.h"
 #include "train/distributed_setup.h"
 #include "train/memory_estimate.h"
+#include "../gdn_test_config.h"
+#include "../mamba_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -194,6 +196,28 @@ TEST(MemoryEstimate, RmsNormEqualsTheModel) {
   expect_matches(m, 0);
   const int64_t with = estimate_rank_memory(layout(config(3, false, 2), 2, 1, 1, 4), 0, 0).parameters;
   EXPECT_EQ(with - estimate_rank_memory(m, 0, 0).parameters, (2 * 3 + 1) * c.hidden_size);
+}
+
+// Mixers other than the attention: a hybrid's Mamba, attention-only and MLP-only layers (--hybrid-override-pattern,
+// on one and two tensor-parallel ranks and two pipeline stages) and Gated DeltaNet layers: the model's
+// parameters (the estimate reads the model's registry) and activations.
+TEST(MemoryEstimate, HybridAndGatedDeltaNetEqualTheModel) {
+  for (int P : {1, 2})
+    for (int pp : {1, 2}) {
+      TransformerConfig c;
+      c.hidden_size = 64;
+      c.num_attention_heads = 4;
+      c.vocab_size = 300;
+      c.max_position_embeddings = 32;
+      set_hybrid(c, "M*-M", MambaShapes{8, 8, 2, 6});
+      c.finalize(P);
+      for (int w = 0; w < P * pp; ++w) expect_matches(layout(c, P, pp, 1, 4), w);
+      TransformerConfig g = config(3, false, P);
+      g.swiglu = true;
+      set_gdn(g, {1, 0, 1}, GdnShapes{2, 4, 8, 6});
+      g.finalize(P);
+      for (int w = 0; w < P; ++w) expect_matches(layout(g, P, 1, 1, 4), w);
+    }
 }
 
 // SwiGLU: fc1's weight and bias twice as tall, and its activation buffer twice as wide.

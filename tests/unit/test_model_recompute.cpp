@@ -21,6 +21,7 @@
 #include "train/arguments.h"
 #include "train/train_step.h"
 #include "../gdn_test_config.h"
+#include "../mamba_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -212,6 +213,24 @@ TEST(ModelRecomputeGatedDeltaNet, TrainingIsBitIdentical) {
   for (const Recompute& r : {Recompute{"full", "uniform", 2}, Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
                              Recompute{"selective", "", 0, "core_attn mlp layernorm moe"}})
     expect_bit_identical(train_config(gdn(r)), base, r);
+  EXPECT_NE(base.losses.front(), base.losses.back());
+}
+
+// --hybrid-override-pattern (a Mamba layer, an MoE-only, an attention-only and an MLP-only layer with the
+// Llama-style settings, the attention gated): a recomputed Mamba layer's mixer is made once before its
+// backward; recomputation groups whose shared layers serve every kind; bit for bit the run without.
+TEST(ModelRecomputeHybrid, TrainingIsBitIdentical) {
+  auto hybrid = [](const Recompute& r) {
+    TransformerConfig c = unfinalized_config(r, 0.1f, true);
+    c.attention_output_gate = true;
+    set_hybrid(c, std::string("ME*-M-").substr(0, size_t(kLayers)));
+    c.finalize();
+    return c;
+  };
+  const TrainRun base = train_config(hybrid(kNone));
+  for (const Recompute& r : {Recompute{"full", "uniform", 2}, Recompute{"full", "block", 3}, Recompute{"selective", "", 0},
+                             Recompute{"selective", "", 0, "core_attn mlp layernorm moe"}})
+    expect_bit_identical(train_config(hybrid(r)), base, r);
   EXPECT_NE(base.losses.front(), base.losses.back());
 }
 

@@ -10,12 +10,18 @@
 // depth after MoE layers: its load-balancing loss in the objective); multi-latent attention (query latent with
 // RMSNorm latent norms; linear_q_proj with YaRN, values wider than the queries and keys); the attention
 // output gate (--attention-output-gate, alone and with the rotary embedding, grouping and --qk-layernorm); a
-// NoPE layer after a rotary one (--no-rope-freq 2).
+// NoPE layer after a rotary one (--no-rope-freq 2); Gated DeltaNet layers (--experimental-attention-variant
+// gated_delta_net); and Megatron-Core's hybrid MambaModel (--hybrid-override-pattern, Nemotron-H's): Mamba-2
+// layers (M: norm and MambaMixer), attention-only (*), MLP-only (-) and MoE-only (E) layers, with RMSNorm, no
+// linear biases, no position embedding and squared ReLU ("M-M*-"), with LayerNorm, biases, learned positions and
+// untied embeddings, an attention layer first and an explicit --mamba-num-heads ("*M-M"), and with MoE layers
+// ("ME*E"). Every parameter of a fixture must be one of the model's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include "checkpoint/model_checkpoint.h"
@@ -133,6 +139,13 @@ TransformerConfig fixture_config(const SafetensorsFile& f) {
     c.mtp_num_layers = meta_int(f, "mtp_num_layers");
     c.mtp_loss_scaling_factor = float(meta_double(f, "mtp_loss_scaling_factor"));
   }
+  if (f.metadata().count("hybrid_override_pattern")) {  // MambaModel: num_layers is the pattern's length
+    c.hybrid_layer_pattern = f.metadata().at("hybrid_override_pattern");
+    c.mamba_state_dim = meta_int(f, "mamba_state_dim");
+    c.mamba_head_dim = meta_int(f, "mamba_head_dim");
+    c.mamba_num_groups = meta_int(f, "mamba_num_groups");
+    c.mamba_num_heads = meta_int(f, "mamba_num_heads");  // resolved (never 0 in a fixture)
+  }
   c.finalize();
   return c;
 }
@@ -211,6 +224,15 @@ TEST_P(ModelVsTorch, LogitsLossAndGradients) {
     }
     expect_close(model.params().grads() + p.offset, f.get_f32("grad." + p.name), "grad of " + p.name);
   }
+  // The other way round: every tensor of the reference model (each has its grad.<name>) is one of the model's
+  // parameters or buffers, so a parameter the model lacks (a hybrid layer's norm bias, a Mamba mixer's D) fails
+  // here instead of going unchecked.
+  std::set<std::string> names;
+  for (const ParamInfo& p : model.params().infos()) names.insert(p.name);
+  for (const std::string& n : f.names()) {
+    if (n.rfind("grad.", 0) != 0) continue;
+    EXPECT_TRUE(names.count(n.substr(5))) << "the fixture's " << n.substr(5) << " is not a parameter of the model";
+  }
 }
 
 TEST_P(ModelVsTorch, TenAdamSteps) {
@@ -285,7 +307,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelVsTorch,
                                            "gpt_tiny_rope_rmsnorm_gqa2_qknorm_norope01.safetensors",
                                            "gpt_tiny_nobias_rmsnorm_swiglu_gdn10.safetensors",
                                            "gpt_tiny_swiglu_gdn11.safetensors",
-                                           "gpt_tiny_untied_rope_nobias_rmsnorm_swiglu_mtp1_gdn01.safetensors"));
+                                           "gpt_tiny_untied_rope_nobias_rmsnorm_swiglu_mtp1_gdn01.safetensors",
+                                           "gpt_tiny_nope_nobias_rmsnorm_relu2_hybrid_mfmaf.safetensors",
+                                           "gpt_tiny_untied_hybrid_amfm.safetensors",
+                                           "gpt_tiny_nobias_relu2_moe4_hybrid_meae.safetensors"));
 
 }  // namespace
 }  // namespace lattice

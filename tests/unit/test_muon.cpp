@@ -185,6 +185,11 @@ TEST(Muon, TheOtherParametersAreAdams) {
   EXPECT_TRUE(muon_matrix(muon.params.infos()[1]));
   EXPECT_FALSE(muon_matrix(muon.params.infos()[0])) << "the word embedding is Adam's";
   EXPECT_FALSE(muon_matrix(muon.params.infos()[2])) << "a bias is Adam's";
+  ParamInfo in_proj = muon.params.infos()[1];
+  in_proj.name = "decoder.layers.0.mixer.in_proj.weight";
+  EXPECT_FALSE(muon_matrix(in_proj)) << "a Mamba layer's in_proj is Adam's";
+  in_proj.name = "decoder.layers.0.mixer.out_proj.weight";
+  EXPECT_TRUE(muon_matrix(in_proj)) << "a Mamba layer's out_proj is Muon's";
 }
 
 // Muon's matrices keep their momentum and no second moment: the state is 4 bytes per element plus 4 per

@@ -15,6 +15,7 @@
 #include "kernels/embedding.h"
 #include "kernels/gated_delta_net.h"
 #include "kernels/layernorm.h"
+#include "kernels/mamba.h"
 #include "kernels/optimizer.h"
 #include "kernels/rope.h"
 
@@ -180,6 +181,23 @@ void gdn_sum_key_heads(float* d, const float* d_v, const GdnShape& s);
 void gdn_output_gate_forward(float* y, const float* n, const float* x, const GdnShape& s);
 void gdn_output_gate_backward(float* dn, float* dx, const float* dy, const float* n, const float* x,
                               const GdnShape& s);
+
+// ---- mamba.h
+void mamba_conv_forward(float* u, const float* x, const float* w, const float* bias, const MambaShape& s);
+void mamba_conv_backward(float* dx, float* dw, float* dbias, const float* du, const float* x, const float* w,
+                         const float* bias, const MambaShape& s);
+void mamba_dt_forward(float* dt, const float* x, const float* dt_bias, const MambaShape& s);
+void mamba_dt_backward(float* dx, float* d_dt_bias, const float* d_dt, const float* x, const float* dt_bias,
+                       const MambaShape& s);
+void mamba_scan_forward(float* y, float* checkpoints, const float* u, const float* dt, const float* A_log,
+                        const float* D, const MambaShape& s);
+void mamba_scan_backward(float* du, float* d_dt, float* dA_log, float* dD, float* work, const float* dy,
+                         const float* checkpoints, const float* u, const float* dt, const float* A_log, const float* D,
+                         const MambaShape& s);
+void mamba_gated_norm_forward(float* out, float* rstd, const float* y, const float* x, const float* w,
+                              const MambaShape& s);
+void mamba_gated_norm_backward(float* dy, float* dx, float* dw, const float* dout, const float* y, const float* x,
+                               const float* w, const float* rstd, const MambaShape& s);
 
 // ---- moe.h
 void moe_gather_rows(float* xe, const float* x, const int32_t* rows, int64_t S, int64_t C, const float* w = nullptr);

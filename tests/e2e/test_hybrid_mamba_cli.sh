@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Hybrid Mamba models from the command line (--hybrid-override-pattern, Megatron-Core's MambaModel; Nemotron-H's
+# form: Mamba-2 layers, attention-only and MLP-only layers, RMSNorm, squared ReLU, no biases, no position
+# embedding). It trains, saves the Mamba layers' tensors under Megatron's names and the pattern, resumes to the
+# straight run's losses (and by --use-checkpoint-args), generates, runs TP 2 x SP, PP 2 and document masks as
+# one process does; convert --to-hf refuses it (nothing written); errors are one line naming the flag.
+#   bash tests/e2e/test_hybrid_mamba_cli.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+MODEL=(--hybrid-override-pattern "M-M*-" --num-layers 5 --hidden-size 32 --num-attention-heads 4
+       --position-embedding-type none --normalization RMSNorm --squared-relu --disable-bias-linear
+       --mamba-num-heads 8 --mamba-head-dim 8 --mamba-num-groups 2 --mamba-state-dim 8
+       --seq-length 32 --max-position-embeddings 32 --tokenizer-type ByteTokenizer)
+RUN=(--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --seed 3 --mock-data --eval-iters 0)
+
+field() { grep -o "\"$2\":[^,}]*" "$1" | cut -d: -f2; }
+
+if run train "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --exit-interval 20 --save ckpt \
+     --metrics-file m.jsonl; then
+  first=$(field m.jsonl lm_loss | head -n 1)
+  last=$(field m.jsonl lm_loss | tail -n 1)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.1) }' &&
+    pass "a hybrid Mamba model trains: lm loss $first -> $last" || fail "the loss did not fall: $first -> $last"
+  # in_proj [2 x 64 + 2 x 2 x 8 + 8, 32] = [168, 32]; conv1d [64 + 2 x 2 x 8, 1, 4] = [96, 1, 4].
+  header=$(head -c 65536 ckpt/iter_0000020/model.safetensors | tr -d '\0')
+  squeezed_has ckpt/iter_0000020/checkpoint.json -- '"hybrid_override_pattern":"M-M*-"' &&
+    grep -aoE '"decoder.layers.0.mixer.in_proj.weight":\{[^}]*\}' <<<"$header" | grep -qF '"shape":[168,32]' &&
+    grep -aoE '"decoder.layers.2.mixer.conv1d.weight":\{[^}]*\}' <<<"$header" | grep -qF '"shape":[96,1,4]' &&
+    grep -aoE '"decoder.layers.2.mixer.norm.weight":\{[^}]*\}' <<<"$header" | grep -qF '"shape":[64]' &&
+    grep -aqF '"decoder.layers.0.mixer.D":' <<<"$header" && grep -aqF '"decoder.layers.0.norm.weight":' <<<"$header" &&
+    grep -aqF '"decoder.layers.3.self_attention.linear_qkv.weight":' <<<"$header" &&
+    grep -aqF '"decoder.layers.1.mlp.linear_fc1.weight":' <<<"$header" &&
+    ! grep -aqF '"decoder.layers.3.mlp.' <<<"$header" && ! grep -aqF '"decoder.layers.1.self_attention.' <<<"$header" &&
+    pass "the checkpoint records the pattern, the Mamba layers' in_proj [168, 32], conv1d [96, 1, 4], gated norm [64] and D; layer 3 attention only, layer 1 MLP only" ||
+    fail "the checkpoint lost the pattern or a layer's tensors"
+  if run resume "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --load ckpt --save ckpt \
+       --metrics-file r.jsonl &&
+     run straight "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --metrics-file s.jsonl; then
+    expect_resumed_losses "the resumed run's losses are the straight run's" s.jsonl r.jsonl 4
+  fi
+  run resume_args "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 24 --load ckpt --ckpt-step 20 \
+    --save ckpt2 --exit-interval 21 &&
+    squeezed_has ckpt2/iter_0000021/checkpoint.json -- '"hybrid_override_pattern":"M-M*-"' &&
+    squeezed_has ckpt2/iter_0000021/checkpoint.json -- '"mamba_num_heads":8' &&
+    pass "--use-checkpoint-args resumes the hybrid" || fail "--use-checkpoint-args lost the pattern or the Mamba shape"
+  run gen "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 &&
+    run gen_full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 --no-kv-cache &&
+    { [ -s gen.out ] && cmp -s gen.out gen_full.out && grep -q "full forward per token" gen.err &&
+        pass "generate decodes the hybrid by full forwards" || fail "generate failed on the hybrid"; }
+  expect_error "convert --to-hf of a hybrid" "lattice writes no HuggingFace hybrid Mamba model" -- \
+    "$LATTICE" convert --load ckpt --to-hf hf
+  [ -e hf ] && fail "the refused conversion left hf/ behind"
+fi
+
+# Tensor parallelism splits the Mamba heads and groups (with sequence parallelism), pipeline parallelism the
+# layers: one process's losses within fp32 rounding.
+if run tp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
+     "${MODEL[@]}" "${RUN[@]}" --train-iters 8 --tensor-model-parallel-size 2 --sequence-parallel \
+     --metrics-file t2.jsonl &&
+   run tp1 "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 8 --metrics-file t1.jsonl; then
+  expect_close_losses "TP 2 with sequence parallelism: the single process's 8 losses" t2.jsonl t1.jsonl 8
+  if run pp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
+       "${MODEL[@]}" "${RUN[@]}" --train-iters 8 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2 \
+       --metrics-file p2.jsonl; then
+    expect_close_losses "PP 2 (layers M- and M*-): the single process's 8 losses" p2.jsonl t1.jsonl 8
+  fi
+fi
+
+# Document masks (--reset-attention-mask; the mock data's eod is its last token id): the Mamba layers' state and
+# convolution restart at each document, as the attention's mask does; TP 2 gives one process's losses.
+DOCS=(--reset-attention-mask --reset-position-ids --eod-mask-loss)
+if run docs1 "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" "${DOCS[@]}" --train-iters 8 --metrics-file d1.jsonl &&
+   run docs_tp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
+     "${MODEL[@]}" "${RUN[@]}" "${DOCS[@]}" --train-iters 8 --tensor-model-parallel-size 2 --metrics-file d2.jsonl; then
+  expect_close_losses "document masks, TP 2: the single process's 8 losses" d2.jsonl d1.jsonl 8
+  cmp -s d1.jsonl t1.jsonl && fail "the document masks changed no loss"
+fi
+
+SMALL=(--num-layers 3 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16
+       --tokenizer-type ByteTokenizer --mamba-head-dim 8)
+expect_error "a character not in the pattern's alphabet" "'x' at layer 1 is not M (Mamba)" -- "$LATTICE" train \
+  "${SMALL[@]}" --hybrid-override-pattern "MxM" "${RUN[@]}" --train-iters 1 --save bad1
+expect_error "a pattern longer than --num-layers" "has 4 layers for --num-layers 3" -- "$LATTICE" train \
+  "${SMALL[@]}" --hybrid-override-pattern "M*-M" "${RUN[@]}" --train-iters 1 --save bad2
+expect_error "E layers without experts" "E layers need --num-experts" -- "$LATTICE" train \
+  "${SMALL[@]}" --hybrid-override-pattern "ME*" "${RUN[@]}" --train-iters 1 --save bad3
+expect_error "groups not dividing the heads" "--mamba-num-groups 3 does not divide the Mamba heads 8" -- \
+  "$LATTICE" train "${SMALL[@]}" --hybrid-override-pattern "M*-" --mamba-num-groups 3 "${RUN[@]}" --train-iters 1 \
+  --save bad4
+# Under mpirun every rank prints the same line (and mpirun its banner).
+if env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train "${SMALL[@]}" \
+     --hybrid-override-pattern "M*-" "${RUN[@]}" --train-iters 1 --context-parallel-size 2 --save bad5 \
+     >cp.out 2>cp.err; then
+  fail "Mamba layers under context parallelism were not refused"
+else
+  grep "lattice train: error:" cp.err | sort -u >cp.lines
+  [ "$(wc -l <cp.lines)" = 1 ] && grep -q -- "--context-parallel-size 2 does not go with Mamba layers" cp.lines &&
+    ! grep -q "iteration" cp.out && pass "Mamba layers under context parallelism: $(cat cp.lines)" ||
+    fail "Mamba layers under context parallelism: $(cat cp.err)"
+fi
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] || [ -e bad5 ] && fail "a refused run left a checkpoint behind"
+e2e_finish
