@@ -14,9 +14,11 @@
 // which goes to out_proj.
 //
 // The state is kept row by row ([P, N] per head, N contiguous). The scan's forward saves the state every
-// `chunk` tokens; the backward runs each sequence's chunks in reverse from these checkpoints, recomputing a
-// chunk's states. The CPU kernels are kernels/cpu/mamba.cpp, the GPU's kernels/cuda/mamba.cu; the row math
-// both share is math:: below.
+// `chunk` tokens; the backward runs each sequence's chunks in reverse from these checkpoints. The CPU kernels
+// are kernels/cpu/mamba.cpp: the scan runs each chunk in closed form through GEMMs (the Mamba-2 paper's chunked
+// "state space duality" algorithm), `chunk` its chunk length too, so that its results depend on `chunk`
+// through rounding; its backward needs no state but the chunk's checkpoint. The GPU's are kernels/cuda/mamba.cu,
+// whose backward recomputes a chunk's states token by token. The row math both share is math:: below.
 #pragma once
 #include <cmath>
 #include <cstdint>
