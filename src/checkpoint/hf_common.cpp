@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -108,13 +109,45 @@ SafetensorsWriter f32_model_tensors(const std::map<std::string, Shape>& shapes,
   return w;
 }
 
+std::string python_json_numbers(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      out += ch;
+      if (ch == '\\' && i + 1 < text.size()) out += text[++i];
+      else if (ch == '"') in_string = false;
+      continue;
+    }
+    if (ch == '"') in_string = true;
+    auto token = [&](const char* t) { return text.compare(i, std::strlen(t), t) == 0; };
+    if (token("-Infinity")) {
+      out += "-1e308";
+      i += 8;
+    } else if (token("Infinity")) {
+      out += "1e308";
+      i += 7;
+    } else if (token("NaN")) {
+      out += "null";
+      i += 2;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 json read_config(const std::string& dir) {
   const fs::path path = fs::path(dir) / "config.json";
   std::ifstream in(path);
   if (!in) LATTICE_FAIL() << "--from-hf " << dir << ": cannot open " << path.string();
+  std::stringstream text;
+  text << in.rdbuf();
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(python_json_numbers(text.str()));
   } catch (const json::exception& e) {
     LATTICE_FAIL() << path.string() << ": invalid JSON: " << e.what();
   }

@@ -95,7 +95,11 @@ int64_t nextn_predict_layers(const nlohmann::json& j, const std::string& what, c
 // --moe-layer-freq pattern (errors name `what` and the key).
 std::vector<int> qwen_moe_layers(const nlohmann::json& j, const std::string& what, int64_t layers);
 
-// DIR/config.json parsed (errors name the file).
+// JSON text as Python's json module writes it (transformers' config.json) made standard: the bare
+// Infinity, -Infinity and NaN outside strings become 1e308, -1e308 and null (a Mamba config's
+// time_step_limit [0.0, Infinity]).
+std::string python_json_numbers(const std::string& text);
+// DIR/config.json parsed (Python's Infinity and NaN read as python_json_numbers says; errors name the file).
 nlohmann::json read_config(const std::string& dir);
 // The tokenizer a lattice export recorded in config.json, else "".
 std::string recorded_tokenizer(const nlohmann::json& config, const std::string& what);

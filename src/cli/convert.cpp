@@ -13,6 +13,7 @@
 
 #include "checkpoint/hf_deepseek_mla.h"
 #include "checkpoint/hf_glm4_moe.h"
+#include "checkpoint/hf_nemotron_h.h"
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/hf_gpt_oss.h"
 #include "checkpoint/hf_llama.h"
@@ -43,21 +44,25 @@ void from_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--make-vocab-size-divisible-by must be a positive integer";
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
-  // config.json's model_type says which: GPT-OSS, DeepSeek-V2 or V3, GLM-4.5, the Gated DeltaNet hybrids, the
-  // Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, SmolLM3), else GPT-2.
+  // config.json's model_type says which: GPT-OSS, DeepSeek-V2 or V3, GLM-4.5, the Gated DeltaNet hybrids,
+  // Nemotron-H, the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE,
+  // SmolLM3), else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
-  const bool gpt_oss = is_hf_gpt_oss_config(config);
-  const bool deepseek_mla = !gpt_oss && is_hf_deepseek_mla_config(config);
+  const bool nemotron_h = is_hf_nemotron_h_config(config);
+  const bool gpt_oss = !nemotron_h && is_hf_gpt_oss_config(config);
+  const bool deepseek_mla = !nemotron_h && !gpt_oss && is_hf_deepseek_mla_config(config);
   const bool glm = !gpt_oss && !deepseek_mla && is_hf_glm4_moe_config(config);
   const bool qwen3_next = !gpt_oss && !deepseek_mla && !glm && is_hf_qwen3_next_config(config);
-  const bool llama = !gpt_oss && !deepseek_mla && !glm && !qwen3_next && is_hf_llama_config(config);
-  const std::string family = gpt_oss        ? "GPT-OSS"
+  const bool llama = !nemotron_h && !gpt_oss && !deepseek_mla && !glm && !qwen3_next && is_hf_llama_config(config);
+  const std::string family = nemotron_h     ? "Nemotron-H"
+                             : gpt_oss      ? "GPT-OSS"
                              : deepseek_mla ? hf_deepseek_family_name(config)
                              : glm          ? "GLM-4.5"
                              : qwen3_next   ? hf_qwen3_next_family_name(config)
                              : llama        ? hf_llama_family_name(config)
                                             : "GPT-2";
-  HfModel in = gpt_oss        ? load_hf_gpt_oss(dir, int64_t(divisible), 1, false)
+  HfModel in = nemotron_h     ? load_hf_nemotron_h(dir, int64_t(divisible), 1, false)
+               : gpt_oss      ? load_hf_gpt_oss(dir, int64_t(divisible), 1, false)
                : deepseek_mla ? load_hf_deepseek_mla(dir, int64_t(divisible), 1, false)
                : glm          ? load_hf_glm4_moe(dir, int64_t(divisible), 1, false)
                : qwen3_next   ? load_hf_qwen3_next(dir, int64_t(divisible), 1, false)
@@ -153,9 +158,13 @@ void to_hf(const SimpleFlags& f) {
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
-  if (c.hybrid())
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model is a hybrid (--hybrid-override-pattern "
-                   << c.hybrid_layer_pattern << "): lattice writes no HuggingFace hybrid Mamba model (Nemotron-H) yet";
+  if (c.hybrid()) {  // HuggingFace Nemotron-H, or an error saying why not
+    save_hf_nemotron_h(dir, *lm.model, lm.tokenizer_type, options);
+    copy_tokenizer_files(lm, dir);
+    std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (Nemotron-H, %s)\n", load.c_str(), (long long)lm.iteration,
+                 dir.c_str(), options.dtype.c_str());
+    return;
+  }
   if (c.gated_delta_net()) {  // HuggingFace Qwen3-Next or Qwen3.5-MoE (with experts) or Qwen3.5 (dense), or an
                               // error saying why not; a prediction depth as their multi-token prediction module.
                               // Without the flag, the family the weights were converted from, when it fits.
@@ -221,8 +230,9 @@ int cmd_convert(int argc, char** argv) {
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
         "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2|glm4_moe_lite]\n"
         "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
-        "DeepSeek-V3 (Kimi-K2, GLM-4.7-Flash), GLM-4.5, Qwen3-Next, Qwen3.5, Qwen3.5-MoE or GPT-OSS (config.json,\n"
-        "model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's model_type; --to-hf writes a\n"
+        "DeepSeek-V3 (Kimi-K2, GLM-4.7-Flash), GLM-4.5, Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Nemotron-H or GPT-OSS\n"
+        "(config.json, model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's model_type; --to-hf\n"
+        "writes a hybrid (--hybrid-override-pattern) as Nemotron-H, a\n"
         "--multi-latent-attention model as DeepSeek-V3 (sigmoid router; its prediction depths as multi-token\n"
         "prediction modules) or DeepSeek-V2 (softmax router), and otherwise\n"
         "writes a Gated DeltaNet model as Qwen3-Next (with experts; Qwen3.5-MoE with --hf-model-type qwen3_5_moe) or\n"

@@ -2,8 +2,9 @@
 # Hybrid Mamba models from the command line (--hybrid-override-pattern, Megatron-Core's MambaModel; Nemotron-H's
 # form: Mamba-2 layers, attention-only and MLP-only layers, RMSNorm, squared ReLU, no biases, no position
 # embedding). It trains, saves the Mamba layers' tensors under Megatron's names and the pattern, resumes to the
-# straight run's losses (and by --use-checkpoint-args), generates, runs TP 2 x SP, PP 2 and document masks as
-# one process does; convert --to-hf refuses it (nothing written); errors are one line naming the flag.
+# straight run's losses (and by --use-checkpoint-args), generates, converts to HuggingFace Nemotron-H and back
+# generating the same text, runs TP 2 x SP, PP 2 and document masks as one process does; a hybrid without
+# Nemotron-H's form is refused by convert --to-hf (nothing written); errors are one line naming the flag.
 #   bash tests/e2e/test_hybrid_mamba_cli.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -50,9 +51,20 @@ if run train "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --exit-
     run gen_full "$LATTICE" generate --load ckpt --prompt "ab" --max-new-tokens 24 --seed 2 --no-kv-cache &&
     { [ -s gen.out ] && cmp -s gen.out gen_full.out && grep -q "full forward per token" gen.err &&
         pass "generate decodes the hybrid by full forwards" || fail "generate failed on the hybrid"; }
-  expect_error "convert --to-hf of a hybrid" "lattice writes no HuggingFace hybrid Mamba model" -- \
-    "$LATTICE" convert --load ckpt --to-hf hf
-  [ -e hf ] && fail "the refused conversion left hf/ behind"
+  if run to_hf "$LATTICE" convert --load ckpt --to-hf hf && run from_hf "$LATTICE" convert --from-hf hf --save back &&
+     run gen_back "$LATTICE" generate --load back --prompt "ab" --max-new-tokens 24 --seed 2; then
+    squeezed_has hf/config.json -- '"model_type":"nemotron_h"' '"hybrid_override_pattern":"M-M*-"' &&
+      cmp -s gen.out gen_back.out && pass "convert writes HuggingFace Nemotron-H and reads it back: the same text" ||
+      fail "the Nemotron-H round trip changed the model or its config"
+  fi
+fi
+# LayerNorm has no Nemotron-H form: refused naming it, nothing written.
+LN=()
+for a in "${MODEL[@]}"; do [ "$a" = RMSNorm ] && LN+=(LayerNorm) || LN+=("$a"); done
+if run layernorm "$LATTICE" train "${LN[@]}" "${RUN[@]}" --train-iters 2 --save ln_ckpt; then
+  expect_error "convert --to-hf of a LayerNorm hybrid" "LayerNorm (HuggingFace Nemotron-H has RMSNorm)" -- \
+    "$LATTICE" convert --load ln_ckpt --to-hf ln_hf
+  [ -e ln_hf ] && fail "the refused conversion left ln_hf/ behind"
 fi
 
 # Tensor parallelism splits the Mamba heads and groups (with sequence parallelism), pipeline parallelism the

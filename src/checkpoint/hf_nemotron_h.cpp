@@ -1,0 +1,255 @@
+#include "checkpoint/hf_nemotron_h.h"
+
+#include <map>
+#include <vector>
+
+#include "checkpoint/hf_tensor_map.h"
+#include "core/error.h"
+
+namespace lattice {
+namespace {
+
+using json = nlohmann::json;
+using hf::TensorMap;
+
+// The layer kinds of a config: hybrid_override_pattern, else layers_block_type's names (transformers 5's
+// linear_attention and full_attention, or mamba and attention).
+std::string layer_pattern(const json& j, const std::string& what) {
+  if (j.contains("hybrid_override_pattern") && !j["hybrid_override_pattern"].is_null()) {
+    if (!j["hybrid_override_pattern"].is_string())
+      LATTICE_FAIL() << what << ": hybrid_override_pattern must be a string";
+    return j["hybrid_override_pattern"].get<std::string>();
+  }
+  if (!j.contains("layers_block_type") || !j["layers_block_type"].is_array())
+    LATTICE_FAIL() << what << ": neither hybrid_override_pattern nor layers_block_type gives the layers' kinds";
+  std::string p;
+  for (const json& t : j["layers_block_type"]) {
+    const std::string kind = t.is_string() ? t.get<std::string>() : t.dump();
+    p += kind == "mamba" || kind == "linear_attention"   ? 'M'
+         : kind == "attention" || kind == "full_attention" ? '*'
+         : kind == "mlp"                                   ? '-'
+         : kind == "moe"                                   ? 'E'
+                                                           : '?';
+    if (p.back() == '?') LATTICE_FAIL() << what << ": layers_block_type has an unknown kind " << t.dump();
+  }
+  return p;
+}
+
+// The HF prefix of the model's tensors: the Hub's backbone., or transformers 5's model.
+std::string prefix_of(const SafetensorsFile* file) {
+  return file && !file->has("backbone.embeddings.weight") && file->has("model.embeddings.weight") ? "model." : "backbone.";
+}
+
+std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& s,
+                                  const SafetensorsFile* file) {
+  const std::string root = prefix_of(file);
+  const int64_t C = c.hidden_size, V = c.vocab_size, Q = c.attention_width(), KV = c.kv_channels * c.num_query_groups;
+  const int64_t F = c.ffn_hidden_size, I = c.mamba_inner(), H = c.mamba_heads(), Cc = c.mamba_conv_width();
+  std::vector<TensorMap> m;
+  m.push_back({"embedding.word_embeddings.weight", {{root + "embeddings.weight"}}, true});
+  s[root + "embeddings.weight"] = {V, C};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string lat = "decoder.layers." + std::to_string(l) + ".";
+    const std::string hf = root + "layers." + std::to_string(l) + ".", mx = hf + "mixer.";
+    s[hf + "norm.weight"] = {C};
+    auto same = [&](const std::string& name, const Shape& shape) {  // a mixer tensor under lattice's name
+      m.push_back({lat + "mixer." + name, {{mx + name}}});
+      s[mx + name] = shape;
+    };
+    switch (c.hybrid_layer(l)) {
+      case 'M':
+        m.push_back({lat + "norm.weight", {{hf + "norm.weight"}}});
+        same("in_proj.weight", {c.mamba_in_proj_width(), C});
+        same("conv1d.weight", {Cc, 1, TransformerConfig::kMambaConvKernel});
+        same("conv1d.bias", {Cc});
+        same("dt_bias", {H});
+        same("A_log", {H});
+        same("D", {H});
+        same("norm.weight", {I});
+        same("out_proj.weight", {C, I});
+        break;
+      case '*':
+        m.push_back({lat + "input_layernorm.weight", {{hf + "norm.weight"}}});
+        m.push_back(hf::grouped_qkv(c, lat + "self_attention.linear_qkv.weight", mx, "weight"));
+        s[mx + "q_proj.weight"] = {Q, C};
+        s[mx + "k_proj.weight"] = {KV, C};
+        s[mx + "v_proj.weight"] = {KV, C};
+        m.push_back({lat + "self_attention.linear_proj.weight", {{mx + "o_proj.weight"}}});
+        s[mx + "o_proj.weight"] = {C, Q};
+        break;
+      default:  // '-': an MLP layer (mismatch / the config refuse E)
+        m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "norm.weight"}}});
+        m.push_back({lat + "mlp.linear_fc1.weight", {{mx + "up_proj.weight"}}});
+        s[mx + "up_proj.weight"] = {F, C};
+        m.push_back({lat + "mlp.linear_fc2.weight", {{mx + "down_proj.weight"}}});
+        s[mx + "down_proj.weight"] = {C, F};
+    }
+  }
+  m.push_back({"decoder.final_layernorm.weight", {{root + "norm_f.weight"}}});
+  s[root + "norm_f.weight"] = {C};
+  if (c.untie_embeddings_and_output_weights) {
+    m.push_back({"output_layer.weight", {{"lm_head.weight"}}, true});
+    s["lm_head.weight"] = {V, C};
+  }
+  return m;
+}
+
+// A config value that must be what lattice computes (`want`), when given.
+void expect_value(const json& j, const std::string& what, const char* key, const json& want) {
+  if (j.contains(key) && !j[key].is_null() && j[key] != want)
+    LATTICE_FAIL() << what << ": " << key << " " << j[key].dump() << " is not supported (lattice's Nemotron-H has "
+                   << want.dump() << ")";
+}
+
+}  // namespace
+
+bool is_hf_nemotron_h_config(const json& j) {
+  if (!j.is_object()) return false;
+  if (j.contains("model_type")) return j["model_type"] == "nemotron_h";
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const json& a : j["architectures"])
+      if (a == "NemotronHForCausalLM") return true;
+  return false;
+}
+
+TransformerConfig hf_nemotron_h_config(const json& j, const std::string& what, int64_t divisible_by) {
+  if (!is_hf_nemotron_h_config(j))
+    LATTICE_FAIL() << what << ": not a Nemotron-H config (model_type " << j.value("model_type", json()).dump() << ")";
+  TransformerConfig c;
+  c.hybrid_layer_pattern = layer_pattern(j, what);
+  if (c.hybrid_layer_pattern.find('E') != std::string::npos)
+    LATTICE_FAIL() << what << ": hybrid_override_pattern \"" << c.hybrid_layer_pattern
+                   << "\" has MoE layers (E), which lattice does not read from Nemotron-H yet";
+  json sizes = j;  // num_hidden_layers is the pattern's length (transformers 5 derives it so)
+  sizes["num_hidden_layers"] = int64_t(c.hybrid_layer_pattern.size());
+  if (!j.contains("head_dim") && j.contains("attention_head_dim"))  // NVIDIA's remote-code configs' name
+    sizes["head_dim"] = j["attention_head_dim"];
+  if (j.contains("num_hidden_layers") && j["num_hidden_layers"] != sizes["num_hidden_layers"])
+    LATTICE_FAIL() << what << ": num_hidden_layers " << j["num_hidden_layers"].dump() << " is not the "
+                   << c.hybrid_layer_pattern.size() << " layers of hybrid_override_pattern";
+  hf::read_decoder_sizes(sizes, what, c);
+  c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
+  hf::read_grouped_heads(sizes, what, c, true);
+  c.mamba_num_heads = hf::config_int(j, what, "mamba_num_heads");
+  c.mamba_head_dim = hf::config_int(j, what, "mamba_head_dim");
+  c.mamba_num_groups = hf::config_int(j, what, "n_groups");
+  c.mamba_state_dim = hf::config_int(j, what, "ssm_state_size");
+  expect_value(j, what, "mlp_hidden_act", "relu2");
+  expect_value(j, what, "mamba_hidden_act", "silu");
+  expect_value(j, what, "conv_kernel", TransformerConfig::kMambaConvKernel);
+  expect_value(j, what, "use_conv_bias", true);
+  for (const char* bias : {"use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias"}) expect_value(j, what, bias, false);
+  if (j.contains("time_step_limit") && j["time_step_limit"].is_array() && j["time_step_limit"].size() == 2 &&
+      (j["time_step_limit"][0] != 0.0 || j["time_step_limit"][1].get<double>() < 1e300))
+    LATTICE_FAIL() << what << ": time_step_limit " << j["time_step_limit"].dump()
+                   << " clamps the Mamba layers' dt, which lattice does not (it takes [0.0, Infinity])";
+  // The Mamba layers' gated norm uses layer_norm_epsilon too; lattice's is Megatron's 1e-5.
+  c.layernorm_epsilon = float(hf::config_positive(j, what, "layer_norm_epsilon", 1e-5));
+  if (c.layernorm_epsilon != 1e-5f && c.hybrid_layer_pattern.find('M') != std::string::npos)
+    LATTICE_FAIL() << what << ": layer_norm_epsilon " << j["layer_norm_epsilon"].dump()
+                   << " is not supported with Mamba layers (their gated norm's epsilon is 1e-5 in lattice)";
+  c.normalization = "RMSNorm";
+  c.gelu = GeluKind::squared_relu;
+  c.add_bias_linear = false;
+  c.position_embedding_type = "none";
+  c.untie_embeddings_and_output_weights = !hf::config_bool(j, what, "tie_word_embeddings", false);
+  c.make_vocab_size_divisible_by = divisible_by;
+  c.hidden_dropout = c.attention_dropout = 0.0f;
+  c.finalize();
+  return c;
+}
+
+json hf_nemotron_h_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
+  json j = {{"architectures", {"NemotronHForCausalLM"}},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"chunk_size", 128},
+            {"conv_kernel", TransformerConfig::kMambaConvKernel},
+            {"expand", 2},
+            {"head_dim", c.kv_channels},
+            {"hidden_dropout", 0.0},
+            {"hidden_size", c.hidden_size},
+            {"hybrid_override_pattern", c.hybrid_layer_pattern},
+            {"initializer_range", 0.02},
+            {"intermediate_size", c.ffn_hidden_size},
+            {"layer_norm_epsilon", hf::shortest_float(c.layernorm_epsilon)},
+            {"mamba_head_dim", c.mamba_head_dim},
+            {"mamba_hidden_act", "silu"},
+            {"mamba_num_heads", c.mamba_heads()},
+            {"mamba_proj_bias", false},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"mlp_bias", false},
+            {"mlp_hidden_act", "relu2"},
+            {"model_type", "nemotron_h"},
+            {"n_groups", c.mamba_num_groups},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_hidden_layers", c.num_layers},
+            {"num_key_value_heads", c.num_query_groups},
+            {"rescale_prenorm_residual", true},
+            {"residual_in_fp32", false},
+            {"ssm_state_size", c.mamba_state_dim},
+            {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+            {"torch_dtype", "float32"},
+            {"use_bias", false},
+            {"use_cache", true},
+            {"use_conv_bias", true},
+            {"vocab_size", c.vocab_size}};
+  if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
+  return j;
+}
+
+std::string hf_nemotron_h_mismatch(const TransformerConfig& c) {
+  const char* why =
+      !c.hybrid() ? "no --hybrid-override-pattern (HuggingFace Nemotron-H is a hybrid: each layer a Mamba, an "
+                    "attention or an MLP block)"
+      : c.moe()   ? "MoE layers (E; lattice writes Nemotron-H without experts)"
+      : c.position_embedding_type != "none"
+          ? "a position embedding (HuggingFace Nemotron-H has none: --position-embedding-type none)"
+      : !c.rmsnorm()             ? "LayerNorm (HuggingFace Nemotron-H has RMSNorm)"
+      : c.apply_layernorm_1p     ? "zero-centered norm weights (--apply-layernorm-1p)"
+      : c.add_bias_linear || c.add_qkv_bias ? "linear biases (HuggingFace Nemotron-H has none: --disable-bias-linear)"
+      : c.gated_linear_unit() || c.gelu != GeluKind::squared_relu
+          ? "an MLP other than squared ReLU (HuggingFace Nemotron-H's is relu2: --squared-relu)"
+      : c.qk_norm()              ? "query and key norms (HuggingFace Nemotron-H has none)"
+      : c.attention_output_gate  ? "the attention output gate (--attention-output-gate)"
+      : c.softmax_sink()         ? "attention sinks (--softmax-type)"
+      : c.window_size >= 0       ? "sliding-window attention (HuggingFace Nemotron-H has none)"
+      : c.layernorm_epsilon != 1e-5f
+          ? "--norm-epsilon other than 1e-5 (HuggingFace Nemotron-H's Mamba norms use layer_norm_epsilon, lattice's 1e-5)"
+          : nullptr;
+  return why ? why : "";
+}
+
+HfModel load_hf_nemotron_h(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
+  return hf::load_model_folder(
+      dir, seq_length,
+      [&](const json& j, const std::string& what, const SafetensorsFile&) {
+        return hf_nemotron_h_config(j, what, divisible_by);
+      },
+      [](GPTModel& m, const SafetensorsFile& f, const json&) {
+        const TransformerConfig& c = m.config();
+        std::map<std::string, Shape> shapes;
+        const std::vector<TensorMap> map = tensor_map(c, shapes, &f);
+        hf::check_tensor_shapes(f, shapes);
+        for (const std::string& name : f.names())
+          if (!shapes.count(name))  // (a tied model's file has no lm_head.weight; the MTP layers are refused)
+            LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json's hybrid_override_pattern "
+                           << c.hybrid_layer_pattern << ", tie_word_embeddings "
+                           << (c.untie_embeddings_and_output_weights ? "false" : "true") << ")";
+        hf::import_tensors(m, f, map, shapes);
+      },
+      gradients);
+}
+
+void save_hf_nemotron_h(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                        const hf::ExportOptions& options) {
+  const TransformerConfig& c = model.config();
+  const std::string why = hf_nemotron_h_mismatch(c);
+  if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
+  std::map<std::string, Shape> shapes;
+  const std::vector<TensorMap> map = tensor_map(c, shapes, nullptr);
+  hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), hf_nemotron_h_config_json(c, tokenizer_type),
+                         options);
+}
+
+}  // namespace lattice

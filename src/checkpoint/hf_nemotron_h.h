@@ -1,0 +1,50 @@
+// HuggingFace Nemotron-H (model_type "nemotron_h", NemotronHForCausalLM: NVIDIA's Nemotron-H and
+// Nemotron-Nano-2 Mamba-2/attention hybrids; DIR/config.json + DIR/model.safetensors) <-> lattice's hybrid
+// GPTModel (--hybrid-override-pattern): every layer one pre-norm residual block of the kind
+// hybrid_override_pattern (or layers_block_type) gives it, M a Mamba-2 layer, * a self-attention layer, - an
+// MLP layer; RMSNorm; grouped-query attention without biases and without any position embedding
+// (--position-embedding-type none); the MLP's squared ReLU without biases (--squared-relu); the Mamba layers'
+// shape from mamba_num_heads, mamba_head_dim, n_groups and ssm_state_size, a width-4 convolution with bias.
+//
+// Tensors (the Hub's names, prefix backbone.; transformers 5's model. read too): backbone.embeddings,
+// backbone.layers.<l>.norm (the layer's norm: lattice's norm, input_layernorm or pre_mlp_layernorm by its
+// kind), backbone.layers.<l>.mixer.* (a Mamba layer's in_proj, conv1d, dt_bias, A_log, D, norm, out_proj
+// under lattice's names; an attention layer's q_proj, k_proj, v_proj into the grouped linear_qkv and o_proj;
+// an MLP's up_proj and down_proj), backbone.norm_f, lm_head (absent when tied). HF -> lattice -> HF
+// reproduces every tensor bit for bit.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "checkpoint/hf_common.h"
+#include "model/gpt_model.h"
+
+namespace lattice {
+
+// model_type "nemotron_h", or NemotronHForCausalLM among the architectures.
+bool is_hf_nemotron_h_config(const nlohmann::json& config);
+
+// config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by). Settings
+// lattice cannot reproduce (MoE layers, biases, another activation, a Mamba norm epsilon other than 1e-5)
+// are errors naming `what` (the file) and the key.
+TransformerConfig hf_nemotron_h_config(const nlohmann::json& config, const std::string& what,
+                                       int64_t divisible_by = 128);
+
+// TransformerConfig -> config.json as the Hub's Nemotron-H configs are written (tokenizer_type under
+// kHfTokenizerKey when non-empty).
+nlohmann::json hf_nemotron_h_config_json(const TransformerConfig& c, const std::string& tokenizer_type);
+
+// Why a lattice model has no HF Nemotron-H form ("" when it has one).
+std::string hf_nemotron_h_mismatch(const TransformerConfig& c);
+
+// Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings); every problem
+// (missing, misshapen or unexpected tensor) is an error naming the file and the tensor.
+HfModel load_hf_nemotron_h(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
+                           bool gradients = true);
+
+// Writes DIR/model.safetensors and DIR/config.json; a model without the Nemotron-H form is an error naming
+// DIR and the reason, and nothing is written.
+void save_hf_nemotron_h(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                        const hf::ExportOptions& options = {});
+
+}  // namespace lattice

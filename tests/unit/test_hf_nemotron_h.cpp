@@ -1,0 +1,215 @@
+// HuggingFace Nemotron-H <-> lattice: logits against independent HF-layout models
+// (tests/fixtures/make_hf_nemotron_h_fixture.py: Nemotron-H's form, Mamba-2, attention-only and squared-ReLU MLP
+// layers, no position embedding, untied; and a tied one with three heads' groups), the round trips in both
+// directions (the Hub's backbone. names and transformers 5's model. ones), Python's Infinity in config.json,
+// and bad input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "checkpoint/hf_nemotron_h.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "hf_test_util.h"
+
+namespace lattice {
+namespace {
+
+using hf_test::fixture;
+using hf_test::TempDir;
+using hf_test::Tensors;
+
+void expect_load_error(const std::string& dir, const std::string& needle) {
+  hf_test::expect_one_line_error([&] { load_hf_nemotron_h(dir); }, {needle});
+}
+
+// Every tensor of the fixture folder `dir` is in `out`'s model file with the same bytes, and no other.
+void expect_same_tensors(const std::string& dir, const std::string& out) {
+  SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(out + "/model.safetensors");
+  EXPECT_EQ(a.names(), b.names());
+  for (const std::string& name : a.names()) {
+    ASSERT_TRUE(b.has(name)) << name;
+    EXPECT_EQ(a.get(name).shape, b.get(name).shape) << name;
+    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name << " differs after the round trip";
+  }
+}
+
+TEST(HfNemotronH, MatchesIndependentLogits) {
+  for (const char* dir : {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied"}) {
+    SCOPED_TRACE(dir);
+    HfModel hf = load_hf_nemotron_h(fixture(dir));
+    hf_test::expect_fixture_logits(*hf.model, dir);
+    // The loss of one micro-batch (inputs all but the last token, labels all but the first) and its backward.
+    SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
+    const std::vector<int32_t> tokens = ref.get_i32("tokens");
+    const double loss = hf.model->forward_backward(tokens.data(), nullptr, 1, int64_t(tokens.size()) - 1, 1.0f, {});
+    EXPECT_NEAR(loss, ref.get_f32("main_loss")[0], 1e-5 * loss);
+    const TransformerConfig& c = hf.model->config();
+    EXPECT_TRUE(c.hybrid() && c.rmsnorm() && !c.add_bias_linear && c.gelu == GeluKind::squared_relu);
+    EXPECT_EQ(c.position_embedding_type, "none");
+    EXPECT_EQ(hf_nemotron_h_mismatch(c), "");
+  }
+  const TransformerConfig c = load_hf_nemotron_h(fixture("hf_nemotron_h_tiny")).model->config();
+  EXPECT_EQ(c.hybrid_layer_pattern, "M-M*-");
+  EXPECT_EQ(c.num_query_groups, 2);
+  EXPECT_TRUE(c.untie_embeddings_and_output_weights);
+  EXPECT_EQ(c.mamba_heads(), 8);
+  EXPECT_EQ(c.mamba_num_groups, 2);
+  EXPECT_FALSE(load_hf_nemotron_h(fixture("hf_nemotron_h_tiny_tied")).model->config().untie_embeddings_and_output_weights);
+}
+
+TEST(HfNemotronH, HfToLatticeToHfIsIdentity) {
+  for (const char* dir : {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied"}) {
+    SCOPED_TRACE(dir);
+    TempDir out(std::string("nemotron_rt_") + dir);
+    HfModel hf = load_hf_nemotron_h(fixture(dir));
+    save_hf_nemotron_h(out.str() + "/hf", *hf.model, "");
+    expect_same_tensors(dir, out.str() + "/hf");
+    std::ifstream ia(fixture(dir) + "/config.json"), ib(out.str() + "/hf/config.json");
+    const nlohmann::json ja = nlohmann::json::parse(ia), jb = nlohmann::json::parse(ib);
+    for (const char* key : {"model_type", "architectures", "hybrid_override_pattern", "num_hidden_layers", "hidden_size",
+                            "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+                            "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
+                            "mlp_hidden_act", "tie_word_embeddings", "use_conv_bias", "use_bias"})
+      EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << "config.json " << key;
+    EXPECT_EQ(ja["layer_norm_epsilon"].get<double>(), jb["layer_norm_epsilon"].get<double>());
+    HfModel again = load_hf_nemotron_h(out.str() + "/hf");
+    hf_test::expect_fixture_logits(*again.model, dir);
+  }
+}
+
+// A Nemotron-H-form lattice model with every parameter random out to HF and back: every real parameter's bits
+// and the logits kept.
+TEST(HfNemotronH, LatticeToHfToLatticeKeepsEveryParameter) {
+  HfModel base = load_hf_nemotron_h(fixture("hf_nemotron_h_tiny"));
+  GPTModel& m = *base.model;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  for (int64_t i = 0; i < m.params().numel(); ++i) m.params().params()[i] = nd(gen);
+  const TransformerConfig& c = m.config();
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {  // padded rows: not exported
+    const ParamInfo& p = m.params().info(name);
+    std::fill(m.params().params() + p.offset + c.vocab_size * c.hidden_size, m.params().params() + p.offset + p.numel,
+              0.0f);
+  }
+  TempDir out("nemotron_lattice_rt");
+  save_hf_nemotron_h(out.str() + "/hf", m, "GPT2BPETokenizer");
+  HfModel back = load_hf_nemotron_h(out.str() + "/hf");
+  EXPECT_EQ(back.tokenizer_type, "GPT2BPETokenizer");
+  hf_test::expect_same_model(m, *back.model);
+}
+
+// transformers 5 names the tensors model.* where the Hub's files have backbone.*; newer configs give
+// layers_block_type for the pattern, and Python writes time_step_limit's infinity as Infinity: all read alike.
+TEST(HfNemotronH, Transformers5NamesAndConfigsLoad) {
+  TempDir t("nemotron_t5");
+  const std::string path = hf_test::rewritten_fixture(
+      "hf_nemotron_h_tiny",
+      [](Tensors& ts) {
+        for (auto& [name, tensor] : ts.list)
+          if (name.rfind("backbone.", 0) == 0) name = "model." + name.substr(9);
+      },
+      [](nlohmann::json& j) {
+        j.erase("hybrid_override_pattern");
+        j["attention_head_dim"] = j["head_dim"];  // NVIDIA's remote-code name for it
+        j.erase("head_dim");
+        j["layers_block_type"] = {"mamba", "mlp", "linear_attention", "full_attention", "mlp"};
+      },
+      t);
+  {  // time_step_limit [0.0, Infinity], as Python's json writes it
+    std::ifstream in(path + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["time_step_limit"] = {0.0, 12345.0};
+    std::string text = j.dump(2);
+    text.replace(text.find("12345.0"), 7, "Infinity");
+    std::ofstream(path + "/config.json") << text;
+  }
+  HfModel hf = load_hf_nemotron_h(path);
+  EXPECT_EQ(hf.model->config().hybrid_layer_pattern, "M-M*-");
+  hf_test::expect_fixture_logits(*hf.model, "hf_nemotron_h_tiny");
+}
+
+// Python's json writes float('inf') and float('nan') as bare Infinity and NaN: read as 1e308 and null, and
+// left as they are inside strings.
+TEST(HfNemotronH, PythonJsonNumbersBecomeStandard) {
+  EXPECT_EQ(hf::python_json_numbers(R"({"a": [0.0, Infinity], "b": -Infinity, "c": NaN, "s": "Infinity \"NaN\""})"),
+            R"({"a": [0.0, 1e308], "b": -1e308, "c": null, "s": "Infinity \"NaN\""})");
+}
+
+TEST(HfNemotronH, BadInputIsOneLineErrorNamingTheProblem) {
+  struct Case {
+    const char* name;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"moe", [](nlohmann::json& j) { j["hybrid_override_pattern"] = "M-E*-"; }, "has MoE layers (E)"},
+      {"pattern", [](nlohmann::json& j) { j["hybrid_override_pattern"] = "M-M*x"; }, "'x' at layer 4 is not M"},
+      {"layers", [](nlohmann::json& j) { j["num_hidden_layers"] = 4; }, "num_hidden_layers 4 is not the 5 layers"},
+      {"act", [](nlohmann::json& j) { j["mlp_hidden_act"] = "silu"; }, "mlp_hidden_act \"silu\" is not supported"},
+      {"bias", [](nlohmann::json& j) { j["use_bias"] = true; }, "use_bias true is not supported"},
+      {"conv", [](nlohmann::json& j) { j["conv_kernel"] = 3; }, "conv_kernel 3 is not supported"},
+      {"dt limit", [](nlohmann::json& j) { j["time_step_limit"] = {0.0, 0.1}; }, "time_step_limit [0.0,0.1] clamps"},
+      {"eps", [](nlohmann::json& j) { j["layer_norm_epsilon"] = 1e-6; }, "layer_norm_epsilon 1e-06 is not supported"},
+      {"groups", [](nlohmann::json& j) { j["n_groups"] = 3; }, "--mamba-num-groups 3 does not divide the Mamba heads 8"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    TempDir t(std::string("nemotron_bad_") + k.name);
+    expect_load_error(hf_test::rewritten_fixture("hf_nemotron_h_tiny", nullptr, k.edit, t), k.expect);
+  }
+  TempDir missing("nemotron_missing");
+  expect_load_error(hf_test::rewritten_fixture("hf_nemotron_h_tiny",
+                                               [](Tensors& t) { t.erase("backbone.layers.2.mixer.D"); }, nullptr,
+                                               missing),
+                    "missing tensor backbone.layers.2.mixer.D");
+  TempDir extra("nemotron_extra");  // a tied model's file with an lm_head, or any tensor config.json does not explain
+  expect_load_error(hf_test::rewritten_fixture("hf_nemotron_h_tiny", nullptr,
+                                               [](nlohmann::json& j) { j["tie_word_embeddings"] = true; }, extra),
+                    "unexpected tensor lm_head.weight");
+  TempDir shape("nemotron_shape");
+  expect_load_error(hf_test::rewritten_fixture("hf_nemotron_h_tiny",
+                                               [](Tensors& t) {
+                                                 SafeTensor* b = t.find("backbone.layers.0.mixer.conv1d.bias");
+                                                 b->shape = {9};
+                                                 b->bytes.resize(9 * sizeof(float));
+                                               },
+                                               nullptr, shape),
+                    "backbone.layers.0.mixer.conv1d.bias");
+}
+
+// A lattice model without Nemotron-H's form says why, before anything is written.
+TEST(HfNemotronH, ModelsWithoutTheFormAreNamed) {
+  const TransformerConfig nemotron = load_hf_nemotron_h(fixture("hf_nemotron_h_tiny")).model->config();
+  auto reason = [&](const std::function<void(TransformerConfig&)>& edit) {
+    TransformerConfig c = nemotron;
+    edit(c);
+    return hf_nemotron_h_mismatch(c);
+  };
+  EXPECT_NE(reason([](TransformerConfig& c) { c.hybrid_layer_pattern.clear(); }).find("no --hybrid-override-pattern"),
+            std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.position_embedding_type = "rope"; }).find("a position embedding"),
+            std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.normalization = "LayerNorm"; }).find("LayerNorm"), std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.add_bias_linear = true; }).find("linear biases"), std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.gelu = GeluKind::erf; }).find("squared ReLU"), std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.qk_layernorm = true; }).find("query and key norms"), std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) { c.layernorm_epsilon = 1e-6f; }).find("--norm-epsilon"), std::string::npos);
+  TempDir out("nemotron_refused");
+  HfModel hf = load_hf_nemotron_h(fixture("hf_nemotron_h_tiny"));
+  TransformerConfig c = hf.model->config();
+  c.normalization = "LayerNorm";
+  c.padded_vocab_size = 0;
+  c.finalize();
+  GPTModel layernorm(c, 1, 8);
+  hf_test::expect_one_line_error([&] { save_hf_nemotron_h(out.str() + "/hf", layernorm, ""); },
+                                 {"--to-hf", "LayerNorm (HuggingFace Nemotron-H has RMSNorm)"});
+  EXPECT_FALSE(std::ifstream(out.str() + "/hf/config.json").good()) << "a refused export wrote config.json";
+}
+
+}  // namespace
+}  // namespace lattice
