@@ -27,6 +27,7 @@
 
 #include "core/hd.h"
 #include "kernels/activation_math.h"
+#include "kernels/causal_conv_math.h"
 #include "kernels/fast_math.h"
 
 namespace lattice {
@@ -72,18 +73,11 @@ LATTICE_HD inline float gdn_decay(float a, float A_log, float dt_bias) {
   return -math::exp(A_log) * softplus(a + dt_bias);
 }
 
-// The convolution's first tap at row n: the K taps read rows n - K + 1 .. n, none before the start of the
-// sequence or of the row's document.
-LATTICE_HD inline int64_t gdn_conv_first_tap(int64_t n, const GdnShape& s) {
-  int64_t j = s.K - 1 - n % s.T > 0 ? s.K - 1 - n % s.T : 0;
-  while (j < s.K - 1 && !s.same_document(n, n - s.K + 1 + j)) ++j;
-  return j;
-}
 // The convolution's pre-activation at row n and channel c: x's rows are s.width() wide, w is [Cc, K].
 LATTICE_HD inline float gdn_conv_pre(const float* x, const float* w, int64_t n, int64_t c, const GdnShape& s) {
   const int64_t K = s.K, W = s.width();
   float acc = 0.0f;
-  for (int64_t j = gdn_conv_first_tap(n, s); j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + c];
+  for (int64_t j = causal_conv_first_tap(n, s); j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + c];
   return acc;
 }
 // A head x [D] l2-normalized: out = x c / sqrt(|x|^2 + 1e-6) (c: the query's scale, else 1); and the

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "core/hd.h"
+#include "kernels/causal_conv_math.h"
 #include "kernels/gated_delta_net.h"  // math::silu, silu_grad, softplus
 
 namespace lattice {
@@ -58,19 +59,12 @@ struct MambaShape {
 };
 
 namespace math {
-// The convolution's first tap at row n: the K taps read rows n - K + 1 .. n, none before the start of the
-// sequence or of the row's document.
-LATTICE_HD inline int64_t mamba_conv_first_tap(int64_t n, const MambaShape& s) {
-  int64_t j = s.K - 1 - n % s.T > 0 ? s.K - 1 - n % s.T : 0;
-  while (j < s.K - 1 && !s.same_document(n, n - s.K + 1 + j)) ++j;
-  return j;
-}
 // The convolution's pre-activation at row n and channel c (of the Cc): bias + the taps in order.
 LATTICE_HD inline float mamba_conv_pre(const float* x, const float* w, const float* bias, int64_t n, int64_t c,
                                        const MambaShape& s) {
   const int64_t K = s.K, W = s.width(), at = s.x_at();
   float acc = 0.0f;
-  for (int64_t j = mamba_conv_first_tap(n, s); j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + at + c];
+  for (int64_t j = causal_conv_first_tap(n, s); j < K; ++j) acc += w[c * K + j] * x[(n - K + 1 + j) * W + at + c];
   return acc + bias[c];
 }
 // One RMS over a group of D gated values v = y silu(z): 1 / sqrt(mean(v^2) + eps).

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -136,6 +137,34 @@ inline void expect_one_line_error(const std::function<void()>& load, const std::
     const std::string msg = e.what();
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+}
+
+// Every parameter of m drawn N(0, 0.3) (seed `seed`); with zero_padded_vocabulary, the padded vocabulary rows
+// of the embedding and the output layer then zeroed (an export drops them; expect_same_model wants zeros back).
+inline void randomize_parameters(GPTModel& m, uint32_t seed, bool zero_padded_vocabulary) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  for (int64_t i = 0; i < m.params().numel(); ++i) m.params().params()[i] = nd(gen);
+  if (!zero_padded_vocabulary) return;
+  const TransformerConfig& c = m.config();
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+    if (!m.params().has(name)) continue;
+    const ParamInfo& p = m.params().info(name);
+    std::fill(m.params().params() + p.offset + c.vocab_size * c.hidden_size, m.params().params() + p.offset + p.numel,
+              0.0f);
+  }
+}
+
+// Every tensor of the fixture folder `dir` is in `out`'s model file with the same bytes, and no other.
+inline void expect_same_tensors(const std::string& dir, const std::string& out) {
+  SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
+  SafetensorsFile b = SafetensorsFile::read(out + "/model.safetensors");
+  EXPECT_EQ(a.names(), b.names());
+  for (const std::string& name : a.names()) {
+    ASSERT_TRUE(b.has(name)) << name;
+    EXPECT_EQ(a.get(name).shape, b.get(name).shape) << name;
+    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name << " differs after the round trip";
   }
 }
 

@@ -99,9 +99,7 @@ std::unique_ptr<GPTModel> random_model(bool untie, GeluKind gelu, int64_t ffn) {
   c.hidden_dropout = c.attention_dropout = 0;
   c.finalize();
   auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
-  std::mt19937 gen(untie ? 7 : 8);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  for (int64_t i = 0; i < m->params().numel(); ++i) m->params().params()[i] = nd(gen);
+  hf_test::randomize_parameters(*m, untie ? 7 : 8, false);
   return m;
 }
 

@@ -47,9 +47,7 @@ std::unique_ptr<GPTModel> random_model(bool llama, uint32_t seed) {
   }
   c.finalize();
   auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  for (int64_t i = 0; i < m->params().numel(); ++i) m->params().params()[i] = nd(gen);
+  hf_test::randomize_parameters(*m, seed, false);
   return m;
 }
 

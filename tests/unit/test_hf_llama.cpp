@@ -398,9 +398,7 @@ std::unique_ptr<GPTModel> random_llama(bool untie, bool qkv_bias = false, bool q
   c.hidden_dropout = c.attention_dropout = 0;
   c.finalize();
   auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
-  std::mt19937 gen(untie ? 9 : qkv_bias ? 11 : qk_layernorm ? 12 : 10);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  for (int64_t i = 0; i < m->params().numel(); ++i) m->params().params()[i] = nd(gen);
+  hf_test::randomize_parameters(*m, untie ? 9 : qkv_bias ? 11 : qk_layernorm ? 12 : 10, false);
   return m;
 }
 

@@ -18,24 +18,13 @@
 namespace lattice {
 namespace {
 
+using hf_test::expect_same_tensors;
 using hf_test::fixture;
 using hf_test::TempDir;
 using hf_test::Tensors;
 
 void expect_load_error(const std::string& dir, const std::string& needle) {
   hf_test::expect_one_line_error([&] { load_hf_nemotron_h(dir); }, {needle});
-}
-
-// Every tensor of the fixture folder `dir` is in `out`'s model file with the same bytes, and no other.
-void expect_same_tensors(const std::string& dir, const std::string& out) {
-  SafetensorsFile a = SafetensorsFile::read(fixture(dir) + "/model.safetensors");
-  SafetensorsFile b = SafetensorsFile::read(out + "/model.safetensors");
-  EXPECT_EQ(a.names(), b.names());
-  for (const std::string& name : a.names()) {
-    ASSERT_TRUE(b.has(name)) << name;
-    EXPECT_EQ(a.get(name).shape, b.get(name).shape) << name;
-    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name << " differs after the round trip";
-  }
 }
 
 TEST(HfNemotronH, MatchesIndependentLogits) {
@@ -87,15 +76,7 @@ TEST(HfNemotronH, HfToLatticeToHfIsIdentity) {
 TEST(HfNemotronH, LatticeToHfToLatticeKeepsEveryParameter) {
   HfModel base = load_hf_nemotron_h(fixture("hf_nemotron_h_tiny"));
   GPTModel& m = *base.model;
-  std::mt19937 gen(7);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  for (int64_t i = 0; i < m.params().numel(); ++i) m.params().params()[i] = nd(gen);
-  const TransformerConfig& c = m.config();
-  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {  // padded rows: not exported
-    const ParamInfo& p = m.params().info(name);
-    std::fill(m.params().params() + p.offset + c.vocab_size * c.hidden_size, m.params().params() + p.offset + p.numel,
-              0.0f);
-  }
+  hf_test::randomize_parameters(m, 7, true);
   TempDir out("nemotron_lattice_rt");
   save_hf_nemotron_h(out.str() + "/hf", m, "GPT2BPETokenizer");
   HfModel back = load_hf_nemotron_h(out.str() + "/hf");

@@ -6,35 +6,13 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "kernels/cpu/causal_conv.h"
 #include "kernels/cuda/ops.h"
 
 namespace lattice {
 
 namespace {
 constexpr int64_t kParallelMin = 32768;
-
-// w [Cc, K] as [K, Cc]: each tap's weights over the channels contiguous, as x's rows are.
-std::vector<float> taps_by_channel(const float* w, int64_t Cc, int64_t K) {
-  std::vector<float> wt(size_t(Cc * K));
-  for (int64_t c = 0; c < Cc; ++c)
-    for (int64_t j = 0; j < K; ++j) wt[size_t(j * Cc + c)] = w[c * K + j];
-  return wt;
-}
-
-// pre [Cc]: the convolution's pre-activation at row n, every channel at once (math::gdn_conv_pre's sum,
-// the taps in the same order).
-void conv_pre_row(float* pre, const float* x, const float* wt, int64_t n, const GdnShape& s) {
-  const int64_t Cc = s.conv(), W = s.width(), K = s.K;
-  std::fill(pre, pre + Cc, 0.0f);
-  for (int64_t j = math::gdn_conv_first_tap(n, s); j < K; ++j) {
-    const float* xr = x + (n - K + 1 + j) * W;
-    const float* wj = wt + j * Cc;
-    for (int64_t c = 0; c < Cc; ++c) pre[c] += wj[c] * xr[c];
-  }
-}
-
-constexpr int64_t kChannelBlock = 64;  // the weight gradient's channels per thread task
-
 }  // namespace
 
 void gdn_check_shape(const GdnShape& s, const char* what) {
@@ -47,59 +25,13 @@ void gdn_check_shape(const GdnShape& s, const char* what) {
 void gdn_conv_forward(float* u, const float* x, const float* w, const GdnShape& s) {
   LATTICE_KERNEL_ENTRY(cuda::gdn_conv_forward(u, x, w, s));
   gdn_check_shape(s, "gdn_conv_forward");
-  const int64_t Cc = s.conv();
-  const std::vector<float> wt = taps_by_channel(w, Cc, s.K);
-#pragma omp parallel for schedule(static) if (s.N() * Cc * s.K > kParallelMin)
-  for (int64_t n = 0; n < s.N(); ++n) {
-    float* un = u + n * Cc;
-    conv_pre_row(un, x, wt.data(), n, s);
-    for (int64_t c = 0; c < Cc; ++c) un[c] = math::silu(un[c]);
-  }
+  causal_conv::forward_silu(u, x, w, nullptr, s.N(), 0, s.conv(), s);
 }
 
 void gdn_conv_backward(float* dx, float* dw, const float* du, const float* x, const float* w, const GdnShape& s) {
   LATTICE_KERNEL_ENTRY(cuda::gdn_conv_backward(dx, dw, du, x, w, s));
   gdn_check_shape(s, "gdn_conv_backward");
-  const int64_t Cc = s.conv(), W = s.width(), K = s.K, T = s.T, N = s.N();
-  const std::vector<float> wt = taps_by_channel(w, Cc, K);
-  // The pre-activation's gradient dp = du silu'(p), p recomputed, row by row.
-  std::vector<float> dp(size_t(N * Cc));
-#pragma omp parallel for schedule(static) if (N * Cc * K > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) {
-    float* dpn = dp.data() + n * Cc;
-    conv_pre_row(dpn, x, wt.data(), n, s);
-    for (int64_t c = 0; c < Cc; ++c) dpn[c] = du[n * Cc + c] * math::silu_grad(dpn[c]);
-  }
-  // dx[t] = sum_j w[j] dp[t + K - 1 - j] (within the sequence and the document), row by row, the taps in order.
-#pragma omp parallel for schedule(static) if (N * Cc * K > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t t = n % T;
-    float* dxn = dx + n * W;
-    std::fill(dxn, dxn + Cc, 0.0f);
-    for (int64_t j = std::max<int64_t>(0, t + K - T); j < K; ++j) {  // t + K - 1 - j within the sequence
-      if (!s.same_document(n + K - 1 - j, n)) continue;
-      const float* wj = wt.data() + j * Cc;
-      const float* dpr = dp.data() + (n + K - 1 - j) * Cc;
-      for (int64_t c = 0; c < Cc; ++c) dxn[c] += wj[c] * dpr[c];
-    }
-  }
-  // dw[c, j] += sum_t dp[t] x[t - K + 1 + j]: a block of channels per task, the rows in order.
-  const int64_t blocks = (Cc + kChannelBlock - 1) / kChannelBlock;
-#pragma omp parallel for schedule(static) if (N * Cc * K > kParallelMin)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c0 = blk * kChannelBlock, nc = std::min(Cc, c0 + kChannelBlock) - c0;
-    std::vector<float> acc(size_t(K * nc), 0.0f);  // [K, nc]
-    for (int64_t n = 0; n < N; ++n) {
-      const float* dpn = dp.data() + n * Cc + c0;
-      for (int64_t j = math::gdn_conv_first_tap(n, s); j < K; ++j) {
-        const float* xr = x + (n - K + 1 + j) * W + c0;
-        float* aj = acc.data() + j * nc;
-        for (int64_t c = 0; c < nc; ++c) aj[c] += dpn[c] * xr[c];
-      }
-    }
-    for (int64_t c = 0; c < nc; ++c)
-      for (int64_t j = 0; j < K; ++j) dw[(c0 + c) * K + j] += acc[size_t(j * nc + c)];
-  }
+  causal_conv::backward_silu(dx, dw, nullptr, du, x, w, nullptr, s.N(), 0, s.conv(), s);
 }
 
 void gdn_gates_forward(float* q, float* k, float* g, float* beta, const float* u, const float* x, const float* A_log,

@@ -104,7 +104,7 @@ __global__ void conv_backward_dw_kernel(float* dw, const float* du, const float*
   for (int64_t j = 0; j < K; ++j) {
     float acc = 0.0f;
     for (int64_t n = threadIdx.x; n < s.N(); n += blockDim.x)
-      if (j >= math::gdn_conv_first_tap(n, s)) acc += conv_dpre(du, x, w, n, c, s) * x[(n - K + 1 + j) * W + c];
+      if (j >= math::causal_conv_first_tap(n, s)) acc += conv_dpre(du, x, w, n, c, s) * x[(n - K + 1 + j) * W + c];
     acc = block_sum(acc);
     if (threadIdx.x == 0) dw[c * K + j] += acc;
   }

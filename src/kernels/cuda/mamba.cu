@@ -63,7 +63,7 @@ __global__ void conv_backward_params_kernel(float* dw, float* dbias, const float
   for (int64_t j = 0; j <= K; ++j) acc[j * stride] = 0.0f;
   for (int64_t n = threadIdx.x; n < s.rows(); n += stride) {
     const float dp = conv_dpre(du, x, w, bias, n, c, s);
-    for (int64_t j = math::mamba_conv_first_tap(n, s); j < K; ++j)
+    for (int64_t j = math::causal_conv_first_tap(n, s); j < K; ++j)
       acc[j * stride] += dp * x[(n - K + 1 + j) * W + at + c];
     acc[K * stride] += dp;
   }
