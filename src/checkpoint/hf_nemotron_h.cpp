@@ -3,6 +3,7 @@
 #include <map>
 #include <vector>
 
+#include "checkpoint/hf_deepseek_moe.h"
 #include "checkpoint/hf_tensor_map.h"
 #include "core/error.h"
 
@@ -38,6 +39,13 @@ std::string layer_pattern(const json& j, const std::string& what) {
 // The HF prefix of the model's tensors: the Hub's backbone., or transformers 5's model.
 std::string prefix_of(const SafetensorsFile* file) {
   return file && !file->has("backbone.embeddings.weight") && file->has("model.embeddings.weight") ? "model." : "backbone.";
+}
+
+// A lattice parameter that is the HF tensor `hf` whole, of shape `shape`.
+void same_as(std::vector<TensorMap>& m, std::map<std::string, Shape>& s, const std::string& lat, const std::string& hf,
+             const Shape& shape) {
+  m.push_back({lat, {{hf}}});
+  s[hf] = shape;
 }
 
 std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::string, Shape>& s,
@@ -77,7 +85,35 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
         m.push_back({lat + "self_attention.linear_proj.weight", {{mx + "o_proj.weight"}}});
         s[mx + "o_proj.weight"] = {C, Q};
         break;
-      default:  // '-': an MLP layer (mismatch / the config refuse E)
+      case 'E': {  // an MoE layer: the sigmoid router with its choice's bias, ungated relu2 experts, a shared expert
+        const int64_t E = c.num_experts, Fe = c.moe_ffn_hidden_size, Fs = c.moe_shared_expert_intermediate_size;
+        m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "norm.weight"}}});
+        same_as(m, s, lat + "mlp.router.weight", mx + "gate.weight", {E, C});
+        same_as(m, s, lat + "mlp.router.expert_bias", mx + "gate.e_score_correction_bias", {E});
+        // The routed experts per expert (the Hub's, what export writes), or fused as transformers 5 saves them:
+        // experts.up_proj [E, Fe, C] and experts.down_proj [E, C, Fe], expert e the e-th [Fe, C] and [C, Fe] of each
+        // (a block's rows are the lattice tensor's).
+        const bool fused = file && file->has(mx + "experts.up_proj");
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string le = lat + "mlp.experts.local_experts." + std::to_string(e) + ".";
+          const std::string he = mx + "experts." + std::to_string(e) + ".";
+          if (fused) {
+            m.push_back({le + "linear_fc1.weight", {{mx + "experts.up_proj", e * Fe, Fe}}});
+            m.push_back({le + "linear_fc2.weight", {{mx + "experts.down_proj", e * C, C}}});
+          } else {
+            same_as(m, s, le + "linear_fc1.weight", he + "up_proj.weight", {Fe, C});
+            same_as(m, s, le + "linear_fc2.weight", he + "down_proj.weight", {C, Fe});
+          }
+        }
+        if (fused) {
+          s[mx + "experts.up_proj"] = {E, Fe, C};
+          s[mx + "experts.down_proj"] = {E, C, Fe};
+        }
+        same_as(m, s, lat + "mlp.shared_experts.linear_fc1.weight", mx + "shared_experts.up_proj.weight", {Fs, C});
+        same_as(m, s, lat + "mlp.shared_experts.linear_fc2.weight", mx + "shared_experts.down_proj.weight", {C, Fs});
+        break;
+      }
+      default:  // '-': an MLP layer
         m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "norm.weight"}}});
         m.push_back({lat + "mlp.linear_fc1.weight", {{mx + "up_proj.weight"}}});
         s[mx + "up_proj.weight"] = {F, C};
@@ -117,9 +153,6 @@ TransformerConfig hf_nemotron_h_config(const json& j, const std::string& what, i
     LATTICE_FAIL() << what << ": not a Nemotron-H config (model_type " << j.value("model_type", json()).dump() << ")";
   TransformerConfig c;
   c.hybrid_layer_pattern = layer_pattern(j, what);
-  if (c.hybrid_layer_pattern.find('E') != std::string::npos)
-    LATTICE_FAIL() << what << ": hybrid_override_pattern \"" << c.hybrid_layer_pattern
-                   << "\" has MoE layers (E), which lattice does not read from Nemotron-H yet";
   json sizes = j;  // num_hidden_layers is the pattern's length (transformers 5 derives it so)
   sizes["num_hidden_layers"] = int64_t(c.hybrid_layer_pattern.size());
   if (!j.contains("head_dim") && j.contains("attention_head_dim"))  // NVIDIA's remote-code configs' name
@@ -130,6 +163,16 @@ TransformerConfig hf_nemotron_h_config(const json& j, const std::string& what, i
   hf::read_decoder_sizes(sizes, what, c);
   c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
   hf::read_grouped_heads(sizes, what, c, true);
+  if (c.hybrid_layer_pattern.find('E') != std::string::npos) {  // Nemotron-3's MoE layers: DeepSeek-V3's router
+    if (j.contains("moe_latent_size") && !j["moe_latent_size"].is_null())
+      LATTICE_FAIL() << what << ": moe_latent_size " << j["moe_latent_size"].dump()
+                     << " is not supported (lattice's experts read the hidden states themselves)";
+    hf::read_sigmoid_router(sizes, what, c, 0);  // (the MoE layers are the pattern's E layers)
+    const int64_t shared = j.contains("n_shared_experts") ? hf::config_int(j, what, "n_shared_experts") : 1;
+    if (shared != 1)
+      LATTICE_FAIL() << what << ": n_shared_experts " << shared << " is not supported (Nemotron-H has one shared expert)";
+    c.moe_shared_expert_intermediate_size = hf::config_int(j, what, "moe_shared_expert_intermediate_size");
+  }
   c.mamba_num_heads = hf::config_int(j, what, "mamba_num_heads");
   c.mamba_head_dim = hf::config_int(j, what, "mamba_head_dim");
   c.mamba_num_groups = hf::config_int(j, what, "n_groups");
@@ -194,6 +237,18 @@ json hf_nemotron_h_config_json(const TransformerConfig& c, const std::string& to
             {"use_cache", true},
             {"use_conv_bias", true},
             {"vocab_size", c.vocab_size}};
+  if (c.moe()) {
+    j["n_routed_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.moe_router_topk;
+    j["moe_intermediate_size"] = c.moe_ffn_hidden_size;
+    j["moe_shared_expert_intermediate_size"] = c.moe_shared_expert_intermediate_size;
+    j["n_shared_experts"] = 1;
+    j["n_group"] = c.moe_router_num_groups > 0 ? c.moe_router_num_groups : 1;
+    j["topk_group"] = c.moe_router_num_groups > 0 ? c.moe_router_group_topk : 1;
+    j["norm_topk_prob"] = true;
+    j["routed_scaling_factor"] = hf::shortest_float(c.moe_router_topk_scaling_factor);
+    j["moe_latent_size"] = nullptr;
+  }
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
@@ -202,7 +257,15 @@ std::string hf_nemotron_h_mismatch(const TransformerConfig& c) {
   const char* why =
       !c.hybrid() ? "no --hybrid-override-pattern (HuggingFace Nemotron-H is a hybrid: each layer a Mamba, an "
                     "attention or an MLP block)"
-      : c.moe()   ? "MoE layers (E; lattice writes Nemotron-H without experts)"
+      : c.moe() && (c.moe_apply_probs_on_input || c.moe_sinkhorn || c.moe_router_pre_softmax || c.moe_router_topk == 1)
+          ? "gates other than Nemotron-H's (the sigmoid scores of more than one expert, normalized)"
+      : c.moe() && (!c.moe_router_sigmoid() || !c.moe_router_enable_expert_bias)
+          ? "a router other than Nemotron-H's (--moe-router-score-function sigmoid with --moe-router-enable-expert-bias)"
+      : c.moe() && (c.moe_shared_expert_intermediate_size <= 0 || c.moe_shared_expert_gate)
+          ? "shared experts other than Nemotron-H's (one ungated shared expert: --moe-shared-expert-intermediate-size)"
+      : c.moe() && c.moe_router_num_groups > 0 && c.moe_router_topk != 2 * c.moe_router_group_topk
+          ? "--moe-router-topk other than 2 x --moe-router-group-topk (HuggingFace Nemotron-H scores a group by its 2 "
+            "best experts)"
       : c.position_embedding_type != "none"
           ? "a position embedding (HuggingFace Nemotron-H has none: --position-embedding-type none)"
       : !c.rmsnorm()             ? "LayerNorm (HuggingFace Nemotron-H has RMSNorm)"

@@ -2,16 +2,19 @@
 // Nemotron-Nano-2 Mamba-2/attention hybrids; DIR/config.json + DIR/model.safetensors) <-> lattice's hybrid
 // GPTModel (--hybrid-override-pattern): every layer one pre-norm residual block of the kind
 // hybrid_override_pattern (or layers_block_type) gives it, M a Mamba-2 layer, * a self-attention layer, - an
-// MLP layer; RMSNorm; grouped-query attention without biases and without any position embedding
-// (--position-embedding-type none); the MLP's squared ReLU without biases (--squared-relu); the Mamba layers'
-// shape from mamba_num_heads, mamba_head_dim, n_groups and ssm_state_size, a width-4 convolution with bias.
+// MLP layer, E an MoE layer (Nemotron-3's: DeepSeek-V3's router, sigmoid scores with the choice's bias
+// e_score_correction_bias, n_group / topk_group, the gates normalized x routed_scaling_factor, over ungated relu2
+// experts and one shared expert); RMSNorm; grouped-query attention without biases and without any position
+// embedding (--position-embedding-type none); the MLP's squared ReLU without biases (--squared-relu); the Mamba
+// layers' shape from mamba_num_heads, mamba_head_dim, n_groups and ssm_state_size, a width-4 convolution with bias.
 //
 // Tensors (the Hub's names, prefix backbone.; transformers 5's model. read too): backbone.embeddings,
 // backbone.layers.<l>.norm (the layer's norm: lattice's norm, input_layernorm or pre_mlp_layernorm by its
 // kind), backbone.layers.<l>.mixer.* (a Mamba layer's in_proj, conv1d, dt_bias, A_log, D, norm, out_proj
 // under lattice's names; an attention layer's q_proj, k_proj, v_proj into the grouped linear_qkv and o_proj;
-// an MLP's up_proj and down_proj), backbone.norm_f, lm_head (absent when tied). HF -> lattice -> HF
-// reproduces every tensor bit for bit.
+// an MLP's up_proj and down_proj; an MoE layer's gate.weight, gate.e_score_correction_bias, experts.<e>.up_proj
+// and down_proj (or transformers 5's fused experts.up_proj [E, F, C] and down_proj [E, C, F]), shared_experts.*),
+// backbone.norm_f, lm_head (absent when tied). HF -> lattice -> HF reproduces every tensor bit for bit.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -25,7 +28,7 @@ namespace lattice {
 bool is_hf_nemotron_h_config(const nlohmann::json& config);
 
 // config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by). Settings
-// lattice cannot reproduce (MoE layers, biases, another activation, a Mamba norm epsilon other than 1e-5)
+// lattice cannot reproduce (latent MoE projections, biases, another activation, a Mamba norm epsilon other than 1e-5)
 // are errors naming `what` (the file) and the key.
 TransformerConfig hf_nemotron_h_config(const nlohmann::json& config, const std::string& what,
                                        int64_t divisible_by = 128);

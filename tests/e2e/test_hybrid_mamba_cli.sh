@@ -58,6 +58,22 @@ if run train "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 24 --exit-
       fail "the Nemotron-H round trip changed the model or its config"
   fi
 fi
+# MoE layers (E) as Nemotron-3's: the sigmoid router with the expert bias over relu2 experts and a shared expert;
+# out to HuggingFace Nemotron-H and back, the same text.
+MOE=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32 --moe-router-score-function sigmoid
+     --moe-router-enable-expert-bias --moe-shared-expert-intermediate-size 32 --moe-aux-loss-coeff 0.01)
+DENSE=()
+for a in "${MODEL[@]}"; do [ "$a" = "M-M*-" ] && DENSE+=("ME*E-") || DENSE+=("$a"); done
+if run moe_train "$LATTICE" train "${DENSE[@]}" "${MOE[@]}" "${RUN[@]}" --train-iters 4 --save moe_ckpt &&
+   run moe_gen "$LATTICE" generate --load moe_ckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+   run moe_to_hf "$LATTICE" convert --load moe_ckpt --to-hf moe_hf &&
+   run moe_from_hf "$LATTICE" convert --from-hf moe_hf --save moe_back &&
+   run moe_gen_back "$LATTICE" generate --load moe_back --prompt "ab" --max-new-tokens 16 --seed 2; then
+  squeezed_has moe_hf/config.json -- '"hybrid_override_pattern":"ME*E-"' '"n_routed_experts":4' &&
+    cmp -s moe_gen.out moe_gen_back.out &&
+    pass "an MoE hybrid goes to HuggingFace Nemotron-H (Nemotron-3's experts) and back: the same text" ||
+    fail "the MoE hybrid's Nemotron-H round trip changed the model or its config"
+fi
 # LayerNorm has no Nemotron-H form: refused naming it, nothing written.
 LN=()
 for a in "${MODEL[@]}"; do [ "$a" = RMSNorm ] && LN+=(LayerNorm) || LN+=("$a"); done

@@ -7,8 +7,9 @@
 
 #include <fstream>
 #include <functional>
-#include <random>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "checkpoint/hf_nemotron_h.h"
 #include "checkpoint/safetensors.h"
@@ -28,7 +29,7 @@ void expect_load_error(const std::string& dir, const std::string& needle) {
 }
 
 TEST(HfNemotronH, MatchesIndependentLogits) {
-  for (const char* dir : {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied"}) {
+  for (const char* dir : {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied", "hf_nemotron_h_moe_tiny"}) {
     SCOPED_TRACE(dir);
     HfModel hf = load_hf_nemotron_h(fixture(dir));
     hf_test::expect_fixture_logits(*hf.model, dir);
@@ -49,10 +50,52 @@ TEST(HfNemotronH, MatchesIndependentLogits) {
   EXPECT_EQ(c.mamba_heads(), 8);
   EXPECT_EQ(c.mamba_num_groups, 2);
   EXPECT_FALSE(load_hf_nemotron_h(fixture("hf_nemotron_h_tiny_tied")).model->config().untie_embeddings_and_output_weights);
+  // Nemotron-3's MoE layers: DeepSeek-V3's router (sigmoid, the choice's bias, 2 groups of which 1 kept, gates
+  // normalized x 2.5) over ungated relu2 experts and one shared expert, the E layers of the pattern.
+  const TransformerConfig e = load_hf_nemotron_h(fixture("hf_nemotron_h_moe_tiny")).model->config();
+  EXPECT_EQ(e.hybrid_layer_pattern, "ME*E");
+  EXPECT_EQ(e.num_experts, 8);
+  EXPECT_TRUE(e.moe_router_sigmoid() && e.moe_router_enable_expert_bias && !e.swiglu);
+  EXPECT_EQ(e.moe_router_num_groups, 2);
+  EXPECT_EQ(e.moe_router_topk_scaling_factor, 2.5f);
+  EXPECT_EQ(e.moe_shared_expert_intermediate_size, 32);
+  EXPECT_TRUE(e.moe_layer(1) && e.moe_layer(3) && !e.moe_layer(0) && !e.moe_layer(2));
+}
+
+// transformers 5 saves the routed experts fused (experts.up_proj [E, Fe, C], experts.down_proj [E, C, Fe]): they
+// load as the per-expert ones; export writes the Hub's per-expert form.
+TEST(HfNemotronH, FusedExpertsLoadAsPerExpertOnes) {
+  TempDir t("nemotron_fused");
+  const std::string path = hf_test::rewritten_fixture(
+      "hf_nemotron_h_moe_tiny",
+      [](Tensors& ts) {
+        for (int l : {1, 3}) {
+          const std::string mx = "backbone.layers." + std::to_string(l) + ".mixer.experts.";
+          for (const char* proj : {"up_proj", "down_proj"}) {
+            SafeTensor fused = *ts.find(mx + "0." + proj + ".weight");
+            fused.shape.insert(fused.shape.begin(), 8);
+            std::vector<uint8_t> bytes;
+            for (int e = 0; e < 8; ++e) {
+              const std::string name = mx + std::to_string(e) + "." + proj + ".weight";
+              const SafeTensor& one = *ts.find(name);
+              bytes.insert(bytes.end(), one.bytes.begin(), one.bytes.end());
+              ts.erase(name);
+            }
+            fused.bytes = std::move(bytes);
+            ts.list.push_back({mx + proj, fused});
+          }
+        }
+      },
+      nullptr, t);
+  HfModel hf = load_hf_nemotron_h(path);
+  hf_test::expect_fixture_logits(*hf.model, "hf_nemotron_h_moe_tiny");
+  TempDir out("nemotron_fused_out");
+  save_hf_nemotron_h(out.str() + "/hf", *hf.model, "");
+  expect_same_tensors("hf_nemotron_h_moe_tiny", out.str() + "/hf");
 }
 
 TEST(HfNemotronH, HfToLatticeToHfIsIdentity) {
-  for (const char* dir : {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied"}) {
+  for (const char* dir : {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied", "hf_nemotron_h_moe_tiny"}) {
     SCOPED_TRACE(dir);
     TempDir out(std::string("nemotron_rt_") + dir);
     HfModel hf = load_hf_nemotron_h(fixture(dir));
@@ -128,7 +171,8 @@ TEST(HfNemotronH, BadInputIsOneLineErrorNamingTheProblem) {
     const char* expect;
   };
   const Case cases[] = {
-      {"moe", [](nlohmann::json& j) { j["hybrid_override_pattern"] = "M-E*-"; }, "has MoE layers (E)"},
+      {"moe without experts", [](nlohmann::json& j) { j["hybrid_override_pattern"] = "M-E*-"; },
+       "missing n_routed_experts"},
       {"pattern", [](nlohmann::json& j) { j["hybrid_override_pattern"] = "M-M*x"; }, "'x' at layer 4 is not M"},
       {"layers", [](nlohmann::json& j) { j["num_hidden_layers"] = 4; }, "num_hidden_layers 4 is not the 5 layers"},
       {"act", [](nlohmann::json& j) { j["mlp_hidden_act"] = "silu"; }, "mlp_hidden_act \"silu\" is not supported"},
@@ -142,6 +186,15 @@ TEST(HfNemotronH, BadInputIsOneLineErrorNamingTheProblem) {
     SCOPED_TRACE(k.name);
     TempDir t(std::string("nemotron_bad_") + k.name);
     expect_load_error(hf_test::rewritten_fixture("hf_nemotron_h_tiny", nullptr, k.edit, t), k.expect);
+  }
+  for (const auto& [name, edit, expect] : std::vector<std::tuple<const char*, std::function<void(nlohmann::json&)>, const char*>>{
+           {"latent", [](nlohmann::json& j) { j["moe_latent_size"] = 16; }, "moe_latent_size 16 is not supported"},
+           {"shared", [](nlohmann::json& j) { j["n_shared_experts"] = 2; }, "n_shared_experts 2 is not supported"},
+           {"groups", [](nlohmann::json& j) { j["topk_group"] = 2; j["n_group"] = 4; },
+            "num_experts_per_tok 2 is not 2 x topk_group 2"}}) {
+    SCOPED_TRACE(name);
+    TempDir t(std::string("nemotron_bad_moe_") + name);
+    expect_load_error(hf_test::rewritten_fixture("hf_nemotron_h_moe_tiny", nullptr, edit, t), expect);
   }
   TempDir missing("nemotron_missing");
   expect_load_error(hf_test::rewritten_fixture("hf_nemotron_h_tiny",
