@@ -592,13 +592,39 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   float* shared_qkv = cfg.recompute_mla_up_proj() ? arena.alloc_f32(N * cfg.qkv_width() / P, "linear_qkv (recomputed)")
                                                   : nullptr;
   sc.qkv = shared_qkv;
+  // An MoE layer's state (or the shared one under --moe-layer-recompute).
+  auto alloc_moe = [&](Activations::Layer& x) {
+    if (shared_moe) {
+      x.moe = shared_moe;
+      return;
+    }
+    x.moe = std::make_shared<MoeState>();
+    const MoeShape ms = lattice::moe_shape(cfg, P, ep);
+    moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(Nm, ms), "moe"), Nm, ms);
+    if (ms.shared_apart) moe_shared_state_carve(*x.moe, arena.alloc_f32(moe_shared_state_floats(N, ms), "moe"), N, ms);
+    if (ms.recompute_act && ep == 1) x.moe->act = shared_act;
+    if (ms.recompute_shared) moe_shared_experts_carve(*x.moe, shared_se, N, ms);
+  };
   // moe, dense: the layer buffers of an MoE layer, of a dense MLP's (a recomputation group's
   // shared layer may serve both kinds).
-  auto alloc_layer = [&](bool attention, bool moe, bool dense, bool norms = true) {
+  // mixer false: a hybrid's MLP-only layer, without the attention block's buffers.
+  auto alloc_layer = [&](bool attention, bool moe, bool dense, bool norms = true, bool mixer = true) {
     Activations::Layer x;
-    x.ln1 = norms ? arena.alloc_f32(Ns * C, "input_layernorm") : nullptr;
+    x.ln1 = norms && mixer ? arena.alloc_f32(Ns * C, "input_layernorm") : nullptr;
     x.ln1_mean = arena.alloc_f32(Ns);
     x.ln1_rstd = arena.alloc_f32(Ns);
+    if (!mixer) {
+      x.resid_mid = nullptr;
+      x.ln2 = norms ? arena.alloc_f32(Ns * C, "pre_mlp_layernorm") : nullptr;
+      x.ln2_mean = arena.alloc_f32(Ns);
+      x.ln2_rstd = arena.alloc_f32(Ns);
+      if (moe) alloc_moe(x);
+      if (dense) {
+        x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");
+        x.gelu = arena.alloc_f32(N * Fl, "gelu");
+      }
+      return x;
+    }
     x.qkv = cfg.recompute_mla_up_proj() ? shared_qkv : arena.alloc_f32(N * Wl, "linear_qkv");
     if (cfg.qk_norm()) {
       x.qk_raw = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
@@ -629,16 +655,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
     x.ln2 = norms ? arena.alloc_f32(Ns * C, "pre_mlp_layernorm") : nullptr;
     x.ln2_mean = arena.alloc_f32(Ns);
     x.ln2_rstd = arena.alloc_f32(Ns);
-    if (moe && shared_moe) {
-      x.moe = shared_moe;
-    } else if (moe) {
-      x.moe = std::make_shared<MoeState>();
-      const MoeShape ms = lattice::moe_shape(cfg, P, ep);
-      moe_state_carve(*x.moe, arena.alloc_f32(moe_state_floats(Nm, ms), "moe"), Nm, ms);
-      if (ms.shared_apart) moe_shared_state_carve(*x.moe, arena.alloc_f32(moe_shared_state_floats(N, ms), "moe"), N, ms);
-      if (ms.recompute_act && ep == 1) x.moe->act = shared_act;
-      if (ms.recompute_shared) moe_shared_experts_carve(*x.moe, shared_se, N, ms);
-    }
+    if (moe) alloc_moe(x);
     if (dense) {
       x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");
       x.gelu = arena.alloc_f32(N * Fl, "gelu");
@@ -708,7 +725,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
         const int64_t global = place.chunks[size_t(c)].first + l;
         const bool moe = cfg.moe_layer(global), mlp = cfg.mlp_block(global);
         // (Not sc's pointers: a counting arena's are null.)
-        x = alloc_layer(!selective, mlp && moe, mlp && !moe && !shared_mlp, !shared_norms);
+        x = alloc_layer(!selective, mlp && moe, mlp && !moe && !shared_mlp, !shared_norms, cfg.attention_block(global));
         if (selective) {
           x.attn = sc.attn;
           x.lse = sc.lse;

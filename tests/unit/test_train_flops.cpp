@@ -4,6 +4,7 @@
 #include "train/flops.h"
 
 #include "../gdn_test_config.h"
+#include "../mamba_test_config.h"
 
 namespace lattice {
 namespace {
@@ -56,6 +57,25 @@ TEST(TrainFlops, GatedDeltaNetLayersCountTheirOwnTerms) {
   // in_proj [2 x 64 + 2 x 64 + 8, 256], out_proj [256, 64], conv [192, 4], delta rule 3 x 4 x 32 x 16.
   const double gdn_layer = 6.0 * (256.0 * 264 + 64.0 * 256 + 192.0 * 4 + 3.0 * 4 * 32 * 16);
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(c, 8, 1024), dense + 8.0 * 1024 * (gdn_layer - attention_layer));
+}
+
+// --hybrid-override-pattern: each layer's own terms (Megatron's hybrid count): M*-E, a Mamba layer of 8 heads of
+// 32 in 2 groups of state 16, an attention-only layer, an MLP-only layer and an MoE-only layer, and the logits.
+TEST(TrainFlops, HybridLayersCountTheirOwnTerms) {
+  TransformerConfig c = base_config(4);
+  c.kv_channels = 32;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 128;
+  c.moe_shared_expert_intermediate_size = 64;
+  c.add_bias_linear = false;
+  set_hybrid(c, "M*-E", MambaShapes{8, 32, 2, 16});
+  c.finalize();
+  const double h = 256, s = 1024;
+  const double mamba = 6 * h * (2 * 256 + 2 * 2 * 16 + 8) + 7.0 * 256 * 16 + 6.0 * 256 * h;  // in_proj, scan, out_proj
+  const double attention = 6 * (h * 3 * 256 + 256 * h) + s * 6 * 256;
+  const double mlp = 6 * h * 1024 * 2, moe = 6 * h * (128 * 2 + 64) * 2, logits = 6 * h * 50304;
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(c, 8, 1024), 8.0 * 1024 * (mamba + attention + mlp + moe + logits));
 }
 
 // --mtp-num-layers: each depth's transformer layer as one more layer, plus its logits and its norms
