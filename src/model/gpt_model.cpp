@@ -613,45 +613,35 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
     x.ln1 = norms && mixer ? arena.alloc_f32(Ns * C, "input_layernorm") : nullptr;
     x.ln1_mean = arena.alloc_f32(Ns);
     x.ln1_rstd = arena.alloc_f32(Ns);
-    if (!mixer) {
-      x.resid_mid = nullptr;
-      x.ln2 = norms ? arena.alloc_f32(Ns * C, "pre_mlp_layernorm") : nullptr;
-      x.ln2_mean = arena.alloc_f32(Ns);
-      x.ln2_rstd = arena.alloc_f32(Ns);
-      if (moe) alloc_moe(x);
-      if (dense) {
-        x.fc1 = arena.alloc_f32(N * F1l, "linear_fc1");
-        x.gelu = arena.alloc_f32(N * Fl, "gelu");
+    if (mixer) {  // the attention block's buffers
+      x.qkv = cfg.recompute_mla_up_proj() ? shared_qkv : arena.alloc_f32(N * Wl, "linear_qkv");
+      if (cfg.qk_norm()) {
+        x.qk_raw = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
+        x.qk_mean = arena.alloc_f32(N * (Hl + Gl));
+        x.qk_rstd = arena.alloc_f32(N * (Hl + Gl));
       }
-      return x;
-    }
-    x.qkv = cfg.recompute_mla_up_proj() ? shared_qkv : arena.alloc_f32(N * Wl, "linear_qkv");
-    if (cfg.qk_norm()) {
-      x.qk_raw = arena.alloc_f32(N * (Hl + Gl) * cfg.kv_channels, "qk_layernorm");
-      x.qk_mean = arena.alloc_f32(N * (Hl + Gl));
-      x.qk_rstd = arena.alloc_f32(N * (Hl + Gl));
-    }
-    x.attn = attention ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
-    x.lse = attention ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
-    if (cfg.multi_latent_attention) {
-      const int64_t Rq = cfg.q_lora_rank, Rkv = cfg.kv_lora_rank, Dr = cfg.qk_pos_emb_head_dim;
-      const bool latent_norms = cfg.mla_latent_norms();
-      if (Rq > 0) {
-        x.mla_q_c = arena.alloc_f32(N * Rq, "mla q latent");
-        x.mla_q_n = latent_norms ? arena.alloc_f32(N * Rq, "q_layernorm") : x.mla_q_c;
-        x.mla_q_mean = latent_norms ? arena.alloc_f32(N) : nullptr;
-        x.mla_q_rstd = latent_norms ? arena.alloc_f32(N) : nullptr;
+      x.attn = attention ? arena.alloc_f32(N * Cl, "core_attention") : nullptr;
+      x.lse = attention ? arena.alloc_f32(B * Hl * T, "attention lse") : nullptr;
+      if (cfg.multi_latent_attention) {
+        const int64_t Rq = cfg.q_lora_rank, Rkv = cfg.kv_lora_rank, Dr = cfg.qk_pos_emb_head_dim;
+        const bool latent_norms = cfg.mla_latent_norms();
+        if (Rq > 0) {
+          x.mla_q_c = arena.alloc_f32(N * Rq, "mla q latent");
+          x.mla_q_n = latent_norms ? arena.alloc_f32(N * Rq, "q_layernorm") : x.mla_q_c;
+          x.mla_q_mean = latent_norms ? arena.alloc_f32(N) : nullptr;
+          x.mla_q_rstd = latent_norms ? arena.alloc_f32(N) : nullptr;
+        }
+        x.mla_kv_c = arena.alloc_f32(N * (Rkv + Dr), "mla kv latent");
+        x.mla_kv_l = arena.alloc_f32(N * Rkv, "mla kv latent");
+        x.mla_kv_n = latent_norms ? arena.alloc_f32(N * Rkv, "kv_layernorm") : x.mla_kv_l;
+        x.mla_kv_mean = latent_norms ? arena.alloc_f32(N) : nullptr;
+        x.mla_kv_rstd = latent_norms ? arena.alloc_f32(N) : nullptr;
+        if (attention)
+          x.attn_v = cfg.v_head_dim < cfg.kv_channels ? arena.alloc_f32(N * Hl * cfg.v_head_dim, "core_attention")
+                                                      : x.attn;
       }
-      x.mla_kv_c = arena.alloc_f32(N * (Rkv + Dr), "mla kv latent");
-      x.mla_kv_l = arena.alloc_f32(N * Rkv, "mla kv latent");
-      x.mla_kv_n = latent_norms ? arena.alloc_f32(N * Rkv, "kv_layernorm") : x.mla_kv_l;
-      x.mla_kv_mean = latent_norms ? arena.alloc_f32(N) : nullptr;
-      x.mla_kv_rstd = latent_norms ? arena.alloc_f32(N) : nullptr;
-      if (attention)
-        x.attn_v = cfg.v_head_dim < cfg.kv_channels ? arena.alloc_f32(N * Hl * cfg.v_head_dim, "core_attention")
-                                                    : x.attn;
+      x.resid_mid = arena.alloc_f32(Ns * C, "residual");
     }
-    x.resid_mid = arena.alloc_f32(Ns * C, "residual");
     x.ln2 = norms ? arena.alloc_f32(Ns * C, "pre_mlp_layernorm") : nullptr;
     x.ln2_mean = arena.alloc_f32(Ns);
     x.ln2_rstd = arena.alloc_f32(Ns);

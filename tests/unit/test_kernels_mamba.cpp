@@ -225,23 +225,33 @@ TEST(MambaKernels, ForwardMatchesTheDefinition) {
   expect_close(r.checkpoints, checkpoints, 2e-6, "checkpoints");
 }
 
+// The reference's output projected on R as a function of one of the inputs (the others in's), for numeric_grad.
+struct ReferenceLoss {
+  const Inputs& in;
+  const MambaShape& s;
+  const std::vector<float>& R;
+  std::function<double(const std::vector<double>&)> operator()(std::vector<double> Inputs::*field) const {
+    return [this, field](const std::vector<double>& v) {
+      Inputs m = in;
+      m.*field = v;
+      return project(reference(m, s), R);
+    };
+  }
+};
+
+// An accumulated gradient's expected value: its starting value a plus the added part g.
+std::vector<double> plus(const std::vector<float>& a, std::vector<double> g) {
+  for (size_t i = 0; i < g.size(); ++i) g[i] += double(a[i]);
+  return g;
+}
+
 // The kernels' gradients of every input (projected on R) against finite differences of the reference; the
 // accumulated ones against their starting values plus those.
 MambaRun expect_gradients_match_finite_differences(const Inputs& in, const MambaShape& s, const std::vector<float>& R,
                                                    double tol) {
   const MambaRun r = run_kernels(in, s, &R);
   const Grads start = starting_grads(s);
-  auto loss_of = [&](auto field) {
-    return [&, field](const std::vector<double>& v) {
-      Inputs m = in;
-      m.*field = v;
-      return project(reference(m, s), R);
-    };
-  };
-  auto plus = [](const std::vector<float>& a, std::vector<double> g) {
-    for (size_t i = 0; i < g.size(); ++i) g[i] += double(a[i]);
-    return g;
-  };
+  const ReferenceLoss loss_of{in, s, R};
   expect_close(r.dx, numeric_grad(loss_of(&Inputs::x), in.x), tol, "dx (z, x, B, C and dt columns)");
   expect_close(r.grads.dw, plus(start.dw, numeric_grad(loss_of(&Inputs::w), in.w)), tol, "dw");
   expect_close(r.grads.dbias, plus(start.dbias, numeric_grad(loss_of(&Inputs::bias), in.bias)), tol, "dbias");
@@ -350,17 +360,7 @@ TEST(MambaKernels, LongSequencesWithSlowAndFastDecays) {
   const std::vector<float> R = random_floats(size_t(s.rows() * s.inner()), 92);
   const MambaRun g = run_kernels(in, s, &R);
   const Grads start = starting_grads(s);
-  auto loss_of = [&](auto field) {
-    return [&, field](const std::vector<double>& v) {
-      Inputs m = in;
-      m.*field = v;
-      return project(reference(m, s), R);
-    };
-  };
-  auto plus = [](const std::vector<float>& a, std::vector<double> d) {
-    for (size_t i = 0; i < d.size(); ++i) d[i] += double(a[i]);
-    return d;
-  };
+  const ReferenceLoss loss_of{in, s, R};
   // dx at a sample of rows' x, B, C and dt columns (the scan's inputs; the z columns go only to the norm).
   std::vector<size_t> which;
   for (size_t i : kernel_test::sample_indices(size_t(s.rows()), 24, 93))
