@@ -6,9 +6,15 @@
 # The table gives what `generate` reports on stderr: prefill time and new tokens per second of the
 # decode loop (each new token: one sampling plus, except the last, one model step).
 #
+# SHAPE=hybrid: a Nemotron-H-form hybrid of the same width instead (12 layers M-M-M*-M-M*-: 6 Mamba-2 layers of
+# 24 heads of 64, 8 groups, state 128; 2 attention-only and 4 MLP-only layers; RMSNorm, squared ReLU, no
+# biases, no position embedding): the cache keeps the 2 attention layers' keys and values and the Mamba
+# layers' convolution histories and states.
+#
 # usage: bench/generate_bench.sh
 # environment:
 #   LATTICE      the binary (default build/lattice)
+#   SHAPE        gpt2 (default) or hybrid
 #   NEW_TOKENS   default 128              MODES  default "kv full" (kv: KV cache; full: --no-kv-cache)
 #   ROUNDS       runs of each mode, alternating (default 1); the table has one row per run
 #   KEEP=1       keep the work folder (checkpoint ~500 MB, logs; its path is printed)
@@ -20,6 +26,13 @@ LATTICE=${LATTICE:-build/lattice}
 NEW_TOKENS=${NEW_TOKENS:-128}
 MODES=${MODES:-kv full}
 ROUNDS=${ROUNDS:-1}
+case ${SHAPE:=gpt2} in
+  gpt2) SHAPE_FLAGS=() ;;
+  hybrid) SHAPE_FLAGS=(--hybrid-override-pattern M-M-M*-M-M*- --mamba-head-dim 64 --mamba-num-groups 8
+                       --mamba-state-dim 128 --normalization RMSNorm --squared-relu --disable-bias-linear
+                       --position-embedding-type none) ;;
+  *) echo "generate_bench: unknown SHAPE '$SHAPE' (gpt2 or hybrid)" >&2; exit 1 ;;
+esac
 PROMPT="The quick brown "   # 16 bytes = 16 ByteTokenizer tokens
 
 die() { echo "generate_bench: $*" >&2; exit 1; }
@@ -33,7 +46,7 @@ if [[ ${KEEP:-0} == 1 ]]; then echo "work folder: $WORK" >&2; else trap 'rm -rf 
 "$LATTICE" train --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 32 \
   --max-position-embeddings 1024 --micro-batch-size 1 --global-batch-size 1 --train-iters 1 \
   --lr 1e-4 --min-lr 1e-4 --mock-data --vocab-size 50257 --hidden-dropout 0 --attention-dropout 0 \
-  --peak-tflops 1 --eval-iters 0 --seed 1234 --save "$WORK/ckpt" >"$WORK/train.log" 2>&1 ||
+  --peak-tflops 1 --eval-iters 0 --seed 1234 "${SHAPE_FLAGS[@]}" --save "$WORK/ckpt" >"$WORK/train.log" 2>&1 ||
   { cat "$WORK/train.log" >&2; die "train failed"; }
 
 printf '| mode | prompt tokens | new tokens | prefill ms | decode ms | ms per new token | new tokens/s |\n'

@@ -209,8 +209,7 @@ int cmd_generate(int argc, char** argv) {
     LATTICE_FAIL() << "--tokenizer-type " << spec.type << " has " << tok->vocab_size()
                    << " tokens, more than the model's vocabulary of " << lm.model->config().vocab_size;
 
-  // A hybrid model (--hybrid-override-pattern) decodes by full forwards: the cache keeps no Mamba state yet.
-  const bool kv_cache = !f.has("no-kv-cache") && !lm.model->config().hybrid();
+  const bool kv_cache = !f.has("no-kv-cache");
   NextTokenLogits next_logits(*lm.model, kv_cache);
   Timing timing;
   for (size_t i = 0; i < prompts.size(); ++i) {

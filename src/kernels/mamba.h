@@ -95,9 +95,11 @@ void mamba_dt_forward(float* dt, const float* x, const float* dt_bias, const Mam
 void mamba_dt_backward(float* dx, float* d_dt_bias, const float* d_dt, const float* x, const float* dt_bias,
                        const MambaShape& s);
 // The scan: y [rows, H, P] from u (xs, B, C), dt, A_log and D [H]. checkpoints [B, H, chunks, P, N]: each
-// chunk's starting state (null: not kept).
+// chunk's starting state (null: not kept). state [B, H, P, N]: where given, the states the sequences start
+// from (instead of zeros), and their final states on return (decoding's carried state, model/gpt_inference.h;
+// the backward does not take one).
 void mamba_scan_forward(float* y, float* checkpoints, const float* u, const float* dt, const float* A_log,
-                        const float* D, const MambaShape& s);
+                        const float* D, const MambaShape& s, float* state = nullptr);
 // Its backward from dy [rows, H, P] and the forward's checkpoints: du (every column: xs, B, C) and d_dt
 // [rows, H] written, dA_log and dD [H] accumulated. work: mamba_scan_work(s) floats, the GPU kernel's
 // (the CPU's buffers are its threads' own; null there).

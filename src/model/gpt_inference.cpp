@@ -20,6 +20,7 @@
 #include "kernels/swiglu.h"
 #include "model/gated_delta_net.h"
 #include "model/linear.h"
+#include "model/mamba_mixer.h"
 #include "model/multi_latent_attention.h"
 #include "model/qk_layernorm.h"
 
@@ -42,8 +43,6 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
   auto p = [&](const std::string& name) -> const float* { return pb.params() + pb.info(name).offset; };
   // A linear layer's bias, or null without biases (--disable-bias-linear): linear_forward adds none.
   auto bias = [&](const std::string& name) -> const float* { return cfg_.add_bias_linear ? p(name) : nullptr; };
-  LATTICE_CHECK(!cfg_.hybrid()) << "the KV cache does not take a hybrid model (--hybrid-override-pattern) yet: "
-                                   "decode it by full forwards (--no-kv-cache)";
   capacity_ = capacity > 0 ? capacity : cfg_.max_position_embeddings;
   LATTICE_CHECK(capacity_ <= cfg_.max_position_embeddings)
       << "KV cache of " << capacity_ << " tokens exceeds max_position_embeddings " << cfg_.max_position_embeddings;
@@ -85,92 +84,121 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
     qk_l2_zeros_.resize(size_t(D));
   }
   out_w_ = cfg_.untie_embeddings_and_output_weights ? p("output_layer.weight") : wte_;
+  int64_t attention_layers = 0, gdn_layers = 0, mamba_layers = 0;  // each kind's cache or state slots
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const std::string s = "decoder.layers." + std::to_string(l) + ".";
-    const bool linear = cfg_.linear_attention_layer(l);  // a Gated DeltaNet layer: no attention's parameters
-    QkNormParams qk;
-    if (cfg_.qk_l2_norm && !linear)
-      qk = {qk_l2_ones_.data(), qk_l2_zeros_.data(), qk_l2_ones_.data(), qk_l2_zeros_.data()};
-    else if (cfg_.qk_layernorm && !cfg_.multi_latent_attention && !linear)
-      qk = {norm_weight(s + "self_attention.q_layernorm.weight", D), norm_bias(s + "self_attention.q_layernorm.bias"),
-            norm_weight(s + "self_attention.k_layernorm.weight", D), norm_bias(s + "self_attention.k_layernorm.bias")};
-    MoeWeights moe;
-    const bool moe_layer = cfg_.moe_layer(l);
-    if (moe_layer) {
-      moe.router = p(s + "mlp.router.weight");
-      if (cfg_.moe_router_enable_expert_bias) moe.expert_bias = p(s + "mlp.router.expert_bias");
-      if (cfg_.add_bias_linear) moe.router_bias = p(s + "mlp.router.bias");
-      for (int64_t e = 0; e < cfg_.num_experts; ++e) {
-        const std::string x = s + "mlp.experts.local_experts." + std::to_string(e) + ".";
-        moe.fc1.push_back(p(x + "linear_fc1.weight"));
-        moe.fc2.push_back(p(x + "linear_fc2.weight"));
-        if (!cfg_.add_bias_linear) continue;
-        moe.fc1_bias.push_back(p(x + "linear_fc1.bias"));
-        moe.fc2_bias.push_back(p(x + "linear_fc2.bias"));
-      }
-      moe.fc1_site.resize(moe.fc1.size());
-      moe.fc2_site.resize(moe.fc2.size());
-      if (cfg_.moe_shared_expert_intermediate_size > 0) {
-        moe.shared_fc1 = p(s + "mlp.shared_experts.linear_fc1.weight");
-        moe.shared_fc2 = p(s + "mlp.shared_experts.linear_fc2.weight");
-        if (cfg_.moe_shared_expert_gate) moe.shared_gate = p(s + "mlp.shared_experts.gate_weight");
-      }
-    }
-    auto dense = [&](const std::string& name) -> const float* { return moe_layer ? nullptr : p(name); };
-    const float* ln1_w = norm_weight(s + "input_layernorm.weight", C);
-    const float* ln2_w = norm_weight(s + "pre_mlp_layernorm.weight", C);
-    const bool mla = cfg_.multi_latent_attention;
     const std::string a = s + "self_attention.";
-    layers_.push_back({ln1_w, norm_bias(s + "input_layernorm.bias"),
-                       mla ? nullptr : p(a + (linear ? "in_proj.weight" : "linear_qkv.weight")),
-                       cfg_.qkv_bias() && !mla && !linear ? p(a + "linear_qkv.bias") : nullptr,
-                       p(a + (linear ? "out_proj.weight" : "linear_proj.weight")),
-                       linear ? nullptr : bias(a + "linear_proj.bias"),
-                       ln2_w, norm_bias(s + "pre_mlp_layernorm.bias"),
-                       dense(s + "mlp.linear_fc1.weight"), moe_layer ? nullptr : bias(s + "mlp.linear_fc1.bias"),
-                       dense(s + "mlp.linear_fc2.weight"), moe_layer ? nullptr : bias(s + "mlp.linear_fc2.bias"), qk, moe});
-    if (linear) {
-      Layer& m = layers_.back();
-      m.linear = true;
+    Layer& m = layers_.emplace_back();
+    m.attention = cfg_.attention_block(l);
+    m.mlp = cfg_.mlp_block(l);
+    m.mamba = cfg_.mamba_layer(l);
+    m.linear = cfg_.linear_attention_layer(l);  // a Gated DeltaNet layer: no attention's parameters
+    if (m.mamba) {  // the layer's norm and MambaMixer (model/mamba_mixer.cpp; no linear biases)
+      const std::string x = s + "mixer.";
+      m.slot = mamba_layers++;
+      m.ln1_w = norm_weight(s + "norm.weight", C);
+      m.ln1_b = norm_bias(s + "norm.bias");
+      m.qkv_w = p(x + "in_proj.weight");
+      m.conv_w = p(x + "conv1d.weight");
+      m.conv_b = p(x + "conv1d.bias");
+      m.dt_bias = p(x + "dt_bias");
+      m.a_log = p(x + "A_log");
+      m.d_skip = p(x + "D");
+      m.out_norm_w = p(x + "norm.weight");
+      m.proj_w = p(x + "out_proj.weight");
+    } else if (m.linear) {  // GatedDeltaNet (model/gated_delta_net.h; no linear biases)
+      m.slot = gdn_layers++;
+      m.ln1_w = norm_weight(s + "input_layernorm.weight", C);
+      m.ln1_b = norm_bias(s + "input_layernorm.bias");
+      m.qkv_w = p(a + "in_proj.weight");
+      m.proj_w = p(a + "out_proj.weight");
       m.conv_w = p(a + "conv1d.weight");
       m.a_log = p(a + "A_log");
       m.dt_bias = p(a + "dt_bias");
       m.out_norm_w = norm_weight(a + "out_norm.weight", cfg_.linear_value_head_dim);
       m.out_norm_b = norm_bias(a + "out_norm.bias");
-    }
-    if (mla && !linear) {
-      Layer& m = layers_.back();
-      const bool norms = cfg_.mla_latent_norms();
-      if (cfg_.q_lora_rank == 0) {
-        m.q_proj_w = p(a + "linear_q_proj.weight");
+    } else if (m.attention) {
+      m.slot = attention_layers++;
+      m.ln1_w = norm_weight(s + "input_layernorm.weight", C);
+      m.ln1_b = norm_bias(s + "input_layernorm.bias");
+      if (cfg_.qk_l2_norm)
+        m.qk_norm = {qk_l2_ones_.data(), qk_l2_zeros_.data(), qk_l2_ones_.data(), qk_l2_zeros_.data()};
+      else if (cfg_.qk_layernorm && !cfg_.multi_latent_attention)
+        m.qk_norm = {norm_weight(a + "q_layernorm.weight", D), norm_bias(a + "q_layernorm.bias"),
+                     norm_weight(a + "k_layernorm.weight", D), norm_bias(a + "k_layernorm.bias")};
+      m.proj_w = p(a + "linear_proj.weight");
+      m.proj_b = bias(a + "linear_proj.bias");
+      if (!cfg_.multi_latent_attention) {
+        m.qkv_w = p(a + "linear_qkv.weight");
+        if (cfg_.qkv_bias()) m.qkv_b = p(a + "linear_qkv.bias");
       } else {
-        m.q_down_w = p(a + "linear_q_down_proj.weight");
-        m.q_up_w = p(a + "linear_q_up_proj.weight");
+        const bool norms = cfg_.mla_latent_norms();
+        if (cfg_.q_lora_rank == 0) {
+          m.q_proj_w = p(a + "linear_q_proj.weight");
+        } else {
+          m.q_down_w = p(a + "linear_q_down_proj.weight");
+          m.q_up_w = p(a + "linear_q_up_proj.weight");
+          if (norms) {
+            m.q_norm_w = norm_weight(a + "q_layernorm.weight", cfg_.q_lora_rank);
+            m.q_norm_b = norm_bias(a + "q_layernorm.bias");
+          }
+        }
+        m.kv_down_w = p(a + "linear_kv_down_proj.weight");
+        m.kv_up_w = p(a + "linear_kv_up_proj.weight");
         if (norms) {
-          m.q_norm_w = norm_weight(a + "q_layernorm.weight", cfg_.q_lora_rank);
-          m.q_norm_b = norm_bias(a + "q_layernorm.bias");
+          m.kv_norm_w = norm_weight(a + "kv_layernorm.weight", cfg_.kv_lora_rank);
+          m.kv_norm_b = norm_bias(a + "kv_layernorm.bias");
         }
       }
-      m.kv_down_w = p(a + "linear_kv_down_proj.weight");
-      m.kv_up_w = p(a + "linear_kv_up_proj.weight");
-      if (norms) {
-        m.kv_norm_w = norm_weight(a + "kv_layernorm.weight", cfg_.kv_lora_rank);
-        m.kv_norm_b = norm_bias(a + "kv_layernorm.bias");
-      }
+      if (cfg_.learnable_softmax_offset())
+        m.softmax_offset = p(a + "core_attention.softmax_offset");
+      else if (cfg_.softmax_sink())  // off-by-one: zeros, made once
+        m.softmax_offset = zero_offsets_.resize(size_t(cfg_.num_attention_heads));
     }
-    if (cfg_.learnable_softmax_offset() && !linear)
-      layers_.back().softmax_offset = p(s + "self_attention.core_attention.softmax_offset");
-    else if (cfg_.softmax_sink())  // off-by-one: zeros, made once
-      layers_.back().softmax_offset = zero_offsets_.resize(size_t(cfg_.num_attention_heads));
+    if (!m.mlp) continue;
+    m.ln2_w = norm_weight(s + "pre_mlp_layernorm.weight", C);
+    m.ln2_b = norm_bias(s + "pre_mlp_layernorm.bias");
+    if (!cfg_.moe_layer(l)) {
+      m.fc1_w = p(s + "mlp.linear_fc1.weight");
+      m.fc1_b = bias(s + "mlp.linear_fc1.bias");
+      m.fc2_w = p(s + "mlp.linear_fc2.weight");
+      m.fc2_b = bias(s + "mlp.linear_fc2.bias");
+      continue;
+    }
+    MoeWeights& moe = m.moe;
+    moe.router = p(s + "mlp.router.weight");
+    if (cfg_.moe_router_enable_expert_bias) moe.expert_bias = p(s + "mlp.router.expert_bias");
+    if (cfg_.add_bias_linear) moe.router_bias = p(s + "mlp.router.bias");
+    for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+      const std::string x = s + "mlp.experts.local_experts." + std::to_string(e) + ".";
+      moe.fc1.push_back(p(x + "linear_fc1.weight"));
+      moe.fc2.push_back(p(x + "linear_fc2.weight"));
+      if (!cfg_.add_bias_linear) continue;
+      moe.fc1_bias.push_back(p(x + "linear_fc1.bias"));
+      moe.fc2_bias.push_back(p(x + "linear_fc2.bias"));
+    }
+    moe.fc1_site.resize(moe.fc1.size());
+    moe.fc2_site.resize(moe.fc2.size());
+    if (cfg_.moe_shared_expert_intermediate_size > 0) {
+      moe.shared_fc1 = p(s + "mlp.shared_experts.linear_fc1.weight");
+      moe.shared_fc2 = p(s + "mlp.shared_experts.linear_fc2.weight");
+      if (cfg_.moe_shared_expert_gate) moe.shared_gate = p(s + "mlp.shared_experts.gate_weight");
+    }
   }
-  // One cache row per key/value head: grouped-query attention keeps G, not H, keys per token.
-  const size_t cache = size_t(cfg_.num_layers * cfg_.num_query_groups * cfg_.kv_channels * capacity_);
+  // One cache row per key/value head and attention layer: grouped-query attention keeps G, not H, keys per
+  // token; the GDN and Mamba layers keep no cache but their convolution's history and their state.
+  const size_t cache = size_t(attention_layers * cfg_.num_query_groups * cfg_.kv_channels * capacity_);
   k_cache_.resize(cache);
   v_cache_.resize(cache);
-  if (cfg_.gated_delta_net()) {
+  if (gdn_layers > 0) {
     const GdnShape g = gdn_kernel_shape(cfg_, 1, 1, 1);
-    gdn_hist_.resize(size_t(cfg_.num_layers * (g.K - 1) * g.width()));
-    gdn_state_.resize(size_t(cfg_.num_layers * g.Hv * g.state()));
+    gdn_hist_.resize(size_t(gdn_layers * (g.K - 1) * g.width()));
+    gdn_state_.resize(size_t(gdn_layers * g.Hv * g.state()));
+  }
+  if (mamba_layers > 0) {
+    const MambaShape s = mamba_kernel_shape(cfg_, 1, 1, 1);
+    mamba_hist_.resize(size_t(mamba_layers * (s.K - 1) * s.width()));
+    mamba_state_.resize(size_t(mamba_layers * s.H * s.state()));
   }
 }
 
@@ -223,6 +251,16 @@ void GPTInference::reserve_rows(int64_t n) {
     gdn_rstd_.resize(N * size_t(g.Hv));
     attn_.resize(N * size_t(std::max(cfg_.attention_width(), g.v())));
   }
+  if (mamba_state_.size() > 0) {
+    const MambaShape s = mamba_kernel_shape(cfg_, 1, 1, n);
+    const size_t rows = N + size_t(s.K - 1);
+    mamba_x_.resize(rows * size_t(s.width()));
+    mamba_u_.resize(rows * size_t(s.conv()));
+    mamba_dt_.resize(N * size_t(s.H));
+    mamba_y_.resize(N * size_t(s.inner()));
+    mamba_rstd_.resize(N * size_t(s.G));
+    attn_.resize(N * size_t(std::max(cfg_.attention_width(), s.inner())));
+  }
   rows_ = n;
 }
 
@@ -246,11 +284,11 @@ void GPTInference::mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t 
   mla_fuse_qkv(qkv, mla_q_.data(), mla_kv_.data(), c, n, s);
 }
 
-void GPTInference::gdn_layer(float* out, const Layer& p, int64_t l, const float* ln, int64_t n) {
+void GPTInference::gdn_layer(float* out, const Layer& p, const float* ln, int64_t n) {
   const GdnShape conv = gdn_kernel_shape(cfg_, 1, 1, cfg_.linear_conv_kernel_dim - 1 + n);  // history, then the tokens
   const GdnShape s = gdn_kernel_shape(cfg_, 1, 1, n);
   const int64_t W = s.width(), Km = s.K - 1, C = cfg_.hidden_size;
-  float* hist = gdn_hist_.data() + l * Km * W;
+  float* hist = gdn_hist_.data() + p.slot * Km * W;
   float* xin = gdn_x_.data();
   float* x = xin + Km * W;  // the tokens' in_proj rows
   float* u = gdn_u_.data() + Km * s.conv();
@@ -258,7 +296,7 @@ void GPTInference::gdn_layer(float* out, const Layer& p, int64_t l, const float*
   linear_forward(x, ln, p.qkv_w, nullptr, n, C, W);
   gdn_conv_forward(gdn_u_.data(), xin, p.conv_w, conv);  // (the history's own rows are not used)
   gdn_gates_forward(gdn_q_.data(), gdn_k_.data(), gdn_g_.data(), gdn_beta_.data(), u, x, p.a_log, p.dt_bias, s);
-  gdn_delta_rule_forward(gdn_o_.data(), gdn_state_.data() + l * s.Hv * s.state(), nullptr, gdn_q_.data(),
+  gdn_delta_rule_forward(gdn_o_.data(), gdn_state_.data() + p.slot * s.Hv * s.state(), nullptr, gdn_q_.data(),
                          gdn_k_.data(), u, gdn_g_.data(), gdn_beta_.data(), s, true);
   layernorm_forward(gdn_n_.data(), gdn_mean_.data(), gdn_rstd_.data(), gdn_o_.data(), p.out_norm_w, p.out_norm_b,
                     n * s.Hv, s.Dv, cfg_.layernorm_epsilon,
@@ -268,10 +306,56 @@ void GPTInference::gdn_layer(float* out, const Layer& p, int64_t l, const float*
   copy_on_device(hist, xin + n * W, size_t(Km * W) * sizeof(float));  // the last K - 1 rows
 }
 
-void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
-  const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, H = cfg_.num_attention_heads;
-  const int64_t D = cfg_.kv_channels, Q = cfg_.attention_width(), Vp = cfg_.padded_vocab_size, Tmax = capacity_;
+void GPTInference::mamba_layer(float* out, const Layer& p, const float* ln, int64_t n) {
+  const int64_t Km = TransformerConfig::kMambaConvKernel - 1, C = cfg_.hidden_size;
+  const MambaShape conv = mamba_kernel_shape(cfg_, 1, 1, Km + n);  // the history, then the tokens
+  const MambaShape s = mamba_kernel_shape(cfg_, 1, 1, n);
+  const int64_t W = s.width();
+  float* hist = mamba_hist_.data() + p.slot * Km * W;
+  float* xin = mamba_x_.data();
+  float* x = xin + Km * W;                         // the tokens' in_proj rows
+  const float* u = mamba_u_.data() + Km * s.conv();  // their convolution's rows
+  copy_on_device(xin, hist, size_t(Km * W) * sizeof(float));
+  linear_forward(x, ln, p.qkv_w, nullptr, n, C, W);
+  mamba_conv_forward(mamba_u_.data(), xin, p.conv_w, p.conv_b, conv);  // (the history's own rows are not used)
+  mamba_dt_forward(mamba_dt_.data(), x, p.dt_bias, s);
+  mamba_scan_forward(mamba_y_.data(), nullptr, u, mamba_dt_.data(), p.a_log, p.d_skip, s,
+                     mamba_state_.data() + p.slot * s.H * s.state());
+  mamba_gated_norm_forward(attn_.data(), mamba_rstd_.data(), mamba_y_.data(), x, p.out_norm_w, s);
+  linear_forward(out, attn_.data(), p.proj_w, nullptr, n, s.inner(), C);
+  copy_on_device(hist, xin + n * W, size_t(Km * W) * sizeof(float));  // the last K - 1 rows
+}
+
+void GPTInference::attention_layer(float* out, const Layer& p, int64_t l, const float* ln, int64_t n) {
+  const int64_t C = cfg_.hidden_size, H = cfg_.num_attention_heads, D = cfg_.kv_channels, Tmax = capacity_;
+  const int64_t Q = cfg_.attention_width();
   const QkvLayout layout{H, cfg_.num_query_groups, D, cfg_.attention_output_gate};
+  const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
+  float *qkv = qkv_.data(), *attn = attn_.data();
+  if (cfg_.multi_latent_attention)
+    mla_qkv(qkv, p, ln, n);
+  else
+    linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D] (gated: 2H/G + 2)
+  if (cfg_.qk_norm())
+    qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
+                         cfg_.layernorm_epsilon, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
+  if (rope_ && cfg_.rotary_layer(l))  // q and k at their positions in the context
+    rope_forward(qkv, *rope_, n, n, length_, layout);
+  const int64_t layer_cache = p.slot * layout.G * Tmax * D;
+  kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
+  cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
+                           layout, Tmax, cfg_.attention_window(l), p.softmax_offset);
+  if (cfg_.attention_output_gate) attention_output_gate_forward(attn, attn, qkv, n, layout);  // in place
+  if (cfg_.multi_latent_attention) {  // linear_proj reads the values' dims of each head
+    mla_values(attn_v_.data(), attn, n, mla_shape(cfg_, H));
+    linear_forward(out, attn_v_.data(), p.proj_w, p.proj_b, n, cfg_.attention_output_width(), C);
+  } else {
+    linear_forward(out, attn, p.proj_w, p.proj_b, n, Q, C);
+  }
+}
+
+void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
+  const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Vp = cfg_.padded_vocab_size;
   const float eps = cfg_.layernorm_epsilon;
   const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
   LATTICE_CHECK(n > 0) << "append: no tokens";
@@ -283,8 +367,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
       LATTICE_FAIL() << "token id " << tokens[i] << " is outside the model's vocabulary [0, "
                      << cfg_.vocab_size << ")";
   reserve_rows(n);
-  float *x = x_.data(), *ln = ln_.data(), *qkv = qkv_.data(), *tmp = tmp_.data(), *fc = fc_.data();
-  float* attn = attn_.data();
+  float *x = x_.data(), *ln = ln_.data(), *tmp = tmp_.data(), *fc = fc_.data();
   int32_t* ids = ids_.host();  // [tokens | positions]
   for (int64_t i = 0; i < n; ++i) {
     ids[i] = tokens[i];
@@ -292,39 +375,24 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   }
   ids_.upload(size_t(2 * n));
   embedding_forward(x, ids_.device(), ids_.device() + n, wte_, wpe_, n, C);  // x: [n, C]
-  if (length_ == 0 && cfg_.gated_delta_net()) {  // a new sequence: no history, zero states
-    zero_on_device(gdn_hist_.data(), gdn_hist_.size() * sizeof(float));
-    zero_on_device(gdn_state_.data(), gdn_state_.size() * sizeof(float));
-  }
+  if (length_ == 0)  // a new sequence: no history, zero states
+    for (DeviceArray<float>* a : {&gdn_hist_, &gdn_state_, &mamba_hist_, &mamba_state_})
+      if (a->size() > 0) zero_on_device(a->data(), a->size() * sizeof(float));
 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const Layer& p = layers_[l];
-    layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
-    if (p.linear) {  // a Gated DeltaNet layer
-      gdn_layer(tmp, p, l, ln, n);
-    } else {
-      if (cfg_.multi_latent_attention)
-        mla_qkv(qkv, p, ln, n);
-      else
-        linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D] (gated: 2H/G + 2)
-      if (cfg_.qk_norm())
-        qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
-                             eps, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
-      if (rope_ && cfg_.rotary_layer(l))  // q and k at their positions in the context
-        rope_forward(qkv, *rope_, n, n, length_, layout);
-      const int64_t layer_cache = l * layout.G * Tmax * D;
-      kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
-      cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
-                               layout, Tmax, cfg_.attention_window(l), p.softmax_offset);
-      if (cfg_.attention_output_gate) attention_output_gate_forward(attn, attn, qkv, n, layout);  // in place
-      if (cfg_.multi_latent_attention) {  // linear_proj reads the values' dims of each head
-        mla_values(attn_v_.data(), attn, n, mla_shape(cfg_, H));
-        linear_forward(tmp, attn_v_.data(), p.proj_w, p.proj_b, n, cfg_.attention_output_width(), C);
+    if (p.attention) {
+      layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
+      if (p.mamba) {
+        mamba_layer(tmp, p, ln, n);
+      } else if (p.linear) {  // a Gated DeltaNet layer
+        gdn_layer(tmp, p, ln, n);
       } else {
-        linear_forward(tmp, attn, p.proj_w, p.proj_b, n, Q, C);
+        attention_layer(tmp, p, l, ln, n);
       }
+      add_forward(x, x, tmp, n * C);
     }
-    add_forward(x, x, tmp, n * C);
+    if (!p.mlp) continue;
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);
     if (cfg_.moe_layer(l)) {
       moe_forward(tmp, ln, moe_, p.moe, n, generation_moe_shape(cfg_));

@@ -40,9 +40,17 @@ class GPTInference {
   void append(const int32_t* tokens, int64_t n, float* logits, bool all_positions = false);
 
  private:
+  // One layer's parameters (null where the layer has none). A hybrid's layer (--hybrid-override-pattern) may
+  // lack the attention block (ln1 to proj) or the MLP block (ln2 to fc2, or moe).
   struct Layer {
-    const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
-    const float *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    bool attention = true, mlp = true;
+    // Its place among the layers of its kind: an attention layer's in the KV cache, a GDN or Mamba layer's in
+    // the convolution histories and states.
+    int64_t slot = 0;
+    const float *ln1_w = nullptr, *ln1_b = nullptr, *qkv_w = nullptr, *qkv_b = nullptr, *proj_w = nullptr,
+                *proj_b = nullptr;
+    const float *ln2_w = nullptr, *ln2_b = nullptr, *fc1_w = nullptr, *fc1_b = nullptr, *fc2_w = nullptr,
+                *fc2_b = nullptr;
     QkNormParams qk_norm;  // --qk-layernorm's (null without it)
     MoeWeights moe;        // --num-experts' (fc1_w, fc2_w null)
     const float* softmax_offset = nullptr;  // --softmax-type's sink logits [H] (null: vanilla)
@@ -55,10 +63,18 @@ class GPTInference {
     // dt_bias, out_norm's weight and bias (model/gated_delta_net.h).
     bool linear = false;
     const float *conv_w = nullptr, *a_log = nullptr, *dt_bias = nullptr, *out_norm_w = nullptr, *out_norm_b = nullptr;
+    // A Mamba layer (qkv_w its in_proj, proj_w its out_proj, ln1 its norm, out_norm_w mixer.norm, conv_w,
+    // a_log and dt_bias as GDN's): conv1d.bias and D (model/mamba_mixer.cpp).
+    bool mamba = false;
+    const float *conv_b = nullptr, *d_skip = nullptr;
   };
   // A GDN layer on n new tokens: out_proj's output [n, C] into out from LN1's output ln [n, C], carrying the
   // layer's convolution history and state (gdn_hist_, gdn_state_) on.
-  void gdn_layer(float* out, const Layer& p, int64_t l, const float* ln, int64_t n);
+  void gdn_layer(float* out, const Layer& p, const float* ln, int64_t n);
+  // A Mamba layer the same way, its norm's output ln to out_proj's output out (mamba_hist_, mamba_state_).
+  void mamba_layer(float* out, const Layer& p, const float* ln, int64_t n);
+  // A self-attention layer (l its number) the same way, appending its keys and values to its cache slot.
+  void attention_layer(float* out, const Layer& p, int64_t l, const float* ln, int64_t n);
   // --multi-latent-attention: layer p's fused qkv [n, H, 3, D] from LN1's output ln [n, C].
   void mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t n);
   // Grows the scratch buffers to n rows.
@@ -73,7 +89,7 @@ class GPTInference {
   DeviceArray<float> zero_offsets_;                      // [H] zeros: --softmax-type off-by-one's sinks
   DeviceArray<float> norm_1p_, norm_ones_;               // --apply-layernorm-1p: every norm's 1 + weight
   std::vector<Layer> layers_;
-  DeviceArray<float> k_cache_, v_cache_;  // [L, G, Tmax, D] each (G = H without grouped-query attention)
+  DeviceArray<float> k_cache_, v_cache_;  // [La, G, Tmax, D] each: La attention layers (G = H without grouping)
   // Device scratch for up to rows_ tokens: [n, C] x3, [n, F], [n] x2, qkv [n, W] (kernels/qkv_layout.h;
   // W = 3Q without grouping), attn [n, Q] (Q = H x D); ids [2, n] tokens and positions (from the
   // host); logits [n, Vp] (device runs). act_: SwiGLU's [n, F].
@@ -85,13 +101,19 @@ class GPTInference {
   // before and after its norm [n, max(Rq, Rkv)], attn_v [n, H Dv]. The cache keeps the fused keys and
   // values (D wide per head), not the latent.
   DeviceArray<float> mla_q_, mla_kv_, mla_c_, mla_lat_, mla_latn_, attn_v_;
-  // --experimental-attention-variant gated_delta_net, per layer (a GDN layer's slice): the last K - 1 rows
-  // of in_proj's output [L, K - 1, W] (the convolution's history) and the delta rule's state [L, Hv, Dv, Dk],
+  // --experimental-attention-variant gated_delta_net, per GDN layer (its slot's slice): the last K - 1 rows
+  // of in_proj's output [Lg, K - 1, W] (the convolution's history) and the delta rule's state [Lg, Hv, Dv, Dk],
   // both zeros before the first token; for n tokens in_proj's output after the history [K - 1 + n, W], the
   // convolution's output [K - 1 + n, Cc], q and k [n, Hk Dk], g and beta [n, Hv], o and out_norm's output
   // [n, Hv Dv] and its statistics [n Hv].
   DeviceArray<float> gdn_hist_, gdn_state_;
   DeviceArray<float> gdn_x_, gdn_u_, gdn_q_, gdn_k_, gdn_g_, gdn_beta_, gdn_o_, gdn_n_, gdn_mean_, gdn_rstd_;
+  // A hybrid's Mamba layers (kernels/mamba.h shapes), per Mamba layer: in_proj's last K - 1 rows
+  // [Lm, K - 1, W] and the scan's state [Lm, H, P, N], zeros before the first token; for n tokens in_proj's
+  // output after the history [K - 1 + n, W], the convolution's output [K - 1 + n, Cc], dt [n, H], the scan's
+  // y [n, H P] and the gated norm's statistics [n, G] (its output in attn_).
+  DeviceArray<float> mamba_hist_, mamba_state_;
+  DeviceArray<float> mamba_x_, mamba_u_, mamba_dt_, mamba_y_, mamba_rstd_;
   // --num-experts: the MoE layer's buffers for n tokens (model/moe_layer.h), reused by every layer.
   DeviceArray<float> moe_buf_;
   MoeState moe_;

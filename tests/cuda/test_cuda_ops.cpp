@@ -1725,6 +1725,17 @@ void mamba_case(const OpCase& c, const MambaShape& s, const std::vector<int32_t>
                            gD.as<float>(), gs);
   expect_close(c, "y", y, download<float>(gy, ny));
   expect_close(c, "checkpoints", ck, download<float>(gck, nck));
+  {  // from a carried state (decoding's): y and the final states
+    const size_t ns = size_t(s.B * s.H * s.state());
+    std::vector<float> state = rand_floats(ns, 136), ys(ny);
+    auto gstate = upload(state);
+    DeviceBuffer gys(ny * 4);
+    mamba_scan_forward(ys.data(), nullptr, u.data(), dt.data(), A_log.data(), D.data(), cs, state.data());
+    cuda::mamba_scan_forward(gys.as<float>(), nullptr, gu.as<float>(), gdt.as<float>(), gA.as<float>(),
+                             gD.as<float>(), gs, gstate.as<float>());
+    expect_close(c, "y (carried state)", ys, download<float>(gys, ny));
+    expect_close(c, "final state", state, download<float>(gstate, ns));
+  }
   mamba_gated_norm_forward(out.data(), rstd.data(), y.data(), x.data(), nw_w.data(), cs);
   cuda::mamba_gated_norm_forward(gout.as<float>(), grstd.as<float>(), gy.as<float>(), gx.as<float>(),
                                  gnw.as<float>(), gs);

@@ -22,6 +22,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "train/train_step.h"
+#include "../mamba_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -55,6 +56,7 @@ struct Options {
   std::string recompute;  // "" | selective | full
   bool documents = false; // eod: reset attention mask and position ids, no loss on eod
   bool mla = false;       // --multi-latent-attention (tests/mla_test_config.h), with the rotary embedding
+  bool hybrid = false;    // --hybrid-override-pattern M*M- (tests/mamba_test_config.h)
   int steps = 20;
 };
 
@@ -75,6 +77,7 @@ TransformerConfig config(const Options& o) {
   c.max_position_embeddings = kSeq;
   c.hidden_dropout = c.attention_dropout = 0.1f;
   if (o.mla) set_mla(c);
+  if (o.hybrid) set_hybrid(c, "M*M-");
   if (o.recompute == "selective") c.recompute_granularity = "selective";
   if (o.recompute == "selective" && o.mla) c.recompute_modules = {"core_attn", "mla_up_proj"};
   if (o.recompute == "full") {
@@ -258,6 +261,18 @@ TEST_F(DeviceEmulation, MultiLatentAttentionBf16) {
   o.precision = Precision::fp32;
   o.recompute = "selective";
   o.steps = 3;
+  compare(o);
+}
+
+// A hybrid Mamba model: its layers' training path and its decoding (the Mamba layers' convolution histories
+// and scan states in device memory), with and without documents.
+TEST_F(DeviceEmulation, HybridMamba) {
+  Options o;
+  o.hybrid = true;
+  o.steps = 4;
+  compare(o);
+  o.documents = true;
+  o.steps = 2;
   compare(o);
 }
 

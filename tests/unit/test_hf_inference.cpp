@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "model/gpt_inference.h"
 #include "../gdn_test_config.h"
+#include "../mamba_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -181,6 +182,35 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithGatedDeltaNet) {
       c.qk_layernorm = variant == 0;  // (the attention layer's only: Qwen3.5's form)
     });
     check_against_full_forward(*model, model->config().max_position_embeddings);
+  }
+}
+
+// Hybrid models (--hybrid-override-pattern): each Mamba layer carries its convolution's last K - 1 in_proj rows
+// and its scan's state from chunk to chunk, the attention layers alone keep a KV cache (in their own slots),
+// the MLP-only and MoE-only layers none. Nemotron-H's form (M-M*-: RMSNorm, no biases, squared ReLU, rotary
+// embedding); attention first with LayerNorm and biases, two attention layers and MoE layers (*M*E-E); every
+// layer Mamba (MMM), 2 groups of one head of 8 and a state of 16. After reset() the histories and states start
+// from zeros again: the same logits bit for bit.
+TEST(HfInference, KvCacheLogitsEqualFullForwardWithHybridMamba) {
+  for (int variant : {0, 1, 2}) {
+    auto model = random_model(false, GeluKind::erf, variant == 0, [&](TransformerConfig& c) {
+      set_hybrid(c, std::vector<std::string>{"M-M*-", "*M*E-E", "MMM"}[size_t(variant)],
+                 variant == 2 ? MambaShapes{2, 8, 2, 16} : MambaShapes{});
+      c.normalization = variant == 1 ? "LayerNorm" : "RMSNorm";
+      c.add_bias_linear = variant == 1;
+      if (variant == 0) c.gelu = GeluKind::squared_relu;
+      if (variant == 1) {
+        c.num_experts = 4;
+        c.moe_router_topk = 2;
+        c.moe_ffn_hidden_size = 24;
+      }
+    });
+    check_against_full_forward(*model, model->config().max_position_embeddings);
+    const std::vector<int32_t> tokens = some_tokens(12, model->config().vocab_size);
+    GPTInference inf(*model);
+    const std::vector<float> first = cached_logits(inf, tokens, model->config().padded_vocab_size, {5, 1});
+    inf.reset();
+    EXPECT_EQ(cached_logits(inf, tokens, model->config().padded_vocab_size, {5, 1}), first);
   }
 }
 

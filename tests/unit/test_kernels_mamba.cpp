@@ -440,6 +440,54 @@ TEST(MambaKernels, DocumentsMatchSeparateSequences) {
   expect_close(packed.grads.dnorm_w, to_double(sum.dnorm_w), 5e-6, "d norm weight");
 }
 
+// Decoding's carried state (mamba_scan_forward's state): each sequence scanned in pieces of 5, 7 and 7 tokens
+// (chunks of 4: a piece's state crosses chunks inside it too), each piece from the state the one before left,
+// gives the one-piece scan's outputs and final states; a state of zeros changes nothing, bit for bit.
+TEST(MambaKernels, CarriedStateContinuesTheScan) {
+  const MambaShape s = small_shape(8);
+  const Inputs in = random_inputs(s, 91);
+  const int64_t rows = s.rows(), Cc = s.conv(), H = s.H, I = s.inner();
+  const std::vector<float> x = to_float(in.x), w = to_float(in.w), bias = to_float(in.bias),
+                           dt_bias = to_float(in.dt_bias), A_log = to_float(in.A_log), D = to_float(in.D);
+  std::vector<float> u(size_t(rows * Cc)), dt(size_t(rows * H));
+  mamba_conv_forward(u.data(), x.data(), w.data(), bias.data(), s);
+  mamba_dt_forward(dt.data(), x.data(), dt_bias.data(), s);
+  std::vector<float> plain(size_t(rows * I)), whole(plain.size()), whole_state(size_t(s.B * H * s.state()), 0.0f);
+  mamba_scan_forward(plain.data(), nullptr, u.data(), dt.data(), A_log.data(), D.data(), s);
+  mamba_scan_forward(whole.data(), nullptr, u.data(), dt.data(), A_log.data(), D.data(), s, whole_state.data());
+  EXPECT_EQ(plain, whole);
+  // The pieces: rows [t0, t1) of each sequence, gathered into a shape of B sequences of t1 - t0 tokens.
+  std::vector<float> pieces(plain.size()), state(whole_state.size(), 0.0f), last_alone;
+  for (const auto& [t0, t1] : std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {5, 12}, {12, 19}}) {
+    MambaShape p = s;
+    p.T = t1 - t0;
+    p.chunk = 4;
+    std::vector<float> pu, pdt, py(size_t(p.rows() * I));
+    for (int64_t b = 0; b < s.B; ++b) {
+      pu.insert(pu.end(), u.begin() + (b * s.T + t0) * Cc, u.begin() + (b * s.T + t1) * Cc);
+      pdt.insert(pdt.end(), dt.begin() + (b * s.T + t0) * H, dt.begin() + (b * s.T + t1) * H);
+    }
+    if (t0 == 12) {  // the last piece from zeros instead: the carried state matters
+      std::vector<float> zeros(state.size(), 0.0f);
+      last_alone.resize(py.size());
+      mamba_scan_forward(last_alone.data(), nullptr, pu.data(), pdt.data(), A_log.data(), D.data(), p, zeros.data());
+    }
+    mamba_scan_forward(py.data(), nullptr, pu.data(), pdt.data(), A_log.data(), D.data(), p, state.data());
+    for (int64_t b = 0; b < s.B; ++b)
+      std::copy(py.begin() + b * p.T * I, py.begin() + (b + 1) * p.T * I, pieces.begin() + (b * s.T + t0) * I);
+    if (t0 == 12) {
+      double most = 0;
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t i = 0; i < p.T * I; ++i)
+          most = std::max(most, double(std::fabs(last_alone[size_t(b * p.T * I + i)] -
+                                                 whole[size_t((b * s.T + t0) * I + i)])));
+      EXPECT_GT(most, 1e-2);
+    }
+  }
+  expect_close(pieces, to_double(whole), 1e-6, "y by pieces");
+  expect_close(state, to_double(whole_state), 1e-6, "final state by pieces");
+}
+
 // Expects f to throw lattice::Error whose message names `what`.
 void expect_error_naming(const std::function<void()>& f, const std::string& what, const std::string& shape) {
   try {

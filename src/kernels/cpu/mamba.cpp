@@ -160,8 +160,8 @@ void mamba_dt_backward(float* dx, float* d_dt_bias, const float* d_dt, const flo
 }
 
 void mamba_scan_forward(float* y, float* checkpoints, const float* u, const float* dt, const float* A_log,
-                        const float* D, const MambaShape& s) {
-  LATTICE_KERNEL_ENTRY(cuda::mamba_scan_forward(y, checkpoints, u, dt, A_log, D, s));
+                        const float* D, const MambaShape& s, float* state) {
+  LATTICE_KERNEL_ENTRY(cuda::mamba_scan_forward(y, checkpoints, u, dt, A_log, D, s, state));
   mamba_check_shape(s, "mamba_scan_forward");
   const int64_t H = s.H, P = s.P, Ns = s.N, Cc = s.conv(), S = s.state(), hpg = s.heads_per_group(), G = s.G;
   const int64_t HP = H * P;
@@ -172,13 +172,19 @@ void mamba_scan_forward(float* y, float* checkpoints, const float* u, const floa
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < s.B * G; ++bg) {
       const int64_t b = bg / G, g = bg % G;
-      std::fill(f.S.begin(), f.S.end(), 0.0f);
+      // The group's heads' states [hpg, P, N] in state, contiguous.
+      float* carried = state ? state + (b * H + g * hpg) * S : nullptr;
+      if (carried)
+        std::memcpy(f.S.data(), carried, f.S.size() * sizeof(float));
+      else
+        std::fill(f.S.begin(), f.S.end(), 0.0f);
       for (int64_t c = 0; c < s.chunks(); ++c) {
         const int64_t t0 = c * s.chunk, L = std::min(s.T, t0 + s.chunk) - t0, n0 = b * s.T + t0;
         const float* Bm = u + n0 * Cc + s.b_at() + g * Ns;
         const float* Cm = u + n0 * Cc + s.c_at() + g * Ns;
-        const bool has_state = c > 0 && !s.starts_document(n0);  // S0 nonzero and not forgotten at once
-        const bool keeps_state = c + 1 < s.chunks();             // the chunk's last state is needed
+        // S0 nonzero and not forgotten at once; the chunk's last state needed (by the next chunk or the caller).
+        const bool has_state = (c > 0 || carried) && !s.starts_document(n0);
+        const bool keeps_state = c + 1 < s.chunks() || carried;
         gemm_f32(Trans::N, Trans::T, L, L, Ns, 1.0f, Cm, Cc, Bm, Cc, 0.0f, f.CB.data(), C);
         for (int64_t h = g * hpg; h < (g + 1) * hpg; ++h) {
           float* St = f.S.data() + (h - g * hpg) * S;
@@ -206,6 +212,7 @@ void mamba_scan_forward(float* y, float* checkpoints, const float* u, const floa
           }
         }
       }
+      if (carried) std::memcpy(carried, f.S.data(), f.S.size() * sizeof(float));
     }
   }
 }

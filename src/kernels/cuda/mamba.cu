@@ -106,16 +106,17 @@ __device__ __forceinline__ float step_decay(float d, float A, int64_t n, const M
 }
 
 // Block (b, h), thread p (looping when P exceeds the block): row p of the state, st[m * P + p], in dynamic
-// shared memory or, where spill is given, in spill [B H, N, P].
-__global__ void scan_forward_kernel(float* y, float* checkpoints, float* spill, const float* u, const float* dt,
-                                    const float* A_log, const float* D, MambaShape s) {
+// shared memory or, where spill is given, in spill [B H, N, P]; from and back to state [B H, P, N] where given.
+__global__ void scan_forward_kernel(float* y, float* checkpoints, float* state, float* spill, const float* u,
+                                    const float* dt, const float* A_log, const float* D, MambaShape s) {
   LATTICE_DYNAMIC_SHARED(float, sh);
   const int64_t bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.heads_per_group();
   const int64_t P = s.P, Ns = s.N, H = s.H, Cc = s.conv(), S = s.state();
   float* st = spill ? spill + bh * S : sh;
   const float A = -math::exp(A_log[h]), Dh = D[h];
   for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
-    for (int64_t m = 0; m < Ns; ++m) st[m * P + p] = 0.0f;
+    float* carried = state ? state + bh * S + p * Ns : nullptr;
+    for (int64_t m = 0; m < Ns; ++m) st[m * P + p] = carried ? carried[m] : 0.0f;
     for (int64_t t = 0; t < s.T; ++t) {
       const int64_t n = b * s.T + t;
       if (checkpoints && t % s.chunk == 0) {
@@ -133,6 +134,8 @@ __global__ void scan_forward_kernel(float* y, float* checkpoints, float* spill, 
       }
       y[(n * H + h) * P + p] = acc + Dh * xs;
     }
+    if (carried)
+      for (int64_t m = 0; m < Ns; ++m) carried[m] = st[m * P + p];
   }
 }
 
@@ -365,7 +368,7 @@ void mamba_dt_backward(float* dx, float* d_dt_bias, const float* d_dt, const flo
 }
 
 void mamba_scan_forward(float* y, float* checkpoints, const float* u, const float* dt, const float* A_log,
-                        const float* D, const MambaShape& s) {
+                        const float* D, const MambaShape& s, float* state) {
   check(s, "mamba_scan_forward");
   const size_t state_bytes = size_t(s.state()) * sizeof(float);
   const bool shared = int64_t(state_bytes) <= kSharedStateMax;
@@ -373,8 +376,8 @@ void mamba_scan_forward(float* y, float* checkpoints, const float* u, const floa
   if (!shared)
     LATTICE_CUDA_CALL(
         cudaMallocAsync(reinterpret_cast<void**>(&spill), size_t(s.B * s.H) * state_bytes, stream()));
-  launch(scan_forward_kernel, unsigned(s.B * s.H), block_for(s.P), shared ? state_bytes : 0, y, checkpoints, spill, u,
-         dt, A_log, D, s);
+  launch(scan_forward_kernel, unsigned(s.B * s.H), block_for(s.P), shared ? state_bytes : 0, y, checkpoints, state, spill,
+         u, dt, A_log, D, s);
   LATTICE_CUDA_LAUNCHED("mamba_scan_forward");
   if (spill) LATTICE_CUDA_CALL(cudaFreeAsync(spill, stream()));
 }

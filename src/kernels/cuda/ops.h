@@ -190,7 +190,7 @@ void mamba_dt_forward(float* dt, const float* x, const float* dt_bias, const Mam
 void mamba_dt_backward(float* dx, float* d_dt_bias, const float* d_dt, const float* x, const float* dt_bias,
                        const MambaShape& s);
 void mamba_scan_forward(float* y, float* checkpoints, const float* u, const float* dt, const float* A_log,
-                        const float* D, const MambaShape& s);
+                        const float* D, const MambaShape& s, float* state = nullptr);
 void mamba_scan_backward(float* du, float* d_dt, float* dA_log, float* dD, float* work, const float* dy,
                          const float* checkpoints, const float* u, const float* dt, const float* A_log, const float* D,
                          const MambaShape& s);
