@@ -16,6 +16,7 @@
 #include "data/gpt_dataset.h"
 #include "data/tokenizer.h"
 #include "data/training_data.h"
+#include "model/hybrid_layer_allocation.h"
 
 namespace lattice {
 namespace {
@@ -109,6 +110,12 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"linear-conv-kernel-dim", Kind::i64, &a.linear_conv_kernel_dim, "GDN: the causal convolution's width (default 4)"},
       {"hybrid-override-pattern", Kind::str, &a.hybrid_override_pattern,
        "a hybrid model (Nemotron-H's), one character per layer: M Mamba-2, * attention, - MLP, E MoE (e.g. M-M*-)"},
+      {"hybrid-attention-ratio", Kind::f64, &a.hybrid_attention_ratio,
+       "a hybrid model with this share of --num-layers attention-only layers among Mamba-2 layers (Megatron's spread)"},
+      {"hybrid-mlp-ratio", Kind::f64, &a.hybrid_mlp_ratio,
+       "a hybrid model with this share of --num-layers MLP-only layers among the Mamba-2 layers"},
+      {"is-hybrid-model", Kind::flag, &a.is_hybrid_model,
+       "a hybrid model: its pattern from the ratios or --hybrid-override-pattern (neither: every layer Mamba-2)"},
       {"mamba-state-dim", Kind::i64, &a.mamba_state_dim, "Mamba layers: the state's dims per group (default 128)"},
       {"mamba-head-dim", Kind::i64, &a.mamba_head_dim, "Mamba layers: each head's dims (default 64)"},
       {"mamba-num-groups", Kind::i64, &a.mamba_num_groups, "Mamba layers: groups of the B and C projections (default 8)"},
@@ -976,7 +983,9 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.linear_value_head_dim = linear_value_head_dim;
   c.linear_num_key_heads = linear_num_key_heads;
   c.linear_num_value_heads = linear_num_value_heads;
-  c.hybrid_layer_pattern = hybrid_override_pattern;
+  if (is_hybrid_model || hybrid_attention_ratio != 0.0 || hybrid_mlp_ratio != 0.0 || !hybrid_override_pattern.empty())
+    c.hybrid_layer_pattern =
+        allocate_hybrid_layers(num_layers, hybrid_attention_ratio, hybrid_mlp_ratio, hybrid_override_pattern);
   c.mamba_state_dim = mamba_state_dim;
   c.mamba_head_dim = mamba_head_dim;
   c.mamba_num_groups = mamba_num_groups;

@@ -62,6 +62,10 @@ struct TrainArgs {
   std::string linear_attention_freq;  // --linear-attention-freq N or a list ("": every layer, with the variant)
   int64_t linear_conv_kernel_dim = 4, linear_key_head_dim = 128, linear_value_head_dim = 128;
   std::string hybrid_override_pattern;  // --hybrid-override-pattern (M Mamba, * attention, - MLP, E MoE per layer)
+  // --hybrid-attention-ratio, --hybrid-mlp-ratio and --is-hybrid-model: the pattern by Megatron's allocation
+  // (model/hybrid_layer_allocation.h); every layer Mamba with both ratios 0.
+  double hybrid_attention_ratio = 0.0, hybrid_mlp_ratio = 0.0;
+  bool is_hybrid_model = false;
   int64_t mamba_state_dim = 128, mamba_head_dim = 64, mamba_num_groups = 8, mamba_num_heads = 0;
   int64_t linear_num_key_heads = 16, linear_num_value_heads = 32;
   std::string softmax_type = "vanilla";

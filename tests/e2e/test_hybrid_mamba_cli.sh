@@ -108,6 +108,18 @@ if run docs1 "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" "${DOCS[@]}" --train-ite
   cmp -s d1.jsonl t1.jsonl && fail "the document masks changed no loss"
 fi
 
+# Megatron's allocation flags instead of a pattern: 6 layers, a quarter attention and a quarter MLP (1.5 rounds
+# to 2 of each, halves to even as Python's round) -> M*-M*-, recorded as the checkpoint's pattern.
+ALLOC=(--num-layers 6 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16
+       --tokenizer-type ByteTokenizer --mamba-head-dim 8 --hybrid-attention-ratio 0.25 --hybrid-mlp-ratio 0.25)
+run ratios "$LATTICE" train "${ALLOC[@]}" "${RUN[@]}" --train-iters 1 --save ratio_ckpt &&
+  squeezed_has ratio_ckpt/iter_0000001/checkpoint.json -- '"hybrid_override_pattern":"M*-M*-"' &&
+  pass "--hybrid-attention-ratio and --hybrid-mlp-ratio allocate Megatron's pattern M*-M*-" ||
+  fail "the ratios did not give the pattern M*-M*-"
+expect_error "an override pattern with other counts than the ratios'" \
+  "--hybrid-override-pattern 'MMM*--' has 3 'M' layers where --hybrid-attention-ratio 0.25" -- "$LATTICE" train \
+  "${ALLOC[@]}" --hybrid-override-pattern "MMM*--" "${RUN[@]}" --train-iters 1 --save bad6
+
 SMALL=(--num-layers 3 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16
        --tokenizer-type ByteTokenizer --mamba-head-dim 8)
 expect_error "a character not in the pattern's alphabet" "'x' at layer 1 is not M (Mamba)" -- "$LATTICE" train \
@@ -130,5 +142,5 @@ else
     ! grep -q "iteration" cp.out && pass "Mamba layers under context parallelism: $(cat cp.lines)" ||
     fail "Mamba layers under context parallelism: $(cat cp.err)"
 fi
-[ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] || [ -e bad5 ] && fail "a refused run left a checkpoint behind"
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] || [ -e bad5 ] || [ -e bad6 ] && fail "a refused run left a checkpoint behind"
 e2e_finish
