@@ -34,12 +34,14 @@ std::string layer_name(int64_t l, const char* rest) {
 
 
 
-// Megatron's conditions: the sequence splits into 2P chunks, one pair per rank.
-void check_context_parallel(const TransformerConfig& c, const ContextParallel& cp, int64_t T) {
+// Megatron's conditions: the sequence splits into 2P chunks, one pair per rank; with Mamba layers P divides
+// each tensor-parallel rank's Mamba heads and groups.
+void check_context_parallel(const TransformerConfig& c, const ContextParallel& cp, int64_t T, int64_t tp) {
   if (!cp.on()) return;
-  if (c.hybrid_layer_pattern.find('M') != std::string::npos)
-    LATTICE_FAIL() << "--context-parallel-size " << cp.size() << " does not go with Mamba layers "
-                   << "(--hybrid-override-pattern's M) yet";
+  if (c.hybrid_layer_pattern.find('M') != std::string::npos && !mamba_context_splits_heads(c, tp, cp.size()))
+    LATTICE_FAIL() << "--context-parallel-size " << cp.size() << " does not divide the Mamba heads ("
+                   << c.mamba_heads() << ") and groups (--mamba-num-groups " << c.mamba_num_groups
+                   << ") of each of the " << tp << " tensor-parallel rank(s): each rank runs its share of them";
   if (T % (2 * cp.size()) != 0)
     LATTICE_FAIL() << "--seq-length " << T << " is not divisible by 2 x --context-parallel-size " << cp.size()
                    << " (each rank holds two of the sequence's " << 2 * cp.size() << " chunks)";
@@ -90,7 +92,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
       max_B_(B),
       max_T_(T / context_parallel.size()) {
   LATTICE_CHECK(cfg_.padded_vocab_size > 0) << "TransformerConfig::finalize() not called";
-  check_context_parallel(cfg_, cp_, T);
+  check_context_parallel(cfg_, cp_, T, tp_.size());
   if (ep_) {
     LATTICE_CHECK(cfg_.num_experts > 0) << "--expert-model-parallel-size " << ep_->size() << " needs --num-experts";
     LATTICE_CHECK(cfg_.num_experts % ep_->size() == 0)
@@ -156,6 +158,13 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
       gdn_cp_->carve(counter, cfg_, P, cp_.size(), B, T);
       gdn_cp_->arena = Arena(counter.used());
       gdn_cp_->carve(gdn_cp_->arena, cfg_, P, cp_.size(), B, T);
+    }
+    if (cfg_.hybrid_layer_pattern.find('M') != std::string::npos) {  // the Mamba layers' whole-sequence buffers
+      mamba_cp_ = std::make_unique<MambaContextParallel>();
+      Arena counter = Arena::counting();
+      mamba_cp_->carve(counter, cfg_, P, cp_.size(), B, T);
+      mamba_cp_->arena = Arena(counter.used());
+      mamba_cp_->carve(mamba_cp_->arena, cfg_, P, cp_.size(), B, T);
     }
   }
   T = max_T_;  // the buffers below hold this rank's rows
@@ -764,9 +773,10 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   sc.d_c1 = arena.alloc_f32(N * C, "grad");
   sc.d_c2 = arena.alloc_f32(N * std::max(C, Cl), "grad");  // fc2's output gradient; the projection's input gradient
   sc.d_3c = arena.alloc_f32(N * Wl, "grad");
-  // (under context parallelism the GDN core's buffers are GdnContextParallel's, for the whole sequences)
+  // (under context parallelism the GDN and Mamba cores' buffers are GdnContextParallel's and
+  // MambaContextParallel's, for the whole sequences)
   if (cfg.gated_delta_net() && cp == 1) gdn_scratch_carve(sc.gdn, arena, gdn_kernel_shape(cfg, P, B, T));
-  if (cfg.hybrid_layer_pattern.find('M') != std::string::npos)
+  if (cfg.hybrid_layer_pattern.find('M') != std::string::npos && cp == 1)
     mamba_scratch_carve(sc.mamba, arena, mamba_kernel_shape(cfg, P, B, T));
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe()) {
@@ -813,14 +823,11 @@ size_t GPTModel::activation_bytes(const TransformerConfig& cfg, int64_t B, int64
 size_t GPTModel::context_parallel_bytes(const TransformerConfig& cfg, int64_t B, int64_t T, int tp, int cp) {
   if (cp <= 1) return 0;
   const int64_t kv = B * T * 2 * (cfg.num_query_groups / tp) * cfg.kv_channels;
-  size_t gdn = 0;  // Gated DeltaNet's whole-sequence buffers (GdnContextParallel)
-  if (cfg.gated_delta_net()) {
-    Arena counter = Arena::counting();
-    GdnContextParallel c;
-    c.carve(counter, cfg, tp, cp, B, T);
-    gdn = counter.used();
-  }
-  return size_t(2 * kv + kv / cp) * sizeof(float) + gdn;
+  // The Gated DeltaNet and Mamba layers' whole-sequence buffers (GdnContextParallel, MambaContextParallel).
+  Arena counter = Arena::counting();
+  if (cfg.gated_delta_net()) GdnContextParallel().carve(counter, cfg, tp, cp, B, T);
+  if (cfg.hybrid_layer_pattern.find('M') != std::string::npos) MambaContextParallel().carve(counter, cfg, tp, cp, B, T);
+  return size_t(2 * kv + kv / cp) * sizeof(float) + counter.used();
 }
 
 GPTModel::Activations& GPTModel::acts(int chunk, int slot) {

@@ -51,6 +51,8 @@ namespace lattice {
 struct GdnScratch;          // model/gpt_model_buffers.h
 struct GdnCoreParams;       // (ditto)
 struct GdnContextParallel;  // (ditto)
+struct MambaCoreParams;       // (ditto)
+struct MambaContextParallel;  // (ditto)
 
 // Where a micro-batch sits in training; dropout masks are keyed by it.
 struct MicroBatchKey {
@@ -482,12 +484,16 @@ class GPTModel {
   // under context parallelism the whole sequences').
   GdnShape gdn_shape(int64_t B, int64_t T, const Activations& a) const;
   // A Mamba layer (model/mamba_mixer.cpp): the same between in_proj's output x.qkv and out_proj's input
-  // x.attn [N, I / P], with the gradients of conv1d, dt_bias, A_log, D and the gated norm's weight
-  // (mamba_core_forward: rows x [N, W / P] into out [N, I / P]).
+  // x.attn [N, I / P], with the gradients of conv1d, dt_bias, A_log, D and the gated norm's weight. Under
+  // context parallelism each rank runs its share of the heads over the whole sequences (MambaContextParallel).
   MambaShape mamba_shape(int64_t B, int64_t T, const Activations& a) const;
   void mamba_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
   void mamba_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T, bool fresh);
-  void mamba_core_forward(const LayerParams& p, const float* x, float* out, const MambaShape& s);
+  // The layer's parameters for all this rank's heads, or (under context parallelism) for its share of the
+  // layer's shape s (its conv1d rows copied into mamba_cp_'s conv_w and conv_b; with `grads`, conv_dw and
+  // conv_db zeroed for theirs).
+  MambaCoreParams mamba_core_params(const LayerParams& p);
+  MambaCoreParams mamba_head_share_params(const LayerParams& p, const MambaShape& s, bool grads);
   void gdn_forward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T);
   void gdn_backward(const LayerParams& p, Activations& a, size_t i, int64_t B, int64_t T, bool fresh);
   // The core of shape s with parameters w on rows x [N, W] into y [N, Hv Dv] with g's buffers; and its
@@ -752,6 +758,7 @@ class GPTModel {
   DeviceArray<float> cp_kv_, cp_staging_, cp_recv_;
   std::vector<float> cp_loss_mask_;
   std::unique_ptr<GdnContextParallel> gdn_cp_;  // GDN layers under context parallelism
+  std::unique_ptr<MambaContextParallel> mamba_cp_;  // Mamba layers under context parallelism
 };
 
 }  // namespace lattice

@@ -142,6 +142,35 @@ struct MambaScratch {
 // Carves them for a mixer of shape s out of `arena` (model/mamba_mixer.cpp).
 void mamba_scratch_carve(MambaScratch& m, Arena& arena, const MambaShape& s);
 
+// The parameters a Mamba mixer runs with (this rank's heads and groups, or under context parallelism its share of
+// them) and where their gradients go.
+struct MambaCoreParams {
+  const float *conv_w = nullptr, *conv_b = nullptr, *dt_bias = nullptr, *a_log = nullptr, *d_skip = nullptr;
+  const float* norm_w = nullptr;
+  float *d_conv_w = nullptr, *d_conv_b = nullptr, *d_dt_bias = nullptr, *d_a_log = nullptr, *d_d_skip = nullptr;
+  float* d_norm_w = nullptr;
+};
+
+// Under context parallelism a Mamba layer's scan runs through the whole sequences, Megatron's way: rank r of
+// the group of P runs the mixer for its share of this tensor-parallel rank's heads and groups (H / P heads from
+// r H / P, G / P groups from r G / P; P must divide both) over them. Its columns of every token's in_proj output
+// come by an all-to-all from the ranks holding the rows (x [B, T, W'], W' its share's row: z, x, B, C, dt),
+// out_proj's input y [B, T, H P / P] goes back the same way, and in backward so do out_proj's input gradient
+// dy and in_proj's output gradient dx. Its conv1d rows and biases are copied to conv_w and conv_b (their
+// gradients summed in conv_dw and conv_db, then added to the layer's); the per-head parameters and the gated
+// norm's weight are read and their gradients added in place (each rank its heads': the context-parallel sum
+// adds the shares). staging: the all-to-all's send side, recv its receive side. Beside the arena
+// (context_parallel_bytes counts them).
+struct MambaContextParallel {
+  Arena arena;
+  MambaScratch scratch;
+  float *x = nullptr, *y = nullptr, *dy = nullptr, *dx = nullptr, *staging = nullptr, *recv = nullptr;
+  float *conv_w = nullptr, *conv_b = nullptr, *conv_dw = nullptr, *conv_db = nullptr;
+  // Carves every buffer out of `arena` (a counting one: nothing allocated) for B sequences of T tokens on a
+  // group of cp ranks.
+  void carve(Arena& from, const TransformerConfig& cfg, int64_t tp, int64_t cp, int64_t B, int64_t T);
+};
+
 // The parameters a GDN core runs with (its heads' conv1d rows, A_log and dt_bias; out_norm's are the layer's)
 // and where their gradients go.
 struct GdnCoreParams {

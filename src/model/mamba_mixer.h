@@ -12,4 +12,8 @@ namespace lattice {
 // every min(64, T) tokens.
 MambaShape mamba_kernel_shape(const TransformerConfig& cfg, int64_t tp, int64_t B, int64_t T);
 
+// Whether a context-parallel group of cp ranks divides a tensor-parallel rank's Mamba heads and groups (the
+// condition of Megatron's context-parallel Mamba: each rank runs its share of them over the whole sequences).
+bool mamba_context_splits_heads(const TransformerConfig& cfg, int64_t tp, int64_t cp);
+
 }  // namespace lattice

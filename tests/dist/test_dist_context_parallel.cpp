@@ -26,6 +26,7 @@
 #include "train/train_step.h"
 #include "layout_run.h"
 #include "../gdn_test_config.h"
+#include "../mamba_test_config.h"
 #include "../mla_test_config.h"
 
 namespace lattice {
@@ -63,6 +64,9 @@ struct Case {
   // divides the tensor-parallel rank's key heads, else every rank all of them
   bool gdn = false;
   int64_t gdn_key_heads = 2;
+  // --hybrid-override-pattern (4 layers; Mamba layers of 4 heads of 8 in 4 groups, state 6): each rank scans its
+  // share of the heads and groups over the whole sequences
+  std::string hybrid;
 };
 
 // A run and the MoE losses it reported, each step's.
@@ -123,6 +127,7 @@ TransformerConfig config(const Case& c, int tp) {
     t.swiglu = true;
     set_gdn(t, {1, 0, 1, 0}, GdnShapes{c.gdn_key_heads, 2 * c.gdn_key_heads, 8, 6});
   }
+  if (!c.hybrid.empty()) set_hybrid(t, c.hybrid, MambaShapes{4, 8, 4, 6});
   if (c.recompute == "full") {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";
@@ -258,7 +263,20 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Tp2Cp2SequenceParallelGatedDeltaNetGateDocumentMask", 4, 2, 2, 1, false, false, true, 0.1f, true, true,
              false, "", 10, -1, "", "vanilla", true, "", 0, false, true, false, true},
         Case{"Tp2Cp2SequenceParallelGatedDeltaNetSplitHeads", 4, 2, 2, 1, false, false, true, 0.1f, true, false, false,
-             "", 10, -1, "", "vanilla", false, "", 0, false, true, false, true, 4}),
+             "", 10, -1, "", "vanilla", false, "", 0, false, true, false, true, 4},
+        // Hybrid Mamba models (M*M-), the scan over the whole sequences: CP 2 (each rank 2 heads in 2 groups, by
+        // all-to-alls; its heads' parameter gradients, its conv1d rows' added to the layer's) with document
+        // masks (the states and convolutions restart at each document of the whole sequences), full
+        // recomputation and the distributed optimizer; TP 2 x CP 2 with sequence parallelism (one head and one
+        // group each) and selective recomputation; PP 2 x CP 2 (layers M* and M-) with documents; CP 4.
+        Case{"Cp2HybridMambaDocumentMaskFullRecomputeDistributedOptimizerRopeGqa", 2, 2, 1, 1, true, true, false, 0.1f,
+             true, true, false, "full", 20, -1, "", "vanilla", true, "", 0, false, false, false, false, 2, "M*M-"},
+        Case{"Tp2Cp2SequenceParallelHybridMambaSelectiveRecompute", 4, 2, 2, 1, false, false, true, 0.1f, true, false,
+             false, "selective", 10, -1, "", "vanilla", false, "", 0, false, false, false, false, 2, "M*M-"},
+        Case{"Pp2Cp2HybridMambaDocumentMask", 4, 2, 1, 2, false, false, false, 0.1f, false, true, false, "", 10, -1, "",
+             "vanilla", true, "", 0, false, false, false, false, 2, "M*M-"},
+        Case{"Cp4HybridMamba", 4, 4, 1, 1, false, false, false, 0.1f, true, false, false, "", 10, -1, "", "vanilla",
+             false, "", 0, false, false, false, false, 2, "M*M-"}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -91,6 +91,12 @@ if run tp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversu
      --metrics-file t2.jsonl &&
    run tp1 "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 8 --metrics-file t1.jsonl; then
   expect_close_losses "TP 2 with sequence parallelism: the single process's 8 losses" t2.jsonl t1.jsonl 8
+  # Context parallelism: each rank scans 4 of the 8 heads (1 of the 2 groups) over the whole sequences.
+  if run cp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
+       "${MODEL[@]}" "${RUN[@]}" --train-iters 8 --context-parallel-size 2 --metrics-file c2.jsonl; then
+    expect_close_losses "CP 2 (the heads split, the scan over the whole sequences): the single process's 8 losses" \
+      c2.jsonl t1.jsonl 8
+  fi
   if run pp2 env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train \
        "${MODEL[@]}" "${RUN[@]}" --train-iters 8 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2 \
        --metrics-file p2.jsonl; then
@@ -133,14 +139,15 @@ expect_error "groups not dividing the heads" "--mamba-num-groups 3 does not divi
   --save bad4
 # Under mpirun every rank prints the same line (and mpirun its banner).
 if env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train "${SMALL[@]}" \
-     --hybrid-override-pattern "M*-" "${RUN[@]}" --train-iters 1 --context-parallel-size 2 --save bad5 \
-     >cp.out 2>cp.err; then
-  fail "Mamba layers under context parallelism were not refused"
+     --hybrid-override-pattern "M*-" --mamba-num-groups 1 "${RUN[@]}" --train-iters 1 --context-parallel-size 2 \
+     --save bad5 >cp.out 2>cp.err; then
+  fail "a context-parallel group not dividing the Mamba groups was not refused"
 else
   grep "lattice train: error:" cp.err | sort -u >cp.lines
-  [ "$(wc -l <cp.lines)" = 1 ] && grep -q -- "--context-parallel-size 2 does not go with Mamba layers" cp.lines &&
-    ! grep -q "iteration" cp.out && pass "Mamba layers under context parallelism: $(cat cp.lines)" ||
-    fail "Mamba layers under context parallelism: $(cat cp.err)"
+  [ "$(wc -l <cp.lines)" = 1 ] &&
+    grep -q -- "--context-parallel-size 2 does not divide the Mamba heads (8) and groups (--mamba-num-groups 1)" cp.lines &&
+    ! grep -q "iteration" cp.out && pass "a CP size not dividing the Mamba groups: $(cat cp.lines)" ||
+    fail "a CP size not dividing the Mamba groups: $(cat cp.err)"
 fi
 [ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] || [ -e bad5 ] || [ -e bad6 ] && fail "a refused run left a checkpoint behind"
 e2e_finish

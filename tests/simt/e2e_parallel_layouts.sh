@@ -10,8 +10,8 @@
 # distributed optimizer (overlapped reduction and parameter gather) and bf16 gradient
 # reduction (without linear biases, with RMSNorm and SwiGLU), pipeline parallel (1F1B, and interleaved), expert
 # parallel (a mixture of experts' all-to-all dispatch; whole experts over the tensor-parallel pair), context parallel (gathered keys and values,
-# rotary, multi-query, the distributed optimizer over dp x cp; a Gated DeltaNet layer's heads split over the pair,
-# with document masks, as one rank runs it too), and tensor x
+# rotary, multi-query, the distributed optimizer over dp x cp; a Gated DeltaNet layer's and a Mamba layer's heads
+# split over the pair, with document masks, as one rank runs it too), and tensor x
 # pipeline on 4 ranks (rotary, with an attention twice the hidden size). Every iteration's
 # loss and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in
 # different orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or
@@ -124,6 +124,10 @@ if command -v mpirun >/dev/null 2>&1; then
   # masks (the mock data's eod, its last token id), its state and convolution restarting at each document
   layout context-parallel-2-gated-delta-net-documents 2 1e-5 --context-parallel-size 2 "${GDN[@]}" \
     --reset-attention-mask --reset-position-ids
+  # a hybrid's Mamba layer (the GPU's token-by-token scan against the CPU's chunked one) before an attention
+  # layer, its 8 heads and 2 groups split over the pair (NCCL all-to-alls), with document masks
+  layout context-parallel-2-mamba-documents 2 1e-5 --context-parallel-size 2 --hybrid-override-pattern "M*" \
+    --mamba-head-dim 8 --mamba-num-groups 2 --reset-attention-mask --reset-position-ids
   layout pipeline-2-interleaved 2 1e-5 --pipeline-model-parallel-size 2 --num-layers 4 \
     --num-layers-per-virtual-pipeline-stage 1
   layout tensor-2-pipeline-2-rope 4 1e-5 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
