@@ -91,6 +91,12 @@ void context_local_rows(const ContextSplit& s, float* local, const float* full, 
                      size_t(c * W) * sizeof(float));
 }
 
+std::vector<std::vector<ColumnBlock>> equal_column_shares(int64_t P, int64_t w) {
+  std::vector<std::vector<ColumnBlock>> c;
+  for (int64_t r = 0; r < P; ++r) c.push_back({{r * w, 0, w}});
+  return c;
+}
+
 void context_rows_to_columns(const ContextParallel& cp, const ContextSplit& s, float* full, float* send, float* recv,
                              const float* local, int64_t B, int64_t W,
                              const std::vector<std::vector<ColumnBlock>>& columns, int64_t Wc) {

@@ -64,6 +64,9 @@ void context_local_rows(const ContextSplit& s, float* local, const float* full, 
 struct ColumnBlock {
   int64_t from = 0, to = 0, width = 0;
 };
+// Every rank's equal share of a row of P w columns: rank r's the columns [r w, (r + 1) w), at 0 in its row.
+std::vector<std::vector<ColumnBlock>> equal_column_shares(int64_t P, int64_t w);
+
 // From the rows to the columns (Megatron's all-to-all from a sequence split to a head split): every rank's
 // rows [B, Tl, W] (local: this rank's), rank r's columns columns[r] of them (Wc wide, laid out as the blocks
 // say) sent to rank r, so that this rank gets its columns of every row of the sequences, full [B, T, Wc] in

@@ -71,10 +71,7 @@ std::vector<std::vector<ColumnBlock>> input_columns(const GdnShape& s, int64_t P
   return c;
 }
 std::vector<std::vector<ColumnBlock>> output_columns(const GdnShape& s, int64_t P) {
-  const int64_t v = head_share(s, P).v();
-  std::vector<std::vector<ColumnBlock>> c;
-  for (int64_t r = 0; r < P; ++r) c.push_back({{r * v, 0, v}});
-  return c;
+  return equal_column_shares(P, head_share(s, P).v());
 }
 
 }  // namespace

@@ -63,10 +63,7 @@ std::vector<std::vector<ColumnBlock>> input_columns(const MambaShape& s, int64_t
   return c;
 }
 std::vector<std::vector<ColumnBlock>> output_columns(const MambaShape& s, int64_t P) {
-  const int64_t w = head_share(s, P).inner();
-  std::vector<std::vector<ColumnBlock>> c;
-  for (int64_t r = 0; r < P; ++r) c.push_back({{r * w, 0, w}});
-  return c;
+  return equal_column_shares(P, head_share(s, P).inner());
 }
 
 // The mixer of shape s with parameters w on rows x [N, W] into out [N, H P], m's buffers made.

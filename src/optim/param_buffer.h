@@ -105,6 +105,12 @@ class ParamBuffer {
   void initialize(uint64_t seed);
 
   int64_t numel() const { return numel_; }
+  // The parameters' elements: numel() without the alignment padding (the count a model's size is quoted by).
+  int64_t parameter_elements() const {
+    int64_t n = 0;
+    for (const ParamInfo& p : infos_) n += p.numel;
+    return n;
+  }
   // The first element of the expert weights (numel() without any).
   int64_t expert_begin() const { return expert_begin_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }

@@ -369,7 +369,7 @@ int run_training(const TrainArgs& args) {
                 "> lattice: %lld parameters%s (padded vocab %lld), %d threads, BLAS %s, peak %.3f "
                 "TFLOP/s (%s), memory: params+grads %.1f MB, optimizer state %.1f MB, activations "
                 "%.1f MB",
-                (long long)model.num_parameters(), rank_part.c_str(), (long long)cfg.padded_vocab_size, threads,
+                (long long)model.params().parameter_elements(), rank_part.c_str(), (long long)cfg.padded_vocab_size, threads,
                 blas_backend_name(), peak, args.peak_tflops > 0 ? "--peak-tflops" : "measured",
                 2.0 * model.num_parameters() * 4 / 1e6, optimizer.state_bytes() / 1e6,
                 model.arena_bytes() / 1e6);
@@ -387,8 +387,8 @@ int run_training(const TrainArgs& args) {
                         (ps->layout().experts_whole ? ", each expert whole (expert tensor-parallel 1)" : "")
                   : std::string()));
   MemoryFootprint mem;
-  mem.parameters = model.num_parameters();
-  mem.param_bytes = mem.grad_bytes = size_t(mem.parameters) * sizeof(float);
+  mem.parameters = model.params().parameter_elements();
+  mem.param_bytes = mem.grad_bytes = size_t(model.num_parameters()) * sizeof(float);  // the buffers, padding included
   mem.optimizer_bytes = optimizer.state_bytes();
   mem.optimizer_scratch_bytes = optimizer.scratch_bytes();
   mem.owned_parameters = optimizer.state_numel();
