@@ -87,27 +87,32 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
         break;
       case 'E': {  // an MoE layer: the sigmoid router with its choice's bias, ungated relu2 experts, a shared expert
         const int64_t E = c.num_experts, Fe = c.moe_ffn_hidden_size, Fs = c.moe_shared_expert_intermediate_size;
+        const int64_t Ce = c.moe_expert_width();  // the routed experts' rows: C, or moe_latent_size
         m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "norm.weight"}}});
         same_as(m, s, lat + "mlp.router.weight", mx + "gate.weight", {E, C});
         same_as(m, s, lat + "mlp.router.expert_bias", mx + "gate.e_score_correction_bias", {E});
         // The routed experts per expert (the Hub's, what export writes), or fused as transformers 5 saves them:
-        // experts.up_proj [E, Fe, C] and experts.down_proj [E, C, Fe], expert e the e-th [Fe, C] and [C, Fe] of each
-        // (a block's rows are the lattice tensor's).
+        // experts.up_proj [E, Fe, Ce] and experts.down_proj [E, Ce, Fe], expert e the e-th [Fe, Ce] and [Ce, Fe] of
+        // each (a block's rows are the lattice tensor's).
         const bool fused = file && file->has(mx + "experts.up_proj");
         for (int64_t e = 0; e < E; ++e) {
           const std::string le = lat + "mlp.experts.local_experts." + std::to_string(e) + ".";
           const std::string he = mx + "experts." + std::to_string(e) + ".";
           if (fused) {
             m.push_back({le + "linear_fc1.weight", {{mx + "experts.up_proj", e * Fe, Fe}}});
-            m.push_back({le + "linear_fc2.weight", {{mx + "experts.down_proj", e * C, C}}});
+            m.push_back({le + "linear_fc2.weight", {{mx + "experts.down_proj", e * Ce, Ce}}});
           } else {
-            same_as(m, s, le + "linear_fc1.weight", he + "up_proj.weight", {Fe, C});
-            same_as(m, s, le + "linear_fc2.weight", he + "down_proj.weight", {C, Fe});
+            same_as(m, s, le + "linear_fc1.weight", he + "up_proj.weight", {Fe, Ce});
+            same_as(m, s, le + "linear_fc2.weight", he + "down_proj.weight", {Ce, Fe});
           }
         }
         if (fused) {
-          s[mx + "experts.up_proj"] = {E, Fe, C};
-          s[mx + "experts.down_proj"] = {E, C, Fe};
+          s[mx + "experts.up_proj"] = {E, Fe, Ce};
+          s[mx + "experts.down_proj"] = {E, Ce, Fe};
+        }
+        if (const int64_t L = c.moe_latent_size; L > 0) {  // Nemotron-3-Super's LatentMoE
+          same_as(m, s, lat + "mlp.fc1_latent_proj.weight", mx + "fc1_latent_proj.weight", {L, C});
+          same_as(m, s, lat + "mlp.fc2_latent_proj.weight", mx + "fc2_latent_proj.weight", {C, L});
         }
         same_as(m, s, lat + "mlp.shared_experts.linear_fc1.weight", mx + "shared_experts.up_proj.weight", {Fs, C});
         same_as(m, s, lat + "mlp.shared_experts.linear_fc2.weight", mx + "shared_experts.down_proj.weight", {C, Fs});
@@ -164,9 +169,8 @@ TransformerConfig hf_nemotron_h_config(const json& j, const std::string& what, i
   c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
   hf::read_grouped_heads(sizes, what, c, true);
   if (c.hybrid_layer_pattern.find('E') != std::string::npos) {  // Nemotron-3's MoE layers: DeepSeek-V3's router
-    if (j.contains("moe_latent_size") && !j["moe_latent_size"].is_null())
-      LATTICE_FAIL() << what << ": moe_latent_size " << j["moe_latent_size"].dump()
-                     << " is not supported (lattice's experts read the hidden states themselves)";
+    if (j.contains("moe_latent_size") && !j["moe_latent_size"].is_null())  // LatentMoE (Nemotron-3-Super's)
+      c.moe_latent_size = hf::config_int(j, what, "moe_latent_size");
     hf::read_sigmoid_router(sizes, what, c, 0);  // (the MoE layers are the pattern's E layers)
     const int64_t shared = j.contains("n_shared_experts") ? hf::config_int(j, what, "n_shared_experts") : 1;
     if (shared != 1)
@@ -247,7 +251,7 @@ json hf_nemotron_h_config_json(const TransformerConfig& c, const std::string& to
     j["topk_group"] = c.moe_router_num_groups > 0 ? c.moe_router_group_topk : 1;
     j["norm_topk_prob"] = true;
     j["routed_scaling_factor"] = hf::shortest_float(c.moe_router_topk_scaling_factor);
-    j["moe_latent_size"] = nullptr;
+    j["moe_latent_size"] = c.moe_latent_size > 0 ? json(c.moe_latent_size) : json(nullptr);
   }
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;

@@ -65,6 +65,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"moe_router_enable_expert_bias", "--moe-router-enable-expert-bias", false},
       {"moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size", 0},
       {"moe_shared_expert_gate", "--moe-shared-expert-gate", false},
+      {"moe_latent_size", "--moe-latent-size", 0},
       {"mtp_num_layers", "--mtp-num-layers", 0},
       {"moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", 1.0},
       {"normalization", "--normalization", "LayerNorm"},
@@ -171,6 +172,7 @@ json model_config_json(const TransformerConfig& c) {
           {"moe_router_enable_expert_bias", c.moe_router_enable_expert_bias},
           {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size},
           {"moe_shared_expert_gate", c.moe_shared_expert_gate},
+          {"moe_latent_size", c.moe_latent_size},
           {"mtp_num_layers", c.mtp_num_layers},
           {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor},
           {"normalization", c.normalization},
@@ -256,6 +258,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.moe_router_enable_expert_bias = optional_field(j, "moe_router_enable_expert_bias").get<bool>();
     c.moe_shared_expert_intermediate_size = optional_field(j, "moe_shared_expert_intermediate_size").get<int64_t>();
     c.moe_shared_expert_gate = optional_field(j, "moe_shared_expert_gate").get<bool>();
+    c.moe_latent_size = optional_field(j, "moe_latent_size").get<int64_t>();
     c.mtp_num_layers = optional_field(j, "mtp_num_layers").get<int64_t>();
     c.moe_router_topk_scaling_factor = optional_field(j, "moe_router_topk_scaling_factor").get<float>();
     c.normalization = optional_field(j, "normalization").get<std::string>();

@@ -184,6 +184,10 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
       moe.shared_fc2 = p(s + "mlp.shared_experts.linear_fc2.weight");
       if (cfg_.moe_shared_expert_gate) moe.shared_gate = p(s + "mlp.shared_experts.gate_weight");
     }
+    if (cfg_.moe_latent_size > 0) {
+      moe.latent_fc1 = p(s + "mlp.fc1_latent_proj.weight");
+      moe.latent_fc2 = p(s + "mlp.fc2_latent_proj.weight");
+    }
   }
   // One cache row per key/value head and attention layer: grouped-query attention keeps G, not H, keys per
   // token; the GDN and Mamba layers keep no cache but their convolution's history and their state.

@@ -49,6 +49,9 @@ void check_context_parallel(const TransformerConfig& c, const ContextParallel& c
 
 void check_tensor_parallel(const TransformerConfig& c, const TensorParallel& tp, int64_t T) {
   check_tensor_parallel_split(c, tp.size());
+  if (c.moe_latent_size > 0 && tp.size() > 1)
+    LATTICE_FAIL() << "--moe-latent-size does not go with --tensor-model-parallel-size " << tp.size()
+                   << " yet (expert parallelism, data, pipeline and context parallelism do)";
   if (tp.sp() && T % tp.size() != 0)
     LATTICE_FAIL() << "--seq-length " << T << " is not divisible by --tensor-model-parallel-size " << tp.size()
                    << " (required by --sequence-parallel)";
@@ -471,6 +474,7 @@ void GPTModel::register_parameters() {
     };
     if (cfg_.moe_layer(l)) {  // Megatron-Core's MoELayer: router, then SequentialMLP's local experts
       const int64_t Fe = cfg_.moe_ffn_hidden_size, Fe1 = cfg_.gated_linear_unit() ? 2 * Fe : Fe;
+      const int64_t Ce = cfg_.moe_expert_width();  // the experts' rows: C, or the latent size
       p.router_w = add(lname("mlp.router.weight"), {cfg_.num_experts, C}, ParamInit::normal, std, -1);
       if (bias) p.router_b = add(lname("mlp.router.bias"), {cfg_.num_experts}, ParamInit::zeros, 0, -1);
       if (cfg_.moe_router_enable_expert_bias) {  // Megatron-Core's TopKRouter buffer, zeros to start
@@ -479,8 +483,8 @@ void GPTModel::register_parameters() {
       }
       for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {  // under their global numbers
         p.expert_fc1.push_back(
-            add_expert(ename(e, "linear_fc1.weight"), {Fe1, C}, ParamInit::normal, std, 0, fc1_blocks));
-        p.expert_fc2.push_back(add_expert(ename(e, "linear_fc2.weight"), {C, Fe}, ParamInit::normal, out_std, 1));
+            add_expert(ename(e, "linear_fc1.weight"), {Fe1, Ce}, ParamInit::normal, std, 0, fc1_blocks));
+        p.expert_fc2.push_back(add_expert(ename(e, "linear_fc2.weight"), {Ce, Fe}, ParamInit::normal, out_std, 1));
         params_.mark_expert(p.expert_fc1.back());
         params_.mark_expert(p.expert_fc2.back());
         if (!bias) continue;  // fc1's split as its weight's rows, fc2's whole (added once: MoeWeights::add_fc2_bias)
@@ -495,6 +499,10 @@ void GPTModel::register_parameters() {
         p.shared_fc2 = add(lname("mlp.shared_experts.linear_fc2.weight"), {C, Fs}, ParamInit::normal, out_std, 1);
         if (cfg_.moe_shared_expert_gate)
           p.shared_gate = add(lname("mlp.shared_experts.gate_weight"), {1, C}, ParamInit::normal, std, -1);
+      }
+      if (const int64_t L = cfg_.moe_latent_size; L > 0) {  // latent MoE: the projections around the experts
+        p.latent_fc1 = add(lname("mlp.fc1_latent_proj.weight"), {L, C}, ParamInit::normal, std, -1);
+        p.latent_fc2 = add(lname("mlp.fc2_latent_proj.weight"), {C, L}, ParamInit::normal, out_std, -1);
       }
       return;
     }
@@ -1359,6 +1367,12 @@ MoeWeights GPTModel::moe_weights(const LayerParams& p, int64_t l, int64_t B, int
     w.shared_gate = params_.param(p.shared_gate);
     w.shared_gate_site = router_site(p.shared_gate);
   }
+  if (p.latent_fc1 >= 0) {
+    w.latent_fc1 = params_.param(p.latent_fc1);
+    w.latent_fc2 = params_.param(p.latent_fc2);
+    w.latent_fc1_site = site(p.latent_fc1);
+    w.latent_fc2_site = site(p.latent_fc2);
+  }
   return w;
 }
 
@@ -1389,6 +1403,10 @@ MoeGrads GPTModel::moe_grads(const LayerParams& p) const {
     g.shared_fc2 = params_.grad(p.shared_fc2);
   }
   if (p.shared_gate >= 0) g.shared_gate = params_.grad(p.shared_gate);
+  if (p.latent_fc1 >= 0) {
+    g.latent_fc1 = params_.grad(p.latent_fc1);
+    g.latent_fc2 = params_.grad(p.latent_fc2);
+  }
   return g;
 }
 
@@ -1550,7 +1568,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
       grads_ready(p.expert_fc2);
       grads_ready(p.expert_fc1_b);
       grads_ready(p.expert_fc2_b);
-      for (int s : {p.shared_fc1, p.shared_fc2, p.shared_gate, p.expert_bias, p.router_b})
+      for (int s : {p.shared_fc1, p.shared_fc2, p.shared_gate, p.expert_bias, p.router_b, p.latent_fc1, p.latent_fc2})
         if (s >= 0) grads_ready({s});
     } else {
       // MLP block: d_resid is d(layer output) and stays as the residual path's gradient.

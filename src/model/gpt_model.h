@@ -313,6 +313,8 @@ class GPTModel {
     std::vector<int> expert_fc1_b, expert_fc2_b;
     // --moe-shared-expert-intermediate-size: the shared experts' fc1, fc2 and (gate) gate weight
     int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;
+    // --moe-latent-size: mlp.fc1_latent_proj [L, C] and mlp.fc2_latent_proj [C, L] (replicated)
+    int latent_fc1 = -1, latent_fc2 = -1;
     // --moe-router-enable-expert-bias: mlp.router.expert_bias [E] (a buffer: ParamInfo::buffer)
     int expert_bias = -1;
     // --softmax-type learnable: self_attention.core_attention.softmax_offset [heads], split as the heads

@@ -161,6 +161,7 @@ MoeShape moe_shape(const TransformerConfig& c, int64_t tp, int64_t ep) {
   s.group_topk = c.moe_router_group_topk;
   s.expert_bias = c.moe_router_enable_expert_bias;
   s.scale = c.moe_router_topk_scaling_factor;
+  s.L = c.moe_latent_size;
   s.Fs = c.moe_shared_expert_intermediate_size / tp;
   s.shared_apart = s.Fs > 0 && c.experts_whole(tp);
   s.shared_gate = c.moe_shared_expert_gate;
@@ -208,7 +209,9 @@ int64_t moe_state_floats(int64_t N, const MoeShape& s) {
   // the rows' fc1 and activation
   const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F1()) + (s.recompute_act ? 0 : padded(S * s.F));
   const int64_t jitter = s.input_jitter_eps > 0.0f ? padded(N * s.C) : 0;
-  return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.C) + experts + shared + jitter;
+  const int64_t latent = s.L > 0 ? 2 * padded(N * s.L) : 0;
+  return padded(N * s.E) + 2 * padded(S) + padded(N * s.k) + 2 * padded(S * s.Ce()) + experts + shared + jitter +
+         latent;
 }
 
 void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
@@ -218,12 +221,14 @@ void moe_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape& s) {
   st.rows = c.take_ints(S);
   st.slot_of = c.take_ints(N * s.k);
   st.gate = c.take(S);
-  st.xe = c.take(S * s.C);
+  st.xe = c.take(S * s.Ce());
   st.h = s.ep > 1 ? nullptr : c.take(S * s.F1());
   st.act = s.ep > 1 || s.recompute_act ? nullptr : c.take(S * s.F);
-  st.ye = c.take(S * s.C);
+  st.ye = c.take(S * s.Ce());
   if (!s.shared_apart) moe_shared_state_carve(st, c.take(moe_shared_state_floats(N, s)), N, s);
   st.xj = s.input_jitter_eps > 0.0f ? c.take(N * s.C) : nullptr;
+  st.xl = s.L > 0 ? c.take(N * s.L) : nullptr;
+  st.yl = s.L > 0 ? c.take(N * s.L) : nullptr;
 }
 
 int64_t moe_shared_scratch_floats(int64_t N, const MoeShape& s) {
@@ -243,18 +248,21 @@ int64_t moe_scratch_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
   const int64_t shared = s.shared_apart ? 0 : moe_shared_scratch_floats(N, s);
   const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F) + padded(S * s.F1());
-  return padded(S * s.C) + experts + padded(S) + padded(N * s.E) + shared;
+  // d_ye: the router's jittered input's gradient [N, C] goes there too (input_jitter_eps).
+  const int64_t d_ye = std::max(S * s.Ce(), s.input_jitter_eps > 0.0f ? N * s.C : 0);
+  return padded(d_ye) + experts + padded(S) + padded(N * s.E) + shared + (s.L > 0 ? padded(N * s.L) : 0);
 }
 
 void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
   Carver c{buf};
-  sc.d_ye = c.take(S * s.C);
+  sc.d_ye = c.take(std::max(S * s.Ce(), s.input_jitter_eps > 0.0f ? N * s.C : 0));
   sc.d_act = s.ep > 1 ? nullptr : c.take(S * s.F);
   sc.d_h = s.ep > 1 ? nullptr : c.take(S * s.F1());
   sc.d_gate = c.take(S);
   sc.d_logits = c.take(N * s.E);
   if (!s.shared_apart) moe_shared_scratch_carve(sc, c.take(moe_shared_scratch_floats(N, s)), N, s);
+  sc.d_yl = s.L > 0 ? c.take(N * s.L) : nullptr;
 }
 
 namespace {
@@ -522,10 +530,10 @@ int MoeExpertParallel::rank() const { return comm ? comm->rank() : 0; }
 namespace {
 
 // The local experts' MLPs over rows grouped by expert (offsets [El + 1]): xe [R, C] -> h [R, F1],
-// act [R, F], ye [R, C].
+// act [R, F], ye [R, C] (C the experts' width, Ce).
 void experts_forward(float* ye, float* h, float* act, const float* xe, const std::vector<int64_t>& offsets,
                      const MoeWeights& w, const MoeShape& s) {
-  const int64_t El = int64_t(offsets.size()) - 1, C = s.C, F = s.F, F1 = s.F1(), R = offsets.back();
+  const int64_t El = int64_t(offsets.size()) - 1, C = s.Ce(), F = s.F, F1 = s.F1(), R = offsets.back();
   const bool biases = !w.fc1_bias.empty();
   for (int64_t e = 0; e < El; ++e) {
     const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
@@ -547,7 +555,7 @@ void experts_forward(float* ye, float* h, float* act, const float* xe, const std
 void experts_backward(float* d_xe, float* d_act, float* d_h, const float* d_ye, const float* xe, const float* h,
                       const float* act, const std::vector<int64_t>& offsets, const MoeWeights& w, MoeGrads& g,
                       const MoeShape& s) {
-  const int64_t El = int64_t(offsets.size()) - 1, C = s.C, F = s.F, F1 = s.F1(), R = offsets.back();
+  const int64_t El = int64_t(offsets.size()) - 1, C = s.Ce(), F = s.F, F1 = s.F1(), R = offsets.back();
   const bool biases = !g.fc1_bias.empty();
   for (int64_t e = 0; e < El; ++e) {
     const int64_t o = offsets[size_t(e)], n = offsets[size_t(e + 1)] - o;
@@ -616,9 +624,9 @@ std::vector<int64_t> elements(const std::vector<int64_t>& rows, int64_t width) {
 }
 
 // The experts' part of the forward under expert parallelism: st.xe [S, C] (grouped by expert, so
-// by rank) out to the experts' ranks, their outputs back into st.ye [S, C].
+// by rank) out to the experts' ranks, their outputs back into st.ye [S, C] (C the experts' width, Ce).
 void dispatched_experts_forward(MoeState& st, const MoeWeights& w, const MoeShape& s) {
-  const int64_t C = s.C, F = s.F, F1 = s.F1();
+  const int64_t C = s.Ce(), F = s.F, F1 = s.F1();
   const int64_t R = plan_dispatch(st, w.ep, s);
   const int64_t kept_act = s.recompute_act ? 0 : F;  // moe_act: the activation in the scratch, after b
   float* rows = st.ep_rows.resize(size_t(R * (C + F1 + kept_act)));
@@ -638,7 +646,7 @@ void dispatched_experts_forward(MoeState& st, const MoeWeights& w, const MoeShap
 // back into d_xe [S, C] (may be d_ye).
 void dispatched_experts_backward(float* d_xe, const float* d_ye, const MoeState& st, const MoeWeights& w, MoeGrads& g,
                                  const MoeShape& s) {
-  const int64_t C = s.C, F = s.F, F1 = s.F1(), R = st.ep_offsets.back();
+  const int64_t C = s.Ce(), F = s.F, F1 = s.F1(), R = st.ep_offsets.back();
   const float* xs = st.ep_rows.data();
   const float* h = xs + R * C;
   float* a = w.ep.scratch->resize(size_t(R * (2 * C + F + F1 + (s.recompute_act ? F : 0))));
@@ -708,13 +716,21 @@ void moe_forward(float* y, const float* x, MoeState& st, const MoeWeights& w, in
   }
   moe_route(st, logits.data(), N, s, s.expert_bias ? bias.data() : nullptr, w.token_group);
   const int64_t S = st.offsets[size_t(E)];  // the slots kept (N k without a capacity)
+  // --moe-latent-size: the experts' rows from the latent input, their weighted sum in the latent space.
+  const int64_t Ce = s.Ce();
+  const float* xin = x;
+  if (s.L > 0) {
+    linear_forward(st.xl, x, w.latent_fc1, nullptr, N, C, s.L, w.latent_fc1_site);
+    xin = st.xl;
+  }
   // --moe-apply-probs-on-input: the gates weigh the experts' input rows, not their outputs.
-  moe_gather_rows(st.xe, x, st.rows, S, C, s.probs_on_input ? st.gate : nullptr);
+  moe_gather_rows(st.xe, xin, st.rows, S, Ce, s.probs_on_input ? st.gate : nullptr);
   if (P > 1)
     dispatched_experts_forward(st, w, s);
   else
     experts_forward(st.ye, st.h, st.act, st.xe, st.offsets, w, s);
-  moe_combine(y, st.ye, st.slot_of, s.probs_on_input ? nullptr : st.gate, N, s.k, C, false);
+  moe_combine(s.L > 0 ? st.yl : y, st.ye, st.slot_of, s.probs_on_input ? nullptr : st.gate, N, s.k, Ce, false);
+  if (s.L > 0) linear_forward(y, st.yl, w.latent_fc2, nullptr, N, s.L, C, w.latent_fc2_site);
   if (s.Fs > 0 && !s.shared_apart) shared_experts_forward(y, x, st, w, N, s);
 }
 
@@ -733,11 +749,17 @@ void moe_shared_backward(float* dx, const float* dy, const float* x, MoeState& s
 void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, const MoeWeights& w, MoeGrads& g,
                   const MoeScratch& sc, int64_t N, const MoeShape& s, float aux_grad_scale, Comm* tp,
                   bool router_input_grad) {
-  const int64_t E = s.E, k = s.k, C = s.C, S = st.offsets[size_t(E)];  // slots kept
+  const int64_t E = s.E, k = s.k, C = s.C, Ce = s.Ce(), S = st.offsets[size_t(E)];  // slots kept
+  // --moe-latent-size: fc2_latent_proj's backward first; the experts' sum's gradient d_yl [N, L].
+  const float* dye = dy;
+  if (s.L > 0) {
+    linear_backward(sc.d_yl, g.latent_fc2, nullptr, dy, st.yl, w.latent_fc2, N, s.L, C, false, w.latent_fc2_site);
+    dye = sc.d_yl;
+  }
   if (s.probs_on_input) {
-    moe_gather_rows(sc.d_ye, dy, st.rows, S, C);  // the unweighted sum's gradient; the gates' come below
+    moe_gather_rows(sc.d_ye, dye, st.rows, S, Ce);  // the unweighted sum's gradient; the gates' come below
   } else {
-    moe_combine_backward(sc.d_ye, sc.d_gate, dy, st.ye, st.gate, st.rows, S, C);
+    moe_combine_backward(sc.d_ye, sc.d_gate, dye, st.ye, st.gate, st.rows, S, Ce);
     if (tp && tp->size() > 1) tp->all_reduce(sc.d_gate, S, ReduceOp::sum);
   }
   float* d_xe = sc.d_ye;  // fc2's output gradients are read: the experts' input gradients go there
@@ -748,15 +770,19 @@ void moe_backward(float* dx, const float* dy, const float* x, MoeState& st, cons
     if (s.recompute_act) activation_again(st.act, st.h, sc.d_h, S, s.F, s);
     experts_backward(d_xe, sc.d_act, sc.d_h, sc.d_ye, st.xe, st.h, st.act, st.offsets, w, g, s);
   }
+  // The experts' input rows' gradient summed per token: dx, or with the latent xl's (into d_yl, read by now).
+  float* dxin = s.L > 0 ? sc.d_yl : dx;
   if (s.probs_on_input) {
     // xe = gate x[rows]: d gate = dot(x[rows], d xe) (a tensor-parallel rank's part of d xe: summed
     // over the group), dx = the gates times d xe, summed per token.
-    moe_combine_backward(nullptr, sc.d_gate, x, d_xe, nullptr, st.rows, S, C);
+    moe_combine_backward(nullptr, sc.d_gate, s.L > 0 ? st.xl : x, d_xe, nullptr, st.rows, S, Ce);
     if (tp && tp->size() > 1) tp->all_reduce(sc.d_gate, S, ReduceOp::sum);
-    moe_combine(dx, d_xe, st.slot_of, st.gate, N, k, C, false);
+    moe_combine(dxin, d_xe, st.slot_of, st.gate, N, k, Ce, false);
   } else {
-    moe_combine(dx, d_xe, st.slot_of, nullptr, N, k, C, false);
+    moe_combine(dxin, d_xe, st.slot_of, nullptr, N, k, Ce, false);
   }
+  if (s.L > 0)  // fc1_latent_proj: dx written from xl's gradient
+    linear_backward(dx, g.latent_fc1, nullptr, sc.d_yl, x, w.latent_fc1, N, C, s.L, false, w.latent_fc1_site);
   if (!s.shared_apart) moe_shared_backward(dx, dy, x, st, w, g, sc, N, s, tp, router_input_grad);
   // The router: the gates' softmax's backward (over each token's k experts, or with
   // pre_softmax over all E, only the chosen ones' probabilities having a gradient), and the

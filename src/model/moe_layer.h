@@ -121,6 +121,11 @@ struct MoeShape {
   // element token E + e), so the experts get near even loads whatever the weights; the logits'
   // gradient passes to the router unchanged (Megatron's straight-through RandomSTE).
   bool force_balance = false;
+  // --moe-latent-size (0: none): the routed experts' rows are L wide, xl = x Wl1^T [N, L] gathered to them and
+  // their weighted sum yl [N, L] projected back, y = yl Wl2^T (MoeWeights::latent_fc1, latent_fc2); the router
+  // and the shared experts read x itself.
+  int64_t L = 0;
+  int64_t Ce() const { return L > 0 ? L : C; }    // the routed experts' input and output width
   int64_t F1() const { return glu ? 2 * F : F; }  // fc1's outputs
   int64_t Fs1() const { return glu ? 2 * Fs : Fs; }
 };
@@ -145,8 +150,11 @@ struct MoeWeights {
   const float* router = nullptr;             // [E, C]
   const float* router_bias = nullptr;        // [E] (biases; null: none)
   const float* expert_bias = nullptr;        // [E] added to the scores for the choice (expert_bias)
-  std::vector<const float*> fc1, fc2;        // per local expert [F1, C], [C, F] (E, or E / P under ep)
+  std::vector<const float*> fc1, fc2;        // per local expert [F1, Ce], [Ce, F] (E, or E / P under ep)
   std::vector<const float*> fc1_bias, fc2_bias;  // per local expert [F1], [C] (empty: none)
+  const float* latent_fc1 = nullptr;         // [L, C] fc1_latent_proj (L > 0)
+  const float* latent_fc2 = nullptr;         // [C, L] fc2_latent_proj
+  GemmSite latent_fc1_site, latent_fc2_site;
   // Tensor parallelism: the fc2 biases are added on one rank of the group (the others' outputs are
   // partial sums the caller reduces); their gradients are made on every rank.
   bool add_fc2_bias = true;
@@ -181,6 +189,8 @@ struct MoeGrads {
   float* shared_fc1 = nullptr;
   float* shared_fc2 = nullptr;
   float* shared_gate = nullptr;
+  float* latent_fc1 = nullptr;
+  float* latent_fc2 = nullptr;
 };
 
 // What the forward keeps for the backward: device buffers for N tokens (moe_state_floats of
@@ -190,10 +200,12 @@ struct MoeState {
   int32_t* rows = nullptr;    // [S] the token of each slot
   int32_t* slot_of = nullptr; // [N, k] the slot of each token's j-th expert (-1: dropped)
   float* gate = nullptr;      // [S] the router probability of each slot
-  float* xe = nullptr;        // [S, C] the experts' inputs
+  float* xe = nullptr;        // [S, Ce] the experts' inputs
   float* h = nullptr;         // [S, F1] fc1's outputs (null under expert parallelism: in ep_rows)
   float* act = nullptr;       // [S, F] the activation (fc2's input; idem)
-  float* ye = nullptr;        // [S, C] fc2's outputs
+  float* ye = nullptr;        // [S, Ce] fc2's outputs
+  float* xl = nullptr;        // [N, L] the latent input x Wl1^T (L > 0)
+  float* yl = nullptr;        // [N, L] the experts' weighted sum in the latent space
   float* hs = nullptr;        // [N, Fs1] the shared experts' fc1 outputs (Fs > 0)
   float* acts = nullptr;      // [N, Fs] their activation
   float* ys = nullptr;        // [N, C] their fc2 outputs
@@ -225,7 +237,7 @@ struct MoeState {
   int64_t stat_ranks = 1;          // the context-parallel ranks whose tokens the statistics count
   // Expert parallelism: the R rows this rank's experts got (grouped by local expert, source rank
   // in order within one), kept for the backward.
-  DeviceArray<float> ep_rows;      // [R, C] the experts' inputs, [R, F1] fc1's outputs, [R, F] the activation
+  DeviceArray<float> ep_rows;      // [R, Ce] the experts' inputs, [R, F1] fc1's outputs, [R, F] the activation
   DeviceArray<int32_t> ep_perm;    // [2R]: the received row each expert-order row is, then the expert-order
                                    //        row each received row is (moe_gather_rows' indices both ways)
   std::vector<int64_t> ep_send, ep_recv;  // [P] rows sent to / received from each rank
@@ -247,7 +259,8 @@ void moe_shared_state_carve(MoeState& st, float* buf, int64_t N, const MoeShape&
 
 // Scratch of the backward: floats for N tokens, and its carving.
 struct MoeScratch {
-  float* d_ye = nullptr;      // [S, C] (then the experts' input gradients)
+  float* d_ye = nullptr;      // [S, Ce] (then the experts' input gradients)
+  float* d_yl = nullptr;      // [N, L] yl's gradient, then xl's (L > 0)
   float* d_act = nullptr;     // [S, F]  (null under expert parallelism: in the dispatch's scratch)
   float* d_h = nullptr;       // [S, F1] (idem)
   float* d_gate = nullptr;    // [S]

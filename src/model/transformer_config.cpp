@@ -325,6 +325,12 @@ void TransformerConfig::check_moe() {
   if (!(moe_router_topk_scaling_factor > 0.0f && std::isfinite(moe_router_topk_scaling_factor)))
     LATTICE_FAIL() << "--moe-router-topk-scaling-factor must be a finite number > 0, got "
                    << moe_router_topk_scaling_factor;
+  if (moe_latent_size < 0) LATTICE_FAIL() << "--moe-latent-size must be positive, got " << moe_latent_size;
+  if (moe_latent_size > 0 && !moe())
+    LATTICE_FAIL() << "--moe-latent-size needs --num-experts (the latent projections wrap the routed experts)";
+  if (moe_latent_size > 0 && add_bias_linear)
+    LATTICE_FAIL() << "--moe-latent-size needs --disable-bias-linear (the latent projections and their experts "
+                      "have no biases here)";
   if (add_bias_linear && moe_shared_expert_intermediate_size > 0)
     LATTICE_FAIL() << "--moe-shared-expert-intermediate-size needs --disable-bias-linear (shared experts have no "
                       "biases, as Megatron-Core's SharedExpertMLP)";

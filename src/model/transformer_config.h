@@ -334,6 +334,13 @@ struct TransformerConfig {
   // --moe-shared-expert-gate scales it by sigmoid(x . g) per token (Qwen2-MoE).
   int64_t moe_shared_expert_intermediate_size = 0;
   bool moe_shared_expert_gate = false;
+  // --moe-latent-size L (0: none; Megatron-Core's latent MoE, Nemotron-3-Super's): the routed experts run in
+  // an L-wide latent space, between mlp.fc1_latent_proj [L, C] (applied to the layer's input after the router
+  // has read it) and mlp.fc2_latent_proj [C, L] (applied to the experts' weighted sum); the router and the
+  // shared experts read the full hidden rows.
+  int64_t moe_latent_size = 0;
+  // The routed experts' input and output width: the latent size, or the hidden size.
+  int64_t moe_expert_width() const { return moe_latent_size > 0 ? moe_latent_size : hidden_size; }
   // --moe-layer-freq: which layers are MoE layers (1) and which have the dense MLP (0), one
   // entry per layer; empty: every layer (parse_moe_layer_freq reads Megatron's forms).
   std::vector<int> moe_layer_pattern;

@@ -153,6 +153,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "which layers are MoE layers: every N-th (an integer, default 1) or a list such as ([0]*1+[1]*23)"},
       {"moe-shared-expert-intermediate-size", Kind::i64, &a.moe_shared_expert_intermediate_size,
        "width of the shared experts' MLP every token also goes through (0: none)"},
+      {"moe-latent-size", Kind::i64, &a.moe_latent_size,
+       "the routed experts in a latent space of this width, between fc1_latent_proj and fc2_latent_proj (0: none)"},
       {"moe-shared-expert-gate", Kind::flag, &a.moe_shared_expert_gate,
        "scale the shared experts' output by a sigmoid gate per token (Qwen2-MoE)"},
       {"moe-expert-capacity-factor", Kind::opt_f64, &a.moe_expert_capacity_factor,
@@ -959,6 +961,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_router_pre_softmax = moe_router_pre_softmax;
   c.moe_apply_probs_on_input = moe_apply_probs_on_input;
   c.moe_shared_expert_intermediate_size = moe_shared_expert_intermediate_size;
+  c.moe_latent_size = moe_latent_size;
   c.moe_router_score_function = moe_router_score_function;
   c.moe_router_dtype = moe_router_dtype;
   c.moe_router_num_groups = moe_router_num_groups;
@@ -1145,6 +1148,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     if (m.value("moe_shared_expert_intermediate_size", 0) > 0)
       from_model("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size");
     on("moe-shared-expert-gate", m.value("moe_shared_expert_gate", false));
+    if (m.value("moe_latent_size", 0) > 0) from_model("moe-latent-size", "moe_latent_size");
     if (m.value("moe_router_score_function", std::string("softmax")) != "softmax")
       from_model("moe-router-score-function", "moe_router_score_function");
     on("moe-router-enable-expert-bias", m.value("moe_router_enable_expert_bias", false));

@@ -79,6 +79,7 @@ struct TrainArgs {
   bool moe_router_enable_expert_bias = false;
   float moe_router_bias_update_rate = 1e-3f;
   int64_t moe_shared_expert_intermediate_size = 0;
+  int64_t moe_latent_size = 0;  // --moe-latent-size (0: none)
   bool moe_shared_expert_gate = false;
   float moe_router_topk_scaling_factor = 1.0f;
   std::vector<std::string> moe_router_load_balancing_type = {"aux_loss"};

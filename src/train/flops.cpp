@@ -11,6 +11,16 @@ namespace lattice {
 
 namespace {
 
+// One MoE layer per token (Megatron's count, no router or gate FLOPs): the k routed experts (in the latent
+// space with --moe-latent-size, then its two projections) and the shared experts.
+double moe_flops_per_token(const TransformerConfig& cfg, double ffn_mult) {
+  const double h = double(cfg.hidden_size), ce = double(cfg.moe_expert_width());
+  return 6 * ffn_mult *
+             (ce * double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk) +
+              h * double(cfg.moe_shared_expert_intermediate_size)) +
+         12 * h * double(cfg.moe_latent_size);
+}
+
 // --hybrid-override-pattern: each layer's own terms per token (Megatron's hybrid count): an attention layer's
 // QKV layer, scores, weighted values and projection; an MLP layer's two (gated: three) matrices; an MoE
 // layer's k routed and its shared experts; a Mamba layer's in_proj, scan (7 I N) and out_proj; the logits.
@@ -23,9 +33,7 @@ double hybrid_flops_per_token(const TransformerConfig& cfg, int64_t s) {
   for (char kind : cfg.hybrid_layer_pattern) {
     if (kind == '*') total += 6 * (h * (q + kv + gate) + q * h) + double(s) * 6 * q;
     if (kind == '-') total += 6 * h * double(cfg.ffn_hidden_size) * ffn_mult;
-    if (kind == 'E')
-      total += 6 * h * double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk + cfg.moe_shared_expert_intermediate_size) *
-               ffn_mult;
+    if (kind == 'E') total += moe_flops_per_token(cfg, ffn_mult);
     if (kind == 'M') {
       const double I = double(cfg.mamba_inner());
       total += 6 * h * double(cfg.mamba_in_proj_width()) + 7 * I * double(cfg.mamba_state_dim) + 6 * I * h;
@@ -78,8 +86,14 @@ double megatron_flops_per_iteration(const TransformerConfig& cfg, int64_t gbs, i
                 (q_term + Rkv * (h + H * double(cfg.qk_head_dim + cfg.v_head_dim) + 1) +
                  h * double(cfg.qk_pos_emb_head_dim) + H * Dv * h + double(s) * H * Dq / 2 + double(s) * H * Dv / 2);
   }
-  const double per_token = L * 6 * h * ffn * ffn_mult + attention + 6 * h * double(cfg.padded_vocab_size) * (K + 1) +
-                           6 * K * (3 * h + 2 * h * h);
+  double per_token = L * 6 * h * ffn * ffn_mult + attention + 6 * h * double(cfg.padded_vocab_size) * (K + 1) +
+                     6 * K * (3 * h + 2 * h * h);
+  // --moe-latent-size: the routed experts' rows are latent-wide, and the two projections are added.
+  if (cfg.moe_latent_size > 0)
+    per_token += double(moe_layers) * (moe_flops_per_token(cfg, ffn_mult) -
+                                       6 * h * ffn_mult *
+                                           double(cfg.moe_ffn_hidden_size * cfg.moe_router_topk +
+                                                  cfg.moe_shared_expert_intermediate_size));
   return double(gbs) * double(s) * per_token;
 }
 

@@ -406,6 +406,12 @@ TEST(CudaModel, MixtureOfExpertsLossAndEveryGradientMatchCpu) {
   forced.moe_router_force_load_balancing = true;
   forced.finalize();
   expect_loss_and_gradients_match(forced, "moe forced balance");
+  // --moe-latent-size: the experts' rows in a latent space of 24 (hidden 64), the projections around them.
+  TransformerConfig latent = moe_config();
+  latent.add_bias_linear = false;
+  latent.moe_latent_size = 24;
+  latent.finalize();
+  expect_loss_and_gradients_match(latent, "moe latent");
 }
 
 // GPT-OSS's layer: experts and router with biases, the clamped quick GEGLU with the up projection's

@@ -52,6 +52,7 @@ struct Case {
   int64_t mtp = 0;              // --mtp-num-layers (each depth an MoE layer, as the last decoder layer)
   int etp = 0;                  // --expert-tensor-parallel-size (1: whole experts, ep over the tp x dp ranks)
   bool seq_aux = false;         // seq_aux_loss besides aux_loss (each sequence's balance)
+  int64_t latent = 0;           // --moe-latent-size (the experts' rows this wide, dispatched so)
 };
 
 // --expert-tensor-parallel-size 1 (with sequence parallelism, which it needs) on case c.
@@ -104,6 +105,7 @@ TransformerConfig config(const Case& c, int tp) {
   t.mtp_loss_scaling_factor = 0.5f;
   t.moe_input_jitter_eps = c.jitter;
   t.moe_router_force_load_balancing = c.force_balance;
+  t.moe_latent_size = c.latent;
   if (c.probs_on_input) {
     t.moe_router_topk = 1;
     t.moe_apply_probs_on_input = true;
@@ -336,6 +338,15 @@ INSTANTIATE_TEST_SUITE_P(
                            false, 0, false, {}, false, false, false, 2}),
         whole_experts(Case{"Tp2Cp2Etp1Ep2SigmoidBiasJitterMoeLayerRecompute", 4, 2, 1, 2, 4, true, false, false, 0.0f,
                            false, true, 0, false, {}, false, true, false, 2, {}, false, 0.3f}),
+        // --moe-latent-size 16 (hidden 32): the latent rows dispatched to the experts' ranks and back, the projections
+        // replicated; with gated SwiGLU shared experts, sigmoid scores and the expert bias and the distributed
+        // optimizer; DP 2 x EP 2 with the layer recomputed and an MTP depth; PP 2 x EP 2.
+        Case{"Ep2LatentSwiGluSharedSigmoidBiasDistributedOptimizer", 2, 1, 1, 2, 4, true, true, false, 0.1f, true, true,
+             0, false, {}, false, false, false, 1, {}, false, 0.0f, false, 1, 0, 0, false, 16},
+        Case{"Dp2Ep2LatentMoeLayerRecomputeMtp1", 4, 1, 1, 2, 4, false, false, false, 0.1f, false, false, 0, false, {},
+             false, true, false, 1, {}, false, 0.0f, false, 1, 1, 0, false, 16},
+        Case{"Pp2Ep2LatentDistributedOptimizer", 4, 1, 2, 2, 4, true, true, false, 0.0f, false, true, 0, false, {},
+             false, false, false, 1, {}, false, 0.0f, false, 1, 0, 0, false, 16},
         // fp8: each expert's amaxes over its copies alone (the tensor-parallel ranks hold other experts).
         whole_experts(Case{"Tp2Etp1Ep2Fp8", 2, 2, 1, 2, 4, true, true, false, 0.0f, false, false, 0, false, {}, true}),
         whole_experts(Case{"Tp2Dp2Etp1Ep2EightExpertsFp8", 4, 2, 1, 2, 8, true, true, false, 0.0f, false, false, 0, false,

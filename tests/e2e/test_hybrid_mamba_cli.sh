@@ -75,6 +75,29 @@ if run moe_train "$LATTICE" train "${DENSE[@]}" "${MOE[@]}" "${RUN[@]}" --train-
     pass "an MoE hybrid goes to HuggingFace Nemotron-H (Nemotron-3's experts) and back: the same text" ||
     fail "the MoE hybrid's Nemotron-H round trip changed the model or its config"
 fi
+# Nemotron-3-Super's LatentMoE (--moe-latent-size 16 of hidden 32): trained, decoded, to HuggingFace and back.
+if run latent_train "$LATTICE" train "${DENSE[@]}" "${MOE[@]}" --moe-latent-size 16 "${RUN[@]}" --train-iters 4 \
+     --save latent_ckpt &&
+   run latent_gen "$LATTICE" generate --load latent_ckpt --prompt "ab" --max-new-tokens 16 --seed 2 &&
+   run latent_to_hf "$LATTICE" convert --load latent_ckpt --to-hf latent_hf &&
+   run latent_from_hf "$LATTICE" convert --from-hf latent_hf --save latent_back &&
+   run latent_gen_back "$LATTICE" generate --load latent_back --prompt "ab" --max-new-tokens 16 --seed 2; then
+  squeezed_has latent_ckpt/iter_0000004/checkpoint.json -- '"moe_latent_size":16' &&
+    squeezed_has latent_hf/config.json -- '"moe_latent_size":16' &&
+    cmp -s latent_gen.out latent_gen_back.out &&
+    pass "a LatentMoE hybrid (--moe-latent-size) goes to HuggingFace Nemotron-H and back: the same text" ||
+    fail "the LatentMoE hybrid's checkpoint or Nemotron-H round trip lost the latent size or changed the model"
+fi
+if env OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$LATTICE" train "${DENSE[@]}" \
+     "${MOE[@]}" --moe-latent-size 16 "${RUN[@]}" --train-iters 1 --tensor-model-parallel-size 2 --save bad_latent \
+     >latent_tp.out 2>latent_tp.err; then
+  fail "--moe-latent-size under tensor parallelism was not refused"
+else
+  grep "lattice train: error:" latent_tp.err | sort -u >latent_tp.lines
+  [ "$(wc -l <latent_tp.lines)" = 1 ] && grep -q -- "--moe-latent-size does not go with --tensor-model-parallel-size 2" \
+    latent_tp.lines && [ ! -e bad_latent ] && pass "--moe-latent-size under TP 2: $(cat latent_tp.lines)" ||
+    fail "--moe-latent-size under TP 2: $(cat latent_tp.err)"
+fi
 # LayerNorm has no Nemotron-H form: refused naming it, nothing written.
 LN=()
 for a in "${MODEL[@]}"; do [ "$a" = RMSNorm ] && LN+=(LayerNorm) || LN+=("$a"); done

@@ -11,6 +11,7 @@
 
 #include "checkpoint/hf_deepseek_mla.h"
 #include "checkpoint/hf_gpt2.h"
+#include "checkpoint/hf_nemotron_h.h"
 #include "core/error.h"
 #include "model/gpt_inference.h"
 #include "../gdn_test_config.h"
@@ -212,6 +213,10 @@ TEST(HfInference, KvCacheLogitsEqualFullForwardWithHybridMamba) {
     inf.reset();
     EXPECT_EQ(cached_logits(inf, tokens, model->config().padded_vocab_size, {5, 1}), first);
   }
+  // Nemotron-3-Super's LatentMoE (E*ME, --moe-latent-size 40): the MoE layers' latent projections while decoding.
+  HfModel hf = load_hf_nemotron_h(std::string(LATTICE_SOURCE_DIR) + "/tests/fixtures/hf_nemotron_h_latent_moe_tiny");
+  ASSERT_EQ(hf.model->config().moe_latent_size, 40);
+  check_against_full_forward(*hf.model, 16);
 }
 
 // GLM-4.7-Flash's form: the latents normalized with their own epsilon (1e-6 beside the model's 1e-5; the

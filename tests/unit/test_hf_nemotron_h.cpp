@@ -29,7 +29,8 @@ void expect_load_error(const std::string& dir, const std::string& needle) {
 }
 
 TEST(HfNemotronH, MatchesIndependentLogits) {
-  for (const char* dir : {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied", "hf_nemotron_h_moe_tiny"}) {
+  for (const char* dir :
+       {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied", "hf_nemotron_h_moe_tiny", "hf_nemotron_h_latent_moe_tiny"}) {
     SCOPED_TRACE(dir);
     HfModel hf = load_hf_nemotron_h(fixture(dir));
     hf_test::expect_fixture_logits(*hf.model, dir);
@@ -60,42 +61,54 @@ TEST(HfNemotronH, MatchesIndependentLogits) {
   EXPECT_EQ(e.moe_router_topk_scaling_factor, 2.5f);
   EXPECT_EQ(e.moe_shared_expert_intermediate_size, 32);
   EXPECT_TRUE(e.moe_layer(1) && e.moe_layer(3) && !e.moe_layer(0) && !e.moe_layer(2));
+  EXPECT_EQ(e.moe_latent_size, 0);
+  // Nemotron-3-Super's LatentMoE: the routed experts in a latent space of 40 (--moe-latent-size).
+  const TransformerConfig l = load_hf_nemotron_h(fixture("hf_nemotron_h_latent_moe_tiny")).model->config();
+  EXPECT_EQ(l.moe_latent_size, 40);
+  EXPECT_EQ(l.moe_expert_width(), 40);
+  EXPECT_EQ(l.hybrid_layer_pattern, "E*ME");
 }
 
-// transformers 5 saves the routed experts fused (experts.up_proj [E, Fe, C], experts.down_proj [E, C, Fe]): they
-// load as the per-expert ones; export writes the Hub's per-expert form.
+// transformers 5 saves the routed experts fused (experts.up_proj [E, Fe, Ce], experts.down_proj [E, Ce, Fe]; Ce the
+// hidden size, or the latent size): they load as the per-expert ones; export writes the Hub's per-expert form.
 TEST(HfNemotronH, FusedExpertsLoadAsPerExpertOnes) {
-  TempDir t("nemotron_fused");
-  const std::string path = hf_test::rewritten_fixture(
-      "hf_nemotron_h_moe_tiny",
-      [](Tensors& ts) {
-        for (int l : {1, 3}) {
-          const std::string mx = "backbone.layers." + std::to_string(l) + ".mixer.experts.";
-          for (const char* proj : {"up_proj", "down_proj"}) {
-            SafeTensor fused = *ts.find(mx + "0." + proj + ".weight");
-            fused.shape.insert(fused.shape.begin(), 8);
-            std::vector<uint8_t> bytes;
-            for (int e = 0; e < 8; ++e) {
-              const std::string name = mx + std::to_string(e) + "." + proj + ".weight";
-              const SafeTensor& one = *ts.find(name);
-              bytes.insert(bytes.end(), one.bytes.begin(), one.bytes.end());
-              ts.erase(name);
+  for (const auto& [dir, layers] : std::vector<std::pair<const char*, std::vector<int>>>{
+           {"hf_nemotron_h_moe_tiny", {1, 3}}, {"hf_nemotron_h_latent_moe_tiny", {0, 3}}}) {
+    SCOPED_TRACE(dir);
+    TempDir t(std::string("nemotron_fused_") + dir);
+    const std::vector<int> moe_layers = layers;
+    const std::string path = hf_test::rewritten_fixture(
+        dir,
+        [&](Tensors& ts) {
+          for (int l : moe_layers) {
+            const std::string mx = "backbone.layers." + std::to_string(l) + ".mixer.experts.";
+            for (const char* proj : {"up_proj", "down_proj"}) {
+              SafeTensor fused = *ts.find(mx + "0." + proj + ".weight");
+              fused.shape.insert(fused.shape.begin(), 8);
+              std::vector<uint8_t> bytes;
+              for (int e = 0; e < 8; ++e) {
+                const std::string name = mx + std::to_string(e) + "." + proj + ".weight";
+                const SafeTensor& one = *ts.find(name);
+                bytes.insert(bytes.end(), one.bytes.begin(), one.bytes.end());
+                ts.erase(name);
+              }
+              fused.bytes = std::move(bytes);
+              ts.list.push_back({mx + proj, fused});
             }
-            fused.bytes = std::move(bytes);
-            ts.list.push_back({mx + proj, fused});
           }
-        }
-      },
-      nullptr, t);
-  HfModel hf = load_hf_nemotron_h(path);
-  hf_test::expect_fixture_logits(*hf.model, "hf_nemotron_h_moe_tiny");
-  TempDir out("nemotron_fused_out");
-  save_hf_nemotron_h(out.str() + "/hf", *hf.model, "");
-  expect_same_tensors("hf_nemotron_h_moe_tiny", out.str() + "/hf");
+        },
+        nullptr, t);
+    HfModel hf = load_hf_nemotron_h(path);
+    hf_test::expect_fixture_logits(*hf.model, dir);
+    TempDir out(std::string("nemotron_fused_out_") + dir);
+    save_hf_nemotron_h(out.str() + "/hf", *hf.model, "");
+    expect_same_tensors(dir, out.str() + "/hf");
+  }
 }
 
 TEST(HfNemotronH, HfToLatticeToHfIsIdentity) {
-  for (const char* dir : {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied", "hf_nemotron_h_moe_tiny"}) {
+  for (const char* dir :
+       {"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied", "hf_nemotron_h_moe_tiny", "hf_nemotron_h_latent_moe_tiny"}) {
     SCOPED_TRACE(dir);
     TempDir out(std::string("nemotron_rt_") + dir);
     HfModel hf = load_hf_nemotron_h(fixture(dir));
@@ -106,7 +119,7 @@ TEST(HfNemotronH, HfToLatticeToHfIsIdentity) {
     for (const char* key : {"model_type", "architectures", "hybrid_override_pattern", "num_hidden_layers", "hidden_size",
                             "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
                             "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
-                            "mlp_hidden_act", "tie_word_embeddings", "use_conv_bias", "use_bias"})
+                            "mlp_hidden_act", "tie_word_embeddings", "use_conv_bias", "use_bias", "moe_latent_size"})
       EXPECT_EQ(ja.value(key, nlohmann::json()), jb.value(key, nlohmann::json())) << "config.json " << key;
     EXPECT_EQ(ja["layer_norm_epsilon"].get<double>(), jb["layer_norm_epsilon"].get<double>());
     HfModel again = load_hf_nemotron_h(out.str() + "/hf");
@@ -188,7 +201,8 @@ TEST(HfNemotronH, BadInputIsOneLineErrorNamingTheProblem) {
     expect_load_error(hf_test::rewritten_fixture("hf_nemotron_h_tiny", nullptr, k.edit, t), k.expect);
   }
   for (const auto& [name, edit, expect] : std::vector<std::tuple<const char*, std::function<void(nlohmann::json&)>, const char*>>{
-           {"latent", [](nlohmann::json& j) { j["moe_latent_size"] = 16; }, "moe_latent_size 16 is not supported"},
+           {"latent", [](nlohmann::json& j) { j["moe_latent_size"] = 16; },
+            "tensor backbone.layers.1.mixer.experts.0.down_proj.weight has shape [64, 24], config.json implies [16, 24]"},
            {"shared", [](nlohmann::json& j) { j["n_shared_experts"] = 2; }, "n_shared_experts 2 is not supported"},
            {"groups", [](nlohmann::json& j) { j["topk_group"] = 2; j["n_group"] = 4; },
             "num_experts_per_tok 2 is not 2 x topk_group 2"}}) {

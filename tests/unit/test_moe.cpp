@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -391,6 +392,7 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     float global = 0.0f;                 // global_aux_loss's coefficient (fixed averaged counts)
     bool probs_on_input = false;         // --moe-apply-probs-on-input (k = 1)
     float jitter = 0.0f;                 // --moe-input-jitter-eps (a training forward's noise)
+    int64_t latent = 0;                  // --moe-latent-size (the experts' rows 4 wide, C 6)
   };
   for (const Variant var : {Variant{false, false, 1.0f}, Variant{true, false, 1.0f}, Variant{false, true, 1.0f},
                             Variant{true, true, 2.5f}, Variant{false, false, 1.5f}, Variant{false, false, 1.0f, 4},
@@ -423,7 +425,18 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
                             Variant{true, true, 1.0f, 3, true, true, true, 2, 0, 0, false, 0, 0, 0.0f, true, {},
                                     0.0f, false, 0.3f},
                             Variant{false, false, 1.0f, 0, false, true, false, 1, 0, 0, false, 0, 0, 0.0f, false, {},
-                                    0.0f, true, 0.5f}}) {
+                                    0.0f, true, 0.5f},
+                            // --moe-latent-size: plain; with sigmoid scores, the expert bias and gated shared
+                            // experts (Nemotron-3-Super's form); with the gates on the input (k 1) and the
+                            // router's jitter; SwiGLU with a capacity.
+                            Variant{false, false, 1.0f, 0, false, false, false, 2, 0, 0, false, 0, 0, 0.0f, false, {},
+                                    0.0f, false, 0.0f, 4},
+                            Variant{false, false, 2.5f, 3, true, true, true, 2, 0, 0, false, 0, 0, 0.0f, false, {},
+                                    0.0f, false, 0.0f, 4},
+                            Variant{false, false, 1.0f, 0, false, true, false, 1, 0, 0, false, 0, 0, 0.0f, false, {},
+                                    0.0f, true, 0.5f, 4},
+                            Variant{true, false, 1.0f, 0, false, false, false, 2, 0, 0.5, false, 0, 0, 0.0f, false, {},
+                                    0.0f, false, 0.0f, 3}}) {
     const bool swiglu = var.swiglu;
     MoeShape s = shape(3, var.k, 0.5f);
     s.glu = swiglu;
@@ -445,16 +458,18 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     s.shared_gate = var.gate;
     s.probs_on_input = var.probs_on_input;
     s.input_jitter_eps = var.jitter;
-    const int64_t N = 4, C = s.C, F = s.F, F1 = s.F1(), E = s.E;
+    s.L = var.latent;
+    const int64_t N = 4, C = s.C, Ce = s.Ce(), F = s.F, F1 = s.F1(), E = s.E;
     std::vector<float> x = random_floats(size_t(N * C), 11, -1.5f, 1.5f), R = random_floats(size_t(N * C), 12);
     std::vector<float> router = random_floats(size_t(E * C), 13);
     std::vector<float> shared1 = random_floats(size_t(s.Fs1() * C), 14), shared2 = random_floats(size_t(C * s.Fs), 15);
     std::vector<float> sgate = random_floats(size_t(C), 16);
     std::vector<float> router_b = random_floats(size_t(E), 17);
+    std::vector<float> latent1 = random_floats(size_t(s.L * C), 18), latent2 = random_floats(size_t(C * s.L), 19);
     std::vector<std::vector<float>> fc1, fc2, fc1_b, fc2_b;
     for (int64_t e = 0; e < E; ++e) {
-      fc1.push_back(random_floats(size_t(F1 * C), uint32_t(20 + e)));
-      fc2.push_back(random_floats(size_t(C * F), uint32_t(30 + e)));
+      fc1.push_back(random_floats(size_t(F1 * Ce), uint32_t(20 + e)));
+      fc2.push_back(random_floats(size_t(Ce * F), uint32_t(30 + e)));
       fc1_b.push_back(random_floats(size_t(F1), uint32_t(40 + e)));
       fc2_b.push_back(random_floats(size_t(C), uint32_t(50 + e)));
     }
@@ -477,6 +492,10 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
       }
       if (s.shared_gate) w.shared_gate = sgate.data();
       if (s.expert_bias) w.expert_bias = expert_bias.data();
+      if (s.L > 0) {
+        w.latent_fc1 = latent1.data();
+        w.latent_fc2 = latent2.data();
+      }
       if (var.jitter > 0.0f) {  // two runs of rows, as context parallelism's chunks are
         w.jitter_stream = PhiloxStream{77, 5, 2, 1};
         w.token_runs = {{0, 1, 10}, {1, N - 1, 250}};
@@ -510,11 +529,16 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
       for (int64_t i = 0; i < N * s.k * F1; ++i) held += std::fabs(st.h[i]) > var.form.clamp;
       EXPECT_GT(held, 4);
     }
-    std::vector<float> dx(static_cast<size_t>(N * C)), g_router(router.size(), 0.0f);
+    // dx is written (NaN before: a kernel that added to it fails), the weights' gradients accumulated.
+    std::vector<float> dx(static_cast<size_t>(N * C), std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> g_router(router.size(), 0.0f);
     std::vector<float> g_shared1(shared1.size(), 0.0f), g_shared2(shared2.size(), 0.0f), g_sgate(sgate.size(), 0.0f);
     std::vector<float> g_router_b(router_b.size(), 0.0f);
+    std::vector<float> g_latent1(latent1.size(), 0.5f), g_latent2(latent2.size(), -0.5f);  // accumulated onto
     std::vector<std::vector<float>> g1, g2, g1_b, g2_b;
     MoeGrads g;
+    g.latent_fc1 = g_latent1.data();
+    g.latent_fc2 = g_latent2.data();
     g.router = g_router.data();
     g.router_bias = g_router_b.data();
     g.shared_fc1 = g_shared1.data();
@@ -555,7 +579,8 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
             << " shared " << var.Fs << " gate " << var.gate << " sigmoid " << var.sigmoid << " bias " << var.bias
             << " k " << var.k << " aux group " << var.aux_group << " capacity " << var.capacity << " by position "
             << var.by_position << " z " << var.z << " biases " << var.biases << " alpha " << var.form.alpha
-            << " global " << var.global << " probs on input " << var.probs_on_input << " jitter " << var.jitter;
+            << " global " << var.global << " probs on input " << var.probs_on_input << " jitter " << var.jitter
+            << " latent " << var.latent;
       }
     };
     check(x, dx, "dx");
@@ -563,6 +588,12 @@ TEST(Moe, LayerGradientsMatchFiniteDifferences) {
     check(shared1, g_shared1, "shared fc1");
     check(shared2, g_shared2, "shared fc2");
     if (s.shared_gate) check(sgate, g_sgate, "shared gate");
+    if (s.L > 0) {  // (the gradients were accumulated onto 0.5 and -0.5)
+      for (float& v : g_latent1) v -= 0.5f;
+      for (float& v : g_latent2) v += 0.5f;
+      check(latent1, g_latent1, "fc1_latent_proj");
+      check(latent2, g_latent2, "fc2_latent_proj");
+    }
     for (int64_t e = 0; e < E; ++e) {
       check(fc1[size_t(e)], g1[size_t(e)], "fc1 of expert " + std::to_string(e));
       check(fc2[size_t(e)], g2[size_t(e)], "fc2 of expert " + std::to_string(e));

@@ -107,6 +107,23 @@ TEST(TrainFlops, MixtureOfExpertsCountsEachLayersMlp) {
   const double dense = 6 * h * 1024 * 2 + attention, moe = 6 * h * (512 * 2 + 256) * 2 + attention;
   const double want = gbs * s * (dense + moe + 6 * h * V) + gbs * s * s * 6 * q * 2;
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(c, 8, 1024), want);
+  // --moe-latent-size 64: the routed experts' matrices 64 wide instead of h (Megatron's routed_expert_hidden_size),
+  // and the two latent projections (2 h L); the shared experts' unchanged. The same in a hybrid's E layer.
+  c.moe_latent_size = 64;
+  c.finalize();
+  const double latent = 6 * (64 * 512 * 2 + h * 256) * 2 + 6 * 2 * h * 64 + attention;
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(c, 8, 1024), gbs * s * (dense + latent + 6 * h * V) + gbs * s * s * 6 * q * 2);
+  TransformerConfig hy = base_config(2);
+  hy.add_bias_linear = false;
+  hy.num_experts = 4;
+  hy.moe_router_topk = 2;
+  hy.moe_ffn_hidden_size = 512;
+  hy.moe_shared_expert_intermediate_size = 256;
+  hy.moe_latent_size = 64;
+  set_hybrid(hy, "E-");
+  hy.finalize();
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(hy, 8, 1024),
+                   gbs * s * (6 * (64 * 512 * 2 + h * 256) * 2 + 6 * 2 * h * 64 + 6 * h * 1024 * 2 + 6 * h * V));
 }
 
 // --multi-latent-attention: Megatron's MLA terms per layer and token in place of the QKV layer's and the core
