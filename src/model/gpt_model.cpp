@@ -49,9 +49,6 @@ void check_context_parallel(const TransformerConfig& c, const ContextParallel& c
 
 void check_tensor_parallel(const TransformerConfig& c, const TensorParallel& tp, int64_t T) {
   check_tensor_parallel_split(c, tp.size());
-  if (c.moe_latent_size > 0 && tp.size() > 1)
-    LATTICE_FAIL() << "--moe-latent-size does not go with --tensor-model-parallel-size " << tp.size()
-                   << " yet (expert parallelism, data, pipeline and context parallelism do)";
   if (tp.sp() && T % tp.size() != 0)
     LATTICE_FAIL() << "--seq-length " << T << " is not divisible by --tensor-model-parallel-size " << tp.size()
                    << " (required by --sequence-parallel)";
@@ -1880,6 +1877,11 @@ void GPTModel::finish_tensor_parallel_grads(const std::vector<std::pair<int64_t,
     for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.router_w, p.router_b});
     for (const MtpParams& d : mtp_) norms.insert(norms.end(), {d.layer.router_w, d.layer.router_b});
   }
+  // --moe-latent-size: the latent projections (replicated) get each rank's part: its experts' share of the
+  // ffn (fc2_latent_proj's input, fc1_latent_proj's output gradient are partial sums), or with whole experts
+  // its own rows'.
+  for (const LayerParams& p : layers_) norms.insert(norms.end(), {p.latent_fc1, p.latent_fc2});
+  for (const MtpParams& d : mtp_) norms.insert(norms.end(), {d.layer.latent_fc1, d.layer.latent_fc2});
   // A GDN layer's out_norm (each rank's value heads; a Mamba layer's gated norm is split with its heads).
   for (const LayerParams& p : layers_)
     if (!p.mamba) norms.insert(norms.end(), {p.out_norm_w, p.out_norm_b});

@@ -340,7 +340,14 @@ INSTANTIATE_TEST_SUITE_P(
                            false, true, 0, false, {}, false, true, false, 2, {}, false, 0.3f}),
         // --moe-latent-size 16 (hidden 32): the latent rows dispatched to the experts' ranks and back, the projections
         // replicated; with gated SwiGLU shared experts, sigmoid scores and the expert bias and the distributed
-        // optimizer; DP 2 x EP 2 with the layer recomputed and an MTP depth; PP 2 x EP 2.
+        // optimizer; DP 2 x EP 2 with the layer recomputed and an MTP depth; PP 2 x EP 2. Under tensor
+        // parallelism the projections' gradients are each rank's part (its share of the experts' ffn, or with
+        // whole experts its own rows), summed over the group: TP 2 x EP 2 with sequence parallelism, and whole
+        // experts with shared ones.
+        Case{"Tp2Ep2LatentSwiGluSharedSequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.1f, true, true, 0, false,
+             {}, false, false, false, 1, {}, false, 0.0f, false, 1, 0, 0, false, 16},
+        whole_experts(Case{"Tp2Etp1Ep2LatentSwiGluSharedMtp1", 2, 2, 1, 2, 4, false, false, false, 0.1f, true, false, 0,
+                           false, {}, false, false, false, 1, {}, false, 0.0f, false, 1, 1, 0, false, 16}),
         Case{"Ep2LatentSwiGluSharedSigmoidBiasDistributedOptimizer", 2, 1, 1, 2, 4, true, true, false, 0.1f, true, true,
              0, false, {}, false, false, false, 1, {}, false, 0.0f, false, 1, 0, 0, false, 16},
         Case{"Dp2Ep2LatentMoeLayerRecomputeMtp1", 4, 1, 1, 2, 4, false, false, false, 0.1f, false, false, 0, false, {},
