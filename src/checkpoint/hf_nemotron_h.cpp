@@ -272,6 +272,7 @@ std::string hf_nemotron_h_mismatch(const TransformerConfig& c) {
             "best experts)"
       : c.position_embedding_type != "none"
           ? "a position embedding (HuggingFace Nemotron-H has none: --position-embedding-type none)"
+      : c.mtp() ? "multi-token prediction depths (--mtp-num-layers: lattice writes HuggingFace Nemotron-H without them)"
       : !c.rmsnorm()             ? "LayerNorm (HuggingFace Nemotron-H has RMSNorm)"
       : c.apply_layernorm_1p     ? "zero-centered norm weights (--apply-layernorm-1p)"
       : c.add_bias_linear || c.add_qkv_bias ? "linear biases (HuggingFace Nemotron-H has none: --disable-bias-linear)"

@@ -8,6 +8,7 @@
 #include "checkpoint/host_staging.h"
 #include "checkpoint/tensor_parts.h"
 #include "core/error.h"
+#include "model/hybrid_layer_allocation.h"
 
 namespace lattice {
 namespace {
@@ -193,7 +194,7 @@ json model_config_json(const TransformerConfig& c) {
           {"linear_value_head_dim", c.linear_value_head_dim},
           {"linear_num_key_heads", c.linear_num_key_heads},
           {"linear_num_value_heads", c.linear_num_value_heads},
-          {"hybrid_override_pattern", c.hybrid_layer_pattern},
+          {"hybrid_override_pattern", c.hybrid_override_pattern()},
           {"mamba_state_dim", c.mamba_state_dim},
           {"mamba_head_dim", c.mamba_head_dim},
           {"mamba_num_groups", c.mamba_num_groups},
@@ -280,7 +281,9 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.linear_value_head_dim = optional_field(j, "linear_value_head_dim").get<int64_t>();
     c.linear_num_key_heads = optional_field(j, "linear_num_key_heads").get<int64_t>();
     c.linear_num_value_heads = optional_field(j, "linear_num_value_heads").get<int64_t>();
-    c.hybrid_layer_pattern = optional_field(j, "hybrid_override_pattern").get<std::string>();
+    const HybridPattern hybrid = parse_hybrid_pattern(optional_field(j, "hybrid_override_pattern").get<std::string>());
+    c.hybrid_layer_pattern = hybrid.main;  // (its MTP depths, if any, are the mtp_num_layers read above)
+    c.mtp_hybrid_pattern = hybrid.mtp;
     c.mamba_state_dim = optional_field(j, "mamba_state_dim").get<int64_t>();
     c.mamba_head_dim = optional_field(j, "mamba_head_dim").get<int64_t>();
     c.mamba_num_groups = optional_field(j, "mamba_num_groups").get<int64_t>();

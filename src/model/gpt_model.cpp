@@ -38,7 +38,7 @@ std::string layer_name(int64_t l, const char* rest) {
 // each tensor-parallel rank's Mamba heads and groups.
 void check_context_parallel(const TransformerConfig& c, const ContextParallel& cp, int64_t T, int64_t tp) {
   if (!cp.on()) return;
-  if (c.hybrid_layer_pattern.find('M') != std::string::npos && !mamba_context_splits_heads(c, tp, cp.size()))
+  if (c.has_mamba_layers() && !mamba_context_splits_heads(c, tp, cp.size()))
     LATTICE_FAIL() << "--context-parallel-size " << cp.size() << " does not divide the Mamba heads ("
                    << c.mamba_heads() << ") and groups (--mamba-num-groups " << c.mamba_num_groups
                    << ") of each of the " << tp << " tensor-parallel rank(s): each rank runs its share of them";
@@ -159,7 +159,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
       gdn_cp_->arena = Arena(counter.used());
       gdn_cp_->carve(gdn_cp_->arena, cfg_, P, cp_.size(), B, T);
     }
-    if (cfg_.hybrid_layer_pattern.find('M') != std::string::npos) {  // the Mamba layers' whole-sequence buffers
+    if (cfg_.has_mamba_layers()) {  // the Mamba layers' whole-sequence buffers
       mamba_cp_ = std::make_unique<MambaContextParallel>();
       Arena counter = Arena::counting();
       mamba_cp_->carve(counter, cfg_, P, cp_.size(), B, T);
@@ -366,9 +366,10 @@ void GPTModel::register_parameters() {
     // Shared with the last stage's copy: the tied output layer's, or with --mtp-num-layers the depths' lookup's.
     if ((tied || cfg_.mtp()) && split_pipeline) shared_embedding_ = wte_;
   }
-  // One transformer layer's parameters under `prefix` (l: its number, which decides its kind).
+  // One transformer layer's parameters under `prefix` (l: its number, which decides its kind); its MLP block's
+  // under mlp_prefix when given (a hybrid's prediction depth: Megatron's inner stack holds the blocks as layers).
   std::function<void(LayerParams&, int64_t, const std::string&)> add_mixer, add_mlp;  // (below)
-  auto add_layer = [&](int64_t l, const std::string& prefix) {
+  auto add_layer = [&](int64_t l, const std::string& prefix, const std::string& mlp_prefix = "") {
     auto lname = [&](const char* rest) { return prefix + rest; };
     LayerParams p;
     p.layer = l;
@@ -377,9 +378,10 @@ void GPTModel::register_parameters() {
     p.mlp = cfg_.mlp_block(l);
     if (p.attention) add_mixer(p, l, prefix);
     if (!p.mlp) return p;
-    p.ln2_w = add(lname("pre_mlp_layernorm.weight"), {C}, norm_init, 0, -1);
-    if (norm_bias) p.ln2_b = add(lname("pre_mlp_layernorm.bias"), {C}, ParamInit::zeros, 0, -1);
-    add_mlp(p, l, prefix);
+    const std::string& m = mlp_prefix.empty() ? prefix : mlp_prefix;
+    p.ln2_w = add(m + "pre_mlp_layernorm.weight", {C}, norm_init, 0, -1);
+    if (norm_bias) p.ln2_b = add(m + "pre_mlp_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
+    add_mlp(p, l, m);
     return p;
   };
   // Its attention block: the norm and the mixer (self-attention, GDN or Mamba).
@@ -538,7 +540,13 @@ void GPTModel::register_parameters() {
       d.hnorm_w = add(m + "hnorm.weight", {C}, norm_init, 0, -1);
       if (norm_bias) d.hnorm_b = add(m + "hnorm.bias", {C}, ParamInit::zeros, 0, -1);
       d.eh_proj_w = add(m + "eh_proj.weight", {C, 2 * C}, ParamInit::normal, std, 0);
-      d.layer = add_layer(cfg_.num_layers + k, m + "transformer_layer.");
+      const int64_t l = cfg_.num_layers + k;
+      if (cfg_.hybrid()) {  // Megatron's hybrid depth: its pattern's layers under mtp_model_layer.layers.<j>.
+        const std::string inner = m + "mtp_model_layer.layers.";
+        d.layer = add_layer(l, inner + "0.", cfg_.attention_block(l) && cfg_.mlp_block(l) ? inner + "1." : "");
+      } else {
+        d.layer = add_layer(l, m + "transformer_layer.");
+      }
       d.norm_w = add(m + "final_layernorm.weight", {C}, norm_init, 0, -1);
       if (norm_bias) d.norm_b = add(m + "final_layernorm.bias", {C}, ParamInit::zeros, 0, -1);
       mtp_.push_back(d);
@@ -750,8 +758,10 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
         for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) {  // --mtp-num-layers: each depth's, whole
           MtpDepth d;
           d.a.resid = {arena.alloc_f32(Ns * C, "mtp residual"), arena.alloc_f32(Ns * C, "mtp residual")};
-          const bool moe = cfg.moe_layer(cfg.num_layers + k);  // the last decoder layer's kind
-          d.a.layers = {alloc_layer(true, moe, !moe)};
+          // (the last decoder layer's kind; a hybrid's, its MTP pattern's blocks)
+          const int64_t g = cfg.num_layers + k;
+          const bool moe = cfg.moe_layer(g), mlp = cfg.mlp_block(g);
+          d.a.layers = {alloc_layer(true, mlp && moe, mlp && !moe, true, cfg.attention_block(g))};
           d.a.recompute_from = {-1};
           d.a.lnf = arena.alloc_f32(N * C, "mtp final_layernorm");
           d.a.lnf_mean = arena.alloc_f32(Ns);
@@ -781,7 +791,7 @@ void GPTModel::allocate(std::vector<Activations>& acts, std::vector<MtpDepth>& m
   // (under context parallelism the GDN and Mamba cores' buffers are GdnContextParallel's and
   // MambaContextParallel's, for the whole sequences)
   if (cfg.gated_delta_net() && cp == 1) gdn_scratch_carve(sc.gdn, arena, gdn_kernel_shape(cfg, P, B, T));
-  if (cfg.hybrid_layer_pattern.find('M') != std::string::npos && cp == 1)
+  if (cfg.has_mamba_layers() && cp == 1)
     mamba_scratch_carve(sc.mamba, arena, mamba_kernel_shape(cfg, P, B, T));
   sc.d_f = arena.alloc_f32(N * Fl, "grad");
   if (cfg.moe()) {
@@ -831,7 +841,7 @@ size_t GPTModel::context_parallel_bytes(const TransformerConfig& cfg, int64_t B,
   // The Gated DeltaNet and Mamba layers' whole-sequence buffers (GdnContextParallel, MambaContextParallel).
   Arena counter = Arena::counting();
   if (cfg.gated_delta_net()) GdnContextParallel().carve(counter, cfg, tp, cp, B, T);
-  if (cfg.hybrid_layer_pattern.find('M') != std::string::npos) MambaContextParallel().carve(counter, cfg, tp, cp, B, T);
+  if (cfg.has_mamba_layers()) MambaContextParallel().carve(counter, cfg, tp, cp, B, T);
   return size_t(2 * kv + kv / cp) * sizeof(float) + counter.used();
 }
 

@@ -44,6 +44,30 @@ std::string allocate_by_ratios(int64_t L, double attention_ratio, double mlp_rat
 
 }  // namespace
 
+std::string HybridPattern::unified() const {
+  std::string s = main;
+  for (int64_t k = 0; k < mtp_depths; ++k) s += "/" + mtp;
+  return s;
+}
+
+HybridPattern parse_hybrid_pattern(const std::string& pattern) {
+  HybridPattern h;
+  const size_t slash = pattern.find('/');
+  h.main = pattern.substr(0, slash);
+  for (size_t at = slash; at != std::string::npos;) {
+    const size_t next = pattern.find('/', at + 1);
+    const std::string depth = pattern.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+    if (depth.empty() || (h.mtp_depths > 0 && depth != h.mtp))
+      LATTICE_FAIL() << "--hybrid-override-pattern '" << pattern << "': the multi-token prediction depths after '/' "
+                     << (depth.empty() ? "include an empty one" : "differ ('" + h.mtp + "' and '" + depth + "')")
+                     << " (Megatron's form: MAIN/MTP/MTP..., every depth the same layers)";
+    h.mtp = depth;
+    ++h.mtp_depths;
+    at = next;
+  }
+  return h;
+}
+
 std::string allocate_hybrid_layers(int64_t num_layers, double attention_ratio, double mlp_ratio,
                                    const std::string& override_pattern) {
   for (const auto& [flag, ratio] : {std::pair{"--hybrid-attention-ratio", attention_ratio},

@@ -16,6 +16,17 @@
 
 namespace lattice {
 
+// Megatron's unified pattern "MAIN/MTP/MTP...": the decoder's layers, then each multi-token prediction depth's
+// (all alike: Megatron's rule), e.g. "M*M-/*E/*E" is a 4-layer decoder and 2 depths of "*E".
+struct HybridPattern {
+  std::string main, mtp;
+  int64_t mtp_depths = 0;
+  // The unified form again.
+  std::string unified() const;
+};
+// Fails naming --hybrid-override-pattern when the depths' patterns differ or one is empty.
+HybridPattern parse_hybrid_pattern(const std::string& pattern);
+
 // The pattern (one character per layer) of num_layers layers; fails naming the flag for a ratio outside
 // [0, 1], ratios summing above 1, or an override pattern of other lengths or counts.
 std::string allocate_hybrid_layers(int64_t num_layers, double attention_ratio, double mlp_ratio,

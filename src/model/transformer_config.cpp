@@ -111,20 +111,29 @@ void TransformerConfig::check_hybrid(int64_t tp) {
   if (size_t bad = p.find_first_not_of("M*-E"); bad != std::string::npos)
     LATTICE_FAIL() << "--hybrid-override-pattern '" << p << "': '" << p[bad] << "' at layer " << bad
                    << " is not M (Mamba), * (attention), - (MLP) or E (MoE)";
-  const bool experts = p.find('E') != std::string::npos;
+  const std::string& m = mtp_hybrid_pattern;
+  if (mtp_num_layers > 0 && m.empty())
+    LATTICE_FAIL() << "--mtp-num-layers with --hybrid-override-pattern needs the prediction depths' layers after '/' "
+                      "in the pattern (Megatron's form, e.g. '"
+                   << p << "/*-' for one depth of an attention and an MLP block)";
+  if (!m.empty() && mtp_num_layers == 0)
+    LATTICE_FAIL() << "--hybrid-override-pattern's MTP layers '" << m << "' need --mtp-num-layers";
+  static const std::vector<std::string> kDepthForms = {"M", "*", "-", "E", "M-", "ME", "*-", "*E"};
+  if (!m.empty() && std::find(kDepthForms.begin(), kDepthForms.end(), m) == kDepthForms.end())
+    LATTICE_FAIL() << "--hybrid-override-pattern: the MTP layers '" << m << "' are not a mixer (M or *) and/or an MLP "
+                   << "(- or E) in that order (lattice runs a prediction depth as one layer)";
+  const bool experts = p.find('E') != std::string::npos || m.find('E') != std::string::npos;
   if (experts != (num_experts > 0))
     LATTICE_FAIL() << (experts ? "--hybrid-override-pattern's E layers need --num-experts"
                                : "--num-experts needs E (MoE) layers in --hybrid-override-pattern");
-  if (experts) {  // the MoE layers are the pattern's E layers
+  if (experts) {  // the MoE layers are the pattern's E layers (an MTP layer's: moe_layer)
     moe_layer_pattern.clear();
     for (char c : p) moe_layer_pattern.push_back(c == 'E' ? 1 : 0);
   }
-  if (gated_delta_net() || multi_latent_attention || mtp_num_layers > 0)
+  if (gated_delta_net() || multi_latent_attention)
     LATTICE_FAIL() << "--hybrid-override-pattern does not go with "
-                   << (gated_delta_net() ? "--experimental-attention-variant"
-                                         : multi_latent_attention ? "--multi-latent-attention" : "--mtp-num-layers")
-                   << " yet";
-  if (p.find('M') == std::string::npos) return;
+                   << (gated_delta_net() ? "--experimental-attention-variant" : "--multi-latent-attention") << " yet";
+  if (!has_mamba_layers()) return;
   const struct {
     const char* flag;
     int64_t value;

@@ -86,16 +86,38 @@ struct TransformerConfig {
   // The Mamba mixer's shape: --mamba-num-heads H of --mamba-head-dim P (H = 2 hidden / P when 0: Megatron's
   // expand 2), --mamba-num-groups G of B and C, each --mamba-state-dim N wide; a width-4 convolution.
   std::string hybrid_layer_pattern;
+  // A hybrid's multi-token prediction depths (--mtp-num-layers; Megatron's unified pattern "main/mtp/mtp...",
+  // the part after each '/'): each depth's layers, a mixer (M or *) and/or an MLP (- or E) in that order, e.g.
+  // Nemotron-3's "*E". lattice runs them as the depth's one layer (MTP layers are numbered from num_layers).
+  std::string mtp_hybrid_pattern;
   int64_t mamba_state_dim = 128, mamba_head_dim = 64, mamba_num_groups = 8, mamba_num_heads = 0;
   static constexpr int64_t kMambaConvKernel = 4;
   bool hybrid() const { return !hybrid_layer_pattern.empty(); }
+  // --hybrid-override-pattern as given: the decoder's layers, then "/" and the MTP layers once per depth.
+  std::string hybrid_override_pattern() const {
+    std::string s = hybrid_layer_pattern;
+    if (!mtp_hybrid_pattern.empty())
+      for (int64_t k = 0; k < mtp_num_layers; ++k) s += "/" + mtp_hybrid_pattern;
+    return s;
+  }
   char hybrid_layer(int64_t layer) const {
     return hybrid() ? hybrid_layer_pattern[size_t(std::min<int64_t>(layer, num_layers - 1))] : 0;
   }
-  bool mamba_layer(int64_t layer) const { return hybrid_layer(layer) == 'M'; }
+  // Whether a hybrid's layer `layer` has the block kind `kind` (M, *, - or E): its pattern character, or for an
+  // MTP layer one of the MTP pattern's.
+  bool hybrid_has(int64_t layer, char kind) const {
+    if (!hybrid()) return false;
+    if (layer >= num_layers) return mtp_hybrid_pattern.find(kind) != std::string::npos;
+    return hybrid_layer(layer) == kind;
+  }
+  bool mamba_layer(int64_t layer) const { return hybrid_has(layer, 'M'); }
+  // Any Mamba layer, the MTP depths' included.
+  bool has_mamba_layers() const {
+    return hybrid_layer_pattern.find('M') != std::string::npos || mtp_hybrid_pattern.find('M') != std::string::npos;
+  }
   // Whether layer `layer` has the attention block (its mixer: attention, GDN or Mamba) and the MLP block.
-  bool attention_block(int64_t layer) const { return !hybrid() || mamba_layer(layer) || hybrid_layer(layer) == '*'; }
-  bool mlp_block(int64_t layer) const { return !hybrid() || hybrid_layer(layer) == '-' || hybrid_layer(layer) == 'E'; }
+  bool attention_block(int64_t layer) const { return !hybrid() || mamba_layer(layer) || hybrid_has(layer, '*'); }
+  bool mlp_block(int64_t layer) const { return !hybrid() || hybrid_has(layer, '-') || hybrid_has(layer, 'E'); }
   int64_t mamba_heads() const { return mamba_num_heads > 0 ? mamba_num_heads : 2 * hidden_size / mamba_head_dim; }
   int64_t mamba_inner() const { return mamba_heads() * mamba_head_dim; }  // d_inner
   int64_t mamba_conv_width() const { return mamba_inner() + 2 * mamba_num_groups * mamba_state_dim; }
@@ -348,6 +370,7 @@ struct TransformerConfig {
   // A prediction depth's layer (--mtp-num-layers, numbered from num_layers) is of the last decoder
   // layer's kind, as Megatron-Core's MTP block takes the decoder's last layer spec.
   bool moe_layer(int64_t layer) const {
+    if (hybrid() && layer >= num_layers) return moe() && hybrid_has(layer, 'E');  // a hybrid's MTP layer
     if (!moe() || moe_layer_pattern.empty()) return moe();
     return moe_layer_pattern[size_t(std::min<int64_t>(layer, int64_t(moe_layer_pattern.size()) - 1))] != 0;
   }

@@ -759,6 +759,13 @@ void validate(TrainArgs& a) {
                      << " is not divisible by --tensor-model-parallel-size " << a.tensor_model_parallel_size
                      << " (required by --sequence-parallel)";
   }
+  // A unified hybrid pattern's depths are --mtp-num-layers (given or not, as Megatron derives it).
+  if (const HybridPattern h = parse_hybrid_pattern(a.hybrid_override_pattern); h.mtp_depths > 0) {
+    if (a.mtp_num_layers > 0 && a.mtp_num_layers != h.mtp_depths)
+      LATTICE_FAIL() << "--mtp-num-layers " << a.mtp_num_layers << " but --hybrid-override-pattern '"
+                     << a.hybrid_override_pattern << "' has " << h.mtp_depths << " prediction depths";
+    a.mtp_num_layers = h.mtp_depths;
+  }
   if (a.mtp_num_layers > 0 && a.pipeline_model_parallel_size > 1 && a.position_embedding_type == "learned_absolute")
     LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope "
                       "or none: the last stage's prediction depths have no position table";
@@ -986,9 +993,10 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.linear_value_head_dim = linear_value_head_dim;
   c.linear_num_key_heads = linear_num_key_heads;
   c.linear_num_value_heads = linear_num_value_heads;
+  const HybridPattern pattern = parse_hybrid_pattern(hybrid_override_pattern);
   if (is_hybrid_model || hybrid_attention_ratio != 0.0 || hybrid_mlp_ratio != 0.0 || !hybrid_override_pattern.empty())
-    c.hybrid_layer_pattern =
-        allocate_hybrid_layers(num_layers, hybrid_attention_ratio, hybrid_mlp_ratio, hybrid_override_pattern);
+    c.hybrid_layer_pattern = allocate_hybrid_layers(num_layers, hybrid_attention_ratio, hybrid_mlp_ratio, pattern.main);
+  c.mtp_hybrid_pattern = pattern.mtp;  // (its depths are mtp_num_layers: the argument check made them agree)
   c.mamba_state_dim = mamba_state_dim;
   c.mamba_head_dim = mamba_head_dim;
   c.mamba_num_groups = mamba_num_groups;

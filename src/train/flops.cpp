@@ -23,21 +23,26 @@ double moe_flops_per_token(const TransformerConfig& cfg, double ffn_mult) {
 
 // --hybrid-override-pattern: each layer's own terms per token (Megatron's hybrid count): an attention layer's
 // QKV layer, scores, weighted values and projection; an MLP layer's two (gated: three) matrices; an MoE
-// layer's k routed and its shared experts; a Mamba layer's in_proj, scan (7 I N) and out_proj; the logits.
+// layer's k routed and its shared experts; a Mamba layer's in_proj, scan (7 I N) and out_proj; the logits;
+// and each prediction depth's layers with its logits, norms and eh_proj.
 double hybrid_flops_per_token(const TransformerConfig& cfg, int64_t s) {
   const double h = double(cfg.hidden_size);
   const double q = double(cfg.kv_channels * cfg.num_attention_heads), kv = 2.0 * double(cfg.kv_channels * cfg.num_query_groups);
   const double gate = cfg.attention_output_gate ? q : 0.0;
   const double ffn_mult = cfg.gated_linear_unit() ? 3.0 : 2.0;
+  auto layer = [&](char kind) {
+    if (kind == '*') return 6 * (h * (q + kv + gate) + q * h) + double(s) * 6 * q;
+    if (kind == '-') return 6 * h * double(cfg.ffn_hidden_size) * ffn_mult;
+    if (kind == 'E') return moe_flops_per_token(cfg, ffn_mult);
+    const double I = double(cfg.mamba_inner());  // 'M'
+    return 6 * h * double(cfg.mamba_in_proj_width()) + 7 * I * double(cfg.mamba_state_dim) + 6 * I * h;
+  };
   double total = 6 * h * double(cfg.padded_vocab_size);
-  for (char kind : cfg.hybrid_layer_pattern) {
-    if (kind == '*') total += 6 * (h * (q + kv + gate) + q * h) + double(s) * 6 * q;
-    if (kind == '-') total += 6 * h * double(cfg.ffn_hidden_size) * ffn_mult;
-    if (kind == 'E') total += moe_flops_per_token(cfg, ffn_mult);
-    if (kind == 'M') {
-      const double I = double(cfg.mamba_inner());
-      total += 6 * h * double(cfg.mamba_in_proj_width()) + 7 * I * double(cfg.mamba_state_dim) + 6 * I * h;
-    }
+  for (char kind : cfg.hybrid_layer_pattern) total += layer(kind);
+  // --mtp-num-layers: each depth's layers, its logits, and its norms and eh_proj (as for a GPT model's depths).
+  for (int64_t k = 0; k < cfg.mtp_num_layers; ++k) {
+    for (char kind : cfg.mtp_hybrid_pattern) total += layer(kind);
+    total += 6 * h * double(cfg.padded_vocab_size) + 6 * (3 * h + 2 * h * h);
   }
   return total;
 }

@@ -276,7 +276,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Pp2Cp2HybridMambaDocumentMask", 4, 2, 1, 2, false, false, false, 0.1f, false, true, false, "", 10, -1, "",
              "vanilla", true, "", 0, false, false, false, false, 2, "M*M-"},
         Case{"Cp4HybridMamba", 4, 4, 1, 1, false, false, false, 0.1f, true, false, false, "", 10, -1, "", "vanilla",
-             false, "", 0, false, false, false, false, 2, "M*M-"}),
+             false, "", 0, false, false, false, false, 2, "M*M-"},
+        // A hybrid's prediction depths (Megatron's unified pattern): two of a Mamba layer with an MLP block ("M-"),
+        // their state over the whole shifted sequences, with document masks.
+        Case{"Cp2HybridMambaMtp2DocumentMask", 2, 2, 1, 1, false, false, false, 0.1f, true, true, false, "", 20, -1, "",
+             "vanilla", true, "", 0, false, false, false, false, 2, "M*M-/M-/M-"}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

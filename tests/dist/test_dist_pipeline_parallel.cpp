@@ -169,7 +169,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"HybridMamba", 4, 0, 0, 0, false, 0.1f, 1e-8f, 0, {}, false, 0, false, false, 0, false,
                            false, "M*-M"},
                       Case{"HybridMambaMixtureOfExpertsInterleaved", 4, 1, 0, 0, false, 0.1f, 1e-8f, 4, {}, false, 0,
-                           false, false, 0, false, false, "M-*E"}),
+                           false, false, 0, false, false, "M-*E"},
+                      // A hybrid's prediction depth on the last stage (Megatron's unified pattern): a Mamba layer
+                      // with an MoE block ("ME"), its lookup through the shared word embedding (rotary positions).
+                      Case{"HybridMambaMtpMixtureOfExperts", 4, 0, 0, 0, false, 0.1f, 1e-8f, 4, {}, false, 0, false,
+                           false, 0, true, false, "M-*E/ME"}),
     [](const auto& info) { return info.param.name; });
 
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel

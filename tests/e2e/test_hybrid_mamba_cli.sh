@@ -136,6 +136,25 @@ if run docs1 "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" "${DOCS[@]}" --train-ite
   cmp -s d1.jsonl t1.jsonl && fail "the document masks changed no loss"
 fi
 
+# Multi-token prediction depths by Megatron's unified pattern (MAIN/MTP/MTP: two depths of a Mamba layer with an
+# MLP block): saved under mtp.layers.<k>.mtp_model_layer.layers.<j>., resumed by --use-checkpoint-args, decoded.
+UNI=()
+for a in "${MODEL[@]}"; do [ "$a" = "M-M*-" ] && UNI+=("M-M*-/M-/M-") || UNI+=("$a"); done
+if run mtp_train "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --train-iters 4 --exit-interval 3 --save mtp_ckpt \
+     --metrics-file mtp.jsonl &&
+   run mtp_resume "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 4 --load mtp_ckpt --save mtp_ckpt2 &&
+   run mtp_gen "$LATTICE" generate --load mtp_ckpt2 --prompt "ab" --max-new-tokens 8 --seed 2; then
+  header=$(head -c 65536 mtp_ckpt/iter_0000003/model.safetensors | tr -d '\0')
+  squeezed_has mtp_ckpt2/iter_0000004/checkpoint.json -- '"hybrid_override_pattern":"M-M*-/M-/M-"' '"mtp_num_layers":2' &&
+    grep -aqF '"mtp.layers.1.mtp_model_layer.layers.0.mixer.in_proj.weight":' <<<"$header" &&
+    grep -aqF '"mtp.layers.1.mtp_model_layer.layers.1.mlp.linear_fc1.weight":' <<<"$header" &&
+    grep -q '"mtp_losses"' mtp.jsonl &&
+    pass "a hybrid with two prediction depths (M-M*-/M-/M-) trains, resumes by --use-checkpoint-args and generates" ||
+    fail "the hybrid's prediction depths: names, pattern or resume"
+fi
+expect_error "--mtp-num-layers disagreeing with the pattern's depths" "--mtp-num-layers 1 but --hybrid-override-pattern" -- \
+  "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --mtp-num-layers 1 --train-iters 1 --save bad7
+
 # Megatron's allocation flags instead of a pattern: 6 layers, a quarter attention and a quarter MLP (1.5 rounds
 # to 2 of each, halves to even as Python's round) -> M*-M*-, recorded as the checkpoint's pattern.
 ALLOC=(--num-layers 6 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16
@@ -171,5 +190,5 @@ else
     ! grep -q "iteration" cp.out && pass "a CP size not dividing the Mamba groups: $(cat cp.lines)" ||
     fail "a CP size not dividing the Mamba groups: $(cat cp.err)"
 fi
-[ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] || [ -e bad5 ] || [ -e bad6 ] && fail "a refused run left a checkpoint behind"
+[ -e bad1 ] || [ -e bad2 ] || [ -e bad3 ] || [ -e bad4 ] || [ -e bad5 ] || [ -e bad6 ] || [ -e bad7 ] && fail "a refused run left a checkpoint behind"
 e2e_finish

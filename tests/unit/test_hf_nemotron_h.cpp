@@ -242,6 +242,11 @@ TEST(HfNemotronH, ModelsWithoutTheFormAreNamed) {
             std::string::npos);
   EXPECT_NE(reason([](TransformerConfig& c) { c.position_embedding_type = "rope"; }).find("a position embedding"),
             std::string::npos);
+  EXPECT_NE(reason([](TransformerConfig& c) {
+              c.mtp_num_layers = 1;
+              c.mtp_hybrid_pattern = "*-";
+            }).find("multi-token prediction depths"),
+            std::string::npos);
   EXPECT_NE(reason([](TransformerConfig& c) { c.normalization = "LayerNorm"; }).find("LayerNorm"), std::string::npos);
   EXPECT_NE(reason([](TransformerConfig& c) { c.add_bias_linear = true; }).find("linear biases"), std::string::npos);
   EXPECT_NE(reason([](TransformerConfig& c) { c.gelu = GeluKind::erf; }).find("squared ReLU"), std::string::npos);
