@@ -68,6 +68,7 @@ const std::vector<OptionalField>& optional_fields() {
       {"moe_shared_expert_gate", "--moe-shared-expert-gate", false},
       {"moe_latent_size", "--moe-latent-size", 0},
       {"mtp_num_layers", "--mtp-num-layers", 0},
+      {"mtp_use_repeated_layer", "--mtp-use-repeated-layer", false},
       {"moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", 1.0},
       {"normalization", "--normalization", "LayerNorm"},
       {"swiglu", "--swiglu", false},
@@ -175,6 +176,7 @@ json model_config_json(const TransformerConfig& c) {
           {"moe_shared_expert_gate", c.moe_shared_expert_gate},
           {"moe_latent_size", c.moe_latent_size},
           {"mtp_num_layers", c.mtp_num_layers},
+          {"mtp_use_repeated_layer", c.mtp_use_repeated_layer},
           {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor},
           {"normalization", c.normalization},
           {"swiglu", c.swiglu},
@@ -261,6 +263,7 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.moe_shared_expert_gate = optional_field(j, "moe_shared_expert_gate").get<bool>();
     c.moe_latent_size = optional_field(j, "moe_latent_size").get<int64_t>();
     c.mtp_num_layers = optional_field(j, "mtp_num_layers").get<int64_t>();
+    c.mtp_use_repeated_layer = optional_field(j, "mtp_use_repeated_layer").get<bool>();
     c.moe_router_topk_scaling_factor = optional_field(j, "moe_router_topk_scaling_factor").get<float>();
     c.normalization = optional_field(j, "normalization").get<std::string>();
     c.swiglu = optional_field(j, "swiglu").get<bool>();

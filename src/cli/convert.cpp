@@ -158,6 +158,9 @@ void to_hf(const SimpleFlags& f) {
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
+  if (c.mtp_use_repeated_layer)
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's prediction depths share one layer "
+                   << "(--mtp-use-repeated-layer), which none of the HuggingFace forms lattice writes has";
   if (c.hybrid()) {  // HuggingFace Nemotron-H, or an error saying why not
     save_hf_nemotron_h(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);

@@ -533,6 +533,10 @@ void GPTModel::register_parameters() {
     // depth: enorm, hnorm, eh_proj [C, 2C] (column-parallel, no bias), a transformer layer numbered
     // after the decoder's, final_layernorm.
     for (int64_t k = 0; k < cfg_.mtp_num_layers; ++k) {
+      if (cfg_.mtp_use_repeated_layer && k > 0) {  // the first depth's parameters again
+        mtp_.push_back(mtp_.front());
+        continue;
+      }
       const std::string m = "mtp.layers." + std::to_string(k) + ".";
       MtpParams d;
       d.enorm_w = add(m + "enorm.weight", {C}, norm_init, 0, -1);
@@ -1277,7 +1281,16 @@ void GPTModel::update_expert_biases(Comm* dp) {
   // tensor-parallel ranks route the same rows, so their counts are already equal.
   if (dp && dp->size() > 1) dp->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
   if (Comm* g = moe_token_group()) g->all_reduce(expert_tokens_.data(), int64_t(expert_tokens_.size()), ReduceOp::sum);
-  for (size_t i = 0; i < layers_.size() + mtp_.size(); ++i) {
+  // --mtp-use-repeated-layer: one router for every depth, moved once by all their tokens.
+  const size_t first_depth = layers_.size();
+  if (cfg_.mtp_use_repeated_layer)
+    for (size_t i = first_depth + 1; i < first_depth + mtp_.size(); ++i)
+      for (int64_t e = 0; e < E; ++e) {
+        expert_tokens_[first_depth * size_t(E) + size_t(e)] += expert_tokens_[i * size_t(E) + size_t(e)];
+        expert_tokens_[i * size_t(E) + size_t(e)] = 0.0;
+      }
+  for (size_t i = 0; i < first_depth + (cfg_.mtp_use_repeated_layer ? std::min<size_t>(mtp_.size(), 1) : mtp_.size());
+       ++i) {
     const LayerParams& p = i < layers_.size() ? layers_[i] : mtp_[i - layers_.size()].layer;
     if (p.expert_bias < 0) continue;
     const double* tokens = expert_tokens_.data() + i * size_t(E);

@@ -681,7 +681,7 @@ class GPTModel {
   const float* bias(int b) const { return b >= 0 ? params_.param(b) : no_bias_.data(); }
   float* bias_grad(int b) const { return b >= 0 ? params_.grad(b) : bias_grad_sink_.data(); }
   void grads_ready(const std::vector<int>& indices) const {
-    if (grad_ready_)
+    if (grad_ready_ && !grads_pending_)
       for (int i : indices)
         if (i >= 0 && i != shared_embedding_) grad_ready_(i);
   }
@@ -726,6 +726,9 @@ class GPTModel {
   std::vector<int32_t> mtp_tokens_;
   std::vector<size_t> chunk_first_;    // index in layers_ of each chunk's first layer
   std::function<void(int)> grad_ready_;
+  // --mtp-use-repeated-layer: while a later depth's backward runs, its (the shared) parameters' gradients are
+  // not final yet: the first depth's backward, the last to run, announces them.
+  bool grads_pending_ = false;
   GemmPolicy* gemm_policy_ = nullptr;
   AttentionMath attention_math_ = AttentionMath::fp32;
   bool bf16_logits_on_ = current_device() != Device::cpu;

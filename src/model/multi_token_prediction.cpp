@@ -135,6 +135,7 @@ void GPTModel::mtp_backward(Activations& a, int slot, int64_t B, int64_t T, cons
     MtpDepth& d = mtp_acts_[size_t(slot * K + k)];
     const MtpParams& w = mtp_[size_t(k)];
     const Activations& prev = k == 0 ? a : mtp_acts_[size_t(slot * K + k - 1)].a;
+    grads_pending_ = cfg_.mtp_use_repeated_layer && k > 0;  // (the shared parameters' gradients: depth 0 announces)
     // final_layernorm and the transformer layer: d_resid = d(eh_proj's output rows here).
     const LayerNormDout d_norm(d.d_out);
     backward_layers(&w.layer, -1, d.a, &d_norm, w.norm_w, w.norm_b, B, T, key);
@@ -172,6 +173,7 @@ void GPTModel::mtp_backward(Activations& a, int slot, int64_t B, int64_t T, cons
     embedding_backward_from(d.a, B, T, key, depth_name(k) + "embedding.dropout");
     grads_ready({w.enorm_w, w.enorm_b, w.hnorm_w, w.hnorm_b, w.eh_proj_w});
   }
+  grads_pending_ = false;
 }
 
 std::vector<LossSum> GPTModel::take_mtp_losses() {

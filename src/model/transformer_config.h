@@ -299,6 +299,9 @@ struct TransformerConfig {
   // evaluation and generation are the main model's alone.
   int64_t mtp_num_layers = 0;
   float mtp_loss_scaling_factor = 0.1f;  // --mtp-loss-scaling-factor
+  // --mtp-use-repeated-layer (Megatron's; Nemotron-3-Super's): one depth's parameters (mtp.layers.0.*) serve
+  // every depth, their gradient the sum of the depths'.
+  bool mtp_use_repeated_layer = false;
   bool mtp() const { return mtp_num_layers > 0; }
   // The router's gates (Megatron's topk_softmax_with_capacity): by default softmax over the k
   // largest logits; --moe-router-pre-softmax: softmax over all E, then the k largest of those

@@ -141,6 +141,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "multi-token prediction depths after the final LayerNorm, each predicting one token further (0: none)"},
       {"mtp-loss-scaling-factor", Kind::f32, &a.mtp_loss_scaling_factor,
        "weight of the prediction depths' mean loss in the training loss (default 0.1)"},
+      {"mtp-use-repeated-layer", Kind::flag, &a.mtp_use_repeated_layer,
+       "one prediction depth's parameters for every depth (their gradients summed)"},
       {"moe-per-layer-logging", Kind::flag, &a.moe_per_layer_logging,
        "also log each MoE layer's load-balancing loss (and z-loss) to TensorBoard and --metrics-file"},
       {"moe-router-force-load-balancing", Kind::flag, &a.moe_router_force_load_balancing,
@@ -1022,6 +1024,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.moe_router_force_load_balancing = moe_router_force_load_balancing;
   c.mtp_num_layers = mtp_num_layers;
   c.mtp_loss_scaling_factor = mtp_loss_scaling_factor;
+  c.mtp_use_repeated_layer = mtp_use_repeated_layer;
   if (moe_expert_capacity_factor) {
     if (!(*moe_expert_capacity_factor > 0.0))
       LATTICE_FAIL() << "--moe-expert-capacity-factor must be a finite number > 0, got " << *moe_expert_capacity_factor;
@@ -1147,6 +1150,7 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
   on("qk-l2-norm", m.value("qk_l2_norm", false));
   on("attention-output-gate", m.value("attention_output_gate", false));
   if (m.value("mtp_num_layers", 0) > 0) from_model("mtp-num-layers", "mtp_num_layers");
+  on("mtp-use-repeated-layer", m.value("mtp_use_repeated_layer", false));
   if (m.value("num_experts", 0) > 0) {
     from_model("num-experts", "num_experts");
     from_model("moe-router-topk", "moe_router_topk");

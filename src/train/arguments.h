@@ -51,6 +51,7 @@ struct TrainArgs {
   float mla_latent_norm_epsilon = 0.0f;
   int64_t mtp_num_layers = 0;              // --mtp-num-layers
   float mtp_loss_scaling_factor = 0.1f;    // --mtp-loss-scaling-factor
+  bool mtp_use_repeated_layer = false;     // --mtp-use-repeated-layer
   bool moe_per_layer_logging = false;
   bool moe_router_pre_softmax = false;
   bool moe_apply_probs_on_input = false;  // --moe-apply-probs-on-input

@@ -67,6 +67,7 @@ struct Case {
   // --hybrid-override-pattern (4 layers; Mamba layers of 4 heads of 8 in 4 groups, state 6): each rank scans its
   // share of the heads and groups over the whole sequences
   std::string hybrid;
+  bool repeated_mtp = false;  // --mtp-use-repeated-layer (the shared depth's gradients announced once, after both)
 };
 
 // A run and the MoE losses it reported, each step's.
@@ -128,6 +129,7 @@ TransformerConfig config(const Case& c, int tp) {
     set_gdn(t, {1, 0, 1, 0}, GdnShapes{c.gdn_key_heads, 2 * c.gdn_key_heads, 8, 6});
   }
   if (!c.hybrid.empty()) set_hybrid(t, c.hybrid, MambaShapes{4, 8, 4, 6});
+  t.mtp_use_repeated_layer = c.repeated_mtp;
   if (c.recompute == "full") {
     t.recompute_granularity = "full";
     t.recompute_method = "uniform";
@@ -280,7 +282,13 @@ INSTANTIATE_TEST_SUITE_P(
         // A hybrid's prediction depths (Megatron's unified pattern): two of a Mamba layer with an MLP block ("M-"),
         // their state over the whole shifted sequences, with document masks.
         Case{"Cp2HybridMambaMtp2DocumentMask", 2, 2, 1, 1, false, false, false, 0.1f, true, true, false, "", 20, -1, "",
-             "vanilla", true, "", 0, false, false, false, false, 2, "M*M-/M-/M-"}),
+             "vanilla", true, "", 0, false, false, false, false, 2, "M*M-/M-/M-"},
+        // --mtp-use-repeated-layer with the overlapped gradient reduction: the shared depth's buckets go out once
+        // both depths' gradients are in (a GPT model's depths, and a hybrid's).
+        Case{"Cp2Mtp2RepeatedLayerOverlapDistributedOptimizer", 2, 2, 1, 1, true, true, false, 0.1f, true, false, false,
+             "", 20, -1, "", "vanilla", false, "", 2, false, false, false, false, 2, "", true},
+        Case{"Cp2HybridMambaMtp2RepeatedLayerOverlap", 2, 2, 1, 1, true, true, false, 0.1f, true, false, false, "", 20,
+             -1, "", "vanilla", false, "", 0, false, false, false, false, 2, "M*M-/*-/*-", true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

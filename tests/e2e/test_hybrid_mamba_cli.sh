@@ -152,6 +152,18 @@ if run mtp_train "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --train-iters 4 --exit
     pass "a hybrid with two prediction depths (M-M*-/M-/M-) trains, resumes by --use-checkpoint-args and generates" ||
     fail "the hybrid's prediction depths: names, pattern or resume"
 fi
+# --mtp-use-repeated-layer: one depth's parameters for both (no mtp.layers.1 tensor), the flag in the checkpoint.
+if run mtp_repeated "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --mtp-use-repeated-layer --train-iters 2 --save rep_ckpt; then
+  header=$(head -c 65536 rep_ckpt/iter_0000002/model.safetensors | tr -d '\0')
+  squeezed_has rep_ckpt/iter_0000002/checkpoint.json -- '"mtp_use_repeated_layer":true' &&
+    grep -aqF '"mtp.layers.0.mtp_model_layer.layers.0.mixer.in_proj.weight":' <<<"$header" &&
+    ! grep -aqF '"mtp.layers.1.' <<<"$header" &&
+    pass "--mtp-use-repeated-layer: one depth's tensors serve both" ||
+    fail "--mtp-use-repeated-layer: the checkpoint holds a second depth or lacks the flag"
+  expect_error "convert --to-hf of shared prediction depths" "share one layer (--mtp-use-repeated-layer)" -- \
+    "$LATTICE" convert --load rep_ckpt --to-hf rep_hf
+  [ -e rep_hf ] && fail "the refused conversion left rep_hf/ behind"
+fi
 expect_error "--mtp-num-layers disagreeing with the pattern's depths" "--mtp-num-layers 1 but --hybrid-override-pattern" -- \
   "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --mtp-num-layers 1 --train-iters 1 --save bad7
 

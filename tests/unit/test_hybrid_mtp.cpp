@@ -174,6 +174,77 @@ TEST(HybridMtp, MambaDepthGradientsMatchFiniteDifferences) {
   EXPECT_GT(checked, 25);
 }
 
+// --mtp-use-repeated-layer: one depth's parameters for both depths equal two depths holding the same values, their
+// gradient the sum of the two depths' (a GPT model's depths, and a hybrid's "*E" with the MoE router's expert bias).
+TEST(HybridMtp, RepeatedLayerIsTwoDepthsOfTheSameValues) {
+  for (bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "M-*E/*E/*E" : "gpt, 2 depths");
+    TransformerConfig two = base(hybrid);
+    two.mtp_num_layers = 2;
+    if (hybrid) {
+      set_hybrid(two, "M-*E/*E/*E", MambaShapes{4, 8, 2, 6});
+      two.moe_router_score_function = "sigmoid";
+      two.moe_router_enable_expert_bias = true;
+    }
+    TransformerConfig one = two;
+    one.mtp_use_repeated_layer = true;
+    two.finalize();
+    one.finalize();
+    const int64_t B = 2, T = 12;
+    GPTModel a(two, B, T), b(one, B, T);
+    a.init_parameters(6);
+    std::mt19937 gen(8);
+    std::normal_distribution<float> nd(0.0f, 0.2f);
+    ParamBuffer& pa = a.params();
+    for (const ParamInfo& p : pa.infos())
+      if (p.name.find("norm") == std::string::npos && p.name.find("A_log") == std::string::npos && !p.buffer)
+        for (int64_t i = 0; i < p.numel; ++i) pa.params()[p.offset + i] = nd(gen);
+    const std::string d0 = "mtp.layers.0.", d1 = "mtp.layers.1.";
+    for (const ParamInfo& p : pa.infos())  // depth 1 the same values as depth 0
+      if (p.name.rfind(d1, 0) == 0) {
+        const ParamInfo& q = pa.info(d0 + p.name.substr(d1.size()));
+        std::copy_n(pa.params() + q.offset, q.numel, pa.params() + p.offset);
+      }
+    EXPECT_LT(b.params().infos().size(), pa.infos().size());
+    for (const ParamInfo& p : b.params().infos()) {
+      const ParamInfo& q = pa.info(p.name);
+      std::copy_n(pa.params() + q.offset, q.numel, b.params().params() + p.offset);
+    }
+    std::vector<int32_t> tokens(size_t(B * (T + 1)));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 41 + 3) % 64);
+    const DepthRun ra = run(a, tokens, B, T, true), rb = run(b, tokens, B, T, true);
+    EXPECT_EQ(ra.loss, rb.loss);
+    ASSERT_EQ(rb.mtp.size(), 2u);
+    for (size_t k = 0; k < 2; ++k) EXPECT_NEAR(rb.mtp[k].sum, ra.mtp[k].sum, 1e-6 * ra.mtp[k].sum) << "depth " << k;
+    for (const auto& [name, got] : rb.grads) {
+      std::vector<double> want(ra.grads.at(name).begin(), ra.grads.at(name).end());
+      if (name.rfind(d0, 0) == 0) {
+        const std::vector<float>& other = ra.grads.at(d1 + name.substr(d0.size()));
+        for (size_t i = 0; i < want.size(); ++i) want[i] += other[i];
+      }
+      double scale = 0, err = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        scale = std::max(scale, std::fabs(want[i]));
+        err = std::max(err, std::fabs(double(got[i]) - want[i]));
+      }
+      EXPECT_LE(err, 1e-5 * scale + 1e-9) << name;
+    }
+    if (hybrid) {  // the shared router's expert bias (zeros) moved once, by both depths' tokens: 0 or +-rate each
+      b.update_expert_biases(nullptr);
+      const std::string name = "mtp.layers.0.mtp_model_layer.layers.1.mlp.router.expert_bias";
+      const ParamInfo& q = b.params().info(name);
+      const float rate = one.moe_router_bias_update_rate;
+      int moved = 0;
+      for (int64_t e = 0; e < q.numel; ++e) {
+        const float v = b.params().params()[q.offset + e];
+        EXPECT_TRUE(v == 0.0f || std::fabs(std::fabs(v) - rate) < 1e-9f) << name << "[" << e << "] " << v;
+        moved += v != 0.0f;
+      }
+      EXPECT_GT(moved, 0);
+    }
+  }
+}
+
 TEST(HybridMtp, UnifiedPatternParsesAndBadFormsAreNamed) {
   const HybridPattern p = parse_hybrid_pattern("M*M-/*E/*E");
   EXPECT_EQ(p.main, "M*M-");
