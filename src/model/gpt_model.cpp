@@ -152,20 +152,16 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
     cp_kv_.resize(size_t(kv));
     cp_staging_.resize(size_t(kv));
     cp_recv_.resize(size_t(kv / cp_.size()));
-    if (cfg_.gated_delta_net()) {  // the GDN layers' whole-sequence buffers
-      gdn_cp_ = std::make_unique<GdnContextParallel>();
+    // The GDN and Mamba layers' whole-sequence buffers, each in an arena of the size a counting carve finds.
+    auto carved = [&](auto& buffers) {
+      buffers = std::make_unique<typename std::decay_t<decltype(buffers)>::element_type>();
       Arena counter = Arena::counting();
-      gdn_cp_->carve(counter, cfg_, P, cp_.size(), B, T);
-      gdn_cp_->arena = Arena(counter.used());
-      gdn_cp_->carve(gdn_cp_->arena, cfg_, P, cp_.size(), B, T);
-    }
-    if (cfg_.has_mamba_layers()) {  // the Mamba layers' whole-sequence buffers
-      mamba_cp_ = std::make_unique<MambaContextParallel>();
-      Arena counter = Arena::counting();
-      mamba_cp_->carve(counter, cfg_, P, cp_.size(), B, T);
-      mamba_cp_->arena = Arena(counter.used());
-      mamba_cp_->carve(mamba_cp_->arena, cfg_, P, cp_.size(), B, T);
-    }
+      buffers->carve(counter, cfg_, P, cp_.size(), B, T);
+      buffers->arena = Arena(counter.used());
+      buffers->carve(buffers->arena, cfg_, P, cp_.size(), B, T);
+    };
+    if (cfg_.gated_delta_net()) carved(gdn_cp_);
+    if (cfg_.has_mamba_layers()) carved(mamba_cp_);
   }
   T = max_T_;  // the buffers below hold this rank's rows
   scratch_ = std::make_unique<Scratch>();
