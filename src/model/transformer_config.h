@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "model/hybrid_layer_allocation.h"
 
 namespace lattice {
 
@@ -95,10 +96,8 @@ struct TransformerConfig {
   bool hybrid() const { return !hybrid_layer_pattern.empty(); }
   // --hybrid-override-pattern as given: the decoder's layers, then "/" and the MTP layers once per depth.
   std::string hybrid_override_pattern() const {
-    std::string s = hybrid_layer_pattern;
-    if (!mtp_hybrid_pattern.empty())
-      for (int64_t k = 0; k < mtp_num_layers; ++k) s += "/" + mtp_hybrid_pattern;
-    return s;
+    return HybridPattern{hybrid_layer_pattern, mtp_hybrid_pattern, mtp_hybrid_pattern.empty() ? 0 : mtp_num_layers}
+        .unified();
   }
   char hybrid_layer(int64_t layer) const {
     return hybrid() ? hybrid_layer_pattern[size_t(std::min<int64_t>(layer, num_layers - 1))] : 0;
@@ -293,7 +292,7 @@ struct TransformerConfig {
   // final LayerNorm, K depths each predict one token further: depth k (from 1) embeds the inputs
   // shifted k to the left, joins its enorm to the hnorm of the previous depth's output (the final
   // LayerNorm's for depth 1) through eh_proj [C, 2C], runs one transformer layer (of the last decoder
-  // layer's kind, dense or MoE: moe_layer(num_layers + k - 1)) and its own
+  // layer's kind, dense or MoE: moe_layer(num_layers + k - 1); a hybrid's of its MTP pattern's blocks) and its own
   // final_layernorm, and scores the targets shifted k with the shared output layer. Training adds
   // mtp_loss_scaling_factor / K times the sum of the depths' mean losses; the reported loss, the
   // evaluation and generation are the main model's alone.
@@ -371,7 +370,8 @@ struct TransformerConfig {
   std::vector<int> moe_layer_pattern;
   bool moe() const { return num_experts > 0; }
   // A prediction depth's layer (--mtp-num-layers, numbered from num_layers) is of the last decoder
-  // layer's kind, as Megatron-Core's MTP block takes the decoder's last layer spec.
+  // layer's kind, as Megatron-Core's MTP block takes the decoder's last layer spec; a hybrid's has its MTP
+  // pattern's blocks.
   bool moe_layer(int64_t layer) const {
     if (hybrid() && layer >= num_layers) return moe() && hybrid_has(layer, 'E');  // a hybrid's MTP layer
     if (!moe() || moe_layer_pattern.empty()) return moe();
