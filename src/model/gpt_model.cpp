@@ -366,7 +366,6 @@ void GPTModel::register_parameters() {
   // under mlp_prefix when given (a hybrid's prediction depth: Megatron's inner stack holds the blocks as layers).
   std::function<void(LayerParams&, int64_t, const std::string&)> add_mixer, add_mlp;  // (below)
   auto add_layer = [&](int64_t l, const std::string& prefix, const std::string& mlp_prefix = "") {
-    auto lname = [&](const char* rest) { return prefix + rest; };
     LayerParams p;
     p.layer = l;
     p.name = prefix;
@@ -898,7 +897,7 @@ void GPTModel::allocate_norm_1p() {
   norm_1p_at_.assign(params_.infos().size(), -1);
   int64_t n = 0, widest = 0;
   for (int w : norms)
-    if (w >= 0) {
+    if (w >= 0 && norm_1p_at_[size_t(w)] < 0) {  // (a repeated MTP layer's norms listed once per depth)
       norm_1p_at_[size_t(w)] = n;
       n += params_.infos()[size_t(w)].numel;
       widest = std::max(widest, params_.infos()[size_t(w)].numel);
@@ -1911,6 +1910,9 @@ void GPTModel::finish_tensor_parallel_grads(const std::vector<std::pair<int64_t,
     for (const MtpParams& d : mtp_)
       norms.insert(norms.end(), {d.layer.q_norm_w, d.layer.q_norm_b, d.layer.k_norm_w, d.layer.k_norm_b});
   }
+  // Each once (a repeated MTP layer's parameters are listed once per depth).
+  std::sort(norms.begin(), norms.end());
+  norms.erase(std::unique(norms.begin(), norms.end()), norms.end());
   if (std::all_of(norms.begin(), norms.end(), [](int k) { return k < 0; })) return;
   const std::vector<std::pair<int64_t, int64_t>> all{{0, params_.numel()}};
   std::vector<std::pair<int64_t, int64_t>> pieces;

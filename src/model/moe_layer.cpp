@@ -244,19 +244,25 @@ void moe_shared_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeSh
   sc.d_sgate = c.take(N);
 }
 
+namespace {
+// MoeScratch::d_ye's floats: the slots' expert rows, and with input_jitter_eps the router's jittered input's
+// gradient [N, C] (which goes there too).
+int64_t d_ye_floats(int64_t N, const MoeShape& s) {
+  return std::max(N * s.k * s.Ce(), s.input_jitter_eps > 0.0f ? N * s.C : 0);
+}
+}  // namespace
+
 int64_t moe_scratch_floats(int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
   const int64_t shared = s.shared_apart ? 0 : moe_shared_scratch_floats(N, s);
   const int64_t experts = s.ep > 1 ? 0 : padded(S * s.F) + padded(S * s.F1());
-  // d_ye: the router's jittered input's gradient [N, C] goes there too (input_jitter_eps).
-  const int64_t d_ye = std::max(S * s.Ce(), s.input_jitter_eps > 0.0f ? N * s.C : 0);
-  return padded(d_ye) + experts + padded(S) + padded(N * s.E) + shared + (s.L > 0 ? padded(N * s.L) : 0);
+  return padded(d_ye_floats(N, s)) + experts + padded(S) + padded(N * s.E) + shared + (s.L > 0 ? padded(N * s.L) : 0);
 }
 
 void moe_scratch_carve(MoeScratch& sc, float* buf, int64_t N, const MoeShape& s) {
   const int64_t S = N * s.k;
   Carver c{buf};
-  sc.d_ye = c.take(std::max(S * s.Ce(), s.input_jitter_eps > 0.0f ? N * s.C : 0));
+  sc.d_ye = c.take(d_ye_floats(N, s));
   sc.d_act = s.ep > 1 ? nullptr : c.take(S * s.F);
   sc.d_h = s.ep > 1 ? nullptr : c.take(S * s.F1());
   sc.d_gate = c.take(S);

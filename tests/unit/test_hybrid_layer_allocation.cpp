@@ -11,18 +11,12 @@
 #include "core/error.h"
 #include "model/hybrid_layer_allocation.h"
 #include "train/arguments.h"
+#include "test_util.h"
 
 namespace lattice {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
 
 TEST(HybridLayerAllocation, MegatronsPatterns) {
   // NVIDIA's Mamba-2-Hybrid 8B (56 layers, --hybrid-attention-ratio 0.08 --hybrid-mlp-ratio 0.5): its

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "model/gpt_model.h"
 #include "model/hybrid_layer_allocation.h"
+#include "test_util.h"
 #include "../mamba_test_config.h"
 
 namespace lattice {
@@ -252,23 +253,16 @@ TEST(HybridMtp, UnifiedPatternParsesAndBadFormsAreNamed) {
   EXPECT_EQ(p.mtp_depths, 2);
   EXPECT_EQ(p.unified(), "M*M-/*E/*E");
   EXPECT_EQ(parse_hybrid_pattern("M*M-").mtp_depths, 0);
-  auto error = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_NE(error([] { parse_hybrid_pattern("M*/*E/*-"); }).find("differ ('*E' and '*-')"), std::string::npos);
-  EXPECT_NE(error([] { parse_hybrid_pattern("M*//*-"); }).find("include an empty one"), std::string::npos);
+  using test_util::error_of;
+  EXPECT_NE(error_of([] { parse_hybrid_pattern("M*/*E/*-"); }).find("differ ('*E' and '*-')"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_hybrid_pattern("M*//*-"); }).find("include an empty one"), std::string::npos);
   TransformerConfig c = base(false);
   set_hybrid(c, "M*");
   c.mtp_hybrid_pattern = "-*";
-  EXPECT_NE(error([&] { c.finalize(); }).find("the MTP layers '-*' are not a mixer (M or *) and/or an MLP"),
+  EXPECT_NE(error_of([&] { c.finalize(); }).find("the MTP layers '-*' are not a mixer (M or *) and/or an MLP"),
             std::string::npos);
   c.mtp_hybrid_pattern.clear();
-  EXPECT_NE(error([&] { c.finalize(); }).find("needs the prediction depths' layers after '/'"), std::string::npos);
+  EXPECT_NE(error_of([&] { c.finalize(); }).find("needs the prediction depths' layers after '/'"), std::string::npos);
 }
 
 }  // namespace
