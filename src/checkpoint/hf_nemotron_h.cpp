@@ -1,11 +1,13 @@
 #include "checkpoint/hf_nemotron_h.h"
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
 #include "checkpoint/hf_deepseek_moe.h"
 #include "checkpoint/hf_tensor_map.h"
 #include "core/error.h"
+#include "model/hybrid_layer_allocation.h"
 
 namespace lattice {
 namespace {
@@ -13,27 +15,33 @@ namespace {
 using json = nlohmann::json;
 using hf::TensorMap;
 
-// The layer kinds of a config: hybrid_override_pattern, else layers_block_type's names (transformers 5's
-// linear_attention and full_attention, or mamba and attention).
-std::string layer_pattern(const json& j, const std::string& what) {
-  if (j.contains("hybrid_override_pattern") && !j["hybrid_override_pattern"].is_null()) {
-    if (!j["hybrid_override_pattern"].is_string())
-      LATTICE_FAIL() << what << ": hybrid_override_pattern must be a string";
-    return j["hybrid_override_pattern"].get<std::string>();
+// The layer kinds of a config: the string `pattern_key` (hybrid_override_pattern), else the list `list_key`'s
+// names (layers_block_type: transformers 5's linear_attention and full_attention, or mamba and attention).
+std::string layer_pattern(const json& j, const std::string& what, const char* pattern_key = "hybrid_override_pattern",
+                          const char* list_key = "layers_block_type") {
+  if (j.contains(pattern_key) && !j[pattern_key].is_null()) {
+    if (!j[pattern_key].is_string()) LATTICE_FAIL() << what << ": " << pattern_key << " must be a string";
+    return j[pattern_key].get<std::string>();
   }
-  if (!j.contains("layers_block_type") || !j["layers_block_type"].is_array())
-    LATTICE_FAIL() << what << ": neither hybrid_override_pattern nor layers_block_type gives the layers' kinds";
+  if (!j.contains(list_key) || !j[list_key].is_array())
+    LATTICE_FAIL() << what << ": neither " << pattern_key << " nor " << list_key << " gives the layers' kinds";
   std::string p;
-  for (const json& t : j["layers_block_type"]) {
+  for (const json& t : j[list_key]) {
     const std::string kind = t.is_string() ? t.get<std::string>() : t.dump();
     p += kind == "mamba" || kind == "linear_attention"   ? 'M'
          : kind == "attention" || kind == "full_attention" ? '*'
          : kind == "mlp"                                   ? '-'
          : kind == "moe"                                   ? 'E'
                                                            : '?';
-    if (p.back() == '?') LATTICE_FAIL() << what << ": layers_block_type has an unknown kind " << t.dump();
+    if (p.back() == '?') LATTICE_FAIL() << what << ": " << list_key << " has an unknown kind " << t.dump();
   }
   return p;
+}
+
+// The prediction depths HF's form holds: one for depths that repeat one layer (--mtp-use-repeated-layer), as NVIDIA
+// publishes Nemotron-3 (trained with two depths of one layer, num_nextn_predict_layers 1).
+int64_t hf_mtp_depths(const TransformerConfig& c) {
+  return c.mtp_use_repeated_layer ? std::min<int64_t>(c.mtp_num_layers, 1) : c.mtp_num_layers;
 }
 
 // The HF prefix of the model's tensors: the Hub's backbone., or transformers 5's model.
@@ -56,15 +64,15 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
   std::vector<TensorMap> m;
   m.push_back({"embedding.word_embeddings.weight", {{root + "embeddings.weight"}}, true});
   s[root + "embeddings.weight"] = {V, C};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string lat = "decoder.layers." + std::to_string(l) + ".";
-    const std::string hf = root + "layers." + std::to_string(l) + ".", mx = hf + "mixer.";
+  // One block of kind `kind` (M, *, - or E): lattice's names under `lat`, HF's norm and mixer under `hf`.
+  auto add_block = [&](char kind, const std::string& lat, const std::string& hf) {
+    const std::string mx = hf + "mixer.";
     s[hf + "norm.weight"] = {C};
     auto same = [&](const std::string& name, const Shape& shape) {  // a mixer tensor under lattice's name
       m.push_back({lat + "mixer." + name, {{mx + name}}});
       s[mx + name] = shape;
     };
-    switch (c.hybrid_layer(l)) {
+    switch (kind) {
       case 'M':
         m.push_back({lat + "norm.weight", {{hf + "norm.weight"}}});
         same("in_proj.weight", {c.mamba_in_proj_width(), C});
@@ -125,6 +133,26 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
         m.push_back({lat + "mlp.linear_fc2.weight", {{mx + "down_proj.weight"}}});
         s[mx + "down_proj.weight"] = {C, F};
     }
+  };
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    add_block(c.hybrid_layer(l), "decoder.layers." + std::to_string(l) + ".", root + "layers." + std::to_string(l) + ".");
+  // The multi-token prediction depths (Nemotron-3's, num_nextn_predict_layers and mtp_hybrid_override_pattern): one
+  // flat list mtp.layers.<i> of P-block depths, depth k's block j at i = k P + j; a depth's first block also holds
+  // enorm, hnorm and eh_proj, its last final_layernorm. A repeated layer (--mtp-use-repeated-layer) is one depth.
+  const std::string& mp = c.mtp_hybrid_pattern;
+  const int64_t P = int64_t(mp.size());
+  for (int64_t k = 0; k < hf_mtp_depths(c); ++k) {
+    const std::string d = "mtp.layers." + std::to_string(k) + ".";
+    for (int64_t j = 0; j < P; ++j) {
+      const std::string hf = "mtp.layers." + std::to_string(k * P + j) + ".";
+      if (j == 0) {
+        same_as(m, s, d + "enorm.weight", hf + "enorm.weight", {C});
+        same_as(m, s, d + "hnorm.weight", hf + "hnorm.weight", {C});
+        same_as(m, s, d + "eh_proj.weight", hf + "eh_proj.weight", {C, 2 * C});
+      }
+      add_block(mp[size_t(j)], d + "mtp_model_layer.layers." + std::to_string(j) + ".", hf);
+      if (j == P - 1) same_as(m, s, d + "final_layernorm.weight", hf + "final_layernorm.weight", {C});
+    }
   }
   m.push_back({"decoder.final_layernorm.weight", {{root + "norm_f.weight"}}});
   s[root + "norm_f.weight"] = {C};
@@ -153,7 +181,8 @@ bool is_hf_nemotron_h_config(const json& j) {
   return false;
 }
 
-TransformerConfig hf_nemotron_h_config(const json& j, const std::string& what, int64_t divisible_by) {
+TransformerConfig hf_nemotron_h_config(const json& j, const std::string& what, int64_t divisible_by,
+                                       const SafetensorsFile* file) {
   if (!is_hf_nemotron_h_config(j))
     LATTICE_FAIL() << what << ": not a Nemotron-H config (model_type " << j.value("model_type", json()).dump() << ")";
   TransformerConfig c;
@@ -168,7 +197,27 @@ TransformerConfig hf_nemotron_h_config(const json& j, const std::string& what, i
   hf::read_decoder_sizes(sizes, what, c);
   c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
   hf::read_grouped_heads(sizes, what, c, true);
-  if (c.hybrid_layer_pattern.find('E') != std::string::npos) {  // Nemotron-3's MoE layers: DeepSeek-V3's router
+  // Nemotron-3's multi-token prediction: num_nextn_predict_layers depths of the blocks mtp_hybrid_override_pattern
+  // (or transformers 5's mtp_layers_block_type, ["attention", "moe"] by default) gives, read when the file holds
+  // them (transformers' save_pretrained drops them: the main model alone then).
+  if (j.contains("num_nextn_predict_layers") && !j["num_nextn_predict_layers"].is_null()) {
+    const json& n = j["num_nextn_predict_layers"];
+    if (!n.is_number_integer() || n.get<int64_t>() < 0)
+      LATTICE_FAIL() << what << ": num_nextn_predict_layers " << n.dump() << " is not a count of layers";
+    if (n.get<int64_t>() > 0 && (!file || file->has("mtp.layers.0.eh_proj.weight"))) {
+      c.mtp_num_layers = n.get<int64_t>();
+      json mtp = j;
+      if (!j.contains("mtp_hybrid_override_pattern") && !j.contains("mtp_layers_block_type"))
+        mtp["mtp_layers_block_type"] = {"attention", "moe"};
+      c.mtp_hybrid_pattern = layer_pattern(mtp, what, "mtp_hybrid_override_pattern", "mtp_layers_block_type");
+      if (!is_mtp_depth_form(c.mtp_hybrid_pattern))
+        LATTICE_FAIL() << what << ": the prediction layers' pattern '" << c.mtp_hybrid_pattern
+                       << "' is not a mixer (M or *) and/or an MLP (- or E) in that order (lattice runs a prediction "
+                          "depth as one layer)";
+    }
+  }
+  if (c.hybrid_layer_pattern.find('E') != std::string::npos ||
+      c.mtp_hybrid_pattern.find('E') != std::string::npos) {  // Nemotron-3's MoE layers: DeepSeek-V3's router
     if (j.contains("moe_latent_size") && !j["moe_latent_size"].is_null())  // LatentMoE (Nemotron-3-Super's)
       c.moe_latent_size = hf::config_int(j, what, "moe_latent_size");
     hf::read_sigmoid_router(sizes, what, c, 0);  // (the MoE layers are the pattern's E layers)
@@ -253,6 +302,10 @@ json hf_nemotron_h_config_json(const TransformerConfig& c, const std::string& to
     j["routed_scaling_factor"] = hf::shortest_float(c.moe_router_topk_scaling_factor);
     j["moe_latent_size"] = c.moe_latent_size > 0 ? json(c.moe_latent_size) : json(nullptr);
   }
+  if (c.mtp()) {
+    j["num_nextn_predict_layers"] = hf_mtp_depths(c);
+    j["mtp_hybrid_override_pattern"] = c.mtp_hybrid_pattern;
+  }
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
@@ -272,7 +325,6 @@ std::string hf_nemotron_h_mismatch(const TransformerConfig& c) {
             "best experts)"
       : c.position_embedding_type != "none"
           ? "a position embedding (HuggingFace Nemotron-H has none: --position-embedding-type none)"
-      : c.mtp() ? "multi-token prediction depths (--mtp-num-layers: lattice writes HuggingFace Nemotron-H without them)"
       : !c.rmsnorm()             ? "LayerNorm (HuggingFace Nemotron-H has RMSNorm)"
       : c.apply_layernorm_1p     ? "zero-centered norm weights (--apply-layernorm-1p)"
       : c.add_bias_linear || c.add_qkv_bias ? "linear biases (HuggingFace Nemotron-H has none: --disable-bias-linear)"
@@ -291,8 +343,8 @@ std::string hf_nemotron_h_mismatch(const TransformerConfig& c) {
 HfModel load_hf_nemotron_h(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
   return hf::load_model_folder(
       dir, seq_length,
-      [&](const json& j, const std::string& what, const SafetensorsFile&) {
-        return hf_nemotron_h_config(j, what, divisible_by);
+      [&](const json& j, const std::string& what, const SafetensorsFile& f) {
+        return hf_nemotron_h_config(j, what, divisible_by, &f);
       },
       [](GPTModel& m, const SafetensorsFile& f, const json&) {
         const TransformerConfig& c = m.config();
@@ -300,7 +352,7 @@ HfModel load_hf_nemotron_h(const std::string& dir, int64_t divisible_by, int64_t
         const std::vector<TensorMap> map = tensor_map(c, shapes, &f);
         hf::check_tensor_shapes(f, shapes);
         for (const std::string& name : f.names())
-          if (!shapes.count(name))  // (a tied model's file has no lm_head.weight; the MTP layers are refused)
+          if (!shapes.count(name))  // (a tied model's file has no lm_head.weight)
             LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json's hybrid_override_pattern "
                            << c.hybrid_layer_pattern << ", tie_word_embeddings "
                            << (c.untie_embeddings_and_output_weights ? "false" : "true") << ")";

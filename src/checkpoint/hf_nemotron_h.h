@@ -14,7 +14,13 @@
 // under lattice's names; an attention layer's q_proj, k_proj, v_proj into the grouped linear_qkv and o_proj;
 // an MLP's up_proj and down_proj; an MoE layer's gate.weight, gate.e_score_correction_bias, experts.<e>.up_proj
 // and down_proj (or transformers 5's fused experts.up_proj [E, F, C] and down_proj [E, C, F]), shared_experts.*),
-// backbone.norm_f, lm_head (absent when tied). HF -> lattice -> HF reproduces every tensor bit for bit.
+// backbone.norm_f, lm_head (absent when tied). Nemotron-3's multi-token prediction (num_nextn_predict_layers depths
+// of mtp_hybrid_override_pattern's blocks, or transformers 5's mtp_layers_block_type) is lattice's hybrid depths
+// (--hybrid-override-pattern MAIN/MTP/...): one flat list mtp.layers.<i> (no backbone. prefix), depth k's block j at
+// i = k P + j (P blocks a depth) with its norm and mixer.* as above, the depth's first block also enorm, hnorm and
+// eh_proj, its last final_layernorm; depths that repeat one layer (--mtp-use-repeated-layer) are written as one
+// (num_nextn_predict_layers 1, as NVIDIA publishes Nemotron-3). HF -> lattice -> HF reproduces every tensor bit
+// for bit.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -30,8 +36,10 @@ bool is_hf_nemotron_h_config(const nlohmann::json& config);
 // config.json -> TransformerConfig (finalized; vocabulary padded to a multiple of divisible_by). Settings
 // lattice cannot reproduce (latent MoE projections, biases, another activation, a Mamba norm epsilon other than 1e-5)
 // are errors naming `what` (the file) and the key.
+// With num_nextn_predict_layers, the prediction depths when `file` holds them (mtp.layers.0.eh_proj.weight) or is
+// null.
 TransformerConfig hf_nemotron_h_config(const nlohmann::json& config, const std::string& what,
-                                       int64_t divisible_by = 128);
+                                       int64_t divisible_by = 128, const SafetensorsFile* file = nullptr);
 
 // TransformerConfig -> config.json as the Hub's Nemotron-H configs are written (tokenizer_type under
 // kHfTokenizerKey when non-empty).

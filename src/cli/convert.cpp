@@ -158,16 +158,22 @@ void to_hf(const SimpleFlags& f) {
   LoadedModel lm = load_model_checkpoint(load, 1);
   // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
   const TransformerConfig& c = lm.model->config();
-  if (c.mtp_use_repeated_layer)
-    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's prediction depths share one layer "
-                   << "(--mtp-use-repeated-layer), which none of the HuggingFace forms lattice writes has";
   if (c.hybrid()) {  // HuggingFace Nemotron-H, or an error saying why not
     save_hf_nemotron_h(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (Nemotron-H, %s)\n", load.c_str(), (long long)lm.iteration,
                  dir.c_str(), options.dtype.c_str());
+    if (c.mtp_use_repeated_layer && c.mtp_num_layers > 1)
+      std::fprintf(stderr,
+                   "convert: the %lld prediction depths share one layer (--mtp-use-repeated-layer): written once "
+                   "(num_nextn_predict_layers 1, NVIDIA's Nemotron-3 form); --from-hf reads it back as one depth\n",
+                   (long long)c.mtp_num_layers);
     return;
   }
+  if (c.mtp_use_repeated_layer)
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's prediction depths share one layer "
+                   << "(--mtp-use-repeated-layer), which none of the HuggingFace forms lattice writes but Nemotron-H "
+                   << "has";
   if (c.gated_delta_net()) {  // HuggingFace Qwen3-Next or Qwen3.5-MoE (with experts) or Qwen3.5 (dense), or an
                               // error saying why not; a prediction depth as their multi-token prediction module.
                               // Without the flag, the family the weights were converted from, when it fits.

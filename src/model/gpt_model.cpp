@@ -209,15 +209,17 @@ void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
 // starts a new document, so t+1 gets position 0 and the next document id.
 void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T,
                               bool labels, bool group_rows) {
+  // (before a row is written: a larger micro-batch would run past the buffers; a rank's rows are T / CP of each)
+  const int64_t Tl = cp_.on() ? T / cp_.size() : T;
+  LATTICE_CHECK(B <= max_B_ && Tl <= max_T_)
+      << "micro-batch " << B << "x" << Tl << " exceeds the model's " << max_B_ << "x" << max_T_;
   int32_t* h = a.ids.host();
   int32_t *inputs = h, *positions = h + a.n, *document_ids = h + 2 * a.n, *targets = h + 3 * a.n;
   const int64_t V = cfg_.vocab_size;
   // Context parallelism: token t of a sequence is local row row_of[t] (-1: another rank's).
   std::vector<int64_t> row_of(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) row_of[size_t(t)] = t;
-  int64_t Tl = T;
   if (cp_.on()) {
-    Tl = T / cp_.size();
     std::fill(row_of.begin(), row_of.end(), -1);
     for (const TokenRun& r : token_runs(1, Tl))
       for (int64_t k = 0; k < r.rows; ++k) row_of[size_t(r.position + k)] = r.row + k;

@@ -50,6 +50,13 @@ std::string HybridPattern::unified() const {
   return s;
 }
 
+bool is_mtp_depth_form(const std::string& depth) {
+  static const char* const kForms[] = {"M", "*", "-", "E", "M-", "ME", "*-", "*E"};
+  for (const char* f : kForms)
+    if (depth == f) return true;
+  return false;
+}
+
 HybridPattern parse_hybrid_pattern(const std::string& pattern) {
   HybridPattern h;
   const size_t slash = pattern.find('/');

@@ -27,6 +27,10 @@ struct HybridPattern {
 // Fails naming --hybrid-override-pattern when the depths' patterns differ or one is empty.
 HybridPattern parse_hybrid_pattern(const std::string& pattern);
 
+// Whether a prediction depth's layers are a form lattice runs (as one layer): a mixer (M or *) and/or an MLP
+// (- or E) in that order: M, *, -, E, M-, ME, *- or *E.
+bool is_mtp_depth_form(const std::string& depth);
+
 // The pattern (one character per layer) of num_layers layers; fails naming the flag for a ratio outside
 // [0, 1], ratios summing above 1, or an override pattern of other lengths or counts.
 std::string allocate_hybrid_layers(int64_t num_layers, double attention_ratio, double mlp_ratio,

@@ -118,8 +118,7 @@ void TransformerConfig::check_hybrid(int64_t tp) {
                    << p << "/*-' for one depth of an attention and an MLP block)";
   if (!m.empty() && mtp_num_layers == 0)
     LATTICE_FAIL() << "--hybrid-override-pattern's MTP layers '" << m << "' need --mtp-num-layers";
-  static const std::vector<std::string> kDepthForms = {"M", "*", "-", "E", "M-", "ME", "*-", "*E"};
-  if (!m.empty() && std::find(kDepthForms.begin(), kDepthForms.end(), m) == kDepthForms.end())
+  if (!m.empty() && !is_mtp_depth_form(m))
     LATTICE_FAIL() << "--hybrid-override-pattern: the MTP layers '" << m << "' are not a mixer (M or *) and/or an MLP "
                    << "(- or E) in that order (lattice runs a prediction depth as one layer)";
   const bool experts = p.find('E') != std::string::npos || m.find('E') != std::string::npos;

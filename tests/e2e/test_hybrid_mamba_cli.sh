@@ -151,6 +151,19 @@ if run mtp_train "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --train-iters 4 --exit
     grep -q '"mtp_losses"' mtp.jsonl &&
     pass "a hybrid with two prediction depths (M-M*-/M-/M-) trains, resumes by --use-checkpoint-args and generates" ||
     fail "the hybrid's prediction depths: names, pattern or resume"
+  # Out to HuggingFace Nemotron-H (Nemotron-3's depths: mtp.layers.0..3, num_nextn_predict_layers 2) and back.
+  if run mtp_to_hf "$LATTICE" convert --load mtp_ckpt2 --to-hf mtp_hf &&
+     run mtp_from_hf "$LATTICE" convert --from-hf mtp_hf --save mtp_back &&
+     run mtp_gen_back "$LATTICE" generate --load mtp_back --prompt "ab" --max-new-tokens 8 --seed 2; then
+    hf_header=$(head -c 65536 mtp_hf/model.safetensors | tr -d '\0')
+    squeezed_has mtp_hf/config.json -- '"num_nextn_predict_layers":2' '"mtp_hybrid_override_pattern":"M-"' &&
+      grep -aqF '"mtp.layers.3.final_layernorm.weight":' <<<"$hf_header" &&
+      grep -aqF '"mtp.layers.2.eh_proj.weight":' <<<"$hf_header" &&
+      squeezed_has mtp_back/iter_0000000/checkpoint.json -- '"hybrid_override_pattern":"M-M*-/M-/M-"' &&
+      cmp -s mtp_gen.out mtp_gen_back.out &&
+      pass "the prediction depths out to HuggingFace Nemotron-H (flat mtp.layers.<i>) and back: the same text" ||
+      fail "the prediction depths' Nemotron-H round trip: names, config or text"
+  fi
 fi
 # --mtp-use-repeated-layer: one depth's parameters for both (no mtp.layers.1 tensor), the flag in the checkpoint.
 if run mtp_repeated "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --mtp-use-repeated-layer --train-iters 2 --save rep_ckpt; then
@@ -160,9 +173,15 @@ if run mtp_repeated "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --mtp-use-repeated-
     ! grep -aqF '"mtp.layers.1.' <<<"$header" &&
     pass "--mtp-use-repeated-layer: one depth's tensors serve both" ||
     fail "--mtp-use-repeated-layer: the checkpoint holds a second depth or lacks the flag"
-  expect_error "convert --to-hf of shared prediction depths" "share one layer (--mtp-use-repeated-layer)" -- \
-    "$LATTICE" convert --load rep_ckpt --to-hf rep_hf
-  [ -e rep_hf ] && fail "the refused conversion left rep_hf/ behind"
+  # Out to HuggingFace as NVIDIA publishes Nemotron-3: the shared layer once, num_nextn_predict_layers 1.
+  if run rep_to_hf "$LATTICE" convert --load rep_ckpt --to-hf rep_hf &&
+     run rep_from_hf "$LATTICE" convert --from-hf rep_hf --save rep_back; then
+    squeezed_has rep_hf/config.json -- '"num_nextn_predict_layers":1' &&
+      grep -q "written once" rep_to_hf.err &&
+      squeezed_has rep_back/iter_0000000/checkpoint.json -- '"hybrid_override_pattern":"M-M*-/M-"' &&
+      pass "--mtp-use-repeated-layer: written to HuggingFace once (num_nextn_predict_layers 1), saying so" ||
+      fail "--mtp-use-repeated-layer's export: config, note or read-back"
+  fi
 fi
 expect_error "--mtp-num-layers disagreeing with the pattern's depths" "--mtp-num-layers 1 but --hybrid-override-pattern" -- \
   "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --mtp-num-layers 1 --train-iters 1 --save bad7

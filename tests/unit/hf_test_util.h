@@ -110,22 +110,25 @@ inline std::string rewritten_fixture(const std::string& name, const std::functio
   return tmp.str();
 }
 
-// The main loss and the prediction depth's of one micro-batch (the fixture's `tokens_key` tensor: its
+// The main loss and each prediction depth's of one micro-batch (the fixture's `tokens_key` tensor: its
 // inputs all but the last token, its labels all but the first) against the fixture's `main_loss` and
-// `mtp_loss` (the reference's), within 1e-5 relative.
+// `mtp_loss` (the reference's, one per depth), within 1e-5 relative.
 inline void expect_fixture_losses(GPTModel& m, const std::string& dir, const std::string& tokens_key) {
-  ASSERT_EQ(m.config().mtp_num_layers, 1);
   SafetensorsFile ref = SafetensorsFile::read(fixture(dir) + "/expected_logits.safetensors");
+  const std::vector<float> want = ref.get_f32("mtp_loss");
+  ASSERT_EQ(m.config().mtp_num_layers, int64_t(want.size()));
   const std::vector<int32_t> tokens = ref.get_i32(tokens_key);
   MicroBatchKey key;  // a training forward (the depths run in training only); the model has no dropout
   if (m.params().has_grads()) m.params().zero_grad();
   const double main_loss = m.forward_backward(tokens.data(), nullptr, 1, int64_t(tokens.size()) - 1, 1.0f, key);
   const std::vector<LossSum> depths = m.take_mtp_losses();
-  ASSERT_EQ(depths.size(), 1u);
-  ASSERT_EQ(depths[0].count, 1.0);  // one micro-batch's mean loss
+  ASSERT_EQ(depths.size(), want.size());
   EXPECT_NEAR(main_loss, ref.get_f32("main_loss")[0], 1e-5 * main_loss) << dir;
-  const double mtp = depths[0].sum / depths[0].count;
-  EXPECT_NEAR(mtp, ref.get_f32("mtp_loss")[0], 1e-5 * mtp) << dir;
+  for (size_t k = 0; k < want.size(); ++k) {
+    ASSERT_EQ(depths[k].count, 1.0);  // one micro-batch's mean loss
+    const double mtp = depths[k].sum / depths[k].count;
+    EXPECT_NEAR(mtp, want[k], 1e-5 * mtp) << dir << ": depth " << k + 1;
+  }
 }
 
 // `load` fails with a one-line lattice error that contains every one of `needles`.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "blas/gemm.h"
+#include "core/error.h"
 #include "data/gpt_batches.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
@@ -46,6 +47,27 @@ std::vector<double> train_losses(int threads, float dropout, std::vector<float>*
   omp_set_num_threads(2);
   blas_set_num_threads(2);
   return losses;
+}
+
+// A micro-batch larger than the model was sized for is an error before any buffer is written (it ran past
+// the input buffers before: a heap overrun, then a crash in the destructor).
+TEST(ModelInvariance, OversizedMicroBatchIsAnErrorNotAnOverrun) {
+  GPTModel model(small_config(1, 0.0f), 1, 8);
+  model.init_parameters(1);
+  std::vector<int32_t> tokens(64, 3);
+  std::vector<float> logits(size_t(64 * model.config().padded_vocab_size));
+  try {
+    model.forward_logits(tokens.data(), 1, 64, logits.data());
+    ADD_FAILURE() << "a 1x64 micro-batch ran on a model sized 1x8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("micro-batch 1x64 exceeds the model's 1x8"), std::string::npos) << e.what();
+  }
+  try {
+    model.forward_backward(tokens.data(), nullptr, 2, 8, 1.0f, {});
+    ADD_FAILURE() << "a 2x8 micro-batch ran on a model sized 1x8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("micro-batch 2x8 exceeds"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ModelInvariance, ThreadCountDoesNotChangeTrainingWithDropout) {
