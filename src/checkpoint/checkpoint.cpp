@@ -266,9 +266,10 @@ void CheckpointWriter::add_tensor(const std::string& file, const std::string& na
   add_piece(file, name, dtype, shape, std::vector<int64_t>(shape.size(), 0), shape, data);
 }
 
-void CheckpointWriter::add_piece(const std::string& file, const std::string& name, const std::string& dtype,
-                                 const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets,
-                                 const std::vector<int64_t>& lengths, const void* data, bool borrow) {
+std::string CheckpointWriter::add_index_entry(const std::string& file, const std::string& name,
+                                              const std::string& dtype, const std::vector<int64_t>& global_shape,
+                                              const std::vector<int64_t>& offsets,
+                                              const std::vector<int64_t>& lengths) {
   if (file.empty() || file.find('/') != std::string::npos || file[0] == '.' || file == kCheckpointIndexFile)
     LATTICE_FAIL() << "checkpoint writer: invalid file name '" << file << "'";
   TensorEntry& e = index_.tensors[name];
@@ -284,13 +285,29 @@ void CheckpointWriter::add_piece(const std::string& file, const std::string& nam
   size_t in_file = 0;
   for (const TensorPiece& p : e.pieces) in_file += p.file == file;
   const std::string key = in_file == 0 ? name : name + "#" + std::to_string(e.pieces.size());
+  e.pieces.push_back({file, key, offsets, lengths});
+  index_.files[file] = FileEntry{};
+  return key;
+}
+
+void CheckpointWriter::add_piece(const std::string& file, const std::string& name, const std::string& dtype,
+                                 const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets,
+                                 const std::vector<int64_t>& lengths, const void* data, bool borrow) {
+  const std::string key = add_index_entry(file, name, dtype, global_shape, offsets, lengths);
   const size_t bytes = size_t(box_numel(lengths)) * safetensors_dtype_size(dtype);
   if (borrow)
     files_[file].add_view(key, dtype, lengths, data, bytes);
   else
     files_[file].add(key, dtype, lengths, data, bytes);
-  e.pieces.push_back({file, key, offsets, lengths});
-  index_.files[file] = FileEntry{};
+}
+
+void CheckpointWriter::add_produced_piece(const std::string& file, const std::string& name, const std::string& dtype,
+                                          const std::vector<int64_t>& global_shape,
+                                          const std::vector<int64_t>& offsets, const std::vector<int64_t>& lengths,
+                                          std::function<void(uint8_t* out)> produce) {
+  const std::string key = add_index_entry(file, name, dtype, global_shape, offsets, lengths);
+  files_[file].add_produced(key, dtype, lengths, size_t(box_numel(lengths)) * safetensors_dtype_size(dtype),
+                            std::move(produce));
 }
 
 void CheckpointWriter::add_flat_range(const std::string& file, const std::string& name, const std::string& dtype,
@@ -434,6 +451,13 @@ void CheckpointReader::read_tensor(const std::string& name, const std::string& d
     LATTICE_FAIL() << "checkpoint " << iter_dir_ << ": tensor '" << name << "' has shape " << dims_str(e.shape)
                    << ", the model expects " << dims_str(shape);
   read_slice(name, dtype, std::vector<int64_t>(shape.size(), 0), shape, out);
+}
+
+void CheckpointReader::release(const std::string& name) const {
+  for (const TensorPiece& p : tensor(name).pieces) {
+    const auto it = open_files_.find(p.file);
+    if (it != open_files_.end() && it->second->has(p.key)) it->second->release(p.key);
+  }
 }
 
 void CheckpointReader::read_slice(const std::string& name, const std::string& dtype,

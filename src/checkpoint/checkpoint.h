@@ -100,6 +100,11 @@ class CheckpointWriter {
   // buffer), stored as the few boxes that make it up; data holds end - begin elements.
   void add_flat_range(const std::string& file, const std::string& name, const std::string& dtype,
                       const std::vector<int64_t>& global_shape, int64_t begin, int64_t end, const void* data);
+  // add_piece's box with its data produced when the file is written (SafetensorsWriter::add_produced):
+  // produce(out) writes the box's bytes, row-major.
+  void add_produced_piece(const std::string& file, const std::string& name, const std::string& dtype,
+                          const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets,
+                          const std::vector<int64_t>& lengths, std::function<void(uint8_t* out)> produce);
   void set_state(const CheckpointState& state) { state_ = state; }
 
   // Writes DIR/iter_NNNNNNN (state().iteration) atomically, then the tracker file; then
@@ -108,6 +113,10 @@ class CheckpointWriter {
   std::string save(const std::string& dir, int64_t keep_last_n = 0) const;
 
  private:
+  // A new piece's index entry: the key it is stored under in `file` (the tensor's name, or name#k).
+  std::string add_index_entry(const std::string& file, const std::string& name, const std::string& dtype,
+                              const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets,
+                              const std::vector<int64_t>& lengths);
   std::map<std::string, SafetensorsWriter> files_;
   CheckpointIndex index_;
   CheckpointState state_;
@@ -133,6 +142,9 @@ class CheckpointReader {
   // The box [offsets, offsets + lengths) of the global tensor, row-major, into `out`.
   void read_slice(const std::string& name, const std::string& dtype, const std::vector<int64_t>& offsets,
                   const std::vector<int64_t>& lengths, void* out) const;
+  // Gives back the memory of the pages read for tensor `name` (SafetensorsFile::release): a checkpoint larger
+  // than memory read tensor by tensor.
+  void release(const std::string& name) const;
 
  private:
   const SafetensorsFile& file(const std::string& name) const;

@@ -1,5 +1,6 @@
 #include "checkpoint/hf_common.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -53,23 +54,33 @@ void write_text_atomic(const fs::path& path, const std::string& text) {
 }  // namespace
 
 std::vector<float> read_float_tensor(const SafetensorsFile& f, const std::string& name) {
+  std::vector<float> out(size_t(f.get(name).numel()));
+  read_float_elements(f, name, 0, int64_t(out.size()), out.data());
+  return out;
+}
+
+void read_float_elements(const SafetensorsFile& f, const std::string& name, int64_t first, int64_t count, float* out) {
   const SafeTensor& t = f.get(name);
-  if (t.dtype == "F32") return f.get_f32(name);
-  std::vector<float> out(size_t(t.numel()));
-  const uint8_t* p = t.bytes.data();
-  for (size_t i = 0; i < out.size(); ++i) {
+  LATTICE_CHECK(first >= 0 && count >= 0 && first + count <= t.numel())
+      << f.path() << ": elements [" << first << ", " << first + count << ") of tensor " << name << " of "
+      << t.numel();
+  if (t.dtype == "F32") {
+    std::memcpy(out, t.bytes.data() + 4 * first, size_t(count) * sizeof(float));
+    return;
+  }
+  if (t.dtype != "BF16" && t.dtype != "F16")
+    LATTICE_FAIL() << f.path() << ": tensor " << name << " has dtype " << t.dtype << ", expected F32, F16 or BF16";
+  const bool bf16 = t.dtype == "BF16";
+  const uint8_t* p = t.bytes.data() + 2 * first;
+  for (int64_t i = 0; i < count; ++i) {
     const uint16_t u = uint16_t(p[2 * i] | (p[2 * i + 1] << 8));
-    if (t.dtype == "BF16") {
+    if (bf16) {
       const uint32_t bits = uint32_t(u) << 16;
       std::memcpy(&out[i], &bits, 4);
-    } else if (t.dtype == "F16") {
-      out[i] = f16_to_f32(u);
     } else {
-      LATTICE_FAIL() << f.path() << ": tensor " << name << " has dtype " << t.dtype
-                     << ", expected F32, F16 or BF16";
+      out[i] = f16_to_f32(u);
     }
   }
-  return out;
 }
 
 int64_t config_int(const json& j, const std::string& what, const char* key) {
@@ -174,6 +185,42 @@ HfModel load_model_folder(
   out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings,
                                          TensorParallel{}, ModelPlacement{}, nullptr, ContextParallel{}, gradients);
   import(*out.model, f, j);
+  return out;
+}
+
+HfModel load_planned_folder(const std::string& dir, int64_t seq_length, const ConfigFn& config, const PlanFn& plan,
+                            bool gradients) {
+  return load_model_folder(
+      dir, seq_length, config,
+      [&](GPTModel& m, const SafetensorsFile& f, const json& j) {
+        const ImportPlan p = plan(m.config(), f, j);
+        import_tensors(m, f, p.map, p.shapes);
+      },
+      gradients);
+}
+
+HfSource open_planned_folder(const std::string& dir, const ConfigFn& config, const PlanFn& plan) {
+  const json j = read_config(dir);
+  const std::string config_path = dir + "/config.json";
+  auto f = std::make_shared<const SafetensorsFile>(read_model_file(dir));
+  HfSource out;
+  out.config = config(j, config_path, *f);
+  out.tokenizer_type = recorded_tokenizer(j, config_path);
+  auto p = std::make_shared<const ImportPlan>(plan(out.config, *f, j));
+  auto by_name = std::make_shared<std::map<std::string, const TensorMap*>>();
+  for (const TensorMap& m : p->map) (*by_name)[m.lattice] = &m;
+  // Every parameter the plan fills must be the model's, as import_tensors would find it.
+  const ParamBuffer registry = GPTModel::parameter_registry(out.config, TensorParallel{}, ModelPlacement{}, 0, 1);
+  for (const TensorMap& m : p->map) LATTICE_CHECK(registry.has(m.lattice)) << m.lattice << ": not a parameter";
+  out.fill = [f, p, by_name](const ParamInfo& info, float* dst) {
+    const auto it = by_name->find(info.name);
+    if (it == by_name->end()) {
+      std::fill(dst, dst + info.numel, 0.0f);  // (import_tensors leaves such a parameter zero)
+      return;
+    }
+    fill_parameter(*f, *it->second, p->shapes, info, dst);
+    for (const RowBlock& b : it->second->blocks) f->release(b.hf);  // (the input's pages: no model's worth held)
+  };
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_tensor_map.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 
@@ -25,11 +26,22 @@ struct HfModel {
   std::string tokenizer_type;  // from kHfTokenizerKey, else "" (the caller decides)
 };
 
+// A HuggingFace folder opened for a streamed conversion: the model's configuration and each parameter's values
+// read from the folder's files only when asked (fill(p, dst): p's [numel] into dst; the files stay mapped while
+// this lives), so no model's worth of memory is ever held.
+struct HfSource {
+  TransformerConfig config;
+  std::string tokenizer_type;  // as HfModel's
+  std::function<void(const ParamInfo&, float*)> fill;
+};
+
 namespace hf {
 
 // A floating-point HF tensor as fp32 (F16 and BF16 widen exactly); another dtype is an error
 // naming the file and the tensor.
 std::vector<float> read_float_tensor(const SafetensorsFile& f, const std::string& name);
+// Elements [first, first + count) of the tensor `name` (row-major) as fp32 into out: only those are read.
+void read_float_elements(const SafetensorsFile& f, const std::string& name, int64_t first, int64_t count, float* out);
 
 // config.json values: a positive integer (required), a boolean (fallback when absent or null),
 // a positive number (fallback when absent). Errors name `what` (the file) and the key.
@@ -117,6 +129,16 @@ HfModel load_model_folder(
     const std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>& config,
     const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import,
     bool gradients = true);
+
+// The folder's configuration and the plan of its tensors (`plan`: checks the file's tensors against the
+// configuration, every error naming the file and the tensor, and says which HF rows make each parameter).
+using ConfigFn = std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>;
+using PlanFn = std::function<ImportPlan(const TransformerConfig&, const SafetensorsFile&, const nlohmann::json&)>;
+// load_model_folder for a family whose import is a plan: the model's parameters by import_tensors.
+HfModel load_planned_folder(const std::string& dir, int64_t seq_length, const ConfigFn& config, const PlanFn& plan,
+                            bool gradients = true);
+// The same folder opened without a model (every check load_planned_folder makes is made here, before it returns).
+HfSource open_planned_folder(const std::string& dir, const ConfigFn& config, const PlanFn& plan);
 
 // Writes DIR/model.safetensors (or its shards and their index) and DIR/config.json with
 // torch_dtype set, each file atomically; DIR is created. The tensors are cast before anything is

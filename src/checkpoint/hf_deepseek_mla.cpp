@@ -347,20 +347,33 @@ std::string hf_deepseek_mla_mismatch(const TransformerConfig& c) {
   return "";
 }
 
-HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_model_folder(
-      dir, seq_length,
-      [&](const json& j, const std::string& what, const SafetensorsFile& f) {
-        return hf_deepseek_mla_config(j, what, f, divisible_by);
-      },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_deepseek_mla_tensors(m, f); }, gradients);
+namespace {
+
+hf::ConfigFn config_fn(int64_t divisible_by) {
+  return [divisible_by](const json& j, const std::string& what, const SafetensorsFile& f) {
+    return hf_deepseek_mla_config(j, what, f, divisible_by);
+  };
 }
 
-void import_hf_deepseek_mla_tensors(GPTModel& model, const SafetensorsFile& f) {
-  const TransformerConfig& c = model.config();
-  std::map<std::string, Shape> shapes;
-  const std::vector<TensorMap> map = tensor_map(c, shapes, false, &f);  // copies checked where f has them
-  hf::import_deepseek_layout(model, f, map, shapes);
+hf::ImportPlan import_plan(const TransformerConfig& c, const SafetensorsFile& f, const json&) {
+  return hf_deepseek_mla_import_plan(c, f);
+}
+
+}  // namespace
+
+HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
+  return hf::load_planned_folder(dir, seq_length, config_fn(divisible_by), import_plan, gradients);
+}
+
+HfSource open_hf_deepseek_mla(const std::string& dir, int64_t divisible_by) {
+  return hf::open_planned_folder(dir, config_fn(divisible_by), import_plan);
+}
+
+hf::ImportPlan hf_deepseek_mla_import_plan(const TransformerConfig& c, const SafetensorsFile& f) {
+  hf::ImportPlan p;
+  p.map = tensor_map(c, p.shapes, false, &f);  // copies checked where f has them
+  hf::check_deepseek_layout(c, f, p.shapes);
+  return p;
 }
 
 void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,

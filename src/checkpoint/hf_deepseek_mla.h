@@ -61,10 +61,12 @@ std::string hf_deepseek_mla_mismatch(const TransformerConfig& c);
 // (missing, misshapen or unexpected tensor) is an error naming the file and the tensor.
 HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
                              bool gradients = true);
-// Copies every parameter of `model` from the file's tensors (model.config() must be the file's config); a
+// The same folder opened for a streamed conversion (hf_common.h's HfSource; the same checks).
+HfSource open_hf_deepseek_mla(const std::string& dir, int64_t divisible_by = 128);
+// Which HF tensors make each parameter of a model of `c` (the file's config), after checking the file: a
 // missing, misshapen or unexpected tensor, or a prediction module's embedding or head that differs from the
 // model's, is an error naming the file and the tensor.
-void import_hf_deepseek_mla_tensors(GPTModel& model, const SafetensorsFile& file);
+hf::ImportPlan hf_deepseek_mla_import_plan(const TransformerConfig& c, const SafetensorsFile& file);
 
 // Writes DIR/model.safetensors and DIR/config.json; a model without a DeepSeek form is an error naming
 // DIR and the reason, and nothing is written.

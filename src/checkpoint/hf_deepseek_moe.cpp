@@ -95,9 +95,8 @@ void check_mtp_copies(const TransformerConfig& c, const SafetensorsFile& f) {
                      << " (lattice's prediction depths share the model's embedding and output layer)";
 }
 
-void import_deepseek_layout(GPTModel& model, const SafetensorsFile& f, const std::vector<TensorMap>& map,
-                            const std::map<std::string, Shape>& shapes) {
-  const TransformerConfig& c = model.config();
+void check_deepseek_layout(const TransformerConfig& c, const SafetensorsFile& f,
+                           const std::map<std::string, Shape>& shapes) {
   check_tensor_shapes(f, shapes);
   check_mtp_copies(c, f);
   std::map<std::string, std::string> copies;
@@ -111,7 +110,6 @@ void import_deepseek_layout(GPTModel& model, const SafetensorsFile& f, const std
     LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
                    << c.num_layers << ", and the file " << c.mtp_num_layers << " multi-token prediction layers)";
   }
-  import_tensors(model, f, map, shapes);
 }
 
 void read_deepseek_experts(const json& j, const std::string& what, TransformerConfig& c) {

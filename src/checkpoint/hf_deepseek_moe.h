@@ -47,12 +47,12 @@ std::vector<std::pair<std::string, std::string>> deepseek_mtp_copies(const Trans
 // depths share the model's embedding and output layer).
 void check_mtp_copies(const TransformerConfig& c, const SafetensorsFile& f);
 
-// The model's parameters from f by `map` (every tensor of `shapes` in f with that shape), the depths' copies
-// (deepseek_mtp_copies) equal to the model's where f has them, and no other tensor in f but a tied model's
-// lm_head.weight that is model.embed_tokens.weight itself; every problem an error naming the file and the
-// tensor.
-void import_deepseek_layout(GPTModel& model, const SafetensorsFile& f, const std::vector<TensorMap>& map,
-                            const std::map<std::string, Shape>& shapes);
+// Checks f for a model of `c` in DeepSeek's layout: every tensor of `shapes` in f with that shape, the depths'
+// copies (deepseek_mtp_copies) equal to the model's where f has them, and no other tensor in f but a tied
+// model's lm_head.weight that is model.embed_tokens.weight itself; every problem an error naming the file and
+// the tensor.
+void check_deepseek_layout(const TransformerConfig& c, const SafetensorsFile& f,
+                           const std::map<std::string, Shape>& shapes);
 
 // DeepSeek's experts from config.json (`what`: the file, for errors): n_routed_experts (GLM's first configs:
 // num_experts), num_experts_per_tok, moe_intermediate_size, n_shared_experts (default 1) of that width,

@@ -54,11 +54,17 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c, std::map<std::stri
       shapes);
 }
 
-void import_tensors(GPTModel& model, const SafetensorsFile& f) {
-  const TransformerConfig& c = model.config();
-  std::map<std::string, Shape> shapes;
-  const std::vector<TensorMap> map = tensor_map(c, shapes, &f);
-  hf::import_deepseek_layout(model, f, map, shapes);  // DeepSeek-V3-style copies in a depth: accepted if exact
+hf::ImportPlan import_plan(const TransformerConfig& c, const SafetensorsFile& f, const json&) {
+  hf::ImportPlan p;
+  p.map = tensor_map(c, p.shapes, &f);
+  hf::check_deepseek_layout(c, f, p.shapes);  // DeepSeek-V3-style copies in a depth: accepted if exact
+  return p;
+}
+
+hf::ConfigFn config_fn(int64_t divisible_by) {
+  return [divisible_by](const json& j, const std::string& what, const SafetensorsFile& f) {
+    return hf_glm4_moe_config(j, what, f, divisible_by);
+  };
 }
 
 }  // namespace
@@ -154,23 +160,27 @@ std::string hf_glm4_moe_mismatch(const TransformerConfig& c) {
 }
 
 HfModel load_hf_glm4_moe(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_model_folder(
-      dir, seq_length,
-      [&](const json& j, const std::string& what, const SafetensorsFile& f) {
-        return hf_glm4_moe_config(j, what, f, divisible_by);
-      },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_tensors(m, f); }, gradients);
+  return hf::load_planned_folder(dir, seq_length, config_fn(divisible_by), import_plan, gradients);
+}
+
+HfSource open_hf_glm4_moe(const std::string& dir, int64_t divisible_by) {
+  return hf::open_planned_folder(dir, config_fn(divisible_by), import_plan);
 }
 
 void save_hf_glm4_moe(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                       const hf::ExportOptions& options) {
-  const TransformerConfig& c = model.config();
+  save_hf_glm4_moe(dir, hf::model_source(model), tokenizer_type, options);
+}
+
+void save_hf_glm4_moe(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
+                      const hf::ExportOptions& options) {
+  const TransformerConfig& c = src.config;
   const std::string why = hf_glm4_moe_mismatch(c);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
   std::map<std::string, Shape> shapes;
   const std::vector<TensorMap> map = tensor_map(c, shapes, nullptr);
-  hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), hf_glm4_moe_config_json(c, tokenizer_type),
-                         options);
+  hf::write_model_folder(dir, hf::export_tensors(*src.layout, src.rows, map, shapes),
+                         hf_glm4_moe_config_json(c, tokenizer_type), options);
 }
 
 }  // namespace lattice

@@ -41,10 +41,15 @@ std::string hf_glm4_moe_mismatch(const TransformerConfig& c);
 // (missing, misshapen or unexpected tensor) is an error naming the file and the tensor.
 HfModel load_hf_glm4_moe(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
                          bool gradients = true);
+// The same folder opened for a streamed conversion (hf_common.h's HfSource; the same checks).
+HfSource open_hf_glm4_moe(const std::string& dir, int64_t divisible_by = 128);
 
 // Writes DIR/model.safetensors and DIR/config.json; a model without the GLM-4.5 form is an error naming
 // DIR and the reason, and nothing is written.
 void save_hf_glm4_moe(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                      const hf::ExportOptions& options = {});
+// The same from a model's parameters wherever they are (a checkpoint read tensor by tensor).
+void save_hf_glm4_moe(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
                       const hf::ExportOptions& options = {});
 
 }  // namespace lattice

@@ -564,8 +564,7 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   return "";
 }
 
-void import_hf_llama_tensors(GPTModel& model, const SafetensorsFile& f) {
-  const TransformerConfig& c = model.config();
+hf::ImportPlan hf_llama_import_plan(const TransformerConfig& c, const SafetensorsFile& f) {
   const std::string& path = f.path();
   const std::map<std::string, Shape> shapes = hf_shapes(c);
   hf::check_tensor_shapes(f, shapes);
@@ -582,7 +581,7 @@ void import_hf_llama_tensors(GPTModel& model, const SafetensorsFile& f) {
     LATTICE_FAIL() << path << ": unexpected tensor " << name << " (config.json has num_hidden_layers " << c.num_layers
                    << ")";
   }
-  hf::import_tensors(model, f, tensor_map(c), shapes);
+  return {tensor_map(c), shapes};
 }
 
 SafetensorsWriter export_hf_llama_tensors(const GPTModel& model) {
@@ -591,17 +590,40 @@ SafetensorsWriter export_hf_llama_tensors(const GPTModel& model) {
   return hf::export_tensors(model, tensor_map(c), shapes);
 }
 
+namespace {
+
+hf::ConfigFn config_fn(int64_t divisible_by) {
+  return [divisible_by](const json& j, const std::string& what, const SafetensorsFile&) {
+    return hf_llama_config(j, what, divisible_by);
+  };
+}
+
+hf::ImportPlan import_plan(const TransformerConfig& c, const SafetensorsFile& f, const json&) {
+  return hf_llama_import_plan(c, f);
+}
+
+}  // namespace
+
 HfModel load_hf_llama(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_model_folder(
-      dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile&) { return hf_llama_config(j, what, divisible_by); },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_llama_tensors(m, f); }, gradients);
+  return hf::load_planned_folder(dir, seq_length, config_fn(divisible_by), import_plan, gradients);
+}
+
+HfSource open_hf_llama(const std::string& dir, int64_t divisible_by) {
+  return hf::open_planned_folder(dir, config_fn(divisible_by), import_plan);
 }
 
 void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                    const hf::ExportOptions& options) {
-  const std::string why = hf_llama_mismatch(model.config());
+  save_hf_llama(dir, hf::model_source(model), tokenizer_type, options);
+}
+
+void save_hf_llama(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
+                   const hf::ExportOptions& options) {
+  const TransformerConfig& c = src.config;
+  const std::string why = hf_llama_mismatch(c);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
-  hf::write_model_folder(dir, export_hf_llama_tensors(model), hf_llama_config_json(model.config(), tokenizer_type), options);
+  hf::write_model_folder(dir, hf::export_tensors(*src.layout, src.rows, tensor_map(c), hf_shapes(c)),
+                         hf_llama_config_json(c, tokenizer_type), options);
 }
 
 }  // namespace lattice

@@ -59,10 +59,10 @@ nlohmann::json hf_llama_config_json(const TransformerConfig& c, const std::strin
 // them, with rotary_percent 1 and the pairs not interleaved.
 std::string hf_llama_mismatch(const TransformerConfig& c);
 
-// Copies every parameter of `model` from HF tensors (model.config() must be the file's config).
-// F32/F16/BF16 data. Every problem (missing, misshapen or unexpected tensor, an lm_head.weight
-// that differs from embed_tokens in a tied model) is an error naming the file and the tensor.
-void import_hf_llama_tensors(GPTModel& model, const SafetensorsFile& file);
+// Which HF tensors make each parameter of a model of `c` (the file's config), after checking the file:
+// F32/F16/BF16 data; every problem (missing, misshapen or unexpected tensor, an lm_head.weight that
+// differs from embed_tokens in a tied model) is an error naming the file and the tensor.
+hf::ImportPlan hf_llama_import_plan(const TransformerConfig& c, const SafetensorsFile& file);
 
 // The model's parameters as HF tensors (F32, vocabulary trimmed to vocab_size, lm_head.weight
 // only when untied).
@@ -71,10 +71,15 @@ SafetensorsWriter export_hf_llama_tensors(const GPTModel& model);
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings).
 HfModel load_hf_llama(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
                       bool gradients = true);
+// The same folder opened for a streamed conversion (hf_common.h's HfSource; the same checks).
+HfSource open_hf_llama(const std::string& dir, int64_t divisible_by = 128);
 
 // Writes DIR/model.safetensors and DIR/config.json; a model without a Llama form
 // (hf_llama_mismatch) is an error naming DIR and the reason, and nothing is written.
 void save_hf_llama(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                   const hf::ExportOptions& options = {});
+// The same from a model's parameters wherever they are (a checkpoint read tensor by tensor).
+void save_hf_llama(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
                    const hf::ExportOptions& options = {});
 
 }  // namespace lattice

@@ -340,36 +340,50 @@ std::string hf_nemotron_h_mismatch(const TransformerConfig& c) {
   return why ? why : "";
 }
 
+namespace {
+
+hf::ConfigFn config_fn(int64_t divisible_by) {
+  return [divisible_by](const json& j, const std::string& what, const SafetensorsFile& f) {
+    return hf_nemotron_h_config(j, what, divisible_by, &f);
+  };
+}
+
+hf::ImportPlan import_plan(const TransformerConfig& c, const SafetensorsFile& f, const json&) {
+  hf::ImportPlan p;
+  p.map = tensor_map(c, p.shapes, &f);
+  hf::check_tensor_shapes(f, p.shapes);
+  for (const std::string& name : f.names())
+    if (!p.shapes.count(name))  // (a tied model's file has no lm_head.weight)
+      LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json's hybrid_override_pattern "
+                     << c.hybrid_layer_pattern << ", tie_word_embeddings "
+                     << (c.untie_embeddings_and_output_weights ? "false" : "true") << ")";
+  return p;
+}
+
+}  // namespace
+
 HfModel load_hf_nemotron_h(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_model_folder(
-      dir, seq_length,
-      [&](const json& j, const std::string& what, const SafetensorsFile& f) {
-        return hf_nemotron_h_config(j, what, divisible_by, &f);
-      },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) {
-        const TransformerConfig& c = m.config();
-        std::map<std::string, Shape> shapes;
-        const std::vector<TensorMap> map = tensor_map(c, shapes, &f);
-        hf::check_tensor_shapes(f, shapes);
-        for (const std::string& name : f.names())
-          if (!shapes.count(name))  // (a tied model's file has no lm_head.weight)
-            LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json's hybrid_override_pattern "
-                           << c.hybrid_layer_pattern << ", tie_word_embeddings "
-                           << (c.untie_embeddings_and_output_weights ? "false" : "true") << ")";
-        hf::import_tensors(m, f, map, shapes);
-      },
-      gradients);
+  return hf::load_planned_folder(dir, seq_length, config_fn(divisible_by), import_plan, gradients);
+}
+
+HfSource open_hf_nemotron_h(const std::string& dir, int64_t divisible_by) {
+  return hf::open_planned_folder(dir, config_fn(divisible_by), import_plan);
 }
 
 void save_hf_nemotron_h(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                         const hf::ExportOptions& options) {
-  const TransformerConfig& c = model.config();
+  save_hf_nemotron_h(dir, hf::model_source(model), tokenizer_type, options);
+}
+
+void save_hf_nemotron_h(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
+                        const hf::ExportOptions& options) {
+  const TransformerConfig& c = src.config;
   const std::string why = hf_nemotron_h_mismatch(c);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
   std::map<std::string, Shape> shapes;
   const std::vector<TensorMap> map = tensor_map(c, shapes, nullptr);
-  hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), hf_nemotron_h_config_json(c, tokenizer_type),
-                         options);
+  hf::write_model_folder(dir, hf::export_tensors(*src.layout, src.rows, map, shapes),
+                         hf_nemotron_h_config_json(c, tokenizer_type), options);
 }
 
 }  // namespace lattice

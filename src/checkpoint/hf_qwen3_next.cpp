@@ -461,8 +461,7 @@ std::string hf_qwen3_next_mismatch(const TransformerConfig& c) {
   return "";
 }
 
-void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& f, const json& config) {
-  const TransformerConfig& c = model.config();
+hf::ImportPlan hf_qwen3_next_import_plan(const TransformerConfig& c, const SafetensorsFile& f, const json& config) {
   // Qwen3.5's multimodal files keep the language model under model.language_model. beside model.visual.;
   // Qwen3.6's keep the prediction module's experts fused as their layers' are (Qwen3.5's per expert).
   const std::string p = f.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
@@ -476,7 +475,7 @@ void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& f, con
     LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
                    << c.num_layers << ")";
   }
-  hf::import_tensors(model, f, tensor_map(c, layout, p), shapes);
+  return {tensor_map(c, layout, p), shapes};
 }
 
 SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std::string& model_type) {
@@ -485,19 +484,38 @@ SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std:
   return hf::export_tensors(model, tensor_map(c, layout), hf_shapes(c, layout));
 }
 
+namespace {
+
+hf::ConfigFn config_fn(int64_t divisible_by) {
+  return [divisible_by](const json& j, const std::string& what, const SafetensorsFile& f) {
+    return hf_qwen3_next_config(j, what, f, divisible_by);
+  };
+}
+
+}  // namespace
+
 HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_model_folder(
-      dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile& f) { return hf_qwen3_next_config(j, what, f, divisible_by); },
-      [](GPTModel& m, const SafetensorsFile& f, const json& j) { import_hf_qwen3_next_tensors(m, f, j); }, gradients);
+  return hf::load_planned_folder(dir, seq_length, config_fn(divisible_by), hf_qwen3_next_import_plan, gradients);
+}
+
+HfSource open_hf_qwen3_next(const std::string& dir, int64_t divisible_by) {
+  return hf::open_planned_folder(dir, config_fn(divisible_by), hf_qwen3_next_import_plan);
 }
 
 void save_hf_qwen3_next(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                         const hf::ExportOptions& options) {
-  const std::string family = export_family(model.config(), options.model_type);
-  const std::string why = mismatch(model.config(), family);
+  save_hf_qwen3_next(dir, hf::model_source(model), tokenizer_type, options);
+}
+
+void save_hf_qwen3_next(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
+                        const hf::ExportOptions& options) {
+  const TransformerConfig& c = src.config;
+  const std::string family = export_family(c, options.model_type);
+  const std::string why = mismatch(c, family);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
-  hf::write_model_folder(dir, export_hf_qwen3_next_tensors(model, family),
-                         hf_qwen3_next_config_json(model.config(), tokenizer_type, family), options);
+  const Layout layout = layout_of(family);
+  hf::write_model_folder(dir, hf::export_tensors(*src.layout, src.rows, tensor_map(c, layout), hf_shapes(c, layout)),
+                         hf_qwen3_next_config_json(c, tokenizer_type, family), options);
 }
 
 }  // namespace lattice

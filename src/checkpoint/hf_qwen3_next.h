@@ -57,16 +57,23 @@ nlohmann::json hf_qwen3_next_config_json(const TransformerConfig& c, const std::
 // every layer with experts and the gated shared expert, the top-k gates renormalized).
 std::string hf_qwen3_next_mismatch(const TransformerConfig& c);
 
+// Which HF tensors make each parameter of a model of `c` (the file's config), after checking the file;
 // config: the folder's config.json (its family says the layout).
-void import_hf_qwen3_next_tensors(GPTModel& model, const SafetensorsFile& file, const nlohmann::json& config);
+hf::ImportPlan hf_qwen3_next_import_plan(const TransformerConfig& c, const SafetensorsFile& file,
+                                         const nlohmann::json& config);
 SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std::string& model_type = "");
 
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings).
 HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
                            bool gradients = true);
+// The same folder opened for a streamed conversion (hf_common.h's HfSource; the same checks).
+HfSource open_hf_qwen3_next(const std::string& dir, int64_t divisible_by = 128);
 // Writes DIR's model and config.json in the family options.model_type chooses; a model without the form is
 // an error naming DIR, nothing written.
 void save_hf_qwen3_next(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                        const hf::ExportOptions& options = {});
+// The same from a model's parameters wherever they are (a checkpoint read tensor by tensor).
+void save_hf_qwen3_next(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
                         const hf::ExportOptions& options = {});
 
 }  // namespace lattice

@@ -30,58 +30,93 @@ void check_tensor_shapes(const SafetensorsFile& f, const std::map<std::string, S
   }
 }
 
+void fill_parameter(const SafetensorsFile& f, const TensorMap& m, const std::map<std::string, Shape>& shapes,
+                    const ParamInfo& p, float* dst) {
+  const int64_t row = p.shape.size() >= 2 ? p.numel / p.shape[0] : 1;  // elements per row
+  int64_t at = 0;                                                      // rows filled
+  for (const RowBlock& b : m.blocks) {
+    const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
+    LATTICE_CHECK((at + rows) * row <= p.numel) << m.lattice << ": the HF rows overrun it";
+    read_float_elements(f, b.hf, b.row0 * row, rows * row, dst + at * row);
+    at += rows;
+  }
+  LATTICE_CHECK(m.vocab ? at <= p.shape[0] : at * row == p.numel) << m.lattice << ": the HF rows do not fill it";
+  if (m.offset != 0.0f)
+    for (int64_t i = 0; i < at * row; ++i) dst[i] += m.offset;
+  std::fill(dst + at * row, dst + p.numel, 0.0f);  // padded vocabulary rows
+}
+
 void import_tensors(GPTModel& model, const SafetensorsFile& f, const std::vector<TensorMap>& map,
                     const std::map<std::string, Shape>& shapes) {
-  // Each HF tensor read once, when first needed, and dropped after the last parameter that reads it: a
-  // model's worth of fp32 copies is never held at once.
-  std::map<std::string, size_t> last_use;
-  for (size_t i = 0; i < map.size(); ++i)
-    for (const RowBlock& b : map[i].blocks) last_use[b.hf] = i;
-  std::map<std::string, std::vector<float>> data;
   HostStaging params(model.params().params(), model.params().numel(), true);
-  for (size_t i = 0; i < map.size(); ++i) {
-    const TensorMap& m = map[i];
+  for (const TensorMap& m : map) {
     const ParamInfo& p = model.params().info(m.lattice);
-    float* dst = params.data() + p.offset;
-    const int64_t row = p.shape.size() >= 2 ? p.numel / p.shape[0] : 1;  // elements per row
-    int64_t at = 0;                                              // rows filled
-    for (const RowBlock& b : m.blocks) {
-      auto it = data.find(b.hf);
-      if (it == data.end()) it = data.emplace(b.hf, read_float_tensor(f, b.hf)).first;
-      const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
-      std::memcpy(dst + at * row, it->second.data() + b.row0 * row, size_t(rows * row) * sizeof(float));
-      at += rows;
-    }
-    LATTICE_CHECK(m.vocab ? at <= p.shape[0] : at * row == p.numel) << m.lattice << ": the HF rows do not fill it";
-    if (m.offset != 0.0f)
-      for (int64_t i = 0; i < at * row; ++i) dst[i] += m.offset;
-    std::fill(dst + at * row, dst + p.numel, 0.0f);  // padded vocabulary rows
-    for (const RowBlock& b : m.blocks)
-      if (last_use.at(b.hf) == i) data.erase(b.hf);
+    fill_parameter(f, m, shapes, p, params.data() + p.offset);
   }
   params.upload(model.params().params());
 }
 
-SafetensorsWriter export_tensors(const GPTModel& model, const std::vector<TensorMap>& map,
+SafetensorsWriter export_tensors(const ParamBuffer& layout, const ParamRows& rows, const std::vector<TensorMap>& map,
                                  const std::map<std::string, Shape>& shapes) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, shape] : shapes) out[name].resize(size_t(shape_numel(shape)));
-  const HostStaging params(model.params().params(), model.params().numel(), true);
+  // Per HF tensor, the parameters' rows that make it: rows [at, at + n) of p to its rows [row0, row0 + n), in rows
+  // of the parameter's (a fused 3-D expert tensor [E, F, C] is E F rows of C).
+  struct Piece {
+    ParamInfo p;
+    int64_t at, row0, n;
+    float offset;
+  };
+  std::map<std::string, std::vector<Piece>> pieces;
   for (const TensorMap& m : map) {
-    const ParamInfo& p = model.params().info(m.lattice);
-    const float* src = params.data() + p.offset;
-    const int64_t row = p.shape.size() >= 2 ? p.numel / p.shape[0] : 1;
+    const ParamInfo& p = layout.info(m.lattice);
     int64_t at = 0;
     for (const RowBlock& b : m.blocks) {
-      const int64_t rows = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
-      float* to = out.at(b.hf).data() + b.row0 * row;
-      std::memcpy(to, src + at * row, size_t(rows * row) * sizeof(float));
-      if (m.offset != 0.0f)
-        for (int64_t i = 0; i < rows * row; ++i) to[i] -= m.offset;
-      at += rows;
+      const int64_t n = b.rows < 0 ? shapes.at(b.hf)[0] : b.rows;
+      pieces[b.hf].push_back({p, at, b.row0, n, m.offset});
+      at += n;
     }
   }
-  return f32_model_tensors(shapes, std::move(out));
+  SafetensorsWriter w;
+  for (const auto& [name, shape] : shapes) {
+    const int64_t numel = shape_numel(shape);
+    w.add_produced(name, "F32", shape, size_t(numel) * sizeof(float),
+                   [mine = pieces[name], numel, rows](uint8_t* out) {
+                     float* to = reinterpret_cast<float*>(out);  // (zeroed: rows no parameter gives stay 0)
+                     for (const Piece& k : mine) {
+                       const int64_t row = k.p.shape.size() >= 2 ? k.p.numel / k.p.shape[0] : 1;
+                       LATTICE_CHECK((k.row0 + k.n) * row <= numel) << k.p.name << ": rows past the HF tensor";
+                       float* dst = to + k.row0 * row;
+                       rows(k.p, k.at, k.n, dst);
+                       if (k.offset != 0.0f)
+                         for (int64_t i = 0; i < k.n * row; ++i) dst[i] -= k.offset;
+                     }
+                   });
+  }
+  w.set_metadata("format", "pt");
+  return w;
+}
+
+ParamRows model_rows(const GPTModel& model) {
+  auto params = std::make_shared<const HostStaging>(model.params().params(), model.params().numel(), true);
+  return [params](const ParamInfo& p, int64_t row0, int64_t rows, float* out) {
+    const int64_t row = p.shape.size() >= 2 ? p.numel / p.shape[0] : 1;
+    std::memcpy(out, params->data() + p.offset + row0 * row, size_t(rows * row) * sizeof(float));
+  };
+}
+
+ExportSource model_source(const GPTModel& model) {
+  return {model.config(), std::shared_ptr<const ParamBuffer>(&model.params(), [](const ParamBuffer*) {}),
+          model_rows(model)};
+}
+
+ExportSource checkpoint_source(const LoadedModel& lm) {
+  auto layout = std::make_shared<const ParamBuffer>(
+      GPTModel::parameter_registry(lm.config, TensorParallel{}, ModelPlacement{}, 0, 1));
+  return {lm.config, layout, checkpoint_param_rows(lm.reader)};
+}
+
+SafetensorsWriter export_tensors(const GPTModel& model, const std::vector<TensorMap>& map,
+                                 const std::map<std::string, Shape>& shapes) {
+  return export_tensors(model.params(), model_rows(model), map, shapes);
 }
 
 }  // namespace lattice::hf

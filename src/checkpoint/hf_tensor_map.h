@@ -4,10 +4,13 @@
 // [out, in] like lattice's, so a block is a range of whole rows.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "checkpoint/model_checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "model/gpt_model.h"
 
@@ -39,13 +42,47 @@ TensorMap grouped_qkv(const TransformerConfig& c, const std::string& lattice, co
 // Every tensor of `shapes` is in f with that shape, or an error naming the file and the tensor.
 void check_tensor_shapes(const SafetensorsFile& f, const std::map<std::string, Shape>& shapes);
 
-// The model's parameters from f's tensors (each read once, in fp32), as `map` assembles them;
+// The model's parameters from f's tensors (each element read once, in fp32), as `map` assembles them;
 // shapes: every HF tensor's (the row counts of whole-tensor blocks).
 void import_tensors(GPTModel& model, const SafetensorsFile& f, const std::vector<TensorMap>& map,
                     const std::map<std::string, Shape>& shapes);
 
-// The HF tensors of `shapes` from the model's parameters, the inverse of import_tensors (padded
-// vocabulary rows dropped), as an F32 file.
+// What an import reads: each lattice parameter's HF rows and every HF tensor's shape (checked against the file
+// before any is read). A parameter the map does not name stays zero (a router's expert bias the file lacks).
+struct ImportPlan {
+  std::vector<TensorMap> map;
+  std::map<std::string, Shape> shapes;
+};
+
+// The parameter p's values [p.numel] into dst as `m` assembles them from f (only the rows it names are read),
+// with m's offset added and the padded vocabulary rows zero.
+void fill_parameter(const SafetensorsFile& f, const TensorMap& m, const std::map<std::string, Shape>& shapes,
+                    const ParamInfo& p, float* dst);
+
+// Where an export reads lattice parameters: rows [row0, row0 + rows) (along dim 0) of parameter p into out.
+using ParamRows = std::function<void(const ParamInfo& p, int64_t row0, int64_t rows, float* out)>;
+
+// The HF tensors of `shapes` from the parameters of `layout` read through `rows`, the inverse of import_tensors
+// (padded vocabulary rows dropped), as an F32 file whose tensors are made only when written (one at a time:
+// SafetensorsWriter::add_produced); `rows` must stay usable until the file is written.
+SafetensorsWriter export_tensors(const ParamBuffer& layout, const ParamRows& rows, const std::vector<TensorMap>& map,
+                                 const std::map<std::string, Shape>& shapes);
+// A model's parameters as ParamRows (its host copy held while the function lives).
+ParamRows model_rows(const GPTModel& model);
+
+// What an export writes from: a model's configuration, its parameters' layout and their rows (a loaded model's,
+// or a checkpoint's read as each HF tensor is written: lattice convert --to-hf streams so).
+struct ExportSource {
+  TransformerConfig config;
+  std::shared_ptr<const ParamBuffer> layout;
+  ParamRows rows;
+};
+// A loaded model as an ExportSource (it must outlive the export).
+ExportSource model_source(const GPTModel& model);
+// A checkpoint opened without its model (open_model_checkpoint) as an ExportSource: each parameter's rows read
+// from the checkpoint when an HF tensor that needs them is written.
+ExportSource checkpoint_source(const LoadedModel& lm);
+// The same from the model.
 SafetensorsWriter export_tensors(const GPTModel& model, const std::vector<TensorMap>& map,
                                  const std::map<std::string, Shape>& shapes);
 

@@ -361,11 +361,37 @@ std::string save_model_checkpoint(const std::string& dir, int64_t iteration, con
   return w.save(dir);
 }
 
+std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const TransformerConfig& config,
+                                  const std::function<void(const ParamInfo&, float*)>& fill,
+                                  const std::string& args_json) {
+  const ParamBuffer registry = GPTModel::parameter_registry(config, TensorParallel{}, ModelPlacement{}, 0, 1);
+  CheckpointWriter w;
+  for (const TensorPart& t : param_parts(registry.infos(), nullptr, 0)) {  // (the tensors a model's save writes)
+    const ParamInfo& p = registry.info(t.name);
+    LATTICE_CHECK(t.lengths == p.global_shape) << t.name << ": not whole in a one-process model";
+    w.add_produced_piece(kModelFile, t.name, "F32", t.global_shape, t.offsets, t.lengths,
+                         [p, &fill](uint8_t* out) { fill(p, reinterpret_cast<float*>(out)); });
+  }
+  CheckpointState s;
+  s.iteration = iteration;
+  s.model_config = model_config_json(config);
+  s.args = json::parse(args_json);
+  w.set_state(s);
+  return w.save(dir);
+}
+
 LoadedModel load_model_checkpoint(const std::string& dir, int64_t B) {
-  CheckpointReader r = CheckpointReader::open(dir);
-  const CheckpointState& s = r.state();
-  TransformerConfig c = model_config_from_json(s.model_config, r.iter_dir());
+  LoadedModel out = open_model_checkpoint(dir);
+  load_model(out, B);
+  return out;
+}
+
+LoadedModel open_model_checkpoint(const std::string& dir) {
+  auto r = std::make_shared<const CheckpointReader>(CheckpointReader::open(dir));
+  const CheckpointState& s = r->state();
   LoadedModel out;
+  out.config = model_config_from_json(s.model_config, r->iter_dir());
+  out.reader = r;
   out.seq_length = s.args.value("seq-length", int64_t(0));
   out.tokenizer_type = s.args.value("tokenizer-type", std::string());
   out.tokenizer = {out.tokenizer_type, s.args.value("vocab-file", std::string()),
@@ -375,11 +401,28 @@ LoadedModel load_model_checkpoint(const std::string& dir, int64_t B) {
                    s.args.value("tiktoken-special-tokens", std::vector<std::string>())};
   out.iteration = s.iteration;
   out.hf_model_type = s.args.value("hf-model-type", std::string());
-  // For inference (generate, convert): the weights without a gradient buffer.
-  out.model = std::make_unique<GPTModel>(c, B, c.max_position_embeddings, TensorParallel{}, ModelPlacement{}, nullptr,
-                                         ContextParallel{}, /*gradients=*/false);
-  load_model_tensors(r, *out.model);
   return out;
+}
+
+void load_model(LoadedModel& lm, int64_t B) {
+  const TransformerConfig& c = lm.config;
+  // For inference (generate, convert): the weights without a gradient buffer.
+  lm.model = std::make_unique<GPTModel>(c, B, c.max_position_embeddings, TensorParallel{}, ModelPlacement{}, nullptr,
+                                        ContextParallel{}, /*gradients=*/false);
+  load_model_tensors(*lm.reader, *lm.model);
+}
+
+std::function<void(const ParamInfo&, int64_t, int64_t, float*)> checkpoint_param_rows(
+    std::shared_ptr<const CheckpointReader> reader) {
+  return [reader](const ParamInfo& p, int64_t row0, int64_t rows, float* out) {
+    std::vector<int64_t> offsets(p.global_shape.size(), 0), lengths = p.global_shape;
+    if (!lengths.empty()) {
+      offsets[0] = row0;
+      lengths[0] = rows;
+    }
+    reader->read_slice(p.name, "F32", offsets, lengths, out);
+    reader->release(p.name);
+  };
 }
 
 void load_parameters(GPTModel& model, const std::string& path) {

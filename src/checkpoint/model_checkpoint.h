@@ -4,6 +4,7 @@
 // directory alone.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -36,9 +37,17 @@ void load_model_tensors(const CheckpointReader& r, GPTModel& model);
 // returns the iteration directory.
 std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const GPTModel& model,
                                   const std::string& args_json);
+// The same checkpoint for a one-process model of `config` (the same files byte for byte) without the model:
+// each parameter's values from fill(p, dst) (dst [p.numel]) while its file is written, one parameter in memory
+// at a time (lattice convert --from-hf streams so).
+std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const TransformerConfig& config,
+                                  const std::function<void(const ParamInfo&, float*)>& fill,
+                                  const std::string& args_json);
 
 struct LoadedModel {
-  std::unique_ptr<GPTModel> model;
+  std::unique_ptr<GPTModel> model;  // null when opened without it (open_model_checkpoint)
+  TransformerConfig config;         // the model's
+  std::shared_ptr<const CheckpointReader> reader;
   std::string tokenizer_type;   // as trained (empty for pre-tokenised data)
   TokenizerSpec tokenizer;      // the tokenizer flags it was trained (or converted) with
   int64_t seq_length = 0;
@@ -51,6 +60,14 @@ struct LoadedModel {
 // padded vocabulary (whatever tensor-parallel size saved it). For inference: the model has no
 // gradient buffer (GPTModel's `gradients` false), so it cannot train.
 LoadedModel load_model_checkpoint(const std::string& dir, int64_t B = 1);
+// The same checkpoint opened without its model (config, tokenizer and reader: a streamed export reads each
+// tensor when it is written); load_model then makes the model load_model_checkpoint would.
+LoadedModel open_model_checkpoint(const std::string& dir);
+void load_model(LoadedModel& lm, int64_t B = 1);
+// Rows of the checkpoint's parameters (whatever layout saved them) as hf::ParamRows reads them: rows
+// [row0, row0 + rows) of parameter p into out, the pages read given back after (CheckpointReader::release).
+std::function<void(const ParamInfo&, int64_t, int64_t, float*)> checkpoint_param_rows(
+    std::shared_ptr<const CheckpointReader> reader);
 
 // Copies every parameter of `model` from a plain safetensors file (names and shapes must
 // match): HuggingFace-style weight files and test fixtures.

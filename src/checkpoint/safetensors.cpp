@@ -287,6 +287,16 @@ SafetensorsFile SafetensorsFile::combine(const std::string& path, std::vector<Sa
   return out;
 }
 
+void SafetensorsFile::release(const std::string& name) const {
+  const TensorBytes& b = get(name).bytes;
+  if (!b.mapped() || b.empty()) return;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = uintptr_t(b.data()) / page * page;
+  const uintptr_t end = (uintptr_t(b.data()) + b.size() + page - 1) / page * page;
+  // (a private, read-only file mapping: dropped pages are read from the file again)
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
   out.reserve(tensors_.size());
@@ -342,6 +352,13 @@ void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64
   add(name, "F32", shape, data, numel * sizeof(float));
 }
 
+void SafetensorsWriter::add_produced(const std::string& name, const std::string& dtype,
+                                     const std::vector<int64_t>& shape, size_t bytes,
+                                     std::function<void(uint8_t* out)> produce) {
+  check_entry(name, dtype, shape, bytes);
+  entries_.push_back(Entry{name, dtype, shape, nullptr, nullptr, bytes, std::move(produce)});
+}
+
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
   metadata_[key] = value;
 }
@@ -351,24 +368,36 @@ void SafetensorsWriter::cast_f32(const std::string& dtype) {
   if (dtype != "BF16" && dtype != "F16")
     LATTICE_FAIL() << "safetensors writer: cannot cast F32 tensors to " << dtype << " (BF16 or F16)";
   const bool bf16 = dtype == "BF16";
+  // n F32 values at `in` as 2-byte values at `out`.
+  auto cast = [bf16](const std::string& name, const uint8_t* in, size_t n, uint8_t* out) {
+    for (size_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, in + 4 * i, 4);
+      const uint16_t h = bf16 ? math::fp32_to_bf16(v) : math::fp32_to_fp16(v);
+      if (!bf16 && std::isfinite(v) && (h & 0x7c00u) == 0x7c00u)
+        LATTICE_FAIL() << "tensor " << name << ": value " << v << " at index " << i
+                       << " is beyond float16's range (65504); export it as bfloat16 or float32";
+      out[2 * i] = uint8_t(h & 0xff);
+      out[2 * i + 1] = uint8_t(h >> 8);
+    }
+  };
   for (Entry& e : entries_) {
     if (e.dtype != "F32") continue;
     const size_t n = e.bytes / 4;
-    auto out = std::make_shared<std::vector<uint8_t>>(2 * n);
-    for (size_t i = 0; i < n; ++i) {
-      float v;
-      std::memcpy(&v, e.data + 4 * i, 4);
-      const uint16_t h = bf16 ? math::fp32_to_bf16(v) : math::fp32_to_fp16(v);
-      if (!bf16 && std::isfinite(v) && (h & 0x7c00u) == 0x7c00u)
-        LATTICE_FAIL() << "tensor " << e.name << ": value " << v << " at index " << i
-                       << " is beyond float16's range (65504); export it as bfloat16 or float32";
-      (*out)[2 * i] = uint8_t(h & 0xff);
-      (*out)[2 * i + 1] = uint8_t(h >> 8);
-    }
-    e.data = out->data();
-    e.bytes = out->size();
-    e.owner = std::move(out);
     e.dtype = dtype;
+    e.bytes = 2 * n;
+    if (e.produce) {  // cast when produced: the F32 values in a buffer of their own, then the 2-byte ones
+      e.produce = [f32 = std::move(e.produce), cast, name = e.name, n](uint8_t* out) {
+        std::vector<uint8_t> values(4 * n);
+        f32(values.data());
+        cast(name, values.data(), n, out);
+      };
+      continue;
+    }
+    auto out = std::make_shared<std::vector<uint8_t>>(2 * n);
+    cast(e.name, e.data, n, out->data());
+    e.data = out->data();
+    e.owner = std::move(out);
   }
 }
 
@@ -421,7 +450,21 @@ void SafetensorsWriter::write(const std::string& path) const {
   if (fd < 0) LATTICE_FAIL() << tmp << ": cannot create: " << std::strerror(errno);
   write_all(fd, len_bytes, 8, tmp);
   write_all(fd, header.data(), header.size(), tmp);
-  for (const Entry& e : entries_) write_all(fd, e.data, e.bytes, tmp);
+  for (const Entry& e : entries_) {
+    if (!e.produce) {
+      write_all(fd, e.data, e.bytes, tmp);
+      continue;
+    }
+    std::vector<uint8_t> produced(e.bytes);
+    try {
+      e.produce(produced.data());
+    } catch (...) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw;
+    }
+    write_all(fd, produced.data(), produced.size(), tmp);
+  }
   if (::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);

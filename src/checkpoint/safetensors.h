@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,6 +93,10 @@ class SafetensorsFile {
   std::vector<int32_t> get_i32(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   std::vector<std::string> names() const;  // sorted
+  // Gives back the memory of a mapped tensor's pages (and of the neighbors' that share its first and last page):
+  // its bytes stay readable, read from the file again when next used. A streamed conversion reads a model larger
+  // than memory so. Nothing happens for a tensor with bytes of its own.
+  void release(const std::string& name) const;
 
  private:
   std::string path_;
@@ -111,6 +116,11 @@ class SafetensorsWriter {
                 const void* data, size_t bytes);
   // An F32 tensor whose values the writer takes over (moved, not copied).
   void add_f32(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>&& data);
+  // A tensor whose `bytes` bytes `produce` writes into the buffer it is given, called by write() just before the
+  // tensor goes to the file (the buffer is freed right after): a file of any size is written holding one
+  // tensor's data at a time. produce may be called again by another write().
+  void add_produced(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+                    size_t bytes, std::function<void(uint8_t* out)> produce);
   void set_metadata(const std::string& key, const std::string& value);
   // Every F32 tensor converted to `dtype`: BF16 or F16, rounded to nearest even (F32: nothing
   // changes). A finite value beyond F16's range is an error naming the tensor.
@@ -133,6 +143,7 @@ class SafetensorsWriter {
     std::shared_ptr<const void> owner;  // what holds the bytes (null: borrowed, add_view's)
     const uint8_t* data = nullptr;
     size_t bytes = 0;
+    std::function<void(uint8_t*)> produce;  // add_produced's (data null)
   };
   // The checks of every add: a new valid name, `bytes` matching dtype and shape.
   void check_entry(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,

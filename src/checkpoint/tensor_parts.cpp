@@ -28,7 +28,7 @@ std::vector<TensorPart> param_parts(const std::vector<ParamInfo>& infos, const f
       t.global_shape = p.global_shape;
       t.offsets = box.offsets;
       t.lengths = box.lengths;
-      t.data = flat + p.offset + box.local_offset;
+      t.data = flat ? flat + p.offset + box.local_offset : nullptr;
       parts.push_back(std::move(t));
     }
   }

@@ -36,7 +36,8 @@ struct TensorPart {
 // rank's boxes follow from any rank's infos; a blocked tensor, ParamInfo::tp_blocks, gives
 // one part per block: param_boxes); a tp_duplicated tensor (a full copy on every
 // rank) is contributed by tp rank 0 only, and the last pipeline stage's copy of a tied word
-// embedding (shared_embedding_copy) not at all: the first stage saves it.
+// embedding (shared_embedding_copy) not at all: the first stage saves it. flat may be null (the parts then
+// name their boxes only; data null).
 std::vector<TensorPart> param_parts(const std::vector<ParamInfo>& infos, const float* flat, int tp_rank,
                                     const std::string& prefix = "");
 

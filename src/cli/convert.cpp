@@ -61,20 +61,29 @@ void from_hf(const SimpleFlags& f) {
                              : qwen3_next   ? hf_qwen3_next_family_name(config)
                              : llama        ? hf_llama_family_name(config)
                                             : "GPT-2";
-  HfModel in = nemotron_h     ? load_hf_nemotron_h(dir, int64_t(divisible), 1, false)
-               : gpt_oss      ? load_hf_gpt_oss(dir, int64_t(divisible), 1, false)
-               : deepseek_mla ? load_hf_deepseek_mla(dir, int64_t(divisible), 1, false)
-               : glm          ? load_hf_glm4_moe(dir, int64_t(divisible), 1, false)
-               : qwen3_next   ? load_hf_qwen3_next(dir, int64_t(divisible), 1, false)
-               : llama        ? load_hf_llama(dir, int64_t(divisible), 1, false)
-                              : load_hf_gpt2(dir, int64_t(divisible), 1, false);
-  const TransformerConfig& c = in.model->config();
+  // Streamed: the families whose parameters are rows of HF tensors write each parameter as it is read (one in
+  // memory at a time); GPT-2 (transposed Conv1D weights) and GPT-OSS (MXFP4 experts) through a model.
+  const int64_t div = int64_t(divisible);
+  HfSource src;
+  HfModel in;
+  if (nemotron_h || deepseek_mla || glm || qwen3_next || llama) {
+    src = nemotron_h     ? open_hf_nemotron_h(dir, div)
+          : deepseek_mla ? open_hf_deepseek_mla(dir, div)
+          : glm          ? open_hf_glm4_moe(dir, div)
+          : qwen3_next   ? open_hf_qwen3_next(dir, div)
+                         : open_hf_llama(dir, div);
+  } else {
+    in = gpt_oss ? load_hf_gpt_oss(dir, div, 1, false) : load_hf_gpt2(dir, div, 1, false);
+    src.config = in.model->config();
+    src.tokenizer_type = in.tokenizer_type;
+  }
+  const TransformerConfig& c = src.config;
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
   // tokenizer.json (HuggingFaceTokenizer) when lattice reads it, else its tokenizer.model
   // (Llama2Tokenizer: HuggingFace's LlamaTokenizer starts every text with <s> as it does), else
   // GPT-2's BPE when the vocabulary is GPT-2's. A type that reads --tokenizer-model takes the
   // folder's file when the flag is not given.
-  TokenizerSpec tok{f.get("tokenizer-type", in.tokenizer_type), "", "", f.get("tokenizer-model", "")};
+  TokenizerSpec tok{f.get("tokenizer-type", src.tokenizer_type), "", "", f.get("tokenizer-model", "")};
   const bool folder_json = fs::exists(fs::path(dir) / "tokenizer.json");
   const bool folder_model = fs::exists(fs::path(dir) / "tokenizer.model");
   const bool sentencepiece = SentencePieceTokenizer::is_type(tok.type);
@@ -118,7 +127,8 @@ void from_hf(const SimpleFlags& f) {
                          {"converted-from-hf", dir}};
   if (config.contains("model_type") && config["model_type"].is_string()) args["hf-model-type"] = config["model_type"];
   if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
-  const std::string written = save_model_checkpoint(save, 0, *in.model, args.dump());
+  const std::string written = in.model ? save_model_checkpoint(save, 0, *in.model, args.dump())
+                                       : save_model_checkpoint(save, 0, c, src.fill, args.dump());
   std::fprintf(stderr, "convert: %s (%s) -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
                dir.c_str(), family.c_str(), written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
                (long long)c.vocab_size, (long long)c.padded_vocab_size,
@@ -155,11 +165,13 @@ void to_hf(const SimpleFlags& f) {
   if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json") ||
       fs::exists(fs::path(dir) / "config.json"))
     LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
-  LoadedModel lm = load_model_checkpoint(load, 1);
-  // GPT-2 when the model has its form, else Llama when it has that one, else GPT-OSS, else none.
-  const TransformerConfig& c = lm.model->config();
+  // Opened without its model: the families whose HF tensors are rows of parameters are written HF tensor by HF
+  // tensor, each read from the checkpoint as it is written (streamed); GPT-2, GPT-OSS and DeepSeek's MLA load it.
+  LoadedModel lm = open_model_checkpoint(load);
+  const TransformerConfig& c = lm.config;
+  const hf::ExportSource streamed = hf::checkpoint_source(lm);
   if (c.hybrid()) {  // HuggingFace Nemotron-H, or an error saying why not
-    save_hf_nemotron_h(dir, *lm.model, lm.tokenizer_type, options);
+    save_hf_nemotron_h(dir, streamed, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (Nemotron-H, %s)\n", load.c_str(), (long long)lm.iteration,
                  dir.c_str(), options.dtype.c_str());
@@ -178,7 +190,7 @@ void to_hf(const SimpleFlags& f) {
                               // error saying why not; a prediction depth as their multi-token prediction module.
                               // Without the flag, the family the weights were converted from, when it fits.
     if (options.model_type.empty()) options.model_type = hf_qwen3_next_recorded_type(c, lm.hf_model_type);
-    save_hf_qwen3_next(dir, *lm.model, lm.tokenizer_type, options);
+    save_hf_qwen3_next(dir, streamed, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
                  dir.c_str(), hf_qwen3_next_family_name(c, options.model_type).c_str(), options.dtype.c_str());
@@ -191,6 +203,7 @@ void to_hf(const SimpleFlags& f) {
   if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 (or Kimi-K2's or GLM-4.7-Flash's form of it) or V2, or
                                    // an error saying why not; without the flag the form the weights came from
     if (options.model_type.empty()) options.model_type = hf_deepseek_recorded_type(c, lm.hf_model_type);
+    load_model(lm);
     save_hf_deepseek_mla(dir, *lm.model, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
@@ -207,14 +220,16 @@ void to_hf(const SimpleFlags& f) {
   if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty() && !not_glm.empty())
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama << ", "
                    << not_gpt_oss << ", and " << not_glm << ": neither HuggingFace GPT-2, Llama, GPT-OSS nor GLM-4.5";
-  if (not_gpt2.empty())
+  const bool gpt2 = not_gpt2.empty(), gpt_oss = !gpt2 && !not_llama.empty() && not_gpt_oss.empty();
+  if (gpt2 || gpt_oss) load_model(lm);  // (GPT-2's Conv1D tensors are transposed, GPT-OSS's experts interleaved)
+  if (gpt2)
     save_hf_gpt2(dir, *lm.model, lm.tokenizer_type, options);
   else if (not_llama.empty())
-    save_hf_llama(dir, *lm.model, lm.tokenizer_type, options);
+    save_hf_llama(dir, streamed, lm.tokenizer_type, options);
   else if (not_gpt_oss.empty())
     save_hf_gpt_oss(dir, *lm.model, lm.tokenizer_type, options);
   else
-    save_hf_glm4_moe(dir, *lm.model, lm.tokenizer_type, options);
+    save_hf_glm4_moe(dir, streamed, lm.tokenizer_type, options);
   copy_tokenizer_files(lm, dir);
   std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
                dir.c_str(),
