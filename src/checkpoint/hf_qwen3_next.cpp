@@ -478,12 +478,6 @@ hf::ImportPlan hf_qwen3_next_import_plan(const TransformerConfig& c, const Safet
   return {tensor_map(c, layout, p), shapes};
 }
 
-SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std::string& model_type) {
-  const TransformerConfig& c = model.config();
-  const Layout layout = layout_of(export_family(c, model_type));
-  return hf::export_tensors(model, tensor_map(c, layout), hf_shapes(c, layout));
-}
-
 namespace {
 
 hf::ConfigFn config_fn(int64_t divisible_by) {

@@ -61,7 +61,6 @@ std::string hf_qwen3_next_mismatch(const TransformerConfig& c);
 // config: the folder's config.json (its family says the layout).
 hf::ImportPlan hf_qwen3_next_import_plan(const TransformerConfig& c, const SafetensorsFile& file,
                                          const nlohmann::json& config);
-SafetensorsWriter export_hf_qwen3_next_tensors(const GPTModel& model, const std::string& model_type = "");
 
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings).
 HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,

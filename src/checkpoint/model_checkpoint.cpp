@@ -317,8 +317,33 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
   return c;
 }
 
-void check_model_config(const json& saved, const TransformerConfig& c, const std::string& where) {
+namespace {
+
+// A run whose prediction depths have one depth's parameters (one depth, or --mtp-use-repeated-layer) reads a
+// checkpoint whose depths have them too, of the same layers, whatever the two runs' numbers of depths: the
+// parameters are the same (mtp.layers.0.*). NVIDIA publishes Nemotron-3 with one depth, which Megatron's recipe
+// trains as two repeated ones. `saved` with this run's depths then, else as it is.
+json with_run_depths(json saved, const json& now) {
+  auto one_depth_of_parameters = [](const json& j) {
+    const int64_t depths = j.value("mtp_num_layers", int64_t(0));
+    return depths == 1 || (depths > 1 && j.value("mtp_use_repeated_layer", false));
+  };
+  if (!one_depth_of_parameters(saved) || !one_depth_of_parameters(now)) return saved;
+  const std::string was = saved.value("hybrid_override_pattern", ""), is = now.value("hybrid_override_pattern", "");
+  if (!was.empty() && !is.empty()) {  // a hybrid's depths: the same decoder and depth layers (else the pattern's
+    const HybridPattern a = parse_hybrid_pattern(was), b = parse_hybrid_pattern(is);  // comparison names them)
+    if (a.main == b.main && a.mtp == b.mtp) saved["hybrid_override_pattern"] = is;
+  }
+  saved["mtp_num_layers"] = now["mtp_num_layers"];
+  saved["mtp_use_repeated_layer"] = now["mtp_use_repeated_layer"];
+  return saved;
+}
+
+}  // namespace
+
+void check_model_config(const json& checkpoint, const TransformerConfig& c, const std::string& where) {
   const json now = model_config_json(c);
+  const json saved = with_run_depths(checkpoint, now);
   auto expect_same = [&](const json& a, const json& b, const char* name, const char* flag) {
     if (!same_value(a, b))
       LATTICE_FAIL() << where << ": the checkpoint's " << name << " is " << a.dump() << ", this run's is " << b.dump()

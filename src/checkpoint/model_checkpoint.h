@@ -25,7 +25,8 @@ nlohmann::json model_config_json(const TransformerConfig& c);
 TransformerConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
 // A one-line lattice::Error naming the first field (and its flag) in which the
 // checkpoint's model differs from `c`. padded_vocab_size may differ (it depends on the
-// tensor-parallel size; loading reslices the vocabulary rows).
+// tensor-parallel size; loading reslices the vocabulary rows), and so may the number of prediction depths where both
+// have one depth's parameters (one depth, or --mtp-use-repeated-layer) of the same layers.
 void check_model_config(const nlohmann::json& saved, const TransformerConfig& c, const std::string& where);
 
 // Reads this rank's box of every parameter of `model` from the checkpoint, whatever

@@ -181,6 +181,18 @@ if run mtp_repeated "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --mtp-use-repeated-
       squeezed_has rep_back/iter_0000000/checkpoint.json -- '"hybrid_override_pattern":"M-M*-/M-"' &&
       pass "--mtp-use-repeated-layer: written to HuggingFace once (num_nextn_predict_layers 1), saying so" ||
       fail "--mtp-use-repeated-layer's export: config, note or read-back"
+    # The one depth read back trains again as two repeated ones (Megatron's Nemotron-3 recipe on NVIDIA's form).
+    if run rep_again "$LATTICE" train "${UNI[@]}" "${RUN[@]}" --mtp-use-repeated-layer --train-iters 2 \
+         --load rep_back --finetune --save rep_again_ckpt; then
+      squeezed_has rep_again_ckpt/iter_0000002/checkpoint.json -- '"mtp_num_layers":2' '"mtp_use_repeated_layer":true' &&
+        pass "the converted one-depth checkpoint fine-tunes as two repeated depths" ||
+        fail "the one-depth checkpoint's fine-tune as two repeated depths saved another model"
+    fi
+    OTHER=()  # the same decoder with depths of an attention and an MLP block
+    for a in "${MODEL[@]}"; do [ "$a" = "M-M*-" ] && OTHER+=("M-M*-/*-/*-") || OTHER+=("$a"); done
+    expect_error "a one-depth checkpoint under other depth layers" "--hybrid-override-pattern" -- \
+      "$LATTICE" train "${OTHER[@]}" "${RUN[@]}" --mtp-use-repeated-layer --train-iters 1 \
+      --load rep_back --finetune --save rep_bad
   fi
 fi
 expect_error "--mtp-num-layers disagreeing with the pattern's depths" "--mtp-num-layers 1 but --hybrid-override-pattern" -- \

@@ -146,5 +146,39 @@ TEST(CkptModelConfig, PaddedVocabularyMayDifferButTheVocabularyMayNot) {
   EXPECT_NE(msg.find("vocab_size is 40, this run's is 41"), std::string::npos) << msg;
 }
 
+// Prediction depths with one depth's parameters (one depth, or --mtp-use-repeated-layer) read each other
+// whatever their numbers of depths, when their layers are the same (NVIDIA's one-depth Nemotron-3 trained as
+// Megatron's two repeated ones); otherwise the depths' fields are compared as any other.
+TEST(CkptModelConfig, OneDepthOfParametersServesAnyNumberOfRepeatedDepths) {
+  auto with = [](const std::string& pattern, int64_t depths, bool repeated) {
+    TransformerConfig c = tiny_config();
+    c.num_layers = int64_t(pattern.find('/'));
+    c.hybrid_layer_pattern = pattern.substr(0, pattern.find('/'));
+    c.mtp_hybrid_pattern = pattern.substr(pattern.find('/') + 1);
+    c.mtp_num_layers = depths;
+    c.mtp_use_repeated_layer = repeated;
+    c.position_embedding_type = "none";
+    c.padded_vocab_size = 0;
+    c.finalize();
+    return c;
+  };
+  const nlohmann::json one = model_config_json(with("*-/*-", 1, false));
+  const nlohmann::json repeated3 = model_config_json(with("*-/*-", 3, true));
+  EXPECT_EQ(error_of([&] { check_model_config(one, with("*-/*-", 2, true), "x"); }), "");
+  EXPECT_EQ(error_of([&] { check_model_config(repeated3, with("*-/*-", 2, true), "x"); }), "");
+  EXPECT_EQ(error_of([&] { check_model_config(repeated3, with("*-/*-", 1, false), "x"); }), "");
+  // Two depths of their own parameters are not one depth's.
+  std::string msg = error_of([&] { check_model_config(model_config_json(with("*-/*-", 2, false)),
+                                                       with("*-/*-", 3, true), "x"); });
+  EXPECT_NE(msg.find("--mtp-num-layers"), std::string::npos) << msg;
+  msg = error_of([&] { check_model_config(one, with("*-/*-", 2, false), "x"); });
+  EXPECT_NE(msg.find("--mtp-num-layers"), std::string::npos) << msg;
+  // Other depth layers, or another decoder, are another model.
+  msg = error_of([&] { check_model_config(one, with("*-/-", 2, true), "x"); });
+  EXPECT_NE(msg.find("--hybrid-override-pattern"), std::string::npos) << msg;
+  msg = error_of([&] { check_model_config(one, with("*--/*-", 2, true), "x"); });
+  EXPECT_FALSE(msg.empty());
+}
+
 }  // namespace
 }  // namespace lattice
