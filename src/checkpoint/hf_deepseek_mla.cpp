@@ -378,14 +378,19 @@ hf::ImportPlan hf_deepseek_mla_import_plan(const TransformerConfig& c, const Saf
 
 void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                          const hf::ExportOptions& options) {
-  const TransformerConfig& c = model.config();
+  save_hf_deepseek_mla(dir, hf::model_source(model), tokenizer_type, options);
+}
+
+void save_hf_deepseek_mla(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
+                         const hf::ExportOptions& options) {
+  const TransformerConfig& c = src.config;
   const std::string why = hf_deepseek_mla_mismatch(c);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
   const std::string model_type = hf_deepseek_model_type(c, options.model_type);
   const json config = hf_deepseek_mla_config_json(c, tokenizer_type, model_type);
   std::map<std::string, Shape> shapes;
   const std::vector<TensorMap> map = tensor_map(c, shapes, model_type != kGlmLite, nullptr);
-  hf::write_model_folder(dir, hf::export_tensors(model, map, shapes), config, options);
+  hf::write_model_folder(dir, hf::export_tensors(*src.layout, src.rows, map, shapes), config, options);
 }
 
 }  // namespace lattice

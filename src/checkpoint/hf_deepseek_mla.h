@@ -72,5 +72,8 @@ hf::ImportPlan hf_deepseek_mla_import_plan(const TransformerConfig& c, const Saf
 // DIR and the reason, and nothing is written.
 void save_hf_deepseek_mla(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                          const hf::ExportOptions& options = {});
+// The same from a model's parameters wherever they are (a checkpoint read tensor by tensor).
+void save_hf_deepseek_mla(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
+                         const hf::ExportOptions& options = {});
 
 }  // namespace lattice

@@ -166,7 +166,7 @@ void to_hf(const SimpleFlags& f) {
       fs::exists(fs::path(dir) / "config.json"))
     LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
   // Opened without its model: the families whose HF tensors are rows of parameters are written HF tensor by HF
-  // tensor, each read from the checkpoint as it is written (streamed); GPT-2, GPT-OSS and DeepSeek's MLA load it.
+  // tensor, each read from the checkpoint as it is written (streamed); GPT-2 and GPT-OSS load it.
   LoadedModel lm = open_model_checkpoint(load);
   const TransformerConfig& c = lm.config;
   const hf::ExportSource streamed = hf::checkpoint_source(lm);
@@ -203,8 +203,7 @@ void to_hf(const SimpleFlags& f) {
   if (c.multi_latent_attention) {  // HuggingFace DeepSeek-V3 (or Kimi-K2's or GLM-4.7-Flash's form of it) or V2, or
                                    // an error saying why not; without the flag the form the weights came from
     if (options.model_type.empty()) options.model_type = hf_deepseek_recorded_type(c, lm.hf_model_type);
-    load_model(lm);
-    save_hf_deepseek_mla(dir, *lm.model, lm.tokenizer_type, options);
+    save_hf_deepseek_mla(dir, streamed, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
     std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
                  dir.c_str(), hf_deepseek_family_name(c, options.model_type), options.dtype.c_str());

@@ -60,7 +60,9 @@ const std::vector<Family>& families() {
       {{"hf_deepseek_v2_lite_tiny", "hf_deepseek_v3_tiny", "hf_deepseek_v3_tiny_mtp", "hf_deepseek_v3_tiny_noq",
         "hf_glm4_moe_lite_tiny"},
        [](const std::string& d) { return load_hf_deepseek_mla(d, 128, 0, false); },
-       [](const std::string& d) { return open_hf_deepseek_mla(d); }, nullptr, nullptr},  // (export: by the model)
+       [](const std::string& d) { return open_hf_deepseek_mla(d); },
+       [](const std::string& d, const GPTModel& m) { save_hf_deepseek_mla(d, m, ""); },
+       [](const std::string& d, const hf::ExportSource& s) { save_hf_deepseek_mla(d, s, ""); }},
       {{"hf_glm4_moe_tiny", "hf_glm4_moe_air_tiny"},
        [](const std::string& d) { return load_hf_glm4_moe(d, 128, 0, false); },
        [](const std::string& d) { return open_hf_glm4_moe(d); },
@@ -128,7 +130,7 @@ TEST(HfStreamedConvert, ExportFromTheCheckpointWritesTheLoadedModelsFiles) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 27);
+  EXPECT_EQ(compared, 32);
   // bfloat16, sharded: the same shards and index.
   const HfModel hf = load_hf_nemotron_h(fixture("hf_nemotron_h_mtp_tiny"), 128, 0, false);
   TempDir out("streamed_out_bf16");
