@@ -84,19 +84,24 @@ struct Mapper {
   }
 };
 
-// The whole model's correspondence, both ways: `param(name)` is the lattice parameter's host data,
-// `hf(name)` the HF tensor's (dequantized experts under their float names); `layer_done(prefix)`
-// after each layer, whose HF tensors (names starting with prefix) are then needed no more.
-template <class Param, class Hf, class Done>
-void map_model(const TransformerConfig& c, const Mapper& move, Param param, Hf hf, Done layer_done) {
+// One part of the model's correspondence, both ways: layer l's tensors (l >= 0), or the ones outside the layers
+// (l -1: the embedding, the final norm, the output layer). `param(name)` is the lattice parameter's host data,
+// `hf(name)` the HF tensor's (dequantized experts under their float names).
+template <class Param, class Hf>
+void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param param, Hf hf) {
   const Dims d = dims(c);
   auto whole = [&](const std::string& lat, const std::string& name, int64_t n) {
     float* p = param(lat);
     std::vector<float>& h = hf(name);
     for (int64_t i = 0; i < n; ++i) move(p, i, h, i);
   };
-  whole("embedding.word_embeddings.weight", "model.embed_tokens.weight", d.V * d.C);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  if (l < 0) {
+    whole("embedding.word_embeddings.weight", "model.embed_tokens.weight", d.V * d.C);
+    whole("decoder.final_layernorm.weight", "model.norm.weight", d.C);
+    if (c.untie_embeddings_and_output_weights) whole("output_layer.weight", "lm_head.weight", d.V * d.C);
+    return;
+  }
+  {
     const std::string hl = hf_layer(l), ll = lattice_layer(l);
     whole(ll + "input_layernorm.weight", hl + "input_layernorm.weight", d.C);
     // linear_qkv: per query group, its heads' q rows, then its k and v rows (weights and biases).
@@ -140,10 +145,18 @@ void map_model(const TransformerConfig& c, const Mapper& move, Param param, Hf h
         move(fc2_b, ci, dn_b, e * d.C + ci);
       }
     }
-    layer_done(hl);
   }
-  whole("decoder.final_layernorm.weight", "model.norm.weight", d.C);
-  if (c.untie_embeddings_and_output_weights) whole("output_layer.weight", "lm_head.weight", d.V * d.C);
+}
+
+// The whole model's correspondence: every layer, then the rest; `layer_done(prefix)` after each layer, whose HF
+// tensors (names starting with prefix) are then needed no more.
+template <class Param, class Hf, class Done>
+void map_model(const TransformerConfig& c, const Mapper& move, Param param, Hf hf, Done layer_done) {
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    map_part(c, l, move, param, hf);
+    layer_done(hf_layer(l));
+  }
+  map_part(c, -1, move, param, hf);
 }
 
 // [E, rows, cols] -> [E, cols, rows].
@@ -330,8 +343,11 @@ std::vector<float> decode_mxfp4(const SafetensorsFile& f, const std::string& blo
   return out;
 }
 
-void import_hf_gpt_oss_tensors(GPTModel& model, const SafetensorsFile& f, bool mxfp4) {
-  const TransformerConfig& c = model.config();
+namespace {
+
+// The file's tensors against the config: every one there with its shape, no other; errors name the file and the
+// tensor.
+void check_file(const TransformerConfig& c, const SafetensorsFile& f, bool mxfp4) {
   const Dims d = dims(c);
   const std::string& path = f.path();
   if (mxfp4 && (d.C % 32 != 0 || d.I % 32 != 0))
@@ -348,18 +364,63 @@ void import_hf_gpt_oss_tensors(GPTModel& model, const SafetensorsFile& f, bool m
     if (!shapes.count(name))
       LATTICE_FAIL() << path << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
                      << c.num_layers << (mxfp4 ? ", MXFP4 experts" : ", no quantization") << ")";
-  std::map<std::string, std::vector<float>> data;  // each HF tensor read once, when first needed
-  auto ends_with = [](const std::string& s, const std::string& tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// The HF tensor `name` as fp32 (MXFP4 experts decoded, in HF's float experts' layout), its pages given back.
+std::vector<float> read_tensor(const TransformerConfig& c, const SafetensorsFile& f, bool mxfp4,
+                               const std::string& name) {
+  const Dims d = dims(c);
+  auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  std::vector<float> out;
+  const bool gate_up = mxfp4 && ends_with(".gate_up_proj"), down = mxfp4 && ends_with(".down_proj");
+  if (gate_up || down) {  // decoded [E, 2I, C] -> HF's [E, C, 2I]; [E, C, I] -> [E, I, C]
+    out = transpose_experts(decode_mxfp4(f, name + "_blocks", name + "_scales"), d.E, gate_up ? 2 * d.I : d.C,
+                            gate_up ? d.C : d.I);
+    f.release(name + "_blocks");
+    f.release(name + "_scales");
+  } else {
+    out = hf::read_float_tensor(f, name);
+    f.release(name);
+  }
+  return out;
+}
+
+// A layer's parameters (l >= 0), or the ones outside the layers (l -1), from f: name -> values (`numel(name)`
+// floats each, zero where the file gives nothing: the padded vocabulary rows).
+std::map<std::string, std::vector<float>> read_part(const TransformerConfig& c, const SafetensorsFile& f, bool mxfp4,
+                                                    int64_t l, const std::function<int64_t(const std::string&)>& numel) {
+  std::map<std::string, std::vector<float>> params, data;  // data: each HF tensor read once, when first needed
+  auto param = [&](const std::string& name) {
+    std::vector<float>& v = params[name];
+    v.assign(size_t(numel(name)), 0.0f);
+    return v.data();
   };
   auto hf = [&](const std::string& name) -> std::vector<float>& {
     auto it = data.find(name);
-    if (it != data.end()) return it->second;
-    if (mxfp4 && ends_with(name, ".gate_up_proj"))  // decoded [E, 2I, C] -> HF's [E, C, 2I]
-      return data[name] = transpose_experts(decode_mxfp4(f, name + "_blocks", name + "_scales"), d.E, 2 * d.I, d.C);
-    if (mxfp4 && ends_with(name, ".down_proj"))  // decoded [E, C, I] -> [E, I, C]
-      return data[name] = transpose_experts(decode_mxfp4(f, name + "_blocks", name + "_scales"), d.E, d.C, d.I);
-    return data[name] = hf::read_float_tensor(f, name);
+    return it != data.end() ? it->second : data[name] = read_tensor(c, f, mxfp4, name);
+  };
+  map_part(c, l, Mapper{true}, param, hf);
+  return params;
+}
+
+// The layer a parameter belongs to (decoder.layers.<l>.), or -1.
+int64_t layer_of(const std::string& name) {
+  const std::string prefix = "decoder.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  return std::stoll(name.substr(prefix.size()));
+}
+
+}  // namespace
+
+void import_hf_gpt_oss_tensors(GPTModel& model, const SafetensorsFile& f, bool mxfp4) {
+  const TransformerConfig& c = model.config();
+  check_file(c, f, mxfp4);
+  std::map<std::string, std::vector<float>> data;  // each HF tensor read once, when first needed
+  auto hf = [&](const std::string& name) -> std::vector<float>& {
+    auto it = data.find(name);
+    return it != data.end() ? it->second : data[name] = read_tensor(c, f, mxfp4, name);
   };
   HostStaging params(model.params().params(), model.params().numel(), true);
   auto param = [&](const std::string& name) {
@@ -385,6 +446,41 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model) {
   auto hf = [&](const std::string& name) -> std::vector<float>& { return out.at(name); };
   map_model(c, Mapper{false}, param, hf, [](const std::string&) {});
   return hf::f32_model_tensors(shapes, std::move(out));
+}
+
+HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by) {
+  const json j = hf::read_config(dir);
+  const std::string what = dir + "/config.json";
+  auto f = std::make_shared<const SafetensorsFile>(hf::read_model_file(dir));
+  HfSource out;
+  out.config = hf_gpt_oss_config(j, what, divisible_by);
+  out.tokenizer_type = hf::recorded_tokenizer(j, what);
+  const bool mxfp4 = j.contains("quantization_config") && !j["quantization_config"].is_null();
+  check_file(out.config, *f, mxfp4);
+  // The part (a layer, or the tensors outside the layers) the parameter being written is in, read whole once:
+  // a layer's worth in memory at a time (its experts decoded), the checkpoint's parameters in layer order.
+  struct Part {
+    int64_t l = -2;
+    std::map<std::string, std::vector<float>> params;
+  };
+  auto part = std::make_shared<Part>();
+  auto registry = std::make_shared<const ParamBuffer>(
+      GPTModel::parameter_registry(out.config, TensorParallel{}, ModelPlacement{}, 0, 1));
+  out.fill = [f, part, registry, mxfp4, c = out.config](const ParamInfo& p, float* dst) {
+    const int64_t l = layer_of(p.name);
+    if (part->l != l) {
+      part->params.clear();
+      part->params = read_part(c, *f, mxfp4, l, [&](const std::string& name) { return registry->info(name).numel; });
+      part->l = l;
+    }
+    const auto it = part->params.find(p.name);
+    if (it == part->params.end()) {
+      std::fill(dst, dst + p.numel, 0.0f);  // (import leaves such a parameter zero)
+      return;
+    }
+    std::copy(it->second.begin(), it->second.end(), dst);
+  };
+  return out;
 }
 
 HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {

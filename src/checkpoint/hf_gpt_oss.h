@@ -55,6 +55,9 @@ std::vector<float> decode_mxfp4(const SafetensorsFile& f, const std::string& blo
 // mxfp4: the experts as blocks and scales). Every problem (missing, misshapen or unexpected tensor)
 // is an error naming the file and the tensor.
 void import_hf_gpt_oss_tensors(GPTModel& model, const SafetensorsFile& file, bool mxfp4);
+// DIR opened for a streamed conversion (hf_common.h's HfSource; the same checks): each parameter read when asked,
+// a layer's worth (its experts decoded) in memory at a time.
+HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by = 128);
 
 // The model's parameters as HF tensors (F32, vocabulary trimmed to vocab_size, the experts
 // dequantized, lm_head.weight only when untied).

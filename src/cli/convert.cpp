@@ -62,18 +62,20 @@ void from_hf(const SimpleFlags& f) {
                              : llama        ? hf_llama_family_name(config)
                                             : "GPT-2";
   // Streamed: the families whose parameters are rows of HF tensors write each parameter as it is read (one in
-  // memory at a time); GPT-2 (transposed Conv1D weights) and GPT-OSS (MXFP4 experts) through a model.
+  // memory at a time), GPT-OSS a layer at a time (its experts decoded); GPT-2 (transposed Conv1D weights) through a
+  // model.
   const int64_t div = int64_t(divisible);
   HfSource src;
   HfModel in;
-  if (nemotron_h || deepseek_mla || glm || qwen3_next || llama) {
+  if (nemotron_h || gpt_oss || deepseek_mla || glm || qwen3_next || llama) {
     src = nemotron_h     ? open_hf_nemotron_h(dir, div)
+          : gpt_oss      ? open_hf_gpt_oss(dir, div)
           : deepseek_mla ? open_hf_deepseek_mla(dir, div)
           : glm          ? open_hf_glm4_moe(dir, div)
           : qwen3_next   ? open_hf_qwen3_next(dir, div)
                          : open_hf_llama(dir, div);
   } else {
-    in = gpt_oss ? load_hf_gpt_oss(dir, div, 1, false) : load_hf_gpt2(dir, div, 1, false);
+    in = load_hf_gpt2(dir, div, 1, false);
     src.config = in.model->config();
     src.tokenizer_type = in.tokenizer_type;
   }
