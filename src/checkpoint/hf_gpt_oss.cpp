@@ -405,12 +405,13 @@ std::map<std::string, std::vector<float>> read_part(const TransformerConfig& c, 
   return params;
 }
 
-// The layer a parameter belongs to (decoder.layers.<l>.), or -1.
-int64_t layer_of(const std::string& name) {
-  const std::string prefix = "decoder.layers.";
+// The layer a tensor belongs to (lattice's decoder.layers.<l>. or HF's model.layers.<l>.), or -1.
+int64_t part_of(const std::string& name, const std::string& prefix) {
   if (name.compare(0, prefix.size(), prefix) != 0) return -1;
   return std::stoll(name.substr(prefix.size()));
 }
+int64_t layer_of(const std::string& name) { return part_of(name, "decoder.layers."); }
+int64_t hf_layer_of(const std::string& name) { return part_of(name, "model.layers."); }
 
 }  // namespace
 
@@ -437,15 +438,53 @@ void import_hf_gpt_oss_tensors(GPTModel& model, const SafetensorsFile& f, bool m
 }
 
 SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model) {
-  const TransformerConfig& c = model.config();
-  const std::map<std::string, Shape> shapes = hf_shapes(c, false);
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, shape] : shapes) out[name].resize(size_t(shape_numel(shape)));
-  HostStaging params(model.params().params(), model.params().numel(), true);
-  auto param = [&](const std::string& name) { return params.data() + model.params().info(name).offset; };
-  auto hf = [&](const std::string& name) -> std::vector<float>& { return out.at(name); };
-  map_model(c, Mapper{false}, param, hf, [](const std::string&) {});
-  return hf::f32_model_tensors(shapes, std::move(out));
+  return export_hf_gpt_oss_tensors(hf::model_source(model));
+}
+
+SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
+  const TransformerConfig& c = src.config;
+  auto shapes = std::make_shared<const std::map<std::string, Shape>>(hf_shapes(c, false));
+  // The part (a layer, or the tensors outside the layers) of the HF tensor being written, made whole once from
+  // its parameters: a layer's worth in memory at a time.
+  struct Part {
+    int64_t l = -2;
+    std::map<std::string, std::vector<float>> hf;
+  };
+  auto part = std::make_shared<Part>();
+  SafetensorsWriter w;
+  for (const auto& [name, shape] : *shapes) {
+    w.add_produced(name, "F32", shape, size_t(shape_numel(shape)) * sizeof(float),
+                   [src, shapes, part, name = name](uint8_t* out) {
+                     const int64_t l = hf_layer_of(name);
+                     if (part->l != l) {
+                       part->hf.clear();
+                       std::map<std::string, std::vector<float>> params;
+                       auto param = [&](const std::string& n) {  // (a vocabulary's padded rows are not read)
+                         const ParamInfo& p = src.layout->info(n);
+                         std::vector<float>& v = params[n];
+                         v.assign(size_t(p.numel), 0.0f);
+                         const int64_t rows = p.shape.size() < 2                               ? p.numel
+                                              : n == "embedding.word_embeddings.weight" ||
+                                                        n == "output_layer.weight"
+                                                  ? src.config.vocab_size
+                                                  : p.shape[0];
+                         src.rows(p, 0, rows, v.data());
+                         return v.data();
+                       };
+                       auto hf = [&](const std::string& n) -> std::vector<float>& {
+                         std::vector<float>& v = part->hf[n];
+                         if (v.empty()) v.assign(size_t(shape_numel(shapes->at(n))), 0.0f);
+                         return v;
+                       };
+                       map_part(src.config, l, Mapper{false}, param, hf);
+                       part->l = l;
+                     }
+                     const std::vector<float>& v = part->hf.at(name);
+                     std::memcpy(out, v.data(), v.size() * sizeof(float));
+                   });
+  }
+  w.set_metadata("format", "pt");
+  return w;
 }
 
 HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by) {
@@ -494,9 +533,15 @@ HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by, int64_t se
 
 void save_hf_gpt_oss(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                      const hf::ExportOptions& options) {
-  const std::string why = hf_gpt_oss_mismatch(model.config());
+  save_hf_gpt_oss(dir, hf::model_source(model), tokenizer_type, options);
+}
+
+void save_hf_gpt_oss(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
+                     const hf::ExportOptions& options) {
+  const std::string why = hf_gpt_oss_mismatch(src.config);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
-  hf::write_model_folder(dir, export_hf_gpt_oss_tensors(model), hf_gpt_oss_config_json(model.config(), tokenizer_type), options);
+  hf::write_model_folder(dir, export_hf_gpt_oss_tensors(src), hf_gpt_oss_config_json(src.config, tokenizer_type),
+                         options);
 }
 
 }  // namespace lattice

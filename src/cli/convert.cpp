@@ -168,7 +168,7 @@ void to_hf(const SimpleFlags& f) {
       fs::exists(fs::path(dir) / "config.json"))
     LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
   // Opened without its model: the families whose HF tensors are rows of parameters are written HF tensor by HF
-  // tensor, each read from the checkpoint as it is written (streamed); GPT-2 and GPT-OSS load it.
+  // tensor, each read from the checkpoint as it is written (streamed; GPT-OSS a layer at a time); GPT-2 loads it.
   LoadedModel lm = open_model_checkpoint(load);
   const TransformerConfig& c = lm.config;
   const hf::ExportSource streamed = hf::checkpoint_source(lm);
@@ -221,14 +221,14 @@ void to_hf(const SimpleFlags& f) {
   if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty() && !not_glm.empty())
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama << ", "
                    << not_gpt_oss << ", and " << not_glm << ": neither HuggingFace GPT-2, Llama, GPT-OSS nor GLM-4.5";
-  const bool gpt2 = not_gpt2.empty(), gpt_oss = !gpt2 && !not_llama.empty() && not_gpt_oss.empty();
-  if (gpt2 || gpt_oss) load_model(lm);  // (GPT-2's Conv1D tensors are transposed, GPT-OSS's experts interleaved)
+  const bool gpt2 = not_gpt2.empty();
+  if (gpt2) load_model(lm);  // (its Conv1D tensors are transposed)
   if (gpt2)
     save_hf_gpt2(dir, *lm.model, lm.tokenizer_type, options);
   else if (not_llama.empty())
     save_hf_llama(dir, streamed, lm.tokenizer_type, options);
   else if (not_gpt_oss.empty())
-    save_hf_gpt_oss(dir, *lm.model, lm.tokenizer_type, options);
+    save_hf_gpt_oss(dir, streamed, lm.tokenizer_type, options);
   else
     save_hf_glm4_moe(dir, streamed, lm.tokenizer_type, options);
   copy_tokenizer_files(lm, dir);

@@ -75,9 +75,11 @@ const std::vector<Family>& families() {
        [](const std::string& d) { return open_hf_qwen3_next(d); },
        [](const std::string& d, const GPTModel& m) { save_hf_qwen3_next(d, m, ""); },
        [](const std::string& d, const hf::ExportSource& s) { save_hf_qwen3_next(d, s, ""); }},
-      {{"hf_gpt_oss_tiny", "hf_gpt_oss_tiny_mxfp4"},  // (a layer at a time; export by the model)
+      {{"hf_gpt_oss_tiny", "hf_gpt_oss_tiny_mxfp4"},  // (a layer at a time)
        [](const std::string& d) { return load_hf_gpt_oss(d, 128, 0, false); },
-       [](const std::string& d) { return open_hf_gpt_oss(d); }, nullptr, nullptr},
+       [](const std::string& d) { return open_hf_gpt_oss(d); },
+       [](const std::string& d, const GPTModel& m) { save_hf_gpt_oss(d, m, ""); },
+       [](const std::string& d, const hf::ExportSource& s) { save_hf_gpt_oss(d, s, ""); }},
       {{"hf_nemotron_h_tiny", "hf_nemotron_h_tiny_tied", "hf_nemotron_h_moe_tiny", "hf_nemotron_h_latent_moe_tiny",
         "hf_nemotron_h_mtp_tiny"},
        [](const std::string& d) { return load_hf_nemotron_h(d, 128, 0, false); },
@@ -135,7 +137,7 @@ TEST(HfStreamedConvert, ExportFromTheCheckpointWritesTheLoadedModelsFiles) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 32);
+  EXPECT_EQ(compared, 34);
   // bfloat16, sharded: the same shards and index.
   const HfModel hf = load_hf_nemotron_h(fixture("hf_nemotron_h_mtp_tiny"), 128, 0, false);
   TempDir out("streamed_out_bf16");
