@@ -214,30 +214,31 @@ json hf_gpt2_config_json(const TransformerConfig& c, const std::string& tokenize
   return j;
 }
 
-void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& f) {
-  const TransformerConfig& c = model.config();
-  const std::string& path = f.path();
-  // Files saved from GPT2LMHeadModel name the body "transformer.*"; GPT-2's original
-  // checkpoints (saved from GPT2Model) have no prefix.
-  std::string prefix;
-  if (f.has("transformer.wte.weight")) prefix = "transformer.";
-  else if (!f.has("wte.weight")) LATTICE_FAIL() << path << ": missing tensor transformer.wte.weight (not a GPT-2 file?)";
-  auto full = [&](const std::string& hf) { return hf == "lm_head.weight" ? hf : prefix + hf; };
+namespace {
 
+// The file's name of HF tensor `hf`: files saved from GPT2LMHeadModel name the body "transformer.*"; GPT-2's
+// original checkpoints (saved from GPT2Model) have no prefix.
+std::string file_name(const SafetensorsFile& f, const std::string& hf) {
+  return hf == "lm_head.weight" || !f.has("transformer.wte.weight") ? hf : "transformer." + hf;
+}
+
+// Checks f against a model of `c` (every tensor there with its shape, no other but the attention buffers and a
+// tied model's lm_head that is wte); errors name the file and the tensor. layout: the model's parameters.
+void check_file(const TransformerConfig& c, const SafetensorsFile& f, const ParamBuffer& layout) {
+  const std::string& path = f.path();
+  if (!f.has("transformer.wte.weight") && !f.has("wte.weight"))
+    LATTICE_FAIL() << path << ": missing tensor transformer.wte.weight (not a GPT-2 file?)";
   std::set<std::string> used;
-  HostStaging params(model.params().params(), model.params().numel(), true);
   for (const TensorMap& m : tensor_map(c)) {
-    const std::string name = full(m.hf);
-    const ParamInfo& p = model.params().info(m.lattice);
+    const std::string name = file_name(f, m.hf);
     if (!f.has(name)) LATTICE_FAIL() << path << ": missing tensor " << name;
-    const Shape want = hf_shape(p.shape, m.layout, c.vocab_size);
+    const Shape want = hf_shape(layout.info(m.lattice).shape, m.layout, c.vocab_size);
     if (f.get(name).shape != want)
       LATTICE_FAIL() << path << ": tensor " << name << " has shape " << shape_str(f.get(name).shape)
                      << ", config.json implies " << shape_str(want);
-    std::vector<float> v = read_float_tensor(f, name);
-    to_lattice(params.data() + p.offset, v.data(), p.shape, m.layout, c.vocab_size, c.kv_channels);
     used.insert(name);
   }
+  auto full = [&](const std::string& hf) { return file_name(f, hf); };
   for (const std::string& name : f.names()) {
     if (used.count(name) || is_attention_buffer(name)) continue;
     if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights) {
@@ -250,18 +251,67 @@ void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& f) {
     }
     LATTICE_FAIL() << path << ": unexpected tensor " << name << " (config.json has n_layer " << c.num_layers << ")";
   }
+}
+
+// Parameter p's values [p.numel] from its HF tensor (m), the tensor's pages given back after.
+void fill_param(const TransformerConfig& c, const SafetensorsFile& f, const TensorMap& m, const ParamInfo& p,
+                float* dst) {
+  const std::string name = file_name(f, m.hf);
+  const std::vector<float> v = read_float_tensor(f, name);
+  to_lattice(dst, v.data(), p.shape, m.layout, c.vocab_size, c.kv_channels);
+  f.release(name);
+}
+
+}  // namespace
+
+void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& f) {
+  const TransformerConfig& c = model.config();
+  check_file(c, f, model.params());
+  HostStaging params(model.params().params(), model.params().numel(), true);
+  for (const TensorMap& m : tensor_map(c)) {
+    const ParamInfo& p = model.params().info(m.lattice);
+    fill_param(c, f, m, p, params.data() + p.offset);
+  }
   params.upload(model.params().params());
 }
 
+HfSource open_hf_gpt2(const std::string& dir, int64_t divisible_by) {
+  const json j = hf::read_config(dir);
+  const std::string what = dir + "/config.json";
+  auto f = std::make_shared<const SafetensorsFile>(hf::read_model_file(dir));
+  HfSource out;
+  out.config = hf_gpt2_config(j, what, divisible_by);
+  out.tokenizer_type = hf::recorded_tokenizer(j, what);
+  check_file(out.config, *f, GPTModel::parameter_registry(out.config, TensorParallel{}, ModelPlacement{}, 0, 1));
+  auto by_name = std::make_shared<std::map<std::string, TensorMap>>();
+  for (const TensorMap& m : tensor_map(out.config)) (*by_name)[m.lattice] = m;
+  out.fill = [f, by_name, c = out.config](const ParamInfo& p, float* dst) {
+    const auto it = by_name->find(p.name);
+    if (it == by_name->end()) {
+      std::fill(dst, dst + p.numel, 0.0f);  // (import leaves such a parameter zero)
+      return;
+    }
+    fill_param(c, *f, it->second, p, dst);
+  };
+  return out;
+}
+
 SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model) {
-  const TransformerConfig& c = model.config();
+  return export_hf_gpt2_tensors(hf::model_source(model));
+}
+
+SafetensorsWriter export_hf_gpt2_tensors(const hf::ExportSource& src) {
+  const TransformerConfig& c = src.config;
   SafetensorsWriter w;
-  const HostStaging params(model.params().params(), model.params().numel(), true);
   for (const TensorMap& m : tensor_map(c)) {
-    const ParamInfo& p = model.params().info(m.lattice);
-    std::vector<float> v = to_hf(params.data() + p.offset, p.shape, m.layout, c.vocab_size, c.kv_channels);
+    const ParamInfo& p = src.layout->info(m.lattice);
+    const Shape shape = hf_shape(p.shape, m.layout, c.vocab_size);
     const std::string name = m.hf == "lm_head.weight" ? m.hf : "transformer." + m.hf;
-    w.add_f32(name, hf_shape(p.shape, m.layout, c.vocab_size), v.data());
+    w.add_produced(name, "F32", shape, size_t(shape_numel(shape)) * sizeof(float), [src, m, p](uint8_t* out) {
+      const std::vector<float> v = to_hf(hf::read_param(src, m.lattice).data(), p.shape, m.layout,
+                                         src.config.vocab_size, src.config.kv_channels);
+      std::memcpy(out, v.data(), v.size() * sizeof(float));
+    });
   }
   w.set_metadata("format", "pt");  // transformers refuses safetensors files without it
   return w;
@@ -308,9 +358,14 @@ std::string hf_gpt2_mismatch(const TransformerConfig& c) {
 
 void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
                   const hf::ExportOptions& options) {
-  const std::string why = hf_gpt2_mismatch(model.config());
+  save_hf_gpt2(dir, hf::model_source(model), tokenizer_type, options);
+}
+
+void save_hf_gpt2(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
+                  const hf::ExportOptions& options) {
+  const std::string why = hf_gpt2_mismatch(src.config);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
-  hf::write_model_folder(dir, export_hf_gpt2_tensors(model), hf_gpt2_config_json(model.config(), tokenizer_type), options);
+  hf::write_model_folder(dir, export_hf_gpt2_tensors(src), hf_gpt2_config_json(src.config, tokenizer_type), options);
 }
 
 }  // namespace lattice

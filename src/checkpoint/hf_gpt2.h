@@ -42,6 +42,8 @@ void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& file);
 // The model's parameters as HF tensors ("transformer." names, F32, vocabulary trimmed to
 // vocab_size, lm_head.weight only when untied), ready to write.
 SafetensorsWriter export_hf_gpt2_tensors(const GPTModel& model);
+// The same from a model's parameters wherever they are: each HF tensor made when written.
+SafetensorsWriter export_hf_gpt2_tensors(const hf::ExportSource& src);
 
 using HfGpt2Model = HfModel;
 
@@ -49,6 +51,8 @@ using HfGpt2Model = HfModel;
 // tokens (0: n_positions).
 HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
                          bool gradients = true);
+// The same folder opened for a streamed conversion (hf_common.h's HfSource; the same checks).
+HfSource open_hf_gpt2(const std::string& dir, int64_t divisible_by = 128);
 
 // Why a lattice model has no HF GPT-2 form ("" when it has one): an attention other than the
 // hidden size wide, RMSNorm, no linear biases, grouped-query attention, SwiGLU, rope.
@@ -57,6 +61,9 @@ std::string hf_gpt2_mismatch(const TransformerConfig& c);
 // Writes DIR/model.safetensors and DIR/config.json (each atomically; DIR is created); a model
 // without a GPT-2 form is an error naming DIR and the reason, and nothing is written.
 void save_hf_gpt2(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,
+                  const hf::ExportOptions& options = {});
+// The same from a model's parameters wherever they are (a checkpoint read tensor by tensor).
+void save_hf_gpt2(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
                   const hf::ExportOptions& options = {});
 
 }  // namespace lattice

@@ -459,18 +459,7 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
                      if (part->l != l) {
                        part->hf.clear();
                        std::map<std::string, std::vector<float>> params;
-                       auto param = [&](const std::string& n) {  // (a vocabulary's padded rows are not read)
-                         const ParamInfo& p = src.layout->info(n);
-                         std::vector<float>& v = params[n];
-                         v.assign(size_t(p.numel), 0.0f);
-                         const int64_t rows = p.shape.size() < 2                               ? p.numel
-                                              : n == "embedding.word_embeddings.weight" ||
-                                                        n == "output_layer.weight"
-                                                  ? src.config.vocab_size
-                                                  : p.shape[0];
-                         src.rows(p, 0, rows, v.data());
-                         return v.data();
-                       };
+                       auto param = [&](const std::string& n) { return (params[n] = hf::read_param(src, n)).data(); };
                        auto hf = [&](const std::string& n) -> std::vector<float>& {
                          std::vector<float>& v = part->hf[n];
                          if (v.empty()) v.assign(size_t(shape_numel(shapes->at(n))), 0.0f);

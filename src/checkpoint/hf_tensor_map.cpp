@@ -103,6 +103,14 @@ ParamRows model_rows(const GPTModel& model) {
   };
 }
 
+std::vector<float> read_param(const ExportSource& src, const std::string& name) {
+  const ParamInfo& p = src.layout->info(name);
+  std::vector<float> v(size_t(p.numel), 0.0f);
+  const bool vocab = name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+  src.rows(p, 0, p.shape.size() < 2 ? p.numel : vocab ? src.config.vocab_size : p.shape[0], v.data());
+  return v;
+}
+
 ExportSource model_source(const GPTModel& model) {
   return {model.config(), std::shared_ptr<const ParamBuffer>(&model.params(), [](const ParamBuffer*) {}),
           model_rows(model)};

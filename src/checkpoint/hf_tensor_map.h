@@ -77,6 +77,8 @@ struct ExportSource {
   std::shared_ptr<const ParamBuffer> layout;
   ParamRows rows;
 };
+// Parameter `name` of src whole [numel] (a vocabulary's padded rows zero, not read).
+std::vector<float> read_param(const ExportSource& src, const std::string& name);
 // A loaded model as an ExportSource (it must outlive the export).
 ExportSource model_source(const GPTModel& model);
 // A checkpoint opened without its model (open_model_checkpoint) as an ExportSource: each parameter's rows read

@@ -61,24 +61,16 @@ void from_hf(const SimpleFlags& f) {
                              : qwen3_next   ? hf_qwen3_next_family_name(config)
                              : llama        ? hf_llama_family_name(config)
                                             : "GPT-2";
-  // Streamed: the families whose parameters are rows of HF tensors write each parameter as it is read (one in
-  // memory at a time), GPT-OSS a layer at a time (its experts decoded); GPT-2 (transposed Conv1D weights) through a
-  // model.
+  // Streamed: each parameter is written as it is read (one in memory at a time; GPT-OSS a layer at a time, its
+  // experts decoded).
   const int64_t div = int64_t(divisible);
-  HfSource src;
-  HfModel in;
-  if (nemotron_h || gpt_oss || deepseek_mla || glm || qwen3_next || llama) {
-    src = nemotron_h     ? open_hf_nemotron_h(dir, div)
-          : gpt_oss      ? open_hf_gpt_oss(dir, div)
-          : deepseek_mla ? open_hf_deepseek_mla(dir, div)
-          : glm          ? open_hf_glm4_moe(dir, div)
-          : qwen3_next   ? open_hf_qwen3_next(dir, div)
-                         : open_hf_llama(dir, div);
-  } else {
-    in = load_hf_gpt2(dir, div, 1, false);
-    src.config = in.model->config();
-    src.tokenizer_type = in.tokenizer_type;
-  }
+  const HfSource src = nemotron_h     ? open_hf_nemotron_h(dir, div)
+                       : gpt_oss      ? open_hf_gpt_oss(dir, div)
+                       : deepseek_mla ? open_hf_deepseek_mla(dir, div)
+                       : glm          ? open_hf_glm4_moe(dir, div)
+                       : qwen3_next   ? open_hf_qwen3_next(dir, div)
+                       : llama        ? open_hf_llama(dir, div)
+                                      : open_hf_gpt2(dir, div);
   const TransformerConfig& c = src.config;
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
   // tokenizer.json (HuggingFaceTokenizer) when lattice reads it, else its tokenizer.model
@@ -129,8 +121,7 @@ void from_hf(const SimpleFlags& f) {
                          {"converted-from-hf", dir}};
   if (config.contains("model_type") && config["model_type"].is_string()) args["hf-model-type"] = config["model_type"];
   if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
-  const std::string written = in.model ? save_model_checkpoint(save, 0, *in.model, args.dump())
-                                       : save_model_checkpoint(save, 0, c, src.fill, args.dump());
+  const std::string written = save_model_checkpoint(save, 0, c, src.fill, args.dump());
   std::fprintf(stderr, "convert: %s (%s) -> %s (%lld layers, hidden %lld, vocab %lld padded to %lld, tokenizer %s)\n",
                dir.c_str(), family.c_str(), written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
                (long long)c.vocab_size, (long long)c.padded_vocab_size,
@@ -167,8 +158,8 @@ void to_hf(const SimpleFlags& f) {
   if (fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json") ||
       fs::exists(fs::path(dir) / "config.json"))
     LATTICE_FAIL() << "--to-hf " << dir << " already holds a model; choose a new directory";
-  // Opened without its model: the families whose HF tensors are rows of parameters are written HF tensor by HF
-  // tensor, each read from the checkpoint as it is written (streamed; GPT-OSS a layer at a time); GPT-2 loads it.
+  // Opened without its model: written HF tensor by HF tensor, each read from the checkpoint as it is written
+  // (streamed; GPT-OSS a layer at a time).
   LoadedModel lm = open_model_checkpoint(load);
   const TransformerConfig& c = lm.config;
   const hf::ExportSource streamed = hf::checkpoint_source(lm);
@@ -221,10 +212,8 @@ void to_hf(const SimpleFlags& f) {
   if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty() && !not_glm.empty())
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama << ", "
                    << not_gpt_oss << ", and " << not_glm << ": neither HuggingFace GPT-2, Llama, GPT-OSS nor GLM-4.5";
-  const bool gpt2 = not_gpt2.empty();
-  if (gpt2) load_model(lm);  // (its Conv1D tensors are transposed)
-  if (gpt2)
-    save_hf_gpt2(dir, *lm.model, lm.tokenizer_type, options);
+  if (not_gpt2.empty())
+    save_hf_gpt2(dir, streamed, lm.tokenizer_type, options);
   else if (not_llama.empty())
     save_hf_llama(dir, streamed, lm.tokenizer_type, options);
   else if (not_gpt_oss.empty())

@@ -1,6 +1,6 @@
 // The streamed --from-hf conversion (hf_common.h's HfSource, model_checkpoint.h's save_model_checkpoint from a
-// fill function): for every HF fixture of the families whose parameters are rows of HF tensors, and GPT-OSS's
-// (a layer at a time, MXFP4 experts decoded), the checkpoint
+// fill function): for every HF fixture of every family (GPT-OSS's a layer at a time, MXFP4 experts decoded), the
+// checkpoint
 // written parameter by parameter is the one the loaded model writes, byte for byte (model.safetensors and
 // checkpoint.json); a fill that fails mid-file leaves no checkpoint behind; produced safetensors entries cast
 // and split as stored ones do.
@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_deepseek_mla.h"
 #include "checkpoint/hf_glm4_moe.h"
+#include "checkpoint/hf_gpt2.h"
 #include "checkpoint/hf_gpt_oss.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/hf_nemotron_h.h"
@@ -75,6 +76,11 @@ const std::vector<Family>& families() {
        [](const std::string& d) { return open_hf_qwen3_next(d); },
        [](const std::string& d, const GPTModel& m) { save_hf_qwen3_next(d, m, ""); },
        [](const std::string& d, const hf::ExportSource& s) { save_hf_qwen3_next(d, s, ""); }},
+      {{"hf_gpt2_tiny", "hf_gpt2_tiny_untied"},  // (a tensor transposed whole)
+       [](const std::string& d) { return load_hf_gpt2(d, 128, 0, false); },
+       [](const std::string& d) { return open_hf_gpt2(d); },
+       [](const std::string& d, const GPTModel& m) { save_hf_gpt2(d, m, ""); },
+       [](const std::string& d, const hf::ExportSource& s) { save_hf_gpt2(d, s, ""); }},
       {{"hf_gpt_oss_tiny", "hf_gpt_oss_tiny_mxfp4"},  // (a layer at a time)
        [](const std::string& d) { return load_hf_gpt_oss(d, 128, 0, false); },
        [](const std::string& d) { return open_hf_gpt_oss(d); },
@@ -110,7 +116,7 @@ TEST(HfStreamedConvert, WritesTheLoadedModelsCheckpointByteForByte) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 34);
+  EXPECT_EQ(compared, 36);
 }
 
 // --to-hf read from the checkpoint as each HF tensor is written (hf::checkpoint_source) writes the files the
@@ -137,7 +143,7 @@ TEST(HfStreamedConvert, ExportFromTheCheckpointWritesTheLoadedModelsFiles) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 34);
+  EXPECT_EQ(compared, 36);
   // bfloat16, sharded: the same shards and index.
   const HfModel hf = load_hf_nemotron_h(fixture("hf_nemotron_h_mtp_tiny"), 128, 0, false);
   TempDir out("streamed_out_bf16");
