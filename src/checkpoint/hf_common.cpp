@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "checkpoint/host_staging.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -172,31 +173,17 @@ std::string recorded_tokenizer(const json& j, const std::string& what) {
   return j[kHfTokenizerKey].get<std::string>();
 }
 
-HfModel load_model_folder(
-    const std::string& dir, int64_t seq_length,
-    const std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>& config,
-    const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import, bool gradients) {
-  const nlohmann::json j = read_config(dir);
-  const std::string config_path = dir + "/config.json";
-  const SafetensorsFile f = read_model_file(dir);
-  const TransformerConfig c = config(j, config_path, f);
+HfModel load_source(const HfSource& src, int64_t seq_length, bool gradients) {
+  const TransformerConfig& c = src.config;
   HfModel out;
-  out.tokenizer_type = recorded_tokenizer(j, config_path);
+  out.tokenizer_type = src.tokenizer_type;
   out.model = std::make_unique<GPTModel>(c, 1, seq_length > 0 ? seq_length : c.max_position_embeddings,
                                          TensorParallel{}, ModelPlacement{}, nullptr, ContextParallel{}, gradients);
-  import(*out.model, f, j);
+  ParamBuffer& params = out.model->params();
+  HostStaging staged(params.params(), params.numel(), true);
+  for (const ParamInfo& p : params.infos()) src.fill(p, staged.data() + p.offset);
+  staged.upload(params.params());
   return out;
-}
-
-HfModel load_planned_folder(const std::string& dir, int64_t seq_length, const ConfigFn& config, const PlanFn& plan,
-                            bool gradients) {
-  return load_model_folder(
-      dir, seq_length, config,
-      [&](GPTModel& m, const SafetensorsFile& f, const json& j) {
-        const ImportPlan p = plan(m.config(), f, j);
-        import_tensors(m, f, p.map, p.shapes);
-      },
-      gradients);
 }
 
 HfSource open_planned_folder(const std::string& dir, const ConfigFn& config, const PlanFn& plan) {
@@ -312,23 +299,38 @@ void write_model_folder(const std::string& dir, SafetensorsWriter tensors, json 
   const uint64_t total = tensors.data_bytes();
   std::vector<SafetensorsWriter> shards = tensors.split(options.max_shard_bytes);
   std::error_code ec;
+  const bool existed = fs::exists(dir);
   fs::create_directories(dir, ec);
   if (ec) LATTICE_FAIL() << "--to-hf " << dir << ": cannot create directory: " << ec.message();
-  if (shards.size() <= 1) {
-    (shards.empty() ? tensors : shards[0]).write((fs::path(dir) / "model.safetensors").string());
-  } else {
-    // transformers' names and index: {"metadata": {"total_size"}, "weight_map": {tensor: file}}.
-    json weight_map = json::object();
-    for (size_t i = 0; i < shards.size(); ++i) {
-      char name[64];
-      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-      shards[i].write((fs::path(dir) / name).string());
-      for (const std::string& t : shards[i].names()) weight_map[t] = name;
+  // The tensors are made as they are written (a value float16 cannot hold, an unreadable checkpoint tensor may
+  // stop it midway): a failed export removes what it wrote, and the folder if it made it.
+  std::vector<fs::path> written;
+  try {
+    if (shards.size() <= 1) {
+      written.push_back(fs::path(dir) / "model.safetensors");
+      (shards.empty() ? tensors : shards[0]).write(written.back().string());
+    } else {
+      // transformers' names and index: {"metadata": {"total_size"}, "weight_map": {tensor: file}}.
+      json weight_map = json::object();
+      for (size_t i = 0; i < shards.size(); ++i) {
+        char name[64];
+        std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+        written.push_back(fs::path(dir) / name);
+        shards[i].write(written.back().string());
+        for (const std::string& t : shards[i].names()) weight_map[t] = name;
+      }
+      const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+      written.push_back(fs::path(dir) / "model.safetensors.index.json");
+      write_text_atomic(written.back(), index.dump(2) + "\n");
     }
-    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_text_atomic(fs::path(dir) / "model.safetensors.index.json", index.dump(2) + "\n");
+    written.push_back(fs::path(dir) / "config.json");
+    write_text_atomic(written.back(), config.dump(2) + "\n");
+  } catch (...) {
+    std::error_code ignored;
+    for (const fs::path& p : written) fs::remove(p, ignored);
+    if (!existed) fs::remove_all(dir, ignored);
+    throw;
   }
-  write_text_atomic(fs::path(dir) / "config.json", config.dump(2) + "\n");
 }
 
 std::vector<int> qwen_moe_layers(const nlohmann::json& j, const std::string& what, int64_t layers) {

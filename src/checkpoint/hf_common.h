@@ -119,26 +119,18 @@ std::string recorded_tokenizer(const nlohmann::json& config, const std::string& 
 // (DIR/model.safetensors.index.json, whose weight_map names each tensor's file) as one view;
 // a missing or inconsistent file is an error naming it.
 SafetensorsFile read_model_file(const std::string& dir);
-// A model folder read as every family reads it: DIR/config.json into a TransformerConfig by `config`
-// (given the parsed file, its path, for errors, and the model's tensors, for what config.json does not
-// say), a model sized for 1 x seq_length tokens (0: max_position_embeddings), its parameters from DIR's
-// tensors by `import` (given the config too), the tokenizer a lattice export recorded. gradients false: the
-// model has no gradient buffer (conversion and inference need none; a model's worth of memory saved).
-HfModel load_model_folder(
-    const std::string& dir, int64_t seq_length,
-    const std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>& config,
-    const std::function<void(GPTModel&, const SafetensorsFile&, const nlohmann::json&)>& import,
-    bool gradients = true);
-
 // The folder's configuration and the plan of its tensors (`plan`: checks the file's tensors against the
 // configuration, every error naming the file and the tensor, and says which HF rows make each parameter).
 using ConfigFn = std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>;
 using PlanFn = std::function<ImportPlan(const TransformerConfig&, const SafetensorsFile&, const nlohmann::json&)>;
-// load_model_folder for a family whose import is a plan: the model's parameters by import_tensors.
-HfModel load_planned_folder(const std::string& dir, int64_t seq_length, const ConfigFn& config, const PlanFn& plan,
-                            bool gradients = true);
-// The same folder opened without a model (every check load_planned_folder makes is made here, before it returns).
+// A folder of a family whose parameters are rows of its tensors opened for conversion: DIR/config.json into a
+// TransformerConfig by `config` (given the parsed file, its path, for errors, and the model's tensors, for what
+// config.json does not say), the tensors checked by `plan` before it returns, the tokenizer a lattice export
+// recorded.
 HfSource open_planned_folder(const std::string& dir, const ConfigFn& config, const PlanFn& plan);
+// A folder's model: sized for 1 x seq_length tokens (0: max_position_embeddings), each parameter from src.fill.
+// gradients false: the model has no gradient buffer (inference needs none; a model's worth of memory saved).
+HfModel load_source(const HfSource& src, int64_t seq_length, bool gradients = true);
 
 // Writes DIR/model.safetensors (or its shards and their index) and DIR/config.json with
 // torch_dtype set, each file atomically; DIR is created. The tensors are cast before anything is

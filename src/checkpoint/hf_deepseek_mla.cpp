@@ -362,7 +362,7 @@ hf::ImportPlan import_plan(const TransformerConfig& c, const SafetensorsFile& f,
 }  // namespace
 
 HfModel load_hf_deepseek_mla(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_planned_folder(dir, seq_length, config_fn(divisible_by), import_plan, gradients);
+  return hf::load_source(open_hf_deepseek_mla(dir, divisible_by), seq_length, gradients);
 }
 
 HfSource open_hf_deepseek_mla(const std::string& dir, int64_t divisible_by) {

@@ -160,7 +160,7 @@ std::string hf_glm4_moe_mismatch(const TransformerConfig& c) {
 }
 
 HfModel load_hf_glm4_moe(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_planned_folder(dir, seq_length, config_fn(divisible_by), import_plan, gradients);
+  return hf::load_source(open_hf_glm4_moe(dir, divisible_by), seq_length, gradients);
 }
 
 HfSource open_hf_glm4_moe(const std::string& dir, int64_t divisible_by) {

@@ -264,17 +264,6 @@ void fill_param(const TransformerConfig& c, const SafetensorsFile& f, const Tens
 
 }  // namespace
 
-void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& f) {
-  const TransformerConfig& c = model.config();
-  check_file(c, f, model.params());
-  HostStaging params(model.params().params(), model.params().numel(), true);
-  for (const TensorMap& m : tensor_map(c)) {
-    const ParamInfo& p = model.params().info(m.lattice);
-    fill_param(c, f, m, p, params.data() + p.offset);
-  }
-  params.upload(model.params().params());
-}
-
 HfSource open_hf_gpt2(const std::string& dir, int64_t divisible_by) {
   const json j = hf::read_config(dir);
   const std::string what = dir + "/config.json";
@@ -318,9 +307,7 @@ SafetensorsWriter export_hf_gpt2_tensors(const hf::ExportSource& src) {
 }
 
 HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_model_folder(
-      dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile&) { return hf_gpt2_config(j, what, divisible_by); },
-      [](GPTModel& m, const SafetensorsFile& f, const json&) { import_hf_gpt2_tensors(m, f); }, gradients);
+  return hf::load_source(open_hf_gpt2(dir, divisible_by), seq_length, gradients);
 }
 
 std::string hf_gpt2_mismatch(const TransformerConfig& c) {

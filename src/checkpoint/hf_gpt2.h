@@ -33,11 +33,6 @@ TransformerConfig hf_gpt2_config(const nlohmann::json& config, const std::string
 // lattice tokenizer name, stored under kHfTokenizerKey when non-empty).
 nlohmann::json hf_gpt2_config_json(const TransformerConfig& c, const std::string& tokenizer_type);
 
-// Copies every parameter of `model` from HF tensors (model.config() must be the file's
-// config). Accepts names with or without the "transformer." prefix, F32/F16/BF16 data.
-// Every problem (missing, misshapen or unexpected tensor, an lm_head.weight that differs from
-// wte.weight in a tied model) is an error naming the file and the tensor.
-void import_hf_gpt2_tensors(GPTModel& model, const SafetensorsFile& file);
 
 // The model's parameters as HF tensors ("transformer." names, F32, vocabulary trimmed to
 // vocab_size, lm_head.weight only when untied), ready to write.
@@ -51,7 +46,9 @@ using HfGpt2Model = HfModel;
 // tokens (0: n_positions).
 HfGpt2Model load_hf_gpt2(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,
                          bool gradients = true);
-// The same folder opened for a streamed conversion (hf_common.h's HfSource; the same checks).
+// The same folder opened for a streamed conversion (hf_common.h's HfSource): names with or without the
+// "transformer." prefix, F32/F16/BF16 data; every problem (missing, misshapen or unexpected tensor, an
+// lm_head.weight that differs from wte.weight in a tied model) an error naming the file and the tensor.
 HfSource open_hf_gpt2(const std::string& dir, int64_t divisible_by = 128);
 
 // Why a lattice model has no HF GPT-2 form ("" when it has one): an attention other than the

@@ -148,17 +148,6 @@ void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param p
   }
 }
 
-// The whole model's correspondence: every layer, then the rest; `layer_done(prefix)` after each layer, whose HF
-// tensors (names starting with prefix) are then needed no more.
-template <class Param, class Hf, class Done>
-void map_model(const TransformerConfig& c, const Mapper& move, Param param, Hf hf, Done layer_done) {
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    map_part(c, l, move, param, hf);
-    layer_done(hf_layer(l));
-  }
-  map_part(c, -1, move, param, hf);
-}
-
 // [E, rows, cols] -> [E, cols, rows].
 std::vector<float> transpose_experts(const std::vector<float>& a, int64_t E, int64_t rows, int64_t cols) {
   std::vector<float> t(a.size());
@@ -415,28 +404,6 @@ int64_t hf_layer_of(const std::string& name) { return part_of(name, "model.layer
 
 }  // namespace
 
-void import_hf_gpt_oss_tensors(GPTModel& model, const SafetensorsFile& f, bool mxfp4) {
-  const TransformerConfig& c = model.config();
-  check_file(c, f, mxfp4);
-  std::map<std::string, std::vector<float>> data;  // each HF tensor read once, when first needed
-  auto hf = [&](const std::string& name) -> std::vector<float>& {
-    auto it = data.find(name);
-    return it != data.end() ? it->second : data[name] = read_tensor(c, f, mxfp4, name);
-  };
-  HostStaging params(model.params().params(), model.params().numel(), true);
-  auto param = [&](const std::string& name) {
-    const ParamInfo& p = model.params().info(name);
-    std::fill(params.data() + p.offset, params.data() + p.offset + p.numel, 0.0f);  // padded vocabulary rows
-    return params.data() + p.offset;
-  };
-  auto release = [&](const std::string& prefix) {  // a layer's decoded tensors freed once copied (large models)
-    for (auto it = data.lower_bound(prefix); it != data.end() && it->first.compare(0, prefix.size(), prefix) == 0;)
-      it = data.erase(it);
-  };
-  map_model(c, Mapper{true}, param, hf, release);
-  params.upload(model.params().params());
-}
-
 SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model) {
   return export_hf_gpt_oss_tensors(hf::model_source(model));
 }
@@ -512,12 +479,7 @@ HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by) {
 }
 
 HfModel load_hf_gpt_oss(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_model_folder(
-      dir, seq_length, [&](const json& j, const std::string& what, const SafetensorsFile&) { return hf_gpt_oss_config(j, what, divisible_by); },
-      [](GPTModel& m, const SafetensorsFile& f, const json& j) {
-        const bool mxfp4 = j.contains("quantization_config") && !j["quantization_config"].is_null();
-        import_hf_gpt_oss_tensors(m, f, mxfp4);
-      }, gradients);
+  return hf::load_source(open_hf_gpt_oss(dir, divisible_by), seq_length, gradients);
 }
 
 void save_hf_gpt_oss(const std::string& dir, const GPTModel& model, const std::string& tokenizer_type,

@@ -51,12 +51,9 @@ std::string hf_gpt_oss_mismatch(const TransformerConfig& c);
 // fp32 [..., G * 32]; a wrong dtype or shape is an error naming the file and the tensor.
 std::vector<float> decode_mxfp4(const SafetensorsFile& f, const std::string& blocks, const std::string& scales);
 
-// Copies every parameter of `model` from HF tensors (model.config() must be the file's config;
-// mxfp4: the experts as blocks and scales). Every problem (missing, misshapen or unexpected tensor)
-// is an error naming the file and the tensor.
-void import_hf_gpt_oss_tensors(GPTModel& model, const SafetensorsFile& file, bool mxfp4);
-// DIR opened for a streamed conversion (hf_common.h's HfSource; the same checks): each parameter read when asked,
-// a layer's worth (its experts decoded) in memory at a time.
+// DIR opened for a streamed conversion (hf_common.h's HfSource): the file checked first (every problem, a
+// missing, misshapen or unexpected tensor, an error naming the file and the tensor; mxfp4: the experts as blocks
+// and scales), then each parameter read when asked, a layer's worth (its experts decoded) in memory at a time.
 HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by = 128);
 
 // The model's parameters as HF tensors (F32, vocabulary trimmed to vocab_size, the experts

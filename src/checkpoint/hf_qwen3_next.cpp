@@ -489,7 +489,7 @@ hf::ConfigFn config_fn(int64_t divisible_by) {
 }  // namespace
 
 HfModel load_hf_qwen3_next(const std::string& dir, int64_t divisible_by, int64_t seq_length, bool gradients) {
-  return hf::load_planned_folder(dir, seq_length, config_fn(divisible_by), hf_qwen3_next_import_plan, gradients);
+  return hf::load_source(open_hf_qwen3_next(dir, divisible_by), seq_length, gradients);
 }
 
 HfSource open_hf_qwen3_next(const std::string& dir, int64_t divisible_by) {
