@@ -186,14 +186,21 @@ HfModel load_source(const HfSource& src, int64_t seq_length, bool gradients) {
   return out;
 }
 
-HfSource open_planned_folder(const std::string& dir, const ConfigFn& config, const PlanFn& plan) {
-  const json j = read_config(dir);
+OpenedFolder open_folder(const std::string& dir, const ConfigFn& config) {
+  OpenedFolder o;
+  o.config_json = read_config(dir);
   const std::string config_path = dir + "/config.json";
-  auto f = std::make_shared<const SafetensorsFile>(read_model_file(dir));
-  HfSource out;
-  out.config = config(j, config_path, *f);
-  out.tokenizer_type = recorded_tokenizer(j, config_path);
-  auto p = std::make_shared<const ImportPlan>(plan(out.config, *f, j));
+  o.file = std::make_shared<const SafetensorsFile>(read_model_file(dir));
+  o.source.config = config(o.config_json, config_path, *o.file);
+  o.source.tokenizer_type = recorded_tokenizer(o.config_json, config_path);
+  return o;
+}
+
+HfSource open_planned_folder(const std::string& dir, const ConfigFn& config, const PlanFn& plan) {
+  OpenedFolder o = open_folder(dir, config);
+  HfSource& out = o.source;
+  const auto& f = o.file;
+  auto p = std::make_shared<const ImportPlan>(plan(out.config, *f, o.config_json));
   auto by_name = std::make_shared<std::map<std::string, const TensorMap*>>();
   for (const TensorMap& m : p->map) (*by_name)[m.lattice] = &m;
   // Every parameter the plan fills must be the model's, as import_tensors would find it.

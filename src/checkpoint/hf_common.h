@@ -123,10 +123,17 @@ SafetensorsFile read_model_file(const std::string& dir);
 // configuration, every error naming the file and the tensor, and says which HF rows make each parameter).
 using ConfigFn = std::function<TransformerConfig(const nlohmann::json&, const std::string&, const SafetensorsFile&)>;
 using PlanFn = std::function<ImportPlan(const TransformerConfig&, const SafetensorsFile&, const nlohmann::json&)>;
-// A folder of a family whose parameters are rows of its tensors opened for conversion: DIR/config.json into a
-// TransformerConfig by `config` (given the parsed file, its path, for errors, and the model's tensors, for what
-// config.json does not say), the tensors checked by `plan` before it returns, the tokenizer a lattice export
-// recorded.
+// A model folder opened: its config.json, its tensors (shared: a fill keeps them mapped), and `source` with the
+// TransformerConfig `config` makes of config.json (given the parsed file, its path, for errors, and the tensors,
+// for what config.json does not say) and the tokenizer a lattice export recorded; source.fill is the family's.
+struct OpenedFolder {
+  nlohmann::json config_json;
+  std::shared_ptr<const SafetensorsFile> file;
+  HfSource source;
+};
+OpenedFolder open_folder(const std::string& dir, const ConfigFn& config);
+// A folder of a family whose parameters are rows of its tensors opened for conversion: open_folder, the tensors
+// checked by `plan` before it returns.
 HfSource open_planned_folder(const std::string& dir, const ConfigFn& config, const PlanFn& plan);
 // A folder's model: sized for 1 x seq_length tokens (0: max_position_embeddings), each parameter from src.fill.
 // gradients false: the model has no gradient buffer (inference needs none; a model's worth of memory saved).

@@ -265,12 +265,12 @@ void fill_param(const TransformerConfig& c, const SafetensorsFile& f, const Tens
 }  // namespace
 
 HfSource open_hf_gpt2(const std::string& dir, int64_t divisible_by) {
-  const json j = hf::read_config(dir);
-  const std::string what = dir + "/config.json";
-  auto f = std::make_shared<const SafetensorsFile>(hf::read_model_file(dir));
-  HfSource out;
-  out.config = hf_gpt2_config(j, what, divisible_by);
-  out.tokenizer_type = hf::recorded_tokenizer(j, what);
+  hf::OpenedFolder o = hf::open_folder(dir, [divisible_by](const json& j, const std::string& what,
+                                                           const SafetensorsFile&) {
+    return hf_gpt2_config(j, what, divisible_by);
+  });
+  HfSource& out = o.source;
+  const auto& f = o.file;
   check_file(out.config, *f, GPTModel::parameter_registry(out.config, TensorParallel{}, ModelPlacement{}, 0, 1));
   auto by_name = std::make_shared<std::map<std::string, TensorMap>>();
   for (const TensorMap& m : tensor_map(out.config)) (*by_name)[m.lattice] = m;

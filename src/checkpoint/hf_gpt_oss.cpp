@@ -444,12 +444,13 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
 }
 
 HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by) {
-  const json j = hf::read_config(dir);
-  const std::string what = dir + "/config.json";
-  auto f = std::make_shared<const SafetensorsFile>(hf::read_model_file(dir));
-  HfSource out;
-  out.config = hf_gpt_oss_config(j, what, divisible_by);
-  out.tokenizer_type = hf::recorded_tokenizer(j, what);
+  hf::OpenedFolder o = hf::open_folder(dir, [divisible_by](const json& j, const std::string& what,
+                                                           const SafetensorsFile&) {
+    return hf_gpt_oss_config(j, what, divisible_by);
+  });
+  HfSource& out = o.source;
+  const auto& f = o.file;
+  const json& j = o.config_json;
   const bool mxfp4 = j.contains("quantization_config") && !j["quantization_config"].is_null();
   check_file(out.config, *f, mxfp4);
   // The part (a layer, or the tensors outside the layers) the parameter being written is in, read whole once:
