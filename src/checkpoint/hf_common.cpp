@@ -203,13 +203,13 @@ HfSource open_planned_folder(const std::string& dir, const ConfigFn& config, con
   auto p = std::make_shared<const ImportPlan>(plan(out.config, *f, o.config_json));
   auto by_name = std::make_shared<std::map<std::string, const TensorMap*>>();
   for (const TensorMap& m : p->map) (*by_name)[m.lattice] = &m;
-  // Every parameter the plan fills must be the model's, as import_tensors would find it.
+  // Every parameter the plan fills must be the model's.
   const ParamBuffer registry = GPTModel::parameter_registry(out.config, TensorParallel{}, ModelPlacement{}, 0, 1);
   for (const TensorMap& m : p->map) LATTICE_CHECK(registry.has(m.lattice)) << m.lattice << ": not a parameter";
   out.fill = [f, p, by_name](const ParamInfo& info, float* dst) {
     const auto it = by_name->find(info.name);
     if (it == by_name->end()) {
-      std::fill(dst, dst + info.numel, 0.0f);  // (import_tensors leaves such a parameter zero)
+      std::fill(dst, dst + info.numel, 0.0f);  // (a router's expert bias the file lacks)
       return;
     }
     fill_parameter(*f, *it->second, p->shapes, info, dst);

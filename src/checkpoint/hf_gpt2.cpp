@@ -277,7 +277,7 @@ HfSource open_hf_gpt2(const std::string& dir, int64_t divisible_by) {
   out.fill = [f, by_name, c = out.config](const ParamInfo& p, float* dst) {
     const auto it = by_name->find(p.name);
     if (it == by_name->end()) {
-      std::fill(dst, dst + p.numel, 0.0f);  // (import leaves such a parameter zero)
+      std::fill(dst, dst + p.numel, 0.0f);  // (a parameter the file does not give: zero)
       return;
     }
     fill_param(c, *f, it->second, p, dst);

@@ -471,7 +471,7 @@ HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by) {
     }
     const auto it = part->params.find(p.name);
     if (it == part->params.end()) {
-      std::fill(dst, dst + p.numel, 0.0f);  // (import leaves such a parameter zero)
+      std::fill(dst, dst + p.numel, 0.0f);  // (a parameter the file does not give: zero)
       return;
     }
     std::copy(it->second.begin(), it->second.end(), dst);

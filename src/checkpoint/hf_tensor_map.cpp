@@ -46,16 +46,6 @@ void fill_parameter(const SafetensorsFile& f, const TensorMap& m, const std::map
   std::fill(dst + at * row, dst + p.numel, 0.0f);  // padded vocabulary rows
 }
 
-void import_tensors(GPTModel& model, const SafetensorsFile& f, const std::vector<TensorMap>& map,
-                    const std::map<std::string, Shape>& shapes) {
-  HostStaging params(model.params().params(), model.params().numel(), true);
-  for (const TensorMap& m : map) {
-    const ParamInfo& p = model.params().info(m.lattice);
-    fill_parameter(f, m, shapes, p, params.data() + p.offset);
-  }
-  params.upload(model.params().params());
-}
-
 SafetensorsWriter export_tensors(const ParamBuffer& layout, const ParamRows& rows, const std::vector<TensorMap>& map,
                                  const std::map<std::string, Shape>& shapes) {
   // Per HF tensor, the parameters' rows that make it: rows [at, at + n) of p to its rows [row0, row0 + n), in rows

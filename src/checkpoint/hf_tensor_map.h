@@ -42,11 +42,6 @@ TensorMap grouped_qkv(const TransformerConfig& c, const std::string& lattice, co
 // Every tensor of `shapes` is in f with that shape, or an error naming the file and the tensor.
 void check_tensor_shapes(const SafetensorsFile& f, const std::map<std::string, Shape>& shapes);
 
-// The model's parameters from f's tensors (each element read once, in fp32), as `map` assembles them;
-// shapes: every HF tensor's (the row counts of whole-tensor blocks).
-void import_tensors(GPTModel& model, const SafetensorsFile& f, const std::vector<TensorMap>& map,
-                    const std::map<std::string, Shape>& shapes);
-
 // What an import reads: each lattice parameter's HF rows and every HF tensor's shape (checked against the file
 // before any is read). A parameter the map does not name stays zero (a router's expert bias the file lacks).
 struct ImportPlan {
@@ -54,15 +49,16 @@ struct ImportPlan {
   std::map<std::string, Shape> shapes;
 };
 
-// The parameter p's values [p.numel] into dst as `m` assembles them from f (only the rows it names are read),
-// with m's offset added and the padded vocabulary rows zero.
+// The parameter p's values [p.numel] into dst as `m` assembles them from f (only the rows it names are read,
+// in fp32), with m's offset added and the padded vocabulary rows zero; shapes: every HF tensor's (the row counts
+// of whole-tensor blocks).
 void fill_parameter(const SafetensorsFile& f, const TensorMap& m, const std::map<std::string, Shape>& shapes,
                     const ParamInfo& p, float* dst);
 
 // Where an export reads lattice parameters: rows [row0, row0 + rows) (along dim 0) of parameter p into out.
 using ParamRows = std::function<void(const ParamInfo& p, int64_t row0, int64_t rows, float* out)>;
 
-// The HF tensors of `shapes` from the parameters of `layout` read through `rows`, the inverse of import_tensors
+// The HF tensors of `shapes` from the parameters of `layout` read through `rows`, the inverse of fill_parameter
 // (padded vocabulary rows dropped), as an F32 file whose tensors are made only when written (one at a time:
 // SafetensorsWriter::add_produced); `rows` must stay usable until the file is written.
 SafetensorsWriter export_tensors(const ParamBuffer& layout, const ParamRows& rows, const std::vector<TensorMap>& map,
