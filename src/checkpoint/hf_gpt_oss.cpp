@@ -85,12 +85,15 @@ struct Mapper {
 };
 
 // One part of the model's correspondence, both ways: layer l's tensors (l >= 0), or the ones outside the layers
-// (l -1: the embedding, the final norm, the output layer). `param(name)` is the lattice parameter's host data,
-// `hf(name)` the HF tensor's (dequantized experts under their float names).
+// (l -1: the embedding, the final norm, the output layer; with `only`, just the one of that lattice or HF name).
+// `param(name)` is the lattice parameter's host data, `hf(name)` the HF tensor's (dequantized experts under their
+// float names).
 template <class Param, class Hf>
-void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param param, Hf hf) {
+void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param param, Hf hf,
+              const std::string& only = "") {
   const Dims d = dims(c);
   auto whole = [&](const std::string& lat, const std::string& name, int64_t n) {
+    if (!only.empty() && only != lat && only != name) return;
     float* p = param(lat);
     std::vector<float>& h = hf(name);
     for (int64_t i = 0; i < n; ++i) move(p, i, h, i);
@@ -376,10 +379,11 @@ std::vector<float> read_tensor(const TransformerConfig& c, const SafetensorsFile
   return out;
 }
 
-// A layer's parameters (l >= 0), or the ones outside the layers (l -1), from f: name -> values (`numel(name)`
-// floats each, zero where the file gives nothing: the padded vocabulary rows).
+// A layer's parameters (l >= 0), or the one outside the layers named `only` (l -1), from f: name -> values
+// (`numel(name)` floats each, zero where the file gives nothing: the padded vocabulary rows).
 std::map<std::string, std::vector<float>> read_part(const TransformerConfig& c, const SafetensorsFile& f, bool mxfp4,
-                                                    int64_t l, const std::function<int64_t(const std::string&)>& numel) {
+                                                    int64_t l, const std::function<int64_t(const std::string&)>& numel,
+                                                    const std::string& only) {
   std::map<std::string, std::vector<float>> params, data;  // data: each HF tensor read once, when first needed
   auto param = [&](const std::string& name) {
     std::vector<float>& v = params[name];
@@ -390,7 +394,7 @@ std::map<std::string, std::vector<float>> read_part(const TransformerConfig& c, 
     auto it = data.find(name);
     return it != data.end() ? it->second : data[name] = read_tensor(c, f, mxfp4, name);
   };
-  map_part(c, l, Mapper{true}, param, hf);
+  map_part(c, l, Mapper{true}, param, hf, only);
   return params;
 }
 
@@ -412,9 +416,9 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
   const TransformerConfig& c = src.config;
   auto shapes = std::make_shared<const std::map<std::string, Shape>>(hf_shapes(c, false));
   // The part (a layer, or the tensors outside the layers) of the HF tensor being written, made whole once from
-  // its parameters: a layer's worth in memory at a time.
+  // its parameters: a layer's worth in memory at a time (a tensor outside the layers is a part of its own).
   struct Part {
-    int64_t l = -2;
+    std::string key;  // "model.layers.<l>.", or the tensor's name
     std::map<std::string, std::vector<float>> hf;
   };
   auto part = std::make_shared<Part>();
@@ -423,7 +427,8 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
     w.add_produced(name, "F32", shape, size_t(shape_numel(shape)) * sizeof(float),
                    [src, shapes, part, name = name](uint8_t* out) {
                      const int64_t l = hf_layer_of(name);
-                     if (part->l != l) {
+                     const std::string key = l >= 0 ? hf_layer(l) : name;
+                     if (part->key != key) {
                        part->hf.clear();
                        std::map<std::string, std::vector<float>> params;
                        auto param = [&](const std::string& n) { return (params[n] = hf::read_param(src, n)).data(); };
@@ -432,8 +437,8 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
                          if (v.empty()) v.assign(size_t(shape_numel(shapes->at(n))), 0.0f);
                          return v;
                        };
-                       map_part(src.config, l, Mapper{false}, param, hf);
-                       part->l = l;
+                       map_part(src.config, l, Mapper{false}, param, hf, l >= 0 ? "" : name);
+                       part->key = key;
                      }
                      const std::vector<float>& v = part->hf.at(name);
                      std::memcpy(out, v.data(), v.size() * sizeof(float));
@@ -453,10 +458,10 @@ HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by) {
   const json& j = o.config_json;
   const bool mxfp4 = j.contains("quantization_config") && !j["quantization_config"].is_null();
   check_file(out.config, *f, mxfp4);
-  // The part (a layer, or the tensors outside the layers) the parameter being written is in, read whole once:
-  // a layer's worth in memory at a time (its experts decoded), the checkpoint's parameters in layer order.
+  // The part (a layer, or a tensor outside the layers on its own) the parameter being written is in, read whole
+  // once: a layer's worth in memory at a time (its experts decoded), the checkpoint's parameters in layer order.
   struct Part {
-    int64_t l = -2;
+    std::string key;  // "decoder.layers.<l>.", or the parameter's name
     std::map<std::string, std::vector<float>> params;
   };
   auto part = std::make_shared<Part>();
@@ -464,10 +469,12 @@ HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by) {
       GPTModel::parameter_registry(out.config, TensorParallel{}, ModelPlacement{}, 0, 1));
   out.fill = [f, part, registry, mxfp4, c = out.config](const ParamInfo& p, float* dst) {
     const int64_t l = layer_of(p.name);
-    if (part->l != l) {
+    const std::string key = l >= 0 ? lattice_layer(l) : p.name;
+    if (part->key != key) {
       part->params.clear();
-      part->params = read_part(c, *f, mxfp4, l, [&](const std::string& name) { return registry->info(name).numel; });
-      part->l = l;
+      part->params = read_part(c, *f, mxfp4, l, [&](const std::string& name) { return registry->info(name).numel; },
+                               l >= 0 ? "" : p.name);
+      part->key = key;
     }
     const auto it = part->params.find(p.name);
     if (it == part->params.end()) {

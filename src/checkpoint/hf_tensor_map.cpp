@@ -5,6 +5,7 @@
 
 #include "checkpoint/hf_common.h"
 #include "checkpoint/host_staging.h"
+#include "checkpoint/tensor_parts.h"
 #include "core/error.h"
 
 namespace lattice::hf {
@@ -96,8 +97,7 @@ ParamRows model_rows(const GPTModel& model) {
 std::vector<float> read_param(const ExportSource& src, const std::string& name) {
   const ParamInfo& p = src.layout->info(name);
   std::vector<float> v(size_t(p.numel), 0.0f);
-  const bool vocab = name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
-  src.rows(p, 0, p.shape.size() < 2 ? p.numel : vocab ? src.config.vocab_size : p.shape[0], v.data());
+  src.rows(p, 0, p.shape.size() < 2 ? p.numel : is_vocab_padded(name) ? src.config.vocab_size : p.shape[0], v.data());
   return v;
 }
 
