@@ -18,7 +18,8 @@
 // are kernels/cpu/mamba.cpp: the scan runs each chunk in closed form through GEMMs (the Mamba-2 paper's chunked
 // "state space duality" algorithm), `chunk` its chunk length too, so that its results depend on `chunk`
 // through rounding; its backward needs no state but the chunk's checkpoint. The GPU's are kernels/cuda/mamba.cu,
-// whose backward recomputes a chunk's states token by token. The row math both share is math:: below.
+// the same chunked formulas with the chunks in parallel (chunk at most 64 there). The row math and the chunks'
+// decays both share are math:: below.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -76,6 +77,31 @@ LATTICE_HD inline float mamba_gated_rstd(const float* y, const float* z, int64_t
   }
   return 1.0f / sqrtf(ss / float(D) + eps);
 }
+
+// The chunked scan's decays (kernels/cpu/mamba.cpp's formulas; the GPU's kernels/cuda/mamba.cu computes the
+// same). One head over the chunk of L tokens from row n0, its dt at dt[t * ldh], A < 0: doc[t] the documents
+// started in the chunk up to token t, acum[t] = a_0 + ... + a_t (a = dt A, summed in double). Returns
+// doc[L - 1], the chunk's last document.
+LATTICE_HD inline int32_t mamba_chunk_cumsum(double* acum, int32_t* doc, const float* dt, int64_t ldh, float A,
+                                             int64_t n0, int64_t L, const MambaShape& s) {
+  double acc = 0.0;
+  int32_t d = 0;
+  for (int64_t t = 0; t < L; ++t) {
+    if (s.starts_document(n0 + t)) ++d;
+    doc[t] = d;
+    acc += double(dt[t * ldh] * A);
+    acum[t] = acc;
+  }
+  return d;
+}
+// Dec_tu = exp(Acum_t - Acum_u) for u <= t: the decay from token u to token t, 0 across documents.
+LATTICE_HD inline float mamba_chunk_decay(const double* acum, const int32_t* doc, int64_t t, int64_t u) {
+  return doc[u] == doc[t] ? exp(float(acum[t] - acum[u])) : 0.0f;
+}
+// e_t = exp(Acum_t): the decay of the state before the chunk to token t, 0 from the chunk's first document on.
+LATTICE_HD inline float mamba_chunk_entry_decay(const double* acum, const int32_t* doc, int64_t t) {
+  return doc[t] == 0 ? exp(float(acum[t])) : 0.0f;
+}
 }  // namespace math
 
 // Fails naming the kernel `what` unless every dimension is positive and H a multiple of G.
@@ -101,16 +127,17 @@ void mamba_dt_backward(float* dx, float* d_dt_bias, const float* d_dt, const flo
 void mamba_scan_forward(float* y, float* checkpoints, const float* u, const float* dt, const float* A_log,
                         const float* D, const MambaShape& s, float* state = nullptr);
 // Its backward from dy [rows, H, P] and the forward's checkpoints: du (every column: xs, B, C) and d_dt
-// [rows, H] written, dA_log and dD [H] accumulated. work: mamba_scan_work(s) floats, the GPU kernel's
+// [rows, H] written, dA_log and dD [H] accumulated. work: mamba_scan_work(s) floats, the GPU kernels'
 // (the CPU's buffers are its threads' own; null there).
 void mamba_scan_backward(float* du, float* d_dt, float* dA_log, float* dD, float* work, const float* dy,
                          const float* checkpoints, const float* u, const float* dt, const float* A_log, const float* D,
                          const MambaShape& s);
-// The GPU scan backward's workspace: each (sequence, head)'s state gradient and recomputed chunk states
-// ([B H, chunk + 2, P N]), each head's B and C gradients before the sum over the group's heads ([rows, H,
-// 2, N]), and each (sequence, head)'s A_log and D gradients before the sum over the sequences ([2, B H]).
+// The GPU scan backward's workspace: the gradient of each (sequence, head)'s state after each chunk
+// ([B H chunks, P N], as large as the checkpoints), each chunk's decay of the state before it and its
+// A_log and D gradients before the sums over the chunks and sequences ([3, B H chunks]), and each head's B
+// and C gradients before the sum over the group's heads ([rows, H, 2, N]).
 inline int64_t mamba_scan_work(const MambaShape& s) {
-  return s.B * s.H * (s.chunk + 2) * s.state() + s.rows() * s.H * 2 * s.N + 2 * s.B * s.H;
+  return s.B * s.H * s.chunks() * (s.state() + 3) + s.rows() * s.H * 2 * s.N;
 }
 // out [rows, HP] = w * v * rstd, v = y silu(z) (z: x's z columns), rstd [rows, G] kept.
 void mamba_gated_norm_forward(float* out, float* rstd, const float* y, const float* x, const float* w,

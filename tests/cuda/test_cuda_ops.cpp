@@ -1825,8 +1825,8 @@ void mamba_cases(std::vector<OpCase>& t) {
     for (int64_t t1 = t0; t1 < s.T; ++t1) ++documents[size_t(t1)];
   for (int64_t t1 = 30; t1 < s.T; ++t1) documents[size_t(s.T + t1)] = 1;
   t.push_back({"mamba_documents", name(s), tol, [s, documents](const OpCase& c) { mamba_case(c, s, documents); }});
-  // A state over the scan forward's shared memory (P N floats beyond 48 KiB: kept in global memory), more
-  // rows than a block has threads, one group. dD and B's and C's gradients are sums of ~10^4 terms of order
+  // A state of 50 KiB (P N floats), more rows than a scan block has threads (its loops over p and the
+  // product tiles' edges), one group, chunks of 4 tokens (the last one short). dD and B's and C's gradients are sums of ~10^4 terms of order
   // one that cancel (measured: 5e-5 apart from the CPU's sequential sums).
   MambaShape big;
   big.B = 1;

@@ -60,7 +60,7 @@ struct ScanBuffers {
   std::vector<float> Bw, Ce, V, R;         // [C, N]: diag(w) B, diag(e) C, X dS, dY S0
   std::vector<double> Acum;                // [C]
   std::vector<float> e, wdec, w, dAcum, ddt;  // [C]; wdec_s = exp(Acum_last - Acum_s), w_s = wdec_s dt_s
-  std::vector<int64_t> doc;                // [C]: the documents started in the chunk up to each token
+  std::vector<int32_t> doc;                // [C]: the documents started in the chunk up to each token
   std::vector<float> S;                    // [heads per group, P, N]: the heads' states (their gradients)
   std::vector<float> dA, dD;               // [heads per group]: the backward's per-head sums
   ScanBuffers(const MambaShape& s, bool backward) : C(s.chunk) {
@@ -85,28 +85,20 @@ struct ScanBuffers {
 void chunk_decays(ScanBuffers& f, const float* dt, int64_t ldh, float A, int64_t n0, int64_t L, bool keep_dec,
                   const MambaShape& s) {
   const int64_t C = f.C, last = L - 1;
-  double acc = 0.0;
-  int64_t doc = 0;
+  const double* acum = f.Acum.data();
+  const int32_t* doc = f.doc.data();
+  math::mamba_chunk_cumsum(f.Acum.data(), f.doc.data(), dt, ldh, A, n0, L, s);
   for (int64_t t = 0; t < L; ++t) {
-    if (s.starts_document(n0 + t)) ++doc;
-    f.doc[size_t(t)] = doc;
-    acc += double(dt[t * ldh] * A);
-    f.Acum[size_t(t)] = acc;
-    f.e[size_t(t)] = doc == 0 ? math::exp(float(acc)) : 0.0f;
+    f.e[size_t(t)] = math::mamba_chunk_entry_decay(acum, doc, t);
+    f.wdec[size_t(t)] = math::mamba_chunk_decay(acum, doc, last, t);
+    f.w[size_t(t)] = f.wdec[size_t(t)] * dt[t * ldh];
   }
   for (int64_t t = 0; t < L; ++t) {
-    const float wd = f.doc[size_t(t)] == doc ? math::exp(float(f.Acum[size_t(last)] - f.Acum[size_t(t)])) : 0.0f;
-    f.wdec[size_t(t)] = wd;
-    f.w[size_t(t)] = wd * dt[t * ldh];
-  }
-  for (int64_t t = 0; t < L; ++t) {
-    const double at = f.Acum[size_t(t)];
-    const int64_t dct = f.doc[size_t(t)];
     const float* cb = f.CB.data() + t * C;
     float* m = f.M.data() + t * C;
     float* dec = keep_dec ? f.Dec.data() + t * C : nullptr;
     for (int64_t u = 0; u <= t; ++u) {
-      const float d = f.doc[size_t(u)] == dct ? math::exp(float(at - f.Acum[size_t(u)])) : 0.0f;
+      const float d = math::mamba_chunk_decay(acum, doc, t, u);
       m[u] = cb[u] * d * dt[u * ldh];
       if (dec) dec[u] = d;
     }

@@ -1,13 +1,11 @@
 // Mamba-2's kernels on the GPU (kernels/mamba.h): element kernels with a thread per element for the
 // convolution and dt; the convolution's weight and bias gradients and dt_bias's with a block per output,
 // reduced in a fixed order (ops_reduce.cuh); the gated norm with a block per row and its weight gradient
-// by column sums. The scan runs token by token with a block per (sequence, head) and a thread per state row
-// p (the rows evolve independently); the state is kept transposed, [N, P] (one m's rows contiguous, so a
-// warp's accesses are), in shared memory when it fits and in global memory otherwise. The backward
-// recomputes each chunk's states from its checkpoint into `work`, then walks the chunk in reverse: a
-// thread per row p for the state's gradient, a thread per column m for B's and C's gradients (per head,
-// summed over the group's heads in head order by a second kernel), and the per-head parameters'
-// gradients summed per (sequence, head) and then over the sequences in order. No float atomics.
+// by column sums. The scan runs by chunks, the CPU's closed form of each chunk (the Mamba-2 paper's chunked
+// algorithm) with the chunks in parallel: only the states passed from chunk to chunk are walked in order, a
+// thread per state element (below, "the scan, by chunks"). B's and C's gradients are made per head and summed
+// over the group's heads in head order by a second kernel; the per-head parameters' gradients per chunk, then
+// over the chunks and the sequences in order. No float atomics: every run gives the same bits.
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ops_reduce.cuh"
@@ -18,8 +16,9 @@ namespace lattice::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxKernel = 32;              // the convolution's width (its gradient's shared accumulators)
-constexpr int64_t kSharedStateMax = 48 * 1024;  // bytes: the scan forward's state in shared memory up to this
+constexpr int64_t kMaxKernel = 32;  // the convolution's width (its gradient's shared accumulators)
+constexpr int64_t kMaxChunk = 64;   // the scan's chunk length (its [chunk, chunk] tiles in shared memory)
+constexpr int kScanThreads = 256;   // the scan's blocks (a multiple of the warp)
 
 __device__ __forceinline__ int64_t grid_start() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
@@ -98,146 +97,345 @@ __global__ void dt_bias_grad_kernel(float* d_dt_bias, const float* dx, MambaShap
   if (threadIdx.x == 0) d_dt_bias[h] += acc;
 }
 
-// ---- the scan
+// ---- the scan, by chunks (kernels/cpu/mamba.cpp's formulas and names)
+//
+// Forward: a block per (sequence, head, chunk) makes the state its tokens add, X^T diag(w) B; a thread per
+// (sequence, head, state element) then walks the chunks in order, keeping each chunk's starting state S0
+// (the checkpoints) and S = e_last S + that; a block per (sequence, head, chunk) then writes the outputs
+// Y = M X + diag(e) C S0^T + D X. Backward: a block per chunk makes dY^T diag(e) C (the gradient its outputs
+// send to S0), a thread per state element walks the chunks in reverse for the gradient of each chunk's final
+// state dS, and a block per chunk runs the adjoints from S0 and dS. Each block keeps the chunk's decays and
+// its [L, L] products in shared memory (L at most kMaxChunk), every sum in a fixed order, no float atomics.
 
-// The state's decay at row n for head h (A = -exp(A_log[h])): exp(dt A), or 0 at a document's first token.
-__device__ __forceinline__ float step_decay(float d, float A, int64_t n, const MambaShape& s) {
-  return s.starts_document(n) ? 0.0f : math::exp(d * A);
+// Block (b, h, c) of the chunked kernels, blockIdx.x = (b H + h) chunks + c.
+struct ChunkAt {
+  int64_t bhc, bh, b, h, g, c, L, n0;
+};
+__device__ ChunkAt chunk_at(const MambaShape& s) {
+  ChunkAt k;
+  k.bhc = blockIdx.x;
+  k.c = k.bhc % s.chunks();
+  k.bh = k.bhc / s.chunks();
+  k.b = k.bh / s.H;
+  k.h = k.bh % s.H;
+  k.g = k.h / s.heads_per_group();
+  const int64_t t0 = k.c * s.chunk;
+  k.L = (t0 + s.chunk < s.T ? t0 + s.chunk : s.T) - t0;
+  k.n0 = k.b * s.T + t0;
+  return k;
 }
 
-// Block (b, h), thread p (looping when P exceeds the block): row p of the state, st[m * P + p], in dynamic
-// shared memory or, where spill is given, in spill [B H, N, P]; from and back to state [B H, P, N] where given.
-__global__ void scan_forward_kernel(float* y, float* checkpoints, float* state, float* spill, const float* u,
-                                    const float* dt, const float* A_log, const float* D, MambaShape s) {
-  LATTICE_DYNAMIC_SHARED(float, sh);
-  const int64_t bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.heads_per_group();
-  const int64_t P = s.P, Ns = s.N, H = s.H, Cc = s.conv(), S = s.state();
-  float* st = spill ? spill + bh * S : sh;
-  const float A = -math::exp(A_log[h]), Dh = D[h];
-  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
-    float* carried = state ? state + bh * S + p * Ns : nullptr;
-    for (int64_t m = 0; m < Ns; ++m) st[m * P + p] = carried ? carried[m] : 0.0f;
-    for (int64_t t = 0; t < s.T; ++t) {
-      const int64_t n = b * s.T + t;
-      if (checkpoints && t % s.chunk == 0) {
-        float* cp = checkpoints + (bh * s.chunks() + t / s.chunk) * S + p * Ns;
-        for (int64_t m = 0; m < Ns; ++m) cp[m] = st[m * P + p];
-      }
-      const float* Bg = u + n * Cc + s.b_at() + g * Ns;
-      const float* Cg = u + n * Cc + s.c_at() + g * Ns;
-      const float xs = u[n * Cc + h * P + p], d = dt[n * H + h], a = step_decay(d, A, n, s), dx = d * xs;
-      float acc = 0.0f;
-      for (int64_t m = 0; m < Ns; ++m) {
-        const float v = a * st[m * P + p] + dx * Bg[m];
-        st[m * P + p] = v;
-        acc += v * Cg[m];
-      }
-      y[(n * H + h) * P + p] = acc + Dh * xs;
+// A chunk's decays for its head (math::mamba_chunk_*), in shared memory.
+struct ChunkDecays {
+  double acum[kMaxChunk];
+  int32_t doc[kMaxChunk];
+  float e[kMaxChunk];     // exp(Acum_t): the state before the chunk's decay to token t
+  float wdec[kMaxChunk];  // exp(Acum_last - Acum_t): token t's decay to the chunk's end
+  float w[kMaxChunk];     // wdec_t dt_t
+};
+
+// Thread 0 makes them (a sequential sum of at most kMaxChunk terms, as the CPU's); every thread returns
+// after the block's barrier. dth: the head's dt at the chunk's first row (stride H).
+__device__ void chunk_decays(ChunkDecays& d, const float* dth, float A, const ChunkAt& k, const MambaShape& s) {
+  if (threadIdx.x == 0) {
+    math::mamba_chunk_cumsum(d.acum, d.doc, dth, s.H, A, k.n0, k.L, s);
+    for (int64_t t = 0; t < k.L; ++t) {
+      d.e[t] = math::mamba_chunk_entry_decay(d.acum, d.doc, t);
+      d.wdec[t] = math::mamba_chunk_decay(d.acum, d.doc, k.L - 1, t);
+      d.w[t] = d.wdec[t] * dth[t * s.H];
     }
-    if (carried)
-      for (int64_t m = 0; m < Ns; ++m) carried[m] = st[m * P + p];
+  }
+  __syncthreads();
+}
+
+// CB_tv = C_t . B_v over the state dim (the group's B and C rows from the chunk's first, stride Cc).
+__device__ __forceinline__ float chunk_cb(const float* Cm, const float* Bm, int64_t t, int64_t v, const MambaShape& s) {
+  const int64_t Cc = s.conv();
+  float acc = 0.0f;
+  for (int64_t m = 0; m < s.N; ++m) acc += Cm[t * Cc + m] * Bm[v * Cc + m];
+  return acc;
+}
+
+// A warp's sum, in lane 0 (a fixed shuffle tree; every lane calls it).
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Block (b, h, c): the state the chunk's tokens add, X^T diag(w) B [P, N] (N contiguous), into local; the
+// chunk's e_last into e_last. The last chunk's state only where the final state is kept.
+__global__ void scan_chunk_state_kernel(float* local, float* e_last, const float* u, const float* dt,
+                                        const float* A_log, MambaShape s, bool final_state) {
+  __shared__ ChunkDecays d;
+  const ChunkAt k = chunk_at(s);
+  chunk_decays(d, dt + k.n0 * s.H + k.h, -math::exp(A_log[k.h]), k, s);
+  if (threadIdx.x == 0) e_last[k.bhc] = d.e[k.L - 1];
+  if (k.c + 1 == s.chunks() && !final_state) return;
+  const int64_t Cc = s.conv(), Ns = s.N;
+  const float* X = u + k.n0 * Cc + k.h * s.P;
+  const float* Bm = u + k.n0 * Cc + s.b_at() + k.g * Ns;
+  for (int64_t i = threadIdx.x; i < s.state(); i += blockDim.x) {
+    const int64_t p = i / Ns, m = i % Ns;
+    float acc = 0.0f;
+    for (int64_t t = 0; t < k.L; ++t) acc += X[t * Cc + p] * (d.w[t] * Bm[t * Cc + m]);
+    local[k.bhc * s.state() + i] = acc;
   }
 }
 
-// The backward's workspace (mamba_scan_work floats), in order: each (sequence, head)'s state gradient
-// and chunk states [B H, chunk + 2, N, P] (the gradient, then the states before each of the chunk's
-// tokens and after its last); each head's B and C gradients [rows, H, 2, N]; each (sequence, head)'s
-// A_log and D gradients [2, B H].
+// A thread per (sequence, head, state element): the chunks in order, from the carried state (or zeros);
+// each chunk's starting state into checkpoints (local's element read first: they may be one buffer), then
+// S = e_last S + local (the chunk's e_last is 0 where a document starts in it). state [B H, P, N]: from and
+// back to, where given.
+__global__ void scan_pass_states_kernel(float* checkpoints, float* state, const float* local, const float* e_last,
+                                        MambaShape s) {
+  const int64_t S = s.state(), nc = s.chunks();
+  for (int64_t i = grid_start(); i < s.B * s.H * S; i += grid_stride()) {
+    const int64_t bh = i / S, j = i % S;
+    float st = state ? state[i] : 0.0f;
+    for (int64_t c = 0; c < nc; ++c) {
+      const int64_t at = (bh * nc + c) * S + j;
+      const bool adds = c + 1 < nc || state;  // the last chunk's only for the final state
+      const float add = adds ? local[at] : 0.0f;
+      checkpoints[at] = st;
+      if (adds) st = e_last[bh * nc + c] * st + add;
+    }
+    if (state) state[i] = st;
+  }
+}
+
+// Block (b, h, c): M = CB o Dec o dt ([L, L] in shared memory, 0 above the diagonal), then a thread per
+// (t, p): Y = M X + diag(e) C S0^T + D X, S0 the chunk's starting state (from starts; its share 0 where the
+// chunk starts from no state).
+__global__ void scan_chunk_output_kernel(float* y, const float* starts, const float* u, const float* dt,
+                                         const float* A_log, const float* D, MambaShape s, bool carried) {
+  __shared__ ChunkDecays d;
+  LATTICE_DYNAMIC_SHARED(float, M);
+  const ChunkAt k = chunk_at(s);
+  const int64_t Cc = s.conv(), Ns = s.N, P = s.P, H = s.H, L = k.L;
+  const float* dth = dt + k.n0 * H + k.h;
+  chunk_decays(d, dth, -math::exp(A_log[k.h]), k, s);
+  const float* X = u + k.n0 * Cc + k.h * P;
+  const float* Bm = u + k.n0 * Cc + s.b_at() + k.g * Ns;
+  const float* Cm = u + k.n0 * Cc + s.c_at() + k.g * Ns;
+  for (int64_t i = threadIdx.x; i < L * L; i += blockDim.x) {
+    const int64_t t = i / L, v = i % L;
+    M[i] = v <= t ? chunk_cb(Cm, Bm, t, v, s) * math::mamba_chunk_decay(d.acum, d.doc, t, v) * dth[v * H] : 0.0f;
+  }
+  __syncthreads();
+  const bool has_state = (k.c > 0 || carried) && !s.starts_document(k.n0);
+  const float* S0 = starts + k.bhc * s.state();
+  const float Dh = D[k.h];
+  for (int64_t i = threadIdx.x; i < L * P; i += blockDim.x) {
+    const int64_t t = i / P, p = i % P;
+    float acc = 0.0f;
+    for (int64_t v = 0; v <= t; ++v) acc += M[t * L + v] * X[v * Cc + p];
+    if (has_state) {
+      float cs = 0.0f;
+      for (int64_t m = 0; m < Ns; ++m) cs += (d.e[t] * Cm[t * Cc + m]) * S0[p * Ns + m];
+      acc += cs;
+    }
+    y[((k.n0 + t) * H + k.h) * P + p] = acc + Dh * X[t * Cc + p];
+  }
+}
+
+// The backward's workspace (mamba_scan_work floats), in order.
 struct ScanWork {
-  float* block;  // [B H, chunk + 2, N, P]
-  float* dbc;    // [rows, H, 2, N]
-  float* dA;     // [B H]
-  float* dD;     // [B H]
+  float* dstates;  // [B H chunks, P N]: the gradient of the state after each chunk
+  float* e_last;   // [B H chunks]
+  float* dA;       // [B H chunks]: each chunk's sum of da_t dt_t (dA_log's before the factor A)
+  float* dD;       // [B H chunks]
+  float* dbc;      // [rows, H, 2, N]: each head's B and C gradients
 };
 ScanWork scan_work(float* work, const MambaShape& s) {
+  const int64_t chunks = s.B * s.H * s.chunks();
   ScanWork w;
-  w.block = work;
-  w.dbc = w.block + s.B * s.H * (s.chunk + 2) * s.state();
-  w.dA = w.dbc + s.rows() * s.H * 2 * s.N;
-  w.dD = w.dA + s.B * s.H;
+  w.dstates = work;
+  w.e_last = w.dstates + chunks * s.state();
+  w.dA = w.e_last + chunks;
+  w.dD = w.dA + chunks;
+  w.dbc = w.dD + chunks;
   return w;
 }
 
-// Block (b, h). Per chunk, in reverse: states[i] [N, P] the state before the chunk's token i, from the
-// checkpoint (a thread per row p); then per token, in reverse, with dS [N, P] the gradient of the state
-// after it:
-//   rows p:    dS += dy C^T; dxs = D dy + dt dS B; the token's d(dt) and the dA and dD terms;
-//   columns m: dB = dt dS^T xs, dC = S^T dy (into work's per-head dbc);
-//   rows p:    dS = a dS (the gradient of the state before the token).
-__global__ void scan_backward_kernel(float* du, float* d_dt, ScanWork wk, const float* dy, const float* checkpoints,
-                                     const float* u, const float* dt, const float* A_log, const float* D,
-                                     MambaShape s) {
-  const int64_t bh = blockIdx.x, b = bh / s.H, h = bh % s.H, g = h / s.heads_per_group();
-  const int64_t P = s.P, Ns = s.N, H = s.H, Cc = s.conv(), S = s.state(), T = s.T, tid = threadIdx.x;
-  const int64_t stride = blockDim.x;
-  float* dS = wk.block + bh * (s.chunk + 2) * S;
-  float* states = dS + S;
-  const float A = -math::exp(A_log[h]), Dh = D[h];
-  float dA = 0.0f, dDh = 0.0f;  // this thread's rows' shares, over the tokens
-  for (int64_t p = tid; p < P; p += stride)
-    for (int64_t m = 0; m < Ns; ++m) dS[m * P + p] = 0.0f;
-  for (int64_t c = s.chunks(); c-- > 0;) {
-    const int64_t t0 = c * s.chunk, L = (t0 + s.chunk < T ? t0 + s.chunk : T) - t0;
-    // The chunk's states, each thread its own rows (the previous chunk's readers passed the last barrier).
-    const float* cp = checkpoints + (bh * s.chunks() + c) * S;
-    for (int64_t p = tid; p < P; p += stride) {
-      for (int64_t m = 0; m < Ns; ++m) states[m * P + p] = cp[p * Ns + m];
-      for (int64_t i = 0; i < L; ++i) {
-        const int64_t n = b * T + t0 + i;
-        const float* Bg = u + n * Cc + s.b_at() + g * Ns;
-        const float d = dt[n * H + h], a = step_decay(d, A, n, s), dx = d * u[n * Cc + h * P + p];
-        const float* prev = states + i * S;
-        float* next = states + (i + 1) * S;
-        for (int64_t m = 0; m < Ns; ++m) next[m * P + p] = a * prev[m * P + p] + dx * Bg[m];
-      }
-    }
-    for (int64_t i = L; i-- > 0;) {
-      const int64_t n = b * T + t0 + i;
-      const float* xs = u + n * Cc + h * P;
-      const float* Bg = u + n * Cc + s.b_at() + g * Ns;
-      const float* Cg = u + n * Cc + s.c_at() + g * Ns;
-      const float* dyn = dy + (n * H + h) * P;
-      const float* before = states + i * S;
-      const float* after = before + S;
-      const bool reset = s.starts_document(n);
-      const float d = dt[n * H + h], a = reset ? 0.0f : math::exp(d * A), decay_grad = reset ? 0.0f : A * a;
-      float ddt = 0.0f;  // this thread's rows' share of d(dt): <dS, xs B^T> + A a <dS, S'>
-      for (int64_t p = tid; p < P; p += stride) {
-        const float dp = dyn[p];
-        float sb = 0.0f, sd = 0.0f;
-        for (int64_t m = 0; m < Ns; ++m) {
-          const float v = dS[m * P + p] + dp * Cg[m];
-          dS[m * P + p] = v;
-          sb += v * Bg[m];
-          sd += v * before[m * P + p];
-        }
-        du[n * Cc + h * P + p] = Dh * dp + d * sb;
-        ddt += sb * xs[p] + decay_grad * sd;
-        if (!reset) dA += d * a * sd;
-        dDh += dp * xs[p];
-      }
-      __syncthreads();  // dS complete for the columns
-      float* dbc = wk.dbc + (n * H + h) * 2 * Ns;
-      for (int64_t m = tid; m < Ns; m += stride) {
-        float sx = 0.0f, sy = 0.0f;
-        for (int64_t p = 0; p < P; ++p) {
-          sx += dS[m * P + p] * xs[p];
-          sy += after[m * P + p] * dyn[p];
-        }
-        dbc[m] = d * sx;
-        dbc[Ns + m] = sy;
-      }
-      ddt = block_sum(ddt);  // (its barriers also order the columns' reads of dS before the update below)
-      if (tid == 0) d_dt[n * H + h] = ddt;
-      for (int64_t p = tid; p < P; p += stride)
-        for (int64_t m = 0; m < Ns; ++m) dS[m * P + p] *= a;
+// Block (b, h, c): the gradient the chunk's outputs send to its starting state, dY^T diag(e) C [P, N] (0 where
+// the chunk starts from no state: the first, or at a document's first token), into dstates; e_last.
+__global__ void scan_chunk_dstate_kernel(ScanWork wk, const float* dy, const float* u, const float* dt,
+                                         const float* A_log, MambaShape s) {
+  __shared__ ChunkDecays d;
+  const ChunkAt k = chunk_at(s);
+  chunk_decays(d, dt + k.n0 * s.H + k.h, -math::exp(A_log[k.h]), k, s);
+  if (threadIdx.x == 0) wk.e_last[k.bhc] = d.e[k.L - 1];
+  const int64_t Cc = s.conv(), Ns = s.N, HP = s.inner();
+  const bool has_state = k.c > 0 && !s.starts_document(k.n0);
+  const float* dY = dy + (k.n0 * s.H + k.h) * s.P;
+  const float* Cm = u + k.n0 * Cc + s.c_at() + k.g * Ns;
+  for (int64_t i = threadIdx.x; i < s.state(); i += blockDim.x) {
+    const int64_t p = i / Ns, m = i % Ns;
+    float acc = 0.0f;
+    if (has_state)
+      for (int64_t t = 0; t < k.L; ++t) acc += dY[t * HP + p] * (d.e[t] * Cm[t * Cc + m]);
+    wk.dstates[k.bhc * s.state() + i] = acc;
+  }
+}
+
+// A thread per (sequence, head, state element): the chunks in reverse from dS = 0 (the backward takes no
+// final state's gradient); each chunk's dS into dstates (its own share read first), then
+// dS = e_last dS + share, or 0 before a chunk that starts from no state.
+__global__ void scan_pass_dstates_kernel(ScanWork wk, MambaShape s) {
+  const int64_t S = s.state(), nc = s.chunks();
+  for (int64_t i = grid_start(); i < s.B * s.H * S; i += grid_stride()) {
+    const int64_t bh = i / S, j = i % S, b = bh / s.H;
+    float g = 0.0f;
+    for (int64_t c = nc; c-- > 0;) {
+      const int64_t at = (bh * nc + c) * S + j;
+      const float share = wk.dstates[at];
+      wk.dstates[at] = g;
+      const bool has_state = c > 0 && !s.starts_document(b * s.T + c * s.chunk);
+      g = has_state ? wk.e_last[bh * nc + c] * g + share : 0.0f;
     }
   }
-  dA = block_sum(dA);
-  dDh = block_sum(dDh);
-  if (tid == 0) {
-    wk.dA[bh] = dA * A;  // dA_log = dA dA/dA_log = dA A
-    wk.dD[bh] = dDh;
+}
+
+// Block (b, h, c): the chunk's adjoints from its starting state S0 (the forward's checkpoint) and the gradient
+// of its final state dS (kernels/cpu/mamba.cpp derives each):
+//   1. CB and M = CB o Dec o dt in shared memory;
+//   2. a warp per token t, lanes over p: dX = M^T dY + diag(w) B dS^T + D dY; the token's V_t . B_t (as
+//      X_t . (dS B_t)) and R_t . C_t (as dY_t . (S0 C_t)) for the decays' shares;
+//   3. dM = dY X^T: dCB = dM o Dec o dt over M, the direct shares dM o Dec o CB over CB;
+//   4. a thread per token: d(dt)'s direct shares and dAcum; 5. thread 0: dAcum's reverse sums, d_dt, the
+//      chunk's dA and dD;
+//   6. a thread per (t, m): the head's dB = diag(w) X dS + dCB^T C and dC = diag(e) dY S0 + dCB B.
+__global__ void scan_chunk_backward_kernel(float* du, float* d_dt, ScanWork wk, const float* dy,
+                                           const float* checkpoints, const float* u, const float* dt,
+                                           const float* A_log, const float* D, MambaShape s) {
+  __shared__ ChunkDecays d;
+  __shared__ float vb[kMaxChunk], rc[kMaxChunk], ddt[kMaxChunk], dacum[kMaxChunk];
+  LATTICE_DYNAMIC_SHARED(float, sh);
+  const ChunkAt k = chunk_at(s);
+  const int64_t Cc = s.conv(), Ns = s.N, P = s.P, H = s.H, HP = s.inner(), L = k.L, S = s.state();
+  float* CB = sh;         // [L, L]
+  float* M = sh + L * L;  // [L, L]
+  const float* dth = dt + k.n0 * H + k.h;
+  const float A = -math::exp(A_log[k.h]);
+  chunk_decays(d, dth, A, k, s);
+  const float* X = u + k.n0 * Cc + k.h * P;
+  const float* Bm = u + k.n0 * Cc + s.b_at() + k.g * Ns;
+  const float* Cm = u + k.n0 * Cc + s.c_at() + k.g * Ns;
+  const float* dY = dy + (k.n0 * H + k.h) * P;
+  const float* S0 = checkpoints + k.bhc * S;
+  const float* dS = wk.dstates + k.bhc * S;
+  const bool has_state = k.c > 0 && !s.starts_document(k.n0), carried = k.c + 1 < s.chunks();
+  const float Dh = D[k.h];
+  // 1.
+  for (int64_t i = threadIdx.x; i < L * L; i += blockDim.x) {
+    const int64_t t = i / L, v = i % L;
+    const float cb = v <= t ? chunk_cb(Cm, Bm, t, v, s) : 0.0f;
+    CB[i] = cb;
+    M[i] = v <= t ? cb * math::mamba_chunk_decay(d.acum, d.doc, t, v) * dth[v * H] : 0.0f;
+  }
+  __syncthreads();
+  // 2.
+  const int lane = int(threadIdx.x & 31), warps = int(blockDim.x >> 5);
+  float dd = 0.0f;  // this thread's share of dD: dY . X
+  for (int64_t t = threadIdx.x >> 5; t < L; t += warps) {
+    float xb = 0.0f, yc = 0.0f;
+    for (int64_t p = lane; p < P; p += 32) {
+      const float dyp = dY[t * HP + p], xp = X[t * Cc + p];
+      float acc = 0.0f;
+      for (int64_t v = t; v < L; ++v) acc += M[v * L + t] * dY[v * HP + p];
+      if (carried) {
+        float z = 0.0f;  // (dS B_t)_p
+        for (int64_t m = 0; m < Ns; ++m) z += Bm[t * Cc + m] * dS[p * Ns + m];
+        acc += d.w[t] * z;
+        xb += xp * z;
+      }
+      if (has_state) {
+        float q = 0.0f;  // (S0 C_t)_p
+        for (int64_t m = 0; m < Ns; ++m) q += Cm[t * Cc + m] * S0[p * Ns + m];
+        yc += dyp * q;
+      }
+      du[(k.n0 + t) * Cc + k.h * P + p] = acc + Dh * dyp;
+      dd += dyp * xp;
+    }
+    xb = warp_sum(xb);
+    yc = warp_sum(yc);
+    if (lane == 0) {
+      vb[t] = xb;
+      rc[t] = yc;
+    }
+  }
+  float sd = 0.0f;  // <S0, dS>: e_last's share
+  if (carried && has_state)
+    for (int64_t i = threadIdx.x; i < S; i += blockDim.x) sd += S0[i] * dS[i];
+  sd = block_sum(sd);  // (its barriers also order step 2's reads of M before step 3's writes)
+  dd = block_sum(dd);
+  // 3.
+  for (int64_t i = threadIdx.x; i < L * L; i += blockDim.x) {
+    const int64_t t = i / L, v = i % L;
+    if (v > t) continue;
+    float dm = 0.0f;
+    for (int64_t p = 0; p < P; ++p) dm += dY[t * HP + p] * X[v * Cc + p];
+    const float e1 = dm * math::mamba_chunk_decay(d.acum, d.doc, t, v);
+    M[i] = e1 * dth[v * H];
+    CB[i] = e1 * CB[i];
+  }
+  __syncthreads();
+  // 4. ddt_t: the direct shares of column t (and w_t's); dAcum_t: Dec's shares q_tv = direct_tv dt_v, + over
+  // row t's v < t and - over column t's rows below, w_t's and e_t's.
+  if (threadIdx.x < L) {
+    const int64_t t = threadIdx.x;
+    float direct = 0.0f, below = 0.0f, row = 0.0f;
+    for (int64_t r = t; r < L; ++r) {
+      direct += CB[r * L + t];
+      if (r > t) below += CB[r * L + t] * dth[t * H];
+    }
+    for (int64_t v = 0; v < t; ++v) row += CB[t * L + v] * dth[v * H];
+    float g = direct, a = row - below;
+    if (carried) {
+      g += vb[t] * d.wdec[t];
+      if (t != L - 1) a -= vb[t] * d.w[t];
+    }
+    if (has_state) a += d.e[t] * rc[t];
+    ddt[t] = g;
+    dacum[t] = a;
+  }
+  __syncthreads();
+  // 5. Acum_last's shares from w (every t but the last) and e_last; da_t = dAcum_t + ... + dAcum_last.
+  if (threadIdx.x == 0) {
+    float last = 0.0f;
+    if (carried)
+      for (int64_t t = 0; t + 1 < L; ++t) last += vb[t] * d.w[t];
+    if (carried && has_state) last += d.e[L - 1] * sd;
+    dacum[L - 1] += last;
+    float acc = 0.0f, dA = 0.0f;
+    for (int64_t t = L; t-- > 0;) {
+      acc += dacum[t];
+      const bool first = s.starts_document(k.n0 + t);  // its decay is the constant 0
+      d_dt[(k.n0 + t) * H + k.h] = ddt[t] + (first ? 0.0f : A * acc);
+      if (!first) dA += acc * dth[t * H];
+    }
+    wk.dA[k.bhc] = dA;
+    wk.dD[k.bhc] = dd;
+  }
+  // 6. (M holds dCB since step 3's barrier.)
+  for (int64_t i = threadIdx.x; i < L * Ns; i += blockDim.x) {
+    const int64_t t = i / Ns, m = i % Ns;
+    float db = 0.0f, dc = 0.0f;
+    if (carried) {
+      float v = 0.0f;
+      for (int64_t p = 0; p < P; ++p) v += X[t * Cc + p] * dS[p * Ns + m];
+      db = d.w[t] * v;
+    }
+    for (int64_t r = t; r < L; ++r) db += M[r * L + t] * Cm[r * Cc + m];
+    if (has_state) {
+      float r = 0.0f;
+      for (int64_t p = 0; p < P; ++p) r += dY[t * HP + p] * S0[p * Ns + m];
+      dc = d.e[t] * r;
+    }
+    for (int64_t v = 0; v <= t; ++v) dc += M[t * L + v] * Bm[v * Cc + m];
+    float* dbc = wk.dbc + ((k.n0 + t) * H + k.h) * 2 * Ns;
+    dbc[m] = db;
+    dbc[Ns + m] = dc;
   }
 }
 
@@ -252,13 +450,21 @@ __global__ void scan_sum_group_heads_kernel(float* du, const float* dbc, MambaSh
   }
 }
 
-// dA_log[h] += the sequences' gradients in order, dD[h] likewise: a thread per head.
-__global__ void scan_param_grads_kernel(float* dA_log, float* dD, const float* dA_b, const float* dD_b, MambaShape s) {
+// A thread per head: dA_log[h] += over the sequences in order, each its chunks' sum (in reverse, as the CPU
+// adds them) times A; dD[h] likewise.
+__global__ void scan_param_grads_kernel(float* dA_log, float* dD, ScanWork wk, const float* A_log, MambaShape s) {
+  const int64_t nc = s.chunks();
   for (int64_t h = grid_start(); h < s.H; h += grid_stride()) {
+    const float A = -math::exp(A_log[h]);
     float da = 0.0f, dd = 0.0f;
     for (int64_t b = 0; b < s.B; ++b) {
-      da += dA_b[b * s.H + h];
-      dd += dD_b[b * s.H + h];
+      float sa = 0.0f, sdd = 0.0f;
+      for (int64_t c = nc; c-- > 0;) {
+        sa += wk.dA[(b * s.H + h) * nc + c];
+        sdd += wk.dD[(b * s.H + h) * nc + c];
+      }
+      da += sa * A;
+      dd += sdd;
     }
     dA_log[h] += da;
     dD[h] += dd;
@@ -329,10 +535,15 @@ void check(const MambaShape& s, const char* what) {
   mamba_check_shape(s, what);
   LATTICE_CHECK(s.K <= kMaxKernel) << what << " (CUDA): convolution width " << s.K << " (at most " << kMaxKernel
                                    << ")";
+  LATTICE_CHECK(s.chunk <= kMaxChunk) << what << " (CUDA): scan chunk " << s.chunk << " (at most " << kMaxChunk
+                                      << ")";
 }
 
-// Threads for a block covering n rows or columns: a multiple of the warp, at most 1024 (loops beyond).
-unsigned block_for(int64_t n) { return unsigned(n >= 1024 ? 1024 : (n + 31) / 32 * 32); }
+// The scan's [L, L] tiles: n of them, L = the chunk's length (or the sequence's where shorter).
+size_t chunk_tiles_bytes(const MambaShape& s, int n) {
+  const int64_t L = s.chunk < s.T ? s.chunk : s.T;
+  return size_t(n * L * L) * sizeof(float);
+}
 
 }  // namespace
 
@@ -370,16 +581,25 @@ void mamba_dt_backward(float* dx, float* d_dt_bias, const float* d_dt, const flo
 void mamba_scan_forward(float* y, float* checkpoints, const float* u, const float* dt, const float* A_log,
                         const float* D, const MambaShape& s, float* state) {
   check(s, "mamba_scan_forward");
-  const size_t state_bytes = size_t(s.state()) * sizeof(float);
-  const bool shared = int64_t(state_bytes) <= kSharedStateMax;
-  float* spill = nullptr;  // [B H, N, P] where the state does not fit in shared memory
-  if (!shared)
-    LATTICE_CUDA_CALL(
-        cudaMallocAsync(reinterpret_cast<void**>(&spill), size_t(s.B * s.H) * state_bytes, stream()));
-  launch(scan_forward_kernel, unsigned(s.B * s.H), block_for(s.P), shared ? state_bytes : 0, y, checkpoints, state, spill,
-         u, dt, A_log, D, s);
-  LATTICE_CUDA_LAUNCHED("mamba_scan_forward");
-  if (spill) LATTICE_CUDA_CALL(cudaFreeAsync(spill, stream()));
+  const int64_t chunks = s.B * s.H * s.chunks();
+  // The chunks' added states become the checkpoints in place; without checkpoints they are made in a
+  // buffer of their size. e_last [B H chunks] after them.
+  float* scratch = nullptr;
+  const size_t scratch_floats = size_t(chunks) * (checkpoints ? 1 : size_t(s.state()) + 1);
+  LATTICE_CUDA_CALL(
+      cudaMallocAsync(reinterpret_cast<void**>(&scratch), scratch_floats * sizeof(float), stream()));
+  float* starts = checkpoints ? checkpoints : scratch;
+  float* e_last = checkpoints ? scratch : scratch + chunks * s.state();
+  launch(scan_chunk_state_kernel, unsigned(chunks), kScanThreads, 0, starts, e_last, u, dt, A_log, s,
+         state != nullptr);
+  LATTICE_CUDA_LAUNCHED("mamba_scan_forward (chunk states)");
+  launch(scan_pass_states_kernel, grid_for(s.B * s.H * s.state(), kThreads), kThreads, 0, starts, state, starts,
+         e_last, s);
+  LATTICE_CUDA_LAUNCHED("mamba_scan_forward (passed states)");
+  launch(scan_chunk_output_kernel, unsigned(chunks), kScanThreads, chunk_tiles_bytes(s, 1), y, starts, u, dt, A_log,
+         D, s, state != nullptr);
+  LATTICE_CUDA_LAUNCHED("mamba_scan_forward (outputs)");
+  LATTICE_CUDA_CALL(cudaFreeAsync(scratch, stream()));
 }
 
 void mamba_scan_backward(float* du, float* d_dt, float* dA_log, float* dD, float* work, const float* dy,
@@ -388,12 +608,17 @@ void mamba_scan_backward(float* du, float* d_dt, float* dA_log, float* dD, float
   check(s, "mamba_scan_backward");
   LATTICE_CHECK(work != nullptr) << "mamba_scan_backward (CUDA): no workspace (mamba_scan_work floats)";
   const ScanWork wk = scan_work(work, s);
-  launch(scan_backward_kernel, unsigned(s.B * s.H), block_for(s.P > s.N ? s.P : s.N), 0, du, d_dt, wk, dy,
-         checkpoints, u, dt, A_log, D, s);
+  const unsigned chunks = unsigned(s.B * s.H * s.chunks());
+  launch(scan_chunk_dstate_kernel, chunks, kScanThreads, 0, wk, dy, u, dt, A_log, s);
+  LATTICE_CUDA_LAUNCHED("mamba_scan_backward (chunk state gradients)");
+  launch(scan_pass_dstates_kernel, grid_for(s.B * s.H * s.state(), kThreads), kThreads, 0, wk, s);
+  LATTICE_CUDA_LAUNCHED("mamba_scan_backward (passed state gradients)");
+  launch(scan_chunk_backward_kernel, chunks, kScanThreads, chunk_tiles_bytes(s, 2), du, d_dt, wk, dy, checkpoints, u,
+         dt, A_log, D, s);
   LATTICE_CUDA_LAUNCHED("mamba_scan_backward");
   launch(scan_sum_group_heads_kernel, grid_for(s.rows() * 2 * s.gn(), kThreads), kThreads, 0, du, wk.dbc, s);
   LATTICE_CUDA_LAUNCHED("mamba_scan_backward (B, C)");
-  launch(scan_param_grads_kernel, grid_for(s.H, kThreads), kThreads, 0, dA_log, dD, wk.dA, wk.dD, s);
+  launch(scan_param_grads_kernel, grid_for(s.H, kThreads), kThreads, 0, dA_log, dD, wk, A_log, s);
   LATTICE_CUDA_LAUNCHED("mamba_scan_backward (A_log, D)");
 }
 
