@@ -6,6 +6,7 @@
 // thread per state element (below, "the scan, by chunks"). B's and C's gradients are made per head and summed
 // over the group's heads in head order by a second kernel; the per-head parameters' gradients per chunk, then
 // over the chunks and the sequences in order. No float atomics: every run gives the same bits.
+#include "kernels/cuda/block_gemm.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/ops_reduce.cuh"
@@ -18,7 +19,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxKernel = 32;  // the convolution's width (its gradient's shared accumulators)
 constexpr int64_t kMaxChunk = 64;   // the scan's chunk length (its [chunk, chunk] tiles in shared memory)
-constexpr int kScanThreads = 256;   // the scan's blocks (a multiple of the warp)
+constexpr int kScanThreads = kBlockGemmThreads;  // the scan's blocks
 
 __device__ __forceinline__ int64_t grid_start() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
@@ -106,6 +107,8 @@ __global__ void dt_bias_grad_kernel(float* d_dt_bias, const float* dx, MambaShap
 // send to S0), a thread per state element walks the chunks in reverse for the gradient of each chunk's final
 // state dS, and a block per chunk runs the adjoints from S0 and dS. Each block keeps the chunk's decays and
 // its [L, L] products in shared memory (L at most kMaxChunk), every sum in a fixed order, no float atomics.
+// The products go through block_gemm (block_gemm.cuh). The chunk kernels' launch bounds hold them to 128
+// registers (2 blocks an SM) or 80 (3): ptxas (CUDA 13.0, sm_80 and sm_90) then spills at most a few words.
 
 // Block (b, h, c) of the chunked kernels, blockIdx.x = (b H + h) chunks + c.
 struct ChunkAt {
@@ -148,25 +151,13 @@ __device__ void chunk_decays(ChunkDecays& d, const float* dth, float A, const Ch
   __syncthreads();
 }
 
-// CB_tv = C_t . B_v over the state dim (the group's B and C rows from the chunk's first, stride Cc).
-__device__ __forceinline__ float chunk_cb(const float* Cm, const float* Bm, int64_t t, int64_t v, const MambaShape& s) {
-  const int64_t Cc = s.conv();
-  float acc = 0.0f;
-  for (int64_t m = 0; m < s.N; ++m) acc += Cm[t * Cc + m] * Bm[v * Cc + m];
-  return acc;
-}
-
-// A warp's sum, in lane 0 (a fixed shuffle tree; every lane calls it).
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 // Block (b, h, c): the state the chunk's tokens add, X^T diag(w) B [P, N] (N contiguous), into local; the
 // chunk's e_last into e_last. The last chunk's state only where the final state is kept.
-__global__ void scan_chunk_state_kernel(float* local, float* e_last, const float* u, const float* dt,
-                                        const float* A_log, MambaShape s, bool final_state) {
+__global__ void __launch_bounds__(kScanThreads, 3)
+    scan_chunk_state_kernel(float* local, float* e_last, const float* u, const float* dt, const float* A_log,
+                            MambaShape s, bool final_state) {
   __shared__ ChunkDecays d;
+  __shared__ BlockGemmStage stage;
   const ChunkAt k = chunk_at(s);
   chunk_decays(d, dt + k.n0 * s.H + k.h, -math::exp(A_log[k.h]), k, s);
   if (threadIdx.x == 0) e_last[k.bhc] = d.e[k.L - 1];
@@ -174,12 +165,14 @@ __global__ void scan_chunk_state_kernel(float* local, float* e_last, const float
   const int64_t Cc = s.conv(), Ns = s.N;
   const float* X = u + k.n0 * Cc + k.h * s.P;
   const float* Bm = u + k.n0 * Cc + s.b_at() + k.g * Ns;
-  for (int64_t i = threadIdx.x; i < s.state(); i += blockDim.x) {
-    const int64_t p = i / Ns, m = i % Ns;
-    float acc = 0.0f;
-    for (int64_t t = 0; t < k.L; ++t) acc += X[t * Cc + p] * (d.w[t] * Bm[t * Cc + m]);
-    local[k.bhc * s.state() + i] = acc;
-  }
+  float* out = local + k.bhc * s.state();
+  block_gemm<false, false>(
+      stage, s.P, Ns, k.L, [&](int64_t p, int64_t t) { return X[t * Cc + p]; },
+      [&](int64_t t, int64_t m) { return d.w[t] * Bm[t * Cc + m]; },
+      [&](int64_t p, int64_t m, float v) {
+        out[p * Ns + m] = v;
+        return 0.0f;
+      });
 }
 
 // A thread per (sequence, head, state element): the chunks in order, from the carried state (or zeros);
@@ -203,12 +196,14 @@ __global__ void scan_pass_states_kernel(float* checkpoints, float* state, const 
   }
 }
 
-// Block (b, h, c): M = CB o Dec o dt ([L, L] in shared memory, 0 above the diagonal), then a thread per
-// (t, p): Y = M X + diag(e) C S0^T + D X, S0 the chunk's starting state (from starts; its share 0 where the
-// chunk starts from no state).
-__global__ void scan_chunk_output_kernel(float* y, const float* starts, const float* u, const float* dt,
-                                         const float* A_log, const float* D, MambaShape s, bool carried) {
+// Block (b, h, c): M = CB o Dec o dt ([L, L] in shared memory, 0 above the diagonal), then
+// Y = M X + diag(e) C S0^T + D X, S0 the chunk's starting state (from starts; its share 0 where the chunk
+// starts from no state).
+__global__ void __launch_bounds__(kScanThreads, 2)
+    scan_chunk_output_kernel(float* y, const float* starts, const float* u, const float* dt, const float* A_log,
+                             const float* D, MambaShape s, bool carried) {
   __shared__ ChunkDecays d;
+  __shared__ BlockGemmStage stage;
   LATTICE_DYNAMIC_SHARED(float, M);
   const ChunkAt k = chunk_at(s);
   const int64_t Cc = s.conv(), Ns = s.N, P = s.P, H = s.H, L = k.L;
@@ -217,25 +212,33 @@ __global__ void scan_chunk_output_kernel(float* y, const float* starts, const fl
   const float* X = u + k.n0 * Cc + k.h * P;
   const float* Bm = u + k.n0 * Cc + s.b_at() + k.g * Ns;
   const float* Cm = u + k.n0 * Cc + s.c_at() + k.g * Ns;
-  for (int64_t i = threadIdx.x; i < L * L; i += blockDim.x) {
-    const int64_t t = i / L, v = i % L;
-    M[i] = v <= t ? chunk_cb(Cm, Bm, t, v, s) * math::mamba_chunk_decay(d.acum, d.doc, t, v) * dth[v * H] : 0.0f;
-  }
-  __syncthreads();
+  block_gemm<true, true>(
+      stage, L, L, Ns, [&](int64_t t, int64_t m) { return Cm[t * Cc + m]; },
+      [&](int64_t m, int64_t v) { return Bm[v * Cc + m]; },
+      [&](int64_t t, int64_t v, float cb) {
+        M[t * L + v] = v <= t ? cb * math::mamba_chunk_decay(d.acum, d.doc, t, v) * dth[v * H] : 0.0f;
+        return 0.0f;
+      });
   const bool has_state = (k.c > 0 || carried) && !s.starts_document(k.n0);
   const float* S0 = starts + k.bhc * s.state();
   const float Dh = D[k.h];
-  for (int64_t i = threadIdx.x; i < L * P; i += blockDim.x) {
-    const int64_t t = i / P, p = i % P;
-    float acc = 0.0f;
-    for (int64_t v = 0; v <= t; ++v) acc += M[t * L + v] * X[v * Cc + p];
-    if (has_state) {
-      float cs = 0.0f;
-      for (int64_t m = 0; m < Ns; ++m) cs += (d.e[t] * Cm[t * Cc + m]) * S0[p * Ns + m];
-      acc += cs;
-    }
-    y[((k.n0 + t) * H + k.h) * P + p] = acc + Dh * X[t * Cc + p];
-  }
+  float* Y = y + (k.n0 * H + k.h) * P;  // row t at t H P
+  block_gemm<true, false>(
+      stage, L, P, L, [&](int64_t t, int64_t v) { return M[t * L + v]; },
+      [&](int64_t v, int64_t p) { return X[v * Cc + p]; },
+      [&](int64_t t, int64_t p, float v) {
+        Y[t * H * P + p] = has_state ? v : v + Dh * X[t * Cc + p];
+        return 0.0f;
+      });
+  if (has_state)  // (the same thread adds to each output it wrote)
+    block_gemm<true, true>(
+        stage, L, P, Ns, [&](int64_t t, int64_t m) { return d.e[t] * Cm[t * Cc + m]; },
+        [&](int64_t m, int64_t p) { return S0[p * Ns + m]; },
+        [&](int64_t t, int64_t p, float v) {
+          float& out = Y[t * H * P + p];
+          out = (out + v) + Dh * X[t * Cc + p];
+          return 0.0f;
+        });
 }
 
 // The backward's workspace (mamba_scan_work floats), in order.
@@ -259,23 +262,29 @@ ScanWork scan_work(float* work, const MambaShape& s) {
 
 // Block (b, h, c): the gradient the chunk's outputs send to its starting state, dY^T diag(e) C [P, N] (0 where
 // the chunk starts from no state: the first, or at a document's first token), into dstates; e_last.
-__global__ void scan_chunk_dstate_kernel(ScanWork wk, const float* dy, const float* u, const float* dt,
-                                         const float* A_log, MambaShape s) {
+__global__ void __launch_bounds__(kScanThreads, 3)
+    scan_chunk_dstate_kernel(ScanWork wk, const float* dy, const float* u, const float* dt, const float* A_log,
+                             MambaShape s) {
   __shared__ ChunkDecays d;
+  __shared__ BlockGemmStage stage;
   const ChunkAt k = chunk_at(s);
   chunk_decays(d, dt + k.n0 * s.H + k.h, -math::exp(A_log[k.h]), k, s);
   if (threadIdx.x == 0) wk.e_last[k.bhc] = d.e[k.L - 1];
   const int64_t Cc = s.conv(), Ns = s.N, HP = s.inner();
-  const bool has_state = k.c > 0 && !s.starts_document(k.n0);
+  float* out = wk.dstates + k.bhc * s.state();
+  if (k.c == 0 || s.starts_document(k.n0)) {  // no state before the chunk
+    for (int64_t i = threadIdx.x; i < s.state(); i += blockDim.x) out[i] = 0.0f;
+    return;
+  }
   const float* dY = dy + (k.n0 * s.H + k.h) * s.P;
   const float* Cm = u + k.n0 * Cc + s.c_at() + k.g * Ns;
-  for (int64_t i = threadIdx.x; i < s.state(); i += blockDim.x) {
-    const int64_t p = i / Ns, m = i % Ns;
-    float acc = 0.0f;
-    if (has_state)
-      for (int64_t t = 0; t < k.L; ++t) acc += dY[t * HP + p] * (d.e[t] * Cm[t * Cc + m]);
-    wk.dstates[k.bhc * s.state() + i] = acc;
-  }
+  block_gemm<false, false>(
+      stage, s.P, Ns, k.L, [&](int64_t p, int64_t t) { return dY[t * HP + p]; },
+      [&](int64_t t, int64_t m) { return d.e[t] * Cm[t * Cc + m]; },
+      [&](int64_t p, int64_t m, float v) {
+        out[p * Ns + m] = v;
+        return 0.0f;
+      });
 }
 
 // A thread per (sequence, head, state element): the chunks in reverse from dS = 0 (the backward takes no
@@ -296,20 +305,22 @@ __global__ void scan_pass_dstates_kernel(ScanWork wk, MambaShape s) {
   }
 }
 
-// Block (b, h, c): the chunk's adjoints from its starting state S0 (the forward's checkpoint) and the gradient
-// of its final state dS (kernels/cpu/mamba.cpp derives each):
-//   1. CB and M = CB o Dec o dt in shared memory;
-//   2. a warp per token t, lanes over p: dX = M^T dY + diag(w) B dS^T + D dY; the token's V_t . B_t (as
-//      X_t . (dS B_t)) and R_t . C_t (as dY_t . (S0 C_t)) for the decays' shares;
+// Block (b, h, c), from the chunk's starting state S0 (the forward's checkpoint) and the gradient of its final
+// state dS (scan_pass_dstates_kernel's): the adjoints of kernels/cpu/mamba.cpp's formulas (derived there), the
+// products by block_gemm:
+//   1. CB = C B^T and M = CB o Dec o dt in shared memory;
+//   2. dX = M^T dY + D dY + diag(w) B dS^T (dD's terms dY o X summed per row on the way);
 //   3. dM = dY X^T: dCB = dM o Dec o dt over M, the direct shares dM o Dec o CB over CB;
-//   4. a thread per token: d(dt)'s direct shares and dAcum; 5. thread 0: dAcum's reverse sums, d_dt, the
-//      chunk's dA and dD;
-//   6. a thread per (t, m): the head's dB = diag(w) X dS + dCB^T C and dC = diag(e) dY S0 + dCB B.
-__global__ void scan_chunk_backward_kernel(float* du, float* d_dt, ScanWork wk, const float* dy,
-                                           const float* checkpoints, const float* u, const float* dt,
-                                           const float* A_log, const float* D, MambaShape s) {
+//   4. the head's dB = diag(w) X dS + dCB^T C, V_t . B_t on the way (V = X dS), and dC = diag(e) dY S0 +
+//      dCB B, R_t . C_t on the way (R = dY S0);
+//   5. a thread per token: d(dt)'s direct shares and dAcum; 6. thread 0: dAcum's reverse sums, d_dt, the
+//      chunk's dA and dD.
+__global__ void __launch_bounds__(kScanThreads, 2)
+    scan_chunk_backward_kernel(float* du, float* d_dt, ScanWork wk, const float* dy, const float* checkpoints,
+                               const float* u, const float* dt, const float* A_log, const float* D, MambaShape s) {
   __shared__ ChunkDecays d;
-  __shared__ float vb[kMaxChunk], rc[kMaxChunk], ddt[kMaxChunk], dacum[kMaxChunk];
+  __shared__ BlockGemmStage stage;
+  __shared__ float vb[kMaxChunk], rc[kMaxChunk], dyx[kMaxChunk], ddt[kMaxChunk], dacum[kMaxChunk];
   LATTICE_DYNAMIC_SHARED(float, sh);
   const ChunkAt k = chunk_at(s);
   const int64_t Cc = s.conv(), Ns = s.N, P = s.P, H = s.H, HP = s.inner(), L = k.L, S = s.state();
@@ -322,65 +333,90 @@ __global__ void scan_chunk_backward_kernel(float* du, float* d_dt, ScanWork wk, 
   const float* Bm = u + k.n0 * Cc + s.b_at() + k.g * Ns;
   const float* Cm = u + k.n0 * Cc + s.c_at() + k.g * Ns;
   const float* dY = dy + (k.n0 * H + k.h) * P;
+  float* dX = du + k.n0 * Cc + k.h * P;
+  float* dbc = wk.dbc + (k.n0 * H + k.h) * 2 * Ns;  // token t's dB at t H 2 N, its dC N after
   const float* S0 = checkpoints + k.bhc * S;
   const float* dS = wk.dstates + k.bhc * S;
   const bool has_state = k.c > 0 && !s.starts_document(k.n0), carried = k.c + 1 < s.chunks();
   const float Dh = D[k.h];
   // 1.
-  for (int64_t i = threadIdx.x; i < L * L; i += blockDim.x) {
-    const int64_t t = i / L, v = i % L;
-    const float cb = v <= t ? chunk_cb(Cm, Bm, t, v, s) : 0.0f;
-    CB[i] = cb;
-    M[i] = v <= t ? cb * math::mamba_chunk_decay(d.acum, d.doc, t, v) * dth[v * H] : 0.0f;
-  }
-  __syncthreads();
+  block_gemm<true, true>(
+      stage, L, L, Ns, [&](int64_t t, int64_t m) { return Cm[t * Cc + m]; },
+      [&](int64_t m, int64_t v) { return Bm[v * Cc + m]; },
+      [&](int64_t t, int64_t v, float cb) {
+        CB[t * L + v] = v <= t ? cb : 0.0f;
+        M[t * L + v] = v <= t ? cb * math::mamba_chunk_decay(d.acum, d.doc, t, v) * dth[v * H] : 0.0f;
+        return 0.0f;
+      });
   // 2.
-  const int lane = int(threadIdx.x & 31), warps = int(blockDim.x >> 5);
-  float dd = 0.0f;  // this thread's share of dD: dY . X
-  for (int64_t t = threadIdx.x >> 5; t < L; t += warps) {
-    float xb = 0.0f, yc = 0.0f;
-    for (int64_t p = lane; p < P; p += 32) {
-      const float dyp = dY[t * HP + p], xp = X[t * Cc + p];
-      float acc = 0.0f;
-      for (int64_t v = t; v < L; ++v) acc += M[v * L + t] * dY[v * HP + p];
-      if (carried) {
-        float z = 0.0f;  // (dS B_t)_p
-        for (int64_t m = 0; m < Ns; ++m) z += Bm[t * Cc + m] * dS[p * Ns + m];
-        acc += d.w[t] * z;
-        xb += xp * z;
-      }
-      if (has_state) {
-        float q = 0.0f;  // (S0 C_t)_p
-        for (int64_t m = 0; m < Ns; ++m) q += Cm[t * Cc + m] * S0[p * Ns + m];
-        yc += dyp * q;
-      }
-      du[(k.n0 + t) * Cc + k.h * P + p] = acc + Dh * dyp;
-      dd += dyp * xp;
-    }
-    xb = warp_sum(xb);
-    yc = warp_sum(yc);
-    if (lane == 0) {
-      vb[t] = xb;
-      rc[t] = yc;
-    }
-  }
+  block_gemm<false, false>(
+      stage, L, P, L, [&](int64_t t, int64_t v) { return M[v * L + t]; },
+      [&](int64_t v, int64_t p) { return dY[v * HP + p]; },
+      [&](int64_t t, int64_t p, float v) {
+        dX[t * Cc + p] = v + Dh * dY[t * HP + p];
+        return dY[t * HP + p] * X[t * Cc + p];
+      },
+      [&](int64_t t, float sum) { dyx[t] = sum; });
+  if (carried)  // (the same thread adds to each output it wrote)
+    block_gemm<true, true>(
+        stage, L, P, Ns, [&](int64_t t, int64_t m) { return Bm[t * Cc + m]; },
+        [&](int64_t m, int64_t p) { return dS[p * Ns + m]; },
+        [&](int64_t t, int64_t p, float v) {
+          dX[t * Cc + p] += d.w[t] * v;
+          return 0.0f;
+        });
+  // 3.
+  block_gemm<true, true>(
+      stage, L, L, P, [&](int64_t t, int64_t p) { return dY[t * HP + p]; },
+      [&](int64_t p, int64_t v) { return X[v * Cc + p]; },
+      [&](int64_t t, int64_t v, float dm) {
+        if (v <= t) {
+          const float e1 = dm * math::mamba_chunk_decay(d.acum, d.doc, t, v);
+          M[t * L + v] = e1 * dth[v * H];
+          CB[t * L + v] = e1 * CB[t * L + v];
+        }
+        return 0.0f;
+      });
+  // 4.
+  if (carried)
+    block_gemm<true, false>(
+        stage, L, Ns, P, [&](int64_t t, int64_t p) { return X[t * Cc + p]; },
+        [&](int64_t p, int64_t m) { return dS[p * Ns + m]; },
+        [&](int64_t t, int64_t m, float v) {
+          dbc[t * H * 2 * Ns + m] = d.w[t] * v;
+          return v * Bm[t * Cc + m];
+        },
+        [&](int64_t t, float sum) { vb[t] = sum; });
+  if (has_state)
+    block_gemm<true, false>(
+        stage, L, Ns, P, [&](int64_t t, int64_t p) { return dY[t * HP + p]; },
+        [&](int64_t p, int64_t m) { return S0[p * Ns + m]; },
+        [&](int64_t t, int64_t m, float v) {
+          dbc[t * H * 2 * Ns + Ns + m] = d.e[t] * v;
+          return v * Cm[t * Cc + m];
+        },
+        [&](int64_t t, float sum) { rc[t] = sum; });
+  block_gemm<false, false>(
+      stage, L, Ns, L, [&](int64_t t, int64_t r) { return M[r * L + t]; },
+      [&](int64_t r, int64_t m) { return Cm[r * Cc + m]; },
+      [&](int64_t t, int64_t m, float v) {
+        float& db = dbc[t * H * 2 * Ns + m];
+        db = (carried ? db : 0.0f) + v;
+        return 0.0f;
+      });
+  block_gemm<true, false>(
+      stage, L, Ns, L, [&](int64_t t, int64_t v) { return M[t * L + v]; },
+      [&](int64_t v, int64_t m) { return Bm[v * Cc + m]; },
+      [&](int64_t t, int64_t m, float v) {
+        float& dc = dbc[t * H * 2 * Ns + Ns + m];
+        dc = (has_state ? dc : 0.0f) + v;
+        return 0.0f;
+      });
   float sd = 0.0f;  // <S0, dS>: e_last's share
   if (carried && has_state)
     for (int64_t i = threadIdx.x; i < S; i += blockDim.x) sd += S0[i] * dS[i];
-  sd = block_sum(sd);  // (its barriers also order step 2's reads of M before step 3's writes)
-  dd = block_sum(dd);
-  // 3.
-  for (int64_t i = threadIdx.x; i < L * L; i += blockDim.x) {
-    const int64_t t = i / L, v = i % L;
-    if (v > t) continue;
-    float dm = 0.0f;
-    for (int64_t p = 0; p < P; ++p) dm += dY[t * HP + p] * X[v * Cc + p];
-    const float e1 = dm * math::mamba_chunk_decay(d.acum, d.doc, t, v);
-    M[i] = e1 * dth[v * H];
-    CB[i] = e1 * CB[i];
-  }
-  __syncthreads();
-  // 4. ddt_t: the direct shares of column t (and w_t's); dAcum_t: Dec's shares q_tv = direct_tv dt_v, + over
+  sd = block_sum(sd);
+  // 5. ddt_t: the direct shares of column t (and w_t's); dAcum_t: Dec's shares q_tv = direct_tv dt_v, + over
   // row t's v < t and - over column t's rows below, w_t's and e_t's.
   if (threadIdx.x < L) {
     const int64_t t = threadIdx.x;
@@ -400,42 +436,23 @@ __global__ void scan_chunk_backward_kernel(float* du, float* d_dt, ScanWork wk, 
     dacum[t] = a;
   }
   __syncthreads();
-  // 5. Acum_last's shares from w (every t but the last) and e_last; da_t = dAcum_t + ... + dAcum_last.
+  // 6. Acum_last's shares from w (every t but the last) and e_last; da_t = dAcum_t + ... + dAcum_last.
   if (threadIdx.x == 0) {
     float last = 0.0f;
     if (carried)
       for (int64_t t = 0; t + 1 < L; ++t) last += vb[t] * d.w[t];
     if (carried && has_state) last += d.e[L - 1] * sd;
     dacum[L - 1] += last;
-    float acc = 0.0f, dA = 0.0f;
+    float acc = 0.0f, dA = 0.0f, dD = 0.0f;
     for (int64_t t = L; t-- > 0;) {
       acc += dacum[t];
       const bool first = s.starts_document(k.n0 + t);  // its decay is the constant 0
       d_dt[(k.n0 + t) * H + k.h] = ddt[t] + (first ? 0.0f : A * acc);
       if (!first) dA += acc * dth[t * H];
     }
+    for (int64_t t = 0; t < L; ++t) dD += dyx[t];
     wk.dA[k.bhc] = dA;
-    wk.dD[k.bhc] = dd;
-  }
-  // 6. (M holds dCB since step 3's barrier.)
-  for (int64_t i = threadIdx.x; i < L * Ns; i += blockDim.x) {
-    const int64_t t = i / Ns, m = i % Ns;
-    float db = 0.0f, dc = 0.0f;
-    if (carried) {
-      float v = 0.0f;
-      for (int64_t p = 0; p < P; ++p) v += X[t * Cc + p] * dS[p * Ns + m];
-      db = d.w[t] * v;
-    }
-    for (int64_t r = t; r < L; ++r) db += M[r * L + t] * Cm[r * Cc + m];
-    if (has_state) {
-      float r = 0.0f;
-      for (int64_t p = 0; p < P; ++p) r += dY[t * HP + p] * S0[p * Ns + m];
-      dc = d.e[t] * r;
-    }
-    for (int64_t v = 0; v <= t; ++v) dc += M[t * L + v] * Bm[v * Cc + m];
-    float* dbc = wk.dbc + ((k.n0 + t) * H + k.h) * 2 * Ns;
-    dbc[m] = db;
-    dbc[Ns + m] = dc;
+    wk.dD[k.bhc] = dD;
   }
 }
 
