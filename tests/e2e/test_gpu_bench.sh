@@ -2,8 +2,8 @@
 # bench/gpu_bench.sh (the GPU benchmark of scripts/gpu-check.sh) without a GPU: its lattice runs
 # through the CUDA emulation (LATTICE_EMULATE_CUDA=1) on the tiny shape, so a borrowed GPU's
 # short window is not spent on a broken script. Checks a row per micro-batch size whose numbers
-# are those of the run's metrics file, the two --profile-ops tables, and that a failed run is
-# reported in its row with a non-zero exit.
+# are those of the run's metrics file, the three --profile-ops tables (the Mamba hybrid's too), and
+# that a failed run is reported in its row with a non-zero exit.
 #   bash tests/e2e/test_gpu_bench.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -13,7 +13,7 @@ bench() {  # LOGDIR SUMMARY [VAR=value...]: the benchmark on the tiny shape, B =
   local logdir=$1 summary=$2
   shift 2
   env LATTICE_EMULATE_CUDA=1 LATTICE="$LATTICE" PYTHON=python3 SHAPES=tiny MBS="1 3" SEQ=32 WARMUP=1 \
-    STEPS=2 SYSTEMS=lattice LOGDIR="$logdir" "$@" bash "$SRC/bench/gpu_bench.sh" "$summary"
+    STEPS=2 SYSTEMS=lattice HYBRID_SHAPE=tiny LOGDIR="$logdir" "$@" bash "$SRC/bench/gpu_bench.sh" "$summary"
 }
 
 rc=0
@@ -60,6 +60,12 @@ for attn in auto fp32; do
   grep -q "^> op time per iteration" "$TMP/profile-$attn" && grep -q "attention_forward" "$TMP/profile-$attn" &&
     pass "profile table, attention $attn" || fail "no profile table for attention $attn"
 done
+# The Mamba hybrid's table, with the scan's kernels.
+sed -n "/^Where a Mamba hybrid's time goes (M-M-M\*-, hidden 64, 4 Mamba heads of 16, state 16, T=32/,/op time per iteration/p" \
+  "$TMP/table" > "$TMP/profile-hybrid"
+grep -q "^> op time per iteration" "$TMP/profile-hybrid" && grep -q "mamba_scan_forward" "$TMP/profile-hybrid" &&
+  grep -q "mamba_scan_backward" "$TMP/profile-hybrid" && pass "profile table, Mamba hybrid" ||
+  fail "no profile table for the Mamba hybrid"
 [ "$FAILURES" -eq 0 ] || sed 's/^/    /' "$TMP/table" >&2
 
 # A run that fails is reported in its row, with the end of its log, and the exit status says so.
