@@ -16,11 +16,10 @@
 //
 // The state is kept column by column: S[:, j] is Dk contiguous floats ([Dv, Dk] per head). The forward
 // saves the state every `chunk` tokens; the backward runs the sequence's chunks in reverse from these
-// checkpoints. The CPU computes each chunk in closed form through GEMMs (the chunked algorithm,
-// kernels/cpu/gated_delta_rule.cpp); the CUDA kernels (kernels/cuda/gated_delta_net.cu) run the rule step by
-// step, a thread per state column, the backward recomputing each chunk's states in a workspace. The other
-// kernels' row math is shared by both devices (math:: below); the CPU ones are in
-// kernels/cpu/gated_delta_net.cpp.
+// checkpoints. Both devices compute each chunk in closed form through products (the chunked algorithm,
+// kernels/cpu/gated_delta_rule.cpp; on the GPU kernels/cuda/gated_delta_net.cu, chunk at most 64 there). The
+// other kernels' row math and the chunks' decays are shared by both devices (math:: below); the CPU's
+// other kernels are in kernels/cpu/gated_delta_net.cpp.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -106,6 +105,32 @@ LATTICE_HD inline float gdn_beta_grad(float b, float dbeta) {
   return dbeta * s * (1.0f - s);
 }
 
+// The chunked delta rule's decays (kernels/cpu/gated_delta_rule.cpp's formulas; the GPU's
+// kernels/cuda/gated_delta_net.cu computes the same). One value head over the chunk of L tokens from row
+// n0, its g at g[t * ldh]: doc[t] the documents started in the chunk up to token t, G[t] = g_0 + ... + g_t
+// (summed in float). Returns doc[L - 1], the chunk's last document.
+LATTICE_HD inline int32_t gdn_chunk_cumsum(float* G, int32_t* doc, const float* g, int64_t ldh, int64_t n0, int64_t L,
+                                           const GdnShape& s) {
+  float acc = 0.0f;
+  int32_t d = 0;
+  for (int64_t t = 0; t < L; ++t) {
+    if (s.starts_document(n0 + t)) ++d;
+    doc[t] = d;
+    acc += g[t * ldh];
+    G[t] = acc;
+  }
+  return d;
+}
+// Gm_tu = exp(G_t - G_u) for u <= t: the decay from token u to token t; 0 above the diagonal and across
+// documents.
+LATTICE_HD inline float gdn_chunk_decay(const float* G, const int32_t* doc, int64_t t, int64_t u) {
+  return u <= t && doc[t] == doc[u] ? exp(G[t] - G[u]) : 0.0f;
+}
+// gamma_t = exp(G_t): the decay of the state before the chunk to token t, 0 from its first document on.
+LATTICE_HD inline float gdn_chunk_entry_decay(const float* G, const int32_t* doc, int64_t t) {
+  return doc[t] == 0 ? exp(G[t]) : 0.0f;
+}
+
 }  // namespace math
 
 // Fails naming the kernel `what` unless every dimension is positive and Hv a multiple of Hk.
@@ -132,12 +157,18 @@ void gdn_delta_rule_forward(float* o, float* state, float* checkpoints, const fl
                             const float* g, const float* beta, const GdnShape& s, bool from_state = false);
 // Its backward from d_o [N, Hv, Dv] and the forward's checkpoints: dq_v, dk_v [N, Hv, Dk] (each value head's
 // share of its key head's gradients), du's v columns, dg and dbeta [N, Hv], all written. work:
-// [B, Hv, chunk + 1, Dv, Dk] (gdn_delta_rule_work), the CUDA kernel's chunk states; the CPU's kernel
-// ignores it (its chunk buffers are its threads' own), and it may then be null.
+// gdn_delta_rule_work(s) floats, the CUDA kernels'; the CPU's kernel ignores it (its chunk buffers are its
+// threads' own), and it may then be null.
 void gdn_delta_rule_backward(float* dq_v, float* dk_v, float* du, float* dg, float* dbeta, float* work,
                              const float* d_o, const float* checkpoints, const float* q, const float* k, const float* u,
                              const float* g, const float* beta, const GdnShape& s);
-inline int64_t gdn_delta_rule_work(const GdnShape& s) { return s.B * s.Hv * (s.chunk + 1) * s.state(); }
+// The GPU backward's workspace: each chunk's Tm, K K^T and P ([3, B Hv chunks, chunk, chunk]), the gradient
+// of each chunk's final state ([B Hv chunks, Dv, Dk], as large as the checkpoints), and K S0, Delta and their
+// gradients per row ([4, N, Hv, Dv]).
+inline int64_t gdn_delta_rule_work(const GdnShape& s) {
+  const int64_t chunks = s.B * s.Hv * s.chunks();
+  return chunks * (3 * s.chunk * s.chunk + s.state()) + 4 * s.N() * s.v();
+}
 // d [N, Hk, Dk] = the sum of d_v [N, Hv, Dk] over each key head's value heads (in head order).
 void gdn_sum_key_heads(float* d, const float* d_v, const GdnShape& s);
 // y [N, Hv, Dv] = n silu(z), z in x's z slot; and the backward: dn (may alias dy) and dx's z slot, written.

@@ -1621,6 +1621,18 @@ void gated_delta_net_case(const OpCase& c, const GdnShape& s, const std::vector<
                                gu.as<float>(), gg.as<float>(), gb.as<float>(), gs);
   expect_close(c, "o", o, download<float>(go, no));
   expect_close(c, "checkpoints", ck, download<float>(gck, nck));
+  expect_close(c, "final state", st, download<float>(gst, nst));
+  {  // from a carried state (decoding's), no checkpoints kept: o and the final states
+    std::vector<float> st2 = rand_floats(nst, 118, -0.5f, 0.5f), o2(no);
+    auto gst2 = upload(st2);
+    DeviceBuffer go2(no * 4);
+    gdn_delta_rule_forward(o2.data(), st2.data(), nullptr, q.data(), k.data(), u.data(), g.data(), beta.data(), cs,
+                           true);
+    cuda::gdn_delta_rule_forward(go2.as<float>(), gst2.as<float>(), nullptr, gq.as<float>(), gk.as<float>(),
+                                 gu.as<float>(), gg.as<float>(), gb.as<float>(), gs, true);
+    expect_close(c, "o (carried state)", o2, download<float>(go2, no));
+    expect_close(c, "final state (carried)", st2, download<float>(gst2, nst));
+  }
   // The backward on the CPU's forward values (uploaded), each kernel's outputs compared.
   auto gu2 = upload(u), gq2 = upload(q), gk2 = upload(k), gg2 = upload(g), gb2 = upload(beta), gck2 = upload(ck);
   std::vector<float> dqv(nqv), dkv(nqv), du(nu, 0.0f), dg(nh), dbeta(nh), work(nw);

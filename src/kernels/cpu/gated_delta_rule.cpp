@@ -73,7 +73,7 @@ struct ChunkBuffers {
   std::vector<float> KS, R0, D, dD, dR;          // [C, Dv]
   std::vector<float> Kw, Qg, X, dQ, dK;          // [C, Dk]
   std::vector<float> G, gamma, w, dG, db;        // [C]
-  std::vector<int64_t> doc;                      // [C]: the documents started in the chunk up to each token
+  std::vector<int32_t> doc;                      // [C]: the documents started in the chunk up to each token
   ChunkBuffers(const GdnShape& s, bool backward) : C(s.chunk) {
     const size_t cc = size_t(C * C), cv = size_t(C * s.Dv), ck = size_t(C * s.Dk), c = size_t(C);
     for (auto* m : {&Gm, &KK, &A, &Tm, &P}) m->resize(cc);
@@ -95,21 +95,13 @@ struct ChunkBuffers {
 // decayed Q K^T); Kw = diag(w) K. R (= diag(beta) R0) passes through `scratch` [C, Dv].
 void chunk_forward_values(ChunkBuffers& f, float* scratch, const ChunkRows& r, const float* St0, const GdnShape& s) {
   const int64_t L = r.L, C = f.C, Dk = s.Dk, Dv = s.Dv;
-  float acc = 0.0f;
-  int64_t doc = 0;
+  math::gdn_chunk_cumsum(f.G.data(), f.doc.data(), r.g, r.ldh, r.n0, L, s);
   for (int64_t t = 0; t < L; ++t) {
-    if (s.starts_document(r.n0 + t)) ++doc;
-    f.doc[size_t(t)] = doc;
-    acc += r.g[t * r.ldh];
-    f.G[size_t(t)] = acc;
-    f.gamma[size_t(t)] = doc == 0 ? math::exp(acc) : 0.0f;
+    f.gamma[size_t(t)] = math::gdn_chunk_entry_decay(f.G.data(), f.doc.data(), t);
+    f.w[size_t(t)] = math::gdn_chunk_decay(f.G.data(), f.doc.data(), L - 1, t);
   }
   for (int64_t t = 0; t < L; ++t)
-    f.w[size_t(t)] = f.doc[size_t(t)] == doc ? math::exp(f.G[size_t(L - 1)] - f.G[size_t(t)]) : 0.0f;
-  for (int64_t t = 0; t < L; ++t)
-    for (int64_t u = 0; u < L; ++u)
-      f.Gm[size_t(t * C + u)] =
-          u <= t && f.doc[size_t(t)] == f.doc[size_t(u)] ? math::exp(f.G[size_t(t)] - f.G[size_t(u)]) : 0.0f;
+    for (int64_t u = 0; u < L; ++u) f.Gm[size_t(t * C + u)] = math::gdn_chunk_decay(f.G.data(), f.doc.data(), t, u);
   gemm_f32(Trans::N, Trans::T, L, L, Dk, 1.0f, r.k, r.ldqk, r.k, r.ldqk, 0.0f, f.KK.data(), C);
   // A (strictly lower) and Tm = (I + A)^-1 by substitution: Tm_t = e_t - sum_{s<t} A_ts Tm_s (row t's
   // columns 0..t).
