@@ -22,10 +22,11 @@
 #             PROFILE_FP32_ATTENTION=1 (default) a second profile run has LATTICE_CUDA_ATTENTION=fp32
 #             (the fp32 attention kernels instead of the tensor-core ones): the attention rows of the
 #             two tables are the measurement that chooses between them.
-#   PROFILE_HYBRID  1 (default): last, a --profile-ops run of a Mamba hybrid (Nemotron-H's layer mix
-#             M-M-M*-, B=1, bf16; HYBRID_SHAPE nemotron (default): hidden 1024, 32 Mamba heads of 64 in
-#             8 groups, state 128, T=4096; tiny: hidden 64, 4 heads of 16 in 2 groups, state 16, T=SEQ):
-#             where the Mamba kernels' time goes next to the GEMMs'. 0: none.
+#   PROFILE_HYBRID  1 (default): last, a --profile-ops run of each of two hybrids, B=1, bf16: a Mamba one
+#             (Nemotron-H's layer mix M-M-M*-) and a Gated DeltaNet one (Qwen3-Next's: three GDN layers to
+#             one gated attention layer): where their recurrent kernels' time goes next to the GEMMs'. Sizes
+#             by HYBRID_SHAPE: real (default; hidden 1024, T=4096, Mamba 32 heads of 64 in 8 groups with
+#             state 128, GDN 8 key and 16 value heads of 128) or tiny (hidden 64, T=SEQ). 0: none.
 # A run that fails or times out is reported in its row; the others still run. Exit status 0 when
 # every benchmark run gave its numbers (the profile run's failure is reported, never counted).
 set -uo pipefail
@@ -44,7 +45,7 @@ SYSTEMS=${SYSTEMS:-lattice torch}
 PROFILE=${PROFILE:-1}
 PROFILE_FP32_ATTENTION=${PROFILE_FP32_ATTENTION:-1}
 PROFILE_HYBRID=${PROFILE_HYBRID:-1}
-HYBRID_SHAPE=${HYBRID_SHAPE:-nemotron}
+HYBRID_SHAPE=${HYBRID_SHAPE:-real}
 SUMMARY=${1:-}
 VOCAB=50257
 LOGDIR=${LOGDIR:-$(mktemp -d)}
@@ -199,39 +200,57 @@ if [ "$PROFILE" = 1 ] && [[ " $SYSTEMS " == *" lattice "* ]] && d=$(dims "$first
   done
 fi
 
-# The Mamba hybrid's profile (PROFILE_HYBRID): the layers of docs/benchmarks.md's CPU hybrid, wider and longer.
-hybrid_dims() {  # HYBRID_SHAPE -> "hidden heads query-groups mamba-heads mamba-head-dim mamba-groups state ffn T"
+# The hybrids' profiles (PROFILE_HYBRID): the recurrent layers' kernels next to the GEMMs.
+hybrid_model() {  # KIND (mamba|gdn) -> "description|flags", sized by HYBRID_SHAPE
+  local C T A kv heads  # hidden, tokens, attention heads and their dim
+  case $HYBRID_SHAPE in
+    real) C=1024 T=4096 A=16 kv=64 ;;
+    tiny) C=64 T=$SEQ A=4 kv=16 ;;
+    *) echo "gpu_bench: unknown HYBRID_SHAPE '$HYBRID_SHAPE' (real or tiny)" >&2; return 1 ;;
+  esac
+  local common="--hidden-size $C --seq-length $T --max-position-embeddings $T --normalization RMSNorm --disable-bias-linear"
   case $1 in
-    nemotron) echo "1024 16 4 32 64 8 128 4096 4096" ;;
-    tiny) echo "64 4 2 4 16 2 16 128 $SEQ" ;;
-    *) echo "gpu_bench: unknown HYBRID_SHAPE '$1' (nemotron or tiny)" >&2; return 1 ;;
+    mamba)
+      [ "$HYBRID_SHAPE" = real ] && heads="32 64 8 128" || heads="4 16 2 16"
+      read -r mH mP mG mN <<<"$heads"
+      echo "Mamba hybrid M-M-M*-, hidden $C, $mH Mamba heads of $mP, state $mN, T=$T|$common --num-layers 7 \
+--hybrid-override-pattern M-M-M*- --num-attention-heads $A --group-query-attention --num-query-groups 2 \
+--position-embedding-type none --squared-relu --ffn-hidden-size $((4 * C)) --mamba-num-heads $mH --mamba-head-dim $mP \
+--mamba-num-groups $mG --mamba-state-dim $mN" ;;
+    gdn)
+      [ "$HYBRID_SHAPE" = real ] && heads="8 16 128" || heads="2 4 16"
+      read -r kH vH hd <<<"$heads"
+      echo "Gated DeltaNet hybrid (3 GDN layers : 1 attention) x 2, hidden $C, $kH key and $vH value heads of $hd, T=$T|$common \
+--num-layers 8 --experimental-attention-variant gated_delta_net --linear-attention-freq 4 --linear-num-key-heads $kH \
+--linear-num-value-heads $vH --linear-key-head-dim $hd --linear-value-head-dim $hd --num-attention-heads $A \
+--group-query-attention --num-query-groups 2 --kv-channels $kv --position-embedding-type rope --swiglu \
+--ffn-hidden-size $((3 * C)) --attention-output-gate --qk-layernorm" ;;
   esac
 }
-if [ "$PROFILE_HYBRID" = 1 ] && [[ " $SYSTEMS " == *" lattice "* ]] && hd=$(hybrid_dims "$HYBRID_SHAPE"); then
-  read -r hC hH hG mH mP mG mN hF hT <<<"$hd"
-  hybrid="M-M-M*-, hidden $hC, $mH Mamba heads of $mP, state $mN, T=$hT, B=1, bf16"
-  echo "gpu_bench: Mamba hybrid ($hybrid): lattice --profile-ops" >&2
-  log=$LOGDIR/hybrid.profile
-  timeout "$STEP_TIMEOUT" "$LATTICE" train --device cuda --bf16 --mock-data --vocab-size "$VOCAB" \
-    --hybrid-override-pattern "M-M-M*-" --num-layers 7 --hidden-size "$hC" --num-attention-heads "$hH" \
-    --group-query-attention --num-query-groups "$hG" --position-embedding-type none --normalization RMSNorm \
-    --squared-relu --disable-bias-linear --ffn-hidden-size "$hF" --mamba-num-heads "$mH" --mamba-head-dim "$mP" \
-    --mamba-num-groups "$mG" --mamba-state-dim "$mN" --seq-length "$hT" --max-position-embeddings "$hT" \
-    --micro-batch-size 1 --global-batch-size 1 --train-iters $((WARMUP + 3)) --log-interval 1 --lr 1e-4 \
-    --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --peak-tflops "$PEAK" --profile-ops >"$log.out" 2>&1
-  rc=$?
-  if [ $rc -ne 0 ]; then
-    report_failure "lattice --profile-ops (Mamba hybrid)" "$rc" "$log.out"
-    profile="profile run failed$(why_failed "$rc"); log: $log.out"
-  else
-    profile=$(sed -n '/^> op profile/,/^> op time per iteration/p' "$log.out" | grep .) ||
-      profile="profile run printed no table; log: $log.out"
-  fi
-  {
-    echo
-    echo "Where a Mamba hybrid's time goes ($hybrid): lattice train --profile-ops, $((WARMUP + 3)) iterations;"
-    echo "$profile"
-  } | tee -a "$table"
+if [ "$PROFILE_HYBRID" = 1 ] && [[ " $SYSTEMS " == *" lattice "* ]]; then
+  for kind in mamba gdn; do
+    model=$(hybrid_model "$kind") || break
+    what=${model%%|*}
+    read -r -a flags <<<"${model#*|}"
+    echo "gpu_bench: $what: lattice --profile-ops" >&2
+    log=$LOGDIR/hybrid-$kind.profile
+    timeout "$STEP_TIMEOUT" "$LATTICE" train --device cuda --bf16 --mock-data --vocab-size "$VOCAB" "${flags[@]}" \
+      --micro-batch-size 1 --global-batch-size 1 --train-iters $((WARMUP + 3)) --log-interval 1 --lr 1e-4 \
+      --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --peak-tflops "$PEAK" --profile-ops >"$log.out" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ]; then
+      report_failure "lattice --profile-ops ($what)" "$rc" "$log.out"
+      profile="profile run failed$(why_failed "$rc"); log: $log.out"
+    else
+      profile=$(sed -n '/^> op profile/,/^> op time per iteration/p' "$log.out" | grep .) ||
+        profile="profile run printed no table; log: $log.out"
+    fi
+    {
+      echo
+      echo "Where a hybrid's time goes, $what, B=1, bf16: lattice train --profile-ops, $((WARMUP + 3)) iterations;"
+      echo "$profile"
+    } | tee -a "$table"
+  done
 fi
 echo "logs: $LOGDIR"
 [ -n "$SUMMARY" ] || rm -f "$table"

@@ -2,7 +2,7 @@
 # bench/gpu_bench.sh (the GPU benchmark of scripts/gpu-check.sh) without a GPU: its lattice runs
 # through the CUDA emulation (LATTICE_EMULATE_CUDA=1) on the tiny shape, so a borrowed GPU's
 # short window is not spent on a broken script. Checks a row per micro-batch size whose numbers
-# are those of the run's metrics file, the three --profile-ops tables (the Mamba hybrid's too), and
+# are those of the run's metrics file, the four --profile-ops tables (two hybrids' too), and
 # that a failed run is reported in its row with a non-zero exit.
 #   bash tests/e2e/test_gpu_bench.sh <path to lattice binary> <source dir>
 set -u -o pipefail
@@ -60,12 +60,13 @@ for attn in auto fp32; do
   grep -q "^> op time per iteration" "$TMP/profile-$attn" && grep -q "attention_forward" "$TMP/profile-$attn" &&
     pass "profile table, attention $attn" || fail "no profile table for attention $attn"
 done
-# The Mamba hybrid's table, with the scan's kernels.
-sed -n "/^Where a Mamba hybrid's time goes (M-M-M\*-, hidden 64, 4 Mamba heads of 16, state 16, T=32/,/op time per iteration/p" \
-  "$TMP/table" > "$TMP/profile-hybrid"
-grep -q "^> op time per iteration" "$TMP/profile-hybrid" && grep -q "mamba_scan_forward" "$TMP/profile-hybrid" &&
-  grep -q "mamba_scan_backward" "$TMP/profile-hybrid" && pass "profile table, Mamba hybrid" ||
-  fail "no profile table for the Mamba hybrid"
+# The hybrids' tables, with their recurrent layers' kernels.
+for kind in "Mamba hybrid:mamba_scan" "Gated DeltaNet hybrid:gdn_delta_rule"; do
+  name=${kind%%:*} op=${kind#*:}
+  sed -n "/^Where a hybrid's time goes, $name .*T=32, B=1/,/op time per iteration/p" "$TMP/table" > "$TMP/profile-hybrid"
+  grep -q "^> op time per iteration" "$TMP/profile-hybrid" && grep -q "${op}_forward" "$TMP/profile-hybrid" &&
+    grep -q "${op}_backward" "$TMP/profile-hybrid" && pass "profile table, $name" || fail "no profile table for the $name"
+done
 [ "$FAILURES" -eq 0 ] || sed 's/^/    /' "$TMP/table" >&2
 
 # A run that fails is reported in its row, with the end of its log, and the exit status says so.
