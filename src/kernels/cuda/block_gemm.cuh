@@ -28,6 +28,40 @@ struct NoRowSum {
   __device__ void operator()(int64_t, float) const {}
 };
 
+// Rows of a row-major array, row i at i * ld: an operand or an output of block_gemm.
+template <typename T>
+struct Rows {
+  T* at;
+  int64_t ld;
+  __device__ T& operator()(int64_t i, int64_t j) const { return at[i * ld + j]; }
+};
+
+// out() functors: each output stored into, or added to, view(i, j) (no row sums).
+template <typename View>
+struct StoreTo {
+  View view;
+  __device__ float operator()(int64_t i, int64_t j, float x) const {
+    view(i, j) = x;
+    return 0.0f;
+  }
+};
+template <typename View>
+struct AddTo {
+  View view;
+  __device__ float operator()(int64_t i, int64_t j, float x) const {
+    view(i, j) += x;
+    return 0.0f;
+  }
+};
+template <typename View>
+__device__ StoreTo<View> store_to(View v) {
+  return {v};
+}
+template <typename View>
+__device__ AddTo<View> add_to(View v) {
+  return {v};
+}
+
 namespace block_gemm_detail {
 constexpr int kTile = 64, kSlice = 16, kLanes = 16, kMicro = 4;  // kLanes x kMicro = kTile
 

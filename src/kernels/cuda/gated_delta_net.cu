@@ -215,10 +215,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   block_gemm<true, true>(
       stage, L, L, s.Dk, [&](int64_t t, int64_t i) { return r.K(t, i); },
       [&](int64_t i, int64_t v) { return r.K(v, i); },
-      [&](int64_t t, int64_t v, float x) {
-        KK[t * L + v] = x;
-        return 0.0f;
-      });
+      store_to(Rows<float>{KK, L}));
   for (int64_t t = 0; t < L; ++t) {
     const float bt = r.Beta(t);
     for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
@@ -270,10 +267,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
     block_gemm<true, false>(
         stage, L, nj, L, [&](int64_t t, int64_t v) { return T[t * L + v]; },
         [&](int64_t v, int64_t j) { return R[v * kColumns + j]; },
-        [&](int64_t t, int64_t j, float x) {
-          D[t * HvDv + j] = x;
-          return 0.0f;
-        });
+        store_to(Rows<float>{D, HvDv}));
     const float gamma_last = d.gamma[L - 1];
     block_gemm<false, false>(
         stage, nj, Dk, L, [&](int64_t j, int64_t t) { return D[t * HvDv + j]; },
@@ -317,10 +311,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   block_gemm<true, false>(  // (the same thread adds to each output it wrote)
       stage, L, s.Dv, L, [&](int64_t t, int64_t v) { return P[t * L + v]; },
       [&](int64_t v, int64_t j) { return D[v * HvDv + j]; },
-      [&](int64_t t, int64_t j, float x) {
-        O[t * HvDv + j] += x;
-        return 0.0f;
-      });
+      add_to(Rows<float>{O, HvDv}));
 }
 
 // The backward's workspace (gdn_delta_rule_work floats), in order.
@@ -350,13 +341,7 @@ DeltaWork delta_work(float* work, const GdnShape& s) {
 
 // A value head's rows of an [N, Hv, Dv] (or [N, Hv, Dk]) buffer from the chunk's first: row t at t Hv D.
 template <typename T>
-struct HeadRows {
-  T* at;
-  int64_t ld;
-  __device__ T& operator()(int64_t t, int64_t j) const { return at[t * ld + j]; }
-};
-template <typename T>
-__device__ HeadRows<T> head_rows(T* x, int64_t D, const ChunkAt& c, const GdnShape& s) {
+__device__ Rows<T> head_rows(T* x, int64_t D, const ChunkAt& c, const GdnShape& s) {
   return {x + (c.n0 * s.Hv + c.h) * D, s.Hv * D};
 }
 
@@ -393,10 +378,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   block_gemm<true, false>(
       stage, L, s.Dv, L, [&](int64_t t, int64_t v) { return T[t * L + v]; },
       [&](int64_t v, int64_t j) { return R(v, j); },
-      [&](int64_t t, int64_t j, float x) {
-        D(t, j) = x;
-        return 0.0f;
-      });
+      store_to(D));
 }
 
 // Block (b, h, tile of state columns j0..): the chunks in reverse, from dS = 0 after the last (the backward
@@ -429,17 +411,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
     block_gemm<true, true>(
         stage, L, nj, Dk, [&](int64_t t, int64_t i) { return d.w[t] * r.K(t, i); },
         [&](int64_t i, int64_t j) { return dS[j * Dk + i]; },
-        [&](int64_t t, int64_t j, float x) {
-          dD[t * kColumns + j] = x;
-          return 0.0f;
-        });
+        store_to(Rows<float>{dD, kColumns}));
     block_gemm<false, false>(
         stage, L, nj, L, [&](int64_t t, int64_t v) { return P[v * L + t]; },
         [&](int64_t v, int64_t j) { return dO(v, j0 + j); },
-        [&](int64_t t, int64_t j, float x) {
-          dD[t * kColumns + j] += x;
-          return 0.0f;
-        });
+        add_to(Rows<float>{dD, kColumns}));
     block_gemm<false, false>(
         stage, L, nj, L, [&](int64_t t, int64_t v) { return T[v * L + t]; },
         [&](int64_t v, int64_t j) { return dD[v * kColumns + j]; },
@@ -458,10 +434,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
     block_gemm<false, false>(
         stage, nj, Dk, L, [&](int64_t j, int64_t t) { return Y[t * kColumns + j]; },
         [&](int64_t t, int64_t i) { return r.K(t, i); },
-        [&](int64_t j, int64_t i, float x) {
-          before[j * Dk + i] += x;
-          return 0.0f;
-        });
+        add_to(Rows<float>{before, Dk}));
   }
 }
 
@@ -500,10 +473,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   block_gemm<true, true>(
       stage, L, Dv, Dk, [&](int64_t t, int64_t i) { return d.w[t] * r.K(t, i); },
       [&](int64_t i, int64_t j) { return dS[j * Dk + i]; },
-      [&](int64_t t, int64_t j, float x) {
-        dD(t, j) = x;
-        return 0.0f;
-      });
+      store_to(dD));
   block_gemm<true, false>(
       stage, L, Dk, Dv, [&](int64_t t, int64_t j) { return D(t, j); },
       [&](int64_t j, int64_t i) { return dS[j * Dk + i]; },
@@ -544,33 +514,21 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   block_gemm<false, false>(
       stage, L, Dv, L, [&](int64_t t, int64_t v) { return P[v * L + t]; },
       [&](int64_t v, int64_t j) { return dO(v, j); },
-      [&](int64_t t, int64_t j, float x) {
-        dD(t, j) += x;
-        return 0.0f;
-      });
+      add_to(dD));
   block_gemm<true, false>(
       stage, L, Dk, L, [&](int64_t t, int64_t v) { return M1[t * L + v]; },
       [&](int64_t v, int64_t i) { return r.K(v, i); },
-      [&](int64_t t, int64_t i, float x) {
-        dQ(t, i) += x;
-        return 0.0f;
-      });
+      add_to(dQ));
   block_gemm<false, false>(
       stage, L, Dk, L, [&](int64_t t, int64_t v) { return M1[v * L + t]; },
       [&](int64_t v, int64_t i) { return r.Q(v, i); },
-      [&](int64_t t, int64_t i, float x) {
-        dK(t, i) += x;
-        return 0.0f;
-      });
+      add_to(dK));
   // Delta = (I + A)^-1 R: dR = Tm^T dDelta, dA = -dR Delta^T (strictly lower); A_tu = beta_t Gm_tu KK_tu:
   // dbeta_t's share dA Gm KK, Gm's dA o A to G_t (+) and G_u (-), dKK = dA beta Gm; dk += (dKK + dKK^T) K.
   block_gemm<false, false>(
       stage, L, Dv, L, [&](int64_t t, int64_t v) { return T[v * L + t]; },
       [&](int64_t v, int64_t j) { return dD(v, j); },
-      [&](int64_t t, int64_t j, float x) {
-        dR(t, j) = x;
-        return 0.0f;
-      });
+      store_to(dR));
   block_gemm<true, true>(
       stage, L, L, Dv, [&](int64_t t, int64_t j) { return dR(t, j); },
       [&](int64_t j, int64_t v) { return D(v, j); },
@@ -598,10 +556,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
       stage, L, Dk, L,
       [&](int64_t t, int64_t v) { return v < t ? M1[t * L + v] : v > t ? M1[v * L + t] : 0.0f; },
       [&](int64_t v, int64_t i) { return r.K(v, i); },
-      [&](int64_t t, int64_t i, float x) {
-        dK(t, i) += x;
-        return 0.0f;
-      });
+      add_to(dK));
   // R = diag(beta) R0: dbeta_t's share dR_t . R0_t, dR0 = diag(beta) dR; R0 = V - diag(gamma) K S0: dv = dR0;
   // Y = -diag(gamma) dR0 is K S0's gradient (over dR), gamma_t's share Y_t . (K S0)_t; dk += Y S0. A warp per
   // token for the dots (lanes over j, a fixed shuffle tree).
@@ -629,10 +584,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   block_gemm<true, false>(
       stage, L, Dk, Dv, [&](int64_t t, int64_t j) { return dR(t, j); },
       [&](int64_t j, int64_t i) { return S0[j * Dk + i]; },
-      [&](int64_t t, int64_t i, float x) {
-        dK(t, i) += x;
-        return 0.0f;
-      });
+      add_to(dK));
   // G_t = g_0 + ... + g_t: dg_t = dG_t + ... + dG_last; none at a document's first token in the chunk.
   if (threadIdx.x == 0) {
     float dG_last = d.gamma[last] * sd;

@@ -169,10 +169,7 @@ __global__ void __launch_bounds__(kScanThreads, 3)
   block_gemm<false, false>(
       stage, s.P, Ns, k.L, [&](int64_t p, int64_t t) { return X[t * Cc + p]; },
       [&](int64_t t, int64_t m) { return d.w[t] * Bm[t * Cc + m]; },
-      [&](int64_t p, int64_t m, float v) {
-        out[p * Ns + m] = v;
-        return 0.0f;
-      });
+      store_to(Rows<float>{out, Ns}));
 }
 
 // A thread per (sequence, head, state element): the chunks in order, from the carried state (or zeros);
@@ -281,10 +278,7 @@ __global__ void __launch_bounds__(kScanThreads, 3)
   block_gemm<false, false>(
       stage, s.P, Ns, k.L, [&](int64_t p, int64_t t) { return dY[t * HP + p]; },
       [&](int64_t t, int64_t m) { return d.e[t] * Cm[t * Cc + m]; },
-      [&](int64_t p, int64_t m, float v) {
-        out[p * Ns + m] = v;
-        return 0.0f;
-      });
+      store_to(Rows<float>{out, Ns}));
 }
 
 // A thread per (sequence, head, state element): the chunks in reverse from dS = 0 (the backward takes no
