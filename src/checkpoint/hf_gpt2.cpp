@@ -82,57 +82,72 @@ int64_t qkv_row(int64_t col, int64_t C, int64_t D) {
   return (h * 3 + j) * D + d;
 }
 
-// HF tensor data (hf_shape layout) -> lattice parameter `dst` of shape s.
-void to_lattice(float* dst, const float* src, const Shape& s, Layout layout, int64_t vocab_size,
-                int64_t D) {
+// HF tensor `name` of f (hf_shape layout) -> lattice parameter `dst` of shape s, read straight into dst
+// where the layout is the same and a row at a time where it moves the elements (no copy of the tensor).
+void to_lattice(float* dst, const SafetensorsFile& f, const std::string& name, const Shape& s, Layout layout,
+                int64_t vocab_size, int64_t D) {
+  std::vector<float> row;
+  const auto read_row = [&](int64_t i, int64_t width) {  // HF row i of `width` elements
+    row.resize(size_t(width));
+    hf::read_float_elements(f, name, i * width, width, row.data());
+  };
   switch (layout) {
-    case Layout::same: std::memcpy(dst, src, size_t(shape_numel(s)) * sizeof(float)); break;
+    case Layout::same: hf::read_float_elements(f, name, 0, shape_numel(s), dst); break;
     case Layout::vocab_rows:
-      std::memcpy(dst, src, size_t(vocab_size * s[1]) * sizeof(float));
+      hf::read_float_elements(f, name, 0, vocab_size * s[1], dst);
       std::memset(dst + vocab_size * s[1], 0, size_t((s[0] - vocab_size) * s[1]) * sizeof(float));
       break;
-    case Layout::transposed:  // src [in = s[1], out = s[0]]
-      for (int64_t o = 0; o < s[0]; ++o)
-        for (int64_t i = 0; i < s[1]; ++i) dst[o * s[1] + i] = src[i * s[0] + o];
+    case Layout::transposed:  // HF [in = s[1], out = s[0]]
+      for (int64_t i = 0; i < s[1]; ++i) {
+        read_row(i, s[0]);
+        for (int64_t o = 0; o < s[0]; ++o) dst[o * s[1] + i] = row[size_t(o)];
+      }
       break;
-    case Layout::qkv_weight: {  // src [C, 3C], dst [3C, C]
+    case Layout::qkv_weight: {  // HF [C, 3C], dst [3C, C]
       const int64_t C = s[1];
-      for (int64_t i = 0; i < C; ++i)
-        for (int64_t col = 0; col < 3 * C; ++col) dst[qkv_row(col, C, D) * C + i] = src[i * 3 * C + col];
+      for (int64_t i = 0; i < C; ++i) {
+        read_row(i, 3 * C);
+        for (int64_t col = 0; col < 3 * C; ++col) dst[qkv_row(col, C, D) * C + i] = row[size_t(col)];
+      }
       break;
     }
     case Layout::qkv_bias: {
       const int64_t C = s[0] / 3;
-      for (int64_t col = 0; col < 3 * C; ++col) dst[qkv_row(col, C, D)] = src[col];
+      read_row(0, 3 * C);
+      for (int64_t col = 0; col < 3 * C; ++col) dst[qkv_row(col, C, D)] = row[size_t(col)];
       break;
     }
   }
 }
 
-// Lattice parameter `src` of shape s -> HF tensor data (hf_shape layout).
-std::vector<float> to_hf(const float* src, const Shape& s, Layout layout, int64_t vocab_size, int64_t D) {
-  std::vector<float> out(size_t(shape_numel(hf_shape(s, layout, vocab_size))));
-  float* dst = out.data();
+// Lattice parameter `name` of src (shape s) -> HF tensor data (hf_shape layout) in dst: its rows read straight
+// into dst where the layout is the same, through one copy where it moves the elements.
+void to_hf(float* dst, const hf::ExportSource& src, const std::string& name, const Shape& s, Layout layout, int64_t D) {
+  if (layout == Layout::same || layout == Layout::vocab_rows) {
+    hf::read_param_rows(src, name, dst);
+    return;
+  }
+  const std::vector<float> param = hf::read_param(src, name);
+  const float* from = param.data();
   switch (layout) {
     case Layout::same:
-    case Layout::vocab_rows: std::memcpy(dst, src, out.size() * sizeof(float)); break;
+    case Layout::vocab_rows: break;
     case Layout::transposed:
       for (int64_t o = 0; o < s[0]; ++o)
-        for (int64_t i = 0; i < s[1]; ++i) dst[i * s[0] + o] = src[o * s[1] + i];
+        for (int64_t i = 0; i < s[1]; ++i) dst[i * s[0] + o] = from[o * s[1] + i];
       break;
     case Layout::qkv_weight: {
       const int64_t C = s[1];
       for (int64_t i = 0; i < C; ++i)
-        for (int64_t col = 0; col < 3 * C; ++col) dst[i * 3 * C + col] = src[qkv_row(col, C, D) * C + i];
+        for (int64_t col = 0; col < 3 * C; ++col) dst[i * 3 * C + col] = from[qkv_row(col, C, D) * C + i];
       break;
     }
     case Layout::qkv_bias: {
       const int64_t C = s[0] / 3;
-      for (int64_t col = 0; col < 3 * C; ++col) dst[col] = src[qkv_row(col, C, D)];
+      for (int64_t col = 0; col < 3 * C; ++col) dst[col] = from[qkv_row(col, C, D)];
       break;
     }
   }
-  return out;
 }
 
 // Buffers older transformers versions save: the causal mask and its fill value.
@@ -257,8 +272,7 @@ void check_file(const TransformerConfig& c, const SafetensorsFile& f, const Para
 void fill_param(const TransformerConfig& c, const SafetensorsFile& f, const TensorMap& m, const ParamInfo& p,
                 float* dst) {
   const std::string name = file_name(f, m.hf);
-  const std::vector<float> v = read_float_tensor(f, name);
-  to_lattice(dst, v.data(), p.shape, m.layout, c.vocab_size, c.kv_channels);
+  to_lattice(dst, f, name, p.shape, m.layout, c.vocab_size, c.kv_channels);
   f.release(name);
 }
 
@@ -297,9 +311,7 @@ SafetensorsWriter export_hf_gpt2_tensors(const hf::ExportSource& src) {
     const Shape shape = hf_shape(p.shape, m.layout, c.vocab_size);
     const std::string name = m.hf == "lm_head.weight" ? m.hf : "transformer." + m.hf;
     w.add_produced(name, "F32", shape, size_t(shape_numel(shape)) * sizeof(float), [src, m, p](uint8_t* out) {
-      const std::vector<float> v = to_hf(hf::read_param(src, m.lattice).data(), p.shape, m.layout,
-                                         src.config.vocab_size, src.config.kv_channels);
-      std::memcpy(out, v.data(), v.size() * sizeof(float));
+      to_hf(reinterpret_cast<float*>(out), src, m.lattice, p.shape, m.layout, src.config.kv_channels);
     });
   }
   w.set_metadata("format", "pt");  // transformers refuses safetensors files without it

@@ -95,10 +95,14 @@ ParamRows model_rows(const GPTModel& model) {
 }
 
 std::vector<float> read_param(const ExportSource& src, const std::string& name) {
-  const ParamInfo& p = src.layout->info(name);
-  std::vector<float> v(size_t(p.numel), 0.0f);
-  src.rows(p, 0, p.shape.size() < 2 ? p.numel : is_vocab_padded(name) ? src.config.vocab_size : p.shape[0], v.data());
+  std::vector<float> v(size_t(src.layout->info(name).numel), 0.0f);
+  read_param_rows(src, name, v.data());
   return v;
+}
+
+void read_param_rows(const ExportSource& src, const std::string& name, float* dst) {
+  const ParamInfo& p = src.layout->info(name);
+  src.rows(p, 0, p.shape.size() < 2 ? p.numel : is_vocab_padded(name) ? src.config.vocab_size : p.shape[0], dst);
 }
 
 ExportSource model_source(const GPTModel& model) {

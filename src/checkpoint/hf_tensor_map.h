@@ -75,6 +75,8 @@ struct ExportSource {
 };
 // Parameter `name` of src whole [numel] (a vocabulary's padded rows zero, not read).
 std::vector<float> read_param(const ExportSource& src, const std::string& name);
+// Its rows into dst but a padded vocabulary's padding: numel floats, or vocab_size rows (what dst holds).
+void read_param_rows(const ExportSource& src, const std::string& name, float* dst);
 // A loaded model as an ExportSource (it must outlive the export).
 ExportSource model_source(const GPTModel& model);
 // A checkpoint opened without its model (open_model_checkpoint) as an ExportSource: each parameter's rows read
