@@ -76,26 +76,30 @@ std::map<std::string, Shape> hf_shapes(const TransformerConfig& c, bool mxfp4) {
 // call names a lattice element and an HF element by index.
 struct Mapper {
   bool pull;
-  void operator()(float* lattice, int64_t li, std::vector<float>& hf, int64_t hi) const {
+  void operator()(float* lattice, int64_t li, float* hf, int64_t hi) const {
     if (pull)
-      lattice[li] = hf[size_t(hi)];
+      lattice[li] = hf[hi];
     else
-      hf[size_t(hi)] = lattice[li];
+      hf[hi] = lattice[li];
   }
 };
 
-// One part of the model's correspondence, both ways: layer l's tensors (l >= 0), or the ones outside the layers
-// (l -1: the embedding, the final norm, the output layer; with `only`, just the one of that lattice or HF name).
-// `param(name)` is the lattice parameter's host data, `hf(name)` the HF tensor's (dequantized experts under their
-// float names).
-template <class Param, class Hf>
-void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param param, Hf hf,
-              const std::string& only = "") {
+// Which of a layer's tensors map_part maps: all, all but the experts', or expert e's alone (e >= 0).
+constexpr int64_t kWholeLayer = -1, kNoExperts = -2;
+
+// One part of the model's correspondence, both ways: layer l's tensors (l >= 0; `experts` says which), or the
+// ones outside the layers (l -1: the embedding, the final norm, the output layer; with `only`, just the one of
+// that lattice or HF name). `param(name)` is the lattice parameter's host data, `hf(name)` the HF tensor's,
+// `hf_expert(name, e)` expert e's block of an experts' tensor ([E, ...]; dequantized experts under their float
+// names).
+template <class Param, class Hf, class HfExpert>
+void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param param, Hf hf, HfExpert hf_expert,
+              const std::string& only = "", int64_t experts = kWholeLayer) {
   const Dims d = dims(c);
   auto whole = [&](const std::string& lat, const std::string& name, int64_t n) {
     if (!only.empty() && only != lat && only != name) return;
     float* p = param(lat);
-    std::vector<float>& h = hf(name);
+    float* h = hf(name);
     for (int64_t i = 0; i < n; ++i) move(p, i, h, i);
   };
   if (l < 0) {
@@ -104,16 +108,16 @@ void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param p
     if (c.untie_embeddings_and_output_weights) whole("output_layer.weight", "lm_head.weight", d.V * d.C);
     return;
   }
-  {
-    const std::string hl = hf_layer(l), ll = lattice_layer(l);
+  const std::string hl = hf_layer(l), ll = lattice_layer(l);
+  if (experts < 0) {
     whole(ll + "input_layernorm.weight", hl + "input_layernorm.weight", d.C);
     // linear_qkv: per query group, its heads' q rows, then its k and v rows (weights and biases).
     for (const char* kind : {"weight", "bias"}) {
       const int64_t row = std::string(kind) == "weight" ? d.C : 1;
       float* qkv = param(ll + "self_attention.linear_qkv." + kind);
-      std::vector<float>& q = hf(hl + "self_attn.q_proj." + kind);
-      std::vector<float>& k = hf(hl + "self_attn.k_proj." + kind);
-      std::vector<float>& v = hf(hl + "self_attn.v_proj." + kind);
+      float* q = hf(hl + "self_attn.q_proj." + kind);
+      float* k = hf(hl + "self_attn.k_proj." + kind);
+      float* v = hf(hl + "self_attn.v_proj." + kind);
       int64_t at = 0;
       for (int64_t g = 0; g < d.G; ++g) {
         for (int64_t i = 0; i < d.per_group() * d.D * row; ++i) move(qkv, at++, q, g * d.per_group() * d.D * row + i);
@@ -127,37 +131,29 @@ void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param p
     whole(ll + "pre_mlp_layernorm.weight", hl + "post_attention_layernorm.weight", d.C);
     whole(ll + "mlp.router.weight", hl + "mlp.router.weight", d.E * d.C);
     whole(ll + "mlp.router.bias", hl + "mlp.router.bias", d.E);
-    const std::string x = hl + "mlp.experts.";
-    std::vector<float>& gu = hf(x + "gate_up_proj");        // [E, C, 2I]
-    std::vector<float>& gu_b = hf(x + "gate_up_proj_bias");  // [E, 2I]
-    std::vector<float>& dn = hf(x + "down_proj");            // [E, I, C]
-    std::vector<float>& dn_b = hf(x + "down_proj_bias");     // [E, C]
-    for (int64_t e = 0; e < d.E; ++e) {
-      float* fc1 = param(expert(l, e, "linear_fc1.weight"));  // [2I, C]: gate rows (HF's even columns), up rows (odd)
-      float* fc1_b = param(expert(l, e, "linear_fc1.bias"));
-      float* fc2 = param(expert(l, e, "linear_fc2.weight"));  // [C, I]
-      float* fc2_b = param(expert(l, e, "linear_fc2.bias"));
-      for (int64_t half = 0; half < 2; ++half)
-        for (int64_t j = 0; j < d.I; ++j) {
-          const int64_t col = 2 * j + half, r = half * d.I + j;
-          for (int64_t ci = 0; ci < d.C; ++ci) move(fc1, r * d.C + ci, gu, (e * d.C + ci) * 2 * d.I + col);
-          move(fc1_b, r, gu_b, e * 2 * d.I + col);
-        }
-      for (int64_t ci = 0; ci < d.C; ++ci) {
-        for (int64_t i = 0; i < d.I; ++i) move(fc2, ci * d.I + i, dn, (e * d.I + i) * d.C + ci);
-        move(fc2_b, ci, dn_b, e * d.C + ci);
+  }
+  if (experts == kNoExperts) return;
+  const std::string x = hl + "mlp.experts.";
+  for (int64_t e = experts >= 0 ? experts : 0; e < (experts >= 0 ? experts + 1 : d.E); ++e) {
+    float* gu = hf_expert(x + "gate_up_proj", e);        // [C, 2I]
+    float* gu_b = hf_expert(x + "gate_up_proj_bias", e);  // [2I]
+    float* dn = hf_expert(x + "down_proj", e);            // [I, C]
+    float* dn_b = hf_expert(x + "down_proj_bias", e);     // [C]
+    float* fc1 = param(expert(l, e, "linear_fc1.weight"));  // [2I, C]: gate rows (HF's even columns), up rows (odd)
+    float* fc1_b = param(expert(l, e, "linear_fc1.bias"));
+    float* fc2 = param(expert(l, e, "linear_fc2.weight"));  // [C, I]
+    float* fc2_b = param(expert(l, e, "linear_fc2.bias"));
+    for (int64_t half = 0; half < 2; ++half)
+      for (int64_t j = 0; j < d.I; ++j) {
+        const int64_t col = 2 * j + half, r = half * d.I + j;
+        for (int64_t ci = 0; ci < d.C; ++ci) move(fc1, r * d.C + ci, gu, ci * 2 * d.I + col);
+        move(fc1_b, r, gu_b, col);
       }
+    for (int64_t ci = 0; ci < d.C; ++ci) {
+      for (int64_t i = 0; i < d.I; ++i) move(fc2, ci * d.I + i, dn, i * d.C + ci);
+      move(fc2_b, ci, dn_b, ci);
     }
   }
-}
-
-// [E, rows, cols] -> [E, cols, rows].
-std::vector<float> transpose_experts(const std::vector<float>& a, int64_t E, int64_t rows, int64_t cols) {
-  std::vector<float> t(a.size());
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < cols; ++k) t[size_t((e * cols + k) * rows + r)] = a[size_t((e * rows + r) * cols + k)];
-  return t;
 }
 
 // The layer pattern of layer_types (1: "sliding_attention", 0: "full_attention"); GptOssConfig's
@@ -313,6 +309,11 @@ std::string hf_gpt_oss_mismatch(const TransformerConfig& c) {
 }
 
 std::vector<float> decode_mxfp4(const SafetensorsFile& f, const std::string& blocks, const std::string& scales) {
+  return decode_mxfp4(f, blocks, scales, 0, f.get(scales).numel());
+}
+
+std::vector<float> decode_mxfp4(const SafetensorsFile& f, const std::string& blocks, const std::string& scales,
+                                int64_t first, int64_t count) {
   const SafeTensor& b = f.get(blocks);
   const SafeTensor& s = f.get(scales);
   for (const auto& [t, name] : {std::pair<const SafeTensor*, const std::string*>{&b, &blocks}, {&s, &scales}})
@@ -322,14 +323,16 @@ std::vector<float> decode_mxfp4(const SafetensorsFile& f, const std::string& blo
       Shape(b.shape.begin(), b.shape.end() - 1) != s.shape)
     LATTICE_FAIL() << f.path() << ": MXFP4 " << blocks << " " << shape_str(b.shape) << " and " << scales << " "
                    << shape_str(s.shape) << " do not pair (blocks [..., G, 16], scales [..., G])";
-  const int64_t groups = s.numel();
-  std::vector<float> out(static_cast<size_t>(groups * 32));
-  for (int64_t g = 0; g < groups; ++g) {
+  LATTICE_CHECK(first >= 0 && count >= 0 && first + count <= s.numel())
+      << f.path() << ": MXFP4 groups [" << first << ", " << first + count << ") of " << scales << "'s " << s.numel();
+  std::vector<float> out(static_cast<size_t>(count * 32));
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t g = first + k;
     const float scale = std::ldexp(1.0f, int(s.bytes[size_t(g)]) - 127);
     for (int64_t i = 0; i < 16; ++i) {
       const uint8_t byte = b.bytes[size_t(g * 16 + i)];
-      out[size_t(g * 32 + 2 * i)] = kFp4[byte & 0x0F] * scale;
-      out[size_t(g * 32 + 2 * i + 1)] = kFp4[byte >> 4] * scale;
+      out[size_t(k * 32 + 2 * i)] = kFp4[byte & 0x0F] * scale;
+      out[size_t(k * 32 + 2 * i + 1)] = kFp4[byte >> 4] * scale;
     }
   }
   return out;
@@ -358,43 +361,64 @@ void check_file(const TransformerConfig& c, const SafetensorsFile& f, bool mxfp4
                      << c.num_layers << (mxfp4 ? ", MXFP4 experts" : ", no quantization") << ")";
 }
 
-// The HF tensor `name` as fp32 (MXFP4 experts decoded, in HF's float experts' layout), its pages given back.
-std::vector<float> read_tensor(const TransformerConfig& c, const SafetensorsFile& f, bool mxfp4,
-                               const std::string& name) {
+// The HF tensor `name` as fp32, its pages given back (not the experts' weights: read_expert reads those).
+std::vector<float> read_tensor(const SafetensorsFile& f, const std::string& name) {
+  std::vector<float> out = hf::read_float_tensor(f, name);
+  f.release(name);
+  return out;
+}
+
+// Expert e's block of a layer's experts' tensor `name` in HF's float layout (gate_up_proj [C, 2I], down_proj
+// [I, C], or its bias), from MXFP4 where the file has the weights so, decoding that expert's groups alone; the
+// pages read given back.
+std::vector<float> read_expert(const TransformerConfig& c, const SafetensorsFile& f, bool mxfp4,
+                               const std::string& name, int64_t e) {
   const Dims d = dims(c);
   auto ends_with = [&](const std::string& tail) {
     return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
-  std::vector<float> out;
-  const bool gate_up = mxfp4 && ends_with(".gate_up_proj"), down = mxfp4 && ends_with(".down_proj");
-  if (gate_up || down) {  // decoded [E, 2I, C] -> HF's [E, C, 2I]; [E, C, I] -> [E, I, C]
-    out = transpose_experts(decode_mxfp4(f, name + "_blocks", name + "_scales"), d.E, gate_up ? 2 * d.I : d.C,
-                            gate_up ? d.C : d.I);
+  const bool gate_up = ends_with(".gate_up_proj"), down = ends_with(".down_proj");
+  if (mxfp4 && (gate_up || down)) {  // decoded [2I, C] -> HF's [C, 2I]; [C, I] -> [I, C]
+    const int64_t rows = gate_up ? 2 * d.I : d.C, cols = gate_up ? d.C : d.I, groups = rows * cols / 32;
+    const std::vector<float> dec = decode_mxfp4(f, name + "_blocks", name + "_scales", e * groups, groups);
+    std::vector<float> out(dec.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) out[size_t(k * rows + r)] = dec[size_t(r * cols + k)];
     f.release(name + "_blocks");
     f.release(name + "_scales");
-  } else {
-    out = hf::read_float_tensor(f, name);
-    f.release(name);
+    return out;
   }
+  const int64_t per = f.get(name).numel() / d.E;
+  std::vector<float> out(static_cast<size_t>(per));
+  hf::read_float_elements(f, name, e * per, per, out.data());
+  f.release(name);
   return out;
 }
 
-// A layer's parameters (l >= 0), or the one outside the layers named `only` (l -1), from f: name -> values
-// (`numel(name)` floats each, zero where the file gives nothing: the padded vocabulary rows).
+// A layer's parameters (l >= 0; `experts`: map_part's kNoExperts or one expert), or the one outside the layers
+// named `only` (l -1), from f: name -> values (`numel(name)` floats each, zero where the file gives nothing: the
+// padded vocabulary rows). With `into`, the one parameter is made there instead (and none returned).
 std::map<std::string, std::vector<float>> read_part(const TransformerConfig& c, const SafetensorsFile& f, bool mxfp4,
                                                     int64_t l, const std::function<int64_t(const std::string&)>& numel,
-                                                    const std::string& only) {
-  std::map<std::string, std::vector<float>> params, data;  // data: each HF tensor read once, when first needed
+                                                    const std::string& only, int64_t experts, float* into = nullptr) {
+  std::map<std::string, std::vector<float>> params, data;  // data: each HF tensor (block) read once
   auto param = [&](const std::string& name) {
+    if (into) {
+      std::fill(into, into + numel(name), 0.0f);
+      return into;
+    }
     std::vector<float>& v = params[name];
     v.assign(size_t(numel(name)), 0.0f);
     return v.data();
   };
-  auto hf = [&](const std::string& name) -> std::vector<float>& {
+  auto hf = [&](const std::string& name) -> float* {
     auto it = data.find(name);
-    return it != data.end() ? it->second : data[name] = read_tensor(c, f, mxfp4, name);
+    return (it != data.end() ? it->second : data[name] = read_tensor(f, name)).data();
   };
-  map_part(c, l, Mapper{true}, param, hf, only);
+  auto hf_expert = [&](const std::string& name, int64_t e) -> float* {
+    return (data[name] = read_expert(c, f, mxfp4, name, e)).data();
+  };
+  map_part(c, l, Mapper{true}, param, hf, hf_expert, only, experts);
   return params;
 }
 
@@ -404,6 +428,12 @@ int64_t part_of(const std::string& name, const std::string& prefix) {
   return std::stoll(name.substr(prefix.size()));
 }
 int64_t layer_of(const std::string& name) { return part_of(name, "decoder.layers."); }
+// The expert a parameter belongs to (decoder.layers.<l>.mlp.experts.local_experts.<e>.), or -1.
+int64_t expert_of(const std::string& name) {
+  const std::string mark = ".mlp.experts.local_experts.";
+  const size_t at = name.find(mark);
+  return at == std::string::npos ? -1 : std::stoll(name.substr(at + mark.size()));
+}
 int64_t hf_layer_of(const std::string& name) { return part_of(name, "model.layers."); }
 
 }  // namespace
@@ -432,12 +462,15 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
                        part->hf.clear();
                        std::map<std::string, std::vector<float>> params;
                        auto param = [&](const std::string& n) { return (params[n] = hf::read_param(src, n)).data(); };
-                       auto hf = [&](const std::string& n) -> std::vector<float>& {
+                       auto hf = [&](const std::string& n) -> float* {
                          std::vector<float>& v = part->hf[n];
                          if (v.empty()) v.assign(size_t(shape_numel(shapes->at(n))), 0.0f);
-                         return v;
+                         return v.data();
                        };
-                       map_part(src.config, l, Mapper{false}, param, hf, l >= 0 ? "" : name);
+                       auto hf_expert = [&](const std::string& n, int64_t e) {  // [E, ...]: expert e's block
+                         return hf(n) + e * (shape_numel(shapes->at(n)) / src.config.num_experts);
+                       };
+                       map_part(src.config, l, Mapper{false}, param, hf, hf_expert, l >= 0 ? "" : name);
                        part->key = key;
                      }
                      const std::vector<float>& v = part->hf.at(name);
@@ -458,22 +491,27 @@ HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by) {
   const json& j = o.config_json;
   const bool mxfp4 = j.contains("quantization_config") && !j["quantization_config"].is_null();
   check_file(out.config, *f, mxfp4);
-  // The part (a layer, or a tensor outside the layers on its own) the parameter being written is in, read whole
-  // once: a layer's worth in memory at a time (its experts decoded), the checkpoint's parameters in layer order.
+  // The part the parameter being written is in, read whole once: a layer's tensors but its experts', or an
+  // expert's (decoded alone); one part in memory at a time, the checkpoint's parameters in layer order and a
+  // layer's experts' together. A tensor outside the layers is made where the writer wants it.
   struct Part {
-    std::string key;  // "decoder.layers.<l>.", or the parameter's name
+    std::string key;  // "decoder.layers.<l>.", or an expert's "...local_experts.<e>."
     std::map<std::string, std::vector<float>> params;
   };
   auto part = std::make_shared<Part>();
   auto registry = std::make_shared<const ParamBuffer>(
       GPTModel::parameter_registry(out.config, TensorParallel{}, ModelPlacement{}, 0, 1));
   out.fill = [f, part, registry, mxfp4, c = out.config](const ParamInfo& p, float* dst) {
-    const int64_t l = layer_of(p.name);
-    const std::string key = l >= 0 ? lattice_layer(l) : p.name;
+    const int64_t l = layer_of(p.name), e = l >= 0 ? expert_of(p.name) : -1;
+    auto numel = [&](const std::string& name) { return registry->info(name).numel; };
+    if (l < 0) {  // a tensor outside the layers (the embedding, the output layer): made in dst
+      read_part(c, *f, mxfp4, l, numel, p.name, kWholeLayer, dst);
+      return;
+    }
+    const std::string key = e < 0 ? lattice_layer(l) : expert(l, e, "");
     if (part->key != key) {
       part->params.clear();
-      part->params = read_part(c, *f, mxfp4, l, [&](const std::string& name) { return registry->info(name).numel; },
-                               l >= 0 ? "" : p.name);
+      part->params = read_part(c, *f, mxfp4, l, numel, "", e >= 0 ? e : kNoExperts);
       part->key = key;
     }
     const auto it = part->params.find(p.name);

@@ -48,12 +48,16 @@ nlohmann::json hf_gpt_oss_config_json(const TransformerConfig& c, const std::str
 std::string hf_gpt_oss_mismatch(const TransformerConfig& c);
 
 // MXFP4 blocks [..., G, 16] U8 and scales [..., G] U8 (named `blocks`, `scales` in `f`) decoded to
-// fp32 [..., G * 32]; a wrong dtype or shape is an error naming the file and the tensor.
+// fp32 [..., G * 32]; a wrong dtype or shape is an error naming the file and the tensor. With a range, only the
+// scale groups [first, first + count) (32 values each, in the same order).
 std::vector<float> decode_mxfp4(const SafetensorsFile& f, const std::string& blocks, const std::string& scales);
+std::vector<float> decode_mxfp4(const SafetensorsFile& f, const std::string& blocks, const std::string& scales,
+                                int64_t first, int64_t count);
 
 // DIR opened for a streamed conversion (hf_common.h's HfSource): the file checked first (every problem, a
 // missing, misshapen or unexpected tensor, an error naming the file and the tensor; mxfp4: the experts as blocks
-// and scales), then each parameter read when asked, a layer's worth (its experts decoded) in memory at a time.
+// and scales), then each parameter read when asked: a layer's tensors but its experts' in memory at a time, and
+// each expert's (decoded alone) when its parameters are.
 HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by = 128);
 
 // The model's parameters as HF tensors (F32, vocabulary trimmed to vocab_size, the experts

@@ -1,7 +1,6 @@
 // The streamed --from-hf conversion (hf_common.h's HfSource, model_checkpoint.h's save_model_checkpoint from a
-// fill function): for every HF fixture of every family (GPT-OSS's a layer at a time, MXFP4 experts decoded), the
-// checkpoint
-// written parameter by parameter is the one the loaded model writes, byte for byte (model.safetensors and
+// fill function): for every HF fixture of every family (GPT-OSS's an expert at a time, MXFP4 experts decoded),
+// the checkpoint written parameter by parameter is the one the loaded model writes, byte for byte (model.safetensors and
 // checkpoint.json); a fill that fails mid-file leaves no checkpoint behind; produced safetensors entries cast
 // and split as stored ones do.
 #include <gtest/gtest.h>
@@ -81,7 +80,7 @@ const std::vector<Family>& families() {
        [](const std::string& d) { return open_hf_gpt2(d); },
        [](const std::string& d, const GPTModel& m) { save_hf_gpt2(d, m, ""); },
        [](const std::string& d, const hf::ExportSource& s) { save_hf_gpt2(d, s, ""); }},
-      {{"hf_gpt_oss_tiny", "hf_gpt_oss_tiny_mxfp4"},  // (a layer at a time)
+      {{"hf_gpt_oss_tiny", "hf_gpt_oss_tiny_mxfp4"},  // (an expert at a time)
        [](const std::string& d) { return load_hf_gpt_oss(d, 128, 0, false); },
        [](const std::string& d) { return open_hf_gpt_oss(d); },
        [](const std::string& d, const GPTModel& m) { save_hf_gpt_oss(d, m, ""); },
