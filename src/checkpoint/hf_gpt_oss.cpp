@@ -324,7 +324,8 @@ std::vector<float> decode_mxfp4(const SafetensorsFile& f, const std::string& blo
     LATTICE_FAIL() << f.path() << ": MXFP4 " << blocks << " " << shape_str(b.shape) << " and " << scales << " "
                    << shape_str(s.shape) << " do not pair (blocks [..., G, 16], scales [..., G])";
   LATTICE_CHECK(first >= 0 && count >= 0 && first + count <= s.numel())
-      << f.path() << ": MXFP4 groups [" << first << ", " << first + count << ") of " << scales << "'s " << s.numel();
+      << f.path() << ": MXFP4 groups [" << first << ", " << first + count << ") of tensor " << scales << " ("
+      << s.numel() << " groups)";
   std::vector<float> out(static_cast<size_t>(count * 32));
   for (int64_t k = 0; k < count; ++k) {
     const int64_t g = first + k;

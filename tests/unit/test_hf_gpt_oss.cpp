@@ -90,6 +90,12 @@ TEST(HfGptOss, Mxfp4DecodesByTheTable) {
   EXPECT_EQ(v[33], 1.5f);   // 6 x 2^-2
   EXPECT_NE(error_of([&] { decode_mxfp4(f, "f", "s"); }).find("tensor f is F32, MXFP4 needs U8"), std::string::npos);
   EXPECT_NE(error_of([&] { decode_mxfp4(f, "b", "b"); }).find("do not pair"), std::string::npos);
+  // A range of groups (an expert's, as the import decodes them): those groups' values, in order.
+  const std::vector<float> second = decode_mxfp4(f, "b", "s", 1, 1);
+  EXPECT_EQ(second, std::vector<float>(v.begin() + 32, v.end()));
+  EXPECT_TRUE(decode_mxfp4(f, "b", "s", 2, 0).empty());
+  EXPECT_NE(error_of([&] { decode_mxfp4(f, "b", "s", 1, 2); }).find("MXFP4 groups [1, 3) of tensor s (2 groups)"),
+            std::string::npos);
 }
 
 // HF -> lattice -> HF: every tensor's bytes back (the MXFP4 model's experts as their decoded floats).
