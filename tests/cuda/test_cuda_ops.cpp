@@ -1986,5 +1986,45 @@ INSTANTIATE_TEST_SUITE_P(Table, CudaOps, ::testing::ValuesIn(op_table()),
                            return info.param.op + "_" + info.param.shape;
                          });
 
+// The chunked scans keep a chunk's [chunk, chunk] products in shared memory: a longer chunk is refused in one
+// line naming the kernel and the limit (the model's chunks are at most 64 tokens), before anything runs.
+TEST(CudaChunkedScans, ChunksAbove64AreRefused) {
+  LATTICE_REQUIRE_CUDA();
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  MambaShape m;
+  m.B = 1;
+  m.T = 130;
+  m.H = m.G = 1;
+  m.P = m.N = 4;
+  m.chunk = 65;
+  DeviceBuffer buf(size_t(1) << 20);
+  float* p = buf.as<float>();
+  EXPECT_NE(message([&] { cuda::mamba_scan_forward(p, p, p, p, p, p, m); })
+                .find("mamba_scan_forward (CUDA): scan chunk 65 (at most 64)"),
+            std::string::npos);
+  EXPECT_NE(message([&] { cuda::mamba_scan_backward(p, p, p, p, p, p, p, p, p, p, p, m); })
+                .find("mamba_scan_backward (CUDA): scan chunk 65 (at most 64)"),
+            std::string::npos);
+  GdnShape g;
+  g.B = 1;
+  g.T = 130;
+  g.Hk = g.Hv = 1;
+  g.Dk = g.Dv = 4;
+  g.chunk = 65;
+  EXPECT_NE(message([&] { cuda::gdn_delta_rule_forward(p, p, p, p, p, p, p, p, g); })
+                .find("gdn_delta_rule_forward (CUDA): chunk 65 (at most 64)"),
+            std::string::npos);
+  EXPECT_NE(message([&] { cuda::gdn_delta_rule_backward(p, p, p, p, p, p, p, p, p, p, p, p, p, g); })
+                .find("gdn_delta_rule_backward (CUDA): chunk 65 (at most 64)"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace lattice
