@@ -87,6 +87,41 @@ struct Mapper {
 // Which of a layer's tensors map_part maps: all, all but the experts', or expert e's alone (e >= 0).
 constexpr int64_t kWholeLayer = -1, kNoExperts = -2;
 
+// Expert e of layer l, both ways: its four lattice parameters and their blocks of the HF experts' tensors
+// ([E, ...]; hf_expert(name, e) is expert e's block); with `only` (an experts' tensor's name after
+// "mlp.experts.": gate_up_proj, gate_up_proj_bias, down_proj or down_proj_bias), just that tensor's pair.
+template <class Param, class HfExpert>
+void map_expert(const TransformerConfig& c, int64_t l, int64_t e, const Mapper& move, Param param,
+                HfExpert hf_expert, const std::string& only = "") {
+  const Dims d = dims(c);
+  const std::string x = hf_layer(l) + "mlp.experts.";
+  auto wants = [&](const char* tensor) { return only.empty() || only == tensor; };
+  // linear_fc1 [2I, C]: the gate rows are HF's even columns of gate_up_proj [C, 2I], the up rows its odd ones.
+  auto fc1_row = [&](int64_t r) { return r < d.I ? 2 * r : 2 * (r - d.I) + 1; };
+  if (wants("gate_up_proj")) {
+    float* fc1 = param(expert(l, e, "linear_fc1.weight"));
+    float* gu = hf_expert(x + "gate_up_proj", e);
+    for (int64_t r = 0; r < 2 * d.I; ++r)
+      for (int64_t ci = 0; ci < d.C; ++ci) move(fc1, r * d.C + ci, gu, ci * 2 * d.I + fc1_row(r));
+  }
+  if (wants("gate_up_proj_bias")) {
+    float* fc1_b = param(expert(l, e, "linear_fc1.bias"));
+    float* gu_b = hf_expert(x + "gate_up_proj_bias", e);
+    for (int64_t r = 0; r < 2 * d.I; ++r) move(fc1_b, r, gu_b, fc1_row(r));
+  }
+  if (wants("down_proj")) {  // linear_fc2 [C, I], down_proj [I, C]
+    float* fc2 = param(expert(l, e, "linear_fc2.weight"));
+    float* dn = hf_expert(x + "down_proj", e);
+    for (int64_t ci = 0; ci < d.C; ++ci)
+      for (int64_t i = 0; i < d.I; ++i) move(fc2, ci * d.I + i, dn, i * d.C + ci);
+  }
+  if (wants("down_proj_bias")) {
+    float* fc2_b = param(expert(l, e, "linear_fc2.bias"));
+    float* dn_b = hf_expert(x + "down_proj_bias", e);
+    for (int64_t ci = 0; ci < d.C; ++ci) move(fc2_b, ci, dn_b, ci);
+  }
+}
+
 // One part of the model's correspondence, both ways: layer l's tensors (l >= 0; `experts` says which), or the
 // ones outside the layers (l -1: the embedding, the final norm, the output layer; with `only`, just the one of
 // that lattice or HF name). `param(name)` is the lattice parameter's host data, `hf(name)` the HF tensor's,
@@ -133,27 +168,8 @@ void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param p
     whole(ll + "mlp.router.bias", hl + "mlp.router.bias", d.E);
   }
   if (experts == kNoExperts) return;
-  const std::string x = hl + "mlp.experts.";
-  for (int64_t e = experts >= 0 ? experts : 0; e < (experts >= 0 ? experts + 1 : d.E); ++e) {
-    float* gu = hf_expert(x + "gate_up_proj", e);        // [C, 2I]
-    float* gu_b = hf_expert(x + "gate_up_proj_bias", e);  // [2I]
-    float* dn = hf_expert(x + "down_proj", e);            // [I, C]
-    float* dn_b = hf_expert(x + "down_proj_bias", e);     // [C]
-    float* fc1 = param(expert(l, e, "linear_fc1.weight"));  // [2I, C]: gate rows (HF's even columns), up rows (odd)
-    float* fc1_b = param(expert(l, e, "linear_fc1.bias"));
-    float* fc2 = param(expert(l, e, "linear_fc2.weight"));  // [C, I]
-    float* fc2_b = param(expert(l, e, "linear_fc2.bias"));
-    for (int64_t half = 0; half < 2; ++half)
-      for (int64_t j = 0; j < d.I; ++j) {
-        const int64_t col = 2 * j + half, r = half * d.I + j;
-        for (int64_t ci = 0; ci < d.C; ++ci) move(fc1, r * d.C + ci, gu, ci * 2 * d.I + col);
-        move(fc1_b, r, gu_b, col);
-      }
-    for (int64_t ci = 0; ci < d.C; ++ci) {
-      for (int64_t i = 0; i < d.I; ++i) move(fc2, ci * d.I + i, dn, i * d.C + ci);
-      move(fc2_b, ci, dn_b, ci);
-    }
-  }
+  for (int64_t e = experts >= 0 ? experts : 0; e < (experts >= 0 ? experts + 1 : d.E); ++e)
+    map_expert(c, l, e, move, param, hf_expert);
 }
 
 // The layer pattern of layer_types (1: "sliding_attention", 0: "full_attention"); GptOssConfig's
@@ -446,36 +462,54 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model) {
 SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
   const TransformerConfig& c = src.config;
   auto shapes = std::make_shared<const std::map<std::string, Shape>>(hf_shapes(c, false));
-  // The part (a layer, or the tensors outside the layers) of the HF tensor being written, made whole once from
-  // its parameters: a layer's worth in memory at a time (a tensor outside the layers is a part of its own).
+  // Each HF tensor made when written, in the writer's buffer: a layer's experts' tensors ([E, ...]) an expert at a
+  // time from that expert's one parameter each feeds, a tensor outside the layers from its parameter; a layer's
+  // other tensors made together once from their parameters (that part alone in memory).
   struct Part {
-    std::string key;  // "model.layers.<l>.", or the tensor's name
+    std::string key;  // "model.layers.<l>."
     std::map<std::string, std::vector<float>> hf;
   };
   auto part = std::make_shared<Part>();
   SafetensorsWriter w;
   for (const auto& [name, shape] : *shapes) {
     w.add_produced(name, "F32", shape, size_t(shape_numel(shape)) * sizeof(float),
-                   [src, shapes, part, name = name](uint8_t* out) {
+                   [src, shapes, part, name = name](uint8_t* bytes) {
+                     float* out = reinterpret_cast<float*>(bytes);
+                     const TransformerConfig& c = src.config;
                      const int64_t l = hf_layer_of(name);
-                     const std::string key = l >= 0 ? hf_layer(l) : name;
-                     if (part->key != key) {
-                       part->hf.clear();
-                       std::map<std::string, std::vector<float>> params;
-                       auto param = [&](const std::string& n) { return (params[n] = hf::read_param(src, n)).data(); };
-                       auto hf = [&](const std::string& n) -> float* {
-                         std::vector<float>& v = part->hf[n];
-                         if (v.empty()) v.assign(size_t(shape_numel(shapes->at(n))), 0.0f);
-                         return v.data();
-                       };
-                       auto hf_expert = [&](const std::string& n, int64_t e) {  // [E, ...]: expert e's block
-                         return hf(n) + e * (shape_numel(shapes->at(n)) / src.config.num_experts);
-                       };
-                       map_part(src.config, l, Mapper{false}, param, hf, hf_expert, l >= 0 ? "" : name);
-                       part->key = key;
+                     std::map<std::string, std::vector<float>> params;
+                     auto param = [&](const std::string& n) { return (params[n] = hf::read_param(src, n)).data(); };
+                     auto unused = [&](const std::string& n) -> float* {
+                       LATTICE_FAIL() << "GPT-OSS export: " << name << " asked for " << n;
+                     };
+                     const std::string experts = l >= 0 ? hf_layer(l) + "mlp.experts." : "";
+                     if (l < 0) {  // the embedding, the final norm or the output layer: this tensor alone
+                       auto hf = [&](const std::string&) { return out; };
+                       map_part(c, l, Mapper{false}, param, hf, [&](const std::string& n, int64_t) { return unused(n); },
+                                name);
+                     } else if (name.compare(0, experts.size(), experts) == 0) {
+                       const int64_t per = shape_numel(shapes->at(name)) / c.num_experts;
+                       for (int64_t e = 0; e < c.num_experts; ++e) {
+                         params.clear();
+                         map_expert(c, l, e, Mapper{false}, param,
+                                    [&](const std::string&, int64_t ex) { return out + ex * per; },
+                                    name.substr(experts.size()));
+                       }
+                     } else {
+                       if (part->key != hf_layer(l)) {
+                         part->hf.clear();
+                         auto hf = [&](const std::string& n) -> float* {
+                           std::vector<float>& v = part->hf[n];
+                           if (v.empty()) v.assign(size_t(shape_numel(shapes->at(n))), 0.0f);
+                           return v.data();
+                         };
+                         map_part(c, l, Mapper{false}, param, hf,
+                                  [&](const std::string& n, int64_t) { return unused(n); }, "", kNoExperts);
+                         part->key = hf_layer(l);
+                       }
+                       const std::vector<float>& v = part->hf.at(name);
+                       std::memcpy(out, v.data(), v.size() * sizeof(float));
                      }
-                     const std::vector<float>& v = part->hf.at(name);
-                     std::memcpy(out, v.data(), v.size() * sizeof(float));
                    });
   }
   w.set_metadata("format", "pt");
