@@ -84,9 +84,6 @@ struct Mapper {
   }
 };
 
-// Which of a layer's tensors map_part maps: all, all but the experts', or expert e's alone (e >= 0).
-constexpr int64_t kWholeLayer = -1, kNoExperts = -2;
-
 // Expert e of layer l, both ways: its four lattice parameters and their blocks of the HF experts' tensors
 // ([E, ...]; hf_expert(name, e) is expert e's block); with `only` (an experts' tensor's name after
 // "mlp.experts.": gate_up_proj, gate_up_proj_bias, down_proj or down_proj_bias), just that tensor's pair.
@@ -122,14 +119,14 @@ void map_expert(const TransformerConfig& c, int64_t l, int64_t e, const Mapper& 
   }
 }
 
-// One part of the model's correspondence, both ways: layer l's tensors (l >= 0; `experts` says which), or the
-// ones outside the layers (l -1: the embedding, the final norm, the output layer; with `only`, just the one of
-// that lattice or HF name). `param(name)` is the lattice parameter's host data, `hf(name)` the HF tensor's,
-// `hf_expert(name, e)` expert e's block of an experts' tensor ([E, ...]; dequantized experts under their float
-// names).
+// One part of the model's correspondence, both ways: layer l's tensors but its experts' (l >= 0, expert -1) or
+// expert `expert`'s alone (map_expert), or the ones outside the layers (l -1: the embedding, the final norm, the
+// output layer; with `only`, just the one of that lattice or HF name). `param(name)` is the lattice parameter's
+// host data, `hf(name)` the HF tensor's, `hf_expert(name, e)` expert e's block of an experts' tensor ([E, ...];
+// dequantized experts under their float names).
 template <class Param, class Hf, class HfExpert>
 void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param param, Hf hf, HfExpert hf_expert,
-              const std::string& only = "", int64_t experts = kWholeLayer) {
+              const std::string& only = "", int64_t expert = -1) {
   const Dims d = dims(c);
   auto whole = [&](const std::string& lat, const std::string& name, int64_t n) {
     if (!only.empty() && only != lat && only != name) return;
@@ -143,33 +140,32 @@ void map_part(const TransformerConfig& c, int64_t l, const Mapper& move, Param p
     if (c.untie_embeddings_and_output_weights) whole("output_layer.weight", "lm_head.weight", d.V * d.C);
     return;
   }
-  const std::string hl = hf_layer(l), ll = lattice_layer(l);
-  if (experts < 0) {
-    whole(ll + "input_layernorm.weight", hl + "input_layernorm.weight", d.C);
-    // linear_qkv: per query group, its heads' q rows, then its k and v rows (weights and biases).
-    for (const char* kind : {"weight", "bias"}) {
-      const int64_t row = std::string(kind) == "weight" ? d.C : 1;
-      float* qkv = param(ll + "self_attention.linear_qkv." + kind);
-      float* q = hf(hl + "self_attn.q_proj." + kind);
-      float* k = hf(hl + "self_attn.k_proj." + kind);
-      float* v = hf(hl + "self_attn.v_proj." + kind);
-      int64_t at = 0;
-      for (int64_t g = 0; g < d.G; ++g) {
-        for (int64_t i = 0; i < d.per_group() * d.D * row; ++i) move(qkv, at++, q, g * d.per_group() * d.D * row + i);
-        for (int64_t i = 0; i < d.D * row; ++i) move(qkv, at++, k, g * d.D * row + i);
-        for (int64_t i = 0; i < d.D * row; ++i) move(qkv, at++, v, g * d.D * row + i);
-      }
-    }
-    whole(ll + "self_attention.linear_proj.weight", hl + "self_attn.o_proj.weight", d.C * d.H * d.D);
-    whole(ll + "self_attention.linear_proj.bias", hl + "self_attn.o_proj.bias", d.C);
-    whole(ll + "self_attention.core_attention.softmax_offset", hl + "self_attn.sinks", d.H);
-    whole(ll + "pre_mlp_layernorm.weight", hl + "post_attention_layernorm.weight", d.C);
-    whole(ll + "mlp.router.weight", hl + "mlp.router.weight", d.E * d.C);
-    whole(ll + "mlp.router.bias", hl + "mlp.router.bias", d.E);
+  if (expert >= 0) {
+    map_expert(c, l, expert, move, param, hf_expert);
+    return;
   }
-  if (experts == kNoExperts) return;
-  for (int64_t e = experts >= 0 ? experts : 0; e < (experts >= 0 ? experts + 1 : d.E); ++e)
-    map_expert(c, l, e, move, param, hf_expert);
+  const std::string hl = hf_layer(l), ll = lattice_layer(l);
+  whole(ll + "input_layernorm.weight", hl + "input_layernorm.weight", d.C);
+  // linear_qkv: per query group, its heads' q rows, then its k and v rows (weights and biases).
+  for (const char* kind : {"weight", "bias"}) {
+    const int64_t row = std::string(kind) == "weight" ? d.C : 1;
+    float* qkv = param(ll + "self_attention.linear_qkv." + kind);
+    float* q = hf(hl + "self_attn.q_proj." + kind);
+    float* k = hf(hl + "self_attn.k_proj." + kind);
+    float* v = hf(hl + "self_attn.v_proj." + kind);
+    int64_t at = 0;
+    for (int64_t g = 0; g < d.G; ++g) {
+      for (int64_t i = 0; i < d.per_group() * d.D * row; ++i) move(qkv, at++, q, g * d.per_group() * d.D * row + i);
+      for (int64_t i = 0; i < d.D * row; ++i) move(qkv, at++, k, g * d.D * row + i);
+      for (int64_t i = 0; i < d.D * row; ++i) move(qkv, at++, v, g * d.D * row + i);
+    }
+  }
+  whole(ll + "self_attention.linear_proj.weight", hl + "self_attn.o_proj.weight", d.C * d.H * d.D);
+  whole(ll + "self_attention.linear_proj.bias", hl + "self_attn.o_proj.bias", d.C);
+  whole(ll + "self_attention.core_attention.softmax_offset", hl + "self_attn.sinks", d.H);
+  whole(ll + "pre_mlp_layernorm.weight", hl + "post_attention_layernorm.weight", d.C);
+  whole(ll + "mlp.router.weight", hl + "mlp.router.weight", d.E * d.C);
+  whole(ll + "mlp.router.bias", hl + "mlp.router.bias", d.E);
 }
 
 // The layer pattern of layer_types (1: "sliding_attention", 0: "full_attention"); GptOssConfig's
@@ -412,12 +408,12 @@ std::vector<float> read_expert(const TransformerConfig& c, const SafetensorsFile
   return out;
 }
 
-// A layer's parameters (l >= 0; `experts`: map_part's kNoExperts or one expert), or the one outside the layers
+// A layer's parameters but its experts' (l >= 0, expert -1) or one expert's, or the one outside the layers
 // named `only` (l -1), from f: name -> values (`numel(name)` floats each, zero where the file gives nothing: the
 // padded vocabulary rows). With `into`, the one parameter is made there instead (and none returned).
 std::map<std::string, std::vector<float>> read_part(const TransformerConfig& c, const SafetensorsFile& f, bool mxfp4,
                                                     int64_t l, const std::function<int64_t(const std::string&)>& numel,
-                                                    const std::string& only, int64_t experts, float* into = nullptr) {
+                                                    const std::string& only, int64_t expert, float* into = nullptr) {
   std::map<std::string, std::vector<float>> params, data;  // data: each HF tensor (block) read once
   auto param = [&](const std::string& name) {
     if (into) {
@@ -435,7 +431,7 @@ std::map<std::string, std::vector<float>> read_part(const TransformerConfig& c, 
   auto hf_expert = [&](const std::string& name, int64_t e) -> float* {
     return (data[name] = read_expert(c, f, mxfp4, name, e)).data();
   };
-  map_part(c, l, Mapper{true}, param, hf, hf_expert, only, experts);
+  map_part(c, l, Mapper{true}, param, hf, hf_expert, only, expert);
   return params;
 }
 
@@ -504,7 +500,7 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
                            return v.data();
                          };
                          map_part(c, l, Mapper{false}, param, hf,
-                                  [&](const std::string& n, int64_t) { return unused(n); }, "", kNoExperts);
+                                  [&](const std::string& n, int64_t) { return unused(n); });
                          part->key = hf_layer(l);
                        }
                        const std::vector<float>& v = part->hf.at(name);
@@ -540,13 +536,13 @@ HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by) {
     const int64_t l = layer_of(p.name), e = l >= 0 ? expert_of(p.name) : -1;
     auto numel = [&](const std::string& name) { return registry->info(name).numel; };
     if (l < 0) {  // a tensor outside the layers (the embedding, the output layer): made in dst
-      read_part(c, *f, mxfp4, l, numel, p.name, kWholeLayer, dst);
+      read_part(c, *f, mxfp4, l, numel, p.name, -1, dst);
       return;
     }
     const std::string key = e < 0 ? lattice_layer(l) : expert(l, e, "");
     if (part->key != key) {
       part->params.clear();
-      part->params = read_part(c, *f, mxfp4, l, numel, "", e >= 0 ? e : kNoExperts);
+      part->params = read_part(c, *f, mxfp4, l, numel, "", e);
       part->key = key;
     }
     const auto it = part->params.find(p.name);
