@@ -30,7 +30,7 @@ crash() {
     wait "$pid" || rc=$?
     if [ "$rc" -ne $((128 + num)) ]; then
       fail "$sig: exit status $rc, expected $((128 + num)) (death by the signal, as without a report)"
-    elif ! head -n 1 err | grep -qF "lattice train: fatal SIG$sig ($what"; then
+    elif ! grep -qF "lattice train: fatal SIG$sig ($what" <<<"$(head -n 1 err)"; then
       fail "$sig: the first line of stderr does not name the signal: $(head -n 1 err)"
     elif grep -q "(_ZN7lattice" err; then
       pass "$sig: reported ($(grep -c "(_ZN7lattice" err) lattice frames) and exit status $rc"

@@ -44,7 +44,8 @@ mpi_error() {
     p=${rest%%|*}
     rest=${rest#*|}
     [ -z "$p" ] && continue
-    if ! printf '%s\n' "$lines" | grep -qiF -- "$p"; then fail "$name: the error does not mention '$p'"; ok=0; fi
+    # (a here-string: under pipefail, `printf | grep -q` fails when grep's early exit kills printf by SIGPIPE)
+    if ! grep -qiF -- "$p" <<<"$lines"; then fail "$name: the error does not mention '$p'"; ok=0; fi
   done
   if [ "$ok" -eq 1 ]; then
     pass "$name: $(printf '%s\n' "$lines" | head -n 1) ($n rank(s), exit $rc)"
