@@ -458,55 +458,54 @@ SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model) {
 SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src) {
   const TransformerConfig& c = src.config;
   auto shapes = std::make_shared<const std::map<std::string, Shape>>(hf_shapes(c, false));
-  // Each HF tensor made when written, in the writer's buffer: a layer's experts' tensors ([E, ...]) an expert at a
-  // time from that expert's one parameter each feeds, a tensor outside the layers from its parameter; a layer's
+  // Each HF tensor made when written: a layer's experts' tensors ([E, ...]) in pieces of an expert, each from
+  // the one parameter of that expert it comes from; a tensor outside the layers from its parameter; a layer's
   // other tensors made together once from their parameters (that part alone in memory).
   struct Part {
     std::string key;  // "model.layers.<l>."
     std::map<std::string, std::vector<float>> hf;
   };
   auto part = std::make_shared<Part>();
+  auto unused = [](const std::string& name, const std::string& n) -> float* {
+    LATTICE_FAIL() << "GPT-OSS export: " << name << " asked for " << n;
+  };
   SafetensorsWriter w;
   for (const auto& [name, shape] : *shapes) {
-    w.add_produced(name, "F32", shape, size_t(shape_numel(shape)) * sizeof(float),
-                   [src, shapes, part, name = name](uint8_t* bytes) {
-                     float* out = reinterpret_cast<float*>(bytes);
-                     const TransformerConfig& c = src.config;
-                     const int64_t l = hf_layer_of(name);
-                     std::map<std::string, std::vector<float>> params;
-                     auto param = [&](const std::string& n) { return (params[n] = hf::read_param(src, n)).data(); };
-                     auto unused = [&](const std::string& n) -> float* {
-                       LATTICE_FAIL() << "GPT-OSS export: " << name << " asked for " << n;
-                     };
-                     const std::string experts = l >= 0 ? hf_layer(l) + "mlp.experts." : "";
-                     if (l < 0) {  // the embedding, the final norm or the output layer: this tensor alone
-                       auto hf = [&](const std::string&) { return out; };
-                       map_part(c, l, Mapper{false}, param, hf, [&](const std::string& n, int64_t) { return unused(n); },
-                                name);
-                     } else if (name.compare(0, experts.size(), experts) == 0) {
-                       const int64_t per = shape_numel(shapes->at(name)) / c.num_experts;
-                       for (int64_t e = 0; e < c.num_experts; ++e) {
-                         params.clear();
-                         map_expert(c, l, e, Mapper{false}, param,
-                                    [&](const std::string&, int64_t ex) { return out + ex * per; },
-                                    name.substr(experts.size()));
-                       }
-                     } else {
-                       if (part->key != hf_layer(l)) {
-                         part->hf.clear();
-                         auto hf = [&](const std::string& n) -> float* {
-                           std::vector<float>& v = part->hf[n];
-                           if (v.empty()) v.assign(size_t(shape_numel(shapes->at(n))), 0.0f);
-                           return v.data();
-                         };
-                         map_part(c, l, Mapper{false}, param, hf,
-                                  [&](const std::string& n, int64_t) { return unused(n); });
-                         part->key = hf_layer(l);
-                       }
-                       const std::vector<float>& v = part->hf.at(name);
-                       std::memcpy(out, v.data(), v.size() * sizeof(float));
-                     }
-                   });
+    const size_t bytes = size_t(shape_numel(shape)) * sizeof(float);
+    const int64_t l = hf_layer_of(name);
+    const std::string experts = l >= 0 ? hf_layer(l) + "mlp.experts." : "";
+    if (l >= 0 && name.compare(0, experts.size(), experts) == 0) {
+      w.add_produced(name, "F32", shape, bytes, c.num_experts,
+                     [src, l, tensor = name.substr(experts.size())](int64_t e, uint8_t* out) {
+                       std::map<std::string, std::vector<float>> params;
+                       auto param = [&](const std::string& n) { return (params[n] = hf::read_param(src, n)).data(); };
+                       map_expert(src.config, l, e, Mapper{false}, param,
+                                  [&](const std::string&, int64_t) { return reinterpret_cast<float*>(out); }, tensor);
+                     });
+      continue;
+    }
+    w.add_produced(name, "F32", shape, bytes, [src, shapes, part, unused, l, name = name](uint8_t* bytes_out) {
+      float* out = reinterpret_cast<float*>(bytes_out);
+      std::map<std::string, std::vector<float>> params;
+      auto param = [&](const std::string& n) { return (params[n] = hf::read_param(src, n)).data(); };
+      auto no_expert = [&](const std::string& n, int64_t) { return unused(name, n); };
+      if (l < 0) {  // the embedding, the final norm or the output layer: this tensor alone
+        map_part(src.config, l, Mapper{false}, param, [&](const std::string&) { return out; }, no_expert, name);
+        return;
+      }
+      if (part->key != hf_layer(l)) {
+        part->hf.clear();
+        auto hf = [&](const std::string& n) -> float* {
+          std::vector<float>& v = part->hf[n];
+          if (v.empty()) v.assign(size_t(shape_numel(shapes->at(n))), 0.0f);
+          return v.data();
+        };
+        map_part(src.config, l, Mapper{false}, param, hf, no_expert);
+        part->key = hf_layer(l);
+      }
+      const std::vector<float>& v = part->hf.at(name);
+      std::memcpy(out, v.data(), v.size() * sizeof(float));
+    });
   }
   w.set_metadata("format", "pt");
   return w;

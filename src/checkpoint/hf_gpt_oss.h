@@ -63,8 +63,8 @@ HfSource open_hf_gpt_oss(const std::string& dir, int64_t divisible_by = 128);
 // The model's parameters as HF tensors (F32, vocabulary trimmed to vocab_size, the experts
 // dequantized, lm_head.weight only when untied).
 SafetensorsWriter export_hf_gpt_oss_tensors(const GPTModel& model);
-// The same from a model's parameters wherever they are: each HF tensor made when written (an experts' tensor an
-// expert at a time, a layer's other tensors together).
+// The same from a model's parameters wherever they are: each HF tensor made when written (an experts' tensor
+// in pieces of an expert, a layer's other tensors together).
 SafetensorsWriter export_hf_gpt_oss_tensors(const hf::ExportSource& src);
 
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings).

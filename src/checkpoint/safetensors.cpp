@@ -355,8 +355,18 @@ void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64
 void SafetensorsWriter::add_produced(const std::string& name, const std::string& dtype,
                                      const std::vector<int64_t>& shape, size_t bytes,
                                      std::function<void(uint8_t* out)> produce) {
+  add_produced(name, dtype, shape, bytes, 1, [produce = std::move(produce)](int64_t, uint8_t* out) { produce(out); });
+}
+
+void SafetensorsWriter::add_produced(const std::string& name, const std::string& dtype,
+                                     const std::vector<int64_t>& shape, size_t bytes, int64_t pieces,
+                                     std::function<void(int64_t piece, uint8_t* out)> produce) {
   check_entry(name, dtype, shape, bytes);
-  entries_.push_back(Entry{name, dtype, shape, nullptr, nullptr, bytes, std::move(produce)});
+  LATTICE_CHECK(pieces >= 1 && bytes % size_t(pieces) == 0 &&
+                (bytes / size_t(pieces)) % safetensors_dtype_size(dtype) == 0)
+      << "safetensors writer: tensor '" << name << "': " << bytes << " bytes do not split into " << pieces
+      << " pieces of whole elements";
+  entries_.push_back(Entry{name, dtype, shape, nullptr, nullptr, bytes, std::move(produce), pieces});
 }
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
@@ -368,14 +378,14 @@ void SafetensorsWriter::cast_f32(const std::string& dtype) {
   if (dtype != "BF16" && dtype != "F16")
     LATTICE_FAIL() << "safetensors writer: cannot cast F32 tensors to " << dtype << " (BF16 or F16)";
   const bool bf16 = dtype == "BF16";
-  // n F32 values at `in` as 2-byte values at `out`.
-  auto cast = [bf16](const std::string& name, const uint8_t* in, size_t n, uint8_t* out) {
+  // n F32 values at `in` as 2-byte values at `out` (the tensor's elements from `first`).
+  auto cast = [bf16](const std::string& name, const uint8_t* in, size_t n, uint8_t* out, size_t first = 0) {
     for (size_t i = 0; i < n; ++i) {
       float v;
       std::memcpy(&v, in + 4 * i, 4);
       const uint16_t h = bf16 ? math::fp32_to_bf16(v) : math::fp32_to_fp16(v);
       if (!bf16 && std::isfinite(v) && (h & 0x7c00u) == 0x7c00u)
-        LATTICE_FAIL() << "tensor " << name << ": value " << v << " at index " << i
+        LATTICE_FAIL() << "tensor " << name << ": value " << v << " at index " << first + i
                        << " is beyond float16's range (65504); export it as bfloat16 or float32";
       out[2 * i] = uint8_t(h & 0xff);
       out[2 * i + 1] = uint8_t(h >> 8);
@@ -386,11 +396,12 @@ void SafetensorsWriter::cast_f32(const std::string& dtype) {
     const size_t n = e.bytes / 4;
     e.dtype = dtype;
     e.bytes = 2 * n;
-    if (e.produce) {  // cast when produced: the F32 values in a buffer of their own, then the 2-byte ones
-      e.produce = [f32 = std::move(e.produce), cast, name = e.name, n](uint8_t* out) {
-        std::vector<uint8_t> values(4 * n);
-        f32(values.data());
-        cast(name, values.data(), n, out);
+    if (e.produce) {  // cast when produced: each piece's F32 values in a buffer of their own, then the 2-byte ones
+      const size_t per = n / size_t(e.pieces);
+      e.produce = [f32 = std::move(e.produce), cast, name = e.name, per](int64_t piece, uint8_t* out) {
+        std::vector<uint8_t> values(4 * per);
+        f32(piece, values.data());
+        cast(name, values.data(), per, out, size_t(piece) * per);
       };
       continue;
     }
@@ -455,15 +466,17 @@ void SafetensorsWriter::write(const std::string& path) const {
       write_all(fd, e.data, e.bytes, tmp);
       continue;
     }
-    std::vector<uint8_t> produced(e.bytes);
-    try {
-      e.produce(produced.data());
-    } catch (...) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw;
+    std::vector<uint8_t> produced(e.bytes / size_t(e.pieces));
+    for (int64_t piece = 0; piece < e.pieces; ++piece) {
+      try {
+        e.produce(piece, produced.data());
+      } catch (...) {
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw;
+      }
+      write_all(fd, produced.data(), produced.size(), tmp);
     }
-    write_all(fd, produced.data(), produced.size(), tmp);
   }
   if (::fsync(fd) != 0) {
     int err = errno;

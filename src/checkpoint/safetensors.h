@@ -121,6 +121,10 @@ class SafetensorsWriter {
   // tensor's data at a time. produce may be called again by another write().
   void add_produced(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
                     size_t bytes, std::function<void(uint8_t* out)> produce);
+  // The same made in `pieces` equal consecutive parts (bytes / pieces each, a whole number of elements):
+  // produce(i, out) writes part i, so one part's data is held at a time (an experts' tensor an expert at a time).
+  void add_produced(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+                    size_t bytes, int64_t pieces, std::function<void(int64_t piece, uint8_t* out)> produce);
   void set_metadata(const std::string& key, const std::string& value);
   // Every F32 tensor converted to `dtype`: BF16 or F16, rounded to nearest even (F32: nothing
   // changes). A finite value beyond F16's range is an error naming the tensor.
@@ -143,7 +147,8 @@ class SafetensorsWriter {
     std::shared_ptr<const void> owner;  // what holds the bytes (null: borrowed, add_view's)
     const uint8_t* data = nullptr;
     size_t bytes = 0;
-    std::function<void(uint8_t*)> produce;  // add_produced's (data null)
+    std::function<void(int64_t, uint8_t*)> produce = nullptr;  // add_produced's (data null): piece i of `pieces`
+    int64_t pieces = 1;
   };
   // The checks of every add: a new valid name, `bytes` matching dtype and shape.
   void check_entry(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,

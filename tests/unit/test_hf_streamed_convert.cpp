@@ -220,5 +220,41 @@ TEST(HfStreamedConvert, ProducedTensorsCastAndSplitAsStoredOnes) {
   }
 }
 
+// A tensor produced in pieces (an experts' tensor an expert at a time): each piece asked for once, in order,
+// into a buffer of one piece; the same bytes as the whole tensor stored, cast too; a cast piece's float16
+// overflow names the tensor's own index; pieces that split an element are refused.
+TEST(HfStreamedConvert, ProducedPiecesWriteTheWholeTensor) {
+  const std::vector<float> a = {1.0f, -2.5f, 3.25e-3f, 4.0f, 5.5f, -6.0f};
+  for (const char* dtype : {"F32", "BF16", "F16"}) {
+    SCOPED_TRACE(dtype);
+    std::vector<int64_t> asked;
+    SafetensorsWriter stored, produced;
+    stored.add_f32("a", {3, 2}, a.data());
+    produced.add_produced("a", "F32", {3, 2}, a.size() * 4, 3, [&](int64_t piece, uint8_t* out) {
+      asked.push_back(piece);
+      std::memcpy(out, a.data() + 2 * piece, 8);
+    });
+    stored.cast_f32(dtype);
+    produced.cast_f32(dtype);
+    TempDir out(std::string("pieces_") + dtype);
+    stored.write(out.str() + "/s");
+    produced.write(out.str() + "/p");
+    EXPECT_EQ(file_bytes(out.str() + "/s"), file_bytes(out.str() + "/p"));
+    EXPECT_EQ(asked, (std::vector<int64_t>{0, 1, 2}));
+  }
+  SafetensorsWriter big;
+  big.add_produced("w", "F32", {4}, 16, 2, [](int64_t piece, uint8_t* out) {
+    const float v[2] = {1.0f, piece == 1 ? 1e6f : 2.0f};
+    std::memcpy(out, v, 8);
+  });
+  big.cast_f32("F16");
+  TempDir out("pieces_overflow");
+  hf_test::expect_one_line_error([&] { big.write(out.str() + "/w"); }, {"tensor w: value 1e+06 at index 3"});
+  SafetensorsWriter odd;
+  hf_test::expect_one_line_error(
+      [&] { odd.add_produced("x", "F32", {3}, 12, 2, [](int64_t, uint8_t*) {}); },
+      {"tensor 'x': 12 bytes do not split into 2 pieces of whole elements"});
+}
+
 }  // namespace
 }  // namespace lattice
