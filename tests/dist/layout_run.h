@@ -2,7 +2,8 @@
 // losses and gradient norms per iteration and each parameter part this rank holds
 // against the same box of the single run's whole tensor (vocabulary rows beyond the
 // single run's padding skipped, and key biases whose gradient is rounding noise when the
-// run names them), all to 1e-5 relative in fp32 (RunTolerance for the low-precision formats).
+// run names them), all to 1e-5 relative in fp32 (RunTolerance for the low-precision formats),
+// each parameter element with its rounding spread on top when the test measured it.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -24,7 +25,46 @@ struct LayoutRun {
   int peak_activations = 0;
   int64_t warmup = 0;
   std::vector<int64_t> key_bias_noise;     // key_bias_elements of the run's model (the single run's is read)
+  std::vector<float> rounding_spread;      // the single run's: measure_rounding_spread's, per element of params
 };
+
+// A layout sums in another order than the single process, so its gradients differ by rounding, and Adam
+// divides each gradient by its own running RMS: an element whose gradient is small against the rounding of the
+// terms that make it (terms that nearly cancel) takes steps whose size and sign rounding picks, for up to lr
+// each. Such an element's final value is not set by the math to 1e-5, in any layout. The single run shows
+// which: train it again from initial parameters each moved by a relative kRoundingPerturbation (about 16 fp32
+// ulps, the size of the differences a layout's sums leave in the forward), and each element's rounding
+// spread is how far its final value moved. expect_same_run allows each element its spread on top of the
+// tolerance. A well-conditioned element's spread is about 1e-8 (measured: the median 1e-8, the 99.9th
+// percentile 8e-7 after 20 steps of lr 1e-3), so a layout's error still has to stay within the tolerance;
+// an ill-conditioned one's reaches 6e-5 (one expert's fc1 element, value -1.2e-4, its gradient nearly
+// cancelling; a layout run on AVX2 GEMMs ends 1.3e-5 off there).
+constexpr double kRoundingPerturbation = 1e-6;
+
+// Moves every parameter element by a relative (-1, 1) x `relative`, from a fixed pseudo-random sequence.
+inline void perturb_parameters(ParamBuffer& params, double relative) {
+  std::vector<float> w;
+  params.download_params(w);
+  uint64_t h = 0x9e3779b97f4a7c15ull;  // xorshift64
+  for (float& x : w) {
+    h ^= h << 13;
+    h ^= h >> 7;
+    h ^= h << 17;
+    const double r = double(h >> 11) / double(1ull << 52) - 1;  // [-1, 1)
+    x = float(double(x) * (1 + relative * r));
+  }
+  params.upload_params(w.data());
+}
+
+// |single - perturbed| per element of the final parameters: `perturbed` trained as `single` was, from its
+// initial parameters moved by perturb_parameters(kRoundingPerturbation).
+inline std::vector<float> measure_rounding_spread(const LayoutRun& single, const LayoutRun& perturbed) {
+  EXPECT_EQ(single.params.size(), perturbed.params.size());
+  std::vector<float> spread(single.params.size());
+  for (size_t i = 0; i < spread.size() && i < perturbed.params.size(); ++i)
+    spread[i] = std::fabs(perturbed.params[i] - single.params[i]);
+  return spread;
+}
 
 // The elements of linear_qkv.bias that are the attention's key bias when its gradient is zero but for
 // rounding: with the vanilla softmax, no rotary embedding and no q/k norm, a bias on the keys adds the same
@@ -77,6 +117,9 @@ inline RunDifference expect_same_run(const LayoutRun& got, const LayoutRun& sing
     return name.size() >= qkv_bias.size() && name.compare(name.size() - qkv_bias.size(), qkv_bias.size(), qkv_bias) == 0 &&
            std::binary_search(single.key_bias_noise.begin(), single.key_bias_noise.end(), index);
   };
+  const bool spread = !single.rounding_spread.empty();
+  EXPECT_TRUE(!spread || single.rounding_spread.size() == single.params.size());
+  // max_err: the largest difference beyond the element's rounding spread (its whole difference without one)
   double max_ref = 0, max_err = 0;
   int64_t compared = 0;
   std::string worst;
@@ -98,17 +141,20 @@ inline RunDifference expect_same_run(const LayoutRun& got, const LayoutRun& sing
       for (int64_t i = 0; i < rows && r0 + i < wrows; ++i)
         for (int64_t j = 0; j < cols; ++j) {
           if (noise(p.name, (r0 + i) * wcols + c0 + j)) continue;
-          const double want = single.params[size_t(w.offset + (r0 + i) * wcols + c0 + j)];
+          const size_t at = size_t(w.offset + (r0 + i) * wcols + c0 + j);
+          const double want = single.params[at];
           const double have = got.params[size_t(p.offset + box.local_offset + i * cols + j)];
+          const double err = std::fabs(have - want) - (spread ? double(single.rounding_spread[at]) : 0.0);
           max_ref = std::max(max_ref, std::fabs(want));
-          if (std::fabs(have - want) > max_err) worst = p.name;
-          max_err = std::max(max_err, std::fabs(have - want));
+          if (err > max_err) worst = p.name;
+          max_err = std::max(max_err, err);
           ++compared;
         }
     }
   }
   EXPECT_GT(compared, 0);
-  EXPECT_LE(max_err, tol.params * max_ref) << "final parameters (largest difference in " << worst << ")";
+  EXPECT_LE(max_err, tol.params * max_ref) << "final parameters (largest difference" << (spread ? " beyond the rounding spread" : "")
+                                             << " in " << worst << ")";
   d.params = max_ref > 0 ? max_err / max_ref : 0;
   return d;
 }
