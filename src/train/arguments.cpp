@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -431,6 +432,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"distributed-backend", Kind::str, &a.implementation.distributed_backend,
        "nccl or gloo: accepted; lattice uses NCCL for GPU tensors and MPI for CPU ones"},
       {"num-workers", Kind::i64, &a.implementation.num_workers, "accepted: samples are read in-process from mmap"},
+      {"dataloader-type", Kind::str, &a.implementation.dataloader_type,
+       "single: the samples in the dataset's (shuffled) order, Megatron's default; cyclic and external are not "
+       "implemented"},
       {"timing-log-level", Kind::i64, &a.implementation.timing_log_level,
        "0, 1 or 2: accepted; --log-timers-to-tensorboard and --profile-ops give lattice's timings"},
       {"accumulate-allreduce-grads-in-fp32", Kind::flag, &a.implementation.accumulate_allreduce_grads_in_fp32,
@@ -500,6 +504,15 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "flash, fused, unfused, local or auto: accepted for Megatron compatibility (lattice's own flash attention)"},
       {"profile-ops", Kind::flag, &a.profile_ops,
        "time every kernel after the first iteration; a table of calls and ms per iteration at the end"},
+      {"profile", Kind::flag, &a.profile,
+       "Megatron's profiling window: the --profile-ops table of iterations --profile-step-start + 1 to "
+       "--profile-step-end, logged by each rank of --profile-ranks"},
+      {"profile-step-start", Kind::i64, &a.profile_step_start,
+       "with --profile: profile from the step after this many iterations"},
+      {"profile-step-end", Kind::i64, &a.profile_step_end, "with --profile: stop profiling after this iteration"},
+      {"profile-ranks", Kind::list, &a.profile_ranks, "with --profile: the global ranks that profile and log a table"},
+      {"use-pytorch-profiler", Kind::flag, &a.use_pytorch_profiler,
+       "refused: lattice has no PyTorch profiler (--profile gives its op table)"},
   };
 }
 
@@ -729,6 +742,15 @@ void validate(TrainArgs& a) {
   if (a.global_batch_size < 0) LATTICE_FAIL() << "--global-batch-size must be positive";
   if (a.profile_ops && a.train_iters < 2)
     LATTICE_FAIL() << "--profile-ops needs 2 or more iterations (the first is warm-up), got " << a.train_iters;
+  if (a.use_pytorch_profiler)
+    LATTICE_FAIL() << "--use-pytorch-profiler: lattice has no PyTorch profiler; --profile logs lattice's op table "
+                      "over the same steps";
+  if (a.profile && a.profile_ops)
+    LATTICE_FAIL() << "--profile and --profile-ops choose different steps to profile: give one";
+  if (a.profile && (a.profile_step_start < 0 || a.profile_step_end <= a.profile_step_start))
+    LATTICE_FAIL() << "--profile-step-start " << a.profile_step_start << " and --profile-step-end "
+                   << a.profile_step_end << " select no step (0 <= start < end)";
+  a.profile_rank_list();  // each a number
   if (a.global_batch_size % a.micro_batch_size != 0)
     LATTICE_FAIL() << "--global-batch-size " << a.global_batch_size
                    << " is not a multiple of --micro-batch-size " << a.micro_batch_size;
@@ -800,6 +822,11 @@ void validate(TrainArgs& a) {
   if (impl.distributed_backend != "nccl" && impl.distributed_backend != "gloo")
     LATTICE_FAIL() << "--distributed-backend must be nccl or gloo, got '" << impl.distributed_backend << "'";
   if (impl.num_workers < 0) LATTICE_FAIL() << "--num-workers must be >= 0, got " << impl.num_workers;
+  if (impl.dataloader_type != "single")
+    LATTICE_FAIL() << "--dataloader-type " << impl.dataloader_type
+                   << (impl.dataloader_type == "cyclic" || impl.dataloader_type == "external"
+                           ? " is not implemented: lattice reads the samples in the dataset's order (single)"
+                           : " must be single, cyclic or external");
   if (impl.timing_log_level < 0 || impl.timing_log_level > 2)
     LATTICE_FAIL() << "--timing-log-level must be 0, 1 or 2, got " << impl.timing_log_level;
   if (impl.accumulate_allreduce_grads_in_fp32 && a.grad_reduce_in_bf16)
@@ -898,6 +925,18 @@ void validate(TrainArgs& a) {
 }
 
 }  // namespace
+
+std::vector<int> TrainArgs::profile_rank_list() const {
+  std::vector<int> ranks;
+  for (const std::string& r : profile_ranks) {
+    const int64_t rank = parse_number<int64_t>("profile-ranks", r);
+    if (rank < 0 || rank > std::numeric_limits<int>::max())
+      LATTICE_FAIL() << "--profile-ranks: " << r << " is not a rank (0 or more)";
+    ranks.push_back(int(rank));
+  }
+  if (ranks.empty()) LATTICE_FAIL() << "--profile-ranks needs one rank or more";
+  return ranks;
+}
 
 std::optional<BatchSizeRampup> TrainArgs::rampup() const {
   if (rampup_batch_size.size() != 3) return std::nullopt;

@@ -257,6 +257,7 @@ struct TrainArgs {
     std::string moe_token_dispatcher_type = "allgather";  // Megatron's default; lattice dispatches by all-to-all
     int64_t expert_tensor_parallel_size = 0;               // 0: Megatron's default, the tensor-parallel size
     int64_t num_workers = 2, timing_log_level = 0, num_dataset_builder_threads = 1, empty_unused_memory_level = 0;
+    std::string dataloader_type = "single";  // Megatron's default sampler: the dataset's samples in order
   } implementation;
   bool use_rotary_position_embeddings = false;  // Megatron's older spelling of --position-embedding-type rope
   // Megatron's multi-latent attention spellings of the rotary options: --rope-type rope|yarn (the position
@@ -266,6 +267,12 @@ struct TrainArgs {
   bool no_position_embedding = false;           // no learned position table: with rope, as rope is
   bool exit_on_missing_checkpoint = false;      // --load without a checkpoint is an error
   bool profile_ops = false;  // per-op time table at the end (train/op_profile_report.h)
+  // Megatron's --profile window: the op table of the steps that start with profile_step_start to
+  // profile_step_end - 1 iterations done (iterations start + 1 to end), on each rank of --profile-ranks.
+  bool profile = false, use_pytorch_profiler = false;
+  int64_t profile_step_start = 10, profile_step_end = 12;
+  std::vector<std::string> profile_ranks = {"0"};
+  std::vector<int> profile_rank_list() const;  // --profile-ranks as numbers (checked by parse_train_args)
 
   int64_t num_micro_batches() const { return global_batch_size / micro_batch_size; }
   // --rampup-batch-size's ramp, if given.

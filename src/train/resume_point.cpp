@@ -26,11 +26,12 @@ CheckpointChoice choose_checkpoint(const TrainArgs& args) {
   // Non-persistent checkpoints (Megatron's global kind): the newer of --load's and its non-persistent one.
   if (c.dir == args.load && args.ckpt_step < 0 && args.non_persistent()) {
     const std::string np = non_persistent_dir(args, args.load);
-    const std::optional<int64_t> np_it = has_checkpoint(np) ? read_latest_iteration(np) : std::nullopt;
-    const std::optional<int64_t> it = has_checkpoint(c.dir) ? read_latest_iteration(c.dir) : std::nullopt;
-    if (np_it && (!it || *np_it > *it)) {
-      c.note = "> the non-persistent checkpoint " + np + " (iteration " + std::to_string(*np_it) +
-               ") is newer than --load's" + (it ? " (iteration " + std::to_string(*it) + ")" : std::string());
+    // -1: no checkpoint, or a release one (no iteration)
+    const int64_t np_it = has_checkpoint(np) ? read_latest_iteration(np).value_or(-1) : -1;
+    const int64_t it = has_checkpoint(c.dir) ? read_latest_iteration(c.dir).value_or(-1) : -1;
+    if (np_it >= 0 && np_it > it) {
+      c.note = "> the non-persistent checkpoint " + np + " (iteration " + std::to_string(np_it) +
+               ") is newer than --load's" + (it >= 0 ? " (iteration " + std::to_string(it) + ")" : std::string());
       c.dir = np;
     }
   }

@@ -284,6 +284,11 @@ int run_training(const TrainArgs& args) {
   const auto job_start = std::chrono::steady_clock::now();  // --log-progress's job throughput
   if (args.log_progress && ps->world_rank() == 0) append_progress_line(args.save, ps->world_size(), "Starting job");
   set_log_info_enabled(ps->world_rank() == 0);
+  std::vector<int> profile_ranks;  // --profile
+  if (args.profile) profile_ranks = args.profile_rank_list();
+  for (int r : profile_ranks)
+    if (r >= ps->world_size())
+      LATTICE_FAIL() << "--profile-ranks " << r << ": no such rank (" << ps->world_size() << " in all)";
   log_info(device_line);
   check_same_config_across_ranks(*ps, args.to_json());
   const int threads = threads_per_rank(args.num_threads, *ps);
@@ -562,12 +567,15 @@ int run_training(const TrainArgs& args) {
   double last_norm = 0;
   StepResult last;  // the interval's last step (its zeros count and parameter norm are logged)
   double pipeline_seconds = 0, pipeline_compute = 0;  // this stage's schedule time, computing part
-  OpProfileWindow op_profile(args.profile_ops);
+  const bool profile_here = std::count(profile_ranks.begin(), profile_ranks.end(), ps->world_rank()) > 0;
+  OpProfileWindow op_profile = profile_here
+                                   ? OpProfileWindow(args.profile_step_start, args.profile_step_end, ps->world_rank())
+                                   : OpProfileWindow(args.profile_ops);
   // --skip-train (Megatron's): no step and no checkpoint; the evaluations below at the loaded iteration.
   const int64_t end_iteration = args.skip_train ? start.iteration : args.train_iters;
   for (int64_t it = start.iteration; it < end_iteration; ++it) {
     Timer timer;
-    op_profile.before_step();
+    op_profile.before_step(it);
     // --rampup-batch-size: this step's global batch, from the samples consumed so far.
     const int64_t batch = args.batch_size_at(consumed);
     StepConfig cfg_now = step_cfg;

@@ -2,11 +2,14 @@
 # lattice train --profile-ops: after the warm-up iteration every kernel call is timed, and the
 # log ends with the table (op, calls and ms per iteration, % of the op time, longest first) and
 # the op time per iteration against the measured one. Without the flag there is no table.
+# --profile (Megatron's): the same table over --profile-step-start/--profile-step-end's
+# iterations, logged by each rank of --profile-ranks.
 #   bash tests/e2e/test_profile_ops.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
 e2e_init "$@"
 cd "$TMP" || exit 1
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1)
 
 # 1 layer, 2 micro-batches per iteration; --train-iters 4 below: 3 iterations profiled.
 TINY=(train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16
@@ -80,4 +83,38 @@ else
 fi
 expect_error "one iteration" "--profile-ops|2 or more iterations" -- \
   "$LATTICE" "${TINY[@]}" --profile-ops --train-iters 1
+
+# Megatron's --profile window: the steps after 1 to 2 iterations done (iterations 2 and 3) of 4,
+# the same table as --profile-ops (the same rows per iteration), logged by rank 0 (the default).
+if "$LATTICE" "${TINY[@]}" --train-iters 4 --profile --profile-step-start 1 --profile-step-end 3 >window.out \
+  2>window.err; then
+  grep -qF '> op profile (--profile) of rank 0 over iterations 2 to 3, wall time of each kernel call on the host:' \
+    window.out && pass "--profile: iterations 2 to 3 on rank 0" || fail "--profile: no heading for iterations 2 to 3"
+  sed -n '/^> op profile/,/^> op time per iteration/p' window.out | sed '1,2d;$d' >rows.txt
+  [ "$(calls gemm_f32)" = "30.0" ] && pass "--profile: gemm_f32 30.0 calls per iteration" ||
+    fail "--profile: gemm_f32 calls/iter '$(calls gemm_f32)', expected 30.0"
+else
+  fail "--profile run exited non-zero: $(tail -n 3 window.err)"
+fi
+# A window past the run: said so, not silently nothing.
+if "$LATTICE" "${TINY[@]}" --train-iters 4 --profile >late.out 2>late.err; then
+  grep -qF '> op profile (--profile) of rank 0: no iteration profiled (--profile-step-start 10 and --profile-step-end 12 select iterations 11 to 12, which this run did not train)' \
+    late.out && pass "--profile past the run: no iteration profiled, said" || fail "--profile past the run: $(grep 'op profile' late.out)"
+else
+  fail "--profile past the run exited non-zero: $(tail -n 3 late.err)"
+fi
+# Two processes, --profile-ranks 1: rank 1 logs its table (rank 0's log has none of its own).
+if "${MPIRUN[@]}" -np 2 "$LATTICE" "${TINY[@]}" --train-iters 3 --profile --profile-step-start 1 --profile-step-end 3 \
+  --profile-ranks 1 >ranks.out 2>ranks.err; then
+  [ "$(grep -c '^> op profile' ranks.out)" = 1 ] &&
+    grep -qF '> op profile (--profile) of rank 1 over iterations 2 to 3,' ranks.out &&
+    pass "--profile-ranks 1 under 2 processes: rank 1's table only" ||
+    fail "--profile-ranks 1: $(grep '^> op profile' ranks.out)"
+else
+  fail "--profile-ranks 1 under mpirun exited non-zero: $(tail -n 3 ranks.err)"
+fi
+expect_error "--profile-ranks past the world" "--profile-ranks 1|no such rank (1 in all)" -- \
+  "$LATTICE" "${TINY[@]}" --train-iters 3 --profile --profile-ranks 1
+expect_error "--use-pytorch-profiler" "--use-pytorch-profiler|no PyTorch profiler" -- \
+  "$LATTICE" "${TINY[@]}" --train-iters 3 --profile --use-pytorch-profiler
 e2e_finish

@@ -148,7 +148,7 @@ awk -v d="$d" -v m="$m" 'BEGIN { exit !(d < 1e-5 && m > 1e-4) }' &&
 IMPL=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn --attention-softmax-in-fp32
       --no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion --no-bias-swiglu-fusion --no-rope-fusion
       --no-gradient-accumulation-fusion --no-async-tensor-model-parallel-allreduce --overlap-p2p-communication
-      --manual-gc --distributed-backend nccl --num-workers 8 --timing-log-level 2 --accumulate-allreduce-grads-in-fp32
+      --manual-gc --distributed-backend nccl --num-workers 8 --dataloader-type single --timing-log-level 2 --accumulate-allreduce-grads-in-fp32
       --cross-entropy-loss-fusion --no-persist-layer-norm --use-cpu-initialization --no-create-attention-mask-in-dataloader
       --no-mmap-bin-files --num-dataset-builder-threads 4 --deterministic-mode --apply-query-key-layer-scaling
       --empty-unused-memory-level 1 --async-save --moe-grouped-gemm --moe-permute-fusion --moe-token-dispatcher-type alltoall
