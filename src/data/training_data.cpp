@@ -46,6 +46,18 @@ BlendSpec parse_blend(const std::vector<std::string>& list, const char* flag) {
   return b;
 }
 
+std::vector<std::string> validation_set_prefixes(const std::vector<std::string>& list) {
+  if (list.empty()) LATTICE_FAIL() << "--multiple-validation-sets needs --valid-data-path (its datasets are the sets)";
+  for (const std::string& p : list) {
+    char* end = nullptr;
+    std::strtod(p.c_str(), &end);
+    if (!p.empty() && *end == '\0')
+      LATTICE_FAIL() << "--multiple-validation-sets: --valid-data-path takes no weights (each dataset is a set of its "
+                        "own, evaluated alone), got " << p;
+  }
+  return list;
+}
+
 namespace {
 
 struct Builder {
@@ -157,7 +169,13 @@ TrainingData make_training_data(const TrainArgs& args, int64_t vocab_size) {
   }
   Builder b{args, vocab_size, {}};
   t.train = build_split(b, Split::train, t.counts.train, t.summary);
-  t.valid = build_split(b, Split::valid, t.counts.valid, t.summary);
+  if (args.multiple_validation_sets && t.counts.valid > 0) {
+    for (const std::string& prefix : validation_set_prefixes(args.valid_data_path))
+      t.valid_sets.push_back(b.build(BlendSpec{{prefix}, {}}, Split::valid, t.counts.valid, true, "valid-data-path",
+                                     t.summary));
+  } else {
+    t.valid = build_split(b, Split::valid, t.counts.valid, t.summary);
+  }
   t.test = build_split(b, Split::test, t.counts.test, t.summary);
   return t;
 }

@@ -31,10 +31,18 @@ struct BlendSpec {
 };
 BlendSpec parse_blend(const std::vector<std::string>& list, const char* flag);
 
+// --multiple-validation-sets' sets: --valid-data-path's prefixes, one set each. Fails on an empty
+// list and on a weight (an entry that is a number): each set is evaluated alone, unblended.
+std::vector<std::string> validation_set_prefixes(const std::vector<std::string>& valid_data_path);
+
 struct TrainingData {
   // valid/test are null when that split is not built (no samples asked for, a split
   // weight of 0, or no --valid-/--test-data-path): that evaluation is skipped.
   std::shared_ptr<const SampleSource> train, valid, test;
+  // --multiple-validation-sets: each --valid-data-path dataset alone, built as a validation
+  // split of its own (Megatron's: each the whole file, the split's sample count); valid is
+  // then null.
+  std::vector<std::shared_ptr<const SampleSource>> valid_sets;
   SampleCounts counts;
   std::string summary;  // one line per split: what it reads and how many samples it holds
 };

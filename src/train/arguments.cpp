@@ -302,6 +302,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"data-cache-path", Kind::str, &a.data_cache_path, "where dataset index files are cached"},
       {"train-data-path", Kind::list, &a.train_data_path, "training data ([w1] p1 [w2 p2 ...])"},
       {"valid-data-path", Kind::list, &a.valid_data_path, "validation data ([w1] p1 ...)"},
+      {"multiple-validation-sets", Kind::flag, &a.multiple_validation_sets,
+       "evaluate each --valid-data-path dataset (given without weights) on its own: a validation loss per set"},
       {"test-data-path", Kind::list, &a.test_data_path, "test data ([w1] p1 ...)"},
       {"eval-interval", Kind::i64, &a.eval_interval, "iterations between validation evaluations"},
       {"eval-iters", Kind::i64, &a.eval_iters, "batches per evaluation"},
@@ -890,7 +892,8 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "no training data: give --data-path PREFIX, --train-data-path PREFIX or --mock-data";
   if (!a.data_path.empty()) parse_blend(a.data_path, "data-path");  // weights > 0, pairs
   if (!a.train_data_path.empty()) parse_blend(a.train_data_path, "train-data-path");
-  if (!a.valid_data_path.empty()) parse_blend(a.valid_data_path, "valid-data-path");
+  if (a.multiple_validation_sets) validation_set_prefixes(a.valid_data_path);
+  else if (!a.valid_data_path.empty()) parse_blend(a.valid_data_path, "valid-data-path");
   if (!a.test_data_path.empty()) parse_blend(a.test_data_path, "test-data-path");
   split_ranges(a.split, 0);  // names a malformed --split
   if (a.eval_interval <= 0) LATTICE_FAIL() << "--eval-interval must be positive, got " << a.eval_interval;

@@ -178,6 +178,7 @@ struct TrainArgs {
   std::string split = "969,30,1";
   std::string data_cache_path;
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  bool multiple_validation_sets = false;  // each --valid-data-path dataset evaluated on its own
   int64_t eval_interval = 1000, eval_iters = 100;
   bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
   bool calculate_per_token_loss = false;

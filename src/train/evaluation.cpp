@@ -51,10 +51,10 @@ std::string eval_prefix(int64_t iteration, const char* end_of_training_set) {
   return p;
 }
 
-std::string format_evaluation(const std::string& prefix, const EvalResult& r) {
+std::string format_evaluation(const std::string& prefix, const EvalResult& r, const std::string& name) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "lm loss value: %.6E | lm loss PPL: %.6E | ", r.lm_loss, r.ppl);
-  const std::string line = " validation loss at " + prefix + " | " + buf;
+  const std::string line = " " + name + " loss at " + prefix + " | " + buf;
   const std::string dashes(line.size() + 1, '-');
   return dashes + "\n" + line + "\n" + dashes;
 }

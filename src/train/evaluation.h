@@ -36,10 +36,12 @@ std::string eval_prefix(int64_t iteration, const char* end_of_training_set = nul
 //   ----------------...
 //    validation loss at <prefix> | lm loss value: 3.456789E+00 | lm loss PPL: 3.170853E+01 |
 //   ----------------...
-// (the dash lines are one longer than the middle line, as Megatron prints them).
-std::string format_evaluation(const std::string& prefix, const EvalResult& r);
+// (the dash lines are one longer than the middle line, as Megatron prints them). name: what is
+// evaluated ("validation-0" for --multiple-validation-sets' first set).
+std::string format_evaluation(const std::string& prefix, const EvalResult& r, const std::string& name = "validation");
 
-// One metrics-file line: {"iteration":N,"<key>_loss":X,"<key>_ppl":Y}, key "val" or "test".
+// One metrics-file line: {"iteration":N,"<key>_loss":X,"<key>_ppl":Y}, key "val", "val_<i>"
+// (--multiple-validation-sets) or "test".
 std::string format_eval_metrics_json(int64_t iteration, const std::string& key, const EvalResult& r);
 
 }  // namespace lattice

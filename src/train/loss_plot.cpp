@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -17,8 +18,23 @@ namespace lattice {
 namespace {
 
 struct LossCurves {
-  std::vector<ChartPoint> lm, val;  // (iteration, loss)
+  std::vector<ChartPoint> lm;  // (iteration, loss)
+  // "val", or "val_<i>" (--multiple-validation-sets' set i) -> (iteration, loss); numbered sets in order
+  std::map<int64_t, std::vector<ChartPoint>> val;  // key -1: "val"
 };
+
+// The validation set a metrics key names: -1 for "val_loss", i for "val_<i>_loss"; nothing otherwise.
+std::optional<int64_t> validation_set_of(const std::string& key) {
+  if (key == "val_loss") return -1;
+  const std::string head = "val_", tail = "_loss";
+  if (key.size() <= head.size() + tail.size() || key.compare(0, head.size(), head) != 0 ||
+      key.compare(key.size() - tail.size(), tail.size(), tail) != 0)
+    return std::nullopt;
+  const std::string digits = key.substr(head.size(), key.size() - head.size() - tail.size());
+  if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
 
 bool is_blank(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
@@ -50,12 +66,15 @@ LossCurves read_loss_curves(const std::string& path) {
     }
     if (!obj.is_object()) LATTICE_FAIL() << where << ": expected a JSON object";
     std::optional<double> lm = number_field(obj, "lm_loss", where);
-    std::optional<double> val = number_field(obj, "val_loss", where);
-    if (!lm && !val) continue;
+    std::map<int64_t, double> val;
+    for (auto it = obj.begin(); it != obj.end(); ++it)
+      if (const std::optional<int64_t> set = validation_set_of(it.key()))
+        if (const std::optional<double> v = number_field(obj, it.key().c_str(), where)) val[*set] = *v;
+    if (!lm && val.empty()) continue;
     std::optional<double> iter = number_field(obj, "iteration", where);
     if (!iter) LATTICE_FAIL() << where << ": a loss without \"iteration\"";
     if (lm) curves.lm.push_back({*iter, *lm});
-    if (val) curves.val.push_back({*iter, *val});
+    for (const auto& [set, v] : val) curves.val[set].push_back({*iter, v});
   }
   if (in.bad()) LATTICE_FAIL() << path << ": read error";
   if (curves.lm.empty()) LATTICE_FAIL() << path << ": no \"lm_loss\" values to plot";
@@ -65,7 +84,13 @@ LossCurves read_loss_curves(const std::string& path) {
 std::string render_svg(const LossCurves& c) {
   LineChart chart{"lm loss", "iteration", "loss", {}, !c.val.empty()};
   chart.series.push_back({"lm_loss", "lm loss", "#1f77b4", c.lm, c.lm.size() == 1});
-  if (!c.val.empty()) chart.series.push_back({"val_loss", "validation loss", "#d62728", c.val, true});
+  static const char* colors[] = {"#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  size_t k = 0;
+  for (const auto& [set, points] : c.val) {
+    const std::string n = std::to_string(set);
+    chart.series.push_back({set < 0 ? "val_loss" : "val_" + n + "_loss",
+                            set < 0 ? "validation loss" : "validation-" + n + " loss", colors[k++ % 7], points, true});
+  }
   return render_svg_charts({chart});
 }
 

@@ -536,17 +536,28 @@ int run_training(const TrainArgs& args) {
   // happen at every multiple of --eval-interval, so a resumed run starts it here.
   const int64_t eval_samples = args.eval_iters * args.global_batch_size;
   int64_t valid_pos = (start.iteration / args.eval_interval) * eval_samples;
-  auto run_eval = [&](const std::string& prefix, const char* key, const SampleSource& src,
-                      int64_t first, int64_t iteration) {
+  // What is evaluated: the validation split, or with --multiple-validation-sets each of its datasets
+  // (Megatron's "validation-<i>" in the log and TensorBoard, "val_<i>" in --metrics-file), and the test split
+  // (Megatron logs it as a validation loss too, "... on test set").
+  struct EvalSet {
+    std::string log_name, metrics_key, tensorboard_kind;
+    const SampleSource* source;
+  };
+  std::vector<EvalSet> valid_sets;
+  if (data.valid) valid_sets.push_back({"validation", "val", "validation", data.valid.get()});
+  for (size_t i = 0; i < data.valid_sets.size(); ++i) {
+    const std::string n = std::to_string(i);
+    valid_sets.push_back({"validation-" + n, "val_" + n, "validation-" + n, data.valid_sets[i].get()});
+  }
+  auto run_eval = [&](const std::string& prefix, const EvalSet& set, int64_t first, int64_t iteration) {
     settle_params();
     if (precision) precision->set_training(false);
-    const EvalResult r = evaluate(model, src, first, args.eval_iters, args.global_batch_size,
+    const EvalResult r = evaluate(model, *set.source, first, args.eval_iters, args.global_batch_size,
                                   args.micro_batch_size, &pipeline);
     if (precision) precision->set_training(true);
-    log_info(format_evaluation(prefix, r));
-    if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, key, r) << "\n" << std::flush;
-    tensorboard.evaluation(std::string(key) == "val" ? "validation" : key, iteration, args.consumed_after(iteration),
-                           r);
+    log_info(format_evaluation(prefix, r, set.log_name));
+    if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, set.metrics_key, r) << "\n" << std::flush;
+    tensorboard.evaluation(set.tensorboard_kind, iteration, args.consumed_after(iteration), r);
   };
 
   StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad, start.seed,
@@ -680,8 +691,8 @@ int run_training(const TrainArgs& args) {
       check_weight_hashes_across_dp_replicas(model.params(), ps->dp_cp(), ps->expert_dp(), ps->world(), done);
       log_info("> weight hashes match across data-parallel replicas after iteration " + std::to_string(done));
     }
-    if (data.valid && done % args.eval_interval == 0) {
-      run_eval(eval_prefix(done), "val", *data.valid, valid_pos, done);
+    if (!valid_sets.empty() && done % args.eval_interval == 0) {
+      for (const EvalSet& set : valid_sets) run_eval(eval_prefix(done), set, valid_pos, done);
       valid_pos += eval_samples;
     }
     if (!args.save.empty() && args.save_interval > 0 && done % args.save_interval == 0) save(done);
@@ -705,8 +716,9 @@ int run_training(const TrainArgs& args) {
   }
   op_profile.log_report();
   if (!args.save.empty() && end_iteration > start.iteration && last_saved != end_iteration) save(end_iteration);
-  if (data.valid) run_eval(eval_prefix(end_iteration, "validation"), "val", *data.valid, valid_pos, end_iteration);
-  if (data.test) run_eval(eval_prefix(end_iteration, "test"), "test", *data.test, 0, end_iteration);
+  for (const EvalSet& set : valid_sets) run_eval(eval_prefix(end_iteration, "validation"), set, valid_pos, end_iteration);
+  if (data.test) run_eval(eval_prefix(end_iteration, "test"), {"validation", "test", "test", data.test.get()}, 0,
+                          end_iteration);
   return 0;
 }
 

@@ -5,7 +5,8 @@
 # --metrics-file: every iteration's lm loss, learning rate and grad norm at the iteration and at
 # the consumed samples, the validation and test losses, the iteration time; the log interval;
 # one file per run (a resumed run adds one); world rank 0 alone writes under pipeline
-# parallelism; bad flags are one-line errors; the reader rejects a damaged file.
+# parallelism; --multiple-validation-sets' losses per set; bad flags are one-line errors; the
+# reader rejects a damaged file.
 #   bash tests/e2e/test_tensorboard.sh <lattice> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -191,6 +192,54 @@ else
 fi
 expect_error "--moe-per-layer-logging without experts" "--moe-per-layer-logging" -- \
   "$LATTICE" "${TRAIN[@]}" --moe-per-layer-logging
+
+# ---- --multiple-validation-sets: each --valid-data-path dataset evaluated alone ----
+# Set 1's losses are those of a run validating on that dataset alone (evaluation changes no training),
+# in the log (Megatron's "validation-1 loss at ..."), the metrics file (val_1_loss) and TensorBoard
+# ("lm loss validation-1"); `lattice plot` draws a curve per set.
+for i in $(seq 1 30); do
+  printf '{"text": "line %d of another corpus: pack my box with five dozen liquor jugs"}\n' "$i"
+done >corpus2.jsonl
+"$LATTICE" preprocess --input corpus2.jsonl --json-keys text --tokenizer-type ByteTokenizer \
+  --output-prefix corpus2 --append-eod >prep2.log 2>&1 || fail "preprocess corpus2: $(tail -n 2 prep2.log)"
+SETS=(train --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16
+      --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --train-iters 6 --log-interval 1 --seed 1234
+      --tokenizer-type ByteTokenizer --train-data-path corpus_text_document --eval-interval 3 --eval-iters 2)
+if "$LATTICE" "${SETS[@]}" --valid-data-path corpus_text_document corpus2_text_document --multiple-validation-sets \
+     --metrics-file sets.jsonl --tensorboard-dir tbs >runs.log 2>&1 &&
+   "$LATTICE" "${SETS[@]}" --valid-data-path corpus2_text_document --metrics-file alone.jsonl >runa.log 2>&1 &&
+   read_events tbs/events.out.tfevents.* >eventss.txt 2>readers.err; then
+  # field FILE KEY ITER: the value of KEY on that iteration's line holding it
+  field() { grep "\"iteration\":$3[,}]" "$1" | grep -o "\"$2\":[^,}]*" | head -n 1 | cut -d: -f2; }
+  bad=0
+  for it in 3 6; do
+    set1=$(field sets.jsonl val_1_loss $it) alone=$(field alone.jsonl val_loss $it) set0=$(field sets.jsonl val_0_loss $it)
+    { [ -n "$set1" ] && [ "$set1" = "$alone" ] && [ -n "$set0" ] && [ "$set0" != "$set1" ]; } ||
+      { fail "iteration $it: val_0_loss '$set0', val_1_loss '$set1', the lone set's val_loss '$alone'"; bad=1; }
+    for k in 0 1; do
+      got=$(value "lm loss validation-$k" $it eventss.txt) want=$(field sets.jsonl val_${k}_loss $it)
+      { [ -n "$got" ] && same_f32 "$got" "$want"; } || { fail "iteration $it: lm loss validation-$k '$got', metrics '$want'"; bad=1; }
+    done
+  done
+  [ -z "$(grep '"val_loss"' sets.jsonl)" ] && [ -z "$(value "lm loss validation" 3 eventss.txt)" ] ||
+    { fail "a blended validation loss besides the sets'"; bad=1; }
+  grep -qF ' validation-0 loss at iteration 3 | lm loss value: ' runs.log &&
+    grep -qF ' validation-1 loss at iteration 6 on validation set | lm loss value: ' runs.log ||
+    { fail "the log lacks Megatron's validation-<i> lines: $(grep -m 2 'loss at' runs.log)"; bad=1; }
+  [ "$bad" = 0 ] && pass "two validation sets: each its own loss (set 1's as validating on it alone: $set1), logged, in the metrics file and TensorBoard"
+  if "$LATTICE" plot --metrics-file sets.jsonl --output sets.svg >plot.log 2>&1; then
+    grep -q 'class="val_0_loss"' sets.svg && grep -q 'class="val_1_loss"' sets.svg && grep -qF 'validation-1 loss' sets.svg &&
+      pass "lattice plot: a curve per validation set" || fail "lattice plot: no val_0_loss/val_1_loss curves"
+  else
+    fail "lattice plot of two validation sets: $(cat plot.log)"
+  fi
+else
+  fail "--multiple-validation-sets runs failed: $(tail -n 2 runs.log) $(tail -n 2 runa.log) $(cat readers.err 2>/dev/null)"
+fi
+expect_error "--multiple-validation-sets with weights" "--multiple-validation-sets|takes no weights" -- \
+  "$LATTICE" "${SETS[@]}" --valid-data-path 1 corpus_text_document 1 corpus2_text_document --multiple-validation-sets
+expect_error "--multiple-validation-sets without --valid-data-path" "--multiple-validation-sets|--valid-data-path" -- \
+  "$LATTICE" "${TRAIN[@]}" --multiple-validation-sets
 
 # ---- errors, and the reader's own checks ----
 touch not-a-dir

@@ -116,6 +116,35 @@ TEST(DsTrainingData, PerSplitDataPaths) {
   expect_error([&] { make_training_data(a, 1000); }, {"--data-path", "exclusive"});
 }
 
+// --multiple-validation-sets: each --valid-data-path dataset is a validation split of its own, the
+// whole file with the split's sample count (what --valid-data-path with that prefix alone builds);
+// no blended validation split.
+TEST(DsTrainingData, MultipleValidationSetsAreEachDatasetAlone) {
+  const std::string dir = temp_dir();
+  const std::string pa = write_dataset(dir + "/a", lengths(30, 4));
+  const std::string pb = write_dataset(dir + "/b", lengths(7, 5));
+  TrainArgs a = base_args(dir);
+  a.train_data_path = {pa};
+  a.valid_data_path = {pa, pb};
+  a.multiple_validation_sets = true;
+  const TrainingData t = make_training_data(a, 1000);
+  EXPECT_EQ(t.valid, nullptr);
+  ASSERT_EQ(t.valid_sets.size(), 2u);
+  GPTDatasetConfig cfg{8, 77, dir + "/other-cache"};
+  const int64_t n = (10 / 4 + 1) * 2 * 4;
+  const GPTDataset va(std::make_shared<IndexedDataset>(pa), Split::valid, SplitRange{true, 0, 30}, n, cfg);
+  const GPTDataset vb(std::make_shared<IndexedDataset>(pb), Split::valid, SplitRange{true, 0, 7}, n, cfg);
+  for (int64_t i : {int64_t(0), int64_t(5), n - 1}) {
+    EXPECT_EQ(take(*t.valid_sets[0], i), take(va, i)) << i;
+    EXPECT_EQ(take(*t.valid_sets[1], i), take(vb, i)) << i;
+  }
+  a.multiple_validation_sets = false;  // the same prefixes without the flag: one blended split
+  a.valid_data_path = {pb};
+  const TrainingData alone = make_training_data(a, 1000);
+  ASSERT_TRUE(alone.valid && alone.valid_sets.empty());
+  for (int64_t i : {int64_t(0), int64_t(5), n - 1}) EXPECT_EQ(take(*alone.valid, i), take(vb, i)) << i;
+}
+
 TEST(DsTrainingData, ZeroWeightSplitIsSkippedLikeMegatron) {
   const std::string dir = temp_dir();
   TrainArgs a = base_args(dir);

@@ -108,6 +108,27 @@ TEST_F(LossPlot, PlotsValidationLossAndSkipsOtherLines) {
   EXPECT_NE(svg.find("validation loss"), std::string::npos);
 }
 
+// --multiple-validation-sets' val_<i>_loss keys: a curve per set, in the sets' order; keys that
+// only look alike (val_x_loss, val_1_ppl) are not losses.
+TEST_F(LossPlot, PlotsEachValidationSet) {
+  write_metrics(
+      "{\"iteration\": 10, \"lm_loss\": 4.0}\n"
+      "{\"iteration\": 20, \"val_10_loss\": 3.9, \"val_10_ppl\": 49.4}\n"
+      "{\"iteration\": 20, \"val_2_loss\": 3.6, \"val_x_loss\": 1.0}\n"
+      "{\"iteration\": 20, \"lm_loss\": 3.5}\n"
+      "{\"iteration\": 40, \"val_2_loss\": 3.1}\n"
+      "{\"iteration\": 40, \"val_10_loss\": 3.3}\n"
+      "{\"iteration\": 40, \"val_10_loss\": null, \"lm_loss\": 3.0}\n");
+  write_loss_plot_svg((dir_ / "metrics.jsonl").string(), svg_path());
+  const std::string svg = read(svg_path());
+  EXPECT_EQ(polyline_points(svg, "lm_loss"), 3);
+  EXPECT_EQ(polyline_points(svg, "val_2_loss"), 2);
+  EXPECT_EQ(polyline_points(svg, "val_10_loss"), 2);
+  EXPECT_EQ(polyline_points(svg, "val_x_loss"), -1);
+  EXPECT_EQ(polyline_points(svg, "val_loss"), -1);
+  EXPECT_LT(svg.find("validation-2 loss"), svg.find("validation-10 loss"));
+}
+
 TEST_F(LossPlot, SinglePointIsDrawn) {
   write_loss_plot_svg(write_metrics("{\"iteration\": 1, \"lm_loss\": 5.5}\n"), svg_path());
   std::string svg = read(svg_path());

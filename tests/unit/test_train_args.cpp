@@ -313,5 +313,36 @@ TEST(TrainArgs, TrainSamplesErrors) {
   EXPECT_NE(err({}).find("--train-iters is required"), std::string::npos);
 }
 
+
+// --multiple-validation-sets: the sets are --valid-data-path's datasets, given without weights.
+TEST(TrainArgs, MultipleValidationSetsNeedUnweightedValidDataPaths) {
+  auto words = [](std::vector<std::string> extra) {
+    std::vector<std::string> w = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
+                                  "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size", "2",
+                                  "--train-iters", "3", "--vocab-size", "100", "--multiple-validation-sets"};
+    w.insert(w.end(), extra.begin(), extra.end());
+    return w;
+  };
+  auto error = [&](std::vector<std::string> extra) {
+    try {
+      parse_words(words(std::move(extra)));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_TRUE(parse_words(words({"--train-data-path", "t", "--valid-data-path", "a", "b"})).multiple_validation_sets);
+  EXPECT_FALSE(parse_words(sample_based({"--train-samples", "8"})).multiple_validation_sets);
+  EXPECT_EQ(error({"--train-data-path", "t"}),
+            "--multiple-validation-sets needs --valid-data-path (its datasets are the sets)");
+  EXPECT_EQ(error({"--mock-data"}), "--multiple-validation-sets needs --valid-data-path (its datasets are the sets)");
+  EXPECT_EQ(error({"--train-data-path", "t", "--valid-data-path", "1", "a", "2", "b"}),
+            "--multiple-validation-sets: --valid-data-path takes no weights (each dataset is a set of its own, "
+            "evaluated alone), got 1");
+  EXPECT_EQ(error({"--train-data-path", "t", "--valid-data-path", "a", "0.5"}),
+            "--multiple-validation-sets: --valid-data-path takes no weights (each dataset is a set of its own, "
+            "evaluated alone), got 0.5");
+}
+
 }  // namespace
 }  // namespace lattice
