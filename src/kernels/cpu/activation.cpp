@@ -7,6 +7,7 @@
 
 #include "kernels/activation_math.h"
 #include "kernels/cast_math.h"
+#include "kernels/cpu/element_chunks.h"
 #include "kernels/cpu/row_sums.h"
 
 namespace lattice {
@@ -28,17 +29,20 @@ inline void gelu_backward_chunk(float* dx, const float* x, const float* d, int64
 void gelu_forward(float* out, const float* x, int64_t n, GeluKind kind) {
   LATTICE_KERNEL_ENTRY(cuda::gelu_forward(out, x, n, kind));
   math::dispatch_activation(kind, [&](auto k) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) out[i] = math::activation<k.value>(x[i]);
+    cpu::for_element_chunks(n, kParallelMin, [&](int64_t i0, int64_t len) {
+      float* o = out + i0;
+      const float* v = x + i0;
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) o[j] = math::activation<k.value>(v[j]);
+    });
   });
 }
 
 void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, GeluKind kind, Rounding round_dout) {
   LATTICE_KERNEL_ENTRY(cuda::gelu_backward(dx, x, dout, n, kind, round_dout));
   if (round_dout == Rounding::none) {
-    math::dispatch_activation(kind, [&](auto k) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (int64_t i = 0; i < n; ++i) dx[i] = math::activation_backward<k.value>(x[i], dout[i]);
+    cpu::for_element_chunks(n, kParallelMin, [&](int64_t i0, int64_t len) {
+      gelu_backward_chunk(dx + i0, x + i0, dout + i0, len, kind);
     });
     return;
   }
