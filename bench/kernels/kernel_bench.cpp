@@ -21,6 +21,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/mamba.h"
 #include "kernels/optimizer.h"
+#include "kernels/swiglu.h"
 
 namespace {
 
@@ -96,6 +97,26 @@ void BiasGeluForward(benchmark::State& st) {
   st.SetBytesProcessed(st.iterations() * n * 12);
 }
 BENCHMARK(BiasGeluForward)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// SwiGLU over a Llama-style MLP's gate and up rows [B*T, 2F] (B=4, T=64, F=3072): the forward reads y
+// [N, 2F] and writes pre [N, 2F] and out [N, F], the backward reads pre and dout [N, F] and writes dx
+// [N, 2F]: 20 bytes per output element either way.
+void SwiGlu(benchmark::State& st) {
+  const int64_t rows = 4 * 64, F = 3072, n = rows * F;
+  const bool backward = st.range(0) != 0;
+  std::vector<float> y = random_vector(2 * n, 1.0f, 1), pre(static_cast<size_t>(2 * n)), out(static_cast<size_t>(n)),
+      dout = random_vector(n, 1.0f, 2), dx(static_cast<size_t>(2 * n));
+  lattice::bias_swiglu_forward(pre.data(), out.data(), y.data(), nullptr, rows, F, lattice::Rounding::none);
+  for (auto _ : st) {
+    if (backward)
+      lattice::swiglu_backward(dx.data(), pre.data(), dout.data(), rows, F, lattice::Rounding::none);
+    else
+      lattice::bias_swiglu_forward(pre.data(), out.data(), y.data(), nullptr, rows, F, lattice::Rounding::none);
+    benchmark::DoNotOptimize(backward ? dx.data() : out.data());
+  }
+  st.SetBytesProcessed(st.iterations() * n * 20);
+}
+BENCHMARK(SwiGlu)->Arg(0)->Arg(1)->ArgName("backward")->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // LayerNorm forward and backward over the residual stream [B*T, C] = [256, 768].
 void LayerNorm(benchmark::State& st) {

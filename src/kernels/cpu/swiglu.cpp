@@ -70,10 +70,11 @@ void swiglu_backward(float* dx, const float* pre, const float* dout, int64_t N, 
       const float* ps = pre + n * 2 * F;
       float* xs = dx + n * 2 * F;  // may alias ps: elements j and F + j are read before they are written
       const float* ds = dout + n * F;
+      const GluForm form = glu;  // the thread's own copy: its fields in registers, not gathered per lane
 #pragma omp simd
       for (int64_t j = 0; j < F; ++j) {
         float dg, du;
-        math::glu_backward(ps[j], ps[F + j], math::round_as<decltype(r)::value>(ds[j]), glu, dg, du);
+        math::glu_backward(ps[j], ps[F + j], math::round_as<decltype(r)::value>(ds[j]), form, dg, du);
         xs[j] = dg;
         xs[F + j] = du;
       }
