@@ -1,5 +1,5 @@
 // Microbenchmarks of the CPU kernels other than the GEMMs (Google Benchmark): the optimizer
-// update, the gradient norm, the GELU passes, LayerNorm, the fused cross entropy, each at the
+// update, the gradient norm, the GELU and SwiGLU passes, LayerNorm, the fused cross entropy, each at the
 // size it has in the 124M model (B=4, T=64), with the bytes each moves, so the reported
 // bytes_per_second compares with the machine's memory bandwidth (a plain copy, Copy, is the
 // reference); one layer's causal attention at T=64 and T=1024 (GFLOP/s); a Gated DeltaNet layer's delta rule
