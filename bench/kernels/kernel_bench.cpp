@@ -1,5 +1,5 @@
 // Microbenchmarks of the CPU kernels other than the GEMMs (Google Benchmark): the optimizer
-// update, the gradient norm, the GELU and SwiGLU passes, LayerNorm, the fused cross entropy, each at the
+// update, the gradient norm, zero_grad's fill, the GELU and SwiGLU passes, LayerNorm, the fused cross entropy, each at the
 // size it has in the 124M model (B=4, T=64), with the bytes each moves, so the reported
 // bytes_per_second compares with the machine's memory bandwidth (a plain copy, Copy, is the
 // reference); one layer's causal attention at T=64 and T=1024 (GFLOP/s); a Gated DeltaNet layer's delta rule
@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "core/device.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -48,6 +49,18 @@ void Copy(benchmark::State& st) {
   st.SetBytesProcessed(st.iterations() * n * 8);
 }
 BENCHMARK(Copy)->Arg(kParams)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// zero_grad's fill: n floats set to zero on the device (here the host), 4 bytes each.
+void Zero(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  std::vector<float> a = random_vector(n, 1.0f, 1);
+  for (auto _ : st) {
+    lattice::zero_on_device(a.data(), size_t(n) * sizeof(float));
+    benchmark::DoNotOptimize(a.data());
+  }
+  st.SetBytesProcessed(st.iterations() * n * 4);
+}
+BENCHMARK(Zero)->Arg(kParams)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // AdamW over every parameter: reads p, g, m, v and writes p, m, v (28 bytes per parameter).
 void Adamw(benchmark::State& st) {

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -217,7 +218,16 @@ void zero_on_device(void* p, size_t bytes) {
   if (!bytes) return;
   if (kernels_on_gpu()) return cuda::memset_device(p, 0, bytes);
   DeviceAccess a;
-  std::memset(p, 0, bytes);
+  // Large fills (zero_grad's: every gradient each step) in 1 MiB pieces over the OpenMP threads: one
+  // thread's memset of 0.5 GB ran at 9.6 GB/s (build/kernel_bench --benchmark_filter=Zero).
+  constexpr size_t kPiece = size_t(1) << 20;
+  const int64_t pieces = int64_t((bytes + kPiece - 1) / kPiece);
+  char* c = static_cast<char*>(p);
+#pragma omp parallel for schedule(static) if (pieces > 4)
+  for (int64_t k = 0; k < pieces; ++k) {
+    const size_t at = size_t(k) * kPiece;
+    std::memset(c + at, 0, std::min(kPiece, bytes - at));
+  }
 }
 
 void device_synchronize() {
