@@ -46,19 +46,15 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, Gelu
     });
     return;
   }
-  // Chunks of dout rounded into an L1 buffer first (a loop of its own, so that both loops
+  // Each chunk of dout rounded into an L1 buffer first (a loop of its own, so that both loops
   // vectorize), then the same element math.
-  constexpr int64_t kChunk = 2048;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
   math::dispatch_rounding(round_dout, [&](auto r) {
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t k = 0; k < chunks; ++k) {
-      const int64_t i0 = k * kChunk, len = std::min(kChunk, n - i0);
-      alignas(64) float d[kChunk];
+    cpu::for_element_chunks(n, kParallelMin, [&](int64_t i0, int64_t len) {
+      alignas(64) float d[cpu::kElementChunk];
 #pragma omp simd
       for (int64_t j = 0; j < len; ++j) d[j] = math::round_as<r.value>(dout[i0 + j]);
       gelu_backward_chunk(dx + i0, x + i0, d, len, kind);  // dx may alias dout: its chunk is in d
-    }
+    });
   });
 }
 
