@@ -14,8 +14,7 @@ void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, 
 
 // The same with A and B in bf16 (their 16-bit patterns, see kernels/cast.h) and C in
 // fp32: every product of two bf16 values is exact in fp32 and the products are
-// accumulated in fp32. On a CPU with AVX512-BF16 oneDNN's bf16 matmul computes it;
-// elsewhere A and B are widened to fp32 and go through gemm_f32 (the same numbers up to
+// accumulated in fp32, by one of two paths (Bf16GemmPath; the same numbers up to
 // accumulation order).
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
@@ -28,10 +27,23 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
 uint16_t* gemm_bf16_packed_out(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                                int64_t lda, const uint16_t* B, int64_t ldb, float* buffer);
 
-// Whether gemm_bf16 runs on bf16 hardware instructions (false: the fp32 fallback).
-bool gemm_bf16_native();
-// Tests: force the fp32 fallback (false restores the detected choice).
-void gemm_bf16_force_fallback(bool force);
+// How gemm_bf16 computes on the CPU.
+enum class Bf16GemmPath {
+  onednn_bf16,   // oneDNN's bf16 matmul (AMX-BF16 tiles or AVX512-BF16 dot products)
+  fp32_widened,  // A and B widened to fp32, then gemm_f32
+};
+// The path gemm_bf16 takes: LATTICE_BF16_GEMM=onednn|fp32 where set (auto: the default), else
+// onednn_bf16 on a CPU with AMX-BF16 and fp32_widened elsewhere. Without AMX oneDNN's bf16
+// kernels ran at half its fp32 sgemm's rate on an AVX512-BF16 Xeon (docs/benchmarks.md). An
+// unknown value, or onednn on a CPU without AVX512-BF16, fails naming the variable.
+Bf16GemmPath gemm_bf16_path();
+// Whether this CPU can take `path` (onednn_bf16: AVX512-BF16 at least).
+bool gemm_bf16_path_supported(Bf16GemmPath path);
+// The path in words for logs: "oneDNN bf16 matmul (AMX-BF16)", ...
+const char* gemm_bf16_path_name();
+// Tests: take `path` (which must be supported) until gemm_bf16_use_default_path().
+void gemm_bf16_force_path(Bf16GemmPath path);
+void gemm_bf16_use_default_path();
 
 // Which library and threading the facade uses, for logs and benchmarks.
 const char* blas_backend_name();

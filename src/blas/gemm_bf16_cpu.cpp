@@ -1,13 +1,17 @@
-// bf16 GEMM: oneDNN's matmul primitive with bf16 source and weights and an fp32
-// destination (AVX512-BF16 dot-product instructions, fp32 accumulation), blocked for
-// threads as blas/blocking.h says. Strides express the transposes and leading
-// dimensions; beta != 0 is the matmul's sum post-op, alpha its output scale. oneDNN keeps
-// created primitives in its primitive cache, so each shape is JIT-compiled once.
+// bf16 GEMM on the CPU, by the path gemm_bf16_path() chooses:
+//   onednn_bf16: oneDNN's matmul primitive with bf16 source and weights and an fp32
+//     destination (AMX-BF16 tiles or AVX512-BF16 dot products, fp32 accumulation), blocked
+//     for threads as blas/blocking.h says. Strides express the transposes and leading
+//     dimensions; beta != 0 is the matmul's sum post-op, alpha its output scale. oneDNN keeps
+//     created primitives in its primitive cache, so each shape is JIT-compiled once.
+//   fp32_widened: A and B widened to fp32 and multiplied by gemm_f32.
 #include <dnnl.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "blas/blocking.h"
@@ -22,11 +26,26 @@
 namespace lattice {
 namespace {
 
-std::atomic<bool> g_force_fallback{false};
+// -1: the default path; else a forced Bf16GemmPath.
+std::atomic<int> g_forced_path{-1};
 
-bool detect_native() {
-  const auto isa = dnnl_get_effective_cpu_isa();
-  return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+bool cpu_has(dnnl_cpu_isa_t isa) { return (dnnl_get_effective_cpu_isa() & isa) == isa; }
+
+// LATTICE_BF16_GEMM's choice, else AMX -> oneDNN, anything less -> fp32.
+Bf16GemmPath default_path() {
+  const char* v = std::getenv("LATTICE_BF16_GEMM");
+  const std::string s = v ? v : "";
+  if (s == "onednn") {
+    if (!gemm_bf16_path_supported(Bf16GemmPath::onednn_bf16))
+      LATTICE_FAIL() << "LATTICE_BF16_GEMM=onednn: this CPU has no AVX512-BF16 (as oneDNN sees it), so oneDNN has "
+                        "no bf16 matmul here; use fp32 or auto";
+    return Bf16GemmPath::onednn_bf16;
+  }
+  if (s == "fp32") return Bf16GemmPath::fp32_widened;
+  if (!s.empty() && s != "auto")
+    LATTICE_FAIL() << "LATTICE_BF16_GEMM=" << s << ": expected onednn (oneDNN's bf16 matmul), fp32 (operands "
+                   << "widened, fp32 GEMM) or auto";
+  return cpu_has(dnnl_cpu_isa_avx512_core_amx) ? Bf16GemmPath::onednn_bf16 : Bf16GemmPath::fp32_widened;
 }
 
 dnnl::engine& cpu_engine() {
@@ -102,20 +121,36 @@ void pack_bf16_in_place(float* buf, int64_t n) {
 
 }  // namespace
 
-bool gemm_bf16_native() {
-  static const bool native = detect_native();
-  return native && !g_force_fallback.load();
+Bf16GemmPath gemm_bf16_path() {
+  const int forced = g_forced_path.load();
+  if (forced >= 0) return Bf16GemmPath(forced);
+  static const Bf16GemmPath path = default_path();
+  return path;
 }
 
-void gemm_bf16_force_fallback(bool force) { g_force_fallback = force; }
+bool gemm_bf16_path_supported(Bf16GemmPath path) {
+  return path == Bf16GemmPath::fp32_widened || cpu_has(dnnl_cpu_isa_avx512_core_bf16);
+}
+
+const char* gemm_bf16_path_name() {
+  if (gemm_bf16_path() == Bf16GemmPath::fp32_widened) return "fp32 GEMM on widened bf16 operands";
+  return cpu_has(dnnl_cpu_isa_avx512_core_amx) ? "oneDNN bf16 matmul (AMX-BF16)" : "oneDNN bf16 matmul (AVX512-BF16)";
+}
+
+void gemm_bf16_force_path(Bf16GemmPath path) {
+  LATTICE_CHECK(gemm_bf16_path_supported(path)) << "gemm_bf16: this CPU cannot take the forced path";
+  g_forced_path = int(path);
+}
+
+void gemm_bf16_use_default_path() { g_forced_path = -1; }
 
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   LATTICE_KERNEL_ENTRY(cuda::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
   if (M == 0 || N == 0) return;
-  if (K == 0 || !gemm_bf16_native()) {
-    // Without bf16 instructions: the same products in fp32 (each a bf16 x bf16 product,
-    // exact in fp32), from widened copies kept per thread.
+  if (K == 0 || gemm_bf16_path() == Bf16GemmPath::fp32_widened) {
+    // The same products in fp32 (each a bf16 x bf16 product, exact in fp32), from widened
+    // copies kept per thread.
     thread_local std::vector<float> a, b;
     const int64_t la = widen(a, ta, M, K, A, lda), lb = widen(b, tb, K, N, B, ldb);
     gemm_f32(ta, tb, M, N, K, alpha, a.data(), la, b.data(), lb, beta, C, ldc);

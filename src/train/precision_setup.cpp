@@ -45,7 +45,7 @@ std::string describe_precision(const TrainArgs& args, const LossScaler* scaler) 
   else if (args.fp16) os << "fp16";
   else if (args.fp8_format.empty()) os << "fp32";
   else os << "fp32 elsewhere";
-  if (half_gemm) os << (gemm_bf16_native() ? "; GEMMs on AVX512-BF16" : "; GEMMs on the fp32 fallback");
+  if (half_gemm) os << "; GEMMs: " << (args.device == "cuda" ? "cuBLASLt bf16" : gemm_bf16_path_name());
   if (args.bf16 || args.fp16) os << "; fp32 main parameters, gradients and optimizer";
   if (scaler)
     os << "; loss scale " << (args.loss_scale > 0 ? "constant " : "dynamic, initial ") << scaler->scale();

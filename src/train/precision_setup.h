@@ -28,7 +28,7 @@ AttentionMath attention_math(const TrainArgs& args);
 // Null unless --fp16.
 std::unique_ptr<LossScaler> make_loss_scaler(const TrainArgs& args);
 
-// One line for the log: "fp32", "bf16 (GEMMs on AVX512-BF16)", ...
+// One line for the log: "> precision: fp32", "> precision: bf16; GEMMs: oneDNN bf16 matmul (AMX-BF16); ...".
 std::string describe_precision(const TrainArgs& args, const LossScaler* scaler);
 
 // Test hook: LATTICE_TEST_INJECT_INF_ITERS="3,4" (0-based iterations) makes those steps'

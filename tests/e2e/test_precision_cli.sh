@@ -33,6 +33,30 @@ run() {  # name, extra args...
 }
 run bf16 --train-iters 3 --bf16
 grep -q "precision: bf16" "$TMP/bf16.out" || fail "bf16: no precision line in the log"
+# LATTICE_BF16_GEMM picks the CPU's bf16 GEMM path: both paths sum the same exact products in
+# fp32, so their losses agree to fp32 accumulation order. onednn needs AVX512-BF16 (as oneDNN
+# sees it); without it the run is refused in one line.
+expect_error "bf16 GEMM path" "LATTICE_BF16_GEMM=tiles|onednn|fp32" -- \
+  env LATTICE_BF16_GEMM=tiles "$LATTICE" "${small[@]}" --train-iters 2 --bf16
+LATTICE_BF16_GEMM=fp32 run bf16_fp32path --train-iters 3 --bf16
+grep -q "GEMMs: fp32 GEMM on widened bf16 operands" "$TMP/bf16_fp32path.out" ||
+  fail "LATTICE_BF16_GEMM=fp32: the log does not name the path ($(grep precision "$TMP/bf16_fp32path.out"))"
+if LATTICE_BF16_GEMM=onednn "$LATTICE" "${small[@]}" --train-iters 3 --bf16 \
+     --metrics-file "$TMP/bf16_onednn.jsonl" >"$TMP/bf16_onednn.out" 2>&1; then
+  grep -q "GEMMs: oneDNN bf16 matmul" "$TMP/bf16_onednn.out" ||
+    fail "LATTICE_BF16_GEMM=onednn: the log does not name the path ($(grep precision "$TMP/bf16_onednn.out"))"
+  python3 - "$TMP/bf16_fp32path.jsonl" "$TMP/bf16_onednn.jsonl" <<'PY' || fail "bf16 GEMM paths: losses (above)"
+import json, sys
+a, b = ([json.loads(l)["lm_loss"] for l in open(p) if "lm_loss" in l] for p in sys.argv[1:3])
+print("fp32 path", a, "oneDNN path", b)
+sys.exit(0 if len(a) == len(b) == 3 and all(abs(x - y) <= 1e-3 * abs(x) for x, y in zip(a, b)) else 1)
+PY
+  pass "LATTICE_BF16_GEMM: the oneDNN and fp32 paths train to the same losses"
+elif grep -q "LATTICE_BF16_GEMM=onednn: this CPU has no AVX512-BF16" "$TMP/bf16_onednn.out"; then
+  pass "LATTICE_BF16_GEMM=onednn refused on a CPU without AVX512-BF16"
+else
+  fail "LATTICE_BF16_GEMM=onednn: exit status without the expected message ($(tail -n 3 "$TMP/bf16_onednn.out"))"
+fi
 run fp8 --train-iters 3 --bf16 --fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max
 grep -q "fp8 hybrid" "$TMP/fp8.out" || fail "fp8: no precision line in the log"
 # Evaluations between the steps quantize with the current fp8 scales but note no amax: with an

@@ -125,14 +125,14 @@ TEST_F(OpProfiler, NestedKernelCallsCountOnlyInTheOutermost) {
 
   // A real nested kernel: gemm_bf16's fp32 fallback widens A and B and calls gemm_f32.
   op_profiler_reset();
-  gemm_bf16_force_fallback(true);
+  gemm_bf16_force_path(Bf16GemmPath::fp32_widened);
   const int64_t M = 16, N = 24, K = 32;
   std::vector<uint16_t> A(size_t(M * K), 0x3f80), B(size_t(K * N), 0x3f80);  // bf16 1.0
   std::vector<float> C(size_t(M * N), 0.0f);
   op_profiler_start();
   for (int i = 0; i < 4; ++i) gemm_bf16(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
   op_profiler_stop();
-  gemm_bf16_force_fallback(false);
+  gemm_bf16_use_default_path();
   EXPECT_FLOAT_EQ(C[0], float(K));
   e = op_profiler_entries();
   ASSERT_EQ(e.size(), 1u);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "blas/gemm.h"
@@ -38,8 +39,9 @@ struct Case {
 // Both GEMMs sum the same exact products in fp32, in different orders: the difference is
 // bounded by the fp32 accumulation error, K * 2^-24 * sum_k |a_k b_k| per element (x2 for
 // the two sums).
-void check_case(const Case& c, bool fallback) {
-  gemm_bf16_force_fallback(fallback);
+void check_case(const Case& c, Bf16GemmPath path) {
+  gemm_bf16_force_path(path);
+  const bool fallback = path == Bf16GemmPath::fp32_widened;
   const int64_t ar = c.ta == Trans::N ? c.M : c.K, ac = c.ta == Trans::N ? c.K : c.M;
   const int64_t br = c.tb == Trans::N ? c.K : c.N, bc = c.tb == Trans::N ? c.N : c.K;
   const int64_t lda = ac + c.pad, ldb = bc + c.pad, ldc = c.N + c.pad;
@@ -64,7 +66,7 @@ void check_case(const Case& c, bool fallback) {
   // The padding columns of C are untouched.
   for (int64_t i = 0; i < c.M; ++i)
     for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C[size_t(i * ldc + j)], C0[size_t(i * ldc + j)]);
-  gemm_bf16_force_fallback(false);
+  gemm_bf16_use_default_path();
 }
 
 const std::vector<Case> kCases = {
@@ -74,18 +76,19 @@ const std::vector<Case> kCases = {
     {Trans::T, Trans::N, 768, 200, 64, 5, 1.0f, 1.0f},  // blocked over threads, split along M
 };
 
-TEST(PrecisionGemm, Bf16MatchesFp32OnBf16Numbers) {
-  for (const Case& c : kCases) check_case(c, false);
+TEST(PrecisionGemm, OnednnBf16MatchesFp32OnBf16Numbers) {
+  if (!gemm_bf16_path_supported(Bf16GemmPath::onednn_bf16)) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (const Case& c : kCases) check_case(c, Bf16GemmPath::onednn_bf16);
 }
 
 TEST(PrecisionGemm, FallbackMatchesFp32OnBf16Numbers) {
-  for (const Case& c : kCases) check_case(c, true);
+  for (const Case& c : kCases) check_case(c, Bf16GemmPath::fp32_widened);
 }
 
-TEST(PrecisionGemm, NativeOnThisCpuWhenItHasAvx512Bf16) {
-  // The development machine has AVX512-BF16; elsewhere this only reports the path.
-  std::printf("gemm_bf16 path: %s\n", gemm_bf16_native() ? "oneDNN bf16 matmul" : "fp32 fallback");
-  SUCCEED();
+TEST(PrecisionGemm, DefaultPathIsOnednnWithAmxOnly) {
+  std::printf("gemm_bf16 path: %s\n", gemm_bf16_path_name());
+  const bool amx = std::string(gemm_bf16_path_name()).find("AMX") != std::string::npos;
+  EXPECT_EQ(gemm_bf16_path() == Bf16GemmPath::onednn_bf16, amx);
 }
 
 // Products above and below blocking.h's parallel threshold, including the weight-gradient
@@ -122,7 +125,12 @@ TEST(PrecisionGemm, Fp32ThreadCountInvariant) {
 }
 
 TEST(PrecisionGemm, Bf16ThreadCountInvariant) {
-  expect_thread_count_invariant<uint16_t>(gemm_bf16, to_bf16);
+  for (Bf16GemmPath path : {Bf16GemmPath::onednn_bf16, Bf16GemmPath::fp32_widened}) {
+    if (!gemm_bf16_path_supported(path)) continue;  // oneDNN's bf16 matmul needs AVX512-BF16
+    gemm_bf16_force_path(path);
+    expect_thread_count_invariant<uint16_t>(gemm_bf16, to_bf16);
+  }
+  gemm_bf16_use_default_path();
 }
 
 // Forward, weight gradient and input gradient of a policy, and the same computed with
