@@ -19,13 +19,34 @@ void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, 
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// A bf16 operand as its 16-bit patterns, or as fp32 values that are bf16 numbers: a weight
+// widened once per update (bf16_operand_widened), which the fp32_widened path then multiplies as
+// it is instead of widening it at every GEMM. Widened operands are for the CPU's fp32_widened
+// path only (bf16_weights_widened()).
+struct Bf16Operand {
+  Bf16Operand(const uint16_t* b) : bits(b) {}  // NOLINT(google-explicit-constructor): the usual form
+  static Bf16Operand widened(const float* w) {
+    Bf16Operand o(nullptr);
+    o.wide = w;
+    return o;
+  }
+  const uint16_t* bits = nullptr;
+  const float* wide = nullptr;
+};
+// Whether a bf16 weight is best kept widened (bf16 numbers in fp32): on the CPU when gemm_bf16
+// takes the fp32_widened path.
+bool bf16_weights_widened();
+// gemm_bf16 with B as a Bf16Operand.
+void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+               int64_t lda, Bf16Operand B, int64_t ldb, float beta, float* C, int64_t ldc);
+
 // C = bf16(alpha * op(A) op(B)) as bf16 patterns [M, N] (row-major, dense), written at the
 // start of `buffer`, which must hold M * N floats: on the CPU the fp32 product is computed
 // there with gemm_bf16 and then packed in place (the same bits as gemm_bf16 followed by
 // cast_fp32_to_bf16); on a GPU the GEMM writes bf16 directly, half the memory traffic of an
 // fp32 result. Returns the bf16 result (buffer, reinterpreted).
 uint16_t* gemm_bf16_packed_out(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-                               int64_t lda, const uint16_t* B, int64_t ldb, float* buffer);
+                               int64_t lda, Bf16Operand B, int64_t ldb, float* buffer);
 
 // How gemm_bf16 computes on the CPU.
 enum class Bf16GemmPath {

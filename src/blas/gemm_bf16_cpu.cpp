@@ -144,28 +144,45 @@ void gemm_bf16_force_path(Bf16GemmPath path) {
 
 void gemm_bf16_use_default_path() { g_forced_path = -1; }
 
+bool bf16_weights_widened() { return !kernels_on_gpu() && gemm_bf16_path() == Bf16GemmPath::fp32_widened; }
+
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  LATTICE_KERNEL_ENTRY(cuda::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+  gemm_bf16(ta, tb, M, N, K, alpha, A, lda, Bf16Operand(B), ldb, beta, C, ldc);
+}
+
+void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+               int64_t lda, Bf16Operand B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  LATTICE_CHECK(!B.wide || bf16_weights_widened())
+      << "gemm_bf16: a widened operand on the " << (kernels_on_gpu() ? "GPU" : "oneDNN bf16 path");
+  LATTICE_KERNEL_ENTRY(cuda::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B.bits, ldb, beta, C, ldc));
   if (M == 0 || N == 0) return;
   if (K == 0 || gemm_bf16_path() == Bf16GemmPath::fp32_widened) {
     // The same products in fp32 (each a bf16 x bf16 product, exact in fp32), from widened
-    // copies kept per thread.
+    // copies kept per thread (B as given where it comes widened).
     thread_local std::vector<float> a, b;
-    const int64_t la = widen(a, ta, M, K, A, lda), lb = widen(b, tb, K, N, B, ldb);
-    gemm_f32(ta, tb, M, N, K, alpha, a.data(), la, b.data(), lb, beta, C, ldc);
+    const int64_t la = widen(a, ta, M, K, A, lda);
+    const float* bw = B.wide;
+    int64_t lb = ldb;
+    if (!bw) {
+      lb = widen(b, tb, K, N, B.bits, ldb);
+      bw = b.data();
+    }
+    gemm_f32(ta, tb, M, N, K, alpha, a.data(), la, bw, lb, beta, C, ldc);
     return;
   }
-  blas_detail::for_each_block(ta, tb, M, N, K, A, lda, B, ldb, C, ldc,
+  blas_detail::for_each_block(ta, tb, M, N, K, A, lda, B.bits, ldb, C, ldc,
                               [&](int64_t m, int64_t n, const uint16_t* a, const uint16_t* b, float* c) {
     matmul_call(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
   });
 }
 
 uint16_t* gemm_bf16_packed_out(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-                               int64_t lda, const uint16_t* B, int64_t ldb, float* buffer) {
+                               int64_t lda, Bf16Operand B, int64_t ldb, float* buffer) {
   uint16_t* out = reinterpret_cast<uint16_t*>(buffer);
-  LATTICE_KERNEL_ENTRY((cuda::gemm_bf16_out(ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, out, N), out));
+  LATTICE_CHECK(!B.wide || bf16_weights_widened())
+      << "gemm_bf16_packed_out: a widened operand on the " << (kernels_on_gpu() ? "GPU" : "oneDNN bf16 path");
+  LATTICE_KERNEL_ENTRY((cuda::gemm_bf16_out(ta, tb, M, N, K, alpha, A, lda, B.bits, ldb, 0.0f, out, N), out));
   gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, buffer, N);
   pack_bf16_in_place(buffer, M * N);
   return out;

@@ -68,16 +68,18 @@ class LastOutputGrad {
 // multiplied (gemm: products exact in fp32, fp32 accumulation), and how a result rounds.
 struct Bf16Format {  // bf16 patterns into gemm_bf16
   using Elem = uint16_t;
+  using Weight = Bf16Operand;  // bf16 patterns, or widened where gemm_bf16 multiplies in fp32
   static constexpr const char* name = "bf16";
   static constexpr Rounding rounding = Rounding::bf16;
   static void convert(uint16_t* o, const float* i, int64_t n) { cast_fp32_to_bf16(o, i, n); }
   static void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
-                   const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                   Bf16Operand B, int64_t ldb, float beta, float* C, int64_t ldc) {
     gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
   }
 };
 struct Fp16Format {  // fp16-rounded fp32 values into gemm_f32
   using Elem = float;
+  using Weight = const float*;
   static constexpr const char* name = "fp16";
   static constexpr Rounding rounding = Rounding::fp16;
   static void convert(float* o, const float* i, int64_t n) { round_to_fp16(o, i, n); }
@@ -94,7 +96,10 @@ class HalfPolicy final : public MixedPrecisionPolicy {
 
  public:
   const char* name() const override { return Format::name; }
-  void refresh_weights() override { weights_.invalidate(); }
+  void refresh_weights() override {
+    weights_.invalidate();
+    wide_weights_.invalidate();
+  }
 
   void forward(int param, float* y, LinearInput x, const float* W, int64_t N, int64_t in, int64_t out) override {
     Format::gemm(Trans::N, Trans::T, N, out, in, input(a_, x, N * in), in, weight(param, W, out * in), in, 0.0f, y,
@@ -147,7 +152,15 @@ class HalfPolicy final : public MixedPrecisionPolicy {
   }
 
  private:
-  const Elem* weight(int param, const float* W, int64_t n) { return weights_.get(param, W, n, Format::convert); }
+  // The weight as the GEMMs read it, made once per update: in the format, or for bf16 where
+  // gemm_bf16 multiplies in fp32 (bf16_weights_widened) its bf16 numbers in fp32, so that no
+  // GEMM widens it again.
+  typename Format::Weight weight(int param, const float* W, int64_t n) {
+    if constexpr (kBf16) {
+      if (bf16_weights_widened()) return Bf16Operand::widened(wide_weights_.get(param, W, n, round_to_bf16));
+    }
+    return weights_.get(param, W, n, Format::convert);
+  }
   // The output gradient dy in the format for an input gradient: as weight_grad converted it
   // (linear_backward calls it first, on the same dy): the same values, not converted twice.
   const Elem* output_grad(int param, const float* dy, int64_t n) {
@@ -175,6 +188,7 @@ class HalfPolicy final : public MixedPrecisionPolicy {
     return buf.data();
   }
   WeightCache<Elem> weights_;
+  WeightCache<float> wide_weights_;  // bf16 numbers in fp32 (bf16 with bf16_weights_widened only)
   DeviceArray<Elem> a_, b_;  // operand scratch (forward's x, weight_grad's x)
   DeviceArray<Elem> g_;      // the output gradient dy of the last weight_grad
   LastOutputGrad g_last_;    // whether g_ still holds it

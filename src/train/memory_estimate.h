@@ -27,7 +27,7 @@ namespace lattice {
 // the fp32 parameters whole on every rank and all-gathers them after the update).
 struct PrecisionBytes {
   int main_params = 4;   // the parameters the optimizer updates, whole on every rank
-  int weight_copy = 0;   // a lower-precision copy the GEMMs read (bf16: 2), 0 without
+  int weight_copy = 0;   // the copy the GEMMs read (bf16: 2; widened to fp32 on a CPU without AMX: 4), 0 without
   int grads = 4;         // the gradient buffer, whole on every rank
 };
 

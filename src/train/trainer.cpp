@@ -177,7 +177,10 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.muon = args.optimizer_config(cfg).muon;
   m.exp_avg_bf16 = args.exp_avg_dtype == "bf16";
   m.exp_avg_sq_bf16 = args.exp_avg_sq_dtype == "bf16";
-  if (args.bf16) m.precision.weight_copy = 2;
+  // bf16: the GEMMs' copy of the weights in bf16, or widened to fp32 where the CPU's gemm_bf16
+  // multiplies in fp32 (model/mixed_precision.cpp); fp8's copy is bf16 patterns.
+  const bool widened = args.fp8_format.empty() && args.device == "cpu" && gemm_bf16_path() == Bf16GemmPath::fp32_widened;
+  if (args.bf16) m.precision.weight_copy = widened ? 4 : 2;
   return m;
 }
 

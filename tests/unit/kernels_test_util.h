@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "blas/gemm.h"
+
 namespace lattice::kernel_test {
 
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
@@ -88,6 +90,19 @@ inline std::vector<size_t> sample_indices(size_t n, size_t count, uint32_t seed)
   std::uniform_int_distribution<size_t> dist(0, n - 1);
   for (size_t k = 0; k < count; ++k) idx.push_back(dist(gen));
   return idx;
+}
+
+// Runs body(path) once per bf16 GEMM path this CPU can take (oneDNN's bf16 matmul needs
+// AVX512-BF16), with gemm_bf16 held to it, then restores the default path.
+template <class Body>
+void for_each_bf16_gemm_path(const Body& body) {
+  for (Bf16GemmPath path : {Bf16GemmPath::onednn_bf16, Bf16GemmPath::fp32_widened}) {
+    if (!gemm_bf16_path_supported(path)) continue;
+    SCOPED_TRACE(path == Bf16GemmPath::onednn_bf16 ? "gemm_bf16: oneDNN bf16 matmul" : "gemm_bf16: widened fp32");
+    gemm_bf16_force_path(path);
+    body(path);
+  }
+  gemm_bf16_use_default_path();
 }
 
 }  // namespace lattice::kernel_test

@@ -58,9 +58,7 @@ TEST(Bf16Logits, PackedGemmIsTheRoundedFp32Result) {
     int64_t M, N, K;
     Trans ta;
   };
-  for (Bf16GemmPath path : {Bf16GemmPath::onednn_bf16, Bf16GemmPath::fp32_widened}) {
-    if (!gemm_bf16_path_supported(path)) continue;  // oneDNN's bf16 matmul needs AVX512-BF16
-    gemm_bf16_force_path(path);
+  kernel_test::for_each_bf16_gemm_path([&](Bf16GemmPath path) {
     const bool fallback = path == Bf16GemmPath::fp32_widened;
     for (Shape s : {Shape{7, 13, 5, Trans::N}, Shape{300, 1001, 67, Trans::N}, Shape{611, 1100, 33, Trans::T}}) {
       const auto A = to_bf16(random_floats(size_t(s.M * s.K), 1, -2, 2));
@@ -76,8 +74,7 @@ TEST(Bf16Logits, PackedGemmIsTheRoundedFp32Result) {
       EXPECT_TRUE(same_bits(out, ref16.data(), ref16.size()))
           << s.M << "x" << s.N << "x" << s.K << (fallback ? " (fallback)" : "");
     }
-  }
-  gemm_bf16_use_default_path();
+  });
 }
 
 // Two vocabulary slices of rows with padding in the second; a target outside the slice;

@@ -17,7 +17,9 @@
 namespace lattice {
 namespace {
 
+using kernel_test::for_each_bf16_gemm_path;
 using kernel_test::random_floats;
+using kernel_test::same_bits;
 
 std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   std::vector<uint16_t> b(v.size());
@@ -125,12 +127,47 @@ TEST(PrecisionGemm, Fp32ThreadCountInvariant) {
 }
 
 TEST(PrecisionGemm, Bf16ThreadCountInvariant) {
-  for (Bf16GemmPath path : {Bf16GemmPath::onednn_bf16, Bf16GemmPath::fp32_widened}) {
-    if (!gemm_bf16_path_supported(path)) continue;  // oneDNN's bf16 matmul needs AVX512-BF16
-    gemm_bf16_force_path(path);
-    expect_thread_count_invariant<uint16_t>(gemm_bf16, to_bf16);
-  }
-  gemm_bf16_use_default_path();
+  for_each_bf16_gemm_path([](Bf16GemmPath) {
+    expect_thread_count_invariant<uint16_t>(
+        [](Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+           const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+          gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        },
+        to_bf16);
+  });
+}
+
+// A weight given widened (bf16 numbers in fp32, Bf16Operand::widened) is the same product as its
+// bf16 patterns on the widened-fp32 path, bit for bit, through gemm_bf16 and gemm_bf16_packed_out,
+// transposed or not; the oneDNN path, which multiplies bf16 patterns, refuses it.
+TEST(PrecisionGemm, WidenedOperandIsTheSameProduct) {
+  const int64_t M = 37, N = 300, K = 129;
+  const auto A = to_bf16(random_floats(size_t(M * K), 21, -2, 2));
+  const auto B = to_bf16(random_floats(size_t(K * N), 22, -2, 2));
+  const auto Bw = widen(B);
+  for_each_bf16_gemm_path([&](Bf16GemmPath path) {
+    for (Trans tb : {Trans::N, Trans::T}) {
+      const int64_t ldb = tb == Trans::N ? N : K;
+      const auto C0 = random_floats(size_t(M * N), 23);
+      std::vector<float> C = C0, Cw = C0, buffer(C0.size()), buffer_w(C0.size());
+      gemm_bf16(Trans::N, tb, M, N, K, 0.5f, A.data(), K, B.data(), ldb, 1.0f, C.data(), N);
+      if (path == Bf16GemmPath::onednn_bf16) {
+        EXPECT_THROW(gemm_bf16(Trans::N, tb, M, N, K, 0.5f, A.data(), K, Bf16Operand::widened(Bw.data()), ldb, 1.0f,
+                               Cw.data(), N),
+                     Error);
+        EXPECT_THROW(gemm_bf16_packed_out(Trans::N, tb, M, N, K, 1.0f, A.data(), K, Bf16Operand::widened(Bw.data()),
+                                          ldb, buffer_w.data()),
+                     Error);
+        continue;
+      }
+      gemm_bf16(Trans::N, tb, M, N, K, 0.5f, A.data(), K, Bf16Operand::widened(Bw.data()), ldb, 1.0f, Cw.data(), N);
+      EXPECT_TRUE(same_bits(C, Cw)) << "trans B " << (tb == Trans::T);
+      const uint16_t* p = gemm_bf16_packed_out(Trans::N, tb, M, N, K, 1.0f, A.data(), K, B.data(), ldb, buffer.data());
+      const uint16_t* pw = gemm_bf16_packed_out(Trans::N, tb, M, N, K, 1.0f, A.data(), K,
+                                                Bf16Operand::widened(Bw.data()), ldb, buffer_w.data());
+      EXPECT_EQ(0, std::memcmp(p, pw, size_t(M * N) * sizeof(uint16_t))) << "trans B " << (tb == Trans::T);
+    }
+  });
 }
 
 // Forward, weight gradient and input gradient of a policy, and the same computed with
@@ -216,7 +253,7 @@ TEST(PrecisionPolicy, LinearRoundsBeforeTheBiasUnlessTheCallerRounds) {
 // The bf16 results of the bf16 policy (the output layer's logits): the forward's rounded
 // result packed as bf16, and the backward GEMMs from a bf16 output gradient, the same bits as
 // the fp32-result path. The other formats have none.
-TEST(PrecisionPolicy, Bf16ResultsAreTheRoundedResults) {
+void expect_bf16_results_are_the_rounded_results() {
   LinearCase c;
   auto p = make_half_precision_policy(HalfFormat::bf16);
   ASSERT_TRUE(p->bf16_results());
@@ -277,6 +314,11 @@ TEST(PrecisionPolicy, Bf16ResultsAreTheRoundedResults) {
   EXPECT_THROW(linear_forward(y.data(), xb, c.W.data(), nullptr, c.N, c.in, c.out), Error);  // fp32 GEMM
 }
 
+TEST(PrecisionPolicy, Bf16ResultsAreTheRoundedResults) {
+  // On each of gemm_bf16's paths (the widened-fp32 path keeps its weight copy widened).
+  for_each_bf16_gemm_path([](Bf16GemmPath) { expect_bf16_results_are_the_rounded_results(); });
+}
+
 TEST(PrecisionPolicy, Fp16OverflowBecomesInf) {
   LinearCase c;
   auto p = make_half_precision_policy(HalfFormat::fp16);
@@ -289,27 +331,34 @@ TEST(PrecisionPolicy, Fp16OverflowBecomesInf) {
 }
 
 TEST(PrecisionPolicy, Bf16MatchesFp32OnBf16ValuesAndRefreshes) {
-  LinearCase c;
-  auto p = make_half_precision_policy(HalfFormat::bf16);
-  const auto xb = rounded(c.x, round_to_bf16), Wb = rounded(c.W, round_to_bf16);
-  std::vector<float> y(size_t(c.N * c.out)), ref(y.size());
-  p->forward(3, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
-  p->round_result(y.data(), int64_t(y.size()));
-  gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, xb.data(), c.in, Wb.data(), c.in, 0.0f, ref.data(), c.out);
-  for (float& v : ref) v = bf16_to_fp32(fp32_to_bf16(v));
-  // Up to accumulation order, then one bf16 rounding: at most one bf16 ulp apart.
-  for (size_t i = 0; i < y.size(); ++i) ASSERT_LE(std::fabs(y[i] - ref[i]), std::ldexp(std::fabs(ref[i]), -7) + 1e-6) << i;
-  // The weight copy is kept until refresh_weights.
-  std::vector<float> W2 = c.W;
-  for (float& v : W2) v *= 2.0f;
-  std::vector<float> y2(y.size()), y3(y.size());
-  p->forward(3, y2.data(), c.x.data(), W2.data(), c.N, c.in, c.out);
-  p->round_result(y2.data(), int64_t(y2.size()));
-  EXPECT_EQ(y2, y);
-  p->refresh_weights();
-  p->forward(3, y3.data(), c.x.data(), W2.data(), c.N, c.in, c.out);
-  p->round_result(y3.data(), int64_t(y3.size()));
-  for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y3[i], 2.0f * y[i]) << i;  // scaling by 2 is exact
+  for_each_bf16_gemm_path([](Bf16GemmPath path) {
+    LinearCase c;
+    auto p = make_half_precision_policy(HalfFormat::bf16);
+    const auto xb = rounded(c.x, round_to_bf16), Wb = rounded(c.W, round_to_bf16);
+    std::vector<float> y(size_t(c.N * c.out)), ref(y.size());
+    p->forward(3, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+    p->round_result(y.data(), int64_t(y.size()));
+    gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, xb.data(), c.in, Wb.data(), c.in, 0.0f, ref.data(), c.out);
+    for (float& v : ref) v = bf16_to_fp32(fp32_to_bf16(v));
+    if (path == Bf16GemmPath::fp32_widened) {
+      EXPECT_TRUE(same_bits(y, ref));  // this very GEMM on the same (widened) numbers
+    } else {
+      // Up to accumulation order, then one bf16 rounding: at most one bf16 ulp apart.
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_LE(std::fabs(y[i] - ref[i]), std::ldexp(std::fabs(ref[i]), -7) + 1e-6) << i;
+    }
+    // The weight copy is kept until refresh_weights.
+    std::vector<float> W2 = c.W;
+    for (float& v : W2) v *= 2.0f;
+    std::vector<float> y2(y.size()), y3(y.size());
+    p->forward(3, y2.data(), c.x.data(), W2.data(), c.N, c.in, c.out);
+    p->round_result(y2.data(), int64_t(y2.size()));
+    EXPECT_EQ(y2, y);
+    p->refresh_weights();
+    p->forward(3, y3.data(), c.x.data(), W2.data(), c.N, c.in, c.out);
+    p->round_result(y3.data(), int64_t(y3.size()));
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y3[i], 2.0f * y[i]) << i;  // scaling by 2 is exact
+  });
 }
 
 TEST(PrecisionPolicy, Fp8DelayedScaling) {
