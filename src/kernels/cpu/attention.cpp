@@ -167,8 +167,8 @@ void forward_tile(float* out, float* lse_bh, const float* qkv, const float* kv, 
       for (int64_t c = 0; c < before; ++c) s_r[c] = -INFINITY;
       if (doc)  // other documents' keys: -inf, so exp gives exactly 0
         for (int64_t c = 0; c < count; ++c) s_r[c] = kdoc[j0 + c] == doc[i] ? s_r[c] : -INFINITY;
-      float mx = row_m[r];
-      for (int64_t c = 0; c < count; ++c) mx = s_r[c] > mx ? s_r[c] : mx;
+      const float tile_max = cpu::row_max(s_r, count);  // vectorized (a running max is a scalar chain)
+      const float mx = tile_max > row_m[r] ? tile_max : row_m[r];
       if (mx == -INFINITY) {  // no key of this row's document so far: nothing to add
         std::fill(s_r, s_r + nk, 0.0f);
         continue;
@@ -347,7 +347,8 @@ void attention_forward(float* out, float* lse, const AttentionOperand& qkv_in, c
   const size_t scratch_size = size_t(kTile * kTile + kTile * s.D + 3 * kTile);
 #pragma omp parallel
   {
-    std::vector<float> scratch(scratch_size);
+    thread_local std::vector<float> scratch;  // kept from call to call: no page faults once grown
+    if (scratch.size() < scratch_size) scratch.resize(scratch_size);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t qt = q_tiles - 1 - task / (s.B * s.H);
@@ -385,7 +386,8 @@ void attention_backward(float* dqkv, const AttentionOperand& dout_in, const Atte
   const size_t scratch_size = size_t(3 * kTile * kTile + 2 * kTile * s.D + kTile + L.R() * s.T);
 #pragma omp parallel
   {
-    std::vector<float> scratch(scratch_size);
+    thread_local std::vector<float> scratch;  // kept from call to call: no page faults once grown
+    if (scratch.size() < scratch_size) scratch.resize(scratch_size);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < groups; ++bg) {
       const int64_t b = bg / L.G;

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "kernels/cast_math.h"
+#include "kernels/cpu/row_sums.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace lattice {
@@ -23,18 +24,6 @@ void check_targets(const int32_t* targets, int64_t N, int64_t V, int64_t Vp) {
   for (int64_t n = 0; n < N; ++n)
     LATTICE_CHECK(targets[n] >= 0 && targets[n] < V)
         << "cross entropy: target " << targets[n] << " of row " << n << " not in [0, " << V << ")";
-}
-
-float row_max(const float* __restrict x, int64_t V) {
-  float acc[kLanes];
-  for (int l = 0; l < kLanes; ++l) acc[l] = -INFINITY;
-  int64_t v = 0;
-  for (; v + kLanes <= V; v += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = x[v + l] > acc[l] ? x[v + l] : acc[l];
-  float m = -INFINITY;
-  for (; v < V; ++v) m = x[v] > m ? x[v] : m;
-  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
-  return m;
 }
 
 // Lane sums in float over blocks of 1024 columns, blocks summed in double: the error
@@ -86,14 +75,14 @@ void stage(float* buf, const uint16_t* x, int64_t n) {
 template <Rounding R, class T>
 float staged_row_max(const T* x, int64_t V) {
   if constexpr (R == Rounding::none && std::is_same_v<T, float>) {
-    return row_max(x, V);
+    return cpu::row_max(x, V);
   } else {
     alignas(64) float buf[kBlock];
     float m = -INFINITY;
     for (int64_t b0 = 0; b0 < V; b0 += kBlock) {
       const int64_t len = std::min(kBlock, V - b0);
       stage<R>(buf, x + b0, len);
-      const float bm = row_max(buf, len);
+      const float bm = cpu::row_max(buf, len);
       m = bm > m ? bm : m;
     }
     return m;
@@ -127,7 +116,7 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* x = logits + n * Vp;
-    const float m = row_max(x, V);
+    const float m = cpu::row_max(x, V);
     const double sum = row_sum_exp<false>(x, m, V);
     losses[n] = float(std::log(sum) + double(m) - double(x[targets[n]]));
   }
@@ -146,7 +135,7 @@ void cross_entropy_forward_backward(float* logits_to_dlogits, float* losses,
     float* x = logits_to_dlogits + n * Vp;
     const int32_t t = targets[n];
     const float x_t = x[t];
-    const float m = row_max(x, V);
+    const float m = cpu::row_max(x, V);
     const double sum = row_sum_exp<true>(x, m, V);
     losses[n] = float(std::log(sum) + double(m) - double(x_t));
     const float scale = grad_scale * (loss_mask ? loss_mask[n] : 1.0f);

@@ -2,6 +2,7 @@
 // gradient's columns (the CPU twin of the CUDA kernels' column_sums_accumulate).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cast_math.h"
@@ -18,6 +19,21 @@ inline void widen_with_bias(float* v, const uint16_t* y, const float* bias, int6
 #pragma omp simd
     for (int64_t j = 0; j < len; ++j) v[j] = math::bf16_to_fp32(y[j]);
   }
+}
+
+// The largest of x[0 .. n) (-inf for none; NaNs are passed over), in 16 lanes so that it
+// vectorizes (a single running max is a loop-carried scalar chain).
+inline float row_max(const float* __restrict x, int64_t n) {
+  constexpr int kLanes = 16;
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = -INFINITY;
+  int64_t v = 0;
+  for (; v + kLanes <= n; v += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = x[v + l] > acc[l] ? x[v + l] : acc[l];
+  float m = -INFINITY;
+  for (; v < n; ++v) m = x[v] > m ? x[v] : m;
+  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
 }
 
 // Columns per task: a multiple of the vector width, large enough to amortise the task,
