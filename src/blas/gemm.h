@@ -20,7 +20,7 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // A bf16 operand as its 16-bit patterns, or as fp32 values that are bf16 numbers: a weight
-// widened once per update (bf16_operand_widened), which the fp32_widened path then multiplies as
+// widened once per update (Bf16Operand::widened), which the fp32_widened path then multiplies as
 // it is instead of widening it at every GEMM. Widened operands are for the CPU's fp32_widened
 // path only (bf16_weights_widened()).
 struct Bf16Operand {

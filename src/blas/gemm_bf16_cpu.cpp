@@ -119,6 +119,12 @@ void pack_bf16_in_place(float* buf, int64_t n) {
   }
 }
 
+// A widened operand is for the fp32_widened path on the CPU only.
+void check_operand(const Bf16Operand& B, const char* kernel) {
+  LATTICE_CHECK(!B.wide || bf16_weights_widened())
+      << kernel << ": a widened operand on the " << (kernels_on_gpu() ? "GPU" : "oneDNN bf16 path");
+}
+
 }  // namespace
 
 Bf16GemmPath gemm_bf16_path() {
@@ -153,8 +159,7 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
 
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, Bf16Operand B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  LATTICE_CHECK(!B.wide || bf16_weights_widened())
-      << "gemm_bf16: a widened operand on the " << (kernels_on_gpu() ? "GPU" : "oneDNN bf16 path");
+  check_operand(B, "gemm_bf16");
   LATTICE_KERNEL_ENTRY(cuda::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B.bits, ldb, beta, C, ldc));
   if (M == 0 || N == 0) return;
   if (K == 0 || gemm_bf16_path() == Bf16GemmPath::fp32_widened) {
@@ -180,8 +185,7 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
 uint16_t* gemm_bf16_packed_out(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                                int64_t lda, Bf16Operand B, int64_t ldb, float* buffer) {
   uint16_t* out = reinterpret_cast<uint16_t*>(buffer);
-  LATTICE_CHECK(!B.wide || bf16_weights_widened())
-      << "gemm_bf16_packed_out: a widened operand on the " << (kernels_on_gpu() ? "GPU" : "oneDNN bf16 path");
+  check_operand(B, "gemm_bf16_packed_out");
   LATTICE_KERNEL_ENTRY((cuda::gemm_bf16_out(ta, tb, M, N, K, alpha, A, lda, B.bits, ldb, 0.0f, out, N), out));
   gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, buffer, N);
   pack_bf16_in_place(buffer, M * N);
