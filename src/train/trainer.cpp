@@ -178,9 +178,13 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.exp_avg_bf16 = args.exp_avg_dtype == "bf16";
   m.exp_avg_sq_bf16 = args.exp_avg_sq_dtype == "bf16";
   // bf16: the GEMMs' copy of the weights in bf16, or widened to fp32 where the CPU's gemm_bf16
-  // multiplies in fp32 (model/mixed_precision.cpp); fp8's copy is bf16 patterns.
-  const bool widened = args.fp8_format.empty() && args.device == "cpu" && gemm_bf16_path() == Bf16GemmPath::fp32_widened;
-  if (args.bf16) m.precision.weight_copy = widened ? 4 : 2;
+  // multiplies in fp32 (model/mixed_precision.cpp); fp8's copy is bf16 patterns. The path is asked for
+  // bf16 runs only (it reads LATTICE_BF16_GEMM, which an fp32 run ignores).
+  if (args.bf16) {
+    const bool widened =
+        args.fp8_format.empty() && args.device == "cpu" && gemm_bf16_path() == Bf16GemmPath::fp32_widened;
+    m.precision.weight_copy = widened ? 4 : 2;
+  }
   return m;
 }
 
