@@ -63,15 +63,35 @@ struct PhiloxStream {
   }
   LATTICE_HD uint32_t u32(uint64_t index) const { return block(index >> 2)[index & 3]; }
   LATTICE_HD float uniform(uint64_t index) const { return philox_uniform(u32(index)); }
-  // Standard normal for element `index` (Box-Muller on the two halves of a block).
-  double normal(uint64_t index) const {
-    PhiloxCounter r = block(index >> 1);
-    int half = int(index & 1);
+  // Standard normals of elements 2 * pair and 2 * pair + 1: Box-Muller on one block, the
+  // cosine to the even element and the sine to the odd one.
+  void normal_pair(uint64_t pair, double& even, double& odd) const {
+    PhiloxCounter r = block(pair);
     double u1 = philox_uniform_open0(r[0], r[1]);
     double u2 = philox_uniform_open0(r[2], r[3]);
     double radius = std::sqrt(-2.0 * std::log(u1));
     double angle = 6.283185307179586 * u2;
-    return half ? radius * std::sin(angle) : radius * std::cos(angle);
+    even = radius * std::cos(angle);
+    odd = radius * std::sin(angle);
+  }
+  // Standard normal for element `index` (its half of normal_pair).
+  double normal(uint64_t index) const {
+    double even, odd;
+    normal_pair(index >> 1, even, odd);
+    return index & 1 ? odd : even;
+  }
+  // out[k] = float(scale * normal(first + k)) for k < n: one block, one log and one sincos per
+  // two elements (normal() alone spends them on one), the same bits.
+  void fill_normal(float* out, int64_t n, uint64_t first, double scale) const {
+    int64_t k = 0;
+    if (n > 0 && (first & 1)) out[k++] = float(scale * normal(first));
+    for (; k + 1 < n; k += 2) {
+      double even, odd;
+      normal_pair((first + uint64_t(k)) >> 1, even, odd);
+      out[k] = float(scale * even);
+      out[k + 1] = float(scale * odd);
+    }
+    if (k < n) out[k] = float(scale * normal(first + uint64_t(k)));
   }
 };
 

@@ -1,5 +1,6 @@
 #include "optim/param_buffer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -138,11 +139,21 @@ void ParamBuffer::initialize(uint64_t seed) {
           const int64_t col0 = box.lengths.empty() ? 0 : box.offsets.back();
           const int64_t n = shape_numel(box.lengths);
           float* wb = w + box.local_offset;
+          // In chunks; each chunk in runs of one row, whose global indices are consecutive.
+          constexpr int64_t kChunk = 1 << 14;
 #pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < n; ++i) {
-            const int64_t g = (row0 + i / inner) * g_inner + col0 + i % inner;
-            wb[i] = xavier ? float(bound * (2.0 * double(stream.uniform(uint64_t(g))) - 1.0))
-                           : float(p.init_std * stream.normal(uint64_t(g)));
+          for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+            for (int64_t i = c0; i < std::min(n, c0 + kChunk);) {
+              const int64_t run = std::min(std::min(n, c0 + kChunk) - i, inner - i % inner);
+              const uint64_t g = uint64_t((row0 + i / inner) * g_inner + col0 + i % inner);
+              if (xavier) {
+                for (int64_t k = 0; k < run; ++k)
+                  wb[i + k] = float(bound * (2.0 * double(stream.uniform(g + uint64_t(k))) - 1.0));
+              } else {
+                stream.fill_normal(wb + i, run, g, double(p.init_std));
+              }
+              i += run;
+            }
           }
         }
         break;

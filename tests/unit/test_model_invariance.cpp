@@ -12,6 +12,7 @@
 
 #include "blas/gemm.h"
 #include "core/error.h"
+#include "core/philox.h"
 #include "data/gpt_batches.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
@@ -110,6 +111,33 @@ TEST(ModelInvariance, InitDependsOnlyOnSeedNameAndIndex) {
   EXPECT_NEAR(stddev(a.params().param_tensor("decoder.layers.0.mlp.linear_fc2.weight")), 0.02 / 2.0, 0.001);
   EXPECT_EQ(a.params().param_tensor("decoder.layers.0.input_layernorm.weight").as<float>()[5], 1.0f);
   EXPECT_EQ(a.params().param_tensor("decoder.layers.0.mlp.linear_fc1.bias").as<float>()[5], 0.0f);
+}
+
+// The normal init is N(0, std^2) drawn by the parameter's stream at the element's global row-major
+// index (the init fills runs of a row two elements per draw; every value is still normal(g)).
+TEST(ModelInvariance, NormalInitIsTheStreamAtTheGlobalIndex) {
+  GPTModel a(small_config(2, 0), 1, 16);
+  a.init_parameters(7);
+  int checked = 0;
+  for (const ParamInfo& p : a.params().infos()) {
+    if (p.init != ParamInit::normal) continue;
+    const PhiloxStream stream{7, fnv1a32(p.name.c_str())};
+    const Tensor t = a.params().param_tensor(p.name);
+    for (int64_t g = 0; g < t.numel(); ++g)
+      ASSERT_EQ(t.as<float>()[g], float(p.init_std * stream.normal(uint64_t(g)))) << p.name << "[" << g << "]";
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
+  // fill_normal over runs of every start parity and length is normal() element by element.
+  const PhiloxStream stream{3, 11};
+  for (uint64_t first : {0, 1, 2, 7})
+    for (int64_t n = 0; n <= 5; ++n) {
+      std::vector<float> out(size_t(n) + 1, -7.0f);
+      stream.fill_normal(out.data(), n, first, 0.5);
+      for (int64_t k = 0; k < n; ++k)
+        ASSERT_EQ(out[size_t(k)], float(0.5 * stream.normal(first + uint64_t(k)))) << first << "+" << k;
+      ASSERT_EQ(out[size_t(n)], -7.0f) << "wrote past the run";
+    }
 }
 
 // --init-method-xavier-uniform (torch's xavier_uniform_, Megatron's init_method and
