@@ -50,7 +50,7 @@ class BlendedDataset : public SampleSource {
   // datasets[d] must hold at least the samples the blend takes from it.
   BlendedDataset(std::vector<std::shared_ptr<const GPTDataset>> datasets,
                  std::vector<double> normalized_weights, int64_t size);
-  int64_t size() const { return index_.size(); }
+  int64_t size() const override { return index_.size(); }
   void sample(int64_t index, int32_t* out) const override;
   int64_t seq_length() const override { return datasets_[0]->seq_length(); }
   const BlendingIndex& blending_index() const { return index_; }

@@ -16,6 +16,8 @@ class SampleSource {
   // Writes sample `index` (S+1 tokens) into out.
   virtual void sample(int64_t index, int32_t* out) const = 0;
   virtual int64_t seq_length() const = 0;
+  // The distinct samples it indexes; -1 when it has no end (it wraps around, or is synthetic).
+  virtual int64_t size() const { return -1; }
 };
 
 // Samples in document order from an indexed dataset (all documents back to back,

@@ -117,7 +117,7 @@ void append_shuffle_index(std::vector<int64_t>& out, int64_t begin, int64_t end,
 GPTDatasetIndices build_gpt_dataset_indices(const std::vector<int32_t>& lengths,
                                             const SplitRange& range, int64_t num_samples,
                                             int64_t S, uint64_t seed, const std::string& what) {
-  LATTICE_CHECK(S > 0 && num_samples >= 0) << what << ": seq_length " << S << ", num_samples " << num_samples;
+  LATTICE_CHECK(S > 0 && (num_samples >= 0 || num_samples == kOneEpoch)) << what << ": seq_length " << S << ", num_samples " << num_samples;
   if (seed > 0xffffffffULL)
     LATTICE_FAIL() << "--seed " << seed << " is too large for the dataset shuffle (numpy's RandomState takes seeds below 2^32)";
   LATTICE_CHECK(range.begin >= 0 && range.begin <= range.end && range.end <= int64_t(lengths.size()))
@@ -127,13 +127,16 @@ GPTDatasetIndices build_gpt_dataset_indices(const std::vector<int32_t>& lengths,
   int64_t T = 0;  // tokens per epoch
   for (int64_t s = range.begin; s < range.end; ++s) T += lengths[size_t(s)];
   if (T == 0)
-    LATTICE_FAIL() << what << ": the split has no tokens (" << (range.end - range.begin)
-                   << " sequences) but " << num_samples
-                   << " samples are needed (change --split, or --eval-iters 0 to skip evaluation)";
+    LATTICE_FAIL() << what << ": the split has no tokens (" << (range.end - range.begin) << " sequences) but "
+                   << (num_samples == kOneEpoch ? std::string("one epoch") : std::to_string(num_samples) + " samples")
+                   << " are needed (change --split, or --eval-iters 0 to skip evaluation)";
+  if (num_samples == kOneEpoch && T <= S)
+    LATTICE_FAIL() << what << ": one epoch of the split is " << T << " tokens, too few for one sample of "
+                   << S << " + 1 (--seq-length " << S << ")";
 
   GPTDatasetIndices x;
   x.num_epochs = 1;
-  while (x.num_epochs * T < num_samples * S + 1) ++x.num_epochs;
+  while (num_samples != kOneEpoch && x.num_epochs * T < num_samples * S + 1) ++x.num_epochs;
   const int64_t E = x.num_epochs;
   int64_t sans_final = 0;
   if (E > 1) {
@@ -186,7 +189,8 @@ std::string describe(const IndexedDataset& ds, Split split, const SplitRange& ra
                               {"index_split", split_name(split)},
                               {"split_range", {range.begin, range.end}},
                               {"sequence_lengths_fnv1a64", lengths_hash},
-                              {"num_samples", num_samples},
+                              {"num_samples", num_samples == kOneEpoch ? nlohmann::ordered_json(nullptr)
+                                                                       : nlohmann::ordered_json(num_samples)},
                               {"sequence_length", c.seq_length},
                               {"random_seed", c.random_seed},
                               {"add_extra_token_to_sequence", true}};
@@ -214,7 +218,9 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> dataset, Split spli
   LATTICE_CHECK(ds_) << "GPTDataset: no dataset";
   const std::string what = ds_->prefix() + " (" + split_name(split) + " split)";
   if (!range.present)
-    LATTICE_FAIL() << what << ": the split has weight 0 but " << num_samples << " samples are needed";
+    LATTICE_FAIL() << what << ": the split has weight 0 but "
+                   << (num_samples == kOneEpoch ? std::string("one epoch") : std::to_string(num_samples) + " samples")
+                   << " are needed";
   description_ = describe(*ds_, split, range, num_samples, config);
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx",

@@ -35,6 +35,10 @@ struct SplitRange {
 // normalised, cumulative bookends, and begin/end = round-half-to-even(bookend * N).
 std::array<SplitRange, 3> split_ranges(const std::string& split, int64_t num_sequences);
 
+// num_samples asking for one epoch (Megatron's None, --full-validation's validation split):
+// E = 1, the (T - 1) / S samples of the split's sequences taken once.
+constexpr int64_t kOneEpoch = -1;
+
 // The indices (no I/O). Built for at least num_samples samples: the epoch count E is
 // the smallest with E*T >= num_samples*S + 1, and all (E*T - 1) / S samples are indexed.
 struct GPTDatasetIndices {
@@ -66,8 +70,8 @@ class GPTDataset : public SampleSource {
   GPTDataset(std::shared_ptr<const IndexedDataset> dataset, Split split, const SplitRange& range,
              int64_t num_samples, const GPTDatasetConfig& config);
 
-  // Samples available, >= the num_samples asked for.
-  int64_t size() const { return indices_.num_samples(); }
+  // Samples available, >= the num_samples asked for (with kOneEpoch: the epoch's).
+  int64_t size() const override { return indices_.num_samples(); }
   void sample(int64_t index, int32_t* out) const override;
   int64_t seq_length() const override { return S_; }
 

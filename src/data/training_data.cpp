@@ -85,6 +85,13 @@ struct Builder {
   std::shared_ptr<const SampleSource> build(const BlendSpec& blend, Split split, int64_t n, bool whole,
                                             const char* flag, std::string& summary) {
     if (n == 0) return nullptr;
+    // --full-validation: one epoch of one dataset (a blend's weights say how to mix samples, not what
+    // "all of them" would be; Megatron refuses the same).
+    if (n == kOneEpoch && blend.prefixes.size() > 1)
+      LATTICE_FAIL() << "--full-validation: the " << split_name(split) << " split blends "
+                     << blend.prefixes.size() << " datasets (--" << flag
+                     << "); it evaluates one dataset whole: give one, or --valid-data-path with "
+                        "--multiple-validation-sets to evaluate each";
     std::vector<std::shared_ptr<const GPTDataset>> parts;
     const std::vector<double> w =
         blend.weights.empty() ? std::vector<double>{} : normalize_blend_weights(blend.weights, flag);
@@ -109,7 +116,7 @@ struct Builder {
                  (w.empty() ? "" : ", weight " + std::to_string(w[d])) +
                  (parts.back()->loaded_from_cache() ? " (index cache hit)" : "") + "\n";
     }
-    if (w.empty()) return parts[0];
+    if (w.empty() || n == kOneEpoch) return parts[0];
     return std::make_shared<BlendedDataset>(parts, w, n);
   }
 };
@@ -124,6 +131,7 @@ std::shared_ptr<const SampleSource> build_split(Builder& b, Split split, int64_t
   const int64_t vocab_size = b.vocab_size;
   if (n == 0) return nullptr;
   if (args.mock_data) {
+    LATTICE_CHECK(n != kOneEpoch) << "--full-validation: --mock-data has no whole split";
     // Each split its own synthetic stream, so evaluation never sees training samples.
     static const char* names[3] = {"train", "valid", "test"};
     const uint64_t seed = split == Split::train ? args.seed : args.seed ^ fnv1a64(names[int(split)], 5);
@@ -169,12 +177,13 @@ TrainingData make_training_data(const TrainArgs& args, int64_t vocab_size) {
   }
   Builder b{args, vocab_size, {}};
   t.train = build_split(b, Split::train, t.counts.train, t.summary);
-  if (args.multiple_validation_sets && t.counts.valid > 0) {
+  // --full-validation: each validation set one epoch, evaluated whole (whatever --eval-iters says).
+  const int64_t valid_n = args.full_validation ? kOneEpoch : t.counts.valid;
+  if (args.multiple_validation_sets && valid_n != 0) {
     for (const std::string& prefix : validation_set_prefixes(args.valid_data_path))
-      t.valid_sets.push_back(b.build(BlendSpec{{prefix}, {}}, Split::valid, t.counts.valid, true, "valid-data-path",
-                                     t.summary));
+      t.valid_sets.push_back(b.build(BlendSpec{{prefix}, {}}, Split::valid, valid_n, true, "valid-data-path", t.summary));
   } else {
-    t.valid = build_split(b, Split::valid, t.counts.valid, t.summary);
+    t.valid = build_split(b, Split::valid, valid_n, t.summary);
   }
   t.test = build_split(b, Split::test, t.counts.test, t.summary);
   return t;

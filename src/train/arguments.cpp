@@ -304,6 +304,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"valid-data-path", Kind::list, &a.valid_data_path, "validation data ([w1] p1 ...)"},
       {"multiple-validation-sets", Kind::flag, &a.multiple_validation_sets,
        "evaluate each --valid-data-path dataset (given without weights) on its own: a validation loss per set"},
+      {"full-validation", Kind::flag, &a.full_validation,
+       "each validation evaluation reads the whole validation split (one epoch, every sample once) instead of "
+       "--eval-iters batches; --eval-iters then sizes the test evaluation only"},
       {"test-data-path", Kind::list, &a.test_data_path, "test data ([w1] p1 ...)"},
       {"eval-interval", Kind::i64, &a.eval_interval, "iterations between validation evaluations"},
       {"eval-iters", Kind::i64, &a.eval_iters, "batches per evaluation"},
@@ -898,6 +901,9 @@ void validate(TrainArgs& a) {
   split_ranges(a.split, 0);  // names a malformed --split
   if (a.eval_interval <= 0) LATTICE_FAIL() << "--eval-interval must be positive, got " << a.eval_interval;
   if (a.eval_iters < 0) LATTICE_FAIL() << "--eval-iters must be >= 0, got " << a.eval_iters;
+  if (a.full_validation && a.mock_data)
+    LATTICE_FAIL() << "--full-validation evaluates the whole validation split, and --mock-data's has no end: "
+                      "give --data-path or --valid-data-path";
   // Also names an unknown --tokenizer-type or a bad --vocab-file/--merge-file.
   int64_t tokenizer_vocab_size = 0;
   if (!a.tokenizer_type.empty()) {

@@ -179,6 +179,7 @@ struct TrainArgs {
   std::string data_cache_path;
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   bool multiple_validation_sets = false;  // each --valid-data-path dataset evaluated on its own
+  bool full_validation = false;           // each evaluation reads the whole validation split (one epoch)
   int64_t eval_interval = 1000, eval_iters = 100;
   bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
   bool calculate_per_token_loss = false;

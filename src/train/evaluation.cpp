@@ -14,28 +14,33 @@ namespace lattice {
 
 double perplexity(double lm_loss) { return std::exp(std::min(20.0, lm_loss)); }
 
-EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_sample, int64_t iters,
+EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_sample, int64_t num_samples,
                     int64_t global_batch_size, int64_t micro_batch_size, PipelineRunner* pipeline) {
-  LATTICE_CHECK(iters > 0 && micro_batch_size > 0 && global_batch_size % micro_batch_size == 0)
-      << "evaluate: iters " << iters << ", GBS " << global_batch_size << ", MBS " << micro_batch_size;
-  const int64_t B = micro_batch_size, T = source.seq_length();
-  std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
+  LATTICE_CHECK(num_samples > 0 && micro_batch_size > 0 && global_batch_size % micro_batch_size == 0)
+      << "evaluate: " << num_samples << " samples, GBS " << global_batch_size << ", MBS " << micro_batch_size;
+  const int64_t T = source.seq_length();
+  std::vector<int32_t> tokens(static_cast<size_t>(micro_batch_size * (T + 1)));
   LossSum total;
-  for (int64_t it = 0; it < iters; ++it) {
-    const int64_t first = first_sample + it * global_batch_size;
-    if (pipeline) {  // the micro-batches of the iteration through the pipeline stages
-      const LossSum l = pipeline->evaluate(
-          [&](int64_t m, int32_t* out) { fill_micro_batch(source, first + m * B, B, out); }, global_batch_size / B, B,
-          T);
-      total.sum += l.sum;
-      total.count += l.count;
+  auto add = [&](const LossSum& l) {
+    total.sum += l.sum;
+    total.count += l.count;
+  };
+  for (int64_t first = first_sample; first < first_sample + num_samples; first += global_batch_size) {
+    const int64_t batch = std::min(global_batch_size, first_sample + num_samples - first);
+    const int64_t full = batch / micro_batch_size, rest = batch % micro_batch_size;
+    if (pipeline) {  // the batch's micro-batches through the pipeline stages; a short last one on its own
+      auto run = [&](int64_t from, int64_t M, int64_t B) {
+        add(pipeline->evaluate([&](int64_t m, int32_t* out) { fill_micro_batch(source, from + m * B, B, out); }, M, B,
+                               T));
+      };
+      if (full > 0) run(first, full, micro_batch_size);
+      if (rest > 0) run(first + full * micro_batch_size, 1, rest);
       continue;
     }
-    for (int64_t s = 0; s < global_batch_size; s += B) {
+    for (int64_t s = 0; s < batch; s += micro_batch_size) {
+      const int64_t B = std::min(micro_batch_size, batch - s);
       fill_micro_batch(source, first + s, B, tokens.data());
-      const LossSum l = model.forward_loss_sum(tokens.data(), nullptr, B, T);
-      total.sum += l.sum;
-      total.count += l.count;
+      add(model.forward_loss_sum(tokens.data(), nullptr, B, T));
     }
   }
   EvalResult r;

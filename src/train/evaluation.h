@@ -1,5 +1,5 @@
-// Megatron's evaluation: forward only (no dropout) over `iters` global batches of a
-// validation or test SampleSource; the loss is the token-weighted mean over all of
+// Megatron's evaluation: forward only (no dropout) over global batches of a validation or
+// test SampleSource (--eval-iters of them, or with --full-validation the whole split); the loss is the token-weighted mean over all of
 // them (sum of masked token losses / number of loss tokens) and PPL = exp(min(20, loss)).
 #pragma once
 #include <cstdint>
@@ -20,12 +20,14 @@ struct EvalResult {
 // Megatron's reported perplexity: exp(min(20, loss)).
 double perplexity(double lm_loss);
 
-// Samples first_sample .. first_sample + iters*global_batch_size - 1, in micro-batches of
-// micro_batch_size x model's seq_length. The caller advances first_sample by
-// iters*global_batch_size after each evaluation (Megatron's valid iterator continues).
-// With `pipeline` the model is one stage and the runner passes the micro-batches through
-// the pipeline (the result is on every stage).
-EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_sample, int64_t iters,
+// Samples first_sample .. first_sample + num_samples - 1, in global batches of global_batch_size
+// samples, each in micro-batches of micro_batch_size x the model's seq_length. When num_samples is
+// not a multiple of the global batch (--full-validation's whole split) the last global batch holds
+// the rest, and its last micro-batch the rest of that (fewer rows). The caller advances
+// first_sample by eval_iters * global_batch_size after each evaluation (Megatron's valid iterator
+// continues). With `pipeline` the model is one stage and the runner passes the micro-batches
+// through the pipeline (the result is on every stage).
+EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_sample, int64_t num_samples,
                     int64_t global_batch_size, int64_t micro_batch_size, PipelineRunner* pipeline = nullptr);
 
 // Megatron's prefixes: "iteration N" every --eval-interval; after training

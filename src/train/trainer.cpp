@@ -549,18 +549,23 @@ int run_training(const TrainArgs& args) {
   struct EvalSet {
     std::string log_name, metrics_key, tensorboard_kind;
     const SampleSource* source;
+    bool whole = false;  // --full-validation: every sample from the first, not --eval-iters batches from `first`
   };
   std::vector<EvalSet> valid_sets;
-  if (data.valid) valid_sets.push_back({"validation", "val", "validation", data.valid.get()});
+  if (data.valid) valid_sets.push_back({"validation", "val", "validation", data.valid.get(), args.full_validation});
   for (size_t i = 0; i < data.valid_sets.size(); ++i) {
     const std::string n = std::to_string(i);
-    valid_sets.push_back({"validation-" + n, "val_" + n, "validation-" + n, data.valid_sets[i].get()});
+    valid_sets.push_back(
+        {"validation-" + n, "val_" + n, "validation-" + n, data.valid_sets[i].get(), args.full_validation});
   }
   auto run_eval = [&](const std::string& prefix, const EvalSet& set, int64_t first, int64_t iteration) {
     settle_params();
     if (precision) precision->set_training(false);
-    const EvalResult r = evaluate(model, *set.source, first, args.eval_iters, args.global_batch_size,
-                                  args.micro_batch_size, &pipeline);
+    const EvalResult r =
+        set.whole ? evaluate(model, *set.source, 0, set.source->size(), args.global_batch_size, args.micro_batch_size,
+                             &pipeline)
+                  : evaluate(model, *set.source, first, args.eval_iters * args.global_batch_size,
+                             args.global_batch_size, args.micro_batch_size, &pipeline);
     if (precision) precision->set_training(true);
     log_info(format_evaluation(prefix, r, set.log_name));
     if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, set.metrics_key, r) << "\n" << std::flush;

@@ -63,7 +63,7 @@ TEST_F(DsEvaluate, TokenWeightedLossOverAllMicroBatches) {
   model_.set_document_boundaries(DocumentBoundaries{int32_t(cfg_.vocab_size - 1), true, false, false});
   const std::vector<float> before(model_.params().params(), model_.params().params() + model_.params().numel());
   model_.params().zero_grad();
-  const EvalResult r = evaluate(model_, data_, 8, 2, 4, 2);  // samples 8..15, 4 micro-batches
+  const EvalResult r = evaluate(model_, data_, 8, 8, 4, 2);  // samples 8..15, 4 micro-batches
   double sum = 0, count = 0, mean_of_means = 0;
   std::vector<int32_t> tokens(2 * 17);
   for (int64_t m = 0; m < 4; ++m) {
@@ -79,11 +79,29 @@ TEST_F(DsEvaluate, TokenWeightedLossOverAllMicroBatches) {
   EXPECT_NE(r.lm_loss, mean_of_means);
   EXPECT_DOUBLE_EQ(r.ppl, std::exp(r.lm_loss));
   // Deterministic (no dropout) and side-effect free.
-  EXPECT_EQ(evaluate(model_, data_, 8, 2, 4, 2).lm_loss, r.lm_loss);
+  EXPECT_EQ(evaluate(model_, data_, 8, 8, 4, 2).lm_loss, r.lm_loss);
   EXPECT_EQ(std::vector<float>(model_.params().params(), model_.params().params() + model_.params().numel()), before);
   for (int64_t i = 0; i < model_.params().numel(); ++i) ASSERT_EQ(model_.params().grads()[i], 0.0f);
   // Other samples, another loss.
-  EXPECT_NE(evaluate(model_, data_, 16, 2, 4, 2).lm_loss, r.lm_loss);
+  EXPECT_NE(evaluate(model_, data_, 16, 8, 4, 2).lm_loss, r.lm_loss);
+}
+
+// --full-validation's whole split: a sample count that is not a multiple of the global batch. The
+// last global batch holds the rest (3 of 4), its last micro-batch the rest of that (1 row of 2).
+TEST_F(DsEvaluate, PartialLastBatchAndMicroBatch) {
+  const EvalResult r = evaluate(model_, data_, 3, 7, 4, 2);  // samples 3..9: [3,4] [5,6] | [7,8] [9]
+  double sum = 0, count = 0;
+  std::vector<int32_t> tokens(2 * 17);
+  for (const auto& [first, rows] : std::vector<std::pair<int64_t, int64_t>>{{3, 2}, {5, 2}, {7, 2}, {9, 1}}) {
+    fill_micro_batch(data_, first, rows, tokens.data());
+    const LossSum l = model_.forward_loss_sum(tokens.data(), nullptr, rows, 16);
+    sum += l.sum;
+    count += l.count;
+  }
+  EXPECT_EQ(r.tokens, 7 * 16);
+  EXPECT_EQ(count, 7 * 16);
+  EXPECT_DOUBLE_EQ(r.lm_loss, sum / count);
+  EXPECT_NE(r.lm_loss, evaluate(model_, data_, 3, 8, 4, 2).lm_loss);  // sample 10 counts when asked for
 }
 
 TEST(DsEvaluation, PerplexityCappedAtExp20) {

@@ -124,6 +124,17 @@ TEST(DsGPTDataset, PublicVector) {
   EXPECT_EQ(x.document_index, (std::vector<int32_t>{7, 2, 9, 1, 0, 8, 4, 5, 6, 3}));
   EXPECT_EQ(x.sample_index, (std::vector<int64_t>{0, 0, 2, 0, 4, 0, 5, 3, 6, 3, 8, 1, 9, 0}));
   EXPECT_EQ(x.shuffle_index, (std::vector<int64_t>{5, 0, 3, 4, 2, 1}));
+  // One epoch (--full-validation, Megatron's num_samples None): 50 tokens make (50 - 1) / 8 = 6
+  // samples, one epoch, so the same indices as 5 samples asked for.
+  const auto epoch = build_gpt_dataset_indices(sizes, SplitRange{true, 0, 10}, kOneEpoch, 8, 1234, "public");
+  EXPECT_EQ(epoch.num_epochs, 1);
+  EXPECT_EQ(epoch.document_index, x.document_index);
+  EXPECT_EQ(epoch.sample_index, x.sample_index);
+  EXPECT_EQ(epoch.shuffle_index, x.shuffle_index);
+  // A longer run needs two epochs and indexes more than one epoch's samples.
+  EXPECT_EQ(build_gpt_dataset_indices(sizes, SplitRange{true, 0, 10}, 7, 8, 1234, "public").num_epochs, 2);
+  expect_error([&] { build_gpt_dataset_indices({3, 2}, SplitRange{true, 0, 2}, kOneEpoch, 8, 1234, "p (valid split)"); },
+               {"p (valid split)", "5 tokens", "--seq-length 8"});
   const std::string dir = temp_dir();
   auto ds = std::make_shared<IndexedDataset>(write_dataset(dir + "/p", sizes));
   GPTDatasetConfig cfg;

@@ -145,6 +145,48 @@ TEST(DsTrainingData, MultipleValidationSetsAreEachDatasetAlone) {
   for (int64_t i : {int64_t(0), int64_t(5), n - 1}) EXPECT_EQ(take(*alone.valid, i), take(vb, i)) << i;
 }
 
+// --full-validation: the validation split (or each --multiple-validation-sets set) is one epoch of its
+// dataset, built as Megatron's num_samples None, whatever --eval-iters says; --eval-iters 0 leaves
+// it built (and the test split not). A blend of several datasets is refused naming its flag.
+TEST(DsTrainingData, FullValidationIsOneEpochOfTheSplit) {
+  const std::string dir = temp_dir();
+  const std::string pa = write_dataset(dir + "/a", lengths(60, 3));
+  const std::string pb = write_dataset(dir + "/b", lengths(9, 4));
+  TrainArgs a = base_args(dir);
+  a.data_path = {pa};
+  a.full_validation = true;
+  a.eval_iters = 0;
+  const TrainingData t = make_training_data(a, 1000);
+  ASSERT_TRUE(t.valid);
+  EXPECT_EQ(t.test, nullptr);
+  const SplitRange range = split_ranges(a.split, 60)[int(Split::valid)];
+  GPTDatasetConfig cfg{8, 77, dir + "/other-cache"};
+  const GPTDataset epoch(std::make_shared<IndexedDataset>(pa), Split::valid, range, kOneEpoch, cfg);
+  int64_t tokens = 0;
+  for (int64_t s = range.begin; s < range.end; ++s) tokens += lengths(60, 3)[size_t(s)];
+  EXPECT_EQ(epoch.size(), (tokens - 1) / 8);
+  ASSERT_EQ(t.valid->size(), epoch.size());
+  for (int64_t i : {int64_t(0), epoch.size() / 2, epoch.size() - 1}) EXPECT_EQ(take(*t.valid, i), take(epoch, i)) << i;
+
+  TrainArgs sets = base_args(dir);
+  sets.train_data_path = {pa};
+  sets.valid_data_path = {pa, pb};
+  sets.multiple_validation_sets = sets.full_validation = true;
+  const TrainingData ts = make_training_data(sets, 1000);
+  ASSERT_EQ(ts.valid_sets.size(), 2u);
+  int64_t b_tokens = 0;
+  for (int32_t n : lengths(9, 4)) b_tokens += n;
+  EXPECT_EQ(ts.valid_sets[1]->size(), (b_tokens - 1) / 8);
+
+  a.data_path = {"1", pa, "2", pb};
+  expect_error([&] { make_training_data(a, 1000); }, {"--full-validation", "blends 2 datasets", "--data-path"});
+  sets.multiple_validation_sets = false;
+  sets.valid_data_path = {"1", pa, "1", pb};
+  expect_error([&] { make_training_data(sets, 1000); }, {"--full-validation", "--valid-data-path"});
+  sets.valid_data_path = {"1", pb};  // one dataset with a weight is that dataset
+  EXPECT_EQ(make_training_data(sets, 1000).valid->size(), (b_tokens - 1) / 8);
+}
+
 TEST(DsTrainingData, ZeroWeightSplitIsSkippedLikeMegatron) {
   const std::string dir = temp_dir();
   TrainArgs a = base_args(dir);

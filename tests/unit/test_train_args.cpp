@@ -342,6 +342,19 @@ TEST(TrainArgs, MultipleValidationSetsNeedUnweightedValidDataPaths) {
   EXPECT_EQ(error({"--train-data-path", "t", "--valid-data-path", "a", "0.5"}),
             "--multiple-validation-sets: --valid-data-path takes no weights (each dataset is a set of its own, "
             "evaluated alone), got 0.5");
+  // --full-validation: off by default; --mock-data's validation stream has no end to read to.
+  EXPECT_FALSE(parse_words(words({"--train-data-path", "t", "--valid-data-path", "a"})).full_validation);
+  EXPECT_TRUE(parse_words(words({"--train-data-path", "t", "--valid-data-path", "a", "--full-validation"})).full_validation);
+  std::vector<std::string> mock = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
+                                   "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size", "2",
+                                   "--train-iters", "3", "--vocab-size", "100", "--mock-data", "--full-validation"};
+  try {
+    parse_words(mock);
+    ADD_FAILURE() << "--full-validation with --mock-data accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--full-validation evaluates the whole validation split, and --mock-data's has no "
+                                     "end: give --data-path or --valid-data-path");
+  }
 }
 
 }  // namespace
