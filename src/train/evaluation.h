@@ -10,6 +10,7 @@
 
 namespace lattice {
 
+class Comm;
 class PipelineRunner;
 
 struct EvalResult {
@@ -26,9 +27,13 @@ double perplexity(double lm_loss);
 // the rest, and its last micro-batch the rest of that (fewer rows). The caller advances
 // first_sample by eval_iters * global_batch_size after each evaluation (Megatron's valid iterator
 // continues). With `pipeline` the model is one stage and the runner passes the micro-batches
-// through the pipeline (the result is on every stage).
+// through the pipeline (the result is on every stage). With a data-parallel group of d ranks each
+// reads its micro-batches of every global batch as in training (micro-batch m of rank r: samples
+// first + (m*d + r)*B ..), and the loss sums are reduced over the group (the result is on every
+// rank); a short global batch is read by every rank and counted once.
 EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_sample, int64_t num_samples,
-                    int64_t global_batch_size, int64_t micro_batch_size, PipelineRunner* pipeline = nullptr);
+                    int64_t global_batch_size, int64_t micro_batch_size, PipelineRunner* pipeline = nullptr,
+                    Comm* data_parallel = nullptr);
 
 // Megatron's prefixes: "iteration N" every --eval-interval; after training
 // "iteration N on validation set" and "iteration N on test set".

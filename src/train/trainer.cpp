@@ -563,9 +563,9 @@ int run_training(const TrainArgs& args) {
     if (precision) precision->set_training(false);
     const EvalResult r =
         set.whole ? evaluate(model, *set.source, 0, set.source->size(), args.global_batch_size, args.micro_batch_size,
-                             &pipeline)
+                             &pipeline, &ps->dp())
                   : evaluate(model, *set.source, first, args.eval_iters * args.global_batch_size,
-                             args.global_batch_size, args.micro_batch_size, &pipeline);
+                             args.global_batch_size, args.micro_batch_size, &pipeline, &ps->dp());
     if (precision) precision->set_training(true);
     log_info(format_evaluation(prefix, r, set.log_name));
     if (metrics.is_open()) metrics << format_eval_metrics_json(iteration, set.metrics_key, r) << "\n" << std::flush;

@@ -12,6 +12,7 @@
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
 #include "train/data_parallel.h"
+#include "train/evaluation.h"
 #include "train/train_step.h"
 
 namespace lattice {
@@ -231,6 +232,47 @@ TEST(DistDataParallelIdentity, OneRankDistributedOptimizerIsBitIdentical) {
   TrainRun zero = train(0.1f, local.get(), &cfg);
   EXPECT_EQ(plain.losses, zero.losses);
   EXPECT_EQ(0, std::memcmp(plain.params.data(), zero.params.data(), plain.params.size() * sizeof(float)));
+}
+
+// Evaluation over the data-parallel group: each rank reads its micro-batches of every global batch
+// (half of each at DP 2), a short last batch (--full-validation) is read by every rank and counted
+// once, and the token-weighted loss is one process's.
+class CountingSamples : public SampleSource {
+ public:
+  explicit CountingSamples(const SampleSource& inner) : inner_(inner) {}
+  void sample(int64_t index, int32_t* out) const override {
+    ++reads;
+    inner_.sample(index, out);
+  }
+  int64_t seq_length() const override { return inner_.seq_length(); }
+  mutable int64_t reads = 0;
+
+ private:
+  const SampleSource& inner_;
+};
+
+TEST(DistDataParallelEvaluation, RanksSplitEachGlobalBatch) {
+  auto ps = ParallelState::create(1, 1, 120);
+  const int64_t d = ps->dp().size();
+  if (kGBS % (kB * d) != 0) GTEST_SKIP() << "global batch " << kGBS << " not divisible by " << kB << " x " << d;
+  TransformerConfig c = config(0.1f);  // dropout must not apply in evaluation
+  GPTModel model(c, kB, kT);
+  model.init_parameters(1234);
+  MockSamples data(c.vocab_size, kT, 7);
+  // 3 whole global batches and a short one of 5 samples (micro-batches of 2, 2 and 1).
+  const int64_t n = 3 * kGBS + 5;
+  CountingSamples counted(data);
+  const EvalResult one = evaluate(model, data, 3, n, kGBS, kB);
+  const EvalResult split = evaluate(model, counted, 3, n, kGBS, kB, nullptr, &ps->dp());
+  EXPECT_EQ(counted.reads, 3 * kGBS / d + 5);
+  EXPECT_EQ(split.tokens, one.tokens);
+  EXPECT_NEAR(split.lm_loss, one.lm_loss, 1e-12 * one.lm_loss);
+  EXPECT_EQ(split.ppl, perplexity(split.lm_loss));
+  // Every rank holds the same result.
+  double v[2] = {split.lm_loss, -split.lm_loss};
+  ps->dp().all_reduce(v, 2, ReduceOp::max);
+  EXPECT_EQ(v[0], split.lm_loss);
+  EXPECT_EQ(-v[1], split.lm_loss);
 }
 
 }  // namespace
