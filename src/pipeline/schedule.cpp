@@ -1,6 +1,7 @@
 #include "pipeline/schedule.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -76,8 +77,119 @@ PipelineLayout make_pipeline_layout(int64_t L, int P, int64_t per_virtual, int64
   return l;
 }
 
+namespace {
+
+// The layout string with its repetitions written out: "(group)*n" first, then "x*n" (Megatron's
+// two passes; groups do not nest), commas dropped.
+std::string unroll_layout(const std::string& text) {
+  const char* flag = "--pipeline-model-parallel-layout";
+  std::string s;
+  for (char ch : text)
+    if (ch != ',') s += ch;
+  auto count_at = [&](const std::string& in, size_t& i) {  // the digits at in[i], i moved past them
+    size_t j = i;
+    while (j < in.size() && std::isdigit(static_cast<unsigned char>(in[j]))) ++j;
+    if (j == i) LATTICE_FAIL() << flag << " '" << text << "': '*' needs a count after it";
+    const std::string digits = in.substr(i, j - i);
+    if (digits.size() > 6) LATTICE_FAIL() << flag << " '" << text << "': repetition " << digits << " is too large";
+    i = j;
+    return std::stoll(digits);
+  };
+  std::string groups;  // pass 1: "(...)*n"
+  for (size_t i = 0; i < s.size();) {
+    if (s[i] == ')') LATTICE_FAIL() << flag << " '" << text << "': ')' without '('";
+    if (s[i] != '(') {
+      groups += s[i++];
+      continue;
+    }
+    const size_t close = s.find(')', i);
+    if (close == std::string::npos) LATTICE_FAIL() << flag << " '" << text << "': '(' without ')'";
+    const std::string inner = s.substr(i + 1, close - i - 1);
+    if (inner.empty() || inner.find('(') != std::string::npos)
+      LATTICE_FAIL() << flag << " '" << text << "': a group must hold layers and not nest";
+    if (close + 1 >= s.size() || s[close + 1] != '*')
+      LATTICE_FAIL() << flag << " '" << text << "': a group '(" << inner << ")' needs '*n' after it";
+    i = close + 2;
+    for (int64_t k = count_at(s, i); k > 0; --k) groups += inner;
+    if (groups.size() > (size_t(1) << 20)) LATTICE_FAIL() << flag << " '" << text << "' is too long written out";
+  }
+  std::string out;  // pass 2: "x*n"
+  for (size_t i = 0; i < groups.size();) {
+    if (groups[i] == '*') LATTICE_FAIL() << flag << " '" << text << "': '*' needs a layer before it";
+    const char ch = groups[i++];
+    if (i < groups.size() && groups[i] == '*') {  // a letter or '|' n times
+      ++i;
+      out.append(size_t(count_at(groups, i)), ch);
+      if (out.size() > (size_t(1) << 20)) LATTICE_FAIL() << flag << " '" << text << "' is too long written out";
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+PipelineLayout parse_pipeline_layout(const std::string& text, int64_t num_layers, int P, int64_t mtp_num_layers) {
+  const char* flag = "--pipeline-model-parallel-layout";
+  const std::string s = unroll_layout(text);
+  std::vector<std::string> stages(1);
+  for (char ch : s) {
+    if (ch == '|') {
+      stages.emplace_back();
+    } else if (ch == 'E' || ch == 't' || ch == 'm' || ch == 'L') {
+      stages.back() += ch;
+    } else {
+      LATTICE_FAIL() << flag << " '" << text << "': unknown layer '" << ch
+                     << "' (E embedding, t decoder layer, m prediction depth, L loss; '|' between stages)";
+    }
+  }
+  const std::string all = s;
+  auto count = [&](char ch) { return int64_t(std::count(all.begin(), all.end(), ch)); };
+  if (count('E') != 1 || stages.front().empty() || stages.front().front() != 'E')
+    LATTICE_FAIL() << flag << " '" << text << "': E (the embedding) must open the first stage, once";
+  if (count('L') != 1 || stages.back().empty() || stages.back().back() != 'L')
+    LATTICE_FAIL() << flag << " '" << text << "': L (the loss) must close the last stage, once";
+  if (count('t') != num_layers)
+    LATTICE_FAIL() << flag << " '" << text << "' holds " << count('t') << " decoder layers (t), --num-layers is "
+                   << num_layers;
+  if (count('m') != mtp_num_layers)
+    LATTICE_FAIL() << flag << " '" << text << "' holds " << count('m') << " prediction depths (m), --mtp-num-layers is "
+                   << mtp_num_layers;
+  if (count('m') > 0) {
+    const std::string& last = stages.back();
+    if (int64_t(std::count(last.begin(), last.end(), 'm')) != count('m') || last.find('t', last.find('m')) != std::string::npos)
+      LATTICE_FAIL() << flag << " '" << text << "': the prediction depths (m) must follow every t in the last stage, "
+                        "with L (where lattice runs them)";
+  }
+  if (P < 1) LATTICE_FAIL() << "--pipeline-model-parallel-size must be >= 1, got " << P;
+  const int64_t n = int64_t(stages.size());
+  if (n % P != 0)
+    LATTICE_FAIL() << flag << " '" << text << "' has " << n << " stages, not a multiple of --pipeline-model-parallel-size "
+                   << P;
+  PipelineLayout l;
+  l.stages = P;
+  l.num_layers = num_layers;
+  l.virtual_stages = int(n / P);
+  if (l.virtual_stages > 1 && P < 2)
+    LATTICE_FAIL() << flag << " '" << text << "' has " << n
+                   << " stages: interleaving them needs --pipeline-model-parallel-size > 1";
+  for (const std::string& st : stages) l.chunk_layers.push_back(int64_t(std::count(st.begin(), st.end(), 't')));
+  return l;
+}
+
 std::vector<std::pair<int64_t, int64_t>> stage_layers(const PipelineLayout& l, int r) {
   const int P = l.stages;
+  if (!l.chunk_layers.empty()) {  // --pipeline-model-parallel-layout: virtual stage v*P + r in order
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int v = 0; v < l.virtual_stages; ++v) {
+      const size_t k = size_t(v * P + r);
+      int64_t b = 0;
+      for (size_t j = 0; j < k; ++j) b += l.chunk_layers[j];
+      out.push_back({b, b + l.chunk_layers[k]});
+    }
+    return out;
+  }
   // The split's layer range [b, e) as decoder layers: the embedding is split layer 0.
   const int64_t shift = l.embedding_in_split ? 1 : 0;
   auto decoder = [&](int64_t b, int64_t e) {

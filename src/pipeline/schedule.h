@@ -24,6 +24,9 @@ struct PipelineLayout {
   bool loss_in_split = false;
   // The layers the split divides: num_layers, plus one for each of the two above.
   int64_t split_layers() const { return num_layers + (embedding_in_split ? 1 : 0) + (loss_in_split ? 1 : 0); }
+  // --pipeline-model-parallel-layout: the decoder layers of each virtual stage, in the order
+  // v*P + r (stage r's chunk v), P*V entries; empty when the flags above split the layers.
+  std::vector<int64_t> chunk_layers = {};
 };
 
 // The layout for the flags, or a one-line error naming the flag to change:
@@ -34,12 +37,22 @@ PipelineLayout make_pipeline_layout(int64_t num_layers, int stages, int64_t laye
                                     int64_t first_stage_layers, int64_t last_stage_layers,
                                     bool embedding_in_split = false, bool loss_in_split = false);
 
+// Megatron's --pipeline-model-parallel-layout: the virtual stages in order v*P + r, split by '|',
+// each a string of E (the embedding), t (a decoder layer), m (a multi-token prediction depth) and
+// L (the output layer and the loss); "(...)*n" repeats a group and "x*n" one letter, commas are
+// ignored (e.g. "Et*3|(tt|)*2,t*2L"). E opens the first stage and L closes the last, each once;
+// the t's are --num-layers; the m's are --mtp-num-layers, after every t, in the stage that holds L
+// (where lattice runs the depths); the stage count is a multiple of P (V = count / P; an
+// interleaved one needs P > 1). Stages may hold no decoder layer. A one-line error naming the flag
+// otherwise.
+PipelineLayout parse_pipeline_layout(const std::string& text, int64_t num_layers, int stages, int64_t mtp_num_layers);
+
 // Global layer ranges [begin, end) of stage `stage`'s chunks, in chunk order. Even: L/P
 // consecutive layers per stage; uneven: the first and last stage take their counts and
 // the middle stages split the rest evenly; interleaved: stage r's chunk v holds the
 // (v*P + r)-th block of L/(P*V) layers. With the embedding (loss) in the split, L counts
 // it as a layer before layer 0 (after the last) and the chunk that holds it has one
-// decoder layer fewer, possibly none ([b, b)).
+// decoder layer fewer, possibly none ([b, b)). With chunk_layers: the counts, in virtual-stage order.
 std::vector<std::pair<int64_t, int64_t>> stage_layers(const PipelineLayout& layout, int stage);
 
 struct PipelineOp {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -252,6 +254,11 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "accepted: p2p | a2a | allgather | a2a+p2p (the same math; lattice all-gathers the keys and values)"},
       {"num-layers-per-virtual-pipeline-stage", Kind::i64, &a.num_layers_per_virtual_pipeline_stage,
        "layers per model chunk: interleaved 1F1B with L / (PP x this) chunks per stage"},
+      {"num-virtual-stages-per-pipeline-rank", Kind::i64, &a.num_virtual_stages_per_pipeline_rank,
+       "model chunks per pipeline stage (interleaved 1F1B): the other way to give --num-layers-per-virtual-pipeline-stage"},
+      {"pipeline-model-parallel-layout", Kind::str, &a.pipeline_model_parallel_layout,
+       "the layers of each pipeline stage, e.g. \"Et*3|(tt|)*2,t*2L\" (E embedding, t layer, m MTP depth, L loss; "
+       "stages split by |, in virtual-stage order; docs/distributed.md)"},
       {"decoder-first-pipeline-num-layers", Kind::i64, &a.decoder_first_pipeline_num_layers,
        "layers on the first pipeline stage (0: even split)"},
       {"decoder-last-pipeline-num-layers", Kind::i64, &a.decoder_last_pipeline_num_layers,
@@ -273,7 +280,11 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"fp8-margin", Kind::i64, &a.fp8_margin, "fp8 scaling margin (powers of 2)"},
       {"fp8-amax-history-len", Kind::i64, &a.fp8_amax_history_len, "fp8 delayed-scaling amax history"},
       {"fp8-amax-compute-algo", Kind::str, &a.fp8_amax_compute_algo, "fp8 amax from the history: most_recent | max"},
+      {"fp8-recipe", Kind::str, &a.fp8_recipe,
+       "fp8 scaling recipe: delayed (lattice's; tensorwise, mxfp8, blockwise and custom are not implemented)"},
       {"recompute-granularity", Kind::str, &a.recompute_granularity, "activation recomputation: full | selective"},
+      {"recompute-activations", Kind::flag, &a.recompute_activations,
+       "Megatron's shortcut for --recompute-granularity selective (it overrides that flag)"},
       {"recompute-method", Kind::str, &a.recompute_method, "full recomputation: uniform | block"},
       {"recompute-num-layers", Kind::i64, &a.recompute_num_layers, "layers per recomputed group (uniform) or recomputed layers per chunk (block)"},
       {"recompute-modules", Kind::list, &a.recompute_modules,
@@ -285,6 +296,11 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "LayerNorm, dropout and residual on token shards of the tensor-parallel group"},
       {"mock-data", Kind::flag, &a.mock_data, "synthetic data instead of --data-path"},
       {"data-path", Kind::list, &a.data_path, "prefix of a .bin/.idx dataset"},
+      {"data-args-path", Kind::str, &a.data_args_path,
+       "a text file holding --data-path's words ([w1] p1 [w2 p2 ...]), for blends too long for a command line"},
+      {"per-split-data-args-path", Kind::str, &a.per_split_data_args_path,
+       "a JSON file {\"train\": ..., \"valid\": ..., \"test\": ...} holding --train/valid/test-data-path's words "
+       "(each a list or a string)"},
       {"vocab-size", Kind::i64, &a.vocab_size,
        "vocabulary size when no tokenizer is named; NullTokenizer's ids (its end of document is this id)"},
       {"tokenizer-type", Kind::str, &a.tokenizer_type, "ByteTokenizer"},
@@ -434,6 +450,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"overlap-p2p-communication", Kind::flag, &a.implementation.overlap_p2p_communication,
        "accepted: pipeline activations are always sent asynchronously"},
       {"manual-gc", Kind::flag, &a.implementation.manual_gc, "accepted: no garbage collector"},
+      {"ddp-average-in-collective", Kind::flag, &a.implementation.ddp_average_in_collective,
+       "accepted: the same average (lattice scales each micro-batch's loss gradient by 1 / (micro-batches x DP))"},
       {"distributed-backend", Kind::str, &a.implementation.distributed_backend,
        "nccl or gloo: accepted; lattice uses NCCL for GPU tensors and MPI for CPU ones"},
       {"num-workers", Kind::i64, &a.implementation.num_workers, "accepted: samples are read in-process from mmap"},
@@ -688,7 +706,70 @@ void validate_muon(const TrainArgs& a) {
     LATTICE_FAIL() << "--muon-momentum must be in [0, 1), got " << a.muon_momentum;
 }
 
+// --data-args-path and --per-split-data-args-path (Megatron's): the data paths read from files, for
+// blends too long for a command line. The first holds --data-path's words (split at any whitespace);
+// the second a JSON object whose "train", "valid" and "test" are each a list of words or one string
+// of them ("valid" and "test" may be missing or null: no such split).
+void read_data_args_files(TrainArgs& a) {
+  auto read = [](const std::string& path, const char* flag) {
+    std::ifstream in(path);
+    if (!in) LATTICE_FAIL() << "--" << flag << " " << path << ": cannot open: " << std::strerror(errno);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (in.bad()) LATTICE_FAIL() << "--" << flag << " " << path << ": cannot read";
+    return text.str();
+  };
+  auto words = [](const std::string& text) {
+    std::istringstream in(text);
+    std::vector<std::string> out;
+    for (std::string w; in >> w;) out.push_back(w);
+    return out;
+  };
+  if (!a.data_args_path.empty()) {
+    if (!a.data_path.empty()) LATTICE_FAIL() << "--data-args-path and --data-path are exclusive";
+    a.data_path = words(read(a.data_args_path, "data-args-path"));
+    if (a.data_path.empty()) LATTICE_FAIL() << "--data-args-path " << a.data_args_path << ": no data paths in the file";
+  }
+  if (a.per_split_data_args_path.empty()) return;
+  const std::string& file = a.per_split_data_args_path;
+  if (!a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty())
+    LATTICE_FAIL() << "--per-split-data-args-path and --train-data-path/--valid-data-path/--test-data-path are exclusive";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read(file, "per-split-data-args-path"));
+  } catch (const nlohmann::json::parse_error& e) {
+    LATTICE_FAIL() << "--per-split-data-args-path " << file << ": not JSON (" << e.what() << ")";
+  }
+  if (!j.is_object())
+    LATTICE_FAIL() << "--per-split-data-args-path " << file << ": expected an object with train, valid and test";
+  for (const auto& [key, value] : j.items())
+    if (key != "train" && key != "valid" && key != "test")
+      LATTICE_FAIL() << "--per-split-data-args-path " << file << ": unknown key \"" << key
+                     << "\" (train, valid, test)";
+  std::vector<std::string>* targets[3] = {&a.train_data_path, &a.valid_data_path, &a.test_data_path};
+  const char* keys[3] = {"train", "valid", "test"};
+  for (int k = 0; k < 3; ++k) {
+    if (!j.contains(keys[k]) || j[keys[k]].is_null()) {
+      if (k == 0) LATTICE_FAIL() << "--per-split-data-args-path " << file << ": no \"train\" data";
+      continue;
+    }
+    const nlohmann::json& v = j[keys[k]];
+    if (v.is_string()) {
+      *targets[k] = words(v.get<std::string>());
+    } else if (v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& e) { return e.is_string(); })) {
+      for (const auto& e : v)
+        for (const std::string& w : words(e.get<std::string>())) targets[k]->push_back(w);
+    } else {
+      LATTICE_FAIL() << "--per-split-data-args-path " << file << ": \"" << keys[k]
+                     << "\" must be a list of strings or a string";
+    }
+    if (targets[k]->empty()) LATTICE_FAIL() << "--per-split-data-args-path " << file << ": \"" << keys[k] << "\" is empty";
+  }
+}
+
 void validate(TrainArgs& a) {
+  // Megatron's --recompute-activations: selective recomputation, whatever --recompute-granularity says.
+  if (a.recompute_activations) a.recompute_granularity = "selective";
   reject_unimplemented(a);
   validate_muon(a);
   validate_precision(a);
@@ -798,9 +879,7 @@ void validate(TrainArgs& a) {
   if (a.mtp_num_layers > 0 && a.pipeline_model_parallel_size > 1 && a.position_embedding_type == "learned_absolute")
     LATTICE_FAIL() << "--mtp-num-layers with --pipeline-model-parallel-size > 1 needs --position-embedding-type rope "
                       "or none: the last stage's prediction depths have no position table";
-  make_pipeline_layout(a.num_layers, int(a.pipeline_model_parallel_size), a.num_layers_per_virtual_pipeline_stage,
-                       a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers,
-                       a.account_for_embedding_in_pipeline_split, a.account_for_loss_in_pipeline_split);
+  pipeline_layout_of(a);
   if (a.sequence_parallel && a.seq_length % a.tensor_model_parallel_size != 0)
     LATTICE_FAIL() << "--seq-length " << a.seq_length << " is not divisible by --tensor-model-parallel-size "
                    << a.tensor_model_parallel_size << " (required by --sequence-parallel)";
@@ -886,6 +965,7 @@ void validate(TrainArgs& a) {
                    << "'";
   if (a.optimizer != "adam" && a.optimizer != "sgd" && a.optimizer != "muon")
     LATTICE_FAIL() << "--optimizer must be adam, sgd or muon, got " << a.optimizer;
+  read_data_args_files(a);
   const bool split_paths = !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty();
   if (a.mock_data && (!a.data_path.empty() || split_paths))
     LATTICE_FAIL() << "--mock-data and --data-path/--train-data-path are exclusive";
@@ -914,6 +994,16 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "--vocab-size is required when no --tokenizer-type is given";
   if (a.num_threads < 0) LATTICE_FAIL() << "--num-threads must be >= 0";
   parse_device(a.device.c_str());  // names --device
+  if (a.fp8_recipe != "delayed") {
+    const bool megatron = a.fp8_recipe == "tensorwise" || a.fp8_recipe == "mxfp8" || a.fp8_recipe == "blockwise" ||
+                          a.fp8_recipe == "custom";
+    LATTICE_FAIL() << "--fp8-recipe " << a.fp8_recipe
+                   << (megatron ? " is not implemented: lattice's fp8 is delayed scaling (--fp8-recipe delayed)"
+                                : " must be delayed, tensorwise, mxfp8, blockwise or custom");
+  }
+  if (a.implementation.ddp_average_in_collective && a.calculate_per_token_loss)  // Megatron's assertion
+    LATTICE_FAIL() << "--ddp-average-in-collective cannot be used with --calculate-per-token-loss (the gradients are "
+                      "divided by the global batch's token count, not averaged over the ranks)";
   // fp8's delayed scaling records each GEMM input's amax; a recomputed forward would
   // record them twice and quantize with moved scales.
   if (a.recompute_granularity == "full" && !a.fp8_format.empty())
@@ -1397,6 +1487,43 @@ std::string train_help() {
     os << f.help << " [" << default_text(f) << "]\n";
   }
   return os.str();
+}
+
+PipelineLayout pipeline_layout_of(const TrainArgs& a) {
+  const int P = int(a.pipeline_model_parallel_size);
+  const int64_t V = a.num_virtual_stages_per_pipeline_rank;
+  if (V < 0) LATTICE_FAIL() << "--num-virtual-stages-per-pipeline-rank must be >= 1, got " << V;
+  if (int(a.num_layers_per_virtual_pipeline_stage > 0) + int(V > 0) + int(!a.pipeline_model_parallel_layout.empty()) > 1)
+    LATTICE_FAIL() << "no more than one of --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank "
+                      "and --pipeline-model-parallel-layout can be given";
+  if (!a.pipeline_model_parallel_layout.empty()) {
+    for (const auto& [set, flag] : {std::pair{a.decoder_first_pipeline_num_layers > 0, "--decoder-first-pipeline-num-layers"},
+                                    std::pair{a.decoder_last_pipeline_num_layers > 0, "--decoder-last-pipeline-num-layers"},
+                                    std::pair{a.account_for_embedding_in_pipeline_split, "--account-for-embedding-in-pipeline-split"},
+                                    std::pair{a.account_for_loss_in_pipeline_split, "--account-for-loss-in-pipeline-split"}})
+      if (set) LATTICE_FAIL() << "--pipeline-model-parallel-layout cannot be combined with " << flag;
+    return parse_pipeline_layout(a.pipeline_model_parallel_layout, a.num_layers, P, a.mtp_num_layers);
+  }
+  int64_t per_virtual = a.num_layers_per_virtual_pipeline_stage;
+  if (V > 1) {  // V chunks per stage: the layers per chunk they give
+    if (P < 2) LATTICE_FAIL() << "--num-virtual-stages-per-pipeline-rank " << V << " needs --pipeline-model-parallel-size > 1";
+    if (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0)
+      LATTICE_FAIL() << "--num-virtual-stages-per-pipeline-rank with --decoder-first/last-pipeline-num-layers is not "
+                        "implemented: give the stages with --pipeline-model-parallel-layout";
+    const int64_t split = a.num_layers + int64_t(a.account_for_embedding_in_pipeline_split) +
+                          int64_t(a.account_for_loss_in_pipeline_split);
+    if (split % (int64_t(P) * V) != 0)
+      LATTICE_FAIL() << "--num-layers " << a.num_layers
+                     << (split != a.num_layers ? " (with the embedding or loss counted in the split: " +
+                                                     std::to_string(split) + ")"
+                                               : std::string())
+                     << " is not divisible by --pipeline-model-parallel-size " << P
+                     << " x --num-virtual-stages-per-pipeline-rank " << V;
+    per_virtual = split / (int64_t(P) * V);
+  }
+  return make_pipeline_layout(a.num_layers, P, per_virtual, a.decoder_first_pipeline_num_layers,
+                              a.decoder_last_pipeline_num_layers, a.account_for_embedding_in_pipeline_split,
+                              a.account_for_loss_in_pipeline_split);
 }
 
 }  // namespace lattice

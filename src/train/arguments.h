@@ -11,6 +11,7 @@
 #include "data/tokenizer.h"
 #include "model/transformer_config.h"
 #include "optim/optimizer.h"
+#include "pipeline/schedule.h"
 #include "train/batch_size_rampup.h"
 
 namespace lattice {
@@ -139,6 +140,8 @@ struct TrainArgs {
   std::string cp_comm_type = "p2p";        // Megatron's --cp-comm-type; lattice all-gathers the keys and values
   bool sequence_parallel = false;
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
+  int64_t num_virtual_stages_per_pipeline_rank = 0;    // V directly (0: unset)
+  std::string pipeline_model_parallel_layout;          // Megatron's layout string (schedule.h); "": unset
   int64_t decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;  // 0: even split
   bool account_for_embedding_in_pipeline_split = false;  // the embedding counts as a layer in the split
   bool account_for_loss_in_pipeline_split = false;       // the loss counts as a layer in the split
@@ -151,8 +154,10 @@ struct TrainArgs {
   std::string fp8_format;                // "" | e4m3 | hybrid
   int64_t fp8_margin = 0, fp8_amax_history_len = 1;
   std::string fp8_amax_compute_algo = "most_recent";  // most_recent | max
+  std::string fp8_recipe = "delayed";    // Megatron's --fp8-recipe: lattice's fp8 is delayed scaling
   // Activation recomputation.
   std::string recompute_granularity;     // "" | full | selective
+  bool recompute_activations = false;    // Megatron's shortcut for --recompute-granularity selective
   std::string recompute_method;          // "" | uniform | block
   int64_t recompute_num_layers = 0;
   std::vector<std::string> recompute_modules;  // selective: core_attn | moe (empty: core_attn)
@@ -161,6 +166,10 @@ struct TrainArgs {
   // data
   bool mock_data = false;
   std::vector<std::string> data_path;
+  // Megatron's --data-args-path (a text file holding --data-path's words) and --per-split-data-args-path
+  // (JSON: "train", "valid", "test", each a list or a whitespace-separated string); read into the
+  // data paths when the flags are checked.
+  std::string data_args_path, per_split_data_args_path;
   int64_t vocab_size = 0;
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model;
   int64_t vocab_extra_ids = 0;  // --vocab-extra-ids (SentencePieceTokenizer)
@@ -251,6 +260,7 @@ struct TrainArgs {
     bool moe_grouped_gemm = false, moe_permute_fusion = false, moe_shared_expert_overlap = false;
     bool moe_router_fusion = false, moe_use_legacy_grouped_gemm = false, tp_comm_overlap = false;
     bool overlap_moe_expert_parallel_comm = false, delay_wgrad_compute = false;
+    bool ddp_average_in_collective = false;  // the same average as lattice's 1/(micro-batches x DP) loss scaling
     std::string transformer_impl = "transformer_engine", distributed_backend = "nccl";
     std::string ckpt_format = "torch_dist";  // Megatron's default; lattice's format plays its part
     std::string rerun_mode = "disabled";     // Megatron's --rerun-mode: only disabled
@@ -297,6 +307,10 @@ struct TrainArgs {
 // Parses argv[first..argc) (after `lattice train`). Throws lattice::Error on unknown
 // flags, missing or malformed values and invalid combinations.
 TrainArgs parse_train_args(int argc, char** argv, int first);
+
+// The pipeline layout the flags give (--pipeline-model-parallel-layout, --num-virtual-stages-per-pipeline-rank,
+// --num-layers-per-virtual-pipeline-stage, the uneven and account-for splits), or a one-line error.
+PipelineLayout pipeline_layout_of(const TrainArgs& args);
 
 // `lattice train --help` text: every flag with its default.
 std::string train_help();

@@ -146,13 +146,6 @@ std::string exit_reason(const TrainArgs& args, int64_t done, std::chrono::steady
   return "";
 }
 
-PipelineLayout pipeline_layout(const TrainArgs& args) {
-  return make_pipeline_layout(args.num_layers, int(args.pipeline_model_parallel_size),
-                              args.num_layers_per_virtual_pipeline_stage, args.decoder_first_pipeline_num_layers,
-                              args.decoder_last_pipeline_num_layers, args.account_for_embedding_in_pipeline_split,
-                              args.account_for_loss_in_pipeline_split);
-}
-
 // The inputs of the per-rank memory estimate (--log-memory, --dry-run). fp32 today;
 // --bf16 keeps a bf16 copy of the weights beside the fp32 parameters and gradients.
 MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, int dp, const PipelineLayout& pipe,
@@ -215,7 +208,7 @@ int print_dry_run(const TrainArgs& args) {
                                             int(args.num_distributed_optimizer_instances),
                                             int(args.implementation.expert_tensor_parallel_size));
   if (env && std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) != 0) return 0;
-  const PipelineLayout pipe = pipeline_layout(args);
+  const PipelineLayout pipe = pipeline_layout_of(args);
   const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * layout.dp);
   if (num_micro * args.micro_batch_size * layout.dp != args.global_batch_size)
     LATTICE_FAIL() << "--global-batch-size " << args.global_batch_size << " is not a multiple of --micro-batch-size "
@@ -317,7 +310,7 @@ int run_training(const TrainArgs& args) {
 
   // Pipeline parallelism: this rank's stage holds the chunks of stage_layers and keeps
   // activations for as many micro-batches as its schedule has in flight.
-  const PipelineLayout pipe = pipeline_layout(args);
+  const PipelineLayout pipe = pipeline_layout_of(args);
   const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * ps->dp().size());
   check_micro_batches(pipe, num_micro);
   const int stage = ps->pp_rank();

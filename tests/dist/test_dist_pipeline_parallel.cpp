@@ -43,9 +43,23 @@ struct Case {
   bool rope = false;  // --position-embedding-type rope
   bool muon = false;  // --optimizer muon (each stage's matrices its own; the embedding copies Adam's)
   std::string hybrid;  // --hybrid-override-pattern (its length is `layers`; Mamba layers of tests/mamba_test_config.h)
+  std::string layout;  // --pipeline-model-parallel-layout (instead of the flags above)
 };
 
+// A --pipeline-model-parallel-layout case.
+Case layout_case(const std::string& name, int64_t layers, const std::string& layout, float dropout, int64_t mtp = 0) {
+  Case c;
+  c.name = name;
+  c.layers = layers;
+  c.layout = layout;
+  c.dropout = dropout;
+  c.mtp = mtp;
+  c.rope = mtp > 0;  // the last stage's prediction depths have no position table
+  return c;
+}
+
 PipelineLayout layout_of(const Case& c, int P) {
+  if (!c.layout.empty()) return parse_pipeline_layout(c.layout, c.layers, P, c.mtp);
   return make_pipeline_layout(c.layers, P, c.per_virtual, c.first, c.last, c.embedding_in_split, c.loss_in_split);
 }
 
@@ -132,7 +146,7 @@ TEST_P(DistPipeline, MatchesSingleProcess) {
   const LayoutRun single = train(c, nullptr, false, nullptr);
   const LayoutRun pp = train(c, ps.get(), false, nullptr);
   expect_same_run(pp, single);
-  if (ps->pp_rank() == 0 && c.per_virtual == 0) {
+  if (ps->pp_rank() == 0 && layout_of(c, world).virtual_stages == 1) {
     // 1F1B: stage 0 keeps at most warmup + 1 micro-batches of activations.
     EXPECT_EQ(pp.warmup, std::min<int64_t>(world - 1, kGBS / kB));
     EXPECT_EQ(pp.peak_activations, pp.warmup + 1);
@@ -175,7 +189,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // A hybrid's prediction depth on the last stage (Megatron's unified pattern): a Mamba layer
                       // with an MoE block ("ME"), its lookup through the shared word embedding (rotary positions).
                       Case{"HybridMambaMtpMixtureOfExperts", 4, 0, 0, 0, false, 0.1f, 1e-8f, 4, {}, false, 0, false,
-                           false, 0, true, false, "M-*E/ME"}),
+                           false, 0, true, false, "M-*E/ME"},
+                      // --pipeline-model-parallel-layout: uneven stages (interleaved on 2 ranks: 1, 3 | 1, 1
+                      // layers), stages of the embedding or the loss alone, prediction depths with the loss.
+                      layout_case("LayoutUnevenDropout", 6, "Et|t*3|t|tL", 0.1f),
+                      layout_case("LayoutEmbeddingAndLossAlone", 6, "E|t*3|t*3|L", 0.0f),
+                      layout_case("LayoutMtp", 4, "Ett|ttmL", 0.1f, 1)),
     [](const auto& info) { return info.param.name; });
 
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel

@@ -154,7 +154,7 @@ IMPL=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn 
       --empty-unused-memory-level 1 --async-save --moe-grouped-gemm --moe-permute-fusion --moe-token-dispatcher-type alltoall
       --expert-tensor-parallel-size 1 --moe-router-fusion --moe-use-legacy-grouped-gemm --ckpt-format torch_dist
       --ckpt-fully-parallel-save --ckpt-fully-parallel-load --ckpt-assume-constant-structure --rerun-mode disabled
-      --overlap-moe-expert-parallel-comm --delay-wgrad-compute)
+      --overlap-moe-expert-parallel-comm --delay-wgrad-compute --ddp-average-in-collective --fp8-recipe delayed)
 run impl "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}" "${IMPL[@]}" --metrics-file impl.jsonl
 [ -s impl.jsonl ] && [ "$(losses impl.jsonl)" = "$(losses det1.jsonl)" ] &&
   pass "Megatron's implementation flags leave the losses identical" ||
@@ -274,6 +274,31 @@ if run prep "$LATTICE" preprocess --input corpus.jsonl --json-keys text \
       fi
     fi
   fi
+fi
+
+# ---- --data-args-path / --per-split-data-args-path: the data paths from files ----
+# The same run as --data-path corpus_text_document (the prefix on a line of its own) and as
+# --train-data-path/--valid-data-path from a JSON file: the losses of the command-line paths.
+if [ -s byte.jsonl ]; then
+  printf '\n  corpus_text_document\n' >blend.txt
+  printf '{"train": ["corpus_text_document"], "valid": "corpus_text_document"}\n' >splits.json
+  if run argsfile "$LATTICE" train "${TINY[@]}" --data-args-path blend.txt --tokenizer-type ByteTokenizer \
+       --metrics-file argsfile.jsonl &&
+     run splitfile "$LATTICE" train "${TINY[@]}" --per-split-data-args-path splits.json --tokenizer-type ByteTokenizer \
+       --metrics-file splitfile.jsonl &&
+     run splitcli "$LATTICE" train "${TINY[@]}" --train-data-path corpus_text_document \
+       --valid-data-path corpus_text_document --tokenizer-type ByteTokenizer --metrics-file splitcli.jsonl; then
+    [ "$(losses argsfile.jsonl)" = "$(losses byte.jsonl)" ] && [ -n "$(losses splitfile.jsonl)" ] &&
+      [ "$(losses splitfile.jsonl)" = "$(losses splitcli.jsonl)" ] &&
+      pass "--data-args-path and --per-split-data-args-path train as their paths on the command line" ||
+      fail "data paths from files: $(losses argsfile.jsonl | tr '\n' ' ') / $(losses byte.jsonl | tr '\n' ' '); \
+$(losses splitfile.jsonl | tr '\n' ' ') / $(losses splitcli.jsonl | tr '\n' ' ')"
+  fi
+  expect_error "--data-args-path missing" "--data-args-path|nothing.txt|cannot open" -- \
+    "$LATTICE" train "${TINY[@]}" --data-args-path nothing.txt --tokenizer-type ByteTokenizer
+  printf '{"train": "corpus_text_document", "validation": "corpus_text_document"}' >badsplits.json
+  expect_error "--per-split-data-args-path unknown key" "--per-split-data-args-path|badsplits.json|validation" -- \
+    "$LATTICE" train "${TINY[@]}" --per-split-data-args-path badsplits.json --tokenizer-type ByteTokenizer
 fi
 
 # ---- the precision-aware optimizer: Adam's moments in bf16 ----

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "pipeline/schedule.h"
@@ -104,6 +105,64 @@ TEST(PipelineLayout, EmbeddingAndLossInTheSplitErrorsNameTheFlag) {
                                                 "--num-layers-per-virtual-pipeline-stage 1"),
             std::string::npos);
   EXPECT_EQ(error(8, 2, 0, 0, true, true), "");
+}
+
+// --pipeline-model-parallel-layout: Megatron's layout string, its stages in virtual-stage order v*P + r.
+TEST(PipelineLayout, LayoutStringPlacesEachVirtualStage) {
+  // "Et*3|(tt|)*2,t*2L" is "Ettt|tt|tt|ttL": 3, 2, 2, 2 decoder layers.
+  const PipelineLayout two = parse_pipeline_layout("Et*3|(tt|)*2,t*2L", 9, 2, 0);
+  EXPECT_EQ(two.virtual_stages, 2);
+  EXPECT_EQ(two.chunk_layers, (std::vector<int64_t>{3, 2, 2, 2}));
+  EXPECT_EQ(stage_layers(two, 0), (Chunks{{0, 3}, {5, 7}}));
+  EXPECT_EQ(stage_layers(two, 1), (Chunks{{3, 5}, {7, 9}}));
+  const PipelineLayout four = parse_pipeline_layout("Et*3|(tt|)*2,t*2L", 9, 4, 0);  // one chunk each, uneven
+  EXPECT_EQ(four.virtual_stages, 1);
+  EXPECT_EQ(stage_layers(four, 0), (Chunks{{0, 3}}));
+  EXPECT_EQ(stage_layers(four, 2), (Chunks{{5, 7}}));
+  EXPECT_EQ(stage_layers(four, 3), (Chunks{{7, 9}}));
+  // Stages without decoder layers: the embedding alone, the loss alone.
+  const PipelineLayout ends = parse_pipeline_layout("E|t*4|t*4|L", 8, 2, 0);
+  EXPECT_EQ(stage_layers(ends, 0), (Chunks{{0, 0}, {4, 8}}));
+  EXPECT_EQ(stage_layers(ends, 1), (Chunks{{0, 4}, {8, 8}}));
+  // "|*2" repeats the separator (an empty stage); prediction depths with the loss.
+  EXPECT_EQ(parse_pipeline_layout("Ett|*2ttmL", 4, 3, 1).chunk_layers, (std::vector<int64_t>{2, 0, 2}));
+  // The same split as the flags give.
+  const PipelineLayout flags = make_pipeline_layout(8, 2, 2, 0, 0);
+  const PipelineLayout text = parse_pipeline_layout("Ett|tt|tt|ttL", 8, 2, 0);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(stage_layers(text, r), stage_layers(flags, r));
+  EXPECT_EQ(text.virtual_stages, flags.virtual_stages);
+}
+
+TEST(PipelineLayout, LayoutStringErrorsNameTheFlag) {
+  auto error = [](const std::string& text, int64_t L, int P, int64_t mtp = 0) -> std::string {
+    try {
+      parse_pipeline_layout(text, L, P, mtp);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string flag = "--pipeline-model-parallel-layout";
+  for (const auto& [text, L, P, mtp, want] : std::vector<std::tuple<std::string, int64_t, int, int64_t, std::string>>{
+           {"Ettt|ttL", 4, 2, 0, "holds 5 decoder layers (t), --num-layers is 4"},
+           {"tE|ttL", 3, 2, 0, "E (the embedding) must open the first stage"},
+           {"Ett|tLt", 4, 2, 0, "L (the loss) must close the last stage"},
+           {"EtLt|tL", 3, 2, 0, "L (the loss) must close the last stage"},
+           {"Ett|ttx L", 4, 2, 0, "unknown layer 'x'"},
+           {"Ett|tt|ttL", 6, 2, 0, "has 3 stages, not a multiple of --pipeline-model-parallel-size 2"},
+           {"Ett|ttL", 4, 1, 0, "interleaving them needs --pipeline-model-parallel-size > 1"},
+           {"Ett|ttL", 4, 2, 1, "holds 0 prediction depths (m), --mtp-num-layers is 1"},
+           {"Ettm|ttL", 4, 2, 1, "must follow every t in the last stage"},
+           {"Ett|tmtL", 4, 2, 1, "must follow every t in the last stage"},
+           {"E(tt|*2L", 4, 2, 0, "'(' without ')'"},
+           {"E(tt|)tt|L", 4, 2, 0, "needs '*n' after it"},
+           {"Et*|ttL", 3, 2, 0, "'*' needs a count"},
+           {"E(t*9999999)*9|L", 4, 2, 0, "too large"},
+       }) {
+    const std::string got = error(text, L, P, mtp);
+    EXPECT_NE(got.find(flag), std::string::npos) << text << ": " << got;
+    EXPECT_NE(got.find(want), std::string::npos) << text << ": " << got;
+  }
 }
 
 TEST(PipelineLayout, ErrorsNameTheFlag) {

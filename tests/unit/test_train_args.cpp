@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "train/arguments.h"
+#include "test_util.h"
 
 namespace lattice {
 namespace {
@@ -355,6 +356,134 @@ TEST(TrainArgs, MultipleValidationSetsNeedUnweightedValidDataPaths) {
     EXPECT_EQ(std::string(e.what()), "--full-validation evaluates the whole validation split, and --mock-data's has no "
                                      "end: give --data-path or --valid-data-path");
   }
+}
+
+// Megatron's flags for what lattice already has another way to say: --recompute-activations,
+// --num-virtual-stages-per-pipeline-rank, --pipeline-model-parallel-layout, --fp8-recipe delayed,
+// --ddp-average-in-collective; and what each refuses.
+TEST(TrainArgs, MegatronSpellingsOfLayoutsAndRecipes) {
+  EXPECT_EQ(parse({"--recompute-activations"}).recompute_granularity, "selective");
+  EXPECT_EQ(parse({"--recompute-granularity", "full", "--recompute-activations"}).recompute_granularity,
+            "selective");  // Megatron's override; then its check: selective takes no method
+  EXPECT_NE(error_of({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
+                      "--recompute-activations"})
+                .find("--recompute-method uniform needs --recompute-granularity full"),
+            std::string::npos);
+  // 8 layers on 2 pipeline stages (parse's base command line has 2 layers).
+  auto eight = [](std::vector<std::string> extra) {
+    std::vector<std::string> words = {"lattice", "train", "--num-layers", "8", "--hidden-size", "64",
+                                      "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size", "2",
+                                      "--train-iters", "3", "--mock-data", "--vocab-size", "100",
+                                      "--pipeline-model-parallel-size", "2"};
+    words.insert(words.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    return parse_train_args(int(argv.size()), argv.data(), 2);
+  };
+  auto layout = [&](std::vector<std::string> extra) { return pipeline_layout_of(eight(std::move(extra))); };
+  // V = 2 chunks per stage is 2 layers per chunk.
+  const PipelineLayout by_count = layout({"--num-virtual-stages-per-pipeline-rank", "2"});
+  const PipelineLayout by_layers = layout({"--num-layers-per-virtual-pipeline-stage", "2"});
+  EXPECT_EQ(by_count.virtual_stages, 2);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(stage_layers(by_count, r), stage_layers(by_layers, r));
+  EXPECT_EQ(layout({"--num-virtual-stages-per-pipeline-rank", "1"}).virtual_stages, 1);
+  const PipelineLayout text = layout({"--pipeline-model-parallel-layout", "Et|t*3|tt|ttL"});
+  EXPECT_EQ(text.chunk_layers, (std::vector<int64_t>{1, 3, 2, 2}));
+  auto err = [&](std::vector<std::string> extra) {
+    try {
+      eight(std::move(extra));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err({"--num-virtual-stages-per-pipeline-rank", "3"})
+                .find("--num-layers 8 is not divisible by --pipeline-model-parallel-size 2 x "
+                      "--num-virtual-stages-per-pipeline-rank 3"),
+            std::string::npos);
+  EXPECT_NE(err({"--num-virtual-stages-per-pipeline-rank", "2", "--num-layers-per-virtual-pipeline-stage", "2"})
+                .find("no more than one of"),
+            std::string::npos);
+  EXPECT_NE(err({"--pipeline-model-parallel-layout", "Etttt|ttttL", "--num-virtual-stages-per-pipeline-rank", "2"})
+                .find("no more than one of"),
+            std::string::npos);
+  EXPECT_NE(err({"--pipeline-model-parallel-layout", "Etttt|ttttL", "--decoder-first-pipeline-num-layers", "3"})
+                .find("cannot be combined with --decoder-first-pipeline-num-layers"),
+            std::string::npos);
+  EXPECT_NE(err({"--pipeline-model-parallel-layout", "Etttt|ttttL", "--account-for-loss-in-pipeline-split"})
+                .find("cannot be combined with --account-for-loss-in-pipeline-split"),
+            std::string::npos);
+  EXPECT_NE(err({"--pipeline-model-parallel-layout", "Ettt|ttttL"}).find("holds 7 decoder layers"), std::string::npos);
+  EXPECT_NE(err({"--num-virtual-stages-per-pipeline-rank", "2", "--decoder-first-pipeline-num-layers", "2"})
+                .find("is not implemented"),
+            std::string::npos);
+
+  EXPECT_EQ(parse({}).fp8_recipe, "delayed");
+  EXPECT_EQ(parse({"--fp8-recipe", "delayed"}).fp8_recipe, "delayed");
+  EXPECT_EQ(error_of({"--fp8-recipe", "mxfp8"}),
+            "--fp8-recipe mxfp8 is not implemented: lattice's fp8 is delayed scaling (--fp8-recipe delayed)");
+  EXPECT_EQ(error_of({"--fp8-recipe", "fast"}), "--fp8-recipe fast must be delayed, tensorwise, mxfp8, blockwise or custom");
+  EXPECT_TRUE(parse({"--ddp-average-in-collective"}).implementation.ddp_average_in_collective);
+  EXPECT_NE(error_of({"--ddp-average-in-collective", "--calculate-per-token-loss"}).find("cannot be used with"),
+            std::string::npos);
+}
+
+// --data-args-path / --per-split-data-args-path: the data paths read from files.
+TEST(TrainArgs, DataArgsFiles) {
+  auto words = [](std::vector<std::string> extra) {
+    std::vector<std::string> w = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
+                                  "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size", "2",
+                                  "--train-iters", "3", "--vocab-size", "100"};
+    w.insert(w.end(), extra.begin(), extra.end());
+    return w;
+  };
+  auto parse_w = [&](std::vector<std::string> extra) {
+    std::vector<std::string> w = words(std::move(extra));
+    std::vector<char*> argv;
+    for (auto& x : w) argv.push_back(x.data());
+    return parse_train_args(int(argv.size()), argv.data(), 2);
+  };
+  auto error = [&](std::vector<std::string> extra) {
+    try {
+      parse_w(std::move(extra));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string dir = test_util::temp_dir();
+  test_util::write_text(dir + "/blend.txt", "0.3 /data/a_text_document\n  0.7\t/data/b_text_document\n");
+  EXPECT_EQ(parse_w({"--data-args-path", dir + "/blend.txt"}).data_path,
+            (std::vector<std::string>{"0.3", "/data/a_text_document", "0.7", "/data/b_text_document"}));
+  test_util::write_text(dir + "/splits.json",
+                        R"({"train": ["1 /d/a", "2 /d/b"], "valid": "/d/v", "test": null})");
+  const TrainArgs s = parse_w({"--per-split-data-args-path", dir + "/splits.json"});
+  EXPECT_EQ(s.train_data_path, (std::vector<std::string>{"1", "/d/a", "2", "/d/b"}));
+  EXPECT_EQ(s.valid_data_path, (std::vector<std::string>{"/d/v"}));
+  EXPECT_TRUE(s.test_data_path.empty());
+
+  EXPECT_EQ(error({"--data-args-path", dir + "/missing.txt"}).find("--data-args-path " + dir + "/missing.txt: cannot open"),
+            0u);
+  test_util::write_text(dir + "/empty.txt", " \n");
+  EXPECT_EQ(error({"--data-args-path", dir + "/empty.txt"}), "--data-args-path " + dir + "/empty.txt: no data paths in the file");
+  EXPECT_EQ(error({"--data-args-path", dir + "/blend.txt", "--data-path", "x"}), "--data-args-path and --data-path are exclusive");
+  test_util::write_text(dir + "/odd.txt", "0.3 a 0.7");
+  EXPECT_NE(error({"--data-args-path", dir + "/odd.txt"}).find("--data-path"), std::string::npos);
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"[1, 2]", "expected an object with train, valid and test"},
+           {"{\"train\": \"a\", \"tests\": \"b\"}", "unknown key \"tests\""},
+           {"{\"valid\": \"a\"}", "no \"train\" data"},
+           {"{\"train\": [1]}", "\"train\" must be a list of strings or a string"},
+           {"{\"train\": \"  \"}", "\"train\" is empty"},
+           {"{\"train\": ", "not JSON"},
+       }) {
+    test_util::write_text(dir + "/bad.json", text);
+    const std::string got = error({"--per-split-data-args-path", dir + "/bad.json"});
+    EXPECT_EQ(got.find("--per-split-data-args-path " + dir + "/bad.json: "), 0u) << text << ": " << got;
+    EXPECT_NE(got.find(want), std::string::npos) << text << ": " << got;
+  }
+  EXPECT_EQ(error({"--per-split-data-args-path", dir + "/splits.json", "--valid-data-path", "v"}),
+            "--per-split-data-args-path and --train-data-path/--valid-data-path/--test-data-path are exclusive");
 }
 
 }  // namespace
