@@ -93,8 +93,11 @@ struct Builder {
                      << "); it evaluates one dataset whole: give one, or --valid-data-path with "
                         "--multiple-validation-sets to evaluate each";
     std::vector<std::shared_ptr<const GPTDataset>> parts;
+    // A split's own paths (whole) holding one prefix are that dataset, its weight aside (Megatron's
+    // "blend consists of a single prefix"); --data-path's "w p" stays a blend of one, as Megatron's.
+    const bool one = whole && blend.prefixes.size() == 1;
     const std::vector<double> w =
-        blend.weights.empty() ? std::vector<double>{} : normalize_blend_weights(blend.weights, flag);
+        blend.weights.empty() || one ? std::vector<double>{} : normalize_blend_weights(blend.weights, flag);
     const std::vector<int64_t> per =
         w.empty() ? std::vector<int64_t>{n} : blend_samples_per_dataset(w, n);
     for (size_t d = 0; d < blend.prefixes.size(); ++d) {

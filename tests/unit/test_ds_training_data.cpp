@@ -112,6 +112,12 @@ TEST(DsTrainingData, PerSplitDataPaths) {
   const GPTDataset whole(std::make_shared<IndexedDataset>(pa), Split::train, SplitRange{true, 0, 30}, 40, cfg);
   for (int64_t i : {0, 9, 39}) EXPECT_EQ(take(*t.train, i), take(whole, i));
   EXPECT_NE(dynamic_cast<const BlendedDataset*>(t.valid.get()), nullptr);
+  // One prefix with a weight is that dataset alone, built for the split's samples (Megatron's "blend
+  // consists of a single prefix" for a split's own paths), not a blend of one.
+  a.train_data_path = {"0.5", pa};
+  const TrainingData weighted = make_training_data(a, 1000);
+  EXPECT_EQ(dynamic_cast<const BlendedDataset*>(weighted.train.get()), nullptr);
+  for (int64_t i : {0, 9, 39}) EXPECT_EQ(take(*weighted.train, i), take(whole, i));
   a.data_path = {pa};
   expect_error([&] { make_training_data(a, 1000); }, {"--data-path", "exclusive"});
 }
