@@ -1,7 +1,6 @@
 #include "data/training_data.h"
 
 #include <algorithm>
-
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -27,7 +26,14 @@ SampleCounts megatron_sample_counts(int64_t train_iters, int64_t train_samples, 
 
 BlendSpec parse_blend(const std::vector<std::string>& list, const char* flag) {
   BlendSpec b;
-  if (list.size() == 1) {
+  auto number = [](const std::string& s) {
+    char* end = nullptr;
+    std::strtod(s.c_str(), &end);
+    return !s.empty() && *end == '\0';
+  };
+  // One prefix, or prefixes without weights (none of the words a number: Megatron's list whose
+  // weights do not parse), blended by their sizes.
+  if (list.size() == 1 || (!list.empty() && std::none_of(list.begin(), list.end(), number))) {
     b.prefixes = list;
     return b;
   }
@@ -85,21 +91,25 @@ struct Builder {
   std::shared_ptr<const SampleSource> build(const BlendSpec& blend, Split split, int64_t n, bool whole,
                                             const char* flag, std::string& summary) {
     if (n == 0) return nullptr;
-    // --full-validation: one epoch of one dataset (a blend's weights say how to mix samples, not what
-    // "all of them" would be; Megatron refuses the same).
-    if (n == kOneEpoch && blend.prefixes.size() > 1)
+    // --full-validation: one epoch of the split (a blend's weights say how to mix samples, not what
+    // "all of them" would be; Megatron refuses the same). Datasets without weights are one epoch each.
+    const bool listed = blend.weights.empty() && blend.prefixes.size() > 1;
+    if (n == kOneEpoch && blend.prefixes.size() > 1 && !listed)
       LATTICE_FAIL() << "--full-validation: the " << split_name(split) << " split blends "
-                     << blend.prefixes.size() << " datasets (--" << flag
-                     << "); it evaluates one dataset whole: give one, or --valid-data-path with "
+                     << blend.prefixes.size() << " datasets with weights (--" << flag
+                     << "); it evaluates datasets whole: give them without weights, or --valid-data-path with "
                         "--multiple-validation-sets to evaluate each";
     std::vector<std::shared_ptr<const GPTDataset>> parts;
     // A split's own paths (whole) holding one prefix are that dataset, its weight aside (Megatron's
     // "blend consists of a single prefix"); --data-path's "w p" stays a blend of one, as Megatron's.
     const bool one = whole && blend.prefixes.size() == 1;
-    const std::vector<double> w =
+    std::vector<double> w =
         blend.weights.empty() || one ? std::vector<double>{} : normalize_blend_weights(blend.weights, flag);
-    const std::vector<int64_t> per =
-        w.empty() ? std::vector<int64_t>{n} : blend_samples_per_dataset(w, n);
+    // Samples each dataset is built for: its share of a weighted blend; one epoch of each listed
+    // dataset (Megatron's sizes None when no weights are given); n for one dataset.
+    const std::vector<int64_t> per = listed ? std::vector<int64_t>(blend.prefixes.size(), kOneEpoch)
+                                     : w.empty() ? std::vector<int64_t>{n}
+                                                 : blend_samples_per_dataset(w, n);
     for (size_t d = 0; d < blend.prefixes.size(); ++d) {
       auto ds = dataset(blend.prefixes[d]);
       SplitRange range{true, 0, ds->num_sequences()};
@@ -115,9 +125,29 @@ struct Builder {
       parts.push_back(std::make_shared<GPTDataset>(ds, split, range, per[d], config()));
       summary += std::string(" > ") + split_name(split) + ": " + blend.prefixes[d] + " sequences [" +
                  std::to_string(range.begin) + ", " + std::to_string(range.end) + "), " +
-                 std::to_string(parts.back()->size()) + " samples" +
+                 std::to_string(parts.back()->size()) + " samples" + (listed ? " (one epoch)" : "") +
                  (w.empty() ? "" : ", weight " + std::to_string(w[d])) +
                  (parts.back()->loaded_from_cache() ? " (index cache hit)" : "") + "\n";
+    }
+    if (listed) {
+      // Megatron's blend of datasets given without weights: each weighs its one epoch's samples, and
+      // the blend holds min(n, all of them) (all for --full-validation).
+      int64_t total = 0;
+      for (const auto& part : parts) total += part->size();
+      if (n != kOneEpoch && n > total)
+        LATTICE_FAIL() << "--" << flag << ": the " << parts.size() << " datasets given without weights hold " << total
+                       << " samples in one epoch of the " << split_name(split) << " split, fewer than the " << n
+                       << " the run reads (Megatron takes each once when no weights are given); give weights "
+                          "(w1 p1 w2 p2 ...) to draw more, or "
+                       << (split == Split::train ? "train for fewer samples (--train-iters, --train-samples)"
+                           : split == Split::valid
+                               ? "evaluate fewer samples (--eval-iters, --eval-interval, or --full-validation)"
+                               : "evaluate fewer samples (--eval-iters)");
+      std::vector<double> sizes;
+      for (const auto& part : parts) sizes.push_back(double(part->size()));
+      summary += std::string(" > ") + split_name(split) + ": the " + std::to_string(parts.size()) +
+                 " datasets blended by their sizes, " + std::to_string(n == kOneEpoch ? total : n) + " samples\n";
+      return std::make_shared<BlendedDataset>(parts, normalize_blend_weights(sizes, flag), n == kOneEpoch ? total : n);
     }
     if (w.empty() || n == kOneEpoch) return parts[0];
     return std::make_shared<BlendedDataset>(parts, w, n);

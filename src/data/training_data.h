@@ -24,10 +24,11 @@ struct SampleCounts {
 SampleCounts megatron_sample_counts(int64_t train_iters, int64_t train_samples, int64_t eval_interval,
                                     int64_t eval_iters, int64_t global_batch_size);
 
-// "[w1] p1 [w2 p2 ...]": one prefix without a weight, or weight/prefix pairs.
+// "[w1] p1 [w2 p2 ...]": one prefix, weight/prefix pairs, or prefixes without weights (no word a
+// number; Megatron blends those by their sizes, one epoch of each).
 struct BlendSpec {
   std::vector<std::string> prefixes;
-  std::vector<double> weights;  // empty: a single prefix without a weight
+  std::vector<double> weights;  // empty: no weights
 };
 BlendSpec parse_blend(const std::vector<std::string>& list, const char* flag);
 

@@ -296,6 +296,12 @@ $(losses splitfile.jsonl | tr '\n' ' ') / $(losses splitcli.jsonl | tr '\n' ' ')
   fi
   expect_error "--data-args-path missing" "--data-args-path|nothing.txt|cannot open" -- \
     "$LATTICE" train "${TINY[@]}" --data-args-path nothing.txt --tokenizer-type ByteTokenizer
+  # Two datasets without weights (Megatron's blend by size: one epoch of each).
+  printf 'corpus_text_document\ncorpus_text_document\n' >two.txt
+  run twolisted "$LATTICE" train "${TINY[@]}" --data-args-path two.txt --tokenizer-type ByteTokenizer &&
+    grep -q ' > train: the 2 datasets blended by their sizes, 12 samples' twolisted.out &&
+    pass "datasets without weights are blended by their sizes" ||
+    fail "datasets without weights: $(grep '> train' twolisted.out | tr '\n' ' ')"
   printf '{"train": "corpus_text_document", "validation": "corpus_text_document"}' >badsplits.json
   expect_error "--per-split-data-args-path unknown key" "--per-split-data-args-path|badsplits.json|validation" -- \
     "$LATTICE" train "${TINY[@]}" --per-split-data-args-path badsplits.json --tokenizer-type ByteTokenizer

@@ -50,11 +50,17 @@ TEST(DsBlending, ParsesWeightPrefixPairs) {
   const BlendSpec two = parse_blend({"0.3", "a", "7", "b"}, "data-path");
   EXPECT_EQ(two.prefixes, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(two.weights, (std::vector<double>{0.3, 7.0}));
+  // Prefixes without weights (no word a number), even or odd in count: blended by their sizes.
+  const BlendSpec listed = parse_blend({"data/a", "data/b", "data/c"}, "data-path");
+  EXPECT_EQ(listed.prefixes, (std::vector<std::string>{"data/a", "data/b", "data/c"}));
+  EXPECT_TRUE(listed.weights.empty());
+  EXPECT_EQ(parse_blend({"a", "b"}, "data-path").prefixes.size(), 2u);
 }
 
 TEST(DsBlending, RejectsBadWeights) {
   expect_error([] { parse_blend({"0", "a", "1", "b"}, "data-path"); }, {"--data-path", "weight 0", "positive"});
   expect_error([] { parse_blend({"1", "a", "-2", "b"}, "train-data-path"); }, {"--train-data-path", "weight -2"});
+  // Some words numbers, some not: pairs were meant.
   expect_error([] { parse_blend({"x", "a", "1", "b"}, "data-path"); }, {"--data-path", "'x' is not a weight"});
   expect_error([] { parse_blend({"1", "a", "b"}, "valid-data-path"); }, {"--valid-data-path", "pairs"});
   expect_error([] { parse_blend({"nan", "a", "1", "b"}, "data-path"); }, {"--data-path", "positive"});

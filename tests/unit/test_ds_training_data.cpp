@@ -185,12 +185,55 @@ TEST(DsTrainingData, FullValidationIsOneEpochOfTheSplit) {
   EXPECT_EQ(ts.valid_sets[1]->size(), (b_tokens - 1) / 8);
 
   a.data_path = {"1", pa, "2", pb};
-  expect_error([&] { make_training_data(a, 1000); }, {"--full-validation", "blends 2 datasets", "--data-path"});
+  expect_error([&] { make_training_data(a, 1000); },
+               {"--full-validation", "blends 2 datasets with weights", "--data-path"});
   sets.multiple_validation_sets = false;
   sets.valid_data_path = {"1", pa, "1", pb};
   expect_error([&] { make_training_data(sets, 1000); }, {"--full-validation", "--valid-data-path"});
   sets.valid_data_path = {"1", pb};  // one dataset with a weight is that dataset
   EXPECT_EQ(make_training_data(sets, 1000).valid->size(), (b_tokens - 1) / 8);
+}
+
+// Datasets given without weights (Megatron's "p1 p2 ..."): each split of each is one epoch, blended
+// by their sizes for the samples the run reads; more than all of them is refused naming the flag.
+TEST(DsTrainingData, DatasetsWithoutWeightsBlendByTheirSizes) {
+  const std::string dir = temp_dir();
+  const std::string pa = write_dataset(dir + "/a", lengths(60, 3));
+  const std::string pb = write_dataset(dir + "/b", lengths(20, 4));
+  TrainArgs a = base_args(dir);
+  a.data_path = {pa, pb};
+  a.train_iters = 5;  // 20 samples
+  a.eval_iters = 1;   // validation (5 / 4 + 1) x 4 = 8 samples, test 4: within one epoch of each split
+  const TrainingData t = make_training_data(a, 1000);
+  ASSERT_TRUE(t.train);
+  const auto* blend = dynamic_cast<const BlendedDataset*>(t.train.get());
+  ASSERT_NE(blend, nullptr);
+  GPTDatasetConfig cfg{8, 77, dir + "/other-cache"};
+  const SplitRange ra = split_ranges(a.split, 60)[0], rb = split_ranges(a.split, 20)[0];
+  const GPTDataset ea(std::make_shared<IndexedDataset>(pa), Split::train, ra, kOneEpoch, cfg);
+  const GPTDataset eb(std::make_shared<IndexedDataset>(pb), Split::train, rb, kOneEpoch, cfg);
+  EXPECT_EQ(blend->size(), 20);
+  // The greedy order of weights proportional to the epochs' sizes, each dataset's samples in its order.
+  const BlendingIndex order(normalize_blend_weights({double(ea.size()), double(eb.size())}, "data-path"), 20);
+  for (int64_t i = 0; i < 20; ++i) {
+    const auto [d, k] = order.locate(i);
+    EXPECT_EQ(take(*t.train, i), d == 0 ? take(ea, k) : take(eb, k)) << i;
+  }
+  EXPECT_GT(order.total_count(1), 0);
+  a.train_iters = 1000;  // 4000 samples: more than one epoch of both
+  expect_error([&] { make_training_data(a, 1000); }, {"--data-path", "2 datasets given without weights hold",
+                                                      "train split, fewer than the 4000", "--train-iters"});
+  a.train_iters = 5;
+  a.eval_iters = 8;  // 64 validation samples
+  expect_error([&] { make_training_data(a, 1000); }, {"valid split, fewer than the 64", "--eval-iters"});
+  // --full-validation reads every sample of every listed dataset's split once.
+  a.eval_iters = 1;
+  a.full_validation = true;
+  const TrainingData f = make_training_data(a, 1000);
+  const SplitRange va = split_ranges(a.split, 60)[1], vb = split_ranges(a.split, 20)[1];
+  const GPTDataset fa(std::make_shared<IndexedDataset>(pa), Split::valid, va, kOneEpoch, cfg);
+  const GPTDataset fb(std::make_shared<IndexedDataset>(pb), Split::valid, vb, kOneEpoch, cfg);
+  EXPECT_EQ(f.valid->size(), fa.size() + fb.size());
 }
 
 TEST(DsTrainingData, ZeroWeightSplitIsSkippedLikeMegatron) {
