@@ -103,7 +103,7 @@ struct Builder {
     // A split's own paths (whole) holding one prefix are that dataset, its weight aside (Megatron's
     // "blend consists of a single prefix"); --data-path's "w p" stays a blend of one, as Megatron's.
     const bool one = whole && blend.prefixes.size() == 1;
-    std::vector<double> w =
+    const std::vector<double> w =
         blend.weights.empty() || one ? std::vector<double>{} : normalize_blend_weights(blend.weights, flag);
     // Samples each dataset is built for: its share of a weighted blend; one epoch of each listed
     // dataset (Megatron's sizes None when no weights are given); n for one dataset.

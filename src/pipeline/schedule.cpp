@@ -144,8 +144,7 @@ PipelineLayout parse_pipeline_layout(const std::string& text, int64_t num_layers
                      << "' (E embedding, t decoder layer, m prediction depth, L loss; '|' between stages)";
     }
   }
-  const std::string all = s;
-  auto count = [&](char ch) { return int64_t(std::count(all.begin(), all.end(), ch)); };
+  auto count = [&](char ch) { return int64_t(std::count(s.begin(), s.end(), ch)); };
   if (count('E') != 1 || stages.front().empty() || stages.front().front() != 'E')
     LATTICE_FAIL() << flag << " '" << text << "': E (the embedding) must open the first stage, once";
   if (count('L') != 1 || stages.back().empty() || stages.back().back() != 'L')

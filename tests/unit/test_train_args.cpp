@@ -286,6 +286,25 @@ TrainArgs parse_words(std::vector<std::string> words) {
   return parse_train_args(int(argv.size()), argv.data(), 2);
 }
 
+// The one-line error parse_words gives for these words ("" when they parse).
+std::string words_error(std::vector<std::string> words) {
+  try {
+    parse_words(std::move(words));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// "lattice train", a small model's flags without data, then `extra`.
+std::vector<std::string> model_words(std::vector<std::string> extra) {
+  std::vector<std::string> w = {"lattice", "train", "--hidden-size", "64", "--num-attention-heads", "4",
+                                "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "3",
+                                "--vocab-size", "100"};
+  w.insert(w.end(), extra.begin(), extra.end());
+  return w;
+}
+
 std::vector<std::string> sample_based(std::vector<std::string> extra) {
   std::vector<std::string> w = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
                                 "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size",
@@ -301,14 +320,7 @@ TEST(TrainArgs, TrainSamplesSetsTheIterations) {
 }
 
 TEST(TrainArgs, TrainSamplesErrors) {
-  auto err = [](std::vector<std::string> extra) {
-    try {
-      parse_words(sample_based(std::move(extra)));
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  auto err = [](std::vector<std::string> extra) { return words_error(sample_based(std::move(extra))); };
   EXPECT_NE(err({"--train-samples", "100", "--train-iters", "5"}).find("exclusive"), std::string::npos);
   EXPECT_NE(err({"--train-samples", "4"}).find("less than one --global-batch-size 8"), std::string::npos);
   EXPECT_NE(err({}).find("--train-iters is required"), std::string::npos);
@@ -318,20 +330,10 @@ TEST(TrainArgs, TrainSamplesErrors) {
 // --multiple-validation-sets: the sets are --valid-data-path's datasets, given without weights.
 TEST(TrainArgs, MultipleValidationSetsNeedUnweightedValidDataPaths) {
   auto words = [](std::vector<std::string> extra) {
-    std::vector<std::string> w = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
-                                  "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size", "2",
-                                  "--train-iters", "3", "--vocab-size", "100", "--multiple-validation-sets"};
-    w.insert(w.end(), extra.begin(), extra.end());
-    return w;
+    extra.insert(extra.begin(), {"--num-layers", "2", "--multiple-validation-sets"});
+    return model_words(std::move(extra));
   };
-  auto error = [&](std::vector<std::string> extra) {
-    try {
-      parse_words(words(std::move(extra)));
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
+  auto error = [&](std::vector<std::string> extra) { return words_error(words(std::move(extra))); };
   EXPECT_TRUE(parse_words(words({"--train-data-path", "t", "--valid-data-path", "a", "b"})).multiple_validation_sets);
   EXPECT_FALSE(parse_words(sample_based({"--train-samples", "8"})).multiple_validation_sets);
   EXPECT_EQ(error({"--train-data-path", "t"}),
@@ -371,16 +373,10 @@ TEST(TrainArgs, MegatronSpellingsOfLayoutsAndRecipes) {
             std::string::npos);
   // 8 layers on 2 pipeline stages (parse's base command line has 2 layers).
   auto eight = [](std::vector<std::string> extra) {
-    std::vector<std::string> words = {"lattice", "train", "--num-layers", "8", "--hidden-size", "64",
-                                      "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size", "2",
-                                      "--train-iters", "3", "--mock-data", "--vocab-size", "100",
-                                      "--pipeline-model-parallel-size", "2"};
-    words.insert(words.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(w.data());
-    return parse_train_args(int(argv.size()), argv.data(), 2);
+    extra.insert(extra.begin(), {"--num-layers", "8", "--mock-data", "--pipeline-model-parallel-size", "2"});
+    return model_words(std::move(extra));
   };
-  auto layout = [&](std::vector<std::string> extra) { return pipeline_layout_of(eight(std::move(extra))); };
+  auto layout = [&](std::vector<std::string> extra) { return pipeline_layout_of(parse_words(eight(std::move(extra)))); };
   // V = 2 chunks per stage is 2 layers per chunk.
   const PipelineLayout by_count = layout({"--num-virtual-stages-per-pipeline-rank", "2"});
   const PipelineLayout by_layers = layout({"--num-layers-per-virtual-pipeline-stage", "2"});
@@ -389,14 +385,7 @@ TEST(TrainArgs, MegatronSpellingsOfLayoutsAndRecipes) {
   EXPECT_EQ(layout({"--num-virtual-stages-per-pipeline-rank", "1"}).virtual_stages, 1);
   const PipelineLayout text = layout({"--pipeline-model-parallel-layout", "Et|t*3|tt|ttL"});
   EXPECT_EQ(text.chunk_layers, (std::vector<int64_t>{1, 3, 2, 2}));
-  auto err = [&](std::vector<std::string> extra) {
-    try {
-      eight(std::move(extra));
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  auto err = [&](std::vector<std::string> extra) { return words_error(eight(std::move(extra))); };
   EXPECT_NE(err({"--num-virtual-stages-per-pipeline-rank", "3"})
                 .find("--num-layers 8 is not divisible by --pipeline-model-parallel-size 2 x "
                       "--num-virtual-stages-per-pipeline-rank 3"),
@@ -431,26 +420,11 @@ TEST(TrainArgs, MegatronSpellingsOfLayoutsAndRecipes) {
 // --data-args-path / --per-split-data-args-path: the data paths read from files.
 TEST(TrainArgs, DataArgsFiles) {
   auto words = [](std::vector<std::string> extra) {
-    std::vector<std::string> w = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
-                                  "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size", "2",
-                                  "--train-iters", "3", "--vocab-size", "100"};
-    w.insert(w.end(), extra.begin(), extra.end());
-    return w;
+    extra.insert(extra.begin(), {"--num-layers", "2"});
+    return model_words(std::move(extra));
   };
-  auto parse_w = [&](std::vector<std::string> extra) {
-    std::vector<std::string> w = words(std::move(extra));
-    std::vector<char*> argv;
-    for (auto& x : w) argv.push_back(x.data());
-    return parse_train_args(int(argv.size()), argv.data(), 2);
-  };
-  auto error = [&](std::vector<std::string> extra) {
-    try {
-      parse_w(std::move(extra));
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
+  auto parse_w = [&](std::vector<std::string> extra) { return parse_words(words(std::move(extra))); };
+  auto error = [&](std::vector<std::string> extra) { return words_error(words(std::move(extra))); };
   const std::string dir = test_util::temp_dir();
   test_util::write_text(dir + "/blend.txt", "0.3 /data/a_text_document\n  0.7\t/data/b_text_document\n");
   EXPECT_EQ(parse_w({"--data-args-path", dir + "/blend.txt"}).data_path,
