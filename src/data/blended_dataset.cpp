@@ -49,10 +49,10 @@ std::vector<double> normalize_blend_weights(const std::vector<double>& weights, 
   return w;
 }
 
-std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& w, int64_t size) {
+std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& w, int64_t size, double surplus) {
   std::vector<int64_t> n(w.size());
   for (size_t d = 0; d < w.size(); ++d)
-    n[d] = int64_t(std::ceil(std::ceil(double(size) * w[d]) * (1.0 + 0.005)));
+    n[d] = int64_t(std::ceil(std::ceil(double(size) * w[d]) * (1.0 + surplus)));
   return n;
 }
 

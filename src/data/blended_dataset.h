@@ -20,8 +20,10 @@ namespace lattice {
 std::vector<double> normalize_blend_weights(const std::vector<double>& weights, const char* flag);
 
 // Samples each dataset of a blend of `size` samples is built with: Megatron's
-// ceil(ceil(size * w_d) * 1.005) (0.5% surplus so the greedy order never runs one dry).
-std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& normalized_weights, int64_t size);
+// ceil(ceil(size * w_d) * (1 + surplus)), surplus --mid-level-dataset-surplus (0.005 by default;
+// the greedy order never takes more than ceil(size * w_d) from a dataset).
+std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& normalized_weights, int64_t size,
+                                               double surplus = 0.005);
 
 // The greedy order, for `size` samples. Instead of Megatron's two arrays of `size`
 // entries (GBs for long runs) it keeps the per-dataset counts every kBlock samples and

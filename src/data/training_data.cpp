@@ -109,7 +109,7 @@ struct Builder {
     // dataset (Megatron's sizes None when no weights are given); n for one dataset.
     const std::vector<int64_t> per = listed ? std::vector<int64_t>(blend.prefixes.size(), kOneEpoch)
                                      : w.empty() ? std::vector<int64_t>{n}
-                                                 : blend_samples_per_dataset(w, n);
+                                                 : blend_samples_per_dataset(w, n, args.mid_level_dataset_surplus);
     for (size_t d = 0; d < blend.prefixes.size(); ++d) {
       auto ds = dataset(blend.prefixes[d]);
       SplitRange range{true, 0, ds->num_sequences()};

@@ -342,6 +342,14 @@ void GPTModel::register_parameters() {
   auto add = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split, int blocks = 1) {
     return add_split(name, shape, init, s, split, r, P, blocks);
   };
+  // The word and position embeddings (every copy of the word embeddings: the tied output layer's and
+  // the prediction depths' on a last stage draw the same values): Megatron's embedding_init_method,
+  // N(0, s^2) with --embedding-init-method-std s (Xavier or not), else as every weight.
+  auto add_embedding = [&](const std::string& name, const Shape& shape, int split) {
+    if (cfg_.embedding_init_method_std >= 0)
+      return params_.add_tp(name, shape, ParamInit::normal, cfg_.embedding_init_method_std, split, r, P, 1);
+    return add(name, shape, ParamInit::normal, std, split);
+  };
   // A routed expert's weight: split as the dense MLP's, or whole (--expert-tensor-parallel-size 1).
   auto add_expert = [&](const std::string& name, const Shape& shape, ParamInit init, float s, int split,
                         int blocks = 1) {
@@ -357,10 +365,9 @@ void GPTModel::register_parameters() {
   const ParamInit norm_init = cfg_.apply_layernorm_1p ? ParamInit::zeros : ParamInit::ones;
   const bool split_pipeline = !(place_.pre_process && place_.post_process);
   if (place_.pre_process) {
-    wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
+    wte_ = add_embedding("embedding.word_embeddings.weight", {Vp, C}, 0);
     if (cfg_.learned_positions())
-      wpe_ = add("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C},
-                 ParamInit::normal, std, -1);
+      wpe_ = add_embedding("embedding.position_embeddings.weight", {cfg_.max_position_embeddings, C}, -1);
     // Shared with the last stage's copy: the tied output layer's, or with --mtp-num-layers the depths' lookup's.
     if ((tied || cfg_.mtp()) && split_pipeline) shared_embedding_ = wte_;
   }
@@ -517,12 +524,12 @@ void GPTModel::register_parameters() {
     if (!tied) {
       out_w_ = add("output_layer.weight", {Vp, C}, ParamInit::normal, std, 0);
     } else if (!place_.pre_process) {
-      out_w_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
+      out_w_ = add_embedding("embedding.word_embeddings.weight", {Vp, C}, 0);
       params_.mark_shared_embedding_copy(out_w_);
       shared_embedding_ = out_w_;
     }
     if (cfg_.mtp() && !tied && !place_.pre_process) {  // the depths' lookup on a last stage (Megatron's as well)
-      mtp_wte_ = add("embedding.word_embeddings.weight", {Vp, C}, ParamInit::normal, std, 0);
+      mtp_wte_ = add_embedding("embedding.word_embeddings.weight", {Vp, C}, 0);
       params_.mark_shared_embedding_copy(mtp_wte_);
       shared_embedding_ = mtp_wte_;
     }

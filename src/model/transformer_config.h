@@ -171,6 +171,9 @@ struct TransformerConfig {
   bool apply_layernorm_1p = false;
   float init_method_std = 0.02f;
   bool init_method_xavier_uniform = false;  // --init-method-xavier-uniform: U(-a, a) weights (optim/param_buffer.h)
+  // --embedding-init-method-std (Megatron's embedding_init_method): the word and position embeddings
+  // N(0, s^2), Xavier or not; < 0 (not given): initialized as every weight.
+  float embedding_init_method_std = -1.0f;
   GeluKind gelu = GeluKind::erf;      // --openai-gelu -> tanh, --squared-relu -> relu(x)^2
   // --swiglu: the MLP's activation is silu(gate) * up (Megatron's gated_linear_unit with
   // silu) instead of GELU; fc1 makes both, so it is [2 ffn, hidden] (kernels/swiglu.h).

@@ -80,6 +80,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"init-method-std", Kind::f32, &a.init_method_std, "std of the normal initialisation"},
       {"init-method-xavier-uniform", Kind::flag, &a.init_method_xavier_uniform,
        "initialize every weight matrix U(-a, a), a = sqrt(6 / (fan_in + fan_out)), instead of N(0, std)"},
+      {"embedding-init-method-std", Kind::opt_f64, &a.embedding_init_method_std,
+       "std of the word and position embeddings' normal initialisation (unset: as every weight)"},
       {"norm-epsilon", Kind::f32, &a.norm_epsilon, "LayerNorm epsilon"},
       {"openai-gelu", Kind::flag, &a.openai_gelu, "tanh GELU instead of the erf form"},
       {"squared-relu", Kind::flag, &a.squared_relu, "the MLP's activation is relu(x)^2 instead of GELU"},
@@ -296,6 +298,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "LayerNorm, dropout and residual on token shards of the tensor-parallel group"},
       {"mock-data", Kind::flag, &a.mock_data, "synthetic data instead of --data-path"},
       {"data-path", Kind::list, &a.data_path, "prefix of a .bin/.idx dataset"},
+      {"mid-level-dataset-surplus", Kind::f64, &a.mid_level_dataset_surplus,
+       "a weighted blend builds each dataset for its share of the samples times 1 + this"},
       {"data-args-path", Kind::str, &a.data_args_path,
        "a text file holding --data-path's words ([w1] p1 [w2 p2 ...]), for blends too long for a command line"},
       {"per-split-data-args-path", Kind::str, &a.per_split_data_args_path,
@@ -450,6 +454,21 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"overlap-p2p-communication", Kind::flag, &a.implementation.overlap_p2p_communication,
        "accepted: pipeline activations are always sent asynchronously"},
       {"manual-gc", Kind::flag, &a.implementation.manual_gc, "accepted: no garbage collector"},
+      {"data-parallel-random-init", Kind::flag, &a.implementation.data_parallel_random_init,
+       "accepted: Megatron then broadcasts data-parallel rank 0's parameters, the ones lattice draws on every rank"},
+      {"no-align-grad-reduce", Kind::flag, &a.implementation.no_align_grad_reduce,
+       "accepted (when the pipeline stages launch their gradient reductions: the same sums)"},
+      {"no-align-param-gather", Kind::flag, &a.implementation.no_align_param_gather,
+       "accepted (when the pipeline stages launch their parameter gathers: the same values)"},
+      {"te-rng-tracker", Kind::flag, &a.implementation.te_rng_tracker,
+       "accepted: lattice's random draws are its own Philox streams (docs/megatron-differences.md)"},
+      {"inference-rng-tracker", Kind::flag, &a.implementation.inference_rng_tracker,
+       "accepted: lattice's random draws are its own Philox streams"},
+      {"enable-cuda-graph", Kind::flag, &a.implementation.enable_cuda_graph,
+       "accepted: lattice launches its kernels without CUDA graphs (the same math)"},
+      {"external-cuda-graph", Kind::flag, &a.implementation.external_cuda_graph,
+       "accepted: lattice launches its kernels without CUDA graphs (the same math)"},
+      {"cuda-graph-scope", Kind::list, &a.implementation.cuda_graph_scope, "accepted with --enable-cuda-graph"},
       {"ddp-average-in-collective", Kind::flag, &a.implementation.ddp_average_in_collective,
        "accepted: the same average (lattice scales each micro-batch's loss gradient by 1 / (micro-batches x DP))"},
       {"distributed-backend", Kind::str, &a.implementation.distributed_backend,
@@ -981,6 +1000,10 @@ void validate(TrainArgs& a) {
   split_ranges(a.split, 0);  // names a malformed --split
   if (a.eval_interval <= 0) LATTICE_FAIL() << "--eval-interval must be positive, got " << a.eval_interval;
   if (a.eval_iters < 0) LATTICE_FAIL() << "--eval-iters must be >= 0, got " << a.eval_iters;
+  if (!(a.mid_level_dataset_surplus >= 0))
+    LATTICE_FAIL() << "--mid-level-dataset-surplus must be >= 0, got " << a.mid_level_dataset_surplus;
+  if (a.embedding_init_method_std && !(*a.embedding_init_method_std >= 0))
+    LATTICE_FAIL() << "--embedding-init-method-std must be >= 0, got " << *a.embedding_init_method_std;
   if (a.full_validation && a.mock_data)
     LATTICE_FAIL() << "--full-validation evaluates the whole validation split, and --mock-data's has no end: "
                       "give --data-path or --valid-data-path";
@@ -1074,6 +1097,7 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.layernorm_epsilon = norm_epsilon;
   c.init_method_std = init_method_std;
   c.init_method_xavier_uniform = init_method_xavier_uniform;
+  if (embedding_init_method_std) c.embedding_init_method_std = float(*embedding_init_method_std);
   const char* glu = swiglu ? "--swiglu" : quick_geglu ? "--quick-geglu" : nullptr;
   if (swiglu && quick_geglu) LATTICE_FAIL() << "--swiglu and --quick-geglu: the MLP has one gated unit; give one of them";
   if (glu && openai_gelu)

@@ -25,6 +25,7 @@ struct TrainArgs {
   float hidden_dropout = 0.1f, attention_dropout = 0.1f;
   float init_method_std = 0.02f, norm_epsilon = 1e-5f;
   bool init_method_xavier_uniform = false;
+  std::optional<double> embedding_init_method_std;  // the embeddings' N(0, s^2) (unset: as every weight)
   bool openai_gelu = false;
   bool squared_relu = false;  // the MLP's activation relu(x)^2 (Megatron's --squared-relu)
   bool apply_layernorm_1p = false;  // the norms scale by 1 + weight (Megatron's --apply-layernorm-1p)
@@ -170,6 +171,7 @@ struct TrainArgs {
   // (JSON: "train", "valid", "test", each a list or a whitespace-separated string); read into the
   // data paths when the flags are checked.
   std::string data_args_path, per_split_data_args_path;
+  double mid_level_dataset_surplus = 0.005;  // Megatron's: the extra samples each blended dataset is built for
   int64_t vocab_size = 0;
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model;
   int64_t vocab_extra_ids = 0;  // --vocab-extra-ids (SentencePieceTokenizer)
@@ -261,6 +263,9 @@ struct TrainArgs {
     bool moe_router_fusion = false, moe_use_legacy_grouped_gemm = false, tp_comm_overlap = false;
     bool overlap_moe_expert_parallel_comm = false, delay_wgrad_compute = false;
     bool ddp_average_in_collective = false;  // the same average as lattice's 1/(micro-batches x DP) loss scaling
+    bool data_parallel_random_init = false, no_align_grad_reduce = false, no_align_param_gather = false;
+    bool te_rng_tracker = false, inference_rng_tracker = false, enable_cuda_graph = false, external_cuda_graph = false;
+    std::vector<std::string> cuda_graph_scope;
     std::string transformer_impl = "transformer_engine", distributed_backend = "nccl";
     std::string ckpt_format = "torch_dist";  // Megatron's default; lattice's format plays its part
     std::string rerun_mode = "disabled";     // Megatron's --rerun-mode: only disabled

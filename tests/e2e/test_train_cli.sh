@@ -154,7 +154,9 @@ IMPL=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn 
       --empty-unused-memory-level 1 --async-save --moe-grouped-gemm --moe-permute-fusion --moe-token-dispatcher-type alltoall
       --expert-tensor-parallel-size 1 --moe-router-fusion --moe-use-legacy-grouped-gemm --ckpt-format torch_dist
       --ckpt-fully-parallel-save --ckpt-fully-parallel-load --ckpt-assume-constant-structure --rerun-mode disabled
-      --overlap-moe-expert-parallel-comm --delay-wgrad-compute --ddp-average-in-collective --fp8-recipe delayed)
+      --overlap-moe-expert-parallel-comm --delay-wgrad-compute --ddp-average-in-collective --fp8-recipe delayed
+      --data-parallel-random-init --no-align-grad-reduce --no-align-param-gather --te-rng-tracker
+      --inference-rng-tracker --enable-cuda-graph --external-cuda-graph --cuda-graph-scope full_iteration)
 run impl "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}" "${IMPL[@]}" --metrics-file impl.jsonl
 [ -s impl.jsonl ] && [ "$(losses impl.jsonl)" = "$(losses det1.jsonl)" ] &&
   pass "Megatron's implementation flags leave the losses identical" ||

@@ -57,6 +57,23 @@ TEST(DsBlending, ParsesWeightPrefixPairs) {
   EXPECT_EQ(parse_blend({"a", "b"}, "data-path").prefixes.size(), 2u);
 }
 
+// --mid-level-dataset-surplus: each dataset is built for ceil(ceil(size * w) * (1 + surplus)) samples;
+// the greedy order never takes more than ceil(size * w), so no surplus still suffices.
+TEST(DsBlending, SurplusIsMegatronsMidLevelDatasetSurplus) {
+  const std::vector<double> w = normalize_blend_weights({0.3, 0.7}, "data-path");
+  EXPECT_EQ(blend_samples_per_dataset(w, 100), (std::vector<int64_t>{31, 71}));  // 30 x 1.005, 70 x 1.005
+  EXPECT_EQ(blend_samples_per_dataset(w, 100, 0.5), (std::vector<int64_t>{45, 105}));
+  for (const std::vector<double>& weights :
+       {std::vector<double>{0.3, 0.7}, {1, 1, 1}, {0.01, 5, 0.2, 3}, {1e-3, 1}}) {
+    const std::vector<double> nw = normalize_blend_weights(weights, "data-path");
+    for (int64_t size : {1, 7, 100, 1001}) {
+      const std::vector<int64_t> none = blend_samples_per_dataset(nw, size, 0.0);
+      const BlendingIndex b(nw, size);
+      for (int64_t d = 0; d < b.num_datasets(); ++d) EXPECT_LE(b.total_count(d), none[size_t(d)]) << size << " " << d;
+    }
+  }
+}
+
 TEST(DsBlending, RejectsBadWeights) {
   expect_error([] { parse_blend({"0", "a", "1", "b"}, "data-path"); }, {"--data-path", "weight 0", "positive"});
   expect_error([] { parse_blend({"1", "a", "-2", "b"}, "train-data-path"); }, {"--train-data-path", "weight -2"});

@@ -140,6 +140,36 @@ TEST(ModelInvariance, NormalInitIsTheStreamAtTheGlobalIndex) {
     }
 }
 
+// --embedding-init-method-std s (Megatron's embedding_init_method): the word and position embeddings are
+// N(0, s^2) draws of their streams, with Xavier init too; every other weight as before; a last stage's
+// copy of the tied word embeddings draws the first stage's values.
+TEST(ModelInvariance, EmbeddingInitStdDrawsTheEmbeddings) {
+  for (bool xavier : {false, true}) {
+    TransformerConfig c = small_config(2, 0);
+    c.init_method_xavier_uniform = xavier;
+    c.embedding_init_method_std = 0.5f;
+    c.finalize();
+    GPTModel a(c, 1, 16), plain(small_config(2, 0), 1, 16);
+    a.init_parameters(7);
+    plain.init_parameters(7);
+    for (const char* name : {"embedding.word_embeddings.weight", "embedding.position_embeddings.weight"}) {
+      const PhiloxStream stream{7, fnv1a32(name)};
+      const Tensor t = a.params().param_tensor(name);
+      for (int64_t g = 0; g < t.numel(); ++g)
+        ASSERT_EQ(t.as<float>()[g], float(0.5f * stream.normal(uint64_t(g)))) << name << "[" << g << "]";
+    }
+    const Tensor q = a.params().param_tensor("decoder.layers.0.self_attention.linear_qkv.weight");
+    const Tensor q_plain = plain.params().param_tensor("decoder.layers.0.self_attention.linear_qkv.weight");
+    EXPECT_EQ(xavier, 0 != std::memcmp(q.data, q_plain.data, q.nbytes())) << "only Xavier changes the other weights";
+    // The last stage of two: the tied output layer's copy of the word embeddings.
+    GPTModel last(c, 1, 16, TensorParallel{}, ModelPlacement{{{1, 2}}, false, true, 1});
+    last.init_parameters(7);
+    const Tensor copy = last.params().param_tensor("embedding.word_embeddings.weight");
+    const Tensor first = a.params().param_tensor("embedding.word_embeddings.weight");
+    EXPECT_EQ(0, std::memcmp(copy.data, first.data, first.nbytes())) << "xavier " << xavier;
+  }
+}
+
 // --init-method-xavier-uniform (torch's xavier_uniform_, Megatron's init_method and
 // output_layer_init_method): every weight matrix [fan_out, fan_in] uniform in +-sqrt(6 / (fan_in +
 // fan_out)), keyed as the normal init (the same values whatever else the model holds); norms and

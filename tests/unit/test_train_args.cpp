@@ -407,6 +407,13 @@ TEST(TrainArgs, MegatronSpellingsOfLayoutsAndRecipes) {
                 .find("is not implemented"),
             std::string::npos);
 
+  EXPECT_EQ(parse({}).mid_level_dataset_surplus, 0.005);
+  EXPECT_EQ(parse({"--mid-level-dataset-surplus", "0"}).mid_level_dataset_surplus, 0.0);
+  EXPECT_EQ(error_of({"--mid-level-dataset-surplus", "-0.1"}), "--mid-level-dataset-surplus must be >= 0, got -0.1");
+  EXPECT_FALSE(parse({}).embedding_init_method_std.has_value());
+  EXPECT_EQ(parse({"--embedding-init-method-std", "1.0"}).transformer_config().embedding_init_method_std, 1.0f);
+  EXPECT_EQ(parse({}).transformer_config().embedding_init_method_std, -1.0f);
+  EXPECT_EQ(error_of({"--embedding-init-method-std", "-1"}), "--embedding-init-method-std must be >= 0, got -1");
   EXPECT_EQ(parse({}).fp8_recipe, "delayed");
   EXPECT_EQ(parse({"--fp8-recipe", "delayed"}).fp8_recipe, "delayed");
   EXPECT_EQ(error_of({"--fp8-recipe", "mxfp8"}),
