@@ -402,6 +402,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"overlap-param-gather", Kind::flag, &a.overlap_param_gather,
        "overlap the parameter all-gather with the next forward"},
       {"ddp-bucket-size", Kind::i64, &a.ddp_bucket_size, "elements per gradient bucket (0: automatic)"},
+      {"ddp-num-buckets", Kind::i64, &a.ddp_num_buckets,
+       "gradient buckets of (this rank's parameters) / this elements each, instead of --ddp-bucket-size"},
+      {"ddp-pad-buckets-for-high-nccl-busbw", Kind::flag, &a.implementation.ddp_pad_buckets_for_high_nccl_busbw,
+       "accepted (padding the buckets changes no sum)"},
       {"zero-stage", Kind::i64, &a.zero_stage,
        "1: shard the optimizer state (2, the gradients too, is not implemented)"},
       {"log-comm", Kind::flag, &a.log_comm, "report communication bytes and time per step"},
@@ -903,6 +907,9 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "--seq-length " << a.seq_length << " is not divisible by --tensor-model-parallel-size "
                    << a.tensor_model_parallel_size << " (required by --sequence-parallel)";
   if (a.ddp_bucket_size < 0) LATTICE_FAIL() << "--ddp-bucket-size must be >= 0, got " << a.ddp_bucket_size;
+  if (a.ddp_num_buckets < 0) LATTICE_FAIL() << "--ddp-num-buckets must be greater than 0, got " << a.ddp_num_buckets;
+  if (a.ddp_num_buckets > 0 && a.ddp_bucket_size > 0)
+    LATTICE_FAIL() << "--ddp-num-buckets and --ddp-bucket-size cannot both be given";
   if (a.distributed_timeout_minutes <= 0)
     LATTICE_FAIL() << "--distributed-timeout-minutes must be positive, got " << a.distributed_timeout_minutes;
   if (a.lr < 0) LATTICE_FAIL() << "--lr must be >= 0, got " << a.lr;

@@ -2,6 +2,7 @@
 // defaults. parse_train_args validates each flag and their combinations; every error
 // is one line naming the flag.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -227,6 +228,7 @@ struct TrainArgs {
   double distributed_timeout_minutes = 10;
   bool use_distributed_optimizer = false, overlap_grad_reduce = false, overlap_param_gather = false;
   int64_t ddp_bucket_size = 0;                             // 0: automatic
+  int64_t ddp_num_buckets = 0;  // Megatron's: buckets of (this rank's parameters) / this elements (0: unset)
   int64_t num_distributed_optimizer_instances = 1;         // the distributed optimizer's copies over dp x cp
   int64_t zero_stage = 1;
   bool log_comm = false;
@@ -264,6 +266,7 @@ struct TrainArgs {
     bool overlap_moe_expert_parallel_comm = false, delay_wgrad_compute = false;
     bool ddp_average_in_collective = false;  // the same average as lattice's 1/(micro-batches x DP) loss scaling
     bool data_parallel_random_init = false, no_align_grad_reduce = false, no_align_param_gather = false;
+    bool ddp_pad_buckets_for_high_nccl_busbw = false;
     bool te_rng_tracker = false, inference_rng_tracker = false, enable_cuda_graph = false, external_cuda_graph = false;
     std::vector<std::string> cuda_graph_scope;
     std::string transformer_impl = "transformer_engine", distributed_backend = "nccl";
@@ -302,6 +305,11 @@ struct TrainArgs {
   TokenizerSpec tokenizer_spec() const {
     return {tokenizer_type,   vocab_file, merge_file, tokenizer_model, vocab_size, vocab_extra_ids, tiktoken_pattern,
             tiktoken_num_special_tokens, tiktoken_special_tokens};
+  }
+  // Elements per gradient bucket for a rank holding local_parameters: --ddp-num-buckets' share
+  // (Megatron's num_parameters // n), else --ddp-bucket-size (0: the default).
+  int64_t ddp_bucket_elements(int64_t local_parameters) const {
+    return ddp_num_buckets > 0 ? std::max<int64_t>(1, local_parameters / ddp_num_buckets) : ddp_bucket_size;
   }
   // `model`: the finalized model configuration (--muon-split-qkv's pieces).
   OptimizerConfig optimizer_config(const TransformerConfig& model) const;

@@ -136,7 +136,9 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   r.parameters = parameters_in(pb, {{0, pb.numel()}});
   if (m.distributed_optimizer) {
     // The model's gradient buckets, reduce-scattered: this DP rank owns its even share of each.
-    const int64_t bucket = m.ddp_bucket_size > 0 ? m.ddp_bucket_size : default_bucket_elements(grad_ranks);
+    const int64_t bucket = m.ddp_num_buckets > 0   ? std::max<int64_t>(1, pb.numel() / m.ddp_num_buckets)
+                           : m.ddp_bucket_size > 0 ? m.ddp_bucket_size
+                                                   : default_bucket_elements(grad_ranks);
     std::vector<std::pair<int64_t, int64_t>> owned;
     for (const Bucket& b : make_buckets(pb, bucket, grad_ranks, expert_dp_ranks)) {
       const int rank = b.expert ? expert_dp_rank : grad_rank;  // the experts' over the expert data-parallel group

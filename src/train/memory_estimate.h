@@ -43,6 +43,7 @@ struct MemoryLayout {
   int dist_opt_instances = 1;             // --num-distributed-optimizer-instances: each shards over dp x cp / it
   bool grad_reduce_in_bf16 = false;       // bf16 copies of the buckets for the DP reduction
   int64_t ddp_bucket_size = 0;            // elements per gradient bucket; 0: the default
+  int64_t ddp_num_buckets = 0;            // > 0: buckets of (the rank's parameters) / this instead
   PipelineLayout pipeline;                // stages == pp
   int64_t num_micro_batches = 1;          // per rank and iteration
   std::string optimizer = "adam";         // adam: 8 bytes of state per owned parameter, sgd: 4; muon: 4 per

@@ -164,6 +164,7 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.dist_opt_instances = int(args.num_distributed_optimizer_instances);
   m.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
   m.ddp_bucket_size = args.ddp_bucket_size;
+  m.ddp_num_buckets = args.ddp_num_buckets;
   m.pipeline = pipe;
   m.num_micro_batches = num_micro;
   m.optimizer = args.optimizer;
@@ -342,7 +343,7 @@ int run_training(const TrainArgs& args) {
     dcfg.distributed_optimizer = args.use_distributed_optimizer;
     dcfg.overlap_grad_reduce = args.overlap_grad_reduce;
     dcfg.overlap_param_gather = args.overlap_param_gather;
-    dcfg.bucket_elements = args.ddp_bucket_size;
+    dcfg.bucket_elements = args.ddp_bucket_elements(model.params().numel());
     dcfg.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
     dp = std::make_unique<DataParallel>(model, ps->dp(), dcfg, &ps->ep(), &ps->expert_dp_shard(), &ps->dp_cp_shard(),
                                         ps->dp_cp_replicas(), ps->expert_dp_replicas());

@@ -101,4 +101,24 @@ for it in 2 4; do
     fail "--overlap-param-gather: gather-on/$f differs from gather-off/$f"
   fi
 done
+
+# --ddp-num-buckets 3: buckets of (the rank's parameters) // 3 elements (3 reduce-scatters per iteration,
+# where the default makes one bucket), the same buckets (and so the same losses, bit for bit) as
+# --ddp-bucket-size with that count.
+if run buckets_n "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 3 --use-distributed-optimizer \
+     --ddp-num-buckets 3 --log-comm; then
+  grep -q 'reduce_scatter [0-9.]* MB in [0-9.]* ms (3 calls)' buckets_n.out &&
+    pass "--ddp-num-buckets 3: 3 buckets reduce-scattered per iteration" ||
+    fail "--ddp-num-buckets 3: $(grep -m 1 'communication per iteration' buckets_n.out)"
+  params=$(grep -o '> lattice: [0-9]* parameters' buckets_n.out | head -n 1 | awk '{print $3}')
+  if [ -n "$params" ] && run buckets_size "${MPIRUN[@]}" -np 2 "$LATTICE" "${TRAIN[@]}" --train-iters 3 \
+       --use-distributed-optimizer --ddp-bucket-size $((params / 3)); then
+    [ -n "$(losses buckets_n.out)" ] && [ "$(losses buckets_n.out)" = "$(losses buckets_size.out)" ] &&
+      pass "--ddp-num-buckets 3 is --ddp-bucket-size $((params / 3)) ($params parameters)" ||
+      fail "--ddp-num-buckets 3: $(losses buckets_n.out | tr '\n' ' ') against $(losses buckets_size.out | tr '\n' ' ')"
+  fi
+fi
+expect_error "--ddp-num-buckets with --ddp-bucket-size" "--ddp-num-buckets|--ddp-bucket-size" -- \
+  "$LATTICE" "${TRAIN[@]}" --train-iters 1 --ddp-num-buckets 2 --ddp-bucket-size 100
+
 e2e_finish

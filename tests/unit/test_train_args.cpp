@@ -414,6 +414,14 @@ TEST(TrainArgs, MegatronSpellingsOfLayoutsAndRecipes) {
   EXPECT_EQ(parse({"--embedding-init-method-std", "1.0"}).transformer_config().embedding_init_method_std, 1.0f);
   EXPECT_EQ(parse({}).transformer_config().embedding_init_method_std, -1.0f);
   EXPECT_EQ(error_of({"--embedding-init-method-std", "-1"}), "--embedding-init-method-std must be >= 0, got -1");
+  // --ddp-num-buckets n: buckets of (the rank's parameters) // n elements (Megatron's num_parameters // n).
+  EXPECT_EQ(parse({"--ddp-num-buckets", "4"}).ddp_bucket_elements(1001), 250);
+  EXPECT_EQ(parse({"--ddp-bucket-size", "77"}).ddp_bucket_elements(1001), 77);
+  EXPECT_EQ(parse({}).ddp_bucket_elements(1001), 0);  // the default
+  EXPECT_EQ(parse({"--ddp-num-buckets", "5000"}).ddp_bucket_elements(1001), 1);
+  EXPECT_EQ(error_of({"--ddp-num-buckets", "2", "--ddp-bucket-size", "10"}),
+            "--ddp-num-buckets and --ddp-bucket-size cannot both be given");
+  EXPECT_EQ(error_of({"--ddp-num-buckets", "-1"}), "--ddp-num-buckets must be greater than 0, got -1");
   EXPECT_EQ(parse({}).fp8_recipe, "delayed");
   EXPECT_EQ(parse({"--fp8-recipe", "delayed"}).fp8_recipe, "delayed");
   EXPECT_EQ(error_of({"--fp8-recipe", "mxfp8"}),
