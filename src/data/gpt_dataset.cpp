@@ -114,6 +114,15 @@ void append_shuffle_index(std::vector<int64_t>& out, int64_t begin, int64_t end,
 
 }  // namespace
 
+namespace {
+
+// "N samples", or "one epoch" for kOneEpoch (in errors).
+std::string samples_text(int64_t num_samples) {
+  return num_samples == kOneEpoch ? std::string("one epoch") : std::to_string(num_samples) + " samples";
+}
+
+}  // namespace
+
 GPTDatasetIndices build_gpt_dataset_indices(const std::vector<int32_t>& lengths,
                                             const SplitRange& range, int64_t num_samples,
                                             int64_t S, uint64_t seed, const std::string& what) {
@@ -128,7 +137,7 @@ GPTDatasetIndices build_gpt_dataset_indices(const std::vector<int32_t>& lengths,
   for (int64_t s = range.begin; s < range.end; ++s) T += lengths[size_t(s)];
   if (T == 0)
     LATTICE_FAIL() << what << ": the split has no tokens (" << (range.end - range.begin) << " sequences) but "
-                   << (num_samples == kOneEpoch ? std::string("one epoch") : std::to_string(num_samples) + " samples")
+                   << samples_text(num_samples)
                    << " are needed (change --split, or --eval-iters 0 to skip evaluation)";
   if (num_samples == kOneEpoch && T <= S)
     LATTICE_FAIL() << what << ": one epoch of the split is " << T << " tokens, too few for one sample of "
@@ -219,7 +228,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> dataset, Split spli
   const std::string what = ds_->prefix() + " (" + split_name(split) + " split)";
   if (!range.present)
     LATTICE_FAIL() << what << ": the split has weight 0 but "
-                   << (num_samples == kOneEpoch ? std::string("one epoch") : std::to_string(num_samples) + " samples")
+                   << samples_text(num_samples)
                    << " are needed";
   description_ = describe(*ds_, split, range, num_samples, config);
   char hash[17];
