@@ -282,6 +282,12 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"fp8-margin", Kind::i64, &a.fp8_margin, "fp8 scaling margin (powers of 2)"},
       {"fp8-amax-history-len", Kind::i64, &a.fp8_amax_history_len, "fp8 delayed-scaling amax history"},
       {"fp8-amax-compute-algo", Kind::str, &a.fp8_amax_compute_algo, "fp8 amax from the history: most_recent | max"},
+      {"first-last-layers-bf16", Kind::flag, &a.first_last_layers_bf16,
+       "the first and last layers outside fp8: refused with the delayed recipe (Megatron's rule); nothing without fp8"},
+      {"num-layers-at-start-in-bf16", Kind::i64, &a.num_layers_at_start_in_bf16,
+       "with --first-last-layers-bf16: how many first layers"},
+      {"num-layers-at-end-in-bf16", Kind::i64, &a.num_layers_at_end_in_bf16,
+       "with --first-last-layers-bf16: how many last layers"},
       {"fp8-recipe", Kind::str, &a.fp8_recipe,
        "fp8 scaling recipe: delayed (lattice's; tensorwise, mxfp8, blockwise and custom are not implemented)"},
       {"recompute-granularity", Kind::str, &a.recompute_granularity, "activation recomputation: full | selective"},
@@ -1030,6 +1036,16 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "--fp8-recipe " << a.fp8_recipe
                    << (megatron ? " is not implemented: lattice's fp8 is delayed scaling (--fp8-recipe delayed)"
                                 : " must be delayed, tensorwise, mxfp8, blockwise or custom");
+  }
+  if (!a.fp8_format.empty()) {  // Megatron's TransformerConfig checks, with fp8 only
+    const int64_t per_stage = a.num_layers / std::max<int64_t>(1, a.pipeline_model_parallel_size);
+    for (const auto& [n, flag] : {std::pair{a.num_layers_at_start_in_bf16, "--num-layers-at-start-in-bf16"},
+                                  std::pair{a.num_layers_at_end_in_bf16, "--num-layers-at-end-in-bf16"}})
+      if (a.first_last_layers_bf16 && (n < 0 || n > per_stage))
+        LATTICE_FAIL() << flag << " " << n << " must be between 0 and the layers per pipeline stage (" << per_stage << ")";
+    if (a.first_last_layers_bf16)
+      LATTICE_FAIL() << "--first-last-layers-bf16: the delayed fp8 recipe (--fp8-recipe delayed, lattice's) does not "
+                        "support first / last layers in bf16, as Megatron's does not";
   }
   if (a.implementation.ddp_average_in_collective && a.calculate_per_token_loss)  // Megatron's assertion
     LATTICE_FAIL() << "--ddp-average-in-collective cannot be used with --calculate-per-token-loss (the gradients are "

@@ -157,6 +157,10 @@ struct TrainArgs {
   int64_t fp8_margin = 0, fp8_amax_history_len = 1;
   std::string fp8_amax_compute_algo = "most_recent";  // most_recent | max
   std::string fp8_recipe = "delayed";    // Megatron's --fp8-recipe: lattice's fp8 is delayed scaling
+  // Megatron's --first-last-layers-bf16 (with --num-layers-at-start/end-in-bf16): the first and last layers
+  // outside fp8. Megatron refuses it with the delayed recipe, lattice's only one; without fp8 it does nothing.
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1, num_layers_at_end_in_bf16 = 1;
   // Activation recomputation.
   std::string recompute_granularity;     // "" | full | selective
   bool recompute_activations = false;    // Megatron's shortcut for --recompute-granularity selective

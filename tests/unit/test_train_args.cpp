@@ -422,6 +422,12 @@ TEST(TrainArgs, MegatronSpellingsOfLayoutsAndRecipes) {
   EXPECT_EQ(error_of({"--ddp-num-buckets", "2", "--ddp-bucket-size", "10"}),
             "--ddp-num-buckets and --ddp-bucket-size cannot both be given");
   EXPECT_EQ(error_of({"--ddp-num-buckets", "-1"}), "--ddp-num-buckets must be greater than 0, got -1");
+  // --first-last-layers-bf16: nothing without fp8 (Megatron's), refused with the delayed recipe.
+  EXPECT_TRUE(parse({"--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "2"}).first_last_layers_bf16);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--first-last-layers-bf16"}).find("--first-last-layers-bf16: the delayed"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"--fp8-format", "hybrid", "--first-last-layers-bf16", "--num-layers-at-end-in-bf16", "3"}),
+            "--num-layers-at-end-in-bf16 3 must be between 0 and the layers per pipeline stage (2)");
   EXPECT_EQ(parse({}).fp8_recipe, "delayed");
   EXPECT_EQ(parse({"--fp8-recipe", "delayed"}).fp8_recipe, "delayed");
   EXPECT_EQ(error_of({"--fp8-recipe", "mxfp8"}),
