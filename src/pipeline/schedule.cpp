@@ -140,8 +140,13 @@ PipelineLayout parse_pipeline_layout(const std::string& text, int64_t num_layers
     } else if (ch == 'E' || ch == 't' || ch == 'm' || ch == 'L') {
       stages.back() += ch;
     } else {
-      LATTICE_FAIL() << flag << " '" << text << "': unknown layer '" << ch
-                     << "' (E embedding, t decoder layer, m prediction depth, L loss; '|' between stages)";
+      char shown[16];  // the character, or its byte in hex when it is not printable ASCII
+      if (std::isprint(static_cast<unsigned char>(ch)) && static_cast<unsigned char>(ch) < 128)
+        std::snprintf(shown, sizeof shown, "'%c'", ch);
+      else
+        std::snprintf(shown, sizeof shown, "byte 0x%02x", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+      LATTICE_FAIL() << flag << " '" << text << "': unknown layer " << shown
+                     << " (E embedding, t decoder layer, m prediction depth, L loss; '|' between stages)";
     }
   }
   auto count = [&](char ch) { return int64_t(std::count(s.begin(), s.end(), ch)); };

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -741,6 +742,8 @@ void validate_muon(const TrainArgs& a) {
 // of them ("valid" and "test" may be missing or null: no such split).
 void read_data_args_files(TrainArgs& a) {
   auto read = [](const std::string& path, const char* flag) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) LATTICE_FAIL() << "--" << flag << " " << path << ": is a directory, not a file";
     std::ifstream in(path);
     if (!in) LATTICE_FAIL() << "--" << flag << " " << path << ": cannot open: " << std::strerror(errno);
     std::stringstream text;

@@ -149,6 +149,7 @@ TEST(PipelineLayout, LayoutStringErrorsNameTheFlag) {
            {"Ett|tLt", 4, 2, 0, "L (the loss) must close the last stage"},
            {"EtLt|tL", 3, 2, 0, "L (the loss) must close the last stage"},
            {"Ett|ttx L", 4, 2, 0, "unknown layer 'x'"},
+           {"Et\xc3\xa9|ttL", 3, 2, 0, "unknown layer byte 0xc3"},  // UTF-8 'e acute': named by its first byte
            {"Ett|tt|ttL", 6, 2, 0, "has 3 stages, not a multiple of --pipeline-model-parallel-size 2"},
            {"Ett|ttL", 4, 1, 0, "interleaving them needs --pipeline-model-parallel-size > 1"},
            {"Ett|ttL", 4, 2, 1, "holds 0 prediction depths (m), --mtp-num-layers is 1"},

@@ -462,6 +462,8 @@ TEST(TrainArgs, DataArgsFiles) {
   test_util::write_text(dir + "/empty.txt", " \n");
   EXPECT_EQ(error({"--data-args-path", dir + "/empty.txt"}), "--data-args-path " + dir + "/empty.txt: no data paths in the file");
   EXPECT_EQ(error({"--data-args-path", dir + "/blend.txt", "--data-path", "x"}), "--data-args-path and --data-path are exclusive");
+  EXPECT_EQ(error({"--data-args-path", dir}), "--data-args-path " + dir + ": is a directory, not a file");
+  EXPECT_EQ(error({"--per-split-data-args-path", dir}), "--per-split-data-args-path " + dir + ": is a directory, not a file");
   test_util::write_text(dir + "/odd.txt", "0.3 a 0.7");
   EXPECT_NE(error({"--data-args-path", dir + "/odd.txt"}).find("--data-path"), std::string::npos);
   for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
