@@ -12,25 +12,38 @@
 namespace lattice {
 namespace {
 
-TrainArgs parse(std::vector<std::string> extra) {
-  std::vector<std::string> words = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
-                                    "--num-attention-heads", "4", "--seq-length", "16",
-                                    "--micro-batch-size", "2", "--train-iters", "3", "--mock-data",
-                                    "--vocab-size", "100"};
-  words.insert(words.end(), extra.begin(), extra.end());
+TrainArgs parse_words(std::vector<std::string> words) {
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
   return parse_train_args(int(argv.size()), argv.data(), 2);
 }
 
-std::string error_of(std::vector<std::string> extra) {
+// The one-line error parse_words gives for these words ("" when they parse).
+std::string words_error(std::vector<std::string> words) {
   try {
-    parse(std::move(extra));
+    parse_words(std::move(words));
   } catch (const Error& e) {
     return e.what();
   }
   return "";
 }
+
+// "lattice train", a small model's flags without data, then `extra`.
+std::vector<std::string> model_words(std::vector<std::string> extra) {
+  std::vector<std::string> w = {"lattice", "train", "--hidden-size", "64", "--num-attention-heads", "4",
+                                "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "3",
+                                "--vocab-size", "100"};
+  w.insert(w.end(), extra.begin(), extra.end());
+  return w;
+}
+
+// A 2-layer model on mock data, then `extra`.
+std::vector<std::string> mock_words(std::vector<std::string> extra) {
+  extra.insert(extra.begin(), {"--num-layers", "2", "--mock-data"});
+  return model_words(std::move(extra));
+}
+TrainArgs parse(std::vector<std::string> extra) { return parse_words(mock_words(std::move(extra))); }
+std::string error_of(std::vector<std::string> extra) { return words_error(mock_words(std::move(extra))); }
 
 TEST(TrainArgs, MegatronDefaults) {
   TrainArgs a = parse({});
@@ -280,30 +293,6 @@ TEST(TrainArgs, HelpListsEveryFlagWithDefault) {
 namespace lattice {
 namespace {
 
-TrainArgs parse_words(std::vector<std::string> words) {
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(w.data());
-  return parse_train_args(int(argv.size()), argv.data(), 2);
-}
-
-// The one-line error parse_words gives for these words ("" when they parse).
-std::string words_error(std::vector<std::string> words) {
-  try {
-    parse_words(std::move(words));
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-// "lattice train", a small model's flags without data, then `extra`.
-std::vector<std::string> model_words(std::vector<std::string> extra) {
-  std::vector<std::string> w = {"lattice", "train", "--hidden-size", "64", "--num-attention-heads", "4",
-                                "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "3",
-                                "--vocab-size", "100"};
-  w.insert(w.end(), extra.begin(), extra.end());
-  return w;
-}
 
 std::vector<std::string> sample_based(std::vector<std::string> extra) {
   std::vector<std::string> w = {"lattice", "train", "--num-layers", "2", "--hidden-size", "64",
