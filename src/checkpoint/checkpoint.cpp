@@ -105,6 +105,7 @@ json state_to_json(const CheckpointState& s) {
                         {"growth_tracker", s.loss_scaler->growth_tracker},
                         {"hysteresis_tracker", s.loss_scaler->hysteresis_tracker}};
   if (!s.fp8.empty()) j["fp8"] = fp8_state_to_json(s.fp8);
+  if (s.rerun_state_machine) j["rerun_state_machine"] = *s.rerun_state_machine;
   return j;
 }
 
@@ -149,6 +150,10 @@ CheckpointState state_from_json(const json& j, const std::string& where) {
       LATTICE_FAIL() << w << ": scale must be a positive finite number and growth_tracker >= 0";
   }
   if (j.contains("fp8")) s.fp8 = fp8_state_from_json(j["fp8"], where);
+  if (j.contains("rerun_state_machine")) {
+    if (!j["rerun_state_machine"].is_object()) LATTICE_FAIL() << where << ": rerun_state_machine must be a JSON object";
+    s.rerun_state_machine = j["rerun_state_machine"];
+  }
   return s;
 }
 
@@ -203,6 +208,16 @@ void prune_checkpoints(const fs::path& dir, int64_t keep_last_n, int64_t saved) 
     const std::string name = iter_dir_name(others[k]);
     remove_dir_durably((dir / name).string(), (dir / (kTrashPrefix + name)).string());
   }
+}
+
+// Megatron's --save-retain-interval: after a save, the checkpoint the tracker named before it is
+// removed unless its iteration is a multiple of the interval (a symbolic link is left alone).
+void drop_unretained(const fs::path& dir, int64_t previous, int64_t saved, int64_t retain_interval) {
+  if (retain_interval <= 0 || previous <= 0 || previous == saved || previous % retain_interval == 0) return;
+  const std::string name = iter_dir_name(previous);
+  std::error_code ec;
+  if (fs::is_symlink(dir / name, ec) || !fs::is_directory(dir / name, ec)) return;
+  remove_dir_durably((dir / name).string(), (dir / (kTrashPrefix + name)).string());
 }
 
 }  // namespace
@@ -321,7 +336,7 @@ void CheckpointWriter::add_flat_range(const std::string& file, const std::string
   }
 }
 
-std::string CheckpointWriter::save(const std::string& dir, int64_t keep_last_n) const {
+std::string CheckpointWriter::save(const std::string& dir, int64_t keep_last_n, int64_t retain_interval) const {
   const fs::path root(dir);
   std::error_code ec;
   if (fs::create_directories(root, ec)) {
@@ -330,6 +345,13 @@ std::string CheckpointWriter::save(const std::string& dir, int64_t keep_last_n) 
   }
   if (ec) LATTICE_FAIL() << "--save " << dir << ": cannot create directory: " << ec.message();
   remove_stale_staging(root);
+  std::optional<int64_t> previous;  // the checkpoint this one follows, for --save-retain-interval
+  if (retain_interval > 0) {
+    try {
+      previous = read_latest_iteration(dir);
+    } catch (const Error&) {  // a damaged tracker names no checkpoint to drop; the save replaces it
+    }
+  }
 
   const std::string name = iter_dir_name(state_.iteration);
   const fs::path staged = root / (kStagingPrefix + name);
@@ -364,6 +386,7 @@ std::string CheckpointWriter::save(const std::string& dir, int64_t keep_last_n) 
   publish_dir(staged.string(), target.string());
   write_file_atomic((root / kTrackerFile).string(), std::to_string(state_.iteration) + "\n");
   prune_checkpoints(root, keep_last_n, state_.iteration);
+  if (previous) drop_unretained(root, *previous, state_.iteration, retain_interval);
   return target.string();
 }
 

@@ -77,6 +77,9 @@ struct CheckpointState {
   // Megatron's num_floating_point_operations_so_far: the model FLOPs of every iteration trained so far
   // (--log-progress's throughputs; 0 in a checkpoint saved without it).
   double num_floating_point_operations_so_far = 0;
+  // --check-for-spiky-loss / --check-for-large-grads: the values sampled so far (Megatron's
+  // rerun_state_machine large_value_counts and max_values; absent without the checks).
+  std::optional<nlohmann::json> rerun_state_machine;
 };
 
 // fp8 scaling states by weight name as checkpoint.json's "fp8" object, and back (errors
@@ -108,9 +111,10 @@ class CheckpointWriter {
   void set_state(const CheckpointState& state) { state_ = state; }
 
   // Writes DIR/iter_NNNNNNN (state().iteration) atomically, then the tracker file; then
-  // removes all but the newest keep_last_n checkpoints (0 keeps all). Returns the
-  // iteration directory.
-  std::string save(const std::string& dir, int64_t keep_last_n = 0) const;
+  // removes all but the newest keep_last_n checkpoints (0 keeps all), and with retain_interval
+  // (--save-retain-interval; 0: none) the checkpoint the tracker named before, unless its
+  // iteration is a multiple of retain_interval. Returns the iteration directory.
+  std::string save(const std::string& dir, int64_t keep_last_n = 0, int64_t retain_interval = 0) const;
 
  private:
   // A new piece's index entry: the key it is stored under in `file` (the tensor's name, or name#k).

@@ -80,6 +80,7 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
   s.iteration = p.iteration;
   s.consumed_train_samples = p.consumed_train_samples;
   s.num_floating_point_operations_so_far = p.flops_so_far;
+  if (!p.rerun_state_machine.is_null()) s.rerun_state_machine = p.rerun_state_machine;
   s.model_config = model_config_json(model.config());
   s.args = nlohmann::json::parse(o.args_json);
   if (o.save_optim) {
@@ -103,7 +104,7 @@ std::string save_training_checkpoint(const TrainingSaveOptions& o, const Trainin
   if (o.save_rng) s.rng = RngState{p.seed};
   if (!o.write) return "";
   w.set_state(s);
-  return w.save(o.dir, o.keep_last_n);
+  return w.save(o.dir, o.keep_last_n, o.retain_interval);
 }
 
 std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptions& o, const TrainingProgress& fresh,
@@ -122,6 +123,7 @@ std::optional<TrainingProgress> load_training_checkpoint(const TrainingLoadOptio
   p.iteration = s.iteration;
   p.consumed_train_samples = s.consumed_train_samples;
   p.flops_so_far = s.num_floating_point_operations_so_far;
+  if (s.rerun_state_machine) p.rerun_state_machine = *s.rerun_state_machine;
   if (o.load_optim) {
     if (!s.optimizer || !s.opt_param_scheduler)
       LATTICE_FAIL() << "--load " << o.dir << ": " << where

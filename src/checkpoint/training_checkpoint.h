@@ -30,6 +30,8 @@ struct TrainingProgress {
   uint64_t seed = 0;                   // keys the dropout stream
   double flops_so_far = 0;             // the model FLOPs of the iterations so far (CheckpointState's)
   nlohmann::json provenance = nlohmann::json::object();  // the loaded checkpoint's checkpoint_provenance
+  // The result checks' samples (ResultValidator::state(); null: none, not saved).
+  nlohmann::json rerun_state_machine = nullptr;
 };
 
 struct TrainingSaveOptions {
@@ -38,6 +40,7 @@ struct TrainingSaveOptions {
   bool save_optim = true;         // !--no-save-optim (optimizer and scheduler)
   bool save_rng = true;           // !--no-save-rng
   int64_t keep_last_n = 0;        // --keep-last-n
+  int64_t retain_interval = 0;    // --save-retain-interval
   std::string args_json;          // TrainArgs::to_json()
   // Distributed optimizer: completes a flat optimizer-state buffer in which this rank
   // filled its shard (an all-gather over the data-parallel group). Null: nothing to do.

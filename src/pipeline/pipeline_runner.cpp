@@ -83,6 +83,7 @@ PipelineRunner::Losses PipelineRunner::train(const Fetch& fetch, const std::func
   compute_seconds_ = 0;
   Timer total;
   Losses loss;
+  loss.micro_batch_sums.assign(size_t(M), 0.0);
   auto context = [&](const char* what, int64_t m, int peer) {
     if (pp_)
       pp_->set_wait_context("stage " + std::to_string(r) + ", micro-batch " + std::to_string(m) + ": " + what +
@@ -112,6 +113,7 @@ PipelineRunner::Losses PipelineRunner::train(const Fetch& fetch, const std::func
         loss.sum_of_means += l.count > 0 ? l.sum / l.count : 0.0;
         loss.tokens.sum += l.sum;
         loss.tokens.count += l.count;
+        loss.micro_batch_sums[size_t(m)] = l.sum;
       } else {
         context("sending forward activations to", m, (s + 1) % P);
         activation_sends_[k] = pp_->isend(model_.output(c, slot), rows, (s + 1) % P, forward_tag(m, s + 1, S));

@@ -29,10 +29,12 @@ class PipelineRunner {
   using Fetch = std::function<void(int64_t m, int32_t* tokens)>;
 
   // What train() returns: on the last stage the sum over the micro-batches of each one's mean
-  // token loss, and the sums of their masked token losses and mask (zeros on the others).
+  // token loss, the sums of their masked token losses and mask, and each micro-batch's masked
+  // token loss sum [M] (zeros on the others).
   struct Losses {
     double sum_of_means = 0;
     LossSum tokens;
+    std::vector<double> micro_batch_sums;
   };
 
   // Forward and backward of M micro-batches (gradients accumulated, scaled by

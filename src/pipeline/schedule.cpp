@@ -224,11 +224,21 @@ std::vector<std::pair<int64_t, int64_t>> stage_layers(const PipelineLayout& l, i
 }
 
 void check_micro_batches(const PipelineLayout& l, int64_t M) {
-  if (l.virtual_stages > 1 && M % l.stages != 0)
-    LATTICE_FAIL() << "interleaved pipelining needs the number of micro-batches (" << M
-                   << " = --global-batch-size / (--micro-batch-size x data-parallel size)) to be a multiple of "
-                      "--pipeline-model-parallel-size "
-                   << l.stages;
+  if (l.virtual_stages == 1) return;
+  const int64_t N = l.microbatch_group();
+  if (N < l.stages || N > M)  // Megatron's range [P, M]
+    LATTICE_FAIL() << "interleaved pipelining runs groups of "
+                   << (l.microbatch_group_size > 0 ? "--microbatch-group-size-per-virtual-pipeline-stage "
+                                                   : "--pipeline-model-parallel-size ")
+                   << N << " micro-batches through each chunk: it must be between --pipeline-model-parallel-size "
+                   << l.stages << " and the number of micro-batches " << M
+                   << " (--global-batch-size / (--micro-batch-size x data-parallel size))";
+  // A last group of fewer than P micro-batches would leave the stages waiting on each other (Megatron's check).
+  if (const int64_t rest = M % N; rest > 0 && rest < l.stages)
+    LATTICE_FAIL() << "interleaved pipelining: the last group of " << rest << " micro-batches (" << M
+                   << " micro-batches in groups of " << N << ") is smaller than --pipeline-model-parallel-size "
+                   << l.stages << "; give a number of micro-batches or a "
+                   << "--microbatch-group-size-per-virtual-pipeline-stage that leaves 0 or at least " << l.stages;
 }
 
 std::vector<PipelineOp> pipeline_schedule(const PipelineLayout& l, int64_t M, int r) {
@@ -245,11 +255,18 @@ std::vector<PipelineOp> pipeline_schedule(const PipelineLayout& l, int64_t M, in
     return ops;
   }
   check_micro_batches(l, M);
-  const int64_t total = M * V, group = int64_t(P) * V;
-  int64_t warmup = M == P ? total : std::min<int64_t>((P - r - 1) * 2 + int64_t(V - 1) * P, total);
-  auto micro = [&](int64_t k) { return (k / group) * P + k % P; };
+  const int64_t total = M * V, N = l.microbatch_group();
+  // Megatron's schedule table: (micro-batch, chunk) of each virtual micro-batch.
+  std::vector<std::pair<int64_t, int>> table;
+  table.reserve(size_t(total));
+  for (int64_t first = 0; first < M; first += N)
+    for (int c = 0; c < V; ++c)
+      for (int64_t m = first; m < std::min(first + N, M); ++m) table.push_back({m, c});
+  const int64_t warmup =
+      M == P && N == P ? total : std::min<int64_t>((P - r - 1) * 2 + int64_t(V - 1) * N, total);
+  auto micro = [&](int64_t k) { return table[size_t(k)].first; };
   auto chunk = [&](int64_t k, bool fwd) {
-    const int c = int((k % group) / P);
+    const int c = table[size_t(k)].second;
     return fwd ? c : V - 1 - c;
   };
   for (int64_t k = 0; k < warmup; ++k) ops.push_back({true, micro(k), chunk(k, true)});

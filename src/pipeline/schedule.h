@@ -27,6 +27,10 @@ struct PipelineLayout {
   // --pipeline-model-parallel-layout: the decoder layers of each virtual stage, in the order
   // v*P + r (stage r's chunk v), P*V entries; empty when the flags above split the layers.
   std::vector<int64_t> chunk_layers = {};
+  // --microbatch-group-size-per-virtual-pipeline-stage: how many consecutive micro-batches the
+  // interleaved schedule runs through one chunk before the next (0: Megatron's default, P).
+  int64_t microbatch_group_size = 0;
+  int64_t microbatch_group() const { return microbatch_group_size > 0 ? microbatch_group_size : stages; }
 };
 
 // The layout for the flags, or a one-line error naming the flag to change:
@@ -61,15 +65,16 @@ struct PipelineOp {
   int chunk = 0;
 };
 
-// Checks micro-batches against the layout (interleaving needs M % P == 0), with an error
-// that says what to change.
+// Checks micro-batches against the layout (interleaving needs P <= N <= M for the micro-batch
+// group N, and M % N either 0 or at least P, as Megatron), with an error that says what to change.
 void check_micro_batches(const PipelineLayout& layout, int64_t num_micro_batches);
 
 // Stage `stage`'s ops in order. 1F1B: warmup = min(P - r - 1, M) forwards, then pairs
-// of one forward and one backward, then the remaining backwards. Interleaved: over the
-// M*V virtual micro-batches, warmup = min((P - r - 1)*2 + (V - 1)*P, M*V) (all of them
-// when M == P); virtual micro-batch k is micro-batch (k / (P*V))*P + k % P of chunk
-// (k % (P*V)) / P in forward and of chunk V - 1 - that in backward.
+// of one forward and one backward, then the remaining backwards. Interleaved (Megatron's
+// get_schedule_table): the M*V virtual micro-batches are the micro-batches in groups of N
+// (the last group holds the rest), each group run through chunk 0, then chunk 1, ...; virtual
+// micro-batch k is entry k's micro-batch, of its chunk in forward and of chunk V - 1 - that in
+// backward; warmup = min((P - r - 1)*2 + (V - 1)*N, M*V) (all of them when M == N == P).
 std::vector<PipelineOp> pipeline_schedule(const PipelineLayout& layout, int64_t num_micro_batches, int stage);
 
 // The most micro-batches any one chunk of `stage` holds activations for at once.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "data/tokenizer.h"
 #include "data/training_data.h"
 #include "model/hybrid_layer_allocation.h"
+#include "train/result_validation.h"
 
 namespace lattice {
 namespace {
@@ -259,6 +261,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "layers per model chunk: interleaved 1F1B with L / (PP x this) chunks per stage"},
       {"num-virtual-stages-per-pipeline-rank", Kind::i64, &a.num_virtual_stages_per_pipeline_rank,
        "model chunks per pipeline stage (interleaved 1F1B): the other way to give --num-layers-per-virtual-pipeline-stage"},
+      {"microbatch-group-size-per-virtual-pipeline-stage", Kind::i64,
+       &a.microbatch_group_size_per_virtual_pipeline_stage,
+       "interleaved 1F1B: the consecutive micro-batches run through one chunk before the next, between PP and the "
+       "micro-batches per step (0: PP)"},
       {"pipeline-model-parallel-layout", Kind::str, &a.pipeline_model_parallel_layout,
        "the layers of each pipeline stage, e.g. \"Et*3|(tt|)*2,t*2L\" (E embedding, t layer, m MTP depth, L loss; "
        "stages split by |, in virtual-stage order; docs/distributed.md)"},
@@ -394,6 +400,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"use-checkpoint-opt_param-scheduler", Kind::flag, &a.use_checkpoint_opt_param_scheduler,
        "take the schedule from the checkpoint"},
       {"keep-last-n", Kind::i64, &a.keep_last_n, "keep only the newest N checkpoints (0: all)"},
+      {"save-retain-interval", Kind::i64, &a.save_retain_interval,
+       "Megatron's: each save removes the checkpoint before it unless its iteration is a multiple of this "
+       "(a multiple of --save-interval; 0: keep all)"},
       {"exit-signal-handler", Kind::flag, &a.exit_signal_handler,
        "on SIGTERM/SIGINT save a checkpoint and exit"},
       {"exit-interval", Kind::i64, &a.exit_interval, "exit after an iteration divisible by this"},
@@ -444,6 +453,20 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"no-check-for-nan-in-loss-and-grad", Kind::flag, &a.no_check_for_nan_in_loss_and_grad,
        "train on when a step's loss or gradient norm is nan or infinite (by default such a step stops training "
        "before its update)"},
+      {"check-for-spiky-loss", Kind::flag, &a.check_for_spiky_loss,
+       "stop before the update of a step with a micro-batch whose loss (the sum of its token losses) is 10 or more "
+       "times the largest of the first 100 micro-batches'"},
+      {"check-for-large-grads", Kind::flag, &a.check_for_large_grads,
+       "stop before the update of a step whose gradient norm is 10 or more times the largest of the first 100 steps'"},
+      {"result-rejected-tracker-filename", Kind::str, &a.result_rejected_tracker_filename,
+       "append each rejected result (nan/inf, spiky loss, large grads) to this file; an iteration it shows rejected "
+       "twice is skipped by the next run"},
+      {"iterations-to-skip", Kind::list, &a.iterations_to_skip,
+       "0-based step indices (the iteration logged as N is N - 1) whose global batch is consumed without a step"},
+      {"error-injection-rate", Kind::i64, &a.error_injection_rate,
+       "accepted: Megatron injects errors only into result-validation reruns (--rerun-mode validate_results)"},
+      {"error-injection-type", Kind::str, &a.error_injection_type,
+       "correct_result, transient_error or persistent_error: accepted (see --error-injection-rate)"},
       {"log-num-zeros-in-grad", Kind::flag, &a.log_num_zeros_in_grad,
        "the number of zero gradients in the log line and TensorBoard"},
       // Implementation choices of Megatron's (TrainArgs::MegatronImplementationFlags): no-ops.
@@ -465,6 +488,57 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"overlap-p2p-communication", Kind::flag, &a.implementation.overlap_p2p_communication,
        "accepted: pipeline activations are always sent asynchronously"},
       {"manual-gc", Kind::flag, &a.implementation.manual_gc, "accepted: no garbage collector"},
+      {"manual-gc-interval", Kind::i64, &a.implementation.manual_gc_interval, "accepted: no garbage collector"},
+      {"no-manual-gc-eval", Kind::flag, &a.implementation.no_manual_gc_eval, "accepted: no garbage collector"},
+      {"local-rank", Kind::i64, &a.implementation.local_rank,
+       "accepted from torch launchers: each process's GPU is its node-local MPI rank's"},
+      {"use-dist-ckpt", Kind::flag, &a.implementation.use_dist_ckpt,
+       "accepted: deprecated in Megatron and without effect (--ckpt-format chooses)"},
+      {"dist-ckpt-format", Kind::str, &a.implementation.dist_ckpt_format,
+       "accepted: deprecated in Megatron and without effect (--ckpt-format chooses)"},
+      {"fp8-interval", Kind::i64, &a.implementation.fp8_interval, "accepted: deprecated in Megatron and ignored"},
+      {"no-initialization", Kind::flag, &a.implementation.no_initialization,
+       "accepted: the weights are drawn anyway (fast), and --load overwrites them"},
+      {"fp32-residual-connection", Kind::flag, &a.implementation.fp32_residual_connection,
+       "accepted: lattice's residual stream is fp32 in every precision"},
+      {"disable-bf16-reduced-precision-matmul", Kind::flag, &a.implementation.disable_bf16_reduced_precision_matmul,
+       "accepted: lattice's bf16 GEMMs always accumulate in fp32"},
+      {"no-clone-scatter-output-in-embedding", Kind::flag, &a.implementation.no_clone_scatter_output_in_embedding,
+       "accepted (a PyTorch memory detail)"},
+      {"disable-gloo-process-groups", Kind::flag, &a.implementation.disable_gloo_process_groups,
+       "accepted: lattice's groups are MPI's (and NCCL's on GPUs)"},
+      {"train-sync-interval", Kind::i64, &a.implementation.train_sync_interval,
+       "accepted: each step waits for its results"},
+      {"cross-entropy-fusion-impl", Kind::str, &a.implementation.cross_entropy_fusion_impl,
+       "native or te: accepted (lattice's cross entropy is its own fused kernel)"},
+      {"no-overlap-p2p-communication", Kind::flag, &a.implementation.no_overlap_p2p_communication,
+       "accepted: pipeline sends are asynchronous either way (the same values)"},
+      {"overlap-p2p-communication-warmup-flush", Kind::flag, &a.implementation.overlap_p2p_communication_warmup_flush,
+       "accepted (a scheduling choice)"},
+      {"no-scatter-gather-tensors-in-pipeline", Kind::flag, &a.implementation.no_scatter_gather_tensors_in_pipeline,
+       "accepted: each stage sends its whole activations"},
+      {"defer-embedding-wgrad-compute", Kind::flag, &a.implementation.defer_embedding_wgrad_compute,
+       "accepted: the output layer's weight gradient is the same sum whenever it is computed"},
+      {"wgrad-deferral-limit", Kind::i64, &a.implementation.wgrad_deferral_limit, "accepted (see above)"},
+      {"no-gradient-reduce-div-fusion", Kind::flag, &a.implementation.no_gradient_reduce_div_fusion,
+       "accepted (fusion choices change no math)"},
+      {"timing-log-option", Kind::str, &a.implementation.timing_log_option,
+       "max, minmax or all: accepted (lattice has no Megatron timers)"},
+      {"no-barrier-with-level-1-timing", Kind::flag, &a.implementation.no_barrier_with_level_1_timing,
+       "accepted (see above)"},
+      {"logging-level", Kind::i64, &a.implementation.logging_level, "accepted: lattice logs every line it has"},
+      {"use-te-activation-func", Kind::flag, &a.implementation.use_te_activation_func,
+       "accepted: lattice's activation kernels are its own"},
+      {"disable-tp-comm-bulk-dgrad", Kind::flag, &a.implementation.disable_tp_comm_bulk_dgrad,
+       "accepted: Transformer Engine's userbuffer overlaps (the same sums)"},
+      {"disable-tp-comm-bulk-wgrad", Kind::flag, &a.implementation.disable_tp_comm_bulk_wgrad, "accepted (see above)"},
+      {"disable-tp-comm-overlap-ag", Kind::flag, &a.implementation.disable_tp_comm_overlap_ag, "accepted (see above)"},
+      {"disable-tp-comm-overlap-rs", Kind::flag, &a.implementation.disable_tp_comm_overlap_rs, "accepted (see above)"},
+      {"disable-tp-comm-split-ag", Kind::flag, &a.implementation.disable_tp_comm_split_ag, "accepted (see above)"},
+      {"disable-tp-comm-split-rs", Kind::flag, &a.implementation.disable_tp_comm_split_rs, "accepted (see above)"},
+      {"tp-comm-overlap-rs-dgrad", Kind::flag, &a.implementation.tp_comm_overlap_rs_dgrad, "accepted (see above)"},
+      {"tp-comm-bootstrap-backend", Kind::str, &a.implementation.tp_comm_bootstrap_backend,
+       "nccl, mpi or gloo: accepted (see above)"},
       {"data-parallel-random-init", Kind::flag, &a.implementation.data_parallel_random_init,
        "accepted: Megatron then broadcasts data-parallel rank 0's parameters, the ones lattice draws on every rank"},
       {"no-align-grad-reduce", Kind::flag, &a.implementation.no_align_grad_reduce,
@@ -619,6 +693,40 @@ T parse_number(const std::string& flag, const std::string& v) {
   if (v.empty() || errno != 0 || end == nullptr || *end != '\0')
     LATTICE_FAIL() << "--" << flag << ": invalid value '" << v << "'";
   return out;
+}
+
+// Megatron's other spellings of a flag, and the flag lattice reads them as.
+const std::map<std::string, std::string>& flag_aliases() {
+  static const std::map<std::string, std::string> aliases = {
+      {"override-opt-param-scheduler", "override-opt_param-scheduler"},
+      {"use-checkpoint-opt-param-scheduler", "use-checkpoint-opt_param-scheduler"},
+      {"persistent-save-interval", "save-interval"},
+      {"encoder-seq-length", "seq-length"},   // Megatron's GPT sets either from the other
+      {"encoder-num-layers", "num-layers"}};
+  return aliases;
+}
+
+// Megatron's removed flags: its error for each.
+const char* removed_flag_error(const std::string& name) {
+  static const std::map<std::string, const char*> removed = {
+      {"batch-size", "--batch-size argument is no longer valid, use --micro-batch-size instead"},
+      {"warmup", "--warmup argument is no longer valid, use --lr-warmup-fraction instead"},
+      {"model-parallel-size", "--model-parallel-size is no longer valid, use --tensor-model-parallel-size instead"},
+      {"checkpoint-activations",
+       "--checkpoint-activations is no longer valid, use --recompute-activations, or, for more control, "
+       "--recompute-granularity and --recompute-method"}};
+  const auto it = removed.find(name);
+  return it == removed.end() ? nullptr : it->second;
+}
+
+// A string flag's value among its choices, or an error listing them.
+void check_one_of(const char* flag, const std::string& v, std::initializer_list<const char*> choices) {
+  std::string list;
+  for (const char* c : choices) {
+    if (v == c) return;
+    list += (list.empty() ? "" : ", ") + std::string(c);
+  }
+  LATTICE_FAIL() << "--" << flag << " must be one of " << list << ", got '" << v << "'";
 }
 
 bool is_flag_token(const std::string& s) {
@@ -936,11 +1044,24 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "--rerun-mode " << impl.rerun_mode
                    << " is not implemented (Megatron's rerun state machine; lattice's steps are deterministic, so a "
                       "rerun gives the same bits): give disabled or drop the flag";
+  if (a.error_injection_rate < 0) LATTICE_FAIL() << "--error-injection-rate must be >= 0, got " << a.error_injection_rate;
+  check_one_of("error-injection-type", a.error_injection_type, {"correct_result", "transient_error", "persistent_error"});
+  a.iterations_to_skip_list();  // names a malformed --iterations-to-skip or tracker file
   if (impl.ckpt_fully_parallel_save && impl.no_ckpt_fully_parallel_save)
     LATTICE_FAIL() << "--ckpt-fully-parallel-save and --no-ckpt-fully-parallel-save contradict each other";
   if (impl.distributed_backend != "nccl" && impl.distributed_backend != "gloo")
     LATTICE_FAIL() << "--distributed-backend must be nccl or gloo, got '" << impl.distributed_backend << "'";
   if (impl.num_workers < 0) LATTICE_FAIL() << "--num-workers must be >= 0, got " << impl.num_workers;
+  for (const auto& [flag, v] : {std::pair{"manual-gc-interval", impl.manual_gc_interval},
+                                std::pair{"local-rank", impl.local_rank}, std::pair{"fp8-interval", impl.fp8_interval},
+                                std::pair{"train-sync-interval", impl.train_sync_interval},
+                                std::pair{"wgrad-deferral-limit", impl.wgrad_deferral_limit}})
+    if (v < 0) LATTICE_FAIL() << "--" << flag << " must be >= 0, got " << v;
+  if (impl.fp32_residual_connection && !a.bf16 && !a.fp16)  // Megatron's assertion
+    LATTICE_FAIL() << "--fp32-residual-connection needs --bf16 or --fp16 (the residual stream of an fp32 run is fp32)";
+  check_one_of("cross-entropy-fusion-impl", impl.cross_entropy_fusion_impl, {"native", "te"});
+  check_one_of("timing-log-option", impl.timing_log_option, {"max", "minmax", "all"});
+  check_one_of("tp-comm-bootstrap-backend", impl.tp_comm_bootstrap_backend, {"nccl", "mpi", "gloo"});
   if (impl.dataloader_type != "single")
     LATTICE_FAIL() << "--dataloader-type " << impl.dataloader_type
                    << (impl.dataloader_type == "cyclic" || impl.dataloader_type == "external"
@@ -1084,6 +1205,18 @@ std::vector<int> TrainArgs::profile_rank_list() const {
   }
   if (ranks.empty()) LATTICE_FAIL() << "--profile-ranks needs one rank or more";
   return ranks;
+}
+
+std::vector<int64_t> TrainArgs::iterations_to_skip_list() const {
+  std::set<int64_t> skip;
+  for (const std::string& s : iterations_to_skip) {
+    const int64_t it = parse_number<int64_t>("iterations-to-skip", s);
+    if (it < 0) LATTICE_FAIL() << "--iterations-to-skip: " << s << " is not an iteration index (0 or more)";
+    skip.insert(it);
+  }
+  if (!result_rejected_tracker_filename.empty())
+    for (int64_t it : iterations_to_skip_from_tracker_file(result_rejected_tracker_filename)) skip.insert(it);
+  return {skip.begin(), skip.end()};
 }
 
 std::optional<BatchSizeRampup> TrainArgs::rampup() const {
@@ -1472,7 +1605,7 @@ void apply_checkpoint_args(TrainArgs& a, const std::vector<Flag>& table, const s
 TrainArgs parse_train_args(int argc, char** argv, int first) {
   TrainArgs a;
   std::vector<Flag> table = flag_table(a);
-  std::set<std::string> seen;
+  std::map<std::string, std::string> spelled;  // the flags given (the table's names), as spelled on the command line
   for (int i = first; i < argc; ++i) {
     std::string tok = argv[i];
     if (!is_flag_token(tok)) LATTICE_FAIL() << "unexpected argument '" << tok << "' (flags start with --)";
@@ -1484,13 +1617,18 @@ TrainArgs parse_train_args(int argc, char** argv, int first) {
       name = name.substr(0, eq);
       has_inline = true;
     }
+    if (const char* removed = removed_flag_error(name)) LATTICE_FAIL() << removed;
+    const std::string given = name;  // the spelling on the command line, for its errors
+    if (const auto alias = flag_aliases().find(name); alias != flag_aliases().end()) name = alias->second;
     const Flag* flag = nullptr;
     for (const Flag& f : table)
       if (name == f.name) flag = &f;
     if (!flag) LATTICE_FAIL() << "unknown flag --" << name << " (see lattice train --help)";
-    if (!seen.insert(name).second) LATTICE_FAIL() << "--" << name << " given twice";
+    if (const auto [it, fresh] = spelled.emplace(name, given); !fresh)
+      LATTICE_FAIL() << (it->second == given ? "--" + given + " given twice"
+                                             : "--" + it->second + " and --" + given + " are one flag: give it once");
     if (flag->kind == Kind::flag) {
-      if (has_inline) LATTICE_FAIL() << "--" << name << " takes no value";
+      if (has_inline) LATTICE_FAIL() << "--" << given << " takes no value";
       *static_cast<bool*>(flag->target) = true;
       continue;
     }
@@ -1499,28 +1637,32 @@ TrainArgs parse_train_args(int argc, char** argv, int first) {
     while (i + 1 < argc && !is_flag_token(argv[i + 1]) &&
            (values.empty() || flag->kind == Kind::list || flag->kind == Kind::f32_list))
       values.push_back(argv[++i]);
-    if (values.empty()) LATTICE_FAIL() << "--" << name << " needs a value";
+    if (values.empty()) LATTICE_FAIL() << "--" << given << " needs a value";
     const std::string& v = values[0];
     switch (flag->kind) {
-      case Kind::i64: *static_cast<int64_t*>(flag->target) = parse_number<int64_t>(name, v); break;
-      case Kind::u64: *static_cast<uint64_t*>(flag->target) = parse_number<uint64_t>(name, v); break;
-      case Kind::f32: *static_cast<float*>(flag->target) = parse_number<float>(name, v); break;
-      case Kind::f64: *static_cast<double*>(flag->target) = parse_number<double>(name, v); break;
+      case Kind::i64: *static_cast<int64_t*>(flag->target) = parse_number<int64_t>(given, v); break;
+      case Kind::u64: *static_cast<uint64_t*>(flag->target) = parse_number<uint64_t>(given, v); break;
+      case Kind::f32: *static_cast<float*>(flag->target) = parse_number<float>(given, v); break;
+      case Kind::f64: *static_cast<double*>(flag->target) = parse_number<double>(given, v); break;
       case Kind::opt_f64:
-        *static_cast<std::optional<double>*>(flag->target) = parse_number<double>(name, v);
+        *static_cast<std::optional<double>*>(flag->target) = parse_number<double>(given, v);
         break;
       case Kind::str: *static_cast<std::string*>(flag->target) = v; break;
       case Kind::list: *static_cast<std::vector<std::string>*>(flag->target) = values; break;
       case Kind::f32_list: {
         auto& out = *static_cast<std::vector<float>*>(flag->target);
         out.clear();
-        for (const std::string& value : values) out.push_back(parse_number<float>(name, value));
+        for (const std::string& value : values) out.push_back(parse_number<float>(given, value));
         break;
       }
       case Kind::flag: break;
     }
   }
-  if (a.use_checkpoint_args) apply_checkpoint_args(a, table, seen);
+  if (a.use_checkpoint_args) {
+    std::set<std::string> given;
+    for (const auto& [name, spelling] : spelled) given.insert(name);
+    apply_checkpoint_args(a, table, given);
+  }
   validate(a);
   return a;
 }
@@ -1539,7 +1681,9 @@ std::string train_help() {
   return os.str();
 }
 
-PipelineLayout pipeline_layout_of(const TrainArgs& a) {
+namespace {
+// The layers of each stage and chunk, from the layout flags.
+PipelineLayout pipeline_layout_without_group(const TrainArgs& a) {
   const int P = int(a.pipeline_model_parallel_size);
   const int64_t V = a.num_virtual_stages_per_pipeline_rank;
   if (V < 0) LATTICE_FAIL() << "--num-virtual-stages-per-pipeline-rank must be >= 1, got " << V;
@@ -1574,6 +1718,16 @@ PipelineLayout pipeline_layout_of(const TrainArgs& a) {
   return make_pipeline_layout(a.num_layers, P, per_virtual, a.decoder_first_pipeline_num_layers,
                               a.decoder_last_pipeline_num_layers, a.account_for_embedding_in_pipeline_split,
                               a.account_for_loss_in_pipeline_split);
+}
+
+}  // namespace
+
+PipelineLayout pipeline_layout_of(const TrainArgs& a) {
+  PipelineLayout l = pipeline_layout_without_group(a);
+  const int64_t N = a.microbatch_group_size_per_virtual_pipeline_stage;
+  if (N < 0) LATTICE_FAIL() << "--microbatch-group-size-per-virtual-pipeline-stage must be >= 1, got " << N;
+  l.microbatch_group_size = N;
+  return l;
 }
 
 }  // namespace lattice

@@ -143,6 +143,7 @@ struct TrainArgs {
   bool sequence_parallel = false;
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   int64_t num_virtual_stages_per_pipeline_rank = 0;    // V directly (0: unset)
+  int64_t microbatch_group_size_per_virtual_pipeline_stage = 0;  // interleaved: N micro-batches per chunk turn (0: P)
   std::string pipeline_model_parallel_layout;          // Megatron's layout string (schedule.h); "": unset
   int64_t decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;  // 0: even split
   bool account_for_embedding_in_pipeline_split = false;  // the embedding counts as a layer in the split
@@ -225,6 +226,7 @@ struct TrainArgs {
   std::string pretrained_checkpoint;  // --pretrained-checkpoint
   bool override_opt_param_scheduler = false, use_checkpoint_opt_param_scheduler = false;
   int64_t keep_last_n = 0;                                 // 0: keep all
+  int64_t save_retain_interval = 0;  // Megatron's: a save removes the previous checkpoint unless a multiple (0: none)
   bool exit_signal_handler = false;
   int64_t exit_interval = 0;
   double exit_duration_in_mins = 0;
@@ -252,6 +254,15 @@ struct TrainArgs {
   bool log_params_norm = false, log_num_zeros_in_grad = false;
   int64_t check_weight_hash_across_dp_replicas_interval = 0;  // 0: never (train/weight_hash.h)
   bool no_check_for_nan_in_loss_and_grad = false;  // Megatron's: train on through a nan/inf loss or grad norm
+  // Megatron's result checks (train/result_validation.h): a rejected step stops training before its update.
+  bool check_for_spiky_loss = false, check_for_large_grads = false;
+  std::string result_rejected_tracker_filename;  // rejections appended; iterations rejected twice are skipped
+  // Megatron's --iterations-to-skip: 0-based step indices (the iteration logged as N is index N - 1) whose
+  // samples are consumed without a step; iterations_to_skip_list() has them with the tracker file's.
+  std::vector<std::string> iterations_to_skip;
+  std::vector<int64_t> iterations_to_skip_list() const;
+  int64_t error_injection_rate = 0;                  // Megatron's; injects nothing with --rerun-mode disabled
+  std::string error_injection_type = "transient_error";
   std::string attention_backend = "auto";  // accepted: lattice's attention is its own flash kernel
   // Megatron flags that choose between implementations lattice does not have (fused kernels or
   // not, Transformer Engine or local layers, data-loader processes, timers): accepted so that
@@ -282,6 +293,21 @@ struct TrainArgs {
     int64_t expert_tensor_parallel_size = 0;               // 0: Megatron's default, the tensor-parallel size
     int64_t num_workers = 2, timing_log_level = 0, num_dataset_builder_threads = 1, empty_unused_memory_level = 0;
     std::string dataloader_type = "single";  // Megatron's default sampler: the dataset's samples in order
+    // Python's garbage collector, torch launchers, deprecated checkpoint and fp8 spellings, fusions and
+    // communication scheduling (the same values either way).
+    int64_t manual_gc_interval = 0, local_rank = 0, fp8_interval = 1, train_sync_interval = 0, wgrad_deferral_limit = 0;
+    int64_t logging_level = 0;
+    bool no_manual_gc_eval = false, use_dist_ckpt = false, no_initialization = false, fp32_residual_connection = false;
+    bool disable_bf16_reduced_precision_matmul = false, no_clone_scatter_output_in_embedding = false;
+    bool disable_gloo_process_groups = false, no_overlap_p2p_communication = false;
+    bool overlap_p2p_communication_warmup_flush = false, no_scatter_gather_tensors_in_pipeline = false;
+    bool defer_embedding_wgrad_compute = false, no_gradient_reduce_div_fusion = false;
+    bool no_barrier_with_level_1_timing = false, use_te_activation_func = false;
+    bool disable_tp_comm_bulk_dgrad = false, disable_tp_comm_bulk_wgrad = false, disable_tp_comm_overlap_ag = false;
+    bool disable_tp_comm_overlap_rs = false, disable_tp_comm_split_ag = false, disable_tp_comm_split_rs = false;
+    bool tp_comm_overlap_rs_dgrad = false;
+    std::string dist_ckpt_format, cross_entropy_fusion_impl = "native", timing_log_option = "minmax";
+    std::string tp_comm_bootstrap_backend = "nccl";
   } implementation;
   bool use_rotary_position_embeddings = false;  // Megatron's older spelling of --position-embedding-type rope
   // Megatron's multi-latent attention spellings of the rotary options: --rope-type rope|yarn (the position

@@ -15,6 +15,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/optimizer.h"
 #include "train/data_parallel.h"
+#include "train/result_validation.h"
 
 namespace lattice {
 namespace {
@@ -89,6 +90,14 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   } else {
     model.finish_tensor_parallel_grads({});
   }
+  if (cfg.validator && cfg.validator->needs_micro_batch_losses()) {  // [all micro-batches] in global order
+    std::vector<double>& v = r.micro_batch_loss_sums;
+    v.assign(size_t(num_micro * dp_size), 0.0);
+    for (int64_t m = 0; m < num_micro; ++m)
+      v[size_t(dp ? dp->global_micro_batch_index(m) : m)] = losses.micro_batch_sums[size_t(m)];
+    pipeline->from_last_stage(v.data(), int(v.size()));
+    if (dp) dp->comm().all_reduce(v.data(), int64_t(v.size()), ReduceOp::sum);
+  }
   if (model.config().moe()) {  // every MoE layer of every stage, micro-batch and data-parallel rank
     const GPTModel::MoeLossSums m = model.take_moe_losses();
     model.reset_global_aux_loss_tracker();  // the next step counts its own micro-batches
@@ -158,15 +167,9 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   return r;
 }
 
-// Megatron's check: a non-finite loss or gradient norm ends training before the update (every rank
-// sees the same reduced values, so every rank fails alike).
-void check_finite(const StepResult& r, const StepConfig& cfg, int64_t iteration) {
-  if (!cfg.check_for_nan || r.skipped) return;
-  if (std::isfinite(r.lm_loss) && std::isfinite(r.grad_norm)) return;
-  auto text = [](double v) { return std::isnan(v) ? std::string("nan") : std::isinf(v) ? std::string("inf") : std::to_string(v); };
-  LATTICE_FAIL() << "iteration " << iteration + 1 << ": the " << (std::isfinite(r.lm_loss) ? "gradient norm" : "loss")
-                 << " is not finite (loss " << text(r.lm_loss) << ", gradient norm " << text(r.grad_norm)
-                 << "); stopped before its update (--no-check-for-nan-in-loss-and-grad trains on)";
+// Megatron's result checks (every rank sees the same reduced values, so every rank fails alike).
+void check_result(const StepResult& r, const StepConfig& cfg, int64_t iteration) {
+  if (cfg.validator) cfg.validator->validate(r, iteration);
 }
 
 // After the update: the parameters' norm when asked for.
@@ -183,7 +186,7 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       const StepConfig& cfg, int64_t iteration, const OptimizerParamScheduler& scheduler,
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
-  check_finite(r, cfg, iteration);
+  check_result(r, cfg, iteration);
   if (!r.skipped) optimizer.step(scheduler, r.grad_scale);
   measure_params(model, cfg, dp, pipeline, r);
   if (cfg.precision) cfg.precision->refresh_weights();
@@ -196,7 +199,7 @@ StepResult train_step(GPTModel& model, Optimizer& optimizer, const SampleSource&
                       const StepConfig& cfg, int64_t iteration, double lr, double weight_decay,
                       DataParallel* dp, PipelineRunner* pipeline) {
   StepResult r = forward_backward_clip(model, data, cfg, iteration, dp, pipeline);
-  check_finite(r, cfg, iteration);
+  check_result(r, cfg, iteration);
   if (!r.skipped) optimizer.step(lr, weight_decay, r.grad_scale);
   measure_params(model, cfg, dp, pipeline, r);
   if (cfg.precision) cfg.precision->refresh_weights();

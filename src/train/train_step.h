@@ -17,6 +17,7 @@ class DataParallel;
 class LossScaler;
 class MixedPrecisionPolicy;
 class PipelineRunner;
+class ResultValidator;
 
 struct StepConfig {
   int64_t micro_batch_size = 1;
@@ -45,10 +46,11 @@ struct StepConfig {
   // Megatron's --log-num-zeros-in-grad and --log-params-norm: StepResult's num_zeros_in_grad
   // (the reduced, unscaled gradients before clipping) and params_norm (after the update).
   bool log_num_zeros_in_grad = false, log_params_norm = false;
-  // Megatron's --check-for-nan-in-loss-and-grad (on unless --no-check-for-nan-in-loss-and-grad): a
-  // step whose loss or gradient norm is nan or infinite fails (lattice::Error naming the iteration)
-  // before its update, so the parameters stay finite. An fp16 step skipped for overflow is not one.
-  bool check_for_nan = false;
+  // Megatron's result checks (train/result_validation.h: --check-for-nan-in-loss-and-grad,
+  // --check-for-spiky-loss, --check-for-large-grads; null: none): a step whose result the validator
+  // rejects fails (lattice::Error naming the iteration) before its update, so the parameters stay as
+  // they were. An fp16 step skipped for overflow is not checked.
+  ResultValidator* validator = nullptr;
   // Megatron's --moe-per-layer-logging: StepResult's layer_load_balancing_loss and layer_z_loss.
   bool moe_per_layer_logging = false;
 };
@@ -72,6 +74,9 @@ struct StepResult {
   // StepConfig::moe_per_layer_logging: each layer's load-balancing loss (and with --moe-z-loss-coeff its
   // z-loss) averaged the same way, by layer number, -1 for a dense layer; empty otherwise.
   std::vector<double> layer_load_balancing_loss, layer_z_loss;
+  // With a validator that checks for spiky loss: every micro-batch's loss (the sum of its token
+  // losses) in the global batch's order, the same on every rank; empty otherwise.
+  std::vector<double> micro_batch_loss_sums;
   // --mtp-num-layers: each prediction depth's loss (Megatron's "mtp_<k> loss"), averaged over the
   // micro-batches and data-parallel ranks as lm_loss is; empty without it.
   std::vector<double> mtp_losses;

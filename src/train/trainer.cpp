@@ -38,6 +38,7 @@
 #include "train/memory_estimate.h"
 #include "train/op_profile_report.h"
 #include "train/progress_log.h"
+#include "train/result_validation.h"
 #include "train/resume_point.h"
 #include "train/tensorboard_log.h"
 #include "train/train_step.h"
@@ -57,8 +58,14 @@ void check_checkpoint_flags(const TrainArgs& a) {
   non_negative("exit-interval", double(a.exit_interval));
   non_negative("check-weight-hash-across-dp-replicas-interval", double(a.check_weight_hash_across_dp_replicas_interval));
   non_negative("exit-duration-in-mins", a.exit_duration_in_mins);
-  if (a.save.empty() && (a.save_interval > 0 || a.keep_last_n > 0 || a.no_save_optim || a.no_save_rng || a.log_progress))
-    LATTICE_FAIL() << "--save-interval, --keep-last-n, --no-save-optim, --no-save-rng and --log-progress need --save DIR";
+  if (a.save.empty() && (a.save_interval > 0 || a.keep_last_n > 0 || a.no_save_optim || a.no_save_rng || a.log_progress ||
+                         a.save_retain_interval > 0))
+    LATTICE_FAIL() << "--save-interval, --keep-last-n, --save-retain-interval, --no-save-optim, --no-save-rng and "
+                      "--log-progress need --save DIR";
+  non_negative("save-retain-interval", double(a.save_retain_interval));
+  if (a.save_retain_interval > 0 && (a.save_interval <= 0 || a.save_retain_interval % a.save_interval != 0))
+    LATTICE_FAIL() << "--save-retain-interval " << a.save_retain_interval << " must be a multiple of --save-interval"
+                   << (a.save_interval > 0 ? " " + std::to_string(a.save_interval) : std::string(" (not given)"));
   non_negative("non-persistent-save-interval", double(a.non_persistent_save_interval));
   if (!a.non_persistent_ckpt_type.empty() && a.non_persistent_ckpt_type != "global")
     LATTICE_FAIL() << "--non-persistent-ckpt-type " << a.non_persistent_ckpt_type
@@ -436,6 +443,14 @@ int run_training(const TrainArgs& args) {
   TensorBoardLog tensorboard(args, ps->world_rank() == 0);
   if (tensorboard.active()) log_info("> TensorBoard events: " + tensorboard.path());
 
+  // Megatron's result checks (train/result_validation.h), their samples carried by the checkpoints.
+  ResultValidator validator({!args.no_check_for_nan_in_loss_and_grad, args.check_for_spiky_loss,
+                             args.check_for_large_grads, args.result_rejected_tracker_filename, ps->world_rank() == 0});
+  if (args.check_for_spiky_loss || args.check_for_large_grads)
+    validator.restore(start.rerun_state_machine, "--load " + args.load);
+  // --iterations-to-skip and the iterations the tracker file shows rejected twice.
+  const std::vector<int64_t> iterations_to_skip = args.iterations_to_skip_list();
+
   int64_t last_saved = -1;
   // Every data-parallel rank holds the same parameters: the ranks of data-parallel rank 0
   // (one per tensor-parallel position) contribute their parts, sent to world rank 0, which
@@ -448,6 +463,7 @@ int run_training(const TrainArgs& args) {
   save_opts.save_optim = !args.no_save_optim;
   save_opts.save_rng = !args.no_save_rng;
   save_opts.keep_last_n = args.keep_last_n;
+  save_opts.retain_interval = args.save_retain_interval;
   nlohmann::json saved_args = nlohmann::json::parse(args.to_json());
   saved_args.update(start.provenance);  // where the loaded checkpoint's weights came from
   save_opts.args_json = saved_args.dump();
@@ -503,7 +519,8 @@ int run_training(const TrainArgs& args) {
   // One checkpoint of `iteration` with options o (every rank takes part), "<what> <dir>" logged.
   auto write_checkpoint = [&](const TrainingSaveOptions& o, int64_t iteration, const char* what) {
     settle_params();
-    const TrainingProgress p{iteration, args.consumed_after(iteration), start.seed, flops_so_far};
+    TrainingProgress p{iteration, args.consumed_after(iteration), start.seed, flops_so_far};
+    if (args.check_for_spiky_loss || args.check_for_large_grads) p.rerun_state_machine = validator.state();
     const std::string dir = save_training_checkpoint(o, p, model, optimizer, scheduler);
     if (o.write) log_info(std::string("> ") + what + " " + dir);
     if (ps->world_size() > 1) ps->world().barrier();
@@ -529,6 +546,7 @@ int run_training(const TrainArgs& args) {
   TrainingSaveOptions non_persistent_opts = save_opts;
   non_persistent_opts.dir = non_persistent_dir(args, args.save);
   non_persistent_opts.keep_last_n = 1;
+  non_persistent_opts.retain_interval = 0;
   auto save_non_persistent = [&](int64_t iteration) {
     write_checkpoint(non_persistent_opts, iteration, "saved non-persistent checkpoint");
   };
@@ -569,7 +587,7 @@ int run_training(const TrainArgs& args) {
   StepConfig step_cfg{args.micro_batch_size, args.global_batch_size, args.seq_length, args.clip_grad, start.seed,
                       loss_scaler.get(), precision.get(), test_inject_inf_iterations()};
   step_cfg.per_token_loss = args.calculate_per_token_loss;
-  step_cfg.check_for_nan = !args.no_check_for_nan_in_loss_and_grad;
+  step_cfg.validator = &validator;
   step_cfg.log_num_zeros_in_grad = args.log_num_zeros_in_grad;
   step_cfg.log_params_norm = args.log_params_norm;
   step_cfg.moe_per_layer_logging = args.moe_per_layer_logging;
@@ -595,6 +613,16 @@ int run_training(const TrainArgs& args) {
     op_profile.before_step(it);
     // --rampup-batch-size: this step's global batch, from the samples consumed so far.
     const int64_t batch = args.batch_size_at(consumed);
+    if (std::binary_search(iterations_to_skip.begin(), iterations_to_skip.end(), it)) {
+      // As Megatron: the batch's samples are consumed, nothing else happens (no update, no scheduler
+      // step, no log line, evaluation or checkpoint at this iteration).
+      consumed += batch;
+      log_info("> iteration " + std::to_string(it + 1) + " skipped (step index " + std::to_string(it) +
+               " of --iterations-to-skip" +
+               (args.result_rejected_tracker_filename.empty() ? "" : " or --result-rejected-tracker-filename") +
+               "): its " + std::to_string(batch) + " samples consumed without a step");
+      continue;
+    }
     StepConfig cfg_now = step_cfg;
     cfg_now.global_batch_size = batch;
     cfg_now.first_sample = consumed;

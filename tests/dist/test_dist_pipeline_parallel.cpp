@@ -44,7 +44,21 @@ struct Case {
   bool muon = false;  // --optimizer muon (each stage's matrices its own; the embedding copies Adam's)
   std::string hybrid;  // --hybrid-override-pattern (its length is `layers`; Mamba layers of tests/mamba_test_config.h)
   std::string layout;  // --pipeline-model-parallel-layout (instead of the flags above)
+  int64_t group = 0;   // --microbatch-group-size-per-virtual-pipeline-stage (0: P)
+  int64_t global_batch = kGBS;
 };
+
+// An interleaved case (4 layers, one per chunk: 2 chunks per stage on 2 ranks) with its micro-batch group
+// and global batch (micro-batches of 2).
+Case group_case(const std::string& name, int64_t group, int64_t global_batch) {
+  Case c;
+  c.name = name;
+  c.per_virtual = 1;
+  c.dropout = 0.1f;
+  c.group = group;
+  c.global_batch = global_batch;
+  return c;
+}
 
 // A --pipeline-model-parallel-layout case.
 Case layout_case(const std::string& name, int64_t layers, const std::string& layout, float dropout, int64_t mtp = 0) {
@@ -59,8 +73,11 @@ Case layout_case(const std::string& name, int64_t layers, const std::string& lay
 }
 
 PipelineLayout layout_of(const Case& c, int P) {
-  if (!c.layout.empty()) return parse_pipeline_layout(c.layout, c.layers, P, c.mtp);
-  return make_pipeline_layout(c.layers, P, c.per_virtual, c.first, c.last, c.embedding_in_split, c.loss_in_split);
+  PipelineLayout l = !c.layout.empty() ? parse_pipeline_layout(c.layout, c.layers, P, c.mtp)
+                                       : make_pipeline_layout(c.layers, P, c.per_virtual, c.first, c.last,
+                                                              c.embedding_in_split, c.loss_in_split);
+  l.microbatch_group_size = c.group;
+  return l;
 }
 
 TransformerConfig config(const Case& c, int tp) {
@@ -101,7 +118,7 @@ LayoutRun train(const Case& c, ParallelState* ps, bool sequence_parallel, const 
   const int P = ps ? ps->pp().size() : 1;
   const PipelineLayout layout = ps ? layout_of(c, P) : make_pipeline_layout(c.layers, 1, 0, 0, 0);
   const int dp_size = ps ? ps->dp().size() : 1;
-  const int64_t M = kGBS / (kB * dp_size);
+  const int64_t M = c.global_batch / (kB * dp_size);
   const int stage = ps ? ps->pp_rank() : 0;
   const std::vector<PipelineOp> ops = pipeline_schedule(layout, M, stage);
   const ModelPlacement place{stage_layers(layout, stage), stage == 0, stage == P - 1, max_in_flight(ops)};
@@ -117,7 +134,7 @@ LayoutRun train(const Case& c, ParallelState* ps, bool sequence_parallel, const 
   if (c.muon) oc.optimizer = "muon";
   Optimizer opt(model.params(), oc, dp ? dp->owned_ranges() : ElementRanges{});
   MockSamples data(model.config().vocab_size, kT, 7);
-  StepConfig sc{kB, kGBS, kT, 1.0, 1234};
+  StepConfig sc{kB, c.global_batch, kT, 1.0, 1234};
   LayoutRun run;
   for (int64_t it = 0; it < kIters; ++it) {
     const StepResult r = train_step(model, opt, data, sc, it, kLr, kWd, dp.get(), &runner);
@@ -148,7 +165,7 @@ TEST_P(DistPipeline, MatchesSingleProcess) {
   expect_same_run(pp, single);
   if (ps->pp_rank() == 0 && layout_of(c, world).virtual_stages == 1) {
     // 1F1B: stage 0 keeps at most warmup + 1 micro-batches of activations.
-    EXPECT_EQ(pp.warmup, std::min<int64_t>(world - 1, kGBS / kB));
+    EXPECT_EQ(pp.warmup, std::min<int64_t>(world - 1, c.global_batch / kB));
     EXPECT_EQ(pp.peak_activations, pp.warmup + 1);
   }
 }
@@ -194,7 +211,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // layers), stages of the embedding or the loss alone, prediction depths with the loss.
                       layout_case("LayoutUnevenDropout", 6, "Et|t*3|t|tL", 0.1f),
                       layout_case("LayoutEmbeddingAndLossAlone", 6, "E|t*3|t*3|L", 0.0f),
-                      layout_case("LayoutMtp", 4, "Ett|ttmL", 0.1f, 1)),
+                      layout_case("LayoutMtp", 4, "Ett|ttmL", 0.1f, 1),
+                      // --microbatch-group-size-per-virtual-pipeline-stage: 4 micro-batches through a chunk at a
+                      // time; 3 and 5 micro-batches (not a multiple of PP 2) in groups of 3 (the last of 2).
+                      group_case("InterleavedGroupOfFour", 4, 8), group_case("InterleavedThreeMicroBatches", 3, 6),
+                      group_case("InterleavedFiveMicroBatchesGroupsOfThree", 3, 10)),
     [](const auto& info) { return info.param.name; });
 
 // Mixture of experts under PP 2 x DP 2 with the distributed optimizer (4 ranks): each data-parallel

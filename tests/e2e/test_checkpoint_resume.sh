@@ -4,7 +4,7 @@
 # state), with the stop made by --exit-interval and by SIGTERM (--exit-signal-handler);
 # and the load options: --finetune, --no-load-optim, --ckpt-step, --pretrained-checkpoint, non-persistent
 # checkpoints, the scheduler override flags,
-# --keep-last-n, --exit-duration-in-mins, a model mismatch, a missing --load directory.
+# --keep-last-n, --save-retain-interval, --exit-duration-in-mins, a model mismatch, a missing --load directory.
 #   bash tests/e2e/test_checkpoint_resume.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -267,12 +267,32 @@ if run fresh "$LATTICE" train "${BASE[@]}" --train-iters 1 --load no_such_dir --
     pass "--load of a directory without a checkpoint trains from scratch (auto-resume)"
 fi
 
-# ---- --keep-last-n and --exit-duration-in-mins ----
+# ---- --keep-last-n, --save-retain-interval and --exit-duration-in-mins ----
 if run keep "$LATTICE" train "${BASE[@]}" --train-iters 5 --save keep --save-interval 1 --keep-last-n 2; then
   got=$(cd keep && ls -d iter_* | tr '\n' ' ')
   [ "$got" = "iter_0000004 iter_0000005 " ] && pass "--keep-last-n 2 keeps the newest two" ||
     fail "--keep-last-n 2 left: $got"
 fi
+# Megatron's --save-retain-interval: each save removes the one before it unless a multiple of 4, so the
+# multiples of 4 and the last stay. A resume from iteration 7 made a symbolic link: its first save (8)
+# leaves the link alone, as Megatron does.
+if run retain "$LATTICE" train "${BASE[@]}" --train-iters 11 --exit-interval 7 --save retain --save-interval 1 \
+     --save-retain-interval 4; then
+  got=$(cd retain && ls -d iter_* | tr '\n' ' ')
+  [ "$got" = "iter_0000004 iter_0000007 " ] && pass "--save-retain-interval 4 keeps the multiples of 4 and the last" ||
+    fail "--save-retain-interval 4 left: $got"
+  mv retain/iter_0000007 retain/real7 && ln -s real7 retain/iter_0000007 &&
+    run retain2 "$LATTICE" train "${BASE[@]}" --train-iters 11 --load retain --save retain --save-interval 1 \
+      --save-retain-interval 4 &&
+    got=$(cd retain && ls -d iter_* | tr '\n' ' ') &&
+    { [ "$got" = "iter_0000004 iter_0000007 iter_0000008 iter_0000011 " ] && [ -L retain/iter_0000007 ] &&
+        pass "resumed: the previous checkpoint, a symbolic link, is left alone; 9 and 10 removed" ||
+        fail "--save-retain-interval after the resume left: $got"; }
+fi
+expect_error "--save-retain-interval not a multiple" "--save-retain-interval 3 must be a multiple of --save-interval 2" -- \
+  "$LATTICE" train "${BASE[@]}" --train-iters 1 --save retain_bad --save-interval 2 --save-retain-interval 3
+expect_error "--save-retain-interval without --save" "--save-retain-interval|need --save DIR" -- \
+  "$LATTICE" train "${BASE[@]}" --train-iters 1 --save-retain-interval 4
 if run dur "$LATTICE" train "${BASE[@]}" --train-iters 100000 --save dur --exit-duration-in-mins 0.000001; then
   [ "$(cat dur/latest_checkpointed_iteration.txt 2>/dev/null)" = "1" ] &&
     pass "--exit-duration-in-mins saves and exits after the first iteration past the limit" ||

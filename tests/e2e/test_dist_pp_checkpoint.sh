@@ -40,6 +40,8 @@ resume "TP=2 x PP=2 -> PP=2 x DP=2 distributed optimizer" ckpt 4 --pipeline-mode
   --use-distributed-optimizer
 resume "TP=2 x PP=2 -> PP=2 interleaved" ckpt 2 --pipeline-model-parallel-size 2 \
   --num-layers-per-virtual-pipeline-stage 1
+resume "TP=2 x PP=2 -> PP=2 interleaved, micro-batches in groups of 4" ckpt 2 --pipeline-model-parallel-size 2 \
+  --num-layers-per-virtual-pipeline-stage 1 --microbatch-group-size-per-virtual-pipeline-stage 4
 resume "TP=2 x PP=2 -> PP=2 uneven (1 + 3 layers)" ckpt 2 --pipeline-model-parallel-size 2 \
   --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 3
 # The embedding and the loss counted in the split: 4 + 2 over 3 stages is embedding + layer 0,

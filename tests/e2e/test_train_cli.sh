@@ -156,7 +156,16 @@ IMPL=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn 
       --ckpt-fully-parallel-save --ckpt-fully-parallel-load --ckpt-assume-constant-structure --rerun-mode disabled
       --overlap-moe-expert-parallel-comm --delay-wgrad-compute --ddp-average-in-collective --fp8-recipe delayed
       --data-parallel-random-init --no-align-grad-reduce --no-align-param-gather --te-rng-tracker
-      --inference-rng-tracker --enable-cuda-graph --external-cuda-graph --cuda-graph-scope full_iteration)
+      --inference-rng-tracker --enable-cuda-graph --external-cuda-graph --cuda-graph-scope full_iteration
+      --manual-gc-interval 10 --no-manual-gc-eval --local-rank=0 --use-dist-ckpt --dist-ckpt-format torch_dist
+      --fp8-interval 1 --no-initialization --disable-bf16-reduced-precision-matmul
+      --no-clone-scatter-output-in-embedding --disable-gloo-process-groups --train-sync-interval 4
+      --cross-entropy-fusion-impl te --overlap-p2p-communication-warmup-flush --no-scatter-gather-tensors-in-pipeline
+      --defer-embedding-wgrad-compute --wgrad-deferral-limit 2 --no-gradient-reduce-div-fusion --timing-log-option all
+      --no-barrier-with-level-1-timing --logging-level 20 --use-te-activation-func --disable-tp-comm-bulk-dgrad
+      --disable-tp-comm-bulk-wgrad --disable-tp-comm-overlap-ag --disable-tp-comm-overlap-rs --disable-tp-comm-split-ag
+      --disable-tp-comm-split-rs --tp-comm-overlap-rs-dgrad --tp-comm-bootstrap-backend mpi
+      --error-injection-rate 1000 --error-injection-type persistent_error)
 run impl "$LATTICE" train "${TINY[@]}" "${MOCK[@]}" "${DROP[@]}" "${IMPL[@]}" --metrics-file impl.jsonl
 [ -s impl.jsonl ] && [ "$(losses impl.jsonl)" = "$(losses det1.jsonl)" ] &&
   pass "Megatron's implementation flags leave the losses identical" ||

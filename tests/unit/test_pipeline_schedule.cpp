@@ -175,12 +175,31 @@ TEST(PipelineLayout, ErrorsNameTheFlag) {
   EXPECT_NE(error_of(8, 2, 1, 1, 0).find("cannot be combined"), std::string::npos);
   EXPECT_NE(error_of(8, 2, 0, 3, 3).find("do not fit"), std::string::npos);
   EXPECT_NE(error_of(8, 4, 0, 1, 0).find("split evenly"), std::string::npos);
-  try {
-    check_micro_batches(make_pipeline_layout(8, 4, 1, 0, 0), 6);
-    ADD_FAILURE() << "6 micro-batches on 4 interleaved stages accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("multiple of --pipeline-model-parallel-size 4"), std::string::npos);
-  }
+  // Interleaving runs groups of N micro-batches (P by default) through each chunk: P <= N <= M, as Megatron.
+  auto micro_error = [](PipelineLayout l, int64_t N, int64_t M) {
+    l.microbatch_group_size = N;
+    try {
+      check_micro_batches(l, M);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const PipelineLayout four = make_pipeline_layout(8, 4, 1, 0, 0);  // P 4, V 2
+  EXPECT_EQ(micro_error(four, 0, 3),
+            "interleaved pipelining runs groups of --pipeline-model-parallel-size 4 micro-batches through each chunk: it "
+            "must be between --pipeline-model-parallel-size 4 and the number of micro-batches 3 (--global-batch-size / "
+            "(--micro-batch-size x data-parallel size))");
+  EXPECT_NE(micro_error(four, 3, 8).find("groups of --microbatch-group-size-per-virtual-pipeline-stage 3"),
+            std::string::npos);
+  EXPECT_NE(micro_error(four, 9, 8).find("number of micro-batches 8"), std::string::npos);
+  EXPECT_EQ(micro_error(four, 0, 6),
+            "interleaved pipelining: the last group of 2 micro-batches (6 micro-batches in groups of 4) is smaller "
+            "than --pipeline-model-parallel-size 4; give a number of micro-batches or a "
+            "--microbatch-group-size-per-virtual-pipeline-stage that leaves 0 or at least 4");
+  EXPECT_EQ(micro_error(four, 6, 6), "");  // not a multiple of P: one group
+  EXPECT_EQ(micro_error(four, 5, 9), "");  // a last group of 4
+  EXPECT_EQ(micro_error(make_pipeline_layout(8, 4, 0, 0, 0), 9, 2), "");  // not interleaved: no groups
 }
 
 // Every (micro-batch, chunk) runs forward once and backward once, forward first.
@@ -234,6 +253,46 @@ TEST(PipelineSchedule, InterleavedFollowsMegatron) {
     }
   // M == P: everything is warmup.
   EXPECT_EQ(warmup_forwards(pipeline_schedule(l, 2, 0)), 4);
+}
+
+// Megatron's get_schedule_table example (PP 2, VP 2, 5 micro-batches in groups of 3): the virtual
+// micro-batches are micro-batches 0 1 2 0 1 2 3 4 3 4 of chunks 0 0 0 1 1 1 0 0 1 1.
+TEST(PipelineSchedule, InterleavedMicroBatchGroups) {
+  PipelineLayout l = make_pipeline_layout(8, 2, 2, 0, 0);
+  l.microbatch_group_size = 3;
+  for (int r = 0; r < 2; ++r) {
+    const auto ops = pipeline_schedule(l, 5, r);
+    expect_complete(ops, 5, 2);
+    std::vector<int64_t> fm, bm;
+    std::vector<int> fc, bc;
+    for (const PipelineOp& op : ops) {
+      (op.forward ? fm : bm).push_back(op.micro_batch);
+      (op.forward ? fc : bc).push_back(op.chunk);
+    }
+    EXPECT_EQ(fm, (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 3, 4, 3, 4})) << "stage " << r;
+    EXPECT_EQ(fc, (std::vector<int>{0, 0, 0, 1, 1, 1, 0, 0, 1, 1})) << "stage " << r;
+    EXPECT_EQ(bm, fm) << "stage " << r;
+    EXPECT_EQ(bc, (std::vector<int>{1, 1, 1, 0, 0, 0, 1, 1, 0, 0})) << "stage " << r;  // the chunks mirrored
+    // warmup = (P - r - 1)*2 + (V - 1)*N
+    EXPECT_EQ(warmup_forwards(ops) - 1, (2 - r - 1) * 2 + 3) << "stage " << r;
+  }
+  // Every group size from P to M that leaves a last group of 0 or at least P, with M a multiple of P or
+  // not, runs to the end without deadlock (simulate_pipeline checks) and completes every op on every
+  // stage; the others are refused, as Megatron refuses them.
+  for (int P : {2, 3, 4})
+    for (int V : {2, 3}) {
+      PipelineLayout g = make_pipeline_layout(int64_t(P) * V, P, 1, 0, 0);  // one layer per chunk
+      for (int64_t M = P; M <= P + 5; ++M)
+        for (int64_t N = P; N <= M; ++N) {
+          g.microbatch_group_size = N;
+          if (M % N > 0 && M % N < P) {
+            EXPECT_THROW(check_micro_batches(g, M), Error);
+            continue;
+          }
+          for (int r = 0; r < P; ++r) expect_complete(pipeline_schedule(g, M, r), M, g.virtual_stages);
+          EXPECT_NO_THROW(simulate_pipeline(g, M)) << "P " << P << " M " << M << " N " << N;
+        }
+    }
 }
 
 TEST(PipelineSchedule, SimulatedBubbleIsTheTheory) {

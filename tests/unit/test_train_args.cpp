@@ -472,5 +472,55 @@ TEST(TrainArgs, DataArgsFiles) {
             "--per-split-data-args-path and --train-data-path/--valid-data-path/--test-data-path are exclusive");
 }
 
+TEST(TrainArgs, MegatronsOtherSpellingsAreTheSameFlag) {
+  // model_words gives --seq-length; mock_words --num-layers.
+  std::vector<std::string> w = model_words({"--encoder-num-layers", "3", "--mock-data", "--persistent-save-interval", "7",
+                                            "--override-opt-param-scheduler"});
+  const TrainArgs a = parse_words(w);
+  EXPECT_EQ(a.num_layers, 3);
+  EXPECT_EQ(a.save_interval, 7);
+  EXPECT_TRUE(a.override_opt_param_scheduler);
+  EXPECT_TRUE(parse({"--use-checkpoint-opt-param-scheduler"}).use_checkpoint_opt_param_scheduler);
+  EXPECT_EQ(error_of({"--encoder-seq-length", "32"}), "--seq-length and --encoder-seq-length are one flag: give it once");
+  EXPECT_EQ(error_of({"--encoder-num-layers", "2"}), "--num-layers and --encoder-num-layers are one flag: give it once");
+  EXPECT_EQ(error_of({"--save-interval", "1", "--save-interval", "2"}), "--save-interval given twice");
+  // Errors name the flag as it was spelled.
+  EXPECT_EQ(error_of({"--persistent-save-interval", "x"}), "--persistent-save-interval: invalid value 'x'");
+  EXPECT_EQ(error_of({"--override-opt-param-scheduler=1"}), "--override-opt-param-scheduler takes no value");
+}
+
+TEST(TrainArgs, MegatronsRemovedFlagsGiveItsErrors) {
+  EXPECT_EQ(error_of({"--batch-size", "8"}), "--batch-size argument is no longer valid, use --micro-batch-size instead");
+  EXPECT_EQ(error_of({"--warmup", "0.1"}), "--warmup argument is no longer valid, use --lr-warmup-fraction instead");
+  EXPECT_EQ(error_of({"--model-parallel-size", "2"}),
+            "--model-parallel-size is no longer valid, use --tensor-model-parallel-size instead");
+  EXPECT_EQ(error_of({"--checkpoint-activations"}),
+            "--checkpoint-activations is no longer valid, use --recompute-activations, or, for more control, "
+            "--recompute-granularity and --recompute-method");
+}
+
+TEST(TrainArgs, AcceptedImplementationFlagsCheckTheirValues) {
+  EXPECT_EQ(error_of({"--cross-entropy-fusion-impl", "fast"}),
+            "--cross-entropy-fusion-impl must be one of native, te, got 'fast'");
+  EXPECT_EQ(error_of({"--timing-log-option", "some"}), "--timing-log-option must be one of max, minmax, all, got 'some'");
+  EXPECT_EQ(error_of({"--tp-comm-bootstrap-backend", "tcp"}),
+            "--tp-comm-bootstrap-backend must be one of nccl, mpi, gloo, got 'tcp'");
+  EXPECT_EQ(error_of({"--local-rank=-1"}), "--local-rank must be >= 0, got -1");
+  EXPECT_EQ(error_of({"--manual-gc-interval", "-5"}), "--manual-gc-interval must be >= 0, got -5");
+  EXPECT_EQ(error_of({"--fp32-residual-connection"}),
+            "--fp32-residual-connection needs --bf16 or --fp16 (the residual stream of an fp32 run is fp32)");
+  EXPECT_EQ(error_of({"--fp32-residual-connection", "--bf16"}), "");
+  EXPECT_EQ(error_of({"--local-rank=3", "--fp8-interval", "2", "--use-dist-ckpt", "--dist-ckpt-format", "zarr",
+                      "--cross-entropy-fusion-impl", "te", "--timing-log-option", "all"}),
+            "");
+}
+
+TEST(TrainArgs, IterationsToSkip) {
+  EXPECT_EQ(parse({"--iterations-to-skip", "7", "2", "7"}).iterations_to_skip_list(), (std::vector<int64_t>{2, 7}));
+  EXPECT_TRUE(parse({}).iterations_to_skip_list().empty());
+  EXPECT_EQ(error_of({"--iterations-to-skip", "2", "two"}), "--iterations-to-skip: invalid value 'two'");
+  EXPECT_EQ(error_of({"--iterations-to-skip=-1"}), "--iterations-to-skip: -1 is not an iteration index (0 or more)");
+}
+
 }  // namespace
 }  // namespace lattice
