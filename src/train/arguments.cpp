@@ -539,6 +539,27 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"tp-comm-overlap-rs-dgrad", Kind::flag, &a.implementation.tp_comm_overlap_rs_dgrad, "accepted (see above)"},
       {"tp-comm-bootstrap-backend", Kind::str, &a.implementation.tp_comm_bootstrap_backend,
        "nccl, mpi or gloo: accepted (see above)"},
+      {"dist-ckpt-strictness", Kind::str, &a.implementation.dist_ckpt_strictness,
+       "accepted: lattice's load checks every tensor of the model and refuses a missing or mismatched one, whatever "
+       "this says (assume_ok_unexpected, log_unexpected, log_all, raise_unexpected, raise_all, return_unexpected, "
+       "return_all, ignore_all)"},
+      {"legacy-tokenizer", Kind::flag, &a.implementation.legacy_tokenizer,
+       "accepted: lattice's tokenizers are Megatron's legacy ones"},
+      {"trust-remote-code", Kind::flag, &a.implementation.trust_remote_code,
+       "accepted: lattice reads tokenizer files and runs no code from them"},
+      {"distribute-saved-activations", Kind::flag, &a.implementation.distribute_saved_activations,
+       "accepted with --recompute-granularity full, a --recompute-method and tensor parallelism (Megatron's "
+       "conditions): where the recomputation's inputs are kept, the same values"},
+      {"hierarchical-context-parallel-sizes", Kind::list, &a.implementation.hierarchical_context_parallel_sizes,
+       "with --cp-comm-type a2a+p2p (which needs it): the context-parallel sizes of its levels, whose product is "
+       "--context-parallel-size (the same attention)"},
+      {"moe-use-upcycling", Kind::flag, &a.moe_use_upcycling,
+       "the --num-experts model's weights from --load's dense checkpoint (every expert the dense MLP, or a piece of "
+       "it), saved to --save (which must hold none) before training starts at iteration 0"},
+      {"moe-upcycling-granularity", Kind::i64, &a.moe_upcycling_granularity,
+       "with --moe-use-upcycling: the dense MLP's pieces per expert group, --ffn-hidden-size / --moe-ffn-hidden-size"},
+      {"no-use-tokenizer-model-from-checkpoint-args", Kind::flag, &a.no_use_tokenizer_model_from_checkpoint_args,
+       "with --use-checkpoint-args: leave --tokenizer-model to the command line"},
       {"data-parallel-random-init", Kind::flag, &a.implementation.data_parallel_random_init,
        "accepted: Megatron then broadcasts data-parallel rank 0's parameters, the ones lattice draws on every rank"},
       {"no-align-grad-reduce", Kind::flag, &a.implementation.no_align_grad_reduce,
@@ -1057,6 +1078,29 @@ void validate(TrainArgs& a) {
                                 std::pair{"train-sync-interval", impl.train_sync_interval},
                                 std::pair{"wgrad-deferral-limit", impl.wgrad_deferral_limit}})
     if (v < 0) LATTICE_FAIL() << "--" << flag << " must be >= 0, got " << v;
+  check_one_of("dist-ckpt-strictness", impl.dist_ckpt_strictness,
+               {"assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all",
+                "return_unexpected", "return_all", "ignore_all"});
+  if (impl.distribute_saved_activations) {  // Megatron's assertions
+    if (a.tensor_model_parallel_size < 2)
+      LATTICE_FAIL() << "--distribute-saved-activations needs --tensor-model-parallel-size > 1 (the activations are "
+                        "distributed over the tensor-parallel group)";
+    if (a.recompute_granularity != "full" || a.recompute_method.empty())
+      LATTICE_FAIL() << "--distribute-saved-activations needs --recompute-granularity full and a --recompute-method";
+  }
+  if (!impl.hierarchical_context_parallel_sizes.empty() || a.cp_comm_type == "a2a+p2p") {
+    int64_t product = 1;
+    for (const std::string& s : impl.hierarchical_context_parallel_sizes) {
+      const int64_t v = parse_number<int64_t>("hierarchical-context-parallel-sizes", s);
+      if (v < 1) LATTICE_FAIL() << "--hierarchical-context-parallel-sizes: " << s << " is not a size (1 or more)";
+      product *= v;
+    }
+    if (impl.hierarchical_context_parallel_sizes.empty())  // Megatron's assertion
+      LATTICE_FAIL() << "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes";
+    if (product != a.context_parallel_size)
+      LATTICE_FAIL() << "--hierarchical-context-parallel-sizes multiply to " << product
+                     << ", not --context-parallel-size " << a.context_parallel_size;
+  }
   if (impl.fp32_residual_connection && !a.bf16 && !a.fp16)  // Megatron's assertion
     LATTICE_FAIL() << "--fp32-residual-connection needs --bf16 or --fp16 (the residual stream of an fp32 run is fp32)";
   check_one_of("cross-entropy-fusion-impl", impl.cross_entropy_fusion_impl, {"native", "te"});
@@ -1577,6 +1621,7 @@ void apply_checkpoint_args(TrainArgs& a, const std::vector<Flag>& table, const s
   }
   for (const auto& [name, v] : flags) {
     if (given.count(name)) continue;  // the command line's own value (the load checks it against the model)
+    if (name == "tokenizer-model" && a.no_use_tokenizer_model_from_checkpoint_args) continue;
     const Flag* flag = nullptr;
     for (const Flag& f : table)
       if (name == f.name) flag = &f;

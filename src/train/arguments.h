@@ -308,7 +308,18 @@ struct TrainArgs {
     bool tp_comm_overlap_rs_dgrad = false;
     std::string dist_ckpt_format, cross_entropy_fusion_impl = "native", timing_log_option = "minmax";
     std::string tp_comm_bootstrap_backend = "nccl";
+    // Checkpoint loading and tokenizers: lattice's load checks every tensor; its tokenizers are Megatron's
+    // legacy ones and run no code; --distribute-saved-activations shards recomputation inputs (memory only).
+    std::string dist_ckpt_strictness = "assume_ok_unexpected";
+    bool legacy_tokenizer = false, trust_remote_code = false, distribute_saved_activations = false;
+    std::vector<std::string> hierarchical_context_parallel_sizes;  // with --cp-comm-type a2a+p2p: their product is CP
   } implementation;
+  // Megatron's MoE upcycling (checkpoint/moe_upcycling.h): the --num-experts model's weights from --load's dense
+  // checkpoint, saved to --save before the first step; granularity = --ffn-hidden-size / --moe-ffn-hidden-size.
+  bool moe_use_upcycling = false;
+  int64_t moe_upcycling_granularity = 1;
+  // Megatron's: with --use-checkpoint-args, --tokenizer-model is not taken from the checkpoint.
+  bool no_use_tokenizer_model_from_checkpoint_args = false;
   bool use_rotary_position_embeddings = false;  // Megatron's older spelling of --position-embedding-type rope
   // Megatron's multi-latent attention spellings of the rotary options: --rope-type rope|yarn (the position
   // embedding type), --rotary-scaling-factor, --mscale, --mscale-all-dim (the --yarn-* values); unset: none given.

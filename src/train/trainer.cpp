@@ -16,6 +16,7 @@
 #include "blas/gemm.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/durable_fs.h"
+#include "checkpoint/moe_upcycling.h"
 #include "checkpoint/training_checkpoint.h"
 #include "core/device.h"
 #include "core/log.h"
@@ -74,6 +75,21 @@ void check_checkpoint_flags(const TrainArgs& a) {
     LATTICE_FAIL() << "--non-persistent-save-interval needs --save DIR or --non-persistent-global-ckpt-dir DIR";
   if (a.load.empty() && a.pretrained_checkpoint.empty() && (a.no_load_optim || a.no_load_rng || a.finetune))
     LATTICE_FAIL() << "--no-load-optim, --no-load-rng and --finetune need --load DIR";
+  if (a.moe_upcycling_granularity < 1)
+    LATTICE_FAIL() << "--moe-upcycling-granularity must be >= 1, got " << a.moe_upcycling_granularity;
+  if (a.moe_upcycling_granularity != 1 && !a.moe_use_upcycling)
+    LATTICE_FAIL() << "--moe-upcycling-granularity needs --moe-use-upcycling";
+  if (a.moe_use_upcycling) {  // Megatron's conditions: the first run, from a dense checkpoint, saved
+    if (a.load.empty() || a.save.empty() || a.num_experts <= 0)
+      LATTICE_FAIL() << "--moe-use-upcycling needs --load (the dense checkpoint), --save (for the upcycled one) and "
+                        "--num-experts";
+    if (!a.pretrained_checkpoint.empty() || a.finetune)
+      LATTICE_FAIL() << "--moe-use-upcycling takes the dense weights from --load: drop --pretrained-checkpoint and "
+                        "--finetune";
+    if (has_checkpoint(a.save))
+      LATTICE_FAIL() << "--moe-use-upcycling: --save " << a.save
+                     << " holds a checkpoint already; upcycling is the first run's (drop the flag to resume)";
+  }
   if (a.ckpt_step < -1 || (a.ckpt_step >= 0 && a.load.empty() && a.pretrained_checkpoint.empty()))
     LATTICE_FAIL() << (a.ckpt_step < -1 ? "--ckpt-step must be >= 0, got " + std::to_string(a.ckpt_step)
                                         : std::string("--ckpt-step needs --load DIR or --pretrained-checkpoint DIR"));
@@ -85,6 +101,14 @@ TrainingProgress resume_point(const TrainArgs& args, GPTModel& model, Optimizer&
                               OptimizerParamScheduler& scheduler, LossScaler* loss_scaler,
                               MixedPrecisionPolicy* precision) {
   const TrainingProgress fresh{0, 0, args.seed};
+  if (args.moe_use_upcycling) {  // the experts from --load's dense weights; a fresh optimizer, iteration 0
+    const std::string dir =
+        args.ckpt_step >= 0 ? checkpoint_at_iteration(args.load, args.ckpt_step, "--ckpt-step") : args.load;
+    const int64_t g = upcycle_from_dense_checkpoint(dir, model, args.moe_upcycling_granularity);
+    log_info("> upcycled the dense checkpoint " + dir + " into " + std::to_string(args.num_experts) +
+             " experts per MoE layer (granularity " + std::to_string(g) + ")");
+    return fresh;
+  }
   const CheckpointChoice choice = choose_checkpoint(args);
   if (!choice.note.empty()) log_info(choice.note);
   if (choice.dir.empty()) return fresh;
@@ -608,6 +632,7 @@ int run_training(const TrainArgs& args) {
                                    : OpProfileWindow(args.profile_ops);
   // --skip-train (Megatron's): no step and no checkpoint; the evaluations below at the loaded iteration.
   const int64_t end_iteration = args.skip_train ? start.iteration : args.train_iters;
+  if (args.moe_use_upcycling) save(start.iteration);  // as Megatron: the upcycled model first
   for (int64_t it = start.iteration; it < end_iteration; ++it) {
     Timer timer;
     op_profile.before_step(it);

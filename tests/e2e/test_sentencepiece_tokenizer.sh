@@ -92,6 +92,18 @@ if "$LATTICE" train --num-layers 1 --hidden-size 32 --num-attention-heads 4 --se
 else
   fail "train with Llama2Tokenizer failed:"; tail -n 5 train.out >&2
 fi
+# --use-checkpoint-args takes the tokenizer flags, --tokenizer-model included; with
+# --no-use-tokenizer-model-from-checkpoint-args the command line gives it (Megatron's).
+RES=(train --use-checkpoint-args --load ckpt --micro-batch-size 2 --global-batch-size 2 --train-iters 3 --lr 1e-3 --override-opt_param-scheduler
+     --eval-iters 0 --data-path Llama2Tokenizer1_text_document --split 100,0,0)
+"$LATTICE" "${RES[@]}" >res.out 2>&1 && grep -q "iteration        3/" res.out &&
+  pass "--use-checkpoint-args resumes with the checkpoint's --tokenizer-model" ||
+  fail "--use-checkpoint-args with the checkpoint's tokenizer: $(tail -n 2 res.out)"
+expect_error "--no-use-tokenizer-model-from-checkpoint-args without --tokenizer-model" "--tokenizer-model" -- \
+  "$LATTICE" "${RES[@]}" --no-use-tokenizer-model-from-checkpoint-args
+"$LATTICE" "${RES[@]}" --no-use-tokenizer-model-from-checkpoint-args --tokenizer-model llama2.model >res2.out 2>&1 &&
+  grep -q "iteration        3/" res2.out && pass "--no-use-tokenizer-model-from-checkpoint-args with --tokenizer-model" ||
+  fail "--no-use-tokenizer-model-from-checkpoint-args --tokenizer-model: $(tail -n 2 res2.out)"
 GEN=(--prompt "In the beginning" --max-new-tokens 8 --temperature 0)
 if "$LATTICE" generate --load ckpt "${GEN[@]}" >gen_a.out 2>gen_a.err; then
   grep -q '^In the beginning' gen_a.out && [ "$(wc -c <gen_a.out)" -gt 16 ] &&

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <regex>
@@ -16,6 +17,7 @@
 
 #include "core/error.h"
 #include "train/train_step.h"
+#include "test_util.h"
 
 namespace lattice {
 namespace {
@@ -28,19 +30,6 @@ std::string error_of(const std::function<void()>& f) {
   }
   return "";
 }
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("lattice-rv-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::string read_all(const std::string& path) {
   std::ifstream f(path);
@@ -127,8 +116,7 @@ TEST(ResultValidator, NonFiniteLossOrNormUnlessTheCheckIsOff) {
 }
 
 TEST(ResultValidator, RejectionsAppendMegatronsTrackerLine) {
-  TempDir d;
-  const std::string tracker = d.file("tracker.txt");
+  const std::string tracker = test_util::temp_dir() + "/tracker.txt";
   ResultValidationConfig c;
   c.check_for_nan = c.check_for_large_grads = true;
   c.tracker_file = tracker;
@@ -197,9 +185,9 @@ TEST(ResultValidator, StateRestoresTheSamplesAndRejectsDamage) {
 }
 
 TEST(TrackerFile, SkipsIterationsRejectedTwiceOnOneRankOrReproducedOnASecondRerun) {
-  TempDir d;
-  EXPECT_TRUE(iterations_to_skip_from_tracker_file(d.file("missing.txt")).empty());
-  const std::string path = d.file("t.txt");
+  const std::string dir = test_util::temp_dir();
+  EXPECT_TRUE(iterations_to_skip_from_tracker_file(dir + "/missing.txt").empty());
+  const std::string path = dir + "/t.txt";
   std::ofstream(path) << "ts=2026-01-01 00:00:00.1 node=a device=0 jobID=1 rank=0 iteration=4 status=rerun_disabled result=nan message='x'\n"
                          "ts=2026-01-01 00:00:00.2 node=a device=0 jobID=2 rank=0 iteration=4 status=RerunValidationStatus.RERUN_DISABLED result=nan message='x y'\n"
                          "ts=2026-01-01 00:00:00.3 node=a device=0 jobID=3 rank=0 iteration=9 status=rerun_disabled result=1 message='x'\n"

@@ -515,6 +515,32 @@ TEST(TrainArgs, AcceptedImplementationFlagsCheckTheirValues) {
             "");
 }
 
+TEST(TrainArgs, CheckpointTokenizerAndRecomputationFlagsCheckMegatronsConditions) {
+  EXPECT_EQ(error_of({"--dist-ckpt-strictness", "log_all"}), "");
+  EXPECT_NE(error_of({"--dist-ckpt-strictness", "lenient"}).find("--dist-ckpt-strictness must be one of assume_ok_unexpected"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"--legacy-tokenizer", "--trust-remote-code"}), "");
+  const std::vector<std::string> full = {"--recompute-granularity", "full", "--recompute-method", "uniform",
+                                         "--recompute-num-layers", "1", "--distribute-saved-activations"};
+  EXPECT_EQ(error_of(full),
+            "--distribute-saved-activations needs --tensor-model-parallel-size > 1 (the activations are distributed over "
+            "the tensor-parallel group)");
+  std::vector<std::string> tp2 = full;
+  tp2.insert(tp2.end(), {"--tensor-model-parallel-size", "2"});
+  EXPECT_EQ(error_of(tp2), "");
+  EXPECT_EQ(error_of({"--tensor-model-parallel-size", "2", "--distribute-saved-activations"}),
+            "--distribute-saved-activations needs --recompute-granularity full and a --recompute-method");
+  EXPECT_EQ(error_of({"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}),
+            "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes");
+  EXPECT_EQ(error_of({"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes",
+                      "2", "1"}),
+            "");
+  EXPECT_EQ(error_of({"--context-parallel-size", "2", "--hierarchical-context-parallel-sizes", "2", "2"}),
+            "--hierarchical-context-parallel-sizes multiply to 4, not --context-parallel-size 2");
+  EXPECT_EQ(error_of({"--hierarchical-context-parallel-sizes", "0"}),
+            "--hierarchical-context-parallel-sizes: 0 is not a size (1 or more)");
+}
+
 TEST(TrainArgs, IterationsToSkip) {
   EXPECT_EQ(parse({"--iterations-to-skip", "7", "2", "7"}).iterations_to_skip_list(), (std::vector<int64_t>{2, 7}));
   EXPECT_TRUE(parse({}).iterations_to_skip_list().empty());
