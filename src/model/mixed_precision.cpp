@@ -225,6 +225,10 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   void weight_grad(int param, float* dW, const float* dy, LinearInput x, int64_t N, int64_t in,
                    int64_t out) override {
     State& s = state(param);
+    if (!recipe_.fp8_wgrad) {  // in higher precision; input_grad quantizes dy (and notes its amax) itself
+      gemm_f32(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, x.fp32("fp8"), in, 1.0f, dW, in);
+      return;
+    }
     const float sg = s.g.scale();
     const uint16_t* gq = quantize(g_, dy, N * out, sg, recipe_.backward);
     note_amax(s.g_amax, dy, N * out);

@@ -73,6 +73,9 @@ struct Fp8Recipe {
   int64_t margin = 0;                    // --fp8-margin
   int64_t amax_history_len = 1;          // --fp8-amax-history-len
   bool amax_max = false;                 // --fp8-amax-compute-algo max (false: most_recent)
+  // --no-fp8-wgrad (Megatron's; Transformer Engine's override_linear_precision wgrad): the weight
+  // gradients' GEMM reads the output gradients and inputs unquantized (fp32), the other GEMMs fp8.
+  bool fp8_wgrad = true;
 };
 
 // The recipe for the flags; errors name the flag. format: e4m3 | hybrid.

@@ -553,11 +553,16 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"hierarchical-context-parallel-sizes", Kind::list, &a.implementation.hierarchical_context_parallel_sizes,
        "with --cp-comm-type a2a+p2p (which needs it): the context-parallel sizes of its levels, whose product is "
        "--context-parallel-size (the same attention)"},
+      {"no-fp8-wgrad", Kind::flag, &a.no_fp8_wgrad,
+       "with --fp8-format: the weight gradients' GEMMs read unquantized (fp32) output gradients and inputs"},
       {"moe-use-upcycling", Kind::flag, &a.moe_use_upcycling,
        "the --num-experts model's weights from --load's dense checkpoint (every expert the dense MLP, or a piece of "
        "it), saved to --save (which must hold none) before training starts at iteration 0"},
       {"moe-upcycling-granularity", Kind::i64, &a.moe_upcycling_granularity,
        "with --moe-use-upcycling: the dense MLP's pieces per expert group, --ffn-hidden-size / --moe-ffn-hidden-size"},
+      {"use-mp-args-from-checkpoint-args", Kind::flag, &a.use_mp_args_from_checkpoint_args,
+       "with --use-checkpoint-args: the tensor- and pipeline-parallel sizes (and virtual stages) the checkpoint was "
+       "saved with, unless given"},
       {"no-use-tokenizer-model-from-checkpoint-args", Kind::flag, &a.no_use_tokenizer_model_from_checkpoint_args,
        "with --use-checkpoint-args: leave --tokenizer-model to the command line"},
       {"data-parallel-random-init", Kind::flag, &a.implementation.data_parallel_random_init,
@@ -1101,6 +1106,7 @@ void validate(TrainArgs& a) {
       LATTICE_FAIL() << "--hierarchical-context-parallel-sizes multiply to " << product
                      << ", not --context-parallel-size " << a.context_parallel_size;
   }
+  if (a.no_fp8_wgrad && a.fp8_format.empty()) LATTICE_FAIL() << "--no-fp8-wgrad needs --fp8-format";
   if (impl.fp32_residual_connection && !a.bf16 && !a.fp16)  // Megatron's assertion
     LATTICE_FAIL() << "--fp32-residual-connection needs --bf16 or --fp16 (the residual stream of an fp32 run is fp32)";
   check_one_of("cross-entropy-fusion-impl", impl.cross_entropy_fusion_impl, {"native", "te"});
@@ -1615,7 +1621,13 @@ void apply_checkpoint_args(TrainArgs& a, const std::vector<Flag>& table, const s
   std::vector<std::pair<std::string, nlohmann::json>> flags;
   const std::string dir = a.ckpt_step >= 0 ? checkpoint_at_iteration(a.load, a.ckpt_step, "--ckpt-step") : a.load;
   try {
-    flags = checkpoint_flags(CheckpointReader::open(dir).state());
+    const CheckpointState s = CheckpointReader::open(dir).state();
+    flags = checkpoint_flags(s);
+    // --use-mp-args-from-checkpoint-args (Megatron's): the parallel layout the checkpoint was saved with too.
+    if (a.use_mp_args_from_checkpoint_args)
+      for (const char* flag : {"tensor-model-parallel-size", "pipeline-model-parallel-size",
+                               "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank"})
+        if (s.args.contains(flag) && !s.args[flag].is_null()) flags.emplace_back(flag, s.args[flag]);
   } catch (const Error& e) {
     LATTICE_FAIL() << "--use-checkpoint-args: --load " << e.what();
   }

@@ -317,9 +317,11 @@ struct TrainArgs {
   // Megatron's MoE upcycling (checkpoint/moe_upcycling.h): the --num-experts model's weights from --load's dense
   // checkpoint, saved to --save before the first step; granularity = --ffn-hidden-size / --moe-ffn-hidden-size.
   bool moe_use_upcycling = false;
+  bool no_fp8_wgrad = false;  // Megatron's: the weight-gradient GEMMs of an fp8 run unquantized
   int64_t moe_upcycling_granularity = 1;
   // Megatron's: with --use-checkpoint-args, --tokenizer-model is not taken from the checkpoint.
   bool no_use_tokenizer_model_from_checkpoint_args = false;
+  bool use_mp_args_from_checkpoint_args = false;  // with --use-checkpoint-args: the saved TP/PP sizes too
   bool use_rotary_position_embeddings = false;  // Megatron's older spelling of --position-embedding-type rope
   // Megatron's multi-latent attention spellings of the rotary options: --rope-type rope|yarn (the position
   // embedding type), --rotary-scaling-factor, --mscale, --mscale-all-dim (the --yarn-* values); unset: none given.

@@ -10,10 +10,12 @@ namespace lattice {
 
 std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp, Comm* dp,
                                                             const Fp8Params& fp8_params) {
-  if (!args.fp8_format.empty())
-    return make_fp8_policy(make_fp8_recipe(args.fp8_format, args.fp8_margin, args.fp8_amax_history_len,
-                                           args.fp8_amax_compute_algo),
-                           tp, dp, fp8_params);
+  if (!args.fp8_format.empty()) {
+    Fp8Recipe recipe =
+        make_fp8_recipe(args.fp8_format, args.fp8_margin, args.fp8_amax_history_len, args.fp8_amax_compute_algo);
+    recipe.fp8_wgrad = !args.no_fp8_wgrad;
+    return make_fp8_policy(recipe, tp, dp, fp8_params);
+  }
   if (args.bf16) return make_half_precision_policy(HalfFormat::bf16);
   if (args.fp16) return make_half_precision_policy(HalfFormat::fp16);
   return nullptr;
@@ -40,7 +42,9 @@ std::string describe_precision(const TrainArgs& args, const LossScaler* scaler) 
   std::ostringstream os;
   os << "> precision: ";
   const bool half_gemm = args.bf16 || !args.fp8_format.empty();
-  if (!args.fp8_format.empty()) os << "fp8 " << args.fp8_format << " linear layers (delayed scaling), ";
+  if (!args.fp8_format.empty())
+    os << "fp8 " << args.fp8_format << " linear layers (delayed scaling"
+       << (args.no_fp8_wgrad ? "; weight gradients unquantized" : "") << "), ";
   if (args.bf16) os << "bf16";
   else if (args.fp16) os << "fp16";
   else if (args.fp8_format.empty()) os << "fp32";

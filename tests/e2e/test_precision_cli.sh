@@ -59,6 +59,19 @@ else
 fi
 run fp8 --train-iters 3 --bf16 --fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max
 grep -q "fp8 hybrid" "$TMP/fp8.out" || fail "fp8: no precision line in the log"
+# --no-fp8-wgrad: the same first loss (the forward is fp8 either way), then other weights (the weight
+# gradients were not quantized); the log says so.
+run fp8_wgrad --train-iters 3 --bf16 --fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max \
+  --no-fp8-wgrad
+grep -q "weight gradients unquantized" "$TMP/fp8_wgrad.out" || fail "--no-fp8-wgrad: not in the precision line"
+python3 - "$TMP/fp8.jsonl" "$TMP/fp8_wgrad.jsonl" <<'PY' && pass "--no-fp8-wgrad: the same first loss, other updates" ||
+import json, sys
+a, b = ([json.loads(l)["lm_loss"] for l in open(p) if "lm_loss" in l] for p in sys.argv[1:3])
+assert len(a) == len(b) == 3 and a[0] == b[0] and a[2] != b[2], (a, b)
+PY
+  fail "--no-fp8-wgrad: losses (above)"
+expect_error "--no-fp8-wgrad without fp8" "--no-fp8-wgrad needs --fp8-format" -- \
+  "$LATTICE" "${small[@]}" --train-iters 2 --no-fp8-wgrad
 # Evaluations between the steps quantize with the current fp8 scales but note no amax: with an
 # evaluation after every iteration, the training losses and gradient norms are those of the
 # run without, bit for bit (the evaluations' amaxes used to enter the next step's history).

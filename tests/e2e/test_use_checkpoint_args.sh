@@ -72,4 +72,18 @@ if run convert "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_llama_tiny" 
   fi
 fi
 
+# --use-mp-args-from-checkpoint-args (Megatron's): the tensor-parallel size the checkpoint was saved with too
+# (--dry-run shows the layout two ranks would take; without the flag the two are data-parallel).
+if command -v mpirun >/dev/null 2>&1 &&
+   run tp_ckpt mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$LATTICE" train "${MODEL[@]}" \
+     "${RUN[@]}" --train-iters 1 --tensor-model-parallel-size 2 --save ckpt_tp; then
+  OMPI_COMM_WORLD_SIZE=2 "$LATTICE" train --use-checkpoint-args --use-mp-args-from-checkpoint-args "${RUN[@]}" \
+    --train-iters 2 --load ckpt_tp --dry-run >mp.out 2>&1
+  OMPI_COMM_WORLD_SIZE=2 "$LATTICE" train --use-checkpoint-args "${RUN[@]}" --train-iters 2 --load ckpt_tp --dry-run \
+    >nomp.out 2>&1
+  grep -q "world 2 = tp 2 x pp 1 x dp 1" mp.out && grep -q "world 2 = tp 1 x pp 1 x dp 2" nomp.out &&
+    pass "--use-mp-args-from-checkpoint-args takes the checkpoint's tensor-parallel size 2" ||
+    fail "--use-mp-args-from-checkpoint-args: $(grep 'dry run' mp.out) / without: $(grep 'dry run' nomp.out)"
+fi
+
 e2e_finish

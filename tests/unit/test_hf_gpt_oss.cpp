@@ -16,6 +16,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "hf_test_util.h"
+#include "test_util.h"
 
 namespace lattice {
 namespace {
@@ -23,17 +24,9 @@ namespace {
 using hf_test::fixture;
 using hf_test::TempDir;
 using hf_test::Tensors;
+using test_util::error_of;
 
 constexpr int64_t kSeq = 16;  // the models' sequence length in these tests (the fixtures' T is 12)
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(HfGptOss, DequantizedModelMatchesIndependentLogits) {
   HfModel hf = load_hf_gpt_oss(fixture("hf_gpt_oss_tiny"), 128, kSeq);

@@ -81,14 +81,7 @@ void expect_same_logits(GPTModel& dense, GPTModel& moe) {
 
 const float* param(GPTModel& m, const std::string& name) { return m.params().params() + m.params().info(name).offset; }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
 
 TEST(MoeUpcycling, EveryExpertTheDenseMlpGivesTheDenseLogits) {
   for (const auto& [bias, swiglu] : {std::pair{true, false}, std::pair{false, true}}) {

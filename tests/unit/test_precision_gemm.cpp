@@ -438,5 +438,26 @@ TEST(PrecisionPolicy, Fp8ForwardIsScaledFp8Arithmetic) {
   EXPECT_LT(std::sqrt(err / norm), 0.05);
 }
 
+// --no-fp8-wgrad: the weight gradient is the fp32 GEMM of the unquantized output gradient and input;
+// the input gradient stays fp8 (and quantizes the output gradient itself).
+TEST(PrecisionPolicy, Fp8WithoutFp8WeightGradients) {
+  LinearCase c;
+  Fp8Recipe r = make_fp8_recipe("hybrid", 0, 1, "most_recent");
+  auto fp8 = make_fp8_policy(r, nullptr);
+  r.fp8_wgrad = false;
+  auto wgrad32 = make_fp8_policy(r, nullptr);
+  const std::vector<float>& dy = c.dy;
+  std::vector<float> dW(c.W.size(), 0.5f), ref = dW, quantized = dW;
+  wgrad32->weight_grad(0, dW.data(), dy.data(), c.x.data(), c.N, c.in, c.out);
+  gemm_f32(Trans::T, Trans::N, c.out, c.in, c.N, 1.0f, dy.data(), c.out, c.x.data(), c.in, 1.0f, ref.data(), c.in);
+  EXPECT_EQ(dW, ref);  // accumulated onto dW, bit for bit the fp32 GEMM
+  fp8->weight_grad(0, quantized.data(), dy.data(), c.x.data(), c.N, c.in, c.out);
+  EXPECT_NE(quantized, ref);  // the default quantizes both operands
+  std::vector<float> dx(c.x.size()), dx8(c.x.size());
+  wgrad32->input_grad(0, dx.data(), dy.data(), c.W.data(), c.N, c.in, c.out, false);
+  fp8->input_grad(0, dx8.data(), dy.data(), c.W.data(), c.N, c.in, c.out, false);
+  EXPECT_EQ(dx, dx8);  // the input gradient is fp8 either way
+}
+
 }  // namespace
 }  // namespace lattice

@@ -22,14 +22,7 @@
 namespace lattice {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
 
 std::string read_all(const std::string& path) {
   std::ifstream f(path);
