@@ -3,7 +3,7 @@
 // size it has in the 124M model (B=4, T=64), with the bytes each moves, so the reported
 // bytes_per_second compares with the machine's memory bandwidth (a plain copy, Copy, is the
 // reference); one layer's causal attention at T=64 and T=1024 (GFLOP/s); a Gated DeltaNet layer's delta rule
-// and convolution; a Mamba-2 layer's scan.
+// and convolution; a Mamba-2 layer's scan; a decode step's output-layer GEMV with fp32 and bf16 weights.
 // docs/benchmarks.md, "Memory-bound kernels", has the results.
 //   build/kernel_bench [--benchmark_filter=Adamw] [--benchmark_repetitions=5]
 #include <benchmark/benchmark.h>
@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "blas/gemm.h"
 #include "core/device.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
@@ -49,6 +50,37 @@ void Copy(benchmark::State& st) {
   st.SetBytesProcessed(st.iterations() * n * 8);
 }
 BENCHMARK(Copy)->Arg(kParams)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// A decode step's GEMV y[1, N] = x[1, K] W[N, K]^T (the 124M model's output layer: K 768, N 50304), weights in
+// fp32 (gemm_f32) or bf16 (gemm_bf16 on oneDNN's bf16 matmul, x rounded to bf16): bytes are the weights read.
+void Gemv(benchmark::State& st) {
+  const int64_t K = 768, N = 50304;
+  const bool bf16 = st.range(0) != 0;
+  std::vector<float> W = random_vector(N * K, 0.02f, 2), x = random_vector(K, 1.0f, 3);
+  std::vector<float> y(static_cast<size_t>(N));
+  std::vector<uint16_t> Wb(W.size()), xb(x.size());
+  for (size_t i = 0; i < W.size(); ++i) Wb[i] = uint16_t(reinterpret_cast<const uint32_t&>(W[i]) >> 16);
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = uint16_t(reinterpret_cast<const uint32_t&>(x[i]) >> 16);
+  if (bf16) {
+    if (!lattice::gemm_bf16_path_supported(lattice::Bf16GemmPath::onednn_bf16)) {
+      st.SkipWithError("no AVX512-BF16");
+      return;
+    }
+    lattice::gemm_bf16_force_path(lattice::Bf16GemmPath::onednn_bf16);
+  }
+  for (auto _ : st) {
+    if (bf16)
+      lattice::gemm_bf16(lattice::Trans::N, lattice::Trans::T, 1, N, K, 1.0f, xb.data(), K, Wb.data(), K, 0.0f,
+                         y.data(), N);
+    else
+      lattice::gemm_f32(lattice::Trans::N, lattice::Trans::T, 1, N, K, 1.0f, x.data(), K, W.data(), K, 0.0f,
+                        y.data(), N);
+    benchmark::DoNotOptimize(y.data());
+  }
+  if (bf16) lattice::gemm_bf16_use_default_path();
+  st.SetBytesProcessed(st.iterations() * N * K * (bf16 ? 2 : 4));
+}
+BENCHMARK(Gemv)->Arg(0)->Arg(1)->ArgName("bf16")->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // zero_grad's fill: n floats set to zero on the device (here the host), 4 bytes each.
 void Zero(benchmark::State& st) {
