@@ -15,7 +15,8 @@
 # environment:
 #   LATTICE      the binary (default build/lattice)
 #   SHAPE        gpt2 (default) or hybrid
-#   NEW_TOKENS   default 128              MODES  default "kv full" (kv: KV cache; full: --no-kv-cache)
+#   NEW_TOKENS   default 128              MODES  default "kv full" (kv: KV cache; full: --no-kv-cache;
+#                                         bf16: the KV cache with --bf16, the weights read as bf16)
 #   ROUNDS       runs of each mode, alternating (default 1); the table has one row per run
 #   KEEP=1       keep the work folder (checkpoint ~500 MB, logs; its path is printed)
 # Threads: whatever OMP_NUM_THREADS says (default: all cores), as for lattice train.
@@ -56,6 +57,7 @@ for ((r = 0; r < ROUNDS; ++r)); do
     case $mode in
       kv) flags=() ; name="KV cache" ;;
       full) flags=(--no-kv-cache) ; name="full forward per token" ;;
+      bf16) flags=(--bf16) ; name="KV cache, bf16 weights (--bf16)" ;;
       *) die "unknown mode '$mode' in MODES" ;;
     esac
     "$LATTICE" generate --load "$WORK/ckpt" --tokenizer-type ByteTokenizer --prompt "$PROMPT" \

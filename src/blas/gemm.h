@@ -48,6 +48,12 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
 uint16_t* gemm_bf16_packed_out(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                                int64_t lda, Bf16Operand B, int64_t ldb, float* buffer);
 
+// gemm_bf16 for a memory-bound product of a few rows (a decode step's GEMVs): on a CPU with AVX512-BF16 always
+// oneDNN's bf16 matmul, which reads B's 2 bytes per element (about twice as fast as fp32 weights there, also
+// without AMX: docs/benchmarks.md), else (and on a GPU) gemm_bf16's path. The same numbers up to
+// accumulation order.
+void gemm_bf16_few_rows(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                        int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // How gemm_bf16 computes on the CPU.
 enum class Bf16GemmPath {
   onednn_bf16,   // oneDNN's bf16 matmul (AMX-BF16 tiles or AVX512-BF16 dot products)

@@ -82,6 +82,15 @@ void matmul_call(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alph
   s.wait();
 }
 
+// The onednn_bf16 path: oneDNN's matmul over the facade's thread-count-invariant blocks.
+void onednn_gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+                      const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  blas_detail::for_each_block(ta, tb, M, N, K, A, lda, B, ldb, C, ldc,
+                              [&](int64_t m, int64_t n, const uint16_t* a, const uint16_t* b, float* c) {
+    matmul_call(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
+  });
+}
+
 // op(X) rows x cols, X stored with leading dimension ld, widened to a dense fp32 copy of
 // the stored layout ([rows, cols] for N, [cols, rows] for T) in `out`, which is kept from
 // call to call (grow-only: no page faults once it has its size); leading dimension returned.
@@ -176,10 +185,16 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha,
     gemm_f32(ta, tb, M, N, K, alpha, a.data(), la, bw, lb, beta, C, ldc);
     return;
   }
-  blas_detail::for_each_block(ta, tb, M, N, K, A, lda, B.bits, ldb, C, ldc,
-                              [&](int64_t m, int64_t n, const uint16_t* a, const uint16_t* b, float* c) {
-    matmul_call(ta, tb, m, n, K, alpha, a, lda, b, ldb, beta, c, ldc);
-  });
+  onednn_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B.bits, ldb, beta, C, ldc);
+}
+
+void gemm_bf16_few_rows(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                        int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (kernels_on_gpu() || M == 0 || N == 0 || K == 0 || !gemm_bf16_path_supported(Bf16GemmPath::onednn_bf16)) {
+    gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  onednn_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 uint16_t* gemm_bf16_packed_out(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,

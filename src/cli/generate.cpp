@@ -1,6 +1,6 @@
 // `lattice generate --load CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]
 //  [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer-type NAME]
-//  [--vocab-file F --merge-file F | --tokenizer-model PATH] [--no-kv-cache] [--device cpu|cuda]`:
+//  [--vocab-file F --merge-file F | --tokenizer-model PATH] [--no-kv-cache] [--bf16] [--device cpu|cuda]`:
 // samples text from a trained model, streaming each token to stdout as it is produced.
 // --device cuda keeps the model on the GPU (docs/cuda.md); tokens and logits cross to
 // the host once per step; the KV cache and its attention stay on the GPU.
@@ -8,7 +8,8 @@
 // Decoding uses a KV cache (GPTInference): the prompt is prefilled once, then each new token
 // runs the layers on that token alone. --no-kv-cache recomputes a full forward over the
 // context for every token instead (the reference the cache is checked against, and the
-// benchmark baseline); both give the same text.
+// benchmark baseline); both give the same text. --bf16 decodes with every linear layer's weight and
+// input rounded to bf16 (model/bf16_decode_policy.h): half the bytes a step reads, a bf16 model's numbers.
 //
 // Context: positions are absolute (learned), so the context holds at most
 // max_position_embeddings tokens. A longer prompt keeps its last max_position_embeddings
@@ -49,8 +50,8 @@ double seconds_since(Clock::time_point t0) {
 // Logits of the next token after ids[start:], by the KV cache or by a full forward.
 class NextTokenLogits {
  public:
-  NextTokenLogits(GPTModel& model, bool kv_cache) : model_(model) {
-    if (kv_cache) cache_ = std::make_unique<GPTInference>(model);
+  NextTokenLogits(GPTModel& model, bool kv_cache, bool bf16) : model_(model) {
+    if (kv_cache) cache_ = std::make_unique<GPTInference>(model, 0, bf16);
   }
 
   // Appends to the cache what it lacks of ids[start:] (everything, after the context moved).
@@ -165,6 +166,8 @@ int cmd_generate(int argc, char** argv) {
         "                             TikTokenizer's settings [the checkpoint's]\n"
         "  --vocab-size N             NullTokenizer's ids (N: the end of document) [the checkpoint's]\n"
         "  --no-kv-cache              recompute the whole context for every token\n"
+        "  --bf16                     decode with the linear layers' weights and inputs in bf16 (half the\n"
+        "                             bytes per token; with the KV cache)\n"
         "  --device cpu|cuda          where the model runs [cpu]\n",
         stdout);
     return 0;
@@ -174,7 +177,7 @@ int cmd_generate(int argc, char** argv) {
                                       "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
                                       "vocab-size", "vocab-extra-ids", "tiktoken-pattern",
                                       "tiktoken-num-special-tokens", "tiktoken-special-tokens", "device"},
-                                     {"no-kv-cache"});
+                                     {"no-kv-cache", "bf16"});
   const std::string load = f.required("load");
   const std::vector<std::string> prompts = read_prompts(f);
   SamplingConfig sc;
@@ -209,8 +212,9 @@ int cmd_generate(int argc, char** argv) {
     LATTICE_FAIL() << "--tokenizer-type " << spec.type << " has " << tok->vocab_size()
                    << " tokens, more than the model's vocabulary of " << lm.model->config().vocab_size;
 
-  const bool kv_cache = !f.has("no-kv-cache");
-  NextTokenLogits next_logits(*lm.model, kv_cache);
+  const bool kv_cache = !f.has("no-kv-cache"), bf16 = f.has("bf16");
+  if (bf16 && !kv_cache) LATTICE_FAIL() << "--bf16 decodes with the KV cache: drop --no-kv-cache";
+  NextTokenLogits next_logits(*lm.model, kv_cache, bf16);
   Timing timing;
   for (size_t i = 0; i < prompts.size(); ++i) {
     PhiloxStream stream{seed, fnv1a32("generate"), uint32_t(i), 0};
@@ -218,11 +222,11 @@ int cmd_generate(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "generate: %zu prompt(s), prefill %lld tokens in %.1f ms, %lld new tokens in %.1f ms "
-               "(%.2f tokens/s, %s%s)\n",
+               "(%.2f tokens/s, %s%s%s)\n",
                prompts.size(), (long long)timing.prefill_tokens, timing.prefill_s * 1e3,
                (long long)timing.new_tokens, timing.decode_s * 1e3,
                timing.decode_s > 0 ? double(timing.new_tokens) / timing.decode_s : 0.0,
-               kv_cache ? "KV cache" : "full forward per token",
+               kv_cache ? "KV cache" : "full forward per token", bf16 ? ", bf16 weights" : "",
                device == Device::cpu ? "" : cuda_emulated() ? ", cuda emulated" : ", cuda");
   return 0;
 }

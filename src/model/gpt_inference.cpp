@@ -18,6 +18,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "model/bf16_decode_policy.h"
 #include "model/gated_delta_net.h"
 #include "model/linear.h"
 #include "model/mamba_mixer.h"
@@ -38,7 +39,9 @@ MoeShape generation_moe_shape(const TransformerConfig& c) {
 
 }  // namespace
 
-GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model.config()) {
+GPTInference::GPTInference(const GPTModel& model, int64_t capacity, bool bf16_weights) : cfg_(model.config()) {
+  if (bf16_weights) policy_ = std::make_unique<Bf16DecodePolicy>();
+  site_ = GemmSite{policy_.get(), 0};  // (the policy keeps each weight by its address)
   const ParamBuffer& pb = model.params();
   auto p = [&](const std::string& name) -> const float* { return pb.params() + pb.info(name).offset; };
   // A linear layer's bias, or null without biases (--disable-bias-linear): linear_forward adds none.
@@ -177,8 +180,11 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity) : cfg_(model
       moe.fc1_bias.push_back(p(x + "linear_fc1.bias"));
       moe.fc2_bias.push_back(p(x + "linear_fc2.bias"));
     }
-    moe.fc1_site.resize(moe.fc1.size());
-    moe.fc2_site.resize(moe.fc2.size());
+    moe.fc1_site.assign(moe.fc1.size(), site_);
+    moe.fc2_site.assign(moe.fc2.size(), site_);
+    moe.shared_fc1_site = moe.shared_fc2_site = moe.latent_fc1_site = moe.latent_fc2_site = site_;
+    // --moe-router-dtype fp32: the router's GEMM (and the shared experts' gate's) stays fp32, as in training.
+    moe.router_site = moe.shared_gate_site = cfg_.moe_router_dtype == "fp32" ? GemmSite{} : site_;
     if (cfg_.moe_shared_expert_intermediate_size > 0) {
       moe.shared_fc1 = p(s + "mlp.shared_experts.linear_fc1.weight");
       moe.shared_fc2 = p(s + "mlp.shared_experts.linear_fc2.weight");
@@ -275,16 +281,16 @@ void GPTInference::mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t 
   const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
   float *lat = mla_lat_.data(), *latn = mla_latn_.data(), *c = mla_c_.data();
   if (Rq > 0) {
-    linear_forward(lat, ln, p.q_down_w, nullptr, n, C, Rq);
+    linear_forward(lat, ln, p.q_down_w, nullptr, n, C, Rq, site_);
     if (p.q_norm_w) layernorm_forward(latn, mean_.data(), rstd_.data(), lat, p.q_norm_w, p.q_norm_b, n, Rq, eps, norm);
-    linear_forward(mla_q_.data(), p.q_norm_w ? latn : lat, p.q_up_w, nullptr, n, Rq, H * s.Dq());
+    linear_forward(mla_q_.data(), p.q_norm_w ? latn : lat, p.q_up_w, nullptr, n, Rq, H * s.Dq(), site_);
   } else {
-    linear_forward(mla_q_.data(), ln, p.q_proj_w, nullptr, n, C, H * s.Dq());
+    linear_forward(mla_q_.data(), ln, p.q_proj_w, nullptr, n, C, H * s.Dq(), site_);
   }
-  linear_forward(c, ln, p.kv_down_w, nullptr, n, C, s.latent());
+  linear_forward(c, ln, p.kv_down_w, nullptr, n, C, s.latent(), site_);
   copy_head_blocks(lat, Rkv, Rkv, c, s.latent(), s.latent(), n, 1, Rkv);
   if (p.kv_norm_w) layernorm_forward(latn, mean_.data(), rstd_.data(), lat, p.kv_norm_w, p.kv_norm_b, n, Rkv, eps, norm);
-  linear_forward(mla_kv_.data(), p.kv_norm_w ? latn : lat, p.kv_up_w, nullptr, n, Rkv, H * s.Dnv());
+  linear_forward(mla_kv_.data(), p.kv_norm_w ? latn : lat, p.kv_up_w, nullptr, n, Rkv, H * s.Dnv(), site_);
   mla_fuse_qkv(qkv, mla_q_.data(), mla_kv_.data(), c, n, s);
 }
 
@@ -297,7 +303,7 @@ void GPTInference::gdn_layer(float* out, const Layer& p, const float* ln, int64_
   float* x = xin + Km * W;  // the tokens' in_proj rows
   float* u = gdn_u_.data() + Km * s.conv();
   copy_on_device(xin, hist, size_t(Km * W) * sizeof(float));
-  linear_forward(x, ln, p.qkv_w, nullptr, n, C, W);
+  linear_forward(x, ln, p.qkv_w, nullptr, n, C, W, site_);
   gdn_conv_forward(gdn_u_.data(), xin, p.conv_w, conv);  // (the history's own rows are not used)
   gdn_gates_forward(gdn_q_.data(), gdn_k_.data(), gdn_g_.data(), gdn_beta_.data(), u, x, p.a_log, p.dt_bias, s);
   gdn_delta_rule_forward(gdn_o_.data(), gdn_state_.data() + p.slot * s.Hv * s.state(), nullptr, gdn_q_.data(),
@@ -306,7 +312,7 @@ void GPTInference::gdn_layer(float* out, const Layer& p, const float* ln, int64_
                     n * s.Hv, s.Dv, cfg_.layernorm_epsilon,
                     cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm);
   gdn_output_gate_forward(attn_.data(), gdn_n_.data(), x, s);
-  linear_forward(out, attn_.data(), p.proj_w, nullptr, n, s.v(), C);
+  linear_forward(out, attn_.data(), p.proj_w, nullptr, n, s.v(), C, site_);
   copy_on_device(hist, xin + n * W, size_t(Km * W) * sizeof(float));  // the last K - 1 rows
 }
 
@@ -320,13 +326,13 @@ void GPTInference::mamba_layer(float* out, const Layer& p, const float* ln, int6
   float* x = xin + Km * W;                         // the tokens' in_proj rows
   const float* u = mamba_u_.data() + Km * s.conv();  // their convolution's rows
   copy_on_device(xin, hist, size_t(Km * W) * sizeof(float));
-  linear_forward(x, ln, p.qkv_w, nullptr, n, C, W);
+  linear_forward(x, ln, p.qkv_w, nullptr, n, C, W, site_);
   mamba_conv_forward(mamba_u_.data(), xin, p.conv_w, p.conv_b, conv);  // (the history's own rows are not used)
   mamba_dt_forward(mamba_dt_.data(), x, p.dt_bias, s);
   mamba_scan_forward(mamba_y_.data(), nullptr, u, mamba_dt_.data(), p.a_log, p.d_skip, s,
                      mamba_state_.data() + p.slot * s.H * s.state());
   mamba_gated_norm_forward(attn_.data(), mamba_rstd_.data(), mamba_y_.data(), x, p.out_norm_w, s);
-  linear_forward(out, attn_.data(), p.proj_w, nullptr, n, s.inner(), C);
+  linear_forward(out, attn_.data(), p.proj_w, nullptr, n, s.inner(), C, site_);
   copy_on_device(hist, xin + n * W, size_t(Km * W) * sizeof(float));  // the last K - 1 rows
 }
 
@@ -339,7 +345,7 @@ void GPTInference::attention_layer(float* out, const Layer& p, int64_t l, const 
   if (cfg_.multi_latent_attention)
     mla_qkv(qkv, p, ln, n);
   else
-    linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width());  // [n, G, H/G + 2, D] (gated: 2H/G + 2)
+    linear_forward(qkv, ln, p.qkv_w, p.qkv_b, n, C, layout.width(), site_);  // [n, G, H/G + 2, D] (gated: 2H/G + 2)
   if (cfg_.qk_norm())
     qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
                          cfg_.layernorm_epsilon, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
@@ -352,9 +358,9 @@ void GPTInference::attention_layer(float* out, const Layer& p, int64_t l, const 
   if (cfg_.attention_output_gate) attention_output_gate_forward(attn, attn, qkv, n, layout);  // in place
   if (cfg_.multi_latent_attention) {  // linear_proj reads the values' dims of each head
     mla_values(attn_v_.data(), attn, n, mla_shape(cfg_, H));
-    linear_forward(out, attn_v_.data(), p.proj_w, p.proj_b, n, cfg_.attention_output_width(), C);
+    linear_forward(out, attn_v_.data(), p.proj_w, p.proj_b, n, cfg_.attention_output_width(), C, site_);
   } else {
-    linear_forward(out, attn, p.proj_w, p.proj_b, n, Q, C);
+    linear_forward(out, attn, p.proj_w, p.proj_b, n, Q, C, site_);
   }
 }
 
@@ -403,7 +409,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
       add_forward(x, x, tmp, n * C);
       continue;
     }
-    linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, cfg_.fc1_width());
+    linear_forward(fc, ln, p.fc1_w, p.fc1_b, n, C, cfg_.fc1_width(), site_);
     float* act = fc;
     if (cfg_.gated_linear_unit()) {  // fc [n, 2F] (with its bias) -> act [n, F]
       act = act_.data();
@@ -411,7 +417,7 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     } else {
       gelu_forward(fc, fc, n * F, cfg_.gelu);
     }
-    linear_forward(tmp, act, p.fc2_w, p.fc2_b, n, F, C);
+    linear_forward(tmp, act, p.fc2_w, p.fc2_b, n, F, C, site_);
     add_forward(x, x, tmp, n * C);
   }
   length_ += n;
@@ -419,11 +425,11 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   const int64_t first = all_positions ? 0 : n - 1, rows = n - first;
   layernorm_forward(ln, mean_.data(), rstd_.data(), x + first * C, lnf_w_, lnf_b_, rows, C, eps, norm);
   if (current_device() == Device::cpu) {
-    linear_forward(logits, ln, out_w_, nullptr, rows, C, Vp);  // [rows, Vp]
+    linear_forward(logits, ln, out_w_, nullptr, rows, C, Vp, site_);  // [rows, Vp]
     return;
   }
   float* out = logits_.resize(size_t(rows * Vp));
-  linear_forward(out, ln, out_w_, nullptr, rows, C, Vp);
+  linear_forward(out, ln, out_w_, nullptr, rows, C, Vp, site_);
   copy_to_host(logits, out, size_t(rows * Vp) * sizeof(float));
 }
 

@@ -15,6 +15,7 @@
 // rotary; the cache holds the rotated keys).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/storage.h"
@@ -27,7 +28,9 @@ class GPTInference {
  public:
   // Reads the model's parameters (not copied: the model must outlive this and not be
   // trained meanwhile). capacity: tokens the cache holds (0: max_position_embeddings).
-  explicit GPTInference(const GPTModel& model, int64_t capacity = 0);
+  // bf16_weights: every linear layer's weight and input rounded to bf16 (model/bf16_decode_policy.h;
+  // `generate --bf16`), half the bytes a decode step reads; the rest fp32.
+  explicit GPTInference(const GPTModel& model, int64_t capacity = 0, bool bf16_weights = false);
 
   int64_t length() const { return length_; }      // tokens in the cache
   int64_t capacity() const { return capacity_; }
@@ -82,6 +85,9 @@ class GPTInference {
 
   TransformerConfig cfg_;
   int64_t capacity_ = 0, length_ = 0, rows_ = 0;
+  // Where every linear layer's GEMM goes: fp32 (no policy), or bf16 weights (bf16_weights).
+  std::unique_ptr<GemmPolicy> policy_;
+  GemmSite site_;
   const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;  // wpe_ null without learned positions
   const RopeTable* rope_ = nullptr;                      // the model's, with the rotary embedding
   DeviceArray<float> zero_bias_;                         // [C] zeros: the norms' bias with RMSNorm

@@ -39,7 +39,7 @@ for cmd in train preprocess merge-datasets generate convert data plot schedule; 
   fi
 done
 for flag in --load --prompt --prompt-file --max-new-tokens --temperature --top-k --top-p --seed \
-            --tokenizer-type --vocab-file --merge-file --no-kv-cache --device; do
+            --tokenizer-type --vocab-file --merge-file --no-kv-cache --bf16 --device; do
   grep -qF -- "  $flag " help-generate.out || fail "generate --help does not list $flag"
 done
 for flag in --from-hf --to-hf --load --save --tokenizer-type --make-vocab-size-divisible-by; do
@@ -276,6 +276,15 @@ if run prep "$LATTICE" preprocess --input corpus.jsonl --json-keys text \
     else
       pass "generate is deterministic for a fixed --seed"
     fi
+    # --bf16: the weights read as bf16 (the same prompt, a bf16 model's numbers), with the KV cache only.
+    if run gen_bf16 "$LATTICE" generate --load byteckpt --prompt "ab" --max-new-tokens 5 --seed 3 --bf16 &&
+       [ "$(head -c 2 gen_bf16.out)" = "ab" ] && grep -q "KV cache, bf16 weights" gen_bf16.err; then
+      pass "generate --bf16 decodes with bf16 weights"
+    else
+      fail "generate --bf16: $(cat gen_bf16.err | tail -n 2)"
+    fi
+    expect_error "generate --bf16 without the KV cache" "--bf16 decodes with the KV cache" -- \
+      "$LATTICE" generate --load byteckpt --prompt "ab" --bf16 --no-kv-cache
 
     if run plot "$LATTICE" plot --metrics-file byte.jsonl --output byte.svg; then
       if [ -s byte.svg ] && grep -q '<svg' byte.svg && grep -q '</svg>' byte.svg; then

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -13,7 +14,9 @@
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/hf_nemotron_h.h"
 #include "core/error.h"
+#include "model/bf16_decode_policy.h"
 #include "model/gpt_inference.h"
+#include "model/linear.h"
 #include "../gdn_test_config.h"
 #include "../mamba_test_config.h"
 #include "../mla_test_config.h"
@@ -285,6 +288,63 @@ TEST(HfInference, OverflowAndBadTokensAreErrors) {
     EXPECT_NE(std::string(e.what()).find("outside the model's vocabulary"), std::string::npos) << e.what();
   }
   EXPECT_EQ(inf.length(), 0) << "a rejected append must leave the cache as it was";
+}
+
+// --bf16 decoding (model/bf16_decode_policy.h): every linear layer's weight and input in bf16, summed in
+// fp32. The policy is that product; a prefill and one token at a time give the same logits (the same
+// products in other summation orders); they stay within bf16's rounding of the fp32 decoding without being
+// it; a mixture of experts' experts and router too.
+TEST(Bf16Decoding, PolicyIsTheBf16ProductOfEachWeightKeptOnce) {
+  const int64_t N = 3, in = 40, out = 24;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(N * in)), W(static_cast<size_t>(out * in)), b(static_cast<size_t>(out));
+  std::vector<float> y(static_cast<size_t>(N * out));
+  for (auto* v : {&x, &W, &b})
+    for (float& e : *v) e = nd(gen);
+  Bf16DecodePolicy policy;
+  linear_forward(y.data(), x.data(), W.data(), b.data(), N, in, out, GemmSite{&policy, 0});
+  auto bf16 = [](std::vector<float> v) {  // rounded to the nearest bf16 (even on ties)
+    for (float& e : v) {
+      uint32_t u;
+      std::memcpy(&u, &e, 4);
+      u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000u;
+      std::memcpy(&e, &u, 4);
+    }
+    return v;
+  };
+  const std::vector<float> xb = bf16(x), Wb = bf16(W);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = b[size_t(o)];
+      for (int64_t i = 0; i < in; ++i) s += double(xb[size_t(n * in + i)]) * Wb[size_t(o * in + i)];
+      EXPECT_NEAR(y[size_t(n * out + o)], s, 1e-5 * std::max(1.0, std::fabs(s))) << n << "," << o;
+    }
+  linear_forward(y.data(), x.data(), W.data(), nullptr, N, in, out, GemmSite{&policy, 0});
+  EXPECT_EQ(policy.weights(), 1u);  // made once, at its first use
+  EXPECT_EQ(policy.weight_bytes(), size_t(out * in * 2));
+  EXPECT_THROW(policy.weight_grad(0, y.data(), y.data(), x.data(), N, in, out), Error);
+}
+
+TEST(Bf16Decoding, ChunksAgreeAndStayWithinBf16OfFp32) {
+  for (bool moe : {false, true}) {
+    auto model = random_model(true, GeluKind::erf, true, [&](TransformerConfig& c) {
+      if (!moe) return;
+      c.num_experts = 4;
+      c.moe_router_topk = 2;
+    });
+    const TransformerConfig& c = model->config();
+    const int64_t T = 12, Vp = c.padded_vocab_size;
+    const std::vector<int32_t> tokens = some_tokens(T, c.vocab_size);
+    GPTInference fp32(*model), prefill(*model, 0, true), stepwise(*model, 0, true);
+    const std::vector<float> want = cached_logits(fp32, tokens, Vp, {T});
+    const std::vector<float> got = cached_logits(prefill, tokens, Vp, {T});
+    const std::vector<float> one = cached_logits(stepwise, tokens, Vp, {1, 4});
+    EXPECT_LE(rel_err(one.data(), got.data(), T, c.vocab_size, Vp), 1e-5) << (moe ? "moe" : "dense");
+    const double e = rel_err(got.data(), want.data(), T, c.vocab_size, Vp);
+    EXPECT_LE(e, 2e-2) << (moe ? "moe" : "dense");  // (about 0.5% measured)
+    EXPECT_GT(e, 1e-4) << (moe ? "moe" : "dense") << ": the weights were not rounded";
+  }
 }
 
 }  // namespace
