@@ -634,8 +634,6 @@ int run_training(const TrainArgs& args) {
   const int64_t end_iteration = args.skip_train ? start.iteration : args.train_iters;
   if (args.moe_use_upcycling) save(start.iteration);  // as Megatron: the upcycled model first
   for (int64_t it = start.iteration; it < end_iteration; ++it) {
-    Timer timer;
-    op_profile.before_step(it);
     // --rampup-batch-size: this step's global batch, from the samples consumed so far.
     const int64_t batch = args.batch_size_at(consumed);
     if (std::binary_search(iterations_to_skip.begin(), iterations_to_skip.end(), it)) {
@@ -648,6 +646,8 @@ int run_training(const TrainArgs& args) {
                "): its " + std::to_string(batch) + " samples consumed without a step");
       continue;
     }
+    Timer timer;
+    op_profile.before_step(it);
     StepConfig cfg_now = step_cfg;
     cfg_now.global_batch_size = batch;
     cfg_now.first_sample = consumed;
