@@ -745,6 +745,46 @@ const char* removed_flag_error(const std::string& name) {
   return it == removed.end() ? nullptr : it->second;
 }
 
+// Megatron flags lattice does not take (docs/megatron-differences.md, "Megatron flags lattice does not
+// take"), by name prefix: what they are for, so the refusal says more than "unknown".
+const char* megatron_flag_not_taken(const std::string& name) {
+  static const std::pair<const char*, const char*> kinds[] = {
+      {"wandb-", "Weights & Biases logging is not part of lattice (TensorBoard events: --tensorboard-dir)"},
+      {"one-logger-", "one-logger tracking is not part of lattice"},
+      {"no-one-logger", "one-logger tracking is not part of lattice"},
+      {"app-tag-run-", "one-logger tracking is not part of lattice"},
+      {"inprocess-", "Megatron's in-process restart is not part of lattice (a job restarts from its checkpoint)"},
+      {"straggler-", "Megatron's straggler detector is not part of lattice"},
+      {"log-straggler", "Megatron's straggler detector is not part of lattice"},
+      {"disable-straggler-on-startup", "Megatron's straggler detector is not part of lattice"},
+      {"retro-", "Retro models are not implemented"},
+      {"grpo-", "RL training (GRPO) is not implemented"},
+      {"rl-", "RL training is not implemented"},
+      {"langrl-", "RL training is not implemented"},
+      {"perform-rl-step", "RL training is not implemented"},
+      {"dino-", "vision models are not implemented"},
+      {"vision-", "vision models are not implemented"},
+      {"ict-", "the biencoder and ICT models are not implemented"},
+      {"biencoder-", "the biencoder and ICT models are not implemented"},
+      {"inference-", "Megatron's inference server is not part of lattice train (lattice generate has its own flags)"},
+      {"fp4-", "fp4 is not implemented (lattice's low precisions: --bf16, --fp16, --fp8-format)"},
+      {"use-megatron-fsdp", "FSDP parameter sharding is not implemented (--use-distributed-optimizer shards the "
+                            "optimizer state and gradients)"},
+      {"use-torch-fsdp2", "FSDP parameter sharding is not implemented (--use-distributed-optimizer shards the "
+                          "optimizer state and gradients)"},
+      {"data-parallel-sharding-strategy", "FSDP parameter sharding is not implemented (--use-distributed-optimizer "
+                                          "shards the optimizer state and gradients)"},
+      {"fsdp-", "FSDP parameter sharding is not implemented"},
+      {"optimizer-cpu-offload", "optimizer offloading is not implemented"},
+      {"cpu-offloading-", "activation offloading is not implemented"},
+      {"ckpt-convert-", "Megatron's checkpoint format conversion is not part of lattice (lattice convert converts "
+                        "to and from HuggingFace)"},
+  };
+  for (const auto& [prefix, reason] : kinds)
+    if (name.rfind(prefix, 0) == 0) return reason;
+  return nullptr;
+}
+
 // A string flag's value among its choices, or an error listing them.
 void check_one_of(const char* flag, const std::string& v, std::initializer_list<const char*> choices) {
   std::string list;
@@ -1680,6 +1720,8 @@ TrainArgs parse_train_args(int argc, char** argv, int first) {
     const Flag* flag = nullptr;
     for (const Flag& f : table)
       if (name == f.name) flag = &f;
+    if (!flag && megatron_flag_not_taken(name))
+      LATTICE_FAIL() << "--" << name << ": " << megatron_flag_not_taken(name);
     if (!flag) LATTICE_FAIL() << "unknown flag --" << name << " (see lattice train --help)";
     if (const auto [it, fresh] = spelled.emplace(name, given); !fresh)
       LATTICE_FAIL() << (it->second == given ? "--" + given + " given twice"

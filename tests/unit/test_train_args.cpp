@@ -489,6 +489,17 @@ TEST(TrainArgs, MegatronsOtherSpellingsAreTheSameFlag) {
   EXPECT_EQ(error_of({"--override-opt-param-scheduler=1"}), "--override-opt-param-scheduler takes no value");
 }
 
+TEST(TrainArgs, MegatronFlagsNotTakenSayWhatTheyAreFor) {
+  EXPECT_EQ(error_of({"--wandb-project", "p"}),
+            "--wandb-project: Weights & Biases logging is not part of lattice (TensorBoard events: --tensorboard-dir)");
+  EXPECT_EQ(error_of({"--use-megatron-fsdp"}).find("--use-megatron-fsdp: FSDP parameter sharding is not implemented"), 0u);
+  EXPECT_EQ(error_of({"--inprocess-restart"}).find("--inprocess-restart: Megatron's in-process restart"), 0u);
+  EXPECT_EQ(error_of({"--grpo-group-size", "4"}), "--grpo-group-size: RL training (GRPO) is not implemented");
+  // Flags of lattice's own that share a prefix are taken as before.
+  EXPECT_EQ(error_of({"--inference-rng-tracker"}), "");
+  EXPECT_NE(error_of({"--bogus"}).find("unknown flag --bogus"), std::string::npos);
+}
+
 TEST(TrainArgs, MegatronsRemovedFlagsGiveItsErrors) {
   EXPECT_EQ(error_of({"--batch-size", "8"}), "--batch-size argument is no longer valid, use --micro-batch-size instead");
   EXPECT_EQ(error_of({"--warmup", "0.1"}), "--warmup argument is no longer valid, use --lr-warmup-fraction instead");
