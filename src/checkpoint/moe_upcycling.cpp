@@ -33,10 +33,6 @@ bool parse_expert(const std::string& name, std::string* dense, int64_t* expert) 
   return true;
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 }  // namespace
 
 TransformerConfig dense_config_of(const TransformerConfig& moe) {
@@ -101,8 +97,8 @@ int64_t upcycle_from_dense_checkpoint(const std::string& dir, GPTModel& moe, int
     if (parse_expert(p.name, &dense, &e)) {
       const int64_t j = e % g;  // the dense MLP's piece this expert holds
       if (!r.has_tensor(dense)) LATTICE_FAIL() << flag << ": " << where << " has no tensor '" << dense << "'";
-      const bool fc1 = ends_with(dense, "linear_fc1.weight") || ends_with(dense, "linear_fc1.bias");
-      const bool fc2_bias = ends_with(dense, "linear_fc2.bias");
+      const bool fc1 = dense.ends_with("linear_fc1.weight") || dense.ends_with("linear_fc1.bias");
+      const bool fc2_bias = dense.ends_with("linear_fc2.bias");
       if (fc2_bias) {  // whole, unscaled (Megatron's _process_fc2_bias_param)
         read_param_part(r, dense, p, dst);
         continue;
@@ -128,7 +124,7 @@ int64_t upcycle_from_dense_checkpoint(const std::string& dir, GPTModel& moe, int
       for (int64_t i = 0; i < p.numel; ++i) dst[i] *= scale;
       continue;
     }
-    if (ends_with(p.name, ".mlp.router.weight")) {  // row i <- row i / g of its initial values
+    if (p.name.ends_with(".mlp.router.weight")) {  // row i <- row i / g of its initial values
       for (int64_t i = E - 1; i >= 0; --i)
         std::copy(dst + (i / g) * c.hidden_size, dst + (i / g + 1) * c.hidden_size, dst + i * c.hidden_size);
       continue;
