@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Mixed precision against fp32 on `make train`'s model and corpus (scripts/train-kjv.sh: byte-level KJV,
 # L=4 H=4 C=256, T=128, micro-batch 16, global batch 32, lr 1e-3): the same run in fp32, --bf16, --fp16
-# (dynamic loss scale, Megatron's defaults) and --bf16 --fp8-format hybrid. Prints each run's final
+# (dynamic loss scale, Megatron's defaults) and --bf16 --fp8-format hybrid (delayed scaling; fp8_tensorwise,
+# fp8_blockwise and fp8_mxfp8 take the other --fp8-recipe values). Prints each run's final
 # loss (the mean of the last log interval), its difference from fp32, skipped iterations and tokens/s.
 #
 # usage: bench/precision_compare.sh            (after make build; the dataset as make train prepares it)
-# environment: ITERS (default 200), MODES (default "fp32 bf16 fp16 fp8"), LATTICE (default build/lattice),
+# environment: ITERS (default 200), MODES (default "fp32 bf16 fp16 fp8"; also fp8_tensorwise, fp8_blockwise,
+#              fp8_mxfp8), LATTICE (default build/lattice),
 #              DATA_PREFIX (default data/kjv), KEEP=1 keeps the logs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,7 +31,8 @@ flags() {
     bf16) echo --bf16 ;;
     fp16) echo --fp16 ;;
     fp8) echo --bf16 --fp8-format hybrid --fp8-amax-history-len 16 --fp8-amax-compute-algo max ;;
-    *) die "unknown mode '$1' (fp32, bf16, fp16, fp8)" ;;
+    fp8_tensorwise | fp8_blockwise | fp8_mxfp8) echo --bf16 --fp8-format hybrid --fp8-recipe "${1#fp8_}" ;;
+    *) die "unknown mode '$1' (fp32, bf16, fp16, fp8, fp8_tensorwise, fp8_blockwise, fp8_mxfp8)" ;;
   esac
 }
 

@@ -11,6 +11,19 @@ namespace lattice {
 
 enum class Fp8Format { e4m3, e5m2 };
 
+// How a block of an fp8 block-scaled tensor gets its power-of-2 scale from its amax
+// (math::fp8_block_scale): --fp8-recipe blockwise (pow2) or mxfp8 (e8m0).
+enum class Fp8BlockScale : uint8_t { pow2, e8m0 };
+
+// The blocks of a block-scaled fp8 tensor [rows, cols] (row-major): rows x cols each (the
+// last ones of a row or column partial). 1 x 32 with e8m0: an mxfp8 row-wise tensor;
+// 32 x 1 its column-wise one; 1 x 128 and 128 x 1 blockwise's activations and gradients,
+// 128 x 128 its weights.
+struct Fp8Blocks {
+  int64_t rows = 1, cols = 1;
+  Fp8BlockScale scale = Fp8BlockScale::pow2;
+};
+
 // The format a GEMM result is rounded to when a fused kernel reads it: the mixed-precision
 // policy's layer-output format (GemmPolicy::result_rounding); none for fp32 results.
 enum class Rounding : uint8_t { none, bf16, fp16 };
@@ -41,5 +54,10 @@ void round_to(float* out, const float* in, int64_t n, Rounding r);
 void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f);
 // max |in[i]| (NaN propagates).
 float abs_max(const float* in, int64_t n);
+// in [rows, cols] quantized block by block: each value on the fp8 grid with its block's scale
+// (math::fp8_block_scale of the block's amax), then divided by that scale again
+// (math::fp8_block_value): the values the block-scaled tensor stands for, which are bf16
+// numbers, written as bf16 patterns (exact).
+void quantize_fp8_blocks(uint16_t* out, const float* in, int64_t rows, int64_t cols, Fp8Blocks blocks, Fp8Format f);
 
 }  // namespace lattice

@@ -118,4 +118,33 @@ LATTICE_HD inline float fp8_quantize(float x, float scale, Fp8Format f) {
   return (u >> 31) ? -r : r;
 }
 
+// The scales of fp8's current-scaling recipes (Transformer Engine's), from the amax of the
+// values they scale, so that x * scale lands within +-max.
+// Per tensor (--fp8-recipe tensorwise, Float8CurrentScaling): max / amax; 1 for an amax of 0,
+// inf or NaN; the largest float where the quotient overflows.
+LATTICE_HD inline float fp8_tensor_scale(float amax, float max) {
+  if (!(amax > 0.0f) || amax > 3.4028235e38f) return 1.0f;  // 0, NaN, inf
+  const float s = max / amax;
+  return s > 3.4028235e38f ? 3.4028235e38f : s;
+}
+// Per block, powers of 2 (exact to undo): blockwise (Float8BlockScaling's power_2_scale):
+// max / amax rounded down to a power of 2; mxfp8 (MXFP8BlockScaling): the reciprocal of
+// the block's E8M0 exponent, amax / max rounded up to a power of 2 (1 for an amax of 0,
+// inf or NaN in both).
+LATTICE_HD inline float fp8_block_scale(float amax, float max, Fp8BlockScale rule) {
+  if (rule == Fp8BlockScale::pow2) return float_from_bits(bits_from_float(fp8_tensor_scale(amax, max)) & 0xff800000u);
+  if (!(amax > 0.0f) || amax > 3.4028235e38f) return 1.0f;
+  const uint32_t v = bits_from_float(amax * (1.0f / max));
+  uint32_t e = v >> 23;  // the biased exponent, rounded up below (as a saturating ue8m0 conversion)
+  const uint32_t mantissa = v & 0x7fffffu;
+  if (mantissa > 0 && e != 0xfe && !(e == 0 && mantissa <= 0x400000u)) ++e;
+  const int k = 127 - int(e);  // the scale 2^k, k in [-127, 127]
+  return k >= -126 ? pow2(k) : float_from_bits(0x00400000u);
+}
+// x on the block-scaled fp8 grid, back in x's units: fp8_quantize(x, scale) / scale, exact
+// for a power-of-2 scale (an fp8 value times a power of 2: a bf16 number).
+LATTICE_HD inline float fp8_block_value(float x, float scale, Fp8Format f) {
+  return math::fp8_quantize(x, scale, f) / scale;
+}
+
 }  // namespace lattice::math

@@ -8,61 +8,11 @@
 #include "core/error.h"
 #include "core/storage.h"
 #include "dist/comm.h"
+#include "model/fp8_current_scaling.h"
+#include "model/gemm_operand_cache.h"
 
 namespace lattice {
 namespace {
-
-// Per-weight low-precision copies (device memory), re-made from the fp32 weight after
-// refresh_weights.
-template <class T>
-class WeightCache {
- public:
-  // The copy of weight `param` (n elements of W), converting when stale.
-  template <class Convert>
-  const T* get(int param, const float* W, int64_t n, const Convert& convert) {
-    if (param < 0) LATTICE_FAIL() << "mixed precision: a linear layer without a parameter index";
-    if (size_t(param) >= copies_.size()) {
-      copies_.resize(size_t(param) + 1);
-      numel_.resize(size_t(param) + 1, -1);
-      fresh_.resize(size_t(param) + 1, false);
-    }
-    DeviceArray<T>& c = copies_[size_t(param)];
-    if (!fresh_[size_t(param)] || numel_[size_t(param)] != n) {
-      c.resize(size_t(n));
-      numel_[size_t(param)] = n;
-      convert(c.data(), W, n);
-      fresh_[size_t(param)] = true;
-    }
-    return c.data();
-  }
-  void invalidate() { std::fill(fresh_.begin(), fresh_.end(), false); }
-
- private:
-  std::vector<DeviceArray<T>> copies_;
-  std::vector<int64_t> numel_;
-  std::vector<bool> fresh_;
-};
-
-// The output gradient dy that weight_grad converted last, for input_grad of the same
-// linear layer to reuse (linear_backward calls weight_grad, then input_grad, on one dy):
-// the same values, not converted twice. Forgotten once input_grad has used it.
-class LastOutputGrad {
- public:
-  void remember(int param, const float* dy, int64_t n) { held_ = {param, dy, n}; }
-  // Whether the buffer holds this dy's conversion; forgets it either way.
-  bool take(int param, const float* dy, int64_t n) {
-    const bool same = held_.param == param && held_.dy == dy && held_.n == n;
-    held_ = {};
-    return same;
-  }
-
- private:
-  struct {
-    int param = -1;
-    const float* dy = nullptr;
-    int64_t n = 0;
-  } held_;
-};
 
 // The two 16-bit formats: how an operand is stored (Elem), made from fp32 (convert), and
 // multiplied (gemm: products exact in fp32, fp32 accumulation), and how a result rounds.
@@ -401,8 +351,28 @@ Fp8Recipe make_fp8_recipe(const std::string& format, int64_t margin, int64_t ama
   return r;
 }
 
+Fp8Scaling parse_fp8_scaling(const std::string& recipe) {
+  for (Fp8Scaling s : {Fp8Scaling::delayed, Fp8Scaling::tensorwise, Fp8Scaling::blockwise, Fp8Scaling::mxfp8})
+    if (recipe == fp8_scaling_name(s)) return s;
+  if (recipe == "custom")
+    LATTICE_FAIL() << "--fp8-recipe custom builds its quantizers with --fp8-quantizer-factory (a Python module), "
+                      "which lattice does not take: use delayed, tensorwise, blockwise or mxfp8";
+  LATTICE_FAIL() << "--fp8-recipe must be delayed, tensorwise, blockwise or mxfp8, got '" << recipe << "'";
+}
+
+const char* fp8_scaling_name(Fp8Scaling s) {
+  switch (s) {
+    case Fp8Scaling::delayed: return "delayed";
+    case Fp8Scaling::tensorwise: return "tensorwise";
+    case Fp8Scaling::blockwise: return "blockwise";
+    case Fp8Scaling::mxfp8: return "mxfp8";
+  }
+  return "?";
+}
+
 std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp, Comm* dp,
                                                       const Fp8Params& params) {
+  if (recipe.scaling != Fp8Scaling::delayed) return make_fp8_current_scaling_policy(recipe, tp, params);
   return std::make_unique<Fp8Policy>(recipe, tp, dp, params);
 }
 

@@ -10,7 +10,8 @@
 //         detects), multiplied by the fp32 GEMM: a product of two fp16 values is exact
 //         in fp32, so this is fp16 arithmetic with fp32 accumulation. Results rounded to fp16.
 //   fp8:  operands quantized per tensor (x * scale onto the e4m3 / e5m2 grid, saturating)
-//         with delayed scaling: each tensor's scale comes from the amax history of earlier
+//         with delayed scaling (--fp8-recipe delayed; the current-scaling recipes tensorwise,
+//         blockwise and mxfp8 are model/fp8_current_scaling.h's): each tensor's scale comes from the amax history of earlier
 //         steps, scale = fp8_max / amax / 2^margin (amax 0 or not finite: the scale is kept;
 //         before any history: 1). A tensor's amax for a step is the max over all its uses in
 //         the step (every micro-batch), MAX-reduced over the tensor- and data-parallel
@@ -67,9 +68,21 @@ class MixedPrecisionPolicy : public GemmPolicy {
 enum class HalfFormat { bf16, fp16 };
 std::unique_ptr<MixedPrecisionPolicy> make_half_precision_policy(HalfFormat format);
 
+// --fp8-recipe: where the scales come from. delayed: per tensor, from the amaxes of earlier
+// steps. The current-scaling recipes (model/fp8_current_scaling.h) scale each operand by its
+// own values at the GEMM that reads it: tensorwise per tensor; blockwise per 1 x 128 block
+// of activations and gradients and 128 x 128 block of weights, scales powers of 2; mxfp8 per
+// 32 values along the GEMM's inner dimension, E8M0 scales.
+enum class Fp8Scaling { delayed, tensorwise, blockwise, mxfp8 };
+// The recipe named by --fp8-recipe (delayed, tensorwise, blockwise, mxfp8); an error names the flag.
+Fp8Scaling parse_fp8_scaling(const std::string& recipe);
+const char* fp8_scaling_name(Fp8Scaling s);
+
 struct Fp8Recipe {
+  Fp8Scaling scaling = Fp8Scaling::delayed;
   Fp8Format forward = Fp8Format::e4m3;   // activations and weights
   Fp8Format backward = Fp8Format::e4m3;  // output gradients (e5m2 with --fp8-format hybrid)
+  // Delayed scaling's (the other recipes have no margin or history, as in Transformer Engine):
   int64_t margin = 0;                    // --fp8-margin
   int64_t amax_history_len = 1;          // --fp8-amax-history-len
   bool amax_max = false;                 // --fp8-amax-compute-algo max (false: most_recent)
@@ -93,10 +106,13 @@ struct Fp8Params {
   // Whole experts (--expert-tensor-parallel-size 1 under tensor parallelism): the tensor-parallel ranks
   // hold other experts, so the experts' amaxes are reduced over expert_dp alone.
   bool experts_whole = false;
+  // The context-parallel group: tensorwise scaling MAX-reduces an activation's or output
+  // gradient's amax over it (the sequence's other chunks), as over the tensor-parallel group.
+  Comm* cp = nullptr;
 };
 
 // tp, dp: the tensor- and data-parallel groups the amaxes are reduced over (null or size
-// 1: none).
+// 1: none). A current-scaling recipe reduces per GEMM over tp (and params.cp), never over dp.
 std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp, Comm* dp = nullptr,
                                                       const Fp8Params& params = {});
 

@@ -22,6 +22,7 @@
 #include "data/tokenizer.h"
 #include "data/training_data.h"
 #include "model/hybrid_layer_allocation.h"
+#include "model/mixed_precision.h"
 #include "train/result_validation.h"
 
 namespace lattice {
@@ -296,7 +297,7 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"num-layers-at-end-in-bf16", Kind::i64, &a.num_layers_at_end_in_bf16,
        "with --first-last-layers-bf16: how many last layers"},
       {"fp8-recipe", Kind::str, &a.fp8_recipe,
-       "fp8 scaling recipe: delayed (lattice's; tensorwise, mxfp8, blockwise and custom are not implemented)"},
+       "fp8 scaling recipe: delayed (amax history) | tensorwise | blockwise | mxfp8 (current scaling); custom is refused"},
       {"recompute-granularity", Kind::str, &a.recompute_granularity, "activation recomputation: full | selective"},
       {"recompute-activations", Kind::flag, &a.recompute_activations,
        "Megatron's shortcut for --recompute-granularity selective (it overrides that flag)"},
@@ -1244,39 +1245,38 @@ void validate(TrainArgs& a) {
     LATTICE_FAIL() << "--vocab-size is required when no --tokenizer-type is given";
   if (a.num_threads < 0) LATTICE_FAIL() << "--num-threads must be >= 0";
   parse_device(a.device.c_str());  // names --device
-  if (a.fp8_recipe != "delayed") {
-    const bool megatron = a.fp8_recipe == "tensorwise" || a.fp8_recipe == "mxfp8" || a.fp8_recipe == "blockwise" ||
-                          a.fp8_recipe == "custom";
-    LATTICE_FAIL() << "--fp8-recipe " << a.fp8_recipe
-                   << (megatron ? " is not implemented: lattice's fp8 is delayed scaling (--fp8-recipe delayed)"
-                                : " must be delayed, tensorwise, mxfp8, blockwise or custom");
-  }
+  const bool delayed_fp8 = parse_fp8_scaling(a.fp8_recipe) == Fp8Scaling::delayed && !a.fp8_format.empty();
   if (!a.fp8_format.empty()) {  // Megatron's TransformerConfig checks, with fp8 only
     const int64_t per_stage = a.num_layers / std::max<int64_t>(1, a.pipeline_model_parallel_size);
     for (const auto& [n, flag] : {std::pair{a.num_layers_at_start_in_bf16, "--num-layers-at-start-in-bf16"},
                                   std::pair{a.num_layers_at_end_in_bf16, "--num-layers-at-end-in-bf16"}})
       if (a.first_last_layers_bf16 && (n < 0 || n > per_stage))
         LATTICE_FAIL() << flag << " " << n << " must be between 0 and the layers per pipeline stage (" << per_stage << ")";
-    if (a.first_last_layers_bf16)
-      LATTICE_FAIL() << "--first-last-layers-bf16: the delayed fp8 recipe (--fp8-recipe delayed, lattice's) does not "
+    if (a.first_last_layers_bf16 && delayed_fp8)
+      LATTICE_FAIL() << "--first-last-layers-bf16: the delayed fp8 recipe (--fp8-recipe delayed) does not "
                         "support first / last layers in bf16, as Megatron's does not";
+    if (a.first_last_layers_bf16)
+      LATTICE_FAIL() << "--first-last-layers-bf16 is not implemented: every linear layer of an fp8 run is fp8";
   }
   if (a.implementation.ddp_average_in_collective && a.calculate_per_token_loss)  // Megatron's assertion
     LATTICE_FAIL() << "--ddp-average-in-collective cannot be used with --calculate-per-token-loss (the gradients are "
                       "divided by the global batch's token count, not averaged over the ranks)";
   // fp8's delayed scaling records each GEMM input's amax; a recomputed forward would
-  // record them twice and quantize with moved scales.
-  if (a.recompute_granularity == "full" && !a.fp8_format.empty())
-    LATTICE_FAIL() << "--recompute-granularity full is not supported with --fp8-format (the recomputed forward "
-                      "would record fp8 amaxes twice); use --recompute-granularity selective";
+  // record them twice and quantize with moved scales. The current-scaling recipes keep no
+  // amaxes: a recomputed GEMM quantizes as the first.
+  if (a.recompute_granularity == "full" && delayed_fp8)
+    LATTICE_FAIL() << "--recompute-granularity full is not supported with --fp8-recipe delayed (the recomputed "
+                      "forward would record fp8 amaxes twice); use --recompute-granularity selective, or a "
+                      "current-scaling recipe (tensorwise, blockwise, mxfp8)";
   const bool moe_recompute = a.moe_layer_recompute || std::count(a.recompute_modules.begin(), a.recompute_modules.end(), "moe");
-  if (moe_recompute && !a.fp8_format.empty())
+  if (moe_recompute && delayed_fp8)
     LATTICE_FAIL() << (a.moe_layer_recompute ? "--moe-layer-recompute" : "--recompute-modules moe")
-                   << " is not supported with --fp8-format (the recomputed experts would record fp8 amaxes twice)";
+                   << " is not supported with --fp8-recipe delayed (the recomputed experts would record fp8 amaxes "
+                      "twice)";
   for (const char* module : {"mlp", "shared_experts", "mla_up_proj"})
-    if (std::count(a.recompute_modules.begin(), a.recompute_modules.end(), module) && !a.fp8_format.empty())
-      LATTICE_FAIL() << "--recompute-modules " << module << " is not supported with --fp8-format (its recomputed "
-                     << "GEMMs would record fp8 amaxes twice)";
+    if (std::count(a.recompute_modules.begin(), a.recompute_modules.end(), module) && delayed_fp8)
+      LATTICE_FAIL() << "--recompute-modules " << module << " is not supported with --fp8-recipe delayed (its "
+                     << "recomputed GEMMs would record fp8 amaxes twice)";
   // Model-shape checks (heads dividing hidden size, ...) live in TransformerConfig.
   TransformerConfig cfg = a.transformer_config();
   if (tokenizer_vocab_size > 0) cfg.vocab_size = tokenizer_vocab_size;

@@ -157,7 +157,7 @@ struct TrainArgs {
   std::string fp8_format;                // "" | e4m3 | hybrid
   int64_t fp8_margin = 0, fp8_amax_history_len = 1;
   std::string fp8_amax_compute_algo = "most_recent";  // most_recent | max
-  std::string fp8_recipe = "delayed";    // Megatron's --fp8-recipe: lattice's fp8 is delayed scaling
+  std::string fp8_recipe = "delayed";    // Megatron's --fp8-recipe: delayed | tensorwise | blockwise | mxfp8
   // Megatron's --first-last-layers-bf16 (with --num-layers-at-start/end-in-bf16): the first and last layers
   // outside fp8. Megatron refuses it with the delayed recipe, lattice's only one; without fp8 it does nothing.
   bool first_last_layers_bf16 = false;

@@ -13,6 +13,7 @@ std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& arg
   if (!args.fp8_format.empty()) {
     Fp8Recipe recipe =
         make_fp8_recipe(args.fp8_format, args.fp8_margin, args.fp8_amax_history_len, args.fp8_amax_compute_algo);
+    recipe.scaling = parse_fp8_scaling(args.fp8_recipe);
     recipe.fp8_wgrad = !args.no_fp8_wgrad;
     return make_fp8_policy(recipe, tp, dp, fp8_params);
   }
@@ -43,7 +44,7 @@ std::string describe_precision(const TrainArgs& args, const LossScaler* scaler) 
   os << "> precision: ";
   const bool half_gemm = args.bf16 || !args.fp8_format.empty();
   if (!args.fp8_format.empty())
-    os << "fp8 " << args.fp8_format << " linear layers (delayed scaling"
+    os << "fp8 " << args.fp8_format << " linear layers (" << args.fp8_recipe << " scaling"
        << (args.no_fp8_wgrad ? "; weight gradients unquantized" : "") << "), ";
   if (args.bf16) os << "bf16";
   else if (args.fp16) os << "fp16";

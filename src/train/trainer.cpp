@@ -383,6 +383,7 @@ int run_training(const TrainArgs& args) {
   // Mixed precision (--bf16 / --fp16 / --fp8-format): the linear layers' GEMM policy, fp16's loss scaler.
   Fp8Params fp8_params;  // every rank reduces every weight's amax; the experts' over their replicas
   fp8_params.count = int64_t(model.params().infos().size());
+  fp8_params.cp = &ps->cp();
   if (ps->layout().ep > 1 || model.experts_whole()) {
     for (const ParamInfo& p : model.params().infos()) fp8_params.expert.push_back(p.expert);
     fp8_params.expert_dp = &ps->expert_dp();

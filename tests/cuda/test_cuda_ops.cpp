@@ -1412,6 +1412,26 @@ void cast_cases(std::vector<OpCase>& t) {
           cuda::quantize_fp8(gout.as<float>(), gin.as<float>(), n, scale, f);
           expect_bits(c, "out", out, download<float>(gout, out.size()));
         }});
+    // Block-scaled fp8 (--fp8-recipe blockwise / mxfp8): every block shape the recipes use, on a
+    // [rows, cols] view of the input with partial last blocks, and a NaN in one block.
+    for (Fp8Blocks b : {Fp8Blocks{1, 32, Fp8BlockScale::e8m0}, Fp8Blocks{32, 1, Fp8BlockScale::e8m0},
+                        Fp8Blocks{1, 128, Fp8BlockScale::pow2}, Fp8Blocks{128, 1, Fp8BlockScale::pow2},
+                        Fp8Blocks{128, 128, Fp8BlockScale::pow2}})
+      t.push_back({"quantize_fp8_blocks", shape + "_blocks" + std::to_string(b.rows) + "x" + std::to_string(b.cols),
+                   {0.0, 0.0}, [n, b](const OpCase& c) {
+        const int64_t cols = n >= 300 ? 150 : 7, rows = n / cols;
+        auto in = rand_floats(static_cast<size_t>(rows * cols), 58, -5.0f, 3.0f);
+        for (size_t i = 0; i < in.size(); i += 37) in[i] *= 1e-5f;  // blocks of other magnitudes
+        in[in.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+        for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+          std::vector<uint16_t> out(in.size());
+          quantize_fp8_blocks(out.data(), in.data(), rows, cols, b, f);
+          auto gin = upload(in);
+          DeviceBuffer gout(out.size() * 2);
+          cuda::quantize_fp8_blocks(gout.as<uint16_t>(), gin.as<float>(), rows, cols, b, f);
+          EXPECT_EQ(out, download<uint16_t>(gout, out.size())) << c.shape << " " << (f == Fp8Format::e4m3 ? "e4m3" : "e5m2");
+        }
+      }});
     for (const char* special : {"finite", "inf", "nan"})
       t.push_back({std::string("abs_max_") + special, shape, {0.0, 0.0}, [n, special](const OpCase& c) {
         auto in = rand_floats(static_cast<size_t>(n), 57, -5.0f, 3.0f);

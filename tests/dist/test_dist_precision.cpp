@@ -110,3 +110,72 @@ TEST(DistPrecision, Fp8WeightUsedOnOneRankRecordsOnAll) {
 
 }  // namespace
 }  // namespace lattice
+
+namespace lattice {
+namespace {
+
+// --fp8-recipe tensorwise scales each operand by the amax of the whole tensor, of which a rank
+// may hold a part: a column-parallel weight's rows and its output gradient's columns (over the
+// tensor-parallel group), a context-parallel rank's tokens (over the context-parallel group). The
+// parts are made of very different magnitudes, so a rank scaling by its own part's amax would
+// round otherwise; with the reduction each rank computes the single process's numbers for its part.
+TEST(DistPrecision, Fp8TensorwiseScalesByTheWholeTensorsAmax) {
+  auto ps = ParallelState::create(1, 1, 120);
+  const int R = ps->world_size(), rank = ps->world_rank();
+  if (R < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  Fp8Recipe recipe = make_fp8_recipe("hybrid", 0, 1, "most_recent");
+  recipe.scaling = Fp8Scaling::tensorwise;
+  const int64_t N = 6 * R, in = 40, out = 8 * R;  // each rank: N / R tokens or out / R rows
+  auto values = [](int64_t n, int seed, int64_t part_size) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      v[size_t(i)] = std::sin(0.71f * float(i) + float(seed)) * std::exp2(3.0f * float(i / part_size));
+    return v;
+  };
+  auto close = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << what << " " << i;
+  };
+  {  // Tensor parallelism: W's rows and dy's columns split over the ranks (a column-parallel layer).
+    const auto x = values(N * in, 1, N * in), W = values(out * in, 2, out * in / R), dy = values(N * out, 3, 1);
+    auto single = make_fp8_policy(recipe, nullptr);
+    std::vector<float> y(size_t(N * out)), dW(W.size(), 0.0f), dx(x.size());
+    single->forward(0, y.data(), x.data(), W.data(), N, in, out);
+    single->weight_grad(0, dW.data(), dy.data(), x.data(), N, in, out);
+    single->input_grad(0, dx.data(), dy.data(), W.data(), N, in, out, false);
+    auto tp = make_fp8_policy(recipe, &ps->world());
+    const int64_t o = out / R;
+    const std::vector<float> W_r(W.begin() + rank * o * in, W.begin() + (rank + 1) * o * in);
+    std::vector<float> dy_r(size_t(N * o)), y_r(size_t(N * o)), dW_r(W_r.size(), 0.0f), dx_r(x.size());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < o; ++j) dy_r[size_t(n * o + j)] = dy[size_t(n * out + rank * o + j)];
+    tp->forward(0, y_r.data(), x.data(), W_r.data(), N, in, o);
+    tp->weight_grad(0, dW_r.data(), dy_r.data(), x.data(), N, in, o);
+    tp->input_grad(0, dx_r.data(), dy_r.data(), W_r.data(), N, in, o, false);
+    std::vector<float> y_want(y_r.size());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < o; ++j) y_want[size_t(n * o + j)] = y[size_t(n * out + rank * o + j)];
+    close(y_r, y_want, "y");
+    close(dW_r, std::vector<float>(dW.begin() + rank * o * in, dW.begin() + (rank + 1) * o * in), "dW");
+    ps->world().all_reduce(dx_r.data(), int64_t(dx_r.size()), ReduceOp::sum);  // the partial input gradients
+    close(dx_r, dx, "dx");
+  }
+  {  // Context parallelism: x's tokens split over the ranks (W whole on each).
+    const auto x = values(N * in, 4, N * in / R), W = values(out * in, 5, out * in);
+    auto single = make_fp8_policy(recipe, nullptr);
+    std::vector<float> y(size_t(N * out));
+    single->forward(0, y.data(), x.data(), W.data(), N, in, out);
+    Fp8Params params;
+    params.cp = &ps->world();
+    auto cp = make_fp8_policy(recipe, nullptr, nullptr, params);
+    const int64_t n = N / R;
+    const std::vector<float> x_r(x.begin() + rank * n * in, x.begin() + (rank + 1) * n * in);
+    std::vector<float> y_r(size_t(n * out));
+    cp->forward(0, y_r.data(), x_r.data(), W.data(), n, in, out);
+    close(y_r, std::vector<float>(y.begin() + rank * n * out, y.begin() + (rank + 1) * n * out), "cp y");
+  }
+}
+
+}  // namespace
+}  // namespace lattice

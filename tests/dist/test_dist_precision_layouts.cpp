@@ -1,10 +1,12 @@
 // Mixed precision under the parallel layouts: bf16, fp16 (dynamic loss scaling) and fp8
-// hybrid (delayed scaling) trained for 20 iterations with dropout at TP (with SP), PP, DP
+// hybrid (delayed scaling; and the tensorwise, blockwise and mxfp8 recipes) trained for 20 iterations with dropout at TP (with SP), PP, DP
 // (distributed optimizer, overlap) and their products, each against the single-process
 // run in the same precision: losses, gradient norms and final parameters to 1e-5, as in
 // fp32. This holds because no precision step depends on the layout: GEMM results are
 // rounded after the tensor-parallel reduction (GemmPolicy::round_result), fp8 amaxes are
-// per step and MAX-reduced over the ranks that share a tensor, and the fp16 overflow
+// per step and MAX-reduced over the ranks that share a tensor (tensorwise's per GEMM over the
+// tensor- and context-parallel ranks; block scales are powers of 2, which move no value's
+// rounding unless it leaves fp8's normal range), and the fp16 overflow
 // check is reduced over every group. Also --grad-reduce-in-bf16: half the
 // reduce-scatter bytes, and the run stays within bf16 rounding of the fp32-reduced one.
 // Runs under mpirun with 2 ranks (TP 2, PP 2, DP 2, CP 2), 4 (TP 2 x PP 2, TP 2 x DP 2, PP 2 x DP 2,
@@ -37,7 +39,9 @@ namespace {
 constexpr int64_t kB = 2, kT = 16, kGBS = 8, kIters = 20, kLayers = 4;
 constexpr double kLr = 1e-3, kWd = 0.1;
 
-enum class Precision { bf16, fp16, fp8 };
+// fp8: hybrid with delayed scaling; the others hybrid with the current-scaling recipes.
+enum class Precision { bf16, fp16, fp8, fp8_tensorwise, fp8_blockwise, fp8_mxfp8 };
+bool is_fp8(Precision p) { return p != Precision::bf16 && p != Precision::fp16; }
 
 struct Layout {
   std::string name;
@@ -107,9 +111,16 @@ PrecisionRun train(Precision prec, ParallelState* ps, bool sequence_parallel, bo
     lc.hysteresis = 1;
     scaler = std::make_unique<LossScaler>(lc);
   }
-  if (prec == Precision::fp8)
-    policy = make_fp8_policy(make_fp8_recipe("hybrid", 0, 4, "max"), ps ? &ps->tp() : nullptr,
-                             ps ? &ps->dp_cp() : nullptr);
+  if (is_fp8(prec)) {
+    Fp8Recipe recipe = make_fp8_recipe("hybrid", 0, 4, "max");
+    recipe.scaling = prec == Precision::fp8_tensorwise  ? Fp8Scaling::tensorwise
+                     : prec == Precision::fp8_blockwise ? Fp8Scaling::blockwise
+                     : prec == Precision::fp8_mxfp8     ? Fp8Scaling::mxfp8
+                                                        : Fp8Scaling::delayed;
+    Fp8Params params;
+    params.cp = ps ? &ps->cp() : nullptr;  // tensorwise: the activations' amaxes over the sequence's chunks
+    policy = make_fp8_policy(recipe, ps ? &ps->tp() : nullptr, ps ? &ps->dp_cp() : nullptr, params);
+  }
   model.set_gemm_policy(policy.get());
 
   MockSamples data(model.config().vocab_size, kT, 7);
@@ -149,7 +160,7 @@ PrecisionRun train(Precision prec, ParallelState* ps, bool sequence_parallel, bo
 // 2.5e-3 (parameters).
 RunTolerance tolerance(Precision p) {
   const double u = std::ldexp(1.0, p == Precision::fp16 ? -11 : -8);
-  const double grad_norm = p == Precision::fp8 ? std::ldexp(1.0, -4) / 2 : 4 * u;
+  const double grad_norm = is_fp8(p) ? std::ldexp(1.0, -4) / 2 : 4 * u;
   return RunTolerance{u / 8, grad_norm, 1e-2};
 }
 
@@ -170,7 +181,15 @@ void expect_same_fp8_scales(const PrecisionRun& run, const PrecisionRun& single)
 }
 
 const char* precision_name(Precision p) {
-  return p == Precision::bf16 ? "Bf16" : p == Precision::fp16 ? "Fp16" : "Fp8Hybrid";
+  switch (p) {
+    case Precision::bf16: return "Bf16";
+    case Precision::fp16: return "Fp16";
+    case Precision::fp8: return "Fp8Hybrid";
+    case Precision::fp8_tensorwise: return "Fp8Tensorwise";
+    case Precision::fp8_blockwise: return "Fp8Blockwise";
+    case Precision::fp8_mxfp8: return "Fp8Mxfp8";
+  }
+  return "?";
 }
 
 class DistPrecisionLayouts : public ::testing::TestWithParam<std::tuple<Precision, Layout>> {};
@@ -200,7 +219,8 @@ TEST_P(DistPrecisionLayouts, MatchesSingleProcess) {
 // TP, PP and CP alone (DP 1 on 2 ranks, DP 2 on 4) and TP x PP (4 ranks).
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DistPrecisionLayouts,
-    ::testing::Combine(::testing::Values(Precision::bf16, Precision::fp16, Precision::fp8),
+    ::testing::Combine(::testing::Values(Precision::bf16, Precision::fp16, Precision::fp8, Precision::fp8_tensorwise,
+                                         Precision::fp8_blockwise, Precision::fp8_mxfp8),
                        ::testing::Values(Layout{"DP", 1, 1, false}, Layout{"TPSP", 2, 1, true},
                                          Layout{"PP", 1, 2, false}, Layout{"TPxPP", 2, 2, true},
                                          Layout{"CP", 1, 1, false, 2}, Layout{"TPSPMla", 2, 1, true, 1, true})),
@@ -228,7 +248,8 @@ TEST_P(DistPrecisionThreeD, MatchesSingleProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, DistPrecisionThreeD,
-                         ::testing::Values(Precision::bf16, Precision::fp16, Precision::fp8),
+                         ::testing::Values(Precision::bf16, Precision::fp16, Precision::fp8,
+                                           Precision::fp8_tensorwise),
                          [](const auto& info) { return std::string(precision_name(info.param)); });
 
 // --grad-reduce-in-bf16 at DP 2 with the distributed optimizer: the gradient

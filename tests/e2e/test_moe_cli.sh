@@ -226,7 +226,7 @@ if run rc_off "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 3 --hidden-
       pass "--recompute-modules moe_act layernorm: the losses bit for bit" ||
       fail "moe_act / layernorm recomputation changed the losses"; }
 fi
-expect_error "MoE recomputation with fp8" "--moe-layer-recompute|--fp8-format" -- \
+expect_error "MoE recomputation with fp8" "--moe-layer-recompute|--fp8-recipe delayed" -- \
   "$LATTICE" train "${MOE[@]}" "${RUN[@]}" --train-iters 1 --bf16 --fp8-format hybrid --moe-layer-recompute --save bad14
 # Sinkhorn routing (no load-balancing loss): trains; its checkpoint records the softmax-over-all gates it
 # implies, with which generation (top k of the gates) runs.

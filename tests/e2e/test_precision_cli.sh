@@ -72,6 +72,31 @@ PY
   fail "--no-fp8-wgrad: losses (above)"
 expect_error "--no-fp8-wgrad without fp8" "--no-fp8-wgrad needs --fp8-format" -- \
   "$LATTICE" "${small[@]}" --train-iters 2 --no-fp8-wgrad
+# The current-scaling recipes (tensorwise, blockwise, mxfp8): the log names the recipe, the losses
+# track fp32's, and since nothing is carried between GEMMs, full recomputation (refused with the
+# delayed recipe) trains to the same losses bit for bit.
+run fp32ref --train-iters 3
+for recipe in tensorwise blockwise mxfp8; do
+  run "fp8_$recipe" --train-iters 3 --bf16 --fp8-format hybrid --fp8-recipe "$recipe"
+  grep -q "fp8 hybrid linear layers ($recipe scaling)" "$TMP/fp8_$recipe.out" ||
+    fail "--fp8-recipe $recipe: not in the precision line ($(grep precision "$TMP/fp8_$recipe.out"))"
+  run "fp8_${recipe}_recompute" --train-iters 3 --bf16 --fp8-format hybrid --fp8-recipe "$recipe" \
+    --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  python3 - "$TMP/fp32ref.jsonl" "$TMP/fp8_$recipe.jsonl" "$TMP/fp8_${recipe}_recompute.jsonl" <<'PY' &&
+import json, sys
+ref, a, b = ([json.loads(l)["lm_loss"] for l in open(p) if "lm_loss" in l] for p in sys.argv[1:4])
+print(sys.argv[2], a, "fp32", ref)
+assert len(a) == len(b) == len(ref) == 3, (a, b, ref)
+assert a == b, ("recomputed", b)
+assert all(abs(x - r) <= 0.02 * r for x, r in zip(a, ref)), "more than 2% from fp32"
+PY
+    pass "--fp8-recipe $recipe: within 2% of fp32; full recomputation bit-identical" ||
+    fail "--fp8-recipe $recipe: losses (above)"
+done
+expect_error "fp8 recipe custom" "--fp8-recipe custom builds its quantizers with --fp8-quantizer-factory" -- \
+  "$LATTICE" "${small[@]}" --train-iters 2 --fp8-format hybrid --fp8-recipe custom
+expect_error "full recomputation with delayed fp8" "--recompute-granularity full is not supported with --fp8-recipe delayed" -- \
+  "$LATTICE" "${small[@]}" --train-iters 2 --fp8-format hybrid --recompute-granularity full --recompute-method uniform
 # Evaluations between the steps quantize with the current fp8 scales but note no amax: with an
 # evaluation after every iteration, the training losses and gradient norms are those of the
 # run without, bit for bit (the evaluations' amaxes used to enter the next step's history).

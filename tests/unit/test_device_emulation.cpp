@@ -49,7 +49,7 @@ class PatternSamples : public SampleSource {
   int64_t seq_length() const override { return kSeq; }
 };
 
-enum class Precision { fp32, bf16, fp16, fp8 };
+enum class Precision { fp32, bf16, fp16, fp8, fp8_tensorwise, fp8_mxfp8 };
 
 struct Options {
   Precision precision = Precision::fp32;
@@ -123,7 +123,12 @@ RunResult run(Device device, const Options& o) {
   std::unique_ptr<MixedPrecisionPolicy> policy;
   if (o.precision == Precision::bf16) policy = make_half_precision_policy(HalfFormat::bf16);
   if (o.precision == Precision::fp16) policy = make_half_precision_policy(HalfFormat::fp16);
-  if (o.precision == Precision::fp8) policy = make_fp8_policy(make_fp8_recipe("hybrid", 0, 4, "max"), nullptr);
+  if (o.precision == Precision::fp8 || o.precision == Precision::fp8_tensorwise || o.precision == Precision::fp8_mxfp8) {
+    Fp8Recipe recipe = make_fp8_recipe("hybrid", 0, 4, "max");
+    if (o.precision == Precision::fp8_tensorwise) recipe.scaling = Fp8Scaling::tensorwise;
+    if (o.precision == Precision::fp8_mxfp8) recipe.scaling = Fp8Scaling::mxfp8;
+    policy = make_fp8_policy(recipe, nullptr);
+  }
   model.set_gemm_policy(policy.get());
   LossScalerConfig lc;
   lc.initial_scale = 4096;
@@ -248,6 +253,16 @@ TEST_F(DeviceEmulation, TrainStepFp8) {
   o.precision = Precision::fp8;
   o.steps = 6;
   compare(o);
+}
+
+// The current-scaling recipes: per-tensor amaxes on the device (tensorwise), block scales (mxfp8).
+TEST_F(DeviceEmulation, TrainStepFp8CurrentScaling) {
+  for (Precision p : {Precision::fp8_tensorwise, Precision::fp8_mxfp8}) {
+    Options o;
+    o.precision = p;
+    o.steps = 4;
+    compare(o);
+  }
 }
 
 // Multi-latent attention: the latents, the fused qkv and its gradient's split, attn_v, in bf16 (the device's bf16

@@ -2,12 +2,14 @@
 // ties to even, overflow, infinities, NaN, subnormals, saturation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "kernels/cast.h"
+#include "kernels/cast_math.h"
 
 namespace lattice {
 namespace {
@@ -160,6 +162,77 @@ TEST(CastArrays, AbsMax) {
   x.push_back(kNaN);
   x.push_back(1.0f);
   EXPECT_TRUE(std::isnan(abs_max(x.data(), int64_t(x.size()))));
+}
+
+// The current-scaling recipes' scales (Transformer Engine's formulas), by hand.
+TEST(Fp8Scales, HandValues) {
+  using math::fp8_block_scale;
+  using math::fp8_tensor_scale;
+  EXPECT_EQ(fp8_tensor_scale(2.0f, 448.0f), 224.0f);
+  EXPECT_EQ(fp8_tensor_scale(3.0f, 448.0f), 448.0f / 3.0f);
+  for (float bad : {0.0f, kInf, kNaN}) EXPECT_EQ(fp8_tensor_scale(bad, 448.0f), 1.0f) << bad;
+  EXPECT_EQ(fp8_tensor_scale(1e-38f, 448.0f), std::numeric_limits<float>::max());  // the quotient overflows
+  // blockwise: 448 / amax rounded down to a power of 2; mxfp8: amax / 448 rounded up, inverted.
+  for (Fp8BlockScale s : {Fp8BlockScale::pow2, Fp8BlockScale::e8m0}) {
+    EXPECT_EQ(fp8_block_scale(3.0f, 448.0f, s), 128.0f);  // 149.3 -> 128; 3/448 -> 2^-7
+    EXPECT_EQ(fp8_block_scale(1.0f, 448.0f, s), 256.0f);
+    EXPECT_EQ(fp8_block_scale(448.0f, 448.0f, s), 1.0f);
+    EXPECT_EQ(fp8_block_scale(449.0f, 448.0f, s), 0.5f);
+    EXPECT_EQ(fp8_block_scale(3.0f, 57344.0f, s), 16384.0f);  // e5m2: 19114.7 -> 2^14
+    EXPECT_EQ(fp8_block_scale(1000.0f, 448.0f, s), 0.25f);
+    for (float bad : {0.0f, kInf, kNaN}) EXPECT_EQ(fp8_block_scale(bad, 448.0f, s), 1.0f) << bad;
+  }
+  // Tiny amaxes: blockwise's quotient overflows to the largest float, rounded down to 2^127;
+  // mxfp8's E8M0 exponent bottoms out at 2^-127, whose inverse 2^127 is the same.
+  EXPECT_EQ(fp8_block_scale(1e-40f, 448.0f, Fp8BlockScale::pow2), std::ldexp(1.0f, 127));
+  EXPECT_EQ(fp8_block_scale(1e-40f, 448.0f, Fp8BlockScale::e8m0), std::ldexp(1.0f, 127));
+  // and the largest: FLT_MAX / 448 rounded up is 2^120.
+  EXPECT_EQ(fp8_block_scale(std::numeric_limits<float>::max(), 448.0f, Fp8BlockScale::e8m0), std::ldexp(1.0f, -120));
+}
+
+// quantize_fp8_blocks against a plain per-block loop, on shapes whose last blocks are partial,
+// for every block shape the recipes use and a small one; the output values are exact bf16
+// numbers, and an outlier moves only its own block's scale.
+TEST(Fp8Blocks, EachBlockHasItsOwnScale) {
+  const int64_t rows = 37, cols = 300;
+  std::vector<float> x(size_t(rows * cols));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * float(i)) * std::exp2(float(i % 11) - 5.0f);
+  x[5 * cols + 7] = 3000.0f;  // an outlier in the first blocks
+  for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
+    for (Fp8Blocks b : {Fp8Blocks{1, 32, Fp8BlockScale::e8m0}, Fp8Blocks{32, 1, Fp8BlockScale::e8m0},
+                        Fp8Blocks{1, 128, Fp8BlockScale::pow2}, Fp8Blocks{128, 1, Fp8BlockScale::pow2},
+                        Fp8Blocks{128, 128, Fp8BlockScale::pow2}, Fp8Blocks{3, 5, Fp8BlockScale::pow2}}) {
+      std::vector<uint16_t> q(x.size());
+      quantize_fp8_blocks(q.data(), x.data(), rows, cols, b, f);
+      for (int64_t r0 = 0; r0 < rows; r0 += b.rows)
+        for (int64_t c0 = 0; c0 < cols; c0 += b.cols) {
+          float amax = 0;
+          for (int64_t r = r0; r < std::min(rows, r0 + b.rows); ++r)
+            for (int64_t c = c0; c < std::min(cols, c0 + b.cols); ++c) amax = std::max(amax, std::fabs(x[size_t(r * cols + c)]));
+          const float s = math::fp8_block_scale(amax, fp8_max(f), b.scale);
+          ASSERT_LE(amax * s, fp8_max(f) * 1.0000001f);
+          for (int64_t r = r0; r < std::min(rows, r0 + b.rows); ++r)
+            for (int64_t c = c0; c < std::min(cols, c0 + b.cols); ++c) {
+              const size_t i = size_t(r * cols + c);
+              const float want = fp8_quantize(x[i], s, f) / s;
+              ASSERT_EQ(bf16_to_fp32(q[i]), want) << "block " << b.rows << "x" << b.cols << " at " << r << "," << c;
+              ASSERT_EQ(fp32_to_bf16(want), q[i]);  // exact in bf16
+              // Within the format's relative step of the value (above the subnormals).
+              if (std::fabs(x[i]) * s >= std::ldexp(1.0f, f == Fp8Format::e4m3 ? -6 : -14))
+                ASSERT_LE(std::fabs(want - x[i]), std::ldexp(std::fabs(x[i]), f == Fp8Format::e4m3 ? -4 : -3));
+            }
+        }
+      // The outlier's block only: a value far from it keeps the format's relative precision.
+      const size_t far = size_t((rows - 1) * cols + cols - 1);
+      EXPECT_LE(std::fabs(bf16_to_fp32(q[far]) - x[far]), std::ldexp(std::fabs(x[far]), -3));
+    }
+  // A NaN leaves its block with scale 1; the other blocks are untouched by it.
+  std::vector<float> y = {1e-3f, kNaN, 1e-3f, 1e-3f};
+  std::vector<uint16_t> q(4);
+  quantize_fp8_blocks(q.data(), y.data(), 1, 4, Fp8Blocks{1, 2, Fp8BlockScale::pow2}, Fp8Format::e4m3);
+  EXPECT_TRUE(std::isnan(bf16_to_fp32(q[1])));
+  EXPECT_EQ(bf16_to_fp32(q[0]), fp8_quantize(1e-3f, 1.0f, Fp8Format::e4m3));
+  EXPECT_EQ(bf16_to_fp32(q[2]), fp8_quantize(1e-3f, 262144.0f, Fp8Format::e4m3) / 262144.0f);
 }
 
 }  // namespace

@@ -507,7 +507,7 @@ TEST(ModelRecomputeConfig, FlagsReachTheConfig) {
     parse_train_args(int(argv.size()), argv.data(), 2);
     ADD_FAILURE() << "full recomputation with --fp8-format accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--recompute-granularity full is not supported with --fp8-format"),
+    EXPECT_NE(std::string(e.what()).find("--recompute-granularity full is not supported with --fp8-recipe delayed"),
               std::string::npos)
         << e.what();
   }
@@ -545,10 +545,13 @@ TEST(ModelRecomputeConfig, ModulesFromFlagsAndFp8) {
     parse({"--recompute-modules", "mlp", "--fp8-format", "hybrid"});
     ADD_FAILURE() << "--recompute-modules mlp with --fp8-format accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--recompute-modules mlp is not supported with --fp8-format"),
+    EXPECT_NE(std::string(e.what()).find("--recompute-modules mlp is not supported with --fp8-recipe delayed"),
               std::string::npos)
         << e.what();
   }
+  // The current-scaling recipes keep no amaxes: a recomputed GEMM quantizes as the first.
+  for (const char* recipe : {"tensorwise", "blockwise", "mxfp8"})
+    EXPECT_TRUE(parse({"--recompute-modules", "mlp", "--fp8-format", "hybrid", "--fp8-recipe", recipe}).recompute_mlp());
   try {
     parse({"--recompute-modules", "mla_up_proj"});
     ADD_FAILURE() << "--recompute-modules mla_up_proj accepted without --multi-latent-attention";
@@ -561,7 +564,7 @@ TEST(ModelRecomputeConfig, ModulesFromFlagsAndFp8) {
     parse({"--recompute-modules", "mla_up_proj", "--fp8-format", "hybrid"});
     ADD_FAILURE() << "--recompute-modules mla_up_proj with --fp8-format accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--recompute-modules mla_up_proj is not supported with --fp8-format"),
+    EXPECT_NE(std::string(e.what()).find("--recompute-modules mla_up_proj is not supported with --fp8-recipe delayed"),
               std::string::npos)
         << e.what();
   }

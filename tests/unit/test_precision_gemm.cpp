@@ -459,5 +459,111 @@ TEST(PrecisionPolicy, Fp8WithoutFp8WeightGradients) {
   EXPECT_EQ(dx, dx8);  // the input gradient is fp8 either way
 }
 
+// --fp8-recipe tensorwise: each operand scaled by its own amax at the GEMM that reads it (the
+// first step included: no history), fp32 sums of the fp8 products divided by both scales.
+TEST(PrecisionPolicy, Fp8TensorwiseScalesByTheCurrentAmax) {
+  LinearCase c;
+  Fp8Recipe r = make_fp8_recipe("hybrid", 0, 1, "most_recent");
+  r.scaling = Fp8Scaling::tensorwise;
+  auto p = make_fp8_policy(r, nullptr);
+  EXPECT_STREQ(p->name(), "fp8 hybrid tensorwise");
+  auto scaled = [](const std::vector<float>& v, Fp8Format f, float* scale) {
+    *scale = fp8_max(f) / abs_max(v.data(), int64_t(v.size()));
+    std::vector<float> q(v.size());
+    quantize_fp8(q.data(), v.data(), int64_t(v.size()), *scale, f);
+    return q;
+  };
+  float sx, sw, sg;
+  const auto xq = scaled(c.x, Fp8Format::e4m3, &sx), Wq = scaled(c.W, Fp8Format::e4m3, &sw),
+             gq = scaled(c.dy, Fp8Format::e5m2, &sg);
+  std::vector<float> y(size_t(c.N * c.out)), ref(y.size());
+  p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+  gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f / (sx * sw), xq.data(), c.in, Wq.data(), c.in, 0.0f, ref.data(),
+           c.out);
+  expect_close_to_fp32(y, ref, c.in);
+  std::vector<float> dW(c.W.size(), 0.25f), dW_ref = dW, dx(c.x.size()), dx_ref(c.x.size());
+  p->weight_grad(0, dW.data(), c.dy.data(), c.x.data(), c.N, c.in, c.out);
+  gemm_f32(Trans::T, Trans::N, c.out, c.in, c.N, 1.0f / (sg * sx), gq.data(), c.out, xq.data(), c.in, 1.0f,
+           dW_ref.data(), c.in);
+  expect_close_to_fp32(dW, dW_ref, c.N);
+  p->input_grad(0, dx.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out, false);
+  gemm_f32(Trans::N, Trans::N, c.N, c.in, c.out, 1.0f / (sg * sw), gq.data(), c.out, Wq.data(), c.in, 0.0f,
+           dx_ref.data(), c.in);
+  expect_close_to_fp32(dx, dx_ref, c.out);
+  // Nothing is carried: no scaling state, and other inputs are scaled by their own amax at once.
+  p->finish_step();
+  EXPECT_TRUE(p->scaling_state().empty());
+  std::vector<float> x2 = c.x;
+  for (float& v : x2) v *= 1000.0f;
+  p->forward(0, y.data(), x2.data(), c.W.data(), c.N, c.in, c.out);
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], 1000.0f * ref[i], 1e-2 * (1.0 + 1000.0 * std::fabs(ref[i])));
+}
+
+// The block recipes: each GEMM operand quantized in blocks along the GEMM's inner dimension
+// (the forward's and input gradient's along the rows of x and dy, the weight gradient's down
+// the tokens), weights in 128 x 128 blocks (blockwise) or 1 x 32 / 32 x 1 (mxfp8), then
+// multiplied as the values they stand for. Shapes with partial blocks in every direction.
+TEST(PrecisionPolicy, Fp8BlockRecipesQuantizeAlongTheInnerDimension) {
+  const int64_t N = 150, in = 200, out = 136;
+  const auto x = random_floats(size_t(N * in), 21, -3, 3), W = random_floats(size_t(out * in), 22, -0.5, 0.5),
+             dy = random_floats(size_t(N * out), 23, -1, 1);
+  auto blocked = [](const std::vector<float>& v, int64_t rows, int64_t cols, Fp8Blocks b, Fp8Format f) {
+    std::vector<uint16_t> q(v.size());
+    quantize_fp8_blocks(q.data(), v.data(), rows, cols, b, f);
+    return widen(q);
+  };
+  for (Fp8Scaling s : {Fp8Scaling::blockwise, Fp8Scaling::mxfp8}) {
+    SCOPED_TRACE(fp8_scaling_name(s));
+    Fp8Recipe r = make_fp8_recipe("hybrid", 0, 1, "most_recent");
+    r.scaling = s;
+    auto p = make_fp8_policy(r, nullptr);
+    const bool mx = s == Fp8Scaling::mxfp8;
+    const int64_t B = mx ? 32 : 128;
+    const Fp8BlockScale rule = mx ? Fp8BlockScale::e8m0 : Fp8BlockScale::pow2;
+    const Fp8Blocks along_rows{1, B, rule}, down_columns{B, 1, rule};
+    const Fp8Blocks w_fprop = mx ? along_rows : Fp8Blocks{128, 128, rule}, w_dgrad = mx ? down_columns : w_fprop;
+    const auto e4 = Fp8Format::e4m3, e5 = Fp8Format::e5m2;
+    std::vector<float> y(size_t(N * out)), ref(y.size());
+    p->forward(0, y.data(), x.data(), W.data(), N, in, out);
+    gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, blocked(x, N, in, along_rows, e4).data(), in,
+             blocked(W, out, in, w_fprop, e4).data(), in, 0.0f, ref.data(), out);
+    expect_close_to_fp32(y, ref, in);
+    std::vector<float> dW(W.size(), 0.25f), dW_ref = dW, dx(x.size()), dx_ref(x.size());
+    p->weight_grad(0, dW.data(), dy.data(), x.data(), N, in, out);
+    gemm_f32(Trans::T, Trans::N, out, in, N, 1.0f, blocked(dy, N, out, down_columns, e5).data(), out,
+             blocked(x, N, in, down_columns, e4).data(), in, 1.0f, dW_ref.data(), in);
+    expect_close_to_fp32(dW, dW_ref, N);
+    p->input_grad(0, dx.data(), dy.data(), W.data(), N, in, out, false);
+    gemm_f32(Trans::N, Trans::N, N, in, out, 1.0f, blocked(dy, N, out, along_rows, e5).data(), out,
+             blocked(W, out, in, w_dgrad, e4).data(), in, 0.0f, dx_ref.data(), in);
+    expect_close_to_fp32(dx, dx_ref, out);
+    EXPECT_TRUE(p->scaling_state().empty());
+  }
+}
+
+// Why blocks: one outlier token costs a tensorwise GEMM the precision of every other token
+// (their values fall among e4m3's subnormals), a block-scaled one only its own row's.
+TEST(PrecisionPolicy, Fp8BlockScalesConfineAnOutlier) {
+  const int64_t N = 64, in = 64, out = 32;
+  auto x = random_floats(size_t(N * in), 31, -0.01f, 0.01f);
+  x[5] = 1000.0f;  // token 0
+  const auto W = random_floats(size_t(out * in), 32, -0.5, 0.5);
+  std::vector<float> exact(size_t(N * out));
+  gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, x.data(), in, W.data(), in, 0.0f, exact.data(), out);
+  auto error_without_token_0 = [&](Fp8Scaling s) {
+    Fp8Recipe r;
+    r.scaling = s;
+    auto p = make_fp8_policy(r, nullptr);
+    std::vector<float> y(exact.size());
+    p->forward(0, y.data(), x.data(), W.data(), N, in, out);
+    double err = 0, norm = 0;
+    for (size_t i = size_t(out); i < y.size(); ++i) err += std::pow(y[i] - exact[i], 2), norm += std::pow(exact[i], 2);
+    return std::sqrt(err / norm);
+  };
+  EXPECT_GT(error_without_token_0(Fp8Scaling::tensorwise), 0.1);
+  EXPECT_LT(error_without_token_0(Fp8Scaling::blockwise), 0.05);
+  EXPECT_LT(error_without_token_0(Fp8Scaling::mxfp8), 0.05);
+}
+
 }  // namespace
 }  // namespace lattice

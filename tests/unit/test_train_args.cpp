@@ -419,9 +419,16 @@ TEST(TrainArgs, MegatronSpellingsOfLayoutsAndRecipes) {
             "--num-layers-at-end-in-bf16 3 must be between 0 and the layers per pipeline stage (2)");
   EXPECT_EQ(parse({}).fp8_recipe, "delayed");
   EXPECT_EQ(parse({"--fp8-recipe", "delayed"}).fp8_recipe, "delayed");
-  EXPECT_EQ(error_of({"--fp8-recipe", "mxfp8"}),
-            "--fp8-recipe mxfp8 is not implemented: lattice's fp8 is delayed scaling (--fp8-recipe delayed)");
-  EXPECT_EQ(error_of({"--fp8-recipe", "fast"}), "--fp8-recipe fast must be delayed, tensorwise, mxfp8, blockwise or custom");
+  for (const char* recipe : {"tensorwise", "blockwise", "mxfp8"})
+    EXPECT_EQ(parse({"--fp8-format", "hybrid", "--fp8-recipe", recipe}).fp8_recipe, recipe);
+  EXPECT_NE(error_of({"--fp8-recipe", "custom"}).find("--fp8-recipe custom builds its quantizers with "
+                                                      "--fp8-quantizer-factory"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"--fp8-recipe", "fast"}),
+            "--fp8-recipe must be delayed, tensorwise, blockwise or mxfp8, got 'fast'");
+  // Megatron takes first / last layers in bf16 with the current-scaling recipes; lattice does not.
+  EXPECT_EQ(error_of({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16"}),
+            "--first-last-layers-bf16 is not implemented: every linear layer of an fp8 run is fp8");
   EXPECT_TRUE(parse({"--ddp-average-in-collective"}).implementation.ddp_average_in_collective);
   EXPECT_NE(error_of({"--ddp-average-in-collective", "--calculate-per-token-loss"}).find("cannot be used with"),
             std::string::npos);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cast.h"
 
@@ -89,6 +90,48 @@ float abs_max(const float* in, int64_t n) {
     m = a > m ? a : m;
   }
   return nan ? std::numeric_limits<float>::quiet_NaN() : m;
+}
+
+void quantize_fp8_blocks(uint16_t* out, const float* in, int64_t rows, int64_t cols, Fp8Blocks blocks,
+                         Fp8Format f) {
+  LATTICE_KERNEL_ENTRY(cuda::quantize_fp8_blocks(out, in, rows, cols, blocks, f));
+  const int64_t br = blocks.rows, bc = blocks.cols;
+  const int64_t bands = (rows + br - 1) / br, col_blocks = (cols + bc - 1) / bc;
+  const float max = fp8_max(f);
+  // A band of br rows at a time: the amax of each of its col_blocks blocks (row by row, so
+  // reads stay contiguous), their scales, then the band quantized.
+  auto band = [&](int64_t b, std::vector<float>& scale) {
+    const int64_t r0 = b * br, r1 = std::min(rows, r0 + br);
+    scale.assign(size_t(col_blocks), 0.0f);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t k = 0; k < col_blocks; ++k) {
+        const float* x = in + r * cols;
+        float m = scale[size_t(k)];
+        for (int64_t c = k * bc, c1 = std::min(cols, c + bc); c < c1; ++c) {
+          const float a = std::fabs(x[c]);
+          m = a > m || std::isnan(a) ? a : m;  // NaN stays
+        }
+        scale[size_t(k)] = m;
+      }
+    for (float& s : scale) s = math::fp8_block_scale(s, max, blocks.scale);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t k = 0; k < col_blocks; ++k) {
+        const float s = scale[size_t(k)];
+        for (int64_t c = k * bc, c1 = std::min(cols, c + bc); c < c1; ++c)
+          out[r * cols + c] = math::fp32_to_bf16(math::fp8_block_value(in[r * cols + c], s, f));
+      }
+  };
+  if (omp_in_parallel() || rows * cols <= (int64_t(1) << 15)) {
+    std::vector<float> scale;
+    for (int64_t b = 0; b < bands; ++b) band(b, scale);
+    return;
+  }
+#pragma omp parallel
+  {
+    std::vector<float> scale;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < bands; ++b) band(b, scale);
+  }
 }
 
 }  // namespace lattice

@@ -44,6 +44,33 @@ __global__ void abs_max_bits_kernel(unsigned* result, const float* in, int64_t n
   if (threadIdx.x == 0) atomicMax(result, m);  // integer max: the order does not matter
 }
 
+// One thread block per fp8 block (grid-stride over them): the bits of |x| MAX-reduced over
+// the block (NaN patterns sort above inf, as on the CPU), its scale, then its values.
+__global__ void quantize_fp8_blocks_kernel(uint16_t* out, const float* in, int64_t rows, int64_t cols,
+                                           Fp8Blocks blocks, Fp8Format f) {
+  const int64_t col_blocks = (cols + blocks.cols - 1) / blocks.cols;
+  const int64_t count = (rows + blocks.rows - 1) / blocks.rows * col_blocks;
+  const int64_t elems = blocks.rows * blocks.cols;
+  for (int64_t b = blockIdx.x; b < count; b += gridDim.x) {
+    const int64_t r0 = b / col_blocks * blocks.rows, c0 = b % col_blocks * blocks.cols;
+    unsigned m = 0;
+    for (int64_t i = threadIdx.x; i < elems; i += blockDim.x) {
+      const int64_t r = r0 + i / blocks.cols, c = c0 + i % blocks.cols;
+      if (r < rows && c < cols) {
+        const unsigned a = math::bits_from_float(in[r * cols + c]) & 0x7fffffffu;
+        m = a > m ? a : m;
+      }
+    }
+    m = block_reduce(m, MaxOp{}, 0u);
+    const float amax = math::float_from_bits(m);  // (a NaN pattern stays NaN)
+    const float scale = math::fp8_block_scale(amax, math::fp8_spec(f).max, blocks.scale);
+    for (int64_t i = threadIdx.x; i < elems; i += blockDim.x) {
+      const int64_t r = r0 + i / blocks.cols, c = c0 + i % blocks.cols;
+      if (r < rows && c < cols) out[r * cols + c] = math::fp32_to_bf16(math::fp8_block_value(in[r * cols + c], scale, f));
+    }
+  }
+}
+
 #undef LATTICE_GRID_STRIDE
 
 unsigned blocks_for(int64_t n) {
@@ -95,6 +122,16 @@ float abs_max(const float* in, int64_t n) {
   LATTICE_CUDA_CALL(cudaFreeAsync(result, stream()));
   LATTICE_CUDA_CALL(cudaStreamSynchronize(stream()));
   return math::is_nan_bits(bits) ? std::numeric_limits<float>::quiet_NaN() : math::float_from_bits(bits);
+}
+
+void quantize_fp8_blocks(uint16_t* out, const float* in, int64_t rows, int64_t cols, Fp8Blocks blocks, Fp8Format f) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t count = (rows + blocks.rows - 1) / blocks.rows * ((cols + blocks.cols - 1) / blocks.cols);
+  const int64_t elems = blocks.rows * blocks.cols;
+  const int threads = elems >= kThreads ? kThreads : int((elems + 31) / 32 * 32);  // whole warps
+  launch(quantize_fp8_blocks_kernel, unsigned(count < 65535 * 16 ? count : 65535 * 16), threads, 0, out, in, rows,
+         cols, blocks, f);
+  LATTICE_CUDA_LAUNCHED("quantize_fp8_blocks");
 }
 
 }  // namespace lattice::cuda
