@@ -313,6 +313,51 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   bool training_ = true;         // false while evaluating: no amax is noted
 };
 
+// fp8 for every weight but the unquantized ones (Fp8Params::unquantized: the output layer, as
+// Megatron's is no fp8 layer; --first-last-layers-bf16's layers), whose GEMMs go to `outside`
+// (the bf16 or fp16 policy), or run in fp32 when it is null.
+class Fp8WithUnquantizedWeights final : public MixedPrecisionPolicy {
+ public:
+  Fp8WithUnquantizedWeights(std::unique_ptr<MixedPrecisionPolicy> fp8, std::unique_ptr<MixedPrecisionPolicy> outside,
+                            std::vector<bool> unquantized)
+      : fp8_(std::move(fp8)), outside_(std::move(outside)), unquantized_(std::move(unquantized)) {}
+  const char* name() const override { return fp8_->name(); }
+  bool fp8() const override { return true; }
+  void refresh_weights() override {
+    fp8_->refresh_weights();
+    if (outside_) outside_->refresh_weights();
+  }
+  void finish_step() override { fp8_->finish_step(); }
+  void set_training(bool training) override { fp8_->set_training(training); }
+  std::map<int, Fp8ScalingState> scaling_state() const override { return fp8_->scaling_state(); }
+  void load_scaling_state(int param, const Fp8ScalingState& state) override {
+    fp8_->load_scaling_state(param, state);
+  }
+
+  void forward(int param, float* y, LinearInput x, const float* W, int64_t N, int64_t in, int64_t out) override {
+    if (!unquantized(param)) fp8_->forward(param, y, x, W, N, in, out);
+    else if (outside_) outside_->forward(param, y, x, W, N, in, out);
+    else gemm_f32(Trans::N, Trans::T, N, out, in, 1.0f, x.fp32("fp32"), in, W, in, 0.0f, y, out);
+  }
+  void weight_grad(int param, float* dW, const float* dy, LinearInput x, int64_t N, int64_t in,
+                   int64_t out) override {
+    if (!unquantized(param)) fp8_->weight_grad(param, dW, dy, x, N, in, out);
+    else if (outside_) outside_->weight_grad(param, dW, dy, x, N, in, out);
+    else gemm_f32(Trans::T, Trans::N, out, in, N, 1.0f, dy, out, x.fp32("fp32"), in, 1.0f, dW, in);
+  }
+  void input_grad(int param, float* dx, const float* dy, const float* W, int64_t N, int64_t in, int64_t out,
+                  bool accumulate) override {
+    if (!unquantized(param)) fp8_->input_grad(param, dx, dy, W, N, in, out, accumulate);
+    else if (outside_) outside_->input_grad(param, dx, dy, W, N, in, out, accumulate);
+    else gemm_f32(Trans::N, Trans::N, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx, in);
+  }
+
+ private:
+  bool unquantized(int param) const { return param >= 0 && size_t(param) < unquantized_.size() && unquantized_[size_t(param)]; }
+  std::unique_ptr<MixedPrecisionPolicy> fp8_, outside_;
+  std::vector<bool> unquantized_;
+};
+
 }  // namespace
 
 void DelayedScale::record(float amax) {
@@ -372,8 +417,13 @@ const char* fp8_scaling_name(Fp8Scaling s) {
 
 std::unique_ptr<MixedPrecisionPolicy> make_fp8_policy(const Fp8Recipe& recipe, Comm* tp, Comm* dp,
                                                       const Fp8Params& params) {
-  if (recipe.scaling != Fp8Scaling::delayed) return make_fp8_current_scaling_policy(recipe, tp, params);
-  return std::make_unique<Fp8Policy>(recipe, tp, dp, params);
+  std::unique_ptr<MixedPrecisionPolicy> fp8 = recipe.scaling != Fp8Scaling::delayed
+                                                  ? make_fp8_current_scaling_policy(recipe, tp, params)
+                                                  : std::make_unique<Fp8Policy>(recipe, tp, dp, params);
+  if (std::find(params.unquantized.begin(), params.unquantized.end(), true) == params.unquantized.end()) return fp8;
+  return std::make_unique<Fp8WithUnquantizedWeights>(
+      std::move(fp8), params.unquantized_format ? make_half_precision_policy(*params.unquantized_format) : nullptr,
+      params.unquantized);
 }
 
 }  // namespace lattice

@@ -28,6 +28,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,11 @@ struct Fp8Params {
   // The context-parallel group: tensorwise scaling MAX-reduces an activation's or output
   // gradient's amax over it (the sequence's other chunks), as over the tensor-parallel group.
   Comm* cp = nullptr;
+  // By parameter index, the weights whose GEMMs stay out of fp8 (the output layer, as Megatron's;
+  // --first-last-layers-bf16's layers): in unquantized_format (--bf16's or --fp16's policy), or
+  // fp32 without one. Empty: every linear layer is fp8.
+  std::vector<bool> unquantized;
+  std::optional<HalfFormat> unquantized_format;
 };
 
 // tp, dp: the tensor- and data-parallel groups the amaxes are reduced over (null or size

@@ -291,7 +291,8 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"fp8-amax-history-len", Kind::i64, &a.fp8_amax_history_len, "fp8 delayed-scaling amax history"},
       {"fp8-amax-compute-algo", Kind::str, &a.fp8_amax_compute_algo, "fp8 amax from the history: most_recent | max"},
       {"first-last-layers-bf16", Kind::flag, &a.first_last_layers_bf16,
-       "the first and last layers outside fp8: refused with the delayed recipe (Megatron's rule); nothing without fp8"},
+       "the first and last decoder layers outside fp8 (the current-scaling recipes; refused with delayed, as Megatron); "
+       "nothing without fp8"},
       {"num-layers-at-start-in-bf16", Kind::i64, &a.num_layers_at_start_in_bf16,
        "with --first-last-layers-bf16: how many first layers"},
       {"num-layers-at-end-in-bf16", Kind::i64, &a.num_layers_at_end_in_bf16,
@@ -1255,8 +1256,7 @@ void validate(TrainArgs& a) {
     if (a.first_last_layers_bf16 && delayed_fp8)
       LATTICE_FAIL() << "--first-last-layers-bf16: the delayed fp8 recipe (--fp8-recipe delayed) does not "
                         "support first / last layers in bf16, as Megatron's does not";
-    if (a.first_last_layers_bf16)
-      LATTICE_FAIL() << "--first-last-layers-bf16 is not implemented: every linear layer of an fp8 run is fp8";
+
   }
   if (a.implementation.ddp_average_in_collective && a.calculate_per_token_loss)  // Megatron's assertion
     LATTICE_FAIL() << "--ddp-average-in-collective cannot be used with --calculate-per-token-loss (the gradients are "

@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "model/mixed_precision.h"
 #include "optim/loss_scaler.h"
+#include "optim/param_buffer.h"
 #include "train/arguments.h"
 
 namespace lattice {
@@ -20,6 +21,12 @@ class Comm;
 // tp, dp: the tensor- and data-parallel groups (fp8 reduces each step's amaxes over them). Null without mixed precision.
 std::unique_ptr<MixedPrecisionPolicy> make_precision_policy(const TrainArgs& args, Comm* tp, Comm* dp,
                                                             const Fp8Params& fp8_params = {});
+
+// By parameter index, the weights whose GEMMs stay out of fp8 (Fp8Params::unquantized): the output
+// layer's (Megatron's output layer is no fp8 layer; with tied embeddings the word embedding, which
+// no other GEMM reads), and with --first-last-layers-bf16 those of the first
+// --num-layers-at-start-in-bf16 and last --num-layers-at-end-in-bf16 decoder layers (global numbers).
+std::vector<bool> fp8_unquantized_weights(const std::vector<ParamInfo>& params, const TrainArgs& args);
 
 // The core attention's math on a GPU: bf16 with --bf16 or --fp8-format, fp16 with
 // --fp16, else fp32.

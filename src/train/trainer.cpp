@@ -384,6 +384,7 @@ int run_training(const TrainArgs& args) {
   Fp8Params fp8_params;  // every rank reduces every weight's amax; the experts' over their replicas
   fp8_params.count = int64_t(model.params().infos().size());
   fp8_params.cp = &ps->cp();
+  fp8_params.unquantized = fp8_unquantized_weights(model.params().infos(), args);
   if (ps->layout().ep > 1 || model.experts_whole()) {
     for (const ParamInfo& p : model.params().infos()) fp8_params.expert.push_back(p.expert);
     fp8_params.expert_dp = &ps->expert_dp();

@@ -78,7 +78,7 @@ expect_error "--no-fp8-wgrad without fp8" "--no-fp8-wgrad needs --fp8-format" --
 run fp32ref --train-iters 3
 for recipe in tensorwise blockwise mxfp8; do
   run "fp8_$recipe" --train-iters 3 --bf16 --fp8-format hybrid --fp8-recipe "$recipe"
-  grep -q "fp8 hybrid linear layers ($recipe scaling)" "$TMP/fp8_$recipe.out" ||
+  grep -q "fp8 hybrid linear layers ($recipe scaling; the output layer in bf16)" "$TMP/fp8_$recipe.out" ||
     fail "--fp8-recipe $recipe: not in the precision line ($(grep precision "$TMP/fp8_$recipe.out"))"
   run "fp8_${recipe}_recompute" --train-iters 3 --bf16 --fp8-format hybrid --fp8-recipe "$recipe" \
     --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
@@ -93,6 +93,19 @@ PY
     pass "--fp8-recipe $recipe: within 2% of fp32; full recomputation bit-identical" ||
     fail "--fp8-recipe $recipe: losses (above)"
 done
+# --first-last-layers-bf16 (the current-scaling recipes): with both of the model's layers out of fp8
+# (and the output layer, never fp8) every GEMM is bf16: the run is --bf16's but for the rounding of
+# the GEMM results (fp8 runs keep them fp32), closer to it than the fp8 run. The log says which.
+run fp8_first_last --train-iters 3 --bf16 --fp8-format hybrid --fp8-recipe tensorwise --first-last-layers-bf16
+grep -q "the output layer and the first 1 and last 1 decoder layers in bf16" "$TMP/fp8_first_last.out" ||
+  fail "--first-last-layers-bf16: not in the precision line ($(grep precision "$TMP/fp8_first_last.out"))"
+python3 - "$TMP/bf16.jsonl" "$TMP/fp8_tensorwise.jsonl" "$TMP/fp8_first_last.jsonl" <<'PY' &&
+import json, sys
+bf16, fp8, first_last = ([json.loads(l)["lm_loss"] for l in open(p) if "lm_loss" in l][0] for p in sys.argv[1:4])
+print("first losses: bf16", bf16, "fp8 tensorwise", fp8, "all layers bf16", first_last)
+assert abs(first_last - bf16) < abs(fp8 - bf16) and abs(first_last - bf16) < 2e-4 * bf16
+PY
+  pass "--first-last-layers-bf16: every layer out of fp8 tracks --bf16" || fail "--first-last-layers-bf16 (above)"
 expect_error "fp8 recipe custom" "--fp8-recipe custom builds its quantizers with --fp8-quantizer-factory" -- \
   "$LATTICE" "${small[@]}" --train-iters 2 --fp8-format hybrid --fp8-recipe custom
 expect_error "full recomputation with delayed fp8" "--recompute-granularity full is not supported with --fp8-recipe delayed" -- \

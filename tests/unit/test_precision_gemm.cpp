@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -538,6 +539,52 @@ TEST(PrecisionPolicy, Fp8BlockRecipesQuantizeAlongTheInnerDimension) {
              blocked(W, out, in, w_dgrad, e4).data(), in, 0.0f, dx_ref.data(), in);
     expect_close_to_fp32(dx, dx_ref, out);
     EXPECT_TRUE(p->scaling_state().empty());
+  }
+}
+
+// The weights Fp8Params::unquantized names (the output layer; --first-last-layers-bf16's layers)
+// take the other format's GEMMs bit for bit (bf16 or fp16, fp32 without one), the others fp8's.
+TEST(PrecisionPolicy, Fp8LeavesTheUnquantizedWeightsToTheOtherFormat) {
+  LinearCase c;
+  Fp8Recipe r = make_fp8_recipe("hybrid", 0, 1, "most_recent");
+  r.scaling = Fp8Scaling::tensorwise;
+  struct Out {
+    std::vector<float> y, dW, dx;
+  };
+  auto run = [&](GemmPolicy& p, int param) {
+    Out o{std::vector<float>(size_t(c.N * c.out)), std::vector<float>(c.W.size(), 0.5f), std::vector<float>(c.x.size())};
+    p.forward(param, o.y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
+    p.weight_grad(param, o.dW.data(), c.dy.data(), c.x.data(), c.N, c.in, c.out);
+    p.input_grad(param, o.dx.data(), c.dy.data(), c.W.data(), c.N, c.in, c.out, false);
+    return o;
+  };
+  auto expect_same = [](const Out& a, const Out& b, const char* what) {
+    EXPECT_EQ(a.y, b.y) << what;
+    EXPECT_EQ(a.dW, b.dW) << what;
+    EXPECT_EQ(a.dx, b.dx) << what;
+  };
+  for (std::optional<HalfFormat> format : {std::optional<HalfFormat>{HalfFormat::bf16},
+                                           std::optional<HalfFormat>{HalfFormat::fp16}, std::optional<HalfFormat>{}}) {
+    Fp8Params params;
+    params.unquantized = {false, true};
+    params.unquantized_format = format;
+    auto mixed = make_fp8_policy(r, nullptr, nullptr, params);
+    EXPECT_TRUE(mixed->fp8());
+    EXPECT_STREQ(mixed->name(), "fp8 hybrid tensorwise");
+    auto fp8 = make_fp8_policy(r, nullptr);
+    expect_same(run(*mixed, 0), run(*fp8, 0), "a quantized weight");
+    std::unique_ptr<MixedPrecisionPolicy> other = format ? make_half_precision_policy(*format) : nullptr;
+    Out want;
+    if (other) {
+      want = run(*other, 1);
+    } else {
+      want = Out{std::vector<float>(size_t(c.N * c.out)), std::vector<float>(c.W.size(), 0.5f), std::vector<float>(c.x.size())};
+      gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, c.x.data(), c.in, c.W.data(), c.in, 0.0f, want.y.data(), c.out);
+      gemm_f32(Trans::T, Trans::N, c.out, c.in, c.N, 1.0f, c.dy.data(), c.out, c.x.data(), c.in, 1.0f, want.dW.data(), c.in);
+      gemm_f32(Trans::N, Trans::N, c.N, c.in, c.out, 1.0f, c.dy.data(), c.out, c.W.data(), c.in, 0.0f, want.dx.data(), c.in);
+    }
+    expect_same(run(*mixed, 1), want, "an unquantized weight");
+    EXPECT_NE(run(*mixed, 1).y, run(*fp8, 1).y);
   }
 }
 

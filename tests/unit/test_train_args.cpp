@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "train/arguments.h"
+#include "train/precision_setup.h"
 #include "test_util.h"
 
 namespace lattice {
@@ -426,9 +427,9 @@ TEST(TrainArgs, MegatronSpellingsOfLayoutsAndRecipes) {
             std::string::npos);
   EXPECT_EQ(error_of({"--fp8-recipe", "fast"}),
             "--fp8-recipe must be delayed, tensorwise, blockwise or mxfp8, got 'fast'");
-  // Megatron takes first / last layers in bf16 with the current-scaling recipes; lattice does not.
-  EXPECT_EQ(error_of({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16"}),
-            "--first-last-layers-bf16 is not implemented: every linear layer of an fp8 run is fp8");
+  // First / last layers in bf16 with the current-scaling recipes (Megatron's rule).
+  EXPECT_TRUE(parse({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16"})
+                  .first_last_layers_bf16);
   EXPECT_TRUE(parse({"--ddp-average-in-collective"}).implementation.ddp_average_in_collective);
   EXPECT_NE(error_of({"--ddp-average-in-collective", "--calculate-per-token-loss"}).find("cannot be used with"),
             std::string::npos);
@@ -564,6 +565,30 @@ TEST(TrainArgs, IterationsToSkip) {
   EXPECT_TRUE(parse({}).iterations_to_skip_list().empty());
   EXPECT_EQ(error_of({"--iterations-to-skip", "2", "two"}), "--iterations-to-skip: invalid value 'two'");
   EXPECT_EQ(error_of({"--iterations-to-skip=-1"}), "--iterations-to-skip: -1 is not an iteration index (0 or more)");
+}
+
+// The weights an fp8 run keeps out of fp8: the output layer's (the tied word embedding's), and with
+// --first-last-layers-bf16 the first and last decoder layers' by their global numbers.
+TEST(TrainArgs, Fp8UnquantizedWeights) {
+  std::vector<ParamInfo> infos;
+  for (const char* name : {"embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
+                           "decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.1.mlp.linear_fc1.weight",
+                           "decoder.layers.2.mlp.linear_fc2.weight", "decoder.layers.3.self_attention.linear_proj.weight",
+                           "decoder.layers.10.mlp.linear_fc1.weight", "decoder.final_layernorm.weight",
+                           "output_layer.weight"}) {
+    infos.emplace_back();
+    infos.back().name = name;
+  }
+  TrainArgs a = parse({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"});
+  a.num_layers = 11;
+  EXPECT_EQ(fp8_unquantized_weights(infos, a), (std::vector<bool>{true, false, false, false, false, false, false, false, true}));
+  a.first_last_layers_bf16 = true;
+  a.num_layers_at_start_in_bf16 = 2;
+  a.num_layers_at_end_in_bf16 = 1;
+  EXPECT_EQ(fp8_unquantized_weights(infos, a), (std::vector<bool>{true, false, true, true, false, false, true, false, true}));
+  a.num_layers_at_start_in_bf16 = 0;
+  a.num_layers_at_end_in_bf16 = 8;  // layers 3 .. 10
+  EXPECT_EQ(fp8_unquantized_weights(infos, a), (std::vector<bool>{true, false, false, false, false, true, true, false, true}));
 }
 
 }  // namespace
