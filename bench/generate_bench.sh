@@ -16,7 +16,9 @@
 #   LATTICE      the binary (default build/lattice)
 #   SHAPE        gpt2 (default) or hybrid
 #   NEW_TOKENS   default 128              MODES  default "kv full" (kv: KV cache; full: --no-kv-cache;
-#                                         bf16: the KV cache with --bf16, the weights read as bf16)
+#                                         bf16: the KV cache with --bf16, the weights read as bf16;
+#                                         kv8: 8 prompts one at a time; batch8: the 8 with --batch-size 8;
+#                                         batch8_bf16: and --bf16)
 #   ROUNDS       runs of each mode, alternating (default 1); the table has one row per run
 #   KEEP=1       keep the work folder (checkpoint ~500 MB, logs; its path is printed)
 # Threads: whatever OMP_NUM_THREADS says (default: all cores), as for lattice train.
@@ -52,22 +54,30 @@ if [[ ${KEEP:-0} == 1 ]]; then echo "work folder: $WORK" >&2; else trap 'rm -rf 
 
 printf '| mode | prompt tokens | new tokens | prefill ms | decode ms | ms per new token | new tokens/s |\n'
 printf '|---|---:|---:|---:|---:|---:|---:|\n'
+for _ in 1 2 3 4 5 6 7 8; do echo "$PROMPT"; done >"$WORK/prompts8.txt"
 for ((r = 0; r < ROUNDS; ++r)); do
   for mode in $MODES; do
+    prompts=(--prompt "$PROMPT")
     case $mode in
       kv) flags=() ; name="KV cache" ;;
       full) flags=(--no-kv-cache) ; name="full forward per token" ;;
       bf16) flags=(--bf16) ; name="KV cache, bf16 weights (--bf16)" ;;
+      kv8) flags=() ; name="8 prompts, one at a time" ;;
+      batch8) flags=(--batch-size 8) ; name="8 prompts, --batch-size 8" ;;
+      batch8_bf16) flags=(--batch-size 8 --bf16) ; name="8 prompts, --batch-size 8 --bf16" ;;
       *) die "unknown mode '$mode' in MODES" ;;
     esac
-    "$LATTICE" generate --load "$WORK/ckpt" --tokenizer-type ByteTokenizer --prompt "$PROMPT" \
+    [[ $mode == *8* ]] && prompts=(--prompt-file "$WORK/prompts8.txt")
+    "$LATTICE" generate --load "$WORK/ckpt" --tokenizer-type ByteTokenizer "${prompts[@]}" \
       --max-new-tokens "$NEW_TOKENS" --temperature 1 --seed 1 "${flags[@]}" \
       >"$WORK/$mode.$r.out" 2>"$WORK/$mode.$r.err" || { cat "$WORK/$mode.$r.err" >&2; die "generate ($mode) failed"; }
-    # generate: 1 prompt(s), prefill 16 tokens in X ms, N new tokens in Y ms (Z tokens/s, ...)
+    # generate: P prompt(s), prefill 16 tokens in X ms, N new tokens in Y ms (Z tokens/s, ...)
     line=$(grep '^generate:' "$WORK/$mode.$r.err") || die "no timing line from generate ($mode)"
     read -r prompt_tokens prefill_ms new_tokens decode_ms < <(echo "$line" |
       sed -E 's/.*prefill ([0-9]+) tokens in ([0-9.]+) ms, ([0-9]+) new tokens in ([0-9.]+) ms.*/\1 \2 \3 \4/')
-    [[ $new_tokens == "$NEW_TOKENS" ]] || echo "generate_bench: $mode stopped after $new_tokens tokens (end of document)" >&2
+    want=$NEW_TOKENS
+    [[ $mode == *8* ]] && want=$((8 * NEW_TOKENS))
+    [[ $new_tokens == "$want" ]] || echo "generate_bench: $mode stopped after $new_tokens tokens (end of document)" >&2
     awk -v n="$name" -v p="$prompt_tokens" -v t="$new_tokens" -v pf="$prefill_ms" -v d="$decode_ms" \
       'BEGIN { printf "| %s | %d | %d | %.1f | %.1f | %.2f | %.2f |\n", n, p, t, pf, d, d / t, t / (d / 1000) }'
   done

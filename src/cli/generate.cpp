@@ -79,6 +79,31 @@ class NextTokenLogits {
   int64_t cached_start_ = -1;
 };
 
+// A prompt's text as its tokens come: each new token adds what it adds to the decoded text, so that
+// tokenizers whose decode joins tokens (NullTokenizer's spaces) stream as they decode.
+class TextSoFar {
+ public:
+  TextSoFar(const Tokenizer& tok, const std::vector<int32_t>& ids) : tok_(tok), shown_(tok.decode(ids)) {}
+  // The text `next` adds after ids (which end with it).
+  std::string piece(const std::vector<int32_t>& ids, int32_t next) {
+    std::string all = tok_.decode(ids);
+    std::string p = all.compare(0, shown_.size(), shown_) == 0 ? all.substr(shown_.size()) : tok_.decode({next});
+    shown_ = std::move(all);
+    return p;
+  }
+
+ private:
+  const Tokenizer& tok_;
+  std::string shown_;
+};
+
+// The first token of the context kept for a prompt of ids.size() tokens (a longer one keeps its
+// last max_position_embeddings), and where it moves when the context is full: to keep its last half.
+int64_t context_start(const std::vector<int32_t>& ids, int64_t P) { return std::max<int64_t>(0, int64_t(ids.size()) - P); }
+int64_t moved_start(const std::vector<int32_t>& ids, int64_t start, int64_t P) {
+  return int64_t(ids.size()) - start > P ? int64_t(ids.size()) - std::max<int64_t>(1, P / 2) : start;
+}
+
 void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer& tok,
                   const std::string& prompt, int64_t max_new_tokens, const SamplingConfig& sc,
                   const PhiloxStream& stream, Timing& timing) {
@@ -90,31 +115,130 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
   std::fputs(prompt.c_str(), stdout);
   std::fflush(stdout);
   next_logits.restart();
-  int64_t start = std::max<int64_t>(0, int64_t(ids.size()) - P);
+  int64_t start = context_start(ids, P);
   auto t0 = Clock::now();
   timing.prefill_tokens += next_logits.compute(ids, start, logits.data());
   timing.prefill_s += seconds_since(t0);
   t0 = Clock::now();
-  // Each new token is printed as what it adds to the decoded text, so that tokenizers whose
-  // decode joins tokens (NullTokenizer's spaces) stream as they decode.
-  std::string shown = tok.decode(ids);
+  TextSoFar text(tok, ids);
   for (int64_t n = 0; n < max_new_tokens; ++n) {
     const int32_t next = sample_token(logits.data(), c.vocab_size, sc, stream, uint64_t(n));
     if (next == tok.eod()) break;
     ids.push_back(next);
-    std::string all = tok.decode(ids);
-    const std::string piece = all.compare(0, shown.size(), shown) == 0 ? all.substr(shown.size()) : tok.decode({next});
-    shown = std::move(all);
+    const std::string piece = text.piece(ids, next);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     ++timing.new_tokens;
     if (n + 1 == max_new_tokens) break;  // no logits needed after the last token
-    if (int64_t(ids.size()) - start > P) start = int64_t(ids.size()) - std::max<int64_t>(1, P / 2);
+    start = moved_start(ids, start, P);
     next_logits.compute(ids, start, logits.data());
   }
   timing.decode_s += seconds_since(t0);
   std::fputc('\n', stdout);
   std::fflush(stdout);
+}
+
+// The prompts decoded `batch` at a time (--batch-size): each prompt prefilled alone into a free
+// sequence of the cache, then one step (GPTInference::step) per new token of every prompt in flight,
+// their tokens through the model together; a finished prompt's sequence is taken by the next prompt.
+// Each prompt samples as it would alone (its own stream, its own logits); its text is printed when
+// complete, in prompt order.
+void generate_batched(GPTModel& model, const Tokenizer& tok, const std::vector<std::string>& prompts,
+                      int64_t max_new_tokens, const SamplingConfig& sc, uint64_t seed, int64_t batch, bool bf16,
+                      Timing& timing) {
+  const TransformerConfig& c = model.config();
+  const int64_t P = c.max_position_embeddings, Vp = c.padded_vocab_size;
+  const int64_t S = std::min<int64_t>(batch, int64_t(prompts.size()));
+  GPTInference cache(model, 0, bf16, S);
+  struct InFlight {
+    size_t prompt = 0;
+    std::vector<int32_t> ids;
+    int64_t start = 0, made = 0;
+    std::unique_ptr<TextSoFar> text;
+    std::vector<float> logits;
+    bool busy = false;
+  };
+  std::vector<InFlight> seqs(static_cast<size_t>(S));
+  std::vector<std::string> outputs(prompts.size());
+  std::vector<bool> complete(prompts.size(), false);
+  size_t next_prompt = 0, printed = 0;
+  auto prefill = [&](int64_t s) {  // the sequence's context, from scratch, into its cache rows
+    InFlight& q = seqs[size_t(s)];
+    const auto t0 = Clock::now();
+    cache.reset(s);
+    cache.append(q.ids.data() + q.start, int64_t(q.ids.size()) - q.start, q.logits.data(), false, s);
+    timing.prefill_tokens += int64_t(q.ids.size()) - q.start;
+    timing.prefill_s += seconds_since(t0);
+  };
+  auto finish = [&](int64_t s) {
+    InFlight& q = seqs[size_t(s)];
+    complete[q.prompt] = true;
+    q.busy = false;
+    for (; printed < prompts.size() && complete[printed]; ++printed) {
+      std::fwrite(outputs[printed].data(), 1, outputs[printed].size(), stdout);  // (it may hold NUL bytes)
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+    }
+  };
+  const auto t_all = Clock::now();
+  const double prefill_before = timing.prefill_s;
+  for (;;) {
+    // Free sequences take the next prompts.
+    for (int64_t s = 0; s < S && next_prompt < prompts.size(); ++s) {
+      InFlight& q = seqs[size_t(s)];
+      if (q.busy) continue;
+      q = InFlight{};
+      q.prompt = next_prompt++;
+      q.ids = tok.encode(prompts[q.prompt]);
+      if (q.ids.empty()) q.ids.push_back(tok.eod());
+      q.start = context_start(q.ids, P);
+      q.text = std::make_unique<TextSoFar>(tok, q.ids);
+      q.logits.resize(static_cast<size_t>(Vp));
+      q.busy = true;
+      outputs[q.prompt] = prompts[q.prompt];
+      prefill(s);
+    }
+    // Each prompt in flight samples its next token; those that go on are stepped together.
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> stepped;
+    bool any = false;
+    for (int64_t s = 0; s < S; ++s) {
+      InFlight& q = seqs[size_t(s)];
+      if (!q.busy) continue;
+      any = true;
+      const PhiloxStream stream{seed, fnv1a32("generate"), uint32_t(q.prompt), 0};
+      const int32_t next = q.made < max_new_tokens
+                               ? sample_token(q.logits.data(), c.vocab_size, sc, stream, uint64_t(q.made))
+                               : tok.eod();
+      if (next == tok.eod()) {
+        finish(s);
+        continue;
+      }
+      q.ids.push_back(next);
+      outputs[q.prompt] += q.text->piece(q.ids, next);
+      ++timing.new_tokens;
+      if (++q.made == max_new_tokens) {  // no logits needed after the last token
+        finish(s);
+        continue;
+      }
+      const int64_t start = moved_start(q.ids, q.start, P);
+      if (start != q.start) {  // the context moved: its last half prefilled again, alone
+        q.start = start;
+        prefill(s);
+        continue;
+      }
+      tokens.push_back(next);
+      stepped.push_back(s);
+    }
+    if (!any && next_prompt == prompts.size()) break;
+    if (tokens.empty()) continue;
+    std::vector<float> logits(tokens.size() * size_t(Vp));
+    cache.step(tokens.data(), stepped.data(), int64_t(tokens.size()), logits.data());
+    for (size_t i = 0; i < stepped.size(); ++i)
+      std::copy(logits.begin() + int64_t(i) * Vp, logits.begin() + int64_t(i + 1) * Vp,
+                seqs[size_t(stepped[i])].logits.begin());
+  }
+  timing.decode_s += seconds_since(t_all) - (timing.prefill_s - prefill_before);
 }
 
 int64_t integer_flag(const SimpleFlags& f, const std::string& name, int64_t fallback, int64_t min) {
@@ -165,6 +289,8 @@ int cmd_generate(int argc, char** argv) {
         "  --tiktoken-pattern, --tiktoken-num-special-tokens, --tiktoken-special-tokens \"T ...\"\n"
         "                             TikTokenizer's settings [the checkpoint's]\n"
         "  --vocab-size N             NullTokenizer's ids (N: the end of document) [the checkpoint's]\n"
+        "  --batch-size B             prompts decoded together, their new tokens one GEMM per layer; each\n"
+        "                             prompt's text printed when complete (B > 1) [1: streamed]\n"
         "  --no-kv-cache              recompute the whole context for every token\n"
         "  --bf16                     decode with the linear layers' weights and inputs in bf16 (half the\n"
         "                             bytes per token; with the KV cache)\n"
@@ -176,7 +302,8 @@ int cmd_generate(int argc, char** argv) {
                                      {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k",
                                       "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
                                       "vocab-size", "vocab-extra-ids", "tiktoken-pattern",
-                                      "tiktoken-num-special-tokens", "tiktoken-special-tokens", "device"},
+                                      "tiktoken-num-special-tokens", "tiktoken-special-tokens", "device",
+                                      "batch-size"},
                                      {"no-kv-cache", "bf16"});
   const std::string load = f.required("load");
   const std::vector<std::string> prompts = read_prompts(f);
@@ -187,6 +314,7 @@ int cmd_generate(int argc, char** argv) {
   if (!(sc.temperature >= 0)) LATTICE_FAIL() << "--temperature must be >= 0";
   if (!(sc.top_p > 0 && sc.top_p <= 1)) LATTICE_FAIL() << "--top-p must be in (0, 1]";
   const int64_t max_new = integer_flag(f, "max-new-tokens", 100, 0);
+  const int64_t batch = integer_flag(f, "batch-size", 1, 1);
   const uint64_t seed = uint64_t(integer_flag(f, "seed", 1234, 0));
   const Device device = parse_device(f.get("device", "cpu").c_str());
   set_device(device);  // before the model is allocated
@@ -214,19 +342,25 @@ int cmd_generate(int argc, char** argv) {
 
   const bool kv_cache = !f.has("no-kv-cache"), bf16 = f.has("bf16");
   if (bf16 && !kv_cache) LATTICE_FAIL() << "--bf16 decodes with the KV cache: drop --no-kv-cache";
-  NextTokenLogits next_logits(*lm.model, kv_cache, bf16);
+  if (batch > 1 && !kv_cache) LATTICE_FAIL() << "--batch-size " << batch << " decodes with the KV cache: drop --no-kv-cache";
   Timing timing;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    PhiloxStream stream{seed, fnv1a32("generate"), uint32_t(i), 0};
-    generate_one(*lm.model, next_logits, *tok, prompts[i], max_new, sc, stream, timing);
+  if (batch > 1) {
+    generate_batched(*lm.model, *tok, prompts, max_new, sc, seed, batch, bf16, timing);
+  } else {
+    NextTokenLogits next_logits(*lm.model, kv_cache, bf16);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      PhiloxStream stream{seed, fnv1a32("generate"), uint32_t(i), 0};
+      generate_one(*lm.model, next_logits, *tok, prompts[i], max_new, sc, stream, timing);
+    }
   }
   std::fprintf(stderr,
                "generate: %zu prompt(s), prefill %lld tokens in %.1f ms, %lld new tokens in %.1f ms "
-               "(%.2f tokens/s, %s%s%s)\n",
+               "(%.2f tokens/s, %s%s%s%s)\n",
                prompts.size(), (long long)timing.prefill_tokens, timing.prefill_s * 1e3,
                (long long)timing.new_tokens, timing.decode_s * 1e3,
                timing.decode_s > 0 ? double(timing.new_tokens) / timing.decode_s : 0.0,
                kv_cache ? "KV cache" : "full forward per token", bf16 ? ", bf16 weights" : "",
+               batch > 1 ? (", batch " + std::to_string(batch)).c_str() : "",
                device == Device::cpu ? "" : cuda_emulated() ? ", cuda emulated" : ", cuda");
   return 0;
 }

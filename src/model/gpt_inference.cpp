@@ -39,7 +39,10 @@ MoeShape generation_moe_shape(const TransformerConfig& c) {
 
 }  // namespace
 
-GPTInference::GPTInference(const GPTModel& model, int64_t capacity, bool bf16_weights) : cfg_(model.config()) {
+GPTInference::GPTInference(const GPTModel& model, int64_t capacity, bool bf16_weights, int64_t sequences)
+    : cfg_(model.config()) {
+  LATTICE_CHECK(sequences >= 1) << "GPTInference: " << sequences << " sequences";
+  lengths_.assign(size_t(sequences), 0);
   if (bf16_weights) policy_ = std::make_unique<Bf16DecodePolicy>();
   site_ = GemmSite{policy_.get(), 0};  // (the policy keeps each weight by its address)
   const ParamBuffer& pb = model.params();
@@ -197,18 +200,19 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity, bool bf16_we
   }
   // One cache row per key/value head and attention layer: grouped-query attention keeps G, not H, keys per
   // token; the GDN and Mamba layers keep no cache but their convolution's history and their state.
+  const size_t S = size_t(sequences);
   const size_t cache = size_t(attention_layers * cfg_.num_query_groups * cfg_.kv_channels * capacity_);
-  k_cache_.resize(cache);
-  v_cache_.resize(cache);
+  k_cache_.resize(S * cache);
+  v_cache_.resize(S * cache);
   if (gdn_layers > 0) {
     const GdnShape g = gdn_kernel_shape(cfg_, 1, 1, 1);
-    gdn_hist_.resize(size_t(gdn_layers * (g.K - 1) * g.width()));
-    gdn_state_.resize(size_t(gdn_layers * g.Hv * g.state()));
+    gdn_hist_.resize(S * size_t(gdn_layers * (g.K - 1) * g.width()));
+    gdn_state_.resize(S * size_t(gdn_layers * g.Hv * g.state()));
   }
   if (mamba_layers > 0) {
     const MambaShape s = mamba_kernel_shape(cfg_, 1, 1, 1);
-    mamba_hist_.resize(size_t(mamba_layers * (s.K - 1) * s.width()));
-    mamba_state_.resize(size_t(mamba_layers * s.H * s.state()));
+    mamba_hist_.resize(S * size_t(mamba_layers * (s.K - 1) * s.width()));
+    mamba_state_.resize(S * size_t(mamba_layers * s.H * s.state()));
   }
 }
 
@@ -294,11 +298,12 @@ void GPTInference::mla_qkv(float* qkv, const Layer& p, const float* ln, int64_t 
   mla_fuse_qkv(qkv, mla_q_.data(), mla_kv_.data(), c, n, s);
 }
 
-void GPTInference::gdn_layer(float* out, const Layer& p, const float* ln, int64_t n) {
+void GPTInference::gdn_layer(float* out, const Layer& p, const float* ln, int64_t n, int64_t seq) {
   const GdnShape conv = gdn_kernel_shape(cfg_, 1, 1, cfg_.linear_conv_kernel_dim - 1 + n);  // history, then the tokens
   const GdnShape s = gdn_kernel_shape(cfg_, 1, 1, n);
   const int64_t W = s.width(), Km = s.K - 1, C = cfg_.hidden_size;
-  float* hist = gdn_hist_.data() + p.slot * Km * W;
+  float* hist = gdn_hist_.data() + seq * int64_t(gdn_hist_.size()) / sequences() + p.slot * Km * W;
+  float* state = gdn_state_.data() + seq * int64_t(gdn_state_.size()) / sequences() + p.slot * s.Hv * s.state();
   float* xin = gdn_x_.data();
   float* x = xin + Km * W;  // the tokens' in_proj rows
   float* u = gdn_u_.data() + Km * s.conv();
@@ -306,7 +311,7 @@ void GPTInference::gdn_layer(float* out, const Layer& p, const float* ln, int64_
   linear_forward(x, ln, p.qkv_w, nullptr, n, C, W, site_);
   gdn_conv_forward(gdn_u_.data(), xin, p.conv_w, conv);  // (the history's own rows are not used)
   gdn_gates_forward(gdn_q_.data(), gdn_k_.data(), gdn_g_.data(), gdn_beta_.data(), u, x, p.a_log, p.dt_bias, s);
-  gdn_delta_rule_forward(gdn_o_.data(), gdn_state_.data() + p.slot * s.Hv * s.state(), nullptr, gdn_q_.data(),
+  gdn_delta_rule_forward(gdn_o_.data(), state, nullptr, gdn_q_.data(),
                          gdn_k_.data(), u, gdn_g_.data(), gdn_beta_.data(), s, true);
   layernorm_forward(gdn_n_.data(), gdn_mean_.data(), gdn_rstd_.data(), gdn_o_.data(), p.out_norm_w, p.out_norm_b,
                     n * s.Hv, s.Dv, cfg_.layernorm_epsilon,
@@ -316,12 +321,13 @@ void GPTInference::gdn_layer(float* out, const Layer& p, const float* ln, int64_
   copy_on_device(hist, xin + n * W, size_t(Km * W) * sizeof(float));  // the last K - 1 rows
 }
 
-void GPTInference::mamba_layer(float* out, const Layer& p, const float* ln, int64_t n) {
+void GPTInference::mamba_layer(float* out, const Layer& p, const float* ln, int64_t n, int64_t seq) {
   const int64_t Km = TransformerConfig::kMambaConvKernel - 1, C = cfg_.hidden_size;
   const MambaShape conv = mamba_kernel_shape(cfg_, 1, 1, Km + n);  // the history, then the tokens
   const MambaShape s = mamba_kernel_shape(cfg_, 1, 1, n);
   const int64_t W = s.width();
-  float* hist = mamba_hist_.data() + p.slot * Km * W;
+  float* hist = mamba_hist_.data() + seq * int64_t(mamba_hist_.size()) / sequences() + p.slot * Km * W;
+  float* state = mamba_state_.data() + seq * int64_t(mamba_state_.size()) / sequences() + p.slot * s.H * s.state();
   float* xin = mamba_x_.data();
   float* x = xin + Km * W;                         // the tokens' in_proj rows
   const float* u = mamba_u_.data() + Km * s.conv();  // their convolution's rows
@@ -329,14 +335,14 @@ void GPTInference::mamba_layer(float* out, const Layer& p, const float* ln, int6
   linear_forward(x, ln, p.qkv_w, nullptr, n, C, W, site_);
   mamba_conv_forward(mamba_u_.data(), xin, p.conv_w, p.conv_b, conv);  // (the history's own rows are not used)
   mamba_dt_forward(mamba_dt_.data(), x, p.dt_bias, s);
-  mamba_scan_forward(mamba_y_.data(), nullptr, u, mamba_dt_.data(), p.a_log, p.d_skip, s,
-                     mamba_state_.data() + p.slot * s.H * s.state());
+  mamba_scan_forward(mamba_y_.data(), nullptr, u, mamba_dt_.data(), p.a_log, p.d_skip, s, state);
   mamba_gated_norm_forward(attn_.data(), mamba_rstd_.data(), mamba_y_.data(), x, p.out_norm_w, s);
   linear_forward(out, attn_.data(), p.proj_w, nullptr, n, s.inner(), C, site_);
   copy_on_device(hist, xin + n * W, size_t(Km * W) * sizeof(float));  // the last K - 1 rows
 }
 
-void GPTInference::attention_layer(float* out, const Layer& p, int64_t l, const float* ln, int64_t n) {
+void GPTInference::attention_layer(float* out, const Layer& p, int64_t l, const float* ln, int64_t n,
+                                   const std::vector<Segment>& segments) {
   const int64_t C = cfg_.hidden_size, H = cfg_.num_attention_heads, D = cfg_.kv_channels, Tmax = capacity_;
   const int64_t Q = cfg_.attention_width();
   const QkvLayout layout{H, cfg_.num_query_groups, D, cfg_.attention_output_gate};
@@ -349,12 +355,17 @@ void GPTInference::attention_layer(float* out, const Layer& p, int64_t l, const 
   if (cfg_.qk_norm())
     qk_layernorm_forward(qkv, qk_raw_.data(), qk_mean_.data(), qk_rstd_.data(), qk_out_.data(), p.qk_norm, n, layout,
                          cfg_.layernorm_epsilon, cfg_.qk_l2_norm ? Normalization::rmsnorm : norm);
-  if (rope_ && cfg_.rotary_layer(l))  // q and k at their positions in the context
-    rope_forward(qkv, *rope_, n, n, length_, layout);
-  const int64_t layer_cache = p.slot * layout.G * Tmax * D;
-  kv_cache_append(k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, qkv, n, length_, layout, Tmax);
-  cached_attention_forward(attn, qkv, k_cache_.data() + layer_cache, v_cache_.data() + layer_cache, n, length_,
-                           layout, Tmax, cfg_.attention_window(l), p.softmax_offset);
+  // Each segment's rows: q and k rotated to their positions in its sequence, its keys and values
+  // appended to the sequence's cache, its queries attending to it.
+  const int64_t W = layout.width();
+  for (const Segment& g : segments) {
+    float* q = qkv + g.row0 * W;
+    if (rope_ && cfg_.rotary_layer(l)) rope_forward(q, *rope_, g.rows, g.rows, g.past, layout);
+    const int64_t cache = g.seq * int64_t(k_cache_.size()) / sequences() + p.slot * layout.G * Tmax * D;
+    kv_cache_append(k_cache_.data() + cache, v_cache_.data() + cache, q, g.rows, g.past, layout, Tmax);
+    cached_attention_forward(attn + g.row0 * H * D, q, k_cache_.data() + cache, v_cache_.data() + cache, g.rows,
+                             g.past, layout, Tmax, cfg_.attention_window(l), p.softmax_offset);
+  }
   if (cfg_.attention_output_gate) attention_output_gate_forward(attn, attn, qkv, n, layout);  // in place
   if (cfg_.multi_latent_attention) {  // linear_proj reads the values' dims of each head
     mla_values(attn_v_.data(), attn, n, mla_shape(cfg_, H));
@@ -364,14 +375,34 @@ void GPTInference::attention_layer(float* out, const Layer& p, int64_t l, const 
   }
 }
 
-void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions) {
+void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions, int64_t seq) {
+  LATTICE_CHECK(n > 0) << "append: no tokens";
+  LATTICE_CHECK(seq >= 0 && seq < sequences()) << "append: sequence " << seq << " of " << sequences();
+  forward(tokens, n, {Segment{seq, 0, n, lengths_[size_t(seq)]}}, logits, all_positions ? 0 : n - 1);
+}
+
+void GPTInference::step(const int32_t* tokens, const int64_t* seqs, int64_t count, float* logits) {
+  LATTICE_CHECK(count > 0) << "step: no sequences";
+  std::vector<Segment> segments;
+  std::vector<bool> seen(size_t(sequences()), false);
+  for (int64_t i = 0; i < count; ++i) {
+    LATTICE_CHECK(seqs[i] >= 0 && seqs[i] < sequences() && !seen[size_t(seqs[i])])
+        << "step: sequence " << seqs[i] << " is not one of the " << sequences() << " or comes twice";
+    seen[size_t(seqs[i])] = true;
+    segments.push_back(Segment{seqs[i], i, 1, lengths_[size_t(seqs[i])]});
+  }
+  forward(tokens, count, segments, logits, 0);
+}
+
+void GPTInference::forward(const int32_t* tokens, int64_t n, const std::vector<Segment>& segments, float* logits,
+                           int64_t first_logit_row) {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Vp = cfg_.padded_vocab_size;
   const float eps = cfg_.layernorm_epsilon;
   const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
-  LATTICE_CHECK(n > 0) << "append: no tokens";
-  if (length_ + n > capacity_)
-    LATTICE_FAIL() << "KV cache full: " << length_ << " + " << n << " tokens exceed its " << capacity_
-                   << " positions (max_position_embeddings " << cfg_.max_position_embeddings << ")";
+  for (const Segment& g : segments)
+    if (g.past + g.rows > capacity_)
+      LATTICE_FAIL() << "KV cache full: " << g.past << " + " << g.rows << " tokens exceed its " << capacity_
+                     << " positions (max_position_embeddings " << cfg_.max_position_embeddings << ")";
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
       LATTICE_FAIL() << "token id " << tokens[i] << " is outside the model's vocabulary [0, "
@@ -379,33 +410,45 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
   reserve_rows(n);
   float *x = x_.data(), *ln = ln_.data(), *tmp = tmp_.data(), *fc = fc_.data();
   int32_t* ids = ids_.host();  // [tokens | positions]
-  for (int64_t i = 0; i < n; ++i) {
-    ids[i] = tokens[i];
-    ids[n + i] = int32_t(length_ + i);
-  }
+  for (const Segment& g : segments)
+    for (int64_t i = 0; i < g.rows; ++i) {
+      ids[g.row0 + i] = tokens[g.row0 + i];
+      ids[n + g.row0 + i] = int32_t(g.past + i);
+    }
   ids_.upload(size_t(2 * n));
   embedding_forward(x, ids_.device(), ids_.device() + n, wte_, wpe_, n, C);  // x: [n, C]
-  if (length_ == 0)  // a new sequence: no history, zero states
-    for (DeviceArray<float>* a : {&gdn_hist_, &gdn_state_, &mamba_hist_, &mamba_state_})
-      if (a->size() > 0) zero_on_device(a->data(), a->size() * sizeof(float));
+  for (const Segment& g : segments)
+    if (g.past == 0)  // a new sequence: no history, zero states
+      for (DeviceArray<float>* a : {&gdn_hist_, &gdn_state_, &mamba_hist_, &mamba_state_})
+        if (a->size() > 0) {
+          const size_t per = a->size() / size_t(sequences());
+          zero_on_device(a->data() + size_t(g.seq) * per, per * sizeof(float));
+        }
 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const Layer& p = layers_[l];
     if (p.attention) {
       layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln1_w, p.ln1_b, n, C, eps, norm);
-      if (p.mamba) {
-        mamba_layer(tmp, p, ln, n);
-      } else if (p.linear) {  // a Gated DeltaNet layer
-        gdn_layer(tmp, p, ln, n);
+      if (p.mamba || p.linear) {  // a Mamba or Gated DeltaNet layer: its state is the sequence's
+        for (const Segment& g : segments) {
+          if (p.mamba) mamba_layer(tmp + g.row0 * C, p, ln + g.row0 * C, g.rows, g.seq);
+          else gdn_layer(tmp + g.row0 * C, p, ln + g.row0 * C, g.rows, g.seq);
+        }
       } else {
-        attention_layer(tmp, p, l, ln, n);
+        attention_layer(tmp, p, l, ln, n, segments);
       }
       add_forward(x, x, tmp, n * C);
     }
     if (!p.mlp) continue;
     layernorm_forward(ln, mean_.data(), rstd_.data(), x, p.ln2_w, p.ln2_b, n, C, eps, norm);
     if (cfg_.moe_layer(l)) {
-      moe_forward(tmp, ln, moe_, p.moe, n, generation_moe_shape(cfg_));
+      const MoeShape shape = generation_moe_shape(cfg_);
+      if (shape.capacity_factor > 0) {  // an expert's capacity counts the tokens routed with it: each
+        for (const Segment& g : segments)  // sequence's alone, as when it is decoded alone
+          moe_forward(tmp + g.row0 * C, ln + g.row0 * C, moe_, p.moe, g.rows, shape);
+      } else {
+        moe_forward(tmp, ln, moe_, p.moe, n, shape);
+      }
       add_forward(x, x, tmp, n * C);
       continue;
     }
@@ -420,9 +463,9 @@ void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool 
     linear_forward(tmp, act, p.fc2_w, p.fc2_b, n, F, C, site_);
     add_forward(x, x, tmp, n * C);
   }
-  length_ += n;
+  for (const Segment& g : segments) lengths_[size_t(g.seq)] += g.rows;
   // Only the rows whose logits are wanted go through the final norm and the output layer.
-  const int64_t first = all_positions ? 0 : n - 1, rows = n - first;
+  const int64_t first = first_logit_row, rows = n - first;
   layernorm_forward(ln, mean_.data(), rstd_.data(), x + first * C, lnf_w_, lnf_b_, rows, C, eps, norm);
   if (current_device() == Device::cpu) {
     linear_forward(logits, ln, out_w_, nullptr, rows, C, Vp, site_);  // [rows, Vp]

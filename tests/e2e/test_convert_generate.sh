@@ -123,6 +123,23 @@ if run pf "$LATTICE" generate --load ckpt --prompt-file prompts.txt --max-new-to
   grep -qF 'And God said' pf.out && pass "--prompt-file: second prompt generated" || fail "--prompt-file: no second prompt"
   grep -q '^generate: 2 prompt(s)' pf.err || fail "--prompt-file: expected 2 prompts: $(cat pf.err)"
 fi
+# --batch-size: five prompts of other lengths decoded three at a time (a finished prompt's place taken by
+# the next; contexts of 16 filling and moving) print what they print one at a time, in prompt order.
+printf 'In the beginning\nab\nAnd God said unto Moses, saying\n\nx\nLet there be light\n' > prompts5.txt
+for args in "--temperature 0" "--temperature 0.9 --top-k 50 --seed 5"; do
+  # shellcheck disable=SC2086
+  run one_at_a_time "$LATTICE" generate --load ckpt --prompt-file prompts5.txt --max-new-tokens 40 $args &&
+    run batched "$LATTICE" generate --load ckpt --prompt-file prompts5.txt --max-new-tokens 40 $args --batch-size 3 &&
+    same "--batch-size 3 prints what one prompt at a time prints ($args)" one_at_a_time.out batched.out
+done
+grep -q '^generate: 5 prompt(s), .*KV cache, batch 3)' batched.err || fail "--batch-size: timing line: $(cat batched.err)"
+run batched_bf16 "$LATTICE" generate --load ckpt --prompt-file prompts5.txt --max-new-tokens 12 --batch-size 8 --bf16 &&
+  { [ "$(head -c 16 batched_bf16.out)" = "In the beginning" ] && grep -qaF 'Let there be light' batched_bf16.out &&
+      pass "--batch-size 8 --bf16: the prompts' texts" || fail "--batch-size 8 --bf16: $(cat batched_bf16.out)"; }
+expect_error "generate: --batch-size without the KV cache" "--batch-size 2 decodes with the KV cache" -- \
+  "$LATTICE" generate --load ckpt --prompt a --batch-size 2 --no-kv-cache
+expect_error "generate: --batch-size 0" "--batch-size must be an integer >= 1" -- \
+  "$LATTICE" generate --load ckpt --prompt a --batch-size 0
 run zero "$LATTICE" generate --load ckpt --prompt "xyz" --max-new-tokens 0 &&
   { [ "$(cat zero.out)" = "xyz" ] && pass "--max-new-tokens 0 prints the prompt" || fail "--max-new-tokens 0: $(cat zero.out)"; }
 

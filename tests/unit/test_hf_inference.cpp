@@ -235,6 +235,100 @@ TEST(HfInference, KvCacheOnHfFixtureModel) {
   check_against_full_forward(*hf.model, 16);
 }
 
+// Several sequences decoded together (GPTInference::step): three prompts of other lengths prefilled
+// into their own slots, then steps over all of them and over a subset in another order, then one
+// slot reset and refilled with a new prompt while the others go on (a finished prompt's slot taken
+// by the next). Every sequence's logits equal its decoding alone, token by token (to the GEMMs'
+// summation order: 1e-5), for every kind of layer that keeps per-sequence state: attention's cache
+// (rope, grouped queries, q/k norms, sliding window), multi-latent attention's, Gated DeltaNet's and
+// Mamba's convolution histories and states, and mixtures of experts (dropless, and with a capacity,
+// which counts each sequence's tokens alone).
+TEST(HfInference, BatchedStepsEqualEachSequenceAlone) {
+  std::vector<std::pair<const char*, std::unique_ptr<GPTModel>>> models;
+  models.emplace_back("gpt", random_model(true, GeluKind::tanh));
+  models.emplace_back("rope gqa qk-norm window", random_model(false, GeluKind::erf, true, [](TransformerConfig& c) {
+                        c.qk_layernorm = true;
+                        c.normalization = "RMSNorm";
+                        c.num_query_groups = 2;
+                        c.window_size = 5;
+                      }));
+  models.emplace_back("mla", random_model(false, GeluKind::erf, true, [](TransformerConfig& c) {
+                        c.rotary_percent = 1.0;
+                        set_mla(c, MlaShapes{14, 10, 6, 4, 8});
+                      }));
+  models.emplace_back("gdn", random_model(false, GeluKind::erf, true, [](TransformerConfig& c) {
+                        c.add_bias_linear = false;
+                        c.swiglu = true;
+                        set_gdn(c, {1, 0, 1}, GdnShapes{2, 4, 6, 5, 4});
+                      }));
+  models.emplace_back("hybrid mamba moe", random_model(false, GeluKind::erf, false, [](TransformerConfig& c) {
+                        set_hybrid(c, "*M*E-E", MambaShapes{});
+                        c.num_experts = 4;
+                        c.moe_router_topk = 2;
+                        c.moe_ffn_hidden_size = 24;
+                      }));
+  models.emplace_back("moe capacity", random_model(false, GeluKind::erf, true, [](TransformerConfig& c) {
+                        c.add_bias_linear = false;
+                        c.num_experts = 4;
+                        c.moe_router_topk = 2;
+                        c.moe_ffn_hidden_size = 24;
+                        c.moe_expert_capacity_factor = 1.0;
+                      }));
+  for (auto& [name, model] : models) {
+    SCOPED_TRACE(name);
+    const TransformerConfig& c = model->config();
+    const int64_t Vp = c.padded_vocab_size, V = c.vocab_size;
+    const std::vector<int32_t> all = some_tokens(30, V);
+    const std::vector<std::vector<int32_t>> prompts = {{all.begin(), all.begin() + 5}, {all.begin() + 3, all.begin() + 12},
+                                                       {all.begin() + 20, all.begin() + 22}};
+    GPTInference batch(*model, 0, false, 3);
+    std::vector<std::unique_ptr<GPTInference>> alone;
+    std::vector<float> got(static_cast<size_t>(3 * Vp)), want(static_cast<size_t>(Vp));
+    auto expect_alone = [&](int64_t seq, const float* logits, int32_t token, const char* when) {
+      alone[size_t(seq)]->append(&token, 1, want.data());
+      EXPECT_LE(rel_err(logits, want.data(), 1, V, Vp), 1e-5) << "sequence " << seq << " " << when;
+    };
+    for (int64_t s = 0; s < 3; ++s) {
+      alone.push_back(std::make_unique<GPTInference>(*model));
+      const auto& p = prompts[size_t(s)];
+      batch.append(p.data(), int64_t(p.size()) - 1, got.data(), false, s);
+      alone.back()->append(p.data(), int64_t(p.size()) - 1, want.data());
+      EXPECT_EQ(rel_err(got.data(), want.data(), 1, V, Vp), 0.0) << "the prefill of sequence " << s;
+    }
+    // Every sequence's next token together, three times (the first: each prompt's last token).
+    for (int k = 0; k < 3; ++k) {
+      const int64_t seqs[3] = {0, 1, 2};
+      int32_t tokens[3];
+      for (int64_t s = 0; s < 3; ++s) tokens[s] = k == 0 ? prompts[size_t(s)].back() : int32_t((7 * k + 5 * s) % V);
+      batch.step(tokens, seqs, 3, got.data());
+      for (int64_t s = 0; s < 3; ++s) expect_alone(s, got.data() + s * Vp, tokens[s], "in a step of all");
+    }
+    {  // a subset, out of order
+      const int64_t seqs[2] = {2, 0};
+      const int32_t tokens[2] = {11, 13};
+      batch.step(tokens, seqs, 2, got.data());
+      expect_alone(2, got.data(), 11, "in a step of two");
+      expect_alone(0, got.data() + Vp, 13, "in a step of two");
+    }
+    // Sequence 1's slot refilled from scratch while 0 and 2 go on.
+    batch.reset(1);
+    alone[1] = std::make_unique<GPTInference>(*model);
+    batch.append(all.data() + 14, 6, got.data(), false, 1);
+    alone[1]->append(all.data() + 14, 6, want.data());
+    EXPECT_EQ(rel_err(got.data(), want.data(), 1, V, Vp), 0.0) << "the refilled slot's prefill";
+    const int64_t seqs[3] = {1, 0, 2};
+    const int32_t tokens[3] = {3, 4, 5};
+    batch.step(tokens, seqs, 3, got.data());
+    for (int64_t i = 0; i < 3; ++i) expect_alone(seqs[i], got.data() + i * Vp, tokens[i], "after the refill");
+    EXPECT_EQ(batch.length(0), 4 + 4 + 1);
+    EXPECT_EQ(batch.length(1), 7);
+    // A sequence named twice, or one the cache does not hold, is an error.
+    const int64_t twice[2] = {0, 0}, outside[1] = {3};
+    EXPECT_THROW(batch.step(tokens, twice, 2, got.data()), Error);
+    EXPECT_THROW(batch.step(tokens, outside, 1, got.data()), Error);
+  }
+}
+
 TEST(HfInference, ResetStartsOver) {
   auto model = random_model(false, GeluKind::tanh);
   const int64_t Vp = model->config().padded_vocab_size;
