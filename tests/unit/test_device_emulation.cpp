@@ -178,6 +178,14 @@ RunResult run(Device device, const Options& o) {
     inf.append(tokens.data() + t, 1, cached.data());
     r.cached_logits.insert(r.cached_logits.end(), cached.begin(), cached.begin() + Vp);
   }
+  // Two sequences decoded together (generate --batch-size): prompts of 4 and 3 tokens, then a step of both.
+  GPTInference two(model, 0, false, 2);
+  std::vector<float> both(static_cast<size_t>(2 * Vp));
+  two.append(tokens.data(), 4, both.data(), false, 0);
+  two.append(tokens.data() + 4, 3, both.data(), false, 1);
+  const int64_t seqs[2] = {1, 0};
+  two.step(tokens.data() + 8, seqs, 2, both.data());
+  r.cached_logits.insert(r.cached_logits.end(), both.begin(), both.end());
   return r;
 }
 
