@@ -54,12 +54,23 @@ struct Case {
   int etp = 0;                  // --expert-tensor-parallel-size (1: whole experts, ep over the tp x dp ranks)
   bool seq_aux = false;         // seq_aux_loss besides aux_loss (each sequence's balance)
   int64_t latent = 0;           // --moe-latent-size (the experts' rows this wide, dispatched so)
+  Fp8Scaling fp8_scaling = Fp8Scaling::delayed;  // with fp8: --fp8-recipe
 };
 
 // --expert-tensor-parallel-size 1 (with sequence parallelism, which it needs) on case c.
 Case whole_experts(Case c) {
   c.etp = 1;
   c.sequence_parallel = true;
+  return c;
+}
+
+// fp8 hybrid with --fp8-recipe tensorwise on case c: every GEMM's amaxes reduced per call over the
+// tensor-parallel ranks that share the tensor (an expert's shards with ETP = TP; not whole experts',
+// which the tensor-parallel ranks do not share), so every rank calls the same reductions in turn.
+Case tensorwise(Case c) {
+  c.fp8 = true;
+  c.fp8_scaling = Fp8Scaling::tensorwise;
+  c.name += "Fp8Tensorwise";
   return c;
 }
 
@@ -165,8 +176,10 @@ EpRun train(const Case& c, ParallelState* ps, double perturb = 0) {
       params.expert_dp = &ps->expert_dp();
       params.experts_whole = model.experts_whole();
     }
-    policy = make_fp8_policy(make_fp8_recipe("hybrid", 0, 4, "max"), ps ? &ps->tp() : nullptr,
-                             ps ? &ps->dp() : nullptr, params);
+    Fp8Recipe recipe = make_fp8_recipe("hybrid", 0, 4, "max");
+    recipe.scaling = c.fp8_scaling;
+    if (ps) params.cp = &ps->cp();
+    policy = make_fp8_policy(recipe, ps ? &ps->tp() : nullptr, ps ? &ps->dp() : nullptr, params);
     model.set_gemm_policy(policy.get());
   }
   MockSamples data(model.config().vocab_size, kT, 7);
@@ -222,6 +235,13 @@ TEST_P(DistExpertParallel, MatchesSingleProcess) {
   // over the ranks holding it), are the single process's; then the runs agree within fp8's rounding
   // flips (tests/dist/test_dist_precision_layouts.cpp's bounds: bf16's for the loss, half e4m3's unit
   // roundoff for the gradient norm, 1e-2 for the parameters).
+  if (c.fp8_scaling != Fp8Scaling::delayed) {  // no scaling state; an expert's GEMM gathers the tokens
+    // of every expert-parallel rank's micro-batch, and its scale their amax (the single process's scales
+    // its micro-batches' apart): the same bounds hold
+    EXPECT_TRUE(run.fp8_after_first.empty());
+    expect_same_run(run, single, RunTolerance{std::ldexp(1.0, -8) / 8, std::ldexp(1.0, -4) / 2, 1e-2});
+    return;
+  }
   EXPECT_FALSE(run.fp8_after_first.empty());
   int expert_states = 0;
   for (const auto& [name, st] : run.fp8_after_first) {
@@ -310,6 +330,10 @@ INSTANTIATE_TEST_SUITE_P(
         // tensor-parallel pair, the experts' copies summed over the data-parallel ranks). The routers' gradients
         // are summed over the tensor-parallel ranks as the norms' are; the expert bias counts every rank's rows.
         whole_experts(Case{"Tp2Etp1Ep2Dropout", 2, 2, 1, 2, 4, false, false, false, 0.1f}),
+        // fp8 tensorwise: EP 2; TP 2 x EP 2 (the experts' shards reduce their amaxes over the pair); whole experts.
+        tensorwise(Case{"Ep2", 2, 1, 1, 2}),
+        tensorwise(Case{"Tp2Ep2SequenceParallel", 4, 2, 1, 2, 4, true, true, true, 0.0f, true}),
+        tensorwise(whole_experts(Case{"Tp2Etp1Ep2", 2, 2, 1, 2, 4})),
         // EP 1: every expert on both tensor-parallel ranks, its gradient summed over them (expert DP 2).
         whole_experts(Case{"Tp2Etp1DistributedOptimizer", 2, 2, 1, 1, 4, true, true}),
         whole_experts(Case{"Tp2Dp2Etp1Ep4EightExpertsDistributedOptimizer", 4, 2, 1, 4, 8, true, true, false, 0.1f}),

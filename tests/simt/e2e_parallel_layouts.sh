@@ -2,7 +2,7 @@
 # The trainer's whole GPU path, without a GPU: `lattice-simt train --device cuda` (the CLI on
 # the SIMT emulation: lattice's CUDA kernels, cuBLASLt and NCCL calls run on the CPU, NCCL's
 # communicators over MPI; docs/cuda.md) against `lattice train --device cpu`, for each
-# parallel layout: one rank in fp32 with dropout, in bf16, fp16 (loss scaling), fp8, with
+# parallel layout: one rank in fp32 with dropout, in bf16, fp16 (loss scaling), fp8 (delayed; mxfp8), with
 # full activation recomputation and with the rotary embedding (bf16, with multi-query attention: one
 # query group), with grouped-query attention on the tensor-core kernels (bf16), and on a corpus: the
 # validation loss, and generation from the CPU's checkpoint (with the KV cache and without;
@@ -12,7 +12,8 @@
 # parallel (a mixture of experts' all-to-all dispatch; whole experts over the tensor-parallel pair), context parallel (gathered keys and values,
 # rotary, multi-query, the distributed optimizer over dp x cp; a Gated DeltaNet layer's and a Mamba layer's heads
 # split over the pair, with document masks, as one rank runs it too), and tensor x
-# pipeline on 4 ranks (rotary, with an attention twice the hidden size). Every iteration's
+# pipeline on 4 ranks (rotary, with an attention twice the hidden size), and fp8 tensorwise under
+# tensor parallelism. Every iteration's
 # loss and gradient norm must agree to 1e-5 relative (fp32: the two backends reduce in
 # different orders, ~1e-7 apart; a wrong index, mask, scale or a lost message is 1e-2 or
 # more); bf16, fp16 and fp8 to 1e-3 (the GEMMs and the attention round at different places:
@@ -35,11 +36,17 @@ BASE=(--hidden-size 32 --num-attention-heads 2 --seq-length 16 --max-position-em
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1)
 LIMIT=240  # seconds per run
 
-# run NAME RANKS BINARY DEVICE FLAGS...: the run's metrics in NAME.jsonl
+# run NAME RANKS BINARY DEVICE FLAGS...: the run's metrics in NAME.jsonl (a flag of BASE that FLAGS
+# give too takes FLAGS' value)
 run() {
-  local name=$1 ranks=$2 bin=$3 device=$4
+  local name=$1 ranks=$2 bin=$3 device=$4 base=() i
   shift 4
-  local cmd=("$bin" train "${BASE[@]}" "$@" --device "$device" --metrics-file "$name.jsonl")
+  for ((i = 0; i < ${#BASE[@]}; ++i)); do
+    local flag=${BASE[i]} value=()
+    [[ $((i + 1)) -lt ${#BASE[@]} && ${BASE[i + 1]} != --* ]] && value=("${BASE[i + 1]}") && i=$((i + 1))
+    [[ " $* " == *" $flag "* ]] || base+=("$flag" "${value[@]}")
+  done
+  local cmd=("$bin" train "${base[@]}" "$@" --device "$device" --metrics-file "$name.jsonl")
   [ "$ranks" -gt 1 ] && cmd=("${MPIRUN[@]}" -np "$ranks" "${cmd[@]}")
   local rc=0
   timeout "$LIMIT" "${cmd[@]}" >"$name.log" 2>&1 || rc=$?
@@ -91,6 +98,10 @@ layout one-rank-fp32 1 1e-5
 layout one-rank-bf16 1 1e-3 --bf16
 layout one-rank-fp16 1 1e-3 --fp16 --initial-loss-scale 4096
 layout one-rank-fp8 1 1e-3 --bf16 --fp8-format hybrid
+# (one micro-batch a step: the backends accumulate a weight gradient over micro-batches in other fp32
+# orders, ~3e-8 apart as in bf16, and a block-scaled fp8 run turns such a difference into rounding flips
+# of 2^-4: 1.3e-3 in the gradient norm after 3 iterations with 4 micro-batches)
+layout one-rank-fp8-mxfp8 1 1e-3 --bf16 --fp8-format hybrid --fp8-recipe mxfp8 --global-batch-size 2
 layout one-rank-bf16-rope-gqa 1 1e-3 --bf16 --position-embedding-type rope --rotary-percent 0.5 \
   --group-query-attention --num-query-groups 1
 # grouped-query attention read in place by the tensor-core kernels (head dim 64), the packed bf16
@@ -104,6 +115,9 @@ GDN=(--swiglu --experimental-attention-variant gated_delta_net --linear-attentio
 layout one-rank-gated-delta-net 1 1e-5 "${GDN[@]}"
 if command -v mpirun >/dev/null 2>&1; then
   layout tensor-parallel-2 2 1e-5 --tensor-model-parallel-size 2 --sequence-parallel
+  # fp8 tensorwise: each GEMM operand's amax all-reduced over the pair (host buffers through NCCL)
+  layout tensor-parallel-2-fp8-tensorwise 2 1e-3 --tensor-model-parallel-size 2 --sequence-parallel --bf16 \
+    --fp8-format hybrid --fp8-recipe tensorwise
   layout data-parallel-2-distributed-optimizer 2 1e-5 --use-distributed-optimizer --overlap-grad-reduce \
     --overlap-param-gather
   layout data-parallel-2-bf16-reduce-no-bias-rmsnorm-swiglu 2 1e-3 --bf16 --grad-reduce-in-bf16 --disable-bias-linear \
