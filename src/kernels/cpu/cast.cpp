@@ -17,9 +17,10 @@
 namespace lattice {
 namespace {
 
+constexpr int64_t kChunk = 1 << 16;  // elements per parallel_chunks call
+
 template <class F>
 void parallel_chunks(int64_t n, F f) {
-  constexpr int64_t kChunk = 1 << 16;
   if (n <= kChunk || omp_in_parallel()) {
     f(int64_t(0), n);
     return;
@@ -82,14 +83,27 @@ void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format
 
 float abs_max(const float* in, int64_t n) {
   LATTICE_KERNEL_ENTRY(cuda::abs_max(in, n));
+  // A max is exact in any order: each chunk's in parallel, then theirs (NaN wins).
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<float> part(size_t(std::max<int64_t>(chunks, 1)), 0.0f);
+  std::vector<char> nan(part.size(), 0);
+  parallel_chunks(n, [&](int64_t b, int64_t e) {
+    float m = 0.0f;
+    bool any_nan = false;
+    for (int64_t i = b; i < e; ++i) {
+      const float a = std::fabs(in[i]);
+      any_nan |= std::isnan(a);
+      m = a > m ? a : m;
+    }
+    part[size_t(b / kChunk)] = std::max(part[size_t(b / kChunk)], m);
+    nan[size_t(b / kChunk)] |= any_nan;
+  });
   float m = 0.0f;
-  bool nan = false;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(in[i]);
-    nan |= std::isnan(a);
-    m = a > m ? a : m;
+  for (size_t i = 0; i < part.size(); ++i) {
+    if (nan[i]) return std::numeric_limits<float>::quiet_NaN();
+    m = std::max(m, part[i]);
   }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
+  return m;
 }
 
 void quantize_fp8_blocks(uint16_t* out, const float* in, int64_t rows, int64_t cols, Fp8Blocks blocks,
@@ -98,39 +112,41 @@ void quantize_fp8_blocks(uint16_t* out, const float* in, int64_t rows, int64_t c
   const int64_t br = blocks.rows, bc = blocks.cols;
   const int64_t bands = (rows + br - 1) / br, col_blocks = (cols + bc - 1) / bc;
   const float max = fp8_max(f);
-  // A band of br rows at a time: the amax of each of its col_blocks blocks (row by row, so
-  // reads stay contiguous), their scales, then the band quantized.
-  auto band = [&](int64_t b, std::vector<float>& scale) {
+  // A band of br rows at a time, row by row so that reads stay contiguous: each column's amax
+  // over the band (NaN as inf: either gives scale 1), each block's scale spread over its
+  // columns, then the band quantized.
+  auto band = [&](int64_t b, std::vector<float>& col) {
     const int64_t r0 = b * br, r1 = std::min(rows, r0 + br);
-    scale.assign(size_t(col_blocks), 0.0f);
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t k = 0; k < col_blocks; ++k) {
-        const float* x = in + r * cols;
-        float m = scale[size_t(k)];
-        for (int64_t c = k * bc, c1 = std::min(cols, c + bc); c < c1; ++c) {
-          const float a = std::fabs(x[c]);
-          m = a > m || std::isnan(a) ? a : m;  // NaN stays
-        }
-        scale[size_t(k)] = m;
+    col.assign(size_t(cols), 0.0f);
+    float* m = col.data();
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x = in + r * cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float a = std::isnan(x[c]) ? INFINITY : std::fabs(x[c]);
+        m[c] = a > m[c] ? a : m[c];
       }
-    for (float& s : scale) s = math::fp8_block_scale(s, max, blocks.scale);
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t k = 0; k < col_blocks; ++k) {
-        const float s = scale[size_t(k)];
-        for (int64_t c = k * bc, c1 = std::min(cols, c + bc); c < c1; ++c)
-          out[r * cols + c] = math::fp32_to_bf16(math::fp8_block_value(in[r * cols + c], s, f));
-      }
+    }
+    for (int64_t k = 0; k < col_blocks; ++k) {
+      const int64_t c0 = k * bc, c1 = std::min(cols, c0 + bc);
+      const float s = math::fp8_block_scale(*std::max_element(m + c0, m + c1), max, blocks.scale);
+      std::fill(m + c0, m + c1, s);
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x = in + r * cols;
+      uint16_t* o = out + r * cols;
+      for (int64_t c = 0; c < cols; ++c) o[c] = math::fp32_to_bf16(math::fp8_block_value(x[c], m[c], f));
+    }
   };
   if (omp_in_parallel() || rows * cols <= (int64_t(1) << 15)) {
-    std::vector<float> scale;
-    for (int64_t b = 0; b < bands; ++b) band(b, scale);
+    std::vector<float> col;
+    for (int64_t b = 0; b < bands; ++b) band(b, col);
     return;
   }
 #pragma omp parallel
   {
-    std::vector<float> scale;
+    std::vector<float> col;
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < bands; ++b) band(b, scale);
+    for (int64_t b = 0; b < bands; ++b) band(b, col);
   }
 }
 
