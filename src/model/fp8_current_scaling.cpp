@@ -112,9 +112,7 @@ class Fp8CurrentScalingPolicy final : public MixedPrecisionPolicy {
       return 1.0f;
     }
     const float scale = math::fp8_tensor_scale(whole_amax(param, v, n, weight), fp8_max(f));
-    tmp_.resize(size_t(n));
-    quantize_fp8(tmp_.data(), v, n, scale, f);
-    cast_fp32_to_bf16(q, tmp_.data(), n);  // exact: fp8 values are bf16 values
+    quantize_fp8_to_bf16(q, v, n, scale, f);
     return 1.0f / scale;
   }
   Operand activation(DeviceArray<uint16_t>& buf, int param, const float* v, int64_t rows, int64_t cols, Inner inner,
@@ -139,7 +137,6 @@ class Fp8CurrentScalingPolicy final : public MixedPrecisionPolicy {
   WeightCache<uint16_t> fprop_weights_, dgrad_weights_;  // dgrad: mxfp8's column-wise copies
   std::vector<float> w_unscale_;                         // tensorwise: each weight copy's 1 / scale
   DeviceArray<uint16_t> a_, g_;                          // quantized operands
-  DeviceArray<float> tmp_;                               // tensorwise: an operand's fp8 values
   LastOutputGrad g_last_;                                // tensorwise: whether g_ holds weight_grad's dy
   float g_unscale_ = 1.0f;
 };

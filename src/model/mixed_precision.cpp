@@ -285,17 +285,13 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   const uint16_t* weight(State& s, int param, const float* W, int64_t n) {
     return weights_.get(param, W, n, [&](uint16_t* o, const float* i, int64_t k) {
       s.w_used = s.w.scale();
-      float* q = wq_.resize(size_t(k));
-      quantize_fp8(q, i, k, s.w_used, recipe_.forward);
-      cast_fp32_to_bf16(o, q, k);
+      quantize_fp8_to_bf16(o, i, k, s.w_used, recipe_.forward);
       note_amax(s.w_amax, i, k);
     });
   }
   const uint16_t* quantize(DeviceArray<uint16_t>& buf, const float* v, int64_t n, float scale, Fp8Format f) {
-    tmp_.resize(size_t(n));
-    quantize_fp8(tmp_.data(), v, n, scale, f);
     buf.resize(size_t(n));
-    cast_fp32_to_bf16(buf.data(), tmp_.data(), n);  // exact: fp8 values are bf16 values
+    quantize_fp8_to_bf16(buf.data(), v, n, scale, f);
     return buf.data();
   }
 
@@ -308,7 +304,6 @@ class Fp8Policy final : public MixedPrecisionPolicy {
   std::vector<State> states_;
   WeightCache<uint16_t> weights_;
   DeviceArray<uint16_t> a_, g_;  // quantized operands (bf16 patterns of fp8 values)
-  DeviceArray<float> tmp_, wq_;  // fp8 values of an operand, of a weight
   LastOutputGrad g_last_;        // whether g_ holds the last weight_grad's dy
   bool training_ = true;         // false while evaluating: no amax is noted
 };

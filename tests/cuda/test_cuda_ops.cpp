@@ -1411,6 +1411,11 @@ void cast_cases(std::vector<OpCase>& t) {
           DeviceBuffer gout(out.size() * 4);
           cuda::quantize_fp8(gout.as<float>(), gin.as<float>(), n, scale, f);
           expect_bits(c, "out", out, download<float>(gout, out.size()));
+          std::vector<uint16_t> packed(in.size());
+          quantize_fp8_to_bf16(packed.data(), in.data(), n, scale, f);
+          DeviceBuffer gpacked(packed.size() * 2);
+          cuda::quantize_fp8_to_bf16(gpacked.as<uint16_t>(), gin.as<float>(), n, scale, f);
+          EXPECT_EQ(packed, download<uint16_t>(gpacked, packed.size())) << "quantize_fp8_to_bf16 " << c.shape;
         }});
     // Block-scaled fp8 (--fp8-recipe blockwise / mxfp8): every block shape the recipes use, on a
     // [rows, cols] view of the input with partial last blocks, and a NaN in one block.

@@ -150,6 +150,12 @@ TEST(CastArrays, MatchScalar) {
     EXPECT_EQ(h[i], fp16_to_fp32(fp32_to_fp16(x[i])));
     EXPECT_EQ(q[i], fp8_quantize(x[i], 4.0f, Fp8Format::e4m3));
   }
+  std::vector<uint16_t> qb(x.size());
+  quantize_fp8_to_bf16(qb.data(), x.data(), int64_t(x.size()), 4.0f, Fp8Format::e4m3);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(qb[i], fp32_to_bf16(q[i]));
+    EXPECT_EQ(bf16_to_fp32(qb[i]), q[i]) << "an fp8 value is a bf16 value";
+  }
   std::vector<float> back(x.size());
   cast_bf16_to_fp32(back.data(), b.data(), int64_t(x.size()));
   EXPECT_EQ(back, r);

@@ -81,6 +81,13 @@ void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format
   });
 }
 
+void quantize_fp8_to_bf16(uint16_t* out, const float* in, int64_t n, float scale, Fp8Format f) {
+  LATTICE_KERNEL_ENTRY(cuda::quantize_fp8_to_bf16(out, in, n, scale, f));
+  parallel_chunks(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[i] = math::fp32_to_bf16(math::fp8_quantize(in[i], scale, f));
+  });
+}
+
 float abs_max(const float* in, int64_t n) {
   LATTICE_KERNEL_ENTRY(cuda::abs_max(in, n));
   // A max is exact in any order: each chunk's in parallel, then theirs (NaN wins).

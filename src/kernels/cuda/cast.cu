@@ -33,6 +33,9 @@ __global__ void round_fp16_kernel(float* out, const float* in, int64_t n) {
 __global__ void quantize_fp8_kernel(float* out, const float* in, int64_t n, float scale, Fp8Format f) {
   LATTICE_GRID_STRIDE(i, n) out[i] = math::fp8_quantize(in[i], scale, f);
 }
+__global__ void quantize_fp8_to_bf16_kernel(uint16_t* out, const float* in, int64_t n, float scale, Fp8Format f) {
+  LATTICE_GRID_STRIDE(i, n) out[i] = math::fp32_to_bf16(math::fp8_quantize(in[i], scale, f));
+}
 // *result = max over i of the bits of |in[i]| (unsigned compare = magnitude order).
 __global__ void abs_max_bits_kernel(unsigned* result, const float* in, int64_t n) {
   unsigned m = 0;
@@ -108,6 +111,12 @@ void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format
   if (n <= 0) return;
   launch(quantize_fp8_kernel, grid_for(n, kThreads), kThreads, 0, out, in, n, scale, f);
   LATTICE_CUDA_LAUNCHED("quantize_fp8");
+}
+
+void quantize_fp8_to_bf16(uint16_t* out, const float* in, int64_t n, float scale, Fp8Format f) {
+  if (n <= 0) return;
+  launch(quantize_fp8_to_bf16_kernel, grid_for(n, kThreads), kThreads, 0, out, in, n, scale, f);
+  LATTICE_CUDA_LAUNCHED("quantize_fp8_to_bf16");
 }
 
 float abs_max(const float* in, int64_t n) {
