@@ -1,7 +1,8 @@
 // `lattice generate --load CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]
 //  [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer-type NAME]
-//  [--vocab-file F --merge-file F | --tokenizer-model PATH] [--no-kv-cache] [--bf16] [--device cpu|cuda]`:
-// samples text from a trained model, streaming each token to stdout as it is produced.
+//  [--vocab-file F --merge-file F | --tokenizer-model PATH] [--no-kv-cache] [--bf16] [--batch-size B]
+//  [--device cpu|cuda]`: samples text from a trained model, streaming each token to stdout as it is
+// produced (--batch-size B > 1: B prompts decoded together, each printed when complete).
 // --device cuda keeps the model on the GPU (docs/cuda.md); tokens and logits cross to
 // the host once per step; the KV cache and its attention stay on the GPU.
 //
