@@ -49,9 +49,6 @@ void round_to_bf16(float* out, const float* in, int64_t n);
 void round_to_fp16(float* out, const float* in, int64_t n);
 // round_to_bf16 / round_to_fp16 by r; none copies (nothing when out == in).
 void round_to(float* out, const float* in, int64_t n, Rounding r);
-// out[i] = fp8_quantize(in[i], scale, f): the fp8 numbers (dequantize by 1/scale; out may
-// alias in).
-void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f);
 // out[i] = the bf16 pattern of fp8_quantize(in[i], scale, f) (exact: fp8 values are bf16
 // values): an fp8 GEMM operand as the bf16 GEMM reads it, in one pass.
 void quantize_fp8_to_bf16(uint16_t* out, const float* in, int64_t n, float scale, Fp8Format f);

@@ -34,6 +34,12 @@ std::vector<float> widen(const std::vector<uint16_t>& b) {
   cast_bf16_to_fp32(v.data(), b.data(), int64_t(b.size()));
   return v;
 }
+// v * scale on the fp8 grid (the fp8 numbers, not divided by the scale).
+std::vector<float> fp8_values(const std::vector<float>& v, float scale, Fp8Format f) {
+  std::vector<float> q(v.size());
+  for (size_t i = 0; i < v.size(); ++i) q[i] = fp8_quantize(v[i], scale, f);
+  return q;
+}
 
 struct Case {
   Trans ta, tb;
@@ -425,9 +431,8 @@ TEST(PrecisionPolicy, Fp8ForwardIsScaledFp8Arithmetic) {
   p->finish_step();      // the step's amaxes enter the histories
   p->refresh_weights();  // the weight is re-quantized with its delayed scale
   p->forward(0, y.data(), c.x.data(), c.W.data(), c.N, c.in, c.out);
-  std::vector<float> xq(c.x.size()), Wq(c.W.size()), ref(y.size());
-  quantize_fp8(xq.data(), c.x.data(), int64_t(xq.size()), sx, Fp8Format::e4m3);
-  quantize_fp8(Wq.data(), c.W.data(), int64_t(Wq.size()), sw, Fp8Format::e4m3);
+  const std::vector<float> xq = fp8_values(c.x, sx, Fp8Format::e4m3), Wq = fp8_values(c.W, sw, Fp8Format::e4m3);
+  std::vector<float> ref(y.size());
   gemm_f32(Trans::N, Trans::T, c.N, c.out, c.in, 1.0f, xq.data(), c.in, Wq.data(), c.in, 0.0f, ref.data(), c.out);
   for (float& v : ref) v /= (sx * sw);
   expect_close_to_fp32(y, ref, c.in);
@@ -470,9 +475,7 @@ TEST(PrecisionPolicy, Fp8TensorwiseScalesByTheCurrentAmax) {
   EXPECT_STREQ(p->name(), "fp8 hybrid tensorwise");
   auto scaled = [](const std::vector<float>& v, Fp8Format f, float* scale) {
     *scale = fp8_max(f) / abs_max(v.data(), int64_t(v.size()));
-    std::vector<float> q(v.size());
-    quantize_fp8(q.data(), v.data(), int64_t(v.size()), *scale, f);
-    return q;
+    return fp8_values(v, *scale, f);
   };
   float sx, sw, sg;
   const auto xq = scaled(c.x, Fp8Format::e4m3, &sx), Wq = scaled(c.W, Fp8Format::e4m3, &sw),

@@ -74,13 +74,6 @@ void round_to(float* out, const float* in, int64_t n, Rounding r) {
   else if (out != in) copy_on_device(out, in, size_t(n) * sizeof(float));
 }
 
-void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f) {
-  LATTICE_KERNEL_ENTRY(cuda::quantize_fp8(out, in, n, scale, f));
-  parallel_chunks(n, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) out[i] = math::fp8_quantize(in[i], scale, f);
-  });
-}
-
 void quantize_fp8_to_bf16(uint16_t* out, const float* in, int64_t n, float scale, Fp8Format f) {
   LATTICE_KERNEL_ENTRY(cuda::quantize_fp8_to_bf16(out, in, n, scale, f));
   parallel_chunks(n, [&](int64_t b, int64_t e) {

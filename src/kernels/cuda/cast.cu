@@ -30,9 +30,6 @@ __global__ void round_bf16_kernel(float* out, const float* in, int64_t n) {
 __global__ void round_fp16_kernel(float* out, const float* in, int64_t n) {
   LATTICE_GRID_STRIDE(i, n) out[i] = math::fp16_to_fp32(math::fp32_to_fp16(in[i]));
 }
-__global__ void quantize_fp8_kernel(float* out, const float* in, int64_t n, float scale, Fp8Format f) {
-  LATTICE_GRID_STRIDE(i, n) out[i] = math::fp8_quantize(in[i], scale, f);
-}
 __global__ void quantize_fp8_to_bf16_kernel(uint16_t* out, const float* in, int64_t n, float scale, Fp8Format f) {
   LATTICE_GRID_STRIDE(i, n) out[i] = math::fp32_to_bf16(math::fp8_quantize(in[i], scale, f));
 }
@@ -105,12 +102,6 @@ void round_to_fp16(float* out, const float* in, int64_t n) {
   if (n <= 0) return;
   launch(round_fp16_kernel, grid_for(n, kThreads), kThreads, 0, out, in, n);
   LATTICE_CUDA_LAUNCHED("round_to_fp16");
-}
-
-void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f) {
-  if (n <= 0) return;
-  launch(quantize_fp8_kernel, grid_for(n, kThreads), kThreads, 0, out, in, n, scale, f);
-  LATTICE_CUDA_LAUNCHED("quantize_fp8");
 }
 
 void quantize_fp8_to_bf16(uint16_t* out, const float* in, int64_t n, float scale, Fp8Format f) {

@@ -211,7 +211,6 @@ void cast_fp32_to_bf16(uint16_t* out, const float* in, int64_t n);
 void cast_bf16_to_fp32(float* out, const uint16_t* in, int64_t n);
 void round_to_bf16(float* out, const float* in, int64_t n);
 void round_to_fp16(float* out, const float* in, int64_t n);
-void quantize_fp8(float* out, const float* in, int64_t n, float scale, Fp8Format f);
 void quantize_fp8_to_bf16(uint16_t* out, const float* in, int64_t n, float scale, Fp8Format f);
 // Waits for the result (a host float).
 float abs_max(const float* in, int64_t n);
