@@ -24,14 +24,14 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/model_checkpoint.h"
-#include "cli/simple_flags.h"
+#include "cli/generation_setup.h"
 #include "cli/subcommands.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "model/gpt_inference.h"
 #include "model/sampling.h"
+#include "model/text_generation.h"
 
 namespace lattice {
 
@@ -139,114 +139,47 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
   std::fflush(stdout);
 }
 
-// The prompts decoded `batch` at a time (--batch-size): each prompt prefilled alone into a free
-// sequence of the cache, then one step (GPTInference::step) per new token of every prompt in flight,
-// their tokens through the model together; a finished prompt's sequence is taken by the next prompt.
-// Each prompt samples as it would alone (its own stream, its own logits); its text is printed when
-// complete, in prompt order.
+// The prompts decoded `batch` at a time (--batch-size; model/text_generation.h): each prompt samples
+// as it would alone (its own stream, its own logits); its text is printed when complete, in prompt order.
 void generate_batched(GPTModel& model, const Tokenizer& tok, const std::vector<std::string>& prompts,
                       int64_t max_new_tokens, const SamplingConfig& sc, uint64_t seed, int64_t batch, bool bf16,
                       Timing& timing) {
-  const TransformerConfig& c = model.config();
-  const int64_t P = c.max_position_embeddings, Vp = c.padded_vocab_size;
-  const int64_t S = std::min<int64_t>(batch, int64_t(prompts.size()));
-  GPTInference cache(model, 0, bf16, S);
-  struct InFlight {
-    size_t prompt = 0;
-    std::vector<int32_t> ids;
-    int64_t start = 0, made = 0;
-    std::unique_ptr<TextSoFar> text;
-    std::vector<float> logits;
-    bool busy = false;
-  };
-  std::vector<InFlight> seqs(static_cast<size_t>(S));
+  std::vector<GenerationRequest> requests(prompts.size());
+  std::vector<std::unique_ptr<TextSoFar>> texts(prompts.size());
   std::vector<std::string> outputs(prompts.size());
-  std::vector<bool> complete(prompts.size(), false);
-  size_t next_prompt = 0, printed = 0;
-  auto prefill = [&](int64_t s) {  // the sequence's context, from scratch, into its cache rows
-    InFlight& q = seqs[size_t(s)];
-    const auto t0 = Clock::now();
-    cache.reset(s);
-    cache.append(q.ids.data() + q.start, int64_t(q.ids.size()) - q.start, q.logits.data(), false, s);
-    timing.prefill_tokens += int64_t(q.ids.size()) - q.start;
-    timing.prefill_s += seconds_since(t0);
-  };
-  auto finish = [&](int64_t s) {
-    InFlight& q = seqs[size_t(s)];
-    complete[q.prompt] = true;
-    q.busy = false;
-    for (; printed < prompts.size() && complete[printed]; ++printed) {
-      std::fwrite(outputs[printed].data(), 1, outputs[printed].size(), stdout);  // (it may hold NUL bytes)
-      std::fputc('\n', stdout);
-      std::fflush(stdout);
-    }
-  };
-  const auto t_all = Clock::now();
-  const double prefill_before = timing.prefill_s;
-  for (;;) {
-    // Free sequences take the next prompts.
-    for (int64_t s = 0; s < S && next_prompt < prompts.size(); ++s) {
-      InFlight& q = seqs[size_t(s)];
-      if (q.busy) continue;
-      q = InFlight{};
-      q.prompt = next_prompt++;
-      q.ids = tok.encode(prompts[q.prompt]);
-      if (q.ids.empty()) q.ids.push_back(tok.eod());
-      q.start = context_start(q.ids, P);
-      q.text = std::make_unique<TextSoFar>(tok, q.ids);
-      q.logits.resize(static_cast<size_t>(Vp));
-      q.busy = true;
-      outputs[q.prompt] = prompts[q.prompt];
-      prefill(s);
-    }
-    // Each prompt in flight samples its next token; those that go on are stepped together.
-    std::vector<int32_t> tokens;
-    std::vector<int64_t> stepped;
-    bool any = false;
-    for (int64_t s = 0; s < S; ++s) {
-      InFlight& q = seqs[size_t(s)];
-      if (!q.busy) continue;
-      any = true;
-      const PhiloxStream stream{seed, fnv1a32("generate"), uint32_t(q.prompt), 0};
-      const int32_t next = q.made < max_new_tokens
-                               ? sample_token(q.logits.data(), c.vocab_size, sc, stream, uint64_t(q.made))
-                               : tok.eod();
-      if (next == tok.eod()) {
-        finish(s);
-        continue;
-      }
-      q.ids.push_back(next);
-      outputs[q.prompt] += q.text->piece(q.ids, next);
-      ++timing.new_tokens;
-      if (++q.made == max_new_tokens) {  // no logits needed after the last token
-        finish(s);
-        continue;
-      }
-      const int64_t start = moved_start(q.ids, q.start, P);
-      if (start != q.start) {  // the context moved: its last half prefilled again, alone
-        q.start = start;
-        prefill(s);
-        continue;
-      }
-      tokens.push_back(next);
-      stepped.push_back(s);
-    }
-    if (!any && next_prompt == prompts.size()) break;
-    if (tokens.empty()) continue;
-    std::vector<float> logits(tokens.size() * size_t(Vp));
-    cache.step(tokens.data(), stepped.data(), int64_t(tokens.size()), logits.data());
-    for (size_t i = 0; i < stepped.size(); ++i)
-      std::copy(logits.begin() + int64_t(i) * Vp, logits.begin() + int64_t(i + 1) * Vp,
-                seqs[size_t(stepped[i])].logits.begin());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest& r = requests[i];
+    r.prompt = tok.encode(prompts[i]);
+    if (r.prompt.empty()) r.prompt.push_back(tok.eod());
+    r.max_new_tokens = max_new_tokens;
+    r.sampling = sc;
+    r.stream = PhiloxStream{seed, fnv1a32("generate"), uint32_t(i), 0};
+    r.stop_token = tok.eod();
+    texts[i] = std::make_unique<TextSoFar>(tok, r.prompt);
+    outputs[i] = prompts[i];
   }
-  timing.decode_s += seconds_since(t_all) - (timing.prefill_s - prefill_before);
-}
-
-int64_t integer_flag(const SimpleFlags& f, const std::string& name, int64_t fallback, int64_t min) {
-  const double v = f.number(name, double(fallback));
-  if (v != std::floor(v) || v < double(min))
-    LATTICE_FAIL() << "--" << name << " must be an integer >= " << min << ", got " << f.get(name, "");
-  return int64_t(v);
+  std::vector<bool> complete(prompts.size(), false);
+  size_t printed = 0;
+  TextGenerator generator(model, std::min<int64_t>(batch, int64_t(prompts.size())), bf16);
+  generator.run(
+      requests,
+      [&](size_t i, const GenerationResult& r) {
+        outputs[i] += texts[i]->piece(r.tokens, r.tokens.back());
+        return true;
+      },
+      [&](size_t i, const GenerationResult&) {
+        complete[i] = true;
+        for (; printed < prompts.size() && complete[printed]; ++printed) {
+          std::fwrite(outputs[printed].data(), 1, outputs[printed].size(), stdout);  // (it may hold NUL bytes)
+          std::fputc('\n', stdout);
+          std::fflush(stdout);
+        }
+      });
+  const GenerationTiming& t = generator.timing();
+  timing.prefill_tokens += t.prefill_tokens;
+  timing.new_tokens += t.new_tokens;
+  timing.prefill_s += t.prefill_s;
+  timing.decode_s += t.decode_s;
 }
 
 std::vector<std::string> read_prompts(const SimpleFlags& f) {
@@ -271,7 +204,6 @@ int cmd_generate(int argc, char** argv) {
     std::fputs(
         "usage: lattice generate --load CKPT (--prompt TEXT | --prompt-file F) [flags]\n"
         "Samples text from a checkpoint (any parallel layout), streaming it to stdout.\n"
-        "  --load DIR                 checkpoint directory (its latest iteration)\n"
         "  --prompt TEXT              the prompt\n"
         "  --prompt-file F            one prompt per non-empty line\n"
         "  --max-new-tokens N         tokens to generate per prompt [100]\n"
@@ -279,34 +211,19 @@ int cmd_generate(int argc, char** argv) {
         "  --top-k K                  sample among the K likeliest tokens (0: all) [0]\n"
         "  --top-p P                  nucleus sampling: the likeliest tokens up to mass P [1]\n"
         "  --seed S                   sampling seed [1234]\n"
-        "  --tokenizer-type NAME      ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer,\n"
-        "                             GPTSentencePieceTokenizer, Llama2Tokenizer, TikTokenizer, NullTokenizer\n"
-        "                             [the checkpoint's]\n"
-        "  --vocab-file F             GPT-2 BPE vocabulary (vocab.json) [the checkpoint's]\n"
-        "  --merge-file F             GPT-2 BPE merges (merges.txt) [the checkpoint's]\n"
-        "  --tokenizer-model PATH     HuggingFace tokenizer.json, a SentencePiece model (or their folder), or\n"
-        "                             TikTokenizer's vocabulary [the checkpoint's]\n"
-        "  --vocab-extra-ids N        SentencePieceTokenizer's <extra_id_*> tokens [the checkpoint's]\n"
-        "  --tiktoken-pattern, --tiktoken-num-special-tokens, --tiktoken-special-tokens \"T ...\"\n"
-        "                             TikTokenizer's settings [the checkpoint's]\n"
-        "  --vocab-size N             NullTokenizer's ids (N: the end of document) [the checkpoint's]\n"
         "  --batch-size B             prompts decoded together, their new tokens one GEMM per layer; each\n"
         "                             prompt's text printed when complete (B > 1) [1: streamed]\n"
         "  --no-kv-cache              recompute the whole context for every token\n"
         "  --bf16                     decode with the linear layers' weights and inputs in bf16 (half the\n"
-        "                             bytes per token; with the KV cache)\n"
-        "  --device cpu|cuda          where the model runs [cpu]\n",
+        "                             bytes per token; with the KV cache)\n",
         stdout);
+    std::fputs(kGenerationModelFlagsHelp, stdout);
     return 0;
   }
-  SimpleFlags f = parse_simple_flags(argc, argv, 2,
-                                     {"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k",
-                                      "top-p", "seed", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
-                                      "vocab-size", "vocab-extra-ids", "tiktoken-pattern",
-                                      "tiktoken-num-special-tokens", "tiktoken-special-tokens", "device",
-                                      "batch-size"},
-                                     {"no-kv-cache", "bf16"});
-  const std::string load = f.required("load");
+  std::set<std::string> value_flags = {"prompt", "prompt-file", "max-new-tokens", "temperature", "top-k", "top-p",
+                                        "seed", "batch-size"};
+  value_flags.insert(generation_model_flags().begin(), generation_model_flags().end());
+  SimpleFlags f = parse_simple_flags(argc, argv, 2, value_flags, {"no-kv-cache", "bf16"});
   const std::vector<std::string> prompts = read_prompts(f);
   SamplingConfig sc;
   sc.temperature = float(f.number("temperature", 1.0));
@@ -317,30 +234,10 @@ int cmd_generate(int argc, char** argv) {
   const int64_t max_new = integer_flag(f, "max-new-tokens", 100, 0);
   const int64_t batch = integer_flag(f, "batch-size", 1, 1);
   const uint64_t seed = uint64_t(integer_flag(f, "seed", 1234, 0));
-  const Device device = parse_device(f.get("device", "cpu").c_str());
-  set_device(device);  // before the model is allocated
-
-  LoadedModel lm = load_model_checkpoint(load, 1);
-  // The checkpoint's tokenizer flags; --tokenizer-type names another (with its own files), and
-  // --vocab-file, --merge-file and --tokenizer-model replace the recorded paths.
-  TokenizerSpec spec = lm.tokenizer;
-  if (f.has("tokenizer-type")) spec = TokenizerSpec{f.get("tokenizer-type", "")};
-  spec.vocab_file = f.get("vocab-file", spec.vocab_file);
-  spec.merge_file = f.get("merge-file", spec.merge_file);
-  spec.model = f.get("tokenizer-model", spec.model);
-  spec.vocab_size = integer_flag(f, "vocab-size", spec.vocab_size, 0);
-  spec.vocab_extra_ids = integer_flag(f, "vocab-extra-ids", spec.vocab_extra_ids, 0);
-  spec.tiktoken_pattern = f.get("tiktoken-pattern", spec.tiktoken_pattern);
-  spec.tiktoken_num_special_tokens = integer_flag(f, "tiktoken-num-special-tokens", spec.tiktoken_num_special_tokens, 0);
-  if (f.has("tiktoken-special-tokens")) spec.tiktoken_special_tokens = f.words("tiktoken-special-tokens");
-  if (spec.type.empty())
-    LATTICE_FAIL() << "--load " << load
-                   << ": the checkpoint names no tokenizer (trained on pre-tokenised data); give --tokenizer-type";
-  auto tok = make_tokenizer(spec);
-  if (tok->vocab_size() > lm.model->config().vocab_size)
-    LATTICE_FAIL() << "--tokenizer-type " << spec.type << " has " << tok->vocab_size()
-                   << " tokens, more than the model's vocabulary of " << lm.model->config().vocab_size;
-
+  GenerationModel g = load_generation_model(f);
+  LoadedModel& lm = g.loaded;
+  const Tokenizer* tok = g.tokenizer.get();
+  const Device device = current_device();
   const bool kv_cache = !f.has("no-kv-cache"), bf16 = f.has("bf16");
   if (bf16 && !kv_cache) LATTICE_FAIL() << "--bf16 decodes with the KV cache: drop --no-kv-cache";
   if (batch > 1 && !kv_cache) LATTICE_FAIL() << "--batch-size " << batch << " decodes with the KV cache: drop --no-kv-cache";

@@ -50,6 +50,7 @@ const char* kUsage =
     "  preprocess  jsonl -> Megatron .bin/.idx dataset\n"
     "  merge-datasets  concatenate .bin/.idx datasets into one\n"
     "  generate    sample text from a checkpoint\n"
+    "  serve       serve text generation over HTTP (Megatron's PUT /api, OpenAI's /v1/completions)\n"
     "  convert     HuggingFace model (GPT-2, Llama, Qwen, Mistral, Mixtral, DeepSeek, GLM-4.5, Nemotron-H,\n"
     "              GPT-OSS, ...) <-> lattice checkpoint\n"
     "  data        inspect a dataset: 'data samples' (the training sample order), 'data info'\n"
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
     if (cmd == "merge-datasets") return lattice::run_merge_datasets(argc - 1, argv + 1);
     if (cmd == "tokenize") return lattice::cmd_tokenize(argc - 1, argv + 1);
     if (cmd == "generate") return lattice::cmd_generate(argc, argv);
+    if (cmd == "serve") return lattice::cmd_serve(argc, argv);
     if (cmd == "convert") return lattice::cmd_convert(argc, argv);
     if (cmd == "data") return lattice::cmd_data(argc, argv);
     if (cmd == "plot") return lattice::cmd_plot(argc, argv);

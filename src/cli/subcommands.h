@@ -6,6 +6,7 @@ namespace lattice {
 
 int cmd_train(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_plot(int argc, char** argv);
 int cmd_schedule(int argc, char** argv);

@@ -1,0 +1,177 @@
+#include "model/text_generation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/gpt_inference.h"
+#include "model/gpt_model.h"
+
+namespace lattice {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+float token_logprob(const float* logits, int64_t V, int32_t token, int64_t top,
+                    std::vector<std::pair<int32_t, float>>* best) {
+  LATTICE_CHECK(token >= 0 && token < V) << "token " << token << " outside the vocabulary of " << V;
+  const double max_logit = *std::max_element(logits, logits + V);
+  double sum = 0;
+  for (int64_t t = 0; t < V; ++t) sum += std::exp(double(logits[t]) - max_logit);
+  const double log_z = max_logit + std::log(sum);
+  if (top > 0 && best) {
+    const int64_t n = std::min(top, V);
+    std::vector<int32_t> ids(static_cast<size_t>(V));
+    for (int64_t t = 0; t < V; ++t) ids[size_t(t)] = int32_t(t);
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    best->clear();
+    for (int64_t i = 0; i < n; ++i) best->emplace_back(ids[size_t(i)], float(double(logits[ids[size_t(i)]]) - log_z));
+  }
+  return float(double(logits[token]) - log_z);
+}
+
+TextGenerator::TextGenerator(const GPTModel& model, int64_t sequences, bool bf16)
+    : model_(model),
+      sequences_(sequences),
+      context_(model.config().max_position_embeddings),
+      vocab_(model.config().vocab_size),
+      padded_vocab_(model.config().padded_vocab_size) {
+  LATTICE_CHECK(sequences >= 1) << "TextGenerator needs at least one sequence, got " << sequences;
+  cache_ = std::make_unique<GPTInference>(model, 0, bf16, sequences);
+}
+
+TextGenerator::~TextGenerator() = default;
+
+std::vector<GenerationResult> TextGenerator::run(const std::vector<GenerationRequest>& requests,
+                                                 const TokenCallback& on_token, const DoneCallback& on_done) {
+  const int64_t P = context_, V = vocab_, Vp = padded_vocab_, S = sequences_;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerationRequest& r = requests[i];
+    if (r.prompt.empty()) LATTICE_FAIL() << "prompt " << i << " has no tokens";
+    for (int32_t t : r.prompt)
+      if (t < 0 || t >= V) LATTICE_FAIL() << "prompt " << i << ": token " << t << " outside the vocabulary of " << V;
+    if (r.logprobs && int64_t(r.prompt.size()) > P)
+      LATTICE_FAIL() << "prompt " << i << ": " << r.prompt.size() << " tokens with log-probabilities, more than the context of "
+                     << P;
+  }
+  std::vector<GenerationResult> results(requests.size());
+  struct InFlight {
+    size_t request = 0;
+    int64_t start = 0, made = 0;  // the first token in the context; new tokens so far
+    std::vector<float> logits;    // [Vp] the next token's
+    bool busy = false;
+  };
+  std::vector<InFlight> seqs(static_cast<size_t>(S));
+  // The sequence's context from scratch into its cache rows; the first time, with log-probabilities
+  // asked, every position's logits for the prompt's.
+  auto prefill = [&](int64_t s, bool first) {
+    InFlight& q = seqs[size_t(s)];
+    const GenerationRequest& r = requests[q.request];
+    GenerationResult& out = results[q.request];
+    const int64_t n = int64_t(out.tokens.size()) - q.start;
+    const auto t0 = Clock::now();
+    cache_->reset(s);
+    if (first && r.logprobs) {
+      std::vector<float> all(static_cast<size_t>(n * Vp));
+      cache_->append(out.tokens.data() + q.start, n, all.data(), true, s);
+      std::vector<std::pair<int32_t, float>> best;
+      for (int64_t i = 0; i + 1 < n; ++i) {
+        out.logprobs.push_back(token_logprob(all.data() + i * Vp, V, out.tokens[size_t(i + 1)], r.top_logprobs, &best));
+        if (r.top_logprobs > 0) out.top_logprobs.push_back(best);
+      }
+      std::copy(all.end() - Vp, all.end(), q.logits.begin());
+    } else {
+      cache_->append(out.tokens.data() + q.start, n, q.logits.data(), false, s);
+    }
+    timing_.prefill_tokens += n;
+    timing_.prefill_s += seconds_since(t0);
+  };
+  auto finish = [&](int64_t s) {
+    InFlight& q = seqs[size_t(s)];
+    q.busy = false;
+    if (on_done) on_done(q.request, results[q.request]);
+  };
+  const auto t_all = Clock::now();
+  const double prefill_before = timing_.prefill_s;
+  size_t next_request = 0;
+  for (;;) {
+    // Free sequences take the next requests.
+    for (int64_t s = 0; s < S && next_request < requests.size(); ++s) {
+      InFlight& q = seqs[size_t(s)];
+      if (q.busy) continue;
+      q = InFlight{};
+      q.request = next_request++;
+      GenerationResult& out = results[q.request];
+      out.tokens = requests[q.request].prompt;
+      out.prompt_length = int64_t(out.tokens.size());
+      q.start = std::max<int64_t>(0, out.prompt_length - P);
+      q.logits.resize(static_cast<size_t>(Vp));
+      q.busy = true;
+      prefill(s, true);
+    }
+    // Each request in flight samples its next token; those that go on are stepped together.
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> stepped;
+    bool any = false;
+    for (int64_t s = 0; s < S; ++s) {
+      InFlight& q = seqs[size_t(s)];
+      if (!q.busy) continue;
+      any = true;
+      const GenerationRequest& r = requests[q.request];
+      GenerationResult& out = results[q.request];
+      if (q.made == r.max_new_tokens) {
+        finish(s);
+        continue;
+      }
+      const int32_t next = sample_token(q.logits.data(), V, r.sampling, r.stream, uint64_t(q.made));
+      if (next == r.stop_token) {
+        out.stopped = true;
+        finish(s);
+        continue;
+      }
+      if (r.logprobs) {
+        std::vector<std::pair<int32_t, float>> best;
+        out.logprobs.push_back(token_logprob(q.logits.data(), V, next, r.top_logprobs, &best));
+        if (r.top_logprobs > 0) out.top_logprobs.push_back(std::move(best));
+      }
+      out.tokens.push_back(next);
+      ++timing_.new_tokens;
+      ++q.made;
+      if (on_token && !on_token(q.request, out)) {
+        out.stopped = true;
+        finish(s);
+        continue;
+      }
+      if (q.made == r.max_new_tokens) {  // no logits needed after the last token
+        finish(s);
+        continue;
+      }
+      const int64_t length = int64_t(out.tokens.size());
+      if (length - q.start > P) {  // the context is full: its last half prefilled again, alone
+        q.start = length - std::max<int64_t>(1, P / 2);
+        prefill(s, false);
+        continue;
+      }
+      tokens.push_back(next);
+      stepped.push_back(s);
+    }
+    if (!any && next_request == requests.size()) break;
+    if (tokens.empty()) continue;
+    std::vector<float> logits(tokens.size() * size_t(Vp));
+    cache_->step(tokens.data(), stepped.data(), int64_t(tokens.size()), logits.data());
+    for (size_t i = 0; i < stepped.size(); ++i)
+      std::copy(logits.begin() + int64_t(i) * Vp, logits.begin() + int64_t(i + 1) * Vp,
+                seqs[size_t(stepped[i])].logits.begin());
+  }
+  timing_.decode_s += seconds_since(t_all) - (timing_.prefill_s - prefill_before);
+  return results;
+}
+
+}  // namespace lattice

@@ -1,0 +1,45 @@
+// What `lattice serve`'s endpoints (serve/megatron_api.h, serve/completions_api.h) are given: the
+// tokenizer, the model's context, and the generator, which runs a request's prompts (with those of
+// other requests waiting at the time) and returns their results in order.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/tokenizer.h"
+#include "model/text_generation.h"
+
+namespace lattice {
+
+struct HttpReply {
+  int status = 200;
+  std::string body;
+  std::string content_type = "application/json";
+};
+
+// Whether request i's decoding goes on after its latest token (false: it stops there).
+using KeepGoing = std::function<bool(size_t request, const GenerationResult& result)>;
+
+struct EndpointContext {
+  const Tokenizer& tokenizer;
+  int64_t context = 0;     // tokens a sequence holds (max_position_embeddings)
+  std::string model_name;  // as the completions API reports it
+  // A request's sampling seed: the one it gives, else the server's next (--seed, then counted up).
+  std::function<uint64_t(std::optional<int64_t> given)> seed;
+  std::function<std::vector<GenerationResult>(std::vector<GenerationRequest>, KeepGoing)> generate;
+};
+
+// The sampler's stream of prompt i of a request seeded `seed`: `lattice generate --seed seed`'s for
+// its i-th prompt, so that a request's samples are those of generate given the same prompts.
+inline PhiloxStream prompt_stream(uint64_t seed, size_t i) {
+  return PhiloxStream{seed, fnv1a32("generate"), uint32_t(i), 0};
+}
+
+// JSON text of v; invalid UTF-8 (a byte-level token cut inside a character) replaced by U+FFFD.
+std::string json_text(const nlohmann::json& v);
+
+}  // namespace lattice

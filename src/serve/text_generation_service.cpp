@@ -1,0 +1,134 @@
+#include "serve/text_generation_service.h"
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+
+#include "core/error.h"
+#include "model/gpt_model.h"
+#include "serve/completions_api.h"
+#include "serve/megatron_api.h"
+#include "serve/request_fields.h"
+
+namespace lattice {
+
+TextGenerationService::TextGenerationService(const GPTModel& model, const Tokenizer& tokenizer, ServeOptions options)
+    : model_(model),
+      options_(std::move(options)),
+      ctx_{tokenizer, model.config().max_position_embeddings, options_.model_name, {}, {}},
+      next_seed_(options_.seed) {
+  ctx_.seed = [this](std::optional<int64_t> given) {
+    if (given) return uint64_t(*given);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return next_seed_++;
+  };
+  ctx_.generate = [this](std::vector<GenerationRequest> requests, KeepGoing keep_going) {
+    return generate(std::move(requests), std::move(keep_going));
+  };
+  worker_ = std::thread([this] { work(); });
+}
+
+TextGenerationService::~TextGenerationService() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  worker_.join();
+}
+
+std::vector<GenerationResult> TextGenerationService::generate(std::vector<GenerationRequest> requests,
+                                                              KeepGoing keep_going) {
+  Job job{std::move(requests), std::move(keep_going), {}};
+  std::future<std::vector<GenerationResult>> result = job.done.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) throw RequestError("the server is shutting down", 503);
+    queue_.push_back(&job);
+  }
+  wake_.notify_all();
+  return result.get();
+}
+
+void TextGenerationService::work() {
+  TextGenerator generator(model_, options_.sequences, options_.bf16);
+  for (;;) {
+    std::vector<Job*> jobs;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      jobs.assign(queue_.begin(), queue_.end());
+      queue_.clear();
+    }
+    // Every waiting job's prompts in one run; each result back to its job.
+    std::vector<GenerationRequest> all;
+    std::vector<std::pair<size_t, size_t>> owner;  // [all] (job, its request)
+    for (size_t j = 0; j < jobs.size(); ++j)
+      for (size_t i = 0; i < jobs[j]->requests.size(); ++i) {
+        all.push_back(jobs[j]->requests[i]);
+        owner.emplace_back(j, i);
+      }
+    try {
+      std::vector<GenerationResult> results = generator.run(all, [&](size_t k, const GenerationResult& r) {
+        const Job& job = *jobs[owner[k].first];
+        return !job.keep_going || job.keep_going(owner[k].second, r);
+      });
+      std::vector<std::vector<GenerationResult>> split(jobs.size());
+      for (size_t k = 0; k < results.size(); ++k) split[owner[k].first].push_back(std::move(results[k]));
+      for (size_t j = 0; j < jobs.size(); ++j) jobs[j]->done.set_value(std::move(split[j]));
+    } catch (...) {
+      for (Job* job : jobs) job->done.set_exception(std::current_exception());
+    }
+  }
+}
+
+HttpReply TextGenerationService::handle(const std::string& method, const std::string& path, const std::string& body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  HttpReply reply;
+  const bool megatron = path == "/api", completions = path == "/completions" || path == "/v1/completions",
+             models = path == "/v1/models";
+  try {
+    if (!megatron && !completions && !models) {
+      reply = HttpReply{404, "no such endpoint: " + path + " (PUT /api, POST /v1/completions, GET /v1/models)\n",
+                        "text/plain"};
+    } else if (megatron && method != "PUT") {
+      reply = HttpReply{405, "/api takes PUT (Megatron's text generation API)\n", "text/plain"};
+    } else if (completions && method != "POST") {
+      reply = HttpReply{405, path + " takes POST\n", "text/plain"};
+    } else if (models && method != "GET") {
+      reply = HttpReply{405, "/v1/models takes GET\n", "text/plain"};
+    } else if (models) {
+      reply = openai_models(ctx_);
+    } else {
+      const nlohmann::json request = parse_request_body(body);
+      if (megatron) {
+        reply = megatron_generate(request, ctx_);
+      } else {
+        uint64_t id;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          id = next_id_++;
+        }
+        reply = openai_completions(request, ctx_, id);
+      }
+    }
+  } catch (const RequestError& e) {
+    // Megatron answers with the message alone; OpenAI's clients read {"error": {"message": ...}}.
+    reply = megatron ? HttpReply{e.status, std::string(e.what()) + "\n", "text/plain"}
+                     : HttpReply{e.status,
+                                 json_text({{"error", {{"message", e.what()}, {"type", "invalid_request_error"}}}})};
+  } catch (const std::exception& e) {
+    reply = megatron ? HttpReply{500, std::string(e.what()) + "\n", "text/plain"}
+                     : HttpReply{500, json_text({{"error", {{"message", e.what()}, {"type", "server_error"}}}})};
+  }
+  if (options_.log) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "serve: %s %s -> %d (%.1f ms)%s%s\n", method.c_str(), path.c_str(), reply.status, ms,
+                 reply.status >= 400 ? ": " : "",
+                 reply.status >= 400 ? reply.body.substr(0, reply.body.find_first_of("\n")).c_str() : "");
+  }
+  return reply;
+}
+
+}  // namespace lattice

@@ -1,0 +1,65 @@
+// TextGenerationService: what `lattice serve` answers, without the sockets (cli/serve.cpp puts it
+// behind an HTTP server; the tests call handle() directly).
+//
+// Routes: PUT /api (Megatron-LM's, serve/megatron_api.h), POST /completions and /v1/completions
+// (OpenAI's, serve/completions_api.h), GET /v1/models. A bad request is answered 400 with a one-line
+// message naming the field; an unknown path 404; a known path with another method 405.
+//
+// One worker thread runs the model (its OpenMP threads and device stream stay one set). Requests
+// that wait while it works are decoded together at its next turn: their prompts fill the
+// generator's sequences (--batch-size) as one TextGenerator::run, each sampling from its own stream,
+// so a request's tokens do not depend on what else is being served.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/text_generation.h"
+#include "serve/endpoint.h"
+
+namespace lattice {
+
+class GPTModel;
+
+struct ServeOptions {
+  int64_t sequences = 8;   // prompts decoded together
+  bool bf16 = false;       // GPTInference's bf16 weights
+  uint64_t seed = 1234;    // requests without a seed take seed, seed + 1, ... in arrival order
+  std::string model_name;  // the completions API's "model"
+  bool log = true;         // one line per request on stderr
+};
+
+class TextGenerationService {
+ public:
+  // The model and tokenizer must outlive the service.
+  TextGenerationService(const GPTModel& model, const Tokenizer& tokenizer, ServeOptions options);
+  ~TextGenerationService();  // finishes the work in hand, then stops the worker
+
+  HttpReply handle(const std::string& method, const std::string& path, const std::string& body);
+
+ private:
+  struct Job {
+    std::vector<GenerationRequest> requests;
+    KeepGoing keep_going;
+    std::promise<std::vector<GenerationResult>> done;
+  };
+  std::vector<GenerationResult> generate(std::vector<GenerationRequest> requests, KeepGoing keep_going);
+  void work();
+
+  const GPTModel& model_;
+  ServeOptions options_;
+  EndpointContext ctx_;
+  std::mutex mutex_;  // guards what follows
+  std::condition_variable wake_;
+  std::deque<Job*> queue_;
+  bool stopping_ = false;
+  uint64_t next_seed_, next_id_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace lattice

@@ -1,0 +1,347 @@
+// `lattice serve` without its sockets: TextGenerator (the decoding engine shared with `generate
+// --batch-size`) and TextGenerationService's endpoints, Megatron's PUT /api and OpenAI's completions.
+// Log-probabilities are checked against log_softmax of GPTModel's full forward (an independent path:
+// no KV cache, no batching), greedy tokens against its argmax, and every bad request against the
+// one-line 400 that names its field.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "model/gpt_model.h"
+#include "model/text_generation.h"
+#include "serve/text_generation_service.h"
+
+namespace lattice {
+namespace {
+
+// A random 2-layer model over ByteTokenizer's 257 ids (vocabulary 260), context 48. Its output layer
+// (untied) scores only ASCII: the other rows are zero, so its likeliest tokens (greedy, top-k 20)
+// are printable-or-control ASCII bytes whose texts JSON carries as they are.
+std::unique_ptr<GPTModel> byte_model() {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.vocab_size = 260;
+  c.max_position_embeddings = 48;
+  c.untie_embeddings_and_output_weights = true;
+  c.hidden_dropout = c.attention_dropout = 0;
+  c.finalize();
+  auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
+  std::mt19937 gen(5);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  for (int64_t i = 0; i < m->params().numel(); ++i) m->params().params()[i] = nd(gen);
+  const ParamInfo& out = m->params().info("output_layer.weight");  // [Vp, C]
+  float* w = m->params().params() + out.offset;
+  for (int64_t v = 0; v < out.shape[0]; ++v)
+    for (int64_t k = 0; k < out.shape[1]; ++k) w[v * out.shape[1] + k] = v < 128 ? 4 * w[v * out.shape[1] + k] : 0.0f;
+  return m;
+}
+
+// log_softmax of the full forward's logits over tokens[0:n]: [n, V] in double.
+std::vector<std::vector<double>> full_forward_logprobs(GPTModel& m, const std::vector<int32_t>& tokens) {
+  const int64_t n = int64_t(tokens.size()), V = m.config().vocab_size, Vp = m.config().padded_vocab_size;
+  std::vector<float> logits(static_cast<size_t>(n * Vp));
+  m.forward_logits(tokens.data(), 1, n, logits.data());
+  std::vector<std::vector<double>> lp(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(V)));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits.data() + i * Vp;
+    double mx = row[0], sum = 0;
+    for (int64_t t = 0; t < V; ++t) mx = std::max(mx, double(row[t]));
+    for (int64_t t = 0; t < V; ++t) sum += std::exp(double(row[t]) - mx);
+    for (int64_t t = 0; t < V; ++t) lp[size_t(i)][size_t(t)] = double(row[t]) - mx - std::log(sum);
+  }
+  return lp;
+}
+
+TEST(TextGeneration, TokenLogprobIsLogSoftmaxAndTopIsSorted) {
+  const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f};
+  double z = 0;
+  for (float l : logits) z += std::exp(double(l));
+  std::vector<std::pair<int32_t, float>> best;
+  for (int32_t t = 0; t < 5; ++t)
+    EXPECT_NEAR(token_logprob(logits.data(), 5, t, 3, &best), double(logits[size_t(t)]) - std::log(z), 1e-6);
+  ASSERT_EQ(best.size(), 3u);
+  EXPECT_EQ(best[0].first, 1);  // the tie of 1 and 3: the lower id first
+  EXPECT_EQ(best[1].first, 3);
+  EXPECT_EQ(best[2].first, 0);
+  EXPECT_NEAR(best[2].second, 1.0 - std::log(z), 1e-6);
+  EXPECT_THROW(token_logprob(logits.data(), 5, 5), Error);
+}
+
+// Greedy decoding with log-probabilities: every token after the first scored as the full forward
+// scores it, every new token the full forward's argmax; the same whether the prompts go one at a
+// time or three together (and a finished prompt's sequence taken by the next).
+TEST(TextGeneration, LogprobsAndGreedyTokensMatchTheFullForward) {
+  auto model = byte_model();
+  const int64_t V = model->config().vocab_size;
+  std::vector<GenerationRequest> requests;
+  for (const std::string& p : {"The quick", "brown fox jumps", "o", "over the lazy dog"}) {
+    GenerationRequest r;
+    r.prompt.assign(p.begin(), p.end());
+    r.max_new_tokens = 6;
+    r.sampling.temperature = 0;
+    r.logprobs = true;
+    r.top_logprobs = 2;
+    requests.push_back(r);
+  }
+  TextGenerator alone(*model, 1, false), together(*model, 3, false);
+  const std::vector<GenerationResult> a = alone.run(requests), b = together.run(requests);
+  ASSERT_EQ(a.size(), requests.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE("prompt " + std::to_string(i));
+    const GenerationResult& r = a[i];
+    EXPECT_EQ(r.tokens, b[i].tokens);
+    ASSERT_EQ(int64_t(r.tokens.size()), r.prompt_length + 6);
+    ASSERT_EQ(r.logprobs.size(), r.tokens.size() - 1);
+    ASSERT_EQ(r.top_logprobs.size(), r.tokens.size() - 1);
+    const auto want = full_forward_logprobs(*model, r.tokens);
+    for (size_t k = 0; k + 1 < r.tokens.size(); ++k) {
+      EXPECT_NEAR(r.logprobs[k], want[k][size_t(r.tokens[k + 1])], 2e-5) << "token " << k + 1;
+      EXPECT_NEAR(b[i].logprobs[k], r.logprobs[k], 2e-5);
+      int32_t argmax = 0;
+      for (int32_t t = 1; t < V; ++t)
+        if (want[k][size_t(t)] > want[k][size_t(argmax)]) argmax = t;
+      EXPECT_EQ(r.top_logprobs[k][0].first, argmax) << "token " << k + 1;
+      if (int64_t(k + 1) >= r.prompt_length) EXPECT_EQ(r.tokens[k + 1], argmax) << "new token " << k + 1;
+    }
+  }
+}
+
+TEST(TextGeneration, StopTokenCallbackAndScoringOnly) {
+  auto model = byte_model();
+  GenerationRequest r;
+  r.prompt = {10, 20, 30};
+  r.max_new_tokens = 8;
+  r.sampling.temperature = 0;
+  TextGenerator gen(*model, 2, false);
+  const GenerationResult free_run = gen.run({r})[0];
+  ASSERT_EQ(free_run.tokens.size(), 11u);
+  EXPECT_FALSE(free_run.stopped);
+  // The third new token as the stop token: the tokens before its first appearance kept.
+  r.stop_token = free_run.tokens[5];
+  const auto first = std::find(free_run.tokens.begin() + 3, free_run.tokens.end(), r.stop_token);
+  const GenerationResult stopped = gen.run({r})[0];
+  EXPECT_TRUE(stopped.stopped);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free_run.tokens.begin(), first));
+  // The callback ends it after the first new token.
+  r.stop_token = -1;
+  const GenerationResult cut = gen.run({r}, [](size_t, const GenerationResult& g) { return g.tokens.size() < 4; })[0];
+  EXPECT_EQ(cut.tokens.size(), 4u);
+  EXPECT_TRUE(cut.stopped);
+  // No new token: the prompt scored.
+  r.max_new_tokens = 0;
+  r.logprobs = true;
+  const GenerationResult scored = gen.run({r})[0];
+  EXPECT_EQ(scored.tokens, r.prompt);
+  EXPECT_EQ(scored.logprobs.size(), 2u);
+  // What it cannot run.
+  GenerationRequest bad = r;
+  bad.prompt = {};
+  EXPECT_THROW(gen.run({bad}), Error);
+  bad.prompt = {1, 260};
+  EXPECT_THROW(gen.run({bad}), Error);
+  bad.prompt.assign(49, 7);  // longer than the context of 48, with log-probabilities
+  EXPECT_THROW(gen.run({bad}), Error);
+  bad.logprobs = false;  // without them its last 48 tokens are kept
+  bad.max_new_tokens = 2;
+  EXPECT_EQ(gen.run({bad})[0].tokens.size(), 51u);
+}
+
+struct ServiceFixture : ::testing::Test {
+  std::unique_ptr<GPTModel> model = byte_model();
+  std::unique_ptr<Tokenizer> tok = make_tokenizer(TokenizerSpec{"ByteTokenizer"});
+  std::unique_ptr<TextGenerationService> service;
+  void SetUp() override {
+    ServeOptions o;
+    o.sequences = 3;
+    o.model_name = "tiny";
+    o.log = false;
+    service = std::make_unique<TextGenerationService>(*model, *tok, o);
+  }
+  nlohmann::json ok(const std::string& method, const std::string& path, const nlohmann::json& body) {
+    const HttpReply r = service->handle(method, path, body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? nlohmann::json::parse(r.body) : nlohmann::json();
+  }
+};
+
+TEST_F(ServiceFixture, MegatronApiAnswersWhatTheGeneratorDecodes) {
+  const nlohmann::json reply = ok("PUT", "/api",
+                                  {{"prompts", {"Hello", "a b"}}, {"tokens_to_generate", 5}, {"logprobs", true},
+                                   {"temperature", 0.7}, {"top_k", 20}, {"random_seed", 99}});
+  ASSERT_EQ(reply["text"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string prompt = i == 0 ? "Hello" : "a b";
+    GenerationRequest r;
+    r.prompt.assign(prompt.begin(), prompt.end());
+    r.max_new_tokens = 5;
+    r.sampling.temperature = 0.7f;
+    r.sampling.top_k = 20;
+    r.stream = prompt_stream(99, i);
+    r.stop_token = tok->eod();
+    r.logprobs = true;
+    TextGenerator gen(*model, 1, false);
+    const GenerationResult want = gen.run({r})[0];
+    EXPECT_EQ(reply["tokens"][i].get<std::vector<int32_t>>(), want.tokens);
+    EXPECT_EQ(reply["text"][i].get<std::string>(), tok->decode(want.tokens));
+    ASSERT_EQ(reply["logprobs"][i].size(), want.tokens.size() - 1);
+    EXPECT_FLOAT_EQ(reply["logprobs"][i][0].get<float>(), want.logprobs[0]);
+    ASSERT_EQ(reply["segments"][i].size(), want.tokens.size());
+    EXPECT_EQ(reply["segments"][i][1].get<std::string>(), prompt.substr(1, 1));
+  }
+  // Without logprobs there is no "logprobs"; the same seed gives the same text.
+  const nlohmann::json again =
+      ok("PUT", "/api", {{"prompts", {"Hello"}}, {"tokens_to_generate", 5}, {"temperature", 0.7}, {"top_k", 20}, {"random_seed", 99}});
+  EXPECT_FALSE(again.contains("logprobs"));
+  EXPECT_EQ(again["tokens"][0], reply["tokens"][0]);
+}
+
+TEST_F(ServiceFixture, RequestsWithoutASeedTakeTheNextOne) {
+  const nlohmann::json body = {{"prompts", {"xyz"}}, {"tokens_to_generate", 12}};
+  const nlohmann::json a = ok("PUT", "/api", body), b = ok("PUT", "/api", body);
+  EXPECT_NE(a["tokens"][0], b["tokens"][0]);  // seeds 1234 and 1235
+  nlohmann::json seeded = body;
+  seeded["random_seed"] = 1235;
+  EXPECT_EQ(ok("PUT", "/api", seeded)["tokens"][0], b["tokens"][0]);
+}
+
+TEST_F(ServiceFixture, CompletionsEchoScoresThePromptAsTheFullForward) {
+  const std::string prompt = "scoring a prompt";
+  const nlohmann::json reply = ok("POST", "/v1/completions",
+                                  {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 1}, {"logprobs", 1},
+                                   {"echo", true}, {"temperature", 0}});
+  ASSERT_EQ(reply["choices"].size(), 1u);
+  const nlohmann::json& c = reply["choices"][0];
+  const nlohmann::json& lp = c["logprobs"];
+  const size_t n = prompt.size() + 1;  // the prompt's bytes and one new token
+  ASSERT_EQ(lp["tokens"].size(), n);
+  ASSERT_EQ(lp["token_logprobs"].size(), n);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  std::vector<int32_t> tokens(prompt.begin(), prompt.end());
+  const auto want = full_forward_logprobs(*model, tokens);
+  for (size_t k = 1; k < prompt.size(); ++k)
+    EXPECT_NEAR(lp["token_logprobs"][k].get<double>(), want[k - 1][size_t(tokens[k])], 2e-5) << k;
+  // The new token: greedy, the likeliest after the prompt, its top log-probability its own.
+  const std::string text = c["text"].get<std::string>();
+  EXPECT_EQ(text.substr(0, prompt.size()), prompt);
+  EXPECT_EQ(lp["top_logprobs"][n - 1].size(), 1u);
+  EXPECT_EQ(lp["top_logprobs"][n - 1].begin().value().get<double>(), lp["token_logprobs"][n - 1].get<double>());
+  // Offsets: each token's text where the offset says.
+  for (size_t k = 0; k < n; ++k) {
+    const std::string piece = lp["tokens"][k].get<std::string>();
+    EXPECT_EQ(text.substr(lp["text_offset"][k].get<size_t>(), piece.size()), piece) << k;
+  }
+  EXPECT_EQ(reply["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(reply["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(reply["model"], "tiny");
+  EXPECT_EQ(reply["object"], "text_completion");
+}
+
+TEST_F(ServiceFixture, CompletionsTokenPromptsStopStringsAndNoEcho) {
+  // Free-running text, then the same with a stop string taken from it: the text cut before it.
+  const nlohmann::json body = {{"prompt", {{104, 105}, {97}}}, {"max_tokens", 10}, {"temperature", 0}, {"logprobs", 0}};
+  const nlohmann::json full = ok("POST", "/completions", body);
+  ASSERT_EQ(full["choices"].size(), 2u);
+  const std::string text = full["choices"][0]["text"].get<std::string>();
+  ASSERT_GE(text.size(), 4u) << "the greedy text ended early";
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(full["choices"][0]["logprobs"]["tokens"].size(), text.size());  // byte tokens, no prompt
+  EXPECT_TRUE(full["choices"][0]["logprobs"]["top_logprobs"].is_null());   // logprobs 0
+  nlohmann::json stop = body;
+  const std::string stop_text = text.substr(2, 2);
+  stop["stop"] = {"never said", stop_text};
+  const nlohmann::json cut = ok("POST", "/completions", stop);
+  for (size_t i = 0; i < 2; ++i) {  // each prompt's text cut before its first stop string, if it says one
+    const nlohmann::json &was = full["choices"][i], &is = cut["choices"][i];
+    const std::string before = was["text"].get<std::string>();
+    const size_t at = before.find(stop_text);
+    EXPECT_EQ(is["text"].get<std::string>(), before.substr(0, at)) << i;
+    EXPECT_EQ(is["finish_reason"], at == std::string::npos ? "length" : "stop") << i;
+    EXPECT_EQ(is["logprobs"]["tokens"].size(), std::min(at, before.size())) << i;
+    for (size_t k = 0; k < is["logprobs"]["token_logprobs"].size(); ++k)
+      EXPECT_EQ(is["logprobs"]["token_logprobs"][k], was["logprobs"]["token_logprobs"][k]);
+  }
+  EXPECT_LE(cut["choices"][0]["text"].get<std::string>().size(), 2u);
+}
+
+// Requests served at the same time are decoded together; each gets what it gets alone.
+TEST_F(ServiceFixture, ConcurrentRequestsGetWhatTheyGetAlone) {
+  std::vector<nlohmann::json> bodies;
+  for (int i = 0; i < 4; ++i)
+    bodies.push_back({{"prompts", {"request " + std::to_string(i), "more"}}, {"tokens_to_generate", 8 + i},
+                      {"random_seed", 10 + i}});
+  std::vector<std::string> alone, together(bodies.size());
+  for (const auto& b : bodies) alone.push_back(service->handle("PUT", "/api", b.dump()).body);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < bodies.size(); ++i)
+    threads.emplace_back([&, i] { together[i] = service->handle("PUT", "/api", bodies[i].dump()).body; });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    const auto a = nlohmann::json::parse(alone[i]), b = nlohmann::json::parse(together[i]);
+    EXPECT_EQ(a["tokens"], b["tokens"]) << "request " << i;
+  }
+}
+
+TEST_F(ServiceFixture, BadRequestsAreRefusedNamingTheField) {
+  struct Case {
+    const char* method;
+    const char* path;
+    std::string body;
+    int status;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"PUT", "/api", "not json", 400, "not JSON"},
+      {"PUT", "/api", "[1]", 400, "not a JSON object"},
+      {"PUT", "/api", R"({"tokens_to_generate": 3})", 400, "prompts argument required"},
+      {"PUT", "/api", R"({"prompts": "x"})", 400, "prompts is not a list of strings"},
+      {"PUT", "/api", R"({"prompts": []})", 400, "prompts is empty"},
+      {"PUT", "/api", R"({"prompts": ["x"], "tokens_to_generate": -1})", 400, "tokens_to_generate must be an integer"},
+      {"PUT", "/api", R"({"prompts": ["x"], "tokens_to_generate": 1.5})", 400, "tokens_to_generate must be an integer"},
+      {"PUT", "/api", R"({"prompts": ["x"], "tokens_to_generate": 0})", 400, "logprobs should be True"},
+      {"PUT", "/api", R"({"prompts": ["x"], "temperature": 0})", 400, "temperature must be a positive number"},
+      {"PUT", "/api", R"({"prompts": ["x"], "top_k": 1001})", 400, "top_k must be an integer in [0, 1000]"},
+      {"PUT", "/api", R"({"prompts": ["x"], "top_k": 2, "top_p": 0.5})", 400, "cannot set both top-k and top-p"},
+      {"PUT", "/api", R"({"prompts": ["x"], "logprobs": "yes"})", 400, "logprobs must be true or false"},
+      {"PUT", "/api", R"({"prompts": [""]})", 400, "Empty prompts require add_BOS=true"},
+      {"PUT", "/api", R"({"prompts": ["x"], "max_len": 3})", 400, "max_len is no longer used"},
+      {"PUT", "/api", R"({"prompts": ["x"], "beam_width": 2})", 400, "beam_width is not supported"},
+      {"PUT", "/api", R"({"prompts": ["x"], "temprature": 1})", 400, "unknown field \"temprature\""},
+      {"PUT", "/api", R"({"prompts": ["x"], "tokens_to_generate": 48})", 400, "longer than the model's context of 48"},
+      {"POST", "/api", R"({"prompts": ["x"]})", 405, "/api takes PUT"},
+      {"POST", "/v1/completions", R"({"max_tokens": 3})", 400, "prompt is required"},
+      {"POST", "/v1/completions", R"({"prompt": [1, 999]})", 400, "token 999 is not an id in [0, 257)"},
+      {"POST", "/v1/completions", R"({"prompt": [[1], []]})", 400, "an empty list of token ids"},
+      {"POST", "/v1/completions", R"({"prompt": {"a": 1}})", 400, "prompt must be a text"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n > 1 is not supported"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "stream": true})", 400, "stream is not supported"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400, "logprobs must be an integer in [0, 20]"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens 0 returns nothing"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "stop must be a text"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "presence_penalty": 1})", 400, "presence_penalty is not supported"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "top_p": 0})", 400, "top_p must be a number in (0, 1]"},
+      {"GET", "/v1/completions", "", 405, "takes POST"},
+      {"GET", "/generate", "", 404, "no such endpoint: /generate"},
+  };
+  for (const Case& c : cases) {
+    const HttpReply r = service->handle(c.method, c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.method << " " << c.path << " " << c.body << ": " << r.body;
+    EXPECT_NE(r.body.find(c.says), std::string::npos) << c.body << ": " << r.body;
+    EXPECT_EQ(std::count(r.body.begin(), r.body.end(), '\n'), r.content_type == "text/plain" ? 1 : 0) << r.body;
+  }
+  // Still serving.
+  EXPECT_EQ(ok("GET", "/v1/models", nullptr)["data"][0]["id"], "tiny");
+}
+
+}  // namespace
+}  // namespace lattice
