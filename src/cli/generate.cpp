@@ -39,11 +39,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Timing {
-  int64_t prefill_tokens = 0, new_tokens = 0;
-  double prefill_s = 0, decode_s = 0;
-};
-
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -107,7 +102,7 @@ int64_t moved_start(const std::vector<int32_t>& ids, int64_t start, int64_t P) {
 
 void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer& tok,
                   const std::string& prompt, int64_t max_new_tokens, const SamplingConfig& sc,
-                  const PhiloxStream& stream, Timing& timing) {
+                  const PhiloxStream& stream, GenerationTiming& timing) {
   const TransformerConfig& c = model.config();
   const int64_t P = c.max_position_embeddings;
   std::vector<int32_t> ids = tok.encode(prompt);
@@ -143,7 +138,7 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
 // as it would alone (its own stream, its own logits); its text is printed when complete, in prompt order.
 void generate_batched(GPTModel& model, const Tokenizer& tok, const std::vector<std::string>& prompts,
                       int64_t max_new_tokens, const SamplingConfig& sc, uint64_t seed, int64_t batch, bool bf16,
-                      Timing& timing) {
+                      GenerationTiming& timing) {
   std::vector<GenerationRequest> requests(prompts.size());
   std::vector<std::unique_ptr<TextSoFar>> texts(prompts.size());
   std::vector<std::string> outputs(prompts.size());
@@ -175,11 +170,7 @@ void generate_batched(GPTModel& model, const Tokenizer& tok, const std::vector<s
           std::fflush(stdout);
         }
       });
-  const GenerationTiming& t = generator.timing();
-  timing.prefill_tokens += t.prefill_tokens;
-  timing.new_tokens += t.new_tokens;
-  timing.prefill_s += t.prefill_s;
-  timing.decode_s += t.decode_s;
+  timing = generator.timing();
 }
 
 std::vector<std::string> read_prompts(const SimpleFlags& f) {
@@ -241,7 +232,7 @@ int cmd_generate(int argc, char** argv) {
   const bool kv_cache = !f.has("no-kv-cache"), bf16 = f.has("bf16");
   if (bf16 && !kv_cache) LATTICE_FAIL() << "--bf16 decodes with the KV cache: drop --no-kv-cache";
   if (batch > 1 && !kv_cache) LATTICE_FAIL() << "--batch-size " << batch << " decodes with the KV cache: drop --no-kv-cache";
-  Timing timing;
+  GenerationTiming timing;
   if (batch > 1) {
     generate_batched(*lm.model, *tok, prompts, max_new, sc, seed, batch, bf16, timing);
   } else {

@@ -10,7 +10,8 @@
 
 namespace lattice {
 
-ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp, int dist_opt_instances, int etp) {
+ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp, int dist_opt_instances, int etp,
+                           bool tp_pp_dp) {
   if (tp < 1) LATTICE_FAIL() << "--tensor-model-parallel-size must be >= 1, got " << tp;
   if (cp < 1) LATTICE_FAIL() << "--context-parallel-size must be >= 1, got " << cp;
   if (ep < 1) LATTICE_FAIL() << "--expert-model-parallel-size must be >= 1, got " << ep;
@@ -34,6 +35,13 @@ ParallelLayout make_layout(int world, int tp, int pp, int ep, int cp, int dist_o
                    << ")): the experts are split over data-parallel ranks";
   ParallelLayout l{world, tp, pp, dp, ep, cp, dist_opt_instances};
   l.experts_whole = whole;
+  l.tp_pp_dp = tp_pp_dp;
+  if (tp_pp_dp && (cp > 1 || ep > 1 || whole))  // (Megatron asserts cp x ep <= 1 with it)
+    LATTICE_FAIL() << "--use-tp-pp-dp-mapping does not go with "
+                   << (cp > 1   ? "--context-parallel-size " + std::to_string(cp)
+                       : ep > 1 ? "--expert-model-parallel-size " + std::to_string(ep)
+                                : std::string("--expert-tensor-parallel-size 1 under tensor parallelism"))
+                   << " (the tp-pp-dp rank order has no context- or expert-parallel axis)";
   if (dist_opt_instances < 1)
     LATTICE_FAIL() << "--num-distributed-optimizer-instances must be >= 1, got " << dist_opt_instances;
   // An instance is a run of whole data-parallel ranks (each with all its context-parallel ranks) that
@@ -60,6 +68,7 @@ struct Coords {
   int at[4];
 };
 Coords coords_of(const ParallelLayout& l, int rank) {
+  if (l.tp_pp_dp) return {{rank % l.tp, rank / l.tp % l.cp, rank / (l.tp * l.cp * l.pp), rank / (l.tp * l.cp) % l.pp}};
   return {{rank % l.tp, rank / l.tp % l.cp, rank / (l.tp * l.cp) % l.dp, rank / (l.tp * l.cp * l.dp)}};
 }
 
@@ -159,16 +168,16 @@ std::unique_ptr<ParallelState> ParallelState::single() {
 }
 
 std::unique_ptr<ParallelState> ParallelState::create(int tp, int pp, double timeout_seconds, int ep, int cp,
-                                                     int dist_opt_instances, int etp) {
+                                                     int dist_opt_instances, int etp, bool tp_pp_dp) {
   if (!launched_by_mpirun()) {
     // names the flag when tp, pp, ep, cp or the instances > 1 cannot fit one process
-    make_layout(1, tp, pp, ep, cp, dist_opt_instances, etp);
+    make_layout(1, tp, pp, ep, cp, dist_opt_instances, etp, tp_pp_dp);
     return single();
   }
   const int world = mpi_init_world();
   set_comm_timeout_seconds(timeout_seconds);
   auto s = std::make_unique<ParallelState>();
-  s->layout_ = make_layout(world, tp, pp, ep, cp, dist_opt_instances, etp);
+  s->layout_ = make_layout(world, tp, pp, ep, cp, dist_opt_instances, etp, tp_pp_dp);
   s->world_rank_ = mpi_world_rank();
   s->uses_mpi_ = true;
   GroupPlan g = plan_groups(s->layout_);

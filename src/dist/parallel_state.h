@@ -1,6 +1,9 @@
 // ParallelState: the process groups of a run, in Megatron's rank order "tp-cp-ep-dp-pp"
 // (tensor-parallel rank varies fastest, so TP peers are neighbours):
 //   world_rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
+// or, with --use-tp-pp-dp-mapping (Megatron's "tp-cp-ep-pp-dp"; no context or expert parallelism, as
+// in Megatron), pipeline stages before data-parallel copies:
+//   world_rank = tp_rank + tp * (pp_rank + pp * dp_rank)
 // One communicator per group: tp, cp, dp, pp, and the embedding group (first and last
 // pipeline stage of the same tp/cp/dp position). Context parallelism (--context-parallel-size
 // cp, model/context_parallel.h) splits every sequence over the cp ranks of a group, which read
@@ -43,14 +46,18 @@ struct ParallelLayout {
   // over which the experts' gradients are summed, holds them at every context-parallel rank.
   int expert_dp() const { return experts_whole ? tp * dp / ep : dp / ep; }
   int expert_dp_group() const { return experts_whole ? tp * cp * dp / ep : dp / ep * cp; }
+  // --use-tp-pp-dp-mapping: data-parallel rank outermost (cp = ep = 1).
+  bool tp_pp_dp = false;
   // The world rank of a position.
-  int rank_of(int tp_r, int cp_r, int dp_r, int pp_r) const { return tp_r + tp * (cp_r + cp * (dp_r + dp * pp_r)); }
+  int rank_of(int tp_r, int cp_r, int dp_r, int pp_r) const {
+    return tp_pp_dp ? tp_r + tp * (cp_r + cp * (pp_r + pp * dp_r)) : tp_r + tp * (cp_r + cp * (dp_r + dp * pp_r));
+  }
 };
 
 // The layout for `world` ranks, or an error naming the flag that cannot work. etp: the experts'
-// tensor-parallel size (--expert-tensor-parallel-size; 0: tp).
+// tensor-parallel size (--expert-tensor-parallel-size; 0: tp); tp_pp_dp: --use-tp-pp-dp-mapping.
 ParallelLayout make_layout(int world, int tp, int pp, int ep = 1, int cp = 1, int dist_opt_instances = 1,
-                           int etp = 0);
+                           int etp = 0, bool tp_pp_dp = false);
 
 // Group membership (world ranks) for every group of each kind, in Megatron's order.
 struct GroupPlan {
@@ -67,7 +74,7 @@ class ParallelState {
   // Builds the groups: over MPI when the process was launched by mpirun, else a
   // one-process state (which needs tp = pp = 1).
   static std::unique_ptr<ParallelState> create(int tp, int pp, double timeout_seconds, int ep = 1, int cp = 1,
-                                               int dist_opt_instances = 1, int etp = 0);
+                                               int dist_opt_instances = 1, int etp = 0, bool tp_pp_dp = false);
   // A one-process state without MPI (tests, the library quickstart).
   static std::unique_ptr<ParallelState> single();
 

@@ -413,6 +413,9 @@ std::vector<Flag> flag_table(TrainArgs& a) {
        "a rank waiting longer than this ends the job"},
       {"use-distributed-optimizer", Kind::flag, &a.use_distributed_optimizer,
        "shard optimizer state over data-parallel ranks (ZeRO-1)"},
+      {"use-tp-pp-dp-mapping", Kind::flag, &a.use_tp_pp_dp_mapping,
+       "Megatron's other rank order: tp, then pp, then dp (a rank's pipeline stages are neighbours; "
+       "no context or expert parallelism)"},
       {"num-distributed-optimizer-instances", Kind::i64, &a.num_distributed_optimizer_instances,
        "copies of the distributed optimizer over the data-parallel ranks: each shards over dp / N of them"},
       {"overlap-grad-reduce", Kind::flag, &a.overlap_grad_reduce,

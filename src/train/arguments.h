@@ -236,6 +236,7 @@ struct TrainArgs {
   int64_t ddp_bucket_size = 0;                             // 0: automatic
   int64_t ddp_num_buckets = 0;  // Megatron's: buckets of (this rank's parameters) / this elements (0: unset)
   int64_t num_distributed_optimizer_instances = 1;         // the distributed optimizer's copies over dp x cp
+  bool use_tp_pp_dp_mapping = false;  // rank order tp-pp-dp instead of tp-cp-ep-dp-pp (dist/parallel_state.h)
   int64_t zero_stage = 1;
   bool log_comm = false;
   // device: cpu, or cuda (one GPU per process; docs/cuda.md)

@@ -108,8 +108,8 @@ RankMemory estimate_rank_memory(const MemoryLayout& m, int world_rank, size_t ba
   r.world_rank = world_rank;
   r.tp_rank = world_rank % m.tp;
   r.cp_rank = (world_rank / m.tp) % m.cp;
-  r.dp_rank = (world_rank / (m.tp * m.cp)) % m.dp;
-  r.pp_rank = world_rank / (m.tp * m.cp * m.dp);
+  r.dp_rank = m.tp_pp_dp ? world_rank / (m.tp * m.cp * m.pp) : (world_rank / (m.tp * m.cp)) % m.dp;
+  r.pp_rank = m.tp_pp_dp ? (world_rank / (m.tp * m.cp)) % m.pp : world_rank / (m.tp * m.cp * m.dp);
   // The gradients are summed (and with the distributed optimizer sharded) over dp x cp; with several
   // distributed-optimizer instances reduce-scattered over an instance's consecutive part of it.
   LATTICE_CHECK(m.dist_opt_instances >= 1 && m.dp * m.cp % m.dist_opt_instances == 0)

@@ -41,6 +41,7 @@ struct MemoryLayout {
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   int dist_opt_instances = 1;             // --num-distributed-optimizer-instances: each shards over dp x cp / it
+  bool tp_pp_dp = false;                  // --use-tp-pp-dp-mapping: world ranks in tp-pp-dp order
   bool grad_reduce_in_bf16 = false;       // bf16 copies of the buckets for the DP reduction
   int64_t ddp_bucket_size = 0;            // elements per gradient bucket; 0: the default
   int64_t ddp_num_buckets = 0;            // > 0: buckets of (the rank's parameters) / this instead

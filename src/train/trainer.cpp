@@ -193,6 +193,7 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   m.sequence_parallel = args.sequence_parallel;
   m.distributed_optimizer = args.use_distributed_optimizer;
   m.dist_opt_instances = int(args.num_distributed_optimizer_instances);
+  m.tp_pp_dp = args.use_tp_pp_dp_mapping;
   m.grad_reduce_in_bf16 = args.grad_reduce_in_bf16;
   m.ddp_bucket_size = args.ddp_bucket_size;
   m.ddp_num_buckets = args.ddp_num_buckets;
@@ -238,7 +239,8 @@ int print_dry_run(const TrainArgs& args) {
   const ParallelLayout layout = make_layout(int(world), int(tp), int(pp), int(args.expert_model_parallel_size),
                                             int(args.context_parallel_size),
                                             int(args.num_distributed_optimizer_instances),
-                                            int(args.implementation.expert_tensor_parallel_size));
+                                            int(args.implementation.expert_tensor_parallel_size),
+                                            args.use_tp_pp_dp_mapping);
   if (env && std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) != 0) return 0;
   const PipelineLayout pipe = pipeline_layout_of(args);
   const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * layout.dp);
@@ -312,7 +314,7 @@ int run_training(const TrainArgs& args) {
   auto ps = ParallelState::create(int(args.tensor_model_parallel_size), int(args.pipeline_model_parallel_size),
                                   args.distributed_timeout_minutes * 60.0, int(args.expert_model_parallel_size),
                                   int(args.context_parallel_size), int(args.num_distributed_optimizer_instances),
-                                  int(args.implementation.expert_tensor_parallel_size));
+                                  int(args.implementation.expert_tensor_parallel_size), args.use_tp_pp_dp_mapping);
   const auto job_start = std::chrono::steady_clock::now();  // --log-progress's job throughput
   if (args.log_progress && ps->world_rank() == 0) append_progress_line(args.save, ps->world_size(), "Starting job");
   set_log_info_enabled(ps->world_rank() == 0);

@@ -10,6 +10,21 @@
 namespace lattice {
 namespace {
 
+// The groups the processes form follow the rank order: PP 2 x DP 2 on 4 ranks, a copy's two stages
+// ranks 0 and 2 in Megatron's default order, ranks 0 and 1 with --use-tp-pp-dp-mapping.
+TEST(DistComm, RankOrderDecidesTheGroups) {
+  if (mpi_world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  auto ps = ParallelState::create(1, 2, 60);
+  const int r = ps->world_rank();
+  EXPECT_EQ(ps->pp_rank(), r / 2);
+  EXPECT_EQ(ps->dp_rank(), r % 2);
+  ps.reset();
+  ps = ParallelState::create(1, 2, 60, 1, 1, 1, 0, true);
+  EXPECT_EQ(ps->pp_rank(), r % 2);
+  EXPECT_EQ(ps->dp_rank(), r / 2);
+  EXPECT_EQ(ps->embedding()->size(), 2);
+}
+
 TEST(DistComm, AllReduceSumAndMax) {
   auto ps = ParallelState::create(1, 1, 60);
   Comm& w = ps->world();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints under pipeline parallelism: a run saved at TP=2 x PP=2 (each stage's layers,
 # the tied embedding once) resumes at one process, at PP=4 (layers redistributed, TP=1) and
-# at PP=2 x DP=2 with the distributed optimizer (TP=1); the next 10 losses and the final
+# at PP=2 x DP=2 with the distributed optimizer (TP=1) and in the tp-pp-dp rank order
+# (--use-tp-pp-dp-mapping); the next 10 losses and the final
 # parameters equal an uninterrupted TP=2 x PP=2 run's (to 1e-5 relative). A run saved with
 # interleaving and uneven-stage layouts resume at PP=1 too.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -38,6 +39,9 @@ resume "TP=2 x PP=2 -> one process" ckpt 1
 resume "TP=2 x PP=2 -> PP=4" ckpt 4 --pipeline-model-parallel-size 4
 resume "TP=2 x PP=2 -> PP=2 x DP=2 distributed optimizer" ckpt 4 --pipeline-model-parallel-size 2 \
   --use-distributed-optimizer
+# Megatron's other rank order: ranks 0, 1 one copy's two stages, 2, 3 the other's.
+resume "TP=2 x PP=2 -> PP=2 x DP=2 in the tp-pp-dp order" ckpt 4 --pipeline-model-parallel-size 2 \
+  --use-tp-pp-dp-mapping
 resume "TP=2 x PP=2 -> PP=2 interleaved" ckpt 2 --pipeline-model-parallel-size 2 \
   --num-layers-per-virtual-pipeline-stage 1
 resume "TP=2 x PP=2 -> PP=2 interleaved, micro-batches in groups of 4" ckpt 2 --pipeline-model-parallel-size 2 \

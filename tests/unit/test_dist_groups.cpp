@@ -18,6 +18,34 @@ TEST(DistGroups, MegatronOrderTpFastestThenDpThenPp) {
   EXPECT_EQ(g.embedding, (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
 }
 
+// --use-tp-pp-dp-mapping (Megatron's tp-cp-ep-pp-dp): a copy's pipeline stages are neighbours, the
+// data-parallel rank outermost. 8 ranks, TP=2, PP=2 -> DP=2: rank = tp + 2 (pp + 2 dp).
+TEST(DistGroups, TpPpDpMappingPutsTheStagesBeforeTheCopies) {
+  const ParallelLayout l = make_layout(8, 2, 2, 1, 1, 1, 0, true);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_EQ(l.rank_of(1, 0, 1, 0), 5);
+  EXPECT_EQ(l.rank_of(0, 0, 0, 1), 2);
+  GroupPlan g = plan_groups(l);
+  EXPECT_EQ(g.tp, (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.pp, (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(g.dp, (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(g.embedding, g.pp);
+  EXPECT_EQ(g.expert_dp, g.dp);  // (no expert parallelism: the experts' gradients go as the others')
+  // Megatron asserts no context or expert parallelism with it; whole experts under TP neither.
+  auto refused = [](auto make, const char* says) {
+    try {
+      make();
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--use-tp-pp-dp-mapping"), std::string::npos) << e.what();
+    }
+  };
+  refused([] { make_layout(8, 2, 1, 1, 2, 1, 0, true); }, "--context-parallel-size 2");
+  refused([] { make_layout(8, 2, 1, 2, 1, 1, 0, true); }, "--expert-model-parallel-size 2");
+  refused([] { make_layout(4, 2, 1, 1, 1, 1, 1, true); }, "--expert-tensor-parallel-size 1");
+}
+
 // Expert parallelism splits each data-parallel group: ep consecutive data-parallel ranks hold
 // the experts between them, every ep-th one a copy of the same experts (Megatron's tp-ep-dp-pp).
 TEST(DistGroups, ExpertParallelSplitsDataParallel) {
