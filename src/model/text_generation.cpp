@@ -49,21 +49,44 @@ TextGenerator::TextGenerator(const GPTModel& model, int64_t sequences, bool bf16
 
 TextGenerator::~TextGenerator() = default;
 
+namespace {
+
+void check_request(const GenerationRequest& r, size_t id, int64_t V, int64_t P) {
+  if (r.prompt.empty()) LATTICE_FAIL() << "prompt " << id << " has no tokens";
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= V) LATTICE_FAIL() << "prompt " << id << ": token " << t << " outside the vocabulary of " << V;
+  if (r.logprobs && int64_t(r.prompt.size()) > P)
+    LATTICE_FAIL() << "prompt " << id << ": " << r.prompt.size() << " tokens with log-probabilities, more than the context of "
+                   << P;
+}
+
+}  // namespace
+
 std::vector<GenerationResult> TextGenerator::run(const std::vector<GenerationRequest>& requests,
                                                  const TokenCallback& on_token, const DoneCallback& on_done) {
-  const int64_t P = context_, V = vocab_, Vp = padded_vocab_, S = sequences_;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const GenerationRequest& r = requests[i];
-    if (r.prompt.empty()) LATTICE_FAIL() << "prompt " << i << " has no tokens";
-    for (int32_t t : r.prompt)
-      if (t < 0 || t >= V) LATTICE_FAIL() << "prompt " << i << ": token " << t << " outside the vocabulary of " << V;
-    if (r.logprobs && int64_t(r.prompt.size()) > P)
-      LATTICE_FAIL() << "prompt " << i << ": " << r.prompt.size() << " tokens with log-probabilities, more than the context of "
-                     << P;
-  }
+  for (size_t i = 0; i < requests.size(); ++i) check_request(requests[i], i, vocab_, context_);
   std::vector<GenerationResult> results(requests.size());
+  size_t next = 0;
+  run([&](GenerationRequest& r, size_t& id) {
+        if (next == requests.size()) return false;
+        id = next;
+        r = requests[next++];
+        return true;
+      },
+      on_token,
+      [&](size_t id, const GenerationResult& r) {
+        results[id] = r;
+        if (on_done) on_done(id, results[id]);
+      });
+  return results;
+}
+
+void TextGenerator::run(const Source& source, const TokenCallback& on_token, const DoneCallback& on_done) {
+  const int64_t P = context_, V = vocab_, Vp = padded_vocab_, S = sequences_;
   struct InFlight {
-    size_t request = 0;
+    GenerationRequest request;
+    GenerationResult out;
+    size_t id = 0;
     int64_t start = 0, made = 0;  // the first token in the context; new tokens so far
     std::vector<float> logits;    // [Vp] the next token's
     bool busy = false;
@@ -73,8 +96,8 @@ std::vector<GenerationResult> TextGenerator::run(const std::vector<GenerationReq
   // asked, every position's logits for the prompt's.
   auto prefill = [&](int64_t s, bool first) {
     InFlight& q = seqs[size_t(s)];
-    const GenerationRequest& r = requests[q.request];
-    GenerationResult& out = results[q.request];
+    const GenerationRequest& r = q.request;
+    GenerationResult& out = q.out;
     const int64_t n = int64_t(out.tokens.size()) - q.start;
     const auto t0 = Clock::now();
     cache_->reset(s);
@@ -96,22 +119,21 @@ std::vector<GenerationResult> TextGenerator::run(const std::vector<GenerationReq
   auto finish = [&](int64_t s) {
     InFlight& q = seqs[size_t(s)];
     q.busy = false;
-    if (on_done) on_done(q.request, results[q.request]);
+    if (on_done) on_done(q.id, q.out);
   };
   const auto t_all = Clock::now();
   const double prefill_before = timing_.prefill_s;
-  size_t next_request = 0;
   for (;;) {
-    // Free sequences take the next requests.
-    for (int64_t s = 0; s < S && next_request < requests.size(); ++s) {
+    // Free sequences take the source's next requests.
+    for (int64_t s = 0; s < S; ++s) {
       InFlight& q = seqs[size_t(s)];
       if (q.busy) continue;
       q = InFlight{};
-      q.request = next_request++;
-      GenerationResult& out = results[q.request];
-      out.tokens = requests[q.request].prompt;
-      out.prompt_length = int64_t(out.tokens.size());
-      q.start = std::max<int64_t>(0, out.prompt_length - P);
+      if (!source(q.request, q.id)) break;
+      check_request(q.request, q.id, V, P);
+      q.out.tokens = q.request.prompt;
+      q.out.prompt_length = int64_t(q.out.tokens.size());
+      q.start = std::max<int64_t>(0, q.out.prompt_length - P);
       q.logits.resize(static_cast<size_t>(Vp));
       q.busy = true;
       prefill(s, true);
@@ -124,8 +146,8 @@ std::vector<GenerationResult> TextGenerator::run(const std::vector<GenerationReq
       InFlight& q = seqs[size_t(s)];
       if (!q.busy) continue;
       any = true;
-      const GenerationRequest& r = requests[q.request];
-      GenerationResult& out = results[q.request];
+      const GenerationRequest& r = q.request;
+      GenerationResult& out = q.out;
       if (q.made == r.max_new_tokens) {
         finish(s);
         continue;
@@ -144,7 +166,7 @@ std::vector<GenerationResult> TextGenerator::run(const std::vector<GenerationReq
       out.tokens.push_back(next);
       ++timing_.new_tokens;
       ++q.made;
-      if (on_token && !on_token(q.request, out)) {
+      if (on_token && !on_token(q.id, out)) {
         out.stopped = true;
         finish(s);
         continue;
@@ -162,7 +184,7 @@ std::vector<GenerationResult> TextGenerator::run(const std::vector<GenerationReq
       tokens.push_back(next);
       stepped.push_back(s);
     }
-    if (!any && next_request == requests.size()) break;
+    if (!any) break;  // (the source had nothing for a free sequence)
     if (tokens.empty()) continue;
     std::vector<float> logits(tokens.size() * size_t(Vp));
     cache_->step(tokens.data(), stepped.data(), int64_t(tokens.size()), logits.data());
@@ -171,7 +193,6 @@ std::vector<GenerationResult> TextGenerator::run(const std::vector<GenerationReq
                 seqs[size_t(stepped[i])].logits.begin());
   }
   timing_.decode_s += seconds_since(t_all) - (timing_.prefill_s - prefill_before);
-  return results;
 }
 
 }  // namespace lattice

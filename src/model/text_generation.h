@@ -3,8 +3,9 @@
 //
 // Each prompt is prefilled alone into a free sequence of the cache; then one step
 // (GPTInference::step) per new token runs the new tokens of every prompt in flight through the
-// model together; a finished prompt's sequence is taken by the next prompt. Each prompt samples
-// as it would alone (its own stream, its own logits), so its tokens do not depend on the batch.
+// model together; a finished prompt's sequence is taken by the next prompt, also one that arrived
+// while the others were decoding (continuous batching: run(source, ...)). Each prompt samples as it
+// would alone (its own stream, its own logits), so its tokens do not depend on the batch.
 //
 // Context: positions are absolute, so a sequence holds at most max_position_embeddings (P) tokens.
 // A longer prompt keeps its last P tokens; when decoding fills the context, the sequence restarts
@@ -77,6 +78,12 @@ class TextGenerator {
   // run (an empty prompt, a token outside the vocabulary, logprobs of a prompt longer than the context).
   std::vector<GenerationResult> run(const std::vector<GenerationRequest>& requests,
                                     const TokenCallback& on_token = {}, const DoneCallback& on_done = {});
+
+  // Continuous batching: whenever a sequence is free (before each step), asks `source` for a request
+  // to start there (false: none now) with the id the callbacks name it by; returns when no request is
+  // in flight and the source has none. A request that cannot run throws lattice::Error from here.
+  using Source = std::function<bool(GenerationRequest& request, size_t& id)>;
+  void run(const Source& source, const TokenCallback& on_token, const DoneCallback& on_done);
 
   const GenerationTiming& timing() const { return timing_; }
   int64_t context() const { return context_; }  // max_position_embeddings

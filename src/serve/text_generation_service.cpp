@@ -1,5 +1,6 @@
 #include "serve/text_generation_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -39,7 +40,11 @@ TextGenerationService::~TextGenerationService() {
 
 std::vector<GenerationResult> TextGenerationService::generate(std::vector<GenerationRequest> requests,
                                                               KeepGoing keep_going) {
-  Job job{std::move(requests), std::move(keep_going), {}};
+  if (requests.empty()) return {};
+  Job job;
+  job.requests = std::move(requests);
+  job.keep_going = std::move(keep_going);
+  job.results.resize(job.requests.size());
   std::future<std::vector<GenerationResult>> result = job.done.get_future();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -52,33 +57,47 @@ std::vector<GenerationResult> TextGenerationService::generate(std::vector<Genera
 
 void TextGenerationService::work() {
   TextGenerator generator(model_, options_.sequences, options_.bf16);
+  std::vector<std::pair<Job*, size_t>> prompt_of;  // a generator id's job and prompt (one run's)
   for (;;) {
-    std::vector<Job*> jobs;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, nothing left
-      jobs.assign(queue_.begin(), queue_.end());
-      queue_.clear();
     }
-    // Every waiting job's prompts in one run; each result back to its job.
-    std::vector<GenerationRequest> all;
-    std::vector<std::pair<size_t, size_t>> owner;  // [all] (job, its request)
-    for (size_t j = 0; j < jobs.size(); ++j)
-      for (size_t i = 0; i < jobs[j]->requests.size(); ++i) {
-        all.push_back(jobs[j]->requests[i]);
-        owner.emplace_back(j, i);
-      }
+    prompt_of.clear();
+    // The next prompt of the oldest job with one left, as it arrives.
+    auto source = [&](GenerationRequest& request, size_t& id) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (queue_.empty()) return false;
+      Job* job = queue_.front();
+      const size_t i = job->started++;
+      if (job->started == job->requests.size()) queue_.pop_front();
+      request = job->requests[i];
+      id = prompt_of.size();
+      prompt_of.emplace_back(job, i);
+      return true;
+    };
+    auto on_token = [&](size_t id, const GenerationResult& r) {
+      const auto& [job, i] = prompt_of[id];
+      return !job->keep_going || job->keep_going(i, r);
+    };
+    auto on_done = [&](size_t id, const GenerationResult& r) {
+      const auto& [job, i] = prompt_of[id];
+      job->results[i] = r;
+      if (++job->finished == job->requests.size()) job->done.set_value(std::move(job->results));
+    };
     try {
-      std::vector<GenerationResult> results = generator.run(all, [&](size_t k, const GenerationResult& r) {
-        const Job& job = *jobs[owner[k].first];
-        return !job.keep_going || job.keep_going(owner[k].second, r);
-      });
-      std::vector<std::vector<GenerationResult>> split(jobs.size());
-      for (size_t k = 0; k < results.size(); ++k) split[owner[k].first].push_back(std::move(results[k]));
-      for (size_t j = 0; j < jobs.size(); ++j) jobs[j]->done.set_value(std::move(split[j]));
-    } catch (...) {
-      for (Job* job : jobs) job->done.set_exception(std::current_exception());
+      generator.run(source, on_token, on_done);
+    } catch (...) {  // (the endpoints check what the generator refuses): every job begun fails
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::vector<Job*> failed;
+      for (const auto& [job, i] : prompt_of)
+        if (job->finished < job->requests.size() && std::find(failed.begin(), failed.end(), job) == failed.end())
+          failed.push_back(job);
+      for (Job* job : failed) {
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), job), queue_.end());
+        job->done.set_exception(std::current_exception());
+      }
     }
   }
 }

@@ -5,10 +5,11 @@
 // (OpenAI's, serve/completions_api.h), GET /v1/models. A bad request is answered 400 with a one-line
 // message naming the field; an unknown path 404; a known path with another method 405.
 //
-// One worker thread runs the model (its OpenMP threads and device stream stay one set). Requests
-// that wait while it works are decoded together at its next turn: their prompts fill the
-// generator's sequences (--batch-size) as one TextGenerator::run, each sampling from its own stream,
-// so a request's tokens do not depend on what else is being served.
+// One worker thread runs the model (its OpenMP threads and device stream stay one set), with
+// continuous batching: the prompts of every request fill the generator's sequences (--batch-size) as
+// they come, a prompt that arrives while others decode starting at the next step where a sequence is
+// free (TextGenerator::run with a source). Each prompt samples from its own stream, so a request's
+// tokens do not depend on what else is being served.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -47,6 +48,8 @@ class TextGenerationService {
     std::vector<GenerationRequest> requests;
     KeepGoing keep_going;
     std::promise<std::vector<GenerationResult>> done;
+    std::vector<GenerationResult> results;  // (the worker's)
+    size_t started = 0, finished = 0;       // prompts handed to the generator, and complete
   };
   std::vector<GenerationResult> generate(std::vector<GenerationRequest> requests, KeepGoing keep_going);
   void work();
@@ -56,7 +59,7 @@ class TextGenerationService {
   EndpointContext ctx_;
   std::mutex mutex_;  // guards what follows
   std::condition_variable wake_;
-  std::deque<Job*> queue_;
+  std::deque<Job*> queue_;  // jobs with prompts not yet started, in arrival order
   bool stopping_ = false;
   uint64_t next_seed_, next_id_ = 0;
   std::thread worker_;

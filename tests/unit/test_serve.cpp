@@ -116,6 +116,43 @@ TEST(TextGeneration, LogprobsAndGreedyTokensMatchTheFullForward) {
   }
 }
 
+// Continuous batching: a request that arrives while another decodes starts at the next step, in the
+// free sequence, and ends first (it is shorter); each gets the tokens it gets alone.
+TEST(TextGeneration, ARequestArrivingMidRunJoinsIt) {
+  auto model = byte_model();
+  GenerationRequest a, b;
+  a.prompt = {65, 66, 67};
+  a.max_new_tokens = 12;
+  a.stream = PhiloxStream{3, 1};
+  b.prompt = {70, 71};
+  b.max_new_tokens = 3;
+  b.stream = PhiloxStream{4, 1};
+  TextGenerator gen(*model, 2, false);
+  const std::vector<GenerationResult> alone = gen.run({a, b});
+  bool a_given = false, b_arrived = false, b_given = false;
+  std::vector<size_t> done_order;
+  std::vector<GenerationResult> got(2);
+  gen.run(
+      [&](GenerationRequest& r, size_t& id) {
+        if (!a_given) return r = a, id = 0, a_given = true;
+        if (!b_arrived || b_given) return false;
+        r = b, id = 1, b_given = true;
+        return true;
+      },
+      [&](size_t id, const GenerationResult& r) {
+        if (id == 0 && r.tokens.size() == a.prompt.size() + 2) b_arrived = true;
+        return true;
+      },
+      [&](size_t id, const GenerationResult& r) {
+        done_order.push_back(id);
+        got[id] = r;
+      });
+  EXPECT_TRUE(b_given);
+  EXPECT_EQ(done_order, (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(got[0].tokens, alone[0].tokens);
+  EXPECT_EQ(got[1].tokens, alone[1].tokens);
+}
+
 TEST(TextGeneration, StopTokenCallbackAndScoringOnly) {
   auto model = byte_model();
   GenerationRequest r;
