@@ -63,9 +63,18 @@ int cmd_serve(int argc, char** argv) {
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   auto route = [&](const httplib::Request& req, httplib::Response& res) {
-    const HttpReply reply = service.handle(req.method, req.path, req.body);
+    HttpReply reply = service.handle(req.method, req.path, req.body);
     res.status = reply.status;
-    res.set_content(reply.body, reply.content_type.c_str());
+    if (!reply.stream) {
+      res.set_content(reply.body, reply.content_type.c_str());
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(reply.content_type, [stream = std::move(reply.stream)](size_t, httplib::DataSink& sink) {
+      stream([&](const std::string& piece) { return sink.is_writable() && sink.write(piece.data(), piece.size()); });
+      sink.done();
+      return true;
+    });
   };
   for (const char* path : {"/api", "/completions", "/v1/completions", "/v1/models"}) {
     server.Get(path, route);

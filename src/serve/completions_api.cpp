@@ -1,7 +1,12 @@
 #include "serve/completions_api.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <ctime>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "serve/request_fields.h"
 #include "serve/token_text.h"
@@ -69,6 +74,100 @@ size_t first_stop(const std::string& text, const std::vector<std::string>& stops
   return at;
 }
 
+// stream: the choices' texts as they are made, one server-sent event per new piece:
+//   data: {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text", "logprobs": null,
+//          "finish_reason": null}]}
+// then each choice's last event with its finish_reason, then "data: [DONE]". A piece never ends inside
+// a UTF-8 character nor passes a stop string (the text that could begin one waits for the next token).
+HttpReply stream_completions(std::vector<GenerationRequest> requests, std::vector<std::string> stops,
+                             const EndpointContext& ctx, uint64_t id) {
+  HttpReply reply;
+  reply.content_type = "text/event-stream";
+  const std::string head_id = "cmpl-" + std::to_string(id);
+  const int64_t created = int64_t(std::time(nullptr));
+  reply.stream = [requests = std::move(requests), stops = std::move(stops), &ctx, head_id,
+                  created](const std::function<bool(const std::string&)>& write) mutable {
+    const Tokenizer& tok = ctx.tokenizer;
+    size_t hold = 0;
+    for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
+    auto event = [&](size_t index, const std::string& text, const char* finish) {
+      nlohmann::json choice = {{"index", index}, {"text", text}, {"logprobs", nullptr},
+                               {"finish_reason", finish ? nlohmann::json(finish) : nlohmann::json(nullptr)}};
+      nlohmann::json chunk = {{"id", head_id}, {"object", "text_completion"}, {"created", created},
+                              {"model", ctx.model_name}, {"choices", {choice}}};
+      return "data: " + json_text(chunk) + "\n\n";
+    };
+    // Written by the worker's callback, read here: the events not yet sent; the client gone.
+    std::mutex m;
+    std::condition_variable ready;
+    std::deque<std::string> events;
+    bool finished = false, gone = false;
+    std::vector<size_t> sent(requests.size(), 0);  // bytes of each choice's text sent
+    auto push = [&](std::string e) {
+      {
+        std::lock_guard<std::mutex> lock(m);
+        events.push_back(std::move(e));
+      }
+      ready.notify_one();
+    };
+    KeepGoing keep_going = [&](size_t i, const GenerationResult& r) {
+      {
+        std::lock_guard<std::mutex> lock(m);
+        if (gone) return false;
+      }
+      const std::string text = continuation_text(tok, r.tokens, r.prompt_length);
+      const size_t cut = first_stop(text, stops);
+      const size_t end = cut != std::string::npos ? cut : streamable_prefix(text, hold);
+      if (end > sent[i]) push(event(i, text.substr(sent[i], end - sent[i]), nullptr));
+      sent[i] = std::max(sent[i], end);
+      return cut == std::string::npos;
+    };
+    std::exception_ptr error;
+    std::thread decoding([&] {
+      try {
+        const std::vector<GenerationResult> results = ctx.generate(std::move(requests), keep_going);
+        for (size_t i = 0; i < results.size(); ++i) {  // what was held back, and the finish reason
+          const GenerationResult& r = results[i];
+          std::string text = continuation_text(tok, r.tokens, r.prompt_length);
+          const size_t cut = first_stop(text, stops);
+          if (cut != std::string::npos) text.resize(cut);
+          push(event(i, text.size() > sent[i] ? text.substr(sent[i]) : "",
+                     r.stopped || cut != std::string::npos ? "stop" : "length"));
+        }
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(m);
+        finished = true;
+      }
+      ready.notify_one();
+    });
+    for (;;) {
+      std::unique_lock<std::mutex> lock(m);
+      ready.wait(lock, [&] { return finished || !events.empty(); });
+      if (events.empty()) break;  // finished, everything sent
+      std::string e = std::move(events.front());
+      events.pop_front();
+      lock.unlock();
+      if (!gone && !write(e)) {
+        std::lock_guard<std::mutex> relock(m);
+        gone = true;
+      }
+    }
+    decoding.join();
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        if (!gone) write("data: " + json_text({{"error", {{"message", e.what()}, {"type", "server_error"}}}}) + "\n\n");
+      }
+    }
+    if (!gone) write("data: [DONE]\n\n");
+  };
+  return reply;
+}
+
 }  // namespace
 
 HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& ctx, uint64_t id) {
@@ -81,7 +180,7 @@ HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& c
   if (int_field(req, "n", 1, 1'000'000).value_or(1) != 1) throw RequestError("n > 1 is not supported by lattice serve");
   if (int_field(req, "best_of", 1, 1'000'000).value_or(1) != 1)
     throw RequestError("best_of > 1 is not supported by lattice serve");
-  if (bool_field(req, "stream").value_or(false)) throw RequestError("stream is not supported by lattice serve");
+  const bool stream = bool_field(req, "stream").value_or(false);
   check_known_fields(req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "logprobs", "echo",
                            "seed", "stop", "n", "best_of", "stream", "suffix", "logit_bias", "frequency_penalty",
                            "presence_penalty", "user"});
@@ -99,6 +198,7 @@ HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& c
   const std::optional<int64_t> given_seed = int_field(req, "seed", INT64_MIN, INT64_MAX);
   const std::vector<std::string> stops = stop_strings(req);
   if (!echo && max_tokens == 0) throw RequestError("max_tokens 0 returns nothing without echo");
+  if (stream && (echo || top)) throw RequestError(std::string(echo ? "echo" : "logprobs") + " does not go with stream");
 
   const uint64_t seed = ctx.seed(given_seed);
   std::vector<GenerationRequest> requests(prompts.size());
@@ -116,6 +216,7 @@ HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& c
     r.logprobs = top.has_value();
     r.top_logprobs = top.value_or(0);
   }
+  if (stream) return stream_completions(std::move(requests), stops, ctx, id);
   KeepGoing keep_going;
   if (!stops.empty())
     keep_going = [&](size_t, const GenerationResult& r) {

@@ -13,7 +13,9 @@
 // log-probability: null). "logprobs" (n <= 20) returns every returned token's log-probability and the
 // n likeliest tokens' at each position (absent when the field is). Decoding stops at the
 // end-of-document token and at the first stop string (the text cut before it). Token-id prompts are
-// decoded as given (no tokenization). n, best_of above 1, stream, suffix, logit_bias and the
+// decoded as given (no tokenization). "stream": true answers with server-sent events as OpenAI does:
+// one "data: {...}" chunk per new piece of a choice's text, its last one with the finish_reason, then
+// "data: [DONE]" (not with echo or logprobs). n, best_of above 1, suffix, logit_bias and the
 // frequency and presence penalties are refused, naming the field; other unknown fields too.
 #pragma once
 #include <nlohmann/json.hpp>

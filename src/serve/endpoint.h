@@ -16,9 +16,15 @@
 namespace lattice {
 
 struct HttpReply {
+  HttpReply() = default;
+  HttpReply(int status, std::string body, std::string content_type = "application/json")
+      : status(status), body(std::move(body)), content_type(std::move(content_type)) {}
   int status = 200;
   std::string body;
   std::string content_type = "application/json";
+  // A streamed answer (server-sent events) instead of body: the HTTP layer calls it once with a
+  // writer of the next piece, which returns false when the client has gone (the stream then ends).
+  std::function<void(const std::function<bool(const std::string&)>& write)> stream;
 };
 
 // Whether request i's decoding goes on after its latest token (false: it stops there).

@@ -11,6 +11,19 @@ std::string continuation_text(const Tokenizer& tok, const std::vector<int32_t>& 
   return tok.decode(added);
 }
 
+size_t streamable_prefix(const std::string& text, size_t hold) {
+  size_t end = text.size() > hold ? text.size() - hold : 0;
+  // Back off from a lead byte whose character is not complete before end.
+  for (size_t back = 1; back <= 3 && back <= end; ++back) {
+    const unsigned char c = static_cast<unsigned char>(text[end - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (need > back) end -= back;
+    break;
+  }
+  return end;
+}
+
 std::vector<std::string> token_pieces(const Tokenizer& tok, const std::vector<int32_t>& tokens) {
   std::vector<std::string> pieces;
   pieces.reserve(tokens.size());

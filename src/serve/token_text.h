@@ -13,6 +13,11 @@ namespace lattice {
 // as they decode), else the new tokens decoded alone.
 std::string continuation_text(const Tokenizer& tok, const std::vector<int32_t>& tokens, int64_t prompt_length);
 
+// How much of a text being made can be sent now: its longest prefix that ends neither inside a UTF-8
+// character (a byte-level token may end mid-character) nor within its last `hold` bytes (where a stop
+// string may be beginning).
+size_t streamable_prefix(const std::string& text, size_t hold);
+
 // Each token's own text (decode of it alone): [tokens.size()].
 std::vector<std::string> token_pieces(const Tokenizer& tok, const std::vector<int32_t>& tokens);
 

@@ -101,8 +101,21 @@ status, text = call("PUT", "/api", {"prompts": ["x"], "top_k": 5000})
 assert status == 400 and text.strip() == "top_k must be an integer in [0, 1000], got 5000", (status, text)
 status, text = call("GET", "/v1/models")
 assert status == 200 and json.loads(text)["data"][0]["id"] == "ckpt", (status, text)
+body = {"prompt": "In the", "max_tokens": 12, "seed": 3}
+req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % PORT, method="POST",
+                             data=json.dumps(dict(body, stream=True)).encode(),
+                             headers={"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=120) as r:
+    assert r.headers["Content-Type"].startswith("text/event-stream"), r.headers
+    events = [e for e in r.read().decode().split("\n\n") if e]
+assert events[-1] == "data: [DONE]", events
+chunks = [json.loads(e[len("data: "):])["choices"][0] for e in events[:-1]]
+status, text = call("POST", "/v1/completions", body)
+want = json.loads(text)["choices"][0]
+assert "".join(c["text"] for c in chunks) == want["text"], (chunks, want)
+assert chunks[-1]["finish_reason"] == want["finish_reason"], (chunks, want)
 '; then
-    pass "/v1/completions scores an echoed prompt, takes token-id prompts, refuses n=3 and top_k 5000 naming them"
+    pass "/v1/completions scores an echoed prompt, takes token-id prompts, streams the text, refuses n=3 and top_k 5000"
   else
     fail "/v1/completions: $(cat completions.py.err)"
   fi

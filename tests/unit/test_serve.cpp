@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,7 @@
 #include "model/gpt_model.h"
 #include "model/text_generation.h"
 #include "serve/text_generation_service.h"
+#include "serve/token_text.h"
 
 namespace lattice {
 namespace {
@@ -311,6 +313,95 @@ TEST_F(ServiceFixture, CompletionsTokenPromptsStopStringsAndNoEcho) {
   EXPECT_LE(cut["choices"][0]["text"].get<std::string>().size(), 2u);
 }
 
+// The events of a streamed completion: (choice index, text, finish_reason or "") in order; [DONE] last.
+std::vector<std::tuple<size_t, std::string, std::string>> stream_events(const HttpReply& reply, int stop_after = -1) {
+  std::vector<std::tuple<size_t, std::string, std::string>> events;
+  std::string all;
+  int writes = 0;
+  EXPECT_TRUE(bool(reply.stream));
+  if (!reply.stream) return events;
+  EXPECT_EQ(reply.content_type, "text/event-stream");
+  reply.stream([&](const std::string& piece) {
+    all += piece;
+    return stop_after < 0 || ++writes < stop_after;
+  });
+  size_t at = 0;
+  bool done = false;
+  while (at < all.size()) {
+    const size_t end = all.find("\n\n", at);
+    EXPECT_NE(end, std::string::npos) << "an event without its blank line: " << all.substr(at);
+    if (end == std::string::npos) break;
+    const std::string line = all.substr(at, end - at);
+    at = end + 2;
+    EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
+    EXPECT_FALSE(done) << "an event after [DONE]";
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    const nlohmann::json chunk = nlohmann::json::parse(line.substr(6));
+    EXPECT_EQ(chunk["object"], "text_completion");
+    const nlohmann::json& c = chunk["choices"][0];
+    events.emplace_back(c["index"].get<size_t>(), c["text"].get<std::string>(),
+                        c["finish_reason"].is_null() ? "" : c["finish_reason"].get<std::string>());
+  }
+  if (stop_after < 0) EXPECT_TRUE(done) << all;
+  return events;
+}
+
+// stream: the pieces of each choice add up to the unstreamed text, the last one with its finish reason;
+// with a stop string the text that could begin it is held back and nothing past it is sent.
+TEST_F(ServiceFixture, StreamedCompletionsAddUpToTheText) {
+  for (const bool with_stop : {false, true}) {
+    nlohmann::json body = {{"prompt", {"The ", "a b"}}, {"max_tokens", 12}, {"temperature", 0.8}, {"seed", 5}};
+    const nlohmann::json whole = ok("POST", "/v1/completions", body);
+    std::string stop;
+    if (with_stop) {
+      stop = whole["choices"][0]["text"].get<std::string>().substr(3, 2);
+      body["stop"] = stop;
+    }
+    const nlohmann::json want = ok("POST", "/v1/completions", body);
+    body["stream"] = true;
+    const auto events = stream_events(service->handle("POST", "/v1/completions", body.dump()));
+    for (size_t i = 0; i < 2; ++i) {
+      SCOPED_TRACE("choice " + std::to_string(i) + (with_stop ? " with the stop string " + stop : ""));
+      std::string text, finish;
+      for (const auto& [index, piece, reason] : events) {
+        if (index != i) continue;
+        EXPECT_TRUE(finish.empty()) << "a piece after the finish reason";
+        if (with_stop) EXPECT_EQ(piece.find(stop), std::string::npos);
+        text += piece;
+        finish = reason;
+      }
+      EXPECT_EQ(text, want["choices"][i]["text"].get<std::string>());
+      EXPECT_EQ(finish, want["choices"][i]["finish_reason"].get<std::string>());
+    }
+  }
+}
+
+TEST(TokenText, StreamablePrefixEndsOnACharacterAndBeforeTheHeldBytes) {
+  EXPECT_EQ(streamable_prefix("abc", 0), 3u);
+  EXPECT_EQ(streamable_prefix("abc", 2), 1u);
+  EXPECT_EQ(streamable_prefix("abc", 5), 0u);
+  const std::string euro = "\xE2\x82\xAC";  // U+20AC, 3 bytes
+  EXPECT_EQ(streamable_prefix("a" + euro, 0), 4u);
+  EXPECT_EQ(streamable_prefix("a" + euro.substr(0, 2), 0), 1u);
+  EXPECT_EQ(streamable_prefix("a" + euro.substr(0, 1), 0), 1u);
+  EXPECT_EQ(streamable_prefix("a" + euro + "b", 1), 4u);
+  EXPECT_EQ(streamable_prefix("a" + euro + "b", 2), 1u);  // the held byte cuts the character
+  const std::string four = "\xF0\x9F\x98\x80";  // U+1F600
+  EXPECT_EQ(streamable_prefix(four.substr(0, 3), 0), 0u);
+  EXPECT_EQ(streamable_prefix(four, 0), 4u);
+}
+
+// A client that goes away after the first event ends the decoding; the server goes on serving.
+TEST_F(ServiceFixture, AStreamWhoseClientLeavesStops) {
+  const nlohmann::json body = {{"prompt", "x"}, {"max_tokens", 40}, {"stream", true}, {"seed", 1}};
+  const auto events = stream_events(service->handle("POST", "/v1/completions", body.dump()), 1);
+  EXPECT_EQ(events.size(), 1u);
+  EXPECT_EQ(ok("PUT", "/api", {{"prompts", {"y"}}, {"tokens_to_generate", 2}})["tokens"][0].size(), 3u);
+}
+
 // Requests served at the same time are decoded together; each gets what it gets alone.
 TEST_F(ServiceFixture, ConcurrentRequestsGetWhatTheyGetAlone) {
   std::vector<nlohmann::json> bodies;
@@ -361,7 +452,9 @@ TEST_F(ServiceFixture, BadRequestsAreRefusedNamingTheField) {
       {"POST", "/v1/completions", R"({"prompt": [[1], []]})", 400, "an empty list of token ids"},
       {"POST", "/v1/completions", R"({"prompt": {"a": 1}})", 400, "prompt must be a text"},
       {"POST", "/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n > 1 is not supported"},
-      {"POST", "/v1/completions", R"({"prompt": "x", "stream": true})", 400, "stream is not supported"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "stream": true, "echo": true})", 400, "echo does not go with stream"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "stream": true, "logprobs": 1})", 400,
+       "logprobs does not go with stream"},
       {"POST", "/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400, "logprobs must be an integer in [0, 20]"},
       {"POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens 0 returns nothing"},
       {"POST", "/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "stop must be a text"},
