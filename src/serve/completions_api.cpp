@@ -201,21 +201,10 @@ HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& c
   if (stream && (echo || top)) throw RequestError(std::string(echo ? "echo" : "logprobs") + " does not go with stream");
 
   const uint64_t seed = ctx.seed(given_seed);
-  std::vector<GenerationRequest> requests(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerationRequest& r = requests[i];
-    r.prompt = prompts[i];
-    if (int64_t(r.prompt.size()) + max_tokens > ctx.context)
-      throw RequestError("prompt " + std::to_string(i) + ": " + std::to_string(r.prompt.size()) +
-                         " tokens + max_tokens " + std::to_string(max_tokens) +
-                         " is longer than the model's context of " + std::to_string(ctx.context));
-    r.max_new_tokens = max_tokens;
-    r.sampling = sampling;
-    r.stream = prompt_stream(seed, i);
-    r.stop_token = tok.eod();
-    r.logprobs = top.has_value();
-    r.top_logprobs = top.value_or(0);
-  }
+  std::vector<GenerationRequest> requests;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    requests.push_back(
+        prompt_request(ctx, i, prompts[i], max_tokens, "max_tokens", sampling, seed, top.has_value(), top.value_or(0)));
   if (stream) return stream_completions(std::move(requests), stops, ctx, id);
   KeepGoing keep_going;
   if (!stops.empty())

@@ -45,6 +45,13 @@ inline PhiloxStream prompt_stream(uint64_t seed, size_t i) {
   return PhiloxStream{seed, fnv1a32("generate"), uint32_t(i), 0};
 }
 
+// Prompt i's request of an endpoint's call: its tokens, max_new new ones (refused naming max_field
+// when the two would not fit the context), the sampling, prompt_stream(seed, i), stopping at the
+// end-of-document token; logprobs and top_logprobs as GenerationRequest's.
+GenerationRequest prompt_request(const EndpointContext& ctx, size_t i, std::vector<int32_t> prompt, int64_t max_new,
+                                 const char* max_field, const SamplingConfig& sampling, uint64_t seed,
+                                 bool logprobs = false, int64_t top_logprobs = 0);
+
 // JSON text of v; invalid UTF-8 (a byte-level token cut inside a character) replaced by U+FFFD.
 std::string json_text(const nlohmann::json& v);
 

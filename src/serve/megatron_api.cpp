@@ -43,21 +43,14 @@ HttpReply megatron_generate(const nlohmann::json& req, const EndpointContext& ct
 
   const Tokenizer& tok = ctx.tokenizer;
   const uint64_t seed = ctx.seed(random_seed && *random_seed >= 0 ? random_seed : std::nullopt);
-  std::vector<GenerationRequest> requests(prompts.size());
+  std::vector<GenerationRequest> requests;
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty() && !add_bos) throw RequestError("Empty prompts require add_BOS=true");
-    GenerationRequest& r = requests[i];
-    if (add_bos) r.prompt.push_back(tok.eod());
-    tok.encode_append(prompts[i], &r.prompt);
-    if (int64_t(r.prompt.size()) + tokens_to_generate > ctx.context)
-      throw RequestError("prompt " + std::to_string(i) + ": " + std::to_string(r.prompt.size()) +
-                         " tokens + tokens_to_generate " + std::to_string(tokens_to_generate) +
-                         " is longer than the model's context of " + std::to_string(ctx.context));
-    r.max_new_tokens = tokens_to_generate;
-    r.sampling = sampling;
-    r.stream = prompt_stream(seed, i);
-    r.stop_token = tok.eod();
-    r.logprobs = logprobs;
+    std::vector<int32_t> ids;
+    if (add_bos) ids.push_back(tok.eod());
+    tok.encode_append(prompts[i], &ids);
+    requests.push_back(
+        prompt_request(ctx, i, std::move(ids), tokens_to_generate, "tokens_to_generate", sampling, seed, logprobs));
   }
   KeepGoing keep_going;
   if (stop_on_eol || stop_on_double_eol)

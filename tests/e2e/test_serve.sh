@@ -47,6 +47,14 @@ $2
 EOF
 }
 
+# Both prompts' tokens of a PUT /api (seed 42) as bytes, a line each: what generate --prompt-file prints.
+TWO_PROMPTS='
+status, text = call("PUT", "/api", {"prompts": ["In the beginning", "And God said"], "tokens_to_generate": 20,
+                                     "random_seed": 42})
+r = json.loads(text)
+sys.stdout.buffer.write(b"".join(bytes(t) + b"\n" for t in r["tokens"]))
+'
+
 if start_server serve; then
   # ---- PUT /api: each prompt's bytes are generate's for the same seed and prompt position ----
   printf 'In the beginning\nAnd God said\n' >prompts.txt
@@ -71,12 +79,7 @@ sys.stdout.buffer.write(bytes(r["tokens"][0]) + b"\n")
   fi
   # The second prompt is generate's second: --prompt-file with both, its second line's bytes.
   run gen_file "$LATTICE" generate --load ckpt --prompt-file prompts.txt --max-new-tokens 20 --seed 42 --batch-size 2
-  if client api2 '
-status, text = call("PUT", "/api", {"prompts": ["In the beginning", "And God said"], "tokens_to_generate": 20,
-                                     "random_seed": 42})
-r = json.loads(text)
-sys.stdout.buffer.write(b"".join(bytes(t) + b"\n" for t in r["tokens"]))
-' && cmp -s api2.py.out gen_file.out; then
+  if client api2 "$TWO_PROMPTS" && cmp -s api2.py.out gen_file.out; then
     pass "PUT /api with two prompts gives generate --prompt-file's bytes"
   else
     fail "PUT /api with two prompts: $(cat api2.py.err) $(od -c api2.py.out | head -3) against $(od -c gen_file.out | head -3)"
@@ -136,12 +139,7 @@ fi
 
 # ---- the emulated GPU (the CPU's kernels over device buffers) serves the CPU's bytes ----
 if LATTICE_EMULATE_CUDA=1 start_server serve_cuda --device cuda; then
-  if client cuda '
-status, text = call("PUT", "/api", {"prompts": ["In the beginning", "And God said"], "tokens_to_generate": 20,
-                                     "random_seed": 42})
-r = json.loads(text)
-sys.stdout.buffer.write(b"".join(bytes(t) + b"\n" for t in r["tokens"]))
-' && cmp -s cuda.py.out gen_file.out; then
+  if client cuda "$TWO_PROMPTS" && cmp -s cuda.py.out gen_file.out; then
     pass "--device cuda (emulated) serves the CPU's bytes"
   else
     fail "--device cuda (emulated): $(cat cuda.py.err) $(cat serve_cuda.err)"
