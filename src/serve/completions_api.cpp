@@ -250,7 +250,7 @@ HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& c
       nlohmann::json pieces = nlohmann::json::array(), lps = nlohmann::json::array(),
                      tops = *top > 0 ? nlohmann::json::array() : nlohmann::json(nullptr);
       for (int64_t k = first; k < last; ++k) {
-        pieces.push_back(tok.decode({r.tokens[size_t(k)]}));
+        pieces.push_back(token_piece(tok, r.tokens, size_t(k), r.tokens[size_t(k)]));
         if (k == 0) {  // the first token: nothing before it to predict it
           lps.push_back(nullptr);
           if (*top > 0) tops.push_back(nullptr);
@@ -259,7 +259,7 @@ HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& c
         lps.push_back(r.logprobs[size_t(k - 1)]);
         if (*top > 0) {
           nlohmann::json best = nlohmann::json::object();
-          for (const auto& [t, lp] : r.top_logprobs[size_t(k - 1)]) best[tok.decode({t})] = lp;
+          for (const auto& [t, lp] : r.top_logprobs[size_t(k - 1)]) best[token_piece(tok, r.tokens, size_t(k), t)] = lp;
           tops.push_back(best);
         }
       }

@@ -55,7 +55,7 @@ HttpReply megatron_generate(const nlohmann::json& req, const EndpointContext& ct
   KeepGoing keep_going;
   if (stop_on_eol || stop_on_double_eol)
     keep_going = [&](size_t, const GenerationResult& r) {
-      const std::string piece = tok.decode({r.tokens.back()});
+      const std::string piece = token_piece(tok, r.tokens, r.tokens.size() - 1, r.tokens.back());
       if (stop_on_eol) return piece.find('\n') == std::string::npos;
       const std::string text = continuation_text(tok, r.tokens, r.prompt_length);
       return text.find("\n\n") == std::string::npos;

@@ -1,5 +1,7 @@
 #include "serve/token_text.h"
 
+#include <algorithm>
+
 namespace lattice {
 
 std::string continuation_text(const Tokenizer& tok, const std::vector<int32_t>& tokens, int64_t prompt_length) {
@@ -24,10 +26,19 @@ size_t streamable_prefix(const std::string& text, size_t hold) {
   return end;
 }
 
+std::string token_piece(const Tokenizer& tok, const std::vector<int32_t>& tokens, size_t k, int32_t t) {
+  std::vector<int32_t> window(tokens.begin() + long(k - std::min<size_t>(k, 4)), tokens.begin() + long(k));
+  if (window.empty()) return tok.decode({t});
+  const std::string before = tok.decode(window);
+  window.push_back(t);
+  const std::string with = tok.decode(window);
+  return with.compare(0, before.size(), before) == 0 ? with.substr(before.size()) : tok.decode({t});
+}
+
 std::vector<std::string> token_pieces(const Tokenizer& tok, const std::vector<int32_t>& tokens) {
   std::vector<std::string> pieces;
   pieces.reserve(tokens.size());
-  for (int32_t t : tokens) pieces.push_back(tok.decode({t}));
+  for (size_t k = 0; k < tokens.size(); ++k) pieces.push_back(token_piece(tok, tokens, k, tokens[k]));
   return pieces;
 }
 

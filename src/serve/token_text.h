@@ -18,7 +18,12 @@ std::string continuation_text(const Tokenizer& tok, const std::vector<int32_t>& 
 // string may be beginning).
 size_t streamable_prefix(const std::string& text, size_t hold);
 
-// Each token's own text (decode of it alone): [tokens.size()].
+// The text token t adds after tokens[0:k]: decode of up to 4 tokens before it with t, past their own
+// decode (so that SentencePiece's word marker shows as the space it is mid-text, and a byte-level
+// character's bytes stay with their neighbours), or t decoded alone when that is no prefix.
+std::string token_piece(const Tokenizer& tok, const std::vector<int32_t>& tokens, size_t k, int32_t t);
+
+// Each token's text in its place: token_piece(tok, tokens, k, tokens[k]) for every k.
 std::vector<std::string> token_pieces(const Tokenizer& tok, const std::vector<int32_t>& tokens);
 
 }  // namespace lattice

@@ -379,6 +379,40 @@ TEST_F(ServiceFixture, StreamedCompletionsAddUpToTheText) {
   }
 }
 
+// A tokenizer whose decode joins tokens with spaces (NullTokenizer, as SentencePiece's word markers):
+// each token's text is the one it has in its place, so the pieces join to the text, at its offsets.
+TEST(TokenText, PiecesJoinToTheTextForATokenizerThatJoinsWords) {
+  auto model = byte_model();
+  TokenizerSpec spec{"NullTokenizer"};
+  spec.vocab_size = 250;
+  auto tok = make_tokenizer(spec);
+  EXPECT_EQ(tok->decode({5}), "5");
+  EXPECT_EQ(token_piece(*tok, {4, 5}, 1, 5), " 5");
+  ServeOptions o;
+  o.log = false;
+  TextGenerationService service(*model, *tok, o);
+  const HttpReply r = service.handle(
+      "POST", "/v1/completions", R"({"prompt": "5 17 42", "max_tokens": 4, "echo": true, "logprobs": 2, "temperature": 0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const nlohmann::json c = nlohmann::json::parse(r.body)["choices"][0];
+  const std::string text = c["text"].get<std::string>();
+  EXPECT_EQ(text.substr(0, 7), "5 17 42");
+  std::string joined;
+  for (size_t k = 0; k < c["logprobs"]["tokens"].size(); ++k) {
+    EXPECT_EQ(c["logprobs"]["text_offset"][k].get<size_t>(), joined.size()) << k;
+    joined += c["logprobs"]["tokens"][k].get<std::string>();
+    if (k > 0)
+      for (const auto& [piece, lp] : c["logprobs"]["top_logprobs"][k].items()) EXPECT_EQ(piece[0], ' ') << k;
+  }
+  EXPECT_EQ(joined, text);
+  const HttpReply api = service.handle("PUT", "/api", R"({"prompts": ["5 17"], "tokens_to_generate": 3, "random_seed": 2})");
+  ASSERT_EQ(api.status, 200) << api.body;
+  const nlohmann::json a = nlohmann::json::parse(api.body);
+  std::string segments;
+  for (const auto& s : a["segments"][0]) segments += s.get<std::string>();
+  EXPECT_EQ(segments, a["text"][0].get<std::string>());
+}
+
 TEST(TokenText, StreamablePrefixEndsOnACharacterAndBeforeTheHeldBytes) {
   EXPECT_EQ(streamable_prefix("abc", 0), 3u);
   EXPECT_EQ(streamable_prefix("abc", 2), 1u);
