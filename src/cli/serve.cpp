@@ -56,6 +56,10 @@ int cmd_serve(int argc, char** argv) {
 
   httplib::Server server;
   server.set_payload_max_length(size_t(64) << 20);
+  // A connection holds a thread while its request waits for its tokens: enough of them that --batch-size
+  // requests can decode together with as many more waiting (httplib's default: max(8, cores - 1)).
+  const size_t threads = size_t(std::max<int64_t>(8, 2 * options.sequences));
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, under which a second server binds a port
   // in use and the two share its connections.
   server.set_socket_options([](socket_t sock) {
