@@ -99,9 +99,12 @@ int cmd_serve(int argc, char** argv) {
     while (!done.load() && !exit_signal_received()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     server.stop();
   });
-  std::fprintf(stderr, "serve: %s (%s) on http://%s:%d: PUT /api, POST /v1/completions, GET /v1/models%s%s\n",
-               options.model_name.c_str(), g.tokenizer->name(), host.c_str(), bound, options.bf16 ? ", bf16" : "",
-               current_device() == Device::cpu ? "" : ", cuda");
+  std::fprintf(stderr,
+               "serve: %s (%s; KV cache of %lld sequences x %lld tokens, %.1f MB%s%s) on http://%s:%d: PUT /api, "
+               "POST /v1/completions, GET /v1/models\n",
+               options.model_name.c_str(), g.tokenizer->name(), (long long)options.sequences,
+               (long long)g.loaded.model->config().max_position_embeddings, double(service.generator_bytes()) / 1e6,
+               options.bf16 ? ", bf16 weights" : "", current_device() == Device::cpu ? "" : ", cuda", host.c_str(), bound);
   const bool ok = server.listen_after_bind();
   done = true;
   stopper.join();

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "model/gpt_model.h"
 #include "serve/completions_api.h"
@@ -18,6 +19,9 @@ TextGenerationService::TextGenerationService(const GPTModel& model, const Tokeni
       options_(std::move(options)),
       ctx_{tokenizer, model.config().max_position_embeddings, options_.model_name, {}, {}},
       next_seed_(options_.seed) {
+  const size_t before = device_alloc_stats().allocated_bytes;
+  generator_ = std::make_unique<TextGenerator>(model_, options_.sequences, options_.bf16);
+  generator_bytes_ = device_alloc_stats().allocated_bytes - before;
   ctx_.seed = [this](std::optional<int64_t> given) {
     if (given) return uint64_t(*given);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -56,7 +60,7 @@ std::vector<GenerationResult> TextGenerationService::generate(std::vector<Genera
 }
 
 void TextGenerationService::work() {
-  TextGenerator generator(model_, options_.sequences, options_.bf16);
+  TextGenerator& generator = *generator_;
   std::vector<std::pair<Job*, size_t>> prompt_of;  // a generator id's job and prompt (one run's)
   for (;;) {
     {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -43,6 +44,9 @@ class TextGenerationService {
 
   HttpReply handle(const std::string& method, const std::string& path, const std::string& body);
 
+  // The device memory the generator holds: the KV cache of --batch-size sequences and its buffers.
+  size_t generator_bytes() const { return generator_bytes_; }
+
  private:
   struct Job {
     std::vector<GenerationRequest> requests;
@@ -56,6 +60,8 @@ class TextGenerationService {
 
   const GPTModel& model_;
   ServeOptions options_;
+  std::unique_ptr<TextGenerator> generator_;  // made here, run by the worker
+  size_t generator_bytes_ = 0;
   EndpointContext ctx_;
   std::mutex mutex_;  // guards what follows
   std::condition_variable wake_;
