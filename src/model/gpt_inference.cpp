@@ -378,7 +378,26 @@ void GPTInference::attention_layer(float* out, const Layer& p, int64_t l, const 
 void GPTInference::append(const int32_t* tokens, int64_t n, float* logits, bool all_positions, int64_t seq) {
   LATTICE_CHECK(n > 0) << "append: no tokens";
   LATTICE_CHECK(seq >= 0 && seq < sequences()) << "append: sequence " << seq << " of " << sequences();
-  forward(tokens, n, {Segment{seq, 0, n, lengths_[size_t(seq)]}}, logits, all_positions ? 0 : n - 1);
+  forward(tokens, n, {Segment{seq, 0, n, lengths_[size_t(seq)]}}, logits, {{all_positions ? 0 : n - 1, n}});
+}
+
+void GPTInference::append(const std::vector<Part>& parts, float* logits) {
+  LATTICE_CHECK(!parts.empty()) << "append: no sequences";
+  std::vector<Segment> segments;
+  std::vector<std::pair<int64_t, int64_t>> logit_rows;
+  std::vector<int32_t> tokens;
+  std::vector<bool> seen(size_t(sequences()), false);
+  for (const Part& p : parts) {
+    LATTICE_CHECK(p.n > 0) << "append: no tokens for sequence " << p.seq;
+    LATTICE_CHECK(p.seq >= 0 && p.seq < sequences() && !seen[size_t(p.seq)])
+        << "append: sequence " << p.seq << " is not one of the " << sequences() << " or comes twice";
+    seen[size_t(p.seq)] = true;
+    const int64_t row0 = int64_t(tokens.size());
+    segments.push_back(Segment{p.seq, row0, p.n, lengths_[size_t(p.seq)]});
+    logit_rows.emplace_back(p.all_positions ? row0 : row0 + p.n - 1, row0 + p.n);
+    tokens.insert(tokens.end(), p.tokens, p.tokens + p.n);
+  }
+  forward(tokens.data(), int64_t(tokens.size()), segments, logits, logit_rows);
 }
 
 void GPTInference::step(const int32_t* tokens, const int64_t* seqs, int64_t count, float* logits) {
@@ -391,11 +410,11 @@ void GPTInference::step(const int32_t* tokens, const int64_t* seqs, int64_t coun
     seen[size_t(seqs[i])] = true;
     segments.push_back(Segment{seqs[i], i, 1, lengths_[size_t(seqs[i])]});
   }
-  forward(tokens, count, segments, logits, 0);
+  forward(tokens, count, segments, logits, {{0, count}});
 }
 
 void GPTInference::forward(const int32_t* tokens, int64_t n, const std::vector<Segment>& segments, float* logits,
-                           int64_t first_logit_row) {
+                           const std::vector<std::pair<int64_t, int64_t>>& logit_rows) {
   const int64_t C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Vp = cfg_.padded_vocab_size;
   const float eps = cfg_.layernorm_epsilon;
   const Normalization norm = cfg_.rmsnorm() ? Normalization::rmsnorm : Normalization::layernorm;
@@ -464,9 +483,20 @@ void GPTInference::forward(const int32_t* tokens, int64_t n, const std::vector<S
     add_forward(x, x, tmp, n * C);
   }
   for (const Segment& g : segments) lengths_[size_t(g.seq)] += g.rows;
-  // Only the rows whose logits are wanted go through the final norm and the output layer.
-  const int64_t first = first_logit_row, rows = n - first;
-  layernorm_forward(ln, mean_.data(), rstd_.data(), x + first * C, lnf_w_, lnf_b_, rows, C, eps, norm);
+  // Only the rows whose logits are wanted go through the final norm and the output layer (gathered
+  // into tmp when they are not one run).
+  int64_t rows = 0;
+  for (const auto& [begin, end] : logit_rows) rows += end - begin;
+  const float* wanted = x + logit_rows.front().first * C;
+  if (logit_rows.size() > 1) {
+    int64_t at = 0;
+    for (const auto& [begin, end] : logit_rows) {
+      copy_on_device(tmp + at * C, x + begin * C, size_t((end - begin) * C) * sizeof(float));
+      at += end - begin;
+    }
+    wanted = tmp;
+  }
+  layernorm_forward(ln, mean_.data(), rstd_.data(), wanted, lnf_w_, lnf_b_, rows, C, eps, norm);
   if (current_device() == Device::cpu) {
     linear_forward(logits, ln, out_w_, nullptr, rows, C, Vp, site_);  // [rows, Vp]
     return;

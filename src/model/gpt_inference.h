@@ -49,6 +49,17 @@ class GPTInference {
   // all_positions. Padded columns (>= vocab_size) are left as computed. Errors if the cache
   // would overflow or a token is outside [0, vocab_size).
   void append(const int32_t* tokens, int64_t n, float* logits, bool all_positions = false, int64_t seq = 0);
+  // Several sequences' new tokens in one forward (prompts prefilled together: each linear layer one
+  // GEMM over all their rows, each attention over its own sequence): part i appends its n tokens to
+  // sequence seq. logits: each part's in part order, [n, Vp] with all_positions, else [Vp] of its last
+  // token. The same numbers as appending each part alone but for the GEMMs' summation order.
+  struct Part {
+    int64_t seq = 0;
+    const int32_t* tokens = nullptr;
+    int64_t n = 0;
+    bool all_positions = false;
+  };
+  void append(const std::vector<Part>& parts, float* logits);
   // One new token for each of `count` distinct sequences, tokens[i] appended to sequence seqs[i],
   // all run through the layers together; logits [count, Vp], row i sequence seqs[i]'s. The same
   // numbers as appending each token alone, but for the order of the GEMMs' sums (a GEMM of
@@ -89,9 +100,9 @@ class GPTInference {
     int64_t seq, row0, rows, past;
   };
   // The n rows of tokens through the model (each segment's tokens appended to its sequence), then the
-  // final norm and output layer on rows first_logit_row .. n-1 into logits.
+  // final norm and output layer on the rows of logit_rows' ranges [begin, end) into logits, in order.
   void forward(const int32_t* tokens, int64_t n, const std::vector<Segment>& segments, float* logits,
-               int64_t first_logit_row);
+               const std::vector<std::pair<int64_t, int64_t>>& logit_rows);
   // A GDN layer on n new tokens of sequence seq: out_proj's output [n, C] into out from LN1's output ln
   // [n, C], carrying the layer's convolution history and state (gdn_hist_, gdn_state_) on.
   void gdn_layer(float* out, const Layer& p, const float* ln, int64_t n, int64_t seq);

@@ -92,28 +92,40 @@ void TextGenerator::run(const Source& source, const TokenCallback& on_token, con
     bool busy = false;
   };
   std::vector<InFlight> seqs(static_cast<size_t>(S));
-  // The sequence's context from scratch into its cache rows; the first time, with log-probabilities
-  // asked, every position's logits for the prompt's.
-  auto prefill = [&](int64_t s, bool first) {
-    InFlight& q = seqs[size_t(s)];
-    const GenerationRequest& r = q.request;
-    GenerationResult& out = q.out;
-    const int64_t n = int64_t(out.tokens.size()) - q.start;
+  // The sequences' contexts from scratch into their cache rows, in one forward; the first time, with
+  // log-probabilities asked, every position's logits for the prompt's.
+  auto prefill = [&](const std::vector<int64_t>& which, bool first) {
+    if (which.empty()) return;
     const auto t0 = Clock::now();
-    cache_->reset(s);
-    if (first && r.logprobs) {
-      std::vector<float> all(static_cast<size_t>(n * Vp));
-      cache_->append(out.tokens.data() + q.start, n, all.data(), true, s);
-      std::vector<std::pair<int32_t, float>> best;
-      for (int64_t i = 0; i + 1 < n; ++i) {
-        out.logprobs.push_back(token_logprob(all.data() + i * Vp, V, out.tokens[size_t(i + 1)], r.top_logprobs, &best));
-        if (r.top_logprobs > 0) out.top_logprobs.push_back(best);
-      }
-      std::copy(all.end() - Vp, all.end(), q.logits.begin());
-    } else {
-      cache_->append(out.tokens.data() + q.start, n, q.logits.data(), false, s);
+    std::vector<GPTInference::Part> parts;
+    int64_t rows = 0;
+    for (int64_t s : which) {
+      InFlight& q = seqs[size_t(s)];
+      const int64_t n = int64_t(q.out.tokens.size()) - q.start;
+      const bool all = first && q.request.logprobs;
+      cache_->reset(s);
+      parts.push_back({s, q.out.tokens.data() + q.start, n, all});
+      rows += all ? n : 1;
+      timing_.prefill_tokens += n;
     }
-    timing_.prefill_tokens += n;
+    std::vector<float> logits(static_cast<size_t>(rows * Vp));
+    cache_->append(parts, logits.data());
+    const float* row = logits.data();
+    for (const GPTInference::Part& part : parts) {
+      InFlight& q = seqs[size_t(part.seq)];
+      GenerationResult& out = q.out;
+      if (part.all_positions) {
+        std::vector<std::pair<int32_t, float>> best;
+        for (int64_t i = 0; i + 1 < part.n; ++i) {
+          out.logprobs.push_back(
+              token_logprob(row + i * Vp, V, out.tokens[size_t(i + 1)], q.request.top_logprobs, &best));
+          if (q.request.top_logprobs > 0) out.top_logprobs.push_back(best);
+        }
+        row += (part.n - 1) * Vp;
+      }
+      std::copy(row, row + Vp, q.logits.begin());
+      row += Vp;
+    }
     timing_.prefill_s += seconds_since(t0);
   };
   auto finish = [&](int64_t s) {
@@ -124,7 +136,8 @@ void TextGenerator::run(const Source& source, const TokenCallback& on_token, con
   const auto t_all = Clock::now();
   const double prefill_before = timing_.prefill_s;
   for (;;) {
-    // Free sequences take the source's next requests.
+    // Free sequences take the source's next requests, prefilled together.
+    std::vector<int64_t> fresh;
     for (int64_t s = 0; s < S; ++s) {
       InFlight& q = seqs[size_t(s)];
       if (q.busy) continue;
@@ -136,8 +149,9 @@ void TextGenerator::run(const Source& source, const TokenCallback& on_token, con
       q.start = std::max<int64_t>(0, q.out.prompt_length - P);
       q.logits.resize(static_cast<size_t>(Vp));
       q.busy = true;
-      prefill(s, true);
+      fresh.push_back(s);
     }
+    prefill(fresh, true);
     // Each request in flight samples its next token; those that go on are stepped together.
     std::vector<int32_t> tokens;
     std::vector<int64_t> stepped;
@@ -178,7 +192,7 @@ void TextGenerator::run(const Source& source, const TokenCallback& on_token, con
       const int64_t length = int64_t(out.tokens.size());
       if (length - q.start > P) {  // the context is full: its last half prefilled again, alone
         q.start = length - std::max<int64_t>(1, P / 2);
-        prefill(s, false);
+        prefill({s}, false);
         continue;
       }
       tokens.push_back(next);

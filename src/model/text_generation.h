@@ -1,7 +1,9 @@
 // TextGenerator: decodes many prompts with one KV cache of several sequences (GPTInference), as
 // `lattice generate --batch-size` and `lattice serve` do.
 //
-// Each prompt is prefilled alone into a free sequence of the cache; then one step
+// The prompts that take free sequences of the cache at the same step are prefilled together, in one
+// forward (GPTInference::append of several parts: one GEMM per linear layer over all their rows, each
+// attention over its own sequence); then one step
 // (GPTInference::step) per new token runs the new tokens of every prompt in flight through the
 // model together; a finished prompt's sequence is taken by the next prompt, also one that arrived
 // while the others were decoding (continuous batching: run(source, ...)). Each prompt samples as it

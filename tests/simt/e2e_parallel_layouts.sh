@@ -174,9 +174,12 @@ if "$LATTICE" preprocess --input corpus.jsonl --json-keys text --tokenizer-type 
     else
       fail "validation losses differ ($worst): $(vloss corpus-simt.log | tr '\n' ' ') vs the CPU's $(vloss corpus-cpu.log | tr '\n' ' ')"
     fi
-    for mode in kv full; do
+    printf 'ab ab\nthe\nand it was so\n' >three-prompts.txt
+    for mode in kv full batch; do
       extra=()
       [ "$mode" = full ] && extra=(--no-kv-cache)
+      # batch: three prompts prefilled in one forward (the logits of their last rows gathered), then stepped together.
+      [ "$mode" = batch ] && extra=(--prompt-file three-prompts.txt --batch-size 3)
       GEN=(generate --load ckpt --prompt "ab ab" --max-new-tokens 24 --temperature 0.8 --top-k 20 --seed 5 "${extra[@]}")
       if "$LATTICE" "${GEN[@]}" --device cpu >gen-cpu-$mode.out 2>gen-cpu-$mode.err &&
          timeout "$LIMIT" "$SIMT" "${GEN[@]}" --device cuda >gen-simt-$mode.out 2>gen-simt-$mode.err; then

@@ -316,6 +316,34 @@ TEST(HfInference, BatchedStepsEqualEachSequenceAlone) {
     batch.append(all.data() + 14, 6, got.data(), false, 1);
     alone[1]->append(all.data() + 14, 6, want.data());
     EXPECT_EQ(rel_err(got.data(), want.data(), 1, V, Vp), 0.0) << "the refilled slot's prefill";
+    {  // Three prompts prefilled in one forward (one with every position's logits) into a fresh cache:
+       // each as alone, to the GEMMs' summation order.
+      GPTInference together(*model, 0, false, 3);
+      const std::vector<GPTInference::Part> parts = {
+          {2, all.data() + 1, 4, false}, {0, all.data() + 8, 7, true}, {1, all.data() + 20, 3, false}};
+      std::vector<float> logits(static_cast<size_t>((1 + 7 + 1) * Vp)), one(static_cast<size_t>(7 * Vp));
+      together.append(parts, logits.data());
+      const float* row = logits.data();
+      for (const GPTInference::Part& part : parts) {
+        GPTInference solo(*model);
+        solo.append(part.tokens, part.n, one.data(), part.all_positions);
+        const int64_t rows = part.all_positions ? part.n : 1;
+        EXPECT_LE(rel_err(row, one.data(), rows, V, Vp), 1e-5) << "sequence " << part.seq << " prefilled with others";
+        EXPECT_EQ(together.length(part.seq), part.n);
+        row += rows * Vp;
+      }
+      // Their next tokens stepped together continue each as alone.
+      const int64_t order[3] = {0, 1, 2};
+      const int32_t next[3] = {9, 8, 7};
+      together.step(next, order, 3, logits.data());
+      for (const GPTInference::Part& part : parts) {
+        GPTInference solo(*model);
+        solo.append(part.tokens, part.n, one.data());
+        solo.append(&next[part.seq], 1, one.data());
+        EXPECT_LE(rel_err(logits.data() + part.seq * Vp, one.data(), 1, V, Vp), 1e-5) << "sequence " << part.seq;
+      }
+      EXPECT_THROW(together.append({{0, all.data(), 2, false}, {0, all.data(), 2, false}}, logits.data()), Error);
+    }
     const int64_t seqs[3] = {1, 0, 2};
     const int32_t tokens[3] = {3, 4, 5};
     batch.step(tokens, seqs, 3, got.data());
