@@ -80,7 +80,7 @@ int cmd_serve(int argc, char** argv) {
       return true;
     });
   };
-  for (const char* path : {"/api", "/completions", "/v1/completions", "/v1/models"}) {
+  for (const char* path : {"/api", "/completions", "/v1/completions", "/v1/models", "/health"}) {
     server.Get(path, route);
     server.Put(path, route);
     server.Post(path, route);

@@ -110,17 +110,20 @@ HttpReply TextGenerationService::handle(const std::string& method, const std::st
   const auto t0 = std::chrono::steady_clock::now();
   HttpReply reply;
   const bool megatron = path == "/api", completions = path == "/completions" || path == "/v1/completions",
-             models = path == "/v1/models";
+             models = path == "/v1/models", health = path == "/health";
   try {
-    if (!megatron && !completions && !models) {
-      reply = HttpReply{404, "no such endpoint: " + path + " (PUT /api, POST /v1/completions, GET /v1/models)\n",
+    if (!megatron && !completions && !models && !health) {
+      reply = HttpReply{404,
+                        "no such endpoint: " + path + " (PUT /api, POST /v1/completions, GET /v1/models, GET /health)\n",
                         "text/plain"};
     } else if (megatron && method != "PUT") {
       reply = HttpReply{405, "/api takes PUT (Megatron's text generation API)\n", "text/plain"};
     } else if (completions && method != "POST") {
       reply = HttpReply{405, path + " takes POST\n", "text/plain"};
-    } else if (models && method != "GET") {
-      reply = HttpReply{405, "/v1/models takes GET\n", "text/plain"};
+    } else if ((models || health) && method != "GET") {
+      reply = HttpReply{405, path + " takes GET\n", "text/plain"};
+    } else if (health) {  // the server is up and its worker takes requests
+      reply = HttpReply{200, "{\"status\":\"ok\"}"};
     } else if (models) {
       reply = openai_models(ctx_);
     } else {

@@ -2,7 +2,7 @@
 // behind an HTTP server; the tests call handle() directly).
 //
 // Routes: PUT /api (Megatron-LM's, serve/megatron_api.h), POST /completions and /v1/completions
-// (OpenAI's, serve/completions_api.h), GET /v1/models. A bad request is answered 400 with a one-line
+// (OpenAI's, serve/completions_api.h), GET /v1/models, GET /health (200 while serving). A bad request is answered 400 with a one-line
 // message naming the field; an unknown path 404; a known path with another method 405.
 //
 // One worker thread runs the model (its OpenMP threads and device stream stay one set), with

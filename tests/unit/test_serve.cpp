@@ -496,6 +496,7 @@ TEST_F(ServiceFixture, BadRequestsAreRefusedNamingTheField) {
       {"POST", "/v1/completions", R"({"prompt": "x", "top_p": 0})", 400, "top_p must be a number in (0, 1]"},
       {"GET", "/v1/completions", "", 405, "takes POST"},
       {"GET", "/generate", "", 404, "no such endpoint: /generate"},
+      {"POST", "/health", "", 405, "/health takes GET"},
   };
   for (const Case& c : cases) {
     const HttpReply r = service->handle(c.method, c.path, c.body);
@@ -505,6 +506,7 @@ TEST_F(ServiceFixture, BadRequestsAreRefusedNamingTheField) {
   }
   // Still serving.
   EXPECT_EQ(ok("GET", "/v1/models", nullptr)["data"][0]["id"], "tiny");
+  EXPECT_EQ(ok("GET", "/health", nullptr)["status"], "ok");
 }
 
 }  // namespace
