@@ -33,13 +33,14 @@ int cmd_serve(int argc, char** argv) {
         "  --batch-size B             prompts decoded together, across requests [8]\n"
         "  --bf16                     decode with the linear layers' weights and inputs in bf16\n"
         "  --seed S                   sampling seed of requests without one: S, S + 1, ... [1234]\n"
-        "  --served-model-name NAME   the completions API's model name [the --load directory]\n",
+        "  --served-model-name NAME   the completions API's model name [the --load directory]\n"
+        "  --api-key KEY              requests (but GET /health) must send Authorization: Bearer KEY [none]\n",
         stdout);
     std::fputs(kGenerationModelFlagsHelp, stdout);
     return 0;
   }
   start_exit_signal_watcher();  // before any other thread: SIGINT/SIGTERM stop the server, below
-  std::set<std::string> value_flags = {"host", "port", "batch-size", "seed", "served-model-name"};
+  std::set<std::string> value_flags = {"host", "port", "batch-size", "seed", "served-model-name", "api-key"};
   value_flags.insert(generation_model_flags().begin(), generation_model_flags().end());
   const SimpleFlags f = parse_simple_flags(argc, argv, 2, value_flags, {"bf16"});
   const std::string host = f.get("host", "127.0.0.1");
@@ -50,6 +51,8 @@ int cmd_serve(int argc, char** argv) {
   options.bf16 = f.has("bf16");
   options.seed = uint64_t(integer_flag(f, "seed", 1234, 0));
   options.model_name = f.get("served-model-name", f.required("load"));
+  options.api_key = f.get("api-key", "");
+  if (f.has("api-key") && options.api_key.empty()) LATTICE_FAIL() << "--api-key is empty";
 
   GenerationModel g = load_generation_model(f);
   TextGenerationService service(*g.loaded.model, *g.tokenizer, options);
@@ -67,7 +70,7 @@ int cmd_serve(int argc, char** argv) {
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   auto route = [&](const httplib::Request& req, httplib::Response& res) {
-    HttpReply reply = service.handle(req.method, req.path, req.body);
+    HttpReply reply = service.handle(req.method, req.path, req.body, req.get_header_value("Authorization"));
     res.status = reply.status;
     if (!reply.stream) {
       res.set_content(reply.body, reply.content_type.c_str());
@@ -87,7 +90,8 @@ int cmd_serve(int argc, char** argv) {
   }
   server.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
     if (res.status != 404 || !res.body.empty()) return;
-    const HttpReply reply = service.handle(req.method, req.path, req.body);  // the 404 naming the endpoints
+    const HttpReply reply =  // the 404 naming the endpoints
+        service.handle(req.method, req.path, req.body, req.get_header_value("Authorization"));
     res.set_content(reply.body, reply.content_type.c_str());
   });
   const int bound = port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, int(port)) ? int(port) : -1);

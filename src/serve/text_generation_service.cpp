@@ -106,13 +106,29 @@ void TextGenerationService::work() {
   }
 }
 
-HttpReply TextGenerationService::handle(const std::string& method, const std::string& path, const std::string& body) {
+namespace {
+
+// given == want (not empty), in a time that does not depend on where they first differ.
+bool same_secret(const std::string& given, const std::string& want) {
+  unsigned char diff = given.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < given.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ want[i % want.size()]);
+  return diff == 0;
+}
+
+}  // namespace
+
+HttpReply TextGenerationService::handle(const std::string& method, const std::string& path, const std::string& body,
+                                        const std::string& authorization) {
   const auto t0 = std::chrono::steady_clock::now();
   HttpReply reply;
   const bool megatron = path == "/api", completions = path == "/completions" || path == "/v1/completions",
              models = path == "/v1/models", health = path == "/health";
   try {
-    if (!megatron && !completions && !models && !health) {
+    if (!options_.api_key.empty() && !health && !same_secret(authorization, "Bearer " + options_.api_key)) {
+      throw RequestError(authorization.empty() ? "this server needs an API key: Authorization: Bearer <key>"
+                                               : "the API key in Authorization is wrong",
+                         401);
+    } else if (!megatron && !completions && !models && !health) {
       reply = HttpReply{404,
                         "no such endpoint: " + path + " (PUT /api, POST /v1/completions, GET /v1/models, GET /health)\n",
                         "text/plain"};

@@ -33,6 +33,8 @@ struct ServeOptions {
   bool bf16 = false;       // GPTInference's bf16 weights
   uint64_t seed = 1234;    // requests without a seed take seed, seed + 1, ... in arrival order
   std::string model_name;  // the completions API's "model"
+  // Non-empty: every request but GET /health must carry "Authorization: Bearer <api_key>" (401 otherwise).
+  std::string api_key;
   bool log = true;         // one line per request on stderr
 };
 
@@ -42,7 +44,9 @@ class TextGenerationService {
   TextGenerationService(const GPTModel& model, const Tokenizer& tokenizer, ServeOptions options);
   ~TextGenerationService();  // finishes the work in hand, then stops the worker
 
-  HttpReply handle(const std::string& method, const std::string& path, const std::string& body);
+  // authorization: the request's Authorization header ("" when it has none).
+  HttpReply handle(const std::string& method, const std::string& path, const std::string& body,
+                   const std::string& authorization = "");
 
   // The device memory the generator holds: the KV cache of --batch-size sequences and its buffers.
   size_t generator_bytes() const { return generator_bytes_; }

@@ -34,10 +34,10 @@ client() {
   /usr/bin/python3 - "$PORT" >"$name.py.out" 2>"$name.py.err" <<EOF
 import json, sys, urllib.request, urllib.error
 PORT = sys.argv[1]
-def call(method, path, body=None):
+def call(method, path, body=None, headers={}):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request("http://127.0.0.1:%s%s" % (PORT, path), data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+                                 headers=dict({"Content-Type": "application/json"}, **headers))
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, r.read().decode()
@@ -137,6 +137,24 @@ assert chunks[-1]["finish_reason"] == want["finish_reason"], (chunks, want)
   fi
 fi
 
+# ---- --api-key: the key in Authorization or 401 ----
+if start_server serve_key --api-key s3cret; then
+  if client key '
+status, text = call("PUT", "/api", {"prompts": ["x"], "tokens_to_generate": 2})
+assert status == 401 and "Authorization: Bearer" in text, (status, text)
+status, text = call("PUT", "/api", {"prompts": ["x"], "tokens_to_generate": 2}, {"Authorization": "Bearer s3cret"})
+assert status == 200 and len(json.loads(text)["tokens"][0]) == 3, (status, text)
+status, text = call("GET", "/health")
+assert status == 200, (status, text)
+'; then
+    pass "--api-key: 401 without it, the answer with it, /health open"
+  else
+    fail "--api-key: $(cat key.py.err)"
+  fi
+  kill -TERM "$PID"
+  wait "$PID"
+fi
+
 # ---- the emulated GPU (the CPU's kernels over device buffers) serves the CPU's bytes ----
 if LATTICE_EMULATE_CUDA=1 start_server serve_cuda --device cuda; then
   if client cuda "$TWO_PROMPTS" && cmp -s cuda.py.out gen_file.out; then
@@ -151,4 +169,5 @@ fi
 expect_error "serve without a checkpoint" "missing|no such checkpoint" -- "$LATTICE" serve --load missing --port 0
 expect_error "serve --port 70000" "--port must be in [0, 65535]" -- "$LATTICE" serve --load ckpt --port 70000
 expect_error "serve --batch-size 0" "--batch-size must be an integer >= 1" -- "$LATTICE" serve --load ckpt --batch-size 0
+expect_error "serve --api-key ''" "--api-key is empty" -- "$LATTICE" serve --load ckpt --api-key ""
 e2e_finish

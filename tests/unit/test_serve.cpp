@@ -436,6 +436,30 @@ TEST_F(ServiceFixture, AStreamWhoseClientLeavesStops) {
   EXPECT_EQ(ok("PUT", "/api", {{"prompts", {"y"}}, {"tokens_to_generate", 2}})["tokens"][0].size(), 3u);
 }
 
+// --api-key: every request but GET /health carries "Authorization: Bearer <key>", else 401.
+TEST(ServeApiKey, RequestsWithoutTheKeyAreRefused) {
+  auto model = byte_model();
+  auto tok = make_tokenizer(TokenizerSpec{"ByteTokenizer"});
+  ServeOptions o;
+  o.log = false;
+  o.api_key = "s3cret";
+  TextGenerationService service(*model, *tok, o);
+  const std::string body = R"({"prompts": ["x"], "tokens_to_generate": 2})";
+  HttpReply r = service.handle("PUT", "/api", body);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_NE(r.body.find("Authorization: Bearer"), std::string::npos) << r.body;
+  for (const char* wrong : {"Bearer s3cre", "Bearer s3cret!", "s3cret", "Bearer S3cret"}) {
+    r = service.handle("PUT", "/api", body, wrong);
+    EXPECT_EQ(r.status, 401) << wrong;
+    EXPECT_NE(r.body.find("API key in Authorization is wrong"), std::string::npos) << r.body;
+  }
+  r = service.handle("POST", "/v1/completions", R"({"prompt": "x"})", "Bearer nope");
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(nlohmann::json::parse(r.body)["error"]["message"], "the API key in Authorization is wrong");
+  EXPECT_EQ(service.handle("PUT", "/api", body, "Bearer s3cret").status, 200);
+  EXPECT_EQ(service.handle("GET", "/health", "").status, 200);
+}
+
 // Requests served at the same time are decoded together; each gets what it gets alone.
 TEST_F(ServiceFixture, ConcurrentRequestsGetWhatTheyGetAlone) {
   std::vector<nlohmann::json> bodies;
