@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -34,7 +35,8 @@ int cmd_serve(int argc, char** argv) {
         "  --bf16                     decode with the linear layers' weights and inputs in bf16\n"
         "  --seed S                   sampling seed of requests without one: S, S + 1, ... [1234]\n"
         "  --served-model-name NAME   the completions API's model name [the --load directory]\n"
-        "  --api-key KEY              requests (but GET /health) must send Authorization: Bearer KEY [none]\n",
+        "  --api-key KEY              requests (but GET /health) must send Authorization: Bearer KEY\n"
+        "                             [$LATTICE_API_KEY, else none]\n",
         stdout);
     std::fputs(kGenerationModelFlagsHelp, stdout);
     return 0;
@@ -51,7 +53,9 @@ int cmd_serve(int argc, char** argv) {
   options.bf16 = f.has("bf16");
   options.seed = uint64_t(integer_flag(f, "seed", 1234, 0));
   options.model_name = f.get("served-model-name", f.required("load"));
-  options.api_key = f.get("api-key", "");
+  // --api-key, else $LATTICE_API_KEY (which, unlike a flag, other users' `ps` does not show)
+  const char* env_key = std::getenv("LATTICE_API_KEY");
+  options.api_key = f.get("api-key", env_key ? env_key : "");
   if (f.has("api-key") && options.api_key.empty()) LATTICE_FAIL() << "--api-key is empty";
 
   GenerationModel g = load_generation_model(f);

@@ -137,8 +137,8 @@ assert chunks[-1]["finish_reason"] == want["finish_reason"], (chunks, want)
   fi
 fi
 
-# ---- --api-key: the key in Authorization or 401 ----
-if start_server serve_key --api-key s3cret; then
+# ---- --api-key (here from $LATTICE_API_KEY): the key in Authorization or 401 ----
+if LATTICE_API_KEY=s3cret start_server serve_key; then
   if client key '
 status, text = call("PUT", "/api", {"prompts": ["x"], "tokens_to_generate": 2})
 assert status == 401 and "Authorization: Bearer" in text, (status, text)
@@ -147,7 +147,7 @@ assert status == 200 and len(json.loads(text)["tokens"][0]) == 3, (status, text)
 status, text = call("GET", "/health")
 assert status == 200, (status, text)
 '; then
-    pass "--api-key: 401 without it, the answer with it, /health open"
+    pass "LATTICE_API_KEY: 401 without the key, the answer with it, /health open"
   else
     fail "--api-key: $(cat key.py.err)"
   fi
