@@ -16,7 +16,6 @@
 // max_position_embeddings tokens. A longer prompt keeps its last max_position_embeddings
 // tokens; when generation fills the context, it restarts from the last half of it (one new
 // prefill), so long generations cost a prefill every max_position_embeddings/2 tokens.
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -28,6 +27,7 @@
 #include "cli/subcommands.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/timer.h"
 #include "data/tokenizer.h"
 #include "model/gpt_inference.h"
 #include "model/sampling.h"
@@ -37,11 +37,6 @@ namespace lattice {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Logits of the next token after ids[start:], by the KV cache or by a full forward.
 class NextTokenLogits {
@@ -112,10 +107,10 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
   std::fflush(stdout);
   next_logits.restart();
   int64_t start = context_start(ids, P);
-  auto t0 = Clock::now();
+  Timer timer;
   timing.prefill_tokens += next_logits.compute(ids, start, logits.data());
-  timing.prefill_s += seconds_since(t0);
-  t0 = Clock::now();
+  timing.prefill_s += timer.seconds();
+  timer.reset();
   TextSoFar text(tok, ids);
   for (int64_t n = 0; n < max_new_tokens; ++n) {
     const int32_t next = sample_token(logits.data(), c.vocab_size, sc, stream, uint64_t(n));
@@ -129,7 +124,7 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
     start = moved_start(ids, start, P);
     next_logits.compute(ids, start, logits.data());
   }
-  timing.decode_s += seconds_since(t0);
+  timing.decode_s += timer.seconds();
   std::fputc('\n', stdout);
   std::fflush(stdout);
 }

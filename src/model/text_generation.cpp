@@ -1,21 +1,14 @@
 #include "model/text_generation.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "core/error.h"
+#include "core/timer.h"
 #include "model/gpt_inference.h"
 #include "model/gpt_model.h"
 
 namespace lattice {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-}  // namespace
 
 float token_logprob(const float* logits, int64_t V, int32_t token, int64_t top,
                     std::vector<std::pair<int32_t, float>>* best) {
@@ -96,7 +89,7 @@ void TextGenerator::run(const Source& source, const TokenCallback& on_token, con
   // log-probabilities asked, every position's logits for the prompt's.
   auto prefill = [&](const std::vector<int64_t>& which, bool first) {
     if (which.empty()) return;
-    const auto t0 = Clock::now();
+    const Timer timer;
     std::vector<GPTInference::Part> parts;
     int64_t rows = 0;
     for (int64_t s : which) {
@@ -126,14 +119,14 @@ void TextGenerator::run(const Source& source, const TokenCallback& on_token, con
       std::copy(row, row + Vp, q.logits.begin());
       row += Vp;
     }
-    timing_.prefill_s += seconds_since(t0);
+    timing_.prefill_s += timer.seconds();
   };
   auto finish = [&](int64_t s) {
     InFlight& q = seqs[size_t(s)];
     q.busy = false;
     if (on_done) on_done(q.id, q.out);
   };
-  const auto t_all = Clock::now();
+  const Timer all_timer;
   const double prefill_before = timing_.prefill_s;
   for (;;) {
     // Free sequences take the source's next requests, prefilled together.
@@ -206,7 +199,7 @@ void TextGenerator::run(const Source& source, const TokenCallback& on_token, con
       std::copy(logits.begin() + int64_t(i) * Vp, logits.begin() + int64_t(i + 1) * Vp,
                 seqs[size_t(stepped[i])].logits.begin());
   }
-  timing_.decode_s += seconds_since(t_all) - (timing_.prefill_s - prefill_before);
+  timing_.decode_s += all_timer.seconds() - (timing_.prefill_s - prefill_before);
 }
 
 }  // namespace lattice

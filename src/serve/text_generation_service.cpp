@@ -1,12 +1,12 @@
 #include "serve/text_generation_service.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <exception>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/timer.h"
 #include "model/gpt_model.h"
 #include "serve/completions_api.h"
 #include "serve/megatron_api.h"
@@ -119,7 +119,7 @@ bool same_secret(const std::string& given, const std::string& want) {
 
 HttpReply TextGenerationService::handle(const std::string& method, const std::string& path, const std::string& body,
                                         const std::string& authorization) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Timer timer;
   HttpReply reply;
   const bool megatron = path == "/api", completions = path == "/completions" || path == "/v1/completions",
              models = path == "/v1/models", health = path == "/health";
@@ -165,8 +165,7 @@ HttpReply TextGenerationService::handle(const std::string& method, const std::st
                      : HttpReply{500, json_text({{"error", {{"message", e.what()}, {"type", "server_error"}}}})};
   }
   if (options_.log) {
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "serve: %s %s -> %d (%.1f ms)%s%s\n", method.c_str(), path.c_str(), reply.status, ms,
+    std::fprintf(stderr, "serve: %s %s -> %d (%.1f ms)%s%s\n", method.c_str(), path.c_str(), reply.status, timer.ms(),
                  reply.status >= 400 ? ": " : "",
                  reply.status >= 400 ? reply.body.substr(0, reply.body.find_first_of("\n")).c_str() : "");
   }
