@@ -6,7 +6,8 @@ set -euo pipefail
 
 packages=(build-essential cmake libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev
           nlohmann-json3-dev zlib1g-dev libpcre2-dev libicu-dev libsentencepiece-dev libcpp-httplib-dev pkg-config openmpi-bin libopenmpi-dev bible-kjv python3
-          sentencepiece python3-sentencepiece)  # spm_train and the Python module: the tests' SentencePiece models and reference
+          sentencepiece python3-sentencepiece  # spm_train and the Python module: the tests' SentencePiece models and reference
+          python3-jinja2)  # the reference renderer of the chat-template tests
 for arg in "$@"; do
   case "$arg" in
     # OpenBLAS: Debian's PyTorch multiplies through libblas.so.3, which without it is the

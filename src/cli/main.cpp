@@ -50,7 +50,9 @@ const char* kUsage =
     "  preprocess  jsonl -> Megatron .bin/.idx dataset\n"
     "  merge-datasets  concatenate .bin/.idx datasets into one\n"
     "  generate    sample text from a checkpoint\n"
-    "  serve       serve text generation over HTTP (Megatron's PUT /api, OpenAI's /v1/completions)\n"
+    "  serve       serve text generation over HTTP (Megatron's PUT /api, OpenAI's /v1/completions and\n"
+    "              /v1/chat/completions)\n"
+    "  chat-template  a model's chat template applied to a conversation (apply_chat_template's text)\n"
     "  convert     HuggingFace model (GPT-2, Llama, Qwen, Mistral, Mixtral, DeepSeek, GLM-4.5, Nemotron-H,\n"
     "              GPT-OSS, ...) <-> lattice checkpoint\n"
     "  data        inspect a dataset: 'data samples' (the training sample order), 'data info'\n"
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
     if (cmd == "data") return lattice::cmd_data(argc, argv);
     if (cmd == "plot") return lattice::cmd_plot(argc, argv);
     if (cmd == "schedule") return lattice::cmd_schedule(argc, argv);
+    if (cmd == "chat-template") return lattice::cmd_chat_template(argc, argv);
     std::fprintf(stderr, "lattice: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const lattice::OutOfMemory& e) {

@@ -10,5 +10,6 @@ int cmd_serve(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_plot(int argc, char** argv);
 int cmd_schedule(int argc, char** argv);
+int cmd_chat_template(int argc, char** argv);
 
 }  // namespace lattice

@@ -505,6 +505,18 @@ void HuggingFaceTokenizer::split_added(std::string_view text, const AddedSet& se
 
 void HuggingFaceTokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) const {
   out->insert(out->end(), prefix_ids_.begin(), prefix_ids_.end());
+  encode_body(text, out);
+  out->insert(out->end(), suffix_ids_.begin(), suffix_ids_.end());
+}
+
+std::vector<int32_t> HuggingFaceTokenizer::encode_without_specials(const std::string& text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 2);
+  encode_body(text, &ids);
+  return ids;
+}
+
+void HuggingFaceTokenizer::encode_body(std::string_view text, std::vector<int32_t>* out) const {
   // As HuggingFace's: the added tokens that are not normalized are found in the text as given;
   // each stretch between them is normalized, then the normalized added tokens are found in it,
   // and what lies between those is pre-tokenised and BPE-encoded.
@@ -517,7 +529,6 @@ void HuggingFaceTokenizer::encode_append(std::string_view text, std::vector<int3
     split_added(s, added_normalized_, out, [&](std::string_view piece) { encode_text(piece, out); });
   };
   split_added(text, added_raw_, out, encode_stretch);
-  out->insert(out->end(), suffix_ids_.begin(), suffix_ids_.end());
 }
 
 std::vector<int32_t> HuggingFaceTokenizer::encode(const std::string& text) const {

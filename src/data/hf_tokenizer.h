@@ -44,6 +44,7 @@ class HuggingFaceTokenizer : public Tokenizer {
   // HuggingFace's encode(text) (add_special_tokens on): the template's ids around the text's.
   std::vector<int32_t> encode(const std::string& text) const override;
   void encode_append(std::string_view text, std::vector<int32_t>* out) const override;
+  std::vector<int32_t> encode_without_specials(const std::string& text) const override;
   // The tokens' bytes back to back, added tokens as their text; throws on an unknown id.
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
@@ -70,6 +71,7 @@ class HuggingFaceTokenizer : public Tokenizer {
   template <class Gap>
   void split_added(std::string_view text, const AddedSet& set, std::vector<int32_t>* out, Gap&& gap) const;
   void encode_text(std::string_view text, std::vector<int32_t>* out) const;  // no added tokens in it
+  void encode_body(std::string_view text, std::vector<int32_t>* out) const;  // without the template's ids
 
   ByteLevelBpe bpe_;
   std::vector<AddedToken> added_;       // longest content first

@@ -130,6 +130,29 @@ void SentencePieceTokenizer::encode_append(std::string_view text, std::vector<in
   encode_model(text.substr(idx), out);
 }
 
+std::vector<int32_t> SentencePieceTokenizer::encode_without_specials(const std::string& text) const {
+  if (kind_ == Kind::kSentencePiece) return encode(text);
+  std::vector<std::pair<std::string, int32_t>> marks;  // the control pieces' texts
+  for (const int id : {sp_->bos_id(), sp_->eos_id()})
+    if (id >= 0 && id < pieces_) marks.emplace_back(sp_->IdToPiece(id), int32_t(id));
+  std::vector<int32_t> ids;
+  size_t at = 0;
+  for (;;) {
+    size_t best = std::string::npos, len = 0;
+    int32_t which = -1;
+    for (const auto& [piece, id] : marks) {
+      const size_t p = text.find(piece, at);
+      if (p < best || (p == best && p != std::string::npos && piece.size() > len)) best = p, len = piece.size(), which = id;
+    }
+    if (best == std::string::npos) break;
+    encode_model(std::string_view(text).substr(at, best - at), &ids);
+    ids.push_back(which);
+    at = best + len;
+  }
+  encode_model(std::string_view(text).substr(at), &ids);
+  return ids;
+}
+
 std::vector<int32_t> SentencePieceTokenizer::encode(const std::string& text) const {
   std::vector<int32_t> ids;
   encode_append(text, &ids);

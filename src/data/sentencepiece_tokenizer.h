@@ -42,6 +42,10 @@ class SentencePieceTokenizer : public Tokenizer {
 
   std::vector<int32_t> encode(const std::string& text) const override;
   void encode_append(std::string_view text, std::vector<int32_t>* out) const override;
+  // A chat template's text: Llama2Tokenizer and GPTSentencePieceTokenizer find the model's bos and eos
+  // pieces' texts (<s>, </s>) in it as those ids, as HuggingFace's tokenizers find special tokens, and
+  // encode the text between them with the model alone (no bos added). SentencePieceTokenizer: encode.
+  std::vector<int32_t> encode_without_specials(const std::string& text) const override;
   // The library's decoding (control tokens such as <s> give nothing); SentencePieceTokenizer's
   // special tokens as " TOKEN ". Throws naming an id outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const override;

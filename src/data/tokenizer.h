@@ -26,6 +26,10 @@ class Tokenizer {
     out->insert(out->end(), ids.begin(), ids.end());
   }
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // The ids of the text alone, without those the tokenizer adds around every text (HuggingFace's
+  // post-processor template, such as Llama 3's <|begin_of_text|>): HuggingFace's
+  // encode(text, add_special_tokens=False), how a chat template's text is encoded (it writes them).
+  virtual std::vector<int32_t> encode_without_specials(const std::string& text) const { return encode(text); }
   virtual int64_t vocab_size() const = 0;   // unpadded
   virtual int32_t eod() const = 0;
   virtual const char* name() const = 0;

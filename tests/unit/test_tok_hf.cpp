@@ -188,6 +188,11 @@ TEST(TokHf, TemplateAroundEveryText) {
   std::vector<int32_t> out = {7};
   tok->encode_append("the", &out);
   EXPECT_EQ(out, (Ids{7, 301, word("the"), 300}));
+  // add_special_tokens=False (a chat template's text, which writes them): no template ids; added
+  // tokens in the text are still found.
+  EXPECT_EQ(tok->encode_without_specials("ab"), (Ids{word("ab")}));
+  EXPECT_EQ(tok->encode_without_specials("<eos>ab"), (Ids{300, word("ab")}));
+  EXPECT_EQ(tok->encode_without_specials(""), (Ids{}));
 }
 
 TEST(TokHf, DecodeBytesAndAddedTokens) {

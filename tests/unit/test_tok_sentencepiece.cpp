@@ -108,6 +108,22 @@ TEST(TokSentencePiece, Llama2PutsBosFirstAndEndsDocumentsWithEos) {
   EXPECT_EQ(tok->decode({1, 2}), "");  // bos and eos are control pieces
 }
 
+// A chat template's text (Llama 2's, Mistral's: "<s>[INST] ... [/INST]"): the bos and eos pieces' texts
+// are those ids, the text between them the library's, with no bos added.
+TEST(TokSentencePiece, ChatTextFindsTheBosAndEosPieces) {
+  const std::string m = llama2_model();
+  for (const char* type : {"Llama2Tokenizer", "GPTSentencePieceTokenizer"}) {
+    const auto tok = make_tokenizer(spec(type, m));
+    EXPECT_EQ(tok->encode_without_specials("<s>[INST] In the beginning [/INST] God</s><s>[INST] day"),
+              cat({{1}, library_ids(m, "[INST] In the beginning [/INST] God"), {2}, {1}, library_ids(m, "[INST] day")}))
+        << type;
+    EXPECT_EQ(tok->encode_without_specials("the earth"), library_ids(m, "the earth")) << type;
+    EXPECT_EQ(tok->encode_without_specials(""), std::vector<int32_t>{}) << type;
+  }
+  const auto megatron = make_tokenizer(spec("SentencePieceTokenizer", m));
+  EXPECT_EQ(megatron->encode_without_specials("a <EOD> b"), megatron->encode("a <EOD> b"));
+}
+
 TEST(TokSentencePiece, GptSentencePieceIsTheLibraryAlone) {
   const std::string m = llama2_model();
   const auto tok = make_tokenizer(spec("GPTSentencePieceTokenizer", m));
