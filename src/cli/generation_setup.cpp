@@ -55,6 +55,7 @@ GenerationModel load_generation_model(const SimpleFlags& f) {
     LATTICE_FAIL() << "--load " << load
                    << ": the checkpoint names no tokenizer (trained on pre-tokenised data); give --tokenizer-type";
   g.tokenizer = make_tokenizer(spec);
+  g.tokenizer_spec = spec;
   if (g.tokenizer->vocab_size() > g.loaded.model->config().vocab_size)
     LATTICE_FAIL() << "--tokenizer-type " << spec.type << " has " << g.tokenizer->vocab_size()
                    << " tokens, more than the model's vocabulary of " << g.loaded.model->config().vocab_size;

@@ -19,6 +19,7 @@ extern const char* const kGenerationModelFlagsHelp;
 struct GenerationModel {
   LoadedModel loaded;  // loaded.model: the model
   std::unique_ptr<Tokenizer> tokenizer;
+  TokenizerSpec tokenizer_spec;  // what made it (its files' paths)
 };
 
 // Sets the device (before the model is allocated), loads --load's latest checkpoint and makes the

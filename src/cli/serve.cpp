@@ -28,7 +28,8 @@ int cmd_serve(int argc, char** argv) {
     std::fputs(
         "usage: lattice serve --load CKPT [flags]\n"
         "Serves text generation over HTTP: Megatron-LM's PUT /api and OpenAI's POST /v1/completions\n"
-        "(also /completions) and GET /v1/models (docs/convert-and-generate.md#serving).\n"
+        "(also /completions), POST /v1/chat/completions (also /chat/completions) and GET /v1/models\n"
+        "(docs/convert-and-generate.md#lattice-serve).\n"
         "  --host H                   address to listen on (0.0.0.0: every interface) [127.0.0.1]\n"
         "  --port N                   port (0: any free one, printed) [5000]\n"
         "  --batch-size B             prompts decoded together, across requests [8]\n"
@@ -36,13 +37,16 @@ int cmd_serve(int argc, char** argv) {
         "  --seed S                   sampling seed of requests without one: S, S + 1, ... [1234]\n"
         "  --served-model-name NAME   the completions API's model name [the --load directory]\n"
         "  --api-key KEY              requests (but GET /health) must send Authorization: Bearer KEY\n"
-        "                             [$LATTICE_API_KEY, else none]\n",
+        "                             [$LATTICE_API_KEY, else none]\n"
+        "  --chat-template PATH       POST /v1/chat/completions' template: a Jinja file, a tokenizer_config.json or\n"
+        "                             their folder [the tokenizer's folder's, when it has one]\n",
         stdout);
     std::fputs(kGenerationModelFlagsHelp, stdout);
     return 0;
   }
   start_exit_signal_watcher();  // before any other thread: SIGINT/SIGTERM stop the server, below
-  std::set<std::string> value_flags = {"host", "port", "batch-size", "seed", "served-model-name", "api-key"};
+  std::set<std::string> value_flags = {"host", "port", "batch-size", "seed", "served-model-name", "api-key",
+                                       "chat-template"};
   value_flags.insert(generation_model_flags().begin(), generation_model_flags().end());
   const SimpleFlags f = parse_simple_flags(argc, argv, 2, value_flags, {"bf16"});
   const std::string host = f.get("host", "127.0.0.1");
@@ -59,6 +63,11 @@ int cmd_serve(int argc, char** argv) {
   if (f.has("api-key") && options.api_key.empty()) LATTICE_FAIL() << "--api-key is empty";
 
   GenerationModel g = load_generation_model(f);
+  options.chat_template = f.has("chat-template")
+                              ? ChatTemplate::load(f.required("chat-template"), "--chat-template")
+                              : ChatTemplate::find_beside(g.tokenizer_spec.model, "--tokenizer-model");
+  const std::string chat_note = options.chat_template ? "POST /v1/chat/completions (" + options.chat_template->source() + "), "
+                                                      : "";
   TextGenerationService service(*g.loaded.model, *g.tokenizer, options);
 
   httplib::Server server;
@@ -87,7 +96,8 @@ int cmd_serve(int argc, char** argv) {
       return true;
     });
   };
-  for (const char* path : {"/api", "/completions", "/v1/completions", "/v1/models", "/health"}) {
+  for (const char* path :
+       {"/api", "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions", "/v1/models", "/health"}) {
     server.Get(path, route);
     server.Put(path, route);
     server.Post(path, route);
@@ -109,10 +119,11 @@ int cmd_serve(int argc, char** argv) {
   });
   std::fprintf(stderr,
                "serve: %s (%s; KV cache of %lld sequences x %lld tokens, %.1f MB%s%s) on http://%s:%d: PUT /api, "
-               "POST /v1/completions, GET /v1/models\n",
+               "POST /v1/completions, %sGET /v1/models\n",
                options.model_name.c_str(), g.tokenizer->name(), (long long)options.sequences,
                (long long)g.loaded.model->config().max_position_embeddings, double(service.generator_bytes()) / 1e6,
-               options.bf16 ? ", bf16 weights" : "", current_device() == Device::cpu ? "" : ", cuda", host.c_str(), bound);
+               options.bf16 ? ", bf16 weights" : "", current_device() == Device::cpu ? "" : ", cuda", host.c_str(), bound,
+               chat_note.c_str());
   const bool ok = server.listen_after_bind();
   done = true;
   stopper.join();

@@ -1,14 +1,10 @@
 #include "serve/completions_api.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <ctime>
-#include <deque>
-#include <exception>
-#include <mutex>
-#include <thread>
 
 #include "serve/request_fields.h"
+#include "serve/openai_common.h"
 #include "serve/token_text.h"
 
 namespace lattice {
@@ -52,174 +48,71 @@ std::vector<std::vector<int32_t>> prompt_ids(const nlohmann::json& req, const To
   return prompts;
 }
 
-std::vector<std::string> stop_strings(const nlohmann::json& req) {
-  auto it = req.find("stop");
-  if (it == req.end() || it->is_null()) return {};
-  std::vector<std::string> stops;
-  if (it->is_string()) {
-    stops.push_back(it->get<std::string>());
-  } else if (it->is_array() && it->size() <= 4 && std::all_of(it->begin(), it->end(), [](auto& x) { return x.is_string(); })) {
-    for (const auto& s : *it) stops.push_back(s.get<std::string>());
-  } else {
-    throw RequestError("stop must be a text or a list of at most 4 texts");
-  }
-  stops.erase(std::remove(stops.begin(), stops.end(), std::string()), stops.end());
-  return stops;
-}
-
-// Where the first stop string starts in text, or npos.
-size_t first_stop(const std::string& text, const std::vector<std::string>& stops) {
-  size_t at = std::string::npos;
-  for (const std::string& s : stops) at = std::min(at, text.find(s));
-  return at;
-}
-
-// stream: the choices' texts as they are made, one server-sent event per new piece:
-//   data: {"id", "object": "text_completion", "created", "model", "choices": [{"index", "text", "logprobs": null,
-//          "finish_reason": null}]}
-// then each choice's last event with its finish_reason, then "data: [DONE]". A piece never ends inside
-// a UTF-8 character nor passes a stop string (the text that could begin one waits for the next token).
-HttpReply stream_completions(std::vector<GenerationRequest> requests, std::vector<std::string> stops,
-                             const EndpointContext& ctx, uint64_t id) {
-  HttpReply reply;
-  reply.content_type = "text/event-stream";
-  const std::string head_id = "cmpl-" + std::to_string(id);
-  const int64_t created = int64_t(std::time(nullptr));
-  reply.stream = [requests = std::move(requests), stops = std::move(stops), &ctx, head_id,
-                  created](const std::function<bool(const std::string&)>& write) mutable {
-    const Tokenizer& tok = ctx.tokenizer;
-    size_t hold = 0;
-    for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
-    auto event = [&](size_t index, const std::string& text, const char* finish) {
-      nlohmann::json choice = {{"index", index}, {"text", text}, {"logprobs", nullptr},
-                               {"finish_reason", finish ? nlohmann::json(finish) : nlohmann::json(nullptr)}};
-      nlohmann::json chunk = {{"id", head_id}, {"object", "text_completion"}, {"created", created},
-                              {"model", ctx.model_name}, {"choices", {choice}}};
-      return "data: " + json_text(chunk) + "\n\n";
-    };
-    // Written by the worker's callback, read here: the events not yet sent; the client gone.
-    std::mutex m;
-    std::condition_variable ready;
-    std::deque<std::string> events;
-    bool finished = false, gone = false;
-    std::vector<size_t> sent(requests.size(), 0);  // bytes of each choice's text sent
-    auto push = [&](std::string e) {
-      {
-        std::lock_guard<std::mutex> lock(m);
-        events.push_back(std::move(e));
-      }
-      ready.notify_one();
-    };
-    KeepGoing keep_going = [&](size_t i, const GenerationResult& r) {
-      {
-        std::lock_guard<std::mutex> lock(m);
-        if (gone) return false;
-      }
-      const std::string text = continuation_text(tok, r.tokens, r.prompt_length);
-      const size_t cut = first_stop(text, stops);
-      const size_t end = cut != std::string::npos ? cut : streamable_prefix(text, hold);
-      if (end > sent[i]) push(event(i, text.substr(sent[i], end - sent[i]), nullptr));
-      sent[i] = std::max(sent[i], end);
-      return cut == std::string::npos;
-    };
-    std::exception_ptr error;
-    std::thread decoding([&] {
-      try {
-        const std::vector<GenerationResult> results = ctx.generate(std::move(requests), keep_going);
-        for (size_t i = 0; i < results.size(); ++i) {  // what was held back, and the finish reason
-          const GenerationResult& r = results[i];
-          std::string text = continuation_text(tok, r.tokens, r.prompt_length);
-          const size_t cut = first_stop(text, stops);
-          if (cut != std::string::npos) text.resize(cut);
-          push(event(i, text.size() > sent[i] ? text.substr(sent[i]) : "",
-                     r.stopped || cut != std::string::npos ? "stop" : "length"));
-        }
-      } catch (...) {
-        error = std::current_exception();
-      }
-      {
-        std::lock_guard<std::mutex> lock(m);
-        finished = true;
-      }
-      ready.notify_one();
-    });
-    for (;;) {
-      std::unique_lock<std::mutex> lock(m);
-      ready.wait(lock, [&] { return finished || !events.empty(); });
-      if (events.empty()) break;  // finished, everything sent
-      std::string e = std::move(events.front());
-      events.pop_front();
-      lock.unlock();
-      if (!gone && !write(e)) {
-        std::lock_guard<std::mutex> relock(m);
-        gone = true;
-      }
-    }
-    decoding.join();
-    if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        if (!gone) write("data: " + json_text({{"error", {{"message", e.what()}, {"type", "server_error"}}}}) + "\n\n");
-      }
-    }
-    if (!gone) write("data: [DONE]\n\n");
-  };
-  return reply;
-}
-
 }  // namespace
 
 HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& ctx, uint64_t id) {
-  for (const char* refused : {"suffix", "logit_bias"})
-    if (req.contains(refused) && !req[refused].is_null() && !req[refused].empty())
-      throw RequestError(std::string(refused) + " is not supported by lattice serve");
-  for (const char* penalty : {"frequency_penalty", "presence_penalty"})
-    if (number_field(req, penalty, -2.0, 2.0).value_or(0.0) != 0.0)
-      throw RequestError(std::string(penalty) + " is not supported by lattice serve (0 only)");
-  if (int_field(req, "n", 1, 1'000'000).value_or(1) != 1) throw RequestError("n > 1 is not supported by lattice serve");
-  if (int_field(req, "best_of", 1, 1'000'000).value_or(1) != 1)
-    throw RequestError("best_of > 1 is not supported by lattice serve");
+  if (req.contains("suffix") && !req["suffix"].is_null() && !req["suffix"].empty())
+    throw RequestError("suffix is not supported by lattice serve");
+  const SamplingConfig sampling = openai_sampling(req);
+  const int64_t n = choices_per_prompt(req);
   const bool stream = bool_field(req, "stream").value_or(false);
   check_known_fields(req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "logprobs", "echo",
-                           "seed", "stop", "n", "best_of", "stream", "suffix", "logit_bias", "frequency_penalty",
-                           "presence_penalty", "user"});
+                           "seed", "stop", "n", "best_of", "stream", "stream_options", "suffix", "logit_bias",
+                           "frequency_penalty", "presence_penalty", "user"});
+  const bool usage_chunk = stream_includes_usage(req);
   const Tokenizer& tok = ctx.tokenizer;
   const int64_t vocab = tok.vocab_size();
   const std::vector<std::vector<int32_t>> prompts = prompt_ids(req, tok, vocab);
   const int64_t max_tokens = int_field(req, "max_tokens", 0, INT32_MAX).value_or(16);
-  SamplingConfig sampling;
-  sampling.temperature = float(number_field(req, "temperature", 0.0, 100.0).value_or(1.0));
-  sampling.top_p = float(number_field(req, "top_p", 0.0, 1.0).value_or(1.0));
-  if (!(sampling.top_p > 0)) throw RequestError("top_p must be a number in (0, 1], got 0");
-  sampling.top_k = int_field(req, "top_k", 0, INT32_MAX).value_or(0);
   const std::optional<int64_t> top = int_field(req, "logprobs", 0, 20);
   const bool echo = bool_field(req, "echo").value_or(false);
   const std::optional<int64_t> given_seed = int_field(req, "seed", INT64_MIN, INT64_MAX);
   const std::vector<std::string> stops = stop_strings(req);
   if (!echo && max_tokens == 0) throw RequestError("max_tokens 0 returns nothing without echo");
+  if (int64_t(prompts.size()) * n > 128)
+    throw RequestError("n " + std::to_string(n) + " x " + std::to_string(prompts.size()) +
+                       " prompts: at most 128 choices a request");
   if (stream && (echo || top)) throw RequestError(std::string(echo ? "echo" : "logprobs") + " does not go with stream");
 
+  // Choice k = i * n + j is prompt i's j-th sample, drawn from prompt_stream(seed, k) (with n 1: prompt i's
+  // stream, as generate's).
   const uint64_t seed = ctx.seed(given_seed);
   std::vector<GenerationRequest> requests;
   for (size_t i = 0; i < prompts.size(); ++i)
-    requests.push_back(
-        prompt_request(ctx, i, prompts[i], max_tokens, "max_tokens", sampling, seed, top.has_value(), top.value_or(0)));
-  if (stream) return stream_completions(std::move(requests), stops, ctx, id);
-  KeepGoing keep_going;
-  if (!stops.empty())
-    keep_going = [&](size_t, const GenerationResult& r) {
-      return first_stop(continuation_text(tok, r.tokens, r.prompt_length), stops) == std::string::npos;
-    };
-  const std::vector<GenerationResult> results = ctx.generate(std::move(requests), keep_going);
+    for (int64_t j = 0; j < n; ++j) {
+      requests.push_back(prompt_request(ctx, i, prompts[i], max_tokens, "max_tokens", sampling, seed, top.has_value(),
+                                        top.value_or(0)));
+      requests.back().stream = prompt_stream(seed, requests.size() - 1);
+    }
+  if (stream) {
+    // data: {"id", "object": "text_completion", "created", "model",
+    //        "choices": [{"index", "text", "logprobs": null, "finish_reason"}]}
+    const nlohmann::json head = {{"id", "cmpl-" + std::to_string(id)}, {"object", "text_completion"},
+                                 {"created", int64_t(std::time(nullptr))}, {"model", ctx.model_name}};
+    ClosingOf closing;
+    if (usage_chunk)
+      closing = [head, n](const std::vector<GenerationResult>& results) {
+        nlohmann::json chunk = head;
+        chunk["choices"] = nlohmann::json::array();
+        chunk["usage"] = usage_of(results, n);
+        return chunk;
+      };
+    return stream_choices(
+        std::move(requests), stops, ctx,
+        [head](size_t index, const std::string& text, const char* finish) {
+          nlohmann::json chunk = head;
+          chunk["choices"] = {{{"index", index}, {"text", text}, {"logprobs", nullptr},
+                               {"finish_reason", finish ? nlohmann::json(finish) : nlohmann::json(nullptr)}}};
+          return chunk;
+        },
+        {}, closing);
+  }
+  const std::vector<GenerationResult> results = ctx.generate(std::move(requests), stop_at_strings(tok, stops));
 
   nlohmann::json choices = nlohmann::json::array();
-  int64_t prompt_tokens = 0, completion_tokens = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     const GenerationResult& r = results[i];
-    const int64_t P0 = r.prompt_length, n = int64_t(r.tokens.size());
-    prompt_tokens += P0;
-    completion_tokens += n - P0;
+    const int64_t P0 = r.prompt_length, length = int64_t(r.tokens.size());
     std::string added = continuation_text(tok, r.tokens, P0);
     const size_t cut = first_stop(added, stops);
     const bool stopped = r.stopped || cut != std::string::npos;
@@ -231,7 +124,7 @@ HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& c
     const int64_t first = echo ? 0 : P0;
     std::vector<size_t> offsets;
     int64_t last = first;
-    for (int64_t k = first; k < n; ++k) {
+    for (int64_t k = first; k < length; ++k) {
       const std::vector<int32_t> head(r.tokens.begin(), r.tokens.begin() + k);
       if (k < P0) {
         offsets.push_back(tok.decode(head).size());
@@ -272,10 +165,7 @@ HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& c
                           {"created", int64_t(std::time(nullptr))},
                           {"model", ctx.model_name},
                           {"choices", choices},
-                          {"usage",
-                           {{"prompt_tokens", prompt_tokens},
-                            {"completion_tokens", completion_tokens},
-                            {"total_tokens", prompt_tokens + completion_tokens}}}};
+                          {"usage", usage_of(results, n)}};
   return HttpReply{200, json_text(reply)};
 }
 

@@ -15,6 +15,8 @@
 
 namespace lattice {
 
+class ChatTemplate;
+
 struct HttpReply {
   HttpReply() = default;
   HttpReply(int status, std::string body, std::string content_type = "application/json")
@@ -37,6 +39,7 @@ struct EndpointContext {
   // A request's sampling seed: the one it gives, else the server's next (--seed, then counted up).
   std::function<uint64_t(std::optional<int64_t> given)> seed;
   std::function<std::vector<GenerationResult>(std::vector<GenerationRequest>, KeepGoing)> generate;
+  const ChatTemplate* chat_template = nullptr;  // the chat completions' (none: they are refused)
 };
 
 // The sampler's stream of prompt i of a request seeded `seed`: `lattice generate --seed seed`'s for

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "model/gpt_model.h"
+#include "serve/chat_completions_api.h"
 #include "serve/completions_api.h"
 #include "serve/megatron_api.h"
 #include "serve/request_fields.h"
@@ -17,7 +18,8 @@ namespace lattice {
 TextGenerationService::TextGenerationService(const GPTModel& model, const Tokenizer& tokenizer, ServeOptions options)
     : model_(model),
       options_(std::move(options)),
-      ctx_{tokenizer, model.config().max_position_embeddings, options_.model_name, {}, {}},
+      ctx_{tokenizer, model.config().max_position_embeddings, options_.model_name, {}, {},
+           options_.chat_template ? &*options_.chat_template : nullptr},
       next_seed_(options_.seed) {
   const size_t before = device_alloc_stats().allocated_bytes;
   generator_ = std::make_unique<TextGenerator>(model_, options_.sequences, options_.bf16);
@@ -122,19 +124,21 @@ HttpReply TextGenerationService::handle(const std::string& method, const std::st
   const Timer timer;
   HttpReply reply;
   const bool megatron = path == "/api", completions = path == "/completions" || path == "/v1/completions",
-             models = path == "/v1/models", health = path == "/health";
+             chat = path == "/chat/completions" || path == "/v1/chat/completions", models = path == "/v1/models",
+             health = path == "/health";
   try {
     if (!options_.api_key.empty() && !health && !same_secret(authorization, "Bearer " + options_.api_key)) {
       throw RequestError(authorization.empty() ? "this server needs an API key: Authorization: Bearer <key>"
                                                : "the API key in Authorization is wrong",
                          401);
-    } else if (!megatron && !completions && !models && !health) {
+    } else if (!megatron && !completions && !chat && !models && !health) {
       reply = HttpReply{404,
-                        "no such endpoint: " + path + " (PUT /api, POST /v1/completions, GET /v1/models, GET /health)\n",
+                        "no such endpoint: " + path +
+                            " (PUT /api, POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health)\n",
                         "text/plain"};
     } else if (megatron && method != "PUT") {
       reply = HttpReply{405, "/api takes PUT (Megatron's text generation API)\n", "text/plain"};
-    } else if (completions && method != "POST") {
+    } else if ((completions || chat) && method != "POST") {
       reply = HttpReply{405, path + " takes POST\n", "text/plain"};
     } else if ((models || health) && method != "GET") {
       reply = HttpReply{405, path + " takes GET\n", "text/plain"};
@@ -152,7 +156,8 @@ HttpReply TextGenerationService::handle(const std::string& method, const std::st
           std::lock_guard<std::mutex> lock(mutex_);
           id = next_id_++;
         }
-        reply = openai_completions(request, ctx_, id);
+        reply = chat ? openai_chat_completions(nlohmann::ordered_json::parse(body), ctx_, id)
+                     : openai_completions(request, ctx_, id);
       }
     }
   } catch (const RequestError& e) {

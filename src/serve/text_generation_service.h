@@ -2,7 +2,8 @@
 // behind an HTTP server; the tests call handle() directly).
 //
 // Routes: PUT /api (Megatron-LM's, serve/megatron_api.h), POST /completions and /v1/completions
-// (OpenAI's, serve/completions_api.h), GET /v1/models, GET /health (200 while serving). A bad request is answered 400 with a one-line
+// (OpenAI's, serve/completions_api.h), POST /chat/completions and /v1/chat/completions
+// (serve/chat_completions_api.h), GET /v1/models, GET /health (200 while serving). A bad request is answered 400 with a one-line
 // message naming the field; an unknown path 404; a known path with another method 405.
 //
 // One worker thread runs the model (its OpenMP threads and device stream stay one set), with
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "model/text_generation.h"
 #include "serve/endpoint.h"
 
@@ -36,6 +38,7 @@ struct ServeOptions {
   // Non-empty: every request but GET /health must carry "Authorization: Bearer <api_key>" (401 otherwise).
   std::string api_key;
   bool log = true;         // one line per request on stderr
+  std::optional<ChatTemplate> chat_template;  // the chat completions' (none: they are refused)
 };
 
 class TextGenerationService {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # lattice serve as a user runs it: a trained checkpoint served over HTTP on a free port; Megatron's
 # PUT /api giving, for a seed, the bytes `lattice generate --seed` prints; OpenAI's /v1/completions
-# scoring a prompt (echo, logprobs) and cutting at a stop string; a bad request answered 400 with the
+# scoring a prompt (echo, logprobs) and cutting at a stop string; /v1/chat/completions answering what
+# /v1/completions answers for the text `lattice chat-template` prints; a bad request answered 400 with the
 # field named while the server goes on; the emulated GPU serving the CPU's tokens; a port in use and a
 # missing checkpoint refused in one line; SIGTERM stopping it with exit 0.
 #   bash tests/e2e/test_serve.sh <path to lattice binary> <source dir>
@@ -11,7 +12,7 @@ e2e_init "$@"
 cd "$TMP" || exit 1
 
 run train "$LATTICE" train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 \
-  --max-position-embeddings 64 --micro-batch-size 2 --global-batch-size 2 --train-iters 3 \
+  --max-position-embeddings 160 --micro-batch-size 2 --global-batch-size 2 --train-iters 3 \
   --lr 1e-2 --min-lr 1e-2 --log-interval 1 --seed 7 --mock-data --tokenizer-type ByteTokenizer --save ckpt || e2e_finish
 
 # start_server NAME [FLAGS...]: lattice serve on a free port, in the background; sets PORT and PID.
@@ -55,7 +56,16 @@ r = json.loads(text)
 sys.stdout.buffer.write(b"".join(bytes(t) + b"\n" for t in r["tokens"]))
 '
 
-if start_server serve; then
+# A chat template (ChatML's form) in a tokenizer_config.json, as a chat model's folder holds it.
+mkdir -p chatdir
+cat >chatdir/tokenizer_config.json <<'JSON'
+{"eos_token": "<|im_end|>", "chat_template": "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"}
+JSON
+printf '[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "In the beginning"}]' >chat.json
+"$LATTICE" chat-template --chat-template chatdir --add-generation-prompt <chat.json >chat.txt 2>chat.err ||
+  fail "lattice chat-template: $(cat chat.err)"
+
+if start_server serve --chat-template chatdir; then
   # ---- PUT /api: each prompt's bytes are generate's for the same seed and prompt position ----
   printf 'In the beginning\nAnd God said\n' >prompts.txt
   run gen0 "$LATTICE" generate --load ckpt --prompt "In the beginning" --max-new-tokens 20 --seed 42
@@ -98,8 +108,8 @@ assert lp["token_logprobs"][0] is None and all(x <= 0 for x in lp["token_logprob
 assert c["text"].startswith("Let there be light"), c
 status, text = call("POST", "/v1/completions", {"prompt": [[76, 101], [116]], "max_tokens": 8, "temperature": 0})
 assert status == 200 and len(json.loads(text)["choices"]) == 2, (status, text)
-status, text = call("POST", "/v1/completions", {"prompt": "x", "max_tokens": 4, "n": 3})
-assert status == 400 and "n > 1 is not supported" in json.loads(text)["error"]["message"], (status, text)
+status, text = call("POST", "/v1/completions", {"prompt": "x", "max_tokens": 4, "n": 3, "best_of": 5})
+assert status == 400 and "best_of other than n" in json.loads(text)["error"]["message"], (status, text)
 status, text = call("PUT", "/api", {"prompts": ["x"], "top_k": 5000})
 assert status == 400 and text.strip() == "top_k must be an integer in [0, 1000], got 5000", (status, text)
 status, text = call("GET", "/v1/models")
@@ -118,9 +128,43 @@ want = json.loads(text)["choices"][0]
 assert "".join(c["text"] for c in chunks) == want["text"], (chunks, want)
 assert chunks[-1]["finish_reason"] == want["finish_reason"], (chunks, want)
 '; then
-    pass "/v1/completions scores an echoed prompt, takes token-id prompts, streams the text, refuses n=3 and top_k 5000"
+    pass "/v1/completions scores an echoed prompt, takes token-id prompts, streams the text, refuses best_of 5 and top_k 5000"
   else
     fail "/v1/completions: $(cat completions.py.err)"
+  fi
+
+  # ---- chat completions: the completion of the template's text (lattice chat-template's), streamed too ----
+  grep -q 'POST /v1/chat/completions (chatdir/tokenizer_config.json)' serve.err ||
+    fail "the startup line does not name the chat endpoint and its template: $(head -n 1 serve.err)"
+  if client chat "
+messages = json.load(open('chat.json'))
+text = open('chat.txt').read()
+assert text.endswith('<|im_start|>assistant\\n'), repr(text)
+body = {'max_tokens': 12, 'temperature': 0.7, 'seed': 9}
+status, out = call('POST', '/v1/completions', dict(body, prompt=text))
+assert status == 200, (status, out)
+want = json.loads(out)['choices'][0]
+status, out = call('POST', '/v1/chat/completions', dict(body, messages=messages))
+assert status == 200, (status, out)
+got = json.loads(out)
+assert got['object'] == 'chat.completion' and got['choices'][0]['message']['role'] == 'assistant', got
+assert got['choices'][0]['message']['content'] == want['text'], (got, want)
+assert got['usage']['prompt_tokens'] == len(text.encode()), got
+req = urllib.request.Request('http://127.0.0.1:%s/v1/chat/completions' % PORT, method='POST',
+                             data=json.dumps(dict(body, messages=messages, stream=True)).encode(),
+                             headers={'Content-Type': 'application/json'})
+with urllib.request.urlopen(req, timeout=120) as r:
+    events = [e for e in r.read().decode().split('\\n\\n') if e]
+assert events[-1] == 'data: [DONE]', events
+chunks = [json.loads(e[len('data: '):])['choices'][0] for e in events[:-1]]
+assert chunks[0]['delta']['role'] == 'assistant', chunks[0]
+assert ''.join(c['delta'].get('content', '') for c in chunks) == want['text'], (chunks, want)
+status, out = call('POST', '/v1/chat/completions', {'messages': [{'role': 'user', 'content': [{'type': 'image_url'}]}]})
+assert status == 400 and 'only {\"type\": \"text\"' in json.loads(out)['error']['message'], (status, out)
+"; then
+    pass "/v1/chat/completions answers what /v1/completions answers for lattice chat-template's text, streamed too"
+  else
+    fail "/v1/chat/completions: $(cat chat.py.err)"
   fi
 
   # ---- a second server on the same port: one line naming the port ----

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -20,33 +21,10 @@
 #include "model/text_generation.h"
 #include "serve/text_generation_service.h"
 #include "serve/token_text.h"
+#include "serve_test_util.h"
 
 namespace lattice {
 namespace {
-
-// A random 2-layer model over ByteTokenizer's 257 ids (vocabulary 260), context 48. Its output layer
-// (untied) scores only ASCII: the other rows are zero, so its likeliest tokens (greedy, top-k 20)
-// are printable-or-control ASCII bytes whose texts JSON carries as they are.
-std::unique_ptr<GPTModel> byte_model() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.vocab_size = 260;
-  c.max_position_embeddings = 48;
-  c.untie_embeddings_and_output_weights = true;
-  c.hidden_dropout = c.attention_dropout = 0;
-  c.finalize();
-  auto m = std::make_unique<GPTModel>(c, 1, c.max_position_embeddings);
-  std::mt19937 gen(5);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  for (int64_t i = 0; i < m->params().numel(); ++i) m->params().params()[i] = nd(gen);
-  const ParamInfo& out = m->params().info("output_layer.weight");  // [Vp, C]
-  float* w = m->params().params() + out.offset;
-  for (int64_t v = 0; v < out.shape[0]; ++v)
-    for (int64_t k = 0; k < out.shape[1]; ++k) w[v * out.shape[1] + k] = v < 128 ? 4 * w[v * out.shape[1] + k] : 0.0f;
-  return m;
-}
 
 // log_softmax of the full forward's logits over tokens[0:n]: [n, V] in double.
 std::vector<std::vector<double>> full_forward_logprobs(GPTModel& m, const std::vector<int32_t>& tokens) {
@@ -195,24 +173,6 @@ TEST(TextGeneration, StopTokenCallbackAndScoringOnly) {
   EXPECT_EQ(gen.run({bad})[0].tokens.size(), 51u);
 }
 
-struct ServiceFixture : ::testing::Test {
-  std::unique_ptr<GPTModel> model = byte_model();
-  std::unique_ptr<Tokenizer> tok = make_tokenizer(TokenizerSpec{"ByteTokenizer"});
-  std::unique_ptr<TextGenerationService> service;
-  void SetUp() override {
-    ServeOptions o;
-    o.sequences = 3;
-    o.model_name = "tiny";
-    o.log = false;
-    service = std::make_unique<TextGenerationService>(*model, *tok, o);
-  }
-  nlohmann::json ok(const std::string& method, const std::string& path, const nlohmann::json& body) {
-    const HttpReply r = service->handle(method, path, body.dump());
-    EXPECT_EQ(r.status, 200) << r.body;
-    return r.status == 200 ? nlohmann::json::parse(r.body) : nlohmann::json();
-  }
-};
-
 TEST_F(ServiceFixture, MegatronApiAnswersWhatTheGeneratorDecodes) {
   const nlohmann::json reply = ok("PUT", "/api",
                                   {{"prompts", {"Hello", "a b"}}, {"tokens_to_generate", 5}, {"logprobs", true},
@@ -313,42 +273,6 @@ TEST_F(ServiceFixture, CompletionsTokenPromptsStopStringsAndNoEcho) {
   EXPECT_LE(cut["choices"][0]["text"].get<std::string>().size(), 2u);
 }
 
-// The events of a streamed completion: (choice index, text, finish_reason or "") in order; [DONE] last.
-std::vector<std::tuple<size_t, std::string, std::string>> stream_events(const HttpReply& reply, int stop_after = -1) {
-  std::vector<std::tuple<size_t, std::string, std::string>> events;
-  std::string all;
-  int writes = 0;
-  EXPECT_TRUE(bool(reply.stream));
-  if (!reply.stream) return events;
-  EXPECT_EQ(reply.content_type, "text/event-stream");
-  reply.stream([&](const std::string& piece) {
-    all += piece;
-    return stop_after < 0 || ++writes < stop_after;
-  });
-  size_t at = 0;
-  bool done = false;
-  while (at < all.size()) {
-    const size_t end = all.find("\n\n", at);
-    EXPECT_NE(end, std::string::npos) << "an event without its blank line: " << all.substr(at);
-    if (end == std::string::npos) break;
-    const std::string line = all.substr(at, end - at);
-    at = end + 2;
-    EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
-    EXPECT_FALSE(done) << "an event after [DONE]";
-    if (line == "data: [DONE]") {
-      done = true;
-      continue;
-    }
-    const nlohmann::json chunk = nlohmann::json::parse(line.substr(6));
-    EXPECT_EQ(chunk["object"], "text_completion");
-    const nlohmann::json& c = chunk["choices"][0];
-    events.emplace_back(c["index"].get<size_t>(), c["text"].get<std::string>(),
-                        c["finish_reason"].is_null() ? "" : c["finish_reason"].get<std::string>());
-  }
-  if (stop_after < 0) EXPECT_TRUE(done) << all;
-  return events;
-}
-
 // stream: the pieces of each choice add up to the unstreamed text, the last one with its finish reason;
 // with a stop string the text that could begin it is held back and nothing past it is sent.
 TEST_F(ServiceFixture, StreamedCompletionsAddUpToTheText) {
@@ -377,6 +301,47 @@ TEST_F(ServiceFixture, StreamedCompletionsAddUpToTheText) {
       EXPECT_EQ(finish, want["choices"][i]["finish_reason"].get<std::string>());
     }
   }
+}
+
+// n: choice i * n + j is prompt i's j-th sample, from the stream of choice k's index, so n samples of one
+// prompt are that prompt given n times; a prompt's tokens count once in usage. include_usage ends a
+// stream with the usage.
+TEST_F(ServiceFixture, NChoicesAndTheStreamsUsage) {
+  const nlohmann::json body = {{"prompt", "ab"}, {"max_tokens", 7}, {"temperature", 1.0}, {"seed", 21}, {"n", 3}};
+  const nlohmann::json three = ok("POST", "/v1/completions", body);
+  nlohmann::json repeated = body;
+  repeated["prompt"] = {"ab", "ab", "ab"};
+  repeated.erase("n");
+  const nlohmann::json want = ok("POST", "/v1/completions", repeated);
+  ASSERT_EQ(three["choices"].size(), 3u);
+  std::set<std::string> texts;
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(three["choices"][k]["index"], k);
+    EXPECT_EQ(three["choices"][k]["text"], want["choices"][k]["text"]) << k;
+    texts.insert(three["choices"][k]["text"].get<std::string>());
+  }
+  EXPECT_GT(texts.size(), 1u) << "the samples of one prompt should differ";
+  EXPECT_EQ(three["usage"]["prompt_tokens"], 2);
+  EXPECT_EQ(want["usage"]["prompt_tokens"], 6);
+  EXPECT_EQ(three["usage"]["completion_tokens"], want["usage"]["completion_tokens"]);
+  // Two prompts, n 2: choices (0,0) (0,1) (1,0) (1,1).
+  const nlohmann::json two = ok("POST", "/v1/completions",
+                                {{"prompt", {"ab", "cd"}}, {"max_tokens", 5}, {"temperature", 1.0}, {"seed", 4}, {"n", 2}});
+  const nlohmann::json each = ok("POST", "/v1/completions",
+                                 {{"prompt", {"ab", "ab", "cd", "cd"}}, {"max_tokens", 5}, {"temperature", 1.0}, {"seed", 4}});
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(two["choices"][k]["text"], each["choices"][k]["text"]) << k;
+  // The stream's pieces add up to each choice, and its last chunk before [DONE] is the usage.
+  nlohmann::json streamed = body;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  const auto events = stream_events(service->handle("POST", "/v1/completions", streamed.dump()));
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(std::get<2>(events.back()), "usage");
+  EXPECT_EQ(nlohmann::json::parse(std::get<1>(events.back())), three["usage"]);
+  std::vector<std::string> text(3);
+  for (const auto& [index, piece, reason] : events)
+    if (index < 3) text[index] += piece;
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(text[k], three["choices"][k]["text"].get<std::string>()) << k;
 }
 
 // A tokenizer whose decode joins tokens with spaces (NullTokenizer, as SentencePiece's word markers):
@@ -509,7 +474,11 @@ TEST_F(ServiceFixture, BadRequestsAreRefusedNamingTheField) {
       {"POST", "/v1/completions", R"({"prompt": [1, 999]})", 400, "token 999 is not an id in [0, 257)"},
       {"POST", "/v1/completions", R"({"prompt": [[1], []]})", 400, "an empty list of token ids"},
       {"POST", "/v1/completions", R"({"prompt": {"a": 1}})", 400, "prompt must be a text"},
-      {"POST", "/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n > 1 is not supported"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "n": 2, "best_of": 3})", 400, "best_of other than n is not supported"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "n": 129})", 400, "n must be an integer in [1, 128]"},
+      {"POST", "/v1/completions", R"({"prompt": ["a", "b", "c"], "n": 43})", 400, "n 43 x 3 prompts: at most 128 choices"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}})", 400,
+       "include_usage must be true or false"},
       {"POST", "/v1/completions", R"({"prompt": "x", "stream": true, "echo": true})", 400, "echo does not go with stream"},
       {"POST", "/v1/completions", R"({"prompt": "x", "stream": true, "logprobs": 1})", 400,
        "logprobs does not go with stream"},

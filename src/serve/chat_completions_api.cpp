@@ -1,0 +1,190 @@
+#include "serve/chat_completions_api.h"
+
+#include <ctime>
+
+#include "chat/chat_template.h"
+#include "core/error.h"
+#include "serve/openai_common.h"
+#include "serve/request_fields.h"
+#include "serve/token_text.h"
+
+namespace lattice {
+namespace {
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;  // the request's objects in their order, as the template reads them
+
+// The messages as the template reads them: each an object with a text "role"; a "content" that is a
+// list of text parts becomes their texts joined by newlines. Other fields (name, tool_calls,
+// tool_call_id, ...) pass through.
+ojson template_messages(const ojson& req) {
+  auto it = req.find("messages");
+  if (it == req.end() || !it->is_array() || it->empty()) throw RequestError("messages must be a non-empty list");
+  ojson messages = ojson::array();
+  for (size_t i = 0; i < it->size(); ++i) {
+    ojson m = (*it)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw RequestError(where + " must be an object with a text \"role\"");
+    auto content = m.find("content");
+    if (content != m.end() && content->is_array()) {
+      std::string text;
+      for (const ojson& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          throw RequestError(where + ".content: only {\"type\": \"text\", \"text\": ...} parts are supported, got " +
+                             part.dump().substr(0, 80));
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      *content = text;
+    } else if (content != m.end() && !content->is_string() && !content->is_null()) {
+      throw RequestError(where + ".content must be a text, a list of text parts or null");
+    }
+    messages.push_back(std::move(m));
+  }
+  return messages;
+}
+
+// The template's other variables: tools, and chat_template_kwargs (enable_thinking, ...).
+ojson template_extras(const ojson& req) {
+  ojson extra = ojson::object();
+  if (auto tools = req.find("tools"); tools != req.end() && !tools->is_null()) {
+    if (!tools->is_array()) throw RequestError("tools must be a list");
+    extra["tools"] = *tools;
+  }
+  if (auto choice = req.find("tool_choice"); choice != req.end() && !choice->is_null()) {
+    if (!choice->is_string() || (*choice != "auto" && *choice != "none"))
+      throw RequestError("tool_choice " + choice->dump().substr(0, 80) +
+                         " is not supported by lattice serve (\"auto\" or \"none\": the model's text is the content)");
+    if (*choice == "none") extra.erase("tools");
+  }
+  if (auto kwargs = req.find("chat_template_kwargs"); kwargs != req.end() && !kwargs->is_null()) {
+    if (!kwargs->is_object()) throw RequestError("chat_template_kwargs must be an object");
+    for (auto it = kwargs->begin(); it != kwargs->end(); ++it) {
+      if (it.key() == "messages" || it.key() == "add_generation_prompt")
+        throw RequestError("chat_template_kwargs." + it.key() + ": give it as the request's own field");
+      extra[it.key()] = it.value();
+    }
+  }
+  return extra;
+}
+
+// A returned token's entry of "logprobs": its text, log-probability and bytes.
+json token_entry(const std::string& piece, float logprob) {
+  json bytes = json::array();
+  for (unsigned char c : piece) bytes.push_back(int(c));
+  return {{"token", piece}, {"logprob", logprob}, {"bytes", bytes}};
+}
+
+}  // namespace
+
+HttpReply openai_chat_completions(const ojson& request, const EndpointContext& ctx, uint64_t id) {
+  const json req = request;
+  if (!ctx.chat_template)
+    throw RequestError("this server has no chat template: the tokenizer's folder holds none; start lattice serve "
+                       "with --chat-template FILE (or use /v1/completions)");
+  const SamplingConfig sampling = openai_sampling(req);
+  const int64_t n = choices_per_prompt(req);
+  check_known_fields(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+                           "top_k", "seed", "stop", "stream", "stream_options", "n", "best_of", "logprobs", "top_logprobs",
+                           "frequency_penalty", "presence_penalty", "logit_bias", "user", "tools", "tool_choice",
+                           "parallel_tool_calls", "chat_template_kwargs", "add_generation_prompt", "response_format"});
+  if (auto format = req.find("response_format");
+      format != req.end() && !format->is_null() && !(format->is_object() && format->value("type", "") == "text"))
+    throw RequestError("response_format " + format->dump().substr(0, 80) +
+                       " is not supported by lattice serve ({\"type\": \"text\"} only)");
+  const bool stream = bool_field(req, "stream").value_or(false);
+  const bool usage_chunk = stream_includes_usage(req);
+  const bool logprobs = bool_field(req, "logprobs").value_or(false);
+  const int64_t top = int_field(req, "top_logprobs", 0, 20).value_or(0);
+  if (top > 0 && !logprobs) throw RequestError("top_logprobs needs logprobs: true");
+  if (stream && logprobs) throw RequestError("logprobs does not go with stream");
+  const std::vector<std::string> stops = stop_strings(req);
+  const bool add_generation_prompt = bool_field(req, "add_generation_prompt").value_or(true);
+
+  std::string text;
+  try {
+    text = ctx.chat_template->render(template_messages(request), add_generation_prompt, template_extras(request));
+  } catch (const Error& e) {  // the template's raise_exception, or what it cannot do with these messages
+    throw RequestError(e.what());
+  }
+  const Tokenizer& tok = ctx.tokenizer;
+  std::vector<int32_t> prompt = tok.encode_without_specials(text);
+  if (prompt.empty()) prompt.push_back(tok.eod());
+  const int64_t room = ctx.context - int64_t(prompt.size());
+  std::optional<int64_t> max_tokens = int_field(req, "max_completion_tokens", 1, INT32_MAX);
+  if (!max_tokens) max_tokens = int_field(req, "max_tokens", 1, INT32_MAX);
+  if (!max_tokens && room < 1)
+    throw RequestError("the conversation is " + std::to_string(prompt.size()) +
+                       " tokens, which fill the model's context of " + std::to_string(ctx.context));
+  const uint64_t seed = ctx.seed(int_field(req, "seed", INT64_MIN, INT64_MAX));
+  std::vector<GenerationRequest> requests;  // choice j from prompt_stream(seed, j)
+  for (int64_t j = 0; j < n; ++j) {
+    requests.push_back(prompt_request(ctx, 0, prompt, max_tokens.value_or(room), "max_tokens", sampling, seed, logprobs, top));
+    requests.back().stream = prompt_stream(seed, size_t(j));
+  }
+  const std::string head_id = "chatcmpl-" + std::to_string(id);
+  const int64_t created = int64_t(std::time(nullptr));
+
+  if (stream) {
+    const json head = {{"id", head_id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", ctx.model_name}};
+    auto chunk_of = [head](size_t index, const json& delta, const char* finish) {
+      json chunk = head;
+      chunk["choices"] = {{{"index", index}, {"delta", delta}, {"logprobs", nullptr},
+                           {"finish_reason", finish ? json(finish) : json(nullptr)}}};
+      return chunk;
+    };
+    std::vector<json> opening;  // each choice's role first
+    for (int64_t j = 0; j < n; ++j) opening.push_back(chunk_of(size_t(j), {{"role", "assistant"}, {"content", ""}}, nullptr));
+    ClosingOf closing;
+    if (usage_chunk)
+      closing = [head, n](const std::vector<GenerationResult>& results) {
+        json chunk = head;
+        chunk["choices"] = json::array();
+        chunk["usage"] = usage_of(results, n);
+        return chunk;
+      };
+    return stream_choices(
+        std::move(requests), stops, ctx,
+        [chunk_of](size_t index, const std::string& piece, const char* finish) {
+          return chunk_of(index, piece.empty() ? json::object() : json{{"content", piece}}, finish);
+        },
+        std::move(opening), closing);
+  }
+
+  const std::vector<GenerationResult> results = ctx.generate(std::move(requests), stop_at_strings(tok, stops));
+  json choices = json::array();
+  for (size_t j = 0; j < results.size(); ++j) {
+    const GenerationResult& r = results[j];
+    const int64_t P0 = r.prompt_length, length = int64_t(r.tokens.size());
+    std::string content = continuation_text(tok, r.tokens, P0);
+    const size_t cut = first_stop(content, stops);
+    if (cut != std::string::npos) content.resize(cut);
+    json choice = {{"index", j},
+                   {"message", {{"role", "assistant"}, {"content", content}}},
+                   {"logprobs", nullptr},
+                   {"finish_reason", r.stopped || cut != std::string::npos ? "stop" : "length"}};
+    if (logprobs) {
+      json entries = json::array();
+      for (int64_t k = P0; k < length; ++k) {
+        // the tokens whose text starts before the cut
+        if (cut != std::string::npos &&
+            continuation_text(tok, std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + k), P0).size() >= cut)
+          break;
+        json entry = token_entry(token_piece(tok, r.tokens, size_t(k), r.tokens[size_t(k)]), r.logprobs[size_t(k - 1)]);
+        json best = json::array();
+        if (top > 0)
+          for (const auto& [t, lp] : r.top_logprobs[size_t(k - 1)])
+            best.push_back(token_entry(token_piece(tok, r.tokens, size_t(k), t), lp));
+        entry["top_logprobs"] = best;
+        entries.push_back(entry);
+      }
+      choice["logprobs"] = {{"content", entries}};
+    }
+    choices.push_back(choice);
+  }
+  const json reply = {{"id", head_id},         {"object", "chat.completion"}, {"created", created},
+                      {"model", ctx.model_name}, {"choices", choices},          {"usage", usage_of(results, n)}};
+  return HttpReply{200, json_text(reply)};
+}
+
+}  // namespace lattice

@@ -1,0 +1,36 @@
+// OpenAI's chat completions API (POST /v1/chat/completions, also /chat/completions), what chat clients
+// speak:
+//   {"model": name, "messages": [{"role": "system" | "user" | "assistant" | "tool", "content": text |
+//    [{"type": "text", "text": ...}, ...], ...}], "max_tokens" (or "max_completion_tokens"): what fits
+//    the context, "temperature": 1, "top_p": 1, "top_k": 0, "seed", "stop", "stream": false,
+//    "logprobs": false, "top_logprobs": 0..20, "tools": [...], "tool_choice": "auto" | "none",
+//    "chat_template_kwargs": {...}, "add_generation_prompt": true, "n": 1,
+//    "stream_options": {"include_usage": false}}
+// answered with
+//   {"id": "chatcmpl-...", "object": "chat.completion", "created", "model",
+//    "choices": [{"index": j, "message": {"role": "assistant", "content": ...}, "finish_reason": "stop" | "length",
+//                 "logprobs": null | {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}}],
+//    "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}.
+// The conversation is the model's chat template's text (chat/chat_template.h: the messages, the tools,
+// chat_template_kwargs as more variables), encoded without the tokenizer's added ids (the template
+// writes them) as HuggingFace's apply_chat_template(tokenize=True) does; a message's list of text parts
+// is their texts joined by newlines. Decoding stops at the tokenizer's end-of-document token (the
+// tokenizer_config's eos_token: <|eot_id|> or <|im_end|> for chat models) and the stop strings.
+// Choice j draws what /v1/completions' choice j draws for the template's text and seed. "stream": true
+// answers with "chat.completion.chunk" events: each choice's assistant role first, then each new piece
+// of a choice's content, then its finish reason, with include_usage a chunk with "usage" and no
+// choices, then "data: [DONE]". Tool calls are not parsed: the
+// model's text is the content. A template's raise_exception (roles that must alternate, a role it does
+// not take) is answered 400 with the template's message.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include "serve/endpoint.h"
+
+namespace lattice {
+
+// The reply to a chat completions request (a RequestError for a bad one), read with its objects' keys in
+// their order (a tool's schema reaches the template as the client wrote it). id: the completion's number.
+HttpReply openai_chat_completions(const nlohmann::ordered_json& request, const EndpointContext& ctx, uint64_t id);
+
+}  // namespace lattice
