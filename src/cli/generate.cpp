@@ -1,8 +1,10 @@
 // `lattice generate --load CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]
 //  [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer-type NAME]
 //  [--vocab-file F --merge-file F | --tokenizer-model PATH] [--no-kv-cache] [--bf16] [--batch-size B]
-//  [--device cpu|cuda]`: samples text from a trained model, streaming each token to stdout as it is
-// produced (--batch-size B > 1: B prompts decoded together, each printed when complete).
+//  [--chat [--system TEXT] [--chat-template PATH]] [--device cpu|cuda]`: samples text from a trained model,
+// streaming each token to stdout as it is produced (--batch-size B > 1: B prompts decoded together, each
+// printed when complete). --chat makes each prompt a user's message through the model's chat template
+// (chat/chat_template.h), encoded without the tokenizer's added ids, as serve's chat completions do.
 // --device cuda keeps the model on the GPU (docs/cuda.md); tokens and logits cross to
 // the host once per step; the KV cache and its attention stay on the GPU.
 //
@@ -95,13 +97,20 @@ int64_t moved_start(const std::vector<int32_t>& ids, int64_t start, int64_t P) {
   return int64_t(ids.size()) - start > P ? int64_t(ids.size()) - std::max<int64_t>(1, P / 2) : start;
 }
 
+// A prompt's ids: its encoding, or with --chat (the chat template's text, which writes the special
+// tokens) its encoding without the tokenizer's added ids; the end of document when empty.
+std::vector<int32_t> prompt_ids(const Tokenizer& tok, const std::string& prompt, bool chat) {
+  std::vector<int32_t> ids = chat ? tok.encode_without_specials(prompt) : tok.encode(prompt);
+  if (ids.empty()) ids.push_back(tok.eod());
+  return ids;
+}
+
 void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer& tok,
-                  const std::string& prompt, int64_t max_new_tokens, const SamplingConfig& sc,
+                  const std::string& prompt, bool chat, int64_t max_new_tokens, const SamplingConfig& sc,
                   const PhiloxStream& stream, GenerationTiming& timing) {
   const TransformerConfig& c = model.config();
   const int64_t P = c.max_position_embeddings;
-  std::vector<int32_t> ids = tok.encode(prompt);
-  if (ids.empty()) ids.push_back(tok.eod());
+  std::vector<int32_t> ids = prompt_ids(tok, prompt, chat);
   std::vector<float> logits(static_cast<size_t>(c.padded_vocab_size));
   std::fputs(prompt.c_str(), stdout);
   std::fflush(stdout);
@@ -131,7 +140,7 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
 
 // The prompts decoded `batch` at a time (--batch-size; model/text_generation.h): each prompt samples
 // as it would alone (its own stream, its own logits); its text is printed when complete, in prompt order.
-void generate_batched(GPTModel& model, const Tokenizer& tok, const std::vector<std::string>& prompts,
+void generate_batched(GPTModel& model, const Tokenizer& tok, const std::vector<std::string>& prompts, bool chat,
                       int64_t max_new_tokens, const SamplingConfig& sc, uint64_t seed, int64_t batch, bool bf16,
                       GenerationTiming& timing) {
   std::vector<GenerationRequest> requests(prompts.size());
@@ -139,8 +148,7 @@ void generate_batched(GPTModel& model, const Tokenizer& tok, const std::vector<s
   std::vector<std::string> outputs(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     GenerationRequest& r = requests[i];
-    r.prompt = tok.encode(prompts[i]);
-    if (r.prompt.empty()) r.prompt.push_back(tok.eod());
+    r.prompt = prompt_ids(tok, prompts[i], chat);
     r.max_new_tokens = max_new_tokens;
     r.sampling = sc;
     r.stream = PhiloxStream{seed, fnv1a32("generate"), uint32_t(i), 0};
@@ -201,16 +209,24 @@ int cmd_generate(int argc, char** argv) {
         "                             prompt's text printed when complete (B > 1) [1: streamed]\n"
         "  --no-kv-cache              recompute the whole context for every token\n"
         "  --bf16                     decode with the linear layers' weights and inputs in bf16 (half the\n"
-        "                             bytes per token; with the KV cache)\n",
+        "                             bytes per token; with the KV cache)\n"
+        "  --chat                     each prompt is a user's message through the chat template (its text is\n"
+        "                             printed, then the answer, which ends at the end of the turn)\n"
+        "  --system TEXT              with --chat: a system message first\n"
+        "  --chat-template PATH       with --chat: a Jinja file, a tokenizer_config.json or their folder\n"
+        "                             [the tokenizer's folder's]\n",
         stdout);
     std::fputs(kGenerationModelFlagsHelp, stdout);
     return 0;
   }
   std::set<std::string> value_flags = {"prompt", "prompt-file", "max-new-tokens", "temperature", "top-k", "top-p",
-                                        "seed", "batch-size"};
+                                        "seed", "batch-size", "system", "chat-template"};
   value_flags.insert(generation_model_flags().begin(), generation_model_flags().end());
-  SimpleFlags f = parse_simple_flags(argc, argv, 2, value_flags, {"no-kv-cache", "bf16"});
-  const std::vector<std::string> prompts = read_prompts(f);
+  SimpleFlags f = parse_simple_flags(argc, argv, 2, value_flags, {"no-kv-cache", "bf16", "chat"});
+  std::vector<std::string> prompts = read_prompts(f);
+  const bool chat = f.has("chat");
+  for (const char* needs_chat : {"system", "chat-template"})
+    if (f.has(needs_chat) && !chat) LATTICE_FAIL() << "--" << needs_chat << " goes with --chat";
   SamplingConfig sc;
   sc.temperature = float(f.number("temperature", 1.0));
   sc.top_k = integer_flag(f, "top-k", 0, 0);
@@ -225,16 +241,28 @@ int cmd_generate(int argc, char** argv) {
   const Tokenizer* tok = g.tokenizer.get();
   const Device device = current_device();
   const bool kv_cache = !f.has("no-kv-cache"), bf16 = f.has("bf16");
+  if (chat) {  // each prompt: [system,] user -> the template's text, opening the assistant's turn
+    const std::optional<ChatTemplate> templ = find_chat_template(f, g);
+    if (!templ)
+      LATTICE_FAIL() << "--chat: the tokenizer's folder holds no chat template (chat_template.jinja or a "
+                        "tokenizer_config.json chat_template); give --chat-template PATH";
+    for (std::string& p : prompts) {
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      if (f.has("system")) messages.push_back({{"role", "system"}, {"content", f.get("system", "")}});
+      messages.push_back({{"role", "user"}, {"content", p}});
+      p = templ->render(messages, true);
+    }
+  }
   if (bf16 && !kv_cache) LATTICE_FAIL() << "--bf16 decodes with the KV cache: drop --no-kv-cache";
   if (batch > 1 && !kv_cache) LATTICE_FAIL() << "--batch-size " << batch << " decodes with the KV cache: drop --no-kv-cache";
   GenerationTiming timing;
   if (batch > 1) {
-    generate_batched(*lm.model, *tok, prompts, max_new, sc, seed, batch, bf16, timing);
+    generate_batched(*lm.model, *tok, prompts, chat, max_new, sc, seed, batch, bf16, timing);
   } else {
     NextTokenLogits next_logits(*lm.model, kv_cache, bf16);
     for (size_t i = 0; i < prompts.size(); ++i) {
       PhiloxStream stream{seed, fnv1a32("generate"), uint32_t(i), 0};
-      generate_one(*lm.model, next_logits, *tok, prompts[i], max_new, sc, stream, timing);
+      generate_one(*lm.model, next_logits, *tok, prompts[i], chat, max_new, sc, stream, timing);
     }
   }
   std::fprintf(stderr,

@@ -29,6 +29,11 @@ const char* const kGenerationModelFlagsHelp =
     "  --vocab-size N             NullTokenizer's ids (N: the end of document) [the checkpoint's]\n"
     "  --device cpu|cuda          where the model runs [cpu]\n";
 
+std::optional<ChatTemplate> find_chat_template(const SimpleFlags& f, const GenerationModel& g) {
+  if (f.has("chat-template")) return ChatTemplate::load(f.required("chat-template"), "--chat-template");
+  return ChatTemplate::find_beside(g.tokenizer_spec.model, "--tokenizer-model");
+}
+
 int64_t integer_flag(const SimpleFlags& f, const std::string& name, int64_t fallback, int64_t min) {
   const double v = f.number(name, double(fallback));
   if (v != std::floor(v) || v < double(min))

@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "chat/chat_template.h"
 #include "checkpoint/model_checkpoint.h"
 #include "cli/simple_flags.h"
 #include "data/tokenizer.h"
@@ -27,6 +28,10 @@ struct GenerationModel {
 // --vocab-file, --merge-file, --tokenizer-model ... replacing the recorded values. Throws
 // lattice::Error naming the flag or checkpoint when they cannot serve.
 GenerationModel load_generation_model(const SimpleFlags& f);
+
+// The chat template: --chat-template's (a Jinja file, a tokenizer_config.json or their folder), else the
+// one beside the tokenizer's files (none when there is none).
+std::optional<ChatTemplate> find_chat_template(const SimpleFlags& f, const GenerationModel& g);
 
 // An integer flag's value (fallback when absent); throws naming the flag below min or not whole.
 int64_t integer_flag(const SimpleFlags& f, const std::string& name, int64_t fallback, int64_t min);

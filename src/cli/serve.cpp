@@ -63,9 +63,7 @@ int cmd_serve(int argc, char** argv) {
   if (f.has("api-key") && options.api_key.empty()) LATTICE_FAIL() << "--api-key is empty";
 
   GenerationModel g = load_generation_model(f);
-  options.chat_template = f.has("chat-template")
-                              ? ChatTemplate::load(f.required("chat-template"), "--chat-template")
-                              : ChatTemplate::find_beside(g.tokenizer_spec.model, "--tokenizer-model");
+  options.chat_template = find_chat_template(f, g);
   const std::string chat_note = options.chat_template ? "POST /v1/chat/completions (" + options.chat_template->source() + "), "
                                                       : "";
   TextGenerationService service(*g.loaded.model, *g.tokenizer, options);

@@ -2,6 +2,7 @@
 #   source "$(dirname "$0")/lib.sh"; e2e_init "$@"
 # Gives LATTICE (the binary), SRC (the source dir), TMP (a temp dir removed on exit),
 # fail/check helpers that record failures, and e2e_finish, which exits non-zero if any failed.
+# KEEP_TMP=1 keeps TMP after the run, to look at what a failing check compared.
 
 e2e_init() {
   if [ $# -lt 1 ]; then
@@ -15,7 +16,7 @@ e2e_init() {
     exit 1
   fi
   TMP=$(mktemp -d "${TMPDIR:-/tmp}/lattice-e2e.XXXXXX")
-  trap 'rm -rf "$TMP"' EXIT
+  trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$TMP"' EXIT
   FAILURES=0
   # Keep each run small and independent of the machine it runs on.
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}

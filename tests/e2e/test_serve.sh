@@ -150,6 +150,12 @@ got = json.loads(out)
 assert got['object'] == 'chat.completion' and got['choices'][0]['message']['role'] == 'assistant', got
 assert got['choices'][0]['message']['content'] == want['text'], (got, want)
 assert got['usage']['prompt_tokens'] == len(text.encode()), got
+# the answer's exact bytes (a text's bytes that are no UTF-8 come as U+FFFD): logprobs' bytes of each token
+status, out = call('POST', '/v1/chat/completions', dict(body, messages=messages, logprobs=True))
+entries = json.loads(out)['choices'][0]['logprobs']['content']
+answer = b''.join(bytes(e['bytes']) for e in entries)
+assert answer.decode('utf-8', 'replace') == got['choices'][0]['message']['content'], (answer, got)
+open('chat_answer.txt', 'wb').write(text.encode() + answer + b'\\n')
 req = urllib.request.Request('http://127.0.0.1:%s/v1/chat/completions' % PORT, method='POST',
                              data=json.dumps(dict(body, messages=messages, stream=True)).encode(),
                              headers={'Content-Type': 'application/json'})
@@ -165,6 +171,13 @@ assert status == 400 and 'only {\"type\": \"text\"' in json.loads(out)['error'][
     pass "/v1/chat/completions answers what /v1/completions answers for lattice chat-template's text, streamed too"
   else
     fail "/v1/chat/completions: $(cat chat.py.err)"
+  fi
+  # generate --chat: the template's text, then the answer the server gave for the same seed
+  if run gen_chat "$LATTICE" generate --load ckpt --chat --chat-template chatdir --system "Be brief." \
+       --prompt "In the beginning" --max-new-tokens 12 --temperature 0.7 --seed 9 && cmp -s gen_chat.out chat_answer.txt; then
+    pass "generate --chat --system prints the template's text and the chat completion's answer"
+  else
+    fail "generate --chat: $(od -c gen_chat.out | head -3) against $(od -c chat_answer.txt 2>/dev/null | head -3)"
   fi
 
   # ---- a second server on the same port: one line naming the port ----
@@ -214,4 +227,10 @@ expect_error "serve without a checkpoint" "missing|no such checkpoint" -- "$LATT
 expect_error "serve --port 70000" "--port must be in [0, 65535]" -- "$LATTICE" serve --load ckpt --port 70000
 expect_error "serve --batch-size 0" "--batch-size must be an integer >= 1" -- "$LATTICE" serve --load ckpt --batch-size 0
 expect_error "serve --api-key ''" "--api-key is empty" -- "$LATTICE" serve --load ckpt --api-key ""
+expect_error "generate --chat without a template" "--chat|no chat template|--chat-template" -- \
+  "$LATTICE" generate --load ckpt --chat --prompt x
+expect_error "generate --system without --chat" "--system goes with --chat" -- \
+  "$LATTICE" generate --load ckpt --system x --prompt x
+expect_error "serve --chat-template with a syntax error" "--chat-template|bad.jinja|line 1" -- \
+  bash -c "printf '{%% if x %%}' > bad.jinja && '$LATTICE' serve --load ckpt --port 0 --chat-template bad.jinja"
 e2e_finish
