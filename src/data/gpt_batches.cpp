@@ -85,4 +85,19 @@ void fill_micro_batch(const SampleSource& src, int64_t first_sample, int64_t B, 
   for (int64_t b = 0; b < B; ++b) src.sample(first_sample + b, tokens + b * row);
 }
 
+void fill_micro_batch(const SampleSource& src, int64_t first_sample, int64_t B, MicroBatch* out) {
+  const int64_t S = src.seq_length();
+  out->tokens.resize(size_t(B * (S + 1)));
+  fill_micro_batch(src, first_sample, B, out->tokens.data());
+  if (!src.has_extras()) {
+    out->loss_mask.clear();
+    out->segments.clear();
+    return;
+  }
+  out->loss_mask.resize(size_t(B * S));
+  out->segments.resize(size_t(B * S));
+  for (int64_t b = 0; b < B; ++b)
+    src.sample_extras(first_sample + b, out->loss_mask.data() + b * S, out->segments.data() + b * S);
+}
+
 }  // namespace lattice

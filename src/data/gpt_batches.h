@@ -15,6 +15,11 @@ class SampleSource {
   virtual ~SampleSource() = default;
   // Writes sample `index` (S+1 tokens) into out.
   virtual void sample(int64_t index, int32_t* out) const = 0;
+  // Whether samples carry their own loss mask and segments (SFT's packed conversations, data/sft_dataset.h).
+  virtual bool has_extras() const { return false; }
+  // With has_extras(): sample `index`'s loss mask [S] (1 where the label tokens[t + 1] is trained) and the
+  // segment of each input position [S] (a segment is a document: positions restart and attention stays within).
+  virtual void sample_extras(int64_t /*index*/, float* /*loss_mask*/, int32_t* /*segments*/) const {}
   virtual int64_t seq_length() const = 0;
   // The distinct samples it indexes; -1 when it has no end (it wraps around, or is synthetic).
   virtual int64_t size() const { return -1; }
@@ -51,5 +56,16 @@ class MockSamples : public SampleSource {
 
 // Fills a micro-batch: tokens [B, S+1] from samples first_sample .. first_sample+B-1.
 void fill_micro_batch(const SampleSource& src, int64_t first_sample, int64_t B, int32_t* tokens);
+
+// A micro-batch's inputs: tokens [B, S+1]; from a source with extras also the loss mask [B, S] of the labels
+// tokens[:, 1:] and the input positions' segments [B, S] (empty otherwise: the model's own masks apply).
+struct MicroBatch {
+  std::vector<int32_t> tokens;
+  std::vector<float> loss_mask;
+  std::vector<int32_t> segments;
+  const float* loss_mask_or_null() const { return loss_mask.empty() ? nullptr : loss_mask.data(); }
+  const int32_t* segments_or_null() const { return segments.empty() ? nullptr : segments.data(); }
+};
+void fill_micro_batch(const SampleSource& src, int64_t first_sample, int64_t B, MicroBatch* out);
 
 }  // namespace lattice

@@ -208,7 +208,7 @@ void GPTModel::set_document_boundaries(const DocumentBoundaries& d) {
 // Megatron's _get_ltor_masks_and_position_ids on the inputs: the token after an eod at t
 // starts a new document, so t+1 gets position 0 and the next document id.
 void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T,
-                              bool labels, bool group_rows) {
+                              bool labels, bool group_rows, const int32_t* segments) {
   // (before a row is written: a larger micro-batch would run past the buffers; a rank's rows are T / CP of each)
   const int64_t Tl = cp_.on() ? T / cp_.size() : T;
   LATTICE_CHECK(B <= max_B_ && Tl <= max_T_)
@@ -229,6 +229,7 @@ void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t tok
   if (whole) mtp_tokens_.resize(size_t(3 * B * T));
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* in = tokens + b * token_stride;
+    const int32_t* seg = segments ? segments + b * T : nullptr;
     int32_t doc = 0, start = 0;
     for (int64_t t = 0; t < T; ++t) {
       if (whole) {
@@ -250,7 +251,8 @@ void GPTModel::prepare_inputs(Activations& a, const int32_t* tokens, int64_t tok
           targets[i] = y;
         }
       }
-      if (in[t] == docs_.eod) {  // every rank counts every eod of the sequence
+      // every rank counts every document end of the sequence
+      if (seg ? t + 1 < T && seg[t + 1] != seg[t] : in[t] == docs_.eod) {
         ++doc;
         start = int32_t(t) + 1;
       }
@@ -1809,13 +1811,13 @@ LossSum GPTModel::sum_losses(Activations& a, int64_t N, const float* host_mask, 
 }
 
 LossSum GPTModel::forward_step(int chunk, int slot, const int32_t* tokens, const float* loss_mask, int64_t B,
-                               int64_t T, float grad_scale, const MicroBatchKey& key) {
+                               int64_t T, float grad_scale, const MicroBatchKey& key, const int32_t* segments) {
   LATTICE_CHECK(!key.training || params_.has_grads())
       << "a model without gradients (loaded for inference) cannot train";
   Activations& a = acts(chunk, slot);
   const int64_t Tl = local_seq_length(T);
   prepare_inputs(a, tokens, T + 1, B, T, has_loss(chunk),
-                 has_embedding(chunk) && key.training && current_device() != Device::cpu);
+                 has_embedding(chunk) && key.training && current_device() != Device::cpu, segments);
   a.grad_scale = grad_scale;
   forward_chunk(chunk, a, B, Tl, key);
   if (!has_loss(chunk)) return {};
@@ -1955,12 +1957,13 @@ double GPTModel::forward_loss(const int32_t* tokens, const float* loss_mask, int
   return l.count > 0 ? l.sum / l.count : 0.0;
 }
 
-LossSum GPTModel::forward_loss_sum(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T) {
+LossSum GPTModel::forward_loss_sum(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,
+                                   const int32_t* segments) {
   LATTICE_CHECK(num_chunks() == 1 && place_.pre_process && place_.post_process)
       << "forward_loss_sum runs a whole model";
   MicroBatchKey key;
   key.training = false;
-  return forward_step(0, 0, tokens, loss_mask, B, T, 1.0f, key);
+  return forward_step(0, 0, tokens, loss_mask, B, T, 1.0f, key, segments);
 }
 
 void GPTModel::forward_logits(const int32_t* inputs, int64_t B, int64_t T, float* logits) {

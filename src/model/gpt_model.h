@@ -148,8 +148,9 @@ class GPTModel {
   // output [Ns, C] is at output(chunk, slot) afterwards; with it, the loss is computed
   // and (when key.training) its gradient too, scaled by grad_scale / mask sum (by grad_scale
   // alone after set_loss_gradient_of_sum(true): the gradient of the summed token losses).
+  // segments [B, T] or null: see prepare_inputs.
   LossSum forward_step(int chunk, int slot, const int32_t* tokens, const float* loss_mask, int64_t B,
-                       int64_t T, float grad_scale, const MicroBatchKey& key);
+                       int64_t T, float grad_scale, const MicroBatchKey& key, const int32_t* segments = nullptr);
   float* input_buffer(int chunk, int slot);
   const float* output(int chunk, int slot) const;
   // Backward of the micro-batch in (chunk, slot). A chunk without the loss reads the
@@ -162,7 +163,8 @@ class GPTModel {
   // Forward and loss only (evaluation). Returns the mean loss.
   double forward_loss(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T);
   // The same, as the sum of masked losses and the mask's sum (no dropout).
-  LossSum forward_loss_sum(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T);
+  LossSum forward_loss_sum(const int32_t* tokens, const float* loss_mask, int64_t B, int64_t T,
+                           const int32_t* segments = nullptr);
 
   // Called during backward with a parameter's index once its gradient is final for the
   // micro-batch (data parallelism starts bucket reductions from it). Null: no calls.
@@ -409,9 +411,11 @@ class GPTModel {
   // then one upload into the micro-batch's device buffers. group_rows: also the rows
   // grouped by token and by position for the embedding's backward (a.groups; on a GPU).
   // With context parallelism T is the whole sequence and only this rank's rows are kept (a.n
-  // rows of B x T/P).
+  // rows of B x T/P). Documents end after each eod token, or with segments ([B, T], SFT's packed
+  // conversations) where the segment changes: a token of another segment than the one before it starts
+  // a document (its position 0 with reset_position_ids, its own attention with reset_attention_mask).
   void prepare_inputs(Activations& a, const int32_t* tokens, int64_t token_stride, int64_t B, int64_t T,
-                      bool labels, bool group_rows = false);
+                      bool labels, bool group_rows = false, const int32_t* segments = nullptr);
   // Context parallelism: the local rows of B sequences of Tl = T/P rows in runs of consecutive
   // tokens (one per sequence and chunk): first local row, rows, position in the sequence and
   // token index in the micro-batch (b T + position). One run of all rows without it.

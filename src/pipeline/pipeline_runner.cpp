@@ -34,7 +34,7 @@ PipelineRunner::PipelineRunner(GPTModel& model, const PipelineLayout& layout, Co
   LATTICE_CHECK(model_.num_chunks() == layout_.virtual_stages)
       << "model holds " << model_.num_chunks() << " chunks, the layout " << layout_.virtual_stages;
   const size_t n = size_t(model_.num_chunks() * model_.placement().slots);
-  tokens_.resize(n);
+  batches_.resize(n);
   activation_sends_.resize(n);
 }
 
@@ -100,14 +100,15 @@ PipelineRunner::Losses PipelineRunner::train(const Fetch& fetch, const std::func
       peak_ = std::max(peak_, ++live[size_t(c)]);
       const size_t k = size_t(c * slots + slot);
       if (activation_sends_[k]) activation_sends_[k]->wait(), activation_sends_[k].reset();
-      tokens_[k].resize(size_t(B * (T + 1)));
-      fetch(m, tokens_[k].data());
+      fetch(m, &batches_[k]);
       if (s > 0) {
         context("forward activations from", m, (s - 1) % P);
         pp_->recv(model_.input_buffer(c, slot), rows, (s - 1) % P, forward_tag(m, s, S));
       }
       Timer compute;
-      const LossSum l = model_.forward_step(c, slot, tokens_[k].data(), nullptr, B, T, grad_scale, key_of(m));
+      const MicroBatch& mb = batches_[k];
+      const LossSum l = model_.forward_step(c, slot, mb.tokens.data(), mb.loss_mask_or_null(), B, T, grad_scale,
+                                            key_of(m), mb.segments_or_null());
       compute_seconds_ += compute.seconds();
       if (s == S - 1) {
         loss.sum_of_means += l.count > 0 ? l.sum / l.count : 0.0;
@@ -159,15 +160,16 @@ LossSum PipelineRunner::evaluate(const Fetch& fetch, int64_t M, int64_t B, int64
       const int s = c * P + r;
       const size_t k = size_t(c * slots);
       if (activation_sends_[k]) activation_sends_[k]->wait(), activation_sends_[k].reset();
-      tokens_[k].resize(size_t(B * (T + 1)));
-      fetch(m, tokens_[k].data());
+      fetch(m, &batches_[k]);
       if (s > 0) {
         if (pp_)
           pp_->set_wait_context("evaluation, stage " + std::to_string(r) + ", micro-batch " + std::to_string(m) +
                                 ": forward activations from stage " + std::to_string((s - 1) % P));
         pp_->recv(model_.input_buffer(c, 0), rows, (s - 1) % P, forward_tag(m, s, S));
       }
-      const LossSum l = model_.forward_step(c, 0, tokens_[k].data(), nullptr, B, T, 1.0f, key);
+      const MicroBatch& mb = batches_[k];
+      const LossSum l = model_.forward_step(c, 0, mb.tokens.data(), mb.loss_mask_or_null(), B, T, 1.0f, key,
+                                            mb.segments_or_null());
       if (s == S - 1) {
         total.sum += l.sum;
         total.count += l.count;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "data/gpt_batches.h"
 #include "model/gpt_model.h"
 #include "pipeline/schedule.h"
 
@@ -25,8 +26,8 @@ class PipelineRunner {
   PipelineRunner(GPTModel& model, const PipelineLayout& layout, Comm* pp = nullptr, Comm* embedding = nullptr);
   ~PipelineRunner();
 
-  // Fills tokens [B, T+1] of this rank's micro-batch m.
-  using Fetch = std::function<void(int64_t m, int32_t* tokens)>;
+  // Fills this rank's micro-batch m: tokens [B, T+1], and where the data has them its loss mask and segments.
+  using Fetch = std::function<void(int64_t m, MicroBatch* batch)>;
 
   // What train() returns: on the last stage the sum over the micro-batches of each one's mean
   // token loss, the sums of their masked token losses and mask, and each micro-batch's masked
@@ -78,7 +79,7 @@ class PipelineRunner {
   int stage_ = 0;
   int peak_ = 0;
   double total_seconds_ = 0, compute_seconds_ = 0;
-  std::vector<std::vector<int32_t>> tokens_;                   // [chunk * slots + slot]
+  std::vector<MicroBatch> batches_;                            // [chunk * slots + slot]
   std::vector<std::unique_ptr<CommRequest>> activation_sends_;  // [chunk * slots + slot]
   std::vector<std::unique_ptr<SendBuffer>> grad_sends_;
 };

@@ -24,17 +24,18 @@ EvalResult evaluate(GPTModel& model, const SampleSource& source, int64_t first_s
       << "evaluate: " << num_samples << " samples, GBS " << global_batch_size << ", MBS " << micro_batch_size
       << ", data-parallel size " << d;
   const int64_t T = source.seq_length();
-  std::vector<int32_t> tokens(static_cast<size_t>(micro_batch_size * (T + 1)));
+  MicroBatch batch;
   LossSum total;  // this rank's share
   // Runs M micro-batches of B rows, micro-batch m from sample at(m); counted when `counted`.
   auto run = [&](int64_t M, int64_t B, const std::function<int64_t(int64_t)>& at, bool counted) {
     LossSum l;
     if (pipeline) {  // through the pipeline stages
-      l = pipeline->evaluate([&](int64_t m, int32_t* out) { fill_micro_batch(source, at(m), B, out); }, M, B, T);
+      l = pipeline->evaluate([&](int64_t m, MicroBatch* out) { fill_micro_batch(source, at(m), B, out); }, M, B, T);
     } else {
       for (int64_t m = 0; m < M; ++m) {
-        fill_micro_batch(source, at(m), B, tokens.data());
-        const LossSum one = model.forward_loss_sum(tokens.data(), nullptr, B, T);
+        fill_micro_batch(source, at(m), B, &batch);
+        const LossSum one =
+            model.forward_loss_sum(batch.tokens.data(), batch.loss_mask_or_null(), B, T, batch.segments_or_null());
         l.sum += one.sum;
         l.count += one.count;
       }

@@ -53,9 +53,9 @@ StepResult forward_backward_clip(GPTModel& model, const SampleSource& data, cons
   model.params().zero_grad();
   model.set_loss_gradient_of_sum(cfg.per_token_loss);
   const int64_t step_first = cfg.first_sample >= 0 ? cfg.first_sample : iteration * cfg.global_batch_size;
-  auto fetch = [&](int64_t m, int32_t* tokens) {
+  auto fetch = [&](int64_t m, MicroBatch* batch) {
     const int64_t first = dp ? dp->first_sample(step_first, B, m) : step_first + m * B;
-    fill_micro_batch(data, first, B, tokens);
+    fill_micro_batch(data, first, B, batch);
   };
   auto key_of = [&](int64_t m) {
     return MicroBatchKey{cfg.seed, iteration, dp ? dp->global_micro_batch_index(m) : m, true};

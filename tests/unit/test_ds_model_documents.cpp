@@ -126,6 +126,54 @@ TEST(DsModelDocuments, EodMaskLossEqualsExplicitMask) {
   EXPECT_EQ(model.forward_loss_sum(tokens.data(), nullptr, B, T).count, double(B * T));
 }
 
+// Segments (SFT's packed conversations) decide the documents instead of eod: segments changing after
+// each eod give the eod run's loss and gradients bit for bit; one segment over a sequence holding an eod
+// is one document (as without the options); a boundary elsewhere moves the documents.
+TEST(DsModelDocuments, SegmentsDecideTheDocuments) {
+  const TransformerConfig c = config();
+  const int64_t B = 2, T = 16;
+  GPTModel model(c, B, T);
+  model.init_parameters(5);
+  std::vector<int32_t> tokens(size_t(B * (T + 1)));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 11 + 2) % 45);
+  tokens[4] = tokens[17 + 9] = kEod;  // an eod in each row
+  std::vector<int32_t> after_eod(size_t(B * T)), one(size_t(B * T), 0), elsewhere(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t s = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      after_eod[size_t(b * T + t)] = s;
+      if (tokens[size_t(b * (T + 1) + t)] == kEod) ++s;
+      elsewhere[size_t(b * T + t)] = t >= 12 ? 3 : 1;
+    }
+  }
+  const size_t n = size_t(model.params().numel());
+  auto run = [&](const int32_t* segments, std::vector<float>* grads) {
+    model.params().zero_grad();
+    MicroBatchKey key;
+    const double loss = model.forward_step(0, 0, tokens.data(), nullptr, B, T, 1.0f, key, segments).sum;
+    model.backward_step(0, 0, B, T, key);
+    grads->assign(model.params().grads(), model.params().grads() + n);
+    return loss;
+  };
+  model.set_document_boundaries(DocumentBoundaries{kEod, false, true, true});
+  std::vector<float> g_eod, g_seg, g_one, g_plain, g_elsewhere;
+  const double l_eod = run(nullptr, &g_eod), l_seg = run(after_eod.data(), &g_seg);
+  EXPECT_EQ(l_seg, l_eod);
+  EXPECT_EQ(g_seg, g_eod);
+  const double l_one = run(one.data(), &g_one), l_elsewhere = run(elsewhere.data(), &g_elsewhere);
+  model.set_document_boundaries(DocumentBoundaries{});
+  const double l_plain = run(nullptr, &g_plain);
+  EXPECT_EQ(l_one, l_plain);
+  EXPECT_EQ(g_one, g_plain);
+  EXPECT_NE(l_one, l_eod);
+  EXPECT_NE(l_elsewhere, l_eod);
+  EXPECT_NE(l_elsewhere, l_one);
+  // Evaluation takes them too.
+  model.set_document_boundaries(DocumentBoundaries{kEod, false, true, true});
+  EXPECT_EQ(model.forward_loss_sum(tokens.data(), nullptr, B, T, after_eod.data()).sum,
+            model.forward_loss_sum(tokens.data(), nullptr, B, T).sum);
+}
+
 TEST(DsModelDocuments, OptionsNeedAnEodToken) {
   GPTModel model(config(), 1, 4);
   EXPECT_THROW(model.set_document_boundaries(DocumentBoundaries{-1, true, false, false}), Error);
