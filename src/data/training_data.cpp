@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
 #include "data/blended_dataset.h"
 #include "data/gpt_dataset.h"
 #include "data/gpt_index_cache.h"
+#include "data/sft_dataset.h"
 
 namespace lattice {
 
@@ -70,6 +72,33 @@ struct Builder {
   const TrainArgs& args;
   int64_t vocab_size;
   std::map<std::string, std::shared_ptr<const IndexedDataset>> open;
+  std::shared_ptr<const SftConversations> sft = {};  // --sft's file, read once for the three splits
+
+  // --sft: lines [begin, end) of the JSONL file by --split, packed as Megatron's SFTDataset packs them.
+  std::shared_ptr<const SampleSource> sft_split(Split split, std::string& out) {
+    const std::string& path = args.data_path.at(0);
+    if (!sft) {
+      std::shared_ptr<const Tokenizer> tok = args.get_tokenizer();
+      std::optional<ChatTemplate> chat =
+          args.chat_template.empty() ? ChatTemplate::find_beside(args.tokenizer_model, "--tokenizer-model")
+                                     : ChatTemplate::load(args.chat_template, "--chat-template");
+      if (!chat)
+        LATTICE_FAIL() << "--sft: the tokenizer's folder holds no chat template (chat_template.jinja or a "
+                          "tokenizer_config.json chat_template); give --chat-template PATH";
+      sft = std::make_shared<SftConversations>(path, std::move(tok), std::move(*chat));
+    }
+    const SplitRange range = split_ranges(args.split, sft->size())[size_t(split)];
+    if (!range.present || range.end <= range.begin) {
+      if (split == Split::train)
+        LATTICE_FAIL() << "--split " << args.split << " leaves the training split none of the " << sft->size()
+                       << " conversation lines of " << path;
+      return nullptr;
+    }
+    out += std::string(" > ") + split_name(split) + ": SFT conversations of " + path + ", lines [" +
+           std::to_string(range.begin + 1) + ", " + std::to_string(range.end) + "] of " + std::to_string(sft->size()) +
+           "\n";
+    return std::make_shared<SftSamples>(sft, range.begin, range.end, args.seq_length);
+  }
 
   std::shared_ptr<const IndexedDataset> dataset(const std::string& prefix) {
     auto it = open.find(prefix);
@@ -186,6 +215,7 @@ std::shared_ptr<const SampleSource> build_split(Builder& b, Split split, int64_t
     return b.build(parse_blend(list, flags[int(split)]), split, n, true, flags[int(split)], out);
   }
   if (args.data_path.empty()) LATTICE_FAIL() << "no training data: give --data-path PREFIX or --mock-data";
+  if (args.sft) return b.sft_split(split, out);
   const BlendSpec blend = parse_blend(args.data_path, "data-path");
   split_ranges(args.split, 0);  // a malformed --split fails before any file is opened
   return b.build(blend, split, n, false, "data-path", out);

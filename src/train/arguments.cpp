@@ -312,6 +312,10 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"sequence-parallel", Kind::flag, &a.sequence_parallel,
        "LayerNorm, dropout and residual on token shards of the tensor-parallel group"},
       {"mock-data", Kind::flag, &a.mock_data, "synthetic data instead of --data-path"},
+      {"sft", Kind::flag, &a.sft,
+       "supervised fine-tuning: --data-path is a JSONL file of {\"messages\": [...]}, loss on the assistant's tokens"},
+      {"chat-template", Kind::str, &a.chat_template,
+       "--sft's chat template: a Jinja file, a tokenizer_config.json or their folder (default: the tokenizer's folder's)"},
       {"data-path", Kind::list, &a.data_path, "prefix of a .bin/.idx dataset"},
       {"mid-level-dataset-surplus", Kind::f64, &a.mid_level_dataset_surplus,
        "a weighted blend builds each dataset for its share of the samples times 1 + this"},
@@ -754,6 +758,9 @@ const char* removed_flag_error(const std::string& name) {
 // take"), by name prefix: what they are for, so the refusal says more than "unknown".
 const char* megatron_flag_not_taken(const std::string& name) {
   static const std::pair<const char*, const char*> kinds[] = {
+      {"sft-tokenizer-prompt-format",
+       "lattice's --sft tokenizes conversations with the tokenizer's chat template (--chat-template PATH), not "
+       "Megatron's prompt formats"},
       {"wandb-", "Weights & Biases logging is not part of lattice (TensorBoard events: --tensorboard-dir)"},
       {"one-logger-", "one-logger tracking is not part of lattice"},
       {"no-one-logger", "one-logger tracking is not part of lattice"},
@@ -915,6 +922,22 @@ void validate_muon(const TrainArgs& a) {
     LATTICE_FAIL() << "--muon-momentum must be in [0, 1), got " << a.muon_momentum;
 }
 
+// --sft (Megatron's): one JSONL file, a tokenizer, the packing of Megatron's SFTDataset.
+void validate_sft(const TrainArgs& a) {
+  if (!a.chat_template.empty() && !a.sft) LATTICE_FAIL() << "--chat-template goes with --sft";
+  if (!a.sft) return;
+  if (a.mock_data) LATTICE_FAIL() << "--sft reads conversations from --data-path, not --mock-data";
+  if (a.data_path.size() != 1 || !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty())
+    LATTICE_FAIL() << "--sft takes one --data-path, a JSONL file of conversations (split by --split)";
+  if (a.tokenizer_type.empty()) LATTICE_FAIL() << "--sft needs --tokenizer-type (conversations are text)";
+  if (a.context_parallel_size > 1)
+    LATTICE_FAIL() << "--sft does not go with --context-parallel-size > 1 (Megatron pads each packed conversation "
+                      "for it; not implemented)";
+  if (a.reset_position_ids || a.reset_attention_mask)
+    LATTICE_FAIL() << "--sft sets the documents itself (each conversation its positions and attention): drop "
+                   << (a.reset_position_ids ? "--reset-position-ids" : "--reset-attention-mask");
+}
+
 // --data-args-path and --per-split-data-args-path (Megatron's): the data paths read from files, for
 // blends too long for a command line. The first holds --data-path's words (split at any whitespace);
 // the second a JSON object whose "train", "valid" and "test" are each a list of words or one string
@@ -983,6 +1006,7 @@ void validate(TrainArgs& a) {
   if (a.recompute_activations) a.recompute_granularity = "selective";
   reject_unimplemented(a);
   validate_muon(a);
+  validate_sft(a);
   validate_precision(a);
   validate_precision_aware_optimizer(a);
   validate_load_balancing(a);

@@ -172,6 +172,10 @@ struct TrainArgs {
   bool log_memory = false;
   // data
   bool mock_data = false;
+  // --sft: Megatron's supervised fine-tuning data, --data-path a JSONL file of conversations
+  // (data/sft_dataset.h) through the chat template (--chat-template, else the tokenizer folder's).
+  bool sft = false;
+  std::string chat_template;
   std::vector<std::string> data_path;
   // Megatron's --data-args-path (a text file holding --data-path's words) and --per-split-data-args-path
   // (JSON: "train", "valid", "test", each a list or a whitespace-separated string); read into the

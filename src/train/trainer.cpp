@@ -367,8 +367,9 @@ int run_training(const TrainArgs& args) {
   model.init_parameters(args.seed);
   model.set_data_parallel_group(&ps->dp());  // global_aux_loss's expert counts over the data-parallel ranks
   model.set_tensor_context_group(&ps->tp_cp());  // (whole experts: the routing statistics' group)
-  model.set_document_boundaries(
-      DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids, args.reset_attention_mask});
+  // --sft: each packed conversation a document (its segment: positions from 0, attention within it).
+  model.set_document_boundaries(DocumentBoundaries{eod, args.eod_mask_loss, args.reset_position_ids || args.sft,
+                                                   args.reset_attention_mask || args.sft});
   std::unique_ptr<DataParallel> dp;
   // (whole experts may have copies on the tensor-parallel ranks of one data-parallel rank)
   if (ps->dp_cp().size() > 1 || ps->expert_dp().size() > 1 || args.use_distributed_optimizer) {
