@@ -88,8 +88,8 @@ void fill_micro_batch(const SampleSource& src, int64_t first_sample, int64_t B, 
 void fill_micro_batch(const SampleSource& src, int64_t first_sample, int64_t B, MicroBatch* out) {
   const int64_t S = src.seq_length();
   out->tokens.resize(size_t(B * (S + 1)));
-  fill_micro_batch(src, first_sample, B, out->tokens.data());
   if (!src.has_extras()) {
+    fill_micro_batch(src, first_sample, B, out->tokens.data());
     out->loss_mask.clear();
     out->segments.clear();
     return;
@@ -97,7 +97,8 @@ void fill_micro_batch(const SampleSource& src, int64_t first_sample, int64_t B, 
   out->loss_mask.resize(size_t(B * S));
   out->segments.resize(size_t(B * S));
   for (int64_t b = 0; b < B; ++b)
-    src.sample_extras(first_sample + b, out->loss_mask.data() + b * S, out->segments.data() + b * S);
+    src.sample_with_extras(first_sample + b, out->tokens.data() + b * (S + 1), out->loss_mask.data() + b * S,
+                           out->segments.data() + b * S);
 }
 
 }  // namespace lattice

@@ -17,9 +17,12 @@ class SampleSource {
   virtual void sample(int64_t index, int32_t* out) const = 0;
   // Whether samples carry their own loss mask and segments (SFT's packed conversations, data/sft_dataset.h).
   virtual bool has_extras() const { return false; }
-  // With has_extras(): sample `index`'s loss mask [S] (1 where the label tokens[t + 1] is trained) and the
-  // segment of each input position [S] (a segment is a document: positions restart and attention stays within).
-  virtual void sample_extras(int64_t /*index*/, float* /*loss_mask*/, int32_t* /*segments*/) const {}
+  // With has_extras(): sample `index` at once with its loss mask [S] (1 where the label tokens[t + 1] is
+  // trained) and the segment of each input position [S] (a segment is a document: positions restart and
+  // attention stays within it).
+  virtual void sample_with_extras(int64_t index, int32_t* tokens, float* /*loss_mask*/, int32_t* /*segments*/) const {
+    sample(index, tokens);
+  }
   virtual int64_t seq_length() const = 0;
   // The distinct samples it indexes; -1 when it has no end (it wraps around, or is synthetic).
   virtual int64_t size() const { return -1; }

@@ -121,8 +121,8 @@ void SftSamples::sample(int64_t index, int32_t* out) const {
   data_->pack(begin_ + index % (end_ - begin_), S_, out, nullptr, nullptr);
 }
 
-void SftSamples::sample_extras(int64_t index, float* loss_mask, int32_t* segments) const {
-  data_->pack(begin_ + index % (end_ - begin_), S_, nullptr, loss_mask, segments);
+void SftSamples::sample_with_extras(int64_t index, int32_t* tokens, float* loss_mask, int32_t* segments) const {
+  data_->pack(begin_ + index % (end_ - begin_), S_, tokens, loss_mask, segments);
 }
 
 }  // namespace lattice

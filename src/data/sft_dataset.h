@@ -43,7 +43,7 @@ class SftConversations {
   SftConversations(const std::string& path, std::shared_ptr<const Tokenizer> tok, ChatTemplate chat);
   int64_t size() const { return int64_t(lines_.size()); }
   const std::string& path() const { return path_; }
-  // Line i's sample: tokens [S + 1], loss mask [S] of the labels tokens[1:], segments [S].
+  // Line i's sample: tokens [S + 1], loss mask [S] of the labels tokens[1:], segments [S] (each may be null).
   void pack(int64_t line, int64_t S, int32_t* tokens, float* loss_mask, int32_t* segments) const;
 
  private:
@@ -59,7 +59,7 @@ class SftSamples : public SampleSource {
   SftSamples(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t seq_length);
   void sample(int64_t index, int32_t* out) const override;
   bool has_extras() const override { return true; }
-  void sample_extras(int64_t index, float* loss_mask, int32_t* segments) const override;
+  void sample_with_extras(int64_t index, int32_t* tokens, float* loss_mask, int32_t* segments) const override;
   int64_t seq_length() const override { return S_; }
   int64_t size() const override { return end_ - begin_; }
 

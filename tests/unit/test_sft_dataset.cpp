@@ -42,8 +42,7 @@ TEST(SftDataset, PackedAsThePythonReference) {
     SCOPED_TRACE("sample " + std::to_string(i));
     std::vector<int32_t> tokens(static_cast<size_t>(S + 1)), segments(static_cast<size_t>(S));
     std::vector<float> mask(static_cast<size_t>(S));
-    samples.sample(i, tokens.data());
-    samples.sample_extras(i, mask.data(), segments.data());
+    samples.sample_with_extras(i, tokens.data(), mask.data(), segments.data());
     const nlohmann::json& w = want["samples"][size_t(i)];
     EXPECT_EQ(tokens, w["tokens"].get<std::vector<int32_t>>());
     EXPECT_EQ(mask, w["loss_mask"].get<std::vector<float>>());
@@ -52,7 +51,7 @@ TEST(SftDataset, PackedAsThePythonReference) {
   // A split's sample i is its line begin + i mod its lines; a micro-batch stacks them.
   const SftSamples tail(data, 3, 5, S);
   std::vector<int32_t> a(size_t(S + 1));
-  tail.sample(3, a.data());  // line 3 + 3 mod 2 = 4
+  tail.sample(3, a.data());  // line 3 + 3 mod 2 = 4, its tokens alone
   EXPECT_EQ(a, want["samples"][4]["tokens"].get<std::vector<int32_t>>());
   MicroBatch mb;
   fill_micro_batch(tail, 0, 2, &mb);
