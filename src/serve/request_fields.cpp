@@ -5,16 +5,19 @@
 
 namespace lattice {
 
-nlohmann::json parse_request_body(const std::string& body) {
-  nlohmann::json j;
+template <class Json>
+Json parse_request_body(const std::string& body) {
+  Json j;
   try {
-    j = nlohmann::json::parse(body);
+    j = Json::parse(body);
   } catch (const nlohmann::json::parse_error& e) {
     throw RequestError(std::string("the request body is not JSON: ") + e.what());
   }
   if (!j.is_object()) throw RequestError("the request body is not a JSON object");
   return j;
 }
+template nlohmann::json parse_request_body<nlohmann::json>(const std::string&);
+template nlohmann::ordered_json parse_request_body<nlohmann::ordered_json>(const std::string&);
 
 void check_known_fields(const nlohmann::json& request, const std::set<std::string>& known) {
   for (auto it = request.begin(); it != request.end(); ++it)

@@ -17,8 +17,10 @@ struct RequestError : std::runtime_error {
   int status;
 };
 
-// The request body as a JSON object (a RequestError otherwise).
-nlohmann::json parse_request_body(const std::string& body);
+// The request body as a JSON object (a RequestError otherwise); Json: nlohmann::json, or ordered_json to
+// keep the objects' keys in their order.
+template <class Json = nlohmann::json>
+Json parse_request_body(const std::string& body);
 
 // Throws naming the first field of `request` that is not in `known`.
 void check_known_fields(const nlohmann::json& request, const std::set<std::string>& known);

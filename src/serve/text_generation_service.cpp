@@ -146,19 +146,17 @@ HttpReply TextGenerationService::handle(const std::string& method, const std::st
       reply = HttpReply{200, "{\"status\":\"ok\"}"};
     } else if (models) {
       reply = openai_models(ctx_);
+    } else if (megatron) {
+      reply = megatron_generate(parse_request_body(body), ctx_);
     } else {
-      const nlohmann::json request = parse_request_body(body);
-      if (megatron) {
-        reply = megatron_generate(request, ctx_);
-      } else {
-        uint64_t id;
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          id = next_id_++;
-        }
-        reply = chat ? openai_chat_completions(nlohmann::ordered_json::parse(body), ctx_, id)
-                     : openai_completions(request, ctx_, id);
+      uint64_t id;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        id = next_id_++;
       }
+      // (a chat request's objects in their order: a tool's schema reaches the template as written)
+      reply = chat ? openai_chat_completions(parse_request_body<nlohmann::ordered_json>(body), ctx_, id)
+                   : openai_completions(parse_request_body(body), ctx_, id);
     }
   } catch (const RequestError& e) {
     // Megatron answers with the message alone; OpenAI's clients read {"error": {"message": ...}}.

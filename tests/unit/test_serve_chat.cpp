@@ -163,6 +163,8 @@ TEST_F(ChatFixture, NChoicesStreamedWithTheUsage) {
 
 TEST_F(ChatFixture, BadChatRequestsAreRefusedNamingTheField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
+      {"not json", "the request body is not JSON"},
+      {"[1]", "the request body is not a JSON object"},
       {R"({"max_tokens": 3})", "messages must be a non-empty list"},
       {R"({"messages": []})", "messages must be a non-empty list"},
       {R"({"messages": [{"content": "x"}]})", "messages[0] must be an object with a text \"role\""},
