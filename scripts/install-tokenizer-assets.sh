@@ -5,7 +5,7 @@
 #   @huggingface/tokenizers@0.2.0  HuggingFace's tokenizer.json in JavaScript, the reference of
 #                                  HuggingFaceTokenizer
 #   protobufjs@8.8.1, @aws-crypto/crc32c@5.2.0  the reference reader of --tensorboard-dir's event files
-#   @huggingface/ollama-utils@0.0.18 (with @huggingface/jinja@0.5.11)  97 real models' chat templates, the
+#   @huggingface/ollama-utils@0.0.18 (with @huggingface/jinja@0.5.11)  the chat templates of 95 real models (97), the
 #                                  cases tests/e2e/test_chat_templates.sh renders against Python's jinja2
 # usage: scripts/install-tokenizer-assets.sh [DIR]   (default build/npm)
 # Idempotent: does nothing when the pinned versions are present and the files check out. Prints

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chat templates (lattice's Jinja engine, `lattice chat-template`): the chat templates of 97 real
+# Chat templates (lattice's Jinja engine, `lattice chat-template`): the 97 distinct chat templates of 95 real
 # models (those @huggingface/ollama-utils ships from the models' GGUF files: Llama 2 to 4, Qwen 1 to 3,
 # Mistral, Mixtral, Gemma 2 and 3, Phi 3 and 4, DeepSeek V2 to V3.1, Command-R, Granite, ...) rendered
 # with four conversations each (one turn; system and several turns with non-ASCII text; no generation

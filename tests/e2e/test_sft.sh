@@ -3,7 +3,8 @@
 # chat template (tests/fixtures/sft: byte tokens), the loss on the assistant's tokens only. One process
 # learns (the loss falls, the validation split is evaluated); data parallelism (DP=2, with the distributed
 # optimizer), tensor parallelism with sequence parallelism (TP=2) and pipeline parallelism (PP=2, with
-# its micro-batches) give one process's losses to 1e-5 over 12 iterations with dropout. Bad input is one
+# its micro-batches) give one process's losses to 1e-5 over 12 iterations with dropout, the emulated GPU
+# (--device cuda) bit for bit. Bad input is one
 # line naming the flag or file: --mock-data, two paths, no chat template, a bad line, Megatron's prompt
 # formats, context parallelism, --chat-template without --sft.
 #   bash tests/e2e/test_sft.sh <path to lattice binary> <source dir>
@@ -58,6 +59,16 @@ for layout in "dp 2 --use-distributed-optimizer" "tp 2 --tensor-model-parallel-s
     fail "--sft $name=2 run failed: $(tail -n 3 "$name.log")"
   fi
 done
+
+# The emulated GPU (the CPU's kernels over guarded device buffers): the same losses, bit for bit.
+if LATTICE_EMULATE_CUDA=1 "$LATTICE" "${SFT[@]}" --data-path chat.jsonl --train-iters 12 --eval-iters 0 --device cuda \
+     --metrics-file cuda.jsonl >cuda.log 2>&1; then
+  [ "$(grep -o '"lm_loss":[^,}]*' cuda.jsonl)" = "$(grep -o '"lm_loss":[^,}]*' base.jsonl)" ] &&
+    pass "--device cuda (emulated): one process's 12 losses bit for bit" ||
+    fail "--device cuda (emulated): the losses differ from the CPU's"
+else
+  fail "--device cuda (emulated) run failed: $(tail -n 3 cuda.log)"
+fi
 
 printf '{"messages": [{"role": "user", "content": "x"}]}\n{"messages": []}\n' >bad.jsonl
 expect_error "--sft --mock-data" "--sft|--mock-data" -- "$LATTICE" train --sft --mock-data --tokenizer-type ByteTokenizer
