@@ -78,7 +78,8 @@ SftConversations::SftConversations(const std::string& path, std::shared_ptr<cons
   if (lines_.empty()) LATTICE_FAIL() << "--data-path " << path << ": no conversations";
 }
 
-void SftConversations::pack(int64_t line, int64_t S, int32_t* tokens, float* loss_mask, int32_t* segments) const {
+void SftConversations::pack(int64_t line, int64_t S, int64_t pad_multiple, int32_t* tokens, float* loss_mask,
+                            int32_t* segments) const {
   const std::string where = path_ + " conversation line " + std::to_string(line + 1);
   const ojson messages = ojson::parse(lines_[size_t(line)])["messages"];
   const int32_t eod = tok_->eod(), pad = eod;  // (pads are never trained)
@@ -93,7 +94,13 @@ void SftConversations::pack(int64_t line, int64_t S, int32_t* tokens, float* los
     }
     ids.insert(ids.end(), c.tokens.begin(), c.tokens.end());
     trained.insert(trained.end(), c.trained.begin(), c.trained.end());
-    seg.insert(seg.end(), c.tokens.size(), s++);
+    seg.insert(seg.end(), c.tokens.size(), s);
+    if (const size_t rest = ids.size() % size_t(pad_multiple); rest != 0) {  // Megatron's padding for CP
+      ids.insert(ids.end(), size_t(pad_multiple) - rest, pad);
+      trained.insert(trained.end(), size_t(pad_multiple) - rest, 0);
+      seg.insert(seg.end(), size_t(pad_multiple) - rest, s);
+    }
+    ++s;
     if (int64_t(ids.size()) >= S + 1) {  // cut at S, then one pad
       ids.resize(size_t(S));
       trained.resize(size_t(S));
@@ -112,17 +119,18 @@ void SftConversations::pack(int64_t line, int64_t S, int32_t* tokens, float* los
   }
 }
 
-SftSamples::SftSamples(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t seq_length)
-    : data_(std::move(data)), begin_(begin), end_(end), S_(seq_length) {
-  LATTICE_CHECK(begin_ < end_ && S_ > 0) << "an SFT split needs lines and a sequence length";
+SftSamples::SftSamples(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t seq_length,
+                       int64_t pad_multiple)
+    : data_(std::move(data)), begin_(begin), end_(end), S_(seq_length), pad_multiple_(pad_multiple) {
+  LATTICE_CHECK(begin_ < end_ && S_ > 0 && pad_multiple_ > 0) << "an SFT split needs lines and a sequence length";
 }
 
 void SftSamples::sample(int64_t index, int32_t* out) const {
-  data_->pack(begin_ + index % (end_ - begin_), S_, out, nullptr, nullptr);
+  data_->pack(begin_ + index % (end_ - begin_), S_, pad_multiple_, out, nullptr, nullptr);
 }
 
 void SftSamples::sample_with_extras(int64_t index, int32_t* tokens, float* loss_mask, int32_t* segments) const {
-  data_->pack(begin_ + index % (end_ - begin_), S_, tokens, loss_mask, segments);
+  data_->pack(begin_ + index % (end_ - begin_), S_, pad_multiple_, tokens, loss_mask, segments);
 }
 
 }  // namespace lattice

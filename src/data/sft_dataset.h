@@ -2,7 +2,8 @@
 // holds "messages", one or more conversations ([{"role", "content"}, ...], a new one at each "system"
 // message). Sample i of a split is line (split's first + i mod the split's lines): its conversations,
 // each its tokens through the model's chat template with the end-of-document token appended unless it
-// ends with it, packed one after the other into S + 1 tokens (cut at S, then one pad), padded to S + 1.
+// ends with it (and with context parallelism padded to a multiple of 2 x CP), packed one after the other
+// into S + 1 tokens (cut at S, then one pad), padded to S + 1.
 // The loss is on the assistant's tokens only (and on each appended end of document); each conversation
 // is a segment of its own (positions from 0, attention within it), the padding part of the last one.
 //
@@ -44,7 +45,9 @@ class SftConversations {
   int64_t size() const { return int64_t(lines_.size()); }
   const std::string& path() const { return path_; }
   // Line i's sample: tokens [S + 1], loss mask [S] of the labels tokens[1:], segments [S] (each may be null).
-  void pack(int64_t line, int64_t S, int32_t* tokens, float* loss_mask, int32_t* segments) const;
+  // pad_multiple > 1 (context parallelism: 2 x CP, as Megatron's): each conversation padded to a multiple
+  // of it within its segment, untrained.
+  void pack(int64_t line, int64_t S, int64_t pad_multiple, int32_t* tokens, float* loss_mask, int32_t* segments) const;
 
  private:
   std::string path_;
@@ -56,7 +59,8 @@ class SftConversations {
 // One split's samples: lines [begin, end) of the file, sample i its line begin + i mod (end - begin).
 class SftSamples : public SampleSource {
  public:
-  SftSamples(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t seq_length);
+  SftSamples(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t seq_length,
+             int64_t pad_multiple = 1);
   void sample(int64_t index, int32_t* out) const override;
   bool has_extras() const override { return true; }
   void sample_with_extras(int64_t index, int32_t* tokens, float* loss_mask, int32_t* segments) const override;
@@ -65,7 +69,7 @@ class SftSamples : public SampleSource {
 
  private:
   std::shared_ptr<const SftConversations> data_;
-  int64_t begin_, end_, S_;
+  int64_t begin_, end_, S_, pad_multiple_;
 };
 
 }  // namespace lattice

@@ -97,7 +97,8 @@ struct Builder {
     out += std::string(" > ") + split_name(split) + ": SFT conversations of " + path + ", lines [" +
            std::to_string(range.begin + 1) + ", " + std::to_string(range.end) + "] of " + std::to_string(sft->size()) +
            "\n";
-    return std::make_shared<SftSamples>(sft, range.begin, range.end, args.seq_length);
+    const int64_t cp = args.context_parallel_size;
+    return std::make_shared<SftSamples>(sft, range.begin, range.end, args.seq_length, cp > 1 ? 2 * cp : 1);
   }
 
   std::shared_ptr<const IndexedDataset> dataset(const std::string& prefix) {

@@ -930,9 +930,6 @@ void validate_sft(const TrainArgs& a) {
   if (a.data_path.size() != 1 || !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty())
     LATTICE_FAIL() << "--sft takes one --data-path, a JSONL file of conversations (split by --split)";
   if (a.tokenizer_type.empty()) LATTICE_FAIL() << "--sft needs --tokenizer-type (conversations are text)";
-  if (a.context_parallel_size > 1)
-    LATTICE_FAIL() << "--sft does not go with --context-parallel-size > 1 (Megatron pads each packed conversation "
-                      "for it; not implemented)";
   if (a.reset_position_ids || a.reset_attention_mask)
     LATTICE_FAIL() << "--sft sets the documents itself (each conversation its positions and attention): drop "
                    << (a.reset_position_ids ? "--reset-position-ids" : "--reset-attention-mask");

@@ -4,9 +4,9 @@
 # learns (the loss falls, the validation split is evaluated); data parallelism (DP=2, with the distributed
 # optimizer), tensor parallelism with sequence parallelism (TP=2) and pipeline parallelism (PP=2, with
 # its micro-batches) give one process's losses to 1e-5 over 12 iterations with dropout, the emulated GPU
-# (--device cuda) bit for bit. Bad input is one
-# line naming the flag or file: --mock-data, two paths, no chat template, a bad line, Megatron's prompt
-# formats, context parallelism, --chat-template without --sft.
+# (--device cuda) bit for bit; context parallelism (CP=2, each conversation padded to a multiple of 4)
+# too, on conversations that need no padding. Bad input is one line naming the flag or file: --mock-data,
+# two paths, no chat template, a bad line, Megatron's prompt formats, --chat-template without --sft.
 #   bash tests/e2e/test_sft.sh <path to lattice binary> <source dir>
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 e2e_init "$@"
@@ -70,6 +70,35 @@ else
   fail "--device cuda (emulated) run failed: $(tail -n 3 cuda.log)"
 fi
 
+# Context parallelism (CP=2) pads each conversation to a multiple of 4, as Megatron's does: on conversations
+# whose tokens (with the end of document) already are a multiple of 4 it packs what one process packs, and
+# gives its losses.
+python3 - "$SRC/tests/e2e" "$FIX" <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import chat_template_reference as ref
+template = ref.environment().from_string(open(sys.argv[2] + "/chat.jinja").read())
+special = json.load(open(sys.argv[2] + "/tokenizer_config.json"))
+with open("chat4.jsonl", "w") as f:
+    for i in range(64):
+        line = []
+        for k in range(2):  # two conversations a line
+            a, b = (i + k) % 9 + 1, (i * 5 + k) % 9 + 1
+            m = [{"role": "system", "content": "Add."}, {"role": "user", "content": "%d+%d" % (a, b)},
+                 {"role": "assistant", "content": str(a + b)}]
+            while (len(template.render(messages=m, add_generation_prompt=False, **special).encode()) + 1) % 4:
+                m[-1]["content"] += "!"
+            line += m
+        f.write(json.dumps({"messages": line}) + "\n")
+PY
+run cp1 "$LATTICE" "${SFT[@]}" --data-path chat4.jsonl --train-iters 12 --eval-iters 0 --metrics-file cp1.jsonl &&
+if "${MPIRUN[@]}" -np 2 "$LATTICE" "${SFT[@]}" --data-path chat4.jsonl --train-iters 12 --eval-iters 0 \
+     --context-parallel-size 2 --metrics-file cp2.jsonl >cp2.log 2>&1; then
+  expect_close_losses "--sft cp=2 on conversations of 4k tokens: one process's 12 losses" cp2.jsonl cp1.jsonl 12
+else
+  fail "--sft cp=2 run failed: $(tail -n 3 cp2.log)"
+fi
+
 printf '{"messages": [{"role": "user", "content": "x"}]}\n{"messages": []}\n' >bad.jsonl
 expect_error "--sft --mock-data" "--sft|--mock-data" -- "$LATTICE" train --sft --mock-data --tokenizer-type ByteTokenizer
 expect_error "--sft with two paths" "--sft takes one --data-path" -- \
@@ -82,8 +111,6 @@ expect_error "a bad line" "bad.jsonl line 2|non-empty \"messages\"" -- \
   "$LATTICE" "${SFT[@]}" --train-iters 1 --data-path bad.jsonl
 expect_error "Megatron's prompt formats" "--sft-tokenizer-prompt-format|chat template" -- \
   "$LATTICE" "${SFT[@]}" --data-path chat.jsonl --train-iters 1 --sft-tokenizer-prompt-format nemotron-h-aligned
-expect_error "--sft with context parallelism" "--context-parallel-size" -- \
-  "$LATTICE" "${SFT[@]}" --data-path chat.jsonl --train-iters 1 --context-parallel-size 2
 expect_error "--chat-template without --sft" "--chat-template goes with --sft" -- \
   "$LATTICE" train --mock-data --chat-template "$FIX/chat.jinja" --num-layers 1 --hidden-size 16 --num-attention-heads 2 \
   --seq-length 16 --max-position-embeddings 16 --micro-batch-size 1 --global-batch-size 1 --train-iters 1 --lr 1e-3

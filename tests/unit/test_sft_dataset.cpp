@@ -38,15 +38,18 @@ TEST(SftDataset, PackedAsThePythonReference) {
   ASSERT_EQ(data->size(), int64_t(want["samples"].size()));  // (the blank line is skipped)
   const SftSamples samples(data, 0, data->size(), S);
   EXPECT_TRUE(samples.has_extras());
-  for (int64_t i = 0; i < data->size(); ++i) {
-    SCOPED_TRACE("sample " + std::to_string(i));
-    std::vector<int32_t> tokens(static_cast<size_t>(S + 1)), segments(static_cast<size_t>(S));
-    std::vector<float> mask(static_cast<size_t>(S));
-    samples.sample_with_extras(i, tokens.data(), mask.data(), segments.data());
-    const nlohmann::json& w = want["samples"][size_t(i)];
-    EXPECT_EQ(tokens, w["tokens"].get<std::vector<int32_t>>());
-    EXPECT_EQ(mask, w["loss_mask"].get<std::vector<float>>());
-    EXPECT_EQ(segments, w["segments"].get<std::vector<int32_t>>());
+  for (const char* set : {"samples", "samples_cp2"}) {  // the second with context parallelism 2's padding
+    const SftSamples packed(data, 0, data->size(), S, std::string(set) == "samples" ? 1 : 4);
+    for (int64_t i = 0; i < data->size(); ++i) {
+      SCOPED_TRACE(std::string(set) + " " + std::to_string(i));
+      std::vector<int32_t> tokens(static_cast<size_t>(S + 1)), segments(static_cast<size_t>(S));
+      std::vector<float> mask(static_cast<size_t>(S));
+      packed.sample_with_extras(i, tokens.data(), mask.data(), segments.data());
+      const nlohmann::json& w = want[set][size_t(i)];
+      EXPECT_EQ(tokens, w["tokens"].get<std::vector<int32_t>>());
+      EXPECT_EQ(mask, w["loss_mask"].get<std::vector<float>>());
+      EXPECT_EQ(segments, w["segments"].get<std::vector<int32_t>>());
+    }
   }
   // A split's sample i is its line begin + i mod its lines; a micro-batch stacks them.
   const SftSamples tail(data, 3, 5, S);
