@@ -95,24 +95,35 @@ std::pair<int64_t, int64_t> BlendingIndex::locate(int64_t index) const {
   }
 }
 
-BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const GPTDataset>> datasets,
+BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const SampleSource>> datasets,
                                std::vector<double> w, int64_t size)
     : datasets_(std::move(datasets)), index_(std::move(w), size) {
   LATTICE_CHECK(int64_t(datasets_.size()) == index_.num_datasets())
       << "BlendedDataset: " << datasets_.size() << " datasets, " << index_.num_datasets() << " weights";
   for (size_t d = 0; d < datasets_.size(); ++d) {
     LATTICE_CHECK(datasets_[d]->seq_length() == datasets_[0]->seq_length()) << "BlendedDataset: sequence lengths differ";
+    LATTICE_CHECK(datasets_[d]->has_extras() == datasets_[0]->has_extras())
+        << "BlendedDataset: datasets with and without loss masks";
     LATTICE_CHECK(index_.total_count(int64_t(d)) <= datasets_[d]->size())
         << "BlendedDataset: dataset " << d << " holds " << datasets_[d]->size() << " samples, the blend takes "
         << index_.total_count(int64_t(d));
   }
 }
 
-void BlendedDataset::sample(int64_t index, int32_t* out) const {
+std::pair<int64_t, int64_t> BlendedDataset::locate(int64_t index) const {
   if (index < 0 || index >= size())
     LATTICE_FAIL() << "blended dataset: sample " << index << " is out of range: the blend holds " << size() << " samples";
-  const auto [d, k] = index_.locate(index);
+  return index_.locate(index);
+}
+
+void BlendedDataset::sample(int64_t index, int32_t* out) const {
+  const auto [d, k] = locate(index);
   datasets_[size_t(d)]->sample(k, out);
+}
+
+void BlendedDataset::sample_with_extras(int64_t index, int32_t* tokens, float* loss_mask, int32_t* segments) const {
+  const auto [d, k] = locate(index);
+  datasets_[size_t(d)]->sample_with_extras(k, tokens, loss_mask, segments);
 }
 
 }  // namespace lattice

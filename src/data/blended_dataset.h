@@ -47,18 +47,24 @@ class BlendingIndex {
   std::vector<int64_t> totals_;        // [D]
 };
 
+// A blend of GPTDatasets (pretraining) or of SftSamples (--sft's JSONL files, whose samples carry a
+// loss mask and segments: then the blend's do too).
 class BlendedDataset : public SampleSource {
  public:
-  // datasets[d] must hold at least the samples the blend takes from it.
-  BlendedDataset(std::vector<std::shared_ptr<const GPTDataset>> datasets,
+  // datasets[d] must hold at least the samples the blend takes from it; all of one sequence length and
+  // all with extras or none.
+  BlendedDataset(std::vector<std::shared_ptr<const SampleSource>> datasets,
                  std::vector<double> normalized_weights, int64_t size);
   int64_t size() const override { return index_.size(); }
   void sample(int64_t index, int32_t* out) const override;
+  bool has_extras() const override { return datasets_[0]->has_extras(); }
+  void sample_with_extras(int64_t index, int32_t* tokens, float* loss_mask, int32_t* segments) const override;
   int64_t seq_length() const override { return datasets_[0]->seq_length(); }
   const BlendingIndex& blending_index() const { return index_; }
 
  private:
-  std::vector<std::shared_ptr<const GPTDataset>> datasets_;
+  std::pair<int64_t, int64_t> locate(int64_t index) const;  // checked against size()
+  std::vector<std::shared_ptr<const SampleSource>> datasets_;
   BlendingIndex index_;
 };
 

@@ -60,11 +60,11 @@ SftConversation tokenize_conversation(const ChatTemplate& chat, const Tokenizer&
 SftConversations::SftConversations(const std::string& path, std::shared_ptr<const Tokenizer> tok, ChatTemplate chat)
     : path_(path), tok_(std::move(tok)), chat_(std::move(chat)) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) LATTICE_FAIL() << "--data-path " << path << ": cannot open (--sft reads a JSONL file of conversations)";
+  if (!in) LATTICE_FAIL() << "--sft: " << path << ": cannot open (--sft reads a JSONL file of conversations)";
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = "--data-path " + path + " line " + std::to_string(n);
+    const std::string where = "--sft: " + path + " line " + std::to_string(n);
     const ojson j = ojson::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) LATTICE_FAIL() << where << ": not JSON";
     if (!j.is_object() || !j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
@@ -74,8 +74,8 @@ SftConversations::SftConversations(const std::string& path, std::shared_ptr<cons
         LATTICE_FAIL() << where << ": every message needs a text \"role\"";
     lines_.push_back(line);
   }
-  if (in.bad()) LATTICE_FAIL() << "--data-path " << path << ": read failed";
-  if (lines_.empty()) LATTICE_FAIL() << "--data-path " << path << ": no conversations";
+  if (in.bad()) LATTICE_FAIL() << "--sft: " << path << ": read failed";
+  if (lines_.empty()) LATTICE_FAIL() << "--sft: " << path << ": no conversations";
 }
 
 void SftConversations::pack(int64_t line, int64_t S, int64_t pad_multiple, int32_t* tokens, float* loss_mask,
@@ -120,8 +120,13 @@ void SftConversations::pack(int64_t line, int64_t S, int64_t pad_multiple, int32
 }
 
 SftSamples::SftSamples(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t seq_length,
-                       int64_t pad_multiple)
-    : data_(std::move(data)), begin_(begin), end_(end), S_(seq_length), pad_multiple_(pad_multiple) {
+                       int64_t pad_multiple, int64_t num_samples)
+    : data_(std::move(data)),
+      begin_(begin),
+      end_(end),
+      S_(seq_length),
+      pad_multiple_(pad_multiple),
+      num_samples_(num_samples < 0 ? end - begin : num_samples) {
   LATTICE_CHECK(begin_ < end_ && S_ > 0 && pad_multiple_ > 0) << "an SFT split needs lines and a sequence length";
 }
 

@@ -57,19 +57,21 @@ class SftConversations {
 };
 
 // One split's samples: lines [begin, end) of the file, sample i its line begin + i mod (end - begin).
+// It holds num_samples samples (Megatron's SFTDataset's len: what the split or a blend asks of it; -1:
+// the split's lines once).
 class SftSamples : public SampleSource {
  public:
   SftSamples(std::shared_ptr<const SftConversations> data, int64_t begin, int64_t end, int64_t seq_length,
-             int64_t pad_multiple = 1);
+             int64_t pad_multiple = 1, int64_t num_samples = -1);
   void sample(int64_t index, int32_t* out) const override;
   bool has_extras() const override { return true; }
   void sample_with_extras(int64_t index, int32_t* tokens, float* loss_mask, int32_t* segments) const override;
   int64_t seq_length() const override { return S_; }
-  int64_t size() const override { return end_ - begin_; }
+  int64_t size() const override { return num_samples_; }
 
  private:
   std::shared_ptr<const SftConversations> data_;
-  int64_t begin_, end_, S_, pad_multiple_;
+  int64_t begin_, end_, S_, pad_multiple_, num_samples_;
 };
 
 }  // namespace lattice

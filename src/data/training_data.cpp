@@ -72,33 +72,50 @@ struct Builder {
   const TrainArgs& args;
   int64_t vocab_size;
   std::map<std::string, std::shared_ptr<const IndexedDataset>> open;
-  std::shared_ptr<const SftConversations> sft = {};  // --sft's file, read once for the three splits
+  std::map<std::string, std::shared_ptr<const SftConversations>> conversations = {};  // --sft's files
+  std::optional<ChatTemplate> chat = {};
 
-  // --sft: lines [begin, end) of the JSONL file by --split, packed as Megatron's SFTDataset packs them.
-  std::shared_ptr<const SampleSource> sft_split(Split split, std::string& out) {
-    const std::string& path = args.data_path.at(0);
-    if (!sft) {
-      std::shared_ptr<const Tokenizer> tok = args.get_tokenizer();
-      std::optional<ChatTemplate> chat =
-          args.chat_template.empty() ? ChatTemplate::find_beside(args.tokenizer_model, "--tokenizer-model")
-                                     : ChatTemplate::load(args.chat_template, "--chat-template");
+  // --sft: a JSONL file of conversations, read once for the three splits.
+  std::shared_ptr<const SftConversations> sft_file(const std::string& path) {
+    auto it = conversations.find(path);
+    if (it != conversations.end()) return it->second;
+    if (!chat) {
+      chat = args.chat_template.empty() ? ChatTemplate::find_beside(args.tokenizer_model, "--tokenizer-model")
+                                        : ChatTemplate::load(args.chat_template, "--chat-template");
       if (!chat)
         LATTICE_FAIL() << "--sft: the tokenizer's folder holds no chat template (chat_template.jinja or a "
                           "tokenizer_config.json chat_template); give --chat-template PATH";
-      sft = std::make_shared<SftConversations>(path, std::move(tok), std::move(*chat));
     }
-    const SplitRange range = split_ranges(args.split, sft->size())[size_t(split)];
-    if (!range.present || range.end <= range.begin) {
+    return conversations[path] = std::make_shared<SftConversations>(path, args.get_tokenizer(), *chat);
+  }
+
+  // Dataset `path` of a blend for one split: the split's part of it by --split (all of it when `whole`),
+  // built for `samples` samples (kOneEpoch: the part once); nullptr when --split gives the split nothing.
+  // With --sft, lines of a JSONL file packed as Megatron's SFTDataset packs them; else a GPTDataset.
+  std::shared_ptr<const SampleSource> part(const std::string& path, Split split, bool whole, int64_t samples,
+                                           std::string& desc) {
+    const std::shared_ptr<const SftConversations> sft = args.sft ? sft_file(path) : nullptr;
+    const std::shared_ptr<const IndexedDataset> ds = args.sft ? nullptr : dataset(path);
+    const int64_t units = sft ? sft->size() : ds->num_sequences();
+    const SplitRange range = whole ? SplitRange{true, 0, units} : split_ranges(args.split, units)[size_t(split)];
+    // Megatron builds no dataset for a split of weight 0 (its evaluation is skipped).
+    if (!range.present || (sft && range.end <= range.begin)) {
       if (split == Split::train)
-        LATTICE_FAIL() << "--split " << args.split << " leaves the training split none of the " << sft->size()
-                       << " conversation lines of " << path;
+        LATTICE_FAIL() << "--split " << args.split << " gives the train split weight 0: none of the " << units
+                       << (sft ? " conversation lines of " : " sequences of ") << path;
       return nullptr;
     }
-    out += std::string(" > ") + split_name(split) + ": SFT conversations of " + path + ", lines [" +
-           std::to_string(range.begin + 1) + ", " + std::to_string(range.end) + "] of " + std::to_string(sft->size()) +
-           "\n";
-    const int64_t cp = args.context_parallel_size;
-    return std::make_shared<SftSamples>(sft, range.begin, range.end, args.seq_length, cp > 1 ? 2 * cp : 1);
+    if (sft) {
+      const int64_t cp = args.context_parallel_size;
+      auto s = std::make_shared<SftSamples>(sft, range.begin, range.end, args.seq_length, cp > 1 ? 2 * cp : 1, samples);
+      desc = "SFT conversations of " + path + ", lines [" + std::to_string(range.begin + 1) + ", " +
+             std::to_string(range.end) + "] of " + std::to_string(units) + ", " + std::to_string(s->size()) + " samples";
+      return s;
+    }
+    auto g = std::make_shared<GPTDataset>(ds, split, range, samples, config());
+    desc = path + " sequences [" + std::to_string(range.begin) + ", " + std::to_string(range.end) + "), " +
+           std::to_string(g->size()) + " samples" + (g->loaded_from_cache() ? " (index cache hit)" : "");
+    return g;
   }
 
   std::shared_ptr<const IndexedDataset> dataset(const std::string& prefix) {
@@ -129,7 +146,7 @@ struct Builder {
                      << blend.prefixes.size() << " datasets with weights (--" << flag
                      << "); it evaluates datasets whole: give them without weights, or --valid-data-path with "
                         "--multiple-validation-sets to evaluate each";
-    std::vector<std::shared_ptr<const GPTDataset>> parts;
+    std::vector<std::shared_ptr<const SampleSource>> parts;
     // A split's own paths (whole) holding one prefix are that dataset, its weight aside (Megatron's
     // "blend consists of a single prefix"); --data-path's "w p" stays a blend of one, as Megatron's.
     const bool one = whole && blend.prefixes.size() == 1;
@@ -141,23 +158,11 @@ struct Builder {
                                      : w.empty() ? std::vector<int64_t>{n}
                                                  : blend_samples_per_dataset(w, n, args.mid_level_dataset_surplus);
     for (size_t d = 0; d < blend.prefixes.size(); ++d) {
-      auto ds = dataset(blend.prefixes[d]);
-      SplitRange range{true, 0, ds->num_sequences()};
-      if (!whole) {
-        range = split_ranges(args.split, ds->num_sequences())[int(split)];
-        // Megatron builds no dataset for a split of weight 0 (its evaluation is skipped).
-        if (!range.present) {
-          if (split == Split::train)
-            LATTICE_FAIL() << "--split " << args.split << " gives the train split weight 0";
-          return nullptr;
-        }
-      }
-      parts.push_back(std::make_shared<GPTDataset>(ds, split, range, per[d], config()));
-      summary += std::string(" > ") + split_name(split) + ": " + blend.prefixes[d] + " sequences [" +
-                 std::to_string(range.begin) + ", " + std::to_string(range.end) + "), " +
-                 std::to_string(parts.back()->size()) + " samples" + (listed ? " (one epoch)" : "") +
-                 (w.empty() ? "" : ", weight " + std::to_string(w[d])) +
-                 (parts.back()->loaded_from_cache() ? " (index cache hit)" : "") + "\n";
+      std::string desc;
+      parts.push_back(part(blend.prefixes[d], split, whole, per[d], desc));
+      if (!parts.back()) return nullptr;
+      summary += std::string(" > ") + split_name(split) + ": " + desc + (listed ? " (one epoch)" : "") +
+                 (w.empty() ? "" : ", weight " + std::to_string(w[d])) + "\n";
     }
     if (listed) {
       // Megatron's blend of datasets given without weights: each weighs its one epoch's samples, and
@@ -216,7 +221,6 @@ std::shared_ptr<const SampleSource> build_split(Builder& b, Split split, int64_t
     return b.build(parse_blend(list, flags[int(split)]), split, n, true, flags[int(split)], out);
   }
   if (args.data_path.empty()) LATTICE_FAIL() << "no training data: give --data-path PREFIX or --mock-data";
-  if (args.sft) return b.sft_split(split, out);
   const BlendSpec blend = parse_blend(args.data_path, "data-path");
   split_ranges(args.split, 0);  // a malformed --split fails before any file is opened
   return b.build(blend, split, n, false, "data-path", out);

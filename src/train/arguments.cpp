@@ -922,13 +922,12 @@ void validate_muon(const TrainArgs& a) {
     LATTICE_FAIL() << "--muon-momentum must be in [0, 1), got " << a.muon_momentum;
 }
 
-// --sft (Megatron's): one JSONL file, a tokenizer, the packing of Megatron's SFTDataset.
+// --sft (Megatron's): JSONL files of conversations (--data-path or the per-split paths, blended as
+// pretraining data is), a tokenizer, the packing of Megatron's SFTDataset.
 void validate_sft(const TrainArgs& a) {
   if (!a.chat_template.empty() && !a.sft) LATTICE_FAIL() << "--chat-template goes with --sft";
   if (!a.sft) return;
   if (a.mock_data) LATTICE_FAIL() << "--sft reads conversations from --data-path, not --mock-data";
-  if (a.data_path.size() != 1 || !a.train_data_path.empty() || !a.valid_data_path.empty() || !a.test_data_path.empty())
-    LATTICE_FAIL() << "--sft takes one --data-path, a JSONL file of conversations (split by --split)";
   if (a.tokenizer_type.empty()) LATTICE_FAIL() << "--sft needs --tokenizer-type (conversations are text)";
   if (a.reset_position_ids || a.reset_attention_mask)
     LATTICE_FAIL() << "--sft sets the documents itself (each conversation its positions and attention): drop "

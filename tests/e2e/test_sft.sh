@@ -5,8 +5,9 @@
 # optimizer), tensor parallelism with sequence parallelism (TP=2) and pipeline parallelism (PP=2, with
 # its micro-batches) give one process's losses to 1e-5 over 12 iterations with dropout, the emulated GPU
 # (--device cuda) bit for bit; context parallelism (CP=2, each conversation padded to a multiple of 4)
-# too, on conversations that need no padding. Bad input is one line naming the flag or file: --mock-data,
-# two paths, no chat template, a bad line, Megatron's prompt formats, --chat-template without --sft.
+# too, on conversations that need no padding. Several files: a weighted blend (each file split on its
+# own) and the per-split paths. Bad input is one line naming the flag or file: --mock-data, no chat
+# template, a bad line, a blend's odd word count, Megatron's prompt formats, --chat-template without --sft.
 #   bash tests/e2e/test_sft.sh <path to lattice binary> <source dir>
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 e2e_init "$@"
@@ -99,10 +100,41 @@ else
   fail "--sft cp=2 run failed: $(tail -n 3 cp2.log)"
 fi
 
+# Several files: sums and products blended 3:1, each file split 60/4 on its own; then products for
+# training and sums for validation (--train-data-path, --valid-data-path: each file whole).
+python3 -c '
+import json
+with open("mul.jsonl", "w") as f:
+    for i in range(32):
+        a, b = i % 5 + 1, (i * 3) % 7 + 1
+        f.write(json.dumps({"messages": [{"role": "user", "content": "%d*%d" % (a, b)},
+                                         {"role": "assistant", "content": str(a * b)}]}) + "\n")
+'
+run blend "$LATTICE" "${SFT[@]}" --data-path 0.75 chat.jsonl 0.25 mul.jsonl --train-iters 30 --eval-interval 30 \
+  --eval-iters 1 --metrics-file blend.jsonl &&
+  grep -q "train: SFT conversations of chat.jsonl, lines \[1, 60\] of 64, [0-9]* samples, weight 0.75" blend.out &&
+  grep -q "train: SFT conversations of mul.jsonl, lines \[1, 30\] of 32, [0-9]* samples, weight 0.25" blend.out &&
+  grep -q "valid: SFT conversations of mul.jsonl, lines \[31, 32\] of 32" blend.out &&
+  grep -q "validation loss at iteration 30" blend.out &&
+  python3 - blend.jsonl <<'PY' && pass "a blend of two files: each split on its own, weighted, the loss falls" ||
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+train = [r["lm_loss"] for r in rows if "lm_loss" in r and r.get("split", "train") == "train"]
+assert len(train) == 30 and sum(train[-5:]) < 0.7 * sum(train[:5]), train
+PY
+  fail "blend: $(grep -E 'SFT|error' blend.out blend.err | head -6)"
+run per_split "$LATTICE" "${SFT[@]}" --train-data-path mul.jsonl --valid-data-path chat.jsonl --train-iters 4 \
+  --eval-interval 4 --eval-iters 1 &&
+  grep -q "train: SFT conversations of mul.jsonl, lines \[1, 32\] of 32" per_split.out &&
+  grep -q "valid: SFT conversations of chat.jsonl, lines \[1, 64\] of 64" per_split.out &&
+  grep -q "validation loss at iteration 4" per_split.out &&
+  pass "--train-data-path and --valid-data-path: each file whole, for its split" ||
+  fail "per-split paths: $(grep -E 'SFT|error' per_split.out per_split.err | head -6)"
+
 printf '{"messages": [{"role": "user", "content": "x"}]}\n{"messages": []}\n' >bad.jsonl
 expect_error "--sft --mock-data" "--sft|--mock-data" -- "$LATTICE" train --sft --mock-data --tokenizer-type ByteTokenizer
-expect_error "--sft with two paths" "--sft takes one --data-path" -- \
-  "$LATTICE" "${SFT[@]}" --train-iters 1 --data-path chat.jsonl chat.jsonl
+expect_error "--sft with a weight missing" "--data-path: expected one prefix or weight/prefix pairs" -- \
+  "$LATTICE" "${SFT[@]}" --train-iters 1 --data-path 0.5 chat.jsonl mul.jsonl
 expect_error "--sft without a chat template" "--sft|no chat template|--chat-template" -- \
   "$LATTICE" train --sft --data-path chat.jsonl --tokenizer-type ByteTokenizer --num-layers 1 --hidden-size 16 \
   --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16 --micro-batch-size 1 --global-batch-size 1 \

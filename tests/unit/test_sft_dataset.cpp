@@ -14,8 +14,10 @@
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "data/blended_dataset.h"
 #include "data/sft_dataset.h"
 #include "data/tokenizer.h"
+#include "data/training_data.h"
 #include "model/gpt_model.h"
 #include "optim/optimizer.h"
 #include "train/train_step.h"
@@ -135,6 +137,131 @@ TEST(SftDataset, BadLinesAndTemplatesAreNamed) {
   EXPECT_NE(error_of(ok, "{{ raise_exception('no') }}").find("conversation line 1: chat template: no"),
             std::string::npos)
       << error_of(ok, "{{ raise_exception('no') }}");
+  std::filesystem::remove_all(dir);
+}
+
+// --sft with several files: --data-path w1 f1 w2 f2 blends them as pretraining data is blended (blend
+// sample s is sample k of file d, (d, k) by Megatron's greedy order; sample k of a file's split is its
+// line begin + k mod lines), each file split by --split on its own; the per-split paths take each file
+// whole; files without weights are each read once, and a run needing more is refused.
+TEST(SftDataset, SeveralFilesAreBlendedAndSplit) {
+  const std::string dir = ::testing::TempDir() + "/lattice_sft_blend_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string a_path = kDir + "/conversations.jsonl", b_path = dir + "/b.jsonl";
+  {
+    std::ofstream b(b_path);
+    for (int i = 0; i < 10; ++i)
+      b << R"({"messages": [{"role": "user", "content": "q)" << i << R"("}, {"role": "assistant", "content": "a)" << i
+        << R"("}]})" << "\n";
+  }
+  const auto a_file = conversations(a_path, kDir + "/chat.jinja");
+  const auto b_file = conversations(b_path, kDir + "/chat.jinja");
+  TrainArgs args;
+  args.sft = true;
+  args.tokenizer_type = "ByteTokenizer";
+  args.chat_template = kDir + "/chat.jinja";
+  args.seq_length = 96;
+  args.global_batch_size = 4;
+  args.micro_batch_size = 2;
+  args.train_iters = 25;
+  args.eval_interval = 25;
+  args.eval_iters = 1;
+  args.split = "80,20,0";
+  args.data_path = {"0.3", a_path, "0.7", b_path};
+  const int64_t S = args.seq_length;
+  // What a sample of one file's lines [begin, end) at k must be.
+  auto expect_line = [&](const SampleSource& got, int64_t s, const SftConversations& file, int64_t begin,
+                         int64_t end, int64_t k) {
+    std::vector<int32_t> tokens(static_cast<size_t>(S + 1)), want_tokens(static_cast<size_t>(S + 1)), segments(static_cast<size_t>(S)), want_segments(static_cast<size_t>(S));
+    std::vector<float> mask(static_cast<size_t>(S)), want_mask(static_cast<size_t>(S));
+    got.sample_with_extras(s, tokens.data(), mask.data(), segments.data());
+    file.pack(begin + k % (end - begin), S, 1, want_tokens.data(), want_mask.data(), want_segments.data());
+    EXPECT_EQ(tokens, want_tokens) << "sample " << s;
+    EXPECT_EQ(mask, want_mask) << "sample " << s;
+    EXPECT_EQ(segments, want_segments) << "sample " << s;
+  };
+  std::string summary;
+  TrainingData t = make_training_data(args, 257);
+  const auto* blend = dynamic_cast<const BlendedDataset*>(t.train.get());
+  ASSERT_NE(blend, nullptr);
+  EXPECT_TRUE(blend->has_extras());
+  EXPECT_EQ(blend->size(), 100);
+  // --split 80,20,0: file a's 5 lines give the train split lines [0, 4), file b's 10 lines [0, 8).
+  ASSERT_EQ(a_file->size(), 5);
+  const SplitRange ra = split_ranges(args.split, 5)[0], rb = split_ranges(args.split, 10)[0];
+  ASSERT_EQ(ra.end, 4);
+  ASSERT_EQ(rb.end, 8);
+  int64_t from_a = 0;
+  for (int64_t s = 0; s < blend->size(); ++s) {
+    const auto [d, k] = blend->blending_index().locate(s);
+    from_a += d == 0;
+    if (d == 0) expect_line(*blend, s, *a_file, ra.begin, ra.end, k);
+    else expect_line(*blend, s, *b_file, rb.begin, rb.end, k);
+  }
+  EXPECT_EQ(from_a, 30);  // the weights, exactly at 100 samples
+  // The validation split blends the files' validation lines: a's [4, 5), b's [8, 10).
+  const auto* valid = dynamic_cast<const BlendedDataset*>(t.valid.get());
+  ASSERT_NE(valid, nullptr);
+  for (int64_t s = 0; s < valid->size(); ++s) {
+    const auto [d, k] = valid->blending_index().locate(s);
+    if (d == 0) expect_line(*valid, s, *a_file, 4, 5, k);
+    else expect_line(*valid, s, *b_file, 8, 10, k);
+  }
+  EXPECT_EQ(t.test, nullptr);
+
+  // The per-split paths: each file whole, for its split.
+  args.data_path.clear();
+  args.train_data_path = {b_path};
+  args.valid_data_path = {a_path};
+  t = make_training_data(args, 257);
+  ASSERT_NE(t.train, nullptr);
+  ASSERT_NE(t.valid, nullptr);
+  EXPECT_EQ(dynamic_cast<const BlendedDataset*>(t.train.get()), nullptr);
+  EXPECT_EQ(t.train->size(), 100);
+  for (int64_t s : {0, 9, 10, 57}) expect_line(*t.train, s, *b_file, 0, 10, s);
+  for (int64_t s : {0, 4, 7}) expect_line(*t.valid, s, *a_file, 0, 5, s);
+
+  // Files without weights: each one epoch of its split, blended by their lines; 100 samples are more than
+  // the 5 + 10 lines hold.
+  args.train_data_path.clear();
+  args.valid_data_path.clear();
+  args.data_path = {a_path, b_path};
+  args.split = "100,0,0";
+  try {
+    make_training_data(args, 257);
+    ADD_FAILURE() << "a run reading more than the files' lines once was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hold 15 samples in one epoch of the train split, fewer than the 100"),
+              std::string::npos)
+        << e.what();
+  }
+  args.train_iters = 3;  // 12 samples of the 15 lines, each line at most once
+  args.eval_interval = 3;
+  t = make_training_data(args, 257);
+  const auto* listed = dynamic_cast<const BlendedDataset*>(t.train.get());
+  ASSERT_NE(listed, nullptr);
+  EXPECT_EQ(listed->size(), 12);
+  std::vector<int64_t> taken(2, 0);
+  for (int64_t s = 0; s < listed->size(); ++s) {
+    const auto [d, k] = listed->blending_index().locate(s);
+    EXPECT_EQ(k, taken[size_t(d)]++);  // each line at most once
+    if (d == 0) expect_line(*listed, s, *a_file, 0, 5, k);
+    else expect_line(*listed, s, *b_file, 0, 10, k);
+  }
+  EXPECT_EQ(taken[0], 4);  // the sizes' weights, 5/15 and 10/15 of 12
+  EXPECT_EQ(taken[1], 8);
+
+  // --split giving the train split nothing names the file.
+  args.split = "0,1,0";
+  try {
+    make_training_data(args, 257);
+    ADD_FAILURE() << "an empty train split was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--split 0,1,0 gives the train split weight 0: none of the 5 conversation "
+                                         "lines of " + a_path),
+              std::string::npos)
+        << e.what();
+  }
   std::filesystem::remove_all(dir);
 }
 
