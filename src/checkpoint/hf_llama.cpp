@@ -30,12 +30,36 @@ MoeNames moe_names(const TransformerConfig& c) {
   return {"block_sparse_moe.gate.weight", "block_sparse_moe.experts.", "w1.weight", "w3.weight", "w2.weight"};
 }
 
-std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
+// Phi-3's fused qkv_proj [(H + 2G) D, C] (q_proj's rows, then k_proj's, then v_proj's) as Megatron's grouped
+// linear_qkv: per query group its heads' query rows, then its key and value rows.
+TensorMap phi3_grouped_qkv(const TransformerConfig& c, const std::string& lattice, const std::string& qkv) {
+  const int64_t D = c.kv_channels, G = c.num_query_groups, R = c.num_attention_heads / G;
+  const int64_t Q = c.num_attention_heads * D, KV = G * D;
+  TensorMap m{lattice, {}};
+  for (int64_t g = 0; g < G; ++g) {
+    m.blocks.push_back({qkv, g * R * D, R * D});
+    m.blocks.push_back({qkv, Q + g * D, D});
+    m.blocks.push_back({qkv, Q + KV + g * D, D});
+  }
+  return m;
+}
+
+// phi3: HuggingFace Phi-3's names (Phi3ForCausalLM: qkv_proj and gate_up_proj fused), else Llama's.
+std::vector<TensorMap> tensor_map(const TransformerConfig& c, bool phi3) {
   std::vector<TensorMap> m = {{"embedding.word_embeddings.weight", {{"model.embed_tokens.weight"}}, true}};
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string lat = "decoder.layers." + std::to_string(l) + ".";
     const std::string hf = "model.layers." + std::to_string(l) + ".";
     m.push_back({lat + "input_layernorm.weight", {{hf + "input_layernorm.weight"}}});
+    if (phi3) {  // a dense model without biases or norms of q and k (hf_llama_mismatch)
+      const int64_t F = c.ffn_hidden_size;
+      m.push_back(phi3_grouped_qkv(c, lat + "self_attention.linear_qkv.weight", hf + "self_attn.qkv_proj.weight"));
+      m.push_back({lat + "self_attention.linear_proj.weight", {{hf + "self_attn.o_proj.weight"}}});
+      m.push_back({lat + "pre_mlp_layernorm.weight", {{hf + "post_attention_layernorm.weight"}}});
+      m.push_back({lat + "mlp.linear_fc1.weight", {{hf + "mlp.gate_up_proj.weight", 0, F}, {hf + "mlp.gate_up_proj.weight", F, F}}});
+      m.push_back({lat + "mlp.linear_fc2.weight", {{hf + "mlp.down_proj.weight"}}});
+      continue;
+    }
     m.push_back(hf::grouped_qkv(c, lat + "self_attention.linear_qkv.weight", hf + "self_attn.", "weight"));
     if (c.add_qkv_bias)  // Qwen2: q_proj, k_proj and v_proj have biases, in the same grouped order
       m.push_back(hf::grouped_qkv(c, lat + "self_attention.linear_qkv.bias", hf + "self_attn.", "bias"));
@@ -71,14 +95,22 @@ std::vector<TensorMap> tensor_map(const TransformerConfig& c) {
   return m;
 }
 
-// Every HF tensor of the model with the shape its config implies.
-std::map<std::string, Shape> hf_shapes(const TransformerConfig& c) {
+// Every HF tensor of the model with the shape its config implies (phi3: Phi-3's names).
+std::map<std::string, Shape> hf_shapes(const TransformerConfig& c, bool phi3) {
   const int64_t C = c.hidden_size, V = c.vocab_size, F = c.ffn_hidden_size;
   const int64_t Q = c.attention_width(), KV = c.kv_channels * c.num_query_groups;
   std::map<std::string, Shape> s = {{"model.embed_tokens.weight", {V, C}}, {"model.norm.weight", {C}}};
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string hf = "model.layers." + std::to_string(l) + ".";
     s[hf + "input_layernorm.weight"] = {C};
+    if (phi3) {
+      s[hf + "self_attn.qkv_proj.weight"] = {Q + 2 * KV, C};
+      s[hf + "self_attn.o_proj.weight"] = {C, Q};
+      s[hf + "post_attention_layernorm.weight"] = {C};
+      s[hf + "mlp.gate_up_proj.weight"] = {2 * F, C};
+      s[hf + "mlp.down_proj.weight"] = {C, F};
+      continue;
+    }
     s[hf + "self_attn.q_proj.weight"] = {Q, C};
     s[hf + "self_attn.k_proj.weight"] = {KV, C};
     s[hf + "self_attn.v_proj.weight"] = {KV, C};
@@ -129,12 +161,12 @@ bool ends_with(const std::string& s, const char* tail) {
 
 namespace {
 
-// "llama", "qwen2", "qwen3", "mistral", "smollm3" ... from model_type (else architectures), "" for none of them.
+// "llama", "qwen2", "qwen3", "mistral", "smollm3", "phi3" ... from model_type (else architectures), "" for none of them.
 std::string llama_family(const json& j) {
   if (!j.is_object()) return "";
   if (j.contains("model_type")) {
     for (const char* family :
-         {"llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mistral", "mixtral", "deepseek", "smollm3"})
+         {"llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mistral", "mixtral", "deepseek", "smollm3", "phi3"})
       if (j["model_type"] == family) return family;
     return "";
   }
@@ -149,17 +181,18 @@ std::string llama_family(const json& j) {
       if (a == "MixtralForCausalLM") return "mixtral";
       if (a == "MistralForCausalLM") return "mistral";
       if (a == "SmolLM3ForCausalLM") return "smollm3";
+      if (a == "Phi3ForCausalLM") return "phi3";
     }
   return "";
 }
 
 // Sliding windows. HuggingFace's sliding_window W lets query i see keys j > i - W (transformers'
 // sliding_window_overlay): W keys, lattice's (and Megatron's) window W - 1. Mistral and Mixtral have
-// it on every layer (none when null or at least the context); Qwen2 and Qwen3 (and their MoE forms)
+// it on every layer (none when null or at least the context), and so has Phi-3; Qwen2 and Qwen3 (and their MoE forms)
 // with use_sliding_window true on layers max_window_layers and after, or on the layers layer_types
 // names "sliding_attention". DeepSeek-MoE has none.
 void hf_sliding_window(const json& j, const std::string& what, const std::string& family, TransformerConfig& c) {
-  const bool mistral = family == "mistral" || family == "mixtral";
+  const bool mistral = family == "mistral" || family == "mixtral" || family == "phi3";
   const bool qwen = family == "qwen2" || family == "qwen2_moe" || family == "qwen3" || family == "qwen3_moe";
   const bool sliding = mistral ? j.contains("sliding_window") && !j["sliding_window"].is_null()
                        : qwen  ? hf::config_bool(j, what, "use_sliding_window", false)
@@ -218,7 +251,8 @@ std::vector<int> smollm3_no_rope_pattern(const json& j, const std::string& what,
 
 bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
 
-const char* hf_llama_family_name(const TransformerConfig& c) {
+const char* hf_llama_family_name(const TransformerConfig& c, bool phi3) {
+  if (phi3) return "Phi-3";
   if (!c.no_rope_pattern.empty()) return "SmolLM3";
   if (c.moe())
     return c.qk_layernorm                                ? "Qwen3-MoE"
@@ -239,18 +273,19 @@ std::string hf_llama_family_name(const json& config) {
          : f == "mixtral"   ? "Mixtral"
          : f == "llama"     ? "Llama"
          : f == "smollm3"   ? "SmolLM3"
+         : f == "phi3"      ? "Phi-3"
                             : "";
 }
 
 TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_t divisible_by) {
   const std::string family = llama_family(j);
   if (family.empty())
-    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral, DeepSeek-MoE or SmolLM3 config (model_type "
+    LATTICE_FAIL() << what << ": not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral, DeepSeek-MoE, SmolLM3 or Phi-3 config (model_type "
                    << j.value("model_type", json()).dump() << ")";
   const bool qwen2_moe = family == "qwen2_moe";
   const bool qwen2 = family == "qwen2" || qwen2_moe, qwen3 = family == "qwen3" || family == "qwen3_moe";
   const bool qwen3_moe = family == "qwen3_moe", mixtral = family == "mixtral", deepseek = family == "deepseek";
-  const bool smollm3 = family == "smollm3";
+  const bool smollm3 = family == "smollm3", phi3 = family == "phi3";
   TransformerConfig c;
   hf::read_decoder_sizes(j, what, c);
   c.ffn_hidden_size = hf::config_int(j, what, "intermediate_size");
@@ -287,16 +322,22 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
       c.rope_scaling_original_max_position_embeddings = hf::config_int(s, where, "original_max_position_embeddings");
     } else if (type == "yarn") {
       hf::read_yarn_rope_scaling(j, s, what, c);
+    } else if (phi3 && (type == "longrope" || type == "su")) {
+      LATTICE_FAIL() << what << ": rope_scaling " << type << " (the long-context Phi-3 and Phi-3.5 models, Phi-4-mini) "
+                     << "is not supported: lattice reads Phi-3 models without rope_scaling (Phi-3-mini-4k, "
+                        "Phi-3-medium-4k, Phi-4)";
     } else {
       LATTICE_FAIL() << what << ": rope_scaling " << s.dump() << " is not supported (none, linear, llama3 or yarn)";
     }
   }
   c.position_embedding_type = c.position_embedding_type == "yarn" ? "yarn" : "rope";
-  c.rotary_percent = 1.0;
+  // Phi-3 rotates the first partial_rotary_factor of each head's dims (Phi-4-mini 0.75), rotate_half pairs.
+  c.rotary_percent = phi3 ? hf::rope_value(j, what, "partial_rotary_factor", 1.0) : 1.0;
+  if (c.rotary_percent > 1.0) LATTICE_FAIL() << what << ": partial_rotary_factor " << c.rotary_percent << " exceeds 1";
   c.rotary_interleaved = false;
   c.rotary_base = float(hf::config_positive(j, what, "rope_theta", smollm3 ? 2000000.0 : 10000.0));  // the configs' defaults
   c.normalization = "RMSNorm";
-  c.layernorm_epsilon = float(hf::config_positive(j, what, "rms_norm_eps", 1e-6));  // LlamaConfig's default
+  c.layernorm_epsilon = float(hf::config_positive(j, what, "rms_norm_eps", phi3 ? 1e-5 : 1e-6));  // the configs' defaults
   c.swiglu = true;
   c.add_bias_linear = false;
   c.add_qkv_bias = qwen2;
@@ -341,7 +382,7 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   return c;
 }
 
-json hf_llama_config_json(const TransformerConfig& c, const std::string& tokenizer_type) {
+json hf_llama_config_json(const TransformerConfig& c, const std::string& tokenizer_type, bool phi3) {
   json j = {{"architectures", {"LlamaForCausalLM"}},
             {"attention_bias", false},
             {"attention_dropout", 0.0},
@@ -467,20 +508,43 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
       j["sliding_window"] = W;
     }
   }
+  if (phi3) {  // Phi3Config: head_dim is hidden / heads; sliding_window as Mistral's
+    for (const char* key : {"attention_bias", "head_dim", "mlp_bias", "pretraining_tp"}) j.erase(key);
+    j["architectures"] = {"Phi3ForCausalLM"};
+    j["model_type"] = "phi3";
+    j["partial_rotary_factor"] = c.rotary_percent;
+    j["original_max_position_embeddings"] = c.max_position_embeddings;
+    j["sliding_window"] = c.window_size >= 0 ? json(c.window_size + 1) : json(nullptr);
+    j["resid_pdrop"] = j["embd_pdrop"] = 0.0;
+  }
   if (!tokenizer_type.empty()) j[kHfTokenizerKey] = tokenizer_type;
   return j;
 }
 
-std::string hf_llama_mismatch(const TransformerConfig& c) {
+std::string hf_llama_mismatch(const TransformerConfig& c, bool phi3) {
+  if (phi3) {  // Phi-3: a dense Llama with partial rotation and Mistral's window
+    const std::string why =
+        c.moe()                 ? "--num-experts"
+        : c.add_qkv_bias        ? "--add-qkv-bias"
+        : c.qk_layernorm        ? "--qk-layernorm"
+        : !c.no_rope_pattern.empty() ? "--no-rope-freq"
+        : !c.window_attn_pattern.empty() ? "--window-attn-skip-freq"
+        : c.kv_channels * c.num_attention_heads != c.hidden_size ? "--kv-channels other than hidden / heads"
+                                                                  : "";
+    if (!why.empty()) return why + " (HuggingFace Phi-3 has no such setting; --hf-model-type phi3)";
+    if (c.yarn() || c.use_rope_scaling || c.rotary_seq_len_interpolation_factor > 0.0f)
+      return "rope scaling (lattice writes HuggingFace Phi-3 without rope_scaling; --hf-model-type phi3)";
+  }  // then Llama's checks but the whole head's rotation
   if (c.attention_output_gate)
     return "the attention output gate (--attention-output-gate; no HuggingFace Llama-family model has one)";
   if (!c.rope())
     return c.learned_positions() ? "learned absolute positions (HuggingFace Llama has the rotary embedding)"
                                  : "no position embedding (--position-embedding-type none; HuggingFace Llama has the "
                                    "rotary embedding)";
-  if (c.rotary_percent != 1.0) {
+  if (c.rotary_percent != 1.0 && !phi3) {
     std::ostringstream s;
-    s << "--rotary-percent " << c.rotary_percent << " (HuggingFace Llama rotates every dim)";
+    s << "--rotary-percent " << c.rotary_percent
+      << " (HuggingFace Llama rotates every dim; Phi-3 a part of each head: --hf-model-type phi3)";
     return s.str();
   }
   if (c.rotary_interleaved) return "--rotary-interleaved (HuggingFace Llama rotates rotate_half pairs)";
@@ -564,9 +628,9 @@ std::string hf_llama_mismatch(const TransformerConfig& c) {
   return "";
 }
 
-hf::ImportPlan hf_llama_import_plan(const TransformerConfig& c, const SafetensorsFile& f) {
+hf::ImportPlan hf_llama_import_plan(const TransformerConfig& c, const SafetensorsFile& f, bool phi3) {
   const std::string& path = f.path();
-  const std::map<std::string, Shape> shapes = hf_shapes(c);
+  const std::map<std::string, Shape> shapes = hf_shapes(c, phi3);
   hf::check_tensor_shapes(f, shapes);
   for (const std::string& name : f.names()) {
     if (shapes.count(name) || ends_with(name, ".self_attn.rotary_emb.inv_freq")) continue;
@@ -581,13 +645,12 @@ hf::ImportPlan hf_llama_import_plan(const TransformerConfig& c, const Safetensor
     LATTICE_FAIL() << path << ": unexpected tensor " << name << " (config.json has num_hidden_layers " << c.num_layers
                    << ")";
   }
-  return {tensor_map(c), shapes};
+  return {tensor_map(c, phi3), shapes};
 }
 
-SafetensorsWriter export_hf_llama_tensors(const GPTModel& model) {
+SafetensorsWriter export_hf_llama_tensors(const GPTModel& model, bool phi3) {
   const TransformerConfig& c = model.config();
-  const std::map<std::string, Shape> shapes = hf_shapes(c);
-  return hf::export_tensors(model, tensor_map(c), shapes);
+  return hf::export_tensors(model, tensor_map(c, phi3), hf_shapes(c, phi3));
 }
 
 namespace {
@@ -598,8 +661,8 @@ hf::ConfigFn config_fn(int64_t divisible_by) {
   };
 }
 
-hf::ImportPlan import_plan(const TransformerConfig& c, const SafetensorsFile& f, const json&) {
-  return hf_llama_import_plan(c, f);
+hf::ImportPlan import_plan(const TransformerConfig& c, const SafetensorsFile& f, const json& config) {
+  return hf_llama_import_plan(c, f, llama_family(config) == "phi3");
 }
 
 }  // namespace
@@ -620,10 +683,14 @@ void save_hf_llama(const std::string& dir, const GPTModel& model, const std::str
 void save_hf_llama(const std::string& dir, const hf::ExportSource& src, const std::string& tokenizer_type,
                    const hf::ExportOptions& options) {
   const TransformerConfig& c = src.config;
-  const std::string why = hf_llama_mismatch(c);
+  if (!options.model_type.empty() && options.model_type != "phi3")
+    LATTICE_FAIL() << "--hf-model-type " << options.model_type << ": a Llama-family model is written as its family "
+                   << "(Llama, Qwen, Mistral, Mixtral, DeepSeek-MoE, SmolLM3) or, with phi3, as Phi-3";
+  const bool phi3 = options.model_type == "phi3";
+  const std::string why = hf_llama_mismatch(c, phi3);
   if (!why.empty()) LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << why;
-  hf::write_model_folder(dir, hf::export_tensors(*src.layout, src.rows, tensor_map(c), hf_shapes(c)),
-                         hf_llama_config_json(c, tokenizer_type), options);
+  hf::write_model_folder(dir, hf::export_tensors(*src.layout, src.rows, tensor_map(c, phi3), hf_shapes(c, phi3)),
+                         hf_llama_config_json(c, tokenizer_type, phi3), options);
 }
 
 }  // namespace lattice

@@ -3,7 +3,9 @@
 // Llama with q_norm and k_norm, --qk-layernorm), Mistral (MistralForCausalLM: Llama's model, its
 // sliding_window W lattice's --window-size W - 1) and the mixtures of experts Mixtral
 // (MixtralForCausalLM: block_sparse_moe's router and experts w1 w3 w2, --num-experts) and
-// Qwen3-MoE (Qwen3MoeForCausalLM: Qwen3 with mlp.gate and mlp.experts, norm_topk_prob true),
+// Qwen3-MoE (Qwen3MoeForCausalLM: Qwen3 with mlp.gate and mlp.experts, norm_topk_prob true), Phi-3
+// (Phi3ForCausalLM, Phi-4 too: Llama with qkv_proj and gate_up_proj fused, the first partial_rotary_factor
+// of each head rotated (--rotary-percent), Mistral's sliding_window; without rope_scaling),
 // <-> lattice's GPTModel with Megatron's Llama settings: --position-embedding-type rope
 // (rotate_half over the whole head, --rotary-base = rope_theta), --normalization RMSNorm,
 // --swiglu, --disable-bias-linear, grouped-query attention (num_key_value_heads), usually
@@ -40,8 +42,9 @@ bool is_hf_llama_config(const nlohmann::json& config);
 // "Mixtral" for a model with --num-experts ("Qwen3-MoE" with --qk-layernorm too), "Qwen3" for one
 // with --qk-layernorm, "Qwen2" for one with --add-qkv-bias, "Mistral" for one with --window-size,
 // else "Llama": the form export writes.
-const char* hf_llama_family_name(const TransformerConfig& c);
-// "Llama", "Qwen2", "Qwen3", "Qwen3-MoE", "Mistral" or "Mixtral": the family config.json describes
+// With phi3 (--hf-model-type phi3): "Phi-3".
+const char* hf_llama_family_name(const TransformerConfig& c, bool phi3 = false);
+// "Llama", "Qwen2", "Qwen3", "Qwen3-MoE", "Mistral", "Mixtral", "Phi-3", ...: the family config.json describes
 // ("" for none of them).
 std::string hf_llama_family_name(const nlohmann::json& config);
 
@@ -53,20 +56,23 @@ TransformerConfig hf_llama_config(const nlohmann::json& config, const std::strin
 
 // TransformerConfig -> config.json as transformers writes LlamaConfig (tokenizer_type stored under
 // kHfTokenizerKey when non-empty).
-nlohmann::json hf_llama_config_json(const TransformerConfig& c, const std::string& tokenizer_type);
+// phi3: as Phi3Config writes it (partial_rotary_factor, sliding_window).
+nlohmann::json hf_llama_config_json(const TransformerConfig& c, const std::string& tokenizer_type, bool phi3 = false);
 
 // Why a lattice model has no HF Llama form ("" when it has one): the settings above, all of
-// them, with rotary_percent 1 and the pairs not interleaved.
-std::string hf_llama_mismatch(const TransformerConfig& c);
+// them, with rotary_percent 1 and the pairs not interleaved. phi3: why it has no HF Phi-3 form (a dense
+// model, head_dim hidden / heads, any rotary_percent, the window on every layer or none, no rope scaling).
+std::string hf_llama_mismatch(const TransformerConfig& c, bool phi3 = false);
 
 // Which HF tensors make each parameter of a model of `c` (the file's config), after checking the file:
 // F32/F16/BF16 data; every problem (missing, misshapen or unexpected tensor, an lm_head.weight that
 // differs from embed_tokens in a tied model) is an error naming the file and the tensor.
-hf::ImportPlan hf_llama_import_plan(const TransformerConfig& c, const SafetensorsFile& file);
+// phi3: the file has Phi-3's names (qkv_proj, gate_up_proj).
+hf::ImportPlan hf_llama_import_plan(const TransformerConfig& c, const SafetensorsFile& file, bool phi3 = false);
 
 // The model's parameters as HF tensors (F32, vocabulary trimmed to vocab_size, lm_head.weight
 // only when untied).
-SafetensorsWriter export_hf_llama_tensors(const GPTModel& model);
+SafetensorsWriter export_hf_llama_tensors(const GPTModel& model, bool phi3 = false);
 
 // Reads DIR into a model sized for 1 x seq_length tokens (0: max_position_embeddings).
 HfModel load_hf_llama(const std::string& dir, int64_t divisible_by = 128, int64_t seq_length = 0,

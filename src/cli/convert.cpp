@@ -46,7 +46,7 @@ void from_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
   // config.json's model_type says which: GPT-OSS, DeepSeek-V2 or V3, GLM-4.5, the Gated DeltaNet hybrids,
   // Nemotron-H, the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE,
-  // SmolLM3), else GPT-2.
+  // SmolLM3, Phi-3), else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
   const bool nemotron_h = is_hf_nemotron_h_config(config);
   const bool gpt_oss = !nemotron_h && is_hf_gpt_oss_config(config);
@@ -202,10 +202,24 @@ void to_hf(const SimpleFlags& f) {
                  dir.c_str(), hf_deepseek_family_name(c, options.model_type), options.dtype.c_str());
     return;  // (prediction depths: DeepSeek-V3's multi-token prediction modules)
   }
+  // Phi-3: Llama's model with fused tensors and a part of each head rotated; with --hf-model-type phi3, or when
+  // the weights were converted from Phi-3 and still have its form.
+  if (options.model_type.empty() && lm.hf_model_type == "phi3" && hf_llama_mismatch(c, true).empty())
+    options.model_type = "phi3";
+  if (options.model_type == "phi3") {
+    save_hf_llama(dir, streamed, lm.tokenizer_type, options);  // or an error saying why not
+    copy_tokenizer_files(lm, dir);
+    std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (Phi-3, %s)\n", load.c_str(), (long long)lm.iteration,
+                 dir.c_str(), options.dtype.c_str());
+    if (c.mtp())
+      std::fprintf(stderr, "convert: the %lld multi-token prediction depths (mtp.layers.*) are not exported: the "
+                           "HuggingFace form has none\n", (long long)c.mtp_num_layers);
+    return;
+  }
   if (!options.model_type.empty())
     LATTICE_FAIL() << "--hf-model-type " << options.model_type << ": chooses among the Gated DeltaNet families "
-                   << "(qwen3_next, qwen3_5_text, qwen3_5_moe_text) and the DeepSeek-V3 ones (deepseek_v3, kimi_k2, "
-                      "glm4_moe_lite); "
+                   << "(qwen3_next, qwen3_5_text, qwen3_5_moe_text), the DeepSeek-V3 ones (deepseek_v3, kimi_k2, "
+                      "glm4_moe_lite) and phi3 for a dense Llama-style model; "
                       "the checkpoint's model has neither Gated DeltaNet layers nor multi-latent attention";
   const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
   const std::string not_gpt_oss = hf_gpt_oss_mismatch(c), not_glm = hf_glm4_moe_mismatch(c);
@@ -242,8 +256,8 @@ int cmd_convert(int argc, char** argv) {
         "usage: lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
-        "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2|glm4_moe_lite]\n"
-        "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
+        "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2|glm4_moe_lite|phi3]\n"
+        "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Phi-3 (Phi-4), Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
         "DeepSeek-V3 (Kimi-K2, GLM-4.7-Flash), GLM-4.5, Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Nemotron-H or GPT-OSS\n"
         "(config.json, model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's model_type; --to-hf\n"
         "writes a hybrid (--hybrid-override-pattern) as Nemotron-H, a\n"
@@ -278,7 +292,9 @@ int cmd_convert(int argc, char** argv) {
         "                                     its weights were converted from, else qwen3_next]; a DeepSeek-V3 model as\n"
         "                                     kimi_k2 (Kimi-K2's model_type, DeepSeek-V3's architecture) or\n"
         "                                     glm4_moe_lite (GLM-4.7-Flash's) [the one it was converted from, else\n"
-        "                                     deepseek_v3]\n",
+        "                                     deepseek_v3]; a dense Llama-style model as phi3 (Phi-3's fused\n"
+        "                                     tensors; a part of each head rotated: --rotary-percent) [Phi-3 when its\n"
+        "                                     weights were converted from Phi-3]\n",
         stdout);
     return 0;
   }

@@ -456,6 +456,26 @@ if run mistral_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_mist
   grep -q 'Mistral' mistral_fixture.err || fail "convert did not say it read a Mistral model"
   grep -q '"num_query_groups": *1' ckpt-hf-mistral/iter_0000000/*.json || fail "the converted Mistral lost its query group"
 fi
+# A HuggingFace Phi-3 folder in (fused qkv_proj and gate_up_proj, half of each head rotated), and out again
+# as Phi-3 (the family it was converted from), every tensor's bytes the same.
+if run phi3_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_phi3_tiny" --save ckpt-hf-phi3; then
+  grep -q 'Phi-3' phi3_fixture.err || fail "convert did not say it read a Phi-3 model"
+  grep -q '"rotary_percent": *0.5' ckpt-hf-phi3/iter_0000000/*.json || fail "the converted Phi-3 lost its partial rotation"
+  if run phi3_back "$LATTICE" convert --load ckpt-hf-phi3 --to-hf hf-phi3; then
+    grep -q '"model_type": "phi3"' hf-phi3/config.json || fail "Phi-3 came back as $(grep model_type hf-phi3/config.json)"
+    python3 - "$SRC/tests/fixtures/hf_phi3_tiny/model.safetensors" hf-phi3/model.safetensors <<'PY' &&
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a == b, sorted(set(a) ^ set(b)) or [k for k in a if a[k] != b[k]]
+PY
+      pass "convert: HF Phi-3 in and out, every tensor the same bytes" || fail "Phi-3's tensors changed on the round trip"
+  fi
+fi
 # A HuggingFace Qwen2 folder in: the independent fixture (q/k/v biases, tied).
 if run qwen2_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_qwen2_tiny" --save ckpt-hf-qwen2; then
   grep -q 'Qwen2' qwen2_fixture.err || fail "convert did not say it read a Qwen2 model"

@@ -230,6 +230,96 @@ TEST(HfLlama, Qwen2SlidingWindowLayersMatchIndependentLogitsAndRoundTrip) {
   EXPECT_EQ(load_hf_llama(dir).model->config().window_attn_pattern, (std::vector<int>{1, 0}));
 }
 
+// Phi-3 (Phi-4-mini's form without its rope_scaling): Llama's model under fused qkv_proj and gate_up_proj,
+// half of each head rotated (--rotary-percent 0.5). Exported as Phi-3 with --hf-model-type phi3, every tensor
+// the same bits; as Llama it is refused (Llama rotates the whole head), naming the way out.
+TEST(HfLlama, Phi3PartialRotationMatchesIndependentLogitsAndRoundTrips) {
+  check_fixture_logits("hf_phi3_tiny");
+  HfModel hf = load_hf_llama(fixture("hf_phi3_tiny"));
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_TRUE(c.rope() && c.rmsnorm() && c.swiglu && !c.add_bias_linear && !c.add_qkv_bias);
+  EXPECT_EQ(c.rotary_percent, 0.5);
+  EXPECT_EQ(c.num_query_groups, 2);
+  EXPECT_EQ(c.kv_channels, 8);
+  EXPECT_EQ(c.rotary_base, 250000.0f);
+  EXPECT_EQ(c.window_size, -1);
+  EXPECT_FALSE(c.untie_embeddings_and_output_weights);
+  std::ifstream in(fixture("hf_phi3_tiny") + "/config.json");
+  EXPECT_EQ(hf_llama_family_name(nlohmann::json::parse(in)), "Phi-3");
+  EXPECT_NE(hf_llama_mismatch(c).find("--hf-model-type phi3"), std::string::npos) << hf_llama_mismatch(c);
+  EXPECT_EQ(hf_llama_mismatch(c, true), "");
+  TempDir llama("phi3_as_llama");
+  hf_test::expect_one_line_error([&] { save_hf_llama(llama.str() + "/x", *hf.model, ""); },
+                                 {"--rotary-percent 0.5", "--hf-model-type phi3"});
+  EXPECT_FALSE(std::filesystem::exists(llama.str() + "/x/config.json"));
+  TempDir out("phi3_rt");
+  hf::ExportOptions phi3;
+  phi3.model_type = "phi3";
+  save_hf_llama(out.str(), *hf.model, "", phi3);
+  std::ifstream cf(out.str() + "/config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["model_type"], "phi3");
+  EXPECT_EQ(j["architectures"][0], "Phi3ForCausalLM");
+  EXPECT_EQ(j["partial_rotary_factor"], 0.5);
+  EXPECT_TRUE(j["sliding_window"].is_null());
+  EXPECT_EQ(j["tie_word_embeddings"], true);
+  EXPECT_FALSE(j.contains("head_dim"));
+  expect_same_tensor_bytes(fixture("hf_phi3_tiny"), out.str());
+  hf_test::expect_fixture_logits(*load_hf_llama(out.str()).model, "hf_phi3_tiny");
+}
+
+// Phi-3-mini-4k's form: the whole head rotated, sliding_window 5 (Mistral's window, --window-size 4),
+// untied. Round trips as Phi-3; Llama's writer gives it as Mistral, the same model.
+TEST(HfLlama, Phi3SlidingWindowMatchesIndependentLogitsAndRoundTrips) {
+  check_fixture_logits("hf_phi3_tiny_swa");
+  HfModel hf = load_hf_llama(fixture("hf_phi3_tiny_swa"));
+  const TransformerConfig& c = hf.model->config();
+  EXPECT_EQ(c.rotary_percent, 1.0);
+  EXPECT_EQ(c.window_size, 4);
+  EXPECT_TRUE(c.untie_embeddings_and_output_weights);
+  TempDir out("phi3_swa_rt");
+  hf::ExportOptions phi3;
+  phi3.model_type = "phi3";
+  save_hf_llama(out.str(), *hf.model, "", phi3);
+  std::ifstream cf(out.str() + "/config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["model_type"], "phi3");
+  EXPECT_EQ(j["sliding_window"], 5);
+  EXPECT_EQ(j["partial_rotary_factor"], 1.0);
+  expect_same_tensor_bytes(fixture("hf_phi3_tiny_swa"), out.str());
+  hf_test::expect_fixture_logits(*load_hf_llama(out.str()).model, "hf_phi3_tiny_swa");
+  TempDir mistral("phi3_as_mistral");
+  save_hf_llama(mistral.str(), *hf.model, "");
+  std::ifstream mf(mistral.str() + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(mf)["model_type"], "mistral");
+  hf_test::expect_fixture_logits(*load_hf_llama(mistral.str()).model, "hf_phi3_tiny_swa");
+}
+
+// What Phi-3's form cannot hold, and Phi-3's long-context rope, are one-line errors naming them.
+TEST(HfLlama, Phi3RefusalsNameTheSetting) {
+  TempDir t("phi3_longrope");
+  const std::string dir = hf_test::rewritten_fixture(
+      "hf_phi3_tiny", nullptr,
+      [](nlohmann::json& j) {
+        j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0, 1.0}}, {"long_factor", {2.0, 4.0}}};
+      },
+      t);
+  hf_test::expect_one_line_error([&] { load_hf_llama(dir); }, {"config.json", "rope_scaling longrope", "Phi-4"});
+  const TransformerConfig qwen3 = load_hf_llama(fixture("hf_qwen3_tiny")).model->config();
+  EXPECT_NE(hf_llama_mismatch(qwen3, true).find("--qk-layernorm"), std::string::npos);
+  const TransformerConfig llama = load_hf_llama(fixture("hf_llama_tiny")).model->config();  // head_dim 16 > 32 / 4
+  EXPECT_NE(hf_llama_mismatch(llama, true).find("--kv-channels other than hidden / heads"), std::string::npos);
+  TransformerConfig scaled = load_hf_llama(fixture("hf_phi3_tiny")).model->config();
+  scaled.rotary_seq_len_interpolation_factor = 2.0f;
+  EXPECT_NE(hf_llama_mismatch(scaled, true).find("rope scaling"), std::string::npos);
+  HfModel phi = load_hf_llama(fixture("hf_phi3_tiny"));
+  hf::ExportOptions other;
+  other.model_type = "qwen3_next";
+  TempDir o("phi3_other_type");
+  hf_test::expect_one_line_error([&] { save_hf_llama(o.str() + "/x", *phi.model, "", other); },
+                                 {"--hf-model-type qwen3_next", "phi3"});
+}
+
 // Windows HuggingFace cannot express are refused on export, naming the flag.
 TEST(HfLlama, WindowPatternsWithoutAnHfFormAreRefused) {
   TransformerConfig c = load_hf_llama(fixture("hf_mistral_tiny_swa")).model->config();
@@ -921,7 +1011,7 @@ TEST(HfLlama, BadInputIsOneLineErrorNamingTheProblem) {
   {
     TempDir t("llama_not_llama");
     expect_error(corrupted(nullptr, [](nlohmann::json& j) { j["model_type"] = "gemma"; }, t),
-                 {"config.json", "not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral, DeepSeek-MoE or SmolLM3 config",
+                 {"config.json", "not a Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Mistral, Mixtral, DeepSeek-MoE, SmolLM3 or Phi-3 config",
                   "gemma"});
   }
 }
