@@ -75,12 +75,12 @@ ChatTemplate ChatTemplate::load(const std::string& path, const std::string& flag
     const json config = read_config(p, flag);
     std::optional<std::string> source = template_of(config, p, flag);
     if (!source) LATTICE_FAIL() << flag << " " << path << ": no chat_template in it";
-    return ChatTemplate(compile(*source, p, flag), path, special_tokens_of(config));
+    return ChatTemplate(compile(*source, p, flag), *source, path, special_tokens_of(config));
   }
   const std::string source = read_tokenizer_file(path, flag + " " + path);
   nlohmann::ordered_json special = nlohmann::ordered_json::object();
   if (fs::exists(config_file, ec)) special = special_tokens_of(read_config(config_file, flag));
-  return ChatTemplate(compile(source, p, flag), path, std::move(special));
+  return ChatTemplate(compile(source, p, flag), source, path, std::move(special));
 }
 
 std::optional<ChatTemplate> ChatTemplate::find_beside(const std::string& tokenizer_path, const std::string& flag) {
@@ -104,7 +104,7 @@ std::optional<ChatTemplate> ChatTemplate::find_beside(const std::string& tokeniz
     from = jinja_file;
   }
   if (!source) return std::nullopt;
-  return ChatTemplate(compile(*source, from, flag), from.string(), std::move(special));
+  return ChatTemplate(compile(*source, from, flag), *source, from.string(), std::move(special));
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,

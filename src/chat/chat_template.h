@@ -33,13 +33,14 @@ class ChatTemplate {
                      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
 
   const std::string& source() const { return source_; }           // the file the program came from
+  const std::string& text() const { return text_; }               // the program's text
   const nlohmann::ordered_json& special_tokens() const { return special_; }  // {"bos_token": "<s>", ...}
 
  private:
-  ChatTemplate(jinja::Template program, std::string source, nlohmann::ordered_json special)
-      : program_(std::move(program)), source_(std::move(source)), special_(std::move(special)) {}
+  ChatTemplate(jinja::Template program, std::string text, std::string source, nlohmann::ordered_json special)
+      : program_(std::move(program)), text_(std::move(text)), source_(std::move(source)), special_(std::move(special)) {}
   jinja::Template program_;
-  std::string source_;
+  std::string text_, source_;
   nlohmann::ordered_json special_;
 };
 

@@ -19,6 +19,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "serve/text_generation_service.h"
+#include "serve/tool_calls.h"
 #include "train/exit_signal.h"
 
 namespace lattice {
@@ -39,14 +40,17 @@ int cmd_serve(int argc, char** argv) {
         "  --api-key KEY              requests (but GET /health) must send Authorization: Bearer KEY\n"
         "                             [$LATTICE_API_KEY, else none]\n"
         "  --chat-template PATH       POST /v1/chat/completions' template: a Jinja file, a tokenizer_config.json or\n"
-        "                             their folder [the tokenizer's folder's, when it has one]\n",
+        "                             their folder [the tokenizer's folder's, when it has one]\n"
+        "  --tool-call-parser P       how chat completions find the model's tool calls in its text: hermes\n"
+        "                             (<tool_call>: Qwen, Hermes), llama3_json (Llama 3.1+), mistral ([TOOL_CALLS]),\n"
+        "                             none, or auto: the form the chat template teaches [auto]\n",
         stdout);
     std::fputs(kGenerationModelFlagsHelp, stdout);
     return 0;
   }
   start_exit_signal_watcher();  // before any other thread: SIGINT/SIGTERM stop the server, below
   std::set<std::string> value_flags = {"host", "port", "batch-size", "seed", "served-model-name", "api-key",
-                                       "chat-template"};
+                                       "chat-template", "tool-call-parser"};
   value_flags.insert(generation_model_flags().begin(), generation_model_flags().end());
   const SimpleFlags f = parse_simple_flags(argc, argv, 2, value_flags, {"bf16"});
   const std::string host = f.get("host", "127.0.0.1");
@@ -64,7 +68,13 @@ int cmd_serve(int argc, char** argv) {
 
   GenerationModel g = load_generation_model(f);
   options.chat_template = find_chat_template(f, g);
-  const std::string chat_note = options.chat_template ? "POST /v1/chat/completions (" + options.chat_template->source() + "), "
+  options.tool_call_parser = f.get("tool-call-parser", "auto");
+  if (f.has("tool-call-parser") && !options.chat_template)
+    LATTICE_FAIL() << "--tool-call-parser reads chat completions, which need a chat template (--chat-template)";
+  const ToolCallFormat tool_calls = tool_call_format(
+      options.tool_call_parser, options.chat_template ? options.chat_template->text() : "", "--tool-call-parser");
+  const std::string chat_note = options.chat_template ? "POST /v1/chat/completions (" + options.chat_template->source() +
+                                                            ", tool calls: " + tool_call_format_name(tool_calls) + "), "
                                                       : "";
   TextGenerationService service(*g.loaded.model, *g.tokenizer, options);
 

@@ -14,8 +14,9 @@ using nlohmann::json;
 using ojson = nlohmann::ordered_json;  // the request's objects in their order, as the template reads them
 
 // The messages as the template reads them: each an object with a text "role"; a "content" that is a
-// list of text parts becomes their texts joined by newlines. Other fields (name, tool_calls,
-// tool_call_id, ...) pass through.
+// list of text parts becomes their texts joined by newlines; a tool call's "arguments" that OpenAI's
+// clients send as JSON text becomes the object it holds (templates write it with tojson). Other fields
+// (name, tool_call_id, ...) pass through.
 ojson template_messages(const ojson& req) {
   auto it = req.find("messages");
   if (it == req.end() || !it->is_array() || it->empty()) throw RequestError("messages must be a non-empty list");
@@ -39,6 +40,17 @@ ojson template_messages(const ojson& req) {
     } else if (content != m.end() && !content->is_string() && !content->is_null()) {
       throw RequestError(where + ".content must be a text, a list of text parts or null");
     }
+    if (auto calls = m.find("tool_calls"); calls != m.end() && calls->is_array())
+      for (ojson& call : *calls) {
+        ojson* args = call.is_object() && call.contains("function") && call["function"].is_object() &&
+                              call["function"].contains("arguments")
+                          ? &call["function"]["arguments"]
+                          : nullptr;
+        if (args && args->is_string()) {
+          ojson parsed = ojson::parse(args->get<std::string>(), nullptr, false);
+          if (!parsed.is_discarded() && parsed.is_object()) *args = std::move(parsed);
+        }
+      }
     messages.push_back(std::move(m));
   }
   return messages;
@@ -54,7 +66,7 @@ ojson template_extras(const ojson& req) {
   if (auto choice = req.find("tool_choice"); choice != req.end() && !choice->is_null()) {
     if (!choice->is_string() || (*choice != "auto" && *choice != "none"))
       throw RequestError("tool_choice " + choice->dump().substr(0, 80) +
-                         " is not supported by lattice serve (\"auto\" or \"none\": the model's text is the content)");
+                         " is not supported by lattice serve (\"auto\" or \"none\": the model decides whether to call)");
     if (*choice == "none") extra.erase("tools");
   }
   if (auto kwargs = req.find("chat_template_kwargs"); kwargs != req.end() && !kwargs->is_null()) {
@@ -66,6 +78,18 @@ ojson template_extras(const ojson& req) {
     }
   }
   return extra;
+}
+
+// A choice's tool calls as OpenAI lists them (with "index" in a stream's delta); parallel false: the first only.
+json tool_calls_of(ToolCallFormat f, const ParsedToolCalls& parsed, uint64_t id, size_t choice, bool parallel,
+                   bool indexed) {
+  json calls = json::array();
+  for (size_t k = 0; k < parsed.calls.size() && (parallel || k == 0); ++k) {
+    json call = openai_tool_call(f, parsed.calls[k], id, choice, k);
+    if (indexed) call["index"] = k;
+    calls.push_back(std::move(call));
+  }
+  return calls;
 }
 
 // A returned token's entry of "logprobs": its text, log-probability and bytes.
@@ -101,9 +125,14 @@ HttpReply openai_chat_completions(const ojson& request, const EndpointContext& c
   const std::vector<std::string> stops = stop_strings(req);
   const bool add_generation_prompt = bool_field(req, "add_generation_prompt").value_or(true);
 
+  const bool parallel = bool_field(req, "parallel_tool_calls").value_or(true);
+  const ojson extras = template_extras(request);
+  // The model's tool calls are read when the request offers tools (and tool_choice is not "none").
+  const ToolCallFormat calls =
+      extras.contains("tools") && !extras["tools"].empty() ? ctx.tool_calls : ToolCallFormat::none;
   std::string text;
   try {
-    text = ctx.chat_template->render(template_messages(request), add_generation_prompt, template_extras(request));
+    text = ctx.chat_template->render(template_messages(request), add_generation_prompt, extras);
   } catch (const Error& e) {  // the template's raise_exception, or what it cannot do with these messages
     throw RequestError(e.what());
   }
@@ -143,12 +172,21 @@ HttpReply openai_chat_completions(const ojson& request, const EndpointContext& c
         chunk["usage"] = usage_of(results, n);
         return chunk;
       };
+    // With tool calls read, the text from where a call may begin waits for the end and is read whole: the
+    // last delta carries the content before the calls and the calls.
+    HeldFrom held;
+    if (calls != ToolCallFormat::none) held = [calls](const std::string& t) { return tool_calls_start(calls, t); };
     return stream_choices(
         std::move(requests), stops, ctx,
-        [chunk_of](size_t index, const std::string& piece, const char* finish) {
-          return chunk_of(index, piece.empty() ? json::object() : json{{"content", piece}}, finish);
+        [chunk_of, calls, id, parallel](size_t index, const std::string& piece, const char* finish) {
+          const ParsedToolCalls parsed = finish ? parse_tool_calls(calls, piece) : ParsedToolCalls{};
+          if (!parsed.called)
+            return chunk_of(index, piece.empty() ? json::object() : json{{"content", piece}}, finish);
+          json delta = {{"tool_calls", tool_calls_of(calls, parsed, id, index, parallel, true)}};
+          if (!parsed.content.empty()) delta["content"] = parsed.content;
+          return chunk_of(index, delta, "tool_calls");
         },
-        std::move(opening), closing);
+        std::move(opening), closing, held);
   }
 
   const std::vector<GenerationResult> results = ctx.generate(std::move(requests), stop_at_strings(tok, stops));
@@ -163,6 +201,11 @@ HttpReply openai_chat_completions(const ojson& request, const EndpointContext& c
                    {"message", {{"role", "assistant"}, {"content", content}}},
                    {"logprobs", nullptr},
                    {"finish_reason", r.stopped || cut != std::string::npos ? "stop" : "length"}};
+    if (const ParsedToolCalls parsed = parse_tool_calls(calls, content); parsed.called) {
+      choice["message"]["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
+      choice["message"]["tool_calls"] = tool_calls_of(calls, parsed, id, j, parallel, false);
+      choice["finish_reason"] = "tool_calls";
+    }
     if (logprobs) {
       json entries = json::array();
       for (int64_t k = P0; k < length; ++k) {

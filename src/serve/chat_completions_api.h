@@ -19,9 +19,14 @@
 // Choice j draws what /v1/completions' choice j draws for the template's text and seed. "stream": true
 // answers with "chat.completion.chunk" events: each choice's assistant role first, then each new piece
 // of a choice's content, then its finish reason, with include_usage a chunk with "usage" and no
-// choices, then "data: [DONE]". Tool calls are not parsed: the
-// model's text is the content. A template's raise_exception (roles that must alternate, a role it does
-// not take) is answered 400 with the template's message.
+// choices, then "data: [DONE]". When the request offers tools, the model's tool calls are read from its
+// text in the server's form (serve/tool_calls.h: --tool-call-parser, by default the template's):
+// the message's "tool_calls" [{"id", "type": "function", "function": {"name", "arguments"}}] (the first
+// only with "parallel_tool_calls": false), its content the text before them (null for none), and
+// finish_reason "tool_calls"; streamed, the text from where a call may begin waits, and the last delta
+// carries the calls (each with its "index"). An assistant message's tool call arguments sent as JSON text
+// reach the template as the object. A template's raise_exception (roles that must alternate, a role it
+// does not take) is answered 400 with the template's message.
 #pragma once
 #include <nlohmann/json.hpp>
 

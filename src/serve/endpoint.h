@@ -12,6 +12,7 @@
 
 #include "data/tokenizer.h"
 #include "model/text_generation.h"
+#include "serve/tool_calls.h"
 
 namespace lattice {
 
@@ -40,6 +41,7 @@ struct EndpointContext {
   std::function<uint64_t(std::optional<int64_t> given)> seed;
   std::function<std::vector<GenerationResult>(std::vector<GenerationRequest>, KeepGoing)> generate;
   const ChatTemplate* chat_template = nullptr;  // the chat completions' (none: they are refused)
+  ToolCallFormat tool_calls = ToolCallFormat::none;  // how the chat completions find the model's tool calls
 };
 
 // The sampler's stream of prompt i of a request seeded `seed`: `lattice generate --seed seed`'s for

@@ -82,12 +82,12 @@ KeepGoing stop_at_strings(const Tokenizer& tok, const std::vector<std::string>& 
 
 HttpReply stream_choices(std::vector<GenerationRequest> requests, std::vector<std::string> stops,
                          const EndpointContext& ctx, ChunkOf chunk, std::vector<nlohmann::json> opening,
-                         ClosingOf closing) {
+                         ClosingOf closing, HeldFrom held_from) {
   HttpReply reply;
   reply.content_type = "text/event-stream";
   reply.stream = [requests = std::move(requests), stops = std::move(stops), &ctx, chunk = std::move(chunk),
-                  opening = std::move(opening),
-                  closing = std::move(closing)](const std::function<bool(const std::string&)>& write) mutable {
+                  opening = std::move(opening), closing = std::move(closing),
+                  held_from = std::move(held_from)](const std::function<bool(const std::string&)>& write) mutable {
     const Tokenizer& tok = ctx.tokenizer;
     size_t hold = 0;
     for (const std::string& s : stops) hold = std::max(hold, s.size() - 1);
@@ -114,7 +114,8 @@ HttpReply stream_choices(std::vector<GenerationRequest> requests, std::vector<st
       }
       const std::string text = continuation_text(tok, r.tokens, r.prompt_length);
       const size_t cut = first_stop(text, stops);
-      const size_t end = cut != std::string::npos ? cut : streamable_prefix(text, hold);
+      size_t end = cut != std::string::npos ? cut : streamable_prefix(text, hold);
+      if (held_from) end = std::min(end, held_from(text.substr(0, end)));
       if (end > sent[i]) push(event(i, text.substr(sent[i], end - sent[i]), nullptr));
       sent[i] = std::max(sent[i], end);
       return cut == std::string::npos;

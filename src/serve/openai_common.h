@@ -41,13 +41,17 @@ using ChunkOf = std::function<nlohmann::json(size_t index, const std::string& pi
 // The stream's last chunk, made from the results (the usage), or null for none.
 using ClosingOf = std::function<nlohmann::json(const std::vector<GenerationResult>& results)>;
 
+// Where the text that waits for the end of the decoding begins in a text being written (npos: none of it).
+using HeldFrom = std::function<size_t(const std::string& text)>;
+
 // stream: true. Runs the requests and answers with server-sent events: first the `opening` chunks, then
 // "data: <chunk>" per new piece of a choice's text, each choice's last one with its finish reason, then
 // `closing`'s chunk where given, then "data: [DONE]". A piece never ends inside a UTF-8 character nor
-// passes a stop string (the text that could begin one waits for the next token). A client that goes
-// away ends the decoding.
+// passes a stop string (the text that could begin one waits for the next token); with held_from, the
+// text from where it says waits for the last piece (a tool call, read whole). A client that goes away
+// ends the decoding.
 HttpReply stream_choices(std::vector<GenerationRequest> requests, std::vector<std::string> stops,
                          const EndpointContext& ctx, ChunkOf chunk, std::vector<nlohmann::json> opening = {},
-                         ClosingOf closing = {});
+                         ClosingOf closing = {}, HeldFrom held_from = {});
 
 }  // namespace lattice

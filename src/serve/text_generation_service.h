@@ -39,6 +39,9 @@ struct ServeOptions {
   std::string api_key;
   bool log = true;         // one line per request on stderr
   std::optional<ChatTemplate> chat_template;  // the chat completions' (none: they are refused)
+  // How the chat completions read the model's tool calls (serve/tool_calls.h): auto (the template's form),
+  // hermes, llama3_json, mistral or none.
+  std::string tool_call_parser = "auto";
 };
 
 class TextGenerationService {

@@ -134,7 +134,7 @@ assert chunks[-1]["finish_reason"] == want["finish_reason"], (chunks, want)
   fi
 
   # ---- chat completions: the completion of the template's text (lattice chat-template's), streamed too ----
-  grep -q 'POST /v1/chat/completions (chatdir/tokenizer_config.json)' serve.err ||
+  grep -q 'POST /v1/chat/completions (chatdir/tokenizer_config.json, tool calls: none)' serve.err ||
     fail "the startup line does not name the chat endpoint and its template: $(head -n 1 serve.err)"
   if client chat "
 messages = json.load(open('chat.json'))
@@ -231,6 +231,10 @@ expect_error "generate --chat without a template" "--chat|no chat template|--cha
   "$LATTICE" generate --load ckpt --chat --prompt x
 expect_error "generate --system without --chat" "--system goes with --chat" -- \
   "$LATTICE" generate --load ckpt --system x --prompt x
+expect_error "serve --tool-call-parser qwen" "--tool-call-parser qwen: expected auto, hermes, llama3_json, mistral or none" -- \
+  "$LATTICE" serve --load ckpt --port 0 --chat-template chatdir --tool-call-parser qwen
+expect_error "serve --tool-call-parser without a template" "--tool-call-parser|chat template" -- \
+  "$LATTICE" serve --load ckpt --port 0 --tool-call-parser hermes
 expect_error "serve --chat-template with a syntax error" "--chat-template|bad.jinja|line 1" -- \
   bash -c "printf '{%% if x %%}' > bad.jinja && '$LATTICE' serve --load ckpt --port 0 --chat-template bad.jinja"
 e2e_finish
