@@ -247,6 +247,34 @@ std::vector<int> smollm3_no_rope_pattern(const json& j, const std::string& what,
   return pattern;
 }
 
+// LongRoPE's attention factor where rope_scaling gives none (transformers' _compute_longrope_parameters, for a
+// config with original_max_position_embeddings, as Phi3Config always has): with s = max / original,
+// sqrt(1 + ln s / ln original), 1 for s <= 1.
+float longrope_default_attention_factor(int64_t max_positions, int64_t original) {
+  const double s = double(max_positions) / double(original);
+  return s <= 1.0 ? 1.0f : float(std::sqrt(1.0 + std::log(s) / std::log(double(original))));
+}
+
+// Phi-3's rope_scaling longrope (Phi3Config's "su" too): short_factor and long_factor, one per rotated pair;
+// the original context is the config's original_max_position_embeddings (Phi3Config's default 4096).
+void read_phi3_longrope(const json& j, const json& s, const std::string& what, TransformerConfig& c) {
+  for (const char* key : {"short_factor", "long_factor"}) {
+    if (!s.contains(key) || !s[key].is_array() || s[key].empty())
+      LATTICE_FAIL() << what << ": rope_scaling longrope has no " << key << " list";
+    std::vector<float>& out = std::string(key) == "short_factor" ? c.longrope_short_factor : c.longrope_long_factor;
+    for (const json& v : s[key]) {
+      if (!v.is_number()) LATTICE_FAIL() << what << ": rope_scaling longrope " << key << " holds " << v.dump();
+      out.push_back(v.get<float>());
+    }
+  }
+  c.longrope_original_max_position_embeddings =
+      j.contains("original_max_position_embeddings") ? hf::config_int(j, what, "original_max_position_embeddings") : 4096;
+  c.longrope_attention_factor =
+      s.contains("attention_factor") && !s["attention_factor"].is_null()
+          ? float(hf::config_positive(s, what + " rope_scaling", "attention_factor", 1.0))
+          : longrope_default_attention_factor(c.max_position_embeddings, c.longrope_original_max_position_embeddings);
+}
+
 }  // namespace
 
 bool is_hf_llama_config(const json& j) { return !llama_family(j).empty(); }
@@ -323,11 +351,10 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
     } else if (type == "yarn") {
       hf::read_yarn_rope_scaling(j, s, what, c);
     } else if (phi3 && (type == "longrope" || type == "su")) {
-      LATTICE_FAIL() << what << ": rope_scaling " << type << " (the long-context Phi-3 and Phi-3.5 models, Phi-4-mini) "
-                     << "is not supported: lattice reads Phi-3 models without rope_scaling (Phi-3-mini-4k, "
-                        "Phi-3-medium-4k, Phi-4)";
+      read_phi3_longrope(j, s, what, c);
     } else {
-      LATTICE_FAIL() << what << ": rope_scaling " << s.dump() << " is not supported (none, linear, llama3 or yarn)";
+      LATTICE_FAIL() << what << ": rope_scaling " << s.dump().substr(0, 200) << " is not supported (none, linear, llama3 or yarn"
+                     << (phi3 ? "; Phi-3's longrope" : "") << ")";
     }
   }
   c.position_embedding_type = c.position_embedding_type == "yarn" ? "yarn" : "rope";
@@ -335,6 +362,11 @@ TransformerConfig hf_llama_config(const json& j, const std::string& what, int64_
   c.rotary_percent = phi3 ? hf::rope_value(j, what, "partial_rotary_factor", 1.0) : 1.0;
   if (c.rotary_percent > 1.0) LATTICE_FAIL() << what << ": partial_rotary_factor " << c.rotary_percent << " exceeds 1";
   c.rotary_interleaved = false;
+  const int64_t head_dim = c.kv_channels > 0 ? c.kv_channels : c.hidden_size / c.num_attention_heads;
+  if (const size_t pairs = size_t(double(head_dim) * c.rotary_percent) / 2;
+      c.longrope() && (c.longrope_short_factor.size() != pairs || c.longrope_long_factor.size() != pairs))
+    LATTICE_FAIL() << what << ": rope_scaling longrope has " << c.longrope_short_factor.size() << " short and "
+                   << c.longrope_long_factor.size() << " long factors; the rotation has " << pairs << " pairs of dims";
   c.rotary_base = float(hf::config_positive(j, what, "rope_theta", smollm3 ? 2000000.0 : 10000.0));  // the configs' defaults
   c.normalization = "RMSNorm";
   c.layernorm_epsilon = float(hf::config_positive(j, what, "rms_norm_eps", phi3 ? 1e-5 : 1e-6));  // the configs' defaults
@@ -514,6 +546,17 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
     j["model_type"] = "phi3";
     j["partial_rotary_factor"] = c.rotary_percent;
     j["original_max_position_embeddings"] = c.max_position_embeddings;
+    if (c.longrope()) {  // the attention factor written when transformers would not make the same one
+      const int64_t original = c.longrope_original_max_position_embeddings;
+      j["original_max_position_embeddings"] = original;
+      j["rope_scaling"] = {{"type", "longrope"},
+                           {"short_factor", json::array()},
+                           {"long_factor", json::array()}};
+      for (float v : c.longrope_short_factor) j["rope_scaling"]["short_factor"].push_back(hf::shortest_float(v));
+      for (float v : c.longrope_long_factor) j["rope_scaling"]["long_factor"].push_back(hf::shortest_float(v));
+      if (longrope_default_attention_factor(c.max_position_embeddings, original) != c.longrope_attention_factor)
+        j["rope_scaling"]["attention_factor"] = hf::shortest_float(c.longrope_attention_factor);
+    }
     j["sliding_window"] = c.window_size >= 0 ? json(c.window_size + 1) : json(nullptr);
     j["resid_pdrop"] = j["embd_pdrop"] = 0.0;
   }
@@ -524,7 +567,10 @@ json hf_llama_config_json(const TransformerConfig& c, const std::string& tokeniz
 std::string hf_llama_mismatch(const TransformerConfig& c, bool phi3) {
   if (phi3) {  // Phi-3: a dense Llama with partial rotation and Mistral's window
     const std::string why =
-        c.moe()                 ? "--num-experts"
+        c.hybrid()              ? "--hybrid-override-pattern"
+        : c.gated_delta_net()   ? "--experimental-attention-variant gated_delta_net"
+        : c.multi_latent_attention ? "--multi-latent-attention"
+        : c.moe()               ? "--num-experts"
         : c.add_qkv_bias        ? "--add-qkv-bias"
         : c.qk_layernorm        ? "--qk-layernorm"
         : !c.no_rope_pattern.empty() ? "--no-rope-freq"
@@ -534,7 +580,9 @@ std::string hf_llama_mismatch(const TransformerConfig& c, bool phi3) {
     if (!why.empty()) return why + " (HuggingFace Phi-3 has no such setting; --hf-model-type phi3)";
     if (c.yarn() || c.use_rope_scaling || c.rotary_seq_len_interpolation_factor > 0.0f)
       return "rope scaling (lattice writes HuggingFace Phi-3 without rope_scaling; --hf-model-type phi3)";
-  }  // then Llama's checks but the whole head's rotation
+  }  // then Llama's checks but the whole head's rotation and LongRoPE
+  if (c.longrope() && !phi3)
+    return "LongRoPE (--longrope-short-factor; HuggingFace Llama has none, Phi-3 has it: --hf-model-type phi3)";
   if (c.attention_output_gate)
     return "the attention output gate (--attention-output-gate; no HuggingFace Llama-family model has one)";
   if (!c.rope())

@@ -103,6 +103,10 @@ const std::vector<OptionalField>& optional_fields() {
       {"yarn_beta_slow", "--yarn-beta-slow", 1.0},
       {"yarn_mscale", "--yarn-mscale", 1.0},
       {"yarn_mscale_all_dim", "--yarn-mscale-all-dim", 0.0},
+      {"longrope_short_factor", "--longrope-short-factor", json::array()},
+      {"longrope_long_factor", "--longrope-long-factor", json::array()},
+      {"longrope_original_max_position_embeddings", "--longrope-original-max-position-embeddings", 4096},
+      {"longrope_attention_factor", "--longrope-attention-factor", 1.0},
       {"yarn_correction_range_round_to_int", "--no-yarn-correction-range-round-to-int", true},
       {"multi_latent_attention", "--multi-latent-attention", false},
       {"q_lora_rank", "--q-lora-rank", 0},
@@ -211,6 +215,10 @@ json model_config_json(const TransformerConfig& c) {
           {"yarn_beta_slow", c.yarn_beta_slow},
           {"yarn_mscale", c.yarn_mscale},
           {"yarn_mscale_all_dim", c.yarn_mscale_all_dim},
+          {"longrope_short_factor", c.longrope_short_factor},
+          {"longrope_long_factor", c.longrope_long_factor},
+          {"longrope_original_max_position_embeddings", c.longrope_original_max_position_embeddings},
+          {"longrope_attention_factor", c.longrope_attention_factor},
           {"yarn_correction_range_round_to_int", c.yarn_correction_range_round_to_int},
           {"multi_latent_attention", c.multi_latent_attention},
           {"q_lora_rank", c.q_lora_rank},
@@ -301,6 +309,11 @@ TransformerConfig model_config_from_json(const json& j, const std::string& where
     c.yarn_beta_slow = optional_field(j, "yarn_beta_slow").get<float>();
     c.yarn_mscale = optional_field(j, "yarn_mscale").get<float>();
     c.yarn_mscale_all_dim = optional_field(j, "yarn_mscale_all_dim").get<float>();
+    c.longrope_short_factor = optional_field(j, "longrope_short_factor").get<std::vector<float>>();
+    c.longrope_long_factor = optional_field(j, "longrope_long_factor").get<std::vector<float>>();
+    c.longrope_original_max_position_embeddings =
+        optional_field(j, "longrope_original_max_position_embeddings").get<int64_t>();
+    c.longrope_attention_factor = optional_field(j, "longrope_attention_factor").get<float>();
     c.yarn_correction_range_round_to_int = optional_field(j, "yarn_correction_range_round_to_int").get<bool>();
     c.multi_latent_attention = optional_field(j, "multi_latent_attention").get<bool>();
     c.q_lora_rank = optional_field(j, "q_lora_rank").get<int64_t>();

@@ -163,6 +163,15 @@ void to_hf(const SimpleFlags& f) {
   LoadedModel lm = open_model_checkpoint(load);
   const TransformerConfig& c = lm.config;
   const hf::ExportSource streamed = hf::checkpoint_source(lm);
+  // Phi-3: Llama's model with fused tensors, a part of each head rotated, LongRoPE; with --hf-model-type
+  // phi3, or when the weights were converted from Phi-3 or have LongRoPE (only Phi-3 has it) and have its form.
+  if (options.model_type.empty() && (lm.hf_model_type == "phi3" || c.longrope()) && hf_llama_mismatch(c, true).empty())
+    options.model_type = "phi3";
+  if (c.longrope() && options.model_type != "phi3")
+    LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has LongRoPE (--longrope-short-factor), which of "
+                   << "the HuggingFace forms only Phi-3 has, and "
+                   << (options.model_type.empty() ? hf_llama_mismatch(c, true)
+                                                  : "--hf-model-type " + options.model_type + " is not phi3");
   if (c.hybrid()) {  // HuggingFace Nemotron-H, or an error saying why not
     save_hf_nemotron_h(dir, streamed, lm.tokenizer_type, options);
     copy_tokenizer_files(lm, dir);
@@ -202,10 +211,6 @@ void to_hf(const SimpleFlags& f) {
                  dir.c_str(), hf_deepseek_family_name(c, options.model_type), options.dtype.c_str());
     return;  // (prediction depths: DeepSeek-V3's multi-token prediction modules)
   }
-  // Phi-3: Llama's model with fused tensors and a part of each head rotated; with --hf-model-type phi3, or when
-  // the weights were converted from Phi-3 and still have its form.
-  if (options.model_type.empty() && lm.hf_model_type == "phi3" && hf_llama_mismatch(c, true).empty())
-    options.model_type = "phi3";
   if (options.model_type == "phi3") {
     save_hf_llama(dir, streamed, lm.tokenizer_type, options);  // or an error saying why not
     copy_tokenizer_files(lm, dir);

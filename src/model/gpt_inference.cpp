@@ -54,7 +54,8 @@ GPTInference::GPTInference(const GPTModel& model, int64_t capacity, bool bf16_we
       << "KV cache of " << capacity_ << " tokens exceeds max_position_embeddings " << cfg_.max_position_embeddings;
   wte_ = p("embedding.word_embeddings.weight");
   wpe_ = cfg_.learned_positions() ? p("embedding.position_embeddings.weight") : nullptr;
-  rope_ = model.rope_table();
+  rope_ = model.rope_table(1);
+  rope_long_ = model.rope_table(cfg_.max_position_embeddings);  // LongRoPE's long table (else rope_)
   // A norm's weight as the kernels apply it: with --apply-layernorm-1p, 1 + the parameter (made
   // here, in norm_1p_: the final norm's, then each layer's input, pre-MLP and query/key norms').
   const int64_t C = cfg_.hidden_size, D = cfg_.kv_channels;
@@ -360,7 +361,9 @@ void GPTInference::attention_layer(float* out, const Layer& p, int64_t l, const 
   const int64_t W = layout.width();
   for (const Segment& g : segments) {
     float* q = qkv + g.row0 * W;
-    if (rope_ && cfg_.rotary_layer(l)) rope_forward(q, *rope_, g.rows, g.rows, g.past, layout);
+    // (a LongRoPE model's table: the long one once the context passes the original length)
+    if (rope_ && cfg_.rotary_layer(l))
+      rope_forward(q, cfg_.longrope_long(g.past + g.rows) ? *rope_long_ : *rope_, g.rows, g.rows, g.past, layout);
     const int64_t cache = g.seq * int64_t(k_cache_.size()) / sequences() + p.slot * layout.G * Tmax * D;
     kv_cache_append(k_cache_.data() + cache, v_cache_.data() + cache, q, g.rows, g.past, layout, Tmax);
     cached_attention_forward(attn + g.row0 * H * D, q, k_cache_.data() + cache, v_cache_.data() + cache, g.rows,

@@ -125,6 +125,7 @@ class GPTInference {
   GemmSite site_;
   const float *wte_, *wpe_, *lnf_w_, *lnf_b_, *out_w_;  // wpe_ null without learned positions
   const RopeTable* rope_ = nullptr;                      // the model's, with the rotary embedding
+  const RopeTable* rope_long_ = nullptr;                 // LongRoPE's long factors' (else rope_)
   DeviceArray<float> zero_bias_;                         // [C] zeros: the norms' bias with RMSNorm
   DeviceArray<float> qk_l2_ones_, qk_l2_zeros_;          // [D]: --qk-l2-norm's weights and biases
   DeviceArray<float> zero_offsets_;                      // [H] zeros: --softmax-type off-by-one's sinks

@@ -128,6 +128,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t B, int64_t T, const 
   params_.allocate(gradients);
   if (cfg_.apply_layernorm_1p) allocate_norm_1p();
   if (cfg_.rope()) rope_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings);
+  if (cfg_.longrope()) rope_long_ = std::make_unique<RotaryEmbedding>(cfg_, cfg_.max_position_embeddings, true);
   if (!cfg_.add_bias_linear || cfg_.rmsnorm() || cfg_.qk_l2_norm) {  // zeros for the kernels that add a bias; a sink
     const size_t n = size_t(std::max({cfg_.max_qkv_width() / P, fc1_local(), cfg_.hidden_size,  // for those
                                       cfg_.q_lora_rank, cfg_.kv_lora_rank,                      // that sum one
@@ -1148,7 +1149,7 @@ void GPTModel::forward_mlp_block(const LayerParams& p, Activations& a, size_t i,
 void GPTModel::rotate_qkv(float* qkv, int64_t B, int64_t T, int64_t layer) {
   if (!rope_ || !cfg_.rotary_layer(layer)) return;
   for (const TokenRun& r : token_runs(B, T))
-    rope_forward(qkv + r.row * qkv_local(), rope_->table(), r.rows, cp_.on() ? r.rows : T, r.position, qkv_layout());
+    rope_forward(qkv + r.row * qkv_local(), *rope_table(T), r.rows, cp_.on() ? r.rows : T, r.position, qkv_layout());
 }
 
 // fc1's rounding, bias and GELU (or SwiGLU) in one pass (Megatron's bias_gelu, bias_swiglu).
@@ -1695,7 +1696,7 @@ void GPTModel::backward_layers(const LayerParams* layers, int chunk, Activations
       }
       if (rope_ && cfg_.rotary_layer(l)) {  // d(q, k) before the rotation, each run of tokens at its positions
         for (const TokenRun& r : token_runs(B, T)) {
-          RopeTable t = rope_->table();
+          RopeTable t = *rope_table(T);
           t.cos += r.position * t.half;
           t.sin += r.position * t.half;
           t.positions -= r.position;

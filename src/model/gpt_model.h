@@ -289,7 +289,10 @@ class GPTModel {
 
   // The rotary embedding's table (positions 0..max_position_embeddings-1), or null with
   // learned absolute positions.
-  const RopeTable* rope_table() const { return rope_ ? &rope_->table() : nullptr; }
+  // The rotary table of a sequence of `length` positions (LongRoPE's long one past the original context).
+  const RopeTable* rope_table(int64_t length) const {
+    return !rope_ ? nullptr : cfg_.longrope_long(length) ? &rope_long_->table() : &rope_->table();
+  }
 
  private:
   struct Activations;
@@ -750,6 +753,7 @@ class GPTModel {
   DocumentBoundaries docs_;
   bool loss_gradient_of_sum_ = false;
   std::unique_ptr<RotaryEmbedding> rope_;  // with --position-embedding-type rope
+  std::unique_ptr<RotaryEmbedding> rope_long_;  // LongRoPE's long factors' (rope_: its short ones)
   DeviceArray<float> no_bias_, bias_grad_sink_;  // with --disable-bias-linear or RMSNorm (zeroed when allocated)
   DeviceArray<float> zero_offsets_;              // [Hl] zeros: --softmax-type off-by-one's sink logits
   DeviceArray<float> qk_l2_ones_;                // [D] ones: --qk-l2-norm's weights

@@ -60,7 +60,7 @@ int64_t rotary_dims(const TransformerConfig& c) {
   return int64_t(double(c.kv_channels) * c.rotary_percent);
 }
 
-RotaryEmbedding::RotaryEmbedding(const TransformerConfig& c, int64_t positions) {
+RotaryEmbedding::RotaryEmbedding(const TransformerConfig& c, int64_t positions, bool long_factors) {
   const int64_t R = rotary_dims(c), half = R / 2;
   LATTICE_CHECK(R >= 2 && R % 2 == 0 && R <= c.kv_channels && positions >= 1)
       << "rotary embedding of " << R << " dims of " << c.kv_channels << " for " << positions << " positions";
@@ -71,7 +71,12 @@ RotaryEmbedding::RotaryEmbedding(const TransformerConfig& c, int64_t positions) 
   if (c.use_rope_scaling)
     for (float& f : inv_freq) f = llama3_scaled_frequency(f, c);
   if (c.yarn()) inv_freq = yarn_frequencies(c, R);
-  const float scale = c.yarn() ? float(yarn_attention_factor(c)) : 1.0f;
+  if (c.longrope()) {  // as transformers' _compute_longrope_parameters: 1 / (ext[d] * base^(2d / R)) in fp32
+    const std::vector<float>& ext = long_factors ? c.longrope_long_factor : c.longrope_short_factor;
+    for (int64_t d = 0; d < half; ++d)
+      inv_freq[size_t(d)] = 1.0f / (ext[size_t(d)] * std::pow(c.rotary_base, float(2 * d) / float(R)));
+  }
+  const float scale = c.yarn() ? float(yarn_attention_factor(c)) : c.longrope() ? c.longrope_attention_factor : 1.0f;
   for (int64_t t = 0; t < positions; ++t) {
     const float pos = float(t) / factor;
     for (int64_t d = 0; d < half; ++d) {

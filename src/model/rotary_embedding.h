@@ -24,6 +24,12 @@
 // in fp32; the table's cos and sin are then times the attention factor
 // m(s, mscale) / m(s, mscale_all_dim), m(s, x) = 0.1 x ln s + 1 (1 for s <= 1), so every q . k
 // score is m^2 times the plain rotation's.
+//
+// With LongRoPE (--longrope-short-factor, HuggingFace's "longrope"), f[d] = 1 / (e[d] base^(2d / R)) in
+// fp32, e the short factors or, for the table of a sequence longer than the original context, the long
+// ones, and cos and sin times --longrope-attention-factor. A model keeps both tables and rotates a
+// sequence by the one its length picks, as transformers does for each forward pass (a KV-cache step: the
+// context so far, so keys cached before the context passed the original length keep the short rotation).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -36,8 +42,9 @@ namespace lattice {
 
 class RotaryEmbedding {
  public:
-  // positions: table rows (the longest sequence or generation context it serves).
-  RotaryEmbedding(const TransformerConfig& config, int64_t positions);
+  // positions: table rows (the longest sequence or generation context it serves); long_factors: LongRoPE's
+  // long factors (else its short ones).
+  RotaryEmbedding(const TransformerConfig& config, int64_t positions, bool long_factors = false);
   const RopeTable& table() const { return table_; }
 
  private:

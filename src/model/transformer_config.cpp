@@ -370,6 +370,30 @@ void TransformerConfig::check_yarn() const {
   if (other) LATTICE_FAIL() << other << " does not go with --position-embedding-type yarn";
 }
 
+void TransformerConfig::check_longrope() const {
+  const char* other = !rope() || yarn()                          ? "--position-embedding-type other than rope"
+                      : rotary_interleaved                       ? "--rotary-interleaved"
+                      : use_rope_scaling                         ? "--use-rope-scaling"
+                      : rotary_seq_len_interpolation_factor > 0  ? "--rotary-seq-len-interpolation-factor"
+                      : multi_latent_attention                   ? "--multi-latent-attention"
+                                                                 : nullptr;
+  if (other) LATTICE_FAIL() << "--longrope-short-factor does not go with " << other;
+  const size_t pairs = size_t(double(kv_channels) * rotary_percent) / 2;
+  for (const auto* f : {&longrope_short_factor, &longrope_long_factor}) {
+    const char* flag = f == &longrope_short_factor ? "--longrope-short-factor" : "--longrope-long-factor";
+    if (f->size() != pairs)
+      LATTICE_FAIL() << flag << " has " << f->size() << " factors; the rotation has " << pairs
+                     << " pairs of dims (--kv-channels x --rotary-percent / 2)";
+    for (float v : *f)
+      if (!(v > 0.0f && std::isfinite(v))) LATTICE_FAIL() << flag << ": factor " << v << " is not a finite number > 0";
+  }
+  if (longrope_original_max_position_embeddings < 1)
+    LATTICE_FAIL() << "--longrope-original-max-position-embeddings must be positive, got "
+                   << longrope_original_max_position_embeddings;
+  if (!(longrope_attention_factor > 0.0f && std::isfinite(longrope_attention_factor)))
+    LATTICE_FAIL() << "--longrope-attention-factor must be a finite number > 0, got " << longrope_attention_factor;
+}
+
 void TransformerConfig::check_gated_linear_unit() const {
   if (swiglu && quick_geglu) LATTICE_FAIL() << "--swiglu and --quick-geglu: the MLP has one gated unit; give one of them";
   if (!std::isfinite(glu_linear_offset))
@@ -387,6 +411,9 @@ void TransformerConfig::check_position_embedding() const {
     LATTICE_FAIL() << "--position-embedding-type must be learned_absolute, rope, yarn or none, got '"
                    << position_embedding_type << "'";
   if (yarn()) check_yarn();
+  if (!longrope_long_factor.empty() && !longrope())
+    LATTICE_FAIL() << "--longrope-long-factor needs --longrope-short-factor";
+  if (longrope()) check_longrope();
   if (use_rope_scaling && !rope())
     LATTICE_FAIL() << "--use-rope-scaling needs --position-embedding-type rope";
   if (!rope()) return;

@@ -218,6 +218,16 @@ struct TransformerConfig {
   float yarn_mscale = 1.0f, yarn_mscale_all_dim = 0.0f;
   bool yarn_correction_range_round_to_int = true;
   bool yarn() const { return position_embedding_type == "yarn"; }
+  // LongRoPE (HuggingFace's rope_scaling "longrope": Phi-3's 128k models, Phi-3.5, Phi-4-mini; lattice's
+  // --longrope-* flags, Megatron has none): each rotated pair d's frequency divided by short_factor[d] in a
+  // sequence of at most original_max_position_embeddings positions, by long_factor[d] in a longer one, and
+  // cos and sin times attention_factor (model/rotary_embedding.h). Empty factors: none.
+  std::vector<float> longrope_short_factor, longrope_long_factor;
+  int64_t longrope_original_max_position_embeddings = 4096;
+  float longrope_attention_factor = 1.0f;
+  bool longrope() const { return !longrope_short_factor.empty(); }
+  // Whether a sequence of `length` positions rotates by the long factors.
+  bool longrope_long(int64_t length) const { return longrope() && length > longrope_original_max_position_embeddings; }
   // The rotary embedding, plain or with YaRN's frequencies.
   bool rope() const { return position_embedding_type == "rope" || yarn(); }
   bool learned_positions() const { return position_embedding_type == "learned_absolute"; }
@@ -454,6 +464,7 @@ struct TransformerConfig {
   void check_recompute() const;
   // The YaRN fields' part of finalize() (with --position-embedding-type yarn).
   void check_yarn() const;
+  void check_longrope() const;
   // The gated linear unit fields' part of finalize().
   void check_gated_linear_unit() const;
   // The position embedding fields' part of finalize().

@@ -77,6 +77,15 @@ std::vector<Flag> flag_table(TrainArgs& a) {
       {"yarn-mscale-all-dim", Kind::f32, &a.yarn_mscale_all_dim, "with yarn: the attention factor's divisor m(s, this)"},
       {"no-yarn-correction-range-round-to-int", Kind::flag, &a.no_yarn_correction_range_round_to_int,
        "with yarn: the ramp's dims not floored and ceiled to whole dims (GPT-OSS's truncate false)"},
+      {"longrope-short-factor", Kind::f32_list, &a.longrope_short_factor,
+       "LongRoPE (lattice's; Phi-3.5's rope_scaling longrope): each rotated pair's frequency divided by its factor "
+       "in a sequence of at most --longrope-original-max-position-embeddings"},
+      {"longrope-long-factor", Kind::f32_list, &a.longrope_long_factor,
+       "LongRoPE: the pairs' factors in a longer sequence"},
+      {"longrope-original-max-position-embeddings", Kind::i64, &a.longrope_original_max_position_embeddings,
+       "LongRoPE: the longest sequence rotated by the short factors"},
+      {"longrope-attention-factor", Kind::f32, &a.longrope_attention_factor,
+       "LongRoPE: cos and sin times this (HuggingFace: sqrt(1 + ln(max / original) / ln original))"},
       {"make-vocab-size-divisible-by", Kind::i64, &a.make_vocab_size_divisible_by,
        "pad the vocabulary to a multiple of this (x TP)"},
       {"hidden-dropout", Kind::f32, &a.hidden_dropout, "dropout after attention/MLP and embedding"},
@@ -1482,6 +1491,10 @@ TransformerConfig TrainArgs::transformer_config() const {
   c.yarn_beta_slow = yarn_beta_slow;
   c.yarn_mscale = yarn_mscale;
   c.yarn_mscale_all_dim = yarn_mscale_all_dim;
+  c.longrope_short_factor = longrope_short_factor;
+  c.longrope_long_factor = longrope_long_factor;
+  c.longrope_original_max_position_embeddings = longrope_original_max_position_embeddings;
+  c.longrope_attention_factor = longrope_attention_factor;
   c.yarn_correction_range_round_to_int = !no_yarn_correction_range_round_to_int;
   c.recompute_granularity = recompute_granularity;
   c.recompute_method = recompute_method;
@@ -1653,6 +1666,12 @@ std::vector<std::pair<std::string, nlohmann::json>> checkpoint_flags(const Check
     from_model("yarn-mscale", "yarn_mscale");
     from_model("yarn-mscale-all-dim", "yarn_mscale_all_dim");
     on("no-yarn-correction-range-round-to-int", !m.value("yarn_correction_range_round_to_int", true));
+  }
+  if (m.contains("longrope_short_factor") && m["longrope_short_factor"].is_array() && !m["longrope_short_factor"].empty()) {
+    from_model("longrope-short-factor", "longrope_short_factor");
+    from_model("longrope-long-factor", "longrope_long_factor");
+    from_model("longrope-original-max-position-embeddings", "longrope_original_max_position_embeddings");
+    from_model("longrope-attention-factor", "longrope_attention_factor");
   }
   if (m.value("use_rope_scaling", false)) {
     out.emplace_back("use-rope-scaling", true);

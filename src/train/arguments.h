@@ -108,6 +108,9 @@ struct TrainArgs {
   float yarn_rotary_scaling_factor = 1.0f;
   int64_t yarn_original_max_position_embeddings = 4096;
   float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f, yarn_mscale = 1.0f, yarn_mscale_all_dim = 0.0f;
+  std::vector<float> longrope_short_factor, longrope_long_factor;
+  int64_t longrope_original_max_position_embeddings = 4096;
+  float longrope_attention_factor = 1.0f;
   bool no_yarn_correction_range_round_to_int = false;
   float rope_scaling_factor = 8.0f, rope_scaling_low_freq_factor = 1.0f, rope_scaling_high_freq_factor = 4.0f;
   int64_t rope_scaling_original_max_position_embeddings = 8192;

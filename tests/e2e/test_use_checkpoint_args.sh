@@ -72,6 +72,29 @@ if run convert "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_llama_tiny" 
   fi
 fi
 
+# A HuggingFace Phi-3.5-style model (LongRoPE, half of each head rotated): its factors travel as the --longrope-*
+# flags; fine-tuned at 16 tokens (past its original context of 8: the long factors), then out as Phi-3 again.
+if run convert_lr "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_phi3_tiny_longrope" --save ckpt_lr; then
+  if run finetune_lr "$LATTICE" train --use-checkpoint-args --load ckpt_lr --finetune "${RUN[@]}" --seq-length 16 \
+       --train-iters 2 --save ckpt_lr_ft; then
+    python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["model_config"]
+assert m["longrope_short_factor"] == [1.0, 1.5] and m["longrope_long_factor"] == [3.0, 7.0], m
+assert m["longrope_original_max_position_embeddings"] == 8 and m["rotary_percent"] == 0.5, m
+' ckpt_lr_ft/iter_0000002/checkpoint.json 2>lr.py.err &&
+      pass "--use-checkpoint-args --finetune of a converted LongRoPE Phi-3 keeps its factors" ||
+      fail "the fine-tuned LongRoPE model lost its factors: $(tail -n 1 lr.py.err)"
+    run lr_back "$LATTICE" convert --load ckpt_lr_ft --to-hf hf_lr &&
+      grep -q '"type": "longrope"' hf_lr/config.json && grep -q '"model_type": "phi3"' hf_lr/config.json &&
+      pass "the fine-tuned LongRoPE model goes out as Phi-3 with its rope_scaling" ||
+      fail "LongRoPE export: $(grep -E 'model_type|type' hf_lr/config.json | head -3)"
+  fi
+fi
+expect_error "--longrope-short-factor of the wrong length" "--longrope-short-factor has 3 factors|4 pairs" -- \
+  "$LATTICE" train "${MODEL[@]}" "${RUN[@]}" --train-iters 1 \
+  --longrope-short-factor 1 1 1 --longrope-long-factor 2 2 2
+
 # --use-mp-args-from-checkpoint-args (Megatron's): the tensor-parallel size the checkpoint was saved with too
 # (--dry-run shows the layout two ranks would take; without the flag the two are data-parallel).
 if command -v mpirun >/dev/null 2>&1 &&

@@ -114,7 +114,7 @@ TEST(HfInference, KvCacheLogitsEqualFullForward) {
 // chunk's q and k are rotated at positions length()..length()+n-1.
 TEST(HfInference, KvCacheLogitsEqualFullForwardWithRotaryEmbedding) {
   auto model = random_model(false, GeluKind::erf, true);
-  ASSERT_NE(model->rope_table(), nullptr);
+  ASSERT_NE(model->rope_table(1), nullptr);
   check_against_full_forward(*model, model->config().max_position_embeddings);
 }
 

@@ -16,6 +16,7 @@
 #include "checkpoint/hf_common.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/hf_rope_scaling.h"
+#include "model/gpt_inference.h"
 #include "model/rotary_embedding.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
@@ -295,16 +296,89 @@ TEST(HfLlama, Phi3SlidingWindowMatchesIndependentLogitsAndRoundTrips) {
   hf_test::expect_fixture_logits(*load_hf_llama(mistral.str()).model, "hf_phi3_tiny_swa");
 }
 
-// What Phi-3's form cannot hold, and Phi-3's long-context rope, are one-line errors naming them.
+// Max |a - b| over rows [0, T) of logits [T, Vp] against want [T, V].
+double max_logit_error(const std::vector<float>& logits, const std::vector<float>& want, int64_t T, int64_t V, int64_t Vp) {
+  double err = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t v = 0; v < V; ++v) err = std::max(err, std::fabs(double(logits[size_t(t * Vp + v)]) - want[size_t(t * V + v)]));
+  return err;
+}
+
+// Phi-3.5's LongRoPE (rope_scaling longrope, original context 8): the 16 tokens' logits by the long factors,
+// the first 8's alone by the short ones, both as the independent reference computes them; the KV cache
+// rotates by the context's length at each step as transformers does (the first 8 positions one at a time:
+// the short factors' logits; all 16 at once: the long ones'). Round trips as Phi-3, the factors and the
+// attention factor kept; training flags and --use-checkpoint-args carry them (test_convert_generate.sh).
+TEST(HfLlama, Phi3LongRopeMatchesIndependentLogitsByLengthAndRoundTrips) {
+  check_fixture_logits("hf_phi3_tiny_longrope");
+  HfModel hf = load_hf_llama(fixture("hf_phi3_tiny_longrope"));
+  const TransformerConfig& c = hf.model->config();
+  ASSERT_TRUE(c.longrope());
+  EXPECT_EQ(c.longrope_short_factor, (std::vector<float>{1.0f, 1.5f}));
+  EXPECT_EQ(c.longrope_long_factor, (std::vector<float>{3.0f, 7.0f}));
+  EXPECT_EQ(c.longrope_original_max_position_embeddings, 8);
+  EXPECT_FLOAT_EQ(c.longrope_attention_factor, std::sqrt(2.0f));  // sqrt(1 + ln(64 / 8) / ln 8)
+  SafetensorsFile ref = SafetensorsFile::read(fixture("hf_phi3_tiny_longrope") + "/expected_logits.safetensors");
+  const std::vector<int32_t> tokens = ref.get_i32("tokens");
+  const std::vector<float> long_logits = ref.get_f32("logits"), short_logits = ref.get_f32("logits_short");
+  const int64_t V = c.vocab_size, Vp = c.padded_vocab_size, S = 8, T = int64_t(tokens.size());
+  std::vector<float> logits(size_t(T * Vp));
+  hf.model->forward_logits(tokens.data(), 1, S, logits.data());
+  EXPECT_LE(max_logit_error(logits, short_logits, S, V, Vp), 1e-5);
+  GPTInference steps(*hf.model);
+  std::vector<float> one(static_cast<size_t>(Vp));
+  for (int64_t p = 0; p < S; ++p) {
+    steps.append(&tokens[size_t(p)], 1, one.data());
+    EXPECT_LE(max_logit_error(one, std::vector<float>(short_logits.begin() + p * V, short_logits.begin() + (p + 1) * V), 1,
+                              V, Vp),
+              1e-5)
+        << "position " << p;
+  }
+  GPTInference whole(*hf.model);
+  whole.append(tokens.data(), T, logits.data(), true);
+  EXPECT_LE(max_logit_error(logits, long_logits, T, V, Vp), 1e-5);
+  // Round trip: rope_scaling longrope with the factors, the original context, no attention_factor (the
+  // default one); then with the context changed, the attention factor written.
+  TempDir out("phi3_longrope_rt");
+  save_hf_llama(out.str(), *hf.model, "", [] {
+    hf::ExportOptions o;
+    o.model_type = "phi3";
+    return o;
+  }());
+  std::ifstream cf(out.str() + "/config.json");
+  const nlohmann::json j = nlohmann::json::parse(cf);
+  EXPECT_EQ(j["rope_scaling"]["type"], "longrope");
+  EXPECT_EQ(j["rope_scaling"]["short_factor"], nlohmann::json({1.0, 1.5}));
+  EXPECT_EQ(j["rope_scaling"]["long_factor"], nlohmann::json({3.0, 7.0}));
+  EXPECT_FALSE(j["rope_scaling"].contains("attention_factor"));
+  EXPECT_EQ(j["original_max_position_embeddings"], 8);
+  EXPECT_EQ(j["max_position_embeddings"], 64);
+  expect_same_tensor_bytes(fixture("hf_phi3_tiny_longrope"), out.str());
+  hf_test::expect_fixture_logits(*load_hf_llama(out.str()).model, "hf_phi3_tiny_longrope");
+  TransformerConfig shorter = c;
+  shorter.max_position_embeddings = 32;
+  const nlohmann::json k = hf_llama_config_json(shorter, "", true);
+  EXPECT_FLOAT_EQ(k["rope_scaling"]["attention_factor"].get<float>(), std::sqrt(2.0f));
+  // Llama has no LongRoPE: refused, naming Phi-3.
+  EXPECT_NE(hf_llama_mismatch(c).find("LongRoPE"), std::string::npos) << hf_llama_mismatch(c);
+}
+
+// What Phi-3's form cannot hold, and LongRoPE factors that do not fit, are one-line errors naming them.
 TEST(HfLlama, Phi3RefusalsNameTheSetting) {
   TempDir t("phi3_longrope");
   const std::string dir = hf_test::rewritten_fixture(
       "hf_phi3_tiny", nullptr,
       [](nlohmann::json& j) {
-        j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0, 1.0}}, {"long_factor", {2.0, 4.0}}};
+        j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0, 1.0, 1.0}}, {"long_factor", {2.0, 4.0, 4.0}}};
       },
       t);
-  hf_test::expect_one_line_error([&] { load_hf_llama(dir); }, {"config.json", "rope_scaling longrope", "Phi-4"});
+  hf_test::expect_one_line_error([&] { load_hf_llama(dir); },
+                                 {"config.json", "rope_scaling longrope has 3 short and 3 long factors", "2 pairs"});
+  TempDir t2("phi3_longrope_nolong");
+  const std::string dir2 = hf_test::rewritten_fixture(
+      "hf_phi3_tiny", nullptr, [](nlohmann::json& j) { j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0, 1.0}}}; },
+      t2);
+  hf_test::expect_one_line_error([&] { load_hf_llama(dir2); }, {"config.json", "rope_scaling longrope has no long_factor"});
   const TransformerConfig qwen3 = load_hf_llama(fixture("hf_qwen3_tiny")).model->config();
   EXPECT_NE(hf_llama_mismatch(qwen3, true).find("--qk-layernorm"), std::string::npos);
   const TransformerConfig llama = load_hf_llama(fixture("hf_llama_tiny")).model->config();  // head_dim 16 > 32 / 4
