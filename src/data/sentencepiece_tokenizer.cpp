@@ -4,8 +4,12 @@
 #include <sentencepiece_processor.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
+#include <map>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -53,6 +57,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(Kind kind, const std::string& pat
     eod_ = eos;
     bos_ = bos;
     vocab_size_ = pieces_;
+    const fs::path config = fs::path(file_).parent_path() / "tokenizer_config.json";
+    if (fs::exists(config, ec)) read_added_tokens(config.string());
     return;
   }
 
@@ -84,6 +90,47 @@ SentencePieceTokenizer::SentencePieceTokenizer(Kind kind, const std::string& pat
   add(piece_or(eos, "<EOS>"));
   for (int64_t i = 0; i < vocab_extra_ids; ++i) add("<extra_id_" + std::to_string(i) + ">");
   vocab_size_ = next_id;
+}
+
+void SentencePieceTokenizer::read_added_tokens(const std::string& config_file) {
+  using json = nlohmann::json;
+  const std::string what = "--tokenizer-model " + config_file;
+  const json j = json::parse(read_tokenizer_file(config_file, what), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) LATTICE_FAIL() << what << ": not a JSON object";
+  if (j.contains("added_tokens_decoder") && !j["added_tokens_decoder"].is_null()) {
+    const json& d = j["added_tokens_decoder"];
+    if (!d.is_object()) LATTICE_FAIL() << what << ": added_tokens_decoder is not an object";
+    std::map<int64_t, AddedToken> by_id;
+    for (auto it = d.begin(); it != d.end(); ++it) {
+      char* end = nullptr;
+      const long long id = std::strtoll(it.key().c_str(), &end, 10);
+      const json& t = it.value();
+      if (it.key().empty() || *end != '\0' || id < 0 || id > INT32_MAX)
+        LATTICE_FAIL() << what << ": added_tokens_decoder key '" << it.key() << "' is not a token id";
+      if (!t.is_object() || !t.contains("content") || !t["content"].is_string() || t["content"].get<std::string>().empty())
+        LATTICE_FAIL() << what << ": added token " << id << " has no text \"content\"";
+      by_id[id] = AddedToken{t["content"].get<std::string>(), int32_t(id), t.value("lstrip", false), t.value("rstrip", false)};
+    }
+    int64_t next = pieces_;  // the ids past the model's pieces follow them, one after the other
+    for (const auto& [id, t] : by_id) {
+      if (id >= pieces_ && id != next)
+        LATTICE_FAIL() << what << ": added token " << id << " ('" << t.content << "') leaves a gap after the model's "
+                       << pieces_ << " pieces and the tokens added before it (the next id is " << next << ")";
+      if (id >= pieces_) ++next;
+      added_.push_back(t);
+    }
+    vocab_size_ = next;
+  }
+  // The end of document: eos_token when it is an added token (Phi-3's <|endoftext|>), else the model's eos.
+  if (j.contains("eos_token") && !j["eos_token"].is_null()) {
+    const json& e = j["eos_token"];
+    const std::string eos = e.is_string() ? e.get<std::string>()
+                            : e.is_object() && e.contains("content") && e["content"].is_string()
+                                ? e["content"].get<std::string>()
+                                : "";
+    for (const AddedToken& t : added_)
+      if (t.content == eos) eod_ = t.id;
+  }
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
@@ -132,22 +179,29 @@ void SentencePieceTokenizer::encode_append(std::string_view text, std::vector<in
 
 std::vector<int32_t> SentencePieceTokenizer::encode_without_specials(const std::string& text) const {
   if (kind_ == Kind::kSentencePiece) return encode(text);
-  std::vector<std::pair<std::string, int32_t>> marks;  // the control pieces' texts
+  std::vector<AddedToken> marks = added_;  // the added tokens and the control pieces' texts
   for (const int id : {sp_->bos_id(), sp_->eos_id()})
-    if (id >= 0 && id < pieces_) marks.emplace_back(sp_->IdToPiece(id), int32_t(id));
+    if (id >= 0 && id < pieces_) marks.push_back({sp_->IdToPiece(id), int32_t(id)});
+  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
   std::vector<int32_t> ids;
   size_t at = 0;
-  for (;;) {
-    size_t best = std::string::npos, len = 0;
-    int32_t which = -1;
-    for (const auto& [piece, id] : marks) {
-      const size_t p = text.find(piece, at);
-      if (p < best || (p == best && p != std::string::npos && piece.size() > len)) best = p, len = piece.size(), which = id;
+  for (;;) {  // the earliest mark (the longest among marks at one place)
+    size_t best = std::string::npos;
+    const AddedToken* which = nullptr;
+    for (const AddedToken& m : marks) {
+      const size_t p = text.find(m.content, at);
+      if (p < best || (p == best && p != std::string::npos && m.content.size() > which->content.size()))
+        best = p, which = &m;
     }
-    if (best == std::string::npos) break;
-    encode_model(std::string_view(text).substr(at, best - at), &ids);
-    ids.push_back(which);
-    at = best + len;
+    if (!which) break;
+    size_t before = best, after = best + which->content.size();
+    if (which->lstrip)
+      while (before > at && space(text[before - 1])) --before;
+    if (which->rstrip)
+      while (after < text.size() && space(text[after])) ++after;
+    encode_model(std::string_view(text).substr(at, before - at), &ids);
+    ids.push_back(which->id);
+    at = after;
   }
   encode_model(std::string_view(text).substr(at), &ids);
   return ids;
@@ -171,7 +225,18 @@ std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) cons
     if (!status.ok()) LATTICE_FAIL() << name() << " " << file_ << ": decoding failed: " << status.message();
     return s;
   };
-  if (kind_ != Kind::kSentencePiece) return model_text(0, ids.size());
+  if (kind_ != Kind::kSentencePiece) {  // the added tokens past the pieces as their text
+    std::string text;
+    size_t last = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < pieces_) continue;
+      text += model_text(last, i);
+      for (const AddedToken& t : added_)
+        if (t.id == ids[i]) text += t.content;
+      last = i + 1;
+    }
+    return text + model_text(last, ids.size());
+  }
   // Megatron's detokenize: each special token as " TOKEN ", the model's text between them.
   std::string text;
   size_t last = 0;

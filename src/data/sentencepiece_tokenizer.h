@@ -14,6 +14,14 @@
 //   Llama2Tokenizer            the model's bos id, then the text's ids; the end of document is its
 //                              eos id.
 // The vocabulary is the model's pieces (plus SentencePieceTokenizer's additions).
+//
+// A HuggingFace model's folder may add tokens to the model's pieces (tokenizer_config.json's
+// added_tokens_decoder: Phi-3's <|user|>, <|assistant|>, <|end|> after Llama 2's 32000 pieces). For
+// Llama2Tokenizer and GPTSentencePieceTokenizer they extend the vocabulary (their ids after the pieces,
+// one after the other), a chat template's text finds them as their ids (with their lstrip and rstrip: the
+// whitespace before or after them taken with them, as HuggingFace's tokenizers take it), decoding writes
+// their text, and the end of document is the eos_token tokenizer_config.json names when it is one of them.
+// Megatron's encode (preprocess) stays the model's alone.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -62,6 +70,14 @@ class SentencePieceTokenizer : public Tokenizer {
 
  private:
   void encode_model(std::string_view text, std::vector<int32_t>* out) const;  // the library alone
+  // HuggingFace's added tokens beside the model (tokenizer_config.json's added_tokens_decoder).
+  void read_added_tokens(const std::string& config_file);
+  struct AddedToken {
+    std::string content;
+    int32_t id = 0;
+    bool lstrip = false, rstrip = false;
+  };
+  std::vector<AddedToken> added_;
 
   Kind kind_;
   std::string file_;

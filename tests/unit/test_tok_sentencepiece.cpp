@@ -12,12 +12,15 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 #include <vector>
 
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "test_util.h"
+
+#include <nlohmann/json.hpp>
 
 using namespace lattice;
 using lattice::test_util::error_of;
@@ -122,6 +125,48 @@ TEST(TokSentencePiece, ChatTextFindsTheBosAndEosPieces) {
   }
   const auto megatron = make_tokenizer(spec("SentencePieceTokenizer", m));
   EXPECT_EQ(megatron->encode_without_specials("a <EOD> b"), megatron->encode("a <EOD> b"));
+}
+
+// A HuggingFace folder's added tokens beside tokenizer.model (Phi-3's: its chat markers after Llama 2's
+// pieces, rstrip true, eos_token <|endoftext|>): the vocabulary grows by them, a chat template's text finds
+// them (and the whitespace their rstrip or lstrip takes), decoding writes them, the end of document is
+// eos_token's; preprocess's encode stays the model's alone. A gap in their ids is refused naming the file.
+TEST(TokSentencePiece, HuggingFaceAddedTokensBesideTheModel) {
+  const std::string m = llama2_model();
+  const int pieces = piece_count(m);
+  const std::string dir = temp_dir() + "/phi3";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(m, dir + "/tokenizer.model");
+  auto config = [&](const std::vector<std::tuple<int, std::string, bool, bool>>& added, const std::string& eos) {
+    nlohmann::json d = nlohmann::json::object();
+    for (const auto& [id, content, lstrip, rstrip] : added)
+      d[std::to_string(id)] = {{"content", content}, {"lstrip", lstrip}, {"rstrip", rstrip}, {"special", true}};
+    std::ofstream(dir + "/tokenizer_config.json") << nlohmann::json{{"added_tokens_decoder", d}, {"eos_token", eos}}.dump();
+  };
+  config({{0, "<unk>", false, false}, {1, "<s>", false, false}, {2, "</s>", false, false},
+          {pieces, "<|endoftext|>", false, false}, {pieces + 1, "<|assistant|>", false, true},
+          {pieces + 2, "<|end|>", false, true}, {pieces + 3, "<|user|>", false, true}, {pieces + 4, "<x>", true, false}},
+         "<|endoftext|>");
+  for (const char* type : {"Llama2Tokenizer", "GPTSentencePieceTokenizer"}) {
+    SCOPED_TRACE(type);
+    const auto tok = make_tokenizer(spec(type, dir));
+    EXPECT_EQ(tok->vocab_size(), pieces + 5);
+    EXPECT_EQ(tok->eod(), pieces);
+    const std::vector<int32_t> ids = tok->encode_without_specials("<s><|user|>\nthe light<|end|>\n<|assistant|>\n");
+    EXPECT_EQ(ids, cat({{1, pieces + 3}, library_ids(m, "the light"), {pieces + 2, pieces + 1}}));
+    EXPECT_EQ(tok->encode_without_specials("the day  <x>\n"), cat({library_ids(m, "the day"), {pieces + 4}, library_ids(m, "\n")}));
+    EXPECT_EQ(tok->decode(ids), "<|user|>the light<|end|><|assistant|>");
+    EXPECT_EQ(tok->encode("<|end|>"), std::string(type) == "Llama2Tokenizer" ? cat({{1}, library_ids(m, "<|end|>")})
+                                                                             : library_ids(m, "<|end|>"));
+  }
+  // Without an added eos_token the model's eos ends documents.
+  config({{pieces, "<|end|>", false, false}}, "</s>");
+  EXPECT_EQ(make_tokenizer(spec("Llama2Tokenizer", dir))->eod(), 2);
+  config({{pieces + 1, "<|end|>", false, false}}, "</s>");
+  const std::string gap = error_of([&] { make_tokenizer(spec("Llama2Tokenizer", dir)); });
+  EXPECT_NE(gap.find("tokenizer_config.json: added token " + std::to_string(pieces + 1) + " ('<|end|>') leaves a gap"),
+            std::string::npos)
+      << gap;
 }
 
 TEST(TokSentencePiece, GptSentencePieceIsTheLibraryAlone) {
