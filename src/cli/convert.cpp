@@ -129,7 +129,8 @@ void from_hf(const SimpleFlags& f) {
 }
 
 // A HuggingFace or SentencePiece tokenizer travels with the model (tokenizer.json or
-// tokenizer.model, and the configuration files beside it), so the folder loads as HuggingFace's.
+// tokenizer.model, and the configuration files beside it: tokenizer_config.json, special_tokens_map.json,
+// chat_template.jinja, generation_config.json), so the folder loads as HuggingFace's.
 void copy_tokenizer_files(const LoadedModel& lm, const std::string& dir) {
   const std::string& type = lm.tokenizer.type;
   const bool sentencepiece = SentencePieceTokenizer::is_type(type);
@@ -137,9 +138,13 @@ void copy_tokenizer_files(const LoadedModel& lm, const std::string& dir) {
     const fs::path model = lm.tokenizer.model;
     const char* name = sentencepiece ? "tokenizer.model" : "tokenizer.json";
     const fs::path file = fs::is_directory(model) ? model / name : model;
+    // (with the chat template and generation_config.json's stop tokens, which generate and serve read beside it)
+    const fs::path dir_of = file.parent_path();
     const std::pair<fs::path, const char*> files[] = {{file, name},
-                                                      {file.parent_path() / "tokenizer_config.json", "tokenizer_config.json"},
-                                                      {file.parent_path() / "special_tokens_map.json", "special_tokens_map.json"}};
+                                                      {dir_of / "tokenizer_config.json", "tokenizer_config.json"},
+                                                      {dir_of / "special_tokens_map.json", "special_tokens_map.json"},
+                                                      {dir_of / "chat_template.jinja", "chat_template.jinja"},
+                                                      {dir_of / "generation_config.json", "generation_config.json"}};
     for (const auto& [from, to] : files) {
       std::error_code ec;
       if (!fs::exists(from)) continue;

@@ -18,6 +18,7 @@
 // max_position_embeddings tokens. A longer prompt keeps its last max_position_embeddings
 // tokens; when generation fills the context, it restarts from the last half of it (one new
 // prefill), so long generations cost a prefill every max_position_embeddings/2 tokens.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "cli/generation_setup.h"
+#include "data/generation_config.h"
 #include "cli/subcommands.h"
 #include "core/device.h"
 #include "core/error.h"
@@ -107,7 +109,7 @@ std::vector<int32_t> prompt_ids(const Tokenizer& tok, const std::string& prompt,
 
 void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer& tok,
                   const std::string& prompt, bool chat, int64_t max_new_tokens, const SamplingConfig& sc,
-                  const PhiloxStream& stream, GenerationTiming& timing) {
+                  const std::vector<int32_t>& stops, const PhiloxStream& stream, GenerationTiming& timing) {
   const TransformerConfig& c = model.config();
   const int64_t P = c.max_position_embeddings;
   std::vector<int32_t> ids = prompt_ids(tok, prompt, chat);
@@ -123,7 +125,7 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
   TextSoFar text(tok, ids);
   for (int64_t n = 0; n < max_new_tokens; ++n) {
     const int32_t next = sample_token(logits.data(), c.vocab_size, sc, stream, uint64_t(n));
-    if (next == tok.eod()) break;
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
     ids.push_back(next);
     const std::string piece = text.piece(ids, next);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -141,8 +143,8 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
 // The prompts decoded `batch` at a time (--batch-size; model/text_generation.h): each prompt samples
 // as it would alone (its own stream, its own logits); its text is printed when complete, in prompt order.
 void generate_batched(GPTModel& model, const Tokenizer& tok, const std::vector<std::string>& prompts, bool chat,
-                      int64_t max_new_tokens, const SamplingConfig& sc, uint64_t seed, int64_t batch, bool bf16,
-                      GenerationTiming& timing) {
+                      int64_t max_new_tokens, const SamplingConfig& sc, const std::vector<int32_t>& stops,
+                      uint64_t seed, int64_t batch, bool bf16, GenerationTiming& timing) {
   std::vector<GenerationRequest> requests(prompts.size());
   std::vector<std::unique_ptr<TextSoFar>> texts(prompts.size());
   std::vector<std::string> outputs(prompts.size());
@@ -152,7 +154,7 @@ void generate_batched(GPTModel& model, const Tokenizer& tok, const std::vector<s
     r.max_new_tokens = max_new_tokens;
     r.sampling = sc;
     r.stream = PhiloxStream{seed, fnv1a32("generate"), uint32_t(i), 0};
-    r.stop_token = tok.eod();
+    r.stop_tokens = stops;
     texts[i] = std::make_unique<TextSoFar>(tok, r.prompt);
     outputs[i] = prompts[i];
   }
@@ -241,6 +243,8 @@ int cmd_generate(int argc, char** argv) {
   const Tokenizer* tok = g.tokenizer.get();
   const Device device = current_device();
   const bool kv_cache = !f.has("no-kv-cache"), bf16 = f.has("bf16");
+  // The end of document and generation_config.json's eos ids beside the tokenizer (a chat model's end of turn).
+  const std::vector<int32_t> stops = generation_stop_tokens(*tok, g.tokenizer_spec.model);
   if (chat) {  // each prompt: [system,] user -> the template's text, opening the assistant's turn
     const std::optional<ChatTemplate> templ = find_chat_template(f, g);
     if (!templ)
@@ -257,12 +261,12 @@ int cmd_generate(int argc, char** argv) {
   if (batch > 1 && !kv_cache) LATTICE_FAIL() << "--batch-size " << batch << " decodes with the KV cache: drop --no-kv-cache";
   GenerationTiming timing;
   if (batch > 1) {
-    generate_batched(*lm.model, *tok, prompts, chat, max_new, sc, seed, batch, bf16, timing);
+    generate_batched(*lm.model, *tok, prompts, chat, max_new, sc, stops, seed, batch, bf16, timing);
   } else {
     NextTokenLogits next_logits(*lm.model, kv_cache, bf16);
     for (size_t i = 0; i < prompts.size(); ++i) {
       PhiloxStream stream{seed, fnv1a32("generate"), uint32_t(i), 0};
-      generate_one(*lm.model, next_logits, *tok, prompts[i], chat, max_new, sc, stream, timing);
+      generate_one(*lm.model, next_logits, *tok, prompts[i], chat, max_new, sc, stops, stream, timing);
     }
   }
   std::fprintf(stderr,

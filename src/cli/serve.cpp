@@ -15,6 +15,7 @@
 #include <httplib.h>
 
 #include "cli/generation_setup.h"
+#include "data/generation_config.h"
 #include "cli/subcommands.h"
 #include "core/device.h"
 #include "core/error.h"
@@ -69,6 +70,7 @@ int cmd_serve(int argc, char** argv) {
   GenerationModel g = load_generation_model(f);
   options.chat_template = find_chat_template(f, g);
   options.tool_call_parser = f.get("tool-call-parser", "auto");
+  options.stop_tokens = generation_stop_tokens(*g.tokenizer, g.tokenizer_spec.model);
   if (f.has("tool-call-parser") && !options.chat_template)
     LATTICE_FAIL() << "--tool-call-parser reads chat completions, which need a chat template (--chat-template)";
   const ToolCallFormat tool_calls = tool_call_format(

@@ -160,7 +160,7 @@ void TextGenerator::run(const Source& source, const TokenCallback& on_token, con
         continue;
       }
       const int32_t next = sample_token(q.logits.data(), V, r.sampling, r.stream, uint64_t(q.made));
-      if (next == r.stop_token) {
+      if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end()) {
         out.stopped = true;
         finish(s);
         continue;

@@ -36,7 +36,7 @@ struct GenerationRequest {
   int64_t max_new_tokens = 0;
   SamplingConfig sampling;
   PhiloxStream stream{0, 0};     // the sampler's draws: draw n picks the (n + 1)-th new token
-  int32_t stop_token = -1;       // a sampled stop_token ends decoding and is not kept (-1: none)
+  std::vector<int32_t> stop_tokens;  // a sampled one ends decoding and is not kept (none: max_new_tokens only)
   // The log-probability of every token after the first (the prompt's and the new ones); with
   // top_logprobs > 0 also the top_logprobs likeliest tokens' at each of those positions. The whole
   // prompt must then fit the context (no token of it is dropped).

@@ -16,7 +16,7 @@ GenerationRequest prompt_request(const EndpointContext& ctx, size_t i, std::vect
   r.max_new_tokens = max_new;
   r.sampling = sampling;
   r.stream = prompt_stream(seed, i);
-  r.stop_token = ctx.tokenizer.eod();
+  r.stop_tokens = ctx.stop_tokens.empty() ? std::vector<int32_t>{ctx.tokenizer.eod()} : ctx.stop_tokens;
   r.logprobs = logprobs;
   r.top_logprobs = top_logprobs;
   return r;

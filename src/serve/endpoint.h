@@ -42,6 +42,7 @@ struct EndpointContext {
   std::function<std::vector<GenerationResult>(std::vector<GenerationRequest>, KeepGoing)> generate;
   const ChatTemplate* chat_template = nullptr;  // the chat completions' (none: they are refused)
   ToolCallFormat tool_calls = ToolCallFormat::none;  // how the chat completions find the model's tool calls
+  std::vector<int32_t> stop_tokens;  // the tokens that end a text (none given: the end of document)
 };
 
 // The sampler's stream of prompt i of a request seeded `seed`: `lattice generate --seed seed`'s for
@@ -52,7 +53,7 @@ inline PhiloxStream prompt_stream(uint64_t seed, size_t i) {
 
 // Prompt i's request of an endpoint's call: its tokens, max_new new ones (refused naming max_field
 // when the two would not fit the context), the sampling, prompt_stream(seed, i), stopping at the
-// end-of-document token; logprobs and top_logprobs as GenerationRequest's.
+// end-of-document token (ctx.stop_tokens when given); logprobs and top_logprobs as GenerationRequest's.
 GenerationRequest prompt_request(const EndpointContext& ctx, size_t i, std::vector<int32_t> prompt, int64_t max_new,
                                  const char* max_field, const SamplingConfig& sampling, uint64_t seed,
                                  bool logprobs = false, int64_t top_logprobs = 0);

@@ -21,6 +21,7 @@ TextGenerationService::TextGenerationService(const GPTModel& model, const Tokeni
       ctx_{tokenizer, model.config().max_position_embeddings, options_.model_name, {}, {},
            options_.chat_template ? &*options_.chat_template : nullptr},
       next_seed_(options_.seed) {
+  ctx_.stop_tokens = options_.stop_tokens;
   ctx_.tool_calls = tool_call_format(options_.tool_call_parser,
                                      options_.chat_template ? options_.chat_template->text() : "", "--tool-call-parser");
   const size_t before = device_alloc_stats().allocated_bytes;

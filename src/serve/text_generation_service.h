@@ -42,6 +42,7 @@ struct ServeOptions {
   // How the chat completions read the model's tool calls (serve/tool_calls.h): auto (the template's form),
   // hermes, llama3_json, mistral or none.
   std::string tool_call_parser = "auto";
+  std::vector<int32_t> stop_tokens;  // the tokens that end a text (none: the tokenizer's end of document)
 };
 
 class TextGenerationService {

@@ -120,6 +120,22 @@ if "$LATTICE" convert --from-hf hf --save ckpt2 >/dev/null 2>conv.err && grep -q
 else
   fail "convert --from-hf of the exported folder: $(cat conv.err)"
 fi
+# generation_config.json beside the tokenizer: any of its eos_token_id ends a text (here every id: the
+# prompt alone, with no new token); a bad one is named.
+python3 -c '
+import json
+t = json.load(open("hf/tokenizer.json"))
+n = max([*t["model"]["vocab"].values(), *[a["id"] for a in t["added_tokens"]]]) + 1
+json.dump({"eos_token_id": list(range(n))}, open("hf/generation_config.json", "w"))
+'
+"$LATTICE" generate --load ckpt2 "${GEN[@]}" >gen_c.out 2>gen_c.err &&
+  [ "$(cat gen_c.out)" = "In the beginning" ] &&
+  pass "generate stops at generation_config.json's eos_token_id" ||
+  fail "generation_config.json's stop tokens: '$(cat gen_c.out)' $(tail -n 1 gen_c.err)"
+printf '{"eos_token_id": [1, 99999999]}' >hf/generation_config.json
+expect_error "generation_config.json with an id outside the vocabulary" "hf/generation_config.json|eos_token_id 99999999" -- \
+  "$LATTICE" generate --load ckpt2 "${GEN[@]}"
+rm -f hf/generation_config.json
 
 # 5. Bad tokenizer folders: one line naming the file and the key; nothing written.
 mkdir -p cut replace noeos regex

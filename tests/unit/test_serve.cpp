@@ -144,13 +144,20 @@ TEST(TextGeneration, StopTokenCallbackAndScoringOnly) {
   ASSERT_EQ(free_run.tokens.size(), 11u);
   EXPECT_FALSE(free_run.stopped);
   // The third new token as the stop token: the tokens before its first appearance kept.
-  r.stop_token = free_run.tokens[5];
-  const auto first = std::find(free_run.tokens.begin() + 3, free_run.tokens.end(), r.stop_token);
+  r.stop_tokens = {free_run.tokens[5]};
+  const auto first = std::find(free_run.tokens.begin() + 3, free_run.tokens.end(), free_run.tokens[5]);
   const GenerationResult stopped = gen.run({r})[0];
   EXPECT_TRUE(stopped.stopped);
   EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free_run.tokens.begin(), first));
+  // Several stop tokens (a chat model's ends of turn): the first of any of them ends it.
+  r.stop_tokens = {free_run.tokens[7], free_run.tokens[4]};
+  const auto earliest = std::find_first_of(free_run.tokens.begin() + 3, free_run.tokens.end(), r.stop_tokens.begin(),
+                                           r.stop_tokens.end());
+  const GenerationResult either = gen.run({r})[0];
+  EXPECT_TRUE(either.stopped);
+  EXPECT_EQ(either.tokens, std::vector<int32_t>(free_run.tokens.begin(), earliest));
   // The callback ends it after the first new token.
-  r.stop_token = -1;
+  r.stop_tokens.clear();
   const GenerationResult cut = gen.run({r}, [](size_t, const GenerationResult& g) { return g.tokens.size() < 4; })[0];
   EXPECT_EQ(cut.tokens.size(), 4u);
   EXPECT_TRUE(cut.stopped);
@@ -186,7 +193,7 @@ TEST_F(ServiceFixture, MegatronApiAnswersWhatTheGeneratorDecodes) {
     r.sampling.temperature = 0.7f;
     r.sampling.top_k = 20;
     r.stream = prompt_stream(99, i);
-    r.stop_token = tok->eod();
+    r.stop_tokens = {tok->eod()};
     r.logprobs = true;
     TextGenerator gen(*model, 1, false);
     const GenerationResult want = gen.run({r})[0];
