@@ -113,6 +113,7 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
   const TransformerConfig& c = model.config();
   const int64_t P = c.max_position_embeddings;
   std::vector<int32_t> ids = prompt_ids(tok, prompt, chat);
+  const int64_t prompt_length = int64_t(ids.size());
   std::vector<float> logits(static_cast<size_t>(c.padded_vocab_size));
   std::fputs(prompt.c_str(), stdout);
   std::fflush(stdout);
@@ -124,6 +125,7 @@ void generate_one(GPTModel& model, NextTokenLogits& next_logits, const Tokenizer
   timer.reset();
   TextSoFar text(tok, ids);
   for (int64_t n = 0; n < max_new_tokens; ++n) {
+    if (sc.adjusts()) adjust_logits(logits.data(), c.vocab_size, sc, ids, prompt_length);
     const int32_t next = sample_token(logits.data(), c.vocab_size, sc, stream, uint64_t(n));
     if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
     ids.push_back(next);
@@ -206,6 +208,10 @@ int cmd_generate(int argc, char** argv) {
         "  --temperature T            softmax temperature; 0: greedy [1]\n"
         "  --top-k K                  sample among the K likeliest tokens (0: all) [0]\n"
         "  --top-p P                  nucleus sampling: the likeliest tokens up to mass P [1]\n"
+        "  --repetition-penalty R     a token of the prompt or the text so far: its logit / R when positive, x R\n"
+        "                             when negative (HuggingFace's) [1: none]\n"
+        "  --frequency-penalty F      logit - F x the times the token was generated (OpenAI's; -2 to 2) [0]\n"
+        "  --presence-penalty P       logit - P for a token already generated (OpenAI's; -2 to 2) [0]\n"
         "  --seed S                   sampling seed [1234]\n"
         "  --batch-size B             prompts decoded together, their new tokens one GEMM per layer; each\n"
         "                             prompt's text printed when complete (B > 1) [1: streamed]\n"
@@ -222,6 +228,7 @@ int cmd_generate(int argc, char** argv) {
     return 0;
   }
   std::set<std::string> value_flags = {"prompt", "prompt-file", "max-new-tokens", "temperature", "top-k", "top-p",
+                                        "repetition-penalty", "frequency-penalty", "presence-penalty",
                                         "seed", "batch-size", "system", "chat-template"};
   value_flags.insert(generation_model_flags().begin(), generation_model_flags().end());
   SimpleFlags f = parse_simple_flags(argc, argv, 2, value_flags, {"no-kv-cache", "bf16", "chat"});
@@ -235,6 +242,13 @@ int cmd_generate(int argc, char** argv) {
   sc.top_p = float(f.number("top-p", 1.0));
   if (!(sc.temperature >= 0)) LATTICE_FAIL() << "--temperature must be >= 0";
   if (!(sc.top_p > 0 && sc.top_p <= 1)) LATTICE_FAIL() << "--top-p must be in (0, 1]";
+  sc.repetition_penalty = float(f.number("repetition-penalty", 1.0));
+  sc.frequency_penalty = float(f.number("frequency-penalty", 0.0));
+  sc.presence_penalty = float(f.number("presence-penalty", 0.0));
+  if (!(sc.repetition_penalty > 0 && std::isfinite(sc.repetition_penalty)))
+    LATTICE_FAIL() << "--repetition-penalty must be a number > 0, got " << f.get("repetition-penalty", "");
+  for (const char* p : {"frequency-penalty", "presence-penalty"})
+    if (!(std::fabs(f.number(p, 0.0)) <= 2.0)) LATTICE_FAIL() << "--" << p << " must be in [-2, 2], got " << f.get(p, "");
   const int64_t max_new = integer_flag(f, "max-new-tokens", 100, 0);
   const int64_t batch = integer_flag(f, "batch-size", 1, 1);
   const uint64_t seed = uint64_t(integer_flag(f, "seed", 1234, 0));

@@ -8,6 +8,29 @@
 #include "core/error.h"
 
 namespace lattice {
+
+void adjust_logits(float* logits, int64_t V, const SamplingConfig& cfg, const std::vector<int32_t>& tokens,
+                   int64_t prompt_length) {
+  if (cfg.repetition_penalty != 1.0f) {
+    std::vector<bool> seen(static_cast<size_t>(V), false);
+    for (int32_t t : tokens)
+      if (t >= 0 && t < V && !seen[size_t(t)]) {
+        seen[size_t(t)] = true;
+        float& l = logits[t];
+        l = l > 0 ? l / cfg.repetition_penalty : l * cfg.repetition_penalty;
+      }
+  }
+  if (cfg.frequency_penalty != 0.0f || cfg.presence_penalty != 0.0f) {
+    std::vector<int32_t> count(static_cast<size_t>(V), 0);
+    for (size_t k = size_t(std::max<int64_t>(prompt_length, 0)); k < tokens.size(); ++k)
+      if (tokens[k] >= 0 && tokens[k] < V) ++count[size_t(tokens[k])];
+    for (int64_t t = 0; t < V; ++t)
+      if (count[size_t(t)] > 0) logits[t] -= float(count[size_t(t)]) * cfg.frequency_penalty + cfg.presence_penalty;
+  }
+  for (const auto& [t, bias] : cfg.logit_bias)
+    if (t >= 0 && t < V) logits[t] += bias;
+}
+
 namespace {
 
 // The token whose cumulative weight (over `ids` in their order) first exceeds u.

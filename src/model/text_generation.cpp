@@ -159,7 +159,14 @@ void TextGenerator::run(const Source& source, const TokenCallback& on_token, con
         finish(s);
         continue;
       }
-      const int32_t next = sample_token(q.logits.data(), V, r.sampling, r.stream, uint64_t(q.made));
+      int32_t next;
+      if (r.sampling.adjusts()) {  // penalties and bias on a copy: the log-probabilities stay the model's
+        std::vector<float> adjusted(q.logits.begin(), q.logits.begin() + V);
+        adjust_logits(adjusted.data(), V, r.sampling, out.tokens, out.prompt_length);
+        next = sample_token(adjusted.data(), V, r.sampling, r.stream, uint64_t(q.made));
+      } else {
+        next = sample_token(q.logits.data(), V, r.sampling, r.stream, uint64_t(q.made));
+      }
       if (std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end()) {
         out.stopped = true;
         finish(s);

@@ -106,11 +106,11 @@ HttpReply openai_chat_completions(const ojson& request, const EndpointContext& c
   if (!ctx.chat_template)
     throw RequestError("this server has no chat template: the tokenizer's folder holds none; start lattice serve "
                        "with --chat-template FILE (or use /v1/completions)");
-  const SamplingConfig sampling = openai_sampling(req);
+  const SamplingConfig sampling = openai_sampling(req, ctx.tokenizer.vocab_size());
   const int64_t n = choices_per_prompt(req);
   check_known_fields(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
                            "top_k", "seed", "stop", "stream", "stream_options", "n", "best_of", "logprobs", "top_logprobs",
-                           "frequency_penalty", "presence_penalty", "logit_bias", "user", "tools", "tool_choice",
+                           "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "user", "tools", "tool_choice",
                            "parallel_tool_calls", "chat_template_kwargs", "add_generation_prompt", "response_format"});
   if (auto format = req.find("response_format");
       format != req.end() && !format->is_null() && !(format->is_object() && format->value("type", "") == "text"))

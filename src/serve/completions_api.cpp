@@ -53,12 +53,12 @@ std::vector<std::vector<int32_t>> prompt_ids(const nlohmann::json& req, const To
 HttpReply openai_completions(const nlohmann::json& req, const EndpointContext& ctx, uint64_t id) {
   if (req.contains("suffix") && !req["suffix"].is_null() && !req["suffix"].empty())
     throw RequestError("suffix is not supported by lattice serve");
-  const SamplingConfig sampling = openai_sampling(req);
+  const SamplingConfig sampling = openai_sampling(req, ctx.tokenizer.vocab_size());
   const int64_t n = choices_per_prompt(req);
   const bool stream = bool_field(req, "stream").value_or(false);
   check_known_fields(req, {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "logprobs", "echo",
                            "seed", "stop", "n", "best_of", "stream", "stream_options", "suffix", "logit_bias",
-                           "frequency_penalty", "presence_penalty", "user"});
+                           "frequency_penalty", "presence_penalty", "repetition_penalty", "user"});
   const bool usage_chunk = stream_includes_usage(req);
   const Tokenizer& tok = ctx.tokenizer;
   const int64_t vocab = tok.vocab_size();

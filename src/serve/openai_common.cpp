@@ -1,7 +1,9 @@
 #include "serve/openai_common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -12,13 +14,24 @@
 
 namespace lattice {
 
-SamplingConfig openai_sampling(const nlohmann::json& req) {
-  if (req.contains("logit_bias") && !req["logit_bias"].is_null() && !req["logit_bias"].empty())
-    throw RequestError("logit_bias is not supported by lattice serve");
-  for (const char* penalty : {"frequency_penalty", "presence_penalty"})
-    if (number_field(req, penalty, -2.0, 2.0).value_or(0.0) != 0.0)
-      throw RequestError(std::string(penalty) + " is not supported by lattice serve (0 only)");
+SamplingConfig openai_sampling(const nlohmann::json& req, int64_t vocab_size) {
   SamplingConfig sampling;
+  sampling.frequency_penalty = float(number_field(req, "frequency_penalty", -2.0, 2.0).value_or(0.0));
+  sampling.presence_penalty = float(number_field(req, "presence_penalty", -2.0, 2.0).value_or(0.0));
+  sampling.repetition_penalty = float(number_field(req, "repetition_penalty", 0.0, 1e6).value_or(1.0));
+  if (!(sampling.repetition_penalty > 0)) throw RequestError("repetition_penalty must be a number > 0, got 0");
+  if (auto bias = req.find("logit_bias"); bias != req.end() && !bias->is_null()) {
+    if (!bias->is_object()) throw RequestError("logit_bias must be an object of token id: bias");
+    for (auto it = bias->begin(); it != bias->end(); ++it) {
+      char* end = nullptr;
+      const long long id = std::strtoll(it.key().c_str(), &end, 10);
+      if (it.key().empty() || *end != '\0' || id < 0 || id >= vocab_size)
+        throw RequestError("logit_bias: '" + it.key() + "' is not a token id (0 to " + std::to_string(vocab_size - 1) + ")");
+      if (!it.value().is_number() || !(std::fabs(it.value().get<double>()) <= 100.0))
+        throw RequestError("logit_bias[\"" + it.key() + "\"] must be a number in [-100, 100], got " + it.value().dump());
+      sampling.logit_bias.emplace_back(int32_t(id), it.value().get<float>());
+    }
+  }
   sampling.temperature = float(number_field(req, "temperature", 0.0, 100.0).value_or(1.0));
   sampling.top_p = float(number_field(req, "top_p", 0.0, 1.0).value_or(1.0));
   if (!(sampling.top_p > 0)) throw RequestError("top_p must be a number in (0, 1], got 0");

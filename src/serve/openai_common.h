@@ -11,9 +11,11 @@
 
 namespace lattice {
 
-// temperature (1; 0 is greedy), top_p (1) and top_k (0: all). The fields lattice does not take are
-// refused naming them: logit_bias, frequency and presence penalties but 0.
-SamplingConfig openai_sampling(const nlohmann::json& request);
+// temperature (1; 0 is greedy), top_p (1), top_k (0: all), frequency_penalty and presence_penalty (-2 to 2;
+// 0), repetition_penalty (vLLM's; > 0, 1: none) and logit_bias ({"token id": -100 to 100}; ids of the
+// vocabulary of vocab_size tokens), as model/sampling.h applies them; the log-probabilities returned stay
+// the model's.
+SamplingConfig openai_sampling(const nlohmann::json& request, int64_t vocab_size);
 
 // "n": the choices made for each prompt (1 to 128; 1). best_of may only repeat it (lattice does not
 // rank samples).

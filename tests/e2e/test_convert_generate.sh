@@ -140,6 +140,22 @@ expect_error "generate: --batch-size without the KV cache" "--batch-size 2 decod
   "$LATTICE" generate --load ckpt --prompt a --batch-size 2 --no-kv-cache
 expect_error "generate: --batch-size 0" "--batch-size must be an integer >= 1" -- \
   "$LATTICE" generate --load ckpt --prompt a --batch-size 0
+expect_error "generate: --repetition-penalty 0" "--repetition-penalty must be a number > 0" -- \
+  "$LATTICE" generate --load ckpt --prompt a --repetition-penalty 0
+expect_error "generate: --presence-penalty 3" "--presence-penalty must be in [-2, 2]" -- \
+  "$LATTICE" generate --load ckpt --prompt a --presence-penalty 3
+# A presence penalty steers the sampled text away from tokens it has written, alike with and without the
+# KV cache and through --batch-size.
+if run pen_a "$LATTICE" generate --load ckpt --prompt "In the" --max-new-tokens 24 --temperature 0.9 --top-k 50 --seed 5 --presence-penalty 2 &&
+   run pen_b "$LATTICE" generate --load ckpt --prompt "In the" --max-new-tokens 24 --temperature 0.9 --top-k 50 --seed 5 --presence-penalty 2 \
+     --no-kv-cache &&
+   run pen_c "$LATTICE" generate --load ckpt --prompt "In the" --prompt-file /dev/null --max-new-tokens 24 \
+     --temperature 0.9 --top-k 50 --seed 5 --presence-penalty 2 --batch-size 2 &&
+   run pen_0 "$LATTICE" generate --load ckpt --prompt "In the" --max-new-tokens 24 --temperature 0.9 --top-k 50 --seed 5; then
+  cmp -s pen_a.out pen_b.out && cmp -s pen_a.out pen_c.out && ! cmp -s pen_a.out pen_0.out &&
+    pass "--presence-penalty: the same text with and without the KV cache and batched, not the plain one's" ||
+    fail "--presence-penalty: $(head -c 80 pen_a.out) / $(head -c 80 pen_b.out) / $(head -c 80 pen_c.out) / $(head -c 80 pen_0.out)"
+fi
 run zero "$LATTICE" generate --load ckpt --prompt "xyz" --max-new-tokens 0 &&
   { [ "$(cat zero.out)" = "xyz" ] && pass "--max-new-tokens 0 prints the prompt" || fail "--max-new-tokens 0: $(cat zero.out)"; }
 

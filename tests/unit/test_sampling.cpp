@@ -100,3 +100,41 @@ TEST(Sampling, TheSameDrawGivesTheSameToken) {
 
 }  // namespace
 }  // namespace lattice
+
+namespace lattice {
+namespace {
+
+// The penalties and the bias, each against its formula worked by hand: the repetition penalty divides
+// a positive logit of a token seen anywhere (prompt included) and multiplies a negative one, once per
+// token; frequency and presence count the generated tokens only; the bias is added last.
+TEST(Sampling, AdjustLogitsPenaltiesAndBias) {
+  const std::vector<float> base = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f};
+  const std::vector<int32_t> tokens = {1, 3, 3, 0, 0, 2};  // the prompt {1, 3, 3}, then 0, 0, 2
+  auto adjusted = [&](const SamplingConfig& c) {
+    std::vector<float> l = base;
+    adjust_logits(l.data(), int64_t(l.size()), c, tokens, 3);
+    return l;
+  };
+  SamplingConfig none;
+  EXPECT_FALSE(none.adjusts());
+  EXPECT_EQ(adjusted(none), base);
+  SamplingConfig rep;
+  rep.repetition_penalty = 2.0f;
+  EXPECT_TRUE(rep.adjusts());
+  EXPECT_EQ(adjusted(rep), (std::vector<float>{1.0f, -2.0f, 0.25f, 1.5f, -2.0f}));  // token 4 unseen
+  SamplingConfig counts;
+  counts.frequency_penalty = 0.5f;
+  counts.presence_penalty = 0.25f;
+  // token 0 generated twice: 2 - 2 x 0.5 - 0.25; token 2 once: 0.5 - 0.5 - 0.25; 1 and 3 only in the prompt
+  EXPECT_EQ(adjusted(counts), (std::vector<float>{0.75f, -1.0f, -0.25f, 3.0f, -2.0f}));
+  SamplingConfig bias;
+  bias.logit_bias = {{4, 10.0f}, {3, -100.0f}};
+  EXPECT_EQ(adjusted(bias), (std::vector<float>{2.0f, -1.0f, 0.5f, -97.0f, 8.0f}));
+  SamplingConfig all = counts;
+  all.repetition_penalty = 2.0f;
+  all.logit_bias = {{0, 1.0f}};
+  EXPECT_EQ(adjusted(all), (std::vector<float>{1.0f - 1.0f - 0.25f + 1.0f, -2.0f, 0.25f - 0.5f - 0.25f, 1.5f, -2.0f}));
+}
+
+}  // namespace
+}  // namespace lattice

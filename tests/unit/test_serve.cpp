@@ -133,6 +133,39 @@ TEST(TextGeneration, ARequestArrivingMidRunJoinsIt) {
   EXPECT_EQ(got[1].tokens, alone[1].tokens);
 }
 
+// Penalties and bias steer the sampling, not the reported log-probabilities: at every step of a greedy run
+// the token taken is the argmax of the model's log-probabilities (all of them, top_logprobs = V) adjusted by
+// hand for the text so far; logit_bias +100 on one token makes it every token.
+TEST(TextGeneration, PenaltiesAndBiasSteerTheSampling) {
+  auto model = byte_model();
+  const int64_t V = model->config().vocab_size;
+  GenerationRequest r;
+  r.prompt = {10, 20, 30, 40};
+  r.max_new_tokens = 10;
+  r.sampling.temperature = 0;
+  r.sampling.frequency_penalty = 1.5f;
+  r.sampling.presence_penalty = 0.5f;
+  r.sampling.logit_bias = {{int32_t('e'), 1.0f}};
+  r.logprobs = true;
+  r.top_logprobs = V;
+  TextGenerator gen(*model, 2, false);
+  const GenerationResult got = gen.run({r})[0];
+  ASSERT_EQ(got.tokens.size(), 14u);
+  GenerationRequest plain = r;
+  plain.sampling = SamplingConfig{0.0f};
+  EXPECT_NE(gen.run({plain})[0].tokens, got.tokens) << "the penalties changed nothing";
+  for (size_t k = 4; k < got.tokens.size(); ++k) {
+    std::vector<float> l(static_cast<size_t>(V), -1e30f);
+    for (const auto& [t, lp] : got.top_logprobs[k - 1]) l[size_t(t)] = lp;
+    adjust_logits(l.data(), V, r.sampling, std::vector<int32_t>(got.tokens.begin(), got.tokens.begin() + long(k)), 4);
+    EXPECT_EQ(got.tokens[k], int32_t(std::max_element(l.begin(), l.end()) - l.begin())) << "step " << k;
+  }
+  GenerationRequest biased = plain;
+  biased.sampling.logit_bias = {{int32_t('A'), 100.0f}};
+  const GenerationResult all_a = gen.run({biased})[0];
+  EXPECT_EQ(std::vector<int32_t>(all_a.tokens.begin() + 4, all_a.tokens.end()), std::vector<int32_t>(10, int32_t('A')));
+}
+
 TEST(TextGeneration, StopTokenCallbackAndScoringOnly) {
   auto model = byte_model();
   GenerationRequest r;
@@ -492,7 +525,11 @@ TEST_F(ServiceFixture, BadRequestsAreRefusedNamingTheField) {
       {"POST", "/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400, "logprobs must be an integer in [0, 20]"},
       {"POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens 0 returns nothing"},
       {"POST", "/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "stop must be a text"},
-      {"POST", "/v1/completions", R"({"prompt": "x", "presence_penalty": 1})", 400, "presence_penalty is not supported"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "presence_penalty": 3})", 400, "presence_penalty must be a number in [-2, 2]"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "repetition_penalty": 0})", 400, "repetition_penalty must be a number > 0"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "logit_bias": {"300": 1}})", 400, "logit_bias: '300' is not a token id (0 to 256)"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "logit_bias": {"65": 101}})", 400, "must be a number in [-100, 100], got 101"},
+      {"POST", "/v1/completions", R"({"prompt": "x", "logit_bias": [1]})", 400, "logit_bias must be an object"},
       {"POST", "/v1/completions", R"({"prompt": "x", "top_p": 0})", 400, "top_p must be a number in (0, 1]"},
       {"GET", "/v1/completions", "", 405, "takes POST"},
       {"GET", "/generate", "", 404, "no such endpoint: /generate"},
