@@ -234,6 +234,23 @@ TEST(CudaModel, RotaryEmbeddingLossAndEveryGradientMatchCpu) {
   expect_loss_and_gradients_match(cfg, "rope");
 }
 
+// LongRoPE (Phi-3.5's) over half of each head: the sequence of kT = 32 positions is past the original 16, so
+// both devices rotate by the long factors' table.
+TEST(CudaModel, LongRopeLossAndEveryGradientMatchCpu) {
+  LATTICE_REQUIRE_CUDA();
+  TransformerConfig cfg = small_config(0.0f);
+  cfg.position_embedding_type = "rope";
+  cfg.rotary_percent = 0.5;
+  cfg.kv_channels = 16;  // 8 rotated dims: 4 pairs
+  cfg.longrope_short_factor = {1.0f, 1.2f, 1.9f, 2.5f};
+  cfg.longrope_long_factor = {1.5f, 3.0f, 7.0f, 12.0f};
+  cfg.longrope_original_max_position_embeddings = 16;
+  cfg.longrope_attention_factor = 1.2f;
+  cfg.finalize();
+  ASSERT_TRUE(cfg.longrope_long(kT));
+  expect_loss_and_gradients_match(cfg, "longrope");
+}
+
 // SwiGLU with the linear layers' biases (fc1's bias is the gate's and the up projection's):
 // the same loss and gradients on both devices.
 TEST(CudaModel, SwigluLossAndEveryGradientMatchCpu) {
