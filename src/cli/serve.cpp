@@ -1,7 +1,8 @@
 // `lattice serve --load CKPT [--host H] [--port N] [--batch-size B] [--bf16] [--seed S] [--served-model-name NAME]
 //  [tokenizer flags] [--device cpu|cuda]`: serves text generation over HTTP: Megatron-LM's PUT /api
 // (tools/run_text_generation_server.py's) and OpenAI's completions API (POST /v1/completions, also
-// /completions; GET /v1/models), the one evaluation harnesses speak. What the endpoints answer is
+// /completions; chat completions; GET /v1/models; vLLM's /tokenize and /detokenize), the ones evaluation
+// harnesses speak. What the endpoints answer is
 // serve/text_generation_service.h's; this file puts it behind cpp-httplib's server.
 //
 // SIGINT and SIGTERM stop the server: the requests in hand are answered, then it exits 0.
@@ -30,7 +31,8 @@ int cmd_serve(int argc, char** argv) {
     std::fputs(
         "usage: lattice serve --load CKPT [flags]\n"
         "Serves text generation over HTTP: Megatron-LM's PUT /api and OpenAI's POST /v1/completions\n"
-        "(also /completions), POST /v1/chat/completions (also /chat/completions) and GET /v1/models\n"
+        "(also /completions), POST /v1/chat/completions (also /chat/completions), GET /v1/models, and vLLM's\n"
+        "POST /tokenize and /detokenize (also under /v1)\n"
         "(docs/convert-and-generate.md#lattice-serve).\n"
         "  --host H                   address to listen on (0.0.0.0: every interface) [127.0.0.1]\n"
         "  --port N                   port (0: any free one, printed) [5000]\n"
@@ -129,7 +131,7 @@ int cmd_serve(int argc, char** argv) {
   });
   std::fprintf(stderr,
                "serve: %s (%s; KV cache of %lld sequences x %lld tokens, %.1f MB%s%s) on http://%s:%d: PUT /api, "
-               "POST /v1/completions, %sGET /v1/models\n",
+               "POST /v1/completions, %sGET /v1/models, POST /tokenize, POST /detokenize\n",
                options.model_name.c_str(), g.tokenizer->name(), (long long)options.sequences,
                (long long)g.loaded.model->config().max_position_embeddings, double(service.generator_bytes()) / 1e6,
                options.bf16 ? ", bf16 weights" : "", current_device() == Device::cpu ? "" : ", cuda", host.c_str(), bound,

@@ -101,11 +101,26 @@ json token_entry(const std::string& piece, float logprob) {
 
 }  // namespace
 
-HttpReply openai_chat_completions(const ojson& request, const EndpointContext& ctx, uint64_t id) {
-  const json req = request;
+ChatPrompt chat_prompt(const ojson& request, const EndpointContext& ctx) {
   if (!ctx.chat_template)
     throw RequestError("this server has no chat template: the tokenizer's folder holds none; start lattice serve "
                        "with --chat-template FILE (or use /v1/completions)");
+  const bool add_generation_prompt = bool_field(request, "add_generation_prompt").value_or(true);
+  const ojson extras = template_extras(request);
+  ChatPrompt out;
+  out.tools = extras.contains("tools") && !extras["tools"].empty();
+  std::string text;
+  try {
+    text = ctx.chat_template->render(template_messages(request), add_generation_prompt, extras);
+  } catch (const Error& e) {  // the template's raise_exception, or what it cannot do with these messages
+    throw RequestError(e.what());
+  }
+  out.tokens = ctx.tokenizer.encode_without_specials(text);
+  return out;
+}
+
+HttpReply openai_chat_completions(const ojson& request, const EndpointContext& ctx, uint64_t id) {
+  const json req = request;
   const SamplingConfig sampling = openai_sampling(req, ctx.tokenizer.vocab_size());
   const int64_t n = choices_per_prompt(req);
   check_known_fields(req, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
@@ -123,21 +138,12 @@ HttpReply openai_chat_completions(const ojson& request, const EndpointContext& c
   if (top > 0 && !logprobs) throw RequestError("top_logprobs needs logprobs: true");
   if (stream && logprobs) throw RequestError("logprobs does not go with stream");
   const std::vector<std::string> stops = stop_strings(req);
-  const bool add_generation_prompt = bool_field(req, "add_generation_prompt").value_or(true);
-
   const bool parallel = bool_field(req, "parallel_tool_calls").value_or(true);
-  const ojson extras = template_extras(request);
+  ChatPrompt chat = chat_prompt(request, ctx);
   // The model's tool calls are read when the request offers tools (and tool_choice is not "none").
-  const ToolCallFormat calls =
-      extras.contains("tools") && !extras["tools"].empty() ? ctx.tool_calls : ToolCallFormat::none;
-  std::string text;
-  try {
-    text = ctx.chat_template->render(template_messages(request), add_generation_prompt, extras);
-  } catch (const Error& e) {  // the template's raise_exception, or what it cannot do with these messages
-    throw RequestError(e.what());
-  }
+  const ToolCallFormat calls = chat.tools ? ctx.tool_calls : ToolCallFormat::none;
   const Tokenizer& tok = ctx.tokenizer;
-  std::vector<int32_t> prompt = tok.encode_without_specials(text);
+  std::vector<int32_t> prompt = std::move(chat.tokens);
   if (prompt.empty()) prompt.push_back(tok.eod());
   const int64_t room = ctx.context - int64_t(prompt.size());
   std::optional<int64_t> max_tokens = int_field(req, "max_completion_tokens", 1, INT32_MAX);

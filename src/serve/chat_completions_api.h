@@ -34,6 +34,16 @@
 
 namespace lattice {
 
+// A chat request's conversation ("messages", "add_generation_prompt", "tools", "tool_choice",
+// "chat_template_kwargs") through the chat template, encoded; tools: whether it offers tools (not refused
+// by tool_choice "none"). A RequestError for a bad one, the template's raise_exception included, or for a
+// server without a template.
+struct ChatPrompt {
+  std::vector<int32_t> tokens;
+  bool tools = false;
+};
+ChatPrompt chat_prompt(const nlohmann::ordered_json& request, const EndpointContext& ctx);
+
 // The reply to a chat completions request (a RequestError for a bad one), read with its objects' keys in
 // their order (a tool's schema reaches the template as the client wrote it). id: the completion's number.
 HttpReply openai_chat_completions(const nlohmann::ordered_json& request, const EndpointContext& ctx, uint64_t id);

@@ -12,6 +12,7 @@
 #include "serve/completions_api.h"
 #include "serve/megatron_api.h"
 #include "serve/request_fields.h"
+#include "serve/tokenize_api.h"
 
 namespace lattice {
 
@@ -128,20 +129,22 @@ HttpReply TextGenerationService::handle(const std::string& method, const std::st
   HttpReply reply;
   const bool megatron = path == "/api", completions = path == "/completions" || path == "/v1/completions",
              chat = path == "/chat/completions" || path == "/v1/chat/completions", models = path == "/v1/models",
-             health = path == "/health";
+             health = path == "/health", tokenize_path = path == "/tokenize" || path == "/v1/tokenize",
+             detokenize_path = path == "/detokenize" || path == "/v1/detokenize";
   try {
     if (!options_.api_key.empty() && !health && !same_secret(authorization, "Bearer " + options_.api_key)) {
       throw RequestError(authorization.empty() ? "this server needs an API key: Authorization: Bearer <key>"
                                                : "the API key in Authorization is wrong",
                          401);
-    } else if (!megatron && !completions && !chat && !models && !health) {
+    } else if (!megatron && !completions && !chat && !models && !health && !tokenize_path && !detokenize_path) {
       reply = HttpReply{404,
                         "no such endpoint: " + path +
-                            " (PUT /api, POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health)\n",
+                            " (PUT /api, POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST "
+                            "/tokenize, POST /detokenize, GET /health)\n",
                         "text/plain"};
     } else if (megatron && method != "PUT") {
       reply = HttpReply{405, "/api takes PUT (Megatron's text generation API)\n", "text/plain"};
-    } else if ((completions || chat) && method != "POST") {
+    } else if ((completions || chat || tokenize_path || detokenize_path) && method != "POST") {
       reply = HttpReply{405, path + " takes POST\n", "text/plain"};
     } else if ((models || health) && method != "GET") {
       reply = HttpReply{405, path + " takes GET\n", "text/plain"};
@@ -151,6 +154,10 @@ HttpReply TextGenerationService::handle(const std::string& method, const std::st
       reply = openai_models(ctx_);
     } else if (megatron) {
       reply = megatron_generate(parse_request_body(body), ctx_);
+    } else if (tokenize_path) {
+      reply = tokenize(parse_request_body<nlohmann::ordered_json>(body), ctx_);
+    } else if (detokenize_path) {
+      reply = detokenize(parse_request_body(body), ctx_);
     } else {
       uint64_t id;
       {

@@ -244,6 +244,33 @@ TEST_F(ServiceFixture, MegatronApiAnswersWhatTheGeneratorDecodes) {
   EXPECT_EQ(again["tokens"][0], reply["tokens"][0]);
 }
 
+// vLLM's /tokenize and /detokenize: a text's ids as the completions encode it, each token's text on
+// request, and back; bad ids and fields refused naming them.
+TEST_F(ServiceFixture, TokenizeAndDetokenize) {
+  const nlohmann::json t = ok("POST", "/tokenize", {{"prompt", "Hi!"}});
+  EXPECT_EQ(t["tokens"], nlohmann::json({72, 105, 33}));  // one byte a token
+  EXPECT_EQ(t["count"], 3);
+  EXPECT_EQ(t["max_model_len"], 48);
+  EXPECT_TRUE(t["token_strs"].is_null());
+  const nlohmann::json s = ok("POST", "/v1/tokenize", {{"prompt", "Hi!"}, {"return_token_strs", true}});
+  EXPECT_EQ(s["token_strs"], nlohmann::json({"H", "i", "!"}));
+  EXPECT_EQ(ok("POST", "/detokenize", {{"tokens", {72, 105, 33}}})["prompt"], "Hi!");
+  EXPECT_EQ(ok("POST", "/v1/detokenize", {{"tokens", nlohmann::json::array()}})["prompt"], "");
+  const std::vector<std::tuple<std::string, std::string, int, std::string>> bad = {
+      {"POST", R"({"prompt": 5})", 400, "prompt must be a text"},
+      {"POST", R"({"prompt": "x", "truncate": 3})", 400, "unknown field \\\"truncate\\\""},
+      {"POST", R"({"messages": [{"role": "user", "content": "x"}]})", 400, "this server has no chat template"},
+      {"GET", "", 405, "takes POST"}};
+  for (const auto& [method, body, status, says] : bad) {
+    const HttpReply r = service->handle(method, "/tokenize", body);
+    EXPECT_EQ(r.status, status) << body << ": " << r.body;
+    EXPECT_NE(r.body.find(says), std::string::npos) << body << ": " << r.body;
+  }
+  const HttpReply r = service->handle("POST", "/detokenize", R"({"tokens": [72, 300]})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("tokens: 300 is not an id in [0, 257)"), std::string::npos) << r.body;
+}
+
 TEST_F(ServiceFixture, RequestsWithoutASeedTakeTheNextOne) {
   const nlohmann::json body = {{"prompts", {"xyz"}}, {"tokens_to_generate", 12}};
   const nlohmann::json a = ok("PUT", "/api", body), b = ok("PUT", "/api", body);

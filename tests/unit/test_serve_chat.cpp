@@ -161,6 +161,21 @@ TEST_F(ChatFixture, NChoicesStreamedWithTheUsage) {
   for (size_t j = 0; j < 2; ++j) EXPECT_EQ(text[j], chat["choices"][j]["message"]["content"].get<std::string>()) << j;
 }
 
+// /tokenize with messages: the conversation's tokens as a chat completion reads them (its usage counts them).
+TEST_F(ChatFixture, TokenizeAConversation) {
+  const json t = ok("POST", "/tokenize", {{"messages", kMessages}});
+  EXPECT_EQ(t["count"], int64_t(kText.size()));
+  std::vector<int32_t> bytes(kText.begin(), kText.end());
+  EXPECT_EQ(t["tokens"], json(bytes));
+  const json chat = ok("POST", "/v1/chat/completions", {{"messages", kMessages}, {"max_tokens", 2}});
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], t["count"]);
+  const json plain = ok("POST", "/tokenize", {{"messages", kMessages}, {"add_generation_prompt", false}});
+  EXPECT_EQ(plain["count"], int64_t(kText.size()) - 3);  // without "<a>"
+  const HttpReply r = service->handle("POST", "/tokenize", json{{"messages", kMessages}, {"add_special_tokens", true}}.dump());
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("add_special_tokens"), std::string::npos) << r.body;
+}
+
 TEST_F(ChatFixture, BadChatRequestsAreRefusedNamingTheField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"not json", "the request body is not JSON"},
