@@ -34,24 +34,48 @@ std::vector<ojson> split_conversations(const ojson& messages) {
 
 SftConversation tokenize_conversation(const ChatTemplate& chat, const Tokenizer& tok, const ojson& messages,
                                       const std::string& where) {
-  auto encode = [&](const ojson& msgs, bool generation_prompt) {
+  auto render = [&](const ojson& msgs, bool generation_prompt) {
     try {
-      return tok.encode_without_specials(chat.render(msgs, generation_prompt));
+      return chat.render(msgs, generation_prompt);
     } catch (const Error& e) {
       LATTICE_FAIL() << where << ": " << e.what();
     }
   };
+  auto encode = [&](const std::string& text) { return tok.encode_without_specials(text); };
+  const std::string whole = render(messages, false);
   SftConversation c;
-  c.tokens = encode(messages, false);
+  c.tokens = encode(whole);
   c.trained.assign(c.tokens.size(), 0);
   for (size_t k = 0; k < messages.size(); ++k) {
     if (messages[k]["role"] != "assistant") continue;
-    const std::vector<int32_t> before = encode(first_messages(messages, k), true);
-    const std::vector<int32_t> through = encode(first_messages(messages, k + 1), false);
-    if (!is_prefix(before, through) || !is_prefix(through, c.tokens))
-      LATTICE_FAIL() << where << ": the chat template's text of messages[0:" << k << "] (with the generation prompt) "
-                     << "and of messages[0:" << k + 1 << "] are not token prefixes of the whole conversation's; "
-                     << "the template rewrites earlier turns, so the assistant's tokens cannot be told apart";
+    const std::string before_text = render(first_messages(messages, k), true);
+    const std::vector<int32_t> before = encode(before_text);
+    std::vector<int32_t> through = encode(render(first_messages(messages, k + 1), false));
+    if (!is_prefix(before, through) || !is_prefix(through, c.tokens)) {
+      // A template that writes the last answer otherwise than an earlier one (Qwen3's empty thinking block): the
+      // turn ends where the text that follows its content when it is the last message (its content a marker)
+      // first follows the generation prompt's text in the whole conversation's.
+      size_t end = 0;
+      if (messages[k].contains("content") && messages[k]["content"].is_string() &&
+          whole.compare(0, before_text.size(), before_text) == 0) {
+        static const std::string kMarker = "\x01lattice-sft-answer\x01";
+        ojson marked = first_messages(messages, k + 1);
+        marked[k]["content"] = kMarker;
+        const std::string text = render(marked, false);
+        const size_t at = text.find(kMarker);
+        const std::string close = at == std::string::npos ? "" : text.substr(at + kMarker.size());
+        const size_t found = close.empty() || text.find(kMarker, at + 1) != std::string::npos
+                                 ? std::string::npos
+                                 : whole.find(close, before_text.size());
+        if (found != std::string::npos) end = found + close.size();
+      }
+      through = end > 0 ? encode(whole.substr(0, end)) : std::vector<int32_t>{};
+      if (end == 0 || !is_prefix(before, c.tokens) || !is_prefix(through, c.tokens) || through.size() <= before.size())
+        LATTICE_FAIL() << where << ": the chat template's text of messages[0:" << k << "] (with the generation prompt) "
+                       << "is not a token prefix of the whole conversation's, or the end of the assistant's turn "
+                       << "cannot be found in it; the template rewrites earlier turns, so the assistant's tokens "
+                          "cannot be told apart";
+    }
     std::fill(c.trained.begin() + int64_t(before.size()), c.trained.begin() + int64_t(through.size()), uint8_t(1));
   }
   return c;

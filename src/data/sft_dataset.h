@@ -11,8 +11,11 @@
 // Python classes of its own): for assistant message k, those after the text of messages [0, k) with the
 // generation prompt (the template's opening of the assistant's turn) up to the end of the text of
 // messages [0, k]: its content and what the template closes the turn with (<|eot_id|>, <|im_end|>).
-// The texts of the first messages must be prefixes of the whole conversation's, in tokens; a template
-// that rewrites earlier turns (dropping earlier reasoning, say) is refused naming the line.
+// The texts of the first messages must be prefixes of the whole conversation's, in tokens. Where the
+// text of messages [0, k] is not (a template that writes the last answer otherwise, as Qwen3's empty
+// thinking block), the turn ends where what follows message k's content when it is last (<|im_end|>)
+// first follows the generation prompt in the whole text; a template whose earlier texts are no prefix
+// even so is refused naming the line.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -132,11 +132,41 @@ TEST(SftDataset, BadLinesAndTemplatesAreNamed) {
   // be told apart (as Qwen3's dropping earlier reasoning).
   const std::string rewrites = "{% for m in messages %}{% if loop.last %}<last>{% endif %}{{ m['content'] }}"
                                "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}";
-  EXPECT_NE(error_of(ok, rewrites).find("are not token prefixes of the whole conversation's"), std::string::npos)
+  EXPECT_NE(error_of(ok, rewrites).find("is not a token prefix of the whole conversation's"), std::string::npos)
       << error_of(ok, rewrites);
   EXPECT_NE(error_of(ok, "{{ raise_exception('no') }}").find("conversation line 1: chat template: no"),
             std::string::npos)
       << error_of(ok, "{{ raise_exception('no') }}");
+  std::filesystem::remove_all(dir);
+}
+
+// A template that writes the last answer otherwise than the earlier ones, as Qwen3's does (an empty thinking
+// block before the last answer only, its earlier answers' reasoning dropped): each answer's tokens are those
+// of the whole conversation's text from the generation prompt of its turn to the end of its turn (what
+// follows the content when the answer is the last message: "<e>" here) - the text the model is shown
+// later turns with.
+TEST(SftDataset, TemplatesWritingTheLastAnswerOtherwise) {
+  const std::string dir = ::testing::TempDir() + "/lattice_sft_qwen3_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/t.jinja")
+      << "{%- for m in messages %}<{{ m['role'] }}>"
+         "{%- if m['role'] == 'assistant' %}{%- set c = m['content'] %}"
+         "{%- if '</think>' in c %}{%- set c = c.split('</think>')[-1] %}{%- endif %}"
+         "{%- if loop.last %}<think></think>{%- endif %}{{ c }}<e>"
+         "{%- else %}{{ m['content'] }}<e>{%- endif %}{%- endfor %}"
+         "{%- if add_generation_prompt %}<assistant>{%- endif %}";
+  std::shared_ptr<const Tokenizer> tok = make_tokenizer(TokenizerSpec{"ByteTokenizer"});
+  const ChatTemplate chat = ChatTemplate::load(dir + "/t.jinja", "--chat-template");
+  const auto messages = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "Q1"},
+      {"role": "assistant", "content": "<think>r</think>A1"}, {"role": "user", "content": "Q2"},
+      {"role": "assistant", "content": "A2"}])");
+  const SftConversation c = tokenize_conversation(chat, *tok, messages, "line 1");
+  const std::string text(c.tokens.begin(), c.tokens.end());  // one byte a token
+  EXPECT_EQ(text, "<user>Q1<e><assistant>A1<e><user>Q2<e><assistant><think></think>A2<e>");
+  std::string trained;
+  for (size_t i = 0; i < c.tokens.size(); ++i)
+    if (c.trained[i]) trained += char(c.tokens[i]);
+  EXPECT_EQ(trained, "A1<e><think></think>A2<e>");
   std::filesystem::remove_all(dir);
 }
 
