@@ -57,6 +57,34 @@ ojson template_messages(const ojson& req) {
 }
 
 // The template's other variables: tools, and chat_template_kwargs (enable_thinking, ...).
+// tool_choice: "auto" or "none" (or absent): nullopt; "required": ""; {"type": "function", "function":
+// {"name": N}}: N, which must be one of the tools'. Anything else is refused naming it.
+std::optional<std::string> forced_call(const ojson& req) {
+  const auto choice = req.find("tool_choice");
+  if (choice == req.end() || choice->is_null() || (choice->is_string() && (*choice == "auto" || *choice == "none")))
+    return std::nullopt;
+  const auto tools = req.find("tools");
+  const bool offered = tools != req.end() && tools->is_array() && !tools->empty();
+  if (choice->is_string() && *choice == "required") {
+    if (!offered) throw RequestError("tool_choice \"required\" needs tools");
+    return std::string();
+  }
+  const bool named = choice->is_object() && choice->value("type", "") == "function" && choice->contains("function") &&
+                     (*choice)["function"].is_object() && (*choice)["function"].contains("name") &&
+                     (*choice)["function"]["name"].is_string();
+  if (!named)
+    throw RequestError("tool_choice " + choice->dump().substr(0, 80) +
+                       " is not supported (\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+                       "{\"name\": ...}})");
+  const std::string name = (*choice)["function"]["name"].get<std::string>();
+  if (offered)
+    for (const ojson& t : *tools) {
+      const ojson& f = t.is_object() && t.contains("function") ? t["function"] : t;
+      if (f.is_object() && f.value("name", "") == name) return name;
+    }
+  throw RequestError("tool_choice names the function \"" + name + "\", which is none of the tools");
+}
+
 ojson template_extras(const ojson& req) {
   ojson extra = ojson::object();
   if (auto tools = req.find("tools"); tools != req.end() && !tools->is_null()) {
@@ -64,10 +92,8 @@ ojson template_extras(const ojson& req) {
     extra["tools"] = *tools;
   }
   if (auto choice = req.find("tool_choice"); choice != req.end() && !choice->is_null()) {
-    if (!choice->is_string() || (*choice != "auto" && *choice != "none"))
-      throw RequestError("tool_choice " + choice->dump().substr(0, 80) +
-                         " is not supported by lattice serve (\"auto\" or \"none\": the model decides whether to call)");
-    if (*choice == "none") extra.erase("tools");
+    if (choice->is_string() && *choice == "none") extra.erase("tools");
+    else forced_call(req);  // checks it
   }
   if (auto kwargs = req.find("chat_template_kwargs"); kwargs != req.end() && !kwargs->is_null()) {
     if (!kwargs->is_object()) throw RequestError("chat_template_kwargs must be an object");
@@ -105,17 +131,28 @@ ChatPrompt chat_prompt(const ojson& request, const EndpointContext& ctx) {
   if (!ctx.chat_template)
     throw RequestError("this server has no chat template: the tokenizer's folder holds none; start lattice serve "
                        "with --chat-template FILE (or use /v1/completions)");
-  const bool add_generation_prompt = bool_field(request, "add_generation_prompt").value_or(true);
+  const auto gen = request.find("add_generation_prompt");
+  if (gen != request.end() && !gen->is_null() && !gen->is_boolean())
+    throw RequestError("add_generation_prompt must be true or false");
+  const bool add_generation_prompt = gen == request.end() || gen->is_null() || gen->get<bool>();
   const ojson extras = template_extras(request);
   ChatPrompt out;
   out.tools = extras.contains("tools") && !extras["tools"].empty();
+  if (const std::optional<std::string> name = forced_call(request)) {  // tool_choice required or named
+    if (ctx.tool_calls == ToolCallFormat::none)
+      throw RequestError("tool_choice " + request["tool_choice"].dump().substr(0, 80) +
+                         " needs the model's tool-call form, and this server reads none (lattice serve "
+                         "--tool-call-parser hermes|llama3_json|mistral)");
+    if (!add_generation_prompt) throw RequestError("tool_choice \"required\" or a named function needs add_generation_prompt");
+    out.forced = forced_tool_call_opening(ctx.tool_calls, *name);
+  }
   std::string text;
   try {
     text = ctx.chat_template->render(template_messages(request), add_generation_prompt, extras);
   } catch (const Error& e) {  // the template's raise_exception, or what it cannot do with these messages
     throw RequestError(e.what());
   }
-  out.tokens = ctx.tokenizer.encode_without_specials(text);
+  out.tokens = ctx.tokenizer.encode_without_specials(text + out.forced);
   return out;
 }
 
@@ -143,7 +180,7 @@ HttpReply openai_chat_completions(const ojson& request, const EndpointContext& c
   // The model's tool calls are read when the request offers tools (and tool_choice is not "none").
   const ToolCallFormat calls = chat.tools ? ctx.tool_calls : ToolCallFormat::none;
   const Tokenizer& tok = ctx.tokenizer;
-  std::vector<int32_t> prompt = std::move(chat.tokens);
+  std::vector<int32_t> prompt = chat.tokens;
   if (prompt.empty()) prompt.push_back(tok.eod());
   const int64_t room = ctx.context - int64_t(prompt.size());
   std::optional<int64_t> max_tokens = int_field(req, "max_completion_tokens", 1, INT32_MAX);
@@ -180,11 +217,15 @@ HttpReply openai_chat_completions(const ojson& request, const EndpointContext& c
       };
     // With tool calls read, the text from where a call may begin waits for the end and is read whole: the
     // last delta carries the content before the calls and the calls.
+    // A forced call (tool_choice required or named) waits whole, read after its opening.
     HeldFrom held;
-    if (calls != ToolCallFormat::none) held = [calls](const std::string& t) { return tool_calls_start(calls, t); };
+    if (!chat.forced.empty()) held = [](const std::string&) { return size_t(0); };
+    else if (calls != ToolCallFormat::none) held = [calls](const std::string& t) { return tool_calls_start(calls, t); };
     return stream_choices(
         std::move(requests), stops, ctx,
-        [chunk_of, calls, id, parallel](size_t index, const std::string& piece, const char* finish) {
+        [chunk_of, calls, id, parallel, forced = chat.forced](size_t index, const std::string& last,
+                                                                const char* finish) {
+          const std::string piece = finish ? forced + last : last;
           const ParsedToolCalls parsed = finish ? parse_tool_calls(calls, piece) : ParsedToolCalls{};
           if (!parsed.called)
             return chunk_of(index, piece.empty() ? json::object() : json{{"content", piece}}, finish);
@@ -204,10 +245,10 @@ HttpReply openai_chat_completions(const ojson& request, const EndpointContext& c
     const size_t cut = first_stop(content, stops);
     if (cut != std::string::npos) content.resize(cut);
     json choice = {{"index", j},
-                   {"message", {{"role", "assistant"}, {"content", content}}},
+                   {"message", {{"role", "assistant"}, {"content", chat.forced + content}}},
                    {"logprobs", nullptr},
                    {"finish_reason", r.stopped || cut != std::string::npos ? "stop" : "length"}};
-    if (const ParsedToolCalls parsed = parse_tool_calls(calls, content); parsed.called) {
+    if (const ParsedToolCalls parsed = parse_tool_calls(calls, chat.forced + content); parsed.called) {
       choice["message"]["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
       choice["message"]["tool_calls"] = tool_calls_of(calls, parsed, id, j, parallel, false);
       choice["finish_reason"] = "tool_calls";

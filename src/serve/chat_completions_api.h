@@ -3,7 +3,8 @@
 //   {"model": name, "messages": [{"role": "system" | "user" | "assistant" | "tool", "content": text |
 //    [{"type": "text", "text": ...}, ...], ...}], "max_tokens" (or "max_completion_tokens"): what fits
 //    the context, "temperature": 1, "top_p": 1, "top_k": 0, "seed", "stop", "stream": false,
-//    "logprobs": false, "top_logprobs": 0..20, "tools": [...], "tool_choice": "auto" | "none",
+//    "logprobs": false, "top_logprobs": 0..20, "tools": [...], "tool_choice": "auto" | "none" | "required" |
+//    {"type": "function", "function": {"name"}},
 //    "chat_template_kwargs": {...}, "add_generation_prompt": true, "n": 1,
 //    "stream_options": {"include_usage": false}}
 // answered with
@@ -24,7 +25,9 @@
 // the message's "tool_calls" [{"id", "type": "function", "function": {"name", "arguments"}}] (the first
 // only with "parallel_tool_calls": false), its content the text before them (null for none), and
 // finish_reason "tool_calls"; streamed, the text from where a call may begin waits, and the last delta
-// carries the calls (each with its "index"). An assistant message's tool call arguments sent as JSON text
+// carries the calls (each with its "index"). tool_choice "required" or {"type": "function", "function":
+// {"name"}} ends the prompt with a call's opening (serve/tool_calls.h's forced_tool_call_opening), read with
+// what the model writes after it. An assistant message's tool call arguments sent as JSON text
 // reach the template as the object. A template's raise_exception (roles that must alternate, a role it
 // does not take) is answered 400 with the template's message.
 #pragma once
@@ -38,9 +41,12 @@ namespace lattice {
 // "chat_template_kwargs") through the chat template, encoded; tools: whether it offers tools (not refused
 // by tool_choice "none"). A RequestError for a bad one, the template's raise_exception included, or for a
 // server without a template.
+// forced: with tool_choice "required" or a named function, the opening of a call in the server's tool-call
+// form, which ends the prompt (serve/tool_calls.h); its completion is read after it.
 struct ChatPrompt {
   std::vector<int32_t> tokens;
   bool tools = false;
+  std::string forced;
 };
 ChatPrompt chat_prompt(const nlohmann::ordered_json& request, const EndpointContext& ctx);
 

@@ -173,6 +173,16 @@ size_t tool_calls_start(ToolCallFormat f, const std::string& text) {
   return std::string::npos;
 }
 
+std::string forced_tool_call_opening(ToolCallFormat f, const std::string& name) {
+  LATTICE_CHECK(f != ToolCallFormat::none) << "a forced tool call needs a tool-call form";
+  const std::string open = f == ToolCallFormat::hermes    ? std::string(kHermesOpen) + "\n{\"name\": \""
+                           : f == ToolCallFormat::mistral ? std::string(kMistralOpen) + " [{\"name\": \""
+                                                          : std::string("{\"name\": \"");
+  if (name.empty()) return open;
+  const std::string quoted = json(name).dump();  // the name as a JSON text, quotes escaped
+  return open + quoted.substr(1) + (f == ToolCallFormat::llama3_json ? ", \"parameters\": " : ", \"arguments\": ");
+}
+
 json openai_tool_call(ToolCallFormat f, const json& call, uint64_t completion, size_t choice, size_t k) {
   static const char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   const size_t n = f == ToolCallFormat::mistral ? 9 : 24;

@@ -41,6 +41,13 @@ ParsedToolCalls parse_tool_calls(ToolCallFormat f, const std::string& text);
 // begins.
 size_t tool_calls_start(ToolCallFormat f, const std::string& text);
 
+// tool_choice "required" or a named function: the text that opens a call in form f, written after the
+// generation prompt so that the model writes the rest of the call (lattice has no constrained decoding):
+// hermes <tool_call>\n{"name": ", llama3_json {"name": ", mistral [TOOL_CALLS] [{"name": "; with a name,
+// the name and the opening of its arguments too (..."get_weather", "arguments": ; Llama's "parameters").
+// f must not be none.
+std::string forced_tool_call_opening(ToolCallFormat f, const std::string& name = "");
+
 // An OpenAI tool call of a completion: {"id", "type": "function", "function": {"name", "arguments"}}. The
 // id is unique to (completion, choice, k), 9 letters and digits in the mistral form (which Mistral's
 // templates require), else "call_" and 24 of them.

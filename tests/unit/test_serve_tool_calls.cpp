@@ -13,6 +13,7 @@
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "serve/chat_completions_api.h"
+#include "serve/request_fields.h"
 #include "serve/tool_calls.h"
 #include "serve_test_util.h"
 
@@ -166,6 +167,15 @@ struct ScriptedChat : ::testing::Test {
     return json::parse(r.body);
   }
   json post(const json& body) { return post_text(body.dump()); }
+  // The message a bad request is refused with (the service answers it 400).
+  std::string refusal(const json& body) {
+    try {
+      openai_chat_completions(nlohmann::ordered_json::parse(body.dump()), *ctx, 1);
+    } catch (const RequestError& e) {
+      return e.what();
+    }
+    return "(no refusal)";
+  }
   // A streamed answer's chunks.
   std::vector<json> chunks(const json& body, uint64_t id) {
     std::string all;
@@ -255,6 +265,49 @@ TEST_F(ScriptedChat, StreamedTheCallsComeInTheLastDelta) {
   std::vector<std::string> pieces;
   for (const json& chunk : this->chunks(body, 6)) pieces.push_back(chunk["choices"][0]["delta"].value("content", ""));
   EXPECT_EQ(pieces, (std::vector<std::string>{"", "a", " ", "<tool ", "b", ""}));
+}
+
+// tool_choice "required" or a named function: the prompt ends with the call's opening in the server's form
+// and the model's text continues it; answered as the calls read from the opening and the continuation.
+TEST_F(ScriptedChat, RequiredAndNamedToolChoiceOpenTheCall) {
+  const json messages = {{{"role", "user"}, {"content", "Weather?"}}};
+  script = "get_time\", \"arguments\": {}}\n</tool_call>";
+  json reply = post({{"messages", messages}, {"tools", kTools}, {"tool_choice", "required"}});
+  EXPECT_EQ(rendered.substr(rendered.size() - 33), "<assistant><tool_call>\n{\"name\": \"");
+  EXPECT_EQ(reply["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(reply["choices"][0]["message"]["tool_calls"][0]["function"], call("get_time", "{}"));
+  script = "{\"city\": \"Oslo\"}}\n</tool_call>";
+  const json named = {{"messages", messages}, {"tools", kTools},
+                      {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}};
+  reply = post(named);
+  EXPECT_NE(rendered.find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "), std::string::npos) << rendered;
+  EXPECT_EQ(reply["choices"][0]["message"]["tool_calls"][0]["function"], call("get_weather", R"({"city":"Oslo"})"));
+  EXPECT_TRUE(reply["choices"][0]["message"]["content"].is_null());
+  // Streamed: the whole call in the last delta.
+  json streamed = named;
+  streamed["stream"] = true;
+  const std::vector<json> events = chunks(streamed, 9);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(events.back()["choices"][0]["delta"]["tool_calls"][0]["function"], call("get_weather", R"({"city":"Oslo"})"));
+  // A continuation that is no call: the text, its forced opening included, is the content.
+  script = "oops";
+  reply = post(named);
+  EXPECT_EQ(reply["choices"][0]["message"]["content"], "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": oops");
+  EXPECT_EQ(reply["choices"][0]["finish_reason"], "stop");
+  // Refusals: no tools, a function that is none of them, a server without a tool-call form.
+  for (const auto& [body, says] : std::vector<std::pair<json, std::string>>{
+           {{{"messages", messages}, {"tool_choice", "required"}}, "tool_choice \"required\" needs tools"},
+           {{{"messages", messages}, {"tools", kTools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}},
+            "names the function \"f\", which is none of the tools"},
+           {{{"messages", messages}, {"tools", kTools}, {"tool_choice", {{"type", "x"}}}}, "is not supported"}}) {
+    EXPECT_NE(refusal(body).find(says), std::string::npos) << refusal(body);
+  }
+  ctx->tool_calls = ToolCallFormat::none;
+  const std::string none = refusal({{"messages", messages}, {"tools", kTools}, {"tool_choice", "required"}});
+  EXPECT_NE(none.find("needs the model's tool-call form"), std::string::npos) << none;
+  EXPECT_EQ(forced_tool_call_opening(ToolCallFormat::llama3_json, "a\"b"), "{\"name\": \"a\\\"b\", \"parameters\": ");
+  EXPECT_EQ(forced_tool_call_opening(ToolCallFormat::mistral), "[TOOL_CALLS] [{\"name\": \"");
 }
 
 // An assistant's earlier calls sent with their arguments as JSON text (as OpenAI's clients send them)
