@@ -73,20 +73,22 @@ struct Builder {
   int64_t vocab_size;
   std::map<std::string, std::shared_ptr<const IndexedDataset>> open;
   std::map<std::string, std::shared_ptr<const SftConversations>> conversations = {};  // --sft's files
-  std::optional<ChatTemplate> chat = {};
+  std::optional<ChatTemplate> chat = {};                 // --sft's template and tokenizer, made once
+  std::shared_ptr<const Tokenizer> tokenizer = {};
 
   // --sft: a JSONL file of conversations, read once for the three splits.
   std::shared_ptr<const SftConversations> sft_file(const std::string& path) {
     auto it = conversations.find(path);
     if (it != conversations.end()) return it->second;
     if (!chat) {
+      tokenizer = args.get_tokenizer();
       chat = args.chat_template.empty() ? ChatTemplate::find_beside(args.tokenizer_model, "--tokenizer-model")
                                         : ChatTemplate::load(args.chat_template, "--chat-template");
       if (!chat)
         LATTICE_FAIL() << "--sft: the tokenizer's folder holds no chat template (chat_template.jinja or a "
                           "tokenizer_config.json chat_template); give --chat-template PATH";
     }
-    return conversations[path] = std::make_shared<SftConversations>(path, args.get_tokenizer(), *chat);
+    return conversations[path] = std::make_shared<SftConversations>(path, tokenizer, *chat);
   }
 
   // Dataset `path` of a blend for one split: the split's part of it by --split (all of it when `whole`),

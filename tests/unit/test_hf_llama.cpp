@@ -231,6 +231,15 @@ TEST(HfLlama, Qwen2SlidingWindowLayersMatchIndependentLogitsAndRoundTrip) {
   EXPECT_EQ(load_hf_llama(dir).model->config().window_attn_pattern, (std::vector<int>{1, 0}));
 }
 
+// Writes the model into dir as HuggingFace Phi-3 (--hf-model-type phi3) and returns its config.json.
+nlohmann::json save_as_phi3(const GPTModel& model, const std::string& dir) {
+  hf::ExportOptions phi3;
+  phi3.model_type = "phi3";
+  save_hf_llama(dir, model, "", phi3);
+  std::ifstream cf(dir + "/config.json");
+  return nlohmann::json::parse(cf);
+}
+
 // Phi-3 (Phi-4-mini's form without its rope_scaling): Llama's model under fused qkv_proj and gate_up_proj,
 // half of each head rotated (--rotary-percent 0.5). Exported as Phi-3 with --hf-model-type phi3, every tensor
 // the same bits; as Llama it is refused (Llama rotates the whole head), naming the way out.
@@ -254,11 +263,7 @@ TEST(HfLlama, Phi3PartialRotationMatchesIndependentLogitsAndRoundTrips) {
                                  {"--rotary-percent 0.5", "--hf-model-type phi3"});
   EXPECT_FALSE(std::filesystem::exists(llama.str() + "/x/config.json"));
   TempDir out("phi3_rt");
-  hf::ExportOptions phi3;
-  phi3.model_type = "phi3";
-  save_hf_llama(out.str(), *hf.model, "", phi3);
-  std::ifstream cf(out.str() + "/config.json");
-  const nlohmann::json j = nlohmann::json::parse(cf);
+  const nlohmann::json j = save_as_phi3(*hf.model, out.str());
   EXPECT_EQ(j["model_type"], "phi3");
   EXPECT_EQ(j["architectures"][0], "Phi3ForCausalLM");
   EXPECT_EQ(j["partial_rotary_factor"], 0.5);
@@ -279,11 +284,7 @@ TEST(HfLlama, Phi3SlidingWindowMatchesIndependentLogitsAndRoundTrips) {
   EXPECT_EQ(c.window_size, 4);
   EXPECT_TRUE(c.untie_embeddings_and_output_weights);
   TempDir out("phi3_swa_rt");
-  hf::ExportOptions phi3;
-  phi3.model_type = "phi3";
-  save_hf_llama(out.str(), *hf.model, "", phi3);
-  std::ifstream cf(out.str() + "/config.json");
-  const nlohmann::json j = nlohmann::json::parse(cf);
+  const nlohmann::json j = save_as_phi3(*hf.model, out.str());
   EXPECT_EQ(j["model_type"], "phi3");
   EXPECT_EQ(j["sliding_window"], 5);
   EXPECT_EQ(j["partial_rotary_factor"], 1.0);
@@ -340,13 +341,7 @@ TEST(HfLlama, Phi3LongRopeMatchesIndependentLogitsByLengthAndRoundTrips) {
   // Round trip: rope_scaling longrope with the factors, the original context, no attention_factor (the
   // default one); then with the context changed, the attention factor written.
   TempDir out("phi3_longrope_rt");
-  save_hf_llama(out.str(), *hf.model, "", [] {
-    hf::ExportOptions o;
-    o.model_type = "phi3";
-    return o;
-  }());
-  std::ifstream cf(out.str() + "/config.json");
-  const nlohmann::json j = nlohmann::json::parse(cf);
+  const nlohmann::json j = save_as_phi3(*hf.model, out.str());
   EXPECT_EQ(j["rope_scaling"]["type"], "longrope");
   EXPECT_EQ(j["rope_scaling"]["short_factor"], nlohmann::json({1.0, 1.5}));
   EXPECT_EQ(j["rope_scaling"]["long_factor"], nlohmann::json({3.0, 7.0}));
