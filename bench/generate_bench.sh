@@ -18,7 +18,9 @@
 #   NEW_TOKENS   default 128              MODES  default "kv full" (kv: KV cache; full: --no-kv-cache;
 #                                         bf16: the KV cache with --bf16, the weights read as bf16;
 #                                         kv8: 8 prompts one at a time; batch8: the 8 with --batch-size 8;
-#                                         batch8_bf16: and --bf16)
+#                                         batch8_bf16: and --bf16; penalties: the KV cache with
+#                                         --repetition-penalty 1.1 --presence-penalty 0.5, the logits
+#                                         adjusted for the text so far before every draw)
 #   ROUNDS       runs of each mode, alternating (default 1); the table has one row per run
 #   KEEP=1       keep the work folder (checkpoint ~500 MB, logs; its path is printed)
 # Threads: whatever OMP_NUM_THREADS says (default: all cores), as for lattice train.
@@ -65,6 +67,7 @@ for ((r = 0; r < ROUNDS; ++r)); do
       kv8) flags=() ; name="8 prompts, one at a time" ;;
       batch8) flags=(--batch-size 8) ; name="8 prompts, --batch-size 8" ;;
       batch8_bf16) flags=(--batch-size 8 --bf16) ; name="8 prompts, --batch-size 8 --bf16" ;;
+      penalties) flags=(--repetition-penalty 1.1 --presence-penalty 0.5) ; name="KV cache, penalties" ;;
       *) die "unknown mode '$mode' in MODES" ;;
     esac
     [[ $mode == *8* ]] && prompts=(--prompt-file "$WORK/prompts8.txt")
