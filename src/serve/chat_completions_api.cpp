@@ -180,7 +180,7 @@ HttpReply openai_chat_completions(const ojson& request, const EndpointContext& c
   // The model's tool calls are read when the request offers tools (and tool_choice is not "none").
   const ToolCallFormat calls = chat.tools ? ctx.tool_calls : ToolCallFormat::none;
   const Tokenizer& tok = ctx.tokenizer;
-  std::vector<int32_t> prompt = chat.tokens;
+  std::vector<int32_t> prompt = std::move(chat.tokens);  // (chat.forced is read below)
   if (prompt.empty()) prompt.push_back(tok.eod());
   const int64_t room = ctx.context - int64_t(prompt.size());
   std::optional<int64_t> max_tokens = int_field(req, "max_completion_tokens", 1, INT32_MAX);
