@@ -17,6 +17,7 @@
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/hf_gpt_oss.h"
 #include "checkpoint/hf_llama.h"
+#include "checkpoint/hf_starcoder2.h"
 #include "checkpoint/hf_qwen3_next.h"
 #include "checkpoint/model_checkpoint.h"
 #include "cli/simple_flags.h"
@@ -46,7 +47,7 @@ void from_hf(const SimpleFlags& f) {
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
   // config.json's model_type says which: GPT-OSS, DeepSeek-V2 or V3, GLM-4.5, the Gated DeltaNet hybrids,
   // Nemotron-H, the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE,
-  // SmolLM3, Phi-3), else GPT-2.
+  // SmolLM3, Phi-3), StarCoder2, else GPT-2.
   const nlohmann::json config = hf::read_config(dir);
   const bool nemotron_h = is_hf_nemotron_h_config(config);
   const bool gpt_oss = !nemotron_h && is_hf_gpt_oss_config(config);
@@ -54,12 +55,14 @@ void from_hf(const SimpleFlags& f) {
   const bool glm = !gpt_oss && !deepseek_mla && is_hf_glm4_moe_config(config);
   const bool qwen3_next = !gpt_oss && !deepseek_mla && !glm && is_hf_qwen3_next_config(config);
   const bool llama = !nemotron_h && !gpt_oss && !deepseek_mla && !glm && !qwen3_next && is_hf_llama_config(config);
+  const bool starcoder2 = is_hf_starcoder2_config(config);
   const std::string family = nemotron_h     ? "Nemotron-H"
                              : gpt_oss      ? "GPT-OSS"
                              : deepseek_mla ? hf_deepseek_family_name(config)
                              : glm          ? "GLM-4.5"
                              : qwen3_next   ? hf_qwen3_next_family_name(config)
                              : llama        ? hf_llama_family_name(config)
+                             : starcoder2   ? "StarCoder2"
                                             : "GPT-2";
   // Streamed: each parameter is written as it is read (one in memory at a time; GPT-OSS a layer at a time, its
   // experts decoded).
@@ -70,6 +73,7 @@ void from_hf(const SimpleFlags& f) {
                        : glm          ? open_hf_glm4_moe(dir, div)
                        : qwen3_next   ? open_hf_qwen3_next(dir, div)
                        : llama        ? open_hf_llama(dir, div)
+                       : starcoder2   ? open_hf_starcoder2(dir, div)
                                       : open_hf_gpt2(dir, div);
   const TransformerConfig& c = src.config;
   // Tokenizer: the flags, else the one a lattice export recorded, else the folder's
@@ -233,13 +237,17 @@ void to_hf(const SimpleFlags& f) {
                       "the checkpoint's model has neither Gated DeltaNet layers nor multi-latent attention";
   const std::string not_gpt2 = hf_gpt2_mismatch(c), not_llama = hf_llama_mismatch(c);
   const std::string not_gpt_oss = hf_gpt_oss_mismatch(c), not_glm = hf_glm4_moe_mismatch(c);
-  if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty() && !not_glm.empty())
+  const std::string not_starcoder2 = hf_starcoder2_mismatch(c);
+  if (!not_gpt2.empty() && !not_llama.empty() && !not_gpt_oss.empty() && !not_glm.empty() && !not_starcoder2.empty())
     LATTICE_FAIL() << "--to-hf " << dir << ": the checkpoint's model has " << not_gpt2 << ", " << not_llama << ", "
-                   << not_gpt_oss << ", and " << not_glm << ": neither HuggingFace GPT-2, Llama, GPT-OSS nor GLM-4.5";
+                   << not_gpt_oss << ", " << not_glm << ", and " << not_starcoder2
+                   << ": neither HuggingFace GPT-2, Llama, GPT-OSS, GLM-4.5 nor StarCoder2";
   if (not_gpt2.empty())
     save_hf_gpt2(dir, streamed, lm.tokenizer_type, options);
   else if (not_llama.empty())
     save_hf_llama(dir, streamed, lm.tokenizer_type, options);
+  else if (not_starcoder2.empty())
+    save_hf_starcoder2(dir, streamed, lm.tokenizer_type, options);
   else if (not_gpt_oss.empty())
     save_hf_gpt_oss(dir, streamed, lm.tokenizer_type, options);
   else
@@ -247,10 +255,11 @@ void to_hf(const SimpleFlags& f) {
   copy_tokenizer_files(lm, dir);
   std::fprintf(stderr, "convert: %s (iteration %lld) -> %s (%s, %s)\n", load.c_str(), (long long)lm.iteration,
                dir.c_str(),
-               not_gpt2.empty()      ? "GPT-2"
-               : not_llama.empty()   ? hf_llama_family_name(c)
-               : not_gpt_oss.empty() ? "GPT-OSS"
-                                     : "GLM-4.5",
+               not_gpt2.empty()         ? "GPT-2"
+               : not_llama.empty()      ? hf_llama_family_name(c)
+               : not_starcoder2.empty() ? "StarCoder2"
+               : not_gpt_oss.empty()    ? "GPT-OSS"
+                                        : "GLM-4.5",
                options.dtype.c_str());
   if (c.mtp() && not_glm.empty()) return;  // GLM-4.5's multi-token prediction layers: written
   if (c.mtp())  // the main model is whole without them (Megatron's exports drop them too)
@@ -267,7 +276,7 @@ int cmd_convert(int argc, char** argv) {
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
         "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2|glm4_moe_lite|phi3]\n"
-        "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Phi-3 (Phi-4), Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
+        "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Phi-3 (Phi-4), StarCoder2, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
         "DeepSeek-V3 (Kimi-K2, GLM-4.7-Flash), GLM-4.5, Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Nemotron-H or GPT-OSS\n"
         "(config.json, model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's model_type; --to-hf\n"
         "writes a hybrid (--hybrid-override-pattern) as Nemotron-H, a\n"
@@ -276,7 +285,8 @@ int cmd_convert(int argc, char** argv) {
         "writes a Gated DeltaNet model as Qwen3-Next (with experts; Qwen3.5-MoE with --hf-model-type qwen3_5_moe) or\n"
         "Qwen3.5 (dense), and otherwise\n"
         "writes GPT-2 when the model has its form (learned positions, LayerNorm, GELU, biases), else Llama\n"
-        "(rope, RMSNorm, SwiGLU, no biases), Qwen2 for such a model with --add-qkv-bias, Qwen3 for one with\n"
+        "(rope, RMSNorm, SwiGLU, no biases), StarCoder2 for a rope model with LayerNorm, biases and the tanh GELU\n"
+        "(--openai-gelu), Qwen2 for a Llama-form model with --add-qkv-bias, Qwen3 for one with\n"
         "--qk-layernorm, SmolLM3 for one with --no-rope-freq, Mixtral for one with --num-experts (Qwen3-MoE with both, Qwen2-MoE with\n"
         "--add-qkv-bias and gated shared experts, DeepSeek-MoE with ungated shared experts), GPT-OSS for\n"
         "GPT-OSS's form (experts of --quick-geglu with biases, learnable sinks; MXFP4 experts read too), GLM-4.5 for\n"

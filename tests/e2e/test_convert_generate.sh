@@ -492,6 +492,12 @@ PY
       pass "convert: HF Phi-3 in and out, every tensor the same bytes" || fail "Phi-3's tensors changed on the round trip"
   fi
 fi
+# A HuggingFace StarCoder2 folder in and out (LayerNorm, biases, tanh GELU, rope, a window): the same model_type.
+if run sc2_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_starcoder2_tiny" --save ckpt-hf-sc2; then
+  grep -q 'StarCoder2' sc2_fixture.err || fail "convert did not say it read a StarCoder2 model"
+  run sc2_back "$LATTICE" convert --load ckpt-hf-sc2 --to-hf hf-sc2 && grep -q '"model_type": "starcoder2"' hf-sc2/config.json &&
+    pass "convert: HF StarCoder2 in and out" || fail "StarCoder2 came back as $(grep model_type hf-sc2/config.json)"
+fi
 # A HuggingFace Qwen2 folder in: the independent fixture (q/k/v biases, tied).
 if run qwen2_fixture "$LATTICE" convert --from-hf "$SRC/tests/fixtures/hf_qwen2_tiny" --save ckpt-hf-qwen2; then
   grep -q 'Qwen2' qwen2_fixture.err || fail "convert did not say it read a Qwen2 model"
@@ -500,7 +506,7 @@ fi
 if run gqa_train "$LATTICE" "${ROPE[@]/rope/learned_absolute}" --group-query-attention --train-iters 1 \
      --save ckpt-gqa; then
   expect_error "convert: grouped-query attention, no other Llama setting" \
-    "--to-hf|grouped-query attention|--num-query-groups 1|neither HuggingFace GPT-2, Llama, GPT-OSS nor GLM-4.5|learned absolute" -- \
+    "--to-hf|grouped-query attention|--num-query-groups 1|neither HuggingFace GPT-2, Llama, GPT-OSS, GLM-4.5 nor StarCoder2|learned absolute" -- \
     "$LATTICE" convert --load ckpt-gqa --to-hf hf-gqa
   [ -e hf-gqa ] && fail "convert --to-hf of a grouped-query model left hf-gqa behind"
 fi

@@ -62,7 +62,7 @@ else
 fi
 # Sigmoid-routed experts with LayerNorm: no HuggingFace family has that.
 if run ln_train "$LATTICE" train "${GLM[@]/RMSNorm/LayerNorm}" "${RUN[@]}" --train-iters 1 --save lnckpt; then
-  expect_error "a sigmoid-routed LayerNorm model" "neither HuggingFace GPT-2, Llama, GPT-OSS nor GLM-4.5" -- \
+  expect_error "a sigmoid-routed LayerNorm model" "neither HuggingFace GPT-2, Llama, GPT-OSS, GLM-4.5 nor StarCoder2" -- \
     "$LATTICE" convert --load lnckpt --to-hf hf-ln
   [ -e hf-ln ] && fail "the refused export left a directory behind"
 fi
