@@ -50,7 +50,9 @@ SftConversation tokenize_conversation(const ChatTemplate& chat, const Tokenizer&
     if (messages[k]["role"] != "assistant") continue;
     const std::string before_text = render(first_messages(messages, k), true);
     const std::vector<int32_t> before = encode(before_text);
-    std::vector<int32_t> through = encode(render(first_messages(messages, k + 1), false));
+    // (messages[0:k+1] of the last message is the whole conversation, already encoded)
+    std::vector<int32_t> through =
+        k + 1 == messages.size() ? c.tokens : encode(render(first_messages(messages, k + 1), false));
     if (!is_prefix(before, through) || !is_prefix(through, c.tokens)) {
       // A template that writes the last answer otherwise than an earlier one (Qwen3's empty thinking block): the
       // turn ends where the text that follows its content when it is the last message (its content a marker)

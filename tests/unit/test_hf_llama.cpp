@@ -29,17 +29,6 @@ using hf_test::fixture;
 using hf_test::TempDir;
 using hf_test::Tensors;
 
-// dir_b's model.safetensors holds dir_a's tensors, every one with the same bytes.
-void expect_same_tensor_bytes(const std::string& dir_a, const std::string& dir_b) {
-  SafetensorsFile a = SafetensorsFile::read(dir_a + "/model.safetensors");
-  SafetensorsFile b = SafetensorsFile::read(dir_b + "/model.safetensors");
-  EXPECT_EQ(a.names().size(), b.names().size());
-  for (const std::string& name : a.names()) {
-    ASSERT_TRUE(b.has(name)) << name;
-    EXPECT_TRUE(a.get(name).bytes == b.get(name).bytes) << name;
-  }
-}
-
 void check_fixture_logits(const char* dir) {
   HfModel hf = load_hf_llama(fixture(dir));
   hf_test::expect_fixture_logits(*hf.model, dir);
@@ -173,7 +162,7 @@ TEST(HfLlama, MistralModelMatchesIndependentLogitsAndExportsAsLlama) {
   save_hf_llama(out.str(), *hf.model, "");
   std::ifstream cf(out.str() + "/config.json");
   EXPECT_EQ(nlohmann::json::parse(cf)["model_type"], "llama");
-  expect_same_tensor_bytes(fixture("hf_mistral_tiny"), out.str());
+  hf_test::expect_same_tensors("hf_mistral_tiny", out.str());
 }
 
 // Mistral with sliding_window 5: every layer's query sees its 5 latest keys, lattice's --window-size 4
@@ -194,7 +183,7 @@ TEST(HfLlama, MistralSlidingWindowMatchesIndependentLogitsAndRoundTrips) {
   EXPECT_EQ(j["model_type"], "mistral");
   EXPECT_EQ(j["architectures"][0], "MistralForCausalLM");
   EXPECT_EQ(j["sliding_window"], 5);
-  expect_same_tensor_bytes(fixture("hf_mistral_tiny_swa"), out.str());
+  hf_test::expect_same_tensors("hf_mistral_tiny_swa", out.str());
   HfModel back = load_hf_llama(out.str());
   EXPECT_EQ(back.model->config().window_size, 4);
   hf_test::expect_fixture_logits(*back.model, "hf_mistral_tiny_swa");
@@ -270,7 +259,7 @@ TEST(HfLlama, Phi3PartialRotationMatchesIndependentLogitsAndRoundTrips) {
   EXPECT_TRUE(j["sliding_window"].is_null());
   EXPECT_EQ(j["tie_word_embeddings"], true);
   EXPECT_FALSE(j.contains("head_dim"));
-  expect_same_tensor_bytes(fixture("hf_phi3_tiny"), out.str());
+  hf_test::expect_same_tensors("hf_phi3_tiny", out.str());
   hf_test::expect_fixture_logits(*load_hf_llama(out.str()).model, "hf_phi3_tiny");
 }
 
@@ -288,7 +277,7 @@ TEST(HfLlama, Phi3SlidingWindowMatchesIndependentLogitsAndRoundTrips) {
   EXPECT_EQ(j["model_type"], "phi3");
   EXPECT_EQ(j["sliding_window"], 5);
   EXPECT_EQ(j["partial_rotary_factor"], 1.0);
-  expect_same_tensor_bytes(fixture("hf_phi3_tiny_swa"), out.str());
+  hf_test::expect_same_tensors("hf_phi3_tiny_swa", out.str());
   hf_test::expect_fixture_logits(*load_hf_llama(out.str()).model, "hf_phi3_tiny_swa");
   TempDir mistral("phi3_as_mistral");
   save_hf_llama(mistral.str(), *hf.model, "");
@@ -348,7 +337,7 @@ TEST(HfLlama, Phi3LongRopeMatchesIndependentLogitsByLengthAndRoundTrips) {
   EXPECT_FALSE(j["rope_scaling"].contains("attention_factor"));
   EXPECT_EQ(j["original_max_position_embeddings"], 8);
   EXPECT_EQ(j["max_position_embeddings"], 64);
-  expect_same_tensor_bytes(fixture("hf_phi3_tiny_longrope"), out.str());
+  hf_test::expect_same_tensors("hf_phi3_tiny_longrope", out.str());
   hf_test::expect_fixture_logits(*load_hf_llama(out.str()).model, "hf_phi3_tiny_longrope");
   TransformerConfig shorter = c;
   shorter.max_position_embeddings = 32;
