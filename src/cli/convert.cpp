@@ -4,6 +4,8 @@
 //   lattice convert --from-hf DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
 //                   [--make-vocab-size-divisible-by N]
 //   lattice convert --load CKPT --to-hf DIR
+//   lattice convert --from-megatron DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
+//                   [--vocab-file PATH] [--merge-file PATH]
 // The input is read and checked completely before anything is written, and an existing
 // checkpoint or HF model is never overwritten.
 #include <cstdio>
@@ -18,6 +20,7 @@
 #include "checkpoint/hf_gpt_oss.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/hf_starcoder2.h"
+#include "checkpoint/megatron_checkpoint.h"
 #include "checkpoint/hf_qwen3_next.h"
 #include "checkpoint/model_checkpoint.h"
 #include "cli/simple_flags.h"
@@ -130,6 +133,65 @@ void from_hf(const SimpleFlags& f) {
                dir.c_str(), family.c_str(), written.c_str(), (long long)c.num_layers, (long long)c.hidden_size,
                (long long)c.vocab_size, (long long)c.padded_vocab_size,
                tokenizer.empty() ? "none" : tokenizer.c_str());
+}
+
+// A Megatron-LM checkpoint (--ckpt-format torch) -> lattice checkpoint: the weights, under the tokenizer the
+// saved args name (each file it reads must exist here; the flags override them).
+void from_megatron(const SimpleFlags& f) {
+  const std::string dir = f.required("from-megatron"), save = f.required("save");
+  for (const char* flag : {"hf-dtype", "max-shard-size", "hf-model-type", "make-vocab-size-divisible-by"})
+    if (f.has(flag))
+      LATTICE_FAIL() << "--" << flag << " does not apply to --from-megatron (the checkpoint's args say the vocabulary "
+                     << "and its padding)";
+  if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
+    LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
+  MegatronSource src = open_megatron_checkpoint(dir);
+  TransformerConfig& c = src.source.config;
+  TokenizerSpec tok = src.tokenizer;
+  const bool given = f.has("tokenizer-type") || f.has("tokenizer-model") || f.has("vocab-file") || f.has("merge-file");
+  if (given) tok = TokenizerSpec{f.get("tokenizer-type", tok.type), f.get("vocab-file", ""), f.get("merge-file", ""),
+                                 f.get("tokenizer-model", "")};
+  // The saved args' files, where they are not on this machine: the model comes over without a tokenizer.
+  for (std::string* file : {&tok.vocab_file, &tok.merge_file, &tok.model}) {
+    if (file->empty()) continue;
+    if (!fs::exists(*file)) {
+      if (given) LATTICE_FAIL() << "--from-megatron: the tokenizer file " << *file << " does not exist";
+      std::fprintf(stderr,
+                   "convert: the checkpoint's tokenizer file %s is not on this machine: no tokenizer recorded (give "
+                   "--tokenizer-type with --tokenizer-model, or --vocab-file and --merge-file)\n",
+                   file->c_str());
+      tok = TokenizerSpec{};
+      break;
+    }
+    *file = fs::absolute(*file).lexically_normal().string();
+  }
+  if (tok.type == "NullTokenizer") tok = TokenizerSpec{};  // its vocabulary is the model's
+  if (!tok.type.empty()) {
+    const int64_t size = make_tokenizer(tok)->vocab_size();
+    if (size > c.padded_vocab_size)
+      LATTICE_FAIL() << "--from-megatron: the tokenizer " << tok.type << " has " << size
+                     << " tokens, more than the checkpoint's " << c.padded_vocab_size << " vocabulary rows";
+    c.vocab_size = size;  // the rows past it stay the padding they were
+  }
+  nlohmann::json args = {{"tokenizer-type", tok.type},
+                         {"seq-length", src.seq_length},
+                         {"max-position-embeddings", c.max_position_embeddings},
+                         {"make-vocab-size-divisible-by", c.make_vocab_size_divisible_by},
+                         {"converted-from-megatron", dir},
+                         {"megatron-iteration", src.iteration}};
+  if (!tok.vocab_file.empty()) args["vocab-file"] = tok.vocab_file;
+  if (!tok.merge_file.empty()) args["merge-file"] = tok.merge_file;
+  if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
+  const std::string written = save_model_checkpoint(save, 0, c, src.source.fill, args.dump());
+  std::fprintf(stderr,
+               "convert: %s (Megatron-LM, iteration %lld, tensor-parallel %d, pipeline-parallel %d%s, %s layer spec) -> "
+               "%s (%lld layers, hidden %lld, vocabulary %lld of %lld rows, tokenizer %s); the optimizer state is not "
+               "converted\n",
+               src.iteration_dir.c_str(), (long long)src.iteration, src.tp, src.pp,
+               src.vp > 1 ? (", " + std::to_string(src.vp) + " virtual stages").c_str() : "",
+               src.transformer_engine ? "Transformer Engine" : "local", written.c_str(), (long long)c.num_layers,
+               (long long)c.hidden_size, (long long)c.vocab_size, (long long)c.padded_vocab_size,
+               tok.type.empty() ? "none" : tok.type.c_str());
 }
 
 // A HuggingFace or SentencePiece tokenizer travels with the model (tokenizer.json or
@@ -276,6 +338,12 @@ int cmd_convert(int argc, char** argv) {
         "                       [--make-vocab-size-divisible-by N]\n"
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
         "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2|glm4_moe_lite|phi3]\n"
+        "       lattice convert --from-megatron DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
+        "                       [--vocab-file PATH] [--merge-file PATH]\n"
+        "--from-megatron reads a Megatron-LM GPT checkpoint saved with --ckpt-format torch (DIR: its --save directory\n"
+        "or an iter_* directory in it; every tensor- and pipeline-parallel rank's file; either layer spec): the model's\n"
+        "flags from its saved args, the weights (not the optimizer state), the tokenizer its args name when its files\n"
+        "are here (the tokenizer flags override it).\n"
         "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Phi-3 (Phi-4), StarCoder2, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
         "DeepSeek-V3 (Kimi-K2, GLM-4.7-Flash), GLM-4.5, Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Nemotron-H or GPT-OSS\n"
         "(config.json, model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's model_type; --to-hf\n"
@@ -320,10 +388,18 @@ int cmd_convert(int argc, char** argv) {
   }
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"from-hf", "to-hf", "load", "save", "tokenizer-type", "tokenizer-model",
-                                      "make-vocab-size-divisible-by", "hf-dtype", "max-shard-size", "hf-model-type"},
+                                      "make-vocab-size-divisible-by", "hf-dtype", "max-shard-size", "hf-model-type",
+                                      "from-megatron", "vocab-file", "merge-file"},
                                      {});
-  const bool from = f.has("from-hf"), to = f.has("to-hf");
-  if (from == to) LATTICE_FAIL() << "give either --from-hf DIR --save CKPT or --load CKPT --to-hf DIR";
+  const bool from = f.has("from-hf"), to = f.has("to-hf"), megatron = f.has("from-megatron");
+  if (int(from) + int(to) + int(megatron) != 1)
+    LATTICE_FAIL() << "give one of --from-hf DIR --save CKPT, --from-megatron DIR --save CKPT or --load CKPT --to-hf DIR";
+  if (megatron && f.has("load")) LATTICE_FAIL() << "--load goes with --to-hf, not --from-megatron";
+  if (megatron) {
+    from_megatron(f);
+    return 0;
+  }
+  if (f.has("vocab-file") || f.has("merge-file")) LATTICE_FAIL() << "--vocab-file and --merge-file go with --from-megatron";
   if (from && f.has("load")) LATTICE_FAIL() << "--load goes with --to-hf, not --from-hf";
   if (to && f.has("save")) LATTICE_FAIL() << "--save goes with --from-hf, not --to-hf";
   if (from) from_hf(f);

@@ -9,6 +9,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "dist/comm.h"
+#include "dist/layout_only_comm.h"
 #include "model/gpt_model.h"
 #include "optim/grad_sync.h"
 #include "optim/param_buffer.h"
@@ -20,37 +21,6 @@
 namespace lattice {
 
 namespace {
-
-// A tensor-parallel group of `size` ranks that only answers rank() and size(): enough
-// for GPTModel::activation_bytes, which sizes the arena from the group's size. Any
-// transfer is a bug.
-class LayoutOnlyComm : public Comm {
- public:
-  LayoutOnlyComm(int rank, int size) : Comm("tp (layout only)"), rank_(rank), size_(size) {
-    for (int r = 0; r < size; ++r) ranks_.push_back(r);
-  }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  const std::vector<int>& world_ranks() const override { return ranks_; }
-  void all_reduce(float*, int64_t, ReduceOp) override { no_transfer(); }
-  void all_reduce(double*, int64_t, ReduceOp) override { no_transfer(); }
-  std::unique_ptr<CommRequest> iall_reduce(float*, int64_t) override { no_transfer(); }
-  std::unique_ptr<CommRequest> ireduce_scatter(const float*, float*, const std::vector<int64_t>&) override {
-    no_transfer();
-  }
-  std::unique_ptr<CommRequest> iall_gather(float*, const std::vector<int64_t>&) override { no_transfer(); }
-  void broadcast(void*, int64_t, int) override { no_transfer(); }
-  void send(const float*, int64_t, int, int) override { no_transfer(); }
-  void recv(float*, int64_t, int, int) override { no_transfer(); }
-  std::unique_ptr<CommRequest> isend(const float*, int64_t, int, int) override { no_transfer(); }
-  std::unique_ptr<CommRequest> irecv(float*, int64_t, int, int) override { no_transfer(); }
-  void barrier() override { no_transfer(); }
-
- private:
-  [[noreturn]] static void no_transfer() { LATTICE_FAIL() << "the memory estimate's layout-only group cannot communicate"; }
-  int rank_, size_;
-  std::vector<int> ranks_;
-};
 
 // Elements of real parameters inside `ranges` (the optimizer keeps state for these; the
 // alignment padding between parameters has none).

@@ -1,0 +1,434 @@
+#include "checkpoint/megatron_checkpoint.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "checkpoint/tensor_parts.h"
+#include "checkpoint/torch_archive.h"
+#include "core/error.h"
+#include "dist/layout_only_comm.h"
+#include "model/gpt_model.h"
+#include "pipeline/schedule.h"
+#include "train/arguments.h"
+
+namespace fs = std::filesystem;
+
+namespace lattice {
+
+namespace {
+
+// DIR/iter_NNNNNNN (or DIR/release) that DIR's tracker names, or DIR itself when it has none.
+std::string resolve_iteration_dir(const std::string& dir) {
+  const fs::path tracker = fs::path(dir) / "latest_checkpointed_iteration.txt";
+  if (!fs::exists(tracker)) return dir;
+  std::ifstream f(tracker);
+  std::string text;
+  f >> text;
+  if (text == "release") return (fs::path(dir) / "release").string();
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+    LATTICE_FAIL() << tracker.string() << ": holds '" << text << "', not an iteration number or 'release'";
+  char name[40];
+  std::snprintf(name, sizeof name, "iter_%07lld", std::stoll(text));
+  return (fs::path(dir) / name).string();
+}
+
+// mp_rank_TT (one stage) or mp_rank_TT_PPP (pipeline parallelism), as Megatron's get_checkpoint_name.
+fs::path rank_file(const std::string& iter_dir, int t, int p, bool pipeline) {
+  char name[40];
+  if (pipeline) std::snprintf(name, sizeof name, "mp_rank_%02d_%03d", t, p);
+  else std::snprintf(name, sizeof name, "mp_rank_%02d", t);
+  return fs::path(iter_dir) / name / "model_optim_rng.pt";
+}
+
+std::string number_text(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// A Python list or tuple of integers as Megatron's list flags take it ("[1,0,1]").
+std::string list_text(const PyValue& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.items.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v.items[i]->integer);
+  }
+  return s + "]";
+}
+
+// The saved args (argparse.Namespace) as lattice's train flags: the model's shape and the layout that
+// saved it. Features lattice cannot read from this format are refused by name.
+std::vector<std::string> model_flags(const PyValue& ns, const std::string& what) {
+  auto get = [&](const char* key) -> PyRef {
+    PyRef v = ns.get(key);
+    return v && !v->is(PyValue::Kind::none) ? v : nullptr;
+  };
+  auto on = [&](const char* key) {
+    PyRef v = get(key);
+    return v && ((v->is(PyValue::Kind::boolean) && v->boolean) || (v->is(PyValue::Kind::integer) && v->integer != 0));
+  };
+  const std::pair<const char*, const char*> refused[] = {
+      {"num_experts", "a mixture of experts"},
+      {"multi_latent_attention", "multi-latent attention"},
+      {"mtp_num_layers", "multi-token prediction"},
+      {"hybrid_override_pattern", "a hybrid (Mamba) model"},
+      {"experimental_attention_variant", "linear attention layers"},
+      {"use_legacy_models", "the legacy (pre-Megatron-Core) model"},
+      {"apply_residual_connection_post_layernorm", "--apply-residual-connection-post-layernorm"},
+      {"heterogeneous_layers_config_path", "heterogeneous layers"},
+      {"pipeline_model_parallel_layout", "--pipeline-model-parallel-layout"}};
+  for (const auto& [key, feature] : refused) {
+    PyRef v = get(key);
+    const bool set = v && !(v->is(PyValue::Kind::boolean) && !v->boolean) && !(v->is(PyValue::Kind::integer) && v->integer == 0) &&
+                     !(v->is(PyValue::Kind::string) && v->text.empty());
+    if (set) LATTICE_FAIL() << what << ": the checkpoint's model has " << feature << " (args." << key << " = "
+                            << v->describe() << "), which lattice does not read from Megatron checkpoints yet";
+  }
+  if (PyRef ep = get("expert_model_parallel_size"); ep && ep->integer > 1)
+    LATTICE_FAIL() << what << ": saved with --expert-model-parallel-size " << ep->integer << ", which lattice does not read";
+  std::vector<std::string> flags;
+  auto value = [&](const char* key, const char* flag) {
+    PyRef v = get(key);
+    if (!v) return;
+    if (v->is(PyValue::Kind::integer)) flags.insert(flags.end(), {flag, std::to_string(v->integer)});
+    else if (v->is(PyValue::Kind::floating)) flags.insert(flags.end(), {flag, number_text(v->floating)});
+    else if (v->is(PyValue::Kind::string)) flags.insert(flags.end(), {flag, v->text});
+    else LATTICE_FAIL() << what << ": args." << key << " is " << v->describe() << ", not a number or a string";
+  };
+  auto list = [&](const char* key, const char* flag) {  // an integer (a frequency) or a per-layer list
+    PyRef v = get(key);
+    if (!v) return;
+    if (v->is(PyValue::Kind::list) || v->is(PyValue::Kind::tuple)) flags.insert(flags.end(), {flag, list_text(*v)});
+    else value(key, flag);
+  };
+  auto flag = [&](const char* key, const char* name) {
+    if (on(key)) flags.push_back(name);
+  };
+  value("num_layers", "--num-layers");
+  value("hidden_size", "--hidden-size");
+  value("ffn_hidden_size", "--ffn-hidden-size");
+  value("num_attention_heads", "--num-attention-heads");
+  value("kv_channels", "--kv-channels");
+  if (on("group_query_attention")) {
+    flags.push_back("--group-query-attention");
+    value("num_query_groups", "--num-query-groups");
+  }
+  value("max_position_embeddings", "--max-position-embeddings");
+  value("seq_length", "--seq-length");
+  value("position_embedding_type", "--position-embedding-type");
+  value("rotary_percent", "--rotary-percent");
+  value("rotary_base", "--rotary-base");
+  flag("rotary_interleaved", "--rotary-interleaved");
+  value("rotary_seq_len_interpolation_factor", "--rotary-seq-len-interpolation-factor");
+  if (on("use_rope_scaling")) {
+    flags.push_back("--use-rope-scaling");
+    value("rope_scaling_factor", "--rope-scaling-factor");
+  }
+  list("no_rope_freq", "--no-rope-freq");
+  value("normalization", "--normalization");
+  value("norm_epsilon", "--norm-epsilon");
+  flag("apply_layernorm_1p", "--apply-layernorm-1p");
+  flag("swiglu", "--swiglu");
+  flag("squared_relu", "--squared-relu");
+  flag("openai_gelu", "--openai-gelu");
+  flag("quick_geglu", "--quick-geglu");
+  flag("untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights");
+  if (PyRef bias = get("add_bias_linear"); bias && bias->is(PyValue::Kind::boolean) && !bias->boolean)
+    flags.push_back("--disable-bias-linear");
+  flag("add_qkv_bias", "--add-qkv-bias");
+  flag("qk_layernorm", "--qk-layernorm");
+  flag("attention_output_gate", "--attention-output-gate");
+  if (PyRef st = get("softmax_type"); st && st->is(PyValue::Kind::string)) value("softmax_type", "--softmax-type");
+  if (PyRef w = get("window_size"); w && (w->is(PyValue::Kind::tuple) || w->is(PyValue::Kind::list)) &&
+                                    w->items.size() == 2) {
+    flags.insert(flags.end(), {"--window-size", std::to_string(w->items[0]->integer) + "," +
+                                                    std::to_string(w->items[1]->integer)});
+    list("window_attn_skip_freq", "--window-attn-skip-freq");
+  }
+  value("make_vocab_size_divisible_by", "--make-vocab-size-divisible-by");
+  value("tensor_model_parallel_size", "--tensor-model-parallel-size");
+  value("pipeline_model_parallel_size", "--pipeline-model-parallel-size");
+  value("num_layers_per_virtual_pipeline_stage", "--num-layers-per-virtual-pipeline-stage");
+  if (!get("num_layers_per_virtual_pipeline_stage"))
+    value("num_virtual_stages_per_pipeline_rank", "--num-virtual-stages-per-pipeline-rank");
+  value("decoder_first_pipeline_num_layers", "--decoder-first-pipeline-num-layers");
+  value("decoder_last_pipeline_num_layers", "--decoder-last-pipeline-num-layers");
+  flag("account_for_embedding_in_pipeline_split", "--account-for-embedding-in-pipeline-split");
+  flag("account_for_loss_in_pipeline_split", "--account-for-loss-in-pipeline-split");
+  return flags;
+}
+
+// A state dict's tensors by their dotted names (nested dicts joined with '.').
+void flatten(const PyRef& d, const std::string& prefix, std::map<std::string, PyRef>& out) {
+  for (const auto& [k, v] : d->entries) {
+    if (!k->is(PyValue::Kind::string)) continue;
+    const std::string name = prefix + k->text;
+    if (v->is(PyValue::Kind::dict)) flatten(v, name + ".", out);
+    else out[name] = v;
+  }
+}
+
+// One rank file: its archive and its state dicts' tensors (chunk v's under 'model', or 'model<v>').
+struct RankFile {
+  std::unique_ptr<TorchArchive> archive;
+  std::vector<std::map<std::string, PyRef>> chunks;
+  std::set<std::string> used;  // keys a parameter reads
+};
+
+// Megatron-Core's names of lattice's parameter `name` (the same, but the norms Transformer Engine fuses).
+std::vector<std::string> megatron_names(const std::string& name) {
+  std::vector<std::string> names{name};
+  const std::pair<const char*, const char*> fused[] = {
+      {"input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"},
+      {"input_layernorm.bias", "self_attention.linear_qkv.layer_norm_bias"},
+      {"pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"},
+      {"pre_mlp_layernorm.bias", "mlp.linear_fc1.layer_norm_bias"}};
+  for (const auto& [local, te] : fused) {
+    const std::string suffix = local;
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      names.push_back(name.substr(0, name.size() - suffix.size()) + te);
+  }
+  return names;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) t += ", ";
+    t += std::to_string(s[i]);
+  }
+  return t + "]";
+}
+
+// Copies box (row-major [lengths]) into its place in dst, the whole tensor (row-major [global_shape]).
+void copy_box(const TensorPart& box, float* dst) {
+  const size_t nd = box.global_shape.size();
+  if (nd == 0) {
+    dst[0] = box.data[0];
+    return;
+  }
+  const int64_t run = box.lengths[nd - 1];
+  int64_t outer = 1;
+  for (size_t d = 0; d + 1 < nd; ++d) outer *= box.lengths[d];
+  std::vector<int64_t> idx(nd - 1, 0);
+  for (int64_t k = 0; k < outer; ++k) {
+    int64_t g = 0;
+    for (size_t d = 0; d + 1 < nd; ++d) g = g * box.global_shape[d] + box.offsets[d] + idx[d];
+    g = g * box.global_shape[nd - 1] + box.offsets[nd - 1];
+    std::copy(box.data + k * run, box.data + (k + 1) * run, dst + g);
+    for (size_t d = nd - 1; d-- > 0;) {
+      if (++idx[d] < box.lengths[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+MegatronSource open_megatron_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) LATTICE_FAIL() << "--from-megatron " << dir << ": no such directory";
+  MegatronSource out;
+  out.iteration_dir = resolve_iteration_dir(dir);
+  const std::string& iter = out.iteration_dir;
+  if (!fs::is_directory(iter))
+    LATTICE_FAIL() << "--from-megatron " << dir << ": its latest_checkpointed_iteration.txt names " << iter
+                   << ", which is missing";
+  if (fs::exists(fs::path(iter) / ".metadata"))
+    LATTICE_FAIL() << "--from-megatron " << iter << ": a torch_dist checkpoint (.metadata), which lattice does not "
+                   << "read; convert it with Megatron first (--ckpt-convert-format torch --ckpt-convert-save DIR)";
+  const bool pipeline = !fs::exists(rank_file(iter, 0, 0, false));
+  const fs::path first = rank_file(iter, 0, 0, pipeline);
+  if (!fs::exists(first))
+    LATTICE_FAIL() << "--from-megatron " << iter << ": no mp_rank_00/model_optim_rng.pt or mp_rank_00_000/"
+                   << "model_optim_rng.pt (not a Megatron checkpoint saved with --ckpt-format torch)";
+
+  // The saved args: the model's flags and the layout, checked as `lattice train` checks them.
+  auto archive0 = std::make_unique<TorchArchive>(first.string());
+  const std::string what0 = first.string();
+  const PyRef root = archive0->root();
+  if (!root->is(PyValue::Kind::dict)) LATTICE_FAIL() << what0 << ": holds " << root->describe() << ", not a dict";
+  const PyRef ns = root->get("args");
+  if (!ns || ns->qualified_name() != "argparse.Namespace")
+    LATTICE_FAIL() << what0 << ": no args (argparse.Namespace) saved; not a Megatron training checkpoint";
+  const PyRef version = root->get("checkpoint_version");
+  const double v = !version ? 0.0 : version->is(PyValue::Kind::floating) ? version->floating : double(version->integer);
+  if (v < 3.0)
+    LATTICE_FAIL() << what0 << ": checkpoint_version " << v << " (before 3.0, whose query-key-value layout lattice does "
+                   << "not read)";
+  if (const PyRef it = root->get("iteration"); it && it->is(PyValue::Kind::integer)) out.iteration = it->integer;
+  std::vector<std::string> flags = model_flags(*ns, what0);
+  const PyRef padded = ns->get("padded_vocab_size");
+  if (!padded || !padded->is(PyValue::Kind::integer) || padded->integer <= 0)
+    LATTICE_FAIL() << what0 << ": args.padded_vocab_size is " << (padded ? padded->describe() : "missing");
+  flags.insert(flags.end(), {"--vocab-size", std::to_string(padded->integer)});
+  // What the flags' validation requires of a training run, not the model's.
+  flags.insert(flags.end(), {"--micro-batch-size", "1", "--train-iters", "1", "--mock-data"});
+  std::vector<char*> argv;
+  for (std::string& f : flags) argv.push_back(f.data());
+  TrainArgs a;
+  try {
+    a = parse_train_args(int(argv.size()), argv.data(), 0);
+  } catch (const Error& e) {
+    LATTICE_FAIL() << what0 << ": the saved args, as lattice's flags, are refused: " << e.what();
+  }
+  TransformerConfig c = a.transformer_config();
+  c.padded_vocab_size = padded->integer;
+  c.finalize(1);
+  out.tp = int(a.tensor_model_parallel_size);
+  out.pp = int(a.pipeline_model_parallel_size);
+  if (pipeline != (out.pp > 1))
+    LATTICE_FAIL() << first.string() << ": the file name and args.pipeline_model_parallel_size " << out.pp
+                   << " disagree";
+  if (c.padded_vocab_size % out.tp != 0)
+    LATTICE_FAIL() << what0 << ": args.padded_vocab_size " << c.padded_vocab_size << " is not divisible by the "
+                   << out.tp << " tensor-parallel ranks";
+  const PipelineLayout layout = pipeline_layout_of(a);
+  out.vp = layout.virtual_stages;
+  out.seq_length = a.seq_length;
+  auto text = [&](const char* key) {
+    const PyRef t = ns->get(key);
+    return t && t->is(PyValue::Kind::string) ? t->text : std::string();
+  };
+  out.tokenizer.type = text("tokenizer_type");
+  out.tokenizer.vocab_file = text("vocab_file");
+  out.tokenizer.merge_file = text("merge_file");
+  out.tokenizer.model = text("tokenizer_model");
+
+  // Every rank file, opened (its pickle read, no tensor yet).
+  std::vector<std::vector<RankFile>> files(size_t(out.tp));
+  for (auto& stages : files) stages.resize(size_t(out.pp));
+  for (int t = 0; t < out.tp; ++t) {
+    for (int p = 0; p < out.pp; ++p) {
+      const fs::path path = rank_file(iter, t, p, pipeline);
+      if (t == 0 && p == 0) {
+        files[0][0].archive = std::move(archive0);
+      } else {
+        if (!fs::exists(path))
+          LATTICE_FAIL() << "--from-megatron " << iter << ": " << path.string() << " is missing (the args say "
+                         << out.tp << " tensor- and " << out.pp << " pipeline-parallel ranks)";
+        files[size_t(t)][size_t(p)].archive = std::make_unique<TorchArchive>(path.string());
+      }
+      RankFile& rf = files[size_t(t)][size_t(p)];
+      const PyRef r = rf.archive->root();
+      for (int ch = 0; ch < out.vp; ++ch) {
+        const std::string key = out.vp == 1 ? "model" : "model" + std::to_string(ch);
+        const PyRef m = r->is(PyValue::Kind::dict) ? r->get(key) : nullptr;
+        if (!m || !m->is(PyValue::Kind::dict))
+          LATTICE_FAIL() << path.string() << ": no '" << key << "' state dict (saved with --no-save-optim? "
+                         << "--ckpt-format torch saves the model under '" << key << "')";
+        std::map<std::string, PyRef> tensors;
+        flatten(m, "", tensors);
+        for (auto it = tensors.begin(); it != tensors.end();) {  // Transformer Engine's extra state: no weights
+          const std::string& k = it->first;
+          const bool extra = k.size() >= 12 && k.compare(k.size() - 12, 12, "_extra_state") == 0;
+          if (k.find("layer_norm_weight") != std::string::npos) out.transformer_engine = true;
+          it = extra ? tensors.erase(it) : std::next(it);
+        }
+        rf.chunks.push_back(std::move(tensors));
+      }
+    }
+  }
+
+  // Where each global layer lives: (stage, chunk, its number in that chunk's state dict).
+  std::map<int64_t, std::tuple<int, int, int64_t>> layer_home;
+  for (int p = 0; p < out.pp; ++p) {
+    const auto chunks = stage_layers(layout, p);
+    for (size_t ch = 0; ch < chunks.size(); ++ch)
+      for (int64_t l = chunks[ch].first; l < chunks[ch].second; ++l)
+        layer_home[l] = {p, int(ch), l - chunks[ch].first};
+  }
+  // Each tensor-parallel rank's parameters: its part of every tensor, as Megatron splits them.
+  std::vector<std::unique_ptr<LayoutOnlyComm>> groups;
+  std::vector<std::map<std::string, ParamInfo>> rank_infos(size_t(out.tp));
+  for (int t = 0; t < out.tp; ++t) {
+    groups.push_back(std::make_unique<LayoutOnlyComm>(t, out.tp));
+    const ParamBuffer reg =
+        GPTModel::parameter_registry(c, TensorParallel{groups.back().get(), false}, ModelPlacement{}, 0, 1);
+    for (const ParamInfo& info : reg.infos()) rank_infos[size_t(t)][info.name] = info;
+  }
+
+  // The plan: for every parameter and rank, the file and key holding its part; shapes checked.
+  struct Source {
+    int t, p, chunk;
+    std::string key;
+  };
+  auto plan = std::make_shared<std::map<std::string, std::vector<Source>>>();
+  const ParamBuffer whole = GPTModel::parameter_registry(c, TensorParallel{}, ModelPlacement{}, 0, 1);
+  const std::string layers_prefix = "decoder.layers.";
+  for (const ParamInfo& info : whole.infos()) {
+    int p = 0, ch = 0;
+    std::string local = info.name;
+    if (info.name.rfind(layers_prefix, 0) == 0) {
+      const size_t dot = info.name.find('.', layers_prefix.size());
+      const int64_t l = std::stoll(info.name.substr(layers_prefix.size(), dot - layers_prefix.size()));
+      const auto& [stage, chunk, j] = layer_home.at(l);
+      p = stage;
+      ch = chunk;
+      local = layers_prefix + std::to_string(j) + info.name.substr(dot);
+    } else if (info.name.rfind("decoder.final_layernorm", 0) == 0 || info.name == "output_layer.weight") {
+      p = out.pp - 1;
+      ch = out.vp - 1;
+    }
+    std::vector<Source>& sources = (*plan)[info.name];
+    for (int t = 0; t < out.tp; ++t) {
+      const ParamInfo& part = rank_infos[size_t(t)].at(info.name);
+      if (part.tp_duplicated && t > 0) continue;  // every rank holds it whole: rank 0's
+      RankFile& rf = files[size_t(t)][size_t(p)];
+      const std::map<std::string, PyRef>& tensors = rf.chunks[size_t(ch)];
+      const std::string& path = rf.archive->path();
+      std::string found;
+      for (const std::string& name : megatron_names(local))
+        if (tensors.count(name)) found = name;
+      if (found.empty())
+        LATTICE_FAIL() << path << ": no tensor " << local << (out.vp > 1 ? " in model" + std::to_string(ch) : "")
+                       << " (lattice's " << info.name << ")";
+      const TorchTensor* tensor = TorchArchive::tensor(tensors.at(found));
+      if (!tensor) LATTICE_FAIL() << path << ": " << found << " is " << tensors.at(found)->describe() << ", not a tensor";
+      if (tensor->shape != part.shape)
+        LATTICE_FAIL() << path << ": tensor " << found << " has shape " << shape_text(tensor->shape) << ", expected "
+                       << shape_text(part.shape) << " (tensor-parallel rank " << t << " of " << out.tp
+                       << " of the model its args describe)";
+      rf.used.insert(found);
+      sources.push_back({t, p, ch, found});
+    }
+  }
+  // Nothing left over (the last stage's copy of a tied word embedding is the first stage's).
+  for (int t = 0; t < out.tp; ++t)
+    for (int p = 0; p < out.pp; ++p) {
+      const RankFile& rf = files[size_t(t)][size_t(p)];
+      for (const auto& chunk : rf.chunks)
+        for (const auto& [key, value] : chunk) {
+          if (rf.used.count(key)) continue;
+          if (key == "output_layer.weight" && !c.untie_embeddings_and_output_weights) continue;
+          // Duplicated tensors are read from rank 0; the other ranks' copies are expected.
+          if (t > 0 && files[0][size_t(p)].used.count(key)) continue;
+          LATTICE_FAIL() << rf.archive->path() << ": tensor " << key << " is not a parameter of the model its args "
+                         << "describe";
+        }
+    }
+
+  out.source.config = c;
+  auto shared_files = std::make_shared<std::vector<std::vector<RankFile>>>(std::move(files));
+  auto shared_infos = std::make_shared<std::vector<std::map<std::string, ParamInfo>>>(std::move(rank_infos));
+  out.source.fill = [shared_files, shared_infos, plan](const ParamInfo& info, float* dst) {
+    for (const Source& s : plan->at(info.name)) {
+      const RankFile& rf = (*shared_files)[size_t(s.t)][size_t(s.p)];
+      const TorchTensor& tensor = *TorchArchive::tensor(rf.chunks[size_t(s.chunk)].at(s.key));
+      ParamInfo part = (*shared_infos)[size_t(s.t)].at(info.name);
+      std::vector<float> local(size_t(part.numel));
+      rf.archive->read_float(tensor, s.key, local.data());
+      part.offset = 0;
+      // The part's boxes in the whole tensor (a blocked tensor, SwiGLU's fc1, has one per block).
+      for (const TensorPart& box : param_parts({part}, local.data(), part.tp_duplicated ? 0 : s.t)) copy_box(box, dst);
+    }
+  };
+  return out;
+}
+
+}  // namespace lattice

@@ -1,0 +1,224 @@
+#include "checkpoint/torch_archive.h"
+
+#include <zip.h>
+
+#include <cstring>
+#include <map>
+
+#include "core/error.h"
+#include "kernels/cast_math.h"
+
+namespace lattice {
+
+namespace {
+
+// torch.<Name>Storage -> (dtype, element bytes).
+const std::map<std::string, std::pair<std::string, int>>& storage_types() {
+  static const std::map<std::string, std::pair<std::string, int>> types = {
+      {"FloatStorage", {"float32", 4}},  {"DoubleStorage", {"float64", 8}}, {"HalfStorage", {"float16", 2}},
+      {"BFloat16Storage", {"bfloat16", 2}}, {"LongStorage", {"int64", 8}},  {"IntStorage", {"int32", 4}},
+      {"ShortStorage", {"int16", 2}},    {"CharStorage", {"int8", 1}},      {"ByteStorage", {"uint8", 1}},
+      {"BoolStorage", {"bool", 1}},      {"UntypedStorage", {"uint8", 1}}};
+  return types;
+}
+
+// torch.<dtype> (the dtype argument of _rebuild_tensor_v3) -> element bytes.
+int dtype_size(const std::string& dtype) {
+  for (const auto& [storage, t] : storage_types())
+    if (t.first == dtype) return t.second;
+  return 0;
+}
+
+std::vector<int64_t> int_tuple(const PyRef& v, const std::string& what) {
+  if (!v || (!v->is(PyValue::Kind::tuple) && !v->is(PyValue::Kind::list)))
+    LATTICE_FAIL() << what << ": a tensor's size or stride is " << (v ? v->describe() : "missing");
+  std::vector<int64_t> out;
+  for (const PyRef& x : v->items) {
+    if (!x->is(PyValue::Kind::integer) || x->integer < 0) LATTICE_FAIL() << what << ": a tensor's dim is " << x->describe();
+    out.push_back(x->integer);
+  }
+  return out;
+}
+
+PyRef opaque(const char* what, std::shared_ptr<void> p) {
+  auto v = std::make_shared<PyValue>();
+  v->kind = PyValue::Kind::opaque;
+  v->name = what;
+  v->payload = std::move(p);
+  return v;
+}
+
+}  // namespace
+
+int64_t TorchTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+bool TorchTensor::contiguous() const {
+  int64_t expect = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] != 1 && stride[d] != expect) return false;
+    expect *= shape[d];
+  }
+  return true;
+}
+
+struct TorchArchive::Zip {
+  zip_t* z = nullptr;
+  ~Zip() {
+    if (z) zip_discard(z);
+  }
+};
+
+TorchArchive::TorchArchive(const std::string& path) : path_(path), zip_(std::make_unique<Zip>()) {
+  int err = 0;
+  zip_->z = zip_open(path.c_str(), ZIP_RDONLY, &err);
+  if (!zip_->z) {
+    zip_error_t e;
+    zip_error_init_with_code(&e, err);
+    const std::string why = zip_error_strerror(&e);
+    zip_error_fini(&e);
+    LATTICE_FAIL() << path << ": not a torch.save file (" << why
+                   << "; files of PyTorch before 1.6, or saved with _use_new_zipfile_serialization=False, "
+                   << "are not read)";
+  }
+  // The record PREFIX/data.pkl (PREFIX: the name the file was saved under).
+  const zip_int64_t entries = zip_get_num_entries(zip_->z, 0);
+  zip_int64_t pkl = -1;
+  for (zip_int64_t i = 0; i < entries && pkl < 0; ++i) {
+    const std::string name = zip_get_name(zip_->z, zip_uint64_t(i), 0);
+    const size_t slash = name.find('/');
+    if (slash != std::string::npos && name.substr(slash + 1) == "data.pkl") {
+      pkl = i;
+      prefix_ = name.substr(0, slash + 1);
+    }
+  }
+  if (pkl < 0) LATTICE_FAIL() << path << ": a zip archive without data.pkl (not a torch.save file)";
+  auto read_record = [&](zip_int64_t index) {
+    zip_stat_t st;
+    zip_stat_init(&st);
+    if (zip_stat_index(zip_->z, zip_uint64_t(index), 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE))
+      LATTICE_FAIL() << path << ": cannot read the record " << zip_get_name(zip_->z, zip_uint64_t(index), 0);
+    std::vector<uint8_t> bytes(st.size);
+    zip_file_t* f = zip_fopen_index(zip_->z, zip_uint64_t(index), 0);
+    const zip_int64_t got = f ? zip_fread(f, bytes.data(), st.size) : -1;
+    if (f) zip_fclose(f);
+    if (got != zip_int64_t(st.size))
+      LATTICE_FAIL() << path << ": the record " << st.name << " is truncated or corrupt";
+    return bytes;
+  };
+  if (const zip_int64_t order = zip_name_locate(zip_->z, (prefix_ + "byteorder").c_str(), 0); order >= 0) {
+    const std::vector<uint8_t> b = read_record(order);
+    if (std::string(b.begin(), b.end()) != "little")
+      LATTICE_FAIL() << path << ": saved on a big-endian machine (byteorder " << std::string(b.begin(), b.end()) << ")";
+  }
+  const std::vector<uint8_t> pickle = read_record(pkl);
+  PickleHooks hooks;
+  const std::string what = path + " (" + prefix_ + "data.pkl)";
+  hooks.persistent_load = [&](const PyRef& pid) -> PyRef {
+    // ('storage', torch.<Type>Storage, key, location, numel)
+    if (!pid->is(PyValue::Kind::tuple) || pid->items.size() < 5 || !pid->items[0]->is(PyValue::Kind::string) ||
+        pid->items[0]->text != "storage" || !pid->items[1]->is(PyValue::Kind::global) ||
+        !pid->items[2]->is(PyValue::Kind::string) || !pid->items[4]->is(PyValue::Kind::integer))
+      LATTICE_FAIL() << what << ": a persistent id that is not a torch storage: " << pid->describe();
+    auto t = std::make_shared<TorchTensor>();
+    const auto type = storage_types().find(pid->items[1]->name);
+    if (type == storage_types().end())
+      LATTICE_FAIL() << what << ": unknown storage type " << pid->items[1]->qualified_name();
+    t->dtype = type->second.first;
+    t->element_size = type->second.second;
+    t->storage = pid->items[2]->text;
+    t->storage_numel = pid->items[4]->integer;
+    return opaque("storage", t);
+  };
+  hooks.reduce = [&](const PyRef& callable, const PyRef& args) -> PyRef {
+    if (!callable->is(PyValue::Kind::global) || callable->text != "torch._utils") return nullptr;
+    const std::string& fn = callable->name;
+    if (fn == "_rebuild_parameter" || fn == "_rebuild_parameter_with_state") {  // (data, requires_grad, hooks, ...)
+      if (args->items.empty() || !tensor(args->items[0])) LATTICE_FAIL() << what << ": " << fn << " of no tensor";
+      return args->items[0];
+    }
+    if (fn != "_rebuild_tensor_v2" && fn != "_rebuild_tensor_v3") return nullptr;
+    // (storage, storage_offset, size, stride, requires_grad, backward_hooks[, dtype (v3)][, metadata])
+    const std::vector<PyRef>& a = args->items;
+    if (a.size() < 4 || !a[0]->is(PyValue::Kind::opaque) || a[0]->name != "storage" ||
+        !a[1]->is(PyValue::Kind::integer))
+      LATTICE_FAIL() << what << ": " << fn << " with arguments " << args->describe() << " that are not a tensor's";
+    auto t = std::make_shared<TorchTensor>(*std::static_pointer_cast<TorchTensor>(a[0]->payload));
+    if (fn == "_rebuild_tensor_v3") {
+      if (a.size() < 7 || !a[6]->is(PyValue::Kind::global) || dtype_size(a[6]->name) == 0)
+        LATTICE_FAIL() << what << ": _rebuild_tensor_v3 without a known dtype";
+      const int size = dtype_size(a[6]->name);
+      t->storage_numel = t->storage_numel * t->element_size / size;
+      t->dtype = a[6]->name;
+      t->element_size = size;
+    }
+    t->offset = a[1]->integer;
+    t->shape = int_tuple(a[2], what);
+    t->stride = int_tuple(a[3], what);
+    if (t->shape.size() != t->stride.size())
+      LATTICE_FAIL() << what << ": a tensor with " << t->shape.size() << " dims and " << t->stride.size() << " strides";
+    return opaque("tensor", t);
+  };
+  root_ = unpickle(pickle.data(), pickle.size(), what, hooks);
+}
+
+TorchArchive::~TorchArchive() = default;
+
+const TorchTensor* TorchArchive::tensor(const PyRef& v) {
+  if (!v || !v->is(PyValue::Kind::opaque) || v->name != "tensor") return nullptr;
+  return static_cast<const TorchTensor*>(v->payload.get());
+}
+
+void TorchArchive::read_float(const TorchTensor& t, const std::string& name, float* out) const {
+  const bool floating = t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float16" || t.dtype == "float64";
+  if (!floating) LATTICE_FAIL() << path_ << ": tensor " << name << " is " << t.dtype << ", not floating point";
+  if (!t.contiguous()) LATTICE_FAIL() << path_ << ": tensor " << name << " is not contiguous (its strides)";
+  const int64_t n = t.numel();
+  if (t.offset < 0 || t.offset + n > t.storage_numel)
+    LATTICE_FAIL() << path_ << ": tensor " << name << " (" << n << " elements at " << t.offset
+                   << ") lies outside its storage of " << t.storage_numel;
+  const std::string record = prefix_ + "data/" + t.storage;
+  const zip_int64_t index = zip_name_locate(zip_->z, record.c_str(), 0);
+  if (index < 0) LATTICE_FAIL() << path_ << ": tensor " << name << "'s storage " << record << " is missing";
+  zip_stat_t st;
+  zip_stat_init(&st);
+  if (zip_stat_index(zip_->z, zip_uint64_t(index), 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE) ||
+      st.size != uint64_t(t.storage_numel) * uint64_t(t.element_size))
+    LATTICE_FAIL() << path_ << ": tensor " << name << "'s storage " << record << " holds " << st.size
+                   << " bytes, not the " << t.storage_numel << " x " << t.element_size << " its pickle says";
+  const size_t es = size_t(t.element_size);
+  std::vector<uint8_t> bytes(size_t(n) * es);
+  zip_file_t* f = zip_fopen_index(zip_->z, zip_uint64_t(index), 0);
+  bool ok = f != nullptr;
+  if (ok && t.offset > 0) {  // stored records seek; a compressed one is read through
+    if (zip_fseek(f, zip_int64_t(t.offset) * zip_int64_t(es), SEEK_SET) != 0) {
+      std::vector<uint8_t> skip(1 << 20);
+      for (uint64_t left = uint64_t(t.offset) * es; ok && left > 0;) {
+        const uint64_t k = std::min<uint64_t>(left, skip.size());
+        ok = zip_fread(f, skip.data(), k) == zip_int64_t(k);
+        left -= k;
+      }
+    }
+  }
+  if (ok) ok = zip_fread(f, bytes.data(), bytes.size()) == zip_int64_t(bytes.size());
+  if (f) zip_fclose(f);
+  if (!ok) LATTICE_FAIL() << path_ << ": tensor " << name << "'s storage " << record << " is truncated or corrupt";
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* p = bytes.data() + size_t(i) * es;
+    if (t.dtype == "float32") {
+      std::memcpy(&out[i], p, 4);
+    } else if (t.dtype == "float64") {
+      double d;
+      std::memcpy(&d, p, 8);
+      out[i] = float(d);
+    } else {
+      const uint16_t u = uint16_t(p[0] | (p[1] << 8));
+      out[i] = t.dtype == "bfloat16" ? math::bf16_to_fp32(u) : math::fp16_to_fp32(u);
+    }
+  }
+}
+
+}  // namespace lattice

@@ -1,0 +1,51 @@
+// Files written by PyTorch's torch.save (the zip format, PyTorch 1.6 on): a zip archive (libzip reads
+// it) holding PREFIX/data.pkl, the pickled object (checkpoint/torch_pickle.h), and PREFIX/data/KEY, each
+// storage's raw little-endian bytes. Tensors unpickle as torch._utils._rebuild_tensor_v2 (v3) calls on a
+// persistent id ('storage', torch.<Type>Storage, KEY, location, numel); here they become TorchTensor
+// values whose data is read only when asked (read_float), so opening a checkpoint of any size reads its
+// pickle alone.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/torch_pickle.h"
+
+namespace lattice {
+
+struct TorchTensor {
+  std::string dtype;          // torch's name: float32, bfloat16, float16, float64, int64, uint8, ...
+  int element_size = 0;       // bytes
+  std::string storage;        // the storage's record key
+  int64_t storage_numel = 0;  // elements of the storage
+  int64_t offset = 0;         // the tensor's first element in the storage
+  std::vector<int64_t> shape, stride;
+  int64_t numel() const;
+  bool contiguous() const;    // row-major without gaps
+};
+
+class TorchArchive {
+ public:
+  // Opens `path` and unpickles its object; an unreadable archive or pickle is an error naming the file.
+  explicit TorchArchive(const std::string& path);
+  ~TorchArchive();
+  TorchArchive(const TorchArchive&) = delete;
+  TorchArchive& operator=(const TorchArchive&) = delete;
+
+  const std::string& path() const { return path_; }
+  const PyRef& root() const { return root_; }
+  // The tensor a value holds, or null.
+  static const TorchTensor* tensor(const PyRef& v);
+  // t's values as fp32 (float16 and bfloat16 widen exactly, float64 rounds) into out [t.numel()]; a tensor that is
+  // not floating point, not contiguous or not within its storage is an error naming the file and `name`.
+  void read_float(const TorchTensor& t, const std::string& name, float* out) const;
+
+ private:
+  std::string path_, prefix_;
+  struct Zip;
+  std::unique_ptr<Zip> zip_;
+  PyRef root_;
+};
+
+}  // namespace lattice

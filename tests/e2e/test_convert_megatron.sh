@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# lattice convert --from-megatron as a user runs it: a Megatron-LM checkpoint saved by 2 tensor- x 2
+# pipeline-parallel ranks (tests/fixtures/make_megatron_fixture.py) into a lattice checkpoint, which
+# `lattice train --use-checkpoint-args --finetune` then trains on in one process; bad input: one-line errors,
+# nothing written. (test_megatron_checkpoint.cpp checks every converted value against the reference.)
+#   bash tests/e2e/test_convert_megatron.sh <path to lattice binary> <source dir>
+set -u -o pipefail
+source "$(dirname "$0")/lib.sh"
+e2e_init "$@"
+cd "$TMP" || exit 1
+
+FIX="$SRC/tests/fixtures/megatron"
+if run convert "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save ckpt; then
+  if grep -qF "Megatron-LM, iteration 100, tensor-parallel 2, pipeline-parallel 2, local layer spec" convert.err &&
+     grep -qF "the optimizer state is not converted" convert.err; then
+    pass "convert --from-megatron says what it read"
+  else
+    fail "convert --from-megatron's summary: $(cat convert.err)"
+  fi
+  [ -s ckpt/latest_checkpointed_iteration.txt ] || fail "convert --from-megatron wrote no checkpoint"
+  # The converted model trains on from the Megatron weights with its own flags (--use-checkpoint-args), with
+  # --finetune as a Megatron user starts from pretrained weights.
+  if run finetune "$LATTICE" train --load ckpt --use-checkpoint-args --finetune --mock-data --micro-batch-size 2 \
+       --global-batch-size 2 --train-iters 2 --lr 1e-3 --log-interval 1 --save ckpt2; then
+    grep -q "iteration *2/" finetune.out finetune.err && pass "the converted checkpoint fine-tunes" ||
+      fail "fine-tuning the converted checkpoint logged no iteration 2: $(tail -3 finetune.out)"
+  fi
+fi
+
+# ---- bad input: one line naming what is wrong; nothing written ----
+expect_error "a flag of --to-hf" "--hf-dtype|--from-megatron" -- \
+  "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save bad1 --hf-dtype bfloat16
+expect_error "no such directory" "--from-megatron|nowhere|no such directory" -- \
+  "$LATTICE" convert --from-megatron nowhere --save bad2
+expect_error "a tensor of the wrong shape" "linear_fc1.weight|shape [64, 256]|expected [256, 64]" -- \
+  "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_transposed" --save bad3
+expect_error "a tokenizer file that is not there" "tokenizer file|missing.json|does not exist" -- \
+  "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save bad4 --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model missing.json
+expect_error "--save holds a checkpoint" "--save|already holds a checkpoint" -- \
+  "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save ckpt
+for d in bad1 bad2 bad3 bad4; do [ ! -e "$d" ] || fail "a refused conversion wrote $d"; done
+pass "refused conversions wrote nothing"
+
+e2e_finish

@@ -1,0 +1,272 @@
+// Megatron-LM checkpoints (--ckpt-format torch) -> lattice: the pickle reader against bytes Python's pickle
+// wrote; each rank file of checkpoints written by tests/fixtures/make_megatron_fixture.py (torch.save of
+// Megatron-Core state dicts split as Megatron splits them, from the reference GPT fixtures) reassembled into
+// exactly the reference's tensors (tensor parallelism 2 with pipeline parallelism 2, SwiGLU, the distributed
+// optimizer's shared buffer; tensor parallelism 2 with Transformer Engine's names, grouped-query attention, qk
+// norms, bf16); the converted checkpoint loaded back; and broken checkpoints refused by name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/megatron_checkpoint.h"
+#include "checkpoint/model_checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/torch_archive.h"
+#include "checkpoint/torch_pickle.h"
+#include "core/error.h"
+#include "hf_test_util.h"
+#include "kernels/cast_math.h"
+
+namespace fs = std::filesystem;
+
+namespace lattice {
+namespace {
+
+using hf_test::fixture;
+using hf_test::TempDir;
+
+std::vector<uint8_t> from_hex(const std::string& hex) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(uint8_t(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// pickle.dumps({'a': [1, 2.5, 'x', None, True], 'b': (1 << 40, -3, -300000),
+//               'c': collections.OrderedDict([('k', b'by')])}, protocol=2)
+const char* kProtocol2 =
+    "80027d71002858010000006171015d7102284b0147400400000000000058010000007871034e886558010000006271048a0600000000"
+    "00014afdffffff4a206cfbff877105580100000063710663636f6c6c656374696f6e730a4f726465726564446963740a7107295271"
+    "0858010000006b7109635f636f646563730a656e636f64650a710a58020000006279710b58060000006c6174696e31710c86710d52"
+    "710e73752e";
+// l = [1, 2]; pickle.dumps({'s': 'é', 'n': [False, 255, 65535, -1], 'same': (l, l)}, protocol=4)
+const char* kProtocol4 =
+    "80049534000000000000007d94288c0173948c02c3a9948c016e945d9428894bff4dffff4affffffff658c0473616d65945d94284b01"
+    "4b026568068694752e";
+
+TEST(TorchPickle, ReadsWhatPythonWrote) {
+  const std::vector<uint8_t> p2 = from_hex(kProtocol2);
+  const PyRef v = unpickle(p2.data(), p2.size(), "p2");
+  ASSERT_TRUE(v->is(PyValue::Kind::dict));
+  const PyRef a = v->get("a");
+  ASSERT_TRUE(a && a->is(PyValue::Kind::list));
+  ASSERT_EQ(a->items.size(), 5u);
+  EXPECT_EQ(a->items[0]->integer, 1);
+  EXPECT_EQ(a->items[1]->floating, 2.5);
+  EXPECT_EQ(a->items[2]->text, "x");
+  EXPECT_TRUE(a->items[3]->is(PyValue::Kind::none));
+  EXPECT_TRUE(a->items[4]->boolean);
+  const PyRef b = v->get("b");
+  ASSERT_TRUE(b->is(PyValue::Kind::tuple));
+  EXPECT_EQ(b->items[0]->integer, int64_t(1) << 40);
+  EXPECT_EQ(b->items[1]->integer, -3);
+  EXPECT_EQ(b->items[2]->integer, -300000);
+  const PyRef c = v->get("c");  // OrderedDict: a dict; protocol 2's bytes: _codecs.encode
+  ASSERT_TRUE(c->is(PyValue::Kind::dict));
+  ASSERT_TRUE(c->get("k")->is(PyValue::Kind::bytes));
+  EXPECT_EQ(c->get("k")->text, "by");
+
+  const std::vector<uint8_t> p4 = from_hex(kProtocol4);
+  const PyRef w = unpickle(p4.data(), p4.size(), "p4");
+  EXPECT_EQ(w->get("s")->text, "\xc3\xa9");
+  const PyRef n = w->get("n");
+  ASSERT_EQ(n->items.size(), 4u);
+  EXPECT_FALSE(n->items[0]->boolean);
+  EXPECT_EQ(n->items[1]->integer, 255);
+  EXPECT_EQ(n->items[2]->integer, 65535);
+  EXPECT_EQ(n->items[3]->integer, -1);
+  const PyRef same = w->get("same");  // one list, memoized: both entries are it
+  ASSERT_EQ(same->items.size(), 2u);
+  EXPECT_EQ(same->items[0].get(), same->items[1].get());
+  EXPECT_EQ(same->items[0]->items.size(), 2u);
+}
+
+TEST(TorchPickle, MalformedInputIsAnErrorWithItsOffset) {
+  std::vector<uint8_t> p2 = from_hex(kProtocol2);
+  const std::vector<uint8_t> truncated(p2.begin(), p2.begin() + 40);
+  EXPECT_NE(error_of([&] { unpickle(truncated.data(), truncated.size(), "cut.pkl"); }).find("cut.pkl: not a readable "
+                                                                                           "pickle: truncated"),
+            std::string::npos);
+  std::vector<uint8_t> unknown = p2;
+  unknown[2] = 0xff;
+  const std::string e = error_of([&] { unpickle(unknown.data(), unknown.size(), "odd.pkl"); });
+  EXPECT_NE(e.find("unknown pickle opcode 0xff at byte 2"), std::string::npos) << e;
+  const std::vector<uint8_t> stop_early = {0x80, 0x02, 0x4e, 0x4e, 0x2e};  // two values, then STOP
+  EXPECT_NE(error_of([&] { unpickle(stop_early.data(), stop_early.size(), "x"); }).find("STOP with 2 values"),
+            std::string::npos);
+  const std::vector<uint8_t> bad_get = {0x80, 0x02, 0x68, 0x07, 0x2e};  // BINGET of a memo never stored
+  EXPECT_NE(error_of([&] { unpickle(bad_get.data(), bad_get.size(), "x"); }).find("memo entry 7 never stored"),
+            std::string::npos);
+}
+
+std::string megatron_fixture(const std::string& name) { return fixture("megatron/" + name); }
+
+std::string rank_file(const std::string& name, const std::string& rank) {
+  return megatron_fixture(name) + "/iter_0000100/" + rank + "/model_optim_rng.pt";
+}
+
+TEST(TorchArchive, TensorsAreReadFromTheirStorageAtTheirOffset) {
+  // The distributed optimizer's buffer: every parameter a view into one storage.
+  TorchArchive a(rank_file("gpt_tiny_swiglu_tp2_pp2", "mp_rank_01_000"));
+  const PyRef model = a.root()->get("model");
+  ASSERT_TRUE(model);
+  const TorchTensor* wte = TorchArchive::tensor(model->get("embedding.word_embeddings.weight"));
+  const TorchTensor* qkv = TorchArchive::tensor(model->get("decoder.layers.0.self_attention.linear_qkv.weight"));
+  ASSERT_TRUE(wte && qkv);
+  EXPECT_EQ(wte->storage, qkv->storage);
+  EXPECT_NE(wte->offset, qkv->offset);
+  EXPECT_EQ(wte->shape, (std::vector<int64_t>{64, 64}));  // rank 1's half of the 128 padded rows
+  EXPECT_EQ(wte->dtype, "float32");
+  std::vector<float> rows(size_t(wte->numel()));
+  a.read_float(*wte, "embedding.word_embeddings.weight", rows.data());
+  const SafetensorsFile ref = SafetensorsFile::read(fixture("gpt_tiny_swiglu.safetensors"));
+  const SafeTensor& whole = ref.get("embedding.word_embeddings.weight");
+  for (int64_t i = 0; i < wte->numel(); ++i) {
+    float expect;
+    std::memcpy(&expect, whole.bytes.data() + 4 * (64 * 64 + i), 4);
+    ASSERT_EQ(rows[size_t(i)], expect) << i;
+  }
+  // The args: an argparse.Namespace with the saved flags (an enum, a torch dtype among them).
+  const PyRef args = a.root()->get("args");
+  EXPECT_EQ(args->qualified_name(), "argparse.Namespace");
+  EXPECT_EQ(args->get("tensor_model_parallel_size")->integer, 2);
+  const PyRef backend = args->get("attention_backend");  // an enum member: getattr(AttnBackend, 'auto')
+  EXPECT_EQ(backend->qualified_name(), "__builtin__.getattr");
+  ASSERT_EQ(backend->args->items.size(), 2u);
+  EXPECT_EQ(backend->args->items[0]->qualified_name(), "megatron.core.transformer.enums.AttnBackend");
+  EXPECT_EQ(backend->args->items[1]->text, "auto");
+  EXPECT_EQ(args->get("params_dtype")->qualified_name(), "torch.float32");
+}
+
+// Every parameter of the converted model equals the reference fixture's (bf16: its value rounded to bf16).
+void expect_reference_parameters(const MegatronSource& src, const std::string& reference, bool bf16) {
+  const SafetensorsFile ref = SafetensorsFile::read(fixture(reference));
+  const ParamBuffer reg = GPTModel::parameter_registry(src.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
+  ASSERT_FALSE(reg.infos().empty());
+  for (const ParamInfo& p : reg.infos()) {
+    std::vector<float> got(size_t(p.numel));
+    src.source.fill(p, got.data());
+    const std::vector<float> want = hf::read_float_tensor(ref, p.name);
+    ASSERT_EQ(want.size(), got.size()) << p.name;
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], bf16 ? math::round_bf16(want[i]) : want[i]) << p.name << " element " << i;
+  }
+}
+
+TEST(MegatronCheckpoint, TensorAndPipelineParallelRanksMakeTheReferenceModel) {
+  const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2"));
+  EXPECT_EQ(src.tp, 2);
+  EXPECT_EQ(src.pp, 2);
+  EXPECT_EQ(src.vp, 1);
+  EXPECT_FALSE(src.transformer_engine);
+  EXPECT_EQ(src.iteration, 100);
+  const TransformerConfig& c = src.source.config;
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_TRUE(c.swiglu);
+  EXPECT_FALSE(c.rope());
+  EXPECT_EQ(c.padded_vocab_size, 128);
+  EXPECT_EQ(src.seq_length, 16);
+  EXPECT_EQ(src.tokenizer.type, "NullTokenizer");
+  expect_reference_parameters(src, "gpt_tiny_swiglu.safetensors", false);
+}
+
+TEST(MegatronCheckpoint, TransformerEngineNamesGroupedQueriesAndBf16) {
+  const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16"));
+  EXPECT_EQ(src.tp, 2);
+  EXPECT_EQ(src.pp, 1);
+  EXPECT_TRUE(src.transformer_engine);
+  const TransformerConfig& c = src.source.config;
+  EXPECT_TRUE(c.rope());
+  EXPECT_EQ(c.num_query_groups, 2);
+  EXPECT_TRUE(c.qk_layernorm);
+  expect_reference_parameters(src, "gpt_tiny_rope_gqa2_qknorm.safetensors", true);
+}
+
+TEST(MegatronCheckpoint, ConvertedCheckpointLoads) {
+  const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2"));
+  TempDir out("megatron_convert");
+  save_model_checkpoint(out.str() + "/ckpt", 0, src.source.config, src.source.fill, "{}");
+  const LoadedModel lm = load_model_checkpoint(out.str() + "/ckpt");
+  const SafetensorsFile ref = SafetensorsFile::read(fixture("gpt_tiny_swiglu.safetensors"));
+  const ParamBuffer& params = lm.model->params();
+  ASSERT_EQ(params.infos().size(), 28u);
+  for (size_t k = 0; k < params.infos().size(); ++k) {
+    const ParamInfo& p = params.infos()[k];
+    const std::vector<float> want = hf::read_float_tensor(ref, p.name);
+    std::vector<float> got(size_t(p.numel));
+    params.read_param(int(k), got.data());
+    ASSERT_EQ(got, want) << p.name;
+  }
+}
+
+// A copy of a fixture checkpoint to break.
+std::string copy_of(const std::string& name, const TempDir& t) {
+  const fs::path to = t.path / name;
+  fs::copy(megatron_fixture(name), to, fs::copy_options::recursive);
+  return to.string();
+}
+
+TEST(MegatronCheckpoint, BrokenCheckpointsAreRefusedByName) {
+  auto refused = [](const std::string& dir) { return error_of([&] { open_megatron_checkpoint(dir); }); };
+  TempDir t("megatron_broken");
+  {  // a rank file missing
+    const std::string dir = copy_of("gpt_tiny_swiglu_tp2_pp2", t);
+    fs::remove_all(dir + "/iter_0000100/mp_rank_01_001");
+    const std::string e = refused(dir);
+    EXPECT_NE(e.find("mp_rank_01_001/model_optim_rng.pt is missing (the args say 2 tensor- and 2 pipeline-parallel"),
+              std::string::npos)
+        << e;
+    fs::remove_all(dir);
+  }
+  {  // a rank file truncated
+    const std::string dir = copy_of("gpt_tiny_swiglu_tp2_pp2", t);
+    const std::string file = dir + "/iter_0000100/mp_rank_00_001/model_optim_rng.pt";
+    fs::resize_file(file, fs::file_size(file) / 2);
+    const std::string e = refused(dir);
+    EXPECT_NE(e.find(file + ": not a torch.save file"), std::string::npos) << e;
+    fs::remove_all(dir);
+  }
+  {  // the tracker names an iteration that is not there
+    const std::string dir = copy_of("gpt_tiny_swiglu_tp2_pp2", t);
+    std::ofstream(dir + "/latest_checkpointed_iteration.txt") << "200";
+    EXPECT_NE(refused(dir).find("iter_0000200, which is missing"), std::string::npos);
+    std::ofstream(dir + "/latest_checkpointed_iteration.txt") << "twelve";
+    EXPECT_NE(refused(dir).find("holds 'twelve', not an iteration number"), std::string::npos);
+    fs::remove_all(dir);
+  }
+  {  // torch_dist, and no checkpoint at all
+    const fs::path dist = t.path / "dist" / "iter_0000001";
+    fs::create_directories(dist);
+    std::ofstream(dist / ".metadata") << "x";
+    EXPECT_NE(refused(dist.string()).find("a torch_dist checkpoint (.metadata), which lattice does not read"),
+              std::string::npos);
+    EXPECT_NE(refused(t.path.string()).find("not a Megatron checkpoint saved with --ckpt-format torch"),
+              std::string::npos);
+  }
+  {  // a tensor of the wrong shape; a tensor the model has no place for
+    std::string e = refused(megatron_fixture("gpt_tiny_transposed"));
+    EXPECT_NE(e.find("mp_rank_00/model_optim_rng.pt: tensor decoder.layers.0.mlp.linear_fc1.weight has shape [64, "
+                     "256], expected [256, 64]"),
+              std::string::npos)
+        << e;
+    e = refused(megatron_fixture("gpt_tiny_extra"));
+    EXPECT_NE(e.find("tensor decoder.layers.0.self_attention.linear_qkv.scale is not a parameter of the model"),
+              std::string::npos)
+        << e;
+  }
+}
+
+}  // namespace
+}  // namespace lattice
