@@ -38,11 +38,21 @@ std::string resolve_iteration_dir(const std::string& dir) {
   return (fs::path(dir) / name).string();
 }
 
-// mp_rank_TT (one stage) or mp_rank_TT_PPP (pipeline parallelism), as Megatron's get_checkpoint_name.
-fs::path rank_file(const std::string& iter_dir, int t, int p, bool pipeline) {
-  char name[40];
-  if (pipeline) std::snprintf(name, sizeof name, "mp_rank_%02d_%03d", t, p);
-  else std::snprintf(name, sizeof name, "mp_rank_%02d", t);
+// mp_rank_TT, then _PPP with pipeline parallelism, then _EEE with expert parallelism, as Megatron's
+// get_checkpoint_name names a rank's file.
+fs::path rank_file(const std::string& iter_dir, int t, int p, int e, bool pipeline, bool expert) {
+  std::string name = "mp_rank_";
+  char part[16];
+  std::snprintf(part, sizeof part, "%02d", t);
+  name += part;
+  if (pipeline) {
+    std::snprintf(part, sizeof part, "_%03d", p);
+    name += part;
+  }
+  if (expert) {
+    std::snprintf(part, sizeof part, "_%03d", e);
+    name += part;
+  }
   return fs::path(iter_dir) / name / "model_optim_rng.pt";
 }
 
@@ -74,7 +84,7 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
     return v && ((v->is(PyValue::Kind::boolean) && v->boolean) || (v->is(PyValue::Kind::integer) && v->integer != 0));
   };
   const std::pair<const char*, const char*> refused[] = {
-      {"num_experts", "a mixture of experts"},
+      {"moe_latent_size", "latent mixture-of-experts"},
       {"multi_latent_attention", "multi-latent attention"},
       {"mtp_num_layers", "multi-token prediction"},
       {"hybrid_override_pattern", "a hybrid (Mamba) model"},
@@ -90,8 +100,13 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
     if (set) LATTICE_FAIL() << what << ": the checkpoint's model has " << feature << " (args." << key << " = "
                             << v->describe() << "), which lattice does not read from Megatron checkpoints yet";
   }
-  if (PyRef ep = get("expert_model_parallel_size"); ep && ep->integer > 1)
-    LATTICE_FAIL() << what << ": saved with --expert-model-parallel-size " << ep->integer << ", which lattice does not read";
+  if (PyRef etp = get("expert_tensor_parallel_size"); etp && etp->is(PyValue::Kind::integer)) {
+    const PyRef tp = get("tensor_model_parallel_size");
+    if (tp && etp->integer != tp->integer)
+      LATTICE_FAIL() << what << ": saved with --expert-tensor-parallel-size " << etp->integer
+                     << " and --tensor-model-parallel-size " << tp->integer
+                     << ", whose expert files lattice does not read (equal sizes only)";
+  }
   std::vector<std::string> flags;
   auto value = [&](const char* key, const char* flag) {
     PyRef v = get(key);
@@ -151,6 +166,25 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
                                                     std::to_string(w->items[1]->integer)});
     list("window_attn_skip_freq", "--window-attn-skip-freq");
   }
+  if (PyRef experts = get("num_experts"); experts && experts->integer > 0) {
+    value("num_experts", "--num-experts");
+    value("moe_router_topk", "--moe-router-topk");
+    value("moe_ffn_hidden_size", "--moe-ffn-hidden-size");
+    list("moe_layer_freq", "--moe-layer-freq");
+    if (PyRef shared = get("moe_shared_expert_intermediate_size"); shared && shared->integer > 0)
+      value("moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size");
+    flag("moe_shared_expert_gate", "--moe-shared-expert-gate");
+    flag("moe_router_pre_softmax", "--moe-router-pre-softmax");
+    flag("moe_apply_probs_on_input", "--moe-apply-probs-on-input");
+    value("moe_router_score_function", "--moe-router-score-function");
+    flag("moe_router_enable_expert_bias", "--moe-router-enable-expert-bias");
+    if (PyRef groups = get("moe_router_num_groups"); groups && groups->integer > 0) {
+      value("moe_router_num_groups", "--moe-router-num-groups");
+      value("moe_router_group_topk", "--moe-router-group-topk");
+    }
+    value("moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor");
+    value("expert_model_parallel_size", "--expert-model-parallel-size");
+  }
   value("make_vocab_size_divisible_by", "--make-vocab-size-divisible-by");
   value("tensor_model_parallel_size", "--tensor-model-parallel-size");
   value("pipeline_model_parallel_size", "--pipeline-model-parallel-size");
@@ -181,9 +215,26 @@ struct RankFile {
   std::set<std::string> used;  // keys a parameter reads
 };
 
+// Where one rank's part of a parameter is: its file (RankFile index), state dict and key, and the rank's
+// registry (tensor-parallel rank t and expert-parallel rank e at t * EP + e).
+struct Source {
+  ptrdiff_t file;
+  int chunk;
+  size_t rank;
+  std::string key;
+};
+
 // Megatron-Core's names of lattice's parameter `name` (the same, but the norms Transformer Engine fuses).
 std::vector<std::string> megatron_names(const std::string& name) {
   std::vector<std::string> names{name};
+  // Transformer Engine's grouped experts (--moe-grouped-gemm): mlp.experts.linear_fc1.weight<e> for
+  // SequentialMLP's mlp.experts.local_experts.<e>.linear_fc1.weight.
+  const std::string experts = ".mlp.experts.local_experts.";
+  if (const size_t at = name.find(experts); at != std::string::npos) {
+    const size_t dot = name.find('.', at + experts.size());
+    const std::string e = name.substr(at + experts.size(), dot - at - experts.size());
+    names.push_back(name.substr(0, at) + ".mlp.experts" + name.substr(dot) + e);
+  }
   const std::pair<const char*, const char*> fused[] = {
       {"input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"},
       {"input_layernorm.bias", "self_attention.linear_qkv.layer_norm_bias"},
@@ -242,9 +293,12 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   if (fs::exists(fs::path(iter) / ".metadata"))
     LATTICE_FAIL() << "--from-megatron " << iter << ": a torch_dist checkpoint (.metadata), which lattice does not "
                    << "read; convert it with Megatron first (--ckpt-convert-format torch --ckpt-convert-save DIR)";
-  const bool pipeline = !fs::exists(rank_file(iter, 0, 0, false));
-  const fs::path first = rank_file(iter, 0, 0, pipeline);
-  if (!fs::exists(first))
+  // Rank 0's file names the layout's kinds: mp_rank_00, mp_rank_00_000 (pipeline or expert parallelism),
+  // mp_rank_00_000_000 (both); the args say which.
+  fs::path first;
+  for (const auto& [pipeline, expert] : {std::pair{false, false}, {true, false}, {true, true}})
+    if (first.empty() && fs::exists(rank_file(iter, 0, 0, 0, pipeline, expert))) first = rank_file(iter, 0, 0, 0, pipeline, expert);
+  if (first.empty())
     LATTICE_FAIL() << "--from-megatron " << iter << ": no mp_rank_00/model_optim_rng.pt or mp_rank_00_000/"
                    << "model_optim_rng.pt (not a Megatron checkpoint saved with --ckpt-format torch)";
 
@@ -282,9 +336,11 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   c.finalize(1);
   out.tp = int(a.tensor_model_parallel_size);
   out.pp = int(a.pipeline_model_parallel_size);
-  if (pipeline != (out.pp > 1))
-    LATTICE_FAIL() << first.string() << ": the file name and args.pipeline_model_parallel_size " << out.pp
-                   << " disagree";
+  out.ep = c.moe() ? int(a.expert_model_parallel_size) : 1;
+  const bool pipeline = out.pp > 1, expert = out.ep > 1;
+  if (rank_file(iter, 0, 0, 0, pipeline, expert) != first)
+    LATTICE_FAIL() << first.string() << ": the file's name disagrees with args.pipeline_model_parallel_size " << out.pp
+                   << " and args.expert_model_parallel_size " << out.ep;
   if (c.padded_vocab_size % out.tp != 0)
     LATTICE_FAIL() << what0 << ": args.padded_vocab_size " << c.padded_vocab_size << " is not divisible by the "
                    << out.tp << " tensor-parallel ranks";
@@ -300,69 +356,73 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   out.tokenizer.merge_file = text("merge_file");
   out.tokenizer.model = text("tokenizer_model");
 
-  // Every rank file, opened (its pickle read, no tensor yet).
-  std::vector<std::vector<RankFile>> files(size_t(out.tp));
-  for (auto& stages : files) stages.resize(size_t(out.pp));
-  for (int t = 0; t < out.tp; ++t) {
-    for (int p = 0; p < out.pp; ++p) {
-      const fs::path path = rank_file(iter, t, p, pipeline);
-      if (t == 0 && p == 0) {
-        files[0][0].archive = std::move(archive0);
-      } else {
-        if (!fs::exists(path))
-          LATTICE_FAIL() << "--from-megatron " << iter << ": " << path.string() << " is missing (the args say "
-                         << out.tp << " tensor- and " << out.pp << " pipeline-parallel ranks)";
-        files[size_t(t)][size_t(p)].archive = std::make_unique<TorchArchive>(path.string());
-      }
-      RankFile& rf = files[size_t(t)][size_t(p)];
-      const PyRef r = rf.archive->root();
-      for (int ch = 0; ch < out.vp; ++ch) {
-        const std::string key = out.vp == 1 ? "model" : "model" + std::to_string(ch);
-        const PyRef m = r->is(PyValue::Kind::dict) ? r->get(key) : nullptr;
-        if (!m || !m->is(PyValue::Kind::dict))
-          LATTICE_FAIL() << path.string() << ": no '" << key << "' state dict (saved with --no-save-optim? "
-                         << "--ckpt-format torch saves the model under '" << key << "')";
-        std::map<std::string, PyRef> tensors;
-        flatten(m, "", tensors);
-        for (auto it = tensors.begin(); it != tensors.end();) {  // Transformer Engine's extra state: no weights
-          const std::string& k = it->first;
-          const bool extra = k.size() >= 12 && k.compare(k.size() - 12, 12, "_extra_state") == 0;
-          if (k.find("layer_norm_weight") != std::string::npos) out.transformer_engine = true;
-          it = extra ? tensors.erase(it) : std::next(it);
+  // Every rank file, opened (its pickle read, no tensor yet), at (t * pp + p) * ep + e.
+  const int T = out.tp, P = out.pp, E = out.ep;
+  auto at = [&](int t, int p, int e) { return size_t((t * P + p) * E + e); };
+  std::vector<RankFile> files(size_t(T * P * E));
+  for (int t = 0; t < T; ++t)
+    for (int p = 0; p < P; ++p)
+      for (int e = 0; e < E; ++e) {
+        const fs::path path = rank_file(iter, t, p, e, pipeline, expert);
+        RankFile& rf = files[at(t, p, e)];
+        if (t == 0 && p == 0 && e == 0) {
+          rf.archive = std::move(archive0);
+        } else {
+          if (!fs::exists(path))
+            LATTICE_FAIL() << "--from-megatron " << iter << ": " << path.string() << " is missing (the args say " << T
+                           << " tensor- and " << P << " pipeline-parallel ranks"
+                           << (expert ? " and " + std::to_string(E) + " expert-parallel ones" : std::string()) << ")";
+          rf.archive = std::make_unique<TorchArchive>(path.string());
         }
-        rf.chunks.push_back(std::move(tensors));
+        const PyRef r = rf.archive->root();
+        for (int ch = 0; ch < out.vp; ++ch) {
+          const std::string key = out.vp == 1 ? "model" : "model" + std::to_string(ch);
+          const PyRef m = r->is(PyValue::Kind::dict) ? r->get(key) : nullptr;
+          if (!m || !m->is(PyValue::Kind::dict))
+            LATTICE_FAIL() << path.string() << ": no '" << key << "' state dict (saved with --no-save-optim? "
+                           << "--ckpt-format torch saves the model under '" << key << "')";
+          std::map<std::string, PyRef> tensors;
+          flatten(m, "", tensors);
+          for (auto it = tensors.begin(); it != tensors.end();) {  // Transformer Engine's extra state: no weights
+            const std::string& k = it->first;
+            const bool extra = k.size() >= 12 && k.compare(k.size() - 12, 12, "_extra_state") == 0;
+            if (k.find("layer_norm_weight") != std::string::npos) out.transformer_engine = true;
+            if (k.find(".mlp.experts.weight1") != std::string::npos)
+              LATTICE_FAIL() << path.string() << ": " << k << " is the legacy GroupedMLP's (--moe-grouped-gemm "
+                             << "without Transformer Engine), which lattice does not read";
+            it = extra ? tensors.erase(it) : std::next(it);
+          }
+          rf.chunks.push_back(std::move(tensors));
+        }
       }
-    }
-  }
 
   // Where each global layer lives: (stage, chunk, its number in that chunk's state dict).
   std::map<int64_t, std::tuple<int, int, int64_t>> layer_home;
-  for (int p = 0; p < out.pp; ++p) {
+  for (int p = 0; p < P; ++p) {
     const auto chunks = stage_layers(layout, p);
     for (size_t ch = 0; ch < chunks.size(); ++ch)
-      for (int64_t l = chunks[ch].first; l < chunks[ch].second; ++l)
-        layer_home[l] = {p, int(ch), l - chunks[ch].first};
+      for (int64_t l = chunks[ch].first; l < chunks[ch].second; ++l) layer_home[l] = {p, int(ch), l - chunks[ch].first};
   }
-  // Each tensor-parallel rank's parameters: its part of every tensor, as Megatron splits them.
+  // Each tensor- and expert-parallel rank's parameters: its part of every tensor, as Megatron splits them (the
+  // experts under their global numbers).
   std::vector<std::unique_ptr<LayoutOnlyComm>> groups;
-  std::vector<std::map<std::string, ParamInfo>> rank_infos(size_t(out.tp));
-  for (int t = 0; t < out.tp; ++t) {
-    groups.push_back(std::make_unique<LayoutOnlyComm>(t, out.tp));
-    const ParamBuffer reg =
-        GPTModel::parameter_registry(c, TensorParallel{groups.back().get(), false}, ModelPlacement{}, 0, 1);
-    for (const ParamInfo& info : reg.infos()) rank_infos[size_t(t)][info.name] = info;
+  auto rank_infos = std::make_shared<std::vector<std::map<std::string, ParamInfo>>>(size_t(T * E));
+  for (int t = 0; t < T; ++t) {
+    groups.push_back(std::make_unique<LayoutOnlyComm>(t, T));
+    for (int e = 0; e < E; ++e) {
+      const ParamBuffer reg =
+          GPTModel::parameter_registry(c, TensorParallel{groups.back().get(), false}, ModelPlacement{}, e, E);
+      for (const ParamInfo& info : reg.infos()) (*rank_infos)[size_t(t * E + e)][info.name] = info;
+    }
   }
 
   // The plan: for every parameter and rank, the file and key holding its part; shapes checked.
-  struct Source {
-    int t, p, chunk;
-    std::string key;
-  };
   auto plan = std::make_shared<std::map<std::string, std::vector<Source>>>();
   const ParamBuffer whole = GPTModel::parameter_registry(c, TensorParallel{}, ModelPlacement{}, 0, 1);
-  const std::string layers_prefix = "decoder.layers.";
+  const std::string layers_prefix = "decoder.layers.", experts_infix = ".mlp.experts.local_experts.";
+  const int64_t experts_per_rank = c.moe() ? c.num_experts / E : 0;
   for (const ParamInfo& info : whole.infos()) {
-    int p = 0, ch = 0;
+    int p = 0, ch = 0, e = 0;
     std::string local = info.name;
     if (info.name.rfind(layers_prefix, 0) == 0) {
       const size_t dot = info.name.find('.', layers_prefix.size());
@@ -371,15 +431,23 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
       p = stage;
       ch = chunk;
       local = layers_prefix + std::to_string(j) + info.name.substr(dot);
+      // A routed expert: expert-parallel rank g / (E / EP)'s local expert g % (E / EP).
+      if (const size_t x = local.find(experts_infix); x != std::string::npos) {
+        const size_t begin = x + experts_infix.size(), end = local.find('.', begin);
+        const int64_t g = std::stoll(local.substr(begin, end - begin));
+        e = int(g / experts_per_rank);
+        local = local.substr(0, begin) + std::to_string(g % experts_per_rank) + local.substr(end);
+      }
     } else if (info.name.rfind("decoder.final_layernorm", 0) == 0 || info.name == "output_layer.weight") {
-      p = out.pp - 1;
+      p = P - 1;
       ch = out.vp - 1;
     }
     std::vector<Source>& sources = (*plan)[info.name];
-    for (int t = 0; t < out.tp; ++t) {
-      const ParamInfo& part = rank_infos[size_t(t)].at(info.name);
+    for (int t = 0; t < T; ++t) {
+      const size_t rank = size_t(t * E + e);
+      const ParamInfo& part = (*rank_infos)[rank].at(info.name);
       if (part.tp_duplicated && t > 0) continue;  // every rank holds it whole: rank 0's
-      RankFile& rf = files[size_t(t)][size_t(p)];
+      RankFile& rf = files[at(t, p, e)];
       const std::map<std::string, PyRef>& tensors = rf.chunks[size_t(ch)];
       const std::string& path = rf.archive->path();
       std::string found;
@@ -392,40 +460,42 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
       if (!tensor) LATTICE_FAIL() << path << ": " << found << " is " << tensors.at(found)->describe() << ", not a tensor";
       if (tensor->shape != part.shape)
         LATTICE_FAIL() << path << ": tensor " << found << " has shape " << shape_text(tensor->shape) << ", expected "
-                       << shape_text(part.shape) << " (tensor-parallel rank " << t << " of " << out.tp
+                       << shape_text(part.shape) << " (tensor-parallel rank " << t << " of " << T
                        << " of the model its args describe)";
       rf.used.insert(found);
-      sources.push_back({t, p, ch, found});
+      sources.push_back({&files[at(t, p, e)] - files.data(), ch, rank, found});
     }
   }
-  // Nothing left over (the last stage's copy of a tied word embedding is the first stage's).
-  for (int t = 0; t < out.tp; ++t)
-    for (int p = 0; p < out.pp; ++p) {
-      const RankFile& rf = files[size_t(t)][size_t(p)];
-      for (const auto& chunk : rf.chunks)
-        for (const auto& [key, value] : chunk) {
-          if (rf.used.count(key)) continue;
-          if (key == "output_layer.weight" && !c.untie_embeddings_and_output_weights) continue;
-          // Duplicated tensors are read from rank 0; the other ranks' copies are expected.
-          if (t > 0 && files[0][size_t(p)].used.count(key)) continue;
-          LATTICE_FAIL() << rf.archive->path() << ": tensor " << key << " is not a parameter of the model its args "
-                         << "describe";
-        }
-    }
+  // Nothing left over (the last stage's copy of a tied word embedding is the first stage's; a tensor every
+  // tensor- or expert-parallel rank of a stage holds is read from one of them).
+  for (int p = 0; p < P; ++p) {
+    std::set<std::string> stage_used;
+    for (int t = 0; t < T; ++t)
+      for (int e = 0; e < E; ++e) stage_used.insert(files[at(t, p, e)].used.begin(), files[at(t, p, e)].used.end());
+    for (int t = 0; t < T; ++t)
+      for (int e = 0; e < E; ++e)
+        for (const auto& chunk : files[at(t, p, e)].chunks)
+          for (const auto& [key, value] : chunk) {
+            if (stage_used.count(key)) continue;
+            if (key == "output_layer.weight" && !c.untie_embeddings_and_output_weights) continue;
+            LATTICE_FAIL() << files[at(t, p, e)].archive->path() << ": tensor " << key
+                           << " is not a parameter of the model its args describe";
+          }
+  }
 
   out.source.config = c;
-  auto shared_files = std::make_shared<std::vector<std::vector<RankFile>>>(std::move(files));
-  auto shared_infos = std::make_shared<std::vector<std::map<std::string, ParamInfo>>>(std::move(rank_infos));
-  out.source.fill = [shared_files, shared_infos, plan](const ParamInfo& info, float* dst) {
+  auto shared_files = std::make_shared<std::vector<RankFile>>(std::move(files));
+  out.source.fill = [shared_files, rank_infos, plan, E](const ParamInfo& info, float* dst) {
     for (const Source& s : plan->at(info.name)) {
-      const RankFile& rf = (*shared_files)[size_t(s.t)][size_t(s.p)];
+      const RankFile& rf = (*shared_files)[s.file];
       const TorchTensor& tensor = *TorchArchive::tensor(rf.chunks[size_t(s.chunk)].at(s.key));
-      ParamInfo part = (*shared_infos)[size_t(s.t)].at(info.name);
+      ParamInfo part = (*rank_infos)[s.rank].at(info.name);
       std::vector<float> local(size_t(part.numel));
       rf.archive->read_float(tensor, s.key, local.data());
       part.offset = 0;
       // The part's boxes in the whole tensor (a blocked tensor, SwiGLU's fc1, has one per block).
-      for (const TensorPart& box : param_parts({part}, local.data(), part.tp_duplicated ? 0 : s.t)) copy_box(box, dst);
+      const int tp_rank = int(s.rank) / E;
+      for (const TensorPart& box : param_parts({part}, local.data(), part.tp_duplicated ? 0 : tp_rank)) copy_box(box, dst);
     }
   };
   return out;

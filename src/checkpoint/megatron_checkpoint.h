@@ -1,23 +1,26 @@
 // Megatron-LM's own checkpoints (--ckpt-format torch) read for `lattice convert --from-megatron`:
 //
 //   DIR/latest_checkpointed_iteration.txt        the iteration (or "release")
-//   DIR/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt
+//   DIR/iter_NNNNNNN/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt
 //
-// one torch.save file (checkpoint/torch_archive.h) per tensor-parallel rank TT and, under pipeline parallelism,
-// stage PPP, holding {'args': argparse.Namespace, 'checkpoint_version': 3.0, 'iteration': N, 'model' (or
+// one torch.save file (checkpoint/torch_archive.h) per tensor-parallel rank TT, under pipeline parallelism
+// stage PPP, and under expert parallelism expert-parallel rank EEE, holding {'args': argparse.Namespace, 'checkpoint_version': 3.0, 'iteration': N, 'model' (or
 // 'model0', 'model1', ... per virtual stage): the Megatron-Core GPTModel's state dict, ...}. The model's flags
 // are the saved args (translated to lattice's, which are Megatron's, and checked as `lattice train` checks
 // them); each stage's layers are numbered from 0 in its file and placed by the pipeline layout those args
 // give; each tensor-parallel rank's part goes where Megatron's split puts it (column-parallel rows, row-parallel
-// columns, SwiGLU's gate and up blocks, the padded vocabulary's rows). Both layer specs are read: the local
-// one (input_layernorm, pre_mlp_layernorm) and Transformer Engine's (the norms fused into linear_qkv and
-// linear_fc1 as layer_norm_weight / layer_norm_bias); Transformer Engine's _extra_state entries are skipped.
+// columns, SwiGLU's gate and up blocks, the padded vocabulary's rows); expert-parallel rank e's routed experts
+// are numbered from 0 in its files (global e E/EP + i). Both layer specs are read: the local one
+// (input_layernorm, pre_mlp_layernorm, SequentialMLP's local_experts.<i>) and Transformer Engine's (the norms
+// fused into linear_qkv and linear_fc1 as layer_norm_weight / layer_norm_bias, grouped experts'
+// linear_fc1.weight<i>); Transformer Engine's _extra_state entries are skipped.
 //
 // Everything is checked before any value is read: every rank file present, every tensor of the model found
 // with its shape, no tensor left over. Errors name the file and the tensor. Not read: the optimizer state
-// (the weights alone come over), mixture-of-experts, multi-latent attention, multi-token prediction and
-// hybrid models, the pre-Megatron-Core (legacy) model, and --ckpt-format torch_dist (Megatron converts it
-// with --ckpt-convert-format torch).
+// (the weights alone come over), experts split otherwise than the dense layers (--expert-tensor-parallel-size
+// other than --tensor-model-parallel-size) or as the legacy GroupedMLP, latent experts, multi-latent attention,
+// multi-token prediction and hybrid models, the pre-Megatron-Core (legacy) model, and --ckpt-format torch_dist
+// (Megatron converts it with --ckpt-convert-format torch).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -32,7 +35,7 @@ struct MegatronSource {
   HfSource source;           // the model's configuration (padded vocabulary as saved) and each parameter's values
   int64_t iteration = 0;     // the iteration the checkpoint was saved at
   std::string iteration_dir; // DIR/iter_NNNNNNN (or DIR/release)
-  int tp = 1, pp = 1, vp = 1;  // the layout that saved it
+  int tp = 1, pp = 1, vp = 1, ep = 1;  // the layout that saved it (ep: expert-parallel ranks)
   bool transformer_engine = false;  // the norms as Transformer Engine's layer spec names them
   TokenizerSpec tokenizer;   // the saved args' (--tokenizer-type, --vocab-file, --merge-file, --tokenizer-model)
   int64_t seq_length = 0;    // the saved --seq-length

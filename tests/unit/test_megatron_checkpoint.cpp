@@ -151,7 +151,7 @@ TEST(TorchArchive, TensorsAreReadFromTheirStorageAtTheirOffset) {
 
 // Every parameter of the converted model equals the reference fixture's (bf16: its value rounded to bf16).
 void expect_reference_parameters(const MegatronSource& src, const std::string& reference, bool bf16) {
-  const SafetensorsFile ref = SafetensorsFile::read(fixture(reference));
+  const SafetensorsFile ref = SafetensorsFile::read(reference.find('/') == 0 ? reference : fixture(reference));
   const ParamBuffer reg = GPTModel::parameter_registry(src.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
   ASSERT_FALSE(reg.infos().empty());
   for (const ParamInfo& p : reg.infos()) {
@@ -192,6 +192,32 @@ TEST(MegatronCheckpoint, TransformerEngineNamesGroupedQueriesAndBf16) {
   EXPECT_EQ(c.num_query_groups, 2);
   EXPECT_TRUE(c.qk_layernorm);
   expect_reference_parameters(src, "gpt_tiny_rope_gqa2_qknorm.safetensors", true);
+}
+
+TEST(MegatronCheckpoint, ExpertParallelRanksAndGroupedExperts) {
+  // Tensor parallelism 2 x expert parallelism 2 (mp_rank_TT_EEE), Transformer Engine's grouped experts
+  // (mlp.experts.linear_fc1.weight<i>), gated shared experts, a dense first layer.
+  const MegatronSource src =
+      open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_te_grouped"));
+  EXPECT_EQ(src.tp, 2);
+  EXPECT_EQ(src.pp, 1);
+  EXPECT_EQ(src.ep, 2);
+  const TransformerConfig& c = src.source.config;
+  EXPECT_EQ(c.num_experts, 4);
+  EXPECT_EQ(c.moe_router_topk, 2);
+  EXPECT_EQ(c.moe_layer_pattern, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(c.moe_shared_expert_gate);
+  expect_reference_parameters(src, "gpt_tiny_nobias_swiglu_moe4_shared.safetensors", false);
+}
+
+TEST(MegatronCheckpoint, VirtualPipelineStagesPlaceEachChunksLayers) {
+  // 4 layers over 2 stages x 2 virtual stages: stage r's model<v> holds layer 2v + r, numbered 0.
+  const std::string dir = megatron_fixture("gpt_tiny_x2_pp2_vp2");
+  const MegatronSource src = open_megatron_checkpoint(dir);
+  EXPECT_EQ(src.pp, 2);
+  EXPECT_EQ(src.vp, 2);
+  EXPECT_EQ(src.source.config.num_layers, 4);
+  expect_reference_parameters(src, dir + "/reference.safetensors", false);
 }
 
 TEST(MegatronCheckpoint, ConvertedCheckpointLoads) {
