@@ -282,6 +282,28 @@ void copy_box(const TensorPart& box, float* dst) {
 
 }  // namespace
 
+MegatronArgs megatron_args(const PyValue& ns, const std::string& what) {
+  std::vector<std::string> flags = model_flags(ns, what);
+  const PyRef padded = ns.get("padded_vocab_size");
+  if (!padded || !padded->is(PyValue::Kind::integer) || padded->integer <= 0)
+    LATTICE_FAIL() << what << ": args.padded_vocab_size is " << (padded ? padded->describe() : "missing");
+  flags.insert(flags.end(), {"--vocab-size", std::to_string(padded->integer)});
+  // What the flags' validation requires of a training run, not the model's.
+  flags.insert(flags.end(), {"--micro-batch-size", "1", "--train-iters", "1", "--mock-data"});
+  std::vector<char*> argv;
+  for (std::string& f : flags) argv.push_back(f.data());
+  MegatronArgs out;
+  try {
+    out.args = parse_train_args(int(argv.size()), argv.data(), 0);
+  } catch (const Error& e) {
+    LATTICE_FAIL() << what << ": the saved args, as lattice's flags, are refused: " << e.what();
+  }
+  out.config = out.args.transformer_config();
+  out.config.padded_vocab_size = padded->integer;
+  out.config.finalize(1);
+  return out;
+}
+
 MegatronSource open_megatron_checkpoint(const std::string& dir) {
   if (!fs::is_directory(dir)) LATTICE_FAIL() << "--from-megatron " << dir << ": no such directory";
   MegatronSource out;
@@ -316,24 +338,9 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
     LATTICE_FAIL() << what0 << ": checkpoint_version " << v << " (before 3.0, whose query-key-value layout lattice does "
                    << "not read)";
   if (const PyRef it = root->get("iteration"); it && it->is(PyValue::Kind::integer)) out.iteration = it->integer;
-  std::vector<std::string> flags = model_flags(*ns, what0);
-  const PyRef padded = ns->get("padded_vocab_size");
-  if (!padded || !padded->is(PyValue::Kind::integer) || padded->integer <= 0)
-    LATTICE_FAIL() << what0 << ": args.padded_vocab_size is " << (padded ? padded->describe() : "missing");
-  flags.insert(flags.end(), {"--vocab-size", std::to_string(padded->integer)});
-  // What the flags' validation requires of a training run, not the model's.
-  flags.insert(flags.end(), {"--micro-batch-size", "1", "--train-iters", "1", "--mock-data"});
-  std::vector<char*> argv;
-  for (std::string& f : flags) argv.push_back(f.data());
-  TrainArgs a;
-  try {
-    a = parse_train_args(int(argv.size()), argv.data(), 0);
-  } catch (const Error& e) {
-    LATTICE_FAIL() << what0 << ": the saved args, as lattice's flags, are refused: " << e.what();
-  }
-  TransformerConfig c = a.transformer_config();
-  c.padded_vocab_size = padded->integer;
-  c.finalize(1);
+  MegatronArgs parsed = megatron_args(*ns, what0);
+  const TrainArgs& a = parsed.args;
+  TransformerConfig& c = parsed.config;
   out.tp = int(a.tensor_model_parallel_size);
   out.pp = int(a.pipeline_model_parallel_size);
   out.ep = c.moe() ? int(a.expert_model_parallel_size) : 1;
@@ -355,6 +362,8 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   out.tokenizer.vocab_file = text("vocab_file");
   out.tokenizer.merge_file = text("merge_file");
   out.tokenizer.model = text("tokenizer_model");
+  if (const PyRef v = ns->get("vocab_size"); v && v->is(PyValue::Kind::integer) && out.tokenizer.type == "NullTokenizer")
+    out.tokenizer.vocab_size = v->integer;
 
   // Every rank file, opened (its pickle read, no tensor yet), at (t * pp + p) * ep + e.
   const int T = out.tp, P = out.pp, E = out.ep;
@@ -495,7 +504,10 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
       part.offset = 0;
       // The part's boxes in the whole tensor (a blocked tensor, SwiGLU's fc1, has one per block).
       const int tp_rank = int(s.rank) / E;
-      for (const TensorPart& box : param_parts({part}, local.data(), part.tp_duplicated ? 0 : tp_rank)) copy_box(box, dst);
+      for (const TensorPart& box : param_parts({part}, local.data(), part.tp_duplicated ? 0 : tp_rank)) {
+        LATTICE_CHECK(box.global_shape == info.shape) << info.name << ": filled for another shape than the checkpoint's";
+        copy_box(box, dst);
+      }
     }
   };
   return out;

@@ -27,7 +27,9 @@
 #include <string>
 
 #include "checkpoint/hf_common.h"
+#include "checkpoint/torch_pickle.h"
 #include "data/tokenizer.h"
+#include "train/arguments.h"
 
 namespace lattice {
 
@@ -37,11 +39,21 @@ struct MegatronSource {
   std::string iteration_dir; // DIR/iter_NNNNNNN (or DIR/release)
   int tp = 1, pp = 1, vp = 1, ep = 1;  // the layout that saved it (ep: expert-parallel ranks)
   bool transformer_engine = false;  // the norms as Transformer Engine's layer spec names them
-  TokenizerSpec tokenizer;   // the saved args' (--tokenizer-type, --vocab-file, --merge-file, --tokenizer-model)
+  TokenizerSpec tokenizer;   // the saved args' (--tokenizer-type, --vocab-file, --merge-file, --tokenizer-model,
+                             // NullTokenizer's --vocab-size)
   int64_t seq_length = 0;    // the saved --seq-length
 };
 
 // Opens DIR (a --save directory, or one of its iter_* directories) and checks it whole; see above.
 MegatronSource open_megatron_checkpoint(const std::string& dir);
+
+// The saved args (an argparse.Namespace) as lattice's train flags (the model's and the layout's, checked as
+// `lattice train` checks them) and the model's configuration (the vocabulary: padded_vocab_size rows); a
+// feature lattice cannot read from these checkpoints is refused naming `what` and the arg.
+struct MegatronArgs {
+  TrainArgs args;
+  TransformerConfig config;
+};
+MegatronArgs megatron_args(const PyValue& ns, const std::string& what);
 
 }  // namespace lattice

@@ -3,6 +3,7 @@
 #include <zip.h>
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "core/error.h"
@@ -219,6 +220,64 @@ void TorchArchive::read_float(const TorchTensor& t, const std::string& name, flo
       out[i] = t.dtype == "bfloat16" ? math::bf16_to_fp32(u) : math::fp16_to_fp32(u);
     }
   }
+}
+
+std::string TorchSaveWriter::add_storage(std::vector<uint8_t> bytes) {
+  storages_.push_back(std::move(bytes));
+  return std::to_string(storages_.size() - 1);
+}
+
+void TorchSaveWriter::pickle_tensor(PickleWriter& w, const std::string& key, const std::string& storage_type,
+                                    int64_t numel, const std::vector<int64_t>& shape) {
+  w.global("torch._utils", "_rebuild_tensor_v2").mark();
+  w.mark().string("storage").global("torch", storage_type).string(key).string("cpu").integer(numel).tuple();
+  w.persistent_id().integer(0);
+  w.mark();
+  for (int64_t d : shape) w.integer(d);
+  w.tuple().mark();
+  int64_t stride = 1;
+  std::vector<int64_t> strides(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= shape[d];
+  }
+  for (int64_t s : strides) w.integer(s);
+  w.tuple().boolean(false).global("collections", "OrderedDict").empty_tuple().reduce().tuple().reduce();
+}
+
+void TorchSaveWriter::write(const std::string& path, const std::string& prefix, const std::string& pickle) const {
+  const std::string tmp = path + ".tmp";
+  int err = 0;
+  zip_t* z = zip_open(tmp.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
+  if (!z) LATTICE_FAIL() << tmp << ": cannot create (libzip error " << err << ")";
+  static const char version[] = "3\n", byteorder[] = "little";
+  auto add = [&](const std::string& name, const void* data, size_t n) {
+    zip_source_t* src = zip_source_buffer(z, data, n, 0);
+    const zip_int64_t index = src ? zip_file_add(z, (prefix + "/" + name).c_str(), src, ZIP_FL_ENC_UTF_8) : -1;
+    if (index < 0) {
+      if (src) zip_source_free(src);
+      const std::string why = zip_strerror(z);
+      zip_discard(z);
+      std::filesystem::remove(tmp);
+      LATTICE_FAIL() << path << ": cannot add " << name << ": " << why;
+    }
+    zip_set_file_compression(z, zip_uint64_t(index), ZIP_CM_STORE, 0);
+    zip_file_set_mtime(z, zip_uint64_t(index), 0, 0);
+  };
+  add("data.pkl", pickle.data(), pickle.size());
+  for (size_t i = 0; i < storages_.size(); ++i)
+    add("data/" + std::to_string(i), storages_[i].data(), storages_[i].size());
+  add("version", version, 2);
+  add("byteorder", byteorder, 6);
+  if (zip_close(z) != 0) {
+    const std::string why = zip_strerror(z);
+    zip_discard(z);
+    std::filesystem::remove(tmp);
+    LATTICE_FAIL() << path << ": cannot write: " << why;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) LATTICE_FAIL() << path << ": cannot rename " << tmp << " into place: " << ec.message();
 }
 
 }  // namespace lattice

@@ -25,6 +25,24 @@ struct TorchTensor {
   bool contiguous() const;    // row-major without gaps
 };
 
+// Writes a torch.save file: storages added first (each its record's raw bytes), then a pickle that names them
+// (pickle_tensor), all written at once by write().
+class TorchSaveWriter {
+ public:
+  // A storage of `bytes` (little-endian elements); returns its record key ("0", "1", ...).
+  std::string add_storage(std::vector<uint8_t> bytes);
+  // Pushes onto w a tensor of torch.<storage_type> (FloatStorage, BFloat16Storage, ByteStorage, ...) over the
+  // whole storage `key` of `numel` elements, contiguous with `shape`: _rebuild_tensor_v2 as torch.save writes it.
+  static void pickle_tensor(PickleWriter& w, const std::string& key, const std::string& storage_type, int64_t numel,
+                            const std::vector<int64_t>& shape);
+  // Writes `path` (a zip archive, stored: PREFIX/data.pkl, PREFIX/data/KEY, PREFIX/version, PREFIX/byteorder)
+  // through a temporary file renamed into place; errors name the file.
+  void write(const std::string& path, const std::string& prefix, const std::string& pickle) const;
+
+ private:
+  std::vector<std::vector<uint8_t>> storages_;
+};
+
 class TorchArchive {
  public:
   // Opens `path` and unpickles its object; an unreadable archive or pickle is an error naming the file.

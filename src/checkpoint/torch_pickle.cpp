@@ -372,4 +372,117 @@ PyRef unpickle(const uint8_t* data, size_t n, const std::string& what, const Pic
   return Unpickler(data, n, what, hooks).run();
 }
 
+namespace {
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(char((v >> (8 * i)) & 0xff));
+}
+}  // namespace
+
+PickleWriter::PickleWriter() : out_("\x80\x02", 2) {}
+
+PickleWriter& PickleWriter::none() {
+  out_.push_back('N');
+  return *this;
+}
+
+PickleWriter& PickleWriter::boolean(bool v) {
+  out_.push_back(char(v ? 0x88 : 0x89));
+  return *this;
+}
+
+PickleWriter& PickleWriter::integer(int64_t v) {
+  if (v >= 0 && v < 256) {
+    out_.push_back('K');
+    put_le(out_, uint64_t(v), 1);
+  } else if (v >= INT32_MIN && v <= INT32_MAX) {
+    out_.push_back('J');
+    put_le(out_, uint64_t(uint32_t(int32_t(v))), 4);
+  } else {  // LONG1: 8 bytes of two's complement
+    out_.push_back(char(0x8a));
+    out_.push_back(char(8));
+    put_le(out_, uint64_t(v), 8);
+  }
+  return *this;
+}
+
+PickleWriter& PickleWriter::floating(double v) {
+  out_.push_back('G');
+  uint64_t bits;
+  std::memcpy(&bits, &v, 8);
+  for (int i = 7; i >= 0; --i) out_.push_back(char((bits >> (8 * i)) & 0xff));  // big-endian
+  return *this;
+}
+
+PickleWriter& PickleWriter::string(const std::string& utf8) {
+  out_.push_back('X');
+  put_le(out_, utf8.size(), 4);
+  out_ += utf8;
+  return *this;
+}
+
+PickleWriter& PickleWriter::global(const std::string& module, const std::string& name) {
+  out_ += "c" + module + "\n" + name + "\n";
+  return *this;
+}
+
+PickleWriter& PickleWriter::mark() {
+  out_.push_back('(');
+  return *this;
+}
+
+PickleWriter& PickleWriter::tuple() {
+  out_.push_back('t');
+  return *this;
+}
+
+PickleWriter& PickleWriter::empty_tuple() {
+  out_.push_back(')');
+  return *this;
+}
+
+PickleWriter& PickleWriter::empty_dict() {
+  out_.push_back('}');
+  return *this;
+}
+
+PickleWriter& PickleWriter::empty_list() {
+  out_.push_back(']');
+  return *this;
+}
+
+PickleWriter& PickleWriter::set_items() {
+  out_.push_back('u');
+  return *this;
+}
+
+PickleWriter& PickleWriter::append_items() {
+  out_.push_back('e');
+  return *this;
+}
+
+PickleWriter& PickleWriter::reduce() {
+  out_.push_back('R');
+  return *this;
+}
+
+PickleWriter& PickleWriter::newobj() {
+  out_.push_back(char(0x81));
+  return *this;
+}
+
+PickleWriter& PickleWriter::build() {
+  out_.push_back('b');
+  return *this;
+}
+
+PickleWriter& PickleWriter::persistent_id() {
+  out_.push_back('Q');
+  return *this;
+}
+
+std::string PickleWriter::finish() {
+  out_.push_back('.');
+  return std::move(out_);
+}
+
 }  // namespace lattice

@@ -56,4 +56,33 @@ struct PickleHooks {
 // Unpickles `data` (n bytes); `what` names the source in errors.
 PyRef unpickle(const uint8_t* data, size_t n, const std::string& what, const PickleHooks& hooks = {});
 
+// Writes a pickle (protocol 2, as torch.save does) opcode by opcode: the caller pushes values as the
+// unpickler will rebuild them (mark() ... tuple(), global(...) args reduce(), ...). No memo.
+class PickleWriter {
+ public:
+  PickleWriter();
+  PickleWriter& none();
+  PickleWriter& boolean(bool v);
+  PickleWriter& integer(int64_t v);
+  PickleWriter& floating(double v);
+  PickleWriter& string(const std::string& utf8);
+  PickleWriter& global(const std::string& module, const std::string& name);
+  PickleWriter& mark();
+  PickleWriter& tuple();         // the values since mark() as a tuple
+  PickleWriter& empty_tuple();
+  PickleWriter& empty_dict();
+  PickleWriter& empty_list();
+  PickleWriter& set_items();     // the key, value pairs since mark() into the dict below the mark
+  PickleWriter& append_items();  // the values since mark() onto the list below the mark
+  PickleWriter& reduce();        // callable args -> callable(*args)
+  PickleWriter& newobj();        // cls args -> cls.__new__(cls, *args)
+  PickleWriter& build();         // obj state -> obj with state
+  PickleWriter& persistent_id(); // pid -> persistent_load(pid)
+  // The pickle, with its STOP.
+  std::string finish();
+
+ private:
+  std::string out_;
+};
+
 }  // namespace lattice

@@ -6,6 +6,9 @@
 //   lattice convert --load CKPT --to-hf DIR
 //   lattice convert --from-megatron DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
 //                   [--vocab-file PATH] [--merge-file PATH]
+//   lattice convert --load CKPT --to-megatron DIR [--target-tensor-parallel-size T]
+//                   [--target-pipeline-parallel-size P] [--target-expert-parallel-size E]
+//                   [--transformer-impl transformer_engine|local]
 // The input is read and checked completely before anything is written, and an existing
 // checkpoint or HF model is never overwritten.
 #include <cstdio>
@@ -21,6 +24,7 @@
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/hf_starcoder2.h"
 #include "checkpoint/megatron_checkpoint.h"
+#include "checkpoint/megatron_export.h"
 #include "checkpoint/hf_qwen3_next.h"
 #include "checkpoint/model_checkpoint.h"
 #include "cli/simple_flags.h"
@@ -150,7 +154,7 @@ void from_megatron(const SimpleFlags& f) {
   TokenizerSpec tok = src.tokenizer;
   const bool given = f.has("tokenizer-type") || f.has("tokenizer-model") || f.has("vocab-file") || f.has("merge-file");
   if (given) tok = TokenizerSpec{f.get("tokenizer-type", tok.type), f.get("vocab-file", ""), f.get("merge-file", ""),
-                                 f.get("tokenizer-model", "")};
+                                 f.get("tokenizer-model", ""), tok.vocab_size};
   // The saved args' files, where they are not on this machine: the model comes over without a tokenizer.
   for (std::string* file : {&tok.vocab_file, &tok.merge_file, &tok.model}) {
     if (file->empty()) continue;
@@ -165,7 +169,9 @@ void from_megatron(const SimpleFlags& f) {
     }
     *file = fs::absolute(*file).lexically_normal().string();
   }
-  if (tok.type == "NullTokenizer") tok = TokenizerSpec{};  // its vocabulary is the model's
+  // Megatron's NullTokenizer: --vocab-size ids and the end of document after them (the saved args' count);
+  // without a count, none (the vocabulary is then the model's rows).
+  if (tok.type == "NullTokenizer" && tok.vocab_size <= 0) tok = TokenizerSpec{};
   if (!tok.type.empty()) {
     const int64_t size = make_tokenizer(tok)->vocab_size();
     if (size > c.padded_vocab_size)
@@ -182,6 +188,7 @@ void from_megatron(const SimpleFlags& f) {
   if (!tok.vocab_file.empty()) args["vocab-file"] = tok.vocab_file;
   if (!tok.merge_file.empty()) args["merge-file"] = tok.merge_file;
   if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
+  if (tok.type == "NullTokenizer") args["vocab-size"] = tok.vocab_size;
   const std::string written = save_model_checkpoint(save, 0, c, src.source.fill, args.dump());
   std::fprintf(stderr,
                "convert: %s (Megatron-LM, iteration %lld, tensor-parallel %d, pipeline-parallel %d%s, %s layer spec) -> "
@@ -192,6 +199,35 @@ void from_megatron(const SimpleFlags& f) {
                src.transformer_engine ? "Transformer Engine" : "local", written.c_str(), (long long)c.num_layers,
                (long long)c.hidden_size, (long long)c.vocab_size, (long long)c.padded_vocab_size,
                tok.type.empty() ? "none" : tok.type.c_str());
+}
+
+// A lattice checkpoint -> Megatron-LM's (--ckpt-format torch), under the layout asked for.
+void to_megatron(const SimpleFlags& f) {
+  const std::string load = f.required("load"), dir = f.required("to-megatron");
+  MegatronExportOptions o;
+  auto size = [&](const char* flag) {
+    const double v = f.number(flag, 1);
+    if (v < 1 || v != int64_t(v) || v > 4096) LATTICE_FAIL() << "--" << flag << " must be a positive integer";
+    return int(v);
+  };
+  o.tp = size("target-tensor-parallel-size");
+  o.pp = size("target-pipeline-parallel-size");
+  o.ep = size("target-expert-parallel-size");
+  const std::string impl = f.get("transformer-impl", "transformer_engine");
+  if (impl != "transformer_engine" && impl != "local")
+    LATTICE_FAIL() << "--transformer-impl must be transformer_engine or local, got '" << impl << "'";
+  o.transformer_engine = impl == "transformer_engine";
+  const LoadedModel lm = open_model_checkpoint(load);
+  const std::string written = save_megatron_checkpoint(dir, lm, o);
+  if (!lm.tokenizer.type.empty() && !is_megatron_tokenizer(lm.tokenizer.type))
+    std::fprintf(stderr,
+                 "convert: Megatron-LM has no %s: the args name its NullTokenizer of the model's %lld ids (give "
+                 "Megatron --tokenizer-type and its files to use another)\n",
+                 lm.tokenizer.type.c_str(), (long long)lm.config.vocab_size);
+  std::fprintf(stderr,
+               "convert: %s (iteration %lld) -> %s (Megatron-LM --ckpt-format torch, tensor-parallel %d, "
+               "pipeline-parallel %d, expert-parallel %d, %s layer spec, fp32 weights, no optimizer state)\n",
+               load.c_str(), (long long)lm.iteration, written.c_str(), o.tp, o.pp, o.ep, impl.c_str());
 }
 
 // A HuggingFace or SentencePiece tokenizer travels with the model (tokenizer.json or
@@ -340,6 +376,11 @@ int cmd_convert(int argc, char** argv) {
         "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2|glm4_moe_lite|phi3]\n"
         "       lattice convert --from-megatron DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
         "                       [--vocab-file PATH] [--merge-file PATH]\n"
+        "       lattice convert --load CKPT --to-megatron DIR [--target-tensor-parallel-size T]\n"
+        "                       [--target-pipeline-parallel-size P] [--target-expert-parallel-size E]\n"
+        "                       [--transformer-impl transformer_engine|local]\n"
+        "--to-megatron writes it as Megatron-LM's own (DIR/release/mp_rank_*/model_optim_rng.pt: the weights in fp32,\n"
+        "the model's flags as its saved args) for that layout and layer spec [1, 1, 1, transformer_engine].\n"
         "--from-megatron reads a Megatron-LM GPT checkpoint saved with --ckpt-format torch (DIR: its --save directory\n"
         "or an iter_* directory in it; every tensor- and pipeline-parallel rank's file; either layer spec): the model's\n"
         "flags from its saved args, the weights (not the optimizer state), the tokenizer its args name when its files\n"
@@ -389,11 +430,27 @@ int cmd_convert(int argc, char** argv) {
   SimpleFlags f = parse_simple_flags(argc, argv, 2,
                                      {"from-hf", "to-hf", "load", "save", "tokenizer-type", "tokenizer-model",
                                       "make-vocab-size-divisible-by", "hf-dtype", "max-shard-size", "hf-model-type",
-                                      "from-megatron", "vocab-file", "merge-file"},
+                                      "from-megatron", "vocab-file", "merge-file", "to-megatron",
+                                      "target-tensor-parallel-size", "target-pipeline-parallel-size",
+                                      "target-expert-parallel-size", "transformer-impl"},
                                      {});
   const bool from = f.has("from-hf"), to = f.has("to-hf"), megatron = f.has("from-megatron");
-  if (int(from) + int(to) + int(megatron) != 1)
-    LATTICE_FAIL() << "give one of --from-hf DIR --save CKPT, --from-megatron DIR --save CKPT or --load CKPT --to-hf DIR";
+  const bool to_mcore = f.has("to-megatron");
+  if (int(from) + int(to) + int(megatron) + int(to_mcore) != 1)
+    LATTICE_FAIL() << "give one of --from-hf DIR --save CKPT, --from-megatron DIR --save CKPT, --load CKPT --to-hf DIR "
+                      "or --load CKPT --to-megatron DIR";
+  const bool target = f.has("target-tensor-parallel-size") || f.has("target-pipeline-parallel-size") ||
+                      f.has("target-expert-parallel-size") || f.has("transformer-impl");
+  if (target && !to_mcore)
+    LATTICE_FAIL() << "--target-*-parallel-size and --transformer-impl go with --to-megatron";
+  if (to_mcore) {
+    if (f.has("save")) LATTICE_FAIL() << "--save goes with --from-hf or --from-megatron, not --to-megatron";
+    for (const char* flag : {"tokenizer-type", "tokenizer-model", "vocab-file", "merge-file", "hf-dtype",
+                             "max-shard-size", "hf-model-type", "make-vocab-size-divisible-by"})
+      if (f.has(flag)) LATTICE_FAIL() << "--" << flag << " does not apply to --to-megatron";
+    to_megatron(f);
+    return 0;
+  }
   if (megatron && f.has("load")) LATTICE_FAIL() << "--load goes with --to-hf, not --from-megatron";
   if (megatron) {
     from_megatron(f);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checkpoint/megatron_checkpoint.h"
+#include "checkpoint/megatron_export.h"
 #include "checkpoint/model_checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/torch_archive.h"
@@ -292,6 +293,117 @@ TEST(MegatronCheckpoint, BrokenCheckpointsAreRefusedByName) {
               std::string::npos)
         << e;
   }
+}
+
+// Each rank file's model tensors (the state dict's keys and values) as two torch.save files hold them.
+void expect_same_rank_files(const std::string& got_path, const std::string& want_path) {
+  const TorchArchive got(got_path), want(want_path);
+  const PyRef gm = got.root()->get("model"), wm = want.root()->get("model");
+  ASSERT_TRUE(gm && wm) << got_path;
+  std::vector<std::string> got_keys, want_keys;
+  for (const auto& [k, v] : gm->entries) got_keys.push_back(k->text);
+  for (const auto& [k, v] : wm->entries) want_keys.push_back(k->text);
+  std::sort(got_keys.begin(), got_keys.end());
+  std::sort(want_keys.begin(), want_keys.end());
+  ASSERT_EQ(got_keys, want_keys) << got_path;
+  for (const std::string& key : want_keys) {
+    // Transformer Engine's extra state: a pickled None, as a uint8 tensor or a BytesIO.
+    if (key.size() > 12 && key.compare(key.size() - 12, 12, "_extra_state") == 0) continue;
+    const TorchTensor* g = TorchArchive::tensor(gm->get(key));
+    const TorchTensor* w = TorchArchive::tensor(wm->get(key));
+    ASSERT_TRUE(g && w) << key;
+    ASSERT_EQ(g->shape, w->shape) << key;
+    std::vector<float> gv(size_t(g->numel())), wv(size_t(w->numel()));
+    got.read_float(*g, key, gv.data());
+    want.read_float(*w, key, wv.data());
+    ASSERT_EQ(gv, wv) << key;
+  }
+}
+
+// The arguments convert --from-megatron records that --to-megatron reads: the vocabulary's padding.
+std::string divisible_args(const MegatronSource& src) {
+  return nlohmann::json{{"make-vocab-size-divisible-by", src.source.config.make_vocab_size_divisible_by}}.dump();
+}
+
+TEST(MegatronExport, WritesTheRankFilesMegatronWouldSave) {
+  // The Python-made checkpoints, converted in and written out under the same layout and layer spec: every rank
+  // file holds the same tensors (and Transformer Engine's _extra_state entries).
+  struct Case {
+    std::string fixture;
+    int tp, pp;
+    bool te;
+    std::vector<std::string> ranks;
+  };
+  const Case cases[] = {
+      {"gpt_tiny_swiglu_tp2_pp2", 2, 2, false, {"mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"}},
+      {"gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16", 2, 1, true, {"mp_rank_00", "mp_rank_01"}}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.fixture);
+    const MegatronSource src = open_megatron_checkpoint(megatron_fixture(k.fixture));
+    TempDir out("megatron_export");
+    save_model_checkpoint(out.str() + "/ckpt", 0, src.source.config, src.source.fill, divisible_args(src));
+    const LoadedModel lm = open_model_checkpoint(out.str() + "/ckpt");
+    const std::string release = save_megatron_checkpoint(out.str() + "/mcore", lm, {k.tp, k.pp, 1, k.te});
+    std::ifstream tracker(out.str() + "/mcore/latest_checkpointed_iteration.txt");
+    std::string text;
+    tracker >> text;
+    EXPECT_EQ(text, "release");
+    for (const std::string& rank : k.ranks)
+      expect_same_rank_files(release + "/" + rank + "/model_optim_rng.pt", rank_file(k.fixture, rank));
+    // Read back: the same model, every value.
+    const MegatronSource back = open_megatron_checkpoint(out.str() + "/mcore");
+    EXPECT_EQ(back.tp, k.tp);
+    EXPECT_EQ(back.transformer_engine, k.te);
+    const ParamBuffer reg = GPTModel::parameter_registry(src.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
+    for (const ParamInfo& p : reg.infos()) {
+      std::vector<float> want(size_t(p.numel)), got(size_t(p.numel));
+      src.source.fill(p, want.data());
+      back.source.fill(p, got.data());
+      ASSERT_EQ(got, want) << p.name;
+    }
+  }
+}
+
+TEST(MegatronExport, ExpertParallelRanksRoundTrip) {
+  const MegatronSource src =
+      open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_te_grouped"));
+  TempDir out("megatron_export_moe");
+  save_model_checkpoint(out.str() + "/ckpt", 0, src.source.config, src.source.fill, "{}");
+  const LoadedModel lm = open_model_checkpoint(out.str() + "/ckpt");
+  // Another layout: one tensor-parallel rank, 4 expert-parallel ones (mp_rank_00_EEE), the local spec.
+  const std::string release = save_megatron_checkpoint(out.str() + "/mcore", lm, {1, 1, 4, false});
+  EXPECT_TRUE(fs::exists(release + "/mp_rank_00_003/model_optim_rng.pt"));
+  const MegatronSource back = open_megatron_checkpoint(out.str() + "/mcore");
+  EXPECT_EQ(back.ep, 4);
+  expect_reference_parameters(back, "gpt_tiny_nobias_swiglu_moe4_shared.safetensors", false);
+}
+
+TEST(MegatronExport, ModelsAndLayoutsItCannotWriteAreRefusedBeforeWriting) {
+  const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2"));
+  TempDir out("megatron_export_bad");
+  const std::string ckpt = out.str() + "/ckpt";
+  save_model_checkpoint(ckpt, 0, src.source.config, src.source.fill, "{}");
+  const LoadedModel lm = open_model_checkpoint(ckpt);
+  auto refused = [&](const MegatronExportOptions& o, const std::string& dir) {
+    return error_of([&] { save_megatron_checkpoint(out.str() + "/" + dir, lm, o); });
+  };
+  std::string e = refused({3, 1, 1, true}, "tp3");  // 4 heads over 3 ranks
+  EXPECT_NE(e.find("cannot be written as Megatron-LM's"), std::string::npos) << e;
+  EXPECT_NE(e.find("--tensor-model-parallel-size"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(out.str() + "/tp3"));
+  e = refused({1, 1, 2, true}, "ep2");  // no experts
+  EXPECT_NE(e.find("--target-expert-parallel-size 2 must divide the model's 0 experts"), std::string::npos) << e;
+  save_megatron_checkpoint(out.str() + "/once", lm, {});
+  e = refused({}, "once");
+  EXPECT_NE(e.find("already holds a checkpoint"), std::string::npos) << e;
+  // A model the args cannot describe: LongRoPE.
+  LoadedModel longrope = open_model_checkpoint(ckpt);
+  longrope.config.position_embedding_type = "rope";
+  longrope.config.longrope_short_factor.assign(size_t(longrope.config.kv_channels / 2), 1.5f);
+  longrope.config.longrope_long_factor.assign(size_t(longrope.config.kv_channels / 2), 2.0f);
+  e = error_of([&] { save_megatron_checkpoint(out.str() + "/longrope", longrope, {}); });
+  EXPECT_NE(e.find("longrope"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(out.str() + "/longrope"));
 }
 
 }  // namespace
