@@ -11,6 +11,7 @@
 
 #include "checkpoint/tensor_parts.h"
 #include "checkpoint/torch_archive.h"
+#include "checkpoint/torch_dcp.h"
 #include "core/error.h"
 #include "dist/layout_only_comm.h"
 #include "model/gpt_model.h"
@@ -257,29 +258,6 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
-// Copies box (row-major [lengths]) into its place in dst, the whole tensor (row-major [global_shape]).
-void copy_box(const TensorPart& box, float* dst) {
-  const size_t nd = box.global_shape.size();
-  if (nd == 0) {
-    dst[0] = box.data[0];
-    return;
-  }
-  const int64_t run = box.lengths[nd - 1];
-  int64_t outer = 1;
-  for (size_t d = 0; d + 1 < nd; ++d) outer *= box.lengths[d];
-  std::vector<int64_t> idx(nd - 1, 0);
-  for (int64_t k = 0; k < outer; ++k) {
-    int64_t g = 0;
-    for (size_t d = 0; d + 1 < nd; ++d) g = g * box.global_shape[d] + box.offsets[d] + idx[d];
-    g = g * box.global_shape[nd - 1] + box.offsets[nd - 1];
-    std::copy(box.data + k * run, box.data + (k + 1) * run, dst + g);
-    for (size_t d = nd - 1; d-- > 0;) {
-      if (++idx[d] < box.lengths[d]) break;
-      idx[d] = 0;
-    }
-  }
-}
-
 }  // namespace
 
 MegatronArgs megatron_args(const PyValue& ns, const std::string& what) {
@@ -304,6 +282,130 @@ MegatronArgs megatron_args(const PyValue& ns, const std::string& what) {
   return out;
 }
 
+namespace {
+
+// What a checkpoint saves beside the model (a rank file's, or torch_dist's common.pt): the args as the model's
+// configuration and train flags, the iteration, the layout, the tokenizer.
+MegatronArgs read_saved_state(const TorchArchive& archive, MegatronSource& out) {
+  const std::string& what = archive.path();
+  const PyRef root = archive.root();
+  if (!root->is(PyValue::Kind::dict)) LATTICE_FAIL() << what << ": holds " << root->describe() << ", not a dict";
+  const PyRef ns = root->get("args");
+  if (!ns || ns->qualified_name() != "argparse.Namespace")
+    LATTICE_FAIL() << what << ": no args (argparse.Namespace) saved; not a Megatron training checkpoint";
+  const PyRef version = root->get("checkpoint_version");
+  const double v = !version ? 0.0 : version->is(PyValue::Kind::floating) ? version->floating : double(version->integer);
+  if (v < 3.0)
+    LATTICE_FAIL() << what << ": checkpoint_version " << v << " (before 3.0, whose query-key-value layout lattice does "
+                   << "not read)";
+  if (const PyRef it = root->get("iteration"); it && it->is(PyValue::Kind::integer)) out.iteration = it->integer;
+  MegatronArgs parsed = megatron_args(*ns, what);
+  const TrainArgs& a = parsed.args;
+  out.tp = int(a.tensor_model_parallel_size);
+  out.pp = int(a.pipeline_model_parallel_size);
+  out.ep = parsed.config.moe() ? int(a.expert_model_parallel_size) : 1;
+  out.vp = pipeline_layout_of(a).virtual_stages;
+  out.seq_length = a.seq_length;
+  auto text = [&](const char* key) {
+    const PyRef t = ns->get(key);
+    return t && t->is(PyValue::Kind::string) ? t->text : std::string();
+  };
+  out.tokenizer.type = text("tokenizer_type");
+  out.tokenizer.vocab_file = text("vocab_file");
+  out.tokenizer.merge_file = text("merge_file");
+  out.tokenizer.model = text("tokenizer_model");
+  if (const PyRef n = ns->get("vocab_size"); n && n->is(PyValue::Kind::integer) && out.tokenizer.type == "NullTokenizer")
+    out.tokenizer.vocab_size = n->integer;
+  return parsed;
+}
+
+// Megatron-Core's torch_dist checkpoint (dist_checkpointing's torch_dist backend): common.pt (torch.save of what
+// is not sharded: the args) and a torch.distributed.checkpoint (checkpoint/torch_dcp.h) of the sharded state,
+// whose model tensors are named as the state dict names them but for the layers: one tensor
+// decoder.layers.<rest> [num_layers, ...] for every layer's <rest> (sharded_state_dict prepends the global layer
+// number), each rank's part a chunk. The layout that saved it does not matter: every tensor is whole here.
+MegatronSource open_torch_dist(MegatronSource out) {
+  const std::string& iter = out.iteration_dir;
+  const fs::path meta_json = fs::path(iter) / "metadata.json";
+  if (fs::exists(meta_json)) {
+    std::ifstream f(meta_json);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      LATTICE_FAIL() << meta_json.string() << ": not JSON (" << e.what() << ")";
+    }
+    const std::string backend = j.value("sharded_backend", std::string());
+    if (backend != "torch_dist")
+      LATTICE_FAIL() << meta_json.string() << ": sharded_backend '" << backend << "', which lattice does not read "
+                     << "(torch_dist only)";
+  }
+  const fs::path common = fs::path(iter) / "common.pt";
+  if (!fs::exists(common))
+    LATTICE_FAIL() << "--from-megatron " << iter << ": a torch_dist checkpoint (.metadata) without common.pt, where "
+                   << "Megatron saves its args";
+  const TorchArchive archive(common.string());
+  MegatronArgs parsed = read_saved_state(archive, out);
+  const TransformerConfig& c = parsed.config;
+  if (c.moe())
+    LATTICE_FAIL() << common.string() << ": a mixture of experts saved as torch_dist, which lattice does not read yet "
+                   << "(convert it with Megatron: --ckpt-convert-format torch --ckpt-convert-save DIR)";
+  out.torch_dist = true;
+  auto dcp = std::make_shared<DcpCheckpoint>(iter);
+  for (const auto& [fqn, t] : dcp->tensors())
+    if (fqn.find("layer_norm_weight") != std::string::npos) out.transformer_engine = true;
+
+  // Each parameter's tensor (and layer); shapes checked.
+  auto plan = std::make_shared<std::map<std::string, std::pair<std::string, int64_t>>>();
+  std::set<std::string> used;
+  const ParamBuffer whole = GPTModel::parameter_registry(c, TensorParallel{}, ModelPlacement{}, 0, 1);
+  const std::string layers_prefix = "decoder.layers.";
+  for (const ParamInfo& info : whole.infos()) {
+    int64_t layer = -1;
+    std::vector<int64_t> size = info.shape;
+    std::vector<std::string> names;
+    for (std::string name : megatron_names(info.name)) {
+      if (name.rfind(layers_prefix, 0) == 0) {  // decoder.layers.<l>.<rest> -> decoder.layers.<rest>
+        const size_t dot = name.find('.', layers_prefix.size());
+        layer = std::stoll(name.substr(layers_prefix.size(), dot - layers_prefix.size()));
+        name = layers_prefix + name.substr(dot + 1);
+      }
+      names.push_back(name);
+    }
+    if (layer >= 0) size.insert(size.begin(), c.num_layers);
+    std::string found;
+    for (const std::string& name : names)
+      if (dcp->tensors().count(name)) found = name;
+    if (found.empty())
+      LATTICE_FAIL() << iter << ": no tensor " << names.front() << " (lattice's " << info.name << ") in .metadata";
+    const std::vector<int64_t>& saved = dcp->tensors().at(found).size;
+    if (saved != size)
+      LATTICE_FAIL() << iter << ": tensor " << found << " has size " << shape_text(saved) << ", expected "
+                     << shape_text(size) << " (the model its args describe" << (layer >= 0 ? ", layers first" : "")
+                     << ")";
+    if (const int64_t held = dcp->covered(found, layer); held != info.numel)
+      LATTICE_FAIL() << iter << ": " << found << (layer >= 0 ? " of layer " + std::to_string(layer) : std::string())
+                     << ": its chunks hold " << held << " of its " << info.numel << " values";
+    used.insert(found);
+    (*plan)[info.name] = {found, layer};
+  }
+  // Nothing of the model left over (the optimizer's state and Transformer Engine's extra state are not the model's).
+  for (const auto& [fqn, t] : dcp->tensors()) {
+    const bool model = fqn.rfind("embedding.", 0) == 0 || fqn.rfind("decoder.", 0) == 0 || fqn.rfind("output_layer.", 0) == 0;
+    if (!model || used.count(fqn)) continue;
+    if (fqn == "output_layer.weight" && !c.untie_embeddings_and_output_weights) continue;
+    LATTICE_FAIL() << iter << ": tensor " << fqn << " is not a parameter of the model its args describe";
+  }
+  out.source.config = c;
+  out.source.fill = [dcp, plan](const ParamInfo& info, float* dst) {
+    const auto& [fqn, layer] = plan->at(info.name);
+    dcp->read_float(fqn, layer, dst);
+  };
+  return out;
+}
+
+}  // namespace
+
 MegatronSource open_megatron_checkpoint(const std::string& dir) {
   if (!fs::is_directory(dir)) LATTICE_FAIL() << "--from-megatron " << dir << ": no such directory";
   MegatronSource out;
@@ -312,9 +414,7 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   if (!fs::is_directory(iter))
     LATTICE_FAIL() << "--from-megatron " << dir << ": its latest_checkpointed_iteration.txt names " << iter
                    << ", which is missing";
-  if (fs::exists(fs::path(iter) / ".metadata"))
-    LATTICE_FAIL() << "--from-megatron " << iter << ": a torch_dist checkpoint (.metadata), which lattice does not "
-                   << "read; convert it with Megatron first (--ckpt-convert-format torch --ckpt-convert-save DIR)";
+  if (fs::exists(fs::path(iter) / ".metadata")) return open_torch_dist(std::move(out));
   // Rank 0's file names the layout's kinds: mp_rank_00, mp_rank_00_000 (pipeline or expert parallelism),
   // mp_rank_00_000_000 (both); the args say which.
   fs::path first;
@@ -327,23 +427,9 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   // The saved args: the model's flags and the layout, checked as `lattice train` checks them.
   auto archive0 = std::make_unique<TorchArchive>(first.string());
   const std::string what0 = first.string();
-  const PyRef root = archive0->root();
-  if (!root->is(PyValue::Kind::dict)) LATTICE_FAIL() << what0 << ": holds " << root->describe() << ", not a dict";
-  const PyRef ns = root->get("args");
-  if (!ns || ns->qualified_name() != "argparse.Namespace")
-    LATTICE_FAIL() << what0 << ": no args (argparse.Namespace) saved; not a Megatron training checkpoint";
-  const PyRef version = root->get("checkpoint_version");
-  const double v = !version ? 0.0 : version->is(PyValue::Kind::floating) ? version->floating : double(version->integer);
-  if (v < 3.0)
-    LATTICE_FAIL() << what0 << ": checkpoint_version " << v << " (before 3.0, whose query-key-value layout lattice does "
-                   << "not read)";
-  if (const PyRef it = root->get("iteration"); it && it->is(PyValue::Kind::integer)) out.iteration = it->integer;
-  MegatronArgs parsed = megatron_args(*ns, what0);
+  MegatronArgs parsed = read_saved_state(*archive0, out);
   const TrainArgs& a = parsed.args;
   TransformerConfig& c = parsed.config;
-  out.tp = int(a.tensor_model_parallel_size);
-  out.pp = int(a.pipeline_model_parallel_size);
-  out.ep = c.moe() ? int(a.expert_model_parallel_size) : 1;
   const bool pipeline = out.pp > 1, expert = out.ep > 1;
   if (rank_file(iter, 0, 0, 0, pipeline, expert) != first)
     LATTICE_FAIL() << first.string() << ": the file's name disagrees with args.pipeline_model_parallel_size " << out.pp
@@ -352,18 +438,6 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
     LATTICE_FAIL() << what0 << ": args.padded_vocab_size " << c.padded_vocab_size << " is not divisible by the "
                    << out.tp << " tensor-parallel ranks";
   const PipelineLayout layout = pipeline_layout_of(a);
-  out.vp = layout.virtual_stages;
-  out.seq_length = a.seq_length;
-  auto text = [&](const char* key) {
-    const PyRef t = ns->get(key);
-    return t && t->is(PyValue::Kind::string) ? t->text : std::string();
-  };
-  out.tokenizer.type = text("tokenizer_type");
-  out.tokenizer.vocab_file = text("vocab_file");
-  out.tokenizer.merge_file = text("merge_file");
-  out.tokenizer.model = text("tokenizer_model");
-  if (const PyRef v = ns->get("vocab_size"); v && v->is(PyValue::Kind::integer) && out.tokenizer.type == "NullTokenizer")
-    out.tokenizer.vocab_size = v->integer;
 
   // Every rank file, opened (its pickle read, no tensor yet), at (t * pp + p) * ep + e.
   const int T = out.tp, P = out.pp, E = out.ep;
@@ -506,7 +580,7 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
       const int tp_rank = int(s.rank) / E;
       for (const TensorPart& box : param_parts({part}, local.data(), part.tp_duplicated ? 0 : tp_rank)) {
         LATTICE_CHECK(box.global_shape == info.shape) << info.name << ": filled for another shape than the checkpoint's";
-        copy_box(box, dst);
+        place_part(box, dst);
       }
     }
   };

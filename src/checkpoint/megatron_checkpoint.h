@@ -15,12 +15,18 @@
 // fused into linear_qkv and linear_fc1 as layer_norm_weight / layer_norm_bias, grouped experts'
 // linear_fc1.weight<i>); Transformer Engine's _extra_state entries are skipped.
 //
+// --ckpt-format torch_dist (Megatron's default) is read too: DIR/iter_NNNNNNN/common.pt holds the args, and
+// .metadata with the __R_K.distcp files a torch.distributed.checkpoint of the sharded state (checkpoint/
+// torch_dcp.h), whose layer tensors are decoder.layers.<rest> [num_layers, ...], every layer's in one (Megatron-
+// Core's sharded_state_dict prepends the layer axis), each rank's part a chunk: whatever layout saved it, each
+// tensor is read whole.
+//
 // Everything is checked before any value is read: every rank file present, every tensor of the model found
 // with its shape, no tensor left over. Errors name the file and the tensor. Not read: the optimizer state
 // (the weights alone come over), experts split otherwise than the dense layers (--expert-tensor-parallel-size
 // other than --tensor-model-parallel-size) or as the legacy GroupedMLP, latent experts, multi-latent attention,
-// multi-token prediction and hybrid models, the pre-Megatron-Core (legacy) model, and --ckpt-format torch_dist
-// (Megatron converts it with --ckpt-convert-format torch).
+// multi-token prediction and hybrid models, the pre-Megatron-Core (legacy) model, and a mixture of experts saved
+// as torch_dist.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -38,6 +44,7 @@ struct MegatronSource {
   int64_t iteration = 0;     // the iteration the checkpoint was saved at
   std::string iteration_dir; // DIR/iter_NNNNNNN (or DIR/release)
   int tp = 1, pp = 1, vp = 1, ep = 1;  // the layout that saved it (ep: expert-parallel ranks)
+  bool torch_dist = false;   // --ckpt-format torch_dist (else torch)
   bool transformer_engine = false;  // the norms as Transformer Engine's layer spec names them
   TokenizerSpec tokenizer;   // the saved args' (--tokenizer-type, --vocab-file, --merge-file, --tokenizer-model,
                              // NullTokenizer's --vocab-size)

@@ -73,4 +73,26 @@ void read_param_part(const CheckpointReader& r, const std::string& name, const P
   std::fill(dst + rows * row_elems, dst + info.numel, 0.0f);
 }
 
+void place_part(const TensorPart& part, float* whole) {
+  const size_t nd = part.global_shape.size();
+  if (nd == 0) {
+    whole[0] = part.data[0];
+    return;
+  }
+  const int64_t run = part.lengths[nd - 1];
+  int64_t outer = 1;
+  for (size_t d = 0; d + 1 < nd; ++d) outer *= part.lengths[d];
+  std::vector<int64_t> idx(nd - 1, 0);  // the row's index in the box, last dim fastest
+  for (int64_t k = 0; k < outer; ++k) {
+    int64_t g = 0;
+    for (size_t d = 0; d + 1 < nd; ++d) g = g * part.global_shape[d] + part.offsets[d] + idx[d];
+    g = g * part.global_shape[nd - 1] + part.offsets[nd - 1];
+    std::copy(part.data + k * run, part.data + (k + 1) * run, whole + g);
+    for (size_t d = nd - 1; d-- > 0;) {
+      if (++idx[d] < part.lengths[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
 }  // namespace lattice

@@ -46,6 +46,9 @@ std::vector<TensorPart> param_parts(const std::vector<ParamInfo>& infos, const f
 void add_parts(CheckpointWriter& w, const std::string& file, const std::vector<TensorPart>& parts,
                bool borrow = false);
 
+// Copies part.data (row-major [lengths]) into its box of `whole` (row-major [global_shape]).
+void place_part(const TensorPart& part, float* whole);
+
 // Whether dim 0 of the parameter is the padded vocabulary.
 bool is_vocab_padded(const std::string& param_name);
 

@@ -73,18 +73,42 @@ struct TorchArchive::Zip {
   }
 };
 
+namespace {
+[[noreturn]] void not_torch_save(const std::string& what, zip_error_t* e) {
+  const std::string why = zip_error_strerror(e);
+  zip_error_fini(e);
+  LATTICE_FAIL() << what << ": not a torch.save file (" << why
+                 << "; files of PyTorch before 1.6, or saved with _use_new_zipfile_serialization=False, are not read)";
+}
+}  // namespace
+
 TorchArchive::TorchArchive(const std::string& path) : path_(path), zip_(std::make_unique<Zip>()) {
   int err = 0;
   zip_->z = zip_open(path.c_str(), ZIP_RDONLY, &err);
   if (!zip_->z) {
     zip_error_t e;
     zip_error_init_with_code(&e, err);
-    const std::string why = zip_error_strerror(&e);
-    zip_error_fini(&e);
-    LATTICE_FAIL() << path << ": not a torch.save file (" << why
-                   << "; files of PyTorch before 1.6, or saved with _use_new_zipfile_serialization=False, "
-                   << "are not read)";
+    not_torch_save(path, &e);
   }
+  read_pickle();
+}
+
+TorchArchive::TorchArchive(const std::string& what, std::vector<uint8_t> bytes)
+    : path_(what), bytes_(std::move(bytes)), zip_(std::make_unique<Zip>()) {
+  zip_error_t e;
+  zip_error_init(&e);
+  zip_source_t* src = zip_source_buffer_create(bytes_.data(), bytes_.size(), 0, &e);
+  if (src) zip_->z = zip_open_from_source(src, ZIP_RDONLY, &e);
+  if (!zip_->z) {
+    if (src) zip_source_free(src);
+    not_torch_save(what, &e);
+  }
+  zip_error_fini(&e);
+  read_pickle();
+}
+
+void TorchArchive::read_pickle() {
+  const std::string& path = path_;
   // The record PREFIX/data.pkl (PREFIX: the name the file was saved under).
   const zip_int64_t entries = zip_get_num_entries(zip_->z, 0);
   zip_int64_t pkl = -1;

@@ -47,6 +47,8 @@ class TorchArchive {
  public:
   // Opens `path` and unpickles its object; an unreadable archive or pickle is an error naming the file.
   explicit TorchArchive(const std::string& path);
+  // The same from bytes in memory (a torch.save inside another file: checkpoint/torch_dcp.h); `what` names them.
+  TorchArchive(const std::string& what, std::vector<uint8_t> bytes);
   ~TorchArchive();
   TorchArchive(const TorchArchive&) = delete;
   TorchArchive& operator=(const TorchArchive&) = delete;
@@ -60,7 +62,10 @@ class TorchArchive {
   void read_float(const TorchTensor& t, const std::string& name, float* out) const;
 
  private:
+  void read_pickle();
+
   std::string path_, prefix_;
+  std::vector<uint8_t> bytes_;  // the archive, when read from memory
   struct Zip;
   std::unique_ptr<Zip> zip_;
   PyRef root_;

@@ -191,10 +191,10 @@ void from_megatron(const SimpleFlags& f) {
   if (tok.type == "NullTokenizer") args["vocab-size"] = tok.vocab_size;
   const std::string written = save_model_checkpoint(save, 0, c, src.source.fill, args.dump());
   std::fprintf(stderr,
-               "convert: %s (Megatron-LM, iteration %lld, tensor-parallel %d, pipeline-parallel %d%s, %s layer spec) -> "
+               "convert: %s (Megatron-LM %s, iteration %lld, tensor-parallel %d, pipeline-parallel %d%s, %s layer spec) -> "
                "%s (%lld layers, hidden %lld, vocabulary %lld of %lld rows, tokenizer %s); the optimizer state is not "
                "converted\n",
-               src.iteration_dir.c_str(), (long long)src.iteration, src.tp, src.pp,
+               src.iteration_dir.c_str(), src.torch_dist ? "torch_dist" : "torch", (long long)src.iteration, src.tp, src.pp,
                src.vp > 1 ? (", " + std::to_string(src.vp) + " virtual stages").c_str() : "",
                src.transformer_engine ? "Transformer Engine" : "local", written.c_str(), (long long)c.num_layers,
                (long long)c.hidden_size, (long long)c.vocab_size, (long long)c.padded_vocab_size,

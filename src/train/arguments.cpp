@@ -798,8 +798,8 @@ const char* megatron_flag_not_taken(const std::string& name) {
       {"fsdp-", "FSDP parameter sharding is not implemented"},
       {"optimizer-cpu-offload", "optimizer offloading is not implemented"},
       {"cpu-offloading-", "activation offloading is not implemented"},
-      {"ckpt-convert-", "Megatron's checkpoint format conversion is not part of lattice (lattice convert converts "
-                        "to and from HuggingFace)"},
+      {"ckpt-convert-", "lattice train does not convert checkpoints: lattice convert --from-megatron DIR reads "
+                        "Megatron's torch and torch_dist checkpoints, --to-megatron writes its torch format"},
   };
   for (const auto& [prefix, reason] : kinds)
     if (name.rfind(prefix, 0) == 0) return reason;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # lattice convert --from-megatron as a user runs it: a Megatron-LM checkpoint saved by 2 tensor- x 2
 # pipeline-parallel ranks (tests/fixtures/make_megatron_fixture.py) into a lattice checkpoint, which
-# `lattice train --use-checkpoint-args --finetune` then trains on in one process; bad input: one-line errors,
-# nothing written. (test_megatron_checkpoint.cpp checks every converted value against the reference.)
+# `lattice train --use-checkpoint-args --finetune` then trains on in one process; the same model saved as
+# torch_dist converts to the same weights; bad input: one-line errors, nothing written. (test_megatron_checkpoint.cpp checks every converted value against the reference.)
 #   bash tests/e2e/test_convert_megatron.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -11,7 +11,7 @@ cd "$TMP" || exit 1
 
 FIX="$SRC/tests/fixtures/megatron"
 if run convert "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save ckpt; then
-  if grep -qF "Megatron-LM, iteration 100, tensor-parallel 2, pipeline-parallel 2, local layer spec" convert.err &&
+  if grep -qF "Megatron-LM torch, iteration 100, tensor-parallel 2, pipeline-parallel 2, local layer spec" convert.err &&
      grep -qF "the optimizer state is not converted" convert.err; then
     pass "convert --from-megatron says what it read"
   else
@@ -27,6 +27,17 @@ if run convert "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2"
   fi
 fi
 
+# ---- --ckpt-format torch_dist: the same model, its tensors whole whatever layout saved them ----
+if run convert_dist "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2_te_dist" --save ckpt_dist; then
+  grep -qF "Megatron-LM torch_dist, iteration 100, tensor-parallel 2, pipeline-parallel 2, Transformer Engine layer spec" \
+    convert_dist.err && pass "convert --from-megatron reads torch_dist" || fail "torch_dist's summary: $(cat convert_dist.err)"
+  cmp -s ckpt/iter_0000000/model.safetensors ckpt_dist/iter_0000000/model.safetensors &&
+    pass "the torch and torch_dist checkpoints of one model convert to the same weights, byte for byte" ||
+    fail "the torch and torch_dist checkpoints converted to different weights"
+fi
+expect_error "a torch_dist tensor with a chunk missing" "linear_proj.weight of layer 1|its chunks hold 2048 of its 4096" -- \
+  "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_dist_gap" --save bad5
+
 # ---- bad input: one line naming what is wrong; nothing written ----
 expect_error "a flag of --to-hf" "--hf-dtype|--from-megatron" -- \
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save bad1 --hf-dtype bfloat16
@@ -39,7 +50,7 @@ expect_error "a tokenizer file that is not there" "tokenizer file|missing.json|d
   --tokenizer-model missing.json
 expect_error "--save holds a checkpoint" "--save|already holds a checkpoint" -- \
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save ckpt
-for d in bad1 bad2 bad3 bad4; do [ ! -e "$d" ] || fail "a refused conversion wrote $d"; done
+for d in bad1 bad2 bad3 bad4 bad5; do [ ! -e "$d" ] || fail "a refused conversion wrote $d"; done
 pass "refused conversions wrote nothing"
 
 e2e_finish

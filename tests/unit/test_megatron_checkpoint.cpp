@@ -117,6 +117,13 @@ std::string rank_file(const std::string& name, const std::string& rank) {
   return megatron_fixture(name) + "/iter_0000100/" + rank + "/model_optim_rng.pt";
 }
 
+// A copy of a fixture checkpoint to break.
+std::string copy_of(const std::string& name, const TempDir& t) {
+  const fs::path to = t.path / name;
+  fs::copy(megatron_fixture(name), to, fs::copy_options::recursive);
+  return to.string();
+}
+
 TEST(TorchArchive, TensorsAreReadFromTheirStorageAtTheirOffset) {
   // The distributed optimizer's buffer: every parameter a view into one storage.
   TorchArchive a(rank_file("gpt_tiny_swiglu_tp2_pp2", "mp_rank_01_000"));
@@ -221,6 +228,73 @@ TEST(MegatronCheckpoint, VirtualPipelineStagesPlaceEachChunksLayers) {
   expect_reference_parameters(src, dir + "/reference.safetensors", false);
 }
 
+TEST(MegatronCheckpoint, TorchDistCheckpointsAreReadWhole) {
+  // --ckpt-format torch_dist: common.pt's args, .metadata's chunks (each tensor-parallel rank's part of every
+  // layer's tensor, SwiGLU's gate and up chunks), the __R_0.distcp files of 2 x 2 ranks; Transformer Engine's
+  // names; the optimizer's tensors and the extra state's bytes beside them.
+  const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist"));
+  EXPECT_TRUE(src.torch_dist);
+  EXPECT_TRUE(src.transformer_engine);
+  EXPECT_EQ(src.tp, 2);
+  EXPECT_EQ(src.pp, 2);
+  EXPECT_EQ(src.iteration, 100);
+  expect_reference_parameters(src, "gpt_tiny_swiglu.safetensors", false);
+  const MegatronSource bf16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16"));
+  EXPECT_FALSE(bf16.transformer_engine);
+  expect_reference_parameters(bf16, "gpt_tiny_rope_gqa2_qknorm.safetensors", true);
+}
+
+TEST(MegatronCheckpoint, BrokenTorchDistCheckpointsAreRefusedByName) {
+  // A chunk missing: the tensor's values are not all there.
+  auto refused = [](const std::string& dir) { return error_of([&] { open_megatron_checkpoint(dir); }); };
+  std::string e = refused(megatron_fixture("gpt_tiny_dist_gap"));
+  EXPECT_NE(e.find("decoder.layers.self_attention.linear_proj.weight of layer 1: its chunks hold 2048 of its 4096 "
+                   "values"),
+            std::string::npos)
+      << e;
+  TempDir t("megatron_dist_broken");
+  const std::string dir = copy_of("gpt_tiny_swiglu_tp2_pp2_te_dist", t);
+  const std::string iter = dir + "/iter_0000100";
+  fs::remove(iter + "/common.pt");
+  e = refused(dir);
+  EXPECT_NE(e.find("a torch_dist checkpoint (.metadata) without common.pt"), std::string::npos) << e;
+  fs::copy(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist") + "/iter_0000100/common.pt", iter + "/common.pt");
+  std::ofstream(iter + "/metadata.json") << R"({"sharded_backend": "zarr"})";
+  e = refused(dir);
+  EXPECT_NE(e.find("sharded_backend 'zarr', which lattice does not read"), std::string::npos) << e;
+  fs::copy(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist") + "/iter_0000100/metadata.json", iter + "/metadata.json",
+           fs::copy_options::overwrite_existing);
+  // A .distcp file cut short: the chunks past its end are not there.
+  fs::resize_file(iter + "/__3_0.distcp", 100);
+  e = refused(dir);
+  EXPECT_NE(e.find("__3_0.distcp: truncated: "), std::string::npos) << e;
+  // A chunk's bytes that are not a torch.save (found when read).
+  fs::copy(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist") + "/iter_0000100/__3_0.distcp", iter + "/__3_0.distcp",
+           fs::copy_options::overwrite_existing);
+  {  // the first chunk's zip end-of-central-directory record broken
+    std::fstream f(iter + "/__3_0.distcp", std::ios::in | std::ios::out | std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t eocd = bytes.find(std::string("PK\x05\x06", 4));
+    ASSERT_NE(eocd, std::string::npos);
+    f.seekp(std::streamoff(eocd));
+    f.write("junk", 4);
+  }
+  const MegatronSource bad = open_megatron_checkpoint(dir);
+  e.clear();
+  const ParamBuffer bad_reg = GPTModel::parameter_registry(bad.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
+  for (const ParamInfo& p : bad_reg.infos()) {
+    std::vector<float> v(size_t(p.numel));
+    const std::string got = error_of([&] { bad.source.fill(p, v.data()); });
+    if (!got.empty() && e.empty()) e = got;
+  }
+  EXPECT_NE(e.find("__3_0.distcp: "), std::string::npos) << e;
+  EXPECT_NE(e.find("not a torch.save file"), std::string::npos) << e;
+  // The metadata cut short.
+  fs::resize_file(iter + "/.metadata", 50);
+  e = refused(dir);
+  EXPECT_NE(e.find(".metadata: not a readable pickle: truncated"), std::string::npos) << e;
+}
+
 TEST(MegatronCheckpoint, ConvertedCheckpointLoads) {
   const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2"));
   TempDir out("megatron_convert");
@@ -236,13 +310,6 @@ TEST(MegatronCheckpoint, ConvertedCheckpointLoads) {
     params.read_param(int(k), got.data());
     ASSERT_EQ(got, want) << p.name;
   }
-}
-
-// A copy of a fixture checkpoint to break.
-std::string copy_of(const std::string& name, const TempDir& t) {
-  const fs::path to = t.path / name;
-  fs::copy(megatron_fixture(name), to, fs::copy_options::recursive);
-  return to.string();
 }
 
 TEST(MegatronCheckpoint, BrokenCheckpointsAreRefusedByName) {
@@ -277,8 +344,7 @@ TEST(MegatronCheckpoint, BrokenCheckpointsAreRefusedByName) {
     const fs::path dist = t.path / "dist" / "iter_0000001";
     fs::create_directories(dist);
     std::ofstream(dist / ".metadata") << "x";
-    EXPECT_NE(refused(dist.string()).find("a torch_dist checkpoint (.metadata), which lattice does not read"),
-              std::string::npos);
+    EXPECT_NE(refused(dist.string()).find("a torch_dist checkpoint (.metadata) without common.pt"), std::string::npos);
     EXPECT_NE(refused(t.path.string()).find("not a Megatron checkpoint saved with --ckpt-format torch"),
               std::string::npos);
   }

@@ -1,0 +1,183 @@
+#include "checkpoint/torch_dcp.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/tensor_parts.h"
+#include "checkpoint/torch_archive.h"
+#include "checkpoint/torch_pickle.h"
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace lattice {
+
+namespace {
+
+std::vector<uint8_t> read_bytes(const fs::path& path, int64_t offset, int64_t length, const std::string& what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) LATTICE_FAIL() << path.string() << ": cannot open (" << what << ")";
+  if (length < 0) {
+    f.seekg(0, std::ios::end);
+    length = int64_t(f.tellg()) - offset;
+  }
+  std::vector<uint8_t> bytes(size_t(std::max<int64_t>(length, 0)));
+  f.seekg(offset);
+  f.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size()));
+  if (!f || f.gcount() != std::streamsize(bytes.size()))
+    LATTICE_FAIL() << path.string() << ": truncated: " << what << " lies at bytes [" << offset << ", "
+                   << offset + length << ")";
+  return bytes;
+}
+
+// A torch.Size (torch.Size((d0, d1, ...)) as pickled) or a tuple / list of integers.
+std::vector<int64_t> dims_of(const PyRef& v, const std::string& what) {
+  PyRef seq = v;
+  if (v && v->is(PyValue::Kind::object) && v->qualified_name() == "torch.Size" && v->args && !v->args->items.empty())
+    seq = v->args->items[0];
+  if (!seq || (!seq->is(PyValue::Kind::tuple) && !seq->is(PyValue::Kind::list)))
+    LATTICE_FAIL() << what << ": a size that is " << (v ? v->describe() : "missing");
+  std::vector<int64_t> out;
+  for (const PyRef& x : seq->items) {
+    if (!x->is(PyValue::Kind::integer) || x->integer < 0) LATTICE_FAIL() << what << ": a size of " << x->describe();
+    out.push_back(x->integer);
+  }
+  return out;
+}
+
+// A dataclass's field (its BUILD state's entry), or an error naming `what`.
+PyRef field(const PyRef& obj, const char* name, const std::string& what) {
+  PyRef v = obj && obj->is(PyValue::Kind::object) ? obj->get(name) : nullptr;
+  if (!v) LATTICE_FAIL() << what << ": " << (obj ? obj->describe() : "None") << " without " << name;
+  return v;
+}
+
+int64_t numel(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+}  // namespace
+
+DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
+  const fs::path path = fs::path(dir) / ".metadata";
+  const std::string what = path.string();
+  const std::vector<uint8_t> bytes = read_bytes(path, 0, -1, "the metadata");
+  const PyRef meta = unpickle(bytes.data(), bytes.size(), what);
+  const PyRef sdm = field(meta, "state_dict_metadata", what), storage = field(meta, "storage_data", what);
+  if (!sdm->is(PyValue::Kind::dict) || !storage->is(PyValue::Kind::dict))
+    LATTICE_FAIL() << what << ": state_dict_metadata or storage_data is not a dict";
+  for (const auto& [key, value] : sdm->entries) {
+    if (!key->is(PyValue::Kind::string)) LATTICE_FAIL() << what << ": a key that is " << key->describe();
+    const std::string name = value->qualified_name();
+    const std::string bytes_item = "BytesStorageMetadata";
+    if (name.size() >= bytes_item.size() && name.compare(name.size() - bytes_item.size(), bytes_item.size(), bytes_item) == 0)
+      continue;
+    const std::string of = what + ": " + key->text;
+    Tensor t;
+    t.size = dims_of(field(value, "size", of), of);
+    const PyRef chunks = field(value, "chunks", of);
+    if (!chunks->is(PyValue::Kind::list)) LATTICE_FAIL() << of << ": chunks that are " << chunks->describe();
+    for (const PyRef& c : chunks->items) {
+      Chunk chunk;
+      chunk.offsets = dims_of(field(c, "offsets", of), of);
+      chunk.sizes = dims_of(field(c, "sizes", of), of);
+      if (chunk.offsets.size() != t.size.size() || chunk.sizes.size() != t.size.size())
+        LATTICE_FAIL() << of << ": a chunk of " << chunk.sizes.size() << " dims in a tensor of " << t.size.size();
+      for (size_t d = 0; d < t.size.size(); ++d)
+        if (chunk.offsets[d] + chunk.sizes[d] > t.size[d])
+          LATTICE_FAIL() << of << ": a chunk reaches past the tensor's size along dim " << d;
+      t.chunks.push_back(std::move(chunk));
+    }
+    tensors_[key->text] = std::move(t);
+  }
+  // Each chunk's bytes: storage_data's entry for (fqn, offsets).
+  for (const auto& [index, info] : storage->entries) {
+    const PyRef fqn = field(index, "fqn", what);
+    const PyRef offset = index->get("offset");
+    if (!fqn->is(PyValue::Kind::string) || !offset || offset->is(PyValue::Kind::none)) continue;  // a bytes item
+    auto t = tensors_.find(fqn->text);
+    if (t == tensors_.end()) continue;
+    const std::vector<int64_t> at = dims_of(offset, what + ": " + fqn->text);
+    for (Chunk& c : t->second.chunks) {
+      if (c.offsets != at) continue;
+      const PyRef rel = field(info, "relative_path", what), off = field(info, "offset", what),
+                  len = field(info, "length", what);
+      if (!rel->is(PyValue::Kind::string) || !off->is(PyValue::Kind::integer) || !len->is(PyValue::Kind::integer) ||
+          rel->text.find("..") != std::string::npos || rel->text.find('/') != std::string::npos)
+        LATTICE_FAIL() << what << ": " << fqn->text << "'s storage entry is not a file, offset and length";
+      c.file = rel->text;
+      c.offset = off->integer;
+      c.length = len->integer;
+    }
+  }
+  // Every chunk's bytes within its file.
+  std::map<std::string, int64_t> file_sizes;
+  for (const auto& [fqn, t] : tensors_)
+    for (const Chunk& c : t.chunks) {
+      if (c.file.empty()) LATTICE_FAIL() << what << ": a chunk of " << fqn << " has no storage entry";
+      if (!file_sizes.count(c.file)) {
+        std::error_code ec;
+        const auto size = fs::file_size(fs::path(dir) / c.file, ec);
+        if (ec) LATTICE_FAIL() << (fs::path(dir) / c.file).string() << ": missing (it holds chunks of " << fqn << ")";
+        file_sizes[c.file] = int64_t(size);
+      }
+      if (c.offset < 0 || c.length < 0 || c.offset + c.length > file_sizes[c.file])
+        LATTICE_FAIL() << (fs::path(dir) / c.file).string() << ": truncated: " << fqn << "'s chunk lies at bytes ["
+                       << c.offset << ", " << c.offset + c.length << ") of its " << file_sizes[c.file];
+    }
+}
+
+int64_t DcpCheckpoint::covered(const std::string& fqn, int64_t index) const {
+  const Tensor& t = tensors_.at(fqn);
+  int64_t n = 0;
+  for (const Chunk& c : t.chunks) {
+    if (index >= 0 && (index < c.offsets[0] || index >= c.offsets[0] + c.sizes[0])) continue;
+    n += numel(c.sizes) / (index >= 0 ? std::max<int64_t>(c.sizes[0], 1) : 1);
+  }
+  return n;
+}
+
+void DcpCheckpoint::read_float(const std::string& fqn, int64_t index, float* out) const {
+  const auto it = tensors_.find(fqn);
+  if (it == tensors_.end()) LATTICE_FAIL() << dir_ << ": no tensor " << fqn;
+  const Tensor& t = it->second;
+  if (index >= 0 && (t.size.empty() || index >= t.size[0]))
+    LATTICE_FAIL() << dir_ << ": " << fqn << " has no index " << index << " along its first dim";
+  const std::vector<int64_t> target(index >= 0 ? t.size.begin() + 1 : t.size.begin(), t.size.end());
+  int64_t covered = 0;
+  for (const Chunk& c : t.chunks) {
+    if (index >= 0 && (index < c.offsets[0] || index >= c.offsets[0] + c.sizes[0])) continue;
+    const std::string what = fqn + " (a chunk at " + c.file + ")";
+    TorchArchive chunk((fs::path(dir_) / c.file).string() + ": " + fqn,
+                       read_bytes(fs::path(dir_) / c.file, c.offset, c.length, what));
+    const TorchTensor* tensor = TorchArchive::tensor(chunk.root());
+    if (!tensor) LATTICE_FAIL() << dir_ << "/" << c.file << ": " << fqn << "'s chunk is not a tensor";
+    if (tensor->numel() != numel(c.sizes))
+      LATTICE_FAIL() << dir_ << "/" << c.file << ": " << fqn << "'s chunk holds " << tensor->numel()
+                     << " values, its metadata says " << numel(c.sizes);
+    std::vector<float> values(size_t(tensor->numel()));
+    chunk.read_float(*tensor, fqn, values.data());
+    TensorPart part;
+    part.global_shape = target;
+    if (index >= 0) {
+      part.offsets.assign(c.offsets.begin() + 1, c.offsets.end());
+      part.lengths.assign(c.sizes.begin() + 1, c.sizes.end());
+      part.data = values.data() + (index - c.offsets[0]) * numel(part.lengths);
+    } else {
+      part.offsets = c.offsets;
+      part.lengths = c.sizes;
+      part.data = values.data();
+    }
+    place_part(part, out);
+    covered += numel(part.lengths);
+  }
+  if (covered != numel(target)) {
+    std::string name = fqn;
+    if (index >= 0) name += '[' + std::to_string(index) + ']';
+    LATTICE_FAIL() << dir_ << ": " << name << ": its chunks hold " << covered << " of its " << numel(target) << " values";
+  }
+}
+
+}  // namespace lattice

@@ -1,0 +1,48 @@
+// Checkpoints of PyTorch's torch.distributed.checkpoint (DCP) as its FileSystemWriter lays them out, which
+// Megatron-Core's torch_dist format is:
+//
+//   DIR/.metadata        pickle of Metadata: state_dict_metadata {fqn: TensorStorageMetadata(properties, size,
+//                        chunks [ChunkStorageMetadata(offsets, sizes)]) or BytesStorageMetadata()} and
+//                        storage_data {MetadataIndex(fqn, offset): _StorageInfo(relative_path, offset, length)}
+//   DIR/__R_K.distcp     each chunk torch.save'd at its offset (checkpoint/torch_archive.h)
+//
+// A tensor is the union of its chunks, boxes of its global size; reading one reads only the chunks it needs.
+// Errors name the directory (or file) and the tensor.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace lattice {
+
+class DcpCheckpoint {
+ public:
+  struct Chunk {
+    std::vector<int64_t> offsets, sizes;  // the box in the global tensor
+    std::string file;                      // relative to the directory
+    int64_t offset = 0, length = 0;        // its torch.save bytes in the file
+  };
+  struct Tensor {
+    std::vector<int64_t> size;  // global
+    std::vector<Chunk> chunks;
+  };
+
+  // Reads DIR/.metadata (no tensor yet).
+  explicit DcpCheckpoint(const std::string& dir);
+  const std::string& dir() const { return dir_; }
+  // The tensors, by fully qualified name (bytes items are not among them).
+  const std::map<std::string, Tensor>& tensors() const { return tensors_; }
+  // How many values of that slice (the whole tensor: index < 0) its chunks hold (chunks do not overlap, as DCP
+  // saves each element once), from the metadata alone.
+  int64_t covered(const std::string& fqn, int64_t index) const;
+  // The slice at `index` of dim 0 of tensor fqn (the whole tensor when index < 0) as fp32 into out; every element
+  // must lie in some chunk.
+  void read_float(const std::string& fqn, int64_t index, float* out) const;
+
+ private:
+  std::string dir_;
+  std::map<std::string, Tensor> tensors_;
+};
+
+}  // namespace lattice
