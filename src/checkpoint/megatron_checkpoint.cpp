@@ -361,23 +361,31 @@ MegatronSource open_torch_dist(MegatronSource out) {
   const ParamBuffer whole = GPTModel::parameter_registry(c, TensorParallel{}, ModelPlacement{}, 0, 1);
   const std::string layers_prefix = "decoder.layers.";
   for (const ParamInfo& info : whole.infos()) {
+    // A layer's tensor: stacked, decoder.layers.<rest> [num_layers, ...] at index l; or its own,
+    // decoder.layers.<l>.<rest> (Megatron-Core's non_homogeneous_layers form).
     int64_t layer = -1;
     std::vector<int64_t> size = info.shape;
-    std::vector<std::string> names;
-    for (std::string name : megatron_names(info.name)) {
+    std::vector<std::string> stacked, own = megatron_names(info.name);
+    for (std::string name : own) {
       if (name.rfind(layers_prefix, 0) == 0) {  // decoder.layers.<l>.<rest> -> decoder.layers.<rest>
         const size_t dot = name.find('.', layers_prefix.size());
         layer = std::stoll(name.substr(layers_prefix.size(), dot - layers_prefix.size()));
-        name = layers_prefix + name.substr(dot + 1);
+        stacked.push_back(layers_prefix + name.substr(dot + 1));
       }
-      names.push_back(name);
     }
-    if (layer >= 0) size.insert(size.begin(), c.num_layers);
     std::string found;
-    for (const std::string& name : names)
+    for (const std::string& name : stacked)
       if (dcp->tensors().count(name)) found = name;
+    if (!found.empty()) {
+      size.insert(size.begin(), c.num_layers);
+    } else {
+      layer = -1;
+      for (const std::string& name : own)
+        if (dcp->tensors().count(name)) found = name;
+    }
     if (found.empty())
-      LATTICE_FAIL() << iter << ": no tensor " << names.front() << " (lattice's " << info.name << ") in .metadata";
+      LATTICE_FAIL() << iter << ": no tensor " << (stacked.empty() ? own.front() : stacked.front()) << " (lattice's "
+                     << info.name << ") in .metadata";
     const std::vector<int64_t>& saved = dcp->tensors().at(found).size;
     if (saved != size)
       LATTICE_FAIL() << iter << ": tensor " << found << " has size " << shape_text(saved) << ", expected "

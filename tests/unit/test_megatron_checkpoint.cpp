@@ -242,6 +242,9 @@ TEST(MegatronCheckpoint, TorchDistCheckpointsAreReadWhole) {
   const MegatronSource bf16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16"));
   EXPECT_FALSE(bf16.transformer_engine);
   expect_reference_parameters(bf16, "gpt_tiny_rope_gqa2_qknorm.safetensors", true);
+  // Each layer's tensors their own (decoder.layers.<l>.<rest>: Megatron-Core's non_homogeneous_layers form).
+  const MegatronSource own = open_megatron_checkpoint(megatron_fixture("gpt_tiny_tp2_dist_unstacked"));
+  expect_reference_parameters(own, "gpt_tiny.safetensors", false);
 }
 
 TEST(MegatronCheckpoint, BrokenTorchDistCheckpointsAreRefusedByName) {
