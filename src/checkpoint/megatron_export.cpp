@@ -263,6 +263,7 @@ std::string save_megatron_checkpoint(const std::string& dir, const LoadedModel& 
         for (const ParamInfo& info : reg.infos()) {
           std::vector<float> part(size_t(info.numel));
           read_param_part(*lm.reader, info.name, info, part.data());
+          lm.reader->release(info.name);  // the pages read given back: one rank file's weights in memory
           std::vector<uint8_t> bytes(part.size() * sizeof(float));
           std::memcpy(bytes.data(), part.data(), bytes.size());
           const std::string name = info.shared_embedding_copy
