@@ -66,6 +66,17 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   fsync_dir(parent_of(path));
 }
 
+void fsync_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) LATTICE_FAIL() << path << ": cannot open for fsync: " << std::strerror(errno);
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    LATTICE_FAIL() << path << ": fsync failed: " << std::strerror(e);
+  }
+  ::close(fd);
+}
+
 void fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) LATTICE_FAIL() << dir << ": cannot open directory for fsync: " << std::strerror(errno);

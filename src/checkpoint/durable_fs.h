@@ -16,6 +16,9 @@ void write_file_synced(const std::string& path, const void* data, size_t n);
 // fsyncs the directory.
 void write_file_atomic(const std::string& path, const std::string& text);
 
+// fsync of a file written by other means (a library's writer) before it is renamed into place.
+void fsync_file(const std::string& path);
+
 // fsync of a directory (makes creations, renames and removals in it durable).
 void fsync_dir(const std::string& dir);
 

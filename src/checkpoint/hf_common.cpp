@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "checkpoint/host_staging.h"
+#include "kernels/cast_math.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -21,21 +22,6 @@ namespace lattice::hf {
 namespace {
 
 using json = nlohmann::json;
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16;
-  const int exp = (h >> 10) & 0x1f;
-  const uint32_t man = h & 0x3ff;
-  float v;
-  if (exp == 0) v = std::ldexp(float(man), -24);                                 // zero, subnormal
-  else if (exp == 31) v = man ? std::nanf("") : INFINITY;
-  else v = std::ldexp(float(man | 0x400), exp - 25);
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  bits |= sign;
-  std::memcpy(&v, &bits, 4);
-  return v;
-}
 
 void write_text_atomic(const fs::path& path, const std::string& text) {
   fs::path tmp = path;
@@ -79,7 +65,7 @@ void read_float_elements(const SafetensorsFile& f, const std::string& name, int6
       const uint32_t bits = uint32_t(u) << 16;
       std::memcpy(&out[i], &bits, 4);
     } else {
-      out[i] = f16_to_f32(u);
+      out[i] = math::fp16_to_fp32(u);
     }
   }
 }

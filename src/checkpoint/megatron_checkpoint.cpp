@@ -39,22 +39,8 @@ std::string resolve_iteration_dir(const std::string& dir) {
   return (fs::path(dir) / name).string();
 }
 
-// mp_rank_TT, then _PPP with pipeline parallelism, then _EEE with expert parallelism, as Megatron's
-// get_checkpoint_name names a rank's file.
 fs::path rank_file(const std::string& iter_dir, int t, int p, int e, bool pipeline, bool expert) {
-  std::string name = "mp_rank_";
-  char part[16];
-  std::snprintf(part, sizeof part, "%02d", t);
-  name += part;
-  if (pipeline) {
-    std::snprintf(part, sizeof part, "_%03d", p);
-    name += part;
-  }
-  if (expert) {
-    std::snprintf(part, sizeof part, "_%03d", e);
-    name += part;
-  }
-  return fs::path(iter_dir) / name / "model_optim_rng.pt";
+  return fs::path(iter_dir) / megatron_rank_dir(t, p, e, pipeline, expert) / "model_optim_rng.pt";
 }
 
 std::string number_text(double v) {
@@ -236,15 +222,11 @@ std::vector<std::string> megatron_names(const std::string& name) {
     const std::string e = name.substr(at + experts.size(), dot - at - experts.size());
     names.push_back(name.substr(0, at) + ".mlp.experts" + name.substr(dot) + e);
   }
-  const std::pair<const char*, const char*> fused[] = {
-      {"input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"},
-      {"input_layernorm.bias", "self_attention.linear_qkv.layer_norm_bias"},
-      {"pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"},
-      {"pre_mlp_layernorm.bias", "mlp.linear_fc1.layer_norm_bias"}};
-  for (const auto& [local, te] : fused) {
-    const std::string suffix = local;
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      names.push_back(name.substr(0, name.size() - suffix.size()) + te);
+  const std::string layers = "decoder.layers.";
+  if (name.rfind(layers, 0) == 0) {  // decoder.layers.<l>.<rest>
+    const size_t dot = name.find('.', layers.size());
+    if (const std::string te = te_fused_norm_name(name.substr(dot + 1)); !te.empty())
+      names.push_back(name.substr(0, dot + 1) + te);
   }
   return names;
 }
@@ -259,6 +241,24 @@ std::string shape_text(const std::vector<int64_t>& s) {
 }
 
 }  // namespace
+
+std::string megatron_rank_dir(int t, int p, int e, bool pipeline, bool expert) {
+  char name[40];
+  int n = std::snprintf(name, sizeof name, "mp_rank_%02d", t);
+  if (pipeline) n += std::snprintf(name + n, sizeof name - size_t(n), "_%03d", p);
+  if (expert) std::snprintf(name + n, sizeof name - size_t(n), "_%03d", e);
+  return name;
+}
+
+std::string te_fused_norm_name(const std::string& rest) {
+  static const std::map<std::string, std::string> fused = {
+      {"input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"},
+      {"input_layernorm.bias", "self_attention.linear_qkv.layer_norm_bias"},
+      {"pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"},
+      {"pre_mlp_layernorm.bias", "mlp.linear_fc1.layer_norm_bias"}};
+  const auto it = fused.find(rest);
+  return it == fused.end() ? std::string() : it->second;
+}
 
 MegatronArgs megatron_args(const PyValue& ns, const std::string& what) {
   std::vector<std::string> flags = model_flags(ns, what);

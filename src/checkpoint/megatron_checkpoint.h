@@ -63,4 +63,12 @@ struct MegatronArgs {
 };
 MegatronArgs megatron_args(const PyValue& ns, const std::string& what);
 
+// mp_rank_TT, then _PPP with pipeline parallelism, then _EEE with expert parallelism: the directory of a rank's
+// model_optim_rng.pt, as Megatron's get_checkpoint_name names it.
+std::string megatron_rank_dir(int t, int p, int e, bool pipeline, bool expert);
+// Transformer Engine's layer spec fuses a layer's norms into the linear layer after them: the name it gives the
+// layer-relative parameter `rest` (input_layernorm.weight -> self_attention.linear_qkv.layer_norm_weight,
+// pre_mlp_layernorm.bias -> mlp.linear_fc1.layer_norm_bias, ...), or "" for another.
+std::string te_fused_norm_name(const std::string& rest);
+
 }  // namespace lattice

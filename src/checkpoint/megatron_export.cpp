@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 
+#include "checkpoint/durable_fs.h"
 #include "checkpoint/megatron_checkpoint.h"
 #include "checkpoint/tensor_parts.h"
 #include "checkpoint/torch_archive.h"
@@ -166,14 +167,8 @@ std::string megatron_name(const std::string& name, const std::vector<std::pair<i
   const size_t dot = name.find('.', layers.size());
   const int64_t l = std::stoll(name.substr(layers.size(), dot - layers.size()));
   std::string rest = name.substr(dot + 1);
-  const std::pair<const char*, const char*> fused[] = {
-      {"input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"},
-      {"input_layernorm.bias", "self_attention.linear_qkv.layer_norm_bias"},
-      {"pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"},
-      {"pre_mlp_layernorm.bias", "mlp.linear_fc1.layer_norm_bias"}};
   if (te)
-    for (const auto& [local, fused_name] : fused)
-      if (rest == local) rest = fused_name;
+    if (const std::string fused = te_fused_norm_name(rest); !fused.empty()) rest = fused;
   const std::string experts = "mlp.experts.local_experts.";
   if (rest.rfind(experts, 0) == 0) {
     const size_t end = rest.find('.', experts.size());
@@ -194,18 +189,6 @@ std::set<std::string> te_modules(const std::vector<std::string>& names) {
       out.insert(n.substr(0, at) + "self_attention.core_attention");
   }
   return out;
-}
-
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f) LATTICE_FAIL() << tmp.string() << ": cannot write";
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) LATTICE_FAIL() << path.string() << ": cannot rename into place: " << ec.message();
 }
 
 }  // namespace
@@ -241,8 +224,12 @@ std::string save_megatron_checkpoint(const std::string& dir, const LoadedModel& 
     }
   }
   const PipelineLayout layout = make_pipeline_layout(c.num_layers, o.pp, 0, 0, 0);
-  const fs::path release = fs::path(dir) / "release";
-  fs::create_directories(release);
+  // Written into DIR/release.tmp, published as DIR/release whole, then the tracker (durable_fs.h): a crash
+  // leaves no checkpoint Megatron would load half-written.
+  const fs::path release = fs::path(dir) / "release", staged = fs::path(dir) / "release.tmp";
+  if (fs::exists(release)) LATTICE_FAIL() << "--to-megatron " << dir << ": " << release.string() << " already exists";
+  fs::remove_all(staged);  // an earlier run's, cut short
+  fs::create_directories(staged);
   const int64_t experts_per_rank = c.moe() ? c.num_experts / o.ep : 0;
   for (int t = 0; t < o.tp; ++t) {
     LayoutOnlyComm group(t, o.tp);
@@ -284,17 +271,15 @@ std::string save_megatron_checkpoint(const std::string& dir, const LoadedModel& 
         }
         w.set_items();  // the model's entries
         w.set_items();  // the checkpoint's
-        char rank[40];
-        std::snprintf(rank, sizeof rank, "mp_rank_%02d", t);
-        std::string name = rank;
-        if (o.pp > 1) name += (std::snprintf(rank, sizeof rank, "_%03d", p), rank);
-        if (o.ep > 1) name += (std::snprintf(rank, sizeof rank, "_%03d", e), rank);
-        fs::create_directories(release / name);
-        files.write((release / name / "model_optim_rng.pt").string(), "model_optim_rng", w.finish());
+        const fs::path rank_dir = staged / megatron_rank_dir(t, p, e, o.pp > 1, o.ep > 1);
+        fs::create_directories(rank_dir);
+        files.write((rank_dir / "model_optim_rng.pt").string(), "model_optim_rng", w.finish());
+        fsync_dir(rank_dir.string());
       }
     }
   }
-  write_text_atomic(fs::path(dir) / "latest_checkpointed_iteration.txt", "release");
+  publish_dir(staged.string(), release.string());
+  write_file_atomic((fs::path(dir) / "latest_checkpointed_iteration.txt").string(), "release");
   return release.string();
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 
+#include "checkpoint/durable_fs.h"
 #include "core/error.h"
 #include "kernels/cast_math.h"
 
@@ -299,6 +300,7 @@ void TorchSaveWriter::write(const std::string& path, const std::string& prefix, 
     std::filesystem::remove(tmp);
     LATTICE_FAIL() << path << ": cannot write: " << why;
   }
+  fsync_file(tmp);
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) LATTICE_FAIL() << path << ": cannot rename " << tmp << " into place: " << ec.message();

@@ -36,7 +36,7 @@ class TorchSaveWriter {
   static void pickle_tensor(PickleWriter& w, const std::string& key, const std::string& storage_type, int64_t numel,
                             const std::vector<int64_t>& shape);
   // Writes `path` (a zip archive, stored: PREFIX/data.pkl, PREFIX/data/KEY, PREFIX/version, PREFIX/byteorder)
-  // through a temporary file renamed into place; errors name the file.
+  // through a temporary file, fsynced, renamed into place (the caller fsyncs the directory); errors name the file.
   void write(const std::string& path, const std::string& prefix, const std::string& pickle) const;
 
  private:

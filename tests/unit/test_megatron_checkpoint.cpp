@@ -462,7 +462,12 @@ TEST(MegatronExport, ModelsAndLayoutsItCannotWriteAreRefusedBeforeWriting) {
   EXPECT_FALSE(fs::exists(out.str() + "/tp3"));
   e = refused({1, 1, 2, true}, "ep2");  // no experts
   EXPECT_NE(e.find("--target-expert-parallel-size 2 must divide the model's 0 experts"), std::string::npos) << e;
+  // An earlier run cut short left its staging directory: written anew, then published.
+  fs::create_directories(out.str() + "/once/release.tmp/mp_rank_07");
   save_megatron_checkpoint(out.str() + "/once", lm, {});
+  EXPECT_FALSE(fs::exists(out.str() + "/once/release.tmp"));
+  EXPECT_FALSE(fs::exists(out.str() + "/once/release/mp_rank_07"));
+  EXPECT_TRUE(fs::exists(out.str() + "/once/release/mp_rank_00/model_optim_rng.pt"));
   e = refused({}, "once");
   EXPECT_NE(e.find("already holds a checkpoint"), std::string::npos) << e;
   // A model the args cannot describe: LongRoPE.
