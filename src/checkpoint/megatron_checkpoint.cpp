@@ -319,6 +319,38 @@ MegatronArgs read_saved_state(const TorchArchive& archive, MegatronSource& out) 
   return parsed;
 }
 
+// Where torch_dist keeps lattice's parameter `name`, in the order tried: a layer's in the tensor every layer's
+// <rest> is stacked in, decoder.layers.<rest> [num_layers, ...] at its layer (TransformerBlock's
+// sharded_state_dict), else in its own, decoder.layers.<l>.<rest> (the non_homogeneous_layers form); a routed
+// expert's, stacked as SequentialMLP's sharded_state_dict stacks them, decoder.layers.mlp.experts.experts.<rest>
+// [num_layers, num_experts, ...] at (layer, expert), else decoder.layers.<l>.mlp.experts.experts.<rest>
+// [num_experts, ...], else decoder.layers.<l>.mlp.experts.experts.<g>.<rest> (singleton_local_shards); each with
+// Transformer Engine's fused norm names where they apply. Anything else: its own name.
+template <typename Slice>
+std::vector<Slice> torch_dist_forms_of(const std::string& name) {
+  const std::string layers = "decoder.layers.", experts = "mlp.experts.local_experts.";
+  if (name.rfind(layers, 0) != 0) return {Slice{name, {}}};
+  const size_t dot = name.find('.', layers.size());
+  const int64_t l = std::stoll(name.substr(layers.size(), dot - layers.size()));
+  std::string rest = name.substr(dot + 1);
+  const std::string lstr = std::to_string(l) + ".";
+  if (rest.rfind(experts, 0) == 0) {
+    const size_t end = rest.find('.', experts.size());
+    const int64_t g = std::stoll(rest.substr(experts.size(), end - experts.size()));
+    const std::string tail = rest.substr(end + 1);
+    return {Slice{layers + "mlp.experts.experts." + tail, {l, g}},
+            Slice{layers + lstr + "mlp.experts.experts." + tail, {g}},
+            Slice{layers + lstr + "mlp.experts.experts." + std::to_string(g) + "." + tail, {}}};
+  }
+  std::vector<Slice> forms;
+  for (const std::string& r : {te_fused_norm_name(rest), rest}) {
+    if (r.empty()) continue;
+    forms.push_back(Slice{layers + r, {l}});
+    forms.push_back(Slice{layers + lstr + r, {}});
+  }
+  return forms;
+}
+
 // Megatron-Core's torch_dist checkpoint (dist_checkpointing's torch_dist backend): common.pt (torch.save of what
 // is not sharded: the args) and a torch.distributed.checkpoint (checkpoint/torch_dcp.h) of the sharded state,
 // whose model tensors are named as the state dict names them but for the layers: one tensor
@@ -347,55 +379,44 @@ MegatronSource open_torch_dist(MegatronSource out) {
   const TorchArchive archive(common.string());
   MegatronArgs parsed = read_saved_state(archive, out);
   const TransformerConfig& c = parsed.config;
-  if (c.moe())
-    LATTICE_FAIL() << common.string() << ": a mixture of experts saved as torch_dist, which lattice does not read yet "
-                   << "(convert it with Megatron: --ckpt-convert-format torch --ckpt-convert-save DIR)";
   out.torch_dist = true;
   auto dcp = std::make_shared<DcpCheckpoint>(iter);
   for (const auto& [fqn, t] : dcp->tensors())
     if (fqn.find("layer_norm_weight") != std::string::npos) out.transformer_engine = true;
 
-  // Each parameter's tensor (and layer); shapes checked.
-  auto plan = std::make_shared<std::map<std::string, std::pair<std::string, int64_t>>>();
+  // Each parameter's tensor and its slice of it; shapes checked.
+  struct Slice {
+    std::string fqn;
+    std::vector<int64_t> lead;  // the leading dims fixed: the layer's (and the routed expert's) index
+  };
+  auto plan = std::make_shared<std::map<std::string, Slice>>();
   std::set<std::string> used;
   const ParamBuffer whole = GPTModel::parameter_registry(c, TensorParallel{}, ModelPlacement{}, 0, 1);
-  const std::string layers_prefix = "decoder.layers.";
   for (const ParamInfo& info : whole.infos()) {
-    // A layer's tensor: stacked, decoder.layers.<rest> [num_layers, ...] at index l; or its own,
-    // decoder.layers.<l>.<rest> (Megatron-Core's non_homogeneous_layers form).
-    int64_t layer = -1;
+    const std::vector<Slice> forms = torch_dist_forms_of<Slice>(info.name);
+    const Slice* found = nullptr;
+    for (const Slice& f : forms)
+      if (!found && dcp->tensors().count(f.fqn)) found = &f;
+    if (!found)
+      LATTICE_FAIL() << iter << ": no tensor " << forms.front().fqn << " (lattice's " << info.name << ") in .metadata";
     std::vector<int64_t> size = info.shape;
-    std::vector<std::string> stacked, own = megatron_names(info.name);
-    for (std::string name : own) {
-      if (name.rfind(layers_prefix, 0) == 0) {  // decoder.layers.<l>.<rest> -> decoder.layers.<rest>
-        const size_t dot = name.find('.', layers_prefix.size());
-        layer = std::stoll(name.substr(layers_prefix.size(), dot - layers_prefix.size()));
-        stacked.push_back(layers_prefix + name.substr(dot + 1));
-      }
-    }
-    std::string found;
-    for (const std::string& name : stacked)
-      if (dcp->tensors().count(name)) found = name;
-    if (!found.empty()) {
-      size.insert(size.begin(), c.num_layers);
-    } else {
-      layer = -1;
-      for (const std::string& name : own)
-        if (dcp->tensors().count(name)) found = name;
-    }
-    if (found.empty())
-      LATTICE_FAIL() << iter << ": no tensor " << (stacked.empty() ? own.front() : stacked.front()) << " (lattice's "
-                     << info.name << ") in .metadata";
-    const std::vector<int64_t>& saved = dcp->tensors().at(found).size;
+    for (size_t d = found->lead.size(); d-- > 0;)  // the stacked axes: layers [num_layers], experts [num_experts]
+      size.insert(size.begin(), d == 0 ? c.num_layers : c.num_experts);
+    const std::vector<int64_t>& saved = dcp->tensors().at(found->fqn).size;
     if (saved != size)
-      LATTICE_FAIL() << iter << ": tensor " << found << " has size " << shape_text(saved) << ", expected "
-                     << shape_text(size) << " (the model its args describe" << (layer >= 0 ? ", layers first" : "")
+      LATTICE_FAIL() << iter << ": tensor " << found->fqn << " has size " << shape_text(saved) << ", expected "
+                     << shape_text(size) << " (the model its args describe"
+                     << (found->lead.empty() ? "" : found->lead.size() == 1 ? ", layers first" : ", layers then experts first")
                      << ")";
-    if (const int64_t held = dcp->covered(found, layer); held != info.numel)
-      LATTICE_FAIL() << iter << ": " << found << (layer >= 0 ? " of layer " + std::to_string(layer) : std::string())
-                     << ": its chunks hold " << held << " of its " << info.numel << " values";
-    used.insert(found);
-    (*plan)[info.name] = {found, layer};
+    if (const int64_t held = dcp->covered(found->fqn, found->lead); held != info.numel) {
+      std::string at;
+      if (!found->lead.empty()) at = " at layer " + std::to_string(found->lead[0]);
+      if (found->lead.size() > 1) at += ", expert " + std::to_string(found->lead[1]);
+      LATTICE_FAIL() << iter << ": " << found->fqn << at << ": its chunks hold " << held << " of its " << info.numel
+                     << " values";
+    }
+    used.insert(found->fqn);
+    (*plan)[info.name] = *found;
   }
   // Nothing of the model left over (the optimizer's state and Transformer Engine's extra state are not the model's).
   for (const auto& [fqn, t] : dcp->tensors()) {
@@ -406,8 +427,8 @@ MegatronSource open_torch_dist(MegatronSource out) {
   }
   out.source.config = c;
   out.source.fill = [dcp, plan](const ParamInfo& info, float* dst) {
-    const auto& [fqn, layer] = plan->at(info.name);
-    dcp->read_float(fqn, layer, dst);
+    const auto& slice = plan->at(info.name);
+    dcp->read_float(slice.fqn, slice.lead, dst);
   };
   return out;
 }

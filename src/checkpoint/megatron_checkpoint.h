@@ -25,8 +25,7 @@
 // with its shape, no tensor left over. Errors name the file and the tensor. Not read: the optimizer state
 // (the weights alone come over), experts split otherwise than the dense layers (--expert-tensor-parallel-size
 // other than --tensor-model-parallel-size) or as the legacy GroupedMLP, latent experts, multi-latent attention,
-// multi-token prediction and hybrid models, the pre-Megatron-Core (legacy) model, and a mixture of experts saved
-// as torch_dist.
+// multi-token prediction and hybrid models, the pre-Megatron-Core (legacy) model.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>

@@ -129,26 +129,45 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
     }
 }
 
-int64_t DcpCheckpoint::covered(const std::string& fqn, int64_t index) const {
-  const Tensor& t = tensors_.at(fqn);
+namespace {
+// Whether chunk c holds the slice at `lead` (the first lead.size() dims fixed).
+bool holds(const DcpCheckpoint::Chunk& c, const std::vector<int64_t>& lead) {
+  for (size_t d = 0; d < lead.size(); ++d)
+    if (lead[d] < c.offsets[d] || lead[d] >= c.offsets[d] + c.sizes[d]) return false;
+  return true;
+}
+int64_t numel_from(const std::vector<int64_t>& dims, size_t first) {
+  int64_t n = 1;
+  for (size_t d = first; d < dims.size(); ++d) n *= dims[d];
+  return n;
+}
+std::string slice_name(const std::string& fqn, const std::vector<int64_t>& lead) {
+  std::string name = fqn;
+  for (int64_t i : lead) name += '[' + std::to_string(i) + ']';
+  return name;
+}
+}  // namespace
+
+int64_t DcpCheckpoint::covered(const std::string& fqn, const std::vector<int64_t>& lead) const {
   int64_t n = 0;
-  for (const Chunk& c : t.chunks) {
-    if (index >= 0 && (index < c.offsets[0] || index >= c.offsets[0] + c.sizes[0])) continue;
-    n += numel(c.sizes) / (index >= 0 ? std::max<int64_t>(c.sizes[0], 1) : 1);
-  }
+  for (const Chunk& c : tensors_.at(fqn).chunks)
+    if (holds(c, lead)) n += numel_from(c.sizes, lead.size());
   return n;
 }
 
-void DcpCheckpoint::read_float(const std::string& fqn, int64_t index, float* out) const {
+void DcpCheckpoint::read_float(const std::string& fqn, const std::vector<int64_t>& lead, float* out) const {
   const auto it = tensors_.find(fqn);
   if (it == tensors_.end()) LATTICE_FAIL() << dir_ << ": no tensor " << fqn;
   const Tensor& t = it->second;
-  if (index >= 0 && (t.size.empty() || index >= t.size[0]))
-    LATTICE_FAIL() << dir_ << ": " << fqn << " has no index " << index << " along its first dim";
-  const std::vector<int64_t> target(index >= 0 ? t.size.begin() + 1 : t.size.begin(), t.size.end());
+  const size_t k = lead.size();
+  if (k > t.size.size()) LATTICE_FAIL() << dir_ << ": " << fqn << " has fewer than " << k << " dims";
+  for (size_t d = 0; d < k; ++d)
+    if (lead[d] < 0 || lead[d] >= t.size[d])
+      LATTICE_FAIL() << dir_ << ": " << fqn << " has no index " << lead[d] << " along dim " << d;
+  const std::vector<int64_t> target(t.size.begin() + long(k), t.size.end());
   int64_t covered = 0;
   for (const Chunk& c : t.chunks) {
-    if (index >= 0 && (index < c.offsets[0] || index >= c.offsets[0] + c.sizes[0])) continue;
+    if (!holds(c, lead)) continue;
     const std::string what = fqn + " (a chunk at " + c.file + ")";
     TorchArchive chunk((fs::path(dir_) / c.file).string() + ": " + fqn,
                        read_bytes(fs::path(dir_) / c.file, c.offset, c.length, what));
@@ -159,25 +178,20 @@ void DcpCheckpoint::read_float(const std::string& fqn, int64_t index, float* out
                      << " values, its metadata says " << numel(c.sizes);
     std::vector<float> values(size_t(tensor->numel()));
     chunk.read_float(*tensor, fqn, values.data());
+    // The slice's box in the chunk: the leading dims fixed, the rest contiguous after them.
+    int64_t at = 0;
+    for (size_t d = 0; d < k; ++d) at += (lead[d] - c.offsets[d]) * numel_from(c.sizes, d + 1);
     TensorPart part;
     part.global_shape = target;
-    if (index >= 0) {
-      part.offsets.assign(c.offsets.begin() + 1, c.offsets.end());
-      part.lengths.assign(c.sizes.begin() + 1, c.sizes.end());
-      part.data = values.data() + (index - c.offsets[0]) * numel(part.lengths);
-    } else {
-      part.offsets = c.offsets;
-      part.lengths = c.sizes;
-      part.data = values.data();
-    }
+    part.offsets.assign(c.offsets.begin() + long(k), c.offsets.end());
+    part.lengths.assign(c.sizes.begin() + long(k), c.sizes.end());
+    part.data = values.data() + at;
     place_part(part, out);
     covered += numel(part.lengths);
   }
-  if (covered != numel(target)) {
-    std::string name = fqn;
-    if (index >= 0) name += '[' + std::to_string(index) + ']';
-    LATTICE_FAIL() << dir_ << ": " << name << ": its chunks hold " << covered << " of its " << numel(target) << " values";
-  }
+  if (covered != numel(target))
+    LATTICE_FAIL() << dir_ << ": " << slice_name(fqn, lead) << ": its chunks hold " << covered << " of its "
+                   << numel(target) << " values";
 }
 
 }  // namespace lattice

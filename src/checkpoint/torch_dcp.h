@@ -33,12 +33,11 @@ class DcpCheckpoint {
   const std::string& dir() const { return dir_; }
   // The tensors, by fully qualified name (bytes items are not among them).
   const std::map<std::string, Tensor>& tensors() const { return tensors_; }
-  // How many values of that slice (the whole tensor: index < 0) its chunks hold (chunks do not overlap, as DCP
-  // saves each element once), from the metadata alone.
-  int64_t covered(const std::string& fqn, int64_t index) const;
-  // The slice at `index` of dim 0 of tensor fqn (the whole tensor when index < 0) as fp32 into out; every element
-  // must lie in some chunk.
-  void read_float(const std::string& fqn, int64_t index, float* out) const;
+  // How many values of the slice at `lead` (its first lead.size() dims fixed; {}: the whole tensor) its chunks
+  // hold (chunks do not overlap: DCP saves each element once), from the metadata alone.
+  int64_t covered(const std::string& fqn, const std::vector<int64_t>& lead) const;
+  // That slice of tensor fqn as fp32 into out; every element must lie in some chunk.
+  void read_float(const std::string& fqn, const std::vector<int64_t>& lead, float* out) const;
 
  private:
   std::string dir_;

@@ -35,7 +35,7 @@ if run convert_dist "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2
     pass "the torch and torch_dist checkpoints of one model convert to the same weights, byte for byte" ||
     fail "the torch and torch_dist checkpoints converted to different weights"
 fi
-expect_error "a torch_dist tensor with a chunk missing" "linear_proj.weight of layer 1|its chunks hold 2048 of its 4096" -- \
+expect_error "a torch_dist tensor with a chunk missing" "linear_proj.weight at layer 1|its chunks hold 2048 of its 4096" -- \
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_dist_gap" --save bad5
 
 # ---- bad input: one line naming what is wrong; nothing written ----

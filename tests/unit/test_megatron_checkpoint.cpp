@@ -242,6 +242,13 @@ TEST(MegatronCheckpoint, TorchDistCheckpointsAreReadWhole) {
   const MegatronSource bf16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16"));
   EXPECT_FALSE(bf16.transformer_engine);
   expect_reference_parameters(bf16, "gpt_tiny_rope_gqa2_qknorm.safetensors", true);
+  // A mixture of experts over 2 tensor- x 2 expert-parallel ranks: the routed experts stacked after the layers
+  // (decoder.layers.mlp.experts.experts.<rest> [L, E, ...]), gated shared experts, a dense first layer.
+  const MegatronSource moe =
+      open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_dist"));
+  EXPECT_EQ(moe.source.config.num_experts, 4);
+  EXPECT_EQ(moe.ep, 2);
+  expect_reference_parameters(moe, "gpt_tiny_nobias_swiglu_moe4_shared.safetensors", false);
   // Each layer's tensors their own (decoder.layers.<l>.<rest>: Megatron-Core's non_homogeneous_layers form).
   const MegatronSource own = open_megatron_checkpoint(megatron_fixture("gpt_tiny_tp2_dist_unstacked"));
   expect_reference_parameters(own, "gpt_tiny.safetensors", false);
@@ -251,7 +258,7 @@ TEST(MegatronCheckpoint, BrokenTorchDistCheckpointsAreRefusedByName) {
   // A chunk missing: the tensor's values are not all there.
   auto refused = [](const std::string& dir) { return error_of([&] { open_megatron_checkpoint(dir); }); };
   std::string e = refused(megatron_fixture("gpt_tiny_dist_gap"));
-  EXPECT_NE(e.find("decoder.layers.self_attention.linear_proj.weight of layer 1: its chunks hold 2048 of its 4096 "
+  EXPECT_NE(e.find("decoder.layers.self_attention.linear_proj.weight at layer 1: its chunks hold 2048 of its 4096 "
                    "values"),
             std::string::npos)
       << e;
