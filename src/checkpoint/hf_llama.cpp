@@ -677,22 +677,10 @@ std::string hf_llama_mismatch(const TransformerConfig& c, bool phi3) {
 }
 
 hf::ImportPlan hf_llama_import_plan(const TransformerConfig& c, const SafetensorsFile& f, bool phi3) {
-  const std::string& path = f.path();
   const std::map<std::string, Shape> shapes = hf_shapes(c, phi3);
   hf::check_tensor_shapes(f, shapes);
-  for (const std::string& name : f.names()) {
-    if (shapes.count(name) || ends_with(name, ".self_attn.rotary_emb.inv_freq")) continue;
-    if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights) {
-      // Tied: a stored lm_head must be embed_tokens itself, or the model is not the one config.json describes.
-      if (f.get(name).shape != f.get("model.embed_tokens.weight").shape ||
-          hf::read_float_tensor(f, name) != hf::read_float_tensor(f, "model.embed_tokens.weight"))
-        LATTICE_FAIL() << path << ": lm_head.weight differs from model.embed_tokens.weight but config.json ties them "
-                       << "(tie_word_embeddings true)";
-      continue;
-    }
-    LATTICE_FAIL() << path << ": unexpected tensor " << name << " (config.json has num_hidden_layers " << c.num_layers
-                   << ")";
-  }
+  hf::check_no_other_tensors(f, shapes, c,
+                             [](const std::string& name) { return ends_with(name, ".self_attn.rotary_emb.inv_freq"); });
   return {tensor_map(c, phi3), shapes};
 }
 

@@ -56,19 +56,7 @@ hf::ImportPlan import_plan(const TransformerConfig& c, const SafetensorsFile& f,
   hf::ImportPlan p;
   p.map = tensor_map(c, p.shapes);
   hf::check_tensor_shapes(f, p.shapes);
-  for (const std::string& name : f.names()) {
-    if (p.shapes.count(name)) continue;
-    if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights) {
-      // Tied: a stored lm_head must be embed_tokens itself, or the model is not the one config.json describes.
-      if (f.get(name).shape != f.get("model.embed_tokens.weight").shape ||
-          hf::read_float_tensor(f, name) != hf::read_float_tensor(f, "model.embed_tokens.weight"))
-        LATTICE_FAIL() << f.path() << ": lm_head.weight differs from model.embed_tokens.weight but config.json ties "
-                       << "them (tie_word_embeddings true)";
-      continue;
-    }
-    LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers " << c.num_layers
-                   << ")";
-  }
+  hf::check_no_other_tensors(f, p.shapes, c);
   return p;
 }
 

@@ -31,6 +31,23 @@ void check_tensor_shapes(const SafetensorsFile& f, const std::map<std::string, S
   }
 }
 
+void check_no_other_tensors(const SafetensorsFile& f, const std::map<std::string, Shape>& shapes,
+                            const TransformerConfig& c, const std::function<bool(const std::string&)>& skip) {
+  for (const std::string& name : f.names()) {
+    if (shapes.count(name) || (skip && skip(name))) continue;
+    if (name == "lm_head.weight" && !c.untie_embeddings_and_output_weights) {
+      // Tied: a stored lm_head must be embed_tokens itself, or the model is not the one config.json describes.
+      if (f.get(name).shape != f.get("model.embed_tokens.weight").shape ||
+          read_float_tensor(f, name) != read_float_tensor(f, "model.embed_tokens.weight"))
+        LATTICE_FAIL() << f.path() << ": lm_head.weight differs from model.embed_tokens.weight but config.json ties "
+                       << "them (tie_word_embeddings true)";
+      continue;
+    }
+    LATTICE_FAIL() << f.path() << ": unexpected tensor " << name << " (config.json has num_hidden_layers "
+                   << c.num_layers << ")";
+  }
+}
+
 void fill_parameter(const SafetensorsFile& f, const TensorMap& m, const std::map<std::string, Shape>& shapes,
                     const ParamInfo& p, float* dst) {
   const int64_t row = p.shape.size() >= 2 ? p.numel / p.shape[0] : 1;  // elements per row

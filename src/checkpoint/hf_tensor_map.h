@@ -41,6 +41,10 @@ TensorMap grouped_qkv(const TransformerConfig& c, const std::string& lattice, co
 
 // Every tensor of `shapes` is in f with that shape, or an error naming the file and the tensor.
 void check_tensor_shapes(const SafetensorsFile& f, const std::map<std::string, Shape>& shapes);
+// Every tensor of f is one of `shapes`, one `skip` accepts, or (the model tied) an lm_head.weight equal to
+// model.embed_tokens.weight; any other is an error naming the file and the tensor.
+void check_no_other_tensors(const SafetensorsFile& f, const std::map<std::string, Shape>& shapes,
+                            const TransformerConfig& c, const std::function<bool(const std::string&)>& skip = {});
 
 // What an import reads: each lattice parameter's HF rows and every HF tensor's shape (checked against the file
 // before any is read). A parameter the map does not name stays zero (a router's expert bias the file lacks).
