@@ -602,6 +602,10 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
       const RankFile& rf = (*shared_files)[s.file];
       const TorchTensor& tensor = *TorchArchive::tensor(rf.chunks[size_t(s.chunk)].at(s.key));
       ParamInfo part = (*rank_infos)[s.rank].at(info.name);
+      if (part.shape == info.shape) {  // the rank holds it whole (one rank, or a copy on every rank): read in place
+        rf.archive->read_float(tensor, s.key, dst);
+        continue;
+      }
       std::vector<float> local(size_t(part.numel));
       rf.archive->read_float(tensor, s.key, local.data());
       part.offset = 0;

@@ -248,17 +248,20 @@ std::string save_megatron_checkpoint(const std::string& dir, const LoadedModel& 
         w.string("model").empty_dict().mark();
         std::vector<std::string> names;
         for (const ParamInfo& info : reg.infos()) {
-          std::vector<float> part(size_t(info.numel));
-          read_param_part(*lm.reader, info.name, info, part.data());
-          lm.reader->release(info.name);  // the pages read given back: one rank file's weights in memory
-          std::vector<uint8_t> bytes(part.size() * sizeof(float));
-          std::memcpy(bytes.data(), part.data(), bytes.size());
+          // Read when the writer reaches it (one parameter in memory at a time), the pages read given back.
+          auto produce = [&lm, info] {
+            std::vector<uint8_t> bytes(size_t(info.numel) * sizeof(float));
+            read_param_part(*lm.reader, info.name, info, reinterpret_cast<float*>(bytes.data()));
+            lm.reader->release(info.name);
+            return bytes;
+          };
           const std::string name = info.shared_embedding_copy
                                        ? "output_layer.weight"
                                        : megatron_name(info.name, chunks, e * experts_per_rank, o.transformer_engine);
           names.push_back(name);
           w.string(name);
-          TorchSaveWriter::pickle_tensor(w, files.add_storage(std::move(bytes)), "FloatStorage", info.numel, info.shape);
+          TorchSaveWriter::pickle_tensor(w, files.add_storage(uint64_t(info.numel) * sizeof(float), produce),
+                                         "FloatStorage", info.numel, info.shape);
         }
         if (o.transformer_engine) {
           // pickle.dumps(None) as a uint8 tensor: what a Transformer Engine module saves without fp8.

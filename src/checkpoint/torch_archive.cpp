@@ -216,7 +216,11 @@ void TorchArchive::read_float(const TorchTensor& t, const std::string& name, flo
     LATTICE_FAIL() << path_ << ": tensor " << name << "'s storage " << record << " holds " << st.size
                    << " bytes, not the " << t.storage_numel << " x " << t.element_size << " its pickle says";
   const size_t es = size_t(t.element_size);
-  std::vector<uint8_t> bytes(size_t(n) * es);
+  // fp32 is read straight into out; another dtype through a buffer of its bytes.
+  const bool f32 = t.dtype == "float32";
+  std::vector<uint8_t> buffer(f32 ? 0 : size_t(n) * es);
+  uint8_t* bytes = f32 ? reinterpret_cast<uint8_t*>(out) : buffer.data();
+  const size_t nbytes = size_t(n) * es;
   zip_file_t* f = zip_fopen_index(zip_->z, zip_uint64_t(index), 0);
   bool ok = f != nullptr;
   if (ok && t.offset > 0) {  // stored records seek; a compressed one is read through
@@ -229,14 +233,13 @@ void TorchArchive::read_float(const TorchTensor& t, const std::string& name, flo
       }
     }
   }
-  if (ok) ok = zip_fread(f, bytes.data(), bytes.size()) == zip_int64_t(bytes.size());
+  if (ok) ok = zip_fread(f, bytes, nbytes) == zip_int64_t(nbytes);
   if (f) zip_fclose(f);
   if (!ok) LATTICE_FAIL() << path_ << ": tensor " << name << "'s storage " << record << " is truncated or corrupt";
+  if (f32) return;
   for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* p = bytes.data() + size_t(i) * es;
-    if (t.dtype == "float32") {
-      std::memcpy(&out[i], p, 4);
-    } else if (t.dtype == "float64") {
+    const uint8_t* p = bytes + size_t(i) * es;
+    if (t.dtype == "float64") {
       double d;
       std::memcpy(&d, p, 8);
       out[i] = float(d);
@@ -248,9 +251,78 @@ void TorchArchive::read_float(const TorchTensor& t, const std::string& name, flo
 }
 
 std::string TorchSaveWriter::add_storage(std::vector<uint8_t> bytes) {
-  storages_.push_back(std::move(bytes));
+  const uint64_t size = bytes.size();
+  storages_.push_back(Storage{std::move(bytes), size, {}});
   return std::to_string(storages_.size() - 1);
 }
+
+std::string TorchSaveWriter::add_storage(uint64_t size, std::function<std::vector<uint8_t>()> produce) {
+  storages_.push_back(Storage{{}, size, std::move(produce)});
+  return std::to_string(storages_.size() - 1);
+}
+
+namespace {
+
+// A libzip source whose bytes a producer makes when libzip opens it (while zip_close writes the archive) and
+// drops when it closes it. An exception of the producer cannot cross libzip's C frames: it is kept in `error`
+// and the source fails, which fails zip_close.
+struct ProducedSource {
+  uint64_t size;
+  const std::function<std::vector<uint8_t>()>* produce;
+  std::string* error;
+  std::vector<uint8_t> bytes;
+  uint64_t at = 0;
+  zip_error_t zerr;
+
+  static zip_int64_t callback(void* user, void* data, zip_uint64_t len, zip_source_cmd_t cmd) {
+    auto* s = static_cast<ProducedSource*>(user);
+    switch (cmd) {
+      case ZIP_SOURCE_OPEN:
+        try {
+          s->bytes = (*s->produce)();
+          if (s->bytes.size() != s->size) LATTICE_FAIL() << "a storage made " << s->bytes.size() << " bytes, not " << s->size;
+        } catch (const std::exception& e) {
+          if (s->error->empty()) *s->error = e.what();
+          zip_error_set(&s->zerr, ZIP_ER_READ, 0);
+          return -1;
+        }
+        s->at = 0;
+        return 0;
+      case ZIP_SOURCE_READ: {
+        const uint64_t n = std::min<uint64_t>(len, s->bytes.size() - s->at);
+        std::memcpy(data, s->bytes.data() + s->at, n);
+        s->at += n;
+        return zip_int64_t(n);
+      }
+      case ZIP_SOURCE_CLOSE:
+        std::vector<uint8_t>().swap(s->bytes);
+        return 0;
+      case ZIP_SOURCE_STAT: {
+        auto* st = static_cast<zip_stat_t*>(data);
+        zip_stat_init(st);
+        st->size = s->size;
+        st->comp_size = s->size;
+        st->comp_method = ZIP_CM_STORE;
+        st->valid |= ZIP_STAT_SIZE | ZIP_STAT_COMP_SIZE | ZIP_STAT_COMP_METHOD;
+        return sizeof(zip_stat_t);
+      }
+      case ZIP_SOURCE_ERROR:
+        return zip_error_to_data(&s->zerr, data, len);
+      case ZIP_SOURCE_FREE:
+        zip_error_fini(&s->zerr);
+        delete s;
+        return 0;
+      case ZIP_SOURCE_SUPPORTS:
+        return zip_source_make_command_bitmap(ZIP_SOURCE_OPEN, ZIP_SOURCE_READ, ZIP_SOURCE_CLOSE, ZIP_SOURCE_STAT,
+                                              ZIP_SOURCE_ERROR, ZIP_SOURCE_FREE, -1);
+      default:
+        zip_error_set(&s->zerr, ZIP_ER_OPNOTSUPP, 0);
+        return -1;
+    }
+  }
+};
+
+}  // namespace
 
 void TorchSaveWriter::pickle_tensor(PickleWriter& w, const std::string& key, const std::string& storage_type,
                                     int64_t numel, const std::vector<int64_t>& shape) {
@@ -276,8 +348,20 @@ void TorchSaveWriter::write(const std::string& path, const std::string& prefix, 
   zip_t* z = zip_open(tmp.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
   if (!z) LATTICE_FAIL() << tmp << ": cannot create (libzip error " << err << ")";
   static const char version[] = "3\n", byteorder[] = "little";
-  auto add = [&](const std::string& name, const void* data, size_t n) {
-    zip_source_t* src = zip_source_buffer(z, data, n, 0);
+  std::string produce_error;  // a producer's exception, kept across libzip's frames
+  auto add = [&](const std::string& name, const void* data, size_t n, const Storage* produced = nullptr) {
+    zip_source_t* src = nullptr;
+    if (produced) {
+      auto* s = new ProducedSource{produced->size, &produced->produce, &produce_error, {}, 0, {}};
+      zip_error_init(&s->zerr);
+      src = zip_source_function(z, &ProducedSource::callback, s);
+      if (!src) {
+        zip_error_fini(&s->zerr);
+        delete s;
+      }
+    } else {
+      src = zip_source_buffer(z, data, n, 0);
+    }
     const zip_int64_t index = src ? zip_file_add(z, (prefix + "/" + name).c_str(), src, ZIP_FL_ENC_UTF_8) : -1;
     if (index < 0) {
       if (src) zip_source_free(src);
@@ -290,14 +374,17 @@ void TorchSaveWriter::write(const std::string& path, const std::string& prefix, 
     zip_file_set_mtime(z, zip_uint64_t(index), 0, 0);
   };
   add("data.pkl", pickle.data(), pickle.size());
-  for (size_t i = 0; i < storages_.size(); ++i)
-    add("data/" + std::to_string(i), storages_[i].data(), storages_[i].size());
+  for (size_t i = 0; i < storages_.size(); ++i) {
+    const Storage& s = storages_[i];
+    add("data/" + std::to_string(i), s.bytes.data(), s.bytes.size(), s.produce ? &s : nullptr);
+  }
   add("version", version, 2);
   add("byteorder", byteorder, 6);
   if (zip_close(z) != 0) {
-    const std::string why = zip_strerror(z);
+    const std::string why = produce_error.empty() ? zip_strerror(z) : produce_error;
     zip_discard(z);
     std::filesystem::remove(tmp);
+    if (!produce_error.empty()) LATTICE_FAIL() << produce_error;
     LATTICE_FAIL() << path << ": cannot write: " << why;
   }
   fsync_file(tmp);

@@ -6,6 +6,7 @@
 // pickle alone.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ class TorchSaveWriter {
  public:
   // A storage of `bytes` (little-endian elements); returns its record key ("0", "1", ...).
   std::string add_storage(std::vector<uint8_t> bytes);
+  // A storage of `size` bytes that produce() makes only when write() reaches its record (and drops after it), so
+  // a file larger than memory is written one storage in memory at a time. produce must return `size` bytes.
+  std::string add_storage(uint64_t size, std::function<std::vector<uint8_t>()> produce);
   // Pushes onto w a tensor of torch.<storage_type> (FloatStorage, BFloat16Storage, ByteStorage, ...) over the
   // whole storage `key` of `numel` elements, contiguous with `shape`: _rebuild_tensor_v2 as torch.save writes it.
   static void pickle_tensor(PickleWriter& w, const std::string& key, const std::string& storage_type, int64_t numel,
@@ -40,7 +44,12 @@ class TorchSaveWriter {
   void write(const std::string& path, const std::string& prefix, const std::string& pickle) const;
 
  private:
-  std::vector<std::vector<uint8_t>> storages_;
+  struct Storage {
+    std::vector<uint8_t> bytes;  // or, when produce is set, made by it
+    uint64_t size = 0;
+    std::function<std::vector<uint8_t>()> produce;
+  };
+  std::vector<Storage> storages_;
 };
 
 class TorchArchive {
