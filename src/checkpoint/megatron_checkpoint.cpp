@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -76,7 +77,6 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
       {"mtp_num_layers", "multi-token prediction"},
       {"hybrid_override_pattern", "a hybrid (Mamba) model"},
       {"experimental_attention_variant", "linear attention layers"},
-      {"use_legacy_models", "the legacy (pre-Megatron-Core) model"},
       {"apply_residual_connection_post_layernorm", "--apply-residual-connection-post-layernorm"},
       {"heterogeneous_layers_config_path", "heterogeneous layers"},
       {"pipeline_model_parallel_layout", "--pipeline-model-parallel-layout"}};
@@ -193,6 +193,51 @@ void flatten(const PyRef& d, const std::string& prefix, std::map<std::string, Py
     if (v->is(PyValue::Kind::dict)) flatten(v, name + ".", out);
     else out[name] = v;
   }
+}
+
+// The legacy (pre-Megatron-Core) GPT model's state dict (--use-legacy-models, and Megatron-LM before Megatron-Core)
+// by Megatron-Core's names: language_model.embedding.* -> embedding.*, language_model.encoder.layers.<l>.
+// {input_layernorm, self_attention.query_key_value, self_attention.dense, post_attention_layernorm,
+// mlp.dense_h_to_4h, mlp.dense_4h_to_h} -> decoder.layers.<l>.{input_layernorm, self_attention.linear_qkv,
+// self_attention.linear_proj, pre_mlp_layernorm, mlp.linear_fc1, mlp.linear_fc2}, its final_layernorm ->
+// decoder.final_layernorm, language_model.output_layer -> output_layer, and a last stage's word_embeddings_for_head
+// (the tied copy) -> output_layer. The tensors' layouts are the same (checkpoint_version 3.0). A state dict with
+// Megatron-Core's names is returned as it is; `legacy` says whether it had the legacy ones.
+std::map<std::string, PyRef> from_legacy_names(std::map<std::string, PyRef> tensors, bool& legacy) {
+  bool any = false;
+  for (const auto& [k, v] : tensors) any = any || k.rfind("language_model.", 0) == 0 || k.rfind("word_embeddings_for_head.", 0) == 0;
+  if (!any) return tensors;
+  legacy = true;
+  static const std::pair<const char*, const char*> layer_parts[] = {
+      {"self_attention.query_key_value.", "self_attention.linear_qkv."},
+      {"self_attention.dense.", "self_attention.linear_proj."},
+      {"post_attention_layernorm.", "pre_mlp_layernorm."},
+      {"mlp.dense_h_to_4h.", "mlp.linear_fc1."},
+      {"mlp.dense_4h_to_h.", "mlp.linear_fc2."}};
+  std::map<std::string, PyRef> out;
+  for (auto& [k, v] : tensors) {
+    std::string name = k;
+    auto replace_prefix = [&](const std::string& from, const std::string& to) {
+      if (name.rfind(from, 0) != 0) return false;
+      name = to + name.substr(from.size());
+      return true;
+    };
+    if (replace_prefix("language_model.encoder.layers.", "decoder.layers.")) {
+      const size_t dot = name.find('.', std::strlen("decoder.layers."));
+      for (const auto& [from, to] : layer_parts)
+        if (name.compare(dot + 1, std::strlen(from), from) == 0) {
+          name = name.substr(0, dot + 1) + to + name.substr(dot + 1 + std::strlen(from));
+          break;
+        }
+    } else if (!replace_prefix("language_model.encoder.final_layernorm.", "decoder.final_layernorm.") &&
+               !replace_prefix("language_model.embedding.", "embedding.") &&
+               !replace_prefix("language_model.output_layer.", "output_layer.")) {
+      replace_prefix("word_embeddings_for_head.", "output_layer.");
+    }
+    if (name.size() >= 9 && name.compare(name.size() - 9, 9, ".inv_freq") == 0) continue;  // rope's buffer
+    out[name] = std::move(v);
+  }
+  return out;
 }
 
 // One rank file: its archive and its state dicts' tensors (chunk v's under 'model', or 'model<v>').
@@ -495,6 +540,7 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
                            << "--ckpt-format torch saves the model under '" << key << "')";
           std::map<std::string, PyRef> tensors;
           flatten(m, "", tensors);
+          tensors = from_legacy_names(std::move(tensors), out.legacy);
           for (auto it = tensors.begin(); it != tensors.end();) {  // Transformer Engine's extra state: no weights
             const std::string& k = it->first;
             const bool extra = k.size() >= 12 && k.compare(k.size() - 12, 12, "_extra_state") == 0;

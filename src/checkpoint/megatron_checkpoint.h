@@ -13,7 +13,8 @@
 // are numbered from 0 in its files (global e E/EP + i). Both layer specs are read: the local one
 // (input_layernorm, pre_mlp_layernorm, SequentialMLP's local_experts.<i>) and Transformer Engine's (the norms
 // fused into linear_qkv and linear_fc1 as layer_norm_weight / layer_norm_bias, grouped experts'
-// linear_fc1.weight<i>); Transformer Engine's _extra_state entries are skipped.
+// linear_fc1.weight<i>); Transformer Engine's _extra_state entries are skipped. The legacy (pre-Megatron-Core)
+// GPT model's names are read too (language_model.encoder.layers.<l>.self_attention.query_key_value, ...).
 //
 // --ckpt-format torch_dist (Megatron's default) is read too: DIR/iter_NNNNNNN/common.pt holds the args, and
 // .metadata with the __R_K.distcp files a torch.distributed.checkpoint of the sharded state (checkpoint/
@@ -25,7 +26,7 @@
 // with its shape, no tensor left over. Errors name the file and the tensor. Not read: the optimizer state
 // (the weights alone come over), experts split otherwise than the dense layers (--expert-tensor-parallel-size
 // other than --tensor-model-parallel-size) or as the legacy GroupedMLP, latent experts, multi-latent attention,
-// multi-token prediction and hybrid models, the pre-Megatron-Core (legacy) model.
+// multi-token prediction and hybrid models.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,7 @@ struct MegatronSource {
   int tp = 1, pp = 1, vp = 1, ep = 1;  // the layout that saved it (ep: expert-parallel ranks)
   bool torch_dist = false;   // --ckpt-format torch_dist (else torch)
   bool transformer_engine = false;  // the norms as Transformer Engine's layer spec names them
+  bool legacy = false;       // the legacy (pre-Megatron-Core) model's names (language_model.encoder.layers.<l>...)
   TokenizerSpec tokenizer;   // the saved args' (--tokenizer-type, --vocab-file, --merge-file, --tokenizer-model,
                              // NullTokenizer's --vocab-size)
   int64_t seq_length = 0;    // the saved --seq-length

@@ -196,7 +196,7 @@ void from_megatron(const SimpleFlags& f) {
                "converted\n",
                src.iteration_dir.c_str(), src.torch_dist ? "torch_dist" : "torch", (long long)src.iteration, src.tp, src.pp,
                src.vp > 1 ? (", " + std::to_string(src.vp) + " virtual stages").c_str() : "",
-               src.transformer_engine ? "Transformer Engine" : "local", written.c_str(), (long long)c.num_layers,
+               src.legacy ? "the legacy model's" : src.transformer_engine ? "Transformer Engine" : "local", written.c_str(), (long long)c.num_layers,
                (long long)c.hidden_size, (long long)c.vocab_size, (long long)c.padded_vocab_size,
                tok.type.empty() ? "none" : tok.type.c_str());
 }

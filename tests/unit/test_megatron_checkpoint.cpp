@@ -190,6 +190,16 @@ TEST(MegatronCheckpoint, TensorAndPipelineParallelRanksMakeTheReferenceModel) {
   expect_reference_parameters(src, "gpt_tiny_swiglu.safetensors", false);
 }
 
+TEST(MegatronCheckpoint, TheLegacyModelsNames) {
+  // --use-legacy-models (and Megatron-LM before Megatron-Core): nested language_model.{embedding, encoder,
+  // output_layer} with query_key_value, dense, post_attention_layernorm, dense_h_to_4h, dense_4h_to_h, and a
+  // tied model's last stage holding word_embeddings_for_head.
+  const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_legacy"));
+  EXPECT_TRUE(src.legacy);
+  EXPECT_FALSE(src.transformer_engine);
+  expect_reference_parameters(src, "gpt_tiny_swiglu.safetensors", false);
+}
+
 TEST(MegatronCheckpoint, TransformerEngineNamesGroupedQueriesAndBf16) {
   const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16"));
   EXPECT_EQ(src.tp, 2);
