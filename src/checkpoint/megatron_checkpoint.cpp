@@ -124,6 +124,9 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
   value("max_position_embeddings", "--max-position-embeddings");
   value("seq_length", "--seq-length");
   value("position_embedding_type", "--position-embedding-type");
+  // Megatron-LM before --position-embedding-type: --use-rotary-position-embeddings.
+  if (!get("position_embedding_type") && on("use_rotary_position_embeddings"))
+    flags.insert(flags.end(), {"--position-embedding-type", "rope"});
   value("rotary_percent", "--rotary-percent");
   value("rotary_base", "--rotary-base");
   flag("rotary_interleaved", "--rotary-interleaved");
@@ -135,6 +138,7 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
   list("no_rope_freq", "--no-rope-freq");
   value("normalization", "--normalization");
   value("norm_epsilon", "--norm-epsilon");
+  if (!get("norm_epsilon")) value("layernorm_epsilon", "--norm-epsilon");  // its name before --norm-epsilon
   flag("apply_layernorm_1p", "--apply-layernorm-1p");
   flag("swiglu", "--swiglu");
   flag("squared_relu", "--squared-relu");

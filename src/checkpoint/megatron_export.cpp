@@ -178,14 +178,16 @@ std::string megatron_name(const std::string& name, const std::vector<std::pair<i
   return layers + std::to_string(l - chunks.front().first) + "." + rest;
 }
 
-// Transformer Engine's modules of a layer in this file, by their names (each gets an _extra_state).
-std::set<std::string> te_modules(const std::vector<std::string>& names) {
+// The layers' modules in this file that save an _extra_state, by the names of their parameters: the linear
+// layers (Transformer Engine's, or Megatron-Core's ColumnParallelLinear and RowParallelLinear, which keep its
+// state dict's shape) and, with Transformer Engine's spec, its core attention.
+std::set<std::string> extra_state_modules(const std::vector<std::string>& names, bool te) {
   std::set<std::string> out;
   for (const std::string& n : names) {
     if (n.rfind("decoder.layers.", 0) != 0) continue;
     for (const char* module : {"self_attention.linear_qkv.", "self_attention.linear_proj.", "linear_fc1.", "linear_fc2."})
       if (const size_t at = n.find(module); at != std::string::npos) out.insert(n.substr(0, at + std::strlen(module) - 1));
-    if (const size_t at = n.find("self_attention.linear_qkv."); at != std::string::npos)
+    if (const size_t at = n.find("self_attention.linear_qkv."); te && at != std::string::npos)
       out.insert(n.substr(0, at) + "self_attention.core_attention");
   }
   return out;
@@ -263,15 +265,18 @@ std::string save_megatron_checkpoint(const std::string& dir, const LoadedModel& 
           TorchSaveWriter::pickle_tensor(w, files.add_storage(uint64_t(info.numel) * sizeof(float), produce),
                                          "FloatStorage", info.numel, info.shape);
         }
-        if (o.transformer_engine) {
-          // pickle.dumps(None) as a uint8 tensor: what a Transformer Engine module saves without fp8.
-          const std::vector<uint8_t> none = {0x80, 0x02, 'N', '.'};
-          for (const std::string& module : te_modules(names)) {
-            w.string(module + "._extra_state");
+        // The extra state: a Transformer Engine module's pickle.dumps(None) as a uint8 tensor (what it saves
+        // without fp8), Megatron-Core's own linear layers' None, the output layer's (Megatron-Core's) None.
+        const std::vector<uint8_t> none = {0x80, 0x02, 'N', '.'};
+        for (const std::string& module : extra_state_modules(names, o.transformer_engine)) {
+          w.string(module + "._extra_state");
+          if (o.transformer_engine)
             TorchSaveWriter::pickle_tensor(w, files.add_storage(none), "ByteStorage", int64_t(none.size()),
                                            {int64_t(none.size())});
-          }
+          else
+            w.none();
         }
+        if (p == o.pp - 1) w.string("output_layer._extra_state").none();
         w.set_items();  // the model's entries
         w.set_items();  // the checkpoint's
         const fs::path rank_dir = staged / megatron_rank_dir(t, p, e, o.pp > 1, o.ep > 1);

@@ -10,7 +10,8 @@
 // and an expert-parallel rank's experts numbered from 0; the last stage of a tied model holding the word
 // embeddings as output_layer.weight). Megatron loads a "release" checkpoint's weights without an optimizer state
 // (as its own converters write them). With Transformer Engine's layer spec the norms are fused into linear_qkv
-// and linear_fc1 and each Transformer Engine module has an _extra_state (a pickled None, as without fp8).
+// and linear_fc1 and each Transformer Engine module has an _extra_state (a pickled None, as without fp8);
+// Megatron-Core's own linear layers (the local spec's, the output layer) save theirs as None.
 //
 // The model must be one the saved args describe exactly: the args are read back as convert --from-megatron reads
 // them and the model made from them compared with the checkpoint's, field by field (a feature Megatron's args do

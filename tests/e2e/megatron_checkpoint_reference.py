@@ -14,7 +14,8 @@ Python's own zipfile and pickle modules (no PyTorch, nothing from lattice):
   column-parallel rows, SwiGLU's gate and up blocks, row-parallel columns, everything else whole and equal
   on every rank; a stage's layers numbered from 0; Transformer Engine's fused norm names), equal the lattice
   checkpoint's MODEL.safetensors tensor for tensor, bit for bit (the vocabulary's padding rows zero), and no
-  tensor is left over; each Transformer Engine module's _extra_state is a pickled None.
+  tensor is left over; every linear layer has an _extra_state (a Transformer Engine module's a pickled None,
+  Megatron-Core's own None), and the last stage's output layer.
 
   megatron_checkpoint_reference.py --tensors MODEL.safetensors
 
@@ -176,12 +177,17 @@ def main():
     for k, names in left.items():
         names.discard("output_layer.weight") if not args.untie_embeddings_and_output_weights else None
         assert not names, (k, sorted(names))
-    if te:
-        for s in ranks.values():
-            extra = [n for n in s["model"] if n.endswith("._extra_state")]
-            assert extra, "no _extra_state with Transformer Engine's spec"
-            for n in extra:
-                assert pickle.loads(s["model"][n]["bytes"]) is None, n
+    # The extra state: a Transformer Engine module's pickled None (a uint8 tensor), Megatron-Core's own linear
+    # layers' None; every linear layer has one, and the last stage's output layer.
+    for (t, p), s in ranks.items():
+        extra = {n for n in s["model"] if n.endswith("._extra_state")}
+        for n in extra:
+            v = s["model"][n]
+            assert v is None if not te or n == "output_layer._extra_state" else pickle.loads(v["bytes"]) is None, n
+        for n in s["model"]:
+            if n.endswith(("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight")):
+                assert n[:-len("weight")] + "_extra_state" in extra, n
+        assert (p == pp - 1) == ("output_layer._extra_state" in extra), (t, p)
     print("ok: %d rank files, %d tensors" % (len(ranks), len(model)))
 
 

@@ -50,8 +50,11 @@ for r in ("mp_rank_00_000", "mp_rank_01_001"):
       fail "the rank files written again differ"
   fi
 fi
-run local_spec "$LATTICE" convert --load ckpt --to-megatron mcore_local --transformer-impl local &&
-  [ -s mcore_local/release/mp_rank_00/model_optim_rng.pt ] && pass "--transformer-impl local, one rank"
+if run local_spec "$LATTICE" convert --load ckpt --to-megatron mcore_local --transformer-impl local; then
+  /usr/bin/python3 "$SRC/tests/e2e/megatron_checkpoint_reference.py" mcore_local ckpt/iter_0000002/model.safetensors \
+    1 1 >check_local.out 2>&1 && pass "--transformer-impl local, one rank: Python reads the same weights" ||
+    fail "megatron_checkpoint_reference.py on the local spec: $(tail -3 check_local.out)"
+fi
 
 # ---- bad input: one line naming what is wrong; nothing written ----
 expect_error "heads that do not split" "--to-megatron|--tensor-model-parallel-size" -- \
