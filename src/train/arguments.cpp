@@ -1139,7 +1139,8 @@ void validate(TrainArgs& a) {
   if (impl.ckpt_format != "torch_dist")
     LATTICE_FAIL() << "--ckpt-format " << impl.ckpt_format
                    << " is not implemented: lattice writes one layout-independent checkpoint format (Megatron's torch_dist "
-                      "role; docs/checkpoint-format.md); drop the flag or give torch_dist";
+                      "role; docs/checkpoint-format.md); drop the flag or give torch_dist (lattice convert --from-megatron "
+                      "and --to-megatron convert Megatron's own checkpoints)";
   if (impl.rerun_mode != "disabled")
     LATTICE_FAIL() << "--rerun-mode " << impl.rerun_mode
                    << " is not implemented (Megatron's rerun state machine; lattice's steps are deterministic, so a "
