@@ -82,7 +82,8 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
       {"pipeline_model_parallel_layout", "--pipeline-model-parallel-layout"}};
   for (const auto& [key, feature] : refused) {
     PyRef v = get(key);
-    const bool set = v && !(v->is(PyValue::Kind::boolean) && !v->boolean) && !(v->is(PyValue::Kind::integer) && v->integer == 0) &&
+    const bool set = v && !(v->is(PyValue::Kind::boolean) && !v->boolean) &&
+                     !(v->is(PyValue::Kind::integer) && v->integer == 0) &&
                      !(v->is(PyValue::Kind::string) && v->text.empty());
     if (set) LATTICE_FAIL() << what << ": the checkpoint's model has " << feature << " (args." << key << " = "
                             << v->describe() << "), which lattice does not read from Megatron checkpoints yet";
@@ -209,7 +210,8 @@ void flatten(const PyRef& d, const std::string& prefix, std::map<std::string, Py
 // Megatron-Core's names is returned as it is; `legacy` says whether it had the legacy ones.
 std::map<std::string, PyRef> from_legacy_names(std::map<std::string, PyRef> tensors, bool& legacy) {
   bool any = false;
-  for (const auto& [k, v] : tensors) any = any || k.rfind("language_model.", 0) == 0 || k.rfind("word_embeddings_for_head.", 0) == 0;
+  for (const auto& [k, v] : tensors)
+    any = any || k.rfind("language_model.", 0) == 0 || k.rfind("word_embeddings_for_head.", 0) == 0;
   if (!any) return tensors;
   legacy = true;
   static const std::pair<const char*, const char*> layer_parts[] = {
@@ -363,7 +365,8 @@ MegatronArgs read_saved_state(const TorchArchive& archive, MegatronSource& out) 
   out.tokenizer.vocab_file = text("vocab_file");
   out.tokenizer.merge_file = text("merge_file");
   out.tokenizer.model = text("tokenizer_model");
-  if (const PyRef n = ns->get("vocab_size"); n && n->is(PyValue::Kind::integer) && out.tokenizer.type == "NullTokenizer")
+  if (const PyRef n = ns->get("vocab_size");
+      n && n->is(PyValue::Kind::integer) && out.tokenizer.type == "NullTokenizer")
     out.tokenizer.vocab_size = n->integer;
   return parsed;
 }
@@ -455,7 +458,9 @@ MegatronSource open_torch_dist(MegatronSource out) {
     if (saved != size)
       LATTICE_FAIL() << iter << ": tensor " << found->fqn << " has size " << shape_text(saved) << ", expected "
                      << shape_text(size) << " (the model its args describe"
-                     << (found->lead.empty() ? "" : found->lead.size() == 1 ? ", layers first" : ", layers then experts first")
+                     << (found->lead.empty()       ? ""
+                         : found->lead.size() == 1 ? ", layers first"
+                                                   : ", layers then experts first")
                      << ")";
     if (const int64_t held = dcp->covered(found->fqn, found->lead); held != info.numel) {
       std::string at;
@@ -469,7 +474,8 @@ MegatronSource open_torch_dist(MegatronSource out) {
   }
   // Nothing of the model left over (the optimizer's state and Transformer Engine's extra state are not the model's).
   for (const auto& [fqn, t] : dcp->tensors()) {
-    const bool model = fqn.rfind("embedding.", 0) == 0 || fqn.rfind("decoder.", 0) == 0 || fqn.rfind("output_layer.", 0) == 0;
+    const bool model =
+        fqn.rfind("embedding.", 0) == 0 || fqn.rfind("decoder.", 0) == 0 || fqn.rfind("output_layer.", 0) == 0;
     if (!model || used.count(fqn)) continue;
     if (fqn == "output_layer.weight" && !c.untie_embeddings_and_output_weights) continue;
     LATTICE_FAIL() << iter << ": tensor " << fqn << " is not a parameter of the model its args describe";
@@ -497,7 +503,8 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   // mp_rank_00_000_000 (both); the args say which.
   fs::path first;
   for (const auto& [pipeline, expert] : {std::pair{false, false}, {true, false}, {true, true}})
-    if (first.empty() && fs::exists(rank_file(iter, 0, 0, 0, pipeline, expert))) first = rank_file(iter, 0, 0, 0, pipeline, expert);
+    if (first.empty() && fs::exists(rank_file(iter, 0, 0, 0, pipeline, expert)))
+      first = rank_file(iter, 0, 0, 0, pipeline, expert);
   if (first.empty())
     LATTICE_FAIL() << "--from-megatron " << iter << ": no mp_rank_00/model_optim_rng.pt or mp_rank_00_000/"
                    << "model_optim_rng.pt (not a Megatron checkpoint saved with --ckpt-format torch)";
@@ -619,7 +626,8 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
         LATTICE_FAIL() << path << ": no tensor " << local << (out.vp > 1 ? " in model" + std::to_string(ch) : "")
                        << " (lattice's " << info.name << ")";
       const TorchTensor* tensor = TorchArchive::tensor(tensors.at(found));
-      if (!tensor) LATTICE_FAIL() << path << ": " << found << " is " << tensors.at(found)->describe() << ", not a tensor";
+      if (!tensor)
+        LATTICE_FAIL() << path << ": " << found << " is " << tensors.at(found)->describe() << ", not a tensor";
       if (tensor->shape != part.shape)
         LATTICE_FAIL() << path << ": tensor " << found << " has shape " << shape_text(tensor->shape) << ", expected "
                        << shape_text(part.shape) << " (tensor-parallel rank " << t << " of " << T
@@ -662,7 +670,8 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
       // The part's boxes in the whole tensor (a blocked tensor, SwiGLU's fc1, has one per block).
       const int tp_rank = int(s.rank) / E;
       for (const TensorPart& box : param_parts({part}, local.data(), part.tp_duplicated ? 0 : tp_rank)) {
-        LATTICE_CHECK(box.global_shape == info.shape) << info.name << ": filled for another shape than the checkpoint's";
+        LATTICE_CHECK(box.global_shape == info.shape)
+            << info.name << ": filled for another shape than the checkpoint's";
         place_part(box, dst);
       }
     }

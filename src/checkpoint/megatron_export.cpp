@@ -185,12 +185,67 @@ std::set<std::string> extra_state_modules(const std::vector<std::string>& names,
   std::set<std::string> out;
   for (const std::string& n : names) {
     if (n.rfind("decoder.layers.", 0) != 0) continue;
-    for (const char* module : {"self_attention.linear_qkv.", "self_attention.linear_proj.", "linear_fc1.", "linear_fc2."})
-      if (const size_t at = n.find(module); at != std::string::npos) out.insert(n.substr(0, at + std::strlen(module) - 1));
+    for (const std::string module :
+         {"self_attention.linear_qkv.", "self_attention.linear_proj.", "linear_fc1.", "linear_fc2."})
+      if (const size_t at = n.find(module); at != std::string::npos) out.insert(n.substr(0, at + module.size() - 1));
     if (const size_t at = n.find("self_attention.linear_qkv."); te && at != std::string::npos)
       out.insert(n.substr(0, at) + "self_attention.core_attention");
   }
   return out;
+}
+
+// Rank (t, p, e)'s model_optim_rng.pt under `staged` (its stage's layer chunks `chunks`): the checkpoint's dict
+// with the rank's state dict, each tensor read when the zip writer reaches it (one parameter in memory at a time,
+// the pages read given back).
+void write_rank_file(const fs::path& staged, const LoadedModel& lm, const TransformerConfig& c,
+                     const MegatronExportOptions& o, const std::vector<std::pair<std::string, ArgValue>>& args,
+                     const std::vector<std::pair<int64_t, int64_t>>& chunks, int t, int p, int e) {
+  LayoutOnlyComm group(t, o.tp);
+  const ModelPlacement place{chunks, p == 0, p == o.pp - 1, 1};
+  const ParamBuffer reg = GPTModel::parameter_registry(c, TensorParallel{&group, false}, place, e, o.ep);
+  const int64_t first_expert = c.moe() ? e * (c.num_experts / o.ep) : 0;
+  TorchSaveWriter files;
+  PickleWriter w;
+  w.empty_dict().mark();
+  w.string("args");
+  pickle_namespace(w, args);
+  w.string("checkpoint_version").floating(3.0).string("iteration").integer(0);
+  w.string("num_floating_point_operations_so_far").integer(0);
+  w.string("model").empty_dict().mark();
+  std::vector<std::string> names;
+  for (const ParamInfo& info : reg.infos()) {
+    auto produce = [&lm, info] {
+      std::vector<uint8_t> bytes(size_t(info.numel) * sizeof(float));
+      read_param_part(*lm.reader, info.name, info, reinterpret_cast<float*>(bytes.data()));
+      lm.reader->release(info.name);
+      return bytes;
+    };
+    const std::string name = info.shared_embedding_copy
+                                 ? "output_layer.weight"
+                                 : megatron_name(info.name, chunks, first_expert, o.transformer_engine);
+    names.push_back(name);
+    w.string(name);
+    TorchSaveWriter::pickle_tensor(w, files.add_storage(uint64_t(info.numel) * sizeof(float), produce),
+                                   "FloatStorage", info.numel, info.shape);
+  }
+  // The extra state: a Transformer Engine module's pickle.dumps(None) as a uint8 tensor (what it saves without
+  // fp8), Megatron-Core's own linear layers' None, the output layer's (Megatron-Core's) None.
+  const std::vector<uint8_t> none = {0x80, 0x02, 'N', '.'};
+  for (const std::string& module : extra_state_modules(names, o.transformer_engine)) {
+    w.string(module + "._extra_state");
+    if (o.transformer_engine)
+      TorchSaveWriter::pickle_tensor(w, files.add_storage(none), "ByteStorage", int64_t(none.size()),
+                                     {int64_t(none.size())});
+    else
+      w.none();
+  }
+  if (p == o.pp - 1) w.string("output_layer._extra_state").none();
+  w.set_items();  // the model's entries
+  w.set_items();  // the checkpoint's
+  const fs::path rank_dir = staged / megatron_rank_dir(t, p, e, o.pp > 1, o.ep > 1);
+  fs::create_directories(rank_dir);
+  files.write((rank_dir / "model_optim_rng.pt").string(), "model_optim_rng", w.finish());
+  fsync_dir(rank_dir.string());
 }
 
 }  // namespace
@@ -232,59 +287,14 @@ std::string save_megatron_checkpoint(const std::string& dir, const LoadedModel& 
   if (fs::exists(release)) LATTICE_FAIL() << "--to-megatron " << dir << ": " << release.string() << " already exists";
   fs::remove_all(staged);  // an earlier run's, cut short
   fs::create_directories(staged);
-  const int64_t experts_per_rank = c.moe() ? c.num_experts / o.ep : 0;
-  for (int t = 0; t < o.tp; ++t) {
-    LayoutOnlyComm group(t, o.tp);
-    for (int p = 0; p < o.pp; ++p) {
-      const auto chunks = stage_layers(layout, p);
-      const ModelPlacement place{chunks, p == 0, p == o.pp - 1, 1};
-      for (int e = 0; e < o.ep; ++e) {
-        const ParamBuffer reg = GPTModel::parameter_registry(c, TensorParallel{&group, false}, place, e, o.ep);
-        TorchSaveWriter files;
-        PickleWriter w;
-        w.empty_dict().mark();
-        w.string("args");
-        pickle_namespace(w, args);
-        w.string("checkpoint_version").floating(3.0).string("iteration").integer(0);
-        w.string("num_floating_point_operations_so_far").integer(0);
-        w.string("model").empty_dict().mark();
-        std::vector<std::string> names;
-        for (const ParamInfo& info : reg.infos()) {
-          // Read when the writer reaches it (one parameter in memory at a time), the pages read given back.
-          auto produce = [&lm, info] {
-            std::vector<uint8_t> bytes(size_t(info.numel) * sizeof(float));
-            read_param_part(*lm.reader, info.name, info, reinterpret_cast<float*>(bytes.data()));
-            lm.reader->release(info.name);
-            return bytes;
-          };
-          const std::string name = info.shared_embedding_copy
-                                       ? "output_layer.weight"
-                                       : megatron_name(info.name, chunks, e * experts_per_rank, o.transformer_engine);
-          names.push_back(name);
-          w.string(name);
-          TorchSaveWriter::pickle_tensor(w, files.add_storage(uint64_t(info.numel) * sizeof(float), produce),
-                                         "FloatStorage", info.numel, info.shape);
-        }
-        // The extra state: a Transformer Engine module's pickle.dumps(None) as a uint8 tensor (what it saves
-        // without fp8), Megatron-Core's own linear layers' None, the output layer's (Megatron-Core's) None.
-        const std::vector<uint8_t> none = {0x80, 0x02, 'N', '.'};
-        for (const std::string& module : extra_state_modules(names, o.transformer_engine)) {
-          w.string(module + "._extra_state");
-          if (o.transformer_engine)
-            TorchSaveWriter::pickle_tensor(w, files.add_storage(none), "ByteStorage", int64_t(none.size()),
-                                           {int64_t(none.size())});
-          else
-            w.none();
-        }
-        if (p == o.pp - 1) w.string("output_layer._extra_state").none();
-        w.set_items();  // the model's entries
-        w.set_items();  // the checkpoint's
-        const fs::path rank_dir = staged / megatron_rank_dir(t, p, e, o.pp > 1, o.ep > 1);
-        fs::create_directories(rank_dir);
-        files.write((rank_dir / "model_optim_rng.pt").string(), "model_optim_rng", w.finish());
-        fsync_dir(rank_dir.string());
-      }
-    }
+  try {
+    for (int t = 0; t < o.tp; ++t)
+      for (int p = 0; p < o.pp; ++p)
+        for (int e = 0; e < o.ep; ++e) write_rank_file(staged, lm, c, o, args, stage_layers(layout, p), t, p, e);
+  } catch (...) {  // nothing of a failed run is left behind
+    std::error_code ec;
+    fs::remove_all(staged, ec);
+    throw;
   }
   publish_dir(staged.string(), release.string());
   write_file_atomic((fs::path(dir) / "latest_checkpointed_iteration.txt").string(), "release");

@@ -36,7 +36,8 @@ std::vector<int64_t> int_tuple(const PyRef& v, const std::string& what) {
     LATTICE_FAIL() << what << ": a tensor's size or stride is " << (v ? v->describe() : "missing");
   std::vector<int64_t> out;
   for (const PyRef& x : v->items) {
-    if (!x->is(PyValue::Kind::integer) || x->integer < 0) LATTICE_FAIL() << what << ": a tensor's dim is " << x->describe();
+    if (!x->is(PyValue::Kind::integer) || x->integer < 0)
+      LATTICE_FAIL() << what << ": a tensor's dim is " << x->describe();
     out.push_back(x->integer);
   }
   return out;
@@ -280,7 +281,8 @@ struct ProducedSource {
       case ZIP_SOURCE_OPEN:
         try {
           s->bytes = (*s->produce)();
-          if (s->bytes.size() != s->size) LATTICE_FAIL() << "a storage made " << s->bytes.size() << " bytes, not " << s->size;
+          if (s->bytes.size() != s->size)
+            LATTICE_FAIL() << "a storage made " << s->bytes.size() << " bytes, not " << s->size;
         } catch (const std::exception& e) {
           if (s->error->empty()) *s->error = e.what();
           zip_error_set(&s->zerr, ZIP_ER_READ, 0);

@@ -72,7 +72,8 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
     if (!key->is(PyValue::Kind::string)) LATTICE_FAIL() << what << ": a key that is " << key->describe();
     const std::string name = value->qualified_name();
     const std::string bytes_item = "BytesStorageMetadata";
-    if (name.size() >= bytes_item.size() && name.compare(name.size() - bytes_item.size(), bytes_item.size(), bytes_item) == 0)
+    if (name.size() >= bytes_item.size() &&
+        name.compare(name.size() - bytes_item.size(), bytes_item.size(), bytes_item) == 0)
       continue;
     const std::string of = what + ": " + key->text;
     Tensor t;

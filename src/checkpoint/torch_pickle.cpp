@@ -112,7 +112,8 @@ class Unpickler {
         }
         case 0x93: {  // STACK_GLOBAL
           PyRef name = pop(), module = pop();
-          if (!module->is(PyValue::Kind::string) || !name->is(PyValue::Kind::string)) fail("STACK_GLOBAL of non-strings");
+          if (!module->is(PyValue::Kind::string) || !name->is(PyValue::Kind::string))
+            fail("STACK_GLOBAL of non-strings");
           push(global(module->text, name->text));
           break;
         }
@@ -275,7 +276,8 @@ class Unpickler {
   }
   void set_items(const PyRef& target, const std::vector<PyRef>& kv) {
     if (kv.size() % 2) fail("SETITEMS with an odd number of values");
-    if (!target->is(PyValue::Kind::dict) && !target->is(PyValue::Kind::object)) fail("SETITEM on " + target->describe());
+    if (!target->is(PyValue::Kind::dict) && !target->is(PyValue::Kind::object))
+      fail("SETITEM on " + target->describe());
     for (size_t i = 0; i < kv.size(); i += 2) target->entries.emplace_back(kv[i], kv[i + 1]);
   }
   void push(PyRef v) { stack_.push_back(std::move(v)); }
@@ -302,7 +304,8 @@ class Unpickler {
     return it->second;
   }
   PyRef stop() {
-    if (stack_.size() != 1 || !marks_.empty()) fail("STOP with " + std::to_string(stack_.size()) + " values on the stack");
+    if (stack_.size() != 1 || !marks_.empty())
+      fail("STOP with " + std::to_string(stack_.size()) + " values on the stack");
     return stack_.back();
   }
 

@@ -420,9 +420,12 @@ TEST(MegatronExport, WritesTheRankFilesMegatronWouldSave) {
     bool te;
     std::vector<std::string> ranks;
   };
-  const Case cases[] = {
-      {"gpt_tiny_swiglu_tp2_pp2", 2, 2, false, {"mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"}},
-      {"gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16", 2, 1, true, {"mp_rank_00", "mp_rank_01"}}};
+  const Case cases[] = {{"gpt_tiny_swiglu_tp2_pp2",
+                         2,
+                         2,
+                         false,
+                         {"mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"}},
+                        {"gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16", 2, 1, true, {"mp_rank_00", "mp_rank_01"}}};
   for (const Case& k : cases) {
     SCOPED_TRACE(k.fixture);
     const MegatronSource src = open_megatron_checkpoint(megatron_fixture(k.fixture));
