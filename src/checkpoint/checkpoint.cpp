@@ -228,6 +228,18 @@ std::string iter_dir_name(int64_t iteration) {
   return buf;
 }
 
+// " (a Megatron-LM checkpoint: ...)" when `dir` holds Megatron-LM's own files (mp_rank_* directories, or
+// torch_dist's .metadata and common.pt), else "": what to do instead of loading it.
+static std::string megatron_hint(const fs::path& dir, const std::string& given) {
+  std::error_code ec;
+  bool megatron = fs::exists(dir / ".metadata", ec) && fs::exists(dir / "common.pt", ec);
+  for (fs::directory_iterator it(dir, ec), end; !megatron && !ec && it != end; it.increment(ec))
+    megatron = it->path().filename().string().rfind("mp_rank_", 0) == 0;
+  if (!megatron) return "";
+  return " (a Megatron-LM checkpoint, which lattice reads by converting it: lattice convert --from-megatron " + given +
+         " --save CKPT)";
+}
+
 std::optional<int64_t> read_latest_iteration(const std::string& dir) {
   const fs::path tracker = fs::path(dir) / kTrackerFile;
   std::error_code ec;
@@ -235,6 +247,8 @@ std::optional<int64_t> read_latest_iteration(const std::string& dir) {
   std::string text = read_whole_file(tracker.string());
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
   int64_t it = -1;
+  if (text == "release" && !megatron_hint(fs::path(dir) / "release", dir).empty())
+    LATTICE_FAIL() << tracker.string() << ": names 'release'" << megatron_hint(fs::path(dir) / "release", dir);
   if (!parse_count(text, &it)) {
     std::string shown = text.substr(0, 20);
     for (char& c : shown)
@@ -246,7 +260,7 @@ std::optional<int64_t> read_latest_iteration(const std::string& dir) {
 
 nlohmann::json checkpoint_provenance(const nlohmann::json& args) {
   nlohmann::json p = nlohmann::json::object();
-  for (const char* key : {"converted-from-hf", "hf-model-type"})
+  for (const char* key : {"converted-from-hf", "hf-model-type", "converted-from-megatron", "megatron-iteration"})
     if (args.contains(key)) p[key] = args.at(key);
   return p;
 }
@@ -403,12 +417,13 @@ CheckpointReader CheckpointReader::open(const std::string& path) {
     r.iter_dir_ = (p / iter_dir_name(*it)).string();
     if (!fs::exists(fs::path(r.iter_dir_) / kCheckpointIndexFile, ec))
       LATTICE_FAIL() << (fs::path(r.iter_dir_) / kCheckpointIndexFile).string() << ": missing ("
-                     << (p / kTrackerFile).string() << " names iteration " << *it << ")";
+                     << (p / kTrackerFile).string() << " names iteration " << *it << ")"
+                     << megatron_hint(r.iter_dir_, path);
   } else if (!fs::exists(p, ec)) {
     LATTICE_FAIL() << path << ": no such checkpoint directory";
   } else {
     LATTICE_FAIL() << path << ": not a checkpoint (neither " << kTrackerFile << " nor " << kCheckpointIndexFile
-                   << ")";
+                   << ")" << megatron_hint(p, path);
   }
   const std::string index_path = (fs::path(r.iter_dir_) / kCheckpointIndexFile).string();
   json doc;

@@ -44,8 +44,9 @@ bool has_checkpoint(const std::string& path);
 std::string checkpoint_at_iteration(const std::string& dir, int64_t iteration, const std::string& flag);
 
 // The keys of a checkpoint's args that say where its weights came from, which every checkpoint trained from
-// it carries on: "converted-from-hf" (the HuggingFace folder `lattice convert --from-hf` read) and
-// "hf-model-type" (that folder's config.json model_type, the family `convert --to-hf` writes by default).
+// it carries on: "converted-from-hf" (the HuggingFace folder `lattice convert --from-hf` read),
+// "hf-model-type" (that folder's config.json model_type, the family `convert --to-hf` writes by default),
+// "converted-from-megatron" and "megatron-iteration" (the Megatron-LM checkpoint `--from-megatron` read).
 nlohmann::json checkpoint_provenance(const nlohmann::json& args);
 
 // Optimizer bookkeeping beside its state tensors.

@@ -38,6 +38,13 @@ fi
 expect_error "a torch_dist tensor with a chunk missing" "linear_proj.weight at layer 1|its chunks hold 2048 of its 4096" -- \
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_dist_gap" --save bad5
 
+# A Megatron checkpoint given where lattice's is expected: the error says how to convert it.
+expect_error "train --load of a Megatron checkpoint" "names iteration 100|a Megatron-LM checkpoint|lattice convert --from-megatron" -- \
+  "$LATTICE" train --load "$FIX/gpt_tiny_swiglu_tp2_pp2" --use-checkpoint-args --mock-data --micro-batch-size 2 \
+  --global-batch-size 2 --train-iters 1
+expect_error "generate --load of a torch_dist checkpoint" "a Megatron-LM checkpoint|lattice convert --from-megatron" -- \
+  "$LATTICE" generate --load "$FIX/gpt_tiny_swiglu_tp2_pp2_te_dist" --prompt hello
+
 # ---- bad input: one line naming what is wrong; nothing written ----
 expect_error "a flag of --to-hf" "--hf-dtype|--from-megatron" -- \
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_swiglu_tp2_pp2" --save bad1 --hf-dtype bfloat16
