@@ -1,6 +1,5 @@
 #include "checkpoint/megatron_checkpoint.h"
 
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -8,12 +7,12 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 
 #include "checkpoint/tensor_parts.h"
 #include "checkpoint/torch_archive.h"
-#include "checkpoint/torch_dcp.h"
+#include "checkpoint/megatron_torch_dist.h"
 #include "core/error.h"
+#include "core/tensor.h"
 #include "dist/layout_only_comm.h"
 #include "model/gpt_model.h"
 #include "pipeline/schedule.h"
@@ -42,152 +41,6 @@ std::string resolve_iteration_dir(const std::string& dir) {
 
 fs::path rank_file(const std::string& iter_dir, int t, int p, int e, bool pipeline, bool expert) {
   return fs::path(iter_dir) / megatron_rank_dir(t, p, e, pipeline, expert) / "model_optim_rng.pt";
-}
-
-std::string number_text(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
-// A Python list or tuple of integers as Megatron's list flags take it ("[1,0,1]").
-std::string list_text(const PyValue& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.items.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v.items[i]->integer);
-  }
-  return s + "]";
-}
-
-// The saved args (argparse.Namespace) as lattice's train flags: the model's shape and the layout that
-// saved it. Features lattice cannot read from this format are refused by name.
-std::vector<std::string> model_flags(const PyValue& ns, const std::string& what) {
-  auto get = [&](const char* key) -> PyRef {
-    PyRef v = ns.get(key);
-    return v && !v->is(PyValue::Kind::none) ? v : nullptr;
-  };
-  auto on = [&](const char* key) {
-    PyRef v = get(key);
-    return v && ((v->is(PyValue::Kind::boolean) && v->boolean) || (v->is(PyValue::Kind::integer) && v->integer != 0));
-  };
-  const std::pair<const char*, const char*> refused[] = {
-      {"moe_latent_size", "latent mixture-of-experts"},
-      {"multi_latent_attention", "multi-latent attention"},
-      {"mtp_num_layers", "multi-token prediction"},
-      {"hybrid_override_pattern", "a hybrid (Mamba) model"},
-      {"experimental_attention_variant", "linear attention layers"},
-      {"apply_residual_connection_post_layernorm", "--apply-residual-connection-post-layernorm"},
-      {"heterogeneous_layers_config_path", "heterogeneous layers"},
-      {"pipeline_model_parallel_layout", "--pipeline-model-parallel-layout"}};
-  for (const auto& [key, feature] : refused) {
-    PyRef v = get(key);
-    const bool set = v && !(v->is(PyValue::Kind::boolean) && !v->boolean) &&
-                     !(v->is(PyValue::Kind::integer) && v->integer == 0) &&
-                     !(v->is(PyValue::Kind::string) && v->text.empty());
-    if (set) LATTICE_FAIL() << what << ": the checkpoint's model has " << feature << " (args." << key << " = "
-                            << v->describe() << "), which lattice does not read from Megatron checkpoints yet";
-  }
-  if (PyRef etp = get("expert_tensor_parallel_size"); etp && etp->is(PyValue::Kind::integer)) {
-    const PyRef tp = get("tensor_model_parallel_size");
-    if (tp && etp->integer != tp->integer)
-      LATTICE_FAIL() << what << ": saved with --expert-tensor-parallel-size " << etp->integer
-                     << " and --tensor-model-parallel-size " << tp->integer
-                     << ", whose expert files lattice does not read (equal sizes only)";
-  }
-  std::vector<std::string> flags;
-  auto value = [&](const char* key, const char* flag) {
-    PyRef v = get(key);
-    if (!v) return;
-    if (v->is(PyValue::Kind::integer)) flags.insert(flags.end(), {flag, std::to_string(v->integer)});
-    else if (v->is(PyValue::Kind::floating)) flags.insert(flags.end(), {flag, number_text(v->floating)});
-    else if (v->is(PyValue::Kind::string)) flags.insert(flags.end(), {flag, v->text});
-    else LATTICE_FAIL() << what << ": args." << key << " is " << v->describe() << ", not a number or a string";
-  };
-  auto list = [&](const char* key, const char* flag) {  // an integer (a frequency) or a per-layer list
-    PyRef v = get(key);
-    if (!v) return;
-    if (v->is(PyValue::Kind::list) || v->is(PyValue::Kind::tuple)) flags.insert(flags.end(), {flag, list_text(*v)});
-    else value(key, flag);
-  };
-  auto flag = [&](const char* key, const char* name) {
-    if (on(key)) flags.push_back(name);
-  };
-  value("num_layers", "--num-layers");
-  value("hidden_size", "--hidden-size");
-  value("ffn_hidden_size", "--ffn-hidden-size");
-  value("num_attention_heads", "--num-attention-heads");
-  value("kv_channels", "--kv-channels");
-  if (on("group_query_attention")) {
-    flags.push_back("--group-query-attention");
-    value("num_query_groups", "--num-query-groups");
-  }
-  value("max_position_embeddings", "--max-position-embeddings");
-  value("seq_length", "--seq-length");
-  value("position_embedding_type", "--position-embedding-type");
-  // Megatron-LM before --position-embedding-type: --use-rotary-position-embeddings.
-  if (!get("position_embedding_type") && on("use_rotary_position_embeddings"))
-    flags.insert(flags.end(), {"--position-embedding-type", "rope"});
-  value("rotary_percent", "--rotary-percent");
-  value("rotary_base", "--rotary-base");
-  flag("rotary_interleaved", "--rotary-interleaved");
-  value("rotary_seq_len_interpolation_factor", "--rotary-seq-len-interpolation-factor");
-  if (on("use_rope_scaling")) {
-    flags.push_back("--use-rope-scaling");
-    value("rope_scaling_factor", "--rope-scaling-factor");
-  }
-  list("no_rope_freq", "--no-rope-freq");
-  value("normalization", "--normalization");
-  value("norm_epsilon", "--norm-epsilon");
-  if (!get("norm_epsilon")) value("layernorm_epsilon", "--norm-epsilon");  // its name before --norm-epsilon
-  flag("apply_layernorm_1p", "--apply-layernorm-1p");
-  flag("swiglu", "--swiglu");
-  flag("squared_relu", "--squared-relu");
-  flag("openai_gelu", "--openai-gelu");
-  flag("quick_geglu", "--quick-geglu");
-  flag("untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights");
-  if (PyRef bias = get("add_bias_linear"); bias && bias->is(PyValue::Kind::boolean) && !bias->boolean)
-    flags.push_back("--disable-bias-linear");
-  flag("add_qkv_bias", "--add-qkv-bias");
-  flag("qk_layernorm", "--qk-layernorm");
-  flag("attention_output_gate", "--attention-output-gate");
-  if (PyRef st = get("softmax_type"); st && st->is(PyValue::Kind::string)) value("softmax_type", "--softmax-type");
-  if (PyRef w = get("window_size"); w && (w->is(PyValue::Kind::tuple) || w->is(PyValue::Kind::list)) &&
-                                    w->items.size() == 2) {
-    flags.insert(flags.end(), {"--window-size", std::to_string(w->items[0]->integer) + "," +
-                                                    std::to_string(w->items[1]->integer)});
-    list("window_attn_skip_freq", "--window-attn-skip-freq");
-  }
-  if (PyRef experts = get("num_experts"); experts && experts->integer > 0) {
-    value("num_experts", "--num-experts");
-    value("moe_router_topk", "--moe-router-topk");
-    value("moe_ffn_hidden_size", "--moe-ffn-hidden-size");
-    list("moe_layer_freq", "--moe-layer-freq");
-    if (PyRef shared = get("moe_shared_expert_intermediate_size"); shared && shared->integer > 0)
-      value("moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size");
-    flag("moe_shared_expert_gate", "--moe-shared-expert-gate");
-    flag("moe_router_pre_softmax", "--moe-router-pre-softmax");
-    flag("moe_apply_probs_on_input", "--moe-apply-probs-on-input");
-    value("moe_router_score_function", "--moe-router-score-function");
-    flag("moe_router_enable_expert_bias", "--moe-router-enable-expert-bias");
-    if (PyRef groups = get("moe_router_num_groups"); groups && groups->integer > 0) {
-      value("moe_router_num_groups", "--moe-router-num-groups");
-      value("moe_router_group_topk", "--moe-router-group-topk");
-    }
-    value("moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor");
-    value("expert_model_parallel_size", "--expert-model-parallel-size");
-  }
-  value("make_vocab_size_divisible_by", "--make-vocab-size-divisible-by");
-  value("tensor_model_parallel_size", "--tensor-model-parallel-size");
-  value("pipeline_model_parallel_size", "--pipeline-model-parallel-size");
-  value("num_layers_per_virtual_pipeline_stage", "--num-layers-per-virtual-pipeline-stage");
-  if (!get("num_layers_per_virtual_pipeline_stage"))
-    value("num_virtual_stages_per_pipeline_rank", "--num-virtual-stages-per-pipeline-rank");
-  value("decoder_first_pipeline_num_layers", "--decoder-first-pipeline-num-layers");
-  value("decoder_last_pipeline_num_layers", "--decoder-last-pipeline-num-layers");
-  flag("account_for_embedding_in_pipeline_split", "--account-for-embedding-in-pipeline-split");
-  flag("account_for_loss_in_pipeline_split", "--account-for-loss-in-pipeline-split");
-  return flags;
 }
 
 // A state dict's tensors by their dotted names (nested dicts joined with '.').
@@ -282,15 +135,6 @@ std::vector<std::string> megatron_names(const std::string& name) {
   return names;
 }
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) t += ", ";
-    t += std::to_string(s[i]);
-  }
-  return t + "]";
-}
-
 }  // namespace
 
 std::string megatron_rank_dir(int t, int p, int e, bool pipeline, bool expert) {
@@ -311,33 +155,9 @@ std::string te_fused_norm_name(const std::string& rest) {
   return it == fused.end() ? std::string() : it->second;
 }
 
-MegatronArgs megatron_args(const PyValue& ns, const std::string& what) {
-  std::vector<std::string> flags = model_flags(ns, what);
-  const PyRef padded = ns.get("padded_vocab_size");
-  if (!padded || !padded->is(PyValue::Kind::integer) || padded->integer <= 0)
-    LATTICE_FAIL() << what << ": args.padded_vocab_size is " << (padded ? padded->describe() : "missing");
-  flags.insert(flags.end(), {"--vocab-size", std::to_string(padded->integer)});
-  // What the flags' validation requires of a training run, not the model's.
-  flags.insert(flags.end(), {"--micro-batch-size", "1", "--train-iters", "1", "--mock-data"});
-  std::vector<char*> argv;
-  for (std::string& f : flags) argv.push_back(f.data());
-  MegatronArgs out;
-  try {
-    out.args = parse_train_args(int(argv.size()), argv.data(), 0);
-  } catch (const Error& e) {
-    LATTICE_FAIL() << what << ": the saved args, as lattice's flags, are refused: " << e.what();
-  }
-  out.config = out.args.transformer_config();
-  out.config.padded_vocab_size = padded->integer;
-  out.config.finalize(1);
-  return out;
-}
-
-namespace {
-
 // What a checkpoint saves beside the model (a rank file's, or torch_dist's common.pt): the args as the model's
 // configuration and train flags, the iteration, the layout, the tokenizer.
-MegatronArgs read_saved_state(const TorchArchive& archive, MegatronSource& out) {
+MegatronArgs read_megatron_saved_state(const TorchArchive& archive, MegatronSource& out) {
   const std::string& what = archive.path();
   const PyRef root = archive.root();
   if (!root->is(PyValue::Kind::dict)) LATTICE_FAIL() << what << ": holds " << root->describe() << ", not a dict";
@@ -371,125 +191,6 @@ MegatronArgs read_saved_state(const TorchArchive& archive, MegatronSource& out) 
   return parsed;
 }
 
-// Where torch_dist keeps lattice's parameter `name`, in the order tried: a layer's in the tensor every layer's
-// <rest> is stacked in, decoder.layers.<rest> [num_layers, ...] at its layer (TransformerBlock's
-// sharded_state_dict), else in its own, decoder.layers.<l>.<rest> (the non_homogeneous_layers form); a routed
-// expert's, stacked as SequentialMLP's sharded_state_dict stacks them, decoder.layers.mlp.experts.experts.<rest>
-// [num_layers, num_experts, ...] at (layer, expert), else decoder.layers.<l>.mlp.experts.experts.<rest>
-// [num_experts, ...], else decoder.layers.<l>.mlp.experts.experts.<g>.<rest> (singleton_local_shards); each with
-// Transformer Engine's fused norm names where they apply. Anything else: its own name.
-template <typename Slice>
-std::vector<Slice> torch_dist_forms_of(const std::string& name) {
-  const std::string layers = "decoder.layers.", experts = "mlp.experts.local_experts.";
-  if (name.rfind(layers, 0) != 0) return {Slice{name, {}}};
-  const size_t dot = name.find('.', layers.size());
-  const int64_t l = std::stoll(name.substr(layers.size(), dot - layers.size()));
-  std::string rest = name.substr(dot + 1);
-  const std::string lstr = std::to_string(l) + ".";
-  if (rest.rfind(experts, 0) == 0) {
-    const size_t end = rest.find('.', experts.size());
-    const int64_t g = std::stoll(rest.substr(experts.size(), end - experts.size()));
-    const std::string tail = rest.substr(end + 1);
-    return {Slice{layers + "mlp.experts.experts." + tail, {l, g}},
-            Slice{layers + lstr + "mlp.experts.experts." + tail, {g}},
-            Slice{layers + lstr + "mlp.experts.experts." + std::to_string(g) + "." + tail, {}}};
-  }
-  std::vector<Slice> forms;
-  for (const std::string& r : {te_fused_norm_name(rest), rest}) {
-    if (r.empty()) continue;
-    forms.push_back(Slice{layers + r, {l}});
-    forms.push_back(Slice{layers + lstr + r, {}});
-  }
-  return forms;
-}
-
-// Megatron-Core's torch_dist checkpoint (dist_checkpointing's torch_dist backend): common.pt (torch.save of what
-// is not sharded: the args) and a torch.distributed.checkpoint (checkpoint/torch_dcp.h) of the sharded state,
-// whose model tensors are named as the state dict names them but for the layers: one tensor
-// decoder.layers.<rest> [num_layers, ...] for every layer's <rest> (sharded_state_dict prepends the global layer
-// number), each rank's part a chunk. The layout that saved it does not matter: every tensor is whole here.
-MegatronSource open_torch_dist(MegatronSource out) {
-  const std::string& iter = out.iteration_dir;
-  const fs::path meta_json = fs::path(iter) / "metadata.json";
-  if (fs::exists(meta_json)) {
-    std::ifstream f(meta_json);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::exception& e) {
-      LATTICE_FAIL() << meta_json.string() << ": not JSON (" << e.what() << ")";
-    }
-    const std::string backend = j.value("sharded_backend", std::string());
-    if (backend != "torch_dist")
-      LATTICE_FAIL() << meta_json.string() << ": sharded_backend '" << backend << "', which lattice does not read "
-                     << "(torch_dist only)";
-  }
-  const fs::path common = fs::path(iter) / "common.pt";
-  if (!fs::exists(common))
-    LATTICE_FAIL() << "--from-megatron " << iter << ": a torch_dist checkpoint (.metadata) without common.pt, where "
-                   << "Megatron saves its args";
-  const TorchArchive archive(common.string());
-  MegatronArgs parsed = read_saved_state(archive, out);
-  const TransformerConfig& c = parsed.config;
-  out.torch_dist = true;
-  auto dcp = std::make_shared<DcpCheckpoint>(iter);
-  for (const auto& [fqn, t] : dcp->tensors())
-    if (fqn.find("layer_norm_weight") != std::string::npos) out.transformer_engine = true;
-
-  // Each parameter's tensor and its slice of it; shapes checked.
-  struct Slice {
-    std::string fqn;
-    std::vector<int64_t> lead;  // the leading dims fixed: the layer's (and the routed expert's) index
-  };
-  auto plan = std::make_shared<std::map<std::string, Slice>>();
-  std::set<std::string> used;
-  const ParamBuffer whole = GPTModel::parameter_registry(c, TensorParallel{}, ModelPlacement{}, 0, 1);
-  for (const ParamInfo& info : whole.infos()) {
-    const std::vector<Slice> forms = torch_dist_forms_of<Slice>(info.name);
-    const Slice* found = nullptr;
-    for (const Slice& f : forms)
-      if (!found && dcp->tensors().count(f.fqn)) found = &f;
-    if (!found)
-      LATTICE_FAIL() << iter << ": no tensor " << forms.front().fqn << " (lattice's " << info.name << ") in .metadata";
-    std::vector<int64_t> size = info.shape;
-    for (size_t d = found->lead.size(); d-- > 0;)  // the stacked axes: layers [num_layers], experts [num_experts]
-      size.insert(size.begin(), d == 0 ? c.num_layers : c.num_experts);
-    const std::vector<int64_t>& saved = dcp->tensors().at(found->fqn).size;
-    if (saved != size)
-      LATTICE_FAIL() << iter << ": tensor " << found->fqn << " has size " << shape_text(saved) << ", expected "
-                     << shape_text(size) << " (the model its args describe"
-                     << (found->lead.empty()       ? ""
-                         : found->lead.size() == 1 ? ", layers first"
-                                                   : ", layers then experts first")
-                     << ")";
-    if (const int64_t held = dcp->covered(found->fqn, found->lead); held != info.numel) {
-      std::string at;
-      if (!found->lead.empty()) at = " at layer " + std::to_string(found->lead[0]);
-      if (found->lead.size() > 1) at += ", expert " + std::to_string(found->lead[1]);
-      LATTICE_FAIL() << iter << ": " << found->fqn << at << ": its chunks hold " << held << " of its " << info.numel
-                     << " values";
-    }
-    used.insert(found->fqn);
-    (*plan)[info.name] = *found;
-  }
-  // Nothing of the model left over (the optimizer's state and Transformer Engine's extra state are not the model's).
-  for (const auto& [fqn, t] : dcp->tensors()) {
-    const bool model =
-        fqn.rfind("embedding.", 0) == 0 || fqn.rfind("decoder.", 0) == 0 || fqn.rfind("output_layer.", 0) == 0;
-    if (!model || used.count(fqn)) continue;
-    if (fqn == "output_layer.weight" && !c.untie_embeddings_and_output_weights) continue;
-    LATTICE_FAIL() << iter << ": tensor " << fqn << " is not a parameter of the model its args describe";
-  }
-  out.source.config = c;
-  out.source.fill = [dcp, plan](const ParamInfo& info, float* dst) {
-    const auto& slice = plan->at(info.name);
-    dcp->read_float(slice.fqn, slice.lead, dst);
-  };
-  return out;
-}
-
-}  // namespace
-
 MegatronSource open_megatron_checkpoint(const std::string& dir) {
   if (!fs::is_directory(dir)) LATTICE_FAIL() << "--from-megatron " << dir << ": no such directory";
   MegatronSource out;
@@ -498,7 +199,7 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   if (!fs::is_directory(iter))
     LATTICE_FAIL() << "--from-megatron " << dir << ": its latest_checkpointed_iteration.txt names " << iter
                    << ", which is missing";
-  if (fs::exists(fs::path(iter) / ".metadata")) return open_torch_dist(std::move(out));
+  if (fs::exists(fs::path(iter) / ".metadata")) return open_megatron_torch_dist(std::move(out));
   // Rank 0's file names the layout's kinds: mp_rank_00, mp_rank_00_000 (pipeline or expert parallelism),
   // mp_rank_00_000_000 (both); the args say which.
   fs::path first;
@@ -512,7 +213,7 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   // The saved args: the model's flags and the layout, checked as `lattice train` checks them.
   auto archive0 = std::make_unique<TorchArchive>(first.string());
   const std::string what0 = first.string();
-  MegatronArgs parsed = read_saved_state(*archive0, out);
+  MegatronArgs parsed = read_megatron_saved_state(*archive0, out);
   const TrainArgs& a = parsed.args;
   TransformerConfig& c = parsed.config;
   const bool pipeline = out.pp > 1, expert = out.ep > 1;
@@ -629,8 +330,8 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
       if (!tensor)
         LATTICE_FAIL() << path << ": " << found << " is " << tensors.at(found)->describe() << ", not a tensor";
       if (tensor->shape != part.shape)
-        LATTICE_FAIL() << path << ": tensor " << found << " has shape " << shape_text(tensor->shape) << ", expected "
-                       << shape_text(part.shape) << " (tensor-parallel rank " << t << " of " << T
+        LATTICE_FAIL() << path << ": tensor " << found << " has shape " << shape_str(tensor->shape) << ", expected "
+                       << shape_str(part.shape) << " (tensor-parallel rank " << t << " of " << T
                        << " of the model its args describe)";
       rf.used.insert(found);
       sources.push_back({&files[at(t, p, e)] - files.data(), ch, rank, found});

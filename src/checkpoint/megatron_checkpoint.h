@@ -64,6 +64,11 @@ struct MegatronArgs {
 };
 MegatronArgs megatron_args(const PyValue& ns, const std::string& what);
 
+class TorchArchive;
+// What a checkpoint saves beside the model (a rank file's, or torch_dist's common.pt): the args as the model's
+// configuration and train flags, and the iteration, layout, tokenizer and sequence length into `out`.
+MegatronArgs read_megatron_saved_state(const TorchArchive& archive, MegatronSource& out);
+
 // mp_rank_TT, then _PPP with pipeline parallelism, then _EEE with expert parallelism: the directory of a rank's
 // model_optim_rng.pt, as Megatron's get_checkpoint_name names it.
 std::string megatron_rank_dir(int t, int p, int e, bool pipeline, bool expert);

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "kernels/cast_math.h"
 
 namespace lattice {
@@ -48,12 +49,6 @@ bool checked_numel(const std::vector<int64_t>& shape, uint64_t* out) {
   }
   *out = n;
   return true;
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 bool read_u64_array(const json& j, size_t want, std::vector<uint64_t>* out) {
