@@ -26,6 +26,7 @@ namespace lattice {
 inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kCheckpointIndexFile = "checkpoint.json";
 inline constexpr const char* kTrackerFile = "latest_checkpointed_iteration.txt";
+inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
 
 // "iter_0000042"
 std::string iter_dir_name(int64_t iteration);

@@ -170,6 +170,11 @@ MegatronArgs read_megatron_saved_state(const TorchArchive& archive, MegatronSour
     LATTICE_FAIL() << what << ": checkpoint_version " << v << " (before 3.0, whose query-key-value layout lattice does "
                    << "not read)";
   if (const PyRef it = root->get("iteration"); it && it->is(PyValue::Kind::integer)) out.iteration = it->integer;
+  if (const PyRef f = root->get("num_floating_point_operations_so_far"); f && f->is(PyValue::Kind::floating))
+    out.flops_so_far = f->floating;
+  if (const PyRef n = ns->get("consumed_train_samples"); n && n->is(PyValue::Kind::integer))
+    out.consumed_train_samples = n->integer;
+  if (const PyRef s = ns->get("seed"); s && s->is(PyValue::Kind::integer)) out.seed = uint64_t(s->integer);
   MegatronArgs parsed = megatron_args(*ns, what);
   const TrainArgs& a = parsed.args;
   out.tp = int(a.tensor_model_parallel_size);
@@ -191,7 +196,7 @@ MegatronArgs read_megatron_saved_state(const TorchArchive& archive, MegatronSour
   return parsed;
 }
 
-MegatronSource open_megatron_checkpoint(const std::string& dir) {
+MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim) {
   if (!fs::is_directory(dir)) LATTICE_FAIL() << "--from-megatron " << dir << ": no such directory";
   MegatronSource out;
   out.iteration_dir = resolve_iteration_dir(dir);
@@ -199,7 +204,7 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
   if (!fs::is_directory(iter))
     LATTICE_FAIL() << "--from-megatron " << dir << ": its latest_checkpointed_iteration.txt names " << iter
                    << ", which is missing";
-  if (fs::exists(fs::path(iter) / ".metadata")) return open_megatron_torch_dist(std::move(out));
+  if (fs::exists(fs::path(iter) / ".metadata")) return open_megatron_torch_dist(std::move(out), load_optim);
   // Rank 0's file names the layout's kinds: mp_rank_00, mp_rank_00_000 (pipeline or expert parallelism),
   // mp_rank_00_000_000 (both); the args say which.
   fs::path first;
@@ -354,6 +359,15 @@ MegatronSource open_megatron_checkpoint(const std::string& dir) {
           }
   }
 
+  const PyRef first_root = files[0].archive->root();
+  out.optimizer_note = !load_optim ? "not read (--no-load-optim)"
+                       : fs::exists(first.parent_path() / "distrib_optim.pt")
+                           ? "the distributed optimizer's distrib_optim.pt (its flat buffers), which lattice does not "
+                             "read; Megatron saves Adam's state by parameter with --ckpt-format torch_dist"
+                       : first_root->get("optimizer")
+                           ? "--ckpt-format torch numbers it by parameter, which lattice does not read; Megatron saves "
+                             "it by parameter name with --ckpt-format torch_dist"
+                           : "none saved (--no-save-optim)";
   out.source.config = c;
   auto shared_files = std::make_shared<std::vector<RankFile>>(std::move(files));
   out.source.fill = [shared_files, rank_infos, plan, E](const ParamInfo& info, float* dst) {

@@ -23,21 +23,36 @@
 // tensor is read whole.
 //
 // Everything is checked before any value is read: every rank file present, every tensor of the model found
-// with its shape, no tensor left over. Errors name the file and the tensor. Not read: the optimizer state
-// (the weights alone come over), experts split otherwise than the dense layers (--expert-tensor-parallel-size
+// with its shape, no tensor left over. Errors name the file and the tensor. The optimizer state is read from
+// torch_dist checkpoints where it is named after the parameters (megatron_torch_dist.h); not read: --ckpt-format
+// torch's (numbered by parameter) and the distributed optimizer's flat buffers (the weights alone come over), experts split otherwise than the dense layers (--expert-tensor-parallel-size
 // other than --tensor-model-parallel-size) or as the legacy GroupedMLP, latent experts, multi-latent attention,
 // multi-token prediction and hybrid models.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "checkpoint/hf_common.h"
 #include "checkpoint/torch_pickle.h"
 #include "data/tokenizer.h"
+#include "optim/param_buffer.h"
+#include "optim/loss_scaler.h"
 #include "train/arguments.h"
 
 namespace lattice {
+
+// A Megatron run's Adam state, where its checkpoint holds one lattice reads: torch_dist's, named after each
+// parameter (optimizer.state.exp_avg.<tensor>, optimizer.state.exp_avg_sq.<tensor>: the non-distributed optimizer,
+// and the distributed one saved with --dist-ckpt-optim-fully-reshardable).
+struct MegatronOptimizerState {
+  int64_t step = 0;  // updates taken (the param groups' 'step', or the state's common_step)
+  std::function<void(const ParamInfo&, float*)> exp_avg, exp_avg_sq;  // each parameter's, whole (dst [numel])
+  nlohmann::json opt_param_scheduler;            // Megatron's saved fields (lattice's are the same)
+  std::optional<LossScalerState> grad_scaler;    // fp16's dynamic loss scaler
+};
 
 struct MegatronSource {
   HfSource source;           // the model's configuration (padded vocabulary as saved) and each parameter's values
@@ -50,10 +65,19 @@ struct MegatronSource {
   TokenizerSpec tokenizer;   // the saved args' (--tokenizer-type, --vocab-file, --merge-file, --tokenizer-model,
                              // NullTokenizer's --vocab-size)
   int64_t seq_length = 0;    // the saved --seq-length
+  int64_t consumed_train_samples = 0;  // the saved args'
+  uint64_t seed = 0;                   // the saved --seed
+  double flops_so_far = 0;             // num_floating_point_operations_so_far
+  // The optimizer state (open_megatron_checkpoint's load_optim); absent: none saved, or one lattice does not read,
+  // optimizer_note says which. With it, source.fill reads the optimizer's fp32 main parameters where it keeps
+  // them (a bf16 or fp16 run's), not their rounded model copies.
+  std::optional<MegatronOptimizerState> optimizer;
+  std::string optimizer_note;
 };
 
-// Opens DIR (a --save directory, or one of its iter_* directories) and checks it whole; see above.
-MegatronSource open_megatron_checkpoint(const std::string& dir);
+// Opens DIR (a --save directory, or one of its iter_* directories) and checks it whole; see above. With load_optim,
+// the optimizer state too where lattice reads it (checked whole as well).
+MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim = true);
 
 // The saved args (an argparse.Namespace) as lattice's train flags (the model's and the layout's, checked as
 // `lattice train` checks them) and the model's configuration (the vocabulary: padded_vocab_size rows); a

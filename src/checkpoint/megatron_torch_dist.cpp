@@ -1,6 +1,8 @@
 // Megatron-Core's torch_dist checkpoints (megatron_torch_dist.h).
 #include "checkpoint/megatron_torch_dist.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -12,6 +14,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "model/gpt_model.h"
+#include "optim/opt_param_scheduler.h"
 
 namespace fs = std::filesystem;
 
@@ -51,6 +54,242 @@ std::vector<Slice> torch_dist_forms_of(const std::string& name) {
   return forms;
 }
 
+// A parameter's values in a torch_dist tensor: its name and the leading dims fixed (the layer's, and the routed
+// expert's, index).
+struct Slice {
+  std::string fqn;
+  std::vector<int64_t> lead;
+};
+
+std::string slice_text(const Slice& s) {
+  std::string at = s.fqn;
+  if (!s.lead.empty()) at += " at layer " + std::to_string(s.lead[0]);
+  if (s.lead.size() > 1) at += ", expert " + std::to_string(s.lead[1]);
+  return at;
+}
+
+// Checks that tensor fqn has `size` and that its chunks hold every value of the slice at `lead` (numel of them);
+// `expected` says what the size is, in the error, and `hint` ends either error.
+void check_slice(const DcpCheckpoint& dcp, const Slice& s, const std::vector<int64_t>& size, int64_t numel,
+                 const std::string& expected, const std::string& hint = "") {
+  const std::vector<int64_t>& saved = dcp.tensors().at(s.fqn).size;
+  if (saved != size)
+    LATTICE_FAIL() << dcp.dir() << ": tensor " << s.fqn << " has size " << shape_str(saved) << ", expected "
+                   << shape_str(size) << " (" << expected << ")" << hint;
+  if (const int64_t held = dcp.covered(s.fqn, s.lead); held != numel)
+    LATTICE_FAIL() << dcp.dir() << ": " << slice_text(s) << ": its chunks hold " << held << " of its " << numel
+                   << " values" << hint;
+}
+
+// The optimizer-state tensors, [chained_<i>.]optimizer.state.<slot>.<model tensor> (the chained optimizer's prefix
+// is that of Megatron-Core before 0.14), by model tensor and slot (exp_avg, exp_avg_sq, fp32_param, param).
+std::map<std::string, std::map<std::string, std::string>> named_optimizer_state(const DcpCheckpoint& dcp) {
+  std::map<std::string, std::map<std::string, std::string>> out;
+  const std::string state = "optimizer.state.";
+  for (const auto& [key, t] : dcp.tensors()) {
+    size_t at = 0;
+    if (key.rfind("chained_", 0) == 0) {
+      at = key.find('.');
+      if (at == std::string::npos) continue;
+      ++at;
+    }
+    if (key.compare(at, state.size(), state) != 0) continue;
+    const size_t dot = key.find('.', at + state.size());
+    if (dot == std::string::npos) continue;
+    out[key.substr(dot + 1)][key.substr(at + state.size(), dot - at - state.size())] = key;
+  }
+  return out;
+}
+
+// The distributed optimizer's own layouts: its flat buffers (dp_reshardable, Megatron-Core's default with
+// --use-distributed-optimizer since 0.13; dp_zero_gather_scatter before it), optimizer.distributed.*.
+bool has_optimizer_buffers(const DcpCheckpoint& dcp) {
+  auto buffer = [](const std::string& k) { return k.find("optimizer.distributed.") != std::string::npos; };
+  for (const auto& [key, t] : dcp.tensors())
+    if (buffer(key)) return true;
+  for (const std::string& key : dcp.bytes_items())
+    if (buffer(key)) return true;
+  return false;
+}
+
+// A saved number: a Python int or float, or a one-element tensor (read from `archive`).
+std::optional<double> saved_number(const PyRef& v, const TorchArchive& archive, const std::string& name) {
+  if (!v) return std::nullopt;
+  if (v->is(PyValue::Kind::integer)) return double(v->integer);
+  if (v->is(PyValue::Kind::floating)) return v->floating;
+  if (const TorchTensor* t = TorchArchive::tensor(v); t && t->numel() == 1) {
+    float x = 0;
+    archive.read_float(*t, name, &x);
+    return double(x);
+  }
+  LATTICE_FAIL() << archive.path() << ": " << name << " is " << v->describe() << ", not a number";
+}
+
+// Every 'step' of the param groups (Transformer Engine's and Apex's FusedAdam keep it there) and every common_step
+// (torch.optim's per-parameter step, saved once) under common.pt's 'optimizer': a dict, a list of them (the chained
+// optimizer: dense, then experts), or a dict of them by index.
+void collect_steps(const PyRef& v, const TorchArchive& archive, const std::string& at, std::vector<double>& steps) {
+  if (!v) return;
+  if (v->is(PyValue::Kind::list) || v->is(PyValue::Kind::tuple)) {
+    for (size_t i = 0; i < v->items.size(); ++i) collect_steps(v->items[i], archive, at + "[" + std::to_string(i) + "]", steps);
+    return;
+  }
+  if (!v->is(PyValue::Kind::dict)) return;
+  for (const auto& [k, item] : v->entries) {
+    const std::string key = k->is(PyValue::Kind::string) ? k->text : k->is(PyValue::Kind::integer) ? std::to_string(k->integer) : "";
+    if (key == "param_groups" && (item->is(PyValue::Kind::list) || item->is(PyValue::Kind::tuple))) {
+      for (size_t i = 0; i < item->items.size(); ++i)
+        if (const auto s = saved_number(item->items[i]->is(PyValue::Kind::dict) ? item->items[i]->get("step") : nullptr,
+                                        archive, at + ".param_groups[" + std::to_string(i) + "].step"))
+          steps.push_back(*s);
+    } else if (key == "common_step") {
+      if (const auto s = saved_number(item, archive, at + ".common_step")) steps.push_back(*s);
+    } else if (!key.empty()) {
+      collect_steps(item, archive, at + "." + key, steps);
+    }
+  }
+}
+
+// fp16's dynamic loss scaler under common.pt's 'optimizer' ({'scale': tensor [1], 'growth_tracker',
+// 'hysteresis_tracker'}); nullopt without one (bf16, fp32, a constant --loss-scale).
+std::optional<LossScalerState> find_grad_scaler(const PyRef& v, const TorchArchive& archive, const std::string& at) {
+  if (!v) return std::nullopt;
+  if (v->is(PyValue::Kind::list) || v->is(PyValue::Kind::tuple)) {
+    for (size_t i = 0; i < v->items.size(); ++i)
+      if (auto s = find_grad_scaler(v->items[i], archive, at + "[" + std::to_string(i) + "]")) return s;
+    return std::nullopt;
+  }
+  if (!v->is(PyValue::Kind::dict)) return std::nullopt;
+  if (const PyRef g = v->get("grad_scaler"); g && g->is(PyValue::Kind::dict) && g->get("scale")) {
+    const std::string name = at + ".grad_scaler";
+    LossScalerState s{};
+    s.scale = *saved_number(g->get("scale"), archive, name + ".scale");
+    const auto growth = saved_number(g->get("growth_tracker"), archive, name + ".growth_tracker");
+    const auto hysteresis = saved_number(g->get("hysteresis_tracker"), archive, name + ".hysteresis_tracker");
+    if (!growth || !hysteresis) return std::nullopt;  // a constant scaler's state: nothing to carry
+    s.growth_tracker = int64_t(*growth);
+    s.hysteresis_tracker = int64_t(*hysteresis);
+    return s;
+  }
+  for (const auto& [k, item] : v->entries)
+    if (auto s = find_grad_scaler(item, archive, at + "." + (k->is(PyValue::Kind::string) ? k->text : "?"))) return s;
+  return std::nullopt;
+}
+
+// A saved dict of numbers and strings (the scheduler's state) as JSON.
+nlohmann::json plain_json(const PyValue& d, const std::string& what) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : d.entries) {
+    if (!k->is(PyValue::Kind::string)) continue;
+    if (v->is(PyValue::Kind::integer)) j[k->text] = v->integer;
+    else if (v->is(PyValue::Kind::floating)) j[k->text] = v->floating;
+    else if (v->is(PyValue::Kind::string)) j[k->text] = v->text;
+    else if (v->is(PyValue::Kind::boolean)) j[k->text] = v->boolean;
+    else if (v->is(PyValue::Kind::none)) j[k->text] = nullptr;
+    else LATTICE_FAIL() << what << ": " << k->text << " is " << v->describe() << ", not a number or a string";
+  }
+  return j;
+}
+
+// The optimizer's state where lattice reads it (MegatronOptimizerState) into out.optimizer, with source.fill reading
+// the fp32 main parameters where the optimizer keeps them; else out.optimizer_note says why not. Named state is
+// checked whole: every parameter's moments there, of its tensor's size, every value in a chunk, nothing left over.
+void read_optimizer_state(MegatronSource& out, const std::shared_ptr<DcpCheckpoint>& dcp,
+                          const std::shared_ptr<std::map<std::string, Slice>>& plan, const TorchArchive& common,
+                          const ParamBuffer& whole, const TransformerConfig& c) {
+  const std::string& iter = out.iteration_dir;
+  const PyRef root = common.root();
+  const PyRef ns = root->get("args");
+  if (const PyRef o = ns ? ns->get("optimizer") : nullptr; o && o->is(PyValue::Kind::string) && o->text != "adam") {
+    out.optimizer_note = "args.optimizer is '" + o->text + "'; lattice brings Adam's state over only";
+    return;
+  }
+  if (has_optimizer_buffers(*dcp)) {
+    out.optimizer_note =
+        "saved as the distributed optimizer's flat buffers (optimizer.distributed.*: Megatron-Core's default with "
+        "--use-distributed-optimizer), which lattice does not read; Megatron saves it by parameter with "
+        "--dist-ckpt-optim-fully-reshardable";
+    return;
+  }
+  const auto named = named_optimizer_state(*dcp);
+  if (named.empty()) {
+    out.optimizer_note = "none saved (--no-save-optim)";
+    return;
+  }
+  const std::string hint = "; give --no-load-optim to convert the weights alone";
+  struct State {
+    Slice exp_avg, exp_avg_sq;
+    std::optional<Slice> main;  // the fp32 main parameter (fp32_param; the fully reshardable layout's param)
+  };
+  auto states = std::make_shared<std::map<std::string, State>>();
+  std::set<std::string> used;
+  for (const ParamInfo& info : whole.infos()) {
+    const Slice& model = plan->at(info.name);
+    const auto it = named.find(model.fqn);
+    auto slot = [&](const std::string& name, bool required) -> std::optional<Slice> {
+      const auto s = it == named.end() ? std::map<std::string, std::string>::const_iterator()
+                                       : it->second.find(name);
+      if (it == named.end() || s == it->second.end()) {
+        if (required)
+          LATTICE_FAIL() << iter << ": no tensor optimizer.state." << name << "." << model.fqn << " (Adam's state of "
+                         << "lattice's " << info.name << ") in .metadata, where other parameters have theirs" << hint;
+        return std::nullopt;
+      }
+      Slice state{s->second, model.lead};
+      check_slice(*dcp, state, dcp->tensors().at(model.fqn).size, info.numel,
+                  "its parameter's, " + model.fqn + "; Megatron-Core before 0.13 saved the distributed optimizer's "
+                  "state flattened with --ckpt-fully-parallel-save, which lattice does not read",
+                  hint);
+      used.insert(s->second);
+      return state;
+    };
+    State s{*slot("exp_avg", true), *slot("exp_avg_sq", true), slot("fp32_param", false)};
+    if (!s.main) s.main = slot("param", false);
+    (*states)[info.name] = s;
+  }
+  for (const auto& [fqn, slots] : named)
+    for (const auto& [slot, key] : slots) {
+      if (used.count(key) || (fqn == "output_layer.weight" && !c.untie_embeddings_and_output_weights)) continue;
+      LATTICE_FAIL() << iter << ": tensor " << key << " is not Adam's state of a parameter of the model its args "
+                     << "describe" << hint;
+    }
+
+  MegatronOptimizerState o;
+  std::vector<double> steps;
+  collect_steps(root->get("optimizer"), common, "optimizer", steps);
+  if (steps.empty())
+    LATTICE_FAIL() << common.path() << ": no optimizer step (the param groups' 'step' or the state's common_step) "
+                   << "for the optimizer state in .metadata" << hint;
+  const double step = *std::max_element(steps.begin(), steps.end());
+  for (double s : steps)  // (a param group without parameters may never have stepped)
+    if (s != step && s != 0)
+      LATTICE_FAIL() << common.path() << ": the optimizer's param groups took " << s << " and " << step
+                     << " steps; lattice keeps one count" << hint;
+  if (step < 0 || step != std::floor(step))
+    LATTICE_FAIL() << common.path() << ": optimizer step " << step << " is not a count" << hint;
+  o.step = int64_t(step);
+  const PyRef sched = root->get("opt_param_scheduler");
+  if (!sched || !sched->is(PyValue::Kind::dict))
+    LATTICE_FAIL() << common.path() << ": no opt_param_scheduler beside the optimizer state" << hint;
+  o.opt_param_scheduler = plain_json(*sched, common.path() + ": opt_param_scheduler");
+  OptimizerParamSchedulerState::from_json(o.opt_param_scheduler, common.path() + ": opt_param_scheduler");
+  o.grad_scaler = find_grad_scaler(root->get("optimizer"), common, "optimizer");
+  o.exp_avg = [dcp, states](const ParamInfo& info, float* dst) {
+    const Slice& s = states->at(info.name).exp_avg;
+    dcp->read_float(s.fqn, s.lead, dst);
+  };
+  o.exp_avg_sq = [dcp, states](const ParamInfo& info, float* dst) {
+    const Slice& s = states->at(info.name).exp_avg_sq;
+    dcp->read_float(s.fqn, s.lead, dst);
+  };
+  out.source.fill = [dcp, plan, states](const ParamInfo& info, float* dst) {
+    const State& s = states->at(info.name);
+    const Slice& from = s.main ? *s.main : plan->at(info.name);
+    dcp->read_float(from.fqn, from.lead, dst);
+  };
+  out.optimizer = std::move(o);
+}
+
 }  // namespace
 
 // Megatron-Core's torch_dist checkpoint (dist_checkpointing's torch_dist backend): common.pt (torch.save of what
@@ -58,7 +297,7 @@ std::vector<Slice> torch_dist_forms_of(const std::string& name) {
 // whose model tensors are named as the state dict names them but for the layers: one tensor
 // decoder.layers.<rest> [num_layers, ...] for every layer's <rest> (sharded_state_dict prepends the global layer
 // number), each rank's part a chunk. The layout that saved it does not matter: every tensor is whole here.
-MegatronSource open_megatron_torch_dist(MegatronSource out) {
+MegatronSource open_megatron_torch_dist(MegatronSource out, bool load_optim) {
   const std::string& iter = out.iteration_dir;
   const fs::path meta_json = fs::path(iter) / "metadata.json";
   if (fs::exists(meta_json)) {
@@ -87,10 +326,6 @@ MegatronSource open_megatron_torch_dist(MegatronSource out) {
     if (fqn.find("layer_norm_weight") != std::string::npos) out.transformer_engine = true;
 
   // Each parameter's tensor and its slice of it; shapes checked.
-  struct Slice {
-    std::string fqn;
-    std::vector<int64_t> lead;  // the leading dims fixed: the layer's (and the routed expert's) index
-  };
   auto plan = std::make_shared<std::map<std::string, Slice>>();
   std::set<std::string> used;
   const ParamBuffer whole = GPTModel::parameter_registry(c, TensorParallel{}, ModelPlacement{}, 0, 1);
@@ -104,21 +339,9 @@ MegatronSource open_megatron_torch_dist(MegatronSource out) {
     std::vector<int64_t> size = info.shape;
     for (size_t d = found->lead.size(); d-- > 0;)  // the stacked axes: layers [num_layers], experts [num_experts]
       size.insert(size.begin(), d == 0 ? c.num_layers : c.num_experts);
-    const std::vector<int64_t>& saved = dcp->tensors().at(found->fqn).size;
-    if (saved != size)
-      LATTICE_FAIL() << iter << ": tensor " << found->fqn << " has size " << shape_str(saved) << ", expected "
-                     << shape_str(size) << " (the model its args describe"
-                     << (found->lead.empty()       ? ""
-                         : found->lead.size() == 1 ? ", layers first"
-                                                   : ", layers then experts first")
-                     << ")";
-    if (const int64_t held = dcp->covered(found->fqn, found->lead); held != info.numel) {
-      std::string at;
-      if (!found->lead.empty()) at = " at layer " + std::to_string(found->lead[0]);
-      if (found->lead.size() > 1) at += ", expert " + std::to_string(found->lead[1]);
-      LATTICE_FAIL() << iter << ": " << found->fqn << at << ": its chunks hold " << held << " of its " << info.numel
-                     << " values";
-    }
+    check_slice(*dcp, *found, size, info.numel,
+                std::string("the model its args describe") +
+                    (found->lead.empty() ? "" : found->lead.size() == 1 ? ", layers first" : ", layers then experts first"));
     used.insert(found->fqn);
     (*plan)[info.name] = *found;
   }
@@ -132,9 +355,14 @@ MegatronSource open_megatron_torch_dist(MegatronSource out) {
   }
   out.source.config = c;
   out.source.fill = [dcp, plan](const ParamInfo& info, float* dst) {
-    const auto& slice = plan->at(info.name);
+    const Slice& slice = plan->at(info.name);
     dcp->read_float(slice.fqn, slice.lead, dst);
   };
+  if (!load_optim) {
+    out.optimizer_note = "not read (--no-load-optim)";
+    return out;
+  }
+  read_optimizer_state(out, dcp, plan, archive, whole, c);
   return out;
 }
 

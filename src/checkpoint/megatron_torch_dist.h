@@ -15,7 +15,15 @@
 
 namespace lattice {
 
-// `out` holds the iteration directory; fills in the rest (megatron_checkpoint.h), checked whole first.
-MegatronSource open_megatron_torch_dist(MegatronSource out);
+// `out` holds the iteration directory; fills in the rest (megatron_checkpoint.h), checked whole first: the model,
+// and with load_optim the optimizer's state where lattice reads it.
+//
+// Adam's state is read where it is named after the parameter's tensor, optimizer.state.<slot>.<tensor> (slots
+// exp_avg, exp_avg_sq, and the fp32 main parameters fp32_param, or param in the distributed optimizer's fully
+// reshardable layout), each of its parameter's size and sharding; Megatron-Core before 0.14 prefixed a chained
+// optimizer's (MoE: dense, then experts) with chained_<i>. Its step is common.pt's (the param groups' 'step' or the
+// state's common_step), as are the scheduler's state (opt_param_scheduler) and fp16's loss scaler (grad_scaler). The
+// distributed optimizer's flat buffers (optimizer.distributed.*) are not read.
+MegatronSource open_megatron_torch_dist(MegatronSource out, bool load_optim);
 
 }  // namespace lattice

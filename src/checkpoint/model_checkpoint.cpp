@@ -402,19 +402,28 @@ std::string save_model_checkpoint(const std::string& dir, int64_t iteration, con
 std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const TransformerConfig& config,
                                   const std::function<void(const ParamInfo&, float*)>& fill,
                                   const std::string& args_json) {
-  const ParamBuffer registry = GPTModel::parameter_registry(config, TensorParallel{}, ModelPlacement{}, 0, 1);
-  CheckpointWriter w;
-  for (const TensorPart& t : param_parts(registry.infos(), nullptr, 0)) {  // (the tensors a model's save writes)
-    const ParamInfo& p = registry.info(t.name);
-    LATTICE_CHECK(t.lengths == p.global_shape) << t.name << ": not whole in a one-process model";
-    w.add_produced_piece(kModelFile, t.name, "F32", t.global_shape, t.offsets, t.lengths,
-                         [p, &fill](uint8_t* out) { fill(p, reinterpret_cast<float*>(out)); });
-  }
   CheckpointState s;
   s.iteration = iteration;
-  s.model_config = model_config_json(config);
   s.args = json::parse(args_json);
-  w.set_state(s);
+  return save_streamed_checkpoint(dir, s, config, fill);
+}
+
+std::string save_streamed_checkpoint(const std::string& dir, CheckpointState state, const TransformerConfig& config,
+                                     const std::function<void(const ParamInfo&, float*)>& fill,
+                                     const std::vector<StreamedTensors>& more) {
+  const ParamBuffer registry = GPTModel::parameter_registry(config, TensorParallel{}, ModelPlacement{}, 0, 1);
+  CheckpointWriter w;
+  std::vector<StreamedTensors> sets{{kModelFile, "", fill}};
+  sets.insert(sets.end(), more.begin(), more.end());
+  for (const StreamedTensors& set : sets)
+    for (const TensorPart& t : param_parts(registry.infos(), nullptr, 0)) {  // (the tensors a model's save writes)
+      const ParamInfo& p = registry.info(t.name);
+      LATTICE_CHECK(t.lengths == p.global_shape) << t.name << ": not whole in a one-process model";
+      w.add_produced_piece(set.file, set.prefix + t.name, "F32", t.global_shape, t.offsets, t.lengths,
+                           [p, &set](uint8_t* out) { set.fill(p, reinterpret_cast<float*>(out)); });
+    }
+  state.model_config = model_config_json(config);
+  w.set_state(state);
   return w.save(dir);
 }
 

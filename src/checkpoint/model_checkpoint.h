@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
@@ -44,6 +45,18 @@ std::string save_model_checkpoint(const std::string& dir, int64_t iteration, con
 std::string save_model_checkpoint(const std::string& dir, int64_t iteration, const TransformerConfig& config,
                                   const std::function<void(const ParamInfo&, float*)>& fill,
                                   const std::string& args_json);
+
+// Tensors a streamed checkpoint holds beside the model's: each parameter's values under prefix + its name in
+// `file` (optimizer.safetensors' optimizer.exp_avg.<param>, ...).
+struct StreamedTensors {
+  std::string file, prefix;
+  std::function<void(const ParamInfo&, float*)> fill;
+};
+// The streamed checkpoint above with `state` (its model_config set here) and those tensors too: a training checkpoint
+// made without a model (lattice convert --from-megatron with a run's optimizer state).
+std::string save_streamed_checkpoint(const std::string& dir, CheckpointState state, const TransformerConfig& config,
+                                     const std::function<void(const ParamInfo&, float*)>& fill,
+                                     const std::vector<StreamedTensors>& more = {});
 
 struct LoadedModel {
   std::unique_ptr<GPTModel> model;  // null when opened without it (open_model_checkpoint)

@@ -73,8 +73,10 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
     const std::string name = value->qualified_name();
     const std::string bytes_item = "BytesStorageMetadata";
     if (name.size() >= bytes_item.size() &&
-        name.compare(name.size() - bytes_item.size(), bytes_item.size(), bytes_item) == 0)
+        name.compare(name.size() - bytes_item.size(), bytes_item.size(), bytes_item) == 0) {
+      bytes_items_.insert(key->text);
       continue;
+    }
     const std::string of = what + ": " + key->text;
     Tensor t;
     t.size = dims_of(field(value, "size", of), of);

