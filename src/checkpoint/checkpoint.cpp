@@ -353,7 +353,8 @@ void CheckpointWriter::add_flat_range(const std::string& file, const std::string
 std::string CheckpointWriter::save(const std::string& dir, int64_t keep_last_n, int64_t retain_interval) const {
   const fs::path root(dir);
   std::error_code ec;
-  if (fs::create_directories(root, ec)) {
+  const bool created = fs::create_directories(root, ec);
+  if (created) {
     const fs::path parent = root.parent_path().empty() ? fs::path(".") : root.parent_path();
     fsync_dir(parent.string());  // the new directory's own entry
   }
@@ -372,8 +373,9 @@ std::string CheckpointWriter::save(const std::string& dir, int64_t keep_last_n, 
   fs::create_directory(staged, ec);
   if (ec) LATTICE_FAIL() << staged.string() << ": cannot create directory: " << ec.message();
 
-  // A save that fails (a full disk, a write error) removes what it staged: the space goes
-  // back to the user, and the checkpoints already published stay as they were.
+  // A save that fails (a full disk, a write error, a tensor that cannot be read) removes what it staged,
+  // and the directory itself when it made it: the space goes back to the user, and the checkpoints already
+  // published stay as they were.
   try {
     CheckpointIndex index = index_;
     for (const auto& [file, writer] : files_) {
@@ -393,6 +395,7 @@ std::string CheckpointWriter::save(const std::string& dir, int64_t keep_last_n, 
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(staged, ignored);
+    if (created) fs::remove(root, ignored);  // the directory this save made (left alone if it holds anything)
     throw;
   }
 

@@ -1,5 +1,7 @@
 #include "checkpoint/megatron_checkpoint.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,10 +13,13 @@
 #include "checkpoint/tensor_parts.h"
 #include "checkpoint/torch_archive.h"
 #include "checkpoint/megatron_torch_dist.h"
+#include "checkpoint/megatron_torch_optimizer.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/cast_math.h"
 #include "dist/layout_only_comm.h"
 #include "model/gpt_model.h"
+#include "optim/opt_param_scheduler.h"
 #include "pipeline/schedule.h"
 #include "train/arguments.h"
 
@@ -43,13 +48,14 @@ fs::path rank_file(const std::string& iter_dir, int t, int p, int e, bool pipeli
   return fs::path(iter_dir) / megatron_rank_dir(t, p, e, pipeline, expert) / "model_optim_rng.pt";
 }
 
-// A state dict's tensors by their dotted names (nested dicts joined with '.').
-void flatten(const PyRef& d, const std::string& prefix, std::map<std::string, PyRef>& out) {
+// A state dict's entries by their dotted names (nested dicts joined with '.'), in its order.
+using Entries = std::vector<std::pair<std::string, PyRef>>;
+void flatten(const PyRef& d, const std::string& prefix, Entries& out) {
   for (const auto& [k, v] : d->entries) {
     if (!k->is(PyValue::Kind::string)) continue;
     const std::string name = prefix + k->text;
     if (v->is(PyValue::Kind::dict)) flatten(v, name + ".", out);
-    else out[name] = v;
+    else out.emplace_back(name, v);
   }
 }
 
@@ -61,7 +67,7 @@ void flatten(const PyRef& d, const std::string& prefix, std::map<std::string, Py
 // decoder.final_layernorm, language_model.output_layer -> output_layer, and a last stage's word_embeddings_for_head
 // (the tied copy) -> output_layer. The tensors' layouts are the same (checkpoint_version 3.0). A state dict with
 // Megatron-Core's names is returned as it is; `legacy` says whether it had the legacy ones.
-std::map<std::string, PyRef> from_legacy_names(std::map<std::string, PyRef> tensors, bool& legacy) {
+Entries from_legacy_names(Entries tensors, bool& legacy) {
   bool any = false;
   for (const auto& [k, v] : tensors)
     any = any || k.rfind("language_model.", 0) == 0 || k.rfind("word_embeddings_for_head.", 0) == 0;
@@ -73,7 +79,7 @@ std::map<std::string, PyRef> from_legacy_names(std::map<std::string, PyRef> tens
       {"post_attention_layernorm.", "pre_mlp_layernorm."},
       {"mlp.dense_h_to_4h.", "mlp.linear_fc1."},
       {"mlp.dense_4h_to_h.", "mlp.linear_fc2."}};
-  std::map<std::string, PyRef> out;
+  Entries out;
   for (auto& [k, v] : tensors) {
     std::string name = k;
     auto replace_prefix = [&](const std::string& from, const std::string& to) {
@@ -94,17 +100,30 @@ std::map<std::string, PyRef> from_legacy_names(std::map<std::string, PyRef> tens
       replace_prefix("word_embeddings_for_head.", "output_layer.");
     }
     if (name.size() >= 9 && name.compare(name.size() - 9, 9, ".inv_freq") == 0) continue;  // rope's buffer
-    out[name] = std::move(v);
+    out.emplace_back(name, std::move(v));
   }
   return out;
 }
 
-// One rank file: its archive and its state dicts' tensors (chunk v's under 'model', or 'model<v>').
-struct RankFile {
-  std::unique_ptr<TorchArchive> archive;
-  std::vector<std::map<std::string, PyRef>> chunks;
-  std::set<std::string> used;  // keys a parameter reads
-};
+using RankFile = MegatronRankFile;
+
+// The fp32 main parameter `main` (n values) read for the model's tensor `key` must round to the model's values, as
+// Megatron copies them after each step: a check that the optimizer's numbering was read right.
+void check_main_params(const TorchArchive& archive, const PyRef& model, const std::string& key, const float* main) {
+  const TorchTensor& t = *TorchArchive::tensor(model);
+  std::vector<float> m(size_t(t.numel()));
+  archive.read_float(t, key, m.data());
+  for (size_t i = 0; i < m.size(); ++i) {
+    const float r = t.dtype == "bfloat16" ? math::round_bf16(main[i])
+                    : t.dtype == "float16" ? math::fp16_to_fp32(math::fp32_to_fp16(main[i]))
+                                           : main[i];
+    if (r != m[i] && !(std::isnan(r) && std::isnan(m[i])))
+      LATTICE_FAIL() << archive.path() << ": the fp32 main parameter numbered for " << key << " is " << main[i]
+                     << " at element " << i << ", which does not round to the model's " << m[i]
+                     << " (the state dict's order and param groups disagree); give --no-load-optim to convert the "
+                     << "weights alone";
+  }
+}
 
 // Where one rank's part of a parameter is: its file (RankFile index), state dict and key, and the rank's
 // registry (tensor-parallel rank t and expert-parallel rank e at t * EP + e).
@@ -157,6 +176,41 @@ std::string te_fused_norm_name(const std::string& rest) {
 
 // What a checkpoint saves beside the model (a rank file's, or torch_dist's common.pt): the args as the model's
 // configuration and train flags, the iteration, the layout, the tokenizer.
+int64_t megatron_adam_step(const std::vector<double>& steps, const std::string& where) {
+  const std::string hint = "; give --no-load-optim to convert the weights alone";
+  if (steps.empty())
+    LATTICE_FAIL() << where << ": no optimizer step (the param groups' 'step' or the states') beside Adam's state"
+                   << hint;
+  const double step = *std::max_element(steps.begin(), steps.end());
+  for (double s : steps)  // (a param group without parameters may never have stepped)
+    if (s != step && s != 0)
+      LATTICE_FAIL() << where << ": the optimizer's steps disagree (" << s << " and " << step
+                     << "); lattice keeps one count" << hint;
+  if (step < 0 || step != std::floor(step))
+    LATTICE_FAIL() << where << ": optimizer step " << step << " is not a count" << hint;
+  return int64_t(step);
+}
+
+nlohmann::json megatron_scheduler_state(const TorchArchive& archive) {
+  const std::string what = archive.path() + ": opt_param_scheduler";
+  const PyRef d = archive.root()->get("opt_param_scheduler");
+  if (!d || !d->is(PyValue::Kind::dict))
+    LATTICE_FAIL() << archive.path() << ": no opt_param_scheduler beside the optimizer state; give --no-load-optim to "
+                   << "convert the weights alone";
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : d->entries) {
+    if (!k->is(PyValue::Kind::string)) continue;
+    if (v->is(PyValue::Kind::integer)) j[k->text] = v->integer;
+    else if (v->is(PyValue::Kind::floating)) j[k->text] = v->floating;
+    else if (v->is(PyValue::Kind::string)) j[k->text] = v->text;
+    else if (v->is(PyValue::Kind::boolean)) j[k->text] = v->boolean;
+    else if (v->is(PyValue::Kind::none)) j[k->text] = nullptr;
+    else LATTICE_FAIL() << what << ": " << k->text << " is " << v->describe() << ", not a number or a string";
+  }
+  OptimizerParamSchedulerState::from_json(j, what);  // Megatron's fields, which are lattice's: checked here
+  return j;
+}
+
 MegatronArgs read_megatron_saved_state(const TorchArchive& archive, MegatronSource& out) {
   const std::string& what = archive.path();
   const PyRef root = archive.root();
@@ -255,17 +309,20 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
           if (!m || !m->is(PyValue::Kind::dict))
             LATTICE_FAIL() << path.string() << ": no '" << key << "' state dict (saved with --no-save-optim? "
                            << "--ckpt-format torch saves the model under '" << key << "')";
+          Entries entries;
+          flatten(m, "", entries);
+          entries = from_legacy_names(std::move(entries), out.legacy);
           std::map<std::string, PyRef> tensors;
-          flatten(m, "", tensors);
-          tensors = from_legacy_names(std::move(tensors), out.legacy);
-          for (auto it = tensors.begin(); it != tensors.end();) {  // Transformer Engine's extra state: no weights
-            const std::string& k = it->first;
+          std::vector<std::string>& order = rf.order.emplace_back();
+          for (auto& [k, v] : entries) {  // Transformer Engine's extra state: no weights
             const bool extra = k.size() >= 12 && k.compare(k.size() - 12, 12, "_extra_state") == 0;
             if (k.find("layer_norm_weight") != std::string::npos) out.transformer_engine = true;
             if (k.find(".mlp.experts.weight1") != std::string::npos)
               LATTICE_FAIL() << path.string() << ": " << k << " is the legacy GroupedMLP's (--moe-grouped-gemm "
                              << "without Transformer Engine), which lattice does not read";
-            it = extra ? tensors.erase(it) : std::next(it);
+            if (extra) continue;
+            order.push_back(k);
+            tensors[k] = std::move(v);
           }
           rf.chunks.push_back(std::move(tensors));
         }
@@ -359,38 +416,67 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
           }
   }
 
-  const PyRef first_root = files[0].archive->root();
-  out.optimizer_note = !load_optim ? "not read (--no-load-optim)"
-                       : fs::exists(first.parent_path() / "distrib_optim.pt")
-                           ? "the distributed optimizer's distrib_optim.pt (its flat buffers), which lattice does not "
-                             "read; Megatron saves Adam's state by parameter with --ckpt-format torch_dist"
-                       : first_root->get("optimizer")
-                           ? "--ckpt-format torch numbers it by parameter, which lattice does not read; Megatron saves "
-                             "it by parameter name with --ckpt-format torch_dist"
-                           : "none saved (--no-save-optim)";
+  // Adam's state: every rank file's, where lattice reads it (the weights then from its fp32 main parameters).
+  using RankStates = std::vector<std::optional<MegatronRankOptimizer>>;
+  auto states = std::make_shared<RankStates>(files.size());
+  if (!load_optim) {
+    out.optimizer_note = "not read (--no-load-optim)";
+  } else if (fs::exists(first.parent_path() / "distrib_optim.pt")) {
+    out.optimizer_note = "the distributed optimizer's distrib_optim.pt (its flat buffers), which lattice does not read; "
+                         "Megatron saves Adam's state by parameter name with --ckpt-format torch_dist";
+  } else {
+    for (size_t k = 0; k < files.size(); ++k)
+      if (!((*states)[k] = read_megatron_rank_optimizer(files[k], out.optimizer_note))) {
+        *states = RankStates(files.size());
+        break;
+      }
+  }
+  if ((*states)[0]) {
+    std::vector<double> steps;
+    for (const auto& s : *states) steps.insert(steps.end(), s->steps.begin(), s->steps.end());
+    MegatronOptimizerState o;
+    o.step = megatron_adam_step(steps, iter);
+    o.opt_param_scheduler = megatron_scheduler_state(*files[0].archive);
+    o.grad_scaler = (*states)[0]->grad_scaler;
+    out.optimizer = std::move(o);
+  }
   out.source.config = c;
   auto shared_files = std::make_shared<std::vector<RankFile>>(std::move(files));
-  out.source.fill = [shared_files, rank_infos, plan, E](const ParamInfo& info, float* dst) {
-    for (const Source& s : plan->at(info.name)) {
-      const RankFile& rf = (*shared_files)[s.file];
-      const TorchTensor& tensor = *TorchArchive::tensor(rf.chunks[size_t(s.chunk)].at(s.key));
-      ParamInfo part = (*rank_infos)[s.rank].at(info.name);
-      if (part.shape == info.shape) {  // the rank holds it whole (one rank, or a copy on every rank): read in place
-        rf.archive->read_float(tensor, s.key, dst);
-        continue;
+  // A fill of each parameter from its ranks' parts of it: the weights (the fp32 main parameter where the optimizer
+  // keeps one, checked against the model's rounded copy), or a state (`which`: exp_avg, exp_avg_sq).
+  auto fill = [shared_files, states, rank_infos, plan, E](const std::string& which) {
+    return [=](const ParamInfo& info, float* dst) {
+      for (const Source& s : plan->at(info.name)) {
+        const RankFile& rf = (*shared_files)[s.file];
+        const PyRef& model = rf.chunks[size_t(s.chunk)].at(s.key);
+        const auto& st = (*states)[size_t(s.file)];
+        const MegatronParamState* ps = st ? &st->chunks[size_t(s.chunk)].at(s.key) : nullptr;
+        const PyRef& value = which == "exp_avg" ? ps->exp_avg : which == "exp_avg_sq" ? ps->exp_avg_sq
+                             : ps && ps->main ? ps->main : model;
+        ParamInfo part = (*rank_infos)[s.rank].at(info.name);
+        const bool whole = part.shape == info.shape;  // the rank holds it whole (one rank, or a copy on every rank)
+        std::vector<float> local(whole ? 0 : size_t(part.numel));
+        float* into = whole ? dst : local.data();
+        const std::string what = value == model ? s.key : which + " of " + s.key;
+        rf.archive->read_float(*TorchArchive::tensor(value), what, into);
+        if (value != model && which == "weights") check_main_params(*rf.archive, model, s.key, into);
+        if (whole) continue;
+        part.offset = 0;
+        // The part's boxes in the whole tensor (a blocked tensor, SwiGLU's fc1, has one per block).
+        const int tp_rank = int(s.rank) / E;
+        for (const TensorPart& box : param_parts({part}, local.data(), part.tp_duplicated ? 0 : tp_rank)) {
+          LATTICE_CHECK(box.global_shape == info.shape)
+              << info.name << ": filled for another shape than the checkpoint's";
+          place_part(box, dst);
+        }
       }
-      std::vector<float> local(size_t(part.numel));
-      rf.archive->read_float(tensor, s.key, local.data());
-      part.offset = 0;
-      // The part's boxes in the whole tensor (a blocked tensor, SwiGLU's fc1, has one per block).
-      const int tp_rank = int(s.rank) / E;
-      for (const TensorPart& box : param_parts({part}, local.data(), part.tp_duplicated ? 0 : tp_rank)) {
-        LATTICE_CHECK(box.global_shape == info.shape)
-            << info.name << ": filled for another shape than the checkpoint's";
-        place_part(box, dst);
-      }
-    }
+    };
   };
+  out.source.fill = fill("weights");
+  if (out.optimizer) {
+    out.optimizer->exp_avg = fill("exp_avg");
+    out.optimizer->exp_avg_sq = fill("exp_avg_sq");
+  }
   return out;
 }
 

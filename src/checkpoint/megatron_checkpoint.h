@@ -23,9 +23,10 @@
 // tensor is read whole.
 //
 // Everything is checked before any value is read: every rank file present, every tensor of the model found
-// with its shape, no tensor left over. Errors name the file and the tensor. The optimizer state is read from
-// torch_dist checkpoints where it is named after the parameters (megatron_torch_dist.h); not read: --ckpt-format
-// torch's (numbered by parameter) and the distributed optimizer's flat buffers (the weights alone come over), experts split otherwise than the dense layers (--expert-tensor-parallel-size
+// with its shape, no tensor left over. Errors name the file and the tensor. Adam's state is read too where lattice
+// reads it: torch_dist's, named after the parameters (megatron_torch_dist.h), and the torch format's, numbered
+// (megatron_torch_optimizer.h); not read: the distributed optimizer's flat buffers (the weights alone come over).
+// Not read either: experts split otherwise than the dense layers (--expert-tensor-parallel-size
 // other than --tensor-model-parallel-size) or as the legacy GroupedMLP, latent experts, multi-latent attention,
 // multi-token prediction and hybrid models.
 #pragma once
@@ -46,7 +47,8 @@ namespace lattice {
 
 // A Megatron run's Adam state, where its checkpoint holds one lattice reads: torch_dist's, named after each
 // parameter (optimizer.state.exp_avg.<tensor>, optimizer.state.exp_avg_sq.<tensor>: the non-distributed optimizer,
-// and the distributed one saved with --dist-ckpt-optim-fully-reshardable).
+// and the distributed one saved with --dist-ckpt-optim-fully-reshardable), and the torch format's non-distributed
+// optimizer's, numbered.
 struct MegatronOptimizerState {
   int64_t step = 0;  // updates taken (the param groups' 'step', or the state's common_step)
   std::function<void(const ParamInfo&, float*)> exp_avg, exp_avg_sq;  // each parameter's, whole (dst [numel])
@@ -92,6 +94,12 @@ class TorchArchive;
 // What a checkpoint saves beside the model (a rank file's, or torch_dist's common.pt): the args as the model's
 // configuration and train flags, and the iteration, layout, tokenizer and sequence length into `out`.
 MegatronArgs read_megatron_saved_state(const TorchArchive& archive, MegatronSource& out);
+
+// The one Adam step of a checkpoint's saved steps (its param groups', its states'; a group without parameters may
+// have none); an error naming `where` when they disagree or there are none.
+int64_t megatron_adam_step(const std::vector<double>& steps, const std::string& where);
+// The archive's opt_param_scheduler (Megatron's fields, lattice's too) as JSON, checked as lattice loads it.
+nlohmann::json megatron_scheduler_state(const TorchArchive& archive);
 
 // mp_rank_TT, then _PPP with pipeline parallelism, then _EEE with expert parallelism: the directory of a rank's
 // model_optim_rng.pt, as Megatron's get_checkpoint_name names it.

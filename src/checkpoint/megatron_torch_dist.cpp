@@ -10,6 +10,7 @@
 #include <set>
 
 #include "checkpoint/torch_archive.h"
+#include "checkpoint/megatron_torch_optimizer.h"
 #include "checkpoint/torch_dcp.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -112,19 +113,6 @@ bool has_optimizer_buffers(const DcpCheckpoint& dcp) {
   return false;
 }
 
-// A saved number: a Python int or float, or a one-element tensor (read from `archive`).
-std::optional<double> saved_number(const PyRef& v, const TorchArchive& archive, const std::string& name) {
-  if (!v) return std::nullopt;
-  if (v->is(PyValue::Kind::integer)) return double(v->integer);
-  if (v->is(PyValue::Kind::floating)) return v->floating;
-  if (const TorchTensor* t = TorchArchive::tensor(v); t && t->numel() == 1) {
-    float x = 0;
-    archive.read_float(*t, name, &x);
-    return double(x);
-  }
-  LATTICE_FAIL() << archive.path() << ": " << name << " is " << v->describe() << ", not a number";
-}
-
 // Every 'step' of the param groups (Transformer Engine's and Apex's FusedAdam keep it there) and every common_step
 // (torch.optim's per-parameter step, saved once) under common.pt's 'optimizer': a dict, a list of them (the chained
 // optimizer: dense, then experts), or a dict of them by index.
@@ -139,11 +127,11 @@ void collect_steps(const PyRef& v, const TorchArchive& archive, const std::strin
     const std::string key = k->is(PyValue::Kind::string) ? k->text : k->is(PyValue::Kind::integer) ? std::to_string(k->integer) : "";
     if (key == "param_groups" && (item->is(PyValue::Kind::list) || item->is(PyValue::Kind::tuple))) {
       for (size_t i = 0; i < item->items.size(); ++i)
-        if (const auto s = saved_number(item->items[i]->is(PyValue::Kind::dict) ? item->items[i]->get("step") : nullptr,
-                                        archive, at + ".param_groups[" + std::to_string(i) + "].step"))
+        if (const auto s = archive.number(item->items[i]->is(PyValue::Kind::dict) ? item->items[i]->get("step") : nullptr,
+                                          at + ".param_groups[" + std::to_string(i) + "].step"))
           steps.push_back(*s);
     } else if (key == "common_step") {
-      if (const auto s = saved_number(item, archive, at + ".common_step")) steps.push_back(*s);
+      if (const auto s = archive.number(item, at + ".common_step")) steps.push_back(*s);
     } else if (!key.empty()) {
       collect_steps(item, archive, at + "." + key, steps);
     }
@@ -160,35 +148,11 @@ std::optional<LossScalerState> find_grad_scaler(const PyRef& v, const TorchArchi
     return std::nullopt;
   }
   if (!v->is(PyValue::Kind::dict)) return std::nullopt;
-  if (const PyRef g = v->get("grad_scaler"); g && g->is(PyValue::Kind::dict) && g->get("scale")) {
-    const std::string name = at + ".grad_scaler";
-    LossScalerState s{};
-    s.scale = *saved_number(g->get("scale"), archive, name + ".scale");
-    const auto growth = saved_number(g->get("growth_tracker"), archive, name + ".growth_tracker");
-    const auto hysteresis = saved_number(g->get("hysteresis_tracker"), archive, name + ".hysteresis_tracker");
-    if (!growth || !hysteresis) return std::nullopt;  // a constant scaler's state: nothing to carry
-    s.growth_tracker = int64_t(*growth);
-    s.hysteresis_tracker = int64_t(*hysteresis);
-    return s;
-  }
+  if (const PyRef g = v->get("grad_scaler"); g && g->is(PyValue::Kind::dict) && g->get("scale"))
+    return megatron_grad_scaler(*g, archive, at + ".grad_scaler");
   for (const auto& [k, item] : v->entries)
     if (auto s = find_grad_scaler(item, archive, at + "." + (k->is(PyValue::Kind::string) ? k->text : "?"))) return s;
   return std::nullopt;
-}
-
-// A saved dict of numbers and strings (the scheduler's state) as JSON.
-nlohmann::json plain_json(const PyValue& d, const std::string& what) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : d.entries) {
-    if (!k->is(PyValue::Kind::string)) continue;
-    if (v->is(PyValue::Kind::integer)) j[k->text] = v->integer;
-    else if (v->is(PyValue::Kind::floating)) j[k->text] = v->floating;
-    else if (v->is(PyValue::Kind::string)) j[k->text] = v->text;
-    else if (v->is(PyValue::Kind::boolean)) j[k->text] = v->boolean;
-    else if (v->is(PyValue::Kind::none)) j[k->text] = nullptr;
-    else LATTICE_FAIL() << what << ": " << k->text << " is " << v->describe() << ", not a number or a string";
-  }
-  return j;
 }
 
 // The optimizer's state where lattice reads it (MegatronOptimizerState) into out.optimizer, with source.fill reading
@@ -257,22 +221,8 @@ void read_optimizer_state(MegatronSource& out, const std::shared_ptr<DcpCheckpoi
   MegatronOptimizerState o;
   std::vector<double> steps;
   collect_steps(root->get("optimizer"), common, "optimizer", steps);
-  if (steps.empty())
-    LATTICE_FAIL() << common.path() << ": no optimizer step (the param groups' 'step' or the state's common_step) "
-                   << "for the optimizer state in .metadata" << hint;
-  const double step = *std::max_element(steps.begin(), steps.end());
-  for (double s : steps)  // (a param group without parameters may never have stepped)
-    if (s != step && s != 0)
-      LATTICE_FAIL() << common.path() << ": the optimizer's param groups took " << s << " and " << step
-                     << " steps; lattice keeps one count" << hint;
-  if (step < 0 || step != std::floor(step))
-    LATTICE_FAIL() << common.path() << ": optimizer step " << step << " is not a count" << hint;
-  o.step = int64_t(step);
-  const PyRef sched = root->get("opt_param_scheduler");
-  if (!sched || !sched->is(PyValue::Kind::dict))
-    LATTICE_FAIL() << common.path() << ": no opt_param_scheduler beside the optimizer state" << hint;
-  o.opt_param_scheduler = plain_json(*sched, common.path() + ": opt_param_scheduler");
-  OptimizerParamSchedulerState::from_json(o.opt_param_scheduler, common.path() + ": opt_param_scheduler");
+  o.step = megatron_adam_step(steps, common.path());
+  o.opt_param_scheduler = megatron_scheduler_state(common);
   o.grad_scaler = find_grad_scaler(root->get("optimizer"), common, "optimizer");
   o.exp_avg = [dcp, states](const ParamInfo& info, float* dst) {
     const Slice& s = states->at(info.name).exp_avg;

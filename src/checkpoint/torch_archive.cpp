@@ -199,6 +199,18 @@ const TorchTensor* TorchArchive::tensor(const PyRef& v) {
   return static_cast<const TorchTensor*>(v->payload.get());
 }
 
+std::optional<double> TorchArchive::number(const PyRef& v, const std::string& name) const {
+  if (!v) return std::nullopt;
+  if (v->is(PyValue::Kind::integer)) return double(v->integer);
+  if (v->is(PyValue::Kind::floating)) return v->floating;
+  if (const TorchTensor* t = tensor(v); t && t->numel() == 1) {
+    float x = 0;
+    read_float(*t, name, &x);
+    return double(x);
+  }
+  LATTICE_FAIL() << path_ << ": " << name << " is " << v->describe() << ", not a number";
+}
+
 void TorchArchive::read_float(const TorchTensor& t, const std::string& name, float* out) const {
   const bool floating = t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float16" || t.dtype == "float64";
   if (!floating) LATTICE_FAIL() << path_ << ": tensor " << name << " is " << t.dtype << ", not floating point";

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,9 @@ class TorchArchive {
   // t's values as fp32 (float16 and bfloat16 widen exactly, float64 rounds) into out [t.numel()]; a tensor that is
   // not floating point, not contiguous or not within its storage is an error naming the file and `name`.
   void read_float(const TorchTensor& t, const std::string& name, float* out) const;
+  // A saved number: a Python int or float, or a one-element floating-point tensor; nullopt for null; another value is
+  // an error naming the file and `name`.
+  std::optional<double> number(const PyRef& v, const std::string& name) const;
 
  private:
   void read_pickle();

@@ -140,7 +140,7 @@ void from_hf(const SimpleFlags& f) {
 }
 
 // A Megatron-LM checkpoint -> lattice checkpoint: the weights, under the tokenizer the saved args name (each file
-// it reads must exist here; the flags override them); with torch_dist's Adam state, a training checkpoint at the
+// it reads must exist here; the flags override them); with the run's Adam state, a training checkpoint at the
 // run's iteration (the fp32 main weights, the moments, step, scheduler, data position) that `lattice train --load`
 // resumes; else the weights alone at iteration 0.
 void from_megatron(const SimpleFlags& f) {
@@ -412,8 +412,8 @@ int cmd_convert(int argc, char** argv) {
         "the model's flags as its saved args) for that layout and layer spec [1, 1, 1, transformer_engine].\n"
         "--from-megatron reads a Megatron-LM GPT checkpoint saved with --ckpt-format torch or torch_dist (DIR: its --save\n"
         "directory or an iter_* directory in it; every rank's part; either layer spec): the model's flags from its saved\n"
-        "args, the weights, the tokenizer its args name when its files are here (the tokenizer flags override it). A\n"
-        "torch_dist checkpoint's Adam state (the non-distributed optimizer's, or the distributed one's saved with\n"
+        "args, the weights, the tokenizer its args name when its files are here (the tokenizer flags override it). Adam's\n"
+        "state (the non-distributed optimizer's; the distributed one's when saved as torch_dist with\n"
         "--dist-ckpt-optim-fully-reshardable) comes over too, unless --no-load-optim: the fp32 main weights, the moments,\n"
         "the step, the scheduler and the data position, so `lattice train --load CKPT` resumes the run at its iteration;\n"
         "otherwise the weights alone (iteration 0: train with --finetune).\n"

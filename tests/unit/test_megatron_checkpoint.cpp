@@ -202,7 +202,9 @@ TEST(MegatronCheckpoint, TheLegacyModelsNames) {
 }
 
 TEST(MegatronCheckpoint, TransformerEngineNamesGroupedQueriesAndBf16) {
-  const MegatronSource src = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16"));
+  // The model's own bf16 tensors (without the optimizer's fp32 main parameters, which the next tests read).
+  const MegatronSource src =
+      open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16"), /*load_optim=*/false);
   EXPECT_EQ(src.tp, 2);
   EXPECT_EQ(src.pp, 1);
   EXPECT_TRUE(src.transformer_engine);
@@ -313,15 +315,41 @@ TEST(MegatronCheckpoint, TorchDistAdamStateComesOver) {
   EXPECT_EQ(fp16.optimizer->grad_scaler->scale, 32768.0);
   EXPECT_EQ(fp16.optimizer->grad_scaler->growth_tracker, 7);
   EXPECT_EQ(fp16.optimizer->grad_scaler->hysteresis_tracker, 2);
-  // What is not read is said: the distributed optimizer's flat buffers, --ckpt-format torch's numbered state.
+  // What is not read is said: the distributed optimizer's flat buffers.
   const MegatronSource buffers = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist"));
   EXPECT_FALSE(buffers.optimizer);
   EXPECT_NE(buffers.optimizer_note.find("flat buffers (optimizer.distributed.*"), std::string::npos)
       << buffers.optimizer_note;
-  const MegatronSource torch_format = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2"));
-  EXPECT_FALSE(torch_format.optimizer);
-  EXPECT_NE(torch_format.optimizer_note.find("--ckpt-format torch numbers it by parameter"), std::string::npos)
-      << torch_format.optimizer_note;
+}
+
+TEST(MegatronCheckpoint, TorchFormatAdamStateComesOverByItsNumbering) {
+  // --ckpt-format torch numbers the state: each rank's state dict order and its saved param groups give every
+  // parameter its number. A bf16 run's Float16OptimizerWithFloat16Params (the fp32 main parameters group by group,
+  // checked against the model's rounded copies), Transformer Engine's fused norms (1-D: no weight decay), FusedAdam's
+  // per-group step.
+  const MegatronSource bf16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16"));
+  expect_reference_optimizer(bf16, "gpt_tiny_rope_gqa2_qknorm.safetensors");
+  // A mixture of experts over 2 tensor- x 2 expert-parallel ranks: the chained optimizer's list (the dense
+  // parameters', then the routed experts'), grouped experts, torch.optim's per-parameter steps.
+  const MegatronSource moe =
+      open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_te_grouped"));
+  expect_reference_optimizer(moe, "gpt_tiny_nobias_swiglu_moe4_shared.safetensors");
+  // The distributed optimizer keeps its state in distrib_optim.pt: said, not read.
+  const MegatronSource dist = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2"));
+  EXPECT_FALSE(dist.optimizer);
+  EXPECT_NE(dist.optimizer_note.find("distrib_optim.pt"), std::string::npos) << dist.optimizer_note;
+  // Two parameters of one shape numbered the other's way round: their main parameters do not round to the
+  // model's values, which the read of the weights refuses by name.
+  const MegatronSource swapped = open_megatron_checkpoint(megatron_fixture("gpt_tiny_optim_order"));
+  ASSERT_TRUE(swapped.optimizer);
+  std::string e;
+  const ParamBuffer reg = GPTModel::parameter_registry(swapped.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
+  for (const ParamInfo& p : reg.infos()) {
+    std::vector<float> v(size_t(p.numel));
+    if (e.empty()) e = error_of([&] { swapped.source.fill(p, v.data()); });
+  }
+  EXPECT_NE(e.find("does not round to the model's"), std::string::npos) << e;
+  EXPECT_NE(e.find("--no-load-optim"), std::string::npos) << e;
 }
 
 TEST(MegatronCheckpoint, ConvertedAdamStateIsATrainingCheckpoint) {
@@ -537,7 +565,7 @@ TEST(MegatronExport, WritesTheRankFilesMegatronWouldSave) {
                         {"gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16", 2, 1, true, {"mp_rank_00", "mp_rank_01"}}};
   for (const Case& k : cases) {
     SCOPED_TRACE(k.fixture);
-    const MegatronSource src = open_megatron_checkpoint(megatron_fixture(k.fixture));
+    const MegatronSource src = open_megatron_checkpoint(megatron_fixture(k.fixture), /*load_optim=*/false);
     TempDir out("megatron_export");
     save_model_checkpoint(out.str() + "/ckpt", 0, src.source.config, src.source.fill, divisible_args(src));
     const LoadedModel lm = open_model_checkpoint(out.str() + "/ckpt");
