@@ -10,14 +10,14 @@
 #include <memory>
 #include <set>
 
-#include "checkpoint/tensor_parts.h"
-#include "checkpoint/torch_archive.h"
 #include "checkpoint/megatron_torch_dist.h"
 #include "checkpoint/megatron_torch_optimizer.h"
+#include "checkpoint/tensor_parts.h"
+#include "checkpoint/torch_archive.h"
 #include "core/error.h"
 #include "core/tensor.h"
-#include "kernels/cast_math.h"
 #include "dist/layout_only_comm.h"
+#include "kernels/cast_math.h"
 #include "model/gpt_model.h"
 #include "optim/opt_param_scheduler.h"
 #include "pipeline/schedule.h"
@@ -107,7 +107,7 @@ Entries from_legacy_names(Entries tensors, bool& legacy) {
 
 using RankFile = MegatronRankFile;
 
-// The fp32 main parameter `main` (n values) read for the model's tensor `key` must round to the model's values, as
+// The fp32 main parameter `main` read for the model's tensor `key` must round to the model's values, as
 // Megatron copies them after each step: a check that the optimizer's numbering was read right.
 void check_main_params(const TorchArchive& archive, const PyRef& model, const std::string& key, const float* main) {
   const TorchTensor& t = *TorchArchive::tensor(model);
@@ -174,8 +174,6 @@ std::string te_fused_norm_name(const std::string& rest) {
   return it == fused.end() ? std::string() : it->second;
 }
 
-// What a checkpoint saves beside the model (a rank file's, or torch_dist's common.pt): the args as the model's
-// configuration and train flags, the iteration, the layout, the tokenizer.
 int64_t megatron_adam_step(const std::vector<double>& steps, const std::string& where) {
   const std::string hint = "; give --no-load-optim to convert the weights alone";
   if (steps.empty())
@@ -211,6 +209,8 @@ nlohmann::json megatron_scheduler_state(const TorchArchive& archive) {
   return j;
 }
 
+// What a checkpoint saves beside the model (a rank file's, or torch_dist's common.pt): the args as the model's
+// configuration and train flags, the iteration, the layout, the tokenizer.
 MegatronArgs read_megatron_saved_state(const TorchArchive& archive, MegatronSource& out) {
   const std::string& what = archive.path();
   const PyRef root = archive.root();
