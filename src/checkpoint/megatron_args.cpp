@@ -55,13 +55,6 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
     if (set) LATTICE_FAIL() << what << ": the checkpoint's model has " << feature << " (args." << key << " = "
                             << v->describe() << "), which lattice does not read from Megatron checkpoints yet";
   }
-  if (PyRef etp = get("expert_tensor_parallel_size"); etp && etp->is(PyValue::Kind::integer)) {
-    const PyRef tp = get("tensor_model_parallel_size");
-    if (tp && etp->integer != tp->integer)
-      LATTICE_FAIL() << what << ": saved with --expert-tensor-parallel-size " << etp->integer
-                     << " and --tensor-model-parallel-size " << tp->integer
-                     << ", whose expert files lattice does not read (equal sizes only)";
-  }
   std::vector<std::string> flags;
   auto value = [&](const char* key, const char* flag) {
     PyRef v = get(key);

@@ -274,6 +274,13 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
   const std::string what0 = first.string();
   MegatronArgs parsed = read_megatron_saved_state(*archive0, out);
   const TrainArgs& a = parsed.args;
+  // Experts split otherwise than the dense layers: which rank files hold them depends on Megatron's rank order
+  // (torch_dist's tensors are whole whatever the split: read there).
+  if (const PyRef etp = archive0->root()->get("args")->get("expert_tensor_parallel_size");
+      parsed.config.moe() && etp && etp->is(PyValue::Kind::integer) && etp->integer != out.tp)
+    LATTICE_FAIL() << what0 << ": saved with --expert-tensor-parallel-size " << etp->integer
+                   << " and --tensor-model-parallel-size " << out.tp << ", whose expert rank files lattice does not "
+                   << "read from --ckpt-format torch (equal sizes only; --ckpt-format torch_dist is read)";
   TransformerConfig& c = parsed.config;
   const bool pipeline = out.pp > 1, expert = out.ep > 1;
   if (rank_file(iter, 0, 0, 0, pipeline, expert) != first)

@@ -26,9 +26,9 @@
 // with its shape, no tensor left over. Errors name the file and the tensor. Adam's state is read too where lattice
 // reads it: torch_dist's, named after the parameters (megatron_torch_dist.h), and the torch format's, numbered
 // (megatron_torch_optimizer.h); not read: the distributed optimizer's flat buffers (the weights alone come over).
-// Not read either: experts split otherwise than the dense layers (--expert-tensor-parallel-size
-// other than --tensor-model-parallel-size) or as the legacy GroupedMLP, latent experts, multi-latent attention,
-// multi-token prediction and hybrid models.
+// Not read either: --ckpt-format torch files of experts split otherwise than the dense layers
+// (--expert-tensor-parallel-size other than --tensor-model-parallel-size; torch_dist's are read), experts stored as
+// the legacy GroupedMLP, latent experts, multi-latent attention, multi-token prediction and hybrid models.
 #pragma once
 #include <cstdint>
 #include <functional>

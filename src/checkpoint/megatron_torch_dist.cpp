@@ -23,6 +23,13 @@ namespace lattice {
 
 namespace {
 
+// A parameter's values in a torch_dist tensor: its name and the leading dims fixed (the layer's, and the routed
+// expert's, index).
+struct Slice {
+  std::string fqn;
+  std::vector<int64_t> lead;
+};
+
 // Where torch_dist keeps lattice's parameter `name`, in the order tried: a layer's in the tensor every layer's
 // <rest> is stacked in, decoder.layers.<rest> [num_layers, ...] at its layer (TransformerBlock's
 // sharded_state_dict), else in its own, decoder.layers.<l>.<rest> (the non_homogeneous_layers form); a routed
@@ -30,7 +37,6 @@ namespace {
 // [num_layers, num_experts, ...] at (layer, expert), else decoder.layers.<l>.mlp.experts.experts.<rest>
 // [num_experts, ...], else decoder.layers.<l>.mlp.experts.experts.<g>.<rest> (singleton_local_shards); each with
 // Transformer Engine's fused norm names where they apply. Anything else: its own name.
-template <typename Slice>
 std::vector<Slice> torch_dist_forms_of(const std::string& name) {
   const std::string layers = "decoder.layers.", experts = "mlp.experts.local_experts.";
   if (name.rfind(layers, 0) != 0) return {Slice{name, {}}};
@@ -54,13 +60,6 @@ std::vector<Slice> torch_dist_forms_of(const std::string& name) {
   }
   return forms;
 }
-
-// A parameter's values in a torch_dist tensor: its name and the leading dims fixed (the layer's, and the routed
-// expert's, index).
-struct Slice {
-  std::string fqn;
-  std::vector<int64_t> lead;
-};
 
 std::string slice_text(const Slice& s) {
   std::string at = s.fqn;
@@ -280,7 +279,7 @@ MegatronSource open_megatron_torch_dist(MegatronSource out, bool load_optim) {
   std::set<std::string> used;
   const ParamBuffer whole = GPTModel::parameter_registry(c, TensorParallel{}, ModelPlacement{}, 0, 1);
   for (const ParamInfo& info : whole.infos()) {
-    const std::vector<Slice> forms = torch_dist_forms_of<Slice>(info.name);
+    const std::vector<Slice> forms = torch_dist_forms_of(info.name);
     const Slice* found = nullptr;
     for (const Slice& f : forms)
       if (!found && dcp->tensors().count(f.fqn)) found = &f;

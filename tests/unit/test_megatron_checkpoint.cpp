@@ -259,8 +259,9 @@ TEST(MegatronCheckpoint, TorchDistCheckpointsAreReadWhole) {
   EXPECT_FALSE(bf16.optimizer);
   EXPECT_EQ(bf16.optimizer_note, "not read (--no-load-optim)");
   expect_reference_parameters(bf16, "gpt_tiny_rope_gqa2_qknorm.safetensors", true);
-  // A mixture of experts over 2 tensor- x 2 expert-parallel ranks: the routed experts stacked after the layers
-  // (decoder.layers.mlp.experts.experts.<rest> [L, E, ...]), gated shared experts, a dense first layer.
+  // A mixture of experts over 2 tensor- x 2 expert-parallel ranks, the experts whole (--expert-tensor-parallel-size
+  // 1): the routed experts stacked after the layers (decoder.layers.mlp.experts.experts.<rest> [L, E, ...]), gated
+  // shared experts, a dense first layer.
   const MegatronSource moe =
       open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_dist"));
   EXPECT_EQ(moe.source.config.num_experts, 4);
