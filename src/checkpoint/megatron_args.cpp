@@ -41,7 +41,6 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
   const std::pair<const char*, const char*> refused[] = {
       {"moe_latent_size", "latent mixture-of-experts"},
       {"multi_latent_attention", "multi-latent attention"},
-      {"mtp_num_layers", "multi-token prediction"},
       {"hybrid_override_pattern", "a hybrid (Mamba) model"},
       {"experimental_attention_variant", "linear attention layers"},
       {"apply_residual_connection_post_layernorm", "--apply-residual-connection-post-layernorm"},
@@ -136,6 +135,10 @@ std::vector<std::string> model_flags(const PyValue& ns, const std::string& what)
     }
     value("moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor");
     value("expert_model_parallel_size", "--expert-model-parallel-size");
+  }
+  if (PyRef depths = get("mtp_num_layers"); depths && depths->is(PyValue::Kind::integer) && depths->integer > 0) {
+    value("mtp_num_layers", "--mtp-num-layers");
+    value("mtp_loss_scaling_factor", "--mtp-loss-scaling-factor");
   }
   value("make_vocab_size_divisible_by", "--make-vocab-size-divisible-by");
   value("tensor_model_parallel_size", "--tensor-model-parallel-size");

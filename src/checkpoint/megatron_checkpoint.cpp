@@ -134,7 +134,8 @@ struct Source {
   std::string key;
 };
 
-// Megatron-Core's names of lattice's parameter `name` (the same, but the norms Transformer Engine fuses).
+// Megatron-Core's names of lattice's parameter `name` (the same, but the norms Transformer Engine fuses, and a
+// prediction depth's layer under its newer name).
 std::vector<std::string> megatron_names(const std::string& name) {
   std::vector<std::string> names{name};
   // Transformer Engine's grouped experts (--moe-grouped-gemm): mlp.experts.linear_fc1.weight<e> for
@@ -145,11 +146,14 @@ std::vector<std::string> megatron_names(const std::string& name) {
     const std::string e = name.substr(at + experts.size(), dot - at - experts.size());
     names.push_back(name.substr(0, at) + ".mlp.experts" + name.substr(dot) + e);
   }
-  const std::string layers = "decoder.layers.";
-  if (name.rfind(layers, 0) == 0) {  // decoder.layers.<l>.<rest>
-    const size_t dot = name.find('.', layers.size());
-    if (const std::string te = te_fused_norm_name(name.substr(dot + 1)); !te.empty())
-      names.push_back(name.substr(0, dot + 1) + te);
+  // A layer's: decoder.layers.<l>.<rest>, or a prediction depth's mtp.layers.<k>.transformer_layer.<rest> (newer
+  // Megatron-Core's state dict names it mtp_model_layer).
+  if (const auto [prefix, rest] = split_layer_name(name); !prefix.empty()) {
+    if (const std::string te = te_fused_norm_name(rest); !te.empty()) names.push_back(prefix + te);
+    const std::string mtp = ".transformer_layer.";
+    if (const size_t at = prefix.find(mtp); at != std::string::npos)
+      for (size_t k = 0, n = names.size(); k < n; ++k)
+        names.push_back(names[k].substr(0, at) + ".mtp_model_layer." + names[k].substr(at + mtp.size()));
   }
   return names;
 }
@@ -162,6 +166,19 @@ std::string megatron_rank_dir(int t, int p, int e, bool pipeline, bool expert) {
   if (pipeline) n += std::snprintf(name + n, sizeof name - size_t(n), "_%03d", p);
   if (expert) std::snprintf(name + n, sizeof name - size_t(n), "_%03d", e);
   return name;
+}
+
+std::pair<std::string, std::string> split_layer_name(const std::string& name) {
+  const std::string layers = "decoder.layers.", depths = "mtp.layers.", layer = "transformer_layer.";
+  if (name.rfind(layers, 0) == 0) {
+    const size_t dot = name.find('.', layers.size());
+    if (dot != std::string::npos) return {name.substr(0, dot + 1), name.substr(dot + 1)};
+  } else if (name.rfind(depths, 0) == 0) {
+    const size_t dot = name.find('.', depths.size());
+    if (dot != std::string::npos && name.compare(dot + 1, layer.size(), layer) == 0)
+      return {name.substr(0, dot + 1 + layer.size()), name.substr(dot + 1 + layer.size())};
+  }
+  return {};
 }
 
 std::string te_fused_norm_name(const std::string& rest) {
@@ -370,16 +387,17 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
       p = stage;
       ch = chunk;
       local = layers_prefix + std::to_string(j) + info.name.substr(dot);
-      // A routed expert: expert-parallel rank g / (E / EP)'s local expert g % (E / EP).
-      if (const size_t x = local.find(experts_infix); x != std::string::npos) {
-        const size_t begin = x + experts_infix.size(), end = local.find('.', begin);
-        const int64_t g = std::stoll(local.substr(begin, end - begin));
-        e = int(g / experts_per_rank);
-        local = local.substr(0, begin) + std::to_string(g % experts_per_rank) + local.substr(end);
-      }
-    } else if (info.name.rfind("decoder.final_layernorm", 0) == 0 || info.name == "output_layer.weight") {
+    } else if (info.name.rfind("decoder.final_layernorm", 0) == 0 || info.name == "output_layer.weight" ||
+               info.name.rfind("mtp.", 0) == 0) {  // (the prediction depths: on the last stage)
       p = P - 1;
       ch = out.vp - 1;
+    }
+    // A routed expert: expert-parallel rank g / (E / EP)'s local expert g % (E / EP).
+    if (const size_t x = local.find(experts_infix); x != std::string::npos) {
+      const size_t begin = x + experts_infix.size(), end = local.find('.', begin);
+      const int64_t g = std::stoll(local.substr(begin, end - begin));
+      e = int(g / experts_per_rank);
+      local = local.substr(0, begin) + std::to_string(g % experts_per_rank) + local.substr(end);
     }
     std::vector<Source>& sources = (*plan)[info.name];
     for (int t = 0; t < T; ++t) {
@@ -406,8 +424,9 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
       sources.push_back({&files[at(t, p, e)] - files.data(), ch, rank, found});
     }
   }
-  // Nothing left over (the last stage's copy of a tied word embedding is the first stage's; a tensor every
-  // tensor- or expert-parallel rank of a stage holds is read from one of them).
+  // Nothing left over (the last stage's copy of a tied word embedding is the first stage's, as is the prediction
+  // depths' stage's copy of the word embeddings; a tensor every tensor- or expert-parallel rank of a stage holds is
+  // read from one of them).
   for (int p = 0; p < P; ++p) {
     std::set<std::string> stage_used;
     for (int t = 0; t < T; ++t)
@@ -418,6 +437,7 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
           for (const auto& [key, value] : chunk) {
             if (stage_used.count(key)) continue;
             if (key == "output_layer.weight" && !c.untie_embeddings_and_output_weights) continue;
+            if (key == "embedding.word_embeddings.weight" && p == P - 1 && c.mtp_num_layers > 0) continue;
             LATTICE_FAIL() << files[at(t, p, e)].archive->path() << ": tensor " << key
                            << " is not a parameter of the model its args describe";
           }

@@ -28,13 +28,15 @@
 // (megatron_torch_optimizer.h); not read: the distributed optimizer's flat buffers (the weights alone come over).
 // Not read either: --ckpt-format torch files of experts split otherwise than the dense layers
 // (--expert-tensor-parallel-size other than --tensor-model-parallel-size; torch_dist's are read), experts stored as
-// the legacy GroupedMLP, latent experts, multi-latent attention, multi-token prediction and hybrid models.
+// the legacy GroupedMLP, latent experts, multi-latent attention and hybrid models. Multi-token prediction's depths
+// (mtp.layers.<k>.*, on the last stage) are read.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "checkpoint/hf_common.h"
 #include "checkpoint/torch_pickle.h"
@@ -104,6 +106,9 @@ nlohmann::json megatron_scheduler_state(const TorchArchive& archive);
 // mp_rank_TT, then _PPP with pipeline parallelism, then _EEE with expert parallelism: the directory of a rank's
 // model_optim_rng.pt, as Megatron's get_checkpoint_name names it.
 std::string megatron_rank_dir(int t, int p, int e, bool pipeline, bool expert);
+// A transformer layer's parameter name as (the layer's prefix, the layer-relative rest): decoder.layers.<l>. or a
+// prediction depth's mtp.layers.<k>.transformer_layer.; ("", "") for another name.
+std::pair<std::string, std::string> split_layer_name(const std::string& name);
 // Transformer Engine's layer spec fuses a layer's norms into the linear layer after them: the name it gives the
 // layer-relative parameter `rest` (input_layernorm.weight -> self_attention.linear_qkv.layer_norm_weight,
 // pre_mlp_layernorm.bias -> mlp.linear_fc1.layer_norm_bias, ...), or "" for another.

@@ -23,48 +23,53 @@ namespace lattice {
 
 namespace {
 
-// A parameter's values in a torch_dist tensor: its name and the leading dims fixed (the layer's, and the routed
-// expert's, index).
+// A parameter's values in a torch_dist tensor: its name, the leading dims fixed (the layer's and the routed
+// expert's index) and those dims' sizes (num_layers, num_experts).
 struct Slice {
   std::string fqn;
-  std::vector<int64_t> lead;
+  std::vector<int64_t> lead, stacked;
+  std::string axes;  // what the leading dims are, in errors ("layers", "layers, experts", "experts")
 };
 
-// Where torch_dist keeps lattice's parameter `name`, in the order tried: a layer's in the tensor every layer's
-// <rest> is stacked in, decoder.layers.<rest> [num_layers, ...] at its layer (TransformerBlock's
-// sharded_state_dict), else in its own, decoder.layers.<l>.<rest> (the non_homogeneous_layers form); a routed
-// expert's, stacked as SequentialMLP's sharded_state_dict stacks them, decoder.layers.mlp.experts.experts.<rest>
-// [num_layers, num_experts, ...] at (layer, expert), else decoder.layers.<l>.mlp.experts.experts.<rest>
-// [num_experts, ...], else decoder.layers.<l>.mlp.experts.experts.<g>.<rest> (singleton_local_shards); each with
-// Transformer Engine's fused norm names where they apply. Anything else: its own name.
-std::vector<Slice> torch_dist_forms_of(const std::string& name) {
+// Where torch_dist keeps lattice's parameter `name`, in the order tried. A decoder layer's in the tensor every
+// layer's <rest> is stacked in, decoder.layers.<rest> [num_layers, ...] at its layer (TransformerBlock's
+// sharded_state_dict), else in its own, decoder.layers.<l>.<rest> (the non_homogeneous_layers form); a prediction
+// depth's layer's in its own, mtp.layers.<k>.transformer_layer.<rest> (MultiTokenPredictionBlock's, not stacked). A
+// routed expert's stacked as SequentialMLP's sharded_state_dict stacks them: decoder.layers.mlp.experts.experts.<tail>
+// [num_layers, num_experts, ...] at (layer, expert), else <layer>.mlp.experts.experts.<tail> [num_experts, ...], else
+// <layer>.mlp.experts.experts.<g>.<tail> (singleton_local_shards); each with Transformer Engine's fused norm names
+// where they apply. Anything else: its own name.
+std::vector<Slice> torch_dist_forms_of(const std::string& name, const TransformerConfig& c) {
+  const auto [layer, rest] = split_layer_name(name);
+  if (layer.empty()) return {Slice{name, {}, {}, ""}};
   const std::string layers = "decoder.layers.", experts = "mlp.experts.local_experts.";
-  if (name.rfind(layers, 0) != 0) return {Slice{name, {}}};
-  const size_t dot = name.find('.', layers.size());
-  const int64_t l = std::stoll(name.substr(layers.size(), dot - layers.size()));
-  std::string rest = name.substr(dot + 1);
-  const std::string lstr = std::to_string(l) + ".";
+  const bool decoder = layer.rfind(layers, 0) == 0;
+  const int64_t l = decoder ? std::stoll(layer.substr(layers.size())) : 0;
+  std::vector<Slice> forms;
   if (rest.rfind(experts, 0) == 0) {
     const size_t end = rest.find('.', experts.size());
     const int64_t g = std::stoll(rest.substr(experts.size(), end - experts.size()));
     const std::string tail = rest.substr(end + 1);
-    return {Slice{layers + "mlp.experts.experts." + tail, {l, g}},
-            Slice{layers + lstr + "mlp.experts.experts." + tail, {g}},
-            Slice{layers + lstr + "mlp.experts.experts." + std::to_string(g) + "." + tail, {}}};
+    if (decoder)
+      forms.push_back(Slice{layers + "mlp.experts.experts." + tail, {l, g}, {c.num_layers, c.num_experts},
+                            "layers then experts"});
+    forms.push_back(Slice{layer + "mlp.experts.experts." + tail, {g}, {c.num_experts}, "experts"});
+    forms.push_back(Slice{layer + "mlp.experts.experts." + std::to_string(g) + "." + tail, {}, {}, ""});
+    return forms;
   }
-  std::vector<Slice> forms;
   for (const std::string& r : {te_fused_norm_name(rest), rest}) {
     if (r.empty()) continue;
-    forms.push_back(Slice{layers + r, {l}});
-    forms.push_back(Slice{layers + lstr + r, {}});
+    if (decoder) forms.push_back(Slice{layers + r, {l}, {c.num_layers}, "layers"});
+    forms.push_back(Slice{layer + r, {}, {}, ""});
   }
   return forms;
 }
 
 std::string slice_text(const Slice& s) {
   std::string at = s.fqn;
-  if (!s.lead.empty()) at += " at layer " + std::to_string(s.lead[0]);
-  if (s.lead.size() > 1) at += ", expert " + std::to_string(s.lead[1]);
+  for (size_t d = 0; d < s.lead.size(); ++d)
+    at += std::string(d ? ", " : " at ") + (d == 1 || s.axes == "experts" ? "expert " : "layer ") +
+          std::to_string(s.lead[d]);
   return at;
 }
 
@@ -198,7 +203,7 @@ void read_optimizer_state(MegatronSource& out, const std::shared_ptr<DcpCheckpoi
                          << "lattice's " << info.name << ") in .metadata, where other parameters have theirs" << hint;
         return std::nullopt;
       }
-      Slice state{s->second, model.lead};
+      Slice state{s->second, model.lead, model.stacked, model.axes};
       check_slice(*dcp, state, dcp->tensors().at(model.fqn).size, info.numel,
                   "its parameter's, " + model.fqn + "; Megatron-Core before 0.13 saved the distributed optimizer's "
                   "state flattened with --ckpt-fully-parallel-save, which lattice does not read",
@@ -279,18 +284,16 @@ MegatronSource open_megatron_torch_dist(MegatronSource out, bool load_optim) {
   std::set<std::string> used;
   const ParamBuffer whole = GPTModel::parameter_registry(c, TensorParallel{}, ModelPlacement{}, 0, 1);
   for (const ParamInfo& info : whole.infos()) {
-    const std::vector<Slice> forms = torch_dist_forms_of(info.name);
+    const std::vector<Slice> forms = torch_dist_forms_of(info.name, c);
     const Slice* found = nullptr;
     for (const Slice& f : forms)
       if (!found && dcp->tensors().count(f.fqn)) found = &f;
     if (!found)
       LATTICE_FAIL() << iter << ": no tensor " << forms.front().fqn << " (lattice's " << info.name << ") in .metadata";
-    std::vector<int64_t> size = info.shape;
-    for (size_t d = found->lead.size(); d-- > 0;)  // the stacked axes: layers [num_layers], experts [num_experts]
-      size.insert(size.begin(), d == 0 ? c.num_layers : c.num_experts);
+    std::vector<int64_t> size = found->stacked;  // the stacked axes first
+    size.insert(size.end(), info.shape.begin(), info.shape.end());
     check_slice(*dcp, *found, size, info.numel,
-                std::string("the model its args describe") +
-                    (found->lead.empty() ? "" : found->lead.size() == 1 ? ", layers first" : ", layers then experts first"));
+                "the model its args describe" + (found->axes.empty() ? "" : ", " + found->axes + " first"));
     used.insert(found->fqn);
     (*plan)[info.name] = *found;
   }

@@ -40,6 +40,16 @@ expect_error "a torch_dist tensor with a chunk missing" "linear_proj.weight at l
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_dist_gap" --save bad5
 
 
+# ---- multi-token prediction: the depths come over and train (their loss logged) ----
+if run convert_mtp "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_untied_rope_rmsnorm_mtp1_tp2_pp2_te" --save ckpt_mtp; then
+  if run finetune_mtp "$LATTICE" train --load ckpt_mtp --use-checkpoint-args --finetune --mock-data --micro-batch-size 2 \
+       --global-batch-size 2 --train-iters 2 --lr 1e-3 --log-interval 1 --eval-iters 0; then
+    grep -q "iteration *2/.*mtp_1 loss" finetune_mtp.out &&
+      pass "a Megatron checkpoint with prediction depths converts and trains them" ||
+      fail "fine-tuning the converted MTP model logged no mtp_1 loss: $(grep iteration finetune_mtp.out | tail -1)"
+  fi
+fi
+
 # ---- torch_dist with Adam's state: the run resumes where Megatron left it ----
 # A bf16 run's non-distributed optimizer (fp32 main parameters, moments, the param groups' step), saved at
 # iteration 100 after 800 samples, with a cosine schedule over 1600 samples (80 of warm-up).

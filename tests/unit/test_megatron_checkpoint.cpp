@@ -402,6 +402,22 @@ TEST(MegatronCheckpoint, IncompleteAdamStateIsRefusedByName) {
   expect_reference_parameters(weights, "gpt_tiny.safetensors", false);
 }
 
+TEST(MegatronCheckpoint, MultiTokenPredictionDepths) {
+  // --mtp-num-layers: the prediction depths on the last stage (mtp.layers.<k>.enorm, hnorm, eh_proj split by rows as
+  // the column-parallel layer it is, final_layernorm, and transformer_layer.<rest> with Transformer Engine's fused
+  // norms), and that stage's copy of the word embeddings (the first stage's). 2 tensor- x 2 pipeline-parallel ranks.
+  const MegatronSource torch_format =
+      open_megatron_checkpoint(megatron_fixture("gpt_tiny_untied_rope_rmsnorm_mtp1_tp2_pp2_te"));
+  EXPECT_EQ(torch_format.source.config.mtp_num_layers, 1);
+  expect_reference_parameters(torch_format, "gpt_tiny_untied_rope_rmsnorm_mtp1.safetensors", false);
+  // torch_dist: each depth's tensors its own (not stacked), its routed experts stacked [E, ...]
+  // (mtp.layers.<k>.transformer_layer.mlp.experts.experts.<rest>); 2 tensor- x 2 expert-parallel ranks.
+  const MegatronSource dist = open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_moe4_mtp1_tp2_ep2_dist"));
+  EXPECT_EQ(dist.source.config.mtp_num_layers, 1);
+  EXPECT_EQ(dist.source.config.num_experts, 4);
+  expect_reference_parameters(dist, "gpt_tiny_nobias_moe4_mtp1.safetensors", false);
+}
+
 TEST(MegatronCheckpoint, BrokenTorchDistCheckpointsAreRefusedByName) {
   // A chunk missing: the tensor's values are not all there.
   auto refused = [](const std::string& dir) { return error_of([&] { open_megatron_checkpoint(dir); }); };
