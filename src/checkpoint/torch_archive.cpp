@@ -1,10 +1,13 @@
 #include "checkpoint/torch_archive.h"
 
 #include <zip.h>
+#include <zlib.h>
 
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <set>
 
 #include "checkpoint/durable_fs.h"
 #include "core/error.h"
@@ -70,12 +73,24 @@ bool TorchTensor::contiguous() const {
 
 struct TorchArchive::Zip {
   zip_t* z = nullptr;
+  std::mutex mu;
+  std::set<zip_uint64_t> verified;  // records whose CRC-32 was checked whole (read in parts afterwards)
   ~Zip() {
     if (z) zip_discard(z);
   }
 };
 
 namespace {
+// A record read whole must have the CRC-32 the zip's central directory gives it (libzip checks it only on a read
+// past the record's end, which lattice never makes).
+void check_crc(const zip_stat_t& st, const uint8_t* data, size_t n, const std::string& what, const char* record) {
+  if (!(st.valid & ZIP_STAT_CRC)) return;
+  const uLong crc = crc32_z(crc32_z(0L, Z_NULL, 0), data, n);
+  if (crc != st.crc)
+    LATTICE_FAIL() << what << ": record " << record << " fails its CRC-32 check (corrupt: " << std::hex << crc
+                   << " where the archive says " << st.crc << ")";
+}
+
 [[noreturn]] void not_torch_save(const std::string& what, zip_error_t* e) {
   const std::string why = zip_error_strerror(e);
   zip_error_fini(e);
@@ -134,6 +149,7 @@ void TorchArchive::read_pickle() {
     if (f) zip_fclose(f);
     if (got != zip_int64_t(st.size))
       LATTICE_FAIL() << path << ": the record " << st.name << " is truncated or corrupt";
+    check_crc(st, bytes.data(), bytes.size(), path, st.name);
     return bytes;
   };
   if (const zip_int64_t order = zip_name_locate(zip_->z, (prefix_ + "byteorder").c_str(), 0); order >= 0) {
@@ -249,6 +265,21 @@ void TorchArchive::read_float(const TorchTensor& t, const std::string& name, flo
   if (ok) ok = zip_fread(f, bytes, nbytes) == zip_int64_t(nbytes);
   if (f) zip_fclose(f);
   if (!ok) LATTICE_FAIL() << path_ << ": tensor " << name << "'s storage " << record << " is truncated or corrupt";
+  // Its CRC-32: on the bytes just read when they are the whole record, else once on the whole record (a view into
+  // a storage that other tensors share: the distributed optimizer's buffer).
+  if (t.offset == 0 && nbytes == st.size) {
+    check_crc(st, bytes, nbytes, path_, record.c_str());
+  } else {
+    std::lock_guard<std::mutex> lock(zip_->mu);
+    if (zip_->verified.insert(zip_uint64_t(index)).second) {
+      std::vector<uint8_t> whole(st.size);
+      zip_file_t* w = zip_fopen_index(zip_->z, zip_uint64_t(index), 0);
+      const bool read = w && zip_fread(w, whole.data(), st.size) == zip_int64_t(st.size);
+      if (w) zip_fclose(w);
+      if (!read) LATTICE_FAIL() << path_ << ": storage " << record << " is truncated or corrupt";
+      check_crc(st, whole.data(), whole.size(), path_, record.c_str());
+    }
+  }
   if (f32) return;
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* p = bytes + size_t(i) * es;

@@ -149,10 +149,10 @@ class Unpickler {
         case 'q': memo_[le(1)] = top(); break;      // BINPUT
         case 'r': memo_[le(4)] = top(); break;      // LONG_BINPUT
         case 0x94: memo_[memo_.size()] = top(); break;  // MEMOIZE
-        case 'p': memo_[std::stoull(line())] = top(); break;  // PUT (protocol 0)
+        case 'p': memo_[memo_index(line())] = top(); break;  // PUT (protocol 0)
         case 'h': push(memo(le(1))); break;        // BINGET
         case 'j': push(memo(le(4))); break;        // LONG_BINGET
-        case 'g': push(memo(std::stoull(line()))); break;  // GET
+        case 'g': push(memo(memo_index(line()))); break;  // GET
         default: {
           std::ostringstream os;
           os << "unknown pickle opcode 0x" << std::hex << int(op);
@@ -198,6 +198,11 @@ class Unpickler {
     for (int i = int(k) - 1; i >= 0; --i) v = (v << 8) | s[i];
     if (k > 0 && k < 8 && (s[k - 1] & 0x80)) v |= ~uint64_t(0) << (8 * k);  // sign-extend
     return py_int(int64_t(v));
+  }
+  uint64_t memo_index(const std::string& s) const {  // protocol 0's decimal memo key
+    if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos)
+      fail("the memo index '" + s + "'");
+    return std::stoull(s);
   }
   PyRef text_int(const std::string& s) {
     if (s == "00" || s == "01") return boolean(s == "01");
