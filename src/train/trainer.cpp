@@ -214,6 +214,16 @@ MemoryLayout memory_layout(const TrainArgs& args, const TransformerConfig& cfg, 
   return m;
 }
 
+// The global batch in micro-batches per data-parallel rank; a global batch they do not divide is an error (as
+// Megatron asserts: the ranks would otherwise take fewer samples than the batch counts).
+int64_t micro_batches_per_rank(const TrainArgs& args, int64_t dp) {
+  const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * dp);
+  if (num_micro * args.micro_batch_size * dp != args.global_batch_size)
+    LATTICE_FAIL() << "--global-batch-size " << args.global_batch_size << " is not a multiple of --micro-batch-size "
+                   << args.micro_batch_size << " x data-parallel size " << dp;
+  return num_micro;
+}
+
 // --rampup-batch-size: each batch of the ramp in micro-batches per rank, checked: every batch
 // splits into micro-batches of every data-parallel rank, and the pipeline schedule takes it.
 std::vector<int64_t> ramp_micro_batches(const TrainArgs& args, const BatchSizeRampup& ramp, const PipelineLayout& pipe,
@@ -243,10 +253,7 @@ int print_dry_run(const TrainArgs& args) {
                                             args.use_tp_pp_dp_mapping);
   if (env && std::getenv("OMPI_COMM_WORLD_RANK") && std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) != 0) return 0;
   const PipelineLayout pipe = pipeline_layout_of(args);
-  const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * layout.dp);
-  if (num_micro * args.micro_batch_size * layout.dp != args.global_batch_size)
-    LATTICE_FAIL() << "--global-batch-size " << args.global_batch_size << " is not a multiple of --micro-batch-size "
-                   << args.micro_batch_size << " x data-parallel size " << layout.dp;
+  const int64_t num_micro = micro_batches_per_rank(args, layout.dp);
   check_micro_batches(pipe, num_micro);
   std::printf("> dry run: world %d = tp %d x %spp %d x dp %d, %lld micro-batches of %lld per rank and iteration\n",
               layout.world, layout.tp, layout.cp > 1 ? ("cp " + std::to_string(layout.cp) + " x ").c_str() : "",
@@ -345,7 +352,7 @@ int run_training(const TrainArgs& args) {
   // Pipeline parallelism: this rank's stage holds the chunks of stage_layers and keeps
   // activations for as many micro-batches as its schedule has in flight.
   const PipelineLayout pipe = pipeline_layout_of(args);
-  const int64_t num_micro = args.global_batch_size / (args.micro_batch_size * ps->dp().size());
+  const int64_t num_micro = micro_batches_per_rank(args, ps->dp().size());
   check_micro_batches(pipe, num_micro);
   const int stage = ps->pp_rank();
   int in_flight = max_in_flight(pipeline_schedule(pipe, num_micro, stage));

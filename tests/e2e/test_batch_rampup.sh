@@ -74,6 +74,15 @@ if command -v mpirun >/dev/null 2>&1; then
   else
     fail "DP=2 bad ramp: $(grep error dp_bad.log | head -n 1)"
   fi
+  # A constant global batch the data-parallel ranks' micro-batches do not divide: refused (micro-batches of 8 over 2
+  # ranks once made no micro-batch at all, a NaN loss; 4 over 3 ranks trained 3 samples an iteration, counting 4).
+  if "${MPI[@]}" "${BASE[@]}" --micro-batch-size 8 --train-iters 1 >dp_odd.log 2>&1; then
+    fail "DP=2 accepted a global batch of 8 in micro-batches of 8"
+  elif grep -q "^lattice train: error: --global-batch-size 8 is not a multiple of --micro-batch-size 8 x data-parallel size 2$" dp_odd.log; then
+    pass "DP=2: a global batch of 8 in micro-batches of 8 is refused, naming the flags"
+  else
+    fail "DP=2, micro-batch 8: $(grep error dp_odd.log | head -n 1)"
+  fi
 fi
 
 # ---- stopped mid-ramp (after iteration 3, batch 6 next) and resumed: the straight run's numbers ----
