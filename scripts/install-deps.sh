@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev
-          nlohmann-json3-dev zlib1g-dev libpcre2-dev libicu-dev libsentencepiece-dev libcpp-httplib-dev libzip-dev pkg-config openmpi-bin libopenmpi-dev bible-kjv python3
+          nlohmann-json3-dev zlib1g-dev libpcre2-dev libicu-dev libsentencepiece-dev libcpp-httplib-dev libzip-dev libdeflate-dev pkg-config openmpi-bin libopenmpi-dev bible-kjv python3
           sentencepiece python3-sentencepiece  # spm_train and the Python module: the tests' SentencePiece models and reference
           python3-jinja2)  # the reference renderer of the chat-template tests
 for arg in "$@"; do

@@ -1,7 +1,6 @@
 #include "checkpoint/torch_archive.h"
 
 #include <zip.h>
-#include <zlib.h>
 
 #include <cstring>
 #include <filesystem>
@@ -81,14 +80,11 @@ struct TorchArchive::Zip {
 };
 
 namespace {
-// A record read whole must have the CRC-32 the zip's central directory gives it (libzip checks it only on a read
-// past the record's end, which lattice never makes).
-void check_crc(const zip_stat_t& st, const uint8_t* data, size_t n, const std::string& what, const char* record) {
-  if (!(st.valid & ZIP_STAT_CRC)) return;
-  const uLong crc = crc32_z(crc32_z(0L, Z_NULL, 0), data, n);
-  if (crc != st.crc)
-    LATTICE_FAIL() << what << ": record " << record << " fails its CRC-32 check (corrupt: " << std::hex << crc
-                   << " where the archive says " << st.crc << ")";
+// Reads the rest of an open record to its end: libzip checks the record's CRC-32 (the central directory's) only when a
+// read reaches past the end, which reading exactly a record's bytes never does. False when the check fails.
+bool crc_checked_at_end(zip_file_t* f) {
+  char c;
+  return zip_fread(f, &c, 1) == 0;
 }
 
 [[noreturn]] void not_torch_save(const std::string& what, zip_error_t* e) {
@@ -145,11 +141,9 @@ void TorchArchive::read_pickle() {
       LATTICE_FAIL() << path << ": cannot read the record " << zip_get_name(zip_->z, zip_uint64_t(index), 0);
     std::vector<uint8_t> bytes(st.size);
     zip_file_t* f = zip_fopen_index(zip_->z, zip_uint64_t(index), 0);
-    const zip_int64_t got = f ? zip_fread(f, bytes.data(), st.size) : -1;
+    const bool ok = f && zip_fread(f, bytes.data(), st.size) == zip_int64_t(st.size) && crc_checked_at_end(f);
     if (f) zip_fclose(f);
-    if (got != zip_int64_t(st.size))
-      LATTICE_FAIL() << path << ": the record " << st.name << " is truncated or corrupt";
-    check_crc(st, bytes.data(), bytes.size(), path, st.name);
+    if (!ok) LATTICE_FAIL() << path << ": the record " << st.name << " is truncated or corrupt (its CRC-32)";
     return bytes;
   };
   if (const zip_int64_t order = zip_name_locate(zip_->z, (prefix_ + "byteorder").c_str(), 0); order >= 0) {
@@ -263,21 +257,21 @@ void TorchArchive::read_float(const TorchTensor& t, const std::string& name, flo
     }
   }
   if (ok) ok = zip_fread(f, bytes, nbytes) == zip_int64_t(nbytes);
-  if (f) zip_fclose(f);
-  if (!ok) LATTICE_FAIL() << path_ << ": tensor " << name << "'s storage " << record << " is truncated or corrupt";
-  // Its CRC-32: on the bytes just read when they are the whole record, else once on the whole record (a view into
+  // The record's CRC-32: at its end when these bytes are the whole record, else once on the whole record (a view into
   // a storage that other tensors share: the distributed optimizer's buffer).
-  if (t.offset == 0 && nbytes == st.size) {
-    check_crc(st, bytes, nbytes, path_, record.c_str());
-  } else {
+  const bool whole = t.offset == 0 && nbytes == st.size;
+  if (ok && whole) ok = crc_checked_at_end(f);
+  if (f) zip_fclose(f);
+  if (!ok)
+    LATTICE_FAIL() << path_ << ": tensor " << name << "'s storage " << record << " is truncated or corrupt (its CRC-32)";
+  if (!whole) {
     std::lock_guard<std::mutex> lock(zip_->mu);
     if (zip_->verified.insert(zip_uint64_t(index)).second) {
-      std::vector<uint8_t> whole(st.size);
+      std::vector<uint8_t> all(st.size);
       zip_file_t* w = zip_fopen_index(zip_->z, zip_uint64_t(index), 0);
-      const bool read = w && zip_fread(w, whole.data(), st.size) == zip_int64_t(st.size);
+      const bool read = w && zip_fread(w, all.data(), st.size) == zip_int64_t(st.size) && crc_checked_at_end(w);
       if (w) zip_fclose(w);
-      if (!read) LATTICE_FAIL() << path_ << ": storage " << record << " is truncated or corrupt";
-      check_crc(st, whole.data(), whole.size(), path_, record.c_str());
+      if (!read) LATTICE_FAIL() << path_ << ": storage " << record << " is truncated or corrupt (its CRC-32)";
     }
   }
   if (f32) return;
