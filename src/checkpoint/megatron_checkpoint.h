@@ -1,4 +1,5 @@
-// Megatron-LM's own checkpoints (--ckpt-format torch) read for `lattice convert --from-megatron`:
+// Megatron-LM's own checkpoints read for `lattice convert --from-megatron`; --ckpt-format torch here
+// (torch_dist: megatron_torch_dist.h):
 //
 //   DIR/latest_checkpointed_iteration.txt        the iteration (or "release")
 //   DIR/iter_NNNNNNN/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt
@@ -23,7 +24,8 @@
 // tensor is read whole.
 //
 // Everything is checked before any value is read: every rank file present, every tensor of the model found
-// with its shape, no tensor left over. Errors name the file and the tensor. Adam's state is read too where lattice
+// with its shape, no tensor left over (what only the values show, a record's CRC-32 or the torch format's main
+// parameters against the model's, as each is read). Errors name the file and the tensor. Adam's state is read too where lattice
 // reads it: torch_dist's, named after the parameters (megatron_torch_dist.h), and the torch format's, numbered
 // (megatron_torch_optimizer.h); not read: the distributed optimizer's flat buffers (the weights alone come over).
 // Not read either: --ckpt-format torch files of experts split otherwise than the dense layers
