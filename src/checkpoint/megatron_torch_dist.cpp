@@ -1,8 +1,6 @@
 // Megatron-Core's torch_dist checkpoints (megatron_torch_dist.h).
 #include "checkpoint/megatron_torch_dist.h"
 
-#include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>

@@ -1,7 +1,6 @@
 // Adam's state in a Megatron-LM --ckpt-format torch rank file (megatron_torch_optimizer.h).
 #include "checkpoint/megatron_torch_optimizer.h"
 
-#include <cmath>
 
 #include "core/error.h"
 #include "core/tensor.h"
