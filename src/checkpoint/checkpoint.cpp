@@ -247,8 +247,9 @@ std::optional<int64_t> read_latest_iteration(const std::string& dir) {
   std::string text = read_whole_file(tracker.string());
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
   int64_t it = -1;
-  if (text == "release" && !megatron_hint(fs::path(dir) / "release", dir).empty())
-    LATTICE_FAIL() << tracker.string() << ": names 'release'" << megatron_hint(fs::path(dir) / "release", dir);
+  if (text == "release")
+    if (const std::string hint = megatron_hint(fs::path(dir) / "release", dir); !hint.empty())
+      LATTICE_FAIL() << tracker.string() << ": names 'release'" << hint;
   if (!parse_count(text, &it)) {
     std::string shown = text.substr(0, 20);
     for (char& c : shown)

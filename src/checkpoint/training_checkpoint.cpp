@@ -20,20 +20,15 @@ namespace lattice {
 namespace {
 
 constexpr int kSaveTag = 3100;  // the part transfers of a save: one tag per buffer
+}  // namespace
 
 // The optimizer's state tensors by their checkpoint prefix: Adam's two moments, or SGD's
 // momentum buffer (torch's names). Muon's: Adam's two, a Muon matrix's momentum buffer in exp_avg
 // and zeros in exp_avg_sq.
-struct StateSlot {
-  const char* prefix;
-  int slot;  // Optimizer::param_state slot
-};
 std::vector<StateSlot> state_slots(const std::string& optimizer) {
   if (optimizer == "adam" || optimizer == "muon") return {{"optimizer.exp_avg.", 1}, {"optimizer.exp_avg_sq.", 2}};
   return {{"optimizer.momentum_buffer.", 1}};
 }
-
-}  // namespace
 
 std::string save_training_checkpoint(const TrainingSaveOptions& o, const TrainingProgress& p,
                                      const GPTModel& model, const Optimizer& optimizer,

@@ -34,6 +34,14 @@ struct TrainingProgress {
   nlohmann::json rerun_state_machine = nullptr;
 };
 
+// An optimizer's state tensors in optimizer.safetensors: each parameter's under prefix + its name
+// ("optimizer.exp_avg.<param>", ...), from the optimizer's state slot.
+struct StateSlot {
+  const char* prefix;
+  int slot;  // Optimizer::param_state slot
+};
+std::vector<StateSlot> state_slots(const std::string& optimizer);  // --optimizer's: adam (and muon), sgd
+
 struct TrainingSaveOptions {
   std::string dir;                // --save
   std::string optimizer = "adam";  // --optimizer: names the state tensors

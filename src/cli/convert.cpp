@@ -27,6 +27,7 @@
 #include "checkpoint/megatron_export.h"
 #include "checkpoint/hf_qwen3_next.h"
 #include "checkpoint/model_checkpoint.h"
+#include "checkpoint/training_checkpoint.h"
 #include "cli/simple_flags.h"
 #include "cli/subcommands.h"
 #include "core/error.h"
@@ -203,9 +204,10 @@ void from_megatron(const SimpleFlags& f) {
     s.opt_param_scheduler = o.opt_param_scheduler;
     s.rng = RngState{src.seed};
     s.loss_scaler = o.grad_scaler;
+    const std::vector<StateSlot> slots = state_slots("adam");  // exp_avg, exp_avg_sq
     written = save_streamed_checkpoint(save, s, c, src.source.fill,
-                                       {{kOptimizerFile, "optimizer.exp_avg.", o.exp_avg},
-                                        {kOptimizerFile, "optimizer.exp_avg_sq.", o.exp_avg_sq}});
+                                       {{kOptimizerFile, slots[0].prefix, o.exp_avg},
+                                        {kOptimizerFile, slots[1].prefix, o.exp_avg_sq}});
   } else {
     written = save_model_checkpoint(save, 0, c, src.source.fill, args.dump());
   }
