@@ -11,6 +11,7 @@
 #include <set>
 
 #include "checkpoint/megatron_torch_dist.h"
+#include "checkpoint/megatron_distrib_optimizer.h"
 #include "checkpoint/megatron_torch_optimizer.h"
 #include "checkpoint/tensor_parts.h"
 #include "checkpoint/torch_archive.h"
@@ -108,7 +109,8 @@ Entries from_legacy_names(Entries tensors, bool& legacy) {
 using RankFile = MegatronRankFile;
 
 // The fp32 main parameter `main` read for the model's tensor `key` must round to the model's values, as
-// Megatron copies them after each step: a check that the optimizer's numbering was read right.
+// Megatron copies them after each step: a check that the optimizer's numbering (or the distributed optimizer's
+// buffer layout) was read right.
 void check_main_params(const TorchArchive& archive, const PyRef& model, const std::string& key, const float* main) {
   const TorchTensor& t = *TorchArchive::tensor(model);
   std::vector<float> m(size_t(t.numel()));
@@ -118,10 +120,11 @@ void check_main_params(const TorchArchive& archive, const PyRef& model, const st
                     : t.dtype == "float16" ? math::fp16_to_fp32(math::fp32_to_fp16(main[i]))
                                            : main[i];
     if (r != m[i] && !(std::isnan(r) && std::isnan(m[i])))
-      LATTICE_FAIL() << archive.path() << ": the fp32 main parameter numbered for " << key << " is " << main[i]
+      LATTICE_FAIL() << archive.path() << ": the fp32 main parameter read for " << key << " is " << main[i]
                      << " at element " << i << ", which does not round to the model's " << m[i]
-                     << " (the state dict's order and param groups disagree); give --no-load-optim to convert the "
-                     << "weights alone";
+                     << " (the optimizer's state is not where lattice reads it: the state dict's order against the "
+                     << "param groups, or the distributed optimizer's buffer layout); give --no-load-optim to convert "
+                     << "the weights alone";
   }
 }
 
@@ -448,15 +451,24 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
   auto states = std::make_shared<RankStates>(files.size());
   if (!load_optim) {
     out.optimizer_note = "not read (--no-load-optim)";
-  } else if (fs::exists(first.parent_path() / "distrib_optim.pt")) {
-    out.optimizer_note = "the distributed optimizer's distrib_optim.pt (its flat buffers), which lattice does not read; "
-                         "Megatron saves Adam's state by parameter name with --ckpt-format torch_dist";
   } else {
-    for (size_t k = 0; k < files.size(); ++k)
-      if (!((*states)[k] = read_megatron_rank_optimizer(files[k], out.optimizer_note))) {
+    // The distributed optimizer's state in each rank directory's distrib_optim.pt, else numbered in the rank file.
+    const bool distributed = fs::exists(first.parent_path() / "distrib_optim.pt");
+    auto distrib_optim = [&](size_t k) { return fs::path(files[k].archive->path()).parent_path() / "distrib_optim.pt"; };
+    for (size_t k = 0; distributed && k < files.size(); ++k)
+      if (!fs::exists(distrib_optim(k)))
+        LATTICE_FAIL() << distrib_optim(k).string() << " is missing (the distributed optimizer's state, which "
+                       << distrib_optim(0).string() << " has); give --no-load-optim to convert the weights alone";
+    for (size_t k = 0; k < files.size(); ++k) {
+      const int stage = int(k / size_t(E)) % P;
+      (*states)[k] = distributed ? read_megatron_distrib_optimizer(files[k], distrib_optim(k).string(), stage,
+                                                                   out.optimizer_note)
+                                 : read_megatron_rank_optimizer(files[k], out.optimizer_note);
+      if (!(*states)[k]) {
         *states = RankStates(files.size());
         break;
       }
+    }
   }
   if ((*states)[0]) {
     std::vector<double> steps;
@@ -480,12 +492,13 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
         const MegatronParamState* ps = st ? &st->chunks[size_t(s.chunk)].at(s.key) : nullptr;
         const PyRef& value = which == "exp_avg" ? ps->exp_avg : which == "exp_avg_sq" ? ps->exp_avg_sq
                              : ps && ps->main ? ps->main : model;
+        const TorchArchive& from = value != model && st->archive ? *st->archive : *rf.archive;
         ParamInfo part = (*rank_infos)[s.rank].at(info.name);
         const bool whole = part.shape == info.shape;  // the rank holds it whole (one rank, or a copy on every rank)
         std::vector<float> local(whole ? 0 : size_t(part.numel));
         float* into = whole ? dst : local.data();
         const std::string what = value == model ? s.key : which + " of " + s.key;
-        rf.archive->read_float(*TorchArchive::tensor(value), what, into);
+        from.read_float(*TorchArchive::tensor(value), what, into);
         if (value != model && which == "weights") check_main_params(*rf.archive, model, s.key, into);
         if (whole) continue;
         part.offset = 0;

@@ -27,7 +27,8 @@
 // with its shape, no tensor left over (what only the values show, a record's CRC-32 or the torch format's main
 // parameters against the model's, as each is read). Errors name the file and the tensor. Adam's state is read too where lattice
 // reads it: torch_dist's, named after the parameters (megatron_torch_dist.h), and the torch format's, numbered
-// (megatron_torch_optimizer.h); not read: the distributed optimizer's flat buffers (the weights alone come over).
+// (megatron_torch_optimizer.h), and the distributed optimizer's distrib_optim.pt beside each rank file
+// (megatron_distrib_optimizer.h); not read: its torch_dist flat buffers (the weights alone come over).
 // Not read either: --ckpt-format torch files of experts split otherwise than the dense layers
 // (--expert-tensor-parallel-size other than --tensor-model-parallel-size; torch_dist's are read), experts stored as
 // the legacy GroupedMLP, latent experts, multi-latent attention and hybrid models. Multi-token prediction's depths
@@ -51,8 +52,8 @@ namespace lattice {
 
 // A Megatron run's Adam state, where its checkpoint holds one lattice reads: torch_dist's, named after each
 // parameter (optimizer.state.exp_avg.<tensor>, optimizer.state.exp_avg_sq.<tensor>: the non-distributed optimizer,
-// and the distributed one saved with --dist-ckpt-optim-fully-reshardable), and the torch format's non-distributed
-// optimizer's, numbered.
+// and the distributed one saved with --dist-ckpt-optim-fully-reshardable), the torch format's non-distributed
+// optimizer's, numbered, and its distributed optimizer's distrib_optim.pt.
 struct MegatronOptimizerState {
   int64_t step = 0;  // updates taken (the param groups' 'step', or the state's common_step)
   std::function<void(const ParamInfo&, float*)> exp_avg, exp_avg_sq;  // each parameter's, whole (dst [numel])

@@ -13,7 +13,7 @@
 // 'fp32_from_fp16_params': the fp32 main parameters, group by group}), FP32Optimizer (Adam's state dict itself),
 // and ChainedOptimizer's list of them (a mixture of experts: the dense parameters' optimizer, then the routed
 // experts'). The step is the param groups' 'step' (Transformer Engine's and Apex's FusedAdam) or the states' 'step'
-// (torch.optim.Adam). The distributed optimizer keeps its state in distrib_optim.pt (flat buffers), not read.
+// (torch.optim.Adam). The distributed optimizer keeps its state in distrib_optim.pt (megatron_distrib_optimizer.h).
 #pragma once
 #include <map>
 #include <memory>
@@ -47,6 +47,8 @@ struct MegatronRankOptimizer {
   std::vector<std::map<std::string, MegatronParamState>> chunks;  // by chunk, then state-dict key
   std::vector<double> steps;                                      // every step saved (they must agree)
   std::optional<LossScalerState> grad_scaler;                     // fp16's dynamic loss scaler
+  std::shared_ptr<TorchArchive> archive;  // the file the state's tensors are in (null: the rank file;
+                                          // the distributed optimizer's distrib_optim.pt)
 };
 
 // The rank file's Adam state; nullopt with `note` saying why when it holds none lattice reads (no 'optimizer', the

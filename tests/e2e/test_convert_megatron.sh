@@ -80,6 +80,18 @@ if run convert_optim_torch "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rop
     pass "torch's numbered and torch_dist's named Adam state convert to the same weights and moments, byte for byte" ||
     fail "the torch and torch_dist optimizer states converted differently: $(cat convert_optim_torch.err)"
 fi
+# The distributed optimizer's state (--use-distributed-optimizer: each rank's distrib_optim.pt, its data-parallel
+# buffers as Megatron-Core lays them) of a bf16 run over 2 x 2 ranks x 2 virtual stages: it resumes the same way.
+if run convert_distopt "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_x2_tp2_pp2_vp2_distopt_bf16" \
+     --save ckpt_distopt; then
+  if grep -qF "with Adam's state (step 100, 800 samples consumed)" convert_distopt.err &&
+     run resume_distopt "$LATTICE" train --load ckpt_distopt "${RESUME_FLAGS[@]}" --use-checkpoint-opt_param-scheduler &&
+     grep -q "iteration *101/ *102 | consumed samples: *808 .*learning rate: 1.739222E-04" resume_distopt.out; then
+    pass "the distributed optimizer's buffers come over and the run resumes at iteration 101"
+  else
+    fail "the distributed optimizer's conversion: $(cat convert_distopt.err; grep -h iteration resume_distopt.out | head -2)"
+  fi
+fi
 expect_error "Adam's state numbered for the wrong parameters" "does not round to the model's|--no-load-optim" -- \
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_optim_order" --save bad9
 if run convert_noopt "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16" --save ckpt_noopt \

@@ -278,7 +278,7 @@ TEST(MegatronCheckpoint, TorchDistCheckpointsAreReadWhole) {
 // reference (exp_avg = -p, exp_avg_sq = p * p) and its fp32 main parameter (the reference's exact values).
 void expect_reference_optimizer(const MegatronSource& src, const std::string& reference) {
   ASSERT_TRUE(src.optimizer) << src.optimizer_note;
-  const SafetensorsFile ref = SafetensorsFile::read(fixture(reference));
+  const SafetensorsFile ref = SafetensorsFile::read(reference.find('/') == 0 ? reference : fixture(reference));
   const ParamBuffer reg = GPTModel::parameter_registry(src.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
   for (const ParamInfo& p : reg.infos()) {
     std::vector<float> m(size_t(p.numel)), v(size_t(p.numel));
@@ -337,10 +337,10 @@ TEST(MegatronCheckpoint, TorchFormatAdamStateComesOverByItsNumbering) {
   const MegatronSource moe =
       open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_te_grouped"));
   expect_reference_optimizer(moe, "gpt_tiny_nobias_swiglu_moe4_shared.safetensors");
-  // The distributed optimizer keeps its state in distrib_optim.pt: said, not read.
-  const MegatronSource dist = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2"));
-  EXPECT_FALSE(dist.optimizer);
-  EXPECT_NE(dist.optimizer_note.find("distrib_optim.pt"), std::string::npos) << dist.optimizer_note;
+  // Saved without an optimizer state (--no-save-optim): said.
+  const MegatronSource none = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2"));
+  EXPECT_FALSE(none.optimizer);
+  EXPECT_NE(none.optimizer_note.find("none saved"), std::string::npos) << none.optimizer_note;
   // Two parameters of one shape numbered the other's way round: their main parameters do not round to the
   // model's values, which the read of the weights refuses by name.
   const MegatronSource swapped = open_megatron_checkpoint(megatron_fixture("gpt_tiny_optim_order"));
@@ -353,6 +353,65 @@ TEST(MegatronCheckpoint, TorchFormatAdamStateComesOverByItsNumbering) {
   }
   EXPECT_NE(e.find("does not round to the model's"), std::string::npos) << e;
   EXPECT_NE(e.find("--no-load-optim"), std::string::npos) << e;
+}
+
+// Every fp32 main parameter read through `src`'s fill (the weights); the first error, or "".
+std::string error_filling(const MegatronSource& src) {
+  std::string e;
+  const ParamBuffer reg = GPTModel::parameter_registry(src.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
+  for (const ParamInfo& p : reg.infos()) {
+    std::vector<float> v(size_t(p.numel));
+    if (e.empty()) e = error_of([&] { src.source.fill(p, v.data()); });
+  }
+  return e;
+}
+
+TEST(MegatronCheckpoint, DistributedOptimizerStateComesOverFromItsBuffers) {
+  // --use-distributed-optimizer with --ckpt-format torch: each rank directory's distrib_optim.pt, the buckets of its
+  // data-parallel buffers coalesced, laid out as Megatron-Core's _ParamAndGradBuffer lays them. A bf16 model of
+  // 4 layers over 2 tensor- x 2 pipeline-parallel ranks x 2 virtual stages (a buffer per model chunk), buckets of
+  // 6432 elements on the first stage's first chunk (--overlap-grad-reduce --ddp-bucket-size; one closes after a
+  // k_layernorm bias of 16, so the next bucket's first parameter follows it unpadded), the tied word embedding and
+  // its last-stage copy in buckets of their own, each parameter at a multiple of 64 elements (the qk norms' 16
+  // leave gaps). Neither the buckets, nor the padding, nor their absence alone give these offsets.
+  const std::string dir = megatron_fixture("gpt_tiny_rope_gqa2_qknorm_x2_tp2_pp2_vp2_distopt_bf16");
+  const MegatronSource src = open_megatron_checkpoint(dir);
+  EXPECT_EQ(src.vp, 2);
+  expect_reference_optimizer(src, dir + "/reference.safetensors");
+  // A mixture of experts over 2 tensor- x 2 expert-parallel ranks: the chained optimizer's list (the dense buffer's
+  // state on expert-parallel rank 0 alone, None on rank 1; the routed experts' on each), grouped experts, fp32.
+  expect_reference_optimizer(
+      open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_te_distopt")),
+      "gpt_tiny_nobias_swiglu_moe4_shared.safetensors");
+  // Megatron-Core before 0.8: no padding before a parameter (the qk norms' 16 elements follow each other).
+  expect_reference_optimizer(open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_distopt_older")),
+                             "gpt_tiny_rope_gqa2_qknorm.safetensors");
+
+  TempDir t("megatron_distopt");
+  const std::string copy = copy_of("gpt_tiny_rope_gqa2_qknorm_x2_tp2_pp2_vp2_distopt_bf16", t);
+  const fs::path iter = fs::path(copy) / "iter_0000100";
+  // Another tensor-parallel rank's file (the same sizes, other values): its main parameters do not round to the
+  // model's, refused as the weights are read.
+  fs::copy_file(iter / "mp_rank_01_000/distrib_optim.pt", iter / "mp_rank_00_000/distrib_optim.pt",
+                fs::copy_options::overwrite_existing);
+  std::string e = error_filling(open_megatron_checkpoint(copy));
+  EXPECT_NE(e.find("does not round to the model's"), std::string::npos) << e;
+  // Another stage's file: its buffers' sizes are not the rank's parameters' laid out, refused on opening.
+  fs::copy_file(iter / "mp_rank_00_001/distrib_optim.pt", iter / "mp_rank_00_000/distrib_optim.pt",
+                fs::copy_options::overwrite_existing);
+  e = error_of([&] { open_megatron_checkpoint(copy); });
+  EXPECT_NE(e.find("mp_rank_00_000/distrib_optim.pt: distrib_optim[0] holds 23360 values (numel_unpadded), where the "),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--no-load-optim"), std::string::npos) << e;
+  // One rank's file missing: refused by name before any is read; --no-load-optim converts the weights (the bf16
+  // model's).
+  fs::remove(iter / "mp_rank_01_001/distrib_optim.pt");
+  e = error_of([&] { open_megatron_checkpoint(copy); });
+  EXPECT_NE(e.find("mp_rank_01_001/distrib_optim.pt is missing"), std::string::npos) << e;
+  const MegatronSource weights = open_megatron_checkpoint(copy, false);
+  EXPECT_FALSE(weights.optimizer);
+  expect_reference_parameters(weights, dir + "/reference.safetensors", true);
 }
 
 TEST(MegatronCheckpoint, ConvertedAdamStateIsATrainingCheckpoint) {
@@ -435,12 +494,13 @@ void convert_all(const std::string& dir) {
 }
 
 TEST(MegatronCheckpoint, CorruptedBytesAreAnErrorNeverACrash) {
-  // Random bytes of a rank file, a .distcp, .metadata or common.pt overwritten, or the file cut short: reading it
-  // whole either succeeds (the bytes were values) or is a lattice::Error; no other exception, no crash.
+  // Random bytes of a rank file, a distrib_optim.pt, a .distcp, .metadata or common.pt overwritten, or the file cut
+  // short: reading it whole either succeeds (the bytes were values) or is a lattice::Error; no other exception, no
+  // crash.
   std::mt19937 rng(2026);
   int errors = 0, runs = 0;
   for (const char* name : {"gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16", "gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16",
-                           "gpt_tiny_swiglu_tp2_pp2"}) {
+                           "gpt_tiny_swiglu_tp2_pp2", "gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_te_distopt"}) {
     std::vector<fs::path> files;
     for (const auto& e : fs::recursive_directory_iterator(megatron_fixture(name)))
       if (e.is_regular_file() && e.path().filename() != "latest_checkpointed_iteration.txt")
