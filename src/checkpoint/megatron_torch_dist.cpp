@@ -173,8 +173,9 @@ void read_optimizer_state(MegatronSource& out, const std::shared_ptr<DcpCheckpoi
   if (has_optimizer_buffers(*dcp)) {
     out.optimizer_note =
         "saved as the distributed optimizer's flat buffers (optimizer.distributed.*: Megatron-Core's default with "
-        "--use-distributed-optimizer), which lattice does not read; Megatron saves it by parameter with "
-        "--dist-ckpt-optim-fully-reshardable";
+        "--use-distributed-optimizer), which lattice does not read in torch_dist; Megatron re-saves it in a form "
+        "lattice reads when loading it with --ckpt-convert-format torch --ckpt-convert-save DIR (distrib_optim.pt), "
+        "or saving with --dist-ckpt-optim-fully-reshardable";
     return;
   }
   const auto named = named_optimizer_state(*dcp);

@@ -323,6 +323,9 @@ TEST(MegatronCheckpoint, TorchDistAdamStateComesOver) {
   EXPECT_FALSE(buffers.optimizer);
   EXPECT_NE(buffers.optimizer_note.find("flat buffers (optimizer.distributed.*"), std::string::npos)
       << buffers.optimizer_note;
+  // ... and how Megatron re-saves it in a form lattice reads.
+  EXPECT_NE(buffers.optimizer_note.find("--ckpt-convert-format torch --ckpt-convert-save DIR"), std::string::npos)
+      << buffers.optimizer_note;
 }
 
 TEST(MegatronCheckpoint, TorchFormatAdamStateComesOverByItsNumbering) {
