@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # lattice convert --from-megatron of a bf16 Megatron run with its Adam state (the non-distributed optimizer's: fp32
 # main parameters, exp_avg, exp_avg_sq) on a 165M-parameter Llama-form model (8 layers, hidden 1024, vocabulary
-# 32000, untied) saved by TP x PP ranks, in both formats (torch_dist, named; torch, numbered): seconds and peak
-# resident memory (/usr/bin/time), the median of ROUNDS, beside PyTorch reading the torch format's rank files
-# (torch.load of each, every model tensor, main parameter and moment made whole, as a converter must). The
+# 32000, untied) saved by TP x PP ranks, in both formats (torch_dist, named; torch, numbered), and the distributed
+# optimizer's (--ckpt-format torch: distrib_optim.pt's flat buffers): seconds and peak resident memory
+# (/usr/bin/time), the median of ROUNDS, beside PyTorch reading the torch format's rank files (torch.load of each,
+# every model tensor, main parameter and moment made whole, as a converter must; for the distributed optimizer
+# torch.load of each rank's two files alone, a lower bound: its buffers are not taken apart). The
 # checkpoints are written by tests/fixtures/make_megatron_fixture.py from a lattice-initialized model (PyTorch
 # needed: scripts/install-deps.sh --bench).
 #   LATTICE=build/lattice ROUNDS=3 TP=2 PP=2 bench/megatron_optim_convert.sh
@@ -42,15 +44,21 @@ for format in torch_dist torch; do
   /usr/bin/python3 "$SRC/tests/fixtures/make_megatron_fixture.py" reference.safetensors "mcore_$format" --tp "$TP" \
     --pp "$PP" --bf16 --format "$format" --optim nondist
 done
+/usr/bin/python3 "$SRC/tests/fixtures/make_megatron_fixture.py" reference.safetensors mcore_distopt --tp "$TP" \
+  --pp "$PP" --bf16 --optim buffers
 
-cat >torch_read.py <<'EOF'
-import enum, glob, sys, types, torch
+cat >megatron_stub.py <<'EOF'
+import enum, sys, types
 # The saved args hold a Megatron enum (megatron.core.transformer.enums.AttnBackend): importable here, as in Megatron.
 enums = types.ModuleType("megatron.core.transformer.enums")
 enums.AttnBackend = enum.Enum("AttnBackend", ["flash", "fused", "unfused", "local", "auto"])
 for name in ["megatron", "megatron.core", "megatron.core.transformer"]:
     sys.modules[name] = types.ModuleType(name)
 sys.modules["megatron.core.transformer.enums"] = enums
+EOF
+cat >torch_read.py <<'EOF'
+import glob, torch
+import megatron_stub
 parts = {}
 for f in sorted(glob.glob("mcore_torch/iter_*/mp_rank_*/model_optim_rng.pt")):
     sd = torch.load(f)
@@ -67,27 +75,46 @@ whole = {k: (torch.cat(v, 0) if len(v) > 1 else v[0]) for k, v in parts.items()}
 print(sum(t.numel() for t in whole.values()))
 EOF
 
-measure() {  # NAME CMD...: appends "seconds peak_MB" to NAME.txt
+cat >torch_read_distopt.py <<'EOF'
+import glob, torch
+import megatron_stub
+n = 0
+for f in sorted(glob.glob("mcore_distopt/iter_*/mp_rank_*/*.pt")):
+    sd = torch.load(f)
+    n += sum(t.numel() for t in (sd.get("model") or {}).values() if torch.is_tensor(t))
+    for buffer in (v for k, v in sd.items() if isinstance(k, int)):
+        for state in buffer.values():
+            n += sum(state[k].numel() for k in ("param", "exp_avg", "exp_avg_sq"))
+print(n)
+EOF
+
+measure() {  # NAME CMD...: appends "seconds peak_MB user_seconds system_seconds" to NAME.txt
   local name=$1
   shift
   sync  # the previous run's written pages flushed first: each run pays for its own writes only
-  /usr/bin/time -f "%e %M" -o t.txt "$@" >"$name.log" 2>&1 || { echo "$name failed: $(tail -3 "$name.log")"; exit 1; }
-  read -r s kb <t.txt
-  echo "$s $((kb / 1024))" >>"$name.txt"
+  /usr/bin/time -f "%e %M %U %S" -o t.txt "$@" >"$name.log" 2>&1 || { echo "$name failed: $(tail -3 "$name.log")"; exit 1; }
+  read -r s kb user sys <t.txt
+  echo "$s $((kb / 1024)) $user $sys" >>"$name.txt"
 }
 median() { sort -n -k"$2" "$1.txt" | awk -v k="$2" '{ v[NR] = $k } END { print v[int((NR + 1) / 2)] }'; }
 
 for _ in $(seq "$ROUNDS"); do
-  rm -rf back_dist back_torch
+  rm -rf back_dist back_torch back_distopt
   measure dist "$LATTICE" convert --from-megatron mcore_torch_dist --save back_dist
   measure torch "$LATTICE" convert --from-megatron mcore_torch --save back_torch
+  measure distopt "$LATTICE" convert --from-megatron mcore_distopt --save back_distopt
   measure pytorch /usr/bin/python3 torch_read.py
+  measure pytorch_distopt /usr/bin/python3 torch_read_distopt.py
 done
-cmp -s back_dist/iter_0000100/optimizer.safetensors back_torch/iter_0000100/optimizer.safetensors ||
-  { echo "the two formats converted to different optimizer states"; exit 1; }
-echo "| command (bf16, TP $TP, PP $PP, with Adam's state; median of $ROUNDS) | seconds | peak RSS MB |"
-echo "|---|---:|---:|"
-echo "| lattice convert --from-megatron (torch_dist: $(du -sm mcore_torch_dist | cut -f1) MB) | $(median dist 1) | $(median dist 2) |"
-echo "| lattice convert --from-megatron (torch: $(du -sm mcore_torch | cut -f1) MB) | $(median torch 1) | $(median torch 2) |"
-echo "| python3: torch.load of every torch rank file, tensors made whole | $(median pytorch 1) | $(median pytorch 2) |"
+for b in back_torch back_distopt; do
+  cmp -s back_dist/iter_0000100/optimizer.safetensors $b/iter_0000100/optimizer.safetensors ||
+    { echo "the formats converted to different optimizer states ($b)"; exit 1; }
+done
+echo "| command (bf16, TP $TP, PP $PP, with Adam's state; median of $ROUNDS) | seconds | peak RSS MB | user s | system s |"
+echo "|---|---:|---:|---:|---:|"
+echo "| lattice convert --from-megatron (torch_dist: $(du -sm mcore_torch_dist | cut -f1) MB) | $(median dist 1) | $(median dist 2) | $(median dist 3) | $(median dist 4) |"
+echo "| lattice convert --from-megatron (torch: $(du -sm mcore_torch | cut -f1) MB) | $(median torch 1) | $(median torch 2) | $(median torch 3) | $(median torch 4) |"
+echo "| lattice convert --from-megatron (torch, distributed optimizer: $(du -sm mcore_distopt | cut -f1) MB) | $(median distopt 1) | $(median distopt 2) | $(median distopt 3) | $(median distopt 4) |"
+echo "| python3: torch.load of every torch rank file, tensors made whole | $(median pytorch 1) | $(median pytorch 2) | $(median pytorch 3) | $(median pytorch 4) |"
+echo "| python3: torch.load of every distributed-optimizer rank file (buffers not taken apart) | $(median pytorch_distopt 1) | $(median pytorch_distopt 2) | $(median pytorch_distopt 3) | $(median pytorch_distopt 4) |"
 echo "(the converted checkpoint: $(du -sm back_dist | cut -f1) MB)"

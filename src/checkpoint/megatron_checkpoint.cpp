@@ -195,7 +195,7 @@ std::string te_fused_norm_name(const std::string& rest) {
 }
 
 int64_t megatron_adam_step(const std::vector<double>& steps, const std::string& where) {
-  const std::string hint = "; give --no-load-optim to convert the weights alone";
+  const std::string& hint = kNoLoadOptimHint;
   if (steps.empty())
     LATTICE_FAIL() << where << ": no optimizer step (the param groups' 'step' or the states') beside Adam's state"
                    << hint;
@@ -454,11 +454,13 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
   } else {
     // The distributed optimizer's state in each rank directory's distrib_optim.pt, else numbered in the rank file.
     const bool distributed = fs::exists(first.parent_path() / "distrib_optim.pt");
-    auto distrib_optim = [&](size_t k) { return fs::path(files[k].archive->path()).parent_path() / "distrib_optim.pt"; };
+    auto distrib_optim = [&](size_t k) {
+      return fs::path(files[k].archive->path()).parent_path() / "distrib_optim.pt";
+    };
     for (size_t k = 0; distributed && k < files.size(); ++k)
       if (!fs::exists(distrib_optim(k)))
         LATTICE_FAIL() << distrib_optim(k).string() << " is missing (the distributed optimizer's state, which "
-                       << distrib_optim(0).string() << " has); give --no-load-optim to convert the weights alone";
+                       << distrib_optim(0).string() << " has)" << kNoLoadOptimHint;
     for (size_t k = 0; k < files.size(); ++k) {
       const int stage = int(k / size_t(E)) % P;
       (*states)[k] = distributed ? read_megatron_distrib_optimizer(files[k], distrib_optim(k).string(), stage,

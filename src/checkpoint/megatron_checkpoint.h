@@ -27,8 +27,8 @@
 // with its shape, no tensor left over (what only the values show, a record's CRC-32 or the torch format's main
 // parameters against the model's, as each is read). Errors name the file and the tensor. Adam's state is read too where lattice
 // reads it: torch_dist's, named after the parameters (megatron_torch_dist.h), and the torch format's, numbered
-// (megatron_torch_optimizer.h), and the distributed optimizer's distrib_optim.pt beside each rank file
-// (megatron_distrib_optimizer.h); not read: its torch_dist flat buffers (the weights alone come over).
+// (megatron_torch_optimizer.h), and the distributed optimizer's, distrib_optim.pt beside each rank file and
+// torch_dist's dp_reshardable buckets (megatron_distrib_optimizer.h).
 // Not read either: --ckpt-format torch files of experts split otherwise than the dense layers
 // (--expert-tensor-parallel-size other than --tensor-model-parallel-size; torch_dist's are read), experts stored as
 // the legacy GroupedMLP, latent experts, multi-latent attention and hybrid models. Multi-token prediction's depths

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -13,11 +12,7 @@ namespace lattice {
 
 namespace {
 
-const std::string kHint = "; give --no-load-optim to convert the weights alone";
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
+const std::string& kHint = kNoLoadOptimHint;
 
 PyRef present(const PyRef& v) { return v && !v->is(PyValue::Kind::none) ? v : nullptr; }
 
@@ -47,36 +42,6 @@ struct Param {
   bool expert;  // a routed expert's (the experts' optimizer)
 };
 
-// The coalesced layout of one buffer (megatron_distrib_optimizer.h): each parameter's first element in the saved
-// buffer, and the buffer's numel_unpadded. `pad_params`: each parameter starts at a multiple of 64 elements.
-int64_t coalesced_layout(const std::vector<const Param*>& params, std::optional<int64_t> bucket_size,
-                         const std::set<const Param*>& shared, bool pad_params, std::vector<int64_t>& offsets) {
-  auto round_up = [](int64_t x, int64_t d) { return (x + d - 1) / d * d; };
-  offsets.assign(params.size(), 0);
-  int64_t start = 0, bucket_start = 0, before = 0, end = 0;  // before: the earlier buckets' values, coalesced
-  int members = 0;
-  // A bucket ends at x; the next starts at x padded to Megatron's lcm(DP, 128) (any multiple of 64 gives the same
-  // coalesced offsets).
-  auto close = [&](int64_t x) {
-    before += x - bucket_start;
-    bucket_start = start = round_up(x, 128);
-    members = 0;
-  };
-  for (size_t i = params.size(); i-- > 0;) {  // reverse named_parameters order
-    const Param* p = params[i];
-    if (pad_params) start = round_up(start, 64);
-    if (shared.count(p) && members > 0) close(start);
-    end = start + p->tensor->numel();
-    offsets[i] = before + (start - bucket_start);
-    ++members;
-    if ((bucket_size && end - bucket_start >= *bucket_size) || shared.count(p))
-      close(end);
-    else
-      start = end;
-  }
-  return members > 0 ? before + (end - bucket_start) : before;
-}
-
 // A contiguous view of `shape` at element `offset` of the flat tensor `flat`.
 PyRef view_of(const PyRef& flat, int64_t offset, const std::vector<int64_t>& shape) {
   auto t = std::make_shared<TorchTensor>(*TorchArchive::tensor(flat));
@@ -96,16 +61,72 @@ std::string dtype_name(const PyRef& g) {
 
 }  // namespace
 
+bool megatron_shared_embedding(const std::string& key, bool first, bool last, int64_t P, bool tied, bool mtp) {
+  const bool embedding = key == "embedding.word_embeddings.weight";
+  return P > 1 && ((tied && first && embedding) || (tied && last && key == "output_layer.weight") ||
+                   (mtp && last && !first && embedding));
+}
+
+MegatronBufferLayout megatron_buffer_layout(const std::vector<MegatronBufferParam>& params,
+                                            std::optional<int64_t> bucket_size, bool pad_params) {
+  auto round_up = [](int64_t x, int64_t d) { return (x + d - 1) / d * d; };
+  MegatronBufferLayout out;
+  out.bucket.assign(params.size(), 0);
+  out.start.assign(params.size(), 0);
+  int64_t start = 0, bucket_start = 0, end = 0;
+  int members = 0;
+  // A bucket ends at x (its numel_unpadded: x less its start); the next starts at x padded to Megatron's
+  // lcm(DP, 128) (any multiple of 64 gives the same offsets within the buckets).
+  auto close = [&](int64_t x) {
+    out.bucket_numel.push_back(x - bucket_start);
+    bucket_start = start = round_up(x, 128);
+    members = 0;
+  };
+  for (size_t i = params.size(); i-- > 0;) {  // reverse named_parameters order
+    const MegatronBufferParam& p = params[i];
+    if (pad_params) start = round_up(start, 64);
+    if (p.shared_embedding && members > 0) close(start);
+    end = start + p.numel;
+    out.bucket[i] = int(out.bucket_numel.size());
+    out.start[i] = start - bucket_start;
+    ++members;
+    if ((bucket_size && end - bucket_start >= *bucket_size) || p.shared_embedding)
+      close(end);
+    else
+      start = end;
+  }
+  if (members > 0) out.bucket_numel.push_back(end - bucket_start);
+  return out;
+}
+
+int64_t MegatronBufferLayout::coalesced(size_t i) const {
+  int64_t before = 0;
+  for (int b = 0; b < bucket[i]; ++b) before += bucket_numel[size_t(b)];
+  return before + start[i];
+}
+
+int64_t MegatronBufferLayout::total() const {
+  int64_t n = 0;
+  for (int64_t b : bucket_numel) n += b;
+  return n;
+}
+
+std::optional<int64_t> megatron_overlap_bucket_size(const PyRef& args) {
+  if (!int_arg(args, "overlap_grad_reduce").value_or(0) ||
+      int_arg(args, "overlap_param_gather_with_optimizer_step").value_or(0))
+    return std::nullopt;
+  const int64_t dp_cp =
+      int_arg(args, "data_parallel_size").value_or(1) * int_arg(args, "context_parallel_size").value_or(1);
+  return int_arg(args, "ddp_bucket_size").value_or(std::max<int64_t>(40000000, 1000000 * dp_cp));
+}
+
 std::optional<MegatronRankOptimizer> read_megatron_distrib_optimizer(const MegatronRankFile& f,
                                                                      const std::string& distrib_optim, int stage,
                                                                      std::string& note) {
   const TorchArchive& rank = *f.archive;
   const PyRef root = rank.root();
   const PyRef ns = root->get("args");
-  if (const PyRef o = ns ? ns->get("optimizer") : nullptr; o && o->is(PyValue::Kind::string) && o->text != "adam") {
-    note = "args.optimizer is '" + o->text + "'; lattice brings Adam's state over only";
-    return std::nullopt;
-  }
+  if (note = megatron_non_adam_note(ns); !note.empty()) return std::nullopt;
   if (int_arg(ns, "ddp_num_buckets")) {
     note = "the distributed optimizer's buckets were sized by --ddp-num-buckets, whose layout lattice does not "
            "rebuild";
@@ -153,7 +174,7 @@ std::optional<MegatronRankOptimizer> read_megatron_distrib_optimizer(const Megat
   bool any_expert = false;
   for (size_t ch = 0; ch < f.order.size(); ++ch)
     for (const std::string& key : f.order[ch]) {
-      if (ends_with(key, ".expert_bias") || ends_with(key, ".local_tokens_per_expert")) continue;  // buffers
+      if (key.ends_with(".expert_bias") || key.ends_with(".local_tokens_per_expert")) continue;  // buffers
       const TorchTensor* t = TorchArchive::tensor(f.chunks[ch].at(key));
       if (!t) continue;
       const bool expert = key.find(".mlp.experts.") != std::string::npos;
@@ -169,11 +190,7 @@ std::optional<MegatronRankOptimizer> read_megatron_distrib_optimizer(const Megat
   const int vp = int(f.order.size());
   const bool tied = !int_arg(ns, "untie_embeddings_and_output_weights").value_or(0);
   const bool mtp = int_arg(ns, "mtp_num_layers").value_or(0) > 0;
-  std::optional<int64_t> overlap_bucket_size;  // the first stage's first chunk's (later ones: one bucket)
-  if (int_arg(ns, "overlap_grad_reduce").value_or(0) && !int_arg(ns, "overlap_param_gather_with_optimizer_step").value_or(0)) {
-    const int64_t dp_cp = int_arg(ns, "data_parallel_size").value_or(1) * int_arg(ns, "context_parallel_size").value_or(1);
-    overlap_bucket_size = int_arg(ns, "ddp_bucket_size").value_or(std::max<int64_t>(40000000, 1000000 * dp_cp));
-  }
+  const std::optional<int64_t> overlap_bucket_size = megatron_overlap_bucket_size(ns);  // the first chunk's
 
   out.chunks.resize(f.order.size());
   for (size_t which = 0; which < optimizers.size(); ++which) {
@@ -193,14 +210,11 @@ std::optional<MegatronRankOptimizer> read_megatron_distrib_optimizer(const Megat
           dtypes.push_back(p.tensor->dtype);
       for (const std::string& dtype : dtypes) {
         std::vector<const Param*> members;
-        std::set<const Param*> shared;
+        std::vector<MegatronBufferParam> sizes;
         for (const Param& p : params) {
           if (p.chunk != ch || p.expert != experts || p.tensor->dtype != dtype) continue;
           members.push_back(&p);
-          const bool embedding = p.key == "embedding.word_embeddings.weight";
-          if (P > 1 && ((tied && first && embedding) || (tied && last && p.key == "output_layer.weight") ||
-                        (mtp && last && !first && embedding)))
-            shared.insert(&p);
+          sizes.push_back({p.tensor->numel(), megatron_shared_embedding(p.key, first, last, P, tied, mtp)});
         }
         const std::string name = "distrib_optim" + at + "[" + std::to_string(gbuf) + "]";
         const PyRef entry = int_key(o, gbuf++);
@@ -213,11 +227,11 @@ std::optional<MegatronRankOptimizer> read_megatron_distrib_optimizer(const Megat
           LATTICE_FAIL() << path << ": " << name << " holds a buffer of " << key->describe() << " parameters, where "
                           << "the rank's model chunk " << ch << " has " << dtype << " ones" << kHint;
         const auto saved = archive.number(present(buffer->get("numel_unpadded")), name + ".numel_unpadded");
-        std::vector<int64_t> offsets;
-        const int64_t padded = coalesced_layout(members, bucket_size, shared, true, offsets);
-        int64_t total = padded;
-        if (saved && *saved != double(total))  // Megatron-Core before 0.8: no padding before a parameter
-          total = coalesced_layout(members, bucket_size, shared, false, offsets);
+        MegatronBufferLayout layout = megatron_buffer_layout(sizes, bucket_size, true);
+        const int64_t padded = layout.total();
+        if (saved && *saved != double(padded))  // Megatron-Core before 0.8: no padding before a parameter
+          layout = megatron_buffer_layout(sizes, bucket_size, false);
+        const int64_t total = layout.total();
         if (!saved || *saved != double(total))
           LATTICE_FAIL() << path << ": " << name << " holds "
                           << (!saved ? "no" : std::abs(*saved) < 1e15 ? std::to_string(int64_t(*saved))
@@ -237,9 +251,10 @@ std::optional<MegatronRankOptimizer> read_megatron_distrib_optimizer(const Megat
         }
         for (size_t i = 0; i < members.size(); ++i) {
           const Param& p = *members[i];
-          out.chunks[size_t(ch)][p.key] = MegatronParamState{view_of(flat[1], offsets[i], p.tensor->shape),
-                                                             view_of(flat[2], offsets[i], p.tensor->shape),
-                                                             view_of(flat[0], offsets[i], p.tensor->shape)};
+          const int64_t at = layout.coalesced(i);
+          out.chunks[size_t(ch)][p.key] = MegatronParamState{view_of(flat[1], at, p.tensor->shape),
+                                                             view_of(flat[2], at, p.tensor->shape),
+                                                             view_of(flat[0], at, p.tensor->shape)};
         }
       }
     }

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "checkpoint/torch_archive.h"
+#include "checkpoint/megatron_distrib_optimizer.h"
 #include "checkpoint/megatron_torch_optimizer.h"
 #include "checkpoint/torch_dcp.h"
 #include "core/error.h"
@@ -162,20 +163,17 @@ std::optional<LossScalerState> find_grad_scaler(const PyRef& v, const TorchArchi
 // checked whole: every parameter's moments there, of its tensor's size, every value in a chunk, nothing left over.
 void read_optimizer_state(MegatronSource& out, const std::shared_ptr<DcpCheckpoint>& dcp,
                           const std::shared_ptr<std::map<std::string, Slice>>& plan, const TorchArchive& common,
-                          const ParamBuffer& whole, const TransformerConfig& c) {
+                          const ParamBuffer& whole, const MegatronArgs& parsed) {
+  const TransformerConfig& c = parsed.config;
   const std::string& iter = out.iteration_dir;
   const PyRef root = common.root();
   const PyRef ns = root->get("args");
-  if (const PyRef o = ns ? ns->get("optimizer") : nullptr; o && o->is(PyValue::Kind::string) && o->text != "adam") {
-    out.optimizer_note = "args.optimizer is '" + o->text + "'; lattice brings Adam's state over only";
-    return;
-  }
-  if (has_optimizer_buffers(*dcp)) {
-    out.optimizer_note =
-        "saved as the distributed optimizer's flat buffers (optimizer.distributed.*: Megatron-Core's default with "
-        "--use-distributed-optimizer), which lattice does not read in torch_dist; Megatron re-saves it in a form "
-        "lattice reads when loading it with --ckpt-convert-format torch --ckpt-convert-save DIR (distrib_optim.pt), "
-        "or saving with --dist-ckpt-optim-fully-reshardable";
+  if (out.optimizer_note = megatron_non_adam_note(ns); !out.optimizer_note.empty()) return;
+  if (has_optimizer_buffers(*dcp)) {  // the distributed optimizer's own layouts (megatron_distrib_optimizer.h)
+    read_megatron_dp_reshardable(out, dcp, common, parsed, [dcp, plan](const ParamInfo& info, float* dst) {
+      const Slice& slice = plan->at(info.name);
+      dcp->read_float(slice.fqn, slice.lead, dst);
+    });
     return;
   }
   const auto named = named_optimizer_state(*dcp);
@@ -183,7 +181,7 @@ void read_optimizer_state(MegatronSource& out, const std::shared_ptr<DcpCheckpoi
     out.optimizer_note = "none saved (--no-save-optim)";
     return;
   }
-  const std::string hint = "; give --no-load-optim to convert the weights alone";
+  const std::string& hint = kNoLoadOptimHint;
   struct State {
     Slice exp_avg, exp_avg_sq;
     std::optional<Slice> main;  // the fp32 main parameter (fp32_param; the fully reshardable layout's param)
@@ -313,7 +311,7 @@ MegatronSource open_megatron_torch_dist(MegatronSource out, bool load_optim) {
     out.optimizer_note = "not read (--no-load-optim)";
     return out;
   }
-  read_optimizer_state(out, dcp, plan, archive, whole, c);
+  read_optimizer_state(out, dcp, plan, archive, whole, parsed);
   return out;
 }
 

@@ -23,7 +23,8 @@ namespace lattice {
 // reshardable layout), each of its parameter's size and sharding; Megatron-Core before 0.14 prefixed a chained
 // optimizer's (MoE: dense, then experts) with chained_<i>. Its step is common.pt's (the param groups' 'step' or the
 // state's common_step), as are the scheduler's state (opt_param_scheduler) and fp16's loss scaler (grad_scaler). The
-// distributed optimizer's flat buffers (optimizer.distributed.*) are not read.
+// distributed optimizer's flat buffers (optimizer.distributed.*) are read where they are saved dp_reshardable
+// (megatron_distrib_optimizer.h).
 MegatronSource open_megatron_torch_dist(MegatronSource out, bool load_optim);
 
 }  // namespace lattice

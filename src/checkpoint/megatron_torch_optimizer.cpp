@@ -9,11 +9,7 @@ namespace lattice {
 
 namespace {
 
-const std::string kHint = "; give --no-load-optim to convert the weights alone";
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
+const std::string& kHint = kNoLoadOptimHint;
 
 // A saved param group: its parameters' numbers and what decides which parameters it holds.
 struct SavedGroup {
@@ -55,10 +51,7 @@ std::optional<MegatronRankOptimizer> read_megatron_rank_optimizer(const Megatron
   const std::string& path = archive.path();
   const PyRef root = archive.root();
   const PyRef ns = root->get("args");
-  if (const PyRef o = ns ? ns->get("optimizer") : nullptr; o && o->is(PyValue::Kind::string) && o->text != "adam") {
-    note = "args.optimizer is '" + o->text + "'; lattice brings Adam's state over only";
-    return std::nullopt;
-  }
+  if (note = megatron_non_adam_note(ns); !note.empty()) return std::nullopt;
   const PyRef saved = dict_at(root, "optimizer");
   if (!saved) {
     note = "none saved (--no-save-optim)";
@@ -116,12 +109,12 @@ std::optional<MegatronRankOptimizer> read_megatron_rank_optimizer(const Megatron
   // Each parameter, in named_parameters order (model chunks in turn, each state dict's order), into its group.
   for (size_t ch = 0; ch < f.order.size(); ++ch)
     for (const std::string& key : f.order[ch]) {
-      if (ends_with(key, "_extra_state") || ends_with(key, ".expert_bias")) continue;  // not parameters
+      if (key.ends_with("_extra_state") || key.ends_with(".expert_bias")) continue;  // not parameters
       const TorchTensor* t = TorchArchive::tensor(f.chunks[ch].at(key));
       if (!t) continue;
       const bool expert = key.find(".mlp.experts.") != std::string::npos;
       const bool qk_norm = key.find("q_layernorm.") != std::string::npos || key.find("k_layernorm.") != std::string::npos;
-      const bool no_wd = (ends_with(key, ".bias") || t->shape.size() == 1) && !(qk_decay && qk_norm);
+      const bool no_wd = (key.ends_with(".bias") || t->shape.size() == 1) && !(qk_decay && qk_norm);
       const bool embedding_or_output = key == "embedding.word_embeddings.weight" || key == "output_layer.weight";
       SavedGroup* home = nullptr;
       int matches = 0;
@@ -184,6 +177,12 @@ std::optional<MegatronRankOptimizer> read_megatron_rank_optimizer(const Megatron
       }
     }
   return out;
+}
+
+std::string megatron_non_adam_note(const PyRef& args) {
+  const PyRef o = args ? args->get("optimizer") : nullptr;
+  if (!o || !o->is(PyValue::Kind::string) || o->text == "adam") return "";
+  return "args.optimizer is '" + o->text + "'; lattice brings Adam's state over only";
 }
 
 std::optional<LossScalerState> megatron_grad_scaler(const PyValue& g, const TorchArchive& archive,

@@ -56,6 +56,13 @@ struct MegatronRankOptimizer {
 // state) is an error naming the file and the parameter.
 std::optional<MegatronRankOptimizer> read_megatron_rank_optimizer(const MegatronRankFile& f, std::string& note);
 
+// Ends the errors of a state that does not fit: how to convert without it.
+inline const std::string kNoLoadOptimHint = "; give --no-load-optim to convert the weights alone";
+
+// Why a checkpoint's optimizer state is not brought over when its args name another optimizer than Adam
+// (args.optimizer), else "".
+std::string megatron_non_adam_note(const PyRef& args);
+
 // fp16's dynamic loss scaler as Megatron saves it ({'scale': tensor [1], 'growth_tracker', 'hysteresis_tracker'});
 // nullopt for a constant scaler's ({}). `name` says where it is, in errors.
 std::optional<LossScalerState> megatron_grad_scaler(const PyValue& g, const TorchArchive& archive,

@@ -266,10 +266,16 @@ void TorchArchive::read_float(const TorchTensor& t, const std::string& name, flo
     LATTICE_FAIL() << path_ << ": tensor " << name << "'s storage " << record << " is truncated or corrupt (its CRC-32)";
   if (!whole) {
     std::lock_guard<std::mutex> lock(zip_->mu);
-    if (zip_->verified.insert(zip_uint64_t(index)).second) {
-      std::vector<uint8_t> all(st.size);
+    if (zip_->verified.insert(zip_uint64_t(index)).second) {  // read through a window: records can be gigabytes
+      std::vector<uint8_t> window(std::min<uint64_t>(st.size, 4 << 20));
       zip_file_t* w = zip_fopen_index(zip_->z, zip_uint64_t(index), 0);
-      const bool read = w && zip_fread(w, all.data(), st.size) == zip_int64_t(st.size) && crc_checked_at_end(w);
+      bool read = w != nullptr;
+      for (uint64_t left = st.size; read && left > 0;) {
+        const uint64_t k = std::min<uint64_t>(left, window.size());
+        read = zip_fread(w, window.data(), k) == zip_int64_t(k);
+        left -= k;
+      }
+      read = read && crc_checked_at_end(w);
       if (w) zip_fclose(w);
       if (!read) LATTICE_FAIL() << path_ << ": storage " << record << " is truncated or corrupt (its CRC-32)";
     }

@@ -1,5 +1,6 @@
 #include "checkpoint/torch_dcp.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -99,12 +100,9 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
   for (const auto& [index, info] : storage->entries) {
     const PyRef fqn = field(index, "fqn", what);
     const PyRef offset = index->get("offset");
-    if (!fqn->is(PyValue::Kind::string) || !offset || offset->is(PyValue::Kind::none)) continue;  // a bytes item
-    auto t = tensors_.find(fqn->text);
-    if (t == tensors_.end()) continue;
-    const std::vector<int64_t> at = dims_of(offset, what + ": " + fqn->text);
-    for (Chunk& c : t->second.chunks) {
-      if (c.offsets != at) continue;
+    if (!fqn->is(PyValue::Kind::string)) continue;
+    // Where the entry's bytes are: a file of the directory, an offset and a length.
+    auto locate = [&](Chunk& c) {
       const PyRef rel = field(info, "relative_path", what), off = field(info, "offset", what),
                   len = field(info, "length", what);
       if (!rel->is(PyValue::Kind::string) || !off->is(PyValue::Kind::integer) || !len->is(PyValue::Kind::integer) ||
@@ -113,7 +111,16 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
       c.file = rel->text;
       c.offset = off->integer;
       c.length = len->integer;
+    };
+    if (!offset || offset->is(PyValue::Kind::none)) {  // a bytes item
+      if (bytes_items_.count(fqn->text)) locate(bytes_item_storage_[fqn->text]);
+      continue;
     }
+    auto t = tensors_.find(fqn->text);
+    if (t == tensors_.end()) continue;
+    const std::vector<int64_t> at = dims_of(offset, what + ": " + fqn->text);
+    for (Chunk& c : t->second.chunks)
+      if (c.offsets == at) locate(c);
   }
   // Every chunk's bytes within its file.
   std::map<std::string, int64_t> file_sizes;
@@ -158,6 +165,51 @@ int64_t DcpCheckpoint::covered(const std::string& fqn, const std::vector<int64_t
   return n;
 }
 
+std::vector<uint8_t> DcpCheckpoint::read_bytes_item(const std::string& name) const {
+  const auto it = bytes_item_storage_.find(name);
+  if (it == bytes_item_storage_.end() || it->second.file.empty())
+    LATTICE_FAIL() << dir_ << ": no bytes item " << name << " in .metadata's storage";
+  const Chunk& c = it->second;
+  if (c.offset < 0 || c.length < 0)
+    LATTICE_FAIL() << dir_ << ": " << name << "'s storage entry has a negative offset or length";
+  return read_bytes(fs::path(dir_) / c.file, c.offset, c.length, name);
+}
+
+std::vector<float> DcpCheckpoint::read_chunk(const std::string& fqn, const Chunk& c) const {
+  const std::string what = fqn + " (a chunk at " + c.file + ")";
+  TorchArchive chunk((fs::path(dir_) / c.file).string() + ": " + fqn,
+                     read_bytes(fs::path(dir_) / c.file, c.offset, c.length, what));
+  const TorchTensor* tensor = TorchArchive::tensor(chunk.root());
+  if (!tensor) LATTICE_FAIL() << dir_ << "/" << c.file << ": " << fqn << "'s chunk is not a tensor";
+  if (tensor->numel() != numel(c.sizes))
+    LATTICE_FAIL() << dir_ << "/" << c.file << ": " << fqn << "'s chunk holds " << tensor->numel()
+                   << " values, its metadata says " << numel(c.sizes);
+  std::vector<float> values(size_t(tensor->numel()));
+  chunk.read_float(*tensor, fqn, values.data());
+  return values;
+}
+
+void DcpCheckpoint::read_float_range(const std::string& fqn, int64_t begin, int64_t count, float* out) const {
+  const auto it = tensors_.find(fqn);
+  if (it == tensors_.end()) LATTICE_FAIL() << dir_ << ": no tensor " << fqn;
+  const Tensor& t = it->second;
+  if (t.size.size() != 1) LATTICE_FAIL() << dir_ << ": " << fqn << " is not 1-D";
+  if (begin < 0 || count < 0 || begin + count > t.size[0])
+    LATTICE_FAIL() << dir_ << ": " << fqn << " has no elements [" << begin << ", " << begin + count << ") (its size is "
+                   << t.size[0] << ")";
+  int64_t covered = 0;
+  for (const Chunk& c : t.chunks) {
+    const int64_t lo = std::max(begin, c.offsets[0]), hi = std::min(begin + count, c.offsets[0] + c.sizes[0]);
+    if (lo >= hi) continue;
+    const std::vector<float> values = read_chunk(fqn, c);
+    std::copy(values.begin() + (lo - c.offsets[0]), values.begin() + (hi - c.offsets[0]), out + (lo - begin));
+    covered += hi - lo;
+  }
+  if (covered != count)
+    LATTICE_FAIL() << dir_ << ": " << fqn << "[" << begin << ":" << begin + count << "]: its chunks hold " << covered
+                   << " of its " << count << " values";
+}
+
 void DcpCheckpoint::read_float(const std::string& fqn, const std::vector<int64_t>& lead, float* out) const {
   const auto it = tensors_.find(fqn);
   if (it == tensors_.end()) LATTICE_FAIL() << dir_ << ": no tensor " << fqn;
@@ -171,16 +223,7 @@ void DcpCheckpoint::read_float(const std::string& fqn, const std::vector<int64_t
   int64_t covered = 0;
   for (const Chunk& c : t.chunks) {
     if (!holds(c, lead)) continue;
-    const std::string what = fqn + " (a chunk at " + c.file + ")";
-    TorchArchive chunk((fs::path(dir_) / c.file).string() + ": " + fqn,
-                       read_bytes(fs::path(dir_) / c.file, c.offset, c.length, what));
-    const TorchTensor* tensor = TorchArchive::tensor(chunk.root());
-    if (!tensor) LATTICE_FAIL() << dir_ << "/" << c.file << ": " << fqn << "'s chunk is not a tensor";
-    if (tensor->numel() != numel(c.sizes))
-      LATTICE_FAIL() << dir_ << "/" << c.file << ": " << fqn << "'s chunk holds " << tensor->numel()
-                     << " values, its metadata says " << numel(c.sizes);
-    std::vector<float> values(size_t(tensor->numel()));
-    chunk.read_float(*tensor, fqn, values.data());
+    std::vector<float> values = read_chunk(fqn, c);
     // The slice's box in the chunk: the leading dims fixed, the rest contiguous after them.
     int64_t at = 0;
     for (size_t d = 0; d < k; ++d) at += (lead[d] - c.offsets[d]) * numel_from(c.sizes, d + 1);

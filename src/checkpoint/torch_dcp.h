@@ -36,16 +36,24 @@ class DcpCheckpoint {
   const std::map<std::string, Tensor>& tensors() const { return tensors_; }
   // The bytes items' names (objects saved whole: Transformer Engine's extra state, Megatron's ShardedObjects).
   const std::set<std::string>& bytes_items() const { return bytes_items_; }
+  // A bytes item's bytes (Megatron's ShardedObject: a torch.save of [object]).
+  std::vector<uint8_t> read_bytes_item(const std::string& name) const;
   // How many values of the slice at `lead` (its first lead.size() dims fixed; {}: the whole tensor) its chunks
   // hold (chunks do not overlap: DCP saves each element once), from the metadata alone.
   int64_t covered(const std::string& fqn, const std::vector<int64_t>& lead) const;
   // That slice of tensor fqn as fp32 into out; every element must lie in some chunk.
   void read_float(const std::string& fqn, const std::vector<int64_t>& lead, float* out) const;
+  // Elements [begin, begin + count) of the 1-D tensor fqn as fp32 into out (reading the chunks they lie in); every
+  // one must lie in some chunk.
+  void read_float_range(const std::string& fqn, int64_t begin, int64_t count, float* out) const;
 
  private:
   std::string dir_;
   std::map<std::string, Tensor> tensors_;
   std::set<std::string> bytes_items_;
+  std::map<std::string, Chunk> bytes_item_storage_;  // where each bytes item's bytes are (its file, offset, length)
+  // Chunk c of tensor fqn: its values as fp32 (n of them, checked against the metadata's box).
+  std::vector<float> read_chunk(const std::string& fqn, const Chunk& c) const;
 };
 
 }  // namespace lattice

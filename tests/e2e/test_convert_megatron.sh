@@ -92,6 +92,15 @@ if run convert_distopt "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gq
     fail "the distributed optimizer's conversion: $(cat convert_distopt.err; grep -h iteration resume_distopt.out | head -2)"
   fi
 fi
+# ... and in torch_dist (Megatron-Core's defaults: dp_reshardable buckets), the same run over 2 x 2 ranks: the same
+# weights and moments as its non-distributed optimizer's, byte for byte.
+if run convert_distbuf "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16" \
+     --save ckpt_distbuf; then
+  cmp -s ckpt_optim/iter_0000100/model.safetensors ckpt_distbuf/iter_0000100/model.safetensors &&
+    cmp -s ckpt_optim/iter_0000100/optimizer.safetensors ckpt_distbuf/iter_0000100/optimizer.safetensors &&
+    pass "torch_dist's distributed-optimizer buckets convert to the non-distributed optimizer's weights and moments" ||
+    fail "torch_dist's distributed-optimizer buckets converted differently: $(cat convert_distbuf.err)"
+fi
 expect_error "Adam's state numbered for the wrong parameters" "does not round to the model's|--no-load-optim" -- \
   "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_optim_order" --save bad9
 if run convert_noopt "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16" --save ckpt_noopt \

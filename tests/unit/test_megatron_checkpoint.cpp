@@ -318,8 +318,8 @@ TEST(MegatronCheckpoint, TorchDistAdamStateComesOver) {
   EXPECT_EQ(fp16.optimizer->grad_scaler->scale, 32768.0);
   EXPECT_EQ(fp16.optimizer->grad_scaler->growth_tracker, 7);
   EXPECT_EQ(fp16.optimizer->grad_scaler->hysteresis_tracker, 2);
-  // What is not read is said: the distributed optimizer's flat buffers.
-  const MegatronSource buffers = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist"));
+  // What is not read is said: a mixture of experts' distributed-optimizer buffers.
+  const MegatronSource buffers = open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_moe4_mtp1_tp2_ep2_dist"));
   EXPECT_FALSE(buffers.optimizer);
   EXPECT_NE(buffers.optimizer_note.find("flat buffers (optimizer.distributed.*"), std::string::npos)
       << buffers.optimizer_note;
@@ -356,6 +356,20 @@ TEST(MegatronCheckpoint, TorchFormatAdamStateComesOverByItsNumbering) {
   }
   EXPECT_NE(e.find("does not round to the model's"), std::string::npos) << e;
   EXPECT_NE(e.find("--no-load-optim"), std::string::npos) << e;
+}
+
+// Opens DIR and reads every value it converts (weights and Adam's moments): what convert does before writing.
+void convert_all(const std::string& dir) {
+  const MegatronSource src = open_megatron_checkpoint(dir);
+  const ParamBuffer reg = GPTModel::parameter_registry(src.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
+  for (const ParamInfo& p : reg.infos()) {
+    std::vector<float> v(size_t(p.numel));
+    src.source.fill(p, v.data());
+    if (src.optimizer) {
+      src.optimizer->exp_avg(p, v.data());
+      src.optimizer->exp_avg_sq(p, v.data());
+    }
+  }
 }
 
 // Every fp32 main parameter read through `src`'s fill (the weights); the first error, or "".
@@ -407,6 +421,22 @@ TEST(MegatronCheckpoint, DistributedOptimizerStateComesOverFromItsBuffers) {
             std::string::npos)
       << e;
   EXPECT_NE(e.find("--no-load-optim"), std::string::npos) << e;
+  // A byte of a buffer's values flipped: each parameter reads a view into the buffer's record, which is checked
+  // whole against its CRC-32 once (read through a window), so the damage is found whichever parameter it hits.
+  fs::copy_file(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_x2_tp2_pp2_vp2_distopt_bf16") +
+                    "/iter_0000100/mp_rank_00_000/distrib_optim.pt",
+                iter / "mp_rank_00_000/distrib_optim.pt", fs::copy_options::overwrite_existing);
+  {
+    const fs::path file = iter / "mp_rank_00_000/distrib_optim.pt";
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(std::streamoff(fs::file_size(file) / 2));
+    const char c = char(f.get());
+    f.seekp(std::streamoff(fs::file_size(file) / 2));
+    f.put(char(c ^ 0x40));
+  }
+  e = error_of([&] { convert_all(copy); });
+  EXPECT_NE(e.find("mp_rank_00_000/distrib_optim.pt: storage "), std::string::npos) << e;
+  EXPECT_NE(e.find("is truncated or corrupt (its CRC-32)"), std::string::npos) << e;
   // One rank's file missing: refused by name before any is read; --no-load-optim converts the weights (the bf16
   // model's).
   fs::remove(iter / "mp_rank_01_001/distrib_optim.pt");
@@ -415,6 +445,31 @@ TEST(MegatronCheckpoint, DistributedOptimizerStateComesOverFromItsBuffers) {
   const MegatronSource weights = open_megatron_checkpoint(copy, false);
   EXPECT_FALSE(weights.optimizer);
   expect_reference_parameters(weights, dir + "/reference.safetensors", true);
+}
+
+TEST(MegatronCheckpoint, DistributedOptimizerBuffersInTorchDist) {
+  // --use-distributed-optimizer with torch_dist (Megatron-Core's defaults): each model-parallel rank's buckets as
+  // 1-D tensors (dp_reshardable), laid out from Megatron-Core's named_parameters order (no rank's state dict is
+  // saved). bf16, 2 tensor- x 2 pipeline-parallel ranks, Transformer Engine's names and fused norms, qk norms,
+  // buckets of 4160 elements on the first stage, the tied word embedding and its last-stage copy in buckets of their
+  // own; the gaps' garbage (NaN) never read.
+  const std::string dir = megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16");
+  const MegatronSource src = open_megatron_checkpoint(dir);
+  EXPECT_TRUE(src.torch_dist);
+  expect_reference_optimizer(src, "gpt_tiny_rope_gqa2_qknorm.safetensors");
+  // A bucket's values damaged: every value is in a chunk of its own record, CRC-checked.
+  TempDir t("megatron_dist_buffers");
+  const std::string copy = copy_of("gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16", t);
+  {
+    const fs::path file = fs::path(copy) / "iter_0000100/__1_0.distcp";
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(std::streamoff(fs::file_size(file) / 2));
+    const char c = char(f.get());
+    f.seekp(std::streamoff(fs::file_size(file) / 2));
+    f.put(char(c ^ 0x40));
+  }
+  const std::string e = error_of([&] { convert_all(copy); });
+  EXPECT_NE(e.find("__1_0.distcp"), std::string::npos) << e;
 }
 
 TEST(MegatronCheckpoint, ConvertedAdamStateIsATrainingCheckpoint) {
@@ -482,20 +537,6 @@ TEST(MegatronCheckpoint, MultiTokenPredictionDepths) {
   expect_reference_parameters(dist, "gpt_tiny_nobias_moe4_mtp1.safetensors", false);
 }
 
-// Opens DIR and reads every value it converts (weights and Adam's moments): what convert does before writing.
-void convert_all(const std::string& dir) {
-  const MegatronSource src = open_megatron_checkpoint(dir);
-  const ParamBuffer reg = GPTModel::parameter_registry(src.source.config, TensorParallel{}, ModelPlacement{}, 0, 1);
-  for (const ParamInfo& p : reg.infos()) {
-    std::vector<float> v(size_t(p.numel));
-    src.source.fill(p, v.data());
-    if (src.optimizer) {
-      src.optimizer->exp_avg(p, v.data());
-      src.optimizer->exp_avg_sq(p, v.data());
-    }
-  }
-}
-
 TEST(MegatronCheckpoint, CorruptedBytesAreAnErrorNeverACrash) {
   // Random bytes of a rank file, a distrib_optim.pt, a .distcp, .metadata or common.pt overwritten, or the file cut
   // short: reading it whole either succeeds (the bytes were values) or is a lattice::Error; no other exception, no
@@ -503,7 +544,8 @@ TEST(MegatronCheckpoint, CorruptedBytesAreAnErrorNeverACrash) {
   std::mt19937 rng(2026);
   int errors = 0, runs = 0;
   for (const char* name : {"gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16", "gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16",
-                           "gpt_tiny_swiglu_tp2_pp2", "gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_te_distopt"}) {
+                           "gpt_tiny_swiglu_tp2_pp2", "gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_te_distopt",
+                           "gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16"}) {
     std::vector<fs::path> files;
     for (const auto& e : fs::recursive_directory_iterator(megatron_fixture(name)))
       if (e.is_regular_file() && e.path().filename() != "latest_checkpointed_iteration.txt")
