@@ -2,7 +2,7 @@
 # lattice convert --from-megatron of a bf16 Megatron run with its Adam state (the non-distributed optimizer's: fp32
 # main parameters, exp_avg, exp_avg_sq) on a 165M-parameter Llama-form model (8 layers, hidden 1024, vocabulary
 # 32000, untied) saved by TP x PP ranks, in both formats (torch_dist, named; torch, numbered), and the distributed
-# optimizer's (--ckpt-format torch: distrib_optim.pt's flat buffers): seconds and peak resident memory
+# optimizer's in both (torch: distrib_optim.pt; torch_dist: dp_reshardable buckets): seconds and peak resident memory
 # (/usr/bin/time), the median of ROUNDS, beside PyTorch reading the torch format's rank files (torch.load of each,
 # every model tensor, main parameter and moment made whole, as a converter must; for the distributed optimizer
 # torch.load of each rank's two files alone, a lower bound: its buffers are not taken apart). The
@@ -44,8 +44,10 @@ for format in torch_dist torch; do
   /usr/bin/python3 "$SRC/tests/fixtures/make_megatron_fixture.py" reference.safetensors "mcore_$format" --tp "$TP" \
     --pp "$PP" --bf16 --format "$format" --optim nondist
 done
-/usr/bin/python3 "$SRC/tests/fixtures/make_megatron_fixture.py" reference.safetensors mcore_distopt --tp "$TP" \
-  --pp "$PP" --bf16 --optim buffers
+for format in torch torch_dist; do  # the distributed optimizer's: distrib_optim.pt; torch_dist's buckets
+  /usr/bin/python3 "$SRC/tests/fixtures/make_megatron_fixture.py" reference.safetensors "mcore_distopt_$format" \
+    --tp "$TP" --pp "$PP" --bf16 --format "$format" --optim buffers
+done
 
 cat >megatron_stub.py <<'EOF'
 import enum, sys, types
@@ -79,7 +81,7 @@ cat >torch_read_distopt.py <<'EOF'
 import glob, torch
 import megatron_stub
 n = 0
-for f in sorted(glob.glob("mcore_distopt/iter_*/mp_rank_*/*.pt")):
+for f in sorted(glob.glob("mcore_distopt_torch/iter_*/mp_rank_*/*.pt")):
     sd = torch.load(f)
     n += sum(t.numel() for t in (sd.get("model") or {}).values() if torch.is_tensor(t))
     for buffer in (v for k, v in sd.items() if isinstance(k, int)):
@@ -99,14 +101,15 @@ measure() {  # NAME CMD...: appends "seconds peak_MB user_seconds system_seconds
 median() { sort -n -k"$2" "$1.txt" | awk -v k="$2" '{ v[NR] = $k } END { print v[int((NR + 1) / 2)] }'; }
 
 for _ in $(seq "$ROUNDS"); do
-  rm -rf back_dist back_torch back_distopt
+  rm -rf back_dist back_torch back_distopt back_distbuf
   measure dist "$LATTICE" convert --from-megatron mcore_torch_dist --save back_dist
   measure torch "$LATTICE" convert --from-megatron mcore_torch --save back_torch
-  measure distopt "$LATTICE" convert --from-megatron mcore_distopt --save back_distopt
+  measure distopt "$LATTICE" convert --from-megatron mcore_distopt_torch --save back_distopt
+  measure distbuf "$LATTICE" convert --from-megatron mcore_distopt_torch_dist --save back_distbuf
   measure pytorch /usr/bin/python3 torch_read.py
   measure pytorch_distopt /usr/bin/python3 torch_read_distopt.py
 done
-for b in back_torch back_distopt; do
+for b in back_torch back_distopt back_distbuf; do
   cmp -s back_dist/iter_0000100/optimizer.safetensors $b/iter_0000100/optimizer.safetensors ||
     { echo "the formats converted to different optimizer states ($b)"; exit 1; }
 done
@@ -114,7 +117,8 @@ echo "| command (bf16, TP $TP, PP $PP, with Adam's state; median of $ROUNDS) | s
 echo "|---|---:|---:|---:|---:|"
 echo "| lattice convert --from-megatron (torch_dist: $(du -sm mcore_torch_dist | cut -f1) MB) | $(median dist 1) | $(median dist 2) | $(median dist 3) | $(median dist 4) |"
 echo "| lattice convert --from-megatron (torch: $(du -sm mcore_torch | cut -f1) MB) | $(median torch 1) | $(median torch 2) | $(median torch 3) | $(median torch 4) |"
-echo "| lattice convert --from-megatron (torch, distributed optimizer: $(du -sm mcore_distopt | cut -f1) MB) | $(median distopt 1) | $(median distopt 2) | $(median distopt 3) | $(median distopt 4) |"
+echo "| lattice convert --from-megatron (torch, distributed optimizer: $(du -sm mcore_distopt_torch | cut -f1) MB) | $(median distopt 1) | $(median distopt 2) | $(median distopt 3) | $(median distopt 4) |"
+echo "| lattice convert --from-megatron (torch_dist, distributed optimizer: $(du -sm mcore_distopt_torch_dist | cut -f1) MB) | $(median distbuf 1) | $(median distbuf 2) | $(median distbuf 3) | $(median distbuf 4) |"
 echo "| python3: torch.load of every torch rank file, tensors made whole | $(median pytorch 1) | $(median pytorch 2) | $(median pytorch 3) | $(median pytorch 4) |"
 echo "| python3: torch.load of every distributed-optimizer rank file (buffers not taken apart) | $(median pytorch_distopt 1) | $(median pytorch_distopt 2) | $(median pytorch_distopt 3) | $(median pytorch_distopt 4) |"
 echo "(the converted checkpoint: $(du -sm back_dist | cut -f1) MB)"

@@ -72,11 +72,15 @@ if run convert_optim "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2
       fail "resuming the converted run: $(grep -h "loaded\|iteration" resume.out resume.err | head -3)"
   fi
 fi
+# Whether two converted checkpoints hold the same weights and moments (at iteration 100), byte for byte.
+same_state() {
+  cmp -s "$1/iter_0000100/model.safetensors" "$2/iter_0000100/model.safetensors" &&
+    cmp -s "$1/iter_0000100/optimizer.safetensors" "$2/iter_0000100/optimizer.safetensors"
+}
 # The same run saved with --ckpt-format torch, its state numbered instead of named: the same checkpoint.
 if run convert_optim_torch "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16" \
      --save ckpt_optim_torch; then
-  cmp -s ckpt_optim/iter_0000100/model.safetensors ckpt_optim_torch/iter_0000100/model.safetensors &&
-    cmp -s ckpt_optim/iter_0000100/optimizer.safetensors ckpt_optim_torch/iter_0000100/optimizer.safetensors &&
+  same_state ckpt_optim ckpt_optim_torch &&
     pass "torch's numbered and torch_dist's named Adam state convert to the same weights and moments, byte for byte" ||
     fail "the torch and torch_dist optimizer states converted differently: $(cat convert_optim_torch.err)"
 fi
@@ -96,8 +100,7 @@ fi
 # weights and moments as its non-distributed optimizer's, byte for byte.
 if run convert_distbuf "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16" \
      --save ckpt_distbuf; then
-  cmp -s ckpt_optim/iter_0000100/model.safetensors ckpt_distbuf/iter_0000100/model.safetensors &&
-    cmp -s ckpt_optim/iter_0000100/optimizer.safetensors ckpt_distbuf/iter_0000100/optimizer.safetensors &&
+  same_state ckpt_optim ckpt_distbuf &&
     pass "torch_dist's distributed-optimizer buckets convert to the non-distributed optimizer's weights and moments" ||
     fail "torch_dist's distributed-optimizer buckets converted differently: $(cat convert_distbuf.err)"
 fi

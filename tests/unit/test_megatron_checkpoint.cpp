@@ -358,6 +358,15 @@ TEST(MegatronCheckpoint, TorchFormatAdamStateComesOverByItsNumbering) {
   EXPECT_NE(e.find("--no-load-optim"), std::string::npos) << e;
 }
 
+// Flips a bit of the byte in the middle of `file` (a tensor's stored values, in these fixtures).
+void flip_middle_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(fs::file_size(file) / 2));
+  const char c = char(f.get());
+  f.seekp(std::streamoff(fs::file_size(file) / 2));
+  f.put(char(c ^ 0x40));
+}
+
 // Opens DIR and reads every value it converts (weights and Adam's moments): what convert does before writing.
 void convert_all(const std::string& dir) {
   const MegatronSource src = open_megatron_checkpoint(dir);
@@ -426,14 +435,7 @@ TEST(MegatronCheckpoint, DistributedOptimizerStateComesOverFromItsBuffers) {
   fs::copy_file(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_x2_tp2_pp2_vp2_distopt_bf16") +
                     "/iter_0000100/mp_rank_00_000/distrib_optim.pt",
                 iter / "mp_rank_00_000/distrib_optim.pt", fs::copy_options::overwrite_existing);
-  {
-    const fs::path file = iter / "mp_rank_00_000/distrib_optim.pt";
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(std::streamoff(fs::file_size(file) / 2));
-    const char c = char(f.get());
-    f.seekp(std::streamoff(fs::file_size(file) / 2));
-    f.put(char(c ^ 0x40));
-  }
+  flip_middle_byte(iter / "mp_rank_00_000/distrib_optim.pt");
   e = error_of([&] { convert_all(copy); });
   EXPECT_NE(e.find("mp_rank_00_000/distrib_optim.pt: storage "), std::string::npos) << e;
   EXPECT_NE(e.find("is truncated or corrupt (its CRC-32)"), std::string::npos) << e;
@@ -460,14 +462,7 @@ TEST(MegatronCheckpoint, DistributedOptimizerBuffersInTorchDist) {
   // A bucket's values damaged: every value is in a chunk of its own record, CRC-checked.
   TempDir t("megatron_dist_buffers");
   const std::string copy = copy_of("gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16", t);
-  {
-    const fs::path file = fs::path(copy) / "iter_0000100/__1_0.distcp";
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(std::streamoff(fs::file_size(file) / 2));
-    const char c = char(f.get());
-    f.seekp(std::streamoff(fs::file_size(file) / 2));
-    f.put(char(c ^ 0x40));
-  }
+  flip_middle_byte(fs::path(copy) / "iter_0000100/__1_0.distcp");
   const std::string e = error_of([&] { convert_all(copy); });
   EXPECT_NE(e.find("__1_0.distcp"), std::string::npos) << e;
 }
@@ -579,14 +574,7 @@ TEST(MegatronCheckpoint, CorruptedBytesAreAnErrorNeverACrash) {
   // A byte of a tensor's stored values: the record's CRC-32 (the zip's central directory) says so.
   TempDir t("megatron_crc");
   const std::string dir = copy_of("gpt_tiny_swiglu_tp2_pp2", t);
-  const std::string file = dir + "/iter_0000100/mp_rank_00_000/model_optim_rng.pt";
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(std::streamoff(fs::file_size(file) / 2));
-    const char c = char(f.get());
-    f.seekp(std::streamoff(fs::file_size(file) / 2));
-    f.put(char(c ^ 0x40));
-  }
+  flip_middle_byte(dir + "/iter_0000100/mp_rank_00_000/model_optim_rng.pt");
   const std::string e = error_of([&] { convert_all(dir); });
   EXPECT_NE(e.find("model_optim_rng.pt: storage model_optim_rng/data/"), std::string::npos) << e;
   EXPECT_NE(e.find("is truncated or corrupt (its CRC-32)"), std::string::npos) << e;
