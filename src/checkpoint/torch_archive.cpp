@@ -120,6 +120,20 @@ TorchArchive::TorchArchive(const std::string& what, std::vector<uint8_t> bytes)
   read_pickle();
 }
 
+TorchArchive::TorchArchive(const std::string& what, const std::string& path, uint64_t start, uint64_t length)
+    : path_(what), zip_(std::make_unique<Zip>()) {
+  zip_error_t e;
+  zip_error_init(&e);
+  zip_source_t* src = zip_source_file_create(path.c_str(), start, zip_int64_t(length), &e);
+  if (src) zip_->z = zip_open_from_source(src, ZIP_RDONLY, &e);
+  if (!zip_->z) {
+    if (src) zip_source_free(src);
+    not_torch_save(what, &e);
+  }
+  zip_error_fini(&e);
+  read_pickle();
+}
+
 void TorchArchive::read_pickle() {
   const std::string& path = path_;
   // The record PREFIX/data.pkl (PREFIX: the name the file was saved under).

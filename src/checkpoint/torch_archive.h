@@ -59,6 +59,8 @@ class TorchArchive {
   explicit TorchArchive(const std::string& path);
   // The same from bytes in memory (a torch.save inside another file: checkpoint/torch_dcp.h); `what` names them.
   TorchArchive(const std::string& what, std::vector<uint8_t> bytes);
+  // The same from bytes [start, start + length) of file `path`, read where they lie (no copy in memory).
+  TorchArchive(const std::string& what, const std::string& path, uint64_t start, uint64_t length);
   ~TorchArchive();
   TorchArchive(const TorchArchive&) = delete;
   TorchArchive& operator=(const TorchArchive&) = delete;

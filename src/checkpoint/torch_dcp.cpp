@@ -175,18 +175,16 @@ std::vector<uint8_t> DcpCheckpoint::read_bytes_item(const std::string& name) con
   return read_bytes(fs::path(dir_) / c.file, c.offset, c.length, name);
 }
 
-std::vector<float> DcpCheckpoint::read_chunk(const std::string& fqn, const Chunk& c) const {
-  const std::string what = fqn + " (a chunk at " + c.file + ")";
-  TorchArchive chunk((fs::path(dir_) / c.file).string() + ": " + fqn,
-                     read_bytes(fs::path(dir_) / c.file, c.offset, c.length, what));
+void DcpCheckpoint::read_chunk(const std::string& fqn, const Chunk& c, float* out) const {
+  // The chunk's torch.save read where it lies in its file (whose size the constructor checked it against).
+  const std::string file = (fs::path(dir_) / c.file).string();
+  const TorchArchive chunk(file + ": " + fqn, file, uint64_t(c.offset), uint64_t(c.length));
   const TorchTensor* tensor = TorchArchive::tensor(chunk.root());
   if (!tensor) LATTICE_FAIL() << dir_ << "/" << c.file << ": " << fqn << "'s chunk is not a tensor";
   if (tensor->numel() != numel(c.sizes))
     LATTICE_FAIL() << dir_ << "/" << c.file << ": " << fqn << "'s chunk holds " << tensor->numel()
                    << " values, its metadata says " << numel(c.sizes);
-  std::vector<float> values(size_t(tensor->numel()));
-  chunk.read_float(*tensor, fqn, values.data());
-  return values;
+  chunk.read_float(*tensor, fqn, out);
 }
 
 void DcpCheckpoint::read_float_range(const std::string& fqn, int64_t begin, int64_t count, float* out) const {
@@ -201,9 +199,14 @@ void DcpCheckpoint::read_float_range(const std::string& fqn, int64_t begin, int6
   for (const Chunk& c : t.chunks) {
     const int64_t lo = std::max(begin, c.offsets[0]), hi = std::min(begin + count, c.offsets[0] + c.sizes[0]);
     if (lo >= hi) continue;
-    const std::vector<float> values = read_chunk(fqn, c);
-    std::copy(values.begin() + (lo - c.offsets[0]), values.begin() + (hi - c.offsets[0]), out + (lo - begin));
     covered += hi - lo;
+    if (lo == c.offsets[0] && hi == c.offsets[0] + c.sizes[0]) {  // the whole chunk: straight into place
+      read_chunk(fqn, c, out + (lo - begin));
+      continue;
+    }
+    std::vector<float> values(size_t(c.sizes[0]));
+    read_chunk(fqn, c, values.data());
+    std::copy(values.begin() + (lo - c.offsets[0]), values.begin() + (hi - c.offsets[0]), out + (lo - begin));
   }
   if (covered != count)
     LATTICE_FAIL() << dir_ << ": " << fqn << "[" << begin << ":" << begin + count << "]: its chunks hold " << covered
@@ -223,7 +226,8 @@ void DcpCheckpoint::read_float(const std::string& fqn, const std::vector<int64_t
   int64_t covered = 0;
   for (const Chunk& c : t.chunks) {
     if (!holds(c, lead)) continue;
-    std::vector<float> values = read_chunk(fqn, c);
+    std::vector<float> values(size_t(numel(c.sizes)));
+    read_chunk(fqn, c, values.data());
     // The slice's box in the chunk: the leading dims fixed, the rest contiguous after them.
     int64_t at = 0;
     for (size_t d = 0; d < k; ++d) at += (lead[d] - c.offsets[d]) * numel_from(c.sizes, d + 1);

@@ -52,8 +52,8 @@ class DcpCheckpoint {
   std::map<std::string, Tensor> tensors_;
   std::set<std::string> bytes_items_;
   std::map<std::string, Chunk> bytes_item_storage_;  // where each bytes item's bytes are (its file, offset, length)
-  // Chunk c of tensor fqn: its values as fp32 (n of them, checked against the metadata's box).
-  std::vector<float> read_chunk(const std::string& fqn, const Chunk& c) const;
+  // Chunk c of tensor fqn: its values as fp32 into out [its box's numel] (the chunk's tensor checked against the box).
+  void read_chunk(const std::string& fqn, const Chunk& c, float* out) const;
 };
 
 }  // namespace lattice
