@@ -202,8 +202,8 @@ void read_optimizer_state(MegatronSource& out, const std::shared_ptr<DcpCheckpoi
       }
       Slice state{s->second, model.lead, model.stacked, model.axes};
       check_slice(*dcp, state, dcp->tensors().at(model.fqn).size, info.numel,
-                  "its parameter's, " + model.fqn + "; Megatron-Core before 0.13 saved the distributed optimizer's "
-                  "state flattened with --ckpt-fully-parallel-save, which lattice does not read",
+                  "its parameter's, " + model.fqn + "; the distributed optimizer's flattened form (Megatron-Core "
+                  "0.8-0.13, --ckpt-fully-parallel-save) is read where .metadata's mcore_data names its shape",
                   hint);
       used.insert(s->second);
       return state;

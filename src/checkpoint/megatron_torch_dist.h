@@ -20,8 +20,9 @@ namespace lattice {
 //
 // Adam's state is read where it is named after the parameter's tensor, optimizer.state.<slot>.<tensor> (slots
 // exp_avg, exp_avg_sq, and the fp32 main parameters fp32_param, or param in the distributed optimizer's fully
-// reshardable layout), each of its parameter's size and sharding; Megatron-Core before 0.14 prefixed a chained
-// optimizer's (MoE: dense, then experts) with chained_<i>. Its step is common.pt's (the param groups' 'step' or the
+// reshardable layout), each of its parameter's size and sharding (or reformulated flattened: the distributed
+// optimizer's fully_sharded_model_space, Megatron-Core 0.8-0.13, which torch_dcp.h reads whole); Megatron-Core before
+// 0.14 prefixed a chained optimizer's (MoE: dense, then experts) with chained_<i>. Its step is common.pt's (the param groups' 'step' or the
 // state's common_step), as are the scheduler's state (opt_param_scheduler) and fp16's loss scaler (grad_scaler). The
 // distributed optimizer's flat buffers (optimizer.distributed.*) are read where they are saved dp_reshardable
 // (megatron_distrib_optimizer.h).

@@ -53,6 +53,12 @@ PyRef field(const PyRef& obj, const char* name, const std::string& what) {
   return v;
 }
 
+std::string shape_of(const std::vector<int64_t>& dims) {
+  std::string out = "[";
+  for (size_t d = 0; d < dims.size(); ++d) out += (d ? ", " : "") + std::to_string(dims[d]);
+  return out + "]";
+}
+
 int64_t numel(const std::vector<int64_t>& dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
@@ -122,6 +128,37 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
     for (Chunk& c : t->second.chunks)
       if (c.offsets == at) locate(c);
   }
+  // Megatron-Core's reformulated flattened tensors (Tensor::stored): mcore_data {fqn: {'nd_reformulated_orig_global_shape':
+  // G}}, set on the Metadata by its save planner.
+  if (const PyRef mcore = meta->is(PyValue::Kind::object) ? meta->get("mcore_data") : nullptr;
+      mcore && mcore->is(PyValue::Kind::dict)) {
+    for (const auto& [key, value] : mcore->entries) {
+      const PyRef orig = key->is(PyValue::Kind::string) && value->is(PyValue::Kind::dict)
+                             ? value->get("nd_reformulated_orig_global_shape")
+                             : nullptr;
+      const auto t = key->is(PyValue::Kind::string) ? tensors_.find(key->text) : tensors_.end();
+      if (!orig || orig->is(PyValue::Kind::none) || t == tensors_.end()) continue;
+      const std::string of = what + ": " + key->text;
+      const std::vector<int64_t> g = dims_of(orig, of + " (mcore_data)");
+      const std::vector<int64_t>& saved = t->second.size;
+      bool fits = saved.size() == g.size() + 1;
+      int64_t fragment = 1;
+      for (size_t d = 0; fits && d < g.size(); ++d) {
+        fits = saved[d] > 0 && g[d] % saved[d] == 0;
+        if (fits) fragment *= g[d] / saved[d];
+      }
+      if (!fits || fragment != saved.back())
+        LATTICE_FAIL() << of << ": saved as " << shape_of(saved) << ", which is not the reformulated flattened form of "
+                       << shape_of(g) << " (mcore_data's nd_reformulated_orig_global_shape)";
+      for (const Chunk& c : t->second.chunks)
+        for (size_t d = 0; d < g.size(); ++d)
+          if (c.sizes[d] != 1)
+            LATTICE_FAIL() << of << ": a chunk spans " << c.sizes[d] << " fragments along dim " << d
+                           << " (a reformulated flattened tensor's chunks hold one each)";
+      t->second.stored = saved;
+      t->second.size = g;
+    }
+  }
   // Every chunk's bytes within its file.
   std::map<std::string, int64_t> file_sizes;
   for (const auto& [fqn, t] : tensors_)
@@ -151,6 +188,18 @@ int64_t numel_from(const std::vector<int64_t>& dims, size_t first) {
   for (size_t d = first; d < dims.size(); ++d) n *= dims[d];
   return n;
 }
+// Whether chunk c of a reformulated tensor holds values of the slice at `lead`: the slice's leading dims must be
+// whole fragments (l_d = 1, the stacked axes), c's fragment index theirs.
+bool holds_reformulated(const std::string& fqn, const DcpCheckpoint::Tensor& t, const DcpCheckpoint::Chunk& c,
+                        const std::vector<int64_t>& lead) {
+  for (size_t d = 0; d < lead.size(); ++d) {
+    if (t.stored[d] != t.size[d])
+      LATTICE_FAIL() << fqn << ": a slice along dim " << d << " of a reformulated flattened tensor, which that dim "
+                     << "splits in " << t.stored[d] << " fragments of " << t.size[d] / t.stored[d];
+    if (c.offsets[d] != lead[d]) return false;
+  }
+  return true;
+}
 std::string slice_name(const std::string& fqn, const std::vector<int64_t>& lead) {
   std::string name = fqn;
   for (int64_t i : lead) name += '[' + std::to_string(i) + ']';
@@ -159,9 +208,11 @@ std::string slice_name(const std::string& fqn, const std::vector<int64_t>& lead)
 }  // namespace
 
 int64_t DcpCheckpoint::covered(const std::string& fqn, const std::vector<int64_t>& lead) const {
+  const Tensor& t = tensors_.at(fqn);
   int64_t n = 0;
-  for (const Chunk& c : tensors_.at(fqn).chunks)
-    if (holds(c, lead)) n += numel_from(c.sizes, lead.size());
+  for (const Chunk& c : t.chunks)
+    if (t.stored.empty() ? holds(c, lead) : holds_reformulated(fqn, t, c, lead))
+      n += t.stored.empty() ? numel_from(c.sizes, lead.size()) : c.sizes.back();
   return n;
 }
 
@@ -191,7 +242,7 @@ void DcpCheckpoint::read_float_range(const std::string& fqn, int64_t begin, int6
   const auto it = tensors_.find(fqn);
   if (it == tensors_.end()) LATTICE_FAIL() << dir_ << ": no tensor " << fqn;
   const Tensor& t = it->second;
-  if (t.size.size() != 1) LATTICE_FAIL() << dir_ << ": " << fqn << " is not 1-D";
+  if (t.size.size() != 1 || !t.stored.empty()) LATTICE_FAIL() << dir_ << ": " << fqn << " is not saved 1-D";
   if (begin < 0 || count < 0 || begin + count > t.size[0])
     LATTICE_FAIL() << dir_ << ": " << fqn << " has no elements [" << begin << ", " << begin + count << ") (its size is "
                    << t.size[0] << ")";
@@ -224,6 +275,32 @@ void DcpCheckpoint::read_float(const std::string& fqn, const std::vector<int64_t
       LATTICE_FAIL() << dir_ << ": " << fqn << " has no index " << lead[d] << " along dim " << d;
   const std::vector<int64_t> target(t.size.begin() + long(k), t.size.end());
   int64_t covered = 0;
+  if (!t.stored.empty()) {  // reformulated: each value from its fragment's flattened range to its place
+    const size_t n = t.size.size();
+    std::vector<int64_t> l(n);  // a fragment's extent along each dim
+    for (size_t d = 0; d < n; ++d) l[d] = t.size[d] / t.stored[d];
+    std::vector<int64_t> g(n);  // an element's index in the whole tensor
+    for (const Chunk& c : t.chunks) {
+      if (!holds_reformulated(fqn, t, c, lead)) continue;
+      std::vector<float> values(size_t(c.sizes.back()));
+      read_chunk(fqn, c, values.data());
+      for (int64_t e = 0; e < c.sizes.back(); ++e) {
+        // Element e of the chunk: r, its index in the fragment (row-major over l), from the fragment's start.
+        int64_t r = c.offsets.back() + e, at = 0;
+        for (size_t d = n; d-- > 0;) {
+          g[d] = c.offsets[d] * l[d] + r % l[d];
+          r /= l[d];
+        }
+        for (size_t d = k; d < n; ++d) at = at * t.size[d] + g[d];
+        out[at] = values[size_t(e)];
+      }
+      covered += c.sizes.back();
+    }
+    if (covered != numel(target))
+      LATTICE_FAIL() << dir_ << ": " << slice_name(fqn, lead) << ": its chunks hold " << covered << " of its "
+                     << numel(target) << " values";
+    return;
+  }
   for (const Chunk& c : t.chunks) {
     if (!holds(c, lead)) continue;
     std::vector<float> values(size_t(numel(c.sizes)));

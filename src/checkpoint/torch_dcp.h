@@ -27,6 +27,13 @@ class DcpCheckpoint {
   struct Tensor {
     std::vector<int64_t> size;  // global
     std::vector<Chunk> chunks;
+    // Megatron-Core's flattened tensors (a ShardedTensor with a flattened_range: the distributed optimizer's
+    // fully_sharded_model_space state, 0.8-0.13) are saved reformulated: global [G_0, ..., G_k-1] with each dim split
+    // in F_d fragments of l_d = G_d / F_d (the tensor-parallel parts; F_d = G_d, l_d = 1 on the stacked layer and
+    // expert axes) as [F_0, ..., F_k-1, l_0 ... l_k-1], a fragment's values flattened row-major in the last dim, each
+    // data-parallel rank's range of them a chunk. .metadata's mcore_data names G
+    // (nd_reformulated_orig_global_shape); `size` is then G, `stored` the saved shape (the chunks' coordinates).
+    std::vector<int64_t> stored;  // empty: saved as it is
   };
 
   // Reads DIR/.metadata (no tensor yet).

@@ -416,7 +416,7 @@ int cmd_convert(int argc, char** argv) {
         "directory or an iter_* directory in it; every rank's part; either layer spec): the model's flags from its saved\n"
         "args, the weights, the tokenizer its args name when its files are here (the tokenizer flags override it). Adam's\n"
         "state (the non-distributed optimizer's; the distributed one's: --ckpt-format torch's distrib_optim.pt,\n"
-        "torch_dist's buckets of a dense model or its fully reshardable form) comes over too, unless\n"
+        "torch_dist's buckets of a dense model, its flattened and fully reshardable forms) comes over too, unless\n"
         "--no-load-optim: the fp32 main weights, the moments, the step, the scheduler and the data position, so\n"
         "`lattice train --load CKPT` resumes the run at its iteration; otherwise the weights alone (iteration 0:\n"
         "train with --finetune).\n"

@@ -318,6 +318,12 @@ TEST(MegatronCheckpoint, TorchDistAdamStateComesOver) {
   EXPECT_EQ(fp16.optimizer->grad_scaler->scale, 32768.0);
   EXPECT_EQ(fp16.optimizer->grad_scaler->growth_tracker, 7);
   EXPECT_EQ(fp16.optimizer->grad_scaler->hysteresis_tracker, 2);
+  // The distributed optimizer's fully_sharded_model_space form (Megatron-Core 0.8-0.13 with
+  // --ckpt-fully-parallel-save): the named state, each data-parallel rank's flattened range of a tensor-parallel part
+  // reformulated ([fragments..., fragment numel], .metadata's mcore_data naming the tensor's shape), SwiGLU's fc1 in
+  // 2 x TP fragments, the main parameters as fp32_param.
+  expect_reference_optimizer(open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist_flat_bf16")),
+                             "gpt_tiny_swiglu.safetensors");
   // What is not read is said: a mixture of experts' distributed-optimizer buffers.
   const MegatronSource buffers = open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_moe4_mtp1_tp2_ep2_dist"));
   EXPECT_FALSE(buffers.optimizer);
@@ -540,7 +546,8 @@ TEST(MegatronCheckpoint, CorruptedBytesAreAnErrorNeverACrash) {
   int errors = 0, runs = 0;
   for (const char* name : {"gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16", "gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16",
                            "gpt_tiny_swiglu_tp2_pp2", "gpt_tiny_nobias_swiglu_moe4_shared_tp2_ep2_te_distopt",
-                           "gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16"}) {
+                           "gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16",
+                           "gpt_tiny_swiglu_tp2_pp2_te_dist_flat_bf16"}) {
     std::vector<fs::path> files;
     for (const auto& e : fs::recursive_directory_iterator(megatron_fixture(name)))
       if (e.is_regular_file() && e.path().filename() != "latest_checkpointed_iteration.txt")
