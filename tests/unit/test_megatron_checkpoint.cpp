@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "checkpoint/model_checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/torch_archive.h"
+#include "checkpoint/torch_dcp.h"
 #include "checkpoint/torch_pickle.h"
 #include "core/error.h"
 #include "hf_test_util.h"
@@ -465,6 +467,21 @@ TEST(MegatronCheckpoint, DistributedOptimizerBuffersInTorchDist) {
   const MegatronSource src = open_megatron_checkpoint(dir);
   EXPECT_TRUE(src.torch_dist);
   expect_reference_optimizer(src, "gpt_tiny_rope_gqa2_qknorm.safetensors");
+  // A range of a bucket read across its chunks (a parameter each, split where the data-parallel ranks' shards meet):
+  // the same values as the whole bucket's, where a chunk begins before or ends after the range too.
+  const DcpCheckpoint dcp(dir + "/iter_0000100");
+  const std::string bucket =
+      "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16, torch.float32).bucket_idx_1.param";
+  ASSERT_TRUE(dcp.tensors().count(bucket));
+  const int64_t n = dcp.tensors().at(bucket).size[0];
+  ASSERT_GT(n, 100);
+  std::vector<float> all(static_cast<size_t>(n)), part(static_cast<size_t>(n - 70));
+  dcp.read_float_range(bucket, 0, n, all.data());
+  dcp.read_float_range(bucket, 33, n - 70, part.data());
+  for (int64_t i = 0; i < n - 70; ++i)
+    if (!std::isnan(all[size_t(33 + i)])) ASSERT_EQ(part[size_t(i)], all[size_t(33 + i)]) << i;
+  EXPECT_NE(error_of([&] { dcp.read_float_range(bucket, n - 4, 8, part.data()); }).find("has no elements"),
+            std::string::npos);
   // A bucket's values damaged: every value is in a chunk of its own record, CRC-checked.
   TempDir t("megatron_dist_buffers");
   const std::string copy = copy_of("gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16", t);
