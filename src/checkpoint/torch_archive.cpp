@@ -108,27 +108,22 @@ TorchArchive::TorchArchive(const std::string& path) : path_(path), zip_(std::mak
 
 TorchArchive::TorchArchive(const std::string& what, std::vector<uint8_t> bytes)
     : path_(what), bytes_(std::move(bytes)), zip_(std::make_unique<Zip>()) {
-  zip_error_t e;
-  zip_error_init(&e);
-  zip_source_t* src = zip_source_buffer_create(bytes_.data(), bytes_.size(), 0, &e);
-  if (src) zip_->z = zip_open_from_source(src, ZIP_RDONLY, &e);
-  if (!zip_->z) {
-    if (src) zip_source_free(src);
-    not_torch_save(what, &e);
-  }
-  zip_error_fini(&e);
-  read_pickle();
+  open_source([&](zip_error_t* e) { return zip_source_buffer_create(bytes_.data(), bytes_.size(), 0, e); });
 }
 
 TorchArchive::TorchArchive(const std::string& what, const std::string& path, uint64_t start, uint64_t length)
     : path_(what), zip_(std::make_unique<Zip>()) {
+  open_source([&](zip_error_t* e) { return zip_source_file_create(path.c_str(), start, zip_int64_t(length), e); });
+}
+
+void TorchArchive::open_source(const std::function<zip_source_t*(zip_error_t*)>& make) {
   zip_error_t e;
   zip_error_init(&e);
-  zip_source_t* src = zip_source_file_create(path.c_str(), start, zip_int64_t(length), &e);
+  zip_source_t* src = make(&e);
   if (src) zip_->z = zip_open_from_source(src, ZIP_RDONLY, &e);
   if (!zip_->z) {
     if (src) zip_source_free(src);
-    not_torch_save(what, &e);
+    not_torch_save(path_, &e);
   }
   zip_error_fini(&e);
   read_pickle();

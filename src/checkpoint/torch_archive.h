@@ -14,6 +14,9 @@
 
 #include "checkpoint/torch_pickle.h"
 
+struct zip_source;  // libzip's
+struct zip_error;
+
 namespace lattice {
 
 struct TorchTensor {
@@ -78,6 +81,9 @@ class TorchArchive {
 
  private:
   void read_pickle();
+  // Opens the archive libzip reads from the source `make` gives (an error naming path_ if it is not one), then its
+  // pickle.
+  void open_source(const std::function<::zip_source*(::zip_error*)>& make);
 
   std::string path_, prefix_;
   std::vector<uint8_t> bytes_;  // the archive, when read from memory
