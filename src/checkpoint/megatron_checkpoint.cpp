@@ -476,6 +476,8 @@ MegatronSource open_megatron_checkpoint(const std::string& dir, bool load_optim)
     std::vector<double> steps;
     for (const auto& s : *states) steps.insert(steps.end(), s->steps.begin(), s->steps.end());
     MegatronOptimizerState o;
+    o.form = (*states)[0]->archive ? "the distributed optimizer's distrib_optim.pt (--ckpt-format torch)"
+                                   : "the optimizer's numbered state (--ckpt-format torch)";
     o.step = megatron_adam_step(steps, iter);
     o.opt_param_scheduler = megatron_scheduler_state(*files[0].archive);
     o.grad_scaler = (*states)[0]->grad_scaler;

@@ -55,6 +55,7 @@ namespace lattice {
 // and the distributed one saved with --dist-ckpt-optim-fully-reshardable), the torch format's non-distributed
 // optimizer's, numbered, and its distributed optimizer's distrib_optim.pt.
 struct MegatronOptimizerState {
+  std::string form;  // which of Megatron's forms it was read from ("the distributed optimizer's distrib_optim.pt", ...)
   int64_t step = 0;  // updates taken (the param groups' 'step', or the state's common_step)
   std::function<void(const ParamInfo&, float*)> exp_avg, exp_avg_sq;  // each parameter's, whole (dst [numel])
   nlohmann::json opt_param_scheduler;            // Megatron's saved fields (lattice's are the same)

@@ -255,6 +255,7 @@ void read_megatron_dp_reshardable(MegatronSource& out, const std::shared_ptr<Dcp
         o.grad_scaler = megatron_grad_scaler(*l->items[0], scaler, scaler_item);
     }
   }
+  o.form = "the distributed optimizer's dp_reshardable buckets (torch_dist)";
   o.step = megatron_adam_step(steps, common.path());
   o.opt_param_scheduler = megatron_scheduler_state(common);
 

@@ -220,6 +220,13 @@ void read_optimizer_state(MegatronSource& out, const std::shared_ptr<DcpCheckpoi
     }
 
   MegatronOptimizerState o;
+  o.form = "the non-distributed optimizer's named state (torch_dist)";
+  for (const auto& [name, st] : *states) {
+    if (st.main && dcp->tensors().at(st.main->fqn).stored.size())
+      o.form = "the distributed optimizer's flattened state (torch_dist, fully_sharded_model_space)";
+    else if (st.main && st.main->fqn.find("optimizer.state.param.") != std::string::npos)
+      o.form = "the distributed optimizer's fully reshardable state (torch_dist)";
+  }
   std::vector<double> steps;
   collect_steps(root->get("optimizer"), common, "optimizer", steps);
   o.step = megatron_adam_step(steps, common.path());

@@ -222,9 +222,9 @@ void from_megatron(const SimpleFlags& f) {
   if (src.optimizer)
     std::fprintf(stderr,
                  "convert: with Adam's state (step %lld, %lld samples consumed): lattice train --load %s resumes at "
-                 "iteration %lld\n",
+                 "iteration %lld\nconvert: Adam's state read from %s\n",
                  (long long)src.optimizer->step, (long long)src.consumed_train_samples, save.c_str(),
-                 (long long)src.iteration);
+                 (long long)src.iteration, src.optimizer->form.c_str());
   else
     std::fprintf(stderr,
                  "convert: the optimizer state is not converted: %s; the weights alone, at iteration 0 (train with "

@@ -89,6 +89,7 @@ fi
 if run convert_distopt "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_x2_tp2_pp2_vp2_distopt_bf16" \
      --save ckpt_distopt; then
   if grep -qF "with Adam's state (step 100, 800 samples consumed)" convert_distopt.err &&
+     grep -qF "Adam's state read from the distributed optimizer's distrib_optim.pt" convert_distopt.err &&
      run resume_distopt "$LATTICE" train --load ckpt_distopt "${RESUME_FLAGS[@]}" --use-checkpoint-opt_param-scheduler &&
      grep -q "iteration *101/ *102 | consumed samples: *808 .*learning rate: 1.739222E-04" resume_distopt.out; then
     pass "the distributed optimizer's buffers come over and the run resumes at iteration 101"
@@ -100,7 +101,8 @@ fi
 # weights and moments as its non-distributed optimizer's, byte for byte.
 if run convert_distbuf "$LATTICE" convert --from-megatron "$FIX/gpt_tiny_rope_gqa2_qknorm_tp2_pp2_te_dist_distopt_bf16" \
      --save ckpt_distbuf; then
-  same_state ckpt_optim ckpt_distbuf &&
+  grep -qF "Adam's state read from the distributed optimizer's dp_reshardable buckets" convert_distbuf.err &&
+    same_state ckpt_optim ckpt_distbuf &&
     pass "torch_dist's distributed-optimizer buckets convert to the non-distributed optimizer's weights and moments" ||
     fail "torch_dist's distributed-optimizer buckets converted differently: $(cat convert_distbuf.err)"
 fi

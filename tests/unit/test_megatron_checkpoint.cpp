@@ -307,6 +307,7 @@ TEST(MegatronCheckpoint, TorchDistAdamStateComesOver) {
   // param group.
   const MegatronSource bf16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_dist_bf16"));
   expect_reference_optimizer(bf16, "gpt_tiny_rope_gqa2_qknorm.safetensors");
+  EXPECT_EQ(bf16.optimizer->form, "the non-distributed optimizer's named state (torch_dist)");
   EXPECT_FALSE(bf16.optimizer->grad_scaler);
   // A mixture of experts: the chained optimizer (dense, then the experts') with Megatron-Core's chained_<i>. prefix
   // before 0.14, its common.pt state a dict of both; torch.optim's per-parameter step saved once (common_step).
@@ -316,6 +317,7 @@ TEST(MegatronCheckpoint, TorchDistAdamStateComesOver) {
   // the loss scaler too.
   const MegatronSource fp16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_tp2_dist_unstacked"));
   expect_reference_optimizer(fp16, "gpt_tiny.safetensors");
+  EXPECT_EQ(fp16.optimizer->form, "the distributed optimizer's fully reshardable state (torch_dist)");
   ASSERT_TRUE(fp16.optimizer->grad_scaler);
   EXPECT_EQ(fp16.optimizer->grad_scaler->scale, 32768.0);
   EXPECT_EQ(fp16.optimizer->grad_scaler->growth_tracker, 7);
@@ -324,8 +326,9 @@ TEST(MegatronCheckpoint, TorchDistAdamStateComesOver) {
   // --ckpt-fully-parallel-save): the named state, each data-parallel rank's flattened range of a tensor-parallel part
   // reformulated ([fragments..., fragment numel], .metadata's mcore_data naming the tensor's shape), SwiGLU's fc1 in
   // 2 x TP fragments, the main parameters as fp32_param.
-  expect_reference_optimizer(open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist_flat_bf16")),
-                             "gpt_tiny_swiglu.safetensors");
+  const MegatronSource flat = open_megatron_checkpoint(megatron_fixture("gpt_tiny_swiglu_tp2_pp2_te_dist_flat_bf16"));
+  expect_reference_optimizer(flat, "gpt_tiny_swiglu.safetensors");
+  EXPECT_EQ(flat.optimizer->form, "the distributed optimizer's flattened state (torch_dist, fully_sharded_model_space)");
   // What is not read is said: a mixture of experts' distributed-optimizer buffers.
   const MegatronSource buffers = open_megatron_checkpoint(megatron_fixture("gpt_tiny_nobias_moe4_mtp1_tp2_ep2_dist"));
   EXPECT_FALSE(buffers.optimizer);
@@ -343,6 +346,7 @@ TEST(MegatronCheckpoint, TorchFormatAdamStateComesOverByItsNumbering) {
   // per-group step.
   const MegatronSource bf16 = open_megatron_checkpoint(megatron_fixture("gpt_tiny_rope_gqa2_qknorm_tp2_te_bf16"));
   expect_reference_optimizer(bf16, "gpt_tiny_rope_gqa2_qknorm.safetensors");
+  EXPECT_EQ(bf16.optimizer->form, "the optimizer's numbered state (--ckpt-format torch)");
   // A mixture of experts over 2 tensor- x 2 expert-parallel ranks: the chained optimizer's list (the dense
   // parameters', then the routed experts'), grouped experts, torch.optim's per-parameter steps.
   const MegatronSource moe =
@@ -412,6 +416,7 @@ TEST(MegatronCheckpoint, DistributedOptimizerStateComesOverFromItsBuffers) {
   const MegatronSource src = open_megatron_checkpoint(dir);
   EXPECT_EQ(src.vp, 2);
   expect_reference_optimizer(src, dir + "/reference.safetensors");
+  EXPECT_EQ(src.optimizer->form, "the distributed optimizer's distrib_optim.pt (--ckpt-format torch)");
   // A mixture of experts over 2 tensor- x 2 expert-parallel ranks: the chained optimizer's list (the dense buffer's
   // state on expert-parallel rank 0 alone, None on rank 1; the routed experts' on each), grouped experts, fp32.
   expect_reference_optimizer(
@@ -467,6 +472,7 @@ TEST(MegatronCheckpoint, DistributedOptimizerBuffersInTorchDist) {
   const MegatronSource src = open_megatron_checkpoint(dir);
   EXPECT_TRUE(src.torch_dist);
   expect_reference_optimizer(src, "gpt_tiny_rope_gqa2_qknorm.safetensors");
+  EXPECT_EQ(src.optimizer->form, "the distributed optimizer's dp_reshardable buckets (torch_dist)");
   // A range of a bucket read across its chunks (a parameter each, split where the data-parallel ranks' shards meet):
   // the same values as the whole bucket's, where a chunk begins before or ends after the range too.
   const DcpCheckpoint dcp(dir + "/iter_0000100");
