@@ -108,24 +108,32 @@ Entries from_legacy_names(Entries tensors, bool& legacy) {
 
 using RankFile = MegatronRankFile;
 
-// The fp32 main parameter `main` read for the model's tensor `key` must round to the model's values, as
-// Megatron copies them after each step: a check that the optimizer's numbering (or the distributed optimizer's
-// buffer layout) was read right.
+}  // namespace
+
+void check_main_rounds_to_model(const float* main, const float* model, size_t n, const std::string& dtype,
+                                const std::string& where, const std::string& key, const std::string& why) {
+  for (size_t i = 0; i < n; ++i) {
+    const float r = dtype == "bfloat16" ? math::round_bf16(main[i])
+                    : dtype == "float16" ? math::fp16_to_fp32(math::fp32_to_fp16(main[i]))
+                                         : main[i];
+    if (r != model[i] && !(std::isnan(r) && std::isnan(model[i])))
+      LATTICE_FAIL() << where << ": the fp32 main parameter read for " << key << " is " << main[i] << " at element "
+                     << i << ", which does not round to the model's " << model[i] << " (" << why << ")"
+                     << kNoLoadOptimHint;
+  }
+}
+
+namespace {
+
+// The fp32 main parameter `main` read for the rank file's model tensor `key` must round to its values: a check that
+// the optimizer's numbering (or the distributed optimizer's buffer layout) was read right.
 void check_main_params(const TorchArchive& archive, const PyRef& model, const std::string& key, const float* main) {
   const TorchTensor& t = *TorchArchive::tensor(model);
   std::vector<float> m(size_t(t.numel()));
   archive.read_float(t, key, m.data());
-  for (size_t i = 0; i < m.size(); ++i) {
-    const float r = t.dtype == "bfloat16" ? math::round_bf16(main[i])
-                    : t.dtype == "float16" ? math::fp16_to_fp32(math::fp32_to_fp16(main[i]))
-                                           : main[i];
-    if (r != m[i] && !(std::isnan(r) && std::isnan(m[i])))
-      LATTICE_FAIL() << archive.path() << ": the fp32 main parameter read for " << key << " is " << main[i]
-                     << " at element " << i << ", which does not round to the model's " << m[i]
-                     << " (the optimizer's state is not where lattice reads it: the state dict's order against the "
-                     << "param groups, or the distributed optimizer's buffer layout); give --no-load-optim to convert "
-                     << "the weights alone";
-  }
+  check_main_rounds_to_model(main, m.data(), m.size(), t.dtype, archive.path(), key,
+                             "the optimizer's state is not where lattice reads it: the state dict's order against "
+                             "the param groups, or the distributed optimizer's buffer layout");
 }
 
 // Where one rank's part of a parameter is: its file (RankFile index), state dict and key, and the rank's

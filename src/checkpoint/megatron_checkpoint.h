@@ -107,6 +107,12 @@ int64_t megatron_adam_step(const std::vector<double>& steps, const std::string& 
 // The archive's opt_param_scheduler (Megatron's fields, lattice's too) as JSON, checked as lattice loads it.
 nlohmann::json megatron_scheduler_state(const TorchArchive& archive);
 
+// The fp32 main parameter `main` [n] read for model tensor `key` (in `where`) must round to the model's values
+// `model` [n] stored as `dtype` (torch's name: bfloat16, float16, float32), as Megatron copies them after each step: a
+// check that an optimizer state was read for the right parameter; else an error saying `why` it may not be.
+void check_main_rounds_to_model(const float* main, const float* model, size_t n, const std::string& dtype,
+                                const std::string& where, const std::string& key, const std::string& why);
+
 // mp_rank_TT, then _PPP with pipeline parallelism, then _EEE with expert parallelism: the directory of a rank's
 // model_optim_rng.pt, as Megatron's get_checkpoint_name names it.
 std::string megatron_rank_dir(int t, int p, int e, bool pipeline, bool expert);

@@ -1,7 +1,6 @@
 // The distributed optimizer's flat buffers in a torch_dist checkpoint, saved 'dp_reshardable'
 // (megatron_distrib_optimizer.h).
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <memory>
 #include <set>
@@ -13,7 +12,6 @@
 #include "checkpoint/torch_dcp.h"
 #include "core/error.h"
 #include "dist/layout_only_comm.h"
-#include "kernels/cast_math.h"
 #include "model/gpt_model.h"
 #include "pipeline/schedule.h"
 
@@ -278,15 +276,8 @@ void read_megatron_dp_reshardable(MegatronSource& out, const std::shared_ptr<Dcp
       if (slot != "param") return;
       std::vector<float> model(size_t(info.numel));
       model_values(info, model.data());
-      for (size_t k = 0; k < model.size(); ++k) {
-        const float r = model_dtype == "bfloat16" ? math::round_bf16(dst[k])
-                        : model_dtype == "float16" ? math::fp16_to_fp32(math::fp32_to_fp16(dst[k]))
-                                                   : dst[k];
-        if (r != model[k] && !(std::isnan(r) && std::isnan(model[k])))
-          LATTICE_FAIL() << iter << ": the fp32 main parameter read for " << info.name << " is " << dst[k]
-                         << " at element " << k << ", which does not round to the model's " << model[k]
-                         << " (the distributed optimizer's buffers are not laid out as lattice reads them)" << kHint;
-      }
+      check_main_rounds_to_model(dst, model.data(), model.size(), model_dtype, iter, info.name,
+                                 "the distributed optimizer's buffers are not laid out as lattice reads them");
     };
   };
   o.exp_avg = fill("exp_avg");
